@@ -1,0 +1,241 @@
+// Command gateway is tollgate: `gateway serve` runs the metered proxy; the other subcommands
+// are the operator's tools (migrate, reconcile, users, keys, the demo account).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	tgsql "github.com/tollgate/tollgate/sql"
+)
+
+const usage = `usage: gateway <command> [flags]
+
+commands:
+  serve          run the gateway (flags: -config FILE)
+  migrate        apply missing database migrations
+  reconcile      settle expired holds once (-once) and exit
+  user create    -name NAME [-plan standard]
+  key create     -user NAME   (prints the key once)
+  demo-setup     create the demo user and a key; prints KEY=<key>
+
+Every command reads -config FILE (optional) and the environment: MYSQL_DSN, REDIS_URL,
+UPSTREAM_URL, UPSTREAM_API_KEY, LISTEN_ADDR, ADMIN_TOKEN.
+`
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return errors.New("no command")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd, rest := args[0], args[1:]
+	if (cmd == "user" || cmd == "key") && len(rest) > 0 {
+		cmd, rest = cmd+" "+rest[0], rest[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(ctx, rest)
+	case "migrate":
+		return migrate(ctx, rest)
+	case "reconcile":
+		return reconcileOnce(ctx, rest)
+	case "user create":
+		return userCreate(ctx, rest)
+	case "key create":
+		return keyCreate(ctx, rest)
+	case "demo-setup":
+		return demoSetup(ctx, rest)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return nil
+	}
+	fmt.Fprint(os.Stderr, usage)
+	return fmt.Errorf("unknown command %q", cmd)
+}
+
+// env is what every command shares: config, logger, database and Redis.
+type env struct {
+	cfg *config.Config
+	log *zap.Logger
+	db  *sqlx.DB
+	rdb *redis.Client
+}
+
+func (e *env) Close() {
+	if e.db != nil {
+		e.db.Close()
+	}
+	if e.rdb != nil {
+		e.rdb.Close()
+	}
+	_ = e.log.Sync()
+}
+
+// setup parses the common flags and opens what the command needs.
+func setup(ctx context.Context, name string, args []string, needRedis bool, extra func(*flag.FlagSet)) (*env, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	cfgPath := fs.String("config", "", "YAML config file (optional)")
+	debug := fs.Bool("debug", false, "debug logging")
+	if extra != nil {
+		extra(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	logCfg := zap.NewProductionConfig()
+	if *debug {
+		logCfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
+	}
+	log, err := logCfg.Build()
+	if err != nil {
+		return nil, fmt.Errorf("logger: %w", err)
+	}
+	e := &env{cfg: cfg, log: log.With(zap.String("instance", cfg.Instance))}
+	if e.db, err = holds.Open(ctx, cfg.MySQLDSN); err != nil {
+		e.Close()
+		return nil, err
+	}
+	if needRedis {
+		opt, err := redis.ParseURL(cfg.RedisURL)
+		if err != nil {
+			e.Close()
+			return nil, fmt.Errorf("redis_url: %w", err)
+		}
+		e.rdb = redis.NewClient(opt)
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := e.rdb.Ping(pctx).Err(); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("redis %s: %w", opt.Addr, err)
+		}
+	}
+	return e, nil
+}
+
+// store builds the holds store with the configured plans.
+func (e *env) store() *holds.Store {
+	return holds.NewStore(e.db, plansOf(e.cfg), "standard", e.log)
+}
+
+// plansOf converts configured plans (credits) to the store's terms (micro-USD).
+func plansOf(cfg *config.Config) map[string]holds.Plan {
+	out := make(map[string]holds.Plan, len(cfg.Plans))
+	for name, p := range cfg.Plans {
+		m := func(c config.Credits) int64 { return c.MicroAt(cfg.CreditMicro) }
+		out[name] = holds.Plan{AllowanceMicro: m(p.AllowanceCredits), HoldNormalMicro: m(p.HoldNormalCredits),
+			HoldHeavyMicro: m(p.HoldHeavyCredits), HeavyAfterTurns: p.HeavyAfterTurns, MaxInFlight: p.MaxInFlight,
+			MaxRunCostMicro: m(p.MaxRunCostCredits), DiscountBP: p.DiscountBP}
+	}
+	return out
+}
+
+func migrate(ctx context.Context, args []string) error {
+	e, err := setup(ctx, "migrate", args, false, nil)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	done, err := tgsql.Migrate(ctx, e.db.DB)
+	if err != nil {
+		return err
+	}
+	if len(done) == 0 {
+		fmt.Println("database is up to date")
+	}
+	for _, name := range done {
+		fmt.Println("applied", name)
+	}
+	return nil
+}
+
+func userCreate(ctx context.Context, args []string) error {
+	var name, plan string
+	e, err := setup(ctx, "user create", args, false, func(fs *flag.FlagSet) {
+		fs.StringVar(&name, "name", "", "user name (unique)")
+		fs.StringVar(&plan, "plan", "standard", "plan name")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	u, err := e.store().CreateUser(ctx, name, plan)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("user %d %s (plan %s)\n", u.ID, u.Name, u.Plan)
+	return nil
+}
+
+func keyCreate(ctx context.Context, args []string) error {
+	var name string
+	e, err := setup(ctx, "key create", args, false, func(fs *flag.FlagSet) {
+		fs.StringVar(&name, "user", "", "user name")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	st := e.store()
+	u, err := st.UserByName(ctx, name)
+	if err != nil {
+		return fmt.Errorf("user %q: %w", name, err)
+	}
+	key, err := st.CreateKey(ctx, u.ID)
+	if err != nil {
+		return err
+	}
+	fmt.Println(key)
+	return nil
+}
+
+// demoSetup makes `make run` work on an empty database: a demo user (created once) and a
+// fresh key printed as KEY=<key> for the script to pick up.
+func demoSetup(ctx context.Context, args []string) error {
+	e, err := setup(ctx, "demo-setup", args, false, nil)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if _, err := tgsql.Migrate(ctx, e.db.DB); err != nil {
+		return err
+	}
+	st := e.store()
+	u, err := st.UserByName(ctx, "demo")
+	if errors.Is(err, holds.ErrUnknownUser) {
+		u, err = st.CreateUser(ctx, "demo", "standard")
+	}
+	if err != nil {
+		return err
+	}
+	key, err := st.CreateKey(ctx, u.ID)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("KEY=%s\n", key)
+	return nil
+}

@@ -1,0 +1,343 @@
+// Package config is tollgate's one typed configuration: a YAML file, then environment
+// overrides for what differs per deployment (secrets, addresses), then validation that names
+// the setting and what is wrong, so a bad deploy stops at start and not at the first request.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// Config is everything the gateway reads at start.
+type Config struct {
+	ListenAddr  string `yaml:"listen_addr"`
+	MySQLDSN    string `yaml:"mysql_dsn"`
+	RedisURL    string `yaml:"redis_url"`
+	AdminToken  string `yaml:"admin_token"`
+	Instance    string `yaml:"instance"`     // names this process in leases and locks; default host:pid
+	CreditMicro int64  `yaml:"credit_micro"` // micro-USD per credit
+
+	Limits    Limits              `yaml:"limits"`
+	Holds     Holds               `yaml:"holds"`
+	Dedup     Dedup               `yaml:"dedup"`
+	Plans     map[string]Plan     `yaml:"plans"`
+	Upstreams []Upstream          `yaml:"upstreams"`
+	Models    map[string]ModelCfg `yaml:"models"`
+}
+
+// Limits bounds everything that grows with input.
+type Limits struct {
+	MaxBodyBytes     int64         `yaml:"max_body_bytes"`     // request body; past it 413
+	MaxEventBytes    int           `yaml:"max_event_bytes"`    // one SSE event from upstream
+	MaxResponseBytes int64         `yaml:"max_response_bytes"` // a non-streamed upstream body
+	UpstreamTimeout  time.Duration `yaml:"upstream_timeout"`   // a whole upstream call, stream included
+	HeaderTimeout    time.Duration `yaml:"header_timeout"`     // upstream response headers
+	SettleTimeout    time.Duration `yaml:"settle_timeout"`     // one settlement including its retries
+	ShutdownTimeout  time.Duration `yaml:"shutdown_timeout"`   // graceful drain on SIGTERM
+	KeyCacheTTL      time.Duration `yaml:"key_cache_ttl"`      // API key lookups cached in process
+}
+
+// Holds sets admission and expiry.
+type Holds struct {
+	HoldTTL           time.Duration `yaml:"hold_ttl"`
+	RunTTL            time.Duration `yaml:"run_ttl"`
+	LeaseTTL          time.Duration `yaml:"lease_ttl"`
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
+	ReconcileLockTTL  time.Duration `yaml:"reconcile_lock_ttl"`
+	ReconcileBatch    int           `yaml:"reconcile_batch"`
+	TallyTTL          time.Duration `yaml:"tally_ttl"`
+}
+
+// Dedup sets the duplicate-request window.
+type Dedup struct {
+	Window       time.Duration `yaml:"window"`         // same user + same body within this is a duplicate; 0 turns it off
+	FailOpen     bool          `yaml:"fail_open"`      // Redis unreachable: let requests through instead of 503
+	ReplayTTL    time.Duration `yaml:"replay_ttl"`     // stored responses for Idempotency-Key replays
+	MaxReplayLen int64         `yaml:"max_replay_len"` // largest stored response
+}
+
+// Plan is what a class of users gets. Credits are converted to micro-USD at load.
+type Plan struct {
+	AllowanceCredits  Credits `yaml:"allowance_credits"`
+	HoldNormalCredits Credits `yaml:"hold_normal_credits"`
+	HoldHeavyCredits  Credits `yaml:"hold_heavy_credits"`
+	HeavyAfterTurns   int     `yaml:"heavy_after_turns"`
+	MaxInFlight       int     `yaml:"max_in_flight"`
+	MaxRunCostCredits Credits `yaml:"max_run_cost_credits"`
+	DiscountBP        int     `yaml:"discount_bp"`
+}
+
+// Upstream is one provider endpoint.
+type Upstream struct {
+	Name      string   `yaml:"name"`
+	Kind      string   `yaml:"kind"` // "openai" or "anthropic"
+	BaseURL   string   `yaml:"base_url"`
+	APIKeyEnv string   `yaml:"api_key_env"` // environment variable holding the key; keys never live in files
+	APIKey    string   `yaml:"-"`
+	Models    []string `yaml:"models"` // exact names or prefixes ending in "*"; "*" serves every priced model
+}
+
+// ModelCfg prices one model (USD per million tokens, decimal text) and bounds its output.
+type ModelCfg struct {
+	Input           USDPerM `yaml:"input"`
+	CacheRead       USDPerM `yaml:"cache_read"`
+	CacheWrite      USDPerM `yaml:"cache_write"`
+	Output          USDPerM `yaml:"output"`
+	MaxOutputTokens int64   `yaml:"max_output_tokens"` // the model's own limit; 0 = unknown
+}
+
+// Load reads path (empty: defaults only), applies the environment, and validates.
+func Load(path string) (*Config, error) {
+	cfg := Default()
+	if path != "" {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(raw))
+		dec.KnownFields(true)
+		if err := dec.Decode(cfg); err != nil {
+			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	cfg.applyEnv(os.Getenv)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// Default is a working configuration for the built-in fake upstream.
+func Default() *Config {
+	return &Config{
+		ListenAddr:  "127.0.0.1:8080",
+		CreditMicro: 1000,
+		Limits: Limits{
+			MaxBodyBytes:     4 << 20,
+			MaxEventBytes:    1 << 20,
+			MaxResponseBytes: 32 << 20,
+			UpstreamTimeout:  300 * time.Second,
+			HeaderTimeout:    120 * time.Second,
+			SettleTimeout:    30 * time.Second,
+			ShutdownTimeout:  30 * time.Second,
+			KeyCacheTTL:      2 * time.Second,
+		},
+		Holds: Holds{
+			HoldTTL:           900 * time.Second,
+			RunTTL:            900 * time.Second,
+			LeaseTTL:          30 * time.Second,
+			HeartbeatInterval: 10 * time.Second,
+			ReconcileInterval: 60 * time.Second,
+			ReconcileLockTTL:  50 * time.Second,
+			ReconcileBatch:    200,
+			TallyTTL:          48 * time.Hour,
+		},
+		Dedup: Dedup{Window: 5 * time.Second, ReplayTTL: 24 * time.Hour, MaxReplayLen: 1 << 20},
+		Plans: map[string]Plan{
+			"standard": {AllowanceCredits: CreditsOf(2000), HoldNormalCredits: CreditsOf(20), HoldHeavyCredits: CreditsOf(60),
+				HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostCredits: CreditsOf(500)},
+			"guest": {AllowanceCredits: CreditsOf(100), HoldNormalCredits: CreditsOf(20), HoldHeavyCredits: CreditsOf(60),
+				HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostCredits: CreditsOf(500)},
+		},
+		Upstreams: []Upstream{{Name: "fakellm", Kind: "openai", BaseURL: "http://127.0.0.1:9090", Models: []string{"*"}}},
+		Models: map[string]ModelCfg{
+			"fake-gpt": {Input: mustUSD("2.50"), CacheRead: mustUSD("1.25"), CacheWrite: mustUSD("3.125"), Output: mustUSD("10.00")},
+		},
+	}
+}
+
+// applyEnv overrides the settings that differ per deployment. UPSTREAM_URL and
+// UPSTREAM_API_KEY apply to the first upstream, the one a single-upstream setup has.
+func (c *Config) applyEnv(getenv func(string) string) {
+	set := func(dst *string, name string) {
+		if v := getenv(name); v != "" {
+			*dst = v
+		}
+	}
+	set(&c.MySQLDSN, "MYSQL_DSN")
+	set(&c.RedisURL, "REDIS_URL")
+	set(&c.ListenAddr, "LISTEN_ADDR")
+	set(&c.AdminToken, "ADMIN_TOKEN")
+	set(&c.Instance, "TOLLGATE_INSTANCE")
+	if len(c.Upstreams) > 0 {
+		set(&c.Upstreams[0].BaseURL, "UPSTREAM_URL")
+		set(&c.Upstreams[0].APIKey, "UPSTREAM_API_KEY")
+	}
+	for i := range c.Upstreams {
+		if u := &c.Upstreams[i]; u.APIKeyEnv != "" && u.APIKey == "" {
+			u.APIKey = getenv(u.APIKeyEnv)
+		}
+	}
+	if c.Instance == "" {
+		host, _ := os.Hostname()
+		c.Instance = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+}
+
+// Validate reports every wrong setting at once, each named by its YAML path.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(setting, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", setting, fmt.Sprintf(format, args...)))
+	}
+	if c.ListenAddr == "" {
+		bad("listen_addr (LISTEN_ADDR)", "is empty")
+	}
+	if c.MySQLDSN == "" {
+		bad("mysql_dsn (MYSQL_DSN)", "is empty; e.g. tollgate:tollgate@tcp(127.0.0.1:3306)/tollgate")
+	}
+	if c.RedisURL == "" {
+		bad("redis_url (REDIS_URL)", "is empty; e.g. redis://127.0.0.1:6379/0")
+	} else if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
+		bad("redis_url (REDIS_URL)", "%q is not a redis:// or rediss:// URL", c.RedisURL)
+	}
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		bad("admin_token (ADMIN_TOKEN)", "is shorter than 16 characters")
+	}
+	if c.CreditMicro <= 0 {
+		bad("credit_micro", "must be positive, got %d", c.CreditMicro)
+	}
+	positive := map[string]time.Duration{
+		"limits.upstream_timeout": c.Limits.UpstreamTimeout, "limits.header_timeout": c.Limits.HeaderTimeout,
+		"limits.settle_timeout": c.Limits.SettleTimeout, "limits.shutdown_timeout": c.Limits.ShutdownTimeout,
+		"holds.hold_ttl": c.Holds.HoldTTL, "holds.run_ttl": c.Holds.RunTTL, "holds.lease_ttl": c.Holds.LeaseTTL,
+		"holds.heartbeat_interval": c.Holds.HeartbeatInterval, "holds.reconcile_interval": c.Holds.ReconcileInterval,
+		"holds.reconcile_lock_ttl": c.Holds.ReconcileLockTTL, "holds.tally_ttl": c.Holds.TallyTTL,
+	}
+	for _, name := range sortedKeys(positive) {
+		if positive[name] <= 0 {
+			bad(name, "must be a positive duration such as 30s, got %v", positive[name])
+		}
+	}
+	if c.Holds.HeartbeatInterval >= c.Holds.LeaseTTL {
+		bad("holds.heartbeat_interval", "%v must be shorter than holds.lease_ttl %v, or leases lapse between beats", c.Holds.HeartbeatInterval, c.Holds.LeaseTTL)
+	}
+	if c.Holds.ReconcileBatch < 1 || c.Holds.ReconcileBatch > 10_000 {
+		bad("holds.reconcile_batch", "must be in [1, 10000], got %d", c.Holds.ReconcileBatch)
+	}
+	if c.Limits.MaxBodyBytes < 1024 || c.Limits.MaxBodyBytes > 1<<30 {
+		bad("limits.max_body_bytes", "must be in [1KiB, 1GiB], got %d", c.Limits.MaxBodyBytes)
+	}
+	if c.Limits.MaxEventBytes < 1024 || c.Limits.MaxEventBytes > 64<<20 {
+		bad("limits.max_event_bytes", "must be in [1KiB, 64MiB], got %d", c.Limits.MaxEventBytes)
+	}
+	if c.Limits.MaxResponseBytes < 1024 {
+		bad("limits.max_response_bytes", "must be at least 1KiB, got %d", c.Limits.MaxResponseBytes)
+	}
+	if c.Dedup.Window < 0 {
+		bad("dedup.window", "must not be negative")
+	}
+	if len(c.Plans) == 0 {
+		bad("plans", "no plan configured")
+	}
+	for _, name := range sortedKeys(c.Plans) {
+		p := c.Plans[name]
+		if p.AllowanceCredits.Milli < 0 {
+			bad("plans."+name+".allowance_credits", "must not be negative")
+		}
+		if p.HoldNormalCredits.Milli <= 0 || p.HoldHeavyCredits.Milli < p.HoldNormalCredits.Milli {
+			bad("plans."+name+".hold_*_credits", "need 0 < hold_normal_credits <= hold_heavy_credits")
+		}
+		if p.MaxRunCostCredits.Milli < p.HoldHeavyCredits.Milli {
+			bad("plans."+name+".max_run_cost_credits", "must be at least hold_heavy_credits")
+		}
+		if p.MaxInFlight < 1 || p.MaxInFlight > 10_000 {
+			bad("plans."+name+".max_in_flight", "must be in [1, 10000], got %d", p.MaxInFlight)
+		}
+		if p.HeavyAfterTurns < 1 {
+			bad("plans."+name+".heavy_after_turns", "must be at least 1")
+		}
+		if p.DiscountBP < 0 || p.DiscountBP > 10_000 {
+			bad("plans."+name+".discount_bp", "must be in [0, 10000], got %d", p.DiscountBP)
+		}
+	}
+	if len(c.Models) == 0 {
+		bad("models", "no model priced: every request would be refused")
+	}
+	if _, err := c.PriceTable(); err != nil {
+		bad("models", "%v", err)
+	}
+	if len(c.Upstreams) == 0 {
+		bad("upstreams", "no upstream configured")
+	}
+	seen := map[string]bool{}
+	for i, u := range c.Upstreams {
+		at := fmt.Sprintf("upstreams[%d]", i)
+		if u.Name == "" || seen[u.Name] {
+			bad(at+".name", "must be set and unique, got %q", u.Name)
+		}
+		seen[u.Name] = true
+		if u.Kind != "openai" && u.Kind != "anthropic" {
+			bad(at+".kind", "must be openai or anthropic, got %q", u.Kind)
+		}
+		if pu, err := url.Parse(u.BaseURL); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			bad(at+".base_url", "%q is not an http(s) URL", u.BaseURL)
+		}
+		if len(u.Models) == 0 {
+			bad(at+".models", "lists no model; use [\"*\"] to serve every priced model")
+		}
+		if u.APIKeyEnv != "" && u.APIKey == "" {
+			bad(at+".api_key_env", "environment variable %s is empty", u.APIKeyEnv)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PriceTable builds the pricing table from the models section.
+func (c *Config) PriceTable() (*pricing.Table, error) {
+	prices := make(map[string]pricing.Price, len(c.Models))
+	for name, m := range c.Models {
+		prices[name] = pricing.Price{Input: m.Input.Micro, CacheRead: m.CacheRead.Micro, CacheWrite: m.CacheWrite.Micro, Output: m.Output.Micro}
+	}
+	return pricing.NewTable(prices)
+}
+
+// Plan returns the named plan; unknown plans get "standard"'s terms so a typo in the users
+// table never hands out an unlimited account.
+func (c *Config) Plan(name string) Plan {
+	if p, ok := c.Plans[name]; ok {
+		return p
+	}
+	return c.Plans["standard"]
+}
+
+// UpstreamFor returns the first upstream that serves model: exact name, then a "prefix*"
+// entry, then "*".
+func (c *Config) UpstreamFor(model string) (*Upstream, bool) {
+	for _, pass := range []func(string) bool{
+		func(m string) bool { return m == model },
+		func(m string) bool {
+			return len(m) > 1 && strings.HasSuffix(m, "*") && strings.HasPrefix(model, strings.TrimSuffix(m, "*"))
+		},
+		func(m string) bool { return m == "*" },
+	} {
+		for i := range c.Upstreams {
+			for _, m := range c.Upstreams[i].Models {
+				if pass(m) {
+					return &c.Upstreams[i], true
+				}
+			}
+		}
+	}
+	return nil, false
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

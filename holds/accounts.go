@@ -1,0 +1,201 @@
+package holds
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// KeyPrefix starts every API key tollgate issues, so a leaked key is recognisable in logs and
+// secret scanners.
+const KeyPrefix = "tg_"
+
+// User is an account as the proxy sees it.
+type User struct {
+	ID       uint64
+	Name     string
+	Plan     string
+	Disabled bool
+}
+
+// CreateUser adds an account on a plan.
+func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error) {
+	if _, ok := s.plans[plan]; !ok {
+		return User{}, fmt.Errorf("create user %q: unknown plan %q", name, plan)
+	}
+	if name == "" || len(name) > 128 {
+		return User{}, fmt.Errorf("create user: name must be 1-128 characters")
+	}
+	res, err := s.db.ExecContext(ctx, "INSERT INTO users (name, plan) VALUES (?, ?)", name, plan)
+	if isDuplicate(err) {
+		return User{}, fmt.Errorf("create user %q: %w", name, ErrUserExists)
+	}
+	if err != nil {
+		return User{}, fmt.Errorf("create user %q: %w", name, err)
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return User{}, fmt.Errorf("create user %q: %w", name, err)
+	}
+	return User{ID: uint64(id), Name: name, Plan: plan}, nil
+}
+
+// ErrUserExists refuses a second user of one name.
+var ErrUserExists = errors.New("user exists")
+
+// UserByName finds an account.
+func (s *Store) UserByName(ctx context.Context, name string) (User, error) {
+	var u userRow
+	err := s.db.GetContext(ctx, &u, "SELECT "+userColumns+" FROM users WHERE name = ?", name)
+	if errors.Is(err, sql.ErrNoRows) {
+		return User{}, ErrUnknownUser
+	}
+	if err != nil {
+		return User{}, fmt.Errorf("user %q: %w", name, err)
+	}
+	return User{ID: u.ID, Name: u.Name, Plan: u.Plan, Disabled: u.DisabledAt.Valid}, nil
+}
+
+// CreateKey issues a key for a user and returns it; only its SHA-256 is stored, so this is
+// the one time anyone sees it.
+func (s *Store) CreateKey(ctx context.Context, userID uint64) (string, error) {
+	var raw [24]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", fmt.Errorf("create key: %w", err)
+	}
+	key := KeyPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
+	hash := HashKey(key)
+	_, err := s.db.ExecContext(ctx, "INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash[:], userID, key[:10])
+	if err != nil {
+		return "", fmt.Errorf("create key for user %d: %w", userID, err)
+	}
+	return key, nil
+}
+
+// RevokeKey refuses a key from now on.
+func (s *Store) RevokeKey(ctx context.Context, key string) error {
+	hash := HashKey(key)
+	res, err := s.db.ExecContext(ctx, "UPDATE api_keys SET revoked_at = NOW(6) WHERE key_hash = ? AND revoked_at IS NULL", hash[:])
+	if err != nil {
+		return fmt.Errorf("revoke key: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("revoke key: no live key with that value")
+	}
+	return nil
+}
+
+// HashKey is how keys are stored and looked up.
+func HashKey(key string) [32]byte { return sha256.Sum256([]byte(key)) }
+
+// ErrBadKey is an unknown or revoked key.
+var ErrBadKey = errors.New("invalid API key")
+
+// UserByKey authenticates a key. Revoked keys and disabled users are both ErrBadKey, so a
+// caller learns nothing from the difference.
+func (s *Store) UserByKey(ctx context.Context, key string) (User, error) {
+	if !strings.HasPrefix(key, KeyPrefix) || len(key) > 128 {
+		return User{}, ErrBadKey
+	}
+	hash := HashKey(key)
+	var u struct {
+		ID   uint64 `db:"id"`
+		Name string `db:"name"`
+		Plan string `db:"plan"`
+	}
+	err := s.db.GetContext(ctx, &u, `
+		SELECT u.id, u.name, u.plan FROM api_keys k JOIN users u ON u.id = k.user_id
+		WHERE k.key_hash = ? AND k.revoked_at IS NULL AND u.disabled_at IS NULL`, hash[:])
+	if errors.Is(err, sql.ErrNoRows) {
+		return User{}, ErrBadKey
+	}
+	if err != nil {
+		return User{}, fmt.Errorf("look up key: %w", err)
+	}
+	return User{ID: u.ID, Name: u.Name, Plan: u.Plan}, nil
+}
+
+// Balance is what GET /v1/credits shows, in micro-USD.
+type Balance struct {
+	AllowanceMicro int64
+	UsedTodayMicro int64
+	HeldMicro      int64
+	PrepaidMicro   int64
+	AvailableMicro int64
+	InFlight       int
+}
+
+// Balance reads a user's balance. It takes no lock: a view may be a moment old, admission
+// never is.
+func (s *Store) Balance(ctx context.Context, userID uint64) (Balance, error) {
+	var b Balance
+	err := s.withRetry(ctx, "balance", func() error {
+		tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		b, err = balanceTx(ctx, tx, s, userID)
+		return err
+	})
+	if err != nil {
+		return Balance{}, fmt.Errorf("balance of user %d: %w", userID, err)
+	}
+	return b, nil
+}
+
+func balanceTx(ctx context.Context, tx *sqlx.Tx, s *Store, userID uint64) (Balance, error) {
+	var u userRow
+	err := tx.GetContext(ctx, &u, "SELECT "+userColumns+" FROM users WHERE id = ?", userID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Balance{}, ErrUnknownUser
+	}
+	if err != nil {
+		return Balance{}, err
+	}
+	var live struct {
+		InFlight  int   `db:"in_flight"`
+		Held      int64 `db:"held"`
+		UsedToday int64 `db:"used_today"`
+	}
+	err = tx.GetContext(ctx, &live, `
+		SELECT COUNT(*) AS in_flight, COALESCE(SUM(held_micro), 0) AS held,
+		       COALESCE((SELECT used_micro FROM usage_days WHERE user_id = ? AND day = UTC_DATE()), 0) AS used_today
+		FROM run_holds WHERE user_id = ? AND state IN ('queued', 'running') AND expires_at > NOW(6)`, userID, userID)
+	if err != nil {
+		return Balance{}, err
+	}
+	plan := s.plan(u)
+	return Balance{AllowanceMicro: plan.AllowanceMicro, UsedTodayMicro: live.UsedToday, HeldMicro: live.Held,
+		PrepaidMicro: u.PrepaidMicro, InFlight: live.InFlight,
+		AvailableMicro: Available(plan.AllowanceMicro, live.UsedToday, u.PrepaidMicro, live.Held)}, nil
+}
+
+// SetUserLimits sets per-user overrides; nil leaves a field as it is. Used by tests and the
+// admin API.
+func (s *Store) SetUserLimits(ctx context.Context, userID uint64, allowanceMicro *int64, maxInFlight *int, discountBP *int) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE users SET
+		allowance_micro = IF(?, ?, allowance_micro),
+		max_in_flight = IF(?, ?, max_in_flight),
+		discount_bp = IF(?, ?, discount_bp) WHERE id = ?`,
+		allowanceMicro != nil, deref(allowanceMicro), maxInFlight != nil, deref(maxInFlight),
+		discountBP != nil, deref(discountBP), userID)
+	if err != nil {
+		return fmt.Errorf("set limits of user %d: %w", userID, err)
+	}
+	return nil
+}
+
+func deref[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}

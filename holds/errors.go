@@ -1,0 +1,70 @@
+package holds
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Refusals of admission. The proxy maps each to its HTTP answer.
+var (
+	ErrUnknownUser  = errors.New("unknown user")
+	ErrUserDisabled = errors.New("user disabled")
+	ErrInsufficient = errors.New("insufficient credits")
+	ErrRunSettled   = errors.New("run already settled")
+	ErrRunNotFound  = errors.New("run not found")
+)
+
+// TooManyInFlightError refuses an admission past the user's in-flight limit. RetryAfter is how
+// long until the oldest live hold would expire at the latest; a finishing call frees a slot
+// sooner, so callers are told a short interval, capped.
+type TooManyInFlightError struct {
+	InFlight, Limit int
+	RetryAfter      time.Duration
+}
+
+func (e *TooManyInFlightError) Error() string {
+	return fmt.Sprintf("too many calls in flight: %d of %d", e.InFlight, e.Limit)
+}
+
+// MySQL error numbers this package reacts to.
+const (
+	errDupEntry        = 1062
+	errLockWaitTimeout = 1205
+	errDeadlock        = 1213
+)
+
+func mysqlErrNumber(err error) uint16 {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
+
+func isDuplicate(err error) bool { return mysqlErrNumber(err) == errDupEntry }
+
+// isConflict is a transaction another transaction beat: running it again will succeed.
+func isConflict(err error) bool {
+	n := mysqlErrNumber(err)
+	return n == errDeadlock || n == errLockWaitTimeout
+}
+
+// isUnavailable is the database out of reach, as opposed to a query it refused.
+func isUnavailable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	var oe *net.OpError
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
+		errors.As(err, &oe) || errors.As(err, &ne)
+}
+
+// IsUnavailable reports whether err means MySQL could not be reached, for the proxy's 503.
+func IsUnavailable(err error) bool { return isUnavailable(err) }

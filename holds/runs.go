@@ -1,0 +1,91 @@
+package holds
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Run is a hold as reports and GET /v1/runs/{id} show it.
+type Run struct {
+	RunID         string         `db:"run_id" json:"-"`
+	UserID        uint64         `db:"user_id" json:"-"`
+	ClientRunID   sql.NullString `db:"client_run_id" json:"-"`
+	State         State          `db:"state" json:"state"`
+	HeldMicro     int64          `db:"held_micro" json:"-"`
+	CapMicro      int64          `db:"cap_micro" json:"-"`
+	CostMicro     int64          `db:"cost_micro" json:"-"`
+	ChargedMicro  int64          `db:"charged_micro" json:"-"`
+	AllowancePart int64          `db:"allowance_part_micro" json:"-"`
+	PrepaidPart   int64          `db:"prepaid_part_micro" json:"-"`
+	InTok         int64          `db:"in_tok" json:"-"`
+	CacheReadTok  int64          `db:"cache_read_tok" json:"-"`
+	CacheWriteTok int64          `db:"cache_write_tok" json:"-"`
+	OutTok        int64          `db:"out_tok" json:"-"`
+	Calls         int            `db:"calls" json:"-"`
+	Model         string         `db:"model" json:"-"`
+	DiscountBP    int            `db:"discount_bp" json:"-"`
+	Estimated     bool           `db:"estimated" json:"-"`
+	SettleSource  sql.NullString `db:"settle_source" json:"-"`
+	ExpiresAt     time.Time      `db:"expires_at" json:"-"`
+	CreatedAt     time.Time      `db:"created_at" json:"-"`
+	SettledAt     sql.NullTime   `db:"settled_at" json:"-"`
+}
+
+const runColumns = `run_id, user_id, client_run_id, state, held_micro, cap_micro, cost_micro, charged_micro,
+	allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok, out_tok, calls, model,
+	discount_bp, estimated, settle_source, expires_at, created_at, settled_at`
+
+// Run reads one run. A run of another user is ErrRunNotFound, the same answer as a run that
+// does not exist, so run ids cannot be probed.
+func (s *Store) Run(ctx context.Context, userID uint64, runID string) (Run, error) {
+	var r Run
+	err := s.db.GetContext(ctx, &r, "SELECT "+runColumns+" FROM run_holds WHERE run_id = ? AND user_id = ?", runID, userID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Run{}, ErrRunNotFound
+	}
+	if err != nil {
+		return Run{}, fmt.Errorf("run %s: %w", runID, err)
+	}
+	return r, nil
+}
+
+// Extend pushes a live run's expiry to now + ttl (database time). It locks only the hold row
+// and only for one statement, so it needs no place in the lock order.
+func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bool, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
+		WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(), runID)
+	if err != nil {
+		return false, fmt.Errorf("extend %s: %w", runID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("extend %s: %w", runID, err)
+	}
+	return n == 1, nil
+}
+
+// MarkRunning moves a queued hold to running when its first call is forwarded.
+func (s *Store) MarkRunning(ctx context.Context, runID string) error {
+	_, err := s.db.ExecContext(ctx, "UPDATE run_holds SET state = 'running' WHERE run_id = ? AND state = 'queued'", runID)
+	if err != nil {
+		return fmt.Errorf("mark running %s: %w", runID, err)
+	}
+	return nil
+}
+
+// Expired lists live holds past their expiry, oldest first, on the (state, expires_at) index.
+func (s *Store) Expired(ctx context.Context, limit int) ([]Run, error) {
+	if limit <= 0 || limit > 10_000 {
+		panic(fmt.Sprintf("holds: expired batch %d out of range", limit))
+	}
+	var out []Run
+	err := s.db.SelectContext(ctx, &out, "SELECT "+runColumns+` FROM run_holds
+		WHERE state IN ('queued', 'running') AND expires_at < NOW(6) ORDER BY expires_at LIMIT ?`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list expired holds: %w", err)
+	}
+	return out, nil
+}

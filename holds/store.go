@@ -1,0 +1,166 @@
+// Package holds keeps what is owed: accounts, holds, the day ledger and grants, in MySQL.
+//
+// Every money transaction locks rows in one global order, users -> run_holds -> usage_days,
+// and starts by locking the user's row. That one rule is what makes admission see every hold
+// and settlement that committed before it, and what keeps two money paths from deadlocking.
+//
+// Transactions run at the server's default REPEATABLE READ: their first consistent (non-locking)
+// read happens after the user row is locked, so the snapshot already contains every settlement
+// and admission of that user that committed before the lock was granted.
+package holds
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
+)
+
+// Plan is what a class of users gets, in micro-USD.
+type Plan struct {
+	AllowanceMicro  int64 // per UTC day
+	HoldNormalMicro int64
+	HoldHeavyMicro  int64
+	HeavyAfterTurns int // user turns that make a call heavy
+	MaxInFlight     int
+	MaxRunCostMicro int64
+	DiscountBP      int
+}
+
+// Store is the MySQL side of billing.
+type Store struct {
+	db          *sqlx.DB
+	plans       map[string]Plan
+	defaultPlan string
+	log         *zap.Logger
+	retry       RetryPolicy
+}
+
+// RetryPolicy bounds how hard a money transaction tries. Deadlocks and lock timeouts are
+// retried at once (the other transaction has finished); an unreachable server is retried with
+// backoff until MaxWait, after which settlement is left to the reconciler.
+type RetryPolicy struct {
+	MaxConflictRetries int
+	InitialBackoff     time.Duration
+	MaxBackoff         time.Duration
+}
+
+// DefaultRetry is used when NewStore is given a zero policy.
+var DefaultRetry = RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second}
+
+// NewStore wires a store. defaultPlan names the plan used for a user whose plan is unknown.
+func NewStore(db *sqlx.DB, plans map[string]Plan, defaultPlan string, log *zap.Logger) *Store {
+	if _, ok := plans[defaultPlan]; !ok {
+		panic(fmt.Sprintf("holds: default plan %q not configured", defaultPlan))
+	}
+	return &Store{db: db, plans: plans, defaultPlan: defaultPlan, log: log, retry: DefaultRetry}
+}
+
+// DB exposes the handle for readiness checks and tests.
+func (s *Store) DB() *sqlx.DB { return s.db }
+
+// SetRetry replaces the retry policy (tests shorten it).
+func (s *Store) SetRetry(p RetryPolicy) { s.retry = p }
+
+// plan returns the user's effective plan, with per-user overrides applied.
+func (s *Store) plan(u userRow) Plan {
+	p, ok := s.plans[u.Plan]
+	if !ok {
+		p = s.plans[s.defaultPlan]
+	}
+	if u.AllowanceMicro.Valid {
+		p.AllowanceMicro = u.AllowanceMicro.Int64
+	}
+	if u.DiscountBP.Valid {
+		p.DiscountBP = int(u.DiscountBP.Int64)
+	}
+	if u.MaxInFlight.Valid {
+		p.MaxInFlight = int(u.MaxInFlight.Int64)
+	}
+	return p
+}
+
+// userRow is the users row as money transactions read it.
+type userRow struct {
+	ID             uint64        `db:"id"`
+	Name           string        `db:"name"`
+	Plan           string        `db:"plan"`
+	AllowanceMicro sql.NullInt64 `db:"allowance_micro"`
+	PrepaidMicro   int64         `db:"prepaid_micro"`
+	DiscountBP     sql.NullInt64 `db:"discount_bp"`
+	MaxInFlight    sql.NullInt64 `db:"max_in_flight"`
+	DisabledAt     sql.NullTime  `db:"disabled_at"`
+}
+
+const userColumns = "id, name, plan, allowance_micro, prepaid_micro, discount_bp, max_in_flight, disabled_at"
+
+// lockUser takes the first lock of every money transaction.
+func lockUser(ctx context.Context, tx *sqlx.Tx, userID uint64) (userRow, error) {
+	var u userRow
+	err := tx.GetContext(ctx, &u, "SELECT "+userColumns+" FROM users WHERE id = ? FOR UPDATE", userID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return u, ErrUnknownUser
+	}
+	if err != nil {
+		return u, fmt.Errorf("lock user %d: %w", userID, err)
+	}
+	return u, nil
+}
+
+// inTx runs fn in one transaction, retrying conflicts and outages under the store's policy
+// until ctx ends. fn must be safe to run again from the start.
+func (s *Store) inTx(ctx context.Context, what string, fn func(tx *sqlx.Tx) error) error {
+	return s.inTxLoop(ctx, what, func() error { return s.tryTx(ctx, fn) })
+}
+
+func (s *Store) inTxLoop(ctx context.Context, what string, try func() error) error {
+	backoff := s.retry.InitialBackoff
+	conflicts := 0
+	for attempt := 1; ; attempt++ {
+		err := try()
+		if err == nil {
+			return nil
+		}
+		switch {
+		case isConflict(err) && conflicts < s.retry.MaxConflictRetries:
+			conflicts++
+			s.log.Debug("transaction conflict, retrying", zap.String("op", what), zap.Int("attempt", attempt), zap.Error(err))
+			continue
+		case isUnavailable(err) && ctx.Err() == nil:
+			s.log.Warn("database unavailable, retrying", zap.String("op", what), zap.Int("attempt", attempt),
+				zap.Duration("backoff", backoff), zap.Error(err))
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s: %w (gave up: %v)", what, err, ctx.Err())
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, s.retry.MaxBackoff)
+			continue
+		}
+		return err
+	}
+}
+
+// withRetry runs a single statement under the same policy as inTx.
+func (s *Store) withRetry(ctx context.Context, what string, fn func() error) error {
+	return s.inTxLoop(ctx, what, fn)
+}
+
+func (s *Store) tryTx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package metering
+
+import (
+	"github.com/tidwall/gjson"
+)
+
+// Estimates stand in for usage the upstream never reported (a client that left before the
+// usage chunk, a provider that sends none). They follow the common rule of thumb of four
+// bytes of text per token, plus a small per-message overhead, and are marked estimated on the
+// settled row so nobody mistakes them for the provider's count.
+const (
+	bytesPerToken      = 4
+	tokensPerMessage   = 4
+	maxEstimatedTokens = 1 << 30
+)
+
+// EstimateInputTokens guesses the prompt size of a request body in format f.
+func EstimateInputTokens(f Format, body []byte) int64 {
+	var textBytes, messages int64
+	count := func(v gjson.Result) {
+		textBytes += textLen(v)
+	}
+	switch f {
+	case FormatChat:
+		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+			messages++
+			count(m.Get("content"))
+			m.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
+				textBytes += int64(len(tc.Get("function.arguments").String()))
+				return true
+			})
+			return true
+		})
+	case FormatAnthropic:
+		count(gjson.GetBytes(body, "system"))
+		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+			messages++
+			count(m.Get("content"))
+			return true
+		})
+	case FormatResponses:
+		count(gjson.GetBytes(body, "instructions"))
+		in := gjson.GetBytes(body, "input")
+		if in.IsArray() {
+			in.ForEach(func(_, item gjson.Result) bool {
+				messages++
+				count(item.Get("content"))
+				return true
+			})
+		} else {
+			count(in)
+		}
+	case FormatCompletions:
+		count(gjson.GetBytes(body, "prompt"))
+	case FormatEmbeddings:
+		count(gjson.GetBytes(body, "input"))
+	}
+	return min(maxEstimatedTokens, ceilDiv(textBytes, bytesPerToken)+messages*tokensPerMessage)
+}
+
+// EstimateOutputTokens turns streamed text bytes into tokens.
+func EstimateOutputTokens(outputBytes int64) int64 {
+	return min(maxEstimatedTokens, ceilDiv(outputBytes, bytesPerToken))
+}
+
+// UserTurns counts the user messages of a conversation: enough of them make a call "heavy"
+// and it gets the larger hold.
+func UserTurns(f Format, body []byte) int {
+	path := "messages"
+	if f == FormatResponses {
+		path = "input"
+	}
+	n := 0
+	gjson.GetBytes(body, path).ForEach(func(_, m gjson.Result) bool {
+		if m.Get("role").String() == "user" {
+			n++
+		}
+		return true
+	})
+	return n
+}
+
+// textLen counts the text in a content value: a string, or an array of parts with text, or
+// (for token-array prompts) one token per element.
+func textLen(v gjson.Result) int64 {
+	switch {
+	case v.Type == gjson.String:
+		return int64(len(v.Str))
+	case v.IsArray():
+		var n int64
+		v.ForEach(func(_, part gjson.Result) bool {
+			switch {
+			case part.Type == gjson.String:
+				n += int64(len(part.Str))
+			case part.Type == gjson.Number:
+				n += bytesPerToken
+			case part.IsArray():
+				n += textLen(part)
+			default:
+				n += int64(len(part.Get("text").String()))
+			}
+			return true
+		})
+		return n
+	}
+	return 0
+}
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }

@@ -1,0 +1,123 @@
+package metering
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// Leases tells the reconciler which runs a live process still serves. One heartbeat per
+// process refreshes every lease it holds in one pipeline; a killed process stops refreshing
+// and its leases lapse after ttl, which is how the reconciler knows a run was orphaned.
+type Leases struct {
+	rdb      redis.UniversalClient
+	keys     Keys
+	instance string
+	ttl      time.Duration
+	interval time.Duration
+	log      *zap.Logger
+
+	mu   sync.Mutex
+	runs map[string]int // run id -> calls in flight on this process
+}
+
+// NewLeases wires leases; interval must be well below ttl.
+func NewLeases(rdb redis.UniversalClient, keys Keys, instance string, ttl, interval time.Duration, log *zap.Logger) *Leases {
+	if interval <= 0 || interval >= ttl {
+		panic(fmt.Sprintf("metering: lease interval %v must be in (0, ttl %v)", interval, ttl))
+	}
+	return &Leases{rdb: rdb, keys: keys, instance: instance, ttl: ttl, interval: interval, log: log, runs: map[string]int{}}
+}
+
+// Run refreshes leases until ctx ends.
+func (l *Leases) Run(ctx context.Context) {
+	tick := time.NewTicker(l.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if err := l.refresh(ctx); err != nil {
+				l.log.Warn("lease heartbeat failed", zap.Error(err))
+			}
+		}
+	}
+}
+
+// Acquire marks runID as served here. Calls of one agent run may overlap, so leases count.
+func (l *Leases) Acquire(ctx context.Context, runID string) error {
+	l.mu.Lock()
+	l.runs[runID]++
+	l.mu.Unlock()
+	if err := l.rdb.Set(ctx, l.keys.Lease(runID), l.instance, l.ttl).Err(); err != nil {
+		return fmt.Errorf("lease %s: %w", runID, err)
+	}
+	return nil
+}
+
+// Release drops this process's claim on runID; the key is deleted when the last call of the
+// run on this process ends and drop is true (the run settled). An agent run between calls keeps
+// no lease: its hold's run_ttl covers it.
+func (l *Leases) Release(ctx context.Context, runID string) error {
+	l.mu.Lock()
+	l.runs[runID]--
+	last := l.runs[runID] <= 0
+	if last {
+		delete(l.runs, runID)
+	}
+	l.mu.Unlock()
+	if !last {
+		return nil
+	}
+	if err := l.rdb.Del(ctx, l.keys.Lease(runID)).Err(); err != nil {
+		return fmt.Errorf("release lease %s: %w", runID, err)
+	}
+	return nil
+}
+
+// Exists reports whether any process holds a lease on runID.
+func (l *Leases) Exists(ctx context.Context, runID string) (bool, error) {
+	n, err := l.rdb.Exists(ctx, l.keys.Lease(runID)).Result()
+	if err != nil {
+		return false, fmt.Errorf("lease %s: %w", runID, err)
+	}
+	return n == 1, nil
+}
+
+// Held is the number of runs this process holds leases for.
+func (l *Leases) Held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.runs)
+}
+
+// refreshBatch bounds one pipeline so a process with many streams sends several moderate
+// pipelines rather than one enormous one.
+const refreshBatch = 500
+
+func (l *Leases) refresh(ctx context.Context) error {
+	l.mu.Lock()
+	ids := make([]string, 0, len(l.runs))
+	for id := range l.runs {
+		ids = append(ids, id)
+	}
+	l.mu.Unlock()
+	for start := 0; start < len(ids); start += refreshBatch {
+		batch := ids[start:min(start+refreshBatch, len(ids))]
+		_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, id := range batch {
+				p.Set(ctx, l.keys.Lease(id), l.instance, l.ttl)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("refresh %d leases: %w", len(batch), err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,266 @@
+package metering
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+)
+
+// want is an expected event; data "<nil>" stands for no data line.
+type want struct {
+	name, data, raw string
+}
+
+const noData = "<nil>"
+
+// scanAll scans the chunks (one Read each) and returns copies of the events and the error
+// that ended the scan.
+func scanAll(t *testing.T, max int, chunks ...string) ([]Event, error) {
+	t.Helper()
+	r := &chunkReader{}
+	for _, c := range chunks {
+		r.chunks = append(r.chunks, []byte(c))
+	}
+	sc := NewScanner(r, max)
+	var evs []Event
+	for i := 0; ; i++ {
+		if i > 1_000_000 {
+			t.Fatal("scanner does not terminate")
+		}
+		ev, err := sc.Next()
+		if err != nil {
+			if _, err2 := sc.Next(); !errors.Is(err2, err) {
+				t.Errorf("error not sticky: %v then %v", err, err2)
+			}
+			return evs, err
+		}
+		evs = append(evs, copyEvent(ev))
+	}
+}
+
+func checkEvents(t *testing.T, got []Event, wants ...want) {
+	t.Helper()
+	if len(got) != len(wants) {
+		t.Fatalf("got %d events %q, want %d", len(got), got, len(wants))
+	}
+	for i, w := range wants {
+		g := got[i]
+		data := noData
+		if g.Data != nil {
+			data = string(g.Data)
+		}
+		if g.Name != w.name || data != w.data || string(g.Raw) != w.raw {
+			t.Errorf("event %d: name=%q data=%q raw=%q, want %q %q %q", i, g.Name, data, g.Raw, w.name, w.data, w.raw)
+		}
+	}
+}
+
+func TestScannerLineEndings(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		chunks []string
+		want   []want
+	}{
+		{"LF", []string{"data: a\n\ndata: b\n\n"}, []want{{"", "a", "data: a\n\n"}, {"", "b", "data: b\n\n"}}},
+		{"CRLF", []string{"data: a\r\n\r\ndata: b\r\n\r\n"}, []want{{"", "a", "data: a\r\n\r\n"}, {"", "b", "data: b\r\n\r\n"}}},
+		{"CR only", []string{"event: x\rdata: a\r\rdata: b\r\r"}, []want{{"x", "a", "event: x\rdata: a\r\r"}, {"", "b", "data: b\r\r"}}},
+		{"mixed", []string{"data: a\r\ndata: b\rdata: c\n\r\ndata: d\r\r\n"},
+			[]want{{"", "a\nb\nc", "data: a\r\ndata: b\rdata: c\n\r\n"}, {"", "d", "data: d\r\r\n"}}},
+		{"CRLF split across reads", []string{"data: a\r", "\n\r", "\ndata: b\r", "\r", "\n"},
+			[]want{{"", "a", "data: a\r\n\r\n"}, {"", "b", "data: b\r\r\n"}}},
+		{"CR then non-LF across reads", []string{"data: a\r", "\r", "data: b\n\n"},
+			[]want{{"", "a", "data: a\r\r"}, {"", "b", "data: b\n\n"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			evs, err := scanAll(t, 1<<20, tc.chunks...)
+			if err != io.EOF {
+				t.Fatalf("err %v, want io.EOF", err)
+			}
+			checkEvents(t, evs, tc.want...)
+		})
+	}
+}
+
+func TestScannerFields(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   string
+		want []want
+	}{
+		{"comments kept in Raw", ": OPENROUTER PROCESSING\n\n: ping\ndata: x\n\n",
+			[]want{{"", noData, ": OPENROUTER PROCESSING\n\n"}, {"", "x", ": ping\ndata: x\n\n"}}},
+		{"multi-line data", "data: {\"a\":\ndata:  1}\ndata\n\n", []want{{"", "{\"a\":\n 1}\n", "data: {\"a\":\ndata:  1}\ndata\n\n"}}},
+		{"data without space", "data:x\n\ndata:\n\n", []want{{"", "x", "data:x\n\n"}, {"", "", "data:\n\n"}}},
+		{"event, id, retry", "event: a\nid: 7\nretry: 10\nevent:b\ndata: d\n\n", []want{{"b", "d", "event: a\nid: 7\nretry: 10\nevent:b\ndata: d\n\n"}}},
+		{"unknown field and no colon", "foo: bar\nevent\n\n", []want{{"", noData, "foo: bar\nevent\n\n"}}},
+		{"blank lines alone", "\n\r\n", []want{{"", noData, "\n"}, {"", noData, "\r\n"}}},
+		{"BOM at stream start", "\xEF\xBB\xBFdata: a\n\n\xEF\xBB\xBFdata: b\n\n", []want{{"", "a", "\xEF\xBB\xBFdata: a\n\n"}, {"", noData, "\xEF\xBB\xBFdata: b\n\n"}}},
+		{"trailing event without blank line", "data: a\n\nevent: e\ndata: b", []want{{"", "a", "data: a\n\n"}, {"e", "b", "event: e\ndata: b"}}},
+		{"trailing line ending only", "data: a\n", []want{{"", "a", "data: a\n"}}},
+		{"trailing CR", "data: a\r", []want{{"", "a", "data: a\r"}}},
+		{"empty", "", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			evs, err := scanAll(t, 1<<20, tc.in)
+			if err != io.EOF {
+				t.Fatalf("err %v, want io.EOF", err)
+			}
+			checkEvents(t, evs, tc.want...)
+		})
+	}
+}
+
+func TestScannerUTF8Split(t *testing.T) {
+	in := "data: {\"t\":\"héllo 🌟\"}\n\n"
+	for k := 0; k <= len(in); k++ {
+		for _, chunks := range [][]string{{in[:k], in[k:]}, strings.Split(in, "")} {
+			evs, err := scanAll(t, 1<<20, chunks...)
+			if err != io.EOF {
+				t.Fatal(err)
+			}
+			checkEvents(t, evs, want{"", "{\"t\":\"héllo 🌟\"}", in})
+		}
+	}
+}
+
+func TestScannerLargeEvent(t *testing.T) {
+	payload := strings.Repeat("x", 200<<10)
+	in := "event: big\ndata: " + payload + "\n\ndata: after\n\n"
+	// In 1000-byte reads, so the event spans hundreds of them.
+	var chunks []string
+	for s := in; len(s) > 0; {
+		n := min(1000, len(s))
+		chunks = append(chunks, s[:n])
+		s = s[n:]
+	}
+	evs, err := scanAll(t, 1<<20, chunks...)
+	if err != io.EOF {
+		t.Fatal(err)
+	}
+	checkEvents(t, evs, want{"big", payload, "event: big\ndata: " + payload + "\n\n"}, want{"", "after", "data: after\n\n"})
+}
+
+func TestScannerTooLarge(t *testing.T) {
+	small := "data: ok\n\n"
+	big := "data: " + strings.Repeat("y", 300) + "\n\n"
+	for _, tc := range []struct {
+		name   string
+		chunks []string
+	}{
+		{"one read", []string{small + big + small}},
+		{"byte reads", strings.Split(small+big+small, "")},
+		{"unterminated at EOF", []string{small, big[:len(big)-2]}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			evs, err := scanAll(t, 100, tc.chunks...)
+			if !errors.Is(err, ErrEventTooLarge) {
+				t.Fatalf("err %v, want ErrEventTooLarge", err)
+			}
+			checkEvents(t, evs, want{"", "ok", small})
+		})
+	}
+	t.Run("exactly the limit", func(t *testing.T) {
+		evs, err := scanAll(t, len(small), small, small)
+		if err != io.EOF {
+			t.Fatal(err)
+		}
+		checkEvents(t, evs, want{"", "ok", small}, want{"", "ok", small})
+	})
+	t.Run("CRLF tips it over", func(t *testing.T) {
+		ev := "data: ok\r\r" // 10 bytes; with the LF of the final CRLF 11
+		if _, err := scanAll(t, 10, ev, "\n"); !errors.Is(err, ErrEventTooLarge) {
+			t.Fatalf("err %v, want ErrEventTooLarge", err)
+		}
+	})
+	t.Run("memory stays bounded", func(t *testing.T) {
+		sc := NewScanner(infiniteReader{}, 64<<10)
+		if _, err := sc.Next(); !errors.Is(err, ErrEventTooLarge) {
+			t.Fatalf("err %v, want ErrEventTooLarge", err)
+		}
+		if c := cap(sc.buf); c > 64<<10+2*minRead {
+			t.Errorf("buffer grew to %d bytes for a 64 KiB limit", c)
+		}
+	})
+}
+
+// infiniteReader is an upstream that never ends its event.
+type infiniteReader struct{}
+
+func (infiniteReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'z'
+	}
+	return len(p), nil
+}
+
+func TestScannerReaderErrors(t *testing.T) {
+	t.Run("bytes before an error are returned first", func(t *testing.T) {
+		boom := errors.New("connection reset")
+		sc := NewScanner(io.MultiReader(strings.NewReader("data: a\n\ndata: part"), errReader{boom}), 0)
+		for _, w := range []string{"a", "part"} {
+			ev, err := sc.Next()
+			if err != nil || string(ev.Data) != w {
+				t.Fatalf("got %q %v, want %q", ev.Data, err, w)
+			}
+		}
+		if _, err := sc.Next(); err != boom {
+			t.Fatalf("err %v, want %v", err, boom)
+		}
+	})
+	t.Run("stuck reader", func(t *testing.T) {
+		sc := NewScanner(errReader{nil}, 0)
+		if _, err := sc.Next(); err != io.ErrNoProgress {
+			t.Fatalf("err %v, want io.ErrNoProgress", err)
+		}
+	})
+	t.Run("data and EOF in one read", func(t *testing.T) {
+		sc := NewScanner(dataEOFReader{"data: a\n\ndata: b"}, 0)
+		var got []string
+		for {
+			ev, err := sc.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, string(ev.Data))
+		}
+		if strings.Join(got, ",") != "a,b" {
+			t.Fatalf("got %q", got)
+		}
+	})
+}
+
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// dataEOFReader returns all its data together with io.EOF, which io.Reader allows.
+type dataEOFReader struct{ s string }
+
+func (r dataEOFReader) Read(p []byte) (int, error) {
+	return copy(p, r.s), io.EOF
+}
+
+// TestScannerNoAllocs holds the hot path to its promise: after warm-up, scanning a stream of
+// single-data-line events with repeated names allocates nothing per event.
+func TestScannerNoAllocs(t *testing.T) {
+	ev := "event: content_block_delta\ndata: {\"type\":\"content_block_delta\"}\n\n"
+	in := []byte(strings.Repeat(ev, 1000))
+	r := bytes.NewReader(in)
+	allocs := testing.AllocsPerRun(10, func() {
+		r.Reset(in)
+		sc := NewScanner(r, 1<<20)
+		for {
+			if _, err := sc.Next(); err != nil {
+				break
+			}
+		}
+	})
+	if allocs > 5 { // the Scanner, its buffer, one name
+		t.Errorf("%v allocations to scan 1000 events", allocs)
+	}
+}

@@ -1,0 +1,111 @@
+package metering
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// Keys names every Redis key tollgate uses. Each key of a run carries the run id in braces,
+// Redis Cluster's hash tag, so all keys of one run live in one slot and multi-key work on a
+// run stays legal in Cluster. Prefix is empty in production; tests set one per test.
+type Keys struct{ Prefix string }
+
+// Usage is the tally hash of a run.
+func (k Keys) Usage(runID string) string { return k.Prefix + "billing:usage:{" + runID + "}" }
+
+// Lease marks a run as served by a live process.
+func (k Keys) Lease(runID string) string { return k.Prefix + "lease:{" + runID + "}" }
+
+// Cancel is the pub/sub channel that asks whichever process serves a run to stop it.
+func (k Keys) Cancel(runID string) string { return k.Prefix + "cancel:{" + runID + "}" }
+
+// Replay holds an idempotent request's stored response.
+func (k Keys) Replay(runID string) string { return k.Prefix + "replay:{" + runID + "}" }
+
+// Dedup is the fingerprint window of one user's request body.
+func (k Keys) Dedup(userID uint64, bodyHash string) string {
+	return k.Prefix + "dedup:{" + strconv.FormatUint(userID, 10) + "}:" + bodyHash
+}
+
+// ReconcileLock elects the one process that scans for expired holds.
+func (k Keys) ReconcileLock() string { return k.Prefix + "billing:reconcile:lock" }
+
+// Tally is the Redis record of what each run used, written after every call. It is evidence
+// for the reconciler when a process dies before settling, not the ledger: settlement uses the
+// process's own figures, and a failed tally write never fails a call.
+type Tally struct {
+	rdb  redis.UniversalClient
+	keys Keys
+	ttl  time.Duration
+}
+
+// Tallied is a run's tally.
+type Tallied struct {
+	Usage     pricing.Usage
+	CostMicro int64
+	Calls     int64
+}
+
+// NewTally wires a tally whose hashes live for ttl (48 h: long past any hold's expiry).
+func NewTally(rdb redis.UniversalClient, keys Keys, ttl time.Duration) *Tally {
+	if ttl <= 0 {
+		panic("metering: tally without TTL")
+	}
+	return &Tally{rdb: rdb, keys: keys, ttl: ttl}
+}
+
+// Add records one call in one MULTI/EXEC: integer HINCRBYs (no float drift) and the TTL, so
+// a reader never sees half a call.
+func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicro int64) error {
+	key := t.keys.Usage(runID)
+	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HIncrBy(ctx, key, "in_tok", u.Input)
+		p.HIncrBy(ctx, key, "cache_read_tok", u.CacheRead)
+		p.HIncrBy(ctx, key, "cache_write_tok", u.CacheWrite)
+		p.HIncrBy(ctx, key, "out_tok", u.Output)
+		p.HIncrBy(ctx, key, "cost_micro", costMicro)
+		p.HIncrBy(ctx, key, "calls", 1)
+		p.Expire(ctx, key, t.ttl)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("tally %s: %w", runID, err)
+	}
+	return nil
+}
+
+// Get reads a run's tally; found is false when there is none.
+func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
+	m, err := t.rdb.HGetAll(ctx, t.keys.Usage(runID)).Result()
+	if err != nil {
+		return Tallied{}, false, fmt.Errorf("read tally %s: %w", runID, err)
+	}
+	if len(m) == 0 {
+		return Tallied{}, false, nil
+	}
+	var parseErr error
+	field := func(name string) int64 {
+		v, err := strconv.ParseInt(m[name], 10, 64)
+		if err != nil && m[name] != "" {
+			parseErr = errors.Join(parseErr, fmt.Errorf("field %s: %w", name, err))
+		}
+		return v
+	}
+	out := Tallied{
+		Usage: pricing.Usage{Input: field("in_tok"), CacheRead: field("cache_read_tok"),
+			CacheWrite: field("cache_write_tok"), Output: field("out_tok")},
+		CostMicro: field("cost_micro"),
+		Calls:     field("calls"),
+	}
+	if parseErr != nil {
+		return Tallied{}, false, fmt.Errorf("read tally %s: %w", runID, parseErr)
+	}
+	return out, true, nil
+}

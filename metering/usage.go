@@ -1,0 +1,338 @@
+package metering
+
+import (
+	"bytes"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// Format is the wire format of a response, which decides where its usage report lives.
+type Format int
+
+const (
+	FormatChat Format = iota
+	FormatCompletions
+	FormatResponses
+	FormatEmbeddings
+	FormatAnthropic
+)
+
+// Result is what a response said about its cost.
+type Result struct {
+	Usage pricing.Usage
+	// Reported is false when nothing in the response said what it cost: settlement must
+	// then fall back to an estimate and mark the charge as estimated.
+	Reported bool
+	// UpstreamError is set when a 200 stream or body carried an error event or object.
+	UpstreamError bool
+	// OutputChars counts the bytes of generated text seen, the base of the output estimate
+	// when no usage came (a client that cancels mid-stream, a provider that reports none).
+	OutputChars int64
+}
+
+// Meter accumulates the usage of one response. It keeps nothing of the events it is shown,
+// so the scanner may reuse their memory.
+type Meter struct {
+	format Format
+	res    Result
+}
+
+// NewMeter returns a Meter for responses in format f.
+func NewMeter(f Format) *Meter {
+	return &Meter{format: f}
+}
+
+// Event observes one streamed event. It must stay cheap: it runs on every chunk.
+func (m *Meter) Event(ev Event) {
+	if ev.Name == "error" {
+		m.res.UpstreamError = true
+	}
+	data := bytes.TrimSpace(ev.Data)
+	if len(data) == 0 || data[0] != '{' {
+		return // comments, keep-alives, [DONE]
+	}
+	s := unsafeString(data)
+	switch m.format {
+	case FormatResponses:
+		m.responsesEvent(s, eventType(s, ev.Name))
+	case FormatAnthropic:
+		m.anthropicEvent(s, eventType(s, ev.Name))
+	default:
+		m.openAIObject(s, "delta")
+	}
+}
+
+// Body observes a whole non-streamed JSON response body.
+func (m *Meter) Body(body []byte) {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' {
+		return
+	}
+	s := unsafeString(body)
+	if isError(gjson.Get(s, "error")) || gjson.Get(s, "type").Str == "error" {
+		m.res.UpstreamError = true
+	}
+	switch m.format {
+	case FormatAnthropic:
+		if u := gjson.Get(s, "usage"); u.IsObject() {
+			m.anthropicUsage(u)
+		}
+		gjson.Get(s, "content").ForEach(func(_, c gjson.Result) bool {
+			m.res.OutputChars += strLen(c.Get("text")) + strLen(c.Get("thinking"))
+			if in := c.Get("input"); in.Exists() {
+				m.res.OutputChars += int64(len(in.Raw))
+			}
+			return true
+		})
+	case FormatResponses:
+		if u := gjson.Get(s, "usage"); u.IsObject() {
+			m.openAIUsage(u)
+		}
+		gjson.Get(s, "output").ForEach(func(_, o gjson.Result) bool {
+			m.res.OutputChars += strLen(o.Get("arguments"))
+			o.Get("content").ForEach(func(_, c gjson.Result) bool {
+				m.res.OutputChars += strLen(c.Get("text"))
+				return true
+			})
+			return true
+		})
+	default:
+		m.openAIObject(s, "message")
+	}
+}
+
+// Result returns what was seen so far, every token count within [0, pricing.MaxTokens].
+func (m *Meter) Result() Result {
+	r := m.res
+	r.Usage = r.Usage.Clamp()
+	return r
+}
+
+// IsUsageOnlyChunk reports whether data is an OpenAI chat/completions chunk that exists only
+// to carry usage (`choices` present and empty, `usage` a non-null object). The proxy removes
+// such chunks from what the client sees when the client had not asked for include_usage.
+// A chunk that also carries an error is not usage-only: dropping it would hide the error.
+func IsUsageOnlyChunk(data []byte) bool {
+	if !bytes.Contains(data, []byte(`"usage"`)) || !bytes.Contains(data, []byte(`"choices"`)) {
+		return false
+	}
+	s := unsafeString(data)
+	choices := gjson.Get(s, "choices")
+	if !choices.IsArray() {
+		return false
+	}
+	empty := true
+	choices.ForEach(func(_, _ gjson.Result) bool {
+		empty = false
+		return false
+	})
+	return empty && gjson.Get(s, "usage").IsObject() && !isError(gjson.Get(s, "error"))
+}
+
+// openAIObject reads a chat, completions or embeddings chunk or body in one pass over its
+// top-level keys: separate lookups for choices, usage, x_groq and error would each rescan
+// the chunk, and this runs on every chunk of a stream.
+func (m *Meter) openAIObject(s, choiceKey string) {
+	var usage, groq gjson.Result
+	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "choices":
+			m.openAIChoices(v, choiceKey)
+		case "usage":
+			usage = v
+		case "x_groq": // Groq reports usage here even when include_usage was not asked for
+			groq = v
+		case "error":
+			if isError(v) {
+				m.res.UpstreamError = true
+			}
+		}
+		return true
+	})
+	if !m.openAIUsage(usage) {
+		m.openAIUsage(groq.Get("usage"))
+	}
+}
+
+// openAIChoices counts generated text in choices[].<key> (delta for chunks, message for
+// bodies), or choices[].text for legacy completions.
+func (m *Meter) openAIChoices(choices gjson.Result, key string) {
+	choices.ForEach(func(_, c gjson.Result) bool {
+		if m.format == FormatCompletions {
+			m.res.OutputChars += strLen(c.Get("text"))
+			return true
+		}
+		c.Get(key).ForEach(func(k, v gjson.Result) bool {
+			switch k.Str {
+			case "content", "reasoning_content", "reasoning", "refusal":
+				m.res.OutputChars += strLen(v)
+			case "tool_calls":
+				v.ForEach(func(_, tc gjson.Result) bool {
+					m.res.OutputChars += strLen(tc.Get("function.arguments"))
+					return true
+				})
+			case "function_call":
+				m.res.OutputChars += strLen(v.Get("arguments"))
+			}
+			return true
+		})
+		return true
+	})
+}
+
+// openAIUsage replaces the usage with the one in u, if u is a usage object. Replacing, never
+// adding: some providers (xAI) repeat a cumulative total on every chunk. The Responses API
+// names the same counts input_tokens/output_tokens.
+func (m *Meter) openAIUsage(u gjson.Result) bool {
+	if !u.IsObject() {
+		return false
+	}
+	prompt, okP := first(u, "prompt_tokens", "input_tokens")
+	completion, okC := first(u, "completion_tokens", "output_tokens")
+	total, okT := first(u, "total_tokens")
+	if !okP && !okC && !okT {
+		return false // not a usage report (e.g. an empty object), keep the last real one
+	}
+	cached, _ := first(u, "prompt_tokens_details.cached_tokens", "input_tokens_details.cached_tokens",
+		"prompt_cache_hit_tokens", "cached_tokens")
+	written, _ := first(u, "prompt_tokens_details.cache_write_tokens", "input_tokens_details.cache_write_tokens")
+	output := completion
+	if okT && total-prompt > output { // xAI and Gemini leave reasoning out of completion_tokens
+		output = total - prompt
+	}
+	m.res.Usage = pricing.Usage{
+		Input:      max(0, prompt-cached-written),
+		CacheRead:  cached,
+		CacheWrite: written,
+		Output:     output,
+	}
+	m.res.Reported = true
+	return true
+}
+
+// responsesEvent handles one OpenAI Responses API event of type typ.
+func (m *Meter) responsesEvent(s, typ string) {
+	switch typ {
+	case "response.completed", "response.incomplete":
+		m.openAIUsage(gjson.Get(s, "response.usage"))
+	case "response.failed", "error":
+		m.res.UpstreamError = true
+	case "response.output_text.delta", "response.refusal.delta", "response.reasoning_text.delta",
+		"response.reasoning_summary_text.delta", "response.function_call_arguments.delta",
+		"response.custom_tool_call_input.delta", "response.code_interpreter_call_code.delta",
+		"response.mcp_call_arguments.delta":
+		m.res.OutputChars += strLen(gjson.Get(s, "delta"))
+	}
+}
+
+// anthropicEvent handles one Anthropic Messages event of type typ.
+func (m *Meter) anthropicEvent(s, typ string) {
+	switch typ {
+	case "message_start":
+		if u := gjson.Get(s, "message.usage"); u.IsObject() {
+			m.anthropicUsage(u)
+		}
+	case "message_delta":
+		if u := gjson.Get(s, "usage"); u.IsObject() {
+			m.anthropicUsage(u)
+		}
+	case "content_block_delta":
+		d := gjson.Get(s, "delta")
+		switch d.Get("type").Str {
+		case "text_delta":
+			m.res.OutputChars += strLen(d.Get("text"))
+		case "thinking_delta":
+			m.res.OutputChars += strLen(d.Get("thinking"))
+		case "input_json_delta":
+			m.res.OutputChars += strLen(d.Get("partial_json"))
+		case "compaction_delta":
+			m.res.OutputChars += strLen(d.Get("content"))
+		}
+	case "error":
+		m.res.UpstreamError = true
+	}
+}
+
+// anthropicFields are Anthropic's usage fields in the order of pricing.Usage's fields.
+// input_tokens already excludes both kinds of cache tokens.
+var anthropicFields = [4]string{"input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens"}
+
+// anthropicUsage applies one Anthropic usage object: each field present replaces the one
+// before (message_delta carries cumulative counts). With iterations[] (compaction, server
+// tools) the top-level fields describe only the last iteration, so each field is the sum
+// over the iterations instead.
+func (m *Meter) anthropicUsage(u gjson.Result) {
+	var sum [4]int64
+	var inIter, top [4]bool
+	u.Get("iterations").ForEach(func(_, it gjson.Result) bool {
+		for i, f := range anthropicFields {
+			if v, ok := first(it, f); ok {
+				sum[i] = min(sum[i]+v, pricing.MaxTokens)
+				inIter[i] = true
+			}
+		}
+		return true
+	})
+	fields := [4]*int64{&m.res.Usage.Input, &m.res.Usage.CacheRead, &m.res.Usage.CacheWrite, &m.res.Usage.Output}
+	for i, f := range anthropicFields {
+		if inIter[i] {
+			*fields[i] = sum[i]
+		} else if v, ok := first(u, f); ok {
+			*fields[i] = v
+			top[i] = true
+		}
+	}
+	if inIter != [4]bool{} || top != [4]bool{} {
+		m.res.Reported = true
+	}
+}
+
+// eventType is the data's "type", which both typed formats always send; the SSE event name
+// stands in for it only when a relay has dropped it.
+func eventType(s, name string) string {
+	if t := gjson.Get(s, "type"); t.Type == gjson.String {
+		return t.Str
+	}
+	return name
+}
+
+// first returns the first of the paths in u that holds a number, clamped to
+// [0, pricing.MaxTokens] so later arithmetic cannot overflow; a null counts as absent.
+func first(u gjson.Result, paths ...string) (int64, bool) {
+	for _, p := range paths {
+		if v := u.Get(p); v.Type == gjson.Number {
+			return max(0, min(v.Int(), pricing.MaxTokens)), true
+		}
+	}
+	return 0, false
+}
+
+// isError reports whether a top-level "error" value is a real error: providers send
+// "error": null on healthy responses.
+func isError(e gjson.Result) bool {
+	switch e.Type {
+	case gjson.Null, gjson.False:
+		return false
+	case gjson.String:
+		return e.Str != ""
+	}
+	return e.Exists()
+}
+
+// strLen is the byte length of a JSON string value, 0 for anything else.
+func strLen(v gjson.Result) int64 {
+	if v.Type != gjson.String {
+		return 0
+	}
+	return int64(len(v.Str))
+}
+
+// unsafeString views b as a string without copying: gjson parses strings, and copying every
+// chunk would double the hot path's allocations. Only lengths and numbers are kept from the
+// results, never the strings, so nothing outlives b.
+func unsafeString(b []byte) string {
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}

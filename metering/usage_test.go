@@ -1,0 +1,189 @@
+package metering
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/pricing"
+)
+
+func TestIsUsageOnlyChunk(t *testing.T) {
+	for _, tc := range []struct {
+		data string
+		want bool
+	}{
+		{`{"id":"x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}`, true},
+		{`{"choices": [ ], "usage" : {}}`, true},
+		{`{"usage":{"prompt_tokens":1},"object":"text_completion","choices":[]}`, true},
+		{`{"choices":[{"index":0,"delta":{}}],"usage":{"prompt_tokens":1}}`, false}, // usage on a content chunk
+		{`{"choices":[],"usage":null}`, false},
+		{`{"choices":[]}`, false},                 // Azure's prompt_filter_results chunk
+		{`{"usage":{"prompt_tokens":1}}`, false},  // no choices at all
+		{`{"choices":{},"usage":{"a":1}}`, false}, // choices not an array
+		{`{"choices":[],"usage":{"prompt_tokens":1},"error":{"message":"x"}}`, false},
+		{`{"choices":[],"usage":{"prompt_tokens":1},"error":null}`, true},
+		{`[DONE]`, false},
+		{``, false},
+		{`{"choices":[],"usage":`, false},
+	} {
+		if got := IsUsageOnlyChunk([]byte(tc.data)); got != tc.want {
+			t.Errorf("IsUsageOnlyChunk(%s) = %v, want %v", tc.data, got, tc.want)
+		}
+	}
+}
+
+func meterEvents(f Format, events ...Event) Result {
+	m := NewMeter(f)
+	for _, ev := range events {
+		m.Event(ev)
+	}
+	return m.Result()
+}
+
+func data(s string) Event { return Event{Data: []byte(s)} }
+
+func TestMeterOpenAI(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		events []Event
+		want   pricing.Usage
+		rep    bool
+		err    bool
+	}{
+		{"last usage wins, never summed", []Event{
+			data(`{"choices":[{"delta":{"content":"a"}}],"usage":{"prompt_tokens":10,"completion_tokens":1,"total_tokens":11}}`),
+			data(`{"choices":[{"delta":{"content":"b"}}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}}`),
+			data(`[DONE]`),
+		}, pricing.Usage{Input: 10, Output: 2}, true, false},
+		{"usage null and empty usage are not reports", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}`),
+			data(`{"choices":[],"usage":null}`),
+			data(`{"choices":[],"usage":{}}`),
+		}, pricing.Usage{Input: 5, Output: 3}, true, false},
+		{"cache write from prompt_tokens_details", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":20,"cache_write_tokens":30}}}`),
+		}, pricing.Usage{Input: 50, CacheRead: 20, CacheWrite: 30, Output: 3}, true, false},
+		{"first present cached field wins, null details skipped", []Event{
+			data(`{"usage":{"prompt_tokens":100,"prompt_tokens_details":null,"prompt_cache_hit_tokens":40,"cached_tokens":7}}`),
+		}, pricing.Usage{Input: 60, CacheRead: 40}, true, false},
+		{"cache larger than prompt never bills negative input", []Event{
+			data(`{"usage":{"prompt_tokens":10,"cached_tokens":40,"completion_tokens":-5}}`),
+		}, pricing.Usage{CacheRead: 40}, true, false},
+		{"error object mid-stream", []Event{
+			data(`{"choices":[{"delta":{"content":"x"}}]}`),
+			data(`{"error":{"message":"overloaded"}}`),
+		}, pricing.Usage{}, false, true},
+		{"error null is no error", []Event{
+			data(`{"choices":[],"error":null,"usage":{"prompt_tokens":1}}`),
+		}, pricing.Usage{Input: 1}, true, false},
+		{"event: error", []Event{{Name: "error", Data: []byte(`not json`)}}, pricing.Usage{}, false, true},
+		{"garbage is ignored", []Event{data(`{"usage":{"prompt_tokens":`), data(`}{`), {Raw: []byte(": ping\n\n")}}, pricing.Usage{}, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := meterEvents(FormatChat, tc.events...)
+			if got.Usage != tc.want || got.Reported != tc.rep || got.UpstreamError != tc.err {
+				t.Errorf("got %+v, want usage %+v reported=%v upstream_error=%v", got, tc.want, tc.rep, tc.err)
+			}
+		})
+	}
+}
+
+func TestMeterOutputChars(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		f      Format
+		events []Event
+		want   int64
+	}{
+		{"chat deltas", FormatChat, []Event{
+			data(`{"choices":[{"delta":{"role":"assistant","content":"héllo","reasoning_content":"ab"}}]}`),
+			data(`{"choices":[{"delta":{"reasoning":"c","tool_calls":[{"function":{"arguments":"{\"a\":1}"}}]}}]}`),
+			data(`{"choices":[{"delta":{"content":null}}],"text":"ignored"}`),
+		}, 6 + 2 + 1 + 7},
+		{"legacy completions", FormatCompletions, []Event{data(`{"choices":[{"text":"abc"}]}`)}, 3},
+		{"anthropic", FormatAnthropic, []Event{
+			data(`{"type":"content_block_delta","delta":{"type":"text_delta","text":"abc"}}`),
+			data(`{"type":"content_block_delta","delta":{"type":"thinking_delta","thinking":"de"}}`),
+			data(`{"type":"content_block_delta","delta":{"type":"input_json_delta","partial_json":"{\"x"}}`),
+			data(`{"type":"content_block_delta","delta":{"type":"signature_delta","signature":"zzzz"}}`),
+		}, 3 + 2 + 3},
+		{"responses", FormatResponses, []Event{
+			data(`{"type":"response.output_text.delta","delta":"abcd"}`),
+			data(`{"type":"response.reasoning_summary_text.delta","delta":"e"}`),
+			data(`{"type":"response.function_call_arguments.delta","delta":"{}"}`),
+		}, 4 + 1 + 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := meterEvents(tc.f, tc.events...); got.OutputChars != tc.want || got.Reported {
+				t.Errorf("OutputChars %d reported %v, want %d false", got.OutputChars, got.Reported, tc.want)
+			}
+		})
+	}
+}
+
+func TestMeterAnthropic(t *testing.T) {
+	start := data(`{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_read_input_tokens":5,"cache_creation_input_tokens":3,"output_tokens":1}}}`)
+	t.Run("delta replaces only the fields it has", func(t *testing.T) {
+		got := meterEvents(FormatAnthropic, start, data(`{"type":"message_delta","usage":{"output_tokens":42}}`))
+		if want := (pricing.Usage{Input: 10, CacheRead: 5, CacheWrite: 3, Output: 42}); got.Usage != want || !got.Reported {
+			t.Errorf("got %+v, want %+v", got, want)
+		}
+	})
+	t.Run("iterations are summed", func(t *testing.T) {
+		got := meterEvents(FormatAnthropic, start, data(`{"type":"message_delta","usage":{"input_tokens":7,"output_tokens":2,
+			"iterations":[{"input_tokens":1,"output_tokens":2,"cache_read_input_tokens":4},{"input_tokens":7,"output_tokens":2}]}}`))
+		if want := (pricing.Usage{Input: 8, CacheRead: 4, CacheWrite: 3, Output: 4}); got.Usage != want {
+			t.Errorf("got %+v, want %+v", got.Usage, want)
+		}
+	})
+	t.Run("error event", func(t *testing.T) {
+		got := meterEvents(FormatAnthropic, start, Event{Name: "error", Data: []byte(`{"type":"error","error":{"type":"overloaded_error"}}`)})
+		if !got.UpstreamError || !got.Reported {
+			t.Errorf("got %+v", got)
+		}
+	})
+	t.Run("body", func(t *testing.T) {
+		m := NewMeter(FormatAnthropic)
+		m.Body([]byte(`{"type":"message","content":[{"type":"text","text":"hi"},{"type":"tool_use","input":{"a":1}}],"usage":{"input_tokens":3,"output_tokens":4}}`))
+		got := m.Result()
+		if want := (pricing.Usage{Input: 3, Output: 4}); got.Usage != want || got.OutputChars != 2+7 {
+			t.Errorf("got %+v", got)
+		}
+	})
+}
+
+func TestMeterResponses(t *testing.T) {
+	t.Run("incomplete carries usage", func(t *testing.T) {
+		got := meterEvents(FormatResponses, data(`{"type":"response.incomplete","response":{"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":4},"output_tokens":16}}}`))
+		if want := (pricing.Usage{Input: 5, CacheRead: 4, Output: 16}); got.Usage != want || !got.Reported || got.UpstreamError {
+			t.Errorf("got %+v", got)
+		}
+	})
+	t.Run("usage on other events is ignored", func(t *testing.T) {
+		got := meterEvents(FormatResponses, data(`{"type":"response.in_progress","response":{"usage":{"input_tokens":9}}}`))
+		if got.Reported {
+			t.Errorf("got %+v", got)
+		}
+	})
+	t.Run("body", func(t *testing.T) {
+		m := NewMeter(FormatResponses)
+		m.Body([]byte(`{"object":"response","error":null,"output":[{"type":"message","content":[{"type":"output_text","text":"abc"}]}],"usage":{"input_tokens":2,"output_tokens":3}}`))
+		got := m.Result()
+		if want := (pricing.Usage{Input: 2, Output: 3}); got.Usage != want || got.OutputChars != 3 || got.UpstreamError {
+			t.Errorf("got %+v", got)
+		}
+	})
+}
+
+func TestMeterBodyErrorsAndHugeNumbers(t *testing.T) {
+	m := NewMeter(FormatChat)
+	m.Body([]byte(`{"error":{"message":"bad"}}`))
+	if got := m.Result(); !got.UpstreamError || got.Reported {
+		t.Errorf("got %+v", got)
+	}
+	m = NewMeter(FormatChat)
+	m.Body([]byte(`{"usage":{"prompt_tokens":1e300,"completion_tokens":` + strings.Repeat("9", 40) + `,"total_tokens":-1}}`))
+	if got := m.Result().Usage; got.Input != pricing.MaxTokens || got.Output != pricing.MaxTokens {
+		t.Errorf("got %+v, want both clamped to MaxTokens", got)
+	}
+}

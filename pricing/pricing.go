@@ -1,0 +1,185 @@
+// Package pricing turns token usage into money. It is pure: no I/O, no clocks, no floats.
+//
+// Money is int64 micro-USD. Prices are kept as micro-USD per million tokens, so a price of
+// 2.50 USD/M is 2_500_000 and the cost of n tokens is n*price/1e6 micro-USD, exact until the
+// single rounding up at the end of a call.
+package pricing
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"sort"
+	"strings"
+)
+
+// MaxTokens bounds each token field of a Usage. Providers report far less; anything larger is
+// a corrupt usage object, and the bound keeps every product below far from 128-bit overflow.
+const MaxTokens = 1 << 40
+
+// MaxPriceMicroPerM bounds a configured price (1,000,000 USD per million tokens).
+const MaxPriceMicroPerM = 1_000_000 * 1_000_000
+
+// ErrNotPriced is returned for a model that no configured price matches.
+var ErrNotPriced = errors.New("model not priced")
+
+// Usage is what one call used, normalised across wire formats. Input excludes cached and
+// cache-write tokens: each field is billed at its own price.
+type Usage struct {
+	Input      int64 `json:"input"`
+	CacheRead  int64 `json:"cache_read"`
+	CacheWrite int64 `json:"cache_write"`
+	Output     int64 `json:"output"`
+}
+
+// Add returns the field-wise sum.
+func (u Usage) Add(o Usage) Usage {
+	return Usage{u.Input + o.Input, u.CacheRead + o.CacheRead, u.CacheWrite + o.CacheWrite, u.Output + o.Output}
+}
+
+// Clamp returns u with every field inside [0, MaxTokens].
+func (u Usage) Clamp() Usage {
+	c := func(v int64) int64 { return max(0, min(v, MaxTokens)) }
+	return Usage{c(u.Input), c(u.CacheRead), c(u.CacheWrite), c(u.Output)}
+}
+
+// Price is one model's price in micro-USD per million tokens.
+type Price struct {
+	Input      int64 `json:"input"`
+	CacheRead  int64 `json:"cache_read"`
+	CacheWrite int64 `json:"cache_write"`
+	Output     int64 `json:"output"`
+}
+
+// Validate reports a price that is negative or absurdly large.
+func (p Price) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"input", p.Input}, {"cache_read", p.CacheRead}, {"cache_write", p.CacheWrite}, {"output", p.Output}} {
+		if f.v < 0 || f.v > MaxPriceMicroPerM {
+			return fmt.Errorf("%s price %d micro-USD/M outside [0, %d]", f.name, f.v, int64(MaxPriceMicroPerM))
+		}
+	}
+	return nil
+}
+
+// Cost is ceil(Σ tokens × price / 1e6) micro-USD: one rounding per call, always up, so the
+// gateway never bills less than the provider charged it.
+func (p Price) Cost(u Usage) int64 {
+	u = u.Clamp()
+	var hi, lo uint64
+	for _, term := range [4][2]int64{{u.Input, p.Input}, {u.CacheRead, p.CacheRead}, {u.CacheWrite, p.CacheWrite}, {u.Output, p.Output}} {
+		h, l := bits.Mul64(uint64(term[0]), uint64(term[1]))
+		var carry uint64
+		lo, carry = bits.Add64(lo, l, 0)
+		hi += h + carry
+	}
+	const million = 1_000_000
+	if hi >= million { // quotient would not fit 64 bits; unreachable with the bounds above
+		panic("pricing: cost overflow")
+	}
+	q, r := bits.Div64(hi, lo, million)
+	if r != 0 {
+		q++
+	}
+	if q > 1<<62 {
+		panic("pricing: cost overflow")
+	}
+	return int64(q)
+}
+
+// WorstCase is the cost of a call that uses all its input at the input price and maxOutput
+// tokens of output: the figure compared against a cap before forwarding.
+func (p Price) WorstCase(inputTokens, maxOutput int64) int64 {
+	return p.Cost(Usage{Input: inputTokens, Output: maxOutput})
+}
+
+// MaxOutputWithin returns the largest output token count whose worst case, with inputTokens of
+// input, costs at most budget micro-USD. It returns -1 when even zero output is over budget.
+func (p Price) MaxOutputWithin(inputTokens, budget int64) int64 {
+	base := p.Cost(Usage{Input: inputTokens})
+	if base > budget {
+		return -1
+	}
+	if p.Output == 0 {
+		return MaxTokens
+	}
+	// Cost is monotone in output: binary search instead of dividing, so the rounding rule lives
+	// in Cost alone.
+	lo, hi := int64(0), int64(MaxTokens)
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if p.Cost(Usage{Input: inputTokens, Output: mid}) <= budget {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
+}
+
+// ApplyDiscount returns what is charged for cost at a discount of bp basis points, rounded up
+// (the discount never rounds in the caller's favour past the provider's cost share).
+func ApplyDiscount(cost int64, bp int) int64 {
+	if bp <= 0 {
+		return cost
+	}
+	if bp >= 10_000 {
+		return 0
+	}
+	keep := int64(10_000 - bp)
+	return (cost*keep + 9_999) / 10_000
+}
+
+// Table maps model names to prices: exact name first, then the longest configured prefix.
+type Table struct {
+	exact    map[string]Price
+	prefixes []string // longest first
+}
+
+// NewTable builds a table. Every key is both an exact name and a prefix, so "gpt-4o" prices
+// "gpt-4o" and "gpt-4o-2024-08-06".
+func NewTable(prices map[string]Price) (*Table, error) {
+	t := &Table{exact: make(map[string]Price, len(prices))}
+	for name, p := range prices {
+		if strings.TrimSpace(name) == "" {
+			return nil, errors.New("pricing: empty model name")
+		}
+		if err := p.Validate(); err != nil {
+			return nil, fmt.Errorf("pricing: model %q: %w", name, err)
+		}
+		t.exact[name] = p
+		t.prefixes = append(t.prefixes, name)
+	}
+	sort.Slice(t.prefixes, func(i, j int) bool {
+		if len(t.prefixes[i]) != len(t.prefixes[j]) {
+			return len(t.prefixes[i]) > len(t.prefixes[j])
+		}
+		return t.prefixes[i] < t.prefixes[j]
+	})
+	return t, nil
+}
+
+// Lookup returns the price of model and the configured name that matched it.
+func (t *Table) Lookup(model string) (Price, string, error) {
+	if p, ok := t.exact[model]; ok {
+		return p, model, nil
+	}
+	for _, prefix := range t.prefixes {
+		if strings.HasPrefix(model, prefix) {
+			return t.exact[prefix], prefix, nil
+		}
+	}
+	return Price{}, "", fmt.Errorf("%w: %q", ErrNotPriced, model)
+}
+
+// Models lists the configured model names, sorted.
+func (t *Table) Models() []string {
+	out := make([]string, 0, len(t.exact))
+	for name := range t.exact {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// listModels answers GET /v1/models with the priced models, in OpenAI's list shape.
+func (s *Server) listModels(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, name := range s.prices.Models() {
+		owner := "tollgate"
+		if up, ok := s.cfg.UpstreamFor(name); ok {
+			owner = up.Name
+		}
+		out.Data = append(out.Data, model{ID: name, Object: "model", OwnedBy: owner})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// credits answers GET /v1/credits.
+func (s *Server) credits(w http.ResponseWriter, r *http.Request) {
+	u := userFrom(r.Context())
+	b, err := s.store.Balance(r.Context(), u.ID)
+	if err != nil {
+		s.log.Error("balance failed", zap.Uint64("user_id", u.ID), zap.Error(err))
+		writeError(w, errBillingDown)
+		return
+	}
+	c := s.creditsOf
+	writeJSON(w, http.StatusOK, map[string]any{
+		"object": "credits", "user": u.Name, "plan": u.Plan,
+		"allowance": c(b.AllowanceMicro), "used_today": c(b.UsedTodayMicro), "held": c(b.HeldMicro),
+		"prepaid": c(b.PrepaidMicro), "available": c(b.AvailableMicro), "in_flight": b.InFlight,
+		"day": time.Now().UTC().Format(time.DateOnly),
+	})
+}
+
+// creditsOf shows micro-USD as credits: an exact decimal (3.412), never a rounded float.
+// With a credit_micro that does not divide a power of ten, the sixth decimal is truncated.
+func (s *Server) creditsOf(micro int64) json.Number {
+	neg := micro < 0
+	if neg {
+		micro = -micro
+	}
+	scaled := micro * 1_000_000 / s.creditUSD // millionths of a credit
+	whole, frac := scaled/1_000_000, scaled%1_000_000
+	out := strconv.FormatInt(whole, 10)
+	if frac != 0 {
+		f := strconv.FormatInt(frac+1_000_000, 10)[1:]
+		for f[len(f)-1] == '0' {
+			f = f[:len(f)-1]
+		}
+		out += "." + f
+	}
+	if neg {
+		out = "-" + out
+	}
+	return json.Number(out)
+}
+
+// clientRunIDPattern is what a caller may name a run.
+var clientRunIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,64}$`)
+
+// runIDFor maps a caller's run name to the gateway's run id. Hashing in the user id scopes
+// the name to its user: two users naming their runs "task-1" get two runs.
+func runIDFor(userID uint64, clientRunID string) string {
+	h := sha256.Sum256([]byte(strconv.FormatUint(userID, 10) + "\x00" + clientRunID))
+	return "x_" + hex.EncodeToString(h[:20])
+}
+
+// lookupRunID resolves a path id: the gateway's own run id (as returned in X-Tollgate-Run-Id)
+// or the caller's X-Run-Id name.
+func lookupRunID(userID uint64, id string) (string, bool) {
+	if !clientRunIDPattern.MatchString(id) {
+		return "", false
+	}
+	if len(id) == 34 && id[:2] == "r_" {
+		return id, true
+	}
+	return runIDFor(userID, id), true
+}
+
+// getRun answers GET /v1/runs/{id}. Another user's run is 404, the same as no run at all.
+func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
+	u := userFrom(r.Context())
+	runID, ok := lookupRunID(u.ID, chi.URLParam(r, "id"))
+	if !ok {
+		writeError(w, errRunNotFound)
+		return
+	}
+	run, err := s.store.Run(r.Context(), u.ID, runID)
+	if errors.Is(err, holds.ErrRunNotFound) {
+		writeError(w, errRunNotFound)
+		return
+	}
+	if err != nil {
+		s.log.Error("read run failed", zap.String("run_id", runID), zap.Error(err))
+		writeError(w, errBillingDown)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.runView(r, run))
+}
+
+// runView is a run as its owner sees it: live runs show their tally, settled ones the charge.
+func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
+	c := s.creditsOf
+	view := map[string]any{
+		"object": "run", "id": run.RunID, "state": run.State, "held": c(run.HeldMicro), "cap": c(run.CapMicro),
+		"model": run.Model, "created_at": run.CreatedAt, "expires_at": run.ExpiresAt,
+	}
+	if run.ClientRunID.Valid {
+		view["name"] = run.ClientRunID.String
+	}
+	usage := map[string]int64{"input": run.InTok, "cache_read": run.CacheReadTok, "cache_write": run.CacheWriteTok,
+		"output": run.OutTok, "calls": int64(run.Calls)}
+	if run.State == holds.StateSettled {
+		view["charged"] = c(run.ChargedMicro)
+		view["cost"] = c(run.CostMicro)
+		view["estimated"] = run.Estimated
+		view["settle_source"] = run.SettleSource.String
+		view["settled_at"] = run.SettledAt.Time
+	} else if t, found, err := s.tally.Get(r.Context(), run.RunID); err == nil && found {
+		usage = map[string]int64{"input": t.Usage.Input, "cache_read": t.Usage.CacheRead, "cache_write": t.Usage.CacheWrite,
+			"output": t.Usage.Output, "calls": t.Calls}
+		view["tallied_cost"] = c(t.CostMicro)
+	}
+	view["usage"] = usage
+	return view
+}

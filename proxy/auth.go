@@ -1,0 +1,97 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+type userKey struct{}
+
+// userFrom returns the authenticated user of a request.
+func userFrom(ctx context.Context) holds.User {
+	u, ok := ctx.Value(userKey{}).(holds.User)
+	if !ok {
+		panic("proxy: handler reached without authentication")
+	}
+	return u
+}
+
+// authenticate resolves the caller's key to a user. Anthropic clients send `x-api-key`, so
+// /v1/messages accepts it too.
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok && r.URL.Path == "/v1/messages" {
+			key, ok = r.Header.Get("x-api-key"), true
+		}
+		key = strings.TrimSpace(key)
+		if !ok || key == "" {
+			writeError(w, errBadKey)
+			return
+		}
+		u, err := s.auth.lookup(r.Context(), key)
+		if errors.Is(err, holds.ErrBadKey) {
+			writeError(w, errBadKey)
+			return
+		}
+		if err != nil {
+			s.log.Error("key lookup failed", zap.Error(err))
+			writeError(w, errBillingDown)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, u)))
+	})
+}
+
+// keyCache keeps key lookups for a few seconds: a hot caller does not pay a MySQL round trip
+// per request, and a revoked key or disabled user is refused within ttl (admission also
+// refuses a disabled user under its row lock, with no delay at all).
+type keyCache struct {
+	store *holds.Store
+	ttl   time.Duration
+
+	mu      sync.Mutex
+	entries map[[32]byte]cachedUser
+}
+
+type cachedUser struct {
+	user    holds.User
+	expires time.Time
+}
+
+// maxCachedKeys bounds the cache; past it, it starts over.
+const maxCachedKeys = 100_000
+
+func newKeyCache(store *holds.Store, ttl time.Duration) *keyCache {
+	return &keyCache{store: store, ttl: ttl, entries: map[[32]byte]cachedUser{}}
+}
+
+func (c *keyCache) lookup(ctx context.Context, key string) (holds.User, error) {
+	hash := holds.HashKey(key)
+	now := time.Now()
+	c.mu.Lock()
+	e, ok := c.entries[hash]
+	c.mu.Unlock()
+	if ok && now.Before(e.expires) {
+		return e.user, nil
+	}
+	u, err := c.store.UserByKey(ctx, key)
+	if err != nil {
+		return holds.User{}, err
+	}
+	c.mu.Lock()
+	if len(c.entries) >= maxCachedKeys {
+		clear(c.entries)
+	}
+	c.entries[hash] = cachedUser{user: u, expires: now.Add(c.ttl)}
+	c.mu.Unlock()
+	return u, nil
+}

@@ -1,0 +1,270 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// outcome is how a forwarded call ended; it decides how the call is settled.
+type outcome int
+
+const (
+	outcomeRefused       outcome = iota // held, then refused before forwarding: release at 0
+	outcomeUpstreamError                // the upstream failed before producing anything: settle at 0
+	outcomeComplete                     // the upstream finished
+	outcomeStreamError                  // the upstream broke or reported an error after producing output
+	outcomeCancel                       // the client went away
+)
+
+// call is one model request from admission to settlement.
+type call struct {
+	req     *callRequest
+	user    holds.User
+	hold    holds.Hold
+	runID   string
+	log     *zap.Logger
+	meter   *metering.Meter
+	outcome outcome
+	// inRun marks a call of a caller-named run: it tallies but does not settle; the run settles
+	// on POST /v1/runs/{id}/settle or by reconciliation. laterCall: the run existed before.
+	inRun, laterCall bool
+	ended            time.Time
+}
+
+// RunIDHeader carries the run id of every answered model call, so a caller can look its run up.
+const RunIDHeader = "X-Tollgate-Run-Id"
+
+// serveCall handles one model route: validate, admit, rewrite, forward, and settle in a
+// deferred path that runs however the request ends.
+func (s *Server) serveCall(rt *route) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.calls.Add(1)
+		defer s.calls.Done()
+		user := userFrom(r.Context())
+		runID := newRunID()
+		log := s.log.With(zap.String("run_id", runID), zap.Uint64("user_id", user.ID), zap.String("route", rt.path))
+		status := s.handleCall(w, r, rt, user, runID, log)
+		s.metrics.Requests.WithLabelValues(rt.path, strconv.Itoa(status)).Inc()
+	}
+}
+
+func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, user holds.User, runID string, log *zap.Logger) int {
+	refuse := func(e *apiError, reason string) int {
+		log.Info("request refused", zap.String("code", e.Code), zap.Int("status", e.Status), zap.String("reason", reason))
+		writeError(w, e)
+		return e.Status
+	}
+	body, aerr := readBody(r, s.cfg.Limits.MaxBodyBytes)
+	if aerr != nil {
+		return refuse(aerr, "body")
+	}
+	req, aerr := s.parseCall(rt, body)
+	if aerr != nil {
+		return refuse(aerr, "validation")
+	}
+	// A caller-named run groups many calls under one hold; without a name a call is a run of
+	// one that settles when it ends.
+	clientRunID := r.Header.Get("X-Run-Id")
+	ttl := s.cfg.Holds.HoldTTL
+	if clientRunID != "" {
+		if !clientRunIDPattern.MatchString(clientRunID) {
+			return refuse(errBadRequest("invalid_run_id", "X-Run-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -"), "validation")
+		}
+		runID, ttl = runIDFor(user.ID, clientRunID), s.cfg.Holds.RunTTL
+		log = log.With(zap.String("run_id", runID))
+	}
+	plan := s.cfg.Plan(user.Plan)
+	hold, err := s.store.Admit(r.Context(), holds.AdmitRequest{
+		RunID: runID, UserID: user.ID, ClientRunID: clientRunID, Model: req.model, State: holds.StateRunning, TTL: ttl,
+		Heavy: req.userTurns >= plan.HeavyAfterTurns,
+	})
+	if err != nil {
+		e := s.admitError(err)
+		if e.Status >= 500 {
+			log.Error("admission failed", zap.Error(err))
+		}
+		return refuse(e, "admission")
+	}
+
+	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),
+		inRun: clientRunID != "", laterCall: hold.Existing}
+	// From here on the hold exists, and this deferred settlement is what closes it: it runs on
+	// success, error, client cancel and panic alike.
+	defer s.finish(r.Context(), c)
+
+	budget := hold.CapMicro
+	exhausted := errInsufficient
+	if c.laterCall {
+		spent, err := s.runSpent(r.Context(), c)
+		if err != nil {
+			c.outcome = outcomeRefused
+			log.Error("run tally unreadable", zap.Error(err))
+			return refuse(errBillingDown, "run tally")
+		}
+		budget -= spent
+		exhausted = errRunBudget
+	}
+	ok, err := req.rewrite(budget, s.cfg.Models[req.priceKey].MaxOutputTokens)
+	if err != nil {
+		c.outcome = outcomeRefused
+		return refuse(errBadRequest("invalid_request", err.Error()), "rewrite")
+	}
+	if !ok {
+		c.outcome = outcomeRefused
+		return refuse(exhausted, "budget below the cost of the prompt")
+	}
+	if err := s.leases.Acquire(r.Context(), runID); err != nil {
+		log.Warn("lease not taken; the hold's TTL still protects the run", zap.Error(err))
+	}
+	s.metrics.ActiveCalls.Inc()
+	defer s.metrics.ActiveCalls.Dec()
+	w.Header().Set(RunIDHeader, runID)
+	return s.forward(w, r, c)
+}
+
+// admitError maps an admission refusal to its answer.
+func (s *Server) admitError(err error) *apiError {
+	var busy *holds.TooManyInFlightError
+	switch {
+	case errors.As(err, &busy):
+		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "too_many_in_flight",
+			Message:    fmt.Sprintf("%d calls are already in flight for this account (limit %d). Retry when one finishes.", busy.InFlight, busy.Limit),
+			RetryAfter: busy.RetryAfter}
+	case errors.Is(err, holds.ErrInsufficient):
+		return errInsufficient
+	case errors.Is(err, holds.ErrUserDisabled), errors.Is(err, holds.ErrUnknownUser):
+		return errBadKey
+	case errors.Is(err, holds.ErrRunSettled):
+		return errRunSettled
+	case errors.Is(err, holds.ErrRunNotFound):
+		return errRunNotFound
+	}
+	return errBillingDown
+}
+
+// finish settles a call. It runs after the handler, whatever ended it, and hands the work to
+// a settlement that outlives the request: the client's cancellation must not cancel the
+// charge for what it already used.
+func (s *Server) finish(reqCtx context.Context, c *call) {
+	if p := recover(); p != nil {
+		c.log.Error("panic while serving; settling what was used", zap.Any("panic", p))
+		c.outcome = outcomeStreamError
+		defer panic(p)
+	}
+	c.ended = time.Now()
+	st := s.settlementOf(c)
+	ctx := context.WithoutCancel(reqCtx)
+	// The tally is written before settlement is tried: if this process dies before the
+	// settlement commits, the reconciler settles from it.
+	if st.CostMicro > 0 || st.Usage != (pricing.Usage{}) {
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		if err := s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro); err != nil {
+			s.metrics.TallyFailures.Inc()
+			c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
+		}
+		cancel()
+	}
+	if c.inRun {
+		s.endRunCall(ctx, c, st)
+		return
+	}
+	s.settlements.Add(1)
+	select {
+	case s.settleSlots <- struct{}{}:
+		go func() {
+			defer func() { <-s.settleSlots }()
+			s.settle(ctx, c, st)
+		}()
+	default:
+		s.settle(ctx, c, st) // backpressure: too many settlements behind; this caller waits
+	}
+}
+
+// settle commits one settlement with its own deadline and retries, then drops the lease.
+// A settlement that gives up leaves the hold to expire and the reconciler to settle it from
+// the tally.
+func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
+	defer s.settlements.Done()
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+	defer cancel()
+	res, err := s.store.Settle(ctx, st)
+	if err != nil {
+		s.metrics.SettleFailures.Inc()
+		c.log.Error("settlement failed; the reconciler will settle this run", zap.Error(err))
+		return
+	}
+	s.metrics.SettleSeconds.Observe(time.Since(c.ended).Seconds())
+	s.metrics.Settlements.WithLabelValues(st.Source, strconv.FormatBool(res.Applied)).Inc()
+	c.log.Debug("settled", zap.String("source", st.Source), zap.Bool("applied", res.Applied),
+		zap.Int64("charged_micro", res.ChargedMicro), zap.Bool("estimated", st.Estimated))
+	if err := s.leases.Release(ctx, c.runID); err != nil {
+		c.log.Warn("lease not released; it lapses on its own", zap.Error(err))
+	}
+}
+
+// settlementOf turns how a call ended into what it is charged.
+func (s *Server) settlementOf(c *call) holds.Settlement {
+	st := holds.Settlement{RunID: c.runID, Model: c.req.model, Calls: 1, PriceSnapshot: priceSnapshot(c.req)}
+	switch c.outcome {
+	case outcomeRefused:
+		st.Source, st.Calls = holds.SourceRelease, 0
+		return st
+	case outcomeUpstreamError:
+		st.Source = holds.SourceUpstreamError
+		return st
+	case outcomeCancel:
+		st.Source = holds.SourceCancel
+	case outcomeStreamError:
+		st.Source = holds.SourceStreamError
+	default:
+		st.Source = holds.SourceComplete
+	}
+	res := c.meter.Result()
+	if res.Reported {
+		st.Usage = res.Usage
+	} else {
+		st.Usage = pricing.Usage{Input: c.req.inputEstimate, Output: metering.EstimateOutputTokens(res.OutputChars)}
+		st.Estimated = true
+	}
+	st.CostMicro = c.req.price.Cost(st.Usage)
+	return st
+}
+
+// priceSnapshot records the prices a run was billed at, so the bill can be explained after the
+// price table changes.
+func priceSnapshot(c *callRequest) []byte {
+	b, _ := json.Marshal(map[string]any{"model": c.priceKey, "unit": "micro_usd_per_million_tokens",
+		"input": c.price.Input, "cache_read": c.price.CacheRead, "cache_write": c.price.CacheWrite, "output": c.price.Output})
+	return b
+}
+
+// newRunID is a fresh run id for a call without a caller-chosen one.
+func newRunID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return "r_" + hex.EncodeToString(b[:])
+}
+
+// clientGone reports whether the caller, not the upstream, ended the call.
+func clientGone(r *http.Request) bool { return r.Context().Err() != nil }
+
+// isTimeout reports an upstream that did not answer in time.
+func isTimeout(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}

@@ -1,0 +1,62 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// apiError is an answer in OpenAI's error shape, which every SDK already knows how to read:
+// {"error":{"message","type","code"}}.
+type apiError struct {
+	Status     int
+	Type       string
+	Code       string
+	Message    string
+	RetryAfter time.Duration
+	RunID      string // the run a duplicate refers to, when there is one
+}
+
+func (e *apiError) Error() string { return e.Code + ": " + e.Message }
+
+func errBadRequest(code, msg string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Message: msg}
+}
+
+var (
+	errBadKey = &apiError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key",
+		Message: "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'."}
+	errInsufficient = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "insufficient_credits",
+		Message: "No credits available: today's allowance and prepaid credits are used or held by calls in flight."}
+	errBillingDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
+		Message: "Billing is unavailable, so the call was not made. Retry shortly."}
+	errNotFound = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
+		Message: "No such route."}
+	errRunNotFound = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "run_not_found",
+		Message: "No such run."}
+	errRunSettled = &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "run_settled",
+		Message: "This run is already settled; start a new run id."}
+)
+
+// writeError sends e. The run id, when known, goes in a header so a caller can quote it.
+func writeError(w http.ResponseWriter, e *apiError) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
+	}
+	body := map[string]any{"message": e.Message, "type": e.Type, "code": e.Code}
+	if e.RunID != "" {
+		body["run_id"] = e.RunID
+	}
+	w.WriteHeader(e.Status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": body})
+}
+
+// writeJSON sends v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

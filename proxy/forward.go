@@ -1,0 +1,228 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/metering"
+)
+
+// forward sends the call upstream and copies the answer back, feeding every byte to the
+// meter on the way. It returns the status the client saw and sets c.outcome.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
+	// The upstream call is bound to the client's request: a client that leaves stops the
+	// generation, and with it the cost.
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.UpstreamTimeout)
+	defer cancel()
+	up, err := s.upstreamRequest(ctx, r, c)
+	if err != nil {
+		c.outcome = outcomeRefused
+		c.log.Error("build upstream request", zap.Error(err))
+		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error", Message: "Could not build the upstream request."})
+		return http.StatusInternalServerError
+	}
+	resp, err := s.client.Do(up)
+	if err != nil {
+		if clientGone(r) {
+			// The prompt may already be in the provider's hands: charge the estimate of it.
+			c.outcome = outcomeCancel
+			return 499
+		}
+		c.outcome = outcomeUpstreamError
+		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable",
+			Message: "The upstream could not be reached."}
+		if isTimeout(err) {
+			e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
+				Message: "The upstream did not answer in time."}
+		}
+		c.log.Warn("upstream request failed", zap.String("upstream", c.req.upstream.Name), zap.Error(err))
+		writeError(w, e)
+		return e.Status
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		c.outcome = outcomeUpstreamError
+		return s.relayUpstreamError(w, resp, c)
+	}
+	copyResponseHeaders(w.Header(), resp.Header)
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		return s.relayStream(w, r, resp, c)
+	}
+	return s.relayBody(w, r, resp, c)
+}
+
+// relayStream writes and flushes each SSE event as it arrives; no response is buffered whole.
+// The usage-only chunk the gateway asked for on the caller's behalf is dropped from what the
+// caller sees.
+func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) int {
+	h := w.Header()
+	h.Del("Content-Length")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	strip := c.req.route.injectUsage && !c.req.clientAskedUsage
+	sc := metering.NewScanner(resp.Body, s.cfg.Limits.MaxEventBytes)
+	for {
+		ev, err := sc.Next()
+		if err != nil {
+			switch {
+			case errors.Is(err, io.EOF):
+				c.outcome = outcomeComplete
+			case clientGone(r):
+				c.outcome = outcomeCancel
+			default:
+				c.outcome = outcomeStreamError
+				c.log.Warn("upstream stream broke", zap.Error(err))
+			}
+			break
+		}
+		c.meter.Event(ev)
+		if strip && metering.IsUsageOnlyChunk(ev.Data) {
+			continue
+		}
+		if _, err := w.Write(ev.Raw); err != nil {
+			c.outcome = outcomeCancel
+			break
+		}
+		if err := rc.Flush(); err != nil {
+			c.outcome = outcomeCancel
+			break
+		}
+	}
+	if c.outcome == outcomeComplete && c.meter.Result().UpstreamError {
+		c.outcome = outcomeStreamError
+	}
+	return resp.StatusCode
+}
+
+// relayBody copies a non-streamed answer, bounded by max_response_bytes.
+func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) int {
+	limit := s.cfg.Limits.MaxResponseBytes
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		if clientGone(r) {
+			c.outcome = outcomeCancel
+			return 499
+		}
+		c.outcome = outcomeStreamError
+		c.log.Warn("upstream body broke", zap.Error(err))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+			Message: "The upstream connection broke before the answer was complete."})
+		return http.StatusBadGateway
+	}
+	if int64(len(body)) > limit {
+		c.outcome = outcomeStreamError
+		c.log.Warn("upstream body over the limit", zap.Int64("limit", limit))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_response_too_large",
+			Message: fmt.Sprintf("The upstream answer is larger than %d bytes.", limit)})
+		return http.StatusBadGateway
+	}
+	c.meter.Body(body)
+	c.outcome = outcomeComplete
+	if c.meter.Result().UpstreamError {
+		c.outcome = outcomeStreamError
+	}
+	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+	w.WriteHeader(resp.StatusCode)
+	if _, err := w.Write(body); err != nil {
+		c.outcome = outcomeCancel
+	}
+	return resp.StatusCode
+}
+
+// maxUpstreamErrorBody bounds what is read of an upstream's error answer.
+const maxUpstreamErrorBody = 64 << 10
+
+// relayUpstreamError answers for an upstream that refused the call. The caller's own mistakes
+// (4xx) pass through as the provider worded them; the provider's failures and its refusal of
+// the gateway's key become 502, since the caller can do nothing about them.
+func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, c *call) int {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody))
+	c.log.Warn("upstream refused the call", zap.String("upstream", c.req.upstream.Name), zap.Int("status", resp.StatusCode),
+		zap.ByteString("body", body[:min(len(body), 512)]))
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_auth_failed",
+			Message: "The upstream refused the gateway's credentials."})
+		return http.StatusBadGateway
+	case resp.StatusCode >= 400 && resp.StatusCode < 500:
+		copyResponseHeaders(w.Header(), resp.Header)
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(body)
+		return resp.StatusCode
+	}
+	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
+		Message: fmt.Sprintf("The upstream failed with status %d.", resp.StatusCode)})
+	return http.StatusBadGateway
+}
+
+// upstreamRequest builds the request to the upstream: the rewritten body, the caller's
+// headers less the ones that belong to this hop or to the gateway, and the upstream's key.
+func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, c *call) (*http.Request, error) {
+	u := strings.TrimSuffix(c.req.upstream.BaseURL, "/") + c.req.route.path
+	if r.URL.RawQuery != "" {
+		u += "?" + r.URL.RawQuery
+	}
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(c.req.body))
+	if err != nil {
+		return nil, fmt.Errorf("upstream request %s: %w", u, err)
+	}
+	for k, vv := range r.Header {
+		if _, drop := dropRequestHeaders[k]; !drop {
+			up.Header[k] = vv
+		}
+	}
+	up.Header.Set("Content-Type", "application/json")
+	key := c.req.upstream.APIKey
+	switch c.req.upstream.Kind {
+	case "anthropic":
+		if key != "" {
+			up.Header.Set("X-Api-Key", key)
+		}
+		if up.Header.Get("Anthropic-Version") == "" {
+			up.Header.Set("Anthropic-Version", "2023-06-01")
+		}
+	default:
+		if key != "" {
+			up.Header.Set("Authorization", "Bearer "+key)
+		}
+	}
+	return up, nil
+}
+
+// dropRequestHeaders never reach the upstream: hop-by-hop headers, the caller's credentials,
+// the gateway's own headers, and Accept-Encoding (the meter must read plain text; the
+// transport negotiates compression itself and decompresses).
+var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Authorization", "X-Api-Key", "Cookie", "Accept-Encoding",
+	"Content-Length", "Host", "X-Run-Id", "Idempotency-Key", "X-Session-Id", "Openai-Organization", "Openai-Project",
+	"X-Forwarded-For", "Forwarded")
+
+// dropResponseHeaders are hop-by-hop or set by the gateway.
+var dropResponseHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding",
+	"Upgrade", "Set-Cookie")
+
+func copyResponseHeaders(dst, src http.Header) {
+	for k, vv := range src {
+		if _, drop := dropResponseHeaders[k]; !drop {
+			dst[k] = vv
+		}
+	}
+}
+
+func setOf(names ...string) map[string]struct{} {
+	m := make(map[string]struct{}, len(names))
+	for _, n := range names {
+		m[http.CanonicalHeaderKey(n)] = struct{}{}
+	}
+	return m
+}

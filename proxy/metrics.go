@@ -1,0 +1,57 @@
+package proxy
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are the gateway's Prometheus series. The ones an operator must watch:
+// settle_failures (runs left to the reconciler) and reconcile_hold (charged at the hold
+// because their usage was lost).
+type Metrics struct {
+	reg            *prometheus.Registry
+	Requests       *prometheus.CounterVec
+	Settlements    *prometheus.CounterVec
+	SettleFailures prometheus.Counter
+	TallyFailures  prometheus.Counter
+	ReconcileHold  prometheus.Counter
+	Reconciled     *prometheus.CounterVec
+	ActiveCalls    prometheus.Gauge
+	SettleSeconds  prometheus.Histogram
+}
+
+// NewMetrics registers the series on reg (nil: a fresh registry with Go runtime metrics).
+func NewMetrics(reg *prometheus.Registry) *Metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	m := &Metrics{
+		reg: reg,
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_requests_total",
+			Help: "Model requests by route and status code."}, []string{"route", "code"}),
+		Settlements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_settlements_total",
+			Help: "Settlements by source; applied=false means the run had been settled before."}, []string{"source", "applied"}),
+		SettleFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_settle_failures_total",
+			Help: "Settlements that gave up; the reconciler settles these runs from the tally."}),
+		TallyFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_tally_failures_total",
+			Help: "Tally writes to Redis that failed; the call was still served and settled."}),
+		ReconcileHold: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_reconcile_hold_total",
+			Help: "Runs the reconciler charged at their hold because no usage survived. Someone should look."}),
+		Reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_reconciled_total",
+			Help: "Expired holds handled by the reconciler, by outcome."}, []string{"outcome"}),
+		ActiveCalls: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_active_calls",
+			Help: "Model calls being forwarded now."}),
+		SettleSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tollgate_settle_seconds",
+			Help: "Time from the end of a call to its settled row.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+	}
+	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled,
+		m.ActiveCalls, m.SettleSeconds)
+	return m
+}
+
+// Handler serves /metrics.
+func (m *Metrics) Handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }

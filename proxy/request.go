@@ -1,0 +1,159 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// route describes one model endpoint: how its usage is reported and how its body is rewritten.
+type route struct {
+	path         string // the same path is used upstream, after the upstream's base URL
+	format       metering.Format
+	upstreamKind string
+	// maxFields are the body fields that bound output, in the order the gateway prefers to
+	// lower them; the first is set when the caller set none and a bound is needed.
+	maxFields []string
+	// injectUsage: streams of this route report usage only when asked with
+	// stream_options.include_usage.
+	injectUsage bool
+}
+
+var routes = []*route{
+	{path: "/v1/chat/completions", format: metering.FormatChat, upstreamKind: "openai",
+		maxFields: []string{"max_tokens", "max_completion_tokens"}, injectUsage: true},
+	{path: "/v1/completions", format: metering.FormatCompletions, upstreamKind: "openai",
+		maxFields: []string{"max_tokens"}, injectUsage: true},
+	{path: "/v1/embeddings", format: metering.FormatEmbeddings, upstreamKind: "openai"},
+	{path: "/v1/responses", format: metering.FormatResponses, upstreamKind: "openai",
+		maxFields: []string{"max_output_tokens"}},
+	{path: "/v1/messages", format: metering.FormatAnthropic, upstreamKind: "anthropic",
+		maxFields: []string{"max_tokens"}},
+}
+
+// callRequest is a validated model request.
+type callRequest struct {
+	route    *route
+	body     []byte // as it will be forwarded
+	model    string
+	stream   bool
+	price    pricing.Price
+	priceKey string // the configured model name that priced it
+	upstream *config.Upstream
+	// clientAskedUsage records whether the caller wanted the usage chunk; if not, the gateway
+	// asked for it on its own behalf and removes it from what the caller sees.
+	clientAskedUsage bool
+	inputEstimate    int64
+	userTurns        int
+	maxOutput        int64 // the caller's bound on output, -1 when it set none
+	maxField         string
+}
+
+// readBody reads at most limit bytes; past it the request is refused with 413 before
+// anything is held.
+func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, limit))
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+			Message: fmt.Sprintf("Request body is larger than the limit of %d bytes.", limit)}
+	}
+	if err != nil {
+		return nil, errBadRequest("unreadable_body", "Could not read the request body: "+err.Error())
+	}
+	return body, nil
+}
+
+// parseCall validates a body for rt. Everything a request can get wrong is found here, before
+// a hold exists.
+func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
+	if !gjson.ValidBytes(body) {
+		return nil, errBadRequest("invalid_json", "The request body is not valid JSON.")
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return nil, errBadRequest("invalid_json", "The request body must be a JSON object.")
+	}
+	m := root.Get("model")
+	if m.Type != gjson.String || m.Str == "" {
+		return nil, errBadRequest("missing_model", "The request must name a model.")
+	}
+	c := &callRequest{route: rt, body: body, model: m.Str, maxOutput: -1}
+	price, key, err := s.prices.Lookup(c.model)
+	if err != nil {
+		return nil, errBadRequest("model_not_priced", fmt.Sprintf("Model %q has no price configured, so it cannot be billed.", c.model))
+	}
+	c.price, c.priceKey = price, key
+	up, ok := s.cfg.UpstreamFor(c.model)
+	if !ok || up.Kind != rt.upstreamKind {
+		return nil, errBadRequest("model_not_served", fmt.Sprintf("No configured upstream serves model %q on %s.", c.model, rt.path))
+	}
+	c.upstream = up
+	if st := root.Get("stream"); st.Exists() {
+		if st.Type != gjson.True && st.Type != gjson.False {
+			return nil, errBadRequest("invalid_stream", "'stream' must be a boolean.")
+		}
+		c.stream = st.Type == gjson.True
+	}
+	for _, f := range rt.maxFields {
+		v := root.Get(f)
+		if !v.Exists() || v.Type == gjson.Null {
+			continue
+		}
+		n, err := strconv.ParseInt(v.Raw, 10, 64)
+		if v.Type != gjson.Number || err != nil || n < 0 {
+			return nil, errBadRequest("invalid_"+f, fmt.Sprintf("'%s' must be a non-negative integer.", f))
+		}
+		if c.maxOutput < 0 || n < c.maxOutput {
+			c.maxOutput, c.maxField = n, f
+		}
+	}
+	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
+		return nil, errBadRequest("missing_max_tokens", "'max_tokens' is required on /v1/messages.")
+	}
+	c.clientAskedUsage = root.Get("stream_options.include_usage").Type == gjson.True
+	c.inputEstimate = metering.EstimateInputTokens(rt.format, body)
+	c.userTurns = metering.UserTurns(rt.format, body)
+	return c, nil
+}
+
+// rewrite prepares the body for the upstream once the cap is known: it asks for the usage
+// chunk, and lowers the output bound when the worst case would pass the cap. It edits the raw
+// bytes with sjson, so every field the gateway does not know passes through untouched.
+// It returns false when not even an empty answer fits in the cap.
+func (c *callRequest) rewrite(capMicro int64, modelMaxOutput int64) (bool, error) {
+	var err error
+	if c.stream && c.route.injectUsage && !c.clientAskedUsage {
+		if c.body, err = sjson.SetBytes(c.body, "stream_options.include_usage", true); err != nil {
+			return false, fmt.Errorf("set include_usage: %w", err)
+		}
+	}
+	if len(c.route.maxFields) == 0 {
+		return true, nil
+	}
+	limit := c.price.MaxOutputWithin(c.inputEstimate, capMicro)
+	if limit < 0 {
+		return false, nil
+	}
+	switch {
+	case c.maxOutput >= 0 && c.maxOutput > limit:
+		c.body, err = sjson.SetBytes(c.body, c.maxField, limit)
+	case c.maxOutput < 0 && modelMaxOutput > limit:
+		// Only when the model's own limit is known: a bound above it would make the provider
+		// refuse the request. Unknown limits rely on the settlement clamp to the cap.
+		c.body, err = sjson.SetBytes(c.body, c.route.maxFields[0], limit)
+	}
+	if err != nil {
+		return false, fmt.Errorf("lower output bound: %w", err)
+	}
+	return true, nil
+}

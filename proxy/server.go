@@ -1,0 +1,154 @@
+// Package proxy is tollgate's HTTP side: the OpenAI-compatible routes, auth, request
+// rewriting, forwarding with a streaming tee into the meter, and the deferred settlement that
+// runs whatever happens to the client.
+package proxy
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// Deps is what the server is built from; cmd wires it.
+type Deps struct {
+	Config *config.Config
+	Store  *holds.Store
+	Redis  redis.UniversalClient
+	Keys   metering.Keys
+	Tally  *metering.Tally
+	Leases *metering.Leases
+	Log    *zap.Logger
+	// Metrics registers and exposes counters; nil builds a private registry.
+	Metrics *Metrics
+	// Transport reaches the upstreams; nil builds one tuned for many long streams.
+	Transport http.RoundTripper
+}
+
+// Server serves the gateway's HTTP surface.
+type Server struct {
+	cfg       *config.Config
+	store     *holds.Store
+	rdb       redis.UniversalClient
+	keys      metering.Keys
+	tally     *metering.Tally
+	leases    *metering.Leases
+	log       *zap.Logger
+	metrics   *Metrics
+	prices    *pricing.Table
+	client    *http.Client
+	auth      *keyCache
+	creditUSD int64
+
+	// settlements tracks deferred settlements so shutdown can wait for them; settleSlots
+	// bounds how many run in the background at once (past it a handler settles inline, which
+	// slows that caller instead of growing memory without bound).
+	calls       sync.WaitGroup
+	settlements sync.WaitGroup
+	settleSlots chan struct{}
+}
+
+// maxBackgroundSettlements bounds settlements in flight beyond their requests.
+const maxBackgroundSettlements = 4096
+
+// New builds a server. It panics on a configuration that Validate would have refused.
+func New(d Deps) *Server {
+	prices, err := d.Config.PriceTable()
+	if err != nil {
+		panic("proxy: " + err.Error())
+	}
+	if d.Metrics == nil {
+		d.Metrics = NewMetrics(nil)
+	}
+	if d.Transport == nil {
+		d.Transport = NewTransport(d.Config.Limits)
+	}
+	s := &Server{
+		cfg: d.Config, store: d.Store, rdb: d.Redis, keys: d.Keys, tally: d.Tally, leases: d.Leases,
+		log: d.Log, metrics: d.Metrics, prices: prices,
+		client:      &http.Client{Transport: d.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		auth:        newKeyCache(d.Store, d.Config.Limits.KeyCacheTTL),
+		creditUSD:   d.Config.CreditMicro,
+		settleSlots: make(chan struct{}, maxBackgroundSettlements),
+	}
+	return s
+}
+
+// NewTransport is an upstream transport for many concurrent long-lived streams.
+func NewTransport(l config.Limits) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil, // the upstream is configured explicitly; never an ambient proxy
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          2048,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: l.HeaderTimeout,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// Handler is the gateway's router.
+func (s *Server) Handler() http.Handler {
+	r := chi.NewRouter()
+	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
+	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
+			Code: "method_not_allowed", Message: "Method not allowed on this route."})
+	})
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.Get("/readyz", s.ready)
+	r.Handle("/metrics", s.metrics.Handler())
+	r.Group(func(r chi.Router) {
+		r.Use(s.authenticate)
+		for _, rt := range routes {
+			r.Post(rt.path, s.serveCall(rt))
+		}
+		r.Get("/v1/models", s.listModels)
+		r.Get("/v1/credits", s.credits)
+		r.Get("/v1/runs/{id}", s.getRun)
+		r.Post("/v1/runs/{id}/settle", s.settleRun)
+	})
+	return r
+}
+
+// WaitSettlements blocks until every deferred settlement started so far has finished, or ctx
+// ends. Graceful shutdown calls it after the listener has stopped.
+func (s *Server) WaitSettlements(ctx context.Context) error {
+	done := make(chan struct{})
+	// Calls first: a call still unwinding has yet to start its settlement.
+	go func() { s.calls.Wait(); s.settlements.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	status := map[string]string{"mysql": "ok", "redis": "ok"}
+	code := http.StatusOK
+	if err := s.store.DB().PingContext(ctx); err != nil {
+		status["mysql"], code = err.Error(), http.StatusServiceUnavailable
+	}
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		status["redis"], code = err.Error(), http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, status)
+}

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Local demo (called by `make run`): MariaDB + Redis in .run/ (kept between
+# runs; `make down` stops them), migrate, demo user/key, fakellm upstream on
+# 127.0.0.1:9090, then the gateway on 127.0.0.1:8080 in the foreground.
+# Ctrl-C stops the gateway and fakellm; the databases keep running.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+cd "$ROOT"
+[[ -d /usr/local/go/bin ]] && PATH="/usr/local/go/bin:$PATH"
+export PATH
+
+RUN_DIR="$ROOT/.run"
+FAKELLM_ADDR="${FAKELLM_ADDR:-127.0.0.1:9090}"
+GATEWAY_ADDR="${GATEWAY_ADDR:-127.0.0.1:8080}"
+
+log() { printf 'run: %s\n' "$*" >&2; }
+die() { printf 'run: ERROR: %s\n' "$*" >&2; exit 1; }
+
+port_in_use() { (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null; }
+
+FAKE_PID=""
+# shellcheck disable=SC2317 # invoked via trap
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM HUP
+	if [[ -n $FAKE_PID ]] && kill -0 "$FAKE_PID" 2>/dev/null; then
+		kill -TERM "$FAKE_PID" 2>/dev/null || true
+		local i
+		for ((i = 0; i < 50; i++)); do
+			kill -0 "$FAKE_PID" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -KILL "$FAKE_PID" 2>/dev/null || true
+		log "stopped fakellm; databases still run in $RUN_DIR (make down to stop)"
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+config=""
+for c in "${CONFIG:-}" config.example.yaml config/config.example.yaml; do
+	if [[ -n $c && -f $c ]]; then
+		config=$c
+		break
+	fi
+done
+[[ -n $config ]] || die "no config file (looked for config.example.yaml, config/config.example.yaml; set CONFIG=)"
+
+bash "$ROOT/scripts/services.sh" up "$RUN_DIR"
+set -a
+# shellcheck disable=SC1091
+. "$RUN_DIR/env"
+set +a
+
+"${MAKE:-make}" --no-print-directory build
+
+if [[ ! -s $RUN_DIR/admin_token ]]; then
+	(umask 077 && od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$RUN_DIR/admin_token")
+fi
+ADMIN_TOKEN=$(<"$RUN_DIR/admin_token")
+export MYSQL_DSN REDIS_URL ADMIN_TOKEN
+export UPSTREAM_URL="http://$FAKELLM_ADDR"
+export LISTEN_ADDR="$GATEWAY_ADDR"
+
+log "migrating"
+bin/gateway migrate
+
+setup_out=$(bin/gateway demo-setup) || {
+	printf '%s\n' "$setup_out" >&2
+	die "gateway demo-setup failed"
+}
+KEY=$(printf '%s\n' "$setup_out" | sed -n 's/^KEY=//p' | tail -n 1)
+[[ -n $KEY ]] || {
+	printf '%s\n' "$setup_out" >&2
+	die "demo-setup printed no KEY= line"
+}
+printf '%s\n' "$KEY" >"$RUN_DIR/demo_key"
+
+port_in_use "$FAKELLM_ADDR" && die "$FAKELLM_ADDR is already in use (old fakellm? set FAKELLM_ADDR)"
+port_in_use "$GATEWAY_ADDR" && die "$GATEWAY_ADDR is already in use (set GATEWAY_ADDR)"
+
+bin/fakellm -listen "$FAKELLM_ADDR" </dev/null >"$RUN_DIR/fakellm.log" 2>&1 &
+FAKE_PID=$!
+for ((i = 0; i < 100; i++)); do
+	port_in_use "$FAKELLM_ADDR" && break
+	kill -0 "$FAKE_PID" 2>/dev/null || {
+		tail -n 20 "$RUN_DIR/fakellm.log" >&2 || true
+		die "fakellm exited"
+	}
+	sleep 0.1
+done
+port_in_use "$FAKELLM_ADDR" || die "fakellm did not listen on $FAKELLM_ADDR within 10s (log: $RUN_DIR/fakellm.log)"
+
+cat >&2 <<EOF
+
+== tollgate demo ==========================================================
+ gateway  http://$GATEWAY_ADDR   (config $config)
+ upstream fakellm on $FAKELLM_ADDR, log $RUN_DIR/fakellm.log
+ admin token in $RUN_DIR/admin_token, demo key in $RUN_DIR/demo_key
+
+ Stream a charged answer:
+   curl -N http://$GATEWAY_ADDR/v1/chat/completions -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -d '{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"Hello"}]}'
+
+ Remaining credits:
+   curl http://$GATEWAY_ADDR/v1/credits -H "Authorization: Bearer $KEY"
+
+ Ctrl-C stops gateway + fakellm; 'make down' stops MariaDB/Redis.
+===========================================================================
+
+EOF
+
+# Not exec: the shell must outlive the gateway to stop fakellm. The gateway
+# stays in the foreground process group, so Ctrl-C reaches it directly.
+rc=0
+bin/gateway serve --config "$config" || rc=$?
+exit "$rc"

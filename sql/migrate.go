@@ -1,0 +1,144 @@
+// Package sql holds tollgate's schema as numbered migrations embedded in the binary, so a
+// deployed gateway can bring its database up to date without a checkout of the repository.
+package sql
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// Migration is one numbered schema step.
+type Migration struct {
+	Version int
+	Name    string
+	Body    string
+}
+
+// Migrations returns the embedded migrations in order. File names are NNN_name.sql.
+func Migrations() ([]Migration, error) {
+	entries, err := fs.ReadDir(files, ".")
+	if err != nil {
+		return nil, fmt.Errorf("read embedded migrations: %w", err)
+	}
+	var out []Migration
+	for _, e := range entries {
+		num, _, ok := strings.Cut(e.Name(), "_")
+		if !ok {
+			return nil, fmt.Errorf("migration %q: name is not NNN_name.sql", e.Name())
+		}
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			return nil, fmt.Errorf("migration %q: %w", e.Name(), err)
+		}
+		body, err := fs.ReadFile(files, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("migration %q: %w", e.Name(), err)
+		}
+		out = append(out, Migration{Version: v, Name: e.Name(), Body: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i := 1; i < len(out); i++ {
+		if out[i].Version == out[i-1].Version {
+			return nil, fmt.Errorf("migrations %q and %q share version %d", out[i-1].Name, out[i].Name, out[i].Version)
+		}
+	}
+	return out, nil
+}
+
+// Migrate applies the migrations the database has not seen, in order, and returns their names.
+// It is safe to run twice and from two processes at once: a named lock serialises runners, and
+// each migration's statements are idempotent (CREATE … IF NOT EXISTS), because MySQL DDL
+// commits implicitly and cannot be rolled back with the version row.
+func Migrate(ctx context.Context, db *sql.DB) ([]string, error) {
+	migrations, err := Migrations()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: connect: %w", err)
+	}
+	defer conn.Close()
+
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('tollgate_migrate', 60)").Scan(&got); err != nil {
+		return nil, fmt.Errorf("migrate: take lock: %w", err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return nil, fmt.Errorf("migrate: another migration holds the lock for over 60 s")
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK('tollgate_migrate')")
+
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INT NOT NULL PRIMARY KEY,
+		name VARCHAR(255) NOT NULL,
+		applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB`); err != nil {
+		return nil, fmt.Errorf("migrate: create schema_migrations: %w", err)
+	}
+	applied := map[int]bool{}
+	rows, err := conn.QueryContext(ctx, "SELECT version FROM schema_migrations")
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read versions: %w", err)
+	}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("migrate: read versions: %w", err)
+		}
+		applied[v] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("migrate: read versions: %w", err)
+	}
+
+	var done []string
+	for _, m := range migrations {
+		if applied[m.Version] {
+			continue
+		}
+		for _, stmt := range splitStatements(m.Body) {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return done, fmt.Errorf("migrate %s: %w", m.Name, err)
+			}
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.Name); err != nil {
+			return done, fmt.Errorf("migrate %s: record version: %w", m.Name, err)
+		}
+		done = append(done, m.Name)
+	}
+	return done, nil
+}
+
+// splitStatements cuts a migration at semicolons that end a line. Migrations hold only DDL
+// without semicolons inside literals, so this is enough and keeps multiStatements off the DSN.
+func splitStatements(body string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.Split(body, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if strings.HasPrefix(trimmed, "--") || trimmed == "" {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+		if strings.HasSuffix(trimmed, ";") {
+			out = append(out, strings.TrimSuffix(strings.TrimSpace(cur.String()), ";"))
+			cur.Reset()
+		}
+	}
+	if s := strings.TrimSpace(cur.String()); s != "" {
+		out = append(out, s)
+	}
+	return out
+}
