@@ -33,6 +33,8 @@ type Deps struct {
 	Metrics *Metrics
 	// Transport reaches the upstreams; nil builds one tuned for many long streams.
 	Transport http.RoundTripper
+	// Admin, when set, is mounted at /admin; it authenticates with its own token.
+	Admin http.Handler
 }
 
 // Server serves the gateway's HTTP surface.
@@ -46,6 +48,7 @@ type Server struct {
 	log       *zap.Logger
 	metrics   *Metrics
 	prices    *pricing.Table
+	admin     http.Handler
 	client    *http.Client
 	auth      *keyCache
 	creditUSD int64
@@ -75,7 +78,7 @@ func New(d Deps) *Server {
 	}
 	s := &Server{
 		cfg: d.Config, store: d.Store, rdb: d.Redis, keys: d.Keys, tally: d.Tally, leases: d.Leases,
-		log: d.Log, metrics: d.Metrics, prices: prices,
+		log: d.Log, metrics: d.Metrics, prices: prices, admin: d.Admin,
 		client:      &http.Client{Transport: d.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		auth:        newKeyCache(d.Store, d.Config.Limits.KeyCacheTTL),
 		creditUSD:   d.Config.CreditMicro,
@@ -112,6 +115,9 @@ func (s *Server) Handler() http.Handler {
 	})
 	r.Get("/readyz", s.ready)
 	r.Handle("/metrics", s.metrics.Handler())
+	if s.admin != nil {
+		r.Mount("/admin", s.admin)
+	}
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		for _, rt := range routes {
