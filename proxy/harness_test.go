@@ -1,0 +1,200 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// harness is a gateway in process against real MariaDB and Redis and an in-process fakellm.
+type harness struct {
+	t        *testing.T
+	cfg      *config.Config
+	db       *sqlx.DB
+	store    *holds.Store
+	rdb      *redis.Client
+	keys     metering.Keys
+	tally    *metering.Tally
+	fake     *fakellm.Server
+	upstream *httptest.Server
+	srv      *proxy.Server
+	gw       *httptest.Server
+}
+
+func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
+	t.Helper()
+	h := &harness{t: t}
+	h.db = testenv.MySQL(t)
+	var prefix string
+	h.rdb, prefix = testenv.Redis(t)
+	h.keys = metering.Keys{Prefix: prefix}
+	h.fake = fakellm.New(fakellm.Config{FixturesDir: testenv.FixturesDir(t)})
+	h.upstream = httptest.NewServer(h.fake)
+	t.Cleanup(h.upstream.Close)
+
+	cfg := config.Default()
+	cfg.MySQLDSN, cfg.RedisURL, cfg.Instance = "unused", "redis://unused", "test"
+	cfg.Upstreams = []config.Upstream{
+		{Name: "fake-openai", Kind: "openai", BaseURL: h.upstream.URL, APIKey: "", Models: []string{"*"}},
+		{Name: "fake-anthropic", Kind: "anthropic", BaseURL: h.upstream.URL, Models: []string{"claude*"}},
+	}
+	cfg.Models["claude-test"] = cfg.Models["fake-gpt"]
+	if mutate != nil {
+		mutate(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("test config: %v", err)
+	}
+	h.cfg = cfg
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	h.store = holds.NewStore(h.db, plansOf(cfg), "standard", log)
+	h.tally = metering.NewTally(h.rdb, h.keys, cfg.Holds.TallyTTL)
+	leases := metering.NewLeases(h.rdb, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
+	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: leases, Log: log})
+	h.gw = httptest.NewServer(h.srv.Handler())
+	t.Cleanup(func() {
+		h.gw.Close()
+		h.settled()
+		testenv.CheckLedger(t, h.db)
+	})
+	return h
+}
+
+func plansOf(cfg *config.Config) map[string]holds.Plan {
+	out := map[string]holds.Plan{}
+	for name, p := range cfg.Plans {
+		m := func(c config.Credits) int64 { return c.MicroAt(cfg.CreditMicro) }
+		out[name] = holds.Plan{AllowanceMicro: m(p.AllowanceCredits), HoldNormalMicro: m(p.HoldNormalCredits),
+			HoldHeavyMicro: m(p.HoldHeavyCredits), HeavyAfterTurns: p.HeavyAfterTurns, MaxInFlight: p.MaxInFlight,
+			MaxRunCostMicro: m(p.MaxRunCostCredits), DiscountBP: p.DiscountBP}
+	}
+	return out
+}
+
+// user creates an account with a fresh key.
+func (h *harness) user(plan string) (holds.User, string) {
+	h.t.Helper()
+	ctx := context.Background()
+	u, err := h.store.CreateUser(ctx, "u"+testenv.RandomID(4), plan)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	key, err := h.store.CreateKey(ctx, u.ID)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return u, key
+}
+
+// post sends a request to the gateway.
+func (h *harness) post(key, path, body string, hdr map[string]string) *http.Response {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, h.gw.URL+path, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp
+}
+
+// settled waits for every deferred settlement the gateway started.
+func (h *harness) settled() {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.srv.WaitSettlements(ctx); err != nil {
+		h.t.Fatalf("settlements did not finish: %v", err)
+	}
+}
+
+// run reads a run after its settlement finished.
+func (h *harness) run(userID uint64, runID string) holds.Run {
+	h.t.Helper()
+	h.settled()
+	r, err := h.store.Run(context.Background(), userID, runID)
+	if err != nil {
+		h.t.Fatalf("run %s: %v", runID, err)
+	}
+	return r
+}
+
+// holdCount counts all holds, and those still live.
+func (h *harness) holdCount() (all, live int) {
+	h.t.Helper()
+	if err := h.db.Get(&all, "SELECT COUNT(*) FROM run_holds"); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.db.Get(&live, "SELECT COUNT(*) FROM run_holds WHERE state <> 'settled'"); err != nil {
+		h.t.Fatal(err)
+	}
+	return all, live
+}
+
+func readAll(t *testing.T, r io.Reader) []byte {
+	t.Helper()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// errorCode reads the OpenAI error shape and returns its code.
+func errorCode(t *testing.T, body []byte) string {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil || e.Error.Code == "" || e.Error.Message == "" || e.Error.Type == "" {
+		t.Fatalf("not an OpenAI error shape: %s", body)
+	}
+	return e.Error.Code
+}
+
+// direct sends body straight to fakellm, as the gateway would after its rewrite.
+func (h *harness) direct(path, body string, hdr map[string]string) []byte {
+	h.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, h.upstream.URL+path, bytes.NewReader([]byte(body)))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	return readAll(h.t, resp.Body)
+}
