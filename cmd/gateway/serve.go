@@ -3,13 +3,16 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -23,17 +26,33 @@ func serve(ctx context.Context, args []string) error {
 	}
 	defer e.Close()
 	cfg := e.cfg
-	keys := metering.Keys{}
+	keys := redisKeys()
+	store := e.store()
 	leases := metering.NewLeases(e.rdb, keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, e.log)
+	// One set of metrics for the proxy and the reconciler, so /metrics shows both.
+	metrics := proxy.NewMetrics(nil)
 	srv := proxy.New(proxy.Deps{
-		Config: cfg, Store: e.store(), Redis: e.rdb, Keys: keys,
+		Config: cfg, Store: store, Redis: e.rdb, Keys: keys,
 		Tally:  metering.NewTally(e.rdb, keys, cfg.Holds.TallyTTL),
-		Leases: leases, Log: e.log,
+		Leases: leases, Log: e.log, Metrics: metrics,
 	})
+	rec, err := e.newReconciler(reconcilerDeps{cfg: cfg, store: store, rdb: e.rdb, keys: keys,
+		onOutcome: func(outcome string) {
+			metrics.Reconciled.WithLabelValues(outcome).Inc()
+			if outcome == holds.OutcomeChargedHeld {
+				metrics.ReconcileHold.Inc()
+			}
+		}})
+	if err != nil {
+		return err
+	}
 
+	// Background work outlives the signal: leases must keep beating while calls drain, and the
+	// reconciler may as well keep settling; both stop when serve returns.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
 	go leases.Run(bg)
+	go rec.Run(bg)
 
 	ln, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
@@ -73,6 +92,46 @@ func serve(ctx context.Context, args []string) error {
 	return nil
 }
 
+// redisKeys names the Redis keys. TOLLGATE_REDIS_PREFIX lets deployments (and the end-to-end
+// tests, which run several gateways per Redis) share one Redis without seeing each other's
+// leases, tallies and reconcile lock. Production leaves it empty.
+func redisKeys() metering.Keys { return metering.Keys{Prefix: os.Getenv("TOLLGATE_REDIS_PREFIX")} }
+
+// reconcileOnce is `gateway reconcile --once`: one pass of the reconciler, for an operator.
+// It takes the lock like every process does (a live gateway holding it means this pass does
+// nothing and says so); -force scans without the lock, which is safe because every
+// settlement is conditional.
 func reconcileOnce(ctx context.Context, args []string) error {
-	return errors.New("reconcile: not built yet")
+	var once, force bool
+	e, err := setup(ctx, "reconcile", args, true, func(fs *flag.FlagSet) {
+		fs.BoolVar(&once, "once", false, "run one pass and exit (required: the loop runs inside `gateway serve`)")
+		fs.BoolVar(&force, "force", false, "scan even if another process holds the reconcile lock")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if !once {
+		return errors.New("reconcile: pass -once (the periodic reconciler runs inside `gateway serve`)")
+	}
+	rec, err := e.newReconciler(reconcilerDeps{cfg: e.cfg, store: e.store(), rdb: e.rdb, keys: redisKeys()})
+	if err != nil {
+		return err
+	}
+	pass := rec.RunOnce
+	if force {
+		pass = rec.RunForced
+	}
+	st, err := pass(ctx)
+	if !st.Locked && err == nil {
+		fmt.Println("reconcile: another process holds the lock; nothing scanned (use -force to scan anyway)")
+		return nil
+	}
+	fmt.Printf("reconcile: scanned %d in %d batches: %d settled from tally, %d released, %d charged at hold, %d extended (leased), %d already settled, %d errors; charged %d micro-USD",
+		st.Scanned, st.Batches, st.FromTally, st.Released, st.ChargedHeld, st.Extended, st.AlreadySettled, st.Errors, st.ChargedMicro)
+	if st.Truncated {
+		fmt.Print(" (stopped at the batch limit; run again)")
+	}
+	fmt.Println()
+	return err
 }

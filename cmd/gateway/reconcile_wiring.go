@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// The adapters here give the reconciler (package holds, which must not import metering) the
+// three Redis facts it needs: a run's tally, whether a live process leases it, and the scan
+// lock.
+
+// tallySource reads runs' tallies for the reconciler.
+type tallySource struct{ t *metering.Tally }
+
+func (s tallySource) Tallied(ctx context.Context, runID string) (pricing.Usage, int64, int64, bool, error) {
+	t, found, err := s.t.Get(ctx, runID)
+	if err != nil {
+		return pricing.Usage{}, 0, 0, false, err
+	}
+	return t.Usage, t.CostMicro, t.Calls, found, nil
+}
+
+// leaseChecker reads leases by key alone. It is not metering.Leases, whose heartbeat and
+// in-process counts belong to the serving path; the reconciler only asks whether any
+// process holds one.
+type leaseChecker struct {
+	rdb  redis.UniversalClient
+	keys metering.Keys
+}
+
+func (l leaseChecker) Exists(ctx context.Context, runID string) (bool, error) {
+	n, err := l.rdb.Exists(ctx, l.keys.Lease(runID)).Result()
+	if err != nil {
+		return false, fmt.Errorf("lease %s: %w", runID, err)
+	}
+	return n == 1, nil
+}
+
+// redisLock is `SET billing:reconcile:lock <instance> NX PX ttl`. A holder that asks again
+// while its lock lives keeps it (and refreshes it), so with a lock TTL at or above the
+// interval the same process keeps scanning instead of the lock going to whoever ticks first.
+// The lock is never released: it lapses after ttl, which bounds how long a killed holder
+// blocks the others.
+type redisLock struct {
+	rdb      redis.UniversalClient
+	key      string
+	instance string
+	ttl      time.Duration
+}
+
+// lockScript takes the lock if free or already ours, in one step so that no other process
+// can take it between a check and a refresh.
+var lockScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0`)
+
+func (l redisLock) TryLock(ctx context.Context) (bool, error) {
+	n, err := lockScript.Run(ctx, l.rdb, []string{l.key}, l.instance, l.ttl.Milliseconds()).Int()
+	if err != nil {
+		return false, fmt.Errorf("reconcile lock %s: %w", l.key, err)
+	}
+	return n == 1, nil
+}
+
+// reconcilerDeps are the collaborators newReconciler needs.
+type reconcilerDeps struct {
+	cfg       *config.Config
+	store     *holds.Store
+	rdb       redis.UniversalClient
+	keys      metering.Keys
+	onOutcome func(string)
+}
+
+// newReconciler wires the reconciler of DESIGN §5 from config.
+func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
+	prices, err := d.cfg.PriceTable()
+	if err != nil {
+		return nil, fmt.Errorf("reconciler: %w", err)
+	}
+	return holds.NewReconciler(holds.ReconcilerConfig{
+		Store:  d.store,
+		Usage:  tallySource{metering.NewTally(d.rdb, d.keys, d.cfg.Holds.TallyTTL)},
+		Leases: leaseChecker{rdb: d.rdb, keys: d.keys},
+		Lock:   redisLock{rdb: d.rdb, key: d.keys.ReconcileLock(), instance: d.cfg.Instance, ttl: d.cfg.Holds.ReconcileLockTTL},
+		Log:    e.log.Named("reconcile"),
+		// A leased run past its expiry is a call longer than its TTL; one more hold TTL is
+		// what admission would have given it.
+		ExtendBy:      d.cfg.Holds.HoldTTL,
+		Interval:      d.cfg.Holds.ReconcileInterval,
+		Batch:         d.cfg.Holds.ReconcileBatch,
+		PriceSnapshot: snapshotFunc(prices),
+		OnOutcome:     d.onOutcome,
+	}), nil
+}
+
+// snapshotFunc records, with a settlement from the tally, the prices of the run's model as
+// the table has them now: the tally holds cost, not prices, and this is the closest record
+// of what the run was billed at. Same shape as the proxy's snapshot.
+func snapshotFunc(prices *pricing.Table) func(string) []byte {
+	return func(model string) []byte {
+		if model == "" {
+			return nil
+		}
+		p, key, err := prices.Lookup(model)
+		if err != nil {
+			return nil
+		}
+		b, _ := json.Marshal(map[string]any{"model": key, "unit": "micro_usd_per_million_tokens",
+			"input": p.Input, "cache_read": p.CacheRead, "cache_write": p.CacheWrite, "output": p.Output})
+		return b
+	}
+}

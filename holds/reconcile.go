@@ -1,0 +1,299 @@
+package holds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// The reconciler settles what a dead process left behind (DESIGN §5). It never decides on
+// its own whether a run is alive: a lease in Redis says a live process still serves it, the
+// tally in Redis says what it used, and the store's conditional update makes the first
+// settlement — the reconciler's or a slow process's — the only one that charges.
+//
+// holds does not import metering: the three Redis facts arrive through the small interfaces
+// below, which cmd wires over metering.Tally, metering.Leases and the lock key.
+
+// UsageSource reads a run's tally: what its calls used, as written after each call.
+type UsageSource interface {
+	// Tallied returns the run's summed usage, its cost at list price, and its call count;
+	// found is false when the run has no tally at all.
+	Tallied(ctx context.Context, runID string) (usage pricing.Usage, costMicro, calls int64, found bool, err error)
+}
+
+// LeaseChecker tells whether some live process still serves a run.
+type LeaseChecker interface {
+	Exists(ctx context.Context, runID string) (bool, error)
+}
+
+// Locker elects the one process that scans in a period (SET billing:reconcile:lock
+// <instance> NX EX ...). The lock is left to expire rather than released, so the processes
+// take turns at most once per lock TTL whichever of them ticks first.
+type Locker interface {
+	TryLock(ctx context.Context) (bool, error)
+}
+
+// Outcomes of one expired hold, as reported to OnOutcome and counted in Stats.
+const (
+	OutcomeExtended       = "extended"        // a lease was present: expiry pushed out, not settled
+	OutcomeFromTally      = "reconcile"       // settled from the tally
+	OutcomeReleased       = "release"         // queued, no tally: released at 0
+	OutcomeChargedHeld    = "reconcile_hold"  // running, no tally: charged held_micro
+	OutcomeAlreadySettled = "already_settled" // someone settled it between the scan and our update
+	OutcomeError          = "error"           // left for the next pass
+)
+
+// Explicit limits of one pass.
+const (
+	// DefaultReconcileBatch is the rows read per query (DESIGN §5).
+	DefaultReconcileBatch = 200
+	// DefaultReconcileMaxBatches bounds one pass, so a backlog of expired holds after a long
+	// outage is worked off over several periods instead of one pass that never ends and
+	// outlives its lock by far.
+	DefaultReconcileMaxBatches = 50
+	// reconcileItemTimeout bounds the work on one hold (Redis reads plus one settlement with its
+	// retries); a hold that takes longer is left for the next pass.
+	reconcileItemTimeout = 30 * time.Second
+)
+
+// ReconcilerConfig wires a Reconciler.
+type ReconcilerConfig struct {
+	Store    *Store
+	Usage    UsageSource
+	Leases   LeaseChecker
+	Lock     Locker
+	Log      *zap.Logger
+	Interval time.Duration // between passes; DESIGN default 60 s
+	// ExtendBy is how far a hold whose run is still leased is pushed out: one hold TTL.
+	ExtendBy time.Duration
+	// Batch is the rows read per query (0: DefaultReconcileBatch); MaxBatches bounds one pass
+	// (0: DefaultReconcileMaxBatches).
+	Batch, MaxBatches int
+	// PriceSnapshot, when set, gives the price snapshot stored with a settlement from the
+	// tally, by the model recorded at admission; nil or an empty result stores none.
+	PriceSnapshot func(model string) []byte
+	// OnOutcome, when set, is called once per expired hold handled (for metrics).
+	OnOutcome func(outcome string)
+}
+
+// Reconciler settles expired holds. Every process runs one; the lock makes only one scan per
+// period, and the conditional settlement makes a second scanner harmless anyway.
+type Reconciler struct {
+	cfg ReconcilerConfig
+}
+
+// NewReconciler checks the wiring and applies defaults. It panics on a wiring error, which is
+// a programming mistake, not a runtime condition.
+func NewReconciler(cfg ReconcilerConfig) *Reconciler {
+	if cfg.Store == nil || cfg.Usage == nil || cfg.Leases == nil || cfg.Lock == nil || cfg.Log == nil {
+		panic("holds: reconciler needs a store, a usage source, a lease checker, a lock and a logger")
+	}
+	if cfg.ExtendBy <= 0 {
+		panic("holds: reconciler without an extension TTL")
+	}
+	if cfg.Batch == 0 {
+		cfg.Batch = DefaultReconcileBatch
+	}
+	if cfg.MaxBatches == 0 {
+		cfg.MaxBatches = DefaultReconcileMaxBatches
+	}
+	if cfg.Batch < 1 || cfg.Batch > 10_000 || cfg.MaxBatches < 1 {
+		panic(fmt.Sprintf("holds: reconciler batch %d x %d out of range", cfg.Batch, cfg.MaxBatches))
+	}
+	return &Reconciler{cfg: cfg}
+}
+
+// Stats is what one pass did.
+type Stats struct {
+	Locked         bool // this process held the lock and scanned (always true for a forced pass)
+	Batches        int
+	Scanned        int
+	Extended       int
+	FromTally      int
+	Released       int
+	ChargedHeld    int
+	AlreadySettled int
+	Errors         int
+	ChargedMicro   int64 // total charged by this pass
+	// Truncated: the pass stopped at MaxBatches with a full last batch; more remain.
+	Truncated bool
+}
+
+// Settled is the number of holds this pass closed.
+func (s Stats) Settled() int { return s.FromTally + s.Released + s.ChargedHeld }
+
+// Run reconciles every Interval until ctx ends. It passes once at start, so a process that
+// comes up after a crash starts cleaning up at once rather than a period later.
+func (r *Reconciler) Run(ctx context.Context) {
+	if r.cfg.Interval <= 0 {
+		panic("holds: reconciler without an interval")
+	}
+	tick := time.NewTicker(r.cfg.Interval)
+	defer tick.Stop()
+	for {
+		st, err := r.RunOnce(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.cfg.Log.Error("reconcile pass failed", zap.Error(err), zap.Int("settled", st.Settled()),
+				zap.Int("errors", st.Errors))
+		case st.Scanned > 0:
+			r.cfg.Log.Info("reconcile pass", statsFields(st)...)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// RunOnce takes the lock and, if this process won it, settles expired holds.
+func (r *Reconciler) RunOnce(ctx context.Context) (Stats, error) {
+	ok, err := r.cfg.Lock.TryLock(ctx)
+	if err != nil {
+		return Stats{}, fmt.Errorf("reconcile: take lock: %w", err)
+	}
+	if !ok {
+		return Stats{}, nil
+	}
+	return r.scan(ctx)
+}
+
+// RunForced scans without the lock, for an operator who knows the lock holder is stuck. It is
+// safe beside a running scanner: every settlement is conditional and an extension only moves
+// a live hold's expiry.
+func (r *Reconciler) RunForced(ctx context.Context) (Stats, error) { return r.scan(ctx) }
+
+func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
+	st := Stats{Locked: true}
+	for st.Batches < r.cfg.MaxBatches {
+		runs, err := r.cfg.Store.Expired(ctx, r.cfg.Batch)
+		if err != nil {
+			return st, fmt.Errorf("reconcile: %w", err)
+		}
+		st.Batches++
+		var errs []error
+		for _, run := range runs {
+			if ctx.Err() != nil {
+				return st, fmt.Errorf("reconcile: %w", ctx.Err())
+			}
+			st.Scanned++
+			outcome, charged, err := r.one(ctx, run)
+			if err != nil {
+				errs = append(errs, err)
+				if len(errs) <= 10 {
+					r.cfg.Log.Warn("reconcile: hold left for the next pass", zap.String("run_id", run.RunID), zap.Error(err))
+				}
+			}
+			st.count(outcome, charged)
+			if r.cfg.OnOutcome != nil {
+				r.cfg.OnOutcome(outcome)
+			}
+		}
+		// Rows that failed are still expired and would head the next batch: stop and let the
+		// next pass retry them rather than spin on the same rows.
+		if len(errs) > 0 {
+			return st, fmt.Errorf("reconcile: %d of %d holds failed: %w", len(errs), len(runs), errors.Join(errs[:min(len(errs), 3)]...))
+		}
+		if len(runs) < r.cfg.Batch {
+			return st, nil
+		}
+	}
+	st.Truncated = true
+	r.cfg.Log.Warn("reconcile pass stopped at its batch limit; the rest waits for the next pass",
+		zap.Int("batches", st.Batches), zap.Int("batch", r.cfg.Batch))
+	return st, nil
+}
+
+func (st *Stats) count(outcome string, charged int64) {
+	st.ChargedMicro += charged
+	switch outcome {
+	case OutcomeExtended:
+		st.Extended++
+	case OutcomeFromTally:
+		st.FromTally++
+	case OutcomeReleased:
+		st.Released++
+	case OutcomeChargedHeld:
+		st.ChargedHeld++
+	case OutcomeAlreadySettled:
+		st.AlreadySettled++
+	default:
+		st.Errors++
+	}
+}
+
+// one applies DESIGN §5 to one expired hold and returns what it did and what it charged.
+func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, reconcileItemTimeout)
+	defer cancel()
+	log := r.cfg.Log.With(zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID),
+		zap.String("state", string(run.State)))
+
+	// 1. A live process still serves the run (a stream longer than its TTL, say): leave it.
+	leased, err := r.cfg.Leases.Exists(ctx, run.RunID)
+	if err != nil {
+		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
+	}
+	if leased {
+		if _, err := r.cfg.Store.Extend(ctx, run.RunID, r.cfg.ExtendBy); err != nil {
+			return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
+		}
+		log.Debug("reconcile: run still leased; expiry extended", zap.Duration("by", r.cfg.ExtendBy))
+		return OutcomeExtended, 0, nil
+	}
+
+	usage, cost, calls, found, err := r.cfg.Usage.Tallied(ctx, run.RunID)
+	if err != nil {
+		// Without the tally we cannot tell "used nothing" from "unreadable": charging the hold
+		// on a Redis blip would overcharge, so the hold waits for the next pass.
+		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
+	}
+	st := Settlement{RunID: run.RunID}
+	outcome := ""
+	switch {
+	case found:
+		// 2. Settled from the tally: Settle applies the hold's discount and clamps to its cap.
+		st.Usage, st.CostMicro, st.Calls, st.Source = usage, cost, int(calls), SourceReconcile
+		if r.cfg.PriceSnapshot != nil {
+			st.PriceSnapshot = r.cfg.PriceSnapshot(run.Model)
+		}
+		outcome = OutcomeFromTally
+	case run.State == StateQueued:
+		// 3a. Never forwarded: nothing was used.
+		st.Source = SourceRelease
+		outcome = OutcomeReleased
+	default:
+		// 3b. A call was forwarded and its usage is lost: charge what the caller authorised.
+		st.Source, st.ChargeHeld, st.Estimated = SourceReconcileHold, true, true
+		outcome = OutcomeChargedHeld
+	}
+	res, err := r.cfg.Store.Settle(ctx, st)
+	if err != nil {
+		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
+	}
+	if !res.Applied {
+		log.Info("reconcile: run was settled by someone else first")
+		return OutcomeAlreadySettled, 0, nil
+	}
+	fields := []zap.Field{zap.String("source", st.Source), zap.Int64("charged_micro", res.ChargedMicro),
+		zap.Int64("cost_micro", res.CostMicro), zap.Int("calls", st.Calls), zap.Time("expired_at", run.ExpiresAt)}
+	if outcome == OutcomeChargedHeld {
+		log.Error("reconcile: run settled at its hold; its usage was lost — someone should look", fields...)
+	} else {
+		log.Info("reconcile: run settled", fields...)
+	}
+	return outcome, res.ChargedMicro, nil
+}
+
+func statsFields(st Stats) []zap.Field {
+	return []zap.Field{zap.Int("batches", st.Batches), zap.Int("scanned", st.Scanned), zap.Int("extended", st.Extended),
+		zap.Int("from_tally", st.FromTally), zap.Int("released", st.Released), zap.Int("charged_held", st.ChargedHeld),
+		zap.Int("already_settled", st.AlreadySettled), zap.Int("errors", st.Errors),
+		zap.Int64("charged_micro", st.ChargedMicro), zap.Bool("truncated", st.Truncated)}
+}
