@@ -1,0 +1,163 @@
+package holds_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// settleFixture is a store on a fresh database with one user.
+type settleFixture struct {
+	t     *testing.T
+	store *holds.Store
+	user  holds.User
+}
+
+var settlePlans = map[string]holds.Plan{
+	"standard": {AllowanceMicro: 2_000_000, HoldNormalMicro: 20_000, HoldHeavyMicro: 60_000, HeavyAfterTurns: 4,
+		MaxInFlight: 3, MaxRunCostMicro: 500_000},
+}
+
+func newSettleFixture(t *testing.T) *settleFixture {
+	db := testenv.MySQL(t)
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	u, err := st.CreateUser(context.Background(), "settle-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	return &settleFixture{t: t, store: st, user: u}
+}
+
+func (f *settleFixture) admit(runID string) holds.Hold {
+	f.t.Helper()
+	h, err := f.store.Admit(context.Background(), holds.AdmitRequest{RunID: runID, UserID: f.user.ID,
+		State: holds.StateRunning, TTL: time.Minute})
+	if err != nil {
+		f.t.Fatalf("admit %s: %v", runID, err)
+	}
+	return h
+}
+
+func TestSettleTwiceChargesOnce(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	f.admit("r_twice")
+	first, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_twice", CostMicro: 7_000, Source: holds.SourceComplete})
+	if err != nil || !first.Applied || first.ChargedMicro != 7_000 {
+		t.Fatalf("first settlement: %+v, %v", first, err)
+	}
+	second, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_twice", CostMicro: 9_000, Source: holds.SourceReconcile})
+	if err != nil || second.Applied {
+		t.Fatalf("second settlement: %+v, %v", second, err)
+	}
+	b, err := f.store.Balance(ctx, f.user.ID)
+	if err != nil || b.UsedTodayMicro != 7_000 {
+		t.Fatalf("balance %+v, %v: want 7000 used", b, err)
+	}
+}
+
+// TestConcurrentSettlementsOfOneRunChargeOnce races a completion, a retry and the reconciler:
+// one wins, the others change nothing.
+func TestConcurrentSettlementsOfOneRunChargeOnce(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	f.admit("r_race")
+	var wg sync.WaitGroup
+	applied := make(chan int64, 16)
+	for i := 0; i < 16; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_race", CostMicro: 5_000, Source: holds.SourceComplete})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if res.Applied {
+				applied <- res.ChargedMicro
+			}
+		}()
+	}
+	wg.Wait()
+	close(applied)
+	if n := len(applied); n != 1 {
+		t.Fatalf("%d settlements applied, want 1", n)
+	}
+}
+
+// TestFirstChargesOfADayRaceOnTheLedgerInsert settles many runs of one user at once on a day
+// with no ledger row yet: exactly one INSERT wins, the rest fall back to the UPDATE, and the
+// ledger holds every charge.
+func TestFirstChargesOfADayRaceOnTheLedgerInsert(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	maxInFlight := 64
+	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &maxInFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	const runs = 40
+	for i := 0; i < runs; i++ {
+		f.admit(runName(i))
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < runs; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := f.store.Settle(ctx, holds.Settlement{RunID: runName(i), CostMicro: 1_000, Source: holds.SourceComplete}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	b, err := f.store.Balance(ctx, f.user.ID)
+	if err != nil || b.UsedTodayMicro != runs*1_000 || b.HeldMicro != 0 {
+		t.Fatalf("balance %+v, %v: want %d used, nothing held", b, err, runs*1_000)
+	}
+}
+
+func runName(i int) string { return "r_ledger_" + string(rune('a'+i/26)) + string(rune('a'+i%26)) }
+
+func TestChargeIsClampedToTheCap(t *testing.T) {
+	f := newSettleFixture(t)
+	h := f.admit("r_clamp")
+	res, err := f.store.Settle(context.Background(), holds.Settlement{RunID: "r_clamp", CostMicro: h.CapMicro * 3, Source: holds.SourceComplete})
+	if err != nil || res.ChargedMicro != h.CapMicro || res.CostMicro != h.CapMicro*3 {
+		t.Fatalf("settled %+v, %v: want charge clamped to cap %d", res, err, h.CapMicro)
+	}
+}
+
+func TestSettleUnknownRun(t *testing.T) {
+	f := newSettleFixture(t)
+	_, err := f.store.Settle(context.Background(), holds.Settlement{RunID: "r_nope", Source: holds.SourceComplete})
+	if err == nil {
+		t.Fatal("settling an unknown run succeeded")
+	}
+}
+
+func TestAdmitSameRunTwiceTakesOneHold(t *testing.T) {
+	f := newSettleFixture(t)
+	first := f.admit("r_again")
+	second := f.admit("r_again")
+	if first.Existing || !second.Existing || second.HeldMicro != first.HeldMicro {
+		t.Fatalf("first %+v second %+v", first, second)
+	}
+	b, err := f.store.Balance(context.Background(), f.user.ID)
+	if err != nil || b.InFlight != 1 || b.HeldMicro != first.HeldMicro {
+		t.Fatalf("balance %+v, %v: want one hold", b, err)
+	}
+	if _, err := f.store.Settle(context.Background(), holds.Settlement{RunID: "r_again", Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.Admit(context.Background(), holds.AdmitRequest{RunID: "r_again", UserID: f.user.ID,
+		State: holds.StateRunning, TTL: time.Minute}); err == nil {
+		t.Fatal("a settled run was admitted again")
+	}
+}
