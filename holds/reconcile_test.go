@@ -1,0 +1,282 @@
+package holds_test
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestReconcileCases walks the three cases of DESIGN §5 plus the lease-present extension, in
+// one pass over holds of every kind, and checks each row, the day ledger and the counts.
+func TestReconcileCases(t *testing.T) {
+	e := newStoreEnv(t)
+	discount := 1000 // 10 %
+	u := e.user("alice", 20, &discount)
+
+	tallied := e.admit(u, "r_tallied", holds.StateRunning)
+	overCap := e.admit(u, "r_overcap", holds.StateRunning)
+	queued := e.admit(u, "r_queued", holds.StateQueued)
+	lost := e.admit(u, "r_lost", holds.StateRunning)
+	leased := e.admit(u, "r_leased", holds.StateRunning)
+	fresh := e.admit(u, "r_fresh", holds.StateRunning) // not expired: must be left alone
+	for _, h := range []holds.Hold{tallied, overCap, queued, lost, leased} {
+		e.expire(h.RunID)
+	}
+
+	// Two calls tallied: the reconciler bills their sum at the hold's 10 % discount.
+	e.addTally(tallied.RunID, pricing.Usage{Input: 1000, Output: 200}, 4_500)
+	e.addTally(tallied.RunID, pricing.Usage{Input: 500, CacheRead: 100, Output: 50}, 1_801)
+	// A tally above the cap is clamped to it: the caller's authorisation and the overdraft bound.
+	e.addTally(overCap.RunID, pricing.Usage{Input: 1, Output: 1}, overCap.CapMicro*3)
+	// A live process still serves r_leased (its stream outlasts its TTL).
+	leases := metering.NewLeases(e.rdb, e.keys, "other-process", time.Minute, time.Second, e.log)
+	if err := leases.Acquire(e.ctx(), leased.RunID); err != nil {
+		t.Fatal(err)
+	}
+
+	outcomes := map[string]int{}
+	var mu sync.Mutex
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
+		c.OnOutcome = func(o string) { mu.Lock(); outcomes[o]++; mu.Unlock() }
+		c.PriceSnapshot = func(model string) []byte { return []byte(`{"model":"` + model + `"}`) }
+	})
+	st, err := e.pass(rec)
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	want := holds.Stats{Locked: true, Batches: 1, Scanned: 5, Extended: 1, FromTally: 2, Released: 1, ChargedHeld: 1}
+	wantCharged := pricing.ApplyDiscount(4_500+1_801, discount) + overCap.CapMicro + lost.HeldMicro
+	want.ChargedMicro = wantCharged
+	if st != want {
+		t.Errorf("stats = %+v\nwant     %+v", st, want)
+	}
+	if outcomes[holds.OutcomeFromTally] != 2 || outcomes[holds.OutcomeChargedHeld] != 1 ||
+		outcomes[holds.OutcomeReleased] != 1 || outcomes[holds.OutcomeExtended] != 1 {
+		t.Errorf("outcomes reported: %v", outcomes)
+	}
+
+	r := e.run(u, tallied.RunID)
+	if r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcile ||
+		r.CostMicro != 6_301 || r.ChargedMicro != pricing.ApplyDiscount(6_301, discount) ||
+		r.InTok != 1500 || r.CacheReadTok != 100 || r.OutTok != 250 || r.Calls != 2 || r.Model != "fake-gpt" {
+		t.Errorf("tallied run settled as %+v", r)
+	}
+	var snap string
+	if err := e.db.GetContext(e.ctx(), &snap, "SELECT price_snapshot FROM run_holds WHERE run_id = ?", tallied.RunID); err != nil || snap == "" {
+		t.Errorf("price snapshot of a reconciled run: %q, %v", snap, err)
+	}
+	if r := e.run(u, overCap.RunID); r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != overCap.CapMicro {
+		t.Errorf("over-cap run: source %q charged %d, want reconcile at cap %d", r.SettleSource.String, r.ChargedMicro, overCap.CapMicro)
+	}
+	if r := e.run(u, queued.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceRelease || r.ChargedMicro != 0 {
+		t.Errorf("queued run: state %s source %q charged %d, want released at 0", r.State, r.SettleSource.String, r.ChargedMicro)
+	}
+	if r := e.run(u, lost.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold ||
+		r.ChargedMicro != lost.HeldMicro || r.CostMicro != lost.HeldMicro || !r.Estimated {
+		t.Errorf("lost run: %+v, want reconcile_hold at held %d", r, lost.HeldMicro)
+	}
+	lr := e.run(u, leased.RunID)
+	if lr.State != holds.StateRunning || !lr.ExpiresAt.After(time.Now().Add(30*time.Second)) {
+		t.Errorf("leased run: state %s expires %v, want running and pushed out by a minute", lr.State, lr.ExpiresAt)
+	}
+	if r := e.run(u, fresh.RunID); r.State != holds.StateRunning {
+		t.Errorf("unexpired run touched: %s", r.State)
+	}
+	if got := e.usedToday(u); got != wantCharged {
+		t.Errorf("day ledger %d, want %d", got, wantCharged)
+	}
+
+	// A second pass finds nothing: settled holds are never charged twice.
+	st, err = e.pass(rec)
+	if err != nil || st.Scanned != 0 {
+		t.Errorf("second pass: %+v, %v; want nothing scanned", st, err)
+	}
+
+	// The lease lapses (its process died): the next expiry is reconciled from what it has:
+	// nothing tallied, running -> charged at its hold.
+	if err := leases.Release(e.ctx(), leased.RunID); err != nil {
+		t.Fatal(err)
+	}
+	e.expire(leased.RunID)
+	st, err = e.pass(rec)
+	if err != nil || st.ChargedHeld != 1 {
+		t.Errorf("pass after the lease lapsed: %+v, %v", st, err)
+	}
+	if got := e.usedToday(u); got != wantCharged+leased.HeldMicro {
+		t.Errorf("day ledger %d, want %d", got, wantCharged+leased.HeldMicro)
+	}
+	if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: fresh.RunID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReconcileThenSlowSettle: a process that was only slow settles after the reconciler did;
+// its settlement changes nothing, so the run is charged once, from the tally.
+func TestReconcileThenSlowSettle(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("bob", 3, nil)
+	h := e.admit(u, "r_slow", holds.StateRunning)
+	e.addTally(h.RunID, pricing.Usage{Input: 2000, Output: 300}, 8_000)
+	e.expire(h.RunID)
+
+	st, err := e.pass(e.reconciler("b", nil))
+	if err != nil || st.FromTally != 1 {
+		t.Fatalf("reconcile: %+v, %v", st, err)
+	}
+	// The slow process reports a different figure (its own, in process): it must not apply.
+	res, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: h.RunID, Usage: pricing.Usage{Input: 2000, Output: 900},
+		CostMicro: 14_000, Calls: 1, Source: holds.SourceComplete})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Applied || res.ChargedMicro != 0 {
+		t.Errorf("slow settlement after the reconciler: %+v, want not applied", res)
+	}
+	r := e.run(u, h.RunID)
+	if r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != 8_000 || r.OutTok != 300 {
+		t.Errorf("run: source %q charged %d out %d, want reconcile 8000 300", r.SettleSource.String, r.ChargedMicro, r.OutTok)
+	}
+	if got := e.usedToday(u); got != 8_000 {
+		t.Errorf("day ledger %d, want 8000 (one charge)", got)
+	}
+}
+
+// TestReconcileRacesSettle runs the reconciler and a late settlement of the same run at the
+// same moment many times: exactly one of them applies, every time.
+func TestReconcileRacesSettle(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("carol", 100, nil)
+	rec := e.reconciler("c", nil)
+	const rounds = 20
+	var total int64
+	for i := range rounds {
+		runID := "r_race_" + string(rune('a'+i))
+		h := e.admit(u, runID, holds.StateRunning)
+		e.addTally(h.RunID, pricing.Usage{Input: 100, Output: 10}, 1_000)
+		e.expire(h.RunID)
+		var wg sync.WaitGroup
+		var st holds.Stats
+		var res holds.Settled
+		var recErr, setErr error
+		wg.Go(func() { st, recErr = rec.RunForced(e.ctx()) })
+		wg.Go(func() {
+			res, setErr = e.store.Settle(e.ctx(), holds.Settlement{RunID: runID, CostMicro: 1_000, Calls: 1, Source: holds.SourceComplete})
+		})
+		wg.Wait()
+		if recErr != nil || setErr != nil {
+			t.Fatalf("round %d: reconcile %v, settle %v", i, recErr, setErr)
+		}
+		applied := st.FromTally
+		if res.Applied {
+			applied++
+		}
+		if applied != 1 {
+			t.Errorf("round %d: %d settlements applied (reconciler %+v, process %+v), want exactly 1", i, applied, st, res)
+		}
+		total += 1_000
+	}
+	if got := e.usedToday(u); got != total {
+		t.Errorf("day ledger %d, want %d", got, total)
+	}
+}
+
+// TestReconcileLockHeldElsewhere: while another instance holds the lock this process does not
+// scan; a forced pass (the operator's -force) does.
+func TestReconcileLockHeldElsewhere(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("dave", 3, nil)
+	h := e.admit(u, "r_locked", holds.StateRunning)
+	e.expire(h.RunID)
+	if err := e.rdb.Set(e.ctx(), e.keys.ReconcileLock(), "other-instance", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.reconciler("me", nil)
+	st, err := rec.RunOnce(e.ctx())
+	if err != nil || st.Locked || st.Scanned != 0 {
+		t.Fatalf("pass under another's lock: %+v, %v; want no scan", st, err)
+	}
+	if r := e.run(u, h.RunID); r.State != holds.StateRunning {
+		t.Fatalf("hold changed without the lock: %s", r.State)
+	}
+	st, err = rec.RunForced(e.ctx())
+	if err != nil || st.ChargedHeld != 1 {
+		t.Fatalf("forced pass: %+v, %v", st, err)
+	}
+	// The lock lapses: the next ordinary pass takes it (and finds nothing left).
+	if err := e.rdb.Del(e.ctx(), e.keys.ReconcileLock()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	st, err = rec.RunOnce(e.ctx())
+	if err != nil || !st.Locked || st.Scanned != 0 {
+		t.Fatalf("pass with the lock free: %+v, %v", st, err)
+	}
+	// Now this process holds it: a second process ticking within the lock TTL does not scan.
+	if st, err := e.reconciler("third", nil).RunOnce(e.ctx()); err != nil || st.Locked {
+		t.Fatalf("second process while the lock is held: %+v, %v", st, err)
+	}
+}
+
+// TestReconcileBatchLimits: a backlog larger than one pass is worked off in bounded passes,
+// oldest first, and the pass says it stopped early.
+func TestReconcileBatchLimits(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("erin", 100, nil)
+	const n = 8
+	for i := range n {
+		h := e.admit(u, "r_batch_"+string(rune('a'+i)), holds.StateQueued)
+		e.expire(h.RunID)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Batch, c.MaxBatches = 3, 2 })
+	st, err := e.pass(rec)
+	if err != nil || st.Released != 6 || st.Batches != 2 || !st.Truncated {
+		t.Fatalf("first pass: %+v, %v; want 6 released in 2 batches, truncated", st, err)
+	}
+	st, err = e.pass(rec)
+	if err != nil || st.Released != 2 || st.Batches != 1 || st.Truncated {
+		t.Fatalf("second pass: %+v, %v; want the last 2", st, err)
+	}
+	// An exactly full last batch costs one more (empty) read, then stops.
+	for i := range 3 {
+		h := e.admit(u, "r_full_"+string(rune('a'+i)), holds.StateQueued)
+		e.expire(h.RunID)
+	}
+	st, err = e.pass(rec)
+	if err != nil || st.Released != 3 || st.Batches != 2 || st.Truncated {
+		t.Fatalf("full-batch pass: %+v, %v", st, err)
+	}
+}
+
+// TestReconcileTallyUnreadable: when the tally cannot be read the reconciler cannot tell "used
+// nothing" from "lost", so it settles nothing, reports the error, and does not spin on the
+// same rows.
+func TestReconcileTallyUnreadable(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("frank", 10, nil)
+	for _, id := range []string{"r_u1", "r_u2"} {
+		e.admit(u, id, holds.StateRunning)
+		e.expire(id)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Usage = failingUsage{}; c.Batch = 1 })
+	st, err := e.pass(rec)
+	if err == nil || st.Errors != 1 || st.Batches != 1 || st.Settled() != 0 {
+		t.Fatalf("pass with Redis down: %+v, %v; want one error and a stop", st, err)
+	}
+	if errors.Is(err, holds.ErrRunNotFound) {
+		t.Fatalf("unexpected error kind: %v", err)
+	}
+	for _, id := range []string{"r_u1", "r_u2"} {
+		if r := e.run(u, id); r.State != holds.StateRunning {
+			t.Errorf("%s settled without its tally: %s", id, r.SettleSource.String)
+		}
+	}
+	// Redis back: both charged at their hold (no tally exists).
+	st, err = e.pass(e.reconciler("me", nil))
+	if err != nil || st.ChargedHeld != 2 {
+		t.Fatalf("pass with Redis back: %+v, %v", st, err)
+	}
+}
