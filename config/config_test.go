@@ -1,0 +1,74 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestExampleConfigLoads(t *testing.T) {
+	t.Setenv("MYSQL_DSN", "u:p@tcp(127.0.0.1:3306)/tollgate")
+	t.Setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
+	cfg, err := Load("../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Plan("standard").AllowanceCredits.MicroAt(cfg.CreditMicro) != 2_000_000 {
+		t.Fatalf("standard allowance = %+v", cfg.Plan("standard"))
+	}
+}
+
+func TestEnvironmentOverridesTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("mysql_dsn: from-file\nredis_url: redis://file:1/0\nlisten_addr: 127.0.0.1:1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MYSQL_DSN", "env:dsn@tcp(h:1)/db")
+	t.Setenv("REDIS_URL", "")
+	t.Setenv("LISTEN_ADDR", "127.0.0.1:2")
+	t.Setenv("UPSTREAM_URL", "http://127.0.0.1:3")
+	t.Setenv("UPSTREAM_API_KEY", "sk-test")
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MySQLDSN != "env:dsn@tcp(h:1)/db" || cfg.RedisURL != "redis://file:1/0" || cfg.ListenAddr != "127.0.0.1:2" ||
+		cfg.Upstreams[0].BaseURL != "http://127.0.0.1:3" || cfg.Upstreams[0].APIKey != "sk-test" {
+		t.Fatalf("cfg = %+v", cfg)
+	}
+}
+
+func TestBadSettingsAreNamed(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"redis_url: http://x\n", "redis_url"},
+		{"limits:\n  max_body_bytes: 10\n", "limits.max_body_bytes"},
+		{"holds:\n  heartbeat_interval: 60s\n", "holds.heartbeat_interval"},
+		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},
+		{"models:\n  m:\n    input: -1\n", "non-negative"},
+		{"plans:\n  standard:\n    max_in_flight: 0\n", "plans.standard"},
+		{"upstreams:\n  - name: a\n    kind: grpc\n    base_url: http://x\n    models: ['*']\n", "upstreams[0].kind"},
+		{"no_such_setting: 1\n", "no_such_setting"},
+	} {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		body := "mysql_dsn: x@tcp(h:1)/d\nredis_url: redis://h:1/0\n" + tc.yaml
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("REDIS_URL", "")
+		t.Setenv("MYSQL_DSN", "")
+		_, err := Load(path)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want it to name %q", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+func TestMissingDSNStopsTheStart(t *testing.T) {
+	t.Setenv("MYSQL_DSN", "")
+	t.Setenv("REDIS_URL", "redis://h:1/0")
+	_, err := Load("")
+	if err == nil || !strings.Contains(err.Error(), "MYSQL_DSN") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,98 @@
+package pricing
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestCostIsExactAndRoundedUpOncePerCall(t *testing.T) {
+	// Prices in micro-USD per million tokens: 2.50, 1.25, 3.125 and 10.00 USD/M.
+	p := Price{Input: 2_500_000, CacheRead: 1_250_000, CacheWrite: 3_125_000, Output: 10_000_000}
+	for _, tc := range []struct {
+		name string
+		u    Usage
+		want int64
+	}{
+		{"nothing", Usage{}, 0},
+		// 1 input token = 2.5 µUSD -> 3 after the one rounding.
+		{"one input token", Usage{Input: 1}, 3},
+		// 2 input tokens = exactly 5 µUSD.
+		{"two input tokens", Usage{Input: 2}, 5},
+		// 1 + 1 input tokens in one call round once (5), not twice (3 + 3).
+		{"rounding once", Usage{Input: 1, CacheRead: 2}, 5}, // 2.5 + 2.5 = 5
+		// 1000 in, 200 cache read, 8 cache write, 500 out:
+		// 2500 + 250 + 25 + 5000 = 7775 µUSD.
+		{"every field", Usage{Input: 1000, CacheRead: 200, CacheWrite: 8, Output: 500}, 7775},
+		// 3 cache-write tokens = 9.375 -> 10.
+		{"cache write fraction", Usage{CacheWrite: 3}, 10},
+		// A million output tokens = 10 USD = 10,000,000 µUSD.
+		{"a million output", Usage{Output: 1_000_000}, 10_000_000},
+		{"negative clamped", Usage{Input: -50, Output: 1}, 10},
+	} {
+		if got := p.Cost(tc.u); got != tc.want {
+			t.Errorf("%s: Cost(%+v) = %d, want %d", tc.name, tc.u, got, tc.want)
+		}
+	}
+}
+
+func TestCostDoesNotOverflowAtTheBounds(t *testing.T) {
+	p := Price{Input: MaxPriceMicroPerM, CacheRead: MaxPriceMicroPerM, CacheWrite: MaxPriceMicroPerM, Output: MaxPriceMicroPerM}
+	u := Usage{Input: 1_000_000, Output: 1_000_000}
+	// 2e6 tokens × 1e12 µUSD/M / 1e6 = 2e12 µUSD.
+	if got := p.Cost(u); got != 2_000_000_000_000 {
+		t.Fatalf("Cost = %d", got)
+	}
+}
+
+func TestMaxOutputWithin(t *testing.T) {
+	p := Price{Input: 2_500_000, Output: 10_000_000}
+	// 100 input tokens = 250 µUSD; budget 1000 leaves 750 µUSD = 75 output tokens exactly.
+	if got := p.MaxOutputWithin(100, 1000); got != 75 {
+		t.Fatalf("MaxOutputWithin(100, 1000) = %d, want 75", got)
+	}
+	// 76 output tokens would cost 1010.
+	if c := p.WorstCase(100, 76); c <= 1000 {
+		t.Fatalf("WorstCase(100, 76) = %d", c)
+	}
+	if got := p.MaxOutputWithin(1000, 1000); got != -1 {
+		t.Fatalf("prompt alone over budget: got %d, want -1", got)
+	}
+}
+
+func TestApplyDiscount(t *testing.T) {
+	for _, tc := range []struct {
+		cost int64
+		bp   int
+		want int64
+	}{{1000, 0, 1000}, {1000, 2500, 750}, {1001, 2500, 751}, {3, 5000, 2}, {1000, 10000, 0}} {
+		if got := ApplyDiscount(tc.cost, tc.bp); got != tc.want {
+			t.Errorf("ApplyDiscount(%d, %d) = %d, want %d", tc.cost, tc.bp, got, tc.want)
+		}
+	}
+}
+
+func TestLookupExactThenLongestPrefix(t *testing.T) {
+	tbl, err := NewTable(map[string]Price{"gpt-4o": {Input: 1}, "gpt-4o-mini": {Input: 2}, "gpt": {Input: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for model, want := range map[string]int64{
+		"gpt-4o": 1, "gpt-4o-2024-08-06": 1, "gpt-4o-mini": 2, "gpt-4o-mini-2024-07-18": 2, "gpt-3.5-turbo": 3,
+	} {
+		p, _, err := tbl.Lookup(model)
+		if err != nil || p.Input != want {
+			t.Errorf("Lookup(%q) = %+v, %v; want input %d", model, p, err, want)
+		}
+	}
+	if _, _, err := tbl.Lookup("claude-3"); !errors.Is(err, ErrNotPriced) {
+		t.Fatalf("unpriced model: %v", err)
+	}
+}
+
+func BenchmarkCost(b *testing.B) {
+	p := Price{Input: 2_500_000, CacheRead: 1_250_000, CacheWrite: 3_125_000, Output: 10_000_000}
+	u := Usage{Input: 1234, CacheRead: 5678, CacheWrite: 90, Output: 4321}
+	for b.Loop() {
+		_ = p.Cost(u)
+	}
+}
