@@ -1,0 +1,413 @@
+// Package e2e runs real gateway processes (the built binary) against a real MariaDB and Redis
+// and an in-process fake upstream, and kills them: what must survive a process's death can only
+// be shown with a process that dies.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// gatewayBin is the gateway built once for the package by TestMain.
+var gatewayBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "tollgate-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	gatewayBin = filepath.Join(dir, "gateway")
+	build := exec.Command("go", "build", "-o", gatewayBin, "./cmd/gateway")
+	build.Dir = ".."
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: build gateway:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// Short settings so a crash is reconciled in seconds. They keep the production ratios: the
+// heartbeat well inside the lease, the lock TTL below the reconcile interval.
+const (
+	testHoldTTL       = 3 * time.Second
+	testLeaseTTL      = 2 * time.Second
+	testHeartbeat     = 500 * time.Millisecond
+	testReconcile     = time.Second
+	testLockTTL       = 900 * time.Millisecond
+	testShutdownDrain = 2 * time.Second
+)
+
+// world is what the gateways of one test share: a fresh database, one Redis under a fresh key
+// prefix, one fake upstream, and a config file.
+type world struct {
+	t        *testing.T
+	dsn      string
+	db       *sqlx.DB
+	store    *holds.Store
+	rdb      *redis.Client
+	prefix   string
+	keys     metering.Keys
+	tally    *metering.Tally
+	upstream *httptest.Server
+	config   string
+	price    pricing.Price
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	w := &world{t: t, dsn: testenv.MySQLDSN(t)}
+	db, err := holds.Open(context.Background(), w.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	w.db = db
+	w.rdb, w.prefix = testenv.Redis(t)
+	w.keys = metering.Keys{Prefix: w.prefix}
+	w.tally = metering.NewTally(w.rdb, w.keys, time.Hour)
+	w.upstream = httptest.NewServer(fakellm.New(fakellm.Config{}))
+	t.Cleanup(w.upstream.Close)
+	// Same plans as the gateway's defaults (credit_micro 1000).
+	w.store = holds.NewStore(db, map[string]holds.Plan{"standard": {AllowanceMicro: 2_000_000, HoldNormalMicro: 20_000,
+		HoldHeavyMicro: 60_000, HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostMicro: 500_000}}, "standard", zap.NewNop())
+	// fake-gpt at the default prices: $2.50 / $10 per million input / output tokens.
+	w.price = pricing.Price{Input: 2_500_000, CacheRead: 1_250_000, CacheWrite: 3_125_000, Output: 10_000_000}
+	w.config = filepath.Join(t.TempDir(), "gateway.yaml")
+	cfg := fmt.Sprintf(`holds:
+  hold_ttl: %s
+  run_ttl: %s
+  lease_ttl: %s
+  heartbeat_interval: %s
+  reconcile_interval: %s
+  reconcile_lock_ttl: %s
+limits:
+  shutdown_timeout: %s
+  settle_timeout: 10s
+dedup:
+  window: 0s
+`, testHoldTTL, testHoldTTL, testLeaseTTL, testHeartbeat, testReconcile, testLockTTL, testShutdownDrain)
+	if err := os.WriteFile(w.config, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testenv.CheckLedger(t, w.db) })
+	return w
+}
+
+// user creates an account and a key; maxInFlight lifts the plan's limit of 3.
+func (w *world) user(name string, maxInFlight int, allowanceMicro *int64) (holds.User, string) {
+	w.t.Helper()
+	ctx := context.Background()
+	u, err := w.store.CreateUser(ctx, name, "standard")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := w.store.SetUserLimits(ctx, u.ID, allowanceMicro, &maxInFlight, nil); err != nil {
+		w.t.Fatal(err)
+	}
+	key, err := w.store.CreateKey(ctx, u.ID)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return u, key
+}
+
+// gateway is one `gateway serve` process.
+type gateway struct {
+	name string
+	url  string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error // after done: how the process ended
+}
+
+// freePort asks the kernel for a free port. Another process may take it before the gateway
+// binds; start retries on that.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// startGateway runs `gateway serve` as instance name and waits until it answers /readyz.
+func (w *world) startGateway(name string) *gateway {
+	w.t.Helper()
+	for attempt := 0; ; attempt++ {
+		g, err := w.tryStart(name)
+		if err == nil {
+			return g
+		}
+		if attempt == 2 {
+			w.t.Fatalf("gateway %s did not start: %v", name, err)
+		}
+		w.t.Logf("gateway %s start attempt %d: %v; retrying on another port", name, attempt+1, err)
+	}
+}
+
+func (w *world) tryStart(name string) (*gateway, error) {
+	addr := freePort(w.t)
+	g := &gateway{name: name, url: "http://" + addr, log: filepath.Join(w.t.TempDir(), name+".log"), done: make(chan struct{})}
+	logf, err := os.Create(g.log)
+	if err != nil {
+		return nil, err
+	}
+	g.cmd = exec.Command(gatewayBin, "serve", "-config", w.config)
+	g.cmd.Env = append(os.Environ(), "MYSQL_DSN="+w.dsn, "REDIS_URL="+testenv.RedisURL(w.t), "LISTEN_ADDR="+addr,
+		"UPSTREAM_URL="+w.upstream.URL, "TOLLGATE_INSTANCE="+name, "TOLLGATE_REDIS_PREFIX="+w.prefix)
+	g.cmd.Stdout, g.cmd.Stderr = logf, logf
+	if err := g.cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	go func() { g.err = g.cmd.Wait(); logf.Close(); close(g.done) }()
+	w.t.Cleanup(func() {
+		select {
+		case <-g.done:
+		default:
+			_ = g.cmd.Process.Kill()
+			<-g.done
+		}
+		if w.t.Failed() {
+			b, _ := os.ReadFile(g.log)
+			w.t.Logf("log of gateway %s:\n%s", name, tail(b, 8000))
+		}
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-g.done:
+			b, _ := os.ReadFile(g.log)
+			return nil, fmt.Errorf("exited: %v\n%s", g.err, tail(b, 4000))
+		default:
+		}
+		resp, err := http.Get(g.url + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return g, nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = g.cmd.Process.Kill()
+	return nil, fmt.Errorf("not ready within 20s")
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// signal sends sig and, for SIGKILL, waits until the process is gone.
+func (g *gateway) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := g.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %s: %v", g.name, err)
+	}
+	if sig == syscall.SIGKILL {
+		<-g.done
+	}
+}
+
+// wait waits for the process to exit, up to d.
+func (g *gateway) wait(t *testing.T, d time.Duration) error {
+	t.Helper()
+	select {
+	case <-g.done:
+		return g.err
+	case <-time.After(d):
+		t.Fatalf("gateway %s still running after %v", g.name, d)
+		return nil
+	}
+}
+
+// chatBody is a small chat request.
+func chatBody(stream bool, maxTokens int, content string) []byte {
+	b, _ := json.Marshal(map[string]any{"model": "fake-gpt", "stream": stream, "max_tokens": maxTokens,
+		"messages": []map[string]string{{"role": "user", "content": content}}})
+	return b
+}
+
+// post sends a chat completion with the given extra headers and returns the response; the
+// caller closes its body.
+func post(t *testing.T, ctx context.Context, g *gateway, key string, body []byte, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST to %s: %v", g.name, err)
+	}
+	return resp
+}
+
+// completeCall makes a non-streamed call that must succeed, and returns its run id and the
+// usage the upstream reported.
+func completeCall(t *testing.T, g *gateway, key string, body []byte, hdr map[string]string) (string, pricing.Usage) {
+	t.Helper()
+	resp := post(t, context.Background(), g, key, body, hdr)
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("call on %s: %d %s", g.name, resp.StatusCode, raw)
+	}
+	var out struct {
+		Usage struct {
+			Prompt     int64 `json:"prompt_tokens"`
+			Completion int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || out.Usage.Completion == 0 {
+		t.Fatalf("call on %s: bad body %s (%v)", g.name, raw, err)
+	}
+	return resp.Header.Get("X-Tollgate-Run-Id"), pricing.Usage{Input: out.Usage.Prompt, Output: out.Usage.Completion}
+}
+
+// stream is a streamed call held open by the test.
+type stream struct {
+	runID  string
+	cancel context.CancelFunc
+	done   chan struct{}
+	chunks int   // content events read, valid after done
+	err    error // how reading ended, valid after done
+}
+
+// startStream opens a slow stream and returns once its first event has arrived, so the call
+// is admitted, leased and forwarding.
+func startStream(t *testing.T, g *gateway, key string, chunks int, interval time.Duration, hdr map[string]string) *stream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	h := map[string]string{"X-Fake-Chunks": fmt.Sprint(chunks), "X-Fake-Chunk-Interval": interval.String()}
+	for k, v := range hdr {
+		h[k] = v
+	}
+	resp := post(t, ctx, g, key, chatBody(true, chunks+10, "stream please"), h)
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		cancel()
+		t.Fatalf("stream on %s: %d %s", g.name, resp.StatusCode, raw)
+	}
+	s := &stream{runID: resp.Header.Get("X-Tollgate-Run-Id"), cancel: cancel, done: make(chan struct{})}
+	first := make(chan struct{})
+	go func() {
+		defer close(s.done)
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		var once sync.Once
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "data: {") {
+				s.chunks++
+				once.Do(func() { close(first) })
+			}
+		}
+		once.Do(func() { close(first) })
+		s.err = sc.Err()
+	}()
+	select {
+	case <-first:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("no first event from %s within 15s", g.name)
+	}
+	t.Cleanup(cancel)
+	return s
+}
+
+// hold reads a run's row.
+func (w *world) hold(runID string) holds.Run {
+	w.t.Helper()
+	var r holds.Run
+	if err := w.db.Get(&r, `SELECT run_id, user_id, client_run_id, state, held_micro, cap_micro, cost_micro,
+		charged_micro, allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok, out_tok,
+		calls, model, discount_bp, estimated, settle_source, expires_at, created_at, settled_at
+		FROM run_holds WHERE run_id = ?`, runID); err != nil {
+		w.t.Fatalf("hold %s: %v", runID, err)
+	}
+	return r
+}
+
+// liveHolds counts the holds still queued or running.
+func (w *world) liveHolds() int {
+	w.t.Helper()
+	var n int
+	if err := w.db.Get(&n, "SELECT COUNT(*) FROM run_holds WHERE state IN ('queued', 'running')"); err != nil {
+		w.t.Fatal(err)
+	}
+	return n
+}
+
+// waitFor polls cond until it holds or the deadline passes. Deadlines are generous: they catch
+// a hang, they do not measure speed.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// dbNow is the database clock, the only clock expiry and settlement use.
+func (w *world) dbNow() time.Time {
+	w.t.Helper()
+	var now time.Time
+	if err := w.db.Get(&now, "SELECT NOW(6)"); err != nil {
+		w.t.Fatal(err)
+	}
+	return now
+}
+
+func (w *world) usedToday(userID uint64) int64 {
+	w.t.Helper()
+	var used int64
+	if err := w.db.Get(&used, "SELECT COALESCE((SELECT used_micro FROM usage_days WHERE user_id = ? AND day = UTC_DATE()), 0)", userID); err != nil {
+		w.t.Fatal(err)
+	}
+	return used
+}
