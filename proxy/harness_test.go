@@ -41,12 +41,18 @@ type harness struct {
 
 func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 	t.Helper()
+	return newHarnessWithFixtures(t, testenv.FixturesDir(t), mutate)
+}
+
+// newHarnessWithFixtures is newHarness with fakellm replaying from fixturesDir.
+func newHarnessWithFixtures(t *testing.T, fixturesDir string, mutate func(*config.Config)) *harness {
+	t.Helper()
 	h := &harness{t: t}
 	h.db = testenv.MySQL(t)
 	var prefix string
 	h.rdb, prefix = testenv.Redis(t)
 	h.keys = metering.Keys{Prefix: prefix}
-	h.fake = fakellm.New(fakellm.Config{FixturesDir: testenv.FixturesDir(t)})
+	h.fake = fakellm.New(fakellm.Config{FixturesDir: fixturesDir})
 	h.upstream = httptest.NewServer(h.fake)
 	t.Cleanup(h.upstream.Close)
 
@@ -197,4 +203,14 @@ func (h *harness) direct(path, body string, hdr map[string]string) []byte {
 	}
 	defer resp.Body.Close()
 	return readAll(h.t, resp.Body)
+}
+
+type configT = config.Config
+
+// bigPlan lets one test user make many calls in a row.
+func bigPlan(p config.Plan) config.Plan {
+	p.MaxInFlight = 64
+	p.AllowanceCredits = config.CreditsOf(1_000_000)
+	p.MaxRunCostCredits = config.CreditsOf(100_000)
+	return p
 }
