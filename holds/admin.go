@@ -1,0 +1,444 @@
+package holds
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// This file is the operator's side of the store: what the admin API and the gateway's
+// subcommands need beyond the money paths. Nothing here moves money except through Grant;
+// the statements that change a user touch only that user's row, one statement each, so they
+// need no place in the lock order beyond the users row they update.
+
+// Refusals of admin operations.
+var (
+	ErrUnknownPlan = errors.New("unknown plan")
+	ErrKeyNotFound = errors.New("no live key with that value")
+	ErrBadFilter   = errors.New("bad filter")
+)
+
+// HasPlan reports whether plan is configured.
+func (s *Store) HasPlan(plan string) bool {
+	_, ok := s.plans[plan]
+	return ok
+}
+
+// PlanNames lists the configured plans, sorted.
+func (s *Store) PlanNames() []string {
+	out := make([]string, 0, len(s.plans))
+	for name := range s.plans {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// UserDetail is a user as an operator sees it: the stored overrides (nil when the plan
+// decides) and the effective terms admission would apply right now.
+type UserDetail struct {
+	ID             uint64
+	Name           string
+	Plan           string
+	AllowanceMicro *int64 // override; nil: the plan's
+	DiscountBP     *int   // override
+	MaxInFlight    *int   // override
+	PrepaidMicro   int64
+	DisabledAt     *time.Time
+	CreatedAt      time.Time
+	Effective      Plan
+}
+
+type userDetailRow struct {
+	userRow
+	CreatedAt time.Time `db:"created_at"`
+}
+
+func (s *Store) detail(r userDetailRow) UserDetail {
+	d := UserDetail{ID: r.ID, Name: r.Name, Plan: r.Plan, PrepaidMicro: r.PrepaidMicro, CreatedAt: r.CreatedAt,
+		Effective: s.plan(r.userRow)}
+	if r.AllowanceMicro.Valid {
+		v := r.AllowanceMicro.Int64
+		d.AllowanceMicro = &v
+	}
+	if r.DiscountBP.Valid {
+		v := int(r.DiscountBP.Int64)
+		d.DiscountBP = &v
+	}
+	if r.MaxInFlight.Valid {
+		v := int(r.MaxInFlight.Int64)
+		d.MaxInFlight = &v
+	}
+	if r.DisabledAt.Valid {
+		t := r.DisabledAt.Time
+		d.DisabledAt = &t
+	}
+	return d
+}
+
+// UserDetail reads one user by name.
+func (s *Store) UserDetail(ctx context.Context, name string) (UserDetail, error) {
+	var r userDetailRow
+	err := s.withRetry(ctx, "user detail", func() error {
+		return s.db.GetContext(ctx, &r, "SELECT "+userColumns+", created_at FROM users WHERE name = ?", name)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return UserDetail{}, fmt.Errorf("user %q: %w", name, ErrUnknownUser)
+	}
+	if err != nil {
+		return UserDetail{}, fmt.Errorf("user %q: %w", name, err)
+	}
+	return s.detail(r), nil
+}
+
+// ListUsers lists users by name, at most limit of them, starting after the name after
+// (empty: from the start) so a long list can be paged.
+func (s *Store) ListUsers(ctx context.Context, after string, limit int) ([]UserDetail, error) {
+	if limit <= 0 || limit > 10_000 {
+		return nil, fmt.Errorf("list users: %w: limit %d out of range 1-10000", ErrBadFilter, limit)
+	}
+	var rows []userDetailRow
+	err := s.withRetry(ctx, "list users", func() error {
+		rows = rows[:0]
+		return s.db.SelectContext(ctx, &rows, "SELECT "+userColumns+", created_at FROM users WHERE name > ? ORDER BY name LIMIT ?", after, limit)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list users: %w", err)
+	}
+	out := make([]UserDetail, len(rows))
+	for i, r := range rows {
+		out[i] = s.detail(r)
+	}
+	return out, nil
+}
+
+// DisableUser refuses the user from the next admission on: admission reads disabled_at under
+// the user lock, and key lookups stop matching at once (the proxy's key cache may serve a
+// looked-up key for up to key_cache_ttl more, and calls already admitted run to completion
+// and settle). It reports whether the user was enabled before.
+func (s *Store) DisableUser(ctx context.Context, userID uint64) (bool, error) {
+	return s.setDisabled(ctx, userID, true)
+}
+
+// EnableUser undoes DisableUser. It reports whether the user was disabled before.
+func (s *Store) EnableUser(ctx context.Context, userID uint64) (bool, error) {
+	return s.setDisabled(ctx, userID, false)
+}
+
+func (s *Store) setDisabled(ctx context.Context, userID uint64, disable bool) (bool, error) {
+	q := "UPDATE users SET disabled_at = NOW(6) WHERE id = ? AND disabled_at IS NULL"
+	what := "disable"
+	if !disable {
+		q = "UPDATE users SET disabled_at = NULL WHERE id = ? AND disabled_at IS NOT NULL"
+		what = "enable"
+	}
+	var changed int64
+	err := s.withRetry(ctx, what+" user", func() error {
+		res, err := s.db.ExecContext(ctx, q, userID)
+		if err != nil {
+			return err
+		}
+		changed, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("%s user %d: %w", what, userID, err)
+	}
+	if changed == 0 {
+		if err := s.userExists(ctx, userID); err != nil {
+			return false, fmt.Errorf("%s user %d: %w", what, userID, err)
+		}
+	}
+	s.log.Info("user "+what+"d", zap.Uint64("user_id", userID), zap.Bool("changed", changed == 1))
+	return changed == 1, nil
+}
+
+func (s *Store) userExists(ctx context.Context, userID uint64) error {
+	var n int
+	err := s.db.GetContext(ctx, &n, "SELECT COUNT(*) FROM users WHERE id = ?", userID)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return ErrUnknownUser
+	}
+	return nil
+}
+
+// SetPlan moves a user to another plan. Admission reads the plan under the user lock, so the
+// change applies from the next admission; holds already taken keep the terms (hold, cap,
+// discount) they were admitted with.
+func (s *Store) SetPlan(ctx context.Context, userID uint64, plan string) error {
+	if !s.HasPlan(plan) {
+		return fmt.Errorf("set plan of user %d: %w %q", userID, ErrUnknownPlan, plan)
+	}
+	var changed int64
+	err := s.withRetry(ctx, "set plan", func() error {
+		res, err := s.db.ExecContext(ctx, "UPDATE users SET plan = ? WHERE id = ?", plan, userID)
+		if err != nil {
+			return err
+		}
+		changed, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("set plan of user %d: %w", userID, err)
+	}
+	if changed == 0 {
+		if err := s.userExists(ctx, userID); err != nil {
+			return fmt.Errorf("set plan of user %d: %w", userID, err)
+		}
+	}
+	s.log.Info("plan set", zap.Uint64("user_id", userID), zap.String("plan", plan))
+	return nil
+}
+
+// KeyInfo is an API key as lists show it: never the key, only its first characters.
+type KeyInfo struct {
+	Prefix    string       `db:"prefix"`
+	CreatedAt time.Time    `db:"created_at"`
+	RevokedAt sql.NullTime `db:"revoked_at"`
+}
+
+// ListKeys lists a user's keys, newest first.
+func (s *Store) ListKeys(ctx context.Context, userID uint64) ([]KeyInfo, error) {
+	out := []KeyInfo{}
+	err := s.withRetry(ctx, "list keys", func() error {
+		out = out[:0]
+		return s.db.SelectContext(ctx, &out, "SELECT prefix, created_at, revoked_at FROM api_keys WHERE user_id = ? ORDER BY created_at DESC", userID)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("keys of user %d: %w", userID, err)
+	}
+	return out, nil
+}
+
+// RevokeAPIKey is RevokeKey that tells "no such live key" (ErrKeyNotFound) apart from a
+// database failure, so the admin API can answer 404 instead of 500, and that reports whose
+// key it was.
+func (s *Store) RevokeAPIKey(ctx context.Context, key string) (userID uint64, err error) {
+	hash := HashKey(key)
+	err = s.withRetry(ctx, "revoke key", func() error {
+		return s.db.GetContext(ctx, &userID, "SELECT user_id FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL", hash[:])
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("revoke key: %w", ErrKeyNotFound)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("revoke key: %w", err)
+	}
+	if err := s.RevokeKey(ctx, key); err != nil {
+		// Revoked concurrently between the two statements: the key is dead either way.
+		if s.keyRevoked(ctx, hash) {
+			return userID, nil
+		}
+		return 0, err
+	}
+	s.log.Info("key revoked", zap.Uint64("user_id", userID), zap.String("prefix", key[:min(len(key), 10)]))
+	return userID, nil
+}
+
+func (s *Store) keyRevoked(ctx context.Context, hash [32]byte) bool {
+	var n int
+	err := s.db.GetContext(ctx, &n, "SELECT COUNT(*) FROM api_keys WHERE key_hash = ? AND revoked_at IS NOT NULL", hash[:])
+	return err == nil && n == 1
+}
+
+// RevokeKeysByPrefix revokes a user's live keys that start with prefix (as ListKeys shows
+// them), for the operator who no longer has the key itself. It returns how many it revoked;
+// prefixes are not unique, so it is scoped to one user and needs the whole stored prefix.
+func (s *Store) RevokeKeysByPrefix(ctx context.Context, userID uint64, prefix string) (int64, error) {
+	if !strings.HasPrefix(prefix, KeyPrefix) || len(prefix) < len(KeyPrefix)+4 {
+		return 0, fmt.Errorf("revoke keys of user %d: %w: prefix %q too short", userID, ErrBadFilter, prefix)
+	}
+	var n int64
+	err := s.withRetry(ctx, "revoke keys by prefix", func() error {
+		res, err := s.db.ExecContext(ctx, "UPDATE api_keys SET revoked_at = NOW(6) WHERE user_id = ? AND prefix = ? AND revoked_at IS NULL", userID, prefix)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("revoke keys of user %d: %w", userID, err)
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("revoke keys of user %d: prefix %q: %w", userID, prefix, ErrKeyNotFound)
+	}
+	s.log.Info("keys revoked", zap.Uint64("user_id", userID), zap.String("prefix", prefix), zap.Int64("count", n))
+	return n, nil
+}
+
+// RunFilter selects runs for ListRuns. Zero fields do not filter.
+type RunFilter struct {
+	UserID uint64
+	State  State
+	Since  time.Time // created_at >= Since
+	Until  time.Time // created_at < Until
+	Limit  int       // 1-10000
+}
+
+// UserRun is a run with its owner's name, as an operator lists it.
+type UserRun struct {
+	Run
+	UserName string `db:"user_name"`
+}
+
+// ListRuns lists runs newest first.
+func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
+	if f.Limit <= 0 || f.Limit > 10_000 {
+		return nil, fmt.Errorf("list runs: %w: limit %d out of range 1-10000", ErrBadFilter, f.Limit)
+	}
+	var where []string
+	var args []any
+	if f.UserID != 0 {
+		where, args = append(where, "user_id = ?"), append(args, f.UserID)
+	}
+	switch f.State {
+	case "":
+	case StateQueued, StateRunning, StateSettled:
+		where, args = append(where, "state = ?"), append(args, string(f.State))
+	default:
+		return nil, fmt.Errorf("list runs: %w: state %q", ErrBadFilter, f.State)
+	}
+	if !f.Since.IsZero() {
+		where, args = append(where, "created_at >= ?"), append(args, f.Since.UTC())
+	}
+	if !f.Until.IsZero() {
+		where, args = append(where, "created_at < ?"), append(args, f.Until.UTC())
+	}
+	q := "SELECT " + runColumns + ", COALESCE((SELECT u.name FROM users u WHERE u.id = run_holds.user_id), '') AS user_name FROM run_holds"
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q += " ORDER BY created_at DESC, run_id DESC LIMIT ?"
+	args = append(args, f.Limit)
+	out := []UserRun{}
+	err := s.withRetry(ctx, "list runs", func() error {
+		out = out[:0]
+		return s.db.SelectContext(ctx, &out, q, args...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list runs: %w", err)
+	}
+	return out, nil
+}
+
+// UsageRow is one line of the usage report: one user, one UTC day of settlement, one model.
+type UsageRow struct {
+	UserID             uint64 `db:"user_id"`
+	UserName           string `db:"user_name"`
+	Day                string `db:"day"` // YYYY-MM-DD, the UTC day the runs settled (the day ledger's day)
+	Model              string `db:"model"`
+	Runs               int64  `db:"runs"`         // settled runs, releases at 0 included
+	ChargedRuns        int64  `db:"charged_runs"` // of those, runs that charged anything (the ledger's run_count)
+	Calls              int64  `db:"calls"`
+	InTok              int64  `db:"in_tok"`
+	CacheReadTok       int64  `db:"cache_read_tok"`
+	CacheWriteTok      int64  `db:"cache_write_tok"`
+	OutTok             int64  `db:"out_tok"`
+	CostMicro          int64  `db:"cost_micro"`
+	ChargedMicro       int64  `db:"charged_micro"`
+	AllowancePartMicro int64  `db:"allowance_part_micro"`
+	PrepaidPartMicro   int64  `db:"prepaid_part_micro"`
+}
+
+// UsageReport is settled usage over a range of UTC days, by user, day and model.
+type UsageReport struct {
+	From, To string // inclusive, YYYY-MM-DD
+	Rows     []UsageRow
+	Totals   UsageRow // sums over Rows; user, day and model empty
+	// LedgerMicro and LedgerRuns are the day ledger (usage_days) over the same users and days.
+	// They equal Totals.ChargedMicro and Totals.ChargedRuns; a report that shows otherwise
+	// has found a bug, which is why it carries both.
+	LedgerMicro int64
+	LedgerRuns  int64
+}
+
+// MaxReportDays bounds a report's range, so one request cannot scan the table's whole life.
+const MaxReportDays = 366
+
+// Usage reports settled runs between the UTC days from and to, inclusive, for one user
+// (userID != 0) or all. Runs are attributed to the day they settled, as the day ledger is.
+func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (UsageReport, error) {
+	from = day(from)
+	to = day(to)
+	if to.Before(from) {
+		return UsageReport{}, fmt.Errorf("usage report: %w: to %s before from %s", ErrBadFilter, to.Format(time.DateOnly), from.Format(time.DateOnly))
+	}
+	if days := int(to.Sub(from)/(24*time.Hour)) + 1; days > MaxReportDays {
+		return UsageReport{}, fmt.Errorf("usage report: %w: %d days, at most %d", ErrBadFilter, days, MaxReportDays)
+	}
+	rep := UsageReport{From: from.Format(time.DateOnly), To: to.Format(time.DateOnly), Rows: []UsageRow{}}
+	end := to.AddDate(0, 0, 1)
+	userCond, args := "", []any{from, end}
+	if userID != 0 {
+		userCond, args = " AND h.user_id = ?", append(args, userID)
+	}
+	q := `SELECT h.user_id, u.name AS user_name, DATE_FORMAT(h.settled_at, '%Y-%m-%d') AS day, h.model,
+		       COUNT(*) AS runs, SUM(h.charged_micro > 0) AS charged_runs, SUM(h.calls) AS calls,
+		       SUM(h.in_tok) AS in_tok, SUM(h.cache_read_tok) AS cache_read_tok,
+		       SUM(h.cache_write_tok) AS cache_write_tok, SUM(h.out_tok) AS out_tok,
+		       SUM(h.cost_micro) AS cost_micro, SUM(h.charged_micro) AS charged_micro,
+		       SUM(h.allowance_part_micro) AS allowance_part_micro, SUM(h.prepaid_part_micro) AS prepaid_part_micro
+		FROM run_holds h JOIN users u ON u.id = h.user_id
+		WHERE h.state = 'settled' AND h.settled_at >= ? AND h.settled_at < ?` + userCond + `
+		GROUP BY h.user_id, u.name, DATE_FORMAT(h.settled_at, '%Y-%m-%d'), h.model
+		ORDER BY u.name, day, h.model`
+	ledgerQ := `SELECT COALESCE(SUM(used_micro), 0) AS used, COALESCE(SUM(run_count), 0) AS runs
+		FROM usage_days h WHERE h.day >= ? AND h.day < ?` + userCond
+	var ledger struct {
+		Used int64 `db:"used"`
+		Runs int64 `db:"runs"`
+	}
+	// One read-only transaction, so the rows and the ledger are the same snapshot.
+	err := s.withRetry(ctx, "usage report", func() error {
+		tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{ReadOnly: true})
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		rep.Rows = rep.Rows[:0]
+		if err := tx.SelectContext(ctx, &rep.Rows, q, args...); err != nil {
+			return err
+		}
+		return tx.GetContext(ctx, &ledger, ledgerQ, args...)
+	})
+	if err != nil {
+		return UsageReport{}, fmt.Errorf("usage report %s..%s: %w", rep.From, rep.To, err)
+	}
+	for _, r := range rep.Rows {
+		t := &rep.Totals
+		t.Runs += r.Runs
+		t.ChargedRuns += r.ChargedRuns
+		t.Calls += r.Calls
+		t.InTok += r.InTok
+		t.CacheReadTok += r.CacheReadTok
+		t.CacheWriteTok += r.CacheWriteTok
+		t.OutTok += r.OutTok
+		t.CostMicro += r.CostMicro
+		t.ChargedMicro += r.ChargedMicro
+		t.AllowancePartMicro += r.AllowancePartMicro
+		t.PrepaidPartMicro += r.PrepaidPartMicro
+	}
+	rep.LedgerMicro, rep.LedgerRuns = ledger.Used, ledger.Runs
+	if rep.LedgerMicro != rep.Totals.ChargedMicro || rep.LedgerRuns != rep.Totals.ChargedRuns {
+		s.log.Error("usage report disagrees with the day ledger", zap.String("from", rep.From), zap.String("to", rep.To),
+			zap.Uint64("user_id", userID), zap.Int64("ledger_micro", rep.LedgerMicro), zap.Int64("charged_micro", rep.Totals.ChargedMicro),
+			zap.Int64("ledger_runs", rep.LedgerRuns), zap.Int64("charged_runs", rep.Totals.ChargedRuns))
+	}
+	return rep, nil
+}
+
+// day truncates t to its UTC day.
+func day(t time.Time) time.Time {
+	y, m, d := t.UTC().Date()
+	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+}

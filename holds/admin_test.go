@@ -1,0 +1,240 @@
+package holds_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// pricingUsage makes up token counts that vary with cost, so the report's token sums are
+// checked against something.
+func pricingUsage(cost int64) pricing.Usage {
+	return pricing.Usage{Input: cost/10 + 1, Output: cost/100 + 1}
+}
+
+// A disabled user is refused at the next admission and by key lookup; enabling restores both.
+func TestDisableUserRefusesAtOnce(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("dora", "standard")
+	key, err := f.store.CreateKey(f.ctx(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.admit(u, "r_before") // admitted before the switch: runs on and settles
+	if changed, err := f.store.DisableUser(f.ctx(), u.ID); err != nil || !changed {
+		t.Fatalf("disable: %v, %v", changed, err)
+	}
+	if changed, err := f.store.DisableUser(f.ctx(), u.ID); err != nil || changed {
+		t.Fatalf("disable twice: %v, %v", changed, err)
+	}
+	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "r_after", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute}); !errors.Is(err, holds.ErrUserDisabled) {
+		t.Fatalf("admission of a disabled user: %v", err)
+	}
+	if _, err := f.store.UserByKey(f.ctx(), key); !errors.Is(err, holds.ErrBadKey) {
+		t.Fatalf("key of a disabled user: %v", err)
+	}
+	d, err := f.store.UserDetail(f.ctx(), "dora")
+	if err != nil || d.DisabledAt == nil {
+		t.Fatalf("detail %+v, %v", d, err)
+	}
+	f.settle("r_before", 1_000)
+	if changed, err := f.store.EnableUser(f.ctx(), u.ID); err != nil || !changed {
+		t.Fatalf("enable: %v, %v", changed, err)
+	}
+	if _, err := f.store.UserByKey(f.ctx(), key); err != nil {
+		t.Fatalf("key after enable: %v", err)
+	}
+	f.admit(u, "r_again")
+	f.settle("r_again", 0)
+	if _, err := f.store.DisableUser(f.ctx(), 424242); !errors.Is(err, holds.ErrUnknownUser) {
+		t.Fatalf("disable unknown user: %v", err)
+	}
+}
+
+func TestRevokeKeys(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("kim", "standard")
+	k1, _ := f.store.CreateKey(f.ctx(), u.ID)
+	k2, err := f.store.CreateKey(f.ctx(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner, err := f.store.RevokeAPIKey(f.ctx(), k1); err != nil || owner != u.ID {
+		t.Fatalf("revoke: %d, %v", owner, err)
+	}
+	if _, err := f.store.RevokeAPIKey(f.ctx(), k1); !errors.Is(err, holds.ErrKeyNotFound) {
+		t.Fatalf("revoke twice: %v", err)
+	}
+	if _, err := f.store.UserByKey(f.ctx(), k1); !errors.Is(err, holds.ErrBadKey) {
+		t.Fatalf("revoked key: %v", err)
+	}
+	keys, err := f.store.ListKeys(f.ctx(), u.ID)
+	if err != nil || len(keys) != 2 {
+		t.Fatalf("keys %+v, %v", keys, err)
+	}
+	if n, err := f.store.RevokeKeysByPrefix(f.ctx(), u.ID, k2[:10]); err != nil || n != 1 {
+		t.Fatalf("revoke by prefix: %d, %v", n, err)
+	}
+	if _, err := f.store.UserByKey(f.ctx(), k2); !errors.Is(err, holds.ErrBadKey) {
+		t.Fatalf("key revoked by prefix: %v", err)
+	}
+	if _, err := f.store.RevokeKeysByPrefix(f.ctx(), u.ID, "tg_"); !errors.Is(err, holds.ErrBadFilter) {
+		t.Fatalf("short prefix: %v", err)
+	}
+}
+
+func TestListRunsFilters(t *testing.T) {
+	f := newAcctFixture(t)
+	a, b := f.user("ann", "standard"), f.user("bob", "standard")
+	f.admit(a, "r_a1")
+	f.settle("r_a1", 1_000)
+	f.admit(a, "r_a2")
+	f.admit(b, "r_b1")
+	if _, err := f.db.ExecContext(f.ctx(), "UPDATE run_holds SET created_at = created_at - INTERVAL 2 DAY WHERE run_id = 'r_a1'"); err != nil {
+		t.Fatal(err)
+	}
+	ids := func(f holds.RunFilter, fx *acctFixture) []string {
+		t.Helper()
+		runs, err := fx.store.ListRuns(fx.ctx(), f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range runs {
+			out = append(out, r.RunID+"/"+r.UserName)
+		}
+		return out
+	}
+	check := func(got []string, want ...string) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("got %v, want %v", got, want)
+		}
+	}
+	check(ids(holds.RunFilter{UserID: a.ID, Limit: 10}, f), "r_a2/ann", "r_a1/ann")
+	check(ids(holds.RunFilter{State: holds.StateSettled, Limit: 10}, f), "r_a1/ann")
+	check(ids(holds.RunFilter{State: holds.StateRunning, Limit: 10}, f), "r_b1/bob", "r_a2/ann")
+	check(ids(holds.RunFilter{Until: time.Now().Add(-24 * time.Hour), Limit: 10}, f), "r_a1/ann")
+	check(ids(holds.RunFilter{Since: time.Now().Add(-24 * time.Hour), UserID: a.ID, Limit: 10}, f), "r_a2/ann")
+	check(ids(holds.RunFilter{Limit: 1, UserID: b.ID}, f), "r_b1/bob")
+	if _, err := f.store.ListRuns(f.ctx(), holds.RunFilter{State: "lost", Limit: 1}); !errors.Is(err, holds.ErrBadFilter) {
+		t.Errorf("bad state: %v", err)
+	}
+	if _, err := f.store.ListRuns(f.ctx(), holds.RunFilter{Limit: 0}); !errors.Is(err, holds.ErrBadFilter) {
+		t.Errorf("bad limit: %v", err)
+	}
+	f.settle("r_a2", 0)
+	f.settle("r_b1", 2_000)
+}
+
+// The usage report's totals equal the day ledger and the sum of the settled holds, per user
+// and day and overall, across models, days, releases at 0 and charges into prepaid.
+func TestUsageReportEqualsLedgerAndSettledHolds(t *testing.T) {
+	f := newAcctFixture(t)
+	a, b := f.user("alpha", "standard"), f.user("beta", "guest")
+	f.grant(b, 200_000, "b-topup")
+	n := 0
+	settle := func(u holds.User, model string, cost int64) {
+		n++
+		id := fmt.Sprintf("r_%d", n)
+		if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: id, UserID: u.ID, Model: model, State: holds.StateRunning, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.store.Settle(f.ctx(), holds.Settlement{RunID: id, CostMicro: cost, Calls: 2,
+			Usage: pricingUsage(cost), Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settle(a, "gpt-a", 1_234)
+	settle(a, "gpt-b", 5_000)
+	settle(a, "gpt-a", 0) // a release: counted as a run, not in the ledger's run_count
+	settle(b, "gpt-a", 40_000)
+	settle(b, "gpt-a", 45_000) // guest cap 50000, 25% off: 33750, crossing the 100000 allowance later
+	settle(b, "gpt-b", 50_000)
+	settle(b, "gpt-b", 50_000) // into prepaid
+	// Move a's first day back: yesterday's runs and ledger together.
+	for _, q := range []string{
+		"UPDATE run_holds SET settled_at = settled_at - INTERVAL 1 DAY WHERE user_id = ? AND run_id IN ('r_1', 'r_2')",
+		"UPDATE usage_days SET day = day - INTERVAL 1 DAY WHERE user_id = ?",
+	} {
+		if _, err := f.db.ExecContext(f.ctx(), q, a.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settle(a, "gpt-a", 7_000) // today
+	var today time.Time
+	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -1), today, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Per user and day, from the report's rows and from the database independently.
+	type ud struct {
+		user uint64
+		day  string
+	}
+	fromReport := map[ud]int64{}
+	runsFromReport := map[ud]int64{}
+	for _, r := range rep.Rows {
+		fromReport[ud{r.UserID, r.Day}] += r.ChargedMicro
+		runsFromReport[ud{r.UserID, r.Day}] += r.ChargedRuns
+		if r.AllowancePartMicro+r.PrepaidPartMicro != r.ChargedMicro {
+			t.Errorf("row %+v: parts do not add up", r)
+		}
+	}
+	var ledger []struct {
+		User uint64 `db:"user_id"`
+		Day  string `db:"day"`
+		Used int64  `db:"used_micro"`
+		Runs int64  `db:"run_count"`
+	}
+	if err := f.db.SelectContext(f.ctx(), &ledger, "SELECT user_id, DATE_FORMAT(day, '%Y-%m-%d') AS day, used_micro, run_count FROM usage_days"); err != nil {
+		t.Fatal(err)
+	}
+	if len(ledger) != 3 || len(fromReport) != 3 {
+		t.Fatalf("ledger %+v, report %+v: want three user-days", ledger, fromReport)
+	}
+	for _, l := range ledger {
+		k := ud{l.User, l.Day}
+		if fromReport[k] != l.Used || runsFromReport[k] != l.Runs {
+			t.Errorf("user %d on %s: report %d in %d runs, ledger %d in %d runs", l.User, l.Day, fromReport[k], runsFromReport[k], l.Used, l.Runs)
+		}
+	}
+	var settled struct {
+		Charged int64 `db:"charged"`
+		Runs    int64 `db:"runs"`
+		Tok     int64 `db:"tok"`
+	}
+	if err := f.db.GetContext(f.ctx(), &settled, "SELECT SUM(charged_micro) AS charged, COUNT(*) AS runs, SUM(in_tok + out_tok) AS tok FROM run_holds WHERE state = 'settled'"); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Totals.ChargedMicro != settled.Charged || rep.Totals.Runs != settled.Runs || rep.Totals.InTok+rep.Totals.OutTok != settled.Tok {
+		t.Errorf("totals %+v, settled holds %+v", rep.Totals, settled)
+	}
+	if rep.LedgerMicro != rep.Totals.ChargedMicro || rep.LedgerRuns != rep.Totals.ChargedRuns {
+		t.Errorf("report ledger %d/%d, totals %d/%d", rep.LedgerMicro, rep.LedgerRuns, rep.Totals.ChargedMicro, rep.Totals.ChargedRuns)
+	}
+	if rep.Totals.PrepaidPartMicro == 0 {
+		t.Errorf("no charge reached prepaid: %+v", rep.Totals)
+	}
+	if len(rep.Rows) != 5 { // alpha: yesterday a, yesterday b, today a(2 runs); beta: today a, today b
+		t.Errorf("%d rows: %+v", len(rep.Rows), rep.Rows)
+	}
+	// One user, one day.
+	only, err := f.store.Usage(f.ctx(), today, today, a.ID)
+	if err != nil || len(only.Rows) != 1 || only.Totals.ChargedMicro != 7_000 || only.LedgerMicro != 7_000 || only.Totals.Runs != 2 {
+		t.Fatalf("alpha today: %+v, %v", only, err)
+	}
+	if _, err := f.store.Usage(f.ctx(), today, today.AddDate(0, 0, -1), 0); !errors.Is(err, holds.ErrBadFilter) {
+		t.Errorf("reversed range: %v", err)
+	}
+	if _, err := f.store.Usage(f.ctx(), today.AddDate(-2, 0, 0), today, 0); !errors.Is(err, holds.ErrBadFilter) {
+		t.Errorf("two-year range: %v", err)
+	}
+}

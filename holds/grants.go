@@ -1,0 +1,189 @@
+package holds
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
+)
+
+// Grant is one append-only movement of prepaid credits: a top-up, a bonus, or (negative) a
+// refund or correction. BalanceAfterMicro is users.prepaid_micro right after it, so the
+// grants of a user read as a statement; settlements spend prepaid between grants, so two
+// consecutive rows need not differ by exactly the later amount.
+type Grant struct {
+	ID                uint64    `db:"id" json:"id"`
+	UserID            uint64    `db:"user_id" json:"-"`
+	AmountMicro       int64     `db:"amount_micro" json:"-"`
+	BalanceAfterMicro int64     `db:"balance_after_micro" json:"-"`
+	IdempotencyKey    string    `db:"idempotency_key" json:"idempotency_key"`
+	Reason            string    `db:"reason" json:"reason"`
+	CreatedAt         time.Time `db:"created_at" json:"created_at"`
+}
+
+const grantColumns = "id, user_id, amount_micro, balance_after_micro, idempotency_key, reason, created_at"
+
+// GrantRequest asks for a grant. IdempotencyKey is required: it is what turns a payment
+// webhook delivered ten times into one credit. Keys are global, not per user, so a payment
+// provider's event id can be used as it comes.
+type GrantRequest struct {
+	UserID         uint64
+	AmountMicro    int64
+	IdempotencyKey string
+	Reason         string
+}
+
+// Limits of a grant request, matching the grants table.
+const (
+	maxGrantKeyLen    = 128
+	maxGrantReasonLen = 255
+)
+
+// Refusals of a grant.
+var (
+	// ErrGrantInvalid is a request that can never succeed (zero amount, missing key, ...).
+	ErrGrantInvalid = errors.New("invalid grant")
+	// ErrGrantBelowZero refuses a negative grant that would take prepaid credits below zero.
+	// Refunds give back what was bought; they never create debt (only the bounded overdraft
+	// of settlement does), and a partial refund is the operator's explicit decision.
+	ErrGrantBelowZero = errors.New("grant would take prepaid credits below zero")
+	// ErrGrantKeyReused is an idempotency key already used for a different user or amount:
+	// answering with the old grant would hide a bug in the caller.
+	ErrGrantKeyReused = errors.New("idempotency key already used for a different grant")
+)
+
+// Grant credits (or, negative, debits) a user's prepaid credits, once per idempotency key.
+// It returns the grant and whether this call created it; a repeat of an earlier request
+// returns the original grant with created=false, whatever happened to the balance since.
+//
+// The transaction follows the global lock order: the user's row first, so that two
+// deliveries of one webhook queue on that lock and the second, once it has the lock, finds
+// the first's committed grant by key (its consistent snapshot starts after the lock). The
+// unique key is the last line of defence for a key first used for another user, whose
+// transaction holds a different lock: its duplicate-key error is answered like a repeat.
+func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error) {
+	if err := validateGrant(req); err != nil {
+		return Grant{}, false, err
+	}
+	var (
+		g       Grant
+		created bool
+	)
+	err := s.inTx(ctx, "grant "+req.IdempotencyKey, func(tx *sqlx.Tx) error {
+		var err error
+		g, created, err = s.grantTx(ctx, tx, req)
+		return err
+	})
+	if errors.Is(err, errGrantRace) {
+		// Another user's transaction inserted this key between our check and our insert; it
+		// has committed (that is when the insert fails), so a plain read finds it.
+		err = s.withRetry(ctx, "grant "+req.IdempotencyKey, func() error {
+			return s.db.GetContext(ctx, &g, "SELECT "+grantColumns+" FROM grants WHERE idempotency_key = ?", req.IdempotencyKey)
+		})
+		if err == nil {
+			created = false
+			err = sameGrant(g, req)
+		}
+	}
+	if err != nil {
+		return Grant{}, false, fmt.Errorf("grant %q to user %d: %w", req.IdempotencyKey, req.UserID, err)
+	}
+	if created {
+		s.log.Info("grant", zap.Uint64("user_id", g.UserID), zap.Uint64("grant_id", g.ID),
+			zap.Int64("amount_micro", g.AmountMicro), zap.Int64("balance_after_micro", g.BalanceAfterMicro),
+			zap.String("idempotency_key", g.IdempotencyKey), zap.String("reason", g.Reason))
+	} else {
+		s.log.Info("grant replayed", zap.Uint64("user_id", g.UserID), zap.Uint64("grant_id", g.ID),
+			zap.String("idempotency_key", g.IdempotencyKey))
+	}
+	return g, created, nil
+}
+
+// errGrantRace is the duplicate key of a concurrent first use of a key by another user.
+var errGrantRace = errors.New("grant key inserted concurrently")
+
+func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest) (Grant, bool, error) {
+	u, err := lockUser(ctx, tx, req.UserID)
+	if err != nil {
+		return Grant{}, false, err
+	}
+	var g Grant
+	err = tx.GetContext(ctx, &g, "SELECT "+grantColumns+" FROM grants WHERE idempotency_key = ?", req.IdempotencyKey)
+	if err == nil {
+		return g, false, sameGrant(g, req)
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return Grant{}, false, fmt.Errorf("look up grant key: %w", err)
+	}
+	after := u.PrepaidMicro + req.AmountMicro
+	if req.AmountMicro < 0 && after < 0 {
+		return Grant{}, false, fmt.Errorf("%w: prepaid %d micro-USD, grant %d", ErrGrantBelowZero, u.PrepaidMicro, req.AmountMicro)
+	}
+	if req.AmountMicro > 0 && after < u.PrepaidMicro {
+		return Grant{}, false, fmt.Errorf("%w: prepaid balance would overflow", ErrGrantInvalid)
+	}
+	res, err := tx.ExecContext(ctx, `INSERT INTO grants (user_id, amount_micro, balance_after_micro, idempotency_key, reason)
+		VALUES (?, ?, ?, ?, ?)`, req.UserID, req.AmountMicro, after, req.IdempotencyKey, req.Reason)
+	if isDuplicate(err) {
+		return Grant{}, false, errGrantRace
+	}
+	if err != nil {
+		return Grant{}, false, fmt.Errorf("insert grant: %w", err)
+	}
+	id, err := res.LastInsertId()
+	if err != nil {
+		return Grant{}, false, fmt.Errorf("insert grant: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, "UPDATE users SET prepaid_micro = ? WHERE id = ?", after, req.UserID); err != nil {
+		return Grant{}, false, fmt.Errorf("credit prepaid: %w", err)
+	}
+	// created_at comes from the database clock, like every other time in the store.
+	if err := tx.GetContext(ctx, &g, "SELECT "+grantColumns+" FROM grants WHERE id = ?", id); err != nil {
+		return Grant{}, false, fmt.Errorf("read grant back: %w", err)
+	}
+	return g, true, nil
+}
+
+func validateGrant(req GrantRequest) error {
+	switch {
+	case req.AmountMicro == 0:
+		return fmt.Errorf("%w: amount must not be zero", ErrGrantInvalid)
+	case req.IdempotencyKey == "":
+		return fmt.Errorf("%w: an idempotency key is required", ErrGrantInvalid)
+	case len(req.IdempotencyKey) > maxGrantKeyLen:
+		return fmt.Errorf("%w: idempotency key longer than %d bytes", ErrGrantInvalid, maxGrantKeyLen)
+	case len(req.Reason) > maxGrantReasonLen:
+		return fmt.Errorf("%w: reason longer than %d bytes", ErrGrantInvalid, maxGrantReasonLen)
+	}
+	return nil
+}
+
+// sameGrant accepts a stored grant as the answer to req only if req asks for the same thing:
+// the same user and amount. The reason is a note, not part of the money, so a retry that
+// words it differently still gets the original grant.
+func sameGrant(g Grant, req GrantRequest) error {
+	if g.UserID != req.UserID || g.AmountMicro != req.AmountMicro {
+		return fmt.Errorf("%w: key %q is grant %d", ErrGrantKeyReused, req.IdempotencyKey, g.ID)
+	}
+	return nil
+}
+
+// Grants lists a user's grants, newest first.
+func (s *Store) Grants(ctx context.Context, userID uint64, limit int) ([]Grant, error) {
+	if limit <= 0 || limit > 10_000 {
+		return nil, fmt.Errorf("grants of user %d: limit %d out of range 1-10000", userID, limit)
+	}
+	out := []Grant{}
+	err := s.withRetry(ctx, "list grants", func() error {
+		out = out[:0]
+		return s.db.SelectContext(ctx, &out, "SELECT "+grantColumns+" FROM grants WHERE user_id = ? ORDER BY id DESC LIMIT ?", userID, limit)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("grants of user %d: %w", userID, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,77 @@
+package pricing
+
+import (
+	"errors"
+	"math"
+	"testing"
+)
+
+func TestFormatCredits(t *testing.T) {
+	cases := []struct {
+		micro, per int64
+		want       string
+	}{
+		{0, 1000, "0"},
+		{3_412, 1000, "3.412"},
+		{-500, 1000, "-0.5"},
+		{2_000_000, 1000, "2000"},
+		{1, 1000, "0.001"},
+		{1, 3, "0.333333"},
+		{-1, 3_000_000, "0"}, // below a millionth of a credit: truncated, and no "-0"
+		{math.MaxInt64, 1, "9223372036854775807"},
+		{math.MinInt64, 1, "-9223372036854775808"},
+		{math.MinInt64, 1000, "-9223372036854775.808"},
+	}
+	for _, c := range cases {
+		if got := FormatCredits(c.micro, c.per); got != c.want {
+			t.Errorf("FormatCredits(%d, %d) = %q, want %q", c.micro, c.per, got, c.want)
+		}
+	}
+}
+
+func TestParseCredits(t *testing.T) {
+	ok := []struct {
+		in   string
+		per  int64
+		want int64
+	}{
+		{"12.5", 1000, 12_500},
+		{"-3", 1000, -3_000},
+		{"+0.001", 1000, 1},
+		{" 7 ", 1000, 7_000},
+		{"0.100000", 1000, 100},
+		{"007.250", 1000, 7_250},
+		{".5", 1000, 500},
+		{"1.5", 2, 3},
+		{"999999999999", 1000, 999_999_999_999_000},
+	}
+	for _, c := range ok {
+		got, err := ParseCredits(c.in, c.per)
+		if err != nil || got != c.want {
+			t.Errorf("ParseCredits(%q, %d) = %d, %v; want %d", c.in, c.per, got, err, c.want)
+		}
+	}
+	bad := []struct {
+		in  string
+		per int64
+	}{
+		{"", 1000}, {"-", 1000}, {".", 1000}, {"1.", 1000}, {"1e3", 1000}, {"abc", 1000}, {"1,5", 1000},
+		{"0.0001", 1000},          // a tenth of a micro-USD
+		{"0.0000001", 1_000_000},  // seven decimals
+		{"1000000000000", 1000},   // 13 digits
+		{"999999999999", 1 << 40}, // overflows int64 micro-USD
+		{"--1", 1000},
+	}
+	for _, c := range bad {
+		if got, err := ParseCredits(c.in, c.per); !errors.Is(err, ErrBadCredits) {
+			t.Errorf("ParseCredits(%q, %d) = %d, %v; want ErrBadCredits", c.in, c.per, got, err)
+		}
+	}
+	// What is formatted parses back to the same amount.
+	for _, m := range []int64{0, 1, -1, 3_412, -2_000_000, 123_456_789} {
+		got, err := ParseCredits(FormatCredits(m, 1000), 1000)
+		if err != nil || got != m {
+			t.Errorf("round trip %d: %d, %v", m, got, err)
+		}
+	}
+}
