@@ -1,0 +1,47 @@
+package sql_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/tollgate/tollgate/internal/testenv"
+	tgsql "github.com/tollgate/tollgate/sql"
+)
+
+// TestMigrateTwiceIsANoOp: testenv already migrated the database; running again applies
+// nothing and fails on nothing, so `gateway migrate` is safe in every deploy script.
+func TestMigrateTwiceIsANoOp(t *testing.T) {
+	db := testenv.MySQL(t)
+	for i := 0; i < 2; i++ {
+		done, err := tgsql.Migrate(context.Background(), db.DB)
+		if err != nil {
+			t.Fatalf("migrate run %d: %v", i+2, err)
+		}
+		if len(done) != 0 {
+			t.Fatalf("migrate run %d applied %v again", i+2, done)
+		}
+	}
+	all, err := tgsql.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var applied int
+	if err := db.Get(&applied, "SELECT COUNT(*) FROM schema_migrations"); err != nil {
+		t.Fatal(err)
+	}
+	if applied != len(all) {
+		t.Fatalf("%d migrations recorded, %d embedded", applied, len(all))
+	}
+}
+
+func TestMigrationsAreNumberedAndUnique(t *testing.T) {
+	all, err := tgsql.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range all {
+		if m.Version != i+1 {
+			t.Fatalf("migration %s has version %d, want %d (no gaps)", m.Name, m.Version, i+1)
+		}
+	}
+}
