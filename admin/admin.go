@@ -1,0 +1,619 @@
+// Package admin is tollgate's operator API, mounted at /admin: users, keys, grants, balances,
+// runs and usage reports — the same operations as the gateway's subcommands.
+//
+// It authenticates with its own token, never with a user's API key, compared in constant
+// time. With no token configured it answers 404 to everything: an admin API that anyone
+// could reach because a setting was left empty must not exist.
+//
+// It imports holds and pricing only; cmd wires it into the proxy's router, so proxy never
+// depends on it and it never depends on proxy.
+package admin
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// Limits of what a request may ask for.
+const (
+	maxBodyBytes     = 64 << 10
+	defaultListLimit = 100
+	maxListLimit     = 1000
+)
+
+// userNamePattern is what the admin API accepts as a new user's name: names travel in URL
+// paths, CSV cells and logs, so they are kept to characters that need no escaping anywhere.
+var userNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$`)
+
+type handler struct {
+	store       *holds.Store
+	views       Views
+	tokenHash   [32]byte
+	log         *zap.Logger
+	now         func() time.Time
+	authEnabled bool
+}
+
+// New builds the admin handler. Routes are relative to where it is mounted (/admin).
+// creditMicro converts micro-USD to the credits every answer shows; token is the bearer
+// token an operator must send (empty: the API is disabled and answers 404).
+func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) http.Handler {
+	if creditMicro <= 0 {
+		panic("admin: credit_micro must be positive")
+	}
+	h := &handler{store: store, views: Views{CreditMicro: creditMicro}, log: log, now: time.Now,
+		authEnabled: token != ""}
+	// Hashing both sides gives equal-length inputs to the constant-time compare, so neither
+	// the content nor the length of the token leaks through timing.
+	h.tokenHash = sha256.Sum256([]byte(token))
+
+	r := chi.NewRouter()
+	r.Use(h.auth)
+	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNoRoute) })
+	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errMethod) })
+
+	r.Get("/users", h.listUsers)
+	r.Post("/users", h.createUser)
+	r.Route("/users/{name}", func(r chi.Router) {
+		r.Get("/", h.getUser)
+		r.Patch("/", h.patchUser)
+		r.Post("/disable", h.disableUser)
+		r.Post("/enable", h.enableUser)
+		r.Get("/keys", h.listKeys)
+		r.Post("/keys", h.createKey)
+		r.Post("/keys/revoke", h.revokeUserKeys)
+		r.Get("/grants", h.listGrants)
+		r.Post("/grants", h.createGrant)
+		r.Get("/balance", h.balance)
+	})
+	r.Post("/keys/revoke", h.revokeKey)
+	r.Get("/runs", h.listRuns)
+	r.Get("/reports/usage", h.usageReport)
+	return r
+}
+
+// auth lets through only requests that carry the admin token. A user's API key is just a
+// wrong token here: 401, and the request goes no further.
+func (h *handler) auth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !h.authEnabled {
+			writeError(w, errDisabled)
+			return
+		}
+		got, ok := bearer(r)
+		sum := sha256.Sum256([]byte(got))
+		if !ok || subtle.ConstantTimeCompare(sum[:], h.tokenHash[:]) != 1 {
+			h.log.Warn("admin request refused: bad token", zap.String("method", r.Method),
+				zap.String("path", r.URL.Path), zap.String("remote", r.RemoteAddr))
+			writeError(w, errBadToken)
+			return
+		}
+		w.Header().Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+func bearer(r *http.Request) (string, bool) {
+	v := r.Header.Get("Authorization")
+	const prefix = "Bearer "
+	if len(v) <= len(prefix) || !strings.EqualFold(v[:len(prefix)], prefix) {
+		return "", false
+	}
+	return strings.TrimSpace(v[len(prefix):]), true
+}
+
+// --- users ---
+
+func (h *handler) listUsers(w http.ResponseWriter, r *http.Request) {
+	limit, bad := limitParam(r)
+	if bad != nil {
+		writeError(w, bad)
+		return
+	}
+	users, err := h.store.ListUsers(r.Context(), r.URL.Query().Get("after"), limit)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	data := make([]map[string]any, len(users))
+	for i, u := range users {
+		data[i] = h.views.User(u)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Name string `json:"name"`
+		Plan string `json:"plan"`
+	}
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if !userNamePattern.MatchString(req.Name) {
+		writeError(w, badRequest("invalid_name", "name must be 1-128 characters of A-Z a-z 0-9 . _ @ + - and start with a letter or digit"))
+		return
+	}
+	if req.Plan == "" {
+		req.Plan = "standard"
+	}
+	if !h.store.HasPlan(req.Plan) {
+		writeError(w, badRequest("unknown_plan", fmt.Sprintf("unknown plan %q; configured: %s", req.Plan, strings.Join(h.store.PlanNames(), ", "))))
+		return
+	}
+	if _, err := h.store.CreateUser(r.Context(), req.Name, req.Plan); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.log.Info("admin: user created", zap.String("user", req.Name), zap.String("plan", req.Plan))
+	d, err := h.store.UserDetail(r.Context(), req.Name)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, h.views.User(d))
+}
+
+// user resolves the {name} path parameter; on failure it has answered.
+func (h *handler) user(w http.ResponseWriter, r *http.Request) (holds.UserDetail, bool) {
+	name, err := url.PathUnescape(chi.URLParam(r, "name"))
+	if err != nil || name == "" {
+		writeError(w, errUserNotFound)
+		return holds.UserDetail{}, false
+	}
+	d, err := h.store.UserDetail(r.Context(), name)
+	if err != nil {
+		h.fail(w, r, err)
+		return holds.UserDetail{}, false
+	}
+	return d, true
+}
+
+func (h *handler) getUser(w http.ResponseWriter, r *http.Request) {
+	if d, ok := h.user(w, r); ok {
+		writeJSON(w, http.StatusOK, h.views.User(d))
+	}
+}
+
+// patchUser changes a user's plan and per-user overrides. Each applies from the user's next
+// admission; holds already taken keep the terms they were admitted with.
+func (h *handler) patchUser(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		Plan        *string      `json:"plan"`
+		Allowance   *json.Number `json:"allowance"` // credits per UTC day
+		MaxInFlight *int         `json:"max_in_flight"`
+		DiscountBP  *int         `json:"discount_bp"`
+	}
+	if !readJSON(w, r, &req) {
+		return
+	}
+	var allowance *int64
+	if req.Allowance != nil {
+		m, err := pricing.ParseCredits(req.Allowance.String(), h.views.CreditMicro)
+		if err != nil || m < 0 {
+			writeError(w, badRequest("invalid_allowance", "allowance must be a non-negative decimal number of credits"))
+			return
+		}
+		allowance = &m
+	}
+	if req.MaxInFlight != nil && (*req.MaxInFlight < 1 || *req.MaxInFlight > 10_000) {
+		writeError(w, badRequest("invalid_max_in_flight", "max_in_flight must be 1-10000 (disable the user to stop all calls)"))
+		return
+	}
+	if req.DiscountBP != nil && (*req.DiscountBP < 0 || *req.DiscountBP > 10_000) {
+		writeError(w, badRequest("invalid_discount", "discount_bp must be 0-10000 basis points"))
+		return
+	}
+	if req.Plan != nil {
+		if !h.store.HasPlan(*req.Plan) {
+			writeError(w, badRequest("unknown_plan", fmt.Sprintf("unknown plan %q; configured: %s", *req.Plan, strings.Join(h.store.PlanNames(), ", "))))
+			return
+		}
+		if err := h.store.SetPlan(r.Context(), d.ID, *req.Plan); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	if allowance != nil || req.MaxInFlight != nil || req.DiscountBP != nil {
+		if err := h.store.SetUserLimits(r.Context(), d.ID, allowance, req.MaxInFlight, req.DiscountBP); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
+	h.log.Info("admin: user changed", zap.String("user", d.Name), zap.Any("plan", req.Plan), zap.Any("allowance_micro", allowance),
+		zap.Any("max_in_flight", req.MaxInFlight), zap.Any("discount_bp", req.DiscountBP))
+	d, err := h.store.UserDetail(r.Context(), d.Name)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, h.views.User(d))
+}
+
+func (h *handler) disableUser(w http.ResponseWriter, r *http.Request) { h.setDisabled(w, r, true) }
+func (h *handler) enableUser(w http.ResponseWriter, r *http.Request)  { h.setDisabled(w, r, false) }
+
+// setDisabled is idempotent: disabling a disabled user answers 200 with changed=false.
+func (h *handler) setDisabled(w http.ResponseWriter, r *http.Request, disable bool) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	op := h.store.EnableUser
+	if disable {
+		op = h.store.DisableUser
+	}
+	changed, err := op(r.Context(), d.ID)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.log.Info("admin: user disabled state set", zap.String("user", d.Name), zap.Bool("disabled", disable), zap.Bool("changed", changed))
+	if d, err = h.store.UserDetail(r.Context(), d.Name); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	v := h.views.User(d)
+	v["changed"] = changed
+	writeJSON(w, http.StatusOK, v)
+}
+
+// --- keys ---
+
+func (h *handler) listKeys(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	keys, err := h.store.ListKeys(r.Context(), d.ID)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	data := make([]map[string]any, len(keys))
+	for i, k := range keys {
+		data[i] = h.views.Key(k)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+// createKey issues a key and shows it this once: only its hash is stored.
+func (h *handler) createKey(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	key, err := h.store.CreateKey(r.Context(), d.ID)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.log.Info("admin: key created", zap.String("user", d.Name), zap.String("prefix", key[:10]))
+	writeJSON(w, http.StatusCreated, map[string]any{"object": "api_key", "user": d.Name, "key": key, "prefix": key[:10],
+		"note": "This is the only time the key is shown; store it now."})
+}
+
+// revokeKey revokes the key given in full. Refused at once by the store; a proxy that looked
+// the key up in the last key_cache_ttl (2 s by default) may still accept it until its cached
+// entry ends.
+func (h *handler) revokeKey(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Key string `json:"key"`
+	}
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.Key == "" {
+		writeError(w, badRequest("missing_key", "send {\"key\": \"tg_...\"}"))
+		return
+	}
+	userID, err := h.store.RevokeAPIKey(r.Context(), req.Key)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "revoked": true, "user_id": userID, "prefix": prefixOf(req.Key)})
+}
+
+// revokeUserKeys revokes a user's keys by the prefix lists show, for when the key is lost.
+func (h *handler) revokeUserKeys(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		Prefix string `json:"prefix"`
+	}
+	if !readJSON(w, r, &req) {
+		return
+	}
+	n, err := h.store.RevokeKeysByPrefix(r.Context(), d.ID, req.Prefix)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "user": d.Name, "prefix": req.Prefix, "revoked": n})
+}
+
+func prefixOf(key string) string { return key[:min(len(key), 10)] }
+
+// --- grants and balance ---
+
+func (h *handler) listGrants(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	limit, bad := limitParam(r)
+	if bad != nil {
+		writeError(w, bad)
+		return
+	}
+	grants, err := h.store.Grants(r.Context(), d.ID, limit)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	data := make([]map[string]any, len(grants))
+	for i, g := range grants {
+		data[i] = h.views.Grant(d.Name, g, false)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+// createGrant credits (or, with a negative amount, debits) prepaid credits once per
+// idempotency key: 201 when this request created the grant, 200 with the original grant for
+// a repeat. The key may come in the body or, as payment webhooks often send it, in the
+// Idempotency-Key header.
+func (h *handler) createGrant(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		Amount         json.Number `json:"amount"` // credits, decimal; negative for a refund
+		IdempotencyKey string      `json:"idempotency_key"`
+		Reason         string      `json:"reason"`
+	}
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.IdempotencyKey == "" {
+		req.IdempotencyKey = r.Header.Get("Idempotency-Key")
+	}
+	amount, err := pricing.ParseCredits(req.Amount.String(), h.views.CreditMicro)
+	if err != nil {
+		writeError(w, badRequest("invalid_amount", "amount must be a decimal number of credits, e.g. \"12.5\" or \"-3\": "+err.Error()))
+		return
+	}
+	g, created, err := h.store.Grant(r.Context(), holds.GrantRequest{UserID: d.ID, AmountMicro: amount,
+		IdempotencyKey: req.IdempotencyKey, Reason: req.Reason})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, h.views.Grant(d.Name, g, !created))
+}
+
+func (h *handler) balance(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	b, err := h.store.Balance(r.Context(), d.ID)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, h.views.Balance(d, b, h.now()))
+}
+
+// --- runs and reports ---
+
+func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := holds.RunFilter{State: holds.State(q.Get("state"))}
+	var bad *apiError
+	if f.Limit, bad = limitParam(r); bad != nil {
+		writeError(w, bad)
+		return
+	}
+	var err error
+	if f.Since, err = timeParam(q.Get("since")); err != nil {
+		writeError(w, badRequest("invalid_since", err.Error()))
+		return
+	}
+	if f.Until, err = timeParam(q.Get("until")); err != nil {
+		writeError(w, badRequest("invalid_until", err.Error()))
+		return
+	}
+	if name := q.Get("user"); name != "" {
+		d, err := h.store.UserDetail(r.Context(), name)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		f.UserID = d.ID
+	}
+	runs, err := h.store.ListRuns(r.Context(), f)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	data := make([]map[string]any, len(runs))
+	for i, run := range runs {
+		data[i] = h.views.Run(run)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+// usageReport answers GET /reports/usage?from=YYYY-MM-DD&to=YYYY-MM-DD[&user=][&format=csv].
+// Days are UTC days of settlement, as in the day ledger; both ends are inclusive and default
+// to today.
+func (h *handler) usageReport(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	today := h.now().UTC().Format(time.DateOnly)
+	from, err := dateParam(q.Get("from"), today)
+	if err != nil {
+		writeError(w, badRequest("invalid_from", err.Error()))
+		return
+	}
+	to, err := dateParam(q.Get("to"), today)
+	if err != nil {
+		writeError(w, badRequest("invalid_to", err.Error()))
+		return
+	}
+	format := q.Get("format")
+	if format != "" && format != "json" && format != "csv" {
+		writeError(w, badRequest("invalid_format", "format must be json or csv"))
+		return
+	}
+	var userID uint64
+	if name := q.Get("user"); name != "" {
+		d, err := h.store.UserDetail(r.Context(), name)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		userID = d.ID
+	}
+	rep, err := h.store.Usage(r.Context(), from, to, userID)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if format == "csv" {
+		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=\"usage_%s_%s.csv\"", rep.From, rep.To))
+		w.WriteHeader(http.StatusOK)
+		if err := h.views.WriteReportCSV(w, rep); err != nil {
+			h.log.Warn("admin: writing CSV report", zap.Error(err))
+		}
+		return
+	}
+	writeJSON(w, http.StatusOK, h.views.Report(rep))
+}
+
+// --- parameters and bodies ---
+
+func limitParam(r *http.Request) (int, *apiError) {
+	s := r.URL.Query().Get("limit")
+	if s == "" {
+		return defaultListLimit, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > maxListLimit {
+		return 0, badRequest("invalid_limit", fmt.Sprintf("limit must be 1-%d", maxListLimit))
+	}
+	return n, nil
+}
+
+// timeParam reads an RFC 3339 time or a UTC date (its midnight).
+func timeParam(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	t, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time nor a YYYY-MM-DD date", s)
+	}
+	return t, nil
+}
+
+func dateParam(s, def string) (time.Time, error) {
+	if s == "" {
+		s = def
+	}
+	t, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is not a YYYY-MM-DD date", s)
+	}
+	return t, nil
+}
+
+// readJSON decodes a bounded body strictly: unknown fields are refused, so a misspelt field
+// ("ammount") fails loudly instead of granting nothing. On failure it has answered.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+				Code: "body_too_large", Message: fmt.Sprintf("Request body over %d bytes.", maxBodyBytes)})
+			return false
+		}
+		writeError(w, badRequest("invalid_json", "request body is not the expected JSON: "+err.Error()))
+		return false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		writeError(w, badRequest("invalid_json", "request body has data after the JSON object"))
+		return false
+	}
+	return true
+}
+
+// fail answers a store error: refusals map to their 4xx, an unreachable database to 503,
+// anything else to 500 with the detail in the log only.
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	e := classify(err)
+	if e.Status >= 500 {
+		h.log.Error("admin request failed", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
+	} else {
+		h.log.Info("admin request refused", zap.String("method", r.Method), zap.String("path", r.URL.Path),
+			zap.String("code", e.Code), zap.Error(err))
+	}
+	writeError(w, e)
+}
+
+func classify(err error) *apiError {
+	switch {
+	case errors.Is(err, holds.ErrUnknownUser):
+		return errUserNotFound
+	case errors.Is(err, holds.ErrUserExists):
+		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "user_exists", Message: "A user of that name exists."}
+	case errors.Is(err, holds.ErrUnknownPlan):
+		return badRequest("unknown_plan", err.Error())
+	case errors.Is(err, holds.ErrGrantInvalid), errors.Is(err, holds.ErrBadFilter):
+		return badRequest("invalid_request", err.Error())
+	case errors.Is(err, holds.ErrGrantBelowZero):
+		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "grant_below_zero",
+			Message: "A negative grant may not take prepaid credits below zero: " + err.Error()}
+	case errors.Is(err, holds.ErrGrantKeyReused):
+		return &apiError{Status: http.StatusUnprocessableEntity, Type: "invalid_request_error", Code: "idempotency_key_reused",
+			Message: "This idempotency key was used for a different grant (another user or amount): " + err.Error()}
+	case errors.Is(err, holds.ErrKeyNotFound):
+		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "key_not_found", Message: "No live key matches."}
+	case holds.IsUnavailable(err):
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
+			Message: "The billing database is unreachable. Retry shortly."}
+	}
+	return &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error", Message: "Internal error; see the gateway log."}
+}

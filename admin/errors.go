@@ -1,0 +1,44 @@
+package admin
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// apiError is an answer in OpenAI's error shape, {"error":{"message","type","code"}}, the
+// same as the proxy's, so one client library reads both.
+type apiError struct {
+	Status  int
+	Type    string
+	Code    string
+	Message string
+}
+
+func (e *apiError) Error() string { return e.Code + ": " + e.Message }
+
+func badRequest(code, msg string) *apiError {
+	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Message: msg}
+}
+
+var (
+	errDisabled = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "admin_disabled",
+		Message: "The admin API is disabled: no admin_token is configured."}
+	errBadToken = &apiError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_admin_token",
+		Message: "Invalid or missing admin token. Send it as 'Authorization: Bearer <admin token>'."}
+	errNoRoute = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
+		Message: "No such admin route."}
+	errMethod = &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+		Message: "Method not allowed on this route."}
+	errUserNotFound = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "user_not_found",
+		Message: "No such user."}
+)
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	writeJSON(w, e.Status, map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "code": e.Code}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,160 @@
+package admin
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// Views turns store records into what the admin API answers and the gateway's subcommands
+// print, so both show the same fields. Money is shown in credits as exact decimals (JSON
+// numbers such as 12.5, never a rounded float).
+type Views struct {
+	CreditMicro int64
+}
+
+// Credits shows micro-USD as a JSON number of credits.
+func (v Views) Credits(micro int64) json.Number {
+	return json.Number(pricing.FormatCredits(micro, v.CreditMicro))
+}
+
+// User is a user with their overrides (null when the plan decides) and effective terms.
+func (v Views) User(d holds.UserDetail) map[string]any {
+	c := v.Credits
+	out := map[string]any{
+		"object": "user", "id": d.ID, "name": d.Name, "plan": d.Plan, "disabled": d.DisabledAt != nil,
+		"prepaid": c(d.PrepaidMicro), "created_at": d.CreatedAt,
+		"overrides": map[string]any{"allowance": optCredits(v, d.AllowanceMicro), "max_in_flight": d.MaxInFlight,
+			"discount_bp": d.DiscountBP},
+		"effective": map[string]any{"allowance": c(d.Effective.AllowanceMicro), "hold_normal": c(d.Effective.HoldNormalMicro),
+			"hold_heavy": c(d.Effective.HoldHeavyMicro), "heavy_after_turns": d.Effective.HeavyAfterTurns,
+			"max_in_flight": d.Effective.MaxInFlight, "max_run_cost": c(d.Effective.MaxRunCostMicro),
+			"discount_bp": d.Effective.DiscountBP},
+	}
+	if d.DisabledAt != nil {
+		out["disabled_at"] = *d.DisabledAt
+	}
+	return out
+}
+
+func optCredits(v Views, micro *int64) any {
+	if micro == nil {
+		return nil
+	}
+	return v.Credits(*micro)
+}
+
+// Key is a key as lists show it: its prefix, never the key.
+func (v Views) Key(k holds.KeyInfo) map[string]any {
+	out := map[string]any{"object": "api_key", "prefix": k.Prefix, "created_at": k.CreatedAt, "revoked": k.RevokedAt.Valid}
+	if k.RevokedAt.Valid {
+		out["revoked_at"] = k.RevokedAt.Time
+	}
+	return out
+}
+
+// Grant is one grant; replayed marks the answer to a repeated idempotency key.
+func (v Views) Grant(user string, g holds.Grant, replayed bool) map[string]any {
+	return map[string]any{"object": "grant", "id": g.ID, "user": user, "amount": v.Credits(g.AmountMicro),
+		"prepaid_after": v.Credits(g.BalanceAfterMicro), "idempotency_key": g.IdempotencyKey, "reason": g.Reason,
+		"created_at": g.CreatedAt, "replayed": replayed}
+}
+
+// Balance is what GET /v1/credits shows the user, plus what only an operator needs.
+func (v Views) Balance(d holds.UserDetail, b holds.Balance, now time.Time) map[string]any {
+	c := v.Credits
+	return map[string]any{"object": "credits", "user": d.Name, "plan": d.Plan, "disabled": d.DisabledAt != nil,
+		"allowance": c(b.AllowanceMicro), "used_today": c(b.UsedTodayMicro), "held": c(b.HeldMicro),
+		"prepaid": c(b.PrepaidMicro), "available": c(b.AvailableMicro), "in_flight": b.InFlight,
+		"day": now.UTC().Format(time.DateOnly)}
+}
+
+// Run is a run as an operator lists it.
+func (v Views) Run(r holds.UserRun) map[string]any {
+	c := v.Credits
+	out := map[string]any{"object": "run", "id": r.RunID, "user": r.UserName, "state": r.State, "model": r.Model,
+		"held": c(r.HeldMicro), "cap": c(r.CapMicro), "discount_bp": r.DiscountBP,
+		"created_at": r.CreatedAt, "expires_at": r.ExpiresAt,
+		"usage": map[string]int64{"input": r.InTok, "cache_read": r.CacheReadTok, "cache_write": r.CacheWriteTok,
+			"output": r.OutTok, "calls": int64(r.Calls)}}
+	if r.ClientRunID.Valid {
+		out["name"] = r.ClientRunID.String
+	}
+	if r.State == holds.StateSettled {
+		out["cost"] = c(r.CostMicro)
+		out["charged"] = c(r.ChargedMicro)
+		out["allowance_part"] = c(r.AllowancePart)
+		out["prepaid_part"] = c(r.PrepaidPart)
+		out["estimated"] = r.Estimated
+		out["settle_source"] = r.SettleSource.String
+		out["settled_at"] = r.SettledAt.Time
+	}
+	return out
+}
+
+func (v Views) usageRow(r holds.UsageRow) map[string]any {
+	c := v.Credits
+	return map[string]any{"user": r.UserName, "day": r.Day, "model": r.Model, "runs": r.Runs, "charged_runs": r.ChargedRuns,
+		"calls": r.Calls, "input_tokens": r.InTok, "cache_read_tokens": r.CacheReadTok, "cache_write_tokens": r.CacheWriteTok,
+		"output_tokens": r.OutTok, "cost": c(r.CostMicro), "charged": c(r.ChargedMicro),
+		"allowance_part": c(r.AllowancePartMicro), "prepaid_part": c(r.PrepaidPartMicro)}
+}
+
+// Report is the usage report as JSON: rows by user, day and model, their totals, and the day
+// ledger over the same range, which the totals' charged and charged_runs equal.
+func (v Views) Report(rep holds.UsageReport) map[string]any {
+	rows := make([]map[string]any, len(rep.Rows))
+	for i, r := range rep.Rows {
+		rows[i] = v.usageRow(r)
+	}
+	totals := v.usageRow(rep.Totals)
+	delete(totals, "user")
+	delete(totals, "day")
+	delete(totals, "model")
+	return map[string]any{"object": "usage_report", "from": rep.From, "to": rep.To, "data": rows, "totals": totals,
+		"ledger": map[string]any{"charged": v.Credits(rep.LedgerMicro), "charged_runs": rep.LedgerRuns}}
+}
+
+// ReportCSVHeader names the CSV report's columns.
+var ReportCSVHeader = []string{"user", "day", "model", "runs", "charged_runs", "calls", "input_tokens",
+	"cache_read_tokens", "cache_write_tokens", "output_tokens", "cost", "charged", "allowance_part", "prepaid_part"}
+
+// WriteReportCSV writes the report's rows as CSV with a header and no totals row, so a
+// spreadsheet's own sums are not doubled. Credits are exact decimals.
+func (v Views) WriteReportCSV(w io.Writer, rep holds.UsageReport) error {
+	cw := csv.NewWriter(w)
+	if err := cw.Write(ReportCSVHeader); err != nil {
+		return fmt.Errorf("csv header: %w", err)
+	}
+	i := func(n int64) string { return strconv.FormatInt(n, 10) }
+	c := func(m int64) string { return pricing.FormatCredits(m, v.CreditMicro) }
+	for _, r := range rep.Rows {
+		rec := []string{cellText(r.UserName), r.Day, cellText(r.Model), i(r.Runs), i(r.ChargedRuns), i(r.Calls), i(r.InTok),
+			i(r.CacheReadTok), i(r.CacheWriteTok), i(r.OutTok), c(r.CostMicro), c(r.ChargedMicro),
+			c(r.AllowancePartMicro), c(r.PrepaidPartMicro)}
+		if err := cw.Write(rec); err != nil {
+			return fmt.Errorf("csv row: %w", err)
+		}
+	}
+	cw.Flush()
+	if err := cw.Error(); err != nil {
+		return fmt.Errorf("csv: %w", err)
+	}
+	return nil
+}
+
+// cellText keeps a text cell from being read as a formula by a spreadsheet (CSV injection):
+// a leading = + - @ gets a quote in front. Numbers are written by this package and never
+// pass through here.
+func cellText(s string) string {
+	if s != "" && (s[0] == '=' || s[0] == '+' || s[0] == '-' || s[0] == '@' || s[0] == '\t' || s[0] == '\r') {
+		return "'" + s
+	}
+	return s
+}
