@@ -1,0 +1,230 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// Report is the JSON written under bench/results/.
+type Report struct {
+	Started     string         `json:"started"`
+	WallSeconds float64        `json:"wall_seconds"`
+	Host        map[string]any `json:"host"`
+	Checks      []Check        `json:"checks"`
+	Summary     []*Summary     `json:"summary"`
+	Runs        []*Run         `json:"runs"`
+}
+
+// Summary merges the rounds of one scenario on one target: percentiles over every sample of
+// every round, throughput as the mean of the rounds.
+type Summary struct {
+	Scenario   string             `json:"scenario"`
+	Target     string             `json:"target"`
+	Rounds     int                `json:"rounds"`
+	Requests   int                `json:"requests"`
+	Errors     int                `json:"errors"`
+	RPS        float64            `json:"rps"`
+	Latency    Dist               `json:"latency"`
+	TTFB       *Dist              `json:"ttfb,omitempty"`
+	Streams    *StreamCheck       `json:"streams,omitempty"`
+	RSSMaxMB   float64            `json:"rss_max_mb"`
+	CPUCores   map[string]float64 `json:"cpu_cores"`
+	LedgerPass *bool              `json:"ledger_pass,omitempty"`
+	SettleLag  *Dist              `json:"settle_lag,omitempty"`
+	Balance    *Balance           `json:"balance,omitempty"`
+}
+
+// Check is one target of the issue, measured.
+type Check struct {
+	Scenario string  `json:"scenario"`
+	What     string  `json:"what"`
+	Target   string  `json:"target"`
+	Value    float64 `json:"value"`
+	Pass     bool    `json:"pass"`
+	Note     string  `json:"note,omitempty"`
+}
+
+func report(runs []*Run, k Keys) *Report {
+	rep := &Report{Runs: runs}
+	idx := map[string]*Summary{}
+	var order []string
+	lat, ttfb := map[string][]float64{}, map[string][]float64{}
+	for _, r := range runs {
+		key := r.Scenario + "/" + r.Target
+		s, ok := idx[key]
+		if !ok {
+			s = &Summary{Scenario: r.Scenario, Target: r.Target, CPUCores: map[string]float64{}}
+			idx[key] = s
+			order = append(order, key)
+		}
+		s.Rounds++
+		s.Requests += r.Requests
+		s.Errors += r.Requests - r.OK
+		if r.Balance != nil {
+			s.Errors -= r.Balance.Refused402 // expected answers of the drain
+			s.Balance = r.Balance
+		}
+		s.RPS += r.RPS
+		s.RSSMaxMB = max(s.RSSMaxMB, r.RSSMaxMB)
+		for n, v := range r.CPUCores {
+			s.CPUCores[n] += v
+		}
+		lat[key] = append(lat[key], r.lat...)
+		ttfb[key] = append(ttfb[key], r.ttfb...)
+		if r.Streams != nil {
+			if s.Streams == nil {
+				s.Streams = &StreamCheck{}
+			}
+			s.Streams.Streams += r.Streams.Streams
+			s.Streams.Lost += r.Streams.Lost
+			s.Streams.Reordered += r.Streams.Reordered
+			s.Streams.NoDone += r.Streams.NoDone
+		}
+		if r.Ledger != nil {
+			p := r.Ledger.Pass && (s.LedgerPass == nil || *s.LedgerPass)
+			s.LedgerPass = &p
+		}
+		if r.SettleLag != nil {
+			s.SettleLag = r.SettleLag
+		}
+	}
+	for _, key := range order {
+		s := idx[key]
+		s.RPS = round2(s.RPS / float64(s.Rounds))
+		for n := range s.CPUCores {
+			s.CPUCores[n] = round2(s.CPUCores[n] / float64(s.Rounds))
+		}
+		s.Latency = distOf(lat[key])
+		if len(ttfb[key]) > 0 {
+			d := distOf(ttfb[key])
+			s.TTFB = &d
+		}
+		rep.Summary = append(rep.Summary, s)
+	}
+	get := func(sc, t string) *Summary { return idx[sc+"/"+t] }
+	add := func(c Check) { rep.Checks = append(rep.Checks, c) }
+	if d, p, g := get("latency-1conn", "direct"), get("latency-1conn", "plain"), get("latency-1conn", "tollgate"); d != nil && g != nil {
+		note := ""
+		if p != nil {
+			note = fmt.Sprintf("plain proxy adds p50 %.3f / p99 %.3f ms", p.Latency.P50-d.Latency.P50, p.Latency.P99-d.Latency.P99)
+		}
+		v := round3(g.Latency.P50 - d.Latency.P50)
+		add(Check{"latency-1conn", "added latency p50 (ms)", "<= 1", v, v <= 1, note})
+		v = round3(g.Latency.P99 - d.Latency.P99)
+		add(Check{"latency-1conn", "added latency p99 (ms)", "<= 2.5", v, v <= 2.5, ""})
+	}
+	if p, g := get("users-256", "plain"), get("users-256", "tollgate"); p != nil && g != nil && p.RPS > 0 {
+		v := round3(g.RPS / p.RPS)
+		add(Check{"users-256", "throughput / plain proxy", ">= 0.35", v, v >= 0.35,
+			fmt.Sprintf("tollgate %.0f req/s, plain %.0f req/s", g.RPS, p.RPS)})
+		add(Check{"users-256", "errors", "== 0", float64(g.Errors), g.Errors == 0, ""})
+	}
+	if g := get("hot-64", "tollgate"); g != nil {
+		add(Check{"hot-64", "hot user req/s", ">= 1000", g.RPS, g.RPS >= 1000, fmt.Sprintf("errors %d", g.Errors)})
+	}
+	if g := get("hot-drain", "tollgate"); g != nil && g.Balance != nil {
+		b := g.Balance
+		add(Check{"hot-drain", "charged beyond balance (micro)", "<= Σ max(0, charged-held)",
+			float64(b.UsedMicro - b.AllowanceMicro), b.Pass,
+			fmt.Sprintf("allowance %d, used %d, admitted %d, refused 402 %d, max held together %d, runs over cap %d",
+				b.AllowanceMicro, b.UsedMicro, b.Admitted, b.Refused402, b.MaxHeldTogether, b.OverCap)})
+	}
+	if d, g := get("streams-512", "direct"), get("streams-512", "tollgate"); d != nil && g != nil && d.TTFB != nil && g.TTFB != nil {
+		v := round3(g.TTFB.P99 - d.TTFB.P99)
+		add(Check{"streams-512", "added TTFB p99 (ms)", "<= 2", v, v <= 2,
+			fmt.Sprintf("direct p99 %.2f, tollgate p99 %.2f ms", d.TTFB.P99, g.TTFB.P99)})
+		bad := 0
+		if g.Streams != nil {
+			bad = g.Streams.Lost + g.Streams.Reordered + g.Streams.NoDone
+		}
+		add(Check{"streams-512", "events lost/reordered/unterminated", "== 0", float64(bad), bad == 0 && g.Errors == 0,
+			fmt.Sprintf("errors %d", g.Errors)})
+		add(Check{"streams-512", "gateway RSS max (MB)", "<= 150", g.RSSMaxMB, g.RSSMaxMB > 0 && g.RSSMaxMB <= 150, ""})
+	}
+	if g := get("settle-lag", "tollgate"); g != nil && g.SettleLag != nil {
+		add(Check{"settle-lag", "settlement lag p99 (ms)", "<= 50", round3(g.SettleLag.P99), g.SettleLag.N > 0 && g.SettleLag.P99 <= 50,
+			fmt.Sprintf("p50 %.2f ms, max %.2f ms, n %d, %.0f req/s", g.SettleLag.P50, g.SettleLag.Max, g.SettleLag.N, g.RPS)})
+	}
+	ledgerOK, n := true, 0
+	for _, s := range rep.Summary {
+		if s.LedgerPass != nil {
+			n++
+			ledgerOK = ledgerOK && *s.LedgerPass
+		}
+	}
+	if n > 0 {
+		add(Check{"all", "day ledger == Σ settled charges after every tollgate run", "pass", b2f(ledgerOK), ledgerOK, ""})
+	}
+	return rep
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func printReport(w io.Writer, rep *Report) {
+	fmt.Fprintln(w, "\n== absolute figures (rounds merged; latency = request sent -> body read) ==")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\ttarget\treq\terr\treq/s\tp50 ms\tp99 ms\tp99.9 ms\tmax ms\tttfb p50\tttfb p99\tRSS MB\tCPU cores (proc/mysql/redis/loadgen)\tledger\t")
+	for _, s := range rep.Summary {
+		tt50, tt99 := "-", "-"
+		if s.TTFB != nil {
+			tt50, tt99 = fmt.Sprintf("%.2f", s.TTFB.P50), fmt.Sprintf("%.2f", s.TTFB.P99)
+		}
+		proc := map[string]string{"direct": "fakellm", "plain": "plain", "tollgate": "gateway"}[s.Target]
+		cpu := fmt.Sprintf("%.2f/%.2f/%.2f/%.2f", s.CPUCores[proc], s.CPUCores["mysql"], s.CPUCores["redis"], s.CPUCores["loadgen"])
+		led := "-"
+		if s.LedgerPass != nil {
+			led = map[bool]string{true: "pass", false: "FAIL"}[*s.LedgerPass]
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.0f\t%.3f\t%.3f\t%.3f\t%.2f\t%s\t%s\t%.0f\t%s\t%s\t\n", s.Scenario, s.Target, s.Requests, s.Errors,
+			s.RPS, s.Latency.P50, s.Latency.P99, s.Latency.P999, s.Latency.Max, tt50, tt99, s.RSSMaxMB, cpu, led)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\n== ratios (tollgate vs direct and vs plain proxy) ==")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "scenario\ttollgate/plain req/s\ttollgate/direct req/s\tadded p50 vs direct ms\tadded p99 vs direct ms\tplain added p50/p99 ms\t")
+	by := map[string]*Summary{}
+	for _, s := range rep.Summary {
+		by[s.Scenario+"/"+s.Target] = s
+	}
+	seen := map[string]bool{}
+	for _, s := range rep.Summary {
+		if seen[s.Scenario] {
+			continue
+		}
+		seen[s.Scenario] = true
+		d, p, g := by[s.Scenario+"/direct"], by[s.Scenario+"/plain"], by[s.Scenario+"/tollgate"]
+		if d == nil || p == nil || g == nil {
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f / %.3f\t\n", s.Scenario, g.RPS/p.RPS, g.RPS/d.RPS,
+			g.Latency.P50-d.Latency.P50, g.Latency.P99-d.Latency.P99, p.Latency.P50-d.Latency.P50, p.Latency.P99-d.Latency.P99)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\n== targets (issue 7) ==")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "\tscenario\twhat\ttarget\tvalue\tnote\t")
+	for _, c := range rep.Checks {
+		mark := "PASS"
+		if !c.Pass {
+			mark = "FAIL"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", mark, c.Scenario, c.What, c.Target, trimFloat(c.Value), c.Note)
+	}
+	tw.Flush()
+}
+
+func trimFloat(v float64) string {
+	s := fmt.Sprintf("%.3f", v)
+	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	if s == "" || s == "-" {
+		return "0"
+	}
+	return s
+}

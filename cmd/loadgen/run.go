@@ -1,0 +1,465 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// Target is one way of reaching fakellm.
+type Target struct {
+	Name string // direct | plain | tollgate
+	URL  string
+	Pid  int // the process whose RSS is sampled (fakellm for direct)
+}
+
+// Run is one scenario against one target in one round.
+type Run struct {
+	Scenario   string             `json:"scenario"`
+	Target     string             `json:"target"`
+	Round      int                `json:"round"`
+	Requests   int                `json:"requests"`
+	OK         int                `json:"ok"`
+	Errors     map[string]int     `json:"errors,omitempty"`
+	WallSec    float64            `json:"wall_seconds"`
+	RPS        float64            `json:"rps"`
+	Latency    Dist               `json:"latency"`
+	TTFB       *Dist              `json:"ttfb,omitempty"`
+	Streams    *StreamCheck       `json:"streams,omitempty"`
+	RSSMaxMB   float64            `json:"rss_max_mb"`
+	CPUCores   map[string]float64 `json:"cpu_cores"`
+	Ledger     *Ledger            `json:"ledger,omitempty"`
+	SettleLag  *Dist              `json:"settle_lag,omitempty"`
+	LagMissing int                `json:"settle_lag_missing,omitempty"`
+	Balance    *Balance           `json:"balance,omitempty"`
+	Profiles   []string           `json:"profiles,omitempty"`
+	// DBPerRequest: MariaDB status counters per request of a tollgate run (the database is
+	// shared by nothing else during the bench): statements, commits, fsyncs, row-lock waits.
+	DBPerRequest map[string]float64 `json:"db_per_request,omitempty"`
+	LoadAvg      string             `json:"loadavg_before"`
+
+	lat, ttfb []float64
+}
+
+// StreamCheck counts what the order/loss check found.
+type StreamCheck struct {
+	Streams   int `json:"streams"`
+	Lost      int `json:"lost_events"`
+	Reordered int `json:"reordered_streams"`
+	NoDone    int `json:"without_done"`
+}
+
+// scenario is one row of the issue's table.
+type scenario struct {
+	name    string
+	only    string // run against this target only ("" = all three)
+	warm    load   // not recorded
+	load    load
+	profSec int // CPU/alloc profile length in seconds of the tollgate run (0: none)
+	lag     bool
+	drain   bool
+}
+
+type runner struct {
+	keys     Keys
+	targets  []Target
+	db       *sqlx.DB
+	pids     map[string]int
+	pprof    string
+	profDir  string
+	stamp    string
+	clients  map[string]*http.Client
+	runs     []*Run
+	profiled map[string]bool
+}
+
+func runCmd(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	keysPath := fs.String("keys", "keys.json", "keys written by setup")
+	direct := fs.String("direct", "http://127.0.0.1:9090", "fakellm URL")
+	plain := fs.String("plain", "http://127.0.0.1:9191", "plainproxy URL")
+	gateway := fs.String("gateway", "http://127.0.0.1:8080", "tollgate URL")
+	dsn := fs.String("dsn", os.Getenv("MYSQL_DSN"), "MySQL DSN (ledger, settlement lag and balance checks)")
+	pidList := fs.String("pids", "", "name=pid,... of fakellm, plain, gateway (RSS) and mysql, redis (CPU)")
+	rounds := fs.Int("rounds", 2, "rounds of direct -> plain -> tollgate per scenario")
+	only := fs.String("scenarios", "", "comma-separated scenario names (default: all)")
+	scale := fs.Float64("scale", 1, "multiply durations and counts (0.2 for a smoke run)")
+	out := fs.String("out", "", "JSON results file")
+	pprofURL := fs.String("pprof", "", "pprof base URL of the gateway (bench/profgw): profile round 1 of each tollgate scenario")
+	profDir := fs.String("profile-dir", "", "where profiles go (default: next to -out)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	raw, err := os.ReadFile(*keysPath)
+	if err != nil {
+		return err
+	}
+	r := &runner{clients: map[string]*http.Client{}, pids: map[string]int{}, pprof: strings.TrimSuffix(*pprofURL, "/"),
+		profDir: *profDir, stamp: time.Now().UTC().Format("20060102T150405Z"), profiled: map[string]bool{}}
+	if err := json.Unmarshal(raw, &r.keys); err != nil {
+		return fmt.Errorf("%s: %w", *keysPath, err)
+	}
+	for _, kv := range strings.Split(*pidList, ",") {
+		if name, v, ok := strings.Cut(kv, "="); ok {
+			if pid, err := strconv.Atoi(v); err == nil {
+				r.pids[name] = pid
+			}
+		}
+	}
+	r.pids["loadgen"] = os.Getpid()
+	r.targets = []Target{{"direct", *direct, r.pids["fakellm"]}, {"plain", *plain, r.pids["plain"]}, {"tollgate", *gateway, r.pids["gateway"]}}
+	ctx := context.Background()
+	if r.db, err = holds.Open(ctx, *dsn); err != nil {
+		return err
+	}
+	defer r.db.Close()
+	if r.profDir == "" && *out != "" {
+		r.profDir = filepath.Join(filepath.Dir(*out), "profiles-"+r.stamp)
+	}
+
+	want := map[string]bool{}
+	for _, s := range strings.Split(*only, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			want[s] = true
+		}
+	}
+	t0 := time.Now()
+	for _, sc := range scenarios(r.keys, *scale) {
+		if len(want) > 0 && !want[sc.name] {
+			continue
+		}
+		n := *rounds
+		if sc.only != "" {
+			n = 1
+		}
+		for round := 1; round <= n; round++ {
+			for _, t := range r.targets {
+				if sc.only != "" && sc.only != t.Name {
+					continue
+				}
+				run, err := r.play(ctx, sc, t, round)
+				if err != nil {
+					return fmt.Errorf("%s/%s: %w", sc.name, t.Name, err)
+				}
+				r.runs = append(r.runs, run)
+				fmt.Fprintf(os.Stderr, "loadgen: %-14s %-8s round %d: %6d req %6.0f req/s p50 %6.2f ms p99 %7.2f ms errors %d%s\n",
+					sc.name, t.Name, round, run.Requests, run.RPS, run.Latency.P50, run.Latency.P99, run.Requests-run.OK, extra(run))
+			}
+		}
+	}
+	rep := report(r.runs, r.keys)
+	rep.Started = r.stamp
+	rep.WallSeconds = round2(time.Since(t0).Seconds())
+	rep.Host = hostInfo()
+	printReport(os.Stdout, rep)
+	if *out != "" {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.WriteFile(*out, b, 0o644); err != nil {
+			return err
+		}
+		fmt.Printf("\nresults: %s\n", *out)
+	}
+	return nil
+}
+
+func extra(run *Run) string {
+	var s []string
+	if run.TTFB != nil {
+		s = append(s, fmt.Sprintf("ttfb p99 %.2f ms", run.TTFB.P99))
+	}
+	if run.Streams != nil {
+		s = append(s, fmt.Sprintf("lost %d reordered %d", run.Streams.Lost, run.Streams.Reordered))
+	}
+	if run.RSSMaxMB > 0 {
+		s = append(s, fmt.Sprintf("rss %.0f MB", run.RSSMaxMB))
+	}
+	if run.Ledger != nil {
+		s = append(s, fmt.Sprintf("ledger pass=%v (drain %.2fs)", run.Ledger.Pass, run.Ledger.DrainSeconds))
+	}
+	if run.SettleLag != nil {
+		s = append(s, fmt.Sprintf("settle lag p50 %.1f p99 %.1f ms", run.SettleLag.P50, run.SettleLag.P99))
+	}
+	if q := run.DBPerRequest; q != nil {
+		s = append(s, fmt.Sprintf("per req: %.1f stmts %.1f commits %.2f fsyncs %.2f lock waits %.2f ms lock time",
+			q["questions"], q["com_commit"], q["innodb_os_log_fsyncs"], q["innodb_row_lock_waits"], q["innodb_row_lock_time"]))
+	}
+	s = append(s, "load "+run.LoadAvg)
+	if run.Balance != nil {
+		s = append(s, fmt.Sprintf("balance pass=%v admitted %d refused402 %d", run.Balance.Pass, run.Balance.Admitted, run.Balance.Refused402))
+	}
+	if len(s) == 0 {
+		return ""
+	}
+	return "; " + strings.Join(s, "; ")
+}
+
+// scenarios are the issue's table. Every load is bounded in time and, where it makes sense,
+// in count.
+func scenarios(k Keys, scale float64) []scenario {
+	dur := func(s float64) time.Duration { return time.Duration(s * scale * float64(time.Second)) }
+	cnt := func(n int) int { return max(1, int(float64(n)*scale)) }
+	users := len(k.Users)
+	tag := strconv.FormatInt(time.Now().UnixNano(), 36)
+	// One caller with one key (the hot user: its max_in_flight leaves room for settlements
+	// that finish after the response).
+	one := func(key string) func(w, j int) reqSpec {
+		return func(w, j int) reqSpec { return reqSpec{key: key, body: chatBody(tag+"1", w, j, false)} }
+	}
+	// Each connection owns the users u ≡ w (mod conns): a user never has more calls in
+	// flight than one, however settlements lag.
+	owned := func(conns int, stream bool, hdr map[string]string, chunks int) func(w, j int) reqSpec {
+		return func(w, j int) reqSpec {
+			mine := (users - w + conns - 1) / conns
+			u := w + conns*(j%max(1, mine))
+			return reqSpec{key: k.Users[u%users], body: chatBody(tag, w, j, stream), stream: stream, headers: hdr, chunks: chunks}
+		}
+	}
+	hot := func(key string) func(w, j int) reqSpec {
+		return func(w, j int) reqSpec { return reqSpec{key: key, body: chatBody(tag+"h", w, j, false)} }
+	}
+	lat20 := map[string]string{"X-Fake-Latency": "20ms"}
+	streamHdr := map[string]string{"X-Fake-Chunks": "200", "X-Fake-Chunk-Interval": "10ms"}
+	busy := map[string]string{"X-Fake-Latency": "50ms", "X-Fake-Chunks": "20", "X-Fake-Chunk-Interval": "5ms"}
+	return []scenario{
+		{name: "latency-1conn",
+			warm:    load{conns: 1, maxPerWorker: cnt(300), d: dur(30), spec: one(k.Hot)},
+			load:    load{conns: 1, maxPerWorker: cnt(3000), d: dur(30), spec: one(k.Hot)},
+			profSec: 3},
+		{name: "users-256",
+			warm:    load{conns: 256, maxPerWorker: 2, d: dur(10), spec: owned(256, false, lat20, 0)},
+			load:    load{conns: 256, d: dur(8), maxTotal: int64(cnt(400_000)), spec: owned(256, false, lat20, 0)},
+			profSec: 6},
+		{name: "hot-64",
+			warm:    load{conns: 64, maxPerWorker: 4, d: dur(10), spec: hot(k.Hot)},
+			load:    load{conns: 64, d: dur(8), maxTotal: int64(cnt(400_000)), spec: hot(k.Hot)},
+			profSec: 6},
+		{name: "hot-drain", only: "tollgate", drain: true,
+			load: load{conns: 64, d: dur(20), maxTotal: int64(cnt(50_000)), spec: hot(k.Drain),
+				stopWorker: drainStop()}},
+		{name: "streams-512",
+			warm:    load{conns: 64, maxPerWorker: 1, d: dur(10), spec: owned(64, true, map[string]string{"X-Fake-Chunks": "2"}, 2)},
+			load:    load{conns: 512, maxPerWorker: 2, d: dur(30), spec: streams512(k, tag, streamHdr)},
+			profSec: 4},
+		{name: "settle-lag", only: "tollgate", lag: true,
+			warm:    load{conns: 256, maxPerWorker: 1, d: dur(10), spec: owned(256, true, busy, 20)},
+			load:    load{conns: 256, d: dur(8), maxTotal: int64(cnt(200_000)), spec: owned(256, true, busy, 20)},
+			profSec: 6},
+	}
+}
+
+// streams512: worker w streams as user w, then as user (w+512) mod users.
+func streams512(k Keys, tag string, hdr map[string]string) func(w, j int) reqSpec {
+	return func(w, j int) reqSpec {
+		u := (w + 512*j) % len(k.Users)
+		return reqSpec{key: k.Users[u], body: chatBody(tag+"s", w, j, true), stream: true, headers: hdr, chunks: 200}
+	}
+}
+
+// drainStop ends a worker of the drain scenario once it has been refused for credits many
+// times in a row: the balance is spent.
+func drainStop() func(w int, s sample) bool {
+	streak := make([]int, 4096)
+	return func(w int, s sample) bool {
+		if s.status == http.StatusPaymentRequired {
+			streak[w]++
+			time.Sleep(5 * time.Millisecond)
+		} else {
+			streak[w] = 0
+		}
+		return streak[w] >= 40
+	}
+}
+
+func (r *runner) client(name string, conns int) *http.Client {
+	key := name + "/" + strconv.Itoa(conns)
+	if c, ok := r.clients[key]; ok {
+		return c
+	}
+	c := newClient(conns)
+	r.clients[key] = c
+	return c
+}
+
+func (r *runner) play(ctx context.Context, sc scenario, t Target, round int) (*Run, error) {
+	c := r.client(t.Name, max(sc.load.conns, sc.warm.conns))
+	if sc.warm.conns > 0 {
+		sc.warm.run(c, t.URL)
+		if t.Name == "tollgate" {
+			if _, _, err := waitSettled(ctx, r.db, 30*time.Second); err != nil {
+				return nil, err
+			}
+		}
+	}
+	run := &Run{Scenario: sc.name, Target: t.Name, Round: round, Errors: map[string]int{}}
+	var profDone chan []string
+	if t.Name == "tollgate" && r.pprof != "" && sc.profSec > 0 && !r.profiled[sc.name] {
+		r.profiled[sc.name] = true
+		profDone = make(chan []string, 1)
+		go func() { profDone <- r.profile(sc.name, sc.profSec) }()
+		time.Sleep(100 * time.Millisecond)
+	}
+	run.LoadAvg = loadavg()
+	var before map[string]float64
+	if t.Name == "tollgate" {
+		before = dbCounters(ctx, r.db)
+	}
+	pw := watch(t.Pid, r.pids)
+	res := sc.load.run(c, t.URL)
+	run.RSSMaxMB, run.CPUCores = pw.done()
+	if profDone != nil {
+		run.Profiles = <-profDone
+	}
+	run.WallSec = round3(res.wall.Seconds())
+	var st StreamCheck
+	streams := false
+	var runIDs []string
+	ends := map[string]time.Time{}
+	for _, s := range res.samples {
+		run.Requests++
+		if s.ok {
+			run.OK++
+			run.lat = append(run.lat, ms(s.lat))
+		} else {
+			run.Errors[s.errKind]++
+		}
+		if s.ttfb > 0 {
+			run.ttfb = append(run.ttfb, ms(s.ttfb))
+		}
+		if s.status == http.StatusOK && (s.lost > 0 || s.reorder || s.noDone || s.ttfb > 0) {
+			streams = true
+			st.Streams++
+			st.Lost += s.lost
+			if s.reorder {
+				st.Reordered++
+			}
+			if s.noDone {
+				st.NoDone++
+			}
+		}
+		if s.ok && s.runID != "" {
+			runIDs = append(runIDs, s.runID)
+			ends[s.runID] = s.end
+		}
+	}
+	run.RPS = round2(float64(run.OK) / res.wall.Seconds())
+	run.Latency = distOf(run.lat)
+	if len(run.ttfb) > 0 {
+		d := distOf(run.ttfb)
+		run.TTFB = &d
+	}
+	if streams {
+		run.Streams = &st
+	}
+	if sc.drain {
+		b, err := checkBalance(ctx, r.db, r.keys.DrainID, r.keys.DrainAllowance)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range res.samples {
+			switch {
+			case s.ok:
+				b.Admitted++
+			case s.status == http.StatusPaymentRequired:
+				b.Refused402++
+			case s.status == http.StatusTooManyRequests:
+				b.Refused429++
+			default:
+				b.OtherErrors++
+			}
+		}
+		run.Balance = &b
+		// 402 is this scenario's expected answer, not an error of the gateway.
+		delete(run.Errors, "status 402")
+	}
+	if t.Name == "tollgate" {
+		l := checkLedger(ctx, r.db)
+		run.DBPerRequest = perRequest(before, dbCounters(ctx, r.db), run.Requests)
+		run.Ledger = &l
+		if sc.lag {
+			at, err := settledAt(ctx, r.db, runIDs)
+			if err != nil {
+				return nil, err
+			}
+			var lags []float64
+			for _, id := range runIDs {
+				if sa, ok := at[id]; ok {
+					lags = append(lags, ms(sa.Sub(ends[id])))
+				} else {
+					run.LagMissing++
+				}
+			}
+			d := distOf(lags)
+			run.SettleLag = &d
+		}
+	}
+	if len(run.Errors) == 0 {
+		run.Errors = nil
+	}
+	return run, nil
+}
+
+// profile fetches a CPU and an allocation profile of the gateway over the next sec seconds.
+func (r *runner) profile(name string, sec int) []string {
+	if err := os.MkdirAll(r.profDir, 0o755); err != nil {
+		return []string{"error: " + err.Error()}
+	}
+	var out []string
+	done := make(chan string, 2)
+	get := func(kind, path string) {
+		file := filepath.Join(r.profDir, name+"."+kind+".pprof")
+		resp, err := http.Get(r.pprof + path)
+		if err != nil {
+			done <- "error: " + err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		f, err := os.Create(file)
+		if err != nil {
+			done <- "error: " + err.Error()
+			return
+		}
+		_, _ = io.Copy(f, resp.Body)
+		f.Close()
+		done <- file
+	}
+	s := strconv.Itoa(sec)
+	go get("cpu", "/debug/pprof/profile?seconds="+s)
+	go get("allocs", "/debug/pprof/allocs?seconds="+s)
+	out = append(out, <-done, <-done)
+	slices.Sort(out)
+	return out
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return strings.TrimSpace(string(b))
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func hostInfo() map[string]any {
+	h := map[string]any{"loadavg_end": loadavg(), "go": runtime.Version(), "cpus": runtime.NumCPU(), "goos": runtime.GOOS, "goarch": runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				h["cpu"] = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	return h
+}
