@@ -1,0 +1,403 @@
+package main
+
+// The operator's subcommands: the same operations as the admin API (package admin), for an
+// operator with database access and no admin token, or a script. They print what the API
+// answers (JSON, credits as exact decimals), through the same admin.Views.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/admin"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// adminUsage lists the subcommands of this file, for the usage text.
+const adminUsage = `  user list      [-after NAME] [-limit 100]
+  user show      -name NAME
+  user set       -name NAME [-plan P] [-allowance CREDITS] [-max-in-flight N] [-discount-bp BP]
+  user disable   -name NAME   (refused from the next admission; calls in flight finish)
+  user enable    -name NAME
+  key revoke     -key KEY | -user NAME -prefix PREFIX
+  grant          -user NAME -amount CREDITS -key IDEMPOTENCY_KEY [-reason TEXT]
+                 (negative amount = refund; the same -key again prints the original grant)
+  balance        -user NAME
+  runs           [-user NAME] [-state queued|running|settled] [-since T] [-until T] [-limit 100]
+  report         [-from YYYY-MM-DD] [-to YYYY-MM-DD] [-user NAME] [-format csv|json]
+`
+
+// adminEnv is setup plus the store and the views every admin subcommand uses.
+func adminEnv(ctx context.Context, name string, args []string, extra func(*flag.FlagSet)) (*env, *holds.Store, admin.Views, error) {
+	e, err := setup(ctx, name, args, false, extra)
+	if err != nil {
+		return nil, nil, admin.Views{}, err
+	}
+	e.log = e.log.With(zap.String("command", name))
+	return e, e.store(), admin.Views{CreditMicro: e.cfg.CreditMicro}, nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("print: %w", err)
+	}
+	return nil
+}
+
+func need(flagName, value string) error {
+	if value == "" {
+		return fmt.Errorf("-%s is required", flagName)
+	}
+	return nil
+}
+
+func userList(ctx context.Context, args []string) error {
+	var after string
+	var limit int
+	e, st, v, err := adminEnv(ctx, "user list", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&after, "after", "", "list users whose name sorts after this (paging)")
+		fs.IntVar(&limit, "limit", 100, "at most this many users")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	users, err := st.ListUsers(ctx, after, limit)
+	if err != nil {
+		return err
+	}
+	out := make([]map[string]any, len(users))
+	for i, u := range users {
+		out[i] = v.User(u)
+	}
+	return printJSON(out)
+}
+
+func userShow(ctx context.Context, args []string) error {
+	var name string
+	e, st, v, err := adminEnv(ctx, "user show", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&name, "name", "", "user name")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if err := need("name", name); err != nil {
+		return err
+	}
+	d, err := st.UserDetail(ctx, name)
+	if err != nil {
+		return err
+	}
+	return printJSON(v.User(d))
+}
+
+// userSet changes a plan and per-user overrides; each applies from the next admission.
+func userSet(ctx context.Context, args []string) error {
+	var name, plan, allowance, maxInFlight, discountBP string
+	e, st, v, err := adminEnv(ctx, "user set", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&name, "name", "", "user name")
+		fs.StringVar(&plan, "plan", "", "move the user to this plan")
+		fs.StringVar(&allowance, "allowance", "", "daily allowance override, in credits")
+		fs.StringVar(&maxInFlight, "max-in-flight", "", "calls in flight override")
+		fs.StringVar(&discountBP, "discount-bp", "", "discount override, in basis points (0-10000)")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if err := need("name", name); err != nil {
+		return err
+	}
+	d, err := st.UserDetail(ctx, name)
+	if err != nil {
+		return err
+	}
+	var allowanceMicro *int64
+	if allowance != "" {
+		m, err := pricing.ParseCredits(allowance, e.cfg.CreditMicro)
+		if err != nil || m < 0 {
+			return fmt.Errorf("-allowance %q: want a non-negative decimal number of credits", allowance)
+		}
+		allowanceMicro = &m
+	}
+	inFlight, err := optInt("max-in-flight", maxInFlight, 1, 10_000)
+	if err != nil {
+		return err
+	}
+	discount, err := optInt("discount-bp", discountBP, 0, 10_000)
+	if err != nil {
+		return err
+	}
+	if plan == "" && allowanceMicro == nil && inFlight == nil && discount == nil {
+		return errors.New("nothing to set: give -plan, -allowance, -max-in-flight or -discount-bp")
+	}
+	if plan != "" {
+		if err := st.SetPlan(ctx, d.ID, plan); err != nil {
+			return fmt.Errorf("%w (configured: %v)", err, st.PlanNames())
+		}
+	}
+	if allowanceMicro != nil || inFlight != nil || discount != nil {
+		if err := st.SetUserLimits(ctx, d.ID, allowanceMicro, inFlight, discount); err != nil {
+			return err
+		}
+	}
+	if d, err = st.UserDetail(ctx, name); err != nil {
+		return err
+	}
+	return printJSON(v.User(d))
+}
+
+func optInt(name, s string, lo, hi int) (*int, error) {
+	if s == "" {
+		return nil, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < lo || n > hi {
+		return nil, fmt.Errorf("-%s %q: want an integer %d-%d", name, s, lo, hi)
+	}
+	return &n, nil
+}
+
+func userDisable(ctx context.Context, args []string) error {
+	return userSetDisabled(ctx, "user disable", args, true)
+}
+func userEnable(ctx context.Context, args []string) error {
+	return userSetDisabled(ctx, "user enable", args, false)
+}
+
+func userSetDisabled(ctx context.Context, cmd string, args []string, disable bool) error {
+	var name string
+	e, st, v, err := adminEnv(ctx, cmd, args, func(fs *flag.FlagSet) {
+		fs.StringVar(&name, "name", "", "user name")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if err := need("name", name); err != nil {
+		return err
+	}
+	d, err := st.UserDetail(ctx, name)
+	if err != nil {
+		return err
+	}
+	op := st.EnableUser
+	if disable {
+		op = st.DisableUser
+	}
+	changed, err := op(ctx, d.ID)
+	if err != nil {
+		return err
+	}
+	if d, err = st.UserDetail(ctx, name); err != nil {
+		return err
+	}
+	out := v.User(d)
+	out["changed"] = changed
+	return printJSON(out)
+}
+
+func keyRevoke(ctx context.Context, args []string) error {
+	var key, user, prefix string
+	e, st, _, err := adminEnv(ctx, "key revoke", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&key, "key", "", "the key to revoke, in full")
+		fs.StringVar(&user, "user", "", "with -prefix: the user whose keys to revoke")
+		fs.StringVar(&prefix, "prefix", "", "with -user: revoke the user's live keys with this prefix (as `user show` lists them)")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	switch {
+	case key != "" && user == "" && prefix == "":
+		if _, err := st.RevokeAPIKey(ctx, key); err != nil {
+			return err
+		}
+		fmt.Printf("revoked key %s\n", key[:min(len(key), 10)])
+	case key == "" && user != "" && prefix != "":
+		d, err := st.UserDetail(ctx, user)
+		if err != nil {
+			return err
+		}
+		n, err := st.RevokeKeysByPrefix(ctx, d.ID, prefix)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("revoked %d key(s) of %s with prefix %s\n", n, user, prefix)
+	default:
+		return errors.New("give either -key KEY, or -user NAME and -prefix PREFIX")
+	}
+	return nil
+}
+
+// grantCmd credits prepaid credits once per -key: running it again (a retried script) prints
+// the original grant and credits nothing.
+func grantCmd(ctx context.Context, args []string) error {
+	var user, amount, key, reason string
+	e, st, v, err := adminEnv(ctx, "grant", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&user, "user", "", "user name")
+		fs.StringVar(&amount, "amount", "", "credits, decimal; negative for a refund")
+		fs.StringVar(&key, "key", "", "idempotency key (a payment id, a ticket number): the same key credits once")
+		fs.StringVar(&reason, "reason", "", "note kept with the grant")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	for _, f := range [][2]string{{"user", user}, {"amount", amount}, {"key", key}} {
+		if err := need(f[0], f[1]); err != nil {
+			return err
+		}
+	}
+	micro, err := pricing.ParseCredits(amount, e.cfg.CreditMicro)
+	if err != nil {
+		return fmt.Errorf("-amount: %w", err)
+	}
+	d, err := st.UserDetail(ctx, user)
+	if err != nil {
+		return err
+	}
+	g, created, err := st.Grant(ctx, holds.GrantRequest{UserID: d.ID, AmountMicro: micro, IdempotencyKey: key, Reason: reason})
+	if err != nil {
+		return err
+	}
+	if !created {
+		fmt.Fprintln(os.Stderr, "gateway: this key was granted before; nothing was credited now")
+	}
+	return printJSON(v.Grant(d.Name, g, !created))
+}
+
+func balanceCmd(ctx context.Context, args []string) error {
+	var user string
+	e, st, v, err := adminEnv(ctx, "balance", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&user, "user", "", "user name")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if err := need("user", user); err != nil {
+		return err
+	}
+	d, err := st.UserDetail(ctx, user)
+	if err != nil {
+		return err
+	}
+	b, err := st.Balance(ctx, d.ID)
+	if err != nil {
+		return err
+	}
+	return printJSON(v.Balance(d, b, time.Now()))
+}
+
+func runsCmd(ctx context.Context, args []string) error {
+	var user, state, since, until string
+	var limit int
+	e, st, v, err := adminEnv(ctx, "runs", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&user, "user", "", "only this user's runs")
+		fs.StringVar(&state, "state", "", "queued, running or settled")
+		fs.StringVar(&since, "since", "", "created at or after (RFC 3339 or YYYY-MM-DD, UTC)")
+		fs.StringVar(&until, "until", "", "created before (RFC 3339 or YYYY-MM-DD, UTC)")
+		fs.IntVar(&limit, "limit", 100, "at most this many runs, newest first")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	f := holds.RunFilter{State: holds.State(state), Limit: limit}
+	if f.Since, err = parseWhen("since", since); err != nil {
+		return err
+	}
+	if f.Until, err = parseWhen("until", until); err != nil {
+		return err
+	}
+	if user != "" {
+		d, err := st.UserDetail(ctx, user)
+		if err != nil {
+			return err
+		}
+		f.UserID = d.ID
+	}
+	runs, err := st.ListRuns(ctx, f)
+	if err != nil {
+		return err
+	}
+	out := make([]map[string]any, len(runs))
+	for i, r := range runs {
+		out[i] = v.Run(r)
+	}
+	return printJSON(out)
+}
+
+func parseWhen(name, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	t, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("-%s %q: want RFC 3339 or YYYY-MM-DD", name, s)
+	}
+	return t, nil
+}
+
+// reportCmd prints the usage report by user, UTC day of settlement and model: CSV by
+// default (for a spreadsheet), JSON with totals and the day ledger with -format json.
+func reportCmd(ctx context.Context, args []string) error {
+	var from, to, user, format string
+	e, st, v, err := adminEnv(ctx, "report", args, func(fs *flag.FlagSet) {
+		today := time.Now().UTC().Format(time.DateOnly)
+		fs.StringVar(&from, "from", today, "first UTC day, YYYY-MM-DD")
+		fs.StringVar(&to, "to", today, "last UTC day, YYYY-MM-DD (inclusive)")
+		fs.StringVar(&user, "user", "", "only this user")
+		fs.StringVar(&format, "format", "csv", "csv or json")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if format != "csv" && format != "json" {
+		return fmt.Errorf("-format %q: want csv or json", format)
+	}
+	fromT, err := time.Parse(time.DateOnly, from)
+	if err != nil {
+		return fmt.Errorf("-from %q: want YYYY-MM-DD", from)
+	}
+	toT, err := time.Parse(time.DateOnly, to)
+	if err != nil {
+		return fmt.Errorf("-to %q: want YYYY-MM-DD", to)
+	}
+	var userID uint64
+	if user != "" {
+		d, err := st.UserDetail(ctx, user)
+		if err != nil {
+			return err
+		}
+		userID = d.ID
+	}
+	rep, err := st.Usage(ctx, fromT, toT, userID)
+	if err != nil {
+		return err
+	}
+	if rep.LedgerMicro != rep.Totals.ChargedMicro {
+		fmt.Fprintf(os.Stderr, "gateway: warning: report charged %s credits but the day ledger says %s\n",
+			v.Credits(rep.Totals.ChargedMicro), v.Credits(rep.LedgerMicro))
+	}
+	if format == "json" {
+		return printJSON(v.Report(rep))
+	}
+	return v.WriteReportCSV(os.Stdout, rep)
+}
