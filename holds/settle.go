@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -104,11 +105,20 @@ func (s *Store) settleTx(ctx context.Context, tx *sqlx.Tx, userID uint64, st Set
 	if st.ChargeHeld {
 		cost, charged = h.HeldMicro, h.HeldMicro
 	}
-	var usedToday int64
-	err = tx.GetContext(ctx, &usedToday, "SELECT COALESCE((SELECT used_micro FROM usage_days WHERE user_id = ? AND day = UTC_DATE()), 0)", userID)
+	// One reading of the database clock gives both settled_at and the ledger's day, so a
+	// settlement that straddles midnight UTC lands wholly on one day. Sessions run in UTC.
+	var day struct {
+		Now       time.Time `db:"now"`
+		Day       string    `db:"day"`
+		UsedToday int64     `db:"used_today"`
+	}
+	err = tx.GetContext(ctx, &day, `SELECT t.now, DATE_FORMAT(t.now, '%Y-%m-%d') AS day,
+		COALESCE((SELECT used_micro FROM usage_days WHERE user_id = ? AND day = DATE(t.now)), 0) AS used_today
+		FROM (SELECT NOW(6) AS now) t`, userID)
 	if err != nil {
 		return Settled{}, fmt.Errorf("read day ledger: %w", err)
 	}
+	usedToday := day.UsedToday
 	allowancePart := min(charged, max(0, s.plan(u).AllowanceMicro-usedToday))
 	prepaidPart := charged - allowancePart
 
@@ -117,10 +127,10 @@ func (s *Store) settleTx(ctx context.Context, tx *sqlx.Tx, userID uint64, st Set
 		UPDATE run_holds
 		SET state = 'settled', cost_micro = ?, charged_micro = ?, allowance_part_micro = ?, prepaid_part_micro = ?,
 		    in_tok = ?, cache_read_tok = ?, cache_write_tok = ?, out_tok = ?, calls = ?,
-		    model = IF(? = '', model, ?), price_snapshot = ?, estimated = ?, settle_source = ?, settled_at = NOW(6)
+		    model = IF(? = '', model, ?), price_snapshot = ?, estimated = ?, settle_source = ?, settled_at = ?
 		WHERE run_id = ? AND state IN ('queued', 'running')`,
 		cost, charged, allowancePart, prepaidPart, u2.Input, u2.CacheRead, u2.CacheWrite, u2.Output, st.Calls,
-		st.Model, st.Model, nullJSON(st.PriceSnapshot), st.Estimated, st.Source, st.RunID)
+		st.Model, st.Model, nullJSON(st.PriceSnapshot), st.Estimated, st.Source, day.Now, st.RunID)
 	if err != nil {
 		return Settled{}, fmt.Errorf("mark settled: %w", err)
 	}
@@ -136,7 +146,7 @@ func (s *Store) settleTx(ctx context.Context, tx *sqlx.Tx, userID uint64, st Set
 	if charged == 0 {
 		return out, nil
 	}
-	if err := addToDay(ctx, tx, userID, charged); err != nil {
+	if err := addToDay(ctx, tx, userID, day.Day, charged); err != nil {
 		return Settled{}, err
 	}
 	out.DayUsedMicroNow += charged
@@ -151,9 +161,9 @@ func (s *Store) settleTx(ctx context.Context, tx *sqlx.Tx, userID uint64, st Set
 // addToDay adds a charge to today's ledger row: an UPDATE in the database (never read-add-
 // write), an INSERT inside a savepoint when the row does not exist yet, and on a duplicate key
 // (another transaction inserted it first) a rollback to the savepoint and the UPDATE again.
-func addToDay(ctx context.Context, tx *sqlx.Tx, userID uint64, charged int64) error {
-	const update = "UPDATE usage_days SET used_micro = used_micro + ?, run_count = run_count + 1 WHERE user_id = ? AND day = UTC_DATE()"
-	res, err := tx.ExecContext(ctx, update, charged, userID)
+func addToDay(ctx context.Context, tx *sqlx.Tx, userID uint64, day string, charged int64) error {
+	const update = "UPDATE usage_days SET used_micro = used_micro + ?, run_count = run_count + 1 WHERE user_id = ? AND day = ?"
+	res, err := tx.ExecContext(ctx, update, charged, userID, day)
 	if err != nil {
 		return fmt.Errorf("add to day ledger: %w", err)
 	}
@@ -163,7 +173,7 @@ func addToDay(ctx context.Context, tx *sqlx.Tx, userID uint64, charged int64) er
 	if _, err := tx.ExecContext(ctx, "SAVEPOINT day_insert"); err != nil {
 		return fmt.Errorf("savepoint: %w", err)
 	}
-	_, err = tx.ExecContext(ctx, "INSERT INTO usage_days (user_id, day, used_micro, run_count) VALUES (?, UTC_DATE(), ?, 1)", userID, charged)
+	_, err = tx.ExecContext(ctx, "INSERT INTO usage_days (user_id, day, used_micro, run_count) VALUES (?, ?, ?, 1)", userID, day, charged)
 	if err == nil {
 		return nil
 	}
@@ -173,7 +183,7 @@ func addToDay(ctx context.Context, tx *sqlx.Tx, userID uint64, charged int64) er
 	if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT day_insert"); err != nil {
 		return fmt.Errorf("rollback to savepoint: %w", err)
 	}
-	res, err = tx.ExecContext(ctx, update, charged, userID)
+	res, err = tx.ExecContext(ctx, update, charged, userID, day)
 	if err != nil {
 		return fmt.Errorf("add to day ledger after insert race: %w", err)
 	}

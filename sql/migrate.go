@@ -6,11 +6,14 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 //go:embed *.sql
@@ -108,7 +111,7 @@ func Migrate(ctx context.Context, db *sql.DB) ([]string, error) {
 			continue
 		}
 		for _, stmt := range splitStatements(m.Body) {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil && !alreadyApplied(err) {
 				return done, fmt.Errorf("migrate %s: %w", m.Name, err)
 			}
 		}
@@ -118,6 +121,14 @@ func Migrate(ctx context.Context, db *sql.DB) ([]string, error) {
 		done = append(done, m.Name)
 	}
 	return done, nil
+}
+
+// alreadyApplied recognises DDL that a crashed earlier run already executed: MySQL commits DDL
+// at once, so a migration cut between a statement and its version row finds its own work on
+// the rerun. Duplicate column (1060) and duplicate key name (1061) mean exactly that.
+func alreadyApplied(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1060 || me.Number == 1061)
 }
 
 // splitStatements cuts a migration at semicolons that end a line. Migrations hold only DDL
