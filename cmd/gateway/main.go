@@ -21,7 +21,7 @@ import (
 	tgsql "github.com/tollgate/tollgate/sql"
 )
 
-const usage = `usage: gateway <command> [flags]
+var usage = `usage: gateway <command> [flags]
 
 commands:
   serve          run the gateway (flags: -config FILE)
@@ -30,6 +30,7 @@ commands:
   user create    -name NAME [-plan standard]
   key create     -user NAME   (prints the key once)
   demo-setup     create the demo user and a key; prints KEY=<key>
+` + adminUsage + `
 
 Every command reads -config FILE (optional) and the environment: MYSQL_DSN, REDIS_URL,
 UPSTREAM_URL, UPSTREAM_API_KEY, LISTEN_ADDR, ADMIN_TOKEN.
@@ -66,6 +67,26 @@ func run(args []string) error {
 		return keyCreate(ctx, rest)
 	case "demo-setup":
 		return demoSetup(ctx, rest)
+	case "user list":
+		return userList(ctx, rest)
+	case "user show":
+		return userShow(ctx, rest)
+	case "user set":
+		return userSet(ctx, rest)
+	case "user disable":
+		return userDisable(ctx, rest)
+	case "user enable":
+		return userEnable(ctx, rest)
+	case "key revoke":
+		return keyRevoke(ctx, rest)
+	case "grant":
+		return grantCmd(ctx, rest)
+	case "balance":
+		return balanceCmd(ctx, rest)
+	case "runs":
+		return runsCmd(ctx, rest)
+	case "report":
+		return reportCmd(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return nil

@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/proxy"
@@ -35,6 +36,7 @@ func serve(ctx context.Context, args []string) error {
 		Config: cfg, Store: store, Redis: e.rdb, Keys: keys,
 		Tally:  metering.NewTally(e.rdb, keys, cfg.Holds.TallyTTL),
 		Leases: leases, Log: e.log, Metrics: metrics,
+		Admin: admin.New(store, cfg.CreditMicro, cfg.AdminToken, e.log.Named("admin")),
 	})
 	rec, err := e.newReconciler(reconcilerDeps{cfg: cfg, store: store, rdb: e.rdb, keys: keys,
 		onOutcome: func(outcome string) {
