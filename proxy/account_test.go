@@ -1,0 +1,95 @@
+package proxy_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/tollgate/tollgate/proxy"
+)
+
+func (h *harness) get(key, path string) (int, map[string]any) {
+	h.t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, h.gw.URL+path, nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		h.t.Fatalf("GET %s: %v", path, err)
+	}
+	return resp.StatusCode, out
+}
+
+func TestCreditsShowExactDecimals(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	h.settled()
+	status, c := h.get(key, "/v1/credits")
+	if status != 200 {
+		t.Fatalf("status %d: %v", status, c)
+	}
+	// fakellm: 8 output tokens and PromptTokens(chatBody) input at 2.50/10.00 USD per M.
+	used := c["used_today"].(float64)
+	if c["allowance"].(float64) != 2000 || used <= 0 || c["held"].(float64) != 0 || c["available"].(float64) != 2000-used {
+		t.Fatalf("credits = %v", c)
+	}
+}
+
+// TestAUserSeesOnlyTheirOwnRuns: another user's run answers exactly like a run that does not
+// exist, by its gateway id and by its X-Run-Id name.
+func TestAUserSeesOnlyTheirOwnRuns(t *testing.T) {
+	h := newHarness(t, nil)
+	_, alice := h.user("standard")
+	_, bob := h.user("standard")
+	resp := h.post(alice, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "alice-task"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	if status, _ := h.get(alice, "/v1/runs/alice-task"); status != 200 {
+		t.Fatalf("owner reading her run by name: %d", status)
+	}
+	_, missing := h.get(bob, "/v1/runs/no-such-run")
+	for _, path := range []string{"/v1/runs/" + runID, "/v1/runs/alice-task"} {
+		status, body := h.get(bob, path)
+		if status != 404 || !jsonEqual(body, missing) {
+			t.Fatalf("bob GET %s: %d %v, want the 404 of a missing run %v", path, status, body, missing)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/runs/alice-task/settle", nil)
+	req.Header.Set("Authorization", "Bearer "+bob)
+	r2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2.Body.Close()
+	if r2.StatusCode != 404 {
+		t.Fatalf("bob settling alice's run: %d", r2.StatusCode)
+	}
+	if _, live := h.holdCount(); live != 1 {
+		t.Fatalf("alice's run should still be open, %d live holds", live)
+	}
+	// Alice closes it.
+	req, _ = http.NewRequest(http.MethodPost, h.gw.URL+"/v1/runs/alice-task/settle", nil)
+	req.Header.Set("Authorization", "Bearer "+alice)
+	r3, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3.Body.Close()
+	if _, live := h.holdCount(); r3.StatusCode != 200 || live != 0 {
+		t.Fatalf("alice settling: %d, %d live holds", r3.StatusCode, live)
+	}
+}
+
+func jsonEqual(a, b map[string]any) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return string(x) == string(y)
+}
