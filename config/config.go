@@ -20,12 +20,15 @@ import (
 
 // Config is everything the gateway reads at start.
 type Config struct {
-	ListenAddr  string `yaml:"listen_addr"`
-	MySQLDSN    string `yaml:"mysql_dsn"`
-	RedisURL    string `yaml:"redis_url"`
-	AdminToken  string `yaml:"admin_token"`
-	Instance    string `yaml:"instance"`     // names this process in leases and locks; default host:pid
-	CreditMicro int64  `yaml:"credit_micro"` // micro-USD per credit
+	ListenAddr string `yaml:"listen_addr"`
+	MySQLDSN   string `yaml:"mysql_dsn"`
+	RedisURL   string `yaml:"redis_url"`
+	AdminToken string `yaml:"admin_token"`
+	Instance   string `yaml:"instance"` // names this process in leases and locks; default host:pid
+	// RedisKeyPrefix lets several deployments (or test gateways) share one Redis without
+	// seeing each other's tallies, leases and reconcile lock. Empty in production.
+	RedisKeyPrefix string `yaml:"redis_key_prefix"`
+	CreditMicro    int64  `yaml:"credit_micro"` // micro-USD per credit
 
 	Limits    Limits              `yaml:"limits"`
 	Holds     Holds               `yaml:"holds"`
@@ -170,6 +173,7 @@ func (c *Config) applyEnv(getenv func(string) string) {
 	set(&c.ListenAddr, "LISTEN_ADDR")
 	set(&c.AdminToken, "ADMIN_TOKEN")
 	set(&c.Instance, "TOLLGATE_INSTANCE")
+	set(&c.RedisKeyPrefix, "TOLLGATE_REDIS_PREFIX")
 	if len(c.Upstreams) > 0 {
 		set(&c.Upstreams[0].BaseURL, "UPSTREAM_URL")
 		set(&c.Upstreams[0].APIKey, "UPSTREAM_API_KEY")

@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/admin"
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/proxy"
@@ -27,7 +27,7 @@ func serve(ctx context.Context, args []string) error {
 	}
 	defer e.Close()
 	cfg := e.cfg
-	keys := redisKeys()
+	keys := redisKeys(cfg)
 	store := e.store()
 	leases := metering.NewLeases(e.rdb, keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, e.log)
 	// One set of metrics for the proxy and the reconciler, so /metrics shows both.
@@ -94,10 +94,9 @@ func serve(ctx context.Context, args []string) error {
 	return nil
 }
 
-// redisKeys names the Redis keys. TOLLGATE_REDIS_PREFIX lets deployments (and the end-to-end
-// tests, which run several gateways per Redis) share one Redis without seeing each other's
-// leases, tallies and reconcile lock. Production leaves it empty.
-func redisKeys() metering.Keys { return metering.Keys{Prefix: os.Getenv("TOLLGATE_REDIS_PREFIX")} }
+// redisKeys names the Redis keys, under the configured prefix (redis_key_prefix or
+// TOLLGATE_REDIS_PREFIX; the end-to-end tests run several gateways per Redis).
+func redisKeys(cfg *config.Config) metering.Keys { return metering.Keys{Prefix: cfg.RedisKeyPrefix} }
 
 // reconcileOnce is `gateway reconcile --once`: one pass of the reconciler, for an operator.
 // It takes the lock like every process does (a live gateway holding it means this pass does
@@ -116,7 +115,7 @@ func reconcileOnce(ctx context.Context, args []string) error {
 	if !once {
 		return errors.New("reconcile: pass -once (the periodic reconciler runs inside `gateway serve`)")
 	}
-	rec, err := e.newReconciler(reconcilerDeps{cfg: e.cfg, store: e.store(), rdb: e.rdb, keys: redisKeys()})
+	rec, err := e.newReconciler(reconcilerDeps{cfg: e.cfg, store: e.store(), rdb: e.rdb, keys: redisKeys(e.cfg)})
 	if err != nil {
 		return err
 	}
