@@ -29,6 +29,9 @@ type AdmitRequest struct {
 	Heavy       bool          // the conversation has enough user turns for the heavy tier
 	State       State         // queued or running
 	TTL         time.Duration // hold_ttl for a one-call run, run_ttl for an X-Run-Id run
+	// Fresh promises the run id was just generated at random, so it cannot exist yet: the
+	// lookup of an earlier admission is skipped (the primary key still guards).
+	Fresh bool
 }
 
 // Hold is an admitted hold.
@@ -77,7 +80,9 @@ func (s *Store) admitTx(ctx context.Context, tx *sqlx.Tx, req AdmitRequest) (Hol
 	}
 	// The same run admitted again: answer with the hold it already has. Checked under the user
 	// lock, so two admissions of one run cannot both miss it.
-	if existing, err := getHold(ctx, tx, req.RunID, false); err == nil {
+	if req.Fresh {
+		// nothing to look up
+	} else if existing, err := getHold(ctx, tx, req.RunID, false); err == nil {
 		if existing.UserID != req.UserID {
 			return Hold{}, ErrRunNotFound
 		}

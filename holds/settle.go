@@ -28,7 +28,10 @@ const (
 
 // Settlement is the final usage of a run.
 type Settlement struct {
-	RunID     string
+	RunID string
+	// UserID, when the caller knows it (the proxy does), saves a lookup before the
+	// transaction; it must be the hold's user.
+	UserID    uint64
 	Usage     pricing.Usage
 	CostMicro int64 // at list price, before discount
 	Calls     int
@@ -65,18 +68,20 @@ func (s *Store) Settle(ctx context.Context, st Settlement) (Settled, error) {
 	}
 	// user_id never changes, so it is read before the transaction: the transaction's first
 	// statement must be the user lock, or its snapshot would predate that lock.
-	var userID uint64
-	err := s.withRetry(ctx, "settle "+st.RunID, func() error {
-		return s.db.GetContext(ctx, &userID, "SELECT user_id FROM run_holds WHERE run_id = ?", st.RunID)
-	})
-	if errors.Is(err, sql.ErrNoRows) {
-		return Settled{}, fmt.Errorf("settle %s: %w", st.RunID, ErrRunNotFound)
-	}
-	if err != nil {
-		return Settled{}, fmt.Errorf("settle %s: find hold: %w", st.RunID, err)
+	userID := st.UserID
+	if userID == 0 {
+		err := s.withRetry(ctx, "settle "+st.RunID, func() error {
+			return s.db.GetContext(ctx, &userID, "SELECT user_id FROM run_holds WHERE run_id = ?", st.RunID)
+		})
+		if errors.Is(err, sql.ErrNoRows) {
+			return Settled{}, fmt.Errorf("settle %s: %w", st.RunID, ErrRunNotFound)
+		}
+		if err != nil {
+			return Settled{}, fmt.Errorf("settle %s: find hold: %w", st.RunID, err)
+		}
 	}
 	var out Settled
-	err = s.inTx(ctx, "settle "+st.RunID, func(tx *sqlx.Tx) error {
+	err := s.inTx(ctx, "settle "+st.RunID, func(tx *sqlx.Tx) error {
 		var err error
 		out, err = s.settleTx(ctx, tx, userID, st)
 		return err
@@ -92,9 +97,33 @@ func (s *Store) settleTx(ctx context.Context, tx *sqlx.Tx, userID uint64, st Set
 	if err != nil {
 		return Settled{}, err
 	}
-	h, err := getHold(ctx, tx, st.RunID, true)
+	// The hold, the database clock and today's ledger in one round trip. Its consistent reads
+	// start after the user lock was granted (the previous statement), and every writer of this
+	// user's ledger holds that lock, so used_today is current. One reading of the clock gives
+	// both settled_at and the ledger's day, so a settlement that straddles midnight UTC lands
+	// wholly on one day. Sessions run in UTC.
+	var h struct {
+		UserID     uint64    `db:"user_id"`
+		State      State     `db:"state"`
+		HeldMicro  int64     `db:"held_micro"`
+		CapMicro   int64     `db:"cap_micro"`
+		DiscountBP int       `db:"discount_bp"`
+		Now        time.Time `db:"now"`
+		Day        string    `db:"day"`
+		UsedToday  int64     `db:"used_today"`
+	}
+	err = tx.GetContext(ctx, &h, `SELECT h.user_id, h.state, h.held_micro, h.cap_micro, h.discount_bp, t.now,
+		DATE_FORMAT(t.now, '%Y-%m-%d') AS day,
+		COALESCE((SELECT used_micro FROM usage_days WHERE user_id = h.user_id AND day = DATE(t.now)), 0) AS used_today
+		FROM run_holds h, (SELECT NOW(6) AS now) t WHERE h.run_id = ? FOR UPDATE`, st.RunID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Settled{}, ErrRunNotFound
+	}
 	if err != nil {
-		return Settled{}, err
+		return Settled{}, fmt.Errorf("read hold: %w", err)
+	}
+	if h.UserID != userID {
+		return Settled{}, fmt.Errorf("hold belongs to user %d, not %d: %w", h.UserID, userID, ErrRunNotFound)
 	}
 	if h.State == StateSettled {
 		return Settled{UserID: userID}, nil
@@ -105,20 +134,7 @@ func (s *Store) settleTx(ctx context.Context, tx *sqlx.Tx, userID uint64, st Set
 	if st.ChargeHeld {
 		cost, charged = h.HeldMicro, h.HeldMicro
 	}
-	// One reading of the database clock gives both settled_at and the ledger's day, so a
-	// settlement that straddles midnight UTC lands wholly on one day. Sessions run in UTC.
-	var day struct {
-		Now       time.Time `db:"now"`
-		Day       string    `db:"day"`
-		UsedToday int64     `db:"used_today"`
-	}
-	err = tx.GetContext(ctx, &day, `SELECT t.now, DATE_FORMAT(t.now, '%Y-%m-%d') AS day,
-		COALESCE((SELECT used_micro FROM usage_days WHERE user_id = ? AND day = DATE(t.now)), 0) AS used_today
-		FROM (SELECT NOW(6) AS now) t`, userID)
-	if err != nil {
-		return Settled{}, fmt.Errorf("read day ledger: %w", err)
-	}
-	usedToday := day.UsedToday
+	usedToday := h.UsedToday
 	allowancePart := min(charged, max(0, s.plan(u).AllowanceMicro-usedToday))
 	prepaidPart := charged - allowancePart
 
@@ -130,7 +146,7 @@ func (s *Store) settleTx(ctx context.Context, tx *sqlx.Tx, userID uint64, st Set
 		    model = IF(? = '', model, ?), price_snapshot = ?, estimated = ?, settle_source = ?, settled_at = ?
 		WHERE run_id = ? AND state IN ('queued', 'running')`,
 		cost, charged, allowancePart, prepaidPart, u2.Input, u2.CacheRead, u2.CacheWrite, u2.Output, st.Calls,
-		st.Model, st.Model, nullJSON(st.PriceSnapshot), st.Estimated, st.Source, day.Now, st.RunID)
+		st.Model, st.Model, nullJSON(st.PriceSnapshot), st.Estimated, st.Source, h.Now, st.RunID)
 	if err != nil {
 		return Settled{}, fmt.Errorf("mark settled: %w", err)
 	}
@@ -146,7 +162,7 @@ func (s *Store) settleTx(ctx context.Context, tx *sqlx.Tx, userID uint64, st Set
 	if charged == 0 {
 		return out, nil
 	}
-	if err := addToDay(ctx, tx, userID, day.Day, charged); err != nil {
+	if err := addToDay(ctx, tx, userID, h.Day, charged); err != nil {
 		return Settled{}, err
 	}
 	out.DayUsedMicroNow += charged
