@@ -1,0 +1,118 @@
+package holds
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// SessionClaim is what registering a run as a session's current run decided.
+type SessionClaim struct {
+	// Duplicate: the session's current run is still live and was asked the same message. The
+	// claim changed nothing; Current is that run, and the caller releases its own fresh hold.
+	Duplicate bool
+	// Current is the session's current run after the claim: the claiming run, or on Duplicate
+	// the run already answering the same message.
+	Current string
+	// Replaced is the live run the claim took the session from (a different message): it must
+	// be cancelled, wherever it runs. Empty when the previous run had ended or there was none.
+	Replaced string
+}
+
+// ClaimSession makes runID the current run of the caller's session unless the session's
+// current run is still live and was asked the same message (then it is a duplicate: a double
+// click, a refresh that resent). DESIGN §6: the check and the registration are one
+// transaction on the session's row, so two requests of one session can never both see
+// "no duplicate". The caller has already taken runID's hold; that ordering is what lets the
+// decision happen with no await in between.
+//
+// Locking: the upsert takes the session row's exclusive lock first (creating the row when the
+// session is new); the previous run's hold is then read without a lock. Settlement never
+// touches sessions, so this cannot join a cycle with the users -> run_holds -> usage_days
+// order. A previous run that settles just after the read is treated as live: the worst case
+// is a cancel sent to a run that already ended, or an already_running pointing at a run that
+// just answered.
+func (s *Store) ClaimSession(ctx context.Context, userID uint64, sessionID, runID string, messageHash [32]byte) (SessionClaim, error) {
+	var out SessionClaim
+	err := s.inTx(ctx, "claim session "+sessionID, func(tx *sqlx.Tx) error {
+		var err error
+		out, err = claimSessionTx(ctx, tx, userID, sessionID, runID, messageHash)
+		return err
+	})
+	if err != nil {
+		return SessionClaim{}, fmt.Errorf("claim session %s for %s: %w", sessionID, runID, err)
+	}
+	return out, nil
+}
+
+func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, runID string, hash [32]byte) (SessionClaim, error) {
+	// A new session: the insert is the claim. An existing one: the no-op update locks its row.
+	res, err := tx.ExecContext(ctx, `
+		INSERT INTO sessions (user_id, session_id, current_run_id, message_hash, updated_at)
+		VALUES (?, ?, ?, ?, NOW(6))
+		ON DUPLICATE KEY UPDATE session_id = session_id`, userID, sessionID, runID, hash[:])
+	if err != nil {
+		return SessionClaim{}, fmt.Errorf("upsert session: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 1 {
+		return SessionClaim{Current: runID}, nil
+	}
+	var row struct {
+		Current string `db:"current_run_id"`
+		Hash    []byte `db:"message_hash"`
+	}
+	err = tx.GetContext(ctx, &row, `SELECT current_run_id, message_hash FROM sessions
+		WHERE user_id = ? AND session_id = ? FOR UPDATE`, userID, sessionID)
+	if err != nil {
+		return SessionClaim{}, fmt.Errorf("read session: %w", err)
+	}
+	if row.Current == runID {
+		return SessionClaim{Current: runID}, nil
+	}
+	live, err := runLive(ctx, tx, row.Current)
+	if err != nil {
+		return SessionClaim{}, err
+	}
+	if live && bytes.Equal(row.Hash, hash[:]) {
+		return SessionClaim{Duplicate: true, Current: row.Current}, nil
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE sessions SET current_run_id = ?, message_hash = ?, updated_at = NOW(6)
+		WHERE user_id = ? AND session_id = ?`, runID, hash[:], userID, sessionID); err != nil {
+		return SessionClaim{}, fmt.Errorf("update session: %w", err)
+	}
+	out := SessionClaim{Current: runID}
+	if live {
+		out.Replaced = row.Current
+	}
+	return out, nil
+}
+
+// RunLive reports whether a run's hold is still open and unexpired (by the database clock):
+// the test the fingerprint window applies before calling a request a duplicate of it. A run
+// that does not exist is not live.
+func (s *Store) RunLive(ctx context.Context, runID string) (bool, error) {
+	var live bool
+	err := s.withRetry(ctx, "run live "+runID, func() error {
+		var err error
+		live, err = runLive(ctx, s.db, runID)
+		return err
+	})
+	return live, err
+}
+
+func runLive(ctx context.Context, q sqlx.QueryerContext, runID string) (bool, error) {
+	var live bool
+	err := sqlx.GetContext(ctx, q, &live, `SELECT state IN ('queued', 'running') AND expires_at > NOW(6)
+		FROM run_holds WHERE run_id = ?`, runID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read hold %s: %w", runID, err)
+	}
+	return live, nil
+}
