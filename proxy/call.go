@@ -3,12 +3,14 @@ package proxy
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -27,6 +29,7 @@ const (
 	outcomeComplete                     // the upstream finished
 	outcomeStreamError                  // the upstream broke or reported an error after producing output
 	outcomeCancel                       // the client went away
+	outcomeDuplicate                    // held, then found to duplicate a running request: release at 0, now
 )
 
 // call is one model request from admission to settlement.
@@ -42,6 +45,9 @@ type call struct {
 	// on POST /v1/runs/{id}/settle or by reconciliation. laterCall: the run existed before.
 	inRun, laterCall bool
 	ended            time.Time
+	// idem is set for an Idempotency-Key request; rw then keeps what the caller was sent.
+	idem *idemCall
+	rw   *respWriter
 }
 
 // RunIDHeader carries the run id of every answered model call, so a caller can look its run up.
@@ -78,20 +84,53 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	// A caller-named run groups many calls under one hold; without a name a call is a run of
 	// one that settles when it ends.
 	clientRunID := r.Header.Get("X-Run-Id")
+	idemKey := r.Header.Get(IdempotencyKeyHeader)
+	sessionID := r.Header.Get(SessionHeader)
 	ttl := s.cfg.Holds.HoldTTL
 	if clientRunID != "" {
 		if !clientRunIDPattern.MatchString(clientRunID) {
 			return refuse(errBadRequest("invalid_run_id", "X-Run-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -"), "validation")
 		}
+		// A named run already is its own idempotency: its calls share one hold and settle once.
+		if idemKey != "" || sessionID != "" {
+			return refuse(errBadRequest("invalid_request", "X-Run-Id cannot be combined with Idempotency-Key or X-Session-Id."), "validation")
+		}
 		runID, ttl = runIDFor(user.ID, clientRunID), s.cfg.Holds.RunTTL
 		log = log.With(zap.String("run_id", runID))
 	}
+	if idemKey != "" && !validIdempotencyKey(idemKey) {
+		return refuse(errBadRequest("invalid_idempotency_key", "Idempotency-Key must be 1-255 printable ASCII characters."), "validation")
+	}
+	if sessionID != "" && !clientRunIDPattern.MatchString(sessionID) {
+		return refuse(errBadRequest("invalid_session_id", "X-Session-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -"), "validation")
+	}
+	// Plain requests (no run, key or session) go through the fingerprint window.
+	fingerprinted := clientRunID == "" && idemKey == "" && sessionID == "" && s.cfg.Dedup.Window > 0
+	var bodyHash string
+	if idemKey != "" || fingerprinted {
+		sum := sha256.Sum256(body)
+		bodyHash = hex.EncodeToString(sum[:])
+	}
 	plan := s.cfg.Plan(user.Plan)
-	hold, err := s.store.Admit(r.Context(), holds.AdmitRequest{
-		RunID: runID, UserID: user.ID, ClientRunID: clientRunID, Model: req.model, State: holds.StateRunning, TTL: ttl,
-		Heavy: req.userTurns >= plan.HeavyAfterTurns,
-	})
-	if err != nil {
+	ar := holds.AdmitRequest{
+		RunID: runID, UserID: user.ID, ClientRunID: clientRunID, SessionID: sessionID, Model: req.model,
+		State: holds.StateRunning, TTL: ttl, Heavy: req.userTurns >= plan.HeavyAfterTurns,
+	}
+	var (
+		hold holds.Hold
+		idem *idemCall
+		err  error
+	)
+	if idemKey != "" {
+		idem = &idemCall{key: idemKey, userID: user.ID, bodyHash: bodyHash}
+		idem.record = s.keys.Replay(idempotentRunID(user.ID, idemKey, 0))
+		var answered int
+		if hold, answered = s.admitIdempotent(w, r, idem, &ar, log); answered != 0 {
+			return answered
+		}
+		runID = ar.RunID
+		log = log.With(zap.String("run_id", runID))
+	} else if hold, err = s.store.Admit(r.Context(), ar); err != nil {
 		e := s.admitError(err)
 		if e.Status >= 500 {
 			log.Error("admission failed", zap.Error(err))
@@ -100,10 +139,55 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	}
 
 	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),
-		inRun: clientRunID != "", laterCall: hold.Existing}
+		inRun: clientRunID != "", laterCall: hold.Existing, idem: idem}
+	if idem != nil || sessionID != "" {
+		c.rw = &respWriter{ResponseWriter: w, capture: idem != nil, limit: s.cfg.Dedup.MaxReplayLen}
+		w = c.rw
+	}
 	// From here on the hold exists, and this deferred settlement is what closes it: it runs on
 	// success, error, client cancel and panic alike.
 	defer s.finish(r.Context(), c)
+
+	// Duplicate checks come after the hold (DESIGN §6): the check and the registration of this
+	// run then happen with no await in between, and a duplicate releases its fresh hold.
+	switch {
+	case sessionID != "":
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		r = r.WithContext(ctx)
+		if err := s.cancels.register(ctx, runID, cancel); err != nil {
+			log.Warn("cancel bus unavailable; a newer message cannot stop this run", zap.Error(err))
+		}
+		defer s.cancels.unregister(runID)
+		if e := s.claimSession(ctx, c, sessionID); e != nil {
+			if c.outcome == outcomeDuplicate {
+				log.Info("duplicate of a running session message", zap.String("of_run", e.RunID))
+				writeDuplicate(w, e, false)
+				return e.Status
+			}
+			return refuse(e, "session")
+		}
+	case fingerprinted:
+		orig, err := s.fingerprint(r.Context(), user.ID, bodyHash, runID)
+		var dbDown errStoreDown
+		switch {
+		case errors.As(err, &dbDown):
+			c.outcome = outcomeRefused
+			log.Error("fingerprint check failed", zap.Error(err))
+			return refuse(errBillingDown, "fingerprint")
+		case err != nil && !s.cfg.Dedup.FailOpen:
+			c.outcome = outcomeRefused
+			log.Error("fingerprint check failed; refusing rather than risk a double run", zap.Error(err))
+			return refuse(errDedupDown, "fingerprint")
+		case err != nil:
+			log.Warn("fingerprint check failed; going on (fail_open)", zap.Error(err))
+		case orig != "":
+			c.outcome = outcomeDuplicate
+			log.Info("duplicate of a running request", zap.String("of_run", orig))
+			writeDuplicate(w, errDuplicate(orig), false)
+			return http.StatusConflict
+		}
+	}
 
 	budget := hold.CapMicro
 	exhausted := errInsufficient
@@ -132,7 +216,38 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	s.metrics.ActiveCalls.Inc()
 	defer s.metrics.ActiveCalls.Dec()
 	w.Header().Set(RunIDHeader, runID)
-	return s.forward(w, r, c)
+	if r.Context().Err() != nil {
+		// Cancelled before anything was sent upstream (the client left, or a newer message of
+		// its session replaced it): nothing was used, release at 0.
+		c.outcome = outcomeRefused
+		if errors.Is(context.Cause(r.Context()), errSuperseded) {
+			return refuse(errSupersededAnswer, "superseded")
+		}
+		return 499
+	}
+	status := s.forward(w, r, c)
+	if errors.Is(context.Cause(r.Context()), errSuperseded) {
+		status = s.answerSuperseded(c)
+	}
+	return status
+}
+
+// answerSuperseded tells a caller still connected that its call was stopped because a newer
+// message of its session replaced it: an error answer when nothing was sent yet, an error
+// event at the end of a stream already under way.
+func (s *Server) answerSuperseded(c *call) int {
+	rw := c.rw
+	if rw.status == 0 {
+		writeError(rw, errSupersededAnswer)
+		return errSupersededAnswer.Status
+	}
+	if strings.HasPrefix(rw.Header().Get("Content-Type"), "text/event-stream") {
+		e := errSupersededAnswer
+		b, _ := json.Marshal(map[string]any{"error": map[string]string{"message": e.Message, "type": e.Type, "code": e.Code}})
+		_, _ = rw.Write(append(append([]byte("data: "), b...), '\n', '\n'))
+		_ = http.NewResponseController(rw).Flush()
+	}
+	return rw.status
 }
 
 // admitError maps an admission refusal to its answer.
@@ -167,6 +282,16 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	c.ended = time.Now()
 	st := s.settlementOf(c)
 	ctx := context.WithoutCancel(reqCtx)
+	if c.idem != nil {
+		// Before the settlement: whoever finds this attempt settled must find its record final.
+		s.finishIdem(ctx, c)
+	}
+	if c.outcome == outcomeDuplicate {
+		// Released in the request itself: when the caller reads its 409, the hold is gone.
+		s.settlements.Add(1)
+		s.settle(ctx, c, st)
+		return
+	}
 	// The tally is written before settlement is tried: if this process dies before the
 	// settlement commits, the reconciler settles from it.
 	if st.CostMicro > 0 || st.Usage != (pricing.Usage{}) {
@@ -221,6 +346,9 @@ func (s *Server) settlementOf(c *call) holds.Settlement {
 	switch c.outcome {
 	case outcomeRefused:
 		st.Source, st.Calls = holds.SourceRelease, 0
+		return st
+	case outcomeDuplicate:
+		st.Source, st.Calls = holds.SourceDuplicate, 0
 		return st
 	case outcomeUpstreamError:
 		st.Source = holds.SourceUpstreamError

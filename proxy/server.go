@@ -35,6 +35,9 @@ type Deps struct {
 	Transport http.RoundTripper
 	// Admin, when set, is mounted at /admin; it authenticates with its own token.
 	Admin http.Handler
+	// DedupRedis holds duplicate detection (fingerprints, idempotency records, the session
+	// cancel bus); nil uses Redis. Separate so a test can take it away on its own.
+	DedupRedis redis.UniversalClient
 }
 
 // Server serves the gateway's HTTP surface.
@@ -52,6 +55,8 @@ type Server struct {
 	client    *http.Client
 	auth      *keyCache
 	creditUSD int64
+	dedupRDB  redis.UniversalClient
+	cancels   *cancelBus
 
 	// settlements tracks deferred settlements so shutdown can wait for them; settleSlots
 	// bounds how many run in the background at once (past it a handler settles inline, which
@@ -76,6 +81,9 @@ func New(d Deps) *Server {
 	if d.Transport == nil {
 		d.Transport = NewTransport(d.Config.Limits)
 	}
+	if d.DedupRedis == nil {
+		d.DedupRedis = d.Redis
+	}
 	s := &Server{
 		cfg: d.Config, store: d.Store, rdb: d.Redis, keys: d.Keys, tally: d.Tally, leases: d.Leases,
 		log: d.Log, metrics: d.Metrics, prices: prices, admin: d.Admin,
@@ -83,6 +91,8 @@ func New(d Deps) *Server {
 		auth:        newKeyCache(d.Store, d.Config.Limits.KeyCacheTTL),
 		creditUSD:   d.Config.CreditMicro,
 		settleSlots: make(chan struct{}, maxBackgroundSettlements),
+		dedupRDB:    d.DedupRedis,
+		cancels:     newCancelBus(d.DedupRedis, d.Keys, d.Log),
 	}
 	return s
 }

@@ -1,0 +1,135 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// How a duplicate is answered. X-Should-Retry is the OpenAI SDKs' override of their own retry
+// rule (they retry every 409): a duplicate of a running request must not be retried, since a
+// retry after the original finished would run it a second time; a request still in progress
+// under an Idempotency-Key should be, since the retry gets the stored answer.
+const shouldRetryHeader = "X-Should-Retry"
+
+func errDuplicate(runID string) *apiError {
+	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "duplicate", RunID: runID,
+		Message: "The same request is already running (run " + runID + "); this one was not run and not charged."}
+}
+
+var errDedupDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "dedup_unavailable",
+	Message:    "Duplicate detection is unavailable, so the call was not made rather than risk running it twice. Retry shortly.",
+	RetryAfter: time.Second}
+
+// writeDuplicate sends a duplicate-family answer with the retry hint that fits it.
+func writeDuplicate(w http.ResponseWriter, e *apiError, retry bool) {
+	if retry {
+		w.Header().Set(shouldRetryHeader, "true")
+	} else {
+		w.Header().Set(shouldRetryHeader, "false")
+	}
+	writeError(w, e)
+}
+
+// errStoreDown marks a fingerprint check that failed on MySQL rather than Redis: that is
+// billing down, not dedup down, and fail_open does not cover it.
+type errStoreDown struct{ error }
+
+func (e errStoreDown) Unwrap() error { return e.error }
+
+// takeOverScript moves a fingerprint from a run that has ended to the new one, only if no
+// other request moved it first.
+var takeOverScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0`)
+
+// fingerprint is the duplicate window for requests that carry neither an Idempotency-Key nor
+// a session (DESIGN §6): SET dedup:{user}:{sha256(body)} <run_id> NX PX window. It returns the
+// run a request duplicates, or "" when this request registered itself and may run.
+//
+// The common case costs one SET NX. Only when the fingerprint is taken does the check look
+// further: the original is a duplicate's target only while it is still running (its hold is
+// live by the database clock); once it has ended, a resend within the window is a new request
+// — the caller has its answer and asked again — and takes the fingerprint over, by
+// compare-and-set so two resends cannot both take it.
+func (s *Server) fingerprint(ctx context.Context, userID uint64, bodyHash, runID string) (string, error) {
+	key := s.keys.Dedup(userID, bodyHash)
+	window := s.cfg.Dedup.Window
+	for range 4 {
+		ok, err := s.dedupRDB.SetNX(ctx, key, runID, window).Result()
+		if err != nil {
+			return "", fmt.Errorf("fingerprint: %w", err)
+		}
+		if ok {
+			return "", nil
+		}
+		orig, err := s.dedupRDB.Get(ctx, key).Result()
+		if errors.Is(err, redis.Nil) {
+			continue // expired between the two commands
+		}
+		if err != nil {
+			return "", fmt.Errorf("fingerprint: %w", err)
+		}
+		live, err := s.store.RunLive(ctx, orig)
+		if err != nil {
+			return "", errStoreDown{err}
+		}
+		if live {
+			return orig, nil
+		}
+		n, err := takeOverScript.Run(ctx, s.dedupRDB, []string{key}, orig, runID, window.Milliseconds()).Int()
+		if err != nil {
+			return "", fmt.Errorf("fingerprint take-over: %w", err)
+		}
+		if n == 1 {
+			return "", nil
+		}
+	}
+	return "", errors.New("fingerprint: key changing under contention")
+}
+
+// respWriter remembers what was sent to the caller: whether anything was (so a superseded
+// call knows if it can still answer with an error), the status, and for an idempotent request
+// a copy of the bytes, up to limit, for later replays. Unwrap lets http.ResponseController
+// reach the real writer's Flush.
+type respWriter struct {
+	http.ResponseWriter
+	status  int
+	capture bool
+	limit   int64
+	buf     bytes.Buffer
+	over    bool // the response outgrew limit; nothing is kept
+}
+
+func (w *respWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *respWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	if w.capture && !w.over {
+		if int64(w.buf.Len()+n) > w.limit {
+			w.over = true
+			w.buf = bytes.Buffer{}
+		} else {
+			w.buf.Write(b[:n])
+		}
+	}
+	return n, err
+}
+
+func (w *respWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

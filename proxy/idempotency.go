@@ -1,0 +1,264 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// IdempotencyKeyHeader makes a request safe to retry: every request of one user with one key
+// is one logical request, run at most once at a time and, once answered, answered again from
+// the stored response. ReplayedHeader marks such a stored answer.
+const (
+	IdempotencyKeyHeader = "Idempotency-Key"
+	ReplayedHeader       = "Idempotent-Replayed"
+	maxIdempotencyKeyLen = 255
+)
+
+// How an Idempotency-Key request is run (DESIGN §6).
+//
+// The run id is derived from (user, key, attempt): "r_" + hex(sha256(user \0 key [\0 n]))[:32],
+// the same shape as a random run id so GET /v1/runs/{id} finds it. A second request while an
+// attempt runs reaches Admit with the same run id, gets the existing hold back (no second
+// hold: the primary key makes it impossible) and is answered 409 request_in_progress.
+//
+// The key's record in Redis, a hash under replay:{<attempt-0 run id>} living replay_ttl:
+//
+//	body     sha256 of the first request's body: a different body under the key is 422
+//	attempt  the attempt number now in use (absent: 0)
+//	run      set once an attempt pinned the key: that attempt's run id; with it
+//	status, ctype, resp   what the caller was sent, byte for byte (a stream's events too)
+//	large    "1": the response outgrew max_replay_len and was not kept; a replay is 409
+//
+// An attempt pins the key when the caller was sent a 2xx answer (a complete one, or a stream
+// that the upstream broke off after producing output). Any other end — refused after the hold,
+// upstream error, or the client leaving (cancel) — leaves the key free: the attempt counter
+// moves on and a retry runs as attempt n+1, a new run id, since attempt n's hold is settled
+// and settled holds are final. A cancelled attempt is charged what it used and its retry is
+// charged again: the provider did that work twice, and a truncated answer is not worth
+// replaying.
+//
+// The record is written before the attempt's settlement, so a request that finds the
+// attempt's hold settled (Admit: ErrRunSettled) finds the record final too. If that write
+// failed (Redis down at that moment), the retry sees no pin and runs again: a second charge
+// with an answer is preferred to an answer lost forever.
+type idemCall struct {
+	key      string
+	userID   uint64
+	bodyHash string
+	attempt  int
+	record   string // the Redis key of the record
+}
+
+func errRequestInProgress(runID string) *apiError {
+	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "request_in_progress", RunID: runID,
+		RetryAfter: time.Second,
+		Message:    "A request with this Idempotency-Key is still running (run " + runID + "). Retry to get its answer."}
+}
+
+var errKeyReused = &apiError{Status: http.StatusUnprocessableEntity, Type: "invalid_request_error", Code: "idempotency_key_reused",
+	Message: "This Idempotency-Key was used with a different request body. Use a new key for a new request."}
+
+func errReplayTooLarge(runID string, limit int64) *apiError {
+	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotent_response_too_large", RunID: runID,
+		Message: fmt.Sprintf("The request with this Idempotency-Key already ran (run %s), but its answer was larger than %d bytes and was not kept for replay.", runID, limit)}
+}
+
+// validIdempotencyKey: 1-255 printable ASCII characters.
+func validIdempotencyKey(k string) bool {
+	if len(k) == 0 || len(k) > maxIdempotencyKeyLen {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x20 || k[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// idempotentRunID is the run id of one attempt of an idempotent request.
+func idempotentRunID(userID uint64, key string, attempt int) string {
+	s := strconv.FormatUint(userID, 10) + "\x00" + key
+	if attempt > 0 {
+		s += "\x00" + strconv.Itoa(attempt)
+	}
+	h := sha256.Sum256([]byte(s))
+	return "r_" + hex.EncodeToString(h[:16])
+}
+
+type idemRecord struct {
+	bodyHash string
+	attempt  int
+	run      string
+	status   int
+	large    bool
+}
+
+func (s *Server) readIdem(ctx context.Context, ic *idemCall) (idemRecord, error) {
+	v, err := s.dedupRDB.HMGet(ctx, ic.record, "body", "attempt", "run", "status", "large").Result()
+	if err != nil {
+		return idemRecord{}, fmt.Errorf("read idempotency record: %w", err)
+	}
+	str := func(i int) string { s, _ := v[i].(string); return s }
+	rec := idemRecord{bodyHash: str(0), run: str(2), large: str(4) == "1"}
+	rec.attempt, _ = strconv.Atoi(str(1))
+	rec.status, _ = strconv.Atoi(str(3))
+	return rec, nil
+}
+
+// advanceScript moves the attempt counter past attempt ARGV[1], never backwards.
+var advanceScript = redis.NewScript(`
+local a = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
+if a <= tonumber(ARGV[1]) then redis.call('HSET', KEYS[1], 'attempt', tonumber(ARGV[1]) + 1) end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1`)
+
+func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int) error {
+	return advanceScript.Run(ctx, s.dedupRDB, []string{ic.record}, attempt, s.cfg.Dedup.ReplayTTL.Milliseconds()).Err()
+}
+
+// admitIdempotent admits the current attempt of an idempotent request, or answers the request
+// itself: a replay, 409 request_in_progress, 422 for a reused key. answered is the status sent,
+// 0 when the caller goes on with the returned hold (ar.RunID is then the attempt's run id).
+func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *idemCall, ar *holds.AdmitRequest, log *zap.Logger) (holds.Hold, int) {
+	ctx := r.Context()
+	answer := func(e *apiError, retry bool) int {
+		log.Info("idempotent request answered without running", zap.String("code", e.Code), zap.String("of_run", e.RunID))
+		writeDuplicate(w, e, retry)
+		return e.Status
+	}
+	for range 4 {
+		rec, err := s.readIdem(ctx, ic)
+		if err != nil {
+			if !s.cfg.Dedup.FailOpen {
+				log.Error("idempotency record unreadable", zap.Error(err))
+				writeError(w, errDedupDown)
+				return holds.Hold{}, errDedupDown.Status
+			}
+			// fail_open: attempt 0. The hold's primary key still keeps two attempts from
+			// running at once; only a replay is impossible.
+			log.Warn("idempotency record unreadable; going on (fail_open)", zap.Error(err))
+			rec = idemRecord{}
+		}
+		if rec.bodyHash != "" && rec.bodyHash != ic.bodyHash {
+			return holds.Hold{}, answer(errKeyReused, false)
+		}
+		if rec.run != "" {
+			if rec.large {
+				return holds.Hold{}, answer(errReplayTooLarge(rec.run, s.cfg.Dedup.MaxReplayLen), false)
+			}
+			if status, err := s.replay(ctx, w, ic, rec); err == nil {
+				log.Info("idempotent request replayed", zap.String("of_run", rec.run))
+				return holds.Hold{}, status
+			} else {
+				log.Error("stored answer unreadable", zap.Error(err))
+				writeError(w, errDedupDown)
+				return holds.Hold{}, errDedupDown.Status
+			}
+		}
+		ic.attempt = rec.attempt
+		ar.RunID = idempotentRunID(ic.userID, ic.key, rec.attempt)
+		hold, err := s.store.Admit(ctx, *ar)
+		switch {
+		case err == nil && hold.Existing:
+			return holds.Hold{}, answer(errRequestInProgress(ar.RunID), true)
+		case err == nil:
+			if err := s.startIdem(ctx, ic); err != nil {
+				// The in-flight guard is the hold; the stored body hash only refines a
+				// reused key's answer from 409 to 422. Going on is safe.
+				log.Warn("idempotency record not started", zap.Error(err))
+			}
+			return hold, 0
+		case errors.Is(err, holds.ErrRunSettled):
+			// The attempt ended between the read and the admission, or its end did not reach the
+			// record. Its record is final now (it is written before settlement): read again, and
+			// if the attempt did not pin the key, move past it.
+			if rec2, err := s.readIdem(ctx, ic); err == nil && rec2.run == "" && rec2.attempt == rec.attempt {
+				if err := s.advanceIdem(ctx, ic, rec.attempt); err != nil {
+					log.Error("idempotency attempt not advanced", zap.Error(err))
+					writeError(w, errDedupDown)
+					return holds.Hold{}, errDedupDown.Status
+				}
+			}
+			continue
+		default:
+			e := s.admitError(err)
+			if e.Status >= 500 {
+				log.Error("admission failed", zap.Error(err))
+			}
+			writeError(w, e)
+			return holds.Hold{}, e.Status
+		}
+	}
+	return holds.Hold{}, answer(errRequestInProgress(ar.RunID), true)
+}
+
+// startIdem records the body the key was first used with.
+func (s *Server) startIdem(ctx context.Context, ic *idemCall) error {
+	_, err := s.dedupRDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSetNX(ctx, ic.record, "body", ic.bodyHash)
+		p.PExpire(ctx, ic.record, s.cfg.Dedup.ReplayTTL)
+		return nil
+	})
+	return err
+}
+
+// replay answers from the stored response.
+func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall, rec idemRecord) (int, error) {
+	v, err := s.dedupRDB.HMGet(ctx, ic.record, "ctype", "resp").Result()
+	if err != nil {
+		return 0, err
+	}
+	ctype, _ := v[0].(string)
+	resp, _ := v[1].(string)
+	h := w.Header()
+	if ctype != "" {
+		h.Set("Content-Type", ctype)
+	}
+	h.Set(ReplayedHeader, "true")
+	h.Set(RunIDHeader, rec.run)
+	h.Set("Content-Length", strconv.Itoa(len(resp)))
+	w.WriteHeader(rec.status)
+	_, _ = w.Write([]byte(resp))
+	return rec.status, nil
+}
+
+// finishIdem records how an idempotent attempt ended, before its settlement: the answer the
+// caller got, when it pins the key, or the move to the next attempt.
+func (s *Server) finishIdem(ctx context.Context, c *call) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ic, rw := c.idem, c.rw
+	pins := rw.status >= 200 && rw.status <= 299 && (c.outcome == outcomeComplete || c.outcome == outcomeStreamError)
+	if !pins {
+		if err := s.advanceIdem(ctx, ic, ic.attempt); err != nil {
+			c.log.Warn("idempotency attempt not advanced; the next retry advances it", zap.Error(err))
+		}
+		return
+	}
+	fields := []any{"run", c.runID, "status", rw.status, "ctype", rw.Header().Get("Content-Type")}
+	if rw.over {
+		fields = append(fields, "large", "1")
+	} else {
+		fields = append(fields, "resp", rw.buf.Bytes())
+	}
+	_, err := s.dedupRDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, ic.record, fields...)
+		p.PExpire(ctx, ic.record, s.cfg.Dedup.ReplayTTL)
+		return nil
+	})
+	if err != nil {
+		c.log.Error("idempotent answer not stored; a retry will run again", zap.Error(err))
+	}
+}

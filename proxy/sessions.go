@@ -1,0 +1,190 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/tidwall/gjson"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/metering"
+)
+
+// SessionHeader names a conversation. With it, resending the message the session's running
+// run is already answering is a duplicate (409 already_running), and sending a different one
+// replaces that run: the old run is cancelled wherever it runs and settled by its usage.
+const SessionHeader = "X-Session-Id"
+
+// errSuperseded is the cause a run's context is cancelled with when a newer message of its
+// session replaced it.
+var errSuperseded = errors.New("superseded by a newer message of the same session")
+
+func errAlreadyRunning(runID string) *apiError {
+	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "already_running", RunID: runID,
+		Message: "This session is already answering the same message (run " + runID + "); this request was not run and not charged."}
+}
+
+var errSupersededAnswer = &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "superseded",
+	Message: "A newer message of the same session replaced this call; it was stopped and charged for what it used."}
+
+// sessionMessageHash fingerprints the last user message of a request: what "the same
+// message" means for a session. The raw JSON of the message's content is hashed, so a string
+// and its array-of-parts form differ; a resend of one request is byte-identical anyway.
+// Bodies without messages (completions, embeddings) hash their prompt or input.
+func sessionMessageHash(f metering.Format, body []byte) [32]byte {
+	root := gjson.ParseBytes(body)
+	var last gjson.Result
+	switch f {
+	case metering.FormatCompletions:
+		last = root.Get("prompt")
+	case metering.FormatEmbeddings:
+		last = root.Get("input")
+	default:
+		path := "messages"
+		if f == metering.FormatResponses {
+			path = "input"
+		}
+		list := root.Get(path)
+		if list.Type == gjson.String {
+			last = list
+			break
+		}
+		list.ForEach(func(_, m gjson.Result) bool {
+			if m.Get("role").String() == "user" {
+				last = m.Get("content")
+			}
+			return true
+		})
+	}
+	if !last.Exists() {
+		return sha256.Sum256(body)
+	}
+	return sha256.Sum256([]byte(last.Raw))
+}
+
+// cancelBus delivers "stop run X" across gateway processes (DESIGN §6): the process that
+// replaces a session's run publishes on cancel:{run_id}; every process holds one pattern
+// subscription over all such channels and cancels the run if it serves it. One subscription
+// per process, not per run: go-redis gives each PubSub its own connection.
+//
+// The subscription starts with the first session call a process serves, and a run is
+// registered before its session claim commits, so a cancel published after the claim always
+// finds it. Pub/sub is fire-and-forget: a cancel sent while this process's subscription is
+// reconnecting is lost, and the old run then completes and is charged in full. That is the
+// accepted failure mode; the reconciler does not need to know about it.
+type cancelBus struct {
+	rdb  redis.UniversalClient
+	keys metering.Keys
+	log  *zap.Logger
+
+	mu      sync.Mutex
+	runs    map[string]context.CancelCauseFunc
+	ps      *redis.PubSub
+	started bool
+	closed  bool
+}
+
+func newCancelBus(rdb redis.UniversalClient, keys metering.Keys, log *zap.Logger) *cancelBus {
+	return &cancelBus{rdb: rdb, keys: keys, log: log, runs: map[string]context.CancelCauseFunc{}}
+}
+
+// register makes runID cancellable from any process until unregister. The returned error
+// says the subscription could not be started: the run still runs, but cannot be stopped by
+// a replacing message.
+func (b *cancelBus) register(ctx context.Context, runID string, cancel context.CancelCauseFunc) error {
+	err := b.start(ctx)
+	b.mu.Lock()
+	b.runs[runID] = cancel
+	b.mu.Unlock()
+	return err
+}
+
+func (b *cancelBus) unregister(runID string) {
+	b.mu.Lock()
+	delete(b.runs, runID)
+	b.mu.Unlock()
+}
+
+// start subscribes once and waits for Redis to confirm it, so no cancel published after a
+// claim can arrive before the subscription exists.
+func (b *cancelBus) start(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started || b.closed {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	ps := b.rdb.PSubscribe(ctx, b.keys.Cancel("*"))
+	if _, err := ps.Receive(ctx); err != nil {
+		_ = ps.Close()
+		return err
+	}
+	b.ps, b.started = ps, true
+	go b.loop(ps.Channel())
+	return nil
+}
+
+func (b *cancelBus) loop(ch <-chan *redis.Message) {
+	prefix, suffix := b.keys.Cancel(""), "}"
+	prefix = strings.TrimSuffix(prefix, suffix)
+	for msg := range ch {
+		runID := strings.TrimSuffix(strings.TrimPrefix(msg.Channel, prefix), suffix)
+		b.mu.Lock()
+		cancel := b.runs[runID]
+		b.mu.Unlock()
+		if cancel != nil {
+			b.log.Info("run cancelled: its session moved on", zap.String("run_id", runID))
+			cancel(errSuperseded)
+		}
+	}
+}
+
+// publish asks whichever process serves runID to stop it.
+func (b *cancelBus) publish(ctx context.Context, runID string) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return b.rdb.Publish(ctx, b.keys.Cancel(runID), "superseded").Err()
+}
+
+func (b *cancelBus) close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	if b.ps == nil {
+		return nil
+	}
+	return b.ps.Close()
+}
+
+// Close stops the server's background subscription (the session cancel bus). Call it after
+// WaitSettlements at shutdown.
+func (s *Server) Close() error { return s.cancels.close() }
+
+// claimSession registers c's run as its session's current run (DESIGN §6). It returns an
+// answer when the request must not run: a duplicate of the session's running message, or
+// billing down. A replaced run is told to stop.
+func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) *apiError {
+	claim, err := s.store.ClaimSession(ctx, c.user.ID, sessionID, c.runID, sessionMessageHash(c.req.route.format, c.req.body))
+	if err != nil {
+		c.outcome = outcomeRefused
+		c.log.Error("session claim failed", zap.Error(err))
+		return errBillingDown
+	}
+	if claim.Duplicate {
+		c.outcome = outcomeDuplicate
+		return errAlreadyRunning(claim.Current)
+	}
+	if claim.Replaced != "" {
+		if err := s.cancels.publish(ctx, claim.Replaced); err != nil {
+			c.log.Warn("cancel of the replaced run not sent; it runs to its end and is charged", zap.String("replaced", claim.Replaced), zap.Error(err))
+		}
+	}
+	return nil
+}
