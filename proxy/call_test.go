@@ -259,7 +259,9 @@ func TestOverdraftStorm(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				resp := h.post(key, "/v1/chat/completions", body, hdr)
+				// Twenty different tasks: identical bodies would be duplicates (DESIGN §6).
+				task := strings.Replace(body, `"max_tokens"`, fmt.Sprintf(`"user":"task-%d-%d","max_tokens"`, round, i), 1)
+				resp := h.post(key, "/v1/chat/completions", task, hdr)
 				b := readAll(t, resp.Body)
 				resp.Body.Close()
 				if resp.StatusCode != 200 && resp.StatusCode != 429 && resp.StatusCode != 402 {

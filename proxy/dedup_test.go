@@ -1,0 +1,663 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// The four forms of a duplicate from the seed (double submit, resend after the first
+// finished, a script repeating itself, a redelivered run), and the machinery behind them:
+// Idempotency-Key, X-Session-Id, the fingerprint window. Every test ends with the ledger
+// check of the harness; each asserts one charged run per logical request and run_count.
+
+// answer is one gateway response, read whole.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error
+}
+
+// send posts without touching t, so it can run on any goroutine.
+func send(url, key, body string, hdr map[string]string) answer {
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return answer{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+}
+
+// errorRunID reads the run id a duplicate-family error names.
+func errorRunID(t *testing.T, body []byte) string {
+	t.Helper()
+	var e struct {
+		Error struct {
+			RunID string `json:"run_id"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil || e.Error.RunID == "" {
+		t.Fatalf("no run_id in %s", body)
+	}
+	return e.Error.RunID
+}
+
+// holdsOf lists a user's holds once every settlement has finished.
+func (h *harness) holdsOf(userID uint64) []holds.Run {
+	h.t.Helper()
+	h.settled()
+	var ids []string
+	if err := h.db.Select(&ids, "SELECT run_id FROM run_holds WHERE user_id = ? ORDER BY created_at", userID); err != nil {
+		h.t.Fatal(err)
+	}
+	out := make([]holds.Run, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, h.run(userID, id))
+	}
+	return out
+}
+
+// runCount is the user's run_count on the day ledger, summed over days.
+func (h *harness) runCount(userID uint64) int64 {
+	h.t.Helper()
+	var n int64
+	if err := h.db.Get(&n, "SELECT COALESCE(SUM(run_count), 0) FROM usage_days WHERE user_id = ?", userID); err != nil {
+		h.t.Fatal(err)
+	}
+	return n
+}
+
+// expectCharges asserts the user's holds: exactly the runs in charged were charged (each
+// settled complete), every other hold is settled at zero with one of the allowed sources, and
+// the ledger's run_count is len(charged).
+func (h *harness) expectCharges(userID uint64, charged []string, zeroSources ...string) []holds.Run {
+	h.t.Helper()
+	all := h.holdsOf(userID)
+	want := map[string]bool{}
+	for _, id := range charged {
+		want[id] = true
+	}
+	allowed := map[string]bool{}
+	for _, s := range zeroSources {
+		allowed[s] = true
+	}
+	for _, r := range all {
+		switch {
+		case r.State != holds.StateSettled:
+			h.t.Errorf("run %s still %s", r.RunID, r.State)
+		case want[r.RunID]:
+			if r.ChargedMicro <= 0 {
+				h.t.Errorf("run %s: charged %d, want a charge", r.RunID, r.ChargedMicro)
+			}
+			delete(want, r.RunID)
+		case r.ChargedMicro != 0 || !allowed[r.SettleSource.String]:
+			h.t.Errorf("run %s: charged %d source %q, want 0 from %v", r.RunID, r.ChargedMicro, r.SettleSource.String, zeroSources)
+		}
+	}
+	for id := range want {
+		h.t.Errorf("run %s: no hold", id)
+	}
+	if n := h.runCount(userID); n != int64(len(charged)) {
+		h.t.Errorf("run_count %d, want %d", n, len(charged))
+	}
+	return all
+}
+
+// waitLive polls until the user has n live holds.
+func (h *harness) waitLive(userID uint64, n int) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var live int
+		if err := h.db.Get(&live, "SELECT COUNT(*) FROM run_holds WHERE user_id = ? AND state <> 'settled'", userID); err != nil {
+			h.t.Fatal(err)
+		}
+		if live == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%d live holds, want %d", live, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// secondGateway is another gateway process on the same MySQL and Redis (its own settlements,
+// its own cancel subscription), optionally with its own Redis for duplicate detection.
+func (h *harness) secondGateway(dedup redis.UniversalClient, mutate func(*config.Config)) (*proxy.Server, string) {
+	h.t.Helper()
+	cfg := *h.cfg
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	log := zaptest.NewLogger(h.t, zaptest.Level(zap.WarnLevel))
+	leases := metering.NewLeases(h.rdb, h.keys, "test-2", cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
+	srv := proxy.New(proxy.Deps{Config: &cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: leases,
+		Log: log, DedupRedis: dedup})
+	gw := httptest.NewServer(srv.Handler())
+	// Registered after the harness's cleanup, so it runs first: this gateway's settlements are
+	// done before the ledger check.
+	h.t.Cleanup(func() {
+		gw.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := srv.WaitSettlements(ctx); err != nil {
+			h.t.Errorf("second gateway settlements: %v", err)
+		}
+		_ = srv.Close()
+	})
+	return srv, gw.URL
+}
+
+func waitSettlements(t *testing.T, srv *proxy.Server) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := srv.WaitSettlements(ctx); err != nil {
+		t.Fatalf("settlements did not finish: %v", err)
+	}
+}
+
+// A double click: the same body twice, 50 ms apart, no key, no session. The fingerprint
+// window runs one; the other is a 409 duplicate naming it, its hold released at 0.
+func TestDoubleSubmit50msApartRunsOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	hdr := map[string]string{fakellm.HeaderLatency: "1s"}
+	var wg sync.WaitGroup
+	answers := make([]answer, 2)
+	for i := range answers {
+		wg.Add(1)
+		go func() { defer wg.Done(); answers[i] = send(h.gw.URL, key, chatBody, hdr) }()
+		if i == 0 {
+			time.Sleep(50 * time.Millisecond) // the scenario: a second click 50 ms later
+		}
+	}
+	wg.Wait()
+	var ran, dup *answer
+	for i := range answers {
+		a := &answers[i]
+		switch {
+		case a.err != nil:
+			t.Fatal(a.err)
+		case a.status == 200:
+			ran = a
+		case a.status == 409:
+			dup = a
+		}
+	}
+	if ran == nil || dup == nil {
+		t.Fatalf("statuses %d and %d, want one 200 and one 409", answers[0].status, answers[1].status)
+	}
+	if code := errorCode(t, dup.body); code != "duplicate" {
+		t.Fatalf("duplicate answered %q", code)
+	}
+	if dup.header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("a duplicate must tell SDKs not to retry it")
+	}
+	runID := ran.header.Get(proxy.RunIDHeader)
+	if got := errorRunID(t, dup.body); got != runID {
+		t.Fatalf("duplicate names run %s, want %s", got, runID)
+	}
+	h.expectCharges(u.ID, []string{runID}, holds.SourceDuplicate)
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1", n)
+	}
+}
+
+// A script that sends the same body five times within the window while the first still
+// runs: one run, four duplicates. Once the first has ended, the same body is a new request.
+func TestScriptRepeatingTheSameBodyFiveTimesRunsOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	first := make(chan answer, 1)
+	go func() { first <- send(h.gw.URL, key, chatBody, map[string]string{fakellm.HeaderLatency: "2s"}) }()
+	h.waitLive(u.ID, 1)
+	var dupOf []string
+	for range 4 {
+		a := send(h.gw.URL, key, chatBody, nil)
+		if a.err != nil || a.status != 409 {
+			t.Fatalf("repeat: %d %s %v", a.status, a.body, a.err)
+		}
+		if code := errorCode(t, a.body); code != "duplicate" {
+			t.Fatalf("repeat answered %q", code)
+		}
+		dupOf = append(dupOf, errorRunID(t, a.body))
+	}
+	a := <-first
+	if a.err != nil || a.status != 200 {
+		t.Fatalf("first: %d %s %v", a.status, a.body, a.err)
+	}
+	runID := a.header.Get(proxy.RunIDHeader)
+	for _, id := range dupOf {
+		if id != runID {
+			t.Fatalf("duplicate names %s, want %s", id, runID)
+		}
+	}
+	all := h.expectCharges(u.ID, []string{runID}, holds.SourceDuplicate)
+	if len(all) != 5 {
+		t.Fatalf("%d holds, want 5 (each repeat held, then released)", len(all))
+	}
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1", n)
+	}
+
+	// The first has ended: asking again within the window is a new request, and runs.
+	b := send(h.gw.URL, key, chatBody, nil)
+	if b.err != nil || b.status != 200 {
+		t.Fatalf("after the first ended: %d %s %v", b.status, b.body, b.err)
+	}
+	h.expectCharges(u.ID, []string{runID, b.header.Get(proxy.RunIDHeader)}, holds.SourceDuplicate)
+}
+
+// A resend after the first finished, with the same Idempotency-Key: the stored answer comes
+// back byte for byte (streams too), marked as a replay, and nothing is charged again.
+func TestResendAfterFirstFinishedIsReplayed(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	stream := `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"count to ten"}]}`
+	var charged []string
+	for _, tc := range []struct{ name, body string }{{"non-streamed", chatBody}, {"streamed", stream}} {
+		hdr := map[string]string{"Idempotency-Key": "resend-" + tc.name, fakellm.HeaderChunks: "12"}
+		a := send(h.gw.URL, key, tc.body, hdr)
+		if a.err != nil || a.status != 200 || a.header.Get(proxy.ReplayedHeader) != "" {
+			t.Fatalf("%s first: %d %s %v", tc.name, a.status, a.body, a.err)
+		}
+		h.settled()
+		b := send(h.gw.URL, key, tc.body, hdr)
+		if b.err != nil || b.status != 200 || b.header.Get(proxy.ReplayedHeader) != "true" {
+			t.Fatalf("%s resend: %d %v %s %v", tc.name, b.status, b.header, b.body, b.err)
+		}
+		if !bytes.Equal(a.body, b.body) || a.header.Get("Content-Type") != b.header.Get("Content-Type") {
+			t.Fatalf("%s replay differs:\n%s\n%s", tc.name, a.body, b.body)
+		}
+		runID := a.header.Get(proxy.RunIDHeader)
+		if b.header.Get(proxy.RunIDHeader) != runID {
+			t.Fatalf("%s replay names run %s, want %s", tc.name, b.header.Get(proxy.RunIDHeader), runID)
+		}
+		charged = append(charged, runID)
+		// The same key with another body is a mistake, not a retry.
+		c := send(h.gw.URL, key, strings.Replace(tc.body, "fake-gpt", "fake-gpt-2024", 1), hdr)
+		if c.status != 422 || errorCode(t, c.body) != "idempotency_key_reused" {
+			t.Fatalf("%s other body: %d %s", tc.name, c.status, c.body)
+		}
+	}
+	all := h.expectCharges(u.ID, charged)
+	if len(all) != 2 {
+		t.Fatalf("%d holds, want 2: a replay takes no hold", len(all))
+	}
+	if n := h.fake.Calls(); n != 2 {
+		t.Fatalf("%d upstream calls, want 2", n)
+	}
+}
+
+// Fifty requests with one Idempotency-Key at once make one upstream call. The rest are told
+// the request is in progress (and to retry) or get the replay; retried, all get one answer.
+func TestFiftyConcurrentRequestsWithOneKeyCallUpstreamOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	hdr := map[string]string{"Idempotency-Key": "storm-1", fakellm.HeaderLatency: "300ms"}
+	answers := make([]answer, 50)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range answers {
+		wg.Add(1)
+		go func() { defer wg.Done(); <-start; answers[i] = send(h.gw.URL, key, chatBody, hdr) }()
+	}
+	close(start)
+	wg.Wait()
+	var body []byte
+	var runID string
+	pending := 0
+	for _, a := range answers {
+		switch {
+		case a.err != nil:
+			t.Fatal(a.err)
+		case a.status == 200:
+			if body == nil {
+				body, runID = a.body, a.header.Get(proxy.RunIDHeader)
+			} else if !bytes.Equal(body, a.body) {
+				t.Fatalf("two different answers:\n%s\n%s", body, a.body)
+			}
+		case a.status == 409:
+			if code := errorCode(t, a.body); code != "request_in_progress" || a.header.Get("X-Should-Retry") != "true" ||
+				a.header.Get("Retry-After") == "" {
+				t.Fatalf("409 %s %v", a.body, a.header)
+			}
+			pending++
+		default:
+			t.Fatalf("status %d: %s", a.status, a.body)
+		}
+	}
+	// Retry those that were told to, as an SDK would, until each has the answer.
+	deadline := time.Now().Add(15 * time.Second)
+	for pending > 0 {
+		a := send(h.gw.URL, key, chatBody, hdr)
+		switch {
+		case a.status == 200:
+			if body != nil && !bytes.Equal(body, a.body) {
+				t.Fatalf("two different answers:\n%s\n%s", body, a.body)
+			}
+			body, runID = a.body, a.header.Get(proxy.RunIDHeader)
+			pending--
+		case a.status != 409 || time.Now().After(deadline):
+			t.Fatalf("retry: %d %s %v", a.status, a.body, a.err)
+		default:
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1", n)
+	}
+	if all := h.expectCharges(u.ID, []string{runID}); len(all) != 1 {
+		t.Fatalf("%d holds, want 1", len(all))
+	}
+}
+
+// An attempt that failed before the upstream produced anything does not pin the key: the
+// retry runs (a new attempt, a new run id) and is the one replayed afterwards.
+func TestIdempotentRetryAfterUpstreamFailureRuns(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	a := send(h.gw.URL, key, chatBody, map[string]string{"Idempotency-Key": "flaky", fakellm.HeaderStatus: "500"})
+	if a.status != 502 {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	h.settled()
+	b := send(h.gw.URL, key, chatBody, map[string]string{"Idempotency-Key": "flaky"})
+	if b.status != 200 || b.header.Get(proxy.ReplayedHeader) != "" {
+		t.Fatalf("retry: %d %s", b.status, b.body)
+	}
+	h.settled()
+	c := send(h.gw.URL, key, chatBody, map[string]string{"Idempotency-Key": "flaky"})
+	if c.status != 200 || c.header.Get(proxy.ReplayedHeader) != "true" || !bytes.Equal(b.body, c.body) {
+		t.Fatalf("second retry: %d %v %s", c.status, c.header, c.body)
+	}
+	runID := b.header.Get(proxy.RunIDHeader)
+	if all := h.expectCharges(u.ID, []string{runID}, holds.SourceUpstreamError); len(all) != 2 {
+		t.Fatalf("%d holds, want 2 (the failed attempt and the one that ran)", len(all))
+	}
+}
+
+// An answer larger than max_replay_len is not kept: a later request with its key gets 409
+// naming the run, and is not run again.
+func TestIdempotentAnswerTooLargeToReplay(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Dedup.MaxReplayLen = 64 })
+	u, key := h.user("standard")
+	hdr := map[string]string{"Idempotency-Key": "big"}
+	a := send(h.gw.URL, key, chatBody, hdr)
+	if a.status != 200 {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	h.settled()
+	b := send(h.gw.URL, key, chatBody, hdr)
+	runID := a.header.Get(proxy.RunIDHeader)
+	if b.status != 409 || errorCode(t, b.body) != "idempotent_response_too_large" || errorRunID(t, b.body) != runID {
+		t.Fatalf("resend: %d %s", b.status, b.body)
+	}
+	h.expectCharges(u.ID, []string{runID})
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1", n)
+	}
+}
+
+// The same run admitted twice, as a queue redelivery or a crash takeover would: one hold,
+// and of two settlements only the first charges.
+func TestSameRunAdmittedTwiceHoldsAndChargesOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	ctx := context.Background()
+
+	t.Run("store", func(t *testing.T) {
+		ar := holds.AdmitRequest{RunID: "r_redelivered_task_0001", UserID: u.ID, Model: "fake-gpt", State: holds.StateQueued, TTL: time.Minute}
+		first, err := h.store.Admit(ctx, ar)
+		if err != nil || first.Existing {
+			t.Fatalf("first admit: %+v %v", first, err)
+		}
+		again, err := h.store.Admit(ctx, ar)
+		if err != nil || !again.Existing || again.HeldMicro != first.HeldMicro {
+			t.Fatalf("redelivered admit: %+v %v", again, err)
+		}
+		for i, want := range []bool{true, false} {
+			res, err := h.store.Settle(ctx, holds.Settlement{RunID: ar.RunID, CostMicro: 4321, Calls: 1, Source: holds.SourceComplete})
+			if err != nil || res.Applied != want {
+				t.Fatalf("settlement %d: %+v %v", i, res, err)
+			}
+		}
+		if _, err := h.store.Admit(ctx, ar); err == nil {
+			t.Fatal("a settled run was admitted again")
+		}
+	})
+
+	t.Run("X-Run-Id", func(t *testing.T) {
+		hdr := map[string]string{"X-Run-Id": "queue-task-7"}
+		if a := send(h.gw.URL, key, chatBody, hdr); a.status != 200 {
+			t.Fatalf("call: %d %s", a.status, a.body)
+		}
+		for range 2 { // the settle request delivered twice
+			if r := h.post(key, "/v1/runs/queue-task-7/settle", "", nil); r.StatusCode != 200 {
+				t.Fatalf("settle: %d", r.StatusCode)
+			} else {
+				r.Body.Close()
+			}
+		}
+		// Redelivered after it settled: refused, not run again.
+		if a := send(h.gw.URL, key, chatBody, hdr); a.status != 409 || errorCode(t, a.body) != "run_settled" {
+			t.Fatalf("redelivery after settlement: %d %s", a.status, a.body)
+		}
+	})
+	var xrun string
+	if err := h.db.Get(&xrun, "SELECT run_id FROM run_holds WHERE client_run_id = 'queue-task-7'"); err != nil {
+		t.Fatal(err)
+	}
+	h.expectCharges(u.ID, []string{"r_redelivered_task_0001", xrun})
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1", n)
+	}
+}
+
+// The real OpenAI Go client retries a 409 on its own. With an Idempotency-Key, its retry of a
+// request still running ends with the answer and one charge.
+func TestOpenAIGoClientRetryOfIdempotentRequestChargesOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	client := openai.NewClient(option.WithBaseURL(h.gw.URL+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(10),
+		option.WithHeader("Idempotency-Key", "sdk-retry-1"), option.WithHeader(fakellm.HeaderLatency, "1500ms"))
+	params := openai.ChatCompletionNewParams{Model: "fake-gpt",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say it once.")}}
+	type result struct {
+		res  *openai.ChatCompletion
+		resp *http.Response
+		err  error
+	}
+	call := func() result {
+		var r result
+		r.res, r.err = client.Chat.Completions.New(context.Background(), params, option.WithResponseInto(&r.resp))
+		return r
+	}
+	firstc := make(chan result, 1)
+	go func() { firstc <- call() }()
+	h.waitLive(u.ID, 1)
+	second := call() // first try: 409 request_in_progress; the client retries into the replay
+	first := <-firstc
+	if first.err != nil || second.err != nil {
+		t.Fatalf("errors: %v / %v", first.err, second.err)
+	}
+	if first.res.Choices[0].Message.Content == "" || first.res.Choices[0].Message.Content != second.res.Choices[0].Message.Content {
+		t.Fatalf("answers differ: %q / %q", first.res.Choices[0].Message.Content, second.res.Choices[0].Message.Content)
+	}
+	if second.resp.Header.Get(proxy.ReplayedHeader) != "true" {
+		t.Fatalf("the second answer is not a replay: %v", second.resp.Header)
+	}
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1", n)
+	}
+	h.expectCharges(u.ID, []string{first.resp.Header.Get(proxy.RunIDHeader)})
+}
+
+// X-Session-Id with the message the session is still answering: 409 already_running with
+// the running run's id; the resend's hold is released at 0.
+func TestSessionSameMessageIsAlreadyRunning(t *testing.T) {
+	h := newHarness(t, nil)
+	t.Cleanup(func() { _ = h.srv.Close() })
+	u, key := h.user("standard")
+	first := make(chan answer, 1)
+	go func() {
+		first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Session-Id": "tab-1", fakellm.HeaderLatency: "1s"})
+	}()
+	h.waitLive(u.ID, 1)
+	// A refresh resends the same message; the body differs in other fields, the message does not.
+	resend := strings.Replace(chatBody, `"model":"fake-gpt"`, `"model":"fake-gpt","temperature":0.5`, 1)
+	b := send(h.gw.URL, key, resend, map[string]string{"X-Session-Id": "tab-1"})
+	if b.status != 409 || errorCode(t, b.body) != "already_running" || b.header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("resend: %d %v %s", b.status, b.header, b.body)
+	}
+	a := <-first
+	if a.status != 200 {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	runID := a.header.Get(proxy.RunIDHeader)
+	if got := errorRunID(t, b.body); got != runID {
+		t.Fatalf("already_running names %s, want %s", got, runID)
+	}
+	// Another session asking the same is not a duplicate.
+	if c := send(h.gw.URL, key, chatBody, map[string]string{"X-Session-Id": "tab-2"}); c.status != 200 {
+		t.Fatalf("other session: %d %s", c.status, c.body)
+	} else {
+		h.expectCharges(u.ID, []string{runID, c.header.Get(proxy.RunIDHeader)}, holds.SourceDuplicate)
+	}
+}
+
+// X-Session-Id with a different message: the session's running run is cancelled on the
+// process that serves it (here another gateway process, reached through Redis pub/sub),
+// settled by what it used with source cancel, and the new message runs.
+func TestSessionNewMessageCancelsTheRunningOne(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	second, other := h.secondGateway(nil, nil)
+	t.Cleanup(func() { _ = h.srv.Close() })
+
+	req, _ := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("X-Session-Id", "chat-9")
+	req.Header.Set(fakellm.HeaderChunks, "2000")
+	req.Header.Set(fakellm.HeaderChunkInterval, "5ms")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	oldRun := resp.Header.Get(proxy.RunIDHeader)
+	rd := bufio.NewReader(resp.Body)
+	for seen := 0; seen < 3; {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, `"content":"tok`) {
+			seen++
+		}
+	}
+
+	b := send(other, key, chatBody, map[string]string{"X-Session-Id": "chat-9"})
+	if b.status != 200 {
+		t.Fatalf("new message: %d %s", b.status, b.body)
+	}
+	waitSettlements(t, second)
+	// The old stream ends early, with an error event that says why.
+	rest, err := io.ReadAll(rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("old stream did not end as superseded: ...%s", rest[max(0, len(rest)-300):])
+	}
+	run := h.run(u.ID, oldRun)
+	if run.SettleSource.String != holds.SourceCancel || run.OutTok < 3 || run.OutTok >= 2000 {
+		t.Fatalf("old run = %+v, want settled by cancel with its partial output", run)
+	}
+	h.settled()
+	h.expectCharges(u.ID, []string{oldRun, b.header.Get(proxy.RunIDHeader)})
+}
+
+// When Redis cannot be reached, the fingerprint check refuses with 503 rather than risk a
+// double run, and the hold it took is released; with fail_open the call goes through.
+func TestFingerprintWithRedisDown(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { dead.Close() })
+
+	_, closed := h.secondGateway(dead, nil)
+	a := send(closed, key, chatBody, nil)
+	if a.status != 503 || errorCode(t, a.body) != "dedup_unavailable" || a.header.Get("Retry-After") == "" {
+		t.Fatalf("redis down: %d %v %s", a.status, a.header, a.body)
+	}
+	if n := h.fake.Calls(); n != 0 {
+		t.Fatalf("%d upstream calls, want 0", n)
+	}
+
+	srv, open := h.secondGateway(dead, func(c *config.Config) { c.Dedup.FailOpen = true })
+	b := send(open, key, chatBody, nil)
+	if b.status != 200 {
+		t.Fatalf("fail_open: %d %s", b.status, b.body)
+	}
+	waitSettlements(t, srv)
+	h.expectCharges(u.ID, []string{b.header.Get(proxy.RunIDHeader)}, holds.SourceRelease)
+}
+
+// A window of 0 turns the fingerprint check off: the same body twice at once runs twice.
+func TestFingerprintWindowZeroIsOff(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Dedup.Window = 0 })
+	u, key := h.user("standard")
+	var wg sync.WaitGroup
+	answers := make([]answer, 2)
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = send(h.gw.URL, key, chatBody, map[string]string{fakellm.HeaderLatency: "200ms"})
+		}()
+	}
+	wg.Wait()
+	var ids []string
+	for _, a := range answers {
+		if a.status != 200 {
+			t.Fatalf("status %d: %s", a.status, a.body)
+		}
+		ids = append(ids, a.header.Get(proxy.RunIDHeader))
+	}
+	h.expectCharges(u.ID, ids)
+}
