@@ -227,6 +227,9 @@ func (c *Config) Validate() error {
 	if c.Holds.HeartbeatInterval >= c.Holds.LeaseTTL {
 		bad("holds.heartbeat_interval", "%v must be shorter than holds.lease_ttl %v, or leases lapse between beats", c.Holds.HeartbeatInterval, c.Holds.LeaseTTL)
 	}
+	if 2*c.Holds.HeartbeatInterval > min(c.Holds.HoldTTL, c.Holds.RunTTL) {
+		bad("holds.heartbeat_interval", "%v must be at most half of hold_ttl and run_ttl: a lease is first written by a heartbeat", c.Holds.HeartbeatInterval)
+	}
 	if c.Holds.ReconcileBatch < 1 || c.Holds.ReconcileBatch > 10_000 {
 		bad("holds.reconcile_batch", "must be in [1, 10000], got %d", c.Holds.ReconcileBatch)
 	}

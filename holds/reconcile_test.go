@@ -35,7 +35,8 @@ func TestReconcileCases(t *testing.T) {
 	e.addTally(overCap.RunID, pricing.Usage{Input: 1, Output: 1}, overCap.CapMicro*3)
 	// A live process still serves r_leased (its stream outlasts its TTL).
 	leases := metering.NewLeases(e.rdb, e.keys, "other-process", time.Minute, time.Second, e.log)
-	if err := leases.Acquire(e.ctx(), leased.RunID); err != nil {
+	leases.Acquire(leased.RunID)
+	if err := leases.Refresh(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
 

@@ -42,27 +42,26 @@ func (l *Leases) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			if err := l.refresh(ctx); err != nil {
+			if err := l.Refresh(ctx); err != nil {
 				l.log.Warn("lease heartbeat failed", zap.Error(err))
 			}
 		}
 	}
 }
 
-// Acquire marks runID as served here. Calls of one agent run may overlap, so leases count.
-func (l *Leases) Acquire(ctx context.Context, runID string) error {
+// Acquire marks runID as served here. It writes nothing: the next heartbeat does, within one
+// interval, and a lease only matters to the reconciler once a hold has outlived its TTL —
+// minutes, against a heartbeat of seconds — so the call does not wait for Redis. Calls of
+// one agent run may overlap, so leases count.
+func (l *Leases) Acquire(runID string) {
 	l.mu.Lock()
 	l.runs[runID]++
 	l.mu.Unlock()
-	if err := l.rdb.Set(ctx, l.keys.Lease(runID), l.instance, l.ttl).Err(); err != nil {
-		return fmt.Errorf("lease %s: %w", runID, err)
-	}
-	return nil
 }
 
 // Release drops this process's claim on runID; the key is deleted when the last call of the
-// run on this process ends and drop is true (the run settled). An agent run between calls keeps
-// no lease: its hold's run_ttl covers it.
+// run on this process ends. An agent run between calls keeps no lease: its hold's run_ttl
+// covers it.
 func (l *Leases) Release(ctx context.Context, runID string) error {
 	l.mu.Lock()
 	l.runs[runID]--
@@ -100,7 +99,9 @@ func (l *Leases) Held() int {
 // pipelines rather than one enormous one.
 const refreshBatch = 500
 
-func (l *Leases) refresh(ctx context.Context) error {
+// Refresh writes every lease this process holds, in pipelines of refreshBatch. The heartbeat
+// calls it; so may a caller that needs the keys written now.
+func (l *Leases) Refresh(ctx context.Context) error {
 	l.mu.Lock()
 	ids := make([]string, 0, len(l.runs))
 	for id := range l.runs {

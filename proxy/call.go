@@ -115,6 +115,8 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	ar := holds.AdmitRequest{
 		RunID: runID, UserID: user.ID, ClientRunID: clientRunID, SessionID: sessionID, Model: req.model,
 		State: holds.StateRunning, TTL: ttl, Heavy: req.userTurns >= plan.HeavyAfterTurns,
+		// A run id made up here at random cannot have been admitted before.
+		Fresh: clientRunID == "" && idemKey == "",
 	}
 	var (
 		hold holds.Hold
@@ -131,6 +133,10 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		runID = ar.RunID
 		log = log.With(zap.String("run_id", runID))
 	} else if hold, err = s.store.Admit(r.Context(), ar); err != nil {
+		if r.Context().Err() != nil {
+			log.Info("client left during admission; nothing held", zap.Error(err))
+			return 499
+		}
 		e := s.admitError(err)
 		if e.Status >= 500 {
 			log.Error("admission failed", zap.Error(err))
@@ -210,9 +216,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		c.outcome = outcomeRefused
 		return refuse(exhausted, "budget below the cost of the prompt")
 	}
-	if err := s.leases.Acquire(r.Context(), runID); err != nil {
-		log.Warn("lease not taken; the hold's TTL still protects the run", zap.Error(err))
-	}
+	s.leases.Acquire(runID)
 	s.metrics.ActiveCalls.Inc()
 	defer s.metrics.ActiveCalls.Dec()
 	w.Header().Set(RunIDHeader, runID)
@@ -292,29 +296,40 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		s.settle(ctx, c, st)
 		return
 	}
-	// The tally is written before settlement is tried: if this process dies before the
-	// settlement commits, the reconciler settles from it.
-	if st.CostMicro > 0 || st.Usage != (pricing.Usage{}) {
-		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro); err != nil {
-			s.metrics.TallyFailures.Inc()
-			c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
-		}
-		cancel()
-	}
 	if c.inRun {
+		// The run's next call checks its budget against the tally: write it before answering.
+		s.tallyCall(ctx, c, st)
 		s.endRunCall(ctx, c, st)
 		return
 	}
+	// Tally and settlement run after the caller has its answer; neither adds to its latency.
 	s.settlements.Add(1)
+	work := func() {
+		s.tallyCall(ctx, c, st)
+		s.settle(ctx, c, st)
+	}
 	select {
 	case s.settleSlots <- struct{}{}:
 		go func() {
 			defer func() { <-s.settleSlots }()
-			s.settle(ctx, c, st)
+			work()
 		}()
 	default:
-		s.settle(ctx, c, st) // backpressure: too many settlements behind; this caller waits
+		work() // backpressure: too many settlements behind; this caller waits
+	}
+}
+
+// tallyCall records a call's usage in Redis before its settlement is tried: if this process
+// dies before the settlement commits, the reconciler settles from the tally.
+func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
+	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
+		return
+	}
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro); err != nil {
+		s.metrics.TallyFailures.Inc()
+		c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
 	}
 }
 
@@ -342,7 +357,7 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
 
 // settlementOf turns how a call ended into what it is charged.
 func (s *Server) settlementOf(c *call) holds.Settlement {
-	st := holds.Settlement{RunID: c.runID, Model: c.req.model, Calls: 1, PriceSnapshot: priceSnapshot(c.req)}
+	st := holds.Settlement{RunID: c.runID, UserID: c.user.ID, Model: c.req.model, Calls: 1, PriceSnapshot: s.snapshots[c.req.priceKey]}
 	switch c.outcome {
 	case outcomeRefused:
 		st.Source, st.Calls = holds.SourceRelease, 0
@@ -355,6 +370,9 @@ func (s *Server) settlementOf(c *call) holds.Settlement {
 		return st
 	case outcomeCancel:
 		st.Source = holds.SourceCancel
+		if s.shuttingDown.Load() {
+			st.Source = holds.SourceShutdown
+		}
 	case outcomeStreamError:
 		st.Source = holds.SourceStreamError
 	default:
@@ -371,12 +389,16 @@ func (s *Server) settlementOf(c *call) holds.Settlement {
 	return st
 }
 
-// priceSnapshot records the prices a run was billed at, so the bill can be explained after the
-// price table changes.
-func priceSnapshot(c *callRequest) []byte {
-	b, _ := json.Marshal(map[string]any{"model": c.priceKey, "unit": "micro_usd_per_million_tokens",
-		"input": c.price.Input, "cache_read": c.price.CacheRead, "cache_write": c.price.CacheWrite, "output": c.price.Output})
-	return b
+// priceSnapshots records, per configured model, the prices a run is billed at, so the bill can
+// be explained after the price table changes. Built once: the table is fixed for a process.
+func priceSnapshots(prices *pricing.Table) map[string][]byte {
+	out := map[string][]byte{}
+	for _, name := range prices.Models() {
+		p, _, _ := prices.Lookup(name)
+		out[name], _ = json.Marshal(map[string]any{"model": name, "unit": "micro_usd_per_million_tokens",
+			"input": p.Input, "cache_read": p.CacheRead, "cache_write": p.CacheWrite, "output": p.Output})
+	}
+	return out
 }
 
 // newRunID is a fresh run id for a call without a caller-chosen one.

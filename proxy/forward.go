@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"go.uber.org/zap"
@@ -130,11 +131,14 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	if c.meter.Result().UpstreamError {
 		c.outcome = outcomeStreamError
 	}
-	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(resp.StatusCode)
 	if _, err := w.Write(body); err != nil {
 		c.outcome = outcomeCancel
 	}
+	// Flush now: the handler still has its deferred settlement to hand off, and the caller
+	// need not wait for that.
+	_ = http.NewResponseController(w).Flush()
 	return resp.StatusCode
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -51,6 +52,7 @@ type Server struct {
 	log       *zap.Logger
 	metrics   *Metrics
 	prices    *pricing.Table
+	snapshots map[string][]byte // price snapshot JSON per configured model
 	admin     http.Handler
 	client    *http.Client
 	auth      *keyCache
@@ -61,9 +63,12 @@ type Server struct {
 	// settlements tracks deferred settlements so shutdown can wait for them; settleSlots
 	// bounds how many run in the background at once (past it a handler settles inline, which
 	// slows that caller instead of growing memory without bound).
-	calls       sync.WaitGroup
-	settlements sync.WaitGroup
-	settleSlots chan struct{}
+	// shuttingDown marks calls cut at the graceful-shutdown deadline, so they settle with
+	// source "shutdown" rather than as a client's cancel.
+	shuttingDown atomic.Bool
+	calls        sync.WaitGroup
+	settlements  sync.WaitGroup
+	settleSlots  chan struct{}
 }
 
 // maxBackgroundSettlements bounds settlements in flight beyond their requests.
@@ -86,7 +91,7 @@ func New(d Deps) *Server {
 	}
 	s := &Server{
 		cfg: d.Config, store: d.Store, rdb: d.Redis, keys: d.Keys, tally: d.Tally, leases: d.Leases,
-		log: d.Log, metrics: d.Metrics, prices: prices, admin: d.Admin,
+		log: d.Log, metrics: d.Metrics, prices: prices, snapshots: priceSnapshots(prices), admin: d.Admin,
 		client:      &http.Client{Transport: d.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		auth:        newKeyCache(d.Store, d.Config.Limits.KeyCacheTTL),
 		creditUSD:   d.Config.CreditMicro,
@@ -140,6 +145,10 @@ func (s *Server) Handler() http.Handler {
 	})
 	return r
 }
+
+// CutCalls is called when the drain deadline passes and the remaining calls are about to be
+// cut: they settle by what they used, recorded as source "shutdown".
+func (s *Server) CutCalls() { s.shuttingDown.Store(true) }
 
 // WaitSettlements blocks until every deferred settlement started so far has finished, or ctx
 // ends. Graceful shutdown calls it after the listener has stopped.

@@ -83,12 +83,16 @@ func serve(ctx context.Context, args []string) error {
 		// Calls still streaming at the deadline are cut; closing their connections cancels
 		// their requests, and their deferred settlements charge what they used.
 		e.log.Warn("drain deadline passed; cutting remaining calls", zap.Error(err))
+		srv.CutCalls()
 		_ = hs.Close()
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), cfg.Limits.SettleTimeout+5*time.Second)
 	defer wcancel()
 	if err := srv.WaitSettlements(wctx); err != nil && !errors.Is(err, context.Canceled) {
 		e.log.Error("settlements still pending at exit; the reconciler will settle them", zap.Error(err))
+	}
+	if err := srv.Close(); err != nil {
+		e.log.Warn("closing the cancel subscription", zap.Error(err))
 	}
 	e.log.Info("gateway stopped")
 	return nil
