@@ -18,9 +18,28 @@ const (
 )
 
 // Open connects to MySQL with the settings the money code relies on: UTC sessions (so NOW(6)
-// and UTC_DATE() agree on the day a charge lands on), parsed DATETIMEs, and parameters
-// interpolated client-side to save a round trip per statement.
+// and UTC_DATE() agree on the day a charge lands on), parsed DATETIMEs, parameters
+// interpolated client-side to save a round trip per statement, and READ COMMITTED.
+//
+// READ COMMITTED because under REPEATABLE READ the day ledger's "UPDATE, and INSERT if no
+// row" takes gap locks on rows that do not exist yet, and the first charges of the day of
+// users whose ledger rows are neighbours in the index deadlock each other (measured: 578 of
+// ~3700 settlements gave up after eight retries with 256 connections). Every money
+// transaction here begins by locking the user's row and reads after that, so each statement's
+// fresh snapshot already contains everything that user's earlier transactions committed.
 func Open(ctx context.Context, dsn string) (*sqlx.DB, error) {
+	db, err := open(ctx, dsn, "transaction_isolation")
+	if mysqlErrNumber(err) == errUnknownSystemVariable {
+		// MariaDB before 11.1 knows the setting only by its old name.
+		db, err = open(ctx, dsn, "tx_isolation")
+	}
+	return db, err
+}
+
+// errUnknownSystemVariable is MySQL's "Unknown system variable".
+const errUnknownSystemVariable = 1193
+
+func open(ctx context.Context, dsn, isolationVar string) (*sqlx.DB, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
@@ -32,6 +51,7 @@ func Open(ctx context.Context, dsn string) (*sqlx.DB, error) {
 		cfg.Params = map[string]string{}
 	}
 	cfg.Params["time_zone"] = "'+00:00'"
+	cfg.Params[isolationVar] = "'READ-COMMITTED'"
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}

@@ -2,7 +2,9 @@ package holds_test
 
 import (
 	"context"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -159,5 +161,52 @@ func TestAdmitSameRunTwiceTakesOneHold(t *testing.T) {
 	if _, err := f.store.Admit(context.Background(), holds.AdmitRequest{RunID: "r_again", UserID: f.user.ID,
 		State: holds.StateRunning, TTL: time.Minute}); err == nil {
 		t.Fatal("a settled run was admitted again")
+	}
+}
+
+// TestFirstChargesOfManyUsersDoNotDeadlock settles the first charge of the day of many users
+// at once, with no retries allowed: every one must commit the first time. Under REPEATABLE
+// READ the ledger's "UPDATE, then INSERT" takes gap locks on missing rows, and neighbouring
+// users' first inserts deadlock each other.
+func TestFirstChargesOfManyUsersDoNotDeadlock(t *testing.T) {
+	db := testenv.MySQL(t)
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 0, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	ctx := context.Background()
+	const users = 300
+	runs := make([]holds.Settlement, users)
+	for i := range runs {
+		u, err := st.CreateUser(ctx, "first-"+strconv.Itoa(i), "standard")
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs[i] = holds.Settlement{RunID: "r_first_" + strconv.Itoa(i), UserID: u.ID, CostMicro: 1_000, Source: holds.SourceComplete}
+		if _, err := st.Admit(ctx, holds.AdmitRequest{RunID: runs[i].RunID, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	work := make(chan holds.Settlement)
+	var failed atomic.Int64
+	for w := 0; w < 48; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := range work {
+				if _, err := st.Settle(ctx, s); err != nil {
+					failed.Add(1)
+					t.Log(err)
+				}
+			}
+		}()
+	}
+	for _, s := range runs {
+		work <- s
+	}
+	close(work)
+	wg.Wait()
+	if n := failed.Load(); n != 0 {
+		t.Fatalf("%d of %d first settlements of the day failed without retries", n, users)
 	}
 }

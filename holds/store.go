@@ -4,9 +4,9 @@
 // and starts by locking the user's row. That one rule is what makes admission see every hold
 // and settlement that committed before it, and what keeps two money paths from deadlocking.
 //
-// Transactions run at the server's default REPEATABLE READ: their first consistent (non-locking)
-// read happens after the user row is locked, so the snapshot already contains every settlement
-// and admission of that user that committed before the lock was granted.
+// Transactions run at READ COMMITTED (see Open): every read after the user lock sees what the
+// user's earlier transactions committed, and no gap locks couple one user's ledger insert to
+// another's.
 package holds
 
 import (

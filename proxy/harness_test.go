@@ -71,7 +71,7 @@ func newHarnessWithFixtures(t *testing.T, fixturesDir string, mutate func(*confi
 	}
 	h.cfg = cfg
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	h.store = holds.NewStore(h.db, plansOf(cfg), "standard", log)
+	h.store = holds.NewStore(h.db, proxy.Plans(cfg), "standard", log)
 	h.tally = metering.NewTally(h.rdb, h.keys, cfg.Holds.TallyTTL)
 	leases := metering.NewLeases(h.rdb, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
 	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: leases, Log: log})
@@ -82,17 +82,6 @@ func newHarnessWithFixtures(t *testing.T, fixturesDir string, mutate func(*confi
 		testenv.CheckLedger(t, h.db)
 	})
 	return h
-}
-
-func plansOf(cfg *config.Config) map[string]holds.Plan {
-	out := map[string]holds.Plan{}
-	for name, p := range cfg.Plans {
-		m := func(c config.Credits) int64 { return c.MicroAt(cfg.CreditMicro) }
-		out[name] = holds.Plan{AllowanceMicro: m(p.AllowanceCredits), HoldNormalMicro: m(p.HoldNormalCredits),
-			HoldHeavyMicro: m(p.HoldHeavyCredits), HeavyAfterTurns: p.HeavyAfterTurns, MaxInFlight: p.MaxInFlight,
-			MaxRunCostMicro: m(p.MaxRunCostCredits), DiscountBP: p.DiscountBP}
-	}
-	return out
 }
 
 // user creates an account with a fresh key.

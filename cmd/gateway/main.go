@@ -18,6 +18,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/proxy"
 	tgsql "github.com/tollgate/tollgate/sql"
 )
 
@@ -160,19 +161,7 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 
 // store builds the holds store with the configured plans.
 func (e *env) store() *holds.Store {
-	return holds.NewStore(e.db, plansOf(e.cfg), "standard", e.log)
-}
-
-// plansOf converts configured plans (credits) to the store's terms (micro-USD).
-func plansOf(cfg *config.Config) map[string]holds.Plan {
-	out := make(map[string]holds.Plan, len(cfg.Plans))
-	for name, p := range cfg.Plans {
-		m := func(c config.Credits) int64 { return c.MicroAt(cfg.CreditMicro) }
-		out[name] = holds.Plan{AllowanceMicro: m(p.AllowanceCredits), HoldNormalMicro: m(p.HoldNormalCredits),
-			HoldHeavyMicro: m(p.HoldHeavyCredits), HeavyAfterTurns: p.HeavyAfterTurns, MaxInFlight: p.MaxInFlight,
-			MaxRunCostMicro: m(p.MaxRunCostCredits), DiscountBP: p.DiscountBP}
-	}
-	return out
+	return holds.NewStore(e.db, proxy.Plans(e.cfg), "standard", e.log)
 }
 
 func migrate(ctx context.Context, args []string) error {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // Keys is what setup hands to run.
@@ -26,18 +27,6 @@ type Keys struct {
 	HotMaxInFlight     int      `json:"hot_max_in_flight"`
 	HotAllowanceMicro  int64    `json:"hot_allowance_micro"`
 	UserAllowanceMicro int64    `json:"user_allowance_micro"`
-}
-
-// plansOf mirrors cmd/gateway: configured plans in the store's terms.
-func plansOf(cfg *config.Config) map[string]holds.Plan {
-	out := make(map[string]holds.Plan, len(cfg.Plans))
-	for name, p := range cfg.Plans {
-		m := func(c config.Credits) int64 { return c.MicroAt(cfg.CreditMicro) }
-		out[name] = holds.Plan{AllowanceMicro: m(p.AllowanceCredits), HoldNormalMicro: m(p.HoldNormalCredits),
-			HoldHeavyMicro: m(p.HoldHeavyCredits), HeavyAfterTurns: p.HeavyAfterTurns, MaxInFlight: p.MaxInFlight,
-			MaxRunCostMicro: m(p.MaxRunCostCredits), DiscountBP: p.DiscountBP}
-	}
-	return out
 }
 
 func setupCmd(args []string) error {
@@ -59,7 +48,7 @@ func setupCmd(args []string) error {
 	}
 	defer db.Close()
 	cfg := config.Default()
-	st := holds.NewStore(db, plansOf(cfg), "standard", zap.NewNop())
+	st := holds.NewStore(db, proxy.Plans(cfg), "standard", zap.NewNop())
 	tag := time.Now().UTC().Format("150405")
 	mk := func(name string) (uint64, string, error) {
 		u, err := st.CreateUser(ctx, name, "standard")
