@@ -177,6 +177,10 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		orig, err := s.fingerprint(r.Context(), user.ID, bodyHash, runID)
 		var dbDown errStoreDown
 		switch {
+		case err != nil && r.Context().Err() != nil:
+			c.outcome = outcomeRefused
+			log.Info("client left during the duplicate check; hold released", zap.Error(err))
+			return 499
 		case errors.As(err, &dbDown):
 			c.outcome = outcomeRefused
 			log.Error("fingerprint check failed", zap.Error(err))
