@@ -47,166 +47,327 @@ type Settlement struct {
 
 // Settled is what a settlement did.
 type Settled struct {
-	Applied         bool // false: the run had been settled before; nothing changed
-	ChargedMicro    int64
-	AllowancePart   int64
-	PrepaidPart     int64
-	CostMicro       int64
-	UserID          uint64
-	DayUsedMicroNow int64
+	Applied       bool // false: the run had been settled before; nothing changed
+	ChargedMicro  int64
+	AllowancePart int64
+	PrepaidPart   int64
+	CostMicro     int64
+	UserID        uint64
 }
 
-// Settle closes a run in one transaction, in the global lock order: the user's row, the hold
-// (a conditional update that only a live hold passes), then the day ledger. Only the
-// settlement that moved the hold out of queued/running charges; every later one — a retry,
-// the reconciler, a slow process — changes nothing. The charge is the discounted cost,
-// clamped to the hold's cap (the caller's authorisation and the overdraft bound), taken from
-// the day's allowance first and then from prepaid credits.
+// Settle closes one run: SettleBatch of one.
 func (s *Store) Settle(ctx context.Context, st Settlement) (Settled, error) {
-	if st.CostMicro < 0 {
-		panic("holds: negative cost")
+	out, err := s.SettleBatch(ctx, []Settlement{st})
+	if err != nil {
+		return Settled{}, err
 	}
-	// user_id never changes, so it is read before the transaction: the transaction's first
-	// statement must be the user lock, or its snapshot would predate that lock.
-	userID := st.UserID
-	if userID == 0 {
-		err := s.withRetry(ctx, "settle "+st.RunID, func() error {
-			return s.db.GetContext(ctx, &userID, "SELECT user_id FROM run_holds WHERE run_id = ?", st.RunID)
-		})
-		if errors.Is(err, sql.ErrNoRows) {
-			return Settled{}, fmt.Errorf("settle %s: %w", st.RunID, ErrRunNotFound)
-		}
-		if err != nil {
-			return Settled{}, fmt.Errorf("settle %s: find hold: %w", st.RunID, err)
+	if out[0].Err != nil {
+		return Settled{}, fmt.Errorf("settle %s: %w", st.RunID, out[0].Err)
+	}
+	return out[0].Settled, nil
+}
+
+// BatchResult is one settlement's outcome within a batch.
+type BatchResult struct {
+	Settled
+	Err error // ErrRunNotFound for an unknown run (or one of another user); the rest of the batch still commits
+}
+
+// MaxBatch bounds one settlement transaction: its statements grow with it, and so does the
+// time its user locks are held.
+const MaxBatch = 256
+
+// SettleBatch closes runs in one transaction, in the global lock order: the users' rows (in
+// id order, so two batches never wait on each other in a cycle), the holds, then the day
+// ledger. A hold is charged only if the locked read finds it live (queued or running) — the
+// conditional update of the design, decided under the hold's row lock — so every later
+// settlement of it, by a retry, the reconciler or a slow process, changes nothing. A charge
+// is the discounted cost clamped to the hold's cap (the caller's authorisation and the
+// overdraft bound), taken from the day's allowance first and then from prepaid credits.
+//
+// Grouping is what keeps settlement cheap under load: a batch costs about seven statements
+// and one commit whatever its size, where one transaction per run costs six and a commit each.
+func (s *Store) SettleBatch(ctx context.Context, sts []Settlement) ([]BatchResult, error) {
+	if len(sts) == 0 || len(sts) > MaxBatch {
+		panic(fmt.Sprintf("holds: settle batch of %d", len(sts)))
+	}
+	for _, st := range sts {
+		if st.CostMicro < 0 {
+			panic("holds: negative cost")
 		}
 	}
-	var out Settled
-	err := s.inTx(ctx, "settle "+st.RunID, func(tx *sqlx.Tx) error {
+	users, err := s.usersOf(ctx, sts)
+	if err != nil {
+		return nil, fmt.Errorf("settle %d runs: %w", len(sts), err)
+	}
+	var out []BatchResult
+	err = s.inTx(ctx, fmt.Sprintf("settle %d runs", len(sts)), func(tx *sqlx.Tx) error {
 		var err error
-		out, err = s.settleTx(ctx, tx, userID, st)
+		out, err = s.settleBatchTx(ctx, tx, sts, users)
 		return err
 	})
 	if err != nil {
-		return Settled{}, fmt.Errorf("settle %s: %w", st.RunID, err)
+		return nil, fmt.Errorf("settle %d runs (first %s): %w", len(sts), sts[0].RunID, err)
 	}
 	return out, nil
 }
 
-func (s *Store) settleTx(ctx context.Context, tx *sqlx.Tx, userID uint64, st Settlement) (Settled, error) {
-	u, err := lockUser(ctx, tx, userID)
+// usersOf returns each settlement's user: the caller's word where it gave one, otherwise
+// read before the transaction (user_id never changes), so that the transaction's first
+// statement is the user lock.
+func (s *Store) usersOf(ctx context.Context, sts []Settlement) ([]uint64, error) {
+	users := make([]uint64, len(sts))
+	var unknown []string
+	for i, st := range sts {
+		users[i] = st.UserID
+		if st.UserID == 0 {
+			unknown = append(unknown, st.RunID)
+		}
+	}
+	if len(unknown) == 0 {
+		return users, nil
+	}
+	q, args, err := sqlx.In("SELECT run_id, user_id FROM run_holds WHERE run_id IN (?)", unknown)
 	if err != nil {
-		return Settled{}, err
+		return nil, err
 	}
-	// The hold, the database clock and today's ledger in one round trip. Its consistent reads
-	// start after the user lock was granted (the previous statement), and every writer of this
-	// user's ledger holds that lock, so used_today is current. One reading of the clock gives
-	// both settled_at and the ledger's day, so a settlement that straddles midnight UTC lands
-	// wholly on one day. Sessions run in UTC.
-	var h struct {
-		UserID     uint64    `db:"user_id"`
-		State      State     `db:"state"`
-		HeldMicro  int64     `db:"held_micro"`
-		CapMicro   int64     `db:"cap_micro"`
-		DiscountBP int       `db:"discount_bp"`
-		Now        time.Time `db:"now"`
-		Day        string    `db:"day"`
-		UsedToday  int64     `db:"used_today"`
+	var rows []struct {
+		RunID  string `db:"run_id"`
+		UserID uint64 `db:"user_id"`
 	}
-	err = tx.GetContext(ctx, &h, `SELECT h.user_id, h.state, h.held_micro, h.cap_micro, h.discount_bp, t.now,
-		DATE_FORMAT(t.now, '%Y-%m-%d') AS day,
-		COALESCE((SELECT used_micro FROM usage_days WHERE user_id = h.user_id AND day = DATE(t.now)), 0) AS used_today
-		FROM run_holds h, (SELECT NOW(6) AS now) t WHERE h.run_id = ? FOR UPDATE`, st.RunID)
-	if errors.Is(err, sql.ErrNoRows) {
-		return Settled{}, ErrRunNotFound
+	if err := s.withRetry(ctx, "find holds", func() error { return s.db.SelectContext(ctx, &rows, q, args...) }); err != nil {
+		return nil, fmt.Errorf("find holds: %w", err)
 	}
-	if err != nil {
-		return Settled{}, fmt.Errorf("read hold: %w", err)
+	byRun := make(map[string]uint64, len(rows))
+	for _, r := range rows {
+		byRun[r.RunID] = r.UserID
 	}
-	if h.UserID != userID {
-		return Settled{}, fmt.Errorf("hold belongs to user %d, not %d: %w", h.UserID, userID, ErrRunNotFound)
+	for i, st := range sts {
+		if users[i] == 0 {
+			users[i] = byRun[st.RunID] // 0 when unknown: reported as ErrRunNotFound
+		}
 	}
-	if h.State == StateSettled {
-		return Settled{UserID: userID}, nil
-	}
+	return users, nil
+}
 
-	cost := st.CostMicro
-	charged := min(pricing.ApplyDiscount(cost, h.DiscountBP), h.CapMicro)
-	if st.ChargeHeld {
-		cost, charged = h.HeldMicro, h.HeldMicro
-	}
-	usedToday := h.UsedToday
-	allowancePart := min(charged, max(0, s.plan(u).AllowanceMicro-usedToday))
-	prepaidPart := charged - allowancePart
+// lockedHold is a hold as the settlement transaction reads it, under its row lock.
+type lockedHold struct {
+	RunID      string `db:"run_id"`
+	UserID     uint64 `db:"user_id"`
+	State      State  `db:"state"`
+	HeldMicro  int64  `db:"held_micro"`
+	CapMicro   int64  `db:"cap_micro"`
+	DiscountBP int    `db:"discount_bp"`
+	ExpiresAt  string `db:"expires_at"`
+}
 
-	u2 := st.Usage.Clamp()
-	res, err := tx.ExecContext(ctx, `
-		UPDATE run_holds
-		SET state = 'settled', cost_micro = ?, charged_micro = ?, allowance_part_micro = ?, prepaid_part_micro = ?,
-		    in_tok = ?, cache_read_tok = ?, cache_write_tok = ?, out_tok = ?, calls = ?,
-		    model = IF(? = '', model, ?), price_snapshot = ?, estimated = ?, settle_source = ?, settled_at = ?
-		WHERE run_id = ? AND state IN ('queued', 'running')`,
-		cost, charged, allowancePart, prepaidPart, u2.Input, u2.CacheRead, u2.CacheWrite, u2.Output, st.Calls,
-		st.Model, st.Model, nullJSON(st.PriceSnapshot), st.Estimated, st.Source, h.Now, st.RunID)
-	if err != nil {
-		return Settled{}, fmt.Errorf("mark settled: %w", err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return Settled{}, fmt.Errorf("mark settled: %w", err)
-	} else if n != 1 {
-		// The hold row is locked by this transaction and was live: anything but one row is a bug.
-		return Settled{}, fmt.Errorf("mark settled: %d rows changed, want 1", n)
-	}
-	out := Settled{Applied: true, ChargedMicro: charged, AllowancePart: allowancePart, PrepaidPart: prepaidPart,
-		CostMicro: cost, UserID: userID, DayUsedMicroNow: usedToday}
-	// A run that cost nothing leaves the ledger alone: it is a release, not a charge.
-	if charged == 0 {
+func (s *Store) settleBatchTx(ctx context.Context, tx *sqlx.Tx, sts []Settlement, users []uint64) ([]BatchResult, error) {
+	out := make([]BatchResult, len(sts))
+	ids := distinctNonZero(users)
+	if len(ids) == 0 {
+		for i := range out {
+			out[i].Err = ErrRunNotFound
+		}
 		return out, nil
 	}
-	if err := addToDay(ctx, tx, userID, h.Day, charged); err != nil {
-		return Settled{}, err
+	// 1. The users, in id order, and one reading of the database clock: it gives both
+	// settled_at and the ledger's day, so a batch that straddles midnight UTC lands wholly on
+	// one day (sessions run in UTC).
+	q, args, err := sqlx.In("SELECT "+userColumns+", NOW(6) AS now FROM users WHERE id IN (?) ORDER BY id FOR UPDATE", ids)
+	if err != nil {
+		return nil, err
 	}
-	out.DayUsedMicroNow += charged
-	if prepaidPart > 0 {
-		if _, err := tx.ExecContext(ctx, "UPDATE users SET prepaid_micro = prepaid_micro - ? WHERE id = ?", prepaidPart, userID); err != nil {
-			return Settled{}, fmt.Errorf("take from prepaid: %w", err)
+	var locked []struct {
+		userRow
+		Now time.Time `db:"now"`
+	}
+	if err := tx.SelectContext(ctx, &locked, q, args...); err != nil {
+		return nil, fmt.Errorf("lock users: %w", err)
+	}
+	if len(locked) == 0 {
+		for i := range out {
+			out[i].Err = ErrRunNotFound
+		}
+		return out, nil
+	}
+	now := locked[0].Now
+	day := now.Format(time.DateOnly)
+	byUser := make(map[uint64]userRow, len(locked))
+	for _, u := range locked {
+		byUser[u.ID] = u.userRow
+	}
+
+	// 2. The holds, under their row locks. Their reads start after the user locks were
+	// granted, and every writer of a hold's state holds its user's lock, so states are current.
+	runIDs := make([]string, len(sts))
+	for i, st := range sts {
+		runIDs[i] = st.RunID
+	}
+	q, args, err = sqlx.In(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
+		DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f') AS expires_at
+		FROM run_holds WHERE run_id IN (?) FOR UPDATE`, runIDs)
+	if err != nil {
+		return nil, err
+	}
+	var hs []lockedHold
+	if err := tx.SelectContext(ctx, &hs, q, args...); err != nil {
+		return nil, fmt.Errorf("lock holds: %w", err)
+	}
+	holds := make(map[string]*lockedHold, len(hs))
+	for i := range hs {
+		holds[hs[i].RunID] = &hs[i]
+	}
+
+	// 3. Today's ledger of those users: every writer of it holds the user's lock.
+	q, args, err = sqlx.In("SELECT user_id, used_micro FROM usage_days WHERE day = ? AND user_id IN (?)", day, ids)
+	if err != nil {
+		return nil, err
+	}
+	var ledger []struct {
+		UserID uint64 `db:"user_id"`
+		Used   int64  `db:"used_micro"`
+	}
+	if err := tx.SelectContext(ctx, &ledger, q, args...); err != nil {
+		return nil, fmt.Errorf("read day ledger: %w", err)
+	}
+	used := make(map[uint64]int64, len(ids))
+	for _, l := range ledger {
+		used[l.UserID] = l.Used
+	}
+
+	// Decide each settlement in batch order; a user's charges consume the allowance in turn.
+	var changed []settledRow
+	dayAdd := map[uint64]*dayDelta{}
+	var dayOrder []uint64
+	for i, st := range sts {
+		h, ok := holds[st.RunID]
+		u, userOK := byUser[users[i]]
+		if !ok || !userOK || h.UserID != users[i] {
+			out[i].Err = ErrRunNotFound
+			continue
+		}
+		out[i].UserID = h.UserID
+		if h.State == StateSettled {
+			continue // settled before, or earlier in this batch
+		}
+		h.State = StateSettled
+		cost := st.CostMicro
+		charged := min(pricing.ApplyDiscount(cost, h.DiscountBP), h.CapMicro)
+		if st.ChargeHeld {
+			cost, charged = h.HeldMicro, h.HeldMicro
+		}
+		allowancePart := min(charged, max(0, s.plan(u).AllowanceMicro-used[h.UserID]))
+		prepaidPart := charged - allowancePart
+		used[h.UserID] += charged
+		out[i].Settled = Settled{Applied: true, ChargedMicro: charged, AllowancePart: allowancePart, PrepaidPart: prepaidPart,
+			CostMicro: cost, UserID: h.UserID}
+		changed = append(changed, settledRow{hold: h, st: st, cost: cost, charged: charged, allowance: allowancePart, prepaid: prepaidPart})
+		// A run that cost nothing leaves the ledger alone: it is a release, not a charge.
+		if charged > 0 {
+			d := dayAdd[h.UserID]
+			if d == nil {
+				d = &dayDelta{}
+				dayAdd[h.UserID] = d
+				dayOrder = append(dayOrder, h.UserID)
+			}
+			d.used += charged
+			d.runs++
+			d.prepaid += prepaidPart
+		}
+	}
+	if len(changed) == 0 {
+		return out, nil
+	}
+	if err := markSettled(ctx, tx, changed, now); err != nil {
+		return nil, err
+	}
+	if err := addToDays(ctx, tx, day, dayOrder, dayAdd); err != nil {
+		return nil, err
+	}
+	for _, uid := range dayOrder {
+		if p := dayAdd[uid].prepaid; p > 0 {
+			if _, err := tx.ExecContext(ctx, "UPDATE users SET prepaid_micro = prepaid_micro - ? WHERE id = ?", p, uid); err != nil {
+				return nil, fmt.Errorf("take from prepaid: %w", err)
+			}
 		}
 	}
 	return out, nil
 }
 
-// addToDay adds a charge to today's ledger row: an UPDATE in the database (never read-add-
-// write), an INSERT inside a savepoint when the row does not exist yet, and on a duplicate key
-// (another transaction inserted it first) a rollback to the savepoint and the UPDATE again.
-func addToDay(ctx context.Context, tx *sqlx.Tx, userID uint64, day string, charged int64) error {
-	const update = "UPDATE usage_days SET used_micro = used_micro + ?, run_count = run_count + 1 WHERE user_id = ? AND day = ?"
-	res, err := tx.ExecContext(ctx, update, charged, userID, day)
-	if err != nil {
-		return fmt.Errorf("add to day ledger: %w", err)
+type settledRow struct {
+	hold                              *lockedHold
+	st                                Settlement
+	cost, charged, allowance, prepaid int64
+}
+
+type dayDelta struct{ used, runs, prepaid int64 }
+
+// markSettled writes the settled holds in one statement. Every row exists and is locked by
+// this transaction (and was read live under that lock: the design's conditional update), so
+// INSERT … ON DUPLICATE KEY UPDATE only ever takes its update branch: a multi-row UPDATE with
+// per-row values. The NOT NULL columns an insert would need carry the rows' current values.
+func markSettled(ctx context.Context, tx *sqlx.Tx, rows []settledRow, now time.Time) error {
+	const perRow = 20
+	q := make([]byte, 0, 1024+len(rows)*64)
+	q = append(q, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, discount_bp, expires_at,
+		cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok,
+		out_tok, calls, model, price_snapshot, estimated, settle_source, settled_at) VALUES `...)
+	args := make([]any, 0, len(rows)*perRow)
+	for i, r := range rows {
+		if i > 0 {
+			q = append(q, ',')
+		}
+		q = append(q, "(?,?,'settled',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"...)
+		u := r.st.Usage.Clamp()
+		args = append(args, r.hold.RunID, r.hold.UserID, r.hold.HeldMicro, r.hold.CapMicro, r.hold.DiscountBP, r.hold.ExpiresAt,
+			r.cost, r.charged, r.allowance, r.prepaid, u.Input, u.CacheRead, u.CacheWrite, u.Output, r.st.Calls,
+			r.st.Model, nullJSON(r.st.PriceSnapshot), r.st.Estimated, r.st.Source, now)
 	}
-	if n, _ := res.RowsAffected(); n == 1 {
-		return nil
-	}
-	if _, err := tx.ExecContext(ctx, "SAVEPOINT day_insert"); err != nil {
-		return fmt.Errorf("savepoint: %w", err)
-	}
-	_, err = tx.ExecContext(ctx, "INSERT INTO usage_days (user_id, day, used_micro, run_count) VALUES (?, ?, ?, 1)", userID, day, charged)
-	if err == nil {
-		return nil
-	}
-	if !isDuplicate(err) {
-		return fmt.Errorf("insert day ledger: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT day_insert"); err != nil {
-		return fmt.Errorf("rollback to savepoint: %w", err)
-	}
-	res, err = tx.ExecContext(ctx, update, charged, userID, day)
-	if err != nil {
-		return fmt.Errorf("add to day ledger after insert race: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n != 1 {
-		return fmt.Errorf("add to day ledger after insert race: %d rows changed, want 1", n)
+	q = append(q, ` ON DUPLICATE KEY UPDATE state = VALUES(state), cost_micro = VALUES(cost_micro),
+		charged_micro = VALUES(charged_micro), allowance_part_micro = VALUES(allowance_part_micro),
+		prepaid_part_micro = VALUES(prepaid_part_micro), in_tok = VALUES(in_tok), cache_read_tok = VALUES(cache_read_tok),
+		cache_write_tok = VALUES(cache_write_tok), out_tok = VALUES(out_tok), calls = VALUES(calls),
+		model = IF(VALUES(model) = '', model, VALUES(model)), price_snapshot = COALESCE(VALUES(price_snapshot), price_snapshot),
+		estimated = VALUES(estimated), settle_source = VALUES(settle_source), settled_at = VALUES(settled_at)`...)
+	if _, err := tx.ExecContext(ctx, string(q), args...); err != nil {
+		return fmt.Errorf("mark %d holds settled: %w", len(rows), err)
 	}
 	return nil
+}
+
+// addToDays adds the batch's charges to today's ledger rows in one upsert. The users' rows
+// are locked, so no other transaction writes these ledger rows meanwhile.
+func addToDays(ctx context.Context, tx *sqlx.Tx, day string, order []uint64, add map[uint64]*dayDelta) error {
+	if len(order) == 0 {
+		return nil
+	}
+	q := make([]byte, 0, 160+len(order)*16)
+	q = append(q, "INSERT INTO usage_days (user_id, day, used_micro, run_count) VALUES "...)
+	args := make([]any, 0, len(order)*4)
+	for i, uid := range order {
+		if i > 0 {
+			q = append(q, ',')
+		}
+		q = append(q, "(?,?,?,?)"...)
+		args = append(args, uid, day, add[uid].used, add[uid].runs)
+	}
+	q = append(q, " ON DUPLICATE KEY UPDATE used_micro = used_micro + VALUES(used_micro), run_count = run_count + VALUES(run_count)"...)
+	if _, err := tx.ExecContext(ctx, string(q), args...); err != nil {
+		return fmt.Errorf("add to day ledger: %w", err)
+	}
+	return nil
+}
+
+func distinctNonZero(ids []uint64) []uint64 {
+	seen := make(map[uint64]bool, len(ids))
+	var out []uint64
+	for _, id := range ids {
+		if id != 0 && !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // holdRow is a run_holds row.

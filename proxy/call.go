@@ -344,7 +344,7 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
 	defer s.settlements.Done()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
-	res, err := s.store.Settle(ctx, st)
+	res, err := s.settler.Settle(ctx, st)
 	if err != nil {
 		s.metrics.SettleFailures.Inc()
 		c.log.Error("settlement failed; the reconciler will settle this run", zap.Error(err))

@@ -79,6 +79,7 @@ func newHarnessWithFixtures(t *testing.T, fixturesDir string, mutate func(*confi
 	t.Cleanup(func() {
 		h.gw.Close()
 		h.settled()
+		_ = h.srv.Close()
 		testenv.CheckLedger(t, h.db)
 	})
 	return h

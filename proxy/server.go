@@ -45,6 +45,7 @@ type Deps struct {
 type Server struct {
 	cfg       *config.Config
 	store     *holds.Store
+	settler   *holds.Settler // groups settlements into batch transactions
 	rdb       redis.UniversalClient
 	keys      metering.Keys
 	tally     *metering.Tally
@@ -96,6 +97,7 @@ func New(d Deps) *Server {
 		auth:        newKeyCache(d.Store, d.Config.Limits.KeyCacheTTL),
 		creditUSD:   d.Config.CreditMicro,
 		settleSlots: make(chan struct{}, maxBackgroundSettlements),
+		settler:     holds.NewSettler(d.Store, holds.SettlerConfig{Timeout: d.Config.Limits.SettleTimeout}),
 		dedupRDB:    d.DedupRedis,
 		cancels:     newCancelBus(d.DedupRedis, d.Keys, d.Log),
 	}

@@ -163,9 +163,12 @@ func (b *cancelBus) close() error {
 	return b.ps.Close()
 }
 
-// Close stops the server's background subscription (the session cancel bus). Call it after
-// WaitSettlements at shutdown.
-func (s *Server) Close() error { return s.cancels.close() }
+// Close stops the server's background work: the settlement batcher (after finishing what is
+// queued) and the session cancel bus. Call it after WaitSettlements at shutdown.
+func (s *Server) Close() error {
+	s.settler.Close()
+	return s.cancels.close()
+}
 
 // claimSession registers c's run as its session's current run (DESIGN §6). It returns an
 // answer when the request must not run: a duplicate of the session's running message, or

@@ -1,0 +1,180 @@
+package holds_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+func TestSettleBatchDecidesEachRunInTurn(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	// 30 credits of allowance and 100 prepaid: three charges of 20 cross into prepaid on the
+	// second, and the split must follow batch order.
+	allowance, inFlight := int64(30_000), 10
+	if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.store.Grant(ctx, holds.GrantRequest{UserID: f.user.ID, AmountMicro: 100_000, IdempotencyKey: "topup-" + testenv.RandomID(4)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"r_b1", "r_b2", "r_b3", "r_done"} {
+		f.admit(id)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_done", CostMicro: 1, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+	st := func(id string, cost int64) holds.Settlement {
+		return holds.Settlement{RunID: id, CostMicro: cost, Source: holds.SourceComplete}
+	}
+	res, err := f.store.SettleBatch(ctx, []holds.Settlement{
+		st("r_b1", 20_000), st("r_b2", 20_000), st("r_b1", 99_000), st("r_nope", 5), st("r_done", 7), st("r_b3", 20_000),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type want struct {
+		applied           bool
+		allowance, prepay int64
+		notFound          bool
+	}
+	// r_done was charged 1 µUSD of allowance before the batch: 29,999 left.
+	for i, w := range []want{
+		{applied: true, allowance: 20_000},
+		{applied: true, allowance: 9_999, prepay: 10_001},
+		{}, // r_b1 again: already settled earlier in this batch
+		{notFound: true},
+		{}, // r_done: settled before the batch
+		{applied: true, prepay: 20_000},
+	} {
+		r := res[i]
+		if w.notFound != errors.Is(r.Err, holds.ErrRunNotFound) || r.Applied != w.applied ||
+			r.AllowancePart != w.allowance || r.PrepaidPart != w.prepay {
+			t.Errorf("result %d = %+v, want %+v", i, r, w)
+		}
+	}
+	b, err := f.store.Balance(ctx, f.user.ID)
+	if err != nil || b.UsedTodayMicro != 60_001 || b.PrepaidMicro != 100_000-30_001 || b.HeldMicro != 0 {
+		t.Fatalf("balance %+v, %v", b, err)
+	}
+}
+
+// TestConcurrentBatchesOverUsersDoNotDeadlock runs overlapping batches with no retries
+// allowed: users are locked in id order, so batches only ever wait, never deadlock.
+func TestConcurrentBatchesOverUsersDoNotDeadlock(t *testing.T) {
+	db := testenv.MySQL(t)
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 0, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	ctx := context.Background()
+	const users, perUser = 30, 3
+	var all []holds.Settlement
+	for i := 0; i < users; i++ {
+		u, err := st.CreateUser(ctx, "batch-"+strconv.Itoa(i), "standard")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := 0; j < perUser; j++ {
+			id := "r_cb_" + strconv.Itoa(i) + "_" + strconv.Itoa(j)
+			if _, err := st.Admit(ctx, holds.AdmitRequest{RunID: id, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
+				t.Fatal(err)
+			}
+			all = append(all, holds.Settlement{RunID: id, UserID: u.ID, CostMicro: 1_000, Source: holds.SourceComplete})
+		}
+	}
+	// Eight batchers, each settling every run in its own random order, in batches of 15:
+	// every run is settled eight times over, once for real.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	applied := map[string]int{}
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func(seed uint64) {
+			defer wg.Done()
+			mine := append([]holds.Settlement(nil), all...)
+			r := rand.New(rand.NewPCG(seed, seed))
+			r.Shuffle(len(mine), func(i, j int) { mine[i], mine[j] = mine[j], mine[i] })
+			for start := 0; start < len(mine); start += 15 {
+				batch := mine[start:min(start+15, len(mine))]
+				res, err := st.SettleBatch(ctx, batch)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for i, r := range res {
+					if r.Applied {
+						applied[batch[i].RunID]++
+					}
+				}
+				mu.Unlock()
+			}
+		}(uint64(w + 1))
+	}
+	wg.Wait()
+	if len(applied) != len(all) {
+		t.Fatalf("%d runs applied, want %d", len(applied), len(all))
+	}
+	for id, n := range applied {
+		if n != 1 {
+			t.Fatalf("run %s applied %d times", id, n)
+		}
+	}
+}
+
+// TestSettlerGroupsConcurrentSettlements: many goroutines settle through one Settler; every
+// run is charged once, duplicates offered in the same moment change nothing, and nothing is
+// taken after Close.
+func TestSettlerGroupsConcurrentSettlements(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	inFlight := 200
+	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	const runs = 80
+	for i := 0; i < runs; i++ {
+		f.admit("r_s_" + strconv.Itoa(i))
+	}
+	b := holds.NewSettler(f.store, holds.SettlerConfig{Workers: 2, MaxBatch: 16, Timeout: 10 * time.Second})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	applied := 0
+	for i := 0; i < runs*2; i++ { // every run offered twice
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := b.Settle(ctx, holds.Settlement{RunID: "r_s_" + strconv.Itoa(i%runs), CostMicro: 100, Source: holds.SourceComplete})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if res.Applied {
+				mu.Lock()
+				applied++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	b.Close()
+	if applied != runs {
+		t.Fatalf("%d settlements applied, want %d", applied, runs)
+	}
+	if _, err := b.Settle(ctx, holds.Settlement{RunID: "r_s_0", Source: holds.SourceComplete}); !errors.Is(err, holds.ErrSettlerClosed) {
+		t.Fatalf("settle after close: %v", err)
+	}
+	bal, err := f.store.Balance(ctx, f.user.ID)
+	if err != nil || bal.UsedTodayMicro != runs*100 || bal.HeldMicro != 0 {
+		t.Fatalf("balance %+v, %v", bal, err)
+	}
+}
