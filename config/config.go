@@ -45,6 +45,7 @@ type Limits struct {
 	MaxResponseBytes int64         `yaml:"max_response_bytes"` // a non-streamed upstream body
 	UpstreamTimeout  time.Duration `yaml:"upstream_timeout"`   // a whole upstream call, stream included
 	HeaderTimeout    time.Duration `yaml:"header_timeout"`     // upstream response headers
+	AdmitTimeout     time.Duration `yaml:"admit_timeout"`      // one admission including its retries; then 503
 	SettleTimeout    time.Duration `yaml:"settle_timeout"`     // one settlement including its retries
 	ShutdownTimeout  time.Duration `yaml:"shutdown_timeout"`   // graceful drain on SIGTERM
 	KeyCacheTTL      time.Duration `yaml:"key_cache_ttl"`      // API key lookups cached in process
@@ -132,6 +133,7 @@ func Default() *Config {
 			MaxResponseBytes: 32 << 20,
 			UpstreamTimeout:  300 * time.Second,
 			HeaderTimeout:    120 * time.Second,
+			AdmitTimeout:     5 * time.Second,
 			SettleTimeout:    30 * time.Second,
 			ShutdownTimeout:  30 * time.Second,
 			KeyCacheTTL:      2 * time.Second,
@@ -214,7 +216,7 @@ func (c *Config) Validate() error {
 	}
 	positive := map[string]time.Duration{
 		"limits.upstream_timeout": c.Limits.UpstreamTimeout, "limits.header_timeout": c.Limits.HeaderTimeout,
-		"limits.settle_timeout": c.Limits.SettleTimeout, "limits.shutdown_timeout": c.Limits.ShutdownTimeout,
+		"limits.settle_timeout": c.Limits.SettleTimeout, "limits.admit_timeout": c.Limits.AdmitTimeout, "limits.shutdown_timeout": c.Limits.ShutdownTimeout,
 		"holds.hold_ttl": c.Holds.HoldTTL, "holds.run_ttl": c.Holds.RunTTL, "holds.lease_ttl": c.Holds.LeaseTTL,
 		"holds.heartbeat_interval": c.Holds.HeartbeatInterval, "holds.reconcile_interval": c.Holds.ReconcileInterval,
 		"holds.reconcile_lock_ttl": c.Holds.ReconcileLockTTL, "holds.tally_ttl": c.Holds.TallyTTL,

@@ -3,7 +3,6 @@ package holds
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -47,99 +46,225 @@ type Hold struct {
 	Existing bool
 }
 
-// Admit takes a hold in one short transaction: lock the user's row, one aggregate over the
-// user's live holds, refuse or insert. The lock is what makes a burst of concurrent requests
-// from one user see each other's holds: the twentieth request waits for the nineteenth to
-// commit and then counts its hold.
+// Admit takes a hold: AdmitBatch of one.
 func (s *Store) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
-	if req.State != StateQueued && req.State != StateRunning {
-		panic(fmt.Sprintf("holds: admit in state %q", req.State))
+	out, err := s.AdmitBatch(ctx, []AdmitRequest{req})
+	if err != nil {
+		return Hold{}, err
 	}
-	if req.TTL <= 0 {
-		panic("holds: admit without a TTL")
+	if out[0].Err != nil {
+		return Hold{}, fmt.Errorf("admit %s: %w", req.RunID, out[0].Err)
 	}
-	var hold Hold
-	err := s.inTx(ctx, "admit "+req.RunID, func(tx *sqlx.Tx) error {
+	return out[0].Hold, nil
+}
+
+// AdmitResult is one admission's outcome within a batch: a hold, or the refusal
+// (TooManyInFlightError, ErrInsufficient, ErrUserDisabled, ErrUnknownUser, ErrRunSettled,
+// ErrRunNotFound).
+type AdmitResult struct {
+	Hold Hold
+	Err  error
+}
+
+// AdmitBatch takes holds in one short transaction: lock the users' rows (in id order), one
+// aggregate over their live holds, then refuse or insert each hold in turn. The user lock is
+// what makes a burst of concurrent requests from one user see each other's holds: a request
+// admitted in an earlier transaction is counted by the aggregate, one admitted earlier in
+// this batch by the running totals, so the in-flight limit and the balance hold across both.
+// Batching is what lets one hot user's concurrent calls share one lock and one commit.
+func (s *Store) AdmitBatch(ctx context.Context, reqs []AdmitRequest) ([]AdmitResult, error) {
+	if len(reqs) == 0 || len(reqs) > MaxBatch {
+		panic(fmt.Sprintf("holds: admit batch of %d", len(reqs)))
+	}
+	for _, req := range reqs {
+		if req.State != StateQueued && req.State != StateRunning {
+			panic(fmt.Sprintf("holds: admit in state %q", req.State))
+		}
+		if req.TTL <= 0 {
+			panic("holds: admit without a TTL")
+		}
+	}
+	var out []AdmitResult
+	err := s.inTx(ctx, fmt.Sprintf("admit %d runs", len(reqs)), func(tx *sqlx.Tx) error {
 		var err error
-		hold, err = s.admitTx(ctx, tx, req)
+		out, err = s.admitBatchTx(ctx, tx, reqs)
 		return err
 	})
 	if err != nil {
-		return Hold{}, fmt.Errorf("admit %s: %w", req.RunID, err)
+		return nil, fmt.Errorf("admit %d runs (first %s): %w", len(reqs), reqs[0].RunID, err)
 	}
-	return hold, nil
+	return out, nil
 }
 
-func (s *Store) admitTx(ctx context.Context, tx *sqlx.Tx, req AdmitRequest) (Hold, error) {
-	u, err := lockUser(ctx, tx, req.UserID)
+// liveTotals is what a user has in flight, kept current across a batch.
+type liveTotals struct {
+	UserID     uint64        `db:"user_id"`
+	InFlight   int           `db:"in_flight"`
+	Held       int64         `db:"held"`
+	UsedToday  int64         `db:"used_today"`
+	OldestLeft sql.NullInt64 `db:"oldest_left_us"`
+}
+
+func (s *Store) admitBatchTx(ctx context.Context, tx *sqlx.Tx, reqs []AdmitRequest) ([]AdmitResult, error) {
+	out := make([]AdmitResult, len(reqs))
+	userIDs := make([]uint64, len(reqs))
+	var lookup []string
+	for i, r := range reqs {
+		userIDs[i] = r.UserID
+		if !r.Fresh {
+			lookup = append(lookup, r.RunID)
+		}
+	}
+	ids := distinctNonZero(userIDs)
+	// 1. The users, in id order, and the database clock that dates the holds.
+	q, args, err := sqlx.In("SELECT "+userColumns+", NOW(6) AS now FROM users WHERE id IN (?) ORDER BY id FOR UPDATE", ids)
 	if err != nil {
-		return Hold{}, err
+		return nil, err
 	}
-	if u.DisabledAt.Valid {
-		return Hold{}, ErrUserDisabled
+	var locked []struct {
+		userRow
+		Now time.Time `db:"now"`
 	}
-	// The same run admitted again: answer with the hold it already has. Checked under the user
-	// lock, so two admissions of one run cannot both miss it.
-	if req.Fresh {
-		// nothing to look up
-	} else if existing, err := getHold(ctx, tx, req.RunID, false); err == nil {
-		if existing.UserID != req.UserID {
-			return Hold{}, ErrRunNotFound
+	if err := tx.SelectContext(ctx, &locked, q, args...); err != nil {
+		return nil, fmt.Errorf("lock users: %w", err)
+	}
+	if len(locked) == 0 {
+		for i := range out {
+			out[i].Err = ErrUnknownUser
 		}
-		if existing.State == StateSettled {
-			return Hold{}, ErrRunSettled
-		}
-		return Hold{RunID: existing.RunID, UserID: existing.UserID, State: existing.State,
-			HeldMicro: existing.HeldMicro, CapMicro: existing.CapMicro, DiscountBP: existing.DiscountBP, Existing: true}, nil
-	} else if !errors.Is(err, ErrRunNotFound) {
-		return Hold{}, err
+		return out, nil
+	}
+	now := locked[0].Now
+	users := make(map[uint64]userRow, len(locked))
+	for _, u := range locked {
+		users[u.ID] = u.userRow
 	}
 
-	plan := s.plan(u)
-	var live struct {
-		InFlight   int           `db:"in_flight"`
-		Held       int64         `db:"held"`
-		UsedToday  int64         `db:"used_today"`
-		OldestLeft sql.NullInt64 `db:"oldest_left_us"`
+	// 2. Runs admitted before (a retry, a redelivery, a later call of an agent run): they get
+	// the hold they already have. Read under the user locks, so two admissions of one run
+	// cannot both miss it.
+	existing := map[string]holdRow{}
+	if len(lookup) > 0 {
+		q, args, err := sqlx.In("SELECT run_id, user_id, client_run_id, state, held_micro, cap_micro, discount_bp FROM run_holds WHERE run_id IN (?)", lookup)
+		if err != nil {
+			return nil, err
+		}
+		var rows []holdRow
+		if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
+			return nil, fmt.Errorf("read admitted runs: %w", err)
+		}
+		for _, h := range rows {
+			existing[h.RunID] = h
+		}
 	}
-	err = tx.GetContext(ctx, &live, `
-		SELECT COUNT(*) AS in_flight,
-		       COALESCE(SUM(held_micro), 0) AS held,
-		       COALESCE((SELECT used_micro FROM usage_days WHERE user_id = ? AND day = UTC_DATE()), 0) AS used_today,
-		       MIN(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)) AS oldest_left_us
-		FROM run_holds
-		WHERE user_id = ? AND state IN ('queued', 'running') AND expires_at > NOW(6)`, req.UserID, req.UserID)
+
+	// 3. Each user's live holds and today's ledger, read after the locks were granted.
+	q, args, err = sqlx.In(`
+		SELECT u.id AS user_id, COALESCE(h.in_flight, 0) AS in_flight, COALESCE(h.held, 0) AS held,
+		       COALESCE(d.used_micro, 0) AS used_today, h.oldest_left_us
+		FROM users u
+		LEFT JOIN (SELECT user_id, COUNT(*) AS in_flight, SUM(held_micro) AS held,
+		                  MIN(TIMESTAMPDIFF(MICROSECOND, ?, expires_at)) AS oldest_left_us
+		           FROM run_holds
+		           WHERE user_id IN (?) AND state IN ('queued', 'running') AND expires_at > ?
+		           GROUP BY user_id) h ON h.user_id = u.id
+		LEFT JOIN usage_days d ON d.user_id = u.id AND d.day = DATE(?)
+		WHERE u.id IN (?)`, now, ids, now, now, ids)
 	if err != nil {
-		return Hold{}, fmt.Errorf("aggregate live holds: %w", err)
+		return nil, err
 	}
-	if live.InFlight >= plan.MaxInFlight {
-		return Hold{}, &TooManyInFlightError{InFlight: live.InFlight, Limit: plan.MaxInFlight,
-			RetryAfter: retryAfter(live.OldestLeft)}
+	var totals []liveTotals
+	if err := tx.SelectContext(ctx, &totals, q, args...); err != nil {
+		return nil, fmt.Errorf("aggregate live holds: %w", err)
 	}
-	available := Available(plan.AllowanceMicro, live.UsedToday, u.PrepaidMicro, live.Held)
-	if available <= 0 {
-		return Hold{}, ErrInsufficient
+	live := make(map[uint64]*liveTotals, len(totals))
+	for i := range totals {
+		live[totals[i].UserID] = &totals[i]
 	}
-	tier := plan.HoldNormalMicro
-	if req.Heavy {
-		tier = plan.HoldHeavyMicro
+
+	// Decide each admission in batch order.
+	var inserts []admittedRow
+	for i, req := range reqs {
+		u, ok := users[req.UserID]
+		switch {
+		case !ok:
+			out[i].Err = ErrUnknownUser
+			continue
+		case u.DisabledAt.Valid:
+			out[i].Err = ErrUserDisabled
+			continue
+		}
+		if h, ok := existing[req.RunID]; ok {
+			switch {
+			case h.UserID != req.UserID:
+				out[i].Err = ErrRunNotFound
+			case h.State == StateSettled:
+				out[i].Err = ErrRunSettled
+			default:
+				out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
+					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, Existing: true}
+			}
+			continue
+		}
+		plan := s.plan(u)
+		t := live[req.UserID]
+		if t.InFlight >= plan.MaxInFlight {
+			out[i].Err = &TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: retryAfter(t.OldestLeft)}
+			continue
+		}
+		available := Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held)
+		if available <= 0 {
+			out[i].Err = ErrInsufficient
+			continue
+		}
+		tier := plan.HoldNormalMicro
+		if req.Heavy {
+			tier = plan.HoldHeavyMicro
+		}
+		hold := Hold{RunID: req.RunID, UserID: req.UserID, State: req.State,
+			HeldMicro: min(tier, available), CapMicro: min(plan.MaxRunCostMicro, available), DiscountBP: plan.DiscountBP}
+		out[i].Hold = hold
+		t.InFlight++
+		t.Held += hold.HeldMicro
+		// A second admission of the same run later in this batch finds this one.
+		existing[req.RunID] = holdRow{RunID: hold.RunID, UserID: hold.UserID, State: hold.State,
+			HeldMicro: hold.HeldMicro, CapMicro: hold.CapMicro, DiscountBP: hold.DiscountBP}
+		inserts = append(inserts, admittedRow{hold: hold, req: req, expires: now.Add(req.TTL)})
 	}
-	hold := Hold{RunID: req.RunID, UserID: req.UserID, State: req.State,
-		HeldMicro: min(tier, available), CapMicro: min(plan.MaxRunCostMicro, available), DiscountBP: plan.DiscountBP}
-	_, err = tx.ExecContext(ctx, `
-		INSERT INTO run_holds (run_id, user_id, client_run_id, session_id, state, held_micro, cap_micro, model, discount_bp, expires_at)
-		VALUES (?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND)`,
-		hold.RunID, hold.UserID, req.ClientRunID, req.SessionID, hold.State, hold.HeldMicro, hold.CapMicro, req.Model,
-		hold.DiscountBP, req.TTL.Microseconds())
-	if isDuplicate(err) {
-		// Unreachable while every admission of a run locks its user first; kept as the last
-		// line of defence that makes a second hold for one run impossible.
-		return Hold{}, fmt.Errorf("insert hold: run admitted concurrently: %w", err)
+	if len(inserts) == 0 {
+		return out, nil
 	}
-	if err != nil {
-		return Hold{}, fmt.Errorf("insert hold: %w", err)
+	if err := insertHolds(ctx, tx, inserts); err != nil {
+		return nil, err
 	}
-	return hold, nil
+	return out, nil
+}
+
+type admittedRow struct {
+	hold    Hold
+	req     AdmitRequest
+	expires time.Time
+}
+
+// insertHolds writes a batch's holds in one statement. A duplicate key is impossible while
+// every admission of a run locks its user first and looks the run up (fresh ids are random);
+// if it ever happens the whole batch fails and is retried, and the lookup then finds the run.
+func insertHolds(ctx context.Context, tx *sqlx.Tx, rows []admittedRow) error {
+	q := make([]byte, 0, 200+len(rows)*48)
+	q = append(q, "INSERT INTO run_holds (run_id, user_id, client_run_id, session_id, state, held_micro, cap_micro, model, discount_bp, expires_at) VALUES "...)
+	args := make([]any, 0, len(rows)*10)
+	for i, r := range rows {
+		if i > 0 {
+			q = append(q, ',')
+		}
+		q = append(q, "(?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, ?, ?, ?)"...)
+		args = append(args, r.hold.RunID, r.hold.UserID, r.req.ClientRunID, r.req.SessionID, r.hold.State,
+			r.hold.HeldMicro, r.hold.CapMicro, r.req.Model, r.hold.DiscountBP, r.expires)
+	}
+	if _, err := tx.ExecContext(ctx, string(q), args...); err != nil {
+		return fmt.Errorf("insert %d holds: %w", len(rows), err)
+	}
+	return nil
 }
 
 // Available is what a user may still spend: the rest of today's allowance, plus prepaid

@@ -145,7 +145,7 @@ func TestSettlerGroupsConcurrentSettlements(t *testing.T) {
 	for i := 0; i < runs; i++ {
 		f.admit("r_s_" + strconv.Itoa(i))
 	}
-	b := holds.NewSettler(f.store, holds.SettlerConfig{Workers: 2, MaxBatch: 16, Timeout: 10 * time.Second})
+	b := holds.NewSettler(f.store, holds.BatcherConfig{Workers: 2, MaxBatch: 16, Timeout: 10 * time.Second})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	applied := 0
@@ -170,11 +170,64 @@ func TestSettlerGroupsConcurrentSettlements(t *testing.T) {
 	if applied != runs {
 		t.Fatalf("%d settlements applied, want %d", applied, runs)
 	}
-	if _, err := b.Settle(ctx, holds.Settlement{RunID: "r_s_0", Source: holds.SourceComplete}); !errors.Is(err, holds.ErrSettlerClosed) {
+	if _, err := b.Settle(ctx, holds.Settlement{RunID: "r_s_0", Source: holds.SourceComplete}); !errors.Is(err, holds.ErrBatcherClosed) {
 		t.Fatalf("settle after close: %v", err)
 	}
 	bal, err := f.store.Balance(ctx, f.user.ID)
 	if err != nil || bal.UsedTodayMicro != runs*100 || bal.HeldMicro != 0 {
 		t.Fatalf("balance %+v, %v", bal, err)
+	}
+}
+
+// TestAdmitterKeepsLimitsAcrossABatch: 60 concurrent admissions of one user arrive in
+// batches; within a batch the running totals must refuse exactly as separate transactions
+// would: never more than max_in_flight holds, never more held than available.
+func TestAdmitterKeepsLimitsAcrossABatch(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	allowance, inFlight := int64(50_000), 5
+	if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	a := holds.NewAdmitter(f.store, holds.BatcherConfig{Workers: 2, MaxBatch: 32, Timeout: 10 * time.Second})
+	defer a.Close()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var admitted []holds.Hold
+	refused := map[string]int{}
+	for i := 0; i < 60; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h, err := a.Admit(ctx, holds.AdmitRequest{RunID: "r_adm_" + strconv.Itoa(i), UserID: f.user.ID,
+				State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+			mu.Lock()
+			defer mu.Unlock()
+			var busy *holds.TooManyInFlightError
+			switch {
+			case err == nil:
+				admitted = append(admitted, h)
+			case errors.As(err, &busy):
+				refused["in_flight"]++
+			case errors.Is(err, holds.ErrInsufficient):
+				refused["insufficient"]++
+			default:
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	var held int64
+	for _, h := range admitted {
+		held += h.HeldMicro
+	}
+	// 50 credits with holds of 20: 20 + 20 + 10, then nothing available.
+	if len(admitted) != 3 || held != 50_000 || refused["insufficient"]+refused["in_flight"] != 57 {
+		t.Fatalf("admitted %d holding %d, refused %v", len(admitted), held, refused)
+	}
+	for _, h := range admitted {
+		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: h.RunID, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -132,7 +132,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		}
 		runID = ar.RunID
 		log = log.With(zap.String("run_id", runID))
-	} else if hold, err = s.store.Admit(r.Context(), ar); err != nil {
+	} else if hold, err = s.admitter.Admit(r.Context(), ar); err != nil {
 		if r.Context().Err() != nil {
 			log.Info("client left during admission; nothing held", zap.Error(err))
 			return 499

@@ -45,7 +45,8 @@ type Deps struct {
 type Server struct {
 	cfg       *config.Config
 	store     *holds.Store
-	settler   *holds.Settler // groups settlements into batch transactions
+	settler   *holds.Settler  // groups settlements into batch transactions
+	admitter  *holds.Admitter // groups admissions into batch transactions
 	rdb       redis.UniversalClient
 	keys      metering.Keys
 	tally     *metering.Tally
@@ -97,7 +98,8 @@ func New(d Deps) *Server {
 		auth:        newKeyCache(d.Store, d.Config.Limits.KeyCacheTTL),
 		creditUSD:   d.Config.CreditMicro,
 		settleSlots: make(chan struct{}, maxBackgroundSettlements),
-		settler:     holds.NewSettler(d.Store, holds.SettlerConfig{Timeout: d.Config.Limits.SettleTimeout}),
+		settler:     holds.NewSettler(d.Store, holds.BatcherConfig{Timeout: d.Config.Limits.SettleTimeout}),
+		admitter:    holds.NewAdmitter(d.Store, holds.BatcherConfig{Timeout: d.Config.Limits.AdmitTimeout}),
 		dedupRDB:    d.DedupRedis,
 		cancels:     newCancelBus(d.DedupRedis, d.Keys, d.Log),
 	}

@@ -1,0 +1,199 @@
+package holds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Settler groups the settlements of many concurrent calls into SettleBatch transactions, and
+// Admitter their admissions into AdmitBatch transactions: one lock per user and one commit
+// then serve many calls.
+//
+// Batching is opportunistic: a worker takes the first waiting request and whatever else is
+// already queued, up to the batch limit, and never waits for more. Under light load every
+// batch is one request and nothing is delayed; under load batches grow by themselves.
+type (
+	Settler struct {
+		b *batcher[Settlement, BatchResult]
+	}
+	Admitter struct {
+		b *batcher[AdmitRequest, AdmitResult]
+	}
+)
+
+// BatcherConfig sizes a Settler or an Admitter.
+type BatcherConfig struct {
+	Workers  int           // concurrent batch transactions; default 4
+	MaxBatch int           // requests per transaction; default 128, at most MaxBatch
+	Queue    int           // requests waiting for a worker; default 4096
+	Timeout  time.Duration // one batch, retries included
+}
+
+// ErrBatcherClosed is returned to requests offered after Close.
+var ErrBatcherClosed = errors.New("batcher closed")
+
+// NewSettler starts a settler's workers; Close stops them.
+func NewSettler(store *Store, cfg BatcherConfig) *Settler {
+	return &Settler{b: newBatcher(cfg, store.SettleBatch)}
+}
+
+// Settle settles st in the next batch and waits for its outcome or ctx. A caller that stops
+// waiting does not withdraw the settlement: it commits or fails with its batch.
+func (s *Settler) Settle(ctx context.Context, st Settlement) (Settled, error) {
+	r, err := s.b.do(ctx, st, true)
+	if err == nil {
+		err = r.Err
+	}
+	if err != nil {
+		return Settled{}, fmt.Errorf("settle %s: %w", st.RunID, err)
+	}
+	return r.Settled, nil
+}
+
+// Close finishes the queued settlements and stops the workers.
+func (s *Settler) Close() { s.b.close() }
+
+// NewAdmitter starts an admitter's workers; Close stops them.
+func NewAdmitter(store *Store, cfg BatcherConfig) *Admitter {
+	return &Admitter{b: newBatcher(cfg, store.AdmitBatch)}
+}
+
+// Admit takes req's hold in the next batch. Once queued it waits for the batch whatever ctx
+// says (a batch is short and bounded by its timeout): a caller that left early must still
+// learn of a hold its batch committed, so that it releases it rather than leave it to the
+// reconciler, which would charge it.
+func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
+	r, err := a.b.do(ctx, req, false)
+	if err == nil {
+		err = r.Err
+	}
+	if err != nil {
+		return r.Hold, fmt.Errorf("admit %s: %w", req.RunID, err)
+	}
+	return r.Hold, nil
+}
+
+// Close finishes the queued admissions and stops the workers.
+func (a *Admitter) Close() { a.b.close() }
+
+// batcher runs requests of type T in batches through run, which returns one R per request.
+type batcher[T, R any] struct {
+	run      func(context.Context, []T) ([]R, error)
+	in       chan batchItem[T, R]
+	maxBatch int
+	timeout  time.Duration
+	wg       sync.WaitGroup
+
+	// mu guards sending on in against close closing it.
+	mu     sync.RWMutex
+	closed bool
+}
+
+type batchItem[T, R any] struct {
+	req T
+	out chan batchOutcome[R]
+}
+
+type batchOutcome[R any] struct {
+	res R
+	err error
+}
+
+func newBatcher[T, R any](cfg BatcherConfig, run func(context.Context, []T) ([]R, error)) *batcher[T, R] {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	if cfg.MaxBatch <= 0 || cfg.MaxBatch > MaxBatch {
+		cfg.MaxBatch = min(128, MaxBatch)
+	}
+	if cfg.Queue <= 0 {
+		cfg.Queue = 4096
+	}
+	if cfg.Timeout <= 0 {
+		panic("holds: batcher without a timeout")
+	}
+	b := &batcher[T, R]{run: run, in: make(chan batchItem[T, R], cfg.Queue), maxBatch: cfg.MaxBatch, timeout: cfg.Timeout}
+	for i := 0; i < cfg.Workers; i++ {
+		b.wg.Add(1)
+		go b.work()
+	}
+	return b
+}
+
+// do queues req and waits for its outcome. ctx bounds the wait for a place in the queue;
+// with abandon, it bounds the wait for the outcome too, and a caller whose ctx ends is told
+// so while its request still runs (the outcome is lost to it).
+func (b *batcher[T, R]) do(ctx context.Context, req T, abandon bool) (R, error) {
+	var zero R
+	item := batchItem[T, R]{req: req, out: make(chan batchOutcome[R], 1)}
+	b.mu.RLock()
+	if b.closed {
+		b.mu.RUnlock()
+		return zero, ErrBatcherClosed
+	}
+	select {
+	case b.in <- item:
+		b.mu.RUnlock()
+	case <-ctx.Done():
+		b.mu.RUnlock()
+		return zero, fmt.Errorf("queue full: %w", ctx.Err())
+	}
+	if !abandon {
+		o := <-item.out
+		return o.res, o.err
+	}
+	select {
+	case o := <-item.out:
+		return o.res, o.err
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+}
+
+func (b *batcher[T, R]) close() {
+	b.mu.Lock()
+	if !b.closed {
+		b.closed = true
+		close(b.in)
+	}
+	b.mu.Unlock()
+	b.wg.Wait()
+}
+
+func (b *batcher[T, R]) work() {
+	defer b.wg.Done()
+	batch := make([]batchItem[T, R], 0, b.maxBatch)
+	reqs := make([]T, 0, b.maxBatch)
+	for first := range b.in {
+		batch = append(batch[:0], first)
+	fill:
+		for len(batch) < b.maxBatch {
+			select {
+			case it, ok := <-b.in:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, it)
+			default:
+				break fill
+			}
+		}
+		reqs = reqs[:0]
+		for _, it := range batch {
+			reqs = append(reqs, it.req)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+		res, err := b.run(ctx, reqs)
+		cancel()
+		for i, it := range batch {
+			if err != nil {
+				it.out <- batchOutcome[R]{err: err}
+			} else {
+				it.out <- batchOutcome[R]{res: res[i]}
+			}
+		}
+	}
+}
