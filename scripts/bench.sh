@@ -5,7 +5,7 @@
 #   ROUNDS=2        rounds of direct -> plain -> tollgate per scenario
 #   SCALE=1         multiply every duration/count (0.2: a quick smoke run)
 #   SCENARIOS=      comma-separated subset (latency-1conn,users-256,hot-64,hot-drain,streams-512,settle-lag)
-#   PROFILE=1       run bench/profgw (the same gateway + pprof) and save CPU/alloc profiles
+#   PROFILE=1       run the gateway with -pprof and save CPU/alloc profiles
 #   BENCH_KEEP=1    leave the temp dir (logs) in place
 #   BENCH_INNODB_FLUSH=2  experiment only: SET GLOBAL innodb_flush_log_at_trx_commit (no fsync per
 #                   commit; NOT durable, never a production setting) to see what fsync costs
@@ -93,8 +93,7 @@ for c in gateway fakellm plainproxy loadgen; do
 done
 GW_BIN=("$DIR/bin/gateway" serve)
 if [[ -n $PROFILE ]]; then
-	go build -o "$DIR/bin/profgw" ./bench/profgw
-	GW_BIN=("$DIR/bin/profgw" -pprof "$PPROF_ADDR")
+	GW_BIN=("$DIR/bin/gateway" serve -pprof "$PPROF_ADDR")
 fi
 
 "$DIR/bin/gateway" migrate >&2

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,11 +22,19 @@ import (
 // serve runs the gateway until SIGTERM/SIGINT, then drains: stop accepting, let calls in
 // flight finish up to shutdown_timeout, wait for their settlements, exit.
 func serve(ctx context.Context, args []string) error {
-	e, err := setup(ctx, "serve", args, true, nil)
+	var pprofAddr string
+	e, err := setup(ctx, "serve", args, true, func(fs *flag.FlagSet) {
+		fs.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this loopback address (off when empty); for profiling")
+	})
 	if err != nil {
 		return err
 	}
 	defer e.Close()
+	if pprofAddr != "" {
+		if err := servePprof(pprofAddr, e.log); err != nil {
+			return err
+		}
+	}
 	cfg := e.cfg
 	keys := redisKeys(cfg)
 	store := e.store()
@@ -139,4 +148,28 @@ func reconcileOnce(ctx context.Context, args []string) error {
 	}
 	fmt.Println()
 	return err
+}
+
+// servePprof exposes the profiler on its own listener, loopback only: profiles show request
+// data and must never share the public port.
+func servePprof(addr string, log *zap.Logger) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("-pprof %s: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("-pprof %s: only a loopback address is allowed", addr)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("-pprof %s: %w", addr, err)
+	}
+	log.Info("pprof listening", zap.String("addr", ln.Addr().String()))
+	go func() { _ = http.Serve(ln, mux) }()
+	return nil
 }

@@ -99,7 +99,7 @@ func runCmd(args []string) error {
 	only := fs.String("scenarios", "", "comma-separated scenario names (default: all)")
 	scale := fs.Float64("scale", 1, "multiply durations and counts (0.2 for a smoke run)")
 	out := fs.String("out", "", "JSON results file")
-	pprofURL := fs.String("pprof", "", "pprof base URL of the gateway (bench/profgw): profile round 1 of each tollgate scenario")
+	pprofURL := fs.String("pprof", "", "pprof base URL of the gateway (gateway serve -pprof): profile round 1 of each tollgate scenario")
 	profDir := fs.String("profile-dir", "", "where profiles go (default: next to -out)")
 	if err := fs.Parse(args); err != nil {
 		return err
