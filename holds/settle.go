@@ -3,7 +3,6 @@ package holds
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -379,22 +378,6 @@ type holdRow struct {
 	HeldMicro   int64          `db:"held_micro"`
 	CapMicro    int64          `db:"cap_micro"`
 	DiscountBP  int            `db:"discount_bp"`
-}
-
-func getHold(ctx context.Context, tx *sqlx.Tx, runID string, forUpdate bool) (holdRow, error) {
-	q := "SELECT run_id, user_id, client_run_id, state, held_micro, cap_micro, discount_bp FROM run_holds WHERE run_id = ?"
-	if forUpdate {
-		q += " FOR UPDATE"
-	}
-	var h holdRow
-	err := tx.GetContext(ctx, &h, q, runID)
-	if errors.Is(err, sql.ErrNoRows) {
-		return h, ErrRunNotFound
-	}
-	if err != nil {
-		return h, fmt.Errorf("read hold: %w", err)
-	}
-	return h, nil
 }
 
 func nullJSON(b []byte) any {

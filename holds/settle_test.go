@@ -2,12 +2,14 @@ package holds_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
@@ -208,5 +210,27 @@ func TestFirstChargesOfManyUsersDoNotDeadlock(t *testing.T) {
 	wg.Wait()
 	if n := failed.Load(); n != 0 {
 		t.Fatalf("%d of %d first settlements of the day failed without retries", n, users)
+	}
+}
+
+// TestSettleRetriesAnUnreachableDatabaseThenGivesUp: with MySQL out of reach a settlement
+// keeps retrying with backoff until its deadline, then returns the error, so the caller can
+// leave the run to the reconciler instead of hanging or charging nothing.
+func TestSettleRetriesAnUnreachableDatabaseThenGivesUp(t *testing.T) {
+	db, err := sqlx.Open("mysql", "u:p@tcp(127.0.0.1:1)/none?timeout=200ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 1, InitialBackoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	_, err = st.Settle(ctx, holds.Settlement{RunID: "r_down", UserID: 1, CostMicro: 10, Source: holds.SourceComplete})
+	if err == nil || !holds.IsUnavailable(err) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("settle against a dead database: %v", err)
+	}
+	if ctx.Err() == nil {
+		t.Fatalf("gave up before its deadline: %v", err)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"time"
 
 	"github.com/go-chi/chi/v5"
 	"go.uber.org/zap"
@@ -25,18 +24,15 @@ func (s *Server) runSpent(ctx context.Context, c *call) (int64, error) {
 	return t.CostMicro, nil
 }
 
-// endRunCall closes one call of a caller-named run: its usage goes to the tally (the run's
-// record until it settles), its lease is dropped, and the run's expiry moves out by run_ttl.
+// endRunCall closes one call of a caller-named run, whose usage finish has already tallied
+// (the run's record until it settles): its lease is dropped and the run's expiry moves out by
+// run_ttl.
 // A fresh run whose first call never reached the upstream is released at 0: it never started.
 func (s *Server) endRunCall(ctx context.Context, c *call, st holds.Settlement) {
 	if !c.laterCall && (c.outcome == outcomeRefused || c.outcome == outcomeUpstreamError) {
 		s.settlements.Add(1)
 		s.settle(ctx, c, st)
 		return
-	}
-	if st.CostMicro > 0 || st.Usage.Input+st.Usage.Output+st.Usage.CacheRead+st.Usage.CacheWrite > 0 {
-		// finish already wrote the tally; nothing more to record here.
-		c.log.Debug("run call tallied", zap.Int64("cost_micro", st.CostMicro))
 	}
 	if _, err := s.store.Extend(ctx, c.runID, s.cfg.Holds.RunTTL); err != nil {
 		c.log.Warn("run expiry not extended", zap.Error(err))
@@ -99,5 +95,3 @@ func boolString(b bool) string {
 	}
 	return "false"
 }
-
-var _ = time.Second
