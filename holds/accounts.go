@@ -98,28 +98,70 @@ func HashKey(key string) [32]byte { return sha256.Sum256([]byte(key)) }
 // ErrBadKey is an unknown or revoked key.
 var ErrBadKey = errors.New("invalid API key")
 
-// UserByKey authenticates a key. Revoked keys and disabled users are both ErrBadKey, so a
-// caller learns nothing from the difference.
+// UserByKey authenticates a key: UsersByKeys of one. Revoked keys and disabled users are both
+// ErrBadKey, so a caller learns nothing from the difference.
 func (s *Store) UserByKey(ctx context.Context, key string) (User, error) {
-	if !strings.HasPrefix(key, KeyPrefix) || len(key) > 128 {
-		return User{}, ErrBadKey
+	out, err := s.UsersByKeys(ctx, []string{key})
+	if err != nil {
+		return User{}, err
 	}
-	hash := HashKey(key)
-	var u struct {
+	return out[0].User, out[0].Err
+}
+
+// KeyResult is one key's lookup within a batch: its user, or ErrBadKey.
+type KeyResult struct {
+	User User
+	Err  error
+}
+
+// UsersByKeys authenticates many keys in one query: a burst of new callers (a deploy, a cold
+// cache) then costs one round trip per batch rather than one per caller.
+func (s *Store) UsersByKeys(ctx context.Context, keys []string) ([]KeyResult, error) {
+	out := make([]KeyResult, len(keys))
+	hashes := make([][]byte, 0, len(keys))
+	for i, key := range keys {
+		if !strings.HasPrefix(key, KeyPrefix) || len(key) > 128 {
+			out[i].Err = ErrBadKey
+			continue
+		}
+		h := HashKey(key)
+		hashes = append(hashes, h[:])
+	}
+	if len(hashes) == 0 {
+		return out, nil
+	}
+	q, args, err := sqlx.In(`
+		SELECT k.key_hash, u.id, u.name, u.plan FROM api_keys k JOIN users u ON u.id = k.user_id
+		WHERE k.key_hash IN (?) AND k.revoked_at IS NULL AND u.disabled_at IS NULL`, hashes)
+	if err != nil {
+		return nil, err
+	}
+	var rows []struct {
+		Hash []byte `db:"key_hash"`
 		ID   uint64 `db:"id"`
 		Name string `db:"name"`
 		Plan string `db:"plan"`
 	}
-	err := s.db.GetContext(ctx, &u, `
-		SELECT u.id, u.name, u.plan FROM api_keys k JOIN users u ON u.id = k.user_id
-		WHERE k.key_hash = ? AND k.revoked_at IS NULL AND u.disabled_at IS NULL`, hash[:])
-	if errors.Is(err, sql.ErrNoRows) {
-		return User{}, ErrBadKey
+	if err := s.db.SelectContext(ctx, &rows, q, args...); err != nil {
+		return nil, fmt.Errorf("look up %d keys: %w", len(hashes), err)
 	}
-	if err != nil {
-		return User{}, fmt.Errorf("look up key: %w", err)
+	byHash := make(map[[32]byte]User, len(rows))
+	for _, r := range rows {
+		var h [32]byte
+		copy(h[:], r.Hash)
+		byHash[h] = User{ID: r.ID, Name: r.Name, Plan: r.Plan}
 	}
-	return User{ID: u.ID, Name: u.Name, Plan: u.Plan}, nil
+	for i, key := range keys {
+		if out[i].Err != nil {
+			continue
+		}
+		if u, ok := byHash[HashKey(key)]; ok {
+			out[i].User = u
+		} else {
+			out[i].Err = ErrBadKey
+		}
+	}
+	return out, nil
 }
 
 // Balance is what GET /v1/credits shows, in micro-USD.

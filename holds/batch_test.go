@@ -231,3 +231,31 @@ func TestAdmitterKeepsLimitsAcrossABatch(t *testing.T) {
 		}
 	}
 }
+
+func TestUsersByKeysAnswersEachKey(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	good, err := f.store.CreateKey(ctx, f.user.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked, err := f.store.CreateKey(ctx, f.user.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.RevokeKey(ctx, revoked); err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.store.UsersByKeys(ctx, []string{good, revoked, "not-a-key", holds.KeyPrefix + "unknown", good})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, wantOK := range []bool{true, false, false, false, true} {
+		if ok := res[i].Err == nil && res[i].User.ID == f.user.ID; ok != wantOK {
+			t.Errorf("key %d: %+v, want ok=%v", i, res[i], wantOK)
+		}
+		if !wantOK && !errors.Is(res[i].Err, holds.ErrBadKey) {
+			t.Errorf("key %d: error %v, want ErrBadKey", i, res[i].Err)
+		}
+	}
+}

@@ -8,9 +8,9 @@ import (
 	"time"
 )
 
-// Settler groups the settlements of many concurrent calls into SettleBatch transactions, and
-// Admitter their admissions into AdmitBatch transactions: one lock per user and one commit
-// then serve many calls.
+// Settler groups the settlements of many concurrent calls into SettleBatch transactions,
+// Admitter their admissions into AdmitBatch transactions (one lock per user and one commit
+// then serve many calls), and KeyLookup their API key lookups into one query.
 //
 // Batching is opportunistic: a worker takes the first waiting request and whatever else is
 // already queued, up to the batch limit, and never waits for more. Under light load every
@@ -78,6 +78,29 @@ func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
 
 // Close finishes the queued admissions and stops the workers.
 func (a *Admitter) Close() { a.b.close() }
+
+// KeyLookup groups API key lookups into UsersByKeys queries.
+type KeyLookup struct{ b *batcher[string, KeyResult] }
+
+// NewKeyLookup starts a key lookup's workers; Close stops them.
+func NewKeyLookup(store *Store, cfg BatcherConfig) *KeyLookup {
+	return &KeyLookup{b: newBatcher(cfg, store.UsersByKeys)}
+}
+
+// User authenticates key: ErrBadKey for an unknown or revoked key or a disabled user.
+func (k *KeyLookup) User(ctx context.Context, key string) (User, error) {
+	r, err := k.b.do(ctx, key, true)
+	if err == nil {
+		err = r.Err
+	}
+	if err != nil {
+		return User{}, err
+	}
+	return r.User, nil
+}
+
+// Close stops the workers.
+func (k *KeyLookup) Close() { k.b.close() }
 
 // batcher runs requests of type T in batches through run, which returns one R per request.
 type batcher[T, R any] struct {

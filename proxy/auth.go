@@ -55,8 +55,8 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 // per request, and a revoked key or disabled user is refused within ttl (admission also
 // refuses a disabled user under its row lock, with no delay at all).
 type keyCache struct {
-	store *holds.Store
-	ttl   time.Duration
+	lookups *holds.KeyLookup // groups concurrent misses into one query
+	ttl     time.Duration
 
 	mu      sync.Mutex
 	entries map[[32]byte]cachedUser
@@ -71,8 +71,12 @@ type cachedUser struct {
 const maxCachedKeys = 100_000
 
 func newKeyCache(store *holds.Store, ttl time.Duration) *keyCache {
-	return &keyCache{store: store, ttl: ttl, entries: map[[32]byte]cachedUser{}}
+	return &keyCache{lookups: holds.NewKeyLookup(store, holds.BatcherConfig{Workers: batchWorkers, Timeout: keyLookupTimeout}),
+		ttl: ttl, entries: map[[32]byte]cachedUser{}}
 }
+
+// keyLookupTimeout bounds one batch of key lookups; past it the caller gets 503.
+const keyLookupTimeout = 5 * time.Second
 
 func (c *keyCache) lookup(ctx context.Context, key string) (holds.User, error) {
 	hash := holds.HashKey(key)
@@ -83,7 +87,7 @@ func (c *keyCache) lookup(ctx context.Context, key string) (holds.User, error) {
 	if ok && now.Before(e.expires) {
 		return e.user, nil
 	}
-	u, err := c.store.UserByKey(ctx, key)
+	u, err := c.lookups.User(ctx, key)
 	if err != nil {
 		return holds.User{}, err
 	}
