@@ -117,27 +117,15 @@ func (s *Store) admitBatchTx(ctx context.Context, tx *sqlx.Tx, reqs []AdmitReque
 	}
 	ids := distinctNonZero(userIDs)
 	// 1. The users, in id order, and the database clock that dates the holds.
-	q, args, err := sqlx.In("SELECT "+userColumns+", NOW(6) AS now FROM users WHERE id IN (?) ORDER BY id FOR UPDATE", ids)
+	users, now, err := lockUsers(ctx, tx, ids)
 	if err != nil {
 		return nil, err
 	}
-	var locked []struct {
-		userRow
-		Now time.Time `db:"now"`
-	}
-	if err := tx.SelectContext(ctx, &locked, q, args...); err != nil {
-		return nil, fmt.Errorf("lock users: %w", err)
-	}
-	if len(locked) == 0 {
+	if len(users) == 0 {
 		for i := range out {
 			out[i].Err = ErrUnknownUser
 		}
 		return out, nil
-	}
-	now := locked[0].Now
-	users := make(map[uint64]userRow, len(locked))
-	for _, u := range locked {
-		users[u.ID] = u.userRow
 	}
 
 	// 2. Runs admitted before (a retry, a redelivery, a later call of an agent run): they get
@@ -159,7 +147,7 @@ func (s *Store) admitBatchTx(ctx context.Context, tx *sqlx.Tx, reqs []AdmitReque
 	}
 
 	// 3. Each user's live holds and today's ledger, read after the locks were granted.
-	q, args, err = sqlx.In(`
+	q, args, err := sqlx.In(`
 		SELECT u.id AS user_id, COALESCE(h.in_flight, 0) AS in_flight, COALESCE(h.held, 0) AS held,
 		       COALESCE(d.used_micro, 0) AS used_today, h.oldest_left_us
 		FROM users u

@@ -172,29 +172,11 @@ func (s *Store) settleBatchTx(ctx context.Context, tx *sqlx.Tx, sts []Settlement
 	// 1. The users, in id order, and one reading of the database clock: it gives both
 	// settled_at and the ledger's day, so a batch that straddles midnight UTC lands wholly on
 	// one day (sessions run in UTC).
-	q, args, err := sqlx.In("SELECT "+userColumns+", NOW(6) AS now FROM users WHERE id IN (?) ORDER BY id FOR UPDATE", ids)
+	byUser, now, err := lockUsers(ctx, tx, ids)
 	if err != nil {
 		return nil, err
 	}
-	var locked []struct {
-		userRow
-		Now time.Time `db:"now"`
-	}
-	if err := tx.SelectContext(ctx, &locked, q, args...); err != nil {
-		return nil, fmt.Errorf("lock users: %w", err)
-	}
-	if len(locked) == 0 {
-		for i := range out {
-			out[i].Err = ErrRunNotFound
-		}
-		return out, nil
-	}
-	now := locked[0].Now
 	day := now.Format(time.DateOnly)
-	byUser := make(map[uint64]userRow, len(locked))
-	for _, u := range locked {
-		byUser[u.ID] = u.userRow
-	}
 
 	// 2. The holds, under their row locks. Their reads start after the user locks were
 	// granted, and every writer of a hold's state holds its user's lock, so states are current.
@@ -202,7 +184,7 @@ func (s *Store) settleBatchTx(ctx context.Context, tx *sqlx.Tx, sts []Settlement
 	for i, st := range sts {
 		runIDs[i] = st.RunID
 	}
-	q, args, err = sqlx.In(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
+	q, args, err := sqlx.In(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
 		DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f') AS expires_at
 		FROM run_holds WHERE run_id IN (?) FOR UPDATE`, runIDs)
 	if err != nil {
