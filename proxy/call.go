@@ -81,31 +81,20 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	if aerr != nil {
 		return refuse(aerr, "validation")
 	}
+	ids, aerr := parseCallIDs(r.Header)
+	if aerr != nil {
+		return refuse(aerr, "validation")
+	}
+	clientRunID, idemKey, sessionID := ids.clientRunID, ids.idemKey, ids.sessionID
 	// A caller-named run groups many calls under one hold; without a name a call is a run of
 	// one that settles when it ends.
-	clientRunID := r.Header.Get("X-Run-Id")
-	idemKey := r.Header.Get(IdempotencyKeyHeader)
-	sessionID := r.Header.Get(SessionHeader)
 	ttl := s.cfg.Holds.HoldTTL
 	if clientRunID != "" {
-		if !clientRunIDPattern.MatchString(clientRunID) {
-			return refuse(errBadRequest("invalid_run_id", "X-Run-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -"), "validation")
-		}
-		// A named run already is its own idempotency: its calls share one hold and settle once.
-		if idemKey != "" || sessionID != "" {
-			return refuse(errBadRequest("invalid_request", "X-Run-Id cannot be combined with Idempotency-Key or X-Session-Id."), "validation")
-		}
 		runID, ttl = runIDFor(user.ID, clientRunID), s.cfg.Holds.RunTTL
 		log = log.With(zap.String("run_id", runID))
 	}
-	if idemKey != "" && !validIdempotencyKey(idemKey) {
-		return refuse(errBadRequest("invalid_idempotency_key", "Idempotency-Key must be 1-255 printable ASCII characters."), "validation")
-	}
-	if sessionID != "" && !clientRunIDPattern.MatchString(sessionID) {
-		return refuse(errBadRequest("invalid_session_id", "X-Session-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -"), "validation")
-	}
 	// Plain requests (no run, key or session) go through the fingerprint window.
-	fingerprinted := clientRunID == "" && idemKey == "" && sessionID == "" && s.cfg.Dedup.Window > 0
+	fingerprinted := ids == (callIDs{}) && s.cfg.Dedup.Window > 0
 	var bodyHash string
 	if idemKey != "" || fingerprinted {
 		sum := sha256.Sum256(body)
@@ -174,28 +163,8 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 			return refuse(e, "session")
 		}
 	case fingerprinted:
-		orig, err := s.fingerprint(r.Context(), user.ID, bodyHash, runID)
-		var dbDown errStoreDown
-		switch {
-		case err != nil && r.Context().Err() != nil:
-			c.outcome = outcomeRefused
-			log.Info("client left during the duplicate check; hold released", zap.Error(err))
-			return 499
-		case errors.As(err, &dbDown):
-			c.outcome = outcomeRefused
-			log.Error("fingerprint check failed", zap.Error(err))
-			return refuse(errBillingDown, "fingerprint")
-		case err != nil && !s.cfg.Dedup.FailOpen:
-			c.outcome = outcomeRefused
-			log.Error("fingerprint check failed; refusing rather than risk a double run", zap.Error(err))
-			return refuse(errDedupDown, "fingerprint")
-		case err != nil:
-			log.Warn("fingerprint check failed; going on (fail_open)", zap.Error(err))
-		case orig != "":
-			c.outcome = outcomeDuplicate
-			log.Info("duplicate of a running request", zap.String("of_run", orig))
-			writeDuplicate(w, errDuplicate(orig), false)
-			return http.StatusConflict
+		if status := s.checkFingerprint(w, r, c, bodyHash, refuse); status != 0 {
+			return status
 		}
 	}
 
@@ -238,6 +207,57 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		status = s.answerSuperseded(c)
 	}
 	return status
+}
+
+// callIDs is how a request names itself: a caller-named run (X-Run-Id), a retry-safe request
+// (Idempotency-Key), a conversation (X-Session-Id), or nothing.
+type callIDs struct{ clientRunID, idemKey, sessionID string }
+
+func parseCallIDs(h http.Header) (callIDs, *apiError) {
+	ids := callIDs{clientRunID: h.Get("X-Run-Id"), idemKey: h.Get(IdempotencyKeyHeader), sessionID: h.Get(SessionHeader)}
+	switch {
+	case ids.clientRunID != "" && !clientRunIDPattern.MatchString(ids.clientRunID):
+		return ids, errBadRequest("invalid_run_id", "X-Run-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -")
+	case ids.clientRunID != "" && (ids.idemKey != "" || ids.sessionID != ""):
+		// A named run already is its own idempotency: its calls share one hold and settle once.
+		return ids, errBadRequest("invalid_request", "X-Run-Id cannot be combined with Idempotency-Key or X-Session-Id.")
+	case ids.idemKey != "" && !validIdempotencyKey(ids.idemKey):
+		return ids, errBadRequest("invalid_idempotency_key", "Idempotency-Key must be 1-255 printable ASCII characters.")
+	case ids.sessionID != "" && !clientRunIDPattern.MatchString(ids.sessionID):
+		return ids, errBadRequest("invalid_session_id", "X-Session-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -")
+	}
+	return ids, nil
+}
+
+// checkFingerprint answers a plain request whose body the same user sent moments ago while
+// that first request still runs. It returns the status it answered with, or 0 to go on.
+// Redis out of reach is a refusal unless dedup.fail_open: a silent double run costs money.
+func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, c *call, bodyHash string,
+	refuse func(*apiError, string) int) int {
+	orig, err := s.fingerprint(r.Context(), c.user.ID, bodyHash, c.runID)
+	var dbDown errStoreDown
+	switch {
+	case err != nil && r.Context().Err() != nil:
+		c.outcome = outcomeRefused
+		c.log.Info("client left during the duplicate check; hold released", zap.Error(err))
+		return 499
+	case errors.As(err, &dbDown):
+		c.outcome = outcomeRefused
+		c.log.Error("fingerprint check failed", zap.Error(err))
+		return refuse(errBillingDown, "fingerprint")
+	case err != nil && !s.cfg.Dedup.FailOpen:
+		c.outcome = outcomeRefused
+		c.log.Error("fingerprint check failed; refusing rather than risk a double run", zap.Error(err))
+		return refuse(errDedupDown, "fingerprint")
+	case err != nil:
+		c.log.Warn("fingerprint check failed; going on (fail_open)", zap.Error(err))
+	case orig != "":
+		c.outcome = outcomeDuplicate
+		c.log.Info("duplicate of a running request", zap.String("of_run", orig))
+		writeDuplicate(w, errDuplicate(orig), false)
+		return http.StatusConflict
+	}
+	return 0
 }
 
 // answerSuperseded tells a caller still connected that its call was stopped because a newer
