@@ -153,6 +153,20 @@ func (h *harness) waitLive(userID uint64, n int) {
 	}
 }
 
+// waitUpstream polls until fakellm has received n calls: a call reaches the upstream only after
+// its duplicate registration (fingerprint, session claim), so a request sent after this is
+// surely the second to register. A live hold alone is not enough: the hold comes first.
+func (h *harness) waitUpstream(n int64) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for h.fake.Calls() < n {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("upstream saw %d calls, want %d", h.fake.Calls(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // secondGateway is another gateway process on the same MySQL and Redis (its own settlements,
 // its own cancel subscription), optionally with its own Redis for duplicate detection.
 func (h *harness) secondGateway(dedup redis.UniversalClient, mutate func(*config.Config)) (*proxy.Server, string) {
@@ -243,7 +257,7 @@ func TestScriptRepeatingTheSameBodyFiveTimesRunsOnce(t *testing.T) {
 	u, key := h.user("standard")
 	first := make(chan answer, 1)
 	go func() { first <- send(h.gw.URL, key, chatBody, map[string]string{fakellm.HeaderLatency: "2s"}) }()
-	h.waitLive(u.ID, 1)
+	h.waitUpstream(1)
 	var dupOf []string
 	for range 4 {
 		a := send(h.gw.URL, key, chatBody, nil)
@@ -536,7 +550,7 @@ func TestSessionSameMessageIsAlreadyRunning(t *testing.T) {
 	go func() {
 		first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Session-Id": "tab-1", fakellm.HeaderLatency: "1s"})
 	}()
-	h.waitLive(u.ID, 1)
+	h.waitUpstream(1)
 	// A refresh resends the same message; the body differs in other fields, the message does not.
 	resend := strings.Replace(chatBody, `"model":"fake-gpt"`, `"model":"fake-gpt","temperature":0.5`, 1)
 	b := send(h.gw.URL, key, resend, map[string]string{"X-Session-Id": "tab-1"})
