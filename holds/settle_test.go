@@ -234,3 +234,34 @@ func TestSettleRetriesAnUnreachableDatabaseThenGivesUp(t *testing.T) {
 		t.Fatalf("gave up before its deadline: %v", err)
 	}
 }
+
+// TestAuditFindsABrokenLedger: the check every money test ends with must itself be able to
+// fail.
+func TestAuditFindsABrokenLedger(t *testing.T) {
+	db := testenv.MySQL(t)
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	ctx := context.Background()
+	u, err := st.CreateUser(ctx, "audited", "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Admit(ctx, holds.AdmitRequest{RunID: "r_audit", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Settle(ctx, holds.Settlement{RunID: "r_audit", UserID: u.ID, CostMicro: 700, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+	if bad, err := holds.Audit(ctx, db); err != nil || len(bad) != 0 {
+		t.Fatalf("sound books: %v %v", bad, err)
+	}
+	if _, err := db.Exec("UPDATE usage_days SET used_micro = used_micro + 1 WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("UPDATE run_holds SET prepaid_part_micro = 5 WHERE run_id = 'r_audit'"); err != nil {
+		t.Fatal(err)
+	}
+	bad, err := holds.Audit(ctx, db)
+	if err != nil || len(bad) != 2 || bad[0].UserID != u.ID || bad[1].RunID != "r_audit" {
+		t.Fatalf("broken books: %+v %v", bad, err)
+	}
+}

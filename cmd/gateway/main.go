@@ -31,6 +31,7 @@ commands:
   user create    -name NAME [-plan standard]
   key create     -user NAME   (prints the key once)
   demo-setup     create the demo user and a key; prints KEY=<key>
+  audit          check the books: day ledger = Σ settled charges per user and day (exit 1 if not)
 ` + adminUsage + `
 
 Every command reads -config FILE (optional) and the environment: MYSQL_DSN, REDIS_URL,
@@ -88,6 +89,8 @@ func run(args []string) error {
 		return runsCmd(ctx, rest)
 	case "report":
 		return reportCmd(ctx, rest)
+	case "audit":
+		return auditCmd(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return nil
@@ -247,5 +250,27 @@ func demoSetup(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Printf("KEY=%s\n", key)
+	return nil
+}
+
+// auditCmd is `gateway audit`: the books checked against themselves (holds.Audit). It exits
+// non-zero when they disagree, so a cron job or a deploy check can alert on it.
+func auditCmd(ctx context.Context, args []string) error {
+	e, err := setup(ctx, "audit", args, false, nil)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	bad, err := holds.Audit(ctx, e.db)
+	if err != nil {
+		return err
+	}
+	for _, m := range bad {
+		fmt.Printf("user %d day %s run %s: %s\n", m.UserID, m.Day, m.RunID, m.Detail)
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("audit: %d mismatches", len(bad))
+	}
+	fmt.Println("audit: the day ledger equals the settled charges")
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/tollgate/tollgate/holds"
 )
 
 // Ledger is the check after a tollgate scenario.
@@ -45,44 +47,21 @@ func checkLedger(ctx context.Context, db *sqlx.DB) Ledger {
 		l.Detail = err.Error()
 		return l
 	}
-	type row struct {
-		UserID  uint64 `db:"user_id"`
-		Day     string `db:"day"`
-		Ledger  int64  `db:"ledger"`
-		Charged int64  `db:"charged"`
-		Runs    int64  `db:"runs"`
-		Counted int64  `db:"counted"`
-	}
-	var rows []row
-	err = db.SelectContext(ctx, &rows, `
-		SELECT k.user_id, DATE_FORMAT(k.day, '%Y-%m-%d') AS day,
-		       COALESCE(d.used_micro, 0) AS ledger, COALESCE(h.charged, 0) AS charged,
-		       COALESCE(d.run_count, 0) AS runs, COALESCE(h.counted, 0) AS counted
-		FROM (SELECT user_id, day FROM usage_days
-		      UNION SELECT user_id, DATE(settled_at) FROM run_holds WHERE state = 'settled') k
-		LEFT JOIN usage_days d ON d.user_id = k.user_id AND d.day = k.day
-		LEFT JOIN (SELECT user_id, DATE(settled_at) AS day, SUM(charged_micro) AS charged,
-		                  SUM(charged_micro > 0) AS counted
-		           FROM run_holds WHERE state = 'settled' GROUP BY user_id, DATE(settled_at)) h
-		       ON h.user_id = k.user_id AND h.day = k.day`)
+	bad, err := holds.Audit(ctx, db)
 	if err != nil {
-		l.Detail = "ledger query: " + err.Error()
+		l.Detail = err.Error()
 		return l
 	}
 	var msgs []string
-	for _, r := range rows {
-		if r.Ledger != r.Charged || r.Runs != r.Counted {
+	for _, m := range bad {
+		if m.RunID != "" {
+			l.BadParts++
+		} else {
 			l.BadDays++
-			if len(msgs) < 3 {
-				msgs = append(msgs, fmt.Sprintf("user %d %s: ledger %d/%d runs, settled %d/%d", r.UserID, r.Day, r.Ledger, r.Runs, r.Charged, r.Counted))
-			}
 		}
-	}
-	if err := db.GetContext(ctx, &l.BadParts, `SELECT COUNT(*) FROM run_holds
-		WHERE allowance_part_micro + prepaid_part_micro <> charged_micro OR charged_micro < 0 OR
-		      (state <> 'settled' AND charged_micro <> 0)`); err != nil {
-		l.Detail = "parts query: " + err.Error()
-		return l
+		if len(msgs) < 3 {
+			msgs = append(msgs, fmt.Sprintf("user %d %s%s: %s", m.UserID, m.Day, m.RunID, m.Detail))
+		}
 	}
 	if l.LeftRunning > 0 {
 		msgs = append(msgs, fmt.Sprintf("%d holds still running after %.0fs", l.LeftRunning, waited.Seconds()))
