@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // listModels answers GET /v1/models with the priced models, in OpenAI's list shape.
@@ -57,26 +58,8 @@ func (s *Server) credits(w http.ResponseWriter, r *http.Request) {
 }
 
 // creditsOf shows micro-USD as credits: an exact decimal (3.412), never a rounded float.
-// With a credit_micro that does not divide a power of ten, the sixth decimal is truncated.
 func (s *Server) creditsOf(micro int64) json.Number {
-	neg := micro < 0
-	if neg {
-		micro = -micro
-	}
-	scaled := micro * 1_000_000 / s.creditUSD // millionths of a credit
-	whole, frac := scaled/1_000_000, scaled%1_000_000
-	out := strconv.FormatInt(whole, 10)
-	if frac != 0 {
-		f := strconv.FormatInt(frac+1_000_000, 10)[1:]
-		for f[len(f)-1] == '0' {
-			f = f[:len(f)-1]
-		}
-		out += "." + f
-	}
-	if neg {
-		out = "-" + out
-	}
-	return json.Number(out)
+	return json.Number(pricing.FormatCredits(micro, s.creditUSD))
 }
 
 // clientRunIDPattern is what a caller may name a run.
