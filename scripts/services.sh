@@ -152,7 +152,7 @@ mysql_init() {
 	installer=$(first_cmd mariadb-install-db mysql_install_db) || die "no mariadb-install-db"
 	log "initialising MariaDB data dir $datadir"
 	if ! "$installer" --no-defaults --datadir="$datadir" --user=root \
-		--auth-root-authentication-method=normal --skip-test-db \
+		--auth-root-authentication-method=normal --skip-test-db --skip-name-resolve --force \
 		>"$DIR/mysql-install.log" 2>&1; then
 		tail_log "$DIR/mysql-install.log"
 		die "mariadb-install-db failed"
