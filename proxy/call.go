@@ -157,7 +157,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		if e := s.claimSession(ctx, c, sessionID); e != nil {
 			if c.outcome == outcomeDuplicate {
 				log.Info("duplicate of a running session message", zap.String("of_run", e.RunID))
-				writeDuplicate(w, e, false)
+				s.writeDuplicate(w, e, false)
 				return e.Status
 			}
 			return refuse(e, "session")
@@ -254,7 +254,7 @@ func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, c *cal
 	case orig != "":
 		c.outcome = outcomeDuplicate
 		c.log.Info("duplicate of a running request", zap.String("of_run", orig))
-		writeDuplicate(w, errDuplicate(orig), false)
+		s.writeDuplicate(w, errDuplicate(orig), false)
 		return http.StatusConflict
 	}
 	return 0

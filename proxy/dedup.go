@@ -27,7 +27,8 @@ var errDedupDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_e
 	RetryAfter: time.Second}
 
 // writeDuplicate sends a duplicate-family answer with the retry hint that fits it.
-func writeDuplicate(w http.ResponseWriter, e *apiError, retry bool) {
+func (s *Server) writeDuplicate(w http.ResponseWriter, e *apiError, retry bool) {
+	s.metrics.Duplicates.WithLabelValues(e.Code).Inc()
 	if retry {
 		w.Header().Set(shouldRetryHeader, "true")
 	} else {

@@ -293,6 +293,9 @@ func TestScriptRepeatingTheSameBodyFiveTimesRunsOnce(t *testing.T) {
 		t.Fatalf("after the first ended: %d %s %v", b.status, b.body, b.err)
 	}
 	h.expectCharges(u.ID, []string{runID, b.header.Get(proxy.RunIDHeader)}, holds.SourceDuplicate)
+	if got := h.metric(`tollgate_duplicates_total{answer="duplicate"}`); got != "4" {
+		t.Fatalf("duplicates metric = %q, want 4", got)
+	}
 }
 
 // A resend after the first finished, with the same Idempotency-Key: the stored answer comes
@@ -674,4 +677,20 @@ func TestFingerprintWindowZeroIsOff(t *testing.T) {
 		ids = append(ids, a.header.Get(proxy.RunIDHeader))
 	}
 	h.expectCharges(u.ID, ids)
+}
+
+// metric reads one series from /metrics ("" when absent).
+func (h *harness) metric(series string) string {
+	h.t.Helper()
+	resp, err := http.Get(h.gw.URL + "/metrics")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	for _, line := range strings.Split(string(readAll(h.t, resp.Body)), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return v
+		}
+	}
+	return ""
 }

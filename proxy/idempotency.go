@@ -135,7 +135,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 	ctx := r.Context()
 	answer := func(e *apiError, retry bool) int {
 		log.Info("idempotent request answered without running", zap.String("code", e.Code), zap.String("of_run", e.RunID))
-		writeDuplicate(w, e, retry)
+		s.writeDuplicate(w, e, retry)
 		return e.Status
 	}
 	for range 4 {
@@ -226,6 +226,7 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 	if ctype != "" {
 		h.Set("Content-Type", ctype)
 	}
+	s.metrics.Duplicates.WithLabelValues("replayed").Inc()
 	h.Set(ReplayedHeader, "true")
 	h.Set(RunIDHeader, rec.run)
 	h.Set("Content-Length", strconv.Itoa(len(resp)))

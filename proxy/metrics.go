@@ -20,6 +20,7 @@ type Metrics struct {
 	ReconcileHold  prometheus.Counter
 	Reconciled     *prometheus.CounterVec
 	ActiveCalls    prometheus.Gauge
+	Duplicates     *prometheus.CounterVec
 	SettleSeconds  prometheus.Histogram
 }
 
@@ -45,11 +46,14 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Expired holds handled by the reconciler, by outcome."}, []string{"outcome"}),
 		ActiveCalls: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_active_calls",
 			Help: "Model calls being forwarded now."}),
+		Duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_duplicates_total",
+			Help: "Requests answered as duplicates without running, by answer (request_in_progress, replayed, already_running, duplicate, ...)."},
+			[]string{"answer"}),
 		SettleSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tollgate_settle_seconds",
 			Help: "Time from the end of a call to its settled row.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
 	}
 	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled,
-		m.ActiveCalls, m.SettleSeconds)
+		m.ActiveCalls, m.SettleSeconds, m.Duplicates)
 	return m
 }
 
