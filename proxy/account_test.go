@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/proxy"
@@ -92,4 +93,47 @@ func jsonEqual(a, b map[string]any) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return string(x) == string(y)
+}
+
+func TestModelsListThePricedModels(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	status, body := h.get(key, "/v1/models")
+	if status != 200 || body["object"] != "list" {
+		t.Fatalf("GET /v1/models: %d %v", status, body)
+	}
+	var ids []string
+	for _, m := range body["data"].([]any) {
+		ids = append(ids, m.(map[string]any)["id"].(string))
+	}
+	if strings.Join(ids, ",") != "claude-test,fake-gpt" {
+		t.Fatalf("models %v, want the priced models claude-test and fake-gpt", ids)
+	}
+}
+
+func TestHealthAndReadiness(t *testing.T) {
+	h := newHarness(t, nil)
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(h.gw.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", path, resp.StatusCode, body)
+		}
+	}
+	// Readiness fails when Redis is gone: a gateway that cannot tally or dedupe should leave
+	// the load balancer's rotation.
+	h2 := newHarness(t, nil)
+	h2.rdb.Close()
+	resp, err := http.Get(h2.gw.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with Redis closed: %d", resp.StatusCode)
+	}
 }
