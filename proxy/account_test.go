@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -135,5 +136,43 @@ func TestHealthAndReadiness(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz with Redis closed: %d", resp.StatusCode)
+	}
+}
+
+// TestModelWithoutAnUpstreamOnTheRouteIsRefusedBeforeAnyHold: fake-gpt is priced and served by
+// the OpenAI-kind upstream, but no Anthropic-kind upstream serves it on /v1/messages.
+func TestModelWithoutAnUpstreamOnTheRouteIsRefusedBeforeAnyHold(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/messages", `{"model":"fake-gpt","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || errorCode(t, body) != "model_not_served" {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+	if all, _ := h.holdCount(); all != 0 || h.fake.Calls() != 0 {
+		t.Fatalf("%d holds, %d upstream calls for a refused request", all, h.fake.Calls())
+	}
+}
+
+// TestADisabledUserIsRefusedAtOnce: the key is still in the process cache, but admission reads
+// the user's row under its lock and refuses.
+func TestADisabledUserIsRefusedAtOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("before disabling: %d", resp.StatusCode)
+	}
+	if _, err := h.store.DisableUser(context.Background(), u.ID); err != nil {
+		t.Fatal(err)
+	}
+	resp = h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"again"}]}`, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 401 || errorCode(t, body) != "invalid_api_key" {
+		t.Fatalf("after disabling: %d %s", resp.StatusCode, body)
 	}
 }
