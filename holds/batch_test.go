@@ -131,10 +131,10 @@ func TestConcurrentBatchesOverUsersDoNotDeadlock(t *testing.T) {
 	}
 }
 
-// TestSettlerGroupsConcurrentSettlements: many goroutines settle through one Settler; every
+// TestWriterGroupsConcurrentSettlements: many goroutines settle through one Writer; every
 // run is charged once, duplicates offered in the same moment change nothing, and nothing is
 // taken after Close.
-func TestSettlerGroupsConcurrentSettlements(t *testing.T) {
+func TestWriterGroupsConcurrentSettlements(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	inFlight := 200
@@ -145,7 +145,8 @@ func TestSettlerGroupsConcurrentSettlements(t *testing.T) {
 	for i := 0; i < runs; i++ {
 		f.admit("r_s_" + strconv.Itoa(i))
 	}
-	b := holds.NewSettler(f.store, holds.BatcherConfig{Workers: 2, MaxBatch: 16, Timeout: 10 * time.Second})
+	b := holds.NewWriter(f.store, holds.WriterConfig{Workers: 2, MaxBatch: 16, Linger: time.Millisecond,
+		AdmitTimeout: 10 * time.Second, SettleTimeout: 10 * time.Second})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	applied := 0
@@ -179,17 +180,17 @@ func TestSettlerGroupsConcurrentSettlements(t *testing.T) {
 	}
 }
 
-// TestAdmitterKeepsLimitsAcrossABatch: 60 concurrent admissions of one user arrive in
+// TestWriterKeepsLimitsAcrossABatch: 60 concurrent admissions of one user arrive in
 // batches; within a batch the running totals must refuse exactly as separate transactions
 // would: never more than max_in_flight holds, never more held than available.
-func TestAdmitterKeepsLimitsAcrossABatch(t *testing.T) {
+func TestWriterKeepsLimitsAcrossABatch(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	allowance, inFlight := int64(50_000), 5
 	if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, &inFlight, nil); err != nil {
 		t.Fatal(err)
 	}
-	a := holds.NewAdmitter(f.store, holds.BatcherConfig{Workers: 2, MaxBatch: 32, Timeout: 10 * time.Second})
+	a := holds.NewWriter(f.store, holds.WriterConfig{Workers: 2, MaxBatch: 32, AdmitTimeout: 10 * time.Second, SettleTimeout: 10 * time.Second})
 	defer a.Close()
 	var wg sync.WaitGroup
 	var mu sync.Mutex

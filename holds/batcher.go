@@ -2,84 +2,22 @@ package holds
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 )
 
-// Settler groups the settlements of many concurrent calls into SettleBatch transactions,
-// Admitter their admissions into AdmitBatch transactions (one lock per user and one commit
-// then serve many calls), and KeyLookup their API key lookups into one query.
-//
-// Batching is opportunistic: a worker takes the first waiting request and whatever else is
-// already queued, up to the batch limit, and never waits for more. Under light load every
-// batch is one request and nothing is delayed; under load batches grow by themselves.
-type (
-	Settler struct {
-		b *batcher[Settlement, BatchResult]
-	}
-	Admitter struct {
-		b *batcher[AdmitRequest, AdmitResult]
-	}
-)
-
-// BatcherConfig sizes a Settler or an Admitter.
+// BatcherConfig sizes a KeyLookup.
 type BatcherConfig struct {
-	Workers  int           // concurrent batch transactions; default 4
-	MaxBatch int           // requests per transaction; default 128, at most MaxBatch
+	Workers  int           // concurrent batches; default 4
+	MaxBatch int           // requests per batch; default 128, at most MaxBatch
 	Queue    int           // requests waiting for a worker; default 4096
 	Timeout  time.Duration // one batch, retries included
 }
 
-// ErrBatcherClosed is returned to requests offered after Close.
-var ErrBatcherClosed = errors.New("batcher closed")
-
-// NewSettler starts a settler's workers; Close stops them.
-func NewSettler(store *Store, cfg BatcherConfig) *Settler {
-	return &Settler{b: newBatcher(cfg, store.SettleBatch)}
-}
-
-// Settle settles st in the next batch and waits for its outcome or ctx. A caller that stops
-// waiting does not withdraw the settlement: it commits or fails with its batch.
-func (s *Settler) Settle(ctx context.Context, st Settlement) (Settled, error) {
-	r, err := s.b.do(ctx, st, true)
-	if err == nil {
-		err = r.Err
-	}
-	if err != nil {
-		return Settled{}, fmt.Errorf("settle %s: %w", st.RunID, err)
-	}
-	return r.Settled, nil
-}
-
-// Close finishes the queued settlements and stops the workers.
-func (s *Settler) Close() { s.b.close() }
-
-// NewAdmitter starts an admitter's workers; Close stops them.
-func NewAdmitter(store *Store, cfg BatcherConfig) *Admitter {
-	return &Admitter{b: newBatcher(cfg, store.AdmitBatch)}
-}
-
-// Admit takes req's hold in the next batch. Once queued it waits for the batch whatever ctx
-// says (a batch is short and bounded by its timeout): a caller that left early must still
-// learn of a hold its batch committed, so that it releases it rather than leave it to the
-// reconciler, which would charge it.
-func (a *Admitter) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
-	r, err := a.b.do(ctx, req, false)
-	if err == nil {
-		err = r.Err
-	}
-	if err != nil {
-		return r.Hold, fmt.Errorf("admit %s: %w", req.RunID, err)
-	}
-	return r.Hold, nil
-}
-
-// Close finishes the queued admissions and stops the workers.
-func (a *Admitter) Close() { a.b.close() }
-
-// KeyLookup groups API key lookups into UsersByKeys queries.
+// KeyLookup groups API key lookups into UsersByKeys queries. Batching is opportunistic: a
+// worker takes the first waiting lookup and whatever else is already queued, and never waits
+// for more.
 type KeyLookup struct{ b *batcher[string, KeyResult] }
 
 // NewKeyLookup starts a key lookup's workers; Close stops them.

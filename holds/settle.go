@@ -72,43 +72,10 @@ type BatchResult struct {
 	Err error // ErrRunNotFound for an unknown run (or one of another user); the rest of the batch still commits
 }
 
-// MaxBatch bounds one settlement transaction: its statements grow with it, and so does the
-// time its user locks are held.
-const MaxBatch = 256
-
-// SettleBatch closes runs in one transaction, in the global lock order: the users' rows (in
-// id order, so two batches never wait on each other in a cycle), the holds, then the day
-// ledger. A hold is charged only if the locked read finds it live (queued or running) — the
-// conditional update of the design, decided under the hold's row lock — so every later
-// settlement of it, by a retry, the reconciler or a slow process, changes nothing. A charge
-// is the discounted cost clamped to the hold's cap (the caller's authorisation and the
-// overdraft bound), taken from the day's allowance first and then from prepaid credits.
-//
-// Grouping is what keeps settlement cheap under load: a batch costs about seven statements
-// and one commit whatever its size, where one transaction per run costs six and a commit each.
+// SettleBatch closes runs in one transaction: WriteBatch without admissions.
 func (s *Store) SettleBatch(ctx context.Context, sts []Settlement) ([]BatchResult, error) {
-	if len(sts) == 0 || len(sts) > MaxBatch {
-		panic(fmt.Sprintf("holds: settle batch of %d", len(sts)))
-	}
-	for _, st := range sts {
-		if st.CostMicro < 0 {
-			panic("holds: negative cost")
-		}
-	}
-	users, err := s.usersOf(ctx, sts)
-	if err != nil {
-		return nil, fmt.Errorf("settle %d runs: %w", len(sts), err)
-	}
-	var out []BatchResult
-	err = s.inTx(ctx, fmt.Sprintf("settle %d runs", len(sts)), func(tx *sqlx.Tx) error {
-		var err error
-		out, err = s.settleBatchTx(ctx, tx, sts, users)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("settle %d runs (first %s): %w", len(sts), sts[0].RunID, err)
-	}
-	return out, nil
+	out, _, err := s.WriteBatch(ctx, sts, nil)
+	return out, err
 }
 
 // usersOf returns each settlement's user: the caller's word where it gave one, otherwise
@@ -160,29 +127,40 @@ type lockedHold struct {
 	ExpiresAt  string `db:"expires_at"`
 }
 
-func (s *Store) settleBatchTx(ctx context.Context, tx *sqlx.Tx, sts []Settlement, users []uint64) ([]BatchResult, error) {
+// settleLocked closes a batch's runs under the users' locks. A hold is charged only if the
+// locked read finds it live (queued or running) — the conditional update of the design, decided
+// under the hold's row lock — so every later settlement of it, by a retry, the reconciler or a
+// slow process, changes nothing. A charge is the discounted cost clamped to the hold's cap (the
+// caller's authorisation and the overdraft bound), taken from the day's allowance first and then
+// from prepaid credits. now is the one reading of the database clock of the transaction: it gives
+// both settled_at and the ledger's day, so a batch that straddles midnight UTC lands wholly on
+// one day (sessions run in UTC).
+func (s *Store) settleLocked(ctx context.Context, tx *sqlx.Tx, sts []Settlement, users []uint64, byUser map[uint64]userRow, now time.Time) ([]BatchResult, error) {
 	out := make([]BatchResult, len(sts))
-	ids := distinctNonZero(users)
-	if len(ids) == 0 {
-		for i := range out {
+	var ids []uint64
+	seen := make(map[uint64]bool, len(sts))
+	for i, uid := range users {
+		if _, ok := byUser[uid]; !ok {
 			out[i].Err = ErrRunNotFound
+			continue
 		}
-		return out, nil
+		if !seen[uid] {
+			seen[uid] = true
+			ids = append(ids, uid)
+		}
 	}
-	// 1. The users, in id order, and one reading of the database clock: it gives both
-	// settled_at and the ledger's day, so a batch that straddles midnight UTC lands wholly on
-	// one day (sessions run in UTC).
-	byUser, now, err := lockUsers(ctx, tx, ids)
-	if err != nil {
-		return nil, err
+	if len(ids) == 0 {
+		return out, nil
 	}
 	day := now.Format(time.DateOnly)
 
-	// 2. The holds, under their row locks. Their reads start after the user locks were
+	// The holds, under their row locks. Their reads start after the user locks were
 	// granted, and every writer of a hold's state holds its user's lock, so states are current.
-	runIDs := make([]string, len(sts))
+	runIDs := make([]string, 0, len(sts))
 	for i, st := range sts {
-		runIDs[i] = st.RunID
+		if out[i].Err == nil {
+			runIDs = append(runIDs, st.RunID)
+		}
 	}
 	q, args, err := sqlx.In(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
 		DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f') AS expires_at
@@ -199,7 +177,7 @@ func (s *Store) settleBatchTx(ctx context.Context, tx *sqlx.Tx, sts []Settlement
 		holds[hs[i].RunID] = &hs[i]
 	}
 
-	// 3. Today's ledger of those users: every writer of it holds the user's lock.
+	// Today's ledger of those users: every writer of it holds the user's lock.
 	q, args, err = sqlx.In("SELECT user_id, used_micro FROM usage_days WHERE day = ? AND user_id IN (?)", day, ids)
 	if err != nil {
 		return nil, err

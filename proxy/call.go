@@ -121,7 +121,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		}
 		runID = ar.RunID
 		log = log.With(zap.String("run_id", runID))
-	} else if hold, err = s.admitter.Admit(r.Context(), ar); err != nil {
+	} else if hold, err = s.writer.Admit(r.Context(), ar); err != nil {
 		if r.Context().Err() != nil {
 			log.Info("client left during admission; nothing held", zap.Error(err))
 			return 499
@@ -364,7 +364,7 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
 	defer s.settlements.Done()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
-	res, err := s.settler.Settle(ctx, st)
+	res, err := s.writer.Settle(ctx, st)
 	if err != nil {
 		s.metrics.SettleFailures.Inc()
 		c.log.Error("settlement failed; the reconciler will settle this run", zap.Error(err))

@@ -169,7 +169,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 		}
 		ic.attempt = rec.attempt
 		ar.RunID = idempotentRunID(ic.userID, ic.key, rec.attempt)
-		hold, err := s.admitter.Admit(ctx, *ar)
+		hold, err := s.writer.Admit(ctx, *ar)
 		switch {
 		case err == nil && hold.Existing:
 			return holds.Hold{}, answer(errRequestInProgress(ar.RunID), true)

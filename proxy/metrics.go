@@ -6,6 +6,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tollgate/tollgate/holds"
 )
 
 // Metrics are the gateway's Prometheus series. The ones an operator must watch:
@@ -22,6 +24,7 @@ type Metrics struct {
 	ActiveCalls    prometheus.Gauge
 	Duplicates     *prometheus.CounterVec
 	SettleSeconds  prometheus.Histogram
+	BatchItems     *prometheus.HistogramVec
 }
 
 // NewMetrics registers the series on reg (nil: a fresh registry with Go runtime metrics).
@@ -51,10 +54,19 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			[]string{"answer"}),
 		SettleSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tollgate_settle_seconds",
 			Help: "Time from the end of a call to its settled row.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		BatchItems: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tollgate_batch_items",
+			Help:    "Items per batch transaction, by kind (settlements, admissions); a batch that holds both counts in both.",
+			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256}}, []string{"kind"}),
 	}
 	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled,
-		m.ActiveCalls, m.SettleSeconds, m.Duplicates)
+		m.ActiveCalls, m.SettleSeconds, m.Duplicates, m.BatchItems)
 	return m
+}
+
+// observeBatch records one batch transaction of the writer.
+func (m *Metrics) observeBatch(b holds.BatchShape) {
+	m.BatchItems.WithLabelValues("settlements").Observe(float64(b.Settlements))
+	m.BatchItems.WithLabelValues("admissions").Observe(float64(b.Admissions))
 }
 
 // Handler serves /metrics.

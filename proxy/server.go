@@ -45,8 +45,7 @@ type Deps struct {
 type Server struct {
 	cfg       *config.Config
 	store     *holds.Store
-	settler   *holds.Settler  // groups settlements into batch transactions
-	admitter  *holds.Admitter // groups admissions into batch transactions
+	writer    *holds.Writer // groups admissions and settlements into batch transactions
 	rdb       redis.UniversalClient
 	keys      metering.Keys
 	tally     *metering.Tally
@@ -76,11 +75,13 @@ type Server struct {
 // maxBackgroundSettlements bounds settlements in flight beyond their requests.
 const maxBackgroundSettlements = 4096
 
-// batchWorkers is how many admission (and key lookup) batches run at once; settleWorkers how
-// many settlement batches.
+// batchWorkers is how many key lookup batches run at once, writeWorkers how many batch
+// transactions of admissions and settlements, and settleLinger how long settlements wait for
+// an admission to share their commit (see holds.Writer).
 const (
-	batchWorkers  = 2
-	settleWorkers = 4
+	batchWorkers = 2
+	writeWorkers = 4
+	settleLinger = 2 * time.Millisecond
 )
 
 // New builds a server. It panics on a configuration that Validate would have refused.
@@ -105,13 +106,9 @@ func New(d Deps) *Server {
 		auth:        newKeyCache(d.Store, d.Config.Limits.KeyCacheTTL),
 		creditUSD:   d.Config.CreditMicro,
 		settleSlots: make(chan struct{}, maxBackgroundSettlements),
-		// Worker counts measured on 2 cores (bench users-256 and settle-lag): one admission
-		// worker gave the largest batches (3169 req/s) but lets one slow batch stall every
-		// user, four gave smaller batches and more commits (2118 req/s), two keep a second
-		// transaction going (2508 req/s). Settlements are off the caller's path, so more of
-		// them in parallel only shortens the lag: four took its p99 from 68 ms to 47-61 ms (eight: 56).
-		settler:  holds.NewSettler(d.Store, holds.BatcherConfig{Workers: settleWorkers, Timeout: d.Config.Limits.SettleTimeout}),
-		admitter: holds.NewAdmitter(d.Store, holds.BatcherConfig{Workers: batchWorkers, Timeout: d.Config.Limits.AdmitTimeout}),
+		writer: holds.NewWriter(d.Store, holds.WriterConfig{Workers: writeWorkers, Linger: settleLinger,
+			AdmitTimeout: d.Config.Limits.AdmitTimeout, SettleTimeout: d.Config.Limits.SettleTimeout,
+			OnBatch: d.Metrics.observeBatch}),
 		dedupRDB: d.DedupRedis,
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
 	}

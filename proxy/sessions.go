@@ -163,11 +163,10 @@ func (b *cancelBus) close() error {
 	return b.ps.Close()
 }
 
-// Close stops the server's background work: the key lookup, admission and settlement
-// batchers (after finishing what is queued) and the session cancel bus. Call it after WaitSettlements at shutdown.
+// Close stops the server's background work: the key lookup and the batch writer (after
+// committing what is queued) and the session cancel bus. Call it after WaitSettlements at shutdown.
 func (s *Server) Close() error {
-	s.admitter.Close()
-	s.settler.Close()
+	s.writer.Close()
 	s.auth.lookups.Close()
 	return s.cancels.close()
 }

@@ -1,0 +1,276 @@
+package holds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Writer commits the admissions and settlements of many concurrent calls in shared batch
+// transactions (WriteBatch): one lock per user and one commit then serve many calls.
+//
+// Batching is opportunistic for admissions: a batch that holds one leaves as soon as a worker
+// is free, with whatever else is already waiting, so an admission never waits for company.
+// A batch of settlements alone lingers up to Linger for an admission to ride with: settlement is
+// off the caller's path, and the user's next call, which would otherwise wait behind the
+// settlement's lock and commit, then pays for both with one commit. Under load, batches grow by
+// themselves while the workers are busy.
+type Writer struct {
+	store *Store
+	cfg   WriterConfig
+	in    chan writeItem
+	work  chan []writeItem
+	wg    sync.WaitGroup
+	// gathered counts items the dispatcher holds that no worker has taken yet.
+	gathered atomic.Int64
+
+	// mu guards sending on in against Close closing it.
+	mu     sync.RWMutex
+	closed bool
+}
+
+// WriterConfig sizes a Writer.
+type WriterConfig struct {
+	Workers  int // concurrent batch transactions; default 4
+	MaxBatch int // items per transaction; default 128, at most MaxBatch
+	Queue    int // items waiting for a batch; default 4096
+	// AdmitTimeout bounds a batch with an admission in it, retries included: a caller waits
+	// for it. SettleTimeout bounds a batch of settlements alone.
+	AdmitTimeout  time.Duration
+	SettleTimeout time.Duration
+	// Linger is how long settlements wait for an admission to share their transaction; 0: none.
+	Linger time.Duration
+	// OnBatch, when set, is told of every batch transaction after it ends (metrics, tests).
+	OnBatch func(BatchShape)
+}
+
+// BatchShape is what one batch transaction held and how it ended.
+type BatchShape struct {
+	Settlements, Admissions int
+	Err                     error
+}
+
+// ErrBatcherClosed is returned to requests offered after Close.
+var ErrBatcherClosed = errors.New("batcher closed")
+
+type writeItem struct {
+	admit  *AdmitRequest // one of admit and settle is set
+	settle *Settlement
+	out    chan writeOutcome
+}
+
+type writeOutcome struct {
+	hold    Hold
+	settled Settled
+	err     error
+}
+
+// NewWriter starts a writer's dispatcher and workers; Close stops them.
+func NewWriter(store *Store, cfg WriterConfig) *Writer {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	if cfg.MaxBatch <= 0 || cfg.MaxBatch > MaxBatch {
+		cfg.MaxBatch = min(128, MaxBatch)
+	}
+	if cfg.Queue <= 0 {
+		cfg.Queue = 4096
+	}
+	if cfg.AdmitTimeout <= 0 || cfg.SettleTimeout <= 0 {
+		panic("holds: writer without timeouts")
+	}
+	if cfg.Linger < 0 || cfg.Linger >= cfg.SettleTimeout {
+		panic(fmt.Sprintf("holds: writer linger %v out of [0, settle timeout %v)", cfg.Linger, cfg.SettleTimeout))
+	}
+	w := &Writer{store: store, cfg: cfg, in: make(chan writeItem, cfg.Queue), work: make(chan []writeItem)}
+	w.wg.Add(1 + cfg.Workers)
+	go w.dispatch()
+	for range cfg.Workers {
+		go w.runWorker()
+	}
+	return w
+}
+
+// Admit takes req's hold in the next batch. Once queued it waits for the batch whatever ctx
+// says (a batch is short and bounded by AdmitTimeout): a caller that left early must still
+// learn of a hold its batch committed, so that it releases it rather than leave it to the
+// reconciler, which would charge it.
+func (w *Writer) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
+	out, err := w.offer(ctx, writeItem{admit: &req})
+	if err != nil {
+		return Hold{}, fmt.Errorf("admit %s: %w", req.RunID, err)
+	}
+	o := <-out
+	if o.err != nil {
+		return o.hold, fmt.Errorf("admit %s: %w", req.RunID, o.err)
+	}
+	return o.hold, nil
+}
+
+// Settle settles st in a coming batch and waits for its outcome or ctx. A caller that stops
+// waiting does not withdraw the settlement: it commits or fails with its batch.
+func (w *Writer) Settle(ctx context.Context, st Settlement) (Settled, error) {
+	out, err := w.offer(ctx, writeItem{settle: &st})
+	if err == nil {
+		select {
+		case o := <-out:
+			err = o.err
+			if err == nil {
+				return o.settled, nil
+			}
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	return Settled{}, fmt.Errorf("settle %s: %w", st.RunID, err)
+}
+
+// Close commits what is queued and stops the workers.
+func (w *Writer) Close() {
+	w.mu.Lock()
+	if !w.closed {
+		w.closed = true
+		close(w.in)
+	}
+	w.mu.Unlock()
+	w.wg.Wait()
+}
+
+// Gathered is how many items wait in the batch being formed (tests wait on it; it is not
+// a queue length: items still in the channel are not counted).
+func (w *Writer) Gathered() int { return int(w.gathered.Load()) }
+
+// offer queues it; ctx bounds the wait for a place in the queue.
+func (w *Writer) offer(ctx context.Context, it writeItem) (chan writeOutcome, error) {
+	it.out = make(chan writeOutcome, 1)
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if w.closed {
+		return nil, ErrBatcherClosed
+	}
+	select {
+	case w.in <- it:
+		return it.out, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("queue full: %w", ctx.Err())
+	}
+}
+
+// dispatch forms batches: it gathers items while every worker is busy, and hands the batch
+// over when a worker is free and the batch is ready (it holds an admission, is full, has
+// lingered long enough, or the writer is closing).
+func (w *Writer) dispatch() {
+	defer w.wg.Done()
+	defer close(w.work)
+	in := w.in
+	var (
+		pend     []writeItem
+		hasAdmit bool
+		lingered bool
+		timer    = time.NewTimer(time.Hour)
+	)
+	timer.Stop()
+	for {
+		ready := len(pend) > 0 && (hasAdmit || lingered || len(pend) >= w.cfg.MaxBatch || in == nil || w.cfg.Linger == 0)
+		if in == nil && len(pend) == 0 {
+			return
+		}
+		var work chan<- []writeItem
+		if ready {
+			work = w.work
+		}
+		recv := in
+		if len(pend) >= w.cfg.MaxBatch {
+			recv = nil // full: wait for a worker
+		}
+		select {
+		case it, ok := <-recv:
+			if !ok {
+				in = nil
+				continue
+			}
+			if len(pend) == 0 && it.settle != nil && w.cfg.Linger > 0 {
+				timer.Reset(w.cfg.Linger)
+			}
+			pend = append(pend, it)
+			w.gathered.Add(1)
+			hasAdmit = hasAdmit || it.admit != nil
+		case <-timer.C:
+			lingered = true
+		case work <- pend:
+			w.gathered.Add(-int64(len(pend)))
+			pend, hasAdmit, lingered = nil, false, false
+			timer.Stop()
+		}
+	}
+}
+
+func (w *Writer) runWorker() {
+	defer w.wg.Done()
+	for batch := range w.work {
+		w.commit(batch)
+	}
+}
+
+// commit runs one batch and answers its items. If a batch with admissions fails as a whole
+// (the database stayed unreachable for AdmitTimeout), its settlements are tried again alone
+// under their own, longer deadline: an admission's deadline must not cut a settlement's.
+func (w *Writer) commit(batch []writeItem) {
+	var sts []Settlement
+	var reqs []AdmitRequest
+	for _, it := range batch {
+		if it.settle != nil {
+			sts = append(sts, *it.settle)
+		} else {
+			reqs = append(reqs, *it.admit)
+		}
+	}
+	timeout := w.cfg.SettleTimeout
+	if len(reqs) > 0 {
+		timeout = w.cfg.AdmitTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	settled, admitted, err := w.store.WriteBatch(ctx, sts, reqs)
+	cancel()
+	w.observe(len(sts), len(reqs), err)
+	if err != nil && len(reqs) > 0 && len(sts) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.SettleTimeout)
+		var serr error
+		settled, _, serr = w.store.WriteBatch(ctx, sts, nil)
+		cancel()
+		w.observe(len(sts), 0, serr)
+		w.answer(batch, settled, nil, err, serr)
+		return
+	}
+	w.answer(batch, settled, admitted, err, err)
+}
+
+func (w *Writer) observe(settlements, admissions int, err error) {
+	if w.cfg.OnBatch != nil {
+		w.cfg.OnBatch(BatchShape{Settlements: settlements, Admissions: admissions, Err: err})
+	}
+}
+
+// answer hands each item its outcome; admitErr and settleErr fail all admissions or all
+// settlements of the batch.
+func (w *Writer) answer(batch []writeItem, settled []BatchResult, admitted []AdmitResult, admitErr, settleErr error) {
+	si, ai := 0, 0
+	for _, it := range batch {
+		var o writeOutcome
+		if it.settle != nil {
+			if o.err = settleErr; o.err == nil {
+				o.settled, o.err = settled[si].Settled, settled[si].Err
+			}
+			si++
+		} else {
+			if o.err = admitErr; o.err == nil {
+				o.hold, o.err = admitted[ai].Hold, admitted[ai].Err
+			}
+			ai++
+		}
+		it.out <- o
+	}
+}

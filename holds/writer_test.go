@@ -1,0 +1,252 @@
+package holds_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// shapes records the writer's batches.
+type shapes struct {
+	mu  sync.Mutex
+	all []holds.BatchShape
+}
+
+func (s *shapes) add(b holds.BatchShape) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.all = append(s.all, b)
+}
+
+func (s *shapes) list() []holds.BatchShape {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]holds.BatchShape(nil), s.all...)
+}
+
+// waitGathered waits until the writer holds n items in the batch it is forming.
+func waitGathered(t *testing.T, w *holds.Writer, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for w.Gathered() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("writer gathered %d items, want %d", w.Gathered(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+type settleOutcome struct {
+	res holds.Settled
+	err error
+}
+
+// settleAsync offers st to w and returns where its outcome will arrive.
+func settleAsync(w *holds.Writer, st holds.Settlement) chan settleOutcome {
+	out := make(chan settleOutcome, 1)
+	go func() {
+		res, err := w.Settle(context.Background(), st)
+		out <- settleOutcome{res, err}
+	}()
+	return out
+}
+
+// TestWriterSettlementRidesWithNextAdmission: a settlement waiting for company commits in the
+// same transaction as the next admission, which sees the credits it freed. The linger is far
+// longer than the merge takes, so a writer that did not merge would leave the settlement waiting and
+// refuse the admission for want of credits.
+func TestWriterSettlementRidesWithNextAdmission(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	allowance := int64(20_000)
+	if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.admit("r_ride_a") // holds all 20 credits
+	var seen shapes
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 2, Linger: 5 * time.Second,
+		AdmitTimeout: 10 * time.Second, SettleTimeout: 10 * time.Second, OnBatch: seen.add})
+	defer w.Close()
+
+	settled := settleAsync(w, holds.Settlement{RunID: "r_ride_a", UserID: f.user.ID, CostMicro: 5_000, Source: holds.SourceComplete})
+	waitGathered(t, w, 1)
+	h, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_ride_b", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+	if err != nil {
+		t.Fatalf("admission after the settlement: %v", err)
+	}
+	if h.HeldMicro != 15_000 {
+		t.Fatalf("held %d, want the 15,000 the settlement left", h.HeldMicro)
+	}
+	s := <-settled
+	if s.err != nil || !s.res.Applied || s.res.ChargedMicro != 5_000 {
+		t.Fatalf("settlement: %+v, %v", s.res, s.err)
+	}
+	if got := seen.list(); len(got) != 1 || got[0].Settlements != 1 || got[0].Admissions != 1 || got[0].Err != nil {
+		t.Fatalf("batches %+v, want one of 1 settlement and 1 admission", got)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_ride_b", Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWriterCloseCommitsLingeringSettlements: Close does not wait out the linger, and does not
+// drop what was gathered.
+func TestWriterCloseCommitsLingeringSettlements(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	f.admit("r_close")
+	w := holds.NewWriter(f.store, holds.WriterConfig{Linger: time.Second, AdmitTimeout: 10 * time.Second, SettleTimeout: 10 * time.Second})
+	settled := settleAsync(w, holds.Settlement{RunID: "r_close", CostMicro: 3_000, Source: holds.SourceShutdown})
+	waitGathered(t, w, 1)
+	closed := make(chan struct{})
+	go func() { w.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	if s := <-settled; s.err != nil || !s.res.Applied {
+		t.Fatalf("lingering settlement at Close: %+v, %v", s.res, s.err)
+	}
+	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 3_000 || bal.InFlight != 0 {
+		t.Fatalf("balance %+v, %v", bal, err)
+	}
+}
+
+// TestWriterSettlementOutlivesAnAdmissionDeadline: a batch whose admission runs out of time
+// fails as a whole; its settlement is committed again alone, under its own deadline, and the
+// admission leaves no hold.
+func TestWriterSettlementOutlivesAnAdmissionDeadline(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	f.admit("r_deadline_a")
+	var seen shapes
+	w := holds.NewWriter(f.store, holds.WriterConfig{Linger: 5 * time.Second, AdmitTimeout: time.Nanosecond,
+		SettleTimeout: 10 * time.Second, OnBatch: seen.add})
+	defer w.Close()
+	settled := settleAsync(w, holds.Settlement{RunID: "r_deadline_a", UserID: f.user.ID, CostMicro: 4_000, Source: holds.SourceComplete})
+	waitGathered(t, w, 1)
+	if _, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_deadline_b", UserID: f.user.ID, State: holds.StateRunning,
+		TTL: time.Minute, Fresh: true}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("admission past its deadline: %v", err)
+	}
+	if s := <-settled; s.err != nil || !s.res.Applied || s.res.ChargedMicro != 4_000 {
+		t.Fatalf("settlement: %+v, %v", s.res, s.err)
+	}
+	got := seen.list()
+	if len(got) != 2 || got[0].Admissions != 1 || got[0].Err == nil || got[1].Settlements != 1 || got[1].Admissions != 0 || got[1].Err != nil {
+		t.Fatalf("batches %+v, want the failed mixed batch then the settlement alone", got)
+	}
+	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.InFlight != 0 || bal.UsedTodayMicro != 4_000 {
+		t.Fatalf("balance %+v, %v: the failed admission must leave no hold", bal, err)
+	}
+}
+
+// TestWriterStormOfAdmissionsAndSettlements: 8 users, 12 callers each, admit and settle
+// through one writer until the balance is spent. Batches mix users, admissions and
+// settlements; every user must end within the design's overdraft bound, every charge within
+// its cap, nothing left held, and the ledger (checked at cleanup) equal to the charges.
+func TestWriterStormOfAdmissionsAndSettlements(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	const users, callers = 8, 12
+	allowance, inFlight := int64(200_000), 6
+	ids := []uint64{f.user.ID}
+	for i := 1; i < users; i++ {
+		u, err := f.store.CreateUser(ctx, "storm-"+strconv.Itoa(i)+"-"+strconv.FormatUint(f.user.ID, 10), "standard")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, u.ID)
+	}
+	for _, id := range ids {
+		if err := f.store.SetUserLimits(ctx, id, &allowance, &inFlight, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seen shapes
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 4, MaxBatch: 32, Linger: 2 * time.Millisecond,
+		AdmitTimeout: 10 * time.Second, SettleTimeout: 10 * time.Second, OnBatch: seen.add})
+	defer w.Close()
+
+	type charge struct{ held, cap, charged int64 }
+	var mu sync.Mutex
+	charges := map[uint64][]charge{}
+	var wg sync.WaitGroup
+	for ui, uid := range ids {
+		for c := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(ui), uint64(c)))
+				refusedInARow := 0
+				for j := 0; refusedInARow < 20 && j < 500; j++ {
+					run := "r_storm_" + strconv.Itoa(ui) + "_" + strconv.Itoa(c) + "_" + strconv.Itoa(j) + "_" + strconv.FormatUint(f.user.ID, 10)
+					h, err := w.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: uid, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+					var busy *holds.TooManyInFlightError
+					switch {
+					case errors.As(err, &busy):
+						continue
+					case errors.Is(err, holds.ErrInsufficient):
+						refusedInARow++
+						continue
+					case err != nil:
+						t.Error(err)
+						return
+					}
+					refusedInARow = 0
+					res, err := w.Settle(ctx, holds.Settlement{RunID: run, UserID: uid, CostMicro: rng.Int64N(40_000), Source: holds.SourceComplete})
+					if err != nil || !res.Applied {
+						t.Errorf("settle %s: %+v, %v", run, res, err)
+						return
+					}
+					mu.Lock()
+					charges[uid] = append(charges[uid], charge{held: h.HeldMicro, cap: h.CapMicro, charged: res.ChargedMicro})
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	mixed := 0
+	for _, b := range seen.list() {
+		if b.Err != nil {
+			t.Errorf("batch failed: %v", b.Err)
+		}
+		if b.Settlements > 0 && b.Admissions > 0 {
+			mixed++
+		}
+	}
+	if mixed == 0 {
+		t.Errorf("no batch mixed settlements and admissions (%d batches)", len(seen.list()))
+	}
+	for _, uid := range ids {
+		bal, err := f.store.Balance(ctx, uid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var total, beyondHold int64
+		for _, c := range charges[uid] {
+			if c.charged > c.cap {
+				t.Errorf("user %d: charged %d beyond the cap %d", uid, c.charged, c.cap)
+			}
+			total += c.charged
+			beyondHold += max(0, c.charged-c.held)
+		}
+		if bal.InFlight != 0 || bal.HeldMicro != 0 || bal.UsedTodayMicro != total {
+			t.Errorf("user %d: balance %+v, charges %d", uid, bal, total)
+		}
+		if over := bal.UsedTodayMicro - allowance; over > beyondHold {
+			t.Errorf("user %d: %d over the allowance, beyond the bound %d", uid, over, beyondHold)
+		}
+		if bal.UsedTodayMicro < allowance-40_000 {
+			t.Errorf("user %d: stopped at %d of %d: refused while credits were left", uid, bal.UsedTodayMicro, allowance)
+		}
+	}
+}
