@@ -162,7 +162,11 @@ type load struct {
 	maxPerWorker int
 	maxTotal     int64
 	d            time.Duration
-	spec         func(w, j int) reqSpec
+	// stagger spreads the workers' first requests evenly over this time (0: all at once), so
+	// that a scenario of long streams reaches its concurrency in a steady state rather than as
+	// one burst of simultaneous starts.
+	stagger time.Duration
+	spec    func(w, j int) reqSpec
 	// stopWorker, when set, ends a worker after a sample (the drain scenario).
 	stopWorker func(w int, s sample) bool
 }
@@ -184,6 +188,12 @@ func (l load) run(c *http.Client, url string) loadResult {
 		go func() {
 			defer wg.Done()
 			out := make([]sample, 0, 256)
+			if l.stagger > 0 {
+				select {
+				case <-ctx.Done():
+				case <-time.After(l.stagger * time.Duration(w) / time.Duration(l.conns)):
+				}
+			}
 			for j := 0; l.maxPerWorker == 0 || j < l.maxPerWorker; j++ {
 				if ctx.Err() != nil {
 					break

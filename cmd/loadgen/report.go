@@ -143,6 +143,11 @@ func report(runs []*Run, k Keys) *Report {
 			fmt.Sprintf("errors %d", g.Errors)})
 		add(Check{"streams-512", "gateway RSS max (MB)", "<= 150", g.RSSMaxMB, g.RSSMaxMB > 0 && g.RSSMaxMB <= 150, ""})
 	}
+	if g := get("streams-burst", "tollgate"); g != nil && g.Streams != nil {
+		bad := g.Streams.Lost + g.Streams.Reordered + g.Streams.NoDone
+		add(Check{"streams-burst", "events lost/reordered/unterminated", "== 0", float64(bad), bad == 0 && g.Errors == 0,
+			fmt.Sprintf("errors %d; TTFB has no target here (512 starts in one instant)", g.Errors)})
+	}
 	if g := get("settle-lag", "tollgate"); g != nil && g.SettleLag != nil {
 		add(Check{"settle-lag", "settlement lag p99 (ms)", "<= 50", round3(g.SettleLag.P99), g.SettleLag.N > 0 && g.SettleLag.P99 <= 50,
 			fmt.Sprintf("p50 %.2f ms, max %.2f ms, n %d, %.0f req/s", g.SettleLag.P50, g.SettleLag.Max, g.SettleLag.N, g.RPS)})

@@ -250,9 +250,17 @@ func scenarios(k Keys, scale float64) []scenario {
 		{name: "hot-drain", only: "tollgate", drain: true,
 			load: load{conns: 64, d: dur(20), maxTotal: int64(cnt(50_000)), spec: hot(k.Drain),
 				stopWorker: drainStop()}},
+		// 512 streams in flight: every connection opened by the warm-up, each worker's first
+		// stream starting at its slot within one stream's length (200 × 10 ms), then back to back.
 		{name: "streams-512",
-			warm:    load{conns: 64, maxPerWorker: 1, d: dur(10), spec: owned(64, true, map[string]string{"X-Fake-Chunks": "2"}, 2)},
-			load:    load{conns: 512, maxPerWorker: 2, d: dur(30), spec: streams512(k, tag, streamHdr)},
+			warm:    load{conns: 512, maxPerWorker: 1, d: dur(10), spec: owned(512, true, map[string]string{"X-Fake-Chunks": "2"}, 2)},
+			load:    load{conns: 512, maxPerWorker: 3, d: dur(30), stagger: 2 * time.Second, spec: streams512(k, tag, streamHdr)},
+			profSec: 4},
+		// The same 512 streams all started in one instant: no target, it shows what a thundering
+		// herd costs each of the three ways.
+		{name: "streams-burst",
+			warm:    load{conns: 512, maxPerWorker: 1, d: dur(10), spec: owned(512, true, map[string]string{"X-Fake-Chunks": "2"}, 2)},
+			load:    load{conns: 512, maxPerWorker: 1, d: dur(30), spec: streams512(k, tag+"b", streamHdr)},
 			profSec: 4},
 		{name: "settle-lag", only: "tollgate", lag: true,
 			warm:    load{conns: 256, maxPerWorker: 1, d: dur(10), spec: owned(256, true, busy, 20)},
