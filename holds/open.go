@@ -19,7 +19,9 @@ const (
 
 // Open connects to MySQL with the settings the money code relies on: UTC sessions (so NOW(6)
 // and UTC_DATE() agree on the day a charge lands on), parsed DATETIMEs, parameters
-// interpolated client-side to save a round trip per statement, and READ COMMITTED.
+// interpolated client-side to save a round trip per statement, several statements per round
+// trip (the batch writer sends its reads in one and its writes and COMMIT in another; every
+// value in them is a parameter, never spliced text), and READ COMMITTED.
 //
 // READ COMMITTED because under REPEATABLE READ the day ledger's "UPDATE, and INSERT if no
 // row" takes gap locks on rows that do not exist yet, and the first charges of the day of
@@ -47,6 +49,7 @@ func open(ctx context.Context, dsn, isolationVar string) (*sqlx.DB, error) {
 	cfg.ParseTime = true
 	cfg.Loc = time.UTC
 	cfg.InterpolateParams = true
+	cfg.MultiStatements = true
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
 	}

@@ -118,89 +118,37 @@ func (s *Store) usersOf(ctx context.Context, sts []Settlement) ([]uint64, error)
 
 // lockedHold is a hold as the settlement transaction reads it, under its row lock.
 type lockedHold struct {
-	RunID      string `db:"run_id"`
-	UserID     uint64 `db:"user_id"`
-	State      State  `db:"state"`
-	HeldMicro  int64  `db:"held_micro"`
-	CapMicro   int64  `db:"cap_micro"`
-	DiscountBP int    `db:"discount_bp"`
-	ExpiresAt  string `db:"expires_at"`
+	RunID      string
+	UserID     uint64
+	State      State
+	HeldMicro  int64
+	CapMicro   int64
+	DiscountBP int
+	ExpiresAt  string
+	// Counted: live and unexpired at the batch's clock, so the admission aggregate counted it.
+	Counted bool
 }
 
-// settleLocked closes a batch's runs under the users' locks. A hold is charged only if the
-// locked read finds it live (queued or running) — the conditional update of the design, decided
-// under the hold's row lock — so every later settlement of it, by a retry, the reconciler or a
-// slow process, changes nothing. A charge is the discounted cost clamped to the hold's cap (the
-// caller's authorisation and the overdraft bound), taken from the day's allowance first and then
-// from prepaid credits. now is the one reading of the database clock of the transaction: it gives
-// both settled_at and the ledger's day, so a batch that straddles midnight UTC lands wholly on
-// one day (sessions run in UTC).
-func (s *Store) settleLocked(ctx context.Context, tx *sqlx.Tx, sts []Settlement, users []uint64, byUser map[uint64]userRow, now time.Time) ([]BatchResult, error) {
+// settleWrites is what a batch's settlements change.
+type settleWrites struct {
+	changed  []settledRow
+	dayOrder []uint64 // users whose ledger grows, in batch order
+	dayAdd   map[uint64]*dayDelta
+}
+
+// decideSettlements closes a batch's runs against what the locked reads found. A hold is
+// charged only if the locked read found it live (queued or running) — the conditional update
+// of the design, decided under the hold's row lock — so every later settlement of it, by a
+// retry, the reconciler or a slow process, changes nothing. A charge is the discounted cost
+// clamped to the hold's cap (the caller's authorisation and the overdraft bound), taken from
+// the day's allowance first and then from prepaid credits. The batch's reads are brought up to
+// date as it goes, so that its admissions see the credits freed and the ledger grown.
+func (s *Store) decideSettlements(sts []Settlement, users []uint64, r *batchReads) ([]BatchResult, settleWrites) {
 	out := make([]BatchResult, len(sts))
-	var ids []uint64
-	seen := make(map[uint64]bool, len(sts))
-	for i, uid := range users {
-		if _, ok := byUser[uid]; !ok {
-			out[i].Err = ErrRunNotFound
-			continue
-		}
-		if !seen[uid] {
-			seen[uid] = true
-			ids = append(ids, uid)
-		}
-	}
-	if len(ids) == 0 {
-		return out, nil
-	}
-	day := now.Format(time.DateOnly)
-
-	// The holds, under their row locks. Their reads start after the user locks were
-	// granted, and every writer of a hold's state holds its user's lock, so states are current.
-	runIDs := make([]string, 0, len(sts))
+	w := settleWrites{dayAdd: map[uint64]*dayDelta{}}
 	for i, st := range sts {
-		if out[i].Err == nil {
-			runIDs = append(runIDs, st.RunID)
-		}
-	}
-	q, args, err := sqlx.In(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
-		DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f') AS expires_at
-		FROM run_holds WHERE run_id IN (?) FOR UPDATE`, runIDs)
-	if err != nil {
-		return nil, err
-	}
-	var hs []lockedHold
-	if err := tx.SelectContext(ctx, &hs, q, args...); err != nil {
-		return nil, fmt.Errorf("lock holds: %w", err)
-	}
-	holds := make(map[string]*lockedHold, len(hs))
-	for i := range hs {
-		holds[hs[i].RunID] = &hs[i]
-	}
-
-	// Today's ledger of those users: every writer of it holds the user's lock.
-	q, args, err = sqlx.In("SELECT user_id, used_micro FROM usage_days WHERE day = ? AND user_id IN (?)", day, ids)
-	if err != nil {
-		return nil, err
-	}
-	var ledger []struct {
-		UserID uint64 `db:"user_id"`
-		Used   int64  `db:"used_micro"`
-	}
-	if err := tx.SelectContext(ctx, &ledger, q, args...); err != nil {
-		return nil, fmt.Errorf("read day ledger: %w", err)
-	}
-	used := make(map[uint64]int64, len(ids))
-	for _, l := range ledger {
-		used[l.UserID] = l.Used
-	}
-
-	// Decide each settlement in batch order; a user's charges consume the allowance in turn.
-	var changed []settledRow
-	dayAdd := map[uint64]*dayDelta{}
-	var dayOrder []uint64
-	for i, st := range sts {
-		h, ok := holds[st.RunID]
-		u, userOK := byUser[users[i]]
+		h, ok := r.holds[st.RunID]
+		u, userOK := r.users[users[i]]
 		if !ok || !userOK || h.UserID != users[i] {
 			out[i].Err = ErrRunNotFound
 			continue
@@ -210,47 +158,44 @@ func (s *Store) settleLocked(ctx context.Context, tx *sqlx.Tx, sts []Settlement,
 			continue // settled before, or earlier in this batch
 		}
 		h.State = StateSettled
+		live := r.live[h.UserID]
+		if h.Counted && live.Aggregated {
+			live.InFlight--
+			live.Held -= h.HeldMicro
+		}
+		if e, ok := r.existing[h.RunID]; ok {
+			e.State = StateSettled
+			r.existing[h.RunID] = e
+		}
 		cost := st.CostMicro
 		charged := min(pricing.ApplyDiscount(cost, h.DiscountBP), h.CapMicro)
 		if st.ChargeHeld {
 			cost, charged = h.HeldMicro, h.HeldMicro
 		}
-		allowancePart := min(charged, max(0, s.plan(u).AllowanceMicro-used[h.UserID]))
+		allowancePart := min(charged, max(0, s.plan(u).AllowanceMicro-live.UsedToday))
 		prepaidPart := charged - allowancePart
-		used[h.UserID] += charged
+		live.UsedToday += charged
+		if prepaidPart > 0 {
+			u.PrepaidMicro -= prepaidPart
+			r.users[h.UserID] = u
+		}
 		out[i].Settled = Settled{Applied: true, ChargedMicro: charged, AllowancePart: allowancePart, PrepaidPart: prepaidPart,
 			CostMicro: cost, UserID: h.UserID}
-		changed = append(changed, settledRow{hold: h, st: st, cost: cost, charged: charged, allowance: allowancePart, prepaid: prepaidPart})
+		w.changed = append(w.changed, settledRow{hold: h, st: st, cost: cost, charged: charged, allowance: allowancePart, prepaid: prepaidPart})
 		// A run that cost nothing leaves the ledger alone: it is a release, not a charge.
 		if charged > 0 {
-			d := dayAdd[h.UserID]
+			d := w.dayAdd[h.UserID]
 			if d == nil {
 				d = &dayDelta{}
-				dayAdd[h.UserID] = d
-				dayOrder = append(dayOrder, h.UserID)
+				w.dayAdd[h.UserID] = d
+				w.dayOrder = append(w.dayOrder, h.UserID)
 			}
 			d.used += charged
 			d.runs++
 			d.prepaid += prepaidPart
 		}
 	}
-	if len(changed) == 0 {
-		return out, nil
-	}
-	if err := markSettled(ctx, tx, changed, now); err != nil {
-		return nil, err
-	}
-	if err := addToDays(ctx, tx, day, dayOrder, dayAdd); err != nil {
-		return nil, err
-	}
-	for _, uid := range dayOrder {
-		if p := dayAdd[uid].prepaid; p > 0 {
-			if _, err := tx.ExecContext(ctx, "UPDATE users SET prepaid_micro = prepaid_micro - ? WHERE id = ?", p, uid); err != nil {
-				return nil, fmt.Errorf("take from prepaid: %w", err)
-			}
-		}
-	}
-	return out, nil
+	return out, w
 }
 
 type settledRow struct {
@@ -261,11 +206,28 @@ type settledRow struct {
 
 type dayDelta struct{ used, runs, prepaid int64 }
 
-// markSettled writes the settled holds in one statement. Every row exists and is locked by
-// this transaction (and was read live under that lock: the design's conditional update), so
-// INSERT … ON DUPLICATE KEY UPDATE only ever takes its update branch: a multi-row UPDATE with
-// per-row values. The NOT NULL columns an insert would need carry the rows' current values.
-func markSettled(ctx context.Context, tx *sqlx.Tx, rows []settledRow, now time.Time) error {
+// appendSettled adds a batch's settlement writes to its closing script: the holds, the day
+// ledger (the ledger's day is the UTC day of now, the batch's one clock reading, so a batch
+// that straddles midnight lands wholly on one day), and what was taken from prepaid credits.
+func appendSettled(sc *script, w settleWrites, now time.Time) {
+	if len(w.changed) == 0 {
+		return
+	}
+	appendMarkSettled(sc, w.changed, now)
+	appendAddToDays(sc, now.Format(time.DateOnly), w.dayOrder, w.dayAdd)
+	for _, uid := range w.dayOrder {
+		if p := w.dayAdd[uid].prepaid; p > 0 {
+			sc.add("UPDATE users SET prepaid_micro = prepaid_micro - ? WHERE id = ?", p, uid)
+		}
+	}
+}
+
+// appendMarkSettled writes the settled holds in one statement. Every row exists and is
+// locked by this transaction (and was read live under that lock: the design's conditional
+// update), so INSERT … ON DUPLICATE KEY UPDATE only ever takes its update branch: a multi-row
+// UPDATE with per-row values. The NOT NULL columns an insert would need carry the rows'
+// current values.
+func appendMarkSettled(sc *script, rows []settledRow, now time.Time) {
 	const perRow = 20
 	q := make([]byte, 0, 1024+len(rows)*64)
 	q = append(q, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, discount_bp, expires_at,
@@ -288,17 +250,14 @@ func markSettled(ctx context.Context, tx *sqlx.Tx, rows []settledRow, now time.T
 		cache_write_tok = VALUES(cache_write_tok), out_tok = VALUES(out_tok), calls = VALUES(calls),
 		model = IF(VALUES(model) = '', model, VALUES(model)), price_snapshot = COALESCE(VALUES(price_snapshot), price_snapshot),
 		estimated = VALUES(estimated), settle_source = VALUES(settle_source), settled_at = VALUES(settled_at)`...)
-	if _, err := tx.ExecContext(ctx, string(q), args...); err != nil {
-		return fmt.Errorf("mark %d holds settled: %w", len(rows), err)
-	}
-	return nil
+	sc.add(string(q), args...)
 }
 
-// addToDays adds the batch's charges to today's ledger rows in one upsert. The users' rows
-// are locked, so no other transaction writes these ledger rows meanwhile.
-func addToDays(ctx context.Context, tx *sqlx.Tx, day string, order []uint64, add map[uint64]*dayDelta) error {
+// appendAddToDays adds the batch's charges to the day's ledger rows in one upsert. The users'
+// rows are locked, so no other transaction writes these ledger rows meanwhile.
+func appendAddToDays(sc *script, day string, order []uint64, add map[uint64]*dayDelta) {
 	if len(order) == 0 {
-		return nil
+		return
 	}
 	q := make([]byte, 0, 160+len(order)*16)
 	q = append(q, "INSERT INTO usage_days (user_id, day, used_micro, run_count) VALUES "...)
@@ -311,10 +270,7 @@ func addToDays(ctx context.Context, tx *sqlx.Tx, day string, order []uint64, add
 		args = append(args, uid, day, add[uid].used, add[uid].runs)
 	}
 	q = append(q, " ON DUPLICATE KEY UPDATE used_micro = used_micro + VALUES(used_micro), run_count = run_count + VALUES(run_count)"...)
-	if _, err := tx.ExecContext(ctx, string(q), args...); err != nil {
-		return fmt.Errorf("add to day ledger: %w", err)
-	}
-	return nil
+	sc.add(string(q), args...)
 }
 
 func distinctNonZero(ids []uint64) []uint64 {

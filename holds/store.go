@@ -111,33 +111,6 @@ func lockUser(ctx context.Context, tx *sqlx.Tx, userID uint64) (userRow, error) 
 	return u, nil
 }
 
-// lockUsers takes the first locks of a batch transaction: the users' rows, in id order so
-// that two batches never wait on each other in a cycle, with one reading of the database
-// clock. Users that do not exist are absent from the map; if none does, now is zero.
-func lockUsers(ctx context.Context, tx *sqlx.Tx, ids []uint64) (map[uint64]userRow, time.Time, error) {
-	if len(ids) == 0 {
-		return nil, time.Time{}, nil
-	}
-	q, args, err := sqlx.In("SELECT "+userColumns+", NOW(6) AS now FROM users WHERE id IN (?) ORDER BY id FOR UPDATE", ids)
-	if err != nil {
-		return nil, time.Time{}, err
-	}
-	var locked []struct {
-		userRow
-		Now time.Time `db:"now"`
-	}
-	if err := tx.SelectContext(ctx, &locked, q, args...); err != nil {
-		return nil, time.Time{}, fmt.Errorf("lock users: %w", err)
-	}
-	users := make(map[uint64]userRow, len(locked))
-	var now time.Time
-	for _, u := range locked {
-		users[u.ID] = u.userRow
-		now = u.Now
-	}
-	return users, now, nil
-}
-
 // inTx runs fn in one transaction, retrying conflicts and outages under the store's policy
 // until ctx ends. fn must be safe to run again from the start.
 func (s *Store) inTx(ctx context.Context, what string, fn func(tx *sqlx.Tx) error) error {
