@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
@@ -258,5 +259,62 @@ func TestUsersByKeysAnswersEachKey(t *testing.T) {
 		if !wantOK && !errors.Is(res[i].Err, holds.ErrBadKey) {
 			t.Errorf("key %d: error %v, want ErrBadKey", i, res[i].Err)
 		}
+	}
+}
+
+// TestFailedBatchLeavesNoOpenTransaction: a batch whose lock wait times out must not hand its
+// connection back to the pool inside the transaction it began, or the next autocommit write
+// on that connection would silently never commit. The store has one connection, so the write
+// after the failure is sure to run on the failed batch's connection.
+func TestFailedBatchLeavesNoOpenTransaction(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
+	db, err := holds.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 0, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	u, err := st.CreateUser(ctx, "open-tx", "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	other, err := holds.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	blocker, err := other.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.ExecContext(ctx, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Admit(ctx, holds.AdmitRequest{RunID: "r_blocked", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+	if err == nil {
+		t.Fatal("admission behind a held user lock succeeded")
+	}
+	if err := blocker.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := db.ExecContext(ctx, "UPDATE users SET name = 'renamed' WHERE id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	if err := other.GetContext(ctx, &name, "SELECT name FROM users WHERE id = ?", u.ID); err != nil || name != "renamed" {
+		t.Fatalf("a write after the failed batch is not committed (name %q, %v): its connection was left in a transaction", name, err)
+	}
+	var holdsLeft int
+	if err := other.GetContext(ctx, &holdsLeft, "SELECT COUNT(*) FROM run_holds"); err != nil || holdsLeft != 0 {
+		t.Fatalf("%d holds after a failed admission, %v", holdsLeft, err)
 	}
 }
