@@ -4,7 +4,7 @@
 #
 #   ROUNDS=2        rounds of direct -> plain -> tollgate per scenario
 #   SCALE=1         multiply every duration/count (0.2: a quick smoke run)
-#   SCENARIOS=      comma-separated subset (latency-1conn,users-256,hot-64,hot-drain,streams-512,settle-lag)
+#   SCENARIOS=      comma-separated subset (latency-1conn,users-256,hot-64,hot-drain,streams-512,streams-burst,settle-lag)
 #   PROFILE=1       run the gateway with -pprof and save CPU/alloc profiles
 #   BENCH_KEEP=1    leave the temp dir (logs) in place
 #   BENCH_INNODB_FLUSH=2  experiment only: SET GLOBAL innodb_flush_log_at_trx_commit (no fsync per
