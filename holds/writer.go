@@ -216,8 +216,9 @@ func (w *Writer) runWorker() {
 }
 
 // commit runs one batch and answers its items. If a batch with admissions fails as a whole
-// (the database stayed unreachable for AdmitTimeout), its settlements are tried again alone
-// under their own, longer deadline: an admission's deadline must not cut a settlement's.
+// (the database stayed unreachable for AdmitTimeout), its admissions are answered at once and
+// its settlements are tried again alone under their own, longer deadline: an admission's
+// deadline must not cut a settlement's, nor a settlement's retries keep a caller waiting.
 func (w *Writer) commit(batch []writeItem) {
 	var sts []Settlement
 	var reqs []AdmitRequest
@@ -236,16 +237,14 @@ func (w *Writer) commit(batch []writeItem) {
 	settled, admitted, err := w.store.WriteBatch(ctx, sts, reqs)
 	cancel()
 	w.observe(len(sts), len(reqs), err)
-	if err != nil && len(reqs) > 0 && len(sts) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), w.cfg.SettleTimeout)
-		var serr error
-		settled, _, serr = w.store.WriteBatch(ctx, sts, nil)
+	answerAdmissions(batch, admitted, err)
+	if err != nil && len(sts) > 0 && len(reqs) > 0 {
+		ctx, cancel = context.WithTimeout(context.Background(), w.cfg.SettleTimeout)
+		settled, _, err = w.store.WriteBatch(ctx, sts, nil)
 		cancel()
-		w.observe(len(sts), 0, serr)
-		w.answer(batch, settled, nil, err, serr)
-		return
+		w.observe(len(sts), 0, err)
 	}
-	w.answer(batch, settled, admitted, err, err)
+	answerSettlements(batch, settled, err)
 }
 
 func (w *Writer) observe(settlements, admissions int, err error) {
@@ -254,23 +253,34 @@ func (w *Writer) observe(settlements, admissions int, err error) {
 	}
 }
 
-// answer hands each item its outcome; admitErr and settleErr fail all admissions or all
-// settlements of the batch.
-func (w *Writer) answer(batch []writeItem, settled []BatchResult, admitted []AdmitResult, admitErr, settleErr error) {
-	si, ai := 0, 0
+// answerAdmissions hands the batch's admissions their outcomes; err fails them all.
+func answerAdmissions(batch []writeItem, admitted []AdmitResult, err error) {
+	i := 0
 	for _, it := range batch {
-		var o writeOutcome
-		if it.settle != nil {
-			if o.err = settleErr; o.err == nil {
-				o.settled, o.err = settled[si].Settled, settled[si].Err
-			}
-			si++
-		} else {
-			if o.err = admitErr; o.err == nil {
-				o.hold, o.err = admitted[ai].Hold, admitted[ai].Err
-			}
-			ai++
+		if it.admit == nil {
+			continue
 		}
+		o := writeOutcome{err: err}
+		if err == nil {
+			o.hold, o.err = admitted[i].Hold, admitted[i].Err
+		}
+		i++
+		it.out <- o
+	}
+}
+
+// answerSettlements hands the batch's settlements their outcomes; err fails them all.
+func answerSettlements(batch []writeItem, settled []BatchResult, err error) {
+	i := 0
+	for _, it := range batch {
+		if it.settle == nil {
+			continue
+		}
+		o := writeOutcome{err: err}
+		if err == nil {
+			o.settled, o.err = settled[i].Settled, settled[i].Err
+		}
+		i++
 		it.out <- o
 	}
 }
