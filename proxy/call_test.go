@@ -329,3 +329,25 @@ func TestOverdraftStorm(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+// TestBatchMetricCountsAdmissionsAndSettlements: one call is one admission and one settlement
+// in tollgate_batch_items, the series an operator reads to see how well batches group.
+func TestBatchMetricCountsAdmissionsAndSettlements(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a, s := h.metric(`tollgate_batch_items_sum{kind="admissions"}`), h.metric(`tollgate_batch_items_sum{kind="settlements"}`)
+		if a == "1" && s == "1" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("batch items: admissions %q, settlements %q; want 1 and 1", a, s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
