@@ -100,6 +100,14 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			continue
 		}
 		if h, ok := r.existing[req.RunID]; ok {
+			if exp, mine := r.sent[req.RunID]; mine && h.UserID == req.UserID && h.State != StateSettled && h.ExpiresAt.Equal(exp) {
+				// This admission's own hold, committed by an earlier attempt whose reply was
+				// lost: the expiry, from that attempt's clock reading, identifies it.
+				out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
+					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP}
+				delete(r.sent, req.RunID) // a second admission of the run in this batch finds it taken
+				continue
+			}
 			switch {
 			case h.UserID != req.UserID:
 				out[i].Err = ErrRunNotFound
@@ -132,9 +140,11 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 		t.InFlight++
 		t.Held += hold.HeldMicro
 		// A second admission of the same run later in this batch finds this one.
+		expires := r.now.Add(req.TTL).Truncate(time.Microsecond) // what DATETIME(6) stores
+
 		r.existing[req.RunID] = holdRow{RunID: hold.RunID, UserID: hold.UserID, State: hold.State,
-			HeldMicro: hold.HeldMicro, CapMicro: hold.CapMicro, DiscountBP: hold.DiscountBP}
-		inserts = append(inserts, admittedRow{hold: hold, req: req, expires: r.now.Add(req.TTL)})
+			HeldMicro: hold.HeldMicro, CapMicro: hold.CapMicro, DiscountBP: hold.DiscountBP, ExpiresAt: expires}
+		inserts = append(inserts, admittedRow{hold: hold, req: req, expires: expires})
 	}
 	return out, inserts
 }

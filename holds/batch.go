@@ -5,10 +5,15 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 )
+
+// MaxModelLen is the longest model name a hold records (run_holds.model): callers refuse
+// longer ones, since one of them would fail its whole batch.
+const MaxModelLen = 128
 
 // MaxBatch bounds one batch transaction, settlements and admissions together: its statements
 // grow with it, and so does the time its user locks are held.
@@ -40,8 +45,14 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 		if st.CostMicro < 0 {
 			panic("holds: negative cost")
 		}
+		if len(st.Model) > MaxModelLen {
+			panic(fmt.Sprintf("holds: model name of %d bytes", len(st.Model)))
+		}
 	}
 	for _, req := range reqs {
+		if len(req.Model) > MaxModelLen {
+			panic(fmt.Sprintf("holds: model name of %d bytes", len(req.Model)))
+		}
 		if req.State != StateQueued && req.State != StateRunning {
 			panic(fmt.Sprintf("holds: admit in state %q", req.State))
 		}
@@ -64,12 +75,20 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	}
 	var settled []BatchResult
 	var admitted []AdmitResult
+	// sent holds the admissions of attempts whose writes and COMMIT went out unanswered (the
+	// reply lost with the connection): they may be committed. A retry looks them up and claims
+	// those it finds as its own, rather than refusing them as duplicates and leaving holds
+	// nobody will release.
+	sent := map[string]time.Time{}
 	err = s.inTxLoop(ctx, what, func() error {
 		var err error
-		settled, admitted, err = s.tryWriteBatch(ctx, plan, sts, settleUsers, reqs)
+		settled, admitted, err = s.tryWriteBatch(ctx, plan, sts, settleUsers, reqs, sent)
 		return err
 	})
 	if err != nil {
+		if len(sent) > 0 {
+			err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+		}
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return settled, admitted, nil
@@ -105,9 +124,11 @@ func planBatch(sts []Settlement, settleUsers []uint64, reqs []AdmitRequest) batc
 	return p
 }
 
-// tryWriteBatch runs the batch's transaction once, on a connection of its own.
-func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlement, settleUsers []uint64, reqs []AdmitRequest) (
-	settled []BatchResult, admitted []AdmitResult, err error) {
+// tryWriteBatch runs the batch's transaction once, on a connection of its own. sent is what
+// earlier attempts may have committed (see WriteBatch); this attempt adds to it when its own
+// writes go out unanswered.
+func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlement, settleUsers []uint64, reqs []AdmitRequest,
+	sent map[string]time.Time) (settled []BatchResult, admitted []AdmitResult, err error) {
 	conn, err := s.db.Connx(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connection: %w", err)
@@ -115,10 +136,14 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 	committed := false
 	defer func() { releaseConn(conn, committed) }()
 
+	if len(sent) > 0 {
+		plan.lookupRuns = appendMissing(plan.lookupRuns, sent)
+	}
 	r, err := readBatch(ctx, conn, plan)
 	if err != nil {
 		return nil, nil, err
 	}
+	r.sent = maps.Clone(sent)
 	settled, sw := s.decideSettlements(sts, settleUsers, r)
 	admitted, inserts := s.decideAdmissions(reqs, r)
 
@@ -126,11 +151,34 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 	appendSettled(&w, sw, r.now)
 	appendInsertHolds(&w, inserts)
 	w.add("COMMIT")
-	if _, err := conn.ExecContext(ctx, string(w.q), w.args...); err != nil {
+	// Once the writes are sent their outcome must be learnt, not abandoned: a deadline that
+	// closed the connection now would leave a commit nobody knows of. The driver's read
+	// timeout still bounds the wait.
+	if _, err := conn.ExecContext(context.WithoutCancel(ctx), string(w.q), w.args...); err != nil {
+		if isUnavailable(err) {
+			for _, in := range inserts {
+				sent[in.hold.RunID] = in.expires
+			}
+		}
 		return nil, nil, fmt.Errorf("write and commit: %w", err)
 	}
 	committed = true
 	return settled, admitted, nil
+}
+
+// appendMissing adds the runs of sent not yet in runs.
+func appendMissing(runs []string, sent map[string]time.Time) []string {
+	have := make(map[string]bool, len(runs))
+	for _, r := range runs {
+		have[r] = true
+	}
+	out := append([]string(nil), runs...)
+	for r := range sent {
+		if !have[r] {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // releaseConn returns a batch's connection to the pool. A transaction that did not commit
@@ -155,6 +203,7 @@ type batchReads struct {
 	users    map[uint64]userRow     // locked; absent: no such user
 	holds    map[string]*lockedHold // the holds to settle, locked; absent: no such run
 	existing map[string]holdRow     // earlier admissions of runs admitted again
+	sent     map[string]time.Time   // holds earlier attempts of this batch may have committed, by expiry
 	live     map[uint64]*liveTotals // per user: live holds (admission users) and today's ledger
 }
 
@@ -162,8 +211,10 @@ type batchReads struct {
 // order), lock the holds to settle, read earlier admissions of runs admitted again, aggregate
 // the admission users' live holds, and read every user's day ledger. Statements of one
 // script run one after another, so every read after the user lock starts once the locks are
-// granted, and every writer of a hold or ledger row holds its user's lock: the reads are
-// current. The clock is read before the lock wait, as a single statement's NOW() would be.
+// granted, and every writer of a hold's state, of a new hold and of a ledger row holds its
+// user's lock: the reads are current. (Extend and MarkRunning change a live hold's expiry or
+// queued state without it; an aggregate may miss a hold whose expiry is pushed back at that
+// moment, as the design's single-transaction admission could.) The clock is read before the lock wait, as a single statement's NOW() would be.
 func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchReads, error) {
 	var sc script
 	sc.add("START TRANSACTION")
@@ -176,7 +227,7 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 			FROM run_holds WHERE run_id IN (?) FOR UPDATE`, plan.lockRuns)
 	}
 	if len(plan.lookupRuns) > 0 {
-		sc.addIn("SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp FROM run_holds WHERE run_id IN (?)", plan.lookupRuns)
+		sc.addIn("SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp, expires_at FROM run_holds WHERE run_id IN (?)", plan.lookupRuns)
 	}
 	if len(plan.admitIDs) > 0 {
 		sc.addIn(`SELECT user_id, COUNT(*), SUM(held_micro), 0, MIN(TIMESTAMPDIFF(MICROSECOND, @tg_now, expires_at))
@@ -222,7 +273,7 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	if len(plan.lookupRuns) > 0 {
 		if err := sets.each("read admitted runs", func() error {
 			var h holdRow
-			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP); err != nil {
+			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.ExpiresAt); err != nil {
 				return err
 			}
 			r.existing[h.RunID] = h

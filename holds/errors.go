@@ -20,6 +20,14 @@ var (
 	ErrRunNotFound  = errors.New("run not found")
 )
 
+// ErrOutcomeUnknown marks a batch that failed after its writes and COMMIT were sent: the
+// database may have committed them. An admission failing with it may have left a hold, which
+// its caller should release (a settlement at 0 is harmless if there is none).
+var ErrOutcomeUnknown = errors.New("outcome unknown: the commit was sent but not answered")
+
+// ErrAdmitNotStarted is an admission that no worker took before its deadline: nothing was held.
+var ErrAdmitNotStarted = errors.New("admission not started before its deadline")
+
 // TooManyInFlightError refuses an admission past the user's in-flight limit. RetryAfter is how
 // long until the oldest live hold would expire at the latest; a finishing call frees a slot
 // sooner, so callers are told a short interval, capped.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -38,6 +39,13 @@ func Open(ctx context.Context, dsn string) (*sqlx.DB, error) {
 	return db, err
 }
 
+// lockWaitSeconds bounds a lock wait (InnoDB's default is 50 s). Money transactions hold a
+// user's lock for milliseconds, so a long wait means a stuck transaction — and a caller whose
+// deadline passed has only closed its socket: the server keeps its statement waiting, and the
+// locks its transaction already took held, until the wait ends. A lock timeout is retried like
+// a deadlock (DESIGN §3).
+const lockWaitSeconds = 3
+
 // errUnknownSystemVariable is MySQL's "Unknown system variable".
 const errUnknownSystemVariable = 1193
 
@@ -54,6 +62,9 @@ func open(ctx context.Context, dsn, isolationVar string) (*sqlx.DB, error) {
 		cfg.Params = map[string]string{}
 	}
 	cfg.Params["time_zone"] = "'+00:00'"
+	if _, ok := cfg.Params["innodb_lock_wait_timeout"]; !ok {
+		cfg.Params["innodb_lock_wait_timeout"] = strconv.Itoa(lockWaitSeconds)
+	}
 	cfg.Params[isolationVar] = "'READ-COMMITTED'"
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second

@@ -23,6 +23,7 @@ const (
 	SourceRelease       = "release"        // the reconciler released a queued hold at 0
 	SourceShutdown      = "shutdown"       // cut at the graceful-shutdown deadline
 	SourceStreamError   = "stream_error"   // the upstream broke or sent an error after producing output
+	SourceAdmitLost     = "admit_lost"     // an admission whose commit went unanswered, released at 0
 )
 
 // Settlement is the final usage of a run.
@@ -294,6 +295,7 @@ type holdRow struct {
 	HeldMicro   int64          `db:"held_micro"`
 	CapMicro    int64          `db:"cap_micro"`
 	DiscountBP  int            `db:"discount_bp"`
+	ExpiresAt   time.Time      `db:"expires_at"`
 }
 
 func nullJSON(b []byte) any {

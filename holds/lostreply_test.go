@@ -1,0 +1,168 @@
+package holds_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// lossy is a MySQL dialer that can lose a reply. Armed with a marker, the first write that
+// contains it is sent; the connection then waits while the server runs it, and either closes
+// (the reply is lost with the connection) or returns late (the write outlives its caller's
+// deadline).
+var lossy struct {
+	once   sync.Once
+	mu     sync.Mutex
+	marker []byte
+	close  bool
+}
+
+const lossyWait = 300 * time.Millisecond
+
+type lossyConn struct{ net.Conn }
+
+func (c lossyConn) Write(b []byte) (int, error) {
+	lossy.mu.Lock()
+	hit := lossy.marker != nil && bytes.Contains(b, lossy.marker)
+	closeAfter := lossy.close
+	if hit {
+		lossy.marker = nil
+	}
+	lossy.mu.Unlock()
+	n, err := c.Conn.Write(b)
+	if hit {
+		time.Sleep(lossyWait)
+		if closeAfter {
+			c.Conn.Close()
+		}
+	}
+	return n, err
+}
+
+// armLossy makes the next write containing marker lose its reply (closeConn) or come late.
+func armLossy(marker string, closeConn bool) {
+	lossy.mu.Lock()
+	defer lossy.mu.Unlock()
+	lossy.marker, lossy.close = []byte(marker), closeConn
+}
+
+// commitScript is what only the closing script of a batch contains.
+const commitScript = ";\nCOMMIT"
+
+// newLossyFixture is newSettleFixture on connections that go through the lossy dialer.
+func newLossyFixture(t *testing.T) *settleFixture {
+	lossy.once.Do(func() {
+		mysql.RegisterDialContext("tg-lossy", func(ctx context.Context, addr string) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			return lossyConn{c}, nil
+		})
+	})
+	t.Cleanup(func() { armLossy("", false) })
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Net = "tg-lossy"
+	db, err := holds.Open(context.Background(), cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	u, err := st.CreateUser(context.Background(), "lossy-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	return &settleFixture{t: t, store: st, user: u}
+}
+
+// holdRows counts a run's rows and returns its state.
+func holdRows(t *testing.T, st *holds.Store, runID string) (int, string) {
+	t.Helper()
+	var rows []string
+	if err := st.DB().Select(&rows, "SELECT state FROM run_holds WHERE run_id = ?", runID); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) == 0 {
+		return 0, ""
+	}
+	return len(rows), rows[0]
+}
+
+// TestLostCommitReplyIsClaimedByTheRetry: the server commits an admission but its reply is
+// lost with the connection. The retry must find that hold and hand it to its caller — a
+// refusal would leave a hold nobody releases, which the reconciler would charge — whether
+// the run id was fresh or named.
+func TestLostCommitReplyIsClaimedByTheRetry(t *testing.T) {
+	for _, fresh := range []bool{true, false} {
+		name := map[bool]string{true: "fresh run id", false: "named run"}[fresh]
+		t.Run(name, func(t *testing.T) {
+			f := newLossyFixture(t)
+			ctx := context.Background()
+			run := "r_lost_" + testenv.RandomID(4)
+			armLossy(commitScript, true)
+			h, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: f.user.ID, State: holds.StateRunning,
+				TTL: time.Minute, Fresh: fresh})
+			if err != nil || h.Existing || h.HeldMicro != 20_000 {
+				t.Fatalf("admission whose commit reply was lost: %+v, %v; want its own new hold", h, err)
+			}
+			if n, state := holdRows(t, f.store, run); n != 1 || state != string(holds.StateRunning) {
+				t.Fatalf("%d rows for the run, state %q", n, state)
+			}
+			if res, err := f.store.Settle(ctx, holds.Settlement{RunID: run, CostMicro: 3_000, Source: holds.SourceComplete}); err != nil || !res.Applied {
+				t.Fatalf("settle the claimed hold: %+v, %v", res, err)
+			}
+		})
+	}
+}
+
+// TestLostCommitReplyOfASettlementChargesOnce: a settlement whose commit reply is lost is
+// retried; the retry finds the run settled and changes nothing.
+func TestLostCommitReplyOfASettlementChargesOnce(t *testing.T) {
+	f := newLossyFixture(t)
+	ctx := context.Background()
+	f.admit("r_lost_settle")
+	armLossy(commitScript, true)
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_lost_settle", CostMicro: 7_000, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 || bal.InFlight != 0 {
+		t.Fatalf("balance %+v, %v: want one charge of 7,000", bal, err)
+	}
+}
+
+// TestWriteScriptOutlivesTheBatchDeadline: a batch's deadline passing while its writes and
+// COMMIT are on the wire must not abandon them: the caller learns the outcome the database
+// reached, here a committed hold.
+func TestWriteScriptOutlivesTheBatchDeadline(t *testing.T) {
+	f := newLossyFixture(t)
+	ctx := context.Background()
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: lossyWait / 2, SettleTimeout: 10 * time.Second})
+	defer w.Close()
+	armLossy(commitScript, false)
+	h, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_late_commit", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+	if err != nil {
+		t.Fatalf("admission whose commit outlived the deadline: %v", err)
+	}
+	if n, state := holdRows(t, f.store, h.RunID); n != 1 || state != string(holds.StateRunning) {
+		t.Fatalf("%d rows for the run, state %q", n, state)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: h.RunID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
