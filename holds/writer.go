@@ -23,7 +23,9 @@ type Writer struct {
 	cfg   WriterConfig
 	in    chan writeItem
 	work  chan []writeItem
-	wg    sync.WaitGroup
+	// settleDone tells the dispatcher that a batch of settlements alone has ended.
+	settleDone chan struct{}
+	wg         sync.WaitGroup
 	// gathered counts items the dispatcher holds that no worker has taken yet.
 	gathered atomic.Int64
 
@@ -34,9 +36,13 @@ type Writer struct {
 
 // WriterConfig sizes a Writer.
 type WriterConfig struct {
-	Workers  int // concurrent batch transactions; default 4
-	MaxBatch int // items per transaction; default 128, at most MaxBatch
-	Queue    int // items waiting for a batch; default 4096
+	Workers int // concurrent batch transactions; default 4
+	// SettleWorkers bounds the batches of settlements alone running at once (default and at
+	// most Workers/2, at least 1), so that the other workers stay free for admissions, which a
+	// caller waits for: settlements wait instead, and group.
+	SettleWorkers int
+	MaxBatch      int // items per transaction; default 128, at most MaxBatch
+	Queue         int // items waiting for a batch; default 4096
 	// AdmitTimeout bounds a batch with an admission in it, retries included: a caller waits
 	// for it. SettleTimeout bounds a batch of settlements alone.
 	AdmitTimeout  time.Duration
@@ -60,7 +66,16 @@ type writeItem struct {
 	admit  *AdmitRequest // one of admit and settle is set
 	settle *Settlement
 	out    chan writeOutcome
+	// taken decides, for an admission, between the worker that starts it (queued -> taken)
+	// and the caller that gives up waiting for a worker (queued -> withdrawn).
+	taken *atomic.Int32
 }
+
+const (
+	itemQueued int32 = iota
+	itemTaken
+	itemWithdrawn
+)
 
 type writeOutcome struct {
 	hold    Hold
@@ -79,13 +94,17 @@ func NewWriter(store *Store, cfg WriterConfig) *Writer {
 	if cfg.Queue <= 0 {
 		cfg.Queue = 4096
 	}
+	if cfg.SettleWorkers <= 0 || cfg.SettleWorkers > cfg.Workers/2 {
+		cfg.SettleWorkers = max(1, cfg.Workers/2)
+	}
 	if cfg.AdmitTimeout <= 0 || cfg.SettleTimeout <= 0 {
 		panic("holds: writer without timeouts")
 	}
 	if cfg.Linger < 0 || cfg.Linger >= cfg.SettleTimeout {
 		panic(fmt.Sprintf("holds: writer linger %v out of [0, settle timeout %v)", cfg.Linger, cfg.SettleTimeout))
 	}
-	w := &Writer{store: store, cfg: cfg, in: make(chan writeItem, cfg.Queue), work: make(chan []writeItem)}
+	w := &Writer{store: store, cfg: cfg, in: make(chan writeItem, cfg.Queue), work: make(chan []writeItem),
+		settleDone: make(chan struct{}, cfg.Workers)}
 	w.wg.Add(1 + cfg.Workers)
 	go w.dispatch()
 	for range cfg.Workers {
@@ -94,16 +113,33 @@ func NewWriter(store *Store, cfg WriterConfig) *Writer {
 	return w
 }
 
-// Admit takes req's hold in the next batch. Once queued it waits for the batch whatever ctx
-// says (a batch is short and bounded by AdmitTimeout): a caller that left early must still
-// learn of a hold its batch committed, so that it releases it rather than leave it to the
-// reconciler, which would charge it.
+// Admit takes req's hold in the next batch. The caller waits for a worker to take it at most
+// AdmitTimeout, or until ctx ends, and is then told ErrAdmitNotStarted: nothing was held. Once
+// a worker has taken it, it waits for the batch whatever ctx says (a batch is bounded by
+// AdmitTimeout): a caller that left early must still learn of a hold its batch committed, so
+// that it releases it rather than leave it to the reconciler, which would charge it.
 func (w *Writer) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
-	out, err := w.offer(ctx, writeItem{admit: &req})
+	it := writeItem{admit: &req, taken: new(atomic.Int32)}
+	out, err := w.offer(ctx, it)
 	if err != nil {
-		return Hold{}, fmt.Errorf("admit %s: %w", req.RunID, err)
+		return Hold{}, fmt.Errorf("admit %s: %w: %w", req.RunID, ErrAdmitNotStarted, err)
 	}
-	o := <-out
+	wait := time.NewTimer(w.cfg.AdmitTimeout)
+	defer wait.Stop()
+	var o writeOutcome
+	select {
+	case o = <-out:
+	case <-wait.C:
+		if it.taken.CompareAndSwap(itemQueued, itemWithdrawn) {
+			return Hold{}, fmt.Errorf("admit %s: %w (waited %v)", req.RunID, ErrAdmitNotStarted, w.cfg.AdmitTimeout)
+		}
+		o = <-out
+	case <-ctx.Done():
+		if it.taken.CompareAndSwap(itemQueued, itemWithdrawn) {
+			return Hold{}, fmt.Errorf("admit %s: %w: %w", req.RunID, ErrAdmitNotStarted, ctx.Err())
+		}
+		o = <-out
+	}
 	if o.err != nil {
 		return o.hold, fmt.Errorf("admit %s: %w", req.RunID, o.err)
 	}
@@ -143,7 +179,8 @@ func (w *Writer) Close() {
 // a queue length: items still in the channel are not counted).
 func (w *Writer) Gathered() int { return int(w.gathered.Load()) }
 
-// offer queues it; ctx bounds the wait for a place in the queue.
+// offer queues it. An item is queued whenever there is room, whatever ctx says; ctx bounds
+// only the wait for room in a full queue.
 func (w *Writer) offer(ctx context.Context, it writeItem) (chan writeOutcome, error) {
 	it.out = make(chan writeOutcome, 1)
 	w.mu.RLock()
@@ -154,29 +191,37 @@ func (w *Writer) offer(ctx context.Context, it writeItem) (chan writeOutcome, er
 	select {
 	case w.in <- it:
 		return it.out, nil
+	default:
+	}
+	select {
+	case w.in <- it:
+		return it.out, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("queue full: %w", ctx.Err())
 	}
 }
 
 // dispatch forms batches: it gathers items while every worker is busy, and hands the batch
-// over when a worker is free and the batch is ready (it holds an admission, is full, has
-// lingered long enough, or the writer is closing).
+// over when a worker is free and the batch is ready: it holds an admission; or it holds
+// settlements alone that are full or have lingered long enough, and fewer than SettleWorkers
+// such batches run; or the writer is closing.
 func (w *Writer) dispatch() {
 	defer w.wg.Done()
 	defer close(w.work)
 	in := w.in
 	var (
-		pend     []writeItem
-		hasAdmit bool
-		lingered bool
-		timer    = time.NewTimer(time.Hour)
+		pend       []writeItem
+		hasAdmit   bool
+		lingered   bool
+		settleBusy int // batches of settlements alone running
+		timer      = time.NewTimer(time.Hour)
 	)
 	timer.Stop()
 	for {
-		ready := len(pend) > 0 && (hasAdmit || lingered || len(pend) >= w.cfg.MaxBatch || in == nil || w.cfg.Linger == 0)
+		settleReady := (lingered || len(pend) >= w.cfg.MaxBatch || w.cfg.Linger == 0) && settleBusy < w.cfg.SettleWorkers
+		ready := len(pend) > 0 && (hasAdmit || settleReady || in == nil)
 		if in == nil && len(pend) == 0 {
-			return
+			return // workers still running report to settleDone's buffer, sized for all of them
 		}
 		var work chan<- []writeItem
 		if ready {
@@ -200,8 +245,13 @@ func (w *Writer) dispatch() {
 			hasAdmit = hasAdmit || it.admit != nil
 		case <-timer.C:
 			lingered = true
+		case <-w.settleDone:
+			settleBusy--
 		case work <- pend:
 			w.gathered.Add(-int64(len(pend)))
+			if !hasAdmit {
+				settleBusy++
+			}
 			pend, hasAdmit, lingered = nil, false, false
 			timer.Stop()
 		}
@@ -211,15 +261,33 @@ func (w *Writer) dispatch() {
 func (w *Writer) runWorker() {
 	defer w.wg.Done()
 	for batch := range w.work {
+		hadAdmissions := false
+		for _, it := range batch {
+			hadAdmissions = hadAdmissions || it.admit != nil
+		}
 		w.commit(batch)
+		if !hadAdmissions {
+			w.settleDone <- struct{}{}
+		}
 	}
 }
 
-// commit runs one batch and answers its items. If a batch with admissions fails as a whole
+// commit runs one batch and answers its items; admissions their callers withdrew are
+// dropped unstarted. If a batch with admissions fails as a whole
 // (the database stayed unreachable for AdmitTimeout), its admissions are answered at once and
 // its settlements are tried again alone under their own, longer deadline: an admission's
 // deadline must not cut a settlement's, nor a settlement's retries keep a caller waiting.
 func (w *Writer) commit(batch []writeItem) {
+	taken := batch[:0:0]
+	for _, it := range batch {
+		if it.admit == nil || it.taken.CompareAndSwap(itemQueued, itemTaken) {
+			taken = append(taken, it)
+		}
+	}
+	batch = taken
+	if len(batch) == 0 {
+		return
+	}
 	var sts []Settlement
 	var reqs []AdmitRequest
 	for _, it := range batch {

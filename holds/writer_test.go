@@ -120,22 +120,32 @@ func TestWriterCloseCommitsLingeringSettlements(t *testing.T) {
 }
 
 // TestWriterSettlementOutlivesAnAdmissionDeadline: a batch whose admission runs out of time
-// fails as a whole; its settlement is committed again alone, under its own deadline, and the
-// admission leaves no hold.
+// (its user's row is held by another transaction) fails as a whole; its settlement, of
+// another user, is committed again alone under its own deadline, and the admission leaves no
+// hold.
 func TestWriterSettlementOutlivesAnAdmissionDeadline(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	f.admit("r_deadline_a")
+	other, err := f.store.CreateUser(ctx, "deadline-b-"+strconv.FormatUint(f.user.ID, 10), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock := lockUserRow(t, f.store, other.ID)
+	defer unlock()
 	var seen shapes
-	w := holds.NewWriter(f.store, holds.WriterConfig{Linger: 5 * time.Second, AdmitTimeout: time.Nanosecond,
+	w := holds.NewWriter(f.store, holds.WriterConfig{Linger: 5 * time.Second, AdmitTimeout: 300 * time.Millisecond,
 		SettleTimeout: 10 * time.Second, OnBatch: seen.add})
 	defer w.Close()
 	settled := settleAsync(w, holds.Settlement{RunID: "r_deadline_a", UserID: f.user.ID, CostMicro: 4_000, Source: holds.SourceComplete})
 	waitGathered(t, w, 1)
-	if _, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_deadline_b", UserID: f.user.ID, State: holds.StateRunning,
-		TTL: time.Minute, Fresh: true}); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("admission past its deadline: %v", err)
+	_, err = w.Admit(ctx, holds.AdmitRequest{RunID: "r_deadline_b", UserID: other.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+	if err == nil || errors.Is(err, holds.ErrAdmitNotStarted) {
+		t.Fatalf("admission behind a held lock past its deadline: %v, want the batch's failure", err)
 	}
+	// The failed batch's statement still waits on the server, holding the first user's lock,
+	// until the lock it waits for is free (or its lock wait times out).
+	unlock()
 	if s := <-settled; s.err != nil || !s.res.Applied || s.res.ChargedMicro != 4_000 {
 		t.Fatalf("settlement: %+v, %v", s.res, s.err)
 	}
@@ -143,9 +153,93 @@ func TestWriterSettlementOutlivesAnAdmissionDeadline(t *testing.T) {
 	if len(got) != 2 || got[0].Admissions != 1 || got[0].Err == nil || got[1].Settlements != 1 || got[1].Admissions != 0 || got[1].Err != nil {
 		t.Fatalf("batches %+v, want the failed mixed batch then the settlement alone", got)
 	}
-	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.InFlight != 0 || bal.UsedTodayMicro != 4_000 {
+	if bal, err := f.store.Balance(ctx, other.ID); err != nil || bal.InFlight != 0 {
 		t.Fatalf("balance %+v, %v: the failed admission must leave no hold", bal, err)
 	}
+}
+
+// TestWriterAdmissionWaitIsBounded: with the only worker stuck in a settlement behind a held
+// user lock, an admission of another user is not left waiting for it: after AdmitTimeout (or
+// when its caller's context ends) it is refused as not started, and it is never started
+// afterwards either: no hold appears once the worker is free again.
+func TestWriterAdmissionWaitIsBounded(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	f.admit("r_stuck")
+	other, err := f.store.CreateUser(ctx, "bounded-b-"+strconv.FormatUint(f.user.ID, 10), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock := lockUserRow(t, f.store, f.user.ID)
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: 200 * time.Millisecond, SettleTimeout: 20 * time.Second})
+	defer w.Close()
+	stuck := settleAsync(w, holds.Settlement{RunID: "r_stuck", UserID: f.user.ID, CostMicro: 1_000, Source: holds.SourceComplete})
+	waitLockWaiter(t, f.store)
+
+	admit := func(ctx context.Context, run string) chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := w.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: other.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+			done <- err
+		}()
+		return done
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	byTimeout, byCaller := admit(ctx, "r_waits_1"), admit(cctx, "r_waits_2")
+	cancel()
+	for name, done := range map[string]chan error{"AdmitTimeout": byTimeout, "caller's context": byCaller} {
+		select {
+		case err := <-done:
+			if !errors.Is(err, holds.ErrAdmitNotStarted) {
+				t.Errorf("admission ended by %s: %v, want ErrAdmitNotStarted", name, err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("admission waited on the busy worker past its %s", name)
+		}
+	}
+	unlock()
+	if s := <-stuck; s.err != nil || !s.res.Applied {
+		t.Fatalf("settlement after the lock was released: %+v, %v", s.res, s.err)
+	}
+	w.Close() // every gathered item has been handled
+	if bal, err := f.store.Balance(ctx, other.ID); err != nil || bal.InFlight != 0 {
+		t.Fatalf("balance %+v, %v: a withdrawn admission was started", bal, err)
+	}
+}
+
+// waitLockWaiter waits until a statement of this test's database waits for a lock.
+func waitLockWaiter(t *testing.T, st *holds.Store) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := st.DB().Get(&n, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE '%FOR UPDATE%'`); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no statement came to wait for the held lock")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// lockUserRow holds a user's row lock in a transaction of its own until the returned
+// function is called (it may be called more than once).
+func lockUserRow(t *testing.T, st *holds.Store, userID uint64) func() {
+	t.Helper()
+	tx, err := st.DB().BeginTxx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec("SELECT id FROM users WHERE id = ? FOR UPDATE", userID); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { _ = tx.Rollback() }) }
 }
 
 // TestWriterStormOfAdmissionsAndSettlements: 8 users, 12 callers each, admit and settle
