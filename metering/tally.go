@@ -81,6 +81,21 @@ func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicr
 	return nil
 }
 
+// MarkUnused records that a run used nothing, as evidence for the reconciler: a run with a
+// tally is settled by it (here at 0), one without is charged what it held.
+func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
+	key := t.keys.Usage(runID)
+	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HIncrBy(ctx, key, "cost_micro", 0)
+		p.Expire(ctx, key, t.ttl)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("tally %s as unused: %w", runID, err)
+	}
+	return nil
+}
+
 // Get reads a run's tally; found is false when there is none.
 func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 	m, err := t.rdb.HGetAll(ctx, t.keys.Usage(runID)).Result()

@@ -122,6 +122,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		runID = ar.RunID
 		log = log.With(zap.String("run_id", runID))
 	} else if hold, err = s.writer.Admit(r.Context(), ar); err != nil {
+		s.releaseLostAdmission(r.Context(), ar, err, log)
 		if r.Context().Err() != nil {
 			log.Info("client left during admission; nothing held", zap.Error(err))
 			return 499
@@ -355,6 +356,49 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
 		s.metrics.TallyFailures.Inc()
 		c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
 	}
+}
+
+// releaseLostAdmission closes the hold a failed admission may have left: when the database
+// may have committed it although the answer was lost (holds.ErrOutcomeUnknown), the caller
+// is refused, so the hold must not be charged. A zero tally goes first, so that if the
+// release cannot reach the database either, the reconciler settles the run at 0 from it
+// rather than at what was held; then a settlement at 0, in the background. Any other failed
+// admission held nothing, and this does nothing.
+//
+// Only a fresh run id (made up at random for this request) is released: a named run (an
+// Idempotency-Key attempt, an X-Run-Id) may meanwhile have been admitted by another request,
+// whose live hold this must not close. Such a run, if this admission did commit it, expires and
+// is settled by the reconciler.
+func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest, err error, log *zap.Logger) {
+	if !errors.Is(err, holds.ErrOutcomeUnknown) {
+		return
+	}
+	if !ar.Fresh {
+		log.Error("admission outcome unknown for a named run; if it was committed the reconciler settles it", zap.Error(err))
+		return
+	}
+	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
+	ctx = context.WithoutCancel(ctx)
+	s.settlements.Add(1)
+	go func() {
+		defer s.settlements.Done()
+		ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+		defer cancel()
+		if err := s.tally.MarkUnused(ctx, ar.RunID); err != nil {
+			log.Warn("unused tally not written", zap.Error(err))
+		}
+		res, err := s.writer.Settle(ctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Source: holds.SourceAdmitLost})
+		switch {
+		case errors.Is(err, holds.ErrRunNotFound):
+			log.Info("the lost admission had held nothing")
+		case err != nil:
+			s.metrics.SettleFailures.Inc()
+			log.Error("lost admission not released; the reconciler settles it at 0 from its tally", zap.Error(err))
+		default:
+			s.metrics.Settlements.WithLabelValues(holds.SourceAdmitLost, strconv.FormatBool(res.Applied)).Inc()
+			log.Info("lost admission released", zap.Bool("applied", res.Applied))
+		}
+	}()
 }
 
 // settle commits one settlement with its own deadline and retries, then drops the lease.

@@ -183,6 +183,7 @@ func TestBadInputIsRefusedWithNoHoldLeftBehind(t *testing.T) {
 		{"not an object", key, `[1,2]`, 400, "invalid_json"},
 		{"missing model", key, `{"messages":[]}`, 400, "missing_model"},
 		{"unpriced model", key, `{"model":"gpt-unknown","messages":[]}`, 400, "model_not_priced"},
+		{"model name too long to store", key, `{"model":"fake-gpt-` + strings.Repeat("x", 200) + `","messages":[]}`, 400, "model_too_long"},
 		{"negative max_tokens", key, `{"model":"fake-gpt","max_tokens":-5,"messages":[]}`, 400, "invalid_max_tokens"},
 		{"fractional max_tokens", key, `{"model":"fake-gpt","max_tokens":1.5,"messages":[]}`, 400, "invalid_max_tokens"},
 		{"stream not boolean", key, `{"model":"fake-gpt","stream":"yes","messages":[]}`, 400, "invalid_stream"},

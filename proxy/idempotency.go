@@ -193,6 +193,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			}
 			continue
 		default:
+			s.releaseLostAdmission(ctx, *ar, err, log)
 			e := s.admitError(err)
 			if e.Status >= 500 {
 				log.Error("admission failed", zap.Error(err))

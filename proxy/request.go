@@ -11,6 +11,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -86,6 +87,10 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 	m := root.Get("model")
 	if m.Type != gjson.String || m.Str == "" {
 		return nil, errBadRequest("missing_model", "The request must name a model.")
+	}
+	if len(m.Str) > holds.MaxModelLen {
+		// Prices match by prefix, so a long name can be priced; it cannot be stored.
+		return nil, errBadRequest("model_too_long", fmt.Sprintf("A model name is at most %d bytes.", holds.MaxModelLen))
 	}
 	c := &callRequest{route: rt, body: body, model: m.Str, maxOutput: -1}
 	price, key, err := s.prices.Lookup(c.model)
