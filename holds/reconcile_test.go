@@ -281,3 +281,23 @@ func TestReconcileTallyUnreadable(t *testing.T) {
 		t.Fatalf("pass with Redis back: %+v, %v", st, err)
 	}
 }
+
+// TestReconcileSettlesAnUnusedTallyAtZero: a hold whose admission answer was lost is marked
+// unused in the tally by the proxy; if its release cannot reach the database, the reconciler
+// must settle it at 0 from that mark, not charge what was held.
+func TestReconcileSettlesAnUnusedTallyAtZero(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("carol", 3, nil)
+	h := e.admit(u, "r_admit_lost", holds.StateRunning)
+	if err := e.tally.MarkUnused(e.ctx(), h.RunID); err != nil {
+		t.Fatal(err)
+	}
+	e.expire(h.RunID)
+	st, err := e.pass(e.reconciler("me", nil))
+	if err != nil || st.FromTally != 1 || st.ChargedHeld != 0 || st.ChargedMicro != 0 {
+		t.Fatalf("reconcile: %+v, %v; want settled from the tally at 0", st, err)
+	}
+	if r := e.run(u, h.RunID); r.State != holds.StateSettled || r.ChargedMicro != 0 {
+		t.Fatalf("run %+v, want settled at 0", r)
+	}
+}
