@@ -23,9 +23,7 @@ type Writer struct {
 	cfg   WriterConfig
 	in    chan writeItem
 	work  chan []writeItem
-	// settleDone tells the dispatcher that a batch of settlements alone has ended.
-	settleDone chan struct{}
-	wg         sync.WaitGroup
+	wg    sync.WaitGroup
 	// gathered counts items the dispatcher holds that no worker has taken yet.
 	gathered atomic.Int64
 
@@ -36,13 +34,9 @@ type Writer struct {
 
 // WriterConfig sizes a Writer.
 type WriterConfig struct {
-	Workers int // concurrent batch transactions; default 4
-	// SettleWorkers bounds the batches of settlements alone running at once (default and at
-	// most Workers/2, at least 1), so that the other workers stay free for admissions, which a
-	// caller waits for: settlements wait instead, and group.
-	SettleWorkers int
-	MaxBatch      int // items per transaction; default 128, at most MaxBatch
-	Queue         int // items waiting for a batch; default 4096
+	Workers  int // concurrent batch transactions; default 4
+	MaxBatch int // items per transaction; default 128, at most MaxBatch
+	Queue    int // items waiting for a batch; default 4096
 	// AdmitTimeout bounds a batch with an admission in it, retries included: a caller waits
 	// for it. SettleTimeout bounds a batch of settlements alone.
 	AdmitTimeout  time.Duration
@@ -94,17 +88,13 @@ func NewWriter(store *Store, cfg WriterConfig) *Writer {
 	if cfg.Queue <= 0 {
 		cfg.Queue = 4096
 	}
-	if cfg.SettleWorkers <= 0 || cfg.SettleWorkers > cfg.Workers/2 {
-		cfg.SettleWorkers = max(1, cfg.Workers/2)
-	}
 	if cfg.AdmitTimeout <= 0 || cfg.SettleTimeout <= 0 {
 		panic("holds: writer without timeouts")
 	}
 	if cfg.Linger < 0 || cfg.Linger >= cfg.SettleTimeout {
 		panic(fmt.Sprintf("holds: writer linger %v out of [0, settle timeout %v)", cfg.Linger, cfg.SettleTimeout))
 	}
-	w := &Writer{store: store, cfg: cfg, in: make(chan writeItem, cfg.Queue), work: make(chan []writeItem),
-		settleDone: make(chan struct{}, cfg.Workers)}
+	w := &Writer{store: store, cfg: cfg, in: make(chan writeItem, cfg.Queue), work: make(chan []writeItem)}
 	w.wg.Add(1 + cfg.Workers)
 	go w.dispatch()
 	for range cfg.Workers {
@@ -202,26 +192,27 @@ func (w *Writer) offer(ctx context.Context, it writeItem) (chan writeOutcome, er
 }
 
 // dispatch forms batches: it gathers items while every worker is busy, and hands the batch
-// over when a worker is free and the batch is ready: it holds an admission; or it holds
-// settlements alone that are full or have lingered long enough, and fewer than SettleWorkers
-// such batches run; or the writer is closing.
+// over when a worker is free and the batch is ready (it holds an admission, is full, has
+// lingered long enough, or the writer is closing).
+//
+// Measured: keeping half the workers from batches of settlements alone, so that admissions
+// always find one free, took settle-lag p99 from 47 to 58 ms and the hot user from ~2450 to
+// ~2100 req/s; an admission's wait is bounded by its withdrawal instead (see Admit).
 func (w *Writer) dispatch() {
 	defer w.wg.Done()
 	defer close(w.work)
 	in := w.in
 	var (
-		pend       []writeItem
-		hasAdmit   bool
-		lingered   bool
-		settleBusy int // batches of settlements alone running
-		timer      = time.NewTimer(time.Hour)
+		pend     []writeItem
+		hasAdmit bool
+		lingered bool
+		timer    = time.NewTimer(time.Hour)
 	)
 	timer.Stop()
 	for {
-		settleReady := (lingered || len(pend) >= w.cfg.MaxBatch || w.cfg.Linger == 0) && settleBusy < w.cfg.SettleWorkers
-		ready := len(pend) > 0 && (hasAdmit || settleReady || in == nil)
+		ready := len(pend) > 0 && (hasAdmit || lingered || len(pend) >= w.cfg.MaxBatch || in == nil || w.cfg.Linger == 0)
 		if in == nil && len(pend) == 0 {
-			return // workers still running report to settleDone's buffer, sized for all of them
+			return
 		}
 		var work chan<- []writeItem
 		if ready {
@@ -245,13 +236,8 @@ func (w *Writer) dispatch() {
 			hasAdmit = hasAdmit || it.admit != nil
 		case <-timer.C:
 			lingered = true
-		case <-w.settleDone:
-			settleBusy--
 		case work <- pend:
 			w.gathered.Add(-int64(len(pend)))
-			if !hasAdmit {
-				settleBusy++
-			}
 			pend, hasAdmit, lingered = nil, false, false
 			timer.Stop()
 		}
@@ -261,14 +247,7 @@ func (w *Writer) dispatch() {
 func (w *Writer) runWorker() {
 	defer w.wg.Done()
 	for batch := range w.work {
-		hadAdmissions := false
-		for _, it := range batch {
-			hadAdmissions = hadAdmissions || it.admit != nil
-		}
 		w.commit(batch)
-		if !hadAdmissions {
-			w.settleDone <- struct{}{}
-		}
 	}
 }
 
