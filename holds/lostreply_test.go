@@ -1,82 +1,23 @@
 package holds_test
 
 import (
-	"bytes"
 	"context"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
-// lossy is a MySQL dialer that can lose a reply. Armed with a marker, the first write that
-// contains it is sent; the connection then waits while the server runs it, and either closes
-// (the reply is lost with the connection) or returns late (the write outlives its caller's
-// deadline).
-var lossy struct {
-	once   sync.Once
-	mu     sync.Mutex
-	marker []byte
-	close  bool
-}
-
-const lossyWait = 300 * time.Millisecond
-
-type lossyConn struct{ net.Conn }
-
-func (c lossyConn) Write(b []byte) (int, error) {
-	lossy.mu.Lock()
-	hit := lossy.marker != nil && bytes.Contains(b, lossy.marker)
-	closeAfter := lossy.close
-	if hit {
-		lossy.marker = nil
-	}
-	lossy.mu.Unlock()
-	n, err := c.Conn.Write(b)
-	if hit {
-		time.Sleep(lossyWait)
-		if closeAfter {
-			c.Conn.Close()
-		}
-	}
-	return n, err
-}
-
-// armLossy makes the next write containing marker lose its reply (closeConn) or come late.
-func armLossy(marker string, closeConn bool) {
-	lossy.mu.Lock()
-	defer lossy.mu.Unlock()
-	lossy.marker, lossy.close = []byte(marker), closeConn
-}
-
 // commitScript is what only the closing script of a batch contains.
 const commitScript = ";\nCOMMIT"
 
-// newLossyFixture is newSettleFixture on connections that go through the lossy dialer.
-func newLossyFixture(t *testing.T) *settleFixture {
-	lossy.once.Do(func() {
-		mysql.RegisterDialContext("tg-lossy", func(ctx context.Context, addr string) (net.Conn, error) {
-			var d net.Dialer
-			c, err := d.DialContext(ctx, "tcp", addr)
-			if err != nil {
-				return nil, err
-			}
-			return lossyConn{c}, nil
-		})
-	})
-	t.Cleanup(func() { armLossy("", false) })
-	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Net = "tg-lossy"
-	db, err := holds.Open(context.Background(), cfg.FormatDSN())
+// newLossyFixture is newSettleFixture on a network that can lose MySQL's replies.
+func newLossyFixture(t *testing.T) (*settleFixture, *testenv.Lossy) {
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	db, err := holds.Open(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +29,7 @@ func newLossyFixture(t *testing.T) *settleFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { testenv.CheckLedger(t, db) })
-	return &settleFixture{t: t, store: st, user: u}
+	return &settleFixture{t: t, store: st, user: u}, lossy
 }
 
 // holdRows counts a run's rows and returns its state.
@@ -112,10 +53,10 @@ func TestLostCommitReplyIsClaimedByTheRetry(t *testing.T) {
 	for _, fresh := range []bool{true, false} {
 		name := map[bool]string{true: "fresh run id", false: "named run"}[fresh]
 		t.Run(name, func(t *testing.T) {
-			f := newLossyFixture(t)
+			f, lossy := newLossyFixture(t)
 			ctx := context.Background()
 			run := "r_lost_" + testenv.RandomID(4)
-			armLossy(commitScript, true)
+			lossy.Arm(commitScript, testenv.LoseReply)
 			h, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: f.user.ID, State: holds.StateRunning,
 				TTL: time.Minute, Fresh: fresh})
 			if err != nil || h.Existing || h.HeldMicro != 20_000 {
@@ -134,10 +75,10 @@ func TestLostCommitReplyIsClaimedByTheRetry(t *testing.T) {
 // TestLostCommitReplyOfASettlementChargesOnce: a settlement whose commit reply is lost is
 // retried; the retry finds the run settled and changes nothing.
 func TestLostCommitReplyOfASettlementChargesOnce(t *testing.T) {
-	f := newLossyFixture(t)
+	f, lossy := newLossyFixture(t)
 	ctx := context.Background()
 	f.admit("r_lost_settle")
-	armLossy(commitScript, true)
+	lossy.Arm(commitScript, testenv.LoseReply)
 	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_lost_settle", CostMicro: 7_000, Source: holds.SourceComplete}); err != nil {
 		t.Fatal(err)
 	}
@@ -150,11 +91,11 @@ func TestLostCommitReplyOfASettlementChargesOnce(t *testing.T) {
 // COMMIT are on the wire must not abandon them: the caller learns the outcome the database
 // reached, here a committed hold.
 func TestWriteScriptOutlivesTheBatchDeadline(t *testing.T) {
-	f := newLossyFixture(t)
+	f, lossy := newLossyFixture(t)
 	ctx := context.Background()
-	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: lossyWait / 2, SettleTimeout: 10 * time.Second})
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: testenv.LossyWait / 2, SettleTimeout: 10 * time.Second})
 	defer w.Close()
-	armLossy(commitScript, false)
+	lossy.Arm(commitScript, testenv.LateReply)
 	h, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_late_commit", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
 	if err != nil {
 		t.Fatalf("admission whose commit outlived the deadline: %v", err)

@@ -135,7 +135,7 @@ func (s *Store) inTxLoop(ctx context.Context, what string, try func() error) err
 				zap.Duration("backoff", backoff), zap.Error(err))
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("%s: %w (gave up: %v)", what, err, ctx.Err())
+				return fmt.Errorf("%w (gave up: %v)", err, ctx.Err()) // callers name the operation
 			case <-time.After(backoff):
 			}
 			backoff = min(backoff*2, s.retry.MaxBackoff)

@@ -15,6 +15,7 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -350,5 +351,44 @@ func TestBatchMetricCountsAdmissionsAndSettlements(t *testing.T) {
 			t.Fatalf("batch items: admissions %q, settlements %q; want 1 and 1", a, s)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestAdmissionWithUnknownOutcomeIsReleased: the database commits a call's hold, the reply
+// is lost, and the database stays out of reach until the admission gives up. The caller is
+// refused (503), so the hold it may have left must not be charged: once the database is back
+// it is settled at 0 as admit_lost, and the ledger is untouched.
+func TestAdmissionWithUnknownOutcomeIsReleased(t *testing.T) {
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	db, err := holds.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	h := newHarnessOn(t, db, testenv.FixturesDir(t), func(c *config.Config) { c.Limits.AdmitTimeout = time.Second })
+	u, key := h.user("standard")
+
+	lossy.Arm("INSERT INTO run_holds (run_id, user_id, client_run_id", testenv.GoDown)
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	lossy.Restore()
+	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" {
+		t.Fatalf("admission with a lost commit reply and the database down: %d %s, want 503 billing_unavailable", resp.StatusCode, body)
+	}
+	if h.fake.Calls() != 0 {
+		t.Fatalf("a refused call reached the upstream %d times", h.fake.Calls())
+	}
+	h.settled()
+	var rows []struct {
+		State   string `db:"state"`
+		Charged int64  `db:"charged_micro"`
+		Source  string `db:"settle_source"`
+	}
+	if err := h.db.Select(&rows, "SELECT state, COALESCE(charged_micro, -1) AS charged_micro, COALESCE(settle_source, '') AS settle_source FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].State != string(holds.StateSettled) || rows[0].Charged != 0 || rows[0].Source != holds.SourceAdmitLost {
+		t.Fatalf("holds of the refused caller: %+v, want one, settled at 0 as %s", rows, holds.SourceAdmitLost)
 	}
 }

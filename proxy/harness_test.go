@@ -47,8 +47,14 @@ func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 // newHarnessWithFixtures is newHarness with fakellm replaying from fixturesDir.
 func newHarnessWithFixtures(t *testing.T, fixturesDir string, mutate func(*config.Config)) *harness {
 	t.Helper()
+	return newHarnessOn(t, testenv.MySQL(t), fixturesDir, mutate)
+}
+
+// newHarnessOn is newHarnessWithFixtures on the database db.
+func newHarnessOn(t *testing.T, db *sqlx.DB, fixturesDir string, mutate func(*config.Config)) *harness {
+	t.Helper()
 	h := &harness{t: t}
-	h.db = testenv.MySQL(t)
+	h.db = db
 	var prefix string
 	h.rdb, prefix = testenv.Redis(t)
 	h.keys = metering.Keys{Prefix: prefix}
