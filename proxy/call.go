@@ -367,17 +367,13 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
 //
 // Only a fresh run id (made up at random for this request) is released: a named run (an
 // Idempotency-Key attempt, an X-Run-Id) may meanwhile have been admitted by another request,
-// whose live hold this must not close. Such a run, if this admission did commit it, expires and
-// is settled by the reconciler.
+// whose live hold this must not close. It only gets the zero tally, which adds nothing to a
+// real one: if this admission committed it, the reconciler settles it at 0 when it expires.
 func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest, err error, log *zap.Logger) {
 	if !errors.Is(err, holds.ErrOutcomeUnknown) {
 		return
 	}
-	if !ar.Fresh {
-		log.Error("admission outcome unknown for a named run; if it was committed the reconciler settles it", zap.Error(err))
-		return
-	}
-	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
+	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Bool("named_run", !ar.Fresh), zap.Error(err))
 	ctx = context.WithoutCancel(ctx)
 	s.settlements.Add(1)
 	go func() {
@@ -386,6 +382,9 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 		defer cancel()
 		if err := s.tally.MarkUnused(ctx, ar.RunID); err != nil {
 			log.Warn("unused tally not written", zap.Error(err))
+		}
+		if !ar.Fresh {
+			return
 		}
 		res, err := s.writer.Settle(ctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Source: holds.SourceAdmitLost})
 		switch {
