@@ -392,3 +392,39 @@ func TestAdmissionWithUnknownOutcomeIsReleased(t *testing.T) {
 		t.Fatalf("holds of the refused caller: %+v, want one, settled at 0 as %s", rows, holds.SourceAdmitLost)
 	}
 }
+
+// TestNamedRunWithUnknownAdmissionOutcomeGetsAZeroTally: as above with an Idempotency-Key.
+// Another request may hold a named run by the time the database is back, so it is not
+// released; the zero tally makes the reconciler settle it at 0 instead of at its hold.
+func TestNamedRunWithUnknownAdmissionOutcomeGetsAZeroTally(t *testing.T) {
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	db, err := holds.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	h := newHarnessOn(t, db, testenv.FixturesDir(t), func(c *config.Config) { c.Limits.AdmitTimeout = time.Second })
+	u, key := h.user("standard")
+
+	lossy.Arm("INSERT INTO run_holds (run_id, user_id, client_run_id", testenv.GoDown)
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{proxy.IdempotencyKeyHeader: "lost-" + testenv.RandomID(4)})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	lossy.Restore()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("status %d %s, want 503", resp.StatusCode, body)
+	}
+	h.settled()
+	var runs []string
+	if err := h.db.Select(&runs, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running'", u.ID); err != nil || len(runs) != 1 {
+		t.Fatalf("live holds of the refused caller: %v, %v; want the one committed before the reply was lost", runs, err)
+	}
+	tallied, found, err := h.tally.Get(context.Background(), runs[0])
+	if err != nil || !found || tallied.CostMicro != 0 || tallied.Calls != 0 {
+		t.Fatalf("tally of the lost admission: %+v found=%v %v; want present and zero", tallied, found, err)
+	}
+	// Settle it as the reconciler would, so the ledger check at cleanup sees nothing open.
+	if _, err := h.store.Settle(context.Background(), holds.Settlement{RunID: runs[0], Source: holds.SourceReconcile}); err != nil {
+		t.Fatal(err)
+	}
+}
