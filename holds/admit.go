@@ -29,6 +29,11 @@ type AdmitRequest struct {
 	// Fresh promises the run id was just generated at random, so it cannot exist yet: the
 	// lookup of an earlier admission is skipped (the primary key still guards).
 	Fresh bool
+	// Token, random and kept across retries of this one request (32 hex characters), marks the
+	// hold it takes. When the reply to its COMMIT is lost, the token is what tells this request's
+	// own hold apart from one another request took on the same named run: a retry claims, and
+	// a release (Settlement.AdmitToken) closes, only the hold carrying it. Empty: none.
+	Token string
 }
 
 // Hold is an admitted hold.
@@ -90,6 +95,18 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 	out := make([]AdmitResult, len(reqs))
 	var inserts []admittedRow
 	for i, req := range reqs {
+		h, seen := r.existing[req.RunID]
+		if seen && req.Token != "" && h.Token.Valid && h.Token.String == req.Token && h.UserID == req.UserID {
+			// This request's own hold, committed by an earlier attempt whose reply was lost. It is
+			// the caller's whatever has changed since (a user disabled meanwhile): refusing it
+			// would leave a hold nobody releases.
+			out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
+				CapMicro: h.CapMicro, DiscountBP: h.DiscountBP}
+			if h.State == StateSettled {
+				out[i] = AdmitResult{Err: ErrRunSettled}
+			}
+			continue
+		}
 		u, ok := r.users[req.UserID]
 		switch {
 		case !ok:
@@ -99,15 +116,7 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			out[i].Err = ErrUserDisabled
 			continue
 		}
-		if h, ok := r.existing[req.RunID]; ok {
-			if exp, mine := r.sent[req.RunID]; mine && h.UserID == req.UserID && h.State != StateSettled && h.ExpiresAt.Equal(exp) {
-				// This admission's own hold, committed by an earlier attempt whose reply was
-				// lost: the expiry, from that attempt's clock reading, identifies it.
-				out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
-					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP}
-				delete(r.sent, req.RunID) // a second admission of the run in this batch finds it taken
-				continue
-			}
+		if seen {
 			switch {
 			case h.UserID != req.UserID:
 				out[i].Err = ErrRunNotFound
@@ -140,10 +149,10 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 		t.InFlight++
 		t.Held += hold.HeldMicro
 		// A second admission of the same run later in this batch finds this one.
-		expires := r.now.Add(req.TTL).Truncate(time.Microsecond) // what DATETIME(6) stores
-
+		expires := r.now.Add(req.TTL)
 		r.existing[req.RunID] = holdRow{RunID: hold.RunID, UserID: hold.UserID, State: hold.State,
-			HeldMicro: hold.HeldMicro, CapMicro: hold.CapMicro, DiscountBP: hold.DiscountBP, ExpiresAt: expires}
+			HeldMicro: hold.HeldMicro, CapMicro: hold.CapMicro, DiscountBP: hold.DiscountBP,
+			Token: sql.NullString{String: req.Token, Valid: req.Token != ""}}
 		inserts = append(inserts, admittedRow{hold: hold, req: req, expires: expires})
 	}
 	return out, inserts
@@ -164,15 +173,15 @@ func appendInsertHolds(sc *script, rows []admittedRow) {
 		return
 	}
 	q := make([]byte, 0, 200+len(rows)*48)
-	q = append(q, "INSERT INTO run_holds (run_id, user_id, client_run_id, session_id, state, held_micro, cap_micro, model, discount_bp, expires_at) VALUES "...)
-	args := make([]any, 0, len(rows)*10)
+	q = append(q, "INSERT INTO run_holds (run_id, user_id, client_run_id, session_id, state, held_micro, cap_micro, model, discount_bp, expires_at, admit_token) VALUES "...)
+	args := make([]any, 0, len(rows)*11)
 	for i, r := range rows {
 		if i > 0 {
 			q = append(q, ',')
 		}
-		q = append(q, "(?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, ?, ?, ?)"...)
+		q = append(q, "(?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, ?, ?, ?, NULLIF(?, ''))"...)
 		args = append(args, r.hold.RunID, r.hold.UserID, r.req.ClientRunID, r.req.SessionID, r.hold.State,
-			r.hold.HeldMicro, r.hold.CapMicro, r.req.Model, r.hold.DiscountBP, r.expires)
+			r.hold.HeldMicro, r.hold.CapMicro, r.req.Model, r.hold.DiscountBP, r.expires, r.req.Token)
 	}
 	sc.add(string(q), args...)
 }

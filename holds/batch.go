@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
-	"maps"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -77,19 +76,20 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	var admitted []AdmitResult
 	// sent holds the admissions of attempts whose writes and COMMIT went out unanswered (the
 	// reply lost with the connection): they may be committed. A retry looks them up and claims
-	// those it finds as its own, rather than refusing them as duplicates and leaving holds
-	// nobody will release.
-	sent := map[string]time.Time{}
+	// those it finds carrying their request's token, rather than refusing them as duplicates
+	// and leaving holds nobody will release.
+	sent := map[string]bool{}
 	err = s.inTxLoop(ctx, what, func() error {
 		var err error
 		settled, admitted, err = s.tryWriteBatch(ctx, plan, sts, settleUsers, reqs, sent)
 		return err
 	})
 	if err != nil {
+		err = fmt.Errorf("%s: %w", what, err)
 		if len(sent) > 0 {
-			err = fmt.Errorf("%w: %w", ErrOutcomeUnknown, err)
+			err = &OutcomeUnknownError{Runs: sent, Err: err}
 		}
-		return nil, nil, fmt.Errorf("%s: %w", what, err)
+		return nil, nil, err
 	}
 	return settled, admitted, nil
 }
@@ -128,7 +128,7 @@ func planBatch(sts []Settlement, settleUsers []uint64, reqs []AdmitRequest) batc
 // earlier attempts may have committed (see WriteBatch); this attempt adds to it when its own
 // writes go out unanswered.
 func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlement, settleUsers []uint64, reqs []AdmitRequest,
-	sent map[string]time.Time) (settled []BatchResult, admitted []AdmitResult, err error) {
+	sent map[string]bool) (settled []BatchResult, admitted []AdmitResult, err error) {
 	conn, err := s.db.Connx(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connection: %w", err)
@@ -143,7 +143,6 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 	if err != nil {
 		return nil, nil, err
 	}
-	r.sent = maps.Clone(sent)
 	settled, sw := s.decideSettlements(sts, settleUsers, r)
 	admitted, inserts := s.decideAdmissions(reqs, r)
 
@@ -157,7 +156,7 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 	if _, err := conn.ExecContext(context.WithoutCancel(ctx), string(w.q), w.args...); err != nil {
 		if isUnavailable(err) {
 			for _, in := range inserts {
-				sent[in.hold.RunID] = in.expires
+				sent[in.hold.RunID] = true
 			}
 		}
 		return nil, nil, fmt.Errorf("write and commit: %w", err)
@@ -167,7 +166,7 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 }
 
 // appendMissing adds the runs of sent not yet in runs.
-func appendMissing(runs []string, sent map[string]time.Time) []string {
+func appendMissing(runs []string, sent map[string]bool) []string {
 	have := make(map[string]bool, len(runs))
 	for _, r := range runs {
 		have[r] = true
@@ -203,7 +202,6 @@ type batchReads struct {
 	users    map[uint64]userRow     // locked; absent: no such user
 	holds    map[string]*lockedHold // the holds to settle, locked; absent: no such run
 	existing map[string]holdRow     // earlier admissions of runs admitted again
-	sent     map[string]time.Time   // holds earlier attempts of this batch may have committed, by expiry
 	live     map[uint64]*liveTotals // per user: live holds (admission users) and today's ledger
 }
 
@@ -223,11 +221,11 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	sc.addIn("SELECT "+userColumns+" FROM users WHERE id IN (?) ORDER BY id FOR UPDATE", plan.userIDs)
 	if len(plan.lockRuns) > 0 {
 		sc.addIn(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
-			DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), state IN ('queued', 'running') AND expires_at > @tg_now
+			DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), state IN ('queued', 'running') AND expires_at > @tg_now, admit_token
 			FROM run_holds WHERE run_id IN (?) FOR UPDATE`, plan.lockRuns)
 	}
 	if len(plan.lookupRuns) > 0 {
-		sc.addIn("SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp, expires_at FROM run_holds WHERE run_id IN (?)", plan.lookupRuns)
+		sc.addIn("SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp, admit_token FROM run_holds WHERE run_id IN (?)", plan.lookupRuns)
 	}
 	if len(plan.admitIDs) > 0 {
 		sc.addIn(`SELECT user_id, COUNT(*), SUM(held_micro), 0, MIN(TIMESTAMPDIFF(MICROSECOND, @tg_now, expires_at))
@@ -261,7 +259,7 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	if len(plan.lockRuns) > 0 {
 		if err := sets.each("lock holds", func() error {
 			var h lockedHold
-			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.ExpiresAt, &h.Counted); err != nil {
+			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.ExpiresAt, &h.Counted, &h.Token); err != nil {
 				return err
 			}
 			r.holds[h.RunID] = &h
@@ -273,7 +271,7 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	if len(plan.lookupRuns) > 0 {
 		if err := sets.each("read admitted runs", func() error {
 			var h holdRow
-			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.ExpiresAt); err != nil {
+			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.Token); err != nil {
 				return err
 			}
 			r.existing[h.RunID] = h

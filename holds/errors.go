@@ -20,10 +20,33 @@ var (
 	ErrRunNotFound  = errors.New("run not found")
 )
 
-// ErrOutcomeUnknown marks a batch that failed after its writes and COMMIT were sent: the
-// database may have committed them. An admission failing with it may have left a hold, which
-// its caller should release (a settlement at 0 is harmless if there is none).
+// ErrOutcomeUnknown is an admission whose writes and COMMIT were sent and never answered: the
+// database may have committed its hold. Its caller should release it (a settlement at 0 with
+// the admission's token, harmless when there is none).
 var ErrOutcomeUnknown = errors.New("outcome unknown: the commit was sent but not answered")
+
+// OutcomeUnknownError is a batch that failed after some of its admissions' commits went
+// unanswered. Only those admissions are ErrOutcomeUnknown (see ForRun); the rest of the batch
+// failed with nothing committed.
+type OutcomeUnknownError struct {
+	Runs map[string]bool // the admissions that may have been committed
+	Err  error
+}
+
+func (e *OutcomeUnknownError) Error() string {
+	return fmt.Sprintf("%v (%d admissions' commits unanswered)", e.Err, len(e.Runs))
+}
+
+func (e *OutcomeUnknownError) Unwrap() error { return e.Err }
+
+// ForRun is the error the admission of runID gets: ErrOutcomeUnknown if it may have been
+// committed, the batch's plain failure otherwise.
+func (e *OutcomeUnknownError) ForRun(runID string) error {
+	if e.Runs[runID] {
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, e.Err)
+	}
+	return e.Err
+}
 
 // ErrAdmitNotStarted is an admission that no worker took before its deadline: nothing was held.
 var ErrAdmitNotStarted = errors.New("admission not started before its deadline")

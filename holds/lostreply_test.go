@@ -2,9 +2,11 @@ package holds_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
@@ -16,6 +18,12 @@ const commitScript = ";\nCOMMIT"
 
 // newLossyFixture is newSettleFixture on a network that can lose MySQL's replies.
 func newLossyFixture(t *testing.T) (*settleFixture, *testenv.Lossy) {
+	f, lossy, _ := newLossyFixtureDSN(t)
+	return f, lossy
+}
+
+// newLossyFixtureDSN is newLossyFixture that also returns its database's DSN.
+func newLossyFixtureDSN(t *testing.T) (*settleFixture, *testenv.Lossy, string) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
 	db, err := holds.Open(context.Background(), dsn)
 	if err != nil {
@@ -29,7 +37,7 @@ func newLossyFixture(t *testing.T) (*settleFixture, *testenv.Lossy) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { testenv.CheckLedger(t, db) })
-	return &settleFixture{t: t, store: st, user: u}, lossy
+	return &settleFixture{t: t, store: st, user: u}, lossy, dsn
 }
 
 // holdRows counts a run's rows and returns its state.
@@ -58,7 +66,7 @@ func TestLostCommitReplyIsClaimedByTheRetry(t *testing.T) {
 			run := "r_lost_" + testenv.RandomID(4)
 			lossy.Arm(commitScript, testenv.LoseReply)
 			h, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: f.user.ID, State: holds.StateRunning,
-				TTL: time.Minute, Fresh: fresh})
+				TTL: time.Minute, Fresh: fresh, Token: testenv.RandomID(16)})
 			if err != nil || h.Existing || h.HeldMicro != 20_000 {
 				t.Fatalf("admission whose commit reply was lost: %+v, %v; want its own new hold", h, err)
 			}
@@ -96,7 +104,8 @@ func TestWriteScriptOutlivesTheBatchDeadline(t *testing.T) {
 	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: testenv.LossyWait / 2, SettleTimeout: 10 * time.Second})
 	defer w.Close()
 	lossy.Arm(commitScript, testenv.LateReply)
-	h, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_late_commit", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+	h, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_late_commit", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute,
+		Fresh: true, Token: testenv.RandomID(16)})
 	if err != nil {
 		t.Fatalf("admission whose commit outlived the deadline: %v", err)
 	}
@@ -105,5 +114,75 @@ func TestWriteScriptOutlivesTheBatchDeadline(t *testing.T) {
 	}
 	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: h.RunID, Source: holds.SourceComplete}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLostCommitIsClaimedEvenIfTheUserWasDisabledMeanwhile: the hold committed before the
+// reply was lost is the caller's; a retry that refused it because the user was disabled in
+// between would leave a hold nobody releases.
+func TestLostCommitIsClaimedEvenIfTheUserWasDisabledMeanwhile(t *testing.T) {
+	f, lossy, dsn := newLossyFixtureDSN(t)
+	f.store.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+	ctx := context.Background()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Net = "tcp" // the admin's way in, around the lossy network
+	admin, err := holds.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	lossy.Arm(commitScript, testenv.GoDown)
+	type result struct {
+		h   holds.Hold
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		h, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: "r_disabled_between", UserID: f.user.ID, State: holds.StateRunning,
+			TTL: time.Minute, Fresh: true, Token: testenv.RandomID(16)})
+		done <- result{h, err}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !lossy.Down() {
+		if time.Now().After(deadline) {
+			t.Fatal("the commit was never sent")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := admin.ExecContext(ctx, "UPDATE users SET disabled_at = NOW(6) WHERE id = ?", f.user.ID); err != nil {
+		t.Fatal(err)
+	}
+	lossy.Restore()
+	r := <-done
+	if r.err != nil || r.h.HeldMicro != 20_000 {
+		t.Fatalf("retry after the user was disabled: %+v, %v; want the committed hold", r.h, r.err)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_disabled_between", Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReleaseByTokenClosesOnlyItsOwnHold: a settlement carrying an admission token applies
+// only to the hold that admission took.
+func TestReleaseByTokenClosesOnlyItsOwnHold(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	if _, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: "r_tokened", UserID: f.user.ID, State: holds.StateRunning,
+		TTL: time.Minute, Token: "aaaa"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_tokened", UserID: f.user.ID, AdmitToken: "bbbb", Source: holds.SourceAdmitLost})
+	if !errors.Is(err, holds.ErrRunNotFound) {
+		t.Fatalf("release with another request's token: %v, want ErrRunNotFound", err)
+	}
+	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.InFlight != 1 {
+		t.Fatalf("balance %+v, %v: the hold must still be live", bal, err)
+	}
+	res, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_tokened", UserID: f.user.ID, AdmitToken: "aaaa", Source: holds.SourceAdmitLost})
+	if err != nil || !res.Applied || res.ChargedMicro != 0 {
+		t.Fatalf("release with its own token: %+v, %v", res, err)
 	}
 }

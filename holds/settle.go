@@ -43,6 +43,10 @@ type Settlement struct {
 	// ChargeHeld charges held_micro instead of CostMicro: what the caller authorised at
 	// admission, for a crashed call whose usage is lost.
 	ChargeHeld bool
+	// AdmitToken, when set, restricts the settlement to the hold the admission with that token
+	// took (AdmitRequest.Token): a caller that never learnt its admission's outcome releases
+	// its own hold, never one another request took on the same run. Otherwise ErrRunNotFound.
+	AdmitToken string
 }
 
 // Settled is what a settlement did.
@@ -128,6 +132,7 @@ type lockedHold struct {
 	ExpiresAt  string
 	// Counted: live and unexpired at the batch's clock, so the admission aggregate counted it.
 	Counted bool
+	Token   sql.NullString // the admission's token, if it had one
 }
 
 // settleWrites is what a batch's settlements change.
@@ -150,7 +155,7 @@ func (s *Store) decideSettlements(sts []Settlement, users []uint64, r *batchRead
 	for i, st := range sts {
 		h, ok := r.holds[st.RunID]
 		u, userOK := r.users[users[i]]
-		if !ok || !userOK || h.UserID != users[i] {
+		if !ok || !userOK || h.UserID != users[i] || (st.AdmitToken != "" && h.Token.String != st.AdmitToken) {
 			out[i].Err = ErrRunNotFound
 			continue
 		}
@@ -295,7 +300,7 @@ type holdRow struct {
 	HeldMicro   int64          `db:"held_micro"`
 	CapMicro    int64          `db:"cap_micro"`
 	DiscountBP  int            `db:"discount_bp"`
-	ExpiresAt   time.Time      `db:"expires_at"`
+	Token       sql.NullString `db:"admit_token"`
 }
 
 func nullJSON(b []byte) any {

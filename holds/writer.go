@@ -308,8 +308,12 @@ func answerAdmissions(batch []writeItem, admitted []AdmitResult, err error) {
 			continue
 		}
 		o := writeOutcome{err: err}
-		if err == nil {
+		var unknown *OutcomeUnknownError
+		switch {
+		case err == nil:
 			o.hold, o.err = admitted[i].Hold, admitted[i].Err
+		case errors.As(err, &unknown):
+			o.err = unknown.ForRun(it.admit.RunID)
 		}
 		i++
 		it.out <- o

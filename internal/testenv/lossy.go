@@ -59,6 +59,13 @@ func (l *Lossy) Arm(marker string, mode LossMode) {
 	l.marker, l.mode = []byte(marker), mode
 }
 
+// Down reports whether a GoDown loss has taken the network down.
+func (l *Lossy) Down() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.down
+}
+
 // Restore disarms and brings the network back up.
 func (l *Lossy) Restore() {
 	l.mu.Lock()
