@@ -106,6 +106,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		State: holds.StateRunning, TTL: ttl, Heavy: req.userTurns >= plan.HeavyAfterTurns,
 		// A run id made up here at random cannot have been admitted before.
 		Fresh: clientRunID == "" && idemKey == "",
+		Token: newAdmitToken(),
 	}
 	var (
 		hold holds.Hold
@@ -359,40 +360,39 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
 }
 
 // releaseLostAdmission closes the hold a failed admission may have left: when the database
-// may have committed it although the answer was lost (holds.ErrOutcomeUnknown), the caller
-// is refused, so the hold must not be charged. A zero tally goes first, so that if the
-// release cannot reach the database either, the reconciler settles the run at 0 from it
-// rather than at what was held; then a settlement at 0, in the background. Any other failed
-// admission held nothing, and this does nothing.
-//
-// Only a fresh run id (made up at random for this request) is released: a named run (an
-// Idempotency-Key attempt, an X-Run-Id) may meanwhile have been admitted by another request,
-// whose live hold this must not close. It only gets the zero tally, which adds nothing to a
-// real one: if this admission committed it, the reconciler settles it at 0 when it expires.
+// may have committed it although the answer was lost (holds.ErrOutcomeUnknown), the caller is
+// refused, so the hold must not be charged. It is settled at 0 in the background with the
+// admission's token, which closes this request's hold and never one another request took on
+// the same named run (an Idempotency-Key retry, a later call of an X-Run-Id run). A fresh run
+// id (made up at random for this request) also gets a zero tally first: if the release cannot
+// reach the database either, the reconciler then settles it at 0 rather than at what was
+// held. A named run gets none, since another request may be serving it: if its release fails,
+// the reconciler settles it like any expired run. Any other failed admission held nothing,
+// and this does nothing.
 func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest, err error, log *zap.Logger) {
 	if !errors.Is(err, holds.ErrOutcomeUnknown) {
 		return
 	}
-	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Bool("named_run", !ar.Fresh), zap.Error(err))
+	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
 	ctx = context.WithoutCancel(ctx)
 	s.settlements.Add(1)
 	go func() {
 		defer s.settlements.Done()
 		ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 		defer cancel()
-		if err := s.tally.MarkUnused(ctx, ar.RunID); err != nil {
-			log.Warn("unused tally not written", zap.Error(err))
+		if ar.Fresh {
+			if err := s.tally.MarkUnused(ctx, ar.RunID); err != nil {
+				log.Warn("unused tally not written", zap.Error(err))
+			}
 		}
-		if !ar.Fresh {
-			return
-		}
-		res, err := s.writer.Settle(ctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Source: holds.SourceAdmitLost})
+		res, err := s.writer.Settle(ctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, AdmitToken: ar.Token,
+			Source: holds.SourceAdmitLost})
 		switch {
 		case errors.Is(err, holds.ErrRunNotFound):
 			log.Info("the lost admission had held nothing")
 		case err != nil:
 			s.metrics.SettleFailures.Inc()
-			log.Error("lost admission not released; the reconciler settles it at 0 from its tally", zap.Error(err))
+			log.Error("lost admission not released; the reconciler will settle it", zap.Error(err))
 		default:
 			s.metrics.Settlements.WithLabelValues(holds.SourceAdmitLost, strconv.FormatBool(res.Applied)).Inc()
 			log.Info("lost admission released", zap.Bool("applied", res.Applied))
@@ -469,6 +469,15 @@ func priceSnapshots(prices *pricing.Table) map[string][]byte {
 }
 
 // newRunID is a fresh run id for a call without a caller-chosen one.
+// newAdmitToken marks this request's hold (holds.AdmitRequest.Token).
+func newAdmitToken() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b[:])
+}
+
 func newRunID() string {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {

@@ -393,10 +393,10 @@ func TestAdmissionWithUnknownOutcomeIsReleased(t *testing.T) {
 	}
 }
 
-// TestNamedRunWithUnknownAdmissionOutcomeGetsAZeroTally: as above with an Idempotency-Key.
-// Another request may hold a named run by the time the database is back, so it is not
-// released; the zero tally makes the reconciler settle it at 0 instead of at its hold.
-func TestNamedRunWithUnknownAdmissionOutcomeGetsAZeroTally(t *testing.T) {
+// TestNamedRunWithUnknownAdmissionOutcomeIsReleased: as above with an Idempotency-Key. The
+// hold is released with the admission's token (another request may hold the run by then), and
+// a retry with the same key is then served, not told 409 until the hold expires.
+func TestNamedRunWithUnknownAdmissionOutcomeIsReleased(t *testing.T) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
 	db, err := holds.Open(context.Background(), dsn)
 	if err != nil {
@@ -405,9 +405,10 @@ func TestNamedRunWithUnknownAdmissionOutcomeGetsAZeroTally(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	h := newHarnessOn(t, db, testenv.FixturesDir(t), func(c *config.Config) { c.Limits.AdmitTimeout = time.Second })
 	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "lost-" + testenv.RandomID(4)}
 
 	lossy.Arm("INSERT INTO run_holds (run_id, user_id, client_run_id", testenv.GoDown)
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{proxy.IdempotencyKeyHeader: "lost-" + testenv.RandomID(4)})
+	resp := h.post(key, "/v1/chat/completions", chatBody, idem)
 	body := readAll(t, resp.Body)
 	resp.Body.Close()
 	lossy.Restore()
@@ -415,16 +416,20 @@ func TestNamedRunWithUnknownAdmissionOutcomeGetsAZeroTally(t *testing.T) {
 		t.Fatalf("status %d %s, want 503", resp.StatusCode, body)
 	}
 	h.settled()
-	var runs []string
-	if err := h.db.Select(&runs, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running'", u.ID); err != nil || len(runs) != 1 {
-		t.Fatalf("live holds of the refused caller: %v, %v; want the one committed before the reply was lost", runs, err)
+	var rows []struct {
+		Source  string `db:"settle_source"`
+		Charged int64  `db:"charged_micro"`
 	}
-	tallied, found, err := h.tally.Get(context.Background(), runs[0])
-	if err != nil || !found || tallied.CostMicro != 0 || tallied.Calls != 0 {
-		t.Fatalf("tally of the lost admission: %+v found=%v %v; want present and zero", tallied, found, err)
-	}
-	// Settle it as the reconciler would, so the ledger check at cleanup sees nothing open.
-	if _, err := h.store.Settle(context.Background(), holds.Settlement{RunID: runs[0], Source: holds.SourceReconcile}); err != nil {
+	if err := h.db.Select(&rows, "SELECT COALESCE(settle_source, '') AS settle_source, COALESCE(charged_micro, -1) AS charged_micro FROM run_holds WHERE user_id = ?", u.ID); err != nil {
 		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Source != holds.SourceAdmitLost || rows[0].Charged != 0 {
+		t.Fatalf("holds of the refused caller: %+v, want one released at 0 as %s", rows, holds.SourceAdmitLost)
+	}
+	retry := h.post(key, "/v1/chat/completions", chatBody, idem)
+	retryBody := readAll(t, retry.Body)
+	retry.Body.Close()
+	if retry.StatusCode != http.StatusOK {
+		t.Fatalf("retry with the same key after the release: %d %s, want 200", retry.StatusCode, retryBody)
 	}
 }
