@@ -103,19 +103,22 @@ func NewWriter(store *Store, cfg WriterConfig) *Writer {
 	return w
 }
 
-// Admit takes req's hold in the next batch. The caller waits for a worker to take it at most
-// AdmitTimeout, or until ctx ends, and is then told ErrAdmitNotStarted: nothing was held. Once
-// a worker has taken it, it waits for the batch whatever ctx says (a batch is bounded by
-// AdmitTimeout): a caller that left early must still learn of a hold its batch committed, so
+// Admit takes req's hold in the next batch. The caller waits for a place in the queue and for
+// a worker to take it at most AdmitTimeout, or until ctx ends, and is then told
+// ErrAdmitNotStarted: nothing was held. Once a worker has taken it, it waits for the batch
+// whatever ctx says (a batch is bounded by AdmitTimeout, its closing script by the driver's
+// read timeout): a caller that left early must still learn of a hold its batch committed, so
 // that it releases it rather than leave it to the reconciler, which would charge it.
 func (w *Writer) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
+	wait := time.NewTimer(w.cfg.AdmitTimeout)
+	defer wait.Stop()
 	it := writeItem{admit: &req, taken: new(atomic.Int32)}
-	out, err := w.offer(ctx, it)
+	qctx, cancel := context.WithTimeout(ctx, w.cfg.AdmitTimeout)
+	out, err := w.offer(qctx, it)
+	cancel()
 	if err != nil {
 		return Hold{}, fmt.Errorf("admit %s: %w: %w", req.RunID, ErrAdmitNotStarted, err)
 	}
-	wait := time.NewTimer(w.cfg.AdmitTimeout)
-	defer wait.Stop()
 	var o writeOutcome
 	select {
 	case o = <-out:
