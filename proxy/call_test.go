@@ -359,23 +359,10 @@ func TestBatchMetricCountsAdmissionsAndSettlements(t *testing.T) {
 // refused (503), so the hold it may have left must not be charged: once the database is back
 // it is settled at 0 as admit_lost, and the ledger is untouched.
 func TestAdmissionWithUnknownOutcomeIsReleased(t *testing.T) {
-	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	h := newHarnessOn(t, db, testenv.FixturesDir(t), func(c *config.Config) { c.Limits.AdmitTimeout = time.Second })
+	h, lossy := newLossyHarness(t)
 	u, key := h.user("standard")
 
-	lossy.Arm("INSERT INTO run_holds (run_id, user_id, client_run_id", testenv.GoDown)
-	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	lossy.Restore()
-	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" {
-		t.Fatalf("admission with a lost commit reply and the database down: %d %s, want 503 billing_unavailable", resp.StatusCode, body)
-	}
+	postWithLostAdmission(h, lossy, key, nil)
 	if h.fake.Calls() != 0 {
 		t.Fatalf("a refused call reached the upstream %d times", h.fake.Calls())
 	}
@@ -397,24 +384,11 @@ func TestAdmissionWithUnknownOutcomeIsReleased(t *testing.T) {
 // hold is released with the admission's token (another request may hold the run by then), and
 // a retry with the same key is then served, not told 409 until the hold expires.
 func TestNamedRunWithUnknownAdmissionOutcomeIsReleased(t *testing.T) {
-	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	h := newHarnessOn(t, db, testenv.FixturesDir(t), func(c *config.Config) { c.Limits.AdmitTimeout = time.Second })
+	h, lossy := newLossyHarness(t)
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "lost-" + testenv.RandomID(4)}
 
-	lossy.Arm("INSERT INTO run_holds (run_id, user_id, client_run_id", testenv.GoDown)
-	resp := h.post(key, "/v1/chat/completions", chatBody, idem)
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	lossy.Restore()
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("status %d %s, want 503", resp.StatusCode, body)
-	}
+	postWithLostAdmission(h, lossy, key, idem)
 	h.settled()
 	var rows []struct {
 		Source  string `db:"settle_source"`
@@ -431,5 +405,33 @@ func TestNamedRunWithUnknownAdmissionOutcomeIsReleased(t *testing.T) {
 	retry.Body.Close()
 	if retry.StatusCode != http.StatusOK {
 		t.Fatalf("retry with the same key after the release: %d %s, want 200", retry.StatusCode, retryBody)
+	}
+}
+
+// newLossyHarness is a harness whose database is reached through a lossy network, with
+// admissions given up after a second.
+func newLossyHarness(t *testing.T) (*harness, *testenv.Lossy) {
+	t.Helper()
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	db, err := holds.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return newHarnessOn(t, db, testenv.FixturesDir(t), func(c *config.Config) { c.Limits.AdmitTimeout = time.Second }), lossy
+}
+
+// postWithLostAdmission sends one call whose admission commits but whose reply is lost with a
+// database that then stays out of reach until the admission gives up, brings the database
+// back, and asserts the caller was refused with 503 billing_unavailable.
+func postWithLostAdmission(h *harness, lossy *testenv.Lossy, key string, hdr map[string]string) {
+	h.t.Helper()
+	lossy.Arm("INSERT INTO run_holds (run_id, user_id, client_run_id", testenv.GoDown)
+	resp := h.post(key, "/v1/chat/completions", chatBody, hdr)
+	body := readAll(h.t, resp.Body)
+	resp.Body.Close()
+	lossy.Restore()
+	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(h.t, body) != "billing_unavailable" {
+		h.t.Fatalf("admission with a lost commit reply and the database down: %d %s, want 503 billing_unavailable", resp.StatusCode, body)
 	}
 }
