@@ -63,16 +63,22 @@ type batchOutcome[R any] struct {
 	err error
 }
 
+// defaultSizes fills in a batcher's or writer's sizes left zero (or, for maxBatch, out of
+// range): 4 workers, batches of at most 128, 4096 waiting.
+func defaultSizes(workers, maxBatch, queue *int) {
+	if *workers <= 0 {
+		*workers = 4
+	}
+	if *maxBatch <= 0 || *maxBatch > MaxBatch {
+		*maxBatch = min(128, MaxBatch)
+	}
+	if *queue <= 0 {
+		*queue = 4096
+	}
+}
+
 func newBatcher[T, R any](cfg BatcherConfig, run func(context.Context, []T) ([]R, error)) *batcher[T, R] {
-	if cfg.Workers <= 0 {
-		cfg.Workers = 4
-	}
-	if cfg.MaxBatch <= 0 || cfg.MaxBatch > MaxBatch {
-		cfg.MaxBatch = min(128, MaxBatch)
-	}
-	if cfg.Queue <= 0 {
-		cfg.Queue = 4096
-	}
+	defaultSizes(&cfg.Workers, &cfg.MaxBatch, &cfg.Queue)
 	if cfg.Timeout <= 0 {
 		panic("holds: batcher without a timeout")
 	}

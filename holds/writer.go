@@ -79,15 +79,7 @@ type writeOutcome struct {
 
 // NewWriter starts a writer's dispatcher and workers; Close stops them.
 func NewWriter(store *Store, cfg WriterConfig) *Writer {
-	if cfg.Workers <= 0 {
-		cfg.Workers = 4
-	}
-	if cfg.MaxBatch <= 0 || cfg.MaxBatch > MaxBatch {
-		cfg.MaxBatch = min(128, MaxBatch)
-	}
-	if cfg.Queue <= 0 {
-		cfg.Queue = 4096
-	}
+	defaultSizes(&cfg.Workers, &cfg.MaxBatch, &cfg.Queue)
 	if cfg.AdmitTimeout <= 0 || cfg.SettleTimeout <= 0 {
 		panic("holds: writer without timeouts")
 	}
