@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tollgate/tollgate/internal/fixtures"
 )
 
 // expectation is one entry of expected.json.
@@ -27,32 +29,11 @@ type fixture struct {
 	want expectation
 }
 
-// fixtureDir finds shared/fixtures/usage beside the repository: /work/shared next to
-// /work/main here, ../shared next to the clone in CI. Walking up covers both.
-func fixtureDir(tb testing.TB) string {
-	tb.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for {
-		cand := filepath.Join(dir, "shared", "fixtures", "usage")
-		if st, err := os.Stat(cand); err == nil && st.IsDir() {
-			return cand
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			tb.Fatal("shared/fixtures/usage not found beside the repository or any parent directory")
-		}
-		dir = parent
-	}
-}
-
 // loadFixtures returns every recorded response with its expectation, failing when a file has
 // no expectation or an expectation has no file.
 func loadFixtures(tb testing.TB) []fixture {
 	tb.Helper()
-	dir := fixtureDir(tb)
+	dir := fixtures.Dir(tb)
 	raw, err := os.ReadFile(filepath.Join(dir, "expected.json"))
 	if err != nil {
 		tb.Fatal(err)
@@ -303,7 +284,7 @@ func BenchmarkMeterChatStream(b *testing.B) {
 
 // bigStream is the largest recorded chat stream: 955 chunks, usage on the last one.
 func bigStream(b *testing.B) []byte {
-	data, err := os.ReadFile(filepath.Join(fixtureDir(b), "together_via_hf_router_chat_stream_flat_cached_tokens.sse"))
+	data, err := os.ReadFile(filepath.Join(fixtures.Dir(b), "together_via_hf_router_chat_stream_flat_cached_tokens.sse"))
 	if err != nil {
 		b.Fatal(err)
 	}

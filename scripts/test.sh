@@ -15,6 +15,7 @@ cd "$ROOT"
 export PATH
 
 log() { printf 'test: %s\n' "$*" >&2; }
+die() { printf 'test: %s\n' "$*" >&2; exit 1; }
 
 SVC_DIR=""
 CHILD=""
@@ -104,12 +105,13 @@ set -a
 set +a
 export TOLLGATE_TEST_MYSQL_DSN TOLLGATE_TEST_REDIS_URL MYSQL_DSN REDIS_URL
 
-if [[ -d $ROOT/../shared/fixtures/usage ]]; then
-	TOLLGATE_FIXTURES=$(cd "$ROOT/../shared/fixtures/usage" && pwd -P)
-	export TOLLGATE_FIXTURES
+# The tests replay testdata/usage, the repository's copy of the project's shared fixtures, so
+# that a clone alone runs them. Where shared/ sits beside the clone, the two must agree.
+if [[ -d $ROOT/../shared/fixtures/usage ]] && ! diff -r "$ROOT/../shared/fixtures/usage" "$ROOT/testdata/usage" >&2; then
+	die "testdata/usage differs from ../shared/fixtures/usage: copy the shared fixtures into testdata/usage"
 fi
 
-log "go $(go env GOVERSION); MySQL ${TOLLGATE_TEST_MYSQL_DSN}; Redis ${TOLLGATE_TEST_REDIS_URL}; fixtures ${TOLLGATE_FIXTURES:-<none>}"
+log "go $(go env GOVERSION); MySQL ${TOLLGATE_TEST_MYSQL_DSN}; Redis ${TOLLGATE_TEST_REDIS_URL}; fixtures ${TOLLGATE_FIXTURES:-testdata/usage}"
 
 vet_rc=0
 log "go vet ./..."

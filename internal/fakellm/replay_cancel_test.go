@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/fixtures"
 )
 
 // writeRecorder records each run of bytes between flushes, which is what a
@@ -102,13 +103,10 @@ func TestReplaySplits(t *testing.T) {
 
 // The recorded provider responses of the project replay byte for byte.
 func TestReplayRecordedFixtures(t *testing.T) {
-	dir := filepath.Join("..", "..", "..", "shared", "fixtures", "usage")
-	if _, err := os.Stat(dir); err != nil {
-		dir = filepath.Join("..", "..", "shared", "fixtures", "usage")
-	}
+	dir := fixtures.Dir(t)
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		t.Skip("no recorded fixtures next to the repository")
+		t.Fatal(err)
 	}
 	ts := start(t, fakellm.New(fakellm.Config{FixturesDir: dir}))
 	n := 0

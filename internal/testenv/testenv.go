@@ -9,8 +9,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fixtures"
 	tgsql "github.com/tollgate/tollgate/sql"
 )
 
@@ -124,26 +123,8 @@ func RandomID(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// FixturesDir finds shared/fixtures/usage beside the repository (CI clones the repo with
-// shared/ as a sibling) or at TOLLGATE_FIXTURES.
+// FixturesDir is the directory of recorded provider responses (see package fixtures).
 func FixturesDir(t testing.TB) string {
 	t.Helper()
-	if d := os.Getenv("TOLLGATE_FIXTURES"); d != "" {
-		return d
-	}
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		cand := filepath.Join(dir, "..", "shared", "fixtures", "usage")
-		if st, err := os.Stat(cand); err == nil && st.IsDir() {
-			return filepath.Clean(cand)
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir || strings.Count(parent, string(filepath.Separator)) < 1 {
-			t.Fatal("shared/fixtures/usage not found beside the repository; set TOLLGATE_FIXTURES")
-		}
-		dir = parent
-	}
+	return fixtures.Dir(t)
 }
