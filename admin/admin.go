@@ -443,11 +443,11 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var err error
-	if f.Since, err = timeParam(q.Get("since")); err != nil {
+	if f.Since, err = ParseTime(q.Get("since")); err != nil {
 		writeError(w, badRequest("invalid_since", err.Error()))
 		return
 	}
-	if f.Until, err = timeParam(q.Get("until")); err != nil {
+	if f.Until, err = ParseTime(q.Get("until")); err != nil {
 		writeError(w, badRequest("invalid_until", err.Error()))
 		return
 	}
@@ -532,8 +532,9 @@ func limitParam(r *http.Request) (int, *apiError) {
 	return n, nil
 }
 
-// timeParam reads an RFC 3339 time or a UTC date (its midnight).
-func timeParam(s string) (time.Time, error) {
+// ParseTime reads an RFC 3339 time or a UTC date (its midnight); "" is the zero time. The
+// API's since/until parameters and the CLI's -since/-until flags both take it.
+func ParseTime(s string) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}

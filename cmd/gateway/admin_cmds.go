@@ -341,15 +341,9 @@ func runsCmd(ctx context.Context, args []string) error {
 }
 
 func parseWhen(name, s string) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
-	}
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, nil
-	}
-	t, err := time.Parse(time.DateOnly, s)
+	t, err := admin.ParseTime(s)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("-%s %q: want RFC 3339 or YYYY-MM-DD", name, s)
+		return time.Time{}, fmt.Errorf("-%s: %w", name, err)
 	}
 	return t, nil
 }
