@@ -163,14 +163,15 @@ func checkBalance(ctx context.Context, db *sqlx.DB, userID uint64, allowance int
 func round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }
 
 // dbCounters reads server status counters that explain where a tollgate request's database
-// time goes: statements, commits, fsyncs, row-lock waits.
+// time goes: statements, commits, fsyncs, row-lock waits. Fsyncs are Innodb_data_fsyncs (every
+// InnoDB fsync, the redo log's included): MariaDB 10.8+ no longer has Innodb_os_log_fsyncs.
 func dbCounters(ctx context.Context, db *sqlx.DB) map[string]float64 {
 	var rows []struct {
 		Name  string `db:"Variable_name"`
 		Value string `db:"Value"`
 	}
 	if err := db.SelectContext(ctx, &rows, `SHOW GLOBAL STATUS WHERE Variable_name IN
-		('Questions','Com_commit','Com_select','Com_insert','Com_update','Innodb_os_log_fsyncs',
+		('Questions','Com_commit','Com_select','Com_insert','Com_update','Innodb_data_fsyncs',
 		 'Innodb_row_lock_waits','Innodb_row_lock_time')`); err != nil {
 		return nil
 	}

@@ -195,7 +195,7 @@ func extra(run *Run) string {
 	}
 	if q := run.DBPerRequest; q != nil {
 		s = append(s, fmt.Sprintf("per req: %.1f stmts %.1f commits %.2f fsyncs %.2f lock waits %.2f ms lock time",
-			q["questions"], q["com_commit"], q["innodb_os_log_fsyncs"], q["innodb_row_lock_waits"], q["innodb_row_lock_time"]))
+			q["questions"], q["com_commit"], q["innodb_data_fsyncs"], q["innodb_row_lock_waits"], q["innodb_row_lock_time"]))
 	}
 	s = append(s, "load "+run.LoadAvg)
 	if run.Balance != nil {
