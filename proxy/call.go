@@ -329,10 +329,20 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		return
 	}
 	// Tally and settlement run after the caller has its answer; neither adds to its latency.
+	// They go out together rather than one after the other: a settlement that reaches the
+	// writer before the caller's next admission shares its transaction (holds.Writer), and
+	// waiting first for the tally's round trip to Redis made it arrive after that admission
+	// often enough to cost a commit and a lock wait per call. See tallyCall for why the order
+	// does not matter to the reconciler.
 	s.settlements.Add(1)
 	work := func() {
-		s.tallyCall(ctx, c, st)
+		tallied := make(chan struct{})
+		go func() {
+			defer close(tallied)
+			s.tallyCall(ctx, c, st)
+		}()
 		s.settle(ctx, c, st)
+		<-tallied
 	}
 	select {
 	case s.settleSlots <- struct{}{}:
@@ -345,8 +355,12 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	}
 }
 
-// tallyCall records a call's usage in Redis before its settlement is tried: if this process
-// dies before the settlement commits, the reconciler settles from the tally.
+// tallyCall records a call's usage in Redis: if this process dies before the call's
+// settlement commits, the reconciler settles from the tally. It need not precede the
+// settlement: a committed settlement makes the tally moot, and one that fails leaves its run
+// to the reconciler only once its hold has expired (minutes), long after this write (bounded
+// here to 2 s) has landed or failed. Only a crash before the write lands loses it, the same
+// window as writing it first.
 func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
 	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
 		return

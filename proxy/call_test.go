@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -329,7 +330,6 @@ func TestOverdraftStorm(t *testing.T) {
 	if b.AvailableMicro > 0 || b.HeldMicro != 0 {
 		t.Fatalf("after the storm: %+v, want nothing available and nothing held", b)
 	}
-	_ = time.Second
 }
 
 // TestBatchMetricCountsAdmissionsAndSettlements: one call is one admission and one settlement
@@ -418,7 +418,7 @@ func newLossyHarness(t *testing.T) (*harness, *testenv.Lossy) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	return newHarnessOn(t, db, testenv.FixturesDir(t), func(c *config.Config) { c.Limits.AdmitTimeout = time.Second }), lossy
+	return newHarnessOn(t, harnessSetup{db: db}, func(c *config.Config) { c.Limits.AdmitTimeout = time.Second }), lossy
 }
 
 // postWithLostAdmission sends one call whose admission commits but whose reply is lost with a
@@ -434,4 +434,100 @@ func postWithLostAdmission(h *harness, lossy *testenv.Lossy, key string, hdr map
 	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(h.t, body) != "billing_unavailable" {
 		h.t.Fatalf("admission with a lost commit reply and the database down: %d %s, want 503 billing_unavailable", resp.StatusCode, body)
 	}
+}
+
+// TestSettlementDoesNotWaitForTally: a finished call's settlement goes to the writer alongside
+// its tally, not after it. With the tally's write held back before it reaches Redis, the call
+// still settles at its cost. (Waiting for the tally's round trip first made a settlement miss
+// the caller's next admission and cost a commit and a lock wait of its own; here the held
+// write would keep the call unsettled until the gate opens.)
+func TestSettlementDoesNotWaitForTally(t *testing.T) {
+	gate := newWriteGate("hincrby") // go-redis sends command names in lower case
+	h := newHarnessOn(t, harnessSetup{tallyDialer: gate.dial}, nil)
+	t.Cleanup(gate.open) // before the harness's cleanup, which waits for the tally
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	runID := resp.Header.Get(proxy.RunIDHeader)
+
+	deadline := time.Now().Add(10 * time.Second)
+	for gate.held() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the call's tally never reached Redis's connection")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for {
+		var state string
+		if err := h.db.Get(&state, "SELECT state FROM run_holds WHERE run_id = ?", runID); err != nil {
+			t.Fatal(err)
+		}
+		if holds.State(state) == holds.StateSettled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s is %s after 10 s with its tally held back (tally writes held: %d)", runID, state, gate.held())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if gate.held() != 1 {
+		t.Fatalf("tally writes held at the gate: %d, want the call's one still held when it settled", gate.held())
+	}
+	gate.open()
+	r := h.run(u.ID, runID)
+	if want := fakeGPTCost(r.InTok, r.OutTok); r.ChargedMicro != want || want == 0 || r.SettleSource.String != holds.SourceComplete {
+		t.Fatalf("run %+v: want charged %d, source complete", r, want)
+	}
+}
+
+// writeGate holds back every write that contains marker on the connections it dials, until
+// opened: a request that is in flight and has not reached its server.
+type writeGate struct {
+	marker  []byte
+	opened  chan struct{}
+	once    sync.Once
+	mu      sync.Mutex
+	waiting int
+}
+
+func newWriteGate(marker string) *writeGate {
+	return &writeGate{marker: []byte(marker), opened: make(chan struct{})}
+}
+
+func (g *writeGate) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &gatedConn{Conn: c, g: g}, nil
+}
+
+func (g *writeGate) open() { g.once.Do(func() { close(g.opened) }) }
+
+// held counts the writes that reached the gate while it was closed.
+func (g *writeGate) held() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.waiting
+}
+
+type gatedConn struct {
+	net.Conn
+	g *writeGate
+}
+
+func (c *gatedConn) Write(b []byte) (int, error) {
+	if bytes.Contains(b, c.g.marker) {
+		select {
+		case <-c.g.opened:
+		default:
+			c.g.mu.Lock()
+			c.g.waiting++
+			c.g.mu.Unlock()
+			<-c.g.opened
+		}
+	}
+	return c.Conn.Write(b)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -47,18 +48,33 @@ func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 // newHarnessWithFixtures is newHarness with fakellm replaying from fixturesDir.
 func newHarnessWithFixtures(t *testing.T, fixturesDir string, mutate func(*config.Config)) *harness {
 	t.Helper()
-	return newHarnessOn(t, testenv.MySQL(t), fixturesDir, mutate)
+	return newHarnessOn(t, harnessSetup{fixturesDir: fixturesDir}, mutate)
 }
 
-// newHarnessOn is newHarnessWithFixtures on the database db.
-func newHarnessOn(t *testing.T, db *sqlx.DB, fixturesDir string, mutate func(*config.Config)) *harness {
+// harnessSetup is what newHarnessOn builds on; zero fields take the defaults.
+type harnessSetup struct {
+	db          *sqlx.DB // default: a fresh test database
+	fixturesDir string   // default: the recorded fixtures
+	// tallyDialer, if set, is how the tally's own Redis client connects: a test puts a
+	// gate between the tally and Redis.
+	tallyDialer func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// newHarnessOn is newHarness built on setup.
+func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config)) *harness {
 	t.Helper()
+	if setup.db == nil {
+		setup.db = testenv.MySQL(t)
+	}
+	if setup.fixturesDir == "" {
+		setup.fixturesDir = testenv.FixturesDir(t)
+	}
 	h := &harness{t: t}
-	h.db = db
+	h.db = setup.db
 	var prefix string
 	h.rdb, prefix = testenv.Redis(t)
 	h.keys = metering.Keys{Prefix: prefix}
-	h.fake = fakellm.New(fakellm.Config{FixturesDir: fixturesDir})
+	h.fake = fakellm.New(fakellm.Config{FixturesDir: setup.fixturesDir})
 	h.upstream = httptest.NewServer(h.fake)
 	t.Cleanup(h.upstream.Close)
 
@@ -78,7 +94,14 @@ func newHarnessOn(t *testing.T, db *sqlx.DB, fixturesDir string, mutate func(*co
 	h.cfg = cfg
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	h.store = holds.NewStore(h.db, proxy.Plans(cfg), "standard", log)
-	h.tally = metering.NewTally(h.rdb, h.keys, cfg.Holds.TallyTTL)
+	tallyRDB := h.rdb
+	if setup.tallyDialer != nil {
+		opt := *h.rdb.Options()
+		opt.Dialer = setup.tallyDialer
+		tallyRDB = redis.NewClient(&opt)
+		t.Cleanup(func() { tallyRDB.Close() })
+	}
+	h.tally = metering.NewTally(tallyRDB, h.keys, cfg.Holds.TallyTTL)
 	leases := metering.NewLeases(h.rdb, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
 	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: leases, Log: log})
 	h.gw = httptest.NewServer(h.srv.Handler())
