@@ -122,6 +122,12 @@ wait_port "$FAKE_ADDR" "$FAKE_PID" fakellm
 wait_port "$PLAIN_ADDR" "$PLAIN_PID" plain
 wait_port "$GW_ADDR" "$GW_PID" gateway
 
+# The database's share of one call, measured on the same MariaDB before any load: it splits
+# latency-1conn's added latency into the hold transaction and the rest of the gateway.
+log "database steps (go test -bench BenchmarkDB ./holds/)"
+timeout 300 go test -count=1 -run '^$' -bench BenchmarkDB -benchtime 2000x ./holds/ >"$DIR/dbsteps.txt" 2>&1 ||
+	{ cat "$DIR/dbsteps.txt" >&2; die "database step benchmarks failed"; }
+
 mkdir -p "$ROOT/bench/results"
 OUT="$ROOT/bench/results/$(date -u +%Y%m%dT%H%M%SZ).json"
 pprof_args=()
@@ -132,7 +138,7 @@ log "running scenarios (rounds $ROUNDS, scale $SCALE); gateway pid $GW_PID"
 timeout 1200 "$DIR/bin/loadgen" run -keys "$DIR/keys.json" \
 	-direct "http://$FAKE_ADDR" -plain "http://$PLAIN_ADDR" -gateway "http://$GW_ADDR" -dsn "$MYSQL_DSN" \
 	-pids "fakellm=$FAKE_PID,plain=$PLAIN_PID,gateway=$GW_PID,mysql=$MYSQL_PID,redis=$REDIS_PID" \
-	-rounds "$ROUNDS" -scale "$SCALE" -scenarios "$SCENARIOS" -out "$OUT" "${pprof_args[@]}"
+	-rounds "$ROUNDS" -scale "$SCALE" -scenarios "$SCENARIOS" -out "$OUT" -db-steps "$DIR/dbsteps.txt" "${pprof_args[@]}"
 
 errs=$(grep -c '"level":"error"' "$DIR/gateway.log" || true)
 log "gateway log: $errs error lines"

@@ -14,6 +14,7 @@ type Report struct {
 	Host        map[string]any `json:"host"`
 	Checks      []Check        `json:"checks"`
 	Summary     []*Summary     `json:"summary"`
+	DBSteps     []DBStep       `json:"db_steps,omitempty"`
 	Runs        []*Run         `json:"runs"`
 }
 
@@ -212,6 +213,7 @@ func printReport(w io.Writer, rep *Report) {
 			g.Latency.P50-d.Latency.P50, g.Latency.P99-d.Latency.P99, p.Latency.P50-d.Latency.P50, p.Latency.P99-d.Latency.P99)
 	}
 	tw.Flush()
+	printDBSteps(w, rep.DBSteps)
 	fmt.Fprintln(w, "\n== targets (issue 7) ==")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "\tscenario\twhat\ttarget\tvalue\tnote\t")

@@ -101,6 +101,7 @@ func runCmd(args []string) error {
 	out := fs.String("out", "", "JSON results file")
 	pprofURL := fs.String("pprof", "", "pprof base URL of the gateway (gateway serve -pprof): profile round 1 of each tollgate scenario")
 	profDir := fs.String("profile-dir", "", "where profiles go (default: next to -out)")
+	dbSteps := fs.String("db-steps", "", "output of `go test -bench BenchmarkDB ./holds/` to report with the scenarios")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -165,6 +166,11 @@ func runCmd(args []string) error {
 	rep.Started = r.stamp
 	rep.WallSeconds = round2(time.Since(t0).Seconds())
 	rep.Host = hostInfo()
+	if *dbSteps != "" {
+		if rep.DBSteps, err = readDBSteps(*dbSteps); err != nil {
+			return err
+		}
+	}
 	printReport(os.Stdout, rep)
 	if *out != "" {
 		b, _ := json.MarshalIndent(rep, "", "  ")
