@@ -44,6 +44,10 @@ type call struct {
 	// inRun marks a call of a caller-named run: it tallies but does not settle; the run settles
 	// on POST /v1/runs/{id}/settle or by reconciliation. laterCall: the run existed before.
 	inRun, laterCall bool
+	// leased: this call holds a lease on its run (taken just before forwarding), which it must
+	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
+	// settles it.
+	leased bool
 	ended            time.Time
 	// idem is set for an Idempotency-Key request; rw then keeps what the caller was sent.
 	idem *idemCall
@@ -192,6 +196,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		return refuse(exhausted, "budget below the cost of the prompt")
 	}
 	s.leases.Acquire(runID)
+	c.leased = true
 	s.metrics.ActiveCalls.Inc()
 	defer s.metrics.ActiveCalls.Dec()
 	w.Header().Set(RunIDHeader, runID)
@@ -421,6 +426,9 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
 	defer s.settlements.Done()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
+	// Settled or not, the call is over: without its lease, a run whose settlement failed is
+	// the reconciler's once its hold expires.
+	defer s.releaseLease(ctx, c)
 	res, err := s.writer.Settle(ctx, st)
 	if err != nil {
 		s.metrics.SettleFailures.Inc()
@@ -431,6 +439,21 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
 	s.metrics.Settlements.WithLabelValues(st.Source, strconv.FormatBool(res.Applied)).Inc()
 	c.log.Debug("settled", zap.String("source", st.Source), zap.Bool("applied", res.Applied),
 		zap.Int64("charged_micro", res.ChargedMicro), zap.Bool("estimated", st.Estimated))
+}
+
+// leaseReleaseTimeout bounds deleting a lease key; one that is not deleted lapses after the
+// lease TTL, since this process no longer refreshes it.
+const leaseReleaseTimeout = 2 * time.Second
+
+// releaseLease gives back the lease the call took, if it took one. It has its own deadline:
+// the caller's may have run out (a settlement that gave up).
+func (s *Server) releaseLease(ctx context.Context, c *call) {
+	if !c.leased {
+		return
+	}
+	c.leased = false
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseReleaseTimeout)
+	defer cancel()
 	if err := s.leases.Release(ctx, c.runID); err != nil {
 		c.log.Warn("lease not released; it lapses on its own", zap.Error(err))
 	}

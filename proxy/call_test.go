@@ -409,7 +409,7 @@ func TestNamedRunWithUnknownAdmissionOutcomeIsReleased(t *testing.T) {
 }
 
 // newLossyHarness is a harness whose database is reached through a lossy network, with
-// admissions given up after a second.
+// admissions and settlements given up after a second.
 func newLossyHarness(t *testing.T) (*harness, *testenv.Lossy) {
 	t.Helper()
 	dsn, lossy := testenv.LossyMySQLDSN(t)
@@ -418,7 +418,40 @@ func newLossyHarness(t *testing.T) (*harness, *testenv.Lossy) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	return newHarnessOn(t, harnessSetup{db: db}, func(c *config.Config) { c.Limits.AdmitTimeout = time.Second }), lossy
+	return newHarnessOn(t, harnessSetup{db: db}, func(c *config.Config) {
+		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = time.Second, time.Second
+	}), lossy
+}
+
+// TestFailedSettlementGivesBackItsLease: a call whose settlement gives up (the database out
+// of reach) still drops its lease. A lease kept would be refreshed by the heartbeat for as long
+// as the process lives, and the reconciler, which leaves leased runs alone, would never settle
+// the run.
+func TestFailedSettlementGivesBackItsLease(t *testing.T) {
+	h, lossy := newLossyHarness(t)
+	u, key := h.user("standard")
+	// The settlement's first script locks the hold it settles; the admission's does not.
+	lossy.Arm("expires_at > @tg_now, admit_token", testenv.GoDown)
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("call: %d", resp.StatusCode)
+	}
+	h.settled()
+	if !lossy.Down() {
+		t.Fatal("the settlement never reached the database")
+	}
+	lossy.Restore()
+	if got := h.metric("tollgate_settle_failures_total"); got != "1" {
+		t.Fatalf("settle failures %q, want 1", got)
+	}
+	if n := h.leases.Held(); n != 0 {
+		t.Fatalf("the process still holds %d leases after the call's settlement gave up", n)
+	}
+	if b, err := h.store.Balance(context.Background(), u.ID); err != nil || b.InFlight != 1 {
+		t.Fatalf("balance %+v, %v: want the unsettled hold still live, for the reconciler", b, err)
+	}
 }
 
 // postWithLostAdmission sends one call whose admission commits but whose reply is lost with a

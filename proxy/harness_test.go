@@ -34,6 +34,7 @@ type harness struct {
 	rdb      *redis.Client
 	keys     metering.Keys
 	tally    *metering.Tally
+	leases   *metering.Leases
 	fake     *fakellm.Server
 	upstream *httptest.Server
 	srv      *proxy.Server
@@ -102,8 +103,8 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 		t.Cleanup(func() { tallyRDB.Close() })
 	}
 	h.tally = metering.NewTally(tallyRDB, h.keys, cfg.Holds.TallyTTL)
-	leases := metering.NewLeases(h.rdb, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
-	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: leases, Log: log})
+	h.leases = metering.NewLeases(h.rdb, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
+	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log})
 	h.gw = httptest.NewServer(h.srv.Handler())
 	t.Cleanup(func() {
 		h.gw.Close()

@@ -37,11 +37,7 @@ func (s *Server) endRunCall(ctx context.Context, c *call, st holds.Settlement) {
 	if _, err := s.store.Extend(ctx, c.runID, s.cfg.Holds.RunTTL); err != nil {
 		c.log.Warn("run expiry not extended", zap.Error(err))
 	}
-	if c.outcome != outcomeRefused {
-		if err := s.leases.Release(ctx, c.runID); err != nil {
-			c.log.Warn("lease not released; it lapses on its own", zap.Error(err))
-		}
-	}
+	s.releaseLease(ctx, c)
 }
 
 // settleRun answers POST /v1/runs/{id}/settle: the run is charged what its calls tallied.
