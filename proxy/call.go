@@ -324,6 +324,7 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	if c.outcome == outcomeDuplicate {
 		// Released in the request itself: when the caller reads its 409, the hold is gone.
 		s.settlements.Add(1)
+		s.tallyCall(ctx, c, st)
 		s.settle(ctx, c, st)
 		return
 	}
@@ -366,14 +367,28 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 // to the reconciler only once its hold has expired (minutes), long after this write (bounded
 // here to 2 s) has landed or failed. Only a crash before the write lands loses it, the same
 // window as writing it first.
+//
+// A call that used nothing (refused, duplicate, upstream error) records that it used nothing:
+// without a tally the reconciler would charge a run whose release at 0 failed what it held.
 func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
-	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
-		return
-	}
 	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro); err != nil {
+	var err error
+	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
+		err = s.tally.MarkUnused(tctx, c.runID)
+	} else {
+		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro)
+	}
+	if err != nil {
 		s.metrics.TallyFailures.Inc()
+		if c.inRun {
+			// A named run is charged from its tally alone: this call's usage is missing from
+			// it, and only this line records it.
+			c.log.Error("tally write failed; this call is missing from its run's charge", zap.Error(err),
+				zap.Int64("cost_micro", st.CostMicro), zap.Int64("in_tok", st.Usage.Input), zap.Int64("out_tok", st.Usage.Output),
+				zap.Int64("cache_read_tok", st.Usage.CacheRead), zap.Int64("cache_write_tok", st.Usage.CacheWrite))
+			return
+		}
 		c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
 	}
 }

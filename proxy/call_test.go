@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -466,6 +467,34 @@ func postWithLostAdmission(h *harness, lossy *testenv.Lossy, key string, hdr map
 	lossy.Restore()
 	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(h.t, body) != "billing_unavailable" {
 		h.t.Fatalf("admission with a lost commit reply and the database down: %d %s, want 503 billing_unavailable", resp.StatusCode, body)
+	}
+}
+
+// TestCallThatUsedNothingLeavesZeroTally: a call that used nothing (here the upstream
+// failed) and whose release at 0 then fails leaves a zero tally, the evidence on which the
+// reconciler settles it at 0; without one it would charge the run what it held.
+func TestCallThatUsedNothingLeavesZeroTally(t *testing.T) {
+	h, lossy := newLossyHarness(t)
+	u, key := h.user("standard")
+	lossy.Arm("expires_at > @tg_now, admit_token", testenv.GoDown)
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderStatus: "500"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	if resp.StatusCode != http.StatusBadGateway && resp.StatusCode != http.StatusInternalServerError {
+		t.Fatalf("upstream 500: gateway answered %d", resp.StatusCode)
+	}
+	h.settled()
+	if !lossy.Down() {
+		t.Fatal("the release never reached the database")
+	}
+	lossy.Restore()
+	if b, err := h.store.Balance(context.Background(), u.ID); err != nil || b.InFlight != 1 {
+		t.Fatalf("balance %+v, %v: want the hold whose release failed still live", b, err)
+	}
+	tallied, found, err := h.tally.Get(context.Background(), runID)
+	if err != nil || !found || tallied.CostMicro != 0 || tallied.Usage != (pricing.Usage{}) {
+		t.Fatalf("tally of run %q: %+v found=%v err=%v; want a zero tally", runID, tallied, found, err)
 	}
 }
 
