@@ -42,7 +42,9 @@ func (s *Server) listModels(w http.ResponseWriter, _ *http.Request) {
 // credits answers GET /v1/credits.
 func (s *Server) credits(w http.ResponseWriter, r *http.Request) {
 	u := userFrom(r.Context())
-	b, err := s.store.Balance(r.Context(), u.ID)
+	ctx, cancel := s.storeContext(r.Context())
+	defer cancel()
+	b, err := s.store.Balance(ctx, u.ID)
 	if err != nil {
 		s.log.Error("balance failed", zap.Uint64("user_id", u.ID), zap.Error(err))
 		writeError(w, errBillingDown)
@@ -92,7 +94,9 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errRunNotFound)
 		return
 	}
-	run, err := s.store.Run(r.Context(), u.ID, runID)
+	ctx, cancel := s.storeContext(r.Context())
+	defer cancel()
+	run, err := s.store.Run(ctx, u.ID, runID)
 	if errors.Is(err, holds.ErrRunNotFound) {
 		writeError(w, errRunNotFound)
 		return

@@ -48,7 +48,7 @@ type call struct {
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
 	leased bool
-	ended            time.Time
+	ended  time.Time
 	// idem is set for an Idempotency-Key request; rw then keeps what the caller was sent.
 	idem *idemCall
 	rw   *respWriter

@@ -470,6 +470,38 @@ func postWithLostAdmission(h *harness, lossy *testenv.Lossy, key string, hdr map
 	}
 }
 
+// TestSessionClaimWithDatabaseDownIsRefused: the database goes out of reach between a
+// session request's admission and its session claim. The caller gets 503 billing_unavailable
+// once admit_timeout has passed, rather than waiting for the database to come back.
+func TestSessionClaimWithDatabaseDownIsRefused(t *testing.T) {
+	h, lossy := newLossyHarness(t)
+	_, key := h.user("standard")
+	lossy.Arm("INSERT INTO sessions", testenv.GoDown)
+	req, err := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set(proxy.SessionHeader, "sess-"+testenv.RandomID(4))
+	// Far longer than admit_timeout (1 s here): a caller still waiting then is waiting for
+	// the database.
+	client := &http.Client{Timeout: 20 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		lossy.Restore()
+		t.Fatalf("session request with the database down: %v", err)
+	}
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	lossy.Restore()
+	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" {
+		t.Fatalf("session request with the database down: %d %s, want 503 billing_unavailable", resp.StatusCode, body)
+	}
+	if h.fake.Calls() != 0 {
+		t.Fatalf("the refused request reached the upstream %d times", h.fake.Calls())
+	}
+}
+
 // TestCallThatUsedNothingLeavesZeroTally: a call that used nothing (here the upstream
 // failed) and whose release at 0 then fails leaves a zero tally, the evidence on which the
 // reconciler settles it at 0; without one it would charge the run what it held.

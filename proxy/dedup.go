@@ -79,7 +79,9 @@ func (s *Server) fingerprint(ctx context.Context, userID uint64, bodyHash, runID
 		if err != nil {
 			return "", fmt.Errorf("fingerprint: %w", err)
 		}
-		live, err := s.store.RunLive(ctx, orig)
+		sctx, cancel := s.storeContext(ctx)
+		live, err := s.store.RunLive(sctx, orig)
+		cancel()
 		if err != nil {
 			return "", errStoreDown{err}
 		}

@@ -34,7 +34,9 @@ func (s *Server) endRunCall(ctx context.Context, c *call, st holds.Settlement) {
 		s.settle(ctx, c, st)
 		return
 	}
-	if _, err := s.store.Extend(ctx, c.runID, s.cfg.Holds.RunTTL); err != nil {
+	ectx, cancel := s.storeContext(ctx)
+	defer cancel()
+	if _, err := s.store.Extend(ectx, c.runID, s.cfg.Holds.RunTTL); err != nil {
 		c.log.Warn("run expiry not extended", zap.Error(err))
 	}
 	s.releaseLease(ctx, c)
@@ -49,7 +51,9 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	log := s.log.With(zap.String("run_id", runID), zap.Uint64("user_id", u.ID))
-	run, err := s.store.Run(r.Context(), u.ID, runID)
+	rctx, cancel := s.storeContext(r.Context())
+	defer cancel()
+	run, err := s.store.Run(rctx, u.ID, runID)
 	if errors.Is(err, holds.ErrRunNotFound) {
 		writeError(w, errRunNotFound)
 		return

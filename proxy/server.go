@@ -163,6 +163,14 @@ func (s *Server) Handler() http.Handler {
 // cut: they settle by what they used, recorded as source "shutdown".
 func (s *Server) CutCalls() { s.shuttingDown.Store(true) }
 
+// storeContext bounds a database call made on a request's behalf by admit_timeout. A
+// request's own context has no deadline, and the store retries an unreachable database until
+// its context ends: without a bound the caller would wait out the outage instead of getting
+// 503 billing_unavailable.
+func (s *Server) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.cfg.Limits.AdmitTimeout)
+}
+
 // WaitSettlements blocks until every deferred settlement started so far has finished, or ctx
 // ends. Graceful shutdown calls it after the listener has stopped.
 func (s *Server) WaitSettlements(ctx context.Context) error {

@@ -175,7 +175,9 @@ func (s *Server) Close() error {
 // answer when the request must not run: a duplicate of the session's running message, or
 // billing down. A replaced run is told to stop.
 func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) *apiError {
-	claim, err := s.store.ClaimSession(ctx, c.user.ID, sessionID, c.runID, sessionMessageHash(c.req.route.format, c.req.body))
+	sctx, cancel := s.storeContext(ctx)
+	claim, err := s.store.ClaimSession(sctx, c.user.ID, sessionID, c.runID, sessionMessageHash(c.req.route.format, c.req.body))
+	cancel()
 	if err != nil {
 		c.outcome = outcomeRefused
 		c.log.Error("session claim failed", zap.Error(err))
