@@ -166,8 +166,8 @@ type admittedRow struct {
 
 // appendInsertHolds writes a batch's holds in one statement. A duplicate key is impossible
 // while every admission of a run locks its user first and looks the run up (fresh ids are
-// random); if it ever happens the whole batch fails and is retried, and the lookup then finds
-// the run.
+// random, and a second admission of a run in the same batch finds the first); if it ever
+// happens the whole batch fails, not retried, and each of its callers gets the error.
 func appendInsertHolds(sc *script, rows []admittedRow) {
 	if len(rows) == 0 {
 		return

@@ -20,6 +20,9 @@ type Keys struct{ Prefix string }
 // Usage is the tally hash of a run.
 func (k Keys) Usage(runID string) string { return k.Prefix + "billing:usage:{" + runID + "}" }
 
+// RunBudget is what a named run's calls in flight have reserved of its cap (see RunBudget).
+func (k Keys) RunBudget(runID string) string { return k.Prefix + "billing:runbudget:{" + runID + "}" }
+
 // Lease marks a run as served by a live process.
 func (k Keys) Lease(runID string) string { return k.Prefix + "lease:{" + runID + "}" }
 

@@ -83,7 +83,7 @@ func (p Price) Cost(u Usage) int64 {
 	if r != 0 {
 		q++
 	}
-	if q > 1<<62 {
+	if q > MaxCost {
 		panic("pricing: cost overflow")
 	}
 	return int64(q)
@@ -131,6 +131,28 @@ func ApplyDiscount(cost int64, bp int) int64 {
 	keep := int64(10_000 - bp)
 	return (cost*keep + 9_999) / 10_000
 }
+
+// MaxCostWithin returns the largest cost whose charge at a discount of bp basis points is at
+// most charge: a cap is a bound on what is charged, so a discounted caller's call may cost
+// (at list price) more than the cap itself. A free caller (bp ≥ 10 000) is bounded by
+// MaxCost alone.
+func MaxCostWithin(charge int64, bp int) int64 {
+	switch {
+	case charge < 0:
+		return -1
+	case bp <= 0:
+		return charge
+	case bp >= 10_000 || charge > MaxCost/10_000:
+		return MaxCost
+	}
+	// ApplyDiscount(c) = ceil(c·keep/10 000) ≤ charge  ⟺  c·keep/10 000 ≤ charge (charge is an
+	// integer)  ⟺  c ≤ charge·10 000/keep.
+	return charge * 10_000 / int64(10_000-bp)
+}
+
+// MaxCost bounds every cost and budget: Cost panics past it, so nothing that fits in a cap can
+// overflow.
+const MaxCost = 1 << 62
 
 // Table maps model names to prices: exact name first, then the longest configured prefix.
 type Table struct {

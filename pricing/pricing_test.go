@@ -71,6 +71,38 @@ func TestApplyDiscount(t *testing.T) {
 	}
 }
 
+func TestMaxCostWithin(t *testing.T) {
+	for _, tc := range []struct {
+		charge int64
+		bp     int
+		want   int64
+	}{
+		{1000, 0, 1000},
+		{750, 2500, 1000},       // 1000 at 25 % off is 750
+		{751, 2500, 1001},       // ceil(1001·0.75) = 751, ceil(1002·0.75) = 752
+		{2, 5000, 4},            // ceil(4·0.5) = 2, ceil(5·0.5) = 3
+		{0, 5000, 0},            // ceil(1·0.5) = 1
+		{7, 10_000, MaxCost},    // free: only MaxCost bounds it
+		{MaxCost, 100, MaxCost}, // past the bound
+		{-1, 0, -1},
+	} {
+		if got := MaxCostWithin(tc.charge, tc.bp); got != tc.want {
+			t.Errorf("MaxCostWithin(%d, %d) = %d, want %d", tc.charge, tc.bp, got, tc.want)
+		}
+	}
+	// The defining property, across discounts and charges: the result's charge fits, one more
+	// micro-USD does not.
+	for bp := 0; bp < 10_000; bp += 37 {
+		for charge := int64(0); charge < 3000; charge += 13 {
+			c := MaxCostWithin(charge, bp)
+			if ApplyDiscount(c, bp) > charge || ApplyDiscount(c+1, bp) <= charge {
+				t.Fatalf("MaxCostWithin(%d, %d) = %d: charges %d and %d for one more", charge, bp, c,
+					ApplyDiscount(c, bp), ApplyDiscount(c+1, bp))
+			}
+		}
+	}
+}
+
 func TestLookupExactThenLongestPrefix(t *testing.T) {
 	tbl, err := NewTable(map[string]Price{"gpt-4o": {Input: 1}, "gpt-4o-mini": {Input: 2}, "gpt": {Input: 3}})
 	if err != nil {

@@ -44,6 +44,10 @@ type call struct {
 	// inRun marks a call of a caller-named run: it tallies but does not settle; the run settles
 	// on POST /v1/runs/{id}/settle or by reconciliation. laterCall: the run existed before.
 	inRun, laterCall bool
+	// reserved is what this call of a named run took of the run's budget (reserveRunBudget);
+	// its tally gives it back. hasReservation: it took one.
+	reserved       int64
+	hasReservation bool
 	// leased: this call holds a lease on its run (taken just before forwarding), which it must
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
@@ -174,17 +178,17 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		}
 	}
 
-	budget := hold.CapMicro
+	// The cap bounds what is charged; at a discount a call may cost more than that at list
+	// price, which is what the rewrite and the run's budget count in.
+	budget := pricing.MaxCostWithin(hold.CapMicro, hold.DiscountBP)
 	exhausted := errInsufficient
-	if c.laterCall {
-		spent, err := s.runSpent(r.Context(), c)
-		if err != nil {
+	if c.inRun {
+		granted, e := s.reserveRunBudget(r.Context(), c, budget)
+		if e != nil {
 			c.outcome = outcomeRefused
-			log.Error("run tally unreadable", zap.Error(err))
-			return refuse(errBillingDown, "run tally")
+			return refuse(e, "run budget")
 		}
-		budget -= spent
-		exhausted = errRunBudget
+		budget, exhausted = granted, errRunBudget
 	}
 	ok, err := req.rewrite(budget, s.cfg.Models[req.priceKey].MaxOutputTokens)
 	if err != nil {
@@ -331,7 +335,7 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	if c.inRun {
 		// The run's next call checks its budget against the tally: write it before answering.
 		s.tallyCall(ctx, c, st)
-		s.endRunCall(ctx, c, st)
+		s.endRunCall(ctx, c)
 		return
 	}
 	// Tally and settlement run after the caller has its answer; neither adds to its latency.
@@ -374,9 +378,12 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
 	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var err error
-	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
+	switch {
+	case c.hasReservation:
+		err = s.budgets.Release(tctx, c.runID, st.Usage, st.CostMicro, c.reserved)
+	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
 		err = s.tally.MarkUnused(tctx, c.runID)
-	} else {
+	default:
 		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro)
 	}
 	if err != nil {

@@ -238,6 +238,28 @@ func TestMaxTokensIsLoweredOnlyWhenTheWorstCaseWouldPassTheCap(t *testing.T) {
 	}
 }
 
+// TestMaxTokensAtADiscountIsMeasuredAgainstTheCharge: the cap bounds what is charged, so a
+// caller at 50 % off may ask for output whose list price is up to twice the cap. With 3
+// credits left (cap 3 000 µUSD) and 400 output tokens asked for (~4 000 µUSD at list, 2 000
+// charged), the bound is left alone; measured at list price it was cut below 300 tokens.
+func TestMaxTokensAtADiscountIsMeasuredAgainstTheCharge(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	allowance, discount := int64(3000), 5000
+	if err := h.store.SetUserLimits(context.Background(), u.ID, &allowance, nil, &discount); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"fake-gpt","max_tokens":400,"messages":[{"role":"user","content":"hi"}]}`
+	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderChunks: "100000"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if run.OutTok != 400 || run.CostMicro <= run.CapMicro || run.ChargedMicro > run.CapMicro ||
+		run.ChargedMicro != (run.CostMicro+1)/2 {
+		t.Fatalf("run %+v: want 400 tokens, costing more than the cap at list and charged half, within it", run)
+	}
+}
+
 // TestOverdraftStorm is the seed's pre-launch check: a user with 50 credits left sends 20
 // concurrent requests, ten rounds. Never more than max_in_flight are admitted at once, the
 // rest get 429 or 402, and what is charged beyond the balance stays within the design's

@@ -131,6 +131,21 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 	return c, nil
 }
 
+// outputBound is the most output the call can produce as sent: none on a route without output
+// (embeddings), its own limit, else the model's configured one (modelMaxOutput, 0 when
+// unknown), else -1 for no known bound.
+func (c *callRequest) outputBound(modelMaxOutput int64) int64 {
+	switch {
+	case len(c.route.maxFields) == 0:
+		return 0
+	case c.maxOutput >= 0:
+		return c.maxOutput
+	case modelMaxOutput > 0:
+		return modelMaxOutput
+	}
+	return -1
+}
+
 // rewrite prepares the body for the upstream once the cap is known: it asks for the usage
 // chunk, and lowers the output bound when the worst case would pass the cap. It edits the raw
 // bytes with sjson, so every field the gateway does not know passes through untouched.

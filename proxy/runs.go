@@ -9,31 +9,53 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+var (
+	errRunSettlesItself = &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "run_in_progress",
+		Message: "This run is one call, still in progress; it settles itself when the call ends. Only runs named with X-Run-Id are settled on request."}
+	errRunBusy = &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "run_busy",
+		Message: "Calls of this run are still in flight; settle it once they have ended."}
 )
 
 var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "run_budget_exhausted",
-	Message: "This run has used its budget: the tallied cost plus this call's worst case exceeds the run's cap."}
+	Message: "This run's budget is used, or reserved by its calls in flight: what it has tallied plus this call's prompt exceeds the run's cap."}
 
-// runSpent is what a run's earlier calls cost, at the run's discount: the part of its cap
-// already used.
-func (s *Server) runSpent(ctx context.Context, c *call) (int64, error) {
-	t, _, err := s.tally.Get(ctx, c.runID)
-	if err != nil {
-		return 0, err
+// reserveRunBudget takes this call's share of its named run's cap (see metering.RunBudget):
+// the worst case it asks for, or what the run has left when that is less, and never less than
+// its prompt's cost. budget is the run's cap at list price. A call that bounds its output
+// neither itself nor through the model's configured limit asks for all that is left, so the
+// run's other calls wait for it.
+func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (int64, *apiError) {
+	req := c.req
+	least := req.price.Cost(pricing.Usage{Input: req.inputEstimate})
+	want := budget
+	if maxOut := req.outputBound(s.cfg.Models[req.priceKey].MaxOutputTokens); maxOut >= 0 {
+		want = min(want, req.price.WorstCase(req.inputEstimate, min(maxOut, pricing.MaxTokens)))
 	}
-	return t.CostMicro, nil
+	want = max(want, least)
+	granted, err := s.budgets.Reserve(ctx, c.runID, budget, want, least)
+	switch {
+	case errors.Is(err, metering.ErrRunBudget):
+		return 0, errRunBudget
+	case errors.Is(err, metering.ErrRunClosed):
+		return 0, errRunSettled
+	case err != nil:
+		c.log.Error("run budget unavailable", zap.Error(err))
+		return 0, errBillingDown
+	}
+	c.reserved, c.hasReservation = granted, true
+	return granted, nil
 }
 
 // endRunCall closes one call of a caller-named run, whose usage finish has already tallied
 // (the run's record until it settles): its lease is dropped and the run's expiry moves out by
-// run_ttl.
-// A fresh run whose first call never reached the upstream is released at 0: it never started.
-func (s *Server) endRunCall(ctx context.Context, c *call, st holds.Settlement) {
-	if !c.laterCall && (c.outcome == outcomeRefused || c.outcome == outcomeUpstreamError) {
-		s.settlements.Add(1)
-		s.settle(ctx, c, st)
-		return
-	}
+// run_ttl. A call that failed, even the run's first, leaves the run open: an agent retries
+// with the same run id, and a run nobody comes back to is settled from its tally (at 0 when
+// nothing was used) once it expires.
+func (s *Server) endRunCall(ctx context.Context, c *call) {
 	ectx, cancel := s.storeContext(ctx)
 	defer cancel()
 	if _, err := s.store.Extend(ectx, c.runID, s.cfg.Holds.RunTTL); err != nil {
@@ -64,6 +86,22 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if run.State != holds.StateSettled {
+		if !run.ClientRunID.Valid {
+			// A call's own run settles when the call ends; settling it sooner would charge it
+			// only what it had tallied so far, which is nothing.
+			writeError(w, errRunSettlesItself)
+			return
+		}
+		// Closed first, so no call of the run starts after its tally is read; refused while
+		// a call runs, whose usage the tally does not have yet.
+		if err := s.budgets.CloseRun(r.Context(), runID); errors.Is(err, metering.ErrRunBusy) {
+			writeError(w, errRunBusy)
+			return
+		} else if err != nil {
+			log.Error("run not closed; not settling", zap.Error(err))
+			writeError(w, errBillingDown)
+			return
+		}
 		t, _, err := s.tally.Get(r.Context(), runID)
 		if err != nil {
 			log.Error("run tally unreadable; not settling", zap.Error(err))

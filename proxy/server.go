@@ -49,6 +49,7 @@ type Server struct {
 	rdb       redis.UniversalClient
 	keys      metering.Keys
 	tally     *metering.Tally
+	budgets   *metering.RunBudget // shares a named run's cap among its calls in flight
 	leases    *metering.Leases
 	log       *zap.Logger
 	metrics   *Metrics
@@ -109,6 +110,7 @@ func New(d Deps) *Server {
 		writer: holds.NewWriter(d.Store, holds.WriterConfig{Workers: writeWorkers, Linger: settleLinger,
 			AdmitTimeout: d.Config.Limits.AdmitTimeout, SettleTimeout: d.Config.Limits.SettleTimeout,
 			OnBatch: d.Metrics.observeBatch}),
+		budgets:  metering.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, d.Config.Holds.RunTTL),
 		dedupRDB: d.DedupRedis,
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
 	}

@@ -1,0 +1,174 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+const streamBody = `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"Stream to the billing team, please."}]}`
+
+// with is hdr plus k: v.
+func with(hdr map[string]string, k, v string) map[string]string {
+	out := map[string]string{k: v}
+	for hk, hv := range hdr {
+		out[hk] = hv
+	}
+	return out
+}
+
+// slowStream makes fakellm stream n chunks 20 ms apart: long enough to act while it runs.
+func slowStream(n int, hdr map[string]string) map[string]string {
+	out := map[string]string{fakellm.HeaderChunks: fmt.Sprint(n), fakellm.HeaderChunkInterval: "20ms"}
+	for k, v := range hdr {
+		out[k] = v
+	}
+	return out
+}
+
+// firstEvent reads a stream up to its first event, so the call is surely running upstream.
+func firstEvent(t *testing.T, resp *http.Response) *bufio.Reader {
+	t.Helper()
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatalf("first event: %v", err)
+	}
+	return br
+}
+
+// TestOneCallRunIsNotSettledOnRequest: the gateway's own run id of a call in progress cannot
+// be settled by POST /v1/runs/{id}/settle — that would charge the call the nothing it had
+// tallied so far — and the call is charged its usage when it ends.
+func TestOneCallRunIsNotSettledOnRequest(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, nil))
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	br := firstEvent(t, resp)
+
+	settle := h.post(key, "/v1/runs/"+runID+"/settle", "", nil)
+	body := readAll(t, settle.Body)
+	settle.Body.Close()
+	if settle.StatusCode != http.StatusConflict || errorCode(t, body) != "run_in_progress" {
+		t.Fatalf("settle of a call in progress: %d %s, want 409 run_in_progress", settle.StatusCode, body)
+	}
+	readAll(t, br)
+	resp.Body.Close()
+	run := h.run(u.ID, runID)
+	if want := fakeGPTCost(run.InTok, run.OutTok); run.OutTok != 30 || run.ChargedMicro != want || run.SettleSource.String != holds.SourceComplete {
+		t.Fatalf("run %+v: want 30 output tokens charged %d on completion", run, want)
+	}
+	// Settled, the same request is an answer, not a charge.
+	again := h.post(key, "/v1/runs/"+runID+"/settle", "", nil)
+	readAll(t, again.Body)
+	again.Body.Close()
+	if again.StatusCode != http.StatusOK {
+		t.Fatalf("settle of a settled call: %d, want 200", again.StatusCode)
+	}
+	if b, err := h.store.Balance(context.Background(), u.ID); err != nil || b.UsedTodayMicro != run.ChargedMicro {
+		t.Fatalf("balance %+v, %v: want used today = the one charge %d", b, err, run.ChargedMicro)
+	}
+}
+
+// TestNamedRunIsNotSettledUnderARunningCall: a named run cannot be settled while one of its
+// calls runs (its usage is not in the tally yet); once the call has ended, settling charges
+// every call.
+func TestNamedRunIsNotSettledUnderARunningCall(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-busy"}
+	first := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "10"))
+	readAll(t, first.Body)
+	first.Body.Close()
+
+	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, run))
+	br := firstEvent(t, resp)
+	settle := h.post(key, "/v1/runs/task-busy/settle", "", nil)
+	body := readAll(t, settle.Body)
+	settle.Body.Close()
+	if settle.StatusCode != http.StatusConflict || errorCode(t, body) != "run_busy" {
+		t.Fatalf("settle under a running call: %d %s, want 409 run_busy", settle.StatusCode, body)
+	}
+	readAll(t, br)
+	resp.Body.Close()
+
+	settle = h.post(key, "/v1/runs/task-busy/settle", "", nil)
+	body = readAll(t, settle.Body)
+	settle.Body.Close()
+	if settle.StatusCode != http.StatusOK {
+		t.Fatalf("settle after the calls: %d %s", settle.StatusCode, body)
+	}
+	r := h.run(u.ID, first.Header.Get(proxy.RunIDHeader))
+	if r.Calls != 2 || r.OutTok != 40 || r.ChargedMicro != fakeGPTCost(r.InTok, r.OutTok) || r.SettleSource.String != holds.SourceClient {
+		t.Fatalf("settled run %+v: want both calls (40 output tokens) charged", r)
+	}
+	// No call of a settled run starts.
+	late := h.post(key, "/v1/chat/completions", chatBody, run)
+	body = readAll(t, late.Body)
+	late.Body.Close()
+	if late.StatusCode != http.StatusConflict || errorCode(t, body) != "run_settled" {
+		t.Fatalf("call on the settled run: %d %s, want 409 run_settled", late.StatusCode, body)
+	}
+}
+
+// TestNamedRunConcurrentCallsShareItsCap: calls of one run that run at once share its cap.
+// Each reserves its worst case before it is forwarded, so what they may cost together never
+// passes the cap — checking each against the tally alone let every one of them spend all of it
+// (the provider's work paid for once, at the cap).
+func TestNamedRunConcurrentCallsShareItsCap(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	// 30 credits: the run's cap is 30 000 µUSD. A call asking for 1 000 output tokens may cost
+	// ~10 000 (10 µUSD a token), so about three fit at once, not eight.
+	allowance := int64(30_000)
+	if err := h.store.SetUserLimits(context.Background(), u.ID, &allowance, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"fake-gpt","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"work in parallel"}]}`
+	hdr := map[string]string{"X-Run-Id": "task-parallel", fakellm.HeaderChunks: "1000", fakellm.HeaderChunkInterval: "1ms"}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		statuses = map[string]int{}
+		runID    string
+	)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := h.post(key, "/v1/chat/completions", body, hdr)
+			b := readAll(t, resp.Body)
+			resp.Body.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case resp.StatusCode == http.StatusOK:
+				statuses["ok"]++
+				runID = resp.Header.Get(proxy.RunIDHeader)
+			case resp.StatusCode == http.StatusPaymentRequired && strings.Contains(string(b), "run_budget_exhausted"):
+				statuses["run_budget_exhausted"]++
+			default:
+				t.Errorf("call: %d %s", resp.StatusCode, b)
+			}
+		}()
+	}
+	wg.Wait()
+	if statuses["ok"] == 0 || statuses["run_budget_exhausted"] == 0 {
+		t.Fatalf("answers %v: want some calls run and some refused for the run's budget", statuses)
+	}
+	settle := h.post(key, "/v1/runs/task-parallel/settle", "", nil)
+	readAll(t, settle.Body)
+	settle.Body.Close()
+	r := h.run(u.ID, runID)
+	if r.CostMicro > r.CapMicro || r.CapMicro != allowance || r.ChargedMicro != r.CostMicro {
+		t.Fatalf("run %+v after %v: its calls cost %d together, over the cap %d", r, statuses, r.CostMicro, r.CapMicro)
+	}
+}
