@@ -13,17 +13,18 @@ import (
 
 // Where a settlement came from, recorded in run_holds.settle_source.
 const (
-	SourceComplete      = "complete"       // the call ended and reported (or we estimated) its usage
-	SourceCancel        = "cancel"         // the client went away mid-call
-	SourceUpstreamError = "upstream_error" // the upstream failed before producing anything
-	SourceClient        = "client"         // POST /v1/runs/{id}/settle
-	SourceDuplicate     = "duplicate"      // a request found to be a duplicate released its hold
-	SourceReconcile     = "reconcile"      // the reconciler, from the Redis tally
-	SourceReconcileHold = "reconcile_hold" // the reconciler, no tally: charged what was held
-	SourceRelease       = "release"        // the reconciler released a queued hold at 0
-	SourceShutdown      = "shutdown"       // cut at the graceful-shutdown deadline
-	SourceStreamError   = "stream_error"   // the upstream broke or sent an error after producing output
-	SourceAdmitLost     = "admit_lost"     // an admission whose commit went unanswered, released at 0
+	SourceComplete        = "complete"         // the call ended and reported (or we estimated) its usage
+	SourceCancel          = "cancel"           // the client went away mid-call
+	SourceUpstreamError   = "upstream_error"   // the upstream failed before producing anything
+	SourceClient          = "client"           // POST /v1/runs/{id}/settle
+	SourceDuplicate       = "duplicate"        // a request found to be a duplicate released its hold
+	SourceReconcile       = "reconcile"        // the reconciler, from the Redis tally
+	SourceReconcileHold   = "reconcile_hold"   // the reconciler, no tally: charged what was held
+	SourceRelease         = "release"          // the reconciler released a queued hold at 0
+	SourceShutdown        = "shutdown"         // cut at the graceful-shutdown deadline
+	SourceStreamError     = "stream_error"     // the upstream broke or sent an error after producing output
+	SourceAdmitLost       = "admit_lost"       // an admission whose commit went unanswered, released at 0
+	SourceUpstreamTimeout = "upstream_timeout" // the upstream took the request, then timed out: charged like a cancel
 )
 
 // Settlement is the final usage of a run.

@@ -24,12 +24,13 @@ import (
 type outcome int
 
 const (
-	outcomeRefused       outcome = iota // held, then refused before forwarding: release at 0
-	outcomeUpstreamError                // the upstream failed before producing anything: settle at 0
-	outcomeComplete                     // the upstream finished
-	outcomeStreamError                  // the upstream broke or reported an error after producing output
-	outcomeCancel                       // the client went away
-	outcomeDuplicate                    // held, then found to duplicate a running request: release at 0, now
+	outcomeRefused         outcome = iota // held, then refused before forwarding: release at 0
+	outcomeUpstreamError                  // the upstream failed before producing anything: settle at 0
+	outcomeComplete                       // the upstream finished
+	outcomeStreamError                    // the upstream broke or reported an error after producing output
+	outcomeCancel                         // the client went away
+	outcomeUpstreamTimeout                // the upstream took the request and did not answer in time
+	outcomeDuplicate                      // held, then found to duplicate a running request: release at 0, now
 )
 
 // call is one model request from admission to settlement.
@@ -501,6 +502,8 @@ func (s *Server) settlementOf(c *call) holds.Settlement {
 		}
 	case outcomeStreamError:
 		st.Source = holds.SourceStreamError
+	case outcomeUpstreamTimeout:
+		st.Source = holds.SourceUpstreamTimeout
 	default:
 		st.Source = holds.SourceComplete
 	}

@@ -173,6 +173,27 @@ func TestUpstreamFailureBeforeOutputSettlesAtZero(t *testing.T) {
 	}
 }
 
+// TestUpstreamTimeoutAfterTheRequestIsChargedItsPrompt: an upstream that took the whole
+// request and did not answer before the header timeout was working on it (a provider bills
+// that), so the call is charged the estimate of its prompt, as a client's cancel would be —
+// not 0 as for an upstream that failed outright.
+func TestUpstreamTimeoutAfterTheRequestIsChargedItsPrompt(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Limits.HeaderTimeout = 200 * time.Millisecond })
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderLatency: "2s"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
+		t.Fatalf("status %d body %s, want 504 upstream_timeout", resp.StatusCode, body)
+	}
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	in := fakellm.PromptTokens([]byte(chatBody))
+	if run.SettleSource.String != holds.SourceUpstreamTimeout || !run.Estimated || run.OutTok != 0 ||
+		run.InTok == 0 || run.ChargedMicro != fakeGPTCost(run.InTok, 0) {
+		t.Fatalf("run = %+v, want the prompt's estimate (~%d tokens) charged as upstream_timeout", run, in)
+	}
+}
+
 func TestBadInputIsRefusedWithNoHoldLeftBehind(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Limits.MaxBodyBytes = 4096 })
 	_, key := h.user("standard")

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -22,6 +24,11 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	// generation, and with it the cost.
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.UpstreamTimeout)
 	defer cancel()
+	// Whether the provider has the whole request decides what a timeout costs (below).
+	var sent atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+		sent.Store(i.Err == nil)
+	}})
 	up, err := s.upstreamRequest(ctx, r, c)
 	if err != nil {
 		c.outcome = outcomeRefused
@@ -42,6 +49,11 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		if isTimeout(err) {
 			e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
 				Message: "The upstream did not answer in time."}
+			if sent.Load() {
+				// The provider took the prompt and was still working on it when the gateway
+				// gave up, as when a client leaves: charge the estimate of the prompt.
+				c.outcome = outcomeUpstreamTimeout
+			}
 		}
 		c.log.Warn("upstream request failed", zap.String("upstream", c.req.upstream.Name), zap.Error(err))
 		writeError(w, e)
