@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -83,6 +84,14 @@ type cancelBus struct {
 	keys metering.Keys
 	log  *zap.Logger
 
+	// subscribing serialises starts and is never held with mu: a subscription waits on Redis,
+	// and registering runs and delivering cancels must not wait behind it. failedAt (under
+	// subscribing) is the last failed start: with Redis down, calls within retryAfter of it
+	// fail at once instead of each waiting out its own attempt in turn.
+	subscribing sync.Mutex
+	failedAt    time.Time
+	retryAfter  time.Duration
+
 	mu      sync.Mutex
 	runs    map[string]context.CancelCauseFunc
 	ps      *redis.PubSub
@@ -90,8 +99,16 @@ type cancelBus struct {
 	closed  bool
 }
 
+// Bounds of one attempt to subscribe, and the pause after a failed one.
+const (
+	subscribeTimeout = 2 * time.Second
+	startRetry       = time.Second
+)
+
+var errBusDown = errors.New("cancel bus: subscription failed moments ago; not retried yet")
+
 func newCancelBus(rdb redis.UniversalClient, keys metering.Keys, log *zap.Logger) *cancelBus {
-	return &cancelBus{rdb: rdb, keys: keys, log: log, runs: map[string]context.CancelCauseFunc{}}
+	return &cancelBus{rdb: rdb, keys: keys, log: log, runs: map[string]context.CancelCauseFunc{}, retryAfter: startRetry}
 }
 
 // register makes runID cancellable from any process until unregister. The returned error
@@ -114,35 +131,58 @@ func (b *cancelBus) unregister(runID string) {
 // start subscribes once and waits for Redis to confirm it, so no cancel published after a
 // claim can arrive before the subscription exists.
 func (b *cancelBus) start(ctx context.Context) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.started || b.closed {
+	if b.running() {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	b.subscribing.Lock()
+	defer b.subscribing.Unlock()
+	if b.running() {
+		return nil
+	}
+	if !b.failedAt.IsZero() && time.Since(b.failedAt) < b.retryAfter {
+		return errBusDown
+	}
+	ctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
 	defer cancel()
 	ps := b.rdb.PSubscribe(ctx, b.keys.Cancel("*"))
 	if _, err := ps.Receive(ctx); err != nil {
 		_ = ps.Close()
-		return err
+		b.failedAt = time.Now()
+		return fmt.Errorf("cancel bus: subscribe: %w", err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ps.Close()
 	}
 	b.ps, b.started = ps, true
 	go b.loop(ps.Channel())
 	return nil
 }
 
+// running reports whether the bus needs no start: subscribed, or closed.
+func (b *cancelBus) running() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.started || b.closed
+}
+
 func (b *cancelBus) loop(ch <-chan *redis.Message) {
 	prefix, suffix := b.keys.Cancel(""), "}"
 	prefix = strings.TrimSuffix(prefix, suffix)
 	for msg := range ch {
-		runID := strings.TrimSuffix(strings.TrimPrefix(msg.Channel, prefix), suffix)
-		b.mu.Lock()
-		cancel := b.runs[runID]
-		b.mu.Unlock()
-		if cancel != nil {
-			b.log.Info("run cancelled: its session moved on", zap.String("run_id", runID))
-			cancel(errSuperseded)
-		}
+		b.deliver(strings.TrimSuffix(strings.TrimPrefix(msg.Channel, prefix), suffix))
+	}
+}
+
+// deliver cancels runID if this process serves it.
+func (b *cancelBus) deliver(runID string) {
+	b.mu.Lock()
+	cancel := b.runs[runID]
+	b.mu.Unlock()
+	if cancel != nil {
+		b.log.Info("run cancelled: its session moved on", zap.String("run_id", runID))
+		cancel(errSuperseded)
 	}
 }
 
