@@ -20,8 +20,10 @@ const MaxBatch = 256
 
 // WriteBatch settles sts and then admits reqs in one transaction, in the global lock order:
 // the users' rows of both (in id order, so two batches never wait on each other in a cycle),
-// the holds, then the day ledger. Each part decides its items in batch order, as separate
-// transactions in that order would.
+// the holds to settle, then the day ledger. The new holds are inserted after the ledger
+// upsert; that takes no lock anyone could wait on in another order, since a new run id is
+// this transaction's alone and READ COMMITTED takes no gap locks on the secondary indexes.
+// Each part decides its items in batch order, as separate transactions in that order would.
 //
 // Settlements go first so that an admission sees the credits they free. Sharing the
 // transaction is what lets a caller's next call pay for its previous call's settlement: both

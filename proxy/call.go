@@ -531,21 +531,18 @@ func priceSnapshots(prices *pricing.Table) map[string][]byte {
 }
 
 // newRunID is a fresh run id for a call without a caller-chosen one.
+func newRunID() string { return "r_" + randomHex() }
+
 // newAdmitToken marks this request's hold (holds.AdmitRequest.Token).
-func newAdmitToken() string {
+func newAdmitToken() string { return randomHex() }
+
+// randomHex is 128 random bits in hex. crypto/rand does not fail on the systems Go supports.
+func randomHex() string {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(err)
 	}
 	return hex.EncodeToString(b[:])
-}
-
-func newRunID() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	return "r_" + hex.EncodeToString(b[:])
 }
 
 // clientGone reports whether the caller, not the upstream, ended the call.
