@@ -2,7 +2,8 @@
 # Full test run against throw-away MariaDB + Redis (called by `make test`).
 #
 #   FUZZ=1       also run each Fuzz* target for FUZZTIME (default 15s) first
-#   GO_TEST_ARGS extra args for go test (e.g. "-race" or "-run Foo")
+#   GO_TEST_ARGS extra args for go test (e.g. "-run Foo")
+#   RACE=0       run without the race detector (on by default; it needs gcc, installed if missing)
 #   KEEP_SERVICES=1  leave the temp services running (prints their dir)
 #
 # The services are torn down on every exit path (success, failure, Ctrl-C,
@@ -93,6 +94,25 @@ pick_port() {
 	log "no free port found for $var"
 	return 1
 }
+# The race detector runs by default: the money path is concurrent by design, and a race the
+# tests exercise should fail them. It needs cgo, and cgo a C compiler.
+race_args=()
+if [[ ${RACE:-1} != 0 ]]; then
+	if ! command -v gcc >/dev/null 2>&1; then
+		[[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1 ||
+			die "the race detector needs gcc (or run with RACE=0): install gcc and libc6-dev"
+		log "installing gcc and libc6-dev for the race detector (apt-get)"
+		export DEBIAN_FRONTEND=noninteractive
+		apt_opts=(-y -q -o DPkg::Lock::Timeout=900)
+		apt-get install "${apt_opts[@]}" --no-install-recommends gcc libc6-dev >&2 ||
+			{ apt-get -q -o DPkg::Lock::Timeout=900 update >&2 &&
+				apt-get install "${apt_opts[@]}" --no-install-recommends gcc libc6-dev >&2; } ||
+			die "could not install gcc for the race detector"
+	fi
+	export CGO_ENABLED=1
+	race_args=(-race)
+fi
+
 pick_port MYSQL_PORT 33306
 pick_port REDIS_PORT 36379
 
@@ -111,7 +131,7 @@ if [[ -d $ROOT/../shared/fixtures/usage ]] && ! diff -r "$ROOT/../shared/fixture
 	die "testdata/usage differs from ../shared/fixtures/usage: copy the shared fixtures into testdata/usage"
 fi
 
-log "go $(go env GOVERSION); MySQL ${TOLLGATE_TEST_MYSQL_DSN}; Redis ${TOLLGATE_TEST_REDIS_URL}; fixtures ${TOLLGATE_FIXTURES:-testdata/usage}"
+log "go $(go env GOVERSION)${race_args:+ (race detector on)}; MySQL ${TOLLGATE_TEST_MYSQL_DSN}; Redis ${TOLLGATE_TEST_REDIS_URL}; fixtures ${TOLLGATE_FIXTURES:-testdata/usage}"
 
 vet_rc=0
 log "go vet ./..."
@@ -133,7 +153,7 @@ fi
 
 test_rc=0
 # shellcheck disable=SC2086 # GO_TEST_ARGS is intentionally word-split
-run go test -count=1 -timeout 30m ${GO_TEST_ARGS:-} ./... || test_rc=$?
+run go test -count=1 -timeout 30m "${race_args[@]}" ${GO_TEST_ARGS:-} ./... || test_rc=$?
 
 if ((test_rc != 0)); then
 	exit "$test_rc"
