@@ -290,3 +290,21 @@ func bigStream(b *testing.B) []byte {
 	}
 	return data
 }
+
+// BenchmarkIsUsageOnlyChunk runs the usage-only check over every chunk of a recorded stream,
+// as the proxy does on a stream whose client did not ask for usage. Like OpenAI's, every chunk
+// of it carries "usage" (null until the last, whose usage rides on its final content chunk),
+// so none is usage-only and every one reaches the check past the cheap "usage" test.
+func BenchmarkIsUsageOnlyChunk(b *testing.B) {
+	data := bigStream(b)
+	events := meterStream(b, bytes.NewReader(data), FormatChat).events
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, ev := range events {
+			if IsUsageOnlyChunk(ev.Data) {
+				b.Fatalf("usage-only chunk found: %s", ev.Data)
+			}
+		}
+	}
+}

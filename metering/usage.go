@@ -116,7 +116,7 @@ func (m *Meter) Result() Result {
 // such chunks from what the client sees when the client had not asked for include_usage.
 // A chunk that also carries an error is not usage-only: dropping it would hide the error.
 func IsUsageOnlyChunk(data []byte) bool {
-	if !bytes.Contains(data, []byte(`"usage"`)) || !bytes.Contains(data, []byte(`"choices"`)) {
+	if !bytes.Contains(data, []byte(`"usage"`)) || !hasEmptyChoices(data) {
 		return false
 	}
 	s := unsafeString(data)
@@ -130,6 +130,33 @@ func IsUsageOnlyChunk(data []byte) bool {
 		return false
 	})
 	return empty && gjson.Get(s, "usage").IsObject() && !isError(gjson.Get(s, "error"))
+}
+
+// hasEmptyChoices reports whether data has a "choices" key whose value is an empty array: a
+// necessary condition for a usage-only chunk, checked without parsing. It matters because
+// OpenAI-style streams put "usage":null in every chunk once usage is on, so the "usage" test
+// alone lets every chunk through to the parse.
+func hasEmptyChoices(data []byte) bool {
+	key := []byte(`"choices"`)
+	for {
+		i := bytes.Index(data, key)
+		if i < 0 {
+			return false
+		}
+		data = data[i+len(key):]
+		rest := bytes.TrimLeft(data, " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			continue // a string value "choices", not the key
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		if len(rest) == 0 || rest[0] != '[' {
+			continue
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		if len(rest) > 0 && rest[0] == ']' {
+			return true
+		}
+	}
 }
 
 // openAIObject reads a chat, completions or embeddings chunk or body in one pass over its

@@ -25,6 +25,10 @@ func TestIsUsageOnlyChunk(t *testing.T) {
 		{`[DONE]`, false},
 		{``, false},
 		{`{"choices":[],"usage":`, false},
+		{"{\"choices\" :\n[\t],\"usage\":{\"prompt_tokens\":1}}", true},                     // whitespace anywhere JSON allows
+		{`{"model":"choices","choices":[],"usage":{"prompt_tokens":1}}`, true},              // "choices" as a value first
+		{`{"choices":[{"delta":{"content":"choices"}}],"usage":null}`, false},               // an ordinary chunk
+		{`{"x":{"choices":[]},"choices":[{"index":0}],"usage":{"prompt_tokens":1}}`, false}, // empty only when nested
 	} {
 		if got := IsUsageOnlyChunk([]byte(tc.data)); got != tc.want {
 			t.Errorf("IsUsageOnlyChunk(%s) = %v, want %v", tc.data, got, tc.want)
