@@ -16,18 +16,21 @@ import (
 // this call's worst case ≤ cap" against the tally alone would let k concurrent calls each
 // spend the whole cap. So each call reserves its worst case before it is forwarded, against
 // what the run has tallied plus what its calls in flight have reserved, and gives the
-// reservation back in the same step that tallies its usage. The count of calls in flight is
-// also what keeps a run from being settled under a running call (CloseRun).
+// reservation back in the same step that tallies its usage. The calls in flight are also what
+// keeps a run from being settled under a running call (CloseRun).
 //
-// The reservation lives in its own hash next to the run's tally, in the same hash slot:
-// reserved_micro, inflight and, once the run is being settled, closed. It expires run_ttl
-// after the run's last call started or ended, like the run's hold; a process that dies mid-call
-// leaves its reservation and in-flight count behind until then.
+// The reservations live in a hash next to the run's tally, in the same hash slot: one field per
+// call in flight, c:<call id> = "<grant>:<start ms>", and closed once the run is being
+// settled. A field per call rather than counters makes every step safe to repeat (go-redis
+// resends a script whose reply it lost): a repeated Reserve finds its field and returns its
+// grant, and a repeated Release finds the call already tallied (done:<call id> in the tally)
+// and does nothing. A call cannot outlive maxCall (the upstream timeout, with a margin), so a
+// field older than that belongs to a process that died mid-call, and is dropped.
 type RunBudget struct {
 	rdb      redis.UniversalClient
 	keys     Keys
 	tallyTTL time.Duration
-	ttl      time.Duration
+	maxCall  time.Duration
 }
 
 // Errors of Reserve and CloseRun.
@@ -37,40 +40,69 @@ var (
 	ErrRunBusy   = errors.New("calls of the run are in flight")
 )
 
-// NewRunBudget wires run budgets: tallyTTL is the tally's (see NewTally), ttl the run's
-// (run_ttl).
-func NewRunBudget(rdb redis.UniversalClient, keys Keys, tallyTTL, ttl time.Duration) *RunBudget {
-	if tallyTTL <= 0 || ttl <= 0 {
+// MaxReservable bounds every figure a reservation computes with: Redis scripts count in
+// doubles, exact to 2^53, and print integers past 1e14 in exponent form, which HINCRBY
+// refuses. 2^46 micro-USD is about $70M, far past any cap.
+const MaxReservable = 1 << 46
+
+// NewRunBudget wires run budgets: tallyTTL is the tally's (see NewTally), maxCall the longest a
+// call can run.
+func NewRunBudget(rdb redis.UniversalClient, keys Keys, tallyTTL, maxCall time.Duration) *RunBudget {
+	if tallyTTL <= 0 || maxCall <= 0 {
 		panic("metering: run budget without TTLs")
 	}
-	return &RunBudget{rdb: rdb, keys: keys, tallyTTL: tallyTTL, ttl: ttl}
+	return &RunBudget{rdb: rdb, keys: keys, tallyTTL: tallyTTL, maxCall: maxCall}
 }
 
-// reserveScript: KEYS usage, budget hash; ARGV budget, want, least, ttl ms. Returns the grant,
-// -1 when nothing or less than least is left, -2 when the run is closed.
+// liveCallsLua sums the grants of the calls in flight in the budget hash KEYS[2] and drops the
+// fields of calls older than ARGV[maxCallArg] ms. It sets now, reserved and inflight.
+const liveCallsLua = `
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local reserved, inflight = 0, 0
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  if string.sub(all[i], 1, 2) == 'c:' then
+    local g, at = string.match(all[i + 1], '^(%d+):(%d+)$')
+    if tonumber(at) + tonumber(ARGV[maxCallArg]) < now then
+      redis.call('HDEL', KEYS[2], all[i])
+    else
+      reserved, inflight = reserved + tonumber(g), inflight + 1
+    end
+  end
+end
+`
+
+// reserveScript: KEYS usage, budget hash; ARGV budget, want, least, call id, max call ms.
+// Returns the grant, -1 when nothing or less than least is left, -2 when the run is closed.
 var reserveScript = redis.NewScript(`
+local maxCallArg = 5
 if redis.call('HGET', KEYS[2], 'closed') then return -2 end
+local field = 'c:' .. ARGV[4]
+local mine = redis.call('HGET', KEYS[2], field)
+if mine then return tonumber(string.match(mine, '^(%d+)')) end
+` + liveCallsLua + `
 local spent = tonumber(redis.call('HGET', KEYS[1], 'cost_micro') or '0')
-local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved_micro') or '0')
 local left = tonumber(ARGV[1]) - spent - reserved
 if left <= 0 or left < tonumber(ARGV[3]) then return -1 end
 local grant = math.min(tonumber(ARGV[2]), left)
-redis.call('HINCRBY', KEYS[2], 'reserved_micro', grant)
-redis.call('HINCRBY', KEYS[2], 'inflight', 1)
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('HSET', KEYS[2], field, string.format('%d:%d', grant, now))
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return grant`)
 
-// Reserve takes up to want micro-USD (list price) of the run's budget for one call: budget
-// minus what the run has tallied minus what its calls in flight have reserved. It fails with
-// ErrRunBudget when nothing, or less than least (the call's cost without any output), is left, and with
-// ErrRunClosed once the run is being settled. Every successful Reserve must be followed by
-// one Release.
-func (b *RunBudget) Reserve(ctx context.Context, runID string, budget, want, least int64) (int64, error) {
-	if want < least || least < 0 || budget > pricing.MaxCost || want > pricing.MaxCost {
-		panic(fmt.Sprintf("metering: reserve want %d least %d budget %d", want, least, budget))
+// Reserve takes up to want micro-USD (list price) of the run's budget for the call callID:
+// budget minus what the run has tallied minus what its calls in flight have reserved. It fails
+// with ErrRunBudget when nothing, or less than least (the call's cost without any output), is
+// left, and with ErrRunClosed once the run is being settled. Figures past MaxReservable are
+// taken as MaxReservable. A call that tried to reserve must Release, whatever Reserve
+// returned: a reservation whose reply was lost is still there.
+func (b *RunBudget) Reserve(ctx context.Context, runID, callID string, budget, want, least int64) (int64, error) {
+	budget, want, least = min(budget, MaxReservable), min(want, MaxReservable), min(least, MaxReservable)
+	if want < least || least < 0 {
+		panic(fmt.Sprintf("metering: reserve want %d least %d", want, least))
 	}
 	grant, err := reserveScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID)},
-		budget, want, least, b.ttl.Milliseconds()).Int64()
+		budget, want, least, callID, b.maxCall.Milliseconds()).Int64()
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("reserve for run %s: %w", runID, err)
@@ -83,58 +115,54 @@ func (b *RunBudget) Reserve(ctx context.Context, runID string, budget, want, lea
 }
 
 // releaseScript: KEYS usage, budget hash; ARGV in, cache read, cache write, out, cost, calls,
-// reserved, tally ttl ms, budget ttl ms. The budget hash is only decremented while it exists:
-// one that expired under a call longer than run_ttl must not come back negative, which would
-// give the run's next calls budget it does not have.
+// call id, tally ttl ms.
 var releaseScript = redis.NewScript(`
-redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'cache_read_tok', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'cache_write_tok', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'out_tok', ARGV[4])
-redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
-redis.call('HINCRBY', KEYS[1], 'calls', ARGV[6])
-redis.call('PEXPIRE', KEYS[1], ARGV[8])
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  if redis.call('HINCRBY', KEYS[2], 'reserved_micro', -tonumber(ARGV[7])) < 0 then
-    redis.call('HSET', KEYS[2], 'reserved_micro', 0)
-  end
-  if redis.call('HINCRBY', KEYS[2], 'inflight', -1) < 0 then
-    redis.call('HSET', KEYS[2], 'inflight', 0)
-  end
-  redis.call('PEXPIRE', KEYS[2], ARGV[9])
+if redis.call('HSETNX', KEYS[1], 'done:' .. ARGV[7], 1) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
+  redis.call('HINCRBY', KEYS[1], 'cache_read_tok', ARGV[2])
+  redis.call('HINCRBY', KEYS[1], 'cache_write_tok', ARGV[3])
+  redis.call('HINCRBY', KEYS[1], 'out_tok', ARGV[4])
+  redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
+  redis.call('HINCRBY', KEYS[1], 'calls', ARGV[6])
 end
+redis.call('PEXPIRE', KEYS[1], ARGV[8])
+redis.call('HDEL', KEYS[2], 'c:' .. ARGV[7])
 return 1`)
 
-// Release tallies one call of the run and gives back its reservation in one step, so the
-// call's cost is never counted twice against the budget nor missing from it. A call that
-// used nothing still leaves the tally, as evidence for the reconciler (see Tally.MarkUnused),
-// but does not count as a call.
-func (b *RunBudget) Release(ctx context.Context, runID string, u pricing.Usage, costMicro, reserved int64) error {
+// Release tallies the call callID and gives back its reservation in one step, so the call's
+// cost is never counted twice against the budget nor missing from it; repeated, it changes
+// nothing. A call that used nothing still leaves the tally, as evidence for the reconciler
+// (see Tally.MarkUnused), but does not count as a call.
+func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64) error {
 	calls := 1
 	if costMicro == 0 && u == (pricing.Usage{}) {
 		calls = 0
 	}
 	err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID)},
-		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, reserved,
-		b.tallyTTL.Milliseconds(), b.ttl.Milliseconds()).Err()
+		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, callID, b.tallyTTL.Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("tally and release for run %s: %w", runID, err)
 	}
 	return nil
 }
 
-// closeScript: KEYS budget hash; ARGV ttl ms. Returns 0 while calls are in flight.
+// closeScript: KEYS usage (unused), budget hash; ARGV 1 max call ms. Returns 0 while calls
+// are in flight.
 var closeScript = redis.NewScript(`
-if tonumber(redis.call('HGET', KEYS[1], 'inflight') or '0') > 0 then return 0 end
-redis.call('HSET', KEYS[1], 'closed', 1)
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
+local maxCallArg = 1
+` + liveCallsLua + `
+if inflight > 0 then return 0 end
+redis.call('HSET', KEYS[2], 'closed', 1)
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1`)
 
 // CloseRun marks the run as being settled, so that no call of it starts from now on and its
 // tally is final. It fails with ErrRunBusy while calls of the run are in flight: settling
-// then would leave their usage out of the charge.
+// then would leave their usage out of the charge. The mark lasts maxCall: long enough for the
+// settlement to commit, after which the run's hold refuses calls itself.
 func (b *RunBudget) CloseRun(ctx context.Context, runID string) error {
-	ok, err := closeScript.Run(ctx, b.rdb, []string{b.keys.RunBudget(runID)}, b.ttl.Milliseconds()).Int()
+	ok, err := closeScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID)},
+		b.maxCall.Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("close run %s: %w", runID, err)
 	}

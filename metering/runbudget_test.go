@@ -3,6 +3,7 @@ package metering_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -39,15 +40,15 @@ func TestRunBudgetConcurrentCallsShareTheCap(t *testing.T) {
 	var (
 		wg      sync.WaitGroup
 		mu      sync.Mutex
-		granted []int64
+		granted []grant
 	)
 	start := make(chan struct{})
-	for range 64 {
+	for i := range 64 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
-			g, err := b.Reserve(ctx, run, budget, want, least)
+			g, err := b.Reserve(ctx, run, callID(i), budget, want, least)
 			if errors.Is(err, metering.ErrRunBudget) {
 				return
 			}
@@ -56,7 +57,7 @@ func TestRunBudgetConcurrentCallsShareTheCap(t *testing.T) {
 				return
 			}
 			mu.Lock()
-			granted = append(granted, g)
+			granted = append(granted, grant{callID(i), g})
 			mu.Unlock()
 		}()
 	}
@@ -64,16 +65,16 @@ func TestRunBudgetConcurrentCallsShareTheCap(t *testing.T) {
 	wg.Wait()
 	var sum int64
 	for _, g := range granted {
-		if g < least || g > want {
-			t.Fatalf("granted %d, want between %d and %d", g, least, want)
+		if g.micro < least || g.micro > want {
+			t.Fatalf("granted %d, want between %d and %d", g.micro, least, want)
 		}
-		sum += g
+		sum += g.micro
 	}
 	if sum != budget || len(granted) != 10 {
 		t.Fatalf("%d calls granted %d in all, want 10 calls granted the whole cap %d", len(granted), sum, budget)
 	}
 	for _, g := range granted {
-		if err := b.Release(ctx, run, pricing.Usage{Output: 1}, g, g); err != nil {
+		if err := b.Release(ctx, run, g.call, pricing.Usage{Output: 1}, g.micro); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -81,7 +82,7 @@ func TestRunBudgetConcurrentCallsShareTheCap(t *testing.T) {
 	if err != nil || got.CostMicro != budget || got.Calls != 10 {
 		t.Fatalf("tally %+v, %v: want cost %d over 10 calls", got, err, budget)
 	}
-	if _, err := b.Reserve(ctx, run, budget, want, 0); !errors.Is(err, metering.ErrRunBudget) {
+	if _, err := b.Reserve(ctx, run, "late", budget, want, 0); !errors.Is(err, metering.ErrRunBudget) {
 		t.Fatalf("reserve on a spent run: %v, want ErrRunBudget", err)
 	}
 }
@@ -91,17 +92,17 @@ func TestRunBudgetConcurrentCallsShareTheCap(t *testing.T) {
 func TestRunBudgetReleaseGivesBackWhatWasNotUsed(t *testing.T) {
 	b := newRunBudget(t).budget
 	ctx := context.Background()
-	g, err := b.Reserve(ctx, "r_rest", 10_000, 4_000, 100)
+	g, err := b.Reserve(ctx, "r_rest", "a", 10_000, 4_000, 100)
 	if err != nil || g != 4_000 {
 		t.Fatalf("first reserve: %d, %v", g, err)
 	}
-	if g, err := b.Reserve(ctx, "r_rest", 10_000, 10_000, 100); err != nil || g != 6_000 {
+	if g, err := b.Reserve(ctx, "r_rest", "b", 10_000, 10_000, 100); err != nil || g != 6_000 {
 		t.Fatalf("reserve beside a call in flight: %d, %v; want the 6 000 it left", g, err)
 	}
-	if err := b.Release(ctx, "r_rest", pricing.Usage{Input: 10}, 300, 4_000); err != nil {
+	if err := b.Release(ctx, "r_rest", "a", pricing.Usage{Input: 10}, 300); err != nil {
 		t.Fatal(err)
 	}
-	if g, err := b.Reserve(ctx, "r_rest", 10_000, 10_000, 100); err != nil || g != 3_700 {
+	if g, err := b.Reserve(ctx, "r_rest", "c", 10_000, 10_000, 100); err != nil || g != 3_700 {
 		t.Fatalf("reserve after the first call spent 300: %d, %v; want 10 000 - 300 - 6 000", g, err)
 	}
 }
@@ -111,20 +112,19 @@ func TestRunBudgetReleaseGivesBackWhatWasNotUsed(t *testing.T) {
 func TestRunCloseWaitsForCallsInFlight(t *testing.T) {
 	b := newRunBudget(t).budget
 	ctx := context.Background()
-	g, err := b.Reserve(ctx, "r_close", 10_000, 1_000, 100)
-	if err != nil {
+	if _, err := b.Reserve(ctx, "r_close", "a", 10_000, 1_000, 100); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.CloseRun(ctx, "r_close"); !errors.Is(err, metering.ErrRunBusy) {
 		t.Fatalf("close with a call in flight: %v, want ErrRunBusy", err)
 	}
-	if err := b.Release(ctx, "r_close", pricing.Usage{Output: 5}, 50, g); err != nil {
+	if err := b.Release(ctx, "r_close", "a", pricing.Usage{Output: 5}, 50); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.CloseRun(ctx, "r_close"); err != nil {
 		t.Fatalf("close with no call in flight: %v", err)
 	}
-	if _, err := b.Reserve(ctx, "r_close", 10_000, 1_000, 100); !errors.Is(err, metering.ErrRunClosed) {
+	if _, err := b.Reserve(ctx, "r_close", "b", 10_000, 1_000, 100); !errors.Is(err, metering.ErrRunClosed) {
 		t.Fatalf("reserve on a closed run: %v, want ErrRunClosed", err)
 	}
 	// A run that never had a call closes at once.
@@ -133,30 +133,100 @@ func TestRunCloseWaitsForCallsInFlight(t *testing.T) {
 	}
 }
 
-// TestRunBudgetExpiredUnderACallStaysWhole: a call that outlives the reservation's expiry
-// still tallies, and its release does not bring the reservation back negative, which would
-// hand the run's next calls budget it does not have.
-func TestRunBudgetExpiredUnderACallStaysWhole(t *testing.T) {
+// TestRunBudgetStepsAreSafeToRepeat: go-redis resends a script whose reply it lost, so a
+// Reserve or a Release may run twice. A repeated Reserve returns the call's grant without
+// taking more; a repeated Release neither tallies the call twice nor gives back another call's
+// reservation.
+func TestRunBudgetStepsAreSafeToRepeat(t *testing.T) {
 	e := newRunBudget(t)
-	b, tally, keys, rdb := e.budget, e.tally, e.keys, e.rdb
+	b, tally := e.budget, e.tally
 	ctx := context.Background()
-	g, err := b.Reserve(ctx, "r_expire", 10_000, 4_000, 100)
-	if err != nil {
+	for range 2 {
+		if g, err := b.Reserve(ctx, "r_again", "a", 10_000, 4_000, 100); err != nil || g != 4_000 {
+			t.Fatalf("reserve of call a: %d, %v", g, err)
+		}
+	}
+	if g, err := b.Reserve(ctx, "r_again", "b", 10_000, 10_000, 100); err != nil || g != 6_000 {
+		t.Fatalf("reserve of call b: %d, %v; want the 6 000 call a left, once", g, err)
+	}
+	for range 2 {
+		if err := b.Release(ctx, "r_again", "a", pricing.Usage{Output: 30}, 300); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _, err := tally.Get(ctx, "r_again")
+	if err != nil || got.CostMicro != 300 || got.Calls != 1 || got.Usage.Output != 30 {
+		t.Fatalf("tally %+v, %v: want call a once", got, err)
+	}
+	if err := b.CloseRun(ctx, "r_again"); !errors.Is(err, metering.ErrRunBusy) {
+		t.Fatalf("close with call b in flight: %v, want ErrRunBusy", err)
+	}
+}
+
+// TestRunBudgetDropsCallsOfADeadProcess: a reservation older than the longest a call can run
+// belongs to a process that died mid-call. It no longer holds budget, nor keeps the run from
+// being settled.
+func TestRunBudgetDropsCallsOfADeadProcess(t *testing.T) {
+	e := newRunBudget(t)
+	b := e.budget
+	ctx := context.Background()
+	// A reservation made at the epoch's first millisecond, as a killed process leaves it.
+	if err := e.rdb.HSet(ctx, e.keys.RunBudget("r_dead"), "c:dead", "9000:1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.Del(ctx, keys.RunBudget("r_expire")).Err(); err != nil { // as if expired
+	if g, err := b.Reserve(ctx, "r_dead", "a", 10_000, 10_000, 100); err != nil || g != 10_000 {
+		t.Fatalf("reserve beside a dead call: %d, %v; want the whole budget", g, err)
+	}
+	if err := b.Release(ctx, "r_dead", "a", pricing.Usage{}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Release(ctx, "r_expire", pricing.Usage{Output: 1}, 1_000, g); err != nil {
+	if err := e.rdb.HSet(ctx, e.keys.RunBudget("r_dead"), "c:dead", "9000:1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := rdb.Exists(ctx, keys.RunBudget("r_expire")).Result(); err != nil || n != 0 {
-		t.Fatalf("release recreated the expired reservation: exists=%d, %v", n, err)
+	if err := b.CloseRun(ctx, "r_dead"); err != nil {
+		t.Fatalf("close with only a dead call left: %v", err)
+	}
+}
+
+// TestRunBudgetReleaseOfAnExpiredReservationTallies: a call whose reservation hash expired
+// under it (no call of the run started for maxCall) still tallies when it ends, once.
+func TestRunBudgetReleaseOfAnExpiredReservationTallies(t *testing.T) {
+	e := newRunBudget(t)
+	b, tally := e.budget, e.tally
+	ctx := context.Background()
+	if _, err := b.Reserve(ctx, "r_expire", "a", 10_000, 4_000, 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.Del(ctx, e.keys.RunBudget("r_expire")).Err(); err != nil { // as if expired
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "r_expire", "a", pricing.Usage{Output: 1}, 1_000); err != nil {
+		t.Fatal(err)
 	}
 	if got, _, err := tally.Get(ctx, "r_expire"); err != nil || got.CostMicro != 1_000 {
 		t.Fatalf("tally %+v, %v: want the call's 1 000", got, err)
 	}
-	if g, err := b.Reserve(ctx, "r_expire", 10_000, 10_000, 100); err != nil || g != 9_000 {
+	if g, err := b.Reserve(ctx, "r_expire", "b", 10_000, 10_000, 100); err != nil || g != 9_000 {
 		t.Fatalf("reserve after: %d, %v; want 9 000", g, err)
 	}
 }
+
+// TestRunBudgetOfAFreeCallerFitsRedis: a caller at 100 % off has no cap in list-price terms;
+// its figures are taken as MaxReservable, which Redis's scripts count exactly.
+func TestRunBudgetOfAFreeCallerFitsRedis(t *testing.T) {
+	b := newRunBudget(t).budget
+	g, err := b.Reserve(context.Background(), "r_free", "a", pricing.MaxCost, pricing.MaxCost, 10)
+	if err != nil || g != metering.MaxReservable {
+		t.Fatalf("reserve of an unbounded call at no cap: %d, %v; want %d", g, err, int64(metering.MaxReservable))
+	}
+	if err := b.Release(context.Background(), "r_free", "a", pricing.Usage{Output: 1}, 10); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type grant struct {
+	call  string
+	micro int64
+}
+
+func callID(i int) string { return fmt.Sprintf("call-%d", i) }

@@ -45,10 +45,10 @@ type call struct {
 	// inRun marks a call of a caller-named run: it tallies but does not settle; the run settles
 	// on POST /v1/runs/{id}/settle or by reconciliation. laterCall: the run existed before.
 	inRun, laterCall bool
-	// reserved is what this call of a named run took of the run's budget (reserveRunBudget);
-	// its tally gives it back. hasReservation: it took one.
-	reserved       int64
-	hasReservation bool
+	// reserving: this call of a named run reserved (or tried to reserve) part of the run's
+	// budget under callID (reserveRunBudget); its tally gives it back.
+	reserving bool
+	callID    string
 	// leased: this call holds a lease on its run (taken just before forwarding), which it must
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
@@ -380,8 +380,8 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
 	defer cancel()
 	var err error
 	switch {
-	case c.hasReservation:
-		err = s.budgets.Release(tctx, c.runID, st.Usage, st.CostMicro, c.reserved)
+	case c.reserving:
+		err = s.budgets.Release(tctx, c.runID, c.callID, st.Usage, st.CostMicro)
 	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
 		err = s.tally.MarkUnused(tctx, c.runID)
 	default:

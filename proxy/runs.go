@@ -36,17 +36,21 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 		want = min(want, req.price.WorstCase(req.inputEstimate, min(maxOut, pricing.MaxTokens)))
 	}
 	want = max(want, least)
-	granted, err := s.budgets.Reserve(ctx, c.runID, budget, want, least)
+	c.callID = randomHex()
+	granted, err := s.budgets.Reserve(ctx, c.runID, c.callID, budget, want, least)
 	switch {
 	case errors.Is(err, metering.ErrRunBudget):
 		return 0, errRunBudget
 	case errors.Is(err, metering.ErrRunClosed):
 		return 0, errRunSettled
 	case err != nil:
+		// The reservation may have been made and its reply lost: the call's release (with
+		// nothing used) must still go out.
+		c.reserving = true
 		c.log.Error("run budget unavailable", zap.Error(err))
 		return 0, errBillingDown
 	}
-	c.reserved, c.hasReservation = granted, true
+	c.reserving = true
 	return granted, nil
 }
 
@@ -102,16 +106,24 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 			writeError(w, errBillingDown)
 			return
 		}
-		t, _, err := s.tally.Get(r.Context(), runID)
+		t, found, err := s.tally.Get(r.Context(), runID)
 		if err != nil {
 			log.Error("run tally unreadable; not settling", zap.Error(err))
 			writeError(w, errBillingDown)
 			return
 		}
+		st := holds.Settlement{RunID: runID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient}
+		if !found {
+			// Every call of a run leaves a tally, even one that used nothing: none means a
+			// process died mid-call or a tally write failed. As the reconciler would (DESIGN
+			// §5), charge what the run held, what the caller authorised.
+			st.CostMicro, st.Estimated = run.HeldMicro, true
+			s.metrics.ReconcileHold.Inc()
+			log.Error("run settled on request without a tally: charged what it held", zap.Int64("held_micro", run.HeldMicro))
+		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.Limits.SettleTimeout)
 		defer cancel()
-		res, err := s.store.Settle(ctx, holds.Settlement{RunID: runID, Usage: t.Usage, CostMicro: t.CostMicro,
-			Calls: int(t.Calls), Source: holds.SourceClient})
+		res, err := s.store.Settle(ctx, st)
 		if err != nil {
 			log.Error("run settlement failed", zap.Error(err))
 			writeError(w, errBillingDown)

@@ -172,3 +172,26 @@ func TestNamedRunConcurrentCallsShareItsCap(t *testing.T) {
 		t.Fatalf("run %+v after %v: its calls cost %d together, over the cap %d", r, statuses, r.CostMicro, r.CapMicro)
 	}
 }
+
+// TestNamedRunWithoutATallyIsChargedItsHold: every call of a run leaves a tally, so a run
+// settled on request with none has lost its evidence (a process died mid-call, a tally write
+// failed). It is charged what it held, as the reconciler would, not the nothing a missing
+// tally reads as.
+func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-lost"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	if err := h.rdb.Del(context.Background(), h.keys.Usage(runID)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	settle := h.post(key, "/v1/runs/task-lost/settle", "", nil)
+	readAll(t, settle.Body)
+	settle.Body.Close()
+	r := h.run(u.ID, runID)
+	if settle.StatusCode != http.StatusOK || r.ChargedMicro != r.HeldMicro || r.HeldMicro == 0 || !r.Estimated {
+		t.Fatalf("settle %d, run %+v: want charged what it held, estimated", settle.StatusCode, r)
+	}
+}

@@ -73,6 +73,10 @@ type Server struct {
 	settleSlots chan struct{}
 }
 
+// maxCallMargin is how long past upstream_timeout a call may still be finishing (tallying,
+// settling): a named run's reservation older than both belongs to a process that died.
+const maxCallMargin = time.Minute
+
 // maxBackgroundSettlements bounds settlements in flight beyond their requests.
 const maxBackgroundSettlements = 4096
 
@@ -110,7 +114,7 @@ func New(d Deps) *Server {
 		writer: holds.NewWriter(d.Store, holds.WriterConfig{Workers: writeWorkers, Linger: settleLinger,
 			AdmitTimeout: d.Config.Limits.AdmitTimeout, SettleTimeout: d.Config.Limits.SettleTimeout,
 			OnBatch: d.Metrics.observeBatch}),
-		budgets:  metering.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, d.Config.Holds.RunTTL),
+		budgets:  metering.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, d.Config.Limits.UpstreamTimeout+maxCallMargin),
 		dedupRDB: d.DedupRedis,
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
 	}
