@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -125,6 +126,9 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			default:
 				out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
 					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, Existing: true}
+				// A later call of the run: its expiry moves out now, not when the call ends, so
+				// the run cannot expire (and be reconciled) under the call.
+				inserts = append(inserts, admittedRow{hold: out[i].Hold, req: req, expires: r.now.Add(req.TTL), existing: true})
 			}
 			continue
 		}
@@ -158,10 +162,13 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 	return out, inserts
 }
 
+// admittedRow is one admission's write: a new hold, or (existing) a run admitted before whose
+// expiry moves out.
 type admittedRow struct {
-	hold    Hold
-	req     AdmitRequest
-	expires time.Time
+	hold     Hold
+	req      AdmitRequest
+	expires  time.Time
+	existing bool
 }
 
 // appendInsertHolds writes a batch's holds in one statement. A duplicate key is impossible
@@ -169,6 +176,7 @@ type admittedRow struct {
 // random, and a second admission of a run in the same batch finds the first); if it ever
 // happens the whole batch fails, not retried, and each of its callers gets the error.
 func appendInsertHolds(sc *script, rows []admittedRow) {
+	rows = slices.DeleteFunc(slices.Clone(rows), func(r admittedRow) bool { return r.existing })
 	if len(rows) == 0 {
 		return
 	}
@@ -184,6 +192,18 @@ func appendInsertHolds(sc *script, rows []admittedRow) {
 			r.hold.HeldMicro, r.hold.CapMicro, r.req.Model, r.hold.DiscountBP, r.expires, r.req.Token)
 	}
 	sc.add(string(q), args...)
+}
+
+// appendExtendHolds pushes out the expiry of runs admitted again, never pulling one in. It
+// goes with the batch's other writes of holds, before the day ledger's (the lock order); a
+// run admitted twice in one batch has no row yet for its second admission to extend.
+func appendExtendHolds(sc *script, rows []admittedRow) {
+	for _, r := range rows {
+		if r.existing {
+			sc.add("UPDATE run_holds SET expires_at = GREATEST(expires_at, ?) WHERE run_id = ? AND state IN ('queued', 'running')",
+				r.expires, r.hold.RunID)
+		}
+	}
 }
 
 // Available is what a user may still spend: the rest of today's allowance, plus prepaid

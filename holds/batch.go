@@ -149,6 +149,7 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 	admitted, inserts := s.decideAdmissions(reqs, r)
 
 	var w script
+	appendExtendHolds(&w, inserts)
 	appendSettled(&w, sw, r.now)
 	appendInsertHolds(&w, inserts)
 	w.add("COMMIT")
@@ -158,7 +159,9 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 	if _, err := conn.ExecContext(context.WithoutCancel(ctx), string(w.q), w.args...); err != nil {
 		if isUnavailable(err) {
 			for _, in := range inserts {
-				sent[in.hold.RunID] = true
+				if !in.existing {
+					sent[in.hold.RunID] = true
+				}
 			}
 		}
 		return nil, nil, fmt.Errorf("write and commit: %w", err)

@@ -20,6 +20,10 @@ var (
 	ErrRunNotFound  = errors.New("run not found")
 )
 
+// ErrRunStillLive refuses a Settlement with OnlyIfExpired whose hold has not expired under its
+// row lock: a call of its run pushed its expiry out after the reconciler read it.
+var ErrRunStillLive = errors.New("run has not expired")
+
 // ErrOutcomeUnknown is an admission whose writes and COMMIT were sent and never answered: the
 // database may have committed its hold. Its caller should release it (a settlement at 0 with
 // the admission's token, harmless when there is none).

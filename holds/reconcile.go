@@ -254,7 +254,7 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		// on a Redis blip would overcharge, so the hold waits for the next pass.
 		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
 	}
-	st := Settlement{RunID: run.RunID}
+	st := Settlement{RunID: run.RunID, OnlyIfExpired: true}
 	outcome := ""
 	switch {
 	case found:
@@ -274,6 +274,10 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		outcome = OutcomeChargedHeld
 	}
 	res, err := r.cfg.Store.Settle(ctx, st)
+	if errors.Is(err, ErrRunStillLive) {
+		log.Info("reconcile: a call of the run pushed its expiry out since the scan; not settled")
+		return OutcomeExtended, 0, nil
+	}
 	if err != nil {
 		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
 	}

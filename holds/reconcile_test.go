@@ -301,3 +301,49 @@ func TestReconcileSettlesAnUnusedTallyAtZero(t *testing.T) {
 		t.Fatalf("run %+v, want settled at 0", r)
 	}
 }
+
+// TestRunAdmittedAgainIsNotReconciled: a later call of a named run pushes the run's expiry out
+// when it is admitted, so a run whose hold had expired between two calls is not reconciled
+// (settled from a tally that lacks the call) while the new call runs.
+func TestRunAdmittedAgainIsNotReconciled(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("agent", 3, nil)
+	h := e.admit(u, "x_paused_agent", holds.StateRunning)
+	e.addTally(h.RunID, pricing.Usage{Input: 10, Output: 10}, 500)
+	e.expire(h.RunID) // the agent paused longer than run_ttl
+	again, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: h.RunID, UserID: u.ID, Model: "fake-gpt",
+		State: holds.StateRunning, TTL: time.Hour})
+	if err != nil || !again.Existing {
+		t.Fatalf("admission of the run's next call: %+v, %v", again, err)
+	}
+	st, err := e.pass(e.reconciler("me", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Settled() != 0 {
+		t.Fatalf("reconciler settled %d runs (%+v) under a call just admitted", st.Settled(), st)
+	}
+	if r := e.run(u, h.RunID); r.State != holds.StateRunning || !r.ExpiresAt.After(time.Now().Add(50*time.Minute)) {
+		t.Fatalf("run %+v: want running, expiring an hour from its last admission", r)
+	}
+}
+
+// TestReconcilerDoesNotSettleARunNoLongerExpired: the reconciler's settlement is conditional
+// on the hold still being expired under its row lock, so a run admitted again after the scan
+// read it is left alone.
+func TestReconcilerDoesNotSettleARunNoLongerExpired(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("agent", 3, nil)
+	h := e.admit(u, "x_scanned_then_called", holds.StateRunning)
+	_, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: h.RunID, Source: holds.SourceReconcile, OnlyIfExpired: true})
+	if !errors.Is(err, holds.ErrRunStillLive) {
+		t.Fatalf("settlement of a live run, only if expired: %v, want ErrRunStillLive", err)
+	}
+	if r := e.run(u, h.RunID); r.State != holds.StateRunning {
+		t.Fatalf("run %+v: want it left running", r)
+	}
+	e.expire(h.RunID)
+	if res, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: h.RunID, Source: holds.SourceReconcile, OnlyIfExpired: true}); err != nil || !res.Applied {
+		t.Fatalf("settlement once expired: %+v, %v", res, err)
+	}
+}

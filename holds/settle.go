@@ -48,6 +48,11 @@ type Settlement struct {
 	// took (AdmitRequest.Token): a caller that never learnt its admission's outcome releases
 	// its own hold, never one another request took on the same run. Otherwise ErrRunNotFound.
 	AdmitToken string
+	// OnlyIfExpired settles only a hold whose expiry, read under its row lock, has passed
+	// (else ErrRunStillLive). The reconciler's: a later call of a named run pushes the run's
+	// expiry out when it is admitted, and must not find its run settled under it by a scan
+	// that read the run before.
+	OnlyIfExpired bool
 }
 
 // Settled is what a settlement did.
@@ -163,6 +168,10 @@ func (s *Store) decideSettlements(sts []Settlement, users []uint64, r *batchRead
 		out[i].UserID = h.UserID
 		if h.State == StateSettled {
 			continue // settled before, or earlier in this batch
+		}
+		if st.OnlyIfExpired && h.Counted {
+			out[i].Err = ErrRunStillLive
+			continue
 		}
 		h.State = StateSettled
 		live := r.live[h.UserID]
