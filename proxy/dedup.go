@@ -79,6 +79,10 @@ func (s *Server) fingerprint(ctx context.Context, userID uint64, bodyHash, runID
 		if err != nil {
 			return "", fmt.Errorf("fingerprint: %w", err)
 		}
+		if orig == runID {
+			// Our own SET NX, whose reply was lost and which the client sent again.
+			return "", nil
+		}
 		sctx, cancel := s.storeContext(ctx)
 		live, err := s.store.RunLive(sctx, orig)
 		cancel()

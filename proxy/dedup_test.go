@@ -6,10 +6,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,6 +194,62 @@ func (h *harness) secondGateway(dedup redis.UniversalClient, mutate func(*config
 		_ = srv.Close()
 	})
 	return srv, gw.URL
+}
+
+// TestFingerprintWhoseReplyWasLostIsNotItsOwnDuplicate: the SET NX that registers a request's
+// fingerprint reaches Redis, its reply is lost with the connection, and the client sends it
+// again, which now finds the key taken — by this very request. The request runs; it is not
+// told it duplicates itself.
+func TestFingerprintWhoseReplyWasLostIsNotItsOwnDuplicate(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	lose := &replyLoser{marker: []byte("dedup:")}
+	opt := *h.rdb.Options()
+	opt.Dialer, opt.MaxRetries = lose.dial, 3
+	dedup := redis.NewClient(&opt)
+	t.Cleanup(func() { dedup.Close() })
+	_, url := h.secondGateway(dedup, nil)
+
+	a := send(url, key, chatBody, nil)
+	if !lose.lost.Load() {
+		t.Fatal("the fingerprint's reply was never lost: the test did not test anything")
+	}
+	if a.status != http.StatusOK {
+		t.Fatalf("request whose fingerprint reply was lost: %d %s, want 200", a.status, a.body)
+	}
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1", n)
+	}
+}
+
+// replyLoser sends the first write that contains marker and then closes the connection, so
+// the command runs and its reply is lost.
+type replyLoser struct {
+	marker []byte
+	lost   atomic.Bool
+}
+
+func (l *replyLoser) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &replyLosingConn{Conn: c, l: l}, nil
+}
+
+type replyLosingConn struct {
+	net.Conn
+	l *replyLoser
+}
+
+func (c *replyLosingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if err == nil && bytes.Contains(b, c.l.marker) && c.l.lost.CompareAndSwap(false, true) {
+		time.Sleep(100 * time.Millisecond) // let Redis run it
+		c.Conn.Close()
+	}
+	return n, err
 }
 
 func waitSettlements(t *testing.T, srv *proxy.Server) {
@@ -424,6 +482,33 @@ func TestIdempotentRetryAfterUpstreamFailureRuns(t *testing.T) {
 	runID := b.header.Get(proxy.RunIDHeader)
 	if all := h.expectCharges(u.ID, []string{runID}, holds.SourceUpstreamError); len(all) != 2 {
 		t.Fatalf("%d holds, want 2 (the failed attempt and the one that ran)", len(all))
+	}
+}
+
+// TestIdempotentAnswerIsNeverReplayedToAnotherBody: when the record of the body a key was
+// first used with is missing (its write at the start failed), the stored answer still names
+// its body, so a different body under the key gets 422, not the other body's answer.
+func TestIdempotentAnswerIsNeverReplayedToAnotherBody(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	idem := map[string]string{"Idempotency-Key": "body-lost"}
+	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(10, idem))
+	br := firstEvent(t, resp)
+	// As if the record's start had not reached Redis: no body on it while the call runs.
+	ctx := context.Background()
+	recs, err := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("idempotency records %v, %v; want one", recs, err)
+	}
+	if err := h.rdb.HDel(ctx, recs[0], "body").Err(); err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, br)
+	resp.Body.Close()
+	h.settled()
+	other := send(h.gw.URL, key, chatBody, idem)
+	if other.status != http.StatusUnprocessableEntity || other.header.Get(proxy.ReplayedHeader) != "" {
+		t.Fatalf("a different body under the key: %d replayed=%q %s, want 422", other.status, other.header.Get(proxy.ReplayedHeader), other.body)
 	}
 }
 

@@ -256,6 +256,9 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 		fields = append(fields, "resp", rw.buf.Bytes())
 	}
 	_, err := s.dedupRDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		// The body the answer is for, again: startIdem's write may have failed, and a record
+		// without it would replay this answer to a different body under the same key.
+		p.HSetNX(ctx, ic.record, "body", ic.bodyHash)
 		p.HSet(ctx, ic.record, fields...)
 		p.PExpire(ctx, ic.record, s.cfg.Dedup.ReplayTTL)
 		return nil
