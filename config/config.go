@@ -129,7 +129,7 @@ func Default() *Config {
 		CreditMicro: 1000,
 		Limits: Limits{
 			MaxBodyBytes:     4 << 20,
-			MaxEventBytes:    1 << 20,
+			MaxEventBytes:    8 << 20,
 			MaxResponseBytes: 32 << 20,
 			UpstreamTimeout:  300 * time.Second,
 			HeaderTimeout:    120 * time.Second,
@@ -240,6 +240,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Limits.MaxEventBytes < 1024 || c.Limits.MaxEventBytes > 64<<20 {
 		bad("limits.max_event_bytes", "must be in [1KiB, 64MiB], got %d", c.Limits.MaxEventBytes)
+	} else if int64(c.Limits.MaxEventBytes) <= c.Limits.MaxBodyBytes {
+		// The Responses API's last event repeats the request's instructions and input with the
+		// whole output: one that passes the limit ends the stream before its usage arrives, and
+		// a caller could make that happen with a large prompt.
+		bad("limits.max_event_bytes", "must exceed limits.max_body_bytes (%d): a stream's last event may repeat the whole request, got %d",
+			c.Limits.MaxBodyBytes, c.Limits.MaxEventBytes)
 	}
 	if c.Limits.MaxResponseBytes < 1024 {
 		bad("limits.max_response_bytes", "must be at least 1KiB, got %d", c.Limits.MaxResponseBytes)
