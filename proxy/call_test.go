@@ -633,12 +633,7 @@ func newWriteGate(marker string) *writeGate {
 }
 
 func (g *writeGate) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &gatedConn{Conn: c, g: g}, nil
+	return wrappedDialer(func(c net.Conn) net.Conn { return &gatedConn{Conn: c, g: g} })(ctx, network, addr)
 }
 
 func (g *writeGate) open() { g.once.Do(func() { close(g.opened) }) }

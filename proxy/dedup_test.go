@@ -230,12 +230,7 @@ type replyLoser struct {
 }
 
 func (l *replyLoser) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &replyLosingConn{Conn: c, l: l}, nil
+	return wrappedDialer(func(c net.Conn) net.Conn { return &replyLosingConn{Conn: c, l: l} })(ctx, network, addr)
 }
 
 type replyLosingConn struct {

@@ -234,3 +234,24 @@ func bigPlan(p config.Plan) config.Plan {
 	p.MaxRunCostCredits = config.CreditsOf(100_000)
 	return p
 }
+
+// wrappedDialer dials TCP and hands each connection to wrap: a test's hook between a client
+// and its server.
+func wrappedDialer(wrap func(net.Conn) net.Conn) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return wrap(c), nil
+	}
+}
+
+// settleRun posts POST /v1/runs/{id}/settle and returns the answer's status and body.
+func (h *harness) settleRun(key, id string) (int, []byte) {
+	h.t.Helper()
+	resp := h.post(key, "/v1/runs/"+id+"/settle", "", nil)
+	defer resp.Body.Close()
+	return resp.StatusCode, readAll(h.t, resp.Body)
+}

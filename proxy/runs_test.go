@@ -54,11 +54,8 @@ func TestOneCallRunIsNotSettledOnRequest(t *testing.T) {
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	br := firstEvent(t, resp)
 
-	settle := h.post(key, "/v1/runs/"+runID+"/settle", "", nil)
-	body := readAll(t, settle.Body)
-	settle.Body.Close()
-	if settle.StatusCode != http.StatusConflict || errorCode(t, body) != "run_in_progress" {
-		t.Fatalf("settle of a call in progress: %d %s, want 409 run_in_progress", settle.StatusCode, body)
+	if status, body := h.settleRun(key, runID); status != http.StatusConflict || errorCode(t, body) != "run_in_progress" {
+		t.Fatalf("settle of a call in progress: %d %s, want 409 run_in_progress", status, body)
 	}
 	readAll(t, br)
 	resp.Body.Close()
@@ -67,11 +64,8 @@ func TestOneCallRunIsNotSettledOnRequest(t *testing.T) {
 		t.Fatalf("run %+v: want 30 output tokens charged %d on completion", run, want)
 	}
 	// Settled, the same request is an answer, not a charge.
-	again := h.post(key, "/v1/runs/"+runID+"/settle", "", nil)
-	readAll(t, again.Body)
-	again.Body.Close()
-	if again.StatusCode != http.StatusOK {
-		t.Fatalf("settle of a settled call: %d, want 200", again.StatusCode)
+	if status, body := h.settleRun(key, runID); status != http.StatusOK {
+		t.Fatalf("settle of a settled call: %d %s, want 200", status, body)
 	}
 	if b, err := h.store.Balance(context.Background(), u.ID); err != nil || b.UsedTodayMicro != run.ChargedMicro {
 		t.Fatalf("balance %+v, %v: want used today = the one charge %d", b, err, run.ChargedMicro)
@@ -91,20 +85,14 @@ func TestNamedRunIsNotSettledUnderARunningCall(t *testing.T) {
 
 	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, run))
 	br := firstEvent(t, resp)
-	settle := h.post(key, "/v1/runs/task-busy/settle", "", nil)
-	body := readAll(t, settle.Body)
-	settle.Body.Close()
-	if settle.StatusCode != http.StatusConflict || errorCode(t, body) != "run_busy" {
-		t.Fatalf("settle under a running call: %d %s, want 409 run_busy", settle.StatusCode, body)
+	if status, body := h.settleRun(key, "task-busy"); status != http.StatusConflict || errorCode(t, body) != "run_busy" {
+		t.Fatalf("settle under a running call: %d %s, want 409 run_busy", status, body)
 	}
 	readAll(t, br)
 	resp.Body.Close()
 
-	settle = h.post(key, "/v1/runs/task-busy/settle", "", nil)
-	body = readAll(t, settle.Body)
-	settle.Body.Close()
-	if settle.StatusCode != http.StatusOK {
-		t.Fatalf("settle after the calls: %d %s", settle.StatusCode, body)
+	if status, body := h.settleRun(key, "task-busy"); status != http.StatusOK {
+		t.Fatalf("settle after the calls: %d %s", status, body)
 	}
 	r := h.run(u.ID, first.Header.Get(proxy.RunIDHeader))
 	if r.Calls != 2 || r.OutTok != 40 || r.ChargedMicro != fakeGPTCost(r.InTok, r.OutTok) || r.SettleSource.String != holds.SourceClient {
@@ -112,7 +100,7 @@ func TestNamedRunIsNotSettledUnderARunningCall(t *testing.T) {
 	}
 	// No call of a settled run starts.
 	late := h.post(key, "/v1/chat/completions", chatBody, run)
-	body = readAll(t, late.Body)
+	body := readAll(t, late.Body)
 	late.Body.Close()
 	if late.StatusCode != http.StatusConflict || errorCode(t, body) != "run_settled" {
 		t.Fatalf("call on the settled run: %d %s, want 409 run_settled", late.StatusCode, body)
@@ -164,9 +152,9 @@ func TestNamedRunConcurrentCallsShareItsCap(t *testing.T) {
 	if statuses["ok"] == 0 || statuses["run_budget_exhausted"] == 0 {
 		t.Fatalf("answers %v: want some calls run and some refused for the run's budget", statuses)
 	}
-	settle := h.post(key, "/v1/runs/task-parallel/settle", "", nil)
-	readAll(t, settle.Body)
-	settle.Body.Close()
+	if status, body := h.settleRun(key, "task-parallel"); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
 	r := h.run(u.ID, runID)
 	if r.CostMicro > r.CapMicro || r.CapMicro != allowance || r.ChargedMicro != r.CostMicro {
 		t.Fatalf("run %+v after %v: its calls cost %d together, over the cap %d", r, statuses, r.CostMicro, r.CapMicro)
@@ -187,11 +175,9 @@ func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
 	if err := h.rdb.Del(context.Background(), h.keys.Usage(runID)).Err(); err != nil {
 		t.Fatal(err)
 	}
-	settle := h.post(key, "/v1/runs/task-lost/settle", "", nil)
-	readAll(t, settle.Body)
-	settle.Body.Close()
+	status, body := h.settleRun(key, "task-lost")
 	r := h.run(u.ID, runID)
-	if settle.StatusCode != http.StatusOK || r.ChargedMicro != r.HeldMicro || r.HeldMicro == 0 || !r.Estimated {
-		t.Fatalf("settle %d, run %+v: want charged what it held, estimated", settle.StatusCode, r)
+	if status != http.StatusOK || r.ChargedMicro != r.HeldMicro || r.HeldMicro == 0 || !r.Estimated {
+		t.Fatalf("settle %d %s, run %+v: want charged what it held, estimated", status, body, r)
 	}
 }
