@@ -126,9 +126,13 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			default:
 				out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
 					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, Existing: true}
-				// A later call of the run: its expiry moves out now, not when the call ends, so
-				// the run cannot expire (and be reconciled) under the call.
-				inserts = append(inserts, admittedRow{hold: out[i].Hold, req: req, expires: r.now.Add(req.TTL), existing: true})
+				// A later call of a named run: its expiry moves out now, not when the call ends,
+				// so the run cannot expire (and be reconciled) under the call. Not a retry of a
+				// request still running (an Idempotency-Key, a redelivery): it is answered, not
+				// run, and must not keep alive a hold whose process may have died.
+				if req.ClientRunID != "" {
+					inserts = append(inserts, admittedRow{hold: out[i].Hold, req: req, expires: r.now.Add(req.TTL), existing: true})
+				}
 			}
 			continue
 		}

@@ -308,11 +308,15 @@ func TestReconcileSettlesAnUnusedTallyAtZero(t *testing.T) {
 func TestRunAdmittedAgainIsNotReconciled(t *testing.T) {
 	e := newStoreEnv(t)
 	u := e.user("agent", 3, nil)
-	h := e.admit(u, "x_paused_agent", holds.StateRunning)
+	named := holds.AdmitRequest{RunID: "x_paused_agent", UserID: u.ID, ClientRunID: "paused-agent", Model: "fake-gpt",
+		State: holds.StateRunning, TTL: time.Hour}
+	h, err := e.store.Admit(e.ctx(), named)
+	if err != nil {
+		t.Fatal(err)
+	}
 	e.addTally(h.RunID, pricing.Usage{Input: 10, Output: 10}, 500)
 	e.expire(h.RunID) // the agent paused longer than run_ttl
-	again, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: h.RunID, UserID: u.ID, Model: "fake-gpt",
-		State: holds.StateRunning, TTL: time.Hour})
+	again, err := e.store.Admit(e.ctx(), named)
 	if err != nil || !again.Existing {
 		t.Fatalf("admission of the run's next call: %+v, %v", again, err)
 	}
@@ -345,5 +349,27 @@ func TestReconcilerDoesNotSettleARunNoLongerExpired(t *testing.T) {
 	e.expire(h.RunID)
 	if res, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: h.RunID, Source: holds.SourceReconcile, OnlyIfExpired: true}); err != nil || !res.Applied {
 		t.Fatalf("settlement once expired: %+v, %v", res, err)
+	}
+}
+
+// TestRetryOfARunningRequestDoesNotKeepItsHoldAlive: an Idempotency-Key retry of a request
+// still running is admitted as the same run but answered, not run; it leaves the hold's expiry
+// alone, so that a hold whose process died expires and is reconciled however often the client
+// retries.
+func TestRetryOfARunningRequestDoesNotKeepItsHoldAlive(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("retrier", 3, nil)
+	h := e.admit(u, "i_orphaned_attempt", holds.StateRunning)
+	e.expire(h.RunID) // its process died; the hold ran out
+	again, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: h.RunID, UserID: u.ID, Model: "fake-gpt",
+		State: holds.StateRunning, TTL: time.Hour})
+	if err != nil || !again.Existing {
+		t.Fatalf("retry's admission: %+v, %v", again, err)
+	}
+	if r := e.run(u, h.RunID); !r.ExpiresAt.Before(time.Now()) {
+		t.Fatalf("run %+v: a retry pushed the expiry of a hold it does not run", r)
+	}
+	if st, err := e.pass(e.reconciler("me", nil)); err != nil || st.Settled() != 1 {
+		t.Fatalf("reconcile: %+v, %v; want the orphaned hold settled", st, err)
 	}
 }
