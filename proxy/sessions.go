@@ -142,7 +142,9 @@ func (b *cancelBus) start(ctx context.Context) error {
 	if !b.failedAt.IsZero() && time.Since(b.failedAt) < b.retryAfter {
 		return errBusDown
 	}
-	ctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
+	// Not the caller's context: a client that leaves mid-attempt must not count as Redis
+	// failing, which would leave the runs of the next second uncancellable.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), subscribeTimeout)
 	defer cancel()
 	ps := b.rdb.PSubscribe(ctx, b.keys.Cancel("*"))
 	if _, err := ps.Receive(ctx); err != nil {
