@@ -45,10 +45,13 @@ type Limits struct {
 	MaxResponseBytes int64         `yaml:"max_response_bytes"` // a non-streamed upstream body
 	UpstreamTimeout  time.Duration `yaml:"upstream_timeout"`   // a whole upstream call, stream included
 	HeaderTimeout    time.Duration `yaml:"header_timeout"`     // upstream response headers
-	AdmitTimeout     time.Duration `yaml:"admit_timeout"`      // one admission including its retries; then 503
-	SettleTimeout    time.Duration `yaml:"settle_timeout"`     // one settlement including its retries
-	ShutdownTimeout  time.Duration `yaml:"shutdown_timeout"`   // graceful drain on SIGTERM
-	KeyCacheTTL      time.Duration `yaml:"key_cache_ttl"`      // API key lookups cached in process
+	// ClientWriteTimeout bounds one write to the caller: a client that takes nothing for this
+	// long has stopped reading, and its call ends as cancelled instead of keeping its hold.
+	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`
+	AdmitTimeout       time.Duration `yaml:"admit_timeout"`    // one admission including its retries; then 503
+	SettleTimeout      time.Duration `yaml:"settle_timeout"`   // one settlement including its retries
+	ShutdownTimeout    time.Duration `yaml:"shutdown_timeout"` // graceful drain on SIGTERM
+	KeyCacheTTL        time.Duration `yaml:"key_cache_ttl"`    // API key lookups cached in process
 }
 
 // Holds sets admission and expiry.
@@ -128,15 +131,16 @@ func Default() *Config {
 		ListenAddr:  "127.0.0.1:8080",
 		CreditMicro: 1000,
 		Limits: Limits{
-			MaxBodyBytes:     4 << 20,
-			MaxEventBytes:    8 << 20,
-			MaxResponseBytes: 32 << 20,
-			UpstreamTimeout:  300 * time.Second,
-			HeaderTimeout:    120 * time.Second,
-			AdmitTimeout:     5 * time.Second,
-			SettleTimeout:    30 * time.Second,
-			ShutdownTimeout:  30 * time.Second,
-			KeyCacheTTL:      2 * time.Second,
+			MaxBodyBytes:       4 << 20,
+			MaxEventBytes:      8 << 20,
+			MaxResponseBytes:   32 << 20,
+			UpstreamTimeout:    300 * time.Second,
+			HeaderTimeout:      120 * time.Second,
+			ClientWriteTimeout: 60 * time.Second,
+			AdmitTimeout:       5 * time.Second,
+			SettleTimeout:      30 * time.Second,
+			ShutdownTimeout:    30 * time.Second,
+			KeyCacheTTL:        2 * time.Second,
 		},
 		Holds: Holds{
 			HoldTTL:           900 * time.Second,
@@ -216,7 +220,8 @@ func (c *Config) Validate() error {
 	}
 	positive := map[string]time.Duration{
 		"limits.upstream_timeout": c.Limits.UpstreamTimeout, "limits.header_timeout": c.Limits.HeaderTimeout,
-		"limits.settle_timeout": c.Limits.SettleTimeout, "limits.admit_timeout": c.Limits.AdmitTimeout, "limits.shutdown_timeout": c.Limits.ShutdownTimeout,
+		"limits.client_write_timeout": c.Limits.ClientWriteTimeout,
+		"limits.settle_timeout":       c.Limits.SettleTimeout, "limits.admit_timeout": c.Limits.AdmitTimeout, "limits.shutdown_timeout": c.Limits.ShutdownTimeout,
 		"holds.hold_ttl": c.Holds.HoldTTL, "holds.run_ttl": c.Holds.RunTTL, "holds.lease_ttl": c.Holds.LeaseTTL,
 		"holds.heartbeat_interval": c.Holds.HeartbeatInterval, "holds.reconcile_interval": c.Holds.ReconcileInterval,
 		"holds.reconcile_lock_ttl": c.Holds.ReconcileLockTTL, "holds.tally_ttl": c.Holds.TallyTTL,
@@ -238,13 +243,14 @@ func (c *Config) Validate() error {
 	if c.Limits.MaxBodyBytes < 1024 || c.Limits.MaxBodyBytes > 1<<30 {
 		bad("limits.max_body_bytes", "must be in [1KiB, 1GiB], got %d", c.Limits.MaxBodyBytes)
 	}
-	if c.Limits.MaxEventBytes < 1024 || c.Limits.MaxEventBytes > 64<<20 {
-		bad("limits.max_event_bytes", "must be in [1KiB, 64MiB], got %d", c.Limits.MaxEventBytes)
-	} else if int64(c.Limits.MaxEventBytes) <= c.Limits.MaxBodyBytes {
-		// The Responses API's last event repeats the request's instructions and input with the
-		// whole output: one that passes the limit ends the stream before its usage arrives, and
-		// a caller could make that happen with a large prompt.
-		bad("limits.max_event_bytes", "must exceed limits.max_body_bytes (%d): a stream's last event may repeat the whole request, got %d",
+	if c.Limits.MaxEventBytes < 1024 || int64(c.Limits.MaxEventBytes) > 4<<30 {
+		bad("limits.max_event_bytes", "must be in [1KiB, 4GiB], got %d", c.Limits.MaxEventBytes)
+	} else if int64(c.Limits.MaxEventBytes) < 2*c.Limits.MaxBodyBytes {
+		// The Responses API's last event repeats the request's instructions and input (escaped
+		// again) with the whole output: one that passes the limit ends the stream before its
+		// usage arrives, and a caller could make that happen with a large prompt. The limit
+		// bounds an event, not a buffer: a stream's buffer grows only as large as its events.
+		bad("limits.max_event_bytes", "must be at least twice limits.max_body_bytes (%d): a stream's last event may repeat the whole request, got %d",
 			c.Limits.MaxBodyBytes, c.Limits.MaxEventBytes)
 	}
 	if c.Limits.MaxResponseBytes < 1024 {

@@ -43,7 +43,7 @@ func TestBadSettingsAreNamed(t *testing.T) {
 	for _, tc := range []struct{ yaml, want string }{
 		{"redis_url: http://x\n", "redis_url"},
 		{"limits:\n  max_body_bytes: 10\n", "limits.max_body_bytes"},
-		{"limits:\n  max_body_bytes: 4194304\n  max_event_bytes: 1048576\n", "limits.max_event_bytes"},
+		{"limits:\n  max_body_bytes: 4194304\n  max_event_bytes: 6291456\n", "limits.max_event_bytes"},
 		{"holds:\n  heartbeat_interval: 60s\n", "holds.heartbeat_interval"},
 		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},
 		{"models:\n  m:\n    input: -1\n", "non-negative"},

@@ -146,22 +146,24 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 	return nil
 }
 
-// closeScript: KEYS usage (unused), budget hash; ARGV 1 max call ms. Returns 0 while calls
-// are in flight.
+// closeScript: KEYS usage (unused), budget hash, lease; ARGV 1 max call ms. Returns 0 while
+// calls are in flight.
 var closeScript = redis.NewScript(`
 local maxCallArg = 1
 ` + liveCallsLua + `
-if inflight > 0 then return 0 end
+if inflight > 0 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], 'closed', 1)
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1`)
 
 // CloseRun marks the run as being settled, so that no call of it starts from now on and its
 // tally is final. It fails with ErrRunBusy while calls of the run are in flight: settling
-// then would leave their usage out of the charge. The mark lasts maxCall: long enough for the
+// then would leave their usage out of the charge. In flight means a reservation younger than
+// maxCall, or a lease on the run: a process still serves one of its calls, however long that
+// call has lasted. The mark lasts maxCall: long enough for the
 // settlement to commit, after which the run's hold refuses calls itself.
 func (b *RunBudget) CloseRun(ctx context.Context, runID string) error {
-	ok, err := closeScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID)},
+	ok, err := closeScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.Lease(runID)},
 		b.maxCall.Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("close run %s: %w", runID, err)

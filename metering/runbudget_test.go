@@ -188,6 +188,22 @@ func TestRunBudgetDropsCallsOfADeadProcess(t *testing.T) {
 	}
 }
 
+// TestRunCloseWaitsForALeasedCall: a call that has outlived maxCall (a client that reads very
+// slowly) is no longer counted by its reservation, but its process's lease still says it runs.
+func TestRunCloseWaitsForALeasedCall(t *testing.T) {
+	e := newRunBudget(t)
+	ctx := context.Background()
+	if err := e.rdb.HSet(ctx, e.keys.RunBudget("r_slow"), "c:slow", "9000:1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.Set(ctx, e.keys.Lease("r_slow"), "other-process", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.budget.CloseRun(ctx, "r_slow"); !errors.Is(err, metering.ErrRunBusy) {
+		t.Fatalf("close with a leased call: %v, want ErrRunBusy", err)
+	}
+}
+
 // TestRunBudgetReleaseOfAnExpiredReservationTallies: a call whose reservation hash expired
 // under it (no call of the run started for maxCall) still tallies when it ends, once.
 func TestRunBudgetReleaseOfAnExpiredReservationTallies(t *testing.T) {

@@ -663,3 +663,36 @@ func (c *gatedConn) Write(b []byte) (int, error) {
 	}
 	return c.Conn.Write(b)
 }
+
+// TestClientThatStopsReadingIsCut: a client that takes the first bytes of a stream and then
+// reads nothing more blocks the gateway's writes once the socket buffers are full. Past the
+// write timeout its call ends as cancelled and settles for what it used, instead of keeping
+// its hold, lease and slot for as long as the client likes.
+func TestClientThatStopsReadingIsCut(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Limits.ClientWriteTimeout = 300 * time.Millisecond })
+	u, key := h.user("standard")
+	// ~15 MB of events as fast as they come: more than loopback's socket buffers hold.
+	resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{
+		fakellm.HeaderChunks: "200000", fakellm.HeaderChunkInterval: "0s"})
+	defer resp.Body.Close()
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	// Read nothing: the body stays unread until the call has been settled.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var state string
+		if err := h.db.Get(&state, "SELECT state FROM run_holds WHERE run_id = ?", runID); err != nil {
+			t.Fatal(err)
+		}
+		if holds.State(state) == holds.StateSettled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s still %s 20 s after its client stopped reading", runID, state)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r := h.run(u.ID, runID)
+	if r.SettleSource.String != holds.SourceCancel || r.OutTok == 0 || r.ChargedMicro == 0 {
+		t.Fatalf("run %+v: want settled as cancelled, charged the output it produced", r)
+	}
+}

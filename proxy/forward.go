@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -25,10 +26,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.UpstreamTimeout)
 	defer cancel()
 	// Whether the provider has the whole request decides what a timeout costs (below).
+	// (A connection the transport retries on starts unsent again.)
 	var sent atomic.Bool
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
-		sent.Store(i.Err == nil)
-	}})
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn:      func(httptrace.GotConnInfo) { sent.Store(false) },
+		WroteRequest: func(i httptrace.WroteRequestInfo) { sent.Store(i.Err == nil) },
+	})
 	up, err := s.upstreamRequest(ctx, r, c)
 	if err != nil {
 		c.outcome = outcomeRefused
@@ -78,8 +81,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	h := w.Header()
 	h.Del("Content-Length")
 	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
+	bound := s.boundWrites(rc)
+	defer bound.clear()
+	bound.next()
+	w.WriteHeader(resp.StatusCode)
 	_ = rc.Flush()
 	strip := c.req.route.injectUsage && !c.req.clientAskedUsage
 	sc := metering.NewScanner(resp.Body, s.cfg.Limits.MaxEventBytes)
@@ -101,6 +107,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		if strip && metering.IsUsageOnlyChunk(ev.Data) {
 			continue
 		}
+		bound.next()
 		if _, err := w.Write(ev.Raw); err != nil {
 			c.outcome = outcomeCancel
 			break
@@ -144,15 +151,49 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		c.outcome = outcomeStreamError
 	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	rc := http.NewResponseController(w)
+	bound := s.boundWrites(rc)
+	defer bound.clear()
+	bound.next()
 	w.WriteHeader(resp.StatusCode)
 	if _, err := w.Write(body); err != nil {
 		c.outcome = outcomeCancel
 	}
 	// Flush now: the handler still has its deferred settlement to hand off, and the caller
 	// need not wait for that.
-	_ = http.NewResponseController(w).Flush()
+	_ = rc.Flush()
 	return resp.StatusCode
 }
+
+// writeBound puts a deadline on writes to the caller (limits.client_write_timeout): the server
+// sets none, since a stream may rightly last minutes, but a client that has stopped reading
+// would otherwise block a write, and keep its call's hold, lease and reservation, for as long
+// as it likes. The write then fails and the call ends as cancelled, charged what it used.
+//
+// The deadline is moved only once half of it has passed, not before every event: each move
+// resets a runtime timer, and a stream writes thousands of events. So a stalled write fails
+// after between half the timeout and the whole of it.
+type writeBound struct {
+	rc      *http.ResponseController
+	timeout time.Duration
+	setAt   time.Time
+}
+
+func (s *Server) boundWrites(rc *http.ResponseController) *writeBound {
+	return &writeBound{rc: rc, timeout: s.cfg.Limits.ClientWriteTimeout}
+}
+
+// next makes sure the coming write has at least half the timeout.
+func (b *writeBound) next() {
+	if now := time.Now(); now.Sub(b.setAt) >= b.timeout/2 {
+		_ = b.rc.SetWriteDeadline(now.Add(b.timeout))
+		b.setAt = now
+	}
+}
+
+// clear lifts the deadline: with no server-wide write timeout, one left on a kept-alive
+// connection would cut that connection's next request.
+func (b *writeBound) clear() { _ = b.rc.SetWriteDeadline(time.Time{}) }
 
 // maxUpstreamErrorBody bounds what is read of an upstream's error answer.
 const maxUpstreamErrorBody = 64 << 10

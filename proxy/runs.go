@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"go.uber.org/zap"
@@ -96,30 +97,10 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 			writeError(w, errRunSettlesItself)
 			return
 		}
-		// Closed first, so no call of the run starts after its tally is read; refused while
-		// a call runs, whose usage the tally does not have yet.
-		if err := s.budgets.CloseRun(r.Context(), runID); errors.Is(err, metering.ErrRunBusy) {
-			writeError(w, errRunBusy)
+		st, e := s.finalRunTally(r.Context(), run, log)
+		if e != nil {
+			writeError(w, e)
 			return
-		} else if err != nil {
-			log.Error("run not closed; not settling", zap.Error(err))
-			writeError(w, errBillingDown)
-			return
-		}
-		t, found, err := s.tally.Get(r.Context(), runID)
-		if err != nil {
-			log.Error("run tally unreadable; not settling", zap.Error(err))
-			writeError(w, errBillingDown)
-			return
-		}
-		st := holds.Settlement{RunID: runID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient}
-		if !found {
-			// Every call of a run leaves a tally, even one that used nothing: none means a
-			// process died mid-call or a tally write failed. As the reconciler would (DESIGN
-			// §5), charge what the run held, what the caller authorised.
-			st.CostMicro, st.Estimated = run.HeldMicro, true
-			s.metrics.ReconcileHold.Inc()
-			log.Error("run settled on request without a tally: charged what it held", zap.Int64("held_micro", run.HeldMicro))
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.Limits.SettleTimeout)
 		defer cancel()
@@ -137,6 +118,43 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	writeJSON(w, http.StatusOK, s.runView(r, run))
+}
+
+// finalRunTally closes a named run for settlement and reads what it is charged. The run is
+// closed first, so no call of it starts after its tally is read, and closing is refused while a
+// call runs, whose usage the tally does not have yet.
+//
+// Every call of a run leaves a tally, even one that used nothing, so none at all means either a
+// first call between its admission and its reservation (a run younger than the longest call:
+// busy, and not closed, or that call would be refused) or evidence lost with a killed process
+// or a failed Redis write: then, as the reconciler would (DESIGN §5), the run is charged what
+// it held, what the caller authorised.
+func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logger) (holds.Settlement, *apiError) {
+	unavailable := func(what string, err error) (holds.Settlement, *apiError) {
+		log.Error(what+"; not settling", zap.Error(err))
+		return holds.Settlement{}, errBillingDown
+	}
+	if _, found, err := s.tally.Get(ctx, run.RunID); err != nil {
+		return unavailable("run tally unreadable", err)
+	} else if !found && time.Since(run.CreatedAt) < s.maxCall() {
+		return holds.Settlement{}, errRunBusy
+	}
+	if err := s.budgets.CloseRun(ctx, run.RunID); errors.Is(err, metering.ErrRunBusy) {
+		return holds.Settlement{}, errRunBusy
+	} else if err != nil {
+		return unavailable("run not closed", err)
+	}
+	t, found, err := s.tally.Get(ctx, run.RunID)
+	if err != nil {
+		return unavailable("run tally unreadable", err)
+	}
+	st := holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient}
+	if !found {
+		st.ChargeHeld, st.Estimated = true, true
+		s.metrics.ReconcileHold.Inc()
+		log.Error("run settled on request without a tally: charged what it held", zap.Int64("held_micro", run.HeldMicro))
+	}
+	return st, nil
 }
 
 func boolString(b bool) string {

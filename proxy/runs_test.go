@@ -162,12 +162,18 @@ func TestNamedRunConcurrentCallsShareItsCap(t *testing.T) {
 }
 
 // TestNamedRunWithoutATallyIsChargedItsHold: every call of a run leaves a tally, so a run
-// settled on request with none has lost its evidence (a process died mid-call, a tally write
-// failed). It is charged what it held, as the reconciler would, not the nothing a missing
-// tally reads as.
+// settled on request with none, older than any call can be, has lost its evidence (a process
+// died mid-call, a tally write failed). It is charged what it held, as the reconciler would —
+// the hold itself, not the hold as a cost to discount — and not the nothing a missing tally
+// reads as. A younger run may have a first call between its admission and its reservation:
+// that is busy, not settled.
 func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
+	discount := 5000
+	if err := h.store.SetUserLimits(context.Background(), u.ID, nil, nil, &discount); err != nil {
+		t.Fatal(err)
+	}
 	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-lost"})
 	readAll(t, resp.Body)
 	resp.Body.Close()
@@ -175,9 +181,15 @@ func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
 	if err := h.rdb.Del(context.Background(), h.keys.Usage(runID)).Err(); err != nil {
 		t.Fatal(err)
 	}
+	if status, body := h.settleRun(key, "task-lost"); status != http.StatusConflict || errorCode(t, body) != "run_busy" {
+		t.Fatalf("settle of a young run without a tally: %d %s, want 409 run_busy", status, body)
+	}
+	if _, err := h.db.Exec("UPDATE run_holds SET created_at = created_at - INTERVAL 1 DAY WHERE run_id = ?", runID); err != nil {
+		t.Fatal(err)
+	}
 	status, body := h.settleRun(key, "task-lost")
 	r := h.run(u.ID, runID)
 	if status != http.StatusOK || r.ChargedMicro != r.HeldMicro || r.HeldMicro == 0 || !r.Estimated {
-		t.Fatalf("settle %d %s, run %+v: want charged what it held, estimated", status, body, r)
+		t.Fatalf("settle %d %s, run %+v: want charged what it held, in full, estimated", status, body, r)
 	}
 }

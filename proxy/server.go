@@ -73,9 +73,12 @@ type Server struct {
 	settleSlots chan struct{}
 }
 
-// maxCallMargin is how long past upstream_timeout a call may still be finishing (tallying,
-// settling): a named run's reservation older than both belongs to a process that died.
-const maxCallMargin = time.Minute
+// maxCall is the longest a call can live: its upstream call, one more write to a slow client
+// (each write is bounded by client_write_timeout), and a margin for its tally and settlement.
+// A named run's reservation older than that belongs to a process that died.
+func maxCall(l config.Limits) time.Duration { return l.UpstreamTimeout + l.ClientWriteTimeout + time.Minute }
+
+func (s *Server) maxCall() time.Duration { return maxCall(s.cfg.Limits) }
 
 // maxBackgroundSettlements bounds settlements in flight beyond their requests.
 const maxBackgroundSettlements = 4096
@@ -114,7 +117,7 @@ func New(d Deps) *Server {
 		writer: holds.NewWriter(d.Store, holds.WriterConfig{Workers: writeWorkers, Linger: settleLinger,
 			AdmitTimeout: d.Config.Limits.AdmitTimeout, SettleTimeout: d.Config.Limits.SettleTimeout,
 			OnBatch: d.Metrics.observeBatch}),
-		budgets:  metering.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, d.Config.Limits.UpstreamTimeout+maxCallMargin),
+		budgets:  metering.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, maxCall(d.Config.Limits)),
 		dedupRDB: d.DedupRedis,
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
 	}
