@@ -111,6 +111,28 @@ func (m *Meter) Result() Result {
 	return r
 }
 
+// IsFinalEvent reports whether ev ends a stream of format f: [DONE] for the OpenAI formats,
+// message_stop for Anthropic, and the completed, incomplete or failed response for the
+// Responses API.
+func IsFinalEvent(f Format, ev Event) bool {
+	data := bytes.TrimSpace(ev.Data)
+	switch f {
+	case FormatAnthropic:
+		return len(data) > 0 && data[0] == '{' && eventType(unsafeString(data), ev.Name) == "message_stop"
+	case FormatResponses:
+		if len(data) == 0 || data[0] != '{' {
+			return false
+		}
+		switch eventType(unsafeString(data), ev.Name) {
+		case "response.completed", "response.incomplete", "response.failed":
+			return true
+		}
+		return false
+	default:
+		return bytes.Equal(data, []byte("[DONE]"))
+	}
+}
+
 // IsUsageOnlyChunk reports whether data is an OpenAI chat/completions chunk that exists only
 // to carry usage (`choices` present and empty, `usage` a non-null object). The proxy removes
 // such chunks from what the client sees when the client had not asked for include_usage.

@@ -36,6 +36,30 @@ func TestIsUsageOnlyChunk(t *testing.T) {
 	}
 }
 
+func TestIsFinalEvent(t *testing.T) {
+	for _, tc := range []struct {
+		f    Format
+		ev   Event
+		want bool
+	}{
+		{FormatChat, data("[DONE]"), true},
+		{FormatChat, data(" [DONE]\n"), true},
+		{FormatCompletions, data("[DONE]"), true},
+		{FormatChat, data(`{"choices":[],"usage":{"prompt_tokens":1}}`), false},
+		{FormatAnthropic, Event{Name: "message_stop", Data: []byte(`{"type":"message_stop"}`)}, true},
+		{FormatAnthropic, Event{Name: "message_delta", Data: []byte(`{"type":"message_delta","usage":{}}`)}, false},
+		{FormatResponses, Event{Name: "response.completed", Data: []byte(`{"type":"response.completed"}`)}, true},
+		{FormatResponses, Event{Data: []byte(`{"type":"response.incomplete"}`)}, true},
+		{FormatResponses, Event{Data: []byte(`{"type":"response.failed"}`)}, true},
+		{FormatResponses, Event{Data: []byte(`{"type":"response.output_text.delta","delta":"[DONE]"}`)}, false},
+		{FormatResponses, data("[DONE]"), false},
+	} {
+		if got := IsFinalEvent(tc.f, tc.ev); got != tc.want {
+			t.Errorf("IsFinalEvent(%v, %s %s) = %v, want %v", tc.f, tc.ev.Name, tc.ev.Data, got, tc.want)
+		}
+	}
+}
+
 func meterEvents(f Format, events ...Event) Result {
 	m := NewMeter(f)
 	for _, ev := range events {

@@ -49,6 +49,7 @@ type call struct {
 	// budget under callID (reserveRunBudget); its tally gives it back.
 	reserving bool
 	callID    string
+	tallied   bool // tallyBeforeAnswer has run
 	// leased: this call holds a lease on its run (taken just before forwarding), which it must
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
@@ -334,8 +335,11 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		return
 	}
 	if c.inRun {
-		// The run's next call checks its budget against the tally: write it before answering.
-		s.tallyCall(ctx, c, st)
+		// A complete answer was tallied before its end reached the caller
+		// (tallyBeforeAnswer); anything else is tallied now.
+		if !c.tallied {
+			s.tallyCall(ctx, c, st)
+		}
 		s.endRunCall(ctx, c)
 		return
 	}
@@ -364,6 +368,14 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	default:
 		work() // backpressure: too many settlements behind; this caller waits
 	}
+}
+
+// tallyBeforeAnswer tallies a call of a named run whose answer is complete but whose end the
+// caller has not been sent yet: a caller that settles its run the moment the answer ends must
+// find the call in the run's tally, not get 409 run_busy for a call it saw finish.
+func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
+	s.tallyCall(context.WithoutCancel(ctx), c, s.settlementOf(c))
+	c.tallied = true
 }
 
 // tallyCall records a call's usage in Redis: if this process dies before the call's

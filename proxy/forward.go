@@ -89,6 +89,17 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	_ = rc.Flush()
 	strip := c.req.route.injectUsage && !c.req.clientAskedUsage
 	sc := metering.NewScanner(resp.Body, s.cfg.Limits.MaxEventBytes)
+	// A call of a named run is tallied before its caller sees the end of its answer, so that
+	// a settlement sent the moment the answer ends finds the call in the run's tally: the
+	// stream's final event waits for the upstream's end and the tally.
+	var final []byte
+	writeEvent := func(raw []byte) bool {
+		bound.next()
+		if _, err := w.Write(raw); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
 	for {
 		ev, err := sc.Next()
 		if err != nil {
@@ -107,18 +118,28 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		if strip && metering.IsUsageOnlyChunk(ev.Data) {
 			continue
 		}
-		bound.next()
-		if _, err := w.Write(ev.Raw); err != nil {
-			c.outcome = outcomeCancel
-			break
+		if final != nil { // the final event was not the last: send it in its place
+			if !writeEvent(final) {
+				c.outcome = outcomeCancel
+				break
+			}
+			final = nil
 		}
-		if err := rc.Flush(); err != nil {
+		if c.inRun && metering.IsFinalEvent(c.req.route.format, ev) {
+			final = append([]byte(nil), ev.Raw...) // the scanner reuses its memory
+			continue
+		}
+		if !writeEvent(ev.Raw) {
 			c.outcome = outcomeCancel
 			break
 		}
 	}
 	if c.outcome == outcomeComplete && c.meter.Result().UpstreamError {
 		c.outcome = outcomeStreamError
+	}
+	if final != nil {
+		s.tallyBeforeAnswer(r.Context(), c)
+		_ = writeEvent(final)
 	}
 	return resp.StatusCode
 }
@@ -149,6 +170,9 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	c.outcome = outcomeComplete
 	if c.meter.Result().UpstreamError {
 		c.outcome = outcomeStreamError
+	}
+	if c.inRun {
+		s.tallyBeforeAnswer(r.Context(), c)
 	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	rc := http.NewResponseController(w)

@@ -178,6 +178,7 @@ func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
 	readAll(t, resp.Body)
 	resp.Body.Close()
 	runID := resp.Header.Get(proxy.RunIDHeader)
+	h.settled() // the call is over, tally and all
 	if err := h.rdb.Del(context.Background(), h.keys.Usage(runID)).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -191,5 +192,50 @@ func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
 	r := h.run(u.ID, runID)
 	if status != http.StatusOK || r.ChargedMicro != r.HeldMicro || r.HeldMicro == 0 || !r.Estimated {
 		t.Fatalf("settle %d %s, run %+v: want charged what it held, in full, estimated", status, body, r)
+	}
+}
+
+// TestNamedRunCallIsTalliedBeforeItsAnswerEnds: a caller that settles its run the moment an
+// answer ends must find that call in the run's tally. So the stream's final event ([DONE])
+// reaches the caller only once the call is tallied — here the upstream lingers after its last
+// event, and the tally is read the instant [DONE] arrives — and a settle sent then, on a new
+// connection, charges the call instead of answering 409 run_busy.
+func TestNamedRunCallIsTalliedBeforeItsAnswerEnds(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	hdr := map[string]string{"X-Run-Id": "task-quick", fakellm.HeaderChunks: "12", fakellm.HeaderLinger: "300ms"}
+	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
+	defer resp.Body.Close()
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("stream ended before [DONE]: %v", err)
+		}
+		if strings.TrimSpace(line) == "data: [DONE]" {
+			break
+		}
+	}
+	tallied, found, err := h.tally.Get(context.Background(), runID)
+	if err != nil || !found || tallied.Calls != 1 || tallied.Usage.Output != 12 {
+		t.Fatalf("tally when [DONE] arrived: %+v found=%v err=%v; want the call's 12 output tokens", tallied, found, err)
+	}
+	fresh := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	req, _ := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/runs/task-quick/settle", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	settle, err := fresh.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readAll(t, settle.Body)
+	settle.Body.Close()
+	if settle.StatusCode != http.StatusOK {
+		t.Fatalf("settle the moment the answer ended: %d %s, want 200", settle.StatusCode, body)
+	}
+	readAll(t, br)
+	r := h.run(u.ID, runID)
+	if r.Calls != 1 || r.OutTok != 12 || r.ChargedMicro != fakeGPTCost(r.InTok, r.OutTok) {
+		t.Fatalf("run %+v: want the call charged", r)
 	}
 }

@@ -76,7 +76,9 @@ type Server struct {
 // maxCall is the longest a call can live: its upstream call, one more write to a slow client
 // (each write is bounded by client_write_timeout), and a margin for its tally and settlement.
 // A named run's reservation older than that belongs to a process that died.
-func maxCall(l config.Limits) time.Duration { return l.UpstreamTimeout + l.ClientWriteTimeout + time.Minute }
+func maxCall(l config.Limits) time.Duration {
+	return l.UpstreamTimeout + l.ClientWriteTimeout + time.Minute
+}
 
 func (s *Server) maxCall() time.Duration { return maxCall(s.cfg.Limits) }
 

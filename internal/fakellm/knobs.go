@@ -24,6 +24,7 @@ const (
 	HeaderReplay        = "X-Fake-Replay"         // fixture base name in Config.FixturesDir
 	HeaderSplit         = "X-Fake-Split"          // comma-separated byte offsets splitting the replay into writes
 	HeaderPromptTokens  = "X-Fake-Prompt-Tokens"  // reported prompt tokens instead of the estimate
+	HeaderLinger        = "X-Fake-Linger"         // Go duration between a stream's last event and its end
 )
 
 // maxChunks keeps a typo in a header from turning into an endless stream.
@@ -40,6 +41,7 @@ const (
 
 type knobs struct {
 	latency, interval time.Duration
+	linger            time.Duration // after a stream's last event, before the response ends
 	chunks            int
 	usage             usageMode
 	errorAfter        int // -1 = never
@@ -64,6 +66,11 @@ func parseKnobs(h http.Header, cfg *Config) (knobs, error) {
 	var err error
 	if v := header(h, HeaderLatency); v != "" {
 		if k.latency, err = parseDuration(HeaderLatency, v); err != nil {
+			return k, err
+		}
+	}
+	if v := header(h, HeaderLinger); v != "" {
+		if k.linger, err = parseDuration(HeaderLinger, v); err != nil {
 			return k, err
 		}
 	}

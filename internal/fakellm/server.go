@@ -166,6 +166,7 @@ func (s *Server) serveModel(w http.ResponseWriter, r *http.Request, rt route) {
 	}()
 	if sa, ok := ans.(streamAnswer); ok && stream {
 		*bp = s.stream(w, r, &k, sa, *bp)
+		sleep(r.Context(), k.linger) // a stream whose end comes some time after its last event
 	} else {
 		*bp = s.whole(w, r, &k, ans, anth, *bp)
 	}
