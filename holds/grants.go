@@ -123,6 +123,19 @@ func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest) (Gra
 	if req.AmountMicro < 0 && after < 0 {
 		return Grant{}, false, fmt.Errorf("%w: prepaid %d micro-USD, grant %d", ErrGrantBelowZero, u.PrepaidMicro, req.AmountMicro)
 	}
+	if req.AmountMicro < 0 {
+		// Calls in flight were admitted against this balance and settle against it: a refund
+		// that leaves less than they hold would drive prepaid below zero when they do. The
+		// user's row is locked, so no admission or settlement changes the holds meanwhile.
+		b, err := balanceTx(ctx, tx, s, req.UserID)
+		if err != nil {
+			return Grant{}, false, fmt.Errorf("read balance: %w", err)
+		}
+		if Available(b.AllowanceMicro, b.UsedTodayMicro, after, b.HeldMicro) < 0 {
+			return Grant{}, false, fmt.Errorf("%w: prepaid %d micro-USD of which calls in flight hold %d beyond today's allowance, grant %d",
+				ErrGrantBelowZero, u.PrepaidMicro, b.HeldMicro-max(0, b.AllowanceMicro-b.UsedTodayMicro), req.AmountMicro)
+		}
+	}
 	if req.AmountMicro > 0 && after < u.PrepaidMicro {
 		return Grant{}, false, fmt.Errorf("%w: prepaid balance would overflow", ErrGrantInvalid)
 	}

@@ -235,6 +235,29 @@ func TestGrantRefusals(t *testing.T) {
 	}
 }
 
+// TestRefundLeavesWhatCallsInFlightHold: a user whose calls run on prepaid credits (today's
+// allowance used up) cannot be refunded the credits those calls hold: they settle against the
+// balance, and would drive prepaid below zero. Once they have settled, the rest can go.
+func TestRefundLeavesWhatCallsInFlightHold(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("refund-live", "standard")
+	zero := int64(0)
+	if err := f.store.SetUserLimits(f.ctx(), u.ID, &zero, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.grant(u, 100_000, "buy-100")
+	h := f.admit(u, "r_refund_live") // holds 20 credits of the prepaid 100
+	_, _, err := f.store.Grant(f.ctx(), holds.GrantRequest{UserID: u.ID, AmountMicro: -100_000, IdempotencyKey: "refund-all"})
+	if !errors.Is(err, holds.ErrGrantBelowZero) {
+		t.Fatalf("refund of credits a call in flight holds: %v, want ErrGrantBelowZero", err)
+	}
+	f.grant(u, -(100_000 - h.HeldMicro), "refund-free") // what the call does not hold may go
+	f.settle(h.RunID, 7_000)
+	if p := f.prepaid(u); p != h.HeldMicro-7_000 || p < 0 {
+		t.Fatalf("prepaid %d after the call settled, want %d", p, h.HeldMicro-7_000)
+	}
+}
+
 // A charge larger than what is left of today's allowance takes the rest from prepaid, in the
 // same transaction, and the run records the split.
 func TestChargeCrossesFromAllowanceIntoPrepaid(t *testing.T) {
