@@ -195,6 +195,26 @@ func (c *Config) applyEnv(getenv func(string) string) {
 	}
 }
 
+// Warnings lists settings that are valid but weaken a guarantee, for the log at start. A
+// hold shorter than the longest call stops counting against admission when it expires while
+// its call still runs (the reconciler pushes a leased hold out, but only at its next pass), so
+// in that window a user may be admitted past max_in_flight and the overdraft bound. The
+// defaults keep every hold three times the longest call; tests shorten them on purpose.
+func (c *Config) Warnings() []string {
+	longest := c.Limits.UpstreamTimeout + c.Limits.ClientWriteTimeout
+	var out []string
+	for _, t := range []struct {
+		name string
+		d    time.Duration
+	}{{"holds.hold_ttl", c.Holds.HoldTTL}, {"holds.run_ttl", c.Holds.RunTTL}} {
+		if t.d < longest {
+			out = append(out, fmt.Sprintf("%s %v is shorter than the longest call (upstream_timeout + client_write_timeout = %v): "+
+				"a call that outlives its hold stops counting against admission until the reconciler extends it", t.name, t.d, longest))
+		}
+	}
+	return out
+}
+
 // Validate reports every wrong setting at once, each named by its YAML path.
 func (c *Config) Validate() error {
 	var errs []error
@@ -237,6 +257,12 @@ func (c *Config) Validate() error {
 	if 2*c.Holds.HeartbeatInterval > min(c.Holds.HoldTTL, c.Holds.RunTTL) {
 		bad("holds.heartbeat_interval", "%v must be at most half of hold_ttl and run_ttl: a lease is first written by a heartbeat", c.Holds.HeartbeatInterval)
 	}
+	// The tally is the reconciler's evidence: it must outlive every hold the reconciler may
+	// still have to settle from it (an expired run waits up to a pass and a lock period), or
+	// a run's tallied usage is lost and the run charged what it held.
+	if need := max(c.Holds.HoldTTL, c.Holds.RunTTL) + c.Holds.ReconcileInterval + c.Holds.ReconcileLockTTL + time.Hour; c.Holds.TallyTTL < need {
+		bad("holds.tally_ttl", "%v must be at least %v (the longer of hold_ttl and run_ttl, one reconcile pass and lock, and an hour): the reconciler settles from the tally", c.Holds.TallyTTL, need)
+	}
 	if c.Holds.ReconcileBatch < 1 || c.Holds.ReconcileBatch > 10_000 {
 		bad("holds.reconcile_batch", "must be in [1, 10000], got %d", c.Holds.ReconcileBatch)
 	}
@@ -258,6 +284,23 @@ func (c *Config) Validate() error {
 	}
 	if c.Dedup.Window < 0 {
 		bad("dedup.window", "must not be negative")
+	}
+	if c.Dedup.ReplayTTL <= 0 {
+		bad("dedup.replay_ttl", "must be a positive duration: an Idempotency-Key record that expires at once is answered 409 forever")
+	}
+	if c.Dedup.MaxReplayLen <= 0 {
+		bad("dedup.max_replay_len", "must be positive, got %d", c.Dedup.MaxReplayLen)
+	}
+	if c.Limits.KeyCacheTTL > time.Minute {
+		bad("limits.key_cache_ttl", "must be at most 1m, got %v: a revoked key works for as long as it is cached", c.Limits.KeyCacheTTL)
+	}
+	for _, t := range []struct {
+		name string
+		d    time.Duration
+	}{{"limits.admit_timeout", c.Limits.AdmitTimeout}, {"limits.settle_timeout", c.Limits.SettleTimeout}} {
+		if t.d > 0 && t.d < 100*time.Millisecond {
+			bad(t.name, "must be at least 100ms, got %v: one transaction takes milliseconds", t.d)
+		}
 	}
 	if len(c.Plans) == 0 {
 		bad("plans", "no plan configured")

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestExampleConfigLoads(t *testing.T) {
@@ -44,6 +45,10 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		{"redis_url: http://x\n", "redis_url"},
 		{"limits:\n  max_body_bytes: 10\n", "limits.max_body_bytes"},
 		{"limits:\n  max_body_bytes: 4194304\n  max_event_bytes: 6291456\n", "limits.max_event_bytes"},
+		{"holds:\n  tally_ttl: 10m\n", "holds.tally_ttl"},
+		{"dedup:\n  replay_ttl: 0s\n", "dedup.replay_ttl"},
+		{"limits:\n  key_cache_ttl: 1h\n", "limits.key_cache_ttl"},
+		{"limits:\n  settle_timeout: 1ms\n", "limits.settle_timeout"},
 		{"holds:\n  heartbeat_interval: 60s\n", "holds.heartbeat_interval"},
 		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},
 		{"models:\n  m:\n    input: -1\n", "non-negative"},
@@ -71,5 +76,16 @@ func TestMissingDSNStopsTheStart(t *testing.T) {
 	_, err := Load("")
 	if err == nil || !strings.Contains(err.Error(), "MYSQL_DSN") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestWarningsNameAHoldShorterThanTheLongestCall(t *testing.T) {
+	c := Default()
+	if w := c.Warnings(); len(w) != 0 {
+		t.Fatalf("defaults warn: %v", w)
+	}
+	c.Holds.HoldTTL = time.Minute
+	if w := c.Warnings(); len(w) != 1 || !strings.Contains(w[0], "holds.hold_ttl") {
+		t.Fatalf("hold_ttl of a minute: warnings %v", w)
 	}
 }

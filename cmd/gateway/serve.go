@@ -76,6 +76,9 @@ func serve(ctx context.Context, args []string) error {
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          zap.NewStdLog(e.log),
 	}
+	for _, w := range cfg.Warnings() {
+		e.log.Warn("configuration weakens a guarantee", zap.String("warning", w))
+	}
 	e.log.Info("gateway listening", zap.String("addr", ln.Addr().String()))
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
