@@ -10,6 +10,7 @@
 package admin
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -53,6 +54,9 @@ type handler struct {
 // New builds the admin handler. Routes are relative to where it is mounted (/admin).
 // creditMicro converts micro-USD to the credits every answer shows; token is the bearer
 // token an operator must send (empty: the API is disabled and answers 404).
+// requestTimeout bounds one admin request, its database reads and writes included.
+const requestTimeout = 60 * time.Second
+
 func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) http.Handler {
 	if creditMicro <= 0 {
 		panic("admin: credit_micro must be positive")
@@ -105,7 +109,11 @@ func (h *handler) auth(next http.Handler) http.Handler {
 			return
 		}
 		w.Header().Set("Cache-Control", "no-store")
-		next.ServeHTTP(w, r)
+		// The store retries an unreachable database until its context ends, and an admin
+		// request's own context ends only when its client gives up.
+		ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
@@ -172,7 +180,13 @@ func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
 
 // user resolves the {name} path parameter; on failure it has answered.
 func (h *handler) user(w http.ResponseWriter, r *http.Request) (holds.UserDetail, bool) {
-	name, err := url.PathUnescape(chi.URLParam(r, "name"))
+	// chi matched on the raw path only if the request had one that differs from its decoded
+	// form (an escaped slash); only then is the parameter still escaped. Decoding an already
+	// decoded name would turn a user "a%41" into "aA".
+	name, err := chi.URLParam(r, "name"), error(nil)
+	if r.URL.RawPath != "" {
+		name, err = url.PathUnescape(name)
+	}
 	if err != nil || name == "" {
 		writeError(w, errUserNotFound)
 		return holds.UserDetail{}, false

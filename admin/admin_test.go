@@ -199,6 +199,20 @@ func TestUserKeyOnAdminIs401AndChangesNothing(t *testing.T) {
 }
 
 // No admin token configured: the admin API does not exist, whatever is sent.
+// TestAdminPathNameIsDecodedOnce: a user name with a percent sign (the CLI allows one) is
+// sent escaped, and names that user, not the one its double decoding would name.
+func TestAdminPathNameIsDecodedOnce(t *testing.T) {
+	f := newFixture(t, adminToken)
+	for _, name := range []string{"a%41", "aA"} {
+		if _, err := f.store.CreateUser(f.ctx(), name, "standard"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u := f.admin("GET", "/admin/users/a%2541", nil, http.StatusOK); u["name"] != "a%41" {
+		t.Fatalf("GET /admin/users/a%%2541 answered user %v, want a%%41", u["name"])
+	}
+}
+
 func TestAdminDisabledWithoutToken(t *testing.T) {
 	f := newFixture(t, "")
 	for _, tok := range []string{"", "anything"} {

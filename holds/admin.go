@@ -398,9 +398,10 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 		Used int64 `db:"used"`
 		Runs int64 `db:"runs"`
 	}
-	// One read-only transaction, so the rows and the ledger are the same snapshot.
+	// One read-only REPEATABLE READ transaction, so the rows and the ledger are the same
+	// snapshot (the sessions' READ COMMITTED would give each statement its own).
 	err := s.withRetry(ctx, "usage report", func() error {
-		tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{ReadOnly: true})
+		tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
 		if err != nil {
 			return err
 		}

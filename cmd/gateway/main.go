@@ -45,6 +45,9 @@ func main() {
 	}
 }
 
+// commandTimeout bounds every command but serve (migrate, reconcile -once, reports, grants).
+const commandTimeout = 10 * time.Minute
+
 func run(args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, usage)
@@ -55,6 +58,13 @@ func run(args []string) error {
 	cmd, rest := args[0], args[1:]
 	if (cmd == "user" || cmd == "key") && len(rest) > 0 {
 		cmd, rest = cmd+" "+rest[0], rest[1:]
+	}
+	if cmd != "serve" {
+		// A one-shot command gives up rather than wait on a database that does not answer:
+		// the store retries an unreachable one until its context ends.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, commandTimeout)
+		defer cancel()
 	}
 	switch cmd {
 	case "serve":
