@@ -123,6 +123,55 @@ func Migrate(ctx context.Context, db *sql.DB) ([]string, error) {
 	return done, nil
 }
 
+// Pending returns the names of the embedded migrations the database has not recorded. A
+// gateway refuses to serve on a schema behind its code: every batch would fail on a missing
+// column, and callers would get 500s instead of a clear "run gateway migrate".
+func Pending(ctx context.Context, db *sql.DB) ([]string, error) {
+	migrations, err := Migrations()
+	if err != nil {
+		return nil, err
+	}
+	applied := map[int]bool{}
+	rows, err := db.QueryContext(ctx, "SELECT version FROM schema_migrations")
+	if mysqlErrNumber(err) == errNoSuchTable {
+		rows, err = nil, nil // a database never migrated: everything is pending
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read schema versions: %w", err)
+	}
+	if rows != nil {
+		defer rows.Close()
+		for rows.Next() {
+			var v int
+			if err := rows.Scan(&v); err != nil {
+				return nil, fmt.Errorf("read schema versions: %w", err)
+			}
+			applied[v] = true
+		}
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("read schema versions: %w", err)
+		}
+	}
+	var out []string
+	for _, m := range migrations {
+		if !applied[m.Version] {
+			out = append(out, m.Name)
+		}
+	}
+	return out, nil
+}
+
+// errNoSuchTable is MySQL's "Table doesn't exist".
+const errNoSuchTable = 1146
+
+func mysqlErrNumber(err error) uint16 {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
+
 // alreadyApplied recognises DDL that a crashed earlier run already executed: MySQL commits DDL
 // at once, so a migration cut between a statement and its version row finds its own work on
 // the rerun. Duplicate column (1060) and duplicate key name (1061) mean exactly that.

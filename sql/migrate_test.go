@@ -45,3 +45,30 @@ func TestMigrationsAreNumberedAndUnique(t *testing.T) {
 		}
 	}
 }
+
+// TestPendingNamesWhatIsNotApplied: a migrated database has nothing pending; one whose last
+// migration was not applied names it, so that serve refuses to start on it.
+func TestPendingNamesWhatIsNotApplied(t *testing.T) {
+	db := testenv.MySQL(t)
+	ctx := context.Background()
+	if p, err := tgsql.Pending(ctx, db.DB); err != nil || len(p) != 0 {
+		t.Fatalf("pending on a migrated database: %v, %v", p, err)
+	}
+	all, err := tgsql.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := all[len(all)-1]
+	if _, err := db.Exec("DELETE FROM schema_migrations WHERE version = ?", last.Version); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := tgsql.Pending(ctx, db.DB); err != nil || len(p) != 1 || p[0] != last.Name {
+		t.Fatalf("pending with %s unrecorded: %v, %v", last.Name, p, err)
+	}
+	if _, err := db.Exec("DROP TABLE schema_migrations"); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := tgsql.Pending(ctx, db.DB); err != nil || len(p) != len(all) {
+		t.Fatalf("pending on a database never migrated: %v, %v", p, err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -17,6 +18,7 @@ import (
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/proxy"
+	tgsql "github.com/tollgate/tollgate/sql"
 )
 
 // serve runs the gateway until SIGTERM/SIGINT, then drains: stop accepting, let calls in
@@ -34,6 +36,11 @@ func serve(ctx context.Context, args []string) error {
 		if err := servePprof(pprofAddr, e.log); err != nil {
 			return err
 		}
+	}
+	if pending, err := tgsql.Pending(ctx, e.db.DB); err != nil {
+		return fmt.Errorf("check schema: %w", err)
+	} else if len(pending) > 0 {
+		return fmt.Errorf("the database schema is behind this gateway (%s not applied): run `gateway migrate` first", strings.Join(pending, ", "))
 	}
 	cfg := e.cfg
 	keys := redisKeys(cfg)
