@@ -67,6 +67,9 @@ func TestLostCommitReplyIsClaimedByTheRetry(t *testing.T) {
 			lossy.Arm(commitScript, testenv.LoseReply)
 			h, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: f.user.ID, State: holds.StateRunning,
 				TTL: time.Minute, Fresh: fresh, Token: testenv.RandomID(16)})
+			if !lossy.Fired() {
+				t.Fatal("the commit's reply was never lost")
+			}
 			if err != nil || h.Existing || h.HeldMicro != 20_000 {
 				t.Fatalf("admission whose commit reply was lost: %+v, %v; want its own new hold", h, err)
 			}
@@ -90,6 +93,9 @@ func TestLostCommitReplyOfASettlementChargesOnce(t *testing.T) {
 	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_lost_settle", CostMicro: 7_000, Source: holds.SourceComplete}); err != nil {
 		t.Fatal(err)
 	}
+	if !lossy.Fired() {
+		t.Fatal("the settlement's commit reply was never lost")
+	}
 	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 || bal.InFlight != 0 {
 		t.Fatalf("balance %+v, %v: want one charge of 7,000", bal, err)
 	}
@@ -108,6 +114,9 @@ func TestWriteScriptOutlivesTheBatchDeadline(t *testing.T) {
 		Fresh: true, Token: testenv.RandomID(16)})
 	if err != nil {
 		t.Fatalf("admission whose commit outlived the deadline: %v", err)
+	}
+	if !lossy.Fired() {
+		t.Fatal("the commit's reply was never delayed")
 	}
 	if n, state := holdRows(t, f.store, h.RunID); n != 1 || state != string(holds.StateRunning) {
 		t.Fatalf("%d rows for the run, state %q", n, state)

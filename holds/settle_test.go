@@ -67,8 +67,9 @@ func TestSettleTwiceChargesOnce(t *testing.T) {
 	}
 }
 
-// TestConcurrentSettlementsOfOneRunChargeOnce races a completion, a retry and the reconciler:
-// one wins, the others change nothing.
+// TestConcurrentSettlementsOfOneRunChargeOnce: sixteen settlements of one run at once (a
+// completion and its retries, as a slow process and its replacement would send them): one
+// wins, the others change nothing.
 func TestConcurrentSettlementsOfOneRunChargeOnce(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
@@ -97,8 +98,8 @@ func TestConcurrentSettlementsOfOneRunChargeOnce(t *testing.T) {
 }
 
 // TestFirstChargesOfADayRaceOnTheLedgerInsert settles many runs of one user at once on a day
-// with no ledger row yet: exactly one INSERT wins, the rest fall back to the UPDATE, and the
-// ledger holds every charge.
+// with no ledger row yet: they queue on the user's lock (or share a batch), the first creates
+// the day's row with its upsert and the rest add to it, and the ledger holds every charge.
 func TestFirstChargesOfADayRaceOnTheLedgerInsert(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()

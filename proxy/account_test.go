@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -158,7 +160,8 @@ func TestModelWithoutAnUpstreamOnTheRouteIsRefusedBeforeAnyHold(t *testing.T) {
 // TestADisabledUserIsRefusedAtOnce: the key is still in the process cache, but admission reads
 // the user's row under its lock and refuses.
 func TestADisabledUserIsRefusedAtOnce(t *testing.T) {
-	h := newHarness(t, nil)
+	// The cache outlives the test, so the refusal can only come from the admission.
+	h := newHarness(t, func(c *config.Config) { c.Limits.KeyCacheTTL = time.Minute })
 	u, key := h.user("standard")
 	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
 	readAll(t, resp.Body)

@@ -15,8 +15,9 @@ func TestRedisLock(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := context.Background()
 	key := metering.Keys{Prefix: prefix}.ReconcileLock()
-	a := redisLock{rdb: rdb, key: key, instance: "a", ttl: 300 * time.Millisecond}
-	b := redisLock{rdb: rdb, key: key, instance: "b", ttl: 300 * time.Millisecond}
+	// Long enough that no pause of a busy machine lets a's lock lapse between its steps.
+	a := redisLock{rdb: rdb, key: key, instance: "a", ttl: 3 * time.Second}
+	b := redisLock{rdb: rdb, key: key, instance: "b", ttl: 3 * time.Second}
 	try := func(l redisLock) bool {
 		t.Helper()
 		ok, err := l.TryLock(ctx)
@@ -31,14 +32,21 @@ func TestRedisLock(t *testing.T) {
 	if try(b) {
 		t.Fatal("b took a's lock")
 	}
+	// Asking again refreshes the lock: its time to live is back near the full TTL.
+	if err := rdb.PExpire(ctx, key, time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if !try(a) {
 		t.Fatal("a lost its own lock on asking again")
+	}
+	if left := rdb.PTTL(ctx, key).Val(); left <= time.Second {
+		t.Fatalf("lock has %v left after its holder asked again, want it refreshed to about 3 s", left)
 	}
 	if v := rdb.Get(ctx, key).Val(); v != "a" {
 		t.Fatalf("lock value %q, want the holder's instance", v)
 	}
 	// a stops asking: its lock lapses and b gets it. Poll with a deadline, no fixed sleep.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for !try(b) {
 		if time.Now().After(deadline) {
 			t.Fatal("a's lock never lapsed")

@@ -22,6 +22,7 @@ type Lossy struct {
 	marker []byte
 	mode   LossMode
 	down   bool
+	fired  int // marked writes seen since the last Arm
 }
 
 // LossMode is what happens after the marked write.
@@ -56,7 +57,15 @@ func LossyMySQLDSN(t testing.TB) (string, *Lossy) {
 func (l *Lossy) Arm(marker string, mode LossMode) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.marker, l.mode = []byte(marker), mode
+	l.marker, l.mode, l.fired = []byte(marker), mode, 0
+}
+
+// Fired reports whether the armed loss happened: a test whose marker no longer matches
+// anything would otherwise pass without testing anything.
+func (l *Lossy) Fired() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.fired > 0
 }
 
 // Down reports whether a GoDown loss has taken the network down.
@@ -105,6 +114,7 @@ func (c *lossyConn) Write(b []byte) (int, error) {
 	mode := l.mode
 	if hit {
 		l.marker = nil
+		l.fired++
 	}
 	l.mu.Unlock()
 	n, err := c.Conn.Write(b)
