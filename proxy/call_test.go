@@ -194,29 +194,60 @@ func TestUpstreamTimeoutAfterTheRequestIsChargedItsPrompt(t *testing.T) {
 	}
 }
 
+// TestUpstreamRefusalsReachTheCallerAsTheyShould: the provider's 4xx answers to the caller's
+// own mistakes pass through as sent; its 401 (the gateway's key) becomes 502
+// upstream_auth_failed, which the caller cannot fix. Neither is charged.
+func TestUpstreamRefusalsReachTheCallerAsTheyShould(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	for _, tc := range []struct {
+		upstream, status int
+		code             string
+	}{{400, 400, ""}, {404, 404, ""}, {401, 502, "upstream_auth_failed"}, {403, 502, "upstream_auth_failed"}} {
+		resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderStatus: fmt.Sprint(tc.upstream)})
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || (tc.code != "" && errorCode(t, body) != tc.code) {
+			t.Fatalf("upstream %d: gateway answered %d %s, want %d %s", tc.upstream, resp.StatusCode, body, tc.status, tc.code)
+		}
+		if tc.code == "" && !strings.Contains(string(body), "fake upstream status") {
+			t.Fatalf("upstream %d: answer %s is not the upstream's", tc.upstream, body)
+		}
+		if r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader)); r.ChargedMicro != 0 {
+			t.Fatalf("upstream %d: run %+v charged", tc.upstream, r)
+		}
+	}
+}
+
 func TestBadInputIsRefusedWithNoHoldLeftBehind(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Limits.MaxBodyBytes = 4096 })
 	_, key := h.user("standard")
 	big := `{"model":"fake-gpt","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`
 	for _, tc := range []struct {
 		name, key, body string
+		hdr             map[string]string
 		status          int
 		code            string
 	}{
-		{"malformed json", key, `{"model":"fake-gpt",`, 400, "invalid_json"},
-		{"not an object", key, `[1,2]`, 400, "invalid_json"},
-		{"missing model", key, `{"messages":[]}`, 400, "missing_model"},
-		{"unpriced model", key, `{"model":"gpt-unknown","messages":[]}`, 400, "model_not_priced"},
-		{"model name too long to store", key, `{"model":"fake-gpt-` + strings.Repeat("x", 200) + `","messages":[]}`, 400, "model_too_long"},
-		{"negative max_tokens", key, `{"model":"fake-gpt","max_tokens":-5,"messages":[]}`, 400, "invalid_max_tokens"},
-		{"fractional max_tokens", key, `{"model":"fake-gpt","max_tokens":1.5,"messages":[]}`, 400, "invalid_max_tokens"},
-		{"stream not boolean", key, `{"model":"fake-gpt","stream":"yes","messages":[]}`, 400, "invalid_stream"},
-		{"body over the limit", key, big, 413, "request_too_large"},
-		{"bad key", "tg_notakey", chatBody, 401, "invalid_api_key"},
-		{"no key", "", chatBody, 401, "invalid_api_key"},
+		{"malformed json", key, `{"model":"fake-gpt",`, nil, 400, "invalid_json"},
+		{"not an object", key, `[1,2]`, nil, 400, "invalid_json"},
+		{"missing model", key, `{"messages":[]}`, nil, 400, "missing_model"},
+		{"unpriced model", key, `{"model":"gpt-unknown","messages":[]}`, nil, 400, "model_not_priced"},
+		{"model name too long to store", key, `{"model":"fake-gpt-` + strings.Repeat("x", 200) + `","messages":[]}`, nil, 400, "model_too_long"},
+		{"negative max_tokens", key, `{"model":"fake-gpt","max_tokens":-5,"messages":[]}`, nil, 400, "invalid_max_tokens"},
+		{"fractional max_tokens", key, `{"model":"fake-gpt","max_tokens":1.5,"messages":[]}`, nil, 400, "invalid_max_tokens"},
+		{"stream not boolean", key, `{"model":"fake-gpt","stream":"yes","messages":[]}`, nil, 400, "invalid_stream"},
+		{"body over the limit", key, big, nil, 413, "request_too_large"},
+		{"bad key", "tg_notakey", chatBody, nil, 401, "invalid_api_key"},
+		{"no key", "", chatBody, nil, 401, "invalid_api_key"},
+		{"bad run id", key, chatBody, map[string]string{"X-Run-Id": "no spaces!"}, 400, "invalid_run_id"},
+		{"run id with an idempotency key", key, chatBody, map[string]string{"X-Run-Id": "task", proxy.IdempotencyKeyHeader: "k1"}, 400, "invalid_request"},
+		{"run id with a session", key, chatBody, map[string]string{"X-Run-Id": "task", proxy.SessionHeader: "s1"}, 400, "invalid_request"},
+		{"idempotency key too long", key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: strings.Repeat("k", 256)}, 400, "invalid_idempotency_key"},
+		{"bad session id", key, chatBody, map[string]string{proxy.SessionHeader: "no spaces!"}, 400, "invalid_session_id"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			resp := h.post(tc.key, "/v1/chat/completions", tc.body, nil)
+			resp := h.post(tc.key, "/v1/chat/completions", tc.body, tc.hdr)
 			body := readAll(t, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode != tc.status || errorCode(t, body) != tc.code {
@@ -224,6 +255,14 @@ func TestBadInputIsRefusedWithNoHoldLeftBehind(t *testing.T) {
 			}
 		})
 	}
+	t.Run("messages without max_tokens", func(t *testing.T) {
+		resp := h.post(key, "/v1/messages", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`, nil)
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || !strings.Contains(string(body), "missing_max_tokens") {
+			t.Fatalf("got %d %s, want 400 missing_max_tokens", resp.StatusCode, body)
+		}
+	})
 	if all, _ := h.holdCount(); all != 0 {
 		t.Fatalf("%d holds were taken for refused requests", all)
 	}

@@ -196,6 +196,31 @@ func (h *harness) secondGateway(dedup redis.UniversalClient, mutate func(*config
 	return srv, gw.URL
 }
 
+// TestDuplicateHoldIsGoneWhenItsAnswerArrives: a request found to duplicate a running one
+// releases its fresh hold in the request itself, so by the time the caller reads its 409 the
+// only live hold is the original's — checked at that moment, not after waiting.
+func TestDuplicateHoldIsGoneWhenItsAnswerArrives(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	orig := h.post(key, "/v1/chat/completions", streamBody, slowStream(20, nil))
+	defer orig.Body.Close()
+	br := firstEvent(t, orig)
+	dup := h.post(key, "/v1/chat/completions", streamBody, nil)
+	body := readAll(t, dup.Body)
+	dup.Body.Close()
+	if dup.StatusCode != http.StatusConflict || errorCode(t, body) != "duplicate" {
+		t.Fatalf("resend while the original runs: %d %s, want 409 duplicate", dup.StatusCode, body)
+	}
+	var live int
+	if err := h.db.Get(&live, "SELECT COUNT(*) FROM run_holds WHERE user_id = ? AND state <> 'settled'", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if live != 1 {
+		t.Fatalf("%d live holds when the 409 arrived, want only the original's", live)
+	}
+	readAll(t, br)
+}
+
 // TestFingerprintWhoseReplyWasLostIsNotItsOwnDuplicate: the SET NX that registers a request's
 // fingerprint reaches Redis, its reply is lost with the connection, and the client sends it
 // again, which now finds the key taken — by this very request. The request runs; it is not

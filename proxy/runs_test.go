@@ -239,3 +239,31 @@ func TestNamedRunCallIsTalliedBeforeItsAnswerEnds(t *testing.T) {
 		t.Fatalf("run %+v: want the call charged", r)
 	}
 }
+
+// TestNamedRunOutlivesAFailedFirstCall: the first call of a run fails upstream (a 503); the
+// agent retries under the same name and the run goes on — not 409 run_settled — and settling
+// charges only what was used.
+func TestNamedRunOutlivesAFailedFirstCall(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-retry"}
+	first := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderStatus, "503"))
+	readAll(t, first.Body)
+	first.Body.Close()
+	if first.StatusCode != http.StatusBadGateway {
+		t.Fatalf("first call, upstream 503: %d, want 502", first.StatusCode)
+	}
+	retry := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "7"))
+	body := readAll(t, retry.Body)
+	retry.Body.Close()
+	if retry.StatusCode != http.StatusOK {
+		t.Fatalf("retry under the same run: %d %s, want 200", retry.StatusCode, body)
+	}
+	if status, body := h.settleRun(key, "task-retry"); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	r := h.run(u.ID, retry.Header.Get(proxy.RunIDHeader))
+	if r.Calls != 1 || r.OutTok != 7 || r.ChargedMicro != fakeGPTCost(r.InTok, 7) {
+		t.Fatalf("run %+v: want the one call that ran charged", r)
+	}
+}
