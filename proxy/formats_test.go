@@ -94,6 +94,12 @@ func TestEveryFixtureBillsItsExpectedUsage(t *testing.T) {
 		t.Run(variant.name, func(t *testing.T) {
 			h := newHarnessWithFixtures(t, variant.dir, func(c *configT) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
 			u, key := h.user("standard")
+			replayed := 0
+			defer func() {
+				if replayed == 0 {
+					t.Error("no fixture was replayed")
+				}
+			}()
 			for name, want := range expected {
 				raw, _ := os.ReadFile(filepath.Join(variant.dir, name))
 				hdr := map[string]string{fakellm.HeaderReplay: name}
@@ -103,6 +109,7 @@ func TestEveryFixtureBillsItsExpectedUsage(t *testing.T) {
 					}
 					hdr[fakellm.HeaderSplit] = everyOffset(len(raw))
 				}
+				replayed++
 				path, body := fixtureRequest(name, true)
 				resp := h.post(key, path, body, hdr)
 				got := readAll(t, resp.Body)
@@ -127,11 +134,13 @@ func TestUnrequestedUsageChunkIsRemovedFromFixtures(t *testing.T) {
 	expected := loadExpected(t, dir)
 	h := newHarness(t, func(c *configT) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
 	u, key := h.user("standard")
+	replayed := 0
 	for name, want := range expected {
 		path, body := fixtureRequest(name, false)
 		if !strings.HasSuffix(name, ".sse") || (path != "/v1/chat/completions" && path != "/v1/completions") {
 			continue
 		}
+		replayed++
 		raw, _ := os.ReadFile(filepath.Join(dir, name))
 		resp := h.post(key, path, body, map[string]string{fakellm.HeaderReplay: name})
 		got := readAll(t, resp.Body)
@@ -140,6 +149,9 @@ func TestUnrequestedUsageChunkIsRemovedFromFixtures(t *testing.T) {
 			t.Errorf("%s: client received %d bytes, want %d (upstream less usage-only chunks)", name, len(got), len(wantBytes))
 		}
 		checkFixtureRun(t, h, u.ID, resp.Header.Get(proxy.RunIDHeader), name, want)
+	}
+	if replayed == 0 {
+		t.Fatal("no chat or completions stream among the fixtures")
 	}
 }
 
