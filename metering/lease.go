@@ -120,5 +120,30 @@ func (l *Leases) Refresh(ctx context.Context) error {
 			return fmt.Errorf("refresh %d leases: %w", len(batch), err)
 		}
 	}
+	// A run released while the pipeline was on its way had its key deleted before the SET
+	// above put it back: it would then look served for a whole TTL (its run unsettleable,
+	// left alone by the reconciler). Delete what is no longer held; a run acquired again
+	// meanwhile is held and keeps its key.
+	var gone []string
+	l.mu.Lock()
+	for _, id := range ids {
+		if l.runs[id] == 0 {
+			gone = append(gone, l.keys.Lease(id))
+		}
+	}
+	l.mu.Unlock()
+	if len(gone) == 0 {
+		return nil
+	}
+	// One DEL per key: the keys live in different Cluster slots.
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, key := range gone {
+			p.Del(ctx, key)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("drop %d leases released during the refresh: %w", len(gone), err)
+	}
 	return nil
 }

@@ -374,8 +374,12 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 // caller has not been sent yet: a caller that settles its run the moment the answer ends must
 // find the call in the run's tally, not get 409 run_busy for a call it saw finish.
 func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
-	s.tallyCall(context.WithoutCancel(ctx), c, s.settlementOf(c))
+	ctx = context.WithoutCancel(ctx)
+	s.tallyCall(ctx, c, s.settlementOf(c))
 	c.tallied = true
+	// The call is over but for its last bytes; a run settled now must not find its lease
+	// (CloseRun refuses a leased run).
+	s.releaseLease(ctx, c)
 }
 
 // tallyCall records a call's usage in Redis: if this process dies before the call's

@@ -94,11 +94,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	// stream's final event waits for the upstream's end and the tally.
 	var final []byte
 	writeEvent := func(raw []byte) bool {
-		bound.next()
-		if _, err := w.Write(raw); err != nil {
-			return false
-		}
-		return rc.Flush() == nil
+		return bound.write(w, raw) == nil && rc.Flush() == nil
 	}
 	for {
 		ev, err := sc.Next()
@@ -180,7 +176,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	defer bound.clear()
 	bound.next()
 	w.WriteHeader(resp.StatusCode)
-	if _, err := w.Write(body); err != nil {
+	if err := bound.write(w, body); err != nil {
 		c.outcome = outcomeCancel
 	}
 	// Flush now: the handler still has its deferred settlement to hand off, and the caller
@@ -205,6 +201,23 @@ type writeBound struct {
 
 func (s *Server) boundWrites(rc *http.ResponseController) *writeBound {
 	return &writeBound{rc: rc, timeout: s.cfg.Limits.ClientWriteTimeout}
+}
+
+// writePiece is the most written under one deadline: the timeout bounds a stall, not the
+// time a large answer takes to reach a slow client that keeps reading.
+const writePiece = 64 << 10
+
+// write writes p in pieces, each with at least half the timeout.
+func (b *writeBound) write(w io.Writer, p []byte) error {
+	for len(p) > 0 {
+		n := min(len(p), writePiece)
+		b.next()
+		if _, err := w.Write(p[:n]); err != nil {
+			return err
+		}
+		p = p[n:]
+	}
+	return nil
 }
 
 // next makes sure the coming write has at least half the timeout.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -201,13 +202,25 @@ func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
 // event, and the tally is read the instant [DONE] arrives — and a settle sent then, on a new
 // connection, charges the call instead of answering 409 run_busy.
 func TestNamedRunCallIsTalliedBeforeItsAnswerEnds(t *testing.T) {
-	h := newHarness(t, nil)
+	h, lossy := newLossyHarness(t)
 	u, key := h.user("standard")
-	hdr := map[string]string{"X-Run-Id": "task-quick", fakellm.HeaderChunks: "12", fakellm.HeaderLinger: "300ms"}
+	// The run's expiry push, the last database step of the call's end, answers late: what
+	// the call still held then (its lease) it holds while the caller settles.
+	lossy.Arm("UPDATE run_holds SET expires_at = NOW(6) + INTERVAL", testenv.LateReply)
+	hdr := map[string]string{"X-Run-Id": "task-quick", fakellm.HeaderChunks: "12", fakellm.HeaderChunkInterval: "20ms",
+		fakellm.HeaderLinger: "300ms"}
 	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
 	defer resp.Body.Close()
 	runID := resp.Header.Get(proxy.RunIDHeader)
-	br := bufio.NewReader(resp.Body)
+	br := firstEvent(t, resp)
+	// A heartbeat while the call runs writes its lease, as one does for every call in flight;
+	// a leased run cannot be settled, so the lease must be gone with the answer's end too.
+	if err := h.leases.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := h.rdb.Exists(context.Background(), h.keys.Lease(runID)).Result(); err != nil || n != 1 {
+		t.Fatalf("lease of the running call: exists=%d, %v", n, err)
+	}
 	for {
 		line, err := br.ReadString('\n')
 		if err != nil {
@@ -237,6 +250,9 @@ func TestNamedRunCallIsTalliedBeforeItsAnswerEnds(t *testing.T) {
 	r := h.run(u.ID, runID)
 	if r.Calls != 1 || r.OutTok != 12 || r.ChargedMicro != fakeGPTCost(r.InTok, r.OutTok) {
 		t.Fatalf("run %+v: want the call charged", r)
+	}
+	if !lossy.Fired() {
+		t.Fatal("the call's expiry push never went out")
 	}
 }
 

@@ -45,7 +45,8 @@ func main() {
 	}
 }
 
-// commandTimeout bounds every command but serve (migrate, reconcile -once, reports, grants).
+// commandTimeout bounds every command but serve and migrate (reconcile -once, reports,
+// grants, audit).
 const commandTimeout = 10 * time.Minute
 
 func run(args []string) error {
@@ -59,7 +60,7 @@ func run(args []string) error {
 	if (cmd == "user" || cmd == "key") && len(rest) > 0 {
 		cmd, rest = cmd+" "+rest[0], rest[1:]
 	}
-	if cmd != "serve" {
+	if cmd != "serve" && cmd != "migrate" { // migrate: an index on a large table takes what it takes
 		// A one-shot command gives up rather than wait on a database that does not answer:
 		// the store retries an unreachable one until its context ends.
 		var cancel context.CancelFunc
