@@ -283,9 +283,7 @@ func (s *Server) answerSuperseded(c *call) int {
 		return errSupersededAnswer.Status
 	}
 	if strings.HasPrefix(rw.Header().Get("Content-Type"), "text/event-stream") {
-		e := errSupersededAnswer
-		b, _ := json.Marshal(map[string]any{"error": map[string]string{"message": e.Message, "type": e.Type, "code": e.Code}})
-		_, _ = rw.Write(append(append([]byte("data: "), b...), '\n', '\n'))
+		_, _ = rw.Write(streamErrorEvent(c.req.route.format, errSupersededAnswer))
 		_ = http.NewResponseController(rw).Flush()
 	}
 	return rw.status
@@ -421,14 +419,25 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
 // may have committed it although the answer was lost (holds.ErrOutcomeUnknown), the caller is
 // refused, so the hold must not be charged. It is settled at 0 in the background with the
 // admission's token, which closes this request's hold and never one another request took on
-// the same named run (an Idempotency-Key retry, a later call of an X-Run-Id run). A fresh run
-// id (made up at random for this request) also gets a zero tally first: if the release cannot
-// reach the database either, the reconciler then settles it at 0 rather than at what was
-// held. A named run gets none, since another request may be serving it: if its release fails,
-// the reconciler settles it like any expired run. Any other failed admission held nothing,
-// and this does nothing.
+// the same run (an Idempotency-Key retry). A fresh run id (made up at random for this
+// request) also gets a zero tally first: if the release cannot reach the database either, the
+// reconciler then settles it at 0 rather than at what was held.
+//
+// A named run (X-Run-Id) is not released: other calls of it may already be running on the
+// hold (the caller's retry, a parallel call), and a failed call leaves a run open. It gets a
+// zero tally instead, so that a run nobody comes back to is settled at what its calls used.
+// Any other failed admission held nothing, and this does nothing.
 func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest, err error, log *zap.Logger) {
 	if !errors.Is(err, holds.ErrOutcomeUnknown) {
+		return
+	}
+	if ar.ClientRunID != "" {
+		log.Warn("admission outcome unknown; the run stays open", zap.Error(err))
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if err := s.tally.MarkUnused(tctx, ar.RunID); err != nil {
+			log.Warn("unused tally not written", zap.Error(err))
+		}
 		return
 	}
 	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))

@@ -194,6 +194,39 @@ func TestUpstreamTimeoutAfterTheRequestIsChargedItsPrompt(t *testing.T) {
 	}
 }
 
+// TestStreamThatBreaksSaysSo: the upstream's connection drops after a few chunks. The stream's
+// 200 is long gone, so the caller is told in the stream — an error event after the chunks it
+// got — rather than seeing a clean end it would take for the whole answer; the call is charged
+// what it produced. Under an Idempotency-Key a broken stream that produced nothing does not pin
+// the key: the retry runs.
+func TestStreamThatBreaksSaysSo(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	events := bytes.Split(bytes.TrimSpace(body), []byte("\n\n"))
+	last := events[len(events)-1]
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(last, []byte(`"code":"upstream_broken"`)) || bytes.Contains(body, []byte("[DONE]")) {
+		t.Fatalf("broken stream ended with %q, want an upstream_broken error event", last)
+	}
+	r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if r.SettleSource.String != holds.SourceStreamError || r.ChargedMicro == 0 {
+		t.Fatalf("run %+v: want settled as stream_error, charged what it produced", r)
+	}
+
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "broken-at-once", fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "0"}
+	first := send(h.gw.URL, key, streamBody, idem)
+	if !bytes.Contains(first.body, []byte("upstream_broken")) {
+		t.Fatalf("stream broken before any output: %d %s", first.status, first.body)
+	}
+	h.settled()
+	retry := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-at-once"})
+	if retry.status != http.StatusOK || retry.header.Get(proxy.ReplayedHeader) != "" || !bytes.Contains(retry.body, []byte("[DONE]")) {
+		t.Fatalf("retry after an empty broken stream: %d replayed=%q %s; want it run", retry.status, retry.header.Get(proxy.ReplayedHeader), retry.body)
+	}
+}
+
 // TestUpstreamRefusalsReachTheCallerAsTheyShould: the provider's 4xx answers to the caller's
 // own mistakes pass through as sent; its 401 (the gateway's key) becomes 502
 // upstream_auth_failed, which the caller cannot fix. Neither is charged.
@@ -463,10 +496,10 @@ func TestAdmissionWithUnknownOutcomeIsReleased(t *testing.T) {
 	}
 }
 
-// TestNamedRunWithUnknownAdmissionOutcomeIsReleased: as above with an Idempotency-Key. The
+// TestIdempotentRequestWithUnknownAdmissionOutcomeIsReleased: as above with an Idempotency-Key. The
 // hold is released with the admission's token (another request may hold the run by then), and
 // a retry with the same key is then served, not told 409 until the hold expires.
-func TestNamedRunWithUnknownAdmissionOutcomeIsReleased(t *testing.T) {
+func TestIdempotentRequestWithUnknownAdmissionOutcomeIsReleased(t *testing.T) {
 	h, lossy := newLossyHarness(t)
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "lost-" + testenv.RandomID(4)}
@@ -488,6 +521,31 @@ func TestNamedRunWithUnknownAdmissionOutcomeIsReleased(t *testing.T) {
 	retry.Body.Close()
 	if retry.StatusCode != http.StatusOK {
 		t.Fatalf("retry with the same key after the release: %d %s, want 200", retry.StatusCode, retryBody)
+	}
+}
+
+// TestNamedRunWithUnknownAdmissionOutcomeStaysOpen: the first call of a named run is refused
+// because its admission's commit went unanswered (the hold was committed). The run is not
+// released behind the agent's back — its retry, or a parallel call, may already be running on
+// that hold — so the retry goes on under the same name and the run is charged what ran.
+func TestNamedRunWithUnknownAdmissionOutcomeStaysOpen(t *testing.T) {
+	h, lossy := newLossyHarness(t)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-lost-admit"}
+	postWithLostAdmission(h, lossy, key, run)
+	h.settled() // whatever the refused call set going in the background is done
+	retry := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
+	body := readAll(t, retry.Body)
+	retry.Body.Close()
+	if retry.StatusCode != http.StatusOK {
+		t.Fatalf("retry under the run: %d %s, want 200", retry.StatusCode, body)
+	}
+	if status, body := h.settleRun(key, "task-lost-admit"); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	r := h.run(u.ID, retry.Header.Get(proxy.RunIDHeader))
+	if r.OutTok != 5 || r.ChargedMicro != fakeGPTCost(r.InTok, 5) || r.SettleSource.String != holds.SourceClient {
+		t.Fatalf("run %+v: want the retry's call charged when the client settled", r)
 	}
 }
 

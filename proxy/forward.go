@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -107,6 +108,15 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			default:
 				c.outcome = outcomeStreamError
 				c.log.Warn("upstream stream broke", zap.Error(err))
+				// Said in the stream, or the caller sees a clean end and takes the answer
+				// for whole.
+				e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+					Message: "The upstream stream broke before the answer was complete."}
+				if isTimeout(err) {
+					e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
+						Message: "The upstream did not finish the answer in time."}
+				}
+				_ = writeEvent(streamErrorEvent(c.req.route.format, e))
 			}
 			break
 		}
@@ -183,6 +193,23 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	// need not wait for that.
 	_ = rc.Flush()
 	return resp.StatusCode
+}
+
+// streamErrorEvent is e as an SSE event in the stream's own format, for errors that happen
+// once the stream's 200 has been sent.
+func streamErrorEvent(f metering.Format, e *apiError) []byte {
+	var b []byte
+	switch f {
+	case metering.FormatAnthropic:
+		b, _ = json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": e.Type, "message": e.Message}})
+		return append(append([]byte("event: error\ndata: "), b...), '\n', '\n')
+	case metering.FormatResponses:
+		b, _ = json.Marshal(map[string]any{"type": "error", "code": e.Code, "message": e.Message})
+		return append(append([]byte("event: error\ndata: "), b...), '\n', '\n')
+	default:
+		b, _ = json.Marshal(map[string]any{"error": map[string]string{"message": e.Message, "type": e.Type, "code": e.Code}})
+		return append(append([]byte("data: "), b...), '\n', '\n')
+	}
 }
 
 // writeBound puts a deadline on writes to the caller (limits.client_write_timeout): the server

@@ -242,7 +242,10 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	ic, rw := c.idem, c.rw
-	pins := rw.status >= 200 && rw.status <= 299 && (c.outcome == outcomeComplete || c.outcome == outcomeStreamError)
+	// A stream that broke pins the key only if it had produced output: an empty answer is
+	// better run again than replayed for a day.
+	pins := rw.status >= 200 && rw.status <= 299 &&
+		(c.outcome == outcomeComplete || (c.outcome == outcomeStreamError && c.meter.Result().OutputChars > 0))
 	if !pins {
 		if err := s.advanceIdem(ctx, ic, ic.attempt); err != nil {
 			c.log.Warn("idempotency attempt not advanced; the next retry advances it", zap.Error(err))
