@@ -373,8 +373,9 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 // find the call in the run's tally, not get 409 run_busy for a call it saw finish.
 func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 	ctx = context.WithoutCancel(ctx)
-	s.tallyCall(ctx, c, s.settlementOf(c))
-	c.tallied = true
+	// A failed write is tried once more when the call ends (a named run's steps are safe to
+	// repeat): the tally is the run's only record of the call.
+	c.tallied = s.tallyCall(ctx, c, s.settlementOf(c))
 	// The call is over but for its last bytes; a run settled now must not find its lease
 	// (CloseRun refuses a leased run).
 	s.releaseLease(ctx, c)
@@ -389,7 +390,7 @@ func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 //
 // A call that used nothing (refused, duplicate, upstream error) records that it used nothing:
 // without a tally the reconciler would charge a run whose release at 0 failed what it held.
-func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
+func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (ok bool) {
 	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var err error
@@ -409,10 +410,12 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) {
 			c.log.Error("tally write failed; this call is missing from its run's charge", zap.Error(err),
 				zap.Int64("cost_micro", st.CostMicro), zap.Int64("in_tok", st.Usage.Input), zap.Int64("out_tok", st.Usage.Output),
 				zap.Int64("cache_read_tok", st.Usage.CacheRead), zap.Int64("cache_write_tok", st.Usage.CacheWrite))
-			return
+			return false
 		}
 		c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
+		return false
 	}
+	return true
 }
 
 // releaseLostAdmission closes the hold a failed admission may have left: when the database

@@ -43,8 +43,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	resp, err := s.client.Do(up)
 	if err != nil {
 		if clientGone(r) {
-			// The prompt may already be in the provider's hands: charge the estimate of it.
+			// If the provider has the prompt, charge the estimate of it; if the request never
+			// reached it whole, nothing was used.
 			c.outcome = outcomeCancel
+			if !sent.Load() {
+				c.outcome = outcomeRefused
+			}
 			return 499
 		}
 		c.outcome = outcomeUpstreamError
@@ -277,8 +281,11 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
 		copyResponseHeaders(w.Header(), resp.Header)
 		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		bound := s.boundWrites(http.NewResponseController(w))
+		defer bound.clear()
+		bound.next()
 		w.WriteHeader(resp.StatusCode)
-		_, _ = w.Write(body)
+		_ = bound.write(w, body)
 		return resp.StatusCode
 	}
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",

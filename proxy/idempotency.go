@@ -231,8 +231,11 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 	h.Set(ReplayedHeader, "true")
 	h.Set(RunIDHeader, rec.run)
 	h.Set("Content-Length", strconv.Itoa(len(resp)))
+	bound := s.boundWrites(http.NewResponseController(w))
+	defer bound.clear()
+	bound.next()
 	w.WriteHeader(rec.status)
-	_, _ = w.Write([]byte(resp))
+	_ = bound.write(w, []byte(resp))
 	return rec.status, nil
 }
 
