@@ -73,11 +73,17 @@ func (l *Leases) Release(ctx context.Context, runID string) error {
 	if !last {
 		return nil
 	}
-	if err := l.rdb.Del(ctx, l.keys.Lease(runID)).Err(); err != nil {
+	if err := leaseReleaseScript.Run(ctx, l.rdb, []string{l.keys.Lease(runID)}, l.instance).Err(); err != nil {
 		return fmt.Errorf("release lease %s: %w", runID, err)
 	}
 	return nil
 }
+
+// leaseReleaseLua deletes a lease only if this process wrote it last: calls of one named run may be
+// served by two processes, and one's release must not drop the lease the other still needs.
+const leaseReleaseLua = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`
+
+var leaseReleaseScript = redis.NewScript(leaseReleaseLua)
 
 // Exists reports whether any process holds a lease on runID.
 func (l *Leases) Exists(ctx context.Context, runID string) (bool, error) {
@@ -135,10 +141,11 @@ func (l *Leases) Refresh(ctx context.Context) error {
 	if len(gone) == 0 {
 		return nil
 	}
-	// One DEL per key: the keys live in different Cluster slots.
+	// One script per key (the keys live in different Cluster slots), sent whole: EVALSHA in a
+	// pipeline cannot fall back on a script cache miss.
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, key := range gone {
-			p.Del(ctx, key)
+			p.Eval(ctx, leaseReleaseLua, []string{key}, l.instance)
 		}
 		return nil
 	})
