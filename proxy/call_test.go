@@ -692,19 +692,7 @@ func TestSettlementDoesNotWaitForTally(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	for {
-		var state string
-		if err := h.db.Get(&state, "SELECT state FROM run_holds WHERE run_id = ?", runID); err != nil {
-			t.Fatal(err)
-		}
-		if holds.State(state) == holds.StateSettled {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run %s is %s after 10 s with its tally held back (tally writes held: %d)", runID, state, gate.held())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	h.waitSettled(runID, 10*time.Second, "its settlement waited for the tally held back")
 	if gate.held() != 1 {
 		t.Fatalf("tally writes held at the gate: %d, want the call's one still held when it settled", gate.held())
 	}
@@ -774,20 +762,7 @@ func TestClientThatStopsReadingIsCut(t *testing.T) {
 	defer resp.Body.Close()
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	// Read nothing: the body stays unread until the call has been settled.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		var state string
-		if err := h.db.Get(&state, "SELECT state FROM run_holds WHERE run_id = ?", runID); err != nil {
-			t.Fatal(err)
-		}
-		if holds.State(state) == holds.StateSettled {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("run %s still %s 20 s after its client stopped reading", runID, state)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	h.waitSettled(runID, 20*time.Second, "its client stopped reading and its writes should have timed out")
 	r := h.run(u.ID, runID)
 	if r.SettleSource.String != holds.SourceCancel || r.OutTok == 0 || r.ChargedMicro == 0 {
 		t.Fatalf("run %+v: want settled as cancelled, charged the output it produced", r)

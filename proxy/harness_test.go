@@ -255,3 +255,23 @@ func (h *harness) settleRun(key, id string) (int, []byte) {
 	defer resp.Body.Close()
 	return resp.StatusCode, readAll(h.t, resp.Body)
 }
+
+// waitSettled polls until runID's hold is settled; past within it fails, saying why the run
+// should have settled.
+func (h *harness) waitSettled(runID string, within time.Duration, why string) {
+	h.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		var state string
+		if err := h.db.Get(&state, "SELECT state FROM run_holds WHERE run_id = ?", runID); err != nil {
+			h.t.Fatal(err)
+		}
+		if holds.State(state) == holds.StateSettled {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("run %s still %s after %v: %s", runID, state, within, why)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
