@@ -120,7 +120,7 @@ func meterStream(tb testing.TB, r io.Reader, f Format) scanned {
 }
 
 func copyEvent(ev Event) Event {
-	c := Event{Name: ev.Name, Raw: bytes.Clone(ev.Raw)}
+	c := Event{Name: ev.Name, Raw: bytes.Clone(ev.Raw), Unterminated: ev.Unterminated}
 	if ev.Data != nil {
 		c.Data = append([]byte{}, ev.Data...)
 	}

@@ -2,6 +2,7 @@ package metering
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -123,13 +124,20 @@ func (l *Leases) Refresh(ctx context.Context) error {
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("refresh %d leases: %w", len(batch), err)
+			err = fmt.Errorf("refresh %d leases: %w", len(batch), err)
+			// Some SETs may have landed: a run released meanwhile must still lose its key.
+			return errors.Join(err, l.dropReleased(ctx, ids))
 		}
 	}
-	// A run released while the pipeline was on its way had its key deleted before the SET
-	// above put it back: it would then look served for a whole TTL (its run unsettleable,
-	// left alone by the reconciler). Delete what is no longer held; a run acquired again
-	// meanwhile is held and keeps its key.
+	return l.dropReleased(ctx, ids)
+}
+
+// dropReleased deletes the lease keys of the runs among ids no longer held here.
+func (l *Leases) dropReleased(ctx context.Context, ids []string) error {
+	// A run released while Refresh's pipeline was on its way had its key deleted before a SET
+	// put it back: it would then look served for a whole TTL (its run unsettleable, left
+	// alone by the reconciler). Delete what is no longer held; a run acquired again meanwhile
+	// is held and keeps its key.
 	var gone []string
 	l.mu.Lock()
 	for _, id := range ids {

@@ -37,6 +37,9 @@ type Event struct {
 	Name string // value of the last `event:` field, "" if none
 	Data []byte // `data:` values joined with "\n", nil if the event had no data line
 	Raw  []byte // the exact bytes received, terminating blank line and comments included
+	// Unterminated: the stream ended inside this event (no blank line closed it). Whether
+	// the end was clean is the next call's answer.
+	Unterminated bool
 }
 
 // Scanner splits an SSE byte stream into events. The Raw of all events concatenated is the
@@ -241,7 +244,9 @@ func (s *Scanner) finishAtEnd() (Event, error) {
 		return Event{}, s.fail(s.rerr)
 	}
 	s.done = s.rerr
-	return s.event(), nil
+	ev := s.event()
+	ev.Unterminated = true
+	return ev, nil
 }
 
 // fill reads once into the free tail of the buffer, first moving the unreturned bytes to the

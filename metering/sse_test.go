@@ -43,7 +43,7 @@ func scanAll(t *testing.T, max int, chunks ...string) ([]Event, error) {
 func checkEvents(t *testing.T, got []Event, wants ...want) {
 	t.Helper()
 	if len(got) != len(wants) {
-		t.Fatalf("got %d events %q, want %d", len(got), got, len(wants))
+		t.Fatalf("got %d events %+v, want %d", len(got), got, len(wants))
 	}
 	for i, w := range wants {
 		g := got[i]
@@ -262,5 +262,32 @@ func TestScannerNoAllocs(t *testing.T) {
 	})
 	if allocs > 5 { // the Scanner, its buffer, one name
 		t.Errorf("%v allocations to scan 1000 events", allocs)
+	}
+}
+
+// TestScannerFlagsAnEventTheStreamEndedIn: only an event no blank line closed is Unterminated,
+// so the proxy can tell a half event (drop it after a break) from a whole one.
+func TestScannerFlagsAnEventTheStreamEndedIn(t *testing.T) {
+	for _, tc := range []struct {
+		stream string
+		last   bool // the last event is unterminated
+	}{
+		{"data: a\n\ndata: b\n\n", false},
+		{"data: a\n\ndata: {\"half", true},
+		{"data: a\r\n\r\n", false},
+		{"data: a\n", true},
+	} {
+		sc := NewScanner(strings.NewReader(tc.stream), 1<<10)
+		var last Event
+		for {
+			ev, err := sc.Next()
+			if err != nil {
+				break
+			}
+			last = ev
+		}
+		if last.Unterminated != tc.last {
+			t.Errorf("%q: last event unterminated=%v, want %v", tc.stream, last.Unterminated, tc.last)
+		}
 	}
 }

@@ -283,8 +283,11 @@ func (s *Server) answerSuperseded(c *call) int {
 		return errSupersededAnswer.Status
 	}
 	if strings.HasPrefix(rw.Header().Get("Content-Type"), "text/event-stream") {
-		_, _ = rw.Write(streamErrorEvent(c.req.route.format, errSupersededAnswer))
-		_ = http.NewResponseController(rw).Flush()
+		rc := http.NewResponseController(rw)
+		bound := s.boundWrites(rc)
+		defer bound.clear()
+		_ = bound.write(rw, streamErrorEvent(c.req.route.format, errSupersededAnswer))
+		_ = rc.Flush()
 	}
 	return rw.status
 }
@@ -435,15 +438,19 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 		return
 	}
 	if ar.ClientRunID != "" {
-		log.Warn("admission outcome unknown; the run stays open", zap.Error(err))
 		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
-		if err := s.tally.MarkUnused(tctx, ar.RunID); err != nil {
-			log.Warn("unused tally not written", zap.Error(err))
+		if err := s.tally.MarkUnused(tctx, ar.RunID); err == nil {
+			log.Warn("admission outcome unknown; the run stays open", zap.Error(err))
+			return
 		}
-		return
+		// Without a zero tally a run nobody comes back to would be charged its hold. Redis is
+		// out of reach, so no call of the run can have reserved and be running: releasing
+		// this request's hold by its token, as below, leaves no call uncharged.
+		log.Warn("admission outcome unknown and Redis out of reach; releasing the run's hold", zap.Error(err))
+	} else {
+		log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
 	}
-	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
 	ctx = context.WithoutCancel(ctx)
 	s.settlements.Add(1)
 	go func() {

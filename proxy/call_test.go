@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -224,6 +226,52 @@ func TestStreamThatBreaksSaysSo(t *testing.T) {
 	retry := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-at-once"})
 	if retry.status != http.StatusOK || retry.header.Get(proxy.ReplayedHeader) != "" || !bytes.Contains(retry.body, []byte("[DONE]")) {
 		t.Fatalf("retry after an empty broken stream: %d replayed=%q %s; want it run", retry.status, retry.header.Get(proxy.ReplayedHeader), retry.body)
+	}
+}
+
+// TestStreamBrokenMidEventShowsOnlyWholeEvents: the upstream breaks in the middle of an event.
+// The caller gets the whole events before it and then the error event — not the half event,
+// which joined to the error event would read as one garbled event no SDK can parse.
+func TestStreamBrokenMidEventShowsOnlyWholeEvents(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
+	_, key := h.user("standard")
+	const fixture = "deepseek_chat_stream_cache_hit_tokens.sse"
+	raw, err := os.ReadFile(filepath.Join(testenv.FixturesDir(t), fixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := bytes.Index(raw, []byte("\n\n")) + 2 // the second event starts here
+	cut := second + 20                             // and is cut 20 bytes in
+	resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{fakellm.HeaderReplay: fixture,
+		fakellm.HeaderSplit: fmt.Sprint(cut), fakellm.HeaderDropAfter: "1"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	want := append(append([]byte{}, raw[:second]...), "data: "...)
+	if !bytes.HasPrefix(body, raw[:second]) || !bytes.HasPrefix(body[second:], []byte("data: {\"error\"")) || !bytes.Contains(body, []byte("upstream_broken")) {
+		t.Fatalf("client got %q\nwant the first event, then the error event (%q...)", body, want)
+	}
+}
+
+// TestStreamBrokenAfterItsFinalEventIsWhole: an upstream that sends the whole stream, [DONE]
+// included, and then drops the connection instead of closing it gave a complete answer: the
+// caller gets the stream exactly, no error event, and the call is complete.
+func TestStreamBrokenAfterItsFinalEventIsWhole(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
+	u, key := h.user("standard")
+	const fixture = "deepseek_chat_stream_cache_hit_tokens.sse"
+	raw, err := os.ReadFile(filepath.Join(testenv.FixturesDir(t), fixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`,
+		map[string]string{fakellm.HeaderReplay: fixture, fakellm.HeaderDropAfter: "1"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if !bytes.Equal(body, raw) {
+		t.Fatalf("client got %d bytes ending %q, want the upstream's %d bytes exactly", len(body), body[max(0, len(body)-80):], len(raw))
+	}
+	if r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader)); r.SettleSource.String != holds.SourceComplete {
+		t.Fatalf("run %+v: want complete", r)
 	}
 }
 

@@ -74,15 +74,25 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	}
 	copyResponseHeaders(w.Header(), resp.Header)
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		return s.relayStream(w, r, resp, c)
+		return s.relayStream(w, r, resp, c, cancel)
 	}
 	return s.relayBody(w, r, resp, c)
 }
 
 // relayStream writes and flushes each SSE event as it arrives; no response is buffered whole.
 // The usage-only chunk the gateway asked for on the caller's behalf is dropped from what the
-// caller sees.
-func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) int {
+// caller sees. stopUpstream ends the upstream call (see finalGrace).
+//
+// How the stream ends decides the outcome. A clean end, or any end after the stream's final
+// event ([DONE], message_stop, response.completed), is a complete answer. A break before it is
+// said in the stream — an error event in the stream's format after the last whole event, never
+// a half event — or the caller would see a clean end and take the answer for whole.
+//
+// A call of a named run is tallied before its caller sees the end of its answer, so that a
+// settlement sent the moment the answer ends finds the call in the run's tally: from the final
+// event on, what the upstream sends is held until it ends (at most finalGrace) and the call is
+// tallied.
+func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, stopUpstream context.CancelFunc) int {
 	h := w.Header()
 	h.Del("Content-Length")
 	h.Set("X-Accel-Buffering", "no")
@@ -94,26 +104,32 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	_ = rc.Flush()
 	strip := c.req.route.injectUsage && !c.req.clientAskedUsage
 	sc := metering.NewScanner(resp.Body, s.cfg.Limits.MaxEventBytes)
-	// A call of a named run is tallied before its caller sees the end of its answer, so that
-	// a settlement sent the moment the answer ends finds the call in the run's tally: the
-	// stream's final event waits for the upstream's end and the tally.
-	var final []byte
 	writeEvent := func(raw []byte) bool {
 		return bound.write(w, raw) == nil && rc.Flush() == nil
 	}
+	var (
+		sawFinal bool
+		held     []byte // a named run's final event and what came after it
+	)
 	for {
 		ev, err := sc.Next()
+		if err == nil && ev.Unterminated {
+			// The stream ended inside this event: forwarded if it ended cleanly; after a
+			// break, a half event followed by the error event would read as one garbled event.
+			if _, end := sc.Next(); !errors.Is(end, io.EOF) {
+				c.meter.Event(ev) // what it carried was produced
+				err = end
+			}
+		}
 		if err != nil {
 			switch {
-			case errors.Is(err, io.EOF):
+			case errors.Is(err, io.EOF), sawFinal:
 				c.outcome = outcomeComplete
 			case clientGone(r):
 				c.outcome = outcomeCancel
 			default:
 				c.outcome = outcomeStreamError
 				c.log.Warn("upstream stream broke", zap.Error(err))
-				// Said in the stream, or the caller sees a clean end and takes the answer
-				// for whole.
 				e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 					Message: "The upstream stream broke before the answer was complete."}
 				if isTimeout(err) {
@@ -128,15 +144,16 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		if strip && metering.IsUsageOnlyChunk(ev.Data) {
 			continue
 		}
-		if final != nil { // the final event was not the last: send it in its place
-			if !writeEvent(final) {
-				c.outcome = outcomeCancel
-				break
+		if !sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
+			sawFinal = true
+			if c.inRun {
+				// An upstream that does not close after its final event must not keep the
+				// caller waiting for the end of an answer it has whole.
+				time.AfterFunc(finalGrace, stopUpstream)
 			}
-			final = nil
 		}
-		if c.inRun && metering.IsFinalEvent(c.req.route.format, ev) {
-			final = append([]byte(nil), ev.Raw...) // the scanner reuses its memory
+		if c.inRun && sawFinal {
+			held = append(held, ev.Raw...) // the scanner reuses its memory
 			continue
 		}
 		if !writeEvent(ev.Raw) {
@@ -147,12 +164,16 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	if c.outcome == outcomeComplete && c.meter.Result().UpstreamError {
 		c.outcome = outcomeStreamError
 	}
-	if final != nil {
+	if held != nil {
 		s.tallyBeforeAnswer(r.Context(), c)
-		_ = writeEvent(final)
+		_ = writeEvent(held)
 	}
 	return resp.StatusCode
 }
+
+// finalGrace is how long a named run's call waits, after its stream's final event, for the
+// upstream to close before it is tallied and the final event sent.
+const finalGrace = 2 * time.Second
 
 // relayBody copies a non-streamed answer, bounded by max_response_bytes.
 func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) int {
