@@ -216,7 +216,8 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		return 499
 	}
 	status := s.forward(w, r, c)
-	if errors.Is(context.Cause(r.Context()), errSuperseded) {
+	if errors.Is(context.Cause(r.Context()), errSuperseded) && c.outcome != outcomeComplete {
+		// (A call superseded after its answer was whole is not told it was stopped.)
 		status = s.answerSuperseded(c)
 	}
 	return status
@@ -371,6 +372,26 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	}
 }
 
+// markRunUnused writes a named run's zero tally, retrying for as long as a settlement would
+// (the writes are safe to repeat): without it a run nobody comes back to is charged its hold.
+func (s *Server) markRunUnused(ctx context.Context, runID string, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+	defer cancel()
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		err := s.tally.MarkUnused(ctx, runID)
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.metrics.TallyFailures.Inc()
+			log.Error("zero tally of a run with a lost admission not written; it will be charged its hold", zap.Error(err))
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
 // tallyBeforeAnswer tallies a call of a named run whose answer is complete but whose end the
 // caller has not been sent yet: a caller that settles its run the moment the answer ends must
 // find the call in the run's tally, not get 409 run_busy for a call it saw finish.
@@ -430,27 +451,25 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 // reconciler then settles it at 0 rather than at what was held.
 //
 // A named run (X-Run-Id) is not released: other calls of it may already be running on the
-// hold (the caller's retry, a parallel call), and a failed call leaves a run open. It gets a
-// zero tally instead, so that a run nobody comes back to is settled at what its calls used.
+// hold (the caller's retry, a parallel call, on any process), and a failed call leaves a run
+// open. It gets a zero tally instead (retried for as long as a settlement would), so that a run
+// nobody comes back to is settled at what its calls used.
 // Any other failed admission held nothing, and this does nothing.
 func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest, err error, log *zap.Logger) {
 	if !errors.Is(err, holds.ErrOutcomeUnknown) {
 		return
 	}
+	ctx = context.WithoutCancel(ctx)
 	if ar.ClientRunID != "" {
-		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		defer cancel()
-		if err := s.tally.MarkUnused(tctx, ar.RunID); err == nil {
-			log.Warn("admission outcome unknown; the run stays open", zap.Error(err))
-			return
-		}
-		// Without a zero tally a run nobody comes back to would be charged its hold. Redis is
-		// out of reach, so no call of the run can have reserved and be running: releasing
-		// this request's hold by its token, as below, leaves no call uncharged.
-		log.Warn("admission outcome unknown and Redis out of reach; releasing the run's hold", zap.Error(err))
-	} else {
-		log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
+		log.Warn("admission outcome unknown; the run stays open", zap.Error(err))
+		s.settlements.Add(1)
+		go func() {
+			defer s.settlements.Done()
+			s.markRunUnused(ctx, ar.RunID, log)
+		}()
+		return
 	}
+	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
 	ctx = context.WithoutCancel(ctx)
 	s.settlements.Add(1)
 	go func() {

@@ -252,6 +252,32 @@ func TestStreamBrokenMidEventShowsOnlyWholeEvents(t *testing.T) {
 	}
 }
 
+// TestStreamBrokenInsideItsUsageIsEstimated: the upstream breaks in the middle of the chunk
+// that carries the usage, cutting a token count short. The half chunk is not taken as a
+// usage report (a count cut mid-number would be billed): the call is charged an estimate.
+func TestStreamBrokenInsideItsUsageIsEstimated(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
+	u, key := h.user("standard")
+	const fixture = "deepseek_chat_stream_cache_hit_tokens.sse"
+	raw, err := os.ReadFile(filepath.Join(testenv.FixturesDir(t), fixture))
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := bytes.Index(raw, []byte(`"completion_tokens":`))
+	if at < 0 {
+		t.Fatal("fixture has no completion_tokens")
+	}
+	cut := at + len(`"completion_tokens":`) + 1 // one digit of the count
+	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`,
+		map[string]string{fakellm.HeaderReplay: fixture, fakellm.HeaderSplit: fmt.Sprint(cut), fakellm.HeaderDropAfter: "1"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if !r.Estimated || r.SettleSource.String != holds.SourceStreamError || r.OutTok < 10 {
+		t.Fatalf("run %+v: want an estimate from the streamed text, not the cut count", r)
+	}
+}
+
 // TestStreamBrokenAfterItsFinalEventIsWhole: an upstream that sends the whole stream, [DONE]
 // included, and then drops the connection instead of closing it gave a complete answer: the
 // caller gets the stream exactly, no error event, and the call is complete.

@@ -221,6 +221,38 @@ func TestDuplicateHoldIsGoneWhenItsAnswerArrives(t *testing.T) {
 	readAll(t, br)
 }
 
+// TestSessionCallSupersededAfterItsAnswerIsWhole: a newer message of the session arrives
+// after the running call's final event but before its upstream closed. That call's answer was
+// whole: it ends without a superseded error event and is charged as complete.
+func TestSessionCallSupersededAfterItsAnswerIsWhole(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	first := h.post(key, "/v1/chat/completions", streamBody, map[string]string{proxy.SessionHeader: "chat-done",
+		fakellm.HeaderChunks: "5", fakellm.HeaderLinger: "2s"})
+	defer first.Body.Close()
+	br := bufio.NewReader(first.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("first answer ended before [DONE]: %v", err)
+		}
+		if strings.TrimSpace(line) == "data: [DONE]" {
+			break
+		}
+	}
+	next := send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "chat-done"})
+	if next.status != http.StatusOK {
+		t.Fatalf("the session's next message: %d %s", next.status, next.body)
+	}
+	rest := readAll(t, br)
+	if bytes.Contains(rest, []byte("superseded")) {
+		t.Fatalf("a whole answer was followed by %q", rest)
+	}
+	if r := h.run(u.ID, first.Header.Get(proxy.RunIDHeader)); r.SettleSource.String != holds.SourceComplete || r.OutTok != 5 {
+		t.Fatalf("first run %+v: want complete with its 5 output tokens", r)
+	}
+}
+
 // TestFingerprintWhoseReplyWasLostIsNotItsOwnDuplicate: the SET NX that registers a request's
 // fingerprint reaches Redis, its reply is lost with the connection, and the client sends it
 // again, which now finds the key taken — by this very request. The request runs; it is not

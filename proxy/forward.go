@@ -117,7 +117,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			// The stream ended inside this event: forwarded if it ended cleanly; after a
 			// break, a half event followed by the error event would read as one garbled event.
 			if _, end := sc.Next(); !errors.Is(end, io.EOF) {
-				c.meter.Event(ev) // what it carried was produced
+				// Metered only if whole JSON: a usage object cut mid-number would be read as
+				// reported, with the wrong count.
+				if json.Valid(bytes.TrimSpace(ev.Data)) {
+					c.meter.Event(ev)
+				}
 				err = end
 			}
 		}
@@ -149,7 +153,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			if c.inRun {
 				// An upstream that does not close after its final event must not keep the
 				// caller waiting for the end of an answer it has whole.
-				time.AfterFunc(finalGrace, stopUpstream)
+				defer time.AfterFunc(finalGrace, stopUpstream).Stop()
 			}
 		}
 		if c.inRun && sawFinal {
@@ -158,6 +162,9 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		}
 		if !writeEvent(ev.Raw) {
 			c.outcome = outcomeCancel
+			if sawFinal {
+				c.outcome = outcomeComplete // the caller had the whole answer
+			}
 			break
 		}
 	}
