@@ -470,7 +470,6 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 		return
 	}
 	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
-	ctx = context.WithoutCancel(ctx)
 	s.settlements.Add(1)
 	go func() {
 		defer s.settlements.Done()

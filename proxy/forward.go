@@ -148,6 +148,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		if strip && metering.IsUsageOnlyChunk(ev.Data) {
 			continue
 		}
+		afterFinal := sawFinal // the caller has had the whole answer
 		if !sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
 			sawFinal = true
 			if c.inRun {
@@ -162,8 +163,8 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		}
 		if !writeEvent(ev.Raw) {
 			c.outcome = outcomeCancel
-			if sawFinal {
-				c.outcome = outcomeComplete // the caller had the whole answer
+			if afterFinal {
+				c.outcome = outcomeComplete
 			}
 			break
 		}
