@@ -199,7 +199,7 @@ func (c *Config) applyEnv(getenv func(string) string) {
 // hold shorter than the longest call stops counting against admission when it expires while
 // its call still runs (the reconciler pushes a leased hold out, but only at its next pass), so
 // in that window a user may be admitted past max_in_flight and the overdraft bound. The
-// defaults keep every hold three times the longest call; tests shorten them on purpose.
+// defaults keep every hold 2.5 times the longest call; tests shorten them on purpose.
 func (c *Config) Warnings() []string {
 	longest := c.Limits.UpstreamTimeout + c.Limits.ClientWriteTimeout
 	var out []string
