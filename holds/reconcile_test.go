@@ -155,6 +155,7 @@ func TestReconcileRacesSettle(t *testing.T) {
 	rec := e.reconciler("c", nil)
 	const rounds = 20
 	var total int64
+	reconcilerWon := 0
 	for i := range rounds {
 		runID := "r_race_" + string(rune('a'+i))
 		h := e.admit(u, runID, holds.StateRunning)
@@ -166,6 +167,10 @@ func TestReconcileRacesSettle(t *testing.T) {
 		var recErr, setErr error
 		wg.Go(func() { st, recErr = rec.RunForced(e.ctx()) })
 		wg.Go(func() {
+			// Started later and later over the rounds, so that the reconciler's longer path
+			// (scan, lease, tally, settle) also gets there first in some; only the outcome,
+			// one settlement, is asserted.
+			time.Sleep(time.Duration(i%10) * time.Millisecond)
 			res, setErr = e.store.Settle(e.ctx(), holds.Settlement{RunID: runID, CostMicro: 1_000, Calls: 1, Source: holds.SourceComplete})
 		})
 		wg.Wait()
@@ -179,11 +184,14 @@ func TestReconcileRacesSettle(t *testing.T) {
 		if applied != 1 {
 			t.Errorf("round %d: %d settlements applied (reconciler %+v, process %+v), want exactly 1", i, applied, st, res)
 		}
+		reconcilerWon += st.FromTally
 		total += 1_000
 	}
 	if got := e.usedToday(u); got != total {
 		t.Errorf("day ledger %d, want %d", got, total)
 	}
+	// Which side wins each round is up to the scheduler; the log says whether both did.
+	t.Logf("the reconciler won %d of %d rounds, the process %d", reconcilerWon, rounds, rounds-reconcilerWon)
 }
 
 // TestReconcileLockHeldElsewhere: while another instance holds the lock this process does not

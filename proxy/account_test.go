@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -30,19 +31,33 @@ func (h *harness) get(key, path string) (int, map[string]any) {
 
 func TestCreditsShowExactDecimals(t *testing.T) {
 	h := newHarness(t, nil)
-	_, key := h.user("standard")
+	u, key := h.user("standard")
 	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
 	readAll(t, resp.Body)
 	resp.Body.Close()
-	h.settled()
-	status, c := h.get(key, "/v1/credits")
-	if status != 200 {
-		t.Fatalf("status %d: %v", status, c)
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	req, _ := http.NewRequest(http.MethodGet, h.gw.URL+"/v1/credits", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	got, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
 	}
-	// fakellm: 8 output tokens and PromptTokens(chatBody) input at 2.50/10.00 USD per M.
-	used := c["used_today"].(float64)
-	if c["allowance"].(float64) != 2000 || used <= 0 || c["held"].(float64) != 0 || c["available"].(float64) != 2000-used {
-		t.Fatalf("credits = %v", c)
+	defer got.Body.Close()
+	dec := json.NewDecoder(got.Body)
+	dec.UseNumber() // the exact decimals as sent, not floats
+	var c map[string]any
+	if err := dec.Decode(&c); err != nil || got.StatusCode != 200 {
+		t.Fatalf("credits: %d %v", got.StatusCode, err)
+	}
+	// The charge in micro-USD, shown in credits of 1000 micro-USD with every digit.
+	used := pricing.FormatCredits(run.ChargedMicro, 1000)
+	avail := pricing.FormatCredits(2_000_000-run.ChargedMicro, 1000)
+	if run.ChargedMicro%1000 == 0 {
+		t.Fatalf("charge %d µUSD is a whole number of credits: the test shows no decimals", run.ChargedMicro)
+	}
+	if c["allowance"] != json.Number("2000") || c["used_today"] != json.Number(used) || c["held"] != json.Number("0") ||
+		c["available"] != json.Number(avail) {
+		t.Fatalf("credits = %v, want used_today %s and available %s exactly", c, used, avail)
 	}
 }
 
