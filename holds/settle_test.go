@@ -11,6 +11,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -223,7 +224,8 @@ func TestSettleRetriesAnUnreachableDatabaseThenGivesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	core, logs := observer.New(zap.WarnLevel)
+	st := holds.NewStore(db, settlePlans, "standard", zap.New(core))
 	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 1, InitialBackoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
@@ -231,8 +233,11 @@ func TestSettleRetriesAnUnreachableDatabaseThenGivesUp(t *testing.T) {
 	if err == nil || !holds.IsUnavailable(err) && !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("settle against a dead database: %v", err)
 	}
-	if ctx.Err() == nil {
-		t.Fatalf("gave up before its deadline: %v", err)
+	// It kept trying until its context ended rather than failing at the first refusal. (Counted
+	// in its retry log lines, not timed: a dial that fails when the deadline fires can return
+	// a hair before the context reports it.)
+	if n := logs.FilterMessage("database unavailable, retrying").Len(); n < 2 {
+		t.Fatalf("gave up after %d retries: %v", n, err)
 	}
 }
 
