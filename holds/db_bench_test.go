@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -110,21 +109,10 @@ func BenchmarkDBSettleAndAdmit(b *testing.B) {
 	lat.report(b)
 }
 
-type benchFixture struct {
-	store *holds.Store
-	user  holds.User
-}
+// benchFixture is a store and a user on a fresh database, checked against the ledger at the end.
+type benchFixture struct{ *settleFixture }
 
-func newBenchFixture(b *testing.B) *benchFixture {
-	db := testenv.MySQL(b)
-	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
-	u, err := st.CreateUser(context.Background(), "bench-"+testenv.RandomID(3), "standard")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { testenv.CheckLedger(b, db) })
-	return &benchFixture{store: st, user: u}
-}
+func newBenchFixture(b *testing.B) *benchFixture { return &benchFixture{newSettleFixture(b)} }
 
 // conn is one connection for the whole benchmark, as a batch transaction has.
 func (f *benchFixture) conn(b *testing.B) *sqlx.Conn {

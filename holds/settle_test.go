@@ -19,7 +19,7 @@ import (
 
 // settleFixture is a store on a fresh database with one user.
 type settleFixture struct {
-	t     *testing.T
+	t     testing.TB
 	store *holds.Store
 	user  holds.User
 }
@@ -29,7 +29,7 @@ var settlePlans = map[string]holds.Plan{
 		MaxInFlight: 3, MaxRunCostMicro: 500_000},
 }
 
-func newSettleFixture(t *testing.T) *settleFixture {
+func newSettleFixture(t testing.TB) *settleFixture {
 	db := testenv.MySQL(t)
 	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
 	u, err := st.CreateUser(context.Background(), "settle-"+testenv.RandomID(3), "standard")
