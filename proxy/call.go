@@ -54,6 +54,7 @@ type call struct {
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
 	leased bool
+	held   time.Time // when its hold was granted
 	ended  time.Time
 	// idem is set for an Idempotency-Key request; rw then keeps what the caller was sent.
 	idem *idemCall
@@ -87,6 +88,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	if aerr != nil {
 		return refuse(aerr, "body")
 	}
+	arrived := time.Now()
 	req, aerr := s.parseCall(rt, body)
 	if aerr != nil {
 		return refuse(aerr, "validation")
@@ -146,7 +148,8 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	}
 
 	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),
-		inRun: clientRunID != "", laterCall: hold.Existing, idem: idem}
+		inRun: clientRunID != "", laterCall: hold.Existing, idem: idem, held: time.Now()}
+	s.metrics.admitPhase.Observe(c.held.Sub(arrived).Seconds())
 	if idem != nil || sessionID != "" {
 		c.rw = &respWriter{ResponseWriter: w, capture: idem != nil, limit: s.cfg.Dedup.MaxReplayLen}
 		w = c.rw

@@ -544,6 +544,26 @@ func TestBatchMetricCountsAdmissionsAndSettlements(t *testing.T) {
 	}
 }
 
+// TestCallPhaseMetricTimesEachPhaseOnce: an answered call is observed once in each phase of
+// tollgate_call_phase_seconds (admit, checks, upstream), which is how an operator, and make
+// bench, tell the gateway's own delay from the upstream's.
+func TestCallPhaseMetricTimesEachPhaseOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	for _, phase := range []string{"admit", "checks", "upstream"} {
+		if got := h.metric(`tollgate_call_phase_seconds_count{phase="` + phase + `"}`); got != "1" {
+			t.Errorf("phase %s observed %q times, want 1", phase, got)
+		}
+	}
+}
+
 // TestAdmissionWithUnknownOutcomeIsReleased: the database commits a call's hold, the reply
 // is lost, and the database stays out of reach until the admission gives up. The caller is
 // refused (503), so the hold it may have left must not be charged: once the database is back

@@ -40,7 +40,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error", Message: "Could not build the upstream request."})
 		return http.StatusInternalServerError
 	}
+	sending := time.Now()
+	s.metrics.checksPhase.Observe(sending.Sub(c.held).Seconds())
 	resp, err := s.client.Do(up)
+	if err == nil {
+		s.metrics.upstreamPhase.Observe(time.Since(sending).Seconds())
+	}
 	if err != nil {
 		if clientGone(r) {
 			// If the provider has the prompt, charge the estimate of it; if the request never

@@ -25,7 +25,19 @@ type Metrics struct {
 	Duplicates     *prometheus.CounterVec
 	SettleSeconds  prometheus.Histogram
 	BatchItems     *prometheus.HistogramVec
+	// CallPhase splits what a call waits for before its answer starts, so that time added by
+	// the gateway can be told apart from time spent upstream.
+	CallPhase *prometheus.HistogramVec
+	// The phases' series, resolved once: a call observes all three.
+	admitPhase, checksPhase, upstreamPhase prometheus.Observer
 }
+
+// Phases of CallPhase, in the order a call goes through them.
+const (
+	phaseAdmit    = "admit"    // arrival (body read, validated) to its hold committed
+	phaseChecks   = "checks"   // hold to the upstream request sent: duplicate checks, run budget, rewrite
+	phaseUpstream = "upstream" // upstream request sent to the upstream's response headers
+)
 
 // NewMetrics registers the series on reg (nil: a fresh registry with Go runtime metrics).
 func NewMetrics(reg *prometheus.Registry) *Metrics {
@@ -57,9 +69,16 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		BatchItems: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tollgate_batch_items",
 			Help:    "Items per batch transaction, by kind (settlements, admissions); a batch that holds both counts in both.",
 			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256}}, []string{"kind"}),
+		CallPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tollgate_call_phase_seconds",
+			Help: "Time a model call spends before its answer starts, by phase: admit (arrival to hold committed), " +
+				"checks (hold to upstream request sent), upstream (sent to the upstream's response headers).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"phase"}),
 	}
 	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled,
-		m.ActiveCalls, m.SettleSeconds, m.Duplicates, m.BatchItems)
+		m.ActiveCalls, m.SettleSeconds, m.Duplicates, m.BatchItems, m.CallPhase)
+	m.admitPhase = m.CallPhase.WithLabelValues(phaseAdmit)
+	m.checksPhase = m.CallPhase.WithLabelValues(phaseChecks)
+	m.upstreamPhase = m.CallPhase.WithLabelValues(phaseUpstream)
 	return m
 }
 

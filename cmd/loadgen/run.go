@@ -50,7 +50,10 @@ type Run struct {
 	// DBPerRequest: MariaDB status counters per request of a tollgate run (the database is
 	// shared by nothing else during the bench): statements, commits, fsyncs, row-lock waits.
 	DBPerRequest map[string]float64 `json:"db_per_request,omitempty"`
-	LoadAvg      string             `json:"loadavg_before"`
+	// GatewayPhases: where a tollgate run's calls waited before their answers started, from
+	// the gateway's own histogram (admit, checks, upstream); see phases.go.
+	GatewayPhases map[string]PhaseDist `json:"gateway_phases,omitempty"`
+	LoadAvg       string               `json:"loadavg_before"`
 
 	lat, ttfb []float64
 }
@@ -203,6 +206,15 @@ func extra(run *Run) string {
 		s = append(s, fmt.Sprintf("per req: %.1f stmts %.1f commits %.2f fsyncs %.2f lock waits %.2f ms lock time",
 			q["questions"], q["com_commit"], q["innodb_data_fsyncs"], q["innodb_row_lock_waits"], q["innodb_row_lock_time"]))
 	}
+	if p := run.GatewayPhases; p != nil {
+		var parts []string
+		for _, name := range []string{"admit", "checks", "upstream"} {
+			if d, ok := p[name]; ok {
+				parts = append(parts, fmt.Sprintf("%s %.2f/%.2f", name, d.P50, d.P99))
+			}
+		}
+		s = append(s, "gateway phases p50/p99 ms: "+strings.Join(parts, " "))
+	}
 	s = append(s, "load "+run.LoadAvg)
 	if run.Balance != nil {
 		s = append(s, fmt.Sprintf("balance pass=%v admitted %d refused402 %d", run.Balance.Pass, run.Balance.Admitted, run.Balance.Refused402))
@@ -328,8 +340,10 @@ func (r *runner) play(ctx context.Context, sc scenario, t Target, round int) (*R
 	}
 	run.LoadAvg = loadavg()
 	var before map[string]float64
+	var phasesBefore map[string]*histogram
 	if t.Name == "tollgate" {
 		before = dbCounters(ctx, r.db)
+		phasesBefore = readPhases(ctx, t.URL)
 	}
 	pw := watch(t.Pid, r.pids)
 	res := sc.load.run(c, t.URL)
@@ -402,6 +416,7 @@ func (r *runner) play(ctx context.Context, sc scenario, t Target, round int) (*R
 	if t.Name == "tollgate" {
 		l := checkLedger(ctx, r.db)
 		run.DBPerRequest = perRequest(before, dbCounters(ctx, r.db), run.Requests)
+		run.GatewayPhases = phaseDelta(phasesBefore, readPhases(ctx, t.URL))
 		run.Ledger = &l
 		if sc.lag {
 			at, err := settledAt(ctx, r.db, runIDs)
