@@ -114,8 +114,15 @@ func Load(path string) (*Config, error) {
 		}
 		dec := yaml.NewDecoder(bytes.NewReader(raw))
 		dec.KnownFields(true)
+		// A models section replaces the demo price list rather than adding to it (yaml.v3
+		// decodes into the existing map): only what the operator priced is priced.
+		defaults := cfg.Models
+		cfg.Models = nil
 		if err := dec.Decode(cfg); err != nil {
 			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
+		if cfg.Models == nil {
+			cfg.Models = defaults
 		}
 	}
 	cfg.applyEnv(os.Getenv)

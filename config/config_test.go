@@ -89,3 +89,23 @@ func TestWarningsNameAHoldShorterThanTheLongestCall(t *testing.T) {
 		t.Fatalf("hold_ttl of a minute: warnings %v", w)
 	}
 }
+
+// An operator's models section replaces the built-in demo price list: a model it does not
+// name is not priced (nothing is served at a price nobody configured).
+func TestModelsSectionReplacesTheDemoPrices(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	body := "mysql_dsn: x@tcp(h:1)/d\nredis_url: redis://h:1/0\nmodels:\n  gpt-4o:\n    input: 2.5\n    cache_read: 1.25\n    cache_write: 2.5\n    output: 10\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("REDIS_URL", "")
+	t.Setenv("MYSQL_DSN", "")
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, _ := cfg.PriceTable()
+	if got := tbl.Models(); len(got) != 1 {
+		t.Fatalf("priced models %v, want only [gpt-4o]", got)
+	}
+}

@@ -45,6 +45,8 @@ func EstimateInputTokens(f Format, body []byte) int64 {
 			in.ForEach(func(_, item gjson.Result) bool {
 				messages++
 				count(item.Get("content"))
+				count(item.Get("output"))                               // function_call_output
+				textBytes += int64(len(item.Get("arguments").String())) // function_call
 				return true
 			})
 		} else {
@@ -98,6 +100,12 @@ func textLen(v gjson.Result) int64 {
 				n += textLen(part)
 			default:
 				n += int64(len(part.Get("text").String()))
+				if c := part.Get("content"); c.Exists() { // Anthropic tool_result
+					n += textLen(c)
+				}
+				if in := part.Get("input"); in.IsObject() { // Anthropic tool_use
+					n += int64(len(in.Raw))
+				}
 			}
 			return true
 		})

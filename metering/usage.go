@@ -26,6 +26,10 @@ type Result struct {
 	// Reported is false when nothing in the response said what it cost: settlement must
 	// then fall back to an estimate and mark the charge as estimated.
 	Reported bool
+	// Estimated is set when a usage was reported but its output count is not final (an
+	// Anthropic stream cut before message_delta: message_start's output_tokens is a
+	// placeholder), so Output is at least the estimate of the text streamed.
+	Estimated bool
 	// UpstreamError is set when a 200 stream or body carried an error event or object.
 	UpstreamError bool
 	// OutputChars counts the bytes of generated text seen, the base of the output estimate
@@ -38,6 +42,9 @@ type Result struct {
 type Meter struct {
 	format Format
 	res    Result
+	// outputFinal: an Anthropic usage whose output_tokens is the final count was seen
+	// (message_delta or a whole body), not only message_start's placeholder.
+	outputFinal bool
 }
 
 // NewMeter returns a Meter for responses in format f.
@@ -79,6 +86,7 @@ func (m *Meter) Body(body []byte) {
 	case FormatAnthropic:
 		if u := gjson.Get(s, "usage"); u.IsObject() {
 			m.anthropicUsage(u)
+			m.outputFinal = true
 		}
 		gjson.Get(s, "content").ForEach(func(_, c gjson.Result) bool {
 			m.res.OutputChars += strLen(c.Get("text")) + strLen(c.Get("thinking"))
@@ -107,6 +115,11 @@ func (m *Meter) Body(body []byte) {
 // Result returns what was seen so far, every token count within [0, pricing.MaxTokens].
 func (m *Meter) Result() Result {
 	r := m.res
+	if m.format == FormatAnthropic && r.Reported && !m.outputFinal {
+		if est := EstimateOutputTokens(r.OutputChars); est > r.Usage.Output {
+			r.Usage.Output, r.Estimated = est, true
+		}
+	}
 	r.Usage = r.Usage.Clamp()
 	return r
 }
@@ -287,6 +300,9 @@ func (m *Meter) anthropicEvent(s, typ string) {
 	case "message_delta":
 		if u := gjson.Get(s, "usage"); u.IsObject() {
 			m.anthropicUsage(u)
+			if _, ok := first(u, "output_tokens"); ok || u.Get("iterations").IsArray() {
+				m.outputFinal = true
+			}
 		}
 	case "content_block_delta":
 		d := gjson.Get(s, "delta")

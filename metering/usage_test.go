@@ -215,3 +215,45 @@ func TestMeterBodyErrorsAndHugeNumbers(t *testing.T) {
 		t.Errorf("got %+v, want both clamped to MaxTokens", got)
 	}
 }
+
+// An Anthropic stream cut after message_start and many text deltas (the client left, the
+// upstream broke) must not be billed message_start's placeholder output_tokens (1) as if it
+// were the final count: the output so far is what the deltas carried.
+func TestAnthropicStreamCutBeforeMessageDeltaBillsStreamedOutput(t *testing.T) {
+	evs := []Event{data(`{"type":"message_start","message":{"usage":{"input_tokens":15,"cache_creation_input_tokens":0,"cache_read_input_tokens":0,"output_tokens":1}}}`)}
+	text := strings.Repeat("abcd", 1000) // ~1000 tokens of text
+	for i := 0; i < 10; i++ {
+		evs = append(evs, data(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"`+text+`"}}`))
+	}
+	got := meterEvents(FormatAnthropic, evs...)
+	if got.Usage.Output < EstimateOutputTokens(got.OutputChars) {
+		t.Fatalf("output billed %d tokens after %d bytes of streamed text (estimate %d): message_start's placeholder taken as final",
+			got.Usage.Output, got.OutputChars, EstimateOutputTokens(got.OutputChars))
+	}
+}
+
+// The input estimate (a cancelled or timed-out call without a usage report) counts the
+// request's text. Tool results are text of the request, often most of an agent's prompt:
+// the Responses API sends them as function_call_output items ("output"), Anthropic as
+// tool_result blocks whose content is a string or an array of text blocks.
+func TestInputEstimateCountsToolResults(t *testing.T) {
+	big := strings.Repeat("x", 40_000) // ~10 000 tokens
+	for _, tc := range []struct {
+		name string
+		f    Format
+		body string
+	}{
+		{"responses function_call_output", FormatResponses,
+			`{"model":"m","input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"` + big + `"}]}`},
+		{"anthropic tool_result string", FormatAnthropic,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"` + big + `"}]}]}`},
+		{"anthropic tool_result blocks", FormatAnthropic,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"` + big + `"}]}]}]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := EstimateInputTokens(tc.f, []byte(tc.body)); got < 10_000 {
+				t.Errorf("estimate %d tokens for a request with 40 000 bytes of tool output, want ≥ 10 000", got)
+			}
+		})
+	}
+}

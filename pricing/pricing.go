@@ -129,7 +129,10 @@ func ApplyDiscount(cost int64, bp int) int64 {
 		return 0
 	}
 	keep := int64(10_000 - bp)
-	return (cost*keep + 9_999) / 10_000
+	// cost = a·10 000 + b, so cost·keep/10 000 = a·keep + b·keep/10 000: no product
+	// overflows for any cost up to MaxInt64.
+	a, b := cost/10_000, cost%10_000
+	return a*keep + (b*keep+9_999)/10_000
 }
 
 // MaxCostWithin returns the largest cost whose charge at a discount of bp basis points is at

@@ -2,6 +2,7 @@ package pricing
 
 import (
 	"errors"
+	"math/big"
 	"testing"
 )
 
@@ -126,5 +127,22 @@ func BenchmarkCost(b *testing.B) {
 	u := Usage{Input: 1234, CacheRead: 5678, CacheWrite: 90, Output: 4321}
 	for b.Loop() {
 		_ = p.Cost(u)
+	}
+}
+
+// A cost past MaxInt64/10 000 (two corrupt usage reports of MaxTokens tallied in one run, or
+// one at a price over ~$840/M) must not overflow: settlement charges
+// min(ApplyDiscount(cost), cap), so a wrapped negative result would credit the user.
+func TestApplyDiscountDoesNotOverflow(t *testing.T) {
+	p := Price{Input: 600_000_000, Output: 600_000_000} // $600/M
+	for _, cost := range []int64{p.Cost(Usage{Input: MaxTokens, Output: MaxTokens}), MaxCost, 922_337_203_685_478} {
+		for _, bp := range []int{1, 1000, 5000, 9999} {
+			keep := big.NewInt(int64(10_000 - bp))
+			w := new(big.Int).Mul(big.NewInt(cost), keep)
+			w.Add(w, big.NewInt(9_999)).Quo(w, big.NewInt(10_000))
+			if got := ApplyDiscount(cost, bp); got != w.Int64() {
+				t.Errorf("ApplyDiscount(%d, %d) = %d, want %d", cost, bp, got, w.Int64())
+			}
+		}
 	}
 }

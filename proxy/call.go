@@ -558,6 +558,14 @@ func (s *Server) settlementOf(c *call) holds.Settlement {
 		}
 	case outcomeStreamError:
 		st.Source = holds.SourceStreamError
+		if res := c.meter.Result(); res.UpstreamError && !res.Reported && res.OutputChars == 0 {
+			// The provider said it failed (an error event after its 200) before it produced
+			// anything and without a usage: as for a refusal with a non-2xx status, nothing was
+			// used. (A stream that only broke, with no word from the provider, keeps the
+			// prompt's estimate: the provider may have worked on it, as after a timeout.)
+			st.Source = holds.SourceUpstreamError
+			return st
+		}
 	case outcomeUpstreamTimeout:
 		st.Source = holds.SourceUpstreamTimeout
 	default:
@@ -565,7 +573,7 @@ func (s *Server) settlementOf(c *call) holds.Settlement {
 	}
 	res := c.meter.Result()
 	if res.Reported {
-		st.Usage = res.Usage
+		st.Usage, st.Estimated = res.Usage, res.Estimated
 	} else {
 		st.Usage = pricing.Usage{Input: c.req.inputEstimate, Output: metering.EstimateOutputTokens(res.OutputChars)}
 		st.Estimated = true

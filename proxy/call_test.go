@@ -115,31 +115,9 @@ func dropUsageOnly(events []string) []string {
 func TestClientDisconnectMidStreamSettlesOnceAsCancel(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions",
-		strings.NewReader(`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set(fakellm.HeaderChunks, "1000")
-	req.Header.Set(fakellm.HeaderChunkInterval, "5ms")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runID := resp.Header.Get(proxy.RunIDHeader)
 	// Read a few content events, then leave.
-	rd := bufio.NewReader(resp.Body)
-	for seen := 0; seen < 5; {
-		line, err := rd.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(line, `"content":"tok`) {
-			seen++
-		}
-	}
-	cancel()
-	resp.Body.Close()
+	runID := streamThenLeave(t, h, key, "/v1/chat/completions",
+		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`, `"content":"tok`, 5)
 
 	run := h.run(u.ID, runID)
 	if run.State != holds.StateSettled || run.SettleSource.String != holds.SourceCancel || !run.Estimated {
@@ -860,5 +838,75 @@ func TestClientThatStopsReadingIsCut(t *testing.T) {
 	r := h.run(u.ID, runID)
 	if r.SettleSource.String != holds.SourceCancel || r.OutTok == 0 || r.ChargedMicro == 0 {
 		t.Fatalf("run %+v: want settled as cancelled, charged the output it produced", r)
+	}
+}
+
+// streamThenLeave posts a long stream (1000 chunks) to path, reads until n lines containing
+// marker have arrived, and leaves. It returns the call's run id.
+func streamThenLeave(t *testing.T, h *harness, key, path, body, marker string, n int) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("x-api-key", key)
+	req.Header.Set(fakellm.HeaderChunks, "1000")
+	req.Header.Set(fakellm.HeaderChunkInterval, "2ms")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	rd := bufio.NewReader(resp.Body)
+	for seen := 0; seen < n; {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, marker) {
+			seen++
+		}
+	}
+	return resp.Header.Get(proxy.RunIDHeader)
+}
+
+// TestAnthropicClientLeavingBeforeMessageDeltaPaysItsStreamedOutput: an Anthropic stream's
+// message_start carries output_tokens 1, a placeholder the final message_delta replaces. A
+// client that leaves before that delta is charged the output it was streamed (estimated), not
+// one token.
+func TestAnthropicClientLeavingBeforeMessageDeltaPaysItsStreamedOutput(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	runID := streamThenLeave(t, h, key, "/v1/messages",
+		`{"model":"claude-test","max_tokens":4096,"stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
+		`"text_delta"`, 200)
+	run := h.run(u.ID, runID)
+	if run.State != holds.StateSettled || run.SettleSource.String != holds.SourceCancel || !run.Estimated {
+		t.Fatalf("run = %+v, want settled by cancel, estimated", run)
+	}
+	if run.OutTok < 200 || run.InTok == 0 {
+		t.Fatalf("client read 200 text deltas and was charged in=%d out=%d tokens", run.InTok, run.OutTok)
+	}
+}
+
+// TestCancelledCallPaysTheToolOutputInItsPrompt: an agent's Responses API call carries 40 000
+// bytes of tool output in its input, and the client leaves before response.completed. The
+// input estimate it is charged counts that text (≈10 000 tokens), not only the user's words.
+func TestCancelledCallPaysTheToolOutputInItsPrompt(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	body := `{"model":"fake-gpt","stream":true,"max_output_tokens":2000,"input":[{"role":"user","content":"run the tool"},` +
+		`{"type":"function_call","call_id":"c1","name":"read_file","arguments":"{}"},` +
+		`{"type":"function_call_output","call_id":"c1","output":"` + strings.Repeat("x", 40_000) + `"}]}`
+	runID := streamThenLeave(t, h, key, "/v1/responses", body, "output_text.delta", 20)
+	run := h.run(u.ID, runID)
+	if run.State != holds.StateSettled || run.SettleSource.String != holds.SourceCancel || !run.Estimated {
+		t.Fatalf("run = %+v, want settled by cancel, estimated", run)
+	}
+	if run.InTok < 10_000 {
+		t.Fatalf("input charged %d tokens for a prompt with 40 000 bytes of tool output", run.InTok)
 	}
 }
