@@ -395,3 +395,21 @@ func TestDiscountSnapshotAndPlanChangeAtNextAdmission(t *testing.T) {
 		t.Fatalf("unknown plan: %v", err)
 	}
 }
+
+// TestGrantKeysAreExact: idempotency keys are opaque values (a payment provider's event id is
+// case-sensitive base62): two keys that differ only in letter case, or by a trailing space,
+// are two grants, each credited once.
+func TestGrantKeysAreExact(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("exact-keys", "standard")
+	f.grant(u, 10_000, "evt_1AbC")
+	for _, key := range []string{"evt_1abc", "EVT_1ABC", "evt_1AbC "} {
+		g, created, err := f.store.Grant(f.ctx(), holds.GrantRequest{UserID: u.ID, AmountMicro: 10_000, IdempotencyKey: key})
+		if err != nil || !created {
+			t.Errorf("grant %q after %q: created=%v (grant %d, key %q), %v; want a new grant", key, "evt_1AbC", created, g.ID, g.IdempotencyKey, err)
+		}
+	}
+	if p := f.prepaid(u); p != 40_000 {
+		t.Fatalf("prepaid %d after four grants of 10 credits under four distinct keys, want 40000", p)
+	}
+}
