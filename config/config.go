@@ -222,6 +222,11 @@ func (c *Config) Warnings() []string {
 	return out
 }
 
+// maxPlanMilli bounds a plan amount: 10^12 credits in thousandths, and (scaled by
+// credit_micro) 10^15 micro-USD, so that sums of allowances, prepaid credits and holds stay far
+// inside int64.
+const maxPlanMilli = 1_000_000_000_000_000
+
 // Validate reports every wrong setting at once, each named by its YAML path.
 func (c *Config) Validate() error {
 	var errs []error
@@ -316,6 +321,18 @@ func (c *Config) Validate() error {
 		p := c.Plans[name]
 		if p.AllowanceCredits.Milli < 0 {
 			bad("plans."+name+".allowance_credits", "must not be negative")
+		}
+		// Credits become micro-USD at credit_micro; past int64 the product wraps, and a wrapped
+		// cap or hold is a wrong (even negative) amount of money. A trillion credits is what the
+		// admin API accepts too.
+		for _, a := range []struct {
+			field string
+			c     Credits
+		}{{"allowance_credits", p.AllowanceCredits}, {"hold_normal_credits", p.HoldNormalCredits},
+			{"hold_heavy_credits", p.HoldHeavyCredits}, {"max_run_cost_credits", p.MaxRunCostCredits}} {
+			if a.c.Milli > maxPlanMilli || (c.CreditMicro > 0 && a.c.Milli > maxPlanMilli*1000/c.CreditMicro) {
+				bad("plans."+name+"."+a.field, "is too large: at most 10^12 credits and 10^15 micro-USD (credit_micro %d)", c.CreditMicro)
+			}
 		}
 		if p.HoldNormalCredits.Milli <= 0 || p.HoldHeavyCredits.Milli < p.HoldNormalCredits.Milli {
 			bad("plans."+name+".hold_*_credits", "need 0 < hold_normal_credits <= hold_heavy_credits")

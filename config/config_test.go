@@ -109,3 +109,31 @@ func TestModelsSectionReplacesTheDemoPrices(t *testing.T) {
 		t.Fatalf("priced models %v, want only [gpt-4o]", got)
 	}
 }
+
+// TestPlanAmountsThatOverflowAreRefused: a plan's credits are converted to micro-USD at
+// credit_micro; an amount whose conversion passes int64 wraps to a negative (or wrong) number
+// of micro-USD — a cap below zero makes every charge a credit — so it must stop the start.
+func TestPlanAmountsThatOverflowAreRefused(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"plans:\n  big:\n    allowance_credits: 99999999999999\n    hold_normal_credits: 20\n    hold_heavy_credits: 60\n    heavy_after_turns: 4\n    max_in_flight: 3\n    max_run_cost_credits: 500\n", "plans.big"},
+		{"plans:\n  big:\n    allowance_credits: 2000\n    hold_normal_credits: 20\n    hold_heavy_credits: 60\n    heavy_after_turns: 4\n    max_in_flight: 3\n    max_run_cost_credits: 10000000000000\n", "plans.big"},
+		{"credit_micro: 10000000000000000\n", "credit_micro"},
+	} {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		body := "mysql_dsn: x@tcp(h:1)/d\nredis_url: redis://h:1/0\n" + tc.yaml
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := Load(path)
+		if err == nil {
+			for name, p := range cfg.Plans {
+				t.Errorf("%q loaded: plan %s allowance %d µUSD, max_run_cost %d µUSD, hold %d µUSD", tc.yaml, name,
+					p.AllowanceCredits.MicroAt(cfg.CreditMicro), p.MaxRunCostCredits.MicroAt(cfg.CreditMicro), p.HoldNormalCredits.MicroAt(cfg.CreditMicro))
+			}
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v does not name %s", tc.yaml, err, tc.want)
+		}
+	}
+}
