@@ -31,10 +31,24 @@ const (
 // transaction here begins by locking the user's row and reads after that, so each statement's
 // fresh snapshot already contains everything that user's earlier transactions committed.
 func Open(ctx context.Context, dsn string) (*sqlx.DB, error) {
-	db, err := open(ctx, dsn, "transaction_isolation")
+	return openAs(ctx, dsn, defaultReadTimeout)
+}
+
+// OpenForMigrate is Open for schema changes: no client-side read timeout (unless the DSN
+// sets one), because a CREATE INDEX on a table that keeps every hold ever taken, or a wait
+// for another runner's migration lock, may rightly take longer than any money statement.
+func OpenForMigrate(ctx context.Context, dsn string) (*sqlx.DB, error) {
+	return openAs(ctx, dsn, 0)
+}
+
+// defaultReadTimeout bounds one reply when the DSN does not say otherwise.
+const defaultReadTimeout = 30 * time.Second
+
+func openAs(ctx context.Context, dsn string, readTimeout time.Duration) (*sqlx.DB, error) {
+	db, err := open(ctx, dsn, "transaction_isolation", readTimeout)
 	if mysqlErrNumber(err) == errUnknownSystemVariable {
 		// MariaDB before 11.1 knows the setting only by its old name.
-		db, err = open(ctx, dsn, "tx_isolation")
+		db, err = open(ctx, dsn, "tx_isolation", readTimeout)
 	}
 	return db, err
 }
@@ -49,7 +63,7 @@ const lockWaitSeconds = 3
 // errUnknownSystemVariable is MySQL's "Unknown system variable".
 const errUnknownSystemVariable = 1193
 
-func open(ctx context.Context, dsn, isolationVar string) (*sqlx.DB, error) {
+func open(ctx context.Context, dsn, isolationVar string, readTimeout time.Duration) (*sqlx.DB, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("mysql dsn: %w", err)
@@ -70,7 +84,7 @@ func open(ctx context.Context, dsn, isolationVar string) (*sqlx.DB, error) {
 		cfg.Timeout = 5 * time.Second
 	}
 	if cfg.ReadTimeout == 0 {
-		cfg.ReadTimeout = 30 * time.Second
+		cfg.ReadTimeout = readTimeout
 	}
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = 30 * time.Second

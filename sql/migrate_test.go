@@ -3,6 +3,9 @@ package sql_test
 import (
 	"context"
 	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
 
 	"github.com/tollgate/tollgate/internal/testenv"
 	tgsql "github.com/tollgate/tollgate/sql"
@@ -70,5 +73,41 @@ func TestPendingNamesWhatIsNotApplied(t *testing.T) {
 	}
 	if p, err := tgsql.Pending(ctx, db.DB); err != nil || len(p) != len(all) {
 		t.Fatalf("pending on a database never migrated: %v, %v", p, err)
+	}
+}
+
+// TestMigrateWaitsOutAnotherRunner: `gateway migrate` is safe from two processes because a
+// named lock serialises them; the second waits up to 60 s for the first, whose DDL on a large
+// table may take that long. It must not give up earlier on a client-side read timeout.
+func TestMigrateWaitsOutAnotherRunner(t *testing.T) {
+	dsn := testenv.MySQLDSN(t)
+	ctx := context.Background()
+	other, err := holds.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var got int
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('tollgate_migrate', 0)").Scan(&got); err != nil || got != 1 {
+		t.Fatalf("take the migration lock: %d, %v", got, err)
+	}
+	const busy = 35 * time.Second // the first runner's long CREATE INDEX, say
+	go func() {
+		time.Sleep(busy)
+		_, _ = conn.ExecContext(ctx, "SELECT RELEASE_LOCK('tollgate_migrate')")
+	}()
+	db, err := holds.OpenForMigrate(ctx, dsn) // as `gateway migrate` opens it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	start := time.Now()
+	if _, err := tgsql.Migrate(ctx, db.DB); err != nil {
+		t.Fatalf("migrate behind a runner busy for %v gave up after %v: %v", busy, time.Since(start).Round(time.Second), err)
 	}
 }

@@ -184,7 +184,14 @@ func migrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	done, err := tgsql.Migrate(ctx, e.db.DB)
+	// Its own handle, without the money paths' 30 s read timeout: the DDL of a migration on a
+	// large table, or the wait for another runner's lock, may take longer.
+	db, err := holds.OpenForMigrate(ctx, e.cfg.MySQLDSN)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	done, err := tgsql.Migrate(ctx, db.DB)
 	if err != nil {
 		return err
 	}
