@@ -500,3 +500,28 @@ func TestRunsAndUsageReport(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAdminBadInputsAre4xx: every malformed parameter is the caller's mistake: a 4xx in the
+// error shape naming it, never a 500.
+func TestAdminBadInputsAre4xx(t *testing.T) {
+	f := newFixture(t, adminToken)
+	f.admin("POST", "/admin/users", map[string]any{"name": "probe"}, 201)
+	for _, tc := range []struct {
+		method, path string
+		body         any
+		hdr          []string
+	}{
+		{"GET", "/admin/reports/usage?from=9999-12-31&to=9999-12-31", nil, nil},
+		{"GET", "/admin/runs?until=9999-12-31T23:00:00-05:00", nil, nil},
+		{"GET", "/admin/runs?since=9999-12-31T23:00:00-05:00", nil, nil},
+		{"GET", "/admin/runs?since=0000-01-01T00:00:00%2B01:00", nil, nil},
+		{"POST", "/admin/users/probe/grants", map[string]any{"amount": "1"}, []string{"Idempotency-Key", "caf\xe9"}},
+	} {
+		status, out, raw := f.call(tc.method, tc.path, adminToken, tc.body, tc.hdr...)
+		if status < 400 || status >= 500 || errCode(out) == "<not an OpenAI error shape>" {
+			t.Errorf("%s %s: %d %s, want a 4xx naming the bad input", tc.method, tc.path, status, raw)
+		} else {
+			t.Logf("%s %s: %d %s", tc.method, tc.path, status, raw)
+		}
+	}
+}

@@ -308,6 +308,14 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
 	default:
 		return nil, fmt.Errorf("list runs: %w: state %q", ErrBadFilter, f.State)
 	}
+	for _, t := range []struct {
+		name string
+		t    time.Time
+	}{{"since", f.Since}, {"until", f.Until}} {
+		if !t.t.IsZero() && !storableTime(t.t) {
+			return nil, fmt.Errorf("list runs: %w: %s %s is outside the years 1-9999", ErrBadFilter, t.name, t.t.UTC().Format(time.RFC3339))
+		}
+	}
 	if !f.Since.IsZero() {
 		where, args = append(where, "created_at >= ?"), append(args, f.Since.UTC())
 	}
@@ -376,6 +384,9 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 	if days := int(to.Sub(from)/(24*time.Hour)) + 1; days > MaxReportDays {
 		return UsageReport{}, fmt.Errorf("usage report: %w: %d days, at most %d", ErrBadFilter, days, MaxReportDays)
 	}
+	if !storableTime(from) || !storableTime(to.AddDate(0, 0, 1)) {
+		return UsageReport{}, fmt.Errorf("usage report: %w: days must lie between 0001-01-01 and 9999-12-30", ErrBadFilter)
+	}
 	rep := UsageReport{From: from.Format(time.DateOnly), To: to.Format(time.DateOnly), Rows: []UsageRow{}}
 	end := to.AddDate(0, 0, 1)
 	userCond, args := "", []any{from, end}
@@ -442,4 +453,11 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 func day(t time.Time) time.Time {
 	y, m, d := t.UTC().Date()
 	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+}
+
+// storableTime reports whether t, in UTC, is a DATETIME the database and its driver take
+// (years 1-9999): an operator's typo in a filter is a 400, not a failed query.
+func storableTime(t time.Time) bool {
+	y := t.UTC().Year()
+	return y >= 1 && y <= 9999
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
@@ -169,6 +170,9 @@ func validateGrant(req GrantRequest) error {
 		return fmt.Errorf("%w: an idempotency key is required", ErrGrantInvalid)
 	case len(req.IdempotencyKey) > maxGrantKeyLen:
 		return fmt.Errorf("%w: idempotency key longer than %d bytes", ErrGrantInvalid, maxGrantKeyLen)
+	case !utf8.ValidString(req.IdempotencyKey) || !utf8.ValidString(req.Reason):
+		// The view shows them as JSON text, and a utf8mb4 column refuses the bytes.
+		return fmt.Errorf("%w: idempotency key and reason must be UTF-8 text", ErrGrantInvalid)
 	case len(req.Reason) > maxGrantReasonLen:
 		return fmt.Errorf("%w: reason longer than %d bytes", ErrGrantInvalid, maxGrantReasonLen)
 	}
