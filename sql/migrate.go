@@ -57,6 +57,11 @@ func Migrations() ([]Migration, error) {
 	return out, nil
 }
 
+// lockName is the named lock that serialises the migration runners of one database (named
+// locks are server-wide: databases sharing a server do not wait for each other). A lock name
+// is at most 64 characters, a database name too, hence the hash.
+const lockName = "CONCAT('tollgate_migrate:', SHA1(DATABASE()))"
+
 // Migrate applies the migrations the database has not seen, in order, and returns their names.
 // It is safe to run twice and from two processes at once: a named lock serialises runners, and
 // each migration's statements are idempotent (CREATE … IF NOT EXISTS), because MySQL DDL
@@ -73,13 +78,13 @@ func Migrate(ctx context.Context, db *sql.DB) ([]string, error) {
 	defer conn.Close()
 
 	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('tollgate_migrate', 60)").Scan(&got); err != nil {
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lockName+", 60)").Scan(&got); err != nil {
 		return nil, fmt.Errorf("migrate: take lock: %w", err)
 	}
 	if !got.Valid || got.Int64 != 1 {
 		return nil, fmt.Errorf("migrate: another migration holds the lock for over 60 s")
 	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK('tollgate_migrate')")
+	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK("+lockName+")")
 
 	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version INT NOT NULL PRIMARY KEY,

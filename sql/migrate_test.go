@@ -93,13 +93,13 @@ func TestMigrateWaitsOutAnotherRunner(t *testing.T) {
 	}
 	defer conn.Close()
 	var got int
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('tollgate_migrate', 0)").Scan(&got); err != nil || got != 1 {
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+tgsql.LockName+", 0)").Scan(&got); err != nil || got != 1 {
 		t.Fatalf("take the migration lock: %d, %v", got, err)
 	}
 	const busy = 35 * time.Second // the first runner's long CREATE INDEX, say
 	go func() {
 		time.Sleep(busy)
-		_, _ = conn.ExecContext(ctx, "SELECT RELEASE_LOCK('tollgate_migrate')")
+		_, _ = conn.ExecContext(ctx, "SELECT RELEASE_LOCK("+tgsql.LockName+")")
 	}()
 	db, err := holds.OpenForMigrate(ctx, dsn) // as `gateway migrate` opens it
 	if err != nil {
