@@ -84,6 +84,17 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 	if !root.IsObject() {
 		return nil, errBadRequest("invalid_json", "The request body must be a JSON object.")
 	}
+	// The gateway reads the first of repeated keys (gjson), providers the last: a body that
+	// names one model, stream mode, output bound or usage option to the gateway and another
+	// to the provider would be billed for what it did not run.
+	if k := repeatedKey(root); k != "" {
+		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", k))
+	}
+	if so := root.Get("stream_options"); so.IsObject() {
+		if k := repeatedKey(so); k != "" {
+			return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key \"stream_options.%s\".", k))
+		}
+	}
 	m := root.Get("model")
 	if m.Type != gjson.String || m.Str == "" {
 		return nil, errBadRequest("missing_model", "The request must name a model.")
@@ -129,6 +140,21 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 	c.inputEstimate = metering.EstimateInputTokens(rt.format, body)
 	c.userTurns = metering.UserTurns(rt.format, body)
 	return c, nil
+}
+
+// repeatedKey returns a key that obj holds more than once (compared unescaped), or "".
+func repeatedKey(obj gjson.Result) string {
+	seen := make(map[string]struct{}, 16)
+	var dup string
+	obj.ForEach(func(k, _ gjson.Result) bool {
+		if _, ok := seen[k.Str]; ok {
+			dup = k.Str
+			return false
+		}
+		seen[k.Str] = struct{}{}
+		return true
+	})
+	return dup
 }
 
 // outputBound is the most output the call can produce as sent: none on a route without output
