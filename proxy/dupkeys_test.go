@@ -101,3 +101,12 @@ func TestRepeatedKeysCannotChangeWhatIsBilled(t *testing.T) {
 		})
 	}
 }
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

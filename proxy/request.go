@@ -27,13 +27,15 @@ type route struct {
 	// injectUsage: streams of this route report usage only when asked with
 	// stream_options.include_usage.
 	injectUsage bool
+	// choiceFields ask for several answers (n, best_of), each up to the output bound.
+	choiceFields []string
 }
 
 var routes = []*route{
 	{path: "/v1/chat/completions", format: metering.FormatChat, upstreamKind: "openai",
-		maxFields: []string{"max_tokens", "max_completion_tokens"}, injectUsage: true},
+		maxFields: []string{"max_tokens", "max_completion_tokens"}, injectUsage: true, choiceFields: []string{"n"}},
 	{path: "/v1/completions", format: metering.FormatCompletions, upstreamKind: "openai",
-		maxFields: []string{"max_tokens"}, injectUsage: true},
+		maxFields: []string{"max_tokens"}, injectUsage: true, choiceFields: []string{"n", "best_of"}},
 	{path: "/v1/embeddings", format: metering.FormatEmbeddings, upstreamKind: "openai"},
 	{path: "/v1/responses", format: metering.FormatResponses, upstreamKind: "openai",
 		maxFields: []string{"max_output_tokens"}},
@@ -56,8 +58,15 @@ type callRequest struct {
 	inputEstimate    int64
 	userTurns        int
 	maxOutput        int64 // the caller's bound on output, -1 when it set none
-	maxField         string
+	// bounds holds the value of each of route.maxFields, -1 where absent: a provider may
+	// honour any of them, so the rewrite lowers every one that is over the limit.
+	bounds []int64
+	// choices is how many answers the call asks for (n, best_of), each up to the bound.
+	choices int64
 }
+
+// maxChoices bounds n and best_of (OpenAI allows n up to 128).
+const maxChoices = 128
 
 // readBody reads at most limit bytes; past it the request is refused with 413 before
 // anything is held.
@@ -120,7 +129,9 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 		}
 		c.stream = st.Type == gjson.True
 	}
-	for _, f := range rt.maxFields {
+	c.bounds = make([]int64, len(rt.maxFields))
+	for i, f := range rt.maxFields {
+		c.bounds[i] = -1
 		v := root.Get(f)
 		if !v.Exists() || v.Type == gjson.Null {
 			continue
@@ -129,9 +140,22 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 		if v.Type != gjson.Number || err != nil || n < 0 {
 			return nil, errBadRequest("invalid_"+f, fmt.Sprintf("'%s' must be a non-negative integer.", f))
 		}
+		c.bounds[i] = n
 		if c.maxOutput < 0 || n < c.maxOutput {
-			c.maxOutput, c.maxField = n, f
+			c.maxOutput = n
 		}
+	}
+	c.choices = 1
+	for _, f := range rt.choiceFields {
+		v := root.Get(f)
+		if !v.Exists() || v.Type == gjson.Null {
+			continue
+		}
+		n, err := strconv.ParseInt(v.Raw, 10, 64)
+		if v.Type != gjson.Number || err != nil || n < 1 || n > maxChoices {
+			return nil, errBadRequest("invalid_"+f, fmt.Sprintf("'%s' must be an integer from 1 to %d.", f, maxChoices))
+		}
+		c.choices = max(c.choices, n)
 	}
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
 		return nil, errBadRequest("missing_max_tokens", "'max_tokens' is required on /v1/messages.")
@@ -165,9 +189,9 @@ func (c *callRequest) outputBound(modelMaxOutput int64) int64 {
 	case len(c.route.maxFields) == 0:
 		return 0
 	case c.maxOutput >= 0:
-		return c.maxOutput
+		return min(c.maxOutput, pricing.MaxTokens) * c.choices
 	case modelMaxOutput > 0:
-		return modelMaxOutput
+		return min(modelMaxOutput, pricing.MaxTokens) * c.choices
 	}
 	return -1
 }
@@ -190,16 +214,22 @@ func (c *callRequest) rewrite(capMicro int64, modelMaxOutput int64) (bool, error
 	if limit < 0 {
 		return false, nil
 	}
-	switch {
-	case c.maxOutput >= 0 && c.maxOutput > limit:
-		c.body, err = sjson.SetBytes(c.body, c.maxField, limit)
-	case c.maxOutput < 0 && modelMaxOutput > limit:
+	// Each of the call's answers may use the bound.
+	limit /= c.choices
+	if c.maxOutput >= 0 {
+		for i, f := range c.route.maxFields {
+			if c.bounds[i] > limit {
+				if c.body, err = sjson.SetBytes(c.body, f, limit); err != nil {
+					return false, fmt.Errorf("lower output bound: %w", err)
+				}
+			}
+		}
+	} else if modelMaxOutput > limit {
 		// Only when the model's own limit is known: a bound above it would make the provider
 		// refuse the request. Unknown limits rely on the settlement clamp to the cap.
-		c.body, err = sjson.SetBytes(c.body, c.route.maxFields[0], limit)
-	}
-	if err != nil {
-		return false, fmt.Errorf("lower output bound: %w", err)
+		if c.body, err = sjson.SetBytes(c.body, c.route.maxFields[0], limit); err != nil {
+			return false, fmt.Errorf("lower output bound: %w", err)
+		}
 	}
 	return true, nil
 }

@@ -1,0 +1,60 @@
+package proxy_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// TestRewriteBoundsEveryOutputField: the rewrite must leave no way for the upstream to
+// produce more output than the cap pays for. A chat request may carry both max_tokens and
+// max_completion_tokens (providers differ on which wins: vLLM takes max_completion_tokens),
+// and n (best_of on completions) choices each up to the bound.
+func TestRewriteBoundsEveryOutputField(t *testing.T) {
+	up := &jsonUpstream{}
+	ts := httptest.NewServer(up)
+	t.Cleanup(ts.Close)
+	h := newHarness(t, func(c *configT) {
+		c.Upstreams = []config.Upstream{{Name: "json", Kind: "openai", BaseURL: ts.URL, Models: []string{"*"}}}
+	})
+	_, key := h.user("standard")
+	// Default cap 500 credits = 500 000 µUSD; fake-gpt output is 10 µUSD a token, so the
+	// whole answer may be at most 50 000 output tokens.
+	const capTokens = 50_000
+	cases := []struct{ name, path, body string }{
+		{"both fields, max_tokens smaller", "/v1/chat/completions",
+			`{"model":"fake-gpt","max_tokens":1,"max_completion_tokens":90000000,"messages":[{"role":"user","content":"hi"}]}`},
+		{"both fields, both over", "/v1/chat/completions",
+			`{"model":"fake-gpt","max_tokens":80000000,"max_completion_tokens":90000000,"messages":[{"role":"user","content":"hi"}]}`},
+		{"n choices", "/v1/chat/completions",
+			`{"model":"fake-gpt","n":8,"max_tokens":90000000,"messages":[{"role":"user","content":"hi"}]}`},
+		{"best_of", "/v1/completions",
+			`{"model":"fake-gpt","best_of":8,"max_tokens":90000000,"prompt":"hi"}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := h.post(key, tc.path, tc.body, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusBadRequest {
+				errorCode(t, body)
+				return
+			}
+			up.mu.Lock()
+			sent := up.seen[len(up.seen)-1]
+			up.mu.Unlock()
+			raw := gjson.Parse(mustJSON(t, sent))
+			choices := max(int64(1), raw.Get("n").Int(), raw.Get("best_of").Int())
+			for _, f := range []string{"max_tokens", "max_completion_tokens"} {
+				if v := raw.Get(f); v.Exists() && v.Int()*choices > capTokens {
+					t.Errorf("upstream got %s=%d with %d choices: up to %d output tokens, the cap pays for %d",
+						f, v.Int(), choices, v.Int()*choices, capTokens)
+				}
+			}
+		})
+	}
+}
