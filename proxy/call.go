@@ -84,7 +84,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		writeError(w, e)
 		return e.Status
 	}
-	body, aerr := readBody(r, s.cfg.Limits.MaxBodyBytes)
+	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout)
 	if aerr != nil {
 		return refuse(aerr, "body")
 	}

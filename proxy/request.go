@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -69,18 +70,53 @@ type callRequest struct {
 const maxChoices = 128
 
 // readBody reads at most limit bytes; past it the request is refused with 413 before
-// anything is held.
-func readBody(r *http.Request, limit int64) ([]byte, *apiError) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, limit))
+// anything is held. A body that stops arriving for stall (at least half of it) is refused
+// with 408: the server sets no read timeout, and without this a caller could hold a
+// connection and its body buffer for as long as it liked.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, stall time.Duration) ([]byte, *apiError) {
+	rc := http.NewResponseController(w)
+	sr := &stallReader{r: http.MaxBytesReader(nil, r.Body, limit), rc: rc, timeout: stall}
+	body, err := io.ReadAll(sr)
+	// Lifted at once: a deadline left on the connection would end the server's background
+	// read, which cancels the request's context, in the middle of the call.
+	_ = rc.SetReadDeadline(time.Time{})
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
 		return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 			Message: fmt.Sprintf("Request body is larger than the limit of %d bytes.", limit)}
 	}
+	var ne interface{ Timeout() bool }
+	if err != nil && !errors.As(err, &tooLarge) {
+		// What is left of the body will not arrive either: without this the server would
+		// wait to drain it before sending the answer.
+		w.Header().Set("Connection", "close")
+	}
+	if errors.As(err, &ne) && ne.Timeout() {
+		return nil, &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+			Message: "The request body stopped arriving."}
+	}
 	if err != nil {
 		return nil, errBadRequest("unreadable_body", "Could not read the request body: "+err.Error())
 	}
 	return body, nil
+}
+
+// stallReader moves the connection's read deadline forward as the body arrives, only once
+// half of it has passed (each move resets a runtime timer): a read fails after between half
+// the timeout and the whole of it without progress.
+type stallReader struct {
+	r       io.Reader
+	rc      *http.ResponseController
+	timeout time.Duration
+	setAt   time.Time
+}
+
+func (s *stallReader) Read(p []byte) (int, error) {
+	if now := time.Now(); s.timeout > 0 && now.Sub(s.setAt) >= s.timeout/2 {
+		_ = s.rc.SetReadDeadline(now.Add(s.timeout))
+		s.setAt = now
+	}
+	return s.r.Read(p)
 }
 
 // parseCall validates a body for rt. Everything a request can get wrong is found here, before
