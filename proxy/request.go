@@ -196,6 +196,11 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
 		return nil, errBadRequest("missing_max_tokens", "'max_tokens' is required on /v1/messages.")
 	}
+	if so := root.Get("stream_options"); rt.injectUsage && so.Exists() && so.Type != gjson.Null && !so.IsObject() {
+		// Found here, not when the rewrite fails to edit it: by then the call holds credits
+		// and may have replaced its session's running call.
+		return nil, errBadRequest("invalid_stream_options", "'stream_options' must be an object.")
+	}
 	c.clientAskedUsage = root.Get("stream_options.include_usage").Type == gjson.True
 	c.inputEstimate = metering.EstimateInputTokens(rt.format, body)
 	c.userTurns = metering.UserTurns(rt.format, body)
