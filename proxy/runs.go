@@ -149,6 +149,11 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		return unavailable("run tally unreadable", err)
 	}
 	st := holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient}
+	// The settled row keeps the prices it was billed at (DESIGN §2), as a one-call run's and a
+	// reconciled run's do: those of the model the run was admitted with.
+	if _, priceKey, err := s.prices.Lookup(run.Model); err == nil {
+		st.PriceSnapshot = s.snapshots[priceKey]
+	}
 	if !found {
 		st.ChargeHeld, st.Estimated = true, true
 		s.metrics.ReconcileHold.Inc()
