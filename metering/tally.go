@@ -99,11 +99,21 @@ func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
 	return nil
 }
 
+// tallyFields are the figures of a tally hash. The hash also holds one done:<call id> field per
+// call of a named run (RunBudget.Release), as many as the run made calls: Get reads only these.
+var tallyFields = []string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro", "calls"}
+
 // Get reads a run's tally; found is false when there is none.
 func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
-	m, err := t.rdb.HGetAll(ctx, t.keys.Usage(runID)).Result()
+	vals, err := t.rdb.HMGet(ctx, t.keys.Usage(runID), tallyFields...).Result()
 	if err != nil {
 		return Tallied{}, false, fmt.Errorf("read tally %s: %w", runID, err)
+	}
+	m := make(map[string]string, len(tallyFields))
+	for i, v := range vals {
+		if s, ok := v.(string); ok {
+			m[tallyFields[i]] = s
+		}
 	}
 	if len(m) == 0 {
 		return Tallied{}, false, nil
