@@ -343,9 +343,20 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		// A complete answer was tallied before its end reached the caller
 		// (tallyBeforeAnswer); anything else is tallied now.
 		if !c.tallied {
-			s.tallyCall(ctx, c, st)
+			c.tallied = s.tallyCall(ctx, c, st)
 		}
 		s.endRunCall(ctx, c)
+		if !c.tallied {
+			// The tally is the run's only record of the call (and, for a call that used
+			// nothing, the evidence that keeps a run nobody comes back to from being charged
+			// its hold): keep trying, as markRunUnused does, for as long as a settlement
+			// would. Every step is safe to repeat.
+			s.settlements.Add(1)
+			go func() {
+				defer s.settlements.Done()
+				s.retryRunTally(ctx, c, st)
+			}()
+		}
 		return
 	}
 	// Tally and settlement run after the caller has its answer; neither adds to its latency.
@@ -391,6 +402,19 @@ func (s *Server) markRunUnused(ctx context.Context, runID string, log *zap.Logge
 			log.Error("zero tally of a run with a lost admission not written; it will be charged its hold", zap.Error(err))
 			return
 		case <-time.After(wait):
+		}
+	}
+}
+
+// retryRunTally writes a named run's call to its tally until it lands or settle_timeout has
+// passed.
+func (s *Server) retryRunTally(ctx context.Context, c *call, st holds.Settlement) {
+	deadline := time.Now().Add(s.cfg.Limits.SettleTimeout)
+	for wait := 100 * time.Millisecond; time.Now().Before(deadline); wait = min(2*wait, 2*time.Second) {
+		time.Sleep(wait)
+		if s.tallyCall(ctx, c, st) {
+			c.log.Info("run tally written on a later try")
+			return
 		}
 	}
 }

@@ -59,6 +59,9 @@ type harnessSetup struct {
 	// tallyDialer, if set, is how the tally's own Redis client connects: a test puts a
 	// gate between the tally and Redis.
 	tallyDialer func(ctx context.Context, network, addr string) (net.Conn, error)
+	// redisDialer, if set, is how the gateway's main Redis client (run budgets, leases)
+	// connects.
+	redisDialer func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // newHarnessOn is newHarness built on setup.
@@ -75,6 +78,12 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	var prefix string
 	h.rdb, prefix = testenv.Redis(t)
 	h.keys = metering.Keys{Prefix: prefix}
+	if setup.redisDialer != nil {
+		opt := *h.rdb.Options()
+		opt.Dialer = setup.redisDialer
+		h.rdb = redis.NewClient(&opt)
+		t.Cleanup(func() { h.rdb.Close() })
+	}
 	h.fake = fakellm.New(fakellm.Config{FixturesDir: setup.fixturesDir})
 	h.upstream = httptest.NewServer(h.fake)
 	t.Cleanup(h.upstream.Close)

@@ -1,0 +1,94 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// blipConn fails every write while its switch is on: Redis out of reach for a moment.
+type blipConn struct {
+	net.Conn
+	down *atomic.Bool
+}
+
+func (c blipConn) Write(b []byte) (int, error) {
+	if c.down.Load() {
+		c.Conn.Close()
+		return 0, errors.New("redis blip")
+	}
+	return c.Conn.Write(b)
+}
+
+type tallyUsage struct{ t *metering.Tally }
+
+func (u tallyUsage) Tallied(ctx context.Context, runID string) (pricing.Usage, int64, int64, bool, error) {
+	tl, found, err := u.t.Get(ctx, runID)
+	return tl.Usage, tl.CostMicro, tl.Calls, found, err
+}
+
+type noLeases struct{}
+
+func (noLeases) Exists(context.Context, string) (bool, error) { return false, nil }
+
+type alwaysLocked struct{}
+
+func (alwaysLocked) TryLock(context.Context) (bool, error) { return true, nil }
+
+// TestNamedRunFirstCallRefusedInARedisBlipIsNotChargedItsHold: the first call of a named run
+// is refused 503 because Redis is out of reach for a moment when it reserves its budget; it
+// used nothing. README: "A failed call leaves the run open ... Nothing used is recorded as a
+// zero tally, so a run nobody comes back to is settled at what it used, possibly 0". Redis is
+// back a second later; the agent never returns. The run must settle at 0, not at its hold.
+func TestNamedRunFirstCallRefusedInARedisBlipIsNotChargedItsHold(t *testing.T) {
+	var down atomic.Bool
+	h := newHarnessOn(t, harnessSetup{redisDialer: wrappedDialer(func(c net.Conn) net.Conn { return blipConn{c, &down} })}, nil)
+	u, key := h.user("standard")
+	down.Store(true)
+	go func() { time.Sleep(time.Second); down.Store(false) }() // a one-second blip
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "blip-task"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first call during the blip: %d %s, want 503", resp.StatusCode, body)
+	}
+	h.settled()
+	if h.fake.Calls() != 0 {
+		t.Fatalf("the refused call reached the upstream")
+	}
+	time.Sleep(2 * time.Second) // Redis long back; anything retried has landed
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	if runID == "" {
+		if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, found, err := h.tally.Get(context.Background(), runID)
+	t.Logf("tally of the run after the blip: found=%v err=%v", found, err)
+
+	// The agent never comes back: the run expires and is reconciled (DESIGN §5).
+	if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", runID); err != nil {
+		t.Fatal(err)
+	}
+	rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally}, Leases: noLeases{},
+		Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute})
+	if _, err := rec.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r := h.run(u.ID, runID)
+	if r.State != holds.StateSettled || r.ChargedMicro != 0 {
+		t.Fatalf("run whose only call was refused 503 settled as %s, charged %d µUSD (source %s); want 0",
+			r.State, r.ChargedMicro, r.SettleSource.String)
+	}
+}
