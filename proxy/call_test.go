@@ -340,6 +340,15 @@ func TestBadInputIsRefusedWithNoHoldLeftBehind(t *testing.T) {
 			}
 		})
 	}
+	t.Run("background response", func(t *testing.T) {
+		// Its answer (and its usage) would come later, to a GET the gateway does not meter.
+		resp := h.post(key, "/v1/responses", `{"model":"fake-gpt","background":true,"input":"hi"}`, nil)
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || errorCode(t, body) != "unsupported_parameter" {
+			t.Fatalf("got %d %s, want 400 unsupported_parameter", resp.StatusCode, body)
+		}
+	})
 	t.Run("messages without max_tokens", func(t *testing.T) {
 		resp := h.post(key, "/v1/messages", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`, nil)
 		body := readAll(t, resp.Body)

@@ -193,6 +193,12 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 		}
 		c.choices = max(c.choices, n)
 	}
+	if rt.format == metering.FormatResponses && root.Get("background").Type == gjson.True {
+		// A background response answers at once with a queued response and no usage; the
+		// output, and what it cost, are fetched later from an endpoint the gateway does not
+		// meter. Served, it would be charged the prompt's estimate for any amount of output.
+		return nil, errBadRequest("unsupported_parameter", "'background' responses are not supported: their usage cannot be metered.")
+	}
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
 		return nil, errBadRequest("missing_max_tokens", "'max_tokens' is required on /v1/messages.")
 	}
