@@ -96,7 +96,8 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 // A call of a named run is tallied before its caller sees the end of its answer, so that a
 // settlement sent the moment the answer ends finds the call in the run's tally: from the final
 // event on, what the upstream sends is held until it ends (at most finalGrace) and the call is
-// tallied.
+// tallied. What is held is bounded by limits.max_event_bytes (plus one event): past it the
+// upstream is cut.
 func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, stopUpstream context.CancelFunc) int {
 	h := w.Header()
 	h.Del("Content-Length")
@@ -164,6 +165,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		}
 		if c.inRun && sawFinal {
 			held = append(held, ev.Raw...) // the scanner reuses its memory
+			if len(held) > s.cfg.Limits.MaxEventBytes {
+				// An upstream that goes on after its final event is cut: what it sends
+				// then is not the answer, and held must not grow with it.
+				stopUpstream()
+			}
 			continue
 		}
 		if !writeEvent(ev.Raw) {

@@ -5,10 +5,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -281,5 +283,53 @@ func TestNamedRunOutlivesAFailedFirstCall(t *testing.T) {
 	r := h.run(u.ID, retry.Header.Get(proxy.RunIDHeader))
 	if r.Calls != 1 || r.OutTok != 7 || r.ChargedMicro != fakeGPTCost(r.InTok, 7) {
 		t.Fatalf("run %+v: want the one call that ran charged", r)
+	}
+}
+
+// TestRunCallHoldsABoundedTailAfterItsFinalEvent: a named run's call holds back what follows
+// its final event until the upstream ends (see relayStream), so that it is tallied first. An
+// upstream that keeps sending after [DONE] must not make that held tail grow without limit:
+// past limits.max_event_bytes the upstream is cut and the call ends as complete.
+func TestRunCallHoldsABoundedTailAfterItsFinalEvent(t *testing.T) {
+	const flood = 16 << 20
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"}}]}\n\n")
+		fmt.Fprint(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":1,\"total_tokens\":11}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		event := []byte("data: {\"junk\":\"" + strings.Repeat("x", 4096) + "\"}\n\n")
+		for sent := 0; sent < flood; sent += len(event) {
+			if _, err := w.Write(event); err != nil {
+				return // cut by the gateway
+			}
+		}
+	}))
+	defer upstream.Close()
+	const maxEvent = 256 << 10
+	h := newHarness(t, func(c *configT) {
+		c.Upstreams = []config.Upstream{{Name: "flood", Kind: "openai", BaseURL: upstream.URL, Models: []string{"*"}}}
+		c.Limits.MaxEventBytes = maxEvent
+		c.Limits.MaxBodyBytes = maxEvent / 2
+	})
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{"X-Run-Id": "flooded"})
+	got := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %.200s", resp.StatusCode, got)
+	}
+	_, tail, found := strings.Cut(string(got), "data: [DONE]\n\n")
+	if !found {
+		t.Fatalf("no [DONE] in %d bytes", len(got))
+	}
+	if len(tail) > 2*maxEvent {
+		t.Fatalf("the call held and sent %d bytes after its final event, want at most %d", len(tail), 2*maxEvent)
+	}
+	if status, body := h.settleRun(key, "flooded"); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if run.InTok != 10 || run.OutTok != 1 {
+		t.Fatalf("run charged in=%d out=%d, want the reported 10 and 1", run.InTok, run.OutTok)
 	}
 }
