@@ -56,6 +56,10 @@ const (
 	// outage is worked off over several periods instead of one pass that never ends and
 	// outlives its lock by far.
 	DefaultReconcileMaxBatches = 50
+	// DefaultReconcilePassBudget bounds one pass in time as MaxBatches does in count: no hold
+	// is started after it, so with the item timeout below a pass ends within 50 s, the life of
+	// the reconcile lock (DESIGN §5), and a second process does not scan beside it.
+	DefaultReconcilePassBudget = 20 * time.Second
 	// reconcileItemTimeout bounds the work on one hold (Redis reads plus one settlement with its
 	// retries); a hold that takes longer is left for the next pass.
 	reconcileItemTimeout = 30 * time.Second
@@ -74,6 +78,9 @@ type ReconcilerConfig struct {
 	// Batch is the rows read per query (0: DefaultReconcileBatch); MaxBatches bounds one pass
 	// (0: DefaultReconcileMaxBatches).
 	Batch, MaxBatches int
+	// PassBudget is how long a pass may go on starting holds (0: DefaultReconcilePassBudget);
+	// the first hold of a pass is always handled, so every pass makes progress.
+	PassBudget time.Duration
 	// PriceSnapshot, when set, gives the price snapshot stored with a settlement from the
 	// tally, by the model recorded at admission; nil or an empty result stores none.
 	PriceSnapshot func(model string) []byte
@@ -102,7 +109,10 @@ func NewReconciler(cfg ReconcilerConfig) *Reconciler {
 	if cfg.MaxBatches == 0 {
 		cfg.MaxBatches = DefaultReconcileMaxBatches
 	}
-	if cfg.Batch < 1 || cfg.Batch > 10_000 || cfg.MaxBatches < 1 {
+	if cfg.PassBudget == 0 {
+		cfg.PassBudget = DefaultReconcilePassBudget
+	}
+	if cfg.Batch < 1 || cfg.Batch > 10_000 || cfg.MaxBatches < 1 || cfg.PassBudget < 0 {
 		panic(fmt.Sprintf("holds: reconciler batch %d x %d out of range", cfg.Batch, cfg.MaxBatches))
 	}
 	return &Reconciler{cfg: cfg}
@@ -120,7 +130,8 @@ type Stats struct {
 	AlreadySettled int
 	Errors         int
 	ChargedMicro   int64 // total charged by this pass
-	// Truncated: the pass stopped at MaxBatches with a full last batch; more remain.
+	// Truncated: the pass stopped at MaxBatches with a full last batch, or at PassBudget;
+	// more may remain.
 	Truncated bool
 }
 
@@ -171,6 +182,7 @@ func (r *Reconciler) RunForced(ctx context.Context) (Stats, error) { return r.sc
 
 func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 	st := Stats{Locked: true}
+	stopAt := time.Now().Add(r.cfg.PassBudget)
 	for st.Batches < r.cfg.MaxBatches {
 		runs, err := r.cfg.Store.Expired(ctx, r.cfg.Batch)
 		if err != nil {
@@ -181,6 +193,12 @@ func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 		for _, run := range runs {
 			if ctx.Err() != nil {
 				return st, fmt.Errorf("reconcile: %w", ctx.Err())
+			}
+			if st.Scanned > 0 && time.Now().After(stopAt) {
+				st.Truncated = true
+				r.cfg.Log.Warn("reconcile pass stopped at its time budget; the rest waits for the next pass",
+					zap.Int("scanned", st.Scanned), zap.Duration("budget", r.cfg.PassBudget))
+				return st, nil
 			}
 			st.Scanned++
 			outcome, charged, err := r.one(ctx, run)

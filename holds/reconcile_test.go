@@ -260,6 +260,29 @@ func TestReconcileBatchLimits(t *testing.T) {
 	}
 }
 
+// TestReconcilePassTimeBudget: a pass starts no hold once its time budget has passed, but
+// always handles its first, so a slow pass ends within the lock's life and still progresses.
+func TestReconcilePassTimeBudget(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("erin", 100, nil)
+	const n = 3
+	for i := range n {
+		h := e.admit(u, "r_budget_"+string(rune('a'+i)), holds.StateQueued)
+		e.expire(h.RunID)
+	}
+	spent := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.PassBudget = time.Nanosecond })
+	for i := range n {
+		st, err := e.pass(spent)
+		if err != nil || st.Released != 1 || st.Scanned != 1 || (i < n-1) != st.Truncated {
+			t.Fatalf("pass %d with its budget spent at once: %+v, %v; want one hold released", i+1, st, err)
+		}
+	}
+	st, err := e.pass(spent)
+	if err != nil || st.Scanned != 0 || st.Truncated {
+		t.Fatalf("pass after all were released: %+v, %v", st, err)
+	}
+}
+
 // TestReconcileTallyUnreadable: when the tally cannot be read the reconciler cannot tell "used
 // nothing" from "lost", so it settles nothing, reports the error, and does not spin on the
 // same rows.
