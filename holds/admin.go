@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -373,6 +374,10 @@ type UsageReport struct {
 // MaxReportDays bounds a report's range, so one request cannot scan the table's whole life.
 const MaxReportDays = 366
 
+// maxReportRows bounds the rows (user × day × model) one report holds in memory, about 30 MB:
+// a busy range is asked for user by user, or in shorter ranges. A variable for tests.
+var maxReportRows = 100_000
+
 // Usage reports settled runs between the UTC days from and to, inclusive, for one user
 // (userID != 0) or all. Runs are attributed to the day they settled, as the day ledger is.
 func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (UsageReport, error) {
@@ -402,7 +407,8 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 		FROM run_holds h JOIN users u ON u.id = h.user_id
 		WHERE h.state = 'settled' AND h.settled_at >= ? AND h.settled_at < ?` + userCond + `
 		GROUP BY h.user_id, u.name, DATE_FORMAT(h.settled_at, '%Y-%m-%d'), h.model
-		ORDER BY u.name, day, h.model`
+		ORDER BY u.name, day, h.model
+		LIMIT ` + strconv.Itoa(maxReportRows+1)
 	ledgerQ := `SELECT COALESCE(SUM(used_micro), 0) AS used, COALESCE(SUM(run_count), 0) AS runs
 		FROM usage_days h WHERE h.day >= ? AND h.day < ?` + userCond
 	var ledger struct {
@@ -425,6 +431,10 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 	})
 	if err != nil {
 		return UsageReport{}, fmt.Errorf("usage report %s..%s: %w", rep.From, rep.To, err)
+	}
+	if len(rep.Rows) > maxReportRows {
+		return UsageReport{}, fmt.Errorf("usage report %s..%s: %w: more than %d rows; name a user or shorten the range",
+			rep.From, rep.To, ErrBadFilter, maxReportRows)
 	}
 	for _, r := range rep.Rows {
 		t := &rep.Totals

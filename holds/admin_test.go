@@ -237,4 +237,12 @@ func TestUsageReportEqualsLedgerAndSettledHolds(t *testing.T) {
 	if _, err := f.store.Usage(f.ctx(), today.AddDate(-2, 0, 0), today, 0); !errors.Is(err, holds.ErrBadFilter) {
 		t.Errorf("two-year range: %v", err)
 	}
+	// A report past its row bound is refused whole, never cut short: its totals would lie.
+	defer holds.SetMaxReportRows(4)()
+	if rep, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -1), today, 0); !errors.Is(err, holds.ErrBadFilter) {
+		t.Errorf("5 rows under a bound of 4: %d rows, %v; want ErrBadFilter", len(rep.Rows), err)
+	}
+	if _, err := f.store.Usage(f.ctx(), today, today, a.ID); err != nil {
+		t.Errorf("1 row under a bound of 4: %v", err)
+	}
 }
