@@ -333,6 +333,29 @@ func TestReconcileSettlesAnUnusedTallyAtZero(t *testing.T) {
 	}
 }
 
+// TestExtendNeverShortensAnExpiry: the reconciler extends a leased run by one hold TTL while a
+// later call's admission may have just pushed the run out by run_ttl (longer): whichever
+// lands last, the run keeps the later expiry, or it would expire early under an idle agent.
+func TestExtendNeverShortensAnExpiry(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("agent", 3, nil)
+	h := e.admit(u, "x_long_run", holds.StateRunning) // expires in an hour, as with run_ttl 1h
+	before := e.run(u, h.RunID).ExpiresAt
+	if moved, err := e.store.Extend(e.ctx(), h.RunID, time.Minute); err != nil || moved {
+		t.Fatalf("extend: moved %v, %v", moved, err)
+	}
+	if after := e.run(u, h.RunID).ExpiresAt; after.Before(before) {
+		t.Fatalf("extending by a minute moved the expiry from %v to %v", before, after)
+	}
+	e.expire(h.RunID)
+	if moved, err := e.store.Extend(e.ctx(), h.RunID, time.Minute); err != nil || !moved {
+		t.Fatalf("extend: moved %v, %v", moved, err)
+	}
+	if after := e.run(u, h.RunID).ExpiresAt; !after.After(time.Now().Add(50 * time.Second)) {
+		t.Fatalf("an expired run extended by a minute expires at %v", after)
+	}
+}
+
 // TestRunAdmittedAgainIsNotReconciled: a later call of a named run pushes the run's expiry out
 // when it is admitted, so a run whose hold had expired between two calls is not reconciled
 // (settled from a tally that lacks the call) while the new call runs.

@@ -52,10 +52,12 @@ func (s *Store) Run(ctx context.Context, userID uint64, runID string) (Run, erro
 	return r, nil
 }
 
-// Extend pushes a live run's expiry to now + ttl (database time). It locks only the hold row
-// and only for one statement, so it needs no place in the lock order.
+// Extend pushes a live run's expiry to now + ttl (database time), never earlier than it is:
+// the reconciler's extension by one hold TTL may land just after a later call's admission
+// pushed the run out by run_ttl. It reports whether the expiry moved. It locks only the hold
+// row and only for one statement, so it needs no place in the lock order.
 func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bool, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
+	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND)
 		WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(), runID)
 	if err != nil {
 		return false, fmt.Errorf("extend %s: %w", runID, err)

@@ -208,7 +208,7 @@ func TestNamedRunCallIsTalliedBeforeItsAnswerEnds(t *testing.T) {
 	u, key := h.user("standard")
 	// The run's expiry push, the last database step of the call's end, answers late: what
 	// the call still held then (its lease) it holds while the caller settles.
-	lossy.Arm("UPDATE run_holds SET expires_at = NOW(6) + INTERVAL", testenv.LateReply)
+	lossy.Arm("UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6)", testenv.LateReply)
 	hdr := map[string]string{"X-Run-Id": "task-quick", fakellm.HeaderChunks: "12", fakellm.HeaderChunkInterval: "20ms",
 		fakellm.HeaderLinger: "300ms"}
 	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
