@@ -59,6 +59,9 @@ type call struct {
 	// idem is set for an Idempotency-Key request; rw then keeps what the caller was sent.
 	idem *idemCall
 	rw   *respWriter
+	// fpKey is the fingerprint this plain call registered (dedup window); it is given back
+	// (endFingerprint) before the end of the call's answer reaches the caller.
+	fpKey string
 }
 
 // RunIDHeader carries the run id of every answered model call, so a caller can look its run up.
@@ -181,6 +184,9 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		if status := s.checkFingerprint(w, r, c, bodyHash, refuse); status != 0 {
 			return status
 		}
+		// Runs before the deferred settlement and before the handler returns: whatever ends
+		// the call, a resend after its answer is a new request.
+		defer s.endFingerprint(r.Context(), c)
 	}
 
 	// The cap bounds what is charged; at a discount a call may cost more than that at list
@@ -273,6 +279,8 @@ func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, c *cal
 		c.log.Info("duplicate of a running request", zap.String("of_run", orig))
 		s.writeDuplicate(w, errDuplicate(orig), false)
 		return http.StatusConflict
+	default:
+		c.fpKey = s.keys.Dedup(c.user.ID, bodyHash)
 	}
 	return 0
 }

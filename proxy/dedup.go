@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 )
 
 // How a duplicate is answered. X-Should-Retry is the OpenAI SDKs' override of their own retry
@@ -51,6 +52,28 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0`)
+
+// endScript gives a fingerprint back, only if it still names the run that ends.
+var endScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`)
+
+// endFingerprint gives back the fingerprint of a plain call whose answer is final, before
+// that answer's end reaches the caller: the hold is settled only afterwards, in the
+// background, and a caller that asks the same again the moment it has its answer must not be
+// told it duplicates a request still running. Safe to call more than once.
+func (s *Server) endFingerprint(ctx context.Context, c *call) {
+	if c.fpKey == "" {
+		return
+	}
+	key := c.fpKey
+	c.fpKey = ""
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if err := endScript.Run(ctx, s.dedupRDB, []string{key}, c.runID).Err(); err != nil {
+		c.log.Warn("fingerprint not given back; it lapses with the window", zap.Error(err))
+	}
+}
 
 // fingerprint is the duplicate window for requests that carry neither an Idempotency-Key nor
 // a session (DESIGN §6): SET dedup:{user}:{sha256(body)} <run_id> NX PX window. It returns the

@@ -1,0 +1,46 @@
+package proxy_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// TestRev6SequentialIdenticalRequestsRun: a script asks the same question again as soon as it
+// has the first answer (README: "a repeat after it finished: runs"). No repeat may be told
+// 409 duplicate.
+func TestRev6SequentialIdenticalRequestsRun(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
+	_, key := h.user("standard")
+	clients := []*http.Client{{Transport: &http.Transport{}}, {Transport: &http.Transport{}}}
+	body := chatBody
+	do := func(cl *http.Client) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := cl.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	refused := 0
+	for i := range 120 {
+		if i == 60 {
+			body = `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"Say hello."}]}`
+		}
+		st, b := do(clients[i%2])
+		if st != 200 {
+			refused++
+			t.Logf("request %d: %d %s", i, st, b)
+		}
+	}
+	if refused > 0 {
+		t.Fatalf("%d of 120 sequential requests refused although the previous one had answered", refused)
+	}
+}
