@@ -37,10 +37,16 @@ type SessionClaim struct {
 // is a cancel sent to a run that already ended, or an already_running pointing at a run that
 // just answered.
 func (s *Store) ClaimSession(ctx context.Context, userID uint64, sessionID, runID string, messageHash [32]byte) (SessionClaim, error) {
+	return s.ClaimSessionPast(ctx, userID, sessionID, runID, messageHash, "")
+}
+
+// ClaimSessionPast is ClaimSession told that the run ended has answered already (its hold
+// may still await its settlement): if it is the session's current run, it counts as ended.
+func (s *Store) ClaimSessionPast(ctx context.Context, userID uint64, sessionID, runID string, messageHash [32]byte, ended string) (SessionClaim, error) {
 	var out SessionClaim
 	err := s.inTx(ctx, "claim session "+sessionID, func(tx *sqlx.Tx) error {
 		var err error
-		out, err = claimSessionTx(ctx, tx, userID, sessionID, runID, messageHash)
+		out, err = claimSessionTx(ctx, tx, userID, sessionID, runID, messageHash, ended)
 		return err
 	})
 	if err != nil {
@@ -49,7 +55,7 @@ func (s *Store) ClaimSession(ctx context.Context, userID uint64, sessionID, runI
 	return out, nil
 }
 
-func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, runID string, hash [32]byte) (SessionClaim, error) {
+func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, runID string, hash [32]byte, ended string) (SessionClaim, error) {
 	// A new session: the insert is the claim. An existing one: the no-op update locks its row.
 	res, err := tx.ExecContext(ctx, `
 		INSERT INTO sessions (user_id, session_id, current_run_id, message_hash, updated_at)
@@ -77,6 +83,7 @@ func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, 
 	if err != nil {
 		return SessionClaim{}, err
 	}
+	live = live && row.Current != ended
 	if live && bytes.Equal(row.Hash, hash[:]) {
 		return SessionClaim{Duplicate: true, Current: row.Current}, nil
 	}

@@ -32,6 +32,10 @@ func (k Keys) Cancel(runID string) string { return k.Prefix + "cancel:{" + runID
 // Replay holds an idempotent request's stored response.
 func (k Keys) Replay(runID string) string { return k.Prefix + "replay:{" + runID + "}" }
 
+// SessionDone marks a session's run whose answer is final (its settlement may still be on
+// its way).
+func (k Keys) SessionDone(runID string) string { return k.Prefix + "sessdone:{" + runID + "}" }
+
 // Dedup is the fingerprint window of one user's request body.
 func (k Keys) Dedup(userID uint64, bodyHash string) string {
 	return k.Prefix + "dedup:{" + strconv.FormatUint(userID, 10) + "}:" + bodyHash

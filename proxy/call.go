@@ -62,6 +62,8 @@ type call struct {
 	// fpKey is the fingerprint this plain call registered (dedup window); it is given back
 	// (endFingerprint) before the end of the call's answer reaches the caller.
 	fpKey string
+	// sessionClaimed: this call is its session's current run; endSessionCall marks its end.
+	sessionClaimed bool
 }
 
 // RunIDHeader carries the run id of every answered model call, so a caller can look its run up.
@@ -180,6 +182,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 			}
 			return refuse(e, "session")
 		}
+		defer s.endSessionCall(r.Context(), c)
 	case fingerprinted:
 		if status := s.checkFingerprint(w, r, c, bodyHash, refuse); status != 0 {
 			return status

@@ -158,6 +158,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		if !sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
 			sawFinal = true
 			s.endFingerprint(r.Context(), c)
+			s.endSessionCall(r.Context(), c)
 			if c.inRun {
 				// An upstream that does not close after its final event must not keep the
 				// caller waiting for the end of an answer it has whole.
@@ -226,6 +227,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		s.tallyBeforeAnswer(r.Context(), c)
 	}
 	s.endFingerprint(r.Context(), c)
+	s.endSessionCall(r.Context(), c)
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	rc := http.NewResponseController(w)
 	bound := s.boundWrites(rc)

@@ -44,3 +44,31 @@ func TestRev6SequentialIdenticalRequestsRun(t *testing.T) {
 		t.Fatalf("%d of 120 sequential requests refused although the previous one had answered", refused)
 	}
 }
+
+// TestRev6SessionRegenerateAfterAnswerRuns: a chat UI's "regenerate" resends the session's
+// last message once its answer is in (README: same message, a repeat after it finished: runs).
+func TestRev6SessionRegenerateAfterAnswerRuns(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
+	_, key := h.user("standard")
+	clients := []*http.Client{{Transport: &http.Transport{}}, {Transport: &http.Transport{}}}
+	refused := 0
+	for i := range 60 {
+		req, _ := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Session-Id", "chat-1")
+		resp, err := clients[i%2].Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			refused++
+			t.Logf("request %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	if refused > 0 {
+		t.Fatalf("%d of 60 regenerations refused although the previous answer was in", refused)
+	}
+}

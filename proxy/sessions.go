@@ -213,6 +213,20 @@ func (s *Server) Close() error {
 	return s.cancels.close()
 }
 
+// endSessionCall marks a session's call whose answer is final, before that answer's end
+// reaches the caller (claimSession reads the mark). Safe to call more than once.
+func (s *Server) endSessionCall(ctx context.Context, c *call) {
+	if !c.sessionClaimed {
+		return
+	}
+	c.sessionClaimed = false
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if err := s.dedupRDB.Set(ctx, s.keys.SessionDone(c.runID), "1", s.cfg.Holds.HoldTTL).Err(); err != nil {
+		c.log.Warn("session call's end not marked; the same message again is already_running until it settles", zap.Error(err))
+	}
+}
+
 // claimSession registers c's run as its session's current run (DESIGN §6). It returns an
 // answer when the request must not run: a duplicate of the session's running message, or
 // billing down. A replaced run is told to stop.
@@ -226,9 +240,25 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) *a
 		return errBillingDown
 	}
 	if claim.Duplicate {
+		// The current run's hold is live, but its answer may be final already, its settlement
+		// still on its way: then the same message again is a new request (a regenerate).
+		done, err := s.dedupRDB.Exists(ctx, s.keys.SessionDone(claim.Current)).Result()
+		if err == nil && done == 1 {
+			sctx, cancel := s.storeContext(ctx)
+			claim, err = s.store.ClaimSessionPast(sctx, c.user.ID, sessionID, c.runID, sessionMessageHash(c.req.route.format, c.req.body), claim.Current)
+			cancel()
+			if err != nil {
+				c.outcome = outcomeRefused
+				c.log.Error("session claim failed", zap.Error(err))
+				return errBillingDown
+			}
+		}
+	}
+	if claim.Duplicate {
 		c.outcome = outcomeDuplicate
 		return errAlreadyRunning(claim.Current)
 	}
+	c.sessionClaimed = true
 	if claim.Replaced != "" {
 		if err := s.cancels.publish(ctx, claim.Replaced); err != nil {
 			c.log.Warn("cancel of the replaced run not sent; it runs to its end and is charged", zap.String("replaced", claim.Replaced), zap.Error(err))
