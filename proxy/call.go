@@ -223,6 +223,8 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		// its session replaced it): nothing was used, release at 0.
 		c.outcome = outcomeRefused
 		if errors.Is(context.Cause(r.Context()), errSuperseded) {
+			// Not to be retried: a retry would resend the old message and replace the newer one.
+			w.Header().Set(shouldRetryHeader, "false")
 			return refuse(errSupersededAnswer, "superseded")
 		}
 		return 499
@@ -294,6 +296,7 @@ func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, c *cal
 func (s *Server) answerSuperseded(c *call) int {
 	rw := c.rw
 	if rw.status == 0 {
+		rw.Header().Set(shouldRetryHeader, "false") // a retry would replace the newer message
 		writeError(rw, errSupersededAnswer)
 		return errSupersededAnswer.Status
 	}

@@ -1,6 +1,10 @@
 package proxy_test
 
 import (
+	"context"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/tollgate/tollgate/internal/fakellm"
 	"io"
 	"net/http"
 	"strings"
@@ -70,5 +74,33 @@ func TestRev6SessionRegenerateAfterAnswerRuns(t *testing.T) {
 	}
 	if refused > 0 {
 		t.Fatalf("%d of 60 regenerations refused although the previous answer was in", refused)
+	}
+}
+
+// TestRev6SupersededCallIsNotRetriedBySDK: an SDK whose call is superseded by a newer message
+// of its session must not retry it (OpenAI SDKs retry every 409 unless X-Should-Retry: false):
+// the retry would resend the old message and supersede the newer one.
+func TestRev6SupersededCallIsNotRetriedBySDK(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	client := openai.NewClient(option.WithBaseURL(h.gw.URL+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(2),
+		option.WithHeader("X-Session-Id", "chat-sdk"), option.WithHeader(fakellm.HeaderLatency, "1500ms"))
+	params := openai.ChatCompletionNewParams{Model: "fake-gpt",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("the old question")}}
+	olderr := make(chan error, 1)
+	go func() {
+		_, err := client.Chat.Completions.New(context.Background(), params)
+		olderr <- err
+	}()
+	h.waitUpstream(1)
+	b := send(h.gw.URL, key, chatBody, map[string]string{"X-Session-Id": "chat-sdk", fakellm.HeaderLatency: "1500ms"})
+	if b.status != 200 {
+		t.Errorf("the newer message: %d %s", b.status, b.body)
+	}
+	if err := <-olderr; err == nil {
+		t.Errorf("the superseded call succeeded")
+	}
+	if n := h.fake.Calls(); n != 2 {
+		t.Errorf("%d upstream calls, want 2 (the superseded call retried by its SDK)", n)
 	}
 }
