@@ -74,6 +74,11 @@ func errReplayTooLarge(runID string, limit int64) *apiError {
 		Message: fmt.Sprintf("The request with this Idempotency-Key already ran (run %s), but its answer was larger than %d bytes and was not kept for replay.", runID, limit)}
 }
 
+func errReplayLost(runID string) *apiError {
+	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotent_response_lost", RunID: runID,
+		Message: "The request with this Idempotency-Key already ran (run " + runID + "), but its stored answer was lost; it is not run again."}
+}
+
 // validIdempotencyKey: 1-255 printable ASCII characters.
 func validIdempotencyKey(k string) bool {
 	if len(k) == 0 || len(k) > maxIdempotencyKeyLen {
@@ -185,6 +190,22 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			// record. Its record is final now (it is written before settlement): read again, and
 			// if the attempt did not pin the key, move past it.
 			if rec2, err := s.readIdem(ctx, ic); err == nil && rec2.run == "" && rec2.attempt == rec.attempt {
+				if rec2.bodyHash == "" {
+					// No record of the key at all, yet its attempt ran: Redis lost the record (a
+					// restart, a failover). An attempt that ended complete pinned the key; it
+					// must not run, nor be charged, again.
+					sctx, cancel := s.storeContext(ctx)
+					run, err := s.store.Run(sctx, ic.userID, ar.RunID)
+					cancel()
+					if err != nil {
+						log.Error("idempotent attempt unreadable", zap.Error(err))
+						writeError(w, errBillingDown)
+						return holds.Hold{}, errBillingDown.Status
+					}
+					if run.SettleSource.String == holds.SourceComplete {
+						return holds.Hold{}, answer(errReplayLost(ar.RunID), false)
+					}
+				}
 				if err := s.advanceIdem(ctx, ic, rec.attempt); err != nil {
 					log.Error("idempotency attempt not advanced", zap.Error(err))
 					writeError(w, errDedupDown)

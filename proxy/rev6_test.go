@@ -104,3 +104,30 @@ func TestRev6SupersededCallIsNotRetriedBySDK(t *testing.T) {
 		t.Errorf("%d upstream calls, want 2 (the superseded call retried by its SDK)", n)
 	}
 }
+
+// TestRev6IdempotentRetryAfterRedisLostTheRecord: the key's request ran and was charged; Redis
+// then lost the record (a restart without persistence, a failover). A retry with the key must
+// not run and be charged a second time: the settled hold of the key's run is in MySQL.
+func TestRev6IdempotentRetryAfterRedisLostTheRecord(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	idem := map[string]string{"Idempotency-Key": "redis-restart"}
+	a := send(h.gw.URL, key, chatBody, idem)
+	if a.status != 200 {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	h.settled()
+	ctx := context.Background()
+	recs, _ := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
+	if err := h.rdb.Del(ctx, recs...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := send(h.gw.URL, key, chatBody, idem)
+	h.settled()
+	t.Logf("retry: %d %s", b.status, b.body)
+	if n := h.fake.Calls(); n != 1 {
+		var charged int
+		_ = h.db.Get(&charged, "SELECT COUNT(*) FROM run_holds WHERE user_id = ? AND charged_micro > 0", u.ID)
+		t.Fatalf("%d upstream calls and %d charged runs for one Idempotency-Key", n, charged)
+	}
+}
