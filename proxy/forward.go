@@ -169,8 +169,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			held = append(held, ev.Raw...) // the scanner reuses its memory
 			if len(held) > s.cfg.Limits.MaxEventBytes {
 				// An upstream that goes on after its final event is cut: what it sends
-				// then is not the answer, and held must not grow with it.
+				// then is not the answer, and held must not grow with it (nor with what
+				// was read before the cut took effect).
 				stopUpstream()
+				c.outcome = outcomeComplete
+				break
 			}
 			continue
 		}

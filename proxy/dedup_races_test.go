@@ -13,10 +13,10 @@ import (
 	"github.com/tollgate/tollgate/config"
 )
 
-// TestRev6SequentialIdenticalRequestsRun: a script asks the same question again as soon as it
+// TestSequentialIdenticalRequestsRun: a script asks the same question again as soon as it
 // has the first answer (README: "a repeat after it finished: runs"). No repeat may be told
 // 409 duplicate.
-func TestRev6SequentialIdenticalRequestsRun(t *testing.T) {
+func TestSequentialIdenticalRequestsRun(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
 	_, key := h.user("standard")
 	clients := []*http.Client{{Transport: &http.Transport{}}, {Transport: &http.Transport{}}}
@@ -49,9 +49,9 @@ func TestRev6SequentialIdenticalRequestsRun(t *testing.T) {
 	}
 }
 
-// TestRev6SessionRegenerateAfterAnswerRuns: a chat UI's "regenerate" resends the session's
+// TestSessionRegenerateAfterAnswerRuns: a chat UI's "regenerate" resends the session's
 // last message once its answer is in (README: same message, a repeat after it finished: runs).
-func TestRev6SessionRegenerateAfterAnswerRuns(t *testing.T) {
+func TestSessionRegenerateAfterAnswerRuns(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
 	_, key := h.user("standard")
 	clients := []*http.Client{{Transport: &http.Transport{}}, {Transport: &http.Transport{}}}
@@ -77,10 +77,10 @@ func TestRev6SessionRegenerateAfterAnswerRuns(t *testing.T) {
 	}
 }
 
-// TestRev6SupersededCallIsNotRetriedBySDK: an SDK whose call is superseded by a newer message
+// TestSupersededCallIsNotRetriedBySDK: an SDK whose call is superseded by a newer message
 // of its session must not retry it (OpenAI SDKs retry every 409 unless X-Should-Retry: false):
 // the retry would resend the old message and supersede the newer one.
-func TestRev6SupersededCallIsNotRetriedBySDK(t *testing.T) {
+func TestSupersededCallIsNotRetriedBySDK(t *testing.T) {
 	h := newHarness(t, nil)
 	_, key := h.user("standard")
 	client := openai.NewClient(option.WithBaseURL(h.gw.URL+"/v1/"), option.WithAPIKey(key), option.WithMaxRetries(2),
@@ -105,10 +105,10 @@ func TestRev6SupersededCallIsNotRetriedBySDK(t *testing.T) {
 	}
 }
 
-// TestRev6IdempotentRetryAfterRedisLostTheRecord: the key's request ran and was charged; Redis
+// TestIdempotentRetryAfterRedisLostTheRecord: the key's request ran and was charged; Redis
 // then lost the record (a restart without persistence, a failover). A retry with the key must
 // not run and be charged a second time: the settled hold of the key's run is in MySQL.
-func TestRev6IdempotentRetryAfterRedisLostTheRecord(t *testing.T) {
+func TestIdempotentRetryAfterRedisLostTheRecord(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	idem := map[string]string{"Idempotency-Key": "redis-restart"}
