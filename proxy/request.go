@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -132,12 +134,12 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 	// The gateway reads the first of repeated keys (gjson), providers the last: a body that
 	// names one model, stream mode, output bound or usage option to the gateway and another
 	// to the provider would be billed for what it did not run.
-	if k := repeatedKey(root); k != "" {
-		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", k))
+	if k := repeatedKey(root, readKeys...); k != "" {
+		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k))
 	}
 	if so := root.Get("stream_options"); so.IsObject() {
-		if k := repeatedKey(so); k != "" {
-			return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key \"stream_options.%s\".", k))
+		if k := repeatedKey(so, "include_usage"); k != "" {
+			return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key \"stream_options.%s\" (keys are compared with case folded).", k))
 		}
 	}
 	m := root.Get("model")
@@ -213,20 +215,50 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 	return c, nil
 }
 
-// repeatedKey returns a key that obj holds more than once (compared unescaped), or "".
-func repeatedKey(obj gjson.Result) string {
+// repeatedKey returns a key that obj holds more than once, or one that is a misspelling of a
+// key in read (the keys the gateway reads), or "". Keys are compared unescaped and with case
+// folded as Go's encoding/json matches them to fields ("Model", "MODEL", "ſtream" with
+// U+017F): a provider decoding with it reads "model" and "Model" as one key (the last), and
+// "Stream" alone as "stream", which the gateway would not see.
+func repeatedKey(obj gjson.Result, read ...string) string {
 	seen := make(map[string]struct{}, 16)
 	var dup string
 	obj.ForEach(func(k, _ gjson.Result) bool {
-		if _, ok := seen[k.Str]; ok {
+		f := foldKey(k.Str)
+		if _, ok := seen[f]; ok {
 			dup = k.Str
 			return false
 		}
-		seen[k.Str] = struct{}{}
+		seen[f] = struct{}{}
+		for _, r := range read {
+			if k.Str != r && f == foldKey(r) {
+				dup = k.Str
+				return false
+			}
+		}
 		return true
 	})
 	return dup
 }
+
+// foldKey maps every rune of s to the smallest of its simple case folding orbit, so that
+// foldKey(a) == foldKey(b) exactly when strings.EqualFold(a, b).
+func foldKey(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		m := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			m = min(m, f)
+		}
+		b.WriteRune(m)
+	}
+	return b.String()
+}
+
+// readKeys are the top-level keys parseCall reads, across every route.
+var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
+	"n", "best_of", "background"}
 
 // outputBound is the most output the call can produce as sent: none on a route without output
 // (embeddings), its own limit, else the model's configured one (modelMaxOutput, 0 when
