@@ -82,17 +82,18 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, stall time.Du
 	// Lifted at once: a deadline left on the connection would end the server's background
 	// read, which cancels the request's context, in the middle of the call.
 	_ = rc.SetReadDeadline(time.Time{})
+	if err != nil {
+		// What is left of the body is not read: without this the server would drain it
+		// (up to 256 KiB, with no deadline) before sending the answer, and a caller that
+		// stalls there, even past the size limit, would hold the connection for good.
+		w.Header().Set("Connection", "close")
+	}
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
 		return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
 			Message: fmt.Sprintf("Request body is larger than the limit of %d bytes.", limit)}
 	}
 	var ne interface{ Timeout() bool }
-	if err != nil && !errors.As(err, &tooLarge) {
-		// What is left of the body will not arrive either: without this the server would
-		// wait to drain it before sending the answer.
-		w.Header().Set("Connection", "close")
-	}
 	if errors.As(err, &ne) && ne.Timeout() {
 		return nil, &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
 			Message: "The request body stopped arriving."}

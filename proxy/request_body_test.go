@@ -42,3 +42,43 @@ func TestClientThatStopsSendingItsBodyIsCut(t *testing.T) {
 		t.Fatalf("%d holds live", live)
 	}
 }
+
+// TestClientThatStallsPastTheBodyLimitIsCut: a body over max_body_bytes is refused with 413,
+// but before that answer goes out the server reads what the body still promises (up to
+// 256 KiB) to keep the connection: a caller that stalls there must be cut as a stalled body
+// is, not hold the connection and its goroutine for as long as it likes.
+func TestClientThatStallsPastTheBodyLimitIsCut(t *testing.T) {
+	h := newHarness(t, func(c *configT) {
+		c.Limits.ClientWriteTimeout = 300 * time.Millisecond
+		c.Limits.MaxBodyBytes = 1024
+	})
+	_, key := h.user("standard")
+	for _, chunked := range []bool{false, true} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(h.gw.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := `{"model":"fake-gpt","messages":[{"role":"user","content":"` + strings.Repeat("x", 1500) + `"}]}`
+		if chunked {
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n",
+				key, len(body), body) // no last chunk: the body never ends
+		} else {
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+				key, len(body)+100, body) // 100 bytes promised, never sent
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Errorf("chunked=%v: no answer 5 s after a body over the limit stalled (client_write_timeout 300 ms)", chunked)
+			}
+			conn.Close()
+			continue
+		}
+		resp.Body.Close()
+		conn.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Errorf("chunked=%v: status %d, want 413", chunked, resp.StatusCode)
+		}
+	}
+}

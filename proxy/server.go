@@ -5,6 +5,7 @@ package proxy
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"sync"
@@ -144,6 +145,7 @@ func NewTransport(l config.Limits) *http.Transport {
 // Handler is the gateway's router.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
+	r.Use(s.boundUnreadBody)
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
@@ -208,4 +210,38 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		status["redis"], code = err.Error(), http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, status)
+}
+
+// boundUnreadBody bounds the server's drain of a body its handler did not read to the end (a
+// request refused before its body was read: a wrong key, an unknown route). The server reads
+// what is left (up to 256 KiB) before it answers, with no deadline of its own: a caller that
+// stalls inside that body, with or without a valid key, would hold the connection and its
+// goroutine for good. The drain gets client_write_timeout, as a stalled body does in readBody.
+func (s *Server) boundUnreadBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || s.cfg.Limits.ClientWriteTimeout <= 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		b := &eofBody{ReadCloser: r.Body}
+		r.Body = b
+		next.ServeHTTP(w, r)
+		if !b.eof {
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.Limits.ClientWriteTimeout))
+		}
+	})
+}
+
+// eofBody records whether its body was read to the end.
+type eofBody struct {
+	io.ReadCloser
+	eof bool
+}
+
+func (b *eofBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
 }
