@@ -280,7 +280,11 @@ func (m *Meter) responsesEvent(s, typ string) {
 	switch typ {
 	case "response.completed", "response.incomplete":
 		m.openAIUsage(gjson.Get(s, "response.usage"))
-	case "response.failed", "error":
+	case "response.failed":
+		// A failed response carries what it used so far, as a completed one does.
+		m.res.UpstreamError = true
+		m.openAIUsage(gjson.Get(s, "response.usage"))
+	case "error":
 		m.res.UpstreamError = true
 	case "response.output_text.delta", "response.refusal.delta", "response.reasoning_text.delta",
 		"response.reasoning_summary_text.delta", "response.function_call_arguments.delta",
