@@ -84,10 +84,20 @@ func UserTurns(f Format, body []byte) int {
 
 // textLen counts the text in a content value: a string, or an array of parts with text, or
 // (for token-array prompts) one token per element.
-func textLen(v gjson.Result) int64 {
+func textLen(v gjson.Result) int64 { return textLenAt(v, 0) }
+
+// maxContentDepth bounds how deep textLen looks into nested content (real requests nest
+// two levels: a tool_result's content blocks, a batch of token arrays). Past it a value
+// counts by its raw size: each level's parse scans what is nested below it, so following
+// every level of a deeply nested body costs time quadratic in its size.
+const maxContentDepth = 4
+
+func textLenAt(v gjson.Result, depth int) int64 {
 	switch {
 	case v.Type == gjson.String:
 		return int64(len(v.Str))
+	case depth >= maxContentDepth:
+		return int64(len(v.Raw))
 	case v.IsArray():
 		var n int64
 		v.ForEach(func(_, part gjson.Result) bool {
@@ -97,11 +107,11 @@ func textLen(v gjson.Result) int64 {
 			case part.Type == gjson.Number:
 				n += bytesPerToken
 			case part.IsArray():
-				n += textLen(part)
+				n += textLenAt(part, depth+1)
 			default:
 				n += int64(len(part.Get("text").String()))
 				if c := part.Get("content"); c.Exists() { // Anthropic tool_result
-					n += textLen(c)
+					n += textLenAt(c, depth+1)
 				}
 				if in := part.Get("input"); in.IsObject() { // Anthropic tool_use
 					n += int64(len(in.Raw))
