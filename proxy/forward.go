@@ -221,7 +221,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 			Message: fmt.Sprintf("The upstream answer is larger than %d bytes.", limit)})
 		return http.StatusBadGateway
 	}
-	c.meter.Body(body)
+	meterBody(c.meter, body, s.cfg.Limits.MaxEventBytes)
 	c.outcome = outcomeComplete
 	if c.meter.Result().UpstreamError {
 		c.outcome = outcomeStreamError
@@ -244,6 +244,24 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	// need not wait for that.
 	_ = rc.Flush()
 	return resp.StatusCode
+}
+
+// meterBody meters a whole answer: a JSON body, or else an event stream that came under
+// another content type (an upstream that left its Content-Type to sniffing gets text/plain).
+// Either way what it reported, or the text it produced, is what the call is charged.
+func meterBody(m *metering.Meter, body []byte, maxEvent int) {
+	if t := bytes.TrimSpace(body); len(t) == 0 || t[0] == '{' {
+		m.Body(body)
+		return
+	}
+	sc := metering.NewScanner(bytes.NewReader(body), maxEvent)
+	for {
+		ev, err := sc.Next()
+		if err != nil {
+			return
+		}
+		m.Event(ev)
+	}
 }
 
 // streamErrorEvent is e as an SSE event in the stream's own format, for errors that happen

@@ -1,0 +1,32 @@
+package proxy_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// A stream request answered with the stream labelled text/plain (a Go upstream that forgot its
+// Content-Type gets text/plain by sniffing): the usage chunk in it is the provider's report.
+func TestHostileStreamMislabelledIsMetered(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		for i := 0; i < 5; i++ {
+			fmt.Fprint(w, hostileChunk)
+		}
+		fmt.Fprint(w, hostileUsage)
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	t.Logf("status %d, %d bytes to the client; run in=%d out=%d est=%v src=%s charged=%d",
+		resp.StatusCode, len(body), run.InTok, run.OutTok, run.Estimated, run.SettleSource.String, run.ChargedMicro)
+	if run.OutTok == 0 {
+		t.Fatalf("the caller got %d bytes of generated text, charged output 0 (in=%d, estimated=%v)", len(body), run.InTok, run.Estimated)
+	}
+}
