@@ -159,11 +159,10 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			sawFinal = true
 			s.endFingerprint(r.Context(), c)
 			s.endSessionCall(r.Context(), c)
-			if c.inRun {
-				// An upstream that does not close after its final event must not keep the
-				// caller waiting for the end of an answer it has whole.
-				defer time.AfterFunc(finalGrace, stopUpstream).Stop()
-			}
+			// An upstream that does not close after its final event must not keep the
+			// caller waiting for the end of an answer it has whole, nor the call its hold,
+			// lease and in-flight slot until upstream_timeout.
+			defer time.AfterFunc(finalGrace, stopUpstream).Stop()
 		}
 		if c.inRun && sawFinal {
 			held = append(held, ev.Raw...) // the scanner reuses its memory
@@ -195,8 +194,8 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	return resp.StatusCode
 }
 
-// finalGrace is how long a named run's call waits, after its stream's final event, for the
-// upstream to close before it is tallied and the final event sent.
+// finalGrace is how long a call waits, after its stream's final event, for the upstream to
+// close; then the upstream is cut (a named run's call is then tallied and its final event sent).
 const finalGrace = 2 * time.Second
 
 // relayBody copies a non-streamed answer, bounded by max_response_bytes.
