@@ -207,6 +207,15 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 			c.outcome = outcomeCancel
 			return 499
 		}
+		if isTimeout(err) {
+			// The provider has the prompt and was still answering when the gateway gave up: as
+			// for a timeout before its headers, charge the prompt's estimate and say so.
+			c.outcome = outcomeUpstreamTimeout
+			c.log.Warn("upstream body timed out", zap.Error(err))
+			writeError(w, &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
+				Message: "The upstream did not finish the answer in time."})
+			return http.StatusGatewayTimeout
+		}
 		c.outcome = outcomeStreamError
 		c.log.Warn("upstream body broke", zap.Error(err))
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",

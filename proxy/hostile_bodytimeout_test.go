@@ -1,0 +1,35 @@
+package proxy_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// A non-streamed answer whose headers came in time but whose body did not finish within
+// upstream_timeout: README says 504 upstream_timeout, charged the prompt as upstream_timeout.
+func TestHostileNonStreamBodyTimesOut(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"x","object":"chat.completion",`)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}, func(c *config.Config) { c.Limits.UpstreamTimeout = time.Second })
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	t.Logf("status %d body %s; run src=%s charged=%d", resp.StatusCode, body, run.SettleSource.String, run.ChargedMicro)
+	if resp.StatusCode != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
+		t.Fatalf("status %d body %s, want 504 upstream_timeout", resp.StatusCode, body)
+	}
+	if run.SettleSource.String != holds.SourceUpstreamTimeout {
+		t.Fatalf("settled as %s, want upstream_timeout", run.SettleSource.String)
+	}
+}
