@@ -408,9 +408,10 @@ var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "
 	"Content-Length", "Host", "X-Run-Id", "Idempotency-Key", "X-Session-Id", "Openai-Organization", "Openai-Project",
 	"X-Forwarded-For", "Forwarded")
 
-// dropResponseHeaders are hop-by-hop or set by the gateway.
+// dropResponseHeaders are hop-by-hop or set by the gateway (an upstream that is itself a
+// gateway must not rename the caller's run or mark a first answer as a replay).
 var dropResponseHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding",
-	"Upgrade", "Set-Cookie")
+	"Upgrade", "Set-Cookie", RunIDHeader, ReplayedHeader)
 
 func copyResponseHeaders(dst, src http.Header) {
 	for k, vv := range src {
