@@ -77,6 +77,16 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		c.outcome = outcomeUpstreamError
 		return s.relayUpstreamError(w, resp, c)
 	}
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		// The transport asks for gzip and decodes it; any other encoding was not asked for and
+		// cannot be metered. Nothing is served that cannot be charged: the provider had the
+		// prompt, so the call is charged its estimate, as a stream that broke.
+		c.outcome = outcomeStreamError
+		c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", ce))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+			Message: "The upstream answered in an encoding the gateway did not ask for."})
+		return http.StatusBadGateway
+	}
 	copyResponseHeaders(w.Header(), resp.Header)
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		return s.relayStream(w, r, resp, c, cancel)

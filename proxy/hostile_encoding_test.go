@@ -1,0 +1,63 @@
+package proxy_test
+
+import (
+	"compress/flate"
+	"compress/gzip"
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// An upstream that compresses its answer in an encoding the gateway never asked for (the
+// transport asks for gzip only, and decodes it): the meter cannot read the usage or the text,
+// yet the caller, whose client decodes deflate, gets the whole answer.
+func TestHostileUnaskedEncodingIsNotServedUncharged(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Encoding", "deflate")
+		fw, _ := flate.NewWriter(w, flate.BestSpeed)
+		for i := 0; i < 5; i++ {
+			fmt.Fprint(fw, hostileChunk)
+		}
+		fmt.Fprint(fw, hostileUsage)
+		fmt.Fprint(fw, "data: [DONE]\n\n")
+		fw.Close()
+	}, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	t.Logf("status %d, Content-Encoding %q, %d bytes; run in=%d out=%d est=%v src=%s charged=%d",
+		resp.StatusCode, resp.Header.Get("Content-Encoding"), len(body), run.InTok, run.OutTok, run.Estimated, run.SettleSource.String, run.ChargedMicro)
+	if resp.StatusCode == http.StatusOK && run.OutTok == 0 {
+		t.Fatalf("the caller was served the whole (%s-encoded) answer; the call was charged output 0", resp.Header.Get("Content-Encoding"))
+	}
+}
+
+// gzip is what the transport asks for and decodes: such an answer is served and metered.
+func TestHostileGzipAnswerIsDecodedAndMetered(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Accept-Encoding") != "gzip" {
+			t.Errorf("upstream asked for %q", r.Header.Get("Accept-Encoding"))
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		fmt.Fprint(zw, hostileChunk)
+		fmt.Fprint(zw, hostileUsage)
+		fmt.Fprint(zw, "data: [DONE]\n\n")
+		zw.Close()
+	}, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{"Accept-Encoding": "br"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" || run.OutTok != 400 {
+		t.Fatalf("status %d encoding %q body %.100s; run out=%d, want the answer decoded and its usage charged",
+			resp.StatusCode, resp.Header.Get("Content-Encoding"), body, run.OutTok)
+	}
+}
