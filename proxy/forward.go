@@ -87,7 +87,6 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 			Message: "The upstream answered in an encoding the gateway did not ask for."})
 		return http.StatusBadGateway
 	}
-	copyResponseHeaders(w.Header(), resp.Header)
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		return s.relayStream(w, r, resp, c, cancel)
 	}
@@ -110,6 +109,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 // upstream is cut.
 func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, stopUpstream context.CancelFunc) int {
 	h := w.Header()
+	copyResponseHeaders(h, resp.Header)
 	h.Del("Content-Length")
 	h.Set("X-Accel-Buffering", "no")
 	rc := http.NewResponseController(w)
@@ -249,6 +249,9 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	}
 	s.endFingerprint(r.Context(), c)
 	s.endSessionCall(r.Context(), c)
+	// The upstream's headers go out only with its answer: an error answer above must not
+	// carry its Content-Length (the caller would read a truncated body) or its encoding.
+	copyResponseHeaders(w.Header(), resp.Header)
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	rc := http.NewResponseController(w)
 	bound := s.boundWrites(rc)

@@ -1,0 +1,80 @@
+package proxy_test
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// The upstream's answer is refused after its headers were copied (a body that breaks, one over
+// max_response_bytes): the caller's 502 must be readable, not carry the upstream's
+// Content-Length (or Content-Encoding) for a body it does not have.
+func TestHostileBodyErrorAnswerIsReadable(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		upstream http.HandlerFunc
+		code     string
+	}{
+		{"content-length lie", func(w http.ResponseWriter, r *http.Request) {
+			// Declares 5000 bytes, sends a few, closes.
+			conn, bw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close()
+			fmt.Fprint(bw, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{\"id\":\"x\",")
+			bw.Flush()
+		}, "upstream_broken"},
+		{"too large", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Content-Length", "4000")
+			fmt.Fprint(w, `{"pad":"`+strings.Repeat("x", 4000-10)+`"}`)
+		}, "upstream_response_too_large"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := hostileHarness(t, tc.upstream, func(c *config.Config) { c.Limits.MaxResponseBytes = 1024 })
+			_, key := h.user("standard")
+			// A raw client: it sees exactly what the gateway sends.
+			conn, err := net.Dial("tcp", h.gw.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+				key, len(chatBody), chatBody)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := readBodyErr(resp)
+			t.Logf("status %d Content-Length %q, read %d bytes, err %v: %s", resp.StatusCode, resp.Header.Get("Content-Length"), len(body), err, body)
+			if err != nil || resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != tc.code {
+				t.Fatalf("the caller could not read its %s error: status %d, err %v, body %q", tc.code, resp.StatusCode, err, body)
+			}
+		})
+	}
+}
+
+func readBodyErr(resp *http.Response) ([]byte, error) {
+	defer resp.Body.Close()
+	var b []byte
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		b = append(b, buf[:n]...)
+		if err != nil {
+			if err.Error() == "EOF" {
+				return b, nil
+			}
+			return b, err
+		}
+	}
+}
