@@ -74,13 +74,19 @@ func runIDFor(userID uint64, clientRunID string) string {
 	return "x_" + hex.EncodeToString(h[:20])
 }
 
-// lookupRunID resolves a path id: the gateway's own run id (as returned in X-Tollgate-Run-Id)
-// or the caller's X-Run-Id name.
+// gatewayRunIDPattern is the shape of the gateway's own run ids: r_ + 32 hex for a call's
+// run (newRunID, idempotentRunID), x_ + 40 hex for a named run (runIDFor). A caller may not name
+// a run so, or looking it up by name would find the id instead.
+var gatewayRunIDPattern = regexp.MustCompile(`^(r_[0-9a-f]{32}|x_[0-9a-f]{40})$`)
+
+// lookupRunID resolves a path id: the gateway's own run id (as returned in X-Tollgate-Run-Id,
+// for a call's run or a named run) or the caller's X-Run-Id name. The store scopes either to
+// its user.
 func lookupRunID(userID uint64, id string) (string, bool) {
 	if !clientRunIDPattern.MatchString(id) {
 		return "", false
 	}
-	if len(id) == 34 && id[:2] == "r_" {
+	if gatewayRunIDPattern.MatchString(id) {
 		return id, true
 	}
 	return runIDFor(userID, id), true

@@ -246,6 +246,8 @@ func parseCallIDs(h http.Header) (callIDs, *apiError) {
 	switch {
 	case ids.clientRunID != "" && !clientRunIDPattern.MatchString(ids.clientRunID):
 		return ids, errBadRequest("invalid_run_id", "X-Run-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -")
+	case gatewayRunIDPattern.MatchString(ids.clientRunID):
+		return ids, errBadRequest("invalid_run_id", "X-Run-Id may not have the shape of the gateway's own run ids (r_ + 32 or x_ + 40 hex digits).")
 	case ids.clientRunID != "" && (ids.idemKey != "" || ids.sessionID != ""):
 		// A named run already is its own idempotency: its calls share one hold and settle once.
 		return ids, errBadRequest("invalid_request", "X-Run-Id cannot be combined with Idempotency-Key or X-Session-Id.")

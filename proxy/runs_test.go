@@ -333,3 +333,43 @@ func TestRunCallHoldsABoundedTailAfterItsFinalEvent(t *testing.T) {
 		t.Fatalf("run charged in=%d out=%d, want the reported 10 and 1", run.InTok, run.OutTok)
 	}
 }
+
+// TestNamedRunIsFoundByTheIDTheGatewayReturned: a named run's calls carry the gateway's id of
+// the run in X-Tollgate-Run-Id; GET and settle by that id find the run, as by its name. A name
+// shaped like a gateway id is refused, or it would be taken for one.
+func TestNamedRunIsFoundByTheIDTheGatewayReturned(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "by-id"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	id := resp.Header.Get(proxy.RunIDHeader)
+	if resp.StatusCode != http.StatusOK || id == "" {
+		t.Fatalf("call: %d, run id %q", resp.StatusCode, id)
+	}
+	req, _ := http.NewRequest(http.MethodGet, h.gw.URL+"/v1/runs/"+id, nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	got, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readAll(t, got.Body)
+	got.Body.Close()
+	if got.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/runs/%s: %d %s", id, got.StatusCode, body)
+	}
+	if status, body := h.settleRun(key, id); status != http.StatusOK {
+		t.Fatalf("settle by the returned id: %d %s", status, body)
+	}
+	if r := h.run(u.ID, id); r.State != holds.StateSettled || r.Calls != 1 {
+		t.Fatalf("run %+v, want settled with its call", r)
+	}
+	for _, name := range []string{"r_" + strings.Repeat("a", 32), "x_" + strings.Repeat("0", 40)} {
+		resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": name})
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || errorCode(t, body) != "invalid_run_id" {
+			t.Errorf("X-Run-Id %s: %d %s, want 400 invalid_run_id", name, resp.StatusCode, body)
+		}
+	}
+}
