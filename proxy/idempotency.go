@@ -202,7 +202,13 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 						writeError(w, errBillingDown)
 						return holds.Hold{}, errBillingDown.Status
 					}
-					if run.SettleSource.String == holds.SourceComplete {
+					// Pinned as finishIdem pins: complete, or a stream that broke after output. A
+					// record gone because replay_ttl passed since the attempt ended expired; the
+					// key is then free, as it was before (README: replayed for replay_ttl).
+					src := run.SettleSource.String
+					pinned := src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0)
+					expired := run.SettledAt.Valid && time.Since(run.SettledAt.Time) >= s.cfg.Dedup.ReplayTTL
+					if pinned && !expired {
 						return holds.Hold{}, answer(errReplayLost(ar.RunID), false)
 					}
 				}

@@ -1,0 +1,64 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestReview8IdemKeyUsableAfterReplayTTL: README: the stored answer is replayed "for
+// dedup.replay_ttl". Once that has passed the record is gone because it expired, not because
+// Redis lost it: a request under the same key is a new request and must run, not be told
+// 409 idempotent_response_lost for ever.
+func TestReview8IdemKeyUsableAfterReplayTTL(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
+	_, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "daily-job-1"}
+	a := send(h.gw.URL, key, chatBody, idem)
+	if a.status != 200 {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	h.settled()
+	time.Sleep(1500 * time.Millisecond) // past replay_ttl: the record expires in Redis
+	b := send(h.gw.URL, key, chatBody, idem)
+	h.settled()
+	if b.status != 200 {
+		t.Fatalf("a request under a key whose replay_ttl has passed: %d %s; want it run", b.status, b.body)
+	}
+}
+
+// TestReview8IdemBrokenStreamPinnedThenRecordLost: a stream that broke after output pins the
+// key (README); if Redis then loses the record, the retry must not run and be charged again,
+// as for a complete attempt.
+func TestReview8IdemBrokenStreamPinnedThenRecordLost(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	first := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-late",
+		fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"})
+	if first.status != 200 {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	h.settled()
+	// The key is pinned: a retry is a replay.
+	r1 := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-late"})
+	if r1.header.Get(proxy.ReplayedHeader) != "true" {
+		t.Fatalf("retry before the loss: %d %s; want a replay", r1.status, r1.body)
+	}
+	ctx := context.Background()
+	recs, _ := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
+	if err := h.rdb.Del(ctx, recs...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls := h.fake.Calls()
+	r2 := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-late"})
+	h.settled()
+	if n := h.fake.Calls(); n != calls || r2.status == http.StatusOK {
+		t.Fatalf("retry after Redis lost the record of a pinned attempt: %d, upstream calls %d -> %d; want 409 idempotent_response_lost, no new call",
+			r2.status, calls, n)
+	}
+}
