@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -223,6 +224,10 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 // "Stream" alone as "stream", which the gateway would not see.
 func repeatedKey(obj gjson.Result, read ...string) string {
 	seen := make(map[string]struct{}, 16)
+	readFolded := make([]string, len(read))
+	for i, r := range read {
+		readFolded[i] = foldKey(r)
+	}
 	var dup string
 	obj.ForEach(func(k, _ gjson.Result) bool {
 		f := foldKey(k.Str)
@@ -231,8 +236,8 @@ func repeatedKey(obj gjson.Result, read ...string) string {
 			return false
 		}
 		seen[f] = struct{}{}
-		for _, r := range read {
-			if k.Str != r && f == foldKey(r) {
+		for i, r := range read {
+			if k.Str != r && f == readFolded[i] {
 				dup = k.Str
 				return false
 			}
@@ -245,6 +250,18 @@ func repeatedKey(obj gjson.Result, read ...string) string {
 // foldKey maps every rune of s to the smallest of its simple case folding orbit, so that
 // foldKey(a) == foldKey(b) exactly when strings.EqualFold(a, b).
 func foldKey(s string) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		// Every ASCII letter's orbit has its upper case as smallest ('k' and 's' too: U+212A
+		// and U+017F are larger).
+		return strings.ToUpper(s)
+	}
 	var b strings.Builder
 	b.Grow(len(s))
 	for _, r := range s {
