@@ -87,7 +87,10 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 			Message: "The upstream answered in an encoding the gateway did not ask for."})
 		return http.StatusBadGateway
 	}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	// A call that did not ask for a stream is answered whole, whatever its label says: a JSON
+	// body under text/event-stream would read as no event at all and go unmetered (relayBody
+	// meters a stream that came unasked as a stream).
+	if c.req.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		return s.relayStream(w, r, resp, c, cancel)
 	}
 	return s.relayBody(w, r, resp, c)
