@@ -11,11 +11,11 @@ import (
 	"github.com/tollgate/tollgate/proxy"
 )
 
-// TestReview8IdemKeyUsableAfterReplayTTL: README: the stored answer is replayed "for
+// TestIdemKeyUsableAfterReplayTTL: README: the stored answer is replayed "for
 // dedup.replay_ttl". Once that has passed the record is gone because it expired, not because
 // Redis lost it: a request under the same key is a new request and must run, not be told
 // 409 idempotent_response_lost for ever.
-func TestReview8IdemKeyUsableAfterReplayTTL(t *testing.T) {
+func TestIdemKeyUsableAfterReplayTTL(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
 	_, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "daily-job-1"}
@@ -32,10 +32,10 @@ func TestReview8IdemKeyUsableAfterReplayTTL(t *testing.T) {
 	}
 }
 
-// TestReview8IdemBrokenStreamPinnedThenRecordLost: a stream that broke after output pins the
+// TestIdemBrokenStreamPinnedThenRecordLost: a stream that broke after output pins the
 // key (README); if Redis then loses the record, the retry must not run and be charged again,
 // as for a complete attempt.
-func TestReview8IdemBrokenStreamPinnedThenRecordLost(t *testing.T) {
+func TestIdemBrokenStreamPinnedThenRecordLost(t *testing.T) {
 	h := newHarness(t, nil)
 	_, key := h.user("standard")
 	first := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-late",

@@ -11,7 +11,7 @@ import (
 // The converse of TestHostileStreamMislabelledIsMetered: a non-streamed request answered with
 // its JSON body labelled text/event-stream. The caller gets the whole answer; it must be charged
 // the usage in it, not the prompt's estimate alone.
-func TestReview8JSONBodyLabelledEventStreamIsMetered(t *testing.T) {
+func TestJSONBodyLabelledEventStreamIsMetered(t *testing.T) {
 	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello billing team, here is a fairly long answer for you."},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":400,"total_tokens":410}}`)

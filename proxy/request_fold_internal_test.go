@@ -1,0 +1,41 @@
+package proxy
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+// BenchmarkRepeatedKey is the repeated-key check on a body of many distinct keys, the worst
+// a caller with a valid key can send it before admission (it runs on every model request).
+func BenchmarkRepeatedKey(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"m","messages":[]`)
+	for i := 0; sb.Len() < 1<<20; i++ {
+		sb.WriteString(`,"`)
+		sb.WriteString(strconv.FormatInt(int64(i), 36))
+		sb.WriteString(`":0`)
+	}
+	sb.WriteString(`}`)
+	root := gjson.Parse(sb.String())
+	b.SetBytes(int64(sb.Len()))
+	for b.Loop() {
+		if k := repeatedKey(root, readKeys...); k != "" {
+			b.Fatalf("repeated key %q in a body of distinct keys", k)
+		}
+	}
+}
+
+// foldKey folds as strings.EqualFold compares, on its ASCII fast path and off it.
+func TestFoldKeyMatchesEqualFold(t *testing.T) {
+	words := []string{"model", "MODEL", "Model", "mOdEl", "stream", "ſtream", "STREAM", "kelvin", "\u212Aelvin", "Kelvin", "n", "N", "best_of", "BEST_OF", "ß", "ẞ", "straße"}
+	for _, a := range words {
+		for _, b := range words {
+			if got, want := foldKey(a) == foldKey(b), strings.EqualFold(a, b); got != want {
+				t.Errorf("foldKey(%q) == foldKey(%q) is %v, strings.EqualFold says %v", a, b, got, want)
+			}
+		}
+	}
+}
