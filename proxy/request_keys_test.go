@@ -37,6 +37,7 @@ func (u *jsonUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var m map[string]any
 	_ = json.Unmarshal(raw, &m)
+	m["model"] = req.Model // the model it runs: encoding/json's match (case folded, last wins)
 	u.mu.Lock()
 	u.seen = append(u.seen, m)
 	u.mu.Unlock()
@@ -56,10 +57,13 @@ func (u *jsonUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // TestRepeatedKeysCannotChangeWhatIsBilled: the gateway reads the request with gjson, which
-// takes the first of repeated keys; providers take the last. A body that names one thing to
-// the gateway and another to the provider must be refused, or it is billed for what it did
-// not run: a cheap model's price for an expensive model, or an estimate (no reasoning
-// tokens) for a stream whose usage report the provider was told not to send.
+// takes the first of repeated keys; providers take the last. And Go's encoding/json (what
+// jsonUpstream stands for, with Go-based OpenAI-compatible servers) matches keys to fields
+// with case folded ("Model", "ſtream" with U+017F), so keys that differ only so are one key
+// to such a provider and two, or none, to the gateway. A body that names one thing to the
+// gateway and another to the provider must be refused, or it is billed for what it did not
+// run: a cheap model's price for an expensive model, or an estimate (no reasoning tokens) for
+// a stream whose usage report the provider was told not to send.
 func TestRepeatedKeysCannotChangeWhatIsBilled(t *testing.T) {
 	up := &jsonUpstream{}
 	ts := httptest.NewServer(up)
@@ -77,6 +81,10 @@ func TestRepeatedKeysCannotChangeWhatIsBilled(t *testing.T) {
 		{"model escaped", `{"model":"cheap","messages":[{"role":"user","content":"hi"}],"mod\u0065l":"fake-gpt"}`},
 		{"include_usage", `{"model":"fake-gpt","stream":true,"stream_options":{"include_usage":true,"include_usage":false},"messages":[{"role":"user","content":"hi"}]}`},
 		{"stream", `{"model":"fake-gpt","stream":false,"messages":[{"role":"user","content":"hi"}],"stream":true}`},
+		{"Model", `{"model":"cheap","messages":[{"role":"user","content":"hi"}],"Model":"fake-gpt"}`},
+		{"Include_Usage", `{"model":"fake-gpt","stream":true,"stream_options":{"include_usage":true,"Include_Usage":false},"messages":[{"role":"user","content":"hi"}]}`},
+		{"Stream alone", `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"}],"Stream":true}`},
+		{"long s stream", `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"}],"ſtream":true}`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
