@@ -2,9 +2,13 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -71,5 +75,74 @@ func TestAdmissionRefusalsCarryTheDesignCodes(t *testing.T) {
 	}
 	if all, _ := h.holdCount(); all != 0 {
 		t.Errorf("%d holds left by refused admissions, want none", all)
+	}
+}
+
+// TestClientThatLeavesStopsTheUpstream: DESIGN §3 step 6 — the upstream request is bound to
+// the client's context, so a client that leaves stops the generation (it stops costing
+// money), whether it leaves mid-stream or while a non-streamed answer is being generated.
+func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
+	stopped := make(chan string, 4)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		stream := strings.Contains(string(body), `"stream":true`)
+		defer func() { stopped <- fmt.Sprintf("stream=%v", stream) }()
+		if !stream {
+			// A long generation: nothing is sent until it is done.
+			select {
+			case <-r.Context().Done():
+			case <-time.After(20 * time.Second):
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`))
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; i < 2000; i++ {
+			if _, err := fmt.Fprintf(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%d \"}}]}\n\n", i); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *configT) { c.Upstreams[0].BaseURL = up.URL })
+	u, key := h.user("standard")
+
+	// Mid-stream.
+	runID := streamThenLeave(t, h, key, "/v1/chat/completions",
+		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`, `"content":"tok`, 5)
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream stream went on after the client left")
+	}
+	if r := h.run(u.ID, runID); r.SettleSource.String != "cancel" {
+		t.Errorf("stream run settled %q, want cancel", r.SettleSource.String)
+	}
+
+	// While a non-streamed answer is generated.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+	req.Header.Set("Authorization", "Bearer "+key)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("non-stream call answered %d before the client left", resp.StatusCode)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream generation went on after the client left")
+	}
+	h.settled()
+	var src string
+	if err := h.db.Get(&src, "SELECT settle_source FROM run_holds WHERE user_id = ? ORDER BY created_at DESC LIMIT 1", u.ID); err != nil || src != "cancel" {
+		t.Errorf("non-stream run settled %q (%v), want cancel", src, err)
 	}
 }
