@@ -40,3 +40,60 @@ func TestExpiredHoldsNoLongerCountAtAdmission(t *testing.T) {
 		}
 	}
 }
+
+// TestOverdraftIsDebtUntilPaidOrCoveredByTomorrow: DESIGN §2 — a charge larger than what is
+// left takes prepaid_micro below zero; that debt is real, and the next admission sees
+// available ≤ 0 until it is paid (a grant) or the next day's allowance covers it.
+func TestOverdraftIsDebtUntilPaidOrCoveredByTomorrow(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("debtor", 3, nil)
+	allowance := int64(100_000)
+	if err := e.store.SetUserLimits(e.ctx(), u.ID, &allowance, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	admit := func(id string) (holds.Hold, error) {
+		return e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: id, UserID: u.ID, Model: "fake-gpt",
+			State: holds.StateRunning, TTL: time.Hour})
+	}
+	a, err := admit("r_debt_a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := admit("r_debt_b") // admitted against what a's hold left: cap 80 000
+	if err != nil || b.CapMicro != 80_000 {
+		t.Fatalf("second admission: %+v, %v; want a cap of 80 000", b, err)
+	}
+	// Both calls run past their holds, each clamped to its cap: 180 000 against 100 000.
+	for _, h := range []holds.Hold{a, b} {
+		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: h.RunID, CostMicro: 1_000_000, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bal, err := e.store.Balance(e.ctx(), u.ID)
+	if err != nil || bal.PrepaidMicro != -80_000 || bal.AvailableMicro != -80_000 {
+		t.Fatalf("after the overdraft: %+v, %v; want prepaid and available at -80 000", bal, err)
+	}
+	if _, err := admit("r_debt_c"); !errors.Is(err, holds.ErrInsufficient) {
+		t.Fatalf("admission in debt: %v, want insufficient", err)
+	}
+	if _, _, err := e.store.Grant(e.ctx(), holds.GrantRequest{UserID: u.ID, AmountMicro: 50_000, IdempotencyKey: "debt-part"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admit("r_debt_c"); !errors.Is(err, holds.ErrInsufficient) {
+		t.Fatalf("admission with part of the debt paid: %v, want insufficient", err)
+	}
+	// The next UTC day: its allowance first covers what is still owed.
+	if _, err := e.db.ExecContext(e.ctx(), "UPDATE usage_days SET day = day - INTERVAL 1 DAY WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.ExecContext(e.ctx(), "UPDATE run_holds SET settled_at = settled_at - INTERVAL 1 DAY WHERE user_id = ? AND state = 'settled'", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	c, err := admit("r_debt_c")
+	if err != nil || c.HeldMicro != 20_000 || c.CapMicro != 70_000 {
+		t.Fatalf("next day's admission: %+v, %v; want hold 20 000 and cap 70 000 (100 000 allowance less 30 000 owed)", c, err)
+	}
+	if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: c.RunID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
