@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -244,13 +245,23 @@ func (s *Server) startIdem(ctx context.Context, ic *idemCall) error {
 
 // replay answers from the stored response.
 func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall, rec idemRecord) (int, error) {
-	v, err := s.dedupRDB.HMGet(ctx, ic.record, "ctype", "resp").Result()
+	v, err := s.dedupRDB.HMGet(ctx, ic.record, "ctype", "resp", "hdrs").Result()
 	if err != nil {
 		return 0, err
 	}
 	ctype, _ := v[0].(string)
 	resp, _ := v[1].(string)
 	h := w.Header()
+	if hdrs, _ := v[2].(string); hdrs != "" {
+		var stored http.Header
+		if err := json.Unmarshal([]byte(hdrs), &stored); err == nil {
+			for k, vv := range stored {
+				if _, skip := unreplayedHeaders[http.CanonicalHeaderKey(k)]; !skip {
+					h[http.CanonicalHeaderKey(k)] = vv
+				}
+			}
+		}
+	}
 	if ctype != "" {
 		h.Set("Content-Type", ctype)
 	}
@@ -264,6 +275,23 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 	w.WriteHeader(rec.status)
 	_ = bound.write(w, []byte(resp))
 	return rec.status, nil
+}
+
+// unreplayedHeaders are not restored on a replay: they belong to the first answer's
+// connection, or the replay sets them itself.
+var unreplayedHeaders = setOf("Content-Length", "Content-Type", "Date", "Connection", "Keep-Alive", "Transfer-Encoding",
+	"Trailer", "Te", "Upgrade", "Set-Cookie", RunIDHeader, ReplayedHeader, shouldRetryHeader)
+
+// replayableHeaders are the headers of an answer kept with it for replays (DESIGN §6: status,
+// headers, body).
+func replayableHeaders(h http.Header) http.Header {
+	out := http.Header{}
+	for k, vv := range h {
+		if _, skip := unreplayedHeaders[http.CanonicalHeaderKey(k)]; !skip {
+			out[k] = vv
+		}
+	}
+	return out
 }
 
 // finishIdem records how an idempotent attempt ended, before its settlement: the answer the
@@ -283,6 +311,9 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 		return
 	}
 	fields := []any{"run", c.runID, "status", rw.status, "ctype", rw.Header().Get("Content-Type")}
+	if hdrs, err := json.Marshal(replayableHeaders(rw.Header())); err == nil {
+		fields = append(fields, "hdrs", hdrs)
+	}
 	if rw.over {
 		fields = append(fields, "large", "1")
 	} else {

@@ -146,3 +146,35 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 		t.Errorf("non-stream run settled %q (%v), want cancel", src, err)
 	}
 }
+
+// TestIdempotentReplayKeepsTheAnswersHeaders: DESIGN §6 — a finished Idempotency-Key request
+// is answered again from "the stored response (status, headers, body)": the provider's headers
+// the first answer carried (a request id a caller quotes to its provider) come back too.
+func TestIdempotentReplayKeepsTheAnswersHeaders(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Request-Id", "req_upstream_42")
+		w.Header().Set("Openai-Processing-Ms", "17")
+		_, _ = w.Write([]byte(`{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}`))
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *configT) { c.Upstreams[0].BaseURL = up.URL })
+	_, key := h.user("standard")
+	hdr := map[string]string{proxy.IdempotencyKeyHeader: "replay-headers-1"}
+	first := h.post(key, "/v1/chat/completions", chatBody, hdr)
+	fb := readAll(t, first.Body)
+	first.Body.Close()
+	h.settled()
+	again := h.post(key, "/v1/chat/completions", chatBody, hdr)
+	ab := readAll(t, again.Body)
+	again.Body.Close()
+	if first.StatusCode != 200 || again.StatusCode != 200 || string(fb) != string(ab) || again.Header.Get(proxy.ReplayedHeader) != "true" {
+		t.Fatalf("first %d %s, replay %d %s (%v)", first.StatusCode, fb, again.StatusCode, ab, again.Header)
+	}
+	for _, k := range []string{"X-Request-Id", "Openai-Processing-Ms"} {
+		if got, want := again.Header.Get(k), first.Header.Get(k); got != want {
+			t.Errorf("replay's %s = %q, the first answer had %q", k, got, want)
+		}
+	}
+}
