@@ -272,6 +272,11 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		// on a Redis blip would overcharge, so the hold waits for the next pass.
 		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
 	}
+	// A named run's row records its ended calls too: a tally that lost some of them (a Redis
+	// restart) costs less than the row, and the row is what the run used.
+	if ru, rc, rn, rfound := run.Recorded(); rfound && (!found || rc > cost) {
+		usage, cost, calls, found = ru, rc, rn, true
+	}
 	st := Settlement{RunID: run.RunID, OnlyIfExpired: true}
 	outcome := ""
 	switch {

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // Run is a hold as reports and GET /v1/runs/{id} show it.
@@ -67,6 +69,35 @@ func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bo
 		return false, fmt.Errorf("extend %s: %w", runID, err)
 	}
 	return n == 1, nil
+}
+
+// RecordRunCall records one ended call of a named run on the run's row and pushes its expiry
+// out, as Extend does. The row's figures are a durable lower bound of what the run used (an
+// UPDATE whose reply is lost is not resent), beside the Redis tally, which is exact but lost
+// with a Redis restart; a settlement takes whichever of the two has the larger cost (see
+// Run.Recorded). The row is left alone once settled.
+func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Duration, u pricing.Usage, costMicro int64, calls int) (bool, error) {
+	u = u.Clamp()
+	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
+		in_tok = in_tok + ?, cache_read_tok = cache_read_tok + ?, cache_write_tok = cache_write_tok + ?, out_tok = out_tok + ?,
+		cost_micro = cost_micro + ?, calls = calls + ?
+		WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(),
+		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, runID)
+	if err != nil {
+		return false, fmt.Errorf("record call of %s: %w", runID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("record call of %s: %w", runID, err)
+	}
+	return n == 1, nil
+}
+
+// Recorded is what a live named run's row has recorded of its calls (RecordRunCall); found is
+// false when it records none.
+func (r Run) Recorded() (u pricing.Usage, costMicro, calls int64, found bool) {
+	u = pricing.Usage{Input: r.InTok, CacheRead: r.CacheReadTok, CacheWrite: r.CacheWriteTok, Output: r.OutTok}
+	return u, r.CostMicro, int64(r.Calls), r.Calls > 0 || r.CostMicro > 0
 }
 
 // MarkRunning moves a queued hold to running when its first call is forwarded.

@@ -361,7 +361,7 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		if !c.tallied {
 			c.tallied = s.tallyCall(ctx, c, st)
 		}
-		s.endRunCall(ctx, c)
+		s.endRunCall(ctx, c, st)
 		if !c.tallied {
 			// The tally is the run's only record of the call (and, for a call that used
 			// nothing, the evidence that keeps a run nobody comes back to from being charged

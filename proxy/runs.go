@@ -60,11 +60,16 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 // run_ttl. A call that failed, even the run's first, leaves the run open: an agent retries
 // with the same run id, and a run nobody comes back to is settled from its tally (at 0 when
 // nothing was used) once it expires.
-func (s *Server) endRunCall(ctx context.Context, c *call) {
+func (s *Server) endRunCall(ctx context.Context, c *call, st holds.Settlement) {
 	ectx, cancel := s.storeContext(ctx)
 	defer cancel()
-	if _, err := s.store.Extend(ectx, c.runID, s.cfg.Holds.RunTTL); err != nil {
-		c.log.Warn("run expiry not extended", zap.Error(err))
+	// The row records the call as well as the tally: the tally is lost with a Redis restart.
+	calls := st.Calls
+	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
+		calls = 0
+	}
+	if _, err := s.store.RecordRunCall(ectx, c.runID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls); err != nil {
+		c.log.Warn("run call not recorded, expiry not extended", zap.Error(err))
 	}
 	s.releaseLease(ctx, c)
 }
@@ -147,6 +152,13 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	t, found, err := s.tally.Get(ctx, run.RunID)
 	if err != nil {
 		return unavailable("run tally unreadable", err)
+	}
+	// What the run's row recorded of its calls, read now that no call starts: a tally that
+	// lost calls (a Redis restart) costs less than the row.
+	if fresh, err := s.store.Run(ctx, run.UserID, run.RunID); err != nil {
+		return unavailable("run unreadable", err)
+	} else if u, cost, calls, rfound := fresh.Recorded(); rfound && (!found || cost > t.CostMicro) {
+		t, found = metering.Tallied{Usage: u, CostMicro: cost, Calls: calls}, true
 	}
 	st := holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient}
 	// The settled row keeps the prices it was billed at (DESIGN §2), as a one-call run's and a
