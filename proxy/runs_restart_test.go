@@ -9,10 +9,10 @@ import (
 	"github.com/tollgate/tollgate/proxy"
 )
 
-// TestRev9NamedRunSurvivesARedisRestart: Redis restarted (no persistence, as the compose file
+// TestNamedRunSurvivesARedisRestart: Redis restarted (no persistence, as the compose file
 // runs it) in the middle of a named run loses the run's tally and reservations. The calls made
 // before must still be charged, and the run's cap must still bound what its calls use.
-func TestRev9NamedRunSurvivesARedisRestart(t *testing.T) {
+func TestNamedRunSurvivesARedisRestart(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	run := map[string]string{"X-Run-Id": "task-restart"}

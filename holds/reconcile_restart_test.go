@@ -8,10 +8,10 @@ import (
 	"github.com/tollgate/tollgate/pricing"
 )
 
-// TestRev9ReconcileNamedRunAfterARedisRestart: a named run's calls are recorded on its row as
+// TestReconcileNamedRunAfterARedisRestart: a named run's calls are recorded on its row as
 // they end; Redis restarted since and its tally holds only the last call (or nothing). The
 // reconciler settles what the run used, not the tally's part of it nor the run's hold.
-func TestRev9ReconcileNamedRunAfterARedisRestart(t *testing.T) {
+func TestReconcileNamedRunAfterARedisRestart(t *testing.T) {
 	e := newStoreEnv(t)
 	u := e.user("dora", 20, nil)
 	part := e.admit(u, "x_part", holds.StateRunning)
