@@ -48,6 +48,9 @@ type Hold struct {
 	// Existing is set when the run had been admitted before (a retry, a redelivery, a later call
 	// of an agent run): no second hold was taken.
 	Existing bool
+	// MaxInFlight is the user's in-flight limit as this admission read it: a named run's calls
+	// share one hold, and this bounds how many of them may run at once.
+	MaxInFlight int
 }
 
 // Admit takes a hold: AdmitBatch of one.
@@ -103,6 +106,9 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			// would leave a hold nobody releases.
 			out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
 				CapMicro: h.CapMicro, DiscountBP: h.DiscountBP}
+			if u, ok := r.users[req.UserID]; ok {
+				out[i].Hold.MaxInFlight = s.plan(u).MaxInFlight
+			}
 			if h.State == StateSettled {
 				out[i] = AdmitResult{Err: ErrRunSettled}
 			}
@@ -117,6 +123,7 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			out[i].Err = ErrUserDisabled
 			continue
 		}
+		plan := s.plan(u)
 		if seen {
 			switch {
 			case h.UserID != req.UserID:
@@ -125,7 +132,7 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 				out[i].Err = ErrRunSettled
 			default:
 				out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
-					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, Existing: true}
+					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, Existing: true, MaxInFlight: plan.MaxInFlight}
 				// A later call of a named run: its expiry moves out now, not when the call ends,
 				// so the run cannot expire (and be reconciled) under the call. Not a retry of a
 				// request still running (an Idempotency-Key, a redelivery): it is answered, not
@@ -136,7 +143,6 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			}
 			continue
 		}
-		plan := s.plan(u)
 		t := r.live[req.UserID]
 		if t.InFlight >= plan.MaxInFlight {
 			out[i].Err = &TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: retryAfter(t.OldestLeft)}
@@ -152,7 +158,8 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			tier = plan.HoldHeavyMicro
 		}
 		hold := Hold{RunID: req.RunID, UserID: req.UserID, State: req.State,
-			HeldMicro: min(tier, available), CapMicro: min(plan.MaxRunCostMicro, available), DiscountBP: plan.DiscountBP}
+			HeldMicro: min(tier, available), CapMicro: min(plan.MaxRunCostMicro, available), DiscountBP: plan.DiscountBP,
+			MaxInFlight: plan.MaxInFlight}
 		out[i].Hold = hold
 		t.InFlight++
 		t.Held += hold.HeldMicro

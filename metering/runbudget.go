@@ -38,6 +38,8 @@ var (
 	ErrRunBudget = errors.New("run budget exhausted")
 	ErrRunClosed = errors.New("run is being settled")
 	ErrRunBusy   = errors.New("calls of the run are in flight")
+	// ErrRunCalls: the run already has as many calls in flight as it may.
+	ErrRunCalls = errors.New("too many calls of the run in flight")
 )
 
 // MaxReservable bounds every figure a reservation computes with: Redis scripts count in
@@ -73,8 +75,9 @@ for i = 1, #all, 2 do
 end
 `
 
-// reserveScript: KEYS usage, budget hash; ARGV budget, want, least, call id, max call ms.
-// Returns the grant, -1 when nothing or less than least is left, -2 when the run is closed.
+// reserveScript: KEYS usage, budget hash; ARGV budget, want, least, call id, max call ms, max
+// calls in flight (0: any number). Returns the grant, -1 when nothing or less than least is
+// left, -2 when the run is closed, -3 when as many calls as it may have are in flight.
 var reserveScript = redis.NewScript(`
 local maxCallArg = 5
 if redis.call('HGET', KEYS[2], 'closed') then return -2 end
@@ -82,6 +85,7 @@ local field = 'c:' .. ARGV[4]
 local mine = redis.call('HGET', KEYS[2], field)
 if mine then return tonumber(string.match(mine, '^(%d+)')) end
 ` + liveCallsLua + `
+if tonumber(ARGV[6]) > 0 and inflight >= tonumber(ARGV[6]) then return -3 end
 local spent = tonumber(redis.call('HGET', KEYS[1], 'cost_micro') or '0')
 local left = tonumber(ARGV[1]) - spent - reserved
 if left <= 0 or left < tonumber(ARGV[3]) then return -1 end
@@ -97,12 +101,19 @@ return grant`)
 // taken as MaxReservable. A call that tried to reserve must Release, whatever Reserve
 // returned: a reservation whose reply was lost is still there.
 func (b *RunBudget) Reserve(ctx context.Context, runID, callID string, budget, want, least int64) (int64, error) {
+	return b.ReserveAtMost(ctx, runID, callID, budget, want, least, 0)
+}
+
+// ReserveAtMost is Reserve for a run that may have at most maxCalls calls in flight (0: any
+// number): past that it fails with ErrRunCalls. It bounds what one run's calls may run at once
+// (and what every reservation of the run scans).
+func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, budget, want, least int64, maxCalls int) (int64, error) {
 	budget, want, least = min(budget, MaxReservable), min(want, MaxReservable), min(least, MaxReservable)
 	if want < least || least < 0 {
 		panic(fmt.Sprintf("metering: reserve want %d least %d", want, least))
 	}
 	grant, err := reserveScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID)},
-		budget, want, least, callID, b.maxCall.Milliseconds()).Int64()
+		budget, want, least, callID, b.maxCall.Milliseconds(), max(maxCalls, 0)).Int64()
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("reserve for run %s: %w", runID, err)
@@ -110,6 +121,8 @@ func (b *RunBudget) Reserve(ctx context.Context, runID, callID string, budget, w
 		return 0, ErrRunBudget
 	case grant == -2:
 		return 0, ErrRunClosed
+	case grant == -3:
+		return 0, ErrRunCalls
 	}
 	return grant, nil
 }

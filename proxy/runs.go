@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -38,10 +39,16 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 	}
 	want = max(want, least)
 	c.callID = randomHex()
-	granted, err := s.budgets.Reserve(ctx, c.runID, c.callID, budget, want, least)
+	// The run's calls share one hold, so one slot of the user's max_in_flight: without a bound
+	// here a caller could run any number of calls at once under one name.
+	granted, err := s.budgets.ReserveAtMost(ctx, c.runID, c.callID, budget, want, least, max(c.hold.MaxInFlight, 1))
 	switch {
 	case errors.Is(err, metering.ErrRunBudget):
 		return 0, errRunBudget
+	case errors.Is(err, metering.ErrRunCalls):
+		return 0, &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "too_many_in_flight",
+			Message:    fmt.Sprintf("%d calls of this run are already in flight (limit %d). Retry when one finishes.", c.hold.MaxInFlight, c.hold.MaxInFlight),
+			RetryAfter: time.Second}
 	case errors.Is(err, metering.ErrRunClosed):
 		return 0, errRunSettled
 	case err != nil:

@@ -120,7 +120,8 @@ func TestNamedRunConcurrentCallsShareItsCap(t *testing.T) {
 	// 30 credits: the run's cap is 30 000 µUSD. A call asking for 1 000 output tokens may cost
 	// ~10 000 (10 µUSD a token), so about three fit at once, not eight.
 	allowance := int64(30_000)
-	if err := h.store.SetUserLimits(context.Background(), u.ID, &allowance, nil, nil); err != nil {
+	inFlight := 8 // every call may run at once: the budget, not the in-flight limit, refuses
+	if err := h.store.SetUserLimits(context.Background(), u.ID, &allowance, &inFlight, nil); err != nil {
 		t.Fatal(err)
 	}
 	body := `{"model":"fake-gpt","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"work in parallel"}]}`
