@@ -10,9 +10,9 @@ import (
 	"github.com/tollgate/tollgate/internal/fakellm"
 )
 
-// TestRev9NamedRunCallsRespectMaxInFlight: a user limited to one call in flight may not run
+// TestNamedRunCallsRespectMaxInFlight: a user limited to one call in flight may not run
 // any number of calls at once by naming a run.
-func TestRev9NamedRunCallsRespectMaxInFlight(t *testing.T) {
+func TestNamedRunCallsRespectMaxInFlight(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	one := 1
