@@ -311,12 +311,18 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 		return
 	}
 	fields := []any{"run", c.runID, "status", rw.status, "ctype", rw.Header().Get("Content-Type")}
-	if hdrs, err := json.Marshal(replayableHeaders(rw.Header())); err == nil {
-		fields = append(fields, "hdrs", hdrs)
+	hdrs, herr := json.Marshal(replayableHeaders(rw.Header()))
+	if herr != nil {
+		hdrs = nil
 	}
-	if rw.over {
+	// The headers are part of the stored answer: max_replay_len bounds them with the body, or
+	// an upstream's megabytes of headers on a small body would be kept for replay_ttl.
+	if rw.over || int64(len(hdrs)+rw.buf.Len()) > rw.limit {
 		fields = append(fields, "large", "1")
 	} else {
+		if hdrs != nil {
+			fields = append(fields, "hdrs", hdrs)
+		}
 		fields = append(fields, "resp", rw.buf.Bytes())
 	}
 	_, err := s.dedupRDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
