@@ -134,9 +134,16 @@ func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
 		view["settle_source"] = run.SettleSource.String
 		view["settled_at"] = run.SettledAt.Time
 	} else if t, found, err := s.tally.Get(r.Context(), run.RunID); err == nil && found {
+		// The row's record of ended calls, when it costs more (a tally that lost calls to a
+		// Redis restart), is what a settlement would charge: show that, as it does.
+		if ru, rc, rn, rfound := run.Recorded(); rfound && rc > t.CostMicro {
+			t.Usage, t.CostMicro, t.Calls = ru, rc, rn
+		}
 		usage = map[string]int64{"input": t.Usage.Input, "cache_read": t.Usage.CacheRead, "cache_write": t.Usage.CacheWrite,
 			"output": t.Usage.Output, "calls": t.Calls}
 		view["tallied_cost"] = c(t.CostMicro)
+	} else if _, rc, _, rfound := run.Recorded(); err == nil && rfound {
+		view["tallied_cost"] = c(rc)
 	}
 	view["usage"] = usage
 	return view
