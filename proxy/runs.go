@@ -162,9 +162,13 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	}
 	// What the run's row recorded of its calls, read now that no call starts: a tally that
 	// lost calls (a Redis restart) costs less than the row.
-	if fresh, err := s.store.Run(ctx, run.UserID, run.RunID); err != nil {
+	sctx, cancel := s.storeContext(ctx)
+	fresh, err := s.store.Run(sctx, run.UserID, run.RunID)
+	cancel()
+	if err != nil {
 		return unavailable("run unreadable", err)
-	} else if u, cost, calls, rfound := fresh.Recorded(); rfound && (!found || cost > t.CostMicro) {
+	}
+	if u, cost, calls, rfound := fresh.Recorded(); rfound && (!found || cost > t.CostMicro) {
 		t, found = metering.Tallied{Usage: u, CostMicro: cost, Calls: calls}, true
 	}
 	st := holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient}
