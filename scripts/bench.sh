@@ -134,14 +134,19 @@ pprof_args=()
 [[ -n $PROFILE ]] && pprof_args=(-pprof "http://$PPROF_ADDR")
 MYSQL_PID=$(tr -dc '0-9' <"$DIR/mysql.pid")
 REDIS_PID=$(tr -dc '0-9' <"$DIR/redis.pid")
+# About 160 s of load per round at SCALE=1, plus settling and checks: the cap grows with both.
+LOADGEN_TIMEOUT=$(awk -v r="$ROUNDS" -v s="$SCALE" 'BEGIN { t = 600 + r * 360 * (s < 1 ? 1 : s); printf "%d", t }')
 log "running scenarios (rounds $ROUNDS, scale $SCALE); gateway pid $GW_PID"
-timeout 1200 "$DIR/bin/loadgen" run -keys "$DIR/keys.json" \
+rc=0
+timeout "$LOADGEN_TIMEOUT" "$DIR/bin/loadgen" run -keys "$DIR/keys.json" \
 	-direct "http://$FAKE_ADDR" -plain "http://$PLAIN_ADDR" -gateway "http://$GW_ADDR" -dsn "$MYSQL_DSN" \
 	-pids "fakellm=$FAKE_PID,plain=$PLAIN_PID,gateway=$GW_PID,mysql=$MYSQL_PID,redis=$REDIS_PID" \
-	-rounds "$ROUNDS" -scale "$SCALE" -scenarios "$SCENARIOS" -out "$OUT" -db-steps "$DIR/dbsteps.txt" "${pprof_args[@]}"
+	-rounds "$ROUNDS" -scale "$SCALE" -scenarios "$SCENARIOS" -out "$OUT" -db-steps "$DIR/dbsteps.txt" "${pprof_args[@]}" || rc=$?
 
 errs=$(grep -c '"level":"error"' "$DIR/gateway.log" || true)
 log "gateway log: $errs error lines"
 if ((errs > 0)); then
 	grep -m 5 '"level":"error"' "$DIR/gateway.log" | cut -c1-400 >&2 || true
 fi
+((rc == 124)) && log "loadgen ran past ${LOADGEN_TIMEOUT}s and was stopped (no results written)"
+((rc == 0)) || die "loadgen run failed (exit $rc)"

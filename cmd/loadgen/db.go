@@ -18,6 +18,7 @@ type Ledger struct {
 	LeftRunning  int     `json:"left_running"`
 	BadDays      int     `json:"bad_days"`  // usage_days rows != sum of settled charges
 	BadParts     int     `json:"bad_parts"` // charge parts that do not add up
+	Unsettled    int     `json:"unsettled"` // answered calls (200) without a settled, charged run
 	Detail       string  `json:"detail,omitempty"`
 }
 
@@ -71,6 +72,26 @@ func checkLedger(ctx context.Context, db *sqlx.DB) Ledger {
 	return l
 }
 
+// unsettled counts the answered calls whose run is not settled with a charge: the day
+// ledger can only agree with charges that were written, so this is what says every answered
+// call was charged.
+func unsettled(ctx context.Context, db *sqlx.DB, runIDs []string) (int, error) {
+	charged := 0
+	for i := 0; i < len(runIDs); i += 500 {
+		batch := runIDs[i:min(len(runIDs), i+500)]
+		q, args, err := sqlx.In("SELECT COUNT(DISTINCT run_id) FROM run_holds WHERE state = 'settled' AND charged_micro > 0 AND run_id IN (?)", batch)
+		if err != nil {
+			return 0, err
+		}
+		var n int
+		if err := db.GetContext(ctx, &n, q, args...); err != nil {
+			return 0, err
+		}
+		charged += n
+	}
+	return len(runIDs) - charged, nil
+}
+
 // settledAt returns run_holds.settled_at of the given runs (UTC, the database clock).
 func settledAt(ctx context.Context, db *sqlx.DB, runIDs []string) (map[string]time.Time, error) {
 	out := make(map[string]time.Time, len(runIDs))
@@ -109,6 +130,9 @@ type Balance struct {
 	SettledRuns     int   `json:"settled_runs"`     //
 	MaxConcurrent   int   `json:"max_overlap_runs"` // most holds alive at one instant (from created/settled)
 	MaxHeldTogether int64 `json:"max_held_together_micro"`
+	// MaxOverAvailable: most held beyond max(0, allowance - used so far) right after an
+	// admission; above 0 an admission took more than the balance allowed.
+	MaxOverAvailable int64 `json:"max_held_over_available_micro"`
 }
 
 func checkBalance(ctx context.Context, db *sqlx.DB, userID uint64, allowance int64) (Balance, error) {
@@ -133,30 +157,46 @@ func checkBalance(ctx context.Context, db *sqlx.DB, userID uint64, allowance int
 	}
 	b.SettledRuns, b.OverHeldMicro, b.OverCap = agg.N, agg.OverH, agg.OverCap
 	// Holds alive together, from their own timestamps: a sweep over created_at/settled_at.
+	// A settlement also adds its charge to what the day has used: admission allows
+	// held + new hold <= max(0, allowance - used) + prepaid (prepaid <= 0 here), so the sweep
+	// checks that bound at every admission, not only held <= allowance (which late in the
+	// drain, with most of the allowance used, would let a whole second allowance be held).
 	var evs []struct {
-		T    time.Time `db:"t"`
-		Held int64     `db:"held"`
+		T       time.Time `db:"t"`
+		Held    int64     `db:"held"`
+		Charged int64     `db:"charged"`
 	}
-	if err := db.SelectContext(ctx, &evs, `SELECT t, held FROM (
-		SELECT created_at AS t, held_micro AS held FROM run_holds WHERE user_id = ?
-		UNION ALL SELECT settled_at AS t, -held_micro AS held FROM run_holds WHERE user_id = ? AND settled_at IS NOT NULL) e
+	if err := db.SelectContext(ctx, &evs, `SELECT t, held, charged FROM (
+		SELECT created_at AS t, held_micro AS held, 0 AS charged FROM run_holds WHERE user_id = ?
+		UNION ALL SELECT settled_at AS t, -held_micro AS held, charged_micro AS charged FROM run_holds WHERE user_id = ? AND settled_at IS NOT NULL) e
 		ORDER BY t, held`, userID, userID); err != nil {
 		return b, err
 	}
 	var n int
-	var held int64
+	var held, used int64
+	day := ""
 	for _, e := range evs {
+		if d := e.T.UTC().Format(time.DateOnly); d != day {
+			day, used = d, 0 // the allowance is per UTC day
+		}
 		if e.Held > 0 {
 			n++
 		} else {
 			n--
+			used += e.Charged
 		}
 		held += e.Held
 		b.MaxConcurrent, b.MaxHeldTogether = max(b.MaxConcurrent, n), max(b.MaxHeldTogether, held)
+		if e.Held > 0 {
+			b.MaxOverAvailable = max(b.MaxOverAvailable, held-max(0, allowance-used))
+		}
 	}
 	// Everything charged beyond the allowance must come from calls that cost more than their
-	// hold (the design's bounded overdraft), and no call may be charged past its cap.
-	b.Pass = b.UsedMicro <= allowance+b.OverHeldMicro && b.OverCap == 0 && b.MaxHeldTogether <= allowance
+	// hold (the design's bounded overdraft), no call may be charged past its cap, and no
+	// admission may hold more than was left (slack: the overdraft, which a settlement ordered
+	// before an admission that had not seen it can add).
+	b.Pass = b.UsedMicro <= allowance+b.OverHeldMicro && b.OverCap == 0 && b.MaxHeldTogether <= allowance &&
+		b.MaxOverAvailable <= b.OverHeldMicro
 	return b, nil
 }
 

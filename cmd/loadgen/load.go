@@ -174,12 +174,24 @@ type load struct {
 type loadResult struct {
 	samples []sample
 	wall    time.Duration
+	// timeUp: the load ended by its time d, not by its counts; then deadline is t0 + d.
+	timeUp   bool
+	deadline time.Time
+	// cut: requests still unanswered drainGrace after the time was up (not samples).
+	cut int
 }
 
+// drainGrace is how long requests already sent when a load's time is up may take to finish.
+// Cancelling them at once would drop exactly the slowest requests of every run (a request is
+// in flight at the deadline in proportion to its length), trimming the tail percentiles.
+const drainGrace = 10 * time.Second
+
 func (l load) run(c *http.Client, url string) loadResult {
-	ctx, cancel := context.WithTimeout(context.Background(), l.d)
+	issue, cancelIssue := context.WithTimeout(context.Background(), l.d)
+	defer cancelIssue()
+	ctx, cancel := context.WithTimeout(context.Background(), l.d+drainGrace)
 	defer cancel()
-	var total atomic.Int64
+	var total, cut atomic.Int64
 	per := make([][]sample, l.conns)
 	var wg sync.WaitGroup
 	t0 := time.Now()
@@ -190,20 +202,21 @@ func (l load) run(c *http.Client, url string) loadResult {
 			out := make([]sample, 0, 256)
 			if l.stagger > 0 {
 				select {
-				case <-ctx.Done():
+				case <-issue.Done():
 				case <-time.After(l.stagger * time.Duration(w) / time.Duration(l.conns)):
 				}
 			}
 			for j := 0; l.maxPerWorker == 0 || j < l.maxPerWorker; j++ {
-				if ctx.Err() != nil {
-					break
+				if issue.Err() != nil {
+					break // time is up: send nothing more; what was sent finishes
 				}
 				if l.maxTotal > 0 && total.Add(1) > l.maxTotal {
 					break
 				}
 				s := do(ctx, c, url, l.spec(w, j))
 				if s.errKind == "cancelled" {
-					break // the scenario's time ran out mid-request: not a failure of the target
+					cut.Add(1) // still unanswered drainGrace after the time was up
+					break
 				}
 				out = append(out, s)
 				if l.stopWorker != nil && l.stopWorker(w, s) {
@@ -214,7 +227,7 @@ func (l load) run(c *http.Client, url string) loadResult {
 		}()
 	}
 	wg.Wait()
-	res := loadResult{wall: time.Since(t0)}
+	res := loadResult{wall: time.Since(t0), timeUp: issue.Err() != nil, deadline: t0.Add(l.d), cut: int(cut.Load())}
 	for _, p := range per {
 		res.samples = append(res.samples, p...)
 	}

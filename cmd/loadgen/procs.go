@@ -14,13 +14,16 @@ import (
 const clkTck = 100
 
 // rssKB reads VmRSS of pid from /proc.
-func rssKB(pid int) int64 {
+func rssKB(pid int) int64 { return statusKB(pid, "VmRSS:") }
+
+// statusKB reads one kB field of /proc/pid/status.
+func statusKB(pid int, field string) int64 {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		return 0
 	}
 	for line := range bytes.SplitSeq(b, []byte("\n")) {
-		if rest, ok := bytes.CutPrefix(line, []byte("VmRSS:")); ok {
+		if rest, ok := bytes.CutPrefix(line, []byte(field)); ok {
 			f := strings.Fields(string(rest))
 			if len(f) > 0 {
 				n, _ := strconv.ParseInt(f[0], 10, 64)
@@ -59,6 +62,7 @@ type procWatch struct {
 	t0      time.Time
 	mu      sync.Mutex
 	maxRSS  int64
+	hwm     bool // VmHWM was reset at the start: it is the exact peak over the watch
 	stop    context.CancelFunc
 	stopped chan struct{}
 }
@@ -67,6 +71,11 @@ func watch(rssPid int, pids map[string]int) *procWatch {
 	w := &procWatch{rssPid: rssPid, pids: pids, start: map[string]int64{}, t0: time.Now(), stopped: make(chan struct{})}
 	for name, pid := range pids {
 		w.start[name] = cpuTicks(pid)
+	}
+	// Sampling every 50 ms can miss a peak between samples; the kernel's high-water mark,
+	// reset here ("5" resets VmHWM to the current RSS), cannot.
+	if rssPid > 0 {
+		w.hwm = os.WriteFile("/proc/"+strconv.Itoa(rssPid)+"/clear_refs", []byte("5"), 0) == nil
 	}
 	var ctx context.Context
 	ctx, w.stop = context.WithCancel(context.Background())
@@ -96,6 +105,9 @@ func watch(rssPid int, pids map[string]int) *procWatch {
 func (w *procWatch) done() (float64, map[string]float64) {
 	w.stop()
 	<-w.stopped
+	if w.hwm {
+		w.maxRSS = max(w.maxRSS, statusKB(w.rssPid, "VmHWM:"))
+	}
 	wall := time.Since(w.t0).Seconds()
 	cpu := map[string]float64{}
 	for name, pid := range w.pids {

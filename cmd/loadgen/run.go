@@ -36,6 +36,7 @@ type Run struct {
 	OK         int                `json:"ok"`
 	Errors     map[string]int     `json:"errors,omitempty"`
 	WallSec    float64            `json:"wall_seconds"`
+	Cut        int                `json:"cut,omitempty"` // unanswered 10 s after the time was up: not in Requests
 	RPS        float64            `json:"rps"`
 	Latency    Dist               `json:"latency"`
 	TTFB       *Dist              `json:"ttfb,omitempty"`
@@ -160,8 +161,8 @@ func runCmd(args []string) error {
 					return fmt.Errorf("%s/%s: %w", sc.name, t.Name, err)
 				}
 				r.runs = append(r.runs, run)
-				fmt.Fprintf(os.Stderr, "loadgen: %-14s %-8s round %d: %6d req %6.0f req/s p50 %6.2f ms p99 %7.2f ms errors %d%s\n",
-					sc.name, t.Name, round, run.Requests, run.RPS, run.Latency.P50, run.Latency.P99, run.Requests-run.OK, extra(run))
+				fmt.Fprintf(os.Stderr, "loadgen: %-14s %-8s round %d: %6d req %6.0f req/s p50 %6.2f ms p99 %7.2f ms errors %d cut %d%s\n",
+					sc.name, t.Name, round, run.Requests, run.RPS, run.Latency.P50, run.Latency.P99, run.Requests-run.OK, run.Cut, extra(run))
 			}
 		}
 	}
@@ -182,7 +183,23 @@ func runCmd(args []string) error {
 		}
 		fmt.Printf("\nresults: %s\n", *out)
 	}
+	// Speed targets may be missed and the run still be worth keeping; a wrong ledger, an
+	// admission beyond the balance or a broken stream is a failure of the run.
+	var failed []string
+	for _, c := range rep.Checks {
+		if !c.Pass && correctness(c) {
+			failed = append(failed, c.Scenario+": "+c.What)
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("correctness checks failed: %s", strings.Join(failed, "; "))
+	}
 	return nil
+}
+
+// correctness tells the checks that must never fail from the speed targets.
+func correctness(c Check) bool {
+	return c.Scenario == "all" || c.Scenario == "hot-drain" || strings.HasPrefix(c.What, "events lost")
 }
 
 func extra(run *Run) string {
@@ -355,6 +372,7 @@ func (r *runner) play(ctx context.Context, sc scenario, t Target, round int) (*R
 	var st StreamCheck
 	streams := false
 	var runIDs []string
+	noRunID := 0
 	ends := map[string]time.Time{}
 	for _, s := range res.samples {
 		run.Requests++
@@ -381,9 +399,23 @@ func (r *runner) play(ctx context.Context, sc scenario, t Target, round int) (*R
 		if s.ok && s.runID != "" {
 			runIDs = append(runIDs, s.runID)
 			ends[s.runID] = s.end
+		} else if s.ok {
+			noRunID++
 		}
 	}
+	// A load ended by its time: answers completed by the deadline over the load's time (the
+	// requests in flight then finish and are kept for latency, not for throughput).
+	run.Cut = res.cut
 	run.RPS = round2(float64(run.OK) / res.wall.Seconds())
+	if res.timeUp {
+		done := 0
+		for _, s := range res.samples {
+			if s.ok && !s.end.After(res.deadline) {
+				done++
+			}
+		}
+		run.RPS = round2(float64(done) / sc.load.d.Seconds())
+	}
 	run.Latency = distOf(run.lat)
 	if len(run.ttfb) > 0 {
 		d := distOf(run.ttfb)
@@ -409,12 +441,25 @@ func (r *runner) play(ctx context.Context, sc scenario, t Target, round int) (*R
 				b.OtherErrors++
 			}
 		}
+		// Nothing admitted, nothing refused for credits, or other failures: the balance was
+		// never reached (or never tried), so its check proves nothing.
+		if b.Admitted == 0 || b.Refused402 == 0 || b.OtherErrors > 0 {
+			b.Pass = false
+		}
 		run.Balance = &b
 		// 402 is this scenario's expected answer, not an error of the gateway.
 		delete(run.Errors, "status 402")
 	}
 	if t.Name == "tollgate" {
 		l := checkLedger(ctx, r.db)
+		// Every call answered 200 must have been charged: a call served without a hold, or
+		// settled at 0, leaves the day ledger and the holds in agreement.
+		if n, err := unsettled(ctx, r.db, runIDs); err != nil {
+			l.Pass, l.Detail = false, l.Detail+"; "+err.Error()
+		} else if l.Unsettled = n + noRunID; l.Unsettled > 0 {
+			l.Pass = false
+			l.Detail = strings.TrimPrefix(fmt.Sprintf("%s; %d answered calls without a settled charge (%d without a run id)", l.Detail, l.Unsettled, noRunID), "; ")
+		}
 		run.DBPerRequest = perRequest(before, dbCounters(ctx, r.db), run.Requests)
 		run.GatewayPhases = phaseDelta(phasesBefore, readPhases(ctx, t.URL))
 		run.Ledger = &l
