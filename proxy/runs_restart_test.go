@@ -9,13 +9,12 @@ import (
 	"github.com/tollgate/tollgate/proxy"
 )
 
-// TestNamedRunSurvivesARedisRestart: Redis restarted (no persistence, as the compose file
-// runs it) in the middle of a named run loses the run's tally and reservations. The calls made
-// before must still be charged, and the run's cap must still bound what its calls use.
-func TestNamedRunSurvivesARedisRestart(t *testing.T) {
-	h := newHarness(t, nil)
-	u, key := h.user("standard")
-	run := map[string]string{"X-Run-Id": "task-restart"}
+// callsAcrossARedisRestart makes a 40-token call of the named run name, loses every Redis key
+// of the run (a restart without persistence, as the compose file runs Redis), then makes a
+// 5-token call of it. It returns the run's id.
+func callsAcrossARedisRestart(t *testing.T, h *harness, key, name string) string {
+	t.Helper()
+	run := map[string]string{"X-Run-Id": name}
 	first := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "40"))
 	readAll(t, first.Body)
 	first.Body.Close()
@@ -24,7 +23,6 @@ func TestNamedRunSurvivesARedisRestart(t *testing.T) {
 	}
 	runID := first.Header.Get(proxy.RunIDHeader)
 	h.settled()
-	// Redis restarts: every key of the run is gone.
 	ctx := context.Background()
 	if err := h.rdb.Del(ctx, h.keys.Usage(runID), h.keys.RunBudget(runID), h.keys.Lease(runID)).Err(); err != nil {
 		t.Fatal(err)
@@ -35,6 +33,17 @@ func TestNamedRunSurvivesARedisRestart(t *testing.T) {
 	if second.StatusCode != http.StatusOK {
 		t.Fatalf("second call: %d", second.StatusCode)
 	}
+	h.settled()
+	return runID
+}
+
+// TestNamedRunSurvivesARedisRestart: a Redis restart in the middle of a named run loses the
+// run's tally and reservations; the calls made before it are still charged when the run
+// settles (its row records each ended call).
+func TestNamedRunSurvivesARedisRestart(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	runID := callsAcrossARedisRestart(t, h, key, "task-restart")
 	if status, body := h.settleRun(key, "task-restart"); status != http.StatusOK {
 		t.Fatalf("settle: %d %s", status, body)
 	}
@@ -42,5 +51,24 @@ func TestNamedRunSurvivesARedisRestart(t *testing.T) {
 	if r.OutTok != 45 || r.Calls != 2 {
 		t.Fatalf("settled run %+v: charged %d for %d output tokens over %d calls; want both calls (45 output tokens) charged",
 			r, r.ChargedMicro, r.OutTok, r.Calls)
+	}
+}
+
+// TestLiveRunViewAfterRedisRestartShowsWhatItWillBeCharged: after a Redis restart a live named
+// run's tally has lost its earlier calls, which its row still records and its settlement
+// charges (the larger of the two). GET /v1/runs/{id} must not show the smaller.
+func TestLiveRunViewAfterRedisRestartShowsWhatItWillBeCharged(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	runID := callsAcrossARedisRestart(t, h, key, "task-view")
+	status, view := h.get(key, "/v1/runs/task-view")
+	if status != http.StatusOK {
+		t.Fatalf("get: %d %v", status, view)
+	}
+	usage, _ := view["usage"].(map[string]any)
+	r := h.run(u.ID, runID)
+	if got, _ := usage["output"].(float64); int64(got) != r.OutTok || r.OutTok != 45 {
+		t.Errorf("live run shows %v output tokens, %v; its row records %d over %d calls, which is what settling charges",
+			got, view, r.OutTok, r.Calls)
 	}
 }
