@@ -435,6 +435,16 @@ func (s *Server) retryRunTally(ctx context.Context, c *call, st holds.Settlement
 	}
 }
 
+// answerFinal is called when a call's answer is whole and its end about to reach the caller:
+// what the call claimed against duplicates is given back (its fingerprint; its session's
+// "running" mark), so the same request sent the moment the answer ends is a new one, not a
+// duplicate of a call whose settlement is still on its way. Each step is safe to repeat; the
+// handler's defers repeat them for calls that end otherwise.
+func (s *Server) answerFinal(ctx context.Context, c *call) {
+	s.endFingerprint(ctx, c)
+	s.endSessionCall(ctx, c)
+}
+
 // tallyBeforeAnswer tallies a call of a named run whose answer is complete but whose end the
 // caller has not been sent yet: a caller that settles its run the moment the answer ends must
 // find the call in the run's tally, not get 409 run_busy for a call it saw finish.

@@ -170,8 +170,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		afterFinal := sawFinal // the caller has had the whole answer
 		if !sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
 			sawFinal = true
-			s.endFingerprint(r.Context(), c)
-			s.endSessionCall(r.Context(), c)
+			s.answerFinal(r.Context(), c)
 			// An upstream that does not close after its final event must not keep the
 			// caller waiting for the end of an answer it has whole, nor the call its hold,
 			// lease and in-flight slot until upstream_timeout.
@@ -250,8 +249,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	if c.inRun {
 		s.tallyBeforeAnswer(r.Context(), c)
 	}
-	s.endFingerprint(r.Context(), c)
-	s.endSessionCall(r.Context(), c)
+	s.answerFinal(r.Context(), c)
 	// The upstream's headers go out only with its answer: an error answer above must not
 	// carry its Content-Length (the caller would read a truncated body) or its encoding.
 	copyResponseHeaders(w.Header(), resp.Header)
