@@ -30,3 +30,23 @@ func TestHostileStreamMislabelledIsMetered(t *testing.T) {
 		t.Fatalf("the caller got %d bytes of generated text, charged output 0 (in=%d, estimated=%v)", len(body), run.InTok, run.Estimated)
 	}
 }
+
+// The converse of TestHostileStreamMislabelledIsMetered: a non-streamed request answered with
+// its JSON body labelled text/event-stream. The caller gets the whole answer; it must be charged
+// the usage in it, not the prompt's estimate alone.
+func TestJSONBodyLabelledEventStreamIsMetered(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello billing team, here is a fairly long answer for you."},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":400,"total_tokens":410}}`)
+	}, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	t.Logf("status %d, %d bytes to the client; run in=%d out=%d est=%v src=%s charged=%d",
+		resp.StatusCode, len(body), run.InTok, run.OutTok, run.Estimated, run.SettleSource.String, run.ChargedMicro)
+	if run.OutTok == 0 {
+		t.Fatalf("the caller got the whole answer (%d bytes), charged output 0 (in=%d, estimated=%v)", len(body), run.InTok, run.Estimated)
+	}
+}
