@@ -443,7 +443,7 @@ func (h *handler) balance(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, h.views.Balance(d, b, h.now()))
+	writeJSON(w, http.StatusOK, h.views.Balance(d, b))
 }
 
 // --- runs and reports ---

@@ -67,12 +67,12 @@ func (v Views) Grant(user string, g holds.Grant, replayed bool) map[string]any {
 }
 
 // Balance is what GET /v1/credits shows the user, plus what only an operator needs.
-func (v Views) Balance(d holds.UserDetail, b holds.Balance, now time.Time) map[string]any {
+func (v Views) Balance(d holds.UserDetail, b holds.Balance) map[string]any {
 	c := v.Credits
 	return map[string]any{"object": "credits", "user": d.Name, "plan": d.Plan, "disabled": d.DisabledAt != nil,
 		"allowance": c(b.AllowanceMicro), "used_today": c(b.UsedTodayMicro), "held": c(b.HeldMicro),
 		"prepaid": c(b.PrepaidMicro), "available": c(b.AvailableMicro), "in_flight": b.InFlight,
-		"day": now.UTC().Format(time.DateOnly)}
+		"day": b.Day.Format(time.DateOnly)}
 }
 
 // Run is a run as an operator lists it.

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -172,6 +173,9 @@ type Balance struct {
 	PrepaidMicro   int64
 	AvailableMicro int64
 	InFlight       int
+	// Day is the database's UTC date that UsedTodayMicro belongs to: the ledger's day, not
+	// the caller's clock, which may be on the other side of midnight.
+	Day time.Time
 }
 
 // Balance reads a user's balance. It takes no lock: a view may be a moment old, admission
@@ -193,31 +197,36 @@ func (s *Store) Balance(ctx context.Context, userID uint64) (Balance, error) {
 	return b, nil
 }
 
+// balanceTx reads the user, its live holds and today's ledger in one statement. Under READ
+// COMMITTED each statement reads its own snapshot: read in two, a settlement committing
+// between them was seen half done (prepaid not yet charged, its hold already gone), and the
+// balance overstated what the user could spend.
 func balanceTx(ctx context.Context, tx *sqlx.Tx, s *Store, userID uint64) (Balance, error) {
-	var u userRow
-	err := tx.GetContext(ctx, &u, "SELECT "+userColumns+" FROM users WHERE id = ?", userID)
+	var row struct {
+		userRow
+		InFlight  int       `db:"in_flight"`
+		Held      int64     `db:"held"`
+		UsedToday int64     `db:"used_today"`
+		Day       time.Time `db:"day"`
+	}
+	err := tx.GetContext(ctx, &row, `
+		SELECT `+userColumns+`, live.in_flight, live.held,
+		       COALESCE((SELECT used_micro FROM usage_days WHERE user_id = users.id AND day = UTC_DATE()), 0) AS used_today,
+		       UTC_DATE() AS day
+		FROM users CROSS JOIN (
+		       SELECT COUNT(*) AS in_flight, COALESCE(SUM(held_micro), 0) AS held FROM run_holds
+		        WHERE user_id = ? AND state IN ('queued', 'running') AND expires_at > NOW(6)) AS live
+		WHERE users.id = ?`, userID, userID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Balance{}, ErrUnknownUser
 	}
 	if err != nil {
 		return Balance{}, err
 	}
-	var live struct {
-		InFlight  int   `db:"in_flight"`
-		Held      int64 `db:"held"`
-		UsedToday int64 `db:"used_today"`
-	}
-	err = tx.GetContext(ctx, &live, `
-		SELECT COUNT(*) AS in_flight, COALESCE(SUM(held_micro), 0) AS held,
-		       COALESCE((SELECT used_micro FROM usage_days WHERE user_id = ? AND day = UTC_DATE()), 0) AS used_today
-		FROM run_holds WHERE user_id = ? AND state IN ('queued', 'running') AND expires_at > NOW(6)`, userID, userID)
-	if err != nil {
-		return Balance{}, err
-	}
-	plan := s.plan(u)
-	return Balance{AllowanceMicro: plan.AllowanceMicro, UsedTodayMicro: live.UsedToday, HeldMicro: live.Held,
-		PrepaidMicro: u.PrepaidMicro, InFlight: live.InFlight,
-		AvailableMicro: Available(plan.AllowanceMicro, live.UsedToday, u.PrepaidMicro, live.Held)}, nil
+	plan := s.plan(row.userRow)
+	return Balance{AllowanceMicro: plan.AllowanceMicro, UsedTodayMicro: row.UsedToday, HeldMicro: row.Held,
+		PrepaidMicro: row.PrepaidMicro, InFlight: row.InFlight, Day: row.Day,
+		AvailableMicro: Available(plan.AllowanceMicro, row.UsedToday, row.PrepaidMicro, row.Held)}, nil
 }
 
 // SetUserLimits sets per-user overrides; nil leaves a field as it is. Used by tests and the

@@ -49,8 +49,10 @@ var (
 	// ErrGrantInvalid is a request that can never succeed (zero amount, missing key, ...).
 	ErrGrantInvalid = errors.New("invalid grant")
 	// ErrGrantBelowZero refuses a negative grant that would take prepaid credits below zero.
-	// Refunds give back what was bought; they never create debt (only the bounded overdraft
-	// of settlement does), and a partial refund is the operator's explicit decision.
+	// Refunds give back what was bought, never more than what is left after what calls in
+	// flight hold: a refund creates no debt of its own. A call in flight may still end above
+	// its hold (up to its cap), and that overdraft, bounded as any balance's, can then show as
+	// debt; refusing every refund while a call runs would be worse.
 	ErrGrantBelowZero = errors.New("grant would take prepaid credits below zero")
 	// ErrGrantKeyReused is an idempotency key already used for a different user or amount:
 	// answering with the old grant would hide a bug in the caller.

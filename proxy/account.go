@@ -55,7 +55,7 @@ func (s *Server) credits(w http.ResponseWriter, r *http.Request) {
 		"object": "credits", "user": u.Name, "plan": u.Plan,
 		"allowance": c(b.AllowanceMicro), "used_today": c(b.UsedTodayMicro), "held": c(b.HeldMicro),
 		"prepaid": c(b.PrepaidMicro), "available": c(b.AvailableMicro), "in_flight": b.InFlight,
-		"day": time.Now().UTC().Format(time.DateOnly),
+		"day": b.Day.Format(time.DateOnly),
 	})
 }
 

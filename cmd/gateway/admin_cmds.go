@@ -298,7 +298,7 @@ func balanceCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printJSON(v.Balance(d, b, time.Now()))
+	return printJSON(v.Balance(d, b))
 }
 
 func runsCmd(ctx context.Context, args []string) error {
