@@ -94,7 +94,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		return refuse(aerr, "body")
 	}
 	arrived := time.Now()
-	req, aerr := s.parseCall(rt, body)
+	req, aerr := s.parseCall(rt, body, r.Header)
 	if aerr != nil {
 		return refuse(aerr, "validation")
 	}
@@ -143,7 +143,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		s.releaseLostAdmission(r.Context(), ar, err, log)
 		if r.Context().Err() != nil {
 			log.Info("client left during admission; nothing held", zap.Error(err))
-			return 499
+			return statusClientClosed
 		}
 		e := s.admitError(err)
 		if e.Status >= 500 {
@@ -227,7 +227,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 			w.Header().Set(shouldRetryHeader, "false")
 			return refuse(errSupersededAnswer, "superseded")
 		}
-		return 499
+		return statusClientClosed
 	}
 	status := s.forward(w, r, c)
 	if errors.Is(context.Cause(r.Context()), errSuperseded) && c.outcome != outcomeComplete {
@@ -270,7 +270,7 @@ func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, c *cal
 	case err != nil && r.Context().Err() != nil:
 		c.outcome = outcomeRefused
 		c.log.Info("client left during the duplicate check; hold released", zap.Error(err))
-		return 499
+		return statusClientClosed
 	case errors.As(err, &dbDown):
 		c.outcome = outcomeRefused
 		c.log.Error("fingerprint check failed", zap.Error(err))

@@ -20,6 +20,15 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 
+// statusClientClosed is what a request whose caller left is counted as (nginx's 499): no
+// answer is sent, and the metrics and logs keep it apart from the gateway's own failures.
+const statusClientClosed = 499
+
+// errClientClosed is a refusal for a caller that has left: refuse counts it and writes it to
+// a connection nobody reads.
+var errClientClosed = &apiError{Status: statusClientClosed, Type: "api_error", Code: "client_closed_request",
+	Message: "The client closed the request."}
+
 func errBadRequest(code, msg string) *apiError {
 	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Message: msg}
 }

@@ -54,7 +54,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 			if !sent.Load() {
 				c.outcome = outcomeRefused
 			}
-			return 499
+			return statusClientClosed
 		}
 		c.outcome = outcomeUpstreamError
 		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable",
@@ -217,7 +217,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	if err != nil {
 		if clientGone(r) {
 			c.outcome = outcomeCancel
-			return 499
+			return statusClientClosed
 		}
 		if isTimeout(err) {
 			// The provider has the prompt and was still answering when the gateway gave up: as

@@ -144,13 +144,22 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 		s.writeDuplicate(w, e, retry)
 		return e.Status
 	}
+	// fail answers a failure of Redis or the database, unless the caller has left: then the
+	// failure is its cancelled context, there is no one to answer, and nothing is held.
+	fail := func(e *apiError, msg string, err error) (holds.Hold, int) {
+		if ctx.Err() != nil {
+			log.Info("client left during the idempotency check; nothing held", zap.String("step", msg), zap.Error(err))
+			return holds.Hold{}, statusClientClosed
+		}
+		log.Error(msg, zap.Error(err))
+		writeError(w, e)
+		return holds.Hold{}, e.Status
+	}
 	for range 4 {
 		rec, err := s.readIdem(ctx, ic)
 		if err != nil {
-			if !s.cfg.Dedup.FailOpen {
-				log.Error("idempotency record unreadable", zap.Error(err))
-				writeError(w, errDedupDown)
-				return holds.Hold{}, errDedupDown.Status
+			if !s.cfg.Dedup.FailOpen || ctx.Err() != nil {
+				return fail(errDedupDown, "idempotency record unreadable", err)
 			}
 			// fail_open: attempt 0. The hold's primary key still keeps two attempts from
 			// running at once; only a replay is impossible.
@@ -168,9 +177,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 				log.Info("idempotent request replayed", zap.String("of_run", rec.run))
 				return holds.Hold{}, status
 			} else {
-				log.Error("stored answer unreadable", zap.Error(err))
-				writeError(w, errDedupDown)
-				return holds.Hold{}, errDedupDown.Status
+				return fail(errDedupDown, "stored answer unreadable", err)
 			}
 		}
 		ic.attempt = rec.attempt
@@ -199,9 +206,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 					run, err := s.store.Run(sctx, ic.userID, ar.RunID)
 					cancel()
 					if err != nil {
-						log.Error("idempotent attempt unreadable", zap.Error(err))
-						writeError(w, errBillingDown)
-						return holds.Hold{}, errBillingDown.Status
+						return fail(errBillingDown, "idempotent attempt unreadable", err)
 					}
 					// Pinned as finishIdem pins: complete, or a stream that broke after output. A
 					// record gone because replay_ttl passed since the attempt ended expired; the
@@ -214,9 +219,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 					}
 				}
 				if err := s.advanceIdem(ctx, ic, rec.attempt); err != nil {
-					log.Error("idempotency attempt not advanced", zap.Error(err))
-					writeError(w, errDedupDown)
-					return holds.Hold{}, errDedupDown.Status
+					return fail(errDedupDown, "idempotency attempt not advanced", err)
 				}
 			}
 			continue
@@ -224,7 +227,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			s.releaseLostAdmission(ctx, *ar, err, log)
 			e := s.admitError(err)
 			if e.Status >= 500 {
-				log.Error("admission failed", zap.Error(err))
+				return fail(e, "admission failed", err)
 			}
 			writeError(w, e)
 			return holds.Hold{}, e.Status

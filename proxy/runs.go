@@ -55,6 +55,10 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 		// The reservation may have been made and its reply lost: the call's release (with
 		// nothing used) must still go out.
 		c.reserving = true
+		if ctx.Err() != nil {
+			c.log.Info("client left during the run budget reservation", zap.Error(err))
+			return 0, errClientClosed
+		}
 		c.log.Error("run budget unavailable", zap.Error(err))
 		return 0, errBillingDown
 	}

@@ -235,9 +235,7 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) *a
 	claim, err := s.store.ClaimSession(sctx, c.user.ID, sessionID, c.runID, sessionMessageHash(c.req.route.format, c.req.body))
 	cancel()
 	if err != nil {
-		c.outcome = outcomeRefused
-		c.log.Error("session claim failed", zap.Error(err))
-		return errBillingDown
+		return s.sessionClaimFailed(ctx, c, err)
 	}
 	if claim.Duplicate {
 		// The current run's hold is live, but its answer may be final already, its settlement
@@ -248,9 +246,7 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) *a
 			claim, err = s.store.ClaimSessionPast(sctx, c.user.ID, sessionID, c.runID, sessionMessageHash(c.req.route.format, c.req.body), claim.Current)
 			cancel()
 			if err != nil {
-				c.outcome = outcomeRefused
-				c.log.Error("session claim failed", zap.Error(err))
-				return errBillingDown
+				return s.sessionClaimFailed(ctx, c, err)
 			}
 		}
 	}
@@ -260,9 +256,23 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) *a
 	}
 	c.sessionClaimed = true
 	if claim.Replaced != "" {
-		if err := s.cancels.publish(ctx, claim.Replaced); err != nil {
+		// The claim is committed: the replaced run must stop whether or not this request's
+		// caller is still there to run the new one.
+		if err := s.cancels.publish(context.WithoutCancel(ctx), claim.Replaced); err != nil {
 			c.log.Warn("cancel of the replaced run not sent; it runs to its end and is charged", zap.String("replaced", claim.Replaced), zap.Error(err))
 		}
 	}
 	return nil
+}
+
+// sessionClaimFailed refuses a call whose session claim failed: billing is down, unless the
+// caller left while it waited (the failure is then its cancelled context).
+func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) *apiError {
+	c.outcome = outcomeRefused
+	if ctx.Err() != nil {
+		c.log.Info("client left during the session claim; hold released", zap.Error(err))
+		return errClientClosed
+	}
+	c.log.Error("session claim failed", zap.Error(err))
+	return errBillingDown
 }
