@@ -125,7 +125,7 @@ func (s *stallReader) Read(p []byte) (int, error) {
 
 // parseCall validates a body for rt. Everything a request can get wrong is found here, before
 // a hold exists.
-func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
+func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callRequest, *apiError) {
 	if !gjson.ValidBytes(body) {
 		return nil, errBadRequest("invalid_json", "The request body is not valid JSON.")
 	}
@@ -203,6 +203,10 @@ func (s *Server) parseCall(rt *route, body []byte) (*callRequest, *apiError) {
 		// meter. Served, it would be charged the prompt's estimate for any amount of output.
 		return nil, errBadRequest("unsupported_parameter", "'background' responses are not supported: their usage cannot be metered.")
 	}
+	if what := unpricedOption(rt.format, root, header); what != "" {
+		return nil, errBadRequest("unpriced_option", fmt.Sprintf(
+			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
+	}
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
 		return nil, errBadRequest("missing_max_tokens", "'max_tokens' is required on /v1/messages.")
 	}
@@ -276,7 +280,7 @@ func foldKey(s string) string {
 
 // readKeys are the top-level keys parseCall reads, across every route.
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
-	"n", "best_of", "background"}
+	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools"}
 
 // outputBound is the most output the call can produce as sent: none on a route without output
 // (embeddings), its own limit, else the model's configured one (modelMaxOutput, 0 when

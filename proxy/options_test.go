@@ -1,0 +1,71 @@
+package proxy_test
+
+import (
+	"net/http"
+	"testing"
+)
+
+// TestOptionsBilledAtOtherRatesAreRefused: an option that makes the provider bill at a rate
+// the price list has no column for — a dearer service tier, a hosted tool's per-call fee,
+// audio tokens, long-context rates — would be charged at the model's token prices, and the
+// difference paid by the operator. Such a request is refused before anything is held or
+// forwarded; the same routes without the option, or with options that cost only tokens,
+// are served.
+func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	const chat, responses, messages = "/v1/chat/completions", "/v1/responses", "/v1/messages"
+	refused := []struct {
+		name, path, body string
+		header           map[string]string
+	}{
+		{"priority tier", chat, `{"model":"fake-gpt","service_tier":"priority","messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"flex tier", chat, `{"model":"fake-gpt","service_tier":"flex","messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"scale tier on responses", responses, `{"model":"fake-gpt","service_tier":"scale","input":"hi"}`, nil},
+		{"web search options", chat, `{"model":"fake-gpt","web_search_options":{},"messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"audio output", chat, `{"model":"fake-gpt","audio":{"voice":"alloy","format":"wav"},"messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"audio modality", chat, `{"model":"fake-gpt","modalities":["text","audio"],"messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"hosted web search", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","parameters":{}},{"type":"web_search_preview"}],"input":"hi"}`, nil},
+		{"hosted file search", responses, `{"model":"fake-gpt","tools":[{"type":"file_search","vector_store_ids":["vs_1"]}],"input":"hi"}`, nil},
+		{"tool type repeated", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","type":"web_search"}],"input":"hi"}`, nil},
+		{"anthropic web search", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"type":"web_search_20250305","name":"web_search"}],"messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"anthropic code execution", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"type":"code_execution_20250522","name":"code_execution"}],"messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"anthropic 1m context", messages, `{"model":"claude-test","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,
+			map[string]string{"Anthropic-Beta": "interleaved-thinking-2025-05-14,context-1m-2025-08-07"}},
+	}
+	for _, tc := range refused {
+		t.Run("refused/"+tc.name, func(t *testing.T) {
+			calls, runs := h.fake.Calls(), h.runCount(u.ID)
+			resp := h.post(key, tc.path, tc.body, tc.header)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest || errorCode(t, body) != "unpriced_option" {
+				t.Fatalf("%d %s, want 400 unpriced_option", resp.StatusCode, body)
+			}
+			if h.fake.Calls() != calls || h.runCount(u.ID) != runs {
+				t.Fatalf("a refused request reached the upstream (%d → %d calls) or took a hold (%d → %d runs)",
+					calls, h.fake.Calls(), runs, h.runCount(u.ID))
+			}
+		})
+	}
+	served := []struct {
+		name, path, body string
+		header           map[string]string
+	}{
+		{"default tier", chat, `{"model":"fake-gpt","service_tier":"auto","messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"function tools", chat, `{"model":"fake-gpt","tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"responses function tool", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","parameters":{}}],"input":"hi"}`, nil},
+		{"anthropic client tool and a token-priced beta", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"}]}`,
+			map[string]string{"Anthropic-Beta": "interleaved-thinking-2025-05-14"}},
+	}
+	for _, tc := range served {
+		t.Run("served/"+tc.name, func(t *testing.T) {
+			resp := h.post(key, tc.path, tc.body, tc.header)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%d %s, want 200", resp.StatusCode, body)
+			}
+		})
+	}
+}
