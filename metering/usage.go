@@ -45,6 +45,24 @@ type Meter struct {
 	// outputFinal: an Anthropic usage whose output_tokens is the final count was seen
 	// (message_delta or a whole body), not only message_start's placeholder.
 	outputFinal bool
+	// reported holds the latest value of each OpenAI-style usage figure, for the ones a
+	// report has carried so far (see openAIUsage).
+	reported [figureCount]reportedFigure
+}
+
+// The figures of an OpenAI-style usage report.
+const (
+	figPrompt = iota
+	figCompletion
+	figTotal
+	figCached
+	figWritten
+	figureCount
+)
+
+type reportedFigure struct {
+	n    int64
+	seen bool
 }
 
 // NewMeter returns a Meter for responses in format f.
@@ -252,18 +270,34 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	if !u.IsObject() {
 		return false
 	}
-	prompt, okP := first(u, "prompt_tokens", "input_tokens")
-	completion, okC := first(u, "completion_tokens", "output_tokens")
-	total, okT := first(u, "total_tokens")
-	if !okP && !okC && !okT {
+	var fresh [figureCount]reportedFigure
+	set := func(fig int, paths ...string) {
+		fresh[fig].n, fresh[fig].seen = first(u, paths...)
+	}
+	set(figPrompt, "prompt_tokens", "input_tokens")
+	set(figCompletion, "completion_tokens", "output_tokens")
+	set(figTotal, "total_tokens")
+	if !fresh[figPrompt].seen && !fresh[figCompletion].seen && !fresh[figTotal].seen {
 		return false // not a usage report (e.g. an empty object), keep the last real one
 	}
-	cached, _ := first(u, "prompt_tokens_details.cached_tokens", "input_tokens_details.cached_tokens",
+	set(figCached, "prompt_tokens_details.cached_tokens", "input_tokens_details.cached_tokens",
 		"prompt_cache_hit_tokens", "cached_tokens")
-	written, _ := first(u, "prompt_tokens_details.cache_write_tokens", "input_tokens_details.cache_write_tokens")
+	set(figWritten, "prompt_tokens_details.cache_write_tokens", "input_tokens_details.cache_write_tokens")
+	// Reports are cumulative and the last is final, but a later one may leave figures out (a
+	// chunk with the output count alone, one without the details): a figure it does not
+	// carry keeps its earlier value, as Anthropic's message_delta fields do. Replaced
+	// whole, such a report billed the prompt at 0, or the cached prompt at the full price.
+	for i, f := range fresh {
+		if f.seen {
+			m.reported[i] = f
+		}
+	}
+	prompt, completion := m.reported[figPrompt].n, m.reported[figCompletion].n
+	cached, written := m.reported[figCached].n, m.reported[figWritten].n
 	output := completion
-	if okT && total-prompt > output { // xAI and Gemini leave reasoning out of completion_tokens
-		output = total - prompt
+	// xAI and Gemini leave reasoning out of completion_tokens.
+	if total := m.reported[figTotal]; total.seen && total.n-prompt > output {
+		output = total.n - prompt
 	}
 	m.res.Usage = pricing.Usage{
 		Input:      max(0, prompt-cached-written),

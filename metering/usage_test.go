@@ -83,6 +83,18 @@ func TestMeterOpenAI(t *testing.T) {
 			data(`{"choices":[{"delta":{"content":"b"}}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}}`),
 			data(`[DONE]`),
 		}, pricing.Usage{Input: 10, Output: 2}, true, false},
+		{"a later report without the prompt keeps it", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":3000,"completion_tokens":5000,"total_tokens":8000}}`),
+			data(`{"choices":[],"usage":{"completion_tokens":5000}}`),
+		}, pricing.Usage{Input: 3000, Output: 5000}, true, false},
+		{"a later report without details keeps the cached count", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":800}}}`),
+			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":40}}`),
+		}, pricing.Usage{Input: 200, CacheRead: 800, Output: 40}, true, false},
+		{"a later report's figures replace earlier ones, also downwards", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":5}}}`),
+			data(`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":0}}}`),
+		}, pricing.Usage{Input: 10, Output: 7}, true, false},
 		{"usage null and empty usage are not reports", []Event{
 			data(`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}`),
 			data(`{"choices":[],"usage":null}`),
