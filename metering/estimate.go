@@ -12,7 +12,21 @@ const (
 	bytesPerToken      = 4
 	tokensPerMessage   = 4
 	maxEstimatedTokens = 1 << 30
+	// tokensPerMedia stands for an image, audio clip or file part, whose size in tokens its
+	// bytes do not tell (a URL, or base64 of a compressed format): about what a large image
+	// costs at OpenAI (high detail) and Anthropic (~1.15 megapixels). Counted as nothing, a
+	// prompt of images was estimated at a few tokens, and a call cancelled before its usage
+	// came was charged as much.
+	tokensPerMedia = 1600
 )
+
+// mediaPartTypes are the content part types that carry media rather than text, across the
+// formats.
+var mediaPartTypes = map[string]bool{
+	"image_url": true, "input_image": true, "image": true, // chat, Responses, Anthropic
+	"input_audio": true,                                       // chat
+	"file":        true, "input_file": true, "document": true, // chat, Responses, Anthropic
+}
 
 // EstimateInputTokens guesses the prompt size of a request body in format f.
 func EstimateInputTokens(f Format, body []byte) int64 {
@@ -20,6 +34,10 @@ func EstimateInputTokens(f Format, body []byte) int64 {
 	count := func(v gjson.Result) {
 		textBytes += textLen(v)
 	}
+	// Tool definitions and an output schema are part of the prompt the provider counts.
+	textBytes += int64(len(gjson.GetBytes(body, "tools").Raw))
+	textBytes += int64(len(gjson.GetBytes(body, "response_format").Raw))
+	textBytes += int64(len(gjson.GetBytes(body, "text.format").Raw))
 	switch f {
 	case FormatChat:
 		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
@@ -108,6 +126,8 @@ func textLenAt(v gjson.Result, depth int) int64 {
 				n += bytesPerToken
 			case part.IsArray():
 				n += textLenAt(part, depth+1)
+			case mediaPartTypes[part.Get("type").Str]:
+				n += tokensPerMedia * bytesPerToken
 			default:
 				n += int64(len(part.Get("text").String()))
 				if c := part.Get("content"); c.Exists() { // Anthropic tool_result

@@ -269,3 +269,47 @@ func TestInputEstimateCountsToolResults(t *testing.T) {
 		})
 	}
 }
+
+// Images, audio and files cost the provider's tokens though their bytes say nothing of how
+// many (a URL, compressed base64), and tool definitions and output schemas are prompt too: a
+// request made of them was estimated at a handful of tokens.
+func TestInputEstimateCountsMediaAndToolDefinitions(t *testing.T) {
+	schema := `{"type":"object","properties":{"q":{"type":"string","description":"` + strings.Repeat("d", 4000) + `"}}}`
+	for _, tc := range []struct {
+		name string
+		f    Format
+		body string
+		want int64 // at least
+	}{
+		{"chat images", FormatChat,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"https://x/a.png"}},{"type":"image_url","image_url":{"url":"https://x/b.png"}}]}]}`,
+			2 * tokensPerMedia},
+		{"chat audio", FormatChat,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]}]}`,
+			tokensPerMedia},
+		{"responses image and file", FormatResponses,
+			`{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"https://x/a.png"},{"type":"input_file","file_id":"f"}]}]}`,
+			2 * tokensPerMedia},
+		{"anthropic image in a tool result", FormatAnthropic,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"image","source":{"type":"url","url":"https://x/a.png"}}]}]}]}`,
+			tokensPerMedia},
+		{"chat tool definitions", FormatChat,
+			`{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":` + schema + `}}],"messages":[{"role":"user","content":"hi"}]}`,
+			1000},
+		{"anthropic tool definitions", FormatAnthropic,
+			`{"model":"m","tools":[{"name":"f","input_schema":` + schema + `}],"messages":[{"role":"user","content":"hi"}]}`,
+			1000},
+		{"chat output schema", FormatChat,
+			`{"model":"m","response_format":{"type":"json_schema","json_schema":{"name":"s","schema":` + schema + `}},"messages":[{"role":"user","content":"hi"}]}`,
+			1000},
+		{"responses output schema", FormatResponses,
+			`{"model":"m","text":{"format":{"type":"json_schema","name":"s","schema":` + schema + `}},"input":"hi"}`,
+			1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := EstimateInputTokens(tc.f, []byte(tc.body)); got < tc.want {
+				t.Errorf("estimate %d tokens, want at least %d", got, tc.want)
+			}
+		})
+	}
+}
