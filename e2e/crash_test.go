@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -163,4 +165,176 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestKillAfterTallyBeforeSettle: the window of DESIGN §3 steps 7–8. A call has answered and
+// tallied, and its settlement waits on the user's lock, when the process is SIGKILLed. The
+// dead process's settlement transaction never commits; the reconciler must charge the call
+// what its tally says it used — once, not its hold, and not nothing.
+func TestKillAfterTallyBeforeSettle(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("kill-tallied", 10, nil)
+	a := w.startGateway("gw-a")
+	var calls []*stream
+	for range 3 {
+		calls = append(calls, startStream(t, a, key, 20, 20*time.Millisecond, nil))
+	}
+	release := w.lockUser(u.ID)
+	tallies := map[string]int64{}
+	for _, s := range calls {
+		<-s.done
+		waitFor(t, 10*time.Second, "the tally of "+s.runID, func() bool {
+			tl, found, err := w.tally.Get(context.Background(), s.runID)
+			tallies[s.runID] = tl.CostMicro
+			return err == nil && found && tl.Calls == 1
+		})
+	}
+	a.signal(t, syscall.SIGKILL)
+	release()
+	if n := w.liveHolds(); n != len(calls) {
+		t.Fatalf("%d live holds after the kill, want %d (no settlement committed)", n, len(calls))
+	}
+	w.startGateway("gw-b")
+	waitFor(t, 30*time.Second, "the reconciler to settle every hold", func() bool { return w.liveHolds() == 0 })
+	var total int64
+	for id, cost := range tallies {
+		r := w.hold(id)
+		if r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != cost || cost <= 0 {
+			t.Errorf("call %s: settled by %q charged %d, want by reconcile at its tally %d (held %d)",
+				id, r.SettleSource.String, r.ChargedMicro, cost, r.HeldMicro)
+		}
+		total += r.ChargedMicro
+	}
+	if got := w.usedToday(u.ID); got != total {
+		t.Errorf("day ledger %d, want %d", got, total)
+	}
+}
+
+// TestKillMidRunCallThenContinue: a named run's call is SIGKILLed mid-stream; the agent comes
+// back through another process and goes on with the same run, then settles it. The dead call
+// reserved part of the run's budget and never gave it back (no process is left to): the run's
+// next call and its settlement must not be refused because of it once the dead process's
+// lease has lapsed.
+func TestKillMidRunCallThenContinue(t *testing.T) {
+	w := newWorld(t)
+	_, key := w.user("kill-run", 10, nil)
+	// Runs that outlive the test: only the agent settles this one.
+	cfg := w.writeConfig(map[string]string{"holds.run_ttl": "10m", "holds.hold_ttl": "10m"})
+	a := w.startGatewayWith("gw-a", cfg)
+	run := map[string]string{"X-Run-Id": "agent-crash"}
+	runID, _ := completeCall(t, a, key, chatBody(false, 40, "step 0"), with(run, "X-Fake-Chunks", "30"))
+	// A call that bounds its output by nothing: it reserves all the run has left.
+	unbounded, _ := json.Marshal(map[string]any{"model": "fake-gpt", "stream": true,
+		"messages": []map[string]string{{"role": "user", "content": "step 1"}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp := post(t, ctx, a, key, unbounded, with(with(run, "X-Fake-Chunks", "10000"), "X-Fake-Chunk-Interval", "20ms"))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("step 1: %d", resp.StatusCode)
+	}
+	buf := make([]byte, 256)
+	if _, err := resp.Body.Read(buf); err != nil {
+		t.Fatalf("step 1: no first bytes: %v", err)
+	}
+	// Mid-stream, leased (the heartbeat has written the lease) and holding its reservation.
+	waitFor(t, 10*time.Second, "the call's lease", func() bool { return len(w.leaseKeys()) == 1 })
+	t.Logf("reservations of the run mid-call: %v", w.reservations(runID))
+	a.signal(t, syscall.SIGKILL)
+	killed := time.Now()
+	resp.Body.Close()
+
+	b := w.startGatewayWith("gw-b", cfg)
+	// Once the dead process's lease has lapsed nothing serves the run any more.
+	waitFor(t, 3*testLeaseTTL, "the dead process's lease to lapse", func() bool { return len(w.leaseKeys()) == 0 })
+	// Its reservation was beaten last before the kill, on a ticker of its own: stale for
+	// certain one lease TTL after the kill.
+	time.Sleep(time.Until(killed.Add(testLeaseTTL + 100*time.Millisecond)))
+	r2 := post(t, context.Background(), b, key, chatBody(false, 40, "step 2"), with(run, "X-Fake-Chunks", "30"))
+	raw, _ := io.ReadAll(r2.Body)
+	r2.Body.Close()
+	if r2.StatusCode != http.StatusOK {
+		t.Errorf("the run's next call after the crash: %d %s; reservations %v", r2.StatusCode, raw, w.reservations(runID))
+	}
+	req, _ := http.NewRequest(http.MethodPost, b.url+"/v1/runs/agent-crash/settle", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	sr, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ = io.ReadAll(sr.Body)
+	sr.Body.Close()
+	if sr.StatusCode != http.StatusOK {
+		t.Errorf("settling the run after the crash: %d %s; reservations %v", sr.StatusCode, raw, w.reservations(runID))
+	}
+}
+
+// TestKillAfterHoldBeforeForward: the process dies between committing a call's hold and
+// forwarding it (here: while its duplicate check waits on a Redis that has stopped answering).
+// The call never reached the upstream, but its hold was inserted as running (DESIGN §3: a call
+// forwarded at once is not queued), it has no lease and no tally: DESIGN §5 rule 3 charges it
+// what it held, as reconcile_hold. This pins that rule at this step.
+func TestKillAfterHoldBeforeForward(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("kill-early", 10, nil)
+	f := newFreezer(t, strings.SplitN(testenv.RedisURL(t), "/", 4)[2]) // redis://host:port/db
+	cfg := w.writeConfig(map[string]string{"dedup.window": "5s"})
+	a := w.startGatewayWith("gw-a", cfg, "REDIS_URL=redis://"+f.addr()+"/0")
+	f.freeze()
+	ch := sendAsync(context.Background(), a, key, chatBody(false, 20, "never forwarded"), nil)
+	var runID string
+	waitFor(t, 10*time.Second, "the call's hold", func() bool {
+		_ = w.db.Get(&runID, "SELECT COALESCE(MAX(run_id), '') FROM run_holds WHERE user_id = ?", u.ID)
+		return runID != ""
+	})
+	a.signal(t, syscall.SIGKILL)
+	<-ch
+	f.thaw()
+	w.startGateway("gw-b")
+	waitFor(t, 30*time.Second, "the hold to be reconciled", func() bool { return w.liveHolds() == 0 })
+	r := w.hold(runID)
+	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != r.HeldMicro {
+		t.Errorf("call killed before forwarding: settled by %q charged %d, want reconcile_hold at its hold %d",
+			r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
+	}
+	t.Logf("call killed after its hold, before forwarding: %s, charged %d of %d held", r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
+}
+
+// TestKillMidIdempotentCall: an Idempotency-Key call is SIGKILLed mid-stream and the SDK retries
+// it on another process. What the retry gets while the dead attempt's hold is live, and after
+// the reconciler has closed it, is logged; the money must come out once per attempt: the dead
+// attempt at its hold (no tally), the retry at what it used.
+func TestKillMidIdempotentCall(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("kill-idem", 10, nil)
+	a := w.startGateway("gw-a")
+	idem := map[string]string{"Idempotency-Key": "sdk-retry-1"}
+	s := startStream(t, a, key, 5000, 20*time.Millisecond, idem)
+	waitFor(t, 10*time.Second, "the call's lease", func() bool { return len(w.leaseKeys()) == 1 })
+	a.signal(t, syscall.SIGKILL)
+	<-s.done
+	b := w.startGateway("gw-b")
+	body := chatBody(true, 5010, "stream please")
+	retry := func() reply {
+		return <-sendAsync(context.Background(), b, key, body, with(idem, "X-Fake-Chunks", "20"))
+	}
+	first := retry()
+	t.Logf("retry right after the kill: %d %.160s", first.status, first.body)
+	waitFor(t, 30*time.Second, "the dead attempt to be reconciled", func() bool { return w.hold(s.runID).State == holds.StateSettled })
+	second := retry()
+	t.Logf("retry after the reconciler closed the dead attempt: %d run %s", second.status, second.runID)
+	if second.status != http.StatusOK || second.runID == s.runID {
+		t.Errorf("retry after reconciliation: %d run %s, want 200 as a new attempt", second.status, second.runID)
+	}
+	dead := w.hold(s.runID)
+	if dead.SettleSource.String != holds.SourceReconcileHold || dead.ChargedMicro != dead.HeldMicro {
+		t.Errorf("dead attempt: %q charged %d, want reconcile_hold at %d", dead.SettleSource.String, dead.ChargedMicro, dead.HeldMicro)
+	}
+	waitFor(t, 10*time.Second, "every hold settled", func() bool { return w.liveHolds() == 0 })
+	var total int64
+	if err := w.db.Get(&total, "SELECT SUM(charged_micro) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.usedToday(u.ID); got != total {
+		t.Errorf("day ledger %d, want %d", got, total)
+	}
 }

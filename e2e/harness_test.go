@@ -10,18 +10,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -43,7 +46,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	gatewayBin = filepath.Join(dir, "gateway")
-	build := exec.Command("go", "build", "-o", gatewayBin, "./cmd/gateway")
+	args := []string{"build", "-o", gatewayBin}
+	if os.Getenv("E2E_GATEWAY_RACE") == "1" {
+		// The gateway under the race detector: a race during a drain or a kill makes the
+		// process exit 66, which the SIGTERM tests see as a failed exit.
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "./cmd/gateway")...)
 	build.Dir = ".."
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -102,25 +111,53 @@ func newWorld(t *testing.T) *world {
 		HoldHeavyMicro: 60_000, HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostMicro: 500_000}}, "standard", zap.NewNop())
 	// fake-gpt at the default prices: $2.50 / $10 per million input / output tokens.
 	w.price = pricing.Price{Input: 2_500_000, CacheRead: 1_250_000, CacheWrite: 3_125_000, Output: 10_000_000}
-	w.config = filepath.Join(t.TempDir(), "gateway.yaml")
-	cfg := fmt.Sprintf(`holds:
-  hold_ttl: %s
-  run_ttl: %s
-  lease_ttl: %s
-  heartbeat_interval: %s
-  reconcile_interval: %s
-  reconcile_lock_ttl: %s
-limits:
-  shutdown_timeout: %s
-  settle_timeout: 10s
-dedup:
-  window: 0s
-`, testHoldTTL, testHoldTTL, testLeaseTTL, testHeartbeat, testReconcile, testLockTTL, testShutdownDrain)
-	if err := os.WriteFile(w.config, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	w.config = w.writeConfig(nil)
 	t.Cleanup(func() { testenv.CheckLedger(t, w.db) })
 	return w
+}
+
+// baseConfig is every world's config file, as "section.key" -> value.
+func baseConfig() map[string]string {
+	return map[string]string{
+		"holds.hold_ttl": testHoldTTL.String(), "holds.run_ttl": testHoldTTL.String(),
+		"holds.lease_ttl": testLeaseTTL.String(), "holds.heartbeat_interval": testHeartbeat.String(),
+		"holds.reconcile_interval": testReconcile.String(), "holds.reconcile_lock_ttl": testLockTTL.String(),
+		"limits.shutdown_timeout": testShutdownDrain.String(), "limits.settle_timeout": "10s",
+		"dedup.window": "0s",
+	}
+}
+
+// writeConfig writes a config file of the base settings with over applied ("section.key" ->
+// value; "" removes a setting) and returns its path.
+func (w *world) writeConfig(over map[string]string) string {
+	w.t.Helper()
+	all := baseConfig()
+	for k, v := range over {
+		if v == "" {
+			delete(all, k)
+		} else {
+			all[k] = v
+		}
+	}
+	sections := map[string][]string{}
+	for k, v := range all {
+		sec, key, _ := strings.Cut(k, ".")
+		sections[sec] = append(sections[sec], fmt.Sprintf("  %s: %s\n", key, v))
+	}
+	var b strings.Builder
+	for _, sec := range slices.Sorted(maps.Keys(sections)) {
+		b.WriteString(sec + ":\n")
+		lines := sections[sec]
+		slices.Sort(lines)
+		for _, l := range lines {
+			b.WriteString(l)
+		}
+	}
+	path := filepath.Join(w.t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		w.t.Fatal(err)
+	}
+	return path
 }
 
 // user creates an account and a key; maxInFlight lifts the plan's limit of 3.
@@ -167,8 +204,15 @@ func freePort(t *testing.T) string {
 // startGateway runs `gateway serve` as instance name and waits until it answers /readyz.
 func (w *world) startGateway(name string) *gateway {
 	w.t.Helper()
+	return w.startGatewayWith(name, w.config)
+}
+
+// startGatewayWith is startGateway with another config file and extra environment (which
+// overrides the world's: MYSQL_DSN=..., say).
+func (w *world) startGatewayWith(name, config string, env ...string) *gateway {
+	w.t.Helper()
 	for attempt := 0; ; attempt++ {
-		g, err := w.tryStart(name)
+		g, err := w.tryStart(name, config, env)
 		if err == nil {
 			return g
 		}
@@ -179,16 +223,17 @@ func (w *world) startGateway(name string) *gateway {
 	}
 }
 
-func (w *world) tryStart(name string) (*gateway, error) {
+func (w *world) tryStart(name, config string, env []string) (*gateway, error) {
 	addr := freePort(w.t)
 	g := &gateway{name: name, url: "http://" + addr, log: filepath.Join(w.t.TempDir(), name+".log"), done: make(chan struct{})}
 	logf, err := os.Create(g.log)
 	if err != nil {
 		return nil, err
 	}
-	g.cmd = exec.Command(gatewayBin, "serve", "-config", w.config)
+	g.cmd = exec.Command(gatewayBin, "serve", "-config", config)
 	g.cmd.Env = append(os.Environ(), "MYSQL_DSN="+w.dsn, "REDIS_URL="+testenv.RedisURL(w.t), "LISTEN_ADDR="+addr,
 		"UPSTREAM_URL="+w.upstream.URL, "TOLLGATE_INSTANCE="+name, "TOLLGATE_REDIS_PREFIX="+w.prefix)
+	g.cmd.Env = append(g.cmd.Env, env...) // exec keeps the last value of a repeated name
 	g.cmd.Stdout, g.cmd.Stderr = logf, logf
 	if err := g.cmd.Start(); err != nil {
 		logf.Close()
@@ -410,4 +455,225 @@ func (w *world) usedToday(userID uint64) int64 {
 		w.t.Fatal(err)
 	}
 	return used
+}
+
+// lockUser takes the user's row lock in a transaction of the test's own, as a stuck money
+// transaction would: every admission and settlement of that user waits behind it. release
+// rolls it back (once; later calls do nothing).
+func (w *world) lockUser(userID uint64) (release func()) {
+	w.t.Helper()
+	ctx := context.Background()
+	conn, err := w.db.Connx(ctx)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
+		w.t.Fatal(err)
+	}
+	var id uint64
+	if err := conn.GetContext(ctx, &id, "SELECT id FROM users WHERE id = ? FOR UPDATE", userID); err != nil {
+		w.t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			_, _ = conn.ExecContext(ctx, "ROLLBACK")
+			conn.Close()
+		})
+	}
+	w.t.Cleanup(release)
+	return release
+}
+
+// reservations lists the c:<call id> fields of a named run's budget hash: the calls of the run
+// that reserved part of its cap and have not given it back.
+func (w *world) reservations(runID string) []string {
+	w.t.Helper()
+	all, err := w.rdb.HGetAll(context.Background(), w.keys.RunBudget(runID)).Result()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	var out []string
+	for k, v := range all {
+		if strings.HasPrefix(k, "c:") {
+			out = append(out, k+"="+v)
+		}
+	}
+	return out
+}
+
+// leaseKeys lists the lease keys under the world's prefix.
+func (w *world) leaseKeys() []string {
+	w.t.Helper()
+	keys, err := w.rdb.Keys(context.Background(), w.prefix+"lease:*").Result()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return keys
+}
+
+// reply is how an asynchronous call ended for its client.
+type reply struct {
+	status int
+	runID  string
+	body   []byte
+	err    error // transport error, or the body's read error
+}
+
+// sendAsync posts a chat completion in the background and reports how it ended; unlike post
+// it tolerates a connection cut by the gateway.
+func sendAsync(ctx context.Context, g *gateway, key string, body []byte, hdr map[string]string) <-chan reply {
+	out := make(chan reply, 1)
+	go func() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions", bytes.NewReader(body))
+		if err != nil {
+			out <- reply{err: err}
+			return
+		}
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			out <- reply{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		out <- reply{status: resp.StatusCode, runID: resp.Header.Get(RunIDHeaderForTests), body: b, err: err}
+	}()
+	return out
+}
+
+// RunIDHeaderForTests is proxy.RunIDHeader (the e2e package runs the binary, not the package).
+const RunIDHeaderForTests = "X-Tollgate-Run-Id"
+
+// freezer is a TCP relay between a gateway and a server (MariaDB) that can stop passing bytes
+// in both directions while keeping every connection open: a server that hangs, not one that
+// is down.
+type freezer struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	thawed chan struct{} // closed while bytes flow
+	// armed: freeze as soon as a client write containing marker has been relayed.
+	marker []byte
+	fired  chan struct{}
+}
+
+func newFreezer(t *testing.T, target string) *freezer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &freezer{ln: ln, target: target, thawed: make(chan struct{})}
+	close(f.thawed)
+	t.Cleanup(func() { f.thaw(); ln.Close() })
+	go f.accept()
+	return f
+}
+
+func (f *freezer) addr() string { return f.ln.Addr().String() }
+
+func (f *freezer) accept() {
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", f.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		go f.pipe(c, s, true)
+		go f.pipe(s, c, false)
+	}
+}
+
+func (f *freezer) pipe(from, to net.Conn, fromClient bool) {
+	defer from.Close()
+	defer to.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := from.Read(buf)
+		if n > 0 {
+			f.wait()
+			if _, werr := to.Write(buf[:n]); werr != nil {
+				return
+			}
+			if fromClient {
+				f.mu.Lock()
+				if f.marker != nil && bytes.Contains(buf[:n], f.marker) {
+					f.marker = nil
+					f.freezeLocked()
+					close(f.fired)
+				}
+				f.mu.Unlock()
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (f *freezer) wait() {
+	f.mu.Lock()
+	ch := f.thawed
+	f.mu.Unlock()
+	<-ch
+}
+
+func (f *freezer) freeze() { f.mu.Lock(); f.freezeLocked(); f.mu.Unlock() }
+
+func (f *freezer) freezeLocked() {
+	select {
+	case <-f.thawed:
+		f.thawed = make(chan struct{})
+	default:
+	}
+}
+
+func (f *freezer) thaw() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-f.thawed:
+	default:
+		close(f.thawed)
+	}
+}
+
+// freezeAfter freezes the relay once a client write containing marker has gone through (the
+// server gets it; its answer does not come back). The returned channel closes when it fired.
+func (f *freezer) freezeAfter(marker string) <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.marker, f.fired = []byte(marker), make(chan struct{})
+	return f.fired
+}
+
+// dsnVia is the world's DSN through f.
+func (w *world) dsnVia(f *freezer) string {
+	w.t.Helper()
+	cfg, err := mysql.ParseDSN(w.dsn)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	cfg.Addr = f.addr()
+	return cfg.FormatDSN()
+}
+
+// mysqlAddr is the host:port of the world's MariaDB.
+func (w *world) mysqlAddr() string {
+	w.t.Helper()
+	cfg, err := mysql.ParseDSN(w.dsn)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return cfg.Addr
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -20,18 +22,28 @@ import (
 // keeps a run from being settled under a running call (CloseRun).
 //
 // The reservations live in a hash next to the run's tally, in the same hash slot: one field per
-// call in flight, c:<call id> = "<grant>:<start ms>", and closed once the run is being
+// call in flight, c:<call id> = "<grant>:<last beat ms>", and closed once the run is being
 // settled. A field per call rather than counters makes every step safe to repeat (go-redis
 // resends a script whose reply it lost): a repeated Reserve finds its field and returns its
 // grant, and a repeated Release finds the call already tallied (done:<call id> in the tally)
-// and does nothing. A call cannot outlive maxCall (the upstream timeout, with a margin), so a
-// field older than that belongs to a process that died mid-call, and is dropped.
+// and does nothing.
+//
+// The process serving a call beats its reservation (Refresh, every heartbeat interval), so a
+// field not beaten for staleAfter (the lease TTL) belongs to a process that died mid-call, and
+// is dropped. Dropped only once older than the longest call instead, a killed process's
+// reservation kept the run's next calls at 402 and its settlement at 409 for minutes.
 type RunBudget struct {
-	rdb      redis.UniversalClient
-	keys     Keys
-	tallyTTL time.Duration
-	maxCall  time.Duration
+	rdb        redis.UniversalClient
+	keys       Keys
+	tallyTTL   time.Duration
+	maxCall    time.Duration
+	staleAfter time.Duration
+
+	mu    sync.Mutex
+	calls map[runCall]struct{} // reservations this process may hold: the ones it beats
 }
+
+type runCall struct{ run, call string }
 
 // Errors of Reserve and CloseRun.
 var (
@@ -48,16 +60,18 @@ var (
 const MaxReservable = 1 << 46
 
 // NewRunBudget wires run budgets: tallyTTL is the tally's (see NewTally), maxCall the longest a
-// call can run.
-func NewRunBudget(rdb redis.UniversalClient, keys Keys, tallyTTL, maxCall time.Duration) *RunBudget {
-	if tallyTTL <= 0 || maxCall <= 0 {
+// call can run, staleAfter how long a reservation lives without its process's beat (Refresh);
+// it must be well above the interval of the beat.
+func NewRunBudget(rdb redis.UniversalClient, keys Keys, tallyTTL, maxCall, staleAfter time.Duration) *RunBudget {
+	if tallyTTL <= 0 || maxCall <= 0 || staleAfter <= 0 {
 		panic("metering: run budget without TTLs")
 	}
-	return &RunBudget{rdb: rdb, keys: keys, tallyTTL: tallyTTL, maxCall: maxCall}
+	return &RunBudget{rdb: rdb, keys: keys, tallyTTL: tallyTTL, maxCall: maxCall, staleAfter: staleAfter,
+		calls: map[runCall]struct{}{}}
 }
 
 // liveCallsLua sums the grants of the calls in flight in the budget hash KEYS[2] and drops the
-// fields of calls older than ARGV[maxCallArg] ms. It sets now, reserved and inflight.
+// fields of calls not beaten for ARGV[staleArg] ms. It sets now, reserved and inflight.
 const liveCallsLua = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -66,7 +80,7 @@ local all = redis.call('HGETALL', KEYS[2])
 for i = 1, #all, 2 do
   if string.sub(all[i], 1, 2) == 'c:' then
     local g, at = string.match(all[i + 1], '^(%d+):(%d+)$')
-    if tonumber(at) + tonumber(ARGV[maxCallArg]) < now then
+    if tonumber(at) + tonumber(ARGV[staleArg]) < now then
       redis.call('HDEL', KEYS[2], all[i])
     else
       reserved, inflight = reserved + tonumber(g), inflight + 1
@@ -76,10 +90,10 @@ end
 `
 
 // reserveScript: KEYS usage, budget hash; ARGV budget, want, least, call id, max call ms, max
-// calls in flight (0: any number). Returns the grant, -1 when nothing or less than least is
+// calls in flight (0: any number), stale ms. Returns the grant, -1 when nothing or less than least is
 // left, -2 when the run is closed, -3 when as many calls as it may have are in flight.
 var reserveScript = redis.NewScript(`
-local maxCallArg = 5
+local staleArg = 7
 if redis.call('HGET', KEYS[2], 'closed') then return -2 end
 local field = 'c:' .. ARGV[4]
 local mine = redis.call('HGET', KEYS[2], field)
@@ -112,8 +126,16 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 	if want < least || least < 0 {
 		panic(fmt.Sprintf("metering: reserve want %d least %d", want, least))
 	}
+	// Beaten from now on: a reservation whose reply is lost may still have been made.
+	rc := runCall{runID, callID}
+	b.mu.Lock()
+	b.calls[rc] = struct{}{}
+	b.mu.Unlock()
 	grant, err := reserveScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID)},
-		budget, want, least, callID, b.maxCall.Milliseconds(), max(maxCalls, 0)).Int64()
+		budget, want, least, callID, b.maxCall.Milliseconds(), max(maxCalls, 0), b.staleAfter.Milliseconds()).Int64()
+	if err == nil && grant < 0 {
+		b.forget(rc) // refused: nothing was reserved
+	}
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("reserve for run %s: %w", runID, err)
@@ -147,6 +169,8 @@ return 1`)
 // nothing. A call that used nothing still leaves the tally, as evidence for the reconciler
 // (see Tally.MarkUnused), but does not count as a call.
 func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64) error {
+	// No longer beaten, whatever the outcome: a field a failed release leaves behind goes stale.
+	b.forget(runCall{runID, callID})
 	calls := 1
 	if costMicro == 0 && u == (pricing.Usage{}) {
 		calls = 0
@@ -159,10 +183,10 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 	return nil
 }
 
-// closeScript: KEYS usage (unused), budget hash, lease; ARGV 1 max call ms. Returns 0 while
-// calls are in flight.
+// closeScript: KEYS usage (unused), budget hash, lease; ARGV max call ms, stale ms. Returns 0
+// while calls are in flight.
 var closeScript = redis.NewScript(`
-local maxCallArg = 1
+local staleArg = 2
 ` + liveCallsLua + `
 if inflight > 0 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 redis.call('HSET', KEYS[2], 'closed', 1)
@@ -171,13 +195,13 @@ return 1`)
 
 // CloseRun marks the run as being settled, so that no call of it starts from now on and its
 // tally is final. It fails with ErrRunBusy while calls of the run are in flight: settling
-// then would leave their usage out of the charge. In flight means a reservation younger than
-// maxCall, or a lease on the run: a process still serves one of its calls, however long that
-// call has lasted. The mark lasts maxCall: long enough for the
-// settlement to commit, after which the run's hold refuses calls itself.
+// then would leave their usage out of the charge. In flight means a reservation beaten
+// within staleAfter, or a lease on the run: a process still serves one of its calls. The
+// mark lasts maxCall: long enough for the settlement to commit, after which the run's hold
+// refuses calls itself.
 func (b *RunBudget) CloseRun(ctx context.Context, runID string) error {
 	ok, err := closeScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.Lease(runID)},
-		b.maxCall.Milliseconds()).Int()
+		b.maxCall.Milliseconds(), b.staleAfter.Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("close run %s: %w", runID, err)
 	}
@@ -185,4 +209,77 @@ func (b *RunBudget) CloseRun(ctx context.Context, runID string) error {
 		return ErrRunBusy
 	}
 	return nil
+}
+
+// Run beats this process's reservations every interval until ctx ends.
+func (b *RunBudget) Run(ctx context.Context, interval time.Duration, log *zap.Logger) {
+	if interval <= 0 || interval >= b.staleAfter {
+		panic(fmt.Sprintf("metering: run budget beat %v must be in (0, staleAfter %v)", interval, b.staleAfter))
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if err := b.Refresh(ctx); err != nil {
+				log.Warn("run budget heartbeat failed", zap.Error(err))
+			}
+		}
+	}
+}
+
+// touchScript: KEYS budget hash; ARGV call id, max call ms. Stamps the call's reservation with
+// the time, if it is still there (a call released meanwhile stays released).
+var touchScript = redis.NewScript(`
+local field = 'c:' .. ARGV[1]
+local v = redis.call('HGET', KEYS[1], field)
+if not v then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], field, string.match(v, '^(%d+):') .. ':' .. now)
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1`)
+
+// Refresh stamps every reservation this process holds, in pipelines of refreshBatch.
+func (b *RunBudget) Refresh(ctx context.Context) error {
+	b.mu.Lock()
+	calls := make([]runCall, 0, len(b.calls))
+	for rc := range b.calls {
+		calls = append(calls, rc)
+	}
+	b.mu.Unlock()
+	if len(calls) == 0 {
+		return nil
+	}
+	if err := touchScript.Load(ctx, b.rdb).Err(); err != nil {
+		return fmt.Errorf("refresh %d run reservations: %w", len(calls), err)
+	}
+	for start := 0; start < len(calls); start += refreshBatch {
+		batch := calls[start:min(start+refreshBatch, len(calls))]
+		_, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, rc := range batch {
+				touchScript.EvalSha(ctx, p, []string{b.keys.RunBudget(rc.run)}, rc.call, b.maxCall.Milliseconds())
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("refresh %d run reservations: %w", len(batch), err)
+		}
+	}
+	return nil
+}
+
+// Held is the number of reservations this process beats.
+func (b *RunBudget) Held() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.calls)
+}
+
+func (b *RunBudget) forget(rc runCall) {
+	b.mu.Lock()
+	delete(b.calls, rc)
+	b.mu.Unlock()
 }

@@ -26,8 +26,11 @@ type runBudgetEnv struct {
 func newRunBudget(t *testing.T) runBudgetEnv {
 	rdb, prefix := testenv.Redis(t)
 	keys := metering.Keys{Prefix: prefix}
-	return runBudgetEnv{metering.NewRunBudget(rdb, keys, time.Hour, time.Minute), metering.NewTally(rdb, keys, time.Hour), keys, rdb}
+	return runBudgetEnv{metering.NewRunBudget(rdb, keys, time.Hour, time.Hour, testStaleAfter), metering.NewTally(rdb, keys, time.Hour), keys, rdb}
 }
+
+// testStaleAfter is how long the tests' reservations live without a beat.
+const testStaleAfter = time.Minute
 
 // TestRunBudgetConcurrentCallsShareTheCap: 64 calls of one run reserve at once against a cap
 // that fits ten of them. What is granted never adds up past the cap, and the tallied cost of
@@ -246,3 +249,82 @@ type grant struct {
 }
 
 func callID(i int) string { return fmt.Sprintf("call-%d", i) }
+
+// TestRunBudgetReservationLivesByItsBeat: a reservation counts while the process serving its
+// call beats it, however long the call runs, and stops counting staleAfter after the last
+// beat — the lease TTL, not the longest a call may run: a process killed mid-call used to keep
+// its run's budget reserved, and the run unsettleable, for that long.
+func TestRunBudgetReservationLivesByItsBeat(t *testing.T) {
+	e := newRunBudget(t)
+	ctx := context.Background()
+	serving := e.budget // the process serving call "a"
+	other := metering.NewRunBudget(e.rdb, e.keys, time.Hour, time.Hour, testStaleAfter)
+	const run = "r_beat"
+	field := e.keys.RunBudget(run)
+	// stamp sets call a's last beat to ago before Redis's clock.
+	stamp := func(ago time.Duration) {
+		t.Helper()
+		now, err := e.rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.rdb.HSet(ctx, field, "c:a", fmt.Sprintf("10000:%d", now.Add(-ago).UnixMilli())).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g, err := serving.Reserve(ctx, run, "a", 10_000, 10_000, 100); err != nil || g != 10_000 {
+		t.Fatalf("reserve a: %d, %v", g, err)
+	}
+
+	// Its last beat long ago, then beaten: live again.
+	stamp(2 * testStaleAfter)
+	if err := serving.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Reserve(ctx, run, "b", 10_000, 5_000, 100); !errors.Is(err, metering.ErrRunBudget) {
+		t.Fatalf("reserve beside a beaten call: %v, want ErrRunBudget (its reservation still counts)", err)
+	}
+	if err := other.CloseRun(ctx, run); !errors.Is(err, metering.ErrRunBusy) {
+		t.Fatalf("close beside a beaten call: %v, want ErrRunBusy", err)
+	}
+
+	// Not beaten for a little less than staleAfter: still live.
+	stamp(testStaleAfter - 5*time.Second)
+	if _, err := other.Reserve(ctx, run, "b", 10_000, 5_000, 100); !errors.Is(err, metering.ErrRunBudget) {
+		t.Fatalf("reserve beside a call beaten %v ago: %v, want ErrRunBudget", testStaleAfter-5*time.Second, err)
+	}
+	// Not beaten for a little more (its process died): dropped, far sooner than maxCall (1 h here).
+	stamp(testStaleAfter + 5*time.Second)
+	if g, err := other.Reserve(ctx, run, "b", 10_000, 5_000, 100); err != nil || g != 5_000 {
+		t.Fatalf("reserve beside a call not beaten for %v: %d, %v; want 5000", testStaleAfter+5*time.Second, g, err)
+	}
+}
+
+// TestRunBudgetReleasedCallIsNotBeatenBack: a released call's reservation is gone for good; the
+// beat does not write it back (nor does a refused reservation enter the beat).
+func TestRunBudgetReleasedCallIsNotBeatenBack(t *testing.T) {
+	e := newRunBudget(t)
+	ctx := context.Background()
+	b := e.budget
+	if _, err := b.Reserve(ctx, "r_rel", "a", 10_000, 10_000, 100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Reserve(ctx, "r_rel", "b", 10_000, 10_000, 100); !errors.Is(err, metering.ErrRunBudget) {
+		t.Fatalf("reserve b: %v, want ErrRunBudget", err)
+	}
+	if b.Held() != 1 {
+		t.Fatalf("beating %d reservations, want 1 (a refused one is not held)", b.Held())
+	}
+	if err := b.Release(ctx, "r_rel", "a", pricing.Usage{Output: 10}, 1_000); err != nil {
+		t.Fatal(err)
+	}
+	if b.Held() != 0 {
+		t.Fatalf("beating %d reservations after the release, want 0", b.Held())
+	}
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.rdb.HExists(ctx, e.keys.RunBudget("r_rel"), "c:a").Result(); err != nil || n {
+		t.Fatalf("released reservation present after a beat: %v, %v", n, err)
+	}
+}

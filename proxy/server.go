@@ -72,11 +72,15 @@ type Server struct {
 	calls       sync.WaitGroup
 	settlements sync.WaitGroup
 	settleSlots chan struct{}
+	// stopBeat ends the heartbeat of this process's run budget reservations; beatDone closes
+	// when it has.
+	stopBeat context.CancelFunc
+	beatDone chan struct{}
 }
 
 // maxCall is the longest a call can live: its upstream call, one more write to a slow client
 // (each write is bounded by client_write_timeout), and a margin for its tally and settlement.
-// A named run's reservation older than that belongs to a process that died.
+// A named run with no tally that is younger than that may still have a call running.
 func maxCall(l config.Limits) time.Duration {
 	return l.UpstreamTimeout + l.ClientWriteTimeout + time.Minute
 }
@@ -120,10 +124,19 @@ func New(d Deps) *Server {
 		writer: holds.NewWriter(d.Store, holds.WriterConfig{Workers: writeWorkers, Linger: settleLinger,
 			AdmitTimeout: d.Config.Limits.AdmitTimeout, SettleTimeout: d.Config.Limits.SettleTimeout,
 			OnBatch: d.Metrics.observeBatch}),
-		budgets:  metering.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, maxCall(d.Config.Limits)),
+		budgets: metering.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, maxCall(d.Config.Limits),
+			d.Config.Holds.LeaseTTL),
 		dedupRDB: d.DedupRedis,
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
+		beatDone: make(chan struct{}),
 	}
+	// Reservations beat as leases do: a killed process's go stale after the lease TTL.
+	beat, stop := context.WithCancel(context.Background())
+	s.stopBeat = stop
+	go func() {
+		defer close(s.beatDone)
+		s.budgets.Run(beat, d.Config.Holds.HeartbeatInterval, d.Log)
+	}()
 	return s
 }
 
@@ -182,6 +195,16 @@ func (s *Server) CutCalls() { s.shuttingDown.Store(true) }
 // 503 billing_unavailable.
 func (s *Server) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, s.cfg.Limits.AdmitTimeout)
+}
+
+// Close stops the server's background work: the beat of run budget reservations, the key
+// lookup and the batch writer (after committing what is queued) and the session cancel bus. Call it after WaitSettlements at shutdown.
+func (s *Server) Close() error {
+	s.stopBeat()
+	<-s.beatDone
+	s.writer.Close()
+	s.auth.lookups.Close()
+	return s.cancels.close()
 }
 
 // WaitSettlements blocks until every deferred settlement started so far has finished, or ctx

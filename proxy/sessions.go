@@ -205,14 +205,6 @@ func (b *cancelBus) close() error {
 	return b.ps.Close()
 }
 
-// Close stops the server's background work: the key lookup and the batch writer (after
-// committing what is queued) and the session cancel bus. Call it after WaitSettlements at shutdown.
-func (s *Server) Close() error {
-	s.writer.Close()
-	s.auth.lookups.Close()
-	return s.cancels.close()
-}
-
 // endSessionCall marks a session's call whose answer is final, before that answer's end
 // reaches the caller (claimSession reads the mark). Safe to call more than once.
 func (s *Server) endSessionCall(ctx context.Context, c *call) {
