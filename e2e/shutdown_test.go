@@ -1,7 +1,13 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -76,5 +82,366 @@ func TestSigtermSettlesEverything(t *testing.T) {
 	}
 	if settled != len(short)+len(long) {
 		t.Errorf("%d runs settled, want %d", settled, len(short)+len(long))
+	}
+}
+
+// TestSigtermNamedRunCallsInFlight: SIGTERM while calls of a named run are in flight. Calls of
+// a named run never settle on their own (DESIGN §4): the one that ends inside the drain and
+// the one cut at the deadline must each leave their usage in the run's tally and on its row,
+// give back their budget reservation and lease, and leave the run open. A later process's
+// reconciler then charges the run exactly what its three calls tallied — not its hold, and
+// not the completed call alone.
+func TestSigtermNamedRunCallsInFlight(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("term-run", 10, nil)
+	g := w.startGateway("gw-term-run")
+	run := map[string]string{"X-Run-Id": "agent-term"}
+
+	runID, use0 := completeCall(t, g, key, chatBody(false, 40, "step 0"), with(run, "X-Fake-Chunks", "30"))
+	short := startStream(t, g, key, 20, 50*time.Millisecond, run)
+	long := startStream(t, g, key, 10_000, 20*time.Millisecond, run)
+	// A plain call cut beside them settles itself as before.
+	plain := startStream(t, g, key, 10_000, 20*time.Millisecond, nil)
+	if short.runID != runID || long.runID != runID {
+		t.Fatalf("calls of the run ran as %s and %s, want %s", short.runID, long.runID, runID)
+	}
+	g.signal(t, syscall.SIGTERM)
+	if err := g.wait(t, testShutdownDrain+15*time.Second); err != nil {
+		t.Errorf("gateway exit after SIGTERM: %v, want status 0", err)
+	}
+	for _, s := range []*stream{short, long, plain} {
+		<-s.done
+	}
+	if short.chunks < 20 || short.err != nil {
+		t.Errorf("the run's short call: client read %d events (err %v), want all 20", short.chunks, short.err)
+	}
+
+	ctx := context.Background()
+	r := w.hold(runID)
+	if r.State != holds.StateRunning {
+		t.Fatalf("named run after SIGTERM: %s by %q, want it left open (running)", r.State, r.SettleSource.String)
+	}
+	tl, found, err := w.tally.Get(ctx, runID)
+	if err != nil || !found {
+		t.Fatalf("tally of the run after SIGTERM: found %v err %v", found, err)
+	}
+	if tl.Calls != 3 || tl.CostMicro <= w.price.Cost(use0) {
+		t.Errorf("tally after SIGTERM: %d calls costing %d, want 3 calls costing more than the first alone (%d)",
+			tl.Calls, tl.CostMicro, w.price.Cost(use0))
+	}
+	if rc, rcost, rcalls, _ := r.Recorded(); rcalls != tl.Calls || rcost != tl.CostMicro || rc != tl.Usage {
+		t.Errorf("run row records %d calls costing %d (%+v), the tally %d costing %d (%+v): want the same",
+			rcalls, rcost, rc, tl.Calls, tl.CostMicro, tl.Usage)
+	}
+	if res := w.reservations(runID); len(res) != 0 {
+		t.Errorf("budget reservations left after a graceful shutdown: %v", res)
+	}
+	if l := w.leaseKeys(); len(l) != 0 {
+		t.Errorf("leases left after a graceful shutdown: %v", l)
+	}
+	if p := w.hold(plain.runID); p.State != holds.StateSettled || p.SettleSource.String != holds.SourceShutdown {
+		t.Errorf("plain call cut at the deadline: %s by %q, want settled by shutdown", p.State, p.SettleSource.String)
+	}
+
+	// Another process reconciles the run once it expires: from the tally, all three calls.
+	w.startGateway("gw-after")
+	waitFor(t, 30*time.Second, "the run to be reconciled", func() bool { return w.hold(runID).State == holds.StateSettled })
+	r = w.hold(runID)
+	if r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != tl.CostMicro || r.Calls != int(tl.Calls) {
+		t.Errorf("run reconciled by %q: charged %d for %d calls, want by reconcile: %d for %d calls",
+			r.SettleSource.String, r.ChargedMicro, r.Calls, tl.CostMicro, tl.Calls)
+	}
+	t.Logf("run %s: 3 calls (one cut at the deadline) charged %d µUSD (held %d); first call alone %d",
+		runID, r.ChargedMicro, r.HeldMicro, w.price.Cost(use0))
+	if got, want := w.usedToday(u.ID), r.ChargedMicro+w.hold(plain.runID).ChargedMicro; got != want {
+		t.Errorf("day ledger %d, want the two settled charges %d", got, want)
+	}
+}
+
+// TestSigtermWaitsForQueuedSettlements: SIGTERM while the settlements of answered calls wait
+// in the batch writer behind a user lock (a slow money transaction). The drain must wait for
+// them: once the lock goes, within settle_timeout, every call is settled by the process itself,
+// exactly once, at what it used.
+func TestSigtermWaitsForQueuedSettlements(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("term-queued", 10, nil)
+	g := w.startGateway("gw-term-queued")
+	var calls []*stream
+	for range 4 {
+		calls = append(calls, startStream(t, g, key, 20, 50*time.Millisecond, nil))
+	}
+	release := w.lockUser(u.ID) // the calls are admitted; their settlements will wait
+	g.signal(t, syscall.SIGTERM)
+	for _, s := range calls {
+		<-s.done
+		if s.chunks < 20 || s.err != nil {
+			t.Errorf("call %s: client read %d events (err %v), want all 20", s.runID, s.chunks, s.err)
+		}
+	}
+	// The answers are out; their settlements are stuck. The process must still be waiting.
+	time.Sleep(2 * time.Second)
+	select {
+	case <-g.done:
+		t.Fatalf("gateway exited (%v) with its settlements still waiting on a lock", g.err)
+	default:
+	}
+	if n := w.liveHolds(); n != len(calls) {
+		t.Fatalf("%d live holds while the lock is held, want %d", n, len(calls))
+	}
+	release()
+	if err := g.wait(t, 20*time.Second); err != nil {
+		t.Errorf("gateway exit: %v, want status 0", err)
+	}
+	var total int64
+	for _, s := range calls {
+		r := w.hold(s.runID)
+		if r.State != holds.StateSettled || r.SettleSource.String != holds.SourceComplete || r.Estimated || r.ChargedMicro <= 0 {
+			t.Errorf("call %s: %s by %q, charged %d (estimated %v); want settled complete at its reported usage",
+				s.runID, r.State, r.SettleSource.String, r.ChargedMicro, r.Estimated)
+		}
+		total += r.ChargedMicro
+	}
+	if got := w.usedToday(u.ID); got != total {
+		t.Errorf("day ledger %d, want %d", got, total)
+	}
+}
+
+// TestSigtermSettlementsOutlastingTheDrain: as above, but the lock outlives settle_timeout.
+// The process must not wait for ever: it gives up within the drain plus settle_timeout plus its
+// 5 s, leaves the holds live for the reconciler and drops their leases. Each call's tally is
+// what it used, so another process's reconciler charges each call that — not its hold.
+func TestSigtermSettlementsOutlastingTheDrain(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("term-stuck", 10, nil)
+	g := w.startGateway("gw-term-stuck")
+	var calls []*stream
+	for range 3 {
+		calls = append(calls, startStream(t, g, key, 20, 50*time.Millisecond, nil))
+	}
+	release := w.lockUser(u.ID)
+	sent := time.Now()
+	g.signal(t, syscall.SIGTERM)
+	const settleTimeout = 10 * time.Second // the world's limits.settle_timeout
+	if err := g.wait(t, testShutdownDrain+settleTimeout+5*time.Second+10*time.Second); err != nil {
+		t.Errorf("gateway exit: %v, want status 0", err)
+	}
+	took := time.Since(sent)
+	t.Logf("MEASURED: exit %v after SIGTERM with every settlement stuck (drain %v, settle_timeout %v)",
+		took.Round(time.Millisecond), testShutdownDrain, settleTimeout)
+	if took > testShutdownDrain+settleTimeout+5*time.Second+2*time.Second {
+		t.Errorf("exit took %v, want within drain + settle_timeout + 5 s (+2 s slack)", took)
+	}
+	if n := w.liveHolds(); n != len(calls) {
+		t.Fatalf("%d live holds after the process gave up, want %d left for the reconciler", n, len(calls))
+	}
+	if l := w.leaseKeys(); len(l) != 0 {
+		t.Errorf("leases left by a process that gave up its settlements: %v", l)
+	}
+	tallies := map[string]int64{}
+	for _, s := range calls {
+		tl, found, err := w.tally.Get(context.Background(), s.runID)
+		if err != nil || !found || tl.Calls != 1 || tl.CostMicro <= 0 {
+			t.Fatalf("tally of %s: %+v found %v err %v; want the call's usage", s.runID, tl, found, err)
+		}
+		tallies[s.runID] = tl.CostMicro
+	}
+	release()
+	w.startGateway("gw-reconciler")
+	waitFor(t, 30*time.Second, "the reconciler to settle every hold", func() bool { return w.liveHolds() == 0 })
+	var total int64
+	for id, cost := range tallies {
+		r := w.hold(id)
+		if r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != cost {
+			t.Errorf("call %s: settled by %q charged %d, want by reconcile at its tally %d (held %d)",
+				id, r.SettleSource.String, r.ChargedMicro, cost, r.HeldMicro)
+		}
+		total += r.ChargedMicro
+	}
+	if got := w.usedToday(u.ID); got != total {
+		t.Errorf("day ledger %d, want %d", got, total)
+	}
+}
+
+// TestSigtermStuckUpstream: SIGTERM while calls wait on an upstream that has stopped
+// answering — one that never sends its headers, one that stalls mid-stream. The drain cannot
+// wait for them: at its deadline they are cut, the process exits promptly, and each is charged
+// what it used (the prompt's estimate; plus the streamed part for the stalled stream), settled
+// as "shutdown" by the process itself.
+func TestSigtermStuckUpstream(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("term-upstream", 10, nil)
+	g := w.startGateway("gw-term-upstream")
+	noHeaders := sendAsync(context.Background(), g, key, chatBody(false, 50, "never answered"),
+		map[string]string{"X-Fake-Latency": "1h"})
+	noHeadersStream := sendAsync(context.Background(), g, key, chatBody(true, 50, "never answered either"),
+		map[string]string{"X-Fake-Latency": "1h"})
+	stalled := startStream(t, g, key, 5, time.Hour, nil) // one event, then nothing
+	waitFor(t, 10*time.Second, "three calls in flight", func() bool { return w.liveHolds() == 3 })
+	waitFor(t, 10*time.Second, "the three calls sent upstream", func() bool {
+		return strings.Contains(scrape(t, g), `tollgate_call_phase_seconds_count{phase="checks"} 3`)
+	})
+
+	sent := time.Now()
+	g.signal(t, syscall.SIGTERM)
+	if err := g.wait(t, testShutdownDrain+15*time.Second); err != nil {
+		t.Errorf("gateway exit: %v, want status 0", err)
+	}
+	took := time.Since(sent)
+	t.Logf("MEASURED: exit %v after SIGTERM with three calls on a silent upstream (drain %v)", took.Round(time.Millisecond), testShutdownDrain)
+	if took > testShutdownDrain+3*time.Second {
+		t.Errorf("exit took %v, want the drain deadline %v and little more", took, testShutdownDrain)
+	}
+	for _, ch := range []<-chan reply{noHeaders, noHeadersStream} {
+		rp := <-ch
+		t.Logf("silent call's client: status %d err %v body %.120s", rp.status, rp.err, rp.body)
+	}
+	<-stalled.done
+	if n := w.liveHolds(); n != 0 {
+		t.Fatalf("%d holds left live", n)
+	}
+	var ids []string
+	if err := w.db.Select(&ids, "SELECT run_id FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, id := range ids {
+		r := w.hold(id)
+		total += r.ChargedMicro
+		if r.SettleSource.String != holds.SourceShutdown || r.ChargedMicro <= 0 || r.ChargedMicro >= r.HeldMicro {
+			t.Errorf("run %s: settled by %q charged %d (held %d, out %d); want shutdown at its estimate",
+				id, r.SettleSource.String, r.ChargedMicro, r.HeldMicro, r.OutTok)
+		}
+	}
+	if got := w.usedToday(u.ID); got != total {
+		t.Errorf("day ledger %d, want %d", got, total)
+	}
+}
+
+// TestSigtermFrozenDatabase: SIGTERM while MariaDB stops answering (the connection stays up;
+// no reply comes). Two cases: frozen before the settlements reach it, and frozen just after a
+// settlement's COMMIT went out. Either way the process must exit within a stated bound — the
+// drain plus settle_timeout plus the 5 s serve allows itself — and every hold must end up
+// charged once, by the process or, failing that, by a reconciler from the tally.
+func TestSigtermFrozenDatabase(t *testing.T) {
+	const settleTimeout = 10 * time.Second // the world's limits.settle_timeout
+	bound := testShutdownDrain + settleTimeout + 5*time.Second
+	for _, tc := range []struct {
+		name        string
+		afterCommit bool
+		calls       int
+	}{
+		{"before-settlement", false, 3},
+		// More calls than the writer has workers (4): the settlements that find every worker
+		// busy wait for one, and the writer's Close waits for them in turn.
+		{"before-settlement-8-calls", false, 8},
+		{"after-commit-sent", true, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			u, key := w.user("term-frozen", 10, nil)
+			f := newFreezer(t, w.mysqlAddr())
+			g := w.startGatewayWith("gw-frozen", w.config, "MYSQL_DSN="+w.dsnVia(f))
+			var calls []*stream
+			for i := range tc.calls {
+				// Ends 100 ms apart: each settlement reaches the writer on its own.
+				calls = append(calls, startStream(t, g, key, 20+5*i, 20*time.Millisecond, nil))
+			}
+			var fired <-chan struct{}
+			if tc.afterCommit {
+				fired = f.freezeAfter("COMMIT")
+			} else {
+				f.freeze()
+			}
+			sent := time.Now()
+			g.signal(t, syscall.SIGTERM)
+			if err := g.wait(t, bound+60*time.Second); err != nil {
+				t.Errorf("gateway exit: %v, want status 0", err)
+			}
+			took := time.Since(sent)
+			if fired != nil {
+				select {
+				case <-fired:
+				default:
+					t.Fatal("no COMMIT went out to freeze after")
+				}
+			}
+			t.Logf("MEASURED: exit %v after SIGTERM with MariaDB frozen %s (bound %v)", took.Round(time.Millisecond), tc.name, bound)
+			if took > bound+2*time.Second {
+				t.Errorf("exit took %v, want within drain + settle_timeout + 5 s = %v (+2 s slack)", took, bound)
+			}
+			f.thaw()
+			for _, s := range calls {
+				<-s.done
+			}
+			if w.liveHolds() > 0 {
+				w.startGateway("gw-reconciler")
+				waitFor(t, 30*time.Second, "the reconciler to settle every hold", func() bool { return w.liveHolds() == 0 })
+			}
+			var total int64
+			for _, s := range calls {
+				r := w.hold(s.runID)
+				total += r.ChargedMicro
+				tl, _, _ := w.tally.Get(context.Background(), s.runID)
+				if r.SettleSource.String == holds.SourceReconcileHold || r.ChargedMicro != tl.CostMicro || r.ChargedMicro <= 0 {
+					t.Errorf("call %s: settled by %q charged %d, want what it used (tally %d)", s.runID, r.SettleSource.String, r.ChargedMicro, tl.CostMicro)
+				}
+				t.Logf("call %s: settled by %q charged %d", s.runID, r.SettleSource.String, r.ChargedMicro)
+			}
+			if got := w.usedToday(u.ID); got != total {
+				t.Errorf("day ledger %d, want %d", got, total)
+			}
+		})
+	}
+}
+
+// TestSigtermCallArrivingDuringDrain: a client that connected before SIGTERM sends its request
+// during the drain (net/http keeps such a fresh connection open and serves it). The call is
+// admitted while shutdown is under way: it must be answered and settled by the process before
+// it exits, or refused with nothing held — never left live.
+func TestSigtermCallArrivingDuringDrain(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("term-late", 10, nil)
+	g := w.startGateway("gw-term-late")
+	keep := startStream(t, g, key, 10_000, 20*time.Millisecond, nil) // keeps the drain going
+	conn, err := net.Dial("tcp", strings.TrimPrefix(g.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	g.signal(t, syscall.SIGTERM)
+	time.Sleep(300 * time.Millisecond) // inside the 2 s drain
+	body := chatBody(false, 30, "arrived during the drain")
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nX-Fake-Chunks: 20\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
+	if _, err := conn.Write([]byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	status := 0
+	if err == nil {
+		status = resp.StatusCode
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	t.Logf("request sent during the drain: status %d err %v", status, err)
+	if err := g.wait(t, testShutdownDrain+15*time.Second); err != nil {
+		t.Errorf("gateway exit: %v, want status 0", err)
+	}
+	<-keep.done
+	if n := w.liveHolds(); n != 0 {
+		t.Errorf("%d holds left live", n)
+	}
+	var n int
+	if err := w.db.Get(&n, "SELECT COUNT(*) FROM run_holds WHERE user_id = ? AND settle_source = ?", u.ID, holds.SourceComplete); err != nil {
+		t.Fatal(err)
+	}
+	var all int
+	if err := w.db.Get(&all, "SELECT COUNT(*) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case status == http.StatusOK && n != 1:
+		t.Errorf("the late call was answered 200, but %d runs settled complete, want 1", n)
+	case status != http.StatusOK && all != 1:
+		t.Errorf("the late call was refused (%d), but %d holds exist, want only the stream's", status, all)
 	}
 }

@@ -110,8 +110,19 @@ func serve(ctx context.Context, args []string) error {
 	if err := srv.WaitSettlements(wctx); err != nil && !errors.Is(err, context.Canceled) {
 		e.log.Error("settlements still pending at exit; the reconciler will settle them", zap.Error(err))
 	}
-	if err := srv.Close(); err != nil {
-		e.log.Warn("closing the cancel subscription", zap.Error(err))
+	// Close waits for the batch writer's last transactions. A database that stopped answering
+	// would hold it past any bound (a batch's COMMIT, once sent, is waited for; batches still
+	// queued each get their own settle_timeout): the exit keeps the same bound as above, and
+	// what is left unsettled the reconciler settles from the tally.
+	closed := make(chan error, 1)
+	go func() { closed <- srv.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			e.log.Warn("closing the cancel subscription", zap.Error(err))
+		}
+	case <-wctx.Done():
+		e.log.Error("batch writer still busy at exit; the reconciler will settle what it held")
 	}
 	e.log.Info("gateway stopped")
 	return nil
