@@ -351,6 +351,7 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	if c.outcome == outcomeDuplicate {
 		// Released in the request itself: when the caller reads its 409, the hold is gone.
 		s.settlements.Add(1)
+		defer s.settlements.Done()
 		s.tallyCall(ctx, c, st)
 		s.settle(ctx, c, st)
 		return
@@ -383,6 +384,8 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	// does not matter to the reconciler.
 	s.settlements.Add(1)
 	work := func() {
+		// Done once the tally is written too: shutdown closes Redis when this is done.
+		defer s.settlements.Done()
 		tallied := make(chan struct{})
 		go func() {
 			defer close(tallied)
@@ -552,7 +555,6 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 // A settlement that gives up leaves the hold to expire and the reconciler to settle it from
 // the tally.
 func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
-	defer s.settlements.Done()
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
 	// Settled or not, the call is over: without its lease, a run whose settlement failed is

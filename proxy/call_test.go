@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -755,7 +756,8 @@ func TestCallThatUsedNothingLeavesZeroTally(t *testing.T) {
 // its tally, not after it. With the tally's write held back before it reaches Redis, the call
 // still settles at its cost. (Waiting for the tally's round trip first made a settlement miss
 // the caller's next admission and cost a commit and a lock wait of its own; here the held
-// write would keep the call unsettled until the gate opens.)
+// write would keep the call unsettled until the gate opens.) Shutdown still waits for the
+// tally, which it would otherwise cut off by closing Redis.
 func TestSettlementDoesNotWaitForTally(t *testing.T) {
 	gate := newWriteGate("hincrby") // go-redis sends command names in lower case
 	h := newHarnessOn(t, harnessSetup{tallyDialer: gate.dial}, nil)
@@ -777,7 +779,16 @@ func TestSettlementDoesNotWaitForTally(t *testing.T) {
 	if gate.held() != 1 {
 		t.Fatalf("tally writes held at the gate: %d, want the call's one still held when it settled", gate.held())
 	}
+	// Shutdown waits for the tally too: it closes Redis once the settlements are done.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := h.srv.WaitSettlements(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("WaitSettlements with the call's tally still on its way: %v, want it to wait", err)
+	}
 	gate.open()
+	if err := h.srv.WaitSettlements(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	r := h.run(u.ID, runID)
 	if want := fakeGPTCost(r.InTok, r.OutTok); r.ChargedMicro != want || want == 0 || r.SettleSource.String != holds.SourceComplete {
 		t.Fatalf("run %+v: want charged %d, source complete", r, want)
