@@ -212,56 +212,79 @@ func (h *handler) patchUser(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// A field absent leaves it; null on an override drops it, so the plan's figure applies.
 	var req struct {
-		Plan        *string      `json:"plan"`
-		Allowance   *json.Number `json:"allowance"` // credits per UTC day
-		MaxInFlight *int         `json:"max_in_flight"`
-		DiscountBP  *int         `json:"discount_bp"`
+		Plan        *string         `json:"plan"`
+		Allowance   json.RawMessage `json:"allowance"` // credits per UTC day
+		MaxInFlight json.RawMessage `json:"max_in_flight"`
+		DiscountBP  json.RawMessage `json:"discount_bp"`
 	}
 	if !readJSON(w, r, &req) {
 		return
 	}
-	var allowance *int64
-	if req.Allowance != nil {
-		m, err := pricing.ParseCredits(req.Allowance.String(), h.views.CreditMicro)
-		if err != nil || m < 0 {
-			writeError(w, badRequest("invalid_allowance", "allowance must be a non-negative decimal number of credits"))
-			return
-		}
-		allowance = &m
-	}
-	if req.MaxInFlight != nil && (*req.MaxInFlight < 1 || *req.MaxInFlight > 10_000) {
-		writeError(w, badRequest("invalid_max_in_flight", "max_in_flight must be 1-10000 (disable the user to stop all calls)"))
-		return
-	}
-	if req.DiscountBP != nil && (*req.DiscountBP < 0 || *req.DiscountBP > 10_000) {
-		writeError(w, badRequest("invalid_discount", "discount_bp must be 0-10000 basis points"))
-		return
-	}
+	var c holds.UserChange
 	if req.Plan != nil {
 		if !h.store.HasPlan(*req.Plan) {
 			writeError(w, badRequest("unknown_plan", fmt.Sprintf("unknown plan %q; configured: %s", *req.Plan, strings.Join(h.store.PlanNames(), ", "))))
 			return
 		}
-		if err := h.store.SetPlan(r.Context(), d.ID, *req.Plan); err != nil {
-			h.fail(w, r, err)
-			return
-		}
+		c.Plan = *req.Plan
 	}
-	if allowance != nil || req.MaxInFlight != nil || req.DiscountBP != nil {
-		if err := h.store.SetUserLimits(r.Context(), d.ID, allowance, req.MaxInFlight, req.DiscountBP); err != nil {
-			h.fail(w, r, err)
-			return
-		}
+	if c.Allowance, ok = override(w, req.Allowance, "invalid_allowance", "allowance must be a non-negative decimal number of credits, or null",
+		func(raw string) (int64, bool) {
+			var n json.Number // a number, or a string holding one
+			if err := json.Unmarshal([]byte(raw), &n); err != nil {
+				return 0, false
+			}
+			m, err := pricing.ParseCredits(n.String(), h.views.CreditMicro)
+			return m, err == nil && m >= 0
+		}); !ok {
+		return
 	}
-	h.log.Info("admin: user changed", zap.String("user", d.Name), zap.Any("plan", req.Plan), zap.Any("allowance_micro", allowance),
-		zap.Any("max_in_flight", req.MaxInFlight), zap.Any("discount_bp", req.DiscountBP))
+	if c.MaxInFlight, ok = override(w, req.MaxInFlight, "invalid_max_in_flight", "max_in_flight must be 1-10000 (disable the user to stop all calls), or null",
+		intWithin(1, 10_000)); !ok {
+		return
+	}
+	if c.DiscountBP, ok = override(w, req.DiscountBP, "invalid_discount", "discount_bp must be 0-10000 basis points, or null",
+		intWithin(0, 10_000)); !ok {
+		return
+	}
+	if err := h.store.ChangeUser(r.Context(), d.ID, c); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.log.Info("admin: user changed", zap.String("user", d.Name), zap.Any("change", c))
 	d, err := h.store.UserDetail(r.Context(), d.Name)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, h.views.User(d))
+}
+
+// override reads one override of a PATCH: absent leaves it, null clears it, else parse must
+// accept its raw JSON text. It answers 400 itself when it does not.
+func override[T any](w http.ResponseWriter, raw json.RawMessage, code, msg string, parse func(string) (T, bool)) (holds.Override[T], bool) {
+	switch {
+	case raw == nil:
+		return holds.Override[T]{}, true
+	case string(raw) == "null":
+		return holds.Override[T]{Clear: true}, true
+	}
+	v, ok := parse(string(raw))
+	if !ok {
+		writeError(w, badRequest(code, msg))
+		return holds.Override[T]{}, false
+	}
+	return holds.SetTo(v), true
+}
+
+// intWithin parses a JSON integer in [lo, hi].
+func intWithin(lo, hi int) func(string) (int, bool) {
+	return func(raw string) (int, bool) {
+		n, err := strconv.Atoi(raw)
+		return n, err == nil && n >= lo && n <= hi
+	}
 }
 
 func (h *handler) disableUser(w http.ResponseWriter, r *http.Request) { h.setDisabled(w, r, true) }

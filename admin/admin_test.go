@@ -288,6 +288,19 @@ func TestAdminUsersKeysAndGrants(t *testing.T) {
 		t.Fatalf("patched %v", p)
 	}
 	f.admin("PATCH", "/admin/users/acme", map[string]any{"discount_bp": 10001}, http.StatusBadRequest)
+	// A change is all or nothing: a bad figure beside a good plan changes neither.
+	f.admin("PATCH", "/admin/users/acme", map[string]any{"plan": "standard", "max_in_flight": 0}, http.StatusBadRequest)
+	if d := f.admin("GET", "/admin/users/acme", nil, http.StatusOK); d["plan"] != "guest" {
+		t.Fatalf("plan changed by a refused PATCH: %v", d)
+	}
+	// null drops an override: the plan's figure applies again.
+	p = f.admin("PATCH", "/admin/users/acme", map[string]any{"allowance": nil}, http.StatusOK)
+	eff, _ = p["effective"].(map[string]any)
+	over, _ := p["overrides"].(map[string]any)
+	if eff["allowance"] != json.Number("100") || over["allowance"] != nil || eff["discount_bp"] != json.Number("500") {
+		t.Fatalf("after clearing the allowance override: %v (the guest plan's 100 should apply, the discount stay)", p)
+	}
+	f.admin("PATCH", "/admin/users/acme", map[string]any{"allowance": "150.5"}, http.StatusOK)
 	uid := uint64(mustInt(t, p["id"]))
 	h, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "r_1", UserID: uid, State: holds.StateRunning, TTL: time.Minute, Model: "m"})
 	if err != nil || h.DiscountBP != 500 {

@@ -229,24 +229,82 @@ func balanceTx(ctx context.Context, tx *sqlx.Tx, s *Store, userID uint64) (Balan
 		AvailableMicro: Available(plan.AllowanceMicro, row.UsedToday, row.PrepaidMicro, row.Held)}, nil
 }
 
-// SetUserLimits sets per-user overrides; nil leaves a field as it is. Used by tests and the
-// admin API.
-func (s *Store) SetUserLimits(ctx context.Context, userID uint64, allowanceMicro *int64, maxInFlight *int, discountBP *int) error {
-	_, err := s.db.ExecContext(ctx, `UPDATE users SET
-		allowance_micro = IF(?, ?, allowance_micro),
-		max_in_flight = IF(?, ?, max_in_flight),
-		discount_bp = IF(?, ?, discount_bp) WHERE id = ?`,
-		allowanceMicro != nil, deref(allowanceMicro), maxInFlight != nil, deref(maxInFlight),
-		discountBP != nil, deref(discountBP), userID)
+// Override is a change to one per-user override of a plan's figure.
+type Override[T any] struct {
+	Set   bool // set it to Value
+	Clear bool // drop it: the plan's figure applies again
+	Value T
+}
+
+// SetTo is an Override that sets v.
+func SetTo[T any](v T) Override[T] { return Override[T]{Set: true, Value: v} }
+
+// change is the override's state for ChangeUser's statement: 0 leave, 1 set, 2 clear.
+func (o Override[T]) change() int {
+	switch {
+	case o.Set:
+		return 1
+	case o.Clear:
+		return 2
+	}
+	return 0
+}
+
+// UserChange is what ChangeUser changes; the zero value changes nothing.
+type UserChange struct {
+	Plan        string // "" leaves the plan as it is
+	Allowance   Override[int64]
+	MaxInFlight Override[int]
+	DiscountBP  Override[int]
+}
+
+// ChangeUser changes a user's plan and overrides in one statement: all of them or none.
+// Admission reads them under the user lock, so a change applies from the next admission;
+// holds already taken keep the terms (hold, cap, discount) they were admitted with.
+func (s *Store) ChangeUser(ctx context.Context, userID uint64, c UserChange) error {
+	if c.Plan != "" && !s.HasPlan(c.Plan) {
+		return fmt.Errorf("change user %d: %w %q", userID, ErrUnknownPlan, c.Plan)
+	}
+	var changed int64
+	err := s.withRetry(ctx, "change user", func() error {
+		res, err := s.db.ExecContext(ctx, `UPDATE users SET
+			plan = IF(? = '', plan, ?),
+			allowance_micro = CASE ? WHEN 1 THEN ? WHEN 2 THEN NULL ELSE allowance_micro END,
+			max_in_flight = CASE ? WHEN 1 THEN ? WHEN 2 THEN NULL ELSE max_in_flight END,
+			discount_bp = CASE ? WHEN 1 THEN ? WHEN 2 THEN NULL ELSE discount_bp END
+			WHERE id = ?`,
+			c.Plan, c.Plan, c.Allowance.change(), c.Allowance.Value, c.MaxInFlight.change(), c.MaxInFlight.Value,
+			c.DiscountBP.change(), c.DiscountBP.Value, userID)
+		if err != nil {
+			return err
+		}
+		changed, err = res.RowsAffected()
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("set limits of user %d: %w", userID, err)
+		return fmt.Errorf("change user %d: %w", userID, err)
+	}
+	if changed == 0 {
+		// Also when nothing differed: tell that apart from no such user.
+		if err := s.userExists(ctx, userID); err != nil {
+			return fmt.Errorf("change user %d: %w", userID, err)
+		}
 	}
 	return nil
 }
 
-func deref[T any](p *T) any {
-	if p == nil {
-		return nil
+// SetUserLimits sets per-user overrides; nil leaves a field as it is (ChangeUser can also
+// clear one).
+func (s *Store) SetUserLimits(ctx context.Context, userID uint64, allowanceMicro *int64, maxInFlight *int, discountBP *int) error {
+	var c UserChange
+	if allowanceMicro != nil {
+		c.Allowance = SetTo(*allowanceMicro)
 	}
-	return *p
+	if maxInFlight != nil {
+		c.MaxInFlight = SetTo(*maxInFlight)
+	}
+	if discountBP != nil {
+		c.DiscountBP = SetTo(*discountBP)
+	}
+	return s.ChangeUser(ctx, userID, c)
 }

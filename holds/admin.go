@@ -172,29 +172,13 @@ func (s *Store) userExists(ctx context.Context, userID uint64) error {
 	return nil
 }
 
-// SetPlan moves a user to another plan. Admission reads the plan under the user lock, so the
-// change applies from the next admission; holds already taken keep the terms (hold, cap,
-// discount) they were admitted with.
+// SetPlan moves a user to another plan (ChangeUser).
 func (s *Store) SetPlan(ctx context.Context, userID uint64, plan string) error {
-	if !s.HasPlan(plan) {
-		return fmt.Errorf("set plan of user %d: %w %q", userID, ErrUnknownPlan, plan)
+	if plan == "" {
+		return fmt.Errorf("set plan of user %d: %w \"\"", userID, ErrUnknownPlan)
 	}
-	var changed int64
-	err := s.withRetry(ctx, "set plan", func() error {
-		res, err := s.db.ExecContext(ctx, "UPDATE users SET plan = ? WHERE id = ?", plan, userID)
-		if err != nil {
-			return err
-		}
-		changed, err = res.RowsAffected()
+	if err := s.ChangeUser(ctx, userID, UserChange{Plan: plan}); err != nil {
 		return err
-	})
-	if err != nil {
-		return fmt.Errorf("set plan of user %d: %w", userID, err)
-	}
-	if changed == 0 {
-		if err := s.userExists(ctx, userID); err != nil {
-			return fmt.Errorf("set plan of user %d: %w", userID, err)
-		}
 	}
 	s.log.Info("plan set", zap.Uint64("user_id", userID), zap.String("plan", plan))
 	return nil
