@@ -18,7 +18,8 @@ type Mismatch struct {
 // Audit checks the invariant every settlement preserves: for each user and UTC day, the day
 // ledger equals the sum of charged_micro of the holds settled that day, and its run_count the
 // number of those that charged anything; each charge's allowance and prepaid parts add up to
-// it; no live hold carries a charge. The tests end with it, the benchmark runs it after every
+// it; no live hold carries a charge; and each user's prepaid credits are what their grants
+// gave less the prepaid parts of their charges (grants and settlements are its only writers). The tests end with it, the benchmark runs it after every
 // scenario, and an operator can run it (`gateway audit`). It reads, never writes.
 func Audit(ctx context.Context, db *sqlx.DB) ([]Mismatch, error) {
 	var days []struct {
@@ -62,6 +63,27 @@ func Audit(ctx context.Context, db *sqlx.DB) ([]Mismatch, error) {
 	}
 	for _, r := range runs {
 		out = append(out, Mismatch{UserID: r.UserID, RunID: r.RunID, Detail: "charge parts do not add up, or a live hold carries a charge"})
+	}
+	var users []struct {
+		UserID  uint64 `db:"id"`
+		Prepaid int64  `db:"prepaid"`
+		Granted int64  `db:"granted"`
+		Spent   int64  `db:"spent"`
+	}
+	// One statement: one snapshot, so a settlement committing meanwhile is seen whole or not at all.
+	err = db.SelectContext(ctx, &users, `
+		SELECT u.id, u.prepaid_micro AS prepaid,
+		       COALESCE((SELECT SUM(amount_micro) FROM grants g WHERE g.user_id = u.id), 0) AS granted,
+		       COALESCE((SELECT SUM(prepaid_part_micro) FROM run_holds h WHERE h.user_id = u.id), 0) AS spent
+		FROM users u`)
+	if err != nil {
+		return nil, fmt.Errorf("audit prepaid credits: %w", err)
+	}
+	for _, u := range users {
+		if u.Prepaid != u.Granted-u.Spent {
+			out = append(out, Mismatch{UserID: u.UserID, Detail: fmt.Sprintf(
+				"prepaid %d µUSD, but grants gave %d and charges took %d", u.Prepaid, u.Granted, u.Spent)})
+		}
 	}
 	return out, nil
 }

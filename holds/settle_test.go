@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -251,6 +252,9 @@ func TestAuditFindsABrokenLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, _, err := st.Grant(ctx, holds.GrantRequest{UserID: u.ID, AmountMicro: 1_000, IdempotencyKey: "g1"}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := st.Admit(ctx, holds.AdmitRequest{RunID: "r_audit", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +271,22 @@ func TestAuditFindsABrokenLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	bad, err := holds.Audit(ctx, db)
-	if err != nil || len(bad) != 2 || bad[0].UserID != u.ID || bad[1].RunID != "r_audit" {
+	if err != nil || len(bad) != 3 || bad[0].UserID != u.ID || bad[1].RunID != "r_audit" ||
+		bad[2].UserID != u.ID || !strings.Contains(bad[2].Detail, "prepaid") {
 		t.Fatalf("broken books: %+v %v", bad, err)
+	}
+	// Prepaid credits that neither a grant nor a charge explains.
+	if _, err := db.Exec("UPDATE run_holds SET prepaid_part_micro = 0 WHERE run_id = 'r_audit'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("UPDATE usage_days SET used_micro = used_micro - 1 WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("UPDATE users SET prepaid_micro = prepaid_micro + 1 WHERE id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	bad, err = holds.Audit(ctx, db)
+	if err != nil || len(bad) != 1 || bad[0].UserID != u.ID || !strings.Contains(bad[0].Detail, "prepaid") {
+		t.Fatalf("prepaid credits out of thin air: %+v %v", bad, err)
 	}
 }
