@@ -194,20 +194,7 @@ func TestKillAfterTallyBeforeSettle(t *testing.T) {
 	if n := w.liveHolds(); n != len(calls) {
 		t.Fatalf("%d live holds after the kill, want %d (no settlement committed)", n, len(calls))
 	}
-	w.startGateway("gw-b")
-	waitFor(t, 30*time.Second, "the reconciler to settle every hold", func() bool { return w.liveHolds() == 0 })
-	var total int64
-	for id, cost := range tallies {
-		r := w.hold(id)
-		if r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != cost || cost <= 0 {
-			t.Errorf("call %s: settled by %q charged %d, want by reconcile at its tally %d (held %d)",
-				id, r.SettleSource.String, r.ChargedMicro, cost, r.HeldMicro)
-		}
-		total += r.ChargedMicro
-	}
-	if got := w.usedToday(u.ID); got != total {
-		t.Errorf("day ledger %d, want %d", got, total)
-	}
+	w.reconcileAtTally(t, u.ID, tallies)
 }
 
 // TestKillMidRunCallThenContinue: a named run's call is SIGKILLed mid-stream; the agent comes

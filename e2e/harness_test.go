@@ -314,20 +314,25 @@ func chatBody(stream bool, maxTokens int, content string) []byte {
 // caller closes its body.
 func post(t *testing.T, ctx context.Context, g *gateway, key string, body []byte, hdr map[string]string) *http.Response {
 	t.Helper()
+	resp, err := do(ctx, g, key, body, hdr)
+	if err != nil {
+		t.Fatalf("POST to %s: %v", g.name, err)
+	}
+	return resp
+}
+
+// do sends a chat completion to g as the holder of key.
+func do(ctx context.Context, g *gateway, key string, body []byte, hdr map[string]string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("POST to %s: %v", g.name, err)
-	}
-	return resp
+	return http.DefaultClient.Do(req)
 }
 
 // completeCall makes a non-streamed call that must succeed, and returns its run id and the
@@ -525,17 +530,7 @@ type reply struct {
 func sendAsync(ctx context.Context, g *gateway, key string, body []byte, hdr map[string]string) <-chan reply {
 	out := make(chan reply, 1)
 	go func() {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, g.url+"/v1/chat/completions", bytes.NewReader(body))
-		if err != nil {
-			out <- reply{err: err}
-			return
-		}
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("Content-Type", "application/json")
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := do(ctx, g, key, body, hdr)
 		if err != nil {
 			out <- reply{err: err}
 			return
@@ -676,4 +671,25 @@ func (w *world) mysqlAddr() string {
 		w.t.Fatal(err)
 	}
 	return cfg.Addr
+}
+
+// reconcileAtTally starts a gateway whose reconciler settles every live hold, and asserts that
+// each run of tallies was settled at its tally (run id -> cost, each above 0) and that the
+// user's day ledger is their sum.
+func (w *world) reconcileAtTally(t *testing.T, userID uint64, tallies map[string]int64) {
+	t.Helper()
+	w.startGateway("gw-reconciler")
+	waitFor(t, 30*time.Second, "the reconciler to settle every hold", func() bool { return w.liveHolds() == 0 })
+	var total int64
+	for id, cost := range tallies {
+		r := w.hold(id)
+		if r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != cost || cost <= 0 {
+			t.Errorf("call %s: settled by %q charged %d, want by reconcile at its tally %d (held %d)",
+				id, r.SettleSource.String, r.ChargedMicro, cost, r.HeldMicro)
+		}
+		total += r.ChargedMicro
+	}
+	if got := w.usedToday(userID); got != total {
+		t.Errorf("day ledger %d, want %d", got, total)
+	}
 }

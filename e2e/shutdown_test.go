@@ -246,20 +246,7 @@ func TestSigtermSettlementsOutlastingTheDrain(t *testing.T) {
 		tallies[s.runID] = tl.CostMicro
 	}
 	release()
-	w.startGateway("gw-reconciler")
-	waitFor(t, 30*time.Second, "the reconciler to settle every hold", func() bool { return w.liveHolds() == 0 })
-	var total int64
-	for id, cost := range tallies {
-		r := w.hold(id)
-		if r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != cost {
-			t.Errorf("call %s: settled by %q charged %d, want by reconcile at its tally %d (held %d)",
-				id, r.SettleSource.String, r.ChargedMicro, cost, r.HeldMicro)
-		}
-		total += r.ChargedMicro
-	}
-	if got := w.usedToday(u.ID); got != total {
-		t.Errorf("day ledger %d, want %d", got, total)
-	}
+	w.reconcileAtTally(t, u.ID, tallies)
 }
 
 // TestSigtermStuckUpstream: SIGTERM while calls wait on an upstream that has stopped

@@ -35,16 +35,20 @@ func NewLeases(rdb redis.UniversalClient, keys Keys, instance string, ttl, inter
 }
 
 // Run refreshes leases until ctx ends.
-func (l *Leases) Run(ctx context.Context) {
-	tick := time.NewTicker(l.interval)
+func (l *Leases) Run(ctx context.Context) { heartbeat(ctx, l.interval, "lease", l.Refresh, l.log) }
+
+// heartbeat calls refresh every interval until ctx ends; a failed beat is logged, and the
+// next one tries again.
+func heartbeat(ctx context.Context, interval time.Duration, what string, refresh func(context.Context) error, log *zap.Logger) {
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			if err := l.Refresh(ctx); err != nil {
-				l.log.Warn("lease heartbeat failed", zap.Error(err))
+			if err := refresh(ctx); err != nil {
+				log.Warn("heartbeat failed", zap.String("of", what), zap.Error(err))
 			}
 		}
 	}

@@ -216,18 +216,7 @@ func (b *RunBudget) Run(ctx context.Context, interval time.Duration, log *zap.Lo
 	if interval <= 0 || interval >= b.staleAfter {
 		panic(fmt.Sprintf("metering: run budget beat %v must be in (0, staleAfter %v)", interval, b.staleAfter))
 	}
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			if err := b.Refresh(ctx); err != nil {
-				log.Warn("run budget heartbeat failed", zap.Error(err))
-			}
-		}
-	}
+	heartbeat(ctx, interval, "run budget reservations", b.Refresh, log)
 }
 
 // touchScript: KEYS budget hash; ARGV call id, max call ms. Stamps the call's reservation with

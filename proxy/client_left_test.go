@@ -44,16 +44,9 @@ func TestSessionCallLeavingMidClaimStillStopsTheOldOne(t *testing.T) {
 	t.Cleanup(func() { plain.Close() })
 
 	// A: a long stream in session s.
-	req, _ := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/chat/completions",
-		strings.NewReader(`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("X-Session-Id", "s")
-	req.Header.Set(fakellm.HeaderChunks, "2000")
-	req.Header.Set(fakellm.HeaderChunkInterval, "5ms")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := h.post(key, "/v1/chat/completions",
+		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
+		map[string]string{"X-Session-Id": "s", fakellm.HeaderChunks: "2000", fakellm.HeaderChunkInterval: "5ms"})
 	defer resp.Body.Close()
 	oldRun := resp.Header.Get(proxy.RunIDHeader)
 	rd := bufio.NewReader(resp.Body)
@@ -85,11 +78,7 @@ func TestSessionCallLeavingMidClaimStillStopsTheOldOne(t *testing.T) {
 		}
 		bdone <- err
 	}()
-	waitFor(t, "B's claim waiting on the session row", func() bool {
-		var n int
-		err := plain.Get(&n, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%INSERT INTO sessions%' AND ID <> CONNECTION_ID()")
-		return err == nil && n > 0
-	})
+	waitForStatement(t, plain, "INSERT INTO sessions")
 	lossy.Arm("COMMIT", testenv.LateReply)
 	if err := lock.Commit(); err != nil {
 		t.Fatal(err)
@@ -142,31 +131,9 @@ func TestSessionCallLeavingDuringClaimIsClientClosed(t *testing.T) {
 	if err := lock.Get(&sid, "SELECT session_id FROM sessions WHERE user_id = ? FOR UPDATE", u.ID); err != nil {
 		t.Fatal(err)
 	}
-	ctx, leave := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions",
-		strings.NewReader(`{"model":"fake-gpt","messages":[{"role":"user","content":"a second message"}]}`))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("X-Session-Id", "s")
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	waitFor(t, "the second message's claim waiting on the session row", func() bool {
-		var n int
-		err := h.db.Get(&n, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%INSERT INTO sessions%' AND ID <> CONNECTION_ID()")
-		return err == nil && n > 0
-	})
-	leave()
-	<-done
-	waitFor(t, "the second message to be counted", func() bool {
-		return h.metric(`tollgate_requests_total{code="499",route="/v1/chat/completions"}`) == "1"
-	})
-	if got := h.metric(`tollgate_requests_total{code="503",route="/v1/chat/completions"}`); got != "" {
-		t.Errorf("a caller that left was counted as %s answers of 503 billing_unavailable", got)
-	}
+	sendThenLeave(t, h, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"a second message"}]}`,
+		map[string]string{"X-Session-Id": "s"}, "INSERT INTO sessions")
+	expectClientClosed(t, h)
 	if err := lock.Rollback(); err != nil {
 		t.Fatal(err)
 	}
@@ -189,10 +156,25 @@ func TestRunCallLeavingDuringAdmissionIsClientClosed(t *testing.T) {
 	if err := lock.Get(&id, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
 		t.Fatal(err)
 	}
+	sendThenLeave(t, h, key, chatBody, map[string]string{"X-Run-Id": "job-1"}, "FROM users WHERE id IN%FOR UPDATE")
+	if err := lock.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	expectClientClosed(t, h)
+}
+
+// sendThenLeave sends a request and leaves (cancels it) once a statement like stmt (a LIKE
+// pattern) runs on another connection of the database: the request waits on a lock the test
+// holds. It returns when the client has given up.
+func sendThenLeave(t *testing.T, h *harness, key, body string, hdr map[string]string, stmt string) {
+	t.Helper()
 	ctx, leave := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+	defer leave()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set("X-Run-Id", "job-1")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -200,16 +182,26 @@ func TestRunCallLeavingDuringAdmissionIsClientClosed(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	waitFor(t, "the admission waiting on the user's row", func() bool {
-		var n int
-		err := h.db.Get(&n, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%FROM users WHERE id IN%FOR UPDATE%' AND ID <> CONNECTION_ID()")
-		return err == nil && n > 0
-	})
+	waitForStatement(t, h.db, stmt)
 	leave()
 	<-done
-	if err := lock.Rollback(); err != nil {
-		t.Fatal(err)
-	}
+}
+
+// waitForStatement waits until a statement like stmt (a LIKE pattern) runs on another
+// connection of db.
+func waitForStatement(t *testing.T, db *sqlx.DB, stmt string) {
+	t.Helper()
+	waitFor(t, "a statement like "+stmt, func() bool {
+		var n int
+		err := db.Get(&n, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE ? AND ID <> CONNECTION_ID()", "%"+stmt+"%")
+		return err == nil && n > 0
+	})
+}
+
+// expectClientClosed asserts that one chat call was counted as its client closing the
+// request (499), and none as the gateway's failure (503).
+func expectClientClosed(t *testing.T, h *harness) {
+	t.Helper()
 	waitFor(t, "the call to be counted", func() bool {
 		return h.metric(`tollgate_requests_total{code="499",route="/v1/chat/completions"}`) == "1"
 	})
