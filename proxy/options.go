@@ -25,7 +25,7 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		}
 	}
 	for _, tool := range root.Get("tools").Array() {
-		if k := repeatedKey(tool, "type"); strings.EqualFold(k, "type") {
+		if typeAmbiguous(tool) {
 			// The gateway would read one type of tool and the provider run another.
 			return "a tool whose 'type' is repeated"
 		}
@@ -73,4 +73,19 @@ func firstTool(root gjson.Result, families ...string) string {
 		}
 	}
 	return ""
+}
+
+// typeAmbiguous reports whether a tool spells "type" more than once, or in another case: the
+// gateway reads the first exact "type", a provider may read the last, or any case. Other keys
+// repeated before it do not hide it (repeatedKey stops at the first repeated key of any name).
+func typeAmbiguous(tool gjson.Result) bool {
+	n, other := 0, false
+	tool.ForEach(func(k, _ gjson.Result) bool {
+		if strings.EqualFold(k.Str, "type") {
+			n++
+			other = other || k.Str != "type"
+		}
+		return true
+	})
+	return n > 1 || other
 }

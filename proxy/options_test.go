@@ -28,6 +28,8 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"hosted web search", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","parameters":{}},{"type":"web_search_preview"}],"input":"hi"}`, nil},
 		{"hosted file search", responses, `{"model":"fake-gpt","tools":[{"type":"file_search","vector_store_ids":["vs_1"]}],"input":"hi"}`, nil},
 		{"tool type repeated", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","type":"web_search"}],"input":"hi"}`, nil},
+		{"tool type repeated after another key", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","name":"g","type":"web_search_preview"}],"input":"hi"}`, nil},
+		{"tool type in another case", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","Type":"web_search_preview"}],"input":"hi"}`, nil},
 		{"anthropic web search", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"type":"web_search_20250305","name":"web_search"}],"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"anthropic code execution", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"type":"code_execution_20250522","name":"code_execution"}],"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"anthropic 1m context", messages, `{"model":"claude-test","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,
