@@ -216,7 +216,16 @@ func (b *RunBudget) Run(ctx context.Context, interval time.Duration, log *zap.Lo
 	if interval <= 0 || interval >= b.staleAfter {
 		panic(fmt.Sprintf("metering: run budget beat %v must be in (0, staleAfter %v)", interval, b.staleAfter))
 	}
-	heartbeat(ctx, interval, "run budget reservations", b.Refresh, log)
+	heartbeat(ctx, interval, "run budget reservations", func(ctx context.Context) error {
+		lost, err := b.Refresh(ctx)
+		for _, rc := range lost {
+			// Its beats missed staleAfter (a Redis outage, a stalled process) and another call
+			// dropped it: the run's cap no longer counts this call. Its usage is still tallied.
+			log.Warn("run budget reservation of a running call was dropped as stale", zap.String("run_id", rc.Run),
+				zap.String("call_id", rc.Call))
+		}
+		return err
+	}, log)
 }
 
 // touchScript: KEYS budget hash; ARGV call id, max call ms. Stamps the call's reservation with
@@ -231,8 +240,13 @@ redis.call('HSET', KEYS[1], field, string.match(v, '^(%d+):') .. ':' .. now)
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1`)
 
-// Refresh stamps every reservation this process holds, in pipelines of refreshBatch.
-func (b *RunBudget) Refresh(ctx context.Context) error {
+// RunCallID names one call of a run.
+type RunCallID struct{ Run, Call string }
+
+// Refresh stamps every reservation this process holds, in pipelines of refreshBatch; a batch
+// that fails does not keep the others from their beat. It returns the calls, still served
+// here, whose reservation was gone: dropped as stale by another call of the run.
+func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 	b.mu.Lock()
 	calls := make([]runCall, 0, len(b.calls))
 	for rc := range b.calls {
@@ -240,24 +254,41 @@ func (b *RunBudget) Refresh(ctx context.Context) error {
 	}
 	b.mu.Unlock()
 	if len(calls) == 0 {
-		return nil
+		return nil, nil
 	}
 	if err := touchScript.Load(ctx, b.rdb).Err(); err != nil {
-		return fmt.Errorf("refresh %d run reservations: %w", len(calls), err)
+		return nil, fmt.Errorf("refresh %d run reservations: %w", len(calls), err)
 	}
+	var gone []runCall
+	var errs []error
 	for start := 0; start < len(calls); start += refreshBatch {
 		batch := calls[start:min(start+refreshBatch, len(calls))]
-		_, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		cmds, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, rc := range batch {
 				touchScript.EvalSha(ctx, p, []string{b.keys.RunBudget(rc.run)}, rc.call, b.maxCall.Milliseconds())
 			}
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("refresh %d run reservations: %w", len(batch), err)
+			errs = append(errs, fmt.Errorf("refresh %d run reservations: %w", len(batch), err))
+			continue
+		}
+		for i, cmd := range cmds {
+			if n, err := cmd.(*redis.Cmd).Int(); err == nil && n == 0 {
+				gone = append(gone, batch[i])
+			}
 		}
 	}
-	return nil
+	// A call released while its touch was on its way is gone too, and rightly.
+	var lost []RunCallID
+	b.mu.Lock()
+	for _, rc := range gone {
+		if _, held := b.calls[rc]; held {
+			lost = append(lost, RunCallID{Run: rc.run, Call: rc.call})
+		}
+	}
+	b.mu.Unlock()
+	return lost, errors.Join(errs...)
 }
 
 // Held is the number of reservations this process beats.

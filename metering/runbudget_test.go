@@ -278,8 +278,8 @@ func TestRunBudgetReservationLivesByItsBeat(t *testing.T) {
 
 	// Its last beat long ago, then beaten: live again.
 	stamp(2 * testStaleAfter)
-	if err := serving.Refresh(ctx); err != nil {
-		t.Fatal(err)
+	if lost, err := serving.Refresh(ctx); err != nil || len(lost) != 0 {
+		t.Fatalf("beat: lost %v, %v", lost, err)
 	}
 	if _, err := other.Reserve(ctx, run, "b", 10_000, 5_000, 100); !errors.Is(err, metering.ErrRunBudget) {
 		t.Fatalf("reserve beside a beaten call: %v, want ErrRunBudget (its reservation still counts)", err)
@@ -297,6 +297,11 @@ func TestRunBudgetReservationLivesByItsBeat(t *testing.T) {
 	stamp(testStaleAfter + 5*time.Second)
 	if g, err := other.Reserve(ctx, run, "b", 10_000, 5_000, 100); err != nil || g != 5_000 {
 		t.Fatalf("reserve beside a call not beaten for %v: %d, %v; want 5000", testStaleAfter+5*time.Second, g, err)
+	}
+	// Its process, still serving it after all (its beats were lost), learns at its next beat.
+	lost, err := serving.Refresh(ctx)
+	if err != nil || len(lost) != 1 || lost[0] != (metering.RunCallID{Run: run, Call: "a"}) {
+		t.Fatalf("beat after the reservation was dropped: lost %v, %v; want call a", lost, err)
 	}
 }
 
@@ -321,8 +326,8 @@ func TestRunBudgetReleasedCallIsNotBeatenBack(t *testing.T) {
 	if b.Held() != 0 {
 		t.Fatalf("beating %d reservations after the release, want 0", b.Held())
 	}
-	if err := b.Refresh(ctx); err != nil {
-		t.Fatal(err)
+	if lost, err := b.Refresh(ctx); err != nil || len(lost) != 0 {
+		t.Fatalf("beat: lost %v, %v", lost, err)
 	}
 	if n, err := e.rdb.HExists(ctx, e.keys.RunBudget("r_rel"), "c:a").Result(); err != nil || n {
 		t.Fatalf("released reservation present after a beat: %v, %v", n, err)
