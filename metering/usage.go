@@ -2,6 +2,7 @@ package metering
 
 import (
 	"bytes"
+	"strings"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -35,7 +36,13 @@ type Result struct {
 	// OutputChars counts the bytes of generated text seen, the base of the output estimate
 	// when no usage came (a client that cancels mid-stream, a provider that reports none).
 	OutputChars int64
+	// Model is the model the response says answered (its first "model"), "" when none did:
+	// a provider may answer an alias with a dated snapshot, or route to another model.
+	Model string
 }
+
+// maxModelName bounds the model name a Meter keeps: longer is no name a price could match.
+const maxModelName = 256
 
 // Meter accumulates the usage of one response. It keeps nothing of the events it is shown,
 // so the scanner may reuse their memory.
@@ -102,6 +109,7 @@ func (m *Meter) Body(body []byte) {
 	}
 	switch m.format {
 	case FormatAnthropic:
+		m.sawModel(gjson.Get(s, "model"))
 		if u := gjson.Get(s, "usage"); u.IsObject() {
 			m.anthropicUsage(u)
 			m.outputFinal = true
@@ -114,6 +122,7 @@ func (m *Meter) Body(body []byte) {
 			return true
 		})
 	case FormatResponses:
+		m.sawModel(gjson.Get(s, "model"))
 		if u := gjson.Get(s, "usage"); u.IsObject() {
 			m.openAIUsage(u)
 		}
@@ -223,6 +232,8 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 			m.openAIChoices(v, choiceKey)
 		case "usage":
 			usage = v
+		case "model":
+			m.sawModel(v)
 		case "x_groq": // Groq reports usage here even when include_usage was not asked for
 			groq = v
 		case "error":
@@ -309,10 +320,20 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	return true
 }
 
+// sawModel keeps the first model name a response gives. A copy: the event's memory is reused.
+func (m *Meter) sawModel(v gjson.Result) {
+	if m.res.Model == "" && v.Type == gjson.String && len(v.Str) <= maxModelName {
+		m.res.Model = strings.Clone(v.Str)
+	}
+}
+
 // responsesEvent handles one OpenAI Responses API event of type typ.
 func (m *Meter) responsesEvent(s, typ string) {
 	switch typ {
+	case "response.created":
+		m.sawModel(gjson.Get(s, "response.model"))
 	case "response.completed", "response.incomplete":
+		m.sawModel(gjson.Get(s, "response.model"))
 		m.openAIUsage(gjson.Get(s, "response.usage"))
 	case "response.failed":
 		// A failed response carries what it used so far, as a completed one does.
@@ -335,6 +356,7 @@ func (m *Meter) anthropicEvent(s, typ string) {
 		if u := gjson.Get(s, "message.usage"); u.IsObject() {
 			m.anthropicUsage(u)
 		}
+		m.sawModel(gjson.Get(s, "message.model"))
 	case "message_delta":
 		if u := gjson.Get(s, "usage"); u.IsObject() {
 			m.anthropicUsage(u)

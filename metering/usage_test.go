@@ -313,3 +313,37 @@ func TestInputEstimateCountsMediaAndToolDefinitions(t *testing.T) {
 		})
 	}
 }
+
+// The model a response names, in each format, is kept (the first one named): a call may be
+// billed at its price.
+func TestMeterKeepsTheAnsweringModel(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		f      Format
+		events []Event
+		body   string
+		want   string
+	}{
+		{"chat stream", FormatChat, []Event{data(`{"model":"gpt-4o-2024-08-06","choices":[]}`), data(`{"model":"other","choices":[]}`)}, "", "gpt-4o-2024-08-06"},
+		{"chat body", FormatChat, nil, `{"model":"gpt-4o-2024-08-06","choices":[]}`, "gpt-4o-2024-08-06"},
+		{"anthropic stream", FormatAnthropic, []Event{{Name: "message_start", Data: []byte(`{"type":"message_start","message":{"model":"claude-x-20250101","usage":{"input_tokens":1}}}`)}}, "", "claude-x-20250101"},
+		{"anthropic body", FormatAnthropic, nil, `{"type":"message","model":"claude-x-20250101","usage":{"input_tokens":1,"output_tokens":2}}`, "claude-x-20250101"},
+		{"responses stream", FormatResponses, []Event{{Name: "response.created", Data: []byte(`{"type":"response.created","response":{"model":"o3-2025-04-16"}}`)}}, "", "o3-2025-04-16"},
+		{"responses body", FormatResponses, nil, `{"object":"response","model":"o3-2025-04-16","output":[]}`, "o3-2025-04-16"},
+		{"not a string", FormatChat, nil, `{"model":7,"choices":[]}`, ""},
+		{"too long to be priced", FormatChat, nil, `{"model":"` + strings.Repeat("m", 300) + `"}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMeter(tc.f)
+			for _, ev := range tc.events {
+				m.Event(ev)
+			}
+			if tc.body != "" {
+				m.Body([]byte(tc.body))
+			}
+			if got := m.Result().Model; got != tc.want {
+				t.Errorf("model %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -630,8 +630,29 @@ func (s *Server) settlementOf(c *call) holds.Settlement {
 		st.Usage = pricing.Usage{Input: c.req.inputEstimate, Output: metering.EstimateOutputTokens(res.OutputChars)}
 		st.Estimated = true
 	}
-	st.CostMicro = c.req.price.Cost(st.Usage)
+	price := c.req.price
+	if p, key, ok := s.answeredPrice(c, res.Model); ok {
+		price, st.PriceSnapshot = p, s.snapshots[key]
+	}
+	st.CostMicro = price.Cost(st.Usage)
 	return st
+}
+
+// answeredPrice is the price of the model the upstream says answered, when that is priced
+// under another configured name than the model asked for: the call is billed for what ran
+// (an alias answered by a dearer snapshot, a router that picked another model). An answer
+// naming no model, the same one, or one without a price is billed at the price asked for.
+func (s *Server) answeredPrice(c *call, answered string) (pricing.Price, string, bool) {
+	if answered == "" || answered == c.req.model {
+		return pricing.Price{}, "", false
+	}
+	p, key, err := s.prices.Lookup(answered)
+	if err != nil || key == c.req.priceKey {
+		return pricing.Price{}, "", false
+	}
+	c.log.Info("billed at the price of the model that answered", zap.String("asked", c.req.model),
+		zap.String("answered", answered), zap.String("priced_as", key))
+	return p, key, true
 }
 
 // priceSnapshots records, per configured model, the prices a run is billed at, so the bill can

@@ -1,0 +1,72 @@
+package proxy_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// TestCallIsBilledAtThePriceOfTheModelThatAnswered: a provider may answer a model asked for by
+// another (an alias served by a dearer snapshot, a router's pick). When the model it names is
+// priced under another configured name, the call is billed at that price, streamed or not; a
+// model without a price, or none named, leaves the price asked for.
+func TestCallIsBilledAtThePriceOfTheModelThatAnswered(t *testing.T) {
+	answered := "dear-2025-01-01"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		usage := `{"prompt_tokens":1000,"completion_tokens":2000,"total_tokens":3000}`
+		if r.Header.Get("X-Stream") == "" {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"id":"x","object":"chat.completion","model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":%s}`, r.Header.Get("X-Answer"), usage)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprintf(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"model\":%q,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\n", r.Header.Get("X-Answer"))
+		fmt.Fprintf(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"model\":%q,\"choices\":[],\"usage\":%s}\n\ndata: [DONE]\n\n", r.Header.Get("X-Answer"), usage)
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *configT) {
+		c.Upstreams = []config.Upstream{{Name: "router", Kind: "openai", BaseURL: up.URL, Models: []string{"*"}}}
+		cheap := c.Models["fake-gpt"]
+		cheap.Input.Micro, cheap.Output.Micro = 100_000, 100_000 // $0.10 per million
+		c.Models["cheap"] = cheap
+		c.Models["dear"] = c.Models["fake-gpt"] // $2.50 / $10 per million
+		c.Plans["standard"] = bigPlan(c.Plans["standard"])
+	})
+	u, key := h.user("standard")
+	const cheapCost, dearCost = 300, 22_500 // 1000 in + 2000 out at each price, µUSD
+	for _, tc := range []struct {
+		name, answer string
+		stream       bool
+		want         int64
+	}{
+		{"dearer model answers", answered, false, dearCost},
+		{"dearer model answers a stream", answered, true, dearCost},
+		{"the model asked for answers", "cheap", false, cheapCost},
+		{"an unpriced model answers", "mystery-1", false, cheapCost},
+		{"no model named", "", false, cheapCost},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hdr := map[string]string{"X-Answer": tc.answer}
+			body := `{"model":"cheap","messages":[{"role":"user","content":"hi"}]}`
+			if tc.stream {
+				hdr["X-Stream"] = "1"
+				body = `{"model":"cheap","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+			}
+			resp := h.post(key, "/v1/chat/completions", body, hdr)
+			readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			h.settled()
+			if r := h.run(u.ID, resp.Header.Get("X-Tollgate-Run-Id")); r.ChargedMicro != tc.want {
+				t.Errorf("charged %d µUSD, want %d", r.ChargedMicro, tc.want)
+			}
+		})
+	}
+}
