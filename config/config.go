@@ -314,6 +314,12 @@ func (c *Config) Validate() error {
 			bad(t.name, "must be at least 100ms, got %v: one transaction takes milliseconds", t.d)
 		}
 	}
+	if c.Limits.SettleTimeout > time.Minute {
+		// A named run's call is marked tallied for as long as a call may live (at least a
+		// minute more than the upstream timeout): a retry of its tally after that would count
+		// it twice.
+		bad("limits.settle_timeout", "must be at most 1m, got %v", c.Limits.SettleTimeout)
+	}
 	if len(c.Plans) == 0 {
 		bad("plans", "no plan configured")
 	}

@@ -25,8 +25,8 @@ import (
 // call in flight, c:<call id> = "<grant>:<last beat ms>", and closed once the run is being
 // settled. A field per call rather than counters makes every step safe to repeat (go-redis
 // resends a script whose reply it lost): a repeated Reserve finds its field and returns its
-// grant, and a repeated Release finds the call already tallied (done:<call id> in the tally)
-// and does nothing.
+// grant, and a repeated Release finds the call already tallied (its CallDone mark, a key that
+// lives maxCall) and does nothing.
 //
 // The process serving a call beats its reservation (Refresh, every heartbeat interval), so a
 // field not beaten for staleAfter (the lease TTL) belongs to a process that died mid-call, and
@@ -149,10 +149,10 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 	return grant, nil
 }
 
-// releaseScript: KEYS usage, budget hash; ARGV in, cache read, cache write, out, cost, calls,
-// call id, tally ttl ms.
+// releaseScript: KEYS usage, budget hash, call's done mark; ARGV in, cache read, cache write,
+// out, cost, calls, call id, tally ttl ms, done mark ttl ms.
 var releaseScript = redis.NewScript(`
-if redis.call('HSETNX', KEYS[1], 'done:' .. ARGV[7], 1) == 1 then
+if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[9]) then
   redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
   redis.call('HINCRBY', KEYS[1], 'cache_read_tok', ARGV[2])
   redis.call('HINCRBY', KEYS[1], 'cache_write_tok', ARGV[3])
@@ -175,8 +175,10 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 	if costMicro == 0 && u == (pricing.Usage{}) {
 		calls = 0
 	}
-	err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID)},
-		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, callID, b.tallyTTL.Milliseconds()).Err()
+	// The done mark need only outlive the repeats of this Release (a resent script, the
+	// call's tally retries, within settle_timeout of its end): maxCall is longer than those.
+	err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.CallDone(runID, callID)},
+		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, callID, b.tallyTTL.Milliseconds(), b.maxCall.Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("tally and release for run %s: %w", runID, err)
 	}

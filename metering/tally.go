@@ -23,6 +23,14 @@ func (k Keys) Usage(runID string) string { return k.Prefix + "billing:usage:{" +
 // RunBudget is what a named run's calls in flight have reserved of its cap (see RunBudget).
 func (k Keys) RunBudget(runID string) string { return k.Prefix + "billing:runbudget:{" + runID + "}" }
 
+// CallDone marks a call of a named run as tallied, so a repeated RunBudget.Release does not
+// tally it twice. A key of its own, with a TTL, rather than a field of the tally hash: the
+// hash lives tally_ttl and every call pushes that out, so one field per call grew it without
+// bound (calls that cost nothing do not use the run's cap).
+func (k Keys) CallDone(runID, callID string) string {
+	return k.Prefix + "billing:calldone:{" + runID + "}:" + callID
+}
+
 // Lease marks a run as served by a live process.
 func (k Keys) Lease(runID string) string { return k.Prefix + "lease:{" + runID + "}" }
 

@@ -24,8 +24,8 @@ func (c countingConn) Read(b []byte) (int, error) {
 	return k, err
 }
 
-// TestTallyReadDoesNotGrowWithCalls: every call of a named run leaves a done:<call id> field
-// in the run's tally hash (what makes Release safe to repeat), also a call that used nothing
+// TestTallyReadDoesNotGrowWithCalls: older versions left a done:<call id> field in the run's
+// tally hash (what makes Release safe to repeat), also for a call that used nothing
 // (an upstream 4xx, a refusal after reserving). Reading the tally — the reconciler, a client
 // settle, every GET /v1/runs/{id} — must read its six figures, not every call the run made.
 func TestTallyReadDoesNotGrowWithCalls(t *testing.T) {
