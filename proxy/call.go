@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -348,6 +349,13 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		// Before the settlement: whoever finds this attempt settled must find its record final.
 		s.finishIdem(ctx, c)
 	}
+	// What follows (tally, settlement, their retries) may outlive the request by up to
+	// settle_timeout and needs neither the body (up to max_body_bytes) nor the copy of the
+	// answer kept for a replay (up to max_replay_len): let them go now.
+	c.req.body = nil
+	if c.rw != nil {
+		c.rw.buf = bytes.Buffer{}
+	}
 	if c.outcome == outcomeDuplicate {
 		// Released in the request itself: when the caller reads its 409, the hold is gone.
 		s.settlements.Add(1)
@@ -369,10 +377,10 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 			// its hold): keep trying, as markRunUnused does, for as long as a settlement
 			// would. Every step is safe to repeat.
 			s.settlements.Add(1)
-			go func() {
+			s.inBackground(func() {
 				defer s.settlements.Done()
 				s.retryRunTally(ctx, c, st)
-			}()
+			})
 		}
 		return
 	}
@@ -394,14 +402,21 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		s.settle(ctx, c, st)
 		<-tallied
 	}
+	s.inBackground(work)
+}
+
+// inBackground runs fn beside the request when one of settleSlots is free, else in the
+// request: backpressure, so that settlements (and what they hold) behind a slow database or
+// Redis cannot grow without bound — past the slots, each caller waits for its own.
+func (s *Server) inBackground(fn func()) {
 	select {
 	case s.settleSlots <- struct{}{}:
 		go func() {
 			defer func() { <-s.settleSlots }()
-			work()
+			fn()
 		}()
 	default:
-		work() // backpressure: too many settlements behind; this caller waits
+		fn()
 	}
 }
 

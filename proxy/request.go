@@ -152,7 +152,10 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		// Prices match by prefix, so a long name can be priced; it cannot be stored.
 		return nil, errBadRequest("model_too_long", fmt.Sprintf("A model name is at most %d bytes.", holds.MaxModelLen))
 	}
-	c := &callRequest{route: rt, body: body, model: m.Str, maxOutput: -1}
+	// m.Str is a window into gjson's string copy of the whole body: kept as the call's model
+	// (in its admission, settlement and log), it would keep a second copy of the body alive
+	// for as long as the call's deferred work runs.
+	c := &callRequest{route: rt, body: body, model: strings.Clone(m.Str), maxOutput: -1}
 	price, key, err := s.prices.Lookup(c.model)
 	if err != nil {
 		return nil, errBadRequest("model_not_priced", fmt.Sprintf("Model %q has no price configured, so it cannot be billed.", c.model))
