@@ -28,7 +28,7 @@ func userFrom(ctx context.Context) holds.User {
 // /v1/messages accepts it too.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		key, ok := bearerToken(r.Header.Get("Authorization"))
 		if !ok && r.URL.Path == "/v1/messages" {
 			key, ok = r.Header.Get("x-api-key"), true
 		}
@@ -49,6 +49,16 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, u)))
 	})
+}
+
+// bearerToken returns the credentials of a Bearer authorization. The scheme is matched
+// case-insensitively (RFC 9110 §11.1): "bearer <key>" is the same credential.
+func bearerToken(v string) (string, bool) {
+	const scheme = "Bearer "
+	if len(v) < len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+		return "", false
+	}
+	return v[len(scheme):], true
 }
 
 // keyCache keeps key lookups for a few seconds: a hot caller does not pay a MySQL round trip

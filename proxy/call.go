@@ -90,6 +90,9 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		writeError(w, e)
 		return e.Status
 	}
+	if aerr := checkContentEncoding(r.Header); aerr != nil {
+		return refuse(aerr, "content encoding")
+	}
 	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout)
 	if aerr != nil {
 		return refuse(aerr, "body")

@@ -418,7 +418,7 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, c *call) 
 // the gateway's own headers, and Accept-Encoding (the meter must read plain text; the
 // transport negotiates compression itself and decompresses).
 var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Authorization", "X-Api-Key", "Cookie", "Accept-Encoding",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Expect", "Content-Encoding", "Authorization", "X-Api-Key", "Cookie", "Accept-Encoding",
 	"Content-Length", "Host", "X-Run-Id", "Idempotency-Key", "X-Session-Id", "Openai-Organization", "Openai-Project",
 	"X-Forwarded-For", "Forwarded")
 

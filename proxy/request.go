@@ -105,6 +105,22 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, stall time.Du
 	return body, nil
 }
 
+// checkContentEncoding refuses a body sent compressed (Content-Encoding other than identity):
+// the gateway reads, meters and forwards the body as it arrives, so a compressed one would be
+// refused as invalid JSON, and a plain one under such a label would reach the upstream with a
+// header telling it to decompress what the gateway metered as plain.
+func checkContentEncoding(h http.Header) *apiError {
+	for _, v := range h.Values("Content-Encoding") {
+		for _, ce := range strings.Split(v, ",") {
+			if ce = strings.TrimSpace(ce); ce != "" && !strings.EqualFold(ce, "identity") {
+				return &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_content_encoding",
+					Message: fmt.Sprintf("Request bodies sent with Content-Encoding %q are not supported; send the JSON uncompressed.", ce)}
+			}
+		}
+	}
+	return nil
+}
+
 // stallReader moves the connection's read deadline forward as the body arrives, only once
 // half of it has passed (each move resets a runtime timer): a read fails after between half
 // the timeout and the whole of it without progress.
@@ -126,6 +142,11 @@ func (s *stallReader) Read(p []byte) (int, error) {
 // parseCall validates a body for rt. Everything a request can get wrong is found here, before
 // a hold exists.
 func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callRequest, *apiError) {
+	// Before gjson: its validation descends recursively, so a body of a few MiB of '[' would
+	// grow one goroutine's stack to hundreds of MiB.
+	if nestedDeeperThan(body, maxJSONDepth) {
+		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body nests JSON deeper than %d levels.", maxJSONDepth))
+	}
 	if !gjson.ValidBytes(body) {
 		return nil, errBadRequest("invalid_json", "The request body is not valid JSON.")
 	}
@@ -222,6 +243,39 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	c.inputEstimate = metering.EstimateInputTokens(rt.format, body)
 	c.userTurns = metering.UserTurns(rt.format, body)
 	return c, nil
+}
+
+// maxJSONDepth is the deepest nesting of objects and arrays a body may have: encoding/json's
+// own limit, far beyond any real request (tool schemas included).
+const maxJSONDepth = 10000
+
+// nestedDeeperThan reports whether b opens more than limit objects or arrays at once, outside
+// strings. It does not validate; it only bounds what the recursive validation will face.
+func nestedDeeperThan(b []byte, limit int) bool {
+	depth, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '{', '[':
+			if depth++; depth > limit {
+				return true
+			}
+		case '}', ']':
+			depth--
+		}
+	}
+	return false
 }
 
 // repeatedKey returns a key that obj holds more than once, or one that is a misspelling of a

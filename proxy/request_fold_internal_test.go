@@ -39,3 +39,22 @@ func TestFoldKeyMatchesEqualFold(t *testing.T) {
 		}
 	}
 }
+
+// nestedDeeperThan counts only brackets outside strings, escaped quotes included.
+func TestNestedDeeperThanSkipsStrings(t *testing.T) {
+	for _, tc := range []struct {
+		body  string
+		limit int
+		want  bool
+	}{
+		{`{"a":[[1]]}`, 3, false},
+		{`{"a":[[[1]]]}`, 3, true},
+		{`{"a":"[[[[[[","b":"\"[[[[["}`, 1, false},
+		{`{"a":"\\","b":[[1]]}`, 2, true},
+		{`[]`, 1, false},
+	} {
+		if got := nestedDeeperThan([]byte(tc.body), tc.limit); got != tc.want {
+			t.Errorf("nestedDeeperThan(%s, %d) = %v, want %v", tc.body, tc.limit, got, tc.want)
+		}
+	}
+}
