@@ -473,7 +473,7 @@ func (h *handler) balance(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := holds.RunFilter{State: holds.State(q.Get("state"))}
+	f := holds.RunFilter{State: holds.State(q.Get("state")), After: q.Get("after")}
 	var bad *apiError
 	if f.Limit, bad = limitParam(r); bad != nil {
 		writeError(w, bad)
@@ -505,7 +505,12 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	for i, run := range runs {
 		data[i] = h.views.Run(run)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	out := map[string]any{"object": "list", "data": data, "has_more": len(runs) == f.Limit}
+	if len(runs) > 0 {
+		// The cursor of the next page: ?after=<last_id>, with the same filters.
+		out["last_id"] = runs[len(runs)-1].RunID
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // usageReport answers GET /reports/usage?from=YYYY-MM-DD&to=YYYY-MM-DD[&user=][&format=csv].

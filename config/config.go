@@ -249,6 +249,10 @@ func (c *Config) Validate() error {
 	}
 	if c.CreditMicro <= 0 {
 		bad("credit_micro", "must be positive, got %d", c.CreditMicro)
+	} else if !pricing.ExactCreditMicro(c.CreditMicro) {
+		// 1 micro-USD would be 1/credit_micro credits, which no decimal shows exactly: reports
+		// and balances would drift from the ledger.
+		bad("credit_micro", "must be a product of 2s and 5s (1000, 10000, 5000000, ...) so that credits are exact decimals, got %d", c.CreditMicro)
 	}
 	positive := map[string]time.Duration{
 		"limits.upstream_timeout": c.Limits.UpstreamTimeout, "limits.header_timeout": c.Limits.HeaderTimeout,

@@ -267,7 +267,11 @@ type RunFilter struct {
 	State  State
 	Since  time.Time // created_at >= Since
 	Until  time.Time // created_at < Until
-	Limit  int       // 1-10000
+	// After is a run id from an earlier page: only runs listed after it (older, or as old
+	// with a smaller run id) are listed. Runs admitted in one batch share created_at, so
+	// Until alone cannot page past them.
+	After string
+	Limit int // 1-10000
 }
 
 // UserRun is a run with its owner's name, as an operator lists it.
@@ -306,6 +310,20 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
 	}
 	if !f.Until.IsZero() {
 		where, args = append(where, "created_at < ?"), append(args, f.Until.UTC())
+	}
+	if f.After != "" {
+		var at time.Time
+		err := s.withRetry(ctx, "list runs", func() error {
+			return s.db.GetContext(ctx, &at, "SELECT created_at FROM run_holds WHERE run_id = ?", f.After)
+		})
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("list runs: %w: after %q is no run", ErrBadFilter, f.After)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list runs: %w", err)
+		}
+		where = append(where, "(created_at < ? OR (created_at = ? AND run_id < ?))")
+		args = append(args, at, at, f.After)
 	}
 	q := "SELECT " + runColumns + ", COALESCE((SELECT u.name FROM users u WHERE u.id = run_holds.user_id), '') AS user_name FROM run_holds"
 	if len(where) > 0 {

@@ -10,7 +10,9 @@ import (
 
 // FormatCredits shows micro-USD as credits: an exact decimal ("3.412", "-0.5"), never a
 // rounded float, because a balance an operator reconciles against a payment must not drift.
-// With a creditMicro that does not divide a power of ten, the sixth decimal is truncated.
+// Every credit_micro of the form 2^a·5^b (ExactCreditMicro) shows every amount exactly, with
+// as many decimals as it takes (a credit of 5 000 000 micro-USD shows 1 micro-USD as
+// "0.0000002"); for any other the sixth decimal is truncated, and config refuses it.
 func FormatCredits(micro, creditMicro int64) string {
 	if creditMicro <= 0 {
 		panic("pricing: credit_micro must be positive")
@@ -21,19 +23,56 @@ func FormatCredits(micro, creditMicro int64) string {
 	if neg {
 		mag = -mag
 	}
-	// millionths of a credit = mag * 1e6 / creditMicro, without overflowing for large amounts.
 	cm := uint64(creditMicro)
+	decimals, exact := creditDecimals(creditMicro)
+	if !exact {
+		decimals = 6
+	}
+	scale := uint64(1)
+	for range decimals {
+		scale *= 10
+	}
 	whole := mag / cm
-	frac := (mag % cm) * 1_000_000 / cm
+	var frac uint64
+	if exact {
+		frac = (mag % cm) * (scale / cm) // < scale ≤ 10^18: no overflow
+	} else {
+		// millionths of a credit = mag * 1e6 / creditMicro, without overflowing.
+		frac = (mag % cm) * 1_000_000 / cm
+	}
 	out := strconv.FormatUint(whole, 10)
 	if frac != 0 {
-		f := strconv.FormatUint(frac+1_000_000, 10)[1:]
+		f := strconv.FormatUint(frac+scale, 10)[1:]
 		out += "." + strings.TrimRight(f, "0")
 	}
 	if neg && (whole != 0 || frac != 0) {
 		out = "-" + out
 	}
 	return out
+}
+
+// creditDecimals returns the fewest decimals d with 10^d a multiple of creditMicro (at most
+// 18), and whether there is one: then every micro-USD amount is an exact decimal of credits
+// with d decimals.
+func creditDecimals(creditMicro int64) (int, bool) {
+	p := uint64(1)
+	for d := 0; d <= 18; d++ {
+		if p%uint64(creditMicro) == 0 {
+			return d, true
+		}
+		p *= 10
+	}
+	return 0, false
+}
+
+// ExactCreditMicro reports whether every amount of micro-USD shows as an exact decimal number
+// of credits at creditMicro (creditMicro is 2^a·5^b, at most 10^18).
+func ExactCreditMicro(creditMicro int64) bool {
+	if creditMicro <= 0 {
+		return false
+	}
+	_, ok := creditDecimals(creditMicro)
+	return ok
 }
 
 // ErrBadCredits is an amount of credits that is not an exact decimal in range.
@@ -63,8 +102,14 @@ func ParseCredits(s string, creditMicro int64) (int64, error) {
 		return 0, fmt.Errorf("%w: %q is not a plain decimal", ErrBadCredits, orig)
 	}
 	frac = strings.TrimRight(frac, "0")
-	if len(frac) > 6 {
-		return 0, fmt.Errorf("%w: %q has more than 6 decimals", ErrBadCredits, orig)
+	// A credit worth more than a dollar (credit_micro 5 000 000) shows a micro-USD with more
+	// than 6 decimals (FormatCredits): what it shows must parse back.
+	maxDec := 6
+	if d, ok := creditDecimals(creditMicro); ok && d > maxDec {
+		maxDec = d
+	}
+	if len(frac) > maxDec {
+		return 0, fmt.Errorf("%w: %q has more than %d decimals", ErrBadCredits, orig, maxDec)
 	}
 	whole = strings.TrimLeft(whole, "0")
 	if len(whole) > 12 { // a trillion credits is past any real grant, and keeps the product in int64 range
@@ -74,17 +119,38 @@ func ParseCredits(s string, creditMicro int64) (int64, error) {
 	if whole != "" {
 		w, _ = strconv.ParseInt(whole, 10, 64)
 	}
-	if frac != "" {
-		f, _ = strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64)
-	}
-	if w > math.MaxInt64/creditMicro || f > math.MaxInt64/creditMicro {
+	if w > math.MaxInt64/creditMicro {
 		return 0, fmt.Errorf("%w: %q is too large", ErrBadCredits, orig)
 	}
-	fracMicro := f * creditMicro // millionths of a credit times micro-USD per credit
-	if fracMicro%1_000_000 != 0 {
-		return 0, fmt.Errorf("%w: %q is not a whole number of micro-USD at %d micro-USD per credit", ErrBadCredits, orig, creditMicro)
+	var fracMicro int64
+	if maxDec > 6 {
+		// creditMicro divides 10^maxDec: f units of 10^-maxDec credits are f/(10^maxDec/creditMicro) micro-USD.
+		if frac != "" {
+			f, _ = strconv.ParseInt(frac+strings.Repeat("0", maxDec-len(frac)), 10, 64)
+		}
+		per := int64(1)
+		for range maxDec {
+			per *= 10
+		}
+		per /= creditMicro
+		if f%per != 0 {
+			return 0, fmt.Errorf("%w: %q is not a whole number of micro-USD at %d micro-USD per credit", ErrBadCredits, orig, creditMicro)
+		}
+		fracMicro = f / per
+	} else {
+		if frac != "" {
+			f, _ = strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64)
+		}
+		if f > math.MaxInt64/creditMicro {
+			return 0, fmt.Errorf("%w: %q is too large", ErrBadCredits, orig)
+		}
+		fm := f * creditMicro // millionths of a credit times micro-USD per credit
+		if fm%1_000_000 != 0 {
+			return 0, fmt.Errorf("%w: %q is not a whole number of micro-USD at %d micro-USD per credit", ErrBadCredits, orig, creditMicro)
+		}
+		fracMicro = fm / 1_000_000
 	}
-	micro := w*creditMicro + fracMicro/1_000_000
+	micro := w*creditMicro + fracMicro
 	if micro < 0 {
 		return 0, fmt.Errorf("%w: %q is too large", ErrBadCredits, orig)
 	}

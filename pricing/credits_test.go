@@ -21,6 +21,9 @@ func TestFormatCredits(t *testing.T) {
 		{math.MaxInt64, 1, "9223372036854775807"},
 		{math.MinInt64, 1, "-9223372036854775808"},
 		{math.MinInt64, 1000, "-9223372036854775.808"},
+		{1, 5_000_000, "0.0000002"}, // a $5 credit: exact, with 7 decimals
+		{15, 10_000_000, "0.0000015"},
+		{1, 1024, "0.0009765625"},
 	}
 	for _, c := range cases {
 		if got := FormatCredits(c.micro, c.per); got != c.want {
@@ -67,7 +70,15 @@ func TestParseCredits(t *testing.T) {
 			t.Errorf("ParseCredits(%q, %d) = %d, %v; want ErrBadCredits", c.in, c.per, got, err)
 		}
 	}
-	// What is formatted parses back to the same amount.
+	// What is formatted parses back to the same amount, at any exact credit_micro.
+	for _, per := range []int64{1000, 5_000_000, 10_000_000, 1024, 1} {
+		for _, m := range []int64{1, -1, 3, 15, 123_456_789} {
+			got, err := ParseCredits(FormatCredits(m, per), per)
+			if err != nil || got != m {
+				t.Errorf("round trip %d at %d: %q -> %d, %v", m, per, FormatCredits(m, per), got, err)
+			}
+		}
+	}
 	for _, m := range []int64{0, 1, -1, 3_412, -2_000_000, 123_456_789} {
 		got, err := ParseCredits(FormatCredits(m, 1000), 1000)
 		if err != nil || got != m {

@@ -24,14 +24,14 @@ import (
 // adminUsage lists the subcommands of this file, for the usage text.
 const adminUsage = `  user list      [-after NAME] [-limit 100]
   user show      -name NAME
-  user set       -name NAME [-plan P] [-allowance CREDITS] [-max-in-flight N] [-discount-bp BP]
+  user set       -name NAME [-plan P] [-allowance CREDITS|none] [-max-in-flight N|none] [-discount-bp BP|none]
   user disable   -name NAME   (refused from the next admission; calls in flight finish)
   user enable    -name NAME
   key revoke     -key KEY | -user NAME -prefix PREFIX
   grant          -user NAME -amount CREDITS -key IDEMPOTENCY_KEY [-reason TEXT]
                  (negative amount = refund; the same -key again prints the original grant)
   balance        -user NAME
-  runs           [-user NAME] [-state queued|running|settled] [-since T] [-until T] [-limit 100]
+  runs           [-user NAME] [-state queued|running|settled] [-since T] [-until T] [-after RUN_ID] [-limit 100]
   report         [-from YYYY-MM-DD] [-to YYYY-MM-DD] [-user NAME] [-format csv|json]
 `
 
@@ -102,15 +102,16 @@ func userShow(ctx context.Context, args []string) error {
 	return printJSON(v.User(d))
 }
 
-// userSet changes a plan and per-user overrides; each applies from the next admission.
+// userSet changes a plan and per-user overrides, together or not at all (holds.ChangeUser);
+// they apply from the next admission. "none" drops an override: the plan's figure applies.
 func userSet(ctx context.Context, args []string) error {
 	var name, plan, allowance, maxInFlight, discountBP string
 	e, st, v, err := adminEnv(ctx, "user set", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "name", "", "user name")
 		fs.StringVar(&plan, "plan", "", "move the user to this plan")
-		fs.StringVar(&allowance, "allowance", "", "daily allowance override, in credits")
-		fs.StringVar(&maxInFlight, "max-in-flight", "", "calls in flight override")
-		fs.StringVar(&discountBP, "discount-bp", "", "discount override, in basis points (0-10000)")
+		fs.StringVar(&allowance, "allowance", "", "daily allowance override, in credits (none: the plan's)")
+		fs.StringVar(&maxInFlight, "max-in-flight", "", "calls in flight override (none: the plan's)")
+		fs.StringVar(&discountBP, "discount-bp", "", "discount override, in basis points 0-10000 (none: the plan's)")
 	})
 	if err != nil {
 		return err
@@ -123,34 +124,27 @@ func userSet(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var allowanceMicro *int64
-	if allowance != "" {
-		m, err := pricing.ParseCredits(allowance, e.cfg.CreditMicro)
-		if err != nil || m < 0 {
-			return fmt.Errorf("-allowance %q: want a non-negative decimal number of credits", allowance)
-		}
-		allowanceMicro = &m
-	}
-	inFlight, err := optInt("max-in-flight", maxInFlight, 1, 10_000)
-	if err != nil {
+	c := holds.UserChange{Plan: plan}
+	if c.Allowance, err = optOverride("allowance", allowance, func(s string) (int64, bool) {
+		m, err := pricing.ParseCredits(s, e.cfg.CreditMicro)
+		return m, err == nil && m >= 0
+	}, "a non-negative decimal number of credits"); err != nil {
 		return err
 	}
-	discount, err := optInt("discount-bp", discountBP, 0, 10_000)
-	if err != nil {
+	if c.MaxInFlight, err = optOverride("max-in-flight", maxInFlight, intIn(1, 10_000), "an integer 1-10000"); err != nil {
 		return err
 	}
-	if plan == "" && allowanceMicro == nil && inFlight == nil && discount == nil {
+	if c.DiscountBP, err = optOverride("discount-bp", discountBP, intIn(0, 10_000), "an integer 0-10000"); err != nil {
+		return err
+	}
+	if c == (holds.UserChange{}) {
 		return errors.New("nothing to set: give -plan, -allowance, -max-in-flight or -discount-bp")
 	}
-	if plan != "" {
-		if err := st.SetPlan(ctx, d.ID, plan); err != nil {
+	if err := st.ChangeUser(ctx, d.ID, c); err != nil {
+		if errors.Is(err, holds.ErrUnknownPlan) {
 			return fmt.Errorf("%w (configured: %v)", err, st.PlanNames())
 		}
-	}
-	if allowanceMicro != nil || inFlight != nil || discount != nil {
-		if err := st.SetUserLimits(ctx, d.ID, allowanceMicro, inFlight, discount); err != nil {
-			return err
-		}
+		return err
 	}
 	if d, err = st.UserDetail(ctx, name); err != nil {
 		return err
@@ -158,15 +152,27 @@ func userSet(ctx context.Context, args []string) error {
 	return printJSON(v.User(d))
 }
 
-func optInt(name, s string, lo, hi int) (*int, error) {
-	if s == "" {
-		return nil, nil
+// optOverride reads an override flag: "" leaves it, "none" drops it, else parse must accept it.
+func optOverride[T any](name, s string, parse func(string) (T, bool), want string) (holds.Override[T], error) {
+	switch s {
+	case "":
+		return holds.Override[T]{}, nil
+	case "none":
+		return holds.Override[T]{Clear: true}, nil
 	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < lo || n > hi {
-		return nil, fmt.Errorf("-%s %q: want an integer %d-%d", name, s, lo, hi)
+	v, ok := parse(s)
+	if !ok {
+		return holds.Override[T]{}, fmt.Errorf("-%s %q: want %s, or none", name, s, want)
 	}
-	return &n, nil
+	return holds.SetTo(v), nil
+}
+
+// intIn parses an integer in [lo, hi].
+func intIn(lo, hi int) func(string) (int, bool) {
+	return func(s string) (int, bool) {
+		n, err := strconv.Atoi(s)
+		return n, err == nil && n >= lo && n <= hi
+	}
 }
 
 func userDisable(ctx context.Context, args []string) error {
@@ -302,9 +308,10 @@ func balanceCmd(ctx context.Context, args []string) error {
 }
 
 func runsCmd(ctx context.Context, args []string) error {
-	var user, state, since, until string
+	var user, state, since, until, after string
 	var limit int
 	e, st, v, err := adminEnv(ctx, "runs", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&after, "after", "", "only runs listed after this run id (the last of the previous page)")
 		fs.StringVar(&user, "user", "", "only this user's runs")
 		fs.StringVar(&state, "state", "", "queued, running or settled")
 		fs.StringVar(&since, "since", "", "created at or after (RFC 3339 or YYYY-MM-DD, UTC)")
@@ -315,7 +322,7 @@ func runsCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	f := holds.RunFilter{State: holds.State(state), Limit: limit}
+	f := holds.RunFilter{State: holds.State(state), Limit: limit, After: after}
 	if f.Since, err = parseWhen("since", since); err != nil {
 		return err
 	}

@@ -1,0 +1,54 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// TestUserSetCommand: `gateway user set` changes a plan and overrides together or not at all,
+// and "none" drops an override so the plan's figure applies again.
+func TestUserSetCommand(t *testing.T) {
+	w := newWorld(t)
+	w.user("cli-user", 10, nil)
+	run := func(args ...string) (map[string]any, error) {
+		t.Helper()
+		cmd := exec.Command(gatewayBin, append([]string{"user", "set", "-config", w.config, "-name", "cli-user"}, args...)...)
+		cmd.Env = append(os.Environ(), "MYSQL_DSN="+w.dsn, "REDIS_URL="+testenv.RedisURL(t), "UPSTREAM_URL="+w.upstream.URL,
+			"TOLLGATE_INSTANCE=operator", "TOLLGATE_REDIS_PREFIX="+w.prefix)
+		out, err := cmd.Output()
+		if err != nil {
+			return nil, err
+		}
+		var v map[string]any
+		if err := json.Unmarshal(out, &v); err != nil {
+			t.Fatalf("user set %v printed %s: %v", args, out, err)
+		}
+		return v, nil
+	}
+	overrides := func(v map[string]any) map[string]any {
+		o, _ := v["overrides"].(map[string]any)
+		return o
+	}
+	v, err := run("-allowance", "7", "-max-in-flight", "3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := overrides(v); o["allowance"] != "7" && o["allowance"] != float64(7) || o["max_in_flight"] != float64(3) {
+		t.Fatalf("after setting overrides: %v", o)
+	}
+	// A bad figure beside a good one changes nothing.
+	if _, err := run("-allowance", "9", "-max-in-flight", "0"); err == nil {
+		t.Fatal("user set with -max-in-flight 0 succeeded")
+	}
+	v, err = run("-allowance", "none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := overrides(v); o["allowance"] != nil || o["max_in_flight"] != float64(3) {
+		t.Fatalf("after dropping the allowance override: %v, want it null and max_in_flight still 3", o)
+	}
+}
