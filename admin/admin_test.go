@@ -65,6 +65,20 @@ func (f *fixture) ctx() context.Context {
 }
 
 // call sends a request with bearer token tok and decodes a JSON answer (nil for CSV).
+// csvReport fetches today's usage report as CSV records, header first.
+func (f *fixture) csvReport(t *testing.T) [][]string {
+	t.Helper()
+	status, _, raw := f.call("GET", "/admin/reports/usage?format=csv", adminToken, nil)
+	if status != http.StatusOK {
+		t.Fatalf("csv: %d %s", status, raw)
+	}
+	recs, err := csv.NewReader(bytes.NewReader(raw)).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
 func (f *fixture) call(method, path, tok string, body any, hdr ...string) (int, map[string]any, []byte) {
 	f.t.Helper()
 	var rd io.Reader
@@ -475,14 +489,7 @@ func TestRunsAndUsageReport(t *testing.T) {
 		t.Fatalf("bob's 1-credit allowance should have pushed charges into prepaid: %v", totals)
 	}
 
-	status, _, raw := f.call("GET", "/admin/reports/usage?format=csv", adminToken, nil)
-	if status != http.StatusOK {
-		t.Fatalf("csv: %d %s", status, raw)
-	}
-	recs, err := csv.NewReader(bytes.NewReader(raw)).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := f.csvReport(t)
 	if strings.Join(recs[0], ",") != strings.Join(admin.ReportCSVHeader, ",") || len(recs) != 5 {
 		t.Fatalf("csv %q", recs)
 	}

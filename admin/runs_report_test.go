@@ -1,8 +1,6 @@
 package admin_test
 
 import (
-	"bytes"
-	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"math/big"
@@ -112,14 +110,7 @@ func TestReportCreditsExactAtAnyCreditMicro(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	status, _, raw := f.call("GET", "/admin/reports/usage?format=csv", adminToken, nil)
-	if status != http.StatusOK {
-		t.Fatalf("csv: %d %s", status, raw)
-	}
-	recs, err := csv.NewReader(bytes.NewReader(raw)).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
+	recs := f.csvReport(t)
 	sum := new(big.Rat)
 	for _, rec := range recs[1:] {
 		v, ok := new(big.Rat).SetString(rec[11])
@@ -130,8 +121,8 @@ func TestReportCreditsExactAtAnyCreditMicro(t *testing.T) {
 	}
 	want := big.NewRat(9, creditMicro) // the ledger: 3 runs × 3 micro-USD
 	if sum.Cmp(want) != 0 {
-		t.Fatalf("CSV charged column sums to %s credits, the ledger holds %s credits (9 micro-USD); rows:\n%s",
-			sum.FloatString(9), want.FloatString(9), raw)
+		t.Fatalf("CSV charged column sums to %s credits, the ledger holds %s credits (9 micro-USD); rows: %q",
+			sum.FloatString(9), want.FloatString(9), recs)
 	}
 	rep := f.admin("GET", "/admin/reports/usage", nil, http.StatusOK)
 	led, _ := rep["ledger"].(map[string]any)
