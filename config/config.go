@@ -174,7 +174,9 @@ func Default() *Config {
 }
 
 // applyEnv overrides the settings that differ per deployment. UPSTREAM_URL and
-// UPSTREAM_API_KEY apply to the first upstream, the one a single-upstream setup has.
+// UPSTREAM_API_KEY apply to the first upstream, the one a single-upstream setup has, and to
+// every other upstream at the same base_url: one provider reached in both wire formats (the
+// demo's fake upstream serves OpenAI and Anthropic routes).
 func (c *Config) applyEnv(getenv func(string) string) {
 	set := func(dst *string, name string) {
 		if v := getenv(name); v != "" {
@@ -188,8 +190,13 @@ func (c *Config) applyEnv(getenv func(string) string) {
 	set(&c.Instance, "TOLLGATE_INSTANCE")
 	set(&c.RedisKeyPrefix, "TOLLGATE_REDIS_PREFIX")
 	if len(c.Upstreams) > 0 {
-		set(&c.Upstreams[0].BaseURL, "UPSTREAM_URL")
-		set(&c.Upstreams[0].APIKey, "UPSTREAM_API_KEY")
+		first := c.Upstreams[0].BaseURL
+		for i := range c.Upstreams {
+			if u := &c.Upstreams[i]; i == 0 || u.BaseURL == first {
+				set(&u.BaseURL, "UPSTREAM_URL")
+				set(&u.APIKey, "UPSTREAM_API_KEY")
+			}
+		}
 	}
 	for i := range c.Upstreams {
 		if u := &c.Upstreams[i]; u.APIKeyEnv != "" && u.APIKey == "" {
@@ -278,6 +285,11 @@ func (c *Config) Validate() error {
 	// a run's tallied usage is lost and the run charged what it held.
 	if need := max(c.Holds.HoldTTL, c.Holds.RunTTL) + c.Holds.ReconcileInterval + c.Holds.ReconcileLockTTL + time.Hour; c.Holds.TallyTTL < need {
 		bad("holds.tally_ttl", "%v must be at least %v (the longer of hold_ttl and run_ttl, one reconcile pass and lock, and an hour): the reconciler settles from the tally", c.Holds.TallyTTL, need)
+	}
+	if c.Holds.ReconcileLockTTL > 0 && c.Holds.ReconcileLockTTL < 50*time.Second {
+		// A pass starts no hold after 20 s and gives each 30 s: a shorter lock lets a second
+		// process scan beside it (harmless, every settlement is conditional, but wasted).
+		bad("holds.reconcile_lock_ttl", "must be at least 50s (a pass may run that long), got %v", c.Holds.ReconcileLockTTL)
 	}
 	if c.Holds.ReconcileBatch < 1 || c.Holds.ReconcileBatch > 10_000 {
 		bad("holds.reconcile_batch", "must be in [1, 10000], got %d", c.Holds.ReconcileBatch)

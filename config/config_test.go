@@ -49,6 +49,7 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		{"dedup:\n  replay_ttl: 0s\n", "dedup.replay_ttl"},
 		{"limits:\n  key_cache_ttl: 1h\n", "limits.key_cache_ttl"},
 		{"limits:\n  settle_timeout: 2m\n", "limits.settle_timeout"},
+		{"holds:\n  reconcile_lock_ttl: 10s\n", "holds.reconcile_lock_ttl"},
 		{"limits:\n  settle_timeout: 1ms\n", "limits.settle_timeout"},
 		{"holds:\n  heartbeat_interval: 60s\n", "holds.heartbeat_interval"},
 		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},
@@ -135,6 +136,24 @@ func TestPlanAmountsThatOverflowAreRefused(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v does not name %s", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// The demo serves Anthropic clients too: fake-claude goes to the fake upstream's Anthropic
+// routes, and UPSTREAM_URL (make run, docker compose) moves both entries of that one upstream.
+func TestExampleServesBothWireFormatsFromOneUpstreamURL(t *testing.T) {
+	t.Setenv("MYSQL_DSN", "u:p@tcp(127.0.0.1:3306)/tollgate")
+	t.Setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
+	t.Setenv("UPSTREAM_URL", "http://127.0.0.1:9999")
+	cfg, err := Load("../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for model, kind := range map[string]string{"fake-claude": "anthropic", "fake-gpt": "openai"} {
+		u, ok := cfg.UpstreamFor(model)
+		if !ok || u.Kind != kind || u.BaseURL != "http://127.0.0.1:9999" {
+			t.Errorf("%s goes to %+v (found %v), want the %s upstream at UPSTREAM_URL", model, u, ok, kind)
 		}
 	}
 }

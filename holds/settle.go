@@ -20,7 +20,7 @@ const (
 	SourceDuplicate       = "duplicate"        // a request found to be a duplicate released its hold
 	SourceReconcile       = "reconcile"        // the reconciler, from the Redis tally
 	SourceReconcileHold   = "reconcile_hold"   // the reconciler, no tally: charged what was held
-	SourceRelease         = "release"          // the reconciler released a queued hold at 0
+	SourceRelease         = "release"          // released at 0: refused before forwarding, or queued and never forwarded (reconciler)
 	SourceShutdown        = "shutdown"         // cut at the graceful-shutdown deadline
 	SourceStreamError     = "stream_error"     // the upstream broke or sent an error after producing output
 	SourceAdmitLost       = "admit_lost"       // an admission whose commit went unanswered, released at 0

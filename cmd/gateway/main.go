@@ -25,17 +25,19 @@ import (
 var usage = `usage: gateway <command> [flags]
 
 commands:
-  serve          run the gateway (flags: -config FILE)
+  serve          run the gateway (flags: -config FILE, -pprof ADDR)
   migrate        apply missing database migrations
-  reconcile      settle expired holds once (-once) and exit
+  reconcile      settle expired holds once (-once; -force: without the lock) and exit
   user create    -name NAME [-plan standard]
   key create     -user NAME   (prints the key once)
   demo-setup     create the demo user and a key; prints KEY=<key>
-  audit          check the books: day ledger = Σ settled charges per user and day (exit 1 if not)
+  audit          check the books: day ledger = Σ settled charges per user and day, and prepaid
+                 credits = Σ grants − Σ prepaid parts per user (exit 1 if not)
 ` + adminUsage + `
 
-Every command reads -config FILE (optional) and the environment: MYSQL_DSN, REDIS_URL,
-UPSTREAM_URL, UPSTREAM_API_KEY, LISTEN_ADDR, ADMIN_TOKEN.
+Every command reads -config FILE (optional), -debug (verbose logs) and the environment:
+MYSQL_DSN, REDIS_URL, UPSTREAM_URL, UPSTREAM_API_KEY, LISTEN_ADDR, ADMIN_TOKEN,
+TOLLGATE_INSTANCE, TOLLGATE_REDIS_PREFIX.
 `
 
 func main() {
@@ -289,7 +291,7 @@ func auditCmd(ctx context.Context, args []string) error {
 	if len(bad) > 0 {
 		return fmt.Errorf("audit: %d mismatches", len(bad))
 	}
-	fmt.Println("audit: the day ledger equals the settled charges")
+	fmt.Println("audit: the day ledger equals the settled charges, and prepaid credits their grants less their charges")
 	return nil
 }
 
