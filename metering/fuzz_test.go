@@ -103,9 +103,23 @@ func FuzzScanner(f *testing.F) {
 		want := reference(in)
 		sc := NewScanner(r, max)
 		var raw []byte
+		var lens []int
 		for i := 0; ; i++ {
 			ev, err := sc.Next()
-			if i < len(want) && want[i].rawLen > max {
+			// An event whose blank line's CR was the last byte read is handed on at once; the
+			// LF of that CRLF, if it comes, leads the next Raw. Moved back to the event it
+			// ends (an event of that LF alone dropped), the events are the reference's.
+			if err == nil && len(raw) > 0 && raw[len(raw)-1] == '\r' && len(ev.Raw) > 0 && ev.Raw[0] == '\n' {
+				raw = append(raw, '\n')
+				lens[len(lens)-1]++
+				if ev.Raw = ev.Raw[1:]; len(ev.Raw) == 0 {
+					i--
+					continue
+				}
+			}
+			// The event handed on without its LF fits a limit one byte under the reference's.
+			split := err == nil && i < len(want) && want[i].rawLen == max+1 && len(ev.Raw) == max && ev.Raw[max-1] == '\r'
+			if i < len(want) && want[i].rawLen > max && !split {
 				if !errors.Is(err, ErrEventTooLarge) {
 					t.Fatalf("event %d of %d bytes, limit %d: err %v, want ErrEventTooLarge", i, want[i].rawLen, max, err)
 				}
@@ -124,10 +138,16 @@ func FuzzScanner(f *testing.F) {
 				t.Fatalf("extra event %q", ev.Raw)
 			}
 			w := want[i]
-			if ev.Name != w.name || (ev.Data == nil) != (w.data == nil) || !bytes.Equal(ev.Data, w.data) || len(ev.Raw) != w.rawLen {
+			lens = append(lens, len(ev.Raw))
+			if ev.Name != w.name || (ev.Data == nil) != (w.data == nil) || !bytes.Equal(ev.Data, w.data) {
 				t.Fatalf("event %d: name=%q data=%q raw=%q, want %q %q (%d bytes)", i, ev.Name, ev.Data, ev.Raw, w.name, w.data, w.rawLen)
 			}
 			raw = append(raw, ev.Raw...)
+		}
+		for i, n := range lens {
+			if n != want[i].rawLen {
+				t.Fatalf("event %d: %d raw bytes, want %d", i, n, want[i].rawLen)
+			}
 		}
 		if !bytes.Equal(raw, in) {
 			t.Fatalf("Raw rebuilt %q, want %q", raw, in)

@@ -50,13 +50,19 @@ type Scanner struct {
 	r   io.Reader
 	max int
 
-	buf      []byte // buf[:end] is valid; buf[evStart:end] is the unreturned input
-	end      int
-	evStart  int   // first byte of the event being scanned
-	pos      int   // first byte of the line being scanned
-	rerr     error // the Reader's error, acted on once the buffered bytes are used up
-	done     error // terminal result of Next, repeated on every later call
-	started  bool  // the stream's first line has been seen (only it may carry a BOM)
+	buf     []byte // buf[:end] is valid; buf[evStart:end] is the unreturned input
+	end     int
+	evStart int   // first byte of the event being scanned
+	pos     int   // first byte of the line being scanned
+	rerr    error // the Reader's error, acted on once the buffered bytes are used up
+	done    error // terminal result of Next, repeated on every later call
+	started bool  // the stream's first line has been seen (only it may carry a BOM)
+	// skipLF: the last event ended with a blank line whose CR was the last byte read. An LF
+	// that comes next is the rest of that CRLF, not a blank line of its own: it is passed on
+	// as the first byte of the next event's Raw and otherwise skipped.
+	skipLF   bool
+	lead     int  // 1 when the event being scanned begins with such an LF (not counted in max)
+	loneCR   bool // the event's last line so far ended in a CR alone: the stream uses CR endings
 	lf, cr   byteFinder
 	emptyRds int
 
@@ -97,7 +103,7 @@ func (s *Scanner) Next() (Event, error) {
 		if ok {
 			return ev, nil
 		}
-		if s.end-s.evStart > s.max { // incomplete already, so its final size is larger still
+		if s.end-s.evStart-s.lead > s.max { // incomplete already, so its final size is larger still
 			return Event{}, s.fail(s.tooLarge())
 		}
 		if s.rerr != nil {
@@ -109,23 +115,35 @@ func (s *Scanner) Next() (Event, error) {
 
 func (s *Scanner) beginEvent() {
 	s.evStart = s.pos
+	s.lead = 0
+	s.loneCR = false
 	s.name = ""
 	s.nData = 0
 }
 
 // scanLines consumes complete lines from s.pos until one is blank, which completes the
-// event. A CR at the end of the buffer is not a complete line ending before EOF: the next
-// read may bring the LF of the same CRLF.
+// event. A CR at the end of the buffer is not a complete line ending before EOF, the next
+// read may bring the LF of the same CRLF, except when it ends the blank line of an event
+// written with CR endings: the event is then complete either way (see skipLF).
 func (s *Scanner) scanLines(atEOF bool) (Event, bool, error) {
 	for {
+		if s.skipLF && s.pos < s.end {
+			s.skipLF = false
+			if s.buf[s.pos] == '\n' {
+				s.pos++
+				s.lead = 1
+				continue
+			}
+		}
 		lineEnd, next, ok := s.lineEnd(atEOF)
 		if !ok {
 			return Event{}, false, nil
 		}
 		start := s.pos
 		s.pos = next
+		s.loneCR = next == lineEnd+1 && s.buf[lineEnd] == '\r'
 		if s.line(start, lineEnd) {
-			if s.pos-s.evStart > s.max {
+			if s.pos-s.evStart-s.lead > s.max {
 				return Event{}, false, s.tooLarge()
 			}
 			return s.event(), true, nil
@@ -148,6 +166,14 @@ func (s *Scanner) lineEnd(atEOF bool) (end, next int, ok bool) {
 		}
 		return cr, cr + 1, true
 	case cr >= 0 && atEOF:
+		return cr, cr + 1, true
+	case cr == s.pos && s.loneCR:
+		// A blank line ending in a CR that is the last byte read, in an event whose lines
+		// end in a CR alone: the event is complete whether or not an LF follows. Handing it
+		// on now, not when the next event's first byte arrives, is what keeps a stream with
+		// CR line endings live; an LF that follows is swallowed by the next call (skipLF).
+		// (A CRLF stream cut between the two is still waited for: its LF is on its way.)
+		s.skipLF = true
 		return cr, cr + 1, true
 	case cr >= 0:
 		return 0, 0, false

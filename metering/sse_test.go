@@ -69,9 +69,13 @@ func TestScannerLineEndings(t *testing.T) {
 		{"mixed", []string{"data: a\r\ndata: b\rdata: c\n\r\ndata: d\r\r\n"},
 			[]want{{"", "a\nb\nc", "data: a\r\ndata: b\rdata: c\n\r\n"}, {"", "d", "data: d\r\r\n"}}},
 		{"CRLF split across reads", []string{"data: a\r", "\n\r", "\ndata: b\r", "\r", "\n"},
-			[]want{{"", "a", "data: a\r\n\r\n"}, {"", "b", "data: b\r\r\n"}}},
+			// "data: b" ends in a CR alone, so the blank line's CR ends the event at once; the
+			// LF that follows is passed on as the next (last) event.
+			[]want{{"", "a", "data: a\r\n\r\n"}, {"", "b", "data: b\r\r"}, {"", noData, "\n"}}},
 		{"CR then non-LF across reads", []string{"data: a\r", "\r", "data: b\n\n"},
 			[]want{{"", "a", "data: a\r\r"}, {"", "b", "data: b\n\n"}}},
+		{"CR only, each event in its own read", []string{"data: a\r\r", "data: b\r\r"},
+			[]want{{"", "a", "data: a\r\r"}, {"", "b", "data: b\r\r"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			evs, err := scanAll(t, 1<<20, tc.chunks...)
@@ -169,10 +173,17 @@ func TestScannerTooLarge(t *testing.T) {
 		checkEvents(t, evs, want{"", "ok", small}, want{"", "ok", small})
 	})
 	t.Run("CRLF tips it over", func(t *testing.T) {
-		ev := "data: ok\r\r" // 10 bytes; with the LF of the final CRLF 11
-		if _, err := scanAll(t, 10, ev, "\n"); !errors.Is(err, ErrEventTooLarge) {
+		ev := "data: ok\r\n\r" // 11 bytes; with the LF of the final CRLF 12
+		if _, err := scanAll(t, 11, ev, "\n"); !errors.Is(err, ErrEventTooLarge) {
 			t.Fatalf("err %v, want ErrEventTooLarge", err)
 		}
+	})
+	t.Run("a CR-ended event is handed on before an LF comes", func(t *testing.T) {
+		evs, err := scanAll(t, 10, "data: ok\r\r", "\ndata: ok\r\r")
+		if err != io.EOF {
+			t.Fatal(err)
+		}
+		checkEvents(t, evs, want{"", "ok", "data: ok\r\r"}, want{"", "ok", "\ndata: ok\r\r"})
 	})
 	t.Run("memory stays bounded", func(t *testing.T) {
 		sc := NewScanner(infiniteReader{}, 64<<10)
@@ -288,6 +299,33 @@ func TestScannerFlagsAnEventTheStreamEndedIn(t *testing.T) {
 		}
 		if last.Unterminated != tc.last {
 			t.Errorf("%q: last event unterminated=%v, want %v", tc.stream, last.Unterminated, tc.last)
+		}
+	}
+}
+
+// stallReader returns its chunk once, then reports any further Read: an event complete in
+// the first chunk must be handed on without another read (the upstream may be thinking).
+type stallReader struct {
+	chunk  string
+	read   bool
+	stalls int
+}
+
+func (r *stallReader) Read(p []byte) (int, error) {
+	if r.read {
+		r.stalls++
+		return 0, errors.New("stalled: the scanner waited for more bytes")
+	}
+	r.read = true
+	return copy(p, r.chunk), nil
+}
+
+func TestScannerHandsOnACompleteEventWithoutReadingAgain(t *testing.T) {
+	for _, in := range []string{"data: a\n\n", "data: a\r\n\r\n", "data: a\r\r", ": keep-alive\r\r", "event: x\rdata: a\r\r"} {
+		r := &stallReader{chunk: in}
+		ev, err := NewScanner(r, 1<<10).Next()
+		if err != nil || r.stalls != 0 || string(ev.Raw) != in {
+			t.Errorf("%q: got %q, %v after %d extra reads; want the event without another read", in, ev.Raw, err, r.stalls)
 		}
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -306,7 +305,7 @@ func (s *Server) answerSuperseded(c *call) int {
 		writeError(rw, errSupersededAnswer)
 		return errSupersededAnswer.Status
 	}
-	if strings.HasPrefix(rw.Header().Get("Content-Type"), "text/event-stream") {
+	if isEventStream(rw.Header().Get("Content-Type")) {
 		rc := http.NewResponseController(rw)
 		bound := s.boundWrites(rc)
 		defer bound.clear()

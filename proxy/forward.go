@@ -90,10 +90,18 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	// A call that did not ask for a stream is answered whole, whatever its label says: a JSON
 	// body under text/event-stream would read as no event at all and go unmetered (relayBody
 	// meters a stream that came unasked as a stream).
-	if c.req.stream && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if c.req.stream && isEventStream(resp.Header.Get("Content-Type")) {
 		return s.relayStream(w, r, resp, c, cancel)
 	}
 	return s.relayBody(w, r, resp, c)
+}
+
+// isEventStream reports whether a Content-Type is text/event-stream, in any case and with any
+// parameters: media types are case-insensitive (RFC 9110 §8.3.1), and a stream taken for a
+// body would be buffered whole and reach its caller only when it ends.
+func isEventStream(ctype string) bool {
+	mt, _, _ := strings.Cut(ctype, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 // relayStream writes and flushes each SSE event as it arrives; no response is buffered whole.
