@@ -400,7 +400,9 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, c *call) 
 		return nil, fmt.Errorf("upstream request %s: %w", u, err)
 	}
 	for k, vv := range r.Header {
-		if _, drop := dropRequestHeaders[k]; !drop {
+		// A name with an underscore is dropped as nginx and Apache drop it: CGI-style servers
+		// read X_Api_Key as X-Api-Key, which would get past the list below.
+		if _, drop := dropRequestHeaders[k]; !drop && !strings.Contains(k, "_") {
 			up.Header[k] = vv
 		}
 	}
@@ -422,18 +424,22 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, c *call) 
 	return up, nil
 }
 
-// dropRequestHeaders never reach the upstream: hop-by-hop headers, the caller's credentials,
-// the gateway's own headers, and Accept-Encoding (the meter must read plain text; the
-// transport negotiates compression itself and decompresses).
+// dropRequestHeaders never reach the upstream: hop-by-hop headers, the caller's credentials
+// (in any provider's spelling: Azure's api-key too), claims about the client's address or the
+// URL it used (the upstream or a proxy in front of it may trust them), the gateway's own
+// headers, and Accept-Encoding (the meter must read plain text; the transport negotiates
+// compression itself and decompresses).
 var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Expect", "Content-Encoding", "Authorization", "X-Api-Key", "Cookie", "Accept-Encoding",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Expect", "Content-Encoding", "Authorization", "X-Api-Key", "Api-Key", "Cookie", "Accept-Encoding",
 	"Content-Length", "Host", "X-Run-Id", "Idempotency-Key", "X-Session-Id", "Openai-Organization", "Openai-Project",
-	"X-Forwarded-For", "Forwarded")
+	"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server",
+	"Forwarded", "X-Real-Ip", "True-Client-Ip", "X-Client-Ip", "Cf-Connecting-Ip", "X-Original-Url", "X-Rewrite-Url")
 
-// dropResponseHeaders are hop-by-hop or set by the gateway (an upstream that is itself a
-// gateway must not rename the caller's run or mark a first answer as a replay).
+// dropResponseHeaders are hop-by-hop, set by the gateway (an upstream that is itself a
+// gateway must not rename the caller's run or mark a first answer as a replay), or name the
+// operator's account at the provider (its organisation and project), which is not the caller's.
 var dropResponseHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding",
-	"Upgrade", "Set-Cookie", RunIDHeader, ReplayedHeader)
+	"Upgrade", "Set-Cookie", RunIDHeader, ReplayedHeader, "Openai-Organization", "Openai-Project", "Anthropic-Organization-Id")
 
 func copyResponseHeaders(dst, src http.Header) {
 	for k, vv := range src {

@@ -221,16 +221,20 @@ func (s *Server) WaitSettlements(ctx context.Context) error {
 	}
 }
 
+// ready answers /readyz, which needs no key: it says which dependency is down, and the log
+// says why (a driver's error names the database user and internal addresses).
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	status := map[string]string{"mysql": "ok", "redis": "ok"}
 	code := http.StatusOK
 	if err := s.store.DB().PingContext(ctx); err != nil {
-		status["mysql"], code = err.Error(), http.StatusServiceUnavailable
+		s.log.Warn("readiness: mysql unreachable", zap.Error(err))
+		status["mysql"], code = "unavailable", http.StatusServiceUnavailable
 	}
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
-		status["redis"], code = err.Error(), http.StatusServiceUnavailable
+		s.log.Warn("readiness: redis unreachable", zap.Error(err))
+		status["redis"], code = "unavailable", http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, status)
 }

@@ -1,0 +1,35 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// A refused REDIS_URL or base_url must not print the password it carries: the message goes to
+// stderr and from there to whatever collects the deployment's logs.
+func TestValidateDoesNotPrintSecrets(t *testing.T) {
+	for _, tc := range []struct{ name, redis, base string }{
+		{"unix scheme", "unix://:hunter2-redis@/var/run/redis.sock", ""},
+		{"bad escape in password", "redis://:hunter2%zz@redis.internal:6379/0", ""},
+		{"upstream base_url with credentials", "", "ftp://svc:hunter2-upstream@llm.internal/v1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			c.MySQLDSN = "u:p@tcp(127.0.0.1:3306)/db"
+			c.RedisURL = "redis://127.0.0.1:6379/0"
+			if tc.redis != "" {
+				c.RedisURL = tc.redis
+			}
+			if tc.base != "" {
+				c.Upstreams[0].BaseURL = tc.base
+			}
+			err := c.Validate()
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("validation error prints the secret: %v", err)
+			}
+		})
+	}
+}

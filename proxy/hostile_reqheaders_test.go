@@ -1,0 +1,67 @@
+package proxy_test
+
+import (
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// recordingUpstream answers every call with a small completion and keeps the headers it was sent.
+func recordingUpstream(extra http.Header) (http.HandlerFunc, func() http.Header) {
+	var mu sync.Mutex
+	var got http.Header
+	return func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			mu.Lock()
+			got = r.Header.Clone()
+			mu.Unlock()
+			for k, vv := range extra {
+				w.Header()[k] = vv
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, plainAnswer)
+		}, func() http.Header {
+			mu.Lock()
+			defer mu.Unlock()
+			return got
+		}
+}
+
+// A caller's headers that speak for the client's identity or carry credentials in another
+// provider's spelling must not reach the upstream next to the operator's key: X-Forwarded-For
+// and Forwarded are dropped, their siblings must be too, and Azure's api-key is a credential.
+func TestCallerIdentityHeadersNotForwarded(t *testing.T) {
+	up, seen := recordingUpstream(nil)
+	h := hostileHarness(t, up, func(c *config.Config) { c.Upstreams[0].APIKey = "sk-operator" })
+	_, key := h.user("standard")
+	spoof := map[string]string{
+		"X-Forwarded-Host":    "internal.admin.example",
+		"X-Forwarded-Proto":   "https",
+		"X-Forwarded-Port":    "443",
+		"X-Real-Ip":           "10.0.0.1",
+		"True-Client-Ip":      "10.0.0.1",
+		"Api-Key":             "caller-own-azure-key",
+		"X-Api-Key":           "caller-xapikey",
+		"Openai-Organization": "org-caller",
+		"X-Forwarded-For":     "10.0.0.1",
+		"X_Api_Key":           "caller-underscore", // CGI-style servers read it as X-Api-Key
+	}
+	resp := h.post(key, "/v1/chat/completions", chatBody, spoof)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	got := seen()
+	if a := got.Get("Authorization"); a != "Bearer sk-operator" {
+		t.Errorf("upstream Authorization %q, want the operator's key", a)
+	}
+	for k := range spoof {
+		if v := got.Values(k); len(v) > 0 {
+			t.Errorf("caller header %s reached the upstream: %q", k, v)
+		}
+	}
+}

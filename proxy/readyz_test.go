@@ -1,0 +1,59 @@
+package proxy_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// /readyz answers anyone; it must not tell them the database user or the internal addresses.
+func TestReadyzDoesNotExposeInternals(t *testing.T) {
+	h := newHarness(t, nil)
+	bad, err := sqlx.Open("mysql", "tollgate_secret_user:wrong-password@tcp(127.0.0.1:"+mysqlPortOf(t)+")/tollgate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bad.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	log := zap.NewNop()
+	store := holds.NewStore(bad, proxy.Plans(h.cfg), "standard", log)
+	keys := metering.Keys{Prefix: "readyz:"}
+	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: rdb, Keys: keys,
+		Tally:  metering.NewTally(rdb, keys, h.cfg.Holds.TallyTTL),
+		Leases: metering.NewLeases(rdb, keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
+	t.Cleanup(func() { _ = srv.Close() })
+	gw := httptest.NewServer(srv.Handler())
+	t.Cleanup(gw.Close)
+	resp, err := http.Get(gw.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	t.Logf("/readyz %d: %s", resp.StatusCode, body)
+	for _, leak := range []string{"tollgate_secret_user", "127.0.0.1"} {
+		if strings.Contains(string(body), leak) {
+			t.Errorf("/readyz (no auth) shows %q", leak)
+		}
+	}
+}
+
+func mysqlPortOf(t *testing.T) string {
+	t.Helper()
+	p := strings.TrimSpace(os.Getenv("TOLLGATE_MYSQL_PORT"))
+	if p == "" {
+		t.Skip("TOLLGATE_MYSQL_PORT unset")
+	}
+	return p
+}
