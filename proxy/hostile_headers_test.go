@@ -65,3 +65,23 @@ func TestCallerIdentityHeadersNotForwarded(t *testing.T) {
 		}
 	}
 }
+
+// The upstream's account identifiers (OpenAI's organisation and project, Anthropic's
+// organisation id) describe the operator's provider account, not the caller's answer.
+func TestOperatorAccountHeadersNotRelayed(t *testing.T) {
+	up, _ := recordingUpstream(http.Header{
+		"Openai-Organization":       {"org-operator-secret-id"},
+		"Openai-Project":            {"proj_operator"},
+		"Anthropic-Organization-Id": {"11111111-2222-3333-4444-555555555555"},
+	})
+	h := hostileHarness(t, up, func(c *config.Config) { c.Upstreams[0].APIKey = "sk-operator" })
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	_ = readAll(t, resp.Body)
+	resp.Body.Close()
+	for _, k := range []string{"Openai-Organization", "Openai-Project", "Anthropic-Organization-Id"} {
+		if v := resp.Header.Values(k); len(v) > 0 {
+			t.Errorf("operator's upstream account header %s reached the caller: %q", k, v)
+		}
+	}
+}
