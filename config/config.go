@@ -325,12 +325,6 @@ func (c *Config) Validate() error {
 			bad(t.name, "must be at least 100ms, got %v: one transaction takes milliseconds", t.d)
 		}
 	}
-	if c.Limits.SettleTimeout > time.Minute {
-		// A named run's call is marked tallied for as long as a call may live (at least a
-		// minute more than the upstream timeout): a retry of its tally after that would count
-		// it twice.
-		bad("limits.settle_timeout", "must be at most 1m, got %v", c.Limits.SettleTimeout)
-	}
 	if len(c.Plans) == 0 {
 		bad("plans", "no plan configured")
 	}
@@ -447,24 +441,19 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// redactURL is a URL fit for an error message: the password of its user info, which may be
-// the Redis password or an upstream's credentials, is replaced by "xxxxx". A URL that does not
-// parse (a password with a stray '%', say) has everything before its last '@' after the
-// scheme replaced.
+// redactURL is a URL fit for an error message: everything between its scheme's "://" (or
+// its start) and its last '@' — the user info, which may hold the Redis password or an
+// upstream's credentials — is replaced by "xxxxx". url.URL.Redacted is not enough: it keeps a
+// user name (a token given as one) and leaves alone a URL it reads as opaque or relative
+// ("default:pw@host:6379" without its scheme, "redis//:pw@host").
 func redactURL(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
-	}
-	scheme, rest, ok := strings.Cut(raw, "://")
-	if !ok {
-		scheme, rest = "", raw
-	}
-	at := strings.LastIndex(rest, "@")
+	at := strings.LastIndex(raw, "@")
 	if at < 0 {
 		return raw
 	}
-	if ok {
-		scheme += "://"
+	start := 0
+	if i := strings.Index(raw[:at], "://"); i >= 0 {
+		start = i + len("://")
 	}
-	return scheme + "xxxxx" + rest[at:]
+	return raw[:start] + "xxxxx" + raw[at:]
 }

@@ -48,7 +48,6 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		{"holds:\n  tally_ttl: 10m\n", "holds.tally_ttl"},
 		{"dedup:\n  replay_ttl: 0s\n", "dedup.replay_ttl"},
 		{"limits:\n  key_cache_ttl: 1h\n", "limits.key_cache_ttl"},
-		{"limits:\n  settle_timeout: 2m\n", "limits.settle_timeout"},
 		{"limits:\n  settle_timeout: 1ms\n", "limits.settle_timeout"},
 		{"holds:\n  heartbeat_interval: 60s\n", "holds.heartbeat_interval"},
 		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},

@@ -33,3 +33,33 @@ func TestValidateDoesNotPrintSecrets(t *testing.T) {
 		})
 	}
 }
+
+// TestValidateRedactsEveryURLShape: a URL that parses but whose secret is not in the
+// password field (no scheme, a token as the user name, an opaque URL) is printed whole.
+func TestValidateRedactsEveryURLShape(t *testing.T) {
+	for _, tc := range []struct{ name, redis, base string }{
+		{"redis URL without its scheme", "default:hunter2-redis@redis.internal:6379", ""},
+		{"redis scheme missing colon", "redis//:hunter2-redis@redis.internal:6379/0", ""},
+		{"upstream token as user name", "", "htps://hunter2-token@llm.internal/v1"},
+		{"upstream URL without scheme", "", "svc:hunter2-upstream@llm.internal/v1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			c.MySQLDSN = "u:p@tcp(127.0.0.1:3306)/db"
+			c.RedisURL = "redis://127.0.0.1:6379/0"
+			if tc.redis != "" {
+				c.RedisURL = tc.redis
+			}
+			if tc.base != "" {
+				c.Upstreams[0].BaseURL = tc.base
+			}
+			err := c.Validate()
+			if err == nil {
+				t.Fatal("an invalid URL was accepted")
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("validation error prints the secret: %v", err)
+			}
+		})
+	}
+}

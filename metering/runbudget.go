@@ -26,7 +26,7 @@ import (
 // settled. A field per call rather than counters makes every step safe to repeat (go-redis
 // resends a script whose reply it lost): a repeated Reserve finds its field and returns its
 // grant, and a repeated Release finds the call already tallied (its CallDone mark, a key that
-// lives maxCall) and does nothing.
+// lives as long as the tally) and does nothing.
 //
 // The process serving a call beats its reservation (Refresh, every heartbeat interval), so a
 // field not beaten for staleAfter (the lease TTL) belongs to a process that died mid-call, and
@@ -175,10 +175,12 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 	if costMicro == 0 && u == (pricing.Usage{}) {
 		calls = 0
 	}
-	// The done mark need only outlive the repeats of this Release (a resent script, the
-	// call's tally retries, within settle_timeout of its end): maxCall is longer than those.
+	// The done mark lives as long as the tally it guards: a repeat of this Release (a resent
+	// script, the call's tally retries after a lost reply, however long the answer took to
+	// write) finds it whenever it finds the tally. One key per call for tally_ttl, as a
+	// one-call run's tally is.
 	err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.CallDone(runID, callID)},
-		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, callID, b.tallyTTL.Milliseconds(), b.maxCall.Milliseconds()).Err()
+		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, callID, b.tallyTTL.Milliseconds(), b.tallyTTL.Milliseconds()).Err()
 	if err != nil {
 		return fmt.Errorf("tally and release for run %s: %w", runID, err)
 	}

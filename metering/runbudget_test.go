@@ -333,3 +333,31 @@ func TestRunBudgetReleasedCallIsNotBeatenBack(t *testing.T) {
 		t.Fatalf("released reservation present after a beat: %v, %v", n, err)
 	}
 }
+
+// TestRunBudgetDoneMarkLivesAsLongAsTheTally: what keeps a repeated Release from tallying a
+// call twice is its done mark. A repeat may come long after the first landed with its reply
+// lost (the tally retried after the caller's slow read of the answer), so the mark must live
+// as long as the tally it guards; living only as long as a call, it expired under a retry and
+// the call was tallied, and charged, twice.
+func TestRunBudgetDoneMarkLivesAsLongAsTheTally(t *testing.T) {
+	e := newRunBudget(t) // tally_ttl 1 h, maxCall 1 h; a budget whose calls live a minute:
+	b := metering.NewRunBudget(e.rdb, e.keys, time.Hour, time.Minute, testStaleAfter)
+	ctx := context.Background()
+	if _, err := b.Reserve(ctx, "r_mark", "a", 10_000, 1_000, 100); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "r_mark", "a", pricing.Usage{Output: 10}, 500); err != nil {
+		t.Fatal(err)
+	}
+	mark := e.rdb.PTTL(ctx, e.keys.CallDone("r_mark", "a")).Val()
+	tally := e.rdb.PTTL(ctx, e.keys.Usage("r_mark")).Val()
+	if mark < tally-time.Minute || tally <= 0 {
+		t.Fatalf("done mark lives %v, the tally %v: a Release repeated after the mark is gone tallies the call again", mark, tally)
+	}
+	if err := b.Release(ctx, "r_mark", "a", pricing.Usage{Output: 10}, 500); err != nil {
+		t.Fatal(err)
+	}
+	if u, _, _ := e.tally.Get(ctx, "r_mark"); u.Calls != 1 || u.CostMicro != 500 {
+		t.Fatalf("tally after a repeated release: %+v, want one call of 500", u)
+	}
+}

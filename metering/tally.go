@@ -24,9 +24,9 @@ func (k Keys) Usage(runID string) string { return k.Prefix + "billing:usage:{" +
 func (k Keys) RunBudget(runID string) string { return k.Prefix + "billing:runbudget:{" + runID + "}" }
 
 // CallDone marks a call of a named run as tallied, so a repeated RunBudget.Release does not
-// tally it twice. A key of its own, with a TTL, rather than a field of the tally hash: the
-// hash lives tally_ttl and every call pushes that out, so one field per call grew it without
-// bound (calls that cost nothing do not use the run's cap).
+// tally it twice. A key of its own, living tally_ttl from the call's end, rather than a field
+// of the tally hash: the hash's life is pushed out by every call of the run, so one field per
+// call grew it for as long as the run went on (calls that cost nothing do not use its cap).
 func (k Keys) CallDone(runID, callID string) string {
 	return k.Prefix + "billing:calldone:{" + runID + "}:" + callID
 }

@@ -333,7 +333,11 @@ func (m *Meter) responsesEvent(s, typ string) {
 	case "response.created":
 		m.sawModel(gjson.Get(s, "response.model"))
 	case "response.completed", "response.incomplete":
-		m.sawModel(gjson.Get(s, "response.model"))
+		// The finished response names the model that produced it: it overrides the one
+		// response.created named (a router's pick is known only at the end).
+		if v := gjson.Get(s, "response.model"); v.Type == gjson.String && v.Str != "" && len(v.Str) <= maxModelName {
+			m.res.Model = strings.Clone(v.Str)
+		}
 		m.openAIUsage(gjson.Get(s, "response.usage"))
 	case "response.failed":
 		// A failed response carries what it used so far, as a completed one does.

@@ -347,3 +347,21 @@ func TestMeterKeepsTheAnsweringModel(t *testing.T) {
 		})
 	}
 }
+
+// TestResponsesModelIsTheOneThatCompleted: a Responses stream says at its start which
+// model it was asked for (response.created) and at its end which one produced the answer
+// (response.completed). A router that picks a model names its pick in the final event; the
+// call must be billed at that one.
+func TestResponsesModelIsTheOneThatCompleted(t *testing.T) {
+	m := NewMeter(FormatResponses)
+	for _, ev := range []Event{
+		{Name: "response.created", Data: []byte(`{"type":"response.created","response":{"id":"r","model":"router/auto","status":"in_progress"}}`)},
+		{Name: "response.output_text.delta", Data: []byte(`{"type":"response.output_text.delta","delta":"hi"}`)},
+		{Name: "response.completed", Data: []byte(`{"type":"response.completed","response":{"id":"r","model":"dear-2025-01-01","status":"completed","usage":{"input_tokens":10,"output_tokens":20,"total_tokens":30}}}`)},
+	} {
+		m.Event(ev)
+	}
+	if got := m.Result().Model; got != "dear-2025-01-01" {
+		t.Errorf("Result().Model = %q, want the model response.completed names", got)
+	}
+}
