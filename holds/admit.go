@@ -81,11 +81,10 @@ func (s *Store) AdmitBatch(ctx context.Context, reqs []AdmitRequest) ([]AdmitRes
 
 // liveTotals is what a user has in flight, kept current across a batch.
 type liveTotals struct {
-	UserID     uint64
-	InFlight   int
-	Held       int64
-	UsedToday  int64
-	OldestLeft sql.NullInt64
+	UserID    uint64
+	InFlight  int
+	Held      int64
+	UsedToday int64
 	// Aggregated: the user has admissions in the batch, so its live holds were counted.
 	Aggregated bool
 }
@@ -145,7 +144,7 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 		}
 		t := r.live[req.UserID]
 		if t.InFlight >= plan.MaxInFlight {
-			out[i].Err = &TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: retryAfter(t.OldestLeft)}
+			out[i].Err = &TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter}
 			continue
 		}
 		available := Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held)
@@ -223,12 +222,9 @@ func Available(allowance, usedToday, prepaid, held int64) int64 {
 	return max(0, allowance-usedToday) + prepaid - held
 }
 
-// retryAfter tells a refused caller when to come back: a slot frees when a call finishes,
-// usually within seconds, and at the latest when the oldest hold expires.
-func retryAfter(oldestLeftUS sql.NullInt64) time.Duration {
-	const floor, ceiling = time.Second, 30 * time.Second
-	if !oldestLeftUS.Valid {
-		return floor
-	}
-	return max(floor, min(ceiling, time.Duration(oldestLeftUS.Int64)*time.Microsecond))
-}
+// inFlightRetryAfter tells a caller refused for too many calls in flight when to come back: a
+// slot frees when one of its calls finishes, usually within seconds. (The oldest hold's
+// expiry, minutes away with the default hold_ttl, is only the latest bound: told that, capped
+// at 30 s, every caller waited 30 s, since the OpenAI and Anthropic SDKs wait what
+// Retry-After says before each retry.) A caller still refused is told again.
+const inFlightRetryAfter = time.Second

@@ -233,11 +233,11 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 		sc.addIn("SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp, admit_token FROM run_holds WHERE run_id IN (?)", plan.lookupRuns)
 	}
 	if len(plan.admitIDs) > 0 {
-		sc.addIn(`SELECT user_id, COUNT(*), SUM(held_micro), 0, MIN(TIMESTAMPDIFF(MICROSECOND, @tg_now, expires_at))
+		sc.addIn(`SELECT user_id, COUNT(*), SUM(held_micro), 0
 			FROM run_holds WHERE user_id IN (?) AND state IN ('queued', 'running') AND expires_at > @tg_now
 			GROUP BY user_id`, plan.admitIDs)
 	}
-	sc.addIn("SELECT user_id, 0, 0, used_micro, NULL FROM usage_days WHERE day = DATE(@tg_now) AND user_id IN (?)", plan.userIDs)
+	sc.addIn("SELECT user_id, 0, 0, used_micro FROM usage_days WHERE day = DATE(@tg_now) AND user_id IN (?)", plan.userIDs)
 
 	rows, err := conn.QueryContext(ctx, string(sc.q), sc.args...)
 	if err != nil {
@@ -293,16 +293,13 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	}
 	addTotals := func() error {
 		var t liveTotals
-		if err := rows.Scan(&t.UserID, &t.InFlight, &t.Held, &t.UsedToday, &t.OldestLeft); err != nil {
+		if err := rows.Scan(&t.UserID, &t.InFlight, &t.Held, &t.UsedToday); err != nil {
 			return err
 		}
 		l := r.live[t.UserID]
 		l.InFlight += t.InFlight
 		l.Held += t.Held
 		l.UsedToday += t.UsedToday
-		if t.OldestLeft.Valid {
-			l.OldestLeft = t.OldestLeft
-		}
 		return nil
 	}
 	if len(plan.admitIDs) > 0 {

@@ -16,6 +16,9 @@ type apiError struct {
 	Message    string
 	RetryAfter time.Duration
 	RunID      string // the run a duplicate refers to, when there is one
+	// NoRetry: the answer cannot change on a retry. OpenAI and Anthropic SDKs retry every 409
+	// (and 408, 429, 5xx) unless told otherwise by X-Should-Retry.
+	NoRetry bool
 }
 
 func (e *apiError) Error() string { return e.Code + ": " + e.Message }
@@ -45,13 +48,16 @@ var (
 	errRunNotFound = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "run_not_found",
 		Message: "No such run."}
 	errRunSettled = &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "run_settled",
-		Message: "This run is already settled; start a new run id."}
+		Message: "This run is already settled; start a new run id.", NoRetry: true}
 )
 
 // writeError sends e. The run id, when known, goes in a header so a caller can quote it.
 func writeError(w http.ResponseWriter, e *apiError) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
+	if e.NoRetry && h.Get(shouldRetryHeader) == "" {
+		h.Set(shouldRetryHeader, "false")
+	}
 	if e.RetryAfter > 0 {
 		h.Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
 	}

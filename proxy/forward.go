@@ -303,7 +303,12 @@ func streamErrorEvent(f metering.Format, e *apiError) []byte {
 		b, _ = json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": e.Type, "message": e.Message}})
 		return append(append([]byte("event: error\ndata: "), b...), '\n', '\n')
 	case metering.FormatResponses:
-		b, _ = json.Marshal(map[string]any{"type": "error", "code": e.Code, "message": e.Message})
+		// The documented event has code and message at the top; what OpenAI sends (and what
+		// the OpenAI SDKs end a stream with an error on) nests them under "error"
+		// (testdata/usage/openai_responses_stream_error_then_failed.sse). Both, so that
+		// neither kind of client reads a broken stream as a clean end.
+		b, _ = json.Marshal(map[string]any{"type": "error", "code": e.Code, "message": e.Message, "param": nil,
+			"error": map[string]any{"type": e.Type, "code": e.Code, "message": e.Message, "param": nil}})
 		return append(append([]byte("event: error\ndata: "), b...), '\n', '\n')
 	default:
 		b, _ = json.Marshal(map[string]any{"error": map[string]string{"message": e.Message, "type": e.Type, "code": e.Code}})
