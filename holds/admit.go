@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -130,6 +131,24 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			case h.State == StateSettled:
 				out[i].Err = ErrRunSettled
 			default:
+				if !h.Live && req.ClientRunID != "" {
+					// The run's hold had expired: the aggregate no longer counts it, and other
+					// calls may have been admitted against what it held. Pushing its expiry out
+					// brings it back, so it must fit the limits again, as a new hold would.
+					t := r.live[req.UserID]
+					if t.InFlight >= plan.MaxInFlight {
+						out[i].Err = &TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter}
+						continue
+					}
+					if Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held) < h.HeldMicro {
+						out[i].Err = ErrInsufficient
+						continue
+					}
+					t.InFlight++
+					t.Held += h.HeldMicro
+					h.Live = true
+					r.existing[req.RunID] = h
+				}
 				out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
 					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, Existing: true, MaxInFlight: plan.MaxInFlight}
 				// A later call of a named run: its expiry moves out now, not when the call ends,
@@ -166,7 +185,7 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 		expires := r.now.Add(req.TTL)
 		r.existing[req.RunID] = holdRow{RunID: hold.RunID, UserID: hold.UserID, State: hold.State,
 			HeldMicro: hold.HeldMicro, CapMicro: hold.CapMicro, DiscountBP: hold.DiscountBP,
-			Token: sql.NullString{String: req.Token, Valid: req.Token != ""}}
+			Token: sql.NullString{String: req.Token, Valid: req.Token != ""}, Live: true}
 		inserts = append(inserts, admittedRow{hold: hold, req: req, expires: expires})
 	}
 	return out, inserts
@@ -218,8 +237,21 @@ func appendExtendHolds(sc *script, rows []admittedRow) {
 
 // Available is what a user may still spend: the rest of today's allowance, plus prepaid
 // credits (negative when in debt), minus what live holds reserve.
+// It saturates rather than wraps: an allowance override and prepaid credits the admin API
+// accepts may together pass MaxInt64 (credit_micro 10^7 and a 12-digit allowance), and a
+// wrapped sum is a rich user refused as insufficient.
 func Available(allowance, usedToday, prepaid, held int64) int64 {
-	return max(0, allowance-usedToday) + prepaid - held
+	a := max(0, allowance-usedToday)
+	switch {
+	case prepaid > 0 && a > math.MaxInt64-prepaid:
+		a = math.MaxInt64
+	default:
+		a += prepaid
+	}
+	if held > 0 && a < math.MinInt64+held {
+		return math.MinInt64
+	}
+	return a - held
 }
 
 // inFlightRetryAfter tells a caller refused for too many calls in flight when to come back: a

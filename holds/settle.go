@@ -311,6 +311,8 @@ type holdRow struct {
 	CapMicro    int64          `db:"cap_micro"`
 	DiscountBP  int            `db:"discount_bp"`
 	Token       sql.NullString `db:"admit_token"`
+	// Live: open and unexpired at the batch's clock, so the admission aggregate counted it.
+	Live bool `db:"-"`
 }
 
 func nullJSON(b []byte) any {
