@@ -190,11 +190,16 @@ func (c *Config) applyEnv(getenv func(string) string) {
 	set(&c.Instance, "TOLLGATE_INSTANCE")
 	set(&c.RedisKeyPrefix, "TOLLGATE_REDIS_PREFIX")
 	if len(c.Upstreams) > 0 {
-		first := c.Upstreams[0].BaseURL
+		first := c.Upstreams[0]
 		for i := range c.Upstreams {
-			if u := &c.Upstreams[i]; i == 0 || u.BaseURL == first {
+			if u := &c.Upstreams[i]; i == 0 || u.BaseURL == first.BaseURL {
 				set(&u.BaseURL, "UPSTREAM_URL")
-				set(&u.APIKey, "UPSTREAM_API_KEY")
+				// An upstream that names a key of its own (another account at the same
+				// provider) keeps it: it shares the first's key only when it names the same
+				// variable or none.
+				if i == 0 || u.APIKeyEnv == "" || u.APIKeyEnv == first.APIKeyEnv {
+					set(&u.APIKey, "UPSTREAM_API_KEY")
+				}
 			}
 		}
 	}
@@ -285,6 +290,12 @@ func (c *Config) Validate() error {
 	// a run's tallied usage is lost and the run charged what it held.
 	if need := max(c.Holds.HoldTTL, c.Holds.RunTTL) + c.Holds.ReconcileInterval + c.Holds.ReconcileLockTTL + time.Hour; c.Holds.TallyTTL < need {
 		bad("holds.tally_ttl", "%v must be at least %v (the longer of hold_ttl and run_ttl, one reconcile pass and lock, and an hour): the reconciler settles from the tally", c.Holds.TallyTTL, need)
+	}
+	if call := c.Limits.UpstreamTimeout + c.Limits.ClientWriteTimeout + time.Minute; c.Limits.SettleTimeout >= call {
+		// A run settled on request is closed to new calls for the longest a call may live
+		// (this sum); its settlement, retries included, must commit before that mark lapses, or
+		// a call started after it would be left out of the charge.
+		bad("limits.settle_timeout", "%v must be shorter than upstream_timeout + client_write_timeout + 1m = %v", c.Limits.SettleTimeout, call)
 	}
 	if c.Holds.ReconcileBatch < 1 || c.Holds.ReconcileBatch > 10_000 {
 		bad("holds.reconcile_batch", "must be in [1, 10000], got %d", c.Holds.ReconcileBatch)

@@ -48,6 +48,7 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		{"holds:\n  tally_ttl: 10m\n", "holds.tally_ttl"},
 		{"dedup:\n  replay_ttl: 0s\n", "dedup.replay_ttl"},
 		{"limits:\n  key_cache_ttl: 1h\n", "limits.key_cache_ttl"},
+		{"limits:\n  settle_timeout: 10m\n", "limits.settle_timeout"},
 		{"limits:\n  settle_timeout: 1ms\n", "limits.settle_timeout"},
 		{"holds:\n  heartbeat_interval: 60s\n", "holds.heartbeat_interval"},
 		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},
@@ -153,5 +154,20 @@ func TestExampleServesBothWireFormatsFromOneUpstreamURL(t *testing.T) {
 		if !ok || u.Kind != kind || u.BaseURL != "http://127.0.0.1:9999" {
 			t.Errorf("%s goes to %+v (found %v), want the %s upstream at UPSTREAM_URL", model, u, ok, kind)
 		}
+	}
+}
+
+// An upstream that names its own key (api_key_env) keeps it when UPSTREAM_API_KEY, the first
+// upstream's key, is set: two accounts at one provider share a base_url.
+func TestUpstreamAPIKeyDoesNotOverrideAnotherUpstreamsKeyEnv(t *testing.T) {
+	c := Default()
+	c.Upstreams = []Upstream{
+		{Name: "cheap", Kind: "openai", BaseURL: "https://api.openai.com/v1", APIKeyEnv: "KEY_A", Models: []string{"a"}},
+		{Name: "dear", Kind: "openai", BaseURL: "https://api.openai.com/v1", APIKeyEnv: "KEY_B", Models: []string{"b"}},
+	}
+	env := map[string]string{"UPSTREAM_API_KEY": "sk-first", "KEY_A": "sk-a", "KEY_B": "sk-b"}
+	c.applyEnv(func(k string) string { return env[k] })
+	if got := c.Upstreams[1].APIKey; got != "sk-b" {
+		t.Errorf("second upstream's key = %q, want %q from its api_key_env KEY_B", got, "sk-b")
 	}
 }
