@@ -139,6 +139,10 @@ func (m *Meter) Body(body []byte) {
 	}
 }
 
+// UpstreamError reports whether the response carried an error event or object so far: cheap
+// enough for every event.
+func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
+
 // Result returns what was seen so far, every token count within [0, pricing.MaxTokens].
 func (m *Meter) Result() Result {
 	r := m.res

@@ -64,6 +64,8 @@ type call struct {
 	fpKey string
 	// sessionClaimed: this call is its session's current run; endSessionCall marks its end.
 	sessionClaimed bool
+	// superseded: a newer message of its session stopped this call.
+	superseded bool
 }
 
 // RunIDHeader carries the run id of every answered model call, so a caller can look its run up.
@@ -226,6 +228,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		// its session replaced it): nothing was used, release at 0.
 		c.outcome = outcomeRefused
 		if errors.Is(context.Cause(r.Context()), errSuperseded) {
+			c.superseded = true
 			// Not to be retried: a retry would resend the old message and replace the newer one.
 			w.Header().Set(shouldRetryHeader, "false")
 			return refuse(errSupersededAnswer, "superseded")
@@ -235,6 +238,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	status := s.forward(w, r, c)
 	if errors.Is(context.Cause(r.Context()), errSuperseded) && c.outcome != outcomeComplete {
 		// (A call superseded after its answer was whole is not told it was stopped.)
+		c.superseded = true
 		status = s.answerSuperseded(c)
 	}
 	return status

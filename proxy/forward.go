@@ -167,11 +167,19 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 					e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
 						Message: "The upstream did not finish the answer in time."}
 				}
+				// The error event is the last the caller gets: what the call claimed against
+				// duplicates is given back before it is sent, as for a clean end.
+				s.answerFinal(r.Context(), c)
 				_ = writeEvent(streamErrorEvent(c.req.route.format, e))
 			}
 			break
 		}
 		c.meter.Event(ev)
+		if !sawFinal && c.meter.UpstreamError() {
+			// An error event from the upstream ends the answer for the caller (the SDKs raise on
+			// it): give back what the call claimed against duplicates before it is sent.
+			s.answerFinal(r.Context(), c)
+		}
 		if strip && metering.IsUsageOnlyChunk(ev.Data) {
 			continue
 		}

@@ -109,15 +109,18 @@ type idemRecord struct {
 	run      string
 	status   int
 	large    bool
+	// superseded: an attempt was stopped by a newer message of its session. Its retries are
+	// answered 409 superseded, not run: run again, the old message would replace the newer.
+	superseded bool
 }
 
 func (s *Server) readIdem(ctx context.Context, ic *idemCall) (idemRecord, error) {
-	v, err := s.dedupRDB.HMGet(ctx, ic.record, "body", "attempt", "run", "status", "large").Result()
+	v, err := s.dedupRDB.HMGet(ctx, ic.record, "body", "attempt", "run", "status", "large", "superseded").Result()
 	if err != nil {
 		return idemRecord{}, fmt.Errorf("read idempotency record: %w", err)
 	}
 	str := func(i int) string { s, _ := v[i].(string); return s }
-	rec := idemRecord{bodyHash: str(0), run: str(2), large: str(4) == "1"}
+	rec := idemRecord{bodyHash: str(0), run: str(2), large: str(4) == "1", superseded: str(5) == "1"}
 	rec.attempt, _ = strconv.Atoi(str(1))
 	rec.status, _ = strconv.Atoi(str(3))
 	return rec, nil
@@ -169,6 +172,9 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 		if rec.bodyHash != "" && rec.bodyHash != ic.bodyHash {
 			return holds.Hold{}, answer(errKeyReused, false)
 		}
+		if rec.superseded {
+			return holds.Hold{}, answer(errSupersededAnswer, false)
+		}
 		if rec.run != "" {
 			if rec.large {
 				return holds.Hold{}, answer(errReplayTooLarge(rec.run, s.cfg.Dedup.MaxReplayLen), false)
@@ -197,7 +203,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			// The attempt ended between the read and the admission, or its end did not reach the
 			// record. Its record is final now (it is written before settlement): read again, and
 			// if the attempt did not pin the key, move past it.
-			if rec2, err := s.readIdem(ctx, ic); err == nil && rec2.run == "" && rec2.attempt == rec.attempt {
+			if rec2, err := s.readIdem(ctx, ic); err == nil && rec2.run == "" && !rec2.superseded && rec2.attempt == rec.attempt {
 				if rec2.bodyHash == "" {
 					// No record of the key at all, yet its attempt ran: Redis lost the record (a
 					// restart, a failover). An attempt that ended complete pinned the key; it
@@ -307,6 +313,18 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 	// better run again than replayed for a day.
 	pins := rw.status >= 200 && rw.status <= 299 &&
 		(c.outcome == outcomeComplete || (c.outcome == outcomeStreamError && c.meter.Result().OutputChars > 0))
+	if !pins && c.superseded {
+		// Not moved on: a retry of a superseded message would replace the newer one.
+		if _, err := s.dedupRDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.HSetNX(ctx, ic.record, "body", ic.bodyHash)
+			p.HSet(ctx, ic.record, "superseded", "1")
+			p.PExpire(ctx, ic.record, s.cfg.Dedup.ReplayTTL)
+			return nil
+		}); err != nil {
+			c.log.Warn("superseded idempotent attempt not recorded; a retry may run it again", zap.Error(err))
+		}
+		return
+	}
 	if !pins {
 		if err := s.advanceIdem(ctx, ic, ic.attempt); err != nil {
 			c.log.Warn("idempotency attempt not advanced; the next retry advances it", zap.Error(err))
