@@ -377,17 +377,56 @@ func (c *callRequest) rewrite(capMicro int64, modelMaxOutput int64) (bool, error
 	if c.maxOutput >= 0 {
 		for i, f := range c.route.maxFields {
 			if c.bounds[i] > limit {
+				if limit < 1 {
+					// A bound of 0 is refused by the providers (400 about a max_tokens the
+					// caller never sent): the budget pays for no output, which is 402.
+					return false, nil
+				}
 				if c.body, err = sjson.SetBytes(c.body, f, limit); err != nil {
 					return false, fmt.Errorf("lower output bound: %w", err)
+				}
+				if ok, err := c.fitThinking(limit); !ok || err != nil {
+					return ok, err
 				}
 			}
 		}
 	} else if modelMaxOutput > limit {
+		if limit < 1 {
+			return false, nil
+		}
 		// Only when the model's own limit is known: a bound above it would make the provider
 		// refuse the request. Unknown limits rely on the settlement clamp to the cap.
 		if c.body, err = sjson.SetBytes(c.body, c.route.maxFields[0], limit); err != nil {
 			return false, fmt.Errorf("lower output bound: %w", err)
 		}
+	}
+	return true, nil
+}
+
+// minThinkingBudget is Anthropic's least thinking.budget_tokens.
+const minThinkingBudget = 1024
+
+// fitThinking keeps an Anthropic extended-thinking request valid once max_tokens is lowered to
+// limit: Anthropic refuses budget_tokens >= max_tokens. The thinking budget is lowered with
+// it; a limit that leaves less than the least thinking budget is a budget too small (402).
+func (c *callRequest) fitThinking(limit int64) (bool, error) {
+	if c.route.format != metering.FormatAnthropic {
+		return true, nil
+	}
+	root := gjson.GetBytes(c.body, "thinking")
+	if root.Get("type").Str != "enabled" {
+		return true, nil
+	}
+	bt := root.Get("budget_tokens")
+	if bt.Type != gjson.Number || bt.Int() < limit {
+		return true, nil
+	}
+	if limit-1 < minThinkingBudget {
+		return false, nil
+	}
+	var err error
+	if c.body, err = sjson.SetBytes(c.body, "thinking.budget_tokens", limit-1); err != nil {
+		return false, fmt.Errorf("lower thinking budget: %w", err)
 	}
 	return true, nil
 }

@@ -1,0 +1,238 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aopt "github.com/anthropics/anthropic-sdk-go/v2/option"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/fakellm"
+)
+
+type aLog struct {
+	mu sync.Mutex
+	st []int
+	sh []string
+}
+
+func (l *aLog) mw() aopt.Middleware {
+	return func(req *http.Request, next aopt.MiddlewareNext) (*http.Response, error) {
+		res, err := next(req)
+		l.mu.Lock()
+		if res != nil {
+			l.st = append(l.st, res.StatusCode)
+			l.sh = append(l.sh, res.Header.Get("X-Should-Retry"))
+		} else {
+			l.st = append(l.st, 0)
+			l.sh = append(l.sh, "")
+		}
+		l.mu.Unlock()
+		return res, err
+	}
+}
+
+func aClient(h *harness, key string, l *aLog, opts ...aopt.RequestOption) anthropic.Client {
+	base := []aopt.RequestOption{aopt.WithBaseURL(h.gw.URL + "/"), aopt.WithAPIKey(key),
+		aopt.WithMiddleware(l.mw())}
+	return anthropic.NewClient(append(base, opts...)...)
+}
+
+var aParams = anthropic.MessageNewParams{Model: "claude-test", MaxTokens: 64,
+	Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Say hello."))}}
+
+// sdkReadable checks that the Anthropic SDK surfaces a gateway error usefully: its status, a
+// message and an error type. (The gateway answers every route in OpenAI's error shape, as the
+// README documents; the SDK reads error.message and error.type from it.)
+func sdkReadable(t *testing.T, what string, status int, err error) {
+	t.Helper()
+	var ae *anthropic.Error
+	if !errors.As(err, &ae) {
+		t.Fatalf("%s: not an API error: %v", what, err)
+	}
+	if ae.StatusCode != status || ae.Message == "" || ae.Type() == "" {
+		t.Errorf("%s: the SDK read status %d, type %q, message %q from %s; want %d with a type and a message",
+			what, ae.StatusCode, ae.Type(), ae.Message, ae.RawJSON(), status)
+	}
+}
+
+func TestAnthropicSDKReadsGatewayErrors(t *testing.T) {
+	h := newHarness(t, func(c *configT) {
+		p := c.Plans["standard"]
+		c.Plans["broke"] = p
+	})
+	_, key := h.user("standard")
+	var l aLog
+	// 401
+	c := aClient(h, "nope", &l, aopt.WithMaxRetries(0))
+	_, err := c.Messages.New(context.Background(), aParams)
+	sdkReadable(t, "401", 401, err)
+	// 400 missing model priced
+	c = aClient(h, key, &l, aopt.WithMaxRetries(0))
+	p := aParams
+	p.Model = "claude-unpriced-zzz"
+	_, err = c.Messages.New(context.Background(), p)
+	sdkReadable(t, "400", 400, err)
+	// 404 unknown route (count_tokens)
+	_, err = c.Messages.CountTokens(context.Background(), anthropic.MessageCountTokensParams{Model: "claude-test",
+		Messages: aParams.Messages})
+	sdkReadable(t, "404", 404, err)
+}
+
+func TestAnthropicSDKDoesNotRetryASettledRun(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	var l aLog
+	c := aClient(h, key, &l, aopt.WithHeader("X-Run-Id", "agent-1"))
+	if _, err := c.Messages.New(context.Background(), aParams); err != nil {
+		t.Fatal(err)
+	}
+	h.settled()
+	if st, b := h.settleRun(key, "agent-1"); st != 200 {
+		t.Fatalf("settle: %d %s", st, b)
+	}
+	n := len(l.st)
+	_, err := c.Messages.New(context.Background(), aParams)
+	t.Logf("attempts %v should %v err %v", l.st[n:], l.sh[n:], err)
+	if len(l.st[n:]) != 1 {
+		t.Errorf("retried a settled run")
+	}
+	sdkReadable(t, "409", 409, err)
+}
+
+func TestAnthropicSDKSeesABrokenStream(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	var l aLog
+	c := aClient(h, key, &l, aopt.WithMaxRetries(0), aopt.WithHeader(fakellm.HeaderChunks, "9"),
+		aopt.WithHeader(fakellm.HeaderDropAfter, "3"))
+	s := c.Messages.NewStreaming(context.Background(), aParams)
+	n := 0
+	for s.Next() {
+		n++
+	}
+	err := s.Err()
+	t.Logf("events %d err %v", n, err)
+	if err == nil {
+		t.Fatal("broken stream read as clean end")
+	}
+}
+
+var _ = config.Plan{}
+
+// anthropicLikeUpstream answers /v1/messages as Anthropic does, including its validation of
+// max_tokens (>= 1) and of extended thinking (budget_tokens < max_tokens).
+func anthropicLikeUpstream(seen *[]string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var b struct {
+			MaxTokens int64 `json:"max_tokens"`
+			Thinking  *struct {
+				Type         string `json:"type"`
+				BudgetTokens int64  `json:"budget_tokens"`
+			} `json:"thinking"`
+		}
+		raw, _ := io.ReadAll(r.Body)
+		*seen = append(*seen, string(raw))
+		_ = json.Unmarshal(raw, &b)
+		w.Header().Set("Content-Type", "application/json")
+		bad := ""
+		switch {
+		case b.MaxTokens < 1:
+			bad = "max_tokens: Input should be greater than or equal to 1"
+		case b.Thinking != nil && b.Thinking.Type == "enabled" && b.Thinking.BudgetTokens >= b.MaxTokens:
+			bad = "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking#max-tokens-and-context-window-size"
+		}
+		if bad != "" {
+			w.WriteHeader(400)
+			_, _ = w.Write([]byte(`{"type":"error","error":{"type":"invalid_request_error","message":` + strconvQuote(bad) + `}}`))
+			return
+		}
+		_, _ = w.Write([]byte(`{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[{"type":"text","text":"Hi."}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":3}}`))
+	}
+}
+
+func strconvQuote(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+// A thinking request from a caller whose cap allows fewer output tokens than its thinking
+// budget: the gateway lowers max_tokens below thinking.budget_tokens and forwards a request
+// Anthropic must refuse. The caller gets a 400 about a max_tokens it never sent.
+func TestThinkingBudgetFitsALoweredMaxTokens(t *testing.T) {
+	var seen []string
+	srv := httptestServer(t, anthropicLikeUpstream(&seen))
+	h := newHarness(t, func(c *configT) {
+		c.Upstreams = []config.Upstream{{Name: "a", Kind: "anthropic", BaseURL: srv, Models: []string{"claude*"}}}
+		p := c.Plans["standard"]
+		p.MaxRunCostCredits = config.CreditsOf(60) // 0.06 USD: ~6 000 output tokens of claude-test
+		c.Plans["standard"] = p
+	})
+	_, key := h.user("standard")
+	var l aLog
+	c := aClient(h, key, &l, aopt.WithMaxRetries(0))
+	p := aParams
+	p.MaxTokens = 16000
+	p.Thinking = anthropic.ThinkingConfigParamOfEnabled(10000)
+	msg, err := c.Messages.New(context.Background(), p)
+	for _, s := range seen {
+		t.Logf("forwarded: %s", s)
+	}
+	if err != nil {
+		var ae *anthropic.Error
+		if errors.As(err, &ae) && ae.StatusCode == http.StatusPaymentRequired {
+			return // refused as over budget: fine
+		}
+		t.Fatalf("thinking call within the caller's means failed: %v", err)
+	}
+	t.Logf("ok: %+v", msg.Usage)
+}
+
+// A caller whose remaining credits pay for the prompt and not one output token: the gateway
+// forwards max_tokens: 0 (which Anthropic refuses with 400) instead of answering 402.
+func TestMaxTokensNeverLoweredToZero(t *testing.T) {
+	var seen []string
+	srv := httptestServer(t, anthropicLikeUpstream(&seen))
+	h := newHarness(t, func(c *configT) {
+		c.Upstreams = []config.Upstream{{Name: "a", Kind: "anthropic", BaseURL: srv, Models: []string{"claude*"}}}
+	})
+	_, key := h.user("standard")
+	var l aLog
+	c := aClient(h, key, &l, aopt.WithMaxRetries(0))
+	// Find a prompt whose estimate costs exactly the cap: price in is 2.5 USD/M; cap = 0.5 USD
+	// => 200 000 input tokens exactly (4 bytes per token, plus 4 per message).
+	text := strings.Repeat("abcd", 200_000-4-10)
+	for extra := 0; extra < 20; extra++ {
+		p := aParams
+		p.MaxTokens = 100
+		p.Messages = []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(text + strings.Repeat("abcd", extra)))}
+		seen = seen[:0]
+		_, err := c.Messages.New(context.Background(), p)
+		var ae *anthropic.Error
+		if errors.As(err, &ae) && ae.StatusCode == 402 {
+			t.Logf("extra %d: 402", extra)
+			break
+		}
+		for _, s := range seen {
+			var b struct {
+				MaxTokens int64 `json:"max_tokens"`
+			}
+			_ = json.Unmarshal([]byte(s), &b)
+			t.Logf("extra %d: forwarded max_tokens=%d err=%v", extra, b.MaxTokens, err)
+			if b.MaxTokens < 1 {
+				t.Fatalf("forwarded max_tokens %d; the caller got %v instead of 402", b.MaxTokens, err)
+			}
+		}
+	}
+}
+
+func httptestServer(t *testing.T, h http.HandlerFunc) string {
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return s.URL
+}
