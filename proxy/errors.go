@@ -38,7 +38,7 @@ func errBadRequest(code, msg string) *apiError {
 
 var (
 	errBadKey = &apiError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key",
-		Message: "Invalid or missing API key. Send it as 'Authorization: Bearer <key>'."}
+		Message: "Invalid or missing API key. Send it as 'Authorization: Bearer <key>' (or 'x-api-key: <key>' on /v1/messages)."}
 	errInsufficient = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "insufficient_credits",
 		Message: "No credits available: today's allowance and prepaid credits are used or held by calls in flight."}
 	errBillingDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
