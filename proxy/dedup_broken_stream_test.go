@@ -107,35 +107,44 @@ func TestSessionRegenerateAfterBrokenStreamRuns(t *testing.T) {
 	}
 }
 
-// TestPlainResendAfterBrokenStreamRuns: the same for the fingerprint window: a plain
-// stream breaks; the script sends the same body again as soon as it has the error event.
+// TestPlainResendAfterBrokenStreamRuns: the same for the fingerprint window: a plain stream
+// breaks — its connection drops (the gateway's upstream_broken event), or the upstream ends it
+// with its own error event — and the script sends the same body again as soon as it has the
+// error event.
 func TestPlainResendAfterBrokenStreamRuns(t *testing.T) {
-	h := newHarness(t, nil)
-	_, key := h.user("standard")
-	g := newEndGate("dedup:")
-	_, gw2 := h.secondGateway(g.client(h), nil)
+	for _, tc := range []struct{ name, knob, end string }{
+		{"connection dropped", fakellm.HeaderDropAfter, "upstream_broken"},
+		{"upstream error event", fakellm.HeaderErrorAfter, "error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			_, key := h.user("standard")
+			g := newEndGate("dedup:")
+			_, gw2 := h.secondGateway(g.client(h), nil)
 
-	first := sendStream(t, gw2, key, streamBody, with(slowStream(10, nil), fakellm.HeaderDropAfter, "3"))
-	defer first.Body.Close()
-	br := bufio.NewReader(first.Body)
-	if _, err := br.ReadString('\n'); err != nil { // registered: the fingerprint is taken
-		t.Fatal(err)
-	}
-	g.armed.Store(true)
-	sawEnd := make(chan bool, 1)
-	go func() { sawEnd <- readUntil(br, "upstream_broken") }()
-	select {
-	case ok := <-sawEnd:
-		if !ok {
-			t.Fatal("the broken stream ended without its error event")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no end of the broken stream")
-	}
-	again := send(h.gw.URL, key, streamBody, nil)
-	close(g.release)
-	if again.status != 200 {
-		t.Fatalf("resend after the broken answer's end: %d %s, want 200", again.status, again.body)
+			first := sendStream(t, gw2, key, streamBody, with(slowStream(10, nil), tc.knob, "3"))
+			defer first.Body.Close()
+			br := bufio.NewReader(first.Body)
+			if _, err := br.ReadString('\n'); err != nil { // registered: the fingerprint is taken
+				t.Fatal(err)
+			}
+			g.armed.Store(true)
+			sawEnd := make(chan bool, 1)
+			go func() { sawEnd <- readUntil(br, tc.end) }()
+			select {
+			case ok := <-sawEnd:
+				if !ok {
+					t.Fatal("the broken stream ended without its error event")
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no end of the broken stream")
+			}
+			again := send(h.gw.URL, key, streamBody, nil)
+			close(g.release)
+			if again.status != 200 {
+				t.Fatalf("resend after the broken answer's end: %d %s, want 200", again.status, again.body)
+			}
+		})
 	}
 }
 
@@ -159,36 +168,4 @@ func sendStream(t *testing.T, url, key, body string, hdr map[string]string) *htt
 		t.Fatalf("stream: %d", resp.StatusCode)
 	}
 	return resp
-}
-
-// TestPlainResendAfterUpstreamErrorEvent: the same when the upstream ends the stream with
-// its own error event (forwarded to the caller), not a broken connection.
-func TestPlainResendAfterUpstreamErrorEvent(t *testing.T) {
-	h := newHarness(t, nil)
-	_, key := h.user("standard")
-	g := newEndGate("dedup:")
-	_, gw2 := h.secondGateway(g.client(h), nil)
-
-	first := sendStream(t, gw2, key, streamBody, with(slowStream(10, nil), fakellm.HeaderErrorAfter, "3"))
-	defer first.Body.Close()
-	br := bufio.NewReader(first.Body)
-	if _, err := br.ReadString('\n'); err != nil { // registered: the fingerprint is taken
-		t.Fatal(err)
-	}
-	g.armed.Store(true)
-	sawEnd := make(chan bool, 1)
-	go func() { sawEnd <- readUntil(br, "error") }()
-	select {
-	case ok := <-sawEnd:
-		if !ok {
-			t.Fatal("the broken stream ended without its error event")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no end of the broken stream")
-	}
-	again := send(h.gw.URL, key, streamBody, nil)
-	close(g.release)
-	if again.status != 200 {
-		t.Fatalf("resend after the broken answer's end: %d %s, want 200", again.status, again.body)
-	}
 }
