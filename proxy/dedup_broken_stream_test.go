@@ -60,6 +60,22 @@ func (c *endGateConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
+// waitForEnd reads the broken stream until its error event (a line containing end), failing
+// the test if the stream ends without it or nothing comes for 10 s.
+func waitForEnd(t *testing.T, br *bufio.Reader, end string) {
+	t.Helper()
+	sawEnd := make(chan bool, 1)
+	go func() { sawEnd <- readUntil(br, end) }()
+	select {
+	case ok := <-sawEnd:
+		if !ok {
+			t.Fatal("the broken stream ended without its error event")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no end of the broken stream")
+	}
+}
+
 // readUntil reads SSE lines until one contains s; it reports whether it did.
 func readUntil(br *bufio.Reader, s string) bool {
 	for {
@@ -88,16 +104,7 @@ func TestSessionRegenerateAfterBrokenStreamRuns(t *testing.T) {
 	first := sendStream(t, gw2, key, streamBody, with(slowStream(10, sess), fakellm.HeaderDropAfter, "3"))
 	defer first.Body.Close()
 	br := bufio.NewReader(first.Body)
-	sawEnd := make(chan bool, 1)
-	go func() { sawEnd <- readUntil(br, "upstream_broken") }()
-	select {
-	case ok := <-sawEnd:
-		if !ok {
-			t.Fatal("the broken stream ended without its error event")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no end of the broken stream")
-	}
+	waitForEnd(t, br, "upstream_broken")
 	// The caller has the end of its answer: it regenerates.
 	regen := send(h.gw.URL, key, streamBody, sess)
 	close(g.release)
@@ -129,16 +136,7 @@ func TestPlainResendAfterBrokenStreamRuns(t *testing.T) {
 				t.Fatal(err)
 			}
 			g.armed.Store(true)
-			sawEnd := make(chan bool, 1)
-			go func() { sawEnd <- readUntil(br, tc.end) }()
-			select {
-			case ok := <-sawEnd:
-				if !ok {
-					t.Fatal("the broken stream ended without its error event")
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("no end of the broken stream")
-			}
+			waitForEnd(t, br, tc.end)
 			again := send(h.gw.URL, key, streamBody, nil)
 			close(g.release)
 			if again.status != 200 {

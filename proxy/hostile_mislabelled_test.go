@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -19,13 +20,7 @@ func TestHostileStreamMislabelledIsMetered(t *testing.T) {
 		fmt.Fprint(w, hostileUsage)
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	}, nil)
-	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-	t.Logf("status %d, %d bytes to the client; run in=%d out=%d est=%v src=%s charged=%d",
-		resp.StatusCode, len(body), run.InTok, run.OutTok, run.Estimated, run.SettleSource.String, run.ChargedMicro)
+	body, run := postAndRun(t, h, streamBody)
 	if run.OutTok == 0 {
 		t.Fatalf("the caller got %d bytes of generated text, charged output 0 (in=%d, estimated=%v)", len(body), run.InTok, run.Estimated)
 	}
@@ -39,14 +34,22 @@ func TestJSONBodyLabelledEventStreamIsMetered(t *testing.T) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello billing team, here is a fairly long answer for you."},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":400,"total_tokens":410}}`)
 	}, nil)
-	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-	t.Logf("status %d, %d bytes to the client; run in=%d out=%d est=%v src=%s charged=%d",
-		resp.StatusCode, len(body), run.InTok, run.OutTok, run.Estimated, run.SettleSource.String, run.ChargedMicro)
+	body, run := postAndRun(t, h, chatBody)
 	if run.OutTok == 0 {
 		t.Fatalf("the caller got the whole answer (%d bytes), charged output 0 (in=%d, estimated=%v)", len(body), run.InTok, run.Estimated)
 	}
+}
+
+// postAndRun sends body as a new user's chat call and returns what the caller received and
+// the call's run.
+func postAndRun(t *testing.T, h *harness, body string) ([]byte, holds.Run) {
+	t.Helper()
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", body, nil)
+	got := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	t.Logf("status %d, %d bytes to the client; run in=%d out=%d est=%v src=%s charged=%d",
+		resp.StatusCode, len(got), run.InTok, run.OutTok, run.Estimated, run.SettleSource.String, run.ChargedMicro)
+	return got, run
 }
