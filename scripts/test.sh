@@ -77,6 +77,14 @@ port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # Two `make test` on one box (or a `make run` in progress) must not collide:
 # unless the caller pinned a port, step off a busy default to a free one.
+# port_bound: some TCP socket holds the local port, listening or not — a client connection's
+# ephemeral port, or one in TIME-WAIT, makes a server's bind fail though nothing accepts on it.
+port_bound() {
+	local hex
+	hex=$(printf '%04X' "$1")
+	grep -qE "^ *[0-9]+: [0-9A-F]+:$hex " /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
 pick_port() {
 	local var=$1 def=$2 p i
 	if [[ -n ${!var:-} ]]; then
@@ -84,12 +92,13 @@ pick_port() {
 	fi
 	p=$def
 	for ((i = 0; i < 50; i++)); do
-		if ! port_in_use "$p"; then
+		if ! port_in_use "$p" && ! port_bound "$p"; then
 			[[ $p == "$def" ]] || log "port $def busy; using $p for $var"
 			export "$var=$p"
 			return 0
 		fi
-		p=$((20000 + RANDOM % 30000))
+		# Below Linux's ephemeral range (32768-60999), where no client connection lands.
+		p=$((20000 + RANDOM % 12000))
 	done
 	log "no free port found for $var"
 	return 1
