@@ -50,17 +50,16 @@ var aParams = anthropic.MessageNewParams{Model: "claude-test", MaxTokens: 64,
 	Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Say hello."))}}
 
 // sdkReadable checks that the Anthropic SDK surfaces a gateway error usefully: its status, a
-// message and an error type. (The gateway answers every route in OpenAI's error shape, as the
-// README documents; the SDK reads error.message and error.type from it.)
-func sdkReadable(t *testing.T, what string, status int, err error) {
+// message and Anthropic's error type for it.
+func sdkReadable(t *testing.T, what string, status int, errType string, err error) {
 	t.Helper()
 	var ae *anthropic.Error
 	if !errors.As(err, &ae) {
 		t.Fatalf("%s: not an API error: %v", what, err)
 	}
-	if ae.StatusCode != status || ae.Message == "" || ae.Type() == "" {
-		t.Errorf("%s: the SDK read status %d, type %q, message %q from %s; want %d with a type and a message",
-			what, ae.StatusCode, ae.Type(), ae.Message, ae.RawJSON(), status)
+	if ae.StatusCode != status || ae.Message == "" || string(ae.Type()) != errType {
+		t.Errorf("%s: the SDK read status %d, type %q, message %q from %s; want %d, %s and a message",
+			what, ae.StatusCode, ae.Type(), ae.Message, ae.RawJSON(), status, errType)
 	}
 }
 
@@ -74,17 +73,17 @@ func TestAnthropicSDKReadsGatewayErrors(t *testing.T) {
 	// 401
 	c := aClient(h, "nope", &l, aopt.WithMaxRetries(0))
 	_, err := c.Messages.New(context.Background(), aParams)
-	sdkReadable(t, "401", 401, err)
+	sdkReadable(t, "401", 401, "authentication_error", err)
 	// 400 missing model priced
 	c = aClient(h, key, &l, aopt.WithMaxRetries(0))
 	p := aParams
 	p.Model = "claude-unpriced-zzz"
 	_, err = c.Messages.New(context.Background(), p)
-	sdkReadable(t, "400", 400, err)
+	sdkReadable(t, "400", 400, "invalid_request_error", err)
 	// 404 unknown route (count_tokens)
 	_, err = c.Messages.CountTokens(context.Background(), anthropic.MessageCountTokensParams{Model: "claude-test",
 		Messages: aParams.Messages})
-	sdkReadable(t, "404", 404, err)
+	sdkReadable(t, "404", 404, "not_found_error", err)
 }
 
 func TestAnthropicSDKDoesNotRetryASettledRun(t *testing.T) {
@@ -105,7 +104,7 @@ func TestAnthropicSDKDoesNotRetryASettledRun(t *testing.T) {
 	if len(l.st[n:]) != 1 {
 		t.Errorf("retried a settled run")
 	}
-	sdkReadable(t, "409", 409, err)
+	sdkReadable(t, "409", 409, "invalid_request_error", err)
 }
 
 func TestAnthropicSDKSeesABrokenStream(t *testing.T) {

@@ -29,7 +29,7 @@ func userFrom(ctx context.Context) holds.User {
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := bearerToken(r.Header.Get("Authorization"))
-		if !ok && r.URL.Path == "/v1/messages" {
+		if !ok && r.URL.Path == anthropicPath {
 			key, ok = r.Header.Get("x-api-key"), true
 		}
 		key = strings.TrimSpace(key)

@@ -4,11 +4,12 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
 // apiError is an answer in OpenAI's error shape, which every SDK already knows how to read:
-// {"error":{"message","type","code"}}.
+// {"error":{"message","type","code"}} (Anthropic's on its route: see anthropicErrors).
 type apiError struct {
 	Status     int
 	Type       string
@@ -51,7 +52,8 @@ var (
 		Message: "This run is already settled; start a new run id.", NoRetry: true}
 )
 
-// writeError sends e. The run id, when known, goes in a header so a caller can quote it.
+// writeError sends e, in Anthropic's shape to a caller of the Anthropic route (see
+// anthropicErrors) and in OpenAI's to everyone else.
 func writeError(w http.ResponseWriter, e *apiError) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
@@ -65,8 +67,75 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	if e.RunID != "" {
 		body["run_id"] = e.RunID
 	}
+	envelope := map[string]any{"error": body}
+	if anthropicCaller(w) {
+		body["type"] = anthropicErrorType(e.Status)
+		envelope["type"] = "error"
+	}
 	w.WriteHeader(e.Status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": body})
+	_ = json.NewEncoder(w).Encode(envelope)
+}
+
+// anthropicErrors marks the response of a request to the Anthropic route, /v1/messages (and
+// paths under it, such as count_tokens, which the gateway does not serve). Anthropic's clients
+// read an error as {"type":"error","error":{"type","message"}} and name its class by
+// error.type (billing_error, rate_limit_error, ...), which differs from OpenAI's for the same
+// status; the gateway's own code and run id ride along in error, where Anthropic may add
+// fields. Errors the upstream sent pass through as it sent them.
+type anthropicErrors struct{ http.ResponseWriter }
+
+// Unwrap lets http.ResponseController reach the connection's flush and deadlines.
+func (w anthropicErrors) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// shapeErrors makes the errors of requests to the Anthropic route Anthropic's.
+func shapeErrors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.Path; p == anthropicPath || strings.HasPrefix(p, anthropicPath+"/") {
+			w = anthropicErrors{w}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+const anthropicPath = "/v1/messages"
+
+// anthropicCaller reports whether w, or a writer it wraps, answers the Anthropic route.
+func anthropicCaller(w http.ResponseWriter) bool {
+	for {
+		switch x := w.(type) {
+		case anthropicErrors:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return false
+		}
+	}
+}
+
+// anthropicErrorType is Anthropic's error type for status, as its API documents them; other
+// 4xx are invalid_request_error, as Anthropic uses it.
+func anthropicErrorType(status int) string {
+	switch {
+	case status == http.StatusUnauthorized:
+		return "authentication_error"
+	case status == http.StatusPaymentRequired:
+		return "billing_error"
+	case status == http.StatusForbidden:
+		return "permission_error"
+	case status == http.StatusNotFound:
+		return "not_found_error"
+	case status == http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status == http.StatusGatewayTimeout:
+		return "timeout_error"
+	case status >= 400 && status < 500:
+		return "invalid_request_error"
+	default:
+		return "api_error"
+	}
 }
 
 // writeJSON sends v with status.

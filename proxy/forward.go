@@ -308,7 +308,8 @@ func streamErrorEvent(f metering.Format, e *apiError) []byte {
 	var b []byte
 	switch f {
 	case metering.FormatAnthropic:
-		b, _ = json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": e.Type, "message": e.Message}})
+		b, _ = json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": anthropicErrorType(e.Status),
+			"message": e.Message, "code": e.Code}})
 		return append(append([]byte("event: error\ndata: "), b...), '\n', '\n')
 	case metering.FormatResponses:
 		// The documented event has code and message at the top; what OpenAI sends (and what

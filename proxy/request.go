@@ -43,7 +43,7 @@ var routes = []*route{
 	{path: "/v1/embeddings", format: metering.FormatEmbeddings, upstreamKind: "openai"},
 	{path: "/v1/responses", format: metering.FormatResponses, upstreamKind: "openai",
 		maxFields: []string{"max_output_tokens"}},
-	{path: "/v1/messages", format: metering.FormatAnthropic, upstreamKind: "anthropic",
+	{path: anthropicPath, format: metering.FormatAnthropic, upstreamKind: "anthropic",
 		maxFields: []string{"max_tokens"}},
 }
 

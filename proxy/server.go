@@ -158,7 +158,7 @@ func NewTransport(l config.Limits) *http.Transport {
 // Handler is the gateway's router.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.boundUnreadBody)
+	r.Use(s.boundUnreadBody, shapeErrors)
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
