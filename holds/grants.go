@@ -2,7 +2,9 @@ package holds
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -24,9 +26,11 @@ type Grant struct {
 	IdempotencyKey    string    `db:"idempotency_key" json:"idempotency_key"`
 	Reason            string    `db:"reason" json:"reason"`
 	CreatedAt         time.Time `db:"created_at" json:"created_at"`
+	// AttemptToken is the token of the Grant call that inserted it (see Grant).
+	AttemptToken sql.NullString `db:"attempt_token" json:"-"`
 }
 
-const grantColumns = "id, user_id, amount_micro, balance_after_micro, idempotency_key, reason, created_at"
+const grantColumns = "id, user_id, amount_micro, balance_after_micro, idempotency_key, reason, created_at, attempt_token"
 
 // GrantRequest asks for a grant. IdempotencyKey is required: it is what turns a payment
 // webhook delivered ten times into one credit. Keys are global, not per user, so a payment
@@ -68,17 +72,26 @@ var (
 // the first's committed grant by key (its consistent snapshot starts after the lock). The
 // unique key is the last line of defence for a key first used for another user, whose
 // transaction holds a different lock: its duplicate-key error is answered like a repeat.
+//
+// The insert carries a token this call keeps across its retries: when the reply to its COMMIT
+// is lost and the retry finds the grant by its key, the token shows it is this call's own
+// (created), not an earlier delivery's.
 func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error) {
 	if err := validateGrant(req); err != nil {
 		return Grant{}, false, err
 	}
+	var raw [16]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return Grant{}, false, fmt.Errorf("grant %q: token: %w", req.IdempotencyKey, err)
+	}
+	token := hex.EncodeToString(raw[:])
 	var (
 		g       Grant
 		created bool
 	)
 	err := s.inTx(ctx, "grant "+req.IdempotencyKey, func(tx *sqlx.Tx) error {
 		var err error
-		g, created, err = s.grantTx(ctx, tx, req)
+		g, created, err = s.grantTx(ctx, tx, req, token)
 		return err
 	})
 	if errors.Is(err, errGrantRace) {
@@ -88,7 +101,7 @@ func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error
 			return s.db.GetContext(ctx, &g, "SELECT "+grantColumns+" FROM grants WHERE idempotency_key = ?", req.IdempotencyKey)
 		})
 		if err == nil {
-			created = false
+			created = g.AttemptToken.Valid && g.AttemptToken.String == token
 			err = sameGrant(g, req)
 		}
 	}
@@ -109,7 +122,7 @@ func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error
 // errGrantRace is the duplicate key of a concurrent first use of a key by another user.
 var errGrantRace = errors.New("grant key inserted concurrently")
 
-func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest) (Grant, bool, error) {
+func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest, token string) (Grant, bool, error) {
 	u, err := lockUser(ctx, tx, req.UserID)
 	if err != nil {
 		return Grant{}, false, err
@@ -117,7 +130,7 @@ func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest) (Gra
 	var g Grant
 	err = tx.GetContext(ctx, &g, "SELECT "+grantColumns+" FROM grants WHERE idempotency_key = ?", req.IdempotencyKey)
 	if err == nil {
-		return g, false, sameGrant(g, req)
+		return g, g.AttemptToken.Valid && g.AttemptToken.String == token, sameGrant(g, req)
 	}
 	if !errors.Is(err, sql.ErrNoRows) {
 		return Grant{}, false, fmt.Errorf("look up grant key: %w", err)
@@ -142,8 +155,8 @@ func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest) (Gra
 	if req.AmountMicro > 0 && after < u.PrepaidMicro {
 		return Grant{}, false, fmt.Errorf("%w: prepaid balance would overflow", ErrGrantInvalid)
 	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO grants (user_id, amount_micro, balance_after_micro, idempotency_key, reason)
-		VALUES (?, ?, ?, ?, ?)`, req.UserID, req.AmountMicro, after, req.IdempotencyKey, req.Reason)
+	res, err := tx.ExecContext(ctx, `INSERT INTO grants (user_id, amount_micro, balance_after_micro, idempotency_key, reason, attempt_token)
+		VALUES (?, ?, ?, ?, ?, ?)`, req.UserID, req.AmountMicro, after, req.IdempotencyKey, req.Reason, token)
 	if isDuplicate(err) {
 		return Grant{}, false, errGrantRace
 	}

@@ -195,3 +195,28 @@ func TestReleaseByTokenClosesOnlyItsOwnHold(t *testing.T) {
 		t.Fatalf("release with its own token: %+v, %v", res, err)
 	}
 }
+
+// TestLostCommitReplyOfAGrantIsAnsweredAsCreated: the server commits a grant but its reply is
+// lost with the connection. The retry inside the same call finds the grant by its key; it is
+// this call's own, so the call answers created (an operator's script told "replayed" would
+// take the credit for an earlier delivery's and look for it in vain), and credits once.
+func TestLostCommitReplyOfAGrantIsAnsweredAsCreated(t *testing.T) {
+	f, lossy := newLossyFixture(t)
+	ctx := context.Background()
+	req := holds.GrantRequest{UserID: f.user.ID, AmountMicro: 5_000, IdempotencyKey: "evt_lost_" + testenv.RandomID(4), Reason: "top-up"}
+	lossy.Arm("COMMIT", testenv.LoseReply)
+	g, created, err := f.store.Grant(ctx, req)
+	if !lossy.Fired() {
+		t.Fatal("the grant's commit reply was never lost")
+	}
+	if err != nil || !created || g.AmountMicro != 5_000 {
+		t.Fatalf("grant whose commit reply was lost: %+v created=%v, %v; want created", g, created, err)
+	}
+	// A later delivery of the same webhook is a replay, and nothing is credited twice.
+	if _, created, err := f.store.Grant(ctx, req); err != nil || created {
+		t.Fatalf("second delivery: created=%v, %v; want a replay", created, err)
+	}
+	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.PrepaidMicro != 5_000 {
+		t.Fatalf("balance %+v, %v: want prepaid 5,000", bal, err)
+	}
+}
