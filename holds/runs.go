@@ -109,15 +109,33 @@ func (s *Store) MarkRunning(ctx context.Context, runID string) error {
 	return nil
 }
 
-// Expired lists live holds past their expiry, oldest first, on the (state, expires_at) index.
-func (s *Store) Expired(ctx context.Context, limit int) ([]Run, error) {
+// ExpiredCursor is where a scan of expired holds goes on from: the expiry and run id of the
+// last hold it read. The zero value starts at the oldest.
+type ExpiredCursor struct {
+	ExpiresAt time.Time
+	RunID     string
+}
+
+// Cursor is the cursor past r.
+func (r Run) Cursor() ExpiredCursor { return ExpiredCursor{ExpiresAt: r.ExpiresAt, RunID: r.RunID} }
+
+// Expired lists live holds past their expiry, oldest first (run id breaks ties), after the
+// cursor, on the (state, expires_at) index (whose entries carry the primary key). A scan that
+// goes on from its last row passes holds it could not settle instead of reading them again.
+func (s *Store) Expired(ctx context.Context, after ExpiredCursor, limit int) ([]Run, error) {
 	if limit <= 0 || limit > 10_000 {
 		panic(fmt.Sprintf("holds: expired batch %d out of range", limit))
 	}
+	q := "SELECT " + runColumns + ` FROM run_holds WHERE state IN ('queued', 'running') AND expires_at < NOW(6)`
+	args := []any{}
+	if after.RunID != "" {
+		// The plain bound keeps the index range tight; the OR breaks ties in expiry.
+		q += " AND expires_at >= ? AND (expires_at > ? OR run_id > ?)"
+		args = append(args, after.ExpiresAt, after.ExpiresAt, after.RunID)
+	}
+	q += " ORDER BY expires_at, run_id LIMIT ?"
 	var out []Run
-	err := s.db.SelectContext(ctx, &out, "SELECT "+runColumns+` FROM run_holds
-		WHERE state IN ('queued', 'running') AND expires_at < NOW(6) ORDER BY expires_at LIMIT ?`, limit)
-	if err != nil {
+	if err := s.db.SelectContext(ctx, &out, q, append(args, limit)...); err != nil {
 		return nil, fmt.Errorf("list expired holds: %w", err)
 	}
 	return out, nil
