@@ -51,12 +51,12 @@ type handler struct {
 	authEnabled bool
 }
 
-// New builds the admin handler. Routes are relative to where it is mounted (/admin).
-// creditMicro converts micro-USD to the credits every answer shows; token is the bearer
-// token an operator must send (empty: the API is disabled and answers 404).
 // requestTimeout bounds one admin request, its database reads and writes included.
 const requestTimeout = 60 * time.Second
 
+// New builds the admin handler. Routes are relative to where it is mounted (/admin).
+// creditMicro converts micro-USD to the credits every answer shows; token is the bearer
+// token an operator must send (empty: the API is disabled and answers 404).
 func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) http.Handler {
 	if creditMicro <= 0 {
 		panic("admin: credit_micro must be positive")

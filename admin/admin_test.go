@@ -64,7 +64,6 @@ func (f *fixture) ctx() context.Context {
 	return ctx
 }
 
-// call sends a request with bearer token tok and decodes a JSON answer (nil for CSV).
 // csvReport fetches today's usage report as CSV records, header first.
 func (f *fixture) csvReport(t *testing.T) [][]string {
 	t.Helper()
@@ -79,6 +78,7 @@ func (f *fixture) csvReport(t *testing.T) [][]string {
 	return recs
 }
 
+// call sends a request with bearer token tok and decodes a JSON answer (nil for CSV).
 func (f *fixture) call(method, path, tok string, body any, hdr ...string) (int, map[string]any, []byte) {
 	f.t.Helper()
 	var rd io.Reader

@@ -6,15 +6,14 @@ import (
 )
 
 // apiError is an answer in OpenAI's error shape, {"error":{"message","type","code"}}, the
-// same as the proxy's, so one client library reads both.
+// same as the proxy's, so one client library reads both. It is not an error value: handlers
+// return it beside their errors, so a nil *apiError can never become a non-nil error.
 type apiError struct {
 	Status  int
 	Type    string
 	Code    string
 	Message string
 }
-
-func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 
 func badRequest(code, msg string) *apiError {
 	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Message: msg}

@@ -172,18 +172,6 @@ func (s *Store) userExists(ctx context.Context, userID uint64) error {
 	return nil
 }
 
-// SetPlan moves a user to another plan (ChangeUser).
-func (s *Store) SetPlan(ctx context.Context, userID uint64, plan string) error {
-	if plan == "" {
-		return fmt.Errorf("set plan of user %d: %w \"\"", userID, ErrUnknownPlan)
-	}
-	if err := s.ChangeUser(ctx, userID, UserChange{Plan: plan}); err != nil {
-		return err
-	}
-	s.log.Info("plan set", zap.Uint64("user_id", userID), zap.String("plan", plan))
-	return nil
-}
-
 // KeyInfo is an API key as lists show it: never the key, only its first characters.
 type KeyInfo struct {
 	Prefix    string       `db:"prefix"`
@@ -373,8 +361,8 @@ type UsageReport struct {
 	LedgerRuns  int64
 }
 
-// MaxReportDays bounds a report's range, so one request cannot scan the table's whole life.
-const MaxReportDays = 366
+// maxReportDays bounds a report's range, so one request cannot scan the table's whole life.
+const maxReportDays = 366
 
 // maxReportRows bounds the rows (user × day × model) one report holds in memory, about 30 MB:
 // a busy range is asked for user by user, or in shorter ranges. A variable for tests.
@@ -388,8 +376,8 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 	if to.Before(from) {
 		return UsageReport{}, fmt.Errorf("usage report: %w: to %s before from %s", ErrBadFilter, to.Format(time.DateOnly), from.Format(time.DateOnly))
 	}
-	if days := int(to.Sub(from)/(24*time.Hour)) + 1; days > MaxReportDays {
-		return UsageReport{}, fmt.Errorf("usage report: %w: %d days, at most %d", ErrBadFilter, days, MaxReportDays)
+	if days := int(to.Sub(from)/(24*time.Hour)) + 1; days > maxReportDays {
+		return UsageReport{}, fmt.Errorf("usage report: %w: %d days, at most %d", ErrBadFilter, days, maxReportDays)
 	}
 	if !storableTime(from) || !storableTime(to.AddDate(0, 0, 1)) {
 		return UsageReport{}, fmt.Errorf("usage report: %w: days must lie between 0001-01-01 and 9999-12-30", ErrBadFilter)

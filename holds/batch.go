@@ -215,9 +215,9 @@ type batchReads struct {
 // the admission users' live holds, and read every user's day ledger. Statements of one
 // script run one after another, so every read after the user lock starts once the locks are
 // granted, and every writer of a hold's state, of a new hold and of a ledger row holds its
-// user's lock: the reads are current. (Extend and MarkRunning change a live hold's expiry or
-// queued state without it; an aggregate may miss a hold whose expiry is pushed back at that
-// moment, as the design's single-transaction admission could.) The clock is read before the lock wait, as a single statement's NOW() would be.
+// user's lock: the reads are current. (Extend changes a live hold's expiry without it; an
+// aggregate may miss a hold whose expiry is pushed back at that moment, as the design's
+// single-transaction admission could.) The clock is read before the lock wait, as a single statement's NOW() would be.
 func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchReads, error) {
 	var sc script
 	sc.add("START TRANSACTION")

@@ -30,8 +30,8 @@ var ErrRunStillLive = errors.New("run has not expired")
 var ErrOutcomeUnknown = errors.New("outcome unknown: the commit was sent but not answered")
 
 // OutcomeUnknownError is a batch that failed after some of its admissions' commits went
-// unanswered. Only those admissions are ErrOutcomeUnknown (see ForRun); the rest of the batch
-// failed with nothing committed.
+// unanswered. Only those admissions are ErrOutcomeUnknown (Writer.Admit tells each its own);
+// the rest of the batch failed with nothing committed.
 type OutcomeUnknownError struct {
 	Runs map[string]bool // the admissions that may have been committed
 	Err  error
@@ -43,9 +43,9 @@ func (e *OutcomeUnknownError) Error() string {
 
 func (e *OutcomeUnknownError) Unwrap() error { return e.Err }
 
-// ForRun is the error the admission of runID gets: ErrOutcomeUnknown if it may have been
+// forRun is the error the admission of runID gets: ErrOutcomeUnknown if it may have been
 // committed, the batch's plain failure otherwise.
-func (e *OutcomeUnknownError) ForRun(runID string) error {
+func (e *OutcomeUnknownError) forRun(runID string) error {
 	if e.Runs[runID] {
 		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, e.Err)
 	}

@@ -351,7 +351,7 @@ func TestDiscountSnapshotAndPlanChangeAtNextAdmission(t *testing.T) {
 	if !errors.As(err, &tooMany) {
 		t.Fatalf("second guest call: %v", err)
 	}
-	if err := f.store.SetPlan(f.ctx(), u.ID, "standard"); err != nil {
+	if err := f.store.ChangeUser(f.ctx(), u.ID, holds.UserChange{Plan: "standard"}); err != nil {
 		t.Fatal(err)
 	}
 	// The admitted run keeps its discount although the user's plan now has none.
@@ -391,7 +391,7 @@ func TestDiscountSnapshotAndPlanChangeAtNextAdmission(t *testing.T) {
 	for i := range 3 {
 		f.settle(fmt.Sprintf("r_std_%d", i), 1_000)
 	}
-	if err := f.store.SetPlan(f.ctx(), u.ID, "platinum"); !errors.Is(err, holds.ErrUnknownPlan) {
+	if err := f.store.ChangeUser(f.ctx(), u.ID, holds.UserChange{Plan: "platinum"}); !errors.Is(err, holds.ErrUnknownPlan) {
 		t.Fatalf("unknown plan: %v", err)
 	}
 }

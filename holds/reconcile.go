@@ -136,7 +136,7 @@ type Stats struct {
 }
 
 // Settled is the number of holds this pass closed.
-func (s Stats) Settled() int { return s.FromTally + s.Released + s.ChargedHeld }
+func (st Stats) Settled() int { return st.FromTally + st.Released + st.ChargedHeld }
 
 // Run reconciles every Interval until ctx ends. It passes once at start, so a process that
 // comes up after a crash starts cleaning up at once rather than a period later.
@@ -186,10 +186,10 @@ func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 	// The scan goes on after the last hold it read, so holds it cannot settle (orphans, below)
 	// are passed over rather than heading every batch: a backlog of them would otherwise stop
 	// every pass at its first batch, and nobody else's hold behind them would ever settle.
-	var after ExpiredCursor
+	var after expiredCursor
 	orphans := 0
 	for st.Batches < r.cfg.MaxBatches {
-		runs, err := r.cfg.Store.Expired(ctx, after, r.cfg.Batch)
+		runs, err := r.cfg.Store.expired(ctx, after, r.cfg.Batch)
 		if err != nil {
 			return st, fmt.Errorf("reconcile: %w", err)
 		}
@@ -206,7 +206,7 @@ func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 				return st, nil
 			}
 			st.Scanned++
-			after = run.Cursor()
+			after = run.cursor()
 			outcome, charged, err := r.one(ctx, run)
 			switch {
 			case errors.Is(err, ErrRunNotFound):

@@ -100,29 +100,20 @@ func (r Run) Recorded() (u pricing.Usage, costMicro, calls int64, found bool) {
 	return u, r.CostMicro, int64(r.Calls), r.Calls > 0 || r.CostMicro > 0
 }
 
-// MarkRunning moves a queued hold to running when its first call is forwarded.
-func (s *Store) MarkRunning(ctx context.Context, runID string) error {
-	_, err := s.db.ExecContext(ctx, "UPDATE run_holds SET state = 'running' WHERE run_id = ? AND state = 'queued'", runID)
-	if err != nil {
-		return fmt.Errorf("mark running %s: %w", runID, err)
-	}
-	return nil
-}
-
-// ExpiredCursor is where a scan of expired holds goes on from: the expiry and run id of the
+// expiredCursor is where a scan of expired holds goes on from: the expiry and run id of the
 // last hold it read. The zero value starts at the oldest.
-type ExpiredCursor struct {
+type expiredCursor struct {
 	ExpiresAt time.Time
 	RunID     string
 }
 
-// Cursor is the cursor past r.
-func (r Run) Cursor() ExpiredCursor { return ExpiredCursor{ExpiresAt: r.ExpiresAt, RunID: r.RunID} }
+// cursor is the cursor past r.
+func (r Run) cursor() expiredCursor { return expiredCursor{ExpiresAt: r.ExpiresAt, RunID: r.RunID} }
 
-// Expired lists live holds past their expiry, oldest first (run id breaks ties), after the
+// expired lists live holds past their expiry, oldest first (run id breaks ties), after the
 // cursor, on the (state, expires_at) index (whose entries carry the primary key). A scan that
 // goes on from its last row passes holds it could not settle instead of reading them again.
-func (s *Store) Expired(ctx context.Context, after ExpiredCursor, limit int) ([]Run, error) {
+func (s *Store) expired(ctx context.Context, after expiredCursor, limit int) ([]Run, error) {
 	if limit <= 0 || limit > 10_000 {
 		panic(fmt.Sprintf("holds: expired batch %d out of range", limit))
 	}

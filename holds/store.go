@@ -41,23 +41,24 @@ type Store struct {
 }
 
 // RetryPolicy bounds how hard a money transaction tries. Deadlocks and lock timeouts are
-// retried at once (the other transaction has finished); an unreachable server is retried with
-// backoff until MaxWait, after which settlement is left to the reconciler.
+// retried at once (the other transaction has finished), at most MaxConflictRetries times; an
+// unreachable server is retried with backoff (InitialBackoff, doubling up to MaxBackoff) until
+// the caller's context ends, after which settlement is left to the reconciler.
 type RetryPolicy struct {
 	MaxConflictRetries int
 	InitialBackoff     time.Duration
 	MaxBackoff         time.Duration
 }
 
-// DefaultRetry is used when NewStore is given a zero policy.
-var DefaultRetry = RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second}
+// defaultRetry is the policy NewStore starts with; SetRetry replaces it.
+var defaultRetry = RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second}
 
 // NewStore wires a store. defaultPlan names the plan used for a user whose plan is unknown.
 func NewStore(db *sqlx.DB, plans map[string]Plan, defaultPlan string, log *zap.Logger) *Store {
 	if _, ok := plans[defaultPlan]; !ok {
 		panic(fmt.Sprintf("holds: default plan %q not configured", defaultPlan))
 	}
-	return &Store{db: db, plans: plans, defaultPlan: defaultPlan, log: log, retry: DefaultRetry}
+	return &Store{db: db, plans: plans, defaultPlan: defaultPlan, log: log, retry: defaultRetry}
 }
 
 // DB exposes the handle for readiness checks and tests.

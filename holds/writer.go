@@ -308,7 +308,7 @@ func answerAdmissions(batch []writeItem, admitted []AdmitResult, err error) {
 		case err == nil:
 			o.hold, o.err = admitted[i].Hold, admitted[i].Err
 		case errors.As(err, &unknown):
-			o.err = unknown.ForRun(it.admit.RunID)
+			o.err = unknown.forRun(it.admit.RunID)
 		}
 		i++
 		it.out <- o

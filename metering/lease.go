@@ -90,15 +90,6 @@ const leaseReleaseLua = `if redis.call('GET', KEYS[1]) == ARGV[1] then return re
 
 var leaseReleaseScript = redis.NewScript(leaseReleaseLua)
 
-// Exists reports whether any process holds a lease on runID.
-func (l *Leases) Exists(ctx context.Context, runID string) (bool, error) {
-	n, err := l.rdb.Exists(ctx, l.keys.Lease(runID)).Result()
-	if err != nil {
-		return false, fmt.Errorf("lease %s: %w", runID, err)
-	}
-	return n == 1, nil
-}
-
 // Held is the number of runs this process holds leases for.
 func (l *Leases) Held() int {
 	l.mu.Lock()

@@ -17,8 +17,8 @@ import (
 // a corrupt usage object, and the bound keeps every product below far from 128-bit overflow.
 const MaxTokens = 1 << 40
 
-// MaxPriceMicroPerM bounds a configured price (1,000,000 USD per million tokens).
-const MaxPriceMicroPerM = 1_000_000 * 1_000_000
+// maxPriceMicroPerM bounds a configured price (1,000,000 USD per million tokens).
+const maxPriceMicroPerM = 1_000_000 * 1_000_000
 
 // ErrNotPriced is returned for a model that no configured price matches.
 var ErrNotPriced = errors.New("model not priced")
@@ -51,14 +51,14 @@ type Price struct {
 	Output     int64 `json:"output"`
 }
 
-// Validate reports a price that is negative or absurdly large.
-func (p Price) Validate() error {
+// validate reports a price that is negative or absurdly large.
+func (p Price) validate() error {
 	for _, f := range []struct {
 		name string
 		v    int64
 	}{{"input", p.Input}, {"cache_read", p.CacheRead}, {"cache_write", p.CacheWrite}, {"output", p.Output}} {
-		if f.v < 0 || f.v > MaxPriceMicroPerM {
-			return fmt.Errorf("%s price %d micro-USD/M outside [0, %d]", f.name, f.v, int64(MaxPriceMicroPerM))
+		if f.v < 0 || f.v > maxPriceMicroPerM {
+			return fmt.Errorf("%s price %d micro-USD/M outside [0, %d]", f.name, f.v, int64(maxPriceMicroPerM))
 		}
 	}
 	return nil
@@ -171,7 +171,7 @@ func NewTable(prices map[string]Price) (*Table, error) {
 		if strings.TrimSpace(name) == "" {
 			return nil, errors.New("pricing: empty model name")
 		}
-		if err := p.Validate(); err != nil {
+		if err := p.validate(); err != nil {
 			return nil, fmt.Errorf("pricing: model %q: %w", name, err)
 		}
 		t.exact[name] = p

@@ -37,7 +37,7 @@ func TestCostIsExactAndRoundedUpOncePerCall(t *testing.T) {
 }
 
 func TestCostDoesNotOverflowAtTheBounds(t *testing.T) {
-	p := Price{Input: MaxPriceMicroPerM, CacheRead: MaxPriceMicroPerM, CacheWrite: MaxPriceMicroPerM, Output: MaxPriceMicroPerM}
+	p := Price{Input: maxPriceMicroPerM, CacheRead: maxPriceMicroPerM, CacheWrite: maxPriceMicroPerM, Output: maxPriceMicroPerM}
 	u := Usage{Input: 1_000_000, Output: 1_000_000}
 	// 2e6 tokens × 1e12 µUSD/M / 1e6 = 2e12 µUSD.
 	if got := p.Cost(u); got != 2_000_000_000_000 {

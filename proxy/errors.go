@@ -9,7 +9,9 @@ import (
 )
 
 // apiError is an answer in OpenAI's error shape, which every SDK already knows how to read:
-// {"error":{"message","type","code"}} (Anthropic's on its route: see anthropicErrors).
+// {"error":{"message","type","code"}} (Anthropic's on its route: see anthropicErrors). It is
+// not an error value: handlers return it beside their errors, so a nil *apiError can never
+// become a non-nil error.
 type apiError struct {
 	Status     int
 	Type       string
@@ -21,8 +23,6 @@ type apiError struct {
 	// (and 408, 429, 5xx) unless told otherwise by X-Should-Retry.
 	NoRetry bool
 }
-
-func (e *apiError) Error() string { return e.Code + ": " + e.Message }
 
 // statusClientClosed is what a request whose caller left is counted as (nginx's 499): no
 // answer is sent, and the metrics and logs keep it apart from the gateway's own failures.

@@ -109,7 +109,7 @@ func New(d Deps) *Server {
 		d.Metrics = NewMetrics(nil)
 	}
 	if d.Transport == nil {
-		d.Transport = NewTransport(d.Config.Limits)
+		d.Transport = newTransport(d.Config.Limits)
 	}
 	if d.DedupRedis == nil {
 		d.DedupRedis = d.Redis
@@ -140,8 +140,8 @@ func New(d Deps) *Server {
 	return s
 }
 
-// NewTransport is an upstream transport for many concurrent long-lived streams.
-func NewTransport(l config.Limits) *http.Transport {
+// newTransport is an upstream transport for many concurrent long-lived streams.
+func newTransport(l config.Limits) *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil, // the upstream is configured explicitly; never an ambient proxy
 		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,

@@ -251,10 +251,9 @@ func TestMixedStormChargesEachCallOnce(t *testing.T) {
 	answered := map[string]*stormAnswer{} // one-call run id -> its 2xx answer
 	explained := map[string]bool{}        // one-call runs answered otherwise: left, or superseded
 	type namedTally struct {
-		complete        int
-		in, out, cost   int64
-		uncertain       bool // a call whose usage the client did not see whole
-		settledAnswered bool
+		complete      int
+		in, out, cost int64
+		uncertain     bool // a call whose usage the client did not see whole
 	}
 	named := map[string]*namedTally{}
 	leftEarly := 0 // attempts left before their run id was known

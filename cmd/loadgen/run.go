@@ -506,8 +506,15 @@ func (r *runner) profile(name string, sec int) []string {
 			done <- "error: " + err.Error()
 			return
 		}
-		_, _ = io.Copy(f, resp.Body)
-		f.Close()
+		// A profile cut short is worse than none: it reads as a real one.
+		_, err = io.Copy(f, resp.Body)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			done <- "error: " + file + ": " + err.Error()
+			return
+		}
 		done <- file
 	}
 	s := strconv.Itoa(sec)
