@@ -27,17 +27,20 @@ type Run struct {
 	CacheWriteTok int64          `db:"cache_write_tok" json:"-"`
 	OutTok        int64          `db:"out_tok" json:"-"`
 	Calls         int            `db:"calls" json:"-"`
-	Model         string         `db:"model" json:"-"`
-	DiscountBP    int            `db:"discount_bp" json:"-"`
-	Estimated     bool           `db:"estimated" json:"-"`
-	SettleSource  sql.NullString `db:"settle_source" json:"-"`
-	ExpiresAt     time.Time      `db:"expires_at" json:"-"`
-	CreatedAt     time.Time      `db:"created_at" json:"-"`
-	SettledAt     sql.NullTime   `db:"settled_at" json:"-"`
+	// EndedCalls counts the ended calls of a named run its row recorded, those that used
+	// nothing included (Calls counts only those that used something).
+	EndedCalls   int            `db:"ended_calls" json:"-"`
+	Model        string         `db:"model" json:"-"`
+	DiscountBP   int            `db:"discount_bp" json:"-"`
+	Estimated    bool           `db:"estimated" json:"-"`
+	SettleSource sql.NullString `db:"settle_source" json:"-"`
+	ExpiresAt    time.Time      `db:"expires_at" json:"-"`
+	CreatedAt    time.Time      `db:"created_at" json:"-"`
+	SettledAt    sql.NullTime   `db:"settled_at" json:"-"`
 }
 
 const runColumns = `run_id, user_id, client_run_id, state, held_micro, cap_micro, cost_micro, charged_micro,
-	allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok, out_tok, calls, model,
+	allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok, out_tok, calls, ended_calls, model,
 	discount_bp, estimated, settle_source, expires_at, created_at, settled_at`
 
 // Run reads one run. A run of another user is ErrRunNotFound, the same answer as a run that
@@ -80,7 +83,7 @@ func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Durati
 	u = u.Clamp()
 	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
 		in_tok = in_tok + ?, cache_read_tok = cache_read_tok + ?, cache_write_tok = cache_write_tok + ?, out_tok = out_tok + ?,
-		cost_micro = cost_micro + ?, calls = calls + ?
+		cost_micro = cost_micro + ?, calls = calls + ?, ended_calls = ended_calls + 1
 		WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(),
 		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, runID)
 	if err != nil {
@@ -94,10 +97,12 @@ func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Durati
 }
 
 // Recorded is what a live named run's row has recorded of its calls (RecordRunCall); found is
-// false when it records none.
+// false when it records none. A call that used nothing is recorded too (found, at 0): it is
+// what settles a run whose calls all failed at 0 rather than at its hold once a Redis restart
+// has lost the run's zero tally.
 func (r Run) Recorded() (u pricing.Usage, costMicro, calls int64, found bool) {
 	u = pricing.Usage{Input: r.InTok, CacheRead: r.CacheReadTok, CacheWrite: r.CacheWriteTok, Output: r.OutTok}
-	return u, r.CostMicro, int64(r.Calls), r.Calls > 0 || r.CostMicro > 0
+	return u, r.CostMicro, int64(r.Calls), r.EndedCalls > 0 || r.Calls > 0 || r.CostMicro > 0
 }
 
 // expiredCursor is where a scan of expired holds goes on from: the expiry and run id of the

@@ -215,6 +215,35 @@ func (b *RunBudget) CloseRun(ctx context.Context, runID string) error {
 	return nil
 }
 
+// rebuildScript: KEYS lost mark; ARGV wait ms, mark ttl ms. Marks the loss with the time when
+// it is not marked yet; returns the ms still to wait from the mark, 0 once they have passed.
+var rebuildScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local at = redis.call('GET', KEYS[1])
+if not at then
+  redis.call('SET', KEYS[1], now, 'PX', ARGV[2])
+  return tonumber(ARGV[1])
+end
+return math.max(0, tonumber(at) + tonumber(ARGV[1]) - now)`)
+
+// AwaitRebuild is for a run whose Redis record has lost calls (a restart without persistence):
+// the reservations of its calls in flight were lost with it, and their leases are written
+// again only at their process's next heartbeat, so CloseRun cannot see them yet. It fails with
+// ErrRunBusy until staleAfter (the lease TTL, past any heartbeat interval) has passed since the
+// loss was first noticed; the mark is lost, and the wait starts again, with a later restart.
+func (b *RunBudget) AwaitRebuild(ctx context.Context, runID string) error {
+	left, err := rebuildScript.Run(ctx, b.rdb, []string{b.keys.Lost(runID)}, b.staleAfter.Milliseconds(),
+		b.tallyTTL.Milliseconds()).Int64()
+	if err != nil {
+		return fmt.Errorf("await rebuild of run %s: %w", runID, err)
+	}
+	if left > 0 {
+		return ErrRunBusy
+	}
+	return nil
+}
+
 // Run beats this process's reservations every interval until ctx ends.
 func (b *RunBudget) Run(ctx context.Context, interval time.Duration, log *zap.Logger) {
 	if interval <= 0 || interval >= b.staleAfter {

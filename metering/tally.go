@@ -31,6 +31,9 @@ func (k Keys) CallDone(runID, callID string) string {
 	return k.Prefix + "billing:calldone:{" + runID + "}:" + callID
 }
 
+// Lost marks when a named run's Redis record was found to have lost calls (RunBudget.AwaitRebuild).
+func (k Keys) Lost(runID string) string { return k.Prefix + "billing:lost:{" + runID + "}" }
+
 // Lease marks a run as served by a live process.
 func (k Keys) Lease(runID string) string { return k.Prefix + "lease:{" + runID + "}" }
 

@@ -50,6 +50,9 @@ type call struct {
 	reserving bool
 	callID    string
 	tallied   bool // tallyBeforeAnswer has run
+	// recorded: this call of a named run has been recorded on its run's row (recordRunCall),
+	// which is done once: the row's figures are sums.
+	recorded bool
 	// leased: this call holds a lease on its run (taken just before forwarding), which it must
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
@@ -474,9 +477,15 @@ func (s *Server) answerFinal(ctx context.Context, c *call) {
 // find the call in the run's tally, not get 409 run_busy for a call it saw finish.
 func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 	ctx = context.WithoutCancel(ctx)
+	st := s.settlementOf(c)
+	// The run's row records the call before its end reaches the caller too: after a Redis
+	// restart the tally has only the calls made since, and a settle sent the moment the answer
+	// ends, reading a row without this call, would charge the larger of the two records rather
+	// than both calls (and the call's record would then find its run settled).
+	s.recordRunCall(ctx, c, st)
 	// A failed write is tried once more when the call ends (a named run's steps are safe to
 	// repeat): the tally is the run's only record of the call.
-	c.tallied = s.tallyCall(ctx, c, s.settlementOf(c))
+	c.tallied = s.tallyCall(ctx, c, st)
 	// The call is over but for its last bytes; a run settled now must not find its lease
 	// (CloseRun refuses a leased run).
 	s.releaseLease(ctx, c)

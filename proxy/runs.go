@@ -72,9 +72,20 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 // with the same run id, and a run nobody comes back to is settled from its tally (at 0 when
 // nothing was used) once it expires.
 func (s *Server) endRunCall(ctx context.Context, c *call, st holds.Settlement) {
+	s.recordRunCall(ctx, c, st)
+	s.releaseLease(ctx, c)
+}
+
+// recordRunCall records a call of a named run on the run's row, once (a complete answer's
+// before its end reaches the caller, see tallyBeforeAnswer), and pushes the run's expiry out:
+// the row records the call as well as the tally, which is lost with a Redis restart.
+func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement) {
+	if c.recorded {
+		return
+	}
+	c.recorded = true
 	ectx, cancel := s.storeContext(ctx)
 	defer cancel()
-	// The row records the call as well as the tally: the tally is lost with a Redis restart.
 	calls := st.Calls
 	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
 		calls = 0
@@ -82,7 +93,6 @@ func (s *Server) endRunCall(ctx context.Context, c *call, st holds.Settlement) {
 	if _, err := s.store.RecordRunCall(ectx, c.runID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls); err != nil {
 		c.log.Warn("run call not recorded, expiry not extended", zap.Error(err))
 	}
-	s.releaseLease(ctx, c)
 }
 
 // settleRun answers POST /v1/runs/{id}/settle: the run is charged what its calls tallied.
@@ -142,18 +152,29 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 //
 // Every call of a run leaves a tally, even one that used nothing, so none at all means either a
 // first call between its admission and its reservation (a run younger than the longest call:
-// busy, and not closed, or that call would be refused) or evidence lost with a killed process
-// or a failed Redis write: then, as the reconciler would (DESIGN §5), the run is charged what
-// it held, what the caller authorised.
+// busy, and not closed, or that call would be refused) or evidence lost with a killed process,
+// a failed Redis write or a Redis restart: then, as the reconciler would (DESIGN §5), the run
+// is charged what its row recorded, else what it held, what the caller authorised. A run whose
+// Redis record lost calls (runRecordLost) is busy until its calls in flight are seen again.
 func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logger) (holds.Settlement, *apiError) {
 	unavailable := func(what string, err error) (holds.Settlement, *apiError) {
 		log.Error(what+"; not settling", zap.Error(err))
 		return holds.Settlement{}, errBillingDown
 	}
-	if _, found, err := s.tally.Get(ctx, run.RunID); err != nil {
+	if t, found, err := s.tally.Get(ctx, run.RunID); err != nil {
 		return unavailable("run tally unreadable", err)
 	} else if !found && time.Since(run.CreatedAt) < s.maxCall() {
 		return holds.Settlement{}, errRunBusy
+	} else if runRecordLost(run, t, found) {
+		// Redis lost calls of the run (a restart without persistence): the reservation of a
+		// call in flight went with them, and its lease is back only at its process's next
+		// heartbeat. Until then CloseRun would not see that call.
+		if err := s.budgets.AwaitRebuild(ctx, run.RunID); errors.Is(err, metering.ErrRunBusy) {
+			log.Warn("run's Redis record lost calls its row records; settling once its calls in flight are seen again")
+			return holds.Settlement{}, errRunBusy
+		} else if err != nil {
+			return unavailable("run not settled", err)
+		}
 	}
 	if err := s.budgets.CloseRun(ctx, run.RunID); errors.Is(err, metering.ErrRunBusy) {
 		return holds.Settlement{}, errRunBusy
@@ -187,6 +208,15 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		log.Error("run settled on request without a tally: charged what it held", zap.Int64("held_micro", run.HeldMicro))
 	}
 	return st, nil
+}
+
+// runRecordLost reports whether Redis has lost calls of a named run that its row recorded (a
+// restart without persistence): no tally at all, or one with fewer calls, or costing less. A
+// call is recorded on the row before it is tallied (recordRunCall), so otherwise the tally
+// has every call the row has.
+func runRecordLost(run holds.Run, t metering.Tallied, found bool) bool {
+	_, cost, calls, recorded := run.Recorded()
+	return recorded && (!found || calls > t.Calls || cost > t.CostMicro)
 }
 
 func boolString(b bool) string {

@@ -44,7 +44,7 @@ func TestNamedRunSurvivesARedisRestart(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	runID := callsAcrossARedisRestart(t, h, key, "task-restart")
-	if status, body := h.settleRun(key, "task-restart"); status != http.StatusOK {
+	if status, body := settleAfterRebuild(h, key, "task-restart", runID); status != http.StatusOK {
 		t.Fatalf("settle: %d %s", status, body)
 	}
 	r := h.run(u.ID, runID)

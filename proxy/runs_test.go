@@ -188,7 +188,7 @@ func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
 	}
 	// Nor did the call's record on the run's row land (its process died first).
 	if _, err := h.db.Exec(`UPDATE run_holds SET calls = 0, cost_micro = 0, in_tok = 0, cache_read_tok = 0,
-		cache_write_tok = 0, out_tok = 0 WHERE run_id = ?`, runID); err != nil {
+		cache_write_tok = 0, out_tok = 0, ended_calls = 0 WHERE run_id = ?`, runID); err != nil {
 		t.Fatal(err)
 	}
 	if status, body := h.settleRun(key, "task-lost"); status != http.StatusConflict || errorCode(t, body) != "run_busy" {

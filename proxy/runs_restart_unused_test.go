@@ -1,0 +1,254 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestNamedRunThatUsedNothingIsNotChargedItsHoldAfterARedisRestart: the only call of a named run
+// fails upstream (a 503 before anything is produced: it used nothing), then Redis restarts
+// without persistence (the run's keys are gone) and the agent never comes back. README: "Nothing
+// used is recorded as a zero tally, so a run nobody comes back to is settled at what it used,
+// possibly 0" and the run's row "records each ended call too ... so a Redis restart without
+// persistence mid-run ... loses no call that had ended". The run must settle at 0, not at its
+// hold, both when the reconciler finds it and when the agent settles it.
+func TestNamedRunThatUsedNothingIsNotChargedItsHoldAfterARedisRestart(t *testing.T) {
+	for _, via := range []string{"reconciler", "settle"} {
+		t.Run(via, func(t *testing.T) {
+			h := newHarness(t, nil)
+			u, key := h.user("standard")
+			name := "unused-" + via
+			resp := h.post(key, "/v1/chat/completions", chatBody,
+				map[string]string{"X-Run-Id": name, fakellm.HeaderStatus: "503"})
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode < 500 {
+				t.Fatalf("call: %d %s, want the upstream's failure", resp.StatusCode, body)
+			}
+			runID := resp.Header.Get(proxy.RunIDHeader)
+			h.settled()
+			ctx := context.Background()
+			if _, found, err := h.tally.Get(ctx, runID); err != nil || !found {
+				t.Fatalf("zero tally before the restart: found=%v err=%v", found, err)
+			}
+			// Redis restarts without persistence: every key of the run is gone.
+			if err := h.rdb.Del(ctx, h.keys.Usage(runID), h.keys.RunBudget(runID), h.keys.Lease(runID)).Err(); err != nil {
+				t.Fatal(err)
+			}
+			// Old enough that a run without a tally is no longer taken for one whose first
+			// call is still reserving, and expired, as a run nobody came back to is.
+			if _, err := h.db.Exec(`UPDATE run_holds SET created_at = NOW(6) - INTERVAL 1 DAY,
+				expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?`, runID); err != nil {
+				t.Fatal(err)
+			}
+			switch via {
+			case "reconciler":
+				rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally},
+					Leases: noLeases{}, Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute})
+				if _, err := rec.RunOnce(ctx); err != nil {
+					t.Fatal(err)
+				}
+			case "settle":
+				if status, body := settleAfterRebuild(h, key, name, runID); status != http.StatusOK {
+					t.Fatalf("settle: %d %s", status, body)
+				}
+			}
+			r := h.run(u.ID, runID)
+			if r.State != holds.StateSettled || r.ChargedMicro != 0 {
+				t.Fatalf("run whose only call used nothing settled as %s, charged %d µUSD (held %d, source %s); want 0",
+					r.State, r.ChargedMicro, r.HeldMicro, r.SettleSource.String)
+			}
+		})
+	}
+}
+
+// TestSettleAtAnAnswersEndAfterARedisRestartChargesThatCall: README, "an answer's end means its
+// call is tallied ... so a settle sent the moment an answer ends charges that call", and a Redis
+// restart mid-run "loses no call that had ended". After a restart the tally has only the calls
+// made since, and the row the calls it recorded, each call's record being written after its
+// answer ended: a settle sent at once charged the larger of the two, not their sum, and the
+// call's record then found its run settled. Here the second call's record is held at the run's
+// row lock (as a busy database holds it for a moment): until the settle has read what to
+// charge if the answer's end can reach the caller before the record is written. (The second
+// call costs more than the first, so the larger of the two records is the second call alone.)
+func TestSettleAtAnAnswersEndAfterARedisRestartChargesThatCall(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-settle-at-end"}
+	first := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
+	readAll(t, first.Body)
+	first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("first call: %d", first.StatusCode)
+	}
+	runID := first.Header.Get(proxy.RunIDHeader)
+	h.settled()
+	ctx := context.Background()
+	// Redis restarts without persistence: every key of the run is gone.
+	if err := h.rdb.Del(ctx, h.keys.Usage(runID), h.keys.RunBudget(runID), h.keys.Lease(runID)).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	second := h.post(key, "/v1/chat/completions", streamBody, slowStream(40, run))
+	defer second.Body.Close()
+	if second.StatusCode != http.StatusOK {
+		t.Fatalf("second call: %d", second.StatusCode)
+	}
+	// Admitted and streaming: from now on the run's row is locked, as a busy database would
+	// keep it for a moment.
+	tx, err := h.db.Beginx()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	var locked string
+	if err := tx.Get(&locked, "SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID); err != nil {
+		t.Fatal(err)
+	}
+	// The caller reads the answer as an SDK does, up to its last event, and settles the run
+	// the moment it has it.
+	settled := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(second.Body)
+		for sc.Scan() && sc.Text() != "data: [DONE]" {
+		}
+		resp := h.post(key, "/v1/runs/task-settle-at-end/settle", "", nil)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		settled <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}()
+	// The call's record waits for the row.
+	waitRunHoldsStatements(t, h, 1)
+	if _, found, err := h.tally.Get(ctx, runID); err != nil {
+		t.Fatal(err)
+	} else if found {
+		// The call was tallied, so its answer's end is on its way to the caller before its
+		// record is written: hold the record until the settlement has read what to charge
+		// and waits for the row too.
+		waitRunHoldsStatements(t, h, 2)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-settled; !strings.HasPrefix(got, "200 ") {
+		// Refused as busy (Redis lost calls of the run): settled again once that has passed.
+		if !strings.HasPrefix(got, "409 ") || !strings.Contains(got, "run_busy") {
+			t.Fatalf("settle at the answer's end: %s", got)
+		}
+		h.settled()
+		if status, body := settleAfterRebuild(h, key, "task-settle-at-end", runID); status != http.StatusOK {
+			t.Fatalf("settle: %d %s", status, body)
+		}
+	}
+	second.Body.Close()
+	r := h.run(u.ID, runID)
+	if r.State != holds.StateSettled || r.OutTok != 45 || r.Calls != 2 {
+		t.Fatalf("run settled as %s with %d output tokens over %d calls, charged %d µUSD; want both calls (45 output tokens)",
+			r.State, r.OutTok, r.Calls, r.ChargedMicro)
+	}
+}
+
+// waitRunHoldsStatements waits until n statements on run_holds of this test's database are
+// waiting (the test holds the row they need).
+func waitRunHoldsStatements(t *testing.T, h *harness, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var got int
+		if err := h.db.Get(&got, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE ID <> CONNECTION_ID() AND DB = DATABASE() AND INFO LIKE '%run_holds%' AND INFO NOT LIKE '%PROCESSLIST%'`); err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			var rows []struct {
+				DB   *string `db:"DB"`
+				Info *string `db:"INFO"`
+			}
+			_ = h.db.Select(&rows, "SELECT DB, INFO FROM information_schema.PROCESSLIST")
+			for _, r := range rows {
+				if r.DB != nil && r.Info != nil {
+					t.Logf("%s: %s", *r.DB, *r.Info)
+				}
+			}
+			t.Fatalf("%d statements on run_holds waiting, want %d", got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSettleAfterARedisRestartWaitsForTheCallInFlight: README, "while a call of the run is in
+// flight, POST …/settle gets 409 run_busy (its usage is not tallied yet)". A Redis restart
+// without persistence loses the reservation of a call in flight (and its lease, until the next
+// heartbeat): a settle sent then closed the run without that call, whose usage then found the
+// run settled and was never charged.
+func TestSettleAfterARedisRestartWaitsForTheCallInFlight(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-inflight"}
+	first := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "40"))
+	readAll(t, first.Body)
+	first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("first call: %d", first.StatusCode)
+	}
+	runID := first.Header.Get(proxy.RunIDHeader)
+	h.settled()
+	// An agent's run goes on for longer than the longest call.
+	if _, err := h.db.Exec("UPDATE run_holds SET created_at = created_at - INTERVAL 1 DAY WHERE run_id = ?", runID); err != nil {
+		t.Fatal(err)
+	}
+	second := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, run))
+	defer second.Body.Close()
+	if second.StatusCode != http.StatusOK {
+		t.Fatalf("second call: %d", second.StatusCode)
+	}
+	// The second call is in flight. Redis restarts without persistence.
+	ctx := context.Background()
+	if err := h.rdb.Del(ctx, h.keys.Usage(runID), h.keys.RunBudget(runID), h.keys.Lease(runID)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	status, body := h.settleRun(key, "task-inflight")
+	readAll(t, second.Body)
+	h.settled()
+	if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
+		t.Errorf("settle while a call is in flight after a Redis restart: %d %s, want 409 run_busy", status, body)
+	}
+	if status, body := settleAfterRebuild(h, key, "task-inflight", runID); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	r := h.run(u.ID, runID)
+	if r.State != holds.StateSettled || r.OutTok != 70 || r.Calls != 2 {
+		t.Fatalf("run settled with %d output tokens over %d calls, charged %d µUSD (%s); want both calls (70 output tokens): the call in flight during the settle is not charged",
+			r.OutTok, r.Calls, r.ChargedMicro, r.SettleSource.String)
+	}
+}
+
+// settleAfterRebuild settles a named run whose Redis record lost calls (a restart): the first
+// settle is 409 run_busy until the lease TTL has passed since the loss was noticed, the time a
+// call in flight has to be seen again; here that time is taken as passed.
+func settleAfterRebuild(h *harness, key, name, runID string) (int, []byte) {
+	h.t.Helper()
+	status, body := h.settleRun(key, name)
+	if status != http.StatusConflict || errorCode(h.t, body) != "run_busy" {
+		return status, body
+	}
+	if err := h.rdb.Set(context.Background(), h.keys.Lost(runID), 0, time.Hour).Err(); err != nil {
+		h.t.Fatal(err)
+	}
+	return h.settleRun(key, name)
+}
