@@ -2,8 +2,10 @@ package holds
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -62,6 +64,12 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 		}
 	}
 	what := batchName(sts, reqs)
+	// Each settlement's token marks the row it settles, the same in every attempt: a retry
+	// after a lost COMMIT reply recognises its own settlement (see decideSettlements).
+	tokens := make([]string, len(sts))
+	for i := range tokens {
+		tokens[i] = randomToken()
+	}
 	settleUsers, err := s.usersOf(ctx, sts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
@@ -70,7 +78,7 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	if len(plan.userIDs) == 0 {
 		// Nothing known to lock: every item is refused without a transaction.
 		r := &batchReads{users: map[uint64]userRow{}}
-		settled, _ := s.decideSettlements(sts, settleUsers, r)
+		settled, _ := s.decideSettlements(sts, tokens, settleUsers, r)
 		admitted, _ := s.decideAdmissions(reqs, r)
 		return settled, admitted, nil
 	}
@@ -83,7 +91,7 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	sent := map[string]bool{}
 	err = s.inTxLoop(ctx, what, func() error {
 		var err error
-		settled, admitted, err = s.tryWriteBatch(ctx, plan, sts, settleUsers, reqs, sent)
+		settled, admitted, err = s.tryWriteBatch(ctx, plan, sts, tokens, settleUsers, reqs, sent)
 		return err
 	})
 	if err != nil {
@@ -129,8 +137,8 @@ func planBatch(sts []Settlement, settleUsers []uint64, reqs []AdmitRequest) batc
 // tryWriteBatch runs the batch's transaction once, on a connection of its own. sent is what
 // earlier attempts may have committed (see WriteBatch); this attempt adds to it when its own
 // writes go out unanswered.
-func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlement, settleUsers []uint64, reqs []AdmitRequest,
-	sent map[string]bool) (settled []BatchResult, admitted []AdmitResult, err error) {
+func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlement, tokens []string, settleUsers []uint64,
+	reqs []AdmitRequest, sent map[string]bool) (settled []BatchResult, admitted []AdmitResult, err error) {
 	conn, err := s.db.Connx(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connection: %w", err)
@@ -145,7 +153,7 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 	if err != nil {
 		return nil, nil, err
 	}
-	settled, sw := s.decideSettlements(sts, settleUsers, r)
+	settled, sw := s.decideSettlements(sts, tokens, settleUsers, r)
 	admitted, inserts := s.decideAdmissions(reqs, r)
 
 	var w script
@@ -226,7 +234,8 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	sc.addIn("SELECT "+userColumns+" FROM users WHERE id IN (?) ORDER BY id FOR UPDATE", plan.userIDs)
 	if len(plan.lockRuns) > 0 {
 		sc.addIn(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
-			DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), state IN ('queued', 'running') AND expires_at > @tg_now, admit_token
+			DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), state IN ('queued', 'running') AND expires_at > @tg_now, admit_token,
+			settle_token, charged_micro, allowance_part_micro, prepaid_part_micro, cost_micro
 			FROM run_holds WHERE run_id IN (?) FOR UPDATE`, plan.lockRuns)
 	}
 	if len(plan.lookupRuns) > 0 {
@@ -265,9 +274,11 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	if len(plan.lockRuns) > 0 {
 		if err := sets.each("lock holds", func() error {
 			var h lockedHold
-			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.ExpiresAt, &h.Counted, &h.Token); err != nil {
+			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.ExpiresAt, &h.Counted, &h.Token,
+				&h.SettleToken, &h.Settled.ChargedMicro, &h.Settled.AllowancePart, &h.Settled.PrepaidPart, &h.Settled.CostMicro); err != nil {
 				return err
 			}
+			h.Settled.UserID = h.UserID
 			r.holds[h.RunID] = &h
 			return nil
 		}); err != nil {
@@ -378,4 +389,13 @@ func batchName(sts []Settlement, reqs []AdmitRequest) string {
 		first = reqs[0].RunID
 	}
 	return fmt.Sprintf("batch of %d settlements, %d admissions (first %s)", len(sts), len(reqs), first)
+}
+
+// randomToken is 128 random bits in hex, the width of the token columns (CHAR(32)).
+func randomToken() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on the systems Go supports
+	}
+	return hex.EncodeToString(b[:])
 }

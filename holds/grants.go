@@ -2,9 +2,7 @@ package holds
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -80,11 +78,7 @@ func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error
 	if err := validateGrant(req); err != nil {
 		return Grant{}, false, err
 	}
-	var raw [16]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return Grant{}, false, fmt.Errorf("grant %q: token: %w", req.IdempotencyKey, err)
-	}
-	token := hex.EncodeToString(raw[:])
+	token := randomToken()
 	var (
 		g       Grant
 		created bool

@@ -84,17 +84,27 @@ func TestLostCommitReplyIsClaimedByTheRetry(t *testing.T) {
 }
 
 // TestLostCommitReplyOfASettlementChargesOnce: a settlement whose commit reply is lost is
-// retried; the retry finds the run settled and changes nothing.
+// retried; the retry finds the run settled and changes nothing. The run was settled by this
+// very settlement, so it is told so (applied, with what was charged): the metrics and the
+// reconciler's alert on charges at the hold count it as applied, not as settled by someone else.
 func TestLostCommitReplyOfASettlementChargesOnce(t *testing.T) {
 	f, lossy := newLossyFixture(t)
 	ctx := context.Background()
 	f.admit("r_lost_settle")
 	lossy.Arm(commitScript, testenv.LoseReply)
-	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_lost_settle", CostMicro: 7_000, Source: holds.SourceComplete}); err != nil {
+	res, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_lost_settle", CostMicro: 7_000, Source: holds.SourceComplete})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if !lossy.Fired() {
 		t.Fatal("the settlement's commit reply was never lost")
+	}
+	if !res.Applied || res.ChargedMicro != 7_000 || res.AllowancePart != 7_000 || res.CostMicro != 7_000 {
+		t.Errorf("settlement whose commit reply was lost answered %+v; want applied, charged 7,000", res)
+	}
+	// A second settlement of the run, a different one, is told the run was settled before.
+	if res, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_lost_settle", CostMicro: 7_000, Source: holds.SourceComplete}); err != nil || res.Applied {
+		t.Errorf("another settlement of a settled run: %+v, %v; want not applied", res, err)
 	}
 	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 || bal.InFlight != 0 {
 		t.Fatalf("balance %+v, %v: want one charge of 7,000", bal, err)

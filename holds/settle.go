@@ -139,6 +139,11 @@ type lockedHold struct {
 	// Counted: live and unexpired at the batch's clock, so the admission aggregate counted it.
 	Counted bool
 	Token   sql.NullString // the admission's token, if it had one
+	// SettleToken is the token of the settlement that settled it (see WriteBatch), and
+	// Settled what that settlement did: a retry whose earlier attempt's COMMIT reply was
+	// lost finds its own settlement there.
+	SettleToken sql.NullString
+	Settled     Settled
 }
 
 // settleWrites is what a batch's settlements change.
@@ -155,7 +160,7 @@ type settleWrites struct {
 // clamped to the hold's cap (the caller's authorisation and the overdraft bound), taken from
 // the day's allowance first and then from prepaid credits. The batch's reads are brought up to
 // date as it goes, so that its admissions see the credits freed and the ledger grown.
-func (s *Store) decideSettlements(sts []Settlement, users []uint64, r *batchReads) ([]BatchResult, settleWrites) {
+func (s *Store) decideSettlements(sts []Settlement, tokens []string, users []uint64, r *batchReads) ([]BatchResult, settleWrites) {
 	out := make([]BatchResult, len(sts))
 	w := settleWrites{dayAdd: map[uint64]*dayDelta{}}
 	for i, st := range sts {
@@ -167,7 +172,13 @@ func (s *Store) decideSettlements(sts []Settlement, users []uint64, r *batchRead
 		}
 		out[i].UserID = h.UserID
 		if h.State == StateSettled {
-			continue // settled before, or earlier in this batch
+			// Settled before, or earlier in this batch: by this settlement itself only if an
+			// earlier attempt of this batch committed it and lost the reply.
+			if h.SettleToken.Valid && h.SettleToken.String == tokens[i] {
+				out[i].Settled = h.Settled
+				out[i].Applied = true
+			}
+			continue
 		}
 		if st.OnlyIfExpired && h.Counted {
 			out[i].Err = ErrRunStillLive
@@ -197,7 +208,8 @@ func (s *Store) decideSettlements(sts []Settlement, users []uint64, r *batchRead
 		}
 		out[i].Settled = Settled{Applied: true, ChargedMicro: charged, AllowancePart: allowancePart, PrepaidPart: prepaidPart,
 			CostMicro: cost, UserID: h.UserID}
-		w.changed = append(w.changed, settledRow{hold: h, st: st, cost: cost, charged: charged, allowance: allowancePart, prepaid: prepaidPart})
+		w.changed = append(w.changed, settledRow{hold: h, st: st, token: tokens[i], cost: cost, charged: charged,
+			allowance: allowancePart, prepaid: prepaidPart})
 		// A run that cost nothing leaves the ledger alone: it is a release, not a charge.
 		if charged > 0 {
 			d := w.dayAdd[h.UserID]
@@ -217,6 +229,7 @@ func (s *Store) decideSettlements(sts []Settlement, users []uint64, r *batchRead
 type settledRow struct {
 	hold                              *lockedHold
 	st                                Settlement
+	token                             string
 	cost, charged, allowance, prepaid int64
 }
 
@@ -244,28 +257,29 @@ func appendSettled(sc *script, w settleWrites, now time.Time) {
 // UPDATE with per-row values. The NOT NULL columns an insert would need carry the rows'
 // current values.
 func appendMarkSettled(sc *script, rows []settledRow, now time.Time) {
-	const perRow = 20
+	const perRow = 21
 	q := make([]byte, 0, 1024+len(rows)*64)
 	q = append(q, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, discount_bp, expires_at,
 		cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok,
-		out_tok, calls, model, price_snapshot, estimated, settle_source, settled_at) VALUES `...)
+		out_tok, calls, model, price_snapshot, estimated, settle_source, settled_at, settle_token) VALUES `...)
 	args := make([]any, 0, len(rows)*perRow)
 	for i, r := range rows {
 		if i > 0 {
 			q = append(q, ',')
 		}
-		q = append(q, "(?,?,'settled',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"...)
+		q = append(q, "(?,?,'settled',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"...)
 		u := r.st.Usage.Clamp()
 		args = append(args, r.hold.RunID, r.hold.UserID, r.hold.HeldMicro, r.hold.CapMicro, r.hold.DiscountBP, r.hold.ExpiresAt,
 			r.cost, r.charged, r.allowance, r.prepaid, u.Input, u.CacheRead, u.CacheWrite, u.Output, r.st.Calls,
-			r.st.Model, nullJSON(r.st.PriceSnapshot), r.st.Estimated, r.st.Source, now)
+			r.st.Model, nullJSON(r.st.PriceSnapshot), r.st.Estimated, r.st.Source, now, r.token)
 	}
 	q = append(q, ` ON DUPLICATE KEY UPDATE state = VALUES(state), cost_micro = VALUES(cost_micro),
 		charged_micro = VALUES(charged_micro), allowance_part_micro = VALUES(allowance_part_micro),
 		prepaid_part_micro = VALUES(prepaid_part_micro), in_tok = VALUES(in_tok), cache_read_tok = VALUES(cache_read_tok),
 		cache_write_tok = VALUES(cache_write_tok), out_tok = VALUES(out_tok), calls = VALUES(calls),
 		model = IF(VALUES(model) = '', model, VALUES(model)), price_snapshot = COALESCE(VALUES(price_snapshot), price_snapshot),
-		estimated = VALUES(estimated), settle_source = VALUES(settle_source), settled_at = VALUES(settled_at)`...)
+		estimated = VALUES(estimated), settle_source = VALUES(settle_source), settled_at = VALUES(settled_at),
+		settle_token = VALUES(settle_token)`...)
 	sc.add(string(q), args...)
 }
 
