@@ -2,6 +2,8 @@ package metering
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -187,30 +189,48 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 	return nil
 }
 
-// closeScript: KEYS usage (unused), budget hash, lease; ARGV max call ms, stale ms. Returns 0
-// while calls are in flight.
+// closeScript: KEYS usage (unused), budget hash, lease; ARGV max call ms, stale ms, mark.
+// Returns 0 while calls are in flight.
 var closeScript = redis.NewScript(`
 local staleArg = 2
 ` + liveCallsLua + `
 if inflight > 0 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-redis.call('HSET', KEYS[2], 'closed', 1)
+redis.call('HSET', KEYS[2], 'closed', ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1`)
+
+// reopenScript: KEYS budget hash; ARGV mark. Removes the closed mark if it is still mark.
+var reopenScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], 'closed') == ARGV[1] then redis.call('HDEL', KEYS[1], 'closed') end
+return 0`)
 
 // CloseRun marks the run as being settled, so that no call of it starts from now on and its
 // tally is final. It fails with ErrRunBusy while calls of the run are in flight: settling
 // then would leave their usage out of the charge. In flight means a reservation beaten
 // within staleAfter, or a lease on the run: a process still serves one of its calls. The
 // mark lasts maxCall: long enough for the settlement to commit, after which the run's hold
-// refuses calls itself.
-func (b *RunBudget) CloseRun(ctx context.Context, runID string) error {
+// refuses calls itself. The mark returned is for ReopenRun, should the settlement fail.
+func (b *RunBudget) CloseRun(ctx context.Context, runID string) (string, error) {
+	mark := randomHex()
 	ok, err := closeScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.Lease(runID)},
-		b.maxCall.Milliseconds(), b.staleAfter.Milliseconds()).Int()
+		b.maxCall.Milliseconds(), b.staleAfter.Milliseconds(), mark).Int()
 	if err != nil {
-		return fmt.Errorf("close run %s: %w", runID, err)
+		return "", fmt.Errorf("close run %s: %w", runID, err)
 	}
 	if ok == 0 {
-		return ErrRunBusy
+		return "", ErrRunBusy
+	}
+	return mark, nil
+}
+
+// ReopenRun undoes CloseRun's mark after a settlement that did not commit, so that the run's
+// calls are not refused as settled while it is not. Only its own mark: another settlement
+// that has closed the run since keeps it closed, or a call could start between that
+// settlement's tally read and its commit. Should the failed settlement have committed after
+// all (its reply lost), the run's settled hold refuses its calls.
+func (b *RunBudget) ReopenRun(ctx context.Context, runID, mark string) error {
+	if err := reopenScript.Run(ctx, b.rdb, []string{b.keys.RunBudget(runID)}, mark).Err(); err != nil {
+		return fmt.Errorf("reopen run %s: %w", runID, err)
 	}
 	return nil
 }
@@ -335,4 +355,13 @@ func (b *RunBudget) forget(rc runCall) {
 	b.mu.Lock()
 	delete(b.calls, rc)
 	b.mu.Unlock()
+}
+
+// randomHex is 64 random bits in hex: a close mark need only differ from any other's.
+func randomHex() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on the systems Go supports
+	}
+	return hex.EncodeToString(b[:])
 }

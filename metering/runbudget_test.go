@@ -118,21 +118,49 @@ func TestRunCloseWaitsForCallsInFlight(t *testing.T) {
 	if _, err := b.Reserve(ctx, "r_close", "a", 10_000, 1_000, 100); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.CloseRun(ctx, "r_close"); !errors.Is(err, metering.ErrRunBusy) {
+	if _, err := b.CloseRun(ctx, "r_close"); !errors.Is(err, metering.ErrRunBusy) {
 		t.Fatalf("close with a call in flight: %v, want ErrRunBusy", err)
 	}
 	if err := b.Release(ctx, "r_close", "a", pricing.Usage{Output: 5}, 50); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.CloseRun(ctx, "r_close"); err != nil {
+	if _, err := b.CloseRun(ctx, "r_close"); err != nil {
 		t.Fatalf("close with no call in flight: %v", err)
 	}
 	if _, err := b.Reserve(ctx, "r_close", "b", 10_000, 1_000, 100); !errors.Is(err, metering.ErrRunClosed) {
 		t.Fatalf("reserve on a closed run: %v, want ErrRunClosed", err)
 	}
 	// A run that never had a call closes at once.
-	if err := b.CloseRun(ctx, "r_never"); err != nil {
+	if _, err := b.CloseRun(ctx, "r_never"); err != nil {
 		t.Fatalf("close of a run without calls: %v", err)
+	}
+}
+
+// TestRunReopensOnlyForItsOwnClose: a settlement that fails reopens the run it closed, but
+// not one another settlement closed since (a call could then start between that settlement's
+// tally read and its commit, and go uncharged).
+func TestRunReopensOnlyForItsOwnClose(t *testing.T) {
+	b := newRunBudget(t).budget
+	ctx := context.Background()
+	first, err := b.CloseRun(ctx, "r_reopen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := b.CloseRun(ctx, "r_reopen")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ReopenRun(ctx, "r_reopen", first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Reserve(ctx, "r_reopen", "a", 10_000, 1_000, 100); !errors.Is(err, metering.ErrRunClosed) {
+		t.Fatalf("reserve after the first settlement reopened a run the second had closed: %v, want ErrRunClosed", err)
+	}
+	if err := b.ReopenRun(ctx, "r_reopen", second); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := b.Reserve(ctx, "r_reopen", "a", 10_000, 1_000, 100); err != nil || g != 1_000 {
+		t.Fatalf("reserve once the run's last close was undone: %d, %v", g, err)
 	}
 }
 
@@ -161,7 +189,7 @@ func TestRunBudgetStepsAreSafeToRepeat(t *testing.T) {
 	if err != nil || got.CostMicro != 300 || got.Calls != 1 || got.Usage.Output != 30 {
 		t.Fatalf("tally %+v, %v: want call a once", got, err)
 	}
-	if err := b.CloseRun(ctx, "r_again"); !errors.Is(err, metering.ErrRunBusy) {
+	if _, err := b.CloseRun(ctx, "r_again"); !errors.Is(err, metering.ErrRunBusy) {
 		t.Fatalf("close with call b in flight: %v, want ErrRunBusy", err)
 	}
 }
@@ -186,7 +214,7 @@ func TestRunBudgetDropsCallsOfADeadProcess(t *testing.T) {
 	if err := e.rdb.HSet(ctx, e.keys.RunBudget("r_dead"), "c:dead", "9000:1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.CloseRun(ctx, "r_dead"); err != nil {
+	if _, err := b.CloseRun(ctx, "r_dead"); err != nil {
 		t.Fatalf("close with only a dead call left: %v", err)
 	}
 }
@@ -202,7 +230,7 @@ func TestRunCloseWaitsForALeasedCall(t *testing.T) {
 	if err := e.rdb.Set(ctx, e.keys.Lease("r_slow"), "other-process", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.budget.CloseRun(ctx, "r_slow"); !errors.Is(err, metering.ErrRunBusy) {
+	if _, err := e.budget.CloseRun(ctx, "r_slow"); !errors.Is(err, metering.ErrRunBusy) {
 		t.Fatalf("close with a leased call: %v, want ErrRunBusy", err)
 	}
 }
@@ -284,7 +312,7 @@ func TestRunBudgetReservationLivesByItsBeat(t *testing.T) {
 	if _, err := other.Reserve(ctx, run, "b", 10_000, 5_000, 100); !errors.Is(err, metering.ErrRunBudget) {
 		t.Fatalf("reserve beside a beaten call: %v, want ErrRunBudget (its reservation still counts)", err)
 	}
-	if err := other.CloseRun(ctx, run); !errors.Is(err, metering.ErrRunBusy) {
+	if _, err := other.CloseRun(ctx, run); !errors.Is(err, metering.ErrRunBusy) {
 		t.Fatalf("close beside a beaten call: %v, want ErrRunBusy", err)
 	}
 

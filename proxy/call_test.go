@@ -930,3 +930,39 @@ func TestCancelledCallPaysTheToolOutputInItsPrompt(t *testing.T) {
 		t.Fatalf("input charged %d tokens for a prompt with 40 000 bytes of tool output", run.InTok)
 	}
 }
+
+// TestFailedRunSettleLeavesTheRunOpen: a settle of a named run that fails in the database
+// (503, nothing settled) must not leave the run closed: its next call would be refused 409
+// run_settled, with X-Should-Retry: false, for the longest a call may last, though nothing was
+// charged and the run goes on.
+func TestFailedRunSettleLeavesTheRunOpen(t *testing.T) {
+	h, lossy := newLossyHarness(t)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "agent-settle-fails"}
+	call := func(what string) string {
+		resp := h.post(key, "/v1/chat/completions", chatBody, run)
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", what, resp.StatusCode, body)
+		}
+		return resp.Header.Get(proxy.RunIDHeader)
+	}
+	runID := call("first call")
+	h.settled()
+	// The settlement's first script locks the hold it settles.
+	lossy.Arm("expires_at > @tg_now, admit_token", testenv.GoDown)
+	status, body := h.settleRun(key, "agent-settle-fails")
+	lossy.Restore()
+	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" {
+		t.Fatalf("settle with the database down: %d %s, want 503 billing_unavailable", status, body)
+	}
+	call("call after the failed settle")
+	h.settled()
+	if status, body := h.settleRun(key, "agent-settle-fails"); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 {
+		t.Fatalf("run %+v: want both calls settled", r)
+	}
+}

@@ -123,7 +123,7 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 			writeError(w, errRunSettlesItself)
 			return
 		}
-		st, e := s.finalRunTally(r.Context(), run, log)
+		st, mark, e := s.finalRunTally(r.Context(), run, log)
 		if e != nil {
 			writeError(w, e)
 			return
@@ -133,6 +133,7 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		res, err := s.store.Settle(ctx, st)
 		if err != nil {
 			log.Error("run settlement failed", zap.Error(err))
+			s.reopenRun(ctx, run.RunID, mark, log)
 			writeError(w, errBillingDown)
 			return
 		}
@@ -156,28 +157,34 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 // a failed Redis write or a Redis restart: then, as the reconciler would (DESIGN §5), the run
 // is charged what its row recorded, else what it held, what the caller authorised. A run whose
 // Redis record lost calls (runRecordLost) is busy until its calls in flight are seen again.
-func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logger) (holds.Settlement, *apiError) {
-	unavailable := func(what string, err error) (holds.Settlement, *apiError) {
+//
+// The mark returned is CloseRun's: a caller whose settlement then fails reopens the run with it.
+func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logger) (st holds.Settlement, mark string, e *apiError) {
+	unavailable := func(what string, err error) (holds.Settlement, string, *apiError) {
 		log.Error(what+"; not settling", zap.Error(err))
-		return holds.Settlement{}, errBillingDown
+		if mark != "" {
+			s.reopenRun(ctx, run.RunID, mark, log)
+		}
+		return holds.Settlement{}, "", errBillingDown
 	}
 	if t, found, err := s.tally.Get(ctx, run.RunID); err != nil {
 		return unavailable("run tally unreadable", err)
 	} else if !found && time.Since(run.CreatedAt) < s.maxCall() {
-		return holds.Settlement{}, errRunBusy
+		return holds.Settlement{}, "", errRunBusy
 	} else if runRecordLost(run, t, found) {
 		// Redis lost calls of the run (a restart without persistence): the reservation of a
 		// call in flight went with them, and its lease is back only at its process's next
 		// heartbeat. Until then CloseRun would not see that call.
 		if err := s.budgets.AwaitRebuild(ctx, run.RunID); errors.Is(err, metering.ErrRunBusy) {
 			log.Warn("run's Redis record lost calls its row records; settling once its calls in flight are seen again")
-			return holds.Settlement{}, errRunBusy
+			return holds.Settlement{}, "", errRunBusy
 		} else if err != nil {
 			return unavailable("run not settled", err)
 		}
 	}
-	if err := s.budgets.CloseRun(ctx, run.RunID); errors.Is(err, metering.ErrRunBusy) {
-		return holds.Settlement{}, errRunBusy
+	mark, err := s.budgets.CloseRun(ctx, run.RunID)
+	if errors.Is(err, metering.ErrRunBusy) {
+		return holds.Settlement{}, "", errRunBusy
 	} else if err != nil {
 		return unavailable("run not closed", err)
 	}
@@ -196,7 +203,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	if u, cost, calls, rfound := fresh.Recorded(); rfound && (!found || cost > t.CostMicro) {
 		t, found = metering.Tallied{Usage: u, CostMicro: cost, Calls: calls}, true
 	}
-	st := holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient}
+	st = holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient}
 	// The settled row keeps the prices it was billed at (DESIGN §2), as a one-call run's and a
 	// reconciled run's do: those of the model the run was admitted with.
 	if _, priceKey, err := s.prices.Lookup(run.Model); err == nil {
@@ -207,7 +214,18 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		s.metrics.ReconcileHold.Inc()
 		log.Error("run settled on request without a tally: charged what it held", zap.Int64("held_micro", run.HeldMicro))
 	}
-	return st, nil
+	return st, mark, nil
+}
+
+// reopenRun lets a run's calls start again after its settlement failed (see
+// metering.RunBudget.ReopenRun). A reopen that fails leaves the run closed until the mark
+// expires (the longest call): its calls are refused meanwhile, nothing is charged wrongly.
+func (s *Server) reopenRun(ctx context.Context, runID, mark string, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseReleaseTimeout)
+	defer cancel()
+	if err := s.budgets.ReopenRun(ctx, runID, mark); err != nil {
+		log.Warn("run not reopened after its settlement failed; its calls are refused until the mark expires", zap.Error(err))
+	}
 }
 
 // runRecordLost reports whether Redis has lost calls of a named run that its row recorded (a
