@@ -129,6 +129,8 @@ type Stats struct {
 	ChargedHeld    int
 	AlreadySettled int
 	Errors         int
+	// PrunedSessions is the sessions rows deleted: their run had settled and they were idle.
+	PrunedSessions int
 	ChargedMicro   int64 // total charged by this pass
 	// Truncated: the pass stopped at MaxBatches with a full last batch, or at PassBudget;
 	// more may remain.
@@ -152,7 +154,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 		case err != nil && ctx.Err() == nil:
 			r.cfg.Log.Error("reconcile pass failed", zap.Error(err), zap.Int("settled", st.Settled()),
 				zap.Int("errors", st.Errors))
-		case st.Scanned > 0:
+		case st.Scanned > 0 || st.PrunedSessions > 0:
 			r.cfg.Log.Info("reconcile pass", statsFields(st)...)
 		}
 		select {
@@ -172,13 +174,40 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Stats, error) {
 	if !ok {
 		return Stats{}, nil
 	}
-	return r.scan(ctx)
+	return r.pass(ctx)
 }
 
 // RunForced scans without the lock, for an operator who knows the lock holder is stuck. It is
 // safe beside a running scanner: every settlement is conditional and an extension only moves
 // a live hold's expiry.
-func (r *Reconciler) RunForced(ctx context.Context) (Stats, error) { return r.scan(ctx) }
+func (r *Reconciler) RunForced(ctx context.Context) (Stats, error) { return r.pass(ctx) }
+
+// SessionPruneIdle is how long a session whose run has settled keeps its row after its last
+// claim: the pause between two messages of one conversation, generously.
+const SessionPruneIdle = 10 * time.Minute
+
+// pass settles expired holds, then prunes sessions that have ended. A prune that fails is
+// logged and tried again on the next pass: the rows it left cost room, not money.
+func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
+	st, err := r.scan(ctx)
+	if err != nil || st.Truncated {
+		return st, err
+	}
+	for range r.cfg.MaxBatches {
+		pctx, cancel := context.WithTimeout(ctx, reconcileItemTimeout)
+		n, err := r.cfg.Store.PruneSessions(pctx, SessionPruneIdle, r.cfg.Batch)
+		cancel()
+		st.PrunedSessions += int(n)
+		if err != nil {
+			r.cfg.Log.Warn("reconcile: ended sessions not pruned; the next pass tries again", zap.Error(err))
+			break
+		}
+		if n < int64(r.cfg.Batch) {
+			break
+		}
+	}
+	return st, nil
+}
 
 func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 	st := Stats{Locked: true}
@@ -335,6 +364,6 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 func statsFields(st Stats) []zap.Field {
 	return []zap.Field{zap.Int("batches", st.Batches), zap.Int("scanned", st.Scanned), zap.Int("extended", st.Extended),
 		zap.Int("from_tally", st.FromTally), zap.Int("released", st.Released), zap.Int("charged_held", st.ChargedHeld),
-		zap.Int("already_settled", st.AlreadySettled), zap.Int("errors", st.Errors),
+		zap.Int("already_settled", st.AlreadySettled), zap.Int("errors", st.Errors), zap.Int("pruned_sessions", st.PrunedSessions),
 		zap.Int64("charged_micro", st.ChargedMicro), zap.Bool("truncated", st.Truncated)}
 }

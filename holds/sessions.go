@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -96,6 +97,36 @@ func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, 
 		out.Replaced = row.Current
 	}
 	return out, nil
+}
+
+// PruneSessions deletes up to limit sessions whose current run has settled and that no claim
+// has touched for idle, and returns how many it deleted. Such a row decides nothing any more
+// (a claim treats a session whose run has ended as a new one, as it does a session it has
+// never seen), and without this every X-Session-Id ever sent would keep its row for good. idle
+// spares a conversation between two of its messages a delete and a fresh insert.
+//
+// A claim racing the delete is serialised by the row lock: it either finds the row gone and
+// inserts it again, or has already pointed it at its own live run, and the delete, which
+// reads the row again under its lock, leaves it. The run_holds rows read are settled ones,
+// which no admission or settlement changes. The idle rows are a range of an index
+// (sessions_updated), and each one's run is read by its primary key.
+func (s *Store) PruneSessions(ctx context.Context, idle time.Duration, limit int) (int64, error) {
+	var n int64
+	err := s.withRetry(ctx, "prune sessions", func() error {
+		res, err := s.db.ExecContext(ctx, `DELETE FROM sessions
+			WHERE updated_at < NOW(6) - INTERVAL ? MICROSECOND
+			  AND (SELECT state FROM run_holds WHERE run_id = sessions.current_run_id) = 'settled'
+			LIMIT ?`, idle.Microseconds(), limit)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("prune sessions: %w", err)
+	}
+	return n, nil
 }
 
 // RunLive reports whether a run's hold is still open and unexpired (by the database clock):
