@@ -315,7 +315,6 @@ func (s *Server) answerSuperseded(c *call) int {
 	if isEventStream(rw.Header().Get("Content-Type")) {
 		rc := http.NewResponseController(rw)
 		bound := s.boundWrites(rc)
-		defer bound.clear()
 		_ = bound.write(rw, streamErrorEvent(c.req.route.format, errSupersededAnswer))
 		_ = rc.Flush()
 	}

@@ -125,7 +125,6 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	h.Set("X-Accel-Buffering", "no")
 	rc := http.NewResponseController(w)
 	bound := s.boundWrites(rc)
-	defer bound.clear()
 	bound.next()
 	w.WriteHeader(resp.StatusCode)
 	_ = rc.Flush()
@@ -272,7 +271,6 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	rc := http.NewResponseController(w)
 	bound := s.boundWrites(rc)
-	defer bound.clear()
 	bound.next()
 	w.WriteHeader(resp.StatusCode)
 	if err := bound.write(w, body); err != nil {
@@ -368,9 +366,7 @@ func (b *writeBound) next() {
 	}
 }
 
-// clear lifts the deadline: with no server-wide write timeout, one left on a kept-alive
-// connection would cut that connection's next request.
-func (b *writeBound) clear() { _ = b.rc.SetWriteDeadline(time.Time{}) }
+
 
 // maxUpstreamErrorBody bounds what is read of an upstream's error answer.
 const maxUpstreamErrorBody = 64 << 10
@@ -391,8 +387,7 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 		copyResponseHeaders(w.Header(), resp.Header)
 		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
 		bound := s.boundWrites(http.NewResponseController(w))
-		defer bound.clear()
-		bound.next()
+			bound.next()
 		w.WriteHeader(resp.StatusCode)
 		_ = bound.write(w, body)
 		return resp.StatusCode

@@ -279,7 +279,6 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 	h.Set(RunIDHeader, rec.run)
 	h.Set("Content-Length", strconv.Itoa(len(resp)))
 	bound := s.boundWrites(http.NewResponseController(w))
-	defer bound.clear()
 	bound.next()
 	w.WriteHeader(rec.status)
 	_ = bound.write(w, []byte(resp))

@@ -158,7 +158,7 @@ func newTransport(l config.Limits) *http.Transport {
 // Handler is the gateway's router.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.boundUnreadBody, shapeErrors)
+	r.Use(s.boundAnswerEnd, s.boundUnreadBody, shapeErrors)
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
@@ -237,6 +237,22 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		status["redis"], code = "unavailable", http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, status)
+}
+
+// boundAnswerEnd bounds what net/http writes once a handler has returned — the end of a
+// chunked answer, a small answer kept whole in the connection's buffer until then — by
+// client_write_timeout: a client that stopped reading just as its socket buffer filled (or
+// that pipelines requests and reads no answers) would otherwise hold the connection and its
+// goroutine on that write for good. The server sets no write timeout, since a stream may
+// rightly last minutes (writeBound moves the deadline while one is written), so the deadline
+// left on the connection is lifted when its next request begins.
+func (s *Server) boundAnswerEnd(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.SetWriteDeadline(time.Time{})
+		next.ServeHTTP(w, r)
+		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.Limits.ClientWriteTimeout))
+	})
 }
 
 // boundUnreadBody bounds the server's drain of a body its handler did not read to the end (a
