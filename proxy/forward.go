@@ -366,8 +366,6 @@ func (b *writeBound) next() {
 	}
 }
 
-
-
 // maxUpstreamErrorBody bounds what is read of an upstream's error answer.
 const maxUpstreamErrorBody = 64 << 10
 
@@ -387,7 +385,7 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 		copyResponseHeaders(w.Header(), resp.Header)
 		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
 		bound := s.boundWrites(http.NewResponseController(w))
-			bound.next()
+		bound.next()
 		w.WriteHeader(resp.StatusCode)
 		_ = bound.write(w, body)
 		return resp.StatusCode
