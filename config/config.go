@@ -215,9 +215,10 @@ func (c *Config) applyEnv(getenv func(string) string) {
 }
 
 // Warnings lists settings that are valid but weaken a guarantee, for the log at start. A
-// hold shorter than the longest call stops counting against admission when it expires while
-// its call still runs (the reconciler pushes a leased hold out, but only at its next pass), so
-// in that window a user may be admitted past max_in_flight and the overdraft bound. The
+// hold shorter than the longest call stops counting in flight when it expires while its call
+// still runs (the reconciler pushes a leased hold out, but only at its next pass; what it
+// holds counts against the balance until it settles), so in that window a user may be
+// admitted past max_in_flight. The
 // defaults keep every hold 2.5 times the longest call; tests shorten them on purpose.
 func (c *Config) Warnings() []string {
 	longest := c.Limits.UpstreamTimeout + c.Limits.ClientWriteTimeout
@@ -228,7 +229,7 @@ func (c *Config) Warnings() []string {
 	}{{"holds.hold_ttl", c.Holds.HoldTTL}, {"holds.run_ttl", c.Holds.RunTTL}} {
 		if t.d < longest {
 			out = append(out, fmt.Sprintf("%s %v is shorter than the longest call (upstream_timeout + client_write_timeout = %v): "+
-				"a call that outlives its hold stops counting against admission until the reconciler extends it", t.name, t.d, longest))
+				"a call that outlives its hold stops counting against max_in_flight until the reconciler extends it", t.name, t.d, longest))
 		}
 	}
 	return out

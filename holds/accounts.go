@@ -214,8 +214,8 @@ func balanceTx(ctx context.Context, tx *sqlx.Tx, s *Store, userID uint64) (Balan
 		       COALESCE((SELECT used_micro FROM usage_days WHERE user_id = users.id AND day = UTC_DATE()), 0) AS used_today,
 		       UTC_DATE() AS day
 		FROM users CROSS JOIN (
-		       SELECT COUNT(*) AS in_flight, COALESCE(SUM(held_micro), 0) AS held FROM run_holds
-		        WHERE user_id = ? AND state IN ('queued', 'running') AND expires_at > NOW(6)) AS live
+		       SELECT COALESCE(SUM(expires_at > NOW(6)), 0) AS in_flight, COALESCE(SUM(held_micro), 0) AS held FROM run_holds
+		        WHERE user_id = ? AND state IN ('queued', 'running')) AS live
 		WHERE users.id = ?`, userID, userID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Balance{}, ErrUnknownUser

@@ -132,20 +132,20 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 				out[i].Err = ErrRunSettled
 			default:
 				if !h.Live && req.ClientRunID != "" {
-					// The run's hold had expired: the aggregate no longer counts it, and other
-					// calls may have been admitted against what it held. Pushing its expiry out
-					// brings it back, so it must fit the limits again, as a new hold would.
+					// The run's hold had expired: the aggregate no longer counts it in flight,
+					// and charges may have landed since (its held it still counts: the run is
+					// owed). Pushing its expiry out brings it back, so it must fit the limits
+					// again, as a new hold would.
 					t := r.live[req.UserID]
 					if t.InFlight >= plan.MaxInFlight {
 						out[i].Err = &TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter}
 						continue
 					}
-					if Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held) < h.HeldMicro {
+					if Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held-h.HeldMicro) < h.HeldMicro {
 						out[i].Err = ErrInsufficient
 						continue
 					}
 					t.InFlight++
-					t.Held += h.HeldMicro
 					h.Live = true
 					r.existing[req.RunID] = h
 				}

@@ -243,8 +243,12 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 			state IN ('queued', 'running') AND expires_at > @tg_now FROM run_holds WHERE run_id IN (?)`, plan.lookupRuns)
 	}
 	if len(plan.admitIDs) > 0 {
-		sc.addIn(`SELECT user_id, COUNT(*), SUM(held_micro), 0
-			FROM run_holds WHERE user_id IN (?) AND state IN ('queued', 'running') AND expires_at > @tg_now
+		// In flight: the unexpired holds. Held: every unsettled one — a hold past its expiry
+		// that the reconciler has not settled yet (its process killed, its run idle) is still
+		// owed, at its hold or its tally: not counting it let the next admissions spend the
+		// same credits again, past the overdraft bound of DESIGN §3.
+		sc.addIn(`SELECT user_id, SUM(expires_at > @tg_now), SUM(held_micro), 0
+			FROM run_holds WHERE user_id IN (?) AND state IN ('queued', 'running')
 			GROUP BY user_id`, plan.admitIDs)
 	}
 	sc.addIn("SELECT user_id, 0, 0, used_micro FROM usage_days WHERE day = DATE(@tg_now) AND user_id IN (?)", plan.userIDs)

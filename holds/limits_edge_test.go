@@ -42,14 +42,14 @@ func TestAvailableDoesNotWrap(t *testing.T) {
 	}
 }
 
-// TestRevivedRunCountsAgainstLimits: a named run whose hold expired stops counting at
-// admission; other calls are admitted against what it held. A later call of the run pushes
-// its expiry out again (d6ceae0) — it must not bring back a hold the balance and the in-flight
-// limit no longer cover.
+// TestRevivedRunCountsAgainstLimits: a named run whose hold expired stops counting in flight
+// (what it held still counts until it settles); other calls are admitted beside it. A later
+// call of the run pushes its expiry out again (d6ceae0) — it must not bring back a hold the
+// balance and the in-flight limit no longer cover.
 func TestRevivedRunCountsAgainstLimits(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
-	allowance, inFlight := int64(40_000), 2
+	allowance, inFlight := int64(60_000), 2
 	if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, &inFlight, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -84,5 +84,66 @@ func TestRevivedRunCountsAgainstLimits(t *testing.T) {
 		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestExpiredUnsettledHoldCountsAgainstBalance: a hold whose expiry has passed but that the
+// reconciler has not settled yet (its process was SIGKILLed mid-call; an agent's run idle
+// past run_ttl) is still owed: the reconciler charges it its hold, or its tally up to its
+// cap. Until then admissions must keep counting what it held, or they let the user spend the
+// same credits twice, past DESIGN §3's bound of Σ (cap − hold) over the holds in flight
+// together (found by TestChaosExactlyOnce: a user with less than a hold tier left, so every
+// hold was its cap, overdrawn by a whole call).
+func TestExpiredUnsettledHoldCountsAgainstBalance(t *testing.T) {
+	for _, named := range []bool{false, true} {
+		t.Run(map[bool]string{false: "killed call", true: "idle run"}[named], func(t *testing.T) {
+			f := newSettleFixture(t)
+			ctx := context.Background()
+			allowance := int64(15_000) // below the 20 000 hold tier: hold = cap = what is left
+			if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			first := holds.AdmitRequest{RunID: "r_dead", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Hour}
+			if named {
+				first = holds.AdmitRequest{RunID: "x_idle", UserID: f.user.ID, ClientRunID: "idle", State: holds.StateRunning, TTL: time.Hour}
+			}
+			h1, err := f.store.Admit(ctx, first)
+			if err != nil || h1.HeldMicro != allowance || h1.CapMicro != allowance {
+				t.Fatalf("first hold: %+v, %v", h1, err)
+			}
+			// Its expiry passes before the reconciler's next scan.
+			if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", first.RunID); err != nil {
+				t.Fatal(err)
+			}
+			bal, err := f.store.Balance(ctx, f.user.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bal.AvailableMicro != 0 || bal.HeldMicro != allowance || bal.InFlight != 0 {
+				t.Errorf("balance with the expired hold unsettled: available %d held %d in flight %d, want 0, %d, 0",
+					bal.AvailableMicro, bal.HeldMicro, bal.InFlight, allowance)
+			}
+			h2, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: "r_next", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Hour, Fresh: true})
+			// The reconciler comes: the first hold is charged what it held (no tally), or its
+			// tally, here all of its cap.
+			if _, serr := f.store.Settle(ctx, holds.Settlement{RunID: first.RunID, Source: holds.SourceReconcileHold, ChargeHeld: true, OnlyIfExpired: true}); serr != nil {
+				t.Fatal(serr)
+			}
+			if err == nil {
+				// The second call spends what it was allowed to.
+				if _, serr := f.store.Settle(ctx, holds.Settlement{RunID: "r_next", CostMicro: h2.CapMicro, Source: holds.SourceComplete}); serr != nil {
+					t.Fatal(serr)
+				}
+				after, berr := f.store.Balance(ctx, f.user.ID)
+				if berr != nil {
+					t.Fatal(berr)
+				}
+				used := after.UsedTodayMicro
+				t.Errorf("a call admitted against the credits of an expired, unsettled hold: %+v; charged %d on a balance of %d, overdraft %d over a bound of %d",
+					h2, used, allowance, used-allowance, (h1.CapMicro-h1.HeldMicro)+(h2.CapMicro-h2.HeldMicro))
+			} else if !errors.Is(err, holds.ErrInsufficient) {
+				t.Fatalf("second admission: %v, want ErrInsufficient", err)
+			}
+		})
 	}
 }

@@ -136,7 +136,8 @@ type lockedHold struct {
 	CapMicro   int64
 	DiscountBP int
 	ExpiresAt  string
-	// Counted: live and unexpired at the batch's clock, so the admission aggregate counted it.
+	// Counted: live and unexpired at the batch's clock, so the admission aggregate counted it
+	// in flight (its held it counts while it is unsettled, expired or not).
 	Counted bool
 	Token   sql.NullString // the admission's token, if it had one
 	// SettleToken is the token of the settlement that settled it (see WriteBatch), and
@@ -186,9 +187,12 @@ func (s *Store) decideSettlements(sts []Settlement, tokens []string, users []uin
 		}
 		h.State = StateSettled
 		live := r.live[h.UserID]
-		if h.Counted && live.Aggregated {
-			live.InFlight--
+		if live.Aggregated {
+			// The aggregate held every unsettled hold, in flight only the unexpired ones.
 			live.Held -= h.HeldMicro
+			if h.Counted {
+				live.InFlight--
+			}
 		}
 		if e, ok := r.existing[h.RunID]; ok {
 			e.State = StateSettled
