@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"testing"
 
 	"github.com/tollgate/tollgate/internal/fakellm"
@@ -15,18 +16,8 @@ import (
 func callsAcrossARedisRestart(t *testing.T, h *harness, key, name string) string {
 	t.Helper()
 	run := map[string]string{"X-Run-Id": name}
-	first := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "40"))
-	readAll(t, first.Body)
-	first.Body.Close()
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("first call: %d", first.StatusCode)
-	}
-	runID := first.Header.Get(proxy.RunIDHeader)
-	h.settled()
-	ctx := context.Background()
-	if err := h.rdb.Del(ctx, h.keys.Usage(runID), h.keys.RunBudget(runID), h.keys.Lease(runID)).Err(); err != nil {
-		t.Fatal(err)
-	}
+	runID := firstRunCall(t, h, key, run, 40)
+	loseRunKeys(t, h, runID)
 	second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
 	readAll(t, second.Body)
 	second.Body.Close()
@@ -70,5 +61,28 @@ func TestLiveRunViewAfterRedisRestartShowsWhatItWillBeCharged(t *testing.T) {
 	if got, _ := usage["output"].(float64); int64(got) != r.OutTok || r.OutTok != 45 {
 		t.Errorf("live run shows %v output tokens, %v; its row records %d over %d calls, which is what settling charges",
 			got, view, r.OutTok, r.Calls)
+	}
+}
+
+// firstRunCall makes a call of the named run in hdr that answers with chunks output tokens,
+// waits for its settlement path, and returns the run's id.
+func firstRunCall(t *testing.T, h *harness, key string, hdr map[string]string, chunks int) string {
+	t.Helper()
+	first := h.post(key, "/v1/chat/completions", chatBody, with(hdr, fakellm.HeaderChunks, strconv.Itoa(chunks)))
+	readAll(t, first.Body)
+	first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("first call: %d", first.StatusCode)
+	}
+	h.settled()
+	return first.Header.Get(proxy.RunIDHeader)
+}
+
+// loseRunKeys does to a run what a Redis restart without persistence does: every key of it is
+// gone (tally, budget and reservations, lease).
+func loseRunKeys(t *testing.T, h *harness, runID string) {
+	t.Helper()
+	if err := h.rdb.Del(context.Background(), h.keys.Usage(runID), h.keys.RunBudget(runID), h.keys.Lease(runID)).Err(); err != nil {
+		t.Fatal(err)
 	}
 }

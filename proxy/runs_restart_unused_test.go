@@ -43,10 +43,7 @@ func TestNamedRunThatUsedNothingIsNotChargedItsHoldAfterARedisRestart(t *testing
 			if _, found, err := h.tally.Get(ctx, runID); err != nil || !found {
 				t.Fatalf("zero tally before the restart: found=%v err=%v", found, err)
 			}
-			// Redis restarts without persistence: every key of the run is gone.
-			if err := h.rdb.Del(ctx, h.keys.Usage(runID), h.keys.RunBudget(runID), h.keys.Lease(runID)).Err(); err != nil {
-				t.Fatal(err)
-			}
+			loseRunKeys(t, h, runID)
 			// Old enough that a run without a tally is no longer taken for one whose first
 			// call is still reserving, and expired, as a run nobody came back to is.
 			if _, err := h.db.Exec(`UPDATE run_holds SET created_at = NOW(6) - INTERVAL 1 DAY,
@@ -87,19 +84,9 @@ func TestSettleAtAnAnswersEndAfterARedisRestartChargesThatCall(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	run := map[string]string{"X-Run-Id": "task-settle-at-end"}
-	first := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
-	readAll(t, first.Body)
-	first.Body.Close()
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("first call: %d", first.StatusCode)
-	}
-	runID := first.Header.Get(proxy.RunIDHeader)
-	h.settled()
+	runID := firstRunCall(t, h, key, run, 5)
 	ctx := context.Background()
-	// Redis restarts without persistence: every key of the run is gone.
-	if err := h.rdb.Del(ctx, h.keys.Usage(runID), h.keys.RunBudget(runID), h.keys.Lease(runID)).Err(); err != nil {
-		t.Fatal(err)
-	}
+	loseRunKeys(t, h, runID)
 
 	second := h.post(key, "/v1/chat/completions", streamBody, slowStream(40, run))
 	defer second.Body.Close()
@@ -200,14 +187,7 @@ func TestSettleAfterARedisRestartWaitsForTheCallInFlight(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	run := map[string]string{"X-Run-Id": "task-inflight"}
-	first := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "40"))
-	readAll(t, first.Body)
-	first.Body.Close()
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("first call: %d", first.StatusCode)
-	}
-	runID := first.Header.Get(proxy.RunIDHeader)
-	h.settled()
+	runID := firstRunCall(t, h, key, run, 40)
 	// An agent's run goes on for longer than the longest call.
 	if _, err := h.db.Exec("UPDATE run_holds SET created_at = created_at - INTERVAL 1 DAY WHERE run_id = ?", runID); err != nil {
 		t.Fatal(err)
@@ -218,10 +198,7 @@ func TestSettleAfterARedisRestartWaitsForTheCallInFlight(t *testing.T) {
 		t.Fatalf("second call: %d", second.StatusCode)
 	}
 	// The second call is in flight. Redis restarts without persistence.
-	ctx := context.Background()
-	if err := h.rdb.Del(ctx, h.keys.Usage(runID), h.keys.RunBudget(runID), h.keys.Lease(runID)).Err(); err != nil {
-		t.Fatal(err)
-	}
+	loseRunKeys(t, h, runID)
 	status, body := h.settleRun(key, "task-inflight")
 	readAll(t, second.Body)
 	h.settled()
