@@ -65,10 +65,14 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	}
 	what := batchName(sts, reqs)
 	// Each settlement's token marks the row it settles, the same in every attempt: a retry
-	// after a lost COMMIT reply recognises its own settlement (see decideSettlements).
+	// after a lost COMMIT reply recognises its own settlement (see decideSettlements). The
+	// Writer's, set before its first batch, is kept into its retry of the settlements alone.
 	tokens := make([]string, len(sts))
 	for i := range tokens {
-		tokens[i] = randomToken()
+		tokens[i] = sts[i].token
+		if tokens[i] == "" {
+			tokens[i] = randomToken()
+		}
 	}
 	settleUsers, err := s.usersOf(ctx, sts)
 	if err != nil {
@@ -89,15 +93,23 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	// those it finds carrying their request's token, rather than refusing them as duplicates
 	// and leaving holds nobody will release.
 	sent := map[string]bool{}
+	// settleSent: an attempt's settlement writes and COMMIT went out unanswered, so a batch
+	// that then fails may have settled its runs (the retry that would have found out never
+	// got through). Its caller must not act as if nothing was charged: a run settled on
+	// request stays closed to new calls (see proxy.settleRun).
+	settleSent := false
 	err = s.inTxLoop(ctx, what, func() error {
 		var err error
-		settled, admitted, err = s.tryWriteBatch(ctx, plan, sts, tokens, settleUsers, reqs, sent)
+		settled, admitted, err = s.tryWriteBatch(ctx, plan, sts, tokens, settleUsers, reqs, sent, &settleSent)
 		return err
 	})
 	if err != nil {
 		err = fmt.Errorf("%s: %w", what, err)
 		if len(sent) > 0 {
 			err = &OutcomeUnknownError{Runs: sent, Err: err}
+		}
+		if settleSent {
+			err = fmt.Errorf("settlements: %w: %w", ErrOutcomeUnknown, err)
 		}
 		return nil, nil, err
 	}
@@ -136,9 +148,9 @@ func planBatch(sts []Settlement, settleUsers []uint64, reqs []AdmitRequest) batc
 
 // tryWriteBatch runs the batch's transaction once, on a connection of its own. sent is what
 // earlier attempts may have committed (see WriteBatch); this attempt adds to it when its own
-// writes go out unanswered.
+// writes go out unanswered, and sets settleSent when they carried settlements.
 func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlement, tokens []string, settleUsers []uint64,
-	reqs []AdmitRequest, sent map[string]bool) (settled []BatchResult, admitted []AdmitResult, err error) {
+	reqs []AdmitRequest, sent map[string]bool, settleSent *bool) (settled []BatchResult, admitted []AdmitResult, err error) {
 	conn, err := s.db.Connx(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connection: %w", err)
@@ -170,6 +182,9 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 				if !in.existing {
 					sent[in.hold.RunID] = true
 				}
+			}
+			if len(sw.changed) > 0 {
+				*settleSent = true
 			}
 		}
 		return nil, nil, fmt.Errorf("write and commit: %w", err)
@@ -224,8 +239,9 @@ type batchReads struct {
 // script run one after another, so every read after the user lock starts once the locks are
 // granted, and every writer of a hold's state, of a new hold and of a ledger row holds its
 // user's lock: the reads are current. (Extend changes a live hold's expiry without it; an
-// aggregate may miss a hold whose expiry is pushed back at that moment, as the design's
-// single-transaction admission could.) The clock is read before the lock wait, as a single statement's NOW() would be.
+// aggregate may leave out of the in-flight count a hold whose expiry is pushed back at that
+// moment, as the design's single-transaction admission could; what it holds is counted
+// whatever its expiry.) The clock is read before the lock wait, as a single statement's NOW() would be.
 func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchReads, error) {
 	var sc script
 	sc.add("START TRANSACTION")

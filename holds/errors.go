@@ -26,7 +26,8 @@ var ErrRunStillLive = errors.New("run has not expired")
 
 // ErrOutcomeUnknown is an admission whose writes and COMMIT were sent and never answered: the
 // database may have committed its hold. Its caller should release it (a settlement at 0 with
-// the admission's token, harmless when there is none).
+// the admission's token, harmless when there is none). A failed batch whose settlements' writes
+// were so sent is ErrOutcomeUnknown too: its runs may be settled.
 var ErrOutcomeUnknown = errors.New("outcome unknown: the commit was sent but not answered")
 
 // OutcomeUnknownError is a batch that failed after some of its admissions' commits went

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -92,6 +93,13 @@ type ReconcilerConfig struct {
 // period, and the conditional settlement makes a second scanner harmless anyway.
 type Reconciler struct {
 	cfg ReconcilerConfig
+
+	// resume is where the next pass's scan starts: where a pass stopped at its batch limit or
+	// time budget left off, so that a backlog of holds no pass can settle (orphans, see scan)
+	// larger than one pass does not take every pass's whole budget, leaving the holds behind
+	// it unsettled for good. The zero value (a pass that reached the end) starts at the oldest.
+	mu     sync.Mutex
+	resume expiredCursor
 }
 
 // NewReconciler checks the wiring and applies defaults. It panics on a wiring error, which is
@@ -215,7 +223,18 @@ func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 	// The scan goes on after the last hold it read, so holds it cannot settle (orphans, below)
 	// are passed over rather than heading every batch: a backlog of them would otherwise stop
 	// every pass at its first batch, and nobody else's hold behind them would ever settle.
-	var after expiredCursor
+	r.mu.Lock()
+	after := r.resume
+	r.mu.Unlock()
+	// A pass that stopped at a limit leaves the next one its cursor; any other end (the
+	// backlog drained, or a failure the next pass retries from where this one began) leaves it
+	// as it found it, or starts again from the oldest.
+	truncated := func(st Stats) (Stats, error) {
+		r.mu.Lock()
+		r.resume = after
+		r.mu.Unlock()
+		return st, nil
+	}
 	orphans := 0
 	for st.Batches < r.cfg.MaxBatches {
 		runs, err := r.cfg.Store.expired(ctx, after, r.cfg.Batch)
@@ -232,7 +251,7 @@ func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 				st.Truncated = true
 				r.cfg.Log.Warn("reconcile pass stopped at its time budget; the rest waits for the next pass",
 					zap.Int("scanned", st.Scanned), zap.Duration("budget", r.cfg.PassBudget))
-				return st, nil
+				return truncated(st)
 			}
 			st.Scanned++
 			after = run.cursor()
@@ -262,13 +281,16 @@ func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 			return st, fmt.Errorf("reconcile: %d of %d holds failed: %w", len(errs), len(runs), errors.Join(errs[:min(len(errs), 3)]...))
 		}
 		if len(runs) < r.cfg.Batch {
+			r.mu.Lock()
+			r.resume = expiredCursor{}
+			r.mu.Unlock()
 			return st, nil
 		}
 	}
 	st.Truncated = true
 	r.cfg.Log.Warn("reconcile pass stopped at its batch limit; the rest waits for the next pass",
 		zap.Int("batches", st.Batches), zap.Int("batch", r.cfg.Batch))
-	return st, nil
+	return truncated(st)
 }
 
 func (st *Stats) count(outcome string, charged int64) {

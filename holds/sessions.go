@@ -101,24 +101,53 @@ func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, 
 
 // PruneSessions deletes up to limit sessions whose current run has settled and that no claim
 // has touched for idle, and returns how many it deleted. Such a row decides nothing any more
-// (a claim treats a session whose run has ended as a new one, as it does a session it has
-// never seen), and without this every X-Session-Id ever sent would keep its row for good. idle
+// (a claim treats a session whose run has ended as new, as it does a session it has never
+// seen), and without this every X-Session-Id ever sent would keep its row for good. idle
 // spares a conversation between two of its messages a delete and a fresh insert.
 //
+// The candidates are found by a plain read (no locks at READ COMMITTED): the idle rows, a
+// range of an index (sessions_updated), each one's run read by its primary key (STRAIGHT_JOIN
+// keeps that order whatever the statistics say). The DELETE
+// then names them by primary key and reads no run: a settled run stays settled, so a row
+// whose current run is still the one read needs no second look at it. (A DELETE that read
+// run_holds itself, in a subquery, took share locks on the run of every idle session, live
+// ones included: it waited behind a batch settling such a run, and held up the next one.)
 // A claim racing the delete is serialised by the row lock: it either finds the row gone and
-// inserts it again, or has already pointed it at its own live run, and the delete, which
-// reads the row again under its lock, leaves it. The run_holds rows read are settled ones,
-// which no admission or settlement changes. The idle rows are a range of an index
-// (sessions_updated), and each one's run is read by its primary key.
+// inserts it again, or has already pointed it at its own run or touched it, and the delete,
+// which checks the row again under its lock, leaves it.
 func (s *Store) PruneSessions(ctx context.Context, idle time.Duration, limit int) (int64, error) {
 	var n int64
 	err := s.withRetry(ctx, "prune sessions", func() error {
-		res, err := s.db.ExecContext(ctx, `DELETE FROM sessions
-			WHERE updated_at < NOW(6) - INTERVAL ? MICROSECOND
-			  AND (SELECT state FROM run_holds WHERE run_id = sessions.current_run_id) = 'settled'
-			LIMIT ?`, idle.Microseconds(), limit)
+		n = 0
+		var rows []struct {
+			UserID    uint64 `db:"user_id"`
+			SessionID []byte `db:"session_id"`
+			RunID     string `db:"current_run_id"`
+		}
+		if err := s.db.SelectContext(ctx, &rows, `SELECT STRAIGHT_JOIN s.user_id, s.session_id, s.current_run_id
+			FROM sessions s JOIN run_holds h ON h.run_id = s.current_run_id
+			WHERE s.updated_at < NOW(6) - INTERVAL ? MICROSECOND AND h.state = 'settled'
+			LIMIT ?`, idle.Microseconds(), limit); err != nil {
+			return fmt.Errorf("find ended sessions: %w", err)
+		}
+		if len(rows) == 0 {
+			return nil
+		}
+		q := make([]byte, 0, 128+len(rows)*64)
+		q = append(q, "DELETE FROM sessions WHERE updated_at < NOW(6) - INTERVAL ? MICROSECOND AND ("...)
+		args := make([]any, 0, 1+3*len(rows))
+		args = append(args, idle.Microseconds())
+		for i, r := range rows {
+			if i > 0 {
+				q = append(q, " OR "...)
+			}
+			q = append(q, "(user_id = ? AND session_id = ? AND current_run_id = ?)"...)
+			args = append(args, r.UserID, r.SessionID, r.RunID)
+		}
+		q = append(q, ')')
+		res, err := s.db.ExecContext(ctx, string(q), args...)
 		if err != nil {
-			return err
+			return fmt.Errorf("delete ended sessions: %w", err)
 		}
 		n, err = res.RowsAffected()
 		return err

@@ -53,6 +53,11 @@ type Settlement struct {
 	// expiry out when it is admitted, and must not find its run settled under it by a scan
 	// that read the run before.
 	OnlyIfExpired bool
+	// token marks the row this settlement settles (see WriteBatch): the Writer sets it, so
+	// that a settlement it tries again in a second batch after the first's COMMIT reply was
+	// lost still knows its own settlement. Empty: WriteBatch draws one, kept across its
+	// attempts.
+	token string
 }
 
 // Settled is what a settlement did.

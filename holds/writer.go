@@ -266,7 +266,13 @@ func (w *Writer) commit(batch []writeItem) {
 	var reqs []AdmitRequest
 	for _, it := range batch {
 		if it.settle != nil {
-			sts = append(sts, *it.settle)
+			st := *it.settle
+			// Drawn once for both batches below: the retry of the settlements alone, after a
+			// batch whose COMMIT reply was lost, must recognise what that batch committed.
+			if st.token == "" {
+				st.token = randomToken()
+			}
+			sts = append(sts, st)
 		} else {
 			reqs = append(reqs, *it.admit)
 		}

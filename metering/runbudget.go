@@ -190,18 +190,29 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 }
 
 // closeScript: KEYS usage (unused), budget hash, lease; ARGV max call ms, stale ms, mark.
-// Returns 0 while calls are in flight.
+// Returns 0 while calls are in flight. The closed field holds the marks of every settlement
+// that has closed the run, space-separated: one that closes a run already closed adds its
+// mark rather than replacing the first's, which may still be committing.
 var closeScript = redis.NewScript(`
 local staleArg = 2
 ` + liveCallsLua + `
 if inflight > 0 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-redis.call('HSET', KEYS[2], 'closed', ARGV[3])
+local marks = redis.call('HGET', KEYS[2], 'closed')
+if marks then marks = marks .. ' ' .. ARGV[3] else marks = ARGV[3] end
+redis.call('HSET', KEYS[2], 'closed', marks)
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1`)
 
-// reopenScript: KEYS budget hash; ARGV mark. Removes the closed mark if it is still mark.
+// reopenScript: KEYS budget hash; ARGV mark. Takes mark out of the closed marks; the run is
+// open again only once no mark is left.
 var reopenScript = redis.NewScript(`
-if redis.call('HGET', KEYS[1], 'closed') == ARGV[1] then redis.call('HDEL', KEYS[1], 'closed') end
+local marks = redis.call('HGET', KEYS[1], 'closed')
+if not marks then return 0 end
+local rest = {}
+for m in string.gmatch(marks, '%S+') do
+  if m ~= ARGV[1] then rest[#rest + 1] = m end
+end
+if #rest == 0 then redis.call('HDEL', KEYS[1], 'closed') else redis.call('HSET', KEYS[1], 'closed', table.concat(rest, ' ')) end
 return 0`)
 
 // CloseRun marks the run as being settled, so that no call of it starts from now on and its
@@ -225,9 +236,10 @@ func (b *RunBudget) CloseRun(ctx context.Context, runID string) (string, error) 
 
 // ReopenRun undoes CloseRun's mark after a settlement that did not commit, so that the run's
 // calls are not refused as settled while it is not. Only its own mark: another settlement
-// that has closed the run since keeps it closed, or a call could start between that
-// settlement's tally read and its commit. Should the failed settlement have committed after
-// all (its reply lost), the run's settled hold refuses its calls.
+// that has closed the run, before or since, keeps it closed, or a call could start between
+// that settlement's tally read and its commit. Not for a settlement that may have committed
+// after all (its reply lost): a call of the run admitted before the close would then reserve
+// and run on a settled run, and never be charged.
 func (b *RunBudget) ReopenRun(ctx context.Context, runID, mark string) error {
 	if err := reopenScript.Run(ctx, b.rdb, []string{b.keys.RunBudget(runID)}, mark).Err(); err != nil {
 		return fmt.Errorf("reopen run %s: %w", runID, err)

@@ -389,3 +389,25 @@ func TestRunBudgetDoneMarkLivesAsLongAsTheTally(t *testing.T) {
 		t.Fatalf("tally after a repeated release: %+v, want one call of 500", u)
 	}
 }
+
+// TestRunReopenOfALaterCloseKeepsAnEarlierOneClosed: two settlements of one run overlap. The
+// first closes the run and is still committing; the second closes it too, fails in the
+// database and reopens. The first settlement's tally read must still be final: no call of the
+// run may start before it commits, or its usage is never charged.
+func TestRunReopenOfALaterCloseKeepsAnEarlierOneClosed(t *testing.T) {
+	b := newRunBudget(t).budget
+	ctx := context.Background()
+	if _, err := b.CloseRun(ctx, "r_reopen2"); err != nil { // the first settlement, still committing
+		t.Fatal(err)
+	}
+	second, err := b.CloseRun(ctx, "r_reopen2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ReopenRun(ctx, "r_reopen2", second); err != nil { // the second failed
+		t.Fatal(err)
+	}
+	if g, err := b.Reserve(ctx, "r_reopen2", "c", 10_000, 1_000, 100); !errors.Is(err, metering.ErrRunClosed) {
+		t.Fatalf("reserve while the first settlement still commits: grant %d, %v; want ErrRunClosed", g, err)
+	}
+}

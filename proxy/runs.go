@@ -133,7 +133,13 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		res, err := s.store.Settle(ctx, st)
 		if err != nil {
 			log.Error("run settlement failed", zap.Error(err))
-			s.reopenRun(ctx, run.RunID, mark, log)
+			// A settlement whose COMMIT went out unanswered may have settled the run: reopened,
+			// a call of it admitted before the close could reserve and run, and never be
+			// charged. Closed, its calls are refused until a retried settle finds the run
+			// settled or settles it, or until the mark lapses.
+			if !errors.Is(err, holds.ErrOutcomeUnknown) {
+				s.reopenRun(ctx, run.RunID, mark, log)
+			}
 			writeError(w, errBillingDown)
 			return
 		}

@@ -1,0 +1,47 @@
+package holds_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestReconcileOrphansBeyondOnePassDoNotStarveTheRest: more holds of a deleted user than one
+// pass reads (batch × max batches) expired first. Each pass passes them over, but a pass that
+// stops at its limit must leave the next one to go on where it stopped: starting again from
+// the oldest, every pass spent its whole budget on the orphans and the holds of live users
+// behind them were never settled.
+func TestReconcileOrphansBeyondOnePassDoNotStarveTheRest(t *testing.T) {
+	e := newStoreEnv(t)
+	gone := e.user("gone", 1000, nil)
+	other := e.user("other", 1000, nil)
+	const batch, maxBatches = 3, 2
+	for i := range 3 * batch * maxBatches {
+		h := e.admit(gone, fmt.Sprintf("r_orph_%02d", i), holds.StateRunning)
+		if _, err := e.db.ExecContext(e.ctx(), "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 HOUR WHERE run_id = ?", h.RunID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rest []string
+	for i := range batch {
+		h := e.admit(other, fmt.Sprintf("r_live_%02d", i), holds.StateRunning)
+		e.addTally(h.RunID, pricing.Usage{Input: 10, Output: 1}, 1_000)
+		e.expire(h.RunID)
+		rest = append(rest, h.RunID)
+	}
+	if _, err := e.db.ExecContext(e.ctx(), "DELETE FROM users WHERE id = ?", gone.ID); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Batch, c.MaxBatches = batch, maxBatches })
+	for range 6 {
+		st, err := e.pass(rec)
+		t.Logf("pass: %+v, %v", st, err)
+	}
+	for _, id := range rest {
+		if r := e.run(other, id); r.State != holds.StateSettled || r.ChargedMicro != 1_000 {
+			t.Errorf("hold %s behind the orphans: %s, charged %d; want settled at 1000", id, r.State, r.ChargedMicro)
+		}
+	}
+}

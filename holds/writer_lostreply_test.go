@@ -1,0 +1,52 @@
+package holds_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// TestWriterSettlementRetriedAloneAfterALostCommitIsApplied: a settlement shares a batch
+// with an admission; the batch's COMMIT goes out and its reply is lost, and the database
+// stays out of reach past the admission's deadline, so the writer tries the settlement again
+// alone. That retry finds the run settled by the settlement itself, and must say so (applied,
+// with what it charged), as a retry within one batch does: otherwise the metrics count it
+// applied="false" and the money it charged is missing from them.
+func TestWriterSettlementRetriedAloneAfterALostCommitIsApplied(t *testing.T) {
+	f, lossy := newLossyFixture(t)
+	ctx := context.Background()
+	f.admit("r_mixed_lost")
+	restored := false
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, Linger: 5 * time.Second,
+		AdmitTimeout: 3 * testenv.LossyWait, SettleTimeout: 10 * time.Second,
+		OnBatch: func(b holds.BatchShape) {
+			// The mixed batch gave up: the database comes back for the settlement's retry.
+			if b.Admissions > 0 && b.Err != nil && !restored {
+				restored = true
+				lossy.Restore()
+			}
+		}})
+	defer w.Close()
+	lossy.Arm(commitScript, testenv.GoDown)
+	settled := settleAsync(w, holds.Settlement{RunID: "r_mixed_lost", UserID: f.user.ID, CostMicro: 7_000, Source: holds.SourceComplete})
+	waitGathered(t, w, 1)
+	_, aerr := w.Admit(ctx, holds.AdmitRequest{RunID: "r_mixed_new", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute,
+		Fresh: true, Token: testenv.RandomID(16)})
+	s := <-settled
+	if !lossy.Fired() || !restored {
+		t.Fatalf("the mixed batch's commit reply was never lost (fired %v, restored %v; admission %v)", lossy.Fired(), restored, aerr)
+	}
+	if s.err != nil || !s.res.Applied || s.res.ChargedMicro != 7_000 {
+		t.Errorf("settlement whose batch committed and lost its reply, retried alone: %+v, %v; want applied, charged 7,000", s.res, s.err)
+	}
+	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 {
+		t.Fatalf("balance %+v, %v: want one charge of 7,000", bal, err)
+	}
+	// The admission committed too; release it.
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_mixed_new", Source: holds.SourceRelease}); err != nil {
+		t.Fatal(err)
+	}
+}
