@@ -2,14 +2,14 @@ package holds
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
-	"encoding/hex"
 	"fmt"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/tollgate/tollgate/internal/token"
 )
 
 // MaxModelLen is the longest model name a hold records (run_holds.model): callers refuse
@@ -71,7 +71,7 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	for i := range tokens {
 		tokens[i] = sts[i].token
 		if tokens[i] == "" {
-			tokens[i] = randomToken()
+			tokens[i] = token.New()
 		}
 	}
 	settleUsers, err := s.usersOf(ctx, sts)
@@ -409,13 +409,4 @@ func batchName(sts []Settlement, reqs []AdmitRequest) string {
 		first = reqs[0].RunID
 	}
 	return fmt.Sprintf("batch of %d settlements, %d admissions (first %s)", len(sts), len(reqs), first)
-}
-
-// randomToken is 128 random bits in hex, the width of the token columns (CHAR(32)).
-func randomToken() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err) // crypto/rand does not fail on the systems Go supports
-	}
-	return hex.EncodeToString(b[:])
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/internal/token"
 )
 
 // Grant is one append-only movement of prepaid credits: a top-up, a bonus, or (negative) a
@@ -78,14 +80,14 @@ func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error
 	if err := validateGrant(req); err != nil {
 		return Grant{}, false, err
 	}
-	token := randomToken()
+	attempt := token.New()
 	var (
 		g       Grant
 		created bool
 	)
 	err := s.inTx(ctx, "grant "+req.IdempotencyKey, func(tx *sqlx.Tx) error {
 		var err error
-		g, created, err = s.grantTx(ctx, tx, req, token)
+		g, created, err = s.grantTx(ctx, tx, req, attempt)
 		return err
 	})
 	if errors.Is(err, errGrantRace) {
@@ -95,7 +97,7 @@ func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error
 			return s.db.GetContext(ctx, &g, "SELECT "+grantColumns+" FROM grants WHERE idempotency_key = ?", req.IdempotencyKey)
 		})
 		if err == nil {
-			created = g.AttemptToken.Valid && g.AttemptToken.String == token
+			created = g.AttemptToken.Valid && g.AttemptToken.String == attempt
 			err = sameGrant(g, req)
 		}
 	}
@@ -116,7 +118,7 @@ func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error
 // errGrantRace is the duplicate key of a concurrent first use of a key by another user.
 var errGrantRace = errors.New("grant key inserted concurrently")
 
-func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest, token string) (Grant, bool, error) {
+func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest, attempt string) (Grant, bool, error) {
 	u, err := lockUser(ctx, tx, req.UserID)
 	if err != nil {
 		return Grant{}, false, err
@@ -124,7 +126,7 @@ func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest, toke
 	var g Grant
 	err = tx.GetContext(ctx, &g, "SELECT "+grantColumns+" FROM grants WHERE idempotency_key = ?", req.IdempotencyKey)
 	if err == nil {
-		return g, g.AttemptToken.Valid && g.AttemptToken.String == token, sameGrant(g, req)
+		return g, g.AttemptToken.Valid && g.AttemptToken.String == attempt, sameGrant(g, req)
 	}
 	if !errors.Is(err, sql.ErrNoRows) {
 		return Grant{}, false, fmt.Errorf("look up grant key: %w", err)
@@ -150,7 +152,7 @@ func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest, toke
 		return Grant{}, false, fmt.Errorf("%w: prepaid balance would overflow", ErrGrantInvalid)
 	}
 	res, err := tx.ExecContext(ctx, `INSERT INTO grants (user_id, amount_micro, balance_after_micro, idempotency_key, reason, attempt_token)
-		VALUES (?, ?, ?, ?, ?, ?)`, req.UserID, req.AmountMicro, after, req.IdempotencyKey, req.Reason, token)
+		VALUES (?, ?, ?, ?, ?, ?)`, req.UserID, req.AmountMicro, after, req.IdempotencyKey, req.Reason, attempt)
 	if isDuplicate(err) {
 		return Grant{}, false, errGrantRace
 	}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/token"
 )
 
 // Writer commits the admissions and settlements of many concurrent calls in shared batch
@@ -270,7 +272,7 @@ func (w *Writer) commit(batch []writeItem) {
 			// Drawn once for both batches below: the retry of the settlements alone, after a
 			// batch whose COMMIT reply was lost, must recognise what that batch committed.
 			if st.token == "" {
-				st.token = randomToken()
+				st.token = token.New()
 			}
 			sts = append(sts, st)
 		} else {

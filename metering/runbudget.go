@@ -2,8 +2,6 @@ package metering
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -12,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -222,7 +221,7 @@ return 0`)
 // mark lasts maxCall: long enough for the settlement to commit, after which the run's hold
 // refuses calls itself. The mark returned is for ReopenRun, should the settlement fail.
 func (b *RunBudget) CloseRun(ctx context.Context, runID string) (string, error) {
-	mark := randomHex()
+	mark := token.New()
 	ok, err := closeScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.Lease(runID)},
 		b.maxCall.Milliseconds(), b.staleAfter.Milliseconds(), mark).Int()
 	if err != nil {
@@ -367,13 +366,4 @@ func (b *RunBudget) forget(rc runCall) {
 	b.mu.Lock()
 	delete(b.calls, rc)
 	b.mu.Unlock()
-}
-
-// randomHex is 64 random bits in hex: a close mark need only differ from any other's.
-func randomHex() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err) // crypto/rand does not fail on the systems Go supports
-	}
-	return hex.EncodeToString(b[:])
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -697,19 +697,10 @@ func priceSnapshots(prices *pricing.Table) map[string][]byte {
 }
 
 // newRunID is a fresh run id for a call without a caller-chosen one.
-func newRunID() string { return "r_" + randomHex() }
+func newRunID() string { return "r_" + token.New() }
 
 // newAdmitToken marks this request's hold (holds.AdmitRequest.Token).
-func newAdmitToken() string { return randomHex() }
-
-// randomHex is 128 random bits in hex. crypto/rand does not fail on the systems Go supports.
-func randomHex() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b[:])
-}
+func newAdmitToken() string { return token.New() }
 
 // clientGone reports whether the caller, not the upstream, ended the call.
 func clientGone(r *http.Request) bool { return r.Context().Err() != nil }

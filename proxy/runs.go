@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -38,7 +39,7 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 		want = min(want, req.price.WorstCase(req.inputEstimate, min(maxOut, pricing.MaxTokens)))
 	}
 	want = max(want, least)
-	c.callID = randomHex()
+	c.callID = token.New()
 	// The run's calls share one hold, so one slot of the user's max_in_flight: without a bound
 	// here a caller could run any number of calls at once under one name.
 	granted, err := s.budgets.ReserveAtMost(ctx, c.runID, c.callID, budget, want, least, max(c.hold.MaxInFlight, 1))
