@@ -23,7 +23,16 @@ type Leases struct {
 	log      *zap.Logger
 
 	mu   sync.Mutex
-	runs map[string]int // run id -> calls in flight on this process
+	runs map[string]*lease // run id -> its calls in flight on this process
+}
+
+// lease is this process's claim on one run.
+type lease struct {
+	calls int
+	// written: a Refresh has taken the run since its first call here began, so its key may be
+	// in Redis. A run never written has no key of this process's to delete: most calls end
+	// well within a heartbeat, and their release then costs no round trip.
+	written bool
 }
 
 // NewLeases wires leases; interval must be well below ttl.
@@ -31,7 +40,7 @@ func NewLeases(rdb redis.UniversalClient, keys Keys, instance string, ttl, inter
 	if interval <= 0 || interval >= ttl {
 		panic(fmt.Sprintf("metering: lease interval %v must be in (0, ttl %v)", interval, ttl))
 	}
-	return &Leases{rdb: rdb, keys: keys, instance: instance, ttl: ttl, interval: interval, log: log, runs: map[string]int{}}
+	return &Leases{rdb: rdb, keys: keys, instance: instance, ttl: ttl, interval: interval, log: log, runs: map[string]*lease{}}
 }
 
 // Run refreshes leases until ctx ends.
@@ -60,22 +69,33 @@ func heartbeat(ctx context.Context, interval time.Duration, what string, refresh
 // one agent run may overlap, so leases count.
 func (l *Leases) Acquire(runID string) {
 	l.mu.Lock()
-	l.runs[runID]++
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	if ls, ok := l.runs[runID]; ok {
+		ls.calls++
+		return
+	}
+	l.runs[runID] = &lease{calls: 1}
 }
 
 // Release drops this process's claim on runID; the key is deleted when the last call of the
-// run on this process ends. An agent run between calls keeps no lease: its hold's run_ttl
-// covers it.
+// run on this process ends, if a heartbeat wrote it. An agent run between calls keeps no
+// lease: its hold's run_ttl covers it.
 func (l *Leases) Release(ctx context.Context, runID string) error {
 	l.mu.Lock()
-	l.runs[runID]--
-	last := l.runs[runID] <= 0
+	ls, ok := l.runs[runID]
+	if !ok {
+		l.mu.Unlock()
+		panic("metering: lease released more often than acquired: " + runID)
+	}
+	ls.calls--
+	last := ls.calls == 0
 	if last {
 		delete(l.runs, runID)
 	}
 	l.mu.Unlock()
-	if !last {
+	if !last || !ls.written {
+		// A Refresh under way that took the run has marked it written first; one that starts
+		// from now on does not see it.
 		return nil
 	}
 	if err := leaseReleaseScript.Run(ctx, l.rdb, []string{l.keys.Lease(runID)}, l.instance).Err(); err != nil {
@@ -106,7 +126,8 @@ const refreshBatch = 500
 func (l *Leases) Refresh(ctx context.Context) error {
 	l.mu.Lock()
 	ids := make([]string, 0, len(l.runs))
-	for id := range l.runs {
+	for id, ls := range l.runs {
+		ls.written = true // before the SET is sent: a Release from now on deletes the key
 		ids = append(ids, id)
 	}
 	l.mu.Unlock()
@@ -132,11 +153,13 @@ func (l *Leases) dropReleased(ctx context.Context, ids []string) error {
 	// A run released while Refresh's pipeline was on its way had its key deleted before a SET
 	// put it back: it would then look served for a whole TTL (its run unsettleable, left
 	// alone by the reconciler). Delete what is no longer held; a run acquired again meanwhile
-	// is held and keeps its key.
+	// is held and keeps its key, which its release must then delete: it is marked written.
 	var gone []string
 	l.mu.Lock()
 	for _, id := range ids {
-		if l.runs[id] == 0 {
+		if ls, held := l.runs[id]; held {
+			ls.written = true
+		} else {
 			gone = append(gone, l.keys.Lease(id))
 		}
 	}

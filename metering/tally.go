@@ -82,8 +82,20 @@ func NewTally(rdb redis.UniversalClient, keys Keys, ttl time.Duration) *Tally {
 // Add records one call in one MULTI/EXEC: integer HINCRBYs (no float drift) and the TTL, so
 // a reader never sees half a call.
 func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicro int64) error {
+	return t.AddWith(ctx, runID, u, costMicro, nil)
+}
+
+// AddWith is Add with the commands queued by with sent ahead in the same round trip (and the
+// same MULTI/EXEC: Redis runs them together, a Cluster client one transaction per slot): a
+// caller with another write due at that moment saves a round trip. An error may be one of
+// with's commands alone, the tally then written: a caller that would write the tally again
+// on an error must not use it.
+func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, costMicro int64, with func(redis.Pipeliner)) error {
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		if with != nil {
+			with(p)
+		}
 		p.HIncrBy(ctx, key, "in_tok", u.Input)
 		p.HIncrBy(ctx, key, "cache_read_tok", u.CacheRead)
 		p.HIncrBy(ctx, key, "cache_write_tok", u.CacheWrite)
@@ -98,6 +110,10 @@ func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicr
 	}
 	return nil
 }
+
+// SharesClient reports whether the tally is written through rdb: only then can a write to rdb
+// ride in AddWith's round trip.
+func (t *Tally) SharesClient(rdb redis.UniversalClient) bool { return t.rdb == rdb }
 
 // MarkUnused records that a run used nothing, as evidence for the reconciler: a run with a
 // tally is settled by it (here at 0), one without is charged what it held.

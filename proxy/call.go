@@ -49,7 +49,7 @@ type call struct {
 	// budget under callID (reserveRunBudget); its tally gives it back.
 	reserving bool
 	callID    string
-	tallied   bool // tallyBeforeAnswer has run
+	tallied   bool // tallyBeforeAnswer or tallyWithFingerprint has run
 	// recorded: this call of a named run has been recorded on its run's row (recordRunCall),
 	// which is done once: the row's figures are sums.
 	recorded bool
@@ -402,6 +402,11 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	work := func() {
 		// Done once the tally is written too: shutdown closes Redis when this is done.
 		defer s.settlements.Done()
+		if c.tallied {
+			// With its fingerprint, before the answer's end (tallyWithFingerprint).
+			s.settle(ctx, c, st)
+			return
+		}
 		tallied := make(chan struct{})
 		go func() {
 			defer close(tallied)
@@ -512,19 +517,24 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro)
 	}
 	if err != nil {
-		s.metrics.TallyFailures.Inc()
-		if c.inRun {
-			// A named run is charged from its tally alone: this call's usage is missing from
-			// it, and only this line records it.
-			c.log.Error("tally write failed; this call is missing from its run's charge", zap.Error(err),
-				zap.Int64("cost_micro", st.CostMicro), zap.Int64("in_tok", st.Usage.Input), zap.Int64("out_tok", st.Usage.Output),
-				zap.Int64("cache_read_tok", st.Usage.CacheRead), zap.Int64("cache_write_tok", st.Usage.CacheWrite))
-			return false
-		}
-		c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
+		s.tallyFailed(c, st, err)
 		return false
 	}
 	return true
+}
+
+// tallyFailed counts and logs a tally write that failed.
+func (s *Server) tallyFailed(c *call, st holds.Settlement, err error) {
+	s.metrics.TallyFailures.Inc()
+	if c.inRun {
+		// A named run is charged from its tally alone: this call's usage is missing from
+		// it, and only this line records it.
+		c.log.Error("tally write failed; this call is missing from its run's charge", zap.Error(err),
+			zap.Int64("cost_micro", st.CostMicro), zap.Int64("in_tok", st.Usage.Input), zap.Int64("out_tok", st.Usage.Output),
+			zap.Int64("cache_read_tok", st.Usage.CacheRead), zap.Int64("cache_write_tok", st.Usage.CacheWrite))
+		return
+	}
+	c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
 }
 
 // releaseLostAdmission closes the hold a failed admission may have left: when the database

@@ -263,6 +263,8 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	}
 	if c.inRun {
 		s.tallyBeforeAnswer(r.Context(), c)
+	} else {
+		s.tallyWithFingerprint(r.Context(), c)
 	}
 	s.answerFinal(r.Context(), c)
 	// The upstream's headers go out only with its answer: an error answer above must not
