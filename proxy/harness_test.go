@@ -62,6 +62,8 @@ type harnessSetup struct {
 	// redisDialer, if set, is how the gateway's main Redis client (run budgets, leases)
 	// connects.
 	redisDialer func(ctx context.Context, network, addr string) (net.Conn, error)
+	// log, if set, is the gateway's logger (default: the test's, warnings and above).
+	log *zap.Logger
 }
 
 // newHarnessOn is newHarness built on setup.
@@ -102,7 +104,10 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 		t.Fatalf("test config: %v", err)
 	}
 	h.cfg = cfg
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	log := setup.log
+	if log == nil {
+		log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	}
 	h.store = holds.NewStore(h.db, proxy.Plans(cfg), "standard", log)
 	tallyRDB := h.rdb
 	if setup.tallyDialer != nil {
