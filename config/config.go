@@ -97,9 +97,12 @@ type Upstream struct {
 
 // ModelCfg prices one model (USD per million tokens, decimal text) and bounds its output.
 type ModelCfg struct {
-	Input           USDPerM `yaml:"input"`
-	CacheRead       USDPerM `yaml:"cache_read"`
-	CacheWrite      USDPerM `yaml:"cache_write"`
+	Input      USDPerM `yaml:"input"`
+	CacheRead  USDPerM `yaml:"cache_read"`
+	CacheWrite USDPerM `yaml:"cache_write"`
+	// CacheWrite1h prices Anthropic's one-hour cache writes (cache_control ttl "1h"); unset,
+	// requests asking for them are refused (unpriced_option).
+	CacheWrite1h    USDPerM `yaml:"cache_write_1h"`
 	Output          USDPerM `yaml:"output"`
 	MaxOutputTokens int64   `yaml:"max_output_tokens"` // the model's own limit; 0 = unknown
 }
@@ -409,7 +412,8 @@ func (c *Config) Validate() error {
 func (c *Config) PriceTable() (*pricing.Table, error) {
 	prices := make(map[string]pricing.Price, len(c.Models))
 	for name, m := range c.Models {
-		prices[name] = pricing.Price{Input: m.Input.Micro, CacheRead: m.CacheRead.Micro, CacheWrite: m.CacheWrite.Micro, Output: m.Output.Micro}
+		prices[name] = pricing.Price{Input: m.Input.Micro, CacheRead: m.CacheRead.Micro, CacheWrite: m.CacheWrite.Micro,
+			CacheWrite1h: m.CacheWrite1h.Micro, Output: m.Output.Micro}
 	}
 	return pricing.NewTable(prices)
 }

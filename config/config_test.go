@@ -18,6 +18,13 @@ func TestExampleConfigLoads(t *testing.T) {
 	if cfg.Plan("standard").AllowanceCredits.MicroAt(cfg.CreditMicro) != 2_000_000 {
 		t.Fatalf("standard allowance = %+v", cfg.Plan("standard"))
 	}
+	prices, err := cfg.PriceTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _, _ := prices.Lookup("fake-claude"); p.CacheWrite != 3_750_000 || p.CacheWrite1h != 6_000_000 {
+		t.Fatalf("fake-claude cache write prices %+v, want 3.75 and 6.00 USD/M", p)
+	}
 }
 
 func TestEnvironmentOverridesTheFile(t *testing.T) {

@@ -390,16 +390,18 @@ func (m *Meter) anthropicEvent(s, typ string) {
 }
 
 // anthropicFields are Anthropic's usage fields in the order of pricing.Usage's fields.
-// input_tokens already excludes both kinds of cache tokens.
-var anthropicFields = [4]string{"input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens"}
+// input_tokens already excludes both kinds of cache tokens; cache_creation_input_tokens counts
+// the five-minute and the one-hour writes, the second of which cache_creation breaks out.
+var anthropicFields = [5]string{"input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens",
+	"cache_creation.ephemeral_1h_input_tokens"}
 
 // anthropicUsage applies one Anthropic usage object: each field present replaces the one
 // before (message_delta carries cumulative counts). With iterations[] (compaction, server
 // tools) the top-level fields describe only the last iteration, so each field is the sum
 // over the iterations instead.
 func (m *Meter) anthropicUsage(u gjson.Result) {
-	var sum [4]int64
-	var inIter, top [4]bool
+	var sum [len(anthropicFields)]int64
+	var inIter, top [len(anthropicFields)]bool
 	u.Get("iterations").ForEach(func(_, it gjson.Result) bool {
 		for i, f := range anthropicFields {
 			if v, ok := first(it, f); ok {
@@ -409,7 +411,8 @@ func (m *Meter) anthropicUsage(u gjson.Result) {
 		}
 		return true
 	})
-	fields := [4]*int64{&m.res.Usage.Input, &m.res.Usage.CacheRead, &m.res.Usage.CacheWrite, &m.res.Usage.Output}
+	fields := [len(anthropicFields)]*int64{&m.res.Usage.Input, &m.res.Usage.CacheRead, &m.res.Usage.CacheWrite, &m.res.Usage.Output,
+		&m.res.Usage.CacheWrite1h}
 	for i, f := range anthropicFields {
 		if inIter[i] {
 			*fields[i] = sum[i]
@@ -418,7 +421,7 @@ func (m *Meter) anthropicUsage(u gjson.Result) {
 			top[i] = true
 		}
 	}
-	if inIter != [4]bool{} || top != [4]bool{} {
+	if inIter != [len(anthropicFields)]bool{} || top != [len(anthropicFields)]bool{} {
 		m.res.Reported = true
 	}
 }

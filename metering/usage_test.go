@@ -176,6 +176,28 @@ func TestMeterAnthropic(t *testing.T) {
 			t.Errorf("got %+v, want %+v", got.Usage, want)
 		}
 	})
+	t.Run("one-hour cache writes", func(t *testing.T) {
+		// cache_creation breaks cache_creation_input_tokens into its five-minute and one-hour
+		// parts; a delta that repeats only the total keeps the part.
+		start := data(`{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_creation_input_tokens":300,
+			"cache_creation":{"ephemeral_5m_input_tokens":100,"ephemeral_1h_input_tokens":200},"output_tokens":1}}}`)
+		got := meterEvents(FormatAnthropic, start, data(`{"type":"message_delta","usage":{"cache_creation_input_tokens":300,"output_tokens":42}}`))
+		if want := (pricing.Usage{Input: 10, CacheWrite: 300, CacheWrite1h: 200, Output: 42}); got.Usage != want {
+			t.Errorf("stream: got %+v, want %+v", got.Usage, want)
+		}
+		m := NewMeter(FormatAnthropic)
+		m.Body([]byte(`{"type":"message","content":[],"usage":{"input_tokens":3,"cache_creation_input_tokens":418,
+			"cache_creation":{"ephemeral_5m_input_tokens":18,"ephemeral_1h_input_tokens":400},"output_tokens":4}}`))
+		if want := (pricing.Usage{Input: 3, CacheWrite: 418, CacheWrite1h: 400, Output: 4}); m.Result().Usage != want {
+			t.Errorf("body: got %+v, want %+v", m.Result().Usage, want)
+		}
+		it := meterEvents(FormatAnthropic, data(`{"type":"message_delta","usage":{"output_tokens":2,"iterations":[
+			{"input_tokens":1,"output_tokens":1,"cache_creation_input_tokens":50,"cache_creation":{"ephemeral_1h_input_tokens":50}},
+			{"input_tokens":2,"output_tokens":1,"cache_creation_input_tokens":30,"cache_creation":{"ephemeral_1h_input_tokens":10}}]}}`))
+		if want := (pricing.Usage{Input: 3, CacheWrite: 80, CacheWrite1h: 60, Output: 2}); it.Usage != want {
+			t.Errorf("iterations: got %+v, want %+v", it.Usage, want)
+		}
+	})
 	t.Run("error event", func(t *testing.T) {
 		got := meterEvents(FormatAnthropic, start, Event{Name: "error", Data: []byte(`{"type":"error","error":{"type":"overloaded_error"}}`)})
 		if !got.UpstreamError || !got.Reported {

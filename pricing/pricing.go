@@ -6,6 +6,7 @@
 package pricing
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/bits"
@@ -30,17 +31,24 @@ type Usage struct {
 	CacheRead  int64 `json:"cache_read"`
 	CacheWrite int64 `json:"cache_write"`
 	Output     int64 `json:"output"`
+	// CacheWrite1h is the part of CacheWrite written to a one-hour cache (Anthropic's
+	// cache_control ttl "1h"), which the provider bills at a higher rate than the five-minute
+	// writes. It is not stored apart: what is recorded is the cost, and CacheWrite the total.
+	CacheWrite1h int64 `json:"cache_write_1h,omitempty"`
 }
 
 // Add returns the field-wise sum.
 func (u Usage) Add(o Usage) Usage {
-	return Usage{u.Input + o.Input, u.CacheRead + o.CacheRead, u.CacheWrite + o.CacheWrite, u.Output + o.Output}
+	return Usage{u.Input + o.Input, u.CacheRead + o.CacheRead, u.CacheWrite + o.CacheWrite, u.Output + o.Output,
+		u.CacheWrite1h + o.CacheWrite1h}
 }
 
-// Clamp returns u with every field inside [0, MaxTokens].
+// Clamp returns u with every field inside [0, MaxTokens] and CacheWrite at least CacheWrite1h
+// (a report whose part is larger than its whole is billed for the larger).
 func (u Usage) Clamp() Usage {
 	c := func(v int64) int64 { return max(0, min(v, MaxTokens)) }
-	return Usage{c(u.Input), c(u.CacheRead), c(u.CacheWrite), c(u.Output)}
+	hour := c(u.CacheWrite1h)
+	return Usage{c(u.Input), c(u.CacheRead), max(c(u.CacheWrite), hour), c(u.Output), hour}
 }
 
 // Price is one model's price in micro-USD per million tokens.
@@ -49,6 +57,22 @@ type Price struct {
 	CacheRead  int64 `json:"cache_read"`
 	CacheWrite int64 `json:"cache_write"`
 	Output     int64 `json:"output"`
+	// CacheWrite1h prices one-hour cache writes; 0 when not configured: a request asking for
+	// them is then refused (proxy: unpriced_option), and any reported anyway are billed at
+	// CacheWrite.
+	CacheWrite1h int64 `json:"cache_write_1h"`
+}
+
+// Snapshot is the record of p kept with each settlement of model, so that a bill can be
+// explained after the price table changes.
+func (p Price) Snapshot(model string) []byte {
+	b, err := json.Marshal(map[string]any{"model": model, "unit": "micro_usd_per_million_tokens",
+		"input": p.Input, "cache_read": p.CacheRead, "cache_write": p.CacheWrite, "cache_write_1h": p.CacheWrite1h,
+		"output": p.Output})
+	if err != nil {
+		panic("pricing: snapshot: " + err.Error()) // a map of strings and integers always encodes
+	}
+	return b
 }
 
 // validate reports a price that is negative or absurdly large.
@@ -56,7 +80,7 @@ func (p Price) validate() error {
 	for _, f := range []struct {
 		name string
 		v    int64
-	}{{"input", p.Input}, {"cache_read", p.CacheRead}, {"cache_write", p.CacheWrite}, {"output", p.Output}} {
+	}{{"input", p.Input}, {"cache_read", p.CacheRead}, {"cache_write", p.CacheWrite}, {"cache_write_1h", p.CacheWrite1h}, {"output", p.Output}} {
 		if f.v < 0 || f.v > maxPriceMicroPerM {
 			return fmt.Errorf("%s price %d micro-USD/M outside [0, %d]", f.name, f.v, int64(maxPriceMicroPerM))
 		}
@@ -68,8 +92,13 @@ func (p Price) validate() error {
 // gateway never bills less than the provider charged it.
 func (p Price) Cost(u Usage) int64 {
 	u = u.Clamp()
+	hourPrice := p.CacheWrite1h
+	if hourPrice == 0 {
+		hourPrice = p.CacheWrite
+	}
 	var hi, lo uint64
-	for _, term := range [4][2]int64{{u.Input, p.Input}, {u.CacheRead, p.CacheRead}, {u.CacheWrite, p.CacheWrite}, {u.Output, p.Output}} {
+	for _, term := range [5][2]int64{{u.Input, p.Input}, {u.CacheRead, p.CacheRead}, {u.CacheWrite - u.CacheWrite1h, p.CacheWrite},
+		{u.CacheWrite1h, hourPrice}, {u.Output, p.Output}} {
 		h, l := bits.Mul64(uint64(term[0]), uint64(term[1]))
 		var carry uint64
 		lo, carry = bits.Add64(lo, l, 0)

@@ -36,6 +36,40 @@ func TestCostIsExactAndRoundedUpOncePerCall(t *testing.T) {
 	}
 }
 
+// TestOneHourCacheWritesAtTheirOwnPrice: Anthropic bills a cache write that lives an hour at
+// twice the input price, one that lives five minutes at 1.25 times; CacheWrite counts both,
+// CacheWrite1h the first. Billed all at the five-minute price, an agent that caches for an hour
+// was charged 37.5 % less for its writes than the provider charged the operator.
+func TestOneHourCacheWritesAtTheirOwnPrice(t *testing.T) {
+	// Claude Sonnet: 3.00 input, 0.30 cache read, 3.75 five-minute and 6.00 one-hour writes, 15.00 output.
+	p := Price{Input: 3_000_000, CacheRead: 300_000, CacheWrite: 3_750_000, CacheWrite1h: 6_000_000, Output: 15_000_000}
+	for _, tc := range []struct {
+		name string
+		u    Usage
+		want int64
+	}{
+		// 1000 five-minute writes = 3750 µUSD.
+		{"five-minute writes", Usage{CacheWrite: 1000}, 3750},
+		// 1000 one-hour writes = 6000 µUSD.
+		{"one-hour writes", Usage{CacheWrite: 1000, CacheWrite1h: 1000}, 6000},
+		// 600 at 3.75 + 400 at 6.00 = 2250 + 2400.
+		{"both", Usage{CacheWrite: 1000, CacheWrite1h: 400}, 4650},
+		// A part larger than its whole: billed for the larger (1000 one-hour writes).
+		{"part over whole", Usage{CacheWrite: 10, CacheWrite1h: 1000}, 6000},
+		{"negative part clamped", Usage{CacheWrite: 1000, CacheWrite1h: -5}, 3750},
+	} {
+		if got := p.Cost(tc.u); got != tc.want {
+			t.Errorf("%s: Cost(%+v) = %d, want %d", tc.name, tc.u, got, tc.want)
+		}
+	}
+	// Without a one-hour price (requests asking for it are refused at the door), any reported
+	// anyway are billed at the five-minute price rather than at nothing.
+	p.CacheWrite1h = 0
+	if got := p.Cost(Usage{CacheWrite: 1000, CacheWrite1h: 400}); got != 3750 {
+		t.Errorf("one-hour writes without their price: %d, want 3750", got)
+	}
+}
+
 func TestCostDoesNotOverflowAtTheBounds(t *testing.T) {
 	p := Price{Input: maxPriceMicroPerM, CacheRead: maxPriceMicroPerM, CacheWrite: maxPriceMicroPerM, Output: maxPriceMicroPerM}
 	u := Usage{Input: 1_000_000, Output: 1_000_000}

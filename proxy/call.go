@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -704,8 +703,7 @@ func priceSnapshots(prices *pricing.Table) map[string][]byte {
 	out := map[string][]byte{}
 	for _, name := range prices.Models() {
 		p, _, _ := prices.Lookup(name)
-		out[name], _ = json.Marshal(map[string]any{"model": name, "unit": "micro_usd_per_million_tokens",
-			"input": p.Input, "cache_read": p.CacheRead, "cache_write": p.CacheWrite, "output": p.Output})
+		out[name] = p.Snapshot(name)
 	}
 	return out
 }

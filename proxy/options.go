@@ -7,6 +7,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // unpricedOption names the first option of a request that makes the provider bill at rates a
@@ -15,7 +16,7 @@ import (
 // service tier, a hosted tool's per-call fee, audio tokens at several times the text price —
 // and the difference would fall on whoever pays the provider. Refused, the caller learns at
 // once which option to drop, and nothing is held.
-func unpricedOption(format metering.Format, root gjson.Result, header http.Header) string {
+func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price) string {
 	switch format {
 	case metering.FormatChat, metering.FormatCompletions, metering.FormatResponses:
 		// "auto" and "default" run at the standard rate; "priority" and "scale" cost more,
@@ -56,8 +57,32 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 				return "the 'context-1m' beta (long-context rates)"
 			}
 		}
+		if price.CacheWrite1h == 0 && asksLongCache(root) {
+			return "'cache_control' with a 'ttl' other than 5m (one-hour cache writes, unpriced for this model)"
+		}
 	}
 	return ""
+}
+
+// asksLongCache reports whether any cache_control in v, at any depth (system, messages,
+// their content blocks, tools, the top level), asks for a ttl other than the default five
+// minutes: the provider then bills the cache write at its one-hour rate. Keys and values are
+// compared unescaped, as the provider reads them.
+func asksLongCache(v gjson.Result) bool {
+	found := false
+	v.ForEach(func(k, child gjson.Result) bool {
+		if k.Str == "cache_control" && child.IsObject() {
+			child.ForEach(func(k, ttl gjson.Result) bool {
+				found = found || (k.Str == "ttl" && !(ttl.Type == gjson.String && ttl.Str == "5m") && ttl.Type != gjson.Null)
+				return !found
+			})
+		}
+		if !found && (child.IsObject() || child.IsArray()) {
+			found = asksLongCache(child)
+		}
+		return !found
+	})
+	return found
 }
 
 // firstTool returns the type of the first entry of the request's tools whose type starts

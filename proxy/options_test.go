@@ -34,6 +34,10 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"anthropic code execution", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"type":"code_execution_20250522","name":"code_execution"}],"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"anthropic 1m context", messages, `{"model":"claude-test","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`,
 			map[string]string{"Anthropic-Beta": "interleaved-thinking-2025-05-14,context-1m-2025-08-07"}},
+		// claude-test has no one-hour cache write price.
+		{"anthropic one-hour cache on the system prompt", messages, `{"model":"claude-test","max_tokens":50,"system":[{"type":"text","text":"be brief","cache_control":{"type":"ephemeral","ttl":"1h"}}],"messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"anthropic one-hour cache on a message block, escaped", messages, `{"model":"claude-test","max_tokens":50,"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral","\u0074tl":"\u0031h"}}]}]}`, nil},
+		{"anthropic one-hour cache on a tool", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"name":"f","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral","ttl":"1h"}}],"messages":[{"role":"user","content":"hi"}]}`, nil},
 	}
 	for _, tc := range refused {
 		t.Run("refused/"+tc.name, func(t *testing.T) {
@@ -57,6 +61,7 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"default tier", chat, `{"model":"fake-gpt","service_tier":"auto","messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"function tools", chat, `{"model":"fake-gpt","tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"responses function tool", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","parameters":{}}],"input":"hi"}`, nil},
+		{"anthropic five-minute cache", messages, `{"model":"claude-test","max_tokens":50,"system":[{"type":"text","text":"be brief","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral","ttl":"5m"}}]}]}`, nil},
 		{"anthropic client tool and a token-priced beta", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"}]}`,
 			map[string]string{"Anthropic-Beta": "interleaved-thinking-2025-05-14"}},
 	}

@@ -227,7 +227,7 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		// meter. Served, it would be charged the prompt's estimate for any amount of output.
 		return nil, errBadRequest("unsupported_parameter", "'background' responses are not supported: their usage cannot be metered.")
 	}
-	if what := unpricedOption(rt.format, root, header); what != "" {
+	if what := unpricedOption(rt.format, root, header, c.price); what != "" {
 		return nil, errBadRequest("unpriced_option", fmt.Sprintf(
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
 	}

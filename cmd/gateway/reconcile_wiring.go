@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -122,8 +121,6 @@ func snapshotFunc(prices *pricing.Table) func(string) []byte {
 		if err != nil {
 			return nil
 		}
-		b, _ := json.Marshal(map[string]any{"model": key, "unit": "micro_usd_per_million_tokens",
-			"input": p.Input, "cache_read": p.CacheRead, "cache_write": p.CacheWrite, "output": p.Output})
-		return b
+		return p.Snapshot(key)
 	}
 }
