@@ -64,6 +64,8 @@ type harnessSetup struct {
 	redisDialer func(ctx context.Context, network, addr string) (net.Conn, error)
 	// log, if set, is the gateway's logger (default: the test's, warnings and above).
 	log *zap.Logger
+	// admin, if set, is served under /admin.
+	admin http.Handler
 }
 
 // newHarnessOn is newHarness built on setup.
@@ -118,7 +120,8 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	}
 	h.tally = metering.NewTally(tallyRDB, h.keys, cfg.Holds.TallyTTL)
 	h.leases = metering.NewLeases(h.rdb, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
-	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log})
+	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log,
+		Admin: setup.admin})
 	h.gw = httptest.NewServer(h.srv.Handler())
 	t.Cleanup(func() {
 		h.gw.Close()

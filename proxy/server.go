@@ -164,26 +164,63 @@ func (s *Server) Handler() http.Handler {
 		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
 			Code: "method_not_allowed", Message: "Method not allowed on this route."})
 	})
-	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+	// Model calls bound their writes themselves (writeBound); every other answer is bounded here.
+	replies := r.With(s.boundReplies)
+	replies.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	r.Get("/readyz", s.ready)
-	r.Handle("/metrics", s.metrics.Handler())
+	replies.Get("/readyz", s.ready)
+	replies.Handle("/metrics", s.metrics.Handler())
 	if s.admin != nil {
-		r.Mount("/admin", s.admin)
+		replies.Mount("/admin", s.admin)
 	}
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		for _, rt := range routes {
 			r.Post(rt.path, s.serveCall(rt))
 		}
-		r.Get("/v1/models", s.listModels)
-		r.Get("/v1/credits", s.credits)
-		r.Get("/v1/runs/{id}", s.getRun)
-		r.Post("/v1/runs/{id}/settle", s.settleRun)
+		replies := r.With(s.boundReplies)
+		replies.Get("/v1/models", s.listModels)
+		replies.Get("/v1/credits", s.credits)
+		replies.Get("/v1/runs/{id}", s.getRun)
+		replies.Post("/v1/runs/{id}/settle", s.settleRun)
 	})
 	return r
 }
+
+// boundReplies gives each write of an answer that is not a model call's client_write_timeout
+// (writeBound): the admin API's usage report runs to 30 MB, and a client that stopped reading
+// once its socket buffer was full held the handler, its goroutine and the report for as long as
+// it kept the connection. A client that keeps reading is not cut, however long it takes.
+func (s *Server) boundReplies(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(&boundReplyWriter{ResponseWriter: w, bound: s.boundWrites(http.NewResponseController(w))}, r)
+	})
+}
+
+// boundReplyWriter writes through a writeBound. Unwrap lets http.ResponseController reach the
+// connection's writer.
+type boundReplyWriter struct {
+	http.ResponseWriter
+	bound *writeBound
+}
+
+func (w *boundReplyWriter) Write(p []byte) (int, error) {
+	written := 0
+	for len(p) > 0 {
+		n := min(len(p), writePiece)
+		w.bound.next()
+		m, err := w.ResponseWriter.Write(p[:n])
+		written += m
+		if err != nil {
+			return written, err
+		}
+		p = p[n:]
+	}
+	return written, nil
+}
+
+func (w *boundReplyWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // CutCalls is called when the drain deadline passes and the remaining calls are about to be
 // cut: they settle by what they used, recorded as source "shutdown".
