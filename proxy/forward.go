@@ -275,7 +275,9 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	bound := s.boundWrites(rc)
 	bound.next()
 	w.WriteHeader(resp.StatusCode)
-	if err := bound.write(w, body); err != nil {
+	if err := bound.write(w, body); err != nil && c.outcome == outcomeComplete {
+		// Only a complete answer becomes a cancel: an upstream error stays one (what it is
+		// charged, possibly nothing, was tallied above, before the answer went out).
 		c.outcome = outcomeCancel
 	}
 	// Flush now: the handler still has its deferred settlement to hand off, and the caller

@@ -57,32 +57,95 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 				return "the 'context-1m' beta (long-context rates)"
 			}
 		}
-		if price.CacheWrite1h == 0 && asksLongCache(root) {
+		if price.CacheWrite1h == 0 && asksLongCache(root.Raw) {
 			return "'cache_control' with a 'ttl' other than 5m (one-hour cache writes, unpriced for this model)"
 		}
 	}
 	return ""
 }
 
-// asksLongCache reports whether any cache_control in v, at any depth (system, messages,
-// their content blocks, tools, the top level), asks for a ttl other than the default five
-// minutes: the provider then bills the cache write at its one-hour rate. Keys and values are
-// compared unescaped, as the provider reads them.
-func asksLongCache(v gjson.Result) bool {
-	found := false
-	v.ForEach(func(k, child gjson.Result) bool {
-		if k.Str == "cache_control" && child.IsObject() {
-			child.ForEach(func(k, ttl gjson.Result) bool {
-				found = found || (k.Str == "ttl" && !(ttl.Type == gjson.String && ttl.Str == "5m") && ttl.Type != gjson.Null)
-				return !found
-			})
+// asksLongCache reports whether any cache_control in the JSON raw (valid JSON: parseCall has
+// checked), at any depth (system, messages, their content blocks, tools, the top level), asks
+// for a ttl other than the default five minutes: the provider then bills the cache write at
+// its one-hour rate. Keys and values are compared unescaped, as the provider reads them, and
+// keys with case folded.
+//
+// One pass over the bytes. Walked level by level with gjson, each level's parse scans
+// everything nested below it: a body of deeply nested brackets then costs time quadratic in
+// its size (a 4 MiB one, about an hour of CPU), before anything is held (see maxContentDepth
+// in metering for the same trap in the estimate).
+func asksLongCache(raw string) bool {
+	type frame struct {
+		object       bool
+		cacheControl bool   // an object that is the value of a "cache_control" key
+		wantKey      bool   // the next string is a key
+		key          string // the key whose value comes next: "cache_control", "ttl" or ""
+	}
+	var stack []frame
+	// asksHere reports whether a value starting now is a cache_control's ttl: every one but
+	// the string "5m" and null asks for a longer cache.
+	asksHere := func() bool {
+		n := len(stack)
+		return n > 0 && stack[n-1].cacheControl && stack[n-1].key == "ttl"
+	}
+	for i := 0; i < len(raw); i++ {
+		switch ch := raw[i]; ch {
+		case ' ', '\t', '\n', '\r', ':':
+		case ',':
+			if n := len(stack); n > 0 && stack[n-1].object {
+				stack[n-1].wantKey = true
+			}
+		case '}', ']':
+			stack = stack[:len(stack)-1]
+		case '{', '[':
+			if asksHere() {
+				return true
+			}
+			n := len(stack)
+			cc := ch == '{' && n > 0 && stack[n-1].object && stack[n-1].key == "cache_control"
+			stack = append(stack, frame{object: ch == '{', cacheControl: cc, wantKey: ch == '{'})
+		case '"':
+			end := i + 1
+			for raw[end] != '"' {
+				if raw[end] == '\\' {
+					end++
+				}
+				end++
+			}
+			str := raw[i+1 : end]
+			if strings.IndexByte(str, '\\') >= 0 {
+				str = gjson.Parse(raw[i : end+1]).Str
+			}
+			i = end
+			if n := len(stack); n > 0 && stack[n-1].wantKey {
+				stack[n-1].wantKey = false
+				// With case folded, as Go's encoding/json matches keys to fields (repeatedKey):
+				// a provider or relay decoding with it reads "TTL" as "ttl".
+				switch {
+				case strings.EqualFold(str, "cache_control"):
+					stack[n-1].key = "cache_control"
+				case strings.EqualFold(str, "ttl"):
+					stack[n-1].key = "ttl"
+				default:
+					stack[n-1].key = ""
+				}
+				continue
+			}
+			if asksHere() && str != "5m" {
+				return true
+			}
+		default: // a number, true, false or null
+			end := i
+			for end < len(raw) && !strings.ContainsRune(",:]} \t\n\r", rune(raw[end])) {
+				end++
+			}
+			if asksHere() && raw[i:end] != "null" {
+				return true
+			}
+			i = end - 1
 		}
-		if !found && (child.IsObject() || child.IsArray()) {
-			found = asksLongCache(child)
-		}
-		return !found
-	})
-	return found
+	}
+	return false
 }
 
 // firstTool returns the type of the first entry of the request's tools whose type starts

@@ -37,6 +37,7 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		// claude-test has no one-hour cache write price.
 		{"anthropic one-hour cache on the system prompt", messages, `{"model":"claude-test","max_tokens":50,"system":[{"type":"text","text":"be brief","cache_control":{"type":"ephemeral","ttl":"1h"}}],"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"anthropic one-hour cache on a message block, escaped", messages, `{"model":"claude-test","max_tokens":50,"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral","\u0074tl":"\u0031h"}}]}]}`, nil},
+		{"anthropic one-hour cache, keys in another case", messages, `{"model":"claude-test","max_tokens":50,"messages":[{"role":"user","content":[{"type":"text","text":"hi","Cache_Control":{"type":"ephemeral","TTL":"1h"}}]}]}`, nil},
 		{"anthropic one-hour cache on a tool", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"name":"f","input_schema":{"type":"object"},"cache_control":{"type":"ephemeral","ttl":"1h"}}],"messages":[{"role":"user","content":"hi"}]}`, nil},
 	}
 	for _, tc := range refused {
