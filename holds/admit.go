@@ -52,6 +52,10 @@ type Hold struct {
 	// MaxInFlight is the user's in-flight limit as this admission read it: a named run's calls
 	// share one hold, and this bounds how many of them may run at once.
 	MaxInFlight int
+	// RecordedMicro, for a run admitted before, is what its row records its ended calls cost
+	// (RecordRunCall): a durable lower bound of what the run has used, which its budget in
+	// Redis counts as spent when a restart has lost the tally.
+	RecordedMicro int64
 }
 
 // Admit takes a hold: AdmitBatch of one.
@@ -150,7 +154,8 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 					r.existing[req.RunID] = h
 				}
 				out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
-					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, Existing: true, MaxInFlight: plan.MaxInFlight}
+					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, Existing: true, MaxInFlight: plan.MaxInFlight,
+					RecordedMicro: h.CostMicro}
 				// A later call of a named run: its expiry moves out now, not when the call ends,
 				// so the run cannot expire (and be reconciled) under the call. Not a retry of a
 				// request still running (an Idempotency-Key, a redelivery): it is answered, not

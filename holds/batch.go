@@ -256,7 +256,7 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	}
 	if len(plan.lookupRuns) > 0 {
 		sc.addIn(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp, admit_token,
-			state IN ('queued', 'running') AND expires_at > @tg_now FROM run_holds WHERE run_id IN (?)`, plan.lookupRuns)
+			state IN ('queued', 'running') AND expires_at > @tg_now, cost_micro FROM run_holds WHERE run_id IN (?)`, plan.lookupRuns)
 	}
 	if len(plan.admitIDs) > 0 {
 		// In flight: the unexpired holds. Held: every unsettled one — a hold past its expiry
@@ -308,7 +308,7 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	if len(plan.lookupRuns) > 0 {
 		if err := sets.each("read admitted runs", func() error {
 			var h holdRow
-			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.Token, &h.Live); err != nil {
+			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.Token, &h.Live, &h.CostMicro); err != nil {
 				return err
 			}
 			r.existing[h.RunID] = h

@@ -334,6 +334,9 @@ type holdRow struct {
 	CapMicro    int64          `db:"cap_micro"`
 	DiscountBP  int            `db:"discount_bp"`
 	Token       sql.NullString `db:"admit_token"`
+	// CostMicro is what the row records as used: for a live named run, its ended calls
+	// (RecordRunCall).
+	CostMicro int64 `db:"cost_micro"`
 	// Live: open and unexpired at the batch's clock, so the admission aggregate counted it.
 	Live bool `db:"-"`
 }

@@ -91,7 +91,7 @@ end
 `
 
 // reserveScript: KEYS usage, budget hash; ARGV budget, want, least, call id, max call ms, max
-// calls in flight (0: any number), stale ms. Returns the grant, -1 when nothing or less than least is
+// calls in flight (0: any number), stale ms, spent at least. Returns the grant, -1 when nothing or less than least is
 // left, -2 when the run is closed, -3 when as many calls as it may have are in flight.
 var reserveScript = redis.NewScript(`
 local staleArg = 7
@@ -101,7 +101,7 @@ local mine = redis.call('HGET', KEYS[2], field)
 if mine then return tonumber(string.match(mine, '^(%d+)')) end
 ` + liveCallsLua + `
 if tonumber(ARGV[6]) > 0 and inflight >= tonumber(ARGV[6]) then return -3 end
-local spent = tonumber(redis.call('HGET', KEYS[1], 'cost_micro') or '0')
+local spent = math.max(tonumber(redis.call('HGET', KEYS[1], 'cost_micro') or '0'), tonumber(ARGV[8]))
 local left = tonumber(ARGV[1]) - spent - reserved
 if left <= 0 or left < tonumber(ARGV[3]) then return -1 end
 local grant = math.min(tonumber(ARGV[2]), left)
@@ -116,14 +116,18 @@ return grant`)
 // taken as MaxReservable. A call that tried to reserve must Release, whatever Reserve
 // returned: a reservation whose reply was lost is still there.
 func (b *RunBudget) Reserve(ctx context.Context, runID, callID string, budget, want, least int64) (int64, error) {
-	return b.ReserveAtMost(ctx, runID, callID, budget, want, least, 0)
+	return b.ReserveAtMost(ctx, runID, callID, budget, want, least, 0, 0)
 }
 
 // ReserveAtMost is Reserve for a run that may have at most maxCalls calls in flight (0: any
 // number): past that it fails with ErrRunCalls. It bounds what one run's calls may run at once
-// (and what every reservation of the run scans).
-func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, budget, want, least int64, maxCalls int) (int64, error) {
+// (and what every reservation of the run scans). spentAtLeast is what the run is known to have
+// spent elsewhere (its row's record of its ended calls): the tally, which a Redis restart
+// without persistence loses, counts as no less — without it such a restart gave the run's next
+// calls its whole cap again.
+func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, budget, want, least int64, maxCalls int, spentAtLeast int64) (int64, error) {
 	budget, want, least = min(budget, MaxReservable), min(want, MaxReservable), min(least, MaxReservable)
+	spentAtLeast = max(0, min(spentAtLeast, MaxReservable))
 	if want < least || least < 0 {
 		panic(fmt.Sprintf("metering: reserve want %d least %d", want, least))
 	}
@@ -133,7 +137,7 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 	b.calls[rc] = struct{}{}
 	b.mu.Unlock()
 	grant, err := reserveScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID)},
-		budget, want, least, callID, b.maxCall.Milliseconds(), max(maxCalls, 0), b.staleAfter.Milliseconds()).Int64()
+		budget, want, least, callID, b.maxCall.Milliseconds(), max(maxCalls, 0), b.staleAfter.Milliseconds(), spentAtLeast).Int64()
 	if err == nil && grant < 0 {
 		b.forget(rc) // refused: nothing was reserved
 	}

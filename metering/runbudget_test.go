@@ -110,6 +110,26 @@ func TestRunBudgetReleaseGivesBackWhatWasNotUsed(t *testing.T) {
 	}
 }
 
+// TestRunBudgetCountsWhatTheRunRecordsElsewhere: spentAtLeast (the run's row's record of its
+// ended calls) is spent when the tally shows less — a Redis restart lost it — and changes
+// nothing when the tally shows more.
+func TestRunBudgetCountsWhatTheRunRecordsElsewhere(t *testing.T) {
+	b := newRunBudget(t).budget
+	ctx := context.Background()
+	if g, err := b.ReserveAtMost(ctx, "r_floor", "a", 10_000, 10_000, 100, 0, 7_000); err != nil || g != 3_000 {
+		t.Fatalf("reserve with 7 000 recorded and no tally: %d, %v; want the 3 000 left", g, err)
+	}
+	if err := b.Release(ctx, "r_floor", "a", pricing.Usage{Output: 10}, 8_000); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := b.ReserveAtMost(ctx, "r_floor", "b", 10_000, 10_000, 100, 0, 7_000); err != nil || g != 2_000 {
+		t.Fatalf("reserve with 8 000 tallied and 7 000 recorded: %d, %v; want the 2 000 the tally leaves", g, err)
+	}
+	if _, err := b.ReserveAtMost(ctx, "r_floor2", "a", 10_000, 10_000, 100, 0, 9_950); err != metering.ErrRunBudget {
+		t.Fatalf("reserve with less than least left by the record: %v, want ErrRunBudget", err)
+	}
+}
+
 // TestRunCloseWaitsForCallsInFlight: a run cannot be closed for settlement while a call of it
 // runs (its usage would be left out); once closed, no call of it starts.
 func TestRunCloseWaitsForCallsInFlight(t *testing.T) {

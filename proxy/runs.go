@@ -42,7 +42,7 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 	c.callID = token.New()
 	// The run's calls share one hold, so one slot of the user's max_in_flight: without a bound
 	// here a caller could run any number of calls at once under one name.
-	granted, err := s.budgets.ReserveAtMost(ctx, c.runID, c.callID, budget, want, least, max(c.hold.MaxInFlight, 1))
+	granted, err := s.budgets.ReserveAtMost(ctx, c.runID, c.callID, budget, want, least, max(c.hold.MaxInFlight, 1), c.hold.RecordedMicro)
 	switch {
 	case errors.Is(err, metering.ErrRunBudget):
 		return 0, errRunBudget
