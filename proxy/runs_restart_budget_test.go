@@ -4,8 +4,6 @@ import (
 	"context"
 	"net/http"
 	"testing"
-
-	"github.com/tollgate/tollgate/internal/fakellm"
 )
 
 // TestNamedRunBudgetSurvivesARedisRestart: a named run's calls share its cap through a budget
@@ -23,19 +21,10 @@ func TestNamedRunBudgetSurvivesARedisRestart(t *testing.T) {
 	if err := h.store.SetUserLimits(context.Background(), u.ID, &allowance, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	run := map[string]string{"X-Run-Id": "task-capped"}
-	runID := firstRunCall(t, h, key, run, 60) // ~600 of the 1 000
-	loseRunKeys(t, h, runID)
-	// Asks for up to 80 tokens; about 35 are left under the cap (the gateway lowers a
-	// request's max_tokens to what its budget covers).
-	body := `{"model":"fake-gpt","max_tokens":80,"messages":[{"role":"user","content":"go on"}]}`
-	second := h.post(key, "/v1/chat/completions", body, with(run, fakellm.HeaderChunks, "80"))
-	readAll(t, second.Body)
-	second.Body.Close()
-	if second.StatusCode != http.StatusOK {
-		t.Fatalf("second call: %d", second.StatusCode)
-	}
-	h.settled()
+	// ~600 of the 1 000, then a call that asks for up to 80 tokens: about 35 are left under
+	// the cap (the gateway lowers a request's max_tokens to what its budget covers).
+	runID := callsAcrossARedisRestartWith(t, h, key, "task-capped", 60,
+		`{"model":"fake-gpt","max_tokens":80,"messages":[{"role":"user","content":"go on"}]}`, 80)
 	if status, body := settleAfterRebuild(h, key, "task-capped", runID); status != http.StatusOK {
 		t.Fatalf("settle: %d %s", status, body)
 	}

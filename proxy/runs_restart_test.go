@@ -15,10 +15,17 @@ import (
 // 5-token call of it. It returns the run's id.
 func callsAcrossARedisRestart(t *testing.T, h *harness, key, name string) string {
 	t.Helper()
+	return callsAcrossARedisRestartWith(t, h, key, name, 40, chatBody, 5)
+}
+
+// callsAcrossARedisRestartWith is callsAcrossARedisRestart with a first call of firstChunks
+// output tokens and a second one of body answering with secondChunks.
+func callsAcrossARedisRestartWith(t *testing.T, h *harness, key, name string, firstChunks int, body string, secondChunks int) string {
+	t.Helper()
 	run := map[string]string{"X-Run-Id": name}
-	runID := firstRunCall(t, h, key, run, 40)
+	runID := firstRunCall(t, h, key, run, firstChunks)
 	loseRunKeys(t, h, runID)
-	second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
+	second := h.post(key, "/v1/chat/completions", body, with(run, fakellm.HeaderChunks, strconv.Itoa(secondChunks)))
 	readAll(t, second.Body)
 	second.Body.Close()
 	if second.StatusCode != http.StatusOK {
