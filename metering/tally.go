@@ -111,6 +111,26 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 	return nil
 }
 
+// Correct adds du and dc (either may be negative) to a call's figures already in the run's
+// tally, without counting another call: what a call's settlement found beyond what was
+// tallied for it earlier.
+func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc int64) error {
+	key := t.keys.Usage(runID)
+	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HIncrBy(ctx, key, "in_tok", du.Input)
+		p.HIncrBy(ctx, key, "cache_read_tok", du.CacheRead)
+		p.HIncrBy(ctx, key, "cache_write_tok", du.CacheWrite)
+		p.HIncrBy(ctx, key, "out_tok", du.Output)
+		p.HIncrBy(ctx, key, "cost_micro", dc)
+		p.Expire(ctx, key, t.ttl)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("correct tally %s: %w", runID, err)
+	}
+	return nil
+}
+
 // SharesClient reports whether the tally is written through rdb: only then can a write to rdb
 // ride in AddWith's round trip.
 func (t *Tally) SharesClient(rdb redis.UniversalClient) bool { return t.rdb == rdb }

@@ -43,6 +43,12 @@ func (u Usage) Add(o Usage) Usage {
 		u.CacheWrite1h + o.CacheWrite1h}
 }
 
+// Sub returns the field-wise difference u - o.
+func (u Usage) Sub(o Usage) Usage {
+	return Usage{u.Input - o.Input, u.CacheRead - o.CacheRead, u.CacheWrite - o.CacheWrite, u.Output - o.Output,
+		u.CacheWrite1h - o.CacheWrite1h}
+}
+
 // Clamp returns u with every field inside [0, MaxTokens] and CacheWrite at least CacheWrite1h
 // (a report whose part is larger than its whole is billed for the larger).
 func (u Usage) Clamp() Usage {

@@ -49,6 +49,9 @@ type call struct {
 	reserving bool
 	callID    string
 	tallied   bool // tallyBeforeAnswer or tallyWithFingerprint has run
+	// talliedAs is what tallyWithFingerprint wrote: the call's tally is corrected by what its
+	// settlement finds beyond it (usage reported after a stream's final event).
+	talliedAs holds.Settlement
 	// recorded: this call of a named run has been recorded on its run's row (recordRunCall),
 	// which is done once: the row's figures are sums.
 	recorded bool
@@ -406,7 +409,16 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		// Done once the tally is written too: shutdown closes Redis when this is done.
 		defer s.settlements.Done()
 		if c.tallied {
-			// With its fingerprint, before the answer's end (tallyWithFingerprint).
+			// With its fingerprint, before the answer's end (tallyWithFingerprint); what was
+			// metered after that goes to the tally beside the settlement.
+			if du, dc := st.Usage.Sub(c.talliedAs.Usage), st.CostMicro-c.talliedAs.CostMicro; dc != 0 || du != (pricing.Usage{}) {
+				corrected := make(chan struct{})
+				go func() {
+					defer close(corrected)
+					s.correctTally(ctx, c, st, du, dc)
+				}()
+				defer func() { <-corrected }()
+			}
 			s.settle(ctx, c, st)
 			return
 		}
@@ -526,6 +538,25 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 	return true
 }
 
+// wholeOutcome is how a call whose answer is whole ends: complete, unless the upstream reported
+// an error in it.
+func (c *call) wholeOutcome() outcome {
+	if c.meter.Result().UpstreamError {
+		return outcomeStreamError
+	}
+	return outcomeComplete
+}
+
+// correctTally adds to a call's tally what its settlement found beyond what tallyWithFingerprint
+// wrote (du and dc may be negative: a later usage report replaces an earlier one).
+func (s *Server) correctTally(ctx context.Context, c *call, st holds.Settlement, du pricing.Usage, dc int64) {
+	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := s.tally.Correct(tctx, c.runID, du, dc); err != nil {
+		s.tallyFailed(c, st, err)
+	}
+}
+
 // tallyFailed counts and logs a tally write that failed.
 func (s *Server) tallyFailed(c *call, st holds.Settlement, err error) {
 	s.metrics.TallyFailures.Inc()
@@ -633,9 +664,12 @@ func (s *Server) releaseLease(ctx context.Context, c *call) {
 }
 
 // settlementOf turns how a call ended into what it is charged.
-func (s *Server) settlementOf(c *call) holds.Settlement {
+func (s *Server) settlementOf(c *call) holds.Settlement { return s.settlementAs(c, c.outcome) }
+
+// settlementAs is what the call would be charged, were it to end as o.
+func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 	st := holds.Settlement{RunID: c.runID, UserID: c.user.ID, Model: c.req.model, Calls: 1, PriceSnapshot: s.snapshots[c.req.priceKey]}
-	switch c.outcome {
+	switch o {
 	case outcomeRefused:
 		st.Source, st.Calls = holds.SourceRelease, 0
 		return st

@@ -10,6 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
 )
 
 // How a duplicate is answered. X-Should-Retry is the OpenAI SDKs' override of their own retry
@@ -75,28 +77,28 @@ func (s *Server) endFingerprint(ctx context.Context, c *call) {
 	}
 }
 
-// tallyWithFingerprint tallies a plain call whose whole answer is in hand in the round trip
-// that gives its fingerprint back (endFingerprint) before the answer goes out, rather than in
-// one of its own after it: on a saturated box each round trip to Redis costs the gateway two
-// syscalls and a wake-up, and the tally's own was a tenth of the gateway's CPU profile. Only
-// for a call that holds a fingerprint and a tally kept in the same Redis; a streamed answer is
-// tallied when it ends (events can follow its final one).
+// tallyWithFingerprint tallies a plain call whose whole answer is in hand (st: what it is
+// charged as it stands) in the round trip that gives its fingerprint back (endFingerprint)
+// before the end of the answer goes out, rather than in one of its own after it: on a saturated
+// box each round trip to Redis costs the gateway two syscalls and a wake-up, and the tally's own
+// was a tenth of the gateway's CPU profile. Only for a call that holds a fingerprint and a tally
+// kept in the same Redis. What the settlement finds beyond st (events after a stream's final
+// one) is added to the tally then (finish).
 //
 // One attempt, as finish makes: a retry after a reply that was lost would count the call twice
 // in a tally the reconciler may settle from. Safe to call more than once.
-func (s *Server) tallyWithFingerprint(ctx context.Context, c *call) {
+func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Settlement) {
 	if c.fpKey == "" || !s.tally.SharesClient(s.dedupRDB) {
 		return
 	}
 	key := c.fpKey
 	c.fpKey = ""
-	st := s.settlementOf(c)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	err := s.tally.AddWith(ctx, c.runID, st.Usage, st.CostMicro, func(p redis.Pipeliner) {
 		endScript.Eval(ctx, p, []string{key}, c.runID)
 	})
-	c.tallied = true
+	c.tallied, c.talliedAs = true, st
 	if err != nil {
 		// The fingerprint, if it was not given back, lapses with the window.
 		s.tallyFailed(c, st, err)

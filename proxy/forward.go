@@ -185,6 +185,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		afterFinal := sawFinal // the caller has had the whole answer
 		if !sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
 			sawFinal = true
+			if !c.inRun {
+				// The answer is whole: its tally goes with its fingerprint's release (anything
+				// metered after this event is added when the call ends).
+				s.tallyWithFingerprint(r.Context(), c, s.settlementAs(c, c.wholeOutcome()))
+			}
 			s.answerFinal(r.Context(), c)
 			// An upstream that does not close after its final event must not keep the
 			// caller waiting for the end of an answer it has whole, nor the call its hold,
@@ -257,14 +262,11 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		return http.StatusBadGateway
 	}
 	meterBody(c.meter, body, s.cfg.Limits.MaxEventBytes)
-	c.outcome = outcomeComplete
-	if c.meter.Result().UpstreamError {
-		c.outcome = outcomeStreamError
-	}
+	c.outcome = c.wholeOutcome()
 	if c.inRun {
 		s.tallyBeforeAnswer(r.Context(), c)
 	} else {
-		s.tallyWithFingerprint(r.Context(), c)
+		s.tallyWithFingerprint(r.Context(), c, s.settlementOf(c))
 	}
 	s.answerFinal(r.Context(), c)
 	// The upstream's headers go out only with its answer: an error answer above must not

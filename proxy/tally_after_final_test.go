@@ -1,0 +1,52 @@
+package proxy_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// TestUsageAfterTheFinalEventReachesTheTally: a plain stream is tallied at its final event
+// ([DONE]), with its fingerprint's release, before that event goes out. An upstream that goes
+// on after it (within the 2 s it is given to close) and reports a larger usage is charged the
+// larger: the tally must say so too, since it is what the reconciler charges if the process
+// dies before the settlement commits.
+func TestUsageAfterTheFinalEventReachesTheTally(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, ev := range []string{
+			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}`,
+			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}`,
+			`[DONE]`,
+			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":50,"total_tokens":60}}`,
+		} {
+			_, _ = io.WriteString(w, "data: "+ev+"\n\n")
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *config.Config) { c.Upstreams[0].BaseURL = up.URL })
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	r := h.run(u.ID, resp.Header.Get("X-Tollgate-Run-Id"))
+	if r.OutTok != 50 || r.CostMicro != fakeGPTCost(10, 50) {
+		t.Fatalf("settled %d output tokens at %d µUSD, want the last report's 50 at %d", r.OutTok, r.CostMicro, fakeGPTCost(10, 50))
+	}
+	tallied, found, err := h.tally.Get(context.Background(), r.RunID)
+	if err != nil || !found {
+		t.Fatalf("no tally (%v)", err)
+	}
+	if tallied.CostMicro != r.CostMicro || tallied.Usage.Output != 50 || tallied.Calls != 1 {
+		t.Fatalf("tally %+v, settled %d µUSD for 50 output tokens: the reconciler would charge another figure", tallied, r.CostMicro)
+	}
+}
