@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"go.uber.org/zap"
@@ -437,6 +438,14 @@ func (h *handler) createGrant(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.IdempotencyKey == "" {
 		req.IdempotencyKey = r.Header.Get("Idempotency-Key")
+	}
+	// encoding/json decodes bytes that are not UTF-8, and escaped unpaired surrogates, to
+	// U+FFFD without an error: two different keys would arrive as one, and the second payment
+	// would be answered as a replay of the first, never credited. Keys are compared byte for
+	// byte, so one that cannot be told apart from another is refused.
+	if strings.ContainsRune(req.IdempotencyKey, utf8.RuneError) {
+		writeError(w, badRequest("invalid_request", "idempotency_key must be UTF-8 text without U+FFFD (what bytes that are not UTF-8, or unpaired surrogates, decode to): two different keys would be one grant"))
+		return
 	}
 	amount, err := pricing.ParseCredits(req.Amount.String(), h.views.CreditMicro)
 	if err != nil {
