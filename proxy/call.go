@@ -497,14 +497,20 @@ func (s *Server) answerFinal(ctx context.Context, c *call) {
 func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 	ctx = context.WithoutCancel(ctx)
 	st := s.settlementOf(c)
+	// A failed write is tried once more when the call ends (a named run's steps are safe to
+	// repeat): the tally is the run's only record of the call. First, since it gives the
+	// call's reservation back: a call of the run reserving while the row already recorded this
+	// one and its reservation still stood would count it twice (the run's budget counts the
+	// row's record as spent, Hold.RecordedMicro), and be refused with the cap half unused.
+	c.tallied = s.tallyCall(ctx, c, st)
 	// The run's row records the call before its end reaches the caller too: after a Redis
 	// restart the tally has only the calls made since, and a settle sent the moment the answer
 	// ends, reading a row without this call, would charge the larger of the two records rather
-	// than both calls (and the call's record would then find its run settled).
+	// than both calls (and the call's record would then find its run settled). A settle that
+	// comes between the two writes finds the call in the tally (its reservation given back),
+	// which it charges, being the larger record; the call's record then finds the run settled
+	// and changes nothing.
 	s.recordRunCall(ctx, c, st)
-	// A failed write is tried once more when the call ends (a named run's steps are safe to
-	// repeat): the tally is the run's only record of the call.
-	c.tallied = s.tallyCall(ctx, c, st)
 	// The call is over but for its last bytes; a run settled now must not find its lease
 	// (CloseRun refuses a leased run).
 	s.releaseLease(ctx, c)

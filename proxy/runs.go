@@ -237,8 +237,8 @@ func (s *Server) reopenRun(ctx context.Context, runID, mark string, log *zap.Log
 
 // runRecordLost reports whether Redis has lost calls of a named run that its row recorded (a
 // restart without persistence): no tally at all, or one with fewer calls, or costing less. A
-// call is recorded on the row before it is tallied (recordRunCall), so otherwise the tally
-// has every call the row has.
+// call is tallied before it is recorded on the row (tallyBeforeAnswer, finish), so otherwise
+// the tally has every call the row has.
 func runRecordLost(run holds.Run, t metering.Tallied, found bool) bool {
 	_, cost, calls, recorded := run.Recorded()
 	return recorded && (!found || calls > t.Calls || cost > t.CostMicro)

@@ -106,11 +106,12 @@ func TestSettleAtAnAnswersEndAfterARedisRestartChargesThatCall(t *testing.T) {
 	}
 	// The caller reads the answer as an SDK does, up to its last event, and settles the run
 	// the moment it has it.
-	settled := make(chan string, 1)
+	settled, sawEnd := make(chan string, 1), make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(second.Body)
 		for sc.Scan() && sc.Text() != "data: [DONE]" {
 		}
+		close(sawEnd)
 		resp := h.post(key, "/v1/runs/task-settle-at-end/settle", "", nil)
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
@@ -118,13 +119,17 @@ func TestSettleAtAnAnswersEndAfterARedisRestartChargesThatCall(t *testing.T) {
 	}()
 	// The call's record waits for the row.
 	waitRunHoldsStatements(t, h, 1)
-	if _, found, err := h.tally.Get(ctx, runID); err != nil {
+	if _, _, err := h.tally.Get(ctx, runID); err != nil {
 		t.Fatal(err)
-	} else if found {
-		// The call was tallied, so its answer's end is on its way to the caller before its
-		// record is written: hold the record until the settlement has read what to charge
-		// and waits for the row too.
+	}
+	select {
+	case <-sawEnd:
+		// The answer's end reached the caller before the call's record is written: hold the
+		// record until the settlement has read what to charge and waits for the row too.
 		waitRunHoldsStatements(t, h, 2)
+	case <-time.After(500 * time.Millisecond):
+		// The answer's end waits for the record (the call may be tallied already: its tally
+		// is written first, then its record).
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
