@@ -323,7 +323,12 @@ func (h *handler) listKeys(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	keys, err := h.store.ListKeys(r.Context(), d.ID)
+	limit, bad := limitParam(r)
+	if bad != nil {
+		writeError(w, bad)
+		return
+	}
+	keys, err := h.store.ListKeys(r.Context(), d.ID, limit)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -663,9 +668,9 @@ func classify(err error) *apiError {
 			Message: "This idempotency key was used for a different grant (another user or amount): " + err.Error()}
 	case errors.Is(err, holds.ErrKeyNotFound):
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "key_not_found", Message: "No live key matches."}
-	case holds.IsUnavailable(err):
+	case holds.IsUnavailable(err), holds.IsBusy(err):
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
-			Message: "The billing database is unreachable. Retry shortly."}
+			Message: "The billing database is unreachable or too busy to answer now. Retry shortly.", RetryAfter: time.Second}
 	}
 	return &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error", Message: "Internal error; see the gateway log."}
 }

@@ -3,6 +3,8 @@ package admin
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"time"
 )
 
 // apiError is an answer in OpenAI's error shape, {"error":{"message","type","code"}}, the
@@ -13,6 +15,8 @@ type apiError struct {
 	Type    string
 	Code    string
 	Message string
+	// RetryAfter, when set, is sent as Retry-After (whole seconds).
+	RetryAfter time.Duration
 }
 
 func badRequest(code, msg string) *apiError {
@@ -33,6 +37,9 @@ var (
 )
 
 func writeError(w http.ResponseWriter, e *apiError) {
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
+	}
 	writeJSON(w, e.Status, map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "code": e.Code}})
 }
 

@@ -179,12 +179,12 @@ type KeyInfo struct {
 	RevokedAt sql.NullTime `db:"revoked_at"`
 }
 
-// ListKeys lists a user's keys, newest first.
-func (s *Store) ListKeys(ctx context.Context, userID uint64) ([]KeyInfo, error) {
+// ListKeys lists up to limit of a user's keys, newest first.
+func (s *Store) ListKeys(ctx context.Context, userID uint64, limit int) ([]KeyInfo, error) {
 	out := []KeyInfo{}
 	err := s.withRetry(ctx, "list keys", func() error {
 		out = out[:0]
-		return s.db.SelectContext(ctx, &out, "SELECT prefix, created_at, revoked_at FROM api_keys WHERE user_id = ? ORDER BY created_at DESC", userID)
+		return s.db.SelectContext(ctx, &out, "SELECT prefix, created_at, revoked_at FROM api_keys WHERE user_id = ? ORDER BY created_at DESC, prefix LIMIT ?", userID, limit)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("keys of user %d: %w", userID, err)

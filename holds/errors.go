@@ -104,3 +104,8 @@ func isUnavailable(err error) bool {
 
 // IsUnavailable reports whether err means MySQL could not be reached, for the proxy's 503.
 func IsUnavailable(err error) bool { return isUnavailable(err) }
+
+// IsBusy reports whether err means MySQL was reached but could not answer in time: a lock wait
+// or deadlock the store's retries did not outlast, or a deadline that ran out waiting (for the
+// admin API's 503, rather than 500: the request itself may be fine).
+func IsBusy(err error) bool { return isConflict(err) || errors.Is(err, context.DeadlineExceeded) }
