@@ -412,7 +412,15 @@ func (h *handler) listGrants(w http.ResponseWriter, r *http.Request) {
 		writeError(w, bad)
 		return
 	}
-	grants, err := h.store.Grants(r.Context(), d.ID, limit)
+	var after uint64
+	if s := r.URL.Query().Get("after"); s != "" {
+		var err error
+		if after, err = strconv.ParseUint(s, 10, 64); err != nil || after == 0 {
+			writeError(w, badRequest("invalid_after", "after must be the last_id of the previous page (a grant id)"))
+			return
+		}
+	}
+	grants, err := h.store.Grants(r.Context(), d.ID, after, limit)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -421,7 +429,12 @@ func (h *handler) listGrants(w http.ResponseWriter, r *http.Request) {
 	for i, g := range grants {
 		data[i] = h.views.Grant(d.Name, g, false)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	out := map[string]any{"object": "list", "data": data, "has_more": len(grants) == limit}
+	if len(grants) > 0 {
+		// The cursor of the next page: ?after=<last_id>.
+		out["last_id"] = grants[len(grants)-1].ID
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // createGrant credits (or, with a negative amount, debits) prepaid credits once per

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 	"unicode/utf8"
 
@@ -200,15 +201,20 @@ func sameGrant(g Grant, req GrantRequest) error {
 	return nil
 }
 
-// Grants lists a user's grants, newest first.
-func (s *Store) Grants(ctx context.Context, userID uint64, limit int) ([]Grant, error) {
+// Grants lists up to limit of a user's grants, newest first, older than the grant afterID (0: from
+// the newest): the cursor of a listing in pages.
+func (s *Store) Grants(ctx context.Context, userID, afterID uint64, limit int) ([]Grant, error) {
 	if limit <= 0 || limit > 10_000 {
 		return nil, fmt.Errorf("grants of user %d: limit %d out of range 1-10000", userID, limit)
+	}
+	if afterID == 0 {
+		afterID = math.MaxUint64
 	}
 	out := []Grant{}
 	err := s.withRetry(ctx, "list grants", func() error {
 		out = out[:0]
-		return s.db.SelectContext(ctx, &out, "SELECT "+grantColumns+" FROM grants WHERE user_id = ? ORDER BY id DESC LIMIT ?", userID, limit)
+		return s.db.SelectContext(ctx, &out, "SELECT "+grantColumns+" FROM grants WHERE user_id = ? AND id < ? ORDER BY id DESC LIMIT ?",
+			userID, afterID, limit)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("grants of user %d: %w", userID, err)

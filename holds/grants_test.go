@@ -229,7 +229,7 @@ func TestGrantRefusals(t *testing.T) {
 	if _, _, err := f.store.Grant(f.ctx(), holds.GrantRequest{UserID: 999_999, AmountMicro: 1, IdempotencyKey: "ghost"}); !errors.Is(err, holds.ErrUnknownUser) {
 		t.Fatalf("grant to unknown user: %v", err)
 	}
-	list, err := f.store.Grants(f.ctx(), u.ID, 10)
+	list, err := f.store.Grants(f.ctx(), u.ID, 0, 10)
 	if err != nil || len(list) != 2 || list[0].AmountMicro != -10_000 || list[1].BalanceAfterMicro != 10_000 {
 		t.Fatalf("grants: %+v, %v", list, err)
 	}
