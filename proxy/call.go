@@ -410,14 +410,10 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		defer s.settlements.Done()
 		if c.tallied {
 			// With its fingerprint, before the answer's end (tallyWithFingerprint); what was
-			// metered after that goes to the tally beside the settlement.
+			// metered after that (rare: an upstream that went on past its final event) is
+			// added first.
 			if du, dc := st.Usage.Sub(c.talliedAs.Usage), st.CostMicro-c.talliedAs.CostMicro; dc != 0 || du != (pricing.Usage{}) {
-				corrected := make(chan struct{})
-				go func() {
-					defer close(corrected)
-					s.correctTally(ctx, c, st, du, dc)
-				}()
-				defer func() { <-corrected }()
+				s.correctTally(ctx, c, st, du, dc)
 			}
 			s.settle(ctx, c, st)
 			return
