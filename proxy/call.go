@@ -49,9 +49,10 @@ type call struct {
 	reserving bool
 	callID    string
 	tallied   bool // tallyBeforeAnswer or tallyWithFingerprint has run
-	// talliedAs is what tallyWithFingerprint wrote: the call's tally is corrected by what its
-	// settlement finds beyond it (usage reported after a stream's final event).
-	talliedAs holds.Settlement
+	// talliedAs is what tallyWithFingerprint wrote, nil if the write failed (it may or may not
+	// have landed): the call's tally is corrected by what its settlement finds beyond it
+	// (usage reported after a stream's final event), never on top of a write that may be missing.
+	talliedAs *holds.Settlement
 	// recorded: this call of a named run has been recorded on its run's row (recordRunCall),
 	// which is done once: the row's figures are sums.
 	recorded bool
@@ -412,8 +413,10 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 			// With its fingerprint, before the answer's end (tallyWithFingerprint); what was
 			// metered after that (rare: an upstream that went on past its final event) is
 			// added first.
-			if du, dc := st.Usage.Sub(c.talliedAs.Usage), st.CostMicro-c.talliedAs.CostMicro; dc != 0 || du != (pricing.Usage{}) {
-				s.correctTally(ctx, c, st, du, dc)
+			if c.talliedAs != nil {
+				if du, dc := st.Usage.Sub(c.talliedAs.Usage), st.CostMicro-c.talliedAs.CostMicro; dc != 0 || du != (pricing.Usage{}) {
+					s.correctTally(ctx, c, st, du, dc)
+				}
 			}
 			s.settle(ctx, c, st)
 			return

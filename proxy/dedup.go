@@ -98,11 +98,13 @@ func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Set
 	err := s.tally.AddWith(ctx, c.runID, st.Usage, st.CostMicro, func(p redis.Pipeliner) {
 		endScript.Eval(ctx, p, []string{key}, c.runID)
 	})
-	c.tallied, c.talliedAs = true, st
+	c.tallied = true
 	if err != nil {
 		// The fingerprint, if it was not given back, lapses with the window.
 		s.tallyFailed(c, st, err)
+		return
 	}
+	c.talliedAs = &st
 }
 
 // fingerprint is the duplicate window for requests that carry neither an Idempotency-Key nor
