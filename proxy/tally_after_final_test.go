@@ -2,10 +2,13 @@ package proxy_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/config"
 )
@@ -16,21 +19,7 @@ import (
 // larger: the tally must say so too, since it is what the reconciler charges if the process
 // dies before the settlement commits.
 func TestUsageAfterTheFinalEventReachesTheTally(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		for _, ev := range []string{
-			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}`,
-			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}`,
-			`[DONE]`,
-			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":50,"total_tokens":60}}`,
-		} {
-			_, _ = io.WriteString(w, "data: "+ev+"\n\n")
-			w.(http.Flusher).Flush()
-		}
-	}))
-	t.Cleanup(up.Close)
-	h := newHarness(t, func(c *config.Config) { c.Upstreams[0].BaseURL = up.URL })
+	h := newHarness(t, func(c *config.Config) { c.Upstreams[0].BaseURL = usageAfterFinalUpstream(t) })
 	u, key := h.user("standard")
 	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
 	readAll(t, resp.Body)
@@ -48,5 +37,72 @@ func TestUsageAfterTheFinalEventReachesTheTally(t *testing.T) {
 	}
 	if tallied.CostMicro != r.CostMicro || tallied.Usage.Output != 50 || tallied.Calls != 1 {
 		t.Fatalf("tally %+v, settled %d µUSD for 50 output tokens: the reconciler would charge another figure", tallied, r.CostMicro)
+	}
+}
+
+// usageAfterFinalUpstream answers every call with a stream that reports 5 output tokens, ends
+// with [DONE], and then reports 50.
+func usageAfterFinalUpstream(t *testing.T) string {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, ev := range []string{
+			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}`,
+			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}}`,
+			`[DONE]`,
+			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":50,"total_tokens":60}}`,
+		} {
+			_, _ = io.WriteString(w, "data: "+ev+"\n\n")
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(up.Close)
+	return up.URL
+}
+
+// TestFailedPreAnswerTallyIsNotCorrected: when the pre-answer tally's write fails it may not
+// have landed; a correction written at settlement on top of it would then be the whole tally —
+// the difference alone (here 45 output tokens, no call) — which the reconciler would charge
+// should the settlement fail too. No correction follows a failed write.
+func TestFailedPreAnswerTallyIsNotCorrected(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Upstreams[0].BaseURL = usageAfterFinalUpstream(t) })
+	h.rdb.AddHook(&failTallyPipeline{})
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	r := h.run(u.ID, resp.Header.Get("X-Tollgate-Run-Id"))
+	if r.CostMicro != fakeGPTCost(10, 50) {
+		t.Fatalf("settled at %d µUSD, want %d", r.CostMicro, fakeGPTCost(10, 50))
+	}
+	tallied, found, err := h.tally.Get(context.Background(), r.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found && tallied.CostMicro != r.CostMicro {
+		t.Fatalf("tally %+v after its first write failed: a partial figure (settled %d)", tallied, r.CostMicro)
+	}
+}
+
+// failTallyPipeline fails, without sending it, every MULTI/EXEC that writes a tally with a
+// fingerprint's release (the pre-answer tally); a correction alone goes through.
+type failTallyPipeline struct{}
+
+func (failTallyPipeline) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (failTallyPipeline) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (failTallyPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		names := map[string]bool{}
+		for _, c := range cmds {
+			names[c.Name()] = true
+		}
+		if names["hincrby"] && (names["eval"] || names["evalsha"]) {
+			err := errors.New("tally write refused by the test")
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+		return next(ctx, cmds)
 	}
 }
