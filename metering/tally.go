@@ -96,13 +96,7 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 		if with != nil {
 			with(p)
 		}
-		p.HIncrBy(ctx, key, "in_tok", u.Input)
-		p.HIncrBy(ctx, key, "cache_read_tok", u.CacheRead)
-		p.HIncrBy(ctx, key, "cache_write_tok", u.CacheWrite)
-		p.HIncrBy(ctx, key, "out_tok", u.Output)
-		p.HIncrBy(ctx, key, "cost_micro", costMicro)
-		p.HIncrBy(ctx, key, "calls", 1)
-		p.Expire(ctx, key, t.ttl)
+		t.queueAdd(ctx, p, key, u, costMicro, 1)
 		return nil
 	})
 	if err != nil {
@@ -117,18 +111,24 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc int64) error {
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HIncrBy(ctx, key, "in_tok", du.Input)
-		p.HIncrBy(ctx, key, "cache_read_tok", du.CacheRead)
-		p.HIncrBy(ctx, key, "cache_write_tok", du.CacheWrite)
-		p.HIncrBy(ctx, key, "out_tok", du.Output)
-		p.HIncrBy(ctx, key, "cost_micro", dc)
-		p.Expire(ctx, key, t.ttl)
+		t.queueAdd(ctx, p, key, du, dc, 0)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("correct tally %s: %w", runID, err)
 	}
 	return nil
+}
+
+// queueAdd queues the increments of one tally write (integers: no float drift) and the TTL.
+func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro, calls int64) {
+	p.HIncrBy(ctx, key, "in_tok", u.Input)
+	p.HIncrBy(ctx, key, "cache_read_tok", u.CacheRead)
+	p.HIncrBy(ctx, key, "cache_write_tok", u.CacheWrite)
+	p.HIncrBy(ctx, key, "out_tok", u.Output)
+	p.HIncrBy(ctx, key, "cost_micro", costMicro)
+	p.HIncrBy(ctx, key, "calls", calls)
+	p.Expire(ctx, key, t.ttl)
 }
 
 // SharesClient reports whether the tally is written through rdb: only then can a write to rdb
