@@ -65,6 +65,8 @@ type call struct {
 	// idem is set for an Idempotency-Key request; rw then keeps what the caller was sent.
 	idem *idemCall
 	rw   *respWriter
+	// idemPinned: the idempotency record holds this attempt's answer (pinBeforeAnswer).
+	idemPinned bool
 	// fpKey is the fingerprint this plain call registered (dedup window); it is given back
 	// (endFingerprint) before the end of the call's answer reaches the caller.
 	fpKey string

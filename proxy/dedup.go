@@ -183,15 +183,23 @@ func (w *respWriter) Write(b []byte) (int, error) {
 		w.status = http.StatusOK
 	}
 	n, err := w.ResponseWriter.Write(b)
-	if w.capture && !w.over {
-		if int64(w.buf.Len()+n) > w.limit {
-			w.over = true
-			w.buf = bytes.Buffer{}
-		} else {
-			w.buf.Write(b[:n])
-		}
+	if w.capture {
+		w.keep(b[:n])
 	}
 	return n, err
+}
+
+// keep adds b to the copy kept for replays, up to limit.
+func (w *respWriter) keep(b []byte) {
+	if w.over {
+		return
+	}
+	if int64(w.buf.Len()+len(b)) > w.limit {
+		w.over = true
+		w.buf = bytes.Buffer{}
+		return
+	}
+	w.buf.Write(b)
 }
 
 func (w *respWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

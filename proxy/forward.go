@@ -167,9 +167,12 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 						Message: "The upstream did not finish the answer in time."}
 				}
 				// The error event is the last the caller gets: what the call claimed against
-				// duplicates is given back before it is sent, as for a clean end.
+				// duplicates is given back, and an answer that pins its Idempotency-Key is
+				// recorded, before it is sent, as for a clean end.
 				s.answerFinal(r.Context(), c)
-				_ = writeEvent(streamErrorEvent(c.req.route.format, e))
+				last := streamErrorEvent(c.req.route.format, e)
+				s.pinBeforeAnswer(r.Context(), c, c.outcome, resp.StatusCode, last)
+				_ = writeEvent(last)
 			}
 			break
 		}
@@ -191,6 +194,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 				s.tallyWithFingerprint(r.Context(), c, s.settlementAs(c, c.wholeOutcome()))
 			}
 			s.answerFinal(r.Context(), c)
+			s.pinBeforeAnswer(r.Context(), c, c.wholeOutcome(), resp.StatusCode, ev.Raw)
 			// An upstream that does not close after its final event must not keep the
 			// caller waiting for the end of an answer it has whole, nor the call its hold,
 			// lease and in-flight slot until upstream_timeout.
@@ -273,6 +277,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	// carry its Content-Length (the caller would read a truncated body) or its encoding.
 	copyResponseHeaders(w.Header(), resp.Header)
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	s.pinBeforeAnswer(r.Context(), c, c.outcome, resp.StatusCode, body)
 	rc := http.NewResponseController(w)
 	bound := s.boundWrites(rc)
 	bound.next()

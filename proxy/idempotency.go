@@ -49,7 +49,9 @@ const (
 // charged again: the provider did that work twice, and a truncated answer is not worth
 // replaying.
 //
-// The record is written before the attempt's settlement, so a request that finds the
+// An answer that pins is recorded before its last bytes are sent (pinBeforeAnswer), so that a
+// caller holding a whole answer always finds it pinned, even if the process dies the next
+// moment; every record is written before the attempt's settlement, so a request that finds the
 // attempt's hold settled (Admit: ErrRunSettled) finds the record final too. If that write
 // failed (Redis down at that moment), the retry sees no pin and runs again: a second charge
 // with an answer is preferred to an answer lost forever.
@@ -302,16 +304,52 @@ func replayableHeaders(h http.Header) http.Header {
 	return out
 }
 
-// finishIdem records how an idempotent attempt ended, before its settlement: the answer the
-// caller got, when it pins the key, or the move to the next attempt.
-func (s *Server) finishIdem(ctx context.Context, c *call) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+// pinBeforeAnswer pins an idempotent attempt whose answer is whole on the answer, before its
+// last bytes (tail, still to be sent) go out. Pinned only once the caller has everything, a
+// process killed in between leaves a caller with a complete answer (that the reconciler
+// charges) and a key that is not pinned: the retry would run, and be charged, again. Pinned
+// first, a kill before the end is sent gives the retry the answer the attempt paid for.
+//
+// The record keeps the answer up to tail; what a stream's upstream sends after its final event
+// (not part of the answer) reaches the caller but not the record. An attempt that does not pin
+// (not 2xx, no output) is left to finishIdem, as is one whose record write failed: it tries
+// again when the call ends.
+func (s *Server) pinBeforeAnswer(ctx context.Context, c *call, o outcome, status int, tail []byte) {
+	if c.idem == nil || !c.pinsIdem(status, o) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), idemWriteTimeout)
 	defer cancel()
-	ic, rw := c.idem, c.rw
-	// A stream that broke pins the key only if it had produced output: an empty answer is
-	// better run again than replayed for a day.
-	pins := rw.status >= 200 && rw.status <= 299 &&
-		(c.outcome == outcomeComplete || (c.outcome == outcomeStreamError && c.meter.Result().OutputChars > 0))
+	c.rw.keep(tail)
+	c.rw.capture = false
+	if err := s.storeIdemAnswer(ctx, c, status); err != nil {
+		c.log.Warn("idempotent answer not stored before its end; tried again when the call ends", zap.Error(err))
+		return
+	}
+	c.idemPinned = true
+}
+
+// idemWriteTimeout bounds a write of an idempotency record.
+const idemWriteTimeout = 2 * time.Second
+
+// pinsIdem reports whether an attempt that sent status and ended with o pins its key. A stream
+// that broke pins it only if it had produced output: an empty answer is better run again than
+// replayed for a day.
+func (c *call) pinsIdem(status int, o outcome) bool {
+	return status >= 200 && status <= 299 &&
+		(o == outcomeComplete || (o == outcomeStreamError && c.meter.Result().OutputChars > 0))
+}
+
+// finishIdem records how an idempotent attempt ended, before its settlement: the answer the
+// caller got, when it pins the key and pinBeforeAnswer has not, or the move to the next attempt.
+func (s *Server) finishIdem(ctx context.Context, c *call) {
+	if c.idemPinned {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, idemWriteTimeout)
+	defer cancel()
+	ic := c.idem
+	pins := c.pinsIdem(c.rw.status, c.outcome)
 	if !pins && c.superseded {
 		// Not moved on: a retry of a superseded message would replace the newer one.
 		if _, err := s.dedupRDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -330,7 +368,16 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 		}
 		return
 	}
-	fields := []any{"run", c.runID, "status", rw.status, "ctype", rw.Header().Get("Content-Type")}
+	if err := s.storeIdemAnswer(ctx, c, c.rw.status); err != nil {
+		c.log.Error("idempotent answer not stored; a retry will run again", zap.Error(err))
+	}
+}
+
+// storeIdemAnswer pins the key on this attempt with the answer the caller was sent (status, the
+// headers, and the bytes rw kept), or marks it too large to keep.
+func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error {
+	ic, rw := c.idem, c.rw
+	fields := []any{"run", c.runID, "status", status, "ctype", rw.Header().Get("Content-Type")}
 	hdrs, herr := json.Marshal(replayableHeaders(rw.Header()))
 	if herr != nil {
 		hdrs = nil
@@ -353,7 +400,5 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 		p.PExpire(ctx, ic.record, s.cfg.Dedup.ReplayTTL)
 		return nil
 	})
-	if err != nil {
-		c.log.Error("idempotent answer not stored; a retry will run again", zap.Error(err))
-	}
+	return err
 }

@@ -1,0 +1,176 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestIdemPinnedBeforeAnswerEnds: an Idempotency-Key attempt's record must pin its answer
+// before the answer's end reaches the caller. Pinned after it, a process killed in between
+// leaves a caller holding a complete answer (which the reconciler charges from the tally)
+// and a key that is not pinned: the SDK's retry of that request runs again and is charged
+// again.
+//
+// The probe: the moment the gateway writes the pinning record to Redis, the test looks, without
+// reading, at what has reached the caller's socket (the caller reads nothing before that).
+// The answer's end must not be there yet. Then the caller reads its answer and a retry must
+// replay it byte for byte.
+func TestIdemPinnedBeforeAnswerEnds(t *testing.T) {
+	cases := []struct {
+		name, path, body string
+		hdr              string
+		end              string // what only the answer's end carries
+	}{
+		{"chat", "/v1/chat/completions", chatBody, "", ""}, // the whole JSON body
+		{"chat stream", "/v1/chat/completions", streamBody, "", "data: [DONE]"},
+		{"messages stream", "/v1/messages",
+			`{"model":"claude-test","max_tokens":16,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, "", "message_stop"},
+		// A stream that broke after output pins its key too; its end is the gateway's error event.
+		{"broken stream", "/v1/chat/completions", streamBody,
+			fakellm.HeaderChunks + ": 20\r\n" + fakellm.HeaderDropAfter + ": 5\r\n", "upstream_broken"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			_, key := h.user("standard")
+			probe := &pinProbe{recordPrefix: h.keys.Prefix + "replay:", fired: make(chan struct{})}
+			h.rdb.AddHook(probe)
+
+			conn, err := net.Dial("tcp", h.gw.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			probe.setConn(conn.(*net.TCPConn))
+			req := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
+				"%s%s: pin-%s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+				tc.path, key, tc.hdr, proxy.IdempotencyKeyHeader, strings.ReplaceAll(tc.name, " ", "-"), len(tc.body), tc.body)
+			if _, err := io.WriteString(conn, req); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-probe.fired:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the attempt's answer was never pinned in its idempotency record")
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("first: %d %v %s", resp.StatusCode, err, first)
+			}
+			end := []byte(tc.end)
+			if tc.end == "" {
+				end = first
+			}
+			if !bytes.Contains(first, end) {
+				t.Fatalf("the answer lacks its end %q: %s", end, first)
+			}
+			if seen := probe.seenAtPin(); bytes.Contains(seen, end) {
+				t.Fatalf("the caller had the end of its answer before the record pinned it: a kill in between makes its retry run again\nat pin:\n%s", seen)
+			}
+
+			h.settled()
+			retry := h.post(key, tc.path, tc.body, map[string]string{proxy.IdempotencyKeyHeader: "pin-" + strings.ReplaceAll(tc.name, " ", "-")})
+			replayed := readAll(t, retry.Body)
+			if retry.Header.Get(proxy.ReplayedHeader) != "true" || !bytes.Equal(replayed, first) {
+				t.Fatalf("retry: %d replayed=%q\n%s\nwant the first answer byte for byte:\n%s",
+					retry.StatusCode, retry.Header.Get(proxy.ReplayedHeader), replayed, first)
+			}
+		})
+	}
+}
+
+// pinProbe is a go-redis hook that, when a pipeline writes the "run" field of an idempotency
+// record (the pin), peeks at the caller's socket without consuming it.
+type pinProbe struct {
+	recordPrefix string
+	fired        chan struct{}
+
+	mu   sync.Mutex
+	conn *net.TCPConn
+	seen []byte
+	once sync.Once
+}
+
+func (p *pinProbe) setConn(c *net.TCPConn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conn = c
+}
+
+func (p *pinProbe) seenAtPin() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.seen
+}
+
+func (p *pinProbe) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (p *pinProbe) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (p *pinProbe) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if pinsRecord(c.Args(), p.recordPrefix) {
+				p.once.Do(func() {
+					p.peek()
+					close(p.fired)
+				})
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// pinsRecord: an HSET of an idempotency record that sets its "run" field.
+func pinsRecord(args []any, prefix string) bool {
+	if len(args) < 4 || !strings.EqualFold(fmt.Sprint(args[0]), "hset") || !strings.HasPrefix(fmt.Sprint(args[1]), prefix) {
+		return false
+	}
+	for i := 2; i < len(args); i += 2 {
+		if fmt.Sprint(args[i]) == "run" {
+			return true
+		}
+	}
+	return false
+}
+
+// peek reads what waits in the caller's socket, leaving it there.
+func (p *pinProbe) peek() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	raw, err := p.conn.SyscallConn()
+	if err != nil {
+		panic(err)
+	}
+	buf := make([]byte, 1<<20)
+	n := 0
+	var peekErr error
+	if err := raw.Control(func(fd uintptr) {
+		n, _, peekErr = syscall.Recvfrom(int(fd), buf, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	}); err != nil {
+		panic(err)
+	}
+	if peekErr != nil && peekErr != syscall.EAGAIN {
+		panic(peekErr)
+	}
+	p.seen = buf[:max(n, 0)]
+}
