@@ -102,7 +102,10 @@ type ModelCfg struct {
 	CacheWrite USDPerM `yaml:"cache_write"`
 	// CacheWrite1h prices Anthropic's one-hour cache writes (cache_control ttl "1h"); unset,
 	// requests asking for them are refused (unpriced_option).
-	CacheWrite1h    USDPerM `yaml:"cache_write_1h"`
+	CacheWrite1h USDPerM `yaml:"cache_write_1h"`
+	// AudioInput prices audio input tokens (chat input_audio parts); unset, requests with
+	// audio parts are refused (unpriced_option).
+	AudioInput      USDPerM `yaml:"audio_input"`
 	Output          USDPerM `yaml:"output"`
 	MaxOutputTokens int64   `yaml:"max_output_tokens"` // the model's own limit; 0 = unknown
 }
@@ -413,7 +416,7 @@ func (c *Config) PriceTable() (*pricing.Table, error) {
 	prices := make(map[string]pricing.Price, len(c.Models))
 	for name, m := range c.Models {
 		prices[name] = pricing.Price{Input: m.Input.Micro, CacheRead: m.CacheRead.Micro, CacheWrite: m.CacheWrite.Micro,
-			CacheWrite1h: m.CacheWrite1h.Micro, Output: m.Output.Micro}
+			CacheWrite1h: m.CacheWrite1h.Micro, AudioInput: m.AudioInput.Micro, Output: m.Output.Micro}
 	}
 	return pricing.NewTable(prices)
 }

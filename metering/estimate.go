@@ -1,6 +1,8 @@
 package metering
 
 import (
+	"strings"
+
 	"github.com/tidwall/gjson"
 )
 
@@ -76,6 +78,54 @@ func EstimateInputTokens(f Format, body []byte) int64 {
 		count(gjson.GetBytes(body, "input"))
 	}
 	return min(maxEstimatedTokens, ceilDiv(textBytes, bytesPerToken)+messages*tokensPerMessage)
+}
+
+// EstimateAudioInputTokens guesses the audio part of a request's prompt: tokensPerMedia for
+// each input_audio part of its chat messages or Responses input items (EstimateInputTokens
+// counts them in the prompt too). The provider bills audio tokens at several times the text
+// rate, so the gateway prices them apart, or refuses them on a model without an audio price:
+// a part counts when its "type", the key compared with case folded as a provider decoding
+// with Go's encoding/json reads it, is input_audio, or when it carries an input_audio payload.
+// Three fixed levels: linear in the body.
+func EstimateAudioInputTokens(f Format, body []byte) int64 {
+	var items gjson.Result
+	switch f {
+	case FormatChat:
+		items = gjson.GetBytes(body, "messages")
+	case FormatResponses:
+		items = gjson.GetBytes(body, "input")
+	default:
+		return 0
+	}
+	var parts int64
+	items.ForEach(func(_, item gjson.Result) bool {
+		item.ForEach(func(k, content gjson.Result) bool {
+			if strings.EqualFold(k.Str, "content") && content.IsArray() {
+				content.ForEach(func(_, part gjson.Result) bool {
+					if isAudioPart(part) {
+						parts++
+					}
+					return true
+				})
+			}
+			return true
+		})
+		return true
+	})
+	return min(maxEstimatedTokens, parts*tokensPerMedia)
+}
+
+// isAudioPart reports whether a content part is audio input.
+func isAudioPart(part gjson.Result) bool {
+	if !part.IsObject() {
+		return false
+	}
+	audio := false
+	part.ForEach(func(k, v gjson.Result) bool {
+		audio = strings.EqualFold(k.Str, "input_audio") || (strings.EqualFold(k.Str, "type") && v.Str == "input_audio")
+		return !audio
+	})
+	return audio
 }
 
 // EstimateOutputTokens turns streamed text bytes into tokens.

@@ -64,6 +64,7 @@ const (
 	figTotal
 	figCached
 	figWritten
+	figAudio
 	figureCount
 )
 
@@ -298,6 +299,7 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	set(figCached, "prompt_tokens_details.cached_tokens", "input_tokens_details.cached_tokens",
 		"prompt_cache_hit_tokens", "cached_tokens")
 	set(figWritten, "prompt_tokens_details.cache_write_tokens", "input_tokens_details.cache_write_tokens")
+	set(figAudio, "prompt_tokens_details.audio_tokens", "input_tokens_details.audio_tokens")
 	// Reports are cumulative and the last is final, but a later one may leave figures out (a
 	// chunk with the output count alone, one without the details): a figure it does not
 	// carry keeps its earlier value, as Anthropic's message_delta fields do. Replaced
@@ -314,11 +316,16 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	if total := m.reported[figTotal]; total.seen && total.n-prompt > output {
 		output = total.n - prompt
 	}
+	input := max(0, prompt-cached-written)
 	m.res.Usage = pricing.Usage{
-		Input:      max(0, prompt-cached-written),
+		Input:      input,
 		CacheRead:  cached,
 		CacheWrite: written,
 		Output:     output,
+		// audio_tokens counts the prompt's audio, cached or not; which cached tokens were audio
+		// is not said. All of it up to the uncached input is billed at the audio price: never
+		// less than the provider charged.
+		AudioInput: min(max(0, m.reported[figAudio].n), input),
 	}
 	m.res.Reported = true
 	return true

@@ -103,6 +103,17 @@ func TestMeterOpenAI(t *testing.T) {
 		{"cache write from prompt_tokens_details", []Event{
 			data(`{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":20,"cache_write_tokens":30}}}`),
 		}, pricing.Usage{Input: 50, CacheRead: 20, CacheWrite: 30, Output: 3}, true, false},
+		// gpt-4o-audio-preview's report: the prompt's audio tokens are a part of prompt_tokens.
+		{"audio input from prompt_tokens_details", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":600}}}`),
+		}, pricing.Usage{Input: 1000, AudioInput: 600, Output: 5}, true, false},
+		{"audio input never more than the uncached prompt", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":700,"audio_tokens":600}}}`),
+		}, pricing.Usage{Input: 300, CacheRead: 700, AudioInput: 300, Output: 5}, true, false},
+		{"a later report without details keeps the audio count", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":1,"prompt_tokens_details":{"audio_tokens":600}}}`),
+			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":40}}`),
+		}, pricing.Usage{Input: 1000, AudioInput: 600, Output: 40}, true, false},
 		{"first present cached field wins, null details skipped", []Event{
 			data(`{"usage":{"prompt_tokens":100,"prompt_tokens_details":null,"prompt_cache_hit_tokens":40,"cached_tokens":7}}`),
 		}, pricing.Usage{Input: 60, CacheRead: 40}, true, false},
@@ -295,6 +306,35 @@ func TestInputEstimateCountsToolResults(t *testing.T) {
 // Images, audio and files cost the provider's tokens though their bytes say nothing of how
 // many (a URL, compressed base64), and tool definitions and output schemas are prompt too: a
 // request made of them was estimated at a handful of tokens.
+// TestAudioInputEstimate: the audio part of a prompt is estimated apart, so that the output
+// bound and a settlement without a usage report price it at the audio price, and a model
+// without one refuses it. Found however a provider would read the part: the "type" key in
+// any case, its value escaped, or an input_audio payload under another type.
+func TestAudioInputEstimate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		f    Format
+		body string
+		want int64
+	}{
+		{"chat text", FormatChat, `{"messages":[{"role":"user","content":"input_audio"}]}`, 0},
+		{"chat image", FormatChat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`, 0},
+		{"chat two clips", FormatChat, `{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA","format":"wav"}}]},
+			{"role":"user","content":[{"type":"text","text":"and"},{"type":"input_audio","input_audio":{"data":"AA","format":"mp3"}}]}]}`, 2 * tokensPerMedia},
+		{"type key in another case", FormatChat, `{"messages":[{"role":"user","content":[{"TYPE":"input_audio"}]}]}`, tokensPerMedia},
+		{"escaped type", FormatChat, `{"messages":[{"role":"user","content":[{"type":"input\u005faudio"}]}]}`, tokensPerMedia},
+		{"content key in another case", FormatChat, `{"messages":[{"role":"user","Content":[{"type":"input_audio"}]}]}`, tokensPerMedia},
+		{"payload under another type", FormatChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"x","input_audio":{}}]}]}`, tokensPerMedia},
+		{"responses", FormatResponses, `{"input":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA"}}]}]}`, tokensPerMedia},
+		{"responses string input", FormatResponses, `{"input":"input_audio"}`, 0},
+		{"anthropic has no audio parts", FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"input_audio"}]}]}`, 0},
+	} {
+		if got := EstimateAudioInputTokens(tc.f, []byte(tc.body)); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestInputEstimateCountsMediaAndToolDefinitions(t *testing.T) {
 	schema := `{"type":"object","properties":{"q":{"type":"string","description":"` + strings.Repeat("d", 4000) + `"}}}`
 	for _, tc := range []struct {

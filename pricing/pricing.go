@@ -35,26 +35,31 @@ type Usage struct {
 	// cache_control ttl "1h"), which the provider bills at a higher rate than the five-minute
 	// writes. It is not stored apart: what is recorded is the cost, and CacheWrite the total.
 	CacheWrite1h int64 `json:"cache_write_1h,omitempty"`
+	// AudioInput is the part of Input that was audio (OpenAI's input_audio parts), which the
+	// provider bills at several times the text rate. Not stored apart either: Input is the total.
+	AudioInput int64 `json:"audio_input,omitempty"`
 }
 
 // Add returns the field-wise sum.
 func (u Usage) Add(o Usage) Usage {
-	return Usage{u.Input + o.Input, u.CacheRead + o.CacheRead, u.CacheWrite + o.CacheWrite, u.Output + o.Output,
-		u.CacheWrite1h + o.CacheWrite1h}
+	return Usage{Input: u.Input + o.Input, CacheRead: u.CacheRead + o.CacheRead, CacheWrite: u.CacheWrite + o.CacheWrite,
+		Output: u.Output + o.Output, CacheWrite1h: u.CacheWrite1h + o.CacheWrite1h, AudioInput: u.AudioInput + o.AudioInput}
 }
 
 // Sub returns the field-wise difference u - o.
 func (u Usage) Sub(o Usage) Usage {
-	return Usage{u.Input - o.Input, u.CacheRead - o.CacheRead, u.CacheWrite - o.CacheWrite, u.Output - o.Output,
-		u.CacheWrite1h - o.CacheWrite1h}
+	return Usage{Input: u.Input - o.Input, CacheRead: u.CacheRead - o.CacheRead, CacheWrite: u.CacheWrite - o.CacheWrite,
+		Output: u.Output - o.Output, CacheWrite1h: u.CacheWrite1h - o.CacheWrite1h, AudioInput: u.AudioInput - o.AudioInput}
 }
 
-// Clamp returns u with every field inside [0, MaxTokens] and CacheWrite at least CacheWrite1h
-// (a report whose part is larger than its whole is billed for the larger).
+// Clamp returns u with every field inside [0, MaxTokens], CacheWrite at least CacheWrite1h
+// and Input at least AudioInput (a report whose part is larger than its whole is billed for
+// the larger).
 func (u Usage) Clamp() Usage {
 	c := func(v int64) int64 { return max(0, min(v, MaxTokens)) }
-	hour := c(u.CacheWrite1h)
-	return Usage{c(u.Input), c(u.CacheRead), max(c(u.CacheWrite), hour), c(u.Output), hour}
+	hour, audio := c(u.CacheWrite1h), c(u.AudioInput)
+	return Usage{Input: max(c(u.Input), audio), CacheRead: c(u.CacheRead), CacheWrite: max(c(u.CacheWrite), hour),
+		Output: c(u.Output), CacheWrite1h: hour, AudioInput: audio}
 }
 
 // Price is one model's price in micro-USD per million tokens.
@@ -67,6 +72,9 @@ type Price struct {
 	// them is then refused (proxy: unpriced_option), and any reported anyway are billed at
 	// CacheWrite.
 	CacheWrite1h int64 `json:"cache_write_1h"`
+	// AudioInput prices audio input tokens; 0 when not configured: a request with audio parts
+	// is then refused (proxy: unpriced_option), and any reported anyway are billed at Input.
+	AudioInput int64 `json:"audio_input"`
 }
 
 // Snapshot is the record of p kept with each settlement of model, so that a bill can be
@@ -74,7 +82,7 @@ type Price struct {
 func (p Price) Snapshot(model string) []byte {
 	b, err := json.Marshal(map[string]any{"model": model, "unit": "micro_usd_per_million_tokens",
 		"input": p.Input, "cache_read": p.CacheRead, "cache_write": p.CacheWrite, "cache_write_1h": p.CacheWrite1h,
-		"output": p.Output})
+		"output": p.Output, "audio_input": p.AudioInput})
 	if err != nil {
 		panic("pricing: snapshot: " + err.Error()) // a map of strings and integers always encodes
 	}
@@ -86,7 +94,8 @@ func (p Price) validate() error {
 	for _, f := range []struct {
 		name string
 		v    int64
-	}{{"input", p.Input}, {"cache_read", p.CacheRead}, {"cache_write", p.CacheWrite}, {"cache_write_1h", p.CacheWrite1h}, {"output", p.Output}} {
+	}{{"input", p.Input}, {"cache_read", p.CacheRead}, {"cache_write", p.CacheWrite}, {"cache_write_1h", p.CacheWrite1h}, {"output", p.Output},
+		{"audio_input", p.AudioInput}} {
 		if f.v < 0 || f.v > maxPriceMicroPerM {
 			return fmt.Errorf("%s price %d micro-USD/M outside [0, %d]", f.name, f.v, int64(maxPriceMicroPerM))
 		}
@@ -98,13 +107,18 @@ func (p Price) validate() error {
 // gateway never bills less than the provider charged it.
 func (p Price) Cost(u Usage) int64 {
 	u = u.Clamp()
-	hourPrice := p.CacheWrite1h
+	hourPrice, audioPrice := p.CacheWrite1h, p.AudioInput
 	if hourPrice == 0 {
 		hourPrice = p.CacheWrite
 	}
+	if audioPrice == 0 {
+		audioPrice = p.Input
+	}
+	// Each part is billed apart from its whole, so the tokens still sum to at most the four
+	// wholes: the bound on Σ tokens × price below holds.
 	var hi, lo uint64
-	for _, term := range [5][2]int64{{u.Input, p.Input}, {u.CacheRead, p.CacheRead}, {u.CacheWrite - u.CacheWrite1h, p.CacheWrite},
-		{u.CacheWrite1h, hourPrice}, {u.Output, p.Output}} {
+	for _, term := range [6][2]int64{{u.Input - u.AudioInput, p.Input}, {u.AudioInput, audioPrice}, {u.CacheRead, p.CacheRead},
+		{u.CacheWrite - u.CacheWrite1h, p.CacheWrite}, {u.CacheWrite1h, hourPrice}, {u.Output, p.Output}} {
 		h, l := bits.Mul64(uint64(term[0]), uint64(term[1]))
 		var carry uint64
 		lo, carry = bits.Add64(lo, l, 0)
@@ -124,16 +138,18 @@ func (p Price) Cost(u Usage) int64 {
 	return int64(q)
 }
 
-// WorstCase is the cost of a call that uses all its input at the input price and maxOutput
-// tokens of output: the figure compared against a cap before forwarding.
-func (p Price) WorstCase(inputTokens, maxOutput int64) int64 {
-	return p.Cost(Usage{Input: inputTokens, Output: maxOutput})
+// WorstCase is the cost of a call whose prompt is prompt and that produces maxOutput tokens:
+// the figure compared against a cap before forwarding.
+func (p Price) WorstCase(prompt Usage, maxOutput int64) int64 {
+	prompt.Output = maxOutput
+	return p.Cost(prompt)
 }
 
-// MaxOutputWithin returns the largest output token count whose worst case, with inputTokens of
-// input, costs at most budget micro-USD. It returns -1 when even zero output is over budget.
-func (p Price) MaxOutputWithin(inputTokens, budget int64) int64 {
-	base := p.Cost(Usage{Input: inputTokens})
+// MaxOutputWithin returns the largest output token count whose worst case, after prompt,
+// costs at most budget micro-USD. It returns -1 when even zero output is over budget.
+func (p Price) MaxOutputWithin(prompt Usage, budget int64) int64 {
+	prompt.Output = 0
+	base := p.Cost(prompt)
 	if base > budget {
 		return -1
 	}
@@ -145,7 +161,8 @@ func (p Price) MaxOutputWithin(inputTokens, budget int64) int64 {
 	lo, hi := int64(0), int64(MaxTokens)
 	for lo < hi {
 		mid := lo + (hi-lo+1)/2
-		if p.Cost(Usage{Input: inputTokens, Output: mid}) <= budget {
+		prompt.Output = mid
+		if p.Cost(prompt) <= budget {
 			lo = mid
 		} else {
 			hi = mid - 1

@@ -18,7 +18,7 @@ func BenchmarkCostAllFields(b *testing.B) {
 func BenchmarkMaxOutputWithin(b *testing.B) {
 	var sink int64
 	for b.Loop() {
-		sink += benchPrice.MaxOutputWithin(1234, 500_000)
+		sink += benchPrice.MaxOutputWithin(Usage{Input: 1234}, 500_000)
 	}
 	_ = sink
 }

@@ -70,6 +70,45 @@ func TestOneHourCacheWritesAtTheirOwnPrice(t *testing.T) {
 	}
 }
 
+// TestAudioInputAtItsOwnPrice: OpenAI bills audio input tokens at many times the text rate
+// (gpt-4o-audio-preview: 40.00 against 2.50 USD/M); Input counts them with the text, AudioInput
+// the audio part. Billed at the text price, an audio prompt cost the operator 16 times what the
+// caller paid for it.
+func TestAudioInputAtItsOwnPrice(t *testing.T) {
+	p := Price{Input: 2_500_000, CacheRead: 1_250_000, AudioInput: 40_000_000, Output: 10_000_000}
+	for _, tc := range []struct {
+		name string
+		u    Usage
+		want int64
+	}{
+		{"text", Usage{Input: 1000}, 2500},
+		// 400 text at 2.50 + 600 audio at 40.00 = 1000 + 24000.
+		{"text and audio", Usage{Input: 1000, AudioInput: 600}, 25_000},
+		{"audio with output", Usage{Input: 600, AudioInput: 600, Output: 100}, 24_000 + 1000},
+		// A part larger than its whole: billed for the larger (1000 audio tokens).
+		{"part over whole", Usage{Input: 10, AudioInput: 1000}, 40_000},
+		{"negative part clamped", Usage{Input: 1000, AudioInput: -5}, 2500},
+	} {
+		if got := p.Cost(tc.u); got != tc.want {
+			t.Errorf("%s: Cost(%+v) = %d, want %d", tc.name, tc.u, got, tc.want)
+		}
+	}
+	// The output bound before forwarding prices the prompt's audio too: 600 audio tokens leave
+	// (30 000 - 24 000) / 10 per token = 600 output tokens of a 30 000 µUSD budget, not 2850.
+	if got := p.MaxOutputWithin(Usage{Input: 600, AudioInput: 600}, 30_000); got != 600 {
+		t.Errorf("MaxOutputWithin with 600 audio tokens = %d, want 600", got)
+	}
+	if got := p.WorstCase(Usage{Input: 600, AudioInput: 600}, 600); got != 30_000 {
+		t.Errorf("WorstCase with 600 audio tokens = %d, want 30000", got)
+	}
+	// Without an audio price (requests with audio parts are refused at the door), any reported
+	// anyway are billed at the input price rather than at nothing.
+	p.AudioInput = 0
+	if got := p.Cost(Usage{Input: 1000, AudioInput: 600}); got != 2500 {
+		t.Errorf("audio without its price: %d, want 2500", got)
+	}
+}
+
 func TestCostDoesNotOverflowAtTheBounds(t *testing.T) {
 	p := Price{Input: maxPriceMicroPerM, CacheRead: maxPriceMicroPerM, CacheWrite: maxPriceMicroPerM, Output: maxPriceMicroPerM}
 	u := Usage{Input: 1_000_000, Output: 1_000_000}
@@ -82,14 +121,14 @@ func TestCostDoesNotOverflowAtTheBounds(t *testing.T) {
 func TestMaxOutputWithin(t *testing.T) {
 	p := Price{Input: 2_500_000, Output: 10_000_000}
 	// 100 input tokens = 250 µUSD; budget 1000 leaves 750 µUSD = 75 output tokens exactly.
-	if got := p.MaxOutputWithin(100, 1000); got != 75 {
+	if got := p.MaxOutputWithin(Usage{Input: 100}, 1000); got != 75 {
 		t.Fatalf("MaxOutputWithin(100, 1000) = %d, want 75", got)
 	}
 	// 76 output tokens would cost 1010.
-	if c := p.WorstCase(100, 76); c <= 1000 {
+	if c := p.WorstCase(Usage{Input: 100}, 76); c <= 1000 {
 		t.Fatalf("WorstCase(100, 76) = %d", c)
 	}
-	if got := p.MaxOutputWithin(1000, 1000); got != -1 {
+	if got := p.MaxOutputWithin(Usage{Input: 1000}, 1000); got != -1 {
 		t.Fatalf("prompt alone over budget: got %d, want -1", got)
 	}
 }

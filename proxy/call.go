@@ -710,7 +710,8 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 	if res.Reported {
 		st.Usage, st.Estimated = res.Usage, res.Estimated
 	} else {
-		st.Usage = pricing.Usage{Input: c.req.inputEstimate, Output: metering.EstimateOutputTokens(res.OutputChars)}
+		st.Usage = c.req.promptEstimate()
+		st.Usage.Output = metering.EstimateOutputTokens(res.OutputChars)
 		st.Estimated = true
 	}
 	price := c.req.price

@@ -16,7 +16,13 @@ import (
 // service tier, a hosted tool's per-call fee, audio tokens at several times the text price —
 // and the difference would fall on whoever pays the provider. Refused, the caller learns at
 // once which option to drop, and nothing is held.
-func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price) string {
+//
+// audioTokens is the estimate of the prompt's audio (metering.EstimateAudioInputTokens): audio
+// input on a model without an audio price is refused likewise.
+func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64) string {
+	if audioTokens > 0 && price.AudioInput == 0 {
+		return "an 'input_audio' part (audio input tokens, unpriced for this model)"
+	}
 	switch format {
 	case metering.FormatChat, metering.FormatCompletions, metering.FormatResponses:
 		// "auto" and "default" run at the standard rate; "priority" and "scale" cost more,
@@ -48,6 +54,7 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		if t := firstTool(root, "web_search", "file_search", "code_interpreter", "image_generation"); t != "" {
 			return "the hosted tool '" + t + "' (a per-call fee)"
 		}
+
 	case metering.FormatAnthropic:
 		if t := firstTool(root, "web_search", "code_execution"); t != "" {
 			return "the server tool '" + t + "' (a per-use fee)"

@@ -25,6 +25,12 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"web search options", chat, `{"model":"fake-gpt","web_search_options":{},"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"audio output", chat, `{"model":"fake-gpt","audio":{"voice":"alloy","format":"wav"},"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"audio modality", chat, `{"model":"fake-gpt","modalities":["text","audio"],"messages":[{"role":"user","content":"hi"}]}`, nil},
+		// fake-gpt has no audio input price.
+		{"audio input part", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"transcribe"},{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]}]}`, nil},
+		{"audio input part, escaped type", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"input\u005faudio","input\u005faudio":{"data":"AAAA","format":"wav"}}]}]}`, nil},
+		{"audio input part, type key in another case", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"Type":"input_audio","data":"AAAA"}]}]}`, nil},
+		{"audio payload under another type", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"x","input_audio":{"data":"AAAA","format":"wav"}}]}]}`, nil},
+		{"audio input part on responses", responses, `{"model":"fake-gpt","input":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"mp3"}}]}]}`, nil},
 		{"hosted web search", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","parameters":{}},{"type":"web_search_preview"}],"input":"hi"}`, nil},
 		{"hosted file search", responses, `{"model":"fake-gpt","tools":[{"type":"file_search","vector_store_ids":["vs_1"]}],"input":"hi"}`, nil},
 		{"tool type repeated", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","type":"web_search"}],"input":"hi"}`, nil},
@@ -62,6 +68,9 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"default tier", chat, `{"model":"fake-gpt","service_tier":"auto","messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"function tools", chat, `{"model":"fake-gpt","tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"responses function tool", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","parameters":{}}],"input":"hi"}`, nil},
+		// Images are billed by the providers as input tokens, at the text price.
+		{"image input part", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"what is it"},{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`, nil},
+		{"the word input_audio in text", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"input_audio"}]}]}`, nil},
 		{"anthropic five-minute cache", messages, `{"model":"claude-test","max_tokens":50,"system":[{"type":"text","text":"be brief","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral","ttl":"5m"}}]}]}`, nil},
 		{"anthropic client tool and a token-priced beta", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"}]}`,
 			map[string]string{"Anthropic-Beta": "interleaved-thinking-2025-05-14"}},

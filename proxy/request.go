@@ -59,9 +59,11 @@ type callRequest struct {
 	// clientAskedUsage records whether the caller wanted the usage chunk; if not, the gateway
 	// asked for it on its own behalf and removes it from what the caller sees.
 	clientAskedUsage bool
-	inputEstimate    int64
-	userTurns        int
-	maxOutput        int64 // the caller's bound on output, -1 when it set none
+	// inputEstimate guesses the prompt's tokens, audioEstimate the audio part of them (billed
+	// at the audio price): they bound the output and stand in for a usage never reported.
+	inputEstimate, audioEstimate int64
+	userTurns                    int
+	maxOutput                    int64 // the caller's bound on output, -1 when it set none
 	// bounds holds the value of each of route.maxFields, -1 where absent: a provider may
 	// honour any of them, so the rewrite lowers every one that is over the limit.
 	bounds []int64
@@ -227,7 +229,8 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		// meter. Served, it would be charged the prompt's estimate for any amount of output.
 		return nil, errBadRequest("unsupported_parameter", "'background' responses are not supported: their usage cannot be metered.")
 	}
-	if what := unpricedOption(rt.format, root, header, c.price); what != "" {
+	c.audioEstimate = metering.EstimateAudioInputTokens(rt.format, body)
+	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate); what != "" {
 		return nil, errBadRequest("unpriced_option", fmt.Sprintf(
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
 	}
@@ -354,6 +357,11 @@ func (c *callRequest) outputBound(modelMaxOutput int64) int64 {
 	return -1
 }
 
+// promptEstimate is the prompt's estimated usage: its tokens, the audio part priced apart.
+func (c *callRequest) promptEstimate() pricing.Usage {
+	return pricing.Usage{Input: c.inputEstimate, AudioInput: c.audioEstimate}
+}
+
 // rewrite prepares the body for the upstream once the cap is known: it asks for the usage
 // chunk, and lowers the output bound when the worst case would pass the cap. It edits the raw
 // bytes with sjson, so every field the gateway does not know passes through untouched.
@@ -368,7 +376,7 @@ func (c *callRequest) rewrite(capMicro int64, modelMaxOutput int64) (bool, error
 	if len(c.route.maxFields) == 0 {
 		return true, nil
 	}
-	limit := c.price.MaxOutputWithin(c.inputEstimate, capMicro)
+	limit := c.price.MaxOutputWithin(c.promptEstimate(), capMicro)
 	if limit < 0 {
 		return false, nil
 	}

@@ -33,10 +33,10 @@ var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insuffic
 // run's other calls wait for it.
 func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (int64, *apiError) {
 	req := c.req
-	least := req.price.Cost(pricing.Usage{Input: req.inputEstimate})
+	least := req.price.Cost(req.promptEstimate())
 	want := budget
 	if maxOut := req.outputBound(s.cfg.Models[req.priceKey].MaxOutputTokens); maxOut >= 0 {
-		want = min(want, req.price.WorstCase(req.inputEstimate, min(maxOut, pricing.MaxTokens)))
+		want = min(want, req.price.WorstCase(req.promptEstimate(), min(maxOut, pricing.MaxTokens)))
 	}
 	want = max(want, least)
 	c.callID = token.New()

@@ -1,0 +1,90 @@
+package proxy_test
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/pricing"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// audioRequest is a chat request with one audio clip.
+const audioRequest = `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"Transcribe this."},
+	{"type":"input_audio","input_audio":{"data":"UklGRiQAAABXQVZFZm10IBAAAAABAAEAQB8AAEAfAAABAAgAZGF0YQAAAAA=","format":"wav"}}]}]}`
+
+// audioHarness is a gateway whose fake-gpt has an audio input price 16 times its text price
+// (gpt-4o-audio-preview's ratio), with answers replayed from dir.
+func audioHarness(t *testing.T, dir string) (*harness, pricing.Price) {
+	var price pricing.Price
+	h := newHarnessWithFixtures(t, dir, func(c *config.Config) {
+		m := c.Models["fake-gpt"]
+		m.AudioInput = config.USDPerM{Micro: 16 * m.Input.Micro}
+		c.Models["fake-gpt"] = m
+		table, err := c.PriceTable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		price, _, _ = table.Lookup("fake-gpt")
+	})
+	return h, price
+}
+
+// TestAudioInputChargedAtItsPrice: a chat call with an audio clip, on a model priced for
+// audio, is served and charged the audio tokens its answer reports at the audio price. At the
+// text price, the operator paid 16 times what the caller was charged for them.
+func TestAudioInputChargedAtItsPrice(t *testing.T) {
+	dir := t.TempDir()
+	const fixture = "chat_audio_input.json"
+	answer := `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
+"message":{"role":"assistant","content":"Hello, billing team."},"finish_reason":"stop"}],
+"usage":{"prompt_tokens":1040,"completion_tokens":6,"total_tokens":1046,
+"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":1000},"completion_tokens_details":{"audio_tokens":0}}}`
+	if err := os.WriteFile(filepath.Join(dir, fixture), []byte(answer), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h, price := audioHarness(t, dir)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", audioRequest, map[string]string{fakellm.HeaderReplay: fixture})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s, want 200: the model has an audio price", resp.StatusCode, body)
+	}
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	used := pricing.Usage{Input: 1040, AudioInput: 1000, Output: 6}
+	if want := price.Cost(used); run.CostMicro != want || run.ChargedMicro != want {
+		t.Fatalf("run cost %d charged %d, want %d (the 1000 audio tokens at %d µUSD/M)", run.CostMicro, run.ChargedMicro, want, price.AudioInput)
+	}
+	if text := price.Cost(pricing.Usage{Input: 1040, Output: 6}); run.ChargedMicro <= text {
+		t.Fatalf("charged %d, no more than at the text price (%d)", run.ChargedMicro, text)
+	}
+	if run.InTok != 1040 {
+		t.Fatalf("in_tok %d, want 1040 (text and audio)", run.InTok)
+	}
+}
+
+// TestAudioInputEstimatedAtItsPrice: a call whose usage never comes (here an upstream that
+// reports none) is settled at the estimate of its prompt; the audio clip's share of it is
+// priced at the audio price, as the provider will bill it.
+func TestAudioInputEstimatedAtItsPrice(t *testing.T) {
+	h, price := audioHarness(t, "")
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", audioRequest, map[string]string{fakellm.HeaderUsage: "off"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if !run.Estimated {
+		t.Fatalf("run %+v not estimated: the test needs an answer without usage", run)
+	}
+	// The clip is estimated at 1 600 tokens (as an image is): at least that many at the audio price.
+	if least := price.Cost(pricing.Usage{Input: 1600, AudioInput: 1600}); run.CostMicro < least {
+		t.Fatalf("estimated cost %d, want at least %d (the clip at the audio price)", run.CostMicro, least)
+	}
+}
