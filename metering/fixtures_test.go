@@ -308,3 +308,17 @@ func BenchmarkIsUsageOnlyChunk(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPromptEstimates is the estimate every call's request goes through before its
+// hold: the prompt's tokens and, apart, its audio, on a chat request of a few turns.
+func BenchmarkPromptEstimates(b *testing.B) {
+	body := []byte(`{"model":"gpt-4o","messages":[{"role":"system","content":"You are a careful assistant for the billing team."},
+		{"role":"user","content":"Summarise yesterday's invoices by customer and flag anything over budget."},
+		{"role":"assistant","content":"Here is the summary you asked for, grouped by customer, with the overruns flagged."},
+		{"role":"user","content":[{"type":"text","text":"And this one?"},{"type":"image_url","image_url":{"url":"https://example.com/i.png"}}]}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = EstimateInputTokens(FormatChat, body)
+		_ = EstimateAudioInputTokens(FormatChat, body)
+	}
+}
