@@ -1,6 +1,7 @@
 package metering
 
 import (
+	"bytes"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -88,6 +89,10 @@ func EstimateInputTokens(f Format, body []byte) int64 {
 // with Go's encoding/json reads it, is input_audio, or when it carries an input_audio payload.
 // Three fixed levels: linear in the body.
 func EstimateAudioInputTokens(f Format, body []byte) int64 {
+	if !mayHoldAudio(body) {
+		// Almost every request: no second parse (and copy) of the prompt on the hot path.
+		return 0
+	}
 	var items gjson.Result
 	switch f {
 	case FormatChat:
@@ -113,6 +118,25 @@ func EstimateAudioInputTokens(f Format, body []byte) int64 {
 		return true
 	})
 	return min(maxEstimatedTokens, parts*tokensPerMedia)
+}
+
+// mayHoldAudio reports whether body could have an audio part: "input_audio", as a key in any
+// case or as a value, holds "_audio" in ASCII case (no other rune folds to its letters), unless
+// some character of it is written as a \u escape. Two fast byte scans.
+func mayHoldAudio(body []byte) bool {
+	if bytes.Contains(body, []byte(`\u`)) {
+		return true
+	}
+	for b := body; ; {
+		i := bytes.IndexByte(b, '_')
+		if i < 0 {
+			return false
+		}
+		b = b[i+1:]
+		if len(b) >= 5 && bytes.EqualFold(b[:5], []byte("audio")) {
+			return true
+		}
+	}
 }
 
 // isAudioPart reports whether a content part is audio input.
