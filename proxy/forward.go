@@ -214,7 +214,10 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		}
 		if !writeEvent(ev.Raw) {
 			c.outcome = outcomeCancel
-			if afterFinal {
+			if afterFinal || c.idemPinned {
+				// The answer is whole, and for an idempotent attempt pinned: its caller's
+				// retry is answered from it (or, were the record lost, told so from this
+				// complete settlement), never run again.
 				c.outcome = outcomeComplete
 			}
 			break
@@ -282,9 +285,10 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	bound := s.boundWrites(rc)
 	bound.next()
 	w.WriteHeader(resp.StatusCode)
-	if err := bound.write(w, body); err != nil && c.outcome == outcomeComplete {
+	if err := bound.write(w, body); err != nil && c.outcome == outcomeComplete && !c.idemPinned {
 		// Only a complete answer becomes a cancel: an upstream error stays one (what it is
-		// charged, possibly nothing, was tallied above, before the answer went out).
+		// charged, possibly nothing, was tallied above, before the answer went out); a
+		// pinned one stays complete, as its record says (see relayStream).
 		c.outcome = outcomeCancel
 	}
 	// Flush now: the handler still has its deferred settlement to hand off, and the caller

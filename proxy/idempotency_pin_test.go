@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -99,11 +102,72 @@ func TestIdemPinnedBeforeAnswerEnds(t *testing.T) {
 	}
 }
 
+// TestIdemPinnedAnswerWhoseEndWasLostStaysPinned: a caller that leaves as its pinned answer's
+// last bytes go out has a key pinned on an answer the provider completed. The attempt must be
+// settled as complete: if Redis then loses the record, the retry is told the answer was lost
+// (the attempt's settled row says complete), not run and charged again as after a cancel.
+func TestIdemPinnedAnswerWhoseEndWasLostStaysPinned(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	probe := &pinProbe{recordPrefix: h.keys.Prefix + "replay:", fired: make(chan struct{}), reset: true}
+	h.rdb.AddHook(probe)
+	conn, err := net.Dial("tcp", h.gw.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	probe.setConn(conn.(*net.TCPConn))
+	const idemKey = "pin-then-leave"
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
+		"%s: %s\r\nContent-Length: %d\r\n\r\n%s", key, proxy.IdempotencyKeyHeader, idemKey, len(streamBody), streamBody)
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-probe.fired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the attempt's answer was never pinned in its idempotency record")
+	}
+	h.settled()
+	runID := testIdemRunID(u.ID, idemKey, 0)
+	if run := h.run(u.ID, runID); run.SettleSource.String != "complete" {
+		t.Fatalf("attempt settled as %q; its answer was whole and pinned: want complete", run.SettleSource.String)
+	}
+
+	// Redis loses the record: the retry must not run again.
+	ctx := context.Background()
+	recs, _ := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
+	if err := h.rdb.Del(ctx, recs...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls := h.fake.Calls()
+	resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{proxy.IdempotencyKeyHeader: idemKey})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	h.settled()
+	if n := h.fake.Calls(); n != calls || resp.StatusCode == http.StatusOK {
+		t.Fatalf("retry after Redis lost the record of a pinned attempt: %d %s, upstream calls %d -> %d; want 409 idempotent_response_lost",
+			resp.StatusCode, body, calls, n)
+	}
+}
+
+// testIdemRunID is the run id of attempt n of an Idempotency-Key (proxy.idempotentRunID).
+func testIdemRunID(userID uint64, key string, attempt int) string {
+	s := strconv.FormatUint(userID, 10) + "\x00" + key
+	if attempt > 0 {
+		s += "\x00" + strconv.Itoa(attempt)
+	}
+	sum := sha256.Sum256([]byte(s))
+	return "r_" + hex.EncodeToString(sum[:16])
+}
+
 // pinProbe is a go-redis hook that, when a pipeline writes the "run" field of an idempotency
 // record (the pin), peeks at the caller's socket without consuming it.
 type pinProbe struct {
 	recordPrefix string
 	fired        chan struct{}
+	// reset: after peeking, the caller hangs up (RST) before the answer's end is written.
+	reset bool
 
 	mu   sync.Mutex
 	conn *net.TCPConn
@@ -132,6 +196,9 @@ func (p *pinProbe) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 			if pinsRecord(c.Args(), p.recordPrefix) {
 				p.once.Do(func() {
 					p.peek()
+					if p.reset {
+						p.hangUp()
+					}
 					close(p.fired)
 				})
 			}
@@ -151,6 +218,14 @@ func pinsRecord(args []any, prefix string) bool {
 		}
 	}
 	return false
+}
+
+// hangUp closes the caller's connection with a reset, so that the gateway's next write to it fails.
+func (p *pinProbe) hangUp() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_ = p.conn.SetLinger(0)
+	_ = p.conn.Close()
 }
 
 // peek reads what waits in the caller's socket, leaving it there.
