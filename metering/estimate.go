@@ -2,6 +2,8 @@ package metering
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/binary"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -81,9 +83,9 @@ func EstimateInputTokens(f Format, body []byte) int64 {
 	return min(maxEstimatedTokens, ceilDiv(textBytes, bytesPerToken)+messages*tokensPerMessage)
 }
 
-// EstimateAudioInputTokens guesses the audio part of a request's prompt: tokensPerMedia for
-// each input_audio part of its chat messages or Responses input items (EstimateInputTokens
-// counts them in the prompt too). The provider bills audio tokens at several times the text
+// EstimateAudioInputTokens guesses the audio part of a request's prompt: the clipTokens of each
+// input_audio part of its chat messages or Responses input items (EstimateInputTokens counts
+// them in the prompt too). The provider bills audio tokens at several times the text
 // rate, so the gateway prices them apart, or refuses them on a model without an audio price:
 // a part counts when its "type", the key compared with case folded as a provider decoding
 // with Go's encoding/json reads it, is input_audio, or when it carries an input_audio payload.
@@ -102,13 +104,13 @@ func EstimateAudioInputTokens(f Format, body []byte) int64 {
 	default:
 		return 0
 	}
-	var parts int64
+	var tokens int64
 	items.ForEach(func(_, item gjson.Result) bool {
 		item.ForEach(func(k, content gjson.Result) bool {
 			if strings.EqualFold(k.Str, "content") && content.IsArray() {
 				content.ForEach(func(_, part gjson.Result) bool {
 					if isAudioPart(part) {
-						parts++
+						tokens = min(maxEstimatedTokens, tokens+clipTokens(part))
 					}
 					return true
 				})
@@ -117,7 +119,95 @@ func EstimateAudioInputTokens(f Format, body []byte) int64 {
 		})
 		return true
 	})
-	return min(maxEstimatedTokens, parts*tokensPerMedia)
+	return tokens
+}
+
+// audioTokensPerSecond is how many tokens a second of audio counts at OpenAI (one per 100 ms).
+const audioTokensPerSecond = 10
+
+// clipTokens estimates an audio part's tokens from its length: a WAV header's byte rate, or
+// an MP3 frame's bit rate, gives the duration of the base64 data. A clip whose rate cannot be
+// read so counts tokensPerMedia. Flat, a long clip was estimated at a fraction of what the
+// provider bills for it (13 minutes of 32 kbps speech fit a 4 MiB body: ~7 900 tokens), and a
+// caller who left before the usage report paid that fraction.
+func clipTokens(part gjson.Result) int64 {
+	data := ""
+	part.ForEach(func(k, payload gjson.Result) bool {
+		if strings.EqualFold(k.Str, "input_audio") {
+			payload.ForEach(func(k, v gjson.Result) bool {
+				if strings.EqualFold(k.Str, "data") && v.Type == gjson.String {
+					data = v.Str
+				}
+				return true
+			})
+		}
+		return true
+	})
+	rate, skip := audioByteRate(data)
+	if rate <= 0 {
+		return tokensPerMedia
+	}
+	size := max(0, int64(base64.StdEncoding.DecodedLen(len(data)))-skip)
+	return max(1, ceilDiv(size*audioTokensPerSecond, rate))
+}
+
+// audioByteRate reads the bytes per second of the base64 audio data from its first bytes: a
+// WAV file's byte rate, or an MP3 stream's first frame's bit rate (after an ID3v2 tag, whose
+// size is skip); rate 0 when neither can be read. (A variable-rate MP3's first frame stands
+// for the whole.)
+func audioByteRate(data string) (rate, skip int64) {
+	head, ok := decodeBase64At(data, 0, 32)
+	if !ok || len(head) < 10 {
+		return 0, 0
+	}
+	if string(head[0:4]) == "RIFF" && len(head) >= 32 && string(head[8:16]) == "WAVEfmt " {
+		return int64(binary.LittleEndian.Uint32(head[28:32])), 0
+	}
+	off := int64(0)
+	if string(head[0:3]) == "ID3" {
+		// A syncsafe size: 7 bits per byte; a footer adds 10 bytes.
+		off = 10 + (int64(head[6]&0x7f)<<21 | int64(head[7]&0x7f)<<14 | int64(head[8]&0x7f)<<7 | int64(head[9]&0x7f))
+		if head[5]&0x10 != 0 {
+			off += 10
+		}
+	}
+	frame, ok := decodeBase64At(data, off, 4)
+	if !ok || len(frame) < 4 || frame[0] != 0xff || frame[1]&0xe0 != 0xe0 || (frame[1]>>1)&3 != 1 {
+		return 0, 0 // not an MPEG audio Layer III frame
+	}
+	table := &mp3KbpsMPEG2
+	switch (frame[1] >> 3) & 3 {
+	case 3:
+		table = &mp3KbpsMPEG1
+	case 1:
+		return 0, 0 // reserved version
+	}
+	return table[frame[2]>>4] * 1000 / 8, off
+}
+
+// Layer III bit rates (kbit/s) by the frame header's index; 0: free or bad.
+var (
+	mp3KbpsMPEG1 = [16]int64{0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 0}
+	mp3KbpsMPEG2 = [16]int64{0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160, 0} // and 2.5
+)
+
+// decodeBase64At decodes up to n bytes of the standard base64 data from byte offset off,
+// reading only the characters it needs.
+func decodeBase64At(data string, off int64, n int) ([]byte, bool) {
+	start := off / 3 * 4
+	if off < 0 || start >= int64(len(data)) {
+		return nil, false
+	}
+	end := min(int64(len(data)), start+int64(n+5)/3*4)
+	out, err := base64.StdEncoding.DecodeString(data[start:end])
+	if err != nil {
+		return nil, false
+	}
+	if int64(len(out)) < off%3 {
+		return nil, false
+	}
+	out = out[off%3:]
+	return out[:min(len(out), n)], true
 }
 
 // mayHoldAudio reports whether body could have an audio part: "input_audio", as a key in any
@@ -201,7 +291,11 @@ func textLenAt(v gjson.Result, depth int) int64 {
 			case part.IsArray():
 				n += textLenAt(part, depth+1)
 			case mediaPartTypes[part.Get("type").Str]:
-				n += tokensPerMedia * bytesPerToken
+				if part.Get("type").Str == "input_audio" {
+					n += clipTokens(part) * bytesPerToken // as EstimateAudioInputTokens counts it
+				} else {
+					n += tokensPerMedia * bytesPerToken
+				}
 			default:
 				n += int64(len(part.Get("text").String()))
 				if c := part.Get("content"); c.Exists() { // Anthropic tool_result

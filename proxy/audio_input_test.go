@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -73,18 +75,25 @@ func TestAudioInputChargedAtItsPrice(t *testing.T) {
 func TestAudioInputEstimatedAtItsPrice(t *testing.T) {
 	h, price := audioHarness(t, "")
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", audioRequest, map[string]string{fakellm.HeaderUsage: "off"})
-	body := readAll(t, resp.Body)
+	// A minute of 8 kHz 8-bit WAV: 600 tokens at ten a second.
+	clip := make([]byte, 44+8000*60)
+	copy(clip, "RIFF")
+	copy(clip[8:], "WAVEfmt ")
+	binary.LittleEndian.PutUint32(clip[28:], 8000)
+	body := `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"Transcribe this."},
+		{"type":"input_audio","input_audio":{"data":"` + base64.StdEncoding.EncodeToString(clip) + `","format":"wav"}}]}]}`
+	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
+	answer := readAll(t, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, body)
+		t.Fatalf("%d %s", resp.StatusCode, answer)
 	}
 	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
 	if !run.Estimated {
 		t.Fatalf("run %+v not estimated: the test needs an answer without usage", run)
 	}
-	// The clip is estimated at 1 600 tokens (as an image is): at least that many at the audio price.
-	if least := price.Cost(pricing.Usage{Input: 1600, AudioInput: 1600}); run.CostMicro < least {
+	// The minute of audio is estimated at 600 tokens: at least that many at the audio price.
+	if least := price.Cost(pricing.Usage{Input: 600, AudioInput: 600}); run.CostMicro < least {
 		t.Fatalf("estimated cost %d, want at least %d (the clip at the audio price)", run.CostMicro, least)
 	}
 }
