@@ -62,3 +62,29 @@ func TestAudioClipEstimateFollowsItsLength(t *testing.T) {
 		}
 	}
 }
+
+// TestAudioClipEstimateNotTakenFromAForgedByteRate: a decoder times a WAV clip by its sample
+// rate, channels and sample width; the header's byte rate is only a hint, which the caller
+// writes. A 300 s clip of 8 kHz 8-bit mono whose byte rate says 4 GB/s was estimated at one
+// token, where the provider bills 3 000: a caller who left before the usage report paid one.
+func TestAudioClipEstimateNotTakenFromAForgedByteRate(t *testing.T) {
+	h := make([]byte, 44+8_000*300)
+	copy(h, "RIFF")
+	copy(h[8:], "WAVEfmt ")
+	binary.LittleEndian.PutUint32(h[16:], 16)
+	binary.LittleEndian.PutUint16(h[20:], 1)          // PCM
+	binary.LittleEndian.PutUint16(h[22:], 1)          // mono
+	binary.LittleEndian.PutUint32(h[24:], 8_000)      // 8 kHz
+	binary.LittleEndian.PutUint32(h[28:], 0xffffffff) // the forged byte rate
+	binary.LittleEndian.PutUint16(h[32:], 1)          // block align
+	binary.LittleEndian.PutUint16(h[34:], 8)          // 8-bit
+	copy(h[36:], "data")
+	body := fmt.Sprintf(`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":%q,"format":"wav"}}]}]}`,
+		base64.StdEncoding.EncodeToString(h))
+	if got := EstimateAudioInputTokens(FormatChat, []byte(body)); got < 3_000 {
+		t.Errorf("a 300 s clip whose header claims a huge byte rate: %d tokens, want 3 000", got)
+	}
+	if in := EstimateInputTokens(FormatChat, []byte(body)); in < 3_000 {
+		t.Errorf("its prompt's estimate: %d tokens, want at least 3 000", in)
+	}
+}

@@ -156,12 +156,19 @@ func clipTokens(part gjson.Result) int64 {
 // size is skip); rate 0 when neither can be read. (A variable-rate MP3's first frame stands
 // for the whole.)
 func audioByteRate(data string) (rate, skip int64) {
-	head, ok := decodeBase64At(data, 0, 32)
+	head, ok := decodeBase64At(data, 0, 36)
 	if !ok || len(head) < 10 {
 		return 0, 0
 	}
-	if string(head[0:4]) == "RIFF" && len(head) >= 32 && string(head[8:16]) == "WAVEfmt " {
-		return int64(binary.LittleEndian.Uint32(head[28:32])), 0
+	if string(head[0:4]) == "RIFF" && len(head) >= 36 && string(head[8:16]) == "WAVEfmt " {
+		// A decoder times the clip by its sample rate, channels and sample width; the byte
+		// rate is a hint the caller writes, and one claimed huge made a long clip one token.
+		rate := int64(binary.LittleEndian.Uint32(head[28:32]))
+		samples := int64(binary.LittleEndian.Uint32(head[24:28])) * int64(binary.LittleEndian.Uint16(head[22:24]))
+		if pcm := samples * ((int64(binary.LittleEndian.Uint16(head[34:36])) + 7) / 8); pcm > 0 {
+			rate = min(rate, pcm)
+		}
+		return rate, 0
 	}
 	off := int64(0)
 	if string(head[0:3]) == "ID3" {
