@@ -21,18 +21,9 @@ const audioRequest = `{"model":"fake-gpt","messages":[{"role":"user","content":[
 // audioHarness is a gateway whose fake-gpt has an audio input price 16 times its text price
 // (gpt-4o-audio-preview's ratio), with answers replayed from dir.
 func audioHarness(t *testing.T, dir string) (*harness, pricing.Price) {
-	var price pricing.Price
-	h := newHarnessWithFixtures(t, dir, func(c *config.Config) {
-		m := c.Models["fake-gpt"]
+	return harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
 		m.AudioInput = config.USDPerM{Micro: 16 * m.Input.Micro}
-		c.Models["fake-gpt"] = m
-		table, err := c.PriceTable()
-		if err != nil {
-			t.Fatal(err)
-		}
-		price, _, _ = table.Lookup("fake-gpt")
 	})
-	return h, price
 }
 
 // TestAudioInputChargedAtItsPrice: a chat call with an audio clip, on a model priced for

@@ -28,16 +28,8 @@ func TestOneHourCacheWritesChargedAtTheirPrice(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, fixture), []byte(answer), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var price pricing.Price
-	h := newHarnessWithFixtures(t, dir, func(c *config.Config) {
-		m := c.Models["claude-test"]
+	h, price := harnessRepricing(t, dir, "claude-test", func(m *config.ModelCfg) {
 		m.CacheWrite1h = config.USDPerM{Micro: 2 * m.Input.Micro}
-		c.Models["claude-test"] = m
-		table, err := c.PriceTable()
-		if err != nil {
-			t.Fatal(err)
-		}
-		price, _, _ = table.Lookup("claude-test")
 	})
 	u, key := h.user("standard")
 	resp := h.post(key, "/v1/messages", `{"model":"claude-test","max_tokens":50,
@@ -59,4 +51,22 @@ func TestOneHourCacheWritesChargedAtTheirPrice(t *testing.T) {
 	if run.CacheWriteTok != 418 {
 		t.Fatalf("cache_write_tok %d, want 418 (both kinds)", run.CacheWriteTok)
 	}
+}
+
+// harnessRepricing is a harness replaying answers from dir (the recorded fixtures when "")
+// whose model's price reprice changes; it returns the price the gateway then charges.
+func harnessRepricing(t *testing.T, dir, model string, reprice func(*config.ModelCfg)) (*harness, pricing.Price) {
+	t.Helper()
+	var price pricing.Price
+	h := newHarnessWithFixtures(t, dir, func(c *config.Config) {
+		m := c.Models[model]
+		reprice(&m)
+		c.Models[model] = m
+		table, err := c.PriceTable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		price, _, _ = table.Lookup(model)
+	})
+	return h, price
 }

@@ -4,13 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,26 +48,8 @@ func TestIdemPinnedBeforeAnswerEnds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, nil)
 			_, key := h.user("standard")
-			probe := &pinProbe{recordPrefix: h.keys.Prefix + "replay:", fired: make(chan struct{})}
-			h.rdb.AddHook(probe)
-
-			conn, err := net.Dial("tcp", h.gw.Listener.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			probe.setConn(conn.(*net.TCPConn))
-			req := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
-				"%s%s: pin-%s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-				tc.path, key, tc.hdr, proxy.IdempotencyKeyHeader, strings.ReplaceAll(tc.name, " ", "-"), len(tc.body), tc.body)
-			if _, err := io.WriteString(conn, req); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case <-probe.fired:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the attempt's answer was never pinned in its idempotency record")
-			}
+			probe := newPinProbe(h, false)
+			conn := probe.sendUntilPinned(t, h, tc.path, key, "pin-"+strings.ReplaceAll(tc.name, " ", "-"), tc.hdr, tc.body)
 			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 			if err != nil {
 				t.Fatal(err)
@@ -109,27 +88,10 @@ func TestIdemPinnedBeforeAnswerEnds(t *testing.T) {
 func TestIdemPinnedAnswerWhoseEndWasLostStaysPinned(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	probe := &pinProbe{recordPrefix: h.keys.Prefix + "replay:", fired: make(chan struct{}), reset: true}
-	h.rdb.AddHook(probe)
-	conn, err := net.Dial("tcp", h.gw.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	probe.setConn(conn.(*net.TCPConn))
 	const idemKey = "pin-then-leave"
-	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
-		"%s: %s\r\nContent-Length: %d\r\n\r\n%s", key, proxy.IdempotencyKeyHeader, idemKey, len(streamBody), streamBody)
-	if _, err := io.WriteString(conn, req); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-probe.fired:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the attempt's answer was never pinned in its idempotency record")
-	}
+	newPinProbe(h, true).sendUntilPinned(t, h, "/v1/chat/completions", key, idemKey, "", streamBody)
 	h.settled()
-	runID := testIdemRunID(u.ID, idemKey, 0)
+	runID := proxy.IdempotentRunID(u.ID, idemKey, 0)
 	if run := h.run(u.ID, runID); run.SettleSource.String != "complete" {
 		t.Fatalf("attempt settled as %q; its answer was whole and pinned: want complete", run.SettleSource.String)
 	}
@@ -151,16 +113,6 @@ func TestIdemPinnedAnswerWhoseEndWasLostStaysPinned(t *testing.T) {
 	}
 }
 
-// testIdemRunID is the run id of attempt n of an Idempotency-Key (proxy.idempotentRunID).
-func testIdemRunID(userID uint64, key string, attempt int) string {
-	s := strconv.FormatUint(userID, 10) + "\x00" + key
-	if attempt > 0 {
-		s += "\x00" + strconv.Itoa(attempt)
-	}
-	sum := sha256.Sum256([]byte(s))
-	return "r_" + hex.EncodeToString(sum[:16])
-}
-
 // pinProbe is a go-redis hook that, when a pipeline writes the "run" field of an idempotency
 // record (the pin), peeks at the caller's socket without consuming it.
 type pinProbe struct {
@@ -175,10 +127,38 @@ type pinProbe struct {
 	once sync.Once
 }
 
-func (p *pinProbe) setConn(c *net.TCPConn) {
+// newPinProbe hooks a probe into h's Redis client; reset: see pinProbe.
+func newPinProbe(h *harness, reset bool) *pinProbe {
+	p := &pinProbe{recordPrefix: h.keys.Prefix + "replay:", fired: make(chan struct{}), reset: reset}
+	h.rdb.AddHook(p)
+	return p
+}
+
+// sendUntilPinned sends one Idempotency-Key request on a connection of its own (extra: more
+// header lines, each ending in CRLF) and returns once the gateway has pinned the answer, with
+// nothing read from the connection.
+func (p *pinProbe) sendUntilPinned(t *testing.T, h *harness, path, key, idemKey, extra, body string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", h.gw.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.conn = c
+	p.conn = conn.(*net.TCPConn)
+	p.mu.Unlock()
+	req := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
+		"%s%s: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		path, key, extra, proxy.IdempotencyKeyHeader, idemKey, len(body), body)
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.fired:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the attempt's answer was never pinned in its idempotency record")
+	}
+	return conn
 }
 
 func (p *pinProbe) seenAtPin() []byte {
