@@ -1,6 +1,7 @@
 package metering
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
@@ -18,18 +19,48 @@ func wavClip(byteRate, seconds int) string {
 	return base64.StdEncoding.EncodeToString(h[:44+byteRate*seconds])
 }
 
-// mp3Clip is an MP3 stream of seconds of audio whose frames say kbps (header bytes b1, b2),
-// after an ID3v2 tag of tagSize bytes when tagSize > 0, base64.
-func mp3Clip(b1, b2 byte, kbps, seconds, tagSize int) string {
-	var b []byte
-	if tagSize > 0 {
-		b = append(b, 'I', 'D', '3', 4, 0, 0,
-			byte(tagSize>>21&0x7f), byte(tagSize>>14&0x7f), byte(tagSize>>7&0x7f), byte(tagSize&0x7f))
-		b = append(b, make([]byte, tagSize)...)
+// mp3Layer3 is one kind of MPEG audio Layer III frame: the header's second byte (version,
+// layer, no CRC), its bit rate index and kbit/s, and its sample rate (index 0 of its version).
+type mp3Layer3 struct {
+	b1, index            byte
+	kbps, rate, perFrame int // perFrame: samples per frame
+}
+
+var (
+	mpeg1  = func(index byte, kbps int) mp3Layer3 { return mp3Layer3{0xfb, index, kbps, 44_100, 1152} }
+	mpeg2  = func(index byte, kbps int) mp3Layer3 { return mp3Layer3{0xf3, index, kbps, 22_050, 576} }
+	mpeg25 = func(index byte, kbps int) mp3Layer3 { return mp3Layer3{0xe3, index, kbps, 11_025, 576} }
+)
+
+// frames is seconds of audio in frames of kind k (a frame holds perFrame samples and
+// perFrame/8 × kbps × 1000 / rate bytes, its header first).
+func (k mp3Layer3) frames(seconds int) []byte {
+	size := k.perFrame / 8 * k.kbps * 1000 / k.rate
+	n := (seconds*k.rate + k.perFrame - 1) / k.perFrame
+	out := make([]byte, 0, n*size)
+	for range n {
+		f := make([]byte, size)
+		copy(f, []byte{0xff, k.b1, k.index << 4, 0})
+		out = append(out, f...)
 	}
-	b = append(b, 0xff, b1, b2, 0x00)
-	b = append(b, make([]byte, kbps*1000/8*seconds-4)...)
-	return base64.StdEncoding.EncodeToString(b)
+	return out
+}
+
+// frame is one frame of kind k.
+func (k mp3Layer3) frame() []byte { return k.frames(1)[:k.perFrame/8*k.kbps*1000/k.rate] }
+
+// id3 is an ID3v2 tag of size bytes after its header.
+func id3(size int) []byte {
+	b := []byte{'I', 'D', '3', 4, 0, 0, byte(size >> 21 & 0x7f), byte(size >> 14 & 0x7f), byte(size >> 7 & 0x7f), byte(size & 0x7f)}
+	return append(b, make([]byte, size)...)
+}
+
+func b64(parts ...[]byte) string {
+	var all []byte
+	for _, p := range parts {
+		all = append(all, p...)
+	}
+	return base64.StdEncoding.EncodeToString(all)
 }
 
 // TestAudioClipEstimateFollowsItsLength: a clip counts ten tokens a second of its audio, read
@@ -43,9 +74,13 @@ func TestAudioClipEstimateFollowsItsLength(t *testing.T) {
 	}{
 		{"wav 16 kHz 16-bit, 60 s", "wav", wavClip(32_000, 60), 600},
 		{"wav 8 kHz 8-bit, 300 s", "wav", wavClip(8_000, 300), 3_000},
-		{"mp3 MPEG-1 128 kbps, 60 s", "mp3", mp3Clip(0xfb, 0x90, 128, 60, 0), 600},
-		{"mp3 MPEG-2 32 kbps, 780 s, behind an ID3 tag", "mp3", mp3Clip(0xf3, 0x40, 32, 780, 5_000), 7_800},
-		{"mp3 MPEG-2.5 8 kbps, 60 s", "mp3", mp3Clip(0xe3, 0x10, 8, 60, 0), 600},
+		{"mp3 MPEG-1 128 kbps, 60 s", "mp3", b64(mpeg1(9, 128).frames(60)), 600},
+		{"mp3 MPEG-2 32 kbps, 780 s, behind an ID3 tag", "mp3", b64(id3(5_000), mpeg2(4, 32).frames(780)), 7_800},
+		{"mp3 MPEG-2.5 8 kbps, 60 s", "mp3", b64(mpeg25(1, 8).frames(60)), 600},
+		// Variable rate: a first frame at 320 kbit/s does not make the 32 kbit/s rest shorter.
+		{"mp3 first frame 320 kbps, then 60 s at 32", "mp3", b64(mpeg1(14, 320).frame(), mpeg1(1, 32).frames(60)), 600},
+		// A decoder resynchronises past bytes that are not a frame, and plays what follows.
+		{"mp3 30 s, junk, 30 s", "mp3", b64(mpeg1(1, 32).frames(30), bytes.Repeat([]byte{0xff, 0x00, 0x12}, 3000), mpeg1(1, 32).frames(30)), 600},
 		{"unreadable", "mp3", base64.StdEncoding.EncodeToString([]byte("not audio at all, not a header")), tokensPerMedia},
 		{"not base64", "wav", "%%%%", tokensPerMedia},
 		{"empty", "wav", "", tokensPerMedia},
@@ -53,8 +88,8 @@ func TestAudioClipEstimateFollowsItsLength(t *testing.T) {
 		body := fmt.Sprintf(`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":%q,"format":%q}}]}]}`,
 			tc.data, tc.format)
 		got := EstimateAudioInputTokens(FormatChat, []byte(body))
-		// The WAV header's 44 bytes round the estimate up by at most one token.
-		if got != tc.want && got != tc.want+1 {
+		// The WAV header's 44 bytes, or the frames' rounding, add at most two tokens.
+		if got < tc.want || got > tc.want+2 {
 			t.Errorf("%s: %d tokens, want %d", tc.name, got, tc.want)
 		}
 		if in := EstimateInputTokens(FormatChat, []byte(body)); in < got {
@@ -86,5 +121,25 @@ func TestAudioClipEstimateNotTakenFromAForgedByteRate(t *testing.T) {
 	}
 	if in := EstimateInputTokens(FormatChat, []byte(body)); in < 3_000 {
 		t.Errorf("its prompt's estimate: %d tokens, want at least 3 000", in)
+	}
+}
+
+// TestAudioClipWalkBounded: bytes crafted so that a walk resynchronises at every other one
+// (a step per two bytes of a 4 MiB body, before any hold) are walked only so far; the rest is
+// timed at the lowest bit rate (8 kbit/s: 1 000 bytes a second), never less than a decoder
+// could play from them.
+func TestAudioClipWalkBounded(t *testing.T) {
+	junk := bytes.Repeat([]byte{0xff, 0x00}, 1_000_000) // 2 MB
+	got := clipMicros(b64(mpeg1(1, 32).frames(10), junk))
+	// Past the junk walked (played as nothing), the rest at the lowest rate.
+	if want := int64(10_000_000 + (2_000_000-maxMP3Junk)*1_000); got < want {
+		t.Fatalf("%d µs, want at least %d: the junk past the walk timed at the lowest rate", got, want)
+	}
+}
+
+func BenchmarkAudioClipJunk(b *testing.B) {
+	data := b64(bytes.Repeat([]byte{0xff, 0x00}, 1_500_000))
+	for b.Loop() {
+		clipMicros(data)
 	}
 }

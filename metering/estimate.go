@@ -1,6 +1,7 @@
 package metering
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/base64"
 	"encoding/binary"
@@ -125,11 +126,11 @@ func EstimateAudioInputTokens(f Format, body []byte) int64 {
 // audioTokensPerSecond is how many tokens a second of audio counts at OpenAI (one per 100 ms).
 const audioTokensPerSecond = 10
 
-// clipTokens estimates an audio part's tokens from its length: a WAV header's byte rate, or
-// an MP3 frame's bit rate, gives the duration of the base64 data. A clip whose rate cannot be
-// read so counts tokensPerMedia. Flat, a long clip was estimated at a fraction of what the
-// provider bills for it (13 minutes of 32 kbps speech fit a 4 MiB body: ~7 900 tokens), and a
-// caller who left before the usage report paid that fraction.
+// clipTokens estimates an audio part's tokens from its length: a WAV header's format gives the
+// duration of the base64 data, an MP3 stream's frames theirs. A clip whose length cannot be read
+// so counts tokensPerMedia. Flat, a long clip was estimated at a fraction of what the provider
+// bills for it (13 minutes of 32 kbps speech fit a 4 MiB body: ~7 900 tokens), and a caller
+// who left before the usage report paid that fraction.
 func clipTokens(part gjson.Result) int64 {
 	data := ""
 	part.ForEach(func(k, payload gjson.Result) bool {
@@ -143,22 +144,19 @@ func clipTokens(part gjson.Result) int64 {
 		}
 		return true
 	})
-	rate, skip := audioByteRate(data)
-	if rate <= 0 {
+	micros := clipMicros(data)
+	if micros <= 0 {
 		return tokensPerMedia
 	}
-	size := max(0, int64(base64.StdEncoding.DecodedLen(len(data)))-skip)
-	return max(1, ceilDiv(size*audioTokensPerSecond, rate))
+	return max(1, ceilDiv(micros*audioTokensPerSecond, 1_000_000))
 }
 
-// audioByteRate reads the bytes per second of the base64 audio data from its first bytes: a
-// WAV file's byte rate, or an MP3 stream's first frame's bit rate (after an ID3v2 tag, whose
-// size is skip); rate 0 when neither can be read. (A variable-rate MP3's first frame stands
-// for the whole.)
-func audioByteRate(data string) (rate, skip int64) {
+// clipMicros is how long the base64 audio data plays, in microseconds: a WAV file's data size
+// over its rate, or the frames of an MP3 stream (after an ID3v2 tag); 0 when it is neither.
+func clipMicros(data string) int64 {
 	head, ok := decodeBase64At(data, 0, 36)
 	if !ok || len(head) < 10 {
-		return 0, 0
+		return 0
 	}
 	if string(head[0:4]) == "RIFF" && len(head) >= 36 && string(head[8:16]) == "WAVEfmt " {
 		// A decoder times the clip by its sample rate, channels and sample width; the byte
@@ -168,7 +166,10 @@ func audioByteRate(data string) (rate, skip int64) {
 		if pcm := samples * ((int64(binary.LittleEndian.Uint16(head[34:36])) + 7) / 8); pcm > 0 {
 			rate = min(rate, pcm)
 		}
-		return rate, 0
+		if rate <= 0 {
+			return 0
+		}
+		return int64(base64.StdEncoding.DecodedLen(len(data))) * 1_000_000 / rate
 	}
 	off := int64(0)
 	if string(head[0:3]) == "ID3" {
@@ -178,18 +179,79 @@ func audioByteRate(data string) (rate, skip int64) {
 			off += 10
 		}
 	}
-	frame, ok := decodeBase64At(data, off, 4)
-	if !ok || len(frame) < 4 || frame[0] != 0xff || frame[1]&0xe0 != 0xe0 || (frame[1]>>1)&3 != 1 {
-		return 0, 0 // not an MPEG audio Layer III frame
+	return mp3Micros(data, off)
+}
+
+// mp3Micros walks the MPEG audio Layer III frames of the base64 data from byte off and returns
+// the microseconds they play: every frame, as a decoder plays them, resynchronising past bytes
+// that are not one. Timed by its first frame alone, a variable-rate stream whose first frame
+// claims 320 kbit/s was estimated at a tenth of its 32 kbit/s rest. Linear in the data.
+func mp3Micros(data string, off int64) int64 {
+	r := bufio.NewReaderSize(base64.NewDecoder(base64.StdEncoding, strings.NewReader(data)), 64<<10)
+	if off > int64(len(data)) {
+		return 0
 	}
-	table := &mp3KbpsMPEG2
-	switch (frame[1] >> 3) & 3 {
-	case 3:
-		table = &mp3KbpsMPEG1
-	case 1:
-		return 0, 0 // reserved version
+	if _, err := r.Discard(int(off)); err != nil {
+		return 0
 	}
-	return table[frame[2]>>4] * 1000 / 8, off
+	var micros, read, junk int64
+	for {
+		h, err := r.Peek(4)
+		if err != nil {
+			return micros
+		}
+		n, us := mp3Frame(h)
+		if n == 0 {
+			// Not a frame: on to the next byte that may start one (0xff), a buffer at a time.
+			buf, _ := r.Peek(r.Buffered())
+			if i := bytes.IndexByte(buf[1:], 0xff); i >= 0 {
+				n = i + 1
+			} else {
+				n = len(buf)
+			}
+			if junk += int64(n); junk > maxMP3Junk {
+				// Bytes crafted to resynchronise at every other one would cost a walk per
+				// byte: the rest is timed at the lowest bit rate instead, as long as it can play.
+				rest := max(0, int64(base64.StdEncoding.DecodedLen(len(data)))-off-read)
+				return micros + rest*1_000_000/mp3LowestByteRate
+			}
+		}
+		micros += us
+		read += int64(n)
+		if _, err := r.Discard(n); err != nil {
+			return micros // a last frame cut short: counted whole
+		}
+	}
+}
+
+// maxMP3Junk bounds the bytes an MP3 walk resynchronises past; mp3LowestByteRate is the
+// slowest a Layer III stream plays its bytes (8 kbit/s).
+const (
+	maxMP3Junk        = 64 << 10
+	mp3LowestByteRate = 1000
+)
+
+// mp3Frame reads a Layer III frame header: the frame's length in bytes and the microseconds it
+// plays; 0, 0 when h does not start one.
+func mp3Frame(h []byte) (n int, micros int64) {
+	if h[0] != 0xff || h[1]&0xe0 != 0xe0 || (h[1]>>1)&3 != 1 {
+		return 0, 0
+	}
+	kbps, rates, samples, perKbps := mp3KbpsMPEG2[h[2]>>4], [3]int64{22050, 24000, 16000}, int64(576), int64(72)
+	switch (h[1] >> 3) & 3 {
+	case 3: // MPEG-1
+		kbps, rates, samples, perKbps = mp3KbpsMPEG1[h[2]>>4], [3]int64{44100, 48000, 32000}, 1152, 144
+	case 1: // reserved
+		return 0, 0
+	case 0: // MPEG-2.5
+		rates = [3]int64{11025, 12000, 8000}
+	}
+	ri := (h[2] >> 2) & 3
+	if kbps == 0 || ri == 3 {
+		return 0, 0
+	}
+	rate := rates[ri]
+	return int(perKbps*kbps*1000/rate) + int((h[2]>>1)&1), samples * 1_000_000 / rate
 }
 
 // Layer III bit rates (kbit/s) by the frame header's index; 0: free or bad.
