@@ -49,10 +49,15 @@ type WriterConfig struct {
 	OnBatch func(BatchShape)
 }
 
-// BatchShape is what one batch transaction held and how it ended.
+// BatchShape is what one batch transaction held, how long it took and how it ended.
 type BatchShape struct {
 	Settlements, Admissions int
 	Err                     error
+	// Took is the transaction's time, retries included; AdmitWaits how long each of its
+	// admissions waited in the queue for it to start. Together they split an admission's
+	// wait into the writer's share and the database's.
+	Took       time.Duration
+	AdmitWaits []time.Duration
 }
 
 // ErrBatcherClosed is returned to requests offered after Close.
@@ -65,6 +70,8 @@ type writeItem struct {
 	// taken decides, for an admission, between the worker that starts it (queued -> taken)
 	// and the caller that gives up waiting for a worker (queued -> withdrawn).
 	taken *atomic.Int32
+	// queued is when the item was offered.
+	queued time.Time
 }
 
 const (
@@ -170,6 +177,7 @@ func (w *Writer) Gathered() int { return int(w.gathered.Load()) }
 // only the wait for room in a full queue.
 func (w *Writer) offer(ctx context.Context, it writeItem) (chan writeOutcome, error) {
 	it.out = make(chan writeOutcome, 1)
+	it.queued = time.Now()
 	w.mu.RLock()
 	defer w.mu.RUnlock()
 	if w.closed {
@@ -264,9 +272,14 @@ func (w *Writer) commit(batch []writeItem) {
 	if len(batch) == 0 {
 		return
 	}
+	start := time.Now()
 	var sts []Settlement
 	var reqs []AdmitRequest
+	var waits []time.Duration
 	for _, it := range batch {
+		if it.admit != nil && w.cfg.OnBatch != nil {
+			waits = append(waits, start.Sub(it.queued))
+		}
 		if it.settle != nil {
 			st := *it.settle
 			// Drawn once for both batches below: the retry of the settlements alone, after a
@@ -286,20 +299,21 @@ func (w *Writer) commit(batch []writeItem) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	settled, admitted, err := w.store.WriteBatch(ctx, sts, reqs)
 	cancel()
-	w.observe(len(sts), len(reqs), err)
+	w.observe(BatchShape{Settlements: len(sts), Admissions: len(reqs), Err: err, Took: time.Since(start), AdmitWaits: waits})
 	answerAdmissions(batch, admitted, err)
 	if err != nil && len(sts) > 0 && len(reqs) > 0 {
 		ctx, cancel = context.WithTimeout(context.Background(), w.cfg.SettleTimeout)
+		again := time.Now()
 		settled, _, err = w.store.WriteBatch(ctx, sts, nil)
 		cancel()
-		w.observe(len(sts), 0, err)
+		w.observe(BatchShape{Settlements: len(sts), Err: err, Took: time.Since(again)})
 	}
 	answerSettlements(batch, settled, err)
 }
 
-func (w *Writer) observe(settlements, admissions int, err error) {
+func (w *Writer) observe(b BatchShape) {
 	if w.cfg.OnBatch != nil {
-		w.cfg.OnBatch(BatchShape{Settlements: settlements, Admissions: admissions, Err: err})
+		w.cfg.OnBatch(b)
 	}
 }
 

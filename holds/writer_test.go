@@ -90,6 +90,11 @@ func TestWriterSettlementRidesWithNextAdmission(t *testing.T) {
 	if got := seen.list(); len(got) != 1 || got[0].Settlements != 1 || got[0].Admissions != 1 || got[0].Err != nil {
 		t.Fatalf("batches %+v, want one of 1 settlement and 1 admission", got)
 	}
+	// The batch tells how long its transaction took and how long its admission queued for it
+	// (the admit_tx and admit_queue phases of the gateway's metrics).
+	if b := seen.list()[0]; b.Took <= 0 || len(b.AdmitWaits) != 1 || b.AdmitWaits[0] < 0 {
+		t.Fatalf("batch took %v, admission waits %v: want a duration and one wait", b.Took, b.AdmitWaits)
+	}
 	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_ride_b", Source: holds.SourceComplete}); err != nil {
 		t.Fatal(err)
 	}

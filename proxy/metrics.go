@@ -28,8 +28,9 @@ type Metrics struct {
 	// CallPhase splits what a call waits for before its answer starts, so that time added by
 	// the gateway can be told apart from time spent upstream.
 	CallPhase *prometheus.HistogramVec
-	// The phases' series, resolved once: a call observes all three.
-	admitPhase, checksPhase, upstreamPhase prometheus.Observer
+	// The phases' series, resolved once: a call observes the first three, its admission's
+	// batch the two parts of admit.
+	admitPhase, checksPhase, upstreamPhase, admitQueuePhase, admitTxPhase prometheus.Observer
 }
 
 // Phases of CallPhase, in the order a call goes through them.
@@ -37,6 +38,10 @@ const (
 	phaseAdmit    = "admit"    // arrival (body read, validated) to its hold committed
 	phaseChecks   = "checks"   // hold to the upstream request sent: duplicate checks, run budget, rewrite
 	phaseUpstream = "upstream" // upstream request sent to the upstream's response headers
+	// Parts of admit: the admission's wait in the batch writer's queue, and its batch
+	// transaction (what the database takes, under the load of the moment).
+	phaseAdmitQueue = "admit_queue"
+	phaseAdmitTx    = "admit_tx"
 )
 
 // NewMetrics registers the series on reg (nil: a fresh registry with Go runtime metrics).
@@ -71,7 +76,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256}}, []string{"kind"}),
 		CallPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tollgate_call_phase_seconds",
 			Help: "Time a model call spends before its answer starts, by phase: admit (arrival to hold committed), " +
-				"checks (hold to upstream request sent), upstream (sent to the upstream's response headers).",
+				"checks (hold to upstream request sent), upstream (sent to the upstream's response headers); " +
+				"admit_queue and admit_tx split admit's wait for the batch writer (queue, then its transaction).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"phase"}),
 	}
 	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled,
@@ -79,6 +85,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 	m.admitPhase = m.CallPhase.WithLabelValues(phaseAdmit)
 	m.checksPhase = m.CallPhase.WithLabelValues(phaseChecks)
 	m.upstreamPhase = m.CallPhase.WithLabelValues(phaseUpstream)
+	m.admitQueuePhase = m.CallPhase.WithLabelValues(phaseAdmitQueue)
+	m.admitTxPhase = m.CallPhase.WithLabelValues(phaseAdmitTx)
 	return m
 }
 
@@ -86,6 +94,10 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 func (m *Metrics) observeBatch(b holds.BatchShape) {
 	m.BatchItems.WithLabelValues("settlements").Observe(float64(b.Settlements))
 	m.BatchItems.WithLabelValues("admissions").Observe(float64(b.Admissions))
+	for _, wait := range b.AdmitWaits {
+		m.admitQueuePhase.Observe(wait.Seconds())
+		m.admitTxPhase.Observe(b.Took.Seconds())
+	}
 }
 
 // Handler serves /metrics.
