@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
 )
@@ -281,10 +282,36 @@ func decodeBase64At(data string, off int64, n int) ([]byte, bool) {
 
 // mayHoldAudio reports whether body could have an audio part: "input_audio", as a key in any
 // case or as a value, holds "_audio" in ASCII case (no other rune folds to its letters), unless
-// some character of it is written as a \u escape. Two fast byte scans.
+// some character of it is written as a \u escape. Two fast byte scans. Only an escape of one of
+// those characters counts: most prompts hold others (Go's encoding/json writes <, > and & as
+// \u003c, \u003e, \u0026; Python's every non-ASCII character), and each sent every such prompt
+// through a second full parse.
 func mayHoldAudio(body []byte) bool {
-	if bytes.Contains(body, []byte(`\u`)) {
-		return true
+	for b := body; ; {
+		i := bytes.Index(b, []byte(`\u`))
+		if i < 0 {
+			break
+		}
+		b = b[i+2:]
+		if len(b) < 4 {
+			return true
+		}
+		r, ok := rune(0), true
+		for _, h := range b[:4] {
+			switch {
+			case '0' <= h && h <= '9':
+				r = r<<4 | rune(h-'0')
+			case 'a' <= h && h <= 'f':
+				r = r<<4 | rune(h-'a'+10)
+			case 'A' <= h && h <= 'F':
+				r = r<<4 | rune(h-'A'+10)
+			default:
+				ok = false
+			}
+		}
+		if !ok || r == '_' || (r < utf8.RuneSelf && strings.ContainsRune("audioAUDIO", r)) {
+			return true
+		}
 	}
 	for b := body; ; {
 		i := bytes.IndexByte(b, '_')

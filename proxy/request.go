@@ -360,8 +360,11 @@ func (c *callRequest) outputBound(modelMaxOutput int64) int64 {
 }
 
 // promptEstimate is the prompt's estimated usage: its tokens, the audio part priced apart.
+// The audio estimate reads parts the prompt's does not (keys in another case): the prompt is
+// at least its audio, as Clamp bills it, so that the tally (unclamped) records what the
+// settlement's row does.
 func (c *callRequest) promptEstimate() pricing.Usage {
-	return pricing.Usage{Input: c.inputEstimate, AudioInput: c.audioEstimate}
+	return pricing.Usage{Input: max(c.inputEstimate, c.audioEstimate), AudioInput: c.audioEstimate}
 }
 
 // rewrite prepares the body for the upstream once the cap is known: it asks for the usage
