@@ -2,8 +2,6 @@ package proxy_test
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/binary"
 	"net/http"
 	"testing"
 
@@ -20,13 +18,8 @@ import (
 func TestAudioEstimateTallyMatchesSettlement(t *testing.T) {
 	h, _ := audioHarness(t, "")
 	u, key := h.user("standard")
-	// A minute of 8 kHz 8-bit WAV: 600 tokens at ten a second.
-	clip := make([]byte, 44+8000*60)
-	copy(clip, "RIFF")
-	copy(clip[8:], "WAVEfmt ")
-	binary.LittleEndian.PutUint32(clip[28:], 8000)
 	body := `{"model":"fake-gpt","messages":[{"role":"user","content":[
-		{"Type":"input_audio","input_audio":{"data":"` + base64.StdEncoding.EncodeToString(clip) + `","format":"wav"}}]}]}`
+		{"Type":"input_audio","input_audio":{"data":"` + wavMinute + `","format":"wav"}}]}]}`
 	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
 	answer := readAll(t, resp.Body)
 	resp.Body.Close()

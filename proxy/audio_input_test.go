@@ -66,13 +66,8 @@ func TestAudioInputChargedAtItsPrice(t *testing.T) {
 func TestAudioInputEstimatedAtItsPrice(t *testing.T) {
 	h, price := audioHarness(t, "")
 	u, key := h.user("standard")
-	// A minute of 8 kHz 8-bit WAV: 600 tokens at ten a second.
-	clip := make([]byte, 44+8000*60)
-	copy(clip, "RIFF")
-	copy(clip[8:], "WAVEfmt ")
-	binary.LittleEndian.PutUint32(clip[28:], 8000)
 	body := `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"Transcribe this."},
-		{"type":"input_audio","input_audio":{"data":"` + base64.StdEncoding.EncodeToString(clip) + `","format":"wav"}}]}]}`
+		{"type":"input_audio","input_audio":{"data":"` + wavMinute + `","format":"wav"}}]}]}`
 	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
 	answer := readAll(t, resp.Body)
 	resp.Body.Close()
@@ -88,3 +83,12 @@ func TestAudioInputEstimatedAtItsPrice(t *testing.T) {
 		t.Fatalf("estimated cost %d, want at least %d (the clip at the audio price)", run.CostMicro, least)
 	}
 }
+
+// wavMinute is a minute of 8 kHz 8-bit WAV, base64: 600 tokens at ten a second.
+var wavMinute = func() string {
+	clip := make([]byte, 44+8000*60)
+	copy(clip, "RIFF")
+	copy(clip[8:], "WAVEfmt ")
+	binary.LittleEndian.PutUint32(clip[28:], 8000)
+	return base64.StdEncoding.EncodeToString(clip)
+}()
