@@ -1,0 +1,265 @@
+package metering
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+)
+
+// EstimateAudioInputTokens guesses the audio part of a request's prompt: the clipTokens of each
+// input_audio part of its chat messages or Responses input items (EstimateInputTokens counts
+// them in the prompt too). The provider bills audio tokens at several times the text
+// rate, so the gateway prices them apart, or refuses them on a model without an audio price:
+// a part counts when its "type", the key compared with case folded as a provider decoding
+// with Go's encoding/json reads it, is input_audio, or when it carries an input_audio payload.
+// Three fixed levels: linear in the body.
+func EstimateAudioInputTokens(f Format, body []byte) int64 {
+	if !mayHoldAudio(body) {
+		// Almost every request: no second parse (and copy) of the prompt on the hot path.
+		return 0
+	}
+	var items gjson.Result
+	switch f {
+	case FormatChat:
+		items = gjson.GetBytes(body, "messages")
+	case FormatResponses:
+		items = gjson.GetBytes(body, "input")
+	default:
+		return 0
+	}
+	var tokens int64
+	items.ForEach(func(_, item gjson.Result) bool {
+		item.ForEach(func(k, content gjson.Result) bool {
+			if strings.EqualFold(k.Str, "content") && content.IsArray() {
+				content.ForEach(func(_, part gjson.Result) bool {
+					if isAudioPart(part) {
+						tokens = min(maxEstimatedTokens, tokens+clipTokens(part))
+					}
+					return true
+				})
+			}
+			return true
+		})
+		return true
+	})
+	return tokens
+}
+
+// mayHoldAudio reports whether body could have an audio part: "input_audio", as a key in any
+// case or as a value, holds "_audio" in ASCII case (no other rune folds to its letters), unless
+// some character of it is written as a \u escape. Two fast byte scans. Only an escape of one of
+// those characters counts: most prompts hold others (Go's encoding/json writes <, > and & as
+// \u003c, \u003e, \u0026; Python's every non-ASCII character), and each sent every such prompt
+// through a second full parse.
+func mayHoldAudio(body []byte) bool {
+	for b := body; ; {
+		i := bytes.Index(b, []byte(`\u`))
+		if i < 0 {
+			break
+		}
+		b = b[i+2:]
+		if len(b) < 4 {
+			return true
+		}
+		r, ok := rune(0), true
+		for _, h := range b[:4] {
+			switch {
+			case '0' <= h && h <= '9':
+				r = r<<4 | rune(h-'0')
+			case 'a' <= h && h <= 'f':
+				r = r<<4 | rune(h-'a'+10)
+			case 'A' <= h && h <= 'F':
+				r = r<<4 | rune(h-'A'+10)
+			default:
+				ok = false
+			}
+		}
+		if !ok || r == '_' || (r < utf8.RuneSelf && strings.ContainsRune("audioAUDIO", r)) {
+			return true
+		}
+	}
+	for b := body; ; {
+		i := bytes.IndexByte(b, '_')
+		if i < 0 {
+			return false
+		}
+		b = b[i+1:]
+		if len(b) >= 5 && bytes.EqualFold(b[:5], []byte("audio")) {
+			return true
+		}
+	}
+}
+
+// isAudioPart reports whether a content part is audio input.
+func isAudioPart(part gjson.Result) bool {
+	if !part.IsObject() {
+		return false
+	}
+	audio := false
+	part.ForEach(func(k, v gjson.Result) bool {
+		audio = strings.EqualFold(k.Str, "input_audio") || (strings.EqualFold(k.Str, "type") && v.Str == "input_audio")
+		return !audio
+	})
+	return audio
+}
+
+// audioTokensPerSecond is how many tokens a second of audio counts at OpenAI (one per 100 ms).
+const audioTokensPerSecond = 10
+
+// clipTokens estimates an audio part's tokens from its length: a WAV header's format gives the
+// duration of the base64 data, an MP3 stream's frames theirs. A clip whose length cannot be read
+// so counts tokensPerMedia. Flat, a long clip was estimated at a fraction of what the provider
+// bills for it (13 minutes of 32 kbps speech fit a 4 MiB body: ~7 900 tokens), and a caller
+// who left before the usage report paid that fraction.
+func clipTokens(part gjson.Result) int64 {
+	data := ""
+	part.ForEach(func(k, payload gjson.Result) bool {
+		if strings.EqualFold(k.Str, "input_audio") {
+			payload.ForEach(func(k, v gjson.Result) bool {
+				if strings.EqualFold(k.Str, "data") && v.Type == gjson.String {
+					data = v.Str
+				}
+				return true
+			})
+		}
+		return true
+	})
+	micros := clipMicros(data)
+	if micros <= 0 {
+		return tokensPerMedia
+	}
+	return max(1, ceilDiv(micros*audioTokensPerSecond, 1_000_000))
+}
+
+// clipMicros is how long the base64 audio data plays, in microseconds: a WAV file's data size
+// over its rate, or the frames of an MP3 stream (after an ID3v2 tag); 0 when it is neither.
+func clipMicros(data string) int64 {
+	head, ok := decodeBase64At(data, 0, 36)
+	if !ok || len(head) < 10 {
+		return 0
+	}
+	if string(head[0:4]) == "RIFF" && len(head) >= 36 && string(head[8:16]) == "WAVEfmt " {
+		// A decoder times the clip by its sample rate, channels and sample width; the byte
+		// rate is a hint the caller writes, and one claimed huge made a long clip one token.
+		rate := int64(binary.LittleEndian.Uint32(head[28:32]))
+		samples := int64(binary.LittleEndian.Uint32(head[24:28])) * int64(binary.LittleEndian.Uint16(head[22:24]))
+		if pcm := samples * ((int64(binary.LittleEndian.Uint16(head[34:36])) + 7) / 8); pcm > 0 {
+			rate = min(rate, pcm)
+		}
+		if rate <= 0 {
+			return 0
+		}
+		return int64(base64.StdEncoding.DecodedLen(len(data))) * 1_000_000 / rate
+	}
+	off := int64(0)
+	if string(head[0:3]) == "ID3" {
+		// A syncsafe size: 7 bits per byte; a footer adds 10 bytes.
+		off = 10 + (int64(head[6]&0x7f)<<21 | int64(head[7]&0x7f)<<14 | int64(head[8]&0x7f)<<7 | int64(head[9]&0x7f))
+		if head[5]&0x10 != 0 {
+			off += 10
+		}
+	}
+	return mp3Micros(data, off)
+}
+
+// mp3Micros walks the MPEG audio Layer III frames of the base64 data from byte off and returns
+// the microseconds they play: every frame, as a decoder plays them, resynchronising past bytes
+// that are not one. Timed by its first frame alone, a variable-rate stream whose first frame
+// claims 320 kbit/s was estimated at a tenth of its 32 kbit/s rest. Linear in the data.
+func mp3Micros(data string, off int64) int64 {
+	r := bufio.NewReaderSize(base64.NewDecoder(base64.StdEncoding, strings.NewReader(data)), 64<<10)
+	if off > int64(len(data)) {
+		return 0
+	}
+	if _, err := r.Discard(int(off)); err != nil {
+		return 0
+	}
+	var micros, read, junk int64
+	for {
+		h, err := r.Peek(4)
+		if err != nil {
+			return micros
+		}
+		n, us := mp3Frame(h)
+		if n == 0 {
+			// Not a frame: on to the next byte that may start one (0xff), a buffer at a time.
+			buf, _ := r.Peek(r.Buffered())
+			if i := bytes.IndexByte(buf[1:], 0xff); i >= 0 {
+				n = i + 1
+			} else {
+				n = len(buf)
+			}
+			if junk += int64(n); junk > maxMP3Junk {
+				// Bytes crafted to resynchronise at every other one would cost a walk per
+				// byte: the rest is timed at the lowest bit rate instead, as long as it can play.
+				rest := max(0, int64(base64.StdEncoding.DecodedLen(len(data)))-off-read)
+				return micros + rest*1_000_000/mp3LowestByteRate
+			}
+		}
+		micros += us
+		read += int64(n)
+		if _, err := r.Discard(n); err != nil {
+			return micros // a last frame cut short: counted whole
+		}
+	}
+}
+
+// maxMP3Junk bounds the bytes an MP3 walk resynchronises past; mp3LowestByteRate is the
+// slowest a Layer III stream plays its bytes (8 kbit/s).
+const (
+	maxMP3Junk        = 64 << 10
+	mp3LowestByteRate = 1000
+)
+
+// mp3Frame reads a Layer III frame header: the frame's length in bytes and the microseconds it
+// plays; 0, 0 when h does not start one.
+func mp3Frame(h []byte) (n int, micros int64) {
+	if h[0] != 0xff || h[1]&0xe0 != 0xe0 || (h[1]>>1)&3 != 1 {
+		return 0, 0
+	}
+	kbps, rates, samples, perKbps := mp3KbpsMPEG2[h[2]>>4], [3]int64{22050, 24000, 16000}, int64(576), int64(72)
+	switch (h[1] >> 3) & 3 {
+	case 3: // MPEG-1
+		kbps, rates, samples, perKbps = mp3KbpsMPEG1[h[2]>>4], [3]int64{44100, 48000, 32000}, 1152, 144
+	case 1: // reserved
+		return 0, 0
+	case 0: // MPEG-2.5
+		rates = [3]int64{11025, 12000, 8000}
+	}
+	ri := (h[2] >> 2) & 3
+	if kbps == 0 || ri == 3 {
+		return 0, 0
+	}
+	rate := rates[ri]
+	return int(perKbps*kbps*1000/rate) + int((h[2]>>1)&1), samples * 1_000_000 / rate
+}
+
+// Layer III bit rates (kbit/s) by the frame header's index; 0: free or bad.
+var (
+	mp3KbpsMPEG1 = [16]int64{0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 0}
+	mp3KbpsMPEG2 = [16]int64{0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160, 0} // and 2.5
+)
+
+// decodeBase64At decodes up to n bytes of the standard base64 data from byte offset off,
+// reading only the characters it needs.
+func decodeBase64At(data string, off int64, n int) ([]byte, bool) {
+	start := off / 3 * 4
+	if off < 0 || start >= int64(len(data)) {
+		return nil, false
+	}
+	end := min(int64(len(data)), start+int64(n+5)/3*4)
+	out, err := base64.StdEncoding.DecodeString(data[start:end])
+	if err != nil {
+		return nil, false
+	}
+	if int64(len(out)) < off%3 {
+		return nil, false
+	}
+	out = out[off%3:]
+	return out[:min(len(out), n)], true
+}
