@@ -19,19 +19,20 @@ import (
 // with Go's encoding/json reads it, is input_audio, or when it carries an input_audio payload.
 // Three fixed levels: linear in the body.
 func EstimateAudioInputTokens(f Format, body []byte) int64 {
+	list := ""
+	switch f {
+	case FormatChat:
+		list = "messages"
+	case FormatResponses:
+		list = "input"
+	default:
+		return 0 // no audio parts in the other formats: not even a scan of the body
+	}
 	if !mayHoldAudio(body) {
 		// Almost every request: no second parse (and copy) of the prompt on the hot path.
 		return 0
 	}
-	var items gjson.Result
-	switch f {
-	case FormatChat:
-		items = gjson.GetBytes(body, "messages")
-	case FormatResponses:
-		items = gjson.GetBytes(body, "input")
-	default:
-		return 0
-	}
+	items := gjson.GetBytes(body, list)
 	var tokens int64
 	items.ForEach(func(_, item gjson.Result) bool {
 		item.ForEach(func(k, content gjson.Result) bool {
