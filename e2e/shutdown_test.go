@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -395,6 +397,9 @@ func TestSigtermCallArrivingDuringDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	// Accepted first: a connection still in the listen queue when SIGTERM closes the listener
+	// is reset by the kernel, never seen by the gateway — not the case this test is about.
+	waitFor(t, 5*time.Second, "the gateway to accept the connection", func() bool { return acceptQueue(t, g) == 0 })
 	g.signal(t, syscall.SIGTERM)
 	time.Sleep(300 * time.Millisecond) // inside the 2 s drain
 	body := chatBody(false, 30, "arrived during the drain")
@@ -431,4 +436,38 @@ func TestSigtermCallArrivingDuringDrain(t *testing.T) {
 	case status != http.StatusOK && all != 1:
 		t.Errorf("the late call was refused (%d), but %d holds exist, want only the stream's", status, all)
 	}
+}
+
+// acceptQueue is how many connections wait in g's listen queue, not yet accepted: the rx_queue
+// the kernel shows for a listening socket in /proc/net/tcp.
+func acceptQueue(t *testing.T, g *gateway) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(g.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := fmt.Sprintf("0100007F:%04X", p) // 127.0.0.1, as the kernel prints it
+	for _, line := range strings.Split(string(table), "\n")[1:] {
+		f := strings.Fields(line)
+		// sl local remote st tx_queue:rx_queue ...; st 0A is LISTEN.
+		if len(f) < 5 || f[1] != local || f[3] != "0A" {
+			continue
+		}
+		_, rx, _ := strings.Cut(f[4], ":")
+		n, err := strconv.ParseInt(rx, 16, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int(n)
+	}
+	t.Fatalf("no listening socket on %s in /proc/net/tcp", local)
+	return 0
 }
