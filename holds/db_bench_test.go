@@ -88,7 +88,17 @@ func BenchmarkDBAdmit(b *testing.B) {
 // BenchmarkDBSettleAndAdmit is what a sequential caller's call costs the database: the
 // previous call's settlement and this call's admission in one transaction (holds.Writer
 // merges them; see WriteBatch).
-func BenchmarkDBSettleAndAdmit(b *testing.B) {
+func BenchmarkDBSettleAndAdmit(b *testing.B) { settleAndAdmit(b, 0) }
+
+// BenchmarkDBSettleAndAdmitPaced is the same transaction with the pause a sequential caller
+// leaves between two (its call's HTTP round trips, ~1 ms): on a machine whose idle CPUs sleep,
+// every round trip after a pause pays a wake-up, and the transaction costs more than back to
+// back. It is the figure to set against the gateway's admit_tx phase for a single caller.
+func BenchmarkDBSettleAndAdmitPaced(b *testing.B) { settleAndAdmit(b, time.Millisecond) }
+
+// settleAndAdmit times the previous call's settlement with the next admission, pausing
+// between transactions (timer stopped).
+func settleAndAdmit(b *testing.B, pause time.Duration) {
 	f := newBenchFixture(b)
 	var lat latencies
 	prev := ""
@@ -104,6 +114,11 @@ func BenchmarkDBSettleAndAdmit(b *testing.B) {
 		f.writeBatch(b, st, run)
 		lat.add(start)
 		prev = run
+		if pause > 0 {
+			b.StopTimer()
+			time.Sleep(pause)
+			b.StartTimer()
+		}
 	}
 	f.writeBatch(b, &holds.Settlement{RunID: prev, UserID: f.user.ID, CostMicro: 10, Source: holds.SourceComplete}, "")
 	lat.report(b)

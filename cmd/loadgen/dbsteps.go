@@ -87,5 +87,6 @@ func printDBSteps(w io.Writer, steps []DBStep) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "(DurableHoldFloor: begin, lock the user, insert a hold, commit, in one round trip — the least any")
-	fmt.Fprintln(w, " durable hold costs here; SettleAndAdmit: what a sequential caller's call costs the database)")
+	fmt.Fprintln(w, " durable hold costs here; SettleAndAdmit: what a sequential caller's call costs the database,")
+	fmt.Fprintln(w, " back to back, and Paced with the 1 ms pause between calls a single caller leaves)")
 }
