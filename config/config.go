@@ -105,7 +105,10 @@ type ModelCfg struct {
 	CacheWrite1h USDPerM `yaml:"cache_write_1h"`
 	// AudioInput prices audio input tokens (chat input_audio parts); unset, requests with
 	// audio parts are refused (unpriced_option).
-	AudioInput      USDPerM `yaml:"audio_input"`
+	AudioInput USDPerM `yaml:"audio_input"`
+	// AudioOutput prices audio output tokens (a chat answer asked for with modalities
+	// ["text", "audio"]); unset, requests asking for audio answers are refused (unpriced_option).
+	AudioOutput     USDPerM `yaml:"audio_output"`
 	Output          USDPerM `yaml:"output"`
 	MaxOutputTokens int64   `yaml:"max_output_tokens"` // the model's own limit; 0 = unknown
 }
@@ -416,7 +419,8 @@ func (c *Config) PriceTable() (*pricing.Table, error) {
 	prices := make(map[string]pricing.Price, len(c.Models))
 	for name, m := range c.Models {
 		prices[name] = pricing.Price{Input: m.Input.Micro, CacheRead: m.CacheRead.Micro, CacheWrite: m.CacheWrite.Micro,
-			CacheWrite1h: m.CacheWrite1h.Micro, AudioInput: m.AudioInput.Micro, Output: m.Output.Micro}
+			CacheWrite1h: m.CacheWrite1h.Micro, AudioInput: m.AudioInput.Micro,
+			AudioOutput: m.AudioOutput.Micro, Output: m.Output.Micro}
 	}
 	return pricing.NewTable(prices)
 }

@@ -13,7 +13,8 @@ import (
 
 // EstimateAudioInputTokens guesses the audio part of a request's prompt: the clipTokens of each
 // input_audio part of its chat messages or Responses input items (EstimateInputTokens counts
-// them in the prompt too). The provider bills audio tokens at several times the text
+// them in the prompt too), and tokensPerMedia for each earlier spoken answer a chat message
+// sends back. The provider bills audio tokens at several times the text
 // rate, so the gateway prices them apart, or refuses them on a model without an audio price:
 // a part counts when its "type", the key compared with case folded as a provider decoding
 // with Go's encoding/json reads it, is input_audio, or when it carries an input_audio payload.
@@ -35,14 +36,20 @@ func EstimateAudioInputTokens(f Format, body []byte) int64 {
 	items := gjson.GetBytes(body, list)
 	var tokens int64
 	items.ForEach(func(_, item gjson.Result) bool {
-		item.ForEach(func(k, content gjson.Result) bool {
-			if strings.EqualFold(k.Str, "content") && content.IsArray() {
-				content.ForEach(func(_, part gjson.Result) bool {
+		item.ForEach(func(k, v gjson.Result) bool {
+			switch {
+			case strings.EqualFold(k.Str, "content") && v.IsArray():
+				v.ForEach(func(_, part gjson.Result) bool {
 					if isAudioPart(part) {
 						tokens = min(maxEstimatedTokens, tokens+clipTokens(part))
 					}
 					return true
 				})
+			case f == FormatChat && strings.EqualFold(k.Str, "audio") && v.IsObject():
+				// An earlier spoken answer sent back by its id ({"audio": {"id": …}} on an
+				// assistant message): the model hears it again, billed as audio input. Its
+				// length is not in the request.
+				tokens = min(maxEstimatedTokens, tokens+tokensPerMedia)
 			}
 			return true
 		})
@@ -51,9 +58,10 @@ func EstimateAudioInputTokens(f Format, body []byte) int64 {
 	return tokens
 }
 
-// mayHoldAudio reports whether body could have an audio part: "input_audio", as a key in any
-// case or as a value, holds "_audio" in ASCII case (no other rune folds to its letters), unless
-// some character of it is written as a \u escape. Two fast byte scans. Only an escape of one of
+// mayHoldAudio reports whether body could have an audio part or an earlier spoken answer:
+// "input_audio", as a key in any case or as a value, holds "_audio" in ASCII case (no other
+// rune folds to its letters), a spoken answer is an "audio" key, unless some character of
+// either is written as a \u escape. Three fast byte scans. Only an escape of one of
 // those characters counts: most prompts hold others (Go's encoding/json writes <, > and & as
 // \u003c, \u003e, \u0026; Python's every non-ASCII character), and each sent every such prompt
 // through a second full parse.
@@ -87,13 +95,30 @@ func mayHoldAudio(body []byte) bool {
 	for b := body; ; {
 		i := bytes.IndexByte(b, '_')
 		if i < 0 {
-			return false
+			break
 		}
 		b = b[i+1:]
 		if len(b) >= 5 && bytes.EqualFold(b[:5], []byte("audio")) {
 			return true
 		}
 	}
+	// An "audio" key (an earlier spoken answer sent back), in any case, found by its end: o"
+	// is far rarer in a prompt than its quotes (a scan stopping at every quote took 110 µs
+	// on a 100 KB conversation, this one 15).
+	for _, end := range [][]byte{[]byte(`o"`), []byte(`O"`)} {
+		for from := 0; ; {
+			i := bytes.Index(body[from:], end)
+			if i < 0 {
+				break
+			}
+			j := from + i
+			if j >= 5 && body[j-5] == '"' && bytes.EqualFold(body[j-4:j], []byte("audi")) {
+				return true
+			}
+			from = j + 2
+		}
+	}
+	return false
 }
 
 // isAudioPart reports whether a content part is audio input.
@@ -263,4 +288,62 @@ func decodeBase64At(data string, off int64, n int) ([]byte, bool) {
 	}
 	out = out[off%3:]
 	return out[:min(len(out), n)], true
+}
+
+// audioOutputTokensPerSecond is how many tokens a second of a spoken answer counts at OpenAI,
+// twice an audio prompt's: its Realtime launch priced audio output at 200 USD per million
+// tokens and about 0.24 USD a minute (1 200 tokens a minute), audio input at 100 USD and 0.06
+// USD a minute (600, the ten a second of audioTokensPerSecond).
+const audioOutputTokensPerSecond = 20
+
+// pcmBytesPerSecond is the rate of the raw audio OpenAI streams: 16-bit samples, 24 kHz, mono.
+const pcmBytesPerSecond = 2 * 24_000
+
+// spokenAnswer counts a chat answer's audio object (choices[].delta.audio in a stream,
+// choices[].message.audio in a whole body): its transcript is text the model wrote, its data
+// audio it spoke. A stream's data is raw PCM, whose length is its duration; a whole answer's
+// is a file in the format asked for, timed as an audio prompt's clips are (WAV, MP3), or
+// counted as raw PCM when it is neither (pcm16; FLAC and Opus files play longer than that).
+func (m *Meter) spokenAnswer(audio gjson.Result, streamed bool) {
+	audio.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "transcript":
+			m.res.OutputChars += strLen(v)
+		case "data":
+			if v.Type != gjson.String {
+				return true
+			}
+			if !streamed {
+				if us := clipMicros(v.Str); us > 0 {
+					m.clipMicros = min(m.clipMicros+us, maxAudioCount)
+					return true
+				}
+			}
+			m.pcmBytes = min(m.pcmBytes+base64Len(v.Str), maxAudioCount)
+		}
+		return true
+	})
+}
+
+// maxAudioCount bounds an answer's audio counts (bytes, microseconds) far above any real one
+// (a TiB; 13 days), so that audioOutputTokens cannot overflow on hostile figures.
+const maxAudioCount = 1 << 40
+
+// audioOutputTokens estimates a spoken answer's tokens from its raw PCM bytes and its files'
+// duration: 20 a second, rounded up.
+func audioOutputTokens(pcmBytes, clipMicros int64) int64 {
+	if pcmBytes == 0 && clipMicros == 0 {
+		return 0
+	}
+	micros := pcmBytes*1_000_000/pcmBytesPerSecond + clipMicros
+	return min(maxEstimatedTokens, ceilDiv(micros*audioOutputTokensPerSecond, 1_000_000))
+}
+
+// base64Len is how many bytes the standard base64 text s decodes to (its padding left out).
+func base64Len(s string) int64 {
+	n := int64(len(s)) * 3 / 4
+	for i := len(s) - 1; i >= 0 && i >= len(s)-2 && s[i] == '='; i-- {
+		n--
+	}
+	return max(0, n)
 }

@@ -36,9 +36,21 @@ type Result struct {
 	// OutputChars counts the bytes of generated text seen, the base of the output estimate
 	// when no usage came (a client that cancels mid-stream, a provider that reports none).
 	OutputChars int64
+	// AudioOutput estimates the tokens of the spoken answer seen (a chat answer's audio.data),
+	// from how long it plays: the audio part of the output estimate when no usage came.
+	AudioOutput int64
 	// Model is the model the response says answered (its first "model"), "" when none did:
 	// a provider may answer an alias with a dated snapshot, or route to another model.
 	Model string
+}
+
+// Produced reports whether the response carried any output the model generated: text or audio.
+func (r Result) Produced() bool { return r.OutputChars > 0 || r.AudioOutput > 0 }
+
+// EstimatedOutput is the output the response carried as far as it was seen, for a settlement
+// without a usage report: its text's tokens and its audio's, the audio part priced apart.
+func (r Result) EstimatedOutput() (output, audio int64) {
+	return min(maxEstimatedTokens, EstimateOutputTokens(r.OutputChars)+r.AudioOutput), r.AudioOutput
 }
 
 // maxModelName bounds the model name a Meter keeps: longer is no name a price could match.
@@ -55,6 +67,9 @@ type Meter struct {
 	// reported holds the latest value of each OpenAI-style usage figure, for the ones a
 	// report has carried so far (see openAIUsage).
 	reported [figureCount]reportedFigure
+	// pcmBytes counts the raw audio of a streamed spoken answer (16-bit 24 kHz mono PCM, the
+	// only format OpenAI streams), clipMicros how long the clips of whole answers play.
+	pcmBytes, clipMicros int64
 }
 
 // The figures of an OpenAI-style usage report.
@@ -65,6 +80,7 @@ const (
 	figCached
 	figWritten
 	figAudio
+	figAudioOut
 	figureCount
 )
 
@@ -147,6 +163,7 @@ func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
 // Result returns what was seen so far, every token count within [0, pricing.MaxTokens].
 func (m *Meter) Result() Result {
 	r := m.res
+	r.AudioOutput = audioOutputTokens(m.pcmBytes, m.clipMicros)
 	if m.format == FormatAnthropic && r.Reported && !m.outputFinal {
 		if est := EstimateOutputTokens(r.OutputChars); est > r.Usage.Output {
 			r.Usage.Output, r.Estimated = est, true
@@ -272,6 +289,8 @@ func (m *Meter) openAIChoices(choices gjson.Result, key string) {
 				})
 			case "function_call":
 				m.res.OutputChars += strLen(v.Get("arguments"))
+			case "audio":
+				m.spokenAnswer(v, key == "delta")
 			}
 			return true
 		})
@@ -300,6 +319,7 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		"prompt_cache_hit_tokens", "cached_tokens")
 	set(figWritten, "prompt_tokens_details.cache_write_tokens", "input_tokens_details.cache_write_tokens")
 	set(figAudio, "prompt_tokens_details.audio_tokens", "input_tokens_details.audio_tokens")
+	set(figAudioOut, "completion_tokens_details.audio_tokens", "output_tokens_details.audio_tokens")
 	// Reports are cumulative and the last is final, but a later one may leave figures out (a
 	// chunk with the output count alone, one without the details): a figure it does not
 	// carry keeps its earlier value, as Anthropic's message_delta fields do. Replaced
@@ -326,6 +346,8 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		// is not said. All of it up to the uncached input is billed at the audio price: never
 		// less than the provider charged.
 		AudioInput: min(max(0, m.reported[figAudio].n), input),
+		// The answer's audio, part of completion_tokens (its transcript is the text part).
+		AudioOutput: min(max(0, m.reported[figAudioOut].n), output),
 	}
 	m.res.Reported = true
 	return true

@@ -1,6 +1,8 @@
 package metering
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"strings"
 	"testing"
 
@@ -114,6 +116,13 @@ func TestMeterOpenAI(t *testing.T) {
 			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":1,"prompt_tokens_details":{"audio_tokens":600}}}`),
 			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":40}}`),
 		}, pricing.Usage{Input: 1000, AudioInput: 600, Output: 40}, true, false},
+		// A spoken answer's report: its audio tokens are a part of completion_tokens.
+		{"audio output from completion_tokens_details", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":300,"completion_tokens_details":{"audio_tokens":250,"text_tokens":50}}}`),
+		}, pricing.Usage{Input: 20, Output: 300, AudioOutput: 250}, true, false},
+		{"audio output never more than the output", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":100,"completion_tokens_details":{"audio_tokens":250}}}`),
+		}, pricing.Usage{Input: 20, Output: 100, AudioOutput: 100}, true, false},
 		{"first present cached field wins, null details skipped", []Event{
 			data(`{"usage":{"prompt_tokens":100,"prompt_tokens_details":null,"prompt_cache_hit_tokens":40,"cached_tokens":7}}`),
 		}, pricing.Usage{Input: 60, CacheRead: 40}, true, false},
@@ -169,6 +178,53 @@ func TestMeterOutputChars(t *testing.T) {
 				t.Errorf("OutputChars %d reported %v, want %d false", got.OutputChars, got.Reported, tc.want)
 			}
 		})
+	}
+}
+
+// TestMeterSpokenAnswer: a spoken answer's transcript is text the model wrote, its audio is
+// counted by how long it plays (20 tokens a second): a streamed answer's raw PCM by its bytes,
+// a whole answer's file by its format's timing.
+func TestMeterSpokenAnswer(t *testing.T) {
+	second := base64.StdEncoding.EncodeToString(make([]byte, pcmBytesPerSecond))
+	half := base64.StdEncoding.EncodeToString(make([]byte, pcmBytesPerSecond/2+1)) // padded
+	streamed := meterEvents(FormatChat,
+		data(`{"choices":[{"delta":{"role":"assistant","audio":{"id":"a","transcript":"Hel"}}}]}`),
+		data(`{"choices":[{"delta":{"audio":{"transcript":"lo"}}}]}`),
+		data(`{"choices":[{"delta":{"audio":{"data":"`+second+`"}}}]}`),
+		data(`{"choices":[{"delta":{"audio":{"data":"`+half+`"}}}]}`),
+		data(`{"choices":[{"delta":{"audio":{"data":null}}}]}`))
+	// 1.5 s and 2 bytes: 30 tokens and a part of one.
+	if streamed.OutputChars != 5 || streamed.AudioOutput != 31 || streamed.Reported || !streamed.Produced() {
+		t.Errorf("streamed: %+v, want 5 transcript bytes and 31 audio tokens, unreported", streamed)
+	}
+	if out, audio := streamed.EstimatedOutput(); out != EstimateOutputTokens(5)+31 || audio != 31 {
+		t.Errorf("streamed estimate: %d output, %d audio, want %d and 31", out, audio, EstimateOutputTokens(5)+31)
+	}
+	// A whole answer's WAV: 8 kHz 8-bit mono, 3 seconds.
+	wav := make([]byte, 44+3*8000)
+	copy(wav, "RIFF")
+	copy(wav[8:], "WAVEfmt ")
+	binary.LittleEndian.PutUint16(wav[22:], 1)
+	binary.LittleEndian.PutUint32(wav[24:], 8000)
+	binary.LittleEndian.PutUint32(wav[28:], 8000)
+	binary.LittleEndian.PutUint16(wav[34:], 8)
+	m := NewMeter(FormatChat)
+	m.Body([]byte(`{"choices":[{"message":{"role":"assistant","content":null,"audio":{"id":"a","data":"` +
+		base64.StdEncoding.EncodeToString(wav) + `","transcript":"Hi."}}}]}`))
+	// 3.0055 s (its header is timed as samples too): 61 tokens, rounded up.
+	if whole := m.Result(); whole.OutputChars != 3 || whole.AudioOutput != 61 {
+		t.Errorf("whole answer: %+v, want 3 transcript bytes and 61 audio tokens", whole)
+	}
+	if silent := meterEvents(FormatChat, data(`{"choices":[{"delta":{"content":""}}]}`)); silent.Produced() {
+		t.Errorf("an empty delta produced output: %+v", silent)
+	}
+}
+
+func TestBase64Len(t *testing.T) {
+	for n := range 10 {
+		if got := base64Len(base64.StdEncoding.EncodeToString(make([]byte, n))); got != int64(n) {
+			t.Errorf("base64Len of %d bytes = %d", n, got)
+		}
 	}
 }
 
@@ -327,6 +383,11 @@ func TestAudioInputEstimate(t *testing.T) {
 		{"payload under another type", FormatChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"x","input_audio":{}}]}]}`, tokensPerMedia},
 		{"responses", FormatResponses, `{"input":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA"}}]}]}`, tokensPerMedia},
 		{"responses string input", FormatResponses, `{"input":"input_audio"}`, 0},
+		// An earlier spoken answer sent back by its id is heard again: audio input of unknown length.
+		{"spoken answer sent back", FormatChat, `{"messages":[{"role":"assistant","audio":{"id":"audio_1"}},{"role":"user","content":"again"}]}`, tokensPerMedia},
+		{"spoken answer sent back, key in another case", FormatChat, `{"messages":[{"role":"assistant","AUDIO":{"id":"audio_1"}}]}`, tokensPerMedia},
+		{"an echoed message's null audio", FormatChat, `{"messages":[{"role":"assistant","content":"hi","audio":null}]}`, 0},
+		{"the word audio in text", FormatChat, `{"messages":[{"role":"user","content":"audio"}]}`, 0},
 		{"anthropic has no audio parts", FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"input_audio"}]}]}`, 0},
 	} {
 		if got := EstimateAudioInputTokens(tc.f, []byte(tc.body)); got != tc.want {

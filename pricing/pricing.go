@@ -38,28 +38,33 @@ type Usage struct {
 	// AudioInput is the part of Input that was audio (OpenAI's input_audio parts), which the
 	// provider bills at several times the text rate. Not stored apart either: Input is the total.
 	AudioInput int64 `json:"audio_input,omitempty"`
+	// AudioOutput is the part of Output that was audio (a chat answer asked for with
+	// modalities ["text", "audio"]), billed at a higher rate than text again. Output is the total.
+	AudioOutput int64 `json:"audio_output,omitempty"`
 }
 
 // Add returns the field-wise sum.
 func (u Usage) Add(o Usage) Usage {
 	return Usage{Input: u.Input + o.Input, CacheRead: u.CacheRead + o.CacheRead, CacheWrite: u.CacheWrite + o.CacheWrite,
-		Output: u.Output + o.Output, CacheWrite1h: u.CacheWrite1h + o.CacheWrite1h, AudioInput: u.AudioInput + o.AudioInput}
+		Output: u.Output + o.Output, CacheWrite1h: u.CacheWrite1h + o.CacheWrite1h, AudioInput: u.AudioInput + o.AudioInput,
+		AudioOutput: u.AudioOutput + o.AudioOutput}
 }
 
 // Sub returns the field-wise difference u - o.
 func (u Usage) Sub(o Usage) Usage {
 	return Usage{Input: u.Input - o.Input, CacheRead: u.CacheRead - o.CacheRead, CacheWrite: u.CacheWrite - o.CacheWrite,
-		Output: u.Output - o.Output, CacheWrite1h: u.CacheWrite1h - o.CacheWrite1h, AudioInput: u.AudioInput - o.AudioInput}
+		Output: u.Output - o.Output, CacheWrite1h: u.CacheWrite1h - o.CacheWrite1h, AudioInput: u.AudioInput - o.AudioInput,
+		AudioOutput: u.AudioOutput - o.AudioOutput}
 }
 
-// Clamp returns u with every field inside [0, MaxTokens], CacheWrite at least CacheWrite1h
-// and Input at least AudioInput (a report whose part is larger than its whole is billed for
-// the larger).
+// Clamp returns u with every field inside [0, MaxTokens], CacheWrite at least CacheWrite1h,
+// Input at least AudioInput and Output at least AudioOutput (a report whose part is larger
+// than its whole is billed for the larger).
 func (u Usage) Clamp() Usage {
 	c := func(v int64) int64 { return max(0, min(v, MaxTokens)) }
-	hour, audio := c(u.CacheWrite1h), c(u.AudioInput)
-	return Usage{Input: max(c(u.Input), audio), CacheRead: c(u.CacheRead), CacheWrite: max(c(u.CacheWrite), hour),
-		Output: c(u.Output), CacheWrite1h: hour, AudioInput: audio}
+	hour, audioIn, audioOut := c(u.CacheWrite1h), c(u.AudioInput), c(u.AudioOutput)
+	return Usage{Input: max(c(u.Input), audioIn), CacheRead: c(u.CacheRead), CacheWrite: max(c(u.CacheWrite), hour),
+		Output: max(c(u.Output), audioOut), CacheWrite1h: hour, AudioInput: audioIn, AudioOutput: audioOut}
 }
 
 // Price is one model's price in micro-USD per million tokens.
@@ -75,6 +80,10 @@ type Price struct {
 	// AudioInput prices audio input tokens; 0 when not configured: a request with audio parts
 	// is then refused (proxy: unpriced_option), and any reported anyway are billed at Input.
 	AudioInput int64 `json:"audio_input"`
+	// AudioOutput prices audio output tokens; 0 when not configured: a request asking for an
+	// audio answer is then refused (proxy: unpriced_option), and any reported anyway are
+	// billed at Output.
+	AudioOutput int64 `json:"audio_output"`
 }
 
 // Snapshot is the record of p kept with each settlement of model, so that a bill can be
@@ -82,7 +91,7 @@ type Price struct {
 func (p Price) Snapshot(model string) []byte {
 	b, err := json.Marshal(map[string]any{"model": model, "unit": "micro_usd_per_million_tokens",
 		"input": p.Input, "cache_read": p.CacheRead, "cache_write": p.CacheWrite, "cache_write_1h": p.CacheWrite1h,
-		"output": p.Output, "audio_input": p.AudioInput})
+		"output": p.Output, "audio_input": p.AudioInput, "audio_output": p.AudioOutput})
 	if err != nil {
 		panic("pricing: snapshot: " + err.Error()) // a map of strings and integers always encodes
 	}
@@ -95,7 +104,7 @@ func (p Price) validate() error {
 		name string
 		v    int64
 	}{{"input", p.Input}, {"cache_read", p.CacheRead}, {"cache_write", p.CacheWrite}, {"cache_write_1h", p.CacheWrite1h}, {"output", p.Output},
-		{"audio_input", p.AudioInput}} {
+		{"audio_input", p.AudioInput}, {"audio_output", p.AudioOutput}} {
 		if f.v < 0 || f.v > maxPriceMicroPerM {
 			return fmt.Errorf("%s price %d micro-USD/M outside [0, %d]", f.name, f.v, int64(maxPriceMicroPerM))
 		}
@@ -107,18 +116,22 @@ func (p Price) validate() error {
 // gateway never bills less than the provider charged it.
 func (p Price) Cost(u Usage) int64 {
 	u = u.Clamp()
-	hourPrice, audioPrice := p.CacheWrite1h, p.AudioInput
+	hourPrice, audioInPrice, audioOutPrice := p.CacheWrite1h, p.AudioInput, p.AudioOutput
 	if hourPrice == 0 {
 		hourPrice = p.CacheWrite
 	}
-	if audioPrice == 0 {
-		audioPrice = p.Input
+	if audioInPrice == 0 {
+		audioInPrice = p.Input
+	}
+	if audioOutPrice == 0 {
+		audioOutPrice = p.Output
 	}
 	// Each part is billed apart from its whole, so the tokens still sum to at most the four
 	// wholes: the bound on Σ tokens × price below holds.
 	var hi, lo uint64
-	for _, term := range [6][2]int64{{u.Input - u.AudioInput, p.Input}, {u.AudioInput, audioPrice}, {u.CacheRead, p.CacheRead},
-		{u.CacheWrite - u.CacheWrite1h, p.CacheWrite}, {u.CacheWrite1h, hourPrice}, {u.Output, p.Output}} {
+	for _, term := range [7][2]int64{{u.Input - u.AudioInput, p.Input}, {u.AudioInput, audioInPrice}, {u.CacheRead, p.CacheRead},
+		{u.CacheWrite - u.CacheWrite1h, p.CacheWrite}, {u.CacheWrite1h, hourPrice},
+		{u.Output - u.AudioOutput, p.Output}, {u.AudioOutput, audioOutPrice}} {
 		h, l := bits.Mul64(uint64(term[0]), uint64(term[1]))
 		var carry uint64
 		lo, carry = bits.Add64(lo, l, 0)
@@ -136,6 +149,14 @@ func (p Price) Cost(u Usage) int64 {
 		panic("pricing: cost overflow")
 	}
 	return int64(q)
+}
+
+// Spoken is the price that bounds a call whose answer may be audio: every output token at the
+// dearer of the text and audio output prices, since how much of the answer will be audio is
+// not known before it is made.
+func (p Price) Spoken() Price {
+	p.Output = max(p.Output, p.AudioOutput)
+	return p
 }
 
 // WorstCase is the cost of a call whose prompt is prompt and that produces maxOutput tokens:

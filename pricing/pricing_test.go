@@ -109,6 +109,42 @@ func TestAudioInputAtItsOwnPrice(t *testing.T) {
 	}
 }
 
+func TestAudioOutputAtItsOwnPrice(t *testing.T) {
+	p := Price{Input: 2_500_000, Output: 10_000_000, AudioOutput: 80_000_000}
+	for _, tc := range []struct {
+		name string
+		u    Usage
+		want int64
+	}{
+		{"text answer", Usage{Output: 1000}, 10_000},
+		// 50 transcript tokens at 10.00 + 250 audio at 80.00 = 500 + 20 000.
+		{"spoken answer", Usage{Output: 300, AudioOutput: 250}, 20_500},
+		{"part over whole", Usage{Output: 10, AudioOutput: 100}, 8_000},
+		{"negative part clamped", Usage{Output: 1000, AudioOutput: -5}, 10_000},
+	} {
+		if got := p.Cost(tc.u); got != tc.want {
+			t.Errorf("%s: Cost(%+v) = %d, want %d", tc.name, tc.u, got, tc.want)
+		}
+	}
+	// A call asking for a spoken answer is bounded with every output token as audio.
+	if got := p.Spoken().MaxOutputWithin(Usage{}, 80_000); got != 1000 {
+		t.Errorf("Spoken().MaxOutputWithin(80 000) = %d, want 1000 (80 µUSD a token)", got)
+	}
+	if got := p.MaxOutputWithin(Usage{}, 80_000); got != 8000 {
+		t.Errorf("MaxOutputWithin(80 000) = %d, want 8000 (10 µUSD a text token)", got)
+	}
+	// Audio output priced below text (no provider does this): the bound keeps the text price.
+	if got := (Price{Output: 10_000_000, AudioOutput: 1_000_000}).Spoken().Output; got != 10_000_000 {
+		t.Errorf("Spoken output price %d, want the dearer 10 000 000", got)
+	}
+	// Without an audio output price (spoken answers are refused at the door), any reported
+	// anyway are billed at the output price.
+	p.AudioOutput = 0
+	if got := p.Cost(Usage{Output: 300, AudioOutput: 250}); got != 3000 {
+		t.Errorf("audio output without its price: %d, want 3000", got)
+	}
+}
+
 func TestCostDoesNotOverflowAtTheBounds(t *testing.T) {
 	p := Price{Input: maxPriceMicroPerM, CacheRead: maxPriceMicroPerM, CacheWrite: maxPriceMicroPerM, Output: maxPriceMicroPerM}
 	u := Usage{Input: 1_000_000, Output: 1_000_000}

@@ -693,7 +693,7 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 		}
 	case outcomeStreamError:
 		st.Source = holds.SourceStreamError
-		if res := c.meter.Result(); res.UpstreamError && !res.Reported && res.OutputChars == 0 {
+		if res := c.meter.Result(); res.UpstreamError && !res.Reported && !res.Produced() {
 			// The provider said it failed (an error event after its 200) before it produced
 			// anything and without a usage: as for a refusal with a non-2xx status, nothing was
 			// used. (A stream that only broke, with no word from the provider, keeps the
@@ -711,7 +711,7 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 		st.Usage, st.Estimated = res.Usage, res.Estimated
 	} else {
 		st.Usage = c.req.promptEstimate()
-		st.Usage.Output = metering.EstimateOutputTokens(res.OutputChars)
+		st.Usage.Output, st.Usage.AudioOutput = res.EstimatedOutput()
 		st.Estimated = true
 	}
 	price := c.req.price

@@ -337,7 +337,7 @@ const idemWriteTimeout = 2 * time.Second
 // replayed for a day.
 func (c *call) pinsIdem(status int, o outcome) bool {
 	return status >= 200 && status <= 299 &&
-		(o == outcomeComplete || (o == outcomeStreamError && c.meter.Result().OutputChars > 0))
+		(o == outcomeComplete || (o == outcomeStreamError && c.meter.Result().Produced()))
 }
 
 // finishIdem records how an idempotent attempt ended, before its settlement: the answer the

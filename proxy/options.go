@@ -18,10 +18,11 @@ import (
 // once which option to drop, and nothing is held.
 //
 // audioTokens is the estimate of the prompt's audio (metering.EstimateAudioInputTokens): audio
-// input on a model without an audio price is refused likewise.
+// input on a model without an audio input price is refused likewise, as is a spoken answer on
+// one without an audio output price.
 func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64) string {
 	if audioTokens > 0 && price.AudioInput == 0 {
-		return "an 'input_audio' part (audio input tokens, unpriced for this model)"
+		return "audio input (an 'input_audio' part, or an earlier answer's 'audio' sent back; audio input tokens, unpriced for this model)"
 	}
 	switch format {
 	case metering.FormatChat, metering.FormatCompletions, metering.FormatResponses:
@@ -42,13 +43,8 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		if v := root.Get("web_search_options"); v.Exists() && v.Type != gjson.Null {
 			return "'web_search_options' (a per-search fee)"
 		}
-		if v := root.Get("audio"); v.Exists() && v.Type != gjson.Null {
-			return "'audio' output (audio tokens)"
-		}
-		for _, m := range root.Get("modalities").Array() {
-			if m.Str == "audio" {
-				return "'modalities: audio' (audio tokens)"
-			}
+		if asksSpokenAnswer(format, root) && price.AudioOutput == 0 {
+			return "an audio answer ('audio', 'modalities: audio'; audio output tokens, unpriced for this model)"
 		}
 	case metering.FormatResponses:
 		if t := firstTool(root, "web_search", "file_search", "code_interpreter", "image_generation"); t != "" {
@@ -69,6 +65,24 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		}
 	}
 	return ""
+}
+
+// asksSpokenAnswer reports whether a request asks for an audio answer: a chat request with
+// 'audio' options or "audio" among its 'modalities'. Either alone counts: the output bound of
+// such a call prices every output token as audio (pricing.Price.Spoken).
+func asksSpokenAnswer(format metering.Format, root gjson.Result) bool {
+	if format != metering.FormatChat {
+		return false
+	}
+	if v := root.Get("audio"); v.Exists() && v.Type != gjson.Null {
+		return true
+	}
+	for _, m := range root.Get("modalities").Array() {
+		if m.Str == "audio" {
+			return true
+		}
+	}
+	return false
 }
 
 // asksLongCache reports whether any cache_control in the JSON raw (valid JSON: parseCall has

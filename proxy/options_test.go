@@ -30,6 +30,9 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"audio input part, escaped type", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"input\u005faudio","input\u005faudio":{"data":"AAAA","format":"wav"}}]}]}`, nil},
 		{"audio input part, type key in another case", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"Type":"input_audio","data":"AAAA"}]}]}`, nil},
 		{"audio payload under another type", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"x","input_audio":{"data":"AAAA","format":"wav"}}]}]}`, nil},
+		{"earlier spoken answer sent back", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"},{"role":"assistant","audio":{"id":"audio_abc123"}},{"role":"user","content":"again"}]}`, nil},
+		{"earlier spoken answer sent back, key in another case", chat, `{"model":"fake-gpt","messages":[{"role":"assistant","Audio":{"id":"audio_abc123"}},{"role":"user","content":"again"}]}`, nil},
+		{"earlier spoken answer sent back, key escaped", chat, `{"model":"fake-gpt","messages":[{"role":"assistant","\u0061udio":{"id":"audio_abc123"}},{"role":"user","content":"again"}]}`, nil},
 		{"audio input part on responses", responses, `{"model":"fake-gpt","input":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"mp3"}}]}]}`, nil},
 		{"hosted web search", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","parameters":{}},{"type":"web_search_preview"}],"input":"hi"}`, nil},
 		{"hosted file search", responses, `{"model":"fake-gpt","tools":[{"type":"file_search","vector_store_ids":["vs_1"]}],"input":"hi"}`, nil},
@@ -70,6 +73,8 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"responses function tool", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","parameters":{}}],"input":"hi"}`, nil},
 		// Images are billed by the providers as input tokens, at the text price.
 		{"image input part", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"what is it"},{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`, nil},
+		// An assistant message echoed back by an SDK carries "audio": null.
+		{"assistant message with a null audio", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello","audio":null},{"role":"user","content":"audio"}]}`, nil},
 		{"the word input_audio in text", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"input_audio"}]}]}`, nil},
 		{"anthropic five-minute cache", messages, `{"model":"claude-test","max_tokens":50,"system":[{"type":"text","text":"be brief","cache_control":{"type":"ephemeral"}}],"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral","ttl":"5m"}}]}]}`, nil},
 		{"anthropic client tool and a token-priced beta", messages, `{"model":"claude-test","max_tokens":50,"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"hi"}]}`,

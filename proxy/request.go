@@ -62,8 +62,10 @@ type callRequest struct {
 	// inputEstimate guesses the prompt's tokens, audioEstimate the audio part of them (billed
 	// at the audio price): they bound the output and stand in for a usage never reported.
 	inputEstimate, audioEstimate int64
-	userTurns                    int
-	maxOutput                    int64 // the caller's bound on output, -1 when it set none
+	// spoken: the call asks for an audio answer, whose every output token may be audio.
+	spoken    bool
+	userTurns int
+	maxOutput int64 // the caller's bound on output, -1 when it set none
 	// bounds holds the value of each of route.maxFields, -1 where absent: a provider may
 	// honour any of them, so the rewrite lowers every one that is over the limit.
 	bounds []int64
@@ -230,6 +232,7 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		return nil, errBadRequest("unsupported_parameter", "'background' responses are not supported: their usage cannot be metered.")
 	}
 	c.audioEstimate = metering.EstimateAudioInputTokens(rt.format, body)
+	c.spoken = asksSpokenAnswer(rt.format, root)
 	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate); what != "" {
 		return nil, errBadRequest("unpriced_option", fmt.Sprintf(
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
@@ -367,6 +370,15 @@ func (c *callRequest) promptEstimate() pricing.Usage {
 	return pricing.Usage{Input: max(c.inputEstimate, c.audioEstimate), AudioInput: c.audioEstimate}
 }
 
+// boundPrice is the price a worst case of the call is reckoned at: every output token as
+// audio when the call asks for an audio answer.
+func (c *callRequest) boundPrice() pricing.Price {
+	if c.spoken {
+		return c.price.Spoken()
+	}
+	return c.price
+}
+
 // rewrite prepares the body for the upstream once the cap is known: it asks for the usage
 // chunk, and lowers the output bound when the worst case would pass the cap. It edits the raw
 // bytes with sjson, so every field the gateway does not know passes through untouched.
@@ -381,7 +393,7 @@ func (c *callRequest) rewrite(capMicro int64, modelMaxOutput int64) (bool, error
 	if len(c.route.maxFields) == 0 {
 		return true, nil
 	}
-	limit := c.price.MaxOutputWithin(c.promptEstimate(), capMicro)
+	limit := c.boundPrice().MaxOutputWithin(c.promptEstimate(), capMicro)
 	if limit < 0 {
 		return false, nil
 	}

@@ -36,7 +36,7 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 	least := req.price.Cost(req.promptEstimate())
 	want := budget
 	if maxOut := req.outputBound(s.cfg.Models[req.priceKey].MaxOutputTokens); maxOut >= 0 {
-		want = min(want, req.price.WorstCase(req.promptEstimate(), min(maxOut, pricing.MaxTokens)))
+		want = min(want, req.boundPrice().WorstCase(req.promptEstimate(), min(maxOut, pricing.MaxTokens)))
 	}
 	want = max(want, least)
 	c.callID = token.New()
