@@ -245,3 +245,30 @@ func wavSeconds(n int) string {
 	clip[28], clip[29] = 0x40, 0x1f // 8 000 samples and bytes a second
 	return base64.StdEncoding.EncodeToString(clip)
 }
+
+// TestAnswerTooLargeToRelayChargedByItsUsage: an answer larger than max_response_bytes cannot
+// be passed on (502), but the provider made it and bills it: the call is charged the usage at
+// its end, read past the limit. A spoken answer in WAV passes the default 32 MiB after nine
+// minutes; it was charged its prompt's estimate alone.
+func TestAnswerTooLargeToRelayChargedByItsUsage(t *testing.T) {
+	dir := t.TempDir()
+	writeFixture(t, dir, "spoken_long.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
+"message":{"role":"assistant","content":null,"audio":{"id":"audio_1","data":"`+wavSeconds(30)+`","expires_at":1,"transcript":"A long \"usage\": story."}},"finish_reason":"stop"}],
+"usage":{"prompt_tokens":20,"completion_tokens":700,"total_tokens":720,"completion_tokens_details":{"audio_tokens":600}},
+"service_tier":"default","system_fingerprint":"fp_1"}`)
+	h, price := harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
+		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
+	}, func(c *config.Config) { c.Limits.MaxResponseBytes = 64 << 10 })
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_long.json"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_response_too_large" {
+		t.Fatalf("%d %s, want 502 upstream_response_too_large (the clip is 320 KB against 64 KiB)", resp.StatusCode, body)
+	}
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	want := price.Cost(pricing.Usage{Input: 20, Output: 700, AudioOutput: 600})
+	if run.CostMicro != want || run.Estimated || run.SettleSource.String != holds.SourceStreamError {
+		t.Fatalf("run %+v, want cost %d from the reported usage (600 audio tokens), not estimated", run, want)
+	}
+}

@@ -54,11 +54,15 @@ func TestOneHourCacheWritesChargedAtTheirPrice(t *testing.T) {
 }
 
 // harnessRepricing is a harness replaying answers from dir (the recorded fixtures when "")
-// whose model's price reprice changes; it returns the price the gateway then charges.
-func harnessRepricing(t *testing.T, dir, model string, reprice func(*config.ModelCfg)) (*harness, pricing.Price) {
+// whose model's price reprice changes (and the rest of its configuration more); it returns the
+// price the gateway then charges.
+func harnessRepricing(t *testing.T, dir, model string, reprice func(*config.ModelCfg), more ...func(*config.Config)) (*harness, pricing.Price) {
 	t.Helper()
 	var price pricing.Price
 	h := newHarnessWithFixtures(t, dir, func(c *config.Config) {
+		for _, f := range more {
+			f(c)
+		}
 		m := c.Models[model]
 		reprice(&m)
 		c.Models[model] = m

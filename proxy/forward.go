@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/metering"
@@ -263,7 +264,9 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	}
 	if int64(len(body)) > limit {
 		c.outcome = outcomeStreamError
-		c.log.Warn("upstream body over the limit", zap.Int64("limit", limit))
+		read := meterOversized(c.meter, body, resp.Body, oversizeReadFactor*limit)
+		c.log.Warn("upstream body over the limit", zap.Int64("limit", limit), zap.Int64("read", read),
+			zap.Bool("usage_found", c.meter.Result().Reported))
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_response_too_large",
 			Message: fmt.Sprintf("The upstream answer is larger than %d bytes.", limit)})
 		return http.StatusBadGateway
@@ -313,6 +316,71 @@ func meterBody(m *metering.Meter, body []byte, maxEvent int) {
 		}
 		m.Event(ev)
 	}
+}
+
+// oversizeReadFactor bounds how much of an answer too large to relay is still read for its
+// usage: this many times max_response_bytes.
+const oversizeReadFactor = 4
+
+// oversizeTail is how much of the end of an answer too large to relay is kept: its usage
+// report comes last, and is far smaller.
+const oversizeTail = 256 << 10
+
+// meterOversized meters an answer too large to relay from its head (the first bytes, which
+// name the model) and the usage report at its end, reading and discarding the rest as it
+// comes, up to most bytes. The provider bills what it made, whether or not the gateway can
+// pass it on: a spoken answer in WAV passes the default 32 MiB after nine minutes, and was
+// charged its prompt's estimate alone. It returns how many bytes it read past head.
+func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) int64 {
+	var tail []byte
+	buf := make([]byte, 32<<10)
+	var read int64
+	for read < most {
+		n, err := rest.Read(buf[:min(int64(len(buf)), most-read)])
+		read += int64(n)
+		tail = append(tail, buf[:n]...)
+		if len(tail) > 2*oversizeTail {
+			tail = append(tail[:0], tail[len(tail)-oversizeTail:]...)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if len(tail) < oversizeTail {
+		tail = append(head[max(0, len(head)-(oversizeTail-len(tail))):len(head):len(head)], tail...)
+	}
+	usage := lastUsage(tail)
+	if !usage.IsObject() {
+		return read
+	}
+	whole := []byte(`{"usage":` + usage.Raw)
+	if model := gjson.GetBytes(head, "model"); model.Type == gjson.String {
+		whole = append(append(whole, `,"model":`...), model.Raw...)
+	}
+	m.Body(append(whole, '}'))
+	return read
+}
+
+// lastUsage is the value of the last "usage" key in b (a JSON body's end, or an event
+// stream's), or an empty result.
+func lastUsage(b []byte) gjson.Result {
+	key := []byte(`"usage"`)
+	for end := len(b); end > 0; {
+		i := bytes.LastIndex(b[:end], key)
+		if i < 0 {
+			return gjson.Result{}
+		}
+		end = i
+		if i > 0 && b[i-1] == '\\' {
+			continue // inside a string
+		}
+		// Read as the first key of an object, so that the value ends where its braces do.
+		// A report cut off (an answer past the read bound) is none.
+		if r := gjson.GetBytes(append([]byte{'{'}, b[i:]...), "usage"); r.IsObject() && gjson.Valid(r.Raw) {
+			return r
+		}
+	}
+	return gjson.Result{}
 }
 
 // streamErrorEvent is e as an SSE event in the stream's own format, for errors that happen
