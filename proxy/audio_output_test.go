@@ -3,13 +3,16 @@ package proxy_test
 import (
 	"bufio"
 	"encoding/base64"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/tidwall/gjson"
 
@@ -270,5 +273,94 @@ func TestAnswerTooLargeToRelayChargedByItsUsage(t *testing.T) {
 	want := price.Cost(pricing.Usage{Input: 20, Output: 700, AudioOutput: 600})
 	if run.CostMicro != want || run.Estimated || run.SettleSource.String != holds.SourceStreamError {
 		t.Fatalf("run %+v, want cost %d from the reported usage (600 audio tokens), not estimated", run, want)
+	}
+}
+
+// TestSpokenCallOfARunReservesItsAudioWorstCase: a named run's call takes its worst case
+// from the run's cap before it is forwarded, and is bounded by what it was granted. A spoken
+// call's worst case is every output token at the audio price: reserved at the text price, the
+// call was granted an eighth of what its bound needs, and forwarded with an eighth of the
+// output it asked for while the run's cap had room for all of it.
+func TestSpokenCallOfARunReservesItsAudioWorstCase(t *testing.T) {
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	var mu sync.Mutex
+	var seen []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		raw, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, string(raw))
+		mu.Unlock()
+		if strings.Contains(string(raw), "first") {
+			arrived <- struct{}{}
+			<-release
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"x","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],
+"usage":{"prompt_tokens":10,"completion_tokens":1,"total_tokens":11}}`)
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	h := newHarness(t, func(c *configT) {
+		c.Upstreams = []config.Upstream{{Name: "json", Kind: "openai", BaseURL: up.URL, Models: []string{"*"}}}
+		m := c.Models["fake-gpt"]
+		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
+		c.Models["fake-gpt"] = m
+	})
+	_, key := h.user("standard")
+	spoken := func(text string, maxTokens int64) string {
+		return `{"model":"fake-gpt","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"max_tokens":` +
+			strconv.FormatInt(maxTokens, 10) + `,"messages":[{"role":"user","content":"` + text + `"}]}`
+	}
+	forwarded := func() int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return gjson.Get(seen[len(seen)-1], "max_tokens").Int()
+	}
+	// A run's first call asking for far more than its cap is lowered to all of it: how many
+	// audio tokens the cap pays for.
+	probe := h.post(key, "/v1/chat/completions", spoken("probe", 1_000_000_000), map[string]string{"X-Run-Id": "probe"})
+	readAll(t, probe.Body)
+	probe.Body.Close()
+	all := forwarded()
+	if probe.StatusCode != http.StatusOK || all < 100 {
+		t.Fatalf("probe: %d, forwarded with max_tokens=%d", probe.StatusCode, all)
+	}
+	// The first call may speak 80 % of that and stays in flight; the second asks for 30 %.
+	run := map[string]string{"X-Run-Id": "spoken-task"}
+	firstAsks := all * 8 / 10
+	first := make(chan int, 1)
+	go func() {
+		resp := h.post(key, "/v1/chat/completions", spoken("first", firstAsks), run)
+		readAll(t, resp.Body)
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	select {
+	case <-arrived:
+	case code := <-first:
+		t.Fatalf("the first call ended (%d) before its upstream held it", code)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first call did not reach the upstream")
+	}
+	if got := forwarded(); got != firstAsks {
+		t.Errorf("the first call was forwarded with max_tokens=%d, want the %d it asked for: the run's cap pays for %d", got, firstAsks, all)
+	}
+	resp := h.post(key, "/v1/chat/completions", spoken("second", all*3/10), run)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	close(release)
+	if code := <-first; code != http.StatusOK || resp.StatusCode != http.StatusOK {
+		t.Fatalf("first %d, second %d %s", code, resp.StatusCode, body)
+	}
+	// What the run has left beside the first call: 20 % of its cap.
+	if second := forwarded(); second > all*2/10+1 {
+		t.Fatalf("the second call was forwarded with max_tokens=%d: with the first's %d audio tokens, %d passes the run's cap of %d",
+			second, firstAsks, firstAsks+second, all)
 	}
 }
