@@ -37,7 +37,9 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			writeError(w, errBadKey)
 			return
 		}
+		looking := time.Now()
 		u, err := s.auth.lookup(r.Context(), key)
+		s.metrics.authPhase.Observe(time.Since(looking).Seconds())
 		if errors.Is(err, holds.ErrBadKey) {
 			writeError(w, errBadKey)
 			return

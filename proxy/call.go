@@ -106,11 +106,13 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	if aerr := checkContentEncoding(r.Header); aerr != nil {
 		return refuse(aerr, "content encoding")
 	}
+	reading := time.Now()
 	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout)
 	if aerr != nil {
 		return refuse(aerr, "body")
 	}
 	arrived := time.Now()
+	s.metrics.bodyPhase.Observe(arrived.Sub(reading).Seconds())
 	req, aerr := s.parseCall(rt, body, r.Header)
 	if aerr != nil {
 		return refuse(aerr, "validation")

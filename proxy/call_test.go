@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -533,21 +534,30 @@ func TestBatchMetricCountsAdmissionsAndSettlements(t *testing.T) {
 }
 
 // TestCallPhaseMetricTimesEachPhaseOnce: an answered call is observed once in each phase of
-// tollgate_call_phase_seconds (admit, checks, upstream), which is how an operator, and make
-// bench, tell the gateway's own delay from the upstream's.
+// tollgate_call_phase_seconds (auth, body, admit, checks, upstream; a stream's first_event
+// too), which is how an operator, and make bench, tell the gateway's own delay from the
+// upstream's.
 func TestCallPhaseMetricTimesEachPhaseOnce(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-	for _, phase := range []string{"admit", "checks", "upstream"} {
-		if got := h.metric(`tollgate_call_phase_seconds_count{phase="` + phase + `"}`); got != "1" {
-			t.Errorf("phase %s observed %q times, want 1", phase, got)
+	for i, body := range []string{chatBody, `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`} {
+		resp := h.post(key, "/v1/chat/completions", body, nil)
+		readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+		calls, streams := strconv.Itoa(i+1), strconv.Itoa(i)
+		for _, phase := range []string{"auth", "body", "admit", "checks", "upstream", "first_event"} {
+			want := calls
+			if phase == "first_event" {
+				want = streams
+			}
+			got := h.metric(`tollgate_call_phase_seconds_count{phase="` + phase + `"}`)
+			if got != want && !(want == "0" && got == "") {
+				t.Errorf("after %s calls (%s streamed): phase %s observed %q times, want %s", calls, streams, phase, got, want)
+			}
 		}
 	}
 }

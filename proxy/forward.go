@@ -120,6 +120,7 @@ func isEventStream(ctype string) bool {
 // tallied. What is held is bounded by limits.max_event_bytes (plus one event): past it the
 // upstream is cut.
 func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, stopUpstream context.CancelFunc) int {
+	headers := time.Now()
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header)
 	h.Del("Content-Length")
@@ -131,8 +132,14 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	_ = rc.Flush()
 	strip := c.req.route.injectUsage && !c.req.clientAskedUsage
 	sc := metering.NewScanner(resp.Body, s.cfg.Limits.MaxEventBytes)
+	firstOut := true
 	writeEvent := func(raw []byte) bool {
-		return bound.write(w, raw) == nil && rc.Flush() == nil
+		ok := bound.write(w, raw) == nil && rc.Flush() == nil
+		if ok && firstOut {
+			firstOut = false
+			s.metrics.firstEventPhase.Observe(time.Since(headers).Seconds())
+		}
+		return ok
 	}
 	var (
 		sawFinal bool

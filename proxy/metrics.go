@@ -28,16 +28,21 @@ type Metrics struct {
 	// CallPhase splits what a call waits for before its answer starts, so that time added by
 	// the gateway can be told apart from time spent upstream.
 	CallPhase *prometheus.HistogramVec
-	// The phases' series, resolved once: a call observes the first three, its admission's
-	// batch the two parts of admit.
-	admitPhase, checksPhase, upstreamPhase, admitQueuePhase, admitTxPhase prometheus.Observer
+	// The phases' series, resolved once: a call observes auth, body, admit, checks, upstream
+	// and (a stream) first_event, its admission's batch the two parts of admit.
+	authPhase, bodyPhase, admitPhase, checksPhase, upstreamPhase, firstEventPhase prometheus.Observer
+	admitQueuePhase, admitTxPhase                                                 prometheus.Observer
 }
 
 // Phases of CallPhase, in the order a call goes through them.
 const (
+	phaseAuth     = "auth"     // the caller's key looked up (a cache hit, or a query)
+	phaseBody     = "body"     // the request body read
 	phaseAdmit    = "admit"    // arrival (body read, validated) to its hold committed
 	phaseChecks   = "checks"   // hold to the upstream request sent: duplicate checks, run budget, rewrite
 	phaseUpstream = "upstream" // upstream request sent to the upstream's response headers
+	// A stream's response headers to its first event written and flushed to the caller.
+	phaseFirstEvent = "first_event"
 	// Parts of admit: the admission's wait in the batch writer's queue, and its batch
 	// transaction (what the database takes, under the load of the moment).
 	phaseAdmitQueue = "admit_queue"
@@ -75,13 +80,17 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help:    "Items per batch transaction, by kind (settlements, admissions); a batch that holds both counts in both.",
 			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256}}, []string{"kind"}),
 		CallPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tollgate_call_phase_seconds",
-			Help: "Time a model call spends before its answer starts, by phase: admit (arrival to hold committed), " +
-				"checks (hold to upstream request sent), upstream (sent to the upstream's response headers); " +
+			Help: "Time a model call spends before its answer starts, by phase: auth (key lookup), body (request body read), " +
+				"admit (arrival to hold committed), checks (hold to upstream request sent), upstream (sent to the upstream's " +
+				"response headers), first_event (a stream's headers to its first event flushed to the caller); " +
 				"admit_queue and admit_tx split admit's wait for the batch writer (queue, then its transaction).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"phase"}),
 	}
 	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled,
 		m.ActiveCalls, m.SettleSeconds, m.Duplicates, m.BatchItems, m.CallPhase)
+	m.authPhase = m.CallPhase.WithLabelValues(phaseAuth)
+	m.bodyPhase = m.CallPhase.WithLabelValues(phaseBody)
+	m.firstEventPhase = m.CallPhase.WithLabelValues(phaseFirstEvent)
 	m.admitPhase = m.CallPhase.WithLabelValues(phaseAdmit)
 	m.checksPhase = m.CallPhase.WithLabelValues(phaseChecks)
 	m.upstreamPhase = m.CallPhase.WithLabelValues(phaseUpstream)

@@ -52,7 +52,7 @@ type Run struct {
 	// shared by nothing else during the bench): statements, commits, fsyncs, row-lock waits.
 	DBPerRequest map[string]float64 `json:"db_per_request,omitempty"`
 	// GatewayPhases: where a tollgate run's calls waited before their answers started, from
-	// the gateway's own histogram (admit, checks, upstream); see phases.go.
+	// the gateway's own histogram (auth, body, admit, checks, upstream, first_event); see phases.go.
 	GatewayPhases map[string]PhaseDist `json:"gateway_phases,omitempty"`
 	LoadAvg       string               `json:"loadavg_before"`
 
@@ -225,7 +225,7 @@ func extra(run *Run) string {
 	}
 	if p := run.GatewayPhases; p != nil {
 		var parts []string
-		for _, name := range []string{"admit", "admit_queue", "admit_tx", "checks", "upstream"} {
+		for _, name := range []string{"auth", "body", "admit", "admit_queue", "admit_tx", "checks", "upstream", "first_event"} {
 			if d, ok := p[name]; ok {
 				parts = append(parts, fmt.Sprintf("%s %.2f/%.2f", name, d.P50, d.P99))
 			}
