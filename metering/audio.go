@@ -313,7 +313,7 @@ func (m *Meter) spokenAnswer(audio gjson.Result, streamed bool) {
 			if v.Type != gjson.String {
 				return true
 			}
-			if !streamed {
+			if !streamed && isClipFile(v.Str) {
 				if us := clipMicros(v.Str); us > 0 {
 					m.clipMicros = min(m.clipMicros+us, maxAudioCount)
 					return true
@@ -323,6 +323,26 @@ func (m *Meter) spokenAnswer(audio gjson.Result, streamed bool) {
 		}
 		return true
 	})
+}
+
+// isClipFile reports whether base64 audio data starts as a file clipMicros can time: a WAV
+// header, an ID3v2 tag or an MPEG Layer III frame. Raw PCM (pcm16) is none of these: handed
+// to clipMicros it was walked as an MP3 whose bytes are not frames, and past 64 KiB timed at
+// 8 kbit/s, 48 times longer than it plays at 24 kHz 16-bit (any 0xff byte followed by a
+// frame-like one counted besides).
+func isClipFile(data string) bool {
+	head, ok := decodeBase64At(data, 0, 12)
+	if !ok || len(head) < 4 {
+		return false
+	}
+	if len(head) >= 12 && string(head[0:4]) == "RIFF" && string(head[8:12]) == "WAVE" {
+		return true
+	}
+	if string(head[0:3]) == "ID3" {
+		return true
+	}
+	n, _ := mp3Frame(head[:4])
+	return n > 0
 }
 
 // maxAudioCount bounds an answer's audio counts (bytes, microseconds) far above any real one

@@ -1,6 +1,8 @@
 package metering
 
 import (
+	"strings"
+
 	"github.com/tidwall/gjson"
 )
 
@@ -40,6 +42,11 @@ func EstimateInputTokens(f Format, body []byte) int64 {
 	textBytes += int64(len(gjson.GetBytes(body, "text.format").Raw))
 	switch f {
 	case FormatChat:
+		// An earlier spoken answer sent back ({"audio": {"id": …}}) is heard again, a part of
+		// the prompt beside its text: counted as EstimateAudioInputTokens counts it (whose
+		// estimate is the audio part of this one, not more to it). Only looked for in a body
+		// that may hold one: most do not, and the look is a second pass over every message.
+		spoken := mayHoldAudio(body)
 		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
 			messages++
 			count(m.Get("content"))
@@ -47,6 +54,14 @@ func EstimateInputTokens(f Format, body []byte) int64 {
 				textBytes += int64(len(tc.Get("function.arguments").String()))
 				return true
 			})
+			if spoken {
+				m.ForEach(func(k, v gjson.Result) bool {
+					if strings.EqualFold(k.Str, "audio") && v.IsObject() {
+						textBytes += tokensPerMedia * bytesPerToken
+					}
+					return true
+				})
+			}
 			return true
 		})
 	case FormatAnthropic:

@@ -164,6 +164,13 @@ func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
 func (m *Meter) Result() Result {
 	r := m.res
 	r.AudioOutput = audioOutputTokens(m.pcmBytes, m.clipMicros)
+	if r.Reported && !m.reported[figAudioOut].seen && r.AudioOutput > 0 {
+		// A report that does not say how much of the output was audio (a compatible provider
+		// without completion_tokens_details), for an answer that spoke: its audio, as long as
+		// it played, is billed as audio, up to the output reported. At the text price it was
+		// an eighth of what the provider charged.
+		r.Usage.AudioOutput = min(r.Usage.Output, r.AudioOutput)
+	}
 	if m.format == FormatAnthropic && r.Reported && !m.outputFinal {
 		if est := EstimateOutputTokens(r.OutputChars); est > r.Usage.Output {
 			r.Usage.Output, r.Estimated = est, true

@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -362,5 +363,59 @@ func TestSpokenCallOfARunReservesItsAudioWorstCase(t *testing.T) {
 	if second := forwarded(); second > all*2/10+1 {
 		t.Fatalf("the second call was forwarded with max_tokens=%d: with the first's %d audio tokens, %d passes the run's cap of %d",
 			second, firstAsks, firstAsks+second, all)
+	}
+}
+
+// TestAnswerTooLargeToRelayIsNotRetried: an answer too large to relay is charged the whole of
+// it (its usage), and a retry makes one as large, charged again, that cannot be passed on
+// either: the OpenAI and Anthropic SDKs retry every 502 (twice by default) unless told
+// X-Should-Retry: false. Without it a caller paid three spoken answers it never heard.
+func TestAnswerTooLargeToRelayIsNotRetried(t *testing.T) {
+	dir := t.TempDir()
+	writeFixture(t, dir, "spoken_long.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
+"message":{"role":"assistant","content":null,"audio":{"id":"audio_1","data":"`+wavSeconds(30)+`","expires_at":1,"transcript":"Long."}},"finish_reason":"stop"}],
+"usage":{"prompt_tokens":20,"completion_tokens":700,"total_tokens":720,"completion_tokens_details":{"audio_tokens":600}}}`)
+	h, _ := harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
+		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
+	}, func(c *config.Config) { c.Limits.MaxResponseBytes = 64 << 10 })
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_long.json"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_response_too_large" {
+		t.Fatalf("%d %s, want 502 upstream_response_too_large", resp.StatusCode, body)
+	}
+	if got := resp.Header.Get("X-Should-Retry"); got != "false" {
+		t.Fatalf("X-Should-Retry %q on a 502 charged in full: an SDK retries it, and each retry is charged again", got)
+	}
+}
+
+// TestSpokenAnswerSentBackEstimatedBesideTheText: a conversation that sends an earlier spoken
+// answer back, settled without a usage report (a caller who leaves before it), is charged its
+// text and the sent-back answer's 1 600 audio tokens. It was charged the larger of the two,
+// the audio carved out of the text: 1 600 prompt tokens short on every such call.
+func TestSpokenAnswerSentBackEstimatedBesideTheText(t *testing.T) {
+	h, price := audioHarness(t, "")
+	u, key := h.user("standard")
+	text := strings.Repeat("Tell me more. ", 3000)
+	body := `{"model":"fake-gpt","messages":[{"role":"user","content":"` + text + `"},
+		{"role":"assistant","audio":{"id":"audio_abc123"}},{"role":"user","content":"Again, slower."}]}`
+	textOnly := strings.Replace(body, `"audio":{"id":"audio_abc123"}`, `"content":null`, 1)
+	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
+	answer := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, answer)
+	}
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if !run.Estimated {
+		t.Fatalf("run %+v not estimated: the test needs an answer without usage", run)
+	}
+	prompt := metering.EstimateInputTokens(metering.FormatChat, []byte(textOnly)) + 1600
+	if run.InTok < prompt {
+		t.Fatalf("in_tok %d, want at least %d: the text's tokens and the sent-back answer's 1 600", run.InTok, prompt)
+	}
+	if least := price.Cost(pricing.Usage{Input: prompt, AudioInput: 1600}); run.CostMicro < least {
+		t.Fatalf("estimated cost %d, want at least %d", run.CostMicro, least)
 	}
 }

@@ -1,0 +1,76 @@
+package metering
+
+import (
+	"encoding/base64"
+	"strings"
+	"testing"
+)
+
+// TestMeterSpokenAnswerRawPCMWhole: a whole answer asked for in pcm16 carries raw 24 kHz 16-bit
+// PCM, neither WAV nor MP3: it plays its bytes over 48 000 a second, 20 tokens a second. Handed
+// to the MP3 walk, past 64 KiB its bytes were timed at 8 kbit/s: 10 seconds billed as 8 293
+// audio tokens instead of 200.
+func TestMeterSpokenAnswerRawPCMWhole(t *testing.T) {
+	for _, secs := range []int{1, 2, 10} {
+		pcm := make([]byte, secs*pcmBytesPerSecond)
+		for i := range pcm {
+			pcm[i] = byte(i * 7) // not silence
+		}
+		m := NewMeter(FormatChat)
+		m.Body([]byte(`{"choices":[{"message":{"role":"assistant","content":null,"audio":{"id":"a","data":"` +
+			base64.StdEncoding.EncodeToString(pcm) + `","transcript":"Hi."}}}]}`))
+		if got, want := m.Result().AudioOutput, int64(secs*audioOutputTokensPerSecond); got != want {
+			t.Errorf("%d s of raw PCM in a whole answer: %d audio tokens, want %d", secs, got, want)
+		}
+	}
+}
+
+// TestEstimateCountsSpokenAnswerSentBesideText: an earlier spoken answer sent back is heard
+// again beside the conversation's text: the prompt's estimate is its text and 1 600 tokens
+// more (the audio part EstimateAudioInputTokens gives), as README says, not the larger of the
+// two (the proxy prices promptEstimate's Input at max(text, audio), its AudioInput part at the
+// audio price: 1 600 of the text's tokens were billed as the audio, and the audio's own
+// tokens not at all).
+func TestEstimateCountsSpokenAnswerSentBesideText(t *testing.T) {
+	text := strings.Repeat("x", 40_000)
+	for _, key := range []string{"audio", "Audio"} {
+		with := `{"model":"m","messages":[{"role":"user","content":"` + text + `"},{"role":"assistant","` + key + `":{"id":"audio_1"}},{"role":"user","content":"again"}]}`
+		without := `{"model":"m","messages":[{"role":"user","content":"` + text + `"},{"role":"assistant"},{"role":"user","content":"again"}]}`
+		if audio := EstimateAudioInputTokens(FormatChat, []byte(with)); audio != tokensPerMedia {
+			t.Fatalf("%s: audio estimate %d, want %d", key, audio, tokensPerMedia)
+		}
+		got, base := EstimateInputTokens(FormatChat, []byte(with)), EstimateInputTokens(FormatChat, []byte(without))
+		if got != base+tokensPerMedia {
+			t.Errorf("%s: prompt estimate %d, want the text's %d and the answer's %d", key, got, base, tokensPerMedia)
+		}
+	}
+	// A null audio (an SDK's echo of a text answer) is no audio.
+	null := `{"model":"m","messages":[{"role":"assistant","content":"hi","audio":null}]}`
+	if got, want := EstimateInputTokens(FormatChat, []byte(null)), EstimateInputTokens(FormatChat, []byte(`{"model":"m","messages":[{"role":"assistant","content":"hi"}]}`)); got != want {
+		t.Errorf("null audio: %d, want %d", got, want)
+	}
+}
+
+// TestMeterSpokenAnswerReportWithoutAudioDetail: a usage report without
+// completion_tokens_details (a compatible provider that leaves it out) for an answer that
+// spoke bills the audio heard, up to the output reported, as audio; one that says
+// audio_tokens 0 is taken at its word.
+func TestMeterSpokenAnswerReportWithoutAudioDetail(t *testing.T) {
+	second := base64.StdEncoding.EncodeToString(make([]byte, pcmBytesPerSecond))
+	spoke := data(`{"choices":[{"delta":{"audio":{"data":"` + second + `"}}}]}`)
+	for _, tc := range []struct {
+		name  string
+		usage string
+		want  int64
+	}{
+		{"no details", `{"prompt_tokens":5,"completion_tokens":30}`, 20},
+		{"fewer output tokens than heard", `{"prompt_tokens":5,"completion_tokens":12}`, 12},
+		{"details say none", `{"prompt_tokens":5,"completion_tokens":30,"completion_tokens_details":{"audio_tokens":0}}`, 0},
+		{"details say some", `{"prompt_tokens":5,"completion_tokens":30,"completion_tokens_details":{"audio_tokens":25}}`, 25},
+	} {
+		r := meterEvents(FormatChat, spoke, data(`{"choices":[],"usage":`+tc.usage+`}`))
+		if !r.Reported || r.Usage.AudioOutput != tc.want {
+			t.Errorf("%s: %+v, want %d audio output tokens", tc.name, r.Usage, tc.want)
+		}
+	}
+}
