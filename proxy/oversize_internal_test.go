@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -41,5 +43,50 @@ func TestMeterOversizedReadsAtMostItsBound(t *testing.T) {
 	meterOversized(m, []byte(`{"id":"x","model":"gpt-4o","choices":[{"message":{"content":"`), strings.NewReader(rest), 4<<20)
 	if r := m.Result(); !r.Reported || r.Usage.Input != 3 || r.Usage.Output != 9 || r.Model != "gpt-4o" {
 		t.Fatalf("result %+v, want the usage at the end and the model at the head", r)
+	}
+}
+
+// TestMeterOversizedTrustsOnlyAWholeAnswer: the usage report of an answer too large to relay
+// comes last; an answer cut before its end (the upstream broke, the caller left and the
+// upstream call with it, or the read bound) has none of its own. A "usage" object in what was
+// read is then part of the answer: an Anthropic tool_use input is raw JSON shaped by the
+// caller's schema, and was taken for the report, charging the call 1 token in and 1 out
+// instead of its prompt's estimate.
+func TestMeterOversizedTrustsOnlyAWholeAnswer(t *testing.T) {
+	head := []byte(`{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[{"type":"tool_use","id":"t","name":"f","input":{"pad":"`)
+	rest := strings.Repeat("y", 300<<10) + `","usage":{"input_tokens":1,"output_tokens":1}}},{"type":"text","text":"` + strings.Repeat("z", 100<<10)
+	m := metering.NewMeter(metering.FormatAnthropic)
+	meterOversized(m, head, io.MultiReader(strings.NewReader(rest), errReader{errors.New("connection reset")}), 4<<20)
+	if r := m.Result(); r.Reported {
+		t.Fatalf("a cut answer metered by the usage inside its tool input: %+v", r.Usage)
+	}
+	m = metering.NewMeter(metering.FormatAnthropic)
+	meterOversized(m, head, strings.NewReader(rest), int64(len(rest))-10) // past the read bound
+	if r := m.Result(); r.Reported {
+		t.Fatalf("an answer read up to its bound metered by the usage inside its tool input: %+v", r.Usage)
+	}
+	// An answer whose end is exactly the read bound is whole: its report counts.
+	whole := rest + `"}],"stop_reason":"end_turn","usage":{"input_tokens":70,"output_tokens":9000}}`
+	m = metering.NewMeter(metering.FormatAnthropic)
+	meterOversized(m, head, strings.NewReader(whole), int64(len(whole)))
+	if r := m.Result(); !r.Reported || r.Usage.Input != 70 || r.Usage.Output != 9000 {
+		t.Fatalf("an answer ending at the read bound: %+v, want its report (70 in, 9 000 out)", r)
+	}
+}
+
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// BenchmarkLastUsageManyWords: a tail of occurrences of "usage" that are not a report (token
+// values of logprobs, an array of the word in raw JSON) is searched in one pass. Each
+// occurrence was parsed from a copy of the rest of the tail: 8 s of CPU on 512 KiB.
+func BenchmarkLastUsageManyWords(b *testing.B) {
+	tail := []byte(`{"x":[` + strings.Repeat(`"usage",`, (512<<10)/8) + `1]`)
+	b.SetBytes(int64(len(tail)))
+	for b.Loop() {
+		if r := lastUsage(tail); r.Exists() {
+			b.Fatalf("found %q", r.Raw)
+		}
 	}
 }
