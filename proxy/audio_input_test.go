@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
@@ -68,16 +69,7 @@ func TestAudioInputEstimatedAtItsPrice(t *testing.T) {
 	u, key := h.user("standard")
 	body := `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"Transcribe this."},
 		{"type":"input_audio","input_audio":{"data":"` + wavMinute + `","format":"wav"}}]}]}`
-	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
-	answer := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, answer)
-	}
-	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-	if !run.Estimated {
-		t.Fatalf("run %+v not estimated: the test needs an answer without usage", run)
-	}
+	run := h.estimatedRun(u.ID, key, body)
 	// The minute of audio is estimated at 600 tokens: at least that many at the audio price.
 	if least := price.Cost(pricing.Usage{Input: 600, AudioInput: 600}); run.CostMicro < least {
 		t.Fatalf("estimated cost %d, want at least %d (the clip at the audio price)", run.CostMicro, least)
@@ -92,3 +84,20 @@ var wavMinute = func() string {
 	binary.LittleEndian.PutUint32(clip[28:], 8000)
 	return base64.StdEncoding.EncodeToString(clip)
 }()
+
+// estimatedRun sends a chat call whose answer reports no usage and returns its settled run,
+// which must be estimated.
+func (h *harness) estimatedRun(userID uint64, key, body string) holds.Run {
+	h.t.Helper()
+	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
+	answer := readAll(h.t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("%d %s", resp.StatusCode, answer)
+	}
+	run := h.run(userID, resp.Header.Get(proxy.RunIDHeader))
+	if !run.Estimated {
+		h.t.Fatalf("run %+v not estimated: the test needs an answer without usage", run)
+	}
+	return run
+}

@@ -214,31 +214,6 @@ func TestSpokenAnswerBoundPricesEveryTokenAsAudio(t *testing.T) {
 	}
 }
 
-// TestSpokenAnswerSentBackIsAudioInput: an earlier spoken answer sent back by its id is heard
-// again by the model, which bills it as audio input: on a model with an audio input price,
-// a settlement without a usage report counts it at that price.
-func TestSpokenAnswerSentBackIsAudioInput(t *testing.T) {
-	h, price := audioHarness(t, "")
-	u, key := h.user("standard")
-	body := `{"model":"fake-gpt","messages":[{"role":"user","content":"Say hello."},
-		{"role":"assistant","audio":{"id":"audio_abc123"}},{"role":"user","content":"Again, slower."}]}`
-	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
-	answer := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s, want 200: the model has an audio input price", resp.StatusCode, answer)
-	}
-	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-	if !run.Estimated {
-		t.Fatalf("run %+v not estimated: the test needs an answer without usage", run)
-	}
-	// A sent-back answer's length is not in the request: it counts as a clip whose length
-	// cannot be read, 1 600 tokens.
-	if least := price.Cost(pricing.Usage{Input: 1600, AudioInput: 1600}); run.CostMicro < least {
-		t.Fatalf("estimated cost %d, want at least %d (the sent-back answer at the audio price)", run.CostMicro, least)
-	}
-}
-
 // wavSeconds is n seconds of 8 kHz 8-bit mono WAV, base64.
 func wavSeconds(n int) string {
 	clip := make([]byte, 44+8000*n)
@@ -401,16 +376,7 @@ func TestSpokenAnswerSentBackEstimatedBesideTheText(t *testing.T) {
 	body := `{"model":"fake-gpt","messages":[{"role":"user","content":"` + text + `"},
 		{"role":"assistant","audio":{"id":"audio_abc123"}},{"role":"user","content":"Again, slower."}]}`
 	textOnly := strings.Replace(body, `"audio":{"id":"audio_abc123"}`, `"content":null`, 1)
-	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
-	answer := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, answer)
-	}
-	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-	if !run.Estimated {
-		t.Fatalf("run %+v not estimated: the test needs an answer without usage", run)
-	}
+	run := h.estimatedRun(u.ID, key, body)
 	prompt := metering.EstimateInputTokens(metering.FormatChat, []byte(textOnly)) + 1600
 	if run.InTok < prompt {
 		t.Fatalf("in_tok %d, want at least %d: the text's tokens and the sent-back answer's 1 600", run.InTok, prompt)
