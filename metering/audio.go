@@ -20,6 +20,15 @@ import (
 // with Go's encoding/json reads it, is input_audio, or when it carries an input_audio payload.
 // Three fixed levels: linear in the body.
 func EstimateAudioInputTokens(f Format, body []byte) int64 {
+	if f != FormatChat && f != FormatResponses {
+		return 0 // no audio parts in the other formats: not even a scan of the body
+	}
+	return estimateAudio(f, body, mayHoldAudio(body))
+}
+
+// estimateAudio is EstimateAudioInputTokens; mayAudio is whether body may hold audio
+// (mayHoldAudio).
+func estimateAudio(f Format, body []byte, mayAudio bool) int64 {
 	list := ""
 	switch f {
 	case FormatChat:
@@ -27,9 +36,9 @@ func EstimateAudioInputTokens(f Format, body []byte) int64 {
 	case FormatResponses:
 		list = "input"
 	default:
-		return 0 // no audio parts in the other formats: not even a scan of the body
+		return 0
 	}
-	if !mayHoldAudio(body) {
+	if !mayAudio {
 		// Almost every request: no second parse (and copy) of the prompt on the hot path.
 		return 0
 	}

@@ -74,3 +74,24 @@ func TestMeterSpokenAnswerReportWithoutAudioDetail(t *testing.T) {
 		}
 	}
 }
+
+// TestEstimatePromptIsBothEstimates: the proxy takes both estimates from EstimatePrompt, which
+// looks for audio once; it must say what the two functions say apart.
+func TestEstimatePromptIsBothEstimates(t *testing.T) {
+	for _, tc := range []struct {
+		f    Format
+		body string
+	}{
+		{FormatChat, `{"messages":[{"role":"user","content":"hello"}]}`},
+		{FormatChat, `{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA","format":"wav"}}]}]}`},
+		{FormatChat, `{"messages":[{"role":"assistant","Audio":{"id":"audio_1"}},{"role":"user","content":"again"}]}`},
+		{FormatResponses, `{"input":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA"}}]}]}`},
+		{FormatAnthropic, `{"messages":[{"role":"user","content":"audio"}],"max_tokens":5}`},
+		{FormatEmbeddings, `{"input":["a","b"]}`},
+	} {
+		in, audio := EstimatePrompt(tc.f, []byte(tc.body))
+		if wantIn, wantAudio := EstimateInputTokens(tc.f, []byte(tc.body)), EstimateAudioInputTokens(tc.f, []byte(tc.body)); in != wantIn || audio != wantAudio {
+			t.Errorf("%s: EstimatePrompt = %d, %d, want %d, %d", tc.body, in, audio, wantIn, wantAudio)
+		}
+	}
+}

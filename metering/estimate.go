@@ -30,8 +30,20 @@ var mediaPartTypes = map[string]bool{
 	"file":        true, "input_file": true, "document": true, // chat, Responses, Anthropic
 }
 
+// EstimatePrompt is EstimateInputTokens and EstimateAudioInputTokens of one body, with one look
+// for audio between them: the look reads every byte (15 µs on a 97 KB prompt).
+func EstimatePrompt(f Format, body []byte) (input, audio int64) {
+	mayAudio := (f == FormatChat || f == FormatResponses) && mayHoldAudio(body)
+	return estimateInput(f, body, mayAudio), estimateAudio(f, body, mayAudio)
+}
+
 // EstimateInputTokens guesses the prompt size of a request body in format f.
 func EstimateInputTokens(f Format, body []byte) int64 {
+	return estimateInput(f, body, f == FormatChat && mayHoldAudio(body))
+}
+
+// estimateInput is EstimateInputTokens; mayAudio is whether body may hold audio (mayHoldAudio).
+func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 	var textBytes, messages int64
 	count := func(v gjson.Result) {
 		textBytes += textLen(v)
@@ -46,7 +58,7 @@ func EstimateInputTokens(f Format, body []byte) int64 {
 		// the prompt beside its text: counted as EstimateAudioInputTokens counts it (whose
 		// estimate is the audio part of this one, not more to it). Only looked for in a body
 		// that may hold one: most do not, and the look is a second pass over every message.
-		spoken := mayHoldAudio(body)
+		spoken := mayAudio
 		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
 			messages++
 			count(m.Get("content"))

@@ -318,7 +318,6 @@ func BenchmarkPromptEstimates(b *testing.B) {
 		{"role":"user","content":[{"type":"text","text":"And this one?"},{"type":"image_url","image_url":{"url":"https://example.com/i.png"}}]}]}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = EstimateInputTokens(FormatChat, body)
-		_ = EstimateAudioInputTokens(FormatChat, body)
+		_, _ = EstimatePrompt(FormatChat, body)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // and the difference would fall on whoever pays the provider. Refused, the caller learns at
 // once which option to drop, and nothing is held.
 //
-// audioTokens is the estimate of the prompt's audio (metering.EstimateAudioInputTokens): audio
+// audioTokens is the estimate of the prompt's audio (metering.EstimatePrompt): audio
 // input on a model without an audio input price is refused likewise, as is a spoken answer on
 // one without an audio output price.
 func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64) string {

@@ -231,7 +231,7 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		// meter. Served, it would be charged the prompt's estimate for any amount of output.
 		return nil, errBadRequest("unsupported_parameter", "'background' responses are not supported: their usage cannot be metered.")
 	}
-	c.audioEstimate = metering.EstimateAudioInputTokens(rt.format, body)
+	c.inputEstimate, c.audioEstimate = metering.EstimatePrompt(rt.format, body)
 	c.spoken = asksSpokenAnswer(rt.format, root)
 	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate); what != "" {
 		return nil, errBadRequest("unpriced_option", fmt.Sprintf(
@@ -246,7 +246,6 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		return nil, errBadRequest("invalid_stream_options", "'stream_options' must be an object.")
 	}
 	c.clientAskedUsage = root.Get("stream_options.include_usage").Type == gjson.True
-	c.inputEstimate = metering.EstimateInputTokens(rt.format, body)
 	c.userTurns = metering.UserTurns(rt.format, body)
 	return c, nil
 }
