@@ -70,7 +70,7 @@ func estimateAudio(f Format, body []byte, mayAudio bool) int64 {
 // mayHoldAudio reports whether body could have an audio part or an earlier spoken answer:
 // "input_audio", as a key in any case or as a value, holds "_audio" in ASCII case (no other
 // rune folds to its letters), a spoken answer is an "audio" key, unless some character of
-// either is written as a \u escape. Three fast byte scans. Only an escape of one of
+// either is written as a \u escape. Four fast byte scans. Only an escape of one of
 // those characters counts: most prompts hold others (Go's encoding/json writes <, > and & as
 // \u003c, \u003e, \u0026; Python's every non-ASCII character), and each sent every such prompt
 // through a second full parse.
@@ -312,7 +312,7 @@ const pcmBytesPerSecond = 2 * 24_000
 // choices[].message.audio in a whole body): its transcript is text the model wrote, its data
 // audio it spoke. A stream's data is raw PCM, whose length is its duration; a whole answer's
 // is a file in the format asked for, timed as an audio prompt's clips are (WAV, MP3), or
-// counted as raw PCM when it is neither (pcm16; FLAC and Opus files play longer than that).
+// counted as raw PCM when it is neither (pcm16; FLAC, Opus and AAC files play longer than that).
 func (m *Meter) spokenAnswer(audio gjson.Result, streamed bool) {
 	audio.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
@@ -335,7 +335,8 @@ func (m *Meter) spokenAnswer(audio gjson.Result, streamed bool) {
 }
 
 // isClipFile reports whether base64 audio data starts as a file clipMicros can time: a WAV
-// header, an ID3v2 tag or an MPEG Layer III frame. Raw PCM (pcm16) is none of these: handed
+// header, an ID3v2 tag or two MPEG Layer III frames in a row. Raw PCM (pcm16) is none of
+// these (its first frame-like header is followed by no second one): handed
 // to clipMicros it was walked as an MP3 whose bytes are not frames, and past 64 KiB timed at
 // 8 kbit/s, 48 times longer than it plays at 24 kHz 16-bit (any 0xff byte followed by a
 // frame-like one counted besides).
@@ -350,8 +351,20 @@ func isClipFile(data string) bool {
 	if string(head[0:3]) == "ID3" {
 		return true
 	}
+	// Raw PCM is any bytes, its first four a frame header now and then (a first sample of
+	// 0xFBFF, -1 025, and a second whose low byte is a bit rate): a stream is one only when
+	// the frame it starts with is followed by another, as a decoder syncs.
 	n, _ := mp3Frame(head[:4])
-	return n > 0
+	if n == 0 {
+		return false
+	}
+	next, ok := decodeBase64At(data, int64(n), 4)
+	if !ok || len(next) < 4 {
+		// A single frame is too short to tell; as PCM it is a tenth of a second or less.
+		return false
+	}
+	m, _ := mp3Frame(next)
+	return m > 0
 }
 
 // maxAudioCount bounds an answer's audio counts (bytes, microseconds) far above any real one

@@ -72,6 +72,11 @@ func TestMeterSpokenAnswerReportWithoutAudioDetail(t *testing.T) {
 		if !r.Reported || r.Usage.AudioOutput != tc.want {
 			t.Errorf("%s: %+v, want %d audio output tokens", tc.name, r.Usage, tc.want)
 		}
+		// Billed from the audio heard, the settlement is an estimate (estimated=1), as an
+		// Anthropic stream cut before its final count is; from the report's detail it is not.
+		if heard := !strings.Contains(tc.usage, "audio_tokens"); r.Estimated != heard {
+			t.Errorf("%s: estimated %v, want %v", tc.name, r.Estimated, heard)
+		}
 	}
 }
 
@@ -93,5 +98,38 @@ func TestEstimatePromptIsBothEstimates(t *testing.T) {
 		if wantIn, wantAudio := EstimateInputTokens(tc.f, []byte(tc.body)), EstimateAudioInputTokens(tc.f, []byte(tc.body)); in != wantIn || audio != wantAudio {
 			t.Errorf("%s: EstimatePrompt = %d, %d, want %d, %d", tc.body, in, audio, wantIn, wantAudio)
 		}
+	}
+}
+
+// TestMeterSpokenAnswerRawPCMStartingLikeAFrame: raw PCM is any bytes; a pcm16 answer whose
+// first sample reads 0xFBFF (-1 025) followed by one whose low byte is a valid bit rate starts
+// like an MPEG-1 Layer III frame header. Taken for an MP3 on those four bytes, it was walked
+// as frames of junk and past 64 KiB timed at 8 kbit/s: 10 s billed as ~9 600 audio tokens
+// instead of 200. A file is one only when its first frame is followed by another.
+func TestMeterSpokenAnswerRawPCMStartingLikeAFrame(t *testing.T) {
+	const secs = 10
+	pcm := make([]byte, secs*pcmBytesPerSecond)
+	for i := range pcm {
+		pcm[i] = byte(i * 7)
+	}
+	copy(pcm, []byte{0xff, 0xfb, 0x90, 0x64}) // MPEG-1 Layer III, 128 kbit/s, 44.1 kHz
+	m := NewMeter(FormatChat)
+	m.Body([]byte(`{"choices":[{"message":{"role":"assistant","content":null,"audio":{"id":"a","data":"` +
+		base64.StdEncoding.EncodeToString(pcm) + `","transcript":"Hi."}}}]}`))
+	if got, want := m.Result().AudioOutput, int64(secs*audioOutputTokensPerSecond); got != want {
+		t.Errorf("%d s of raw PCM whose first bytes look like a frame header: %d audio tokens, want %d", secs, got, want)
+	}
+	// A real MP3 (two frames in a row) is still timed by its frames.
+	frame := make([]byte, 417) // 128 kbit/s at 44.1 kHz, no padding: 26 122 µs
+	copy(frame, []byte{0xff, 0xfb, 0x90, 0x64})
+	var mp3 []byte
+	for range 100 {
+		mp3 = append(mp3, frame...)
+	}
+	m = NewMeter(FormatChat)
+	m.Body([]byte(`{"choices":[{"message":{"role":"assistant","content":null,"audio":{"id":"a","data":"` +
+		base64.StdEncoding.EncodeToString(mp3) + `"}}}]}`))
+	if got, want := m.Result().AudioOutput, ceilDiv(100*26_122*audioOutputTokensPerSecond, 1_000_000); got != want {
+		t.Errorf("100 MP3 frames: %d audio tokens, want %d", got, want)
 	}
 }

@@ -169,7 +169,9 @@ func (m *Meter) Result() Result {
 		// without completion_tokens_details), for an answer that spoke: its audio, as long as
 		// it played, is billed as audio, up to the output reported. At the text price it was
 		// an eighth of what the provider charged.
+		// The split is the gateway's estimate, not the provider's word: the row says so.
 		r.Usage.AudioOutput = min(r.Usage.Output, r.AudioOutput)
+		r.Estimated = true
 	}
 	if m.format == FormatAnthropic && r.Reported && !m.outputFinal {
 		if est := EstimateOutputTokens(r.OutputChars); est > r.Usage.Output {

@@ -36,7 +36,7 @@ type Metrics struct {
 
 // Phases of CallPhase, in the order a call goes through them.
 const (
-	phaseAuth     = "auth"     // the caller's key looked up (a cache hit, or a query)
+	phaseAuth     = "auth"     // the caller's key looked up (a cache hit, or a query); every authenticated route
 	phaseBody     = "body"     // the request body read
 	phaseAdmit    = "admit"    // arrival (body read, validated) to its hold committed
 	phaseChecks   = "checks"   // hold to the upstream request sent: duplicate checks, run budget, rewrite
@@ -80,7 +80,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help:    "Items per batch transaction, by kind (settlements, admissions); a batch that holds both counts in both.",
 			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256}}, []string{"kind"}),
 		CallPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tollgate_call_phase_seconds",
-			Help: "Time a model call spends before its answer starts, by phase: auth (key lookup), body (request body read), " +
+			Help: "Time a model call spends before its answer starts, by phase: auth (key lookup, on every authenticated request), body (request body read), " +
 				"admit (arrival to hold committed), checks (hold to upstream request sent), upstream (sent to the upstream's " +
 				"response headers), first_event (a stream's headers to its first event flushed to the caller); " +
 				"admit_queue and admit_tx split admit's wait for the batch writer (queue, then its transaction).",
