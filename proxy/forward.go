@@ -276,6 +276,8 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		if limit <= math.MaxInt64/oversizeReadFactor {
 			most = oversizeReadFactor * limit
 		}
+		// Read before the error goes out: a caller that has its answer leaves, and the
+		// upstream read, bound to its context, would end before the report.
 		read := meterOversized(c.meter, body, resp.Body, most)
 		c.log.Warn("upstream body over the limit", zap.Int64("limit", limit), zap.Int64("read", read),
 			zap.Bool("usage_found", c.meter.Result().Reported))
