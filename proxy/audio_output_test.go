@@ -226,8 +226,8 @@ func wavSeconds(n int) string {
 }
 
 // TestAnswerTooLargeToRelayChargedByItsUsage: an answer larger than max_response_bytes cannot
-// be passed on (502), but the provider made it and bills it: the call is charged the usage at
-// its end, read past the limit. A spoken answer in WAV passes the default 32 MiB after nine
+// be passed on (502, not to be retried), but the provider made it and bills it: the call is
+// charged the usage at its end, read past the limit. A spoken answer in WAV passes the default 32 MiB after nine
 // minutes; it was charged its prompt's estimate alone.
 func TestAnswerTooLargeToRelayChargedByItsUsage(t *testing.T) {
 	dir := t.TempDir()
@@ -244,6 +244,11 @@ func TestAnswerTooLargeToRelayChargedByItsUsage(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_response_too_large" {
 		t.Fatalf("%d %s, want 502 upstream_response_too_large (the clip is 320 KB against 64 KiB)", resp.StatusCode, body)
+	}
+	// Charged in full, it must not be retried: the OpenAI and Anthropic SDKs retry a 502
+	// twice by default unless told not to, and each retry is as large and charged again.
+	if got := resp.Header.Get("X-Should-Retry"); got != "false" {
+		t.Fatalf("X-Should-Retry %q on a 502 charged in full: an SDK retries it, and each retry is charged again", got)
 	}
 	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
 	want := price.Cost(pricing.Usage{Input: 20, Output: 700, AudioOutput: 600})
@@ -338,30 +343,6 @@ func TestSpokenCallOfARunReservesItsAudioWorstCase(t *testing.T) {
 	if second := forwarded(); second > all*2/10+1 {
 		t.Fatalf("the second call was forwarded with max_tokens=%d: with the first's %d audio tokens, %d passes the run's cap of %d",
 			second, firstAsks, firstAsks+second, all)
-	}
-}
-
-// TestAnswerTooLargeToRelayIsNotRetried: an answer too large to relay is charged the whole of
-// it (its usage), and a retry makes one as large, charged again, that cannot be passed on
-// either: the OpenAI and Anthropic SDKs retry every 502 (twice by default) unless told
-// X-Should-Retry: false. Without it a caller paid three spoken answers it never heard.
-func TestAnswerTooLargeToRelayIsNotRetried(t *testing.T) {
-	dir := t.TempDir()
-	writeFixture(t, dir, "spoken_long.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
-"message":{"role":"assistant","content":null,"audio":{"id":"audio_1","data":"`+wavSeconds(30)+`","expires_at":1,"transcript":"Long."}},"finish_reason":"stop"}],
-"usage":{"prompt_tokens":20,"completion_tokens":700,"total_tokens":720,"completion_tokens_details":{"audio_tokens":600}}}`)
-	h, _ := harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
-		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
-	}, func(c *config.Config) { c.Limits.MaxResponseBytes = 64 << 10 })
-	_, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_long.json"})
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_response_too_large" {
-		t.Fatalf("%d %s, want 502 upstream_response_too_large", resp.StatusCode, body)
-	}
-	if got := resp.Header.Get("X-Should-Retry"); got != "false" {
-		t.Fatalf("X-Should-Retry %q on a 502 charged in full: an SDK retries it, and each retry is charged again", got)
 	}
 }
 
