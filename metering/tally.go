@@ -47,6 +47,12 @@ func (k Keys) Replay(runID string) string { return k.Prefix + "replay:{" + runID
 // its way).
 func (k Keys) SessionDone(runID string) string { return k.Prefix + "sessdone:{" + runID + "}" }
 
+// ResponseContext is how many tokens of context a user's Responses answer or conversation
+// (its id) hands on to a request that continues it (previous_response_id, conversation).
+func (k Keys) ResponseContext(userID uint64, id string) string {
+	return k.Prefix + "respctx:{" + strconv.FormatUint(userID, 10) + "}:" + id
+}
+
 // Dedup is the fingerprint window of one user's request body.
 func (k Keys) Dedup(userID uint64, bodyHash string) string {
 	return k.Prefix + "dedup:{" + strconv.FormatUint(userID, 10) + "}:" + bodyHash

@@ -39,6 +39,9 @@ type Result struct {
 	// AudioOutput estimates the tokens of the spoken answer seen (a chat answer's audio.data),
 	// from how long it plays: the audio part of the output estimate when no usage came.
 	AudioOutput int64
+	// ResponseID is the id a Responses answer gives itself (response.id), "" when none: what a
+	// later request names as its previous_response_id, whose context it then carries.
+	ResponseID string
 	// Model is the model the response says answered (its first "model"), "" when none did:
 	// a provider may answer an alias with a dated snapshot, or route to another model.
 	Model string
@@ -140,6 +143,7 @@ func (m *Meter) Body(body []byte) {
 		})
 	case FormatResponses:
 		m.sawModel(gjson.Get(s, "model"))
+		m.sawResponseID(gjson.Get(s, "id"))
 		if u := gjson.Get(s, "usage"); u.IsObject() {
 			m.openAIUsage(u)
 		}
@@ -369,11 +373,20 @@ func (m *Meter) sawModel(v gjson.Result) {
 	}
 }
 
+// sawResponseID keeps the first response id a Responses answer gives (a copy: the event's
+// memory is reused). Longer than maxModelName is no id.
+func (m *Meter) sawResponseID(v gjson.Result) {
+	if m.res.ResponseID == "" && v.Type == gjson.String && len(v.Str) <= maxModelName {
+		m.res.ResponseID = strings.Clone(v.Str)
+	}
+}
+
 // responsesEvent handles one OpenAI Responses API event of type typ.
 func (m *Meter) responsesEvent(s, typ string) {
 	switch typ {
 	case "response.created":
 		m.sawModel(gjson.Get(s, "response.model"))
+		m.sawResponseID(gjson.Get(s, "response.id"))
 	case "response.completed", "response.incomplete":
 		// The finished response names the model that produced it: it overrides the one
 		// response.created named (a router's pick is known only at the end).

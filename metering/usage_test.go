@@ -228,6 +228,25 @@ func TestBase64Len(t *testing.T) {
 	}
 }
 
+// TestMeterKeepsTheResponseID: a Responses answer's id, from its first event or its body, is
+// what a continuation names (previous_response_id).
+func TestMeterKeepsTheResponseID(t *testing.T) {
+	streamed := meterEvents(FormatResponses,
+		data(`{"type":"response.created","response":{"id":"resp_1","model":"m"}}`),
+		data(`{"type":"response.completed","response":{"id":"resp_other","model":"m","usage":{"input_tokens":3,"output_tokens":4}}}`))
+	if streamed.ResponseID != "resp_1" {
+		t.Errorf("streamed: response id %q, want resp_1", streamed.ResponseID)
+	}
+	m := NewMeter(FormatResponses)
+	m.Body([]byte(`{"id":"resp_2","object":"response","model":"m","usage":{"input_tokens":3,"output_tokens":4}}`))
+	if got := m.Result().ResponseID; got != "resp_2" {
+		t.Errorf("body: response id %q, want resp_2", got)
+	}
+	if chat := meterEvents(FormatChat, data(`{"id":"chatcmpl-1","choices":[]}`)); chat.ResponseID != "" {
+		t.Errorf("a chat answer has no response id to continue: %q", chat.ResponseID)
+	}
+}
+
 func TestMeterAnthropic(t *testing.T) {
 	start := data(`{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_read_input_tokens":5,"cache_creation_input_tokens":3,"output_tokens":1}}}`)
 	t.Run("delta replaces only the fields it has", func(t *testing.T) {

@@ -122,6 +122,9 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		return refuse(aerr, "validation")
 	}
 	clientRunID, idemKey, sessionID := ids.clientRunID, ids.idemKey, ids.sessionID
+	if cont := req.continues(); len(cont) > 0 {
+		req.carried = s.carriedContext(r.Context(), user.ID, cont, log)
+	}
 	// A caller-named run groups many calls under one hold; without a name a call is a run of
 	// one that settles when it ends.
 	ttl := s.cfg.Holds.HoldTTL
@@ -364,6 +367,14 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	c.ended = time.Now()
 	st := s.settlementOf(c)
 	ctx := context.WithoutCancel(reqCtx)
+	if ids, tokens := contextHandedOn(c, st); len(ids) > 0 {
+		userID, log := c.user.ID, c.log
+		s.settlements.Add(1)
+		s.inBackground(func() {
+			defer s.settlements.Done()
+			s.rememberContext(ctx, userID, ids, tokens, log)
+		})
+	}
 	if c.idem != nil {
 		// Before the settlement: whoever finds this attempt settled must find its record final.
 		s.finishIdem(ctx, c)

@@ -63,9 +63,15 @@ type callRequest struct {
 	// at the audio price): they bound the output and stand in for a usage never reported.
 	inputEstimate, audioEstimate int64
 	// spoken: the call asks for an audio answer, whose every output token may be audio.
-	spoken    bool
-	userTurns int
-	maxOutput int64 // the caller's bound on output, -1 when it set none
+	spoken bool
+	// previousResponse and conversation name what a Responses request carries on from on the
+	// provider's side, whose context the provider bills as input though the body does not
+	// hold it; carried is that context's tokens as recorded when those answers completed
+	// (Server.carriedContext), a part of the prompt's estimate.
+	previousResponse, conversation string
+	carried                        int64
+	userTurns                      int
+	maxOutput                      int64 // the caller's bound on output, -1 when it set none
 	// bounds holds the value of each of route.maxFields, -1 where absent: a provider may
 	// honour any of them, so the rewrite lowers every one that is over the limit.
 	bounds []int64
@@ -233,6 +239,9 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	}
 	c.inputEstimate, c.audioEstimate = metering.EstimatePrompt(rt.format, body)
 	c.spoken = asksSpokenAnswer(rt.format, root)
+	if rt.format == metering.FormatResponses {
+		c.previousResponse, c.conversation = continuedFrom(root)
+	}
 	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate); what != "" {
 		return nil, errBadRequest("unpriced_option", fmt.Sprintf(
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
@@ -344,7 +353,8 @@ func foldKey(s string) string {
 // too, under which the audio refusal looks for input_audio parts (one in another case alone
 // would carry them past it to a provider that folds keys).
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
-	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input"}
+	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
+	"previous_response_id", "conversation"}
 
 // outputBound is the most output the call can produce as sent: none on a route without output
 // (embeddings), its own limit, else the model's configured one (modelMaxOutput, 0 when
@@ -361,12 +371,43 @@ func (c *callRequest) outputBound(modelMaxOutput int64) int64 {
 	return -1
 }
 
-// promptEstimate is the prompt's estimated usage: its tokens, the audio part priced apart.
+// promptEstimate is the prompt's estimated usage: its tokens (with the context it carries on
+// from an earlier answer or a conversation), the audio part priced apart.
 // The audio estimate reads parts the prompt's does not (keys in another case): the prompt is
 // at least its audio, as Clamp bills it, so that the tally (unclamped) records what the
 // settlement's row does.
 func (c *callRequest) promptEstimate() pricing.Usage {
-	return pricing.Usage{Input: max(c.inputEstimate, c.audioEstimate), AudioInput: c.audioEstimate}
+	return pricing.Usage{Input: max(c.inputEstimate, c.audioEstimate) + c.carried, AudioInput: c.audioEstimate}
+}
+
+// maxContinuedID bounds a response or conversation id the gateway looks up: longer is no id.
+const maxContinuedID = 256
+
+// continuedFrom returns what a Responses request continues: its previous_response_id and its
+// conversation (an id, or an object with one); "" for either it does not name.
+func continuedFrom(root gjson.Result) (previousResponse, conversation string) {
+	id := func(v gjson.Result) string {
+		if v.Type == gjson.String && len(v.Str) <= maxContinuedID {
+			return v.Str
+		}
+		return ""
+	}
+	conv := root.Get("conversation")
+	if conv.IsObject() {
+		conv = conv.Get("id")
+	}
+	return id(root.Get("previous_response_id")), id(conv)
+}
+
+// continues lists the ids the call's prompt continues, for Server.carriedContext.
+func (c *callRequest) continues() []string {
+	var ids []string
+	for _, id := range []string{c.previousResponse, c.conversation} {
+		if id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }
 
 // boundPrice is the price a worst case of the call is reckoned at: every output token as
