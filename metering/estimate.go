@@ -105,6 +105,16 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 	return min(maxEstimatedTokens, ceilDiv(textBytes, bytesPerToken)+messages*tokensPerMessage)
 }
 
+// EstimateNotHandedOn guesses the tokens of a Responses request's own parts that a
+// continuation of its answer (previous_response_id) or of its conversation does not carry:
+// its instructions, tool definitions and output schema, which a continuation sends again (and
+// its estimate counts from its own body). The provider's prompt count includes them.
+func EstimateNotHandedOn(body []byte) int64 {
+	textBytes := int64(len(gjson.GetBytes(body, "tools").Raw)) + int64(len(gjson.GetBytes(body, "text.format").Raw)) +
+		textLen(gjson.GetBytes(body, "instructions"))
+	return min(maxEstimatedTokens, ceilDiv(textBytes, bytesPerToken))
+}
+
 // EstimateOutputTokens turns streamed text bytes into tokens.
 func EstimateOutputTokens(outputBytes int64) int64 {
 	return min(maxEstimatedTokens, ceilDiv(outputBytes, bytesPerToken))

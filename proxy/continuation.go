@@ -63,16 +63,26 @@ func (s *Server) carriedContext(ctx context.Context, userID uint64, ids []string
 }
 
 // contextHandedOn is what a call's answer hands on to a continuation: the ids to record it
-// under (a completed Responses answer's own id, and its request's conversation) and its
-// context in tokens — its prompt (cached and written included) and its output, as reported.
-// No ids for any other call: an answer whose usage the provider did not report would record
-// an estimate, and estimates of estimates drift along a chain.
+// under (a Responses answer's own id, and its request's conversation) and its context in
+// tokens — its prompt (cached and written included) and its output, as reported, less its
+// request's instructions, tools and output schema, which a continuation does not carry but
+// sends again (counted in its own estimate). An answer the provider started (it has an id)
+// whose usage never came — the caller left its stream — records its estimate: a caller that
+// leaves every stream before response.completed would otherwise have nothing recorded, and
+// each call of its chain would be estimated from its new turn alone. A reported answer
+// anywhere in a chain puts the provider's count back in place of the estimates.
+// No ids for any other call, nor for one the provider answered with nothing.
 func contextHandedOn(c *call, st holds.Settlement) (ids []string, tokens int64) {
-	if c.req.route.format != metering.FormatResponses || c.outcome != outcomeComplete {
+	if c.req.route.format != metering.FormatResponses {
+		return nil, 0
+	}
+	switch st.Source {
+	case holds.SourceComplete, holds.SourceCancel, holds.SourceShutdown, holds.SourceStreamError, holds.SourceUpstreamTimeout:
+	default:
 		return nil, 0
 	}
 	res := c.meter.Result()
-	if !res.Reported {
+	if !res.Reported && res.ResponseID == "" {
 		return nil, 0
 	}
 	for _, id := range []string{res.ResponseID, c.req.conversation} {
@@ -80,8 +90,12 @@ func contextHandedOn(c *call, st holds.Settlement) (ids []string, tokens int64) 
 			ids = append(ids, id)
 		}
 	}
+	if len(ids) == 0 {
+		return nil, 0
+	}
 	u := st.Usage.Clamp()
-	return ids, min(u.Input+u.CacheRead+u.CacheWrite+u.Output, pricing.MaxTokens)
+	prompt := max(0, u.Input+u.CacheRead+u.CacheWrite-metering.EstimateNotHandedOn(c.req.body))
+	return ids, min(prompt+u.Output, pricing.MaxTokens)
 }
 
 // rememberContext records tokens of context under each of ids, for userID's continuations.

@@ -77,3 +77,124 @@ func TestContinuedResponseEstimatedWithItsContext(t *testing.T) {
 		})
 	}
 }
+
+// leaveAfterCreated reads a Responses stream up to its response.in_progress event (so the
+// gateway has forwarded response.created, with the answer's id) and leaves. It returns the
+// answer's id and its run id.
+func leaveAfterCreated(t *testing.T, resp *http.Response) (respID, runID string) {
+	t.Helper()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, readAll(t, resp.Body))
+	}
+	runID = resp.Header.Get(proxy.RunIDHeader)
+	rd := bufio.NewReader(resp.Body)
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if data, ok := strings.CutPrefix(line, "data: "); ok {
+			if id := gjson.Get(data, "response.id").Str; id != "" && respID == "" {
+				respID = id
+			}
+			if gjson.Get(data, "type").Str == "response.in_progress" {
+				break
+			}
+		}
+	}
+	resp.Body.Close()
+	return respID, runID
+}
+
+// TestContinuedResponseToolsNotCountedTwice: previous_response_id carries an answer's input
+// and output items, not its request's instructions and tools, which a continuation sends
+// again (and its estimate counts from its body). The answer's reported prompt counts them, so
+// recorded whole as the context it hands on, a continuation cut before its usage was charged
+// its tools twice (and its output bound reckoned them twice: 402 or a lowered
+// max_output_tokens for an agent with a large tool set).
+func TestContinuedResponseToolsNotCountedTwice(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	tools := `[{"type":"function","name":"lookup","description":"` + strings.Repeat("a", 40_000) +
+		`","parameters":{"type":"object","properties":{}}}]`
+	const toolTokens = 10_000 // 40 000 bytes at four a token
+	first := `{"model":"fake-gpt","instructions":"Be brief.","tools":` + tools + `,"input":"Read this long document."}`
+	resp := h.post(key, "/v1/responses", first, map[string]string{fakellm.HeaderPromptTokens: "50000"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("first: %d %s", resp.StatusCode, body)
+	}
+	r1 := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	handed := r1.InTok + r1.CacheReadTok + r1.CacheWriteTok + r1.OutTok
+
+	next := `{"model":"fake-gpt","stream":true,"instructions":"Be brief.","tools":` + tools +
+		`,"previous_response_id":"` + gjson.GetBytes(body, "id").Str + `","input":"Summarise it."}`
+	_, runID := leaveAfterCreated(t, h.post(key, "/v1/responses", next,
+		map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"}))
+	run := h.run(u.ID, runID)
+	if !run.Estimated {
+		t.Fatalf("run %+v, want an estimate", run)
+	}
+	// The provider bills the first answer's context less its tools, plus the tools sent again
+	// and the new turn: about what the first answer handed on.
+	if run.InTok >= handed+toolTokens/2 {
+		t.Fatalf("estimated in_tok %d: the %d tokens of context handed on and the %d of tools counted twice", run.InTok, handed, toolTokens)
+	}
+	if run.InTok < handed-toolTokens/2 {
+		t.Fatalf("estimated in_tok %d, want about the %d tokens of context handed on", run.InTok, handed)
+	}
+}
+
+// TestContinuedResponseChainOfCutAnswers: a caller that leaves every stream before
+// response.completed gets no answer recorded with a usage report; the provider still bills
+// each continuation the context it carries. Recording only reported answers, the third call
+// of such a chain was estimated from its new turn alone: the 50 000 tokens of context the
+// first answer handed on were charged once and then never again.
+func TestContinuedResponseChainOfCutAnswers(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/responses", `{"model":"fake-gpt","input":"Read this long document."}`,
+		map[string]string{fakellm.HeaderPromptTokens: "50000"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("first: %d %s", resp.StatusCode, body)
+	}
+	r1 := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	handed := r1.InTok + r1.CacheReadTok + r1.CacheWriteTok + r1.OutTok
+
+	prev := gjson.GetBytes(body, "id").Str
+	slow := map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"}
+	for i, turn := range []string{"Summarise it.", "Shorter."} {
+		id, runID := leaveAfterCreated(t, h.post(key, "/v1/responses",
+			`{"model":"fake-gpt","stream":true,"previous_response_id":"`+prev+`","input":"`+turn+`"}`, slow))
+		run := h.run(u.ID, runID)
+		if !run.Estimated {
+			t.Fatalf("call %d: run %+v, want an estimate", i+2, run)
+		}
+		if run.InTok < handed {
+			t.Fatalf("call %d: estimated in_tok %d, want at least the %d tokens of context the chain carries", i+2, run.InTok, handed)
+		}
+		if id == "" {
+			t.Fatalf("call %d: no response id seen", i+2)
+		}
+		prev = id
+	}
+}
+
+// TestContinuedConversationIDNotRepeated: the gateway reads the first of repeated keys, a
+// provider the last. A conversation object naming its id twice looked up a conversation the
+// gateway recorded nothing for while the provider carried another's context: the estimate
+// without it, at the caller's choice.
+func TestContinuedConversationIDNotRepeated(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/responses",
+		`{"model":"fake-gpt","stream":true,"conversation":{"id":"conv_none","id":"conv_42"},"input":"Summarise it."}`, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || errorCode(t, body) != "invalid_json" {
+		t.Fatalf("%d %s, want 400 invalid_json", resp.StatusCode, body)
+	}
+}

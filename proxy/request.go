@@ -175,6 +175,12 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 			return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key \"stream_options.%s\" (keys are compared with case folded).", k))
 		}
 	}
+	if conv := root.Get("conversation"); conv.IsObject() {
+		// The conversation whose context the estimate counts (continuedFrom).
+		if k := repeatedKey(conv, "id"); k != "" {
+			return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key \"conversation.%s\" (keys are compared with case folded).", k))
+		}
+	}
 	m := root.Get("model")
 	if m.Type != gjson.String || m.Str == "" {
 		return nil, errBadRequest("missing_model", "The request must name a model.")
