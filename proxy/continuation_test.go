@@ -22,7 +22,7 @@ import (
 func TestContinuedResponseEstimatedWithItsContext(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	const context = 50_000
+	const reportedPrompt = 50_000
 	for _, tc := range []struct{ name, first, next string }{
 		{"previous_response_id", `{"model":"fake-gpt","input":"Read this long document."}`,
 			`{"model":"fake-gpt","stream":true,"previous_response_id":"%s","input":"Summarise it."}`},
@@ -30,20 +30,9 @@ func TestContinuedResponseEstimatedWithItsContext(t *testing.T) {
 			`{"model":"fake-gpt","stream":true,"conversation":{"id":"conv_42"},"input":"Summarise it."}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			resp := h.post(key, "/v1/responses", tc.first, map[string]string{fakellm.HeaderPromptTokens: "50000"})
-			body := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("first: %d %s", resp.StatusCode, body)
-			}
-			first := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-			if first.InTok < context {
-				t.Fatalf("first answer in_tok %d, want the %d reported", first.InTok, context)
-			}
-			handed := first.InTok + first.CacheReadTok + first.CacheWriteTok + first.OutTok
-
-			next := strings.Replace(tc.next, "%s", gjson.GetBytes(body, "id").Str, 1)
-			resp = h.post(key, "/v1/responses", next, map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"})
+			firstID, handed := h.answerWithContext(u.ID, key, tc.first)
+			next := strings.Replace(tc.next, "%s", firstID, 1)
+			resp := h.post(key, "/v1/responses", next, map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"})
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("next: %d %s", resp.StatusCode, readAll(t, resp.Body))
 			}
@@ -71,7 +60,7 @@ func TestContinuedResponseEstimatedWithItsContext(t *testing.T) {
 				t.Fatal(err)
 			}
 			resp.Body.Close()
-			if run := h.run(other.ID, runID); run.InTok >= context {
+			if run := h.run(other.ID, runID); run.InTok >= reportedPrompt {
 				t.Fatalf("another user's estimate took the first user's context: in_tok %d", run.InTok)
 			}
 		})
@@ -119,17 +108,10 @@ func TestContinuedResponseToolsNotCountedTwice(t *testing.T) {
 		`","parameters":{"type":"object","properties":{}}}]`
 	const toolTokens = 10_000 // 40 000 bytes at four a token
 	first := `{"model":"fake-gpt","instructions":"Be brief.","tools":` + tools + `,"input":"Read this long document."}`
-	resp := h.post(key, "/v1/responses", first, map[string]string{fakellm.HeaderPromptTokens: "50000"})
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("first: %d %s", resp.StatusCode, body)
-	}
-	r1 := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-	handed := r1.InTok + r1.CacheReadTok + r1.CacheWriteTok + r1.OutTok
+	firstID, handed := h.answerWithContext(u.ID, key, first)
 
 	next := `{"model":"fake-gpt","stream":true,"instructions":"Be brief.","tools":` + tools +
-		`,"previous_response_id":"` + gjson.GetBytes(body, "id").Str + `","input":"Summarise it."}`
+		`,"previous_response_id":"` + firstID + `","input":"Summarise it."}`
 	_, runID := leaveAfterCreated(t, h.post(key, "/v1/responses", next,
 		map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"}))
 	run := h.run(u.ID, runID)
@@ -154,17 +136,7 @@ func TestContinuedResponseToolsNotCountedTwice(t *testing.T) {
 func TestContinuedResponseChainOfCutAnswers(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/responses", `{"model":"fake-gpt","input":"Read this long document."}`,
-		map[string]string{fakellm.HeaderPromptTokens: "50000"})
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("first: %d %s", resp.StatusCode, body)
-	}
-	r1 := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-	handed := r1.InTok + r1.CacheReadTok + r1.CacheWriteTok + r1.OutTok
-
-	prev := gjson.GetBytes(body, "id").Str
+	prev, handed := h.answerWithContext(u.ID, key, `{"model":"fake-gpt","input":"Read this long document."}`)
 	slow := map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"}
 	for i, turn := range []string{"Summarise it.", "Shorter."} {
 		id, runID := leaveAfterCreated(t, h.post(key, "/v1/responses",
@@ -197,4 +169,22 @@ func TestContinuedConversationIDNotRepeated(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest || errorCode(t, body) != "invalid_json" {
 		t.Fatalf("%d %s, want 400 invalid_json", resp.StatusCode, body)
 	}
+}
+
+// answerWithContext sends a Responses call whose answer reports a 50 000-token prompt and
+// returns the answer's id and the context it hands on as its settled row records it (prompt
+// and output).
+func (h *harness) answerWithContext(userID uint64, key, body string) (id string, handed int64) {
+	h.t.Helper()
+	resp := h.post(key, "/v1/responses", body, map[string]string{fakellm.HeaderPromptTokens: "50000"})
+	answer := readAll(h.t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("first: %d %s", resp.StatusCode, answer)
+	}
+	run := h.run(userID, resp.Header.Get(proxy.RunIDHeader))
+	if run.InTok < 50_000 {
+		h.t.Fatalf("first answer in_tok %d, want the 50 000 reported", run.InTok)
+	}
+	return gjson.GetBytes(answer, "id").Str, run.InTok + run.CacheReadTok + run.CacheWriteTok + run.OutTok
 }
