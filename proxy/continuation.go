@@ -16,15 +16,14 @@ import (
 // A Responses request that continues an earlier answer (previous_response_id) or a
 // conversation carries their context on the provider's side: the provider bills it as input,
 // though the request's body holds only the new turn. The gateway records, when a Responses
-// answer completes, how much context it hands on — its whole prompt and its output, as the
-// provider reported them — under its id and its conversation's, and a request continuing
-// either counts that in its prompt's estimate: the output bound before forwarding, and the
+// answer ends, how much context it hands on (contextHandedOn) under its id and its
+// conversation's, and a request continuing either counts that in its prompt's estimate: the output bound before forwarding, and the
 // charge of a call settled without a usage report (a caller that leaves a stream before
 // response.completed). Estimated from the body alone, such a call was charged the new turn
 // and none of the thousands of tokens of context the provider billed.
 
-// contextTTL is how long a completed answer's context size is kept for a continuation: a
-// conversation picked up after a day is estimated from its new turn alone.
+// contextTTL is how long an answer's context size is kept for a continuation: a conversation
+// picked up after a day is estimated from its new turn alone.
 const contextTTL = 24 * time.Hour
 
 // contextLookupTimeout bounds the lookup on the caller's path; past it the estimate goes
