@@ -89,13 +89,7 @@ var wavMinute = func() string {
 // which must be estimated.
 func (h *harness) estimatedRun(userID uint64, key, body string) holds.Run {
 	h.t.Helper()
-	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
-	answer := readAll(h.t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		h.t.Fatalf("%d %s", resp.StatusCode, answer)
-	}
-	run := h.run(userID, resp.Header.Get(proxy.RunIDHeader))
+	run, _ := h.answeredRun(userID, key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
 	if !run.Estimated {
 		h.t.Fatalf("run %+v not estimated: the test needs an answer without usage", run)
 	}

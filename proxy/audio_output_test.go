@@ -55,13 +55,8 @@ func TestSpokenAnswerChargedAtItsPrice(t *testing.T) {
 "prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"audio_tokens":250,"text_tokens":50}}}`)
 	h, price := spokenHarness(t, dir)
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken.json"})
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s, want 200: the model has an audio output price", resp.StatusCode, body)
-	}
-	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	// Answered 200: the model has an audio output price.
+	run, _ := h.answeredRun(u.ID, key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken.json"})
 	want := price.Cost(pricing.Usage{Input: 20, Output: 300, AudioOutput: 250})
 	if run.CostMicro != want || run.ChargedMicro != want || run.Estimated {
 		t.Fatalf("run cost %d charged %d estimated %v, want %d reported (250 audio tokens at %d µUSD/M)",
@@ -160,13 +155,7 @@ func TestSpokenAnswerEstimatedByItsLength(t *testing.T) {
 		}
 	})
 	t.Run("whole answer without usage", func(t *testing.T) {
-		resp := h.post(key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_unreported.json"})
-		body := readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-		run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+		run, _ := h.answeredRun(u.ID, key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_unreported.json"})
 		if !run.Estimated || run.OutTok < 40 {
 			t.Fatalf("run %+v, want estimated with at least the 40 tokens of the 2-second clip", run)
 		}

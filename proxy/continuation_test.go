@@ -176,13 +176,7 @@ func TestContinuedConversationIDNotRepeated(t *testing.T) {
 // and output).
 func (h *harness) answerWithContext(userID uint64, key, body string) (id string, handed int64) {
 	h.t.Helper()
-	resp := h.post(key, "/v1/responses", body, map[string]string{fakellm.HeaderPromptTokens: "50000"})
-	answer := readAll(h.t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		h.t.Fatalf("first: %d %s", resp.StatusCode, answer)
-	}
-	run := h.run(userID, resp.Header.Get(proxy.RunIDHeader))
+	run, answer := h.answeredRun(userID, key, "/v1/responses", body, map[string]string{fakellm.HeaderPromptTokens: "50000"})
 	if run.InTok < 50_000 {
 		h.t.Fatalf("first answer in_tok %d, want the 50 000 reported", run.InTok)
 	}

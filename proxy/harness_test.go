@@ -179,6 +179,19 @@ func (h *harness) settled() {
 }
 
 // run reads a run after its settlement finished.
+// answeredRun sends a call that must be answered 200 and returns its settled run and the
+// answer.
+func (h *harness) answeredRun(userID uint64, key, path, body string, hdr map[string]string) (holds.Run, []byte) {
+	h.t.Helper()
+	resp := h.post(key, path, body, hdr)
+	answer := readAll(h.t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("%s: %d %s, want 200", path, resp.StatusCode, answer)
+	}
+	return h.run(userID, resp.Header.Get(proxy.RunIDHeader)), answer
+}
+
 func (h *harness) run(userID uint64, runID string) holds.Run {
 	h.t.Helper()
 	h.settled()
