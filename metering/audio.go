@@ -67,6 +67,35 @@ func estimateAudio(f Format, body []byte, mayAudio bool) int64 {
 	return tokens
 }
 
+// SentBackAnswerTokens is what an earlier spoken answer sent back by its id counts in
+// EstimateInputTokens and EstimateAudioInputTokens: its length is not in the request. The
+// gateway puts the tokens it recorded of that answer in its place when it has them.
+const SentBackAnswerTokens = tokensPerMedia
+
+// maxSentBack bounds the sent-back spoken answers whose recorded length a request looks up
+// (a voice conversation sends back each of its answers; past this many, they count
+// SentBackAnswerTokens each).
+const maxSentBack = 64
+
+// SpokenAnswersSentBack lists the ids of the earlier spoken answers a chat body sends back
+// ({"audio": {"id": …}} on its messages), each one counted at SentBackAnswerTokens in the
+// body's estimates; at most maxSentBack, each at most as long as a model name.
+func SpokenAnswersSentBack(body []byte) []string {
+	var ids []string
+	gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+		m.ForEach(func(k, v gjson.Result) bool {
+			if strings.EqualFold(k.Str, "audio") && v.IsObject() {
+				if id := v.Get("id"); id.Type == gjson.String && id.Str != "" && len(id.Str) <= maxModelName {
+					ids = append(ids, id.Str)
+				}
+			}
+			return len(ids) < maxSentBack
+		})
+		return len(ids) < maxSentBack
+	})
+	return ids
+}
+
 // mayHoldAudio reports whether body could have an audio part or an earlier spoken answer:
 // "input_audio", as a key in any case or as a value, holds "_audio" in ASCII case (no other
 // rune folds to its letters), a spoken answer is an "audio" key, unless some character of
@@ -316,6 +345,8 @@ const pcmBytesPerSecond = 2 * 24_000
 func (m *Meter) spokenAnswer(audio gjson.Result, streamed bool) {
 	audio.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
+		case "id":
+			m.sawSpokenID(v)
 		case "transcript":
 			m.res.OutputChars += strLen(v)
 		case "data":
@@ -332,6 +363,24 @@ func (m *Meter) spokenAnswer(audio gjson.Result, streamed bool) {
 		}
 		return true
 	})
+}
+
+// maxSpokenIDs bounds the spoken answers' ids a Meter keeps: one a choice, and a call asks for
+// at most 128 choices.
+const maxSpokenIDs = 128
+
+// sawSpokenID keeps a spoken answer's id (a copy: the event's memory is reused), once: a
+// stream may repeat it in each of its audio deltas. Longer than maxModelName is no id.
+func (m *Meter) sawSpokenID(v gjson.Result) {
+	if v.Type != gjson.String || v.Str == "" || len(v.Str) > maxModelName || len(m.res.SpokenIDs) >= maxSpokenIDs {
+		return
+	}
+	for _, id := range m.res.SpokenIDs {
+		if id == v.Str {
+			return
+		}
+	}
+	m.res.SpokenIDs = append(m.res.SpokenIDs, strings.Clone(v.Str))
 }
 
 // isClipFile reports whether base64 audio data starts as a file clipMicros can time: a WAV

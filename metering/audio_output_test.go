@@ -2,6 +2,7 @@ package metering
 
 import (
 	"encoding/base64"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -131,5 +132,53 @@ func TestMeterSpokenAnswerRawPCMStartingLikeAFrame(t *testing.T) {
 		base64.StdEncoding.EncodeToString(mp3) + `"}}}]}`))
 	if got, want := m.Result().AudioOutput, ceilDiv(100*26_122*audioOutputTokensPerSecond, 1_000_000); got != want {
 		t.Errorf("100 MP3 frames: %d audio tokens, want %d", got, want)
+	}
+}
+
+// TestMeterKeepsTheSpokenAnswersIDs: each spoken answer's id (one a choice), from a stream's
+// deltas, which may repeat it, or a whole body, is what a later request sends back to be
+// heard again; the proxy records the answer's audio tokens under it.
+func TestMeterKeepsTheSpokenAnswersIDs(t *testing.T) {
+	streamed := meterEvents(FormatChat,
+		data(`{"choices":[{"index":0,"delta":{"role":"assistant","audio":{"id":"audio_a","transcript":"Hi"}}},{"index":1,"delta":{"audio":{"id":"audio_b"}}}]}`),
+		data(`{"choices":[{"index":0,"delta":{"audio":{"id":"audio_a","data":"AAAA"}}}]}`),
+		data(`{"choices":[{"index":0,"delta":{"audio":{"id":null,"data":"AAAA"}}}]}`))
+	if got := strings.Join(streamed.SpokenIDs, ","); got != "audio_a,audio_b" {
+		t.Errorf("streamed: spoken ids %q, want audio_a,audio_b", got)
+	}
+	m := NewMeter(FormatChat)
+	m.Body([]byte(`{"choices":[{"message":{"role":"assistant","audio":{"id":"audio_w","data":"AAAA","transcript":"Hi."}}}]}`))
+	if got := strings.Join(m.Result().SpokenIDs, ","); got != "audio_w" {
+		t.Errorf("whole: spoken ids %q, want audio_w", got)
+	}
+	many := `{"choices":[`
+	for i := range maxSpokenIDs + 5 {
+		if i > 0 {
+			many += ","
+		}
+		many += `{"index":` + strconv.Itoa(i) + `,"delta":{"audio":{"id":"audio_` + strconv.Itoa(i) + `"}}}`
+	}
+	if got := meterEvents(FormatChat, data(many+`]}`)).SpokenIDs; len(got) != maxSpokenIDs {
+		t.Errorf("%d spoken ids kept, want the bound %d", len(got), maxSpokenIDs)
+	}
+}
+
+// TestSpokenAnswersSentBack lists the ids a chat body sends back, in any case of the key, and
+// none for an audio object without one; at most maxSentBack.
+func TestSpokenAnswersSentBack(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"assistant","audio":{"id":"audio_1"}},{"role":"user","content":"x"},
+		{"role":"assistant","Audio":{"id":"audio_2"}},{"role":"assistant","audio":{}},{"role":"assistant","audio":null}]}`
+	if got := strings.Join(SpokenAnswersSentBack([]byte(body)), ","); got != "audio_1,audio_2" {
+		t.Errorf("sent back %q, want audio_1,audio_2", got)
+	}
+	many := `{"messages":[`
+	for i := range maxSentBack + 3 {
+		if i > 0 {
+			many += ","
+		}
+		many += `{"role":"assistant","audio":{"id":"audio_` + strconv.Itoa(i) + `"}}`
+	}
+	if got := SpokenAnswersSentBack([]byte(many + `]}`)); len(got) != maxSentBack {
+		t.Errorf("%d ids listed, want the bound %d", len(got), maxSentBack)
 	}
 }

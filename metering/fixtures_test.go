@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -200,7 +201,7 @@ func TestFixturesEverySplit(t *testing.T) {
 				checkResult(t, fx.name, whole.res, fx.want)
 				for k := 0; k <= len(variant.data); k++ {
 					got := meterStream(t, &chunkReader{chunks: [][]byte{variant.data[:k], variant.data[k:]}}, f)
-					if got.res != whole.res {
+					if !reflect.DeepEqual(got.res, whole.res) {
 						t.Fatalf("split at %d: result %+v, unsplit %+v", k, got.res, whole.res)
 					}
 					if !bytes.Equal(got.raw, variant.data) {

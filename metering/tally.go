@@ -53,6 +53,12 @@ func (k Keys) ResponseContext(userID uint64, id string) string {
 	return k.Prefix + "respctx:{" + strconv.FormatUint(userID, 10) + "}:" + id
 }
 
+// SpokenAnswer is how many audio tokens a user's spoken chat answer (its audio id) held, for a
+// later request that sends it back to be heard again.
+func (k Keys) SpokenAnswer(userID uint64, id string) string {
+	return k.Prefix + "spoken:{" + strconv.FormatUint(userID, 10) + "}:" + id
+}
+
 // Dedup is the fingerprint window of one user's request body.
 func (k Keys) Dedup(userID uint64, bodyHash string) string {
 	return k.Prefix + "dedup:{" + strconv.FormatUint(userID, 10) + "}:" + bodyHash

@@ -42,6 +42,10 @@ type Result struct {
 	// ResponseID is the id a Responses answer gives itself (response.id), "" when none: what a
 	// later request names as its previous_response_id, whose context it then carries.
 	ResponseID string
+	// SpokenIDs are the ids of the spoken answers a chat answer gave (audio.id, one a choice),
+	// which a later request sends back for the model to hear again: the gateway records their
+	// audio tokens under them (see SpokenAnswersSentBack).
+	SpokenIDs []string
 	// Model is the model the response says answered (its first "model"), "" when none did:
 	// a provider may answer an alias with a dated snapshot, or route to another model.
 	Model string

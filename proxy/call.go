@@ -125,6 +125,9 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	if cont := req.continues(); len(cont) > 0 {
 		req.carried = s.carriedContext(r.Context(), user.ID, cont, log)
 	}
+	if len(req.sentBack) > 0 {
+		s.hearAgain(r.Context(), user.ID, req, log)
+	}
 	// A caller-named run groups many calls under one hold; without a name a call is a run of
 	// one that settles when it ends.
 	ttl := s.cfg.Holds.HoldTTL
@@ -367,12 +370,12 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	c.ended = time.Now()
 	st := s.settlementOf(c)
 	ctx := context.WithoutCancel(reqCtx)
-	if ids, tokens := contextHandedOn(c, st); len(ids) > 0 {
-		userID, log := c.user.ID, c.log
+	if records := append(s.contextHandedOn(c, st), s.spokenAnswers(c, st)...); len(records) > 0 {
+		log := c.log
 		s.settlements.Add(1)
 		s.inBackground(func() {
 			defer s.settlements.Done()
-			s.rememberContext(ctx, userID, ids, tokens, log)
+			s.rememberTokens(ctx, records, log)
 		})
 	}
 	if c.idem != nil {

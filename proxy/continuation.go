@@ -2,10 +2,7 @@ package proxy
 
 import (
 	"context"
-	"strconv"
-	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
@@ -17,18 +14,10 @@ import (
 // conversation carries their context on the provider's side: the provider bills it as input,
 // though the request's body holds only the new turn. The gateway records, when a Responses
 // answer ends, how much context it hands on (contextHandedOn) under its id and its
-// conversation's, and a request continuing either counts that in its prompt's estimate: the output bound before forwarding, and the
-// charge of a call settled without a usage report (a caller that leaves a stream before
-// response.completed). Estimated from the body alone, such a call was charged the new turn
-// and none of the thousands of tokens of context the provider billed.
-
-// contextTTL is how long an answer's context size is kept for a continuation: a conversation
-// picked up after a day is estimated from its new turn alone.
-const contextTTL = 24 * time.Hour
-
-// contextLookupTimeout bounds the lookup on the caller's path; past it the estimate goes
-// without (the usage report, when it comes, is what is charged).
-const contextLookupTimeout = 250 * time.Millisecond
+// conversation's, and a request continuing either counts that in its prompt's estimate
+// (recorded.go). Estimated from the body alone, a caller that left such a stream before
+// response.completed was charged the new turn and none of the thousands of tokens of context
+// the provider billed.
 
 // carriedContext is the context, in tokens, that the answers and conversations ids name hand
 // on to a request of userID: the largest recorded (a continuation carries the whole chain,
@@ -41,22 +30,9 @@ func (s *Server) carriedContext(ctx context.Context, userID uint64, ids []string
 	for i, id := range ids {
 		keys[i] = s.keys.ResponseContext(userID, id)
 	}
-	ctx, cancel := context.WithTimeout(ctx, contextLookupTimeout)
-	defer cancel()
-	vals, err := s.rdb.MGet(ctx, keys...).Result()
-	if err != nil {
-		log.Info("context of a continued response not read; estimated from the request alone", zap.Error(err))
-		return 0
-	}
 	var carried int64
-	for _, v := range vals {
-		str, ok := v.(string)
-		if !ok {
-			continue
-		}
-		if n, err := strconv.ParseInt(str, 10, 64); err == nil && n > 0 {
-			carried = max(carried, min(n, pricing.MaxTokens))
-		}
+	for _, n := range s.recordedTokens(ctx, keys, log) {
+		carried = max(carried, n)
 	}
 	return carried
 }
@@ -70,45 +46,28 @@ func (s *Server) carriedContext(ctx context.Context, userID uint64, ids []string
 // leaves every stream before response.completed would otherwise have nothing recorded, and
 // each call of its chain would be estimated from its new turn alone. A reported answer
 // anywhere in a chain puts the provider's count back in place of the estimates.
-// No ids for any other call, nor for one the provider answered with nothing.
-func contextHandedOn(c *call, st holds.Settlement) (ids []string, tokens int64) {
+// None for any other call, nor for one the provider answered with nothing.
+func (s *Server) contextHandedOn(c *call, st holds.Settlement) []tokenRecord {
 	if c.req.route.format != metering.FormatResponses {
-		return nil, 0
+		return nil
 	}
 	switch st.Source {
 	case holds.SourceComplete, holds.SourceCancel, holds.SourceShutdown, holds.SourceStreamError, holds.SourceUpstreamTimeout:
 	default:
-		return nil, 0
+		return nil
 	}
 	res := c.meter.Result()
 	if !res.Reported && res.ResponseID == "" {
-		return nil, 0
+		return nil
 	}
-	for _, id := range []string{res.ResponseID, c.req.conversation} {
-		if id != "" && len(id) <= maxContinuedID {
-			ids = append(ids, id)
-		}
-	}
-	if len(ids) == 0 {
-		return nil, 0
-	}
+	var records []tokenRecord
 	u := st.Usage.Clamp()
 	prompt := max(0, u.Input+u.CacheRead+u.CacheWrite-metering.EstimateNotHandedOn(c.req.body))
-	return ids, min(prompt+u.Output, pricing.MaxTokens)
-}
-
-// rememberContext records tokens of context under each of ids, for userID's continuations.
-// A failure is logged and costs only a later estimate its context.
-func (s *Server) rememberContext(ctx context.Context, userID uint64, ids []string, tokens int64, log *zap.Logger) {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, id := range ids {
-			p.Set(ctx, s.keys.ResponseContext(userID, id), tokens, contextTTL)
+	tokens := min(prompt+u.Output, pricing.MaxTokens)
+	for _, id := range []string{res.ResponseID, c.req.conversation} {
+		if id != "" && len(id) <= maxContinuedID {
+			records = append(records, tokenRecord{s.keys.ResponseContext(c.user.ID, id), tokens})
 		}
-		return nil
-	})
-	if err != nil {
-		log.Info("context of a response not recorded; a continuation is estimated without it", zap.Error(err))
 	}
+	return records
 }

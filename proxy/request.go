@@ -70,8 +70,12 @@ type callRequest struct {
 	// (Server.carriedContext), a part of the prompt's estimate.
 	previousResponse, conversation string
 	carried                        int64
-	userTurns                      int
-	maxOutput                      int64 // the caller's bound on output, -1 when it set none
+	// sentBack lists the earlier spoken answers a chat request sends back by their ids, each
+	// counted in the estimates at metering.SentBackAnswerTokens until Server.hearAgain puts
+	// its recorded length in its place.
+	sentBack  []string
+	userTurns int
+	maxOutput int64 // the caller's bound on output, -1 when it set none
 	// bounds holds the value of each of route.maxFields, -1 where absent: a provider may
 	// honour any of them, so the rewrite lowers every one that is over the limit.
 	bounds []int64
@@ -245,6 +249,9 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	}
 	c.inputEstimate, c.audioEstimate = metering.EstimatePrompt(rt.format, body)
 	c.spoken = asksSpokenAnswer(rt.format, root)
+	if rt.format == metering.FormatChat && c.audioEstimate > 0 {
+		c.sentBack = metering.SpokenAnswersSentBack(body)
+	}
 	if rt.format == metering.FormatResponses {
 		c.previousResponse, c.conversation = continuedFrom(root)
 	}

@@ -1,0 +1,71 @@
+package proxy
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// Some requests name an earlier answer whose tokens the provider bills again though the body
+// does not hold them: a Responses continuation the context it carries (continuation.go), a
+// chat message the spoken answer it sends back (spoken.go). The gateway records, when an
+// answer ends, those figures under its ids, per user, and a later request naming them reads
+// them into its prompt's estimate: the output bound before forwarding and the charge of a
+// call settled without a usage report. A record is a hint, never a charge: a Redis that
+// does not answer leaves the estimate from the body alone.
+
+// recordTTL is how long an answer's figures are kept: a request naming an answer older than
+// a day is estimated from its body alone.
+const recordTTL = 24 * time.Hour
+
+// recordLookupTimeout bounds the lookup on the caller's path; past it the estimate goes
+// without (the usage report, when it comes, is what is charged).
+const recordLookupTimeout = 250 * time.Millisecond
+
+// tokenRecord is a figure, in tokens, to record under a key.
+type tokenRecord struct {
+	key    string
+	tokens int64
+}
+
+// recordedTokens reads the tokens recorded under keys, one round trip: 0 for a key with
+// none, and for every key when Redis does not answer in time.
+func (s *Server) recordedTokens(ctx context.Context, keys []string, log *zap.Logger) []int64 {
+	tokens := make([]int64, len(keys))
+	ctx, cancel := context.WithTimeout(ctx, recordLookupTimeout)
+	defer cancel()
+	vals, err := s.rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		log.Info("records of earlier answers not read; estimated from the request alone", zap.Error(err))
+		return tokens
+	}
+	for i, v := range vals {
+		if str, ok := v.(string); ok {
+			if n, err := strconv.ParseInt(str, 10, 64); err == nil && n > 0 {
+				tokens[i] = min(n, pricing.MaxTokens)
+			}
+		}
+	}
+	return tokens
+}
+
+// rememberTokens writes records in one pipeline. A failure is logged and costs only a later
+// estimate its figure.
+func (s *Server) rememberTokens(ctx context.Context, records []tokenRecord, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, r := range records {
+			p.Set(ctx, r.key, r.tokens, recordTTL)
+		}
+		return nil
+	})
+	if err != nil {
+		log.Info("answer not recorded; a later request naming it is estimated without it", zap.Error(err))
+	}
+}
