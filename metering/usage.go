@@ -123,7 +123,7 @@ func (m *Meter) Event(ev Event) {
 
 // Body observes a whole non-streamed JSON response body.
 func (m *Meter) Body(body []byte) {
-	body = bytes.TrimSpace(body)
+	body = TrimBody(body)
 	if len(body) == 0 || body[0] != '{' {
 		return
 	}
@@ -162,6 +162,14 @@ func (m *Meter) Body(body []byte) {
 	default:
 		m.openAIObject(s, "message")
 	}
+}
+
+// TrimBody is a whole body without the white space around it or a leading UTF-8 byte order
+// mark. RFC 8259 forbids the mark, but servers on some stacks write one and clients read past
+// it (Python's json, under the OpenAI SDK): kept, it hid the body's usage, and the call was
+// charged its prompt's estimate with no output at all.
+func TrimBody(body []byte) []byte {
+	return bytes.TrimSpace(bytes.TrimPrefix(bytes.TrimSpace(body), utf8BOM))
 }
 
 // UpstreamError reports whether the response carried an error event or object so far: cheap

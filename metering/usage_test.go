@@ -507,3 +507,19 @@ func TestResponsesModelIsTheOneThatCompleted(t *testing.T) {
 		t.Errorf("Result().Model = %q, want the model response.completed names", got)
 	}
 }
+
+// A whole body that starts with a UTF-8 byte order mark is read as the JSON it is, in every
+// format.
+func TestMeterBodyAfterByteOrderMark(t *testing.T) {
+	for f, body := range map[Format]string{
+		FormatChat:      `{"usage":{"prompt_tokens":10,"completion_tokens":400}}`,
+		FormatAnthropic: `{"type":"message","usage":{"input_tokens":10,"output_tokens":400}}`,
+		FormatResponses: `{"object":"response","usage":{"input_tokens":10,"output_tokens":400}}`,
+	} {
+		m := NewMeter(f)
+		m.Body([]byte("\xEF\xBB\xBF" + body + "\n"))
+		if r := m.Result(); !r.Reported || r.Usage.Input != 10 || r.Usage.Output != 400 {
+			t.Errorf("format %d: %+v, want the reported 10/400", f, r)
+		}
+	}
+}

@@ -320,7 +320,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 // another content type (an upstream that left its Content-Type to sniffing gets text/plain).
 // Either way what it reported, or the text it produced, is what the call is charged.
 func meterBody(m *metering.Meter, body []byte, maxEvent int) {
-	if t := bytes.TrimSpace(body); len(t) == 0 || t[0] == '{' {
+	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' {
 		m.Body(body)
 		return
 	}
