@@ -148,6 +148,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	)
 	for {
 		ev, err := sc.Next()
+		meter := true
 		if err == nil && ev.Unterminated {
 			// The stream ended inside this event: forwarded if it ended cleanly; after a
 			// break, a half event followed by the error event would read as one garbled event.
@@ -158,6 +159,10 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 					c.meter.Event(ev)
 				}
 				err = end
+			} else {
+				// An end that looks clean may be a cut too: a body delimited by the
+				// connection's close ends with io.EOF however the upstream went away.
+				meter = !cutJSON(ev.Data)
 			}
 		}
 		if err != nil {
@@ -185,7 +190,9 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			}
 			break
 		}
-		c.meter.Event(ev)
+		if meter {
+			c.meter.Event(ev)
+		}
 		if !sawFinal && c.meter.UpstreamError() {
 			// An error event from the upstream ends the answer for the caller (the SDKs raise on
 			// it): give back what the call claimed against duplicates before it is sent.
@@ -287,6 +294,17 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 			Message: fmt.Sprintf("The upstream answer is larger than %d bytes.", limit), NoRetry: true})
 		return http.StatusBadGateway
 	}
+	if cutJSON(body) {
+		// A JSON answer that is not whole came from an upstream that went away mid-answer
+		// while its body was delimited by the connection's close (which reads as a clean
+		// end): as when it breaks a Content-Length. Metered, a usage object cut mid-number
+		// was charged as the provider's word ("completion_tokens":4 of 400).
+		c.outcome = outcomeStreamError
+		c.log.Warn("upstream body cut short", zap.Int("bytes", len(body)))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+			Message: "The upstream connection broke before the answer was complete."})
+		return http.StatusBadGateway
+	}
 	meterBody(c.meter, body, s.cfg.Limits.MaxEventBytes)
 	c.outcome = c.wholeOutcome()
 	if c.inRun {
@@ -330,8 +348,18 @@ func meterBody(m *metering.Meter, body []byte, maxEvent int) {
 		if err != nil {
 			return
 		}
+		if ev.Unterminated && cutJSON(ev.Data) {
+			return // the body ended inside this event: a cut usage is no report (see relayStream)
+		}
 		m.Event(ev)
 	}
+}
+
+// cutJSON reports whether b (an event's data, a whole body) starts as a JSON object but is not
+// whole JSON: what an upstream that went away mid-answer leaves.
+func cutJSON(b []byte) bool {
+	t := metering.TrimBody(b)
+	return len(t) > 0 && t[0] == '{' && !json.Valid(t)
 }
 
 // oversizeReadFactor bounds how much of an answer too large to relay is still read for its

@@ -3,7 +3,10 @@ package proxy_test
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
+
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // hostileUsageBody is a whole chat answer reporting 10 prompt and 400 completion tokens.
@@ -25,5 +28,73 @@ func TestHostileBOMBodyIsMetered(t *testing.T) {
 	if run.OutTok != 400 || run.InTok != 10 || run.Estimated {
 		t.Fatalf("run in=%d out=%d estimated=%v source=%s, want the reported 10/400",
 			run.InTok, run.OutTok, run.Estimated, run.SettleSource.String)
+	}
+}
+
+// closeDelimited answers with an HTTP/1.1 body delimited by the connection's close (no
+// Content-Length, no chunking), as an HTTP/1.0-era server or proxy does: an upstream that dies
+// mid-answer then looks, to the transport, like one that ended cleanly.
+func closeDelimited(t *testing.T, ctype, body string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		conn, bw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(bw, "HTTP/1.1 200 OK\r\nContent-Type: %s\r\nConnection: close\r\n\r\n%s", ctype, body)
+		bw.Flush()
+	}
+}
+
+// A close-delimited stream cut inside its usage chunk: "completion_tokens":4 is the first digit
+// of 400. Read as reported, the call is charged 4 output tokens for an answer whose streamed
+// text alone is 70.
+func TestHostileCutUsageChunkIsNotReported(t *testing.T) {
+	cut := strings.Index(hostileUsage, `"completion_tokens":4`) + len(`"completion_tokens":4`)
+	h := hostileHarness(t, closeDelimited(t, "text/event-stream", strings.Repeat(hostileChunk, 5)+hostileUsage[:cut]), nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	t.Logf("status %d, %d bytes; run in=%d out=%d est=%v src=%s", resp.StatusCode, len(body), run.InTok, run.OutTok, run.Estimated, run.SettleSource.String)
+	if !run.Estimated || run.OutTok < 70 {
+		t.Fatalf("a usage chunk cut mid-number was billed as reported: out=%d estimated=%v, want the estimate of the text (>= 70)",
+			run.OutTok, run.Estimated)
+	}
+}
+
+// The same cut in a whole (non-streamed) answer: the caller gets JSON it cannot parse, and the
+// call must not be charged the cut figures as the provider's word.
+func TestHostileCutBodyIsNotReported(t *testing.T) {
+	cut := strings.Index(hostileUsageBody, `"completion_tokens":4`) + len(`"completion_tokens":4`)
+	h := hostileHarness(t, closeDelimited(t, "application/json", hostileUsageBody[:cut]), nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	t.Logf("status %d: %.120s; run in=%d out=%d est=%v src=%s", resp.StatusCode, body, run.InTok, run.OutTok, run.Estimated, run.SettleSource.String)
+	if !run.Estimated {
+		t.Fatalf("a body cut mid-number was billed as reported: in=%d out=%d", run.InTok, run.OutTok)
+	}
+}
+
+// The same cut stream under another label than text/event-stream (an upstream that leaves its
+// Content-Type to sniffing): read whole and metered as a stream, its cut usage chunk is no
+// report either.
+func TestHostileCutUsageChunkUnlabelledIsNotReported(t *testing.T) {
+	cut := strings.Index(hostileUsage, `"completion_tokens":4`) + len(`"completion_tokens":4`)
+	h := hostileHarness(t, closeDelimited(t, "text/plain; charset=utf-8", strings.Repeat(hostileChunk, 5)+hostileUsage[:cut]), nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	t.Logf("status %d, %d bytes; run in=%d out=%d est=%v src=%s", resp.StatusCode, len(body), run.InTok, run.OutTok, run.Estimated, run.SettleSource.String)
+	if !run.Estimated || run.OutTok < 70 {
+		t.Fatalf("a usage chunk cut mid-number was billed as reported: out=%d estimated=%v, want the estimate of the text (>= 70)",
+			run.OutTok, run.Estimated)
 	}
 }
