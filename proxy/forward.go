@@ -144,6 +144,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	}
 	var (
 		sawFinal bool
+		sawData  bool   // an event carried data: the upstream answers as a stream
 		held     []byte // a named run's final event and what came after it
 	)
 	for {
@@ -190,9 +191,19 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			}
 			break
 		}
-		if meter {
+		switch {
+		case ev.Data == nil && !sawData && wholeJSON(ev.Raw):
+			// A stream request answered whole, as JSON, under the event-stream label (an
+			// upstream that set its label from the request's stream flag, then answered or
+			// failed whole): no line of it is a field, so no event carries it. Metered as the
+			// body it is, as relayBody meters one under its own label: its usage is charged,
+			// its error nothing. Read as a stream, the answer was charged its prompt's
+			// estimate with no output, and the error that estimate too.
+			c.meter.Body(ev.Raw)
+		case meter:
 			c.meter.Event(ev)
 		}
+		sawData = sawData || ev.Data != nil
 		if !sawFinal && c.meter.UpstreamError() {
 			// An error event from the upstream ends the answer for the caller (the SDKs raise on
 			// it): give back what the call claimed against duplicates before it is sent.
@@ -353,6 +364,13 @@ func meterBody(m *metering.Meter, body []byte, maxEvent int) {
 		}
 		m.Event(ev)
 	}
+}
+
+// wholeJSON reports whether b is a whole JSON object (white space and a byte order mark
+// around it aside).
+func wholeJSON(b []byte) bool {
+	t := metering.TrimBody(b)
+	return len(t) > 0 && t[0] == '{' && json.Valid(t)
 }
 
 // cutJSON reports whether b (an event's data, a whole body) starts as a JSON object but is not

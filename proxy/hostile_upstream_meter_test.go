@@ -98,3 +98,39 @@ func TestHostileCutUsageChunkUnlabelledIsNotReported(t *testing.T) {
 			run.OutTok, run.Estimated)
 	}
 }
+
+// A stream request answered whole, as JSON, under the text/event-stream label (an upstream
+// that set its Content-Type from the request's stream flag, then answered or failed whole):
+// no event carries data, so the stream's meter saw nothing. The answer must be charged the
+// usage in it, and the provider's error charged nothing, as either is when its label says JSON.
+func TestHostileStreamAnsweredWholeUnderEventStreamLabel(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		out        int64
+		source     string
+	}{
+		{"answer", hostileUsageBody, 400, "complete"},
+		{"error", `{"error":{"message":"The server had an error","type":"server_error","code":null}}` + "\n", 0, "upstream_error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprint(w, tc.body)
+			}, nil)
+			u, key := h.user("standard")
+			resp := h.post(key, "/v1/chat/completions", streamBody, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+			t.Logf("status %d: %.80s; run in=%d out=%d est=%v src=%s charged=%d", resp.StatusCode, body, run.InTok, run.OutTok,
+				run.Estimated, run.SettleSource.String, run.ChargedMicro)
+			if string(body) != tc.body {
+				t.Fatalf("the caller got %q, want the upstream's bytes", body)
+			}
+			if run.OutTok != tc.out || run.SettleSource.String != tc.source || (tc.source == "upstream_error") != (run.ChargedMicro == 0) {
+				t.Fatalf("run out=%d source=%s charged=%d, want out=%d source=%s", run.OutTok, run.SettleSource.String, run.ChargedMicro,
+					tc.out, tc.source)
+			}
+		})
+	}
+}
