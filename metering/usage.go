@@ -458,10 +458,19 @@ func (m *Meter) anthropicEvent(s, typ string) {
 var anthropicFields = [5]string{"input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens",
 	"cache_creation.ephemeral_1h_input_tokens"}
 
+// anthropicOutput is output_tokens' index in anthropicFields.
+const anthropicOutput = 3
+
 // anthropicUsage applies one Anthropic usage object: each field present replaces the one
 // before (message_delta carries cumulative counts). With iterations[] (compaction, server
 // tools) the top-level fields describe only the last iteration, so each field is the sum
 // over the iterations instead.
+//
+// A top-level 0 does not replace an earlier count of the prompt side (input, cache reads and
+// writes): a cumulative count cannot fall to nothing, and Anthropic-compatible servers
+// (SGLang's /v1/messages, among others) send message_delta's input_tokens as 0 after
+// message_start gave the count. Replaced, the prompt was billed at 0. The output's 0 still
+// replaces message_start's placeholder.
 func (m *Meter) anthropicUsage(u gjson.Result) {
 	var sum [len(anthropicFields)]int64
 	var inIter, top [len(anthropicFields)]bool
@@ -480,7 +489,9 @@ func (m *Meter) anthropicUsage(u gjson.Result) {
 		if inIter[i] {
 			*fields[i] = sum[i]
 		} else if v, ok := first(u, f); ok {
-			*fields[i] = v
+			if v > 0 || i == anthropicOutput {
+				*fields[i] = v
+			}
 			top[i] = true
 		}
 	}

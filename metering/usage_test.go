@@ -523,3 +523,22 @@ func TestMeterBodyAfterByteOrderMark(t *testing.T) {
 		}
 	}
 }
+
+// Anthropic-compatible servers (SGLang's /v1/messages, among others) put the prompt's count in
+// message_start and a 0 in message_delta's input_tokens, meaning "reported before". Counts that
+// Anthropic documents as cumulative cannot fall to nothing: the prompt is billed as
+// message_start reported it, not at 0. A count that rises replaces, as before.
+func TestMeterAnthropicDeltaZeroKeepsThePrompt(t *testing.T) {
+	start := data(`{"type":"message_start","message":{"usage":{"input_tokens":1200,"cache_read_input_tokens":500,"cache_creation_input_tokens":300,"output_tokens":1}}}`)
+	got := meterEvents(FormatAnthropic, start,
+		data(`{"type":"message_delta","usage":{"input_tokens":0,"cache_read_input_tokens":0,"cache_creation_input_tokens":0,"output_tokens":42}}`))
+	if want := (pricing.Usage{Input: 1200, CacheRead: 500, CacheWrite: 300, Output: 42}); got.Usage != want || !got.Reported || got.Estimated {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	// SGLang's earlier releases did the reverse: 0 at the start, the count in the delta.
+	got = meterEvents(FormatAnthropic, data(`{"type":"message_start","message":{"usage":{"input_tokens":0,"output_tokens":0}}}`),
+		data(`{"type":"message_delta","usage":{"input_tokens":1200,"output_tokens":42}}`))
+	if want := (pricing.Usage{Input: 1200, Output: 42}); got.Usage != want {
+		t.Errorf("got %+v, want %+v", got.Usage, want)
+	}
+}
