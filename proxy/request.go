@@ -207,7 +207,9 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		return nil, errBadRequest("model_not_served", fmt.Sprintf("No configured upstream serves model %q on %s.", c.model, rt.path))
 	}
 	c.upstream = up
-	if st := root.Get("stream"); st.Exists() {
+	// A null stream is the default, false, as OpenAI's API reads it (and as a null output
+	// bound or n is read here): clients that write every optional field send it.
+	if st := root.Get("stream"); st.Exists() && st.Type != gjson.Null {
 		if st.Type != gjson.True && st.Type != gjson.False {
 			return nil, errBadRequest("invalid_stream", "'stream' must be a boolean.")
 		}
