@@ -79,7 +79,8 @@ type callRequest struct {
 	// bounds holds the value of each of route.maxFields, -1 where absent: a provider may
 	// honour any of them, so the rewrite lowers every one that is over the limit.
 	bounds []int64
-	// choices is how many answers the call asks for (n, best_of), each up to the bound.
+	// choices is how many answers the call asks for (n, best_of, times the prompts of a
+	// completions batch), each up to the bound.
 	choices int64
 }
 
@@ -243,6 +244,10 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		}
 		c.choices = max(c.choices, n)
 	}
+	if rt.format == metering.FormatCompletions {
+		// Each prompt of a batch gets its own answers, each up to the bound.
+		c.choices *= promptCount(root.Get("prompt"))
+	}
 	if rt.format == metering.FormatResponses && root.Get("background").Type == gjson.True {
 		// A background response answers at once with a queued response and no usage; the
 		// output, and what it cost, are fetched later from an endpoint the gateway does not
@@ -272,6 +277,26 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	c.clientAskedUsage = root.Get("stream_options.include_usage").Type == gjson.True
 	c.userTurns = metering.UserTurns(rt.format, body)
 	return c, nil
+}
+
+// promptCount is how many prompts a completions request's prompt holds: an array of strings
+// or of token arrays is a batch, answered prompt by prompt; a string, or one token array (an
+// array of numbers), is one prompt.
+func promptCount(prompt gjson.Result) int64 {
+	if !prompt.IsArray() {
+		return 1
+	}
+	var n int64
+	tokens := true
+	prompt.ForEach(func(_, v gjson.Result) bool {
+		n++
+		tokens = tokens && v.Type == gjson.Number
+		return true
+	})
+	if tokens || n == 0 {
+		return 1
+	}
+	return n
 }
 
 // maxJSONDepth is the deepest nesting of objects and arrays a body may have: encoding/json's
@@ -379,11 +404,17 @@ func (c *callRequest) outputBound(modelMaxOutput int64) int64 {
 	case len(c.route.maxFields) == 0:
 		return 0
 	case c.maxOutput >= 0:
-		return min(c.maxOutput, pricing.MaxTokens) * c.choices
+		return c.allAnswers(c.maxOutput)
 	case modelMaxOutput > 0:
-		return min(modelMaxOutput, pricing.MaxTokens) * c.choices
+		return c.allAnswers(modelMaxOutput)
 	}
 	return -1
+}
+
+// allAnswers is perAnswer output tokens for each of the call's answers, at most
+// pricing.MaxTokens: a batch of prompts times n can be large enough to overflow the product.
+func (c *callRequest) allAnswers(perAnswer int64) int64 {
+	return min(perAnswer, pricing.MaxTokens/c.choices) * c.choices
 }
 
 // promptEstimate is the prompt's estimated usage: its tokens (with the context it carries on

@@ -1,8 +1,62 @@
 package proxy_test
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/config"
 )
+
+// TestCompletionsPromptBatchIsBoundedByTheCap: /v1/completions takes a batch of prompts (an
+// array of strings, or of token arrays) and answers each of them, every answer up to
+// max_tokens (times n / best_of). The rewrite must bound the whole batch by the cap, as it does
+// n choices; bounding one answer let a batch of eight run eight times what its cap pays for,
+// the rest served and clamped away at settlement. A single token array is one prompt.
+func TestCompletionsPromptBatchIsBoundedByTheCap(t *testing.T) {
+	up := &jsonUpstream{}
+	ts := httptest.NewServer(up)
+	t.Cleanup(ts.Close)
+	h := newHarness(t, func(c *configT) {
+		c.Upstreams = []config.Upstream{{Name: "json", Kind: "openai", BaseURL: ts.URL, Models: []string{"*"}}}
+	})
+	_, key := h.user("standard")
+	// Default cap 500 credits = 500 000 µUSD; fake-gpt output is 10 µUSD a token.
+	const capTokens = 50_000
+	cases := []struct {
+		name, body string
+		prompts    int64
+	}{
+		{"strings", `{"model":"fake-gpt","max_tokens":90000000,"prompt":["a","b","c","d","e","f","g","h"]}`, 8},
+		{"token arrays", `{"model":"fake-gpt","max_tokens":90000000,"prompt":[[1,2],[3],[4],[5]]}`, 4},
+		{"with best_of", `{"model":"fake-gpt","max_tokens":90000000,"best_of":3,"prompt":["a","b"]}`, 2},
+		{"one token array", `{"model":"fake-gpt","max_tokens":90000000,"prompt":[1,2,3,4,5,6,7,8,9]}`, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := h.post(key, "/v1/completions", tc.body, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d %s", resp.StatusCode, body)
+			}
+			up.mu.Lock()
+			sent := gjson.Parse(mustJSON(t, up.seen[len(up.seen)-1]))
+			up.mu.Unlock()
+			answers := max(int64(1), sent.Get("n").Int(), sent.Get("best_of").Int()) * tc.prompts
+			got := sent.Get("max_tokens").Int()
+			if got*answers > capTokens {
+				t.Errorf("upstream got max_tokens=%d for %d answers: up to %d output tokens, the cap pays for %d",
+					got, answers, got*answers, capTokens)
+			}
+			if tc.prompts == 1 && got*answers < capTokens/2 {
+				t.Errorf("a single token array was bounded as a batch: max_tokens=%d", got)
+			}
+		})
+	}
+}
 
 // TestNullStreamIsNotAStream: OpenAI's API takes "stream": null as its default, false, as the
 // gateway takes a null max_tokens or n; clients that write every optional field (null when
