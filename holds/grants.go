@@ -133,7 +133,10 @@ func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest, atte
 		return Grant{}, false, fmt.Errorf("look up grant key: %w", err)
 	}
 	after := u.PrepaidMicro + req.AmountMicro
-	if req.AmountMicro < 0 && after < 0 {
+	// A debit that comes out above the balance it was taken from has wrapped past MinInt64
+	// (a huge refund to a user in debt): its true result is below zero, and computed in int64
+	// it would have been credited as about MaxInt64.
+	if req.AmountMicro < 0 && (after < 0 || after > u.PrepaidMicro) {
 		return Grant{}, false, fmt.Errorf("%w: prepaid %d micro-USD, grant %d", ErrGrantBelowZero, u.PrepaidMicro, req.AmountMicro)
 	}
 	if req.AmountMicro < 0 {
