@@ -69,18 +69,23 @@ func Audit(ctx context.Context, db *sqlx.DB) ([]Mismatch, error) {
 		Prepaid int64  `db:"prepaid"`
 		Granted int64  `db:"granted"`
 		Spent   int64  `db:"spent"`
+		Differs bool   `db:"differs"`
 	}
 	// One statement: one snapshot, so a settlement committing meanwhile is seen whole or not at all.
+	// The comparison is the database's, in exact DECIMAL: granted - spent in int64 wraps just as
+	// a wrapped balance did, and the two agreed on a refund that had overflowed into a credit.
 	err = db.SelectContext(ctx, &users, `
-		SELECT u.id, u.prepaid_micro AS prepaid,
-		       COALESCE((SELECT SUM(amount_micro) FROM grants g WHERE g.user_id = u.id), 0) AS granted,
-		       COALESCE((SELECT SUM(prepaid_part_micro) FROM run_holds h WHERE h.user_id = u.id), 0) AS spent
-		FROM users u`)
+		SELECT a.id, a.prepaid, CAST(a.granted AS SIGNED) AS granted, CAST(a.spent AS SIGNED) AS spent,
+		       a.prepaid <> a.granted - a.spent AS differs
+		FROM (SELECT u.id, u.prepaid_micro AS prepaid,
+		             COALESCE((SELECT SUM(amount_micro) FROM grants g WHERE g.user_id = u.id), 0) AS granted,
+		             COALESCE((SELECT SUM(prepaid_part_micro) FROM run_holds h WHERE h.user_id = u.id), 0) AS spent
+		      FROM users u) a`)
 	if err != nil {
 		return nil, fmt.Errorf("audit prepaid credits: %w", err)
 	}
 	for _, u := range users {
-		if u.Prepaid != u.Granted-u.Spent {
+		if u.Differs {
 			out = append(out, Mismatch{UserID: u.UserID, Detail: fmt.Sprintf(
 				"prepaid %d µUSD, but grants gave %d and charges took %d", u.Prepaid, u.Granted, u.Spent)})
 		}
