@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"time"
+	"unicode/utf8"
 )
 
 // State is a hold's lifecycle state.
@@ -72,7 +73,7 @@ func (s *Store) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
 
 // AdmitResult is one admission's outcome within a batch: a hold, or the refusal
 // (TooManyInFlightError, ErrInsufficient, ErrUserDisabled, ErrUnknownUser, ErrRunSettled,
-// ErrRunNotFound).
+// ErrRunNotFound, ErrInvalidModel).
 type AdmitResult struct {
 	Hold Hold
 	Err  error
@@ -103,6 +104,13 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 	out := make([]AdmitResult, len(reqs))
 	var inserts []admittedRow
 	for i, req := range reqs {
+		if !utf8.ValidString(req.Model) {
+			// Refused here, item by item: the utf8mb4 column would refuse the bytes in the
+			// batch's closing script, failing every other caller's admission and settlement
+			// with it. (No earlier attempt can have stored such a hold to claim.)
+			out[i].Err = ErrInvalidModel
+			continue
+		}
 		h, seen := r.existing[req.RunID]
 		if seen && req.Token != "" && h.Token.Valid && h.Token.String == req.Token && h.UserID == req.UserID {
 			// This request's own hold, committed by an earlier attempt whose reply was lost. It is

@@ -18,6 +18,9 @@ var (
 	ErrInsufficient = errors.New("insufficient credits")
 	ErrRunSettled   = errors.New("run already settled")
 	ErrRunNotFound  = errors.New("run not found")
+	// ErrInvalidModel refuses an admission whose model name is not UTF-8 text: the utf8mb4
+	// column would refuse the bytes, and with them every other item of the batch.
+	ErrInvalidModel = errors.New("model name is not UTF-8 text")
 )
 
 // ErrRunStillLive refuses a Settlement with OnlyIfExpired whose hold has not expired under its

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 
@@ -278,9 +279,15 @@ func appendMarkSettled(sc *script, rows []settledRow, now time.Time) {
 		}
 		q = append(q, "(?,?,'settled',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"...)
 		u := r.st.Usage.Clamp()
+		model := r.st.Model
+		if !utf8.ValidString(model) {
+			// The model is a label, the hold already has the one it was admitted with (''
+			// keeps it, below); bytes the utf8mb4 column refuses would fail the whole batch.
+			model = ""
+		}
 		args = append(args, r.hold.RunID, r.hold.UserID, r.hold.HeldMicro, r.hold.CapMicro, r.hold.DiscountBP, r.hold.ExpiresAt,
 			r.cost, r.charged, r.allowance, r.prepaid, u.Input, u.CacheRead, u.CacheWrite, u.Output, r.st.Calls,
-			r.st.Model, nullJSON(r.st.PriceSnapshot), r.st.Estimated, r.st.Source, now, r.token)
+			model, nullJSON(r.st.PriceSnapshot), r.st.Estimated, r.st.Source, now, r.token)
 	}
 	q = append(q, ` ON DUPLICATE KEY UPDATE state = VALUES(state), cost_micro = VALUES(cost_micro),
 		charged_micro = VALUES(charged_micro), allowance_part_micro = VALUES(allowance_part_micro),

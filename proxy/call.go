@@ -354,6 +354,8 @@ func (s *Server) admitError(err error) *apiError {
 		return errRunSettled
 	case errors.Is(err, holds.ErrRunNotFound):
 		return errRunNotFound
+	case errors.Is(err, holds.ErrInvalidModel):
+		return errBadRequest("invalid_model", "A model name must be UTF-8 text.")
 	}
 	return errBillingDown
 }

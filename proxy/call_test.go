@@ -321,6 +321,9 @@ func TestBadInputIsRefusedWithNoHoldLeftBehind(t *testing.T) {
 		{"missing model", key, `{"messages":[]}`, nil, 400, "missing_model"},
 		{"unpriced model", key, `{"model":"gpt-unknown","messages":[]}`, nil, 400, "model_not_priced"},
 		{"model name too long to store", key, `{"model":"fake-gpt-` + strings.Repeat("x", 200) + `","messages":[]}`, nil, 400, "model_too_long"},
+		// Priced by its prefix, but a utf8mb4 column refuses the bytes: admitted, it failed the
+		// batch it shared with other callers' admissions and settlements.
+		{"model name not UTF-8", key, "{\"model\":\"fake-gpt-\xff\xfe\",\"messages\":[]}", nil, 400, "invalid_model"},
 		{"negative max_tokens", key, `{"model":"fake-gpt","max_tokens":-5,"messages":[]}`, nil, 400, "invalid_max_tokens"},
 		{"fractional max_tokens", key, `{"model":"fake-gpt","max_tokens":1.5,"messages":[]}`, nil, 400, "invalid_max_tokens"},
 		{"stream not boolean", key, `{"model":"fake-gpt","stream":"yes","messages":[]}`, nil, 400, "invalid_stream"},

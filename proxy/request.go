@@ -194,6 +194,11 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		// Prices match by prefix, so a long name can be priced; it cannot be stored.
 		return nil, errBadRequest("model_too_long", fmt.Sprintf("A model name is at most %d bytes.", holds.MaxModelLen))
 	}
+	if !utf8.ValidString(m.Str) {
+		// The body's bytes are not checked as text (gjson does not), and a name priced by its
+		// prefix could otherwise reach the hold's utf8mb4 column, which refuses it.
+		return nil, errBadRequest("invalid_model", "A model name must be UTF-8 text.")
+	}
 	// m.Str is a window into gjson's string copy of the whole body: kept as the call's model
 	// (in its admission, settlement and log), it would keep a second copy of the body alive
 	// for as long as the call's deferred work runs.
