@@ -68,7 +68,7 @@ func TestAnthropicRouteErrorsHaveAnthropicShape(t *testing.T) {
 			400, "error", "invalid_request_error", "invalid_json"},
 		{"402", func() *http.Response { return h.post(brokeKey, "/v1/messages", msg, nil) },
 			402, "error", "billing_error", "insufficient_credits"},
-		{"404 under the route", func() *http.Response { return h.post(key, "/v1/messages/count_tokens", msg, nil) },
+		{"404 under the route", func() *http.Response { return h.post(key, "/v1/messages/batches", msg, nil) },
 			404, "error", "not_found_error", "not_found"},
 		{"405", func() *http.Response { return get("/v1/messages") },
 			405, "error", "invalid_request_error", "method_not_allowed"},

@@ -25,11 +25,11 @@ func userFrom(ctx context.Context) holds.User {
 }
 
 // authenticate resolves the caller's key to a user. Anthropic clients send `x-api-key`, so
-// /v1/messages accepts it too.
+// /v1/messages (and its token counter) accepts it too.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := bearerToken(r.Header.Get("Authorization"))
-		if !ok && r.URL.Path == anthropicPath {
+		if !ok && (r.URL.Path == anthropicPath || r.URL.Path == countTokensPath) {
 			key, ok = r.Header.Get("x-api-key"), true
 		}
 		key = strings.TrimSpace(key)

@@ -77,7 +77,7 @@ func writeError(w http.ResponseWriter, e *apiError) {
 }
 
 // anthropicErrors marks the response of a request to the Anthropic route, /v1/messages (and
-// paths under it, such as count_tokens, which the gateway does not serve). Anthropic's clients
+// paths under it: its token counter, and those the gateway does not serve). Anthropic's clients
 // read an error as {"type":"error","error":{"type","message"}} and name its class by
 // error.type (billing_error, rate_limit_error, ...), which differs from OpenAI's for the same
 // status; the gateway's own code and run id ride along in error, where Anthropic may add

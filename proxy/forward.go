@@ -18,6 +18,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/metering"
 )
 
@@ -35,7 +36,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		GotConn:      func(httptrace.GotConnInfo) { sent.Store(false) },
 		WroteRequest: func(i httptrace.WroteRequestInfo) { sent.Store(i.Err == nil) },
 	})
-	up, err := s.upstreamRequest(ctx, r, c)
+	up, err := s.upstreamRequest(ctx, r, c.req.upstream, c.req.route.path, c.req.body)
 	if err != nil {
 		c.outcome = outcomeRefused
 		c.log.Error("build upstream request", zap.Error(err))
@@ -77,7 +78,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		c.outcome = outcomeUpstreamError
-		return s.relayUpstreamError(w, resp, c)
+		return s.relayUpstreamError(w, resp, c.req.upstream.Name, c.log)
 	}
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		// The transport asks for gzip and decodes it; any other encoding was not asked for and
@@ -549,9 +550,9 @@ const maxUpstreamErrorBody = 64 << 10
 // relayUpstreamError answers for an upstream that refused the call. The caller's own mistakes
 // (4xx) pass through as the provider worded them; the provider's failures and its refusal of
 // the gateway's key become 502, since the caller can do nothing about them.
-func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, c *call) int {
+func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody))
-	c.log.Warn("upstream refused the call", zap.String("upstream", c.req.upstream.Name), zap.Int("status", resp.StatusCode),
+	log.Warn("upstream refused the call", zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
 		zap.ByteString("body", body[:min(len(body), 512)]))
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
@@ -572,14 +573,15 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 	return http.StatusBadGateway
 }
 
-// upstreamRequest builds the request to the upstream: the rewritten body, the caller's
-// headers less the ones that belong to this hop or to the gateway, and the upstream's key.
-func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, c *call) (*http.Request, error) {
-	u := strings.TrimSuffix(c.req.upstream.BaseURL, "/") + c.req.route.path
+// upstreamRequest builds the request to upstream's path: body (rewritten for a call), the
+// caller's query and headers less the ones that belong to this hop or to the gateway, and
+// the upstream's key.
+func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream *config.Upstream, path string, body []byte) (*http.Request, error) {
+	u := strings.TrimSuffix(upstream.BaseURL, "/") + path
 	if r.URL.RawQuery != "" {
 		u += "?" + r.URL.RawQuery
 	}
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(c.req.body))
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("upstream request %s: %w", u, err)
 	}
@@ -591,8 +593,8 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, c *call) 
 		}
 	}
 	up.Header.Set("Content-Type", "application/json")
-	key := c.req.upstream.APIKey
-	switch c.req.upstream.Kind {
+	key := upstream.APIKey
+	switch upstream.Kind {
 	case "anthropic":
 		if key != "" {
 			up.Header.Set("X-Api-Key", key)

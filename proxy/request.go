@@ -157,17 +157,9 @@ func (s *stallReader) Read(p []byte) (int, error) {
 // parseCall validates a body for rt. Everything a request can get wrong is found here, before
 // a hold exists.
 func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callRequest, *apiError) {
-	// Before gjson: its validation descends recursively, so a body of a few MiB of '[' would
-	// grow one goroutine's stack to hundreds of MiB.
-	if nestedDeeperThan(body, maxJSONDepth) {
-		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body nests JSON deeper than %d levels.", maxJSONDepth))
-	}
-	if !gjson.ValidBytes(body) {
-		return nil, errBadRequest("invalid_json", "The request body is not valid JSON.")
-	}
-	root := gjson.ParseBytes(body)
-	if !root.IsObject() {
-		return nil, errBadRequest("invalid_json", "The request body must be a JSON object.")
+	root, aerr := parseObject(body)
+	if aerr != nil {
+		return nil, aerr
 	}
 	// The gateway reads the first of repeated keys (gjson), providers the last: a body that
 	// names one model, stream mode, output bound or usage option to the gateway and another
@@ -186,33 +178,11 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 			return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key \"conversation.%s\" (keys are compared with case folded).", k))
 		}
 	}
-	m := root.Get("model")
-	if m.Type != gjson.String || m.Str == "" {
-		return nil, errBadRequest("missing_model", "The request must name a model.")
+	m, aerr := s.servedModel(root, rt.path, rt.upstreamKind)
+	if aerr != nil {
+		return nil, aerr
 	}
-	if len(m.Str) > holds.MaxModelLen {
-		// Prices match by prefix, so a long name can be priced; it cannot be stored.
-		return nil, errBadRequest("model_too_long", fmt.Sprintf("A model name is at most %d bytes.", holds.MaxModelLen))
-	}
-	if !utf8.ValidString(m.Str) {
-		// The body's bytes are not checked as text (gjson does not), and a name priced by its
-		// prefix could otherwise reach the hold's utf8mb4 column, which refuses it.
-		return nil, errBadRequest("invalid_model", "A model name must be UTF-8 text.")
-	}
-	// m.Str is a window into gjson's string copy of the whole body: kept as the call's model
-	// (in its admission, settlement and log), it would keep a second copy of the body alive
-	// for as long as the call's deferred work runs.
-	c := &callRequest{route: rt, body: body, model: strings.Clone(m.Str), maxOutput: -1}
-	price, key, err := s.prices.Lookup(c.model)
-	if err != nil {
-		return nil, errBadRequest("model_not_priced", fmt.Sprintf("Model %q has no price configured, so it cannot be billed.", c.model))
-	}
-	c.price, c.priceKey = price, key
-	up, ok := s.cfg.UpstreamFor(c.model)
-	if !ok || up.Kind != rt.upstreamKind {
-		return nil, errBadRequest("model_not_served", fmt.Sprintf("No configured upstream serves model %q on %s.", c.model, rt.path))
-	}
-	c.upstream = up
+	c := &callRequest{route: rt, body: body, model: m.name, price: m.price, priceKey: m.priceKey, upstream: m.upstream, maxOutput: -1}
 	// A null stream is the default, false, as OpenAI's API reads it (and as a null output
 	// bound or n is read here): clients that write every optional field send it.
 	if st := root.Get("stream"); st.Exists() && st.Type != gjson.Null {
@@ -282,6 +252,64 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	c.clientAskedUsage = root.Get("stream_options.include_usage").Type == gjson.True
 	c.userTurns = metering.UserTurns(rt.format, body)
 	return c, nil
+}
+
+// parseObject reads body as a JSON object, or refuses it.
+func parseObject(body []byte) (gjson.Result, *apiError) {
+	// Before gjson: its validation descends recursively, so a body of a few MiB of '[' would
+	// grow one goroutine's stack to hundreds of MiB.
+	if nestedDeeperThan(body, maxJSONDepth) {
+		return gjson.Result{}, errBadRequest("invalid_json", fmt.Sprintf("The request body nests JSON deeper than %d levels.", maxJSONDepth))
+	}
+	if !gjson.ValidBytes(body) {
+		return gjson.Result{}, errBadRequest("invalid_json", "The request body is not valid JSON.")
+	}
+	root := gjson.ParseBytes(body)
+	if !root.IsObject() {
+		return gjson.Result{}, errBadRequest("invalid_json", "The request body must be a JSON object.")
+	}
+	return root, nil
+}
+
+// servedModel is a request's model with its price and the upstream that serves it.
+type servedModel struct {
+	name     string
+	price    pricing.Price
+	priceKey string // the configured model name that priced it
+	upstream *config.Upstream
+}
+
+// servedModel reads the model root names and finds its price and an upstream of kind that
+// serves it on path, or refuses the request.
+func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel, *apiError) {
+	m := root.Get("model")
+	if m.Type != gjson.String || m.Str == "" {
+		return servedModel{}, errBadRequest("missing_model", "The request must name a model.")
+	}
+	if len(m.Str) > holds.MaxModelLen {
+		// Prices match by prefix, so a long name can be priced; it cannot be stored.
+		return servedModel{}, errBadRequest("model_too_long", fmt.Sprintf("A model name is at most %d bytes.", holds.MaxModelLen))
+	}
+	if !utf8.ValidString(m.Str) {
+		// The body's bytes are not checked as text (gjson does not), and a name priced by its
+		// prefix could otherwise reach the hold's utf8mb4 column, which refuses it.
+		return servedModel{}, errBadRequest("invalid_model", "A model name must be UTF-8 text.")
+	}
+	// m.Str is a window into gjson's string copy of the whole body: kept as the call's model
+	// (in its admission, settlement and log), it would keep a second copy of the body alive
+	// for as long as the call's deferred work runs.
+	sm := servedModel{name: strings.Clone(m.Str)}
+	price, key, err := s.prices.Lookup(sm.name)
+	if err != nil {
+		return servedModel{}, errBadRequest("model_not_priced", fmt.Sprintf("Model %q has no price configured, so it cannot be billed.", sm.name))
+	}
+	sm.price, sm.priceKey = price, key
+	up, ok := s.cfg.UpstreamFor(sm.name)
+	if !ok || up.Kind != kind {
+		return servedModel{}, errBadRequest("model_not_served", fmt.Sprintf("No configured upstream serves model %q on %s.", sm.name, path))
+	}
+	sm.upstream = up
+	return sm, nil
 }
 
 // promptCount is how many prompts a completions request's prompt holds: an array of strings

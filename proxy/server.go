@@ -62,6 +62,7 @@ type Server struct {
 	creditUSD int64
 	dedupRDB  redis.UniversalClient
 	cancels   *cancelBus
+	counting  *inFlightCounts // token counts in flight per caller (countTokens)
 
 	// shuttingDown marks calls cut at the graceful-shutdown deadline, so they settle with
 	// source "shutdown" rather than as a client's cancel.
@@ -128,6 +129,7 @@ func New(d Deps) *Server {
 			d.Config.Holds.LeaseTTL),
 		dedupRDB: d.DedupRedis,
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
+		counting: newInFlightCounts(maxCountsInFlight),
 		beatDone: make(chan struct{}),
 	}
 	// Reservations beat as leases do: a killed process's go stale after the lease TTL.
@@ -180,6 +182,7 @@ func (s *Server) Handler() http.Handler {
 			r.Post(rt.path, s.serveCall(rt))
 		}
 		replies := r.With(s.boundReplies)
+		replies.Post(countTokensPath, s.countTokens)
 		replies.Get("/v1/models", s.listModels)
 		replies.Get("/v1/credits", s.credits)
 		replies.Get("/v1/runs/{id}", s.getRun)

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tidwall/gjson"
 )
 
 // DefaultChunks is the number of content chunks (and so output tokens) of an
@@ -90,6 +92,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rt = routeResponses
 	case "/v1/messages":
 		rt = routeMessages
+	case "/v1/messages/count_tokens":
+		s.countTokens(w, r)
+		return
 	case "/v1/models":
 		s.models(w, r)
 		return
@@ -174,6 +179,35 @@ func (s *Server) serveModel(w http.ResponseWriter, r *http.Request, rt route) {
 
 // authorized compares in constant time: the fake is sometimes exposed on a
 // shared host during demos, and doing it right costs nothing.
+// countTokens answers Anthropic's token counter with the prompt tokens a call of the same body
+// would report. It is not a model call (Calls does not count it): the provider does not bill it.
+func (s *Server) countTokens(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, true, "invalid_request_error", "use POST")
+		return
+	}
+	body, status, err := readBody(w, r)
+	if err != nil {
+		writeError(w, status, true, "invalid_request_error", err.Error())
+		return
+	}
+	if !s.authorized(r, true) {
+		writeError(w, http.StatusUnauthorized, true, "authentication_error", "invalid api key")
+		return
+	}
+	if r.Header.Get("anthropic-version") == "" {
+		writeError(w, http.StatusBadRequest, true, "invalid_request_error", "anthropic-version: header is required")
+		return
+	}
+	if !gjson.ValidBytes(body) || !gjson.GetBytes(body, "model").Exists() {
+		writeError(w, http.StatusBadRequest, true, "invalid_request_error", "a JSON body with a model is required")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"input_tokens":` + strconv.FormatInt(PromptTokens(body), 10) + "}"))
+}
+
 func (s *Server) authorized(r *http.Request, anth bool) bool {
 	if s.cfg.APIKey == "" {
 		return true

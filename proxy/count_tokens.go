@@ -1,0 +1,143 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// countTokensPath is Anthropic's token counter. Claude Code asks it at every turn how large
+// its context is (to decide when to compact it), and only falls back on its own estimate when
+// the answer is not a 2xx. The provider does not bill it, so the gateway forwards it as it
+// is — no hold, no metering, no charge — to the Anthropic upstream that serves the model, with
+// the gateway's key. It is refused as a model call would be (bad key, unpriced model, a model
+// no Anthropic upstream serves, a body that is not a JSON object), so a caller cannot use it
+// to reach an upstream it could not call.
+const countTokensPath = anthropicPath + "/count_tokens"
+
+// maxCountsInFlight bounds a caller's token counts in flight in one process. A count takes no
+// hold, so nothing else bounds them, and each spends the operator's request quota at the
+// provider; Claude Code's editor extension sends a few dozen in its first second.
+const maxCountsInFlight = 16
+
+// maxCountAnswer bounds what is read of a count's answer ({"input_tokens":N}).
+const maxCountAnswer = 64 << 10
+
+// countRetryAfter is what a count refused for the bound tells the caller to wait.
+const countRetryAfter = time.Second
+
+// countTokens forwards a token count.
+func (s *Server) countTokens(w http.ResponseWriter, r *http.Request) {
+	user := userFrom(r.Context())
+	log := s.log.WithLazy(zap.Uint64("user_id", user.ID), zap.String("route", countTokensPath))
+	status := s.forwardCount(w, r, user.ID, log)
+	s.metrics.Requests.WithLabelValues(countTokensPath, strconv.Itoa(status)).Inc()
+}
+
+// forwardCount serves countTokens and returns the status answered.
+func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uint64, log *zap.Logger) int {
+	refuse := func(e *apiError, reason string) int {
+		log.Info("token count refused", zap.String("code", e.Code), zap.Int("status", e.Status), zap.String("reason", reason))
+		writeError(w, e)
+		return e.Status
+	}
+	if aerr := checkContentEncoding(r.Header); aerr != nil {
+		return refuse(aerr, "content encoding")
+	}
+	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout)
+	if aerr != nil {
+		return refuse(aerr, "body")
+	}
+	root, aerr := parseObject(body)
+	if aerr != nil {
+		return refuse(aerr, "validation")
+	}
+	if k := repeatedKey(root, "model"); k != "" {
+		// The gateway would pick the upstream by one model, the provider count for another.
+		return refuse(errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k)), "validation")
+	}
+	m, aerr := s.servedModel(root, countTokensPath, "anthropic")
+	if aerr != nil {
+		return refuse(aerr, "validation")
+	}
+	if !s.counting.enter(userID) {
+		return refuse(&apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "too_many_counts",
+			Message: fmt.Sprintf("At most %d token counts in flight per caller.", maxCountsInFlight), RetryAfter: countRetryAfter}, "counts in flight")
+	}
+	defer s.counting.leave(userID)
+
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.HeaderTimeout)
+	defer cancel()
+	up, err := s.upstreamRequest(ctx, r, m.upstream, countTokensPath, body)
+	if err != nil {
+		log.Error("build upstream request", zap.Error(err))
+		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error", Message: "Could not build the upstream request."})
+		return http.StatusInternalServerError
+	}
+	resp, err := s.client.Do(up)
+	if err != nil {
+		if clientGone(r) {
+			return statusClientClosed
+		}
+		log.Warn("upstream request failed", zap.String("upstream", m.upstream.Name), zap.Error(err))
+		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable", Message: "The upstream could not be reached."}
+		if isTimeout(err) {
+			e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout", Message: "The upstream did not answer in time."}
+		}
+		writeError(w, e)
+		return e.Status
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return s.relayUpstreamError(w, resp, m.upstream.Name, log)
+	}
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxCountAnswer+1))
+	if err != nil || len(answer) > maxCountAnswer {
+		log.Warn("upstream count answer unreadable", zap.String("upstream", m.upstream.Name), zap.Int("bytes", len(answer)), zap.Error(err))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+			Message: "The upstream's answer to the token count was broken or too large."})
+		return http.StatusBadGateway
+	}
+	copyResponseHeaders(w.Header(), resp.Header)
+	w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(answer) // bounded by boundReplies
+	return resp.StatusCode
+}
+
+// inFlightCounts counts each caller's requests in flight, up to a bound.
+type inFlightCounts struct {
+	mu    sync.Mutex
+	n     map[uint64]int
+	bound int
+}
+
+func newInFlightCounts(bound int) *inFlightCounts {
+	return &inFlightCounts{n: make(map[uint64]int), bound: bound}
+}
+
+// enter counts one more request of userID, or reports false when it has bound in flight.
+func (c *inFlightCounts) enter(userID uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[userID] >= c.bound {
+		return false
+	}
+	c.n[userID]++
+	return true
+}
+
+// leave ends one of userID's requests; the map keeps only callers with some in flight.
+func (c *inFlightCounts) leave(userID uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[userID]--; c.n[userID] <= 0 {
+		delete(c.n, userID)
+	}
+}

@@ -1,0 +1,225 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aopt "github.com/anthropics/anthropic-sdk-go/v2/option"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// countUpstream is an Anthropic upstream whose token counter answers input_tokens and
+// records what reached it; gate, when set, holds each count until it is closed.
+type countUpstream struct {
+	mu      sync.Mutex
+	seen    []*http.Request
+	bodies  []string
+	arrived chan struct{}
+	gate    chan struct{}
+	status  int
+}
+
+func (u *countUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body strings.Builder
+	_, _ = io.Copy(&body, r.Body)
+	u.mu.Lock()
+	u.seen = append(u.seen, r)
+	u.bodies = append(u.bodies, body.String())
+	u.mu.Unlock()
+	if u.arrived != nil {
+		u.arrived <- struct{}{}
+	}
+	if u.gate != nil {
+		<-u.gate
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if u.status != 0 {
+		w.WriteHeader(u.status)
+		_, _ = w.Write([]byte(`{"type":"error","error":{"type":"api_error","message":"down"}}`))
+		return
+	}
+	_, _ = w.Write([]byte(`{"input_tokens":42}`))
+}
+
+// wait returns when a count has reached the upstream; it fails the test when none comes
+// (the counts are refused, or never forwarded).
+func (u *countUpstream) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-u.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no token count reached the upstream")
+	}
+}
+
+// countHarness is a gateway whose Anthropic upstream is u, with the operator's key set.
+func countHarness(t *testing.T, u *countUpstream) *harness {
+	up := httptest.NewServer(u)
+	t.Cleanup(up.Close)
+	return newHarness(t, func(c *config.Config) {
+		for i := range c.Upstreams {
+			if c.Upstreams[i].Kind == "anthropic" {
+				c.Upstreams[i].BaseURL, c.Upstreams[i].APIKey = up.URL, "sk-ant-operator"
+			}
+		}
+	})
+}
+
+// TestCountTokensForwardedFreeOfCharge: Claude Code asks Anthropic's token counter
+// (/v1/messages/count_tokens) every turn to manage its context window, with the SDK's
+// x-api-key. The provider does not bill it: the gateway forwards it with the operator's key
+// (not the caller's), its query and beta headers, and holds and charges nothing. It was 404.
+func TestCountTokensForwardedFreeOfCharge(t *testing.T) {
+	u := &countUpstream{}
+	h := countHarness(t, u)
+	_, key := h.user("standard")
+	before := h.credits(key)
+	c := anthropic.NewClient(aopt.WithBaseURL(h.gw.URL+"/"), aopt.WithAPIKey(key), aopt.WithMaxRetries(0))
+	got, err := c.Beta.Messages.CountTokens(context.Background(), anthropic.BetaMessageCountTokensParams{
+		Model:    "claude-test",
+		Messages: []anthropic.BetaMessageParam{anthropic.NewBetaUserMessage(anthropic.NewBetaTextBlock("How long is this?"))},
+		Betas:    []anthropic.AnthropicBeta{"token-counting-2024-11-01"},
+	}, aopt.WithQuery("beta", "true")) // as Claude Code's SDK sends it
+	if err != nil {
+		t.Fatalf("count_tokens: %v", err)
+	}
+	if got.InputTokens != 42 {
+		t.Fatalf("input_tokens %d, want the upstream's 42", got.InputTokens)
+	}
+	if len(u.seen) != 1 {
+		t.Fatalf("upstream saw %d requests, want 1", len(u.seen))
+	}
+	r := u.seen[0]
+	if r.URL.Path != "/v1/messages/count_tokens" || r.URL.Query().Get("beta") != "true" {
+		t.Errorf("upstream got %s, want /v1/messages/count_tokens?beta=true", r.URL)
+	}
+	if r.Header.Get("X-Api-Key") != "sk-ant-operator" || r.Header.Get("Anthropic-Beta") != "token-counting-2024-11-01" ||
+		r.Header.Get("Anthropic-Version") == "" {
+		t.Errorf("upstream headers %v: want the operator's key, the caller's beta and a version", r.Header)
+	}
+	if !strings.Contains(u.bodies[0], "How long is this?") {
+		t.Errorf("upstream body %s, want the caller's", u.bodies[0])
+	}
+	if all, _ := h.holdCount(); all != 0 {
+		t.Errorf("%d holds for a token count, want none", all)
+	}
+	if after := h.credits(key); after != before {
+		t.Errorf("credits %s after a token count, %s before: it is free", after, before)
+	}
+}
+
+// credits is the caller's /v1/credits answer.
+func (h *harness) credits(key string) string {
+	h.t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, h.gw.URL+"/v1/credits", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("credits: %d", resp.StatusCode)
+	}
+	return string(readAll(h.t, resp.Body))
+}
+
+// TestCountTokensRefusals: a token count is refused as a model call would be, before anything
+// reaches the upstream — bad key, unpriced model, a model no Anthropic upstream serves,
+// invalid JSON — in Anthropic's error shape; an upstream failure is 502.
+func TestCountTokensRefusals(t *testing.T) {
+	u := &countUpstream{}
+	h := countHarness(t, u)
+	_, key := h.user("standard")
+	for _, tc := range []struct {
+		name, key, body string
+		status          int
+		errType         string
+	}{
+		{"bad key", "nope", `{"model":"claude-test","messages":[]}`, 401, "authentication_error"},
+		{"unpriced", key, `{"model":"claude-unpriced-zzz","messages":[]}`, 400, "invalid_request_error"},
+		{"not anthropic", key, `{"model":"fake-gpt","messages":[]}`, 400, "invalid_request_error"},
+		{"invalid json", key, `{"model":`, 400, "invalid_request_error"},
+	} {
+		resp := h.post("", "/v1/messages/count_tokens", tc.body, map[string]string{"X-Api-Key": tc.key})
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		var e struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type    string `json:"type"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		_ = json.Unmarshal(body, &e)
+		if resp.StatusCode != tc.status || e.Type != "error" || e.Error.Type != tc.errType || e.Error.Message == "" {
+			t.Errorf("%s: %d %s, want %d with an Anthropic %s", tc.name, resp.StatusCode, body, tc.status, tc.errType)
+		}
+	}
+	if len(u.seen) != 0 {
+		t.Fatalf("upstream saw %d refused counts", len(u.seen))
+	}
+	u.status = http.StatusServiceUnavailable
+	resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[]}`, map[string]string{"X-Api-Key": key})
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("upstream 503: %d, want 502", resp.StatusCode)
+	}
+}
+
+// TestCountTokensBoundedPerUser: counts take no hold, so nothing else bounds how many one
+// caller has in flight (Claude Code's editor extension sends dozens at start): past the
+// bound a count is refused 429 with Retry-After, and another user is not.
+func TestCountTokensBoundedPerUser(t *testing.T) {
+	u := &countUpstream{arrived: make(chan struct{}, 64), gate: make(chan struct{})}
+	h := countHarness(t, u)
+	_, key := h.user("standard")
+	const bound = 16
+	var wg sync.WaitGroup
+	statuses := make(chan int, bound)
+	for range bound {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[]}`, map[string]string{"X-Api-Key": key})
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+		}()
+	}
+	for range bound {
+		u.wait(t)
+	}
+	resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[]}`, map[string]string{"X-Api-Key": key})
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("count past the bound: %d (Retry-After %q), want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	_, otherKey := h.user("standard")
+	other := make(chan int, 1)
+	go func() {
+		resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[]}`, map[string]string{"X-Api-Key": otherKey})
+		resp.Body.Close()
+		other <- resp.StatusCode
+	}()
+	u.wait(t) // another user's count reached the upstream
+	close(u.gate)
+	wg.Wait()
+	close(statuses)
+	for s := range statuses {
+		if s != http.StatusOK {
+			t.Errorf("a count within the bound: %d", s)
+		}
+	}
+	if s := <-other; s != http.StatusOK {
+		t.Errorf("another user's count: %d", s)
+	}
+}
