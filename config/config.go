@@ -111,6 +111,11 @@ type ModelCfg struct {
 	AudioOutput     USDPerM `yaml:"audio_output"`
 	Output          USDPerM `yaml:"output"`
 	MaxOutputTokens int64   `yaml:"max_output_tokens"` // the model's own limit; 0 = unknown
+	// OutputBoundField is the field a chat request that sets no output bound is given one in
+	// (when max_output_tokens is set and the worst case would pass the cap): max_tokens, the
+	// default, which every OpenAI-compatible server reads, or max_completion_tokens, which
+	// OpenAI's reasoning models (o1, o3, o4-mini, gpt-5) require: they refuse max_tokens.
+	OutputBoundField string `yaml:"output_bound_field"`
 }
 
 // Load reads path (empty: defaults only), applies the environment, and validates.
@@ -384,6 +389,13 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Models) == 0 {
 		bad("models", "no model priced: every request would be refused")
+	}
+	for name, m := range c.Models {
+		switch m.OutputBoundField {
+		case "", "max_tokens", "max_completion_tokens":
+		default:
+			bad("models."+name+".output_bound_field", "must be max_tokens or max_completion_tokens, got %q", m.OutputBoundField)
+		}
 	}
 	if _, err := c.PriceTable(); err != nil {
 		bad("models", "%v", err)

@@ -60,6 +60,7 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		{"holds:\n  heartbeat_interval: 60s\n", "holds.heartbeat_interval"},
 		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},
 		{"models:\n  m:\n    input: -1\n", "non-negative"},
+		{"models:\n  m:\n    input: 1\n    output_bound_field: max_output\n", "models.m.output_bound_field"},
 		{"plans:\n  standard:\n    max_in_flight: 0\n", "plans.standard"},
 		{"upstreams:\n  - name: a\n    kind: grpc\n    base_url: http://x\n    models: ['*']\n", "upstreams[0].kind"},
 		{"no_such_setting: 1\n", "no_such_setting"},

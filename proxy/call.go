@@ -229,7 +229,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		}
 		budget, exhausted = granted, errRunBudget
 	}
-	ok, err := req.rewrite(budget, s.cfg.Models[req.priceKey].MaxOutputTokens)
+	ok, err := req.rewrite(budget, s.cfg.Models[req.priceKey])
 	if err != nil {
 		c.outcome = outcomeRefused
 		return refuse(errBadRequest("invalid_request", err.Error()), "rewrite")

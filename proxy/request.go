@@ -502,8 +502,10 @@ func (c *callRequest) boundPrice() pricing.Price {
 // rewrite prepares the body for the upstream once the cap is known: it asks for the usage
 // chunk, and lowers the output bound when the worst case would pass the cap. It edits the raw
 // bytes with sjson, so every field the gateway does not know passes through untouched.
-// It returns false when not even an empty answer fits in the cap.
-func (c *callRequest) rewrite(capMicro int64, modelMaxOutput int64) (bool, error) {
+// It returns false when not even an empty answer fits in the cap. model is the configured
+// model that priced the call: its own output limit, and the field a bound is added in.
+func (c *callRequest) rewrite(capMicro int64, model config.ModelCfg) (bool, error) {
+	modelMaxOutput := model.MaxOutputTokens
 	var err error
 	if c.stream && c.route.injectUsage && !c.clientAskedUsage {
 		if c.body, err = sjson.SetBytes(c.body, "stream_options.include_usage", true); err != nil {
@@ -541,7 +543,11 @@ func (c *callRequest) rewrite(capMicro int64, modelMaxOutput int64) (bool, error
 		}
 		// Only when the model's own limit is known: a bound above it would make the provider
 		// refuse the request. Unknown limits rely on the settlement clamp to the cap.
-		if c.body, err = sjson.SetBytes(c.body, c.route.maxFields[0], limit); err != nil {
+		field := c.route.maxFields[0]
+		if c.route.format == metering.FormatChat && model.OutputBoundField != "" {
+			field = model.OutputBoundField // a reasoning model refuses max_tokens
+		}
+		if c.body, err = sjson.SetBytes(c.body, field, limit); err != nil {
 			return false, fmt.Errorf("lower output bound: %w", err)
 		}
 	}
