@@ -613,11 +613,13 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 // dropRequestHeaders never reach the upstream: hop-by-hop headers, the caller's credentials
 // (in any provider's spelling: Azure's api-key too), claims about the client's address or the
 // URL it used (the upstream or a proxy in front of it may trust them), the gateway's own
-// headers, and Accept-Encoding (the meter must read plain text; the transport negotiates
-// compression itself and decompresses).
+// headers, X-Idempotency-Key (with it Go's transport resends a request whose reused
+// connection broke after it was written: the provider may run it twice, charged once), and
+// Accept-Encoding (the meter must read plain text; the transport negotiates compression
+// itself and decompresses).
 var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Expect", "Content-Encoding", "Authorization", "X-Api-Key", "Api-Key", "Cookie", "Accept-Encoding",
-	"Content-Length", "Host", "X-Run-Id", "Idempotency-Key", "X-Session-Id", "Openai-Organization", "Openai-Project",
+	"Content-Length", "Host", "X-Run-Id", "Idempotency-Key", "X-Idempotency-Key", "X-Session-Id", "Openai-Organization", "Openai-Project",
 	"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server",
 	"Forwarded", "X-Real-Ip", "True-Client-Ip", "X-Client-Ip", "Cf-Connecting-Ip", "X-Original-Url", "X-Rewrite-Url")
 

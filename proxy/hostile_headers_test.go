@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tollgate/tollgate/config"
@@ -83,5 +84,40 @@ func TestOperatorAccountHeadersNotRelayed(t *testing.T) {
 		if v := resp.Header.Values(k); len(v) > 0 {
 			t.Errorf("operator's upstream account header %s reached the caller: %q", k, v)
 		}
+	}
+}
+
+// TestCallerIdempotencyHeaderDoesNotMakeTheUpstreamCallResent: Go's transport resends a
+// request marked idempotent (an Idempotency-Key or X-Idempotency-Key header) whose reused
+// connection broke after it was written — a provider that had read it may run it twice,
+// while the gateway charges once. A caller's X-Idempotency-Key passed through did that; the
+// gateway's own Idempotency-Key, which it drops, never could.
+func TestCallerIdempotencyHeaderDoesNotMakeTheUpstreamCallResent(t *testing.T) {
+	var calls atomic.Int32
+	up := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if calls.Add(1) == 2 {
+			// The second call, on the first one's connection: read whole, then the
+			// connection goes away without an answer.
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, plainAnswer)
+	}
+	h := hostileHarness(t, up, nil)
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil) // leaves its connection in the pool
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	resp = h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"once"}]}`,
+		map[string]string{"X-Idempotency-Key": "caller-key-1"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("the upstream was sent the second call %d times, want once", n-1)
 	}
 }
