@@ -86,8 +86,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		// prompt, so the call is charged its estimate, as a stream that broke.
 		c.outcome = outcomeStreamError
 		c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", ce))
+		// Not to be retried: the provider answers a retry the same way, charged again.
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
-			Message: "The upstream answered in an encoding the gateway did not ask for."})
+			Message: "The upstream answered in an encoding the gateway did not ask for.", NoRetry: true})
 		return http.StatusBadGateway
 	}
 	// A call that did not ask for a stream is answered whole, whatever its label says: a JSON

@@ -35,6 +35,11 @@ func TestHostileUnaskedEncodingIsNotServedUncharged(t *testing.T) {
 	if resp.StatusCode == http.StatusOK && run.OutTok == 0 {
 		t.Fatalf("the caller was served the whole (%s-encoded) answer; the call was charged output 0", resp.Header.Get("Content-Encoding"))
 	}
+	// Refused, the call is charged its prompt's estimate (the provider had the prompt); an
+	// SDK's automatic retries would each get the same encoding and be charged again.
+	if resp.StatusCode == http.StatusBadGateway && resp.Header.Get("X-Should-Retry") != "false" {
+		t.Errorf("502 for an encoding not asked for says X-Should-Retry %q, want false", resp.Header.Get("X-Should-Retry"))
+	}
 }
 
 // gzip is what the transport asks for and decodes: such an answer is served and metered.
