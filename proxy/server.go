@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -162,7 +163,15 @@ func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(s.boundAnswerEnd, s.boundUnreadBody, shapeErrors)
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
-	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		// chi hands a custom 405 handler no list of the route's methods: they are found again.
+		var allowed []string
+		for _, m := range []string{http.MethodGet, http.MethodPost} {
+			if r.Match(chi.NewRouteContext(), m, req.URL.Path) {
+				allowed = append(allowed, m)
+			}
+		}
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
 		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
 			Code: "method_not_allowed", Message: "Method not allowed on this route."})
 	})
