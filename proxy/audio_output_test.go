@@ -169,11 +169,7 @@ func TestSpokenAnswerEstimatedByItsLength(t *testing.T) {
 // answer must fit the cap with every output token at the audio price (how much of the answer
 // will be audio is not known). At the text price it let the answer cost 8 times the cap.
 func TestSpokenAnswerBoundPricesEveryTokenAsAudio(t *testing.T) {
-	up := &jsonUpstream{}
-	ts := httptest.NewServer(up)
-	t.Cleanup(ts.Close)
-	h := newHarness(t, func(c *configT) {
-		c.Upstreams = []config.Upstream{{Name: "json", Kind: "openai", BaseURL: ts.URL, Models: []string{"*"}}}
+	h, up := jsonHarness(t, func(c *configT) {
 		m := c.Models["fake-gpt"]
 		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
 		c.Models["fake-gpt"] = m
@@ -190,9 +186,7 @@ func TestSpokenAnswerBoundPricesEveryTokenAsAudio(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%d %s", resp.StatusCode, b)
 		}
-		up.mu.Lock()
-		defer up.mu.Unlock()
-		return gjson.Parse(mustJSON(t, up.seen[len(up.seen)-1])).Get("max_tokens").Int()
+		return up.last(t).Get("max_tokens").Int()
 	}
 	spoken := sent(`{"model":"fake-gpt","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"max_tokens":90000000,"messages":[{"role":"user","content":"hi"}]}`)
 	if spoken > capAudio {

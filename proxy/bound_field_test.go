@@ -2,12 +2,7 @@ package proxy_test
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"testing"
-
-	"github.com/tidwall/gjson"
-
-	"github.com/tollgate/tollgate/config"
 )
 
 // TestAddedBoundUsesTheModelsField: a chat request that sets no output bound is given one
@@ -17,11 +12,7 @@ import (
 // field, and no max_tokens; one without keeps max_tokens, which every compatible server
 // reads.
 func TestAddedBoundUsesTheModelsField(t *testing.T) {
-	up := &jsonUpstream{}
-	ts := httptest.NewServer(up)
-	t.Cleanup(ts.Close)
-	h := newHarness(t, func(c *configT) {
-		c.Upstreams = []config.Upstream{{Name: "json", Kind: "openai", BaseURL: ts.URL, Models: []string{"*"}}}
+	h, up := jsonHarness(t, func(c *configT) {
 		m := c.Models["fake-gpt"]
 		m.MaxOutputTokens = 100_000_000 // far past what the default cap pays for
 		c.Models["fake-gpt"] = m
@@ -39,9 +30,7 @@ func TestAddedBoundUsesTheModelsField(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s: %d %s", tc.model, resp.StatusCode, b)
 		}
-		up.mu.Lock()
-		sent := gjson.Parse(mustJSON(t, up.seen[len(up.seen)-1]))
-		up.mu.Unlock()
+		sent := up.last(t)
 		if n := sent.Get(tc.field).Int(); n < 1 || n >= 100_000_000 {
 			t.Errorf("%s: upstream got %s=%d, want the bound the cap pays for", tc.model, tc.field, n)
 		}

@@ -2,12 +2,7 @@ package proxy_test
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"testing"
-
-	"github.com/tidwall/gjson"
-
-	"github.com/tollgate/tollgate/config"
 )
 
 // TestRewriteBoundsEveryOutputField: the rewrite must leave no way for the upstream to
@@ -15,12 +10,7 @@ import (
 // max_completion_tokens (providers differ on which wins: vLLM takes max_completion_tokens),
 // and n (best_of on completions) choices each up to the bound.
 func TestRewriteBoundsEveryOutputField(t *testing.T) {
-	up := &jsonUpstream{}
-	ts := httptest.NewServer(up)
-	t.Cleanup(ts.Close)
-	h := newHarness(t, func(c *configT) {
-		c.Upstreams = []config.Upstream{{Name: "json", Kind: "openai", BaseURL: ts.URL, Models: []string{"*"}}}
-	})
+	h, up := jsonHarness(t)
 	_, key := h.user("standard")
 	// Default cap 500 credits = 500 000 µUSD; fake-gpt output is 10 µUSD a token, so the
 	// whole answer may be at most 50 000 output tokens.
@@ -44,10 +34,7 @@ func TestRewriteBoundsEveryOutputField(t *testing.T) {
 				errorCode(t, body)
 				return
 			}
-			up.mu.Lock()
-			sent := up.seen[len(up.seen)-1]
-			up.mu.Unlock()
-			raw := gjson.Parse(mustJSON(t, sent))
+			raw := up.last(t)
 			choices := max(int64(1), raw.Get("n").Int(), raw.Get("best_of").Int())
 			for _, f := range []string{"max_tokens", "max_completion_tokens"} {
 				if v := raw.Get(f); v.Exists() && v.Int()*choices > capTokens {

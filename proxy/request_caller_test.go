@@ -2,12 +2,7 @@ package proxy_test
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"testing"
-
-	"github.com/tidwall/gjson"
-
-	"github.com/tollgate/tollgate/config"
 )
 
 // TestCompletionsPromptBatchIsBoundedByTheCap: /v1/completions takes a batch of prompts (an
@@ -16,12 +11,7 @@ import (
 // n choices; bounding one answer let a batch of eight run eight times what its cap pays for,
 // the rest served and clamped away at settlement. A single token array is one prompt.
 func TestCompletionsPromptBatchIsBoundedByTheCap(t *testing.T) {
-	up := &jsonUpstream{}
-	ts := httptest.NewServer(up)
-	t.Cleanup(ts.Close)
-	h := newHarness(t, func(c *configT) {
-		c.Upstreams = []config.Upstream{{Name: "json", Kind: "openai", BaseURL: ts.URL, Models: []string{"*"}}}
-	})
+	h, up := jsonHarness(t)
 	_, key := h.user("standard")
 	// Default cap 500 credits = 500 000 µUSD; fake-gpt output is 10 µUSD a token.
 	const capTokens = 50_000
@@ -48,9 +38,7 @@ func TestCompletionsPromptBatchIsBoundedByTheCap(t *testing.T) {
 			if resp.StatusCode != http.StatusOK {
 				t.Fatalf("status %d %s", resp.StatusCode, body)
 			}
-			up.mu.Lock()
-			sent := gjson.Parse(mustJSON(t, up.seen[len(up.seen)-1]))
-			up.mu.Unlock()
+			sent := up.last(t)
 			answers := max(int64(1), sent.Get("n").Int(), sent.Get("best_of").Int()) * tc.prompts
 			got := sent.Get("max_tokens").Int()
 			if got*answers > capTokens {

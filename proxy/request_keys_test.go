@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/tollgate/tollgate/config"
 )
 
@@ -65,11 +67,7 @@ func (u *jsonUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // run: a cheap model's price for an expensive model, or an estimate (no reasoning tokens) for
 // a stream whose usage report the provider was told not to send.
 func TestRepeatedKeysCannotChangeWhatIsBilled(t *testing.T) {
-	up := &jsonUpstream{}
-	ts := httptest.NewServer(up)
-	t.Cleanup(ts.Close)
-	h := newHarness(t, func(c *configT) {
-		c.Upstreams = []config.Upstream{{Name: "json", Kind: "openai", BaseURL: ts.URL, Models: []string{"*"}}}
+	h, up := jsonHarness(t, func(c *configT) {
 		cheap := c.Models["fake-gpt"]
 		cheap.Input.Micro, cheap.Output.Micro = 1, 1 // $0.000001 per million
 		c.Models["cheap"] = cheap
@@ -97,17 +95,40 @@ func TestRepeatedKeysCannotChangeWhatIsBilled(t *testing.T) {
 			}
 			runID := resp.Header.Get("X-Tollgate-Run-Id")
 			run := h.run(u.ID, runID)
-			up.mu.Lock()
-			served := up.seen[len(up.seen)-1]
-			up.mu.Unlock()
-			if run.Model != served["model"] {
-				t.Errorf("billed as model %q, the upstream ran %q (charged %d µUSD)", run.Model, served["model"], run.ChargedMicro)
+			if served := up.last(t).Get("model").Str; run.Model != served {
+				t.Errorf("billed as model %q, the upstream ran %q (charged %d µUSD)", run.Model, served, run.ChargedMicro)
 			}
 			if run.Estimated || run.OutTok != 5000 {
 				t.Errorf("the upstream produced 5000 output tokens; billed out_tok=%d estimated=%v (charged %d µUSD)", run.OutTok, run.Estimated, run.ChargedMicro)
 			}
 		})
 	}
+}
+
+// jsonHarness is a gateway whose one upstream, for every model, is a jsonUpstream; more
+// adjusts the configuration after that.
+func jsonHarness(t *testing.T, more ...func(*config.Config)) (*harness, *jsonUpstream) {
+	up := &jsonUpstream{}
+	ts := httptest.NewServer(up)
+	t.Cleanup(ts.Close)
+	h := newHarness(t, func(c *configT) {
+		c.Upstreams = []config.Upstream{{Name: "json", Kind: "openai", BaseURL: ts.URL, Models: []string{"*"}}}
+		for _, f := range more {
+			f(c)
+		}
+	})
+	return h, up
+}
+
+// last is the body of the last call the upstream was sent.
+func (u *jsonUpstream) last(t *testing.T) gjson.Result {
+	t.Helper()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.seen) == 0 {
+		t.Fatal("the upstream was sent no call")
+	}
+	return gjson.Parse(mustJSON(t, u.seen[len(u.seen)-1]))
 }
 
 func mustJSON(t *testing.T, v any) string {
