@@ -183,13 +183,21 @@ func (h *harness) settled() {
 // answer.
 func (h *harness) answeredRun(userID uint64, key, path, body string, hdr map[string]string) (holds.Run, []byte) {
 	h.t.Helper()
+	status, answer, run := h.postRun(userID, key, path, body, hdr)
+	if status != http.StatusOK {
+		h.t.Fatalf("%s: %d %s, want 200", path, status, answer)
+	}
+	return run, answer
+}
+
+// postRun sends a call, whatever its answer, and returns its status, its answer and its
+// settled run.
+func (h *harness) postRun(userID uint64, key, path, body string, hdr map[string]string) (int, []byte, holds.Run) {
+	h.t.Helper()
 	resp := h.post(key, path, body, hdr)
 	answer := readAll(h.t, resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		h.t.Fatalf("%s: %d %s, want 200", path, resp.StatusCode, answer)
-	}
-	return h.run(userID, resp.Header.Get(proxy.RunIDHeader)), answer
+	return resp.StatusCode, answer, h.run(userID, resp.Header.Get(proxy.RunIDHeader))
 }
 
 func (h *harness) run(userID uint64, runID string) holds.Run {
