@@ -318,6 +318,17 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 			Message: "The upstream connection broke before the answer was complete."})
 		return http.StatusBadGateway
 	}
+	if webPage(body) {
+		// A web page — a captive portal, a proxy's or CDN's page, a base_url that names a
+		// website — is no model's answer: the provider never had the prompt. Relayed, it was
+		// charged the prompt's estimate on every call for as long as the page stood there.
+		c.outcome = outcomeUpstreamError
+		c.log.Warn("upstream answered with a web page", zap.String("upstream", c.req.upstream.Name),
+			zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", body[:min(len(body), 256)]))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
+			Message: "The upstream answered with a web page, not an API answer: is its base_url right?"})
+		return http.StatusBadGateway
+	}
 	meterBody(c.meter, body, s.cfg.Limits.MaxEventBytes)
 	c.outcome = c.wholeOutcome()
 	if c.inRun {
@@ -366,6 +377,14 @@ func meterBody(m *metering.Meter, body []byte, maxEvent int) {
 		}
 		m.Event(ev)
 	}
+}
+
+// webPage reports whether a whole answer is markup (HTML or XML) rather than JSON or events:
+// its first character, past white space and a byte order mark, opens a tag. No API answer of
+// any of the formats starts so.
+func webPage(body []byte) bool {
+	t := metering.TrimBody(body)
+	return len(t) > 0 && t[0] == '<'
 }
 
 // wholeJSON reports whether b is a whole JSON object (white space and a byte order mark

@@ -115,3 +115,25 @@ func TestHostileStreamAnsweredWholeUnderEventStreamLabel(t *testing.T) {
 		})
 	}
 }
+
+// TestHostileWebPageIsNoAnswer: a 200 whose body is a web page — a captive portal, a proxy's
+// or CDN's page, a base_url that names a website — is no model's answer: the provider never
+// saw the prompt. It was relayed as the answer and charged the prompt's estimate, on every
+// call, for as long as the page stood there. It is a 502 charged nothing, for a plain call
+// and a stream alike.
+func TestHostileWebPageIsNoAnswer(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprint(w, "\n<!DOCTYPE html>\n<html><head><title>Sign in to the network</title></head><body>Accept the terms</body></html>\n")
+	}, nil)
+	u, key := h.user("standard")
+	for _, body := range []string{chatBody, streamBody} {
+		status, answer, run := h.postRun(u.ID, key, "/v1/chat/completions", body, nil)
+		if status != http.StatusBadGateway || errorCode(t, answer) != "upstream_error" {
+			t.Errorf("status %d %s, want 502 upstream_error", status, answer)
+		}
+		if run.ChargedMicro != 0 || run.SettleSource.String != "upstream_error" {
+			t.Errorf("run charged %d µUSD, source %s: want 0, upstream_error", run.ChargedMicro, run.SettleSource.String)
+		}
+	}
+}
