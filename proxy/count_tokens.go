@@ -9,7 +9,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/metering"
 )
 
 // countTokensPath is Anthropic's token counter. Claude Code asks it at every turn how large
@@ -104,11 +107,45 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 			Message: "The upstream's answer to the token count was broken or too large."})
 		return http.StatusBadGateway
 	}
+	count, ok := countOf(answer)
+	if !ok {
+		log.Warn("upstream count answer is not a count", zap.String("upstream", m.upstream.Name), zap.Int("bytes", len(answer)))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+			Message: "The upstream's answer to the token count was not a count."})
+		return http.StatusBadGateway
+	}
 	copyResponseHeaders(w.Header(), resp.Header)
-	w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
+	w.Header().Del("Content-Encoding") // the count is rebuilt as plain JSON
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(count)))
 	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(answer) // bounded by boundReplies
+	_, _ = w.Write(count) // bounded by boundReplies
 	return resp.StatusCode
+}
+
+// countOf rebuilds a token count from the figures of the upstream's answer alone:
+// input_tokens, and context_management.original_input_tokens where Anthropic's beta adds it.
+// A count is free because it is a number: an upstream that answers the counter's path with
+// anything else (a compatible server or proxy that serves every path under /v1/messages as a
+// model call) would otherwise hand the caller, uncharged, what the model wrote. ok is false
+// for an answer with no count.
+func countOf(answer []byte) (count []byte, ok bool) {
+	if !wholeJSON(answer) {
+		return nil, false
+	}
+	root := gjson.ParseBytes(metering.TrimBody(answer))
+	tokens := func(v gjson.Result) (string, bool) {
+		n, err := strconv.ParseInt(v.Raw, 10, 64)
+		return strconv.FormatInt(n, 10), v.Type == gjson.Number && err == nil && n >= 0
+	}
+	in, ok := tokens(root.Get("input_tokens"))
+	if !ok {
+		return nil, false
+	}
+	if orig, ok := tokens(root.Get("context_management.original_input_tokens")); ok {
+		return []byte(`{"context_management":{"original_input_tokens":` + orig + `},"input_tokens":` + in + `}`), true
+	}
+	return []byte(`{"input_tokens":` + in + `}`), true
 }
 
 // inFlightCounts counts each caller's requests in flight, up to a bound.

@@ -223,3 +223,49 @@ func TestCountTokensBoundedPerUser(t *testing.T) {
 		t.Errorf("another user's count: %d", s)
 	}
 }
+
+// TestCountTokensRelaysOnlyACount: a token count is free because it answers a number. An
+// upstream that answers the counter's path with anything else (a compatible server or proxy
+// that serves every path under /v1/messages as a model call) must not hand the caller what
+// it generated: the gateway charged nothing for it. The count itself, and the context
+// management figure Anthropic's beta adds, still reach the caller.
+func TestCountTokensRelaysOnlyACount(t *testing.T) {
+	var answer string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, answer)
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *config.Config) {
+		for i := range c.Upstreams {
+			if c.Upstreams[i].Kind == "anthropic" {
+				c.Upstreams[i].BaseURL = up.URL
+			}
+		}
+	})
+	_, key := h.user("standard")
+	const story = "Once upon a time, a paid answer"
+	for _, tc := range []struct {
+		name, answer string
+		status       int
+		want         string // in the answer relayed
+	}{
+		{"a message", `{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"` + story + `"}],
+			"input_tokens":12,"usage":{"input_tokens":12,"output_tokens":900}}`, http.StatusOK, `"input_tokens":12`},
+		{"a stream", "event: message_start\ndata: {\"type\":\"message_start\"}\n\nevent: content_block_delta\ndata: {\"delta\":{\"text\":\"" + story + "\"}}\n\n",
+			http.StatusBadGateway, ""},
+		{"no count", `{"text":"` + story + `"}`, http.StatusBadGateway, ""},
+		{"a count", `{"input_tokens":42}`, http.StatusOK, `"input_tokens":42`},
+		{"context management", `{"context_management":{"original_input_tokens":50},"input_tokens":42}`, http.StatusOK, `"original_input_tokens":50`},
+	} {
+		answer = tc.answer
+		resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
+			map[string]string{"X-Api-Key": key})
+		body := string(readAll(t, resp.Body))
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || strings.Contains(body, story) || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %d %s; want %d with %s and none of what the upstream generated", tc.name, resp.StatusCode, body, tc.status, tc.want)
+		}
+	}
+}
