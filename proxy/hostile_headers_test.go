@@ -49,6 +49,13 @@ func TestCallerIdentityHeadersNotForwarded(t *testing.T) {
 		"Openai-Organization": "org-caller",
 		"X-Forwarded-For":     "10.0.0.1",
 		"X_Api_Key":           "caller-underscore", // CGI-style servers read it as X-Api-Key
+		// Claims of another URL or method, which proxies in front of an upstream honour.
+		"X-Original-Uri":         "/v1/chat/completions",
+		"X-Forwarded-Uri":        "/v1/chat/completions",
+		"X-Envoy-Original-Path":  "/v1/chat/completions",
+		"X-Http-Method-Override": "GET",
+		"X-Method-Override":      "GET",
+		"X-Http-Method":          "GET",
 	}
 	resp := h.post(key, "/v1/chat/completions", chatBody, spoof)
 	body := readAll(t, resp.Body)
