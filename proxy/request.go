@@ -33,7 +33,13 @@ type route struct {
 	injectUsage bool
 	// choiceFields ask for several answers (n, best_of), each up to the output bound.
 	choiceFields []string
+	// minBound is the least output bound the provider takes (0: 1): a cap that pays for
+	// less is a budget too small for any answer.
+	minBound int64
 }
+
+// leastBound is the least output bound the gateway may send on rt.
+func (rt *route) leastBound() int64 { return max(1, rt.minBound) }
 
 var routes = []*route{
 	{path: "/v1/chat/completions", format: metering.FormatChat, upstreamKind: "openai",
@@ -42,7 +48,8 @@ var routes = []*route{
 		maxFields: []string{"max_tokens"}, injectUsage: true, choiceFields: []string{"n", "best_of"}},
 	{path: "/v1/embeddings", format: metering.FormatEmbeddings, upstreamKind: "openai"},
 	{path: "/v1/responses", format: metering.FormatResponses, upstreamKind: "openai",
-		maxFields: []string{"max_output_tokens"}},
+		// OpenAI refuses max_output_tokens below 16 (integer_below_min_value).
+		maxFields: []string{"max_output_tokens"}, minBound: 16},
 	{path: anthropicPath, format: metering.FormatAnthropic, upstreamKind: "anthropic",
 		maxFields: []string{"max_tokens"}},
 }
@@ -524,9 +531,10 @@ func (c *callRequest) rewrite(capMicro int64, model config.ModelCfg) (bool, erro
 	if c.maxOutput >= 0 {
 		for i, f := range c.route.maxFields {
 			if c.bounds[i] > limit {
-				if limit < 1 {
+				if limit < c.route.leastBound() {
 					// A bound of 0 is refused by the providers (400 about a max_tokens the
-					// caller never sent): the budget pays for no output, which is 402.
+					// caller never sent), as is one below a route's least: the budget pays for
+					// no answer, which is 402.
 					return false, nil
 				}
 				if c.body, err = sjson.SetBytes(c.body, f, limit); err != nil {
@@ -538,7 +546,7 @@ func (c *callRequest) rewrite(capMicro int64, model config.ModelCfg) (bool, erro
 			}
 		}
 	} else if modelMaxOutput > limit {
-		if limit < 1 {
+		if limit < c.route.leastBound() {
 			return false, nil
 		}
 		// Only when the model's own limit is known: a bound above it would make the provider

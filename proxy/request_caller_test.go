@@ -1,8 +1,12 @@
 package proxy_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
+
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // TestCompletionsPromptBatchIsBoundedByTheCap: /v1/completions takes a batch of prompts (an
@@ -62,5 +66,40 @@ func TestNullStreamIsNotAStream(t *testing.T) {
 		`{"model":"fake-gpt","stream":null,"messages":[{"role":"user","content":"hi"}]}`, nil)
 	if r.ChargedMicro <= 0 {
 		t.Fatalf("answered call charged %d", r.ChargedMicro)
+	}
+}
+
+// TestResponsesBoundBelowItsMinimumIsABudgetTooSmall: the Responses API refuses
+// max_output_tokens below 16 (400 integer_below_min_value). A call whose cap pays for fewer
+// output tokens than that was forwarded with such a bound and got the provider's 400 about a
+// field the caller never sent; it is a budget too small for any answer: 402, nothing forwarded.
+func TestResponsesBoundBelowItsMinimumIsABudgetTooSmall(t *testing.T) {
+	h := newHarness(t, func(c *configT) {
+		m := c.Models["fake-gpt"]
+		m.MaxOutputTokens = 100_000 // a bound is added to a request that sets none
+		c.Models["fake-gpt-limited"] = m
+	})
+	table, err := h.cfg.PriceTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	price, _, _ := table.Lookup("fake-gpt")
+	for _, body := range []string{
+		`{"model":"fake-gpt","input":"hi","max_output_tokens":1000}`, // the caller's bound lowered
+		`{"model":"fake-gpt-limited","input":"hi"}`,                  // a bound added
+	} {
+		u, key := h.user("standard")
+		prompt := price.Cost(pricing.Usage{Input: metering.EstimateInputTokens(metering.FormatResponses, []byte(body))})
+		allowance := prompt + 10*price.Output/1_000_000 // ten output tokens
+		if err := h.store.SetUserLimits(context.Background(), u.ID, &allowance, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		before := h.fake.Calls()
+		resp := h.post(key, "/v1/responses", body, nil)
+		answer := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusPaymentRequired || h.fake.Calls() != before {
+			t.Errorf("%s: %d %s (upstream calls %d), want 402 and nothing forwarded", body, resp.StatusCode, answer, h.fake.Calls()-before)
+		}
 	}
 }
