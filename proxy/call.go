@@ -510,8 +510,8 @@ func (s *Server) answerFinal(ctx context.Context, c *call) {
 	s.endSessionCall(ctx, c)
 }
 
-// tallyBeforeAnswer tallies a call of a named run whose answer is complete but whose end the
-// caller has not been sent yet: a caller that settles its run the moment the answer ends must
+// tallyBeforeAnswer tallies a call of a named run whose answer is complete (or broken off, its
+// error event still to go) but whose end the caller has not been sent yet: a caller that settles its run the moment the answer ends must
 // find the call in the run's tally, not get 409 run_busy for a call it saw finish.
 func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 	ctx = context.WithoutCancel(ctx)

@@ -184,9 +184,15 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 						Message: "The upstream did not finish the answer in time."}
 				}
 				// The error event is the last the caller gets: what the call claimed against
-				// duplicates is given back, and an answer that pins its Idempotency-Key is
-				// recorded, before it is sent, as for a clean end.
+				// duplicates is given back, an answer that pins its Idempotency-Key is
+				// recorded, and a call of a named run is tallied (its reservation given back),
+				// before it is sent, as for a clean end: a settle sent the moment the caller
+				// has the event must charge the call, not find it still in flight (409
+				// run_busy).
 				s.answerFinal(r.Context(), c)
+				if c.inRun {
+					s.tallyBeforeAnswer(r.Context(), c)
+				}
 				last := streamErrorEvent(c.req.route.format, e)
 				s.pinBeforeAnswer(r.Context(), c, c.outcome, resp.StatusCode, last)
 				_ = writeEvent(last)
