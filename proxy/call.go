@@ -139,8 +139,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	fingerprinted := ids == (callIDs{}) && s.cfg.Dedup.Window > 0
 	var bodyHash string
 	if idemKey != "" || fingerprinted {
-		sum := sha256.Sum256(body)
-		bodyHash = hex.EncodeToString(sum[:])
+		bodyHash = requestHash(rt.path, body)
 	}
 	plan := s.cfg.Plan(user.Plan)
 	ar := holds.AdmitRequest{
@@ -262,6 +261,19 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		status = s.answerSuperseded(c)
 	}
 	return status
+}
+
+// requestHash identifies a request to the duplicate checks (the fingerprint window, an
+// Idempotency-Key's body): its route and its body. One body can be a request on two routes
+// (embeddings and Responses both read "model" and "input"): without its route, a key's stored
+// embeddings were replayed to a caller of /v1/responses, and a body running on one route made
+// the same on the other a duplicate.
+func requestHash(path string, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(path))
+	h.Write([]byte{0})
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // callIDs is how a request names itself: a caller-named run (X-Run-Id), a retry-safe request

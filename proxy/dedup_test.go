@@ -43,7 +43,12 @@ type answer struct {
 
 // send posts without touching t, so it can run on any goroutine.
 func send(url, key, body string, hdr map[string]string) answer {
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	return sendTo(url, "/v1/chat/completions", key, body, hdr)
+}
+
+// sendTo is send to another route than chat completions.
+func sendTo(url, path, key, body string, hdr map[string]string) answer {
+	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
 	if err != nil {
 		return answer{err: err}
 	}
@@ -830,4 +835,36 @@ func (h *harness) metric(series string) string {
 		}
 	}
 	return ""
+}
+
+// TestDuplicateChecksTellRoutesApart: one body can be a request on two routes ({"model",
+// "input"} is an embeddings request and a Responses one). An Idempotency-Key sent again with it
+// on the other route must not be answered with the first route's stored answer (a list of
+// vectors to a caller of /v1/responses), but refused as the key reused (422); and the same
+// body on another route while the first runs is no duplicate of it.
+func TestDuplicateChecksTellRoutesApart(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	body := `{"model":"fake-gpt","input":"the same words"}`
+	idem := map[string]string{"Idempotency-Key": "two-routes"}
+	if first := sendTo(h.gw.URL, "/v1/embeddings", key, body, idem); first.status != http.StatusOK {
+		t.Fatalf("embeddings: %d %s", first.status, first.body)
+	}
+	h.settled()
+	if other := sendTo(h.gw.URL, "/v1/responses", key, body, idem); other.status != http.StatusUnprocessableEntity {
+		t.Fatalf("the key on another route: %d replayed=%q %.80s, want 422 idempotency_key_reused",
+			other.status, other.header.Get(proxy.ReplayedHeader), other.body)
+	}
+
+	slow := map[string]string{fakellm.HeaderLatency: "1s"}
+	first := make(chan answer, 1)
+	base := h.fake.Calls()
+	go func() { first <- sendTo(h.gw.URL, "/v1/embeddings", key, body, slow) }()
+	h.waitUpstream(base + 1)
+	if other := sendTo(h.gw.URL, "/v1/responses", key, body, nil); other.status != http.StatusOK {
+		t.Fatalf("the same body on another route while the first runs: %d %s, want 200", other.status, other.body)
+	}
+	if a := <-first; a.status != http.StatusOK {
+		t.Fatalf("embeddings: %d %s", a.status, a.body)
+	}
 }

@@ -35,7 +35,7 @@ const (
 //
 // The key's record in Redis, a hash under replay:{<attempt-0 run id>} living replay_ttl:
 //
-//	body     sha256 of the first request's body: a different body under the key is 422
+//	body     sha256 of the first request's route and body (requestHash): another under the key is 422
 //	attempt  the attempt number now in use (absent: 0)
 //	run      set once an attempt pinned the key: that attempt's run id; with it
 //	status, ctype, resp   what the caller was sent, byte for byte (a stream's events too)
