@@ -17,9 +17,9 @@ import (
 
 // countTokensPath is Anthropic's token counter. Claude Code asks it at every turn how large
 // its context is (to decide when to compact it), and only falls back on its own estimate when
-// the answer is not a 2xx. The provider does not bill it, so the gateway forwards it as it
-// is — no hold, no metering, no charge — to the Anthropic upstream that serves the model, with
-// the gateway's key. It is refused as a model call would be (bad key, unpriced model, a model
+// the answer is not a 2xx. The provider does not bill it, so the gateway forwards it — no
+// hold, no metering, no charge — to the Anthropic upstream that serves the model, with the
+// gateway's key, and relays the count alone (countOf). It is refused as a model call would be (bad key, unpriced model, a model
 // no Anthropic upstream serves, a body that is not a JSON object), so a caller cannot use it
 // to reach an upstream it could not call.
 const countTokensPath = anthropicPath + "/count_tokens"
