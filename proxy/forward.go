@@ -577,9 +577,18 @@ const maxUpstreamErrorBody = 64 << 10
 // (4xx) pass through as the provider worded them; the provider's failures and its refusal of
 // the gateway's key become 502, since the caller can do nothing about them.
 func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
 	log.Warn("upstream refused the call", zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
 		zap.ByteString("body", body[:min(len(body), 512)]))
+	if len(body) > maxUpstreamErrorBody && resp.StatusCode >= 400 && resp.StatusCode < 500 &&
+		resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden {
+		// Passed on cut, it would be JSON no client can parse: the status stays, the words are
+		// the gateway's (the upstream's start is in the log line above).
+		writeError(w, &apiError{Status: resp.StatusCode, Type: "invalid_request_error", Code: "upstream_refused",
+			Message: fmt.Sprintf("The upstream refused the request with status %d; its error answer, over %d bytes, is not passed on.",
+				resp.StatusCode, maxUpstreamErrorBody)})
+		return resp.StatusCode
+	}
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_auth_failed",

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -76,5 +77,23 @@ func readBodyErr(resp *http.Response) ([]byte, error) {
 			}
 			return b, err
 		}
+	}
+}
+
+// TestLargeUpstreamErrorIsNotPassedOnCut: an upstream's 4xx answer is passed on as it was
+// worded, but only up to 64 KiB is read of it: a larger one reached the caller cut, JSON no
+// client could parse. It is replaced by the gateway's own error, with the upstream's status.
+func TestLargeUpstreamErrorIsNotPassedOnCut(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, `{"error":{"message":"bad request: %s","type":"invalid_request_error"}}`, strings.Repeat("x", 100<<10))
+	}, nil)
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !json.Valid(body) {
+		t.Fatalf("%d, %d bytes, valid JSON %v: want 400 with an error a client can read", resp.StatusCode, len(body), json.Valid(body))
 	}
 }
