@@ -119,11 +119,18 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 
 // Correct adds du and dc (either may be negative) to a call's figures already in the run's
 // tally, without counting another call: what a call's settlement found beyond what was
-// tallied for it earlier.
+// tallied for it earlier. Only to a tally that is there: if Redis lost the earlier write (a
+// restart, a failover to a replica it had not reached), the correction alone is no record of
+// what the run used — written, it made a tally of the difference (negative when a later usage
+// report was smaller), from which the reconciler settled the run at that difference instead of
+// charging what it held (DESIGN §5: usage lost).
+//
+// The script goes in a MULTI/EXEC, as Add's increments do: go-redis resends a lone command
+// whose reply timed out, and a correction applied twice is counted twice.
 func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc int64) error {
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		t.queueAdd(ctx, p, key, du, dc, 0)
+		p.Eval(ctx, correctLua, []string{key}, du.Input, du.CacheRead, du.CacheWrite, du.Output, dc, t.ttl.Milliseconds())
 		return nil
 	})
 	if err != nil {
@@ -131,6 +138,18 @@ func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc 
 	}
 	return nil
 }
+
+// correctLua: KEYS usage; ARGV in, cache read, cache write, out, cost, tally ttl ms. Adds to
+// the tally only if it exists; returns 1 if it did.
+const correctLua = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'cache_read_tok', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'cache_write_tok', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'out_tok', ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+return 1`
 
 // queueAdd queues the increments of one tally write (integers: no float drift) and the TTL.
 func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro, calls int64) {
