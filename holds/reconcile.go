@@ -337,6 +337,16 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		// on a Redis blip would overcharge, so the hold waits for the next pass.
 		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
 	}
+	// The tally is Redis's word, not the ledger's: a negative figure in it (a correction whose
+	// tally was lost, a hand edit) is no record of what the run used, and the store refuses a
+	// negative cost by panicking — in this goroutine, the whole process, on every pass. Such a
+	// run's usage is lost: settled as one without a tally.
+	if found && (cost < 0 || calls < 0 || usage.Input < 0 || usage.CacheRead < 0 || usage.CacheWrite < 0 || usage.Output < 0) {
+		log.Error("reconcile: the run's tally holds negative figures; settling it as a run without one — someone should look",
+			zap.Int64("cost_micro", cost), zap.Int64("calls", calls), zap.Int64("in_tok", usage.Input),
+			zap.Int64("out_tok", usage.Output), zap.Int64("cache_read_tok", usage.CacheRead), zap.Int64("cache_write_tok", usage.CacheWrite))
+		usage, cost, calls, found = pricing.Usage{}, 0, 0, false
+	}
 	// A named run's row records its ended calls too: a tally that lost some of them (a Redis
 	// restart) costs less than the row, and the row is what the run used.
 	if ru, rc, rn, rfound := run.Recorded(); rfound && (!found || rc > cost) {

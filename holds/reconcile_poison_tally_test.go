@@ -1,0 +1,44 @@
+package holds_test
+
+import (
+	"testing"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestReconcileTallyWithNegativeFiguresDoesNotPanic: a one-call run's tally is written before
+// its answer's end (tallyWithFingerprint) and corrected after it by what the settlement found
+// (Tally.Correct), which may be negative (a later usage report replaces an earlier one). If
+// Redis lost the first write meanwhile (a restart, a failover to a replica it had not reached)
+// and the process then dies before its settlement commits, the tally holds the negative
+// correction alone. The reconciler must not hand that to the store, whose writer panics on a
+// negative cost: in the reconciler's goroutine that took the whole gateway down, and every
+// process that took the lock after it, on every pass, for as long as the tally lives.
+func TestReconcileTallyWithNegativeFiguresDoesNotPanic(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("negtally", 3, nil)
+	h := e.admit(u, "r_neg_tally", holds.StateRunning)
+	if err := e.tally.Correct(e.ctx(), h.RunID, pricing.Usage{Output: -40}, -1_200); err != nil {
+		t.Fatal(err)
+	}
+	e.expire(h.RunID)
+	var st holds.Stats
+	var err error
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("reconcile pass over a tally with a negative cost panicked: %v", p)
+			}
+		}()
+		st, err = e.pass(e.reconciler("me", nil))
+	}()
+	// Its usage is lost: charged what it held (DESIGN §5, rule 3).
+	if err != nil || st.ChargedHeld != 1 || st.ChargedMicro != h.HeldMicro {
+		t.Fatalf("pass: %+v, %v; want the run charged its hold %d", st, err, h.HeldMicro)
+	}
+	if r := e.run(u, h.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold ||
+		r.ChargedMicro != h.HeldMicro || r.OutTok < 0 {
+		t.Fatalf("run %+v: want reconcile_hold at held %d", r, h.HeldMicro)
+	}
+}
