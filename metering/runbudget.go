@@ -223,13 +223,16 @@ return 0`)
 // then would leave their usage out of the charge. In flight means a reservation beaten
 // within staleAfter, or a lease on the run: a process still serves one of its calls. The
 // mark lasts maxCall: long enough for the settlement to commit, after which the run's hold
-// refuses calls itself. The mark returned is for ReopenRun, should the settlement fail.
+// refuses calls itself. The mark returned is for ReopenRun, should the settlement fail. It is
+// returned with any error but ErrRunBusy too: a close whose reply was lost may have landed,
+// and left so, the run's calls were refused as settled until the mark lapsed (maxCall) while
+// nothing had settled it.
 func (b *RunBudget) CloseRun(ctx context.Context, runID string) (string, error) {
 	mark := token.New()
 	ok, err := closeScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.Lease(runID)},
 		b.maxCall.Milliseconds(), b.staleAfter.Milliseconds(), mark).Int()
 	if err != nil {
-		return "", fmt.Errorf("close run %s: %w", runID, err)
+		return mark, fmt.Errorf("close run %s: %w", runID, err)
 	}
 	if ok == 0 {
 		return "", ErrRunBusy

@@ -197,6 +197,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	if errors.Is(err, metering.ErrRunBusy) {
 		return holds.Settlement{}, "", errRunBusy
 	} else if err != nil {
+		// The close may have landed, its reply lost: unavailable reopens the run with its mark.
 		return unavailable("run not closed", err)
 	}
 	t, found, err := s.tally.Get(ctx, run.RunID)

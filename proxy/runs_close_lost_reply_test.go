@@ -1,0 +1,89 @@
+package proxy_test
+
+import (
+	"bytes"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// closeReplyLoser cuts, once armed, every connection right after it sends a run's close
+// (the only script that names both a run's budget hash and its lease): Redis runs the close,
+// and its reply never reaches the gateway.
+type closeReplyLoser struct {
+	armed atomic.Bool
+	cut   atomic.Int64
+}
+
+type closeReplyLoserConn struct {
+	net.Conn
+	l    *closeReplyLoser
+	once sync.Once
+}
+
+func (c *closeReplyLoserConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if c.l.armed.Load() && bytes.Contains(b, []byte("billing:runbudget:{")) && bytes.Contains(b, []byte("lease:{")) {
+		c.l.cut.Add(1)
+		_ = c.Conn.Close()
+	}
+	return n, err
+}
+
+// TestSettleWhoseCloseReplyWasLostReopensTheRun: a client's settle closes its run in Redis
+// (CloseRun) before reading the tally. When the close landed but its reply was lost, the
+// settle answers 503 and settles nothing — and the run must not stay closed: it did, until
+// the close's mark lapsed (the longest call, minutes), and every call of the unsettled run was
+// meanwhile refused 409 run_settled, an answer an agent takes as final.
+func TestSettleWhoseCloseReplyWasLostReopensTheRun(t *testing.T) {
+	loser := &closeReplyLoser{}
+	h := newHarnessOn(t, harnessSetup{redisDialer: wrappedDialer(func(c net.Conn) net.Conn {
+		return &closeReplyLoserConn{Conn: c, l: loser}
+	})}, nil)
+	u, key := h.user("standard")
+	hdr := map[string]string{"X-Run-Id": "task-close-lost"}
+	first := h.post(key, "/v1/chat/completions", chatBody, hdr)
+	readAll(t, first.Body)
+	first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("first call: %d", first.StatusCode)
+	}
+	runID := first.Header.Get("X-Tollgate-Run-Id")
+	h.settled()
+
+	// Another run settled first loads the close script into Redis's cache, as any running
+	// gateway has it: the close then goes as EVALSHA and runs.
+	warm := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-warm"})
+	readAll(t, warm.Body)
+	warm.Body.Close()
+	h.settled()
+	if status, body := h.settleRun(key, "task-warm"); status != http.StatusOK {
+		t.Fatalf("settle of the warm-up run: %d %s", status, body)
+	}
+
+	loser.armed.Store(true)
+	status, body := h.settleRun(key, "task-close-lost")
+	loser.armed.Store(false)
+	if loser.cut.Load() == 0 {
+		t.Fatal("the run's close never reached Redis")
+	}
+	if status != http.StatusServiceUnavailable {
+		t.Fatalf("settle whose close reply was lost: %d %s, want 503", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State == "settled" {
+		t.Fatalf("run settled although its settle answered 503: %+v", r)
+	}
+
+	next := h.post(key, "/v1/chat/completions", chatBody, hdr)
+	nb := readAll(t, next.Body)
+	next.Body.Close()
+	if next.StatusCode != http.StatusOK {
+		t.Fatalf("call of the unsettled run after a settle that failed: %d %s, want 200", next.StatusCode, nb)
+	}
+	h.settled()
+	if status, body := h.settleRun(key, "task-close-lost"); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+}
