@@ -310,5 +310,9 @@ func redisOptions(url string) (*redis.Options, error) {
 	if opt.PoolSize == 0 {
 		opt.PoolSize = defaultRedisPoolSize
 	}
+	// The deadlines the gateway puts on its Redis calls (the tally's, the fingerprint's, a
+	// lookup on the caller's path) are their bounds: by default go-redis waits out its own read
+	// timeout (3 s) and retries, and a stalled Redis held a caller's answer 5–10 s.
+	opt.ContextTimeoutEnabled = true
 	return opt, nil
 }

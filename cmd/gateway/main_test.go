@@ -1,6 +1,15 @@
 package main
 
-import "testing"
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // The gateway's Redis pool is sized for many concurrent calls unless redis_url says otherwise.
 func TestRedisPoolSize(t *testing.T) {
@@ -21,5 +30,63 @@ func TestRedisPoolSize(t *testing.T) {
 	}
 	if _, err := redisOptions("http://nope"); err == nil {
 		t.Error("a URL that is not redis:// was accepted")
+	}
+}
+
+// TestRedisCallEndsAtItsContextDeadline: the deadlines the gateway puts on its Redis calls
+// (the tally's, the fingerprint's, a continuation lookup's) are what bound them against a
+// Redis that stalls. go-redis by default waits its own read timeout instead (3 s, with
+// retries on top): a stalled Redis held a caller's answer 5–10 s. Against a server that takes
+// the command and never answers, with no read timeout of the client's own, a call must end
+// when its context does; without the option it waited for good (the bound below is a
+// watchdog, fifty times the deadline, not a measure of speed).
+func TestRedisCallEndsAtItsContextDeadline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	defer func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn) // read nothing back, answer nothing: a stalled Redis
+			mu.Unlock()
+		}
+	}()
+	opt, err := redisOptions("redis://" + ln.Addr().String() + "/0?read_timeout=-1&max_retries=-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.DisableIdentity = true // no CLIENT SETINFO handshake: the first command is ours
+	opt.Protocol = 2           // nor HELLO
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- rdb.Get(ctx, "k").Err() }()
+	select {
+	case err := <-done:
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("a call to a stalled Redis ended with %v, want the timeout of its context's deadline", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a call to a stalled Redis outlived its context's 100 ms deadline by seconds")
 	}
 }
