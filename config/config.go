@@ -274,6 +274,10 @@ func (c *Config) Validate() error {
 	if c.AdminToken != "" && len(c.AdminToken) < 16 {
 		bad("admin_token (ADMIN_TOKEN)", "is shorter than 16 characters")
 	}
+	if !sendableSecret(c.AdminToken) {
+		bad("admin_token (ADMIN_TOKEN)", "has white space at either end or a control character (a newline kept from a secret file?): "+
+			"the admin API trims the token a caller sends, so this one could never be matched")
+	}
 	if c.CreditMicro <= 0 {
 		bad("credit_micro", "must be positive, got %d", c.CreditMicro)
 	} else if !pricing.ExactCreditMicro(c.CreditMicro) {
@@ -422,6 +426,10 @@ func (c *Config) Validate() error {
 		if u.APIKeyEnv != "" && u.APIKey == "" {
 			bad(at+".api_key_env", "environment variable %s is empty", u.APIKeyEnv)
 		}
+		if !sendableSecret(u.APIKey) {
+			bad(at+" API key (UPSTREAM_API_KEY or api_key_env)", "has white space at either end or a control character (a newline kept from a secret file?): "+
+				"it could not be sent in a header, and every call to this upstream would fail")
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -474,6 +482,22 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// sendableSecret reports whether a token or key can travel as is in an HTTP header and be
+// matched there: no white space at either end (callers' credentials are trimmed, and a
+// provider trims or refuses) and no control character (Go refuses such a header value, and
+// a newline in it would split the header). The empty string passes: it means "not set".
+func sendableSecret(s string) bool {
+	if strings.TrimSpace(s) != s {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // redactURL is a URL fit for an error message: everything between its scheme's "://" (or
