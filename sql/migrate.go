@@ -77,6 +77,11 @@ func Migrate(ctx context.Context, db *sql.DB) ([]string, error) {
 	}
 	defer conn.Close()
 
+	// Before the lock: its name is made from DATABASE(), and with none selected GET_LOCK(NULL)
+	// answers NULL at once, which read as another runner holding the lock.
+	if err := requireDatabase(ctx, conn); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
 	var got sql.NullInt64
 	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+lockName+", 60)").Scan(&got); err != nil {
 		return nil, fmt.Errorf("migrate: take lock: %w", err)
@@ -136,6 +141,9 @@ func Pending(ctx context.Context, db *sql.DB) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := requireDatabase(ctx, db); err != nil {
+		return nil, fmt.Errorf("read schema versions: %w", err)
+	}
 	applied := map[int]bool{}
 	rows, err := db.QueryContext(ctx, "SELECT version FROM schema_migrations")
 	if mysqlErrNumber(err) == errNoSuchTable {
@@ -164,6 +172,21 @@ func Pending(ctx context.Context, db *sql.DB) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// requireDatabase fails, saying why, when the connection has no database selected: a DSN
+// that names none ("…/" with nothing after the slash).
+func requireDatabase(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}) error {
+	var name sql.NullString
+	if err := q.QueryRowContext(ctx, "SELECT DATABASE()").Scan(&name); err != nil {
+		return fmt.Errorf("read the selected database: %w", err)
+	}
+	if !name.Valid || name.String == "" {
+		return errors.New("no database selected: the DSN (mysql_dsn, MYSQL_DSN) names no database after its slash, e.g. user:password@tcp(host:3306)/tollgate")
+	}
+	return nil
 }
 
 // errNoSuchTable is MySQL's "Table doesn't exist".
