@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
 )
 
@@ -226,25 +227,38 @@ func (s *Store) keyRevoked(ctx context.Context, hash [32]byte) bool {
 // RevokeKeysByPrefix revokes a user's live keys that start with prefix (as ListKeys shows
 // them), for the operator who no longer has the key itself. It returns how many it revoked;
 // prefixes are not unique, so it is scoped to one user and needs the whole stored prefix.
+//
+// It first reads which keys are live, then revokes those: the revocation is retried when its
+// reply is lost, and a retry that finds them already revoked (by its own first attempt, or a
+// concurrent revocation: they are dead either way) still answers the keys this request found
+// live, where counting the rows the retry changed answered "no live key" (ErrKeyNotFound).
 func (s *Store) RevokeKeysByPrefix(ctx context.Context, userID uint64, prefix string) (int64, error) {
 	if !strings.HasPrefix(prefix, KeyPrefix) || len(prefix) < len(KeyPrefix)+4 {
 		return 0, fmt.Errorf("revoke keys of user %d: %w: prefix %q too short", userID, ErrBadFilter, prefix)
 	}
-	var n int64
+	var live [][]byte
 	err := s.withRetry(ctx, "revoke keys by prefix", func() error {
-		res, err := s.db.ExecContext(ctx, "UPDATE api_keys SET revoked_at = NOW(6) WHERE user_id = ? AND prefix = ? AND revoked_at IS NULL", userID, prefix)
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
+		live = live[:0]
+		return s.db.SelectContext(ctx, &live, "SELECT key_hash FROM api_keys WHERE user_id = ? AND prefix = ? AND revoked_at IS NULL", userID, prefix)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("revoke keys of user %d: find live keys: %w", userID, err)
+	}
+	if len(live) == 0 {
+		return 0, fmt.Errorf("revoke keys of user %d: prefix %q: %w", userID, prefix, ErrKeyNotFound)
+	}
+	q, args, err := sqlx.In("UPDATE api_keys SET revoked_at = NOW(6) WHERE key_hash IN (?) AND revoked_at IS NULL", live)
+	if err != nil {
+		return 0, fmt.Errorf("revoke keys of user %d: %w", userID, err)
+	}
+	err = s.withRetry(ctx, "revoke keys by prefix", func() error {
+		_, err := s.db.ExecContext(ctx, q, args...)
 		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("revoke keys of user %d: %w", userID, err)
 	}
-	if n == 0 {
-		return 0, fmt.Errorf("revoke keys of user %d: prefix %q: %w", userID, prefix, ErrKeyNotFound)
-	}
+	n := int64(len(live))
 	s.log.Info("keys revoked", zap.Uint64("user_id", userID), zap.String("prefix", prefix), zap.Int64("count", n))
 	return n, nil
 }
