@@ -2,6 +2,7 @@ package holds
 
 import (
 	"context"
+	"errors"
 	"database/sql"
 	"fmt"
 	"strconv"
@@ -66,7 +67,9 @@ const errUnknownSystemVariable = 1193
 func open(ctx context.Context, dsn, isolationVar string, readTimeout time.Duration) (*sqlx.DB, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("mysql dsn: %w", err)
+		// Not wrapped: the driver's message quotes the part it could not read, which can be
+		// the password (one holding '/', with no /dbname after the address).
+		return nil, errors.New("mysql_dsn cannot be parsed: expected user:password@tcp(host:port)/dbname")
 	}
 	cfg.ParseTime = true
 	cfg.Loc = time.UTC
