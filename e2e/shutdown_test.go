@@ -3,11 +3,13 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -470,4 +472,31 @@ func acceptQueue(t *testing.T, g *gateway) int {
 	}
 	t.Fatalf("no listening socket on %s in /proc/net/tcp", local)
 	return 0
+}
+
+// TestSecondSignalEndsTheDrain: an operator who sends SIGTERM (or Ctrl-C) again while the
+// gateway drains wants it gone now, as most servers do. The second signal was swallowed and
+// the drain ran its course (a minute here). Now the second kills the process as an
+// unhandled signal does; what it leaves the reconciler settles, as after kill -9.
+func TestSecondSignalEndsTheDrain(t *testing.T) {
+	w := newWorld(t)
+	_, key := w.user("twice", 10, nil)
+	g := w.startGatewayWith("gw-twice", w.writeConfig(map[string]string{"limits.shutdown_timeout": "60s"}))
+	s := startStream(t, g, key, 10_000, 20*time.Millisecond, nil)
+	g.signal(t, syscall.SIGTERM)
+	waitFor(t, 10*time.Second, "the drain to start", func() bool {
+		b, _ := os.ReadFile(g.log)
+		return strings.Contains(string(b), "draining calls in flight")
+	})
+	g.signal(t, syscall.SIGTERM)
+	select {
+	case <-g.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the gateway still drains 10 s after a second SIGTERM (its drain deadline is 60 s)")
+	}
+	var ee *exec.ExitError
+	if !errors.As(g.err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+		t.Fatalf("exit %v, want killed by the second SIGTERM", g.err)
+	}
+	<-s.done
 }

@@ -71,7 +71,7 @@ func run(args []string) error {
 	}
 	switch cmd {
 	case "serve":
-		return serve(ctx, rest)
+		return serve(ctx, stop, rest)
 	case "migrate":
 		return migrate(ctx, rest)
 	case "reconcile":

@@ -21,9 +21,12 @@ import (
 	tgsql "github.com/tollgate/tollgate/sql"
 )
 
-// serve runs the gateway until SIGTERM/SIGINT, then drains: stop accepting, let calls in
-// flight finish up to shutdown_timeout, wait for their settlements, exit.
-func serve(ctx context.Context, args []string) error {
+// serve runs the gateway until SIGTERM/SIGINT (ctx ends), then drains: stop accepting, let
+// calls in flight finish up to shutdown_timeout, wait for their settlements, exit. Before the
+// drain it calls releaseSignals, so that a second signal kills the process as an unhandled
+// one does: an operator pressing Ctrl-C again wants it gone now, and what it leaves the
+// reconciler settles, as after kill -9.
+func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	var pprofAddr string
 	e, err := setup(ctx, "serve", args, true, func(fs *flag.FlagSet) {
 		fs.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this loopback address (off when empty); for profiling")
@@ -95,6 +98,7 @@ func serve(ctx context.Context, args []string) error {
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
+	releaseSignals()
 	e.log.Info("shutting down: draining calls in flight", zap.Duration("deadline", cfg.Limits.ShutdownTimeout))
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Limits.ShutdownTimeout)
 	defer cancel()
