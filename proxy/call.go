@@ -167,7 +167,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		s.releaseLostAdmission(r.Context(), ar, err, log)
 		if r.Context().Err() != nil {
 			log.Info("client left during admission; nothing held", zap.Error(err))
-			return statusClientClosed
+			return answerClientClosed(w, r)
 		}
 		e := s.admitError(err)
 		if e.Status >= 500 {
@@ -252,7 +252,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 			w.Header().Set(shouldRetryHeader, "false")
 			return refuse(errSupersededAnswer, "superseded")
 		}
-		return statusClientClosed
+		return answerClientClosed(w, r)
 	}
 	status := s.forward(w, r, c)
 	if errors.Is(context.Cause(r.Context()), errSuperseded) && c.outcome != outcomeComplete {
@@ -309,7 +309,7 @@ func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, c *cal
 	case err != nil && r.Context().Err() != nil:
 		c.outcome = outcomeRefused
 		c.log.Info("client left during the duplicate check; hold released", zap.Error(err))
-		return statusClientClosed
+		return answerClientClosed(w, r)
 	case errors.As(err, &dbDown):
 		c.outcome = outcomeRefused
 		c.log.Error("fingerprint check failed", zap.Error(err))

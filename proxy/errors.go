@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -32,6 +34,20 @@ const statusClientClosed = 499
 // a connection nobody reads.
 var errClientClosed = &apiError{Status: statusClientClosed, Type: "api_error", Code: "client_closed_request",
 	Message: "The client closed the request."}
+
+// answerClientClosed answers a call that ended because its caller's request did (nothing sent
+// yet) with errClientClosed, and returns its status. net/http cancels a request whose caller
+// half-closes its connection (shuts down its sending side once the request is sent) as one that
+// left, though that caller still reads: an answer left unwritten went out as 200 with an empty
+// body, which it took for a success. To a caller that has really left the write goes nowhere
+// (bounded by boundAnswerEnd). A call superseded by a newer message of its session is answered
+// by answerSuperseded instead.
+func answerClientClosed(w http.ResponseWriter, r *http.Request) int {
+	if !errors.Is(context.Cause(r.Context()), errSuperseded) {
+		writeError(w, errClientClosed)
+	}
+	return statusClientClosed
+}
 
 func errBadRequest(code, msg string) *apiError {
 	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Message: msg}

@@ -57,7 +57,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 			if !sent.Load() {
 				c.outcome = outcomeRefused
 			}
-			return statusClientClosed
+			return answerClientClosed(w, r)
 		}
 		c.outcome = outcomeUpstreamError
 		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable",
@@ -174,6 +174,12 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 				c.outcome = outcomeComplete
 			case clientGone(r):
 				c.outcome = outcomeCancel
+				if !errors.Is(context.Cause(r.Context()), errSuperseded) {
+					// Said in the stream, as any break is: a caller that only half-closed
+					// still reads, and saw a clean end of a cut answer (see
+					// answerClientClosed). A superseded call is told by answerSuperseded.
+					_ = writeEvent(streamErrorEvent(c.req.route.format, errClientClosed))
+				}
 			default:
 				c.outcome = outcomeStreamError
 				c.log.Warn("upstream stream broke", zap.Error(err))
@@ -279,7 +285,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	if err != nil {
 		if clientGone(r) {
 			c.outcome = outcomeCancel
-			return statusClientClosed
+			return answerClientClosed(w, r)
 		}
 		if isTimeout(err) {
 			// The provider has the prompt and was still answering when the gateway gave up: as

@@ -154,7 +154,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 	fail := func(e *apiError, msg string, err error) (holds.Hold, int) {
 		if ctx.Err() != nil {
 			log.Info("client left during the idempotency check; nothing held", zap.String("step", msg), zap.Error(err))
-			return holds.Hold{}, statusClientClosed
+			return holds.Hold{}, answerClientClosed(w, r)
 		}
 		log.Error(msg, zap.Error(err))
 		writeError(w, e)
