@@ -50,7 +50,16 @@ type handler struct {
 	log         *zap.Logger
 	now         func() time.Time
 	authEnabled bool
+	// reports holds a slot for each usage report being built (at most maxReportsAtOnce).
+	reports chan struct{}
 }
+
+// maxReportsAtOnce bounds the usage reports built at once: one of 100 000 rows allocates a few
+// hundred MB in the gateway's own process, beside the calls it meters.
+const maxReportsAtOnce = 2
+
+// reportRetryAfter is what a report refused for the bound tells the operator to wait.
+const reportRetryAfter = 5 * time.Second
 
 // requestTimeout bounds one admin request, its database reads and writes included.
 const requestTimeout = 60 * time.Second
@@ -63,7 +72,7 @@ func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) h
 		panic("admin: credit_micro must be positive")
 	}
 	h := &handler{store: store, views: Views{CreditMicro: creditMicro}, log: log, now: time.Now,
-		authEnabled: token != ""}
+		authEnabled: token != "", reports: make(chan struct{}, maxReportsAtOnce)}
 	// Hashing both sides gives equal-length inputs to the constant-time compare, so neither
 	// the content nor the length of the token leaks through timing.
 	h.tokenHash = sha256.Sum256([]byte(token))
@@ -544,6 +553,14 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 // Days are UTC days of settlement, as in the day ledger; both ends are inclusive and default
 // to today.
 func (h *handler) usageReport(w http.ResponseWriter, r *http.Request) {
+	select {
+	case h.reports <- struct{}{}:
+		defer func() { <-h.reports }()
+	default:
+		writeError(w, &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "reports_busy",
+			Message: fmt.Sprintf("%d usage reports are being built; retry shortly.", maxReportsAtOnce), RetryAfter: reportRetryAfter})
+		return
+	}
 	q := r.URL.Query()
 	today := h.now().UTC().Format(time.DateOnly)
 	from, err := dateParam(q.Get("from"), today)
