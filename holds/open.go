@@ -2,8 +2,8 @@ package holds
 
 import (
 	"context"
-	"errors"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
