@@ -83,13 +83,21 @@ const RunIDHeader = "X-Tollgate-Run-Id"
 // deferred path that runs however the request ends.
 func (s *Server) serveCall(rt *route) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		s.calls.Add(1)
-		defer s.calls.Done()
 		user := userFrom(r.Context())
 		// Lazy: most calls log nothing, and encoding the fields up front was 2 % of the
 		// gateway's CPU under load.
 		callLog := s.log.WithLazy(zap.Uint64("user_id", user.ID), zap.String("route", rt.path))
-		status := s.handleCall(w, r, rt, user, newRunID(), callLog)
+		runID := newRunID()
+		if !s.calls.enter() {
+			e := errShuttingDown
+			callLog.Info("request refused", zap.String("run_id", runID), zap.String("code", e.Code),
+				zap.Int("status", e.Status), zap.String("reason", "shutting down"))
+			writeError(w, e)
+			s.metrics.Requests.WithLabelValues(rt.path, strconv.Itoa(e.Status)).Inc()
+			return
+		}
+		defer s.calls.leave()
+		status := s.handleCall(w, r, rt, user, runID, callLog)
 		s.metrics.Requests.WithLabelValues(rt.path, strconv.Itoa(status)).Inc()
 	}
 }
@@ -386,9 +394,9 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	ctx := context.WithoutCancel(reqCtx)
 	if records := append(s.contextHandedOn(c, st), s.spokenAnswers(c, st)...); len(records) > 0 {
 		log := c.log
-		s.settlements.Add(1)
+		s.settlements.start()
 		s.inBackground(func() {
-			defer s.settlements.Done()
+			defer s.settlements.leave()
 			s.rememberTokens(ctx, records, log)
 		})
 	}
@@ -405,8 +413,8 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	}
 	if c.outcome == outcomeDuplicate {
 		// Released in the request itself: when the caller reads its 409, the hold is gone.
-		s.settlements.Add(1)
-		defer s.settlements.Done()
+		s.settlements.start()
+		defer s.settlements.leave()
 		s.tallyCall(ctx, c, st)
 		s.settle(ctx, c, st)
 		return
@@ -423,9 +431,9 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 			// nothing, the evidence that keeps a run nobody comes back to from being charged
 			// its hold): keep trying, as markRunUnused does, for as long as a settlement
 			// would. Every step is safe to repeat.
-			s.settlements.Add(1)
+			s.settlements.start()
 			s.inBackground(func() {
-				defer s.settlements.Done()
+				defer s.settlements.leave()
 				s.retryRunTally(ctx, c, st)
 			})
 		}
@@ -437,10 +445,10 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	// waiting first for the tally's round trip to Redis made it arrive after that admission
 	// often enough to cost a commit and a lock wait per call. See tallyCall for why the order
 	// does not matter to the reconciler.
-	s.settlements.Add(1)
+	s.settlements.start()
 	work := func() {
 		// Done once the tally is written too: shutdown closes Redis when this is done.
-		defer s.settlements.Done()
+		defer s.settlements.leave()
 		if c.tallied {
 			// With its fingerprint, before the answer's end (tallyWithFingerprint); what was
 			// metered after that (rare: an upstream that went on past its final event) is
@@ -628,17 +636,17 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 	ctx = context.WithoutCancel(ctx)
 	if ar.ClientRunID != "" {
 		log.Warn("admission outcome unknown; the run stays open", zap.Error(err))
-		s.settlements.Add(1)
+		s.settlements.start()
 		go func() {
-			defer s.settlements.Done()
+			defer s.settlements.leave()
 			s.markRunUnused(ctx, ar.RunID, log)
 		}()
 		return
 	}
 	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
-	s.settlements.Add(1)
+	s.settlements.start()
 	go func() {
-		defer s.settlements.Done()
+		defer s.settlements.leave()
 		ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 		defer cancel()
 		if ar.Fresh {

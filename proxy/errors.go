@@ -60,6 +60,8 @@ var (
 		Message: "No credits available: today's allowance and prepaid credits are used or held by calls in flight."}
 	errBillingDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
 		Message: "Billing is unavailable, so the call was not made. Retry shortly."}
+	errShuttingDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
+		Message: "The gateway is shutting down, so the call was not made. Retry.", RetryAfter: time.Second}
 	errNotFound = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
 		Message: "No such route."}
 	errRunNotFound = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "run_not_found",

@@ -5,11 +5,11 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,10 +69,11 @@ type Server struct {
 	// source "shutdown" rather than as a client's cancel.
 	shuttingDown atomic.Bool
 	// calls and settlements track handlers and deferred settlements so shutdown can wait for
-	// both; settleSlots bounds how many settlements run in the background at once (past it a
-	// handler settles inline, which slows that caller instead of growing memory without bound).
-	calls       sync.WaitGroup
-	settlements sync.WaitGroup
+	// both (Drain); settleSlots bounds how many settlements run in the background at once (past
+	// it a handler settles inline, which slows that caller instead of growing memory without
+	// bound).
+	calls       inFlight
+	settlements inFlight
 	settleSlots chan struct{}
 	// stopBeat ends the heartbeat of this process's run budget reservations; beatDone closes
 	// when it has.
@@ -247,7 +248,7 @@ func (s *Server) storeContext(ctx context.Context) (context.Context, context.Can
 }
 
 // Close stops the server's background work: the beat of run budget reservations, the key
-// lookup and the batch writer (after committing what is queued) and the session cancel bus. Call it after WaitSettlements at shutdown.
+// lookup and the batch writer (after committing what is queued) and the session cancel bus. Call it after Drain at shutdown.
 func (s *Server) Close() error {
 	s.stopBeat()
 	<-s.beatDone
@@ -256,18 +257,21 @@ func (s *Server) Close() error {
 	return s.cancels.close()
 }
 
-// WaitSettlements blocks until every deferred settlement started so far has finished, or ctx
-// ends. Graceful shutdown calls it after the listener has stopped.
-func (s *Server) WaitSettlements(ctx context.Context) error {
-	done := make(chan struct{})
-	// Calls first: a call still unwinding has yet to start its settlement.
-	go func() { s.calls.Wait(); s.settlements.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+// Drain refuses calls from now on (503 shutting_down, before anything is held) and waits
+// until every call let in before has ended and every settlement started so far has finished,
+// or ctx ends. Graceful shutdown calls it once the listener has stopped: a connection that had
+// read its request before the listener's close may still bring a call after that.
+func (s *Server) Drain(ctx context.Context) error {
+	s.calls.close()
+	// Calls first: a call still unwinding has yet to start its settlement, and none starts
+	// one after it has left.
+	if err := s.calls.wait(ctx); err != nil {
+		return fmt.Errorf("calls in flight: %w", err)
 	}
+	if err := s.settlements.wait(ctx); err != nil {
+		return fmt.Errorf("settlements in flight: %w", err)
+	}
+	return nil
 }
 
 // ready answers /readyz, which needs no key: it says which dependency is down, and the log

@@ -111,7 +111,7 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), cfg.Limits.SettleTimeout+5*time.Second)
 	defer wcancel()
-	if err := srv.WaitSettlements(wctx); err != nil && !errors.Is(err, context.Canceled) {
+	if err := srv.Drain(wctx); err != nil && !errors.Is(err, context.Canceled) {
 		e.log.Error("settlements still pending at exit; the reconciler will settle them", zap.Error(err))
 	}
 	// Close waits for the batch writer's last transactions. A database that stopped answering
