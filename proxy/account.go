@@ -5,10 +5,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"go.uber.org/zap"
@@ -19,24 +22,53 @@ import (
 
 // listModels answers GET /v1/models with the priced models, in OpenAI's list shape.
 func (s *Server) listModels(w http.ResponseWriter, _ *http.Request) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
 	out := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
+		Object string        `json:"object"`
+		Data   []modelObject `json:"data"`
+	}{Object: "list", Data: []modelObject{}}
 	for _, name := range s.prices.Models() {
-		owner := "tollgate"
-		if up, ok := s.cfg.UpstreamFor(name); ok {
-			owner = up.Name
-		}
-		out.Data = append(out.Data, model{ID: name, Object: "model", OwnedBy: owner})
+		out.Data = append(out.Data, s.modelObject(name))
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// retrieveModel answers GET /v1/models/{id} (the SDKs' models.retrieve, which tools call to
+// check a model before they use it) for any name a call could be billed under: a configured
+// name, or one priced by its prefix (a dated snapshot). The id is the rest of the path, so
+// that an open-weight model's "org/name" is one id whether its slash comes escaped (the Go
+// and Node SDKs) or not (Python's).
+func (s *Server) retrieveModel(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "*")
+	if r.URL.RawPath != "" {
+		// chi matched the raw path; only then is the parameter still escaped.
+		var err error
+		if id, err = url.PathUnescape(id); err != nil {
+			id = ""
+		}
+	}
+	_, _, err := s.prices.Lookup(id)
+	if id == "" || len(id) > holds.MaxModelLen || !utf8.ValidString(id) || err != nil {
+		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
+			Message: fmt.Sprintf("The model %q does not exist or has no price configured.", id)})
+		return
+	}
+	writeJSON(w, http.StatusOK, s.modelObject(id))
+}
+
+// modelObject is a model in OpenAI's shape; it is owned by the upstream that serves it.
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (s *Server) modelObject(name string) modelObject {
+	owner := "tollgate"
+	if up, ok := s.cfg.UpstreamFor(name); ok {
+		owner = up.Name
+	}
+	return modelObject{ID: name, Object: "model", OwnedBy: owner}
 }
 
 // credits answers GET /v1/credits.
