@@ -419,11 +419,29 @@ func (c *Config) Validate() error {
 		}
 		if pu, err := url.Parse(u.BaseURL); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
 			bad(at+".base_url", "%q is not an http(s) URL", redactURL(u.BaseURL))
+		} else {
+			// Every call goes to base_url + "/v1/...", the caller's query appended: what is
+			// not an origin and a path prefix makes every call's URL wrong.
+			switch {
+			case pu.User != nil:
+				bad(at+".base_url", "%q holds credentials: give the key in api_key_env (or UPSTREAM_API_KEY)", redactURL(u.BaseURL))
+			case pu.RawQuery != "" || pu.ForceQuery:
+				bad(at+".base_url", "%q has a query: calls go to base_url + /v1/..., so it would end up inside their path", u.BaseURL)
+			case pu.Fragment != "":
+				bad(at+".base_url", "%q has a fragment: calls go to base_url + /v1/...", u.BaseURL)
+			case strings.HasSuffix(strings.TrimSuffix(pu.Path, "/"), "/v1"):
+				bad(at+".base_url", "%q ends in /v1: the gateway adds /v1/... itself, so calls would go to /v1/v1/...; give the origin (https://api.openai.com)", u.BaseURL)
+			}
 		}
 		if len(u.Models) == 0 {
 			bad(at+".models", "lists no model; use [\"*\"] to serve every priced model")
 		}
-		if u.APIKeyEnv != "" && u.APIKey == "" {
+		if u.APIKeyEnv != "" && !envName(u.APIKeyEnv) {
+			// Not printed: what is written here instead of a variable's name is most often
+			// the key itself.
+			bad(at+".api_key_env", "is not an environment variable name (letters, digits and _, not starting with a digit): "+
+				"it names the variable that holds the key, never the key itself")
+		} else if u.APIKeyEnv != "" && u.APIKey == "" {
 			bad(at+".api_key_env", "environment variable %s is empty", u.APIKeyEnv)
 		}
 		if !sendableSecret(u.APIKey) {
@@ -482,6 +500,17 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// envName reports whether s is a portable environment variable name: [A-Za-z_][A-Za-z0-9_]*.
+func envName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c == '_' || 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || i > 0 && '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // sendableSecret reports whether a token or key can travel as is in an HTTP header and be
