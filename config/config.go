@@ -121,6 +121,7 @@ type ModelCfg struct {
 // Load reads path (empty: defaults only), applies the environment, and validates.
 func Load(path string) (*Config, error) {
 	cfg := Default()
+	var unwritten []error // settings a typed decode cannot see are missing
 	if path != "" {
 		raw, err := os.ReadFile(path)
 		if err != nil {
@@ -138,12 +139,73 @@ func Load(path string) (*Config, error) {
 		if cfg.Models == nil {
 			cfg.Models = defaults
 		}
+		unwritten = checkWritten(raw)
 	}
 	cfg.applyEnv(os.Getenv)
-	if err := cfg.Validate(); err != nil {
+	if err := errors.Join(append(unwritten, cfg.Validate())...); err != nil {
 		return nil, err
 	}
 	return cfg, nil
+}
+
+// requiredModelFields and requiredPlanFields must be written in a config file's models and
+// plans: each decodes as 0 when left out, and 0 is a valid amount (a free model, a plan
+// without a daily allowance) that nobody meant by leaving the field out.
+var (
+	requiredModelFields = []string{"input", "output"}
+	requiredPlanFields  = []string{"allowance_credits", "hold_normal_credits", "hold_heavy_credits",
+		"heavy_after_turns", "max_in_flight", "max_run_cost_credits"}
+)
+
+// checkWritten reports what a typed decode cannot see: a required price or plan field left
+// out, and any price or plan field left empty (`input:` is YAML's null, which decodes as 0).
+func checkWritten(raw []byte) []error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil || len(doc.Content) == 0 {
+		return nil // the typed decode has reported it, or the file is empty
+	}
+	var errs []error
+	for _, sec := range []struct {
+		name     string
+		required []string
+	}{{"models", requiredModelFields}, {"plans", requiredPlanFields}} {
+		entries := mappingValue(doc.Content[0], sec.name)
+		if entries == nil || entries.Kind != yaml.MappingNode {
+			continue
+		}
+		for i := 0; i+1 < len(entries.Content); i += 2 {
+			at := sec.name + "." + entries.Content[i].Value
+			fields := entries.Content[i+1]
+			if fields.Kind != yaml.MappingNode {
+				errs = append(errs, fmt.Errorf("%s: line %d: must be a mapping of its fields", at, fields.Line))
+				continue
+			}
+			for j := 0; j+1 < len(fields.Content); j += 2 {
+				if v := fields.Content[j+1]; v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" {
+					errs = append(errs, fmt.Errorf("%s.%s: line %d: is empty; write 0 if 0 is meant", at, fields.Content[j].Value, v.Line))
+				}
+			}
+			for _, f := range sec.required {
+				if mappingValue(fields, f) == nil {
+					errs = append(errs, fmt.Errorf("%s.%s: line %d: is missing (every %s entry sets it; write 0 if 0 is meant)", at, f, fields.Line, sec.name))
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// mappingValue is the value of key in mapping node m, or nil.
+func mappingValue(m *yaml.Node, key string) *yaml.Node {
+	if m.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i+1]
+		}
+	}
+	return nil
 }
 
 // Default is a working configuration for the built-in fake upstream.
@@ -395,6 +457,14 @@ func (c *Config) Validate() error {
 		bad("models", "no model priced: every request would be refused")
 	}
 	for name, m := range c.Models {
+		if strings.Contains(name, "*") {
+			// Prices match a model by name, then by the longest name here that prefixes it.
+			bad("models."+name, "a price's name holds no *: %q prices only models whose names start with it literally; a name prices every model it prefixes (write %q)",
+				name, strings.TrimRight(name, "*"))
+		}
+		if m.MaxOutputTokens < 0 {
+			bad("models."+name+".max_output_tokens", "must not be negative (0 or left out: unknown), got %d", m.MaxOutputTokens)
+		}
 		switch m.OutputBoundField {
 		case "", "max_tokens", "max_completion_tokens":
 		default:

@@ -73,3 +73,60 @@ func TestAPIKeyEnvThatIsNotAVariableNameIsRefusedWithoutPrintingIt(t *testing.T)
 		t.Errorf("unset variable: error %v, want it to name TOLLGATE_TEST_UNSET_KEY", err)
 	}
 }
+
+// A price or a plan amount left out (or left empty: `input:`) decoded as 0: a model whose
+// output was never priced served its output free, and a plan without allowance_credits gave
+// no daily allowance, both without a word at start. Zero written out is still accepted.
+func TestMoneyFieldsLeftOutAreRefused(t *testing.T) {
+	plan := func(skip string) string {
+		out := "plans:\n  pro:\n"
+		for _, l := range []string{"allowance_credits: 2000", "hold_normal_credits: 20", "hold_heavy_credits: 60",
+			"heavy_after_turns: 4", "max_in_flight: 3", "max_run_cost_credits: 500"} {
+			if strings.HasPrefix(l, skip+":") {
+				l = skip + ":" // present, but empty: YAML's null
+				if strings.HasPrefix(skip, "max_in_flight") {
+					continue
+				}
+			}
+			out += "    " + l + "\n"
+		}
+		return out
+	}
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"output left out", "models:\n  m:\n    input: 1\n", "models.m.output"},
+		{"input left out", "models:\n  m:\n    output: 1\n", "models.m.input"},
+		{"input left empty", "models:\n  m:\n    input:\n    output: 1\n", "models.m.input"},
+		{"cache_read left empty", "models:\n  m:\n    input: 1\n    output: 1\n    cache_read:\n", "models.m.cache_read"},
+		{"allowance left empty", plan("allowance_credits"), "plans.pro.allowance_credits"},
+		{"max_in_flight left out", plan("max_in_flight"), "plans.pro.max_in_flight"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := loadYAML(t, tc.yaml)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want it to name %s", err, tc.want)
+			}
+		})
+	}
+	cfg, err := loadYAML(t, "models:\n  free-local:\n    input: 0\n    output: 0\n"+strings.Replace(plan(""), "allowance_credits: 2000", "allowance_credits: 0", 1))
+	if err != nil {
+		t.Fatalf("zero written out refused: %v", err)
+	}
+	if cfg.Plans["pro"].AllowanceCredits.Milli != 0 {
+		t.Errorf("pro allowance = %+v", cfg.Plans["pro"].AllowanceCredits)
+	}
+}
+
+// Model prices match by name, then by the longest configured name that prefixes the model:
+// "gpt-*" (the upstreams' pattern syntax) is taken literally and prices no model, and a
+// negative max_output_tokens is no limit. Both must stop the start.
+func TestModelEntriesAreChecked(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"models:\n  'gpt-*':\n    input: 1\n    output: 1\n", "models.gpt-*"},
+		{"models:\n  m:\n    input: 1\n    output: 1\n    max_output_tokens: -4\n", "models.m.max_output_tokens"},
+	} {
+		_, err := loadYAML(t, tc.yaml)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want it to name %s", tc.yaml, err, tc.want)
+		}
+	}
+}
