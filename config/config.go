@@ -308,7 +308,27 @@ func (c *Config) Warnings() []string {
 				"a call that outlives its hold stops counting against max_in_flight until the reconciler extends it", t.name, t.d, longest))
 		}
 	}
+	for _, name := range sortedKeys(c.Models) {
+		if !c.served(name) {
+			out = append(out, fmt.Sprintf("models.%s is priced but no upstream serves it: requests for it are refused (model_not_served)", name))
+		}
+	}
 	return out
+}
+
+// served reports whether some upstream serves priced name, or a model it prices as a prefix.
+func (c *Config) served(name string) bool {
+	if _, ok := c.UpstreamFor(name); ok {
+		return true
+	}
+	for _, u := range c.Upstreams {
+		for _, m := range u.Models {
+			if m != "*" && strings.HasPrefix(strings.TrimSuffix(m, "*"), name) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // maxPlanMilli bounds a plan amount: 10^12 credits in thousandths, and (scaled by
@@ -471,7 +491,8 @@ func (c *Config) Validate() error {
 			bad("models."+name+".output_bound_field", "must be max_tokens or max_completion_tokens, got %q", m.OutputBoundField)
 		}
 	}
-	if _, err := c.PriceTable(); err != nil {
+	prices, err := c.PriceTable()
+	if err != nil {
 		bad("models", "%v", err)
 	}
 	if len(c.Upstreams) == 0 {
@@ -506,6 +527,16 @@ func (c *Config) Validate() error {
 		if len(u.Models) == 0 {
 			bad(at+".models", "lists no model; use [\"*\"] to serve every priced model")
 		}
+		for _, m := range u.Models {
+			switch {
+			case m == "*":
+			case m == "" || strings.Contains(strings.TrimSuffix(m, "*"), "*"):
+				bad(at+".models", "%q is neither a model name, a prefix ending in * nor *", m)
+			case prices != nil && !c.servesPriced(prices, m):
+				// Unpriced models are refused: the entry can serve nothing (a typo?).
+				bad(at+".models", "%q matches no model priced in models, so it serves nothing: unpriced models are refused", m)
+			}
+		}
 		if u.APIKeyEnv != "" && !envName(u.APIKeyEnv) {
 			// Not printed: what is written here instead of a variable's name is most often
 			// the key itself.
@@ -520,6 +551,23 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// servesPriced reports whether upstream entry m (a name or "prefix*") can match a priced
+// model: a name priced exactly or by a prefix, or a prefix that some priced name starts with
+// or that starts with one.
+func (c *Config) servesPriced(prices *pricing.Table, m string) bool {
+	prefix, isPrefix := strings.CutSuffix(m, "*")
+	if !isPrefix {
+		_, _, err := prices.Lookup(m)
+		return err == nil
+	}
+	for name := range c.Models {
+		if strings.HasPrefix(name, prefix) || strings.HasPrefix(prefix, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // PriceTable builds the pricing table from the models section.

@@ -130,3 +130,45 @@ func TestModelEntriesAreChecked(t *testing.T) {
 		}
 	}
 }
+
+// An upstream's models are exact names, "prefix*" or "*". An entry with * elsewhere
+// ("*-mini") is compared as an exact name and serves nothing; an entry that names no priced
+// model ("gpt4o" for the priced "gpt-4o") serves nothing either, since unpriced models are
+// refused. Both were typos that did nothing, silently: they must stop the start.
+func TestUpstreamModelEntriesThatServeNothingAreRefused(t *testing.T) {
+	const models = "models:\n  gpt-4o:\n    input: 2.5\n    output: 10\n  claude-sonnet-4:\n    input: 3\n    output: 15\n"
+	up := func(entries string) string {
+		return "upstreams:\n  - name: a\n    kind: openai\n    base_url: https://api.openai.com\n    models: " + entries + "\n"
+	}
+	for _, tc := range []struct{ entries, want string }{
+		{"['*-mini']", "upstreams[0].models"},
+		{"['gpt-*-mini']", "upstreams[0].models"},
+		{"['']", "upstreams[0].models"},
+		{"['gpt4o']", "gpt4o"},
+		{"['o3-*']", "o3-*"},
+	} {
+		_, err := loadYAML(t, models+up(tc.entries))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "upstreams[0].models") {
+			t.Errorf("models %s: error %v, want it to name upstreams[0].models and %q", tc.entries, err, tc.want)
+		}
+	}
+	// Served: an exact priced name, a name priced by a prefix, a prefix of priced names, a
+	// prefix priced by a shorter name, and "*".
+	for _, entries := range []string{"['gpt-4o']", "['gpt-4o-mini']", "['gpt-*', 'claude-*']", "['gpt-4o-2024-*']", "['*']"} {
+		if _, err := loadYAML(t, models+up(entries)); err != nil {
+			t.Errorf("models %s refused: %v", entries, err)
+		}
+	}
+}
+
+// A priced model no upstream serves is refused on every request (model_not_served): valid,
+// but worth a line in the log at start.
+func TestWarningsNameAPricedModelNoUpstreamServes(t *testing.T) {
+	c := Default()
+	c.Upstreams = []Upstream{{Name: "a", Kind: "openai", BaseURL: "https://api.openai.com", Models: []string{"gpt-*"}}}
+	c.Models["gpt-4o"] = c.Models["fake-gpt"]
+	w := c.Warnings()
+	if len(w) != 1 || !strings.Contains(w[0], "models.fake-gpt") {
+		t.Fatalf("warnings %v, want one naming models.fake-gpt", w)
+	}
+}
