@@ -134,6 +134,9 @@ func Load(path string) (*Config, error) {
 		defaults := cfg.Models
 		cfg.Models = nil
 		if err := dec.Decode(cfg); err != nil {
+			if strings.Contains(err.Error(), "into time.Duration") {
+				return nil, fmt.Errorf("config %s: %w (a duration needs its unit: 30s, 5m, 48h)", path, err)
+			}
 			return nil, fmt.Errorf("config %s: %w", path, err)
 		}
 		if cfg.Models == nil {
@@ -420,13 +423,16 @@ func (c *Config) Validate() error {
 	if c.Dedup.Window < 0 {
 		bad("dedup.window", "must not be negative")
 	}
-	if c.Dedup.ReplayTTL <= 0 {
-		bad("dedup.replay_ttl", "must be a positive duration: an Idempotency-Key record that expires at once is answered 409 forever")
+	if c.Dedup.ReplayTTL < time.Second {
+		// Redis keeps it in milliseconds: under one it is PEXPIRE 0, a record deleted at once.
+		bad("dedup.replay_ttl", "must be at least 1s, got %v: an Idempotency-Key record that expires at once is answered 409 forever", c.Dedup.ReplayTTL)
 	}
 	if c.Dedup.MaxReplayLen <= 0 {
 		bad("dedup.max_replay_len", "must be positive, got %d", c.Dedup.MaxReplayLen)
 	}
-	if c.Limits.KeyCacheTTL > time.Minute {
+	if c.Limits.KeyCacheTTL < 0 {
+		bad("limits.key_cache_ttl", "must not be negative (0 turns the cache off), got %v", c.Limits.KeyCacheTTL)
+	} else if c.Limits.KeyCacheTTL > time.Minute {
 		bad("limits.key_cache_ttl", "must be at most 1m, got %v: a revoked key works for as long as it is cached", c.Limits.KeyCacheTTL)
 	}
 	for _, t := range []struct {

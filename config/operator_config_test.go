@@ -172,3 +172,27 @@ func TestWarningsNameAPricedModelNoUpstreamServes(t *testing.T) {
 		t.Fatalf("warnings %v, want one naming models.fake-gpt", w)
 	}
 }
+
+// A negative key_cache_ttl passed (only its upper bound was checked) and a replay_ttl under a
+// millisecond passed as "positive" though it reaches Redis as PEXPIRE 0: the record is deleted
+// at once, which is what the check on replay_ttl exists to refuse.
+func TestDurationsOutOfRangeAreRefused(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"limits:\n  key_cache_ttl: -1s\n", "limits.key_cache_ttl"},
+		{"dedup:\n  replay_ttl: 500us\n", "dedup.replay_ttl"},
+	} {
+		_, err := loadYAML(t, tc.yaml)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want it to name %s", tc.yaml, err, tc.want)
+		}
+	}
+}
+
+// A duration written as a bare number (`upstream_timeout: 30`) is refused by the YAML
+// decoder as "cannot unmarshal !!int `30` into time.Duration": the message says what to write.
+func TestBareNumberDurationSaysToGiveAUnit(t *testing.T) {
+	_, err := loadYAML(t, "limits:\n  upstream_timeout: 30\n")
+	if err == nil || !strings.Contains(err.Error(), "line 4") || !strings.Contains(err.Error(), "unit") {
+		t.Fatalf("error %v, want the line and a word on the unit", err)
+	}
+}
