@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"reflect"
 	"sort"
 	"strings"
 	"time"
@@ -121,7 +122,7 @@ type ModelCfg struct {
 // Load reads path (empty: defaults only), applies the environment, and validates.
 func Load(path string) (*Config, error) {
 	cfg := Default()
-	var unwritten []error // settings a typed decode cannot see are missing
+	var unwritten []error // what a typed decode cannot see: settings left out or empty, fractions dropped
 	if path != "" {
 		raw, err := os.ReadFile(path)
 		if err != nil {
@@ -160,14 +161,15 @@ var (
 		"heavy_after_turns", "max_in_flight", "max_run_cost_credits"}
 )
 
-// checkWritten reports what a typed decode cannot see: a required price or plan field left
-// out, and any price or plan field left empty (`input:` is YAML's null, which decodes as 0).
+// checkWritten reports what a typed decode cannot see: a fraction in an integer setting, a
+// required price or plan field left out, and any price or plan field left empty (`input:` is
+// YAML's null, which decodes as 0).
 func checkWritten(raw []byte) []error {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(raw, &doc); err != nil || len(doc.Content) == 0 {
 		return nil // the typed decode has reported it, or the file is empty
 	}
-	var errs []error
+	errs := checkWhole(doc.Content[0], reflect.TypeOf(Config{}), "")
 	for _, sec := range []struct {
 		name     string
 		required []string
@@ -193,6 +195,42 @@ func checkWritten(raw []byte) []error {
 					errs = append(errs, fmt.Errorf("%s.%s: line %d: is missing (every %s entry sets it; write 0 if 0 is meant)", at, f, fields.Line, sec.name))
 				}
 			}
+		}
+	}
+	return errs
+}
+
+// checkWhole reports a number with a fraction (or an exponent) written for an integer setting:
+// YAML decodes 12.5 into an int as 12, silently. n is the node decoded into a value of type t,
+// named at (its YAML path).
+func checkWhole(n *yaml.Node, t reflect.Type, at string) []error {
+	var errs []error
+	join := func(key string) string {
+		if at == "" {
+			return key
+		}
+		return at + "." + key
+	}
+	switch {
+	case n.Kind == yaml.ScalarNode:
+		if t != reflect.TypeOf(time.Duration(0)) && t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64 && n.ShortTag() == "!!float" {
+			errs = append(errs, fmt.Errorf("%s: line %d: %s is not a whole number", at, n.Line, n.Value))
+		}
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			for f := range t.NumField() {
+				if tag, _, _ := strings.Cut(t.Field(f).Tag.Get("yaml"), ","); tag == n.Content[i].Value {
+					errs = append(errs, checkWhole(n.Content[i+1], t.Field(f).Type, join(tag))...)
+				}
+			}
+		}
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Map:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			errs = append(errs, checkWhole(n.Content[i+1], t.Elem(), join(n.Content[i].Value))...)
+		}
+	case n.Kind == yaml.SequenceNode && t.Kind() == reflect.Slice:
+		for i, e := range n.Content {
+			errs = append(errs, checkWhole(e, t.Elem(), fmt.Sprintf("%s[%d]", at, i))...)
 		}
 	}
 	return errs

@@ -196,3 +196,26 @@ func TestBareNumberDurationSaysToGiveAUnit(t *testing.T) {
 		t.Fatalf("error %v, want the line and a word on the unit", err)
 	}
 }
+
+// YAML decodes a number with a fraction into an integer setting by dropping the fraction:
+// discount_bp: 12.5 gave 12 basis points, max_in_flight: 2.5 gave 2, without a word. A
+// setting that counts must be written as a whole number.
+func TestFractionInAnIntegerSettingIsRefused(t *testing.T) {
+	const plan = "plans:\n  pro:\n    allowance_credits: 2000\n    hold_normal_credits: 20\n    hold_heavy_credits: 60\n    heavy_after_turns: 4\n    max_run_cost_credits: 500\n"
+	for _, tc := range []struct{ yaml, want string }{
+		{plan + "    max_in_flight: 3\n    discount_bp: 12.5\n", "plans.pro.discount_bp"},
+		{plan + "    max_in_flight: 2.5\n", "plans.pro.max_in_flight"},
+		{"credit_micro: 1000.5\n", "credit_micro"},
+		{"limits:\n  max_body_bytes: 4194304.9\n", "limits.max_body_bytes"},
+		{"models:\n  m:\n    input: 1\n    output: 1\n    max_output_tokens: 4096.5\n", "models.m.max_output_tokens"},
+	} {
+		_, err := loadYAML(t, tc.yaml)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want it to name %s", tc.yaml, err, tc.want)
+		}
+	}
+	// Prices and credits are decimals: their fractions are theirs.
+	if _, err := loadYAML(t, plan+"    max_in_flight: 3\n    discount_bp: 125\n"); err != nil {
+		t.Errorf("whole numbers refused: %v", err)
+	}
+}
