@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"reflect"
@@ -385,6 +386,8 @@ func (c *Config) Validate() error {
 	}
 	if c.ListenAddr == "" {
 		bad("listen_addr (LISTEN_ADDR)", "is empty")
+	} else if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
+		bad("listen_addr (LISTEN_ADDR)", "%q is not host:port (127.0.0.1:8080, or :8080 for every interface)", c.ListenAddr)
 	}
 	if c.MySQLDSN == "" {
 		bad("mysql_dsn (MYSQL_DSN)", "is empty; e.g. tollgate:tollgate@tcp(127.0.0.1:3306)/tollgate")

@@ -219,3 +219,40 @@ func TestFractionInAnIntegerSettingIsRefused(t *testing.T) {
 		t.Errorf("whole numbers refused: %v", err)
 	}
 }
+
+// listen_addr is host:port. `listen_addr: 8080` (a bare port, which YAML reads as a number and
+// the decoder turns into "8080") was accepted and failed at net.Listen, after the database and
+// Redis were opened, with a message that named neither the setting nor its variable.
+func TestListenAddrWithoutPortIsNamed(t *testing.T) {
+	_, err := loadYAML(t, "listen_addr: 8080\n")
+	if err == nil || !strings.Contains(err.Error(), "listen_addr (LISTEN_ADDR)") {
+		t.Fatalf("error %v, want it to name listen_addr (LISTEN_ADDR)", err)
+	}
+	if _, err := loadYAML(t, "listen_addr: ':8080'\n"); err != nil {
+		t.Errorf(":8080 refused: %v", err)
+	}
+}
+
+// config.example.yaml says it shows every setting with its default: it must load to exactly
+// Default()'s scalars, so neither drifts from the other unnoticed.
+func TestExampleShowsTheDefaults(t *testing.T) {
+	t.Setenv("MYSQL_DSN", "u:p@tcp(127.0.0.1:3306)/tollgate")
+	t.Setenv("REDIS_URL", "redis://127.0.0.1:6379/0")
+	t.Setenv("LISTEN_ADDR", "")
+	cfg, err := Load("../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Default()
+	if cfg.ListenAddr != d.ListenAddr || cfg.CreditMicro != d.CreditMicro || cfg.Limits != d.Limits || cfg.Holds != d.Holds || cfg.Dedup != d.Dedup {
+		t.Errorf("example %+v %+v %+v, defaults %+v %+v %+v", cfg.Limits, cfg.Holds, cfg.Dedup, d.Limits, d.Holds, d.Dedup)
+	}
+	for name, p := range d.Plans {
+		if cfg.Plans[name] != p {
+			t.Errorf("plan %s: example %+v, default %+v", name, cfg.Plans[name], p)
+		}
+	}
+	if cfg.Models["fake-gpt"] != d.Models["fake-gpt"] {
+		t.Errorf("fake-gpt: example %+v, default %+v", cfg.Models["fake-gpt"], d.Models["fake-gpt"])
+	}
+}
