@@ -556,19 +556,19 @@ func (c *Config) Validate() error {
 			bad(at+".kind", "must be openai or anthropic, got %q", u.Kind)
 		}
 		if pu, err := url.Parse(u.BaseURL); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-			bad(at+".base_url", "%q is not an http(s) URL", redactURL(u.BaseURL))
+			bad(at+".base_url", "%q is not an http(s) URL", shownURL(u.BaseURL))
 		} else {
 			// Every call goes to base_url + "/v1/...", the caller's query appended: what is
 			// not an origin and a path prefix makes every call's URL wrong.
 			switch {
 			case pu.User != nil:
-				bad(at+".base_url", "%q holds credentials: give the key in api_key_env (or UPSTREAM_API_KEY)", redactURL(u.BaseURL))
+				bad(at+".base_url", "%q holds credentials: give the key in api_key_env (or UPSTREAM_API_KEY)", shownURL(u.BaseURL))
 			case pu.RawQuery != "" || pu.ForceQuery:
-				bad(at+".base_url", "%q has a query: calls go to base_url + /v1/..., so it would end up inside their path", u.BaseURL)
+				bad(at+".base_url", "%q has a query: calls go to base_url + /v1/..., so it would end up inside their path", shownURL(u.BaseURL))
 			case pu.Fragment != "":
-				bad(at+".base_url", "%q has a fragment: calls go to base_url + /v1/...", u.BaseURL)
+				bad(at+".base_url", "%q has a fragment: calls go to base_url + /v1/...", shownURL(u.BaseURL))
 			case strings.HasSuffix(strings.TrimSuffix(pu.Path, "/"), "/v1"):
-				bad(at+".base_url", "%q ends in /v1: the gateway adds /v1/... itself, so calls would go to /v1/v1/...; give the origin (https://api.openai.com)", u.BaseURL)
+				bad(at+".base_url", "%q ends in /v1: the gateway adds /v1/... itself, so calls would go to /v1/v1/...; give the origin (https://api.openai.com)", shownURL(u.BaseURL))
 			}
 		}
 		if len(u.Models) == 0 {
@@ -692,6 +692,16 @@ func sendableSecret(s string) bool {
 		}
 	}
 	return true
+}
+
+// shownURL is a base_url fit for an error message: redactURL's, less its query and fragment,
+// which may hold a key too (?key=... is how some providers take it).
+func shownURL(raw string) string {
+	s := redactURL(raw)
+	if i := strings.IndexAny(s, "?#"); i >= 0 {
+		s = s[:i+1] + "xxxxx"
+	}
+	return s
 }
 
 // redactURL is a URL fit for an error message: everything between its scheme's "://" (or

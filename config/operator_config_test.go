@@ -35,6 +35,9 @@ func TestUpstreamBaseURLShapeIsChecked(t *testing.T) {
 		{"https://api.openai.com/v1/", "/v1"},
 		{"https://svc:hunter2-upstream@llm.internal", "credentials"},
 		{"https://hunter2-token@llm.internal", "credentials"},
+		{"https://generativelanguage.googleapis.com/?key=hunter2-upstream", "query"},
+		{"https://api.openai.com/v1?key=hunter2-upstream", "query"},
+		{"ftp://llm.internal/?key=hunter2-upstream", "http(s)"},
 	} {
 		t.Run(tc.base, func(t *testing.T) {
 			_, err := loadYAML(t, "upstreams:\n  - name: a\n    kind: openai\n    base_url: "+tc.base+"\n    models: ['*']\n")
