@@ -182,6 +182,9 @@ func checkWritten(raw []byte) []error {
 		for i := 0; i+1 < len(entries.Content); i += 2 {
 			at := sec.name + "." + entries.Content[i].Value
 			fields := entries.Content[i+1]
+			if fields.Kind == yaml.AliasNode {
+				fields = fields.Alias // pro: *standard, the same fields
+			}
 			if fields.Kind != yaml.MappingNode {
 				errs = append(errs, fmt.Errorf("%s: line %d: must be a mapping of its fields", at, fields.Line))
 				continue
@@ -237,14 +240,29 @@ func checkWhole(n *yaml.Node, t reflect.Type, at string) []error {
 	return errs
 }
 
-// mappingValue is the value of key in mapping node m, or nil.
+// mappingValue is the value of key in mapping node m, or nil: written in m itself, or in a
+// mapping m takes through a merge key (`<<: *base`, `<<: [*a, *b]`).
 func mappingValue(m *yaml.Node, key string) *yaml.Node {
-	if m.Kind != yaml.MappingNode {
+	if m.Kind == yaml.AliasNode {
+		m = m.Alias
+	}
+	if m == nil || m.Kind != yaml.MappingNode {
 		return nil
 	}
+	var merged []*yaml.Node
 	for i := 0; i+1 < len(m.Content); i += 2 {
-		if m.Content[i].Value == key {
-			return m.Content[i+1]
+		switch k, v := m.Content[i], m.Content[i+1]; {
+		case k.ShortTag() == "!!merge" && v.Kind == yaml.SequenceNode:
+			merged = append(merged, v.Content...)
+		case k.ShortTag() == "!!merge":
+			merged = append(merged, v)
+		case k.Value == key:
+			return v
+		}
+	}
+	for _, from := range merged {
+		if v := mappingValue(from, key); v != nil {
+			return v
 		}
 	}
 	return nil

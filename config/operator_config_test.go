@@ -259,3 +259,17 @@ func TestExampleShowsTheDefaults(t *testing.T) {
 		t.Errorf("fake-gpt: example %+v, default %+v", cfg.Models["fake-gpt"], d.Models["fake-gpt"])
 	}
 }
+
+// A plan may take its fields from another through a YAML merge key: those fields are
+// written, and the check that a plan sets every amount must see them.
+func TestPlanFieldsFromAMergeKeyCount(t *testing.T) {
+	cfg, err := loadYAML(t, "plans:\n  standard: &std\n    allowance_credits: 2000\n    hold_normal_credits: 20\n    hold_heavy_credits: 60\n"+
+		"    heavy_after_turns: 4\n    max_in_flight: 3\n    max_run_cost_credits: 500\n  pro:\n    <<: *std\n    max_in_flight: 10\n  same: *std\n"+
+		"models:\n  base: &price\n    input: 1\n    output: 2\n  other:\n    <<: [*price]\n    cache_read: 0.5\n")
+	if err != nil {
+		t.Fatalf("merged fields not seen: %v", err)
+	}
+	if p := cfg.Plans["pro"]; p.MaxInFlight != 10 || p.AllowanceCredits.Milli != 2_000_000 {
+		t.Errorf("pro = %+v", p)
+	}
+}
