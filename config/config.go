@@ -204,8 +204,8 @@ func checkWritten(raw []byte) []error {
 	return errs
 }
 
-// checkWhole reports a number with a fraction (or an exponent) written for an integer setting:
-// YAML decodes 12.5 into an int as 12, silently. n is the node decoded into a value of type t,
+// checkWhole reports an integer setting not written in plain decimal digits: YAML decodes 12.5
+// into an int as 12 and 0200 as 128, silently. n is the node decoded into a value of type t,
 // named at (its YAML path).
 func checkWhole(n *yaml.Node, t reflect.Type, at string) []error {
 	var errs []error
@@ -217,8 +217,9 @@ func checkWhole(n *yaml.Node, t reflect.Type, at string) []error {
 	}
 	switch {
 	case n.Kind == yaml.ScalarNode:
-		if t != reflect.TypeOf(time.Duration(0)) && t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64 && n.ShortTag() == "!!float" {
-			errs = append(errs, fmt.Errorf("%s: line %d: %s is not a whole number", at, n.Line, n.Value))
+		if t != reflect.TypeOf(time.Duration(0)) && t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64 &&
+			n.ShortTag() != "!!null" && !plainInteger(n.Value) {
+			errs = append(errs, fmt.Errorf("%s: line %d: %s is not a whole number in decimal digits (YAML drops a fraction and reads 0200 as octal)", at, n.Line, n.Value))
 		}
 	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
 		for i := 0; i+1 < len(n.Content); i += 2 {
@@ -238,6 +239,21 @@ func checkWhole(n *yaml.Node, t reflect.Type, at string) []error {
 		}
 	}
 	return errs
+}
+
+// plainInteger reports whether s is an integer as an operator means it: decimal digits, an
+// optional sign, no leading zero (which YAML reads as octal), no fraction, exponent or base.
+func plainInteger(s string) bool {
+	s = strings.TrimPrefix(s, "-")
+	if s == "" || len(s) > 1 && s[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // mappingValue is the value of key in mapping node m, or nil: written in m itself, or in a

@@ -211,6 +211,10 @@ func TestFractionInAnIntegerSettingIsRefused(t *testing.T) {
 		{"credit_micro: 1000.5\n", "credit_micro"},
 		{"limits:\n  max_body_bytes: 4194304.9\n", "limits.max_body_bytes"},
 		{"models:\n  m:\n    input: 1\n    output: 1\n    max_output_tokens: 4096.5\n", "models.m.max_output_tokens"},
+		// YAML reads a leading zero as octal: 0200 was 128, discount_bp: 0500 was 320.
+		{"holds:\n  reconcile_batch: 0200\n", "holds.reconcile_batch"},
+		{plan + "    max_in_flight: 3\n    discount_bp: 0500\n", "plans.pro.discount_bp"},
+		{"holds:\n  reconcile_batch: 0x20\n", "holds.reconcile_batch"},
 	} {
 		_, err := loadYAML(t, tc.yaml)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
