@@ -277,3 +277,17 @@ func TestPlanFieldsFromAMergeKeyCount(t *testing.T) {
 		t.Errorf("pro = %+v", p)
 	}
 }
+
+// A setting written with no value (`window:`) is YAML's null, which leaves the field as it
+// was: outside plans and models (whose entries start from zero, and are checked above) that is
+// the default, as if the line were not there.
+func TestSettingLeftEmptyKeepsItsDefault(t *testing.T) {
+	cfg, err := loadYAML(t, "dedup:\n  window:\n  fail_open:\nholds:\n  reconcile_batch: ~\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Default()
+	if cfg.Dedup != d.Dedup || cfg.Holds.ReconcileBatch != d.Holds.ReconcileBatch {
+		t.Errorf("empty settings: dedup %+v, reconcile_batch %d; want the defaults %+v, %d", cfg.Dedup, cfg.Holds.ReconcileBatch, d.Dedup, d.Holds.ReconcileBatch)
+	}
+}
