@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"net"
 	"net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -19,8 +18,7 @@ type closeReplyLoser struct {
 
 type closeReplyLoserConn struct {
 	net.Conn
-	l    *closeReplyLoser
-	once sync.Once
+	l *closeReplyLoser
 }
 
 func (c *closeReplyLoserConn) Write(b []byte) (int, error) {
