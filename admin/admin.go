@@ -19,7 +19,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -38,10 +37,6 @@ const (
 	defaultListLimit = 100
 	maxListLimit     = 1000
 )
-
-// userNamePattern is what the admin API accepts as a new user's name: names travel in URL
-// paths, CSV cells and logs, so they are kept to characters that need no escaping anywhere.
-var userNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$`)
 
 type handler struct {
 	store       *holds.Store
@@ -164,18 +159,16 @@ func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	if !userNamePattern.MatchString(req.Name) {
-		writeError(w, badRequest("invalid_name", "name must be 1-128 characters of A-Z a-z 0-9 . _ @ + - and start with a letter or digit"))
-		return
-	}
 	if req.Plan == "" {
 		req.Plan = "standard"
 	}
-	if !h.store.HasPlan(req.Plan) {
-		writeError(w, badRequest("unknown_plan", fmt.Sprintf("unknown plan %q; configured: %s", req.Plan, strings.Join(h.store.PlanNames(), ", "))))
-		return
-	}
+	// The store refuses a name it does not accept (400 invalid_name) before it looks at the
+	// plan, so the gateway's `user create` and this answer cannot drift apart.
 	if _, err := h.store.CreateUser(r.Context(), req.Name, req.Plan); err != nil {
+		if errors.Is(err, holds.ErrUnknownPlan) {
+			writeError(w, h.unknownPlan(req.Plan))
+			return
+		}
 		h.fail(w, r, err)
 		return
 	}
@@ -186,6 +179,11 @@ func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, h.views.User(d))
+}
+
+// unknownPlan refuses a plan that is not configured, naming those that are.
+func (h *handler) unknownPlan(plan string) *apiError {
+	return badRequest("unknown_plan", fmt.Sprintf("unknown plan %q; configured: %s", plan, strings.Join(h.store.PlanNames(), ", ")))
 }
 
 // user resolves the {name} path parameter; on failure it has answered.
@@ -235,7 +233,7 @@ func (h *handler) patchUser(w http.ResponseWriter, r *http.Request) {
 	var c holds.UserChange
 	if req.Plan != nil {
 		if !h.store.HasPlan(*req.Plan) {
-			writeError(w, badRequest("unknown_plan", fmt.Sprintf("unknown plan %q; configured: %s", *req.Plan, strings.Join(h.store.PlanNames(), ", "))))
+			writeError(w, h.unknownPlan(*req.Plan))
 			return
 		}
 		c.Plan = *req.Plan
@@ -684,6 +682,8 @@ func classify(err error) *apiError {
 	switch {
 	case errors.Is(err, holds.ErrUnknownUser):
 		return errUserNotFound
+	case errors.Is(err, holds.ErrInvalidName):
+		return badRequest("invalid_name", holds.UserNameRule)
 	case errors.Is(err, holds.ErrUserExists):
 		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "user_exists", Message: "A user of that name exists."}
 	case errors.Is(err, holds.ErrUnknownPlan):

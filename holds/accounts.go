@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -26,13 +27,29 @@ type User struct {
 	Disabled bool
 }
 
-// CreateUser adds an account on a plan.
+// userNamePattern is what a user's name may be: names travel in URL paths (the admin API's
+// /users/{name}), CSV cells and logs, so they are kept to characters that need no escaping
+// anywhere. The store enforces it, so the admin API and the gateway's subcommands cannot
+// drift apart on it.
+var userNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$`)
+
+// UserNameRule says in words what ValidUserName accepts, for the answers that refuse a name.
+const UserNameRule = "name must be 1-128 characters of A-Z a-z 0-9 . _ @ + - and start with a letter or digit"
+
+// ErrInvalidName refuses a new user's name that ValidUserName does not accept.
+var ErrInvalidName = errors.New(UserNameRule)
+
+// ValidUserName reports whether name may be a new user's name.
+func ValidUserName(name string) bool { return userNamePattern.MatchString(name) }
+
+// CreateUser adds an account on a plan. A name ValidUserName refuses is ErrInvalidName, an
+// unknown plan ErrUnknownPlan, a name taken ErrUserExists.
 func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error) {
-	if _, ok := s.plans[plan]; !ok {
-		return User{}, fmt.Errorf("create user %q: unknown plan %q", name, plan)
+	if !ValidUserName(name) {
+		return User{}, fmt.Errorf("create user %q: %w", name, ErrInvalidName)
 	}
-	if name == "" || len(name) > 128 {
-		return User{}, fmt.Errorf("create user: name must be 1-128 characters")
+	if _, ok := s.plans[plan]; !ok {
+		return User{}, fmt.Errorf("create user %q: %w %q", name, ErrUnknownPlan, plan)
 	}
 	res, err := s.db.ExecContext(ctx, "INSERT INTO users (name, plan) VALUES (?, ?)", name, plan)
 	if isDuplicate(err) {

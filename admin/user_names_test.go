@@ -1,0 +1,31 @@
+package admin_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestCreateUserNameRule: the name rule moved from this package into the store (so that the
+// gateway's `user create` keeps it too); the API's answers stay as they were: 400
+// invalid_name, before the plan is looked at, and a bad plan with a good name still 400
+// unknown_plan naming the configured plans.
+func TestCreateUserNameRule(t *testing.T) {
+	f := newFixture(t, adminToken)
+	for _, name := range []string{"", "a b", "a/b", "-lead", "caf\u00e9", strings.Repeat("x", 129)} {
+		for _, plan := range []string{"", "no-such-plan"} {
+			out := f.admin("POST", "/admin/users", map[string]any{"name": name, "plan": plan}, http.StatusBadRequest)
+			if errCode(out) != "invalid_name" {
+				t.Errorf("name %q plan %q: %v, want 400 invalid_name", name, plan, out)
+			}
+		}
+	}
+	out := f.admin("POST", "/admin/users", map[string]any{"name": "ok", "plan": "no-such-plan"}, http.StatusBadRequest)
+	if msg := out["error"].(map[string]any)["message"].(string); errCode(out) != "unknown_plan" || !strings.Contains(msg, "configured: guest, standard") {
+		t.Errorf("unknown plan: %v, want 400 unknown_plan naming the configured plans", out)
+	}
+	f.admin("POST", "/admin/users", map[string]any{"name": strings.Repeat("x", 128)}, http.StatusCreated)
+	if n := len(f.admin("GET", "/admin/users", nil, http.StatusOK)["data"].([]any)); n != 1 {
+		t.Fatalf("%d users, want the one valid name", n)
+	}
+}
