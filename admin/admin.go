@@ -75,26 +75,54 @@ func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) h
 	r := chi.NewRouter()
 	r.Use(h.auth)
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNoRoute) })
-	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errMethod) })
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Allow", strings.Join(allowedMethods(r, req), ", "))
+		writeError(w, errMethod)
+	})
 
+	// Every route is registered flat, with its whole pattern, never under r.Route: a sub-router
+	// is mounted on its own path for every method, so allowedMethods would find each method
+	// "allowed" on /users/{name} itself.
 	r.Get("/users", h.listUsers)
 	r.Post("/users", h.createUser)
-	r.Route("/users/{name}", func(r chi.Router) {
-		r.Get("/", h.getUser)
-		r.Patch("/", h.patchUser)
-		r.Post("/disable", h.disableUser)
-		r.Post("/enable", h.enableUser)
-		r.Get("/keys", h.listKeys)
-		r.Post("/keys", h.createKey)
-		r.Post("/keys/revoke", h.revokeUserKeys)
-		r.Get("/grants", h.listGrants)
-		r.Post("/grants", h.createGrant)
-		r.Get("/balance", h.balance)
-	})
+	r.Get("/users/{name}", h.getUser)
+	r.Patch("/users/{name}", h.patchUser)
+	r.Post("/users/{name}/disable", h.disableUser)
+	r.Post("/users/{name}/enable", h.enableUser)
+	r.Get("/users/{name}/keys", h.listKeys)
+	r.Post("/users/{name}/keys", h.createKey)
+	r.Post("/users/{name}/keys/revoke", h.revokeUserKeys)
+	r.Get("/users/{name}/grants", h.listGrants)
+	r.Post("/users/{name}/grants", h.createGrant)
+	r.Get("/users/{name}/balance", h.balance)
 	r.Post("/keys/revoke", h.revokeKey)
 	r.Get("/runs", h.listRuns)
 	r.Get("/reports/usage", h.usageReport)
 	return r
+}
+
+// allowedMethods lists the methods r serves on req's path, for the Allow header of a 405
+// (RFC 9110 requires it). chi hands a custom 405 handler no such list, so each method is tried
+// against the router again. The path is the one r routes on: what is left of it below the
+// mount point (/admin), escaped as chi saw it.
+func allowedMethods(r *chi.Mux, req *http.Request) []string {
+	path := ""
+	if rctx := chi.RouteContext(req.Context()); rctx != nil {
+		path = rctx.RoutePath
+	}
+	if path == "" {
+		path = req.URL.Path
+		if req.URL.RawPath != "" {
+			path = req.URL.RawPath
+		}
+	}
+	var out []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if r.Match(chi.NewRouteContext(), m, path) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // auth lets through only requests that carry the admin token. A user's API key is just a
