@@ -35,7 +35,8 @@ import (
 const (
 	maxBodyBytes     = 64 << 10
 	defaultListLimit = 100
-	maxListLimit     = 1000
+	// MaxListLimit bounds a listing's page, here and in the gateway's subcommands.
+	MaxListLimit = 1000
 )
 
 type handler struct {
@@ -167,16 +168,24 @@ func (h *handler) listUsers(w http.ResponseWriter, r *http.Request) {
 		writeError(w, bad)
 		return
 	}
-	users, err := h.store.ListUsers(r.Context(), r.URL.Query().Get("after"), limit)
+	after := r.URL.Query().Get("after")
+	if !ValidNameCursor(after) {
+		writeError(w, badRequest("invalid_after", "after must be the last_id of the previous page (a user's name)"))
+		return
+	}
+	users, err := h.store.ListUsers(r.Context(), after, limit+1)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	data := make([]map[string]any, len(users))
-	for i, u := range users {
-		data[i] = h.views.User(u)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	writeJSON(w, http.StatusOK, List(users, limit, h.views.User, func(u holds.UserDetail) any { return u.Name }))
+}
+
+// ValidNameCursor reports whether after may be the cursor of the users listing: any text the
+// names column could hold (a name refused as a new user's still has its place in the order),
+// but not bytes the database would refuse to compare, which would be a 500.
+func ValidNameCursor(after string) bool {
+	return utf8.ValidString(after) && utf8.RuneCountInString(after) <= 128
 }
 
 func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
@@ -363,16 +372,17 @@ func (h *handler) listKeys(w http.ResponseWriter, r *http.Request) {
 		writeError(w, bad)
 		return
 	}
-	keys, err := h.store.ListKeys(r.Context(), d.ID, limit)
+	after, bad := idParam(r, "a key id")
+	if bad != nil {
+		writeError(w, bad)
+		return
+	}
+	keys, err := h.store.ListKeys(r.Context(), d.ID, after, limit+1)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	data := make([]map[string]any, len(keys))
-	for i, k := range keys {
-		data[i] = h.views.Key(k)
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+	writeJSON(w, http.StatusOK, List(keys, limit, h.views.Key, func(k holds.KeyInfo) any { return k.ID }))
 }
 
 // createKey issues a key and shows it this once: only its hash is stored.
@@ -447,29 +457,18 @@ func (h *handler) listGrants(w http.ResponseWriter, r *http.Request) {
 		writeError(w, bad)
 		return
 	}
-	var after uint64
-	if s := r.URL.Query().Get("after"); s != "" {
-		var err error
-		if after, err = strconv.ParseUint(s, 10, 64); err != nil || after == 0 {
-			writeError(w, badRequest("invalid_after", "after must be the last_id of the previous page (a grant id)"))
-			return
-		}
+	after, bad := idParam(r, "a grant id")
+	if bad != nil {
+		writeError(w, bad)
+		return
 	}
-	grants, err := h.store.Grants(r.Context(), d.ID, after, limit)
+	grants, err := h.store.Grants(r.Context(), d.ID, after, limit+1)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	data := make([]map[string]any, len(grants))
-	for i, g := range grants {
-		data[i] = h.views.Grant(d.Name, g, false)
-	}
-	out := map[string]any{"object": "list", "data": data, "has_more": len(grants) == limit}
-	if len(grants) > 0 {
-		// The cursor of the next page: ?after=<last_id>.
-		out["last_id"] = grants[len(grants)-1].ID
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, List(grants, limit, func(g holds.Grant) map[string]any { return h.views.Grant(d.Name, g, false) },
+		func(g holds.Grant) any { return g.ID }))
 }
 
 // createGrant credits (or, with a negative amount, debits) prepaid credits once per
@@ -558,21 +557,15 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		}
 		f.UserID = d.ID
 	}
+	limit := f.Limit
+	f.Limit++ // one more: whether it comes is has_more
 	runs, err := h.store.ListRuns(r.Context(), f)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	data := make([]map[string]any, len(runs))
-	for i, run := range runs {
-		data[i] = h.views.Run(run)
-	}
-	out := map[string]any{"object": "list", "data": data, "has_more": len(runs) == f.Limit}
-	if len(runs) > 0 {
-		// The cursor of the next page: ?after=<last_id>, with the same filters.
-		out["last_id"] = runs[len(runs)-1].RunID
-	}
-	writeJSON(w, http.StatusOK, out)
+	// The cursor of the next page: ?after=<last_id>, with the same filters.
+	writeJSON(w, http.StatusOK, List(runs, limit, h.views.Run, func(run holds.UserRun) any { return run.RunID }))
 }
 
 // usageReport answers GET /reports/usage?from=YYYY-MM-DD&to=YYYY-MM-DD[&user=][&format=csv].
@@ -638,8 +631,22 @@ func limitParam(r *http.Request) (int, *apiError) {
 		return defaultListLimit, nil
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 || n > maxListLimit {
-		return 0, badRequest("invalid_limit", fmt.Sprintf("limit must be 1-%d", maxListLimit))
+	if err != nil || n < 1 || n > MaxListLimit {
+		return 0, badRequest("invalid_limit", fmt.Sprintf("limit must be 1-%d", MaxListLimit))
+	}
+	return n, nil
+}
+
+// idParam reads the after parameter of a listing paged by a numeric id (0: from the start).
+// what names the id in the answer that refuses it.
+func idParam(r *http.Request, what string) (uint64, *apiError) {
+	s := r.URL.Query().Get("after")
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n == 0 {
+		return 0, badRequest("invalid_after", "after must be the last_id of the previous page ("+what+")")
 	}
 	return n, nil
 }
@@ -716,6 +723,8 @@ func classify(err error) *apiError {
 		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "user_exists", Message: "A user of that name exists."}
 	case errors.Is(err, holds.ErrUnknownPlan):
 		return badRequest("unknown_plan", err.Error())
+	case errors.Is(err, holds.ErrBadAfter):
+		return badRequest("invalid_after", "after must be the last_id of a previous page of this listing: "+err.Error())
 	case errors.Is(err, holds.ErrGrantInvalid), errors.Is(err, holds.ErrBadFilter):
 		return badRequest("invalid_request", err.Error())
 	case errors.Is(err, holds.ErrGrantBelowZero):

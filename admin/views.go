@@ -24,6 +24,27 @@ func (v Views) Credits(micro int64) json.Number {
 	return json.Number(pricing.FormatCredits(micro, v.CreditMicro))
 }
 
+// List is one page of a listing as the API answers it and the subcommands print it. rows were
+// read with one row more than limit asked for: that row, when it came, is left out and says
+// has_more, so the last page says has_more false even when it is full. last_id, the cursor
+// of the next page (?after=, -after), is cursor of the page's last row; a page with no rows
+// has none.
+func List[T any](rows []T, limit int, view func(T) map[string]any, cursor func(T) any) map[string]any {
+	more := len(rows) > limit
+	if more {
+		rows = rows[:limit]
+	}
+	data := make([]map[string]any, len(rows))
+	for i, r := range rows {
+		data[i] = view(r)
+	}
+	out := map[string]any{"object": "list", "data": data, "has_more": more}
+	if len(rows) > 0 {
+		out["last_id"] = cursor(rows[len(rows)-1])
+	}
+	return out
+}
+
 // User is a user with their overrides (null when the plan decides) and effective terms.
 func (v Views) User(d holds.UserDetail) map[string]any {
 	c := v.Credits
@@ -50,9 +71,9 @@ func optCredits(v Views, micro *int64) any {
 	return v.Credits(*micro)
 }
 
-// Key is a key as lists show it: its prefix, never the key.
+// Key is a key as lists show it: its id and prefix, never the key.
 func (v Views) Key(k holds.KeyInfo) map[string]any {
-	out := map[string]any{"object": "api_key", "prefix": k.Prefix, "created_at": k.CreatedAt, "revoked": k.RevokedAt.Valid}
+	out := map[string]any{"object": "api_key", "id": k.ID, "prefix": k.Prefix, "created_at": k.CreatedAt, "revoked": k.RevokedAt.Valid}
 	if k.RevokedAt.Valid {
 		out["revoked_at"] = k.RevokedAt.Time
 	}

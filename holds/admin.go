@@ -24,6 +24,9 @@ var (
 	ErrUnknownPlan = errors.New("unknown plan")
 	ErrKeyNotFound = errors.New("no live key with that value")
 	ErrBadFilter   = errors.New("bad filter")
+	// ErrBadAfter is a listing's cursor (after) that names no row of that listing: a run or
+	// key that does not exist, or another user's key. It is an ErrBadFilter too.
+	ErrBadAfter = fmt.Errorf("%w: after names no row of this listing", ErrBadFilter)
 )
 
 // HasPlan reports whether plan is configured.
@@ -100,7 +103,9 @@ func (s *Store) UserDetail(ctx context.Context, name string) (UserDetail, error)
 }
 
 // ListUsers lists users by name, at most limit of them, starting after the name after
-// (empty: from the start) so a long list can be paged.
+// (empty: from the start) so a long list can be paged. The order is total: names are unique
+// under the column's collation (uq_users_name), the one ORDER BY and > compare by, so no user
+// is skipped or listed twice across pages; after need not be a user's name.
 func (s *Store) ListUsers(ctx context.Context, after string, limit int) ([]UserDetail, error) {
 	if limit <= 0 || limit > 10_000 {
 		return nil, fmt.Errorf("list users: %w: limit %d out of range 1-10000", ErrBadFilter, limit)
@@ -173,19 +178,44 @@ func (s *Store) userExists(ctx context.Context, userID uint64) error {
 	return nil
 }
 
-// KeyInfo is an API key as lists show it: never the key, only its first characters.
+// KeyInfo is an API key as lists show it: never the key, only its first characters, and its
+// id, the cursor of a listing's next page.
 type KeyInfo struct {
+	ID        uint64       `db:"id"`
 	Prefix    string       `db:"prefix"`
 	CreatedAt time.Time    `db:"created_at"`
 	RevokedAt sql.NullTime `db:"revoked_at"`
 }
 
-// ListKeys lists up to limit of a user's keys, newest first.
-func (s *Store) ListKeys(ctx context.Context, userID uint64, limit int) ([]KeyInfo, error) {
+// ListKeys lists up to limit of a user's keys, newest first: by created_at, then id, so the
+// order is total and a page that starts after the key afterID (0: from the start) skips and
+// repeats none. afterID must be one of the user's keys (ErrBadAfter otherwise).
+func (s *Store) ListKeys(ctx context.Context, userID, afterID uint64, limit int) ([]KeyInfo, error) {
+	if limit <= 0 || limit > 10_000 {
+		return nil, fmt.Errorf("keys of user %d: %w: limit %d out of range 1-10000", userID, ErrBadFilter, limit)
+	}
+	q := "SELECT id, prefix, created_at, revoked_at FROM api_keys WHERE user_id = ?"
+	args := []any{userID}
+	if afterID != 0 {
+		var at time.Time
+		err := s.withRetry(ctx, "list keys", func() error {
+			return s.db.GetContext(ctx, &at, "SELECT created_at FROM api_keys WHERE id = ? AND user_id = ?", afterID, userID)
+		})
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("keys of user %d: %w: after %d is no key of this user", userID, ErrBadAfter, afterID)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("keys of user %d: %w", userID, err)
+		}
+		q += " AND (created_at < ? OR (created_at = ? AND id < ?))"
+		args = append(args, at, at, afterID)
+	}
+	q += " ORDER BY created_at DESC, id DESC LIMIT ?"
+	args = append(args, limit)
 	out := []KeyInfo{}
 	err := s.withRetry(ctx, "list keys", func() error {
 		out = out[:0]
-		return s.db.SelectContext(ctx, &out, "SELECT prefix, created_at, revoked_at FROM api_keys WHERE user_id = ? ORDER BY created_at DESC, prefix LIMIT ?", userID, limit)
+		return s.db.SelectContext(ctx, &out, q, args...)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("keys of user %d: %w", userID, err)
@@ -319,7 +349,7 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
 			return s.db.GetContext(ctx, &at, "SELECT created_at FROM run_holds WHERE run_id = ?", f.After)
 		})
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil, fmt.Errorf("list runs: %w: after %q is no run", ErrBadFilter, f.After)
+			return nil, fmt.Errorf("list runs: %w: %q is no run", ErrBadAfter, f.After)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("list runs: %w", err)

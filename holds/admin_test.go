@@ -72,7 +72,7 @@ func TestRevokeKeys(t *testing.T) {
 	if _, err := f.store.UserByKey(f.ctx(), k1); !errors.Is(err, holds.ErrBadKey) {
 		t.Fatalf("revoked key: %v", err)
 	}
-	keys, err := f.store.ListKeys(f.ctx(), u.ID, 100)
+	keys, err := f.store.ListKeys(f.ctx(), u.ID, 0, 100)
 	if err != nil || len(keys) != 2 {
 		t.Fatalf("keys %+v, %v", keys, err)
 	}
