@@ -27,12 +27,15 @@ const adminUsage = `  user list      [-after NAME] [-limit 100]
   user set       -name NAME [-plan P] [-allowance CREDITS|none] [-max-in-flight N|none] [-discount-bp BP|none]
   user disable   -name NAME   (refused from the next admission; calls in flight finish)
   user enable    -name NAME
+  key list       -user NAME [-after KEY_ID] [-limit 100]   (newest first; prefixes, never keys)
   key revoke     -key KEY | -user NAME -prefix PREFIX
   grant          -user NAME -amount CREDITS -key IDEMPOTENCY_KEY [-reason TEXT]
                  (negative amount = refund; the same -key again prints the original grant)
   balance        -user NAME
   runs           [-user NAME] [-state queued|running|settled] [-since T] [-until T] [-after RUN_ID] [-limit 100]
   report         [-from YYYY-MM-DD] [-to YYYY-MM-DD] [-user NAME] [-format csv|json]
+                 (user list, key list and runs print a page as the API answers it: has_more,
+                 and last_id, to pass as -after for the next page; -limit at most 1000)
 `
 
 // adminEnv is setup plus the store and the views every admin subcommand uses.
@@ -61,26 +64,68 @@ func need(flagName, value string) error {
 	return nil
 }
 
+// limitFlag checks a listing's -limit against the API's bound.
+func limitFlag(limit int) error {
+	if limit < 1 || limit > admin.MaxListLimit {
+		return fmt.Errorf("-limit %d: want 1-%d", limit, admin.MaxListLimit)
+	}
+	return nil
+}
+
 func userList(ctx context.Context, args []string) error {
 	var after string
 	var limit int
 	e, st, v, err := adminEnv(ctx, "user list", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&after, "after", "", "list users whose name sorts after this (paging)")
-		fs.IntVar(&limit, "limit", 100, "at most this many users")
+		fs.StringVar(&after, "after", "", "list users whose name sorts after this (the last_id of the previous page)")
+		fs.IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many users (1-%d)", admin.MaxListLimit))
 	})
 	if err != nil {
 		return err
 	}
 	defer e.Close()
-	users, err := st.ListUsers(ctx, after, limit)
+	if err := limitFlag(limit); err != nil {
+		return err
+	}
+	if !admin.ValidNameCursor(after) {
+		return fmt.Errorf("-after %q: want a user's name (the last_id of the previous page)", after)
+	}
+	users, err := st.ListUsers(ctx, after, limit+1)
 	if err != nil {
 		return err
 	}
-	out := make([]map[string]any, len(users))
-	for i, u := range users {
-		out[i] = v.User(u)
+	return printJSON(admin.List(users, limit, v.User, func(u holds.UserDetail) any { return u.Name }))
+}
+
+// keyList lists a user's keys, newest first, a page at a time: the prefixes `key revoke
+// -prefix` takes, never the keys.
+func keyList(ctx context.Context, args []string) error {
+	var user string
+	var after uint64
+	var limit int
+	e, st, v, err := adminEnv(ctx, "key list", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&user, "user", "", "user name")
+		fs.Uint64Var(&after, "after", 0, "list the keys after this key id (the last_id of the previous page)")
+		fs.IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many keys (1-%d)", admin.MaxListLimit))
+	})
+	if err != nil {
+		return err
 	}
-	return printJSON(out)
+	defer e.Close()
+	if err := need("user", user); err != nil {
+		return err
+	}
+	if err := limitFlag(limit); err != nil {
+		return err
+	}
+	d, err := st.UserDetail(ctx, user)
+	if err != nil {
+		return err
+	}
+	keys, err := st.ListKeys(ctx, d.ID, after, limit+1)
+	if err != nil {
+		return err
+	}
+	return printJSON(admin.List(keys, limit, v.Key, func(k holds.KeyInfo) any { return k.ID }))
 }
 
 func userShow(ctx context.Context, args []string) error {
@@ -219,7 +264,7 @@ func keyRevoke(ctx context.Context, args []string) error {
 	e, st, _, err := adminEnv(ctx, "key revoke", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&key, "key", "", "the key to revoke, in full")
 		fs.StringVar(&user, "user", "", "with -prefix: the user whose keys to revoke")
-		fs.StringVar(&prefix, "prefix", "", "with -user: revoke the user's live keys with this prefix (as `user show` lists them)")
+		fs.StringVar(&prefix, "prefix", "", "with -user: revoke the user's live keys with this prefix (as `key list` lists them)")
 	})
 	if err != nil {
 		return err
@@ -316,13 +361,17 @@ func runsCmd(ctx context.Context, args []string) error {
 		fs.StringVar(&state, "state", "", "queued, running or settled")
 		fs.StringVar(&since, "since", "", "created at or after (RFC 3339 or YYYY-MM-DD, UTC)")
 		fs.StringVar(&until, "until", "", "created before (RFC 3339 or YYYY-MM-DD, UTC)")
-		fs.IntVar(&limit, "limit", 100, "at most this many runs, newest first")
+		fs.IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many runs, newest first (1-%d)", admin.MaxListLimit))
 	})
 	if err != nil {
 		return err
 	}
 	defer e.Close()
-	f := holds.RunFilter{State: holds.State(state), Limit: limit, After: after}
+	if err := limitFlag(limit); err != nil {
+		return err
+	}
+	// One more than asked for: whether it comes is has_more.
+	f := holds.RunFilter{State: holds.State(state), Limit: limit + 1, After: after}
 	if f.Since, err = parseWhen("since", since); err != nil {
 		return err
 	}
@@ -340,11 +389,7 @@ func runsCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	out := make([]map[string]any, len(runs))
-	for i, r := range runs {
-		out[i] = v.Run(r)
-	}
-	return printJSON(out)
+	return printJSON(admin.List(runs, limit, v.Run, func(r holds.UserRun) any { return r.RunID }))
 }
 
 func parseWhen(name, s string) (time.Time, error) {

@@ -1,8 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -61,5 +68,100 @@ func TestUserCreateRefusesNamesTheAPIRefuses(t *testing.T) {
 	}
 	if n := count("SELECT COUNT(*) FROM users"); n != 3 {
 		t.Fatalf("%d users, want the 3 with valid names", n)
+	}
+}
+
+// stdout runs fn with os.Stdout captured and returns what it printed.
+func stdout(t *testing.T, fn func() error) ([]byte, error) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := os.Stdout
+	os.Stdout = w
+	done := make(chan []byte)
+	go func() {
+		b, _ := io.ReadAll(r)
+		done <- b
+	}()
+	err = fn()
+	os.Stdout = saved
+	w.Close()
+	return <-done, err
+}
+
+// listPages runs a listing subcommand page by page, -limit at a time, following has_more and
+// last_id, and returns the rows' field idField in the order printed. Only the last page may
+// say has_more false.
+func listPages(t *testing.T, cmd func(context.Context, []string) error, args []string, limit int, idField string) []string {
+	t.Helper()
+	var ids []string
+	after := []string{}
+	for page := 0; page < 50; page++ {
+		raw, err := stdout(t, func() error {
+			return cmd(testCtx(t), append(append(slices.Clone(args), "-limit", strconv.Itoa(limit)), after...))
+		})
+		if err != nil {
+			t.Fatalf("%v -limit %d %v: %v", args, limit, after, err)
+		}
+		var out struct {
+			Data    []map[string]any `json:"data"`
+			HasMore *bool            `json:"has_more"`
+			LastID  any              `json:"last_id"`
+		}
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber()
+		if err := dec.Decode(&out); err != nil || out.HasMore == nil {
+			t.Fatalf("%v: printed %s, want the API's list object (%v)", args, raw, err)
+		}
+		for _, row := range out.Data {
+			ids = append(ids, fmt.Sprint(row[idField]))
+		}
+		if !*out.HasMore {
+			return ids
+		}
+		if len(out.Data) != limit {
+			t.Fatalf("%v: has_more on a page of %d rows, short of %d", args, len(out.Data), limit)
+		}
+		after = []string{"-after", fmt.Sprint(out.LastID)}
+	}
+	t.Fatalf("%v: the listing never ends", args)
+	return nil
+}
+
+// TestListingSubcommandsPage: `gateway user list` and `runs` printed a bare array (no way to
+// tell the last page), and no subcommand listed a user's keys at all, though `key revoke
+// -prefix` needs their prefixes. user list and the new key list print the API's page
+// (has_more, last_id) and walk every row once by -after; a -limit past the API's 1000 is
+// refused.
+func TestListingSubcommandsPage(t *testing.T) {
+	useTestDatabase(t)
+	ctx := testCtx(t)
+	for _, name := range []string{"bob", "Alice", "carol", "dave", "Eve"} {
+		if err := userCreate(ctx, []string{"-name", name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var prefixes []string
+	for range 5 {
+		raw, err := stdout(t, func() error { return keyCreate(ctx, []string{"-user", "carol"}) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		prefixes = append([]string{string(raw[:10])}, prefixes...) // newest first
+	}
+	for limit := 1; limit <= 6; limit++ {
+		if got, want := listPages(t, userList, nil, limit, "name"), []string{"Alice", "bob", "carol", "dave", "Eve"}; !slices.Equal(got, want) {
+			t.Errorf("user list by %d: %v, want %v", limit, got, want)
+		}
+		if got := listPages(t, keyList, []string{"-user", "carol"}, limit, "prefix"); !slices.Equal(got, prefixes) {
+			t.Errorf("key list by %d: %v, want %v", limit, got, prefixes)
+		}
+	}
+	for _, cmd := range []func(context.Context, []string) error{userList, runsCmd} {
+		if err := cmd(ctx, []string{"-limit", "1001"}); err == nil || !strings.Contains(err.Error(), "-limit 1001") {
+			t.Errorf("-limit 1001: %v, want it refused", err)
+		}
 	}
 }

@@ -92,6 +92,8 @@ func run(args []string) error {
 		return userDisable(ctx, rest)
 	case "user enable":
 		return userEnable(ctx, rest)
+	case "key list":
+		return keyList(ctx, rest)
 	case "key revoke":
 		return keyRevoke(ctx, rest)
 	case "grant":
