@@ -75,8 +75,9 @@ func (f *fixture) checkWalks(t *testing.T, base, idField string, want []string) 
 
 // TestUsersListingPages: GET /admin/users took ?after=<name> but answered no has_more and no
 // last_id, so a client could not tell the last page from a full one. It pages as the grants
-// and runs listings do, by name (unique under the column's collation, so the order is total),
-// and a cursor the database could not compare is 400 invalid_after, not a 500.
+// and runs listings do, by name (unique under the column's collation, so the order is total).
+// A cursor that is not UTF-8, which MariaDB compares without an error and lists nothing
+// after, is 400 invalid_after, not an empty last page.
 func TestUsersListingPages(t *testing.T) {
 	f := newFixture(t, adminToken)
 	names := []string{"Bob", "alice", "carol.x", "Dave", "eve@x", "0zero", "b-2", "Z"}
@@ -88,7 +89,7 @@ func TestUsersListingPages(t *testing.T) {
 		t.Fatalf("whole listing %v, want the %d users", whole, len(names))
 	}
 	f.checkWalks(t, "/admin/users", "name", whole)
-	for _, bad := range []string{"%FF", "a%C3", url.QueryEscape(string(make([]byte, 129)))} {
+	for _, bad := range []string{"%FF", "a%C3"} {
 		if out := f.admin("GET", "/admin/users?after="+bad, nil, http.StatusBadRequest); errCode(out) != "invalid_after" {
 			t.Errorf("after=%s: %v, want 400 invalid_after", bad, out)
 		}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
@@ -24,9 +25,9 @@ var (
 	ErrUnknownPlan = errors.New("unknown plan")
 	ErrKeyNotFound = errors.New("no live key with that value")
 	ErrBadFilter   = errors.New("bad filter")
-	// ErrBadAfter is a listing's cursor (after) that names no row of that listing: a run or
-	// key that does not exist, or another user's key. It is an ErrBadFilter too.
-	ErrBadAfter = fmt.Errorf("%w: after names no row of this listing", ErrBadFilter)
+	// ErrBadAfter is a listing's cursor (after) that cannot be one: a run or key that does not
+	// exist, another user's key, a user name that is not UTF-8. It is an ErrBadFilter too.
+	ErrBadAfter = fmt.Errorf("%w: bad after", ErrBadFilter)
 )
 
 // HasPlan reports whether plan is configured.
@@ -105,10 +106,15 @@ func (s *Store) UserDetail(ctx context.Context, name string) (UserDetail, error)
 // ListUsers lists users by name, at most limit of them, starting after the name after
 // (empty: from the start) so a long list can be paged. The order is total: names are unique
 // under the column's collation (uq_users_name), the one ORDER BY and > compare by, so no user
-// is skipped or listed twice across pages; after need not be a user's name.
+// is skipped or listed twice across pages; after need not be a user's name. It must be UTF-8
+// text (ErrBadAfter): MariaDB compares other bytes without an error and lists nothing, a last
+// page that hid every user after it.
 func (s *Store) ListUsers(ctx context.Context, after string, limit int) ([]UserDetail, error) {
 	if limit <= 0 || limit > 10_000 {
 		return nil, fmt.Errorf("list users: %w: limit %d out of range 1-10000", ErrBadFilter, limit)
+	}
+	if !utf8.ValidString(after) {
+		return nil, fmt.Errorf("list users: %w: %q is not UTF-8 text", ErrBadAfter, after)
 	}
 	var rows []userDetailRow
 	err := s.withRetry(ctx, "list users", func() error {
@@ -202,7 +208,7 @@ func (s *Store) ListKeys(ctx context.Context, userID, afterID uint64, limit int)
 			return s.db.GetContext(ctx, &at, "SELECT created_at FROM api_keys WHERE id = ? AND user_id = ?", afterID, userID)
 		})
 		if errors.Is(err, sql.ErrNoRows) {
-			return nil, fmt.Errorf("keys of user %d: %w: after %d is no key of this user", userID, ErrBadAfter, afterID)
+			return nil, fmt.Errorf("keys of user %d: %w: %d is no key of this user", userID, ErrBadAfter, afterID)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("keys of user %d: %w", userID, err)

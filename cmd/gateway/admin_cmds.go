@@ -86,9 +86,6 @@ func userList(ctx context.Context, args []string) error {
 	if err := limitFlag(limit); err != nil {
 		return err
 	}
-	if !admin.ValidNameCursor(after) {
-		return fmt.Errorf("-after %q: want a user's name (the last_id of the previous page)", after)
-	}
 	users, err := st.ListUsers(ctx, after, limit+1)
 	if err != nil {
 		return err
