@@ -205,9 +205,12 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		if !v.Exists() || v.Type == gjson.Null {
 			continue
 		}
+		// A bound of 0 is refused too: OpenAI, Anthropic and vLLM refuse it themselves, and
+		// some upstreams read it as no bound at all (Ollama's num_predict), which the worst
+		// case, at no output, would never have paid for.
 		n, err := strconv.ParseInt(v.Raw, 10, 64)
-		if v.Type != gjson.Number || err != nil || n < 0 {
-			return nil, errBadRequest("invalid_"+f, fmt.Sprintf("'%s' must be a non-negative integer.", f))
+		if v.Type != gjson.Number || err != nil || n < 1 {
+			return nil, errBadRequest("invalid_"+f, fmt.Sprintf("'%s' must be a positive integer.", f))
 		}
 		c.bounds[i] = n
 		if c.maxOutput < 0 || n < c.maxOutput {
