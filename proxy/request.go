@@ -523,7 +523,9 @@ func (c *callRequest) rewrite(capMicro int64, model config.ModelCfg) (bool, erro
 		}
 	}
 	if len(c.route.maxFields) == 0 {
-		return true, nil
+		// No output to bound (embeddings): the prompt alone must fit, as a chat call's must,
+		// or the provider bills all of it and the charge is clamped to the cap.
+		return c.price.Cost(c.promptEstimate()) <= capMicro, nil
 	}
 	limit := c.boundPrice().MaxOutputWithin(c.promptEstimate(), capMicro)
 	if limit < 0 {

@@ -1,0 +1,50 @@
+package proxy_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestPromptOverTheCapIsRefusedOnEveryRoute: a call whose prompt alone costs more than its cap
+// is refused (402) before it is forwarded: no output bound can bring it within the cap, and
+// forwarded, the provider bills the whole prompt while the charge is clamped to the cap, the
+// rest the operator's loss. The chat routes were refused so; embeddings, which have no output
+// bound to lower, skipped the check and were forwarded whatever their prompt cost.
+func TestPromptOverTheCapIsRefusedOnEveryRoute(t *testing.T) {
+	h, up := jsonHarness(t, func(c *configT) {
+		dear := c.Models["fake-gpt"]
+		dear.Input.Micro = 1_000_000_000 // 1000 USD per million: 1000 µUSD a token
+		c.Models["dear"] = dear
+	})
+	u, key := h.user("standard")
+	// The default cap is 500 credits = 500 000 µUSD: 500 tokens of this prompt. About 2 500
+	// tokens' worth of text (4 bytes a token) costs five times that.
+	text := strings.Repeat("abcd ", 2000)
+	cases := []struct{ name, path, body string }{
+		{"chat", "/v1/chat/completions", `{"model":"dear","max_tokens":10,"messages":[{"role":"user","content":"` + text + `"}]}`},
+		{"embeddings", "/v1/embeddings", `{"model":"dear","input":"` + text + `"}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			up.mu.Lock()
+			before := len(up.seen)
+			up.mu.Unlock()
+			resp := h.post(key, tc.path, tc.body, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			h.settled()
+			up.mu.Lock()
+			sent := len(up.seen) - before
+			up.mu.Unlock()
+			if resp.StatusCode != http.StatusPaymentRequired || sent != 0 {
+				run := h.run(u.ID, resp.Header.Get("X-Tollgate-Run-Id"))
+				t.Fatalf("%d %s, forwarded %d times (cost %d µUSD, charged %d, cap %d); want 402 and nothing forwarded",
+					resp.StatusCode, body, sent, run.CostMicro, run.ChargedMicro, run.CapMicro)
+			}
+			if code := errorCode(t, body); code != "insufficient_credits" {
+				t.Errorf("refused with %q, want insufficient_credits", code)
+			}
+		})
+	}
+}
