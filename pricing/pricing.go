@@ -218,12 +218,19 @@ func MaxCostWithin(charge int64, bp int) int64 {
 		return -1
 	case bp <= 0:
 		return charge
-	case bp >= 10_000 || charge > MaxCost/10_000:
+	case bp >= 10_000:
 		return MaxCost
 	}
 	// ApplyDiscount(c) = ceil(c·keep/10 000) ≤ charge  ⟺  c·keep/10 000 ≤ charge (charge is an
-	// integer)  ⟺  c ≤ charge·10 000/keep.
-	return charge * 10_000 / int64(10_000-bp)
+	// integer)  ⟺  c ≤ charge·10 000/keep. With charge = q·keep + r that is
+	// q·10 000 + r·10 000/keep, no product of which overflows (r < keep ≤ 10 000); only a
+	// quotient past MaxCost is MaxCost.
+	keep := int64(10_000 - bp)
+	q, r := charge/keep, charge%keep
+	if q > MaxCost/10_000 {
+		return MaxCost
+	}
+	return min(MaxCost, q*10_000+r*10_000/keep)
 }
 
 // MaxCost bounds every cost and budget: Cost panics past it, so nothing that fits in a cap can

@@ -213,6 +213,24 @@ func TestMaxCostWithin(t *testing.T) {
 	}
 }
 
+// TestMaxCostWithinLargeCharges: the defining property holds for charges past MaxCost/10 000
+// (4.6·10^14 micro-USD) too, which config allows a cap to be (up to 10^15): those were
+// answered MaxCost, whose discounted charge is thousands of times the cap, so a call at such a
+// cap was bounded by nothing.
+func TestMaxCostWithinLargeCharges(t *testing.T) {
+	for _, charge := range []int64{MaxCost/10_000 + 1, 596_564_340_377_077, 1_000_000_000_000_000, MaxCost / 3, MaxCost - 1} {
+		for _, bp := range []int{1, 1374, 2500, 5000, 9999} {
+			c := MaxCostWithin(charge, bp)
+			if ApplyDiscount(c, bp) > charge {
+				t.Errorf("MaxCostWithin(%d, %d) = %d, which charges %d", charge, bp, c, ApplyDiscount(c, bp))
+			}
+			if c < MaxCost && ApplyDiscount(c+1, bp) <= charge {
+				t.Errorf("MaxCostWithin(%d, %d) = %d, but one more charges %d, still within", charge, bp, c, ApplyDiscount(c+1, bp))
+			}
+		}
+	}
+}
+
 func TestLookupExactThenLongestPrefix(t *testing.T) {
 	tbl, err := NewTable(map[string]Price{"gpt-4o": {Input: 1}, "gpt-4o-mini": {Input: 2}, "gpt": {Input: 3}})
 	if err != nil {
