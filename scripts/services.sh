@@ -6,9 +6,11 @@
 #   scripts/services.sh status DIR          exit 0 when both answer
 #
 # Everything lives under DIR: data dir, sockets, pid files, logs. The servers
-# listen on 127.0.0.1 only, on MYSQL_PORT (default 33306) and REDIS_PORT
-# (default 36379). The distro's own mariadb/redis services are never used;
-# if the package install auto-started them they keep their default ports.
+# listen on 127.0.0.1 only, on MYSQL_PORT (default 13306) and REDIS_PORT
+# (default 16379): below Linux's ephemeral range (32768-60999), where a client
+# connection's own port can hold a port for a moment and make the bind fail.
+# The distro's own mariadb/redis services are never used; if the package
+# install auto-started them they keep their default ports.
 #
 # DIR/env holds shell-sourceable KEY='value' lines (the DSN has parentheses,
 # so the values are single-quoted; compose/dotenv parsers accept that too).
@@ -412,8 +414,8 @@ main() {
 		shift
 	done
 	[[ -n $dir && $dir != / ]] || die "refusing DIR '$dir'"
-	MYSQL_PORT="${MYSQL_PORT:-33306}"
-	REDIS_PORT="${REDIS_PORT:-36379}"
+	MYSQL_PORT="${MYSQL_PORT:-13306}"
+	REDIS_PORT="${REDIS_PORT:-16379}"
 	[[ $MYSQL_PORT =~ ^[0-9]+$ && $REDIS_PORT =~ ^[0-9]+$ ]] || die "ports must be numeric"
 
 	case $action in

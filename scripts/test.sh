@@ -122,8 +122,8 @@ if [[ ${RACE:-1} != 0 ]]; then
 	race_args=(-race)
 fi
 
-pick_port MYSQL_PORT 33306
-pick_port REDIS_PORT 36379
+pick_port MYSQL_PORT 13306
+pick_port REDIS_PORT 16379
 
 SVC_DIR=$(mktemp -d "${TMPDIR:-/tmp}/tollgate-test.XXXXXX")
 bash "$ROOT/scripts/services.sh" up "$SVC_DIR"
