@@ -37,6 +37,11 @@ type Run struct {
 	ExpiresAt    time.Time      `db:"expires_at" json:"-"`
 	CreatedAt    time.Time      `db:"created_at" json:"-"`
 	SettledAt    sql.NullTime   `db:"settled_at" json:"-"`
+	// ReadAt is the database clock when Store.Run read the row (zero from other reads): the
+	// clock its created_at and settled_at are on. A decision on how long ago one of them was
+	// measures from it (Age, SettledFor), never from the gateway's clock, which may be
+	// minutes off the database's.
+	ReadAt time.Time `db:"read_at" json:"-"`
 }
 
 const runColumns = `run_id, user_id, client_run_id, state, held_micro, cap_micro, cost_micro, charged_micro,
@@ -47,7 +52,7 @@ const runColumns = `run_id, user_id, client_run_id, state, held_micro, cap_micro
 // does not exist, so run ids cannot be probed.
 func (s *Store) Run(ctx context.Context, userID uint64, runID string) (Run, error) {
 	var r Run
-	err := s.db.GetContext(ctx, &r, "SELECT "+runColumns+" FROM run_holds WHERE run_id = ? AND user_id = ?", runID, userID)
+	err := s.db.GetContext(ctx, &r, "SELECT "+runColumns+", NOW(6) AS read_at FROM run_holds WHERE run_id = ? AND user_id = ?", runID, userID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Run{}, ErrRunNotFound
 	}
@@ -55,6 +60,26 @@ func (s *Store) Run(ctx context.Context, userID uint64, runID string) (Run, erro
 		return Run{}, fmt.Errorf("run %s: %w", runID, err)
 	}
 	return r, nil
+}
+
+// Age is how old the run was when Store.Run read it, by the database clock.
+func (r Run) Age() time.Duration {
+	if r.ReadAt.IsZero() {
+		panic("holds: Run.Age of a run not read by Store.Run")
+	}
+	return r.ReadAt.Sub(r.CreatedAt)
+}
+
+// SettledFor is how long the run had been settled when Store.Run read it, by the database
+// clock; ok is false for a run not settled.
+func (r Run) SettledFor() (d time.Duration, ok bool) {
+	if r.ReadAt.IsZero() {
+		panic("holds: Run.SettledFor of a run not read by Store.Run")
+	}
+	if !r.SettledAt.Valid {
+		return 0, false
+	}
+	return r.ReadAt.Sub(r.SettledAt.Time), true
 }
 
 // Extend pushes a live run's expiry to now + ttl (database time), never earlier than it is:

@@ -221,7 +221,9 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 					// key is then free, as it was before (README: replayed for replay_ttl).
 					src := run.SettleSource.String
 					pinned := src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0)
-					expired := run.SettledAt.Valid && time.Since(run.SettledAt.Time) >= s.cfg.Dedup.ReplayTTL
+					// Measured by the database clock, which settled_at is on, not the gateway's.
+					settledFor, settled := run.SettledFor()
+					expired := settled && settledFor >= s.cfg.Dedup.ReplayTTL
 					if pinned && !expired {
 						return holds.Hold{}, answer(errReplayLost(ar.RunID), false)
 					}

@@ -180,7 +180,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	}
 	if t, found, err := s.tally.Get(ctx, run.RunID); err != nil {
 		return unavailable("run tally unreadable", err)
-	} else if !found && time.Since(run.CreatedAt) < s.maxCall() {
+	} else if !found && run.Age() < s.maxCall() {
 		return holds.Settlement{}, "", errRunBusy
 	} else if runRecordLost(run, t, found) {
 		// Redis lost calls of the run (a restart without persistence): the reservation of a
