@@ -121,3 +121,60 @@ func TestChargeAcrossMidnightLandsOnTheSettlementDay(t *testing.T) {
 		}
 	}
 }
+
+// TestDayIsUTCWhateverTheDSNSays: an operator's DSN may carry a session time zone and a
+// driver location of its own (time_zone='-05:00', loc=Asia/Tokyo); Open overrides both, so
+// that NOW(6), DATE(NOW(6)) and the times the driver reads and writes are UTC. Here the
+// database stands at 02:00 UTC on 8 March, still 7 March at -05:00 and already 11:00 in
+// Tokyo: a charge lands on the UTC day, and the times read back are the instants written.
+func TestDayIsUTCWhateverTheDSNSays(t *testing.T) {
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["time_zone"] = "'-05:00'"
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		t.Skipf("no time zone database: %v", err)
+	}
+	cfg.Loc = tokyo
+	at := time.Date(2026, 3, 8, 2, 0, 0, 0, time.UTC)
+	db := openAt(t, cfg.FormatDSN(), at)
+	var tz string
+	if err := db.Get(&tz, "SELECT @@session.time_zone"); err != nil || tz != "+00:00" {
+		t.Errorf("session time zone %q, %v: want +00:00", tz, err)
+	}
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u, err := st.CreateUser(ctx, "tz-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Admit(ctx, holds.AdmitRequest{RunID: "r_tz", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Settle(ctx, holds.Settlement{RunID: "r_tz", CostMicro: 7_000, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := st.Run(ctx, u.ID, "r_tz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.CreatedAt.Equal(at) || !r.SettledAt.Time.Equal(at) || !r.ExpiresAt.Equal(at.Add(time.Minute)) || !r.ReadAt.Equal(at) {
+		t.Errorf("run times created %v settled %v expires %v read %v; want %v, and expiry a minute later",
+			r.CreatedAt, r.SettledAt.Time, r.ExpiresAt, r.ReadAt, at)
+	}
+	var day string
+	if err := db.GetContext(ctx, &day, "SELECT DATE_FORMAT(day, '%Y-%m-%d') FROM usage_days WHERE user_id = ?", u.ID); err != nil || day != "2026-03-08" {
+		t.Errorf("ledger day %q, %v: want the UTC day 2026-03-08", day, err)
+	}
+	b, err := st.Balance(ctx, u.ID)
+	if err != nil || b.Day.Format(time.DateOnly) != "2026-03-08" || b.UsedTodayMicro != 7_000 {
+		t.Errorf("balance %+v, %v: want 7000 used on 2026-03-08", b, err)
+	}
+}
