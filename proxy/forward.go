@@ -59,6 +59,17 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 			}
 			return answerClientClosed(w, r)
 		}
+		if headersTooLarge(err) && sent.Load() {
+			// The provider had the prompt and answered, with headers past the bound: as an
+			// answer in an encoding not asked for, it cannot be relayed and is charged its
+			// estimate, and a retry would be answered the same way.
+			c.outcome = outcomeStreamError
+			c.log.Warn("upstream answered with headers over the bound", zap.String("upstream", c.req.upstream.Name),
+				zap.Int("limit", maxUpstreamHeaderBytes), zap.Error(err))
+			writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+				Message: fmt.Sprintf("The upstream answered with more than %d bytes of headers.", maxUpstreamHeaderBytes), NoRetry: true})
+			return http.StatusBadGateway
+		}
 		c.outcome = outcomeUpstreamError
 		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable",
 			Message: "The upstream could not be reached."}
@@ -85,7 +96,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		// cannot be metered. Nothing is served that cannot be charged: the provider had the
 		// prompt, so the call is charged its estimate, as a stream that broke.
 		c.outcome = outcomeStreamError
-		c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", ce))
+		c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", ce[:min(len(ce), 64)]))
 		// Not to be retried: the provider answers a retry the same way, charged again.
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream answered in an encoding the gateway did not ask for.", NoRetry: true})
@@ -578,6 +589,19 @@ func (b *writeBound) next() {
 
 // maxUpstreamErrorBody bounds what is read of an upstream's error answer.
 const maxUpstreamErrorBody = 64 << 10
+
+// maxUpstreamHeaderBytes bounds an upstream answer's headers (status line included), as the
+// server's MaxHeaderBytes bounds a caller's: the transport's default is 10 MB, kept for the
+// whole call and copied to its caller.
+const maxUpstreamHeaderBytes = 64 << 10
+
+// headersTooLarge reports the transport's refusal of an answer whose headers passed
+// maxUpstreamHeaderBytes (net/http exports no error value for it; HTTP/1 and HTTP/2 word it
+// differently).
+func headersTooLarge(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "server response headers exceeded") || strings.Contains(msg, "response header list larger than")
+}
 
 // relayUpstreamError answers for an upstream that refused the call. The caller's own mistakes
 // (4xx) pass through as the provider worded them; the provider's failures and its refusal of

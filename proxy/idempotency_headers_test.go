@@ -15,7 +15,9 @@ import (
 // an upstream answer with a small body but huge headers must not store more than that in Redis
 // for replay_ttl (the headers are now kept with the answer).
 func TestReplayRecordBoundedByMaxReplayLen(t *testing.T) {
-	big := strings.Repeat("x", 256<<10) // 256 KiB of one header
+	// 32 KiB of one header: eight times max_replay_len, within the bound on an answer's headers
+	// (64 KiB, past which the answer is refused).
+	big := strings.Repeat("x", 32<<10)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")

@@ -147,15 +147,16 @@ func New(d Deps) *Server {
 // newTransport is an upstream transport for many concurrent long-lived streams.
 func newTransport(l config.Limits) *http.Transport {
 	return &http.Transport{
-		Proxy:                 nil, // the upstream is configured explicitly; never an ambient proxy
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          2048,
-		MaxIdleConnsPerHost:   1024,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ResponseHeaderTimeout: l.HeaderTimeout,
-		ExpectContinueTimeout: time.Second,
+		Proxy:                  nil, // the upstream is configured explicitly; never an ambient proxy
+		DialContext:            (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:      true,
+		MaxIdleConns:           2048,
+		MaxIdleConnsPerHost:    1024,
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    10 * time.Second,
+		ResponseHeaderTimeout:  l.HeaderTimeout,
+		MaxResponseHeaderBytes: maxUpstreamHeaderBytes,
+		ExpectContinueTimeout:  time.Second,
 	}
 }
 
