@@ -40,8 +40,11 @@ type RunBudget struct {
 	maxCall    time.Duration
 	staleAfter time.Duration
 
-	mu    sync.Mutex
-	calls map[runCall]struct{} // reservations this process may hold: the ones it beats
+	mu sync.Mutex
+	// calls are the reservations this process may hold: the ones it beats. The value is true
+	// once Refresh has reported the reservation lost: it is reported once, not at every beat
+	// for the rest of its call.
+	calls map[runCall]bool
 }
 
 type runCall struct{ run, call string }
@@ -68,7 +71,7 @@ func NewRunBudget(rdb redis.UniversalClient, keys Keys, tallyTTL, maxCall, stale
 		panic("metering: run budget without TTLs")
 	}
 	return &RunBudget{rdb: rdb, keys: keys, tallyTTL: tallyTTL, maxCall: maxCall, staleAfter: staleAfter,
-		calls: map[runCall]struct{}{}}
+		calls: map[runCall]bool{}}
 }
 
 // liveCallsLua sums the grants of the calls in flight in the budget hash KEYS[2] and drops the
@@ -134,7 +137,7 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 	// Beaten from now on: a reservation whose reply is lost may still have been made.
 	rc := runCall{runID, callID}
 	b.mu.Lock()
-	b.calls[rc] = struct{}{}
+	b.calls[rc] = false
 	b.mu.Unlock()
 	grant, err := reserveScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID)},
 		budget, want, least, callID, b.maxCall.Milliseconds(), max(maxCalls, 0), b.staleAfter.Milliseconds(), spentAtLeast).Int64()
@@ -350,11 +353,14 @@ func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 			}
 		}
 	}
-	// A call released while its touch was on its way is gone too, and rightly.
+	// A call released while its touch was on its way is gone too, and rightly. One still
+	// served here is reported once; it is still beaten (a touch finds nothing and writes
+	// nothing) until its call releases it.
 	var lost []RunCallID
 	b.mu.Lock()
 	for _, rc := range gone {
-		if _, held := b.calls[rc]; held {
+		if reported, held := b.calls[rc]; held && !reported {
+			b.calls[rc] = true
 			lost = append(lost, RunCallID{Run: rc.run, Call: rc.call})
 		}
 	}

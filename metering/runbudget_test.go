@@ -431,3 +431,36 @@ func TestRunReopenOfALaterCloseKeepsAnEarlierOneClosed(t *testing.T) {
 		t.Fatalf("reserve while the first settlement still commits: grant %d, %v; want ErrRunClosed", g, err)
 	}
 }
+
+// TestRunBudgetLostReservationIsReportedOnce: a running call whose reservation was dropped as
+// stale is reported by the next beat, once: its process beats every few seconds for as long as
+// the call runs (up to upstream_timeout), and after a Redis outage had every reservation of a
+// process dropped, each of them was logged again at every beat until its call ended.
+func TestRunBudgetLostReservationIsReportedOnce(t *testing.T) {
+	e := newRunBudget(t)
+	ctx := context.Background()
+	const run = "r_lost_once"
+	if _, err := e.budget.Reserve(ctx, run, "a", 10_000, 1_000, 100); err != nil {
+		t.Fatal(err)
+	}
+	// Another call of the run dropped it as stale.
+	if err := e.rdb.HDel(ctx, e.keys.RunBudget(run), "c:a").Err(); err != nil {
+		t.Fatal(err)
+	}
+	lost, err := e.budget.Refresh(ctx)
+	if err != nil || len(lost) != 1 {
+		t.Fatalf("first beat after the drop: lost %v, %v; want call a", lost, err)
+	}
+	for beat := range 3 {
+		if lost, err := e.budget.Refresh(ctx); err != nil || len(lost) != 0 {
+			t.Fatalf("beat %d after the drop was reported: lost %v, %v; want nothing", beat+2, lost, err)
+		}
+	}
+	// The call still ends as every call does: tallied, its (gone) reservation given back.
+	if err := e.budget.Release(ctx, run, "a", pricing.Usage{Output: 10}, 1_000); err != nil {
+		t.Fatal(err)
+	}
+	if e.budget.Held() != 0 {
+		t.Fatalf("beating %d reservations after the release, want 0", e.budget.Held())
+	}
+}
