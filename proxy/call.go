@@ -93,12 +93,12 @@ func (s *Server) serveCall(rt *route) http.HandlerFunc {
 			callLog.Info("request refused", zap.String("run_id", runID), zap.String("code", e.Code),
 				zap.Int("status", e.Status), zap.String("reason", "shutting down"))
 			writeError(w, e)
-			s.metrics.Requests.WithLabelValues(rt.path, strconv.Itoa(e.Status)).Inc()
+			s.metrics.Requests.WithLabelValues(rt.path, codeLabel(e.Status)).Inc()
 			return
 		}
 		defer s.calls.leave()
 		status := s.handleCall(w, r, rt, user, runID, callLog)
-		s.metrics.Requests.WithLabelValues(rt.path, strconv.Itoa(status)).Inc()
+		s.metrics.Requests.WithLabelValues(rt.path, codeLabel(status)).Inc()
 	}
 }
 

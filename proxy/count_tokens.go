@@ -40,7 +40,7 @@ func (s *Server) countTokens(w http.ResponseWriter, r *http.Request) {
 	user := userFrom(r.Context())
 	log := s.log.WithLazy(zap.Uint64("user_id", user.ID), zap.String("route", countTokensPath))
 	status := s.forwardCount(w, r, user.ID, log)
-	s.metrics.Requests.WithLabelValues(countTokensPath, strconv.Itoa(status)).Inc()
+	s.metrics.Requests.WithLabelValues(countTokensPath, codeLabel(status)).Inc()
 }
 
 // forwardCount serves countTokens and returns the status answered.

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -111,3 +112,17 @@ func (m *Metrics) observeBatch(b holds.BatchShape) {
 
 // Handler serves /metrics.
 func (m *Metrics) Handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
+
+// codeLabel is the code label of tollgate_requests_total for a status answered. An upstream's
+// 2xx answers and 4xx refusals reach the caller with the upstream's status, which may be any
+// three digits: a status net/http does not know is counted under its class ("2xx", "4xx"), so
+// an upstream cannot make up a series per answer.
+func codeLabel(status int) string {
+	if http.StatusText(status) != "" || status == statusClientClosed {
+		return strconv.Itoa(status)
+	}
+	if status < 100 || status > 999 {
+		return "other"
+	}
+	return strconv.Itoa(status/100) + "xx"
+}
