@@ -95,9 +95,10 @@ type callRequest struct {
 const maxChoices = 128
 
 // readBody reads at most limit bytes; past it the request is refused with 413 before
-// anything is held. A body that stops arriving for stall (at least half of it) is refused
-// with 408: the server sets no read timeout, and without this a caller could hold a
-// connection and its body buffer for as long as it liked.
+// anything is held. A body that stops arriving for stall (at least half of it), or that
+// arrives slower than minBodyRate on average once stall has passed, is refused with 408: the
+// server sets no read timeout, and without this a caller could hold a connection and its body
+// buffer for as long as it liked.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64, stall time.Duration) ([]byte, *apiError) {
 	rc := http.NewResponseController(w)
 	sr := &stallReader{r: http.MaxBytesReader(nil, r.Body, limit), rc: rc, timeout: stall}
@@ -150,15 +151,35 @@ type stallReader struct {
 	r       io.Reader
 	rc      *http.ResponseController
 	timeout time.Duration
-	setAt   time.Time
+	start   time.Time // the first Read
+	read    int64
+	// deadline is the read deadline set on the connection, zero before the first Read.
+	deadline time.Time
 }
 
+// minBodyRate is the slowest a body may arrive, on average, once its first stall window has
+// passed: a caller that trickles a byte now and then never stalls, and held a connection, its
+// goroutine and a growing buffer for as long as it liked. At this pace the largest body allowed
+// takes limits.max_body_bytes / 1 KiB seconds (an hour for 4 MiB), a bound however it is sent.
+const minBodyRate = 1 << 10 // bytes per second
+
 func (s *stallReader) Read(p []byte) (int, error) {
-	if now := time.Now(); s.timeout > 0 && now.Sub(s.setAt) >= s.timeout/2 {
-		_ = s.rc.SetReadDeadline(now.Add(s.timeout))
-		s.setAt = now
+	if now := time.Now(); s.timeout > 0 && s.deadline.Sub(now) < s.timeout/2 {
+		if s.start.IsZero() {
+			s.start = now
+		}
+		// Moved only when less than half the window is left, so a body that arrives at pace
+		// costs a deadline every half window, not one a Read.
+		d := now.Add(s.timeout)
+		if byRate := s.start.Add(s.timeout + time.Duration(s.read)*(time.Second/minBodyRate)); byRate.Before(d) {
+			d = byRate // in the past when the body is already behind: the Read fails at once
+		}
+		_ = s.rc.SetReadDeadline(d)
+		s.deadline = d
 	}
-	return s.r.Read(p)
+	n, err := s.r.Read(p)
+	s.read += int64(n)
+	return n, err
 }
 
 // parseCall validates a body for rt. Everything a request can get wrong is found here, before

@@ -104,3 +104,51 @@ func TestUnauthenticatedStalledBodyIsCut(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// TestClientThatTricklesItsBodyIsCut: a caller that sends its body a byte at a time, each
+// well within the stall window, never stalls: without a bound on the body's pace it held a
+// connection, a goroutine and a growing buffer for as long as it liked (a 4 MiB body at a
+// byte every half window is years). Past its first client_write_timeout a body must arrive at
+// 1 KiB/s on average.
+func TestClientThatTricklesItsBodyIsCut(t *testing.T) {
+	h := newHarness(t, func(c *configT) { c.Limits.ClientWriteTimeout = time.Second })
+	_, key := h.user("standard")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.gw.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{",
+		key)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		tick := time.NewTicker(50 * time.Millisecond) // a tenth of the stall window
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if _, err := conn.Write([]byte(" ")); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Fatalf("the gateway still reads a body trickling at 20 bytes/s after 5 s (client_write_timeout 1 s)")
+		}
+		return // the connection was closed: cut
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Fatalf("status %d for a trickling body, want 408", resp.StatusCode)
+	}
+	if _, live := h.holdCount(); live != 0 {
+		t.Fatalf("%d holds live", live)
+	}
+}
