@@ -87,7 +87,8 @@ func newKeyCache(store *holds.Store, ttl time.Duration) *keyCache {
 		ttl: ttl, entries: map[[32]byte]cachedUser{}}
 }
 
-// keyLookupTimeout bounds one batch of key lookups; past it the caller gets 503.
+// keyLookupTimeout bounds a caller's key lookup, its wait for a place in the queue and for a
+// worker included, and one batch of lookups; past it the caller gets 503.
 const keyLookupTimeout = 5 * time.Second
 
 func (c *keyCache) lookup(ctx context.Context, key string) (holds.User, error) {
@@ -99,7 +100,11 @@ func (c *keyCache) lookup(ctx context.Context, key string) (holds.User, error) {
 	if ok && now.Before(e.expires) {
 		return e.user, nil
 	}
-	u, err := c.lookups.User(ctx, key)
+	// The batch's own timeout bounds the query, not the wait before it: with the database
+	// stalled, a lookup queued behind busy batches waited for them and then for its own.
+	lctx, cancel := context.WithTimeout(ctx, keyLookupTimeout)
+	u, err := c.lookups.User(lctx, key)
+	cancel()
 	if err != nil {
 		return holds.User{}, err
 	}
