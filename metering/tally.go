@@ -181,8 +181,8 @@ func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
 	return nil
 }
 
-// tallyFields are the figures of a tally hash. The hash also holds one done:<call id> field per
-// call of a named run (RunBudget.Release), as many as the run made calls: Get reads only these.
+// tallyFields are the figures of a tally hash, all it holds (a named run's calls are marked
+// tallied in keys of their own, Keys.CallDone).
 var tallyFields = []string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro", "calls"}
 
 // Get reads a run's tally; found is false when there is none.
