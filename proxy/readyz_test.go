@@ -5,11 +5,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering"
@@ -56,4 +59,49 @@ func mysqlPortOf(t *testing.T) string {
 		t.Skip("TOLLGATE_MYSQL_PORT unset")
 	}
 	return p
+}
+
+// TestReadyzChecksAreBounded: /readyz answers anyone without a key, and each request pinged
+// MySQL (a connection of the money paths' pool) and Redis and, with one of them down, logged a
+// warning: a flood of it could take the pool from admissions and write the log at the
+// caller's pace. The check runs at most once a second whoever asks; the others get its answer.
+func TestReadyzChecksAreBounded(t *testing.T) {
+	h := newHarness(t, nil)
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	core, logs := observer.New(zap.WarnLevel)
+	log := zap.New(core)
+	keys := metering.Keys{Prefix: "readyz:"}
+	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: h.store, Redis: rdb, Keys: keys,
+		Tally:  metering.NewTally(rdb, keys, h.cfg.Holds.TallyTTL),
+		Leases: metering.NewLeases(rdb, keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
+	t.Cleanup(func() { _ = srv.Close() })
+	gw := httptest.NewServer(srv.Handler())
+	t.Cleanup(gw.Close)
+	start := time.Now()
+	const asks = 50
+	var wg sync.WaitGroup
+	for range asks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Get(gw.URL + "/readyz")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"redis":"unavailable"`) {
+				t.Errorf("/readyz with Redis down: %d %s", resp.StatusCode, body)
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	checks := logs.FilterMessage("readiness: redis unreachable").Len()
+	t.Logf("%d asks in %v: %d checks", asks, took, checks)
+	if allowed := int(took/time.Second) + 1; checks > allowed {
+		t.Fatalf("%d readiness checks for %d asks in %v, want at most %d (one a second)", checks, asks, took, allowed)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -64,6 +65,7 @@ type Server struct {
 	dedupRDB  redis.UniversalClient
 	cancels   *cancelBus
 	counting  *inFlightCounts // token counts in flight per caller (countTokens)
+	readiness readiness       // the last answer of /readyz (ready)
 
 	// shuttingDown marks calls cut at the graceful-shutdown deadline, so they settle with
 	// source "shutdown" rather than as a client's cancel.
@@ -279,7 +281,14 @@ func (s *Server) Drain(ctx context.Context) error {
 // ready answers /readyz, which needs no key: it says which dependency is down, and the log
 // says why (a driver's error names the database user and internal addresses).
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	code, status := s.readiness.answer(func() (int, map[string]string) { return s.checkReady(r.Context()) })
+	writeJSON(w, code, status)
+}
+
+// checkReady pings MySQL and Redis.
+func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
+	// Not the asking caller's context: others may be waiting for this check's answer.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	status := map[string]string{"mysql": "ok", "redis": "ok"}
 	code := http.StatusOK
@@ -291,7 +300,30 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("readiness: redis unreachable", zap.Error(err))
 		status["redis"], code = "unavailable", http.StatusServiceUnavailable
 	}
-	writeJSON(w, code, status)
+	return code, status
+}
+
+// readyFor is how long a readiness check's answer stands. /readyz answers anyone without a
+// key, and each check took a connection of the money paths' pool and, with a dependency down,
+// logged a warning: a flood of it could starve admissions and write the log at its own pace.
+const readyFor = time.Second
+
+// readiness runs at most one check per readyFor; the callers that ask meanwhile get its answer.
+type readiness struct {
+	mu     sync.Mutex // held during a check: callers who come meanwhile wait for its answer
+	at     time.Time  // when the last check ended
+	code   int
+	status map[string]string // never changed once stored
+}
+
+func (r *readiness) answer(check func() (int, map[string]string)) (int, map[string]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.status == nil || time.Since(r.at) >= readyFor {
+		r.code, r.status = check()
+		r.at = time.Now()
+	}
+	return r.code, r.status
 }
 
 // boundAnswerEnd bounds what net/http writes once a handler has returned — the end of a
