@@ -458,8 +458,14 @@ func (c *Config) Validate() error {
 			bad(name, "must be a positive duration such as 30s, got %v", positive[name])
 		}
 	}
-	if c.Holds.HeartbeatInterval >= c.Holds.LeaseTTL {
-		bad("holds.heartbeat_interval", "%v must be shorter than holds.lease_ttl %v, or leases lapse between beats", c.Holds.HeartbeatInterval, c.Holds.LeaseTTL)
+	if 2*c.Holds.HeartbeatInterval > c.Holds.LeaseTTL {
+		// With a beat just under the TTL, one beat lost to a Redis hiccup lapses the leases and
+		// run reservations of every call the process serves while they still run.
+		bad("holds.heartbeat_interval", "%v must be at most half of holds.lease_ttl %v, or one missed beat lapses the leases of calls still running", c.Holds.HeartbeatInterval, c.Holds.LeaseTTL)
+	}
+	if c.Holds.ReconcileLockTTL > 0 && c.Holds.ReconcileLockTTL < time.Millisecond {
+		// Redis keeps it in milliseconds: SET ... PX 0 is an error, and no pass would ever run.
+		bad("holds.reconcile_lock_ttl", "must be at least 1ms, got %v", c.Holds.ReconcileLockTTL)
 	}
 	if 2*c.Holds.HeartbeatInterval > min(c.Holds.HoldTTL, c.Holds.RunTTL) {
 		bad("holds.heartbeat_interval", "%v must be at most half of hold_ttl and run_ttl: a lease is first written by a heartbeat", c.Holds.HeartbeatInterval)
@@ -495,8 +501,10 @@ func (c *Config) Validate() error {
 	if c.Limits.MaxResponseBytes < 1024 {
 		bad("limits.max_response_bytes", "must be at least 1KiB, got %d", c.Limits.MaxResponseBytes)
 	}
-	if c.Dedup.Window < 0 {
-		bad("dedup.window", "must not be negative")
+	if c.Dedup.Window < 0 || (c.Dedup.Window > 0 && c.Dedup.Window < time.Millisecond) {
+		// Redis keeps it in milliseconds: under one, the fingerprint's SET ... PX 0 is an error
+		// and every plain request 503 dedup_unavailable.
+		bad("dedup.window", "must be 0 (off) or at least 1ms, got %v", c.Dedup.Window)
 	}
 	if c.Dedup.ReplayTTL < time.Second {
 		// Redis keeps it in milliseconds: under one it is PEXPIRE 0, a record deleted at once.

@@ -58,6 +58,13 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		{"limits:\n  settle_timeout: 10m\n", "limits.settle_timeout"},
 		{"limits:\n  settle_timeout: 1ms\n", "limits.settle_timeout"},
 		{"holds:\n  heartbeat_interval: 60s\n", "holds.heartbeat_interval"},
+		// One missed beat (a Redis hiccup) must not lapse a lease: the call's run would be
+		// settled, or its reservation dropped, while it still runs.
+		{"holds:\n  lease_ttl: 30s\n  heartbeat_interval: 20s\n", "holds.heartbeat_interval"},
+		// Redis keeps these in milliseconds: under one, the SET ... PX 0 they are written
+		// with is an error (503 for a resent request; no reconcile lock ever taken).
+		{"dedup:\n  window: 500us\n", "dedup.window"},
+		{"holds:\n  reconcile_lock_ttl: 500us\n", "holds.reconcile_lock_ttl"},
 		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},
 		{"models:\n  m:\n    input: -1\n", "non-negative"},
 		{"models:\n  m:\n    input: 1\n    output_bound_field: max_output\n", "models.m.output_bound_field"},
