@@ -384,6 +384,10 @@ func (c *Config) Warnings() []string {
 				"a call that outlives its hold stops counting against max_in_flight until the reconciler extends it", t.name, t.d, longest))
 		}
 	}
+	if c.Limits.HeaderTimeout >= c.Limits.UpstreamTimeout {
+		out = append(out, fmt.Sprintf("limits.header_timeout %v is not shorter than limits.upstream_timeout %v: the whole call is cut first, so it never applies",
+			c.Limits.HeaderTimeout, c.Limits.UpstreamTimeout))
+	}
 	for _, name := range sortedKeys(c.Models) {
 		if !c.served(name) {
 			out = append(out, fmt.Sprintf("models.%s is priced but no upstream serves it: requests for it are refused (model_not_served)", name))
@@ -498,8 +502,9 @@ func (c *Config) Validate() error {
 		bad("limits.max_event_bytes", "must be at least twice limits.max_body_bytes (%d): a stream's last event may repeat the whole request, got %d",
 			c.Limits.MaxBodyBytes, c.Limits.MaxEventBytes)
 	}
-	if c.Limits.MaxResponseBytes < 1024 {
-		bad("limits.max_response_bytes", "must be at least 1KiB, got %d", c.Limits.MaxResponseBytes)
+	if c.Limits.MaxResponseBytes < 1024 || c.Limits.MaxResponseBytes > 1<<30 {
+		// A whole answer is read before it is relayed: this much memory per call in flight.
+		bad("limits.max_response_bytes", "must be in [1KiB, 1GiB], got %d", c.Limits.MaxResponseBytes)
 	}
 	if c.Dedup.Window < 0 || (c.Dedup.Window > 0 && c.Dedup.Window < time.Millisecond) {
 		// Redis keeps it in milliseconds: under one, the fingerprint's SET ... PX 0 is an error
@@ -510,8 +515,9 @@ func (c *Config) Validate() error {
 		// Redis keeps it in milliseconds: under one it is PEXPIRE 0, a record deleted at once.
 		bad("dedup.replay_ttl", "must be at least 1s, got %v: an Idempotency-Key record that expires at once is answered 409 forever", c.Dedup.ReplayTTL)
 	}
-	if c.Dedup.MaxReplayLen <= 0 {
-		bad("dedup.max_replay_len", "must be positive, got %d", c.Dedup.MaxReplayLen)
+	if c.Dedup.MaxReplayLen <= 0 || c.Dedup.MaxReplayLen > 64<<20 {
+		// Each idempotent answer is kept in memory while it is relayed and in Redis for replay_ttl.
+		bad("dedup.max_replay_len", "must be in [1, 64MiB], got %d", c.Dedup.MaxReplayLen)
 	}
 	if c.Limits.KeyCacheTTL < 0 {
 		bad("limits.key_cache_ttl", "must not be negative (0 turns the cache off), got %v", c.Limits.KeyCacheTTL)

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // loadYAML loads body (after a working DSN and Redis URL) as a config file.
@@ -173,6 +174,31 @@ func TestWarningsNameAPricedModelNoUpstreamServes(t *testing.T) {
 	w := c.Warnings()
 	if len(w) != 1 || !strings.Contains(w[0], "models.fake-gpt") {
 		t.Fatalf("warnings %v, want one naming models.fake-gpt", w)
+	}
+}
+
+// A header_timeout past upstream_timeout never fires (the whole call is cut first), and an
+// operator who raised it believes a slow first byte is allowed that long.
+func TestWarningsNameAHeaderTimeoutPastTheCallsTimeout(t *testing.T) {
+	c := Default()
+	c.Limits.HeaderTimeout = c.Limits.UpstreamTimeout + time.Second
+	w := c.Warnings()
+	if len(w) != 1 || !strings.Contains(w[0], "limits.header_timeout") {
+		t.Fatalf("warnings %v, want one naming limits.header_timeout", w)
+	}
+}
+
+// A max_response_bytes or max_replay_len without an upper bound let one call hold any amount
+// in memory (a whole answer is read before it is relayed) or in Redis (a replay record).
+func TestResponseAndReplaySizesAreBounded(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"limits:\n  max_response_bytes: 2147483648\n", "limits.max_response_bytes"},
+		{"dedup:\n  max_replay_len: 134217728\n", "dedup.max_replay_len"},
+	} {
+		_, err := loadYAML(t, tc.yaml)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want it to name %s", tc.yaml, err, tc.want)
+		}
 	}
 }
 
