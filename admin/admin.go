@@ -44,7 +44,6 @@ type handler struct {
 	views       Views
 	tokenHash   [32]byte
 	log         *zap.Logger
-	now         func() time.Time
 	authEnabled bool
 	// reports holds a slot for each usage report being built (at most maxReportsAtOnce).
 	reports chan struct{}
@@ -67,7 +66,7 @@ func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) h
 	if creditMicro <= 0 {
 		panic("admin: credit_micro must be positive")
 	}
-	h := &handler{store: store, views: Views{CreditMicro: creditMicro}, log: log, now: time.Now,
+	h := &handler{store: store, views: Views{CreditMicro: creditMicro}, log: log,
 		authEnabled: token != "", reports: make(chan struct{}, maxReportsAtOnce)}
 	// Hashing both sides gives equal-length inputs to the constant-time compare, so neither
 	// the content nor the length of the token leaks through timing.
@@ -558,7 +557,7 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 
 // usageReport answers GET /reports/usage?from=YYYY-MM-DD&to=YYYY-MM-DD[&user=][&format=csv].
 // Days are UTC days of settlement, as in the day ledger; both ends are inclusive and default
-// to today.
+// to today by the database's clock, the ledger's.
 func (h *handler) usageReport(w http.ResponseWriter, r *http.Request) {
 	select {
 	case h.reports <- struct{}{}:
@@ -569,7 +568,14 @@ func (h *handler) usageReport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	today := h.now().UTC().Format(time.DateOnly)
+	var today time.Time
+	if q.Get("from") == "" || q.Get("to") == "" {
+		var err error
+		if today, err = h.store.Today(r.Context()); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+	}
 	from, err := dateParam(q.Get("from"), today)
 	if err != nil {
 		writeError(w, badRequest("invalid_from", err.Error()))
@@ -655,9 +661,10 @@ func ParseTime(s string) (time.Time, error) {
 	return t, nil
 }
 
-func dateParam(s, def string) (time.Time, error) {
+// dateParam reads a YYYY-MM-DD day; "" is def.
+func dateParam(s string, def time.Time) (time.Time, error) {
 	if s == "" {
-		s = def
+		return def, nil
 	}
 	t, err := time.Parse(time.DateOnly, s)
 	if err != nil {

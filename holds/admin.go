@@ -418,6 +418,17 @@ const maxReportDays = 366
 // a busy range is asked for user by user, or in shorter ranges. A variable for tests.
 var maxReportRows = 100_000
 
+// Today is the database's UTC day: the day a charge settled now lands on in the ledger, which
+// a usage report asked without dates covers. The gateway's clock may be on the other side of
+// midnight from it.
+func (s *Store) Today(ctx context.Context) (time.Time, error) {
+	var today time.Time
+	if err := s.db.GetContext(ctx, &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
+		return time.Time{}, fmt.Errorf("today: %w", err)
+	}
+	return today.UTC(), nil
+}
+
 // Usage reports settled runs between the UTC days from and to, inclusive, for one user
 // (userID != 0) or all. Runs are attributed to the day they settled, as the day ledger is.
 func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (UsageReport, error) {

@@ -397,14 +397,25 @@ func parseWhen(name, s string) (time.Time, error) {
 	return t, nil
 }
 
+// dayFlag reads a -from/-to day; "" is def.
+func dayFlag(name, s string, def time.Time) (time.Time, error) {
+	if s == "" {
+		return def, nil
+	}
+	t, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("-%s %q: want YYYY-MM-DD", name, s)
+	}
+	return t, nil
+}
+
 // reportCmd prints the usage report by user, UTC day of settlement and model: CSV by
 // default (for a spreadsheet), JSON with totals and the day ledger with -format json.
 func reportCmd(ctx context.Context, args []string) error {
 	var from, to, user, format string
 	e, st, v, err := adminEnv(ctx, "report", args, func(fs *flag.FlagSet) {
-		today := time.Now().UTC().Format(time.DateOnly)
-		fs.StringVar(&from, "from", today, "first UTC day, YYYY-MM-DD")
-		fs.StringVar(&to, "to", today, "last UTC day, YYYY-MM-DD (inclusive)")
+		fs.StringVar(&from, "from", "", "first UTC day, YYYY-MM-DD (default: today, by the database's clock)")
+		fs.StringVar(&to, "to", "", "last UTC day, YYYY-MM-DD, inclusive (default: today, by the database's clock)")
 		fs.StringVar(&user, "user", "", "only this user")
 		fs.StringVar(&format, "format", "csv", "csv or json")
 	})
@@ -415,13 +426,20 @@ func reportCmd(ctx context.Context, args []string) error {
 	if format != "csv" && format != "json" {
 		return fmt.Errorf("-format %q: want csv or json", format)
 	}
-	fromT, err := time.Parse(time.DateOnly, from)
-	if err != nil {
-		return fmt.Errorf("-from %q: want YYYY-MM-DD", from)
+	// Today is the ledger's: the database's UTC day, not this machine's.
+	var today time.Time
+	if from == "" || to == "" {
+		if today, err = st.Today(ctx); err != nil {
+			return err
+		}
 	}
-	toT, err := time.Parse(time.DateOnly, to)
+	fromT, err := dayFlag("from", from, today)
 	if err != nil {
-		return fmt.Errorf("-to %q: want YYYY-MM-DD", to)
+		return err
+	}
+	toT, err := dayFlag("to", to, today)
+	if err != nil {
+		return err
 	}
 	var userID uint64
 	if user != "" {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -163,5 +165,29 @@ func TestListingSubcommandsPage(t *testing.T) {
 		if err := cmd(ctx, []string{"-limit", "1001"}); err == nil || !strings.Contains(err.Error(), "-limit 1001") {
 			t.Errorf("-limit 1001: %v, want it refused", err)
 		}
+	}
+}
+
+// TestReportDefaultDayIsTheDatabases: `gateway report` without -from/-to covers the ledger's
+// today, the database's UTC day, not this machine's, which may be past midnight from it.
+func TestReportDefaultDayIsTheDatabases(t *testing.T) {
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	// Every session runs at this instant (the driver sends SET timestamp).
+	frozen := time.Date(2026, 3, 7, 23, 59, 59, 900_000_000, time.UTC)
+	cfg.Params["timestamp"] = fmt.Sprintf("%d.%06d", frozen.Unix(), frozen.Nanosecond()/1000)
+	t.Setenv("MYSQL_DSN", cfg.FormatDSN())
+	raw, err := stdout(t, func() error { return reportCmd(testCtx(t), []string{"-format", "json"}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct{ From, To string }
+	if err := json.Unmarshal(raw, &rep); err != nil || rep.From != "2026-03-07" || rep.To != "2026-03-07" {
+		t.Fatalf("report %s (%v): want the database's day 2026-03-07", raw, err)
 	}
 }

@@ -1,0 +1,55 @@
+package admin_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/tollgate/tollgate/admin"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// TestReportDefaultDayIsTheDatabases: a usage report asked without dates covers the day the
+// ledger calls today — the database's UTC day, the one charges land on — not the gateway's,
+// which may be on the other side of midnight from it.
+func TestReportDefaultDayIsTheDatabases(t *testing.T) {
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	// Every session of this handle runs at this instant (the driver sends SET timestamp).
+	frozen := time.Date(2026, 3, 7, 23, 59, 59, 900_000_000, time.UTC)
+	cfg.Params["timestamp"] = fmt.Sprintf("%d.%06d", frozen.Unix(), frozen.Nanosecond()/1000)
+	db, err := holds.Open(context.Background(), cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	r := chi.NewRouter()
+	r.Mount("/admin", admin.New(holds.NewStore(db, plans(), "standard", log), 1000, adminToken, log))
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	f := &fixture{t: t, db: db, url: srv.URL}
+
+	status, body, raw := f.call("GET", "/admin/reports/usage", adminToken, nil)
+	if status != http.StatusOK {
+		t.Fatalf("report: %d %s", status, raw)
+	}
+	if body["from"] != "2026-03-07" || body["to"] != "2026-03-07" {
+		t.Fatalf("report days %v..%v, want the database's day 2026-03-07 (the process's is %s)",
+			body["from"], body["to"], time.Now().UTC().Format(time.DateOnly))
+	}
+}
