@@ -110,8 +110,15 @@ func (m *Metrics) observeBatch(b holds.BatchShape) {
 	}
 }
 
+// MaxScrapesAtOnce bounds the /metrics scrapes served at once: it answers without a key, and
+// each scrape gathers every series; past it a scrape gets 503 (a Prometheus server scrapes one
+// at a time).
+const MaxScrapesAtOnce = 4
+
 // Handler serves /metrics.
-func (m *Metrics) Handler() http.Handler { return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}) }
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{MaxRequestsInFlight: MaxScrapesAtOnce})
+}
 
 // codeLabel is the code label of tollgate_requests_total for a status answered. An upstream's
 // 2xx answers and 4xx refusals reach the caller with the upstream's status, which may be any
