@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -67,6 +68,12 @@ const lockName = "CONCAT('tollgate_migrate:', SHA1(DATABASE()))"
 // each migration's statements are idempotent (CREATE … IF NOT EXISTS), because MySQL DDL
 // commits implicitly and cannot be rolled back with the version row.
 func Migrate(ctx context.Context, db *sql.DB) ([]string, error) {
+	return migrateTo(ctx, db, math.MaxInt)
+}
+
+// migrateTo is Migrate stopping after version upTo: tests build the schema an older binary
+// ran against.
+func migrateTo(ctx context.Context, db *sql.DB, upTo int) ([]string, error) {
 	migrations, err := Migrations()
 	if err != nil {
 		return nil, err
@@ -117,7 +124,7 @@ func Migrate(ctx context.Context, db *sql.DB) ([]string, error) {
 
 	var done []string
 	for _, m := range migrations {
-		if applied[m.Version] {
+		if applied[m.Version] || m.Version > upTo {
 			continue
 		}
 		for _, stmt := range splitStatements(m.Body) {

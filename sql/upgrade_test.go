@@ -1,0 +1,157 @@
+package sql_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+	tgsql "github.com/tollgate/tollgate/sql"
+)
+
+// emptyDB creates a database that no migration has touched (testenv's are migrated), dropped
+// at cleanup, and returns it opened as `gateway migrate` opens it.
+func emptyDB(t *testing.T) *sqlx.DB {
+	t.Helper()
+	root := os.Getenv("TOLLGATE_TEST_MYSQL_DSN")
+	if root == "" {
+		t.Fatal("TOLLGATE_TEST_MYSQL_DSN is not set: run the tests with `make test`")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := holds.Open(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	name := "tg_test_" + testenv.RandomID(6)
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if db, err := holds.Open(context.Background(), root); err == nil {
+			_, _ = db.Exec("DROP DATABASE IF EXISTS " + name)
+			db.Close()
+		}
+	})
+	cfg, err := mysql.ParseDSN(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DBName = name
+	db, err := holds.OpenForMigrate(ctx, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// TestEveryMigrationRerunsAfterACrash: MySQL commits DDL at once, so a `gateway migrate` killed
+// between a migration's statements and its version row finds its own work on the rerun. Every
+// migration must then apply again cleanly: all of its statements already done, and, for a
+// migration of several statements, only the first ones done.
+func TestEveryMigrationRerunsAfterACrash(t *testing.T) {
+	ctx := context.Background()
+	all, err := tgsql.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := emptyDB(t)
+	for _, m := range all {
+		if _, err := tgsql.MigrateTo(ctx, db.DB, m.Version); err != nil {
+			t.Fatalf("apply %s: %v", m.Name, err)
+		}
+		// Killed after the DDL, before the version row.
+		if _, err := db.Exec("DELETE FROM schema_migrations WHERE version = ?", m.Version); err != nil {
+			t.Fatal(err)
+		}
+		done, err := tgsql.MigrateTo(ctx, db.DB, m.Version)
+		if err != nil || len(done) != 1 || done[0] != m.Name {
+			t.Fatalf("rerun of %s after a crash before its version row: applied %v, %v", m.Name, done, err)
+		}
+	}
+	for _, m := range all {
+		stmts := tgsql.SplitStatements(m.Body)
+		for k := 1; k < len(stmts); k++ {
+			t.Run(fmt.Sprintf("%s_after_%d_of_%d", m.Name, k, len(stmts)), func(t *testing.T) {
+				db := emptyDB(t)
+				if _, err := tgsql.MigrateTo(ctx, db.DB, m.Version-1); err != nil {
+					t.Fatal(err)
+				}
+				for _, s := range stmts[:k] {
+					if _, err := db.Exec(s); err != nil {
+						t.Fatalf("statement %q: %v", s, err)
+					}
+				}
+				if done, err := tgsql.Migrate(ctx, db.DB); err != nil || len(done) != len(all)-m.Version+1 {
+					t.Fatalf("rerun cut after statement %d: applied %v, %v", k, done, err)
+				}
+			})
+		}
+	}
+}
+
+// TestOldKeyStatementsOnSchema011: migration 011 gives api_keys an AUTO_INCREMENT id while the
+// binaries of before it still serve. Their statements (holds/accounts.go and holds/admin.go as
+// of b7ae5d7^: explicit column lists everywhere) must work against the new schema, and a key
+// they create must get an id the new listing pages by.
+func TestOldKeyStatementsOnSchema011(t *testing.T) {
+	ctx := context.Background()
+	db := emptyDB(t)
+	if _, err := tgsql.MigrateTo(ctx, db.DB, 10); err != nil {
+		t.Fatal(err)
+	}
+	res, err := db.Exec("INSERT INTO users (name, plan) VALUES (?, ?)", "old", "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := res.LastInsertId()
+	hash := func(b byte) []byte { h := make([]byte, 32); h[0] = b; return h }
+	// A key made before the migration.
+	if _, err := db.Exec("INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash(1), uid, "tg_before"); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := tgsql.Migrate(ctx, db.DB); err != nil || len(done) != 1 {
+		t.Fatalf("migrate to 011: %v, %v", done, err)
+	}
+	// The old binary, now on the new schema.
+	old := []struct {
+		q    string
+		args []any
+	}{
+		{"INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", []any{hash(2), uid, "tg_after"}},
+		{"UPDATE api_keys SET revoked_at = NOW(6) WHERE key_hash = ? AND revoked_at IS NULL", []any{hash(2)}},
+		{"SELECT prefix, created_at, revoked_at FROM api_keys WHERE user_id = ? ORDER BY created_at DESC, prefix LIMIT ?", []any{uid, 10}},
+		{"SELECT user_id FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL", []any{hash(1)}},
+		{"SELECT COUNT(*) FROM api_keys WHERE key_hash = ? AND revoked_at IS NOT NULL", []any{hash(2)}},
+		{"SELECT key_hash FROM api_keys WHERE user_id = ? AND prefix = ? AND revoked_at IS NULL", []any{uid, "tg_before"}},
+		{`SELECT k.key_hash, u.id, u.name, u.plan FROM api_keys k JOIN users u ON u.id = k.user_id
+			WHERE k.key_hash IN (?) AND k.revoked_at IS NULL AND u.disabled_at IS NULL`, []any{hash(1)}},
+	}
+	for _, s := range old {
+		rows, err := db.Query(s.q, s.args...)
+		if err != nil {
+			t.Fatalf("old statement %q on schema 011: %v", s.q, err)
+		}
+		rows.Close()
+	}
+	var ids []uint64
+	if err := db.Select(&ids, "SELECT id FROM api_keys ORDER BY id"); err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 2 || ids[0] == 0 || ids[0] == ids[1] {
+		t.Fatalf("key ids %v: want two distinct ids, the pre-migration key's included", ids)
+	}
+	keys, err := holds.NewStore(db, map[string]holds.Plan{"standard": {}}, "standard", zap.NewNop()).ListKeys(ctx, uint64(uid), 0, 10)
+	if err != nil || len(keys) != 2 {
+		t.Fatalf("new listing of the old binary's keys: %v, %v", keys, err)
+	}
+}
