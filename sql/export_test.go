@@ -1,10 +1,17 @@
 package sql
 
+import (
+	"context"
+	"database/sql"
+)
+
 // LockName is the migration lock's name expression, for tests that hold it.
 const LockName = lockName
 
 // MigrateTo applies the migrations up to version upTo.
-var MigrateTo = migrateTo
+func MigrateTo(ctx context.Context, db *sql.DB, upTo int) ([]string, error) {
+	return migrateTo(ctx, db, upTo, DefaultLockWait)
+}
 
 // SplitStatements cuts a migration into its statements.
 var SplitStatements = splitStatements

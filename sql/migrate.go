@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -67,13 +68,31 @@ const lockName = "CONCAT('tollgate_migrate:', SHA1(DATABASE()))"
 // It is safe to run twice and from two processes at once: a named lock serialises runners, and
 // each migration's statements are idempotent (CREATE … IF NOT EXISTS), because MySQL DDL
 // commits implicitly and cannot be rolled back with the version row.
+//
+// Each DDL statement waits at most lockWait (DefaultLockWait; MigrateWaiting sets it) for the
+// metadata lock of the table it alters, then fails saying to rerun: see DefaultLockWait.
 func Migrate(ctx context.Context, db *sql.DB) ([]string, error) {
-	return migrateTo(ctx, db, math.MaxInt)
+	return MigrateWaiting(ctx, db, DefaultLockWait)
 }
 
-// migrateTo is Migrate stopping after version upTo: tests build the schema an older binary
-// ran against.
-func migrateTo(ctx context.Context, db *sql.DB, upTo int) ([]string, error) {
+// DefaultLockWait bounds how long a migration's DDL waits for its table's metadata lock. Every
+// ALTER TABLE takes it, if only for a moment (ALGORITHM=INSTANT, or the start and end of an
+// online index build), and waits behind any transaction or query still using the table — a
+// usage report, a runs listing. While it waits, every later statement on that table queues
+// behind it: on run_holds, every admission of every gateway, which fail at admit_timeout
+// (5 s by default). MariaDB's own bound (lock_wait_timeout) is a day. Below admit_timeout,
+// admissions queued behind a wait that gives up still go through.
+const DefaultLockWait = 2 * time.Second
+
+// MigrateWaiting is Migrate with each DDL statement waiting at most lockWait (whole seconds,
+// at least one) for its table's metadata lock.
+func MigrateWaiting(ctx context.Context, db *sql.DB, lockWait time.Duration) ([]string, error) {
+	return migrateTo(ctx, db, math.MaxInt, lockWait)
+}
+
+// migrateTo is MigrateWaiting stopping after version upTo: tests build the schema an older
+// binary ran against.
+func migrateTo(ctx context.Context, db *sql.DB, upTo int, lockWait time.Duration) ([]string, error) {
 	migrations, err := Migrations()
 	if err != nil {
 		return nil, err
@@ -97,6 +116,11 @@ func migrateTo(ctx context.Context, db *sql.DB, upTo int) ([]string, error) {
 		return nil, fmt.Errorf("migrate: another migration holds the lock for over 60 s")
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK("+lockName+")")
+
+	waitSeconds := max(1, int64(lockWait/time.Second))
+	if _, err := conn.ExecContext(ctx, "SET SESSION lock_wait_timeout = "+strconv.FormatInt(waitSeconds, 10)); err != nil {
+		return nil, fmt.Errorf("migrate: bound the metadata lock wait: %w", err)
+	}
 
 	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version INT NOT NULL PRIMARY KEY,
@@ -129,6 +153,10 @@ func migrateTo(ctx context.Context, db *sql.DB, upTo int) ([]string, error) {
 		}
 		for _, stmt := range splitStatements(m.Body) {
 			if _, err := conn.ExecContext(ctx, stmt); err != nil && !alreadyApplied(err) {
+				if mysqlErrNumber(err) == errLockWaitTimeout {
+					return done, fmt.Errorf("migrate %s: the table it alters is in use by a long transaction or query (SHOW PROCESSLIST names it), and waiting for it longer than %d s would queue the serving gateways' statements on that table behind this one; the statement was not applied: rerun `gateway migrate` (-lock-wait to wait longer): %w",
+						m.Name, waitSeconds, err)
+				}
 				return done, fmt.Errorf("migrate %s: %w", m.Name, err)
 			}
 		}
@@ -195,6 +223,9 @@ func requireDatabase(ctx context.Context, q interface {
 	}
 	return nil
 }
+
+// errLockWaitTimeout is MySQL's "Lock wait timeout exceeded", a metadata lock's included.
+const errLockWaitTimeout = 1205
 
 // errNoSuchTable is MySQL's "Table doesn't exist".
 const errNoSuchTable = 1146

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +20,12 @@ import (
 // emptyDB creates a database that no migration has touched (testenv's are migrated), dropped
 // at cleanup, and returns it opened as `gateway migrate` opens it.
 func emptyDB(t *testing.T) *sqlx.DB {
+	db, _ := emptyDBDSN(t)
+	return db
+}
+
+// emptyDBDSN is emptyDB with the database's DSN.
+func emptyDBDSN(t *testing.T) (*sqlx.DB, string) {
 	t.Helper()
 	root := os.Getenv("TOLLGATE_TEST_MYSQL_DSN")
 	if root == "" {
@@ -51,7 +58,7 @@ func emptyDB(t *testing.T) *sqlx.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	return db
+	return db, cfg.FormatDSN()
 }
 
 // TestEveryMigrationRerunsAfterACrash: MySQL commits DDL at once, so a `gateway migrate` killed
@@ -153,5 +160,91 @@ func TestOldKeyStatementsOnSchema011(t *testing.T) {
 	keys, err := holds.NewStore(db, map[string]holds.Plan{"standard": {}}, "standard", zap.NewNop()).ListKeys(ctx, uint64(uid), 0, 10)
 	if err != nil || len(keys) != 2 {
 		t.Fatalf("new listing of the old binary's keys: %v, %v", keys, err)
+	}
+}
+
+// TestMigrateDoesNotQueueAdmissionsBehindItsLockWait: an ALTER TABLE needs the table's
+// metadata lock, if only for a moment (ALGORITHM=INSTANT, or the start and end of an online
+// index build), and waits for it behind any transaction or long query using the table (a usage
+// report, a runs listing). While it waits, every later statement on the table queues behind
+// it: on run_holds that is every admission, which failed at admit_timeout (503) for as long as
+// the report ran — by default MariaDB waits a day. Migrate must give up its wait early, saying
+// to rerun, so that the serving gateways go on.
+func TestMigrateDoesNotQueueAdmissionsBehindItsLockWait(t *testing.T) {
+	ctx := context.Background()
+	db, dsn := emptyDBDSN(t)
+	if _, err := tgsql.MigrateTo(ctx, db.DB, 9); err != nil { // 010 alters run_holds
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("INSERT INTO users (name, plan) VALUES ('u', 'standard')"); err != nil {
+		t.Fatal(err)
+	}
+	money, err := holds.Open(ctx, dsn) // as the gateways open it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer money.Close()
+
+	// A long reader of run_holds: a transaction open across a report.
+	reader, err := money.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	if _, err := reader.ExecContext(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reader.ExecContext(ctx, "SELECT COUNT(*) FROM run_holds"); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			_, _ = reader.ExecContext(ctx, "COMMIT")
+		}
+	}
+	defer release()
+
+	migrated := make(chan error, 1)
+	go func() { _, err := tgsql.Migrate(ctx, db.DB); migrated <- err }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := money.Get(&n, `SELECT COUNT(*) FROM information_schema.processlist
+			WHERE state LIKE 'Waiting for table metadata lock' AND info LIKE 'ALTER TABLE run_holds%'`); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		select {
+		case err := <-migrated:
+			t.Fatalf("migrate ended (%v) without waiting for the reader's metadata lock", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("migrate never waited for the metadata lock")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// An admission while the ALTER waits, bounded like the gateway's (admit_timeout, 5 s).
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = money.ExecContext(actx, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, expires_at)
+		VALUES ('r1', 1, 'queued', 1, 1, NOW(6) + INTERVAL 1 MINUTE)`)
+	took := time.Since(start)
+	release()
+	merr := <-migrated
+	if err != nil {
+		t.Fatalf("an admission queued behind the migration's lock wait failed after %v: %v", took.Round(time.Millisecond), err)
+	}
+	if merr == nil || !strings.Contains(merr.Error(), "rerun") {
+		t.Fatalf("migrate behind a long reader: %v; want it to give up its wait and say to rerun", merr)
+	}
+	if done, err := tgsql.Migrate(ctx, db.DB); err != nil || len(done) != 2 {
+		t.Fatalf("rerun once the reader is gone: %v, %v", done, err)
 	}
 }

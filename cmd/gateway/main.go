@@ -183,7 +183,11 @@ func (e *env) store() *holds.Store {
 }
 
 func migrate(ctx context.Context, args []string) error {
-	e, err := setup(ctx, "migrate", args, false, nil)
+	var lockWait time.Duration
+	e, err := setup(ctx, "migrate", args, false, func(fs *flag.FlagSet) {
+		fs.DurationVar(&lockWait, "lock-wait", tgsql.DefaultLockWait,
+			"how long each schema change waits for a table in use (whole seconds); the serving gateways' statements on that table queue behind the wait")
+	})
 	if err != nil {
 		return err
 	}
@@ -195,15 +199,15 @@ func migrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer db.Close()
-	done, err := tgsql.Migrate(ctx, db.DB)
+	done, err := tgsql.MigrateWaiting(ctx, db.DB, lockWait)
+	for _, name := range done {
+		fmt.Println("applied", name)
+	}
 	if err != nil {
 		return err
 	}
 	if len(done) == 0 {
 		fmt.Println("database is up to date")
-	}
-	for _, name := range done {
-		fmt.Println("applied", name)
 	}
 	return nil
 }
