@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -246,5 +247,49 @@ func TestMigrateDoesNotQueueAdmissionsBehindItsLockWait(t *testing.T) {
 	}
 	if done, err := tgsql.Migrate(ctx, db.DB); err != nil || len(done) != 2 {
 		t.Fatalf("rerun once the reader is gone: %v, %v", done, err)
+	}
+}
+
+// TestHotTablesAreAlteredOnline: run_holds, users and usage_days are written by every
+// admission and settlement of every serving gateway. A migration that copies one of them
+// (LOCK=SHARED or EXCLUSIVE: a column's type changed, an AUTO_INCREMENT column added) blocks
+// those writes for as long as the copy takes, that is every call of the fleet. Each statement
+// of every migration that touches them must be possible with LOCK=NONE (instant, or an online
+// rebuild or index build); one that is not has to say so to the operator and is caught here.
+func TestHotTablesAreAlteredOnline(t *testing.T) {
+	ctx := context.Background()
+	all, err := tgsql.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hot := regexp.MustCompile(`(?is)^\s*(ALTER\s+TABLE\s+(run_holds|users|usage_days)\b|CREATE\s+(UNIQUE\s+)?INDEX\s+\w+\s+ON\s+(run_holds|users|usage_days)\b)`)
+	db := emptyDB(t)
+	checked := 0
+	for _, m := range all {
+		if m.Version == 1 {
+			if _, err := tgsql.MigrateTo(ctx, db.DB, 1); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		for _, stmt := range tgsql.SplitStatements(m.Body) {
+			if !hot.MatchString(stmt) {
+				continue
+			}
+			online := stmt + ", LOCK=NONE"
+			if strings.HasPrefix(strings.ToUpper(strings.TrimSpace(stmt)), "CREATE") {
+				online = stmt + " LOCK=NONE"
+			}
+			if _, err := db.Exec(online); err != nil {
+				t.Errorf("%s: %q cannot run with LOCK=NONE: it blocks the fleet's writes for its duration: %v", m.Name, stmt, err)
+			}
+			checked++
+		}
+		if _, err := tgsql.MigrateTo(ctx, db.DB, m.Version); err != nil {
+			t.Fatalf("apply %s: %v", m.Name, err)
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no statement on a hot table found: the pattern is wrong")
 	}
 }
