@@ -163,10 +163,12 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		err  error
 	)
 	if idemKey != "" {
-		idem = &idemCall{key: idemKey, userID: user.ID, bodyHash: bodyHash}
+		idem = &idemCall{key: idemKey, userID: user.ID, bodyHash: bodyHash, body: body}
 		idem.record = s.keys.Replay(idempotentRunID(user.ID, idemKey, 0))
 		var answered int
-		if hold, answered = s.admitIdempotent(w, r, idem, &ar, log); answered != 0 {
+		hold, answered = s.admitIdempotent(w, r, idem, &ar, log)
+		idem.body = nil // the call keeps its record's name, not its body, until it settles
+		if answered != 0 {
 			return answered
 		}
 		runID = ar.RunID

@@ -61,6 +61,24 @@ type idemCall struct {
 	bodyHash string
 	attempt  int
 	record   string // the Redis key of the record
+	// body is the request's, until its admission: a record stored by a gateway from before the
+	// route was hashed with the body holds the body's hash alone (sameRequest).
+	body []byte
+}
+
+// sameRequest reports whether a record's stored hash is this request's: its route and body, or,
+// in a record an older gateway stored during a rolling upgrade, its body alone (a retry that
+// reached the newer gateway was otherwise 422 for the record's replay_ttl, and a client that then
+// retried under a new key paid twice). Computed only when the first comparison fails.
+func (ic *idemCall) sameRequest(stored string) bool {
+	if stored == ic.bodyHash {
+		return true
+	}
+	if ic.body == nil {
+		return false
+	}
+	sum := sha256.Sum256(ic.body)
+	return stored == hex.EncodeToString(sum[:])
 }
 
 func errRequestInProgress(runID string) *apiError {
@@ -171,7 +189,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			log.Warn("idempotency record unreadable; going on (fail_open)", zap.Error(err))
 			rec = idemRecord{}
 		}
-		if rec.bodyHash != "" && rec.bodyHash != ic.bodyHash {
+		if rec.bodyHash != "" && !ic.sameRequest(rec.bodyHash) {
 			return holds.Hold{}, answer(errKeyReused, false)
 		}
 		if rec.superseded {
