@@ -174,7 +174,10 @@ func checkWritten(raw []byte) []error {
 	for _, sec := range []struct {
 		name     string
 		required []string
-	}{{"models", requiredModelFields}, {"plans", requiredPlanFields}} {
+		// mustBeWritten says whether a field left empty is refused: every plan field, and a
+		// model's prices (its bounds' zero values are their documented defaults).
+		mustBeWritten func(key string) bool
+	}{{"models", requiredModelFields, isModelPrice}, {"plans", requiredPlanFields, func(string) bool { return true }}} {
 		entries := mappingValue(doc.Content[0], sec.name)
 		if entries == nil || entries.Kind != yaml.MappingNode {
 			continue
@@ -190,7 +193,7 @@ func checkWritten(raw []byte) []error {
 				continue
 			}
 			for j := 0; j+1 < len(fields.Content); j += 2 {
-				if v := fields.Content[j+1]; v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" {
+				if v := fields.Content[j+1]; v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" && sec.mustBeWritten(fields.Content[j].Value) {
 					errs = append(errs, fmt.Errorf("%s.%s: line %d: is empty; write 0 if 0 is meant", at, fields.Content[j].Value, v.Line))
 				}
 			}
@@ -202,6 +205,17 @@ func checkWritten(raw []byte) []error {
 		}
 	}
 	return errs
+}
+
+// isModelPrice reports whether key names a price field of a models entry.
+func isModelPrice(key string) bool {
+	t := reflect.TypeOf(ModelCfg{})
+	for i := range t.NumField() {
+		if tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); tag == key {
+			return t.Field(i).Type == reflect.TypeOf(USDPerM{})
+		}
+	}
+	return false
 }
 
 // checkWhole reports an integer setting not written in plain decimal digits: YAML decodes 12.5

@@ -317,3 +317,18 @@ func TestSettingLeftEmptyKeepsItsDefault(t *testing.T) {
 		t.Errorf("empty settings: dedup %+v, reconcile_batch %d; want the defaults %+v, %d", cfg.Dedup, cfg.Holds.ReconcileBatch, d.Dedup, d.Holds.ReconcileBatch)
 	}
 }
+
+// A model's optional bounds written with no value (`output_bound_field:`, as a template that
+// renders nothing writes them) are YAML's null: the field keeps its zero value, which is its
+// documented default (max_tokens; unknown), as if the line were not there. Only prices, whose
+// zero is a free model, must be written out. The check for empty prices refused these too,
+// advising "write 0", which output_bound_field then refuses.
+func TestModelBoundsLeftEmptyKeepTheirDefaults(t *testing.T) {
+	cfg, err := loadYAML(t, "models:\n  m:\n    input: 1\n    output: 2\n    max_output_tokens:\n    output_bound_field:\n")
+	if err != nil {
+		t.Fatalf("empty optional bounds refused: %v", err)
+	}
+	if m := cfg.Models["m"]; m.MaxOutputTokens != 0 || m.OutputBoundField != "" {
+		t.Errorf("m = %+v, want the defaults", m)
+	}
+}
