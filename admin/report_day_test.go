@@ -2,14 +2,12 @@ package admin_test
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -22,17 +20,10 @@ import (
 // ledger calls today — the database's UTC day, the one charges land on — not the gateway's,
 // which may be on the other side of midnight from it.
 func TestReportDefaultDayIsTheDatabases(t *testing.T) {
-	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Params == nil {
-		cfg.Params = map[string]string{}
-	}
 	// Every session of this handle runs at this instant (the driver sends SET timestamp).
 	frozen := time.Date(2026, 3, 7, 23, 59, 59, 900_000_000, time.UTC)
-	cfg.Params["timestamp"] = fmt.Sprintf("%d.%06d", frozen.Unix(), frozen.Nanosecond()/1000)
-	db, err := holds.Open(context.Background(), cfg.FormatDSN())
+	dsnAt := testenv.DSNAt(t, testenv.MySQLDSN(t), frozen)
+	db, err := holds.Open(context.Background(), dsnAt)
 	if err != nil {
 		t.Fatal(err)
 	}

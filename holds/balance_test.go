@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -75,17 +74,10 @@ func TestBalanceNeverSeesHalfASettlement(t *testing.T) {
 // The balance's day is the one its used_today was read for: the database's, not the
 // gateway's clock, which may be on the other side of midnight from it.
 func TestBalanceDayIsTheLedgersDay(t *testing.T) {
-	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Params == nil {
-		cfg.Params = map[string]string{}
-	}
 	// Every session of this handle runs at this instant (the driver sends SET timestamp).
 	frozen := time.Date(2026, 3, 7, 23, 59, 59, 900_000_000, time.UTC)
-	cfg.Params["timestamp"] = fmt.Sprintf("%d.%06d", frozen.Unix(), frozen.Nanosecond()/1000)
-	db, err := holds.Open(context.Background(), cfg.FormatDSN())
+	dsnAt := testenv.DSNAt(t, testenv.MySQLDSN(t), frozen)
+	db, err := holds.Open(context.Background(), dsnAt)
 	if err != nil {
 		t.Fatal(err)
 	}

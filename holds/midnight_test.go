@@ -18,15 +18,8 @@ import (
 // driver sends SET timestamp): how a test puts the database on either side of midnight.
 func openAt(t *testing.T, dsn string, at time.Time) *sqlx.DB {
 	t.Helper()
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Params == nil {
-		cfg.Params = map[string]string{}
-	}
-	cfg.Params["timestamp"] = fmt.Sprintf("%d.%06d", at.Unix(), at.Nanosecond()/1000)
-	db, err := holds.Open(context.Background(), cfg.FormatDSN())
+	dsnAt := testenv.DSNAt(t, dsn, at)
+	db, err := holds.Open(context.Background(), dsnAt)
 	if err != nil {
 		t.Fatal(err)
 	}

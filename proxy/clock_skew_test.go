@@ -2,12 +2,10 @@ package proxy_test
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/tollgate/tollgate/config"
@@ -22,16 +20,9 @@ import (
 // clocks drifted apart do. The database clock is the only clock for expiry (DESIGN §7).
 func skewedDB(t *testing.T, skew time.Duration) *sqlx.DB {
 	t.Helper()
-	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Params == nil {
-		cfg.Params = map[string]string{}
-	}
 	at := time.Now().Add(skew)
-	cfg.Params["timestamp"] = fmt.Sprintf("%d.%06d", at.Unix(), at.Nanosecond()/1000)
-	db, err := holds.Open(context.Background(), cfg.FormatDSN())
+	dsnAt := testenv.DSNAt(t, testenv.MySQLDSN(t), at)
+	db, err := holds.Open(context.Background(), dsnAt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -171,17 +169,10 @@ func TestListingSubcommandsPage(t *testing.T) {
 // TestReportDefaultDayIsTheDatabases: `gateway report` without -from/-to covers the ledger's
 // today, the database's UTC day, not this machine's, which may be past midnight from it.
 func TestReportDefaultDayIsTheDatabases(t *testing.T) {
-	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Params == nil {
-		cfg.Params = map[string]string{}
-	}
 	// Every session runs at this instant (the driver sends SET timestamp).
 	frozen := time.Date(2026, 3, 7, 23, 59, 59, 900_000_000, time.UTC)
-	cfg.Params["timestamp"] = fmt.Sprintf("%d.%06d", frozen.Unix(), frozen.Nanosecond()/1000)
-	t.Setenv("MYSQL_DSN", cfg.FormatDSN())
+	dsnAt := testenv.DSNAt(t, testenv.MySQLDSN(t), frozen)
+	t.Setenv("MYSQL_DSN", dsnAt)
 	raw, err := stdout(t, func() error { return reportCmd(testCtx(t), []string{"-format", "json"}) })
 	if err != nil {
 		t.Fatal(err)

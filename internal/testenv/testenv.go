@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -127,4 +128,20 @@ func RandomID(n int) string {
 func FixturesDir(t testing.TB) string {
 	t.Helper()
 	return fixtures.Dir(t)
+}
+
+// DSNAt is dsn with the database clock of every session standing still at at (the driver
+// sends SET timestamp when it connects): how a test puts the database on either side of
+// midnight, or apart from the gateway's clock.
+func DSNAt(t testing.TB, dsn string, at time.Time) string {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatalf("parse DSN: %v", err)
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["timestamp"] = fmt.Sprintf("%d.%06d", at.Unix(), at.Nanosecond()/1000)
+	return cfg.FormatDSN()
 }
