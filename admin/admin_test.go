@@ -58,6 +58,26 @@ func newFixture(t *testing.T, token string) *fixture {
 	return &fixture{t: t, db: db, store: st, url: srv.URL}
 }
 
+// admitInOneBatch admits reqs in one batch transaction (so they share created_at), each
+// settled at cleanup.
+func (f *fixture) admitInOneBatch(reqs []holds.AdmitRequest) {
+	f.t.Helper()
+	out, err := f.store.AdmitBatch(f.ctx(), reqs)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, o := range out {
+		if o.Err != nil {
+			f.t.Fatal(o.Err)
+		}
+	}
+	f.t.Cleanup(func() {
+		for _, r := range reqs {
+			_, _ = f.store.Settle(f.ctx(), holds.Settlement{RunID: r.RunID, Source: holds.SourceComplete})
+		}
+	})
+}
+
 func (f *fixture) ctx() context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	f.t.Cleanup(cancel)

@@ -164,20 +164,7 @@ func TestFullLastPageSaysNoMore(t *testing.T) {
 		reqs = append(reqs, holds.AdmitRequest{RunID: fmt.Sprintf("r_%d", i), UserID: u.ID, Model: "m",
 			State: holds.StateQueued, TTL: time.Minute})
 	}
-	out, err := f.store.AdmitBatch(f.ctx(), reqs) // one batch: the four share created_at
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range out {
-		if o.Err != nil {
-			t.Fatal(o.Err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, r := range reqs {
-			_, _ = f.store.Settle(f.ctx(), holds.Settlement{RunID: r.RunID, Source: holds.SourceComplete})
-		}
-	})
+	f.admitInOneBatch(reqs) // one batch: the four share created_at
 	f.checkWalks(t, "/admin/users/payer/grants", "id", grantIDs)
 	f.checkWalks(t, "/admin/runs?user=payer", "id", []string{"r_3", "r_2", "r_1", "r_0"})
 	if out := f.admin("GET", "/admin/runs?after=r_nope", nil, http.StatusBadRequest); errCode(out) != "invalid_after" {

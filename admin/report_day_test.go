@@ -1,7 +1,6 @@
 package admin_test
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -22,12 +21,7 @@ import (
 func TestReportDefaultDayIsTheDatabases(t *testing.T) {
 	// Every session of this handle runs at this instant (the driver sends SET timestamp).
 	frozen := time.Date(2026, 3, 7, 23, 59, 59, 900_000_000, time.UTC)
-	dsnAt := testenv.DSNAt(t, testenv.MySQLDSN(t), frozen)
-	db, err := holds.Open(context.Background(), dsnAt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, testenv.DSNAt(t, testenv.MySQLDSN(t), frozen))
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	r := chi.NewRouter()
 	r.Mount("/admin", admin.New(holds.NewStore(db, plans(), "standard", log), 1000, adminToken, log))

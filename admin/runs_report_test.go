@@ -37,20 +37,7 @@ func TestRunsListPagesWithoutLosingRuns(t *testing.T) {
 		reqs = append(reqs, holds.AdmitRequest{RunID: fmt.Sprintf("r_%d", i), UserID: u.ID, Model: "m",
 			State: holds.StateRunning, TTL: time.Minute})
 	}
-	out, err := f.store.AdmitBatch(f.ctx(), reqs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range out {
-		if o.Err != nil {
-			t.Fatal(o.Err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, r := range reqs {
-			_, _ = f.store.Settle(f.ctx(), holds.Settlement{RunID: r.RunID, Source: holds.SourceComplete})
-		}
-	})
+	f.admitInOneBatch(reqs)
 
 	seen := map[string]bool{}
 	path := "/admin/runs?limit=2"

@@ -76,12 +76,7 @@ func TestBalanceNeverSeesHalfASettlement(t *testing.T) {
 func TestBalanceDayIsTheLedgersDay(t *testing.T) {
 	// Every session of this handle runs at this instant (the driver sends SET timestamp).
 	frozen := time.Date(2026, 3, 7, 23, 59, 59, 900_000_000, time.UTC)
-	dsnAt := testenv.DSNAt(t, testenv.MySQLDSN(t), frozen)
-	db, err := holds.Open(context.Background(), dsnAt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, testenv.DSNAt(t, testenv.MySQLDSN(t), frozen))
 	st := holds.NewStore(db, acctPlans(), "standard", zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -18,12 +18,7 @@ import (
 // driver sends SET timestamp): how a test puts the database on either side of midnight.
 func openAt(t *testing.T, dsn string, at time.Time) *sqlx.DB {
 	t.Helper()
-	dsnAt := testenv.DSNAt(t, dsn, at)
-	db, err := holds.Open(context.Background(), dsnAt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, testenv.DSNAt(t, dsn, at))
 	return db
 }
 

@@ -9,7 +9,6 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -21,12 +20,7 @@ import (
 func skewedDB(t *testing.T, skew time.Duration) *sqlx.DB {
 	t.Helper()
 	at := time.Now().Add(skew)
-	dsnAt := testenv.DSNAt(t, testenv.MySQLDSN(t), at)
-	db, err := holds.Open(context.Background(), dsnAt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, testenv.DSNAt(t, testenv.MySQLDSN(t), at))
 	return db
 }
 

@@ -69,7 +69,12 @@ func MySQLDSN(t testing.TB) string {
 // MySQL is MySQLDSN opened; the handle closes at cleanup.
 func MySQL(t testing.TB) *sqlx.DB {
 	t.Helper()
-	dsn := MySQLDSN(t)
+	return Open(t, MySQLDSN(t))
+}
+
+// Open opens dsn; the handle closes at cleanup.
+func Open(t testing.TB, dsn string) *sqlx.DB {
+	t.Helper()
 	db, err := holds.Open(context.Background(), dsn)
 	if err != nil {
 		t.Fatalf("open test database: %v", err)
