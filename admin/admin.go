@@ -25,6 +25,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
@@ -73,7 +74,8 @@ func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) h
 	h.tokenHash = sha256.Sum256([]byte(token))
 
 	r := chi.NewRouter()
-	r.Use(h.auth)
+	// GetHead: a HEAD is answered as the GET it probes, as on the gateway's own routes.
+	r.Use(h.auth, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNoRoute) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("Allow", strings.Join(allowedMethods(r, req), ", "))
@@ -120,6 +122,9 @@ func allowedMethods(r *chi.Mux, req *http.Request) []string {
 	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
 		if r.Match(chi.NewRouteContext(), m, path) {
 			out = append(out, m)
+			if m == http.MethodGet {
+				out = append(out, http.MethodHead) // answered as the GET (middleware.GetHead)
+			}
 		}
 	}
 	return out

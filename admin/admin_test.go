@@ -133,7 +133,7 @@ func (f *fixture) call(method, path, tok string, body any, hdr ...string) (int, 
 		f.t.Fatal(err)
 	}
 	var out map[string]any
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") && method != http.MethodHead {
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.UseNumber()
 		if err := dec.Decode(&out); err != nil {

@@ -71,9 +71,13 @@ func TestWrongMethodIs405WithAllow(t *testing.T) {
 	}
 }
 
-// wrongMethods sends every method path does not serve and checks the 405 answer.
+// wrongMethods sends every method path does not serve and checks the 405 answer. A route
+// that serves GET serves HEAD too, and its Allow says so.
 func wrongMethods(t *testing.T, r http.Handler, path string, allowed []string) {
 	t.Helper()
+	if slices.Contains(allowed, "GET") {
+		allowed = slices.Insert(slices.Clone(allowed), 1, "HEAD")
+	}
 	for _, m := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"} {
 		if slices.Contains(allowed, m) {
 			continue
@@ -92,5 +96,30 @@ func wrongMethods(t *testing.T, r http.Handler, path string, allowed []string) {
 		if m != "HEAD" && !strings.Contains(w.Body.String(), `"code":"method_not_allowed"`) {
 			t.Errorf("%s %s: body %s, want the error shape with code method_not_allowed", m, path, w.Body)
 		}
+	}
+}
+
+// TestHeadIsAnsweredLikeGet: HEAD on an admin GET route was 405 (a monitor probing the admin
+// API with HEAD saw it down); it now gets the GET answer's status without its body, and the
+// same refusals a GET gets.
+func TestHeadIsAnsweredLikeGet(t *testing.T) {
+	f := newFixture(t, adminToken)
+	f.admin("POST", "/admin/users", map[string]any{"name": "acme"}, http.StatusCreated)
+	for _, tc := range []struct {
+		path string
+		want int
+	}{
+		{"/admin/users", http.StatusOK},
+		{"/admin/users/acme", http.StatusOK},
+		{"/admin/users/acme/balance", http.StatusOK},
+		{"/admin/users/nobody", http.StatusNotFound},
+	} {
+		status, _, raw := f.call("HEAD", tc.path, adminToken, nil)
+		if status != tc.want || len(raw) != 0 {
+			t.Errorf("HEAD %s: %d body %q, want %d without a body", tc.path, status, raw, tc.want)
+		}
+	}
+	if status, _, _ := f.call("HEAD", "/admin/users", "wrong", nil); status != http.StatusUnauthorized {
+		t.Errorf("HEAD /admin/users with a wrong token: %d, want 401", status)
 	}
 }

@@ -14,8 +14,9 @@ func TestMethodNotAllowedNamesTheAllowedMethods(t *testing.T) {
 	for _, tc := range []struct{ method, path, allow string }{
 		{http.MethodGet, "/v1/chat/completions", "POST"},
 		{http.MethodGet, "/v1/messages/count_tokens", "POST"},
-		{http.MethodPost, "/v1/credits", "GET"},
-		{http.MethodDelete, "/v1/runs/r_1", "GET"},
+		{http.MethodPost, "/v1/credits", "GET, HEAD"},
+		{http.MethodDelete, "/v1/runs/r_1", "GET, HEAD"},
+		{http.MethodHead, "/v1/chat/completions", "POST"},
 	} {
 		req, _ := http.NewRequest(tc.method, h.gw.URL+tc.path, strings.NewReader("{}"))
 		req.Header.Set("Authorization", "Bearer "+key)
@@ -25,9 +26,33 @@ func TestMethodNotAllowedNamesTheAllowedMethods(t *testing.T) {
 		}
 		body := readAll(t, resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != tc.allow || errorCode(t, body) != "method_not_allowed" {
+		// A HEAD answer has no body to carry the error.
+		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != tc.allow ||
+			(tc.method != http.MethodHead && errorCode(t, body) != "method_not_allowed") {
 			t.Errorf("%s %s: %d Allow %q %s, want 405 method_not_allowed with Allow %q", tc.method, tc.path, resp.StatusCode,
 				resp.Header.Get("Allow"), body, tc.allow)
+		}
+	}
+}
+
+// TestHeadIsAnsweredLikeGet: HEAD on a GET route was 405, so a load balancer's health check
+// that probes with HEAD (HAProxy's httpchk, many monitors) saw a healthy gateway as down. HEAD
+// now gets the GET answer's status and headers without its body.
+func TestHeadIsAnsweredLikeGet(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	for _, path := range []string{"/healthz", "/readyz", "/v1/models", "/v1/credits"} {
+		req, _ := http.NewRequest(http.MethodHead, h.gw.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || len(body) != 0 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+			t.Errorf("HEAD %s: %d %q body %q, want 200 application/json without a body", path, resp.StatusCode,
+				resp.Header.Get("Content-Type"), body)
 		}
 	}
 }

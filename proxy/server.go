@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -165,15 +166,17 @@ func newTransport(l config.Limits) *http.Transport {
 // Handler is the gateway's router.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.boundAnswerEnd, s.boundUnreadBody, shapeErrors)
+	// GetHead: a HEAD is answered as the GET it probes (load balancers' health checks send HEAD).
+	r.Use(s.boundAnswerEnd, s.boundUnreadBody, shapeErrors, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		// chi hands a custom 405 handler no list of the route's methods: they are found again.
 		var allowed []string
-		for _, m := range []string{http.MethodGet, http.MethodPost} {
-			if r.Match(chi.NewRouteContext(), m, req.URL.Path) {
-				allowed = append(allowed, m)
-			}
+		if r.Match(chi.NewRouteContext(), http.MethodGet, req.URL.Path) {
+			allowed = append(allowed, http.MethodGet, http.MethodHead)
+		}
+		if r.Match(chi.NewRouteContext(), http.MethodPost, req.URL.Path) {
+			allowed = append(allowed, http.MethodPost)
 		}
 		w.Header().Set("Allow", strings.Join(allowed, ", "))
 		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
