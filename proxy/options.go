@@ -55,6 +55,19 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		if t := firstTool(root, "web_search", "code_execution"); t != "" {
 			return "the server tool '" + t + "' (a per-use fee)"
 		}
+		if t := firstTool(root, "advisor"); t != "" {
+			// The advisor's tokens are billed at the advisor model's rates, a dearer model
+			// than the one asked for and priced here.
+			return "the server tool '" + t + "' (the advisor model's rates)"
+		}
+		// Fast mode costs a multiple of the standard rates, US-only inference 1.1x of every
+		// token; "standard" and "global" are the defaults, at the model's price.
+		if v := root.Get("speed"); v.Exists() && v.Type != gjson.Null && v.Str != "standard" {
+			return "'speed: " + v.String() + "' (fast mode's rates)"
+		}
+		if v := root.Get("inference_geo"); v.Exists() && v.Type != gjson.Null && v.Str != "global" {
+			return "'inference_geo: " + v.String() + "' (regional inference's rates)"
+		}
 		for _, v := range header.Values("Anthropic-Beta") {
 			if strings.Contains(v, "context-1m") {
 				return "the 'context-1m' beta (long-context rates)"

@@ -456,10 +456,11 @@ func foldKey(s string) string {
 // readKeys are the top-level keys parseCall reads, across every route: "messages" and "input"
 // too, under which the audio refusal looks for input_audio parts (one in another case alone
 // would carry them past it to a provider that folds keys), and "prompt", whose batch
-// multiplies a completions call's answers.
+// multiplies a completions call's answers, and Anthropic's "speed" and "inference_geo", whose
+// premium rates are refused (unpricedOption).
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
-	"previous_response_id", "conversation", "prompt"}
+	"previous_response_id", "conversation", "prompt", "speed", "inference_geo"}
 
 // outputBound is the most output the call can produce as sent: none on a route without output
 // (embeddings), its own limit, else the model's configured one (modelMaxOutput, 0 when
