@@ -449,17 +449,33 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 	if userID != 0 {
 		userCond, args = " AND h.user_id = ?", append(args, userID)
 	}
-	q := `SELECT h.user_id, u.name AS user_name, DATE_FORMAT(h.settled_at, '%Y-%m-%d') AS day, h.model,
-		       COUNT(*) AS runs, SUM(h.charged_micro > 0) AS charged_runs, SUM(h.calls) AS calls,
+	// Settled runs still kept, summed per user, day and model, and the sums of those pruned
+	// (PruneSettled), which are kept on the same grouping: a day reads the same either way.
+	q := `SELECT h.user_id, u.name AS user_name, h.day, h.model,
+		       SUM(h.runs) AS runs, SUM(h.charged_runs) AS charged_runs, SUM(h.calls) AS calls,
 		       SUM(h.in_tok) AS in_tok, SUM(h.cache_read_tok) AS cache_read_tok,
 		       SUM(h.cache_write_tok) AS cache_write_tok, SUM(h.out_tok) AS out_tok,
 		       SUM(h.cost_micro) AS cost_micro, SUM(h.charged_micro) AS charged_micro,
 		       SUM(h.allowance_part_micro) AS allowance_part_micro, SUM(h.prepaid_part_micro) AS prepaid_part_micro
-		FROM run_holds h JOIN users u ON u.id = h.user_id
-		WHERE h.state = 'settled' AND h.settled_at >= ? AND h.settled_at < ?` + userCond + `
-		GROUP BY h.user_id, u.name, DATE_FORMAT(h.settled_at, '%Y-%m-%d'), h.model
-		ORDER BY u.name, day, h.model
+		FROM (SELECT h.user_id, DATE_FORMAT(h.settled_at, '%Y-%m-%d') AS day, h.model,
+		             COUNT(*) AS runs, SUM(h.charged_micro > 0) AS charged_runs, SUM(h.calls) AS calls,
+		             SUM(h.in_tok) AS in_tok, SUM(h.cache_read_tok) AS cache_read_tok,
+		             SUM(h.cache_write_tok) AS cache_write_tok, SUM(h.out_tok) AS out_tok,
+		             SUM(h.cost_micro) AS cost_micro, SUM(h.charged_micro) AS charged_micro,
+		             SUM(h.allowance_part_micro) AS allowance_part_micro, SUM(h.prepaid_part_micro) AS prepaid_part_micro
+		      FROM run_holds h
+		      WHERE h.state = 'settled' AND h.settled_at >= ? AND h.settled_at < ?` + userCond + `
+		      GROUP BY h.user_id, DATE_FORMAT(h.settled_at, '%Y-%m-%d'), h.model
+		      UNION ALL
+		      SELECT h.user_id, DATE_FORMAT(h.day, '%Y-%m-%d'), h.model, h.runs, h.charged_runs, h.calls, h.in_tok,
+		             h.cache_read_tok, h.cache_write_tok, h.out_tok, h.cost_micro, h.charged_micro,
+		             h.allowance_part_micro, h.prepaid_part_micro
+		      FROM pruned_runs h WHERE h.day >= ? AND h.day < ?` + userCond + `) h
+		JOIN users u ON u.id = h.user_id
+		GROUP BY h.user_id, u.name, h.day, h.model
+		ORDER BY u.name, h.day, h.model
 		LIMIT ` + strconv.Itoa(maxReportRows+1)
+	rowArgs := append(append([]any{}, args...), args...)
 	ledgerQ := `SELECT COALESCE(SUM(used_micro), 0) AS used, COALESCE(SUM(run_count), 0) AS runs
 		FROM usage_days h WHERE h.day >= ? AND h.day < ?` + userCond
 	var ledger struct {
@@ -475,7 +491,7 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 		}
 		defer tx.Rollback()
 		rep.Rows = rep.Rows[:0]
-		if err := tx.SelectContext(ctx, &rep.Rows, q, args...); err != nil {
+		if err := tx.SelectContext(ctx, &rep.Rows, q, rowArgs...); err != nil {
 			return err
 		}
 		return tx.GetContext(ctx, &ledger, ledgerQ, args...)

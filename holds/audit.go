@@ -19,7 +19,8 @@ type Mismatch struct {
 // ledger equals the sum of charged_micro of the holds settled that day, and its run_count the
 // number of those that charged anything; each charge's allowance and prepaid parts add up to
 // it; no live hold carries a charge; and each user's prepaid credits are what their grants
-// gave less the prepaid parts of their charges (grants and settlements are its only writers). The tests end with it, the benchmark runs it after every
+// gave less the prepaid parts of their charges (grants and settlements are its only writers).
+// Runs pruned (PruneSettled) count by their sums in pruned_runs. The tests end with it, the benchmark runs it after every
 // scenario, and an operator can run it (`gateway audit`). It reads, never writes.
 func Audit(ctx context.Context, db *sqlx.DB) ([]Mismatch, error) {
 	var days []struct {
@@ -35,11 +36,17 @@ func Audit(ctx context.Context, db *sqlx.DB) ([]Mismatch, error) {
 		       COALESCE(d.used_micro, 0) AS ledger, COALESCE(h.charged, 0) AS charged,
 		       COALESCE(d.run_count, 0) AS runs, COALESCE(h.counted, 0) AS counted
 		FROM (SELECT user_id, day FROM usage_days
-		      UNION SELECT user_id, DATE(settled_at) FROM run_holds WHERE state = 'settled') k
+		      UNION SELECT user_id, DATE(settled_at) FROM run_holds WHERE state = 'settled'
+		      UNION SELECT user_id, day FROM pruned_runs) k
 		LEFT JOIN usage_days d ON d.user_id = k.user_id AND d.day = k.day
-		LEFT JOIN (SELECT user_id, DATE(settled_at) AS day, SUM(charged_micro) AS charged,
-		                  SUM(charged_micro > 0) AS counted
-		           FROM run_holds WHERE state = 'settled' GROUP BY user_id, DATE(settled_at)) h
+		LEFT JOIN (SELECT user_id, day, SUM(charged) AS charged, SUM(counted) AS counted
+		           FROM (SELECT user_id, DATE(settled_at) AS day, SUM(charged_micro) AS charged,
+		                        SUM(charged_micro > 0) AS counted
+		                 FROM run_holds WHERE state = 'settled' GROUP BY user_id, DATE(settled_at)
+		                 UNION ALL
+		                 SELECT user_id, day, SUM(charged_micro), SUM(charged_runs)
+		                 FROM pruned_runs GROUP BY user_id, day) both_parts
+		           GROUP BY user_id, day) h
 		       ON h.user_id = k.user_id AND h.day = k.day`)
 	if err != nil {
 		return nil, fmt.Errorf("audit day ledger: %w", err)
@@ -79,7 +86,8 @@ func Audit(ctx context.Context, db *sqlx.DB) ([]Mismatch, error) {
 		       a.prepaid <> a.granted - a.spent AS differs
 		FROM (SELECT u.id, u.prepaid_micro AS prepaid,
 		             COALESCE((SELECT SUM(amount_micro) FROM grants g WHERE g.user_id = u.id), 0) AS granted,
-		             COALESCE((SELECT SUM(prepaid_part_micro) FROM run_holds h WHERE h.user_id = u.id), 0) AS spent
+		             COALESCE((SELECT SUM(prepaid_part_micro) FROM run_holds h WHERE h.user_id = u.id), 0) +
+		             COALESCE((SELECT SUM(prepaid_part_micro) FROM pruned_runs p WHERE p.user_id = u.id), 0) AS spent
 		      FROM users u) a`)
 	if err != nil {
 		return nil, fmt.Errorf("audit prepaid credits: %w", err)

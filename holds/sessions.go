@@ -106,8 +106,10 @@ func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, 
 // spares a conversation between two of its messages a delete and a fresh insert.
 //
 // The candidates are found by a plain read (no locks at READ COMMITTED): the idle rows, a
-// range of an index (sessions_updated), each one's run read by its primary key (STRAIGHT_JOIN
-// keeps that order whatever the statistics say). The DELETE
+// range of an index (sessions_updated), each one's run read by its primary key (a LEFT JOIN
+// keeps that order whatever the statistics say). A run that is not there was pruned
+// (PruneSettled deletes only settled runs, and a session points only at a run whose hold was
+// taken before). The DELETE
 // then names them by primary key and reads no run: a settled run stays settled, so a row
 // whose current run is still the one read needs no second look at it. (A DELETE that read
 // run_holds itself, in a subquery, took share locks on the run of every idle session, live
@@ -124,9 +126,9 @@ func (s *Store) PruneSessions(ctx context.Context, idle time.Duration, limit int
 			SessionID []byte `db:"session_id"`
 			RunID     string `db:"current_run_id"`
 		}
-		if err := s.db.SelectContext(ctx, &rows, `SELECT STRAIGHT_JOIN s.user_id, s.session_id, s.current_run_id
-			FROM sessions s JOIN run_holds h ON h.run_id = s.current_run_id
-			WHERE s.updated_at < NOW(6) - INTERVAL ? MICROSECOND AND h.state = 'settled'
+		if err := s.db.SelectContext(ctx, &rows, `SELECT s.user_id, s.session_id, s.current_run_id
+			FROM sessions s LEFT JOIN run_holds h ON h.run_id = s.current_run_id
+			WHERE s.updated_at < NOW(6) - INTERVAL ? MICROSECOND AND (h.state = 'settled' OR h.run_id IS NULL)
 			LIMIT ?`, idle.Microseconds(), limit); err != nil {
 			return fmt.Errorf("find ended sessions: %w", err)
 		}

@@ -127,7 +127,7 @@ func TestOldKeyStatementsOnSchema011(t *testing.T) {
 	if _, err := db.Exec("INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash(1), uid, "tg_before"); err != nil {
 		t.Fatal(err)
 	}
-	if done, err := tgsql.Migrate(ctx, db.DB); err != nil || len(done) != 1 {
+	if done, err := tgsql.MigrateTo(ctx, db.DB, 11); err != nil || len(done) != 1 {
 		t.Fatalf("migrate to 011: %v, %v", done, err)
 	}
 	// The old binary, now on the new schema.
@@ -245,8 +245,8 @@ func TestMigrateDoesNotQueueAdmissionsBehindItsLockWait(t *testing.T) {
 	if merr == nil || !strings.Contains(merr.Error(), "rerun") {
 		t.Fatalf("migrate behind a long reader: %v; want it to give up its wait and say to rerun", merr)
 	}
-	if done, err := tgsql.Migrate(ctx, db.DB); err != nil || len(done) != 2 {
-		t.Fatalf("rerun once the reader is gone: %v, %v", done, err)
+	if done, err := tgsql.Migrate(ctx, db.DB); err != nil || len(done) == 0 || done[0] != "010_run_holds_created_index.sql" {
+		t.Fatalf("rerun once the reader is gone: %v, %v; want 010 applied first", done, err)
 	}
 }
 

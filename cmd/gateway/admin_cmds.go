@@ -34,6 +34,8 @@ const adminUsage = `  user list      [-after NAME] [-limit 100]
   balance        -user NAME
   runs           [-user NAME] [-state queued|running|settled] [-since T] [-until T] [-after RUN_ID] [-limit 100]
   report         [-from YYYY-MM-DD] [-to YYYY-MM-DD] [-user NAME] [-format csv|json]
+  prune          -days N [-batch 1000]   (delete runs settled more than N >= 7 days ago; their
+                 sums are kept, so reports, audit and balances read the same)
                  (user list, key list and runs print a page as the API answers it: has_more,
                  and last_id, to pass as -after for the next page; -limit at most 1000)
 `
@@ -461,4 +463,34 @@ func reportCmd(ctx context.Context, args []string) error {
 		return printJSON(v.Report(rep))
 	}
 	return v.WriteReportCSV(os.Stdout, rep)
+}
+
+// pruneCmd deletes settled runs older than -days (see holds.PruneSettled): the usage report,
+// the audit and the balances read the same after. The cutoff must also pass dedup.replay_ttl,
+// during which an Idempotency-Key replay reads the run its attempt settled.
+func pruneCmd(ctx context.Context, args []string) error {
+	var days, batch int
+	e, st, _, err := adminEnv(ctx, "prune", args, func(fs *flag.FlagSet) {
+		fs.IntVar(&days, "days", 0, "delete runs settled more than this many days ago (at least 7)")
+		fs.IntVar(&batch, "batch", 1000, "runs per transaction (1 to 10000)")
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	age := time.Duration(days) * 24 * time.Hour
+	if days <= 0 || age < holds.MinPruneAge {
+		return fmt.Errorf("-days %d: %w: at least %d", days, holds.ErrBadFilter, holds.MinPruneAge/(24*time.Hour))
+	}
+	if age <= e.cfg.Dedup.ReplayTTL {
+		return fmt.Errorf("-days %d: %w: must pass dedup.replay_ttl (%v), while an Idempotency-Key replay reads its run",
+			days, holds.ErrBadFilter, e.cfg.Dedup.ReplayTTL)
+	}
+	res, err := st.PruneSettled(ctx, age, batch)
+	if err != nil {
+		// Each batch commits whole: what was pruned stays pruned, and a rerun goes on.
+		return fmt.Errorf("%w (%d runs pruned in %d batches before it; run it again to go on)", err, res.Runs, res.Batches)
+	}
+	fmt.Printf("pruned %d settled runs older than %d days in %d batches\n", res.Runs, days, res.Batches)
+	return nil
 }

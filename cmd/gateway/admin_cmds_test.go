@@ -182,3 +182,57 @@ func TestReportDefaultDayIsTheDatabases(t *testing.T) {
 		t.Fatalf("report %s (%v): want the database's day 2026-03-07", raw, err)
 	}
 }
+
+// TestPruneCommandDeletesOldSettledRunsAndRefusesAYoungCutoff: `gateway prune` refuses a
+// cutoff under a week or within dedup.replay_ttl (an Idempotency-Key replay still reads the
+// run), deleting nothing; with a valid one it deletes the settled runs older than it, keeps
+// younger and live ones, and the audit still balances.
+func TestPruneCommandDeletesOldSettledRunsAndRefusesAYoungCutoff(t *testing.T) {
+	count := useTestDatabase(t)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	dsn := os.Getenv("MYSQL_DSN")
+	db, err := holds.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range []string{
+		`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, charged_micro, allowance_part_micro, expires_at, settled_at)
+		 SELECT 'r_old', id, 'settled', 100, 100, 40, 40, NOW(6) - INTERVAL 20 DAY, NOW(6) - INTERVAL 20 DAY FROM users`,
+		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, DATE(NOW(6) - INTERVAL 20 DAY), 40, 1 FROM users`,
+		`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, expires_at, settled_at)
+		 SELECT 'r_recent', id, 'settled', 100, 100, NOW(6) - INTERVAL 2 DAY, NOW(6) - INTERVAL 2 DAY FROM users`,
+		`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, expires_at)
+		 SELECT 'r_live', id, 'running', 100, 100, NOW(6) + INTERVAL 1 HOUR FROM users`,
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, args := range [][]string{{}, {"-days", "6"}, {"-days", "7", "-batch", "0"}} {
+		if err := pruneCmd(ctx, args); !errors.Is(err, holds.ErrBadFilter) {
+			t.Errorf("prune %v: %v, want holds.ErrBadFilter", args, err)
+		}
+	}
+	cfg := t.TempDir() + "/config.yaml"
+	if err := os.WriteFile(cfg, []byte("dedup:\n  replay_ttl: 240h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := pruneCmd(ctx, []string{"-config", cfg, "-days", "8"}); !errors.Is(err, holds.ErrBadFilter) {
+		t.Errorf("prune -days 8 with replay_ttl 10 days: %v, want holds.ErrBadFilter", err)
+	}
+	if n := count("SELECT COUNT(*) FROM run_holds"); n != 3 {
+		t.Fatalf("%d runs after refused prunes, want all 3", n)
+	}
+	out, err := stdout(t, func() error { return pruneCmd(ctx, []string{"-days", "7"}) })
+	if err != nil || !strings.Contains(string(out), "pruned 1 settled runs") {
+		t.Fatalf("prune -days 7: %q, %v", out, err)
+	}
+	if n := count("SELECT COUNT(*) FROM run_holds WHERE run_id IN ('r_recent', 'r_live')"); n != 2 || count("SELECT COUNT(*) FROM run_holds") != 2 {
+		t.Errorf("runs left: want r_recent and r_live only")
+	}
+	testenv.CheckLedger(t, db)
+}

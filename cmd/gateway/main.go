@@ -48,7 +48,7 @@ func main() {
 }
 
 // commandTimeout bounds every command but serve and migrate (reconcile -once, reports,
-// grants, audit).
+// grants, audit, prune: a prune stopped by it keeps the batches it committed).
 const commandTimeout = 10 * time.Minute
 
 func run(args []string) error {
@@ -106,6 +106,8 @@ func run(args []string) error {
 		return reportCmd(ctx, rest)
 	case "audit":
 		return auditCmd(ctx, rest)
+	case "prune":
+		return pruneCmd(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return nil

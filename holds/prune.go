@@ -1,0 +1,185 @@
+package holds
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// MinPruneAge is the youngest a settled run may be to be pruned. Until then something may
+// still name it: an Idempotency-Key's replay (replay_ttl, a day by default) reads the run its
+// attempt settled, a session's row points at its last run, and an operator looks a recent
+// run up. PruneSettled refuses less; the command also refuses less than replay_ttl.
+const MinPruneAge = 7 * 24 * time.Hour
+
+// MaxPruneBatch bounds one prune transaction: the run rows it locks and deletes, and its
+// statements' size. Settled rows are locked by nobody else but a late duplicate settlement,
+// which waits for the batch, so a batch is short rather than small.
+const MaxPruneBatch = 10_000
+
+// PruneResult is what PruneSettled did.
+type PruneResult struct {
+	Runs    int64 // settled runs deleted
+	Batches int   // transactions committed
+}
+
+// PruneSettled deletes the settled runs that settled more than olderThan ago (by the
+// database clock), batch at a time, oldest first, until none is left. A run_holds row is
+// kept per call, for good, unless this runs: each batch first adds its rows into
+// pruned_runs (per user, UTC day and model) in the same transaction as the delete, so the
+// usage report, the day ledger's audit and the prepaid audit read the same totals after as
+// before. A batch is one transaction: a crash or a lost COMMIT reply leaves every row of it
+// either moved or in place, and a rerun goes on from there. Live runs are never touched.
+//
+// A run pruned is forgotten: GET /v1/runs/{id} answers 404, and a caller's X-Run-Id of it,
+// sent again, opens a new run (charged for its own calls) instead of 409 run_settled.
+func (s *Store) PruneSettled(ctx context.Context, olderThan time.Duration, batch int) (PruneResult, error) {
+	var res PruneResult
+	if olderThan < MinPruneAge {
+		return res, fmt.Errorf("prune: %w: older than %v, at least %v", ErrBadFilter, olderThan, MinPruneAge)
+	}
+	if batch < 1 || batch > MaxPruneBatch {
+		return res, fmt.Errorf("prune: %w: batch of %d, 1 to %d", ErrBadFilter, batch, MaxPruneBatch)
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("prune after %d runs: %w", res.Runs, err)
+		}
+		var n int
+		err := s.inTx(ctx, "prune", func(tx *sqlx.Tx) error {
+			var err error
+			n, err = pruneBatch(ctx, tx, olderThan, batch)
+			return err
+		})
+		if err != nil {
+			return res, fmt.Errorf("prune after %d runs: %w", res.Runs, err)
+		}
+		if n == 0 {
+			return res, nil
+		}
+		res.Runs += int64(n)
+		res.Batches++
+		if n < batch {
+			return res, nil
+		}
+	}
+}
+
+// prunedRun is a settled run's row as PruneSettled reads it: what pruned_runs sums.
+type prunedRun struct {
+	RunID string `db:"run_id"`
+	prunedTotals
+}
+
+// prunedTotals is one pruned_runs row: a user's runs of one model settled on one UTC day.
+type prunedTotals struct {
+	UserID             uint64 `db:"user_id"`
+	Day                string `db:"day"`
+	Model              string `db:"model"`
+	Runs               int64  `db:"runs"`
+	ChargedRuns        int64  `db:"charged_runs"`
+	Calls              int64  `db:"calls"`
+	InTok              int64  `db:"in_tok"`
+	CacheReadTok       int64  `db:"cache_read_tok"`
+	CacheWriteTok      int64  `db:"cache_write_tok"`
+	OutTok             int64  `db:"out_tok"`
+	CostMicro          int64  `db:"cost_micro"`
+	ChargedMicro       int64  `db:"charged_micro"`
+	AllowancePartMicro int64  `db:"allowance_part_micro"`
+	PrepaidPartMicro   int64  `db:"prepaid_part_micro"`
+}
+
+// pruneBatch moves up to batch of the oldest prunable runs into pruned_runs and deletes them.
+// Their rows are locked as they are read, so the delete removes exactly what was summed. No
+// user row is locked: a settled run's row is written by no settlement (a late duplicate one
+// locks it, after its user's, and finds it settled), so this cannot join a cycle with the
+// users -> run_holds -> usage_days order, and pruned_runs is written by prunes alone.
+func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch int) (int, error) {
+	var rows []prunedRun
+	err := tx.SelectContext(ctx, &rows, `SELECT run_id, user_id, DATE_FORMAT(settled_at, '%Y-%m-%d') AS day, model,
+		       1 AS runs, charged_micro > 0 AS charged_runs, calls, in_tok, cache_read_tok, cache_write_tok, out_tok,
+		       cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro
+		FROM run_holds WHERE settled_at < NOW(6) - INTERVAL ? MICROSECOND AND state = 'settled'
+		ORDER BY settled_at LIMIT ? FOR UPDATE`, olderThan.Microseconds(), batch)
+	if err != nil {
+		return 0, fmt.Errorf("read runs to prune: %w", err)
+	}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	sums := sumPruned(rows)
+	var q strings.Builder
+	q.WriteString(`INSERT INTO pruned_runs (user_id, day, model, runs, charged_runs, calls, in_tok, cache_read_tok,
+		cache_write_tok, out_tok, cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro) VALUES `)
+	args := make([]any, 0, 14*len(sums))
+	for i, t := range sums {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+		args = append(args, t.UserID, t.Day, t.Model, t.Runs, t.ChargedRuns, t.Calls, t.InTok, t.CacheReadTok,
+			t.CacheWriteTok, t.OutTok, t.CostMicro, t.ChargedMicro, t.AllowancePartMicro, t.PrepaidPartMicro)
+	}
+	q.WriteString(` ON DUPLICATE KEY UPDATE runs = runs + VALUES(runs), charged_runs = charged_runs + VALUES(charged_runs),
+		calls = calls + VALUES(calls), in_tok = in_tok + VALUES(in_tok), cache_read_tok = cache_read_tok + VALUES(cache_read_tok),
+		cache_write_tok = cache_write_tok + VALUES(cache_write_tok), out_tok = out_tok + VALUES(out_tok),
+		cost_micro = cost_micro + VALUES(cost_micro), charged_micro = charged_micro + VALUES(charged_micro),
+		allowance_part_micro = allowance_part_micro + VALUES(allowance_part_micro),
+		prepaid_part_micro = prepaid_part_micro + VALUES(prepaid_part_micro)`)
+	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+		return 0, fmt.Errorf("add %d runs to pruned_runs: %w", len(rows), err)
+	}
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.RunID
+	}
+	del, delArgs, err := sqlx.In("DELETE FROM run_holds WHERE state = 'settled' AND run_id IN (?)", ids)
+	if err != nil {
+		return 0, fmt.Errorf("delete pruned runs: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, del, delArgs...)
+	if err != nil {
+		return 0, fmt.Errorf("delete %d pruned runs: %w", len(rows), err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != int64(len(rows)) {
+		// The rows were locked when read: anything else is a broken assumption, and the sums
+		// just written must not commit without their deletes.
+		return 0, fmt.Errorf("delete pruned runs: %d of %d deleted (%v)", n, len(rows), err)
+	}
+	return len(rows), nil
+}
+
+// sumPruned adds runs up per user, day and model, in the order each group first appears.
+func sumPruned(rows []prunedRun) []prunedTotals {
+	type key struct {
+		user       uint64
+		day, model string
+	}
+	at := make(map[key]int, len(rows))
+	var out []prunedTotals
+	for _, r := range rows {
+		k := key{r.UserID, r.Day, r.Model}
+		i, ok := at[k]
+		if !ok {
+			at[k] = len(out)
+			out = append(out, r.prunedTotals)
+			continue
+		}
+		t := &out[i]
+		t.Runs += r.Runs
+		t.ChargedRuns += r.ChargedRuns
+		t.Calls += r.Calls
+		t.InTok += r.InTok
+		t.CacheReadTok += r.CacheReadTok
+		t.CacheWriteTok += r.CacheWriteTok
+		t.OutTok += r.OutTok
+		t.CostMicro += r.CostMicro
+		t.ChargedMicro += r.ChargedMicro
+		t.AllowancePartMicro += r.AllowancePartMicro
+		t.PrepaidPartMicro += r.PrepaidPartMicro
+	}
+	return out
+}
