@@ -46,7 +46,7 @@ type Limits struct {
 	MaxEventBytes    int           `yaml:"max_event_bytes"`    // one SSE event from upstream
 	MaxResponseBytes int64         `yaml:"max_response_bytes"` // a non-streamed upstream body
 	UpstreamTimeout  time.Duration `yaml:"upstream_timeout"`   // a whole upstream call, stream included
-	HeaderTimeout    time.Duration `yaml:"header_timeout"`     // upstream response headers
+	HeaderTimeout    time.Duration `yaml:"header_timeout"`     // a streamed call's upstream response headers
 	// ClientWriteTimeout bounds one write to the caller: a client that takes nothing for this
 	// long has stopped reading, and its call ends as cancelled instead of keeping its hold.
 	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`

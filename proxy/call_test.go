@@ -156,11 +156,13 @@ func TestUpstreamFailureBeforeOutputSettlesAtZero(t *testing.T) {
 }
 
 // TestUpstreamTimeoutAfterTheRequestIsChargedItsPrompt: an upstream that took the whole
-// request and did not answer before the header timeout was working on it (a provider bills
+// request and did not answer in time (upstream_timeout) was working on it (a provider bills
 // that), so the call is charged the estimate of its prompt, as a client's cancel would be —
 // not 0 as for an upstream that failed outright.
 func TestUpstreamTimeoutAfterTheRequestIsChargedItsPrompt(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) { c.Limits.HeaderTimeout = 200 * time.Millisecond })
+	h := newHarness(t, func(c *config.Config) {
+		c.Limits.UpstreamTimeout, c.Limits.HeaderTimeout = 200*time.Millisecond, 100*time.Millisecond
+	})
 	u, key := h.user("standard")
 	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderLatency: "2s"})
 	body := readAll(t, resp.Body)

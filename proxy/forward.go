@@ -36,8 +36,10 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		GotConn:      func(httptrace.GotConnInfo) { sent.Store(false) },
 		WroteRequest: func(i httptrace.WroteRequestInfo) { sent.Store(i.Err == nil) },
 	})
+	ctx, headersLate := headerWait(ctx, c.req.stream, s.cfg.Limits.HeaderTimeout)
 	up, err := s.upstreamRequest(ctx, r, c.req.upstream, c.req.route.path, c.req.body)
 	if err != nil {
+		headersLate()
 		c.outcome = outcomeRefused
 		c.log.Error("build upstream request", zap.Error(err))
 		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error", Message: "Could not build the upstream request."})
@@ -46,6 +48,14 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	sending := time.Now()
 	s.metrics.checksPhase.Observe(sending.Sub(c.held).Seconds())
 	resp, err := s.client.Do(up)
+	if headersLate() {
+		// Said as the timeout it is (Do says "context canceled"). Headers that came just as
+		// the wait ran out cannot be relayed: the answer would be read under a cancelled context.
+		if err == nil {
+			resp.Body.Close()
+		}
+		err = fmt.Errorf("upstream %s: %w", c.req.upstream.Name, errHeaderTimeout)
+	}
 	if err == nil {
 		s.metrics.upstreamPhase.Observe(time.Since(sending).Seconds())
 	}
@@ -109,6 +119,35 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		return s.relayStream(w, r, resp, c, cancel)
 	}
 	return s.relayBody(w, r, resp, c)
+}
+
+// errHeaderTimeout ends a streamed call whose upstream sent no headers within
+// limits.header_timeout (headerWait).
+var errHeaderTimeout = timeoutError("upstream sent no response headers within header_timeout")
+
+// timeoutError is an error that reports itself a timeout (isTimeout).
+type timeoutError string
+
+func (e timeoutError) Error() string { return string(e) }
+func (e timeoutError) Timeout() bool { return true }
+
+// headerWait bounds the wait for a streamed call's response headers by timeout
+// (limits.header_timeout): a stream's headers come before its first token, and an upstream
+// that sends none for that long is stuck. A call answered whole gets its headers only with its
+// whole answer, which a reasoning model or a long output may rightly take minutes to write:
+// limits.upstream_timeout alone bounds it. (Cut at header_timeout, such a call was answered
+// 504, charged its prompt's estimate, and retried by the SDKs, each retry cut and charged
+// again: the caller paid three times for no answer.)
+//
+// stop is called once the headers came or the request failed: it stops the wait and reports
+// whether it had run out, cancelling ctx (Do's error then says "context canceled", not why).
+func headerWait(ctx context.Context, stream bool, timeout time.Duration) (_ context.Context, stop func() (late bool)) {
+	if !stream || timeout <= 0 {
+		return ctx, func() bool { return false }
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	t := time.AfterFunc(timeout, func() { cancel(errHeaderTimeout) })
+	return ctx, func() bool { return !t.Stop() && errors.Is(context.Cause(ctx), errHeaderTimeout) }
 }
 
 // isEventStream reports whether a Content-Type is text/event-stream, in any case and with any

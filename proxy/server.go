@@ -157,7 +157,6 @@ func newTransport(l config.Limits) *http.Transport {
 		MaxIdleConnsPerHost:    1024,
 		IdleConnTimeout:        90 * time.Second,
 		TLSHandshakeTimeout:    10 * time.Second,
-		ResponseHeaderTimeout:  l.HeaderTimeout,
 		MaxResponseHeaderBytes: maxUpstreamHeaderBytes,
 		ExpectContinueTimeout:  time.Second,
 	}
