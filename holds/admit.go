@@ -37,6 +37,11 @@ type AdmitRequest struct {
 	// own hold apart from one another request took on the same named run: a retry claims, and
 	// a release (Settlement.AdmitToken) closes, only the hold carrying it. Empty: none.
 	Token string
+	// PriceSnapshot is the JSON of the prices the call's cost will be computed at (the
+	// admitting process's table), recorded on a new hold: a run settled by another process
+	// (the reconciler, a replica with a newer price table) keeps it, so its bill can be
+	// explained by the prices it was billed at. Empty: none recorded.
+	PriceSnapshot []byte
 }
 
 // Hold is an admitted hold.
@@ -223,15 +228,15 @@ func appendInsertHolds(sc *script, rows []admittedRow) {
 		return
 	}
 	q := make([]byte, 0, 200+len(rows)*48)
-	q = append(q, "INSERT INTO run_holds (run_id, user_id, client_run_id, session_id, state, held_micro, cap_micro, model, discount_bp, expires_at, admit_token) VALUES "...)
-	args := make([]any, 0, len(rows)*11)
+	q = append(q, "INSERT INTO run_holds (run_id, user_id, client_run_id, session_id, state, held_micro, cap_micro, model, discount_bp, expires_at, admit_token, price_snapshot) VALUES "...)
+	args := make([]any, 0, len(rows)*12)
 	for i, r := range rows {
 		if i > 0 {
 			q = append(q, ',')
 		}
-		q = append(q, "(?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, ?, ?, ?, NULLIF(?, ''))"...)
+		q = append(q, "(?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?)"...)
 		args = append(args, r.hold.RunID, r.hold.UserID, r.req.ClientRunID, r.req.SessionID, r.hold.State,
-			r.hold.HeldMicro, r.hold.CapMicro, r.req.Model, r.hold.DiscountBP, r.expires, r.req.Token)
+			r.hold.HeldMicro, r.hold.CapMicro, r.req.Model, r.hold.DiscountBP, r.expires, r.req.Token, nullJSON(r.req.PriceSnapshot))
 	}
 	sc.add(string(q), args...)
 }

@@ -251,7 +251,7 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	if len(plan.lockRuns) > 0 {
 		sc.addIn(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
 			DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), state IN ('queued', 'running') AND expires_at > @tg_now, admit_token,
-			settle_token, charged_micro, allowance_part_micro, prepaid_part_micro, cost_micro
+			settle_token, charged_micro, allowance_part_micro, prepaid_part_micro, cost_micro, price_snapshot IS NOT NULL
 			FROM run_holds WHERE run_id IN (?) FOR UPDATE`, plan.lockRuns)
 	}
 	if len(plan.lookupRuns) > 0 {
@@ -295,7 +295,8 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 		if err := sets.each("lock holds", func() error {
 			var h lockedHold
 			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.ExpiresAt, &h.Counted, &h.Token,
-				&h.SettleToken, &h.Settled.ChargedMicro, &h.Settled.AllowancePart, &h.Settled.PrepaidPart, &h.Settled.CostMicro); err != nil {
+				&h.SettleToken, &h.Settled.ChargedMicro, &h.Settled.AllowancePart, &h.Settled.PrepaidPart, &h.Settled.CostMicro,
+				&h.HasSnapshot); err != nil {
 				return err
 			}
 			h.Settled.UserID = h.UserID

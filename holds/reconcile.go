@@ -83,7 +83,8 @@ type ReconcilerConfig struct {
 	// the first hold of a pass is always handled, so every pass makes progress.
 	PassBudget time.Duration
 	// PriceSnapshot, when set, gives the price snapshot stored with a settlement from the
-	// tally, by the model recorded at admission; nil or an empty result stores none.
+	// tally, by the model recorded at admission, for a hold that recorded no prices when it was
+	// admitted (one that did keeps its own); nil or an empty result stores none.
 	PriceSnapshot func(model string) []byte
 	// OnOutcome, when set, is called once per expired hold handled (for metrics).
 	OnOutcome func(outcome string)
@@ -359,7 +360,9 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		// 2. Settled from the tally: Settle applies the hold's discount and clamps to its cap.
 		st.Usage, st.CostMicro, st.Calls, st.Source = usage, cost, int(calls), SourceReconcile
 		if r.cfg.PriceSnapshot != nil {
-			st.PriceSnapshot = r.cfg.PriceSnapshot(run.Model)
+			// The tally's cost was computed at the prices the hold recorded when it was
+			// admitted, which may predate this process's table: ours only stands in for none.
+			st.PriceSnapshot, st.SnapshotIfMissing = r.cfg.PriceSnapshot(run.Model), true
 		}
 		outcome = OutcomeFromTally
 	case run.State == StateQueued:

@@ -42,6 +42,11 @@ type Settlement struct {
 	Estimated bool
 	// PriceSnapshot is the JSON of the prices used, kept so the bill can be explained later.
 	PriceSnapshot []byte
+	// SnapshotIfMissing makes PriceSnapshot a fallback: a hold that recorded its prices when
+	// it was admitted (AdmitRequest.PriceSnapshot) keeps them. For a settler that did not
+	// compute the run's cost itself (the reconciler, a named run's settle on another process),
+	// whose price table may be newer than the one the cost was computed at.
+	SnapshotIfMissing bool
 	// ChargeHeld charges held_micro instead of CostMicro: what the caller authorised at
 	// admission, for a crashed call whose usage is lost.
 	ChargeHeld bool
@@ -146,6 +151,8 @@ type lockedHold struct {
 	// in flight (its held it counts while it is unsettled, expired or not).
 	Counted bool
 	Token   sql.NullString // the admission's token, if it had one
+	// HasSnapshot: the hold recorded the prices it was admitted at (see SnapshotIfMissing).
+	HasSnapshot bool
 	// SettleToken is the token of the settlement that settled it (see WriteBatch), and
 	// Settled what that settlement did: a retry whose earlier attempt's COMMIT reply was
 	// lost finds its own settlement there.
@@ -279,6 +286,10 @@ func appendMarkSettled(sc *script, rows []settledRow, now time.Time) {
 		}
 		q = append(q, "(?,?,'settled',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"...)
 		u := r.st.Usage.Clamp()
+		snapshot := r.st.PriceSnapshot
+		if r.st.SnapshotIfMissing && r.hold.HasSnapshot {
+			snapshot = nil // the row's own is kept (COALESCE below)
+		}
 		model := r.st.Model
 		if !utf8.ValidString(model) {
 			// The model is a label, the hold already has the one it was admitted with (''
@@ -287,7 +298,7 @@ func appendMarkSettled(sc *script, rows []settledRow, now time.Time) {
 		}
 		args = append(args, r.hold.RunID, r.hold.UserID, r.hold.HeldMicro, r.hold.CapMicro, r.hold.DiscountBP, r.hold.ExpiresAt,
 			r.cost, r.charged, r.allowance, r.prepaid, u.Input, u.CacheRead, u.CacheWrite, u.Output, r.st.Calls,
-			model, nullJSON(r.st.PriceSnapshot), r.st.Estimated, r.st.Source, now, r.token)
+			model, nullJSON(snapshot), r.st.Estimated, r.st.Source, now, r.token)
 	}
 	q = append(q, ` ON DUPLICATE KEY UPDATE state = VALUES(state), cost_micro = VALUES(cost_micro),
 		charged_micro = VALUES(charged_micro), allowance_part_micro = VALUES(allowance_part_micro),

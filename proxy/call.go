@@ -156,6 +156,9 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		// A run id made up here at random cannot have been admitted before.
 		Fresh: clientRunID == "" && idemKey == "",
 		Token: newAdmitToken(),
+		// The prices this process bills the run's calls at: kept on the hold for whoever
+		// settles it, perhaps a process with a newer price table.
+		PriceSnapshot: s.snapshots[req.priceKey],
 	}
 	var (
 		hold holds.Hold

@@ -217,9 +217,11 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	}
 	st = holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient}
 	// The settled row keeps the prices it was billed at (DESIGN §2), as a one-call run's and a
-	// reconciled run's do: those of the model the run was admitted with.
+	// reconciled run's do: those of the model the run was admitted with, as the admitting
+	// process priced it (recorded on the hold). This process's table, perhaps newer, stands in
+	// only for a hold that recorded none.
 	if _, priceKey, err := s.prices.Lookup(run.Model); err == nil {
-		st.PriceSnapshot = s.snapshots[priceKey]
+		st.PriceSnapshot, st.SnapshotIfMissing = s.snapshots[priceKey], true
 	}
 	if !found {
 		st.ChargeHeld, st.Estimated = true, true

@@ -109,9 +109,10 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 	}), nil
 }
 
-// snapshotFunc records, with a settlement from the tally, the prices of the run's model as
-// the table has them now: the tally holds cost, not prices, and this is the closest record
-// of what the run was billed at. Same shape as the proxy's snapshot.
+// snapshotFunc records, with a settlement from the tally of a hold that recorded no prices at
+// admission (one admitted by an older gateway), the prices of the run's model as the table has
+// them now: the tally holds cost, not prices, and this is then the closest record of what the
+// run was billed at. Same shape as the proxy's snapshot.
 func snapshotFunc(prices *pricing.Table) func(string) []byte {
 	return func(model string) []byte {
 		if model == "" {
