@@ -413,3 +413,29 @@ func TestGrantKeysAreExact(t *testing.T) {
 		t.Fatalf("prepaid %d after four grants of 10 credits under four distinct keys, want 40000", p)
 	}
 }
+
+// TestLoweringTheAllowanceUnderCallsInFlightChargesThemToPrepaid: which part of a charge the
+// day's allowance pays is decided at settlement, against the allowance then in force. Calls
+// admitted against the old allowance and settled after it was taken away are charged wholly to
+// prepaid credits, their holds included: a user without prepaid credits is left in debt by the
+// whole of what those calls are charged (at most their caps), not only by what they spend
+// beyond their holds. README says so.
+func TestLoweringTheAllowanceUnderCallsInFlightChargesThemToPrepaid(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("downgraded", "standard")
+	hs := []holds.Hold{f.admit(u, "r_down_1"), f.admit(u, "r_down_2"), f.admit(u, "r_down_3")}
+	if err := f.store.SetUserLimits(f.ctx(), u.ID, ptr[int64](0), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	var charged int64
+	for _, h := range hs {
+		out := f.settle(h.RunID, h.HeldMicro) // no call spends beyond its hold
+		if out.AllowancePart != 0 || out.PrepaidPart != h.HeldMicro {
+			t.Fatalf("settled %+v: want it all from prepaid", out)
+		}
+		charged += out.ChargedMicro
+	}
+	if p := f.prepaid(u); p != -charged {
+		t.Fatalf("prepaid %d, want the debt of every charge, %d", p, -charged)
+	}
+}
