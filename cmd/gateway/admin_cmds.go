@@ -467,7 +467,10 @@ func reportCmd(ctx context.Context, args []string) error {
 
 // pruneCmd deletes settled runs older than -days (see holds.PruneSettled): the usage report,
 // the audit and the balances read the same after. The cutoff must also pass dedup.replay_ttl,
-// during which an Idempotency-Key replay reads the run its attempt settled.
+// during which an Idempotency-Key replay reads the run its attempt settled, and
+// holds.tally_ttl, during which the run's tally stays in Redis under its id: a named run's id
+// is its user and X-Run-Id, so a pruned run named again is a new run under the same id, whose
+// budget and settlement would count a tally still there, charging the pruned run's calls again.
 func pruneCmd(ctx context.Context, args []string) error {
 	var days, batch int
 	e, st, _, err := adminEnv(ctx, "prune", args, func(fs *flag.FlagSet) {
@@ -485,6 +488,10 @@ func pruneCmd(ctx context.Context, args []string) error {
 	if age <= e.cfg.Dedup.ReplayTTL {
 		return fmt.Errorf("-days %d: %w: must pass dedup.replay_ttl (%v), while an Idempotency-Key replay reads its run",
 			days, holds.ErrBadFilter, e.cfg.Dedup.ReplayTTL)
+	}
+	if age <= e.cfg.Holds.TallyTTL {
+		return fmt.Errorf("-days %d: %w: must pass holds.tally_ttl (%v), while a run's tally is in Redis: a pruned run's id "+
+			"opened again (its X-Run-Id sent again) would count that tally as its own", days, holds.ErrBadFilter, e.cfg.Holds.TallyTTL)
 	}
 	res, err := st.PruneSettled(ctx, age, batch)
 	if err != nil {

@@ -236,3 +236,43 @@ func TestPruneCommandDeletesOldSettledRunsAndRefusesAYoungCutoff(t *testing.T) {
 	}
 	testenv.CheckLedger(t, db)
 }
+
+// TestPruneCommandRefusesACutoffWithinTallyTTL: a run's tally in Redis (billing:usage:{run},
+// with its per-call done marks and lost-calls mark) lives holds.tally_ttl from its last call.
+// A named run's id is its user and X-Run-Id, so once the run is pruned the same X-Run-Id opens
+// a new run under the same id: a tally still alive then was the new run's from its first call,
+// and its budget and settlement counted the pruned run's calls again (a one-call run reusing
+// an Idempotency-Key's attempt id likewise, when reconciled). The prune refused only cutoffs
+// within replay_ttl; one within tally_ttl is refused too, and nothing is deleted.
+func TestPruneCommandRefusesACutoffWithinTallyTTL(t *testing.T) {
+	count := useTestDatabase(t)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	db, err := holds.Open(ctx, os.Getenv("MYSQL_DSN"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, q := range []string{
+		`INSERT INTO run_holds (run_id, user_id, client_run_id, state, held_micro, cap_micro, charged_micro, allowance_part_micro, expires_at, settled_at)
+		 SELECT 'x_old', id, 'task-1', 'settled', 100, 100, 40, 40, NOW(6) - INTERVAL 9 DAY, NOW(6) - INTERVAL 9 DAY FROM users`,
+		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, DATE(NOW(6) - INTERVAL 9 DAY), 40, 1 FROM users`,
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := t.TempDir() + "/config.yaml"
+	if err := os.WriteFile(cfg, []byte("holds:\n  tally_ttl: 240h\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := pruneCmd(ctx, []string{"-config", cfg, "-days", "8"}); !errors.Is(err, holds.ErrBadFilter) {
+		t.Errorf("prune -days 8 with tally_ttl 10 days: %v, want holds.ErrBadFilter", err)
+	}
+	if n := count("SELECT COUNT(*) FROM run_holds"); n != 1 {
+		t.Errorf("%d runs after a prune within tally_ttl, want the 1 kept", n)
+	}
+	testenv.CheckLedger(t, db)
+}
