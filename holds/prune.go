@@ -1,8 +1,10 @@
 package holds
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -152,7 +154,8 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 	return len(rows), nil
 }
 
-// sumPruned adds runs up per user, day and model, in the order each group first appears.
+// sumPruned adds runs up per user, day and model, ordered by them: two prunes at once then
+// upsert the pruned_runs rows they share in the same order, and cannot deadlock on them.
 func sumPruned(rows []prunedRun) []prunedTotals {
 	type key struct {
 		user       uint64
@@ -181,5 +184,8 @@ func sumPruned(rows []prunedRun) []prunedTotals {
 		t.AllowancePartMicro += r.AllowancePartMicro
 		t.PrepaidPartMicro += r.PrepaidPartMicro
 	}
+	slices.SortFunc(out, func(a, b prunedTotals) int {
+		return cmp.Or(cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.Day, b.Day), cmp.Compare(a.Model, b.Model))
+	})
 	return out
 }

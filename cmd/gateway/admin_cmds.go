@@ -481,10 +481,12 @@ func pruneCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	age := time.Duration(days) * 24 * time.Hour
-	if days <= 0 || age < holds.MinPruneAge {
-		return fmt.Errorf("-days %d: %w: at least %d", days, holds.ErrBadFilter, holds.MinPruneAge/(24*time.Hour))
+	// The upper bound keeps the age a Duration can hold (a larger one wrapped below 7 days).
+	const maxDays = 100 * 366
+	if days < int(holds.MinPruneAge/(24*time.Hour)) || days > maxDays {
+		return fmt.Errorf("-days %d: %w: at least %d, at most %d", days, holds.ErrBadFilter, holds.MinPruneAge/(24*time.Hour), maxDays)
 	}
+	age := time.Duration(days) * 24 * time.Hour
 	if age <= e.cfg.Dedup.ReplayTTL {
 		return fmt.Errorf("-days %d: %w: must pass dedup.replay_ttl (%v), while an Idempotency-Key replay reads its run",
 			days, holds.ErrBadFilter, e.cfg.Dedup.ReplayTTL)

@@ -212,7 +212,7 @@ func TestPruneCommandDeletesOldSettledRunsAndRefusesAYoungCutoff(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, args := range [][]string{{}, {"-days", "6"}, {"-days", "7", "-batch", "0"}} {
+	for _, args := range [][]string{{}, {"-days", "6"}, {"-days", "7", "-batch", "0"}, {"-days", "36601"}, {"-days", "213504"}} {
 		if err := pruneCmd(ctx, args); !errors.Is(err, holds.ErrBadFilter) {
 			t.Errorf("prune %v: %v, want holds.ErrBadFilter", args, err)
 		}
