@@ -399,6 +399,21 @@ type UsageRow struct {
 	PrepaidPartMicro   int64  `db:"prepaid_part_micro"`
 }
 
+// add adds r's counts and amounts to u's.
+func (u *UsageRow) add(r UsageRow) {
+	u.Runs += r.Runs
+	u.ChargedRuns += r.ChargedRuns
+	u.Calls += r.Calls
+	u.InTok += r.InTok
+	u.CacheReadTok += r.CacheReadTok
+	u.CacheWriteTok += r.CacheWriteTok
+	u.OutTok += r.OutTok
+	u.CostMicro += r.CostMicro
+	u.ChargedMicro += r.ChargedMicro
+	u.AllowancePartMicro += r.AllowancePartMicro
+	u.PrepaidPartMicro += r.PrepaidPartMicro
+}
+
 // UsageReport is settled usage over a range of UTC days, by user, day and model.
 type UsageReport struct {
 	From, To string // inclusive, YYYY-MM-DD
@@ -504,18 +519,7 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 			rep.From, rep.To, ErrBadFilter, maxReportRows)
 	}
 	for _, r := range rep.Rows {
-		t := &rep.Totals
-		t.Runs += r.Runs
-		t.ChargedRuns += r.ChargedRuns
-		t.Calls += r.Calls
-		t.InTok += r.InTok
-		t.CacheReadTok += r.CacheReadTok
-		t.CacheWriteTok += r.CacheWriteTok
-		t.OutTok += r.OutTok
-		t.CostMicro += r.CostMicro
-		t.ChargedMicro += r.ChargedMicro
-		t.AllowancePartMicro += r.AllowancePartMicro
-		t.PrepaidPartMicro += r.PrepaidPartMicro
+		rep.Totals.add(r)
 	}
 	rep.LedgerMicro, rep.LedgerRuns = ledger.Used, ledger.Runs
 	if rep.LedgerMicro != rep.Totals.ChargedMicro || rep.LedgerRuns != rep.Totals.ChargedRuns {

@@ -70,28 +70,11 @@ func (s *Store) PruneSettled(ctx context.Context, olderThan time.Duration, batch
 	}
 }
 
-// prunedRun is a settled run's row as PruneSettled reads it: what pruned_runs sums.
+// prunedRun is a settled run's row as PruneSettled reads it: what a pruned_runs row sums, a
+// usage report's row of one run (UserName unused).
 type prunedRun struct {
 	RunID string `db:"run_id"`
-	prunedTotals
-}
-
-// prunedTotals is one pruned_runs row: a user's runs of one model settled on one UTC day.
-type prunedTotals struct {
-	UserID             uint64 `db:"user_id"`
-	Day                string `db:"day"`
-	Model              string `db:"model"`
-	Runs               int64  `db:"runs"`
-	ChargedRuns        int64  `db:"charged_runs"`
-	Calls              int64  `db:"calls"`
-	InTok              int64  `db:"in_tok"`
-	CacheReadTok       int64  `db:"cache_read_tok"`
-	CacheWriteTok      int64  `db:"cache_write_tok"`
-	OutTok             int64  `db:"out_tok"`
-	CostMicro          int64  `db:"cost_micro"`
-	ChargedMicro       int64  `db:"charged_micro"`
-	AllowancePartMicro int64  `db:"allowance_part_micro"`
-	PrepaidPartMicro   int64  `db:"prepaid_part_micro"`
+	UsageRow
 }
 
 // pruneBatch moves up to batch of the oldest prunable runs into pruned_runs and deletes them.
@@ -156,35 +139,24 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 
 // sumPruned adds runs up per user, day and model, ordered by them: two prunes at once then
 // upsert the pruned_runs rows they share in the same order, and cannot deadlock on them.
-func sumPruned(rows []prunedRun) []prunedTotals {
+func sumPruned(rows []prunedRun) []UsageRow {
 	type key struct {
 		user       uint64
 		day, model string
 	}
 	at := make(map[key]int, len(rows))
-	var out []prunedTotals
+	var out []UsageRow
 	for _, r := range rows {
 		k := key{r.UserID, r.Day, r.Model}
 		i, ok := at[k]
 		if !ok {
 			at[k] = len(out)
-			out = append(out, r.prunedTotals)
+			out = append(out, r.UsageRow)
 			continue
 		}
-		t := &out[i]
-		t.Runs += r.Runs
-		t.ChargedRuns += r.ChargedRuns
-		t.Calls += r.Calls
-		t.InTok += r.InTok
-		t.CacheReadTok += r.CacheReadTok
-		t.CacheWriteTok += r.CacheWriteTok
-		t.OutTok += r.OutTok
-		t.CostMicro += r.CostMicro
-		t.ChargedMicro += r.ChargedMicro
-		t.AllowancePartMicro += r.AllowancePartMicro
-		t.PrepaidPartMicro += r.PrepaidPartMicro
+		out[i].add(r.UsageRow)
 	}
-	slices.SortFunc(out, func(a, b prunedTotals) int {
+	slices.SortFunc(out, func(a, b UsageRow) int {
 		return cmp.Or(cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.Day, b.Day), cmp.Compare(a.Model, b.Model))
 	})
 	return out
