@@ -272,6 +272,9 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		return nil, errBadRequest("unpriced_option", fmt.Sprintf(
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
 	}
+	if aerr := s.checkFallbacks(root.Get("models")); aerr != nil {
+		return nil, aerr
+	}
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
 		return nil, errBadRequest("missing_max_tokens", "'max_tokens' is required on /v1/messages.")
 	}
@@ -341,6 +344,43 @@ func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel,
 	}
 	sm.upstream = up
 	return sm, nil
+}
+
+// maxFallbacks bounds a router's fallback list (checkFallbacks looks each name up): routers
+// take a few (OpenRouter's documentation shows two or three).
+const maxFallbacks = 64
+
+// checkFallbacks refuses a router's list of fallback models (OpenRouter's `models`) that names
+// a model without a price. The router answers with the first model of the list that is up, at
+// that model's rates, and an answering model without a price is billed at the price asked
+// for: a caller could ask a cheap model and fall back to a dear one. A list of priced models
+// is served: the answer names the model that answered, and is billed at its price.
+func (s *Server) checkFallbacks(models gjson.Result) *apiError {
+	if !models.Exists() || models.Type == gjson.Null {
+		return nil
+	}
+	if !models.IsArray() {
+		return errBadRequest("invalid_models", "'models' must be a list of model names.")
+	}
+	var aerr *apiError
+	n := 0
+	models.ForEach(func(_, m gjson.Result) bool {
+		if n++; n > maxFallbacks {
+			aerr = errBadRequest("invalid_models", fmt.Sprintf("'models' names at most %d models.", maxFallbacks))
+			return false
+		}
+		if m.Type != gjson.String {
+			aerr = errBadRequest("invalid_models", "'models' must be a list of model names.")
+			return false
+		}
+		if _, _, err := s.prices.Lookup(m.Str); err != nil {
+			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
+				"'models' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", m.Str))
+			return false
+		}
+		return true
+	})
+	return aerr
 }
 
 // promptCount is how many prompts a completions request's prompt holds: an array of strings
@@ -456,11 +496,11 @@ func foldKey(s string) string {
 // readKeys are the top-level keys parseCall reads, across every route: "messages" and "input"
 // too, under which the audio refusal looks for input_audio parts (one in another case alone
 // would carry them past it to a provider that folds keys), and "prompt", whose batch
-// multiplies a completions call's answers, and Anthropic's "speed" and "inference_geo", whose
-// premium rates are refused (unpricedOption).
+// multiplies a completions call's answers, Anthropic's "speed" and "inference_geo", whose
+// premium rates are refused (unpricedOption), and a router's fallback "models" (checkFallbacks).
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
-	"previous_response_id", "conversation", "prompt", "speed", "inference_geo"}
+	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models"}
 
 // outputBound is the most output the call can produce as sent: none on a route without output
 // (embeddings), its own limit, else the model's configured one (modelMaxOutput, 0 when

@@ -1,0 +1,59 @@
+package proxy_test
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// TestFallbackModelsMustAllBePriced: a router (OpenRouter's `models`) answers with the first
+// of a list of models that is up, at that model's rates. A fallback the gateway has no price
+// for was billed at the asked model's price (an answering model without a price leaves the
+// price asked for): a caller could ask a cheap model and name a dear one to fall back to. Such
+// a request is refused with 400 unpriced_option before anything is held or forwarded; a list
+// whose models are all priced is served (the answer is billed at the model that answered),
+// and a `models` that is not a list of names is 400 invalid_models.
+func TestFallbackModelsMustAllBePriced(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	refused := []struct{ name, body, code string }{
+		{"unpriced fallback", `{"model":"fake-gpt","models":["fake-gpt","some-dear-model"],"messages":[{"role":"user","content":"hi"}]}`, "unpriced_option"},
+		{"unpriced fallback, completions", `{"model":"fake-gpt","models":["some-dear-model"],"prompt":"hi"}`, "unpriced_option"},
+		{"not a list", `{"model":"fake-gpt","models":"some-dear-model","messages":[{"role":"user","content":"hi"}]}`, "invalid_models"},
+		{"not names", `{"model":"fake-gpt","models":[{"id":"some-dear-model"}],"messages":[{"role":"user","content":"hi"}]}`, "invalid_models"},
+		{"too many", `{"model":"fake-gpt","models":[` + strings.Repeat(`"fake-gpt",`, 64) + `"fake-gpt"],"messages":[{"role":"user","content":"hi"}]}`, "invalid_models"},
+		{"key in another case", `{"model":"fake-gpt","Models":["some-dear-model"],"messages":[{"role":"user","content":"hi"}]}`, "invalid_json"},
+	}
+	paths := map[string]string{"unpriced fallback, completions": "/v1/completions"}
+	for _, tc := range refused {
+		t.Run("refused/"+tc.name, func(t *testing.T) {
+			path := paths[tc.name]
+			if path == "" {
+				path = "/v1/chat/completions"
+			}
+			calls, runs := h.fake.Calls(), h.runCount(u.ID)
+			resp := h.post(key, path, tc.body, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest || errorCode(t, body) != tc.code {
+				t.Fatalf("%d %s, want 400 %s", resp.StatusCode, body, tc.code)
+			}
+			if h.fake.Calls() != calls || h.runCount(u.ID) != runs {
+				t.Fatalf("a refused request reached the upstream (%d → %d calls) or took a hold (%d → %d runs)",
+					calls, h.fake.Calls(), runs, h.runCount(u.ID))
+			}
+		})
+	}
+	for _, body := range []string{
+		`{"model":"fake-gpt","models":["fake-gpt","claude-test"],"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"fake-gpt","models":null,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"fake-gpt","models":[],"messages":[{"role":"user","content":"hi"}]}`,
+	} {
+		resp := h.post(key, "/v1/chat/completions", body, nil)
+		out := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: %d %s, want 200", body, resp.StatusCode, out)
+		}
+	}
+}
