@@ -50,7 +50,9 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		if t := firstTool(root, "web_search", "file_search", "code_interpreter", "image_generation"); t != "" {
 			return "the hosted tool '" + t + "' (a per-call fee)"
 		}
-
+		if hostedShell(root) {
+			return "the hosted 'shell' (an 'environment' other than 'local': a per-container fee)"
+		}
 	case metering.FormatAnthropic:
 		if t := firstTool(root, "web_search", "code_execution"); t != "" {
 			return "the server tool '" + t + "' (a per-use fee)"
@@ -195,6 +197,32 @@ func firstTool(root gjson.Result, families ...string) string {
 		}
 	}
 	return ""
+}
+
+// hostedShell reports whether a Responses request's tools hold a shell that runs in a
+// container OpenAI provisions or the caller names ('environment' of type container_auto or
+// container_reference): billed per container, as code_interpreter is. A shell without an
+// environment, or with a local one, is run by the caller and costs tokens only; any other
+// environment counts as hosted, so a new kind is not served for free by accident.
+func hostedShell(root gjson.Result) bool {
+	for _, tool := range root.Get("tools").Array() {
+		if tool.Get("type").Str != "shell" {
+			continue
+		}
+		hosted := false
+		// Every spelling of the key is looked at (a provider may read the last of repeated
+		// keys, or another case), and a local environment must say so unambiguously.
+		tool.ForEach(func(k, env gjson.Result) bool {
+			if strings.EqualFold(k.Str, "environment") && env.Type != gjson.Null {
+				hosted = typeAmbiguous(env) || env.Get("type").Str != "local"
+			}
+			return !hosted
+		})
+		if hosted {
+			return true
+		}
+	}
+	return false
 }
 
 // typeAmbiguous reports whether a tool spells "type" more than once, or in another case: the

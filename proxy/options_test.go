@@ -35,6 +35,11 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"earlier spoken answer sent back, key escaped", chat, `{"model":"fake-gpt","messages":[{"role":"assistant","\u0061udio":{"id":"audio_abc123"}},{"role":"user","content":"again"}]}`, nil},
 		{"audio input part on responses", responses, `{"model":"fake-gpt","input":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"mp3"}}]}]}`, nil},
 		{"hosted web search", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","parameters":{}},{"type":"web_search_preview"}],"input":"hi"}`, nil},
+		// The hosted shell runs in a container OpenAI provisions (container_auto) or one the
+		// caller names (container_reference): billed per container, as code_interpreter's are.
+		{"hosted shell in a new container", responses, `{"model":"fake-gpt","tools":[{"type":"shell","environment":{"type":"container_auto"}}],"input":"hi"}`, nil},
+		{"hosted shell in a named container", responses, `{"model":"fake-gpt","tools":[{"type":"shell","environment":{"type":"container_reference","container_id":"cntr_1"}}],"input":"hi"}`, nil},
+		{"hosted shell behind a repeated local environment", responses, `{"model":"fake-gpt","tools":[{"type":"shell","environment":{"type":"local"},"environment":{"type":"container_auto"}}],"input":"hi"}`, nil},
 		{"hosted file search", responses, `{"model":"fake-gpt","tools":[{"type":"file_search","vector_store_ids":["vs_1"]}],"input":"hi"}`, nil},
 		{"tool type repeated", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","type":"web_search"}],"input":"hi"}`, nil},
 		{"tool type repeated after another key", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","name":"g","type":"web_search_preview"}],"input":"hi"}`, nil},
@@ -71,6 +76,9 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"default tier", chat, `{"model":"fake-gpt","service_tier":"auto","messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"function tools", chat, `{"model":"fake-gpt","tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"responses function tool", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","parameters":{}}],"input":"hi"}`, nil},
+		// The shell the caller runs itself costs tokens only.
+		{"responses local shell", responses, `{"model":"fake-gpt","tools":[{"type":"shell"}],"input":"hi"}`, nil},
+		{"responses local shell environment", responses, `{"model":"fake-gpt","tools":[{"type":"shell","environment":{"type":"local"}}],"input":"hi"}`, nil},
 		// Images are billed by the providers as input tokens, at the text price.
 		{"image input part", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"what is it"},{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`, nil},
 		// An assistant message echoed back by an SDK carries "audio": null.
