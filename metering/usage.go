@@ -77,6 +77,9 @@ type Meter struct {
 	// pcmBytes counts the raw audio of a streamed spoken answer (16-bit 24 kHz mono PCM, the
 	// only format OpenAI streams), clipMicros how long the clips of whole answers play.
 	pcmBytes, clipMicros int64
+	// patchDeltas: a Responses stream sent a patch's diff in deltas, already counted, so the
+	// diff its finished item repeats is not counted again.
+	patchDeltas bool
 }
 
 // The figures of an OpenAI-style usage report.
@@ -415,8 +418,18 @@ func (m *Meter) responsesEvent(s, typ string) {
 	case "response.output_text.delta", "response.refusal.delta", "response.reasoning_text.delta",
 		"response.reasoning_summary_text.delta", "response.function_call_arguments.delta",
 		"response.custom_tool_call_input.delta", "response.code_interpreter_call_code.delta",
-		"response.mcp_call_arguments.delta":
+		"response.mcp_call_arguments.delta", "response.shell_call_command.delta":
+		// The model's words: its text, reasoning, tool arguments and the commands it writes
+		// for the shell tool. (A hosted tool's own output, such as the shell's, is not.)
 		m.res.OutputChars += strLen(gjson.Get(s, "delta"))
+	case "response.apply_patch_call_operation_diff.delta":
+		m.patchDeltas = true
+		m.res.OutputChars += strLen(gjson.Get(s, "delta"))
+	case "response.output_item.done":
+		// A patch the model wrote may come whole, in its item, with no deltas before it.
+		if !m.patchDeltas && gjson.Get(s, "item.type").Str == "apply_patch_call" {
+			m.res.OutputChars += strLen(gjson.Get(s, "item.operation.diff"))
+		}
 	}
 }
 
