@@ -159,6 +159,15 @@ func (p Price) Spoken() Price {
 	return p
 }
 
+// Dearest is the price that bounds a call that may be billed at p or at o (a router's
+// fallback answering instead of the model asked for): each field at the dearer of the two, so
+// its cost of any usage is at least the cost at either.
+func (p Price) Dearest(o Price) Price {
+	return Price{Input: max(p.Input, o.Input), CacheRead: max(p.CacheRead, o.CacheRead), CacheWrite: max(p.CacheWrite, o.CacheWrite),
+		Output: max(p.Output, o.Output), CacheWrite1h: max(p.CacheWrite1h, o.CacheWrite1h), AudioInput: max(p.AudioInput, o.AudioInput),
+		AudioOutput: max(p.AudioOutput, o.AudioOutput)}
+}
+
 // WorstCase is the cost of a call whose prompt is prompt and that produces maxOutput tokens:
 // the figure compared against a cap before forwarding.
 func (p Price) WorstCase(prompt Usage, maxOutput int64) int64 {

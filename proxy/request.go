@@ -71,6 +71,10 @@ type callRequest struct {
 	inputEstimate, audioEstimate int64
 	// spoken: the call asks for an audio answer, whose every output token may be audio.
 	spoken bool
+	// fallbackPrice is price made dearer by every model of a router's fallback list
+	// (checkFallbacks), any of which may answer and be billed at its own price: the worst case
+	// is reckoned at it (boundPrice). price itself when the call names no fallbacks.
+	fallbackPrice pricing.Price
 	// previousResponse and conversation name what a Responses request carries on from on the
 	// provider's side, whose context the provider bills as input though the body does not
 	// hold it; carried is that context's tokens as recorded when those answers completed
@@ -210,7 +214,8 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	if aerr != nil {
 		return nil, aerr
 	}
-	c := &callRequest{route: rt, body: body, model: m.name, price: m.price, priceKey: m.priceKey, upstream: m.upstream, maxOutput: -1}
+	c := &callRequest{route: rt, body: body, model: m.name, price: m.price, fallbackPrice: m.price, priceKey: m.priceKey,
+		upstream: m.upstream, maxOutput: -1}
 	// A null stream is the default, false, as OpenAI's API reads it (and as a null output
 	// bound or n is read here): clients that write every optional field send it.
 	if st := root.Get("stream"); st.Exists() && st.Type != gjson.Null {
@@ -272,7 +277,7 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		return nil, errBadRequest("unpriced_option", fmt.Sprintf(
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
 	}
-	if aerr := s.checkFallbacks(root.Get("models")); aerr != nil {
+	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price); aerr != nil {
 		return nil, aerr
 	}
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
@@ -354,16 +359,19 @@ const maxFallbacks = 64
 // a model without a price. The router answers with the first model of the list that is up, at
 // that model's rates, and an answering model without a price is billed at the price asked
 // for: a caller could ask a cheap model and fall back to a dear one. A list of priced models
-// is served: the answer names the model that answered, and is billed at its price.
-func (s *Server) checkFallbacks(models gjson.Result) *apiError {
+// is served: the answer names the model that answered, and is billed at its price. It returns
+// asked made dearer by every fallback's price, which the call's worst case is reckoned at:
+// reckoned at the asked model's alone, a dearer fallback's answer could cost several times
+// the cap, and what passed the cap went unpaid.
+func (s *Server) checkFallbacks(models gjson.Result, asked pricing.Price) (pricing.Price, *apiError) {
 	if !models.Exists() || models.Type == gjson.Null {
-		return nil
+		return asked, nil
 	}
 	if !models.IsArray() {
-		return errBadRequest("invalid_models", "'models' must be a list of model names.")
+		return asked, errBadRequest("invalid_models", "'models' must be a list of model names.")
 	}
 	var aerr *apiError
-	n := 0
+	n, dearest := 0, asked
 	models.ForEach(func(_, m gjson.Result) bool {
 		if n++; n > maxFallbacks {
 			aerr = errBadRequest("invalid_models", fmt.Sprintf("'models' names at most %d models.", maxFallbacks))
@@ -373,14 +381,16 @@ func (s *Server) checkFallbacks(models gjson.Result) *apiError {
 			aerr = errBadRequest("invalid_models", "'models' must be a list of model names.")
 			return false
 		}
-		if _, _, err := s.prices.Lookup(m.Str); err != nil {
+		p, _, err := s.prices.Lookup(m.Str)
+		if err != nil {
 			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
 				"'models' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", m.Str))
 			return false
 		}
+		dearest = dearest.Dearest(p)
 		return true
 	})
-	return aerr
+	return dearest, aerr
 }
 
 // promptCount is how many prompts a completions request's prompt holds: an array of strings
@@ -562,13 +572,14 @@ func (c *callRequest) continues() []string {
 	return ids
 }
 
-// boundPrice is the price a worst case of the call is reckoned at: every output token as
-// audio when the call asks for an audio answer.
+// boundPrice is the price a worst case of the call is reckoned at: the dearest of the models
+// that may answer it (fallbackPrice), every output token as audio when the call asks for an
+// audio answer.
 func (c *callRequest) boundPrice() pricing.Price {
 	if c.spoken {
-		return c.price.Spoken()
+		return c.fallbackPrice.Spoken()
 	}
-	return c.price
+	return c.fallbackPrice
 }
 
 // rewrite prepares the body for the upstream once the cap is known: it asks for the usage
@@ -587,7 +598,7 @@ func (c *callRequest) rewrite(capMicro int64, model config.ModelCfg) (bool, erro
 	if len(c.route.maxFields) == 0 {
 		// No output to bound (embeddings): the prompt alone must fit, as a chat call's must,
 		// or the provider bills all of it and the charge is clamped to the cap.
-		return c.price.Cost(c.promptEstimate()) <= capMicro, nil
+		return c.boundPrice().Cost(c.promptEstimate()) <= capMicro, nil
 	}
 	limit := c.boundPrice().MaxOutputWithin(c.promptEstimate(), capMicro)
 	if limit < 0 {

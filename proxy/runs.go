@@ -33,7 +33,7 @@ var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insuffic
 // run's other calls wait for it.
 func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (int64, *apiError) {
 	req := c.req
-	least := req.price.Cost(req.promptEstimate())
+	least := req.boundPrice().Cost(req.promptEstimate())
 	want := budget
 	if maxOut := req.outputBound(s.cfg.Models[req.priceKey].MaxOutputTokens); maxOut >= 0 {
 		want = min(want, req.boundPrice().WorstCase(req.promptEstimate(), min(maxOut, pricing.MaxTokens)))
