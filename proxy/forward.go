@@ -142,12 +142,31 @@ func (e timeoutError) Timeout() bool { return true }
 // stop is called once the headers came or the request failed: it stops the wait and reports
 // whether it had run out, cancelling ctx (Do's error then says "context canceled", not why).
 func headerWait(ctx context.Context, stream bool, timeout time.Duration) (_ context.Context, stop func() (late bool)) {
+	return headerWaitOn(ctx, stream, timeout, func(d time.Duration, f func()) interface{ Stop() bool } {
+		return time.AfterFunc(d, f)
+	})
+}
+
+// headerWaitOn is headerWait on the timer afterFunc starts (time.AfterFunc; a test's own).
+//
+// A timer that fired has run out the wait even if its function has not cancelled ctx yet
+// (it runs in a goroutine of its own): stop then cancels ctx itself and reports it late.
+// Reported in time, the answer would be relayed under a ctx cancelled a moment later, and
+// break after its headers.
+func headerWaitOn(ctx context.Context, stream bool, timeout time.Duration,
+	afterFunc func(time.Duration, func()) interface{ Stop() bool }) (_ context.Context, stop func() (late bool)) {
 	if !stream || timeout <= 0 {
 		return ctx, func() bool { return false }
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	t := time.AfterFunc(timeout, func() { cancel(errHeaderTimeout) })
-	return ctx, func() bool { return !t.Stop() && errors.Is(context.Cause(ctx), errHeaderTimeout) }
+	t := afterFunc(timeout, func() { cancel(errHeaderTimeout) })
+	return ctx, func() bool {
+		if t.Stop() {
+			return false
+		}
+		cancel(errHeaderTimeout) // no-op if the timer's function (or the parent) was first
+		return errors.Is(context.Cause(ctx), errHeaderTimeout)
+	}
 }
 
 // isEventStream reports whether a Content-Type is text/event-stream, in any case and with any
