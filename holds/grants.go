@@ -106,11 +106,11 @@ func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error
 		return Grant{}, false, fmt.Errorf("grant %q to user %d: %w", req.IdempotencyKey, req.UserID, err)
 	}
 	if created {
-		s.log.Info("grant", zap.Uint64("user_id", g.UserID), zap.Uint64("grant_id", g.ID),
+		s.log.Named(MoneyLog).Info("grant", zap.Uint64("user_id", g.UserID), zap.Uint64("grant_id", g.ID),
 			zap.Int64("amount_micro", g.AmountMicro), zap.Int64("balance_after_micro", g.BalanceAfterMicro),
 			zap.String("idempotency_key", g.IdempotencyKey), zap.String("reason", g.Reason))
 	} else {
-		s.log.Info("grant replayed", zap.Uint64("user_id", g.UserID), zap.Uint64("grant_id", g.ID),
+		s.log.Named(MoneyLog).Info("grant replayed", zap.Uint64("user_id", g.UserID), zap.Uint64("grant_id", g.ID),
 			zap.String("idempotency_key", g.IdempotencyKey))
 	}
 	return g, created, nil

@@ -316,7 +316,7 @@ func (st *Stats) count(outcome string, charged int64) {
 func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, reconcileItemTimeout)
 	defer cancel()
-	log := r.cfg.Log.With(zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID),
+	log := r.cfg.Log.Named(MoneyLog).With(zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID),
 		zap.String("state", string(run.State)))
 
 	// 1. A live process still serves the run (a stream longer than its TTL, say): leave it.

@@ -165,3 +165,8 @@ func (s *Store) tryTx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
 	}
 	return nil
 }
+
+// MoneyLog names the logger of lines that record what a run or an account was charged or
+// given (the reconciler's settlements, grants, a lost admission's release): the gateway's
+// logger never samples them, however many come in a second.
+const MoneyLog = "money"

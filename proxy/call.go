@@ -639,6 +639,7 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
+	log = log.Named(holds.MoneyLog)
 	if ar.ClientRunID != "" {
 		log.Warn("admission outcome unknown; the run stays open", zap.Error(err))
 		s.settlements.start()

@@ -15,6 +15,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
@@ -149,14 +150,7 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 	if err != nil {
 		return nil, err
 	}
-	logCfg := zap.NewProductionConfig()
-	if *debug {
-		logCfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
-	}
-	log, err := logCfg.Build()
-	if err != nil {
-		return nil, fmt.Errorf("logger: %w", err)
-	}
+	log := newLogger(*debug, zapcore.Lock(os.Stderr))
 	e := &env{cfg: cfg, log: log.With(zap.String("instance", cfg.Instance))}
 	if e.db, err = holds.Open(ctx, cfg.MySQLDSN); err != nil {
 		e.Close()
