@@ -34,23 +34,44 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		key = strings.TrimSpace(key)
 		if !ok || key == "" {
-			writeError(w, errBadKey)
+			s.refuseUnknownCaller(w, r, errBadKey, "no key", nil)
 			return
 		}
 		looking := time.Now()
 		u, err := s.auth.lookup(r.Context(), key)
 		s.metrics.authPhase.Observe(time.Since(looking).Seconds())
 		if errors.Is(err, holds.ErrBadKey) {
-			writeError(w, errBadKey)
+			s.refuseUnknownCaller(w, r, errBadKey, "unknown key", nil)
 			return
 		}
 		if err != nil {
-			s.log.Error("key lookup failed", zap.Error(err))
-			writeError(w, errBillingDown)
+			s.refuseUnknownCaller(w, r, errBillingDown, "key lookup failed", err)
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, u)))
 	})
+}
+
+// refuseUnknownCaller answers a request refused before its caller is known, writes its one line
+// (never the key it sent) and, on a model route, counts it in tollgate_requests_total as a
+// call's refusal is: a flood of wrong keys is seen in both.
+func (s *Server) refuseUnknownCaller(w http.ResponseWriter, r *http.Request, e *apiError, reason string, err error) {
+	logRefusal(s.log, e, reason, err, zap.String("route", r.URL.Path), zap.String("remote", r.RemoteAddr))
+	writeError(w, e)
+	if isModelRoute(r.URL.Path) {
+		s.metrics.Requests.WithLabelValues(r.URL.Path, codeLabel(e.Status)).Inc()
+	}
+}
+
+// isModelRoute reports whether path is one of the model routes (routes), the only paths
+// tollgate_requests_total is labelled with.
+func isModelRoute(path string) bool {
+	for _, rt := range routes {
+		if rt.path == path {
+			return true
+		}
+	}
+	return false
 }
 
 // bearerToken returns the credentials of a Bearer authorization. The scheme is matched

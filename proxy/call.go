@@ -90,8 +90,7 @@ func (s *Server) serveCall(rt *route) http.HandlerFunc {
 		runID := newRunID()
 		if !s.calls.enter() {
 			e := errShuttingDown
-			callLog.Info("request refused", zap.String("run_id", runID), zap.String("code", e.Code),
-				zap.Int("status", e.Status), zap.String("reason", "shutting down"))
+			logRefusal(callLog, e, "shutting down", nil, zap.String("run_id", runID))
 			writeError(w, e)
 			s.metrics.Requests.WithLabelValues(rt.path, codeLabel(e.Status)).Inc()
 			return
@@ -106,28 +105,28 @@ func (s *Server) serveCall(rt *route) http.HandlerFunc {
 // call's run id may change (a named run, an Idempotency-Key's), and a line must name one run.
 func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, user holds.User, runID string, callLog *zap.Logger) int {
 	log := callLog.WithLazy(zap.String("run_id", runID))
-	refuse := func(e *apiError, reason string) int {
-		log.Info("request refused", zap.String("code", e.Code), zap.Int("status", e.Status), zap.String("reason", reason))
+	refuse := func(e *apiError, reason string, err error) int {
+		logRefusal(log, e, reason, err)
 		writeError(w, e)
 		return e.Status
 	}
 	if aerr := checkContentEncoding(r.Header); aerr != nil {
-		return refuse(aerr, "content encoding")
+		return refuse(aerr, "content encoding", nil)
 	}
 	reading := time.Now()
 	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout)
 	if aerr != nil {
-		return refuse(aerr, "body")
+		return refuse(aerr, "body", nil)
 	}
 	arrived := time.Now()
 	s.metrics.bodyPhase.Observe(arrived.Sub(reading).Seconds())
 	req, aerr := s.parseCall(rt, body, r.Header)
 	if aerr != nil {
-		return refuse(aerr, "validation")
+		return refuse(aerr, "validation", nil)
 	}
 	ids, aerr := parseCallIDs(r.Header)
 	if aerr != nil {
-		return refuse(aerr, "validation")
+		return refuse(aerr, "validation", nil)
 	}
 	clientRunID, idemKey, sessionID := ids.clientRunID, ids.idemKey, ids.sessionID
 	if cont := req.continues(); len(cont) > 0 {
@@ -179,14 +178,10 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	} else if hold, err = s.writer.Admit(r.Context(), ar); err != nil {
 		s.releaseLostAdmission(r.Context(), ar, err, log)
 		if r.Context().Err() != nil {
-			log.Info("client left during admission; nothing held", zap.Error(err))
+			logRefusal(log, errClientClosed, "client left during admission; nothing held", err)
 			return answerClientClosed(w, r)
 		}
-		e := s.admitError(err)
-		if e.Status >= 500 {
-			log.Error("admission failed", zap.Error(err))
-		}
-		return refuse(e, "admission")
+		return refuse(s.admitError(err), "admission", err)
 	}
 
 	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),
@@ -211,13 +206,13 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 			log.Warn("cancel bus unavailable; a newer message cannot stop this run", zap.Error(err))
 		}
 		defer s.cancels.unregister(runID)
-		if e := s.claimSession(ctx, c, sessionID); e != nil {
+		if e, err := s.claimSession(ctx, c, sessionID); e != nil {
 			if c.outcome == outcomeDuplicate {
-				log.Info("duplicate of a running session message", zap.String("of_run", e.RunID))
+				logRefusal(log, e, "duplicate of a running session message", nil, zap.String("of_run", e.RunID))
 				s.writeDuplicate(w, e, false)
 				return e.Status
 			}
-			return refuse(e, "session")
+			return refuse(e, "session", err)
 		}
 		defer s.endSessionCall(r.Context(), c)
 	case fingerprinted:
@@ -234,21 +229,21 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	budget := pricing.MaxCostWithin(hold.CapMicro, hold.DiscountBP)
 	exhausted := errInsufficient
 	if c.inRun {
-		granted, e := s.reserveRunBudget(r.Context(), c, budget)
+		granted, e, err := s.reserveRunBudget(r.Context(), c, budget)
 		if e != nil {
 			c.outcome = outcomeRefused
-			return refuse(e, "run budget")
+			return refuse(e, "run budget", err)
 		}
 		budget, exhausted = granted, errRunBudget
 	}
 	ok, err := req.rewrite(budget, s.cfg.Models[req.priceKey])
 	if err != nil {
 		c.outcome = outcomeRefused
-		return refuse(errBadRequest("invalid_request", err.Error()), "rewrite")
+		return refuse(errBadRequest("invalid_request", err.Error()), "rewrite", nil)
 	}
 	if !ok {
 		c.outcome = outcomeRefused
-		return refuse(exhausted, "budget below the cost of the prompt")
+		return refuse(exhausted, "budget below the cost of the prompt", nil)
 	}
 	s.leases.Acquire(runID)
 	c.leased = true
@@ -263,8 +258,9 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 			c.superseded = true
 			// Not to be retried: a retry would resend the old message and replace the newer one.
 			w.Header().Set(shouldRetryHeader, "false")
-			return refuse(errSupersededAnswer, "superseded")
+			return refuse(errSupersededAnswer, "superseded", nil)
 		}
+		logRefusal(log, errClientClosed, "client left before forwarding; hold released", nil)
 		return answerClientClosed(w, r)
 	}
 	status := s.forward(w, r, c)
@@ -315,29 +311,28 @@ func parseCallIDs(h http.Header) (callIDs, *apiError) {
 // that first request still runs. It returns the status it answered with, or 0 to go on.
 // Redis out of reach is a refusal unless dedup.fail_open: a silent double run costs money.
 func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, c *call, bodyHash string,
-	refuse func(*apiError, string) int) int {
+	refuse func(*apiError, string, error) int) int {
 	orig, err := s.fingerprint(r.Context(), c.user.ID, bodyHash, c.runID)
 	var dbDown errStoreDown
 	switch {
 	case err != nil && r.Context().Err() != nil:
 		c.outcome = outcomeRefused
-		c.log.Info("client left during the duplicate check; hold released", zap.Error(err))
+		logRefusal(c.log, errClientClosed, "client left during the duplicate check; hold released", err)
 		return answerClientClosed(w, r)
 	case errors.As(err, &dbDown):
 		c.outcome = outcomeRefused
-		c.log.Error("fingerprint check failed", zap.Error(err))
-		return refuse(errBillingDown, "fingerprint")
+		return refuse(errBillingDown, "fingerprint check failed", err)
 	case err != nil && !s.cfg.Dedup.FailOpen:
 		c.outcome = outcomeRefused
-		c.log.Error("fingerprint check failed; refusing rather than risk a double run", zap.Error(err))
-		return refuse(errDedupDown, "fingerprint")
+		return refuse(errDedupDown, "fingerprint check failed; refusing rather than risk a double run", err)
 	case err != nil:
 		c.log.Warn("fingerprint check failed; going on (fail_open)", zap.Error(err))
 	case orig != "":
 		c.outcome = outcomeDuplicate
-		c.log.Info("duplicate of a running request", zap.String("of_run", orig))
-		s.writeDuplicate(w, errDuplicate(orig), false)
-		return http.StatusConflict
+		e := errDuplicate(orig)
+		logRefusal(c.log, e, "duplicate of a running request", nil, zap.String("of_run", orig))
+		s.writeDuplicate(w, e, false)
+		return e.Status
 	default:
 		c.fpKey = s.keys.Dedup(c.user.ID, bodyHash)
 	}

@@ -1,12 +1,20 @@
 package proxy_test
 
 import (
+	"context"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // TestCallLogNamesItsRunOnce: a call's log lines carry its run id, and one only. A named run's
@@ -44,4 +52,88 @@ func TestCallLogNamesItsRunOnce(t *testing.T) {
 	if want := first.Header.Get("X-Tollgate-Run-Id"); len(ids) != 1 || ids[0] != want {
 		t.Fatalf("refused call logged run ids %q, want just %q", ids, want)
 	}
+}
+
+// TestEachRefusalLogsOneLineWithItsCodeStatusRunAndUser: a refused model call writes one line,
+// "request refused", with the status and code the caller got, its run id and the caller's user
+// id (when known), and never the caller's key. A wrong key wrote nothing (nor was counted in
+// tollgate_requests_total); a duplicate check or an idempotency record Redis could not answer
+// wrote an ERROR line beside the refusal's, or one without its status and code.
+func TestEachRefusalLogsOneLineWithItsCodeStatusRunAndUser(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, nil)
+	u, key := h.user("standard")
+	broke, brokeKey := h.user("standard")
+	var none int64
+	if err := h.store.SetUserLimits(context.Background(), broke.ID, &none, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { dead.Close() })
+	deadDedup := observedGateway(h, zap.New(core), dead)
+
+	for _, tc := range []struct {
+		name, url, key, body string
+		hdr                  map[string]string
+		user                 uint64
+		status               int
+		code                 string
+	}{
+		{"wrong key", h.gw.URL, "sk-wrong-key-0123456789", chatBody, nil, 0, 401, "invalid_api_key"},
+		{"bad JSON", h.gw.URL, key, `{"model":`, nil, u.ID, 400, "invalid_json"},
+		{"nothing available", h.gw.URL, brokeKey, chatBody, nil, broke.ID, 402, "insufficient_credits"},
+		{"duplicate check down", deadDedup, key, chatBody, nil, u.ID, 503, "dedup_unavailable"},
+		{"idempotency record down", deadDedup, key, chatBody, map[string]string{"Idempotency-Key": "k-1"}, u.ID, 503, "dedup_unavailable"},
+	} {
+		h.settled()
+		logs.TakeAll()
+		a := send(tc.url, tc.key, tc.body, tc.hdr)
+		if a.status != tc.status || errorCode(t, a.body) != tc.code {
+			t.Fatalf("%s: %d %s, want %d %s", tc.name, a.status, a.body, tc.status, tc.code)
+		}
+		h.settled()
+		lines := logs.TakeAll()
+		if len(lines) != 1 || lines[0].Message != "request refused" {
+			var msgs []string
+			for _, l := range lines {
+				msgs = append(msgs, l.Message)
+			}
+			t.Errorf("%s: lines %q, want one 'request refused'", tc.name, msgs)
+			continue
+		}
+		f := lines[0].ContextMap()
+		if f["status"] != int64(tc.status) || f["code"] != tc.code {
+			t.Errorf("%s: logged status %v code %v, want %d %s", tc.name, f["status"], f["code"], tc.status, tc.code)
+		}
+		if tc.user != 0 && (f["user_id"] != tc.user || f["run_id"] == nil) {
+			t.Errorf("%s: logged user %v run %v, want user %d and a run id", tc.name, f["user_id"], f["run_id"], tc.user)
+		}
+		for k, v := range f {
+			if s, ok := v.(string); ok && strings.Contains(s, tc.key) {
+				t.Errorf("%s: field %s carries the caller's key", tc.name, k)
+			}
+		}
+	}
+	if got := h.metric(`tollgate_requests_total{code="401",route="/v1/chat/completions"}`); got != "1" {
+		t.Errorf("wrong-key refusals counted %q, want 1", got)
+	}
+}
+
+// observedGateway is another gateway on the harness's stores that logs to log and keeps its
+// duplicate detection in dedup.
+func observedGateway(h *harness, log *zap.Logger, dedup redis.UniversalClient) string {
+	h.t.Helper()
+	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases,
+		Log: log, DedupRedis: dedup})
+	gw := httptest.NewServer(srv.Handler())
+	h.t.Cleanup(func() {
+		gw.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := srv.WaitSettlements(ctx); err != nil {
+			h.t.Errorf("observed gateway settlements: %v", err)
+		}
+		_ = srv.Close()
+	})
+	return gw.URL
 }

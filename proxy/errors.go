@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // apiError is an answer in OpenAI's error shape, which every SDK already knows how to read:
@@ -47,6 +49,24 @@ func answerClientClosed(w http.ResponseWriter, r *http.Request) int {
 		writeError(w, errClientClosed)
 	}
 	return statusClientClosed
+}
+
+// logRefusal writes a refused request's one line, "request refused": the status and code its
+// caller got, why (reason), and the error behind it, if any. The caller's own mistakes (4xx,
+// and 499: it left) are INFO; the gateway's failures (5xx) WARN, not ERROR: nothing was held
+// or charged, the requests are counted in tollgate_requests_total, and /readyz and the
+// store's own lines say what is down. Lines below ERROR are sampled (cmd/gateway's logger),
+// so neither a client's flood of bad requests nor the requests of an outage fill the disk.
+func logRefusal(log *zap.Logger, e *apiError, reason string, err error, fields ...zap.Field) {
+	fields = append(fields, zap.String("code", e.Code), zap.Int("status", e.Status), zap.String("reason", reason))
+	if err != nil {
+		fields = append(fields, zap.Error(err))
+	}
+	if e.Status >= 500 {
+		log.Warn("request refused", fields...)
+		return
+	}
+	log.Info("request refused", fields...)
 }
 
 func errBadRequest(code, msg string) *apiError {

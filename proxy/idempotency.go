@@ -163,7 +163,7 @@ func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int) err
 func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *idemCall, ar *holds.AdmitRequest, log *zap.Logger) (holds.Hold, int) {
 	ctx := r.Context()
 	answer := func(e *apiError, retry bool) int {
-		log.Info("idempotent request answered without running", zap.String("code", e.Code), zap.String("of_run", e.RunID))
+		logRefusal(log, e, "idempotent request answered without running", nil, zap.String("of_run", e.RunID))
 		s.writeDuplicate(w, e, retry)
 		return e.Status
 	}
@@ -171,10 +171,10 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 	// failure is its cancelled context, there is no one to answer, and nothing is held.
 	fail := func(e *apiError, msg string, err error) (holds.Hold, int) {
 		if ctx.Err() != nil {
-			log.Info("client left during the idempotency check; nothing held", zap.String("step", msg), zap.Error(err))
+			logRefusal(log, errClientClosed, "client left during the idempotency check; nothing held", err, zap.String("step", msg))
 			return holds.Hold{}, answerClientClosed(w, r)
 		}
-		log.Error(msg, zap.Error(err))
+		logRefusal(log, e, msg, err)
 		writeError(w, e)
 		return holds.Hold{}, e.Status
 	}

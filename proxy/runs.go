@@ -30,8 +30,9 @@ var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insuffic
 // the worst case it asks for, or what the run has left when that is less, and never less than
 // its prompt's cost. budget is the run's cap at list price. A call that bounds its output
 // neither itself nor through the model's configured limit asks for all that is left, so the
-// run's other calls wait for it.
-func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (int64, *apiError) {
+// run's other calls wait for it. A refusal comes with the error behind it, if any, for the
+// caller's refusal line.
+func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (int64, *apiError, error) {
 	req := c.req
 	least := req.boundPrice().Cost(req.promptEstimate())
 	want := budget
@@ -45,26 +46,24 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 	granted, err := s.budgets.ReserveAtMost(ctx, c.runID, c.callID, budget, want, least, max(c.hold.MaxInFlight, 1), c.hold.RecordedMicro)
 	switch {
 	case errors.Is(err, metering.ErrRunBudget):
-		return 0, errRunBudget
+		return 0, errRunBudget, nil
 	case errors.Is(err, metering.ErrRunCalls):
 		return 0, &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "too_many_in_flight",
 			Message:    fmt.Sprintf("%d calls of this run are already in flight (limit %d). Retry when one finishes.", c.hold.MaxInFlight, c.hold.MaxInFlight),
-			RetryAfter: time.Second}
+			RetryAfter: time.Second}, nil
 	case errors.Is(err, metering.ErrRunClosed):
-		return 0, errRunSettled
+		return 0, errRunSettled, nil
 	case err != nil:
 		// The reservation may have been made and its reply lost: the call's release (with
 		// nothing used) must still go out.
 		c.reserving = true
 		if ctx.Err() != nil {
-			c.log.Info("client left during the run budget reservation", zap.Error(err))
-			return 0, errClientClosed
+			return 0, errClientClosed, fmt.Errorf("client left during the run budget reservation: %w", err)
 		}
-		c.log.Error("run budget unavailable", zap.Error(err))
-		return 0, errBillingDown
+		return 0, errBillingDown, fmt.Errorf("run budget unavailable: %w", err)
 	}
 	c.reserving = true
-	return granted, nil
+	return granted, nil, nil
 }
 
 // endRunCall closes one call of a caller-named run, whose usage finish has already tallied

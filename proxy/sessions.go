@@ -221,8 +221,9 @@ func (s *Server) endSessionCall(ctx context.Context, c *call) {
 
 // claimSession registers c's run as its session's current run (DESIGN §6). It returns an
 // answer when the request must not run: a duplicate of the session's running message, or
-// billing down. A replaced run is told to stop.
-func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) *apiError {
+// billing down (with the error behind it, for the refusal's line). A replaced run is told to
+// stop.
+func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) (*apiError, error) {
 	sctx, cancel := s.storeContext(ctx)
 	claim, err := s.store.ClaimSession(sctx, c.user.ID, sessionID, c.runID, sessionMessageHash(c.req.route.format, c.req.body))
 	cancel()
@@ -244,7 +245,7 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) *a
 	}
 	if claim.Duplicate {
 		c.outcome = outcomeDuplicate
-		return errAlreadyRunning(claim.Current)
+		return errAlreadyRunning(claim.Current), nil
 	}
 	c.sessionClaimed = true
 	if claim.Replaced != "" {
@@ -254,17 +255,16 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) *a
 			c.log.Warn("cancel of the replaced run not sent; it runs to its end and is charged", zap.String("replaced", claim.Replaced), zap.Error(err))
 		}
 	}
-	return nil
+	return nil, nil
 }
 
-// sessionClaimFailed refuses a call whose session claim failed: billing is down, unless the
+// sessionClaimFailed refuses a call whose session claim failed (the caller logs the refusal,
+// with the error returned): billing is down, unless the
 // caller left while it waited (the failure is then its cancelled context).
-func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) *apiError {
+func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) (*apiError, error) {
 	c.outcome = outcomeRefused
 	if ctx.Err() != nil {
-		c.log.Info("client left during the session claim; hold released", zap.Error(err))
-		return errClientClosed
+		return errClientClosed, fmt.Errorf("client left during the session claim: %w", err)
 	}
-	c.log.Error("session claim failed", zap.Error(err))
-	return errBillingDown
+	return errBillingDown, fmt.Errorf("session claim: %w", err)
 }
