@@ -136,6 +136,7 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		res, err := s.store.Settle(ctx, st)
 		if err != nil {
+			s.metrics.SettleFailures.Inc()
 			log.Error("run settlement failed", zap.Error(err))
 			// A settlement whose COMMIT went out unanswered may have settled the run: reopened,
 			// a call of it admitted before the close could reserve and run, and never be
@@ -147,7 +148,7 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 			writeError(w, errBillingDown)
 			return
 		}
-		s.metrics.Settlements.WithLabelValues(holds.SourceClient, boolString(res.Applied)).Inc()
+		s.settledOnRequest(st, res, log)
 		if run, err = s.store.Run(ctx, u.ID, runID); err != nil {
 			log.Error("read run failed", zap.Error(err))
 			writeError(w, errBillingDown)
@@ -223,11 +224,21 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		st.PriceSnapshot, st.SnapshotIfMissing = s.snapshots[priceKey], true
 	}
 	if !found {
+		// Counted and logged by the caller once the settlement has charged it (settledOnRequest).
 		st.ChargeHeld, st.Estimated = true, true
-		s.metrics.ReconcileHold.Inc()
-		log.Error("run settled on request without a tally: charged what it held", zap.Int64("held_micro", run.HeldMicro))
 	}
 	return st, mark, nil
+}
+
+// settledOnRequest counts a settlement on request, and a charge of a run's hold (its usage
+// lost) with tollgate_reconcile_hold_total and an ERROR line — only once the settlement has
+// charged it: a settle that failed, or found the run settled by someone else, charged nothing.
+func (s *Server) settledOnRequest(st holds.Settlement, res holds.Settled, log *zap.Logger) {
+	s.metrics.Settlements.WithLabelValues(holds.SourceClient, boolString(res.Applied)).Inc()
+	if st.ChargeHeld && res.Applied {
+		s.metrics.ReconcileHold.Inc()
+		log.Error("run settled on request without a tally: charged what it held", zap.Int64("charged_micro", res.ChargedMicro))
+	}
 }
 
 // reopenRun lets a run's calls start again after its settlement failed (see
