@@ -78,7 +78,7 @@ func (s *Server) credits(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	b, err := s.store.Balance(ctx, u.ID)
 	if err != nil {
-		s.log.Error("balance failed", zap.Uint64("user_id", u.ID), zap.Error(err))
+		logRefusal(s.log, errBillingDown, "balance unreadable", err, zap.Uint64("user_id", u.ID), zap.String("route", r.URL.Path))
 		writeError(w, errBillingDown)
 		return
 	}
@@ -140,7 +140,8 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		s.log.Error("read run failed", zap.String("run_id", runID), zap.Error(err))
+		logRefusal(s.log, errBillingDown, "run unreadable", err, zap.String("run_id", runID), zap.Uint64("user_id", u.ID),
+			zap.String("route", r.URL.Path))
 		writeError(w, errBillingDown)
 		return
 	}

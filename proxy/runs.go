@@ -116,7 +116,7 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		log.Error("read run failed", zap.Error(err))
+		logRefusal(log, errBillingDown, "run unreadable", err, zap.String("route", r.URL.Path))
 		writeError(w, errBillingDown)
 		return
 	}
