@@ -168,7 +168,7 @@ func (s *Store) setDisabled(ctx context.Context, userID uint64, disable bool) (b
 			return false, fmt.Errorf("%s user %d: %w", what, userID, err)
 		}
 	}
-	s.log.Info("user "+what+"d", zap.Uint64("user_id", userID), zap.Bool("changed", changed == 1))
+	s.log.Info("user disabled state set", zap.String("action", what), zap.Uint64("user_id", userID), zap.Bool("changed", changed == 1))
 	return changed == 1, nil
 }
 

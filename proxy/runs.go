@@ -172,7 +172,7 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 // The mark returned is CloseRun's: a caller whose settlement then fails reopens the run with it.
 func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logger) (st holds.Settlement, mark string, e *apiError) {
 	unavailable := func(what string, err error) (holds.Settlement, string, *apiError) {
-		log.Error(what+"; not settling", zap.Error(err))
+		log.Error("run not settled on request", zap.String("step", what), zap.Error(err))
 		if mark != "" {
 			s.reopenRun(ctx, run.RunID, mark, log)
 		}
