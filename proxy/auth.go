@@ -53,19 +53,22 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 }
 
 // refuseUnknownCaller answers a request refused before its caller is known, writes its one line
-// (never the key it sent) and, on a model route, counts it in tollgate_requests_total as a
-// call's refusal is: a flood of wrong keys is seen in both.
+// (never the key it sent) and, on a route counted in tollgate_requests_total, counts it there
+// as the route's other refusals are: a flood of wrong keys is seen in both.
 func (s *Server) refuseUnknownCaller(w http.ResponseWriter, r *http.Request, e *apiError, reason string, err error) {
 	logRefusal(s.log, e, reason, err, zap.String("route", r.URL.Path), zap.String("remote", r.RemoteAddr))
 	writeError(w, e)
-	if isModelRoute(r.URL.Path) {
+	if countedRoute(r.URL.Path) {
 		s.metrics.Requests.WithLabelValues(r.URL.Path, codeLabel(e.Status)).Inc()
 	}
 }
 
-// isModelRoute reports whether path is one of the model routes (routes), the only paths
-// tollgate_requests_total is labelled with.
-func isModelRoute(path string) bool {
+// countedRoute reports whether path is one of the paths tollgate_requests_total is labelled
+// with: the model routes (routes) and the token counter.
+func countedRoute(path string) bool {
+	if path == countTokensPath {
+		return true
+	}
 	for _, rt := range routes {
 		if rt.path == path {
 			return true
