@@ -32,8 +32,10 @@ func distOf(v []float64) Dist {
 		P999: pct(s, 99.9), Min: s[0], Max: s[len(s)-1]}
 }
 
-// pct is the nearest-rank percentile of a sorted sample.
+// pct is the nearest-rank percentile of a sorted sample: the ceil(p/100 × n)-th smallest.
+// The product is computed as p × n / 100 less a hair, because in floating point 99.9/100 × 1000
+// is 999.0000000000001 and its ceiling would take the next rank (at n = 1000, the maximum).
 func pct(s []float64, p float64) float64 {
-	rank := int(math.Ceil(p / 100 * float64(len(s))))
+	rank := int(math.Ceil(p*float64(len(s))/100 - 1e-9))
 	return s[max(0, min(len(s)-1, rank-1))]
 }

@@ -1,0 +1,20 @@
+package main
+
+import "testing"
+
+// p99.9 of 1000 samples is the 999th smallest, not the largest: the rank is ceil(p/100 × n)
+// in exact arithmetic, and 99.9/100 × 1000 is 999.0000000000001 in floating point.
+func TestPctIsNearestRankWithoutFloatDrift(t *testing.T) {
+	for _, n := range []int{1000, 2000, 3000, 6000, 100, 7} {
+		s := make([]float64, n)
+		for i := range s {
+			s[i] = float64(i + 1) // value == rank
+		}
+		for _, p := range []float64{50, 90, 99, 99.9} {
+			want := float64((int64(p*10+0.5)*int64(n) + 999) / 1000)
+			if got := pct(s, p); got != want {
+				t.Errorf("n %d p%v: rank %v, want %v", n, p, got, want)
+			}
+		}
+	}
+}
