@@ -123,6 +123,8 @@ func do(ctx context.Context, c *http.Client, url string, rs reqSpec) sample {
 			s.end = time.Now()
 			s.lat = s.end.Sub(t0)
 			if !errors.Is(err, io.EOF) {
+				// A stream cut short lost what it did not get: the stream figures count it.
+				s.lost, s.noDone = lostOf(rs.chunks, seen), !done
 				s.errKind = "stream: " + shortErr(err)
 				if ctx.Err() != nil {
 					s.errKind = "cancelled" // the scenario's time ran out mid-stream
@@ -132,15 +134,20 @@ func do(ctx context.Context, c *http.Client, url string, rs reqSpec) sample {
 			break
 		}
 	}
-	if rs.chunks > 0 {
-		s.lost = max(0, rs.chunks-seen)
-	}
-	s.noDone = !done
+	s.lost, s.noDone = lostOf(rs.chunks, seen), !done
 	s.ok = s.lost == 0 && !s.reorder && !s.noDone
 	if !s.ok {
 		s.errKind = "stream check"
 	}
 	return s
+}
+
+// lostOf is how many of a stream's expected content chunks were not seen (0: no check).
+func lostOf(expected, seen int) int {
+	if expected <= 0 {
+		return 0
+	}
+	return max(0, expected-seen)
 }
 
 func shortErr(err error) string {
