@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -200,7 +201,9 @@ func checkBalance(ctx context.Context, db *sqlx.DB, userID uint64, allowance int
 	return b, nil
 }
 
-func round3(x float64) float64 { return float64(int64(x*1000+0.5)) / 1000 }
+// round3 rounds to the microsecond (of a millisecond figure), half away from zero: a negative
+// lag rounds like a positive one.
+func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
 
 // dbCounters reads server status counters that explain where a tollgate request's database
 // time goes: statements, commits, fsyncs, row-lock waits. Fsyncs are Innodb_data_fsyncs (every

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -116,4 +117,4 @@ func (w *procWatch) done() (float64, map[string]float64) {
 	return round2(float64(w.maxRSS) / 1024), cpu
 }
 
-func round2(x float64) float64 { return float64(int64(x*100+0.5)) / 100 }
+func round2(x float64) float64 { return math.Round(x*100) / 100 }

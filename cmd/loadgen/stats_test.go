@@ -18,3 +18,14 @@ func TestPctIsNearestRankWithoutFloatDrift(t *testing.T) {
 		}
 	}
 }
+
+// A negative figure (a settlement committed before the client read its last byte) rounds
+// like a positive one.
+func TestRoundHalfAwayFromZero(t *testing.T) {
+	if got := round3(-0.0016); got != -0.002 {
+		t.Errorf("round3(-0.0016) = %v, want -0.002", got)
+	}
+	if got := round2(-1.006); got != -1.01 {
+		t.Errorf("round2(-1.006) = %v, want -1.01", got)
+	}
+}
