@@ -18,6 +18,13 @@ import (
 // gateway's added latency is the hold, which the checks after it, and which the upstream.
 const phaseMetric = "tollgate_call_phase_seconds"
 
+// settleMetric is the gateway's histogram of a call's end to its settlement committed
+// (proxy.Metrics.SettleSeconds). readPhases returns it under settleKey, next to the phases.
+const (
+	settleMetric = "tollgate_settle_seconds"
+	settleKey    = "settle_commit"
+)
+
 // PhaseDist summarises one phase over a run from the histogram's buckets: percentiles are
 // interpolated inside the bucket they fall in (bucket bounds double from 0.1 ms), so they are
 // estimates, unlike Dist's.
@@ -59,22 +66,24 @@ func readPhases(ctx context.Context, gatewayURL string) map[string]*histogram {
 	return h
 }
 
-// parsePhases reads the call-phase series out of Prometheus text exposition.
+// parsePhases reads the call-phase series, by phase, and the settlement histogram, under
+// settleKey, out of Prometheus text exposition. A series without labels (the settlement's
+// _sum and _count) has no braces: `name value`.
 func parsePhases(r io.Reader) (map[string]*histogram, error) {
 	out := map[string]*histogram{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, phaseMetric+"_")
-		if !ok {
+		var rest, key string
+		if r, ok := strings.CutPrefix(line, phaseMetric+"_"); ok {
+			rest = r
+		} else if r, ok := strings.CutPrefix(line, settleMetric+"_"); ok {
+			rest, key = r, settleKey
+		} else {
 			continue
 		}
-		kind, labels, ok := strings.Cut(rest, "{")
-		if !ok {
-			continue
-		}
-		labels, value, ok := strings.Cut(labels, "} ")
+		kind, labels, value, ok := splitSample(rest)
 		if !ok {
 			return nil, fmt.Errorf("metrics line %q", line)
 		}
@@ -83,10 +92,13 @@ func parsePhases(r io.Reader) (map[string]*histogram, error) {
 			return nil, fmt.Errorf("metrics line %q: %w", line, err)
 		}
 		lab := parseLabels(labels)
-		h := out[lab["phase"]]
+		if key == "" {
+			key = lab["phase"]
+		}
+		h := out[key]
 		if h == nil {
 			h = &histogram{buckets: map[float64]float64{}}
-			out[lab["phase"]] = h
+			out[key] = h
 		}
 		switch kind {
 		case "bucket":
@@ -102,6 +114,16 @@ func parsePhases(r io.Reader) (map[string]*histogram, error) {
 		}
 	}
 	return out, sc.Err()
+}
+
+// splitSample splits `kind{labels} value` or `kind value`.
+func splitSample(s string) (kind, labels, value string, ok bool) {
+	if k, rest, found := strings.Cut(s, "{"); found {
+		labels, value, ok = strings.Cut(rest, "} ")
+		return k, labels, value, ok
+	}
+	kind, value, ok = strings.Cut(s, " ")
+	return kind, "", value, ok
 }
 
 // parseLabels splits `a="x",b="y"` (the values here never hold quotes or commas).

@@ -35,7 +35,9 @@ type Summary struct {
 	LedgerPass *bool              `json:"ledger_pass,omitempty"`
 	SettleLag  *Dist              `json:"settle_lag,omitempty"`
 	LagMissing int                `json:"settle_lag_missing,omitempty"`
-	Balance    *Balance           `json:"balance,omitempty"`
+	// SettleCommit: see Run.SettleCommit.
+	SettleCommit *PhaseDist `json:"settle_commit,omitempty"`
+	Balance      *Balance   `json:"balance,omitempty"`
 }
 
 // Check is one target of the issue, measured.
@@ -90,6 +92,9 @@ func report(runs []*Run, k Keys) *Report {
 		}
 		if r.SettleLag != nil {
 			s.SettleLag = r.SettleLag
+		}
+		if r.SettleCommit != nil {
+			s.SettleCommit = r.SettleCommit
 		}
 		s.LagMissing += r.LagMissing
 	}
@@ -163,6 +168,16 @@ func report(runs []*Run, k Keys) *Report {
 			g.SettleLag.N > 0 && g.LagMissing == 0 && g.Errors == 0 && g.SettleLag.P99 <= 50,
 			fmt.Sprintf("settled_at - client end: p50 %.2f ms, max %.2f ms, n %d, not settled %d, errors %d, %.0f req/s",
 				g.SettleLag.P50, g.SettleLag.Max, g.SettleLag.N, g.LagMissing, g.Errors, g.RPS)})
+		// settled_at is the clock read when the batch transaction begins, before its lock
+		// waits and commit: the row is there only at commit. The gateway times a call's end to
+		// its settlement committed; without that figure the target is not shown to be met.
+		c := Check{Scenario: "settle-lag", What: "settlement end -> commit p99 (ms, gateway histogram)", Target: "<= 50",
+			Note: "gateway's tollgate_settle_seconds not read"}
+		if sc := g.SettleCommit; sc != nil {
+			c.Value, c.Pass = round3(sc.P99), sc.N > 0 && g.Errors == 0 && sc.P99 <= 50
+			c.Note = fmt.Sprintf("p50 %.2f ms, mean %.2f ms, n %d (interpolated in buckets doubling from 0.5 ms: an estimate)", sc.P50, sc.Mean, sc.N)
+		}
+		add(c)
 	}
 	ledgerOK, n := true, 0
 	for _, s := range rep.Summary {
