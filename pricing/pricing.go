@@ -159,6 +159,20 @@ func (p Price) Spoken() Price {
 	return p
 }
 
+// PromptWritten is the price that bounds a call whose prompt the provider may write to its
+// cache: every input token at the dearer of the input and the cache-write price (the one-hour
+// one too when long). Audio input keeps its own price.
+func (p Price) PromptWritten(long bool) Price {
+	if p.AudioInput == 0 {
+		p.AudioInput = p.Input // Cost bills audio at the input price when it has none of its own
+	}
+	p.Input = max(p.Input, p.CacheWrite)
+	if long {
+		p.Input = max(p.Input, p.CacheWrite1h)
+	}
+	return p
+}
+
 // Dearest is the price that bounds a call that may be billed at p or at o (a router's
 // fallback answering instead of the model asked for): each field at the dearer of the two, so
 // its cost of any usage is at least the cost at either.

@@ -20,7 +20,7 @@ import (
 // audioTokens is the estimate of the prompt's audio (metering.EstimatePrompt): audio
 // input on a model without an audio input price is refused likewise, as is a spoken answer on
 // one without an audio output price.
-func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64) string {
+func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64, longCache bool) string {
 	if audioTokens > 0 && price.AudioInput == 0 {
 		return "audio input (an 'input_audio' part, or an earlier answer's 'audio' sent back; audio input tokens, unpriced for this model)"
 	}
@@ -75,7 +75,7 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 				return "the 'context-1m' beta (long-context rates)"
 			}
 		}
-		if price.CacheWrite1h == 0 && asksLongCache(root.Raw) {
+		if price.CacheWrite1h == 0 && longCache {
 			return "'cache_control' with a 'ttl' other than 5m (one-hour cache writes, unpriced for this model)"
 		}
 	}
@@ -100,17 +100,17 @@ func asksSpokenAnswer(format metering.Format, root gjson.Result) bool {
 	return false
 }
 
-// asksLongCache reports whether any cache_control in the JSON raw (valid JSON: parseCall has
-// checked), at any depth (system, messages, their content blocks, tools, the top level), asks
-// for a ttl other than the default five minutes: the provider then bills the cache write at
-// its one-hour rate. Keys and values are compared unescaped, as the provider reads them, and
-// keys with case folded.
+// cacheControls reports whether any cache_control in the JSON raw (valid JSON: parseCall has
+// checked), at any depth (system, messages, their content blocks, tools, the top level), marks
+// the prompt for the cache (an object), and whether any asks for a ttl other than the default
+// five minutes: the provider then bills the cache write at its one-hour rate. Keys and values
+// are compared unescaped, as the provider reads them, and keys with case folded.
 //
 // One pass over the bytes. Walked level by level with gjson, each level's parse scans
 // everything nested below it: a body of deeply nested brackets then costs time quadratic in
 // its size (a 4 MiB one, about an hour of CPU), before anything is held (see maxContentDepth
 // in metering for the same trap in the estimate).
-func asksLongCache(raw string) bool {
+func cacheControls(raw string) (marked, long bool) {
 	type frame struct {
 		object       bool
 		cacheControl bool   // an object that is the value of a "cache_control" key
@@ -135,10 +135,11 @@ func asksLongCache(raw string) bool {
 			stack = stack[:len(stack)-1]
 		case '{', '[':
 			if asksHere() {
-				return true
+				return true, true
 			}
 			n := len(stack)
 			cc := ch == '{' && n > 0 && stack[n-1].object && stack[n-1].key == "cache_control"
+			marked = marked || cc
 			stack = append(stack, frame{object: ch == '{', cacheControl: cc, wantKey: ch == '{'})
 		case '"':
 			end := i + 1
@@ -168,7 +169,7 @@ func asksLongCache(raw string) bool {
 				continue
 			}
 			if asksHere() && str != "5m" {
-				return true
+				return true, true
 			}
 		default: // a number, true, false or null
 			end := i
@@ -176,12 +177,12 @@ func asksLongCache(raw string) bool {
 				end++
 			}
 			if asksHere() && raw[i:end] != "null" {
-				return true
+				return true, true
 			}
 			i = end - 1
 		}
 	}
-	return false
+	return marked, false
 }
 
 // firstTool returns the type of the first entry of the request's tools whose type starts

@@ -71,6 +71,9 @@ type callRequest struct {
 	inputEstimate, audioEstimate int64
 	// spoken: the call asks for an audio answer, whose every output token may be audio.
 	spoken bool
+	// cacheMarked: the body marks part of its prompt for the provider's cache (cache_control),
+	// which the provider may then bill at the cache-write price; cacheLong: for an hour.
+	cacheMarked, cacheLong bool
 	// fallbackPrice is price made dearer by every model of a router's fallback list
 	// (checkFallbacks), any of which may answer and be billed at its own price: the worst case
 	// is reckoned at it (boundPrice). price itself when the call names no fallbacks.
@@ -273,7 +276,8 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	if rt.format == metering.FormatResponses {
 		c.previousResponse, c.conversation = continuedFrom(root)
 	}
-	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate); what != "" {
+	c.cacheMarked, c.cacheLong = cacheControls(root.Raw)
+	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate, c.cacheLong); what != "" {
 		return nil, errBadRequest("unpriced_option", fmt.Sprintf(
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
 	}
@@ -574,12 +578,18 @@ func (c *callRequest) continues() []string {
 
 // boundPrice is the price a worst case of the call is reckoned at: the dearest of the models
 // that may answer it (fallbackPrice), every output token as audio when the call asks for an
-// audio answer.
+// audio answer, every prompt token at the cache-write price when the call marks its prompt for
+// the cache (the provider bills what it writes at that price, 1.25× or 2× the input price:
+// reckoned at the input price, a call whose cap binds cost more than its cap).
 func (c *callRequest) boundPrice() pricing.Price {
+	p := c.fallbackPrice
 	if c.spoken {
-		return c.fallbackPrice.Spoken()
+		p = p.Spoken()
 	}
-	return c.fallbackPrice
+	if c.cacheMarked {
+		p = p.PromptWritten(c.cacheLong)
+	}
+	return p
 }
 
 // rewrite prepares the body for the upstream once the cap is known: it asks for the usage
