@@ -16,7 +16,7 @@ import (
 // are served.
 func TestAnthropicFastModeUSInferenceAndAdvisorAreRefusedAsUnpriced(t *testing.T) {
 	h := newHarness(t, nil)
-	u, key := h.user("standard")
+	_, key := h.user("standard")
 	const messages = "/v1/messages"
 	refused := []struct {
 		name, body, code string
@@ -37,17 +37,7 @@ func TestAnthropicFastModeUSInferenceAndAdvisorAreRefusedAsUnpriced(t *testing.T
 	}
 	for _, tc := range refused {
 		t.Run("refused/"+tc.name, func(t *testing.T) {
-			calls, runs := h.fake.Calls(), h.runCount(u.ID)
-			resp := h.post(key, messages, tc.body, tc.header)
-			body := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusBadRequest || errorCode(t, body) != tc.code {
-				t.Fatalf("%d %s, want 400 %s", resp.StatusCode, body, tc.code)
-			}
-			if h.fake.Calls() != calls || h.runCount(u.ID) != runs {
-				t.Fatalf("a refused request reached the upstream (%d → %d calls) or took a hold (%d → %d runs)",
-					calls, h.fake.Calls(), runs, h.runCount(u.ID))
-			}
+			h.postRefused(t, key, messages, tc.body, tc.header, http.StatusBadRequest, tc.code)
 		})
 	}
 	served := []struct{ name, body string }{

@@ -13,7 +13,7 @@ import (
 // billed at the text price.
 func TestAudioInputUnderFoldedListKeyRefused(t *testing.T) {
 	h := newHarness(t, nil)
-	u, key := h.user("standard")
+	_, key := h.user("standard")
 	const part = `[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]}]`
 	for _, tc := range []struct{ name, path, body string }{
 		{"Messages", "/v1/chat/completions", `{"model":"fake-gpt","Messages":` + part + `}`},
@@ -21,17 +21,7 @@ func TestAudioInputUnderFoldedListKeyRefused(t *testing.T) {
 		{"Input", "/v1/responses", `{"model":"fake-gpt","Input":` + part + `}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			calls, runs := h.fake.Calls(), h.runCount(u.ID)
-			resp := h.post(key, tc.path, tc.body, nil)
-			body := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusBadRequest {
-				t.Fatalf("%d %s, want 400: fake-gpt has no audio input price", resp.StatusCode, body)
-			}
-			errorCode(t, body)
-			if h.fake.Calls() != calls || h.runCount(u.ID) != runs {
-				t.Fatalf("a refused request reached the upstream or took a hold")
-			}
+			h.postRefused(t, key, tc.path, tc.body, nil, http.StatusBadRequest, "")
 		})
 	}
 }

@@ -15,7 +15,7 @@ import (
 // and a `models` that is not a list of names is 400 invalid_models.
 func TestFallbackModelsMustAllBePriced(t *testing.T) {
 	h := newHarness(t, nil)
-	u, key := h.user("standard")
+	_, key := h.user("standard")
 	refused := []struct{ name, body, code string }{
 		{"unpriced fallback", `{"model":"fake-gpt","models":["fake-gpt","some-dear-model"],"messages":[{"role":"user","content":"hi"}]}`, "unpriced_option"},
 		{"unpriced fallback, completions", `{"model":"fake-gpt","models":["some-dear-model"],"prompt":"hi"}`, "unpriced_option"},
@@ -31,17 +31,7 @@ func TestFallbackModelsMustAllBePriced(t *testing.T) {
 			if path == "" {
 				path = "/v1/chat/completions"
 			}
-			calls, runs := h.fake.Calls(), h.runCount(u.ID)
-			resp := h.post(key, path, tc.body, nil)
-			body := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusBadRequest || errorCode(t, body) != tc.code {
-				t.Fatalf("%d %s, want 400 %s", resp.StatusCode, body, tc.code)
-			}
-			if h.fake.Calls() != calls || h.runCount(u.ID) != runs {
-				t.Fatalf("a refused request reached the upstream (%d → %d calls) or took a hold (%d → %d runs)",
-					calls, h.fake.Calls(), runs, h.runCount(u.ID))
-			}
+			h.postRefused(t, key, path, tc.body, nil, http.StatusBadRequest, tc.code)
 		})
 	}
 	for _, body := range []string{

@@ -313,3 +313,23 @@ func (h *harness) waitSettled(runID string, within time.Duration, why string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// postRefused posts body and asserts the refusal happened before anything was held or
+// forwarded: status and error code as wanted (code "" takes any), no call reached the
+// upstream, and no hold was taken — not even one released at once (a run_holds row).
+func (h *harness) postRefused(t *testing.T, key, path, body string, hdr map[string]string, status int, code string) {
+	t.Helper()
+	holdsBefore, _ := h.holdCount()
+	calls := h.fake.Calls()
+	resp := h.post(key, path, body, hdr)
+	out := readAll(t, resp.Body)
+	resp.Body.Close()
+	got := errorCode(t, out)
+	if resp.StatusCode != status || (code != "" && got != code) {
+		t.Fatalf("%d %s, want %d %s", resp.StatusCode, out, status, code)
+	}
+	if holdsAfter, _ := h.holdCount(); h.fake.Calls() != calls || holdsAfter != holdsBefore {
+		t.Fatalf("a refused request reached the upstream (%d → %d calls) or took a hold (%d → %d holds)",
+			calls, h.fake.Calls(), holdsBefore, holdsAfter)
+	}
+}
