@@ -18,7 +18,7 @@ func TestReconcileNamedRunAfterARedisRestart(t *testing.T) {
 	none := e.admit(u, "x_none", holds.StateRunning)
 	for _, id := range []string{part.RunID, none.RunID} {
 		for range 2 {
-			if _, err := e.store.RecordRunCall(e.ctx(), id, time.Minute, pricing.Usage{Input: 100, Output: 10}, 700, 1); err != nil {
+			if _, err := e.store.RecordRunCall(e.ctx(), id, time.Minute, pricing.Usage{Input: 100, Output: 10}, 700, 1, false); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -34,5 +34,28 @@ func TestReconcileNamedRunAfterARedisRestart(t *testing.T) {
 		if r := e.run(u, id); r.State != holds.StateSettled || r.ChargedMicro != 1400 || r.Calls != 2 {
 			t.Errorf("run %s %+v (pass %+v): want both calls charged, 1400", id, r, st)
 		}
+	}
+}
+
+// TestReconciledNamedRunKeepsItsEstimatedMark: one of a named run's two calls was charged an
+// estimate (no usage report) and marked the row so as it ended; the run abandoned, the
+// reconciler settles it from its tally, which carries no such mark. The settled row must
+// still say estimated, as it would had the caller settled it.
+func TestReconciledNamedRunKeepsItsEstimatedMark(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("erin", 20, nil)
+	run := e.admit(u, "x_est", holds.StateRunning)
+	for _, est := range []bool{true, false} {
+		if _, err := e.store.RecordRunCall(e.ctx(), run.RunID, time.Minute, pricing.Usage{Input: 100, Output: 10}, 700, 1, est); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.expire(run.RunID)
+	e.addTally(run.RunID, pricing.Usage{Input: 200, Output: 20}, 1400)
+	if _, err := e.pass(e.reconciler("me", nil)); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.run(u, run.RunID); r.State != holds.StateSettled || r.ChargedMicro != 1400 || !r.Estimated {
+		t.Errorf("run %+v: want settled at 1400 with estimated=1 (one of its calls was an estimate)", r)
 	}
 }

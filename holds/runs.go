@@ -103,14 +103,16 @@ func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bo
 // out, as Extend does. The row's figures are a durable lower bound of what the run used (an
 // UPDATE whose reply is lost is not resent), beside the Redis tally, which is exact but lost
 // with a Redis restart; a settlement takes whichever of the two has the larger cost (see
-// Run.Recorded). The row is left alone once settled.
-func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Duration, u pricing.Usage, costMicro int64, calls int) (bool, error) {
+// Run.Recorded). A call charged an estimate (no usage report) marks the row estimated, and
+// the settlement keeps that mark (appendMarkSettled), whichever figures it charges: the run's
+// tokens are then not all the provider's own count. The row is left alone once settled.
+func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Duration, u pricing.Usage, costMicro int64, calls int, estimated bool) (bool, error) {
 	u = u.Clamp()
 	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
 		in_tok = in_tok + ?, cache_read_tok = cache_read_tok + ?, cache_write_tok = cache_write_tok + ?, out_tok = out_tok + ?,
-		cost_micro = cost_micro + ?, calls = calls + ?, ended_calls = ended_calls + 1
+		cost_micro = cost_micro + ?, calls = calls + ?, ended_calls = ended_calls + 1, estimated = GREATEST(estimated, ?)
 		WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(),
-		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, runID)
+		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, estimated, runID)
 	if err != nil {
 		return false, fmt.Errorf("record call of %s: %w", runID, err)
 	}

@@ -272,7 +272,9 @@ func appendSettled(sc *script, w settleWrites, now time.Time) {
 // locked by this transaction (and was read live under that lock: the design's conditional
 // update), so INSERT … ON DUPLICATE KEY UPDATE only ever takes its update branch: a multi-row
 // UPDATE with per-row values. The NOT NULL columns an insert would need carry the rows'
-// current values.
+// current values. A row already marked estimated keeps the mark: a named run's calls charged
+// an estimate set it as they ended (RecordRunCall), and neither its tally nor its row's figures
+// carry it to the settlement.
 func appendMarkSettled(sc *script, rows []settledRow, now time.Time) {
 	const perRow = 21
 	q := make([]byte, 0, 1024+len(rows)*64)
@@ -305,7 +307,7 @@ func appendMarkSettled(sc *script, rows []settledRow, now time.Time) {
 		prepaid_part_micro = VALUES(prepaid_part_micro), in_tok = VALUES(in_tok), cache_read_tok = VALUES(cache_read_tok),
 		cache_write_tok = VALUES(cache_write_tok), out_tok = VALUES(out_tok), calls = VALUES(calls),
 		model = IF(VALUES(model) = '', model, VALUES(model)), price_snapshot = COALESCE(VALUES(price_snapshot), price_snapshot),
-		estimated = VALUES(estimated), settle_source = VALUES(settle_source), settled_at = VALUES(settled_at),
+		estimated = GREATEST(estimated, VALUES(estimated)), settle_source = VALUES(settle_source), settled_at = VALUES(settled_at),
 		settle_token = VALUES(settle_token)`...)
 	sc.add(string(q), args...)
 }

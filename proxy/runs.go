@@ -90,7 +90,7 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
 		calls = 0
 	}
-	if _, err := s.store.RecordRunCall(ectx, c.runID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls); err != nil {
+	if _, err := s.store.RecordRunCall(ectx, c.runID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls, st.Estimated); err != nil {
 		// Not retried: the record adds, and a failure whose UPDATE may have landed (its reply
 		// lost) would be counted twice. One that surely did not (nothing sent) database/sql
 		// has already retried. The row's record only stands in for a tally a Redis restart
