@@ -541,6 +541,14 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("invalid_until", err.Error()))
 		return
 	}
+	if f.SettledSince, err = ParseTime(q.Get("settled_since")); err != nil {
+		writeError(w, badRequest("invalid_settled_since", err.Error()))
+		return
+	}
+	if f.SettledUntil, err = ParseTime(q.Get("settled_until")); err != nil {
+		writeError(w, badRequest("invalid_settled_until", err.Error()))
+		return
+	}
 	if name := q.Get("user"); name != "" {
 		d, err := h.store.UserDetail(r.Context(), name)
 		if err != nil {

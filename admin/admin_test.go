@@ -484,6 +484,25 @@ func TestRunsAndUsageReport(t *testing.T) {
 	f.admin("GET", "/admin/runs?state=lost", nil, http.StatusBadRequest)
 	f.admin("GET", "/admin/runs?since=yesterday", nil, http.StatusBadRequest)
 	f.admin("GET", "/admin/runs?user=nobody", nil, http.StatusNotFound)
+	// By settlement: the settled runs of today's report, whatever day they began, newest first.
+	var today time.Time
+	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
+		t.Fatal(err)
+	}
+	day := today.Format(time.DateOnly)
+	tomorrow := today.AddDate(0, 0, 1).Format(time.DateOnly)
+	settledToday := f.admin("GET", "/admin/runs?settled_since="+day+"&settled_until="+tomorrow, nil, http.StatusOK)
+	if data, _ := settledToday["data"].([]any); len(data) != len(costs) {
+		t.Fatalf("runs settled today %v, want the %d settled", settledToday, len(costs))
+	}
+	if none := f.admin("GET", "/admin/runs?settled_until="+day, nil, http.StatusOK); len(none["data"].([]any)) != 0 {
+		t.Fatalf("runs settled before today %v, want none", none)
+	}
+	for _, q := range []string{"settled_since=yesterday", "settled_until=2026-13-01", "settled_since=" + day + "&state=running"} {
+		if out := f.admin("GET", "/admin/runs?"+q, nil, http.StatusBadRequest); errCode(out) == "<not an OpenAI error shape>" {
+			t.Errorf("%s: %v, want an error naming it", q, out)
+		}
+	}
 
 	var ledger, settled int64
 	if err := f.db.GetContext(f.ctx(), &ledger, "SELECT SUM(used_micro) FROM usage_days"); err != nil {

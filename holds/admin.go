@@ -305,6 +305,12 @@ type RunFilter struct {
 	State  State
 	Since  time.Time // created_at >= Since
 	Until  time.Time // created_at < Until
+	// SettledSince and SettledUntil select settled runs by when they settled (settled_at >=
+	// SettledSince, < SettledUntil), the day the usage report and the day ledger charge them
+	// to: a run admitted before midnight and settled after it is the next day's, and a named
+	// or reconciled run may settle long after it began. Either one lists settled runs only,
+	// newest settlement first, so that a billing team can list the runs behind a report day.
+	SettledSince, SettledUntil time.Time
 	// After is a run id from an earlier page: only runs listed after it (older, or as old
 	// with a smaller run id) are listed. Runs admitted in one batch share created_at, so
 	// Until alone cannot page past them.
@@ -312,16 +318,30 @@ type RunFilter struct {
 	Limit int // 1-10000
 }
 
+// bySettlement says whether f lists runs by when they settled rather than when they began.
+func (f RunFilter) bySettlement() bool { return !f.SettledSince.IsZero() || !f.SettledUntil.IsZero() }
+
 // UserRun is a run with its owner's name, as an operator lists it.
 type UserRun struct {
 	Run
 	UserName string `db:"user_name"`
 }
 
-// ListRuns lists runs newest first.
+// ListRuns lists runs newest first: by when they began, or, with a settlement window, by
+// when they settled (both orders end on the run id, which pages through runs of one batch).
 func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
 	if f.Limit <= 0 || f.Limit > 10_000 {
 		return nil, fmt.Errorf("list runs: %w: limit %d out of range 1-10000", ErrBadFilter, f.Limit)
+	}
+	// The column the listing is ordered by, and paged on: settled_at has its own index (the
+	// report's), which InnoDB ends with the primary key, run_id.
+	at := "created_at"
+	if f.bySettlement() {
+		at = "settled_at"
+		if f.State != "" && f.State != StateSettled {
+			return nil, fmt.Errorf("list runs: %w: a settlement window lists settled runs, not %q ones", ErrBadFilter, f.State)
+		}
+		f.State = StateSettled
 	}
 	var where []string
 	var args []any
@@ -336,23 +356,24 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
 		return nil, fmt.Errorf("list runs: %w: state %q", ErrBadFilter, f.State)
 	}
 	for _, t := range []struct {
-		name string
-		t    time.Time
-	}{{"since", f.Since}, {"until", f.Until}} {
-		if !t.t.IsZero() && !storableTime(t.t) {
+		column, op, name string
+		t                time.Time
+	}{
+		{"created_at", ">=", "since", f.Since}, {"created_at", "<", "until", f.Until},
+		{"settled_at", ">=", "settled since", f.SettledSince}, {"settled_at", "<", "settled until", f.SettledUntil},
+	} {
+		if t.t.IsZero() {
+			continue
+		}
+		if !storableTime(t.t) {
 			return nil, fmt.Errorf("list runs: %w: %s %s is outside the years 1-9999", ErrBadFilter, t.name, t.t.UTC().Format(time.RFC3339))
 		}
-	}
-	if !f.Since.IsZero() {
-		where, args = append(where, "created_at >= ?"), append(args, f.Since.UTC())
-	}
-	if !f.Until.IsZero() {
-		where, args = append(where, "created_at < ?"), append(args, f.Until.UTC())
+		where, args = append(where, t.column+" "+t.op+" ?"), append(args, t.t.UTC())
 	}
 	if f.After != "" {
-		var at time.Time
+		var after sql.NullTime
 		err := s.withRetry(ctx, "list runs", func() error {
-			return s.db.GetContext(ctx, &at, "SELECT created_at FROM run_holds WHERE run_id = ?", f.After)
+			return s.db.GetContext(ctx, &after, "SELECT "+at+" FROM run_holds WHERE run_id = ?", f.After)
 		})
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, fmt.Errorf("list runs: %w: %q is no run", ErrBadAfter, f.After)
@@ -360,14 +381,19 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
 		if err != nil {
 			return nil, fmt.Errorf("list runs: %w", err)
 		}
-		where = append(where, "(created_at < ? OR (created_at = ? AND run_id < ?))")
-		args = append(args, at, at, f.After)
+		if !after.Valid {
+			// Only a listing by settlement reads a nullable column: no page of it ends on a
+			// run that has not settled.
+			return nil, fmt.Errorf("list runs: %w: %q has not settled", ErrBadAfter, f.After)
+		}
+		where = append(where, "("+at+" < ? OR ("+at+" = ? AND run_id < ?))")
+		args = append(args, after.Time, after.Time, f.After)
 	}
 	q := "SELECT " + runColumns + ", COALESCE((SELECT u.name FROM users u WHERE u.id = run_holds.user_id), '') AS user_name FROM run_holds"
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
-	q += " ORDER BY created_at DESC, run_id DESC LIMIT ?"
+	q += " ORDER BY " + at + " DESC, run_id DESC LIMIT ?"
 	args = append(args, f.Limit)
 	out := []UserRun{}
 	err := s.withRetry(ctx, "list runs", func() error {

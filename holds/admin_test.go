@@ -131,6 +131,92 @@ func TestListRunsFilters(t *testing.T) {
 	f.settle("r_b1", 2_000)
 }
 
+// TestListRunsBySettlementMatchesTheReportDay: the usage report and the day ledger charge a run
+// to the UTC day it settled, while since/until select by when it began. A billing team listing
+// the runs behind a report day must find there the runs whose charges the day holds — the one
+// admitted before midnight and settled after it, a named run settled a day late — and no other.
+func TestListRunsBySettlementMatchesTheReportDay(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("night-owl", "standard")
+	for _, run := range []string{"r_late", "r_night", "r_day"} {
+		f.admit(u, run)
+	}
+	f.settle("r_late", 3_000)
+	f.settle("r_night", 5_000)
+	f.settle("r_day", 7_000)
+	f.admit(u, "r_open")
+	day := time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC)
+	for _, m := range []struct {
+		run              string
+		created, settled time.Time
+	}{
+		{"r_late", day.Add(-36 * time.Hour), day.Add(2 * time.Hour)},                   // a named run, a day late
+		{"r_night", day.Add(-100 * time.Millisecond), day.Add(100 * time.Millisecond)}, // across midnight
+		{"r_day", day.Add(-2 * time.Hour), day.Add(-time.Hour)},                        // the day before
+	} {
+		if _, err := f.db.ExecContext(f.ctx(), "UPDATE run_holds SET created_at = ?, settled_at = ? WHERE run_id = ?", m.created, m.settled, m.run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The ledger follows the runs to the days they now settled on, so the books still balance.
+	if _, err := f.db.ExecContext(f.ctx(), "DELETE FROM usage_days WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.ExecContext(f.ctx(), "INSERT INTO usage_days (user_id, day, used_micro, run_count) VALUES (?, '2026-03-07', 7000, 1), (?, '2026-03-08', 8000, 2)", u.ID, u.ID); err != nil {
+		t.Fatal(err)
+	}
+	list := func(rf holds.RunFilter) []string {
+		t.Helper()
+		runs, err := f.store.ListRuns(f.ctx(), rf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range runs {
+			out = append(out, r.RunID)
+		}
+		return out
+	}
+	check := func(got []string, want ...string) {
+		t.Helper()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("got %v, want %v", got, want)
+		}
+	}
+	next := day.Add(24 * time.Hour)
+	check(list(holds.RunFilter{SettledSince: day, SettledUntil: next, Limit: 10}), "r_late", "r_night")
+	check(list(holds.RunFilter{SettledSince: day, SettledUntil: next, State: holds.StateSettled, UserID: u.ID, Limit: 10}), "r_late", "r_night")
+	check(list(holds.RunFilter{SettledUntil: day, Limit: 10}), "r_day")
+	check(list(holds.RunFilter{SettledSince: day, Limit: 1}), "r_late")
+	check(list(holds.RunFilter{SettledSince: day, After: "r_late", Limit: 10}), "r_night")
+	// By when they began, the same day holds another set: the listing the report disagreed with.
+	check(list(holds.RunFilter{Since: day.Add(-24 * time.Hour), Until: day, State: holds.StateSettled, Limit: 10}), "r_night", "r_day")
+
+	rep, err := f.store.Usage(f.ctx(), day, day, u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reported, listed := rep.Totals.ChargedMicro, int64(0)
+	runs, err := f.store.ListRuns(f.ctx(), holds.RunFilter{SettledSince: day, SettledUntil: next, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range runs {
+		listed += r.ChargedMicro
+	}
+	if reported != listed || listed != 8_000 || rep.LedgerMicro != 8_000 {
+		t.Errorf("report day charges %d (ledger %d), its listed runs %d; want 8000 each", reported, rep.LedgerMicro, listed)
+	}
+
+	if _, err := f.store.ListRuns(f.ctx(), holds.RunFilter{SettledSince: day, State: holds.StateRunning, Limit: 1}); !errors.Is(err, holds.ErrBadFilter) {
+		t.Errorf("a settlement window over running runs: %v, want ErrBadFilter", err)
+	}
+	if _, err := f.store.ListRuns(f.ctx(), holds.RunFilter{SettledSince: day, After: "r_open", Limit: 1}); !errors.Is(err, holds.ErrBadAfter) {
+		t.Errorf("a settlement listing paged after an unsettled run: %v, want ErrBadAfter", err)
+	}
+	f.settle("r_open", 0)
+}
+
 // The usage report's totals equal the day ledger and the sum of the settled holds, per user
 // and day and overall, across models, days, releases at 0 and charges into prepaid.
 func TestUsageReportEqualsLedgerAndSettledHolds(t *testing.T) {

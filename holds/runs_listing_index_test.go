@@ -55,6 +55,8 @@ func TestRunListingReadsAPageNotTheTable(t *testing.T) {
 		{"one user's", holds.RunFilter{UserID: users[0].ID}, perUser + page},
 		{"settled since a day", holds.RunFilter{State: holds.StateSettled, Since: start.Add(24 * time.Hour)}, page},
 		{"next page", holds.RunFilter{After: fmt.Sprintf("r_%s_%05d", users[1].Name, perUser-limit)}, page},
+		{"settled in a day", holds.RunFilter{SettledSince: start.Add(24 * time.Hour), SettledUntil: start.Add(48 * time.Hour)}, page},
+		{"settled, next page", holds.RunFilter{SettledSince: start, After: fmt.Sprintf("r_%s_%05d", users[1].Name, perUser-limit)}, page},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.f.Limit = limit

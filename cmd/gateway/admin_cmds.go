@@ -32,7 +32,8 @@ const adminUsage = `  user list      [-after NAME] [-limit 100]
   grant          -user NAME -amount CREDITS -key IDEMPOTENCY_KEY [-reason TEXT]
                  (negative amount = refund; the same -key again prints the original grant)
   balance        -user NAME
-  runs           [-user NAME] [-state queued|running|settled] [-since T] [-until T] [-after RUN_ID] [-limit 100]
+  runs           [-user NAME] [-state queued|running|settled] [-since T] [-until T]
+                 [-settled-since T] [-settled-until T] [-after RUN_ID] [-limit 100]
   report         [-from YYYY-MM-DD] [-to YYYY-MM-DD] [-user NAME] [-format csv|json]
   prune          -days N [-batch 1000]   (delete runs settled more than N >= 7 days ago; their
                  sums are kept, so reports, audit and balances read the same)
@@ -352,7 +353,7 @@ func balanceCmd(ctx context.Context, args []string) error {
 }
 
 func runsCmd(ctx context.Context, args []string) error {
-	var user, state, since, until, after string
+	var user, state, since, until, settledSince, settledUntil, after string
 	var limit int
 	e, st, v, err := adminEnv(ctx, "runs", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&after, "after", "", "only runs listed after this run id (the last of the previous page)")
@@ -360,6 +361,8 @@ func runsCmd(ctx context.Context, args []string) error {
 		fs.StringVar(&state, "state", "", "queued, running or settled")
 		fs.StringVar(&since, "since", "", "created at or after (RFC 3339 or YYYY-MM-DD, UTC)")
 		fs.StringVar(&until, "until", "", "created before (RFC 3339 or YYYY-MM-DD, UTC)")
+		fs.StringVar(&settledSince, "settled-since", "", "settled at or after (RFC 3339 or YYYY-MM-DD, UTC): settled runs, by settlement")
+		fs.StringVar(&settledUntil, "settled-until", "", "settled before (RFC 3339 or YYYY-MM-DD, UTC): settled runs, by settlement")
 		fs.IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many runs, newest first (1-%d)", admin.MaxListLimit))
 	})
 	if err != nil {
@@ -375,6 +378,12 @@ func runsCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	if f.Until, err = parseWhen("until", until); err != nil {
+		return err
+	}
+	if f.SettledSince, err = parseWhen("settled-since", settledSince); err != nil {
+		return err
+	}
+	if f.SettledUntil, err = parseWhen("settled-until", settledUntil); err != nil {
 		return err
 	}
 	if user != "" {

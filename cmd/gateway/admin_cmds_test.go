@@ -166,6 +166,40 @@ func TestListingSubcommandsPage(t *testing.T) {
 	}
 }
 
+// TestRunsBySettlementListsAReportDay: `gateway runs -settled-since D -settled-until D+1` lists,
+// page by page, the settled runs the report charges to day D — the one begun the day before and
+// settled after midnight, not the one begun on D and settled the day after — newest settlement
+// first; -state running with a settlement window is refused.
+func TestRunsBySettlementListsAReportDay(t *testing.T) {
+	useTestDatabase(t)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	db, err := holds.Open(ctx, os.Getenv("MYSQL_DSN"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, expires_at, created_at, settled_at)
+		SELECT r.id, u.id, 'settled', 0, 0, r.created, r.created, r.settled FROM users u, (
+		  SELECT 'r_across' id, TIMESTAMP('2026-03-07 23:59:59.9') created, TIMESTAMP('2026-03-08 00:00:00.1') settled
+		  UNION ALL SELECT 'r_morning', '2026-03-08 09:00', '2026-03-08 09:00:01'
+		  UNION ALL SELECT 'r_evening', '2026-03-08 23:00', '2026-03-08 23:00:01'
+		  UNION ALL SELECT 'r_overnight', '2026-03-08 23:59:59', '2026-03-09 00:00:01') r`); err != nil {
+		t.Fatal(err)
+	}
+	day := []string{"-settled-since", "2026-03-08", "-settled-until", "2026-03-09"}
+	for limit := 1; limit <= 4; limit++ {
+		if got, want := listPages(t, runsCmd, day, limit, "id"), []string{"r_evening", "r_morning", "r_across"}; !slices.Equal(got, want) {
+			t.Errorf("runs settled on 2026-03-08 by %d: %v, want %v", limit, got, want)
+		}
+	}
+	if err := runsCmd(ctx, append(day, "-state", "running")); !errors.Is(err, holds.ErrBadFilter) {
+		t.Errorf("-state running with a settlement window: %v, want holds.ErrBadFilter", err)
+	}
+}
+
 // TestReportDefaultDayIsTheDatabases: `gateway report` without -from/-to covers the ledger's
 // today, the database's UTC day, not this machine's, which may be past midnight from it.
 func TestReportDefaultDayIsTheDatabases(t *testing.T) {
