@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strconv"
 	"strings"
 )
@@ -37,8 +38,10 @@ func FormatCredits(micro, creditMicro int64) string {
 	if exact {
 		frac = (mag % cm) * (scale / cm) // < scale ≤ 10^18: no overflow
 	} else {
-		// millionths of a credit = mag * 1e6 / creditMicro, without overflowing.
-		frac = (mag % cm) * 1_000_000 / cm
+		// millionths of a credit = (mag mod creditMicro) · 10^6 / creditMicro, in 128 bits: the
+		// product passes 64 once creditMicro does 1.8·10^13. The quotient is below 10^6.
+		hi, lo := bits.Mul64(mag%cm, 1_000_000)
+		frac, _ = bits.Div64(hi, lo, cm)
 	}
 	out := strconv.FormatUint(whole, 10)
 	if frac != 0 {

@@ -86,3 +86,16 @@ func TestParseCredits(t *testing.T) {
 		}
 	}
 }
+
+// TestFormatCreditsLargeInexactCredit: an inexact credit_micro shows six truncated decimals;
+// past about 1.8e13 micro-USD per credit the remainder times a million overflowed uint64, and
+// the decimals shown were garbage.
+func TestFormatCreditsLargeInexactCredit(t *testing.T) {
+	const per = 3_000_000_000_000_000 // 3·10^15: a factor of 3, so inexact
+	if got, want := FormatCredits(per-1, per), "0.999999"; got != want {
+		t.Errorf("FormatCredits(%d, %d) = %q, want %q", int64(per-1), int64(per), got, want)
+	}
+	if got, want := FormatCredits(-(2*per+per/2), per), "-2.5"; got != want {
+		t.Errorf("FormatCredits(%d, %d) = %q, want %q", -(2*per + per/2), int64(per), got, want)
+	}
+}
