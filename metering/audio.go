@@ -11,23 +11,14 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// EstimateAudioInputTokens guesses the audio part of a request's prompt: the clipTokens of each
-// input_audio part of its chat messages or Responses input items (EstimateInputTokens counts
-// them in the prompt too), and tokensPerMedia for each earlier spoken answer a chat message
-// sends back. The provider bills audio tokens at several times the text
-// rate, so the gateway prices them apart, or refuses them on a model without an audio price:
-// a part counts when its "type", the key compared with case folded as a provider decoding
-// with Go's encoding/json reads it, is input_audio, or when it carries an input_audio payload.
-// Three fixed levels: linear in the body.
-func EstimateAudioInputTokens(f Format, body []byte) int64 {
-	if f != FormatChat && f != FormatResponses {
-		return 0 // no audio parts in the other formats: not even a scan of the body
-	}
-	return estimateAudio(f, body, mayHoldAudio(body))
-}
-
-// estimateAudio is EstimateAudioInputTokens; mayAudio is whether body may hold audio
-// (mayHoldAudio).
+// estimateAudio guesses the audio part of a request's prompt: the clipTokens of each
+// input_audio part of its chat messages or Responses input items (estimateInput counts them in
+// the prompt too), and tokensPerMedia for each earlier spoken answer a chat message sends back.
+// The provider bills audio tokens at several times the text rate, so the gateway prices them
+// apart, or refuses them on a model without an audio price: a part counts when its "type", the
+// key compared with case folded as a provider decoding with Go's encoding/json reads it, is
+// input_audio, or when it carries an input_audio payload. Three fixed levels: linear in the
+// body. mayAudio is whether body may hold audio (mayHoldAudio).
 func estimateAudio(f Format, body []byte, mayAudio bool) int64 {
 	list := ""
 	switch f {
@@ -67,8 +58,8 @@ func estimateAudio(f Format, body []byte, mayAudio bool) int64 {
 	return tokens
 }
 
-// SentBackAnswerTokens is what an earlier spoken answer sent back by its id counts in
-// EstimateInputTokens and EstimateAudioInputTokens: its length is not in the request. The
+// SentBackAnswerTokens is what an earlier spoken answer sent back by its id counts in both of
+// EstimatePrompt's estimates: its length is not in the request. The
 // gateway puts the tokens it recorded of that answer in its place when it has them.
 const SentBackAnswerTokens = tokensPerMedia
 

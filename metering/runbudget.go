@@ -25,7 +25,7 @@ import (
 // The reservations live in a hash next to the run's tally, in the same hash slot: one field per
 // call in flight, c:<call id> = "<grant>:<last beat ms>", and closed once the run is being
 // settled. A field per call rather than counters makes every step safe to repeat (go-redis
-// resends a script whose reply it lost): a repeated Reserve finds its field and returns its
+// resends a script whose reply it lost): a repeated ReserveAtMost finds its field and returns its
 // grant, and a repeated Release finds the call already tallied (its CallDone mark, a key that
 // lives as long as the tally) and does nothing.
 //
@@ -49,7 +49,7 @@ type RunBudget struct {
 
 type runCall struct{ run, call string }
 
-// Errors of Reserve and CloseRun.
+// Errors of ReserveAtMost and CloseRun.
 var (
 	ErrRunBudget = errors.New("run budget exhausted")
 	ErrRunClosed = errors.New("run is being settled")
@@ -112,22 +112,17 @@ redis.call('HSET', KEYS[2], field, string.format('%d:%d', grant, now))
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return grant`)
 
-// Reserve takes up to want micro-USD (list price) of the run's budget for the call callID:
-// budget minus what the run has tallied minus what its calls in flight have reserved. It fails
-// with ErrRunBudget when nothing, or less than least (the call's cost without any output), is
-// left, and with ErrRunClosed once the run is being settled. Figures past MaxReservable are
-// taken as MaxReservable. A call that tried to reserve must Release, whatever Reserve
-// returned: a reservation whose reply was lost is still there.
-func (b *RunBudget) Reserve(ctx context.Context, runID, callID string, budget, want, least int64) (int64, error) {
-	return b.ReserveAtMost(ctx, runID, callID, budget, want, least, 0, 0)
-}
-
-// ReserveAtMost is Reserve for a run that may have at most maxCalls calls in flight (0: any
-// number): past that it fails with ErrRunCalls. It bounds what one run's calls may run at once
-// (and what every reservation of the run scans). spentAtLeast is what the run is known to have
-// spent elsewhere (its row's record of its ended calls): the tally, which a Redis restart
-// without persistence loses, counts as no less — without it such a restart gave the run's next
-// calls its whole cap again.
+// ReserveAtMost takes up to want micro-USD (list price) of the run's budget for the call
+// callID: budget minus what the run has tallied minus what its calls in flight have reserved.
+// It fails with ErrRunBudget when nothing, or less than least (the call's cost without any
+// output), is left, with ErrRunClosed once the run is being settled, and with ErrRunCalls when
+// the run already has maxCalls calls in flight (0: any number): that bounds what one run's
+// calls may run at once, and what every reservation of the run scans. spentAtLeast is what the
+// run is known to have spent elsewhere (its row's record of its ended calls): the tally, which
+// a Redis restart without persistence loses, counts as no less — without it such a restart
+// gave the run's next calls its whole cap again. Figures past MaxReservable are taken as
+// MaxReservable. A call that tried to reserve must Release, whatever this returned: a
+// reservation whose reply was lost is still there.
 func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, budget, want, least int64, maxCalls int, spentAtLeast int64) (int64, error) {
 	budget, want, least = min(budget, MaxReservable), min(want, MaxReservable), min(least, MaxReservable)
 	spentAtLeast = max(0, min(spentAtLeast, MaxReservable))
@@ -366,13 +361,6 @@ func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 	}
 	b.mu.Unlock()
 	return lost, errors.Join(errs...)
-}
-
-// Held is the number of reservations this process beats.
-func (b *RunBudget) Held() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.calls)
 }
 
 func (b *RunBudget) forget(rc runCall) {

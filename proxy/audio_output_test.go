@@ -341,7 +341,8 @@ func TestSpokenAnswerSentBackEstimatedBesideTheText(t *testing.T) {
 		{"role":"assistant","audio":{"id":"audio_abc123"}},{"role":"user","content":"Again, slower."}]}`
 	textOnly := strings.Replace(body, `"audio":{"id":"audio_abc123"}`, `"content":null`, 1)
 	run := h.estimatedRun(u.ID, key, body)
-	prompt := metering.EstimateInputTokens(metering.FormatChat, []byte(textOnly)) + 1600
+	textTokens, _ := metering.EstimatePrompt(metering.FormatChat, []byte(textOnly))
+	prompt := textTokens + 1600
 	if run.InTok < prompt {
 		t.Fatalf("in_tok %d, want at least %d: the text's tokens and the sent-back answer's 1 600", run.InTok, prompt)
 	}

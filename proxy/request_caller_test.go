@@ -89,7 +89,8 @@ func TestResponsesBoundBelowItsMinimumIsABudgetTooSmall(t *testing.T) {
 		`{"model":"fake-gpt-limited","input":"hi"}`,                  // a bound added
 	} {
 		u, key := h.user("standard")
-		prompt := price.Cost(pricing.Usage{Input: metering.EstimateInputTokens(metering.FormatResponses, []byte(body))})
+		in, _ := metering.EstimatePrompt(metering.FormatResponses, []byte(body))
+		prompt := price.Cost(pricing.Usage{Input: in})
 		allowance := prompt + 10*price.Output/1_000_000 // ten output tokens
 		if err := h.store.SetUserLimits(context.Background(), u.ID, &allowance, nil, nil); err != nil {
 			t.Fatal(err)

@@ -35,7 +35,7 @@ func TestSpokenAnswerSentBackEstimatedByItsLength(t *testing.T) {
 
 	again := `{"model":"fake-gpt","messages":[{"role":"user","content":"Tell me a story."},
 		{"role":"assistant","audio":{"id":"audio_long"}},{"role":"user","content":"Again, slower."}]}`
-	text := metering.EstimateInputTokens(metering.FormatChat, []byte(strings.Replace(again, `"audio":{"id":"audio_long"}`, `"content":null`, 1)))
+	text, _ := metering.EstimatePrompt(metering.FormatChat, []byte(strings.Replace(again, `"audio":{"id":"audio_long"}`, `"content":null`, 1)))
 	run := h.estimatedRun(u.ID, key, again)
 	if run.InTok < text+audioTokens {
 		t.Fatalf("in_tok %d, want at least %d: the text's and the sent-back answer's %d audio tokens", run.InTok, text+audioTokens, audioTokens)
