@@ -44,10 +44,11 @@ type RunBudget struct {
 	// calls are the reservations this process may hold: the ones it beats. The value is true
 	// once Refresh has reported the reservation lost: it is reported once, not at every beat
 	// for the rest of its call.
-	calls map[runCall]bool
+	calls map[RunCallID]bool
 }
 
-type runCall struct{ run, call string }
+// RunCallID names one call of a run.
+type RunCallID struct{ Run, Call string }
 
 // Errors of ReserveAtMost and CloseRun.
 var (
@@ -71,7 +72,7 @@ func NewRunBudget(rdb redis.UniversalClient, keys Keys, tallyTTL, maxCall, stale
 		panic("metering: run budget without TTLs")
 	}
 	return &RunBudget{rdb: rdb, keys: keys, tallyTTL: tallyTTL, maxCall: maxCall, staleAfter: staleAfter,
-		calls: map[runCall]bool{}}
+		calls: map[RunCallID]bool{}}
 }
 
 // liveCallsLua sums the grants of the calls in flight in the budget hash KEYS[2] and drops the
@@ -130,7 +131,7 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 		panic(fmt.Sprintf("metering: reserve want %d least %d", want, least))
 	}
 	// Beaten from now on: a reservation whose reply is lost may still have been made.
-	rc := runCall{runID, callID}
+	rc := RunCallID{runID, callID}
 	b.mu.Lock()
 	b.calls[rc] = false
 	b.mu.Unlock()
@@ -173,7 +174,7 @@ return 1`)
 // (see Tally.MarkUnused), but does not count as a call.
 func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64) error {
 	// No longer beaten, whatever the outcome: a field a failed release leaves behind goes stale.
-	b.forget(runCall{runID, callID})
+	b.forget(RunCallID{runID, callID})
 	calls := 1
 	if costMicro == 0 && u == (pricing.Usage{}) {
 		calls = 0
@@ -309,15 +310,12 @@ redis.call('HSET', KEYS[1], field, string.match(v, '^(%d+):') .. ':' .. now)
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1`)
 
-// RunCallID names one call of a run.
-type RunCallID struct{ Run, Call string }
-
 // Refresh stamps every reservation this process holds, in pipelines of refreshBatch; a batch
 // that fails does not keep the others from their beat. It returns the calls, still served
 // here, whose reservation was gone: dropped as stale by another call of the run.
 func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 	b.mu.Lock()
-	calls := make([]runCall, 0, len(b.calls))
+	calls := make([]RunCallID, 0, len(b.calls))
 	for rc := range b.calls {
 		calls = append(calls, rc)
 	}
@@ -328,13 +326,13 @@ func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 	if err := touchScript.Load(ctx, b.rdb).Err(); err != nil {
 		return nil, fmt.Errorf("refresh %d run reservations: %w", len(calls), err)
 	}
-	var gone []runCall
+	var gone []RunCallID
 	var errs []error
 	for start := 0; start < len(calls); start += refreshBatch {
 		batch := calls[start:min(start+refreshBatch, len(calls))]
 		cmds, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, rc := range batch {
-				touchScript.EvalSha(ctx, p, []string{b.keys.RunBudget(rc.run)}, rc.call, b.maxCall.Milliseconds())
+				touchScript.EvalSha(ctx, p, []string{b.keys.RunBudget(rc.Run)}, rc.Call, b.maxCall.Milliseconds())
 			}
 			return nil
 		})
@@ -356,14 +354,15 @@ func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 	for _, rc := range gone {
 		if reported, held := b.calls[rc]; held && !reported {
 			b.calls[rc] = true
-			lost = append(lost, RunCallID{Run: rc.run, Call: rc.call})
+			lost = append(lost, rc)
 		}
 	}
 	b.mu.Unlock()
 	return lost, errors.Join(errs...)
 }
 
-func (b *RunBudget) forget(rc runCall) {
+// forget stops beating rc's reservation.
+func (b *RunBudget) forget(rc RunCallID) {
 	b.mu.Lock()
 	delete(b.calls, rc)
 	b.mu.Unlock()
