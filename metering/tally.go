@@ -12,61 +12,6 @@ import (
 	"github.com/tollgate/tollgate/pricing"
 )
 
-// Keys names every Redis key tollgate uses. Each key of a run carries the run id in braces,
-// Redis Cluster's hash tag, so all keys of one run live in one slot and multi-key work on a
-// run stays legal in Cluster. Prefix is empty in production; tests set one per test.
-type Keys struct{ Prefix string }
-
-// Usage is the tally hash of a run.
-func (k Keys) Usage(runID string) string { return k.Prefix + "billing:usage:{" + runID + "}" }
-
-// RunBudget is what a named run's calls in flight have reserved of its cap (see RunBudget).
-func (k Keys) RunBudget(runID string) string { return k.Prefix + "billing:runbudget:{" + runID + "}" }
-
-// CallDone marks a call of a named run as tallied, so a repeated RunBudget.Release does not
-// tally it twice. A key of its own, living tally_ttl from the call's end, rather than a field
-// of the tally hash: the hash's life is pushed out by every call of the run, so one field per
-// call grew it for as long as the run went on (calls that cost nothing do not use its cap).
-func (k Keys) CallDone(runID, callID string) string {
-	return k.Prefix + "billing:calldone:{" + runID + "}:" + callID
-}
-
-// Lost marks when a named run's Redis record was found to have lost calls (RunBudget.AwaitRebuild).
-func (k Keys) Lost(runID string) string { return k.Prefix + "billing:lost:{" + runID + "}" }
-
-// Lease marks a run as served by a live process.
-func (k Keys) Lease(runID string) string { return k.Prefix + "lease:{" + runID + "}" }
-
-// Cancel is the pub/sub channel that asks whichever process serves a run to stop it.
-func (k Keys) Cancel(runID string) string { return k.Prefix + "cancel:{" + runID + "}" }
-
-// Replay holds an idempotent request's stored response.
-func (k Keys) Replay(runID string) string { return k.Prefix + "replay:{" + runID + "}" }
-
-// SessionDone marks a session's run whose answer is final (its settlement may still be on
-// its way).
-func (k Keys) SessionDone(runID string) string { return k.Prefix + "sessdone:{" + runID + "}" }
-
-// ResponseContext is how many tokens of context a user's Responses answer or conversation
-// (its id) hands on to a request that continues it (previous_response_id, conversation).
-func (k Keys) ResponseContext(userID uint64, id string) string {
-	return k.Prefix + "respctx:{" + strconv.FormatUint(userID, 10) + "}:" + id
-}
-
-// SpokenAnswer is how many audio tokens a user's spoken chat answer (its audio id) held, for a
-// later request that sends it back to be heard again.
-func (k Keys) SpokenAnswer(userID uint64, id string) string {
-	return k.Prefix + "spoken:{" + strconv.FormatUint(userID, 10) + "}:" + id
-}
-
-// Dedup is the fingerprint window of one user's request body.
-func (k Keys) Dedup(userID uint64, bodyHash string) string {
-	return k.Prefix + "dedup:{" + strconv.FormatUint(userID, 10) + "}:" + bodyHash
-}
-
-// ReconcileLock elects the one process that scans for expired holds.
-func (k Keys) ReconcileLock() string { return k.Prefix + "billing:reconcile:lock" }
-
 // Tally is the Redis record of what each run used, written after every call. It is evidence
 // for the reconciler when a process dies before settling, not the ledger: settlement uses the
 // process's own figures, and a failed tally write never fails a call.
@@ -74,13 +19,6 @@ type Tally struct {
 	rdb  redis.UniversalClient
 	keys Keys
 	ttl  time.Duration
-}
-
-// Tallied is a run's tally.
-type Tallied struct {
-	Usage     pricing.Usage
-	CostMicro int64
-	Calls     int64
 }
 
 // NewTally wires a tally whose hashes live for ttl (48 h: long past any hold's expiry).
@@ -108,7 +46,7 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 		if with != nil {
 			with(p)
 		}
-		t.queueAdd(ctx, p, key, u, costMicro, 1)
+		t.queueAdd(ctx, p, key, u, costMicro)
 		return nil
 	})
 	if err != nil {
@@ -139,33 +77,6 @@ func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc 
 	return nil
 }
 
-// correctLua: KEYS usage; ARGV in, cache read, cache write, out, cost, tally ttl ms. Adds to
-// the tally only if it exists; returns 1 if it did.
-const correctLua = `
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'cache_read_tok', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'cache_write_tok', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'out_tok', ARGV[4])
-redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
-return 1`
-
-// queueAdd queues the increments of one tally write (integers: no float drift) and the TTL.
-func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro, calls int64) {
-	p.HIncrBy(ctx, key, "in_tok", u.Input)
-	p.HIncrBy(ctx, key, "cache_read_tok", u.CacheRead)
-	p.HIncrBy(ctx, key, "cache_write_tok", u.CacheWrite)
-	p.HIncrBy(ctx, key, "out_tok", u.Output)
-	p.HIncrBy(ctx, key, "cost_micro", costMicro)
-	p.HIncrBy(ctx, key, "calls", calls)
-	p.Expire(ctx, key, t.ttl)
-}
-
-// SharesClient reports whether the tally is written through rdb: only then can a write to rdb
-// ride in AddWith's round trip.
-func (t *Tally) SharesClient(rdb redis.UniversalClient) bool { return t.rdb == rdb }
-
 // MarkUnused records that a run used nothing, as evidence for the reconciler: a run with a
 // tally is settled by it (here at 0), one without is charged what it held.
 func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
@@ -181,9 +92,12 @@ func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
 	return nil
 }
 
-// tallyFields are the figures of a tally hash, all it holds (a named run's calls are marked
-// tallied in keys of their own, Keys.CallDone).
-var tallyFields = []string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro", "calls"}
+// Tallied is a run's tally.
+type Tallied struct {
+	Usage     pricing.Usage
+	CostMicro int64
+	Calls     int64
+}
 
 // Get reads a run's tally; found is false when there is none.
 func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
@@ -219,3 +133,35 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 	}
 	return out, true, nil
 }
+
+// SharesClient reports whether the tally is written through rdb: only then can a write to rdb
+// ride in AddWith's round trip.
+func (t *Tally) SharesClient(rdb redis.UniversalClient) bool { return t.rdb == rdb }
+
+// queueAdd queues the increments of one call's tally write (integers: no float drift) and
+// the TTL.
+func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64) {
+	p.HIncrBy(ctx, key, "in_tok", u.Input)
+	p.HIncrBy(ctx, key, "cache_read_tok", u.CacheRead)
+	p.HIncrBy(ctx, key, "cache_write_tok", u.CacheWrite)
+	p.HIncrBy(ctx, key, "out_tok", u.Output)
+	p.HIncrBy(ctx, key, "cost_micro", costMicro)
+	p.HIncrBy(ctx, key, "calls", 1)
+	p.Expire(ctx, key, t.ttl)
+}
+
+// correctLua: KEYS usage; ARGV in, cache read, cache write, out, cost, tally ttl ms. Adds to
+// the tally only if it exists; returns 1 if it did.
+const correctLua = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'cache_read_tok', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'cache_write_tok', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'out_tok', ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+return 1`
+
+// tallyFields are the figures of a tally hash, all it holds (a named run's calls are marked
+// tallied in keys of their own, Keys.CallDone).
+var tallyFields = []string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro", "calls"}

@@ -1,0 +1,58 @@
+package metering
+
+import "strconv"
+
+// Keys names every Redis key tollgate uses. Each key of a run carries the run id in braces,
+// Redis Cluster's hash tag, so all keys of one run live in one slot and multi-key work on a
+// run stays legal in Cluster. Prefix is empty in production; tests set one per test.
+type Keys struct{ Prefix string }
+
+// Usage is the tally hash of a run.
+func (k Keys) Usage(runID string) string { return k.Prefix + "billing:usage:{" + runID + "}" }
+
+// RunBudget is what a named run's calls in flight have reserved of its cap (see RunBudget).
+func (k Keys) RunBudget(runID string) string { return k.Prefix + "billing:runbudget:{" + runID + "}" }
+
+// CallDone marks a call of a named run as tallied, so a repeated RunBudget.Release does not
+// tally it twice. A key of its own, living tally_ttl from the call's end, rather than a field
+// of the tally hash: the hash's life is pushed out by every call of the run, so one field per
+// call grew it for as long as the run went on (calls that cost nothing do not use its cap).
+func (k Keys) CallDone(runID, callID string) string {
+	return k.Prefix + "billing:calldone:{" + runID + "}:" + callID
+}
+
+// Lost marks when a named run's Redis record was found to have lost calls (RunBudget.AwaitRebuild).
+func (k Keys) Lost(runID string) string { return k.Prefix + "billing:lost:{" + runID + "}" }
+
+// Lease marks a run as served by a live process.
+func (k Keys) Lease(runID string) string { return k.Prefix + "lease:{" + runID + "}" }
+
+// Cancel is the pub/sub channel that asks whichever process serves a run to stop it.
+func (k Keys) Cancel(runID string) string { return k.Prefix + "cancel:{" + runID + "}" }
+
+// Replay holds an idempotent request's stored response.
+func (k Keys) Replay(runID string) string { return k.Prefix + "replay:{" + runID + "}" }
+
+// SessionDone marks a session's run whose answer is final (its settlement may still be on
+// its way).
+func (k Keys) SessionDone(runID string) string { return k.Prefix + "sessdone:{" + runID + "}" }
+
+// ResponseContext is how many tokens of context a user's Responses answer or conversation
+// (its id) hands on to a request that continues it (previous_response_id, conversation).
+func (k Keys) ResponseContext(userID uint64, id string) string {
+	return k.Prefix + "respctx:{" + strconv.FormatUint(userID, 10) + "}:" + id
+}
+
+// SpokenAnswer is how many audio tokens a user's spoken chat answer (its audio id) held, for a
+// later request that sends it back to be heard again.
+func (k Keys) SpokenAnswer(userID uint64, id string) string {
+	return k.Prefix + "spoken:{" + strconv.FormatUint(userID, 10) + "}:" + id
+}
+
+// Dedup is the fingerprint window of one user's request body.
+func (k Keys) Dedup(userID uint64, bodyHash string) string {
+	return k.Prefix + "dedup:{" + strconv.FormatUint(userID, 10) + "}:" + bodyHash
+}
+
+// ReconcileLock elects the one process that scans for expired holds.
+func (k Keys) ReconcileLock() string { return k.Prefix + "billing:reconcile:lock" }
