@@ -7,22 +7,25 @@ package pricing
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/bits"
-	"sort"
-	"strings"
 )
 
 // MaxTokens bounds each token field of a Usage. Providers report far less; anything larger is
 // a corrupt usage object, and the bound keeps every product below far from 128-bit overflow.
 const MaxTokens = 1 << 40
 
+// MaxCost bounds every cost and budget: Cost panics past it, so nothing that fits in a cap can
+// overflow.
+const MaxCost = 1 << 62
+
 // maxPriceMicroPerM bounds a configured price (1,000,000 USD per million tokens).
 const maxPriceMicroPerM = 1_000_000 * 1_000_000
 
-// ErrNotPriced is returned for a model that no configured price matches.
-var ErrNotPriced = errors.New("model not priced")
+// Cost's one rounding needs Σ tokens × price to stay within MaxCost millionths: Clamp leaves at
+// most four wholes of MaxTokens tokens, each at most maxPriceMicroPerM. The build fails here
+// (a negative uint64 constant) if a bound is raised past that.
+const _ uint64 = MaxCost - 4*MaxTokens*(maxPriceMicroPerM/1_000_000)
 
 // Usage is what one call used, normalised across wire formats. Input excludes cached and
 // cache-write tokens: each field is billed at its own price.
@@ -86,32 +89,6 @@ type Price struct {
 	AudioOutput int64 `json:"audio_output"`
 }
 
-// Snapshot is the record of p kept with each settlement of model, so that a bill can be
-// explained after the price table changes.
-func (p Price) Snapshot(model string) []byte {
-	b, err := json.Marshal(map[string]any{"model": model, "unit": "micro_usd_per_million_tokens",
-		"input": p.Input, "cache_read": p.CacheRead, "cache_write": p.CacheWrite, "cache_write_1h": p.CacheWrite1h,
-		"output": p.Output, "audio_input": p.AudioInput, "audio_output": p.AudioOutput})
-	if err != nil {
-		panic("pricing: snapshot: " + err.Error()) // a map of strings and integers always encodes
-	}
-	return b
-}
-
-// validate reports a price that is negative or absurdly large.
-func (p Price) validate() error {
-	for _, f := range []struct {
-		name string
-		v    int64
-	}{{"input", p.Input}, {"cache_read", p.CacheRead}, {"cache_write", p.CacheWrite}, {"cache_write_1h", p.CacheWrite1h}, {"output", p.Output},
-		{"audio_input", p.AudioInput}, {"audio_output", p.AudioOutput}} {
-		if f.v < 0 || f.v > maxPriceMicroPerM {
-			return fmt.Errorf("%s price %d micro-USD/M outside [0, %d]", f.name, f.v, int64(maxPriceMicroPerM))
-		}
-	}
-	return nil
-}
-
 // Cost is ceil(Σ tokens × price / 1e6) micro-USD: one rounding per call, always up, so the
 // gateway never bills less than the provider charged it.
 func (p Price) Cost(u Usage) int64 {
@@ -151,37 +128,6 @@ func (p Price) Cost(u Usage) int64 {
 	return int64(q)
 }
 
-// Spoken is the price that bounds a call whose answer may be audio: every output token at the
-// dearer of the text and audio output prices, since how much of the answer will be audio is
-// not known before it is made.
-func (p Price) Spoken() Price {
-	p.Output = max(p.Output, p.AudioOutput)
-	return p
-}
-
-// PromptWritten is the price that bounds a call whose prompt the provider may write to its
-// cache: every input token at the dearer of the input and the cache-write price (the one-hour
-// one too when long). Audio input keeps its own price.
-func (p Price) PromptWritten(long bool) Price {
-	if p.AudioInput == 0 {
-		p.AudioInput = p.Input // Cost bills audio at the input price when it has none of its own
-	}
-	p.Input = max(p.Input, p.CacheWrite)
-	if long {
-		p.Input = max(p.Input, p.CacheWrite1h)
-	}
-	return p
-}
-
-// Dearest is the price that bounds a call that may be billed at p or at o (a router's
-// fallback answering instead of the model asked for): each field at the dearer of the two, so
-// its cost of any usage is at least the cost at either.
-func (p Price) Dearest(o Price) Price {
-	return Price{Input: max(p.Input, o.Input), CacheRead: max(p.CacheRead, o.CacheRead), CacheWrite: max(p.CacheWrite, o.CacheWrite),
-		Output: max(p.Output, o.Output), CacheWrite1h: max(p.CacheWrite1h, o.CacheWrite1h), AudioInput: max(p.AudioInput, o.AudioInput),
-		AudioOutput: max(p.AudioOutput, o.AudioOutput)}
-}
-
 // WorstCase is the cost of a call whose prompt is prompt and that produces maxOutput tokens:
 // the figure compared against a cap before forwarding.
 func (p Price) WorstCase(prompt Usage, maxOutput int64) int64 {
@@ -213,6 +159,63 @@ func (p Price) MaxOutputWithin(prompt Usage, budget int64) int64 {
 		}
 	}
 	return lo
+}
+
+// Spoken is the price that bounds a call whose answer may be audio: every output token at the
+// dearer of the text and audio output prices, since how much of the answer will be audio is
+// not known before it is made.
+func (p Price) Spoken() Price {
+	p.Output = max(p.Output, p.AudioOutput)
+	return p
+}
+
+// PromptWritten is the price that bounds a call whose prompt the provider may write to its
+// cache: every input token at the dearer of the input and the cache-write price (the one-hour
+// one too when long). Audio input keeps its own price.
+func (p Price) PromptWritten(long bool) Price {
+	if p.AudioInput == 0 {
+		p.AudioInput = p.Input // Cost bills audio at the input price when it has none of its own
+	}
+	p.Input = max(p.Input, p.CacheWrite)
+	if long {
+		p.Input = max(p.Input, p.CacheWrite1h)
+	}
+	return p
+}
+
+// Dearest is the price that bounds a call that may be billed at p or at o (a router's
+// fallback answering instead of the model asked for): each field at the dearer of the two, so
+// its cost of any usage is at least the cost at either.
+func (p Price) Dearest(o Price) Price {
+	return Price{Input: max(p.Input, o.Input), CacheRead: max(p.CacheRead, o.CacheRead), CacheWrite: max(p.CacheWrite, o.CacheWrite),
+		Output: max(p.Output, o.Output), CacheWrite1h: max(p.CacheWrite1h, o.CacheWrite1h), AudioInput: max(p.AudioInput, o.AudioInput),
+		AudioOutput: max(p.AudioOutput, o.AudioOutput)}
+}
+
+// Snapshot is the record of p kept with each settlement of model, so that a bill can be
+// explained after the price table changes.
+func (p Price) Snapshot(model string) []byte {
+	b, err := json.Marshal(map[string]any{"model": model, "unit": "micro_usd_per_million_tokens",
+		"input": p.Input, "cache_read": p.CacheRead, "cache_write": p.CacheWrite, "cache_write_1h": p.CacheWrite1h,
+		"output": p.Output, "audio_input": p.AudioInput, "audio_output": p.AudioOutput})
+	if err != nil {
+		panic("pricing: snapshot: " + err.Error()) // a map of strings and integers always encodes
+	}
+	return b
+}
+
+// validate reports a price that is negative or absurdly large.
+func (p Price) validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"input", p.Input}, {"cache_read", p.CacheRead}, {"cache_write", p.CacheWrite}, {"cache_write_1h", p.CacheWrite1h}, {"output", p.Output},
+		{"audio_input", p.AudioInput}, {"audio_output", p.AudioOutput}} {
+		if f.v < 0 || f.v > maxPriceMicroPerM {
+			return fmt.Errorf("%s price %d micro-USD/M outside [0, %d]", f.name, f.v, int64(maxPriceMicroPerM))
+		}
+	}
+	return nil
 }
 
 // ApplyDiscount returns what is charged for cost at a discount of bp basis points, rounded up
@@ -254,60 +257,4 @@ func MaxCostWithin(charge int64, bp int) int64 {
 		return MaxCost
 	}
 	return min(MaxCost, q*10_000+r*10_000/keep)
-}
-
-// MaxCost bounds every cost and budget: Cost panics past it, so nothing that fits in a cap can
-// overflow.
-const MaxCost = 1 << 62
-
-// Table maps model names to prices: exact name first, then the longest configured prefix.
-type Table struct {
-	exact    map[string]Price
-	prefixes []string // longest first
-}
-
-// NewTable builds a table. Every key is both an exact name and a prefix, so "gpt-4o" prices
-// "gpt-4o" and "gpt-4o-2024-08-06".
-func NewTable(prices map[string]Price) (*Table, error) {
-	t := &Table{exact: make(map[string]Price, len(prices))}
-	for name, p := range prices {
-		if strings.TrimSpace(name) == "" {
-			return nil, errors.New("pricing: empty model name")
-		}
-		if err := p.validate(); err != nil {
-			return nil, fmt.Errorf("pricing: model %q: %w", name, err)
-		}
-		t.exact[name] = p
-		t.prefixes = append(t.prefixes, name)
-	}
-	sort.Slice(t.prefixes, func(i, j int) bool {
-		if len(t.prefixes[i]) != len(t.prefixes[j]) {
-			return len(t.prefixes[i]) > len(t.prefixes[j])
-		}
-		return t.prefixes[i] < t.prefixes[j]
-	})
-	return t, nil
-}
-
-// Lookup returns the price of model and the configured name that matched it.
-func (t *Table) Lookup(model string) (Price, string, error) {
-	if p, ok := t.exact[model]; ok {
-		return p, model, nil
-	}
-	for _, prefix := range t.prefixes {
-		if strings.HasPrefix(model, prefix) {
-			return t.exact[prefix], prefix, nil
-		}
-	}
-	return Price{}, "", fmt.Errorf("%w: %q", ErrNotPriced, model)
-}
-
-// Models lists the configured model names, sorted.
-func (t *Table) Models() []string {
-	out := make([]string, 0, len(t.exact))
-	for name := range t.exact {
-		out = append(out, name)
-	}
-	sort.Strings(out)
-	return out
 }
