@@ -54,20 +54,6 @@ func FormatCredits(micro, creditMicro int64) string {
 	return out
 }
 
-// creditDecimals returns the fewest decimals d with 10^d a multiple of creditMicro (at most
-// 18), and whether there is one: then every micro-USD amount is an exact decimal of credits
-// with d decimals.
-func creditDecimals(creditMicro int64) (int, bool) {
-	p := uint64(1)
-	for d := 0; d <= 18; d++ {
-		if p%uint64(creditMicro) == 0 {
-			return d, true
-		}
-		p *= 10
-	}
-	return 0, false
-}
-
 // ExactCreditMicro reports whether every amount of micro-USD shows as an exact decimal number
 // of credits at creditMicro (creditMicro is 2^a·5^b, at most 10^18).
 func ExactCreditMicro(creditMicro int64) bool {
@@ -118,40 +104,16 @@ func ParseCredits(s string, creditMicro int64) (int64, error) {
 	if len(whole) > 12 { // a trillion credits is past any real grant, and keeps the product in int64 range
 		return 0, fmt.Errorf("%w: %q is too large", ErrBadCredits, orig)
 	}
-	var w, f int64
+	var w int64
 	if whole != "" {
 		w, _ = strconv.ParseInt(whole, 10, 64)
 	}
 	if w > math.MaxInt64/creditMicro {
 		return 0, fmt.Errorf("%w: %q is too large", ErrBadCredits, orig)
 	}
-	var fracMicro int64
-	if maxDec > 6 {
-		// creditMicro divides 10^maxDec: f units of 10^-maxDec credits are f/(10^maxDec/creditMicro) micro-USD.
-		if frac != "" {
-			f, _ = strconv.ParseInt(frac+strings.Repeat("0", maxDec-len(frac)), 10, 64)
-		}
-		per := int64(1)
-		for range maxDec {
-			per *= 10
-		}
-		per /= creditMicro
-		if f%per != 0 {
-			return 0, fmt.Errorf("%w: %q is not a whole number of micro-USD at %d micro-USD per credit", ErrBadCredits, orig, creditMicro)
-		}
-		fracMicro = f / per
-	} else {
-		if frac != "" {
-			f, _ = strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64)
-		}
-		if f > math.MaxInt64/creditMicro {
-			return 0, fmt.Errorf("%w: %q is too large", ErrBadCredits, orig)
-		}
-		fm := f * creditMicro // millionths of a credit times micro-USD per credit
-		if fm%1_000_000 != 0 {
-			return 0, fmt.Errorf("%w: %q is not a whole number of micro-USD at %d micro-USD per credit", ErrBadCredits, orig, creditMicro)
-		}
-		fracMicro = fm / 1_000_000
+	fracMicro, err := fracToMicro(frac, maxDec, creditMicro)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %q %s", ErrBadCredits, orig, err)
 	}
 	micro := w*creditMicro + fracMicro
 	if micro < 0 {
@@ -163,6 +125,54 @@ func ParseCredits(s string, creditMicro int64) (int64, error) {
 	return micro, nil
 }
 
+// creditDecimals returns the fewest decimals d with 10^d a multiple of creditMicro (at most
+// 18), and whether there is one: then every micro-USD amount is an exact decimal of credits
+// with d decimals.
+func creditDecimals(creditMicro int64) (int, bool) {
+	p := uint64(1)
+	for d := 0; d <= 18; d++ {
+		if p%uint64(creditMicro) == 0 {
+			return d, true
+		}
+		p *= 10
+	}
+	return 0, false
+}
+
+// fracToMicro turns the decimals frac (at most maxDec digits, no trailing zeros) of a credit
+// amount into micro-USD at creditMicro, refusing a fraction of a micro-USD. maxDec is 6, or
+// more when creditMicro divides 10^maxDec (a credit worth more than a dollar).
+func fracToMicro(frac string, maxDec int, creditMicro int64) (int64, error) {
+	var f int64
+	if maxDec > 6 {
+		// creditMicro divides 10^maxDec: f units of 10^-maxDec credits are f/(10^maxDec/creditMicro) micro-USD.
+		if frac != "" {
+			f, _ = strconv.ParseInt(frac+strings.Repeat("0", maxDec-len(frac)), 10, 64)
+		}
+		per := int64(1)
+		for range maxDec {
+			per *= 10
+		}
+		per /= creditMicro
+		if f%per != 0 {
+			return 0, fmt.Errorf("is not a whole number of micro-USD at %d micro-USD per credit", creditMicro)
+		}
+		return f / per, nil
+	}
+	if frac != "" {
+		f, _ = strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64)
+	}
+	if f > math.MaxInt64/creditMicro {
+		return 0, errors.New("is too large")
+	}
+	fm := f * creditMicro // millionths of a credit times micro-USD per credit
+	if fm%1_000_000 != 0 {
+		return 0, fmt.Errorf("is not a whole number of micro-USD at %d micro-USD per credit", creditMicro)
+	}
+	return fm / 1_000_000, nil
+}
+
+// digits reports whether s is ASCII digits alone: strconv.ParseInt would take a sign too.
 func digits(s string) bool {
 	for _, c := range s {
 		if c < '0' || c > '9' {
