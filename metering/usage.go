@@ -82,23 +82,6 @@ type Meter struct {
 	patchDeltas bool
 }
 
-// The figures of an OpenAI-style usage report.
-const (
-	figPrompt = iota
-	figCompletion
-	figTotal
-	figCached
-	figWritten
-	figAudio
-	figAudioOut
-	figureCount
-)
-
-type reportedFigure struct {
-	n    int64
-	seen bool
-}
-
 // NewMeter returns a Meter for responses in format f.
 func NewMeter(f Format) *Meter {
 	return &Meter{format: f}
@@ -136,7 +119,7 @@ func (m *Meter) Body(body []byte) {
 	}
 	switch m.format {
 	case FormatAnthropic:
-		m.sawModel(gjson.Get(s, "model"))
+		keepName(&m.res.Model, gjson.Get(s, "model"), false)
 		if u := gjson.Get(s, "usage"); u.IsObject() {
 			m.anthropicUsage(u)
 			m.outputFinal = true
@@ -149,8 +132,8 @@ func (m *Meter) Body(body []byte) {
 			return true
 		})
 	case FormatResponses:
-		m.sawModel(gjson.Get(s, "model"))
-		m.sawResponseID(gjson.Get(s, "id"))
+		keepName(&m.res.Model, gjson.Get(s, "model"), false)
+		keepName(&m.res.ResponseID, gjson.Get(s, "id"), false)
 		if u := gjson.Get(s, "usage"); u.IsObject() {
 			m.openAIUsage(u)
 		}
@@ -166,18 +149,6 @@ func (m *Meter) Body(body []byte) {
 		m.openAIObject(s, "message")
 	}
 }
-
-// TrimBody is a whole body without the white space around it or a leading UTF-8 byte order
-// mark. RFC 8259 forbids the mark, but servers on some stacks write one and clients read past
-// it (Python's json, under the OpenAI SDK): kept, it hid the body's usage, and the call was
-// charged its prompt's estimate with no output at all.
-func TrimBody(body []byte) []byte {
-	return bytes.TrimSpace(bytes.TrimPrefix(bytes.TrimSpace(body), utf8BOM))
-}
-
-// UpstreamError reports whether the response carried an error event or object so far: cheap
-// enough for every event.
-func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
 
 // Result returns what was seen so far, every token count within [0, pricing.MaxTokens].
 func (m *Meter) Result() Result {
@@ -199,6 +170,35 @@ func (m *Meter) Result() Result {
 	}
 	r.Usage = r.Usage.Clamp()
 	return r
+}
+
+// UpstreamError reports whether the response carried an error event or object so far: cheap
+// enough for every event.
+func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
+
+// The figures of an OpenAI-style usage report.
+const (
+	figPrompt = iota
+	figCompletion
+	figTotal
+	figCached
+	figWritten
+	figAudio
+	figAudioOut
+	figureCount
+)
+
+type reportedFigure struct {
+	n    int64
+	seen bool
+}
+
+// TrimBody is a whole body without the white space around it or a leading UTF-8 byte order
+// mark. RFC 8259 forbids the mark, but servers on some stacks write one and clients read past
+// it (Python's json, under the OpenAI SDK): kept, it hid the body's usage, and the call was
+// charged its prompt's estimate with no output at all.
+func TrimBody(body []byte) []byte {
+	return bytes.TrimSpace(bytes.TrimPrefix(bytes.TrimSpace(body), utf8BOM))
 }
 
 // IsFinalEvent reports whether ev ends a stream of format f: [DONE] for the OpenAI formats,
@@ -283,7 +283,7 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 		case "usage":
 			usage = v
 		case "model":
-			m.sawModel(v)
+			keepName(&m.res.Model, v, false)
 		case "x_groq": // Groq reports usage here even when include_usage was not asked for
 			groq = v
 		case "error":
@@ -381,33 +381,16 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	return true
 }
 
-// sawModel keeps the first model name a response gives. A copy: the event's memory is reused.
-func (m *Meter) sawModel(v gjson.Result) {
-	if m.res.Model == "" && v.Type == gjson.String && len(v.Str) <= maxModelName {
-		m.res.Model = strings.Clone(v.Str)
-	}
-}
-
-// sawResponseID keeps the first response id a Responses answer gives (a copy: the event's
-// memory is reused). Longer than maxModelName is no id.
-func (m *Meter) sawResponseID(v gjson.Result) {
-	if m.res.ResponseID == "" && v.Type == gjson.String && len(v.Str) <= maxModelName {
-		m.res.ResponseID = strings.Clone(v.Str)
-	}
-}
-
 // responsesEvent handles one OpenAI Responses API event of type typ.
 func (m *Meter) responsesEvent(s, typ string) {
 	switch typ {
 	case "response.created":
-		m.sawModel(gjson.Get(s, "response.model"))
-		m.sawResponseID(gjson.Get(s, "response.id"))
+		keepName(&m.res.Model, gjson.Get(s, "response.model"), false)
+		keepName(&m.res.ResponseID, gjson.Get(s, "response.id"), false)
 	case "response.completed", "response.incomplete":
 		// The finished response names the model that produced it: it overrides the one
 		// response.created named (a router's pick is known only at the end).
-		if v := gjson.Get(s, "response.model"); v.Type == gjson.String && v.Str != "" && len(v.Str) <= maxModelName {
-			m.res.Model = strings.Clone(v.Str)
-		}
+		keepName(&m.res.Model, gjson.Get(s, "response.model"), true)
 		m.openAIUsage(gjson.Get(s, "response.usage"))
 	case "response.failed":
 		// A failed response carries what it used so far, as a completed one does.
@@ -440,7 +423,7 @@ func (m *Meter) anthropicEvent(s, typ string) {
 		if u := gjson.Get(s, "message.usage"); u.IsObject() {
 			m.anthropicUsage(u)
 		}
-		m.sawModel(gjson.Get(s, "message.model"))
+		keepName(&m.res.Model, gjson.Get(s, "message.model"), false)
 	case "message_delta":
 		if u := gjson.Get(s, "usage"); u.IsObject() {
 			m.anthropicUsage(u)
@@ -511,6 +494,16 @@ func (m *Meter) anthropicUsage(u gjson.Result) {
 	if inIter != [len(anthropicFields)]bool{} || top != [len(anthropicFields)]bool{} {
 		m.res.Reported = true
 	}
+}
+
+// keepName copies v into *dst when it is a name: a non-empty string no longer than
+// maxModelName (longer is no name a price or a later request could match). Only the first
+// unless replace. A copy: the event's memory is reused.
+func keepName(dst *string, v gjson.Result, replace bool) {
+	if v.Type != gjson.String || v.Str == "" || len(v.Str) > maxModelName || (*dst != "" && !replace) {
+		return
+	}
+	*dst = strings.Clone(v.Str)
 }
 
 // eventType is the data's "type", which both typed formats always send; the SSE event name
