@@ -43,26 +43,6 @@ func NewLeases(rdb redis.UniversalClient, keys Keys, instance string, ttl, inter
 	return &Leases{rdb: rdb, keys: keys, instance: instance, ttl: ttl, interval: interval, log: log, runs: map[string]*lease{}}
 }
 
-// Run refreshes leases until ctx ends.
-func (l *Leases) Run(ctx context.Context) { heartbeat(ctx, l.interval, "lease", l.Refresh, l.log) }
-
-// heartbeat calls refresh every interval until ctx ends; a failed beat is logged, and the
-// next one tries again.
-func heartbeat(ctx context.Context, interval time.Duration, what string, refresh func(context.Context) error, log *zap.Logger) {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			if err := refresh(ctx); err != nil {
-				log.Warn("heartbeat failed", zap.String("of", what), zap.Error(err))
-			}
-		}
-	}
-}
-
 // Acquire marks runID as served here. It writes nothing: the next heartbeat does, within one
 // interval, and a lease only matters to the reconciler once a hold has outlived its TTL —
 // minutes, against a heartbeat of seconds — so the call does not wait for Redis. Calls of
@@ -104,23 +84,6 @@ func (l *Leases) Release(ctx context.Context, runID string) error {
 	return nil
 }
 
-// leaseReleaseLua deletes a lease only if this process wrote it last: calls of one named run may be
-// served by two processes, and one's release must not drop the lease the other still needs.
-const leaseReleaseLua = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`
-
-var leaseReleaseScript = redis.NewScript(leaseReleaseLua)
-
-// Held is the number of runs this process holds leases for.
-func (l *Leases) Held() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.runs)
-}
-
-// refreshBatch bounds one pipeline so a process with many streams sends several moderate
-// pipelines rather than one enormous one.
-const refreshBatch = 500
-
 // Refresh writes every lease this process holds, in pipelines of refreshBatch. The heartbeat
 // calls it; so may a caller that needs the keys written now.
 func (l *Leases) Refresh(ctx context.Context) error {
@@ -146,6 +109,17 @@ func (l *Leases) Refresh(ctx context.Context) error {
 		}
 	}
 	return l.dropReleased(ctx, ids)
+}
+
+// Run refreshes leases until ctx ends.
+func (l *Leases) Run(ctx context.Context) { heartbeat(ctx, l.interval, "lease", l.Refresh, l.log) }
+
+// Held is the number of runs this process holds leases for: a call that ended without
+// releasing its lease shows here (the proxy's tests look).
+func (l *Leases) Held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.runs)
 }
 
 // dropReleased deletes the lease keys of the runs among ids no longer held here.
@@ -179,4 +153,31 @@ func (l *Leases) dropReleased(ctx context.Context, ids []string) error {
 		return fmt.Errorf("drop %d leases released during the refresh: %w", len(gone), err)
 	}
 	return nil
+}
+
+// leaseReleaseLua deletes a lease only if this process wrote it last: calls of one named run may be
+// served by two processes, and one's release must not drop the lease the other still needs.
+const leaseReleaseLua = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`
+
+var leaseReleaseScript = redis.NewScript(leaseReleaseLua)
+
+// refreshBatch bounds one pipeline so a process with many streams sends several moderate
+// pipelines rather than one enormous one.
+const refreshBatch = 500
+
+// heartbeat calls refresh every interval until ctx ends; a failed beat is logged, and the
+// next one tries again.
+func heartbeat(ctx context.Context, interval time.Duration, what string, refresh func(context.Context) error, log *zap.Logger) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if err := refresh(ctx); err != nil {
+				log.Warn("heartbeat failed", zap.String("of", what), zap.Error(err))
+			}
+		}
+	}
 }
