@@ -97,6 +97,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		return e.Status
 	}
 	defer resp.Body.Close()
+	// The provider's id of the call goes with every answer to it, the gateway's own errors
+	// included, and with every later log line of the call.
+	copyUpstreamHeaders(w.Header(), resp.Header, upstreamTraceHeaders)
+	if f, ok := upstreamRequestID(resp); ok {
+		c.log = c.log.With(f)
+	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		c.outcome = outcomeUpstreamError
 		return s.relayUpstreamError(w, resp, c.req.upstream.Name, c.log)
@@ -671,7 +677,9 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 	if len(body) > maxUpstreamErrorBody && resp.StatusCode >= 400 && resp.StatusCode < 500 &&
 		resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden {
 		// Passed on cut, it would be JSON no client can parse: the status stays, the words are
-		// the gateway's (the upstream's start is in the log line above).
+		// the gateway's (the upstream's start is in the log line above), its retry advice (a
+		// 429's Retry-After) the provider's.
+		copyUpstreamHeaders(w.Header(), resp.Header, upstreamRetryHeaders)
 		writeError(w, &apiError{Status: resp.StatusCode, Type: "invalid_request_error", Code: "upstream_refused",
 			Message: fmt.Sprintf("The upstream refused the request with status %d; its error answer, over %d bytes, is not passed on.",
 				resp.StatusCode, maxUpstreamErrorBody)})
@@ -691,9 +699,46 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 		_ = bound.write(w, body)
 		return resp.StatusCode
 	}
+	// The provider's failure, in the gateway's words: what it said about retrying (an
+	// overloaded provider's Retry-After, Anthropic's X-Should-Retry) goes on, so that an SDK
+	// backs off or stops as the provider asked (its request id is already set: see forward).
+	copyUpstreamHeaders(w.Header(), resp.Header, upstreamRetryHeaders)
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
 		Message: fmt.Sprintf("The upstream failed with status %d.", resp.StatusCode)})
 	return http.StatusBadGateway
+}
+
+// upstreamTraceHeaders name a call at its provider (OpenAI's X-Request-Id, Anthropic's
+// Request-Id): an answer the gateway words itself after the provider answered (its 5xx, an
+// answer that broke, was too large or was a web page) keeps them, as a relayed one does, so
+// that a failure or a charge can be traced at the provider.
+var upstreamTraceHeaders = []string{"X-Request-Id", "Request-Id"}
+
+// upstreamRetryHeaders are a provider's advice on retrying, which the OpenAI and Anthropic SDKs
+// follow (Retry-After-Ms first, then Retry-After; X-Should-Retry over the status).
+var upstreamRetryHeaders = []string{"Retry-After", "Retry-After-Ms", "X-Should-Retry"}
+
+// copyUpstreamHeaders copies the named headers of src, those it has, to dst.
+func copyUpstreamHeaders(dst, src http.Header, names ...[]string) {
+	for _, list := range names {
+		for _, k := range list {
+			if vv := src.Values(k); len(vv) > 0 {
+				dst[http.CanonicalHeaderKey(k)] = vv
+			}
+		}
+	}
+}
+
+// upstreamRequestID is the provider's id of the call, as a log field (ok false when it sent
+// none): support traces a failed or charged call from its run id in the log to the provider's
+// id. Bounded: a header value may be up to the 64 KiB of all of them.
+func upstreamRequestID(resp *http.Response) (_ zap.Field, ok bool) {
+	for _, k := range upstreamTraceHeaders {
+		if id := resp.Header.Get(k); id != "" {
+			return zap.String("upstream_request_id", id[:min(len(id), 256)]), true
+		}
+	}
+	return zap.Field{}, false
 }
 
 // upstreamRequest builds the request to upstream's path: body (rewritten for a call), the
