@@ -416,6 +416,17 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 			Message: "The upstream answered with a web page, not an API answer: is its base_url right?"})
 		return http.StatusBadGateway
 	}
+	if noAnswer(body, s.cfg.Limits.MaxEventBytes) {
+		// Text that is neither JSON nor events (a maintenance page that opens with no tag, a
+		// proxy's "upstream connect error"): as a web page, no model's answer, and the
+		// SDKs cannot read it. Metered, it was charged the prompt's estimate.
+		c.outcome = outcomeUpstreamError
+		c.log.Warn("upstream answered with text that is no API answer", zap.String("upstream", c.req.upstream.Name),
+			zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", body[:min(len(body), 256)]))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
+			Message: "The upstream answered with text that is not an API answer."})
+		return http.StatusBadGateway
+	}
 	meterBody(c.meter, body, s.cfg.Limits.MaxEventBytes)
 	c.outcome = c.wholeOutcome()
 	if c.inRun {
@@ -472,6 +483,24 @@ func meterBody(m *metering.Meter, body []byte, maxEvent int) {
 func webPage(body []byte) bool {
 	t := metering.TrimBody(body)
 	return len(t) > 0 && t[0] == '<'
+}
+
+// noAnswer reports whether a whole answer is text that no format answers with: not empty, not
+// a JSON object, and no event of it carries data (an event stream under another label does).
+func noAnswer(body []byte, maxEvent int) bool {
+	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' {
+		return false
+	}
+	sc := metering.NewScanner(bytes.NewReader(body), maxEvent)
+	for {
+		ev, err := sc.Next()
+		if err != nil {
+			return true
+		}
+		if ev.Data != nil {
+			return false
+		}
+	}
 }
 
 // wholeJSON reports whether b is a whole JSON object (white space and a byte order mark
