@@ -486,9 +486,11 @@ func webPage(body []byte) bool {
 }
 
 // noAnswer reports whether a whole answer is text that no format answers with: not empty, not
-// a JSON object, and no event of it carries data (an event stream under another label does).
+// JSON (an object, or an array, which a provider's native API may answer with: metered as
+// before, since the provider may have worked), and no event of it carries data (an event
+// stream under another label does).
 func noAnswer(body []byte, maxEvent int) bool {
-	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' {
+	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' || t[0] == '[' {
 		return false
 	}
 	sc := metering.NewScanner(bytes.NewReader(body), maxEvent)
