@@ -718,8 +718,10 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 	}
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+		// The gateway's own key, which the caller cannot change and a retry will not: SDKs
+		// retry a 502 twice unless told not to.
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_auth_failed",
-			Message: "The upstream refused the gateway's credentials."})
+			Message: "The upstream refused the gateway's credentials.", NoRetry: true})
 		return http.StatusBadGateway
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
 		copyResponseHeaders(w.Header(), resp.Header)

@@ -267,6 +267,9 @@ func TestSDKErrorShapes(t *testing.T) {
 		{"upstream 429", key, sdkParams, []option.RequestOption{option.WithHeader(fakellm.HeaderStatus, "429")}, 429, ""},
 		{"upstream 401", key, sdkParams, []option.RequestOption{option.WithHeader(fakellm.HeaderStatus, "401")}, 502, "upstream_auth_failed"},
 	}
+	// The gateway's own credentials refused: a retry cannot change that, so the SDK is told not
+	// to (it retries a 502 twice otherwise, each attempt admitted and forwarded for nothing).
+	once := map[string]bool{"upstream 401": true}
 	for _, tc := range cases {
 		var log attemptLog
 		c := sdkClient(h, tc.key, &log, tc.opts...)
@@ -279,6 +282,9 @@ func TestSDKErrorShapes(t *testing.T) {
 		t.Logf("%-12s status=%d code=%q type=%q attempts=%d msg=%q", tc.name, apiErr.StatusCode, apiErr.Code, apiErr.Type, len(log.all()), apiErr.Message)
 		if apiErr.StatusCode != tc.status || (tc.code != "" && apiErr.Code != tc.code) || apiErr.Message == "" || apiErr.Type == "" {
 			t.Errorf("%s: got %d %q", tc.name, apiErr.StatusCode, apiErr.Code)
+		}
+		if n := len(log.all()); once[tc.name] && n != 1 {
+			t.Errorf("%s: the SDK made %d attempts, want 1 (X-Should-Retry: false)", tc.name, n)
 		}
 	}
 	// 422: an Idempotency-Key reused with another body.
