@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -458,7 +459,7 @@ func TestRunsAndUsageReport(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, err := f.store.Settle(f.ctx(), holds.Settlement{RunID: id, CostMicro: c.cost, Calls: 1,
-			Usage: pricing.Usage{Input: 10, Output: c.cost}, Source: holds.SourceComplete}); err != nil {
+			Usage: pricing.Usage{Input: 10, Output: c.cost}, Source: holds.SourceComplete, Estimated: i == 2}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -528,13 +529,21 @@ func TestRunsAndUsageReport(t *testing.T) {
 	if tp, _ := totals["prepaid_part"].(json.Number); tp == "0" {
 		t.Fatalf("bob's 1-credit allowance should have pushed charges into prepaid: %v", totals)
 	}
+	if totals["estimated_runs"] != json.Number("1") {
+		t.Fatalf("report totals %v, want estimated_runs 1 (r_2 was charged an estimate)", totals)
+	}
 
 	recs := f.csvReport(t)
 	if strings.Join(recs[0], ",") != strings.Join(admin.ReportCSVHeader, ",") || len(recs) != 5 {
 		t.Fatalf("csv %q", recs)
 	}
-	var sum int64
+	var sum, estimatedRuns int64
 	for _, rec := range recs[1:] {
+		n, err := strconv.ParseInt(rec[len(rec)-1], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		estimatedRuns += n
 		m, err := pricing.ParseCredits(rec[11], 1000)
 		if err != nil {
 			t.Fatal(err)
@@ -544,8 +553,8 @@ func TestRunsAndUsageReport(t *testing.T) {
 			t.Fatalf("formula cell %q", rec[2])
 		}
 	}
-	if sum != ledger {
-		t.Fatalf("csv charged sums to %d, ledger %d", sum, ledger)
+	if sum != ledger || estimatedRuns != 1 {
+		t.Fatalf("csv charged sums to %d, ledger %d; estimated runs %d, want 1", sum, ledger, estimatedRuns)
 	}
 
 	one := f.admin("GET", "/admin/reports/usage?user=ann&from=2000-01-01&to=2000-01-31", nil, http.StatusOK)

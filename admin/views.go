@@ -122,7 +122,8 @@ func (v Views) Run(r holds.UserRun) map[string]any {
 func (v Views) usageRow(r holds.UsageRow) map[string]any {
 	c := v.Credits
 	return map[string]any{"user": r.UserName, "day": r.Day, "model": r.Model, "runs": r.Runs, "charged_runs": r.ChargedRuns,
-		"calls": r.Calls, "input_tokens": r.InTok, "cache_read_tokens": r.CacheReadTok, "cache_write_tokens": r.CacheWriteTok,
+		"estimated_runs": r.EstimatedRuns,
+		"calls":          r.Calls, "input_tokens": r.InTok, "cache_read_tokens": r.CacheReadTok, "cache_write_tokens": r.CacheWriteTok,
 		"output_tokens": r.OutTok, "cost": c(r.CostMicro), "charged": c(r.ChargedMicro),
 		"allowance_part": c(r.AllowancePartMicro), "prepaid_part": c(r.PrepaidPartMicro)}
 }
@@ -144,7 +145,8 @@ func (v Views) Report(rep holds.UsageReport) map[string]any {
 
 // ReportCSVHeader names the CSV report's columns.
 var ReportCSVHeader = []string{"user", "day", "model", "runs", "charged_runs", "calls", "input_tokens",
-	"cache_read_tokens", "cache_write_tokens", "output_tokens", "cost", "charged", "allowance_part", "prepaid_part"}
+	"cache_read_tokens", "cache_write_tokens", "output_tokens", "cost", "charged", "allowance_part", "prepaid_part",
+	"estimated_runs"} // last: a column added after the others keeps their places in existing imports
 
 // WriteReportCSV writes the report's rows as CSV with a header and no totals row, so a
 // spreadsheet's own sums are not doubled. Credits are exact decimals.
@@ -158,7 +160,7 @@ func (v Views) WriteReportCSV(w io.Writer, rep holds.UsageReport) error {
 	for _, r := range rep.Rows {
 		rec := []string{cellText(r.UserName), r.Day, cellText(r.Model), i(r.Runs), i(r.ChargedRuns), i(r.Calls), i(r.InTok),
 			i(r.CacheReadTok), i(r.CacheWriteTok), i(r.OutTok), c(r.CostMicro), c(r.ChargedMicro),
-			c(r.AllowancePartMicro), c(r.PrepaidPartMicro)}
+			c(r.AllowancePartMicro), c(r.PrepaidPartMicro), i(r.EstimatedRuns)}
 		if err := cw.Write(rec); err != nil {
 			return fmt.Errorf("csv row: %w", err)
 		}

@@ -408,27 +408,31 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
 
 // UsageRow is one line of the usage report: one user, one UTC day of settlement, one model.
 type UsageRow struct {
-	UserID             uint64 `db:"user_id"`
-	UserName           string `db:"user_name"`
-	Day                string `db:"day"` // YYYY-MM-DD, the UTC day the runs settled (the day ledger's day)
-	Model              string `db:"model"`
-	Runs               int64  `db:"runs"`         // settled runs, releases at 0 included
-	ChargedRuns        int64  `db:"charged_runs"` // of those, runs that charged anything (the ledger's run_count)
-	Calls              int64  `db:"calls"`
-	InTok              int64  `db:"in_tok"`
-	CacheReadTok       int64  `db:"cache_read_tok"`
-	CacheWriteTok      int64  `db:"cache_write_tok"`
-	OutTok             int64  `db:"out_tok"`
-	CostMicro          int64  `db:"cost_micro"`
-	ChargedMicro       int64  `db:"charged_micro"`
-	AllowancePartMicro int64  `db:"allowance_part_micro"`
-	PrepaidPartMicro   int64  `db:"prepaid_part_micro"`
+	UserID      uint64 `db:"user_id"`
+	UserName    string `db:"user_name"`
+	Day         string `db:"day"` // YYYY-MM-DD, the UTC day the runs settled (the day ledger's day)
+	Model       string `db:"model"`
+	Runs        int64  `db:"runs"`         // settled runs, releases at 0 included
+	ChargedRuns int64  `db:"charged_runs"` // of those, runs that charged anything (the ledger's run_count)
+	// EstimatedRuns: of Runs, those charged an estimate for at least one call (no usage report
+	// from the provider): their tokens are the gateway's count, not what the provider invoices.
+	EstimatedRuns      int64 `db:"estimated_runs"`
+	Calls              int64 `db:"calls"`
+	InTok              int64 `db:"in_tok"`
+	CacheReadTok       int64 `db:"cache_read_tok"`
+	CacheWriteTok      int64 `db:"cache_write_tok"`
+	OutTok             int64 `db:"out_tok"`
+	CostMicro          int64 `db:"cost_micro"`
+	ChargedMicro       int64 `db:"charged_micro"`
+	AllowancePartMicro int64 `db:"allowance_part_micro"`
+	PrepaidPartMicro   int64 `db:"prepaid_part_micro"`
 }
 
 // add adds r's counts and amounts to u's.
 func (u *UsageRow) add(r UsageRow) {
 	u.Runs += r.Runs
 	u.ChargedRuns += r.ChargedRuns
+	u.EstimatedRuns += r.EstimatedRuns
 	u.Calls += r.Calls
 	u.InTok += r.InTok
 	u.CacheReadTok += r.CacheReadTok
@@ -493,13 +497,13 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 	// Settled runs still kept, summed per user, day and model, and the sums of those pruned
 	// (PruneSettled), which are kept on the same grouping: a day reads the same either way.
 	q := `SELECT h.user_id, u.name AS user_name, h.day, h.model,
-		       SUM(h.runs) AS runs, SUM(h.charged_runs) AS charged_runs, SUM(h.calls) AS calls,
+		       SUM(h.runs) AS runs, SUM(h.charged_runs) AS charged_runs, SUM(h.estimated_runs) AS estimated_runs, SUM(h.calls) AS calls,
 		       SUM(h.in_tok) AS in_tok, SUM(h.cache_read_tok) AS cache_read_tok,
 		       SUM(h.cache_write_tok) AS cache_write_tok, SUM(h.out_tok) AS out_tok,
 		       SUM(h.cost_micro) AS cost_micro, SUM(h.charged_micro) AS charged_micro,
 		       SUM(h.allowance_part_micro) AS allowance_part_micro, SUM(h.prepaid_part_micro) AS prepaid_part_micro
 		FROM (SELECT h.user_id, DATE_FORMAT(h.settled_at, '%Y-%m-%d') AS day, h.model,
-		             COUNT(*) AS runs, SUM(h.charged_micro > 0) AS charged_runs, SUM(h.calls) AS calls,
+		             COUNT(*) AS runs, SUM(h.charged_micro > 0) AS charged_runs, SUM(h.estimated) AS estimated_runs, SUM(h.calls) AS calls,
 		             SUM(h.in_tok) AS in_tok, SUM(h.cache_read_tok) AS cache_read_tok,
 		             SUM(h.cache_write_tok) AS cache_write_tok, SUM(h.out_tok) AS out_tok,
 		             SUM(h.cost_micro) AS cost_micro, SUM(h.charged_micro) AS charged_micro,
@@ -508,7 +512,7 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 		      WHERE h.state = 'settled' AND h.settled_at >= ? AND h.settled_at < ?` + userCond + `
 		      GROUP BY h.user_id, DATE_FORMAT(h.settled_at, '%Y-%m-%d'), h.model
 		      UNION ALL
-		      SELECT h.user_id, DATE_FORMAT(h.day, '%Y-%m-%d'), h.model, h.runs, h.charged_runs, h.calls, h.in_tok,
+		      SELECT h.user_id, DATE_FORMAT(h.day, '%Y-%m-%d'), h.model, h.runs, h.charged_runs, h.estimated_runs, h.calls, h.in_tok,
 		             h.cache_read_tok, h.cache_write_tok, h.out_tok, h.cost_micro, h.charged_micro,
 		             h.allowance_part_micro, h.prepaid_part_micro
 		      FROM pruned_runs h WHERE h.day >= ? AND h.day < ?` + userCond + `) h

@@ -85,7 +85,7 @@ type prunedRun struct {
 func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch int) (int, error) {
 	var rows []prunedRun
 	err := tx.SelectContext(ctx, &rows, `SELECT run_id, user_id, DATE_FORMAT(settled_at, '%Y-%m-%d') AS day, model,
-		       1 AS runs, charged_micro > 0 AS charged_runs, calls, in_tok, cache_read_tok, cache_write_tok, out_tok,
+		       1 AS runs, charged_micro > 0 AS charged_runs, estimated AS estimated_runs, calls, in_tok, cache_read_tok, cache_write_tok, out_tok,
 		       cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro
 		FROM run_holds WHERE settled_at < NOW(6) - INTERVAL ? MICROSECOND AND state = 'settled'
 		ORDER BY settled_at LIMIT ? FOR UPDATE`, olderThan.Microseconds(), batch)
@@ -97,18 +97,19 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 	}
 	sums := sumPruned(rows)
 	var q strings.Builder
-	q.WriteString(`INSERT INTO pruned_runs (user_id, day, model, runs, charged_runs, calls, in_tok, cache_read_tok,
+	q.WriteString(`INSERT INTO pruned_runs (user_id, day, model, runs, charged_runs, estimated_runs, calls, in_tok, cache_read_tok,
 		cache_write_tok, out_tok, cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro) VALUES `)
-	args := make([]any, 0, 14*len(sums))
+	args := make([]any, 0, 15*len(sums))
 	for i, t := range sums {
 		if i > 0 {
 			q.WriteString(", ")
 		}
-		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-		args = append(args, t.UserID, t.Day, t.Model, t.Runs, t.ChargedRuns, t.Calls, t.InTok, t.CacheReadTok,
+		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+		args = append(args, t.UserID, t.Day, t.Model, t.Runs, t.ChargedRuns, t.EstimatedRuns, t.Calls, t.InTok, t.CacheReadTok,
 			t.CacheWriteTok, t.OutTok, t.CostMicro, t.ChargedMicro, t.AllowancePartMicro, t.PrepaidPartMicro)
 	}
 	q.WriteString(` ON DUPLICATE KEY UPDATE runs = runs + VALUES(runs), charged_runs = charged_runs + VALUES(charged_runs),
+		estimated_runs = estimated_runs + VALUES(estimated_runs),
 		calls = calls + VALUES(calls), in_tok = in_tok + VALUES(in_tok), cache_read_tok = cache_read_tok + VALUES(cache_read_tok),
 		cache_write_tok = cache_write_tok + VALUES(cache_write_tok), out_tok = out_tok + VALUES(out_tok),
 		cost_micro = cost_micro + VALUES(cost_micro), charged_micro = charged_micro + VALUES(charged_micro),

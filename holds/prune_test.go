@@ -36,13 +36,15 @@ func TestPruneKeepsTheBooksAndTheReport(t *testing.T) {
 	f := newAcctFixture(t)
 	a, b := f.user("alpha", "standard"), f.user("beta", "guest")
 	f.grant(b, 200_000, "b-topup")
+	// Runs charged an estimate: the report counts them, before a prune and after.
+	estimated := map[string]bool{"r_a3": true, "r_b4": true, "r_b3": true}
 	settle := func(u holds.User, id, model string, cost int64) {
 		t.Helper()
 		if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: id, UserID: u.ID, Model: model, State: holds.StateRunning, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := f.store.Settle(f.ctx(), holds.Settlement{RunID: id, CostMicro: cost, Calls: 2,
-			Usage: pricingUsage(cost), Source: holds.SourceComplete}); err != nil {
+			Usage: pricingUsage(cost), Source: holds.SourceComplete, Estimated: estimated[id]}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -87,8 +89,8 @@ func TestPruneKeepsTheBooksAndTheReport(t *testing.T) {
 		return out
 	}
 	before, balBefore := report(), balances()
-	if len(before.Rows) != 4 || before.Totals.Runs != 7 || before.Totals.PrepaidPartMicro == 0 {
-		t.Fatalf("report before the prune: %+v; want 4 rows of 7 runs, some paid from prepaid", before)
+	if len(before.Rows) != 4 || before.Totals.Runs != 7 || before.Totals.PrepaidPartMicro == 0 || before.Totals.EstimatedRuns != 3 {
+		t.Fatalf("report before the prune: %+v; want 4 rows of 7 runs, 3 estimated, some paid from prepaid", before)
 	}
 
 	res, err := f.store.PruneSettled(f.ctx(), holds.MinPruneAge, 2)
