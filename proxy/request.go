@@ -294,6 +294,16 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	}
 	c.clientAskedUsage = root.Get("stream_options.include_usage").Type == gjson.True
 	c.userTurns = metering.UserTurns(rt.format, body)
+	// Below the top level, as at it: what the prompt's estimate reads (the charge of a call
+	// whose usage never comes, the output bound within the cap) must be what the provider
+	// bills. Last, so that a body refused for what a repeat hid (an option billed at other
+	// rates) is told so.
+	if k := repeatedKeyAnywhere(root.Raw); k != "" {
+		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", k))
+	}
+	if k := repeatedPromptKey(rt.format, root); k != "" {
+		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k))
+	}
 	return c, nil
 }
 

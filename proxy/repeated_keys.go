@@ -1,0 +1,211 @@
+package proxy
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/metering"
+)
+
+// keysBeforeSet is how many keys of one object repeatedKeyAnywhere compares one by one before
+// it keeps them in a set: most objects of a request have a handful.
+const keysBeforeSet = 16
+
+// repeatedKeyAnywhere returns a key that some object of the JSON raw (valid: parseObject has
+// checked) holds more than once, compared unescaped, as "path.key", or "". The gateway reads
+// the first of repeated keys (gjson), providers the last, at every depth: a message that shows
+// the gateway a short "content" and the provider a long one was estimated (the charge of a
+// call whose usage never came, the output bound within its cap) for the short one, and the
+// provider billed the long one. No JSON encoder writes a key twice (RFC 8259 §4: names
+// SHOULD be unique; I-JSON, RFC 7493, requires it), so a body that does is refused.
+//
+// One pass over the bytes, with no copy of a key that has no escape in it (see cacheControls
+// for why the body is not walked level by level with gjson).
+func repeatedKeyAnywhere(raw string) string {
+	type frame struct {
+		object  bool
+		wantKey bool
+		start   int                 // this object's keys are keys[start:]
+		set     map[string]struct{} // its keys once it has more than keysBeforeSet
+		key     string              // the key whose value is being read
+	}
+	var (
+		stack []frame
+		keys  []string
+	)
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; c {
+		case '{', '[':
+			stack = append(stack, frame{object: c == '{', wantKey: c == '{', start: len(keys)})
+		case '}', ']':
+			keys = keys[:stack[len(stack)-1].start]
+			stack = stack[:len(stack)-1]
+		case ',':
+			if n := len(stack); n > 0 && stack[n-1].object {
+				stack[n-1].wantKey = true
+			}
+		case '"':
+			end, escaped := i+1, false
+			for raw[end] != '"' {
+				if raw[end] == '\\' {
+					end++
+					escaped = true
+				}
+				end++
+			}
+			n := len(stack)
+			if n == 0 || !stack[n-1].wantKey {
+				i = end
+				continue
+			}
+			f := &stack[n-1]
+			f.wantKey = false
+			k := raw[i+1 : end]
+			if escaped {
+				k = gjson.Parse(raw[i : end+1]).Str
+			}
+			i = end
+			if seenKey(k, keys[f.start:], f.set) {
+				path := ""
+				for _, o := range stack[:n-1] {
+					if o.object {
+						path += o.key + "."
+					} else {
+						path = strings.TrimSuffix(path, ".") + "[]."
+					}
+				}
+				return path + k
+			}
+			f.key = k
+			keys = append(keys, k)
+			if f.set != nil {
+				f.set[k] = struct{}{}
+			} else if len(keys)-f.start > keysBeforeSet {
+				f.set = make(map[string]struct{}, 2*keysBeforeSet)
+				for _, s := range keys[f.start:] {
+					f.set[s] = struct{}{}
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// seenKey reports whether k is among an object's keys: in set once it has one, else in keys.
+func seenKey(k string, keys []string, set map[string]struct{}) bool {
+	if set != nil {
+		_, ok := set[k]
+		return ok
+	}
+	for _, s := range keys {
+		if s == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Keys the prompt's estimate reads in a message (a Responses input item) and in a content
+// part: a provider that matches keys with case folded (Go's encoding/json) reads "Content"
+// as content, which the estimate would not count. "type", "audio" and "input_audio" are not
+// among them: the audio estimate reads them with case folded itself, and a part or message
+// that spells them so is served (and estimated as audio).
+var (
+	messageReadKeys = []string{"role", "content", "tool_calls", "output", "arguments"}
+	partReadKeys    = []string{"text", "content", "input"}
+)
+
+// repeatedPromptKey returns a key that a message, a tool call or a content part of the
+// prompt repeats with case folded, or spells in another case than the one the estimate
+// reads (repeatedKey), as "messages[3].Content"; or "". Exact repeats are refused at any
+// depth (repeatedKeyAnywhere); here only the objects the estimate reads, whose keys are few
+// and fixed, are compared with case folded (a tool's schema or a tool call's input may
+// rightly hold "ID" beside "id").
+func repeatedPromptKey(f metering.Format, root gjson.Result) string {
+	list := "messages"
+	if f == metering.FormatResponses {
+		list = "input"
+	}
+	if f == metering.FormatAnthropic {
+		if k := repeatedPartKey(root.Get("system"), "system", 0); k != "" {
+			return k
+		}
+	}
+	var found string
+	i := -1
+	root.Get(list).ForEach(func(_, m gjson.Result) bool {
+		i++
+		if !m.IsObject() {
+			return true
+		}
+		if found = repeatedKey(m, messageReadKeys...); found == "" {
+			if found = repeatedPartKey(m.Get("content"), "content", 0); found == "" {
+				found = repeatedToolCallKey(m.Get("tool_calls"))
+			}
+		}
+		return found == ""
+	})
+	if found != "" {
+		return fmt.Sprintf("%s[%d].%s", list, i, found)
+	}
+	return ""
+}
+
+// repeatedPartKey is repeatedPromptKey for the parts of a content array at, and the parts
+// nested in theirs (an Anthropic tool_result), as deep as the estimate reads them.
+func repeatedPartKey(content gjson.Result, at string, depth int) string {
+	if !content.IsArray() || depth >= maxPartDepth {
+		return ""
+	}
+	var found string
+	i := -1
+	content.ForEach(func(_, p gjson.Result) bool {
+		i++
+		switch {
+		case !p.IsObject():
+			found = repeatedPartKey(p, "", depth+1)
+		default:
+			if found = repeatedKey(p, partReadKeys...); found == "" {
+				found = repeatedPartKey(p.Get("content"), ".content", depth+1)
+			} else {
+				found = "." + found
+			}
+		}
+		return found == ""
+	})
+	if found != "" {
+		return fmt.Sprintf("%s[%d]%s", at, i, found)
+	}
+	return ""
+}
+
+// maxPartDepth is how deep repeatedPartKey looks: as deep as the estimate counts parts
+// (metering's maxContentDepth, 4), and no deeper, where it counts raw bytes.
+const maxPartDepth = 4
+
+// repeatedToolCallKey is repeatedPromptKey for a chat message's tool calls, whose function's
+// arguments the estimate counts.
+func repeatedToolCallKey(calls gjson.Result) string {
+	var found string
+	i := -1
+	calls.ForEach(func(_, tc gjson.Result) bool {
+		i++
+		if !tc.IsObject() {
+			return true
+		}
+		if k := repeatedKey(tc, "function"); k != "" {
+			found = k
+		} else if fn := tc.Get("function"); fn.IsObject() {
+			if k := repeatedKey(fn, "arguments"); k != "" {
+				found = "function." + k
+			}
+		}
+		return found == ""
+	})
+	if found != "" {
+		return fmt.Sprintf("tool_calls[%d].%s", i, found)
+	}
+	return ""
+}

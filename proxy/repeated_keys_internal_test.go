@@ -1,0 +1,95 @@
+package proxy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/metering"
+)
+
+// repeatedKeyAnywhere finds an exact repeat (compared unescaped) in any object at any depth,
+// whatever strings, arrays and other objects lie between, and nothing else.
+func TestRepeatedKeyAnywhere(t *testing.T) {
+	many := func(extra string) string {
+		var b strings.Builder
+		b.WriteString(`{"a":{`)
+		for i := range 40 {
+			fmt.Fprintf(&b, `"k%d":%d,`, i, i)
+		}
+		b.WriteString(extra + `"end":1}}`)
+		return b.String()
+	}
+	cases := []struct{ body, want string }{
+		{`{"a":1,"b":{"a":1},"c":[{"a":1},{"a":2}]}`, ""},
+		{`{"a":"x\"y{\"a\":1,\"a\":2}","b":"}"}`, ""}, // repeats inside a string are text
+		{`{"m":[{"role":"user","content":"hi","content":"long"}]}`, "m[].content"},
+		{`{"m":[[{"x":{"t":1,"t":2}}]]}`, "m[][].x.t"},
+		{`{"a":{"b":1},"c":{"d":1,"\u0064":2}}`, "c.d"}, // escaped: the same key to a provider
+		{`{"a":{"k":1,"K":2}}`, ""},                     // case variants: repeatedPromptKey's business
+		{many(""), ""},
+		{many(`"k3":0,`), "a.k3"}, // past keysBeforeSet
+		{many(`"k39":0,`), "a.k39"},
+	}
+	for _, tc := range cases {
+		if !gjson.Valid(tc.body) {
+			t.Fatalf("test body is not JSON: %s", tc.body)
+		}
+		if got := repeatedKeyAnywhere(tc.body); got != tc.want {
+			t.Errorf("repeatedKeyAnywhere(%.80s) = %q, want %q", tc.body, got, tc.want)
+		}
+	}
+}
+
+// repeatedPromptKey compares the keys of the objects the prompt's estimate reads with case
+// folded, and no others (a tool schema or a tool call's input may hold "ID" beside "id").
+func TestRepeatedPromptKey(t *testing.T) {
+	cases := []struct {
+		f          metering.Format
+		body, want string
+	}{
+		{metering.FormatChat, `{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b","Content":"long"}]}`, "messages[1].Content"},
+		{metering.FormatChat, `{"messages":[{"role":"user","Content":"long"}]}`, "messages[0].Content"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"a","TEXT":"long"}]}]}`, "messages[0].content[0].TEXT"},
+		{metering.FormatChat, `{"messages":[{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}","Arguments":"long"}}]}]}`, "messages[0].tool_calls[0].function.Arguments"},
+		{metering.FormatAnthropic, `{"system":[{"type":"text","Text":"long"}],"messages":[]}`, "system[0].Text"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"a","Text":"b"}]}]}]}`, "messages[0].content[0].content[0].Text"},
+		{metering.FormatResponses, `{"input":[{"type":"function_call_output","output":"a","Output":"long"}]}`, "input[0].Output"},
+		// Case variants the estimate does not read, or inside what it counts whole, pass.
+		{metering.FormatAnthropic, `{"messages":[{"role":"assistant","content":[{"type":"tool_use","input":{"id":1,"ID":2}}]}]}`, ""},
+		{metering.FormatChat, `{"tools":[{"type":"function","function":{"parameters":{"properties":{"id":{},"ID":{}}}}}],"messages":[{"role":"user","content":"a"}]}`, ""},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":"a","name":"x"}]}`, ""},
+	}
+	for _, tc := range cases {
+		if got := repeatedPromptKey(tc.f, gjson.Parse(tc.body)); got != tc.want {
+			t.Errorf("repeatedPromptKey(%s) = %q, want %q", tc.body, got, tc.want)
+		}
+	}
+}
+
+// BenchmarkRepeatedKeyAnywhere is the check at any depth on the bodies that make it work
+// hardest: one object of many distinct keys (its set), and many small objects (its list).
+func BenchmarkRepeatedKeyAnywhere(b *testing.B) {
+	for _, shape := range []struct{ name, open, item, close string }{
+		{"one object", `{"o":{`, `"k%d":0,`, `"end":0}}`},
+		{"many objects", `{"a":[`, `{"role":"user","content":"k%d","name":"x"},`, `{}]}`},
+	} {
+		b.Run(shape.name, func(b *testing.B) {
+			var sb strings.Builder
+			sb.WriteString(shape.open)
+			for i := 0; sb.Len() < 4<<20; i++ {
+				fmt.Fprintf(&sb, shape.item, i)
+			}
+			sb.WriteString(shape.close)
+			raw := sb.String()
+			b.SetBytes(int64(len(raw)))
+			for b.Loop() {
+				if k := repeatedKeyAnywhere(raw); k != "" {
+					b.Fatalf("repeated key %q in a body of distinct keys", k)
+				}
+			}
+		})
+	}
+}
