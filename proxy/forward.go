@@ -786,10 +786,11 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 	if err != nil {
 		return nil, fmt.Errorf("upstream request %s: %w", u, err)
 	}
+	hop := connectionListed(r.Header)
 	for k, vv := range r.Header {
 		// A name with an underscore is dropped as nginx and Apache drop it: CGI-style servers
 		// read X_Api_Key as X-Api-Key, which would get past the list below.
-		if _, drop := dropRequestHeaders[k]; !drop && !strings.Contains(k, "_") {
+		if _, drop := dropRequestHeaders[k]; !drop && !hop[k] && !strings.Contains(k, "_") {
 			up.Header[k] = vv
 		}
 	}
@@ -833,11 +834,30 @@ var dropResponseHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", 
 	"Upgrade", "Set-Cookie", RunIDHeader, ReplayedHeader, "Openai-Organization", "Openai-Project", "Anthropic-Organization-Id")
 
 func copyResponseHeaders(dst, src http.Header) {
+	hop := connectionListed(src)
 	for k, vv := range src {
-		if _, drop := dropResponseHeaders[k]; !drop {
+		if _, drop := dropResponseHeaders[k]; !drop && !hop[k] {
 			dst[k] = vv
 		}
 	}
+}
+
+// connectionListed returns the (canonical) names h's Connection header lists: hop-by-hop
+// for that message alone (RFC 9110 §7.6.1), whatever their name, so never passed on, as
+// the fixed lists above are not. nil when it lists none.
+func connectionListed(h http.Header) map[string]bool {
+	var names map[string]bool
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				if names == nil {
+					names = make(map[string]bool)
+				}
+				names[http.CanonicalHeaderKey(name)] = true
+			}
+		}
+	}
+	return names
 }
 
 func setOf(names ...string) map[string]struct{} {
