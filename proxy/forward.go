@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptrace"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -724,6 +725,7 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 			Message: "The upstream refused the gateway's credentials.", NoRetry: true})
 		return http.StatusBadGateway
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
+		body = operatorAccountIDs.ReplaceAllFunc(body, redactAccountID)
 		copyResponseHeaders(w.Header(), resp.Header)
 		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
 		bound := s.boundWrites(http.NewResponseController(w))
@@ -772,6 +774,21 @@ func upstreamRequestID(resp *http.Response) (_ zap.Field, ok bool) {
 		}
 	}
 	return zap.Field{}, false
+}
+
+// operatorAccountIDs match the ids of the operator's account at the provider that an error
+// answer may word (OpenAI's rate-limit refusals name the organisation, "Rate limit reached
+// for gpt-4o in organization org-… on tokens per min", and the project): they describe the
+// operator's account, not the caller's request, and the gateway keeps them from callers in
+// headers (dropResponseHeaders) as in words.
+var operatorAccountIDs = regexp.MustCompile(`\b(org-|proj_)[A-Za-z0-9]{8,}`)
+
+// redactAccountID keeps an id's kind and drops the id.
+func redactAccountID(id []byte) []byte {
+	if bytes.HasPrefix(id, []byte("org-")) {
+		return []byte("org-(redacted)")
+	}
+	return []byte("proj_(redacted)")
 }
 
 // upstreamRequest builds the request to upstream's path: body (rewritten for a call), the

@@ -3,6 +3,8 @@ package proxy_test
 import (
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -126,5 +128,37 @@ func TestCallerIdempotencyHeaderDoesNotMakeTheUpstreamCallResent(t *testing.T) {
 	resp.Body.Close()
 	if n := calls.Load(); n != 2 {
 		t.Fatalf("the upstream was sent the second call %d times, want once", n-1)
+	}
+}
+
+// TestOperatorAccountNotNamedInRelayedErrors: OpenAI words its rate-limit refusals with the
+// operator's organisation (and project) id — "Rate limit reached for gpt-4o in organization
+// org-… on tokens per min" — which the gateway keeps from its callers in headers
+// (TestOperatorAccountHeadersNotRelayed). A 4xx passed through must not name them either.
+func TestOperatorAccountNotNamedInRelayedErrors(t *testing.T) {
+	const org, proj = "org-AbCdEf0123456789ghIJklMN", "proj_Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2"
+	up := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = io.WriteString(w, `{"error":{"message":"Rate limit reached for fake-gpt in organization `+org+` (project `+proj+
+			`) on tokens per min (TPM): Limit 30000, Used 29000, Requested 2000. Please try again in 2s.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}`)
+	}
+	h := hostileHarness(t, up, nil)
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("status %d: %s, want the upstream's 429", resp.StatusCode, body)
+	}
+	if strings.Contains(string(body), org) || strings.Contains(string(body), proj) {
+		t.Errorf("the relayed error names the operator's account: %s", body)
+	}
+	if code := errorCode(t, body); code != "rate_limit_exceeded" {
+		t.Errorf("code %q, want the upstream's rate_limit_exceeded", code)
+	}
+	if n, err := strconv.Atoi(resp.Header.Get("Content-Length")); err != nil || n != len(body) {
+		t.Errorf("Content-Length %q for a body of %d bytes", resp.Header.Get("Content-Length"), len(body))
 	}
 }
