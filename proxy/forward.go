@@ -406,27 +406,18 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 			Message: "The upstream connection broke before the answer was complete."})
 		return http.StatusBadGateway
 	}
+	// A web page — a captive portal, a proxy's or CDN's page, a base_url that names a website —
+	// or other text that is neither JSON nor events (a maintenance page that opens with no
+	// tag, a proxy's "upstream connect error") is no model's answer: the provider never had
+	// the prompt, and the SDKs cannot read it. Relayed, it was charged the prompt's estimate on
+	// every call for as long as it stood there.
 	if webPage(body) {
-		// A web page — a captive portal, a proxy's or CDN's page, a base_url that names a
-		// website — is no model's answer: the provider never had the prompt. Relayed, it was
-		// charged the prompt's estimate on every call for as long as the page stood there.
-		c.outcome = outcomeUpstreamError
-		c.log.Warn("upstream answered with a web page", zap.String("upstream", c.req.upstream.Name),
-			zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", body[:min(len(body), 256)]))
-		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
-			Message: "The upstream answered with a web page, not an API answer: is its base_url right?"})
-		return http.StatusBadGateway
+		return refuseNonAnswer(w, c, resp, body, "upstream answered with a web page",
+			"The upstream answered with a web page, not an API answer: is its base_url right?")
 	}
 	if noAnswer(body, s.cfg.Limits.MaxEventBytes) {
-		// Text that is neither JSON nor events (a maintenance page that opens with no tag, a
-		// proxy's "upstream connect error"): as a web page, no model's answer, and the
-		// SDKs cannot read it. Metered, it was charged the prompt's estimate.
-		c.outcome = outcomeUpstreamError
-		c.log.Warn("upstream answered with text that is no API answer", zap.String("upstream", c.req.upstream.Name),
-			zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", body[:min(len(body), 256)]))
-		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
-			Message: "The upstream answered with text that is not an API answer."})
-		return http.StatusBadGateway
+		return refuseNonAnswer(w, c, resp, body, "upstream answered with text that is no API answer",
+			"The upstream answered with text that is not an API answer.")
 	}
 	meterBody(c.meter, body, s.cfg.Limits.MaxEventBytes)
 	c.outcome = c.wholeOutcome()
@@ -476,6 +467,16 @@ func meterBody(m *metering.Meter, body []byte, maxEvent int) {
 		}
 		m.Event(ev)
 	}
+}
+
+// refuseNonAnswer answers a 200 that holds no model's answer 502 upstream_error, charged
+// nothing, and logs its start.
+func refuseNonAnswer(w http.ResponseWriter, c *call, resp *http.Response, body []byte, logMsg, message string) int {
+	c.outcome = outcomeUpstreamError
+	c.log.Warn(logMsg, zap.String("upstream", c.req.upstream.Name),
+		zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", body[:min(len(body), 256)]))
+	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error", Message: message})
+	return http.StatusBadGateway
 }
 
 // webPage reports whether a whole answer is markup (HTML or XML) rather than JSON or events:
