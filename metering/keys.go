@@ -43,6 +43,13 @@ func (k Keys) ResponseContext(userID uint64, id string) string {
 	return k.Prefix + "respctx:{" + strconv.FormatUint(userID, 10) + "}:" + id
 }
 
+// ResponseOwner is the user a Responses answer (its provider id) was made for: the provider
+// keeps every caller's answers under the operator's one account, and a continuation of another
+// user's answer is refused while this record lasts. Its own slot: the id alone names it.
+func (k Keys) ResponseOwner(id string) string {
+	return k.Prefix + "respowner:{" + id + "}"
+}
+
 // SpokenAnswer is how many audio tokens a user's spoken chat answer (its audio id) held, for a
 // later request that sends it back to be heard again.
 func (k Keys) SpokenAnswer(userID uint64, id string) string {

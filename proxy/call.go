@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -130,7 +131,12 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	}
 	clientRunID, idemKey, sessionID := ids.clientRunID, ids.idemKey, ids.sessionID
 	if cont := req.continues(); len(cont) > 0 {
-		req.carried = s.carriedContext(r.Context(), user.ID, cont, log)
+		var foreign bool
+		if req.carried, foreign = s.carriedContext(r.Context(), user.ID, cont, req.previousResponse, log); foreign {
+			// OpenAI's answer to an id it does not know: to this caller, it is none.
+			return refuse(&apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "previous_response_not_found",
+				Message: fmt.Sprintf("Previous response with id '%s' not found.", req.previousResponse), NoRetry: true}, "validation", nil)
+		}
 	}
 	if len(req.sentBack) > 0 {
 		s.hearAgain(r.Context(), user.ID, req, log)
@@ -392,7 +398,7 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 	c.ended = time.Now()
 	st := s.settlementOf(c)
 	ctx := context.WithoutCancel(reqCtx)
-	if records := append(s.contextHandedOn(c, st), s.spokenAnswers(c, st)...); len(records) > 0 {
+	if records := slices.Concat(s.contextHandedOn(c, st), s.spokenAnswers(c, st), s.answerOwner(c)); len(records) > 0 {
 		log := c.log
 		s.settlements.start()
 		s.inBackground(func() {

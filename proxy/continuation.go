@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"context"
+	"errors"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
@@ -22,19 +24,63 @@ import (
 // carriedContext is the context, in tokens, that the answers and conversations ids name hand
 // on to a request of userID: the largest recorded (a continuation carries the whole chain,
 // which each record already counts). 0 when none is recorded or Redis does not answer.
-func (s *Server) carriedContext(ctx context.Context, userID uint64, ids []string, log *zap.Logger) int64 {
+//
+// foreign is whether previousResponse is an answer made for another user (ResponseOwner): the
+// provider keeps every caller's answers under the operator's account, so it would continue
+// that user's conversation — their prompts and answers — for this one. Known for the
+// answers the gateway saw end within recordTTL; an id it has no record of is forwarded (one
+// made before the gateway, or older), as it is when Redis does not answer in time.
+func (s *Server) carriedContext(ctx context.Context, userID uint64, ids []string, previousResponse string, log *zap.Logger) (carried int64, foreign bool) {
 	if len(ids) == 0 {
-		return 0
+		return 0, false
 	}
 	keys := make([]string, len(ids))
 	for i, id := range ids {
 		keys[i] = s.keys.ResponseContext(userID, id)
 	}
-	var carried int64
-	for _, n := range s.recordedTokens(ctx, keys, log) {
-		carried = max(carried, n)
+	ctx, cancel := context.WithTimeout(ctx, recordLookupTimeout)
+	defer cancel()
+	var tokens *redis.SliceCmd
+	var owner *redis.StringCmd
+	// One round trip; the owner's key is in a slot of its own, so not in the same MGET.
+	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		tokens = p.MGet(ctx, keys...)
+		if previousResponse != "" {
+			owner = p.Get(ctx, s.keys.ResponseOwner(previousResponse))
+		}
+		return nil
+	})
+	if vals, err := tokens.Result(); err != nil {
+		log.Info("records of earlier answers not read; estimated from the request alone", zap.Error(err))
+	} else {
+		for _, n := range parseTokens(vals) {
+			carried = max(carried, n)
+		}
 	}
-	return carried
+	if owner != nil {
+		id, err := owner.Uint64()
+		switch {
+		case err == nil:
+			foreign = id != userID
+		case !errors.Is(err, redis.Nil):
+			log.Info("owner of the continued answer not read; forwarded", zap.Error(err))
+		}
+	}
+	return carried, foreign
+}
+
+// answerOwner is the record of the user a Responses answer was made for, under the provider's
+// id of it, written once: the first to record an id is the caller it was made for (a later
+// answer never carries the same id). None for an answer the provider did not name.
+func (s *Server) answerOwner(c *call) []tokenRecord {
+	if c.req.route.format != metering.FormatResponses {
+		return nil
+	}
+	id := c.meter.Result().ResponseID
+	if id == "" || len(id) > maxContinuedID {
+		return nil
+	}
+	return []tokenRecord{{key: s.keys.ResponseOwner(id), tokens: int64(c.user.ID), firstOnly: true}}
 }
 
 // contextHandedOn is what a call's answer hands on to a continuation: the ids to record it
@@ -66,7 +112,7 @@ func (s *Server) contextHandedOn(c *call, st holds.Settlement) []tokenRecord {
 	tokens := min(prompt+u.Output, pricing.MaxTokens)
 	for _, id := range []string{res.ResponseID, c.req.conversation} {
 		if id != "" && len(id) <= maxContinuedID {
-			records = append(records, tokenRecord{s.keys.ResponseContext(c.user.ID, id), tokens})
+			records = append(records, tokenRecord{key: s.keys.ResponseContext(c.user.ID, id), tokens: tokens})
 		}
 	}
 	return records

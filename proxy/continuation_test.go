@@ -52,7 +52,11 @@ func TestContinuedResponseEstimatedWithItsContext(t *testing.T) {
 				t.Fatalf("estimated in_tok %d, want at least the %d tokens of context the first answer handed on", run.InTok, handed)
 			}
 
-			// Another user naming the same answer or conversation continues nothing of theirs.
+			// Another user naming the same answer is refused (TestAnotherUsersAnswerIsNotContinued);
+			// naming the same conversation, continues nothing of theirs.
+			if tc.name == "previous_response_id" {
+				return
+			}
 			other, otherKey := h.user("standard")
 			resp = h.post(otherKey, "/v1/responses", next, map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"})
 			runID = resp.Header.Get(proxy.RunIDHeader)
@@ -181,4 +185,30 @@ func (h *harness) answerWithContext(userID uint64, key, body string) (id string,
 		h.t.Fatalf("first answer in_tok %d, want the 50 000 reported", run.InTok)
 	}
 	return gjson.GetBytes(answer, "id").Str, run.InTok + run.CacheReadTok + run.CacheWriteTok + run.OutTok
+}
+
+// TestAnotherUsersAnswerIsNotContinued: every caller's Responses answers are stored at the
+// provider under the operator's one account, so a previous_response_id made for user A, sent
+// by user B, had the provider continue A's conversation — A's prompts and answers — for B (and
+// B's estimate took none of A's context). Refused as the provider refuses an id it does not
+// know (400 previous_response_not_found), before anything is held or forwarded; A continues
+// it as before, and an id the gateway has no record of is forwarded.
+func TestAnotherUsersAnswerIsNotContinued(t *testing.T) {
+	h := newHarness(t, nil)
+	a, aKey := h.user("standard")
+	firstID, _ := h.answerWithContext(a.ID, aKey, `{"model":"fake-gpt","input":"My private notes."}`)
+	next := `{"model":"fake-gpt","previous_response_id":"` + firstID + `","input":"What did I write?"}`
+
+	_, bKey := h.user("standard")
+	h.postRefused(t, bKey, "/v1/responses", next, nil, http.StatusBadRequest, "previous_response_not_found")
+
+	resp := h.post(aKey, "/v1/responses", next, nil)
+	if body := readAll(t, resp.Body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the owner's continuation: %d %s", resp.StatusCode, body)
+	}
+	unknown := `{"model":"fake-gpt","previous_response_id":"resp_made_elsewhere","input":"Go on."}`
+	resp = h.post(bKey, "/v1/responses", unknown, nil)
+	if body := readAll(t, resp.Body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("an id without a record: %d %s", resp.StatusCode, body)
+	}
 }

@@ -27,10 +27,12 @@ const recordTTL = 24 * time.Hour
 // without (the usage report, when it comes, is what is charged).
 const recordLookupTimeout = 250 * time.Millisecond
 
-// tokenRecord is a figure, in tokens, to record under a key.
+// tokenRecord is a figure to record under a key: tokens, or (firstOnly) the id of the user an
+// answer was made for, which a later answer naming the same id does not overwrite.
 type tokenRecord struct {
-	key    string
-	tokens int64
+	key       string
+	tokens    int64
+	firstOnly bool
 }
 
 // recordedTokens reads the tokens recorded under keys, one round trip: 0 for a key with
@@ -44,6 +46,13 @@ func (s *Server) recordedTokens(ctx context.Context, keys []string, log *zap.Log
 		log.Info("records of earlier answers not read; estimated from the request alone", zap.Error(err))
 		return tokens
 	}
+	return parseTokens(vals)
+}
+
+// parseTokens reads an MGET's values as token counts: 0 for a key with none or with anything
+// but a positive count.
+func parseTokens(vals []any) []int64 {
+	tokens := make([]int64, len(vals))
 	for i, v := range vals {
 		if str, ok := v.(string); ok {
 			if n, err := strconv.ParseInt(str, 10, 64); err == nil && n > 0 {
@@ -61,6 +70,10 @@ func (s *Server) rememberTokens(ctx context.Context, records []tokenRecord, log 
 	defer cancel()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, r := range records {
+			if r.firstOnly {
+				p.SetNX(ctx, r.key, r.tokens, recordTTL)
+				continue
+			}
 			p.Set(ctx, r.key, r.tokens, recordTTL)
 		}
 		return nil

@@ -52,7 +52,7 @@ func (s *Server) spokenAnswers(c *call, st holds.Settlement) []tokenRecord {
 	share := (audio + int64(len(ids)) - 1) / int64(len(ids))
 	records := make([]tokenRecord, len(ids))
 	for i, id := range ids {
-		records[i] = tokenRecord{s.keys.SpokenAnswer(c.user.ID, id), share}
+		records[i] = tokenRecord{key: s.keys.SpokenAnswer(c.user.ID, id), tokens: share}
 	}
 	return records
 }
