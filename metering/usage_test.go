@@ -435,6 +435,15 @@ func TestInputEstimateCountsMediaAndToolDefinitions(t *testing.T) {
 		{"anthropic image in a tool result", FormatAnthropic,
 			`{"model":"m","messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"image","source":{"type":"url","url":"https://x/a.png"}}]}]}]}`,
 			tokensPerMedia},
+		// An Anthropic document whose source is text (or content blocks) carries its tokens
+		// in the body: counted by its bytes, not as one media part (it was 1 600 tokens
+		// whatever its length).
+		{"anthropic text document", FormatAnthropic,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"document","source":{"type":"text","media_type":"text/plain","data":"` + strings.Repeat("word ", 20_000) + `"}}]}]}`,
+			25_000},
+		{"anthropic content document", FormatAnthropic,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"document","source":{"type":"content","content":[{"type":"text","text":"` + strings.Repeat("word ", 20_000) + `"}]}}]}]}`,
+			25_000},
 		{"chat tool definitions", FormatChat,
 			`{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":` + schema + `}}],"messages":[{"role":"user","content":"hi"}]}`,
 			1000},
