@@ -56,7 +56,12 @@ func TestNamedRunFirstCallRefusedInARedisBlipIsNotChargedItsHold(t *testing.T) {
 	h := newHarnessOn(t, harnessSetup{redisDialer: wrappedDialer(func(c net.Conn) net.Conn { return blipConn{c, &down} })}, nil)
 	u, key := h.user("standard")
 	down.Store(true)
-	go func() { time.Sleep(time.Second); down.Store(false) }() // a one-second blip
+	back := make(chan struct{})
+	go func() { // a one-second blip (the sleep is the scenario: time passing)
+		defer close(back)
+		time.Sleep(time.Second)
+		down.Store(false)
+	}()
 	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "blip-task"})
 	body := readAll(t, resp.Body)
 	resp.Body.Close()
@@ -67,15 +72,19 @@ func TestNamedRunFirstCallRefusedInARedisBlipIsNotChargedItsHold(t *testing.T) {
 	if h.fake.Calls() != 0 {
 		t.Fatalf("the refused call reached the upstream")
 	}
-	time.Sleep(2 * time.Second) // Redis long back; anything retried has landed
+	// Redis back, then every retry the gateway keeps for the call (tracked as a settlement)
+	// has landed or given up: no sleep hoping that it has.
+	<-back
+	h.settled()
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	if runID == "" {
 		if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ?", u.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, found, err := h.tally.Get(context.Background(), runID)
-	t.Logf("tally of the run after the blip: found=%v err=%v", found, err)
+	if tl, found, err := h.tally.Get(context.Background(), runID); err != nil || !found || tl.CostMicro != 0 {
+		t.Fatalf("tally of the run after the blip: %+v found=%v err=%v; want the zero tally the gateway retried until it landed", tl, found, err)
+	}
 
 	// The agent never comes back: the run expires and is reconciled (DESIGN §5).
 	if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", runID); err != nil {
