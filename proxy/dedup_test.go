@@ -273,9 +273,7 @@ func TestFingerprintWhoseReplyWasLostIsNotItsOwnDuplicate(t *testing.T) {
 	_, url := h.secondGateway(dedup, nil)
 
 	a := send(url, key, chatBody, nil)
-	if !lose.lost.Load() {
-		t.Fatal("the fingerprint's reply was never lost: the test did not test anything")
-	}
+	lose.ranAndLost(t)
 	if a.status != http.StatusOK {
 		t.Fatalf("request whose fingerprint reply was lost: %d %s, want 200", a.status, a.body)
 	}
@@ -284,15 +282,31 @@ func TestFingerprintWhoseReplyWasLostIsNotItsOwnDuplicate(t *testing.T) {
 	}
 }
 
-// replyLoser sends the first write that contains marker and then closes the connection, so
-// the command runs and its reply is lost.
+// replyLoser sends the first write that contains marker, waits for Redis's reply to it (proof
+// that Redis ran it: no sleep hoping it has) and then closes the connection, so the command
+// runs and its reply is lost.
 type replyLoser struct {
 	marker []byte
 	lost   atomic.Bool
+	mu     sync.Mutex
+	err    error // the reply never came: the command may not have run
 }
 
 func (l *replyLoser) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	return wrappedDialer(func(c net.Conn) net.Conn { return &replyLosingConn{Conn: c, l: l} })(ctx, network, addr)
+}
+
+// ranAndLost fails the test unless the marked command was sent, run, and its reply lost.
+func (l *replyLoser) ranAndLost(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.lost.Load() {
+		t.Fatal("the marked command's reply was never lost: the test did not test anything")
+	}
+	if l.err != nil {
+		t.Fatalf("no reply from Redis to the marked command: %v", l.err)
+	}
 }
 
 type replyLosingConn struct {
@@ -303,7 +317,13 @@ type replyLosingConn struct {
 func (c *replyLosingConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
 	if err == nil && bytes.Contains(b, c.l.marker) && c.l.lost.CompareAndSwap(false, true) {
-		time.Sleep(100 * time.Millisecond) // let Redis run it
+		// The client reads only after its write returns: the reply's first bytes, read here,
+		// are Redis's word that it ran the command. Then they are lost with the connection.
+		_ = c.Conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, rerr := c.Conn.Read(make([]byte, 1))
+		c.l.mu.Lock()
+		c.l.err = rerr
+		c.l.mu.Unlock()
 		c.Conn.Close()
 	}
 	return n, err
