@@ -275,16 +275,27 @@ func TestReconcileBacklogSurvivesMySQLGoingAway(t *testing.T) {
 	}
 	lossy.Arm(commitScript, testenv.GoDown)
 	ctx, cancel := context.WithCancel(context.Background())
+	passDone := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		// The database stays away until the pass has run into it; then the pass gives up.
+		// The database stays away until the pass has run into it; then the pass gives up. A
+		// pass that ends without running into it (the marker no longer matches) ends this
+		// wait too, and the check below fails, rather than the test hanging here.
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
 		for !lossy.Down() {
-			time.Sleep(time.Millisecond)
+			select {
+			case <-passDone:
+				return
+			case <-tick.C:
+			}
 		}
 		cancel()
 	})
 	st, err = rec.RunForced(ctx)
+	close(passDone)
 	wg.Wait()
+	cancel()
 	if !lossy.Fired() || err == nil {
 		t.Fatalf("pass into the outage: fired %v, %+v, %v; want it to fail", lossy.Fired(), st, err)
 	}
