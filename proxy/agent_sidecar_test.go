@@ -343,6 +343,8 @@ func TestAgentRunBudgetRunsOutCleanly(t *testing.T) {
 func TestAgentInterruptedTurnThenSettle(t *testing.T) {
 	up := &agentUpstream{gate: make(chan struct{})}
 	h, price := agentHarness(t, up, nil)
+	openGate := sync.OnceFunc(func() { close(up.gate) })
+	t.Cleanup(openGate) // before the harness's cleanup, which waits for the gated call
 	u, key := h.user("standard")
 	const name = "agent-esc"
 	full := turn{in: 40, read: 3000, w5: 500, out: 120}
@@ -382,7 +384,7 @@ func TestAgentInterruptedTurnThenSettle(t *testing.T) {
 
 	// A tool-call turn streaming while the agent asks to settle.
 	tool := turn{in: 10, read: 4000, out: 30}
-	done := make(chan []byte)
+	done := make(chan []byte, 1)
 	go func() {
 		hdr := tool.headers(name)
 		hdr["X-Test-Gate"] = "1"
@@ -391,14 +393,12 @@ func TestAgentInterruptedTurnThenSettle(t *testing.T) {
 		resp.Body.Close()
 		done <- b
 	}()
-	for up.calls.Load() < 3 {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "the tool turn to reach the upstream", func() bool { return up.calls.Load() >= 3 })
 	status, body := h.settleRun(key, name)
 	if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
 		t.Fatalf("settle under a streaming turn: %d %s, want 409 run_busy", status, body)
 	}
-	close(up.gate)
+	openGate()
 	if b := <-done; !strings.Contains(string(b), "message_stop") {
 		t.Fatalf("tool turn: %s", b)
 	}
