@@ -3,18 +3,19 @@ package proxy_test
 import (
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -22,7 +23,7 @@ import (
 // /readyz answers anyone; it must not tell them the database user or the internal addresses.
 func TestReadyzDoesNotExposeInternals(t *testing.T) {
 	h := newHarness(t, nil)
-	bad, err := sqlx.Open("mysql", "tollgate_secret_user:wrong-password@tcp(127.0.0.1:"+mysqlPortOf(t)+")/tollgate")
+	bad, err := sqlx.Open("mysql", "tollgate_secret_user:wrong-password@tcp("+mysqlAddrOf(t)+")/tollgate")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,13 +53,15 @@ func TestReadyzDoesNotExposeInternals(t *testing.T) {
 	}
 }
 
-func mysqlPortOf(t *testing.T) string {
+// mysqlAddrOf is the test MySQL server's address, from the DSN every test needs: a missing
+// one fails the test loudly (testenv.MySQLDSN) rather than skipping it.
+func mysqlAddrOf(t *testing.T) string {
 	t.Helper()
-	p := strings.TrimSpace(os.Getenv("TOLLGATE_MYSQL_PORT"))
-	if p == "" {
-		t.Skip("TOLLGATE_MYSQL_PORT unset")
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return p
+	return cfg.Addr
 }
 
 // TestReadyzChecksAreBounded: /readyz answers anyone without a key, and each request pinged
