@@ -403,7 +403,11 @@ func TestSigtermCallArrivingDuringDrain(t *testing.T) {
 	// is reset by the kernel, never seen by the gateway — not the case this test is about.
 	waitFor(t, 5*time.Second, "the gateway to accept the connection", func() bool { return acceptQueue(t, g) == 0 })
 	g.signal(t, syscall.SIGTERM)
-	time.Sleep(300 * time.Millisecond) // inside the 2 s drain
+	// Inside the drain: the gateway says so when it starts it (no sleep hoping it has).
+	waitFor(t, 10*time.Second, "the gateway to start its drain", func() bool {
+		b, err := os.ReadFile(g.log)
+		return err == nil && strings.Contains(string(b), "shutting down: draining calls in flight")
+	})
 	body := chatBody(false, 30, "arrived during the drain")
 	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nX-Fake-Chunks: 20\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
 	if _, err := conn.Write([]byte(req)); err != nil {
