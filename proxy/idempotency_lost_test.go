@@ -17,7 +17,7 @@ import (
 // 409 idempotent_response_lost for ever.
 func TestIdemKeyUsableAfterReplayTTL(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
-	_, key := h.user("standard")
+	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "daily-job-1"}
 	a := send(h.gw.URL, key, chatBody, idem)
 	if a.status != 200 {
@@ -30,6 +30,14 @@ func TestIdemKeyUsableAfterReplayTTL(t *testing.T) {
 	if b.status != 200 {
 		t.Fatalf("a request under a key whose replay_ttl has passed: %d %s; want it run", b.status, b.body)
 	}
+	// Run, not replayed: a 200 replay of the first answer would pass the check above.
+	if r := b.header.Get(proxy.ReplayedHeader); r != "" {
+		t.Fatalf("a request under a key whose replay_ttl has passed was replayed (%s %q); want it run", proxy.ReplayedHeader, r)
+	}
+	if n := h.fake.Calls(); n != 2 {
+		t.Fatalf("%d upstream calls, want 2: the request after replay_ttl is a new one", n)
+	}
+	h.expectCharges(u.ID, []string{a.header.Get(proxy.RunIDHeader), b.header.Get(proxy.RunIDHeader)})
 }
 
 // TestIdemBrokenStreamPinnedThenRecordLost: a stream that broke after output pins the
