@@ -32,4 +32,8 @@ func TestHostileNonStreamBodyTimesOut(t *testing.T) {
 	if run.SettleSource.String != holds.SourceUpstreamTimeout {
 		t.Fatalf("settled as %s, want upstream_timeout", run.SettleSource.String)
 	}
+	// README: the upstream had the whole request, so the call is charged its prompt's estimate.
+	if !run.Estimated || run.OutTok != 0 || run.InTok == 0 || run.ChargedMicro != fakeGPTCost(run.InTok, 0) {
+		t.Fatalf("run = %+v, want the prompt's estimate charged (%d tokens estimated, %d µUSD)", run, run.InTok, fakeGPTCost(run.InTok, 0))
+	}
 }
