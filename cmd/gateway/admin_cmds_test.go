@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -37,6 +39,18 @@ func useTestDatabase(t *testing.T) func(query string, args ...any) int {
 		}
 		return n
 	}
+}
+
+// openTestDatabase opens the database useTestDatabase pointed the subcommands at, for a test
+// to write what no subcommand writes (runs of chosen days).
+func openTestDatabase(t *testing.T) *sqlx.DB {
+	t.Helper()
+	db, err := holds.Open(testCtx(t), os.Getenv("MYSQL_DSN"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
 }
 
 func testCtx(t *testing.T) context.Context {
@@ -176,11 +190,7 @@ func TestRunsBySettlementListsAReportDay(t *testing.T) {
 	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
 		t.Fatal(err)
 	}
-	db, err := holds.Open(ctx, os.Getenv("MYSQL_DSN"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openTestDatabase(t)
 	if _, err := db.ExecContext(ctx, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, expires_at, created_at, settled_at)
 		SELECT r.id, u.id, 'settled', 0, 0, r.created, r.created, r.settled FROM users u, (
 		  SELECT 'r_across' id, TIMESTAMP('2026-03-07 23:59:59.9') created, TIMESTAMP('2026-03-08 00:00:00.1') settled
@@ -227,12 +237,7 @@ func TestPruneCommandDeletesOldSettledRunsAndRefusesAYoungCutoff(t *testing.T) {
 	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
 		t.Fatal(err)
 	}
-	dsn := os.Getenv("MYSQL_DSN")
-	db, err := holds.Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openTestDatabase(t)
 	for _, q := range []string{
 		`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, charged_micro, allowance_part_micro, expires_at, settled_at)
 		 SELECT 'r_old', id, 'settled', 100, 100, 40, 40, NOW(6) - INTERVAL 20 DAY, NOW(6) - INTERVAL 20 DAY FROM users`,
@@ -284,11 +289,7 @@ func TestPruneCommandRefusesACutoffWithinTallyTTL(t *testing.T) {
 	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
 		t.Fatal(err)
 	}
-	db, err := holds.Open(ctx, os.Getenv("MYSQL_DSN"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openTestDatabase(t)
 	for _, q := range []string{
 		`INSERT INTO run_holds (run_id, user_id, client_run_id, state, held_micro, cap_micro, charged_micro, allowance_part_micro, expires_at, settled_at)
 		 SELECT 'x_old', id, 'task-1', 'settled', 100, 100, 40, 40, NOW(6) - INTERVAL 9 DAY, NOW(6) - INTERVAL 9 DAY FROM users`,
