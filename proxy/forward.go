@@ -420,6 +420,9 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 			"The upstream answered with text that is not an API answer.")
 	}
 	meterBody(c.meter, body, s.cfg.Limits.MaxEventBytes)
+	if !c.meter.Result().Reported {
+		logErrorObject(c, body)
+	}
 	c.outcome = c.wholeOutcome()
 	if c.inRun {
 		s.tallyBeforeAnswer(r.Context(), c)
@@ -467,6 +470,20 @@ func meterBody(m *metering.Meter, body []byte, maxEvent int) {
 		}
 		m.Event(ev)
 	}
+}
+
+// logErrorObject writes a WARN line for a successful answer whose body is an error object
+// (some OpenAI-compatible servers answer a failure with a 200): it is relayed as sent and,
+// without a usage report, charged nothing, and the log is where an operator sees that an
+// upstream fails every call. Looked for only in answers without a usage report.
+func logErrorObject(c *call, body []byte) {
+	e := gjson.GetBytes(body, "error")
+	if !e.IsObject() {
+		return
+	}
+	msg := e.Get("message").String()
+	c.log.Warn("upstream answered 200 with an error object", zap.String("upstream", c.req.upstream.Name),
+		zap.String("error_type", e.Get("type").String()), zap.String("error_message", msg[:min(len(msg), 512)]))
 }
 
 // refuseNonAnswer answers a 200 that holds no model's answer 502 upstream_error, charged

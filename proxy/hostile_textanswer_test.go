@@ -3,7 +3,14 @@ package proxy_test
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/config"
 )
 
 // A 200 whose body is text that is neither JSON nor an event stream — a proxy's or CDN's
@@ -30,5 +37,35 @@ func TestPlainTextAnswerIsNoAnswer(t *testing.T) {
 				t.Errorf("charged %d (%s, estimated %v), want 0 (upstream_error)", run.ChargedMicro, run.SettleSource.String, run.Estimated)
 			}
 		})
+	}
+}
+
+// TestOKErrorObjectIsLogged: a 200 whose JSON body is an error object (some OpenAI-compatible
+// servers answer a failure so) is relayed as sent and charged nothing, since the provider
+// reported no usage — and, until now, left no line in the gateway's log, so an operator could
+// not see that every call of a broken upstream was failing. It writes one WARN line naming the
+// run and the upstream's error.
+func TestOKErrorObjectIsLogged(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"error":{"message":"model overloaded","type":"server_error","code":"overloaded"}}`)
+	}))
+	t.Cleanup(srv.Close)
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "hostile", Kind: "openai", BaseURL: srv.URL, Models: []string{"*"}}}
+	})
+	u, key := h.user("standard")
+	status, _, run := h.postRun(u.ID, key, "/v1/chat/completions", chatBody, nil)
+	if status != http.StatusOK || run.ChargedMicro != 0 {
+		t.Fatalf("%d, charged %d: want the 200 relayed, charged nothing", status, run.ChargedMicro)
+	}
+	lines := logs.FilterMessage("upstream answered 200 with an error object").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d lines 'upstream answered 200 with an error object', want 1", len(lines))
+	}
+	fields := lines[0].ContextMap()
+	if fields["run_id"] != run.RunID || fields["error_type"] != "server_error" || fields["error_message"] != "model overloaded" {
+		t.Errorf("log fields %v, want the run id and the upstream's error", fields)
 	}
 }
