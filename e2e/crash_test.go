@@ -170,15 +170,20 @@ func grepLines(s, sub string) string {
 // TestKillAfterTallyBeforeSettle: the window of DESIGN §3 steps 7–8. A call has answered and
 // tallied, and its settlement waits on the user's lock, when the process is SIGKILLed. The
 // dead process's settlement transaction never commits; the reconciler must charge the call
-// what its tally says it used — once, not its hold, and not nothing.
+// what its tally says it used — once, not its hold, and not nothing. One call's answer carried
+// no usage report, so it was charged an estimate: its settled row must say estimated, as the
+// dead process's settlement would have (a billing team reads the mark to tell the gateway's
+// count from the provider's).
 func TestKillAfterTallyBeforeSettle(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("kill-tallied", 10, nil)
 	a := w.startGateway("gw-a")
 	var calls []*stream
-	for range 3 {
+	for range 2 {
 		calls = append(calls, startStream(t, a, key, 20, 20*time.Millisecond, nil))
 	}
+	estimated := startStream(t, a, key, 20, 20*time.Millisecond, map[string]string{"X-Fake-Usage": "off"})
+	calls = append(calls, estimated)
 	release := w.lockUser(u.ID)
 	tallies := map[string]int64{}
 	for _, s := range calls {
@@ -195,6 +200,11 @@ func TestKillAfterTallyBeforeSettle(t *testing.T) {
 		t.Fatalf("%d live holds after the kill, want %d (no settlement committed)", n, len(calls))
 	}
 	w.reconcileAtTally(t, u.ID, tallies)
+	for _, s := range calls {
+		if r := w.hold(s.runID); r.Estimated != (s == estimated) {
+			t.Errorf("call %s reconciled with estimated=%v, want %v", s.runID, r.Estimated, s == estimated)
+		}
+	}
 }
 
 // TestKillMidRunCallThenContinue: a named run's call is SIGKILLed mid-stream; the agent comes

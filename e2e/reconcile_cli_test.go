@@ -28,7 +28,7 @@ func TestReconcileOnceCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := w.tally.Add(ctx, "r_cli_tallied", pricing.Usage{Input: 100, Output: 100}, 1_250); err != nil {
+	if err := w.tally.Add(ctx, "r_cli_tallied", pricing.Usage{Input: 100, Output: 100}, 1_250, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND"); err != nil {

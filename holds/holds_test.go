@@ -104,7 +104,7 @@ func (e *storeEnv) run(u holds.User, runID string) holds.Run {
 
 func (e *storeEnv) addTally(runID string, u pricing.Usage, cost int64) {
 	e.t.Helper()
-	if err := e.tally.Add(e.ctx(), runID, u, cost); err != nil {
+	if err := e.tally.Add(e.ctx(), runID, u, cost, false); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -124,9 +124,9 @@ func (e *storeEnv) usedToday(u holds.User) int64 {
 
 type tallyUsage struct{ t *metering.Tally }
 
-func (s tallyUsage) Tallied(ctx context.Context, runID string) (pricing.Usage, int64, int64, bool, error) {
+func (s tallyUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	t, found, err := s.t.Get(ctx, runID)
-	return t.Usage, t.CostMicro, t.Calls, found, err
+	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0}, found, err
 }
 
 type leaseKeys struct {
@@ -154,8 +154,8 @@ func (l nxLock) TryLock(ctx context.Context) (bool, error) {
 // failingUsage is a tally that cannot be read (Redis down for the reconciler).
 type failingUsage struct{}
 
-func (failingUsage) Tallied(context.Context, string) (pricing.Usage, int64, int64, bool, error) {
-	return pricing.Usage{}, 0, 0, false, fmt.Errorf("redis: connection refused")
+func (failingUsage) Tallied(context.Context, string) (holds.RunTally, bool, error) {
+	return holds.RunTally{}, false, fmt.Errorf("redis: connection refused")
 }
 
 // reconciler wires a reconciler over this env; mutate adjusts the config.

@@ -22,9 +22,18 @@ import (
 
 // UsageSource reads a run's tally: what its calls used, as written after each call.
 type UsageSource interface {
-	// Tallied returns the run's summed usage, its cost at list price, and its call count;
-	// found is false when the run has no tally at all.
-	Tallied(ctx context.Context, runID string) (usage pricing.Usage, costMicro, calls int64, found bool, err error)
+	// Tallied returns the run's tally; found is false when the run has none at all.
+	Tallied(ctx context.Context, runID string) (t RunTally, found bool, err error)
+}
+
+// RunTally is what a run's calls used by its tally: summed usage, cost at list price, calls.
+type RunTally struct {
+	Usage     pricing.Usage
+	CostMicro int64
+	Calls     int64
+	// Estimated says a call was charged the gateway's estimate (no usage report): the run
+	// settled from the tally is marked so, as the call's own settlement would have marked it.
+	Estimated bool
 }
 
 // LeaseChecker tells whether some live process still serves a run.
@@ -332,7 +341,8 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		return OutcomeExtended, 0, nil
 	}
 
-	usage, cost, calls, found, err := r.cfg.Usage.Tallied(ctx, run.RunID)
+	tally, found, err := r.cfg.Usage.Tallied(ctx, run.RunID)
+	usage, cost, calls := tally.Usage, tally.CostMicro, tally.Calls
 	if err != nil {
 		// Without the tally we cannot tell "used nothing" from "unreadable": charging the hold
 		// on a Redis blip would overcharge, so the hold waits for the next pass.
@@ -359,6 +369,9 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 	case found:
 		// 2. Settled from the tally: Settle applies the hold's discount and clamps to its cap.
 		st.Usage, st.CostMicro, st.Calls, st.Source = usage, cost, int(calls), SourceReconcile
+		// A named run's row keeps its calls' marks through the settlement; a one-call run's
+		// mark is in the tally alone.
+		st.Estimated = tally.Estimated
 		if r.cfg.PriceSnapshot != nil {
 			// The tally's cost was computed at the prices the hold recorded when it was
 			// admitted, which may predate this process's table: ours only stands in for none.

@@ -19,7 +19,7 @@ func TestReconcileTallyWithNegativeFiguresDoesNotPanic(t *testing.T) {
 	e := newStoreEnv(t)
 	u := e.user("negtally", 3, nil)
 	h := e.admit(u, "r_neg_tally", holds.StateRunning)
-	if err := e.tally.Correct(e.ctx(), h.RunID, pricing.Usage{Output: -40}, -1_200); err != nil {
+	if err := e.tally.Correct(e.ctx(), h.RunID, pricing.Usage{Output: -40}, -1_200, 0); err != nil {
 		t.Fatal(err)
 	}
 	e.expire(h.RunID)

@@ -48,7 +48,7 @@ func TestRunRecordsOfAnOlderGatewayAreReadAlike(t *testing.T) {
 	if err != nil || grant != 700 {
 		t.Fatalf("new gateway's reservation after an old one's call of 300: %d, %v; want 700", grant, err)
 	}
-	if err := e.budget.Release(ctx, run, "c2", pricing.Usage{Input: 5, Output: 10}, 150); err != nil {
+	if err := e.budget.Release(ctx, run, "c2", pricing.Usage{Input: 5, Output: 10}, 150, false); err != nil {
 		t.Fatal(err)
 	}
 	got, found, err := e.tally.Get(ctx, run)
@@ -76,7 +76,7 @@ func TestRunRecordsOfAnOlderGatewayAreReadAlike(t *testing.T) {
 	if _, err := e.budget.Reserve(ctx, run, "c3", 1000, 10, 1); err != nil {
 		t.Fatalf("reserve after the old close was undone: %v", err)
 	}
-	if err := e.budget.Release(ctx, run, "c3", pricing.Usage{}, 0); err != nil {
+	if err := e.budget.Release(ctx, run, "c3", pricing.Usage{}, 0, false); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -154,7 +154,7 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 }
 
 // releaseScript: KEYS usage, budget hash, call's done mark; ARGV in, cache read, cache write,
-// out, cost, calls, call id, tally ttl ms, done mark ttl ms.
+// out, cost, calls, call id, tally ttl ms, done mark ttl ms, estimated calls.
 var releaseScript = redis.NewScript(`
 if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[9]) then
   redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
@@ -163,6 +163,7 @@ if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[9]) then
   redis.call('HINCRBY', KEYS[1], 'out_tok', ARGV[4])
   redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
   redis.call('HINCRBY', KEYS[1], 'calls', ARGV[6])
+  if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[1], 'est_calls', ARGV[10]) end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 redis.call('HDEL', KEYS[2], 'c:' .. ARGV[7])
@@ -172,19 +173,21 @@ return 1`)
 // cost is never counted twice against the budget nor missing from it; repeated, it changes
 // nothing. A call that used nothing still leaves the tally, as evidence for the reconciler
 // (see Tally.MarkUnused), but does not count as a call.
-func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64) error {
+func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated bool) error {
 	// No longer beaten, whatever the outcome: a field a failed release leaves behind goes stale.
 	b.forget(RunCallID{runID, callID})
-	calls := 1
+	calls, est := 1, 0
 	if costMicro == 0 && u == (pricing.Usage{}) {
 		calls = 0
+	} else if estimated {
+		est = 1
 	}
 	// The done mark lives as long as the tally it guards: a repeat of this Release (a resent
 	// script, the call's tally retries after a lost reply, however long the answer took to
 	// write) finds it whenever it finds the tally. One key per call for tally_ttl, as a
 	// one-call run's tally is.
 	err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.CallDone(runID, callID)},
-		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, callID, b.tallyTTL.Milliseconds(), b.tallyTTL.Milliseconds()).Err()
+		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, callID, b.tallyTTL.Milliseconds(), b.tallyTTL.Milliseconds(), est).Err()
 	if err != nil {
 		return fmt.Errorf("tally and release for run %s: %w", runID, err)
 	}

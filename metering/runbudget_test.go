@@ -77,7 +77,7 @@ func TestRunBudgetConcurrentCallsShareTheCap(t *testing.T) {
 		t.Fatalf("%d calls granted %d in all, want 10 calls granted the whole cap %d", len(granted), sum, budget)
 	}
 	for _, g := range granted {
-		if err := b.Release(ctx, run, g.call, pricing.Usage{Output: 1}, g.micro); err != nil {
+		if err := b.Release(ctx, run, g.call, pricing.Usage{Output: 1}, g.micro, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -102,7 +102,7 @@ func TestRunBudgetReleaseGivesBackWhatWasNotUsed(t *testing.T) {
 	if g, err := b.Reserve(ctx, "r_rest", "b", 10_000, 10_000, 100); err != nil || g != 6_000 {
 		t.Fatalf("reserve beside a call in flight: %d, %v; want the 6 000 it left", g, err)
 	}
-	if err := b.Release(ctx, "r_rest", "a", pricing.Usage{Input: 10}, 300); err != nil {
+	if err := b.Release(ctx, "r_rest", "a", pricing.Usage{Input: 10}, 300, false); err != nil {
 		t.Fatal(err)
 	}
 	if g, err := b.Reserve(ctx, "r_rest", "c", 10_000, 10_000, 100); err != nil || g != 3_700 {
@@ -119,7 +119,7 @@ func TestRunBudgetCountsWhatTheRunRecordsElsewhere(t *testing.T) {
 	if g, err := b.ReserveAtMost(ctx, "r_floor", "a", 10_000, 10_000, 100, 0, 7_000); err != nil || g != 3_000 {
 		t.Fatalf("reserve with 7 000 recorded and no tally: %d, %v; want the 3 000 left", g, err)
 	}
-	if err := b.Release(ctx, "r_floor", "a", pricing.Usage{Output: 10}, 8_000); err != nil {
+	if err := b.Release(ctx, "r_floor", "a", pricing.Usage{Output: 10}, 8_000, false); err != nil {
 		t.Fatal(err)
 	}
 	if g, err := b.ReserveAtMost(ctx, "r_floor", "b", 10_000, 10_000, 100, 0, 7_000); err != nil || g != 2_000 {
@@ -141,7 +141,7 @@ func TestRunCloseWaitsForCallsInFlight(t *testing.T) {
 	if _, err := b.CloseRun(ctx, "r_close"); !errors.Is(err, metering.ErrRunBusy) {
 		t.Fatalf("close with a call in flight: %v, want ErrRunBusy", err)
 	}
-	if err := b.Release(ctx, "r_close", "a", pricing.Usage{Output: 5}, 50); err != nil {
+	if err := b.Release(ctx, "r_close", "a", pricing.Usage{Output: 5}, 50, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.CloseRun(ctx, "r_close"); err != nil {
@@ -201,7 +201,7 @@ func TestRunBudgetStepsAreSafeToRepeat(t *testing.T) {
 		t.Fatalf("reserve of call b: %d, %v; want the 6 000 call a left, once", g, err)
 	}
 	for range 2 {
-		if err := b.Release(ctx, "r_again", "a", pricing.Usage{Output: 30}, 300); err != nil {
+		if err := b.Release(ctx, "r_again", "a", pricing.Usage{Output: 30}, 300, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -228,7 +228,7 @@ func TestRunBudgetDropsCallsOfADeadProcess(t *testing.T) {
 	if g, err := b.Reserve(ctx, "r_dead", "a", 10_000, 10_000, 100); err != nil || g != 10_000 {
 		t.Fatalf("reserve beside a dead call: %d, %v; want the whole budget", g, err)
 	}
-	if err := b.Release(ctx, "r_dead", "a", pricing.Usage{}, 0); err != nil {
+	if err := b.Release(ctx, "r_dead", "a", pricing.Usage{}, 0, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.rdb.HSet(ctx, e.keys.RunBudget("r_dead"), "c:dead", "9000:1").Err(); err != nil {
@@ -267,7 +267,7 @@ func TestRunBudgetReleaseOfAnExpiredReservationTallies(t *testing.T) {
 	if err := e.rdb.Del(ctx, e.keys.RunBudget("r_expire")).Err(); err != nil { // as if expired
 		t.Fatal(err)
 	}
-	if err := b.Release(ctx, "r_expire", "a", pricing.Usage{Output: 1}, 1_000); err != nil {
+	if err := b.Release(ctx, "r_expire", "a", pricing.Usage{Output: 1}, 1_000, false); err != nil {
 		t.Fatal(err)
 	}
 	if got, _, err := tally.Get(ctx, "r_expire"); err != nil || got.CostMicro != 1_000 {
@@ -286,7 +286,7 @@ func TestRunBudgetOfAFreeCallerFitsRedis(t *testing.T) {
 	if err != nil || g != metering.MaxReservable {
 		t.Fatalf("reserve of an unbounded call at no cap: %d, %v; want %d", g, err, int64(metering.MaxReservable))
 	}
-	if err := b.Release(context.Background(), "r_free", "a", pricing.Usage{Output: 1}, 10); err != nil {
+	if err := b.Release(context.Background(), "r_free", "a", pricing.Usage{Output: 1}, 10, false); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -368,7 +368,7 @@ func TestRunBudgetReleasedCallIsNotBeatenBack(t *testing.T) {
 	if b.Held() != 1 {
 		t.Fatalf("beating %d reservations, want 1 (a refused one is not held)", b.Held())
 	}
-	if err := b.Release(ctx, "r_rel", "a", pricing.Usage{Output: 10}, 1_000); err != nil {
+	if err := b.Release(ctx, "r_rel", "a", pricing.Usage{Output: 10}, 1_000, false); err != nil {
 		t.Fatal(err)
 	}
 	if b.Held() != 0 {
@@ -394,7 +394,7 @@ func TestRunBudgetDoneMarkLivesAsLongAsTheTally(t *testing.T) {
 	if _, err := b.Reserve(ctx, "r_mark", "a", 10_000, 1_000, 100); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Release(ctx, "r_mark", "a", pricing.Usage{Output: 10}, 500); err != nil {
+	if err := b.Release(ctx, "r_mark", "a", pricing.Usage{Output: 10}, 500, false); err != nil {
 		t.Fatal(err)
 	}
 	mark := e.rdb.PTTL(ctx, e.keys.CallDone("r_mark", "a")).Val()
@@ -402,7 +402,7 @@ func TestRunBudgetDoneMarkLivesAsLongAsTheTally(t *testing.T) {
 	if mark < tally-time.Minute || tally <= 0 {
 		t.Fatalf("done mark lives %v, the tally %v: a Release repeated after the mark is gone tallies the call again", mark, tally)
 	}
-	if err := b.Release(ctx, "r_mark", "a", pricing.Usage{Output: 10}, 500); err != nil {
+	if err := b.Release(ctx, "r_mark", "a", pricing.Usage{Output: 10}, 500, false); err != nil {
 		t.Fatal(err)
 	}
 	if u, _, _ := e.tally.Get(ctx, "r_mark"); u.Calls != 1 || u.CostMicro != 500 {
@@ -457,7 +457,7 @@ func TestRunBudgetLostReservationIsReportedOnce(t *testing.T) {
 		}
 	}
 	// The call still ends as every call does: tallied, its (gone) reservation given back.
-	if err := e.budget.Release(ctx, run, "a", pricing.Usage{Output: 10}, 1_000); err != nil {
+	if err := e.budget.Release(ctx, run, "a", pricing.Usage{Output: 10}, 1_000, false); err != nil {
 		t.Fatal(err)
 	}
 	if e.budget.Held() != 0 {

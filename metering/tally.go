@@ -30,9 +30,11 @@ func NewTally(rdb redis.UniversalClient, keys Keys, ttl time.Duration) *Tally {
 }
 
 // Add records one call in one MULTI/EXEC: integer HINCRBYs (no float drift) and the TTL, so
-// a reader never sees half a call.
-func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicro int64) error {
-	return t.AddWith(ctx, runID, u, costMicro, nil)
+// a reader never sees half a call. estimated says the call was charged the gateway's estimate
+// (no usage report): the reconciler that settles the run from this tally marks the run so, as
+// the call's own settlement would have.
+func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool) error {
+	return t.AddWith(ctx, runID, u, costMicro, estimated, nil)
 }
 
 // AddWith is Add with the commands queued by with sent ahead in the same round trip (and the
@@ -40,13 +42,13 @@ func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicr
 // caller with another write due at that moment saves a round trip. An error may be one of
 // with's commands alone, the tally then written: a caller that would write the tally again
 // on an error must not use it.
-func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, costMicro int64, with func(redis.Pipeliner)) error {
+func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool, with func(redis.Pipeliner)) error {
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		if with != nil {
 			with(p)
 		}
-		t.queueAdd(ctx, p, key, u, costMicro)
+		t.queueAdd(ctx, p, key, u, costMicro, estimated)
 		return nil
 	})
 	if err != nil {
@@ -57,7 +59,8 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 
 // Correct adds du and dc (either may be negative) to a call's figures already in the run's
 // tally, without counting another call: what a call's settlement found beyond what was
-// tallied for it earlier. Only to a tally that is there: if Redis lost the earlier write (a
+// tallied for it earlier. dEst (-1, 0 or 1) moves the call's estimated mark: a usage report
+// after the tallied event replaces an estimate, and its loss makes one. Only to a tally that is there: if Redis lost the earlier write (a
 // restart, a failover to a replica it had not reached), the correction alone is no record of
 // what the run used — written, it made a tally of the difference (negative when a later usage
 // report was smaller), from which the reconciler settled the run at that difference instead of
@@ -65,10 +68,13 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 //
 // The script goes in a MULTI/EXEC, as Add's increments do: go-redis resends a lone command
 // whose reply timed out, and a correction applied twice is counted twice.
-func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc int64) error {
+func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc, dEst int64) error {
+	if dEst < -1 || dEst > 1 {
+		panic(fmt.Sprintf("metering: estimated mark moved by %d", dEst))
+	}
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Eval(ctx, correctLua, []string{key}, du.Input, du.CacheRead, du.CacheWrite, du.Output, dc, t.ttl.Milliseconds())
+		p.Eval(ctx, correctLua, []string{key}, du.Input, du.CacheRead, du.CacheWrite, du.Output, dc, t.ttl.Milliseconds(), dEst)
 		return nil
 	})
 	if err != nil {
@@ -97,6 +103,9 @@ type Tallied struct {
 	Usage     pricing.Usage
 	CostMicro int64
 	Calls     int64
+	// EstimatedCalls counts the calls charged an estimate. A tally written before the field
+	// existed has none: its runs settle unmarked, as they did.
+	EstimatedCalls int64
 }
 
 // Get reads a run's tally; found is false when there is none.
@@ -125,8 +134,9 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 	out := Tallied{
 		Usage: pricing.Usage{Input: field("in_tok"), CacheRead: field("cache_read_tok"),
 			CacheWrite: field("cache_write_tok"), Output: field("out_tok")},
-		CostMicro: field("cost_micro"),
-		Calls:     field("calls"),
+		CostMicro:      field("cost_micro"),
+		Calls:          field("calls"),
+		EstimatedCalls: field("est_calls"),
 	}
 	if parseErr != nil {
 		return Tallied{}, false, fmt.Errorf("read tally %s: %w", runID, parseErr)
@@ -139,19 +149,22 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 func (t *Tally) SharesClient(rdb redis.UniversalClient) bool { return t.rdb == rdb }
 
 // queueAdd queues the increments of one call's tally write (integers: no float drift) and
-// the TTL.
-func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64) {
+// the TTL. The estimated mark is a command only when there is one to count.
+func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated bool) {
 	p.HIncrBy(ctx, key, "in_tok", u.Input)
 	p.HIncrBy(ctx, key, "cache_read_tok", u.CacheRead)
 	p.HIncrBy(ctx, key, "cache_write_tok", u.CacheWrite)
 	p.HIncrBy(ctx, key, "out_tok", u.Output)
 	p.HIncrBy(ctx, key, "cost_micro", costMicro)
 	p.HIncrBy(ctx, key, "calls", 1)
+	if estimated {
+		p.HIncrBy(ctx, key, "est_calls", 1)
+	}
 	p.Expire(ctx, key, t.ttl)
 }
 
-// correctLua: KEYS usage; ARGV in, cache read, cache write, out, cost, tally ttl ms. Adds to
-// the tally only if it exists; returns 1 if it did.
+// correctLua: KEYS usage; ARGV in, cache read, cache write, out, cost, tally ttl ms, estimated
+// calls. Adds to the tally only if it exists; returns 1 if it did.
 const correctLua = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
@@ -159,9 +172,10 @@ redis.call('HINCRBY', KEYS[1], 'cache_read_tok', ARGV[2])
 redis.call('HINCRBY', KEYS[1], 'cache_write_tok', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'out_tok', ARGV[4])
 redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
+if ARGV[7] ~= '0' then redis.call('HINCRBY', KEYS[1], 'est_calls', ARGV[7]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 return 1`
 
 // tallyFields are the figures of a tally hash, all it holds (a named run's calls are marked
 // tallied in keys of their own, Keys.CallDone).
-var tallyFields = []string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro", "calls"}
+var tallyFields = []string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro", "calls", "est_calls"}

@@ -27,7 +27,7 @@ func TestTallyCorrectionWithoutItsTallyWritesNothing(t *testing.T) {
 		{"r_correct_up", pricing.Usage{Output: 40}, 1_200},
 		{"r_correct_down", pricing.Usage{Output: -40}, -1_200},
 	} {
-		if err := tl.Correct(ctx, c.run, c.du, c.dc); err != nil {
+		if err := tl.Correct(ctx, c.run, c.du, c.dc, 0); err != nil {
 			t.Fatal(err)
 		}
 		if got, found, err := tl.Get(ctx, c.run); err != nil || found {
@@ -35,10 +35,10 @@ func TestTallyCorrectionWithoutItsTallyWritesNothing(t *testing.T) {
 		}
 	}
 	// With its tally there, the correction applies.
-	if err := tl.Add(ctx, "r_correct_kept", pricing.Usage{Input: 10, Output: 100}, 5_000); err != nil {
+	if err := tl.Add(ctx, "r_correct_kept", pricing.Usage{Input: 10, Output: 100}, 5_000, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := tl.Correct(ctx, "r_correct_kept", pricing.Usage{Output: -40}, -1_200); err != nil {
+	if err := tl.Correct(ctx, "r_correct_kept", pricing.Usage{Output: -40}, -1_200, 0); err != nil {
 		t.Fatal(err)
 	}
 	got, found, err := tl.Get(ctx, "r_correct_kept")

@@ -44,7 +44,7 @@ func TestTallyReadDoesNotGrowWithCalls(t *testing.T) {
 	if _, err := e.budget.Reserve(ctx, run, "real", 1_000_000, 1000, 10); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.budget.Release(ctx, run, "real", pricing.Usage{Input: 10, Output: 5}, 123); err != nil {
+	if err := e.budget.Release(ctx, run, "real", pricing.Usage{Input: 10, Output: 5}, 123, false); err != nil {
 		t.Fatal(err)
 	}
 

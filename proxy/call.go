@@ -460,8 +460,9 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 			// metered after that (rare: an upstream that went on past its final event) is
 			// added first.
 			if c.talliedAs != nil {
-				if du, dc := st.Usage.Sub(c.talliedAs.Usage), st.CostMicro-c.talliedAs.CostMicro; dc != 0 || du != (pricing.Usage{}) {
-					s.correctTally(ctx, c, st, du, dc)
+				du, dc, dEst := st.Usage.Sub(c.talliedAs.Usage), st.CostMicro-c.talliedAs.CostMicro, estimatedCalls(st)-estimatedCalls(*c.talliedAs)
+				if dc != 0 || dEst != 0 || du != (pricing.Usage{}) {
+					s.correctTally(ctx, c, st, du, dc, dEst)
 				}
 			}
 			s.settle(ctx, c, st)
@@ -576,11 +577,11 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 	var err error
 	switch {
 	case c.reserving:
-		err = s.budgets.Release(tctx, c.runID, c.callID, st.Usage, st.CostMicro)
+		err = s.budgets.Release(tctx, c.runID, c.callID, st.Usage, st.CostMicro, st.Estimated)
 	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
 		err = s.tally.MarkUnused(tctx, c.runID)
 	default:
-		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro)
+		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated)
 	}
 	if err != nil {
 		s.tallyFailed(c, st, err)
@@ -599,13 +600,22 @@ func (c *call) wholeOutcome() outcome {
 }
 
 // correctTally adds to a call's tally what its settlement found beyond what tallyWithFingerprint
-// wrote (du and dc may be negative: a later usage report replaces an earlier one).
-func (s *Server) correctTally(ctx context.Context, c *call, st holds.Settlement, du pricing.Usage, dc int64) {
+// wrote (du, dc and dEst may be negative: a later usage report replaces an earlier one, or an
+// estimate).
+func (s *Server) correctTally(ctx context.Context, c *call, st holds.Settlement, du pricing.Usage, dc, dEst int64) {
 	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := s.tally.Correct(tctx, c.runID, du, dc); err != nil {
+	if err := s.tally.Correct(tctx, c.runID, du, dc, dEst); err != nil {
 		s.tallyFailed(c, st, err)
 	}
+}
+
+// estimatedCalls is how a call's settlement counts in its tally's estimated calls.
+func estimatedCalls(st holds.Settlement) int64 {
+	if st.Estimated {
+		return 1
+	}
+	return 0
 }
 
 // tallyFailed counts and logs a tally write that failed.

@@ -95,7 +95,7 @@ func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Set
 	c.fpKey = ""
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	err := s.tally.AddWith(ctx, c.runID, st.Usage, st.CostMicro, func(p redis.Pipeliner) {
+	err := s.tally.AddWith(ctx, c.runID, st.Usage, st.CostMicro, st.Estimated, func(p redis.Pipeliner) {
 		endScript.Eval(ctx, p, []string{key}, c.runID)
 	})
 	c.tallied = true

@@ -13,7 +13,6 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering"
-	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -33,9 +32,9 @@ func (c blipConn) Write(b []byte) (int, error) {
 
 type tallyUsage struct{ t *metering.Tally }
 
-func (u tallyUsage) Tallied(ctx context.Context, runID string) (pricing.Usage, int64, int64, bool, error) {
+func (u tallyUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	tl, found, err := u.t.Get(ctx, runID)
-	return tl.Usage, tl.CostMicro, tl.Calls, found, err
+	return holds.RunTally{Usage: tl.Usage, CostMicro: tl.CostMicro, Calls: tl.Calls, Estimated: tl.EstimatedCalls > 0}, found, err
 }
 
 type noLeases struct{}

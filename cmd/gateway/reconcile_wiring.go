@@ -20,12 +20,12 @@ import (
 // tallySource reads runs' tallies for the reconciler.
 type tallySource struct{ t *metering.Tally }
 
-func (s tallySource) Tallied(ctx context.Context, runID string) (pricing.Usage, int64, int64, bool, error) {
+func (s tallySource) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	t, found, err := s.t.Get(ctx, runID)
 	if err != nil {
-		return pricing.Usage{}, 0, 0, false, err
+		return holds.RunTally{}, false, err
 	}
-	return t.Usage, t.CostMicro, t.Calls, found, nil
+	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0}, found, nil
 }
 
 // leaseChecker reads leases by key alone. It is not metering.Leases, whose heartbeat and
