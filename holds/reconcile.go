@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -351,9 +352,10 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 	// The tally is Redis's word, not the ledger's: a negative figure in it (a correction whose
 	// tally was lost, a hand edit) is no record of what the run used, and the store refuses a
 	// negative cost by panicking — in this goroutine, the whole process, on every pass. Such a
-	// run's usage is lost: settled as one without a tally.
-	if found && (cost < 0 || calls < 0 || usage.Input < 0 || usage.CacheRead < 0 || usage.CacheWrite < 0 || usage.Output < 0) {
-		log.Error("reconcile: the run's tally holds negative figures; settling it as a run without one — someone should look",
+	// run's usage is lost: settled as one without a tally. So is a call count past the column
+	// that records it (no run makes 2³¹ calls), which failed the settlement on every pass.
+	if found && (cost < 0 || calls < 0 || calls > math.MaxInt32 || usage.Input < 0 || usage.CacheRead < 0 || usage.CacheWrite < 0 || usage.Output < 0) {
+		log.Error("reconcile: the run's tally holds impossible figures; settling it as a run without one — someone should look",
 			zap.Int64("cost_micro", cost), zap.Int64("calls", calls), zap.Int64("in_tok", usage.Input),
 			zap.Int64("out_tok", usage.Output), zap.Int64("cache_read_tok", usage.CacheRead), zap.Int64("cache_write_tok", usage.CacheWrite))
 		usage, cost, calls, found = pricing.Usage{}, 0, 0, false

@@ -42,3 +42,26 @@ func TestReconcileTallyWithNegativeFiguresDoesNotPanic(t *testing.T) {
 		t.Fatalf("run %+v: want reconcile_hold at held %d", r, h.HeldMicro)
 	}
 }
+
+// TestReconcileTallyWithCallsPastTheColumnDoesNotStallTheRun: a tally whose call count no run
+// can reach (a hand edit, a corrupted key: past the INT column that records it) made every
+// reconcile pass's settlement of the run fail on the column's range, so the run stayed live,
+// its hold counted against the user, for as long as the tally lived (48 h). Such a tally is no
+// record of what the run used: settled as a run without one.
+func TestReconcileTallyWithCallsPastTheColumnDoesNotStallTheRun(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("bigtally", 3, nil)
+	h := e.admit(u, "r_big_tally", holds.StateRunning)
+	e.addTally(h.RunID, pricing.Usage{Input: 10, Output: 10}, 100)
+	if err := e.rdb.HSet(e.ctx(), e.keys.Usage(h.RunID), "calls", int64(1)<<40).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.expire(h.RunID)
+	st, err := e.pass(e.reconciler("me", nil))
+	if err != nil || st.ChargedHeld != 1 || st.ChargedMicro != h.HeldMicro {
+		t.Fatalf("pass: %+v, %v; want the run charged its hold %d", st, err, h.HeldMicro)
+	}
+	if r := e.run(u, h.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold {
+		t.Fatalf("run %+v: want reconcile_hold at held %d", r, h.HeldMicro)
+	}
+}
