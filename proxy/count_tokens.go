@@ -86,7 +86,8 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	resp, err := s.client.Do(up)
 	if err != nil {
 		if clientGone(r) {
-			return statusClientClosed
+			// A caller that only half-closed still reads: unanswered, it got 200 and no count.
+			return answerClientClosed(w, r)
 		}
 		log.Warn("upstream request failed", zap.String("upstream", m.upstream.Name), zap.Error(err))
 		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable", Message: "The upstream could not be reached."}

@@ -1,9 +1,12 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -267,5 +270,36 @@ func TestCountTokensRelaysOnlyACount(t *testing.T) {
 		if resp.StatusCode != tc.status || strings.Contains(body, story) || !strings.Contains(body, tc.want) {
 			t.Errorf("%s: %d %s; want %d with %s and none of what the upstream generated", tc.name, resp.StatusCode, body, tc.status, tc.want)
 		}
+	}
+}
+
+// TestCountTokensHalfClosedCallerIsNotAnswered200: net/http takes a caller that half-closes
+// its connection once its request is sent for one that left, and cancels the count, though
+// that caller still reads. Left unanswered, the count went out as 200 with an empty body:
+// Claude Code falls back on its own estimate only for a non-2xx, and read no count at all.
+// It gets 499 client_closed_request, as a model call does.
+func TestCountTokensHalfClosedCallerIsNotAnswered200(t *testing.T) {
+	u := &countUpstream{arrived: make(chan struct{}, 1), gate: make(chan struct{})}
+	h := countHarness(t, u)
+	t.Cleanup(func() { close(u.gate) })
+	_, key := h.user("standard")
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.gw.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	body := `{"model":"claude-test","messages":[]}`
+	fmt.Fprintf(c, "POST /v1/messages/count_tokens HTTP/1.1\r\nHost: gw\r\nX-Api-Key: %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
+	u.wait(t)
+	_ = c.(*net.TCPConn).CloseWrite()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := readAll(t, resp.Body)
+	if resp.StatusCode != 499 || !strings.Contains(string(answer), "client_closed_request") {
+		t.Fatalf("a half-closed caller's count got %d %q, want 499 client_closed_request", resp.StatusCode, answer)
 	}
 }
