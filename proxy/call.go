@@ -49,7 +49,11 @@ type call struct {
 	// budget under callID (reserveRunBudget); its tally gives it back.
 	reserving bool
 	callID    string
-	tallied   bool // tallyBeforeAnswer or tallyWithFingerprint has run
+	// tallied: the call's tally must not be written again. For a named run's call the write
+	// landed (finish retries one that did not); a plain call's one attempt
+	// (tallyWithFingerprint) counts however it went, as a retry after a lost reply would count
+	// the call twice.
+	tallied bool
 	// talliedAs is what tallyWithFingerprint wrote, nil if the write failed (it may or may not
 	// have landed): the call's tally is corrected by what its settlement finds beyond it
 	// (usage reported after a stream's final event), never on top of a write that may be missing.
@@ -538,8 +542,9 @@ func (s *Server) answerFinal(ctx context.Context, c *call) {
 }
 
 // tallyBeforeAnswer tallies a call of a named run whose answer is complete (or broken off, its
-// error event still to go) but whose end the caller has not been sent yet: a caller that settles its run the moment the answer ends must
-// find the call in the run's tally, not get 409 run_busy for a call it saw finish.
+// error event still to go) but whose end the caller has not been sent yet: a caller that
+// settles its run the moment the answer ends must find the call in the run's tally, not get
+// 409 run_busy for a call it saw finish.
 func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 	ctx = context.WithoutCancel(ctx)
 	st := s.settlementOf(c)

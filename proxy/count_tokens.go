@@ -19,9 +19,9 @@ import (
 // its context is (to decide when to compact it), and only falls back on its own estimate when
 // the answer is not a 2xx. The provider does not bill it, so the gateway forwards it — no
 // hold, no metering, no charge — to the Anthropic upstream that serves the model, with the
-// gateway's key, and relays the count alone (countOf). It is refused as a model call would be (bad key, unpriced model, a model
-// no Anthropic upstream serves, a body that is not a JSON object), so a caller cannot use it
-// to reach an upstream it could not call.
+// gateway's key, and relays the count alone (countOf). It is refused as a model call would be
+// (bad key, unpriced model, a model no Anthropic upstream serves, a body that is not a JSON
+// object), so a caller cannot use it to reach an upstream it could not call.
 const countTokensPath = anthropicPath + "/count_tokens"
 
 // maxCountsInFlight bounds a caller's token counts in flight in one process. A count takes no

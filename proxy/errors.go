@@ -28,8 +28,9 @@ type apiError struct {
 	NoRetry bool
 }
 
-// statusClientClosed is what a request whose caller left is counted as (nginx's 499): no
-// answer is sent, and the metrics and logs keep it apart from the gateway's own failures.
+// statusClientClosed is what a request whose caller left is counted as (nginx's 499), in the
+// metrics and logs apart from the gateway's own failures. It is also sent (answerClientClosed):
+// a caller that only half-closed still reads the answer.
 const statusClientClosed = 499
 
 // errClientClosed is a refusal for a caller that has left: refuse counts it and writes it to

@@ -254,7 +254,8 @@ func (s *Server) storeContext(ctx context.Context) (context.Context, context.Can
 }
 
 // Close stops the server's background work: the beat of run budget reservations, the key
-// lookup and the batch writer (after committing what is queued) and the session cancel bus. Call it after Drain at shutdown.
+// lookup and the batch writer (after committing what is queued) and the session cancel bus.
+// Call it after Drain at shutdown.
 func (s *Server) Close() error {
 	s.stopBeat()
 	<-s.beatDone

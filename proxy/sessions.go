@@ -259,8 +259,8 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) (*
 }
 
 // sessionClaimFailed refuses a call whose session claim failed (the caller logs the refusal,
-// with the error returned): billing is down, unless the
-// caller left while it waited (the failure is then its cancelled context).
+// with the error returned): billing is down, unless the caller left while it waited (the
+// failure is then its cancelled context).
 func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) (*apiError, error) {
 	c.outcome = outcomeRefused
 	if ctx.Err() != nil {
