@@ -498,12 +498,20 @@ func (s *Server) inBackground(fn func()) {
 	}
 }
 
+// tallyRetryFirst and tallyRetryMost are the first and the longest pause between tries of a
+// tally write that must land (markRunUnused, retryRunTally): Redis back from a blip is found
+// within a tenth of a second, one that is down is not asked more than every two.
+const (
+	tallyRetryFirst = 100 * time.Millisecond
+	tallyRetryMost  = 2 * time.Second
+)
+
 // markRunUnused writes a named run's zero tally, retrying for as long as a settlement would
 // (the writes are safe to repeat): without it a run nobody comes back to is charged its hold.
 func (s *Server) markRunUnused(ctx context.Context, runID string, log *zap.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+	for wait := tallyRetryFirst; ; wait = min(2*wait, tallyRetryMost) {
 		err := s.tally.MarkUnused(ctx, runID)
 		if err == nil {
 			return
@@ -522,7 +530,7 @@ func (s *Server) markRunUnused(ctx context.Context, runID string, log *zap.Logge
 // passed.
 func (s *Server) retryRunTally(ctx context.Context, c *call, st holds.Settlement) {
 	deadline := time.Now().Add(s.cfg.Limits.SettleTimeout)
-	for wait := 100 * time.Millisecond; time.Now().Before(deadline); wait = min(2*wait, 2*time.Second) {
+	for wait := tallyRetryFirst; time.Now().Before(deadline); wait = min(2*wait, tallyRetryMost) {
 		time.Sleep(wait)
 		if s.tallyCall(ctx, c, st) {
 			c.log.Info("run tally written on a later try")
@@ -571,13 +579,13 @@ func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 // settlement commits, the reconciler settles from the tally. It need not precede the
 // settlement: a committed settlement makes the tally moot, and one that fails leaves its run
 // to the reconciler only once its hold has expired (minutes), long after this write (bounded
-// here to 2 s) has landed or failed. Only a crash before the write lands loses it, the same
-// window as writing it first.
+// by tallyWriteTimeout) has landed or failed. Only a crash before the write lands loses it,
+// the same window as writing it first.
 //
 // A call that used nothing (refused, duplicate, upstream error) records that it used nothing:
 // without a tally the reconciler would charge a run whose release at 0 failed what it held.
 func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (ok bool) {
-	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	tctx, cancel := context.WithTimeout(ctx, tallyWriteTimeout)
 	defer cancel()
 	var err error
 	switch {
@@ -595,6 +603,11 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 	return true
 }
 
+// tallyWriteTimeout bounds one tally write. A call's own tally goes out after its answer (or
+// just before its end), so a Redis that hangs must not hold the call's settlement, or a
+// caller's next request, for longer than this.
+const tallyWriteTimeout = 2 * time.Second
+
 // wholeOutcome is how a call whose answer is whole ends: complete, unless the upstream reported
 // an error in it.
 func (c *call) wholeOutcome() outcome {
@@ -608,7 +621,7 @@ func (c *call) wholeOutcome() outcome {
 // wrote (du, dc and dEst may be negative: a later usage report replaces an earlier one, or an
 // estimate).
 func (s *Server) correctTally(ctx context.Context, c *call, st holds.Settlement, du pricing.Usage, dc, dEst int64) {
-	tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	tctx, cancel := context.WithTimeout(ctx, tallyWriteTimeout)
 	defer cancel()
 	if err := s.tally.Correct(tctx, c.runID, du, dc, dEst); err != nil {
 		s.tallyFailed(c, st, err)

@@ -60,6 +60,11 @@ var endScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)
 
+// claimReleaseTimeout bounds giving back what a call claimed against duplicates (its
+// fingerprint, its session's running mark: answerFinal): it is done before the end of the
+// call's answer goes out, so the caller waits for it. One not given back lapses on its own.
+const claimReleaseTimeout = time.Second
+
 // endFingerprint gives back the fingerprint of a plain call whose answer is final, before
 // that answer's end reaches the caller: the hold is settled only afterwards, in the
 // background, and a caller that asks the same again the moment it has its answer must not be
@@ -70,7 +75,7 @@ func (s *Server) endFingerprint(ctx context.Context, c *call) {
 	}
 	key := c.fpKey
 	c.fpKey = ""
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimReleaseTimeout)
 	defer cancel()
 	if err := endScript.Run(ctx, s.dedupRDB, []string{key}, c.runID).Err(); err != nil {
 		c.log.Warn("fingerprint not given back; it lapses with the window", zap.Error(err))
@@ -93,7 +98,7 @@ func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Set
 	}
 	key := c.fpKey
 	c.fpKey = ""
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimReleaseTimeout)
 	defer cancel()
 	err := s.tally.AddWith(ctx, c.runID, st.Usage, st.CostMicro, st.Estimated, func(p redis.Pipeliner) {
 		endScript.Eval(ctx, p, []string{key}, c.runID)
@@ -107,6 +112,11 @@ func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Set
 	c.talliedAs = &st
 }
 
+// maxFingerprintRounds bounds fingerprint's tries when the key keeps changing between its
+// commands (expired, or taken over by another resend): past it the check fails, which
+// dedup.fail_open decides, rather than spin.
+const maxFingerprintRounds = 4
+
 // fingerprint is the duplicate window for requests that carry neither an Idempotency-Key nor
 // a session (DESIGN §6): SET dedup:{user}:{sha256(body)} <run_id> NX PX window. It returns the
 // run a request duplicates, or "" when this request registered itself and may run.
@@ -119,7 +129,7 @@ func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Set
 func (s *Server) fingerprint(ctx context.Context, userID uint64, bodyHash, runID string) (string, error) {
 	key := s.keys.Dedup(userID, bodyHash)
 	window := s.cfg.Dedup.Window
-	for range 4 {
+	for range maxFingerprintRounds {
 		ok, err := s.dedupRDB.SetNX(ctx, key, runID, window).Result()
 		if err != nil {
 			return "", fmt.Errorf("fingerprint: %w", err)

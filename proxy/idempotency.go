@@ -157,6 +157,11 @@ func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int) err
 	return advanceScript.Run(ctx, s.dedupRDB, []string{ic.record}, attempt, s.cfg.Dedup.ReplayTTL.Milliseconds()).Err()
 }
 
+// maxIdemRounds bounds admitIdempotent's reads of a key's record when each finds its attempt
+// just settled and moves past it: a key retried that fast is answered 409
+// request_in_progress (retry) rather than spun on.
+const maxIdemRounds = 4
+
 // admitIdempotent admits the current attempt of an idempotent request, or answers the request
 // itself: a replay, 409 request_in_progress, 422 for a reused key. answered is the status sent,
 // 0 when the caller goes on with the returned hold (ar.RunID is then the attempt's run id).
@@ -178,7 +183,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 		writeError(w, e)
 		return holds.Hold{}, e.Status
 	}
-	for range 4 {
+	for range maxIdemRounds {
 		rec, err := s.readIdem(ctx, ic)
 		if err != nil {
 			if !s.cfg.Dedup.FailOpen || ctx.Err() != nil {

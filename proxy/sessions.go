@@ -212,7 +212,7 @@ func (s *Server) endSessionCall(ctx context.Context, c *call) {
 		return
 	}
 	c.sessionClaimed = false
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimReleaseTimeout)
 	defer cancel()
 	if err := s.dedupRDB.Set(ctx, s.keys.SessionDone(c.runID), "1", s.cfg.Holds.HoldTTL).Err(); err != nil {
 		c.log.Warn("session call's end not marked; the same message again is already_running until it settles", zap.Error(err))
