@@ -362,7 +362,7 @@ func (s *Server) answerSuperseded(c *call) int {
 	if isEventStream(rw.Header().Get("Content-Type")) {
 		rc := http.NewResponseController(rw)
 		bound := s.boundWrites(rc)
-		_ = bound.write(rw, streamErrorEvent(c.req.route.format, errSupersededAnswer))
+		_, _ = bound.write(rw, streamErrorEvent(c.req.route.format, errSupersededAnswer))
 		_ = rc.Flush()
 	}
 	return rw.status

@@ -213,7 +213,8 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	sc := metering.NewScanner(resp.Body, s.cfg.Limits.MaxEventBytes)
 	firstOut := true
 	writeEvent := func(raw []byte) bool {
-		ok := bound.write(w, raw) == nil && rc.Flush() == nil
+		_, err := bound.write(w, raw)
+		ok := err == nil && rc.Flush() == nil
 		if ok && firstOut {
 			firstOut = false
 			s.metrics.firstEventPhase.Observe(time.Since(headers).Seconds())
@@ -439,7 +440,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	bound := s.boundWrites(rc)
 	bound.next()
 	w.WriteHeader(resp.StatusCode)
-	if err := bound.write(w, body); err != nil && c.outcome == outcomeComplete && !c.idemPinned {
+	if _, err := bound.write(w, body); err != nil && c.outcome == outcomeComplete && !c.idemPinned {
 		// Only a complete answer becomes a cancel: an upstream error stays one (what it is
 		// charged, possibly nothing, was tallied above, before the answer went out); a
 		// pinned one stays complete, as its record says (see relayStream).
@@ -680,17 +681,21 @@ func (s *Server) boundWrites(rc *http.ResponseController) *writeBound {
 // time a large answer takes to reach a slow client that keeps reading.
 const writePiece = 64 << 10
 
-// write writes p in pieces, each with at least half the timeout.
-func (b *writeBound) write(w io.Writer, p []byte) error {
+// write writes p to w in pieces, each with at least half the timeout, and returns how much
+// of p was written, as io.Writer does.
+func (b *writeBound) write(w io.Writer, p []byte) (int, error) {
+	written := 0
 	for len(p) > 0 {
 		n := min(len(p), writePiece)
 		b.next()
-		if _, err := w.Write(p[:n]); err != nil {
-			return err
+		m, err := w.Write(p[:n])
+		written += m
+		if err != nil {
+			return written, err
 		}
 		p = p[n:]
 	}
-	return nil
+	return written, nil
 }
 
 // next makes sure the coming write has at least half the timeout.
@@ -749,7 +754,7 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 		bound := s.boundWrites(http.NewResponseController(w))
 		bound.next()
 		w.WriteHeader(resp.StatusCode)
-		_ = bound.write(w, body)
+		_, _ = bound.write(w, body)
 		return resp.StatusCode
 	}
 	// The provider's failure, in the gateway's words: what it said about retrying (an

@@ -308,7 +308,7 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 	bound := s.boundWrites(http.NewResponseController(w))
 	bound.next()
 	w.WriteHeader(rec.status)
-	_ = bound.write(w, []byte(resp))
+	_, _ = bound.write(w, []byte(resp))
 	return rec.status, nil
 }
 

@@ -224,20 +224,7 @@ type boundReplyWriter struct {
 	bound *writeBound
 }
 
-func (w *boundReplyWriter) Write(p []byte) (int, error) {
-	written := 0
-	for len(p) > 0 {
-		n := min(len(p), writePiece)
-		w.bound.next()
-		m, err := w.ResponseWriter.Write(p[:n])
-		written += m
-		if err != nil {
-			return written, err
-		}
-		p = p[n:]
-	}
-	return written, nil
-}
+func (w *boundReplyWriter) Write(p []byte) (int, error) { return w.bound.write(w.ResponseWriter, p) }
 
 func (w *boundReplyWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
