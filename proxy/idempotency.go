@@ -204,12 +204,12 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			if rec.large {
 				return holds.Hold{}, answer(errReplayTooLarge(rec.run, s.cfg.Dedup.MaxReplayLen), false)
 			}
-			if status, err := s.replay(ctx, w, ic, rec); err == nil {
-				log.Info("idempotent request replayed", zap.String("of_run", rec.run))
-				return holds.Hold{}, status
-			} else {
+			status, err := s.replay(ctx, w, ic, rec)
+			if err != nil {
 				return fail(errDedupDown, "stored answer unreadable", err)
 			}
+			log.Info("idempotent request replayed", zap.String("of_run", rec.run))
+			return holds.Hold{}, status
 		}
 		ic.attempt = rec.attempt
 		ar.RunID = idempotentRunID(ic.userID, ic.key, rec.attempt)
@@ -231,23 +231,12 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			if rec2, err := s.readIdem(ctx, ic); err == nil && rec2.run == "" && !rec2.superseded && rec2.attempt == rec.attempt {
 				if rec2.bodyHash == "" {
 					// No record of the key at all, yet its attempt ran: Redis lost the record (a
-					// restart, a failover). An attempt that ended complete pinned the key; it
-					// must not run, nor be charged, again.
-					sctx, cancel := s.storeContext(ctx)
-					run, err := s.store.Run(sctx, ic.userID, ar.RunID)
-					cancel()
+					// restart, a failover).
+					pinned, err := s.attemptPinned(ctx, ic.userID, ar.RunID)
 					if err != nil {
 						return fail(errBillingDown, "idempotent attempt unreadable", err)
 					}
-					// Pinned as finishIdem pins: complete, or a stream that broke after output. A
-					// record gone because replay_ttl passed since the attempt ended expired; the
-					// key is then free, as it was before (README: replayed for replay_ttl).
-					src := run.SettleSource.String
-					pinned := src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0)
-					// Measured by the database clock, which settled_at is on, not the gateway's.
-					settledFor, settled := run.SettledFor()
-					expired := settled && settledFor >= s.cfg.Dedup.ReplayTTL
-					if pinned && !expired {
+					if pinned {
 						return holds.Hold{}, answer(errReplayLost(ar.RunID), false)
 					}
 				}
@@ -269,6 +258,26 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 	return holds.Hold{}, answer(errRequestInProgress(ar.RunID), true)
 }
 
+// attemptPinned reports whether the settled attempt runID of a key whose record Redis lost
+// had pinned the key, by its run's row: an attempt that ended complete must not run, nor be
+// charged, again. Pinned as finishIdem pins: complete, or a stream that broke after output. A
+// record gone because replay_ttl passed since the attempt ended expired; the key is then
+// free, as it was before (README: replayed for replay_ttl).
+func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string) (bool, error) {
+	sctx, cancel := s.storeContext(ctx)
+	defer cancel()
+	run, err := s.store.Run(sctx, userID, runID)
+	if err != nil {
+		return false, err // names the run already
+	}
+	src := run.SettleSource.String
+	pinned := src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0)
+	// Measured by the database clock, which settled_at is on, not the gateway's.
+	settledFor, settled := run.SettledFor()
+	expired := settled && settledFor >= s.cfg.Dedup.ReplayTTL
+	return pinned && !expired, nil
+}
+
 // startIdem records the body the key was first used with.
 func (s *Server) startIdem(ctx context.Context, ic *idemCall) error {
 	_, err := s.dedupRDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -283,7 +292,7 @@ func (s *Server) startIdem(ctx context.Context, ic *idemCall) error {
 func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall, rec idemRecord) (int, error) {
 	v, err := s.dedupRDB.HMGet(ctx, ic.record, "ctype", "resp", "hdrs").Result()
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("read stored answer: %w", err)
 	}
 	ctype, _ := v[0].(string)
 	resp, _ := v[1].(string)
