@@ -246,40 +246,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			}
 		}
 		if err != nil {
-			switch {
-			case errors.Is(err, io.EOF), sawFinal:
-				c.outcome = outcomeComplete
-			case clientGone(r):
-				c.outcome = outcomeCancel
-				if !errors.Is(context.Cause(r.Context()), errSuperseded) {
-					// Said in the stream, as any break is: a caller that only half-closed
-					// still reads, and saw a clean end of a cut answer (see
-					// answerClientClosed). A superseded call is told by answerSuperseded.
-					_ = writeEvent(streamErrorEvent(c.req.route.format, errClientClosed))
-				}
-			default:
-				c.outcome = outcomeStreamError
-				c.log.Warn("upstream stream broke", zap.Error(err))
-				e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
-					Message: "The upstream stream broke before the answer was complete."}
-				if isTimeout(err) {
-					e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
-						Message: "The upstream did not finish the answer in time."}
-				}
-				// The error event is the last the caller gets: what the call claimed against
-				// duplicates is given back, an answer that pins its Idempotency-Key is
-				// recorded, and a call of a named run is tallied (its reservation given back),
-				// before it is sent, as for a clean end: a settle sent the moment the caller
-				// has the event must charge the call, not find it still in flight (409
-				// run_busy).
-				s.answerFinal(r.Context(), c)
-				if c.inRun {
-					s.tallyBeforeAnswer(r.Context(), c)
-				}
-				last := streamErrorEvent(c.req.route.format, e)
-				s.pinBeforeAnswer(r.Context(), c, c.outcome, resp.StatusCode, last)
-				_ = writeEvent(last)
-			}
+			s.endStream(r, c, err, sawFinal, resp.StatusCode, writeEvent)
 			break
 		}
 		switch {
@@ -349,6 +316,45 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		_ = writeEvent(held)
 	}
 	return resp.StatusCode
+}
+
+// endStream sets how a stream that stopped with err (io.EOF: a clean end) ended and, when it
+// broke before its final event, says so in the stream (writeEvent): the caller must not read a
+// clean end of a cut answer. status is the upstream's, which a pinned Idempotency-Key keeps.
+func (s *Server) endStream(r *http.Request, c *call, err error, sawFinal bool, status int, writeEvent func([]byte) bool) {
+	switch {
+	case errors.Is(err, io.EOF), sawFinal:
+		c.outcome = outcomeComplete
+	case clientGone(r):
+		c.outcome = outcomeCancel
+		if !errors.Is(context.Cause(r.Context()), errSuperseded) {
+			// Said in the stream, as any break is: a caller that only half-closed still reads,
+			// and saw a clean end of a cut answer (see answerClientClosed). A superseded call
+			// is told by answerSuperseded.
+			_ = writeEvent(streamErrorEvent(c.req.route.format, errClientClosed))
+		}
+	default:
+		c.outcome = outcomeStreamError
+		c.log.Warn("upstream stream broke", zap.Error(err))
+		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+			Message: "The upstream stream broke before the answer was complete."}
+		if isTimeout(err) {
+			e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
+				Message: "The upstream did not finish the answer in time."}
+		}
+		// The error event is the last the caller gets: what the call claimed against duplicates
+		// is given back, an answer that pins its Idempotency-Key is recorded, and a call of a
+		// named run is tallied (its reservation given back), before it is sent, as for a clean
+		// end: a settle sent the moment the caller has the event must charge the call, not
+		// find it still in flight (409 run_busy).
+		s.answerFinal(r.Context(), c)
+		if c.inRun {
+			s.tallyBeforeAnswer(r.Context(), c)
+		}
+		last := streamErrorEvent(c.req.route.format, e)
+		s.pinBeforeAnswer(r.Context(), c, c.outcome, status, last)
+		_ = writeEvent(last)
+	}
 }
 
 // finalGrace is how long a call waits, after its stream's final event, for the upstream to
