@@ -178,7 +178,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		idem = &idemCall{key: idemKey, userID: user.ID, bodyHash: bodyHash, body: body}
 		idem.record = s.keys.Replay(idempotentRunID(user.ID, idemKey, 0))
 		var answered int
-		hold, answered = s.admitIdempotent(w, r, idem, &ar, log)
+		hold, answered = s.admitIdempotent(w, r, idem, &ar, callLog)
 		idem.body = nil // the call keeps its record's name, not its body, until it settles
 		if answered != 0 {
 			return answered

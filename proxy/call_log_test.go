@@ -14,6 +14,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -136,4 +139,38 @@ func observedGateway(h *harness, log *zap.Logger, dedup redis.UniversalClient) s
 		_ = srv.Close()
 	})
 	return gw.URL
+}
+
+// TestLostIdempotentAdmissionLogNamesItsHold: an Idempotency-Key request's admission commits
+// and its reply is lost, so its hold is released in the background. The money log's lines
+// about that release must name the hold's run (the key's attempt), not the random id the
+// request was given on arrival and never admitted under: an operator tracing an admit_lost
+// row, or a release that failed and left a hold to the reconciler, found no line for it.
+func TestLostIdempotentAdmissionLogNamesItsHold(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	db, err := holds.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	h := newHarnessOn(t, harnessSetup{db: db, log: zap.New(core)}, func(c *config.Config) {
+		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = time.Second, time.Second
+	})
+	u, key := h.user("standard")
+	postWithLostAdmission(h, lossy, key, map[string]string{proxy.IdempotencyKeyHeader: "lost-" + testenv.RandomID(4)})
+	h.settled()
+	var runID string
+	if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	lines := logs.Filter(func(e observer.LoggedEntry) bool { return strings.Contains(e.Message, "admission") }).All()
+	if len(lines) == 0 {
+		t.Fatal("no log line about the lost admission")
+	}
+	for _, l := range lines {
+		if got := l.ContextMap()["run_id"]; got != runID {
+			t.Errorf("%q names run %v, want the hold's %s", l.Message, got, runID)
+		}
+	}
 }

@@ -165,8 +165,11 @@ const maxIdemRounds = 4
 // admitIdempotent admits the current attempt of an idempotent request, or answers the request
 // itself: a replay, 409 request_in_progress, 422 for a reused key. answered is the status sent,
 // 0 when the caller goes on with the returned hold (ar.RunID is then the attempt's run id).
-func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *idemCall, ar *holds.AdmitRequest, log *zap.Logger) (holds.Hold, int) {
+// callLog is the request's logger without a run id: a line names the run ar.RunID names at
+// the time, the attempt's once it is known (a lost admission's release is of that run).
+func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *idemCall, ar *holds.AdmitRequest, callLog *zap.Logger) (holds.Hold, int) {
 	ctx := r.Context()
+	log := callLog.WithLazy(zap.String("run_id", ar.RunID))
 	answer := func(e *apiError, retry bool) int {
 		logRefusal(log, e, "idempotent request answered without running", nil, zap.String("of_run", e.RunID))
 		s.writeDuplicate(w, e, retry)
@@ -213,6 +216,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 		}
 		ic.attempt = rec.attempt
 		ar.RunID = idempotentRunID(ic.userID, ic.key, rec.attempt)
+		log = callLog.WithLazy(zap.String("run_id", ar.RunID))
 		hold, err := s.writer.Admit(ctx, *ar)
 		switch {
 		case err == nil && hold.Existing:
