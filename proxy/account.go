@@ -166,7 +166,7 @@ func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
 		view["estimated"] = run.Estimated
 		view["settle_source"] = run.SettleSource.String
 		view["settled_at"] = run.SettledAt.Time
-	} else if t, found, err := s.tally.Get(r.Context(), run.RunID); err == nil && found {
+	} else if t, found, err := s.readTally(r.Context(), run.RunID); err == nil && found {
 		// The row's record of ended calls, when it costs more (a tally that lost calls to a
 		// Redis restart), is what a settlement would charge: show that, as it does.
 		if ru, rc, rn, rfound := run.Recorded(); rfound && rc > t.CostMicro {

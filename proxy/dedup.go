@@ -130,14 +130,18 @@ func (s *Server) fingerprint(ctx context.Context, userID uint64, bodyHash, runID
 	key := s.keys.Dedup(userID, bodyHash)
 	window := s.cfg.Dedup.Window
 	for range maxFingerprintRounds {
-		ok, err := s.dedupRDB.SetNX(ctx, key, runID, window).Result()
+		rctx, cancel := redisStep(ctx)
+		ok, err := s.dedupRDB.SetNX(rctx, key, runID, window).Result()
+		cancel()
 		if err != nil {
 			return "", fmt.Errorf("fingerprint: %w", err)
 		}
 		if ok {
 			return "", nil
 		}
-		orig, err := s.dedupRDB.Get(ctx, key).Result()
+		rctx, cancel = redisStep(ctx)
+		orig, err := s.dedupRDB.Get(rctx, key).Result()
+		cancel()
 		if errors.Is(err, redis.Nil) {
 			continue // expired between the two commands
 		}
@@ -157,7 +161,9 @@ func (s *Server) fingerprint(ctx context.Context, userID uint64, bodyHash, runID
 		if live {
 			return orig, nil
 		}
-		n, err := takeOverScript.Run(ctx, s.dedupRDB, []string{key}, orig, runID, window.Milliseconds()).Int()
+		rctx, cancel = redisStep(ctx)
+		n, err := takeOverScript.Run(rctx, s.dedupRDB, []string{key}, orig, runID, window.Milliseconds()).Int()
+		cancel()
 		if err != nil {
 			return "", fmt.Errorf("fingerprint take-over: %w", err)
 		}

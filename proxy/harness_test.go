@@ -62,6 +62,10 @@ type harnessSetup struct {
 	// redisDialer, if set, is how the gateway's main Redis client (run budgets, leases)
 	// connects.
 	redisDialer func(ctx context.Context, network, addr string) (net.Conn, error)
+	// contextTimeouts makes the redisDialer client honour its calls' context deadlines, as
+	// the gateway's own client does (cmd/gateway redisOptions): without it go-redis waits
+	// out its read timeout and retries whatever the deadline.
+	contextTimeouts bool
 	// log, if set, is the gateway's logger (default: the test's, warnings and above).
 	log *zap.Logger
 	// admin, if set, is served under /admin.
@@ -85,6 +89,7 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	if setup.redisDialer != nil {
 		opt := *h.rdb.Options()
 		opt.Dialer = setup.redisDialer
+		opt.ContextTimeoutEnabled = setup.contextTimeouts
 		h.rdb = redis.NewClient(&opt)
 		t.Cleanup(func() { h.rdb.Close() })
 	}

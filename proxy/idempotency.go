@@ -135,6 +135,8 @@ type idemRecord struct {
 }
 
 func (s *Server) readIdem(ctx context.Context, ic *idemCall) (idemRecord, error) {
+	ctx, cancel := redisStep(ctx)
+	defer cancel()
 	v, err := s.dedupRDB.HMGet(ctx, ic.record, "body", "attempt", "run", "status", "large", "superseded").Result()
 	if err != nil {
 		return idemRecord{}, fmt.Errorf("read idempotency record: %w", err)
@@ -154,6 +156,8 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1`)
 
 func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int) error {
+	ctx, cancel := redisStep(ctx)
+	defer cancel()
 	return advanceScript.Run(ctx, s.dedupRDB, []string{ic.record}, attempt, s.cfg.Dedup.ReplayTTL.Milliseconds()).Err()
 }
 
@@ -284,6 +288,8 @@ func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string)
 
 // startIdem records the body the key was first used with.
 func (s *Server) startIdem(ctx context.Context, ic *idemCall) error {
+	ctx, cancel := redisStep(ctx)
+	defer cancel()
 	_, err := s.dedupRDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.HSetNX(ctx, ic.record, "body", ic.bodyHash)
 		p.PExpire(ctx, ic.record, s.cfg.Dedup.ReplayTTL)

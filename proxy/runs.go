@@ -43,7 +43,9 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 	c.callID = token.New()
 	// The run's calls share one hold, so one slot of the user's max_in_flight: without a bound
 	// here a caller could run any number of calls at once under one name.
-	granted, err := s.budgets.ReserveAtMost(ctx, c.runID, c.callID, budget, want, least, max(c.hold.MaxInFlight, 1), c.hold.RecordedMicro)
+	rctx, cancel := redisStep(ctx)
+	granted, err := s.budgets.ReserveAtMost(rctx, c.runID, c.callID, budget, want, least, max(c.hold.MaxInFlight, 1), c.hold.RecordedMicro)
+	cancel()
 	switch {
 	case errors.Is(err, metering.ErrRunBudget):
 		return 0, errRunBudget, nil
@@ -178,7 +180,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		}
 		return holds.Settlement{}, "", errBillingDown
 	}
-	if t, found, err := s.tally.Get(ctx, run.RunID); err != nil {
+	if t, found, err := s.readTally(ctx, run.RunID); err != nil {
 		return unavailable("run tally unreadable", err)
 	} else if !found && run.Age() < s.maxCall() {
 		return holds.Settlement{}, "", errRunBusy
@@ -186,21 +188,26 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		// Redis lost calls of the run (a restart without persistence): the reservation of a
 		// call in flight went with them, and its lease is back only at its process's next
 		// heartbeat. Until then CloseRun would not see that call.
-		if err := s.budgets.AwaitRebuild(ctx, run.RunID); errors.Is(err, metering.ErrRunBusy) {
+		rctx, cancel := redisStep(ctx)
+		err := s.budgets.AwaitRebuild(rctx, run.RunID)
+		cancel()
+		if errors.Is(err, metering.ErrRunBusy) {
 			log.Warn("run's Redis record lost calls its row records; settling once its calls in flight are seen again")
 			return holds.Settlement{}, "", errRunBusy
 		} else if err != nil {
 			return unavailable("run not settled", err)
 		}
 	}
-	mark, err := s.budgets.CloseRun(ctx, run.RunID)
+	rctx, cancel := redisStep(ctx)
+	mark, err := s.budgets.CloseRun(rctx, run.RunID)
+	cancel()
 	if errors.Is(err, metering.ErrRunBusy) {
 		return holds.Settlement{}, "", errRunBusy
 	} else if err != nil {
 		// The close may have landed, its reply lost: unavailable reopens the run with its mark.
 		return unavailable("run not closed", err)
 	}
-	t, found, err := s.tally.Get(ctx, run.RunID)
+	t, found, err := s.readTally(ctx, run.RunID)
 	if err != nil {
 		return unavailable("run tally unreadable", err)
 	}
@@ -239,6 +246,13 @@ func (s *Server) settledOnRequest(st holds.Settlement, res holds.Settled, log *z
 		s.metrics.ReconcileHold.Inc()
 		log.Error("run settled on request without a tally: charged what it held", zap.Int64("charged_micro", res.ChargedMicro))
 	}
+}
+
+// readTally reads a run's tally for a caller's request, within redisStepTimeout.
+func (s *Server) readTally(ctx context.Context, runID string) (metering.Tallied, bool, error) {
+	ctx, cancel := redisStep(ctx)
+	defer cancel()
+	return s.tally.Get(ctx, runID)
 }
 
 // reopenRun lets a run's calls start again after its settlement failed (see

@@ -240,6 +240,20 @@ func (s *Server) storeContext(ctx context.Context) (context.Context, context.Can
 	return context.WithTimeout(ctx, s.cfg.Limits.AdmitTimeout)
 }
 
+// redisStepTimeout bounds one Redis step on a caller's path: the duplicate checks (a
+// fingerprint, an Idempotency-Key's record, a session's done mark), a named run's reservation
+// and its close for settlement, a tally read for /v1/runs. Past it the caller gets its 503
+// (dedup_unavailable, billing_unavailable) and its hold is released. Without it such a step
+// ended only at the Redis client's read timeout — 3 s a try by default, never with
+// read_timeout=-1 in REDIS_URL — while the caller held a hold and a max_in_flight slot. As
+// long as a tally write's bound: the same Redis, the same round trips.
+const redisStepTimeout = 2 * time.Second
+
+// redisStep bounds one Redis step of a caller's request by redisStepTimeout.
+func redisStep(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, redisStepTimeout)
+}
+
 // Close stops the server's background work: the beat of run budget reservations, the key
 // lookup and the batch writer (after committing what is queued) and the session cancel bus.
 // Call it after Drain at shutdown.

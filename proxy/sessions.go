@@ -233,7 +233,9 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) (*
 	if claim.Duplicate {
 		// The current run's hold is live, but its answer may be final already, its settlement
 		// still on its way: then the same message again is a new request (a regenerate).
-		done, err := s.dedupRDB.Exists(ctx, s.keys.SessionDone(claim.Current)).Result()
+		rctx, cancel := redisStep(ctx)
+		done, err := s.dedupRDB.Exists(rctx, s.keys.SessionDone(claim.Current)).Result()
+		cancel()
 		if err == nil && done == 1 {
 			sctx, cancel := s.storeContext(ctx)
 			claim, err = s.store.ClaimSessionPast(sctx, c.user.ID, sessionID, c.runID, sessionMessageHash(c.req.route.format, c.req.body), claim.Current)
