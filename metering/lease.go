@@ -175,7 +175,13 @@ func heartbeat(ctx context.Context, interval time.Duration, what string, refresh
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			if err := refresh(ctx); err != nil {
+			// Each beat ends by the next one's time: a beat Redis never answers (a client
+			// without a read timeout of its own, read_timeout=-1) kept every later beat from
+			// being sent, and the process's leases and reservations lapsed for good.
+			bctx, cancel := context.WithTimeout(ctx, interval)
+			err := refresh(bctx)
+			cancel()
+			if err != nil {
 				log.Warn("heartbeat failed", zap.String("of", what), zap.Error(err))
 			}
 		}

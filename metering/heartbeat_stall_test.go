@@ -1,0 +1,80 @@
+package metering_test
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering"
+)
+
+// stallingConn, once stalled is set, sends nothing more: a call waits for a reply that never
+// comes, as against a Redis that has hung.
+type stallingConn struct {
+	net.Conn
+	stalled *atomic.Bool
+}
+
+func (c *stallingConn) Write(b []byte) (int, error) {
+	if c.stalled.Load() {
+		return len(b), nil
+	}
+	return c.Conn.Write(b)
+}
+
+// TestHeartbeatSurvivesAHungBeat: a beat that Redis never answers ends at the next beat's
+// time, and the beats after it write the leases again once Redis is back. The beat ran on the
+// process's context alone: with a Redis client that does not time reads out itself
+// (read_timeout=-1 in REDIS_URL) a beat sent while Redis hung never returned, and no lease of
+// the process was written again — the reconciler then took its calls in flight for a killed
+// process's and charged their holds.
+func TestHeartbeatSurvivesAHungBeat(t *testing.T) {
+	base, prefix := testenv.Redis(t)
+	keys := metering.Keys{Prefix: prefix}
+	var stalled atomic.Bool
+	opt := *base.Options()
+	opt.ReadTimeout = -1 // no read deadline but the context's
+	opt.ContextTimeoutEnabled = true
+	opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &stallingConn{Conn: c, stalled: &stalled}, nil
+	}
+	rdb := redis.NewClient(&opt)
+	t.Cleanup(func() { rdb.Close() })
+
+	const interval = 100 * time.Millisecond
+	leases := metering.NewLeases(rdb, keys, "process-a", time.Second, interval, zap.NewNop())
+	leases.Acquire("x_hung")
+	stalled.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); leases.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(time.Second):
+			t.Error("the heartbeat did not stop within a second of its context's end")
+		}
+	})
+
+	time.Sleep(3 * interval) // a beat is sent, and hangs
+	stalled.Store(false)
+	deadline := time.Now().Add(20 * interval)
+	for base.Exists(context.Background(), keys.Lease("x_hung")).Val() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no lease written %v after Redis came back: the hung beat stopped the heartbeat", 20*interval)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
