@@ -74,6 +74,10 @@ const (
 	// reconcileItemTimeout bounds the work on one hold (Redis reads plus one settlement with its
 	// retries); a hold that takes longer is left for the next pass.
 	reconcileItemTimeout = 30 * time.Second
+	// reconcileLockTimeout bounds the request for the reconcile lock (one Redis round trip):
+	// past it the pass is skipped and the next tick asks again. Unbounded, a request Redis never
+	// answered (a client without a read timeout of its own) stopped the reconciler for good.
+	reconcileLockTimeout = 5 * time.Second
 )
 
 // ReconcilerConfig wires a Reconciler.
@@ -186,7 +190,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 
 // RunOnce takes the lock and, if this process won it, settles expired holds.
 func (r *Reconciler) RunOnce(ctx context.Context) (Stats, error) {
-	ok, err := r.cfg.Lock.TryLock(ctx)
+	lctx, cancel := context.WithTimeout(ctx, reconcileLockTimeout)
+	ok, err := r.cfg.Lock.TryLock(lctx)
+	cancel()
 	if err != nil {
 		return Stats{}, fmt.Errorf("reconcile: take lock: %w", err)
 	}
