@@ -735,15 +735,23 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
 	log.Warn("upstream refused the call", zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
 		zap.ByteString("body", body[:min(len(body), 512)]))
-	if len(body) > maxUpstreamErrorBody && resp.StatusCode >= 400 && resp.StatusCode < 500 &&
+	// An answer passed on cut would be JSON no client can parse; one in an encoding the gateway
+	// did not ask for (the transport decodes the gzip it asks for) is bytes it cannot read,
+	// nor keep the operator's account ids out of. The status stays, the words are the
+	// gateway's (the upstream's start is in the log line above), its retry advice (a 429's
+	// Retry-After) the provider's.
+	enc := resp.Header.Get("Content-Encoding")
+	tooLarge, encoded := len(body) > maxUpstreamErrorBody, enc != "" && !strings.EqualFold(enc, "identity")
+	if (tooLarge || encoded) && resp.StatusCode >= 400 && resp.StatusCode < 500 &&
 		resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden {
-		// Passed on cut, it would be JSON no client can parse: the status stays, the words are
-		// the gateway's (the upstream's start is in the log line above), its retry advice (a
-		// 429's Retry-After) the provider's.
+		why := fmt.Sprintf("over %d bytes", maxUpstreamErrorBody)
+		if !tooLarge {
+			why = "in an encoding the gateway did not ask for"
+		}
 		copyUpstreamHeaders(w.Header(), resp.Header, upstreamRetryHeaders)
 		writeError(w, &apiError{Status: resp.StatusCode, Type: "invalid_request_error", Code: "upstream_refused",
-			Message: fmt.Sprintf("The upstream refused the request with status %d; its error answer, over %d bytes, is not passed on.",
-				resp.StatusCode, maxUpstreamErrorBody)})
+			Message: fmt.Sprintf("The upstream refused the request with status %d; its error answer, %s, is not passed on.",
+				resp.StatusCode, why)})
 		return resp.StatusCode
 	}
 	switch {

@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"bytes"
+	"compress/flate"
 	"io"
 	"net/http"
 	"strconv"
@@ -160,5 +162,43 @@ func TestOperatorAccountNotNamedInRelayedErrors(t *testing.T) {
 	}
 	if n, err := strconv.Atoi(resp.Header.Get("Content-Length")); err != nil || n != len(body) {
 		t.Errorf("Content-Length %q for a body of %d bytes", resp.Header.Get("Content-Length"), len(body))
+	}
+}
+
+// TestEncodedUpstreamErrorIsWordedByTheGateway: an upstream 4xx in a Content-Encoding the
+// gateway did not ask for (a CDN's deflate or br) was relayed as it came, bytes and header:
+// the gateway could not read it, so the operator's organisation id in a rate-limit refusal
+// reached the caller inside it, unredacted, and a client without that decoder got bytes it
+// could not parse. It keeps its status and retry advice, worded by the gateway.
+func TestEncodedUpstreamErrorIsWordedByTheGateway(t *testing.T) {
+	const org = "org-AbCdEf0123456789ghIJklMN"
+	var packed bytes.Buffer
+	fw, err := flate.NewWriter(&packed, flate.BestSpeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(fw, `{"error":{"message":"Rate limit reached for fake-gpt in organization `+org+`.","type":"tokens","code":"rate_limit_exceeded"}}`)
+	fw.Close()
+	up := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "deflate")
+		w.Header().Set("Retry-After", "2")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write(packed.Bytes())
+	}
+	h := hostileHarness(t, up, nil)
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "2" {
+		t.Fatalf("status %d, Retry-After %q: want the upstream's 429 and its advice", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if enc := resp.Header.Get("Content-Encoding"); enc != "" {
+		t.Errorf("relayed with Content-Encoding %q: the gateway could not read what it passed on", enc)
+	}
+	if code := errorCode(t, body); code != "upstream_refused" {
+		t.Errorf("code %q, want upstream_refused (the gateway's words)", code)
 	}
 }
