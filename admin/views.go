@@ -102,8 +102,7 @@ func (v Views) Run(r holds.UserRun) map[string]any {
 	out := map[string]any{"object": "run", "id": r.RunID, "user": r.UserName, "state": r.State, "model": r.Model,
 		"held": c(r.HeldMicro), "cap": c(r.CapMicro), "discount_bp": r.DiscountBP,
 		"created_at": r.CreatedAt, "expires_at": r.ExpiresAt,
-		"usage": map[string]int64{"input": r.InTok, "cache_read": r.CacheReadTok, "cache_write": r.CacheWriteTok,
-			"output": r.OutTok, "calls": int64(r.Calls)}}
+		"usage": RunUsage(r.Usage(), int64(r.Calls))}
 	if r.ClientRunID.Valid {
 		out["name"] = r.ClientRunID.String
 	}
@@ -119,12 +118,22 @@ func (v Views) Run(r holds.UserRun) map[string]any {
 	return out
 }
 
+// RunUsage is a run's usage as the run views show it (the operator's, the CLI's and the
+// caller's own): the token totals and, apart, the parts of them a provider's invoice lists on
+// lines of their own — cache_write_1h of cache_write, audio_input of input, audio_output of
+// output (0 for a run settled before they were stored).
+func RunUsage(u pricing.Usage, calls int64) map[string]int64 {
+	return map[string]int64{"input": u.Input, "cache_read": u.CacheRead, "cache_write": u.CacheWrite, "output": u.Output,
+		"cache_write_1h": u.CacheWrite1h, "audio_input": u.AudioInput, "audio_output": u.AudioOutput, "calls": calls}
+}
+
 func (v Views) usageRow(r holds.UsageRow) map[string]any {
 	c := v.Credits
 	return map[string]any{"user": r.UserName, "day": r.Day, "model": r.Model, "runs": r.Runs, "charged_runs": r.ChargedRuns,
 		"estimated_runs": r.EstimatedRuns,
 		"calls":          r.Calls, "input_tokens": r.InTok, "cache_read_tokens": r.CacheReadTok, "cache_write_tokens": r.CacheWriteTok,
-		"output_tokens": r.OutTok, "cost": c(r.CostMicro), "charged": c(r.ChargedMicro),
+		"output_tokens": r.OutTok, "cache_write_1h_tokens": r.CacheWrite1hTok, "audio_input_tokens": r.AudioInTok,
+		"audio_output_tokens": r.AudioOutTok, "cost": c(r.CostMicro), "charged": c(r.ChargedMicro),
 		"allowance_part": c(r.AllowancePartMicro), "prepaid_part": c(r.PrepaidPartMicro)}
 }
 
@@ -146,7 +155,10 @@ func (v Views) Report(rep holds.UsageReport) map[string]any {
 // ReportCSVHeader names the CSV report's columns.
 var ReportCSVHeader = []string{"user", "day", "model", "runs", "charged_runs", "calls", "input_tokens",
 	"cache_read_tokens", "cache_write_tokens", "output_tokens", "cost", "charged", "allowance_part", "prepaid_part",
-	"estimated_runs"} // last: a column added after the others keeps their places in existing imports
+	// Columns added after the others come last, so that they keep their places in existing
+	// imports: the runs charged an estimate, then the parts of the token totals a provider's
+	// invoice lists apart.
+	"estimated_runs", "cache_write_1h_tokens", "audio_input_tokens", "audio_output_tokens"}
 
 // WriteReportCSV writes the report's rows as CSV with a header and no totals row, so a
 // spreadsheet's own sums are not doubled. Credits are exact decimals.
@@ -160,7 +172,8 @@ func (v Views) WriteReportCSV(w io.Writer, rep holds.UsageReport) error {
 	for _, r := range rep.Rows {
 		rec := []string{cellText(r.UserName), r.Day, cellText(r.Model), i(r.Runs), i(r.ChargedRuns), i(r.Calls), i(r.InTok),
 			i(r.CacheReadTok), i(r.CacheWriteTok), i(r.OutTok), c(r.CostMicro), c(r.ChargedMicro),
-			c(r.AllowancePartMicro), c(r.PrepaidPartMicro), i(r.EstimatedRuns)}
+			c(r.AllowancePartMicro), c(r.PrepaidPartMicro), i(r.EstimatedRuns), i(r.CacheWrite1hTok), i(r.AudioInTok),
+			i(r.AudioOutTok)}
 		if err := cw.Write(rec); err != nil {
 			return fmt.Errorf("csv row: %w", err)
 		}

@@ -416,12 +416,18 @@ type UsageRow struct {
 	ChargedRuns int64  `db:"charged_runs"` // of those, runs that charged anything (the ledger's run_count)
 	// EstimatedRuns: of Runs, those charged an estimate for at least one call (no usage report
 	// from the provider): their tokens are the gateway's count, not what the provider invoices.
-	EstimatedRuns      int64 `db:"estimated_runs"`
-	Calls              int64 `db:"calls"`
-	InTok              int64 `db:"in_tok"`
-	CacheReadTok       int64 `db:"cache_read_tok"`
-	CacheWriteTok      int64 `db:"cache_write_tok"`
-	OutTok             int64 `db:"out_tok"`
+	EstimatedRuns int64 `db:"estimated_runs"`
+	Calls         int64 `db:"calls"`
+	InTok         int64 `db:"in_tok"`
+	CacheReadTok  int64 `db:"cache_read_tok"`
+	CacheWriteTok int64 `db:"cache_write_tok"`
+	OutTok        int64 `db:"out_tok"`
+	// CacheWrite1hTok, AudioInTok and AudioOutTok are the parts of CacheWriteTok, InTok and
+	// OutTok that were one-hour cache writes, audio input and audio output, which a provider's
+	// invoice lists apart. Runs settled before migration 014 count 0 in them.
+	CacheWrite1hTok    int64 `db:"cache_write_1h_tok"`
+	AudioInTok         int64 `db:"audio_in_tok"`
+	AudioOutTok        int64 `db:"audio_out_tok"`
 	CostMicro          int64 `db:"cost_micro"`
 	ChargedMicro       int64 `db:"charged_micro"`
 	AllowancePartMicro int64 `db:"allowance_part_micro"`
@@ -438,6 +444,9 @@ func (u *UsageRow) add(r UsageRow) {
 	u.CacheReadTok += r.CacheReadTok
 	u.CacheWriteTok += r.CacheWriteTok
 	u.OutTok += r.OutTok
+	u.CacheWrite1hTok += r.CacheWrite1hTok
+	u.AudioInTok += r.AudioInTok
+	u.AudioOutTok += r.AudioOutTok
 	u.CostMicro += r.CostMicro
 	u.ChargedMicro += r.ChargedMicro
 	u.AllowancePartMicro += r.AllowancePartMicro
@@ -500,12 +509,16 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 		       SUM(h.runs) AS runs, SUM(h.charged_runs) AS charged_runs, SUM(h.estimated_runs) AS estimated_runs, SUM(h.calls) AS calls,
 		       SUM(h.in_tok) AS in_tok, SUM(h.cache_read_tok) AS cache_read_tok,
 		       SUM(h.cache_write_tok) AS cache_write_tok, SUM(h.out_tok) AS out_tok,
+		       SUM(h.cache_write_1h_tok) AS cache_write_1h_tok, SUM(h.audio_in_tok) AS audio_in_tok,
+		       SUM(h.audio_out_tok) AS audio_out_tok,
 		       SUM(h.cost_micro) AS cost_micro, SUM(h.charged_micro) AS charged_micro,
 		       SUM(h.allowance_part_micro) AS allowance_part_micro, SUM(h.prepaid_part_micro) AS prepaid_part_micro
 		FROM (SELECT h.user_id, DATE_FORMAT(h.settled_at, '%Y-%m-%d') AS day, h.model,
 		             COUNT(*) AS runs, SUM(h.charged_micro > 0) AS charged_runs, SUM(h.estimated) AS estimated_runs, SUM(h.calls) AS calls,
 		             SUM(h.in_tok) AS in_tok, SUM(h.cache_read_tok) AS cache_read_tok,
 		             SUM(h.cache_write_tok) AS cache_write_tok, SUM(h.out_tok) AS out_tok,
+		             SUM(h.cache_write_1h_tok) AS cache_write_1h_tok, SUM(h.audio_in_tok) AS audio_in_tok,
+		             SUM(h.audio_out_tok) AS audio_out_tok,
 		             SUM(h.cost_micro) AS cost_micro, SUM(h.charged_micro) AS charged_micro,
 		             SUM(h.allowance_part_micro) AS allowance_part_micro, SUM(h.prepaid_part_micro) AS prepaid_part_micro
 		      FROM run_holds h
@@ -513,7 +526,8 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 		      GROUP BY h.user_id, DATE_FORMAT(h.settled_at, '%Y-%m-%d'), h.model
 		      UNION ALL
 		      SELECT h.user_id, DATE_FORMAT(h.day, '%Y-%m-%d'), h.model, h.runs, h.charged_runs, h.estimated_runs, h.calls, h.in_tok,
-		             h.cache_read_tok, h.cache_write_tok, h.out_tok, h.cost_micro, h.charged_micro,
+		             h.cache_read_tok, h.cache_write_tok, h.out_tok, h.cache_write_1h_tok, h.audio_in_tok, h.audio_out_tok,
+		             h.cost_micro, h.charged_micro,
 		             h.allowance_part_micro, h.prepaid_part_micro
 		      FROM pruned_runs h WHERE h.day >= ? AND h.day < ?` + userCond + `) h
 		JOIN users u ON u.id = h.user_id

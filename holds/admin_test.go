@@ -13,7 +13,10 @@ import (
 // pricingUsage makes up token counts that vary with cost, so the report's token sums are
 // checked against something.
 func pricingUsage(cost int64) pricing.Usage {
-	return pricing.Usage{Input: cost/10 + 1, Output: cost/100 + 1}
+	// With the parts of the totals a provider's invoice lists apart (one-hour cache writes,
+	// audio in and out), so the report's sums of them are checked with the rest.
+	return pricing.Usage{Input: cost/10 + 1, Output: cost/100 + 1, CacheWrite: cost / 20, CacheWrite1h: cost / 40,
+		AudioInput: cost / 30, AudioOutput: cost / 300}
 }
 
 // A disabled user is refused at the next admission and by key lookup; enabling restores both.

@@ -86,7 +86,7 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 	var rows []prunedRun
 	err := tx.SelectContext(ctx, &rows, `SELECT run_id, user_id, DATE_FORMAT(settled_at, '%Y-%m-%d') AS day, model,
 		       1 AS runs, charged_micro > 0 AS charged_runs, estimated AS estimated_runs, calls, in_tok, cache_read_tok, cache_write_tok, out_tok,
-		       cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro
+		       cache_write_1h_tok, audio_in_tok, audio_out_tok, cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro
 		FROM run_holds WHERE settled_at < NOW(6) - INTERVAL ? MICROSECOND AND state = 'settled'
 		ORDER BY settled_at LIMIT ? FOR UPDATE`, olderThan.Microseconds(), batch)
 	if err != nil {
@@ -98,20 +98,24 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 	sums := sumPruned(rows)
 	var q strings.Builder
 	q.WriteString(`INSERT INTO pruned_runs (user_id, day, model, runs, charged_runs, estimated_runs, calls, in_tok, cache_read_tok,
-		cache_write_tok, out_tok, cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro) VALUES `)
-	args := make([]any, 0, 15*len(sums))
+		cache_write_tok, out_tok, cache_write_1h_tok, audio_in_tok, audio_out_tok, cost_micro, charged_micro,
+		allowance_part_micro, prepaid_part_micro) VALUES `)
+	args := make([]any, 0, 18*len(sums))
 	for i, t := range sums {
 		if i > 0 {
 			q.WriteString(", ")
 		}
-		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 		args = append(args, t.UserID, t.Day, t.Model, t.Runs, t.ChargedRuns, t.EstimatedRuns, t.Calls, t.InTok, t.CacheReadTok,
-			t.CacheWriteTok, t.OutTok, t.CostMicro, t.ChargedMicro, t.AllowancePartMicro, t.PrepaidPartMicro)
+			t.CacheWriteTok, t.OutTok, t.CacheWrite1hTok, t.AudioInTok, t.AudioOutTok, t.CostMicro, t.ChargedMicro,
+			t.AllowancePartMicro, t.PrepaidPartMicro)
 	}
 	q.WriteString(` ON DUPLICATE KEY UPDATE runs = runs + VALUES(runs), charged_runs = charged_runs + VALUES(charged_runs),
 		estimated_runs = estimated_runs + VALUES(estimated_runs),
 		calls = calls + VALUES(calls), in_tok = in_tok + VALUES(in_tok), cache_read_tok = cache_read_tok + VALUES(cache_read_tok),
 		cache_write_tok = cache_write_tok + VALUES(cache_write_tok), out_tok = out_tok + VALUES(out_tok),
+		cache_write_1h_tok = cache_write_1h_tok + VALUES(cache_write_1h_tok),
+		audio_in_tok = audio_in_tok + VALUES(audio_in_tok), audio_out_tok = audio_out_tok + VALUES(audio_out_tok),
 		cost_micro = cost_micro + VALUES(cost_micro), charged_micro = charged_micro + VALUES(charged_micro),
 		allowance_part_micro = allowance_part_micro + VALUES(allowance_part_micro),
 		prepaid_part_micro = prepaid_part_micro + VALUES(prepaid_part_micro)`)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // ageRuns moves a user's settled runs and day ledger back days days, together, as if they had
@@ -91,6 +92,17 @@ func TestPruneKeepsTheBooksAndTheReport(t *testing.T) {
 	before, balBefore := report(), balances()
 	if len(before.Rows) != 4 || before.Totals.Runs != 7 || before.Totals.PrepaidPartMicro == 0 || before.Totals.EstimatedRuns != 3 {
 		t.Fatalf("report before the prune: %+v; want 4 rows of 7 runs, 3 estimated, some paid from prepaid", before)
+	}
+	// The parts of the token totals a provider's invoice lists apart are in the report, and a
+	// prune must keep them with the totals.
+	var parts pricing.Usage
+	for _, c := range []int64{1_234, 0, 5_000, 40_000, 50_000, 50_000, 3_000} {
+		parts = parts.Add(pricingUsage(c))
+	}
+	if got := before.Totals; got.CacheWrite1hTok != parts.CacheWrite1h || got.AudioInTok != parts.AudioInput ||
+		got.AudioOutTok != parts.AudioOutput || parts.CacheWrite1h == 0 || parts.AudioOutput == 0 {
+		t.Fatalf("report before the prune: one-hour writes %d, audio in %d, audio out %d; want %+v",
+			got.CacheWrite1hTok, got.AudioInTok, got.AudioOutTok, parts)
 	}
 
 	res, err := f.store.PruneSettled(f.ctx(), holds.MinPruneAge, 2)

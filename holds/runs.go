@@ -26,7 +26,14 @@ type Run struct {
 	CacheReadTok  int64          `db:"cache_read_tok" json:"-"`
 	CacheWriteTok int64          `db:"cache_write_tok" json:"-"`
 	OutTok        int64          `db:"out_tok" json:"-"`
-	Calls         int            `db:"calls" json:"-"`
+	// CacheWrite1hTok, AudioInTok and AudioOutTok are the parts of CacheWriteTok, InTok and
+	// OutTok that were one-hour cache writes, audio input and audio output: a provider's
+	// invoice lists them on lines of their own. A row of before migration 014, or written by a
+	// gateway of before it, has 0.
+	CacheWrite1hTok int64 `db:"cache_write_1h_tok" json:"-"`
+	AudioInTok      int64 `db:"audio_in_tok" json:"-"`
+	AudioOutTok     int64 `db:"audio_out_tok" json:"-"`
+	Calls           int   `db:"calls" json:"-"`
 	// EndedCalls counts the ended calls of a named run its row recorded, those that used
 	// nothing included (Calls counts only those that used something).
 	EndedCalls   int            `db:"ended_calls" json:"-"`
@@ -45,7 +52,8 @@ type Run struct {
 }
 
 const runColumns = `run_id, user_id, client_run_id, state, held_micro, cap_micro, cost_micro, charged_micro,
-	allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok, out_tok, calls, ended_calls, model,
+	allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok, out_tok,
+	cache_write_1h_tok, audio_in_tok, audio_out_tok, calls, ended_calls, model,
 	discount_bp, estimated, settle_source, expires_at, created_at, settled_at`
 
 // Run reads one run. A run of another user is ErrRunNotFound, the same answer as a run that
@@ -110,9 +118,10 @@ func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Durati
 	u = u.Clamp()
 	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
 		in_tok = in_tok + ?, cache_read_tok = cache_read_tok + ?, cache_write_tok = cache_write_tok + ?, out_tok = out_tok + ?,
+		cache_write_1h_tok = cache_write_1h_tok + ?, audio_in_tok = audio_in_tok + ?, audio_out_tok = audio_out_tok + ?,
 		cost_micro = cost_micro + ?, calls = calls + ?, ended_calls = ended_calls + 1, estimated = GREATEST(estimated, ?)
 		WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(),
-		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, estimated, runID)
+		u.Input, u.CacheRead, u.CacheWrite, u.Output, u.CacheWrite1h, u.AudioInput, u.AudioOutput, costMicro, calls, estimated, runID)
 	if err != nil {
 		return false, fmt.Errorf("record call of %s: %w", runID, err)
 	}
@@ -128,8 +137,14 @@ func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Durati
 // what settles a run whose calls all failed at 0 rather than at its hold once a Redis restart
 // has lost the run's zero tally.
 func (r Run) Recorded() (u pricing.Usage, costMicro, calls int64, found bool) {
-	u = pricing.Usage{Input: r.InTok, CacheRead: r.CacheReadTok, CacheWrite: r.CacheWriteTok, Output: r.OutTok}
+	u = r.Usage()
 	return u, r.CostMicro, int64(r.Calls), r.EndedCalls > 0 || r.Calls > 0 || r.CostMicro > 0
+}
+
+// Usage is the tokens the row records, with their one-hour cache write and audio parts.
+func (r Run) Usage() pricing.Usage {
+	return pricing.Usage{Input: r.InTok, CacheRead: r.CacheReadTok, CacheWrite: r.CacheWriteTok, Output: r.OutTok,
+		CacheWrite1h: r.CacheWrite1hTok, AudioInput: r.AudioInTok, AudioOutput: r.AudioOutTok}
 }
 
 // expiredCursor is where a scan of expired holds goes on from: the expiry and run id of the

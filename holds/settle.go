@@ -276,17 +276,18 @@ func appendSettled(sc *script, w settleWrites, now time.Time) {
 // an estimate set it as they ended (RecordRunCall), and neither its tally nor its row's figures
 // carry it to the settlement.
 func appendMarkSettled(sc *script, rows []settledRow, now time.Time) {
-	const perRow = 21
-	q := make([]byte, 0, 1024+len(rows)*64)
+	const perRow = 24
+	q := make([]byte, 0, 1024+len(rows)*72)
 	q = append(q, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, discount_bp, expires_at,
 		cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok,
-		out_tok, calls, model, price_snapshot, estimated, settle_source, settled_at, settle_token) VALUES `...)
+		out_tok, cache_write_1h_tok, audio_in_tok, audio_out_tok, calls, model, price_snapshot, estimated, settle_source,
+		settled_at, settle_token) VALUES `...)
 	args := make([]any, 0, len(rows)*perRow)
 	for i, r := range rows {
 		if i > 0 {
 			q = append(q, ',')
 		}
-		q = append(q, "(?,?,'settled',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"...)
+		q = append(q, "(?,?,'settled',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"...)
 		u := r.st.Usage.Clamp()
 		snapshot := r.st.PriceSnapshot
 		if r.st.SnapshotIfMissing && r.hold.HasSnapshot {
@@ -299,13 +300,15 @@ func appendMarkSettled(sc *script, rows []settledRow, now time.Time) {
 			model = ""
 		}
 		args = append(args, r.hold.RunID, r.hold.UserID, r.hold.HeldMicro, r.hold.CapMicro, r.hold.DiscountBP, r.hold.ExpiresAt,
-			r.cost, r.charged, r.allowance, r.prepaid, u.Input, u.CacheRead, u.CacheWrite, u.Output, r.st.Calls,
+			r.cost, r.charged, r.allowance, r.prepaid, u.Input, u.CacheRead, u.CacheWrite, u.Output,
+			u.CacheWrite1h, u.AudioInput, u.AudioOutput, r.st.Calls,
 			model, nullJSON(snapshot), r.st.Estimated, r.st.Source, now, r.token)
 	}
 	q = append(q, ` ON DUPLICATE KEY UPDATE state = VALUES(state), cost_micro = VALUES(cost_micro),
 		charged_micro = VALUES(charged_micro), allowance_part_micro = VALUES(allowance_part_micro),
 		prepaid_part_micro = VALUES(prepaid_part_micro), in_tok = VALUES(in_tok), cache_read_tok = VALUES(cache_read_tok),
-		cache_write_tok = VALUES(cache_write_tok), out_tok = VALUES(out_tok), calls = VALUES(calls),
+		cache_write_tok = VALUES(cache_write_tok), out_tok = VALUES(out_tok), cache_write_1h_tok = VALUES(cache_write_1h_tok),
+		audio_in_tok = VALUES(audio_in_tok), audio_out_tok = VALUES(audio_out_tok), calls = VALUES(calls),
 		model = IF(VALUES(model) = '', model, VALUES(model)), price_snapshot = COALESCE(VALUES(price_snapshot), price_snapshot),
 		estimated = GREATEST(estimated, VALUES(estimated)), settle_source = VALUES(settle_source), settled_at = VALUES(settled_at),
 		settle_token = VALUES(settle_token)`...)

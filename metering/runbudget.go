@@ -154,7 +154,9 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 }
 
 // releaseScript: KEYS usage, budget hash, call's done mark; ARGV in, cache read, cache write,
-// out, cost, calls, call id, tally ttl ms, done mark ttl ms, estimated calls.
+// out, cost, calls, call id, tally ttl ms, done mark ttl ms, estimated calls, one-hour cache
+// writes, audio in, audio out (the last four written only when not 0: a text call's release
+// writes no more fields than before them).
 var releaseScript = redis.NewScript(`
 if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[9]) then
   redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
@@ -164,6 +166,9 @@ if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[9]) then
   redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
   redis.call('HINCRBY', KEYS[1], 'calls', ARGV[6])
   if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[1], 'est_calls', ARGV[10]) end
+  if ARGV[11] ~= '0' then redis.call('HINCRBY', KEYS[1], 'cache_write_1h_tok', ARGV[11]) end
+  if ARGV[12] ~= '0' then redis.call('HINCRBY', KEYS[1], 'audio_in_tok', ARGV[12]) end
+  if ARGV[13] ~= '0' then redis.call('HINCRBY', KEYS[1], 'audio_out_tok', ARGV[13]) end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 redis.call('HDEL', KEYS[2], 'c:' .. ARGV[7])
@@ -187,7 +192,8 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 	// write) finds it whenever it finds the tally. One key per call for tally_ttl, as a
 	// one-call run's tally is.
 	err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.CallDone(runID, callID)},
-		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, callID, b.tallyTTL.Milliseconds(), b.tallyTTL.Milliseconds(), est).Err()
+		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, callID, b.tallyTTL.Milliseconds(), b.tallyTTL.Milliseconds(), est,
+		u.CacheWrite1h, u.AudioInput, u.AudioOutput).Err()
 	if err != nil {
 		return fmt.Errorf("tally and release for run %s: %w", runID, err)
 	}

@@ -74,7 +74,8 @@ func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc,
 	}
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Eval(ctx, correctLua, []string{key}, du.Input, du.CacheRead, du.CacheWrite, du.Output, dc, t.ttl.Milliseconds(), dEst)
+		p.Eval(ctx, correctLua, []string{key}, du.Input, du.CacheRead, du.CacheWrite, du.Output, dc, t.ttl.Milliseconds(), dEst,
+			du.CacheWrite1h, du.AudioInput, du.AudioOutput)
 		return nil
 	})
 	if err != nil {
@@ -133,7 +134,8 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 	}
 	out := Tallied{
 		Usage: pricing.Usage{Input: field("in_tok"), CacheRead: field("cache_read_tok"),
-			CacheWrite: field("cache_write_tok"), Output: field("out_tok")},
+			CacheWrite: field("cache_write_tok"), Output: field("out_tok"), CacheWrite1h: field("cache_write_1h_tok"),
+			AudioInput: field("audio_in_tok"), AudioOutput: field("audio_out_tok")},
 		CostMicro:      field("cost_micro"),
 		Calls:          field("calls"),
 		EstimatedCalls: field("est_calls"),
@@ -149,7 +151,8 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 func (t *Tally) SharesClient(rdb redis.UniversalClient) bool { return t.rdb == rdb }
 
 // queueAdd queues the increments of one call's tally write (integers: no float drift) and
-// the TTL. The estimated mark is a command only when there is one to count.
+// the TTL. The estimated mark and the parts of the totals (one-hour cache writes, audio in and
+// out) are commands only when there is one to count: a text call's tally costs none more.
 func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated bool) {
 	p.HIncrBy(ctx, key, "in_tok", u.Input)
 	p.HIncrBy(ctx, key, "cache_read_tok", u.CacheRead)
@@ -160,11 +163,20 @@ func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u p
 	if estimated {
 		p.HIncrBy(ctx, key, "est_calls", 1)
 	}
+	for _, part := range [...]struct {
+		field string
+		n     int64
+	}{{"cache_write_1h_tok", u.CacheWrite1h}, {"audio_in_tok", u.AudioInput}, {"audio_out_tok", u.AudioOutput}} {
+		if part.n != 0 {
+			p.HIncrBy(ctx, key, part.field, part.n)
+		}
+	}
 	p.Expire(ctx, key, t.ttl)
 }
 
 // correctLua: KEYS usage; ARGV in, cache read, cache write, out, cost, tally ttl ms, estimated
-// calls. Adds to the tally only if it exists; returns 1 if it did.
+// calls, one-hour cache writes, audio in, audio out (the last four written only when not 0).
+// Adds to the tally only if it exists; returns 1 if it did.
 const correctLua = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
@@ -173,9 +185,13 @@ redis.call('HINCRBY', KEYS[1], 'cache_write_tok', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'out_tok', ARGV[4])
 redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
 if ARGV[7] ~= '0' then redis.call('HINCRBY', KEYS[1], 'est_calls', ARGV[7]) end
+if ARGV[8] ~= '0' then redis.call('HINCRBY', KEYS[1], 'cache_write_1h_tok', ARGV[8]) end
+if ARGV[9] ~= '0' then redis.call('HINCRBY', KEYS[1], 'audio_in_tok', ARGV[9]) end
+if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[1], 'audio_out_tok', ARGV[10]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 return 1`
 
 // tallyFields are the figures of a tally hash, all it holds (a named run's calls are marked
 // tallied in keys of their own, Keys.CallDone).
-var tallyFields = []string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro", "calls", "est_calls"}
+var tallyFields = []string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro", "calls", "est_calls",
+	"cache_write_1h_tok", "audio_in_tok", "audio_out_tok"}

@@ -36,13 +36,16 @@ type Usage struct {
 	Output     int64 `json:"output"`
 	// CacheWrite1h is the part of CacheWrite written to a one-hour cache (Anthropic's
 	// cache_control ttl "1h"), which the provider bills at a higher rate than the five-minute
-	// writes. It is not stored apart: what is recorded is the cost, and CacheWrite the total.
+	// writes. CacheWrite is the total; the part is stored beside it (cache_write_1h_tok), as
+	// the provider's invoice lists it on a line of its own.
 	CacheWrite1h int64 `json:"cache_write_1h,omitempty"`
 	// AudioInput is the part of Input that was audio (OpenAI's input_audio parts), which the
-	// provider bills at several times the text rate. Not stored apart either: Input is the total.
+	// provider bills at several times the text rate. Input is the total; the part is stored
+	// beside it (audio_in_tok).
 	AudioInput int64 `json:"audio_input,omitempty"`
 	// AudioOutput is the part of Output that was audio (a chat answer asked for with
-	// modalities ["text", "audio"]), billed at a higher rate than text again. Output is the total.
+	// modalities ["text", "audio"]), billed at a higher rate than text again. Output is the
+	// total; the part is stored beside it (audio_out_tok).
 	AudioOutput int64 `json:"audio_output,omitempty"`
 }
 

@@ -148,6 +148,14 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.runView(r, run))
 }
 
+// usageView is a run's usage as its owner sees it, with the keys of the operator's run view
+// (admin.RunUsage): the token totals and, apart, the parts of them a provider's invoice lists on
+// lines of their own (0 for a run settled before they were stored).
+func usageView(u pricing.Usage, calls int64) map[string]int64 {
+	return map[string]int64{"input": u.Input, "cache_read": u.CacheRead, "cache_write": u.CacheWrite, "output": u.Output,
+		"cache_write_1h": u.CacheWrite1h, "audio_input": u.AudioInput, "audio_output": u.AudioOutput, "calls": calls}
+}
+
 // runView is a run as its owner sees it: live runs show their tally, settled ones the charge.
 func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
 	c := s.creditsOf
@@ -158,8 +166,7 @@ func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
 	if run.ClientRunID.Valid {
 		view["name"] = run.ClientRunID.String
 	}
-	usage := map[string]int64{"input": run.InTok, "cache_read": run.CacheReadTok, "cache_write": run.CacheWriteTok,
-		"output": run.OutTok, "calls": int64(run.Calls)}
+	usage := usageView(run.Usage(), int64(run.Calls))
 	if run.State == holds.StateSettled {
 		view["charged"] = c(run.ChargedMicro)
 		view["cost"] = c(run.CostMicro)
@@ -172,8 +179,7 @@ func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
 		if ru, rc, rn, rfound := run.Recorded(); rfound && rc > t.CostMicro {
 			t.Usage, t.CostMicro, t.Calls = ru, rc, rn
 		}
-		usage = map[string]int64{"input": t.Usage.Input, "cache_read": t.Usage.CacheRead, "cache_write": t.Usage.CacheWrite,
-			"output": t.Usage.Output, "calls": t.Calls}
+		usage = usageView(t.Usage, t.Calls)
 		view["tallied_cost"] = c(t.CostMicro)
 	} else if _, rc, _, rfound := run.Recorded(); err == nil && rfound {
 		view["tallied_cost"] = c(rc)

@@ -293,3 +293,94 @@ func TestHotTablesAreAlteredOnline(t *testing.T) {
 		t.Fatal("no statement on a hot table found: the pattern is wrong")
 	}
 }
+
+// TestOldRunStatementsOnSchema014: migration 014 adds the one-hour cache write and audio parts
+// of the token totals to run_holds and pruned_runs while gateways of before it still serve
+// (and an operator may run their `gateway prune`). Their statements that write and read a
+// run's usage (holds/runs.go, settle.go, prune.go and admin.go as of the commit before 014,
+// explicit column lists everywhere) must work against the new schema, and what they write
+// reads as parts of 0 in the new run view and report.
+func TestOldRunStatementsOnSchema014(t *testing.T) {
+	ctx := context.Background()
+	db := emptyDB(t)
+	if _, err := tgsql.MigrateTo(ctx, db.DB, 14); err != nil {
+		t.Fatal(err)
+	}
+	res, err := db.Exec("INSERT INTO users (name, plan) VALUES (?, ?)", "old", "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := res.LastInsertId()
+	old := []struct {
+		q    string
+		args []any
+	}{
+		// Admissions: a one-call run and a named one.
+		{`INSERT INTO run_holds (run_id, user_id, client_run_id, session_id, state, held_micro, cap_micro, model, discount_bp,
+			expires_at, admit_token, price_snapshot) VALUES (?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?),
+			(?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?)`,
+			[]any{"r_old_one", uid, "", "", "running", 1000, 1000, "m", 0, time.Now().Add(time.Hour), "tok1", nil,
+				"r_old_named", uid, "task", "", "running", 1000, 1000, "m", 0, time.Now().Add(time.Hour), "tok2", nil}},
+		// A named run's call recorded on its row.
+		{`UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
+			in_tok = in_tok + ?, cache_read_tok = cache_read_tok + ?, cache_write_tok = cache_write_tok + ?, out_tok = out_tok + ?,
+			cost_micro = cost_micro + ?, calls = calls + ?, ended_calls = ended_calls + 1, estimated = GREATEST(estimated, ?)
+			WHERE run_id = ? AND state IN ('queued', 'running')`, []any{int64(3_600_000_000), 10, 0, 0, 5, 100, 1, false, "r_old_named"}},
+		// The settlement batch's mark of the settled holds.
+		{`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, discount_bp, expires_at,
+			cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok,
+			out_tok, calls, model, price_snapshot, estimated, settle_source, settled_at, settle_token) VALUES
+			(?,?,'settled',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?), (?,?,'settled',?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+			ON DUPLICATE KEY UPDATE state = VALUES(state), cost_micro = VALUES(cost_micro),
+			charged_micro = VALUES(charged_micro), allowance_part_micro = VALUES(allowance_part_micro),
+			prepaid_part_micro = VALUES(prepaid_part_micro), in_tok = VALUES(in_tok), cache_read_tok = VALUES(cache_read_tok),
+			cache_write_tok = VALUES(cache_write_tok), out_tok = VALUES(out_tok), calls = VALUES(calls),
+			model = IF(VALUES(model) = '', model, VALUES(model)), price_snapshot = COALESCE(VALUES(price_snapshot), price_snapshot),
+			estimated = GREATEST(estimated, VALUES(estimated)), settle_source = VALUES(settle_source), settled_at = VALUES(settled_at),
+			settle_token = VALUES(settle_token)`,
+			[]any{"r_old_one", uid, 1000, 1000, 0, time.Now(), 200, 200, 200, 0, 20, 0, 0, 10, 1, "m", nil, false, "complete", time.Now(), "s1",
+				"r_old_named", uid, 1000, 1000, 0, time.Now(), 100, 100, 100, 0, 10, 0, 0, 5, 1, "m", nil, false, "client", time.Now(), "s2"}},
+		{`INSERT INTO usage_days (user_id, day, used_micro, run_count) VALUES (?, UTC_DATE(), 300, 2)`, []any{uid}},
+		// The runs listing and a run's read.
+		{`SELECT run_id, user_id, client_run_id, state, held_micro, cap_micro, cost_micro, charged_micro,
+			allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok, out_tok, calls, ended_calls, model,
+			discount_bp, estimated, settle_source, expires_at, created_at, settled_at FROM run_holds WHERE user_id = ?`, []any{uid}},
+		// The usage report's read of pruned sums, and a prune's write of them.
+		{`SELECT h.user_id, DATE_FORMAT(h.day, '%Y-%m-%d'), h.model, h.runs, h.charged_runs, h.estimated_runs, h.calls, h.in_tok,
+			h.cache_read_tok, h.cache_write_tok, h.out_tok, h.cost_micro, h.charged_micro,
+			h.allowance_part_micro, h.prepaid_part_micro FROM pruned_runs h WHERE h.user_id = ?`, []any{uid}},
+		{`INSERT INTO pruned_runs (user_id, day, model, runs, charged_runs, estimated_runs, calls, in_tok, cache_read_tok,
+			cache_write_tok, out_tok, cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro)
+			VALUES (?, UTC_DATE() - INTERVAL 30 DAY, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON DUPLICATE KEY UPDATE runs = runs + VALUES(runs), charged_runs = charged_runs + VALUES(charged_runs),
+			estimated_runs = estimated_runs + VALUES(estimated_runs),
+			calls = calls + VALUES(calls), in_tok = in_tok + VALUES(in_tok), cache_read_tok = cache_read_tok + VALUES(cache_read_tok),
+			cache_write_tok = cache_write_tok + VALUES(cache_write_tok), out_tok = out_tok + VALUES(out_tok),
+			cost_micro = cost_micro + VALUES(cost_micro), charged_micro = charged_micro + VALUES(charged_micro),
+			allowance_part_micro = allowance_part_micro + VALUES(allowance_part_micro),
+			prepaid_part_micro = prepaid_part_micro + VALUES(prepaid_part_micro)`,
+			[]any{uid, "m", 1, 0, 0, 1, 7, 0, 0, 3, 0, 0, 0, 0}},
+	}
+	for _, s := range old {
+		rows, err := db.Query(s.q, s.args...)
+		if err != nil {
+			t.Fatalf("old statement %q on schema 014: %v", s.q, err)
+		}
+		rows.Close()
+	}
+	store := holds.NewStore(db, map[string]holds.Plan{"standard": {}}, "standard", zap.NewNop())
+	for _, id := range []string{"r_old_one", "r_old_named"} {
+		r, err := store.Run(ctx, uint64(uid), id)
+		if err != nil || r.State != holds.StateSettled || r.InTok == 0 || r.CacheWrite1hTok != 0 || r.AudioInTok != 0 || r.AudioOutTok != 0 {
+			t.Fatalf("old gateway's run %s read by the new one: %+v, %v; want settled, its parts 0", id, r, err)
+		}
+	}
+	today, err := store.Today(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := store.Usage(ctx, today.AddDate(0, 0, -30), today, uint64(uid))
+	if err != nil || rep.Totals.Runs != 3 || rep.Totals.InTok != 37 || rep.Totals.AudioInTok != 0 || rep.Totals.CacheWrite1hTok != 0 {
+		t.Fatalf("new report over the old gateway's runs and pruned sums: %+v, %v; want 3 runs, 37 input tokens, parts 0", rep, err)
+	}
+}

@@ -1,0 +1,72 @@
+package metering_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestTallyKeepsUsageParts: the tally is what the reconciler settles a run from when its
+// process died before the settlement; it kept the token totals only, so such a run's one-hour
+// cache writes and audio tokens, which a provider's invoice lists apart, were lost from its
+// row and from the usage report. A one-call run's tally (Add), a named run's (Release) and a
+// correction (Correct) carry them; a text call's tally writes no field more than before.
+func TestTallyKeepsUsageParts(t *testing.T) {
+	e := newRunBudget(t)
+	ctx := context.Background()
+	tl := metering.NewTally(e.rdb, e.keys, time.Hour)
+	spoken := pricing.Usage{Input: 1040, AudioInput: 1000, CacheWrite: 418, CacheWrite1h: 400, Output: 300, AudioOutput: 250}
+
+	if err := tl.Add(ctx, "r_parts_add", spoken, 9_000, false); err != nil {
+		t.Fatal(err)
+	}
+	// A later usage report replacing the tallied one: 20 more audio tokens out, 100 fewer
+	// one-hour writes.
+	if err := tl.Correct(ctx, "r_parts_add", pricing.Usage{Output: 20, AudioOutput: 20, CacheWrite1h: -100}, 500, 0); err != nil {
+		t.Fatal(err)
+	}
+	got, found, err := tl.Get(ctx, "r_parts_add")
+	want := spoken.Add(pricing.Usage{Output: 20, AudioOutput: 20, CacheWrite1h: -100})
+	if err != nil || !found || got.Usage != want || got.CostMicro != 9_500 || got.Calls != 1 {
+		t.Fatalf("one-call run's tally %+v found=%v err=%v; want usage %+v, cost 9500, one call", got, found, err, want)
+	}
+
+	if _, err := e.budget.Reserve(ctx, "r_parts_named", "a", 100_000, 10_000, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.budget.Release(ctx, "r_parts_named", "a", spoken, 9_000, false); err != nil {
+		t.Fatal(err)
+	}
+	if got, found, err := tl.Get(ctx, "r_parts_named"); err != nil || !found || got.Usage != spoken || got.Calls != 1 {
+		t.Fatalf("named run's tally %+v found=%v err=%v; want usage %+v, one call", got, found, err, spoken)
+	}
+
+	// A text call: the fields it always wrote, none for parts it has not.
+	text := pricing.Usage{Input: 10, Output: 5}
+	if err := tl.Add(ctx, "r_parts_text", text, 100, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.budget.Reserve(ctx, "r_parts_text_named", "a", 100_000, 10_000, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.budget.Release(ctx, "r_parts_text_named", "a", text, 100, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.Correct(ctx, "r_parts_text", pricing.Usage{Output: 1}, 10, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []string{"r_parts_text", "r_parts_text_named"} {
+		fields, err := e.rdb.HKeys(ctx, e.keys.Usage(run)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(fields)
+		if want := []string{"cache_read_tok", "cache_write_tok", "calls", "cost_micro", "in_tok", "out_tok"}; !slices.Equal(fields, want) {
+			t.Errorf("text call's tally %s has fields %v, want %v", run, fields, want)
+		}
+	}
+}
