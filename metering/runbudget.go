@@ -153,25 +153,14 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 	return grant, nil
 }
 
-// releaseScript: KEYS usage, budget hash, call's done mark; ARGV in, cache read, cache write,
-// out, cost, calls, call id, tally ttl ms, done mark ttl ms, estimated calls, one-hour cache
-// writes, audio in, audio out (the last four written only when not 0: a text call's release
-// writes no more fields than before them).
+// releaseScript: KEYS usage, budget hash, call's done mark; ARGV call id, tally ttl ms, done
+// mark ttl ms, calls, then usageArgs.
 var releaseScript = redis.NewScript(`
-if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[9]) then
-  redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
-  redis.call('HINCRBY', KEYS[1], 'cache_read_tok', ARGV[2])
-  redis.call('HINCRBY', KEYS[1], 'cache_write_tok', ARGV[3])
-  redis.call('HINCRBY', KEYS[1], 'out_tok', ARGV[4])
-  redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
-  redis.call('HINCRBY', KEYS[1], 'calls', ARGV[6])
-  if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[1], 'est_calls', ARGV[10]) end
-  if ARGV[11] ~= '0' then redis.call('HINCRBY', KEYS[1], 'cache_write_1h_tok', ARGV[11]) end
-  if ARGV[12] ~= '0' then redis.call('HINCRBY', KEYS[1], 'audio_in_tok', ARGV[12]) end
-  if ARGV[13] ~= '0' then redis.call('HINCRBY', KEYS[1], 'audio_out_tok', ARGV[13]) end
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[8])
-redis.call('HDEL', KEYS[2], 'c:' .. ARGV[7])
+if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[3]) then
+redis.call('HINCRBY', KEYS[1], 'calls', ARGV[4])
+` + usageLua(5) + `end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HDEL', KEYS[2], 'c:' .. ARGV[1])
 return 1`)
 
 // Release tallies the call callID and gives back its reservation in one step, so the call's
@@ -181,7 +170,7 @@ return 1`)
 func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated bool) error {
 	// No longer beaten, whatever the outcome: a field a failed release leaves behind goes stale.
 	b.forget(RunCallID{runID, callID})
-	calls, est := 1, 0
+	calls, est := 1, int64(0)
 	if costMicro == 0 && u == (pricing.Usage{}) {
 		calls = 0
 	} else if estimated {
@@ -191,9 +180,8 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 	// script, the call's tally retries after a lost reply, however long the answer took to
 	// write) finds it whenever it finds the tally. One key per call for tally_ttl, as a
 	// one-call run's tally is.
-	err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.CallDone(runID, callID)},
-		u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, calls, callID, b.tallyTTL.Milliseconds(), b.tallyTTL.Milliseconds(), est,
-		u.CacheWrite1h, u.AudioInput, u.AudioOutput).Err()
+	args := append([]any{callID, b.tallyTTL.Milliseconds(), b.tallyTTL.Milliseconds(), calls}, usageArgs(u, costMicro, est)...)
+	err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.CallDone(runID, callID)}, args...).Err()
 	if err != nil {
 		return fmt.Errorf("tally and release for run %s: %w", runID, err)
 	}

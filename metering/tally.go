@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -60,11 +61,12 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 // Correct adds du and dc (either may be negative) to a call's figures already in the run's
 // tally, without counting another call: what a call's settlement found beyond what was
 // tallied for it earlier. dEst (-1, 0 or 1) moves the call's estimated mark: a usage report
-// after the tallied event replaces an estimate, and its loss makes one. Only to a tally that is there: if Redis lost the earlier write (a
-// restart, a failover to a replica it had not reached), the correction alone is no record of
-// what the run used — written, it made a tally of the difference (negative when a later usage
-// report was smaller), from which the reconciler settled the run at that difference instead of
-// charging what it held (DESIGN §5: usage lost).
+// after the tallied event replaces an estimate, and its loss makes one. Only to a tally that
+// is there: if Redis lost the earlier write (a restart, a failover to a replica it had not
+// reached), the correction alone is no record of what the run used — written, it made a tally
+// of the difference (negative when a later usage report was smaller), from which the
+// reconciler settled the run at that difference instead of charging what it held (DESIGN §5:
+// usage lost).
 //
 // The script goes in a MULTI/EXEC, as Add's increments do: go-redis resends a lone command
 // whose reply timed out, and a correction applied twice is counted twice.
@@ -74,8 +76,7 @@ func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc,
 	}
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Eval(ctx, correctLua, []string{key}, du.Input, du.CacheRead, du.CacheWrite, du.Output, dc, t.ttl.Milliseconds(), dEst,
-			du.CacheWrite1h, du.AudioInput, du.AudioOutput)
+		p.Eval(ctx, correctLua, []string{key}, append([]any{t.ttl.Milliseconds()}, usageArgs(du, dc, dEst)...)...)
 		return nil
 	})
 	if err != nil {
@@ -151,47 +152,57 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 func (t *Tally) SharesClient(rdb redis.UniversalClient) bool { return t.rdb == rdb }
 
 // queueAdd queues the increments of one call's tally write (integers: no float drift) and
-// the TTL. The estimated mark and the parts of the totals (one-hour cache writes, audio in and
-// out) are commands only when there is one to count: a text call's tally costs none more.
+// the TTL.
 func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated bool) {
-	p.HIncrBy(ctx, key, "in_tok", u.Input)
-	p.HIncrBy(ctx, key, "cache_read_tok", u.CacheRead)
-	p.HIncrBy(ctx, key, "cache_write_tok", u.CacheWrite)
-	p.HIncrBy(ctx, key, "out_tok", u.Output)
-	p.HIncrBy(ctx, key, "cost_micro", costMicro)
-	p.HIncrBy(ctx, key, "calls", 1)
+	var est int64
 	if estimated {
-		p.HIncrBy(ctx, key, "est_calls", 1)
+		est = 1
 	}
-	for _, part := range [...]struct {
-		field string
-		n     int64
-	}{{"cache_write_1h_tok", u.CacheWrite1h}, {"audio_in_tok", u.AudioInput}, {"audio_out_tok", u.AudioOutput}} {
-		if part.n != 0 {
-			p.HIncrBy(ctx, key, part.field, part.n)
+	for i, n := range usageArgs(u, costMicro, est) {
+		if i < alwaysWritten || n.(int64) != 0 {
+			p.HIncrBy(ctx, key, usageFields[i], n.(int64))
 		}
 	}
+	p.HIncrBy(ctx, key, "calls", 1)
 	p.Expire(ctx, key, t.ttl)
 }
 
-// correctLua: KEYS usage; ARGV in, cache read, cache write, out, cost, tally ttl ms, estimated
-// calls, one-hour cache writes, audio in, audio out (the last four written only when not 0).
-// Adds to the tally only if it exists; returns 1 if it did.
-const correctLua = `
+// correctLua: KEYS usage; ARGV tally ttl ms, then usageArgs. Adds to the tally only if it
+// exists; returns 1 if it did.
+var correctLua = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[1], 'in_tok', ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'cache_read_tok', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'cache_write_tok', ARGV[3])
-redis.call('HINCRBY', KEYS[1], 'out_tok', ARGV[4])
-redis.call('HINCRBY', KEYS[1], 'cost_micro', ARGV[5])
-if ARGV[7] ~= '0' then redis.call('HINCRBY', KEYS[1], 'est_calls', ARGV[7]) end
-if ARGV[8] ~= '0' then redis.call('HINCRBY', KEYS[1], 'cache_write_1h_tok', ARGV[8]) end
-if ARGV[9] ~= '0' then redis.call('HINCRBY', KEYS[1], 'audio_in_tok', ARGV[9]) end
-if ARGV[10] ~= '0' then redis.call('HINCRBY', KEYS[1], 'audio_out_tok', ARGV[10]) end
-redis.call('PEXPIRE', KEYS[1], ARGV[6])
+` + usageLua(2) + `redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1`
+
+// usageFields are the figures one call adds to its run's tally hash, in usageArgs' order. The
+// first alwaysWritten are written by every call; the estimated mark and the parts of the
+// totals (one-hour cache writes, audio in and out) only when there is one to count, so a text
+// call's tally costs no more commands for them. One list, read by Add, Correct and the run
+// budget's Release alike, so that they cannot spell a field apart.
+var usageFields = [...]string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro",
+	"est_calls", "cache_write_1h_tok", "audio_in_tok", "audio_out_tok"}
+
+const alwaysWritten = 5
+
+// usageArgs are one call's figures in usageFields' order, as script arguments.
+func usageArgs(u pricing.Usage, costMicro, estCalls int64) []any {
+	return []any{u.Input, u.CacheRead, u.CacheWrite, u.Output, costMicro, estCalls, u.CacheWrite1h, u.AudioInput, u.AudioOutput}
+}
+
+// usageLua is the Lua that adds usageArgs, found from ARGV[from] on, to the hash KEYS[1].
+func usageLua(from int) string {
+	var b strings.Builder
+	for i, f := range usageFields {
+		arg := "ARGV[" + strconv.Itoa(from+i) + "]"
+		if i < alwaysWritten {
+			b.WriteString("redis.call('HINCRBY', KEYS[1], '" + f + "', " + arg + ")\n")
+		} else {
+			b.WriteString("if " + arg + " ~= '0' then redis.call('HINCRBY', KEYS[1], '" + f + "', " + arg + ") end\n")
+		}
+	}
+	return b.String()
+}
 
 // tallyFields are the figures of a tally hash, all it holds (a named run's calls are marked
 // tallied in keys of their own, Keys.CallDone).
-var tallyFields = []string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro", "calls", "est_calls",
-	"cache_write_1h_tok", "audio_in_tok", "audio_out_tok"}
+var tallyFields = append([]string{"calls"}, usageFields[:]...)
