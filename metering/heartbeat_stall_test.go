@@ -14,20 +14,6 @@ import (
 	"github.com/tollgate/tollgate/metering"
 )
 
-// stallingConn, once stalled is set, sends nothing more: a call waits for a reply that never
-// comes, as against a Redis that has hung.
-type stallingConn struct {
-	net.Conn
-	stalled *atomic.Bool
-}
-
-func (c *stallingConn) Write(b []byte) (int, error) {
-	if c.stalled.Load() {
-		return len(b), nil
-	}
-	return c.Conn.Write(b)
-}
-
 // TestHeartbeatSurvivesAHungBeat: a beat that Redis never answers ends at the next beat's
 // time, and the beats after it write the leases again once Redis is back. The beat ran on the
 // process's context alone: with a Redis client that does not time reads out itself
@@ -47,7 +33,7 @@ func TestHeartbeatSurvivesAHungBeat(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		return &stallingConn{Conn: c, stalled: &stalled}, nil
+		return &testenv.StallingConn{Conn: c, Stalled: &stalled}, nil
 	}
 	rdb := redis.NewClient(&opt)
 	t.Cleanup(func() { rdb.Close() })

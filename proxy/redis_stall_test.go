@@ -6,23 +6,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testenv"
 )
-
-// stallingConn is a Redis connection that, once stalled is set, sends nothing more: every
-// call then waits for a reply that never comes, as against a Redis that has hung (a full
-// disk's fsync, a paused process, a network that drops packets). Its reads still end at
-// their deadline.
-type stallingConn struct {
-	net.Conn
-	stalled *atomic.Bool
-}
-
-func (c *stallingConn) Write(b []byte) (int, error) {
-	if c.stalled.Load() {
-		return len(b), nil
-	}
-	return c.Conn.Write(b)
-}
 
 // TestStalledRedisRefusesCallsWithinBound: the Redis steps on a call's path before it is
 // forwarded (the fingerprint window, an Idempotency-Key's record, a named run's reservation)
@@ -33,7 +19,7 @@ func (c *stallingConn) Write(b []byte) (int, error) {
 func TestStalledRedisRefusesCallsWithinBound(t *testing.T) {
 	var stalled atomic.Bool
 	h := newHarnessOn(t, harnessSetup{contextTimeouts: true,
-		redisDialer: wrappedDialer(func(c net.Conn) net.Conn { return &stallingConn{Conn: c, stalled: &stalled} })}, nil)
+		redisDialer: wrappedDialer(func(c net.Conn) net.Conn { return &testenv.StallingConn{Conn: c, Stalled: &stalled} })}, nil)
 	_, key := h.user("standard")
 	stalled.Store(true)
 	cases := []struct {
