@@ -237,7 +237,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	// The cap bounds what is charged; at a discount a call may cost more than that at list
 	// price, which is what the rewrite and the run's budget count in.
 	budget := pricing.MaxCostWithin(hold.CapMicro, hold.DiscountBP)
-	exhausted := errInsufficient
+	exhausted := errPromptOverCap
 	if c.inRun {
 		granted, e, err := s.reserveRunBudget(r.Context(), c, budget)
 		if e != nil {

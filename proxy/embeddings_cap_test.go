@@ -48,3 +48,28 @@ func TestPromptOverTheCapIsRefusedOnEveryRoute(t *testing.T) {
 		})
 	}
 }
+
+// TestPromptOverTheCapSaysWhy: the 402 of a prompt that its hold's cap cannot pay names that
+// reason. It said "No credits available: … used or held by calls in flight", the answer for an
+// empty balance, to a user whose /v1/credits showed thousands available and nothing in flight:
+// an operator reading it looked for a spent allowance that was not there.
+func TestPromptOverTheCapSaysWhy(t *testing.T) {
+	h, _ := jsonHarness(t, func(c *configT) {
+		dear := c.Models["fake-gpt"]
+		dear.Input.Micro = 1_000_000_000
+		c.Models["dear"] = dear
+	})
+	_, key := h.user("standard")
+	text := strings.Repeat("abcd ", 2000)
+	resp := h.post(key, "/v1/chat/completions", `{"model":"dear","max_tokens":10,"messages":[{"role":"user","content":"`+text+`"}]}`, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	h.settled()
+	if resp.StatusCode != http.StatusPaymentRequired || errorCode(t, body) != "insufficient_credits" {
+		t.Fatalf("%d %s; want 402 insufficient_credits", resp.StatusCode, body)
+	}
+	msg := string(body)
+	if strings.Contains(msg, "No credits available") || !strings.Contains(msg, "prompt") {
+		t.Errorf("message %s: want it to say the prompt costs more than the call may spend, not that no credits are available", body)
+	}
+}

@@ -79,6 +79,12 @@ var (
 		Message: "Invalid or missing API key. Send it as 'Authorization: Bearer <key>' (or 'x-api-key: <key>' on /v1/messages)."}
 	errInsufficient = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "insufficient_credits",
 		Message: "No credits available: today's allowance and prepaid credits are used or held by calls in flight."}
+	// errPromptOverCap is insufficient_credits after the hold was taken: the balance is not
+	// empty, but what this call may spend (its cap: the plan's max_run_cost_credits, or less
+	// when less is available) does not pay for its prompt and the least answer. Worded apart
+	// from errInsufficient so that a caller with credits left is not told it has none.
+	errPromptOverCap = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "insufficient_credits",
+		Message: "This prompt and the least answer cost more than this call may spend (the plan's cap per call, or what is available when that is less); nothing was charged."}
 	errBillingDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
 		Message: "Billing is unavailable, so the call was not made. Retry shortly."}
 	errShuttingDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
