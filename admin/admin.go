@@ -712,6 +712,11 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 // anything else to 500 with the detail in the log only.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	e := classify(err)
+	var below *holds.GrantBelowZeroError
+	if errors.As(err, &below) {
+		// The store's figures are micro-USD; the request was in credits.
+		e.Message = strings.TrimSuffix(e.Message, ".") + ": " + h.views.GrantBelowZero(below)
+	}
 	if e.Status >= 500 {
 		h.log.Error("admin request failed", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
 	} else {
@@ -737,7 +742,7 @@ func classify(err error) *apiError {
 		return badRequest("invalid_request", err.Error())
 	case errors.Is(err, holds.ErrGrantBelowZero):
 		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "grant_below_zero",
-			Message: "A negative grant may not take prepaid credits below zero: " + err.Error()}
+			Message: "A negative grant may not take prepaid credits below zero, nor below what calls in flight hold."}
 	case errors.Is(err, holds.ErrGrantKeyReused):
 		return &apiError{Status: http.StatusUnprocessableEntity, Type: "invalid_request_error", Code: "idempotency_key_reused",
 			Message: "This idempotency key was used for a different grant (another user or amount): " + err.Error()}

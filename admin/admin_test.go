@@ -303,6 +303,10 @@ func TestAdminUsersKeysAndGrants(t *testing.T) {
 	}
 	if out := f.admin("POST", "/admin/users/acme/grants", map[string]any{"amount": "-12.501", "idempotency_key": "refund-1"}, http.StatusConflict); errCode(out) != "grant_below_zero" {
 		t.Fatalf("refund past zero: %v", out)
+	} else if msg := fmt.Sprint(out["error"].(map[string]any)["message"]); strings.Contains(msg, "micro") ||
+		!strings.Contains(msg, "-12.501 credits") || !strings.Contains(msg, "12.5 credits") {
+		// It said "prepaid 12500 micro-USD, grant -12501": the API takes and shows credits.
+		t.Fatalf("refund past zero worded %q: want the amounts in credits", msg)
 	}
 	f.admin("POST", "/admin/users/acme/grants", map[string]any{"amount": "-2.5", "idempotency_key": "refund-1"}, http.StatusCreated)
 	f.admin("POST", "/admin/users/acme/grants", map[string]any{"amount": "0.0001", "idempotency_key": "tiny"}, http.StatusBadRequest)

@@ -87,6 +87,16 @@ func (v Views) Grant(user string, g holds.Grant, replayed bool) map[string]any {
 		"created_at": g.CreatedAt, "replayed": replayed}
 }
 
+// GrantBelowZero words a refused refund in credits, as the grant was asked in.
+func (v Views) GrantBelowZero(e *holds.GrantBelowZeroError) string {
+	c := func(m int64) string { return pricing.FormatCredits(m, v.CreditMicro) }
+	if e.HeldMicro > 0 {
+		return fmt.Sprintf("a grant of %s credits would leave less than the user's calls in flight hold beyond today's allowance (%s credits of the %s credits prepaid); wait for them to end, or disable the user first",
+			c(e.AmountMicro), c(e.HeldMicro), c(e.PrepaidMicro))
+	}
+	return fmt.Sprintf("a grant of %s credits would take prepaid credits below zero: the user has %s credits prepaid", c(e.AmountMicro), c(e.PrepaidMicro))
+}
+
 // Balance is what GET /v1/credits shows the user, plus what only an operator needs.
 func (v Views) Balance(d holds.UserDetail, b holds.Balance) map[string]any {
 	c := v.Credits

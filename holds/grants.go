@@ -64,6 +64,28 @@ var (
 	ErrGrantKeyReused = errors.New("idempotency key already used for a different grant")
 )
 
+// GrantBelowZeroError is ErrGrantBelowZero with the figures behind it, in micro-USD, so that
+// the admin API and the CLI word them in credits, the unit the operator asked in: a refusal
+// reading "grant -500000" for a refund of 500 credits looked like a refund of half a million.
+type GrantBelowZeroError struct {
+	AmountMicro  int64 // the refused grant (negative)
+	PrepaidMicro int64 // the user's prepaid credits before it
+	// HeldMicro is what calls in flight hold beyond today's allowance when they are the reason
+	// (the refund fits the prepaid credits but not what those calls may still take), else 0.
+	HeldMicro int64
+}
+
+func (e *GrantBelowZeroError) Error() string {
+	if e.HeldMicro > 0 {
+		return fmt.Sprintf("%v: prepaid %d micro-USD of which calls in flight hold %d beyond today's allowance, grant %d micro-USD",
+			ErrGrantBelowZero, e.PrepaidMicro, e.HeldMicro, e.AmountMicro)
+	}
+	return fmt.Sprintf("%v: prepaid %d micro-USD, grant %d micro-USD", ErrGrantBelowZero, e.PrepaidMicro, e.AmountMicro)
+}
+
+// Unwrap makes errors.Is(err, ErrGrantBelowZero) hold.
+func (e *GrantBelowZeroError) Unwrap() error { return ErrGrantBelowZero }
+
 // Grant credits (or, negative, debits) a user's prepaid credits, once per idempotency key.
 // It returns the grant and whether this call created it; a repeat of an earlier request
 // returns the original grant with created=false, whatever happened to the balance since.
@@ -137,7 +159,7 @@ func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest, atte
 	// (a huge refund to a user in debt): its true result is below zero, and computed in int64
 	// it would have been credited as about MaxInt64.
 	if req.AmountMicro < 0 && (after < 0 || after > u.PrepaidMicro) {
-		return Grant{}, false, fmt.Errorf("%w: prepaid %d micro-USD, grant %d", ErrGrantBelowZero, u.PrepaidMicro, req.AmountMicro)
+		return Grant{}, false, &GrantBelowZeroError{AmountMicro: req.AmountMicro, PrepaidMicro: u.PrepaidMicro}
 	}
 	if req.AmountMicro < 0 {
 		// Calls in flight were admitted against this balance and settle against it: a refund
@@ -148,8 +170,8 @@ func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest, atte
 			return Grant{}, false, fmt.Errorf("read balance: %w", err)
 		}
 		if Available(b.AllowanceMicro, b.UsedTodayMicro, after, b.HeldMicro) < 0 {
-			return Grant{}, false, fmt.Errorf("%w: prepaid %d micro-USD of which calls in flight hold %d beyond today's allowance, grant %d",
-				ErrGrantBelowZero, u.PrepaidMicro, b.HeldMicro-max(0, b.AllowanceMicro-b.UsedTodayMicro), req.AmountMicro)
+			return Grant{}, false, &GrantBelowZeroError{AmountMicro: req.AmountMicro, PrepaidMicro: u.PrepaidMicro,
+				HeldMicro: b.HeldMicro - max(0, b.AllowanceMicro-b.UsedTodayMicro)}
 		}
 	}
 	if req.AmountMicro > 0 && after < u.PrepaidMicro {

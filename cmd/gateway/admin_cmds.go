@@ -320,6 +320,11 @@ func grantCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	g, created, err := st.Grant(ctx, holds.GrantRequest{UserID: d.ID, AmountMicro: micro, IdempotencyKey: key, Reason: reason})
+	var below *holds.GrantBelowZeroError
+	if errors.As(err, &below) {
+		// The store's figures are micro-USD; the operator typed credits.
+		return fmt.Errorf("grant %q to %s: %w", key, d.Name, credited{below, v.GrantBelowZero(below)})
+	}
 	if err != nil {
 		return err
 	}
@@ -512,3 +517,13 @@ func pruneCmd(ctx context.Context, args []string) error {
 	fmt.Printf("pruned %d settled runs older than %d days in %d batches\n", res.Runs, days, res.Batches)
 	return nil
 }
+
+// credited is a store refusal reworded in credits for the operator, still matching its
+// sentinel (errors.Is).
+type credited struct {
+	err error
+	msg string
+}
+
+func (c credited) Error() string { return c.msg }
+func (c credited) Unwrap() error { return c.err }

@@ -311,3 +311,28 @@ func TestPruneCommandRefusesACutoffWithinTallyTTL(t *testing.T) {
 	}
 	testenv.CheckLedger(t, db)
 }
+
+// TestGrantRefusalIsWordedInCredits: `gateway grant -amount -500` past the user's prepaid
+// credits was refused with "prepaid 100000 micro-USD, grant -500000": the operator, who typed
+// credits, read a refund of half a million. The refusal now names the amounts in credits.
+func TestGrantRefusalIsWordedInCredits(t *testing.T) {
+	useTestDatabase(t)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stdout(t, func() error {
+		return grantCmd(ctx, []string{"-user", "alice", "-amount", "100", "-key", "pay-1"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := stdout(t, func() error {
+		return grantCmd(ctx, []string{"-user", "alice", "-amount", "-500", "-key", "refund-1"})
+	})
+	if !errors.Is(err, holds.ErrGrantBelowZero) {
+		t.Fatalf("refund past zero: %v, want ErrGrantBelowZero", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "micro") || !strings.Contains(msg, "-500 credits") || !strings.Contains(msg, "100 credits") {
+		t.Errorf("refusal %q: want the refund (-500 credits) and the prepaid credits (100 credits) in credits", msg)
+	}
+}
