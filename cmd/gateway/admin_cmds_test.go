@@ -336,3 +336,14 @@ func TestGrantRefusalIsWordedInCredits(t *testing.T) {
 		t.Errorf("refusal %q: want the refund (-500 credits) and the prepaid credits (100 credits) in credits", msg)
 	}
 }
+
+// TestUserCreateUnknownPlanNamesThePlans: `gateway user create -plan gold` answered only
+// `unknown plan "gold"`, while `user set` and POST /admin/users name the configured plans; an
+// operator on a first day had to open the config to find them.
+func TestUserCreateUnknownPlanNamesThePlans(t *testing.T) {
+	useTestDatabase(t)
+	err := userCreate(testCtx(t), []string{"-name", "bob", "-plan", "gold"})
+	if !errors.Is(err, holds.ErrUnknownPlan) || !strings.Contains(err.Error(), "standard") {
+		t.Fatalf("user create -plan gold: %v, want ErrUnknownPlan naming the configured plans", err)
+	}
+}

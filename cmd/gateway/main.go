@@ -218,7 +218,12 @@ func userCreate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	u, err := e.store().CreateUser(ctx, name, plan)
+	st := e.store()
+	u, err := st.CreateUser(ctx, name, plan)
+	if errors.Is(err, holds.ErrUnknownPlan) {
+		// As `user set` and POST /admin/users do: the operator need not open the config.
+		return fmt.Errorf("%w (configured: %v)", err, st.PlanNames())
+	}
 	if err != nil {
 		return err
 	}
