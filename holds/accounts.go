@@ -19,6 +19,10 @@ import (
 // secret scanners.
 const KeyPrefix = "tg_"
 
+// KeyPrefixLen is how much of a key api_keys.prefix keeps and key listings show: enough to
+// tell a user's keys apart, too little to use. Revoking by prefix compares it whole.
+const KeyPrefixLen = 10
+
 // User is an account as the proxy sees it.
 type User struct {
 	ID       uint64
@@ -90,7 +94,7 @@ func (s *Store) CreateKey(ctx context.Context, userID uint64) (string, error) {
 	}
 	key := KeyPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
 	hash := HashKey(key)
-	_, err := s.db.ExecContext(ctx, "INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash[:], userID, key[:10])
+	_, err := s.db.ExecContext(ctx, "INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash[:], userID, key[:KeyPrefixLen])
 	if err != nil {
 		return "", fmt.Errorf("create key for user %d: %w", userID, err)
 	}

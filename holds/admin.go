@@ -269,8 +269,11 @@ func (s *Store) keyRevoked(ctx context.Context, hash [32]byte) bool {
 // concurrent revocation: they are dead either way) still answers the keys this request found
 // live, where counting the rows the retry changed answered "no live key" (ErrKeyNotFound).
 func (s *Store) RevokeKeysByPrefix(ctx context.Context, userID uint64, prefix string) (int64, error) {
-	if !strings.HasPrefix(prefix, KeyPrefix) || len(prefix) < len(KeyPrefix)+4 {
-		return 0, fmt.Errorf("revoke keys of user %d: %w: prefix %q too short", userID, ErrBadFilter, prefix)
+	// The stored prefix is compared whole: part of it matched nothing and was answered "no
+	// live key", which read as a key already revoked while it stayed live.
+	if !strings.HasPrefix(prefix, KeyPrefix) || len(prefix) != KeyPrefixLen {
+		return 0, fmt.Errorf("revoke keys of user %d: %w: prefix %q: want the whole prefix that key list shows, %d characters starting %s",
+			userID, ErrBadFilter, prefix, KeyPrefixLen, KeyPrefix)
 	}
 	var live [][]byte
 	err := s.withRetry(ctx, "revoke keys by prefix", func() error {

@@ -3,6 +3,7 @@ package holds_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -333,5 +334,27 @@ func TestUsageReportEqualsLedgerAndSettledHolds(t *testing.T) {
 	}
 	if _, err := f.store.Usage(f.ctx(), today, today, a.ID); err != nil {
 		t.Errorf("1 row under a bound of 4: %v", err)
+	}
+}
+
+// TestRevokeByPartOfAPrefixSaysWhatAPrefixIs: a prefix is compared whole, so the first 7–9
+// characters of the 10 that `key list` shows matched nothing and were answered "no live key
+// with that value" (404 key_not_found): the operator read the key as already revoked while it
+// stayed live. Anything but the whole prefix is now refused as such, naming its length.
+func TestRevokeByPartOfAPrefixSaysWhatAPrefixIs(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("kim", "standard")
+	key, err := f.store.CreateKey(f.ctx(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{key[:7], key[:9], key[:11], "tg_"} {
+		_, err := f.store.RevokeKeysByPrefix(f.ctx(), u.ID, p)
+		if !errors.Is(err, holds.ErrBadFilter) || !strings.Contains(err.Error(), "10 characters") {
+			t.Errorf("revoke by prefix %q: %v, want ErrBadFilter naming the prefix's 10 characters", p, err)
+		}
+	}
+	if _, err := f.store.UserByKey(f.ctx(), key); err != nil {
+		t.Fatalf("the key should still be live: %v", err)
 	}
 }
