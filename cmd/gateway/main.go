@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -48,6 +49,12 @@ func main() {
 	}
 }
 
+// commandFamilies are the commands named in two words, with their second words.
+var commandFamilies = map[string]string{
+	"user": "create, list, show, set, disable, enable",
+	"key":  "create, list, revoke",
+}
+
 // commandTimeout bounds every command but serve and migrate (reconcile -once, reports,
 // grants, audit, prune: a prune stopped by it keeps the batches it committed).
 const commandTimeout = 10 * time.Minute
@@ -60,7 +67,13 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cmd, rest := args[0], args[1:]
-	if (cmd == "user" || cmd == "key") && len(rest) > 0 {
+	if subs, family := commandFamilies[cmd]; family {
+		// A forgotten subcommand (`gateway user`, `gateway key -user bob`) is not an unknown
+		// command: the README lists the family, so say what it holds.
+		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
+			fmt.Fprint(os.Stderr, usage)
+			return fmt.Errorf("%s needs a subcommand: %s", cmd, subs)
+		}
 		cmd, rest = cmd+" "+rest[0], rest[1:]
 	}
 	if cmd != "serve" && cmd != "migrate" { // migrate: an index on a large table takes what it takes

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,5 +89,25 @@ func TestRedisCallEndsAtItsContextDeadline(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a call to a stalled Redis outlived its context's 100 ms deadline by seconds")
+	}
+}
+
+// TestCommandFamilyWithoutSubcommandNamesThem: `gateway user` (or `gateway key -user bob`,
+// the subcommand forgotten) answered `unknown command "user"` / `"key -user"` for commands the
+// README lists: it now names the subcommands the family has.
+func TestCommandFamilyWithoutSubcommandNamesThem(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"user"}, "create, list, show, set, disable, enable"},
+		{[]string{"user", "-name", "bob"}, "create, list, show, set, disable, enable"},
+		{[]string{"key"}, "create, list, revoke"},
+		{[]string{"key", "-user", "bob"}, "create, list, revoke"},
+	} {
+		err := run(tc.args)
+		if err == nil || strings.Contains(err.Error(), "unknown command") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("gateway %s: %v, want it to name the subcommands %s", strings.Join(tc.args, " "), err, tc.want)
+		}
 	}
 }
