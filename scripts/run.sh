@@ -50,6 +50,12 @@ for c in "${CONFIG:-}" config.example.yaml config/config.example.yaml; do
 done
 [[ -n $config ]] || die "no config file (looked for config.example.yaml, config/config.example.yaml; set CONFIG=)"
 
+# Before anything else: a second `make run` beside a running one used to rebuild bin/ under
+# it, mint a new demo key over .run/demo_key and only then stop on the busy port.
+busy="is already in use: is a make run still running (Ctrl-C it)? Else set"
+port_in_use "$FAKELLM_ADDR" && die "$FAKELLM_ADDR $busy FAKELLM_ADDR"
+port_in_use "$GATEWAY_ADDR" && die "$GATEWAY_ADDR $busy GATEWAY_ADDR"
+
 bash "$ROOT/scripts/services.sh" up "$RUN_DIR"
 set -a
 # shellcheck disable=SC1091
@@ -79,9 +85,6 @@ KEY=$(printf '%s\n' "$setup_out" | sed -n 's/^KEY=//p' | tail -n 1)
 	die "demo-setup printed no KEY= line"
 }
 printf '%s\n' "$KEY" >"$RUN_DIR/demo_key"
-
-port_in_use "$FAKELLM_ADDR" && die "$FAKELLM_ADDR is already in use (old fakellm? set FAKELLM_ADDR)"
-port_in_use "$GATEWAY_ADDR" && die "$GATEWAY_ADDR is already in use (set GATEWAY_ADDR)"
 
 bin/fakellm -listen "$FAKELLM_ADDR" </dev/null >"$RUN_DIR/fakellm.log" 2>&1 &
 FAKE_PID=$!
