@@ -32,8 +32,10 @@ cleanup() {
 			sleep 0.1
 		done
 		kill -KILL "$FAKE_PID" 2>/dev/null || true
-		log "stopped fakellm; databases still run in $RUN_DIR (make down to stop)"
 	fi
+	# Always once fakellm was started: on Ctrl-C it has the signal too and is gone by now,
+	# and this reminder was skipped with it.
+	[[ -n $FAKE_PID ]] && log "gateway and fakellm stopped; MariaDB and Redis still run in $RUN_DIR (make down stops them)"
 	exit "$rc"
 }
 trap cleanup EXIT
