@@ -67,6 +67,14 @@ func TestReconcileOnceCommand(t *testing.T) {
 	if n := w.liveHolds(); n != 0 {
 		t.Errorf("%d holds left live", n)
 	}
+	// The charge in credits (credit_micro 1000), as the operator reads every other figure.
+	var charged int64
+	for _, id := range []string{"r_cli_tallied", "r_cli_queued", "r_cli_lost"} {
+		charged += w.hold(id).ChargedMicro
+	}
+	if want := "charged " + pricing.FormatCredits(charged, 1000) + " credits"; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
 	if r := w.hold("r_cli_tallied"); r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != 1_250 {
 		t.Errorf("tallied run: %q %d", r.SettleSource.String, r.ChargedMicro)
 	}

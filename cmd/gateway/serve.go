@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
 	tgsql "github.com/tollgate/tollgate/sql"
 )
@@ -166,8 +167,10 @@ func reconcileOnce(ctx context.Context, args []string) error {
 		fmt.Println("reconcile: another process holds the lock; nothing scanned (use -force to scan anyway)")
 		return nil
 	}
-	fmt.Printf("reconcile: scanned %d in %d batches: %d settled from tally, %d released, %d charged at hold, %d extended (leased), %d already settled, %d errors; charged %d micro-USD",
-		st.Scanned, st.Batches, st.FromTally, st.Released, st.ChargedHeld, st.Extended, st.AlreadySettled, st.Errors, st.ChargedMicro)
+	// In credits, as every other figure the operator reads (balances, grants, reports).
+	fmt.Printf("reconcile: scanned %d in %d batches: %d settled from tally, %d released, %d charged at hold, %d extended (leased), %d already settled, %d errors; charged %s credits",
+		st.Scanned, st.Batches, st.FromTally, st.Released, st.ChargedHeld, st.Extended, st.AlreadySettled, st.Errors,
+		pricing.FormatCredits(st.ChargedMicro, e.cfg.CreditMicro))
 	if st.Truncated {
 		fmt.Print(" (stopped at the batch limit; run again)")
 	}
