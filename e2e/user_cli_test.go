@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -50,5 +51,18 @@ func TestUserSetCommand(t *testing.T) {
 	}
 	if o := overrides(v); o["allowance"] != nil || o["max_in_flight"] != float64(3) {
 		t.Fatalf("after dropping the allowance override: %v, want it null and max_in_flight still 3", o)
+	}
+}
+
+// TestHelpFlagIsNoError: `gateway <command> -h` prints the command's flags and exits 0, as a
+// help asked for is an answer, not a failure (it printed them, then "gateway: flag: help
+// requested", and exited 1: a script checking a command's flags failed).
+func TestHelpFlagIsNoError(t *testing.T) {
+	out, err := exec.Command(gatewayBin, "report", "-h").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gateway report -h: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "-config") || strings.Contains(string(out), "help requested") {
+		t.Errorf("gateway report -h printed:\n%s\nwant its flags, and no error", out)
 	}
 }

@@ -44,6 +44,9 @@ TOLLGATE_INSTANCE, TOLLGATE_REDIS_PREFIX.
 
 func main() {
 	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h: the flag set has printed its help, which is what was asked for
+		}
 		fmt.Fprintln(os.Stderr, "gateway:", err)
 		os.Exit(1)
 	}
