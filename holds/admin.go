@@ -356,7 +356,7 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
 	case StateQueued, StateRunning, StateSettled:
 		where, args = append(where, "state = ?"), append(args, string(f.State))
 	default:
-		return nil, fmt.Errorf("list runs: %w: state %q", ErrBadFilter, f.State)
+		return nil, fmt.Errorf("list runs: %w: state %q, want queued, running or settled", ErrBadFilter, f.State)
 	}
 	for _, t := range []struct {
 		column, op, name string
