@@ -117,7 +117,7 @@ func TestLostCommitReplyOfASettlementChargesOnce(t *testing.T) {
 func TestWriteScriptOutlivesTheBatchDeadline(t *testing.T) {
 	f, lossy := newLossyFixture(t)
 	ctx := context.Background()
-	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: testenv.LossyWait / 2, SettleTimeout: 10 * time.Second})
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: testenv.LateBy / 2, SettleTimeout: 10 * time.Second})
 	defer w.Close()
 	lossy.Arm(commitScript, testenv.LateReply)
 	h, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_late_commit", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute,

@@ -20,8 +20,10 @@ func TestWriterSettlementRetriedAloneAfterALostCommitIsApplied(t *testing.T) {
 	ctx := context.Background()
 	f.admit("r_mixed_lost")
 	restored := false
+	// The admission's deadline is long enough for the batch to reach its COMMIT; the database
+	// then stays out of reach until the deadline has passed.
 	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, Linger: 5 * time.Second,
-		AdmitTimeout: 3 * testenv.LossyWait, SettleTimeout: 10 * time.Second,
+		AdmitTimeout: time.Second, SettleTimeout: 10 * time.Second,
 		OnBatch: func(b holds.BatchShape) {
 			// The mixed batch gave up: the database comes back for the settlement's retry.
 			if b.Admissions > 0 && b.Err != nil && !restored {

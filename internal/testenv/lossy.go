@@ -1,9 +1,13 @@
 package testenv
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -13,16 +17,28 @@ import (
 )
 
 // Lossy is a network between the tests and MySQL that can lose a reply: the first write that
-// contains an armed marker is sent, the connection waits while the server runs it, and then
-// either closes (the reply is lost with the connection), returns late (the write outlives its
-// caller's deadline), or closes and takes the network down (every later write and dial fails)
-// until Restore.
+// contains an armed marker is sent, the connection waits until the server has run all of it
+// (every statement of a multi-statement script, its COMMIT included), and then either closes
+// (the reply is lost with the connection), returns late (the write outlives its caller's
+// deadline), or closes and takes the network down (every later write and dial fails) until
+// Restore.
+//
+// The wait is for the event, not a guess at how long the server takes: a fixed sleep that
+// guessed short closed the connection while the script was still running (the commit had not
+// happened when the caller saw the loss: another scenario than the test's), and one that
+// guessed long slowed every test. A server that has not finished within LossyDeadline fails
+// the test.
 type Lossy struct {
+	t     testing.TB
+	watch *sql.DB // a plain connection, around the lossy network, that watches the server
+
 	mu     sync.Mutex
 	marker []byte
 	mode   LossMode
 	down   bool
-	fired  int // marked writes seen since the last Arm
+	fired  int  // marked writes seen since the last Arm
+	ended  bool // the test has ended: a loss no longer reports to it
+	limit  time.Duration
 }
 
 // LossMode is what happens after the marked write.
@@ -34,8 +50,15 @@ const (
 	GoDown                    // close, and fail every later write and dial until Restore
 )
 
-// LossyWait is how long a marked write waits before its loss: time for the server to run it.
-const LossyWait = 300 * time.Millisecond
+// LateBy is how late a LateReply is: its write returns no sooner than this after it was
+// sent (and not before the server has run it). A caller whose deadline is shorter (say
+// LateBy/2) gets its reply after that deadline. LoseReply and GoDown do not wait for it:
+// they wait for the server only.
+const LateBy = 300 * time.Millisecond
+
+// LossyDeadline bounds the wait for the server to run a marked write; past it the test fails.
+// A script that takes longer is stuck (a lock nobody releases), not slow.
+const LossyDeadline = 10 * time.Second
 
 var errNetworkDown = errors.New("testenv: lossy network down")
 
@@ -46,10 +69,22 @@ func LossyMySQLDSN(t testing.TB) (string, *Lossy) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &Lossy{}
+	plain := cfg.Clone()
+	connector, err := mysql.NewConnector(plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &Lossy{t: t, watch: sql.OpenDB(connector), limit: LossyDeadline}
+	l.watch.SetMaxOpenConns(2)
 	cfg.Net = "tg-lossy-" + RandomID(6)
 	mysql.RegisterDialContext(cfg.Net, l.dial)
-	t.Cleanup(l.Restore)
+	t.Cleanup(func() {
+		l.mu.Lock()
+		l.ended = true
+		l.mu.Unlock()
+		l.Restore()
+		l.watch.Close()
+	})
 	return cfg.FormatDSN(), l
 }
 
@@ -82,6 +117,17 @@ func (l *Lossy) Restore() {
 	l.marker, l.down = nil, false
 }
 
+// fail reports a loss that could not be staged as asked. The write runs on the caller's
+// goroutine, not the test's, so it marks the test failed (Errorf) rather than stopping it;
+// after the test has ended there is nobody to tell.
+func (l *Lossy) fail(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.ended {
+		l.t.Errorf("%v", err)
+	}
+}
+
 func (l *Lossy) dial(ctx context.Context, addr string) (net.Conn, error) {
 	l.mu.Lock()
 	down := l.down
@@ -94,12 +140,58 @@ func (l *Lossy) dial(ctx context.Context, addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &lossyConn{Conn: c, l: l}, nil
+	lc := &lossyConn{Conn: c, l: l, r: bufio.NewReaderSize(c, 16<<10)}
+	if err := lc.readThreadID(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return lc, nil
 }
 
+// lossyConn is one connection through a Lossy network. Its reads are served from r, so that
+// the bytes read to learn the server's thread id and to see the reply begin still reach the
+// driver.
 type lossyConn struct {
 	net.Conn
-	l *Lossy
+	l        *Lossy
+	r        *bufio.Reader
+	threadID uint32 // the server's id for this connection; 0 if its greeting was an error
+}
+
+func (c *lossyConn) Read(b []byte) (int, error) { return c.r.Read(b) }
+
+// readThreadID reads the connection id from the server's greeting (the first packet of a
+// connection: a 4-byte header, protocol version 10, the server version NUL-terminated, then
+// the id, 4 bytes little-endian), leaving the greeting in r for the driver. A greeting that
+// is an error packet ("Too many connections") is left to the driver to report.
+func (c *lossyConn) readThreadID(ctx context.Context) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(LossyDeadline)
+	}
+	if err := c.Conn.SetReadDeadline(deadline); err != nil {
+		return err
+	}
+	defer c.Conn.SetReadDeadline(time.Time{})
+	hdr, err := c.r.Peek(4)
+	if err != nil {
+		return fmt.Errorf("testenv: lossy: read the server's greeting: %w", err)
+	}
+	size := int(hdr[0]) | int(hdr[1])<<8 | int(hdr[2])<<16
+	pkt, err := c.r.Peek(4 + size)
+	if err != nil {
+		return fmt.Errorf("testenv: lossy: read the server's greeting (%d bytes): %w", size, err)
+	}
+	p := pkt[4:]
+	if len(p) == 0 || p[0] != 10 {
+		return nil
+	}
+	end := bytes.IndexByte(p[1:], 0)
+	if end < 0 || len(p) < 1+end+1+4 {
+		return fmt.Errorf("testenv: lossy: a server greeting without a connection id: % x", p)
+	}
+	c.threadID = binary.LittleEndian.Uint32(p[1+end+1:])
+	return nil
 }
 
 func (c *lossyConn) Write(b []byte) (int, error) {
@@ -111,25 +203,85 @@ func (c *lossyConn) Write(b []byte) (int, error) {
 		return 0, &net.OpError{Op: "write", Net: "tcp", Err: errNetworkDown}
 	}
 	hit := l.marker != nil && bytes.Contains(b, l.marker)
-	mode := l.mode
+	mode, limit, marker := l.mode, l.limit, l.marker
 	if hit {
 		l.marker = nil
 		l.fired++
 	}
 	l.mu.Unlock()
 	n, err := c.Conn.Write(b)
-	if !hit {
+	if !hit || err != nil {
 		return n, err
 	}
-	time.Sleep(LossyWait)
+	sent := time.Now()
+	if werr := c.awaitServer(limit); werr != nil {
+		werr = fmt.Errorf("%w (the write marked %q)", werr, marker)
+		l.fail(werr)
+		c.Conn.Close()
+		return n, werr
+	}
 	switch mode {
 	case LoseReply:
 		c.Conn.Close()
+	case LateReply:
+		time.Sleep(time.Until(sent.Add(LateBy)))
 	case GoDown:
 		l.mu.Lock()
 		l.down = true
 		l.mu.Unlock()
 		c.Conn.Close()
 	}
-	return n, err
+	return n, nil
+}
+
+// awaitServer waits, at most limit, until the server has run all of the write just sent: it
+// has begun to reply (a byte is readable: the write has reached the server and its first
+// statement has run), and then its thread is idle again ("Sleep": the server sets that only
+// once the whole command — every statement of a multi-statement script, its COMMIT included
+// — is done and its last reply sent). The reply stays unread in r for the driver.
+//
+// The reply is not read while the server runs: one larger than the sockets' buffers would
+// block the server, and end in the deadline. The replies of the marked writes in these tests
+// are a few OK packets and small result sets.
+//
+// If the connection is closed meanwhile (its caller gave up, and the driver closed it; or the
+// server closed it), the server ends the thread once it is done with the write: the thread's
+// end is the wait's end then ("Sleep" may be the moment before the server read the write).
+func (c *lossyConn) awaitServer(limit time.Duration) error {
+	if c.threadID == 0 {
+		return errors.New("testenv: lossy: a marked write on a connection whose server thread is unknown")
+	}
+	deadline := time.Now().Add(limit)
+	if err := c.Conn.SetReadDeadline(deadline); err != nil {
+		return fmt.Errorf("testenv: lossy: %w", err)
+	}
+	_, perr := c.r.Peek(1)
+	// The driver sets its own read deadline, if it has one, before it reads.
+	_ = c.Conn.SetReadDeadline(time.Time{})
+	var ne net.Error
+	if errors.As(perr, &ne) && ne.Timeout() {
+		return fmt.Errorf("testenv: lossy: no reply to the marked write from server thread %d within %v", c.threadID, limit)
+	}
+	closed := perr != nil
+	// The watching queries get time of their own past the deadline, so that a server still at
+	// the write at the deadline is reported as that, not as a query cut short.
+	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(5*time.Second))
+	defer cancel()
+	q := fmt.Sprintf("SELECT COMMAND FROM information_schema.PROCESSLIST WHERE ID = %d", c.threadID)
+	for {
+		var command string
+		err := c.l.watch.QueryRowContext(ctx, q).Scan(&command)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return nil // the thread has ended
+		case err != nil:
+			return fmt.Errorf("testenv: lossy: watch server thread %d run the marked write: %w", c.threadID, err)
+		case command == "Sleep" && !closed:
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testenv: lossy: server thread %d still %q on the marked write after %v", c.threadID, command, limit)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
