@@ -267,7 +267,8 @@ func (h *handler) patchUser(w http.ResponseWriter, r *http.Request) {
 		}
 		c.Plan = *req.Plan
 	}
-	if c.Allowance, ok = override(w, req.Allowance, "invalid_allowance", "allowance must be a non-negative decimal number of credits, or null",
+	if c.Allowance, ok = override(w, req.Allowance, "invalid_allowance",
+		"allowance must be a non-negative number of credits in steps of "+pricing.FormatCredits(1, h.views.CreditMicro)+", or null",
 		func(raw string) (int64, bool) {
 			var n json.Number // a number, or a string holding one
 			if err := json.Unmarshal([]byte(raw), &n); err != nil {

@@ -342,6 +342,11 @@ func TestAdminUsersKeysAndGrants(t *testing.T) {
 		t.Fatalf("after clearing the allowance override: %v (the guest plan's 100 should apply, the discount stay)", p)
 	}
 	f.admin("PATCH", "/admin/users/acme", map[string]any{"allowance": "150.5"}, http.StatusOK)
+	// An allowance finer than a micro-USD is refused saying how fine an amount may be.
+	fine := f.admin("PATCH", "/admin/users/acme", map[string]any{"allowance": "0.0001"}, http.StatusBadRequest)
+	if e, _ := fine["error"].(map[string]any); e == nil || !strings.Contains(fmt.Sprint(e["message"]), "steps of 0.001") {
+		t.Errorf("allowance 0.0001: %v, want a message naming the step, 0.001 credits", fine)
+	}
 	uid := uint64(mustInt(t, p["id"]))
 	h, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "r_1", UserID: uid, State: holds.StateRunning, TTL: time.Minute, Model: "m"})
 	if err != nil || h.DiscountBP != 500 {

@@ -41,6 +41,12 @@ func TestUserSetCommand(t *testing.T) {
 	if o := overrides(v); o["allowance"] != "7" && o["allowance"] != float64(7) || o["max_in_flight"] != float64(3) {
 		t.Fatalf("after setting overrides: %v", o)
 	}
+	// An allowance finer than a micro-USD says how fine an amount may be.
+	if _, err := run("-allowance", "0.0001"); err == nil {
+		t.Fatal("user set -allowance 0.0001 succeeded")
+	} else if ee, ok := err.(*exec.ExitError); !ok || !strings.Contains(string(ee.Stderr), "steps of 0.001") {
+		t.Errorf("user set -allowance 0.0001: %v, want it to name the step, 0.001 credits", err)
+	}
 	// A bad figure beside a good one changes nothing.
 	if _, err := run("-allowance", "9", "-max-in-flight", "0"); err == nil {
 		t.Fatal("user set with -max-in-flight 0 succeeded")

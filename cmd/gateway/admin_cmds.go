@@ -173,7 +173,7 @@ func userSet(ctx context.Context, args []string) error {
 	if c.Allowance, err = optOverride("allowance", allowance, func(s string) (int64, bool) {
 		m, err := pricing.ParseCredits(s, e.cfg.CreditMicro)
 		return m, err == nil && m >= 0
-	}, "a non-negative decimal number of credits"); err != nil {
+	}, "a non-negative number of credits in steps of "+pricing.FormatCredits(1, e.cfg.CreditMicro)); err != nil {
 		return err
 	}
 	if c.MaxInFlight, err = optOverride("max-in-flight", maxInFlight, intIn(1, 10_000), "an integer 1-10000"); err != nil {
