@@ -46,3 +46,39 @@ func TestNamedRunKeepsItsCallsEstimatedMark(t *testing.T) {
 			run.CostMicro)
 	}
 }
+
+// TestNamedRunSettledFromItsTallyKeepsTheEstimatedMark: the row's record of a call
+// (RecordRunCall) is not retried, so a database blip as the call ended leaves the run's row
+// without the call's estimated mark while the tally has it (est_calls). Settled on request from
+// the tally, the run must still say estimated=1, as the reconciler settling it from the same
+// tally does.
+func TestNamedRunSettledFromItsTallyKeepsTheEstimatedMark(t *testing.T) {
+	h := newHarness(t, func(c *configT) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
+	u, key := h.user("standard")
+	body := `{"model":"fake-gpt","stream":true,"max_tokens":50,"messages":[{"role":"user","content":"count to ten"}]}`
+	resp := h.post(key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "est-lost", fakellm.HeaderUsage: "off"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("named run's call: %d", resp.StatusCode)
+	}
+	runID := resp.Header.Get("X-Tollgate-Run-Id")
+	// The row as a RecordRunCall that failed leaves it: no record of the call.
+	if _, err := h.db.Exec(`UPDATE run_holds SET calls = 0, ended_calls = 0, cost_micro = 0, in_tok = 0, cache_read_tok = 0,
+		cache_write_tok = 0, out_tok = 0, estimated = 0 WHERE run_id = ?`, runID); err != nil {
+		t.Fatal(err)
+	}
+	if status, out := h.settleRun(key, "est-lost"); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, out)
+	}
+	run, err := h.store.Run(context.Background(), u.ID, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.State != holds.StateSettled || run.CostMicro == 0 || run.SettleSource.String != holds.SourceClient {
+		t.Fatalf("named run %+v, want settled on request at its tally's estimate", run)
+	}
+	if !run.Estimated {
+		t.Errorf("named run charged %d µUSD from a tally counting 1 estimated call settled with estimated=0; want 1", run.CostMicro)
+	}
+}

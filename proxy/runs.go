@@ -219,10 +219,15 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	if err != nil {
 		return unavailable("run unreadable", err)
 	}
+	// The tally's mark of calls charged an estimate stands whichever record is charged, as the
+	// reconciler's does: the row's own mark is kept by the settlement, but a call whose record
+	// on the row failed (RecordRunCall is not retried) left it there alone.
+	estimated := found && t.EstimatedCalls > 0
 	if u, cost, calls, rfound := fresh.Recorded(); rfound && (!found || cost > t.CostMicro) {
 		t, found = metering.Tallied{Usage: u, CostMicro: cost, Calls: calls}, true
 	}
-	st = holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient}
+	st = holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient,
+		Estimated: estimated}
 	// The settled row keeps the prices it was billed at (DESIGN §2), as a one-call run's and a
 	// reconciled run's do: those of the model the run was admitted with, as the admitting
 	// process priced it (recorded on the hold). This process's table, perhaps newer, stands in
