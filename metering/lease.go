@@ -105,11 +105,25 @@ func (l *Leases) Refresh(ctx context.Context) error {
 		if err != nil {
 			err = fmt.Errorf("refresh %d leases: %w", len(batch), err)
 			// Some SETs may have landed: a run released meanwhile must still lose its key.
-			return errors.Join(err, l.dropReleased(ctx, ids))
+			return errors.Join(err, l.dropReleasedAfter(ctx, ids))
 		}
 	}
+	return l.dropReleasedAfter(ctx, ids)
+}
+
+// dropReleasedAfter is dropReleased on a deadline of its own: a beat whose SETs were
+// answered after its deadline (a slow Redis) may have put back the key of a run released
+// meanwhile, and on the beat's ended context the delete was never sent — the key stayed for
+// the lease's TTL, the run looking served by a live process (its settle 409 run_busy, the
+// reconciler extending it).
+func (l *Leases) dropReleasedAfter(ctx context.Context, ids []string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropReleasedTimeout)
+	defer cancel()
 	return l.dropReleased(ctx, ids)
 }
+
+// dropReleasedTimeout bounds dropReleasedAfter's deletes: one round trip, as a tally write.
+const dropReleasedTimeout = 2 * time.Second
 
 // Run refreshes leases until ctx ends.
 func (l *Leases) Run(ctx context.Context) { heartbeat(ctx, l.interval, "lease", l.Refresh, l.log) }

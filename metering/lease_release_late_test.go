@@ -1,0 +1,59 @@
+package metering_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering"
+)
+
+// TestLeaseReleasedDuringASlowBeatIsDeleted: a run's lease is released while a heartbeat's
+// SET of it is on its way, and Redis answers that SET only after the beat's deadline (one beat
+// interval). The SET lands after the release's DEL, so the beat must delete the key again: it
+// did so on the beat's own context, already ended, and the key stayed for lease_ttl — the run
+// looked served by a live process (its settle answered 409 run_busy, the reconciler extended
+// it instead of settling).
+func TestLeaseReleasedDuringASlowBeatIsDeleted(t *testing.T) {
+	base, prefix := testenv.Redis(t)
+	keys := metering.Keys{Prefix: prefix}
+	// The first write naming the lease is the beat's SET of it (the release comes after).
+	hold := testenv.NewHeldWrite(keys.Lease("x_slow_beat"))
+	opt := *base.Options()
+	opt.ContextTimeoutEnabled = true
+	opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &testenv.HoldingConn{Conn: c, Hold: hold}, nil
+	}
+	rdb := redis.NewClient(&opt)
+	t.Cleanup(func() { rdb.Close() })
+	leases := metering.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	leases.Acquire("x_slow_beat")
+
+	beat, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- leases.Refresh(beat) }()
+	<-hold.Held() // the beat's SET is on its way
+	if err := leases.Release(context.Background(), "x_slow_beat"); err != nil {
+		t.Fatal(err)
+	}
+	<-beat.Done() // the beat's deadline has passed
+	hold.Let()    // the SET reaches Redis now, after the release
+	if err := <-refreshed; err == nil {
+		t.Fatal("a beat answered after its deadline reported no error")
+	}
+	if n := base.Exists(context.Background(), keys.Lease("x_slow_beat")).Val(); n != 0 {
+		ttl := base.PTTL(context.Background(), keys.Lease("x_slow_beat")).Val()
+		t.Fatalf("the released run's lease is still there (for %v more): its run looks served by a live process", ttl)
+	}
+}
