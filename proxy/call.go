@@ -644,7 +644,9 @@ func (s *Server) tallyFailed(c *call, st holds.Settlement, err error) {
 		// it, and only this line records it.
 		c.log.Error("tally write failed; this call is missing from its run's charge", zap.Error(err),
 			zap.Int64("cost_micro", st.CostMicro), zap.Int64("in_tok", st.Usage.Input), zap.Int64("out_tok", st.Usage.Output),
-			zap.Int64("cache_read_tok", st.Usage.CacheRead), zap.Int64("cache_write_tok", st.Usage.CacheWrite))
+			zap.Int64("cache_read_tok", st.Usage.CacheRead), zap.Int64("cache_write_tok", st.Usage.CacheWrite),
+			zap.Int64("cache_write_1h_tok", st.Usage.CacheWrite1h), zap.Int64("audio_in_tok", st.Usage.AudioInput),
+			zap.Int64("audio_out_tok", st.Usage.AudioOutput), zap.Bool("estimated", st.Estimated))
 		return
 	}
 	c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
