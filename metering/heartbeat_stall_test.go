@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -24,19 +23,7 @@ func TestHeartbeatSurvivesAHungBeat(t *testing.T) {
 	base, prefix := testenv.Redis(t)
 	keys := metering.Keys{Prefix: prefix}
 	var stalled atomic.Bool
-	opt := *base.Options()
-	opt.ReadTimeout = -1 // no read deadline but the context's
-	opt.ContextTimeoutEnabled = true
-	opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &testenv.StallingConn{Conn: c, Stalled: &stalled}, nil
-	}
-	rdb := redis.NewClient(&opt)
-	t.Cleanup(func() { rdb.Close() })
+	rdb := redisThrough(t, base, func(c net.Conn) net.Conn { return &testenv.StallingConn{Conn: c, Stalled: &stalled} })
 
 	const interval = 100 * time.Millisecond
 	leases := metering.NewLeases(rdb, keys, "process-a", time.Second, interval, zap.NewNop())

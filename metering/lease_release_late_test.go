@@ -24,18 +24,7 @@ func TestLeaseReleasedDuringASlowBeatIsDeleted(t *testing.T) {
 	keys := metering.Keys{Prefix: prefix}
 	// The first write naming the lease is the beat's SET of it (the release comes after).
 	hold := testenv.NewHeldWrite(keys.Lease("x_slow_beat"))
-	opt := *base.Options()
-	opt.ContextTimeoutEnabled = true
-	opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &testenv.HoldingConn{Conn: c, Hold: hold}, nil
-	}
-	rdb := redis.NewClient(&opt)
-	t.Cleanup(func() { rdb.Close() })
+	rdb := redisThrough(t, base, func(c net.Conn) net.Conn { return &testenv.HoldingConn{Conn: c, Hold: hold} })
 	leases := metering.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
 	leases.Acquire("x_slow_beat")
 
@@ -56,4 +45,25 @@ func TestLeaseReleasedDuringASlowBeatIsDeleted(t *testing.T) {
 		ttl := base.PTTL(context.Background(), keys.Lease("x_slow_beat")).Val()
 		t.Fatalf("the released run's lease is still there (for %v more): its run looks served by a live process", ttl)
 	}
+}
+
+// redisThrough is a client of base's server whose connections go through wrap, and whose
+// commands end at their context's deadline alone (read_timeout=-1 in REDIS_URL): a reply that
+// never comes is waited for as long as the caller's context allows.
+func redisThrough(t *testing.T, base *redis.Client, wrap func(net.Conn) net.Conn) *redis.Client {
+	t.Helper()
+	opt := *base.Options()
+	opt.ContextTimeoutEnabled = true
+	opt.ReadTimeout = -1
+	opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return wrap(c), nil
+	}
+	rdb := redis.NewClient(&opt)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
 }
