@@ -23,7 +23,10 @@ func TestHeartbeatSurvivesAHungBeat(t *testing.T) {
 	base, prefix := testenv.Redis(t)
 	keys := metering.Keys{Prefix: prefix}
 	var stalled atomic.Bool
-	rdb := redisThrough(t, base, func(c net.Conn) net.Conn { return &testenv.StallingConn{Conn: c, Stalled: &stalled} })
+	swallowed := make(chan struct{}, 1)
+	rdb := redisThrough(t, base, func(c net.Conn) net.Conn {
+		return &testenv.StallingConn{Conn: c, Stalled: &stalled, Swallowed: swallowed}
+	})
 
 	const interval = 100 * time.Millisecond
 	leases := metering.NewLeases(rdb, keys, "process-a", time.Second, interval, zap.NewNop())
@@ -41,7 +44,11 @@ func TestHeartbeatSurvivesAHungBeat(t *testing.T) {
 		}
 	})
 
-	time.Sleep(3 * interval) // a beat is sent, and hangs
+	select { // a beat is sent, and hangs
+	case <-swallowed:
+	case <-time.After(20 * interval):
+		t.Fatalf("no beat sent within %v", 20*interval)
+	}
 	stalled.Store(false)
 	deadline := time.Now().Add(20 * interval)
 	for base.Exists(context.Background(), keys.Lease("x_hung")).Val() == 0 {

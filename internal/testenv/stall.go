@@ -13,10 +13,17 @@ import (
 type StallingConn struct {
 	net.Conn
 	Stalled *atomic.Bool
+	// Swallowed, if set, is told of each write swallowed (without blocking): a test waits
+	// for a request to be lost instead of for a while.
+	Swallowed chan<- struct{}
 }
 
 func (c *StallingConn) Write(b []byte) (int, error) {
 	if c.Stalled.Load() {
+		select {
+		case c.Swallowed <- struct{}{}:
+		default:
+		}
 		return len(b), nil
 	}
 	return c.Conn.Write(b)
