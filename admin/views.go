@@ -112,7 +112,7 @@ func (v Views) Run(r holds.UserRun) map[string]any {
 	out := map[string]any{"object": "run", "id": r.RunID, "user": r.UserName, "state": r.State, "model": r.Model,
 		"held": c(r.HeldMicro), "cap": c(r.CapMicro), "discount_bp": r.DiscountBP,
 		"created_at": r.CreatedAt, "expires_at": r.ExpiresAt,
-		"usage": RunUsage(r.Usage(), int64(r.Calls))}
+		"usage": runUsage(r.Usage(), int64(r.Calls))}
 	if r.ClientRunID.Valid {
 		out["name"] = r.ClientRunID.String
 	}
@@ -128,13 +128,13 @@ func (v Views) Run(r holds.UserRun) map[string]any {
 	return out
 }
 
-// RunUsage is a run's usage as the run views show it (the operator's, the CLI's and the
-// caller's own): the token totals and, apart, the parts of them a provider's invoice lists on
-// lines of their own — cache_write_1h of cache_write, audio_input of input, audio_output of
-// output (0 for a run settled before they were stored).
-func RunUsage(u pricing.Usage, calls int64) map[string]int64 {
-	return map[string]int64{"input": u.Input, "cache_read": u.CacheRead, "cache_write": u.CacheWrite, "output": u.Output,
-		"cache_write_1h": u.CacheWrite1h, "audio_input": u.AudioInput, "audio_output": u.AudioOutput, "calls": calls}
+// runUsage is a run's usage as the run views show it (the operator's, the CLI's and the
+// caller's own): every token count, its parts at 0 for a run settled before they were
+// stored, and its calls.
+func runUsage(u pricing.Usage, calls int64) map[string]int64 {
+	m := u.Counts()
+	m["calls"] = calls
+	return m
 }
 
 func (v Views) usageRow(r holds.UsageRow) map[string]any {

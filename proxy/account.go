@@ -148,12 +148,12 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.runView(r, run))
 }
 
-// usageView is a run's usage as its owner sees it, with the keys of the operator's run view
-// (admin.RunUsage): the token totals and, apart, the parts of them a provider's invoice lists on
-// lines of their own (0 for a run settled before they were stored).
+// usageView is a run's usage as its owner sees it, with the keys of the operator's run view:
+// every token count (pricing.Usage.Counts) and its calls.
 func usageView(u pricing.Usage, calls int64) map[string]int64 {
-	return map[string]int64{"input": u.Input, "cache_read": u.CacheRead, "cache_write": u.CacheWrite, "output": u.Output,
-		"cache_write_1h": u.CacheWrite1h, "audio_input": u.AudioInput, "audio_output": u.AudioOutput, "calls": calls}
+	m := u.Counts()
+	m["calls"] = calls
+	return m
 }
 
 // runView is a run as its owner sees it: live runs show their tally, settled ones the charge.
