@@ -127,7 +127,6 @@ type idemRecord struct {
 	bodyHash string
 	attempt  int
 	run      string
-	status   int
 	large    bool
 	// superseded: an attempt was stopped by a newer message of its session. Its retries are
 	// answered 409 superseded, not run: run again, the old message would replace the newer.
@@ -137,14 +136,13 @@ type idemRecord struct {
 func (s *Server) readIdem(ctx context.Context, ic *idemCall) (idemRecord, error) {
 	ctx, cancel := redisStep(ctx)
 	defer cancel()
-	v, err := s.dedupRDB.HMGet(ctx, ic.record, "body", "attempt", "run", "status", "large", "superseded").Result()
+	v, err := s.dedupRDB.HMGet(ctx, ic.record, "body", "attempt", "run", "large", "superseded").Result()
 	if err != nil {
 		return idemRecord{}, fmt.Errorf("read idempotency record: %w", err)
 	}
 	str := func(i int) string { s, _ := v[i].(string); return s }
-	rec := idemRecord{bodyHash: str(0), run: str(2), large: str(4) == "1", superseded: str(5) == "1"}
+	rec := idemRecord{bodyHash: str(0), run: str(2), large: str(3) == "1", superseded: str(4) == "1"}
 	rec.attempt, _ = strconv.Atoi(str(1))
-	rec.status, _ = strconv.Atoi(str(3))
 	return rec, nil
 }
 
@@ -211,7 +209,14 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			if rec.large {
 				return holds.Hold{}, answer(errReplayTooLarge(rec.run, s.cfg.Dedup.MaxReplayLen), false)
 			}
-			status, err := s.replay(ctx, w, ic, rec)
+			status, err := s.replay(ctx, w, ic)
+			if errors.Is(err, errStoredAnswerGone) {
+				continue // expired since it was read: the key is free, or Redis lost it (read again)
+			}
+			if errors.Is(err, errStoredAnswerCorrupt) {
+				log.Error("idempotent request's stored answer is corrupt; not run again", zap.Error(err))
+				return holds.Hold{}, answer(errReplayLost(rec.run), false)
+			}
 			if err != nil {
 				return fail(errDedupDown, "stored answer unreadable", err)
 			}
@@ -298,14 +303,34 @@ func (s *Server) startIdem(ctx context.Context, ic *idemCall) error {
 	return err
 }
 
-// replay answers from the stored response.
-func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall, rec idemRecord) (int, error) {
-	v, err := s.dedupRDB.HMGet(ctx, ic.record, "ctype", "resp", "hdrs").Result()
+// A stored answer read apart from the record that named it: gone means the record expired
+// in between (its replay_ttl passed); corrupt means a record names a run but holds no answer
+// a caller could have been sent (edited by hand, a partial write): the attempt ran, so it is
+// not run again, and writing its status would panic net/http on a 0.
+var (
+	errStoredAnswerGone    = errors.New("stored answer expired since its record was read")
+	errStoredAnswerCorrupt = errors.New("stored answer corrupt")
+)
+
+// replay answers from the stored response. Nothing is written to w unless it returns nil.
+func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall) (int, error) {
+	rctx, cancel := redisStep(ctx)
+	defer cancel()
+	v, err := s.dedupRDB.HMGet(rctx, ic.record, "ctype", "resp", "hdrs", "run", "status").Result()
 	if err != nil {
 		return 0, fmt.Errorf("read stored answer: %w", err)
 	}
 	ctype, _ := v[0].(string)
-	resp, _ := v[1].(string)
+	resp, hasResp := v[1].(string)
+	run, _ := v[3].(string)
+	status, _ := v[4].(string)
+	if run == "" {
+		return 0, errStoredAnswerGone
+	}
+	code, err := strconv.Atoi(status)
+	if !hasResp || err != nil || code < 200 || code > 299 {
+		return 0, fmt.Errorf("%w: run %s, status %q, answer stored %t", errStoredAnswerCorrupt, run, status, hasResp)
+	}
 	h := w.Header()
 	if hdrs, _ := v[2].(string); hdrs != "" {
 		var stored http.Header
@@ -322,13 +347,13 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 	}
 	s.metrics.Duplicates.WithLabelValues("replayed").Inc()
 	h.Set(ReplayedHeader, "true")
-	h.Set(RunIDHeader, rec.run)
+	h.Set(RunIDHeader, run)
 	h.Set("Content-Length", strconv.Itoa(len(resp)))
 	bound := s.boundWrites(http.NewResponseController(w))
 	bound.next()
-	w.WriteHeader(rec.status)
+	w.WriteHeader(code)
 	_, _ = bound.write(w, []byte(resp))
-	return rec.status, nil
+	return code, nil
 }
 
 // unreplayedHeaders are not restored on a replay: they belong to the first answer's
