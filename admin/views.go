@@ -112,7 +112,7 @@ func (v Views) Run(r holds.UserRun) map[string]any {
 	out := map[string]any{"object": "run", "id": r.RunID, "user": r.UserName, "state": r.State, "model": r.Model,
 		"held": c(r.HeldMicro), "cap": c(r.CapMicro), "discount_bp": r.DiscountBP,
 		"created_at": r.CreatedAt, "expires_at": r.ExpiresAt,
-		"usage": runUsage(r.Usage(), int64(r.Calls))}
+		"usage": r.Usage().RunCounts(int64(r.Calls))}
 	if r.ClientRunID.Valid {
 		out["name"] = r.ClientRunID.String
 	}
@@ -126,15 +126,6 @@ func (v Views) Run(r holds.UserRun) map[string]any {
 		out["settled_at"] = r.SettledAt.Time
 	}
 	return out
-}
-
-// runUsage is a run's usage as the run views show it (the operator's, the CLI's and the
-// caller's own): every token count, its parts at 0 for a run settled before they were
-// stored, and its calls.
-func runUsage(u pricing.Usage, calls int64) map[string]int64 {
-	m := u.Counts()
-	m["calls"] = calls
-	return m
 }
 
 func (v Views) usageRow(r holds.UsageRow) map[string]any {

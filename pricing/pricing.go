@@ -49,12 +49,13 @@ type Usage struct {
 	AudioOutput int64 `json:"audio_output,omitempty"`
 }
 
-// Counts is u's token counts under their JSON names, its parts (one-hour cache writes, audio
-// in and out) included at 0: the run views — the operator's, the CLI's and the caller's own —
-// show every count, so that a billing team's import finds each key on every run.
-func (u Usage) Counts() map[string]int64 {
+// RunCounts is a run's usage as the run views show it — the operator's, the CLI's and the
+// caller's own: u's token counts under their JSON names and the calls they came in, its parts
+// (one-hour cache writes, audio in and out) included at 0 for a run settled before they were
+// stored, so that a billing team's import finds each key on every run.
+func (u Usage) RunCounts(calls int64) map[string]int64 {
 	return map[string]int64{"input": u.Input, "cache_read": u.CacheRead, "cache_write": u.CacheWrite, "output": u.Output,
-		"cache_write_1h": u.CacheWrite1h, "audio_input": u.AudioInput, "audio_output": u.AudioOutput}
+		"cache_write_1h": u.CacheWrite1h, "audio_input": u.AudioInput, "audio_output": u.AudioOutput, "calls": calls}
 }
 
 // Add returns the field-wise sum.

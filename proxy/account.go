@@ -148,14 +148,6 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.runView(r, run))
 }
 
-// usageView is a run's usage as its owner sees it, with the keys of the operator's run view:
-// every token count (pricing.Usage.Counts) and its calls.
-func usageView(u pricing.Usage, calls int64) map[string]int64 {
-	m := u.Counts()
-	m["calls"] = calls
-	return m
-}
-
 // runView is a run as its owner sees it: live runs show their tally, settled ones the charge.
 func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
 	c := s.creditsOf
@@ -166,7 +158,7 @@ func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
 	if run.ClientRunID.Valid {
 		view["name"] = run.ClientRunID.String
 	}
-	usage := usageView(run.Usage(), int64(run.Calls))
+	usage := run.Usage().RunCounts(int64(run.Calls))
 	if run.State == holds.StateSettled {
 		view["charged"] = c(run.ChargedMicro)
 		view["cost"] = c(run.CostMicro)
@@ -179,7 +171,7 @@ func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
 		if ru, rc, rn, rfound := run.Recorded(); rfound && rc > t.CostMicro {
 			t.Usage, t.CostMicro, t.Calls = ru, rc, rn
 		}
-		usage = usageView(t.Usage, t.Calls)
+		usage = t.Usage.RunCounts(t.Calls)
 		view["tallied_cost"] = c(t.CostMicro)
 	} else if _, rc, _, rfound := run.Recorded(); err == nil && rfound {
 		view["tallied_cost"] = c(rc)
