@@ -408,12 +408,12 @@ func (h *handler) revokeKey(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("missing_key", "send {\"key\": \"tg_...\"}"))
 		return
 	}
-	userID, err := h.store.RevokeAPIKey(r.Context(), req.Key)
+	user, err := h.store.RevokeAPIKey(r.Context(), req.Key)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "revoked": true, "user_id": userID, "prefix": prefixOf(req.Key)})
+	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "revoked": true, "user": user, "prefix": prefixOf(req.Key)})
 }
 
 // revokeUserKeys revokes a user's keys by the prefix lists show, for when the key is lost.

@@ -231,27 +231,28 @@ func (s *Store) ListKeys(ctx context.Context, userID, afterID uint64, limit int)
 
 // RevokeAPIKey is RevokeKey that tells "no such live key" (ErrKeyNotFound) apart from a
 // database failure, so the admin API can answer 404 instead of 500, and that reports whose
-// key it was.
-func (s *Store) RevokeAPIKey(ctx context.Context, key string) (userID uint64, err error) {
+// key it was, by the name every admin view shows (ids are the store's own).
+func (s *Store) RevokeAPIKey(ctx context.Context, key string) (user string, err error) {
 	hash := HashKey(key)
 	err = s.withRetry(ctx, "revoke key", func() error {
-		return s.db.GetContext(ctx, &userID, "SELECT user_id FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL", hash[:])
+		return s.db.GetContext(ctx, &user,
+			"SELECT u.name FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.key_hash = ? AND k.revoked_at IS NULL", hash[:])
 	})
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, fmt.Errorf("revoke key: %w", ErrKeyNotFound)
+		return "", fmt.Errorf("revoke key: %w", ErrKeyNotFound)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("revoke key: %w", err)
+		return "", fmt.Errorf("revoke key: %w", err)
 	}
 	if err := s.RevokeKey(ctx, key); err != nil {
 		// Revoked concurrently between the two statements: the key is dead either way.
 		if s.keyRevoked(ctx, hash) {
-			return userID, nil
+			return user, nil
 		}
-		return 0, err
+		return "", err
 	}
-	s.log.Info("key revoked", zap.Uint64("user_id", userID), zap.String("prefix", key[:min(len(key), 10)]))
-	return userID, nil
+	s.log.Info("key revoked", zap.String("user", user), zap.String("prefix", key[:min(len(key), 10)]))
+	return user, nil
 }
 
 func (s *Store) keyRevoked(ctx context.Context, hash [32]byte) bool {

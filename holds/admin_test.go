@@ -67,8 +67,8 @@ func TestRevokeKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if owner, err := f.store.RevokeAPIKey(f.ctx(), k1); err != nil || owner != u.ID {
-		t.Fatalf("revoke: %d, %v", owner, err)
+	if owner, err := f.store.RevokeAPIKey(f.ctx(), k1); err != nil || owner != "kim" {
+		t.Fatalf("revoke: %q, %v; want kim's key revoked", owner, err)
 	}
 	if _, err := f.store.RevokeAPIKey(f.ctx(), k1); !errors.Is(err, holds.ErrKeyNotFound) {
 		t.Fatalf("revoke twice: %v", err)
