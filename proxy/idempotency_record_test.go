@@ -23,7 +23,9 @@ func TestIdemCorruptStoredAnswerIsNotRunAgain(t *testing.T) {
 		name    string
 		corrupt func(ctx context.Context, h *harness, record string) error
 	}{
-		{"status 0", func(ctx context.Context, h *harness, rec string) error { return h.rdb.HSet(ctx, rec, "status", "0").Err() }},
+		{"status 0", func(ctx context.Context, h *harness, rec string) error {
+			return h.rdb.HSet(ctx, rec, "status", "0").Err()
+		}},
 		{"status gone", func(ctx context.Context, h *harness, rec string) error { return h.rdb.HDel(ctx, rec, "status").Err() }},
 		{"answer gone", func(ctx context.Context, h *harness, rec string) error { return h.rdb.HDel(ctx, rec, "resp").Err() }},
 	} {
