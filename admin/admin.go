@@ -565,8 +565,9 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	// The cursor of the next page: ?after=<last_id>, with the same filters.
-	writeJSON(w, http.StatusOK, List(runs, limit, h.views.Run, func(run holds.UserRun) any { return run.RunID }))
+	// The cursor of the next page: ?after=<last_id>, with the same filters. It holds the last
+	// run's position, so the run may be pruned before the next page is asked for.
+	writeJSON(w, http.StatusOK, List(runs, limit, h.views.Run, func(run holds.UserRun) any { return f.Cursor(run.Run) }))
 }
 
 // usageReport answers GET /reports/usage?from=YYYY-MM-DD&to=YYYY-MM-DD[&user=][&format=csv].

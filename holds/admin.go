@@ -315,9 +315,11 @@ type RunFilter struct {
 	// or reconciled run may settle long after it began. Either one lists settled runs only,
 	// newest settlement first, so that a billing team can list the runs behind a report day.
 	SettledSince, SettledUntil time.Time
-	// After is a run id from an earlier page: only runs listed after it (older, or as old
-	// with a smaller run id) are listed. Runs admitted in one batch share created_at, so
-	// Until alone cannot page past them.
+	// After is where an earlier page ended: only runs listed after it (older, or as old with
+	// a smaller run id) are listed. Runs admitted in one batch share created_at, so Until
+	// alone cannot page past them. It is the Cursor of that page's last run, which holds the
+	// run's position, or (the cursor of before) that run's id, which is looked up and so
+	// fails once the run is pruned.
 	After string
 	Limit int // 1-10000
 }
@@ -375,23 +377,12 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
 		where, args = append(where, t.column+" "+t.op+" ?"), append(args, t.t.UTC())
 	}
 	if f.After != "" {
-		var after sql.NullTime
-		err := s.withRetry(ctx, "list runs", func() error {
-			return s.db.GetContext(ctx, &after, "SELECT "+at+" FROM run_holds WHERE run_id = ?", f.After)
-		})
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil, fmt.Errorf("list runs: %w: %q is no run", ErrBadAfter, f.After)
-		}
+		pos, err := s.runPosition(ctx, f.After, at)
 		if err != nil {
 			return nil, fmt.Errorf("list runs: %w", err)
 		}
-		if !after.Valid {
-			// Only a listing by settlement reads a nullable column: no page of it ends on a
-			// run that has not settled.
-			return nil, fmt.Errorf("list runs: %w: %q has not settled", ErrBadAfter, f.After)
-		}
 		where = append(where, "("+at+" < ? OR ("+at+" = ? AND run_id < ?))")
-		args = append(args, after.Time, after.Time, f.After)
+		args = append(args, pos.at, pos.at, pos.runID)
 	}
 	q := "SELECT " + runColumns + ", COALESCE((SELECT u.name FROM users u WHERE u.id = run_holds.user_id), '') AS user_name FROM run_holds"
 	if len(where) > 0 {
@@ -408,6 +399,86 @@ func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
 		return nil, fmt.Errorf("list runs: %w", err)
 	}
 	return out, nil
+}
+
+// runCursorTime is the layout of a run cursor's time: UTC to the microsecond, the precision
+// of created_at and settled_at, so that the position it names is exact.
+const runCursorTime = "2006-01-02T15:04:05.000000Z"
+
+// runOrders names the column a run listing is ordered by in its cursors.
+var runOrders = map[string]string{"created_at": "created", "settled_at": "settled"}
+
+// Cursor is the After that lists the runs after r in the listing f selects:
+// ORDER/TIME/RUN_ID, where ORDER is created or settled (the column the listing is ordered
+// by), TIME r's value of it and RUN_ID r's id. It carries the position, so the next page
+// needs no row of r: a run pruned between two pages (gateway prune deletes old settled
+// runs) no longer breaks a walk, as its id as the cursor did.
+func (f RunFilter) Cursor(r Run) string {
+	order, t := "created", r.CreatedAt
+	if f.bySettlement() {
+		order, t = "settled", r.SettledAt.Time
+	}
+	return order + "/" + t.UTC().Format(runCursorTime) + "/" + r.RunID
+}
+
+// runPos is where a page of runs ended: the value of the listing's order column and the run
+// id of its last run.
+type runPos struct {
+	at    time.Time
+	runID string
+}
+
+// runPosition reads after, the cursor of a listing ordered by column at: a Cursor holds the
+// position; anything else is taken for a run id, the cursor of before, whose row is read.
+func (s *Store) runPosition(ctx context.Context, after, at string) (runPos, error) {
+	order, rest, ok := strings.Cut(after, "/")
+	if ok && (order == "created" || order == "settled") {
+		return parseRunCursor(after, order, rest, runOrders[at])
+	}
+	var t sql.NullTime
+	err := s.withRetry(ctx, "list runs", func() error {
+		return s.db.GetContext(ctx, &t, "SELECT "+at+" FROM run_holds WHERE run_id = ?", after)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return runPos{}, fmt.Errorf("%w: %q is no run (a pruned run's id cannot be paged from: send the last_id a page answers, which holds the position)", ErrBadAfter, after)
+	}
+	if err != nil {
+		return runPos{}, fmt.Errorf("read the position of run %q: %w", after, err)
+	}
+	if !t.Valid {
+		// Only a listing by settlement reads a nullable column: no page of it ends on a
+		// run that has not settled.
+		return runPos{}, fmt.Errorf("%w: %q has not settled", ErrBadAfter, after)
+	}
+	return runPos{at: t.Time, runID: after}, nil
+}
+
+// parseRunCursor reads the TIME/RUN_ID rest of a Cursor of order, for a listing in order want.
+// A cursor of the other order is refused: its time is not a position in this listing.
+func parseRunCursor(after, order, rest, want string) (runPos, error) {
+	if order != want {
+		return runPos{}, fmt.Errorf("%w: %q is the cursor of a listing by %s, and this one lists by %s: page with the same filters",
+			ErrBadAfter, after, orderName(order), orderName(want))
+	}
+	ts, runID, _ := strings.Cut(rest, "/")
+	t, err := time.Parse(runCursorTime, ts)
+	if err != nil || !storableTime(t) {
+		return runPos{}, fmt.Errorf("%w: %q: its time %q is not YYYY-MM-DDTHH:MM:SS.ffffffZ (UTC, six digits of fraction)", ErrBadAfter, after, ts)
+	}
+	// The column's collation compares other bytes without an error and matches nothing, and
+	// no run id is longer than the column.
+	if runID == "" || !utf8.ValidString(runID) || utf8.RuneCountInString(runID) > 64 {
+		return runPos{}, fmt.Errorf("%w: %q: its run id is not 1-64 characters of UTF-8 text", ErrBadAfter, after)
+	}
+	return runPos{at: t, runID: runID}, nil
+}
+
+// orderName is how an error names a run listing's order.
+func orderName(order string) string {
+	if order == "settled" {
+		return "settlement"
+	}
+	return "creation"
 }
 
 // UsageRow is one line of the usage report: one user, one UTC day of settlement, one model.

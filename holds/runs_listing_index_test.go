@@ -2,6 +2,7 @@ package holds_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"testing"
@@ -46,6 +47,9 @@ func TestRunListingReadsAPageNotTheTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	const page = 4*limit + 20 // rows a page may read
+	// The run the "next page" cases go on after, as a page that ended on it would answer.
+	at := start.Add(time.Duration(perUser-limit) * time.Minute)
+	boundary := holds.Run{RunID: fmt.Sprintf("r_%s_%05d", users[1].Name, perUser-limit), CreatedAt: at, SettledAt: sql.NullTime{Time: at, Valid: true}}
 	for _, tc := range []struct {
 		name string
 		f    holds.RunFilter
@@ -57,6 +61,8 @@ func TestRunListingReadsAPageNotTheTable(t *testing.T) {
 		{"next page", holds.RunFilter{After: fmt.Sprintf("r_%s_%05d", users[1].Name, perUser-limit)}, page},
 		{"settled in a day", holds.RunFilter{SettledSince: start.Add(24 * time.Hour), SettledUntil: start.Add(48 * time.Hour)}, page},
 		{"settled, next page", holds.RunFilter{SettledSince: start, After: fmt.Sprintf("r_%s_%05d", users[1].Name, perUser-limit)}, page},
+		{"next page, by its cursor", holds.RunFilter{After: (holds.RunFilter{}).Cursor(boundary)}, page},
+		{"settled, next page, by its cursor", holds.RunFilter{SettledSince: start, After: (holds.RunFilter{SettledSince: start}).Cursor(boundary)}, page},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.f.Limit = limit

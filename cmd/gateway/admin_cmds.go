@@ -33,7 +33,7 @@ const adminUsage = `  user list      [-after NAME] [-limit 100]
                  (negative amount = refund; the same -key again prints the original grant)
   balance        -user NAME
   runs           [-user NAME] [-state queued|running|settled] [-since T] [-until T]
-                 [-settled-since T] [-settled-until T] [-after RUN_ID] [-limit 100]
+                 [-settled-since T] [-settled-until T] [-after CURSOR] [-limit 100]
   report         [-from YYYY-MM-DD] [-to YYYY-MM-DD] [-user NAME] [-format csv|json]
   prune          -days N [-batch 1000]   (delete runs settled more than N >= 7 days ago; their
                  sums are kept, so reports, audit and balances read the same)
@@ -361,7 +361,7 @@ func runsCmd(ctx context.Context, args []string) error {
 	var user, state, since, until, settledSince, settledUntil, after string
 	var limit int
 	e, st, v, err := adminEnv(ctx, "runs", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&after, "after", "", "only runs listed after this run id (the last of the previous page)")
+		fs.StringVar(&after, "after", "", "only runs listed after this cursor: the last_id of the previous page (or, as before, its last run's id)")
 		fs.StringVar(&user, "user", "", "only this user's runs")
 		fs.StringVar(&state, "state", "", "queued, running or settled")
 		fs.StringVar(&since, "since", "", "created at or after (RFC 3339 or YYYY-MM-DD, UTC)")
@@ -402,7 +402,7 @@ func runsCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printJSON(admin.List(runs, limit, v.Run, func(r holds.UserRun) any { return r.RunID }))
+	return printJSON(admin.List(runs, limit, v.Run, func(r holds.UserRun) any { return f.Cursor(r.Run) }))
 }
 
 func parseWhen(name, s string) (time.Time, error) {
