@@ -450,7 +450,7 @@ func (c *Config) Validate() error {
 		bad("redis_url (REDIS_URL)", "%q is not a redis:// or rediss:// URL", redactURL(c.RedisURL))
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < 16 {
-		bad("admin_token (ADMIN_TOKEN)", "is shorter than 16 characters")
+		bad("admin_token (ADMIN_TOKEN)", "is shorter than 16 bytes")
 	}
 	if !sendableSecret(c.AdminToken) {
 		bad("admin_token (ADMIN_TOKEN)", "has white space at either end or a control character (a newline kept from a secret file?): "+
