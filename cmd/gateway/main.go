@@ -28,7 +28,7 @@ var usage = `usage: gateway <command> [flags]
 
 commands:
   serve          run the gateway (flags: -config FILE, -pprof ADDR)
-  migrate        apply missing database migrations
+  migrate        [-lock-wait 2s]   apply missing database migrations (safe to run twice)
   reconcile      settle expired holds once (-once; -force: without the lock) and exit
   user create    -name NAME [-plan standard]
   key create     -user NAME   (prints the key once)
