@@ -762,7 +762,7 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 			Message: "The upstream refused the gateway's credentials.", NoRetry: true})
 		return http.StatusBadGateway
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
-		body = operatorAccountIDs.ReplaceAllFunc(body, redactAccountID)
+		body = redactAccountIDs(body, resp.Header)
 		copyResponseHeaders(w.Header(), resp.Header)
 		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
 		bound := s.boundWrites(http.NewResponseController(w))
@@ -826,6 +826,37 @@ func redactAccountID(id []byte) []byte {
 		return []byte("org-(redacted)")
 	}
 	return []byte("proj_(redacted)")
+}
+
+// anthropicOrganization matches the operator's organisation id, a UUID, where Anthropic's
+// rate-limit refusals word it: "the rate limit for your organization (0dccdde6-…) of 20,000
+// input tokens per minute", and later "… per minute (org: 8016…, model: …)". Only after those
+// words: a UUID elsewhere in an error may be the caller's own (an id it sent, quoted back).
+var anthropicOrganization = regexp.MustCompile(`(?i)(organization\s*\(\s*|\borg:\s*)[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b`)
+
+// accountHeaders name the operator's account at the provider in an answer's headers, which
+// dropResponseHeaders keeps from callers; their values are kept out of a relayed body too.
+var accountHeaders = []string{"Openai-Organization", "Openai-Project", "Anthropic-Organization-Id"}
+
+// minAccountIDLen is the shortest account header value looked for in a body: a shorter one
+// (a placeholder, "none") would take words of the message with it.
+const minAccountIDLen = 8
+
+// redactAccountIDs replaces the ids of the operator's account at the provider that an error
+// body words — OpenAI's org- and proj_ ids, Anthropic's organisation UUID, and wherever they
+// stand, the values of the answer's own account headers (h) — by "(redacted)", keeping what
+// kind of id it was.
+func redactAccountIDs(body []byte, h http.Header) []byte {
+	body = operatorAccountIDs.ReplaceAllFunc(body, redactAccountID)
+	body = anthropicOrganization.ReplaceAll(body, []byte("${1}(redacted)"))
+	for _, k := range accountHeaders {
+		for _, v := range h.Values(k) {
+			if v = strings.TrimSpace(v); len(v) >= minAccountIDLen {
+				body = bytes.ReplaceAll(body, []byte(v), []byte("(redacted)"))
+			}
+		}
+	}
+	return body
 }
 
 // upstreamRequest builds the request to upstream's path: body (rewritten for a call), the

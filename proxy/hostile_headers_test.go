@@ -202,3 +202,47 @@ func TestEncodedUpstreamErrorIsWordedByTheGateway(t *testing.T) {
 		t.Errorf("code %q, want upstream_refused (the gateway's words)", code)
 	}
 }
+
+// TestAnthropicOrganizationNotNamedInRelayedErrors: Anthropic words its rate-limit refusals
+// with the operator's organisation id, a UUID — "would exceed the rate limit for your
+// organization (0dccdde6-…) of 20,000 input tokens per minute", and in its newer wording "(org:
+// 8016…, model: …)" — the id the gateway keeps from callers in the Anthropic-Organization-Id
+// header (TestOperatorAccountHeadersNotRelayed). Only OpenAI's org-/proj_ ids were redacted
+// from a relayed 4xx, so every caller of /v1/messages rate-limited at the provider (and of the
+// token counter) read the operator's organisation id.
+func TestAnthropicOrganizationNotNamedInRelayedErrors(t *testing.T) {
+	const org, org2 = "0dccdde6-f924-4f1b-bb3b-92ef846e0a5b", "80162711-722B-4454-ae75-c6334e6796f2"
+	const msgBody = `{"model":"claude-test","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct{ name, path, body, message string }{
+		{"older wording", "/v1/messages", msgBody, "This request would exceed the rate limit for your organization (" + org +
+			") of 20,000 input tokens per minute. For details, refer to: https://docs.anthropic.com/en/api/rate-limits."},
+		{"newer wording", "/v1/messages", msgBody, "This request would exceed your organization's rate limit of 30,000 input tokens per minute (org: " + org2 +
+			", model: claude-test). For details, refer to: https://docs.claude.com/en/api/rate-limits."},
+		{"token counter", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
+			"This request would exceed the rate limit for your organization (" + org + ") of 100 requests per minute."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, _ := failureHarness(t, failingUpstream(http.StatusTooManyRequests,
+				map[string]string{"Anthropic-Organization-Id": org, "Retry-After": "3"},
+				`{"type":"error","error":{"type":"rate_limit_error","message":"`+tc.message+`"},"request_id":"req_011CZRtHe9vmeRRMu6G4rMhJ"}`))
+			_, key := h.user("standard")
+			resp := h.post(key, tc.path, tc.body, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "3" {
+				t.Fatalf("status %d, Retry-After %q: %s, want the upstream's 429 and its advice", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+			}
+			for _, id := range []string{org, org2, strings.ToLower(org2)} {
+				if strings.Contains(string(body), id) {
+					t.Errorf("the relayed error names the operator's organisation %s: %s", id, body)
+				}
+			}
+			if !strings.Contains(string(body), "rate_limit_error") || !strings.Contains(string(body), "req_011CZRtHe9vmeRRMu6G4rMhJ") {
+				t.Errorf("the relayed error lost the provider's words: %s", body)
+			}
+			if n, err := strconv.Atoi(resp.Header.Get("Content-Length")); err != nil || n != len(body) {
+				t.Errorf("Content-Length %q for a body of %d bytes", resp.Header.Get("Content-Length"), len(body))
+			}
+		})
+	}
+}
