@@ -56,6 +56,13 @@ func (k Keys) SpokenAnswer(userID uint64, id string) string {
 	return k.Prefix + "spoken:{" + strconv.FormatUint(userID, 10) + "}:" + id
 }
 
+// SpokenOwner is the user a spoken chat answer (its provider audio id) was made for: the
+// provider keeps every caller's spoken answers under the operator's one account, and one sent
+// back by another user is refused while this record lasts. Its own slot: the id alone names it.
+func (k Keys) SpokenOwner(id string) string {
+	return k.Prefix + "spokenowner:{" + id + "}"
+}
+
 // Dedup is the fingerprint window of one user's request body.
 func (k Keys) Dedup(userID uint64, bodyHash string) string {
 	return k.Prefix + "dedup:{" + strconv.FormatUint(userID, 10) + "}:" + bodyHash

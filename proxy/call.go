@@ -143,7 +143,11 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		}
 	}
 	if len(req.sentBack) > 0 {
-		s.hearAgain(r.Context(), user.ID, req, log)
+		if id := s.hearAgain(r.Context(), user.ID, req, log); id != "" {
+			// Worded as for an id the provider does not know: to this caller, it is none.
+			return refuse(&apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "audio_not_found",
+				Message: fmt.Sprintf("Audio with id '%s' not found.", id), NoRetry: true}, "validation", nil)
+		}
 	}
 	// A caller-named run groups many calls under one hold; without a name a call is a run of
 	// one that settles when it ends.

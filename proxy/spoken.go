@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"context"
+	"errors"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
@@ -19,15 +21,48 @@ import (
 // before it reports it).
 
 // hearAgain puts the audio tokens recorded for the spoken answers req sends back in place of
-// the SentBackAnswerTokens each counts in its estimates. An answer without a record (another
-// user's, one the gateway did not see, one older than a day) keeps the flat figure.
-func (s *Server) hearAgain(ctx context.Context, userID uint64, req *callRequest, log *zap.Logger) {
+// the SentBackAnswerTokens each counts in its estimates. An answer without a record (one the
+// gateway did not see, one older than a day) keeps the flat figure.
+//
+// foreign is the first id sent back that is a spoken answer made for another user
+// (SpokenOwner): the provider keeps every caller's answers under the operator's account, so
+// the model would hear that user's answer for this one. Known for the answers the gateway saw
+// end within recordTTL; an id it has no record of is forwarded, as it is when Redis does not
+// answer in time. One round trip: the owners' keys are in slots of their own, so not in the
+// MGET.
+func (s *Server) hearAgain(ctx context.Context, userID uint64, req *callRequest, log *zap.Logger) (foreign string) {
 	keys := make([]string, len(req.sentBack))
 	for i, id := range req.sentBack {
 		keys[i] = s.keys.SpokenAnswer(userID, id)
 	}
+	ctx, cancel := context.WithTimeout(ctx, recordLookupTimeout)
+	defer cancel()
+	var tokens *redis.SliceCmd
+	owners := make([]*redis.StringCmd, len(req.sentBack))
+	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		tokens = p.MGet(ctx, keys...)
+		for i, id := range req.sentBack {
+			owners[i] = p.Get(ctx, s.keys.SpokenOwner(id))
+		}
+		return nil
+	})
+	for i, o := range owners {
+		owner, err := o.Uint64()
+		if err == nil && owner != userID {
+			return req.sentBack[i]
+		}
+		if err != nil && !errors.Is(err, redis.Nil) {
+			log.Info("owner of a spoken answer sent back not read; forwarded", zap.Error(err))
+			break
+		}
+	}
+	vals, err := tokens.Result()
+	if err != nil {
+		log.Info("records of earlier answers not read; estimated from the request alone", zap.Error(err))
+		return ""
+	}
 	var delta int64
-	for _, n := range s.recordedTokens(ctx, keys, log) {
+	for _, n := range parseTokens(vals) {
 		if n > 0 {
 			delta += n - metering.SentBackAnswerTokens
 		}
@@ -35,24 +70,30 @@ func (s *Server) hearAgain(ctx context.Context, userID uint64, req *callRequest,
 	// Each record is at most pricing.MaxTokens and there are at most 64: no overflow.
 	req.inputEstimate = max(0, req.inputEstimate+delta)
 	req.audioEstimate = max(0, req.audioEstimate+delta)
+	return ""
 }
 
 // spokenAnswers is what a chat call's spoken answers hand on to a request that sends them
 // back: each id with its share of the audio tokens settled (one answer a choice; the usage
-// reports their sum). None for a call that spoke nothing.
+// reports their sum), and the user it was made for, written once (the first to record an id
+// is the caller it was made for). None for a call that spoke nothing.
 func (s *Server) spokenAnswers(c *call, st holds.Settlement) []tokenRecord {
 	if c.req.route.format != metering.FormatChat {
 		return nil
 	}
 	ids := c.meter.Result().SpokenIDs
-	audio := st.Usage.Clamp().AudioOutput
-	if len(ids) == 0 || audio == 0 {
+	if len(ids) == 0 {
 		return nil
 	}
-	share := (audio + int64(len(ids)) - 1) / int64(len(ids))
-	records := make([]tokenRecord, len(ids))
-	for i, id := range ids {
-		records[i] = tokenRecord{key: s.keys.SpokenAnswer(c.user.ID, id), tokens: share}
+	records := make([]tokenRecord, 0, 2*len(ids))
+	for _, id := range ids {
+		records = append(records, tokenRecord{key: s.keys.SpokenOwner(id), tokens: int64(c.user.ID), firstOnly: true})
+	}
+	if audio := st.Usage.Clamp().AudioOutput; audio > 0 {
+		share := (audio + int64(len(ids)) - 1) / int64(len(ids))
+		for _, id := range ids {
+			records = append(records, tokenRecord{key: s.keys.SpokenAnswer(c.user.ID, id), tokens: share})
+		}
 	}
 	return records
 }
