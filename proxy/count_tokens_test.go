@@ -152,6 +152,7 @@ func TestCountTokensRefusals(t *testing.T) {
 		{"unpriced", key, `{"model":"claude-unpriced-zzz","messages":[]}`, 400, "invalid_request_error"},
 		{"not anthropic", key, `{"model":"fake-gpt","messages":[]}`, 400, "invalid_request_error"},
 		{"invalid json", key, `{"model":`, 400, "invalid_request_error"},
+		{"model after a repeated empty key", key, `{"model":"claude-test","":0,"":0,"messages":[],"model":"claude-unpriced-zzz"}`, 400, "invalid_request_error"},
 	} {
 		resp := h.post("", "/v1/messages/count_tokens", tc.body, map[string]string{"X-Api-Key": tc.key})
 		body := readAll(t, resp.Body)

@@ -14,7 +14,8 @@ import (
 const keysBeforeSet = 16
 
 // repeatedKeyAnywhere returns a key that some object of the JSON raw (valid: parseObject has
-// checked) holds more than once, compared unescaped, as "path.key", or "". The gateway reads
+// checked) holds more than once, compared unescaped, as "path.key", and whether there is one
+// (the top level's repeated empty key is ""). The gateway reads
 // the first of repeated keys (gjson), providers the last, at every depth: a message that shows
 // the gateway a short "content" and the provider a long one was estimated (the charge of a
 // call whose usage never came, the output bound within its cap) for the short one, and the
@@ -23,7 +24,7 @@ const keysBeforeSet = 16
 //
 // One pass over the bytes, with no copy of a key that has no escape in it (see cacheControls
 // for why the body is not walked level by level with gjson).
-func repeatedKeyAnywhere(raw string) string {
+func repeatedKeyAnywhere(raw string) (string, bool) {
 	type frame struct {
 		object  bool
 		wantKey bool
@@ -76,7 +77,7 @@ func repeatedKeyAnywhere(raw string) string {
 						path = strings.TrimSuffix(path, ".") + "[]."
 					}
 				}
-				return path + k
+				return path + k, true
 			}
 			f.key = k
 			keys = append(keys, k)
@@ -90,7 +91,7 @@ func repeatedKeyAnywhere(raw string) string {
 			}
 		}
 	}
-	return ""
+	return "", false
 }
 
 // seenKey reports whether k is among an object's keys: in set once it has one, else in keys.
@@ -140,10 +141,13 @@ func repeatedPromptKey(f metering.Format, root gjson.Result) string {
 		if !m.IsObject() {
 			return true
 		}
-		if found = repeatedKey(m, messageReadKeys...); found == "" {
-			if found = repeatedPartKey(m.Get("content"), "content", 0); found == "" {
-				found = repeatedToolCallKey(m.Get("tool_calls"))
+		if k, ok := repeatedKey(m, messageReadKeys...); ok {
+			found = k
+			if k == "" {
+				found = `""` // a repeated empty key: the path must not read as none
 			}
+		} else if found = repeatedPartKey(m.Get("content"), "content", 0); found == "" {
+			found = repeatedToolCallKey(m.Get("tool_calls"))
 		}
 		return found == ""
 	})
@@ -167,10 +171,10 @@ func repeatedPartKey(content gjson.Result, at string, depth int) string {
 		case !p.IsObject():
 			found = repeatedPartKey(p, "", depth+1)
 		default:
-			if found = repeatedKey(p, partReadKeys...); found == "" {
-				found = repeatedPartKey(p.Get("content"), ".content", depth+1)
+			if k, ok := repeatedKey(p, partReadKeys...); ok {
+				found = "." + k
 			} else {
-				found = "." + found
+				found = repeatedPartKey(p.Get("content"), ".content", depth+1)
 			}
 		}
 		return found == ""
@@ -195,10 +199,13 @@ func repeatedToolCallKey(calls gjson.Result) string {
 		if !tc.IsObject() {
 			return true
 		}
-		if k := repeatedKey(tc, "function"); k != "" {
+		if k, ok := repeatedKey(tc, "function"); ok {
 			found = k
+			if k == "" {
+				found = `""` // a repeated empty key: the path must not read as none
+			}
 		} else if fn := tc.Get("function"); fn.IsObject() {
-			if k := repeatedKey(fn, "arguments"); k != "" {
+			if k, ok := repeatedKey(fn, "arguments"); ok {
 				found = "function." + k
 			}
 		}

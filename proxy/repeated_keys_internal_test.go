@@ -22,23 +22,28 @@ func TestRepeatedKeyAnywhere(t *testing.T) {
 		b.WriteString(extra + `"end":1}}`)
 		return b.String()
 	}
-	cases := []struct{ body, want string }{
-		{`{"a":1,"b":{"a":1},"c":[{"a":1},{"a":2}]}`, ""},
-		{`{"a":"x\"y{\"a\":1,\"a\":2}","b":"}"}`, ""}, // repeats inside a string are text
-		{`{"m":[{"role":"user","content":"hi","content":"long"}]}`, "m[].content"},
-		{`{"m":[[{"x":{"t":1,"t":2}}]]}`, "m[][].x.t"},
-		{`{"a":{"b":1},"c":{"d":1,"\u0064":2}}`, "c.d"}, // escaped: the same key to a provider
-		{`{"a":{"k":1,"K":2}}`, ""},                     // case variants: repeatedPromptKey's business
-		{many(""), ""},
-		{many(`"k3":0,`), "a.k3"}, // past keysBeforeSet
-		{many(`"k39":0,`), "a.k39"},
+	cases := []struct {
+		body, want string
+		found      bool
+	}{
+		{`{"a":1,"b":{"a":1},"c":[{"a":1},{"a":2}]}`, "", false},
+		{`{"a":"x\"y{\"a\":1,\"a\":2}","b":"}"}`, "", false}, // repeats inside a string are text
+		{`{"m":[{"role":"user","content":"hi","content":"long"}]}`, "m[].content", true},
+		{`{"m":[[{"x":{"t":1,"t":2}}]]}`, "m[][].x.t", true},
+		{`{"a":{"b":1},"c":{"d":1,"\u0064":2}}`, "c.d", true}, // escaped: the same key to a provider
+		{`{"a":{"k":1,"K":2}}`, "", false},                    // case variants: repeatedPromptKey's business
+		{many(""), "", false},
+		{many(`"k3":0,`), "a.k3", true}, // past keysBeforeSet
+		{many(`"k39":0,`), "a.k39", true},
+		{`{"":0,"":1,"model":"a","model":"b"}`, "", true}, // the top level's empty key, repeated
+		{`{"":0,"a":{"":1,"":2}}`, "a.", true},
 	}
 	for _, tc := range cases {
 		if !gjson.Valid(tc.body) {
 			t.Fatalf("test body is not JSON: %s", tc.body)
 		}
-		if got := repeatedKeyAnywhere(tc.body); got != tc.want {
-			t.Errorf("repeatedKeyAnywhere(%.80s) = %q, want %q", tc.body, got, tc.want)
+		if got, found := repeatedKeyAnywhere(tc.body); got != tc.want || found != tc.found {
+			t.Errorf("repeatedKeyAnywhere(%.80s) = %q, %v, want %q, %v", tc.body, got, found, tc.want, tc.found)
 		}
 	}
 }
@@ -61,6 +66,10 @@ func TestRepeatedPromptKey(t *testing.T) {
 		{metering.FormatAnthropic, `{"messages":[{"role":"assistant","content":[{"type":"tool_use","input":{"id":1,"ID":2}}]}]}`, ""},
 		{metering.FormatChat, `{"tools":[{"type":"function","function":{"parameters":{"properties":{"id":{},"ID":{}}}}}],"messages":[{"role":"user","content":"a"}]}`, ""},
 		{metering.FormatChat, `{"messages":[{"role":"user","content":"a","name":"x"}]}`, ""},
+		// A repeated empty key is found, and named so that the path does not read as none.
+		{metering.FormatChat, `{"messages":[{"role":"user","":0,"":1,"content":"a","Content":"long"}]}`, `messages[0].""`},
+		{metering.FormatChat, `{"messages":[{"role":"assistant","tool_calls":[{"":0,"":1,"function":{}}]}]}`, `messages[0].tool_calls[0].""`},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"":0,"":1,"text":"a","Text":"long"}]}]}`, `messages[0].content[0].`},
 	}
 	for _, tc := range cases {
 		if got := repeatedPromptKey(tc.f, gjson.Parse(tc.body)); got != tc.want {
@@ -86,7 +95,7 @@ func BenchmarkRepeatedKeyAnywhere(b *testing.B) {
 			raw := sb.String()
 			b.SetBytes(int64(len(raw)))
 			for b.Loop() {
-				if k := repeatedKeyAnywhere(raw); k != "" {
+				if k, ok := repeatedKeyAnywhere(raw); ok {
 					b.Fatalf("repeated key %q in a body of distinct keys", k)
 				}
 			}

@@ -199,17 +199,17 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	// The gateway reads the first of repeated keys (gjson), providers the last: a body that
 	// names one model, stream mode, output bound or usage option to the gateway and another
 	// to the provider would be billed for what it did not run.
-	if k := repeatedKey(root, readKeys...); k != "" {
+	if k, ok := repeatedKey(root, readKeys...); ok {
 		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k))
 	}
 	if so := root.Get("stream_options"); so.IsObject() {
-		if k := repeatedKey(so, "include_usage"); k != "" {
+		if k, ok := repeatedKey(so, "include_usage"); ok {
 			return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key \"stream_options.%s\" (keys are compared with case folded).", k))
 		}
 	}
 	if conv := root.Get("conversation"); conv.IsObject() {
 		// The conversation whose context the estimate counts (continuedFrom).
-		if k := repeatedKey(conv, "id"); k != "" {
+		if k, ok := repeatedKey(conv, "id"); ok {
 			return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key \"conversation.%s\" (keys are compared with case folded).", k))
 		}
 	}
@@ -298,7 +298,7 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	// whose usage never comes, the output bound within the cap) must be what the provider
 	// bills. Last, so that a body refused for what a repeat hid (an option billed at other
 	// rates) is told so.
-	if k := repeatedKeyAnywhere(root.Raw); k != "" {
+	if k, ok := repeatedKeyAnywhere(root.Raw); ok {
 		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", k))
 	}
 	if k := repeatedPromptKey(rt.format, root); k != "" {
@@ -461,33 +461,36 @@ func nestedDeeperThan(b []byte, limit int) bool {
 }
 
 // repeatedKey returns a key that obj holds more than once, or one that is a misspelling of a
-// key in read (the keys the gateway reads), or "". Keys are compared unescaped and with case
+// key in read (the keys the gateway reads), and whether there is one: the key found may be
+// "" (an empty key is a key; read as "no repeat", a repeated one hid every repeat after it, a
+// second "model" among them). Keys are compared unescaped and with case
 // folded as Go's encoding/json matches them to fields ("Model", "MODEL", "ſtream" with
 // U+017F): a provider decoding with it reads "model" and "Model" as one key (the last), and
 // "Stream" alone as "stream", which the gateway would not see.
-func repeatedKey(obj gjson.Result, read ...string) string {
+func repeatedKey(obj gjson.Result, read ...string) (string, bool) {
 	seen := make(map[string]struct{}, 16)
 	readFolded := make([]string, len(read))
 	for i, r := range read {
 		readFolded[i] = foldKey(r)
 	}
 	var dup string
+	found := false
 	obj.ForEach(func(k, _ gjson.Result) bool {
 		f := foldKey(k.Str)
 		if _, ok := seen[f]; ok {
-			dup = k.Str
+			dup, found = k.Str, true
 			return false
 		}
 		seen[f] = struct{}{}
 		for i, r := range read {
 			if k.Str != r && f == readFolded[i] {
-				dup = k.Str
+				dup, found = k.Str, true
 				return false
 			}
 		}
 		return true
 	})
-	return dup
+	return dup, found
 }
 
 // foldKey maps every rune of s to the smallest of its simple case folding orbit, so that

@@ -22,7 +22,7 @@ func BenchmarkRepeatedKey(b *testing.B) {
 	root := gjson.Parse(sb.String())
 	b.SetBytes(int64(sb.Len()))
 	for b.Loop() {
-		if k := repeatedKey(root, readKeys...); k != "" {
+		if k, ok := repeatedKey(root, readKeys...); ok {
 			b.Fatalf("repeated key %q in a body of distinct keys", k)
 		}
 	}

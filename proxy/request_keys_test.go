@@ -83,6 +83,9 @@ func TestRepeatedKeysCannotChangeWhatIsBilled(t *testing.T) {
 		{"Include_Usage", `{"model":"fake-gpt","stream":true,"stream_options":{"include_usage":true,"Include_Usage":false},"messages":[{"role":"user","content":"hi"}]}`},
 		{"Stream alone", `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"}],"Stream":true}`},
 		{"long s stream", `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"}],"ſtream":true}`},
+		// An empty key is a key: repeated, it must not read as "no repeat", nor hide a later one.
+		{"after a repeated empty key", `{"model":"cheap","":0,"":0,"messages":[{"role":"user","content":"hi"}],"model":"fake-gpt"}`},
+		{"stream after a repeated empty key", `{"model":"fake-gpt","stream":false,"":0,"":0,"messages":[{"role":"user","content":"hi"}],"stream":true}`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
