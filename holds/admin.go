@@ -231,12 +231,14 @@ func (s *Store) ListKeys(ctx context.Context, userID, afterID uint64, limit int)
 
 // RevokeAPIKey is RevokeKey that tells "no such live key" (ErrKeyNotFound) apart from a
 // database failure, so the admin API can answer 404 instead of 500, and that reports whose
-// key it was, by the name every admin view shows (ids are the store's own).
+// key it was, by the name every admin view shows (ids are the store's own). A key whose user
+// row is gone (deleted by hand: there are no foreign keys) is still revoked, its user named ""
+// as the runs listing names an orphan's: a user restored under that id would have it back.
 func (s *Store) RevokeAPIKey(ctx context.Context, key string) (user string, err error) {
 	hash := HashKey(key)
 	err = s.withRetry(ctx, "revoke key", func() error {
-		return s.db.GetContext(ctx, &user,
-			"SELECT u.name FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.key_hash = ? AND k.revoked_at IS NULL", hash[:])
+		return s.db.GetContext(ctx, &user, `SELECT COALESCE(u.name, '') FROM api_keys k LEFT JOIN users u ON u.id = k.user_id
+			WHERE k.key_hash = ? AND k.revoked_at IS NULL`, hash[:])
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", fmt.Errorf("revoke key: %w", ErrKeyNotFound)

@@ -360,3 +360,26 @@ func TestRevokeByPartOfAPrefixSaysWhatAPrefixIs(t *testing.T) {
 		t.Fatalf("the key should still be live: %v", err)
 	}
 }
+
+// TestRevokeKeyOfADeletedUser: a key whose user row is gone (deleted by hand; the store keeps
+// no foreign keys) is still a live key: a user restored under the same id, from a backup,
+// would authenticate with it again. Revoking it named its user by a join that found no user
+// and answered ErrKeyNotFound ("no live key with that value"), leaving the key live.
+func TestRevokeKeyOfADeletedUser(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("gone", "standard")
+	key, err := f.store.CreateKey(f.ctx(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.ExecContext(f.ctx(), "DELETE FROM users WHERE id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if owner, err := f.store.RevokeAPIKey(f.ctx(), key); err != nil || owner != "" {
+		t.Fatalf("revoke a deleted user's key: %q, %v; want it revoked, its user unnamed", owner, err)
+	}
+	var live int
+	if err := f.db.GetContext(f.ctx(), &live, "SELECT COUNT(*) FROM api_keys WHERE user_id = ? AND revoked_at IS NULL", u.ID); err != nil || live != 0 {
+		t.Fatalf("%d live keys of the deleted user (%v), want 0", live, err)
+	}
+}
