@@ -739,14 +739,25 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 	// did not ask for (the transport decodes the gzip it asks for) is bytes it cannot read,
 	// nor keep the operator's account ids out of. The status stays, the words are the
 	// gateway's (the upstream's start is in the log line above), its retry advice (a 429's
-	// Retry-After) the provider's.
+	// Retry-After) the provider's. So is JSON that the redaction of the operator's account ids
+	// would leave unparsable (an id the body words as a number, not in a string).
 	enc := resp.Header.Get("Content-Encoding")
 	tooLarge, encoded := len(body) > maxUpstreamErrorBody, enc != "" && !strings.EqualFold(enc, "identity")
-	if (tooLarge || encoded) && resp.StatusCode >= 400 && resp.StatusCode < 500 &&
-		resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden {
+	relayed := resp.StatusCode >= 400 && resp.StatusCode < 500 &&
+		resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden
+	var redacted []byte
+	unparsable := false
+	if relayed && !tooLarge && !encoded {
+		redacted = redactAccountIDs(body, resp.Header)
+		unparsable = !bytes.Equal(redacted, body) && json.Valid(body) && !json.Valid(redacted)
+	}
+	if relayed && (tooLarge || encoded || unparsable) {
 		why := fmt.Sprintf("over %d bytes", maxUpstreamErrorBody)
-		if !tooLarge {
+		switch {
+		case encoded && !tooLarge:
 			why = "in an encoding the gateway did not ask for"
+		case unparsable:
+			why = "naming the gateway's account at the provider where it cannot be left out"
 		}
 		copyUpstreamHeaders(w.Header(), resp.Header, upstreamRetryHeaders)
 		writeError(w, &apiError{Status: resp.StatusCode, Type: "invalid_request_error", Code: "upstream_refused",
@@ -762,7 +773,7 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 			Message: "The upstream refused the gateway's credentials.", NoRetry: true})
 		return http.StatusBadGateway
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
-		body = redactAccountIDs(body, resp.Header)
+		body = redacted
 		copyResponseHeaders(w.Header(), resp.Header)
 		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
 		bound := s.boundWrites(http.NewResponseController(w))

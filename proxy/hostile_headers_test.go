@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bytes"
 	"compress/flate"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
@@ -244,5 +245,34 @@ func TestAnthropicOrganizationNotNamedInRelayedErrors(t *testing.T) {
 				t.Errorf("Content-Length %q for a body of %d bytes", resp.Header.Get("Content-Length"), len(body))
 			}
 		})
+	}
+}
+
+// TestAccountHeaderValueRedactionKeepsTheErrorJSON: an account header's value is redacted
+// wherever it stands in a relayed 4xx, and an OpenAI-compatible upstream may give its
+// organisation a numeric id that its error also words as a JSON number. Replaced in place by
+// "(redacted)", that number made the body JSON no client can parse ({"org_id":(redacted)}),
+// relayed as application/json with the upstream's status. Such an answer is worded by the
+// gateway, keeping the status and retry advice, as one it cannot read is.
+func TestAccountHeaderValueRedactionKeepsTheErrorJSON(t *testing.T) {
+	const org = "73418265"
+	h, _ := failureHarness(t, failingUpstream(http.StatusTooManyRequests,
+		map[string]string{"Openai-Organization": org, "Retry-After": "3"},
+		`{"error":{"message":"Rate limit reached for organization `+org+`.","type":"rate_limit_error","org_id":`+org+`}}`))
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "3" {
+		t.Fatalf("status %d, Retry-After %q: %s, want the upstream's 429 and its advice", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if !json.Valid(body) {
+		t.Fatalf("the relayed error is not JSON: %s", body)
+	}
+	if strings.Contains(string(body), org) {
+		t.Errorf("the relayed error names the operator's organisation: %s", body)
+	}
+	if n, err := strconv.Atoi(resp.Header.Get("Content-Length")); err != nil || n != len(body) {
+		t.Errorf("Content-Length %q for a body of %d bytes", resp.Header.Get("Content-Length"), len(body))
 	}
 }
