@@ -853,6 +853,11 @@ var accountHeaders = []string{"Openai-Organization", "Openai-Project", "Anthropi
 // (a placeholder, "none") would take words of the message with it.
 const minAccountIDLen = 8
 
+// maxAccountIDValues bounds the values of one account header looked for in a body, each a
+// pass over it: an account has one id, and thousands of values (what 64 KiB of headers
+// holds) cost a pass each, a fifth of a second of CPU per refusal.
+const maxAccountIDValues = 4
+
 // redactAccountIDs replaces the ids of the operator's account at the provider that an error
 // body words — OpenAI's org- and proj_ ids, Anthropic's organisation UUID, and wherever they
 // stand, the values of the answer's own account headers (h) — by "(redacted)", keeping what
@@ -861,7 +866,8 @@ func redactAccountIDs(body []byte, h http.Header) []byte {
 	body = operatorAccountIDs.ReplaceAllFunc(body, redactAccountID)
 	body = anthropicOrganization.ReplaceAll(body, []byte("${1}(redacted)"))
 	for _, k := range accountHeaders {
-		for _, v := range h.Values(k) {
+		vals := h.Values(k)
+		for _, v := range vals[:min(len(vals), maxAccountIDValues)] {
 			if v = strings.TrimSpace(v); len(v) >= minAccountIDLen {
 				body = bytes.ReplaceAll(body, []byte(v), []byte("(redacted)"))
 			}
