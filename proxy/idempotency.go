@@ -213,6 +213,9 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			if errors.Is(err, errStoredAnswerGone) {
 				continue // expired since it was read: the key is free, or Redis lost it (read again)
 			}
+			if errors.Is(err, errStoredAnswerOtherBody) {
+				return holds.Hold{}, answer(errKeyReused, false)
+			}
 			if errors.Is(err, errStoredAnswerCorrupt) {
 				log.Error("idempotent request's stored answer is corrupt; not run again", zap.Error(err))
 				return holds.Hold{}, answer(errReplayLost(rec.run), false)
@@ -304,19 +307,22 @@ func (s *Server) startIdem(ctx context.Context, ic *idemCall) error {
 }
 
 // A stored answer read apart from the record that named it: gone means the record expired
-// in between (its replay_ttl passed); corrupt means a record names a run but holds no answer
-// a caller could have been sent (edited by hand, a partial write): the attempt ran, so it is
-// not run again, and writing its status would panic net/http on a 0.
+// in between (its replay_ttl passed); other body, that it expired and a request with another
+// body under the key ran and pinned it in between (a reused key, as had it come after);
+// corrupt means a record names a run but holds no answer a caller could have been sent
+// (edited by hand, a partial write): the attempt ran, so it is not run again, and writing its
+// status would panic net/http on a 0.
 var (
-	errStoredAnswerGone    = errors.New("stored answer expired since its record was read")
-	errStoredAnswerCorrupt = errors.New("stored answer corrupt")
+	errStoredAnswerGone      = errors.New("stored answer expired since its record was read")
+	errStoredAnswerOtherBody = errors.New("stored answer is of another body")
+	errStoredAnswerCorrupt   = errors.New("stored answer corrupt")
 )
 
 // replay answers from the stored response. Nothing is written to w unless it returns nil.
 func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall) (int, error) {
 	rctx, cancel := redisStep(ctx)
 	defer cancel()
-	v, err := s.dedupRDB.HMGet(rctx, ic.record, "ctype", "resp", "hdrs", "run", "status").Result()
+	v, err := s.dedupRDB.HMGet(rctx, ic.record, "ctype", "resp", "hdrs", "run", "status", "body").Result()
 	if err != nil {
 		return 0, fmt.Errorf("read stored answer: %w", err)
 	}
@@ -326,6 +332,9 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 	status, _ := v[4].(string)
 	if run == "" {
 		return 0, errStoredAnswerGone
+	}
+	if body, _ := v[5].(string); body != "" && !ic.sameRequest(body) {
+		return 0, errStoredAnswerOtherBody
 	}
 	code, err := strconv.Atoi(status)
 	if !hasResp || err != nil || code < 200 || code > 299 {

@@ -74,19 +74,9 @@ func TestIdemCorruptStoredAnswerIsNotRunAgain(t *testing.T) {
 // reads leaves the key free (README: replayed for replay_ttl): the request runs as a new one.
 // It was answered 200 `Idempotent-Replayed: true` with an empty body.
 func TestIdemRecordExpiringBeforeItsAnswerIsReadRunsTheRequest(t *testing.T) {
-	// The replay's read of the stored answer, and no other command, asks for these fields in
-	// this order.
-	hold := testenv.NewHeldWrite("$5\r\nctype\r\n$4\r\nresp\r\n$4\r\nhdrs\r\n")
-	h := newHarnessOn(t, harnessSetup{
-		redisDialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return &testenv.HoldingConn{Conn: c, Hold: hold}, nil
-		},
-		contextTimeouts: true,
-	}, func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
+	hold := testenv.NewHeldWrite(replayReadMarker)
+	h := newHarnessOn(t, harnessSetup{redisDialer: holdingDialer(hold), contextTimeouts: true},
+		func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "expires-between-reads"}
 	first := send(h.gw.URL, key, chatBody, idem)
@@ -105,6 +95,91 @@ func TestIdemRecordExpiringBeforeItsAnswerIsReadRunsTheRequest(t *testing.T) {
 		t.Fatal("the retry never read the stored answer")
 	}
 	// The record expires while the read of its answer is on its way.
+	waitRecordExpired(t, h, first.header.Get(proxy.RunIDHeader))
+	hold.Let()
+	retry := <-done
+	h.settled()
+	if retry.err != nil || retry.status != http.StatusOK {
+		t.Fatalf("request under a key that expired before its answer was read: %d %v %s; want it run", retry.status, retry.err, retry.body)
+	}
+	if r := retry.header.Get(proxy.ReplayedHeader); r != "" || len(retry.body) == 0 {
+		t.Fatalf("answered %s=%q with a %d-byte body; want the request run, not replayed", proxy.ReplayedHeader, r, len(retry.body))
+	}
+	if n := h.fake.Calls(); n != 2 {
+		t.Fatalf("%d upstream calls, want 2", n)
+	}
+	h.expectCharges(u.ID, []string{first.header.Get(proxy.RunIDHeader), retry.header.Get(proxy.RunIDHeader)})
+}
+
+// TestIdemAnswerOfAnotherBodyStoredBetweenReadsIsNotReplayed: a record that expires between
+// the read that found it pinned and the read of its answer leaves the key free, and a request
+// with another body under the key may run and pin it in between. The answer then read is
+// that request's, for another body: replayed, it answered this body's caller with another
+// request's answer. It is a reused key (422), as it would be had it come after.
+func TestIdemAnswerOfAnotherBodyStoredBetweenReadsIsNotReplayed(t *testing.T) {
+	hold := testenv.NewHeldWrite(replayReadMarker)
+	h := newHarnessOn(t, harnessSetup{redisDialer: holdingDialer(hold), contextTimeouts: true},
+		func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "reused-between-reads"}
+	first := send(h.gw.URL, key, chatBody, idem)
+	if first.status != http.StatusOK {
+		t.Fatalf("first: %d %v %s", first.status, first.err, first.body)
+	}
+	h.settled()
+
+	done := make(chan answer, 1)
+	go func() { done <- send(h.gw.URL, key, chatBody, idem) }()
+	select {
+	case <-hold.Held():
+	case a := <-done:
+		t.Fatalf("retry answered %d %s without reading the stored answer", a.status, a.body)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retry never read the stored answer")
+	}
+	waitRecordExpired(t, h, first.header.Get(proxy.RunIDHeader))
+	otherBody := strings.Replace(chatBody, "hello", "goodbye", 1)
+	other := send(h.gw.URL, key, otherBody, idem) // not settled() yet: that waits for the held retry too
+	if other.status != http.StatusOK || other.header.Get(proxy.ReplayedHeader) != "" {
+		t.Fatalf("another body under the freed key: %d %s; want it run", other.status, other.body)
+	}
+	hold.Let()
+	retry := <-done
+	h.settled()
+	if retry.err != nil || retry.status != http.StatusUnprocessableEntity || !strings.Contains(string(retry.body), "idempotency_key_reused") {
+		t.Fatalf("the first body's retry, the key now pinned by another body: %d %v %s (%s=%q); want 422 idempotency_key_reused",
+			retry.status, retry.err, retry.body, proxy.ReplayedHeader, retry.header.Get(proxy.ReplayedHeader))
+	}
+	if n := h.fake.Calls(); n != 2 {
+		t.Fatalf("%d upstream calls, want 2", n)
+	}
+	h.expectCharges(u.ID, []string{first.header.Get(proxy.RunIDHeader), other.header.Get(proxy.RunIDHeader)})
+}
+
+// replayReadMarker is in the replay's read of a stored answer, and in no other command: it
+// asks for these fields in this order.
+const replayReadMarker = "$5\r\nctype\r\n$4\r\nresp\r\n$4\r\nhdrs\r\n"
+
+// holdingDialer connects the gateway's Redis client through connections that hold hold's
+// marked write.
+func holdingDialer(hold *testenv.HeldWrite) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &testenv.HoldingConn{Conn: c, Hold: hold}, nil
+	}
+}
+
+// waitRecordExpired waits until the key's one replay record has expired in Redis and its
+// attempt, firstRun, settled replay_ttl (1 s) ago by the database clock: the record's
+// replay_ttl runs from its pin, just before the attempt settled, and a record Redis no longer
+// has is taken for expired only once the attempt settled replay_ttl ago (README:
+// idempotent_response_lost), so that is waited for too, not left to how late a poll saw the
+// expiry.
+func waitRecordExpired(t *testing.T, h *harness, firstRun string) {
+	t.Helper()
 	ctx := context.Background()
 	recs, err := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
 	if err != nil || len(recs) != 1 {
@@ -123,14 +198,10 @@ func TestIdemRecordExpiringBeforeItsAnswerIsReadRunsTheRequest(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// The record's replay_ttl runs from its pin, just before the attempt settled; a record
-	// Redis no longer has is taken for expired once the attempt settled replay_ttl ago by the
-	// database clock (README: idempotent_response_lost), so that is waited for too, not left
-	// to how late the poll above saw the expiry.
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		var settledLongAgo bool
 		if err := h.db.GetContext(ctx, &settledLongAgo, `SELECT settled_at <= NOW(6) - INTERVAL 1 SECOND FROM run_holds WHERE run_id = ?`,
-			first.header.Get(proxy.RunIDHeader)); err != nil {
+			firstRun); err != nil {
 			t.Fatal(err)
 		}
 		if settledLongAgo {
@@ -141,19 +212,6 @@ func TestIdemRecordExpiringBeforeItsAnswerIsReadRunsTheRequest(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	hold.Let()
-	retry := <-done
-	h.settled()
-	if retry.err != nil || retry.status != http.StatusOK {
-		t.Fatalf("request under a key that expired before its answer was read: %d %v %s; want it run", retry.status, retry.err, retry.body)
-	}
-	if r := retry.header.Get(proxy.ReplayedHeader); r != "" || len(retry.body) == 0 {
-		t.Fatalf("answered %s=%q with a %d-byte body; want the request run, not replayed", proxy.ReplayedHeader, r, len(retry.body))
-	}
-	if n := h.fake.Calls(); n != 2 {
-		t.Fatalf("%d upstream calls, want 2", n)
-	}
-	h.expectCharges(u.ID, []string{first.header.Get(proxy.RunIDHeader), retry.header.Get(proxy.RunIDHeader)})
 }
 
 func countHolds(h *harness) int {
