@@ -228,7 +228,6 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	)
 	for {
 		ev, err := sc.Next()
-		meter := true
 		if err == nil && ev.Unterminated {
 			// The stream ended inside this event: forwarded if it ended cleanly; after a
 			// break, a half event followed by the error event would read as one garbled event.
@@ -239,18 +238,21 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 					c.meter.Event(ev)
 				}
 				err = end
-			} else {
+			} else if cutJSON(ev.Data) || (ev.Data == nil && !sawData && cutJSON(ev.Raw)) {
 				// An end that looks clean may be a cut too: a body delimited by the
-				// connection's close ends with io.EOF however the upstream went away.
-				meter = !cutJSON(ev.Data)
+				// connection's close ends with io.EOF however the upstream went away. An event
+				// whose JSON is cut is such a cut, and said as the break it is: relayed, the
+				// caller had half an event and a clean end (an SDK that drops an unfinished
+				// event at the end took the answer for whole), and the call ended complete.
+				// Not metered: a usage cut mid-number would be read as reported.
+				err = errStreamCut
 			}
 		}
 		if err != nil {
 			s.endStream(r, c, err, sawFinal, resp.StatusCode, writeEvent)
 			break
 		}
-		switch {
-		case ev.Data == nil && !sawData && wholeJSON(ev.Raw):
+		if ev.Data == nil && !sawData && wholeJSON(ev.Raw) {
 			// A stream request answered whole, as JSON, under the event-stream label (an
 			// upstream that set its label from the request's stream flag, then answered or
 			// failed whole): no line of it is a field, so no event carries it. Metered as the
@@ -258,7 +260,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			// its error nothing. Read as a stream, the answer was charged its prompt's
 			// estimate with no output, and the error that estimate too.
 			c.meter.Body(ev.Raw)
-		case meter:
+		} else {
 			c.meter.Event(ev)
 		}
 		sawData = sawData || ev.Data != nil
@@ -317,6 +319,9 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	}
 	return resp.StatusCode
 }
+
+// errStreamCut ends a stream that ended cleanly inside an event whose JSON is cut (relayStream).
+var errStreamCut = errors.New("upstream stream ended inside an event: its JSON is cut short")
 
 // endStream sets how a stream that stopped with err (io.EOF: a clean end) ended and, when it
 // broke before its final event, says so in the stream (writeEvent): the caller must not read a
