@@ -225,6 +225,9 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		sawFinal bool
 		sawData  bool   // an event carried data: the upstream answers as a stream
 		held     []byte // a named run's final event and what came after it
+		// strippedCR: the usage-only chunk just removed ended in a CR, whose LF, if it
+		// comes, leads the next event.
+		strippedCR bool
 	)
 	for {
 		ev, err := sc.Next()
@@ -270,8 +273,17 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			s.answerFinal(r.Context(), c)
 		}
 		if strip && metering.IsUsageOnlyChunk(ev.Data) {
+			// Removed whole: a blank line whose CR ended a read was handed on without the LF
+			// of its CRLF, which then leads the next event (metering.Scanner), and reached the
+			// caller, a byte more than the stream less this chunk, wherever the reads fell.
+			strippedCR = bytes.HasSuffix(ev.Raw, []byte{'\r'})
 			continue
 		}
+		raw := ev.Raw
+		if strippedCR && len(raw) > 0 && raw[0] == '\n' {
+			raw = raw[1:]
+		}
+		strippedCR = false
 		afterFinal := sawFinal // the caller has had the whole answer
 		if !sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
 			sawFinal = true
@@ -281,14 +293,14 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 				s.tallyWithFingerprint(r.Context(), c, s.settlementAs(c, c.wholeOutcome()))
 			}
 			s.answerFinal(r.Context(), c)
-			s.pinBeforeAnswer(r.Context(), c, c.wholeOutcome(), resp.StatusCode, ev.Raw)
+			s.pinBeforeAnswer(r.Context(), c, c.wholeOutcome(), resp.StatusCode, raw)
 			// An upstream that does not close after its final event must not keep the
 			// caller waiting for the end of an answer it has whole, nor the call its hold,
 			// lease and in-flight slot until upstream_timeout.
 			defer time.AfterFunc(finalGrace, stopUpstream).Stop()
 		}
 		if c.inRun && sawFinal {
-			held = append(held, ev.Raw...) // the scanner reuses its memory
+			held = append(held, raw...) // the scanner reuses its memory
 			if len(held) > s.cfg.Limits.MaxEventBytes {
 				// An upstream that goes on after its final event is cut: what it sends
 				// then is not the answer, and held must not grow with it (nor with what
@@ -299,7 +311,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			}
 			continue
 		}
-		if !writeEvent(ev.Raw) {
+		if !writeEvent(raw) {
 			c.outcome = outcomeCancel
 			if afterFinal || c.idemPinned {
 				// The answer is whole, and for an idempotent attempt pinned: its caller's
