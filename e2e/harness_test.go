@@ -467,6 +467,14 @@ func (w *world) usedToday(userID uint64) int64 {
 // rolls it back (once; later calls do nothing).
 func (w *world) lockUser(userID uint64) (release func()) {
 	w.t.Helper()
+	return w.lockRow("SELECT id FROM users WHERE id = ? FOR UPDATE", userID)
+}
+
+// lockRow runs lock, a SELECT … FOR UPDATE of one row by arg, in a transaction of the test's
+// own and keeps it open until release (once; later calls do nothing; the test's cleanup
+// releases it too).
+func (w *world) lockRow(lock string, arg any) (release func()) {
+	w.t.Helper()
 	ctx := context.Background()
 	conn, err := w.db.Connx(ctx)
 	if err != nil {
@@ -475,9 +483,9 @@ func (w *world) lockUser(userID uint64) (release func()) {
 	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
 		w.t.Fatal(err)
 	}
-	var id uint64
-	if err := conn.GetContext(ctx, &id, "SELECT id FROM users WHERE id = ? FOR UPDATE", userID); err != nil {
-		w.t.Fatal(err)
+	var locked any
+	if err := conn.QueryRowContext(ctx, lock, arg).Scan(&locked); err != nil {
+		w.t.Fatalf("%s (%v): %v", lock, arg, err)
 	}
 	var once sync.Once
 	release = func() {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -136,27 +135,7 @@ func TestRunCallsOnTwoProcessesOneKilled(t *testing.T) {
 // would: the run's RecordRunCall waits behind it. release rolls it back (once).
 func (w *world) lockRunRow(runID string) (release func()) {
 	w.t.Helper()
-	ctx := context.Background()
-	conn, err := w.db.Connx(ctx)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
-		w.t.Fatal(err)
-	}
-	var id string
-	if err := conn.GetContext(ctx, &id, "SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID); err != nil {
-		w.t.Fatal(err)
-	}
-	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			_, _ = conn.ExecContext(ctx, "ROLLBACK")
-			conn.Close()
-		})
-	}
-	w.t.Cleanup(release)
-	return release
+	return w.lockRow("SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID)
 }
 
 // waitingRecord waits until a RecordRunCall statement waits on the database (behind

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -74,26 +75,8 @@ func TestIdemCorruptStoredAnswerIsNotRunAgain(t *testing.T) {
 // reads leaves the key free (README: replayed for replay_ttl): the request runs as a new one.
 // It was answered 200 `Idempotent-Replayed: true` with an empty body.
 func TestIdemRecordExpiringBeforeItsAnswerIsReadRunsTheRequest(t *testing.T) {
-	hold := testenv.NewHeldWrite(replayReadMarker)
-	h := newHarnessOn(t, harnessSetup{redisDialer: holdingDialer(hold), contextTimeouts: true},
-		func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
-	u, key := h.user("standard")
-	idem := map[string]string{proxy.IdempotencyKeyHeader: "expires-between-reads"}
-	first := send(h.gw.URL, key, chatBody, idem)
-	if first.status != http.StatusOK {
-		t.Fatalf("first: %d %v %s", first.status, first.err, first.body)
-	}
-	h.settled()
-
-	done := make(chan answer, 1)
-	go func() { done <- send(h.gw.URL, key, chatBody, idem) }()
-	select {
-	case <-hold.Held():
-	case a := <-done:
-		t.Fatalf("retry answered %d %s without reading the stored answer", a.status, a.body)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the retry never read the stored answer")
-	}
+	r := retryHeldAtReplay(t, "expires-between-reads")
+	h, u, first, done, hold := r.h, r.user, r.first, r.done, r.hold
 	// The record expires while the read of its answer is on its way.
 	waitRecordExpired(t, h, first.header.Get(proxy.RunIDHeader))
 	hold.Let()
@@ -117,26 +100,8 @@ func TestIdemRecordExpiringBeforeItsAnswerIsReadRunsTheRequest(t *testing.T) {
 // that request's, for another body: replayed, it answered this body's caller with another
 // request's answer. It is a reused key (422), as it would be had it come after.
 func TestIdemAnswerOfAnotherBodyStoredBetweenReadsIsNotReplayed(t *testing.T) {
-	hold := testenv.NewHeldWrite(replayReadMarker)
-	h := newHarnessOn(t, harnessSetup{redisDialer: holdingDialer(hold), contextTimeouts: true},
-		func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
-	u, key := h.user("standard")
-	idem := map[string]string{proxy.IdempotencyKeyHeader: "reused-between-reads"}
-	first := send(h.gw.URL, key, chatBody, idem)
-	if first.status != http.StatusOK {
-		t.Fatalf("first: %d %v %s", first.status, first.err, first.body)
-	}
-	h.settled()
-
-	done := make(chan answer, 1)
-	go func() { done <- send(h.gw.URL, key, chatBody, idem) }()
-	select {
-	case <-hold.Held():
-	case a := <-done:
-		t.Fatalf("retry answered %d %s without reading the stored answer", a.status, a.body)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the retry never read the stored answer")
-	}
+	r := retryHeldAtReplay(t, "reused-between-reads")
+	h, u, key, idem, first, done, hold := r.h, r.user, r.key, r.idem, r.first, r.done, r.hold
 	waitRecordExpired(t, h, first.header.Get(proxy.RunIDHeader))
 	otherBody := strings.Replace(chatBody, "hello", "goodbye", 1)
 	other := send(h.gw.URL, key, otherBody, idem) // not settled() yet: that waits for the held retry too
@@ -154,6 +119,43 @@ func TestIdemAnswerOfAnotherBodyStoredBetweenReadsIsNotReplayed(t *testing.T) {
 		t.Fatalf("%d upstream calls, want 2", n)
 	}
 	h.expectCharges(u.ID, []string{first.header.Get(proxy.RunIDHeader), other.header.Get(proxy.RunIDHeader)})
+}
+
+// heldReplay is a retry under an Idempotency-Key whose first attempt has settled, held at
+// the read of its stored answer (retryHeldAtReplay).
+type heldReplay struct {
+	h     *harness
+	hold  *testenv.HeldWrite
+	user  holds.User
+	key   string
+	idem  map[string]string
+	first answer      // the first attempt's answer
+	done  chan answer // the retry's answer, once hold is let go
+}
+
+// retryHeldAtReplay runs a first attempt under idemKey (replay_ttl 1 s) and sends its retry,
+// returning once the retry's read of the stored answer is held on its way to Redis.
+func retryHeldAtReplay(t *testing.T, idemKey string) heldReplay {
+	t.Helper()
+	r := heldReplay{hold: testenv.NewHeldWrite(replayReadMarker), done: make(chan answer, 1),
+		idem: map[string]string{proxy.IdempotencyKeyHeader: idemKey}}
+	r.h = newHarnessOn(t, harnessSetup{redisDialer: holdingDialer(r.hold), contextTimeouts: true},
+		func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
+	r.user, r.key = r.h.user("standard")
+	r.first = send(r.h.gw.URL, r.key, chatBody, r.idem)
+	if r.first.status != http.StatusOK {
+		t.Fatalf("first: %d %v %s", r.first.status, r.first.err, r.first.body)
+	}
+	r.h.settled()
+	go func() { r.done <- send(r.h.gw.URL, r.key, chatBody, r.idem) }()
+	select {
+	case <-r.hold.Held():
+	case a := <-r.done:
+		t.Fatalf("retry answered %d %s without reading the stored answer", a.status, a.body)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retry never read the stored answer")
+	}
+	return r
 }
 
 // replayReadMarker is in the replay's read of a stored answer, and in no other command: it
