@@ -87,6 +87,38 @@ func SpokenAnswersSentBack(body []byte) []string {
 	return ids
 }
 
+// SpokenAnswerIDs lists the distinct ids of every spoken answer a chat body sends back, for the
+// check of whose answers they are: SpokenAnswersSentBack stops at maxSentBack, and another
+// user's answer sent back after 64 messages naming any other id was not checked. more is
+// whether the body sends back more than limit distinct ids (the ids are then the first limit).
+// An id longer than a model name is none, as it is to the Meter that records them.
+func SpokenAnswerIDs(body []byte, limit int) (ids []string, more bool) {
+	seen := make(map[string]struct{})
+	gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+		m.ForEach(func(k, v gjson.Result) bool {
+			if !strings.EqualFold(k.Str, "audio") || !v.IsObject() {
+				return true
+			}
+			id := v.Get("id")
+			if id.Type != gjson.String || id.Str == "" || len(id.Str) > maxModelName {
+				return true
+			}
+			if _, ok := seen[id.Str]; ok {
+				return true
+			}
+			if len(ids) == limit {
+				more = true
+				return false
+			}
+			seen[id.Str] = struct{}{}
+			ids = append(ids, id.Str)
+			return true
+		})
+		return !more
+	})
+	return ids, more
+}
+
 // mayHoldAudio reports whether body could have an audio part or an earlier spoken answer:
 // "input_audio", as a key in any case or as a value, holds "_audio" in ASCII case (no other
 // rune folds to its letters), a spoken answer is an "audio" key, unless some character of

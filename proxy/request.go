@@ -87,7 +87,10 @@ type callRequest struct {
 	// sentBack lists the earlier spoken answers a chat request sends back by their ids, each
 	// counted in the estimates at metering.SentBackAnswerTokens until Server.hearAgain puts
 	// its recorded length in its place.
-	sentBack  []string
+	sentBack []string
+	// spokenIDs are the distinct ids of every spoken answer it sends back, past sentBack's
+	// bound too (at most maxSpokenIDsChecked): each one's owner is checked (Server.hearAgain).
+	spokenIDs []string
 	userTurns int
 	maxOutput int64 // the caller's bound on output, -1 when it set none
 	// bounds holds the value of each of route.maxFields, -1 where absent: a provider may
@@ -272,6 +275,11 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	c.spoken = asksSpokenAnswer(rt.format, root)
 	if rt.format == metering.FormatChat && c.audioEstimate > 0 {
 		c.sentBack = metering.SpokenAnswersSentBack(body)
+		var more bool
+		if c.spokenIDs, more = metering.SpokenAnswerIDs(body, maxSpokenIDsChecked); more {
+			return nil, errBadRequest("too_many_audio_ids", fmt.Sprintf(
+				"A request may send back at most %d distinct earlier spoken answers ({\"audio\": {\"id\": ...}}).", maxSpokenIDsChecked))
+		}
 	}
 	if rt.format == metering.FormatResponses {
 		c.previousResponse, c.conversation = continuedFrom(root)

@@ -28,8 +28,15 @@ import (
 // (SpokenOwner): the provider keeps every caller's answers under the operator's account, so
 // the model would hear that user's answer for this one. Known for the answers the gateway saw
 // end within recordTTL; an id it has no record of is forwarded, as it is when Redis does not
-// answer in time. One round trip: the owners' keys are in slots of their own, so not in the
-// MGET.
+// answer in time. Every id sent back is checked (req.spokenIDs), not only the 64 whose length
+// is looked up: past them, another user's answer was forwarded unchecked. One round trip: the
+// owners' keys are in slots of their own, so not in the MGET.
+// maxSpokenIDsChecked bounds the distinct spoken answers a request may send back, each one's
+// owner read on the caller's path (a GET each, pipelined): a voice conversation holds one an
+// answer, and a body of 4 MiB could name 200 000. A body naming more is refused: forwarded
+// with some unchecked, one of them could be another user's.
+const maxSpokenIDsChecked = 1024
+
 func (s *Server) hearAgain(ctx context.Context, userID uint64, req *callRequest, log *zap.Logger) (foreign string) {
 	keys := make([]string, len(req.sentBack))
 	for i, id := range req.sentBack {
@@ -38,10 +45,10 @@ func (s *Server) hearAgain(ctx context.Context, userID uint64, req *callRequest,
 	ctx, cancel := context.WithTimeout(ctx, recordLookupTimeout)
 	defer cancel()
 	var tokens *redis.SliceCmd
-	owners := make([]*redis.StringCmd, len(req.sentBack))
+	owners := make([]*redis.StringCmd, len(req.spokenIDs))
 	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		tokens = p.MGet(ctx, keys...)
-		for i, id := range req.sentBack {
+		for i, id := range req.spokenIDs {
 			owners[i] = p.Get(ctx, s.keys.SpokenOwner(id))
 		}
 		return nil
@@ -49,7 +56,7 @@ func (s *Server) hearAgain(ctx context.Context, userID uint64, req *callRequest,
 	for i, o := range owners {
 		owner, err := o.Uint64()
 		if err == nil && owner != userID {
-			return req.sentBack[i]
+			return req.spokenIDs[i]
 		}
 		if err != nil && !errors.Is(err, redis.Nil) {
 			log.Info("owner of a spoken answer sent back not read; forwarded", zap.Error(err))

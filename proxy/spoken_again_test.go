@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -79,5 +80,52 @@ func TestSpokenAnswerOfAnotherUserIsNotSentBack(t *testing.T) {
 	}
 	if run, _ := h.answeredRun(other.ID, otherKey, "/v1/chat/completions", sendBack("audio_unrecorded"), nil); run.State != holds.StateSettled {
 		t.Fatalf("an id without a record: run %+v, want it forwarded", run)
+	}
+}
+
+// TestSpokenAnswerOfAnotherUserAfterManyIsNotSentBack: the ids a body sends back are looked up
+// for their estimate up to 64 of them, and only those were checked for whose answers they are:
+// 64 messages sending back any other id (the caller's own answer, 64 times) hid another user's
+// answer in the 65th, which was forwarded. Every id is checked; a body sending back more
+// distinct answers than the gateway checks is refused.
+func TestSpokenAnswerOfAnotherUserAfterManyIsNotSentBack(t *testing.T) {
+	dir := t.TempDir()
+	writeFixture(t, dir, "spoken_mine.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
+"message":{"role":"assistant","content":null,"audio":{"id":"audio_mine","data":"`+wavSeconds(1)+`","expires_at":1,"transcript":"Hello."}},"finish_reason":"stop"}],
+"usage":{"prompt_tokens":20,"completion_tokens":60,"total_tokens":80,"completion_tokens_details":{"audio_tokens":50,"text_tokens":10}}}`)
+	h, _ := harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
+		m.AudioInput = config.USDPerM{Micro: 16 * m.Input.Micro}
+		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
+	})
+	u, key := h.user("standard")
+	h.answeredRun(u.ID, key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_mine.json"})
+	h.settled()
+
+	sendBack := func(ids ...string) string {
+		var b strings.Builder
+		b.WriteString(`{"model":"fake-gpt","messages":[{"role":"user","content":"Say hello."}`)
+		for _, id := range ids {
+			b.WriteString(`,{"role":"assistant","audio":{"id":"` + id + `"}}`)
+		}
+		b.WriteString(`,{"role":"user","content":"Again."}]}`)
+		return b.String()
+	}
+	padded := make([]string, 64, 65)
+	for i := range padded {
+		padded[i] = "audio_pad"
+	}
+	other, otherKey := h.user("standard")
+	h.postRefused(t, otherKey, "/v1/chat/completions", sendBack(append(padded, "audio_mine")...), nil, http.StatusBadRequest, "audio_not_found")
+	h.expectCharges(other.ID, nil)
+
+	many := make([]string, 0, 1025)
+	for i := range 1025 {
+		many = append(many, "audio_"+strconv.Itoa(i))
+	}
+	h.postRefused(t, otherKey, "/v1/chat/completions", sendBack(many...), nil, http.StatusBadRequest, "too_many_audio_ids")
+	// 1 024 are checked (and, estimated at 1 600 audio tokens each, cost more than a call may).
+	resp := h.post(otherKey, "/v1/chat/completions", sendBack(many[:1024]...), nil)
+	if out := string(readAll(t, resp.Body)); strings.Contains(out, "too_many_audio_ids") || strings.Contains(out, "audio_not_found") {
+		t.Fatalf("1 024 ids without a record: %d %s, want them checked and the body not refused for them", resp.StatusCode, out)
 	}
 }
