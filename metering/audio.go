@@ -91,7 +91,8 @@ func SpokenAnswersSentBack(body []byte) []string {
 // check of whose answers they are: SpokenAnswersSentBack stops at maxSentBack, and another
 // user's answer sent back after 64 messages naming any other id was not checked. more is
 // whether the body sends back more than limit distinct ids (the ids are then the first limit).
-// An id longer than a model name is none, as it is to the Meter that records them.
+// An id longer than a model name is none, as it is to the Meter that records them; an id is
+// under any key that is "id" with case folded.
 func SpokenAnswerIDs(body []byte, limit int) (ids []string, more bool) {
 	seen := make(map[string]struct{})
 	gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
@@ -99,20 +100,24 @@ func SpokenAnswerIDs(body []byte, limit int) (ids []string, more bool) {
 			if !strings.EqualFold(k.Str, "audio") || !v.IsObject() {
 				return true
 			}
-			id := v.Get("id")
-			if id.Type != gjson.String || id.Str == "" || len(id.Str) > maxModelName {
+			// Every key that is "id" with case folded, as the "audio" above: a provider or
+			// relay decoding with Go's encoding/json reads "ID" as the id (the last of them).
+			v.ForEach(func(k, id gjson.Result) bool {
+				if !strings.EqualFold(k.Str, "id") || id.Type != gjson.String || id.Str == "" || len(id.Str) > maxModelName {
+					return true
+				}
+				if _, ok := seen[id.Str]; ok {
+					return true
+				}
+				if len(ids) == limit {
+					more = true
+					return false
+				}
+				seen[id.Str] = struct{}{}
+				ids = append(ids, id.Str)
 				return true
-			}
-			if _, ok := seen[id.Str]; ok {
-				return true
-			}
-			if len(ids) == limit {
-				more = true
-				return false
-			}
-			seen[id.Str] = struct{}{}
-			ids = append(ids, id.Str)
-			return true
+			})
+			return !more
 		})
 		return !more
 	})

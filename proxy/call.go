@@ -142,7 +142,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 				Message: fmt.Sprintf("Previous response with id '%s' not found.", req.previousResponse), NoRetry: true}, "validation", nil)
 		}
 	}
-	if len(req.sentBack) > 0 {
+	if len(req.spokenIDs) > 0 {
 		if id := s.hearAgain(r.Context(), user.ID, req, log); id != "" {
 			// Worded as for an id the provider does not know: to this caller, it is none.
 			return refuse(&apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "audio_not_found",

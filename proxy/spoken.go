@@ -47,7 +47,9 @@ func (s *Server) hearAgain(ctx context.Context, userID uint64, req *callRequest,
 	var tokens *redis.SliceCmd
 	owners := make([]*redis.StringCmd, len(req.spokenIDs))
 	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		tokens = p.MGet(ctx, keys...)
+		if len(keys) > 0 { // none when every id is under another case of "id"
+			tokens = p.MGet(ctx, keys...)
+		}
 		for i, id := range req.spokenIDs {
 			owners[i] = p.Get(ctx, s.keys.SpokenOwner(id))
 		}
@@ -62,6 +64,9 @@ func (s *Server) hearAgain(ctx context.Context, userID uint64, req *callRequest,
 			log.Info("owner of a spoken answer sent back not read; forwarded", zap.Error(err))
 			break
 		}
+	}
+	if tokens == nil {
+		return ""
 	}
 	vals, err := tokens.Result()
 	if err != nil {

@@ -129,3 +129,29 @@ func TestSpokenAnswerOfAnotherUserAfterManyIsNotSentBack(t *testing.T) {
 		t.Fatalf("1 024 ids without a record: %d %s, want them checked and the body not refused for them", resp.StatusCode, out)
 	}
 }
+
+// TestSpokenAnswerOfAnotherUserByAnyKeyCaseIsNotSentBack: a provider or relay that decodes with
+// Go's encoding/json matches "ID" (or "Id") to the audio's id, as the gateway matches "Audio"
+// to audio; the gateway read "id" alone, so another user's answer sent back as {"ID": …} was
+// not checked and forwarded. An escaped key is the same key.
+func TestSpokenAnswerOfAnotherUserByAnyKeyCaseIsNotSentBack(t *testing.T) {
+	dir := t.TempDir()
+	writeFixture(t, dir, "spoken_mine.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
+"message":{"role":"assistant","content":null,"audio":{"id":"audio_mine","data":"`+wavSeconds(1)+`","expires_at":1,"transcript":"Hello."}},"finish_reason":"stop"}],
+"usage":{"prompt_tokens":20,"completion_tokens":60,"total_tokens":80,"completion_tokens_details":{"audio_tokens":50,"text_tokens":10}}}`)
+	h, _ := harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
+		m.AudioInput = config.USDPerM{Micro: 16 * m.Input.Micro}
+		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
+	})
+	u, key := h.user("standard")
+	h.answeredRun(u.ID, key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_mine.json"})
+	h.settled()
+
+	other, otherKey := h.user("standard")
+	for _, audio := range []string{`{"ID":"audio_mine"}`, `{"Id":"audio_mine"}`, `{"\u0069D":"audio_mine"}`, `{"id":"audio_pad","ID":"audio_mine"}`} {
+		body := `{"model":"fake-gpt","messages":[{"role":"user","content":"Say hello."},
+			{"role":"assistant","audio":` + audio + `},{"role":"user","content":"Again."}]}`
+		h.postRefused(t, otherKey, "/v1/chat/completions", body, nil, http.StatusBadRequest, "audio_not_found")
+	}
+	h.expectCharges(other.ID, nil)
+}
