@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"context"
-	"errors"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
@@ -38,34 +36,15 @@ func (s *Server) carriedContext(ctx context.Context, userID uint64, ids []string
 	for i, id := range ids {
 		keys[i] = s.keys.ResponseContext(userID, id)
 	}
-	ctx, cancel := context.WithTimeout(ctx, recordLookupTimeout)
-	defer cancel()
-	var tokens *redis.SliceCmd
-	var owner *redis.StringCmd
-	// One round trip; the owner's key is in a slot of its own, so not in the same MGET.
-	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		tokens = p.MGet(ctx, keys...)
-		if previousResponse != "" {
-			owner = p.Get(ctx, s.keys.ResponseOwner(previousResponse))
-		}
-		return nil
-	})
-	if vals, err := tokens.Result(); err != nil {
-		log.Info("records of earlier answers not read; estimated from the request alone", zap.Error(err))
-	} else {
-		for _, n := range parseTokens(vals) {
-			carried = max(carried, n)
-		}
+	var ownerKeys []string
+	if previousResponse != "" {
+		ownerKeys = []string{s.keys.ResponseOwner(previousResponse)}
 	}
-	if owner != nil {
-		id, err := owner.Uint64()
-		switch {
-		case err == nil:
-			foreign = id != userID
-		case !errors.Is(err, redis.Nil):
-			log.Info("owner of the continued answer not read; forwarded", zap.Error(err))
-		}
+	tokens, owners := s.readRecords(ctx, keys, ownerKeys, log)
+	for _, n := range tokens {
+		carried = max(carried, n)
 	}
+	foreign = len(owners) == 1 && owners[0] != 0 && owners[0] != userID
 	return carried, foreign
 }
 

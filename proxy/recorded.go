@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -35,18 +36,43 @@ type tokenRecord struct {
 	firstOnly bool
 }
 
-// recordedTokens reads the tokens recorded under keys, one round trip: 0 for a key with
-// none, and for every key when Redis does not answer in time.
-func (s *Server) recordedTokens(ctx context.Context, keys []string, log *zap.Logger) []int64 {
-	tokens := make([]int64, len(keys))
+// readRecords reads in one round trip the tokens recorded under keys (0 for a key with none)
+// and the user recorded as the owner under each of ownerKeys (0 for none; the owners' keys
+// are in slots of their own, so not in the MGET). What Redis does not answer in time reads
+// as none, and is logged: a record is a hint, and an owner unread lets the request through,
+// as one never recorded does.
+func (s *Server) readRecords(ctx context.Context, keys, ownerKeys []string, log *zap.Logger) (tokens []int64, owners []uint64) {
+	tokens, owners = make([]int64, len(keys)), make([]uint64, len(ownerKeys))
 	ctx, cancel := context.WithTimeout(ctx, recordLookupTimeout)
 	defer cancel()
-	vals, err := s.rdb.MGet(ctx, keys...).Result()
-	if err != nil {
-		log.Info("records of earlier answers not read; estimated from the request alone", zap.Error(err))
-		return tokens
+	var counts *redis.SliceCmd
+	ownerCmds := make([]*redis.StringCmd, len(ownerKeys))
+	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if len(keys) > 0 { // an MGET of no key is an error
+			counts = p.MGet(ctx, keys...)
+		}
+		for i, k := range ownerKeys {
+			ownerCmds[i] = p.Get(ctx, k)
+		}
+		return nil
+	})
+	if counts != nil {
+		if vals, err := counts.Result(); err != nil {
+			log.Info("records of earlier answers not read; estimated from the request alone", zap.Error(err))
+		} else {
+			tokens = parseTokens(vals)
+		}
 	}
-	return parseTokens(vals)
+	for i, o := range ownerCmds {
+		id, err := o.Uint64()
+		switch {
+		case err == nil:
+			owners[i] = id
+		case !errors.Is(err, redis.Nil):
+			log.Info("owner of an earlier answer not read; forwarded", zap.String("key", ownerKeys[i]), zap.Error(err))
+		}
+	}
+	return tokens, owners
 }
 
 // parseTokens reads an MGET's values as token counts: 0 for a key with none or with anything

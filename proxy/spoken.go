@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"context"
-	"errors"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
@@ -20,6 +18,12 @@ import (
 // what the model hears again (the provider's count of that audio as input is not known
 // before it reports it).
 
+// maxSpokenIDsChecked bounds the distinct spoken answers a request may send back, each one's
+// owner read on the caller's path (a GET each, pipelined): a voice conversation holds one an
+// answer, and a body of 4 MiB could name 200 000. A body naming more is refused: forwarded
+// with some unchecked, one of them could be another user's.
+const maxSpokenIDsChecked = 1024
+
 // hearAgain puts the audio tokens recorded for the spoken answers req sends back in place of
 // the SentBackAnswerTokens each counts in its estimates. An answer without a record (one the
 // gateway did not see, one older than a day) keeps the flat figure.
@@ -29,52 +33,24 @@ import (
 // the model would hear that user's answer for this one. Known for the answers the gateway saw
 // end within recordTTL; an id it has no record of is forwarded, as it is when Redis does not
 // answer in time. Every id sent back is checked (req.spokenIDs), not only the 64 whose length
-// is looked up: past them, another user's answer was forwarded unchecked. One round trip: the
-// owners' keys are in slots of their own, so not in the MGET.
-// maxSpokenIDsChecked bounds the distinct spoken answers a request may send back, each one's
-// owner read on the caller's path (a GET each, pipelined): a voice conversation holds one an
-// answer, and a body of 4 MiB could name 200 000. A body naming more is refused: forwarded
-// with some unchecked, one of them could be another user's.
-const maxSpokenIDsChecked = 1024
-
+// is looked up: past them, another user's answer was forwarded unchecked.
 func (s *Server) hearAgain(ctx context.Context, userID uint64, req *callRequest, log *zap.Logger) (foreign string) {
 	keys := make([]string, len(req.sentBack))
 	for i, id := range req.sentBack {
 		keys[i] = s.keys.SpokenAnswer(userID, id)
 	}
-	ctx, cancel := context.WithTimeout(ctx, recordLookupTimeout)
-	defer cancel()
-	var tokens *redis.SliceCmd
-	owners := make([]*redis.StringCmd, len(req.spokenIDs))
-	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		if len(keys) > 0 { // none when every id is under another case of "id"
-			tokens = p.MGet(ctx, keys...)
-		}
-		for i, id := range req.spokenIDs {
-			owners[i] = p.Get(ctx, s.keys.SpokenOwner(id))
-		}
-		return nil
-	})
-	for i, o := range owners {
-		owner, err := o.Uint64()
-		if err == nil && owner != userID {
+	ownerKeys := make([]string, len(req.spokenIDs))
+	for i, id := range req.spokenIDs {
+		ownerKeys[i] = s.keys.SpokenOwner(id)
+	}
+	tokens, owners := s.readRecords(ctx, keys, ownerKeys, log)
+	for i, owner := range owners {
+		if owner != 0 && owner != userID {
 			return req.spokenIDs[i]
 		}
-		if err != nil && !errors.Is(err, redis.Nil) {
-			log.Info("owner of a spoken answer sent back not read; forwarded", zap.Error(err))
-			break
-		}
-	}
-	if tokens == nil {
-		return ""
-	}
-	vals, err := tokens.Result()
-	if err != nil {
-		log.Info("records of earlier answers not read; estimated from the request alone", zap.Error(err))
-		return ""
 	}
 	var delta int64
-	for _, n := range parseTokens(vals) {
+	for _, n := range tokens {
 		if n > 0 {
 			delta += n - metering.SentBackAnswerTokens
 		}
