@@ -55,17 +55,7 @@ func TestSpokenAnswerSentBackEstimatedByItsLength(t *testing.T) {
 // before any hold or upstream call; the answer's own user still sends it back, and an id the
 // gateway has no record of (made before it, or older than a day) is forwarded.
 func TestSpokenAnswerOfAnotherUserIsNotSentBack(t *testing.T) {
-	dir := t.TempDir()
-	writeFixture(t, dir, "spoken_mine.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
-"message":{"role":"assistant","content":null,"audio":{"id":"audio_mine","data":"`+wavSeconds(1)+`","expires_at":1,"transcript":"Hello."}},"finish_reason":"stop"}],
-"usage":{"prompt_tokens":20,"completion_tokens":60,"total_tokens":80,"completion_tokens_details":{"audio_tokens":50,"text_tokens":10}}}`)
-	h, _ := harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
-		m.AudioInput = config.USDPerM{Micro: 16 * m.Input.Micro}
-		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
-	})
-	u, key := h.user("standard")
-	h.answeredRun(u.ID, key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_mine.json"})
-	h.settled() // the records of the answer are written after it ends
+	h, u, key := spokenAnswerMade(t)
 
 	sendBack := func(id string) string {
 		return `{"model":"fake-gpt","messages":[{"role":"user","content":"Say hello."},
@@ -89,17 +79,7 @@ func TestSpokenAnswerOfAnotherUserIsNotSentBack(t *testing.T) {
 // answer in the 65th, which was forwarded. Every id is checked; a body sending back more
 // distinct answers than the gateway checks is refused.
 func TestSpokenAnswerOfAnotherUserAfterManyIsNotSentBack(t *testing.T) {
-	dir := t.TempDir()
-	writeFixture(t, dir, "spoken_mine.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
-"message":{"role":"assistant","content":null,"audio":{"id":"audio_mine","data":"`+wavSeconds(1)+`","expires_at":1,"transcript":"Hello."}},"finish_reason":"stop"}],
-"usage":{"prompt_tokens":20,"completion_tokens":60,"total_tokens":80,"completion_tokens_details":{"audio_tokens":50,"text_tokens":10}}}`)
-	h, _ := harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
-		m.AudioInput = config.USDPerM{Micro: 16 * m.Input.Micro}
-		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
-	})
-	u, key := h.user("standard")
-	h.answeredRun(u.ID, key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_mine.json"})
-	h.settled()
+	h, _, _ := spokenAnswerMade(t)
 
 	sendBack := func(ids ...string) string {
 		var b strings.Builder
@@ -135,17 +115,7 @@ func TestSpokenAnswerOfAnotherUserAfterManyIsNotSentBack(t *testing.T) {
 // to audio; the gateway read "id" alone, so another user's answer sent back as {"ID": …} was
 // not checked and forwarded. An escaped key is the same key.
 func TestSpokenAnswerOfAnotherUserByAnyKeyCaseIsNotSentBack(t *testing.T) {
-	dir := t.TempDir()
-	writeFixture(t, dir, "spoken_mine.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
-"message":{"role":"assistant","content":null,"audio":{"id":"audio_mine","data":"`+wavSeconds(1)+`","expires_at":1,"transcript":"Hello."}},"finish_reason":"stop"}],
-"usage":{"prompt_tokens":20,"completion_tokens":60,"total_tokens":80,"completion_tokens_details":{"audio_tokens":50,"text_tokens":10}}}`)
-	h, _ := harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
-		m.AudioInput = config.USDPerM{Micro: 16 * m.Input.Micro}
-		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
-	})
-	u, key := h.user("standard")
-	h.answeredRun(u.ID, key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_mine.json"})
-	h.settled()
+	h, _, _ := spokenAnswerMade(t)
 
 	other, otherKey := h.user("standard")
 	for _, audio := range []string{`{"ID":"audio_mine"}`, `{"Id":"audio_mine"}`, `{"\u0069D":"audio_mine"}`, `{"id":"audio_pad","ID":"audio_mine"}`} {
@@ -154,4 +124,22 @@ func TestSpokenAnswerOfAnotherUserByAnyKeyCaseIsNotSentBack(t *testing.T) {
 		h.postRefused(t, otherKey, "/v1/chat/completions", body, nil, http.StatusBadRequest, "audio_not_found")
 	}
 	h.expectCharges(other.ID, nil)
+}
+
+// spokenAnswerMade is a gateway pricing audio in and out, on which a user (u, key) has had a
+// spoken answer, "audio_mine", and its records written.
+func spokenAnswerMade(t *testing.T) (h *harness, u holds.User, key string) {
+	t.Helper()
+	dir := t.TempDir()
+	writeFixture(t, dir, "spoken_mine.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
+"message":{"role":"assistant","content":null,"audio":{"id":"audio_mine","data":"`+wavSeconds(1)+`","expires_at":1,"transcript":"Hello."}},"finish_reason":"stop"}],
+"usage":{"prompt_tokens":20,"completion_tokens":60,"total_tokens":80,"completion_tokens_details":{"audio_tokens":50,"text_tokens":10}}}`)
+	h, _ = harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
+		m.AudioInput = config.USDPerM{Micro: 16 * m.Input.Micro}
+		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
+	})
+	u, key = h.user("standard")
+	h.answeredRun(u.ID, key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_mine.json"})
+	h.settled() // the records of the answer are written after it ends
+	return h, u, key
 }
