@@ -67,6 +67,14 @@ func need(flagName, value string) error {
 	return nil
 }
 
+// namedUser is the user a required -flag names (holds.ErrUnknownUser, with the name, if none).
+func namedUser(ctx context.Context, st *holds.Store, flagName, name string) (holds.UserDetail, error) {
+	if err := need(flagName, name); err != nil {
+		return holds.UserDetail{}, err
+	}
+	return st.UserDetail(ctx, name)
+}
+
 // limitFlag checks a listing's -limit against the API's bound.
 func limitFlag(limit int) error {
 	if limit < 1 || limit > admin.MaxListLimit {
@@ -111,13 +119,10 @@ func keyList(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	if err := need("user", user); err != nil {
-		return err
-	}
 	if err := limitFlag(limit); err != nil {
 		return err
 	}
-	d, err := st.UserDetail(ctx, user)
+	d, err := namedUser(ctx, st, "user", user)
 	if err != nil {
 		return err
 	}
@@ -137,10 +142,7 @@ func userShow(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	if err := need("name", name); err != nil {
-		return err
-	}
-	d, err := st.UserDetail(ctx, name)
+	d, err := namedUser(ctx, st, "name", name)
 	if err != nil {
 		return err
 	}
@@ -162,10 +164,7 @@ func userSet(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	if err := need("name", name); err != nil {
-		return err
-	}
-	d, err := st.UserDetail(ctx, name)
+	d, err := namedUser(ctx, st, "name", name)
 	if err != nil {
 		return err
 	}
@@ -236,10 +235,7 @@ func userSetDisabled(ctx context.Context, cmd string, args []string, disable boo
 		return err
 	}
 	defer e.Close()
-	if err := need("name", name); err != nil {
-		return err
-	}
-	d, err := st.UserDetail(ctx, name)
+	d, err := namedUser(ctx, st, "name", name)
 	if err != nil {
 		return err
 	}
@@ -343,10 +339,7 @@ func balanceCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	if err := need("user", user); err != nil {
-		return err
-	}
-	d, err := st.UserDetail(ctx, user)
+	d, err := namedUser(ctx, st, "user", user)
 	if err != nil {
 		return err
 	}
