@@ -197,11 +197,26 @@ func (p Price) PromptWritten(long bool) Price {
 
 // Dearest is the price that bounds a call that may be billed at p or at o (a router's
 // fallback answering instead of the model asked for): each field at the dearer of the two, so
-// its cost of any usage is at least the cost at either.
+// its cost of any usage is at least the cost at either. A part's price (one-hour writes, audio
+// in and out) is compared as Cost bills it: one left unset bills the part at its whole's
+// price, which may be dearer than the other's own part price (a fallback without an audio
+// input price bills audio at its text price of 100 USD/M, past the 40 of the model asked).
 func (p Price) Dearest(o Price) Price {
+	part := func(pPart, pWhole, oPart, oWhole int64) int64 {
+		if pPart == 0 && oPart == 0 {
+			return 0 // both bill it at their whole: the dearer whole below does too
+		}
+		billed := func(part, whole int64) int64 {
+			if part == 0 {
+				return whole
+			}
+			return part
+		}
+		return max(billed(pPart, pWhole), billed(oPart, oWhole))
+	}
 	return Price{Input: max(p.Input, o.Input), CacheRead: max(p.CacheRead, o.CacheRead), CacheWrite: max(p.CacheWrite, o.CacheWrite),
-		Output: max(p.Output, o.Output), CacheWrite1h: max(p.CacheWrite1h, o.CacheWrite1h), AudioInput: max(p.AudioInput, o.AudioInput),
-		AudioOutput: max(p.AudioOutput, o.AudioOutput)}
+		Output: max(p.Output, o.Output), CacheWrite1h: part(p.CacheWrite1h, p.CacheWrite, o.CacheWrite1h, o.CacheWrite),
+		AudioInput: part(p.AudioInput, p.Input, o.AudioInput, o.Input), AudioOutput: part(p.AudioOutput, p.Output, o.AudioOutput, o.Output)}
 }
 
 // Snapshot is the record of p kept with each settlement of model, so that a bill can be

@@ -273,3 +273,23 @@ func TestApplyDiscountDoesNotOverflow(t *testing.T) {
 		}
 	}
 }
+
+// TestDearestBoundsPartsBilledAtTheirWhole: a price without its own part price bills the part
+// at its whole's price, so the dearest of two prices bounds that part by it too: a fallback
+// without an audio input price bills audio at its input price, dearer than the other's audio
+// price here.
+func TestDearestBoundsPartsBilledAtTheirWhole(t *testing.T) {
+	asked := Price{Input: 2_500_000, CacheWrite: 3_000_000, CacheWrite1h: 4_000_000, Output: 10_000_000,
+		AudioInput: 40_000_000, AudioOutput: 80_000_000}
+	fallback := Price{Input: 100_000_000, CacheWrite: 9_000_000, Output: 200_000_000}
+	u := Usage{Input: 1000, AudioInput: 1000, CacheWrite: 1000, CacheWrite1h: 1000, Output: 1000, AudioOutput: 1000}
+	d := asked.Dearest(fallback)
+	for _, p := range []Price{asked, fallback} {
+		if d.Cost(u) < p.Cost(u) {
+			t.Fatalf("dearest %+v costs %d, less than %d at %+v", d, d.Cost(u), p.Cost(u), p)
+		}
+	}
+	if got := (Price{Input: 1, Output: 2}).Dearest(Price{Input: 3, Output: 1}); got != (Price{Input: 3, Output: 2}) {
+		t.Fatalf("dearest of two prices without parts %+v: a part unpriced by both stays unpriced", got)
+	}
+}

@@ -40,3 +40,35 @@ func TestFallbackModelsBoundTheOutputAtTheDearestPrice(t *testing.T) {
 		t.Fatalf("upstream got max_tokens=%d with no dearer fallback, want within (%d, %d]", got, capDear, capCheap)
 	}
 }
+
+// TestFallbackWithoutAudioPriceBoundsAudioAtItsInputPrice: a fallback model without an audio
+// input price bills the audio of a prompt at its text input price (pricing.Price.Cost), so the
+// output bound must reckon the prompt's audio at that price when it is dearer than the asked
+// model's own audio price. Reckoned at the asked model's 40 USD/M, a fallback billing the clip
+// at 100 USD/M could answer past the cap, the charge clamped to the cap and the rest paid by
+// the operator (DESIGN §3: the clamp in step 4 keeps each call's cost ≤ its cap).
+func TestFallbackWithoutAudioPriceBoundsAudioAtItsInputPrice(t *testing.T) {
+	h, up := jsonHarness(t, func(c *configT) {
+		m := c.Models["fake-gpt"]
+		dear := m
+		dear.Input = config.USDPerM{Micro: 100_000_000} // 100 USD/M, no audio price of its own
+		c.Models["dear-gpt"] = dear
+		m.AudioInput = config.USDPerM{Micro: 40_000_000}
+		c.Models["fake-gpt"] = m
+	})
+	_, key := h.user("standard")
+	// A clip whose length cannot be read is estimated at 1 600 tokens: at dear-gpt's 100 µUSD
+	// a token, 160 000 µUSD of the 500 000 µUSD cap, leaving at most 34 000 output tokens at
+	// 10 µUSD (less the text's share); at the asked model's 40 µUSD, about 43 600.
+	const most = (500_000 - 1_600*100) / 10
+	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","models":["fake-gpt","dear-gpt"],"max_tokens":90000000,
+		"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAAAAAA","format":"wav"}}]}]}`, nil)
+	b := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if got := up.last(t).Get("max_tokens").Int(); got <= 0 || got > most {
+		t.Fatalf("upstream got max_tokens=%d: with dear-gpt billing the clip at 100 USD/M the cap pays for at most %d", got, most)
+	}
+}
