@@ -322,7 +322,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			break
 		}
 	}
-	if c.outcome == outcomeComplete && c.meter.Result().UpstreamError {
+	if (c.outcome == outcomeComplete || c.outcome == outcomeCancel) && c.meter.Result().UpstreamError {
+		// The provider ended the answer with an error, which the SDKs raise on and close the
+		// stream at once: a caller leaving after it, before the upstream's own end reached the
+		// gateway, is no cancel. Settled as one, a failure with no output and no usage was
+		// charged its prompt's estimate, or nothing when the upstream happened to close first.
 		c.outcome = outcomeStreamError
 	}
 	if held != nil {
