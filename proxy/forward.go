@@ -223,8 +223,10 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	}
 	var (
 		sawFinal bool
+		// sawError: the provider's own error event ended the answer (see below).
+		sawError bool
 		sawData  bool   // an event carried data: the upstream answers as a stream
-		held     []byte // a named run's final event and what came after it
+		held     []byte // a named run's final (or error) event and what came after it
 		// strippedCR: the usage-only chunk just removed ended in a CR, whose LF, if it
 		// comes, leads the next event.
 		strippedCR bool
@@ -252,7 +254,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			}
 		}
 		if err != nil {
-			s.endStream(r, c, err, sawFinal, resp.StatusCode, writeEvent)
+			s.endStream(r, c, err, sawFinal || sawError, resp.StatusCode, writeEvent)
 			break
 		}
 		if ev.Data == nil && !sawData && wholeJSON(ev.Raw) {
@@ -267,10 +269,16 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			c.meter.Event(ev)
 		}
 		sawData = sawData || ev.Data != nil
-		if !sawFinal && c.meter.UpstreamError() {
+		if !sawFinal && !sawError && c.meter.UpstreamError() {
 			// An error event from the upstream ends the answer for the caller (the SDKs raise on
-			// it): give back what the call claimed against duplicates before it is sent.
+			// it): give back what the call claimed against duplicates before it is sent. As
+			// after a final event, the upstream gets finalGrace to close (the Responses API
+			// sends response.failed after its error), and a named run's call is tallied before
+			// the caller has the event: a settle sent then must find the call ended, not in
+			// flight (409 run_busy) until the upstream lets go, up to upstream_timeout.
+			sawError = true
 			s.answerFinal(r.Context(), c)
+			defer time.AfterFunc(finalGrace, stopUpstream).Stop()
 		}
 		if strip && metering.IsUsageOnlyChunk(ev.Data) {
 			// Removed whole: a blank line whose CR ended a read was handed on without the LF
@@ -299,7 +307,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			// lease and in-flight slot until upstream_timeout.
 			defer time.AfterFunc(finalGrace, stopUpstream).Stop()
 		}
-		if c.inRun && sawFinal {
+		if c.inRun && (sawFinal || sawError) {
 			held = append(held, raw...) // the scanner reuses its memory
 			if len(held) > s.cfg.Limits.MaxEventBytes {
 				// An upstream that goes on after its final event is cut: what it sends
@@ -329,9 +337,13 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		// charged its prompt's estimate, or nothing when the upstream happened to close first.
 		c.outcome = outcomeStreamError
 	}
-	if held != nil {
+	if c.inRun && (sawFinal || sawError) {
+		// (held is empty when the event that ended the answer was the usage-only chunk the
+		// caller did not ask for, named error: the call is tallied before the end all the same.)
 		s.tallyBeforeAnswer(r.Context(), c)
-		_ = writeEvent(held)
+		if held != nil {
+			_ = writeEvent(held)
+		}
 	}
 	return resp.StatusCode
 }

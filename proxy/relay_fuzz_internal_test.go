@@ -130,7 +130,8 @@ var relayEnds = [4]error{io.EOF, errors.New("read: connection reset by peer"), i
 //     usage-only chunk the gateway asked for on the caller's behalf, and for a half event left
 //     by a break; nothing of the gateway's own follows the stream's final event;
 //   - a stream that breaks (or sends an event over limits.max_event_bytes) before its final
-//     event ends with one error event in its format, upstream_broken or upstream_timeout;
+//     event ends with one error event in its format, upstream_broken or upstream_timeout,
+//     unless the provider's own error event ended the answer before: it ends as that error;
 //   - the call is metered what metering.NewMeter reads of the same bytes whole, and a named
 //     run's tally says what its settlement would;
 //   - what is read of an upstream that sends an event over the limit, and what a named run
@@ -229,10 +230,10 @@ func FuzzRelayStream(f *testing.F) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Tallied before the caller has the end of its answer: its final event (and what
-			// came after it), or the error event of a break. Any other end is tallied when the
-			// call ends, before the handler returns (finish).
-			if mustTally := want.final || want.broke; mustTally != found {
+			// Tallied before the caller has the end of its answer: its final event or the
+			// provider's error event (and what came after it), or the error event of a break.
+			// Any other end is tallied when the call ends, before the handler returns (finish).
+			if mustTally := want.final || want.sawErr || want.broke; mustTally != found {
 				t.Fatalf("tallied %v before the end of the answer went out, want %v", found, mustTally)
 			}
 			if st := s.settlementOf(c); found && (tallied.Usage != st.Usage || tallied.CostMicro != st.CostMicro) {
@@ -252,7 +253,7 @@ func leadLFDropped(got []byte, want relayWant) bool {
 // withoutLeadLF is what the caller must get less the LF between the CR that ends its last
 // upstream event and the error event of a break; nil when there is no such LF.
 func withoutLeadLF(want relayWant) []byte {
-	if !want.broke || want.final || len(want.errEvent) == 0 {
+	if !want.broke || want.final || want.sawErr || len(want.errEvent) == 0 {
 		return nil
 	}
 	head, ok := bytes.CutSuffix(want.out, want.errEvent)
@@ -270,6 +271,7 @@ type relayWant struct {
 	out      []byte
 	meter    *metering.Meter
 	final    bool   // the stream's final event came
+	sawErr   bool   // the provider's own error event ended the answer (before any final event)
 	broke    bool   // the stream ended (or was cut) with an error before its end
 	tooLarge int    // where the event over the limit starts, -1 if none
 	cutHeld  bool   // a named run's upstream went on past its final event beyond the limit
@@ -278,7 +280,7 @@ type relayWant struct {
 
 func (w relayWant) outcome() outcome {
 	switch {
-	case w.final || !w.broke:
+	case w.final || w.sawErr || !w.broke:
 		if w.meter.Result().UpstreamError {
 			return outcomeStreamError
 		}
@@ -338,13 +340,16 @@ func expectRelay(in []byte, f metering.Format, strip bool, end error, limit int,
 			w.meter.Event(ev)
 		}
 		sawData = sawData || ev.Data != nil
+		if !w.final && w.meter.UpstreamError() {
+			w.sawErr = true
+		}
 		if strip && metering.IsUsageOnlyChunk(ev.Data) {
 			continue
 		}
 		if !w.final && metering.IsFinalEvent(f, ev) {
 			w.final = true
 		}
-		if inRun && w.final {
+		if inRun && (w.final || w.sawErr) {
 			held = append(held, ev.Raw...)
 			if len(held) > limit {
 				w.cutHeld = true
@@ -355,7 +360,7 @@ func expectRelay(in []byte, f metering.Format, strip bool, end error, limit int,
 		}
 		w.out = append(w.out, ev.Raw...)
 	}
-	if w.broke && !w.final {
+	if w.broke && !w.final && !w.sawErr {
 		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream stream broke before the answer was complete."}
 		if isTimeout(err) {
