@@ -765,10 +765,11 @@ func headersTooLarge(err error) bool {
 // (4xx) pass through as the provider worded them; the provider's failures and its refusal of
 // the gateway's key become 502, since the caller can do nothing about them.
 func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
+	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
 	log.Warn("upstream refused the call", zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
-		zap.ByteString("body", body[:min(len(body), 512)]))
-	// An answer passed on cut would be JSON no client can parse; one in an encoding the gateway
+		zap.ByteString("body", body[:min(len(body), 512)]), zap.NamedError("read_error", readErr))
+	// An answer passed on cut (too large, or broken before its end) would be JSON no client can
+	// parse, under a Content-Length of its own that hides the cut; one in an encoding the gateway
 	// did not ask for (the transport decodes the gzip it asks for) is bytes it cannot read,
 	// nor keep the operator's account ids out of. The status stays, the words are the
 	// gateway's (the upstream's start is in the log line above), its retry advice (a 429's
@@ -776,17 +777,20 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 	// would leave unparsable (an id the body words as a number, not in a string).
 	enc := resp.Header.Get("Content-Encoding")
 	tooLarge, encoded := len(body) > maxUpstreamErrorBody, enc != "" && !strings.EqualFold(enc, "identity")
+	cut := readErr != nil && !tooLarge
 	relayed := resp.StatusCode >= 400 && resp.StatusCode < 500 &&
 		resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden
 	var redacted []byte
 	unparsable := false
-	if relayed && !tooLarge && !encoded {
+	if relayed && !tooLarge && !encoded && !cut {
 		redacted = redactAccountIDs(body, resp.Header)
 		unparsable = !bytes.Equal(redacted, body) && json.Valid(body) && !json.Valid(redacted)
 	}
-	if relayed && (tooLarge || encoded || unparsable) {
+	if relayed && (tooLarge || encoded || cut || unparsable) {
 		why := fmt.Sprintf("over %d bytes", maxUpstreamErrorBody)
 		switch {
+		case cut:
+			why = "broken before its end"
 		case encoded && !tooLarge:
 			why = "in an encoding the gateway did not ask for"
 		case unparsable:

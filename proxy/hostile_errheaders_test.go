@@ -97,3 +97,28 @@ func TestLargeUpstreamErrorIsNotPassedOnCut(t *testing.T) {
 		t.Fatalf("%d, %d bytes, valid JSON %v: want 400 with an error a client can read", resp.StatusCode, len(body), json.Valid(body))
 	}
 }
+
+// TestUpstreamErrorCutShortIsNotPassedOn: a 4xx whose body breaks before its Content-Length
+// was relayed as the bytes that came, under a Content-Length of their own — a cut JSON the
+// caller's SDK could not parse, and no sign that it was cut. Like one too large, it is worded
+// by the gateway, with the upstream's status.
+func TestUpstreamErrorCutShortIsNotPassedOn(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		conn, bw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(bw, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n"+
+			`{"error":{"message":"bad request`)
+		bw.Flush()
+	}, nil)
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || errorCode(t, body) != "upstream_refused" {
+		t.Fatalf("%d %s: want 400 upstream_refused, the gateway's words for an answer cut short", resp.StatusCode, body)
+	}
+}
