@@ -253,7 +253,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	ok, err := req.rewrite(budget, s.cfg.Models[req.priceKey])
 	if err != nil {
 		c.outcome = outcomeRefused
-		return refuse(errBadRequest("invalid_request", err.Error()), "rewrite", nil)
+		return refuse(errBuildUpstream, "rewrite", err)
 	}
 	if !ok {
 		c.outcome = outcomeRefused

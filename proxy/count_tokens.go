@@ -80,7 +80,7 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	up, err := s.upstreamRequest(ctx, r, m.upstream, countTokensPath, body)
 	if err != nil {
 		log.Error("build upstream request", zap.Error(err))
-		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error", Message: "Could not build the upstream request."})
+		writeError(w, errBuildUpstream)
 		return http.StatusInternalServerError
 	}
 	resp, err := s.client.Do(up)

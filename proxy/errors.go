@@ -95,6 +95,10 @@ var (
 		Message: "No such run."}
 	errRunSettled = &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "run_settled",
 		Message: "This run is already settled; start a new run id.", NoRetry: true}
+	// errBuildUpstream is the gateway's own failure to make the upstream request of a body it
+	// accepted (every field it rewrites was checked when the body was read): not the caller's.
+	errBuildUpstream = &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error",
+		Message: "Could not build the upstream request."}
 )
 
 // writeError sends e, in Anthropic's shape to a caller of the Anthropic route (see

@@ -43,7 +43,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		headersLate()
 		c.outcome = outcomeRefused
 		c.log.Error("build upstream request", zap.Error(err))
-		writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error", Message: "Could not build the upstream request."})
+		writeError(w, errBuildUpstream)
 		return http.StatusInternalServerError
 	}
 	sending := time.Now()
