@@ -6,3 +6,10 @@ func SetMaxReportRows(n int) (restore func()) {
 	maxReportRows = n
 	return func() { maxReportRows = old }
 }
+
+// SetRetry replaces the store's retry policy (tests shorten it).
+func (s *Store) SetRetry(p RetryPolicy) { s.retry = p }
+
+// Gathered is how many items wait in the batch being formed (tests wait on it; it is not
+// a queue length: items still in the channel are not counted).
+func (w *Writer) Gathered() int { return int(w.gathered.Load()) }

@@ -50,7 +50,7 @@ type RetryPolicy struct {
 	MaxBackoff         time.Duration
 }
 
-// defaultRetry is the policy NewStore starts with; SetRetry replaces it.
+// defaultRetry is the policy NewStore starts with (tests shorten it: SetRetry).
 var defaultRetry = RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second}
 
 // NewStore wires a store. defaultPlan names the plan used for a user whose plan is unknown.
@@ -63,9 +63,6 @@ func NewStore(db *sqlx.DB, plans map[string]Plan, defaultPlan string, log *zap.L
 
 // DB exposes the handle for readiness checks and tests.
 func (s *Store) DB() *sqlx.DB { return s.db }
-
-// SetRetry replaces the retry policy (tests shorten it).
-func (s *Store) SetRetry(p RetryPolicy) { s.retry = p }
 
 // plan returns the user's effective plan, with per-user overrides applied.
 func (s *Store) plan(u userRow) Plan {

@@ -169,10 +169,6 @@ func (w *Writer) Close() {
 	w.wg.Wait()
 }
 
-// Gathered is how many items wait in the batch being formed (tests wait on it; it is not
-// a queue length: items still in the channel are not counted).
-func (w *Writer) Gathered() int { return int(w.gathered.Load()) }
-
 // offer queues it. An item is queued whenever there is room, whatever ctx says; ctx bounds
 // only the wait for room in a full queue.
 func (w *Writer) offer(ctx context.Context, it writeItem) (chan writeOutcome, error) {

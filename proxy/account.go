@@ -93,7 +93,7 @@ func (s *Server) credits(w http.ResponseWriter, r *http.Request) {
 
 // creditsOf shows micro-USD as credits: an exact decimal (3.412), never a rounded float.
 func (s *Server) creditsOf(micro int64) json.Number {
-	return json.Number(pricing.FormatCredits(micro, s.creditUSD))
+	return json.Number(pricing.FormatCredits(micro, s.creditMicro))
 }
 
 // clientRunIDPattern is what a caller may name a run.

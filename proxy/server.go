@@ -47,26 +47,26 @@ type Deps struct {
 
 // Server serves the gateway's HTTP surface.
 type Server struct {
-	cfg       *config.Config
-	store     *holds.Store
-	writer    *holds.Writer // groups admissions and settlements into batch transactions
-	rdb       redis.UniversalClient
-	keys      metering.Keys
-	tally     *metering.Tally
-	budgets   *metering.RunBudget // shares a named run's cap among its calls in flight
-	leases    *metering.Leases
-	log       *zap.Logger
-	metrics   *Metrics
-	prices    *pricing.Table
-	snapshots map[string][]byte // price snapshot JSON per configured model
-	admin     http.Handler
-	client    *http.Client
-	auth      *keyCache
-	creditUSD int64
-	dedupRDB  redis.UniversalClient
-	cancels   *cancelBus
-	counting  *inFlightCounts // token counts in flight per caller (countTokens)
-	readiness readiness       // the last answer of /readyz (ready)
+	cfg         *config.Config
+	store       *holds.Store
+	writer      *holds.Writer // groups admissions and settlements into batch transactions
+	rdb         redis.UniversalClient
+	keys        metering.Keys
+	tally       *metering.Tally
+	budgets     *metering.RunBudget // shares a named run's cap among its calls in flight
+	leases      *metering.Leases
+	log         *zap.Logger
+	metrics     *Metrics
+	prices      *pricing.Table
+	snapshots   map[string][]byte // price snapshot JSON per configured model
+	admin       http.Handler
+	client      *http.Client
+	auth        *keyCache
+	creditMicro int64
+	dedupRDB    redis.UniversalClient
+	cancels     *cancelBus
+	counting    *inFlightCounts // token counts in flight per caller (countTokens)
+	readiness   readiness       // the last answer of /readyz (ready)
 
 	// shuttingDown marks calls cut at the graceful-shutdown deadline, so they settle with
 	// source "shutdown" rather than as a client's cancel.
@@ -125,7 +125,7 @@ func New(d Deps) *Server {
 		log: d.Log, metrics: d.Metrics, prices: prices, snapshots: priceSnapshots(prices), admin: d.Admin,
 		client:      &http.Client{Transport: d.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		auth:        newKeyCache(d.Store, d.Config.Limits.KeyCacheTTL),
-		creditUSD:   d.Config.CreditMicro,
+		creditMicro: d.Config.CreditMicro,
 		settleSlots: make(chan struct{}, maxBackgroundSettlements),
 		writer: holds.NewWriter(d.Store, holds.WriterConfig{Workers: writeWorkers, Linger: settleLinger,
 			AdmitTimeout: d.Config.Limits.AdmitTimeout, SettleTimeout: d.Config.Limits.SettleTimeout,
