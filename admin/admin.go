@@ -389,8 +389,8 @@ func (h *handler) createKey(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.log.Info("admin: key created", zap.String("user", d.Name), zap.String("prefix", key[:10]))
-	writeJSON(w, http.StatusCreated, map[string]any{"object": "api_key", "user": d.Name, "key": key, "prefix": key[:10],
+	h.log.Info("admin: key created", zap.String("user", d.Name), zap.String("prefix", holds.ShownPrefix(key)))
+	writeJSON(w, http.StatusCreated, map[string]any{"object": "api_key", "user": d.Name, "key": key, "prefix": holds.ShownPrefix(key),
 		"note": "This is the only time the key is shown; store it now."})
 }
 
@@ -413,7 +413,7 @@ func (h *handler) revokeKey(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "revoked": true, "user": user, "prefix": prefixOf(req.Key)})
+	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "revoked": true, "user": user, "prefix": holds.ShownPrefix(req.Key)})
 }
 
 // revokeUserKeys revokes a user's keys by the prefix lists show, for when the key is lost.
@@ -435,8 +435,6 @@ func (h *handler) revokeUserKeys(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "user": d.Name, "prefix": req.Prefix, "revoked": n})
 }
-
-func prefixOf(key string) string { return key[:min(len(key), 10)] }
 
 // --- grants and balance ---
 

@@ -23,6 +23,10 @@ const KeyPrefix = "tg_"
 // tell a user's keys apart, too little to use. Revoking by prefix compares it whole.
 const KeyPrefixLen = 10
 
+// ShownPrefix is the part of key that api_keys.prefix keeps, logs and listings show (all of a
+// key shorter than that, which no key the gateway makes is).
+func ShownPrefix(key string) string { return key[:min(len(key), KeyPrefixLen)] }
+
 // User is an account as the proxy sees it.
 type User struct {
 	ID       uint64
@@ -94,7 +98,7 @@ func (s *Store) CreateKey(ctx context.Context, userID uint64) (string, error) {
 	}
 	key := KeyPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
 	hash := HashKey(key)
-	_, err := s.db.ExecContext(ctx, "INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash[:], userID, key[:KeyPrefixLen])
+	_, err := s.db.ExecContext(ctx, "INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash[:], userID, ShownPrefix(key))
 	if err != nil {
 		return "", fmt.Errorf("create key for user %d: %w", userID, err)
 	}

@@ -253,7 +253,7 @@ func (s *Store) RevokeAPIKey(ctx context.Context, key string) (user string, err 
 		}
 		return "", err
 	}
-	s.log.Info("key revoked", zap.String("user", user), zap.String("prefix", key[:min(len(key), 10)]))
+	s.log.Info("key revoked", zap.String("user", user), zap.String("prefix", ShownPrefix(key)))
 	return user, nil
 }
 

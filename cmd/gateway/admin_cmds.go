@@ -271,7 +271,7 @@ func keyRevoke(ctx context.Context, args []string) error {
 		if _, err := st.RevokeAPIKey(ctx, key); err != nil {
 			return err
 		}
-		fmt.Printf("revoked key %s\n", key[:min(len(key), 10)])
+		fmt.Printf("revoked key %s\n", holds.ShownPrefix(key))
 	case key == "" && user != "" && prefix != "":
 		d, err := st.UserDetail(ctx, user)
 		if err != nil {
