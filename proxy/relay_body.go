@@ -1,0 +1,296 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+	"github.com/tollgate/tollgate/metering"
+	"go.uber.org/zap"
+)
+
+// relayBody copies a non-streamed answer, bounded by max_response_bytes.
+func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) int {
+	limit := s.cfg.Limits.MaxResponseBytes
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		if clientGone(r) {
+			c.outcome = outcomeCancel
+			return answerClientClosed(w, r)
+		}
+		if isTimeout(err) {
+			// The provider has the prompt and was still answering when the gateway gave up: as
+			// for a timeout before its headers, charge the prompt's estimate and say so.
+			c.outcome = outcomeUpstreamTimeout
+			c.log.Warn("upstream body timed out", zap.Error(err))
+			writeError(w, &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
+				Message: "The upstream did not finish the answer in time."})
+			return http.StatusGatewayTimeout
+		}
+		c.outcome = outcomeStreamError
+		c.log.Warn("upstream body broke", zap.Error(err))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+			Message: "The upstream connection broke before the answer was complete."})
+		return http.StatusBadGateway
+	}
+	if int64(len(body)) > limit {
+		c.outcome = outcomeStreamError
+		most := int64(math.MaxInt64)
+		if limit <= math.MaxInt64/oversizeReadFactor {
+			most = oversizeReadFactor * limit
+		}
+		// Read before the error goes out: a caller that has its answer leaves, and the
+		// upstream read, bound to its context, would end before the report.
+		read := meterOversized(c.meter, body, resp.Body, most)
+		c.log.Warn("upstream body over the limit", zap.Int64("limit", limit), zap.Int64("read", read),
+			zap.Bool("usage_found", c.meter.Result().Reported))
+		// Charged the whole answer it cannot pass on: an SDK's automatic retry of a 502 (twice,
+		// by default) would be answered as large again, and charged again, for nothing.
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_response_too_large",
+			Message: fmt.Sprintf("The upstream answer is larger than %d bytes.", limit), NoRetry: true})
+		return http.StatusBadGateway
+	}
+	if cutJSON(body) {
+		// A JSON answer that is not whole came from an upstream that went away mid-answer
+		// while its body was delimited by the connection's close (which reads as a clean
+		// end): as when it breaks a Content-Length. Metered, a usage object cut mid-number
+		// was charged as the provider's word ("completion_tokens":4 of 400).
+		c.outcome = outcomeStreamError
+		c.log.Warn("upstream body cut short", zap.Int("bytes", len(body)))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+			Message: "The upstream connection broke before the answer was complete."})
+		return http.StatusBadGateway
+	}
+	// A web page — a captive portal, a proxy's or CDN's page, a base_url that names a website —
+	// or other text that is neither JSON nor events (a maintenance page that opens with no
+	// tag, a proxy's "upstream connect error") is no model's answer: the provider never had
+	// the prompt, and the SDKs cannot read it. Relayed, it was charged the prompt's estimate on
+	// every call for as long as it stood there.
+	if webPage(body) {
+		return refuseNonAnswer(w, c, resp, body, "upstream answered with a web page",
+			"The upstream answered with a web page, not an API answer: is its base_url right?")
+	}
+	if noAnswer(body, s.cfg.Limits.MaxEventBytes) {
+		return refuseNonAnswer(w, c, resp, body, "upstream answered with text that is no API answer",
+			"The upstream answered with text that is not an API answer.")
+	}
+	meterBody(c.meter, body, s.cfg.Limits.MaxEventBytes)
+	if !c.meter.Result().Reported {
+		logErrorObject(c, body)
+	}
+	c.outcome = c.wholeOutcome()
+	if c.inRun {
+		s.tallyBeforeAnswer(r.Context(), c)
+	} else {
+		s.tallyWithFingerprint(r.Context(), c, s.settlementOf(c))
+	}
+	s.answerFinal(r.Context(), c)
+	// The upstream's headers go out only with its answer: an error answer above must not
+	// carry its Content-Length (the caller would read a truncated body) or its encoding.
+	copyResponseHeaders(w.Header(), resp.Header)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	s.pinBeforeAnswer(r.Context(), c, c.outcome, resp.StatusCode, body)
+	rc := http.NewResponseController(w)
+	bound := s.boundWrites(rc)
+	bound.next()
+	w.WriteHeader(resp.StatusCode)
+	if _, err := bound.write(w, body); err != nil && c.outcome == outcomeComplete && !c.idemPinned {
+		// Only a complete answer becomes a cancel: an upstream error stays one (what it is
+		// charged, possibly nothing, was tallied above, before the answer went out); a
+		// pinned one stays complete, as its record says (see relayStream).
+		c.outcome = outcomeCancel
+	}
+	// Flush now: the handler still has its deferred settlement to hand off, and the caller
+	// need not wait for that.
+	_ = rc.Flush()
+	return resp.StatusCode
+}
+
+// meterBody meters a whole answer: a JSON body, or else an event stream that came under
+// another content type (an upstream that left its Content-Type to sniffing gets text/plain).
+// Either way what it reported, or the text it produced, is what the call is charged.
+func meterBody(m *metering.Meter, body []byte, maxEvent int) {
+	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' {
+		m.Body(body)
+		return
+	}
+	sc := metering.NewScanner(bytes.NewReader(body), maxEvent)
+	for {
+		ev, err := sc.Next()
+		if err != nil {
+			return
+		}
+		if ev.Unterminated && cutJSON(ev.Data) {
+			return // the body ended inside this event: a cut usage is no report (see relayStream)
+		}
+		m.Event(ev)
+	}
+}
+
+// logErrorObject writes a WARN line for a successful answer whose body is an error object
+// (some OpenAI-compatible servers answer a failure with a 200): it is relayed as sent and,
+// without a usage report, charged nothing, and the log is where an operator sees that an
+// upstream fails every call. Looked for only in answers without a usage report.
+func logErrorObject(c *call, body []byte) {
+	e := gjson.GetBytes(body, "error")
+	if !e.IsObject() {
+		return
+	}
+	msg := e.Get("message").String()
+	c.log.Warn("upstream answered 200 with an error object", zap.String("upstream", c.req.upstream.Name),
+		zap.String("error_type", e.Get("type").String()), zap.String("error_message", msg[:min(len(msg), 512)]))
+}
+
+// refuseNonAnswer answers a 200 that holds no model's answer 502 upstream_error, charged
+// nothing, and logs its start.
+func refuseNonAnswer(w http.ResponseWriter, c *call, resp *http.Response, body []byte, logMsg, message string) int {
+	c.outcome = outcomeUpstreamError
+	c.log.Warn(logMsg, zap.String("upstream", c.req.upstream.Name),
+		zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", body[:min(len(body), 256)]))
+	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error", Message: message})
+	return http.StatusBadGateway
+}
+
+// webPage reports whether a whole answer is markup (HTML or XML) rather than JSON or events:
+// its first character, past white space and a byte order mark, opens a tag. No API answer of
+// any of the formats starts so.
+func webPage(body []byte) bool {
+	t := metering.TrimBody(body)
+	return len(t) > 0 && t[0] == '<'
+}
+
+// noAnswer reports whether a whole answer is text that no format answers with: not empty, not
+// JSON (an object, or an array, which a provider's native API may answer with: metered as
+// before, since the provider may have worked), and no event of it carries data (an event
+// stream under another label does).
+func noAnswer(body []byte, maxEvent int) bool {
+	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' || t[0] == '[' {
+		return false
+	}
+	sc := metering.NewScanner(bytes.NewReader(body), maxEvent)
+	for {
+		ev, err := sc.Next()
+		if err != nil {
+			return true
+		}
+		if ev.Data != nil {
+			return false
+		}
+	}
+}
+
+// wholeJSON reports whether b is a whole JSON object (white space and a byte order mark
+// around it aside).
+func wholeJSON(b []byte) bool {
+	t := metering.TrimBody(b)
+	return len(t) > 0 && t[0] == '{' && gjson.ValidBytes(t)
+}
+
+// cutJSON reports whether b (an event's data, a whole body) starts as a JSON object but is not
+// whole JSON: what an upstream that went away mid-answer leaves. gjson's check, not
+// encoding/json's: it runs on every whole answer, and takes 8 ms where that takes 18 on a
+// 7 MB list of embeddings.
+func cutJSON(b []byte) bool {
+	t := metering.TrimBody(b)
+	return len(t) > 0 && t[0] == '{' && !gjson.ValidBytes(t)
+}
+
+// oversizeReadFactor bounds how much of an answer too large to relay is still read for its
+// usage: this many times max_response_bytes.
+const oversizeReadFactor = 4
+
+// oversizeTail is how much of the end of an answer too large to relay is kept: its usage
+// report comes last, and is far smaller.
+const oversizeTail = 256 << 10
+
+// meterOversized meters an answer too large to relay from its head (the first bytes, which
+// name the model) and the usage report at its end, reading and discarding the rest as it
+// comes, up to most bytes. The provider bills what it made, whether or not the gateway can
+// pass it on: a spoken answer in WAV passes the default 32 MiB after nine minutes, and was
+// charged its prompt's estimate alone. Only an answer read to its end is metered: the report
+// comes last, so one cut (past most, or broken) has none of its own, and a "usage" object
+// found in it would be part of the answer (an Anthropic tool_use input is raw JSON the
+// caller's schema shapes). It returns how many bytes it read past head.
+func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) int64 {
+	var tail []byte
+	buf := make([]byte, 32<<10)
+	var read int64
+	var err error
+	for read < most && err == nil {
+		var n int
+		n, err = rest.Read(buf[:min(int64(len(buf)), most-read)])
+		read += int64(n)
+		tail = append(tail, buf[:n]...)
+		if len(tail) > 2*oversizeTail {
+			tail = append(tail[:0], tail[len(tail)-oversizeTail:]...)
+		}
+	}
+	ended := errors.Is(err, io.EOF)
+	if err == nil {
+		// Read up to the bound: the answer ended there only if nothing follows.
+		var one [1]byte
+		n, err := rest.Read(one[:])
+		ended = n == 0 && errors.Is(err, io.EOF)
+	}
+	if !ended {
+		return read
+	}
+	if len(tail) < oversizeTail {
+		tail = append(head[max(0, len(head)-(oversizeTail-len(tail))):len(head):len(head)], tail...)
+	}
+	usage := lastUsage(tail)
+	if !usage.IsObject() {
+		return read
+	}
+	whole := []byte(`{"usage":` + usage.Raw)
+	if model := gjson.GetBytes(head, "model"); model.Type == gjson.String {
+		whole = append(append(whole, `,"model":`...), model.Raw...)
+	}
+	m.Body(append(whole, '}'))
+	return read
+}
+
+// lastUsage is the value of the last "usage" key in b (a JSON body's end, or an event
+// stream's) whose value is an object, or an empty result when that object is cut off or
+// there is none. Linear in b: only the last key with an object value is read (a whole
+// answer's report is its last), and a "usage" that is not a key (a value, text quoting the
+// word) costs a few byte compares. Parsing from every occurrence, each from a copy of the
+// rest of b, took 8 s of CPU on a 512 KiB tail of `"usage",`.
+func lastUsage(b []byte) gjson.Result {
+	key := []byte(`"usage"`)
+	skip := func(i int) int {
+		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+			i++
+		}
+		return i
+	}
+	for end := len(b); end > 0; {
+		i := bytes.LastIndex(b[:end], key)
+		if i < 0 {
+			return gjson.Result{}
+		}
+		end = i
+		if i > 0 && b[i-1] == '\\' {
+			continue // inside a string
+		}
+		j := skip(i + len(key))
+		if j >= len(b) || b[j] != ':' {
+			continue // a value, not a key
+		}
+		if j = skip(j + 1); j >= len(b) || b[j] != '{' {
+			continue // null, or no report
+		}
+		// Read as the first key of an object, so that the value ends where its braces do
+		// (once: this is the last report, or there is none). A report cut off is none.
+		if r := gjson.GetBytes(append([]byte{'{'}, b[i:]...), "usage"); r.IsObject() && gjson.Valid(r.Raw) {
+			return r
+		}
+		return gjson.Result{}
+	}
+	return gjson.Result{}
+}

@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// upstreamRequest builds the request to upstream's path: body (rewritten for a call), the
+// caller's query and headers less the ones that belong to this hop or to the gateway, and
+// the upstream's key.
+func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream *config.Upstream, path string, body []byte) (*http.Request, error) {
+	u := strings.TrimSuffix(upstream.BaseURL, "/") + path
+	if r.URL.RawQuery != "" {
+		u += "?" + r.URL.RawQuery
+	}
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("upstream request %s: %w", u, err)
+	}
+	hop := connectionListed(r.Header)
+	for k, vv := range r.Header {
+		// A name with an underscore is dropped as nginx and Apache drop it: CGI-style servers
+		// read X_Api_Key as X-Api-Key, which would get past the list below.
+		if _, drop := dropRequestHeaders[k]; !drop && !hop[k] && !strings.Contains(k, "_") {
+			up.Header[k] = vv
+		}
+	}
+	up.Header.Set("Content-Type", "application/json")
+	key := upstream.APIKey
+	switch upstream.Kind {
+	case "anthropic":
+		if key != "" {
+			up.Header.Set("X-Api-Key", key)
+		}
+		if up.Header.Get("Anthropic-Version") == "" {
+			up.Header.Set("Anthropic-Version", "2023-06-01")
+		}
+	default:
+		if key != "" {
+			up.Header.Set("Authorization", "Bearer "+key)
+		}
+	}
+	return up, nil
+}
+
+// dropRequestHeaders never reach the upstream: hop-by-hop headers, the caller's credentials
+// (in any provider's spelling: Azure's api-key too), claims about the client's address or the
+// URL or method it used (the upstream or a proxy in front of it may trust them: a token count
+// rerouted to a model call would be served free), the gateway's own
+// headers, X-Idempotency-Key (with it Go's transport resends a request whose reused
+// connection broke after it was written: the provider may run it twice, charged once), and
+// Accept-Encoding (the meter must read plain text; the transport negotiates compression
+// itself and decompresses).
+var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Expect", "Content-Encoding", "Authorization", "X-Api-Key", "Api-Key", "Cookie", "Accept-Encoding",
+	"Content-Length", "Host", "X-Run-Id", "Idempotency-Key", "X-Idempotency-Key", "X-Session-Id", "Openai-Organization", "Openai-Project",
+	"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server",
+	"Forwarded", "X-Real-Ip", "True-Client-Ip", "X-Client-Ip", "Cf-Connecting-Ip", "X-Original-Url", "X-Rewrite-Url",
+	"X-Original-Uri", "X-Forwarded-Uri", "X-Envoy-Original-Path", "X-Http-Method-Override", "X-Method-Override", "X-Http-Method")
+
+// dropResponseHeaders are hop-by-hop, set by the gateway (an upstream that is itself a
+// gateway must not rename the caller's run or mark a first answer as a replay), or name the
+// operator's account at the provider (its organisation and project), which is not the caller's.
+var dropResponseHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding",
+	"Upgrade", "Set-Cookie", RunIDHeader, ReplayedHeader, "Openai-Organization", "Openai-Project", "Anthropic-Organization-Id")
+
+func copyResponseHeaders(dst, src http.Header) {
+	hop := connectionListed(src)
+	for k, vv := range src {
+		if _, drop := dropResponseHeaders[k]; !drop && !hop[k] {
+			dst[k] = vv
+		}
+	}
+}
+
+// connectionListed returns the (canonical) names h's Connection header lists: hop-by-hop
+// for that message alone (RFC 9110 §7.6.1), whatever their name, so never passed on, as
+// the fixed lists above are not. nil when it lists none.
+func connectionListed(h http.Header) map[string]bool {
+	var names map[string]bool
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				if names == nil {
+					names = make(map[string]bool)
+				}
+				names[http.CanonicalHeaderKey(name)] = true
+			}
+		}
+	}
+	return names
+}
+
+func setOf(names ...string) map[string]struct{} {
+	m := make(map[string]struct{}, len(names))
+	for _, n := range names {
+		m[http.CanonicalHeaderKey(n)] = struct{}{}
+	}
+	return m
+}
