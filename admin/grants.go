@@ -1,0 +1,94 @@
+package admin
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+func (h *handler) listGrants(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	limit, bad := limitParam(r)
+	if bad != nil {
+		writeError(w, bad)
+		return
+	}
+	after, bad := idParam(r, "a grant id")
+	if bad != nil {
+		writeError(w, bad)
+		return
+	}
+	grants, err := h.store.Grants(r.Context(), d.ID, after, limit+1)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, List(grants, limit, func(g holds.Grant) map[string]any { return h.views.Grant(d.Name, g, false) },
+		func(g holds.Grant) any { return g.ID }))
+}
+
+// createGrant credits (or, with a negative amount, debits) prepaid credits once per
+// idempotency key: 201 when this request created the grant, 200 with the original grant for
+// a repeat. The key may come in the body or, as payment webhooks often send it, in the
+// Idempotency-Key header.
+func (h *handler) createGrant(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		Amount         json.Number `json:"amount"` // credits, decimal; negative for a refund
+		IdempotencyKey string      `json:"idempotency_key"`
+		Reason         string      `json:"reason"`
+	}
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.IdempotencyKey == "" {
+		req.IdempotencyKey = r.Header.Get("Idempotency-Key")
+	}
+	// encoding/json decodes bytes that are not UTF-8, and escaped unpaired surrogates, to
+	// U+FFFD without an error: two different keys would arrive as one, and the second payment
+	// would be answered as a replay of the first, never credited. Keys are compared byte for
+	// byte, so one that cannot be told apart from another is refused.
+	if strings.ContainsRune(req.IdempotencyKey, utf8.RuneError) {
+		writeError(w, badRequest("invalid_request", "idempotency_key must be UTF-8 text without U+FFFD (what bytes that are not UTF-8, or unpaired surrogates, decode to): two different keys would be one grant"))
+		return
+	}
+	amount, err := pricing.ParseCredits(req.Amount.String(), h.views.CreditMicro)
+	if err != nil {
+		writeError(w, badRequest("invalid_amount", "amount must be a decimal number of credits, e.g. \"12.5\" or \"-3\": "+err.Error()))
+		return
+	}
+	g, created, err := h.store.Grant(r.Context(), holds.GrantRequest{UserID: d.ID, AmountMicro: amount,
+		IdempotencyKey: req.IdempotencyKey, Reason: req.Reason})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, h.views.Grant(d.Name, g, !created))
+}
+
+func (h *handler) balance(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	b, err := h.store.Balance(r.Context(), d.ID)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, h.views.Balance(d, b))
+}

@@ -1,0 +1,89 @@
+package admin
+
+import (
+	"net/http"
+
+	"github.com/tollgate/tollgate/holds"
+	"go.uber.org/zap"
+)
+
+func (h *handler) listKeys(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	limit, bad := limitParam(r)
+	if bad != nil {
+		writeError(w, bad)
+		return
+	}
+	after, bad := idParam(r, "a key id")
+	if bad != nil {
+		writeError(w, bad)
+		return
+	}
+	keys, err := h.store.ListKeys(r.Context(), d.ID, after, limit+1)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, List(keys, limit, h.views.Key, func(k holds.KeyInfo) any { return k.ID }))
+}
+
+// createKey issues a key and shows it this once: only its hash is stored.
+func (h *handler) createKey(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	key, err := h.store.CreateKey(r.Context(), d.ID)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.log.Info("admin: key created", zap.String("user", d.Name), zap.String("prefix", holds.ShownPrefix(key)))
+	writeJSON(w, http.StatusCreated, map[string]any{"object": "api_key", "user": d.Name, "key": key, "prefix": holds.ShownPrefix(key),
+		"note": "This is the only time the key is shown; store it now."})
+}
+
+// revokeKey revokes the key given in full. Refused at once by the store; a proxy that looked
+// the key up in the last key_cache_ttl (2 s by default) may still accept it until its cached
+// entry ends.
+func (h *handler) revokeKey(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Key string `json:"key"`
+	}
+	if !readJSON(w, r, &req) {
+		return
+	}
+	if req.Key == "" {
+		writeError(w, badRequest("missing_key", "send {\"key\": \"tg_...\"}"))
+		return
+	}
+	user, err := h.store.RevokeAPIKey(r.Context(), req.Key)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "revoked": true, "user": user, "prefix": holds.ShownPrefix(req.Key)})
+}
+
+// revokeUserKeys revokes a user's keys by the prefix lists show, for when the key is lost.
+func (h *handler) revokeUserKeys(w http.ResponseWriter, r *http.Request) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		Prefix string `json:"prefix"`
+	}
+	if !readJSON(w, r, &req) {
+		return
+	}
+	n, err := h.store.RevokeKeysByPrefix(r.Context(), d.ID, req.Prefix)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "user": d.Name, "prefix": req.Prefix, "revoked": n})
+}

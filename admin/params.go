@@ -1,0 +1,91 @@
+package admin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// The admin API's query parameters and request bodies: each refusal is a 400 that names what
+// was wrong, before the store is asked anything.
+
+// limitParam reads a listing's page size: bounded, so that no request reads a table whole.
+func limitParam(r *http.Request) (int, *apiError) {
+	s := r.URL.Query().Get("limit")
+	if s == "" {
+		return defaultListLimit, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > MaxListLimit {
+		return 0, badRequest("invalid_limit", fmt.Sprintf("limit must be 1-%d", MaxListLimit))
+	}
+	return n, nil
+}
+
+// idParam reads the after parameter of a listing paged by a numeric id (0: from the start).
+// what names the id in the answer that refuses it.
+func idParam(r *http.Request, what string) (uint64, *apiError) {
+	s := r.URL.Query().Get("after")
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n == 0 {
+		return 0, badRequest("invalid_after", "after must be the last_id of the previous page ("+what+")")
+	}
+	return n, nil
+}
+
+// ParseTime reads an RFC 3339 time or a UTC date (its midnight); "" is the zero time. The
+// API's since/until parameters and the CLI's -since/-until flags both take it.
+func ParseTime(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	t, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time nor a YYYY-MM-DD date", s)
+	}
+	return t, nil
+}
+
+// dateParam reads a YYYY-MM-DD day; "" is def.
+func dateParam(s string, def time.Time) (time.Time, error) {
+	if s == "" {
+		return def, nil
+	}
+	t, err := time.Parse(time.DateOnly, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is not a YYYY-MM-DD date", s)
+	}
+	return t, nil
+}
+
+// readJSON decodes a bounded body strictly: unknown fields are refused, so a misspelt field
+// ("ammount") fails loudly instead of granting nothing. On failure it has answered.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+				Code: "body_too_large", Message: fmt.Sprintf("Request body over %d bytes.", maxBodyBytes)})
+			return false
+		}
+		writeError(w, badRequest("invalid_json", "request body is not the expected JSON: "+err.Error()))
+		return false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		writeError(w, badRequest("invalid_json", "request body has data after the JSON object"))
+		return false
+	}
+	return true
+}
