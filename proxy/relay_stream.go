@@ -61,27 +61,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		strippedCR bool
 	)
 	for {
-		ev, err := sc.Next()
-		if err == nil && ev.Unterminated {
-			// The stream ended inside this event: forwarded if it ended cleanly; after a
-			// break, a half event followed by the error event would read as one garbled event.
-			if _, end := sc.Next(); !errors.Is(end, io.EOF) {
-				// Metered only if whole JSON: a usage object cut mid-number would be read as
-				// reported, with the wrong count.
-				if json.Valid(bytes.TrimSpace(ev.Data)) {
-					c.meter.Event(ev)
-				}
-				err = end
-			} else if cutJSON(ev.Data) || (ev.Data == nil && !sawData && cutJSON(ev.Raw)) {
-				// An end that looks clean may be a cut too: a body delimited by the
-				// connection's close ends with io.EOF however the upstream went away. An event
-				// whose JSON is cut is such a cut, and said as the break it is: relayed, the
-				// caller had half an event and a clean end (an SDK that drops an unfinished
-				// event at the end took the answer for whole), and the call ended complete.
-				// Not metered: a usage cut mid-number would be read as reported.
-				err = errStreamCut
-			}
-		}
+		ev, err := nextEvent(sc, c.meter, sawData)
 		if err != nil {
 			s.endStream(r, c, err, sawFinal || sawError, resp.StatusCode, writeEvent)
 			break
@@ -175,6 +155,35 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		}
 	}
 	return resp.StatusCode
+}
+
+// nextEvent reads the stream's next event. An event the stream ended inside is passed on only
+// when the stream ended cleanly; after a break, a half event followed by the error event would
+// read as one garbled event, so the break is returned instead (the half event metered only if
+// its JSON is whole: a usage object cut mid-number would be read as reported, with the wrong
+// count). sawData says whether an earlier event carried data (the upstream answers as a
+// stream, not as a JSON body under the event-stream label).
+//
+// An end that looks clean may be a cut too: a body delimited by the connection's close ends
+// with io.EOF however the upstream went away. An event whose JSON is cut is such a cut, and
+// said as the break it is (errStreamCut): relayed, the caller had half an event and a clean end
+// (an SDK that drops an unfinished event at the end took the answer for whole), and the call
+// ended complete. Not metered, for the same reason.
+func nextEvent(sc *metering.Scanner, m *metering.Meter, sawData bool) (metering.Event, error) {
+	ev, err := sc.Next()
+	if err != nil || !ev.Unterminated {
+		return ev, err
+	}
+	if _, end := sc.Next(); !errors.Is(end, io.EOF) {
+		if json.Valid(bytes.TrimSpace(ev.Data)) {
+			m.Event(ev)
+		}
+		return ev, end
+	}
+	if cutJSON(ev.Data) || (ev.Data == nil && !sawData && cutJSON(ev.Raw)) {
+		return ev, errStreamCut
+	}
+	return ev, nil
 }
 
 // errStreamCut ends a stream that ended cleanly inside an event whose JSON is cut (relayStream).
