@@ -101,20 +101,30 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 	}
 }
 
+// settleRoute names the settle route in its log lines.
+const settleRoute = "/v1/runs/{id}/settle"
+
 // settleRun answers POST /v1/runs/{id}/settle: the run is charged what its calls tallied.
 func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 	u := userFrom(r.Context())
 	runID, ok := lookupRunID(u.ID, chi.URLParam(r, "id"))
 	if !ok {
+		logRefusal(s.log, errRunNotFound, "no such run", nil, zap.Uint64("user_id", u.ID), zap.String("route", settleRoute))
 		writeError(w, errRunNotFound)
 		return
 	}
 	log := s.log.With(zap.String("run_id", runID), zap.Uint64("user_id", u.ID))
+	// A refused settle writes its one line, as a refused call does: the caller's 409 (a run
+	// still running) or 404 must be traceable by its run in the log.
+	refuse := func(e *apiError, reason string) {
+		logRefusal(log, e, reason, nil, zap.String("route", settleRoute))
+		writeError(w, e)
+	}
 	rctx, cancel := s.storeContext(r.Context())
 	defer cancel()
 	run, err := s.store.Run(rctx, u.ID, runID)
 	if errors.Is(err, holds.ErrRunNotFound) {
-		writeError(w, errRunNotFound)
+		refuse(errRunNotFound, "no such run")
 		return
 	}
 	if err != nil {
@@ -126,12 +136,16 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		if !run.ClientRunID.Valid {
 			// A call's own run settles when the call ends; settling it sooner would charge it
 			// only what it had tallied so far, which is nothing.
-			writeError(w, errRunSettlesItself)
+			refuse(errRunSettlesItself, "a call's own run settles itself")
 			return
 		}
 		st, mark, e := s.finalRunTally(r.Context(), run, log)
 		if e != nil {
-			writeError(w, e)
+			if e == errRunBusy {
+				refuse(e, "run has calls in flight")
+				return
+			}
+			writeError(w, e) // billing down: finalRunTally logged why
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.Limits.SettleTimeout)

@@ -1,0 +1,644 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// gateUpstream stands in front of a fakellm: a request with X-Test-Gate waits at the upstream
+// until its gate opens (or the gateway gives up on it), so a test can hold a call in flight
+// for as long as it needs, without sleeping; X-Test-Upstream makes it answer as a broken
+// provider would.
+type gateUpstream struct {
+	fake    *fakellm.Server
+	arrived chan string
+	mu      sync.Mutex
+	gates   map[string]chan struct{}
+}
+
+func newGateUpstream() *gateUpstream {
+	return &gateUpstream{fake: fakellm.New(fakellm.Config{}), arrived: make(chan string, 64), gates: map[string]chan struct{}{}}
+}
+
+func (g *gateUpstream) gate(name string) chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ch, ok := g.gates[name]
+	if !ok {
+		ch = make(chan struct{})
+		g.gates[name] = ch
+	}
+	return ch
+}
+
+// open lets the calls waiting at gate name (and any later ones) through.
+func (g *gateUpstream) open(name string) { close(g.gate(name)) }
+
+// await waits until n calls have reached gate name.
+func (g *gateUpstream) await(t *testing.T, name string, n int) {
+	t.Helper()
+	for ; n > 0; n-- {
+		select {
+		case got := <-g.arrived:
+			if got != name {
+				t.Fatalf("call reached gate %q, want %q", got, name)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no call reached gate %q", name)
+		}
+	}
+}
+
+func (g *gateUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.Header.Get("X-Test-Upstream") {
+	case "html":
+		w.Header().Set("Content-Type", "text/html")
+		_, _ = io.WriteString(w, "<html><body>Sign in to the hotel wifi</body></html>")
+		return
+	case "cut":
+		// A whole JSON answer that breaks its Content-Length.
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "1000")
+		_, _ = io.WriteString(w, `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hel`)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+		return
+	case "big-error":
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = fmt.Fprintf(w, `{"error":{"message":%q,"type":"invalid_request_error"}}`, strings.Repeat("x", 70<<10))
+		return
+	}
+	if name := r.Header.Get("X-Test-Gate"); name != "" {
+		// The body read whole first: only then does net/http notice a caller that gives up.
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		ch := g.gate(name)
+		g.arrived <- name
+		select {
+		case <-ch:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	g.fake.ServeHTTP(w, r)
+}
+
+// errEnv is what one row of the error table works with: a fresh user of the row's plan.
+type errEnv struct {
+	t    *testing.T
+	h    *harness
+	gate *gateUpstream
+	user holds.User
+	key  string
+}
+
+func (e *errEnv) post(path, body string, hdr map[string]string) *http.Response {
+	e.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, e.h.gw.URL+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+e.key)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp
+}
+
+// inBackground sends a call that runs beside the row's own and returns its answer when done.
+func (e *errEnv) inBackground(path, body string, hdr map[string]string) <-chan answer {
+	out := make(chan answer, 1)
+	go func() { out <- sendTo(e.h.gw.URL, path, e.key, body, hdr) }()
+	return out
+}
+
+func (e *errEnv) settle(id string) {
+	e.t.Helper()
+	if status, body := e.h.settleRun(e.key, id); status != http.StatusOK {
+		e.t.Fatalf("settle %s: %d %s", id, status, body)
+	}
+}
+
+// errRow is one error answer of the gateway, driven through its real HTTP path.
+type errRow struct {
+	name   string
+	plan   string // the row's user's plan; "" is standard
+	send   func(e *errEnv) *http.Response
+	status int
+	code   string
+	// anthropic: the answer must be in Anthropic's shape ({"type":"error","error":{...}}).
+	anthropic bool
+	// passthrough: the upstream's own error, passed on as it sent it (its code may be null).
+	passthrough bool
+	// streamed: the error is the last event of a stream whose 200 went out.
+	streamed bool
+	// forwarded: the call reached the upstream, so its answer names its run and the run
+	// settles with source (charged > 0 when charged).
+	forwarded bool
+	source    string
+	charged   bool
+	// unknownCaller: the refusal happens before the caller is known (no user, no run id).
+	unknownCaller bool
+	// noRun: a request that is no model call (a token count): its line names its user, no run.
+	noRun bool
+	// sharedRun: the run the refusal names is another call's (a settled run, a key's running
+	// attempt): what it was charged is that call's.
+	sharedRun bool
+	// unlogged explains an answer that writes no line (a route error, no call).
+	unlogged string
+	// cleanup runs after the answer (e.g. settles the named run the row leaves open by
+	// design), before the leftovers are checked.
+	cleanup func(e *errEnv)
+	// retry is the immediately following correct request, which must be answered 200: the
+	// error must not leave the key, session, run or fingerprint pinned.
+	retry func(e *errEnv) *http.Response
+}
+
+const (
+	errMsgBody  = `{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`
+	errRespBody = `{"model":"fake-gpt","input":"hi"}`
+)
+
+// TestEveryErrorAnswerIsClearAndLeavesNothing drives every error the gateway answers through
+// its HTTP path and checks the rule of README "Errors": the answer is the route's error shape
+// (OpenAI's, Anthropic's on /v1/messages) with a status, a type, a code and a message, as JSON;
+// it names a run (X-Tollgate-Run-Id) exactly when the call was forwarded; a line at INFO or
+// above names the run; afterwards the caller holds nothing (no hold queued or running, nothing
+// in flight), no Redis key is left without an expiry, an error before forwarding is charged 0
+// and one after is settled as the README says, and an immediate correct retry is served.
+//
+// Not driven here, since nothing outside the gateway can cause them: 500 internal_error (the
+// upstream request cannot be built: a configured base_url that parses) and 499
+// client_closed_request (its caller has left and reads nothing; see client_left_test.go).
+func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
+	gate := newGateUpstream()
+	gateSrv := httptest.NewServer(gate)
+	t.Cleanup(gateSrv.Close)
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadURL := "http://" + dead.Addr().String()
+	dead.Close()
+
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{
+			{Name: "dead", Kind: "openai", BaseURL: deadURL, Models: []string{"dead-gpt"}},
+			{Name: "gate-openai", Kind: "openai", BaseURL: gateSrv.URL, Models: []string{"*"}},
+			{Name: "gate-anthropic", Kind: "anthropic", BaseURL: gateSrv.URL, Models: []string{"claude*"}},
+		}
+		c.Models["claude-test"] = c.Models["fake-gpt"]
+		c.Models["dead-gpt"] = c.Models["fake-gpt"]
+		c.Limits.MaxBodyBytes = 8 << 10
+		c.Limits.HeaderTimeout = 300 * time.Millisecond
+		c.Limits.ClientWriteTimeout = 2 * time.Second
+		c.Limits.MaxResponseBytes = 4 << 10
+		c.Dedup.MaxReplayLen = 8 << 10
+		broke := c.Plans["standard"]
+		broke.AllowanceCredits = config.CreditsOf(0)
+		c.Plans["broke"] = broke
+		one := c.Plans["standard"]
+		one.MaxInFlight = 1
+		c.Plans["one"] = one
+		tiny := c.Plans["standard"]
+		tiny.MaxRunCostCredits, tiny.HoldNormalCredits, tiny.HoldHeavyCredits = config.Credits{Milli: 1}, config.Credits{Milli: 1}, config.Credits{Milli: 1}
+		c.Plans["tiny"] = tiny
+	})
+
+	ok := func(path, body string, hdr map[string]string) func(e *errEnv) *http.Response {
+		return func(e *errEnv) *http.Response { return e.post(path, body, hdr) }
+	}
+	chat := func(body string, hdr map[string]string) func(e *errEnv) *http.Response {
+		return ok("/v1/chat/completions", body, hdr)
+	}
+	okChat := chat(chatBody, nil)
+	bad := func(name, body, code string) errRow {
+		return errRow{name: name, send: chat(body, nil), status: 400, code: code, retry: okChat}
+	}
+	rows := []errRow{
+		// Before the caller is known.
+		{name: "401 no key", send: func(e *errEnv) *http.Response { return e.h.post("", "/v1/chat/completions", chatBody, nil) },
+			status: 401, code: "invalid_api_key", unknownCaller: true, retry: okChat},
+		{name: "401 no key, messages", send: func(e *errEnv) *http.Response {
+			return e.h.post("", "/v1/messages", errMsgBody, map[string]string{"x-api-key": "nope"})
+		}, status: 401, code: "invalid_api_key", anthropic: true, unknownCaller: true},
+		{name: "401 no key, count_tokens", send: func(e *errEnv) *http.Response {
+			return e.h.post("", "/v1/messages/count_tokens", errMsgBody, map[string]string{"x-api-key": "nope"})
+		}, status: 401, code: "invalid_api_key", anthropic: true, unknownCaller: true},
+		{name: "404 route", send: ok("/v1/nothing", chatBody, nil), status: 404, code: "not_found",
+			unknownCaller: true, unlogged: "no such route: no call, no run"},
+		{name: "404 under messages", send: ok("/v1/messages/batches", errMsgBody, nil), status: 404, code: "not_found",
+			anthropic: true, unknownCaller: true, unlogged: "no such route: no call, no run"},
+		{name: "405", send: func(e *errEnv) *http.Response {
+			req, _ := http.NewRequest(http.MethodGet, e.h.gw.URL+"/v1/messages", nil)
+			req.Header.Set("x-api-key", e.key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return resp
+		}, status: 405, code: "method_not_allowed", anthropic: true, unknownCaller: true, unlogged: "a wrong method: no call, no run"},
+		{name: "404 model", send: func(e *errEnv) *http.Response {
+			req, _ := http.NewRequest(http.MethodGet, e.h.gw.URL+"/v1/models/no-such-model", nil)
+			req.Header.Set("Authorization", "Bearer "+e.key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return resp
+		}, status: 404, code: "model_not_found", unknownCaller: true, unlogged: "a lookup: no call, no run"},
+		{name: "404 run", send: ok("/v1/runs/no-such-run/settle", "", nil), status: 404, code: "run_not_found", unknownCaller: true},
+
+		// The body and the request's ids, before anything is held.
+		{name: "415", send: chat(chatBody, map[string]string{"Content-Encoding": "gzip"}), status: 415, code: "unsupported_content_encoding", retry: okChat},
+		{name: "415 messages", send: ok("/v1/messages", errMsgBody, map[string]string{"Content-Encoding": "gzip"}), status: 415,
+			code: "unsupported_content_encoding", anthropic: true},
+		{name: "413", send: chat(`{"model":"fake-gpt","pad":"`+strings.Repeat("x", 9<<10)+`"}`, nil), status: 413, code: "request_too_large", retry: okChat},
+		{name: "413 messages", send: ok("/v1/messages", `{"model":"claude-test","pad":"`+strings.Repeat("x", 9<<10)+`"}`, nil),
+			status: 413, code: "request_too_large", anthropic: true},
+		{name: "413 count_tokens", send: ok("/v1/messages/count_tokens", `{"model":"claude-test","pad":"`+strings.Repeat("x", 9<<10)+`"}`, nil),
+			status: 413, code: "request_too_large", anthropic: true, noRun: true},
+		{name: "408", send: func(e *errEnv) *http.Response {
+			pr, pw := io.Pipe()
+			t.Cleanup(func() { pw.Close() })
+			go func() { _, _ = pw.Write([]byte(`{"model":"fake-gpt",`)) }() // and then nothing
+			req, _ := http.NewRequest(http.MethodPost, e.h.gw.URL+"/v1/chat/completions", pr)
+			req.Header.Set("Authorization", "Bearer "+e.key)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return resp
+		}, status: 408, code: "request_timeout", retry: okChat},
+		bad("invalid_json", `{"model":`, "invalid_json"),
+		{name: "invalid_json messages", send: ok("/v1/messages", `{"model":`, nil), status: 400, code: "invalid_json", anthropic: true},
+		{name: "invalid_json count_tokens", send: ok("/v1/messages/count_tokens", `{"model":`, nil), status: 400, code: "invalid_json", anthropic: true, noRun: true},
+		bad("missing_model", `{"messages":[{"role":"user","content":"hi"}]}`, "missing_model"),
+		bad("invalid_max_tokens", `{"model":"fake-gpt","max_tokens":0,"messages":[{"role":"user","content":"hi"}]}`, "invalid_max_tokens"),
+		bad("invalid_n", `{"model":"fake-gpt","n":0,"messages":[{"role":"user","content":"hi"}]}`, "invalid_n"),
+		{name: "invalid_best_of", send: ok("/v1/completions", `{"model":"fake-gpt","best_of":500,"prompt":"hi"}`, nil), status: 400, code: "invalid_best_of"},
+		bad("invalid_stream", `{"model":"fake-gpt","stream":"yes","messages":[{"role":"user","content":"hi"}]}`, "invalid_stream"),
+		bad("invalid_stream_options", `{"model":"fake-gpt","stream":true,"stream_options":1,"messages":[{"role":"user","content":"hi"}]}`, "invalid_stream_options"),
+		bad("invalid_models", `{"model":"fake-gpt","models":"x","messages":[{"role":"user","content":"hi"}]}`, "invalid_models"),
+		{name: "unsupported_parameter", send: ok("/v1/responses", `{"model":"fake-gpt","background":true,"input":"hi"}`, nil), status: 400, code: "unsupported_parameter"},
+		{name: "missing_max_tokens", send: ok("/v1/messages", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`, nil),
+			status: 400, code: "missing_max_tokens", anthropic: true},
+		bad("model_not_priced", `{"model":"no-price","messages":[{"role":"user","content":"hi"}]}`, "model_not_priced"),
+		{name: "model_not_served", send: ok("/v1/messages", `{"model":"fake-gpt","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`, nil),
+			status: 400, code: "model_not_served", anthropic: true},
+		{name: "model_not_served count_tokens", send: ok("/v1/messages/count_tokens", `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"}]}`, nil),
+			status: 400, code: "model_not_served", anthropic: true, noRun: true},
+		bad("model_too_long", `{"model":"fake-gpt-`+strings.Repeat("x", 200)+`","messages":[]}`, "model_too_long"),
+		bad("invalid_model", "{\"model\":\"fake-gpt-\xff\xfe\",\"messages\":[]}", "invalid_model"),
+		{name: "unpriced_option", send: ok("/v1/messages", `{"model":"claude-test","max_tokens":50,"inference_geo":"us","messages":[{"role":"user","content":"hi"}]}`, nil),
+			status: 400, code: "unpriced_option", anthropic: true},
+		{name: "invalid_run_id", send: chat(chatBody, map[string]string{"X-Run-Id": "bad id!"}), status: 400, code: "invalid_run_id", retry: okChat},
+		{name: "invalid_idempotency_key", send: chat(chatBody, map[string]string{"Idempotency-Key": strings.Repeat("k", 256)}), status: 400, code: "invalid_idempotency_key"},
+		{name: "invalid_session_id", send: chat(chatBody, map[string]string{"X-Session-Id": "bad id!"}), status: 400, code: "invalid_session_id"},
+		{name: "invalid_request", send: chat(chatBody, map[string]string{"X-Run-Id": "r1", "X-Session-Id": "s1"}), status: 400, code: "invalid_request",
+			retry: chat(chatBody, map[string]string{"X-Session-Id": "s1"})},
+
+		// Admission.
+		{name: "402 nothing available", plan: "broke", send: okChat, status: 402, code: "insufficient_credits"},
+		{name: "402 nothing available, messages", plan: "broke", send: ok("/v1/messages", errMsgBody, nil), status: 402,
+			code: "insufficient_credits", anthropic: true},
+		{name: "402 prompt over the cap", plan: "tiny", send: okChat, status: 402, code: "insufficient_credits"},
+		{name: "402 run budget", plan: "tiny", send: chat(chatBody, map[string]string{"X-Run-Id": "small"}), status: 402,
+			code: "run_budget_exhausted", cleanup: func(e *errEnv) { e.settle("small") }},
+		{name: "429 too many in flight", plan: "one", send: func(e *errEnv) *http.Response {
+			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"X-Run-Id": "open"}); a.status != 200 {
+				e.t.Fatalf("run: %d %s", a.status, a.body)
+			}
+			return e.post("/v1/chat/completions", chatBody, nil)
+		}, status: 429, code: "too_many_in_flight", cleanup: func(e *errEnv) { e.settle("open") }, retry: okChat},
+		{name: "409 run settled", send: func(e *errEnv) *http.Response {
+			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"X-Run-Id": "done"}); a.status != 200 {
+				e.t.Fatalf("run: %d %s", a.status, a.body)
+			}
+			e.settle("done")
+			return e.post("/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "done"})
+		}, status: 409, code: "run_settled", sharedRun: true, retry: okChat},
+		{name: "409 run_in_progress", send: func(e *errEnv) *http.Response {
+			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"X-Test-Gate": "self"})
+			e.gate.await(e.t, "self", 1)
+			var runID string
+			if err := e.h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ?", e.user.ID); err != nil {
+				e.t.Fatal(err)
+			}
+			resp := e.post("/v1/runs/"+runID+"/settle", "", nil)
+			e.gate.open("self")
+			<-first
+			return resp
+		}, status: 409, code: "run_in_progress", sharedRun: true},
+		{name: "409 run_busy", send: func(e *errEnv) *http.Response {
+			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "busy", "X-Test-Gate": "busy"})
+			e.gate.await(e.t, "busy", 1)
+			resp := e.post("/v1/runs/busy/settle", "", nil)
+			e.gate.open("busy")
+			<-first
+			return resp
+		}, status: 409, code: "run_busy", sharedRun: true, cleanup: func(e *errEnv) { e.settle("busy") }},
+
+		// Duplicates.
+		{name: "409 duplicate", send: func(e *errEnv) *http.Response {
+			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"X-Test-Gate": "dup"})
+			e.gate.await(e.t, "dup", 1)
+			resp := e.post("/v1/chat/completions", chatBody, nil)
+			e.gate.open("dup")
+			<-first
+			return resp
+		}, status: 409, code: "duplicate", retry: okChat},
+		{name: "409 request_in_progress", send: func(e *errEnv) *http.Response {
+			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"Idempotency-Key": "k-run", "X-Test-Gate": "idem"})
+			e.gate.await(e.t, "idem", 1)
+			resp := e.post("/v1/chat/completions", chatBody, map[string]string{"Idempotency-Key": "k-run"})
+			e.gate.open("idem")
+			<-first
+			return resp
+		}, status: 409, code: "request_in_progress", sharedRun: true},
+		{name: "422 idempotency_key_reused", send: func(e *errEnv) *http.Response {
+			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"Idempotency-Key": "k-reused"}); a.status != 200 {
+				e.t.Fatalf("first: %d %s", a.status, a.body)
+			}
+			return e.post("/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"another"}]}`,
+				map[string]string{"Idempotency-Key": "k-reused"})
+		}, status: 422, code: "idempotency_key_reused", retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-reused"})},
+		{name: "409 idempotent_response_too_large", send: func(e *errEnv) *http.Response {
+			big := map[string]string{"Idempotency-Key": "k-big", fakellm.HeaderChunks: "1500", "X-Test-Upstream": ""}
+			a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, big)
+			if a.status != 200 {
+				e.t.Fatalf("first: %d %s", a.status, a.body[:min(len(a.body), 300)])
+			}
+			e.h.settled()
+			return e.post("/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, big)
+		}, status: 409, code: "idempotent_response_too_large"},
+		{name: "409 already_running", send: func(e *errEnv) *http.Response {
+			hdr := map[string]string{"X-Session-Id": "s-same", "X-Test-Gate": "sess"}
+			first := e.inBackground("/v1/chat/completions", chatBody, hdr)
+			e.gate.await(e.t, "sess", 1)
+			resp := e.post("/v1/chat/completions", chatBody, hdr)
+			e.gate.open("sess")
+			<-first
+			return resp
+		}, status: 409, code: "already_running", retry: chat(chatBody, map[string]string{"X-Session-Id": "s-same"})},
+		{name: "409 superseded", send: func(e *errEnv) *http.Response {
+			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": "s-new", "X-Test-Gate": "never"})
+			e.gate.await(e.t, "never", 1)
+			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
+				map[string]string{"X-Session-Id": "s-new"}); a.status != 200 {
+				e.t.Fatalf("newer: %d %s", a.status, a.body)
+			}
+			a := <-first
+			return &http.Response{StatusCode: a.status, Header: a.header, Body: io.NopCloser(strings.NewReader(string(a.body)))}
+		}, status: 409, code: "superseded", forwarded: true, source: holds.SourceCancel, charged: true,
+			retry: chat(`{"model":"fake-gpt","messages":[{"role":"user","content":"newest"}]}`, map[string]string{"X-Session-Id": "s-new"})},
+		{name: "429 too_many_counts", send: func(e *errEnv) *http.Response {
+			var bg []<-chan answer
+			for range 16 {
+				bg = append(bg, e.inBackground("/v1/messages/count_tokens", errMsgBody, map[string]string{"X-Test-Gate": "counts"}))
+			}
+			e.gate.await(e.t, "counts", 16)
+			resp := e.post("/v1/messages/count_tokens", errMsgBody, nil)
+			e.gate.open("counts")
+			for _, c := range bg {
+				<-c
+			}
+			return resp
+		}, status: 429, code: "too_many_counts", anthropic: true, noRun: true,
+			retry: ok("/v1/messages/count_tokens", errMsgBody, nil)},
+
+		// After forwarding.
+		{name: "upstream 400 passes through", send: chat(chatBody, map[string]string{fakellm.HeaderStatus: "400"}),
+			status: 400, passthrough: true, forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
+		{name: "upstream 400 passes through, messages", send: ok("/v1/messages", errMsgBody, map[string]string{fakellm.HeaderStatus: "400"}),
+			status: 400, passthrough: true, anthropic: true, forwarded: true, source: holds.SourceUpstreamError},
+		{name: "upstream_refused", send: chat(chatBody, map[string]string{"X-Test-Upstream": "big-error"}), status: 400, code: "upstream_refused",
+			forwarded: true, source: holds.SourceUpstreamError},
+		{name: "upstream_error", send: chat(chatBody, map[string]string{fakellm.HeaderStatus: "500"}), status: 502, code: "upstream_error",
+			forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
+		{name: "upstream_error messages", send: ok("/v1/messages", errMsgBody, map[string]string{fakellm.HeaderStatus: "500"}), status: 502,
+			code: "upstream_error", anthropic: true, forwarded: true, source: holds.SourceUpstreamError},
+		{name: "upstream_error web page", send: chat(chatBody, map[string]string{"X-Test-Upstream": "html"}), status: 502, code: "upstream_error",
+			forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
+		{name: "upstream_auth_failed", send: chat(chatBody, map[string]string{fakellm.HeaderStatus: "401"}), status: 502, code: "upstream_auth_failed",
+			forwarded: true, source: holds.SourceUpstreamError},
+		{name: "upstream_unreachable", send: chat(`{"model":"dead-gpt","messages":[{"role":"user","content":"hi"}]}`, nil), status: 502,
+			code: "upstream_unreachable", forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
+		{name: "upstream_timeout", send: chat(streamBody, map[string]string{"X-Test-Gate": "late"}), status: 504, code: "upstream_timeout",
+			forwarded: true, source: holds.SourceUpstreamTimeout, charged: true, retry: okChat},
+		{name: "upstream_timeout count_tokens", send: ok("/v1/messages/count_tokens", errMsgBody, map[string]string{"X-Test-Gate": "late"}),
+			status: 504, code: "upstream_timeout", anthropic: true, noRun: true, retry: ok("/v1/messages/count_tokens", errMsgBody, nil)},
+		{name: "upstream gone before its headers", send: chat(chatBody, map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
+			status: 502, code: "upstream_unreachable", forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
+		{name: "upstream_broken whole answer", send: chat(chatBody, map[string]string{"X-Test-Upstream": "cut"}),
+			status: 502, code: "upstream_broken", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
+		{name: "upstream_broken stream", send: chat(streamBody, map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
+			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
+		{name: "upstream_response_too_large", send: chat(chatBody, map[string]string{fakellm.HeaderChunks: "1500"}), status: 502,
+			code: "upstream_response_too_large", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
+	}
+
+	for _, tc := range rows {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := tc.plan
+			if plan == "" {
+				plan = "standard"
+			}
+			u, key := h.user(plan)
+			e := &errEnv{t: t, h: h, gate: gate, user: u, key: key}
+			h.settled()
+			logs.TakeAll()
+			resp := tc.send(e)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			runID := resp.Header.Get(proxy.RunIDHeader)
+			checkErrorAnswer(t, tc, resp, body)
+			if tc.forwarded != (runID != "") {
+				t.Errorf("X-Tollgate-Run-Id %q; want one exactly when the call was forwarded (%v)", runID, tc.forwarded)
+			}
+			h.settled()
+			logged := checkErrorLog(t, tc, logs.TakeAll(), runID)
+			if tc.cleanup != nil {
+				tc.cleanup(e)
+				h.settled()
+			}
+			checkErrorLeftovers(t, h, tc, u.ID, runID, logged)
+			if tc.retry != nil {
+				r := tc.retry(e)
+				b := readAll(t, r.Body)
+				r.Body.Close()
+				if r.StatusCode != http.StatusOK {
+					t.Errorf("immediate correct retry: %d %s; want 200", r.StatusCode, b)
+				}
+				h.settled()
+			}
+		})
+	}
+}
+
+// checkErrorAnswer checks an error answer's status, Content-Type and shape.
+func checkErrorAnswer(t *testing.T, tc errRow, resp *http.Response, body []byte) {
+	t.Helper()
+	if resp.StatusCode != tc.status {
+		t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, body[:min(len(body), 500)])
+	}
+	if tc.streamed {
+		if !strings.Contains(string(body), `"code":"`+tc.code+`"`) {
+			t.Errorf("stream does not end with a %s error event: %s", tc.code, body)
+		}
+		return
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Errorf("Content-Type %q, want application/json", ct)
+	}
+	var e struct {
+		Type  *string `json:"type"`
+		Error struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Fatalf("answer is not JSON: %v: %s", err, body)
+	}
+	if e.Error.Message == "" || e.Error.Type == "" {
+		t.Errorf("error.message or error.type missing: %s", body)
+	}
+	if tc.anthropic != (e.Type != nil && *e.Type == "error") {
+		t.Errorf("Anthropic's shape (top-level type \"error\") is %v, want %v: %s", e.Type != nil, tc.anthropic, body)
+	}
+	if tc.passthrough {
+		return
+	}
+	if e.Error.Code == nil || *e.Error.Code != tc.code {
+		t.Errorf("error.code %v, want %s: %s", e.Error.Code, tc.code, body)
+	}
+}
+
+// checkErrorLog checks the row's log line and returns the run id it names (or "").
+func checkErrorLog(t *testing.T, tc errRow, lines []observer.LoggedEntry, runID string) string {
+	t.Helper()
+	var all []string
+	for _, l := range lines {
+		all = append(all, fmt.Sprintf("%s %q %v", l.Level, l.Message, l.ContextMap()))
+	}
+	if tc.unlogged != "" {
+		return ""
+	}
+	for _, l := range lines {
+		f := l.ContextMap()
+		id, _ := f["run_id"].(string)
+		switch {
+		case runID != "":
+			if id == runID {
+				return id
+			}
+		case tc.unknownCaller || tc.noRun:
+			// (An upstream's failure is logged as such, at WARN, without the caller's code.)
+			if f["code"] == tc.code || (tc.status >= 500 && l.Level >= zapcore.WarnLevel && f["upstream"] != nil) {
+				return ""
+			}
+		case f["code"] == tc.code && f["status"] == int64(tc.status):
+			if id == "" {
+				t.Errorf("refusal line names no run: %v", f)
+			}
+			return id
+		}
+	}
+	t.Errorf("no log line for %d %s (run %q); lines:\n%s", tc.status, tc.code, runID, strings.Join(all, "\n"))
+	return ""
+}
+
+// checkErrorLeftovers checks what an error leaves: no live hold and nothing in flight for the
+// user, no Redis key without an expiry, and what the run was charged.
+func checkErrorLeftovers(t *testing.T, h *harness, tc errRow, userID uint64, runID, loggedRun string) {
+	t.Helper()
+	var live int
+	if err := h.db.Get(&live, "SELECT COUNT(*) FROM run_holds WHERE user_id = ? AND state <> 'settled'", userID); err != nil {
+		t.Fatal(err)
+	}
+	if live != 0 {
+		// (A live hold is also what counts as a call in flight against max_in_flight.)
+		t.Errorf("%d holds queued or running after the error", live)
+	}
+	ctx := context.Background()
+	iter := h.rdb.Scan(ctx, 0, h.keys.Prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		ttl, err := h.rdb.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl == -1 {
+			t.Errorf("Redis key %s has no expiry", k)
+		}
+		if runID != "" && strings.Contains(k, "lease:{"+runID+"}") {
+			t.Errorf("lease %s of the failed call left behind", k)
+		}
+	}
+	if err := iter.Err(); err != nil && !errors.Is(err, redis.Nil) {
+		t.Fatal(err)
+	}
+	if !tc.forwarded {
+		if loggedRun == "" || tc.sharedRun {
+			return
+		}
+		var charged int64
+		err := h.db.Get(&charged, "SELECT charged_micro FROM run_holds WHERE run_id = ?", loggedRun)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			t.Fatal(err)
+		}
+		if charged != 0 {
+			t.Errorf("refused before forwarding, yet charged %d", charged)
+		}
+		return
+	}
+	var row struct {
+		State   string         `db:"state"`
+		Source  sql.NullString `db:"settle_source"`
+		Charged int64          `db:"charged_micro"`
+	}
+	if err := h.db.Get(&row, "SELECT state, settle_source, charged_micro FROM run_holds WHERE run_id = ?", runID); err != nil {
+		t.Fatalf("run %s: %v", runID, err)
+	}
+	if row.State != string(holds.StateSettled) || row.Source.String != tc.source || (row.Charged > 0) != tc.charged {
+		t.Errorf("run settled %s/%s charged %d; want settled/%s charged>0=%v", row.State, row.Source.String, row.Charged, tc.source, tc.charged)
+	}
+}
