@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"database/sql"
@@ -225,7 +226,10 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		}
 		c.Models["claude-test"] = c.Models["fake-gpt"]
 		c.Models["dead-gpt"] = c.Models["fake-gpt"]
-		c.Limits.MaxBodyBytes = 8 << 10
+		audio := c.Models["fake-gpt"]
+		audio.AudioInput = audio.Output
+		c.Models["audio-gpt"] = audio
+		c.Limits.MaxBodyBytes = 64 << 10
 		c.Limits.HeaderTimeout = 300 * time.Millisecond
 		c.Limits.ClientWriteTimeout = 2 * time.Second
 		c.Limits.MaxResponseBytes = 4 << 10
@@ -240,6 +244,46 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		tiny.MaxRunCostCredits, tiny.HoldNormalCredits, tiny.HoldHeavyCredits = config.Credits{Milli: 1}, config.Credits{Milli: 1}, config.Credits{Milli: 1}
 		c.Plans["tiny"] = tiny
 	})
+
+	// A gateway whose duplicate checks cannot reach Redis, and one that is draining for its exit.
+	deadRedis := redis.NewClient(&redis.Options{Addr: deadURL[len("http://"):], MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { deadRedis.Close() })
+	dedupDown := proxy.New(proxy.Deps{Config: h.cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases,
+		Log: zap.New(core), DedupRedis: deadRedis})
+	dedupDownGW := httptest.NewServer(dedupDown.Handler())
+	t.Cleanup(func() { dedupDownGW.Close(); _ = dedupDown.Close() })
+	deadDedup := dedupDownGW.URL
+	// settled waits for the settlements of every gateway of the test.
+	settled := func() {
+		h.settled()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := dedupDown.WaitSettlements(ctx); err != nil {
+			t.Fatalf("settlements: %v", err)
+		}
+	}
+	drained := proxy.New(proxy.Deps{Config: h.cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases,
+		Log: zap.New(core)})
+	drainedGW := httptest.NewServer(drained.Handler())
+	t.Cleanup(func() { drainedGW.Close(); _ = drained.Close() })
+	if err := drained.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Answers made for another user, as the gateway records them (spoken.go, continuation.go).
+	for _, k := range []string{h.keys.SpokenOwner("audio_theirs"), h.keys.ResponseOwner("resp_theirs")} {
+		if err := h.rdb.Set(context.Background(), k, "999999999", time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := func(url, path, body string, hdr map[string]string) func(e *errEnv) *http.Response {
+		return func(e *errEnv) *http.Response {
+			a := sendTo(url, path, e.key, body, hdr)
+			if a.err != nil {
+				e.t.Fatal(a.err)
+			}
+			return &http.Response{StatusCode: a.status, Header: a.header, Body: io.NopCloser(bytes.NewReader(a.body))}
+		}
+	}
 
 	ok := func(path, body string, hdr map[string]string) func(e *errEnv) *http.Response {
 		return func(e *errEnv) *http.Response { return e.post(path, body, hdr) }
@@ -289,10 +333,10 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		{name: "415", send: chat(chatBody, map[string]string{"Content-Encoding": "gzip"}), status: 415, code: "unsupported_content_encoding", retry: okChat},
 		{name: "415 messages", send: ok("/v1/messages", errMsgBody, map[string]string{"Content-Encoding": "gzip"}), status: 415,
 			code: "unsupported_content_encoding", anthropic: true},
-		{name: "413", send: chat(`{"model":"fake-gpt","pad":"`+strings.Repeat("x", 9<<10)+`"}`, nil), status: 413, code: "request_too_large", retry: okChat},
-		{name: "413 messages", send: ok("/v1/messages", `{"model":"claude-test","pad":"`+strings.Repeat("x", 9<<10)+`"}`, nil),
+		{name: "413", send: chat(`{"model":"fake-gpt","pad":"`+strings.Repeat("x", 65<<10)+`"}`, nil), status: 413, code: "request_too_large", retry: okChat},
+		{name: "413 messages", send: ok("/v1/messages", `{"model":"claude-test","pad":"`+strings.Repeat("x", 65<<10)+`"}`, nil),
 			status: 413, code: "request_too_large", anthropic: true},
-		{name: "413 count_tokens", send: ok("/v1/messages/count_tokens", `{"model":"claude-test","pad":"`+strings.Repeat("x", 9<<10)+`"}`, nil),
+		{name: "413 count_tokens", send: ok("/v1/messages/count_tokens", `{"model":"claude-test","pad":"`+strings.Repeat("x", 65<<10)+`"}`, nil),
 			status: 413, code: "request_too_large", anthropic: true, noRun: true},
 		{name: "408", send: func(e *errEnv) *http.Response {
 			pr, pw := io.Pipe()
@@ -334,10 +378,56 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		{name: "invalid_request", send: chat(chatBody, map[string]string{"X-Run-Id": "r1", "X-Session-Id": "s1"}), status: 400, code: "invalid_request",
 			retry: chat(chatBody, map[string]string{"X-Session-Id": "s1"})},
 
+		{name: "unreadable_body", send: func(e *errEnv) *http.Response {
+			conn, err := net.Dial("tcp", e.h.gw.Listener.Addr().String())
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			defer conn.Close()
+			_, _ = fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"+
+				"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\nzz\r\n", e.key)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			b := readAll(e.t, resp.Body)
+			resp.Body = io.NopCloser(bytes.NewReader(b))
+			return resp
+		}, status: 400, code: "unreadable_body", retry: okChat},
+		{name: "too_many_audio_ids", send: func(e *errEnv) *http.Response {
+			var b strings.Builder
+			b.WriteString(`{"model":"audio-gpt","messages":[{"role":"user","content":"Say hello."}`)
+			for i := range 1025 {
+				fmt.Fprintf(&b, `,{"role":"assistant","audio":{"id":"audio_%d"}}`, i)
+			}
+			b.WriteString(`,{"role":"user","content":"Again."}]}`)
+			return e.post("/v1/chat/completions", b.String(), nil)
+		}, status: 400, code: "too_many_audio_ids", retry: okChat},
+		bad("audio_not_found", `{"model":"audio-gpt","messages":[{"role":"user","content":"Say hello."},
+			{"role":"assistant","audio":{"id":"audio_theirs"}},{"role":"user","content":"Again."}]}`, "audio_not_found"),
+		{name: "previous_response_not_found", send: ok("/v1/responses", `{"model":"fake-gpt","previous_response_id":"resp_theirs","input":"hi"}`, nil),
+			status: 400, code: "previous_response_not_found", retry: ok("/v1/responses", errRespBody, nil)},
+		{name: "503 shutting_down", send: at(drainedGW.URL, "/v1/chat/completions", chatBody, nil), status: 503, code: "shutting_down", retry: okChat},
+		{name: "503 shutting_down, messages", send: at(drainedGW.URL, "/v1/messages", errMsgBody, nil), status: 503, code: "shutting_down", anthropic: true},
+		{name: "503 dedup_unavailable", send: at(deadDedup, "/v1/chat/completions", chatBody, nil), status: 503, code: "dedup_unavailable", retry: okChat},
+		{name: "503 dedup_unavailable, idempotent", send: at(deadDedup, "/v1/chat/completions", chatBody, map[string]string{"Idempotency-Key": "k-down"}),
+			status: 503, code: "dedup_unavailable", retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-down"})},
+		// 503 billing_unavailable is driven in call_test.go (a lossy or dead database, past the
+		// store's retries) and auth_bound_test.go: each takes seconds to run out.
+
 		// Admission.
 		{name: "402 nothing available", plan: "broke", send: okChat, status: 402, code: "insufficient_credits"},
 		{name: "402 nothing available, messages", plan: "broke", send: ok("/v1/messages", errMsgBody, nil), status: 402,
 			code: "insufficient_credits", anthropic: true},
+		{name: "402 nothing available, idempotent", plan: "broke", send: chat(chatBody, map[string]string{"Idempotency-Key": "k-broke"}),
+			status: 402, code: "insufficient_credits"},
+		{name: "429 too many in flight, idempotent", plan: "one", send: func(e *errEnv) *http.Response {
+			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"X-Run-Id": "open"}); a.status != 200 {
+				e.t.Fatalf("run: %d %s", a.status, a.body)
+			}
+			return e.post("/v1/chat/completions", chatBody, map[string]string{"Idempotency-Key": "k-busy"})
+		}, status: 429, code: "too_many_in_flight", cleanup: func(e *errEnv) { e.settle("open") },
+			retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-busy"})},
 		{name: "402 prompt over the cap", plan: "tiny", send: okChat, status: 402, code: "insufficient_credits"},
 		{name: "402 run budget", plan: "tiny", send: chat(chatBody, map[string]string{"X-Run-Id": "small"}), status: 402,
 			code: "run_budget_exhausted", cleanup: func(e *errEnv) { e.settle("small") }},
@@ -408,6 +498,19 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			e.h.settled()
 			return e.post("/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, big)
 		}, status: 409, code: "idempotent_response_too_large"},
+		{name: "409 idempotent_response_lost", send: func(e *errEnv) *http.Response {
+			hdr := map[string]string{"Idempotency-Key": "k-lost"}
+			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, hdr); a.status != 200 {
+				e.t.Fatalf("first: %d %s", a.status, a.body)
+			}
+			e.h.settled()
+			ctx := context.Background()
+			rec := e.h.keys.Replay(proxy.IdempotentRunID(e.user.ID, "k-lost", 0))
+			if n, err := e.h.rdb.HDel(ctx, rec, "resp").Result(); err != nil || n != 1 {
+				e.t.Fatalf("replay record %s: %d fields deleted, %v", rec, n, err)
+			}
+			return e.post("/v1/chat/completions", chatBody, hdr)
+		}, status: 409, code: "idempotent_response_lost", sharedRun: true},
 		{name: "409 already_running", send: func(e *errEnv) *http.Response {
 			hdr := map[string]string{"X-Session-Id": "s-same", "X-Test-Gate": "sess"}
 			first := e.inBackground("/v1/chat/completions", chatBody, hdr)
@@ -482,7 +585,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			}
 			u, key := h.user(plan)
 			e := &errEnv{t: t, h: h, gate: gate, user: u, key: key}
-			h.settled()
+			settled()
 			logs.TakeAll()
 			resp := tc.send(e)
 			body := readAll(t, resp.Body)
@@ -492,11 +595,11 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			if tc.forwarded != (runID != "") {
 				t.Errorf("X-Tollgate-Run-Id %q; want one exactly when the call was forwarded (%v)", runID, tc.forwarded)
 			}
-			h.settled()
+			settled()
 			logged := checkErrorLog(t, tc, logs.TakeAll(), runID)
 			if tc.cleanup != nil {
 				tc.cleanup(e)
-				h.settled()
+				settled()
 			}
 			checkErrorLeftovers(t, h, tc, u.ID, runID, logged)
 			if tc.retry != nil {
@@ -506,7 +609,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 				if r.StatusCode != http.StatusOK {
 					t.Errorf("immediate correct retry: %d %s; want 200", r.StatusCode, b)
 				}
-				h.settled()
+				settled()
 			}
 		})
 	}

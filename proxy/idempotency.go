@@ -267,6 +267,8 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			if e.Status >= 500 {
 				return fail(e, "admission failed", err)
 			}
+			// The caller's refusal (402, 429, ...) writes its line, as a plain call's does.
+			logRefusal(log, e, "admission", err)
 			writeError(w, e)
 			return holds.Hold{}, e.Status
 		}
