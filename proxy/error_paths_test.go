@@ -17,11 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
@@ -182,17 +184,23 @@ type errRow struct {
 	sharedRun bool
 	// unlogged explains an answer that writes no line (a route error, no call).
 	unlogged string
+	// logged is the message of the line an answer without a code field writes.
+	logged string
 	// cleanup runs after the answer (e.g. settles the named run the row leaves open by
 	// design), before the leftovers are checked.
 	cleanup func(e *errEnv)
-	// retry is the immediately following correct request, which must be answered 200: the
-	// error must not leave the key, session, run or fingerprint pinned.
-	retry func(e *errEnv) *http.Response
+	// retry is the immediately following correct request, which must be answered retryStatus
+	// (200 unless set): the error must not leave the key, session, run or fingerprint pinned.
+	retry       func(e *errEnv) *http.Response
+	retryStatus int
+	// header is what the README says the answer carries besides (Retry-After, X-Should-Retry).
+	header map[string]string
 }
 
 const (
-	errMsgBody  = `{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`
-	errRespBody = `{"model":"fake-gpt","input":"hi"}`
+	errAdminToken = "admin-token-0123456789"
+	errMsgBody    = `{"model":"claude-test","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}`
+	errRespBody   = `{"model":"fake-gpt","input":"hi"}`
 )
 
 // TestEveryErrorAnswerIsClearAndLeavesNothing drives every error the gateway answers through
@@ -218,7 +226,12 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 	dead.Close()
 
 	core, logs := observer.New(zapcore.InfoLevel)
-	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
+	// The admin API, mounted as cmd/gateway mounts it; its store is built on the harness's DB.
+	var adminStore *holds.Store
+	adminAPI := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		admin.New(adminStore, 1000, errAdminToken, zap.New(core)).ServeHTTP(w, r)
+	})
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core), admin: adminAPI}, func(c *config.Config) {
 		c.Upstreams = []config.Upstream{
 			{Name: "dead", Kind: "openai", BaseURL: deadURL, Models: []string{"dead-gpt"}},
 			{Name: "gate-openai", Kind: "openai", BaseURL: gateSrv.URL, Models: []string{"*"}},
@@ -231,6 +244,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		c.Models["audio-gpt"] = audio
 		c.Limits.MaxBodyBytes = 64 << 10
 		c.Limits.HeaderTimeout = 300 * time.Millisecond
+		c.Limits.UpstreamTimeout = 600 * time.Millisecond
 		c.Limits.ClientWriteTimeout = 2 * time.Second
 		c.Limits.MaxResponseBytes = 4 << 10
 		c.Dedup.MaxReplayLen = 8 << 10
@@ -245,6 +259,11 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		c.Plans["tiny"] = tiny
 	})
 
+	adminStore = h.store
+	disabledAdmin := chi.NewRouter()
+	disabledAdmin.Mount("/admin", admin.New(h.store, 1000, "", zap.New(core)))
+	disabledAdminGW := httptest.NewServer(disabledAdmin)
+	t.Cleanup(disabledAdminGW.Close)
 	// A gateway whose duplicate checks cannot reach Redis, and one that is draining for its exit.
 	deadRedis := redis.NewClient(&redis.Options{Addr: deadURL[len("http://"):], MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { deadRedis.Close() })
@@ -407,13 +426,33 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			{"role":"assistant","audio":{"id":"audio_theirs"}},{"role":"user","content":"Again."}]}`, "audio_not_found"),
 		{name: "previous_response_not_found", send: ok("/v1/responses", `{"model":"fake-gpt","previous_response_id":"resp_theirs","input":"hi"}`, nil),
 			status: 400, code: "previous_response_not_found", retry: ok("/v1/responses", errRespBody, nil)},
-		{name: "503 shutting_down", send: at(drainedGW.URL, "/v1/chat/completions", chatBody, nil), status: 503, code: "shutting_down", retry: okChat},
-		{name: "503 shutting_down, messages", send: at(drainedGW.URL, "/v1/messages", errMsgBody, nil), status: 503, code: "shutting_down", anthropic: true},
+		{name: "503 shutting_down", send: at(drainedGW.URL, "/v1/chat/completions", chatBody, nil), header: map[string]string{"Retry-After": "1"}, status: 503, code: "shutting_down", retry: okChat},
+		{name: "503 shutting_down, messages", send: at(drainedGW.URL, "/v1/messages", errMsgBody, nil), header: map[string]string{"Retry-After": "1"}, status: 503, code: "shutting_down", anthropic: true},
 		{name: "503 dedup_unavailable", send: at(deadDedup, "/v1/chat/completions", chatBody, nil), status: 503, code: "dedup_unavailable", retry: okChat},
 		{name: "503 dedup_unavailable, idempotent", send: at(deadDedup, "/v1/chat/completions", chatBody, map[string]string{"Idempotency-Key": "k-down"}),
 			status: 503, code: "dedup_unavailable", retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-down"})},
 		// 503 billing_unavailable is driven in call_test.go (a lossy or dead database, past the
 		// store's retries) and auth_bound_test.go: each takes seconds to run out.
+
+		// The admin API: no call, no run; the caller's input mistakes are not logged (the
+		// answer says it all), a store's refusal is ("admin request refused", with its code).
+		{name: "admin 401", send: adminCall(http.MethodGet, "/admin/users", "", "wrong"), status: 401, code: "invalid_admin_token",
+			unknownCaller: true, logged: "admin request refused: bad token"},
+		{name: "admin 404 disabled", send: func(e *errEnv) *http.Response {
+			return adminCallTo(e, disabledAdminGW.URL, http.MethodGet, "/admin/users", "", errAdminToken)
+		}, status: 404, code: "admin_disabled", unknownCaller: true, unlogged: "no admin token configured: configuration, not a request's fault"},
+		{name: "admin 404 route", send: adminCall(http.MethodGet, "/admin/nothing", "", errAdminToken), status: 404, code: "not_found",
+			unknownCaller: true, unlogged: "no such route"},
+		{name: "admin 405", send: adminCall(http.MethodDelete, "/admin/users", "", errAdminToken), status: 405, code: "method_not_allowed",
+			unknownCaller: true, unlogged: "a wrong method"},
+		{name: "admin 400 invalid_json", send: adminCall(http.MethodPost, "/admin/users", "{", errAdminToken), status: 400, code: "invalid_json",
+			unknownCaller: true, unlogged: "the caller's input: the answer says what is wrong"},
+		{name: "admin 413", send: adminCall(http.MethodPost, "/admin/users", `{"name":"`+strings.Repeat("x", 70<<10)+`"}`, errAdminToken),
+			status: 413, code: "body_too_large", unknownCaller: true, unlogged: "the caller's input"},
+		{name: "admin 400 invalid_limit", send: adminCall(http.MethodGet, "/admin/users?limit=0", "", errAdminToken), status: 400,
+			code: "invalid_limit", unknownCaller: true, unlogged: "the caller's input"},
+		{name: "admin 404 user", send: adminCall(http.MethodGet, "/admin/users/nobody-here", "", errAdminToken), status: 404,
+			code: "user_not_found", unknownCaller: true},
 
 		// Admission.
 		{name: "402 nothing available", plan: "broke", send: okChat, status: 402, code: "insufficient_credits"},
@@ -426,24 +465,38 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 				e.t.Fatalf("run: %d %s", a.status, a.body)
 			}
 			return e.post("/v1/chat/completions", chatBody, map[string]string{"Idempotency-Key": "k-busy"})
-		}, status: 429, code: "too_many_in_flight", cleanup: func(e *errEnv) { e.settle("open") },
+		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_in_flight", cleanup: func(e *errEnv) { e.settle("open") },
 			retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-busy"})},
 		{name: "402 prompt over the cap", plan: "tiny", send: okChat, status: 402, code: "insufficient_credits"},
 		{name: "402 run budget", plan: "tiny", send: chat(chatBody, map[string]string{"X-Run-Id": "small"}), status: 402,
 			code: "run_budget_exhausted", cleanup: func(e *errEnv) { e.settle("small") }},
+		{name: "402 prompt over the cap in a session", plan: "tiny", send: chat(chatBody, map[string]string{"X-Session-Id": "s-tiny"}), status: 402,
+			code: "insufficient_credits", retry: chat(chatBody, map[string]string{"X-Session-Id": "s-tiny"}), retryStatus: 402},
+		{name: "402 prompt over the cap, idempotent", plan: "tiny", send: chat(chatBody, map[string]string{"Idempotency-Key": "k-tiny"}), status: 402,
+			code: "insufficient_credits", retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-tiny"}), retryStatus: 402},
 		{name: "429 too many in flight", plan: "one", send: func(e *errEnv) *http.Response {
 			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"X-Run-Id": "open"}); a.status != 200 {
 				e.t.Fatalf("run: %d %s", a.status, a.body)
 			}
 			return e.post("/v1/chat/completions", chatBody, nil)
-		}, status: 429, code: "too_many_in_flight", cleanup: func(e *errEnv) { e.settle("open") }, retry: okChat},
+		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_in_flight", cleanup: func(e *errEnv) { e.settle("open") }, retry: okChat},
+		{name: "429 too many calls of a run", plan: "one", send: func(e *errEnv) *http.Response {
+			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "par", "X-Test-Gate": "par"})
+			e.gate.await(e.t, "par", 1)
+			resp := e.post("/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "par"})
+			e.gate.open("par")
+			if a := <-first; a.status != 200 {
+				e.t.Fatalf("first: %d %s", a.status, a.body)
+			}
+			return resp
+		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_in_flight", sharedRun: true, cleanup: func(e *errEnv) { e.settle("par") }},
 		{name: "409 run settled", send: func(e *errEnv) *http.Response {
 			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"X-Run-Id": "done"}); a.status != 200 {
 				e.t.Fatalf("run: %d %s", a.status, a.body)
 			}
 			e.settle("done")
 			return e.post("/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "done"})
-		}, status: 409, code: "run_settled", sharedRun: true, retry: okChat},
+		}, header: map[string]string{"X-Should-Retry": "false"}, status: 409, code: "run_settled", sharedRun: true, retry: okChat},
 		{name: "409 run_in_progress", send: func(e *errEnv) *http.Response {
 			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"X-Test-Gate": "self"})
 			e.gate.await(e.t, "self", 1)
@@ -529,7 +582,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			}
 			a := <-first
 			return &http.Response{StatusCode: a.status, Header: a.header, Body: io.NopCloser(strings.NewReader(string(a.body)))}
-		}, status: 409, code: "superseded", forwarded: true, source: holds.SourceCancel, charged: true,
+		}, header: map[string]string{"X-Should-Retry": "false"}, status: 409, code: "superseded", forwarded: true, source: holds.SourceCancel, charged: true,
 			retry: chat(`{"model":"fake-gpt","messages":[{"role":"user","content":"newest"}]}`, map[string]string{"X-Session-Id": "s-new"})},
 		{name: "429 too_many_counts", send: func(e *errEnv) *http.Response {
 			var bg []<-chan answer
@@ -543,7 +596,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 				<-c
 			}
 			return resp
-		}, status: 429, code: "too_many_counts", anthropic: true, noRun: true,
+		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_counts", anthropic: true, noRun: true,
 			retry: ok("/v1/messages/count_tokens", errMsgBody, nil)},
 
 		// After forwarding.
@@ -559,7 +612,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			code: "upstream_error", anthropic: true, forwarded: true, source: holds.SourceUpstreamError},
 		{name: "upstream_error web page", send: chat(chatBody, map[string]string{"X-Test-Upstream": "html"}), status: 502, code: "upstream_error",
 			forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
-		{name: "upstream_auth_failed", send: chat(chatBody, map[string]string{fakellm.HeaderStatus: "401"}), status: 502, code: "upstream_auth_failed",
+		{name: "upstream_auth_failed", send: chat(chatBody, map[string]string{fakellm.HeaderStatus: "401"}), header: map[string]string{"X-Should-Retry": "false"}, status: 502, code: "upstream_auth_failed",
 			forwarded: true, source: holds.SourceUpstreamError},
 		{name: "upstream_unreachable", send: chat(`{"model":"dead-gpt","messages":[{"role":"user","content":"hi"}]}`, nil), status: 502,
 			code: "upstream_unreachable", forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
@@ -573,7 +626,15 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			status: 502, code: "upstream_broken", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
 		{name: "upstream_broken stream", send: chat(streamBody, map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
 			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
-		{name: "upstream_response_too_large", send: chat(chatBody, map[string]string{fakellm.HeaderChunks: "1500"}), status: 502,
+		{name: "upstream_broken stream, messages", send: ok("/v1/messages", `{"model":"claude-test","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+			map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
+			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true},
+		{name: "upstream_broken stream, responses", send: ok("/v1/responses", `{"model":"fake-gpt","stream":true,"input":"hi"}`,
+			map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
+			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true},
+		{name: "upstream_timeout whole answer", send: chat(chatBody, map[string]string{"X-Test-Gate": "late"}), status: 504, code: "upstream_timeout",
+			forwarded: true, source: holds.SourceUpstreamTimeout, charged: true, retry: okChat},
+		{name: "upstream_response_too_large", send: chat(chatBody, map[string]string{fakellm.HeaderChunks: "1500"}), header: map[string]string{"X-Should-Retry": "false"}, status: 502,
 			code: "upstream_response_too_large", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
 	}
 
@@ -606,8 +667,12 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 				r := tc.retry(e)
 				b := readAll(t, r.Body)
 				r.Body.Close()
-				if r.StatusCode != http.StatusOK {
-					t.Errorf("immediate correct retry: %d %s; want 200", r.StatusCode, b)
+				want := tc.retryStatus
+				if want == 0 {
+					want = http.StatusOK
+				}
+				if r.StatusCode != want {
+					t.Errorf("immediate correct retry: %d %s; want %d", r.StatusCode, b, want)
 				}
 				settled()
 			}
@@ -615,11 +680,35 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 	}
 }
 
+// adminCall sends a request to the admin API with token.
+func adminCall(method, path, body, token string) func(e *errEnv) *http.Response {
+	return func(e *errEnv) *http.Response { return adminCallTo(e, e.h.gw.URL, method, path, body, token) }
+}
+
+func adminCallTo(e *errEnv, url, method, path, body, token string) *http.Response {
+	e.t.Helper()
+	req, err := http.NewRequest(method, url+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp
+}
+
 // checkErrorAnswer checks an error answer's status, Content-Type and shape.
 func checkErrorAnswer(t *testing.T, tc errRow, resp *http.Response, body []byte) {
 	t.Helper()
 	if resp.StatusCode != tc.status {
 		t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, body[:min(len(body), 500)])
+	}
+	for k, v := range tc.header {
+		if got := resp.Header.Get(k); got != v {
+			t.Errorf("%s: %q, want %q", k, got, v)
+		}
 	}
 	if tc.streamed {
 		if !strings.Contains(string(body), `"code":"`+tc.code+`"`) {
@@ -675,7 +764,8 @@ func checkErrorLog(t *testing.T, tc errRow, lines []observer.LoggedEntry, runID 
 			}
 		case tc.unknownCaller || tc.noRun:
 			// (An upstream's failure is logged as such, at WARN, without the caller's code.)
-			if f["code"] == tc.code || (tc.status >= 500 && l.Level >= zapcore.WarnLevel && f["upstream"] != nil) {
+			if f["code"] == tc.code || (tc.status >= 500 && l.Level >= zapcore.WarnLevel && f["upstream"] != nil) ||
+				(tc.logged != "" && l.Message == tc.logged) {
 				return ""
 			}
 		case f["code"] == tc.code && f["status"] == int64(tc.status):
