@@ -87,7 +87,8 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	if err != nil {
 		if clientGone(r) {
 			// A caller that only half-closed still reads: unanswered, it got 200 and no count.
-			return answerClientClosed(w, r)
+			// Logged as a model call's 499 is, apart from the upstream's failures below.
+			return refuse(errClientClosed, "client left while the upstream counted")
 		}
 		log.Warn("upstream request failed", zap.String("upstream", m.upstream.Name), zap.Error(err))
 		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable", Message: "The upstream could not be reached."}

@@ -835,3 +835,40 @@ func checkErrorLeftovers(t *testing.T, h *harness, tc errRow, userID uint64, run
 		t.Errorf("run settled %s/%s charged %d; want settled/%s charged>0=%v", row.State, row.Source.String, row.Charged, tc.source, tc.charged)
 	}
 }
+
+// TestTokenCountCallerLeftIsLogged: a token count whose caller leaves while the upstream counts
+// is answered 499 client_closed_request (README: "logged at INFO, apart from the gateway's own
+// failures"), and, as for a model call, writes its line: it wrote none.
+func TestTokenCountCallerLeftIsLogged(t *testing.T) {
+	gate := newGateUpstream()
+	gateSrv := httptest.NewServer(gate)
+	t.Cleanup(gateSrv.Close)
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "gate-anthropic", Kind: "anthropic", BaseURL: gateSrv.URL, Models: []string{"claude*"}}}
+	})
+	u, key := h.user("standard")
+	ctx, leave := context.WithCancel(context.Background())
+	defer leave()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/messages/count_tokens", strings.NewReader(errMsgBody))
+	req.Header.Set("x-api-key", key)
+	req.Header.Set("X-Test-Gate", "count")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	gate.await(t, "count", 1)
+	leave()
+	<-done
+	const series = `tollgate_requests_total{code="499",route="/v1/messages/count_tokens"}`
+	waitFor(t, "the count's 499 to be counted", func() bool { return h.metric(series) == "1" })
+	for _, l := range logs.All() {
+		if f := l.ContextMap(); f["code"] == "client_closed_request" && f["user_id"] == u.ID {
+			return
+		}
+	}
+	t.Fatalf("no line for the token count whose caller left")
+}
