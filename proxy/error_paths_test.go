@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -148,6 +149,18 @@ func (e *errEnv) inBackground(path, body string, hdr map[string]string) <-chan a
 	out := make(chan answer, 1)
 	go func() { out <- sendTo(e.h.gw.URL, path, e.key, body, hdr) }()
 	return out
+}
+
+// callThenSettle makes one more call of the named run id, which must be served (the error
+// left the run open and its budget free), then settles it.
+func (e *errEnv) callThenSettle(id string) {
+	e.t.Helper()
+	if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"and again"}]}`,
+		map[string]string{"X-Run-Id": id}); a.status != http.StatusOK {
+		e.t.Errorf("a call of run %s after the error: %d %s; want 200", id, a.status, a.body)
+	}
+	e.h.settled()
+	e.settle(id)
 }
 
 func (e *errEnv) settle(id string) {
@@ -458,6 +471,24 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		{name: "402 nothing available", plan: "broke", send: okChat, status: 402, code: "insufficient_credits"},
 		{name: "402 nothing available, messages", plan: "broke", send: ok("/v1/messages", errMsgBody, nil), status: 402,
 			code: "insufficient_credits", anthropic: true},
+		{name: "401 user disabled, key still cached", send: func(e *errEnv) *http.Response {
+			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, nil); a.status != 200 {
+				e.t.Fatalf("first: %d %s", a.status, a.body)
+			}
+			if _, err := e.h.store.DisableUser(context.Background(), e.user.ID); err != nil {
+				e.t.Fatal(err)
+			}
+			return e.post("/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"again"}]}`, nil)
+		}, status: 401, code: "invalid_api_key"},
+		{name: "401 user disabled, messages", send: func(e *errEnv) *http.Response {
+			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, nil); a.status != 200 {
+				e.t.Fatalf("first: %d %s", a.status, a.body)
+			}
+			if _, err := e.h.store.DisableUser(context.Background(), e.user.ID); err != nil {
+				e.t.Fatal(err)
+			}
+			return e.post("/v1/messages", errMsgBody, map[string]string{"Idempotency-Key": "k-disabled"})
+		}, status: 401, code: "invalid_api_key", anthropic: true},
 		{name: "402 nothing available, idempotent", plan: "broke", send: chat(chatBody, map[string]string{"Idempotency-Key": "k-broke"}),
 			status: 402, code: "insufficient_credits"},
 		{name: "429 too many in flight, idempotent", plan: "one", send: func(e *errEnv) *http.Response {
@@ -489,7 +520,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 				e.t.Fatalf("first: %d %s", a.status, a.body)
 			}
 			return resp
-		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_in_flight", sharedRun: true, cleanup: func(e *errEnv) { e.settle("par") }},
+		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_in_flight", sharedRun: true, cleanup: func(e *errEnv) { e.callThenSettle("par") }},
 		{name: "409 run settled", send: func(e *errEnv) *http.Response {
 			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"X-Run-Id": "done"}); a.status != 200 {
 				e.t.Fatalf("run: %d %s", a.status, a.body)
@@ -516,7 +547,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			e.gate.open("busy")
 			<-first
 			return resp
-		}, status: 409, code: "run_busy", sharedRun: true, cleanup: func(e *errEnv) { e.settle("busy") }},
+		}, status: 409, code: "run_busy", sharedRun: true, cleanup: func(e *errEnv) { e.callThenSettle("busy") }},
 
 		// Duplicates.
 		{name: "409 duplicate", send: func(e *errEnv) *http.Response {
@@ -634,6 +665,15 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true},
 		{name: "upstream_timeout whole answer", send: chat(chatBody, map[string]string{"X-Test-Gate": "late"}), status: 504, code: "upstream_timeout",
 			forwarded: true, source: holds.SourceUpstreamTimeout, charged: true, retry: okChat},
+		// A named run's call that fails leaves its run open, for the agent's retry: the run is
+		// charged on settle what its calls used (here the retry's).
+		{name: "upstream_error in a named run", send: chat(chatBody, map[string]string{"X-Run-Id": "agent-1", fakellm.HeaderStatus: "500"}),
+			status: 502, code: "upstream_error", forwarded: true, source: holds.SourceClient, charged: true,
+			cleanup: func(e *errEnv) { e.callThenSettle("agent-1") }},
+		{name: "upstream_broken stream in a named run", send: chat(streamBody, map[string]string{"X-Run-Id": "agent-2",
+			fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
+			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceClient, charged: true,
+			cleanup: func(e *errEnv) { e.callThenSettle("agent-2") }},
 		{name: "upstream_response_too_large", send: chat(chatBody, map[string]string{fakellm.HeaderChunks: "1500"}), header: map[string]string{"X-Should-Retry": "false"}, status: 502,
 			code: "upstream_response_too_large", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
 	}
@@ -802,8 +842,15 @@ func checkErrorLeftovers(t *testing.T, h *harness, tc errRow, userID uint64, run
 		if ttl == -1 {
 			t.Errorf("Redis key %s has no expiry", k)
 		}
-		if runID != "" && strings.Contains(k, "lease:{"+runID+"}") {
-			t.Errorf("lease %s of the failed call left behind", k)
+		for _, id := range []string{runID, loggedRun} {
+			if id != "" && !tc.sharedRun && k == h.keys.Lease(id) {
+				t.Errorf("lease %s of the failed call left behind", k)
+			}
+		}
+		if strings.HasPrefix(k, h.keys.Prefix+"dedup:{"+strconv.FormatUint(userID, 10)+"}") {
+			// Given back when a call ends (endFingerprint): left, it makes the same request a
+			// duplicate of a call that is over.
+			t.Errorf("fingerprint %s left behind", k)
 		}
 	}
 	if err := iter.Err(); err != nil && !errors.Is(err, redis.Nil) {
