@@ -505,6 +505,10 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			code: "insufficient_credits", retry: chat(chatBody, map[string]string{"X-Session-Id": "s-tiny"}), retryStatus: 402},
 		{name: "402 prompt over the cap, idempotent", plan: "tiny", send: chat(chatBody, map[string]string{"Idempotency-Key": "k-tiny"}), status: 402,
 			code: "insufficient_credits", retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-tiny"}), retryStatus: 402},
+		{name: "402 prompt over the cap in a session, messages", plan: "tiny", send: ok("/v1/messages", errMsgBody, map[string]string{"X-Session-Id": "s-tiny"}),
+			status: 402, code: "insufficient_credits", anthropic: true},
+		{name: "402 run budget, messages", plan: "tiny", send: ok("/v1/messages", errMsgBody, map[string]string{"X-Run-Id": "small"}), status: 402,
+			code: "run_budget_exhausted", anthropic: true, cleanup: func(e *errEnv) { e.settle("small") }},
 		{name: "429 too many in flight", plan: "one", send: func(e *errEnv) *http.Response {
 			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"X-Run-Id": "open"}); a.status != 200 {
 				e.t.Fatalf("run: %d %s", a.status, a.body)
@@ -641,6 +645,12 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
 		{name: "upstream_error messages", send: ok("/v1/messages", errMsgBody, map[string]string{fakellm.HeaderStatus: "500"}), status: 502,
 			code: "upstream_error", anthropic: true, forwarded: true, source: holds.SourceUpstreamError},
+		{name: "upstream_error messages, idempotent", send: ok("/v1/messages", errMsgBody, map[string]string{"Idempotency-Key": "k-5xx", fakellm.HeaderStatus: "500"}),
+			status: 502, code: "upstream_error", anthropic: true, forwarded: true, source: holds.SourceUpstreamError,
+			retry: ok("/v1/messages", errMsgBody, map[string]string{"Idempotency-Key": "k-5xx"})},
+		{name: "upstream_error messages, session", send: ok("/v1/messages", errMsgBody, map[string]string{"X-Session-Id": "s-5xx", fakellm.HeaderStatus: "500"}),
+			status: 502, code: "upstream_error", anthropic: true, forwarded: true, source: holds.SourceUpstreamError,
+			retry: ok("/v1/messages", errMsgBody, map[string]string{"X-Session-Id": "s-5xx"})},
 		{name: "upstream_error web page", send: chat(chatBody, map[string]string{"X-Test-Upstream": "html"}), status: 502, code: "upstream_error",
 			forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
 		{name: "upstream_auth_failed", send: chat(chatBody, map[string]string{fakellm.HeaderStatus: "401"}), header: map[string]string{"X-Should-Retry": "false"}, status: 502, code: "upstream_auth_failed",
