@@ -36,39 +36,41 @@ import (
 // for as long as it needs, without sleeping; X-Test-Upstream makes it answer as a broken
 // provider would.
 type gateUpstream struct {
-	fake    *fakellm.Server
-	arrived chan string
-	mu      sync.Mutex
-	gates   map[string]chan struct{}
+	fake  *fakellm.Server
+	mu    sync.Mutex
+	gates map[string]*gate
+}
+
+// gate is where calls naming it wait: arrived gets one value per call that reaches it.
+type gate struct {
+	open    chan struct{}
+	arrived chan struct{}
 }
 
 func newGateUpstream() *gateUpstream {
-	return &gateUpstream{fake: fakellm.New(fakellm.Config{}), arrived: make(chan string, 64), gates: map[string]chan struct{}{}}
+	return &gateUpstream{fake: fakellm.New(fakellm.Config{}), gates: map[string]*gate{}}
 }
 
-func (g *gateUpstream) gate(name string) chan struct{} {
+func (g *gateUpstream) gate(name string) *gate {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	ch, ok := g.gates[name]
+	gt, ok := g.gates[name]
 	if !ok {
-		ch = make(chan struct{})
-		g.gates[name] = ch
+		gt = &gate{open: make(chan struct{}), arrived: make(chan struct{}, 64)}
+		g.gates[name] = gt
 	}
-	return ch
+	return gt
 }
 
 // open lets the calls waiting at gate name (and any later ones) through.
-func (g *gateUpstream) open(name string) { close(g.gate(name)) }
+func (g *gateUpstream) open(name string) { close(g.gate(name).open) }
 
 // await waits until n calls have reached gate name.
 func (g *gateUpstream) await(t *testing.T, name string, n int) {
 	t.Helper()
 	for ; n > 0; n-- {
 		select {
-		case got := <-g.arrived:
-			if got != name {
-				t.Fatalf("call reached gate %q, want %q", got, name)
-			}
+		case <-g.gate(name).arrived:
 		case <-time.After(10 * time.Second):
 			t.Fatalf("no call reached gate %q", name)
 		}
@@ -106,10 +108,10 @@ func (g *gateUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		ch := g.gate(name)
-		g.arrived <- name
+		gt := g.gate(name)
+		gt.arrived <- struct{}{}
 		select {
-		case <-ch:
+		case <-gt.open:
 		case <-r.Context().Done():
 			return
 		}
@@ -256,8 +258,8 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		audio.AudioInput = audio.Output
 		c.Models["audio-gpt"] = audio
 		c.Limits.MaxBodyBytes = 64 << 10
-		c.Limits.HeaderTimeout = 300 * time.Millisecond
-		c.Limits.UpstreamTimeout = 600 * time.Millisecond
+		c.Limits.HeaderTimeout = 500 * time.Millisecond
+		c.Limits.UpstreamTimeout = time.Second
 		c.Limits.ClientWriteTimeout = 2 * time.Second
 		c.Limits.MaxResponseBytes = 4 << 10
 		c.Dedup.MaxReplayLen = 8 << 10
