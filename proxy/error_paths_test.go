@@ -210,6 +210,8 @@ type errRow struct {
 	retryStatus int
 	// header is what the README says the answer carries besides (Retry-After, X-Should-Retry).
 	header map[string]string
+	// namesRun: the error names the run it refers to (error.run_id), as the duplicate family's do.
+	namesRun bool
 }
 
 const (
@@ -563,7 +565,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			e.gate.open("dup")
 			<-first
 			return resp
-		}, status: 409, code: "duplicate", retry: okChat},
+		}, namesRun: true, status: 409, code: "duplicate", retry: okChat},
 		{name: "409 request_in_progress", send: func(e *errEnv) *http.Response {
 			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"Idempotency-Key": "k-run", "X-Test-Gate": "idem"})
 			e.gate.await(e.t, "idem", 1)
@@ -571,7 +573,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			e.gate.open("idem")
 			<-first
 			return resp
-		}, status: 409, code: "request_in_progress", sharedRun: true},
+		}, header: map[string]string{"Retry-After": "1"}, namesRun: true, status: 409, code: "request_in_progress", sharedRun: true},
 		{name: "422 idempotency_key_reused", send: func(e *errEnv) *http.Response {
 			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"Idempotency-Key": "k-reused"}); a.status != 200 {
 				e.t.Fatalf("first: %d %s", a.status, a.body)
@@ -587,7 +589,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			}
 			e.h.settled()
 			return e.post("/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, big)
-		}, status: 409, code: "idempotent_response_too_large"},
+		}, namesRun: true, status: 409, code: "idempotent_response_too_large"},
 		{name: "409 idempotent_response_lost", send: func(e *errEnv) *http.Response {
 			hdr := map[string]string{"Idempotency-Key": "k-lost"}
 			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, hdr); a.status != 200 {
@@ -600,7 +602,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 				e.t.Fatalf("replay record %s: %d fields deleted, %v", rec, n, err)
 			}
 			return e.post("/v1/chat/completions", chatBody, hdr)
-		}, status: 409, code: "idempotent_response_lost", sharedRun: true},
+		}, namesRun: true, status: 409, code: "idempotent_response_lost", sharedRun: true},
 		{name: "409 already_running", send: func(e *errEnv) *http.Response {
 			hdr := map[string]string{"X-Session-Id": "s-same", "X-Test-Gate": "sess"}
 			first := e.inBackground("/v1/chat/completions", chatBody, hdr)
@@ -609,7 +611,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			e.gate.open("sess")
 			<-first
 			return resp
-		}, status: 409, code: "already_running", retry: chat(chatBody, map[string]string{"X-Session-Id": "s-same"})},
+		}, namesRun: true, status: 409, code: "already_running", retry: chat(chatBody, map[string]string{"X-Session-Id": "s-same"})},
 		{name: "409 superseded", send: func(e *errEnv) *http.Response {
 			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": "s-new", "X-Test-Gate": "never"})
 			e.gate.await(e.t, "never", 1)
@@ -675,6 +677,9 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		{name: "upstream_broken stream, responses", send: ok("/v1/responses", `{"model":"fake-gpt","stream":true,"input":"hi"}`,
 			map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
 			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true},
+		{name: "upstream_timeout, idempotent", send: chat(chatBody, map[string]string{"Idempotency-Key": "k-late", "X-Test-Gate": "late"}),
+			status: 504, code: "upstream_timeout", forwarded: true, source: holds.SourceUpstreamTimeout, charged: true,
+			retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-late"})},
 		{name: "upstream_timeout whole answer", send: chat(chatBody, map[string]string{"X-Test-Gate": "late"}), status: 504, code: "upstream_timeout",
 			forwarded: true, source: holds.SourceUpstreamTimeout, charged: true, retry: okChat},
 		// A named run's call that fails leaves its run open, for the agent's retry: the run is
@@ -777,6 +782,7 @@ func checkErrorAnswer(t *testing.T, tc errRow, resp *http.Response, body []byte)
 			Message string  `json:"message"`
 			Type    string  `json:"type"`
 			Code    *string `json:"code"`
+			RunID   string  `json:"run_id"`
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(body, &e); err != nil {
@@ -787,6 +793,9 @@ func checkErrorAnswer(t *testing.T, tc errRow, resp *http.Response, body []byte)
 	}
 	if tc.anthropic != (e.Type != nil && *e.Type == "error") {
 		t.Errorf("Anthropic's shape (top-level type \"error\") is %v, want %v: %s", e.Type != nil, tc.anthropic, body)
+	}
+	if tc.namesRun && e.Error.RunID == "" {
+		t.Errorf("error.run_id missing: %s", body)
 	}
 	if tc.passthrough {
 		return
@@ -809,6 +818,12 @@ func checkErrorLog(t *testing.T, tc errRow, lines []observer.LoggedEntry, runID 
 	for _, l := range lines {
 		f := l.ContextMap()
 		id, _ := f["run_id"].(string)
+		if f["code"] == tc.code && f["status"] == int64(tc.status) {
+			// README: INFO for the caller's mistakes (4xx, 499), WARN for the gateway's failures.
+			if want := map[bool]zapcore.Level{true: zapcore.WarnLevel, false: zapcore.InfoLevel}[tc.status >= 500]; l.Level != want {
+				t.Errorf("refusal logged at %s, want %s: %v", l.Level, want, f)
+			}
+		}
 		switch {
 		case runID != "":
 			if id == runID {
