@@ -263,7 +263,6 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	c.leased = true
 	s.metrics.ActiveCalls.Inc()
 	defer s.metrics.ActiveCalls.Dec()
-	w.Header().Set(RunIDHeader, runID)
 	if r.Context().Err() != nil {
 		// Cancelled before anything was sent upstream (the client left, or a newer message of
 		// its session replaced it): nothing was used, release at 0.
@@ -277,6 +276,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		logRefusal(log, errClientClosed, "client left before forwarding; hold released", nil)
 		return answerClientClosed(w, r)
 	}
+	w.Header().Set(RunIDHeader, runID) // forwarded from here on (a refusal above names no run)
 	status := s.forward(w, r, c)
 	if errors.Is(context.Cause(r.Context()), errSuperseded) && c.outcome != outcomeComplete {
 		// (A call superseded after its answer was whole is not told it was stopped.)
