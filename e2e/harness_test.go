@@ -32,7 +32,7 @@ import (
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -85,8 +85,8 @@ type world struct {
 	store    *holds.Store
 	rdb      *redis.Client
 	prefix   string
-	keys     metering.Keys
-	tally    *metering.Tally
+	keys     runstate.Keys
+	tally    *runstate.Tally
 	upstream *httptest.Server
 	config   string
 	price    pricing.Price
@@ -102,8 +102,8 @@ func newWorld(t *testing.T) *world {
 	t.Cleanup(func() { db.Close() })
 	w.db = db
 	w.rdb, w.prefix = testenv.Redis(t)
-	w.keys = metering.Keys{Prefix: w.prefix}
-	w.tally = metering.NewTally(w.rdb, w.keys, time.Hour)
+	w.keys = runstate.Keys{Prefix: w.prefix}
+	w.tally = runstate.NewTally(w.rdb, w.keys, time.Hour)
 	w.upstream = httptest.NewServer(fakellm.New(fakellm.Config{}))
 	t.Cleanup(w.upstream.Close)
 	// Same plans as the gateway's defaults (credit_micro 1000).

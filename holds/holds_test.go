@@ -13,7 +13,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -38,8 +38,8 @@ type storeEnv struct {
 	db    *sqlx.DB
 	store *holds.Store
 	rdb   *redis.Client
-	keys  metering.Keys
-	tally *metering.Tally
+	keys  runstate.Keys
+	tally *runstate.Tally
 	log   *zap.Logger
 }
 
@@ -48,10 +48,10 @@ func newStoreEnv(t *testing.T) *storeEnv {
 	e := &storeEnv{t: t, db: testenv.MySQL(t)}
 	var prefix string
 	e.rdb, prefix = testenv.Redis(t)
-	e.keys = metering.Keys{Prefix: prefix}
+	e.keys = runstate.Keys{Prefix: prefix}
 	e.log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	e.store = holds.NewStore(e.db, testPlans(), "standard", e.log)
-	e.tally = metering.NewTally(e.rdb, e.keys, time.Hour)
+	e.tally = runstate.NewTally(e.rdb, e.keys, time.Hour)
 	t.Cleanup(func() { testenv.CheckLedger(t, e.db) })
 	return e
 }
@@ -122,7 +122,7 @@ func (e *storeEnv) usedToday(u holds.User) int64 {
 
 // The Redis side of the reconciler, as cmd/gateway wires it, over the test's key prefix.
 
-type tallyUsage struct{ t *metering.Tally }
+type tallyUsage struct{ t *runstate.Tally }
 
 func (s tallyUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	t, found, err := s.t.Get(ctx, runID)
@@ -131,7 +131,7 @@ func (s tallyUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, 
 
 type leaseKeys struct {
 	rdb  *redis.Client
-	keys metering.Keys
+	keys runstate.Keys
 }
 
 func (l leaseKeys) Exists(ctx context.Context, runID string) (bool, error) {

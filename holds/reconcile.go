@@ -19,7 +19,7 @@ import (
 // settlement — the reconciler's or a slow process's — the only one that charges.
 //
 // holds does not import metering: the three Redis facts arrive through the small interfaces
-// below, which cmd wires over metering.Tally, metering.Leases and the lock key.
+// below, which cmd wires over runstate.Tally, runstate.Leases and the lock key.
 
 // UsageSource reads a run's tally: what its calls used, as written after each call.
 type UsageSource interface {

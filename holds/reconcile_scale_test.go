@@ -14,7 +14,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -257,7 +257,7 @@ func TestReconcileBacklogSurvivesMySQLGoingAway(t *testing.T) {
 	e.log = zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))
 	e.store = holds.NewStore(db, testPlans(), "standard", e.log)
 	e.store.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-	e.tally = metering.NewTally(e.rdb, e.keys, time.Hour)
+	e.tally = runstate.NewTally(e.rdb, e.keys, time.Hour)
 	t.Cleanup(func() { lossy.Restore(); testenv.CheckLedger(t, db) })
 
 	var users []holds.User

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -34,7 +34,7 @@ func TestReconcileCases(t *testing.T) {
 	// A tally above the cap is clamped to it: the caller's authorisation and the overdraft bound.
 	e.addTally(overCap.RunID, pricing.Usage{Input: 1, Output: 1}, overCap.CapMicro*3)
 	// A live process still serves r_leased (its stream outlasts its TTL).
-	leases := metering.NewLeases(e.rdb, e.keys, "other-process", time.Minute, time.Second, e.log)
+	leases := runstate.NewLeases(e.rdb, e.keys, "other-process", time.Minute, time.Second, e.log)
 	leases.Acquire(leased.RunID)
 	if err := leases.Refresh(e.ctx()); err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -183,7 +183,7 @@ func (h *harness) secondGateway(dedup redis.UniversalClient, mutate func(*config
 		mutate(&cfg)
 	}
 	log := zaptest.NewLogger(h.t, zaptest.Level(zap.WarnLevel))
-	leases := metering.NewLeases(h.rdb, h.keys, "test-2", cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
+	leases := runstate.NewLeases(h.rdb, h.keys, "test-2", cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
 	srv := proxy.New(proxy.Deps{Config: &cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: leases,
 		Log: log, DedupRedis: dedup})
 	gw := httptest.NewServer(srv.Handler())

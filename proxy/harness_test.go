@@ -21,7 +21,7 @@ import (
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -32,9 +32,9 @@ type harness struct {
 	db       *sqlx.DB
 	store    *holds.Store
 	rdb      *redis.Client
-	keys     metering.Keys
-	tally    *metering.Tally
-	leases   *metering.Leases
+	keys     runstate.Keys
+	tally    *runstate.Tally
+	leases   *runstate.Leases
 	fake     *fakellm.Server
 	upstream *httptest.Server
 	srv      *proxy.Server
@@ -85,7 +85,7 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	h.db = setup.db
 	var prefix string
 	h.rdb, prefix = testenv.Redis(t)
-	h.keys = metering.Keys{Prefix: prefix}
+	h.keys = runstate.Keys{Prefix: prefix}
 	if setup.redisDialer != nil {
 		opt := *h.rdb.Options()
 		opt.Dialer = setup.redisDialer
@@ -123,8 +123,8 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 		tallyRDB = redis.NewClient(&opt)
 		t.Cleanup(func() { tallyRDB.Close() })
 	}
-	h.tally = metering.NewTally(tallyRDB, h.keys, cfg.Holds.TallyTTL)
-	h.leases = metering.NewLeases(h.rdb, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
+	h.tally = runstate.NewTally(tallyRDB, h.keys, cfg.Holds.TallyTTL)
+	h.leases = runstate.NewLeases(h.rdb, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
 	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log,
 		Admin: setup.admin})
 	h.gw = httptest.NewServer(h.srv.Handler())

@@ -16,7 +16,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -32,10 +32,10 @@ func TestReadyzDoesNotExposeInternals(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	log := zap.NewNop()
 	store := holds.NewStore(bad, proxy.Plans(h.cfg), "standard", log)
-	keys := metering.Keys{Prefix: "readyz:"}
+	keys := runstate.Keys{Prefix: "readyz:"}
 	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: rdb, Keys: keys,
-		Tally:  metering.NewTally(rdb, keys, h.cfg.Holds.TallyTTL),
-		Leases: metering.NewLeases(rdb, keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
+		Tally:  runstate.NewTally(rdb, keys, h.cfg.Holds.TallyTTL),
+		Leases: runstate.NewLeases(rdb, keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
 	t.Cleanup(func() { _ = srv.Close() })
 	gw := httptest.NewServer(srv.Handler())
 	t.Cleanup(gw.Close)
@@ -74,10 +74,10 @@ func TestReadyzChecksAreBounded(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	core, logs := observer.New(zap.WarnLevel)
 	log := zap.New(core)
-	keys := metering.Keys{Prefix: "readyz:"}
+	keys := runstate.Keys{Prefix: "readyz:"}
 	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: h.store, Redis: rdb, Keys: keys,
-		Tally:  metering.NewTally(rdb, keys, h.cfg.Holds.TallyTTL),
-		Leases: metering.NewLeases(rdb, keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
+		Tally:  runstate.NewTally(rdb, keys, h.cfg.Holds.TallyTTL),
+		Leases: runstate.NewLeases(rdb, keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
 	t.Cleanup(func() { _ = srv.Close() })
 	gw := httptest.NewServer(srv.Handler())
 	t.Cleanup(gw.Close)

@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate/tollgate/internal/fixtures"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 )
 
 // relayFuzz is what every run of FuzzRelayStream shares: a configuration with priced models,
@@ -29,8 +30,8 @@ import (
 type relayFuzz struct {
 	cfg     *config.Config
 	metrics *Metrics
-	tally   *metering.Tally
-	keys    metering.Keys
+	tally   *runstate.Tally
+	keys    runstate.Keys
 	store   *holds.Store
 	server  func(limit int) *Server
 }
@@ -43,8 +44,8 @@ func newRelayFuzz(tb testing.TB) *relayFuzz {
 		tb.Fatal(err)
 	}
 	rdb, prefix := testenv.Redis(tb)
-	rf := &relayFuzz{cfg: cfg, metrics: NewMetrics(nil), keys: metering.Keys{Prefix: prefix}}
-	rf.tally = metering.NewTally(rdb, rf.keys, cfg.Holds.TallyTTL)
+	rf := &relayFuzz{cfg: cfg, metrics: NewMetrics(nil), keys: runstate.Keys{Prefix: prefix}}
+	rf.tally = runstate.NewTally(rdb, rf.keys, cfg.Holds.TallyTTL)
 	rf.store = holds.NewStore(testenv.MySQL(tb), Plans(cfg), "standard", zap.NewNop())
 	rf.server = func(limit int) *Server {
 		c := *cfg

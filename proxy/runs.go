@@ -12,7 +12,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/token"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -26,7 +26,7 @@ var (
 var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "run_budget_exhausted",
 	Message: "This run's budget is used, or reserved by its calls in flight: what it has tallied plus this call's prompt exceeds the run's cap."}
 
-// reserveRunBudget takes this call's share of its named run's cap (see metering.RunBudget):
+// reserveRunBudget takes this call's share of its named run's cap (see runstate.RunBudget):
 // the worst case it asks for, or what the run has left when that is less, and never less than
 // its prompt's cost. budget is the run's cap at list price. A call that bounds its output
 // neither itself nor through the model's configured limit asks for all that is left, so the
@@ -47,13 +47,13 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 	granted, err := s.budgets.ReserveAtMost(rctx, c.runID, c.callID, budget, want, least, max(c.hold.MaxInFlight, 1), c.hold.RecordedMicro)
 	cancel()
 	switch {
-	case errors.Is(err, metering.ErrRunBudget):
+	case errors.Is(err, runstate.ErrRunBudget):
 		return 0, errRunBudget, nil
-	case errors.Is(err, metering.ErrRunCalls):
+	case errors.Is(err, runstate.ErrRunCalls):
 		return 0, &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "too_many_in_flight",
 			Message:    fmt.Sprintf("%d calls of this run are already in flight (limit %d). Retry when one finishes.", c.hold.MaxInFlight, c.hold.MaxInFlight),
 			RetryAfter: time.Second}, nil
-	case errors.Is(err, metering.ErrRunClosed):
+	case errors.Is(err, runstate.ErrRunClosed):
 		return 0, errRunSettled, nil
 	case err != nil:
 		// The reservation may have been made and its reply lost: the call's release (with
@@ -205,7 +205,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		rctx, cancel := redisStep(ctx)
 		err := s.budgets.AwaitRebuild(rctx, run.RunID)
 		cancel()
-		if errors.Is(err, metering.ErrRunBusy) {
+		if errors.Is(err, runstate.ErrRunBusy) {
 			log.Warn("run's Redis record lost calls its row records; settling once its calls in flight are seen again")
 			return holds.Settlement{}, "", errRunBusy
 		} else if err != nil {
@@ -215,7 +215,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	rctx, cancel := redisStep(ctx)
 	mark, err := s.budgets.CloseRun(rctx, run.RunID)
 	cancel()
-	if errors.Is(err, metering.ErrRunBusy) {
+	if errors.Is(err, runstate.ErrRunBusy) {
 		return holds.Settlement{}, "", errRunBusy
 	} else if err != nil {
 		// The close may have landed, its reply lost: unavailable reopens the run with its mark.
@@ -238,7 +238,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	// on the row failed (RecordRunCall is not retried) left it there alone.
 	estimated := found && t.EstimatedCalls > 0
 	if u, cost, calls, rfound := fresh.Recorded(); rfound && (!found || cost > t.CostMicro) {
-		t, found = metering.Tallied{Usage: u, CostMicro: cost, Calls: calls}, true
+		t, found = runstate.Tallied{Usage: u, CostMicro: cost, Calls: calls}, true
 	}
 	st = holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient,
 		Estimated: estimated}
@@ -268,14 +268,14 @@ func (s *Server) settledOnRequest(st holds.Settlement, res holds.Settled, log *z
 }
 
 // readTally reads a run's tally for a caller's request, within redisStepTimeout.
-func (s *Server) readTally(ctx context.Context, runID string) (metering.Tallied, bool, error) {
+func (s *Server) readTally(ctx context.Context, runID string) (runstate.Tallied, bool, error) {
 	ctx, cancel := redisStep(ctx)
 	defer cancel()
 	return s.tally.Get(ctx, runID)
 }
 
 // reopenRun lets a run's calls start again after its settlement failed (see
-// metering.RunBudget.ReopenRun). A reopen that fails leaves the run closed until the mark
+// runstate.RunBudget.ReopenRun). A reopen that fails leaves the run closed until the mark
 // expires (the longest call): its calls are refused meanwhile, nothing is charged wrongly.
 func (s *Server) reopenRun(ctx context.Context, runID, mark string, log *zap.Logger) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseReleaseTimeout)
@@ -289,7 +289,7 @@ func (s *Server) reopenRun(ctx context.Context, runID, mark string, log *zap.Log
 // restart without persistence): no tally at all, or one with fewer calls, or costing less. A
 // call is tallied before it is recorded on the row (tallyBeforeAnswer, finish), so otherwise
 // the tally has every call the row has.
-func runRecordLost(run holds.Run, t metering.Tallied, found bool) bool {
+func runRecordLost(run holds.Run, t runstate.Tallied, found bool) bool {
 	_, cost, calls, recorded := run.Recorded()
 	return recorded && (!found || calls > t.Calls || cost > t.CostMicro)
 }

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -30,7 +30,7 @@ func (c blipConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-type tallyUsage struct{ t *metering.Tally }
+type tallyUsage struct{ t *runstate.Tally }
 
 func (u tallyUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	tl, found, err := u.t.Get(ctx, runID)

@@ -21,7 +21,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -30,9 +30,9 @@ type Deps struct {
 	Config *config.Config
 	Store  *holds.Store
 	Redis  redis.UniversalClient
-	Keys   metering.Keys
-	Tally  *metering.Tally
-	Leases *metering.Leases
+	Keys   runstate.Keys
+	Tally  *runstate.Tally
+	Leases *runstate.Leases
 	Log    *zap.Logger
 	// Metrics registers and exposes counters; nil builds a private registry.
 	Metrics *Metrics
@@ -51,10 +51,10 @@ type Server struct {
 	store       *holds.Store
 	writer      *holds.Writer // groups admissions and settlements into batch transactions
 	rdb         redis.UniversalClient
-	keys        metering.Keys
-	tally       *metering.Tally
-	budgets     *metering.RunBudget // shares a named run's cap among its calls in flight
-	leases      *metering.Leases
+	keys        runstate.Keys
+	tally       *runstate.Tally
+	budgets     *runstate.RunBudget // shares a named run's cap among its calls in flight
+	leases      *runstate.Leases
 	log         *zap.Logger
 	metrics     *Metrics
 	prices      *pricing.Table
@@ -130,7 +130,7 @@ func New(d Deps) *Server {
 		writer: holds.NewWriter(d.Store, holds.WriterConfig{Workers: writeWorkers, Linger: settleLinger,
 			AdmitTimeout: d.Config.Limits.AdmitTimeout, SettleTimeout: d.Config.Limits.SettleTimeout,
 			OnBatch: d.Metrics.observeBatch}),
-		budgets: metering.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, maxCall(d.Config.Limits),
+		budgets: runstate.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, maxCall(d.Config.Limits),
 			d.Config.Holds.LeaseTTL),
 		dedupRDB: d.DedupRedis,
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 )
 
 // SessionHeader names a conversation. With it, resending the message the session's running
@@ -81,7 +82,7 @@ func sessionMessageHash(f metering.Format, body []byte) [32]byte {
 // accepted failure mode; the reconciler does not need to know about it.
 type cancelBus struct {
 	rdb  redis.UniversalClient
-	keys metering.Keys
+	keys runstate.Keys
 	log  *zap.Logger
 
 	// subscribing serialises starts and is never held with mu: a subscription waits on Redis,
@@ -107,7 +108,7 @@ const (
 
 var errBusDown = errors.New("cancel bus: subscription failed moments ago; not retried yet")
 
-func newCancelBus(rdb redis.UniversalClient, keys metering.Keys, log *zap.Logger) *cancelBus {
+func newCancelBus(rdb redis.UniversalClient, keys runstate.Keys, log *zap.Logger) *cancelBus {
 	return &cancelBus{rdb: rdb, keys: keys, log: log, runs: map[string]context.CancelCauseFunc{}, retryAfter: startRetry}
 }
 

@@ -8,9 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"go.uber.org/zap"
-
-	"github.com/tollgate/tollgate/metering"
 )
 
 // TestCancelBusDoesNotHoldRunsBehindASubscription: while the bus waits on Redis to subscribe
@@ -29,7 +28,7 @@ func TestCancelBusDoesNotHoldRunsBehindASubscription(t *testing.T) {
 			return nil, errors.New("redis down")
 		}})
 	t.Cleanup(func() { rdb.Close() })
-	b := newCancelBus(rdb, metering.Keys{}, zap.NewNop())
+	b := newCancelBus(rdb, runstate.Keys{}, zap.NewNop())
 	b.retryAfter = time.Hour // the fail-fast window outlasts the test however slow the machine
 
 	started := make(chan error, 1)

@@ -27,6 +27,7 @@ import (
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -451,7 +452,7 @@ func TestMixedStormChargesEachCallOnce(t *testing.T) {
 // stormLeases is the reconciler's lease check, as cmd/gateway wires it.
 type stormLeases struct {
 	rdb  *redis.Client
-	keys metering.Keys
+	keys runstate.Keys
 }
 
 func (l stormLeases) Exists(ctx context.Context, runID string) (bool, error) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -18,7 +18,7 @@ import (
 // lock.
 
 // tallySource reads runs' tallies for the reconciler.
-type tallySource struct{ t *metering.Tally }
+type tallySource struct{ t *runstate.Tally }
 
 func (s tallySource) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	t, found, err := s.t.Get(ctx, runID)
@@ -28,12 +28,12 @@ func (s tallySource) Tallied(ctx context.Context, runID string) (holds.RunTally,
 	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0}, found, nil
 }
 
-// leaseChecker reads leases by key alone. It is not metering.Leases, whose heartbeat and
+// leaseChecker reads leases by key alone. It is not runstate.Leases, whose heartbeat and
 // in-process counts belong to the serving path; the reconciler only asks whether any
 // process holds one.
 type leaseChecker struct {
 	rdb  redis.UniversalClient
-	keys metering.Keys
+	keys runstate.Keys
 }
 
 func (l leaseChecker) Exists(ctx context.Context, runID string) (bool, error) {
@@ -83,7 +83,7 @@ type reconcilerDeps struct {
 	cfg       *config.Config
 	store     *holds.Store
 	rdb       redis.UniversalClient
-	keys      metering.Keys
+	keys      runstate.Keys
 	onOutcome func(string)
 }
 
@@ -95,7 +95,7 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 	}
 	return holds.NewReconciler(holds.ReconcilerConfig{
 		Store:  d.store,
-		Usage:  tallySource{metering.NewTally(d.rdb, d.keys, d.cfg.Holds.TallyTTL)},
+		Usage:  tallySource{runstate.NewTally(d.rdb, d.keys, d.cfg.Holds.TallyTTL)},
 		Leases: leaseChecker{rdb: d.rdb, keys: d.keys},
 		Lock:   redisLock{rdb: d.rdb, key: d.keys.ReconcileLock(), instance: d.cfg.Instance, ttl: d.cfg.Holds.ReconcileLockTTL},
 		Log:    e.log.Named("reconcile"),

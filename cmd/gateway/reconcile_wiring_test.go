@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 )
 
 // TestRedisLock: one holder at a time; the holder keeps (and refreshes) its lock when it asks
@@ -14,7 +14,7 @@ import (
 func TestRedisLock(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := context.Background()
-	key := metering.Keys{Prefix: prefix}.ReconcileLock()
+	key := runstate.Keys{Prefix: prefix}.ReconcileLock()
 	// Long enough that no pause of a busy machine lets a's lock lapse between its steps.
 	a := redisLock{rdb: rdb, key: key, instance: "a", ttl: 3 * time.Second}
 	b := redisLock{rdb: rdb, key: key, instance: "b", ttl: 3 * time.Second}

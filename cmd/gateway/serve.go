@@ -16,7 +16,7 @@ import (
 	"github.com/tollgate/tollgate/admin"
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
 	tgsql "github.com/tollgate/tollgate/sql"
@@ -49,12 +49,12 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	cfg := e.cfg
 	keys := redisKeys(cfg)
 	store := e.store()
-	leases := metering.NewLeases(e.rdb, keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, e.log)
+	leases := runstate.NewLeases(e.rdb, keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, e.log)
 	// One set of metrics for the proxy and the reconciler, so /metrics shows both.
 	metrics := proxy.NewMetrics(nil)
 	srv := proxy.New(proxy.Deps{
 		Config: cfg, Store: store, Redis: e.rdb, Keys: keys,
-		Tally:  metering.NewTally(e.rdb, keys, cfg.Holds.TallyTTL),
+		Tally:  runstate.NewTally(e.rdb, keys, cfg.Holds.TallyTTL),
 		Leases: leases, Log: e.log, Metrics: metrics,
 		Admin: admin.New(store, cfg.CreditMicro, cfg.AdminToken, e.log.Named("admin")),
 	})
@@ -135,7 +135,7 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 
 // redisKeys names the Redis keys, under the configured prefix (redis_key_prefix or
 // TOLLGATE_REDIS_PREFIX; the end-to-end tests run several gateways per Redis).
-func redisKeys(cfg *config.Config) metering.Keys { return metering.Keys{Prefix: cfg.RedisKeyPrefix} }
+func redisKeys(cfg *config.Config) runstate.Keys { return runstate.Keys{Prefix: cfg.RedisKeyPrefix} }
 
 // reconcileOnce is `gateway reconcile --once`: one pass of the reconciler, for an operator.
 // It takes the lock like every process does (a live gateway holding it means this pass does

@@ -1,4 +1,4 @@
-package metering_test
+package runstate_test
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -18,7 +18,7 @@ import (
 func TestTallyKeepsUsageParts(t *testing.T) {
 	e := newRunBudget(t)
 	ctx := context.Background()
-	tl := metering.NewTally(e.rdb, e.keys, time.Hour)
+	tl := runstate.NewTally(e.rdb, e.keys, time.Hour)
 	spoken := pricing.Usage{Input: 1040, AudioInput: 1000, CacheWrite: 418, CacheWrite1h: 400, Output: 300, AudioOutput: 250}
 
 	if err := tl.Add(ctx, "r_parts_add", spoken, 9_000, false); err != nil {

@@ -1,4 +1,4 @@
-package metering_test
+package runstate_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 )
 
 // TestLeaseReleasedDuringASlowBeatIsDeleted: a run's lease is released while a heartbeat's
@@ -21,11 +21,11 @@ import (
 // it instead of settling).
 func TestLeaseReleasedDuringASlowBeatIsDeleted(t *testing.T) {
 	base, prefix := testenv.Redis(t)
-	keys := metering.Keys{Prefix: prefix}
+	keys := runstate.Keys{Prefix: prefix}
 	// The first write naming the lease is the beat's SET of it (the release comes after).
 	hold := testenv.NewHeldWrite(keys.Lease("x_slow_beat"))
 	rdb := redisThrough(t, base, func(c net.Conn) net.Conn { return &testenv.HoldingConn{Conn: c, Hold: hold} })
-	leases := metering.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	leases := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
 	leases.Acquire("x_slow_beat")
 
 	beat, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)

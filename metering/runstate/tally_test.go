@@ -1,4 +1,4 @@
-package metering_test
+package runstate_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -63,7 +63,7 @@ func TestTallyReadDoesNotGrowWithCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	read.Store(0)
-	tl, found, err := metering.NewTally(counted, e.keys, time.Hour).Get(ctx, run)
+	tl, found, err := runstate.NewTally(counted, e.keys, time.Hour).Get(ctx, run)
 	if err != nil || !found || tl.CostMicro != 123 || tl.Calls != 1 {
 		t.Fatalf("tally %+v %v %v", tl, found, err)
 	}

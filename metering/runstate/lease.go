@@ -1,4 +1,4 @@
-package metering
+package runstate
 
 import (
 	"context"
@@ -38,7 +38,7 @@ type lease struct {
 // NewLeases wires leases; interval must be well below ttl.
 func NewLeases(rdb redis.UniversalClient, keys Keys, instance string, ttl, interval time.Duration, log *zap.Logger) *Leases {
 	if interval <= 0 || interval >= ttl {
-		panic(fmt.Sprintf("metering: lease interval %v must be in (0, ttl %v)", interval, ttl))
+		panic(fmt.Sprintf("runstate: lease interval %v must be in (0, ttl %v)", interval, ttl))
 	}
 	return &Leases{rdb: rdb, keys: keys, instance: instance, ttl: ttl, interval: interval, log: log, runs: map[string]*lease{}}
 }
@@ -65,7 +65,7 @@ func (l *Leases) Release(ctx context.Context, runID string) error {
 	ls, ok := l.runs[runID]
 	if !ok {
 		l.mu.Unlock()
-		panic("metering: lease released more often than acquired: " + runID)
+		panic("runstate: lease released more often than acquired: " + runID)
 	}
 	ls.calls--
 	last := ls.calls == 0

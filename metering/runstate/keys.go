@@ -1,4 +1,9 @@
-package metering
+// Package runstate keeps what must outlive one call's goroutine and be seen by every process
+// in Redis: a run's tally of what it used (HINCRBY, read by its settlement and by the
+// reconciler), the leases that say a live process still serves a run, a named run's budget of
+// reservations, and the names of every key tollgate writes. Package metering finds out what a
+// call used; this one records it where a killed process cannot lose it.
+package runstate
 
 import "strconv"
 

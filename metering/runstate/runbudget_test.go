@@ -1,4 +1,4 @@
-package metering_test
+package runstate_test
 
 import (
 	"context"
@@ -11,22 +11,22 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
 // runBudgetEnv is a run budget and the tally beside it, on the test Redis.
 type runBudgetEnv struct {
-	budget *metering.RunBudget
-	tally  *metering.Tally
-	keys   metering.Keys
+	budget *runstate.RunBudget
+	tally  *runstate.Tally
+	keys   runstate.Keys
 	rdb    *redis.Client
 }
 
 func newRunBudget(t *testing.T) runBudgetEnv {
 	rdb, prefix := testenv.Redis(t)
-	keys := metering.Keys{Prefix: prefix}
-	return runBudgetEnv{metering.NewRunBudget(rdb, keys, time.Hour, time.Hour, testStaleAfter), metering.NewTally(rdb, keys, time.Hour), keys, rdb}
+	keys := runstate.Keys{Prefix: prefix}
+	return runBudgetEnv{runstate.NewRunBudget(rdb, keys, time.Hour, time.Hour, testStaleAfter), runstate.NewTally(rdb, keys, time.Hour), keys, rdb}
 }
 
 // testStaleAfter is how long the tests' reservations live without a beat.
@@ -52,7 +52,7 @@ func TestRunBudgetConcurrentCallsShareTheCap(t *testing.T) {
 			defer wg.Done()
 			<-start
 			g, err := b.Reserve(ctx, run, callID(i), budget, want, least)
-			if errors.Is(err, metering.ErrRunBudget) {
+			if errors.Is(err, runstate.ErrRunBudget) {
 				return
 			}
 			if err != nil {
@@ -85,7 +85,7 @@ func TestRunBudgetConcurrentCallsShareTheCap(t *testing.T) {
 	if err != nil || got.CostMicro != budget || got.Calls != 10 {
 		t.Fatalf("tally %+v, %v: want cost %d over 10 calls", got, err, budget)
 	}
-	if _, err := b.Reserve(ctx, run, "late", budget, want, 0); !errors.Is(err, metering.ErrRunBudget) {
+	if _, err := b.Reserve(ctx, run, "late", budget, want, 0); !errors.Is(err, runstate.ErrRunBudget) {
 		t.Fatalf("reserve on a spent run: %v, want ErrRunBudget", err)
 	}
 }
@@ -125,7 +125,7 @@ func TestRunBudgetCountsWhatTheRunRecordsElsewhere(t *testing.T) {
 	if g, err := b.ReserveAtMost(ctx, "r_floor", "b", 10_000, 10_000, 100, 0, 7_000); err != nil || g != 2_000 {
 		t.Fatalf("reserve with 8 000 tallied and 7 000 recorded: %d, %v; want the 2 000 the tally leaves", g, err)
 	}
-	if _, err := b.ReserveAtMost(ctx, "r_floor2", "a", 10_000, 10_000, 100, 0, 9_950); err != metering.ErrRunBudget {
+	if _, err := b.ReserveAtMost(ctx, "r_floor2", "a", 10_000, 10_000, 100, 0, 9_950); err != runstate.ErrRunBudget {
 		t.Fatalf("reserve with less than least left by the record: %v, want ErrRunBudget", err)
 	}
 }
@@ -138,7 +138,7 @@ func TestRunCloseWaitsForCallsInFlight(t *testing.T) {
 	if _, err := b.Reserve(ctx, "r_close", "a", 10_000, 1_000, 100); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.CloseRun(ctx, "r_close"); !errors.Is(err, metering.ErrRunBusy) {
+	if _, err := b.CloseRun(ctx, "r_close"); !errors.Is(err, runstate.ErrRunBusy) {
 		t.Fatalf("close with a call in flight: %v, want ErrRunBusy", err)
 	}
 	if err := b.Release(ctx, "r_close", "a", pricing.Usage{Output: 5}, 50, false); err != nil {
@@ -147,7 +147,7 @@ func TestRunCloseWaitsForCallsInFlight(t *testing.T) {
 	if _, err := b.CloseRun(ctx, "r_close"); err != nil {
 		t.Fatalf("close with no call in flight: %v", err)
 	}
-	if _, err := b.Reserve(ctx, "r_close", "b", 10_000, 1_000, 100); !errors.Is(err, metering.ErrRunClosed) {
+	if _, err := b.Reserve(ctx, "r_close", "b", 10_000, 1_000, 100); !errors.Is(err, runstate.ErrRunClosed) {
 		t.Fatalf("reserve on a closed run: %v, want ErrRunClosed", err)
 	}
 	// A run that never had a call closes at once.
@@ -173,7 +173,7 @@ func TestRunReopensOnlyForItsOwnClose(t *testing.T) {
 	if err := b.ReopenRun(ctx, "r_reopen", first); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Reserve(ctx, "r_reopen", "a", 10_000, 1_000, 100); !errors.Is(err, metering.ErrRunClosed) {
+	if _, err := b.Reserve(ctx, "r_reopen", "a", 10_000, 1_000, 100); !errors.Is(err, runstate.ErrRunClosed) {
 		t.Fatalf("reserve after the first settlement reopened a run the second had closed: %v, want ErrRunClosed", err)
 	}
 	if err := b.ReopenRun(ctx, "r_reopen", second); err != nil {
@@ -209,7 +209,7 @@ func TestRunBudgetStepsAreSafeToRepeat(t *testing.T) {
 	if err != nil || got.CostMicro != 300 || got.Calls != 1 || got.Usage.Output != 30 {
 		t.Fatalf("tally %+v, %v: want call a once", got, err)
 	}
-	if _, err := b.CloseRun(ctx, "r_again"); !errors.Is(err, metering.ErrRunBusy) {
+	if _, err := b.CloseRun(ctx, "r_again"); !errors.Is(err, runstate.ErrRunBusy) {
 		t.Fatalf("close with call b in flight: %v, want ErrRunBusy", err)
 	}
 }
@@ -250,7 +250,7 @@ func TestRunCloseWaitsForALeasedCall(t *testing.T) {
 	if err := e.rdb.Set(ctx, e.keys.Lease("r_slow"), "other-process", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.budget.CloseRun(ctx, "r_slow"); !errors.Is(err, metering.ErrRunBusy) {
+	if _, err := e.budget.CloseRun(ctx, "r_slow"); !errors.Is(err, runstate.ErrRunBusy) {
 		t.Fatalf("close with a leased call: %v, want ErrRunBusy", err)
 	}
 }
@@ -283,8 +283,8 @@ func TestRunBudgetReleaseOfAnExpiredReservationTallies(t *testing.T) {
 func TestRunBudgetOfAFreeCallerFitsRedis(t *testing.T) {
 	b := newRunBudget(t).budget
 	g, err := b.Reserve(context.Background(), "r_free", "a", pricing.MaxCost, pricing.MaxCost, 10)
-	if err != nil || g != metering.MaxReservable {
-		t.Fatalf("reserve of an unbounded call at no cap: %d, %v; want %d", g, err, int64(metering.MaxReservable))
+	if err != nil || g != runstate.MaxReservable {
+		t.Fatalf("reserve of an unbounded call at no cap: %d, %v; want %d", g, err, int64(runstate.MaxReservable))
 	}
 	if err := b.Release(context.Background(), "r_free", "a", pricing.Usage{Output: 1}, 10, false); err != nil {
 		t.Fatal(err)
@@ -306,7 +306,7 @@ func TestRunBudgetReservationLivesByItsBeat(t *testing.T) {
 	e := newRunBudget(t)
 	ctx := context.Background()
 	serving := e.budget // the process serving call "a"
-	other := metering.NewRunBudget(e.rdb, e.keys, time.Hour, time.Hour, testStaleAfter)
+	other := runstate.NewRunBudget(e.rdb, e.keys, time.Hour, time.Hour, testStaleAfter)
 	const run = "r_beat"
 	field := e.keys.RunBudget(run)
 	// stamp sets call a's last beat to ago before Redis's clock.
@@ -329,16 +329,16 @@ func TestRunBudgetReservationLivesByItsBeat(t *testing.T) {
 	if lost, err := serving.Refresh(ctx); err != nil || len(lost) != 0 {
 		t.Fatalf("beat: lost %v, %v", lost, err)
 	}
-	if _, err := other.Reserve(ctx, run, "b", 10_000, 5_000, 100); !errors.Is(err, metering.ErrRunBudget) {
+	if _, err := other.Reserve(ctx, run, "b", 10_000, 5_000, 100); !errors.Is(err, runstate.ErrRunBudget) {
 		t.Fatalf("reserve beside a beaten call: %v, want ErrRunBudget (its reservation still counts)", err)
 	}
-	if _, err := other.CloseRun(ctx, run); !errors.Is(err, metering.ErrRunBusy) {
+	if _, err := other.CloseRun(ctx, run); !errors.Is(err, runstate.ErrRunBusy) {
 		t.Fatalf("close beside a beaten call: %v, want ErrRunBusy", err)
 	}
 
 	// Not beaten for a little less than staleAfter: still live.
 	stamp(testStaleAfter - 5*time.Second)
-	if _, err := other.Reserve(ctx, run, "b", 10_000, 5_000, 100); !errors.Is(err, metering.ErrRunBudget) {
+	if _, err := other.Reserve(ctx, run, "b", 10_000, 5_000, 100); !errors.Is(err, runstate.ErrRunBudget) {
 		t.Fatalf("reserve beside a call beaten %v ago: %v, want ErrRunBudget", testStaleAfter-5*time.Second, err)
 	}
 	// Not beaten for a little more (its process died): dropped, far sooner than maxCall (1 h here).
@@ -348,7 +348,7 @@ func TestRunBudgetReservationLivesByItsBeat(t *testing.T) {
 	}
 	// Its process, still serving it after all (its beats were lost), learns at its next beat.
 	lost, err := serving.Refresh(ctx)
-	if err != nil || len(lost) != 1 || lost[0] != (metering.RunCallID{Run: run, Call: "a"}) {
+	if err != nil || len(lost) != 1 || lost[0] != (runstate.RunCallID{Run: run, Call: "a"}) {
 		t.Fatalf("beat after the reservation was dropped: lost %v, %v; want call a", lost, err)
 	}
 }
@@ -362,7 +362,7 @@ func TestRunBudgetReleasedCallIsNotBeatenBack(t *testing.T) {
 	if _, err := b.Reserve(ctx, "r_rel", "a", 10_000, 10_000, 100); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Reserve(ctx, "r_rel", "b", 10_000, 10_000, 100); !errors.Is(err, metering.ErrRunBudget) {
+	if _, err := b.Reserve(ctx, "r_rel", "b", 10_000, 10_000, 100); !errors.Is(err, runstate.ErrRunBudget) {
 		t.Fatalf("reserve b: %v, want ErrRunBudget", err)
 	}
 	if b.Held() != 1 {
@@ -389,7 +389,7 @@ func TestRunBudgetReleasedCallIsNotBeatenBack(t *testing.T) {
 // the call was tallied, and charged, twice.
 func TestRunBudgetDoneMarkLivesAsLongAsTheTally(t *testing.T) {
 	e := newRunBudget(t) // tally_ttl 1 h, maxCall 1 h; a budget whose calls live a minute:
-	b := metering.NewRunBudget(e.rdb, e.keys, time.Hour, time.Minute, testStaleAfter)
+	b := runstate.NewRunBudget(e.rdb, e.keys, time.Hour, time.Minute, testStaleAfter)
 	ctx := context.Background()
 	if _, err := b.Reserve(ctx, "r_mark", "a", 10_000, 1_000, 100); err != nil {
 		t.Fatal(err)
@@ -427,7 +427,7 @@ func TestRunReopenOfALaterCloseKeepsAnEarlierOneClosed(t *testing.T) {
 	if err := b.ReopenRun(ctx, "r_reopen2", second); err != nil { // the second failed
 		t.Fatal(err)
 	}
-	if g, err := b.Reserve(ctx, "r_reopen2", "c", 10_000, 1_000, 100); !errors.Is(err, metering.ErrRunClosed) {
+	if g, err := b.Reserve(ctx, "r_reopen2", "c", 10_000, 1_000, 100); !errors.Is(err, runstate.ErrRunClosed) {
 		t.Fatalf("reserve while the first settlement still commits: grant %d, %v; want ErrRunClosed", g, err)
 	}
 }

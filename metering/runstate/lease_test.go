@@ -1,4 +1,4 @@
-package metering_test
+package runstate_test
 
 import (
 	"context"
@@ -10,17 +10,17 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 )
 
 // TestLeaseReleaseKeepsAnotherProcessLease: calls of one named run served by two processes
 // both lease it; when the first ends, the lease the second wrote last stays.
 func TestLeaseReleaseKeepsAnotherProcessLease(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
-	keys := metering.Keys{Prefix: prefix}
+	keys := runstate.Keys{Prefix: prefix}
 	ctx := context.Background()
-	a := metering.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
-	b := metering.NewLeases(rdb, keys, "process-b", time.Minute, time.Second, zap.NewNop())
+	a := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	b := runstate.NewLeases(rdb, keys, "process-b", time.Minute, time.Second, zap.NewNop())
 	a.Acquire("x_shared")
 	b.Acquire("x_shared")
 	if err := a.Refresh(ctx); err != nil {
@@ -69,9 +69,9 @@ func TestLeaseNeverWrittenCostsNoRoundTrip(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	counted := &roundTrips{}
 	rdb.AddHook(counted)
-	keys := metering.Keys{Prefix: prefix}
+	keys := runstate.Keys{Prefix: prefix}
 	ctx := context.Background()
-	l := metering.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	l := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
 
 	l.Acquire("r_short")
 	l.Acquire("r_short") // two calls of one run
@@ -108,11 +108,11 @@ func TestLeaseNeverWrittenCostsNoRoundTrip(t *testing.T) {
 // (its settle refused as busy, the reconciler leaving it alone).
 func TestLeaseAcquiredAgainDuringRefreshIsDeleted(t *testing.T) {
 	base, prefix := testenv.Redis(t)
-	keys := metering.Keys{Prefix: prefix}
+	keys := runstate.Keys{Prefix: prefix}
 	ctx := context.Background()
 	rdb := redis.NewClient(base.Options())
 	t.Cleanup(func() { rdb.Close() })
-	var l *metering.Leases
+	var l *runstate.Leases
 	// Between the heartbeat's SETs and its clean-up, the run's call ends and another begins.
 	rdb.AddHook(&onPipeline{after: func() {
 		if err := l.Release(ctx, "x_run"); err != nil {
@@ -120,7 +120,7 @@ func TestLeaseAcquiredAgainDuringRefreshIsDeleted(t *testing.T) {
 		}
 		l.Acquire("x_run")
 	}})
-	l = metering.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	l = runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
 	l.Acquire("x_run")
 	if err := l.Refresh(ctx); err != nil {
 		t.Fatal(err)

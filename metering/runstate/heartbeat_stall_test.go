@@ -1,4 +1,4 @@
-package metering_test
+package runstate_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 )
 
 // TestHeartbeatSurvivesAHungBeat: a beat that Redis never answers ends at the next beat's
@@ -21,7 +21,7 @@ import (
 // process's and charged their holds.
 func TestHeartbeatSurvivesAHungBeat(t *testing.T) {
 	base, prefix := testenv.Redis(t)
-	keys := metering.Keys{Prefix: prefix}
+	keys := runstate.Keys{Prefix: prefix}
 	var stalled atomic.Bool
 	swallowed := make(chan struct{}, 1)
 	rdb := redisThrough(t, base, func(c net.Conn) net.Conn {
@@ -29,7 +29,7 @@ func TestHeartbeatSurvivesAHungBeat(t *testing.T) {
 	})
 
 	const interval = 100 * time.Millisecond
-	leases := metering.NewLeases(rdb, keys, "process-a", time.Second, interval, zap.NewNop())
+	leases := runstate.NewLeases(rdb, keys, "process-a", time.Second, interval, zap.NewNop())
 	leases.Acquire("x_hung")
 	stalled.Store(true)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,4 +1,4 @@
-package metering
+package runstate
 
 import (
 	"context"
@@ -25,7 +25,7 @@ type Tally struct {
 // NewTally wires a tally whose hashes live for ttl (48 h: long past any hold's expiry).
 func NewTally(rdb redis.UniversalClient, keys Keys, ttl time.Duration) *Tally {
 	if ttl <= 0 {
-		panic("metering: tally without TTL")
+		panic("runstate: tally without TTL")
 	}
 	return &Tally{rdb: rdb, keys: keys, ttl: ttl}
 }
@@ -72,7 +72,7 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 // whose reply timed out, and a correction applied twice is counted twice.
 func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc, dEst int64) error {
 	if dEst < -1 || dEst > 1 {
-		panic(fmt.Sprintf("metering: estimated mark moved by %d", dEst))
+		panic(fmt.Sprintf("runstate: estimated mark moved by %d", dEst))
 	}
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {

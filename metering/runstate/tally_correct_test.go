@@ -1,11 +1,11 @@
-package metering_test
+package runstate_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -18,7 +18,7 @@ import (
 func TestTallyCorrectionWithoutItsTallyWritesNothing(t *testing.T) {
 	e := newRunBudget(t)
 	ctx := context.Background()
-	tl := metering.NewTally(e.rdb, e.keys, time.Hour)
+	tl := runstate.NewTally(e.rdb, e.keys, time.Hour)
 	for _, c := range []struct {
 		run string
 		du  pricing.Usage

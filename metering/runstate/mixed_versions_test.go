@@ -1,11 +1,11 @@
-package metering_test
+package runstate_test
 
 import (
 	"context"
 	"errors"
 	"testing"
 
-	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -52,7 +52,7 @@ func TestRunRecordsOfAnOlderGatewayAreReadAlike(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, found, err := e.tally.Get(ctx, run)
-	want := metering.Tallied{Usage: pricing.Usage{Input: 15, Output: 30}, CostMicro: 450, Calls: 2}
+	want := runstate.Tallied{Usage: pricing.Usage{Input: 15, Output: 30}, CostMicro: 450, Calls: 2}
 	if err != nil || !found || got != want {
 		t.Fatalf("tally of a run served by both versions: %+v, %v, %v; want %+v", got, found, err, want)
 	}
@@ -67,7 +67,7 @@ func TestRunRecordsOfAnOlderGatewayAreReadAlike(t *testing.T) {
 	if err := e.rdb.HSet(ctx, e.keys.RunBudget(run), "closed", "oldmark").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.budget.Reserve(ctx, run, "c3", 1000, 10, 1); !errors.Is(err, metering.ErrRunClosed) {
+	if _, err := e.budget.Reserve(ctx, run, "c3", 1000, 10, 1); !errors.Is(err, runstate.ErrRunClosed) {
 		t.Fatalf("reserve on a run an old gateway closed: %v; want ErrRunClosed", err)
 	}
 	if err := e.budget.ReopenRun(ctx, run, "oldmark"); err != nil {

@@ -1,4 +1,4 @@
-package metering
+package runstate
 
 import (
 	"context"
@@ -69,7 +69,7 @@ const MaxReservable = 1 << 46
 // it must be well above the interval of the beat.
 func NewRunBudget(rdb redis.UniversalClient, keys Keys, tallyTTL, maxCall, staleAfter time.Duration) *RunBudget {
 	if tallyTTL <= 0 || maxCall <= 0 || staleAfter <= 0 {
-		panic("metering: run budget without TTLs")
+		panic("runstate: run budget without TTLs")
 	}
 	return &RunBudget{rdb: rdb, keys: keys, tallyTTL: tallyTTL, maxCall: maxCall, staleAfter: staleAfter,
 		calls: map[RunCallID]bool{}}
@@ -128,7 +128,7 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 	budget, want, least = min(budget, MaxReservable), min(want, MaxReservable), min(least, MaxReservable)
 	spentAtLeast = max(0, min(spentAtLeast, MaxReservable))
 	if want < least || least < 0 {
-		panic(fmt.Sprintf("metering: reserve want %d least %d", want, least))
+		panic(fmt.Sprintf("runstate: reserve want %d least %d", want, least))
 	}
 	// Beaten from now on: a reservation whose reply is lost may still have been made.
 	rc := RunCallID{runID, callID}
@@ -281,7 +281,7 @@ func (b *RunBudget) AwaitRebuild(ctx context.Context, runID string) error {
 // Run beats this process's reservations every interval until ctx ends.
 func (b *RunBudget) Run(ctx context.Context, interval time.Duration, log *zap.Logger) {
 	if interval <= 0 || interval >= b.staleAfter {
-		panic(fmt.Sprintf("metering: run budget beat %v must be in (0, staleAfter %v)", interval, b.staleAfter))
+		panic(fmt.Sprintf("runstate: run budget beat %v must be in (0, staleAfter %v)", interval, b.staleAfter))
 	}
 	heartbeat(ctx, interval, "run budget reservations", func(ctx context.Context) error {
 		lost, err := b.Refresh(ctx)
