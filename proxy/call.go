@@ -115,40 +115,12 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		writeError(w, e)
 		return e.Status
 	}
-	if aerr := checkContentEncoding(r.Header); aerr != nil {
-		return refuse(aerr, "content encoding", nil)
+	in, refused := s.readCall(w, r, rt, user.ID, log, refuse)
+	if refused != 0 {
+		return refused
 	}
-	reading := time.Now()
-	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout)
-	if aerr != nil {
-		return refuse(aerr, "body", nil)
-	}
-	arrived := time.Now()
-	s.metrics.bodyPhase.Observe(arrived.Sub(reading).Seconds())
-	req, aerr := s.parseCall(rt, body, r.Header)
-	if aerr != nil {
-		return refuse(aerr, "validation", nil)
-	}
-	ids, aerr := parseCallIDs(r.Header)
-	if aerr != nil {
-		return refuse(aerr, "validation", nil)
-	}
+	req, body, ids, arrived := in.req, in.body, in.ids, in.arrived
 	clientRunID, idemKey, sessionID := ids.clientRunID, ids.idemKey, ids.sessionID
-	if cont := req.continues(); len(cont) > 0 {
-		var foreign bool
-		if req.carried, foreign = s.carriedContext(r.Context(), user.ID, cont, req.previousResponse, log); foreign {
-			// OpenAI's answer to an id it does not know: to this caller, it is none.
-			return refuse(&apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "previous_response_not_found",
-				Message: fmt.Sprintf("Previous response with id '%s' not found.", req.previousResponse), NoRetry: true}, "validation", nil)
-		}
-	}
-	if len(req.spokenIDs) > 0 {
-		if id := s.hearAgain(r.Context(), user.ID, req, log); id != "" {
-			// Worded as for an id the provider does not know: to this caller, it is none.
-			return refuse(&apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "audio_not_found",
-				Message: fmt.Sprintf("Audio with id '%s' not found.", id), NoRetry: true}, "validation", nil)
-		}
-	}
 	// A caller-named run groups many calls under one hold; without a name a call is a run of
 	// one that settles when it ends.
 	ttl := s.cfg.Holds.HoldTTL
@@ -284,6 +256,56 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		status = s.answerSuperseded(c)
 	}
 	return status
+}
+
+// incomingCall is a call's request as readCall accepted it.
+type incomingCall struct {
+	req     *callRequest
+	body    []byte
+	ids     callIDs
+	arrived time.Time // its body read whole: the admission's clock starts here
+}
+
+// readCall reads and checks a call's request before anything is held for it: its encoding and
+// body, its JSON and the gateway's headers, and the earlier answers it sends back, which must
+// be the caller's own. A refusal is written (refuse) and its status returned; nothing of it
+// needs undoing.
+func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, userID uint64, log *zap.Logger,
+	refuse func(*apiError, string, error) int) (incomingCall, int) {
+	if aerr := checkContentEncoding(r.Header); aerr != nil {
+		return incomingCall{}, refuse(aerr, "content encoding", nil)
+	}
+	reading := time.Now()
+	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout)
+	if aerr != nil {
+		return incomingCall{}, refuse(aerr, "body", nil)
+	}
+	arrived := time.Now()
+	s.metrics.bodyPhase.Observe(arrived.Sub(reading).Seconds())
+	req, aerr := s.parseCall(rt, body, r.Header)
+	if aerr != nil {
+		return incomingCall{}, refuse(aerr, "validation", nil)
+	}
+	ids, aerr := parseCallIDs(r.Header)
+	if aerr != nil {
+		return incomingCall{}, refuse(aerr, "validation", nil)
+	}
+	if cont := req.continues(); len(cont) > 0 {
+		var foreign bool
+		if req.carried, foreign = s.carriedContext(r.Context(), userID, cont, req.previousResponse, log); foreign {
+			// OpenAI's answer to an id it does not know: to this caller, it is none.
+			return incomingCall{}, refuse(&apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "previous_response_not_found",
+				Message: fmt.Sprintf("Previous response with id '%s' not found.", req.previousResponse), NoRetry: true}, "validation", nil)
+		}
+	}
+	if len(req.spokenIDs) > 0 {
+		if id := s.hearAgain(r.Context(), userID, req, log); id != "" {
+			// Worded as for an id the provider does not know: to this caller, it is none.
+			return incomingCall{}, refuse(&apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "audio_not_found",
+				Message: fmt.Sprintf("Audio with id '%s' not found.", id), NoRetry: true}, "validation", nil)
+		}
+	}
+	return incomingCall{req: req, body: body, ids: ids, arrived: arrived}, 0
 }
 
 // requestHash identifies a request to the duplicate checks (the fingerprint window, an
