@@ -229,8 +229,8 @@ func sameGrant(g Grant, req GrantRequest) error {
 // Grants lists up to limit of a user's grants, newest first, older than the grant afterID (0: from
 // the newest): the cursor of a listing in pages.
 func (s *Store) Grants(ctx context.Context, userID, afterID uint64, limit int) ([]Grant, error) {
-	if limit <= 0 || limit > 10_000 {
-		return nil, fmt.Errorf("grants of user %d: limit %d out of range 1-10000", userID, limit)
+	if limit <= 0 || limit > MaxListRows {
+		return nil, fmt.Errorf("grants of user %d: limit %d out of range 1-%d", userID, limit, MaxListRows)
 	}
 	if afterID == 0 {
 		afterID = math.MaxUint64

@@ -161,7 +161,7 @@ func (r Run) cursor() expiredCursor { return expiredCursor{ExpiresAt: r.ExpiresA
 // cursor, on the (state, expires_at) index (whose entries carry the primary key). A scan that
 // goes on from its last row passes holds it could not settle instead of reading them again.
 func (s *Store) expired(ctx context.Context, after expiredCursor, limit int) ([]Run, error) {
-	if limit <= 0 || limit > 10_000 {
+	if limit <= 0 || limit > MaxListRows {
 		panic(fmt.Sprintf("holds: expired batch %d out of range", limit))
 	}
 	q := "SELECT " + runColumns + ` FROM run_holds WHERE state IN ('queued', 'running') AND expires_at < NOW(6)`

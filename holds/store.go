@@ -50,6 +50,11 @@ type RetryPolicy struct {
 	MaxBackoff         time.Duration
 }
 
+// MaxListRows bounds what one listing reads (a page of users, keys, grants or runs, one pass of
+// the reconciler's scan): no request reads a table whole. The admin API asks for less
+// (admin.MaxListLimit, plus one to learn whether a page follows).
+const MaxListRows = 10_000
+
 // defaultRetry is the policy NewStore starts with (tests shorten it: SetRetry).
 var defaultRetry = RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second}
 
