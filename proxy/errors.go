@@ -70,6 +70,14 @@ func logRefusal(log *zap.Logger, e *apiError, reason string, err error, fields .
 	log.Info("request refused", fields...)
 }
 
+// maxLoggedBytes bounds what a log line quotes of anything an upstream or a caller sent (a
+// body's start, an error message, a header value): enough to tell what it was, and a log that
+// a hostile peer cannot fill.
+const maxLoggedBytes = 512
+
+// logged is the start of s a log line quotes (maxLoggedBytes).
+func logged[T ~string | ~[]byte](s T) T { return s[:min(len(s), maxLoggedBytes)] }
+
 func errBadRequest(code, msg string) *apiError {
 	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Message: msg}
 }

@@ -103,7 +103,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		// cannot be metered. Nothing is served that cannot be charged: the provider had the
 		// prompt, so the call is charged its estimate, as a stream that broke.
 		c.outcome = outcomeStreamError
-		c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", ce[:min(len(ce), 64)]))
+		c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", logged(ce)))
 		// Not to be retried: the provider answers a retry the same way, charged again.
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream answered in an encoding the gateway did not ask for.", NoRetry: true})

@@ -143,7 +143,7 @@ func logErrorObject(c *call, body []byte) {
 	}
 	msg := e.Get("message").String()
 	c.log.Warn("upstream answered 200 with an error object", zap.String("upstream", c.req.upstream.Name),
-		zap.String("error_type", e.Get("type").String()), zap.String("error_message", msg[:min(len(msg), 512)]))
+		zap.String("error_type", e.Get("type").String()), zap.String("error_message", logged(msg)))
 }
 
 // refuseNonAnswer answers a 200 that holds no model's answer 502 upstream_error, charged
@@ -151,7 +151,7 @@ func logErrorObject(c *call, body []byte) {
 func refuseNonAnswer(w http.ResponseWriter, c *call, resp *http.Response, body []byte, logMsg, message string) int {
 	c.outcome = outcomeUpstreamError
 	c.log.Warn(logMsg, zap.String("upstream", c.req.upstream.Name),
-		zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", body[:min(len(body), 256)]))
+		zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", logged(body)))
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error", Message: message})
 	return http.StatusBadGateway
 }

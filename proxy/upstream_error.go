@@ -20,7 +20,7 @@ const maxUpstreamErrorBody = 64 << 10
 func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
 	log.Warn("upstream refused the call", zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
-		zap.ByteString("body", body[:min(len(body), 512)]), zap.NamedError("read_error", readErr))
+		zap.ByteString("body", logged(body)), zap.NamedError("read_error", readErr))
 	// An answer passed on cut (too large, or broken before its end) would be JSON no client can
 	// parse, under a Content-Length of its own that hides the cut; one in an encoding the gateway
 	// did not ask for (the transport decodes the gzip it asks for) is bytes it cannot read,
@@ -108,7 +108,7 @@ func copyUpstreamHeaders(dst, src http.Header, names ...[]string) {
 func upstreamRequestID(resp *http.Response) (_ zap.Field, ok bool) {
 	for _, k := range upstreamTraceHeaders {
 		if id := resp.Header.Get(k); id != "" {
-			return zap.String("upstream_request_id", id[:min(len(id), 256)]), true
+			return zap.String("upstream_request_id", logged(id)), true
 		}
 	}
 	return zap.Field{}, false
