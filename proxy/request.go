@@ -199,22 +199,8 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	if aerr != nil {
 		return nil, aerr
 	}
-	// The gateway reads the first of repeated keys (gjson), providers the last: a body that
-	// names one model, stream mode, output bound or usage option to the gateway and another
-	// to the provider would be billed for what it did not run.
-	if k, ok := repeatedKey(root, readKeys...); ok {
-		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k))
-	}
-	if so := root.Get("stream_options"); so.IsObject() {
-		if k, ok := repeatedKey(so, "include_usage"); ok {
-			return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key \"stream_options.%s\" (keys are compared with case folded).", k))
-		}
-	}
-	if conv := root.Get("conversation"); conv.IsObject() {
-		// The conversation whose context the estimate counts (continuedFrom).
-		if k, ok := repeatedKey(conv, "id"); ok {
-			return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key \"conversation.%s\" (keys are compared with case folded).", k))
-		}
+	if aerr := checkReadKeysOnce(root); aerr != nil {
+		return nil, aerr
 	}
 	m, aerr := s.servedModel(root, rt.path, rt.upstreamKind)
 	if aerr != nil {
@@ -230,36 +216,11 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		}
 		c.stream = st.Type == gjson.True
 	}
-	c.bounds = make([]int64, len(rt.maxFields))
-	for i, f := range rt.maxFields {
-		c.bounds[i] = -1
-		v := root.Get(f)
-		if !v.Exists() || v.Type == gjson.Null {
-			continue
-		}
-		// A bound of 0 is refused too: OpenAI, Anthropic and vLLM refuse it themselves, and
-		// some upstreams read it as no bound at all (Ollama's num_predict), which the worst
-		// case, at no output, would never have paid for.
-		n, err := strconv.ParseInt(v.Raw, 10, 64)
-		if v.Type != gjson.Number || err != nil || n < 1 {
-			return nil, errBadRequest("invalid_"+f, fmt.Sprintf("'%s' must be a positive integer.", f))
-		}
-		c.bounds[i] = n
-		if c.maxOutput < 0 || n < c.maxOutput {
-			c.maxOutput = n
-		}
+	if aerr := c.readOutputBounds(root); aerr != nil {
+		return nil, aerr
 	}
-	c.choices = 1
-	for _, f := range rt.choiceFields {
-		v := root.Get(f)
-		if !v.Exists() || v.Type == gjson.Null {
-			continue
-		}
-		n, err := strconv.ParseInt(v.Raw, 10, 64)
-		if v.Type != gjson.Number || err != nil || n < 1 || n > maxChoices {
-			return nil, errBadRequest("invalid_"+f, fmt.Sprintf("'%s' must be an integer from 1 to %d.", f, maxChoices))
-		}
-		c.choices = max(c.choices, n)
+	if c.choices, aerr = readChoices(rt, root); aerr != nil {
+		return nil, aerr
 	}
 	if rt.format == metering.FormatCompletions {
 		// Each prompt of a batch gets its own answers, each up to the bound.
@@ -313,6 +274,75 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k))
 	}
 	return c, nil
+}
+
+// checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level (or
+// in stream_options and conversation). The gateway reads the first of repeated keys (gjson),
+// providers the last: a body that names one model, stream mode, output bound or usage option
+// to the gateway and another to the provider would be billed for what it did not run.
+func checkReadKeysOnce(root gjson.Result) *apiError {
+	repeated := func(k string) *apiError {
+		return errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k))
+	}
+	if k, ok := repeatedKey(root, readKeys...); ok {
+		return repeated(k)
+	}
+	if so := root.Get("stream_options"); so.IsObject() {
+		if k, ok := repeatedKey(so, "include_usage"); ok {
+			return repeated("stream_options." + k)
+		}
+	}
+	if conv := root.Get("conversation"); conv.IsObject() {
+		// The conversation whose context the estimate counts (continuedFrom).
+		if k, ok := repeatedKey(conv, "id"); ok {
+			return repeated("conversation." + k)
+		}
+	}
+	return nil
+}
+
+// readOutputBounds reads every output bound the route knows (max_tokens and its kin): each
+// one the body carries, and the least of them as maxOutput, since providers differ in which
+// they honour.
+func (c *callRequest) readOutputBounds(root gjson.Result) *apiError {
+	c.bounds = make([]int64, len(c.route.maxFields))
+	for i, f := range c.route.maxFields {
+		c.bounds[i] = -1
+		v := root.Get(f)
+		if !v.Exists() || v.Type == gjson.Null {
+			continue
+		}
+		// A bound of 0 is refused too: OpenAI, Anthropic and vLLM refuse it themselves, and
+		// some upstreams read it as no bound at all (Ollama's num_predict), which the worst
+		// case, at no output, would never have paid for.
+		n, err := strconv.ParseInt(v.Raw, 10, 64)
+		if v.Type != gjson.Number || err != nil || n < 1 {
+			return errBadRequest("invalid_"+f, fmt.Sprintf("'%s' must be a positive integer.", f))
+		}
+		c.bounds[i] = n
+		if c.maxOutput < 0 || n < c.maxOutput {
+			c.maxOutput = n
+		}
+	}
+	return nil
+}
+
+// readChoices reads how many answers the body asks for (n, best_of): the most of them, each
+// answer up to the output bound.
+func readChoices(rt *route, root gjson.Result) (int64, *apiError) {
+	choices := int64(1)
+	for _, f := range rt.choiceFields {
+		v := root.Get(f)
+		if !v.Exists() || v.Type == gjson.Null {
+			continue
+		}
+		n, err := strconv.ParseInt(v.Raw, 10, 64)
+		if v.Type != gjson.Number || err != nil || n < 1 || n > maxChoices {
+			return 0, errBadRequest("invalid_"+f, fmt.Sprintf("'%s' must be an integer from 1 to %d.", f, maxChoices))
+		}
+		choices = max(choices, n)
+	}
+	return choices, nil
 }
 
 // parseObject reads body as a JSON object, or refuses it.
