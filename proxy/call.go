@@ -456,25 +456,35 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		return
 	}
 	if c.inRun {
-		// A complete answer was tallied before its end reached the caller
-		// (tallyBeforeAnswer); anything else is tallied now.
-		if !c.tallied {
-			c.tallied = s.tallyCall(ctx, c, st)
-		}
-		s.endRunCall(ctx, c, st)
-		if !c.tallied {
-			// The tally is the run's only record of the call (and, for a call that used
-			// nothing, the evidence that keeps a run nobody comes back to from being charged
-			// its hold): keep trying, as markRunUnused does, for as long as a settlement
-			// would. Every step is safe to repeat.
-			s.settlements.start()
-			s.inBackground(func() {
-				defer s.settlements.leave()
-				s.retryRunTally(ctx, c, st)
-			})
-		}
+		s.finishRunCall(ctx, c, st)
 		return
 	}
+	s.finishPlainCall(ctx, c, st)
+}
+
+// finishRunCall records the end of a named run's call: its tally (a complete answer's was
+// written before its end reached the caller: tallyBeforeAnswer) and its row's record. The run
+// stays open; it is settled on request or by the reconciler.
+func (s *Server) finishRunCall(ctx context.Context, c *call, st holds.Settlement) {
+	if !c.tallied {
+		c.tallied = s.tallyCall(ctx, c, st)
+	}
+	s.endRunCall(ctx, c, st)
+	if !c.tallied {
+		// The tally is the run's only record of the call (and, for a call that used
+		// nothing, the evidence that keeps a run nobody comes back to from being charged
+		// its hold): keep trying, as markRunUnused does, for as long as a settlement
+		// would. Every step is safe to repeat.
+		s.settlements.start()
+		s.inBackground(func() {
+			defer s.settlements.leave()
+			s.retryRunTally(ctx, c, st)
+		})
+	}
+}
+
+// finishPlainCall tallies and settles a call that is a run of its own.
+func (s *Server) finishPlainCall(ctx context.Context, c *call, st holds.Settlement) {
 	// Tally and settlement run after the caller has its answer; neither adds to its latency.
 	// They go out together rather than one after the other: a settlement that reaches the
 	// writer before the caller's next admission shares its transaction (holds.Writer), and
