@@ -125,7 +125,8 @@ func HashKey(key string) [32]byte { return sha256.Sum256([]byte(key)) }
 var ErrBadKey = errors.New("invalid API key")
 
 // UserByKey authenticates a key: UsersByKeys of one. Revoked keys and disabled users are both
-// ErrBadKey, so a caller learns nothing from the difference.
+// ErrBadKey, so a caller learns nothing from the difference. The gateway batches its lookups
+// (KeyLookup); this is for tests and tools.
 func (s *Store) UserByKey(ctx context.Context, key string) (User, error) {
 	out, err := s.UsersByKeys(ctx, []string{key})
 	if err != nil {

@@ -64,7 +64,8 @@ type Hold struct {
 	RecordedMicro int64
 }
 
-// Admit takes a hold: AdmitBatch of one.
+// Admit takes a hold: AdmitBatch of one. The gateway admits through a Writer, which shares
+// each transaction with other admissions and settlements; Admit is for tests and tools.
 func (s *Store) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
 	out, err := s.AdmitBatch(ctx, []AdmitRequest{req})
 	if err != nil {
@@ -84,7 +85,8 @@ type AdmitResult struct {
 	Err  error
 }
 
-// AdmitBatch takes holds in one short transaction: WriteBatch without settlements.
+// AdmitBatch takes holds in one short transaction: WriteBatch without settlements (tests and
+// tools; the gateway's Writer calls WriteBatch).
 func (s *Store) AdmitBatch(ctx context.Context, reqs []AdmitRequest) ([]AdmitResult, error) {
 	_, out, err := s.WriteBatch(ctx, nil, reqs)
 	return out, err
