@@ -43,6 +43,13 @@ func TestIdemPinnedBeforeAnswerEnds(t *testing.T) {
 		// A stream that broke after output pins its key too; its end is the gateway's error event.
 		{"broken stream", "/v1/chat/completions", streamBody,
 			fakellm.HeaderChunks + ": 20\r\n" + fakellm.HeaderDropAfter + ": 5\r\n", "upstream_broken"},
+		// So does one the provider ended with its own error event after output (the SDKs raise
+		// on it: it is the answer's end, as a final event is).
+		{"provider's error event", "/v1/chat/completions", streamBody,
+			fakellm.HeaderChunks + ": 20\r\n" + fakellm.HeaderErrorAfter + ": 5\r\n", "fake upstream error"},
+		// Responses: the error event, then response.failed; the record keeps both, as sent.
+		{"responses error event", "/v1/responses", `{"model":"fake-gpt","stream":true,"input":"hi"}`,
+			fakellm.HeaderChunks + ": 20\r\n" + fakellm.HeaderErrorAfter + ": 5\r\n", "fake upstream error"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

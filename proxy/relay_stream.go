@@ -61,6 +61,8 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		strippedCR bool
 	)
 	for {
+		// errorEnds: this event is the provider's error event that ended the answer.
+		errorEnds := false
 		ev, err := nextEvent(sc, c.meter, sawData)
 		if err != nil {
 			s.endStream(r, c, err, sawFinal || sawError, resp.StatusCode, writeEvent)
@@ -85,7 +87,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			// sends response.failed after its error), and a named run's call is tallied before
 			// the caller has the event: a settle sent then must find the call ended, not in
 			// flight (409 run_busy) until the upstream lets go, up to upstream_timeout.
-			sawError = true
+			sawError, errorEnds = true, true
 			s.answerFinal(r.Context(), c)
 			defer time.AfterFunc(finalGrace, stopUpstream).Stop()
 		}
@@ -115,6 +117,14 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			// caller waiting for the end of an answer it has whole, nor the call its hold,
 			// lease and in-flight slot until upstream_timeout.
 			defer time.AfterFunc(finalGrace, stopUpstream).Stop()
+		} else if errorEnds {
+			// The provider's error event is the answer's end for its caller, as a final event
+			// is: an attempt it ends after output pins its Idempotency-Key (a stream_error that
+			// produced), and is pinned before the event goes out. Pinned only when the call
+			// ended, a gateway killed once its caller had the error left the key free, and the
+			// retry ran, and was charged, again. (An event both error and final, Responses'
+			// response.failed, is pinned above.)
+			s.pinBeforeAnswer(r.Context(), c, c.wholeOutcome(), resp.StatusCode, raw)
 		}
 		if c.inRun && (sawFinal || sawError) {
 			held = append(held, raw...) // the scanner reuses its memory
