@@ -33,6 +33,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		headersLate()
 		c.outcome = outcomeRefused
 		c.log.Error("build upstream request", zap.Error(err))
+		w.Header().Del(RunIDHeader) // never forwarded: released at 0, a refusal names no run
 		writeError(w, errBuildUpstream)
 		return http.StatusInternalServerError
 	}
@@ -56,7 +57,11 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 			// reached it whole, nothing was used.
 			c.outcome = outcomeCancel
 			if !sent.Load() {
+				// Refused as before forwarding, and answered as such (handleCall's 409 to a
+				// call a newer message of its session replaced): no run named, since none
+				// reached the provider, and the one held is released at 0.
 				c.outcome = outcomeRefused
+				w.Header().Del(RunIDHeader)
 			}
 			return answerClientClosed(w, r)
 		}
