@@ -28,95 +28,24 @@ import (
 // tallied. What is held is bounded by limits.max_event_bytes (plus one event): past it the
 // upstream is cut.
 func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, stopUpstream context.CancelFunc) int {
-	headers := time.Now()
-	h := w.Header()
-	copyResponseHeaders(h, resp.Header)
-	h.Del("Content-Length")
-	h.Set("X-Accel-Buffering", "no")
-	rc := http.NewResponseController(w)
-	bound := s.boundWrites(rc)
-	bound.next()
-	w.WriteHeader(resp.StatusCode)
-	_ = rc.Flush()
-	strip := c.req.route.injectUsage && !c.req.clientAskedUsage
+	sr := s.startStream(w, r, resp, c, stopUpstream)
+	defer sr.stopGrace()
 	sc := metering.NewScanner(resp.Body, s.cfg.Limits.MaxEventBytes)
-	firstOut := true
-	writeEvent := func(raw []byte) bool {
-		_, err := bound.write(w, raw)
-		ok := err == nil && rc.Flush() == nil
-		if ok && firstOut {
-			firstOut = false
-			s.metrics.firstEventPhase.Observe(time.Since(headers).Seconds())
-		}
-		return ok
-	}
-	var (
-		sawFinal bool
-		// sawError: the provider's own error event ended the answer (see below).
-		sawError bool
-		sawData  bool   // an event carried data: the upstream answers as a stream
-		held     []byte // a named run's final (or error) event and what came after it
-		// strippedCR: the usage-only chunk just removed ended in a CR, whose LF, if it
-		// comes, leads the next event.
-		strippedCR bool
-	)
 	for {
-		// errorEnds: this event is the provider's error event that ended the answer.
-		errorEnds := false
-		ev, err := nextEvent(sc, c.meter, sawData)
+		ev, err := nextEvent(sc, c.meter, sr.sawData)
 		if err != nil {
-			s.endStream(r, c, err, sawFinal || sawError, resp.StatusCode, writeEvent)
+			s.endStream(r, c, err, sr.sawFinal || sr.sawError, resp.StatusCode, sr.write)
 			break
 		}
-		if ev.Data == nil && !sawData && wholeJSON(ev.Raw) {
-			// A stream request answered whole, as JSON, under the event-stream label (an
-			// upstream that set its label from the request's stream flag, then answered or
-			// failed whole): no line of it is a field, so no event carries it. Metered as the
-			// body it is, as relayBody meters one under its own label: its usage is charged,
-			// its error nothing. Read as a stream, the answer was charged its prompt's
-			// estimate with no output, and the error that estimate too.
-			c.meter.Body(ev.Raw)
-		} else {
-			c.meter.Event(ev)
-		}
-		sawData = sawData || ev.Data != nil
-		if !sawFinal && !sawError && c.meter.UpstreamError() {
-			// An error event from the upstream ends the answer for the caller (the SDKs raise on
-			// it): give back what the call claimed against duplicates before it is sent. As
-			// after a final event, the upstream gets finalGrace to close (the Responses API
-			// sends response.failed after its error), and a named run's call is tallied before
-			// the caller has the event: a settle sent then must find the call ended, not in
-			// flight (409 run_busy) until the upstream lets go, up to upstream_timeout.
-			sawError, errorEnds = true, true
-			s.answerFinal(r.Context(), c)
-			defer time.AfterFunc(finalGrace, stopUpstream).Stop()
-		}
-		if strip && metering.IsUsageOnlyChunk(ev.Data) {
-			// Removed whole: a blank line whose CR ended a read was handed on without the LF
-			// of its CRLF, which then leads the next event (metering.Scanner), and reached the
-			// caller, a byte more than the stream less this chunk, wherever the reads fell.
-			strippedCR = bytes.HasSuffix(ev.Raw, []byte{'\r'})
+		sr.meter(ev)
+		errorEnds := sr.upstreamErrorEnds()
+		raw, relayed := sr.unstripped(ev)
+		if !relayed {
 			continue
 		}
-		raw := ev.Raw
-		if strippedCR && len(raw) > 0 && raw[0] == '\n' {
-			raw = raw[1:]
-		}
-		strippedCR = false
-		afterFinal := sawFinal // the caller has had the whole answer
-		if !sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
-			sawFinal = true
-			if !c.inRun {
-				// The answer is whole: its tally goes with its fingerprint's release (anything
-				// metered after this event is added when the call ends).
-				s.tallyWithFingerprint(r.Context(), c, s.settlementAs(c, c.wholeOutcome()))
-			}
-			s.answerFinal(r.Context(), c)
-			s.pinBeforeAnswer(r.Context(), c, c.wholeOutcome(), resp.StatusCode, raw)
-			// An upstream that does not close after its final event must not keep the
-			// caller waiting for the end of an answer it has whole, nor the call its hold,
-			// lease and in-flight slot until upstream_timeout.
-			defer time.AfterFunc(finalGrace, stopUpstream).Stop()
+		afterFinal := sr.sawFinal // the caller has had the whole answer
+		if !sr.sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
+			sr.finalEvent(raw)
 		} else if errorEnds {
 			// The provider's error event is the answer's end for its caller, as a final event
 			// is: an attempt it ends after output pins its Idempotency-Key (a stream_error that
@@ -124,21 +53,15 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			// ended, a gateway killed once its caller had the error left the key free, and the
 			// retry ran, and was charged, again. (An event both error and final, Responses'
 			// response.failed, is pinned above.)
-			s.pinBeforeAnswer(r.Context(), c, c.wholeOutcome(), resp.StatusCode, raw)
+			s.pinBeforeAnswer(r.Context(), c, c.wholeOutcome(), sr.status, raw)
 		}
-		if c.inRun && (sawFinal || sawError) {
-			held = append(held, raw...) // the scanner reuses its memory
-			if len(held) > s.cfg.Limits.MaxEventBytes {
-				// An upstream that goes on after its final event is cut: what it sends
-				// then is not the answer, and held must not grow with it (nor with what
-				// was read before the cut took effect).
-				stopUpstream()
-				c.outcome = outcomeComplete
+		if c.inRun && sr.ended() {
+			if !sr.hold(raw) {
 				break
 			}
 			continue
 		}
-		if !writeEvent(raw) {
+		if !sr.write(raw) {
 			c.outcome = outcomeCancel
 			if afterFinal || c.idemPinned {
 				// The answer is whole, and for an idempotent attempt pinned: its caller's
@@ -149,6 +72,154 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			break
 		}
 	}
+	sr.finish()
+	return resp.StatusCode
+}
+
+// streamRelay is one stream on its way through relayStream: where the caller's side stands
+// and what has been seen of the upstream's.
+type streamRelay struct {
+	s            *Server
+	w            http.ResponseWriter
+	r            *http.Request
+	c            *call
+	rc           *http.ResponseController
+	bound        *writeBound
+	stopUpstream context.CancelFunc
+	status       int // the upstream's, which the caller was sent
+	// grace cuts the upstream finalGrace after the answer's end (a final or an error event).
+	grace   *time.Timer
+	headers time.Time // the upstream's headers came: the first event's phase starts here
+	written bool      // an event has gone to the caller
+	// strip: the usage-only chunk was asked for on the caller's behalf, and is not relayed.
+	strip    bool
+	sawFinal bool // the stream's final event ([DONE], message_stop, response.completed)
+	sawError bool // the provider's own error event ended the answer
+	sawData  bool // an event carried data: the upstream answers as a stream
+	// strippedCR: the usage-only chunk just removed ended in a CR, whose LF, if it comes,
+	// leads the next event.
+	strippedCR bool
+	held       []byte // a named run's final (or error) event and what came after it
+}
+
+// startStream sends the caller the upstream's status and headers, flushed at once.
+func (s *Server) startStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, stopUpstream context.CancelFunc) *streamRelay {
+	sr := &streamRelay{s: s, w: w, r: r, c: c, stopUpstream: stopUpstream, status: resp.StatusCode, headers: time.Now(),
+		strip: c.req.route.injectUsage && !c.req.clientAskedUsage}
+	h := w.Header()
+	copyResponseHeaders(h, resp.Header)
+	h.Del("Content-Length")
+	h.Set("X-Accel-Buffering", "no")
+	sr.rc = http.NewResponseController(w)
+	sr.bound = s.boundWrites(sr.rc)
+	sr.bound.next()
+	w.WriteHeader(resp.StatusCode)
+	_ = sr.rc.Flush()
+	return sr
+}
+
+// write sends raw to the caller and flushes it; false: the caller is gone (or stopped reading).
+func (sr *streamRelay) write(raw []byte) bool {
+	_, err := sr.bound.write(sr.w, raw)
+	ok := err == nil && sr.rc.Flush() == nil
+	if ok && !sr.written {
+		sr.written = true
+		sr.s.metrics.firstEventPhase.Observe(time.Since(sr.headers).Seconds())
+	}
+	return ok
+}
+
+// meter reads ev's usage.
+func (sr *streamRelay) meter(ev metering.Event) {
+	if ev.Data == nil && !sr.sawData && wholeJSON(ev.Raw) {
+		// A stream request answered whole, as JSON, under the event-stream label (an
+		// upstream that set its label from the request's stream flag, then answered or
+		// failed whole): no line of it is a field, so no event carries it. Metered as the
+		// body it is, as relayBody meters one under its own label: its usage is charged,
+		// its error nothing. Read as a stream, the answer was charged its prompt's
+		// estimate with no output, and the error that estimate too.
+		sr.c.meter.Body(ev.Raw)
+	} else {
+		sr.c.meter.Event(ev)
+	}
+	sr.sawData = sr.sawData || ev.Data != nil
+}
+
+// upstreamErrorEnds reports whether the event just metered is the provider's own error event
+// that ends the answer (its first, before any final event). That ends the answer for the
+// caller (the SDKs raise on it): what the call claimed against duplicates is given back before
+// it is sent. As after a final event, the upstream gets finalGrace to close (the Responses API
+// sends response.failed after its error), and a named run's call is tallied before the caller
+// has the event: a settle sent then must find the call ended, not in flight (409 run_busy)
+// until the upstream lets go, up to upstream_timeout.
+func (sr *streamRelay) upstreamErrorEnds() bool {
+	if sr.sawFinal || sr.sawError || !sr.c.meter.UpstreamError() {
+		return false
+	}
+	sr.sawError = true
+	sr.s.answerFinal(sr.r.Context(), sr.c)
+	sr.startGrace()
+	return true
+}
+
+// unstripped is what of ev the caller gets; false: nothing (the usage-only chunk it did not
+// ask for).
+func (sr *streamRelay) unstripped(ev metering.Event) ([]byte, bool) {
+	if sr.strip && metering.IsUsageOnlyChunk(ev.Data) {
+		// Removed whole: a blank line whose CR ended a read was handed on without the LF
+		// of its CRLF, which then leads the next event (metering.Scanner), and reached the
+		// caller, a byte more than the stream less this chunk, wherever the reads fell.
+		sr.strippedCR = bytes.HasSuffix(ev.Raw, []byte{'\r'})
+		return nil, false
+	}
+	raw := ev.Raw
+	if sr.strippedCR && len(raw) > 0 && raw[0] == '\n' {
+		raw = raw[1:]
+	}
+	sr.strippedCR = false
+	return raw, true
+}
+
+// finalEvent ends the answer at its final event, raw, before it goes out: a plain call's tally
+// rides with its fingerprint's release, what it claimed against duplicates is given back, an
+// Idempotency-Key's answer is pinned, and the upstream gets finalGrace to close.
+func (sr *streamRelay) finalEvent(raw []byte) {
+	s, c, ctx := sr.s, sr.c, sr.r.Context()
+	sr.sawFinal = true
+	if !c.inRun {
+		// The answer is whole: its tally goes with its fingerprint's release (anything
+		// metered after this event is added when the call ends).
+		s.tallyWithFingerprint(ctx, c, s.settlementAs(c, c.wholeOutcome()))
+	}
+	s.answerFinal(ctx, c)
+	s.pinBeforeAnswer(ctx, c, c.wholeOutcome(), sr.status, raw)
+	// An upstream that does not close after its final event must not keep the caller
+	// waiting for the end of an answer it has whole, nor the call its hold, lease and
+	// in-flight slot until upstream_timeout.
+	sr.startGrace()
+}
+
+// ended reports whether the answer has ended for its caller (a final or an error event).
+func (sr *streamRelay) ended() bool { return sr.sawFinal || sr.sawError }
+
+// hold keeps raw, of a named run's answer after its end, for the caller until the call is
+// tallied (finish). False: past limits.max_event_bytes, and the upstream is cut — what it
+// sends then is not the answer, and held must not grow with it (nor with what was read before
+// the cut took effect).
+func (sr *streamRelay) hold(raw []byte) bool {
+	sr.held = append(sr.held, raw...) // the scanner reuses its memory
+	if len(sr.held) > sr.s.cfg.Limits.MaxEventBytes {
+		sr.stopUpstream()
+		sr.c.outcome = outcomeComplete
+		return false
+	}
+	return true
+}
+
+// finish sets the outcome of an answer the provider ended with an error and, for a named
+// run's call that ended, tallies it before the caller gets what was held.
+func (sr *streamRelay) finish() {
+	c := sr.c
 	if (c.outcome == outcomeComplete || c.outcome == outcomeCancel) && c.meter.Result().UpstreamError {
 		// The provider ended the answer with an error, which the SDKs raise on and close the
 		// stream at once: a caller leaving after it, before the upstream's own end reached the
@@ -156,15 +227,28 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		// charged its prompt's estimate, or nothing when the upstream happened to close first.
 		c.outcome = outcomeStreamError
 	}
-	if c.inRun && (sawFinal || sawError) {
+	if c.inRun && sr.ended() {
 		// (held is empty when the event that ended the answer was the usage-only chunk the
 		// caller did not ask for, named error: the call is tallied before the end all the same.)
-		s.tallyBeforeAnswer(r.Context(), c)
-		if held != nil {
-			_ = writeEvent(held)
+		sr.s.tallyBeforeAnswer(sr.r.Context(), c)
+		if sr.held != nil {
+			_ = sr.write(sr.held)
 		}
 	}
-	return resp.StatusCode
+}
+
+// startGrace starts finalGrace at the answer's first end; a later end (an error event, then
+// the final one) does not move it.
+func (sr *streamRelay) startGrace() {
+	if sr.grace == nil {
+		sr.grace = time.AfterFunc(finalGrace, sr.stopUpstream)
+	}
+}
+
+func (sr *streamRelay) stopGrace() {
+	if sr.grace != nil {
+		sr.grace.Stop()
+	}
 }
 
 // nextEvent reads the stream's next event. An event the stream ended inside is passed on only
