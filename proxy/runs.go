@@ -109,7 +109,8 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 	u := userFrom(r.Context())
 	runID, ok := lookupRunID(u.ID, chi.URLParam(r, "id"))
 	if !ok {
-		logRefusal(s.log, errRunNotFound, "no such run", nil, zap.Uint64("user_id", u.ID), zap.String("route", settleRoute))
+		logRefusal(s.log, errRunNotFound, "no such run", nil, zap.Uint64("user_id", u.ID), zap.String("route", settleRoute),
+			zap.String("asked_id", logged(chi.URLParam(r, "id"))))
 		writeError(w, errRunNotFound)
 		return
 	}
