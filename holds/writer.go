@@ -298,11 +298,18 @@ func (w *Writer) commit(batch []writeItem) {
 	w.observe(BatchShape{Settlements: len(sts), Admissions: len(reqs), Err: err, Took: time.Since(start), AdmitWaits: waits})
 	answerAdmissions(batch, admitted, err)
 	if err != nil && len(sts) > 0 && len(reqs) > 0 {
+		// The first batch's settlement writes may have committed unanswered (ErrOutcomeUnknown):
+		// a retry that fails too never found out, and its own error must not tell the callers
+		// that nothing was charged.
+		mayHaveSettled := errors.Is(err, ErrOutcomeUnknown)
 		ctx, cancel = context.WithTimeout(context.Background(), w.cfg.SettleTimeout)
 		again := time.Now()
 		settled, _, err = w.store.WriteBatch(ctx, sts, nil)
 		cancel()
 		w.observe(BatchShape{Settlements: len(sts), Err: err, Took: time.Since(again)})
+		if err != nil && mayHaveSettled && !errors.Is(err, ErrOutcomeUnknown) {
+			err = fmt.Errorf("settlements: %w: %w", ErrOutcomeUnknown, err)
+		}
 	}
 	answerSettlements(batch, settled, err)
 }

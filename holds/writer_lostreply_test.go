@@ -2,6 +2,7 @@ package holds_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -49,6 +50,43 @@ func TestWriterSettlementRetriedAloneAfterALostCommitIsApplied(t *testing.T) {
 	}
 	// The admission committed too; release it.
 	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_mixed_new", Source: holds.SourceRelease}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWriterSettlementStaysUnknownWhenItsRetryAloneFails: a settlement shares a batch with an
+// admission; the batch's COMMIT goes out, the server commits it, the reply is lost, and the
+// database stays out of reach through the admission's deadline and then the settlement's own
+// retry. The settlement may have been applied (it was), so its caller must be told
+// ErrOutcomeUnknown, as a batch of settlements alone tells it (see WriteBatch): the retry's
+// plain "unreachable" says nothing was charged, which is false.
+func TestWriterSettlementStaysUnknownWhenItsRetryAloneFails(t *testing.T) {
+	f, lossy := newLossyFixture(t)
+	ctx := context.Background()
+	f.admit("r_mixed_down")
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, Linger: 2 * time.Second,
+		AdmitTimeout: 500 * time.Millisecond, SettleTimeout: 3 * time.Second})
+	defer w.Close()
+	lossy.Arm(commitScript, testenv.GoDown)
+	settled := settleAsync(w, holds.Settlement{RunID: "r_mixed_down", UserID: f.user.ID, CostMicro: 7_000, Source: holds.SourceComplete})
+	waitGathered(t, w, 1)
+	_, aerr := w.Admit(ctx, holds.AdmitRequest{RunID: "r_mixed_down_new", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute,
+		Fresh: true, Token: testenv.RandomID(16)})
+	s := <-settled
+	if !lossy.Fired() || !lossy.Down() {
+		t.Fatalf("the mixed batch's commit reply was never lost (admission %v, settlement %v)", aerr, s.err)
+	}
+	lossy.Restore()
+	if !errors.Is(aerr, holds.ErrOutcomeUnknown) {
+		t.Errorf("admission whose commit went unanswered: %v; want ErrOutcomeUnknown", aerr)
+	}
+	if !errors.Is(s.err, holds.ErrOutcomeUnknown) {
+		t.Errorf("settlement whose commit went unanswered and whose retry alone failed: %+v, %v; want ErrOutcomeUnknown", s.res, s.err)
+	}
+	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 {
+		t.Fatalf("balance %+v, %v: want the one charge of 7,000 the lost commit made", bal, err)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_mixed_down_new", Source: holds.SourceRelease}); err != nil {
 		t.Fatal(err)
 	}
 }
