@@ -105,7 +105,11 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	})
 	if err != nil {
 		err = fmt.Errorf("%s: %w", what, err)
-		if len(sent) > 0 {
+		// Admissions are told each their own (OutcomeUnknownError.forRun), even when only the
+		// settlements' writes went out unanswered: the settlements' ErrOutcomeUnknown below
+		// would otherwise reach every admission, and send callers that held nothing to
+		// release a hold.
+		if len(sent) > 0 || (settleSent && len(reqs) > 0) {
 			err = &OutcomeUnknownError{Runs: sent, Err: err}
 		}
 		if settleSent {

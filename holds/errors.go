@@ -33,8 +33,8 @@ var ErrRunStillLive = errors.New("run has not expired")
 // were so sent is ErrOutcomeUnknown too: its runs may be settled.
 var ErrOutcomeUnknown = errors.New("outcome unknown: the commit was sent but not answered")
 
-// OutcomeUnknownError is a batch that failed after some of its admissions' commits went
-// unanswered. Only those admissions are ErrOutcomeUnknown (Writer.Admit tells each its own);
+// OutcomeUnknownError is a batch with admissions that failed after some of its commits went
+// unanswered (Runs may be empty: only its settlements' writes went out). Only those admissions are ErrOutcomeUnknown (Writer.Admit tells each its own);
 // the rest of the batch failed with nothing committed.
 type OutcomeUnknownError struct {
 	Runs map[string]bool // the admissions that may have been committed

@@ -90,3 +90,36 @@ func TestWriterSettlementStaysUnknownWhenItsRetryAloneFails(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWriterAdmissionThatWroteNothingIsNotUnknown: a settlement and an admission that is
+// refused (its user does not exist) share a batch whose COMMIT goes out unanswered, and the
+// database stays out of reach. Only the settlement's writes went out: the admission held
+// nothing and must be told a plain failure, not ErrOutcomeUnknown, which sends its caller to
+// release a hold that does not exist (and counts it as a lost admission).
+func TestWriterAdmissionThatWroteNothingIsNotUnknown(t *testing.T) {
+	f, lossy := newLossyFixture(t)
+	ctx := context.Background()
+	f.admit("r_mixed_refused")
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, Linger: 2 * time.Second,
+		AdmitTimeout: 500 * time.Millisecond, SettleTimeout: 3 * time.Second})
+	defer w.Close()
+	lossy.Arm(commitScript, testenv.GoDown)
+	settled := settleAsync(w, holds.Settlement{RunID: "r_mixed_refused", UserID: f.user.ID, CostMicro: 7_000, Source: holds.SourceComplete})
+	waitGathered(t, w, 1)
+	_, aerr := w.Admit(ctx, holds.AdmitRequest{RunID: "r_mixed_refused_new", UserID: 1 << 60, State: holds.StateRunning, TTL: time.Minute,
+		Fresh: true, Token: testenv.RandomID(16)})
+	s := <-settled
+	if !lossy.Fired() || !lossy.Down() {
+		t.Fatalf("the mixed batch's commit reply was never lost (admission %v, settlement %v)", aerr, s.err)
+	}
+	lossy.Restore()
+	if aerr == nil || errors.Is(aerr, holds.ErrOutcomeUnknown) {
+		t.Errorf("admission refused in a batch whose commit went unanswered: %v; want a plain failure", aerr)
+	}
+	if !errors.Is(s.err, holds.ErrOutcomeUnknown) {
+		t.Errorf("settlement whose commit went unanswered: %+v, %v; want ErrOutcomeUnknown", s.res, s.err)
+	}
+	if n, _ := holdRows(t, f.store, "r_mixed_refused_new"); n != 0 {
+		t.Fatalf("the refused admission left %d rows", n)
+	}
+}
