@@ -34,8 +34,9 @@ var ErrRunStillLive = errors.New("run has not expired")
 var ErrOutcomeUnknown = errors.New("outcome unknown: the commit was sent but not answered")
 
 // OutcomeUnknownError is a batch with admissions that failed after some of its commits went
-// unanswered (Runs may be empty: only its settlements' writes went out). Only those admissions are ErrOutcomeUnknown (Writer.Admit tells each its own);
-// the rest of the batch failed with nothing committed.
+// unanswered (Runs may be empty: only its settlements' writes went out). Only the admissions in
+// Runs are ErrOutcomeUnknown (Writer.Admit tells each its own); the rest of the batch's
+// admissions failed with nothing committed.
 type OutcomeUnknownError struct {
 	Runs map[string]bool // the admissions that may have been committed
 	Err  error
