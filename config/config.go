@@ -494,11 +494,14 @@ func (c *Config) Validate() error {
 	if need := max(c.Holds.HoldTTL, c.Holds.RunTTL) + c.Holds.ReconcileInterval + c.Holds.ReconcileLockTTL + time.Hour; c.Holds.TallyTTL < need {
 		bad("holds.tally_ttl", "%v must be at least %v (the longer of hold_ttl and run_ttl, one reconcile pass and lock, and an hour): the reconciler settles from the tally", c.Holds.TallyTTL, need)
 	}
-	if call := c.Limits.UpstreamTimeout + c.Limits.ClientWriteTimeout + time.Minute; c.Limits.SettleTimeout >= call {
+	if call := c.Limits.UpstreamTimeout + c.Limits.ClientWriteTimeout + time.Minute; c.Limits.AdmitTimeout+c.Limits.SettleTimeout >= call {
 		// A run settled on request is closed to new calls for the longest a call may live
 		// (this sum); its settlement, retries included, must commit before that mark lapses, or
-		// a call started after it would be left out of the charge.
-		bad("limits.settle_timeout", "%v must be shorter than upstream_timeout + client_write_timeout + 1m = %v", c.Limits.SettleTimeout, call)
+		// a call started after it would be left out of the charge. A settlement that shares its
+		// batch with an admission waits for it up to admit_timeout, then up to settle_timeout
+		// for its retry alone (holds.Writer).
+		bad("limits.settle_timeout", "%v plus admit_timeout (%v) must be shorter than upstream_timeout + client_write_timeout + 1m = %v",
+			c.Limits.SettleTimeout, c.Limits.AdmitTimeout, call)
 	}
 	if c.Holds.ReconcileBatch < 1 || c.Holds.ReconcileBatch > 10_000 {
 		bad("holds.reconcile_batch", "must be in [1, 10000], got %d", c.Holds.ReconcileBatch)

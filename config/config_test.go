@@ -57,6 +57,10 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		{"limits:\n  key_cache_ttl: 1h\n", "limits.key_cache_ttl"},
 		{"limits:\n  settle_timeout: 10m\n", "limits.settle_timeout"},
 		{"limits:\n  settle_timeout: 1ms\n", "limits.settle_timeout"},
+		// A settlement that shares a batch with an admission waits up to admit_timeout for it,
+		// then up to settle_timeout for its retry alone: a run settled on request must commit
+		// within both before its close mark (the longest a call may live: 7 min here) lapses.
+		{"limits:\n  settle_timeout: 415s\n  admit_timeout: 10s\n", "limits.settle_timeout"},
 		{"holds:\n  heartbeat_interval: 60s\n", "holds.heartbeat_interval"},
 		// One missed beat (a Redis hiccup) must not lapse a lease: the call's run would be
 		// settled, or its reservation dropped, while it still runs.
