@@ -17,7 +17,18 @@ import (
 const (
 	maxOpenConns    = 64
 	connMaxLifetime = 5 * time.Minute
+	// connMaxIdleTime closes a pooled connection idle this long, well before the server's
+	// SessionWaitTimeout would (the pool's cleaner runs once per this interval).
+	connMaxIdleTime = time.Minute
 )
+
+// SessionWaitTimeout bounds how long the server waits for a silent client's next statement
+// (the session's wait_timeout; a DSN that sets wait_timeout keeps its own). A gateway whose
+// host dies or whose network partitions between a batch's two scripts sends no FIN: the
+// server waits, inside the transaction and holding its users' locks, for a statement that
+// never comes — 8 hours at the server's default, during which every other gateway's admission
+// of those users fails its lock wait. Then it drops the connection and rolls back.
+const SessionWaitTimeout = 3 * time.Minute
 
 // Open connects to MySQL with the settings the money code relies on: UTC sessions (so NOW(6)
 // and UTC_DATE() agree on the day a charge lands on), parsed DATETIMEs, parameters
@@ -82,6 +93,9 @@ func open(ctx context.Context, dsn, isolationVar string, readTimeout time.Durati
 	if _, ok := cfg.Params["innodb_lock_wait_timeout"]; !ok {
 		cfg.Params["innodb_lock_wait_timeout"] = strconv.Itoa(lockWaitSeconds)
 	}
+	if _, ok := cfg.Params["wait_timeout"]; !ok {
+		cfg.Params["wait_timeout"] = strconv.Itoa(int(SessionWaitTimeout / time.Second))
+	}
 	cfg.Params[isolationVar] = "'READ-COMMITTED'"
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
@@ -100,6 +114,7 @@ func open(ctx context.Context, dsn, isolationVar string, readTimeout time.Durati
 	db.SetMaxOpenConns(maxOpenConns)
 	db.SetMaxIdleConns(maxOpenConns)
 	db.SetConnMaxLifetime(connMaxLifetime)
+	db.SetConnMaxIdleTime(connMaxIdleTime)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := db.PingContext(pingCtx); err != nil {
