@@ -33,12 +33,7 @@ func TestWriterSettlementRetriedAloneAfterALostCommitIsApplied(t *testing.T) {
 			}
 		}})
 	defer w.Close()
-	lossy.Arm(commitScript, testenv.GoDown)
-	settled := settleAsync(w, holds.Settlement{RunID: "r_mixed_lost", UserID: f.user.ID, CostMicro: 7_000, Source: holds.SourceComplete})
-	waitGathered(t, w, 1)
-	_, aerr := w.Admit(ctx, holds.AdmitRequest{RunID: "r_mixed_new", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute,
-		Fresh: true, Token: testenv.RandomID(16)})
-	s := <-settled
+	s, aerr := lostMixedBatch(t, w, lossy, holds.Settlement{RunID: "r_mixed_lost", UserID: f.user.ID, CostMicro: 7_000, Source: holds.SourceComplete}, f.user.ID, "r_mixed_new")
 	if !lossy.Fired() || !restored {
 		t.Fatalf("the mixed batch's commit reply was never lost (fired %v, restored %v; admission %v)", lossy.Fired(), restored, aerr)
 	}
@@ -67,12 +62,7 @@ func TestWriterSettlementStaysUnknownWhenItsRetryAloneFails(t *testing.T) {
 	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, Linger: 2 * time.Second,
 		AdmitTimeout: 500 * time.Millisecond, SettleTimeout: 3 * time.Second})
 	defer w.Close()
-	lossy.Arm(commitScript, testenv.GoDown)
-	settled := settleAsync(w, holds.Settlement{RunID: "r_mixed_down", UserID: f.user.ID, CostMicro: 7_000, Source: holds.SourceComplete})
-	waitGathered(t, w, 1)
-	_, aerr := w.Admit(ctx, holds.AdmitRequest{RunID: "r_mixed_down_new", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute,
-		Fresh: true, Token: testenv.RandomID(16)})
-	s := <-settled
+	s, aerr := lostMixedBatch(t, w, lossy, holds.Settlement{RunID: "r_mixed_down", UserID: f.user.ID, CostMicro: 7_000, Source: holds.SourceComplete}, f.user.ID, "r_mixed_down_new")
 	if !lossy.Fired() || !lossy.Down() {
 		t.Fatalf("the mixed batch's commit reply was never lost (admission %v, settlement %v)", aerr, s.err)
 	}
@@ -98,17 +88,11 @@ func TestWriterSettlementStaysUnknownWhenItsRetryAloneFails(t *testing.T) {
 // release a hold that does not exist (and counts it as a lost admission).
 func TestWriterAdmissionThatWroteNothingIsNotUnknown(t *testing.T) {
 	f, lossy := newLossyFixture(t)
-	ctx := context.Background()
 	f.admit("r_mixed_refused")
 	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, Linger: 2 * time.Second,
 		AdmitTimeout: 500 * time.Millisecond, SettleTimeout: 3 * time.Second})
 	defer w.Close()
-	lossy.Arm(commitScript, testenv.GoDown)
-	settled := settleAsync(w, holds.Settlement{RunID: "r_mixed_refused", UserID: f.user.ID, CostMicro: 7_000, Source: holds.SourceComplete})
-	waitGathered(t, w, 1)
-	_, aerr := w.Admit(ctx, holds.AdmitRequest{RunID: "r_mixed_refused_new", UserID: 1 << 60, State: holds.StateRunning, TTL: time.Minute,
-		Fresh: true, Token: testenv.RandomID(16)})
-	s := <-settled
+	s, aerr := lostMixedBatch(t, w, lossy, holds.Settlement{RunID: "r_mixed_refused", UserID: f.user.ID, CostMicro: 7_000, Source: holds.SourceComplete}, 1<<60, "r_mixed_refused_new")
 	if !lossy.Fired() || !lossy.Down() {
 		t.Fatalf("the mixed batch's commit reply was never lost (admission %v, settlement %v)", aerr, s.err)
 	}
@@ -122,4 +106,18 @@ func TestWriterAdmissionThatWroteNothingIsNotUnknown(t *testing.T) {
 	if n, _ := holdRows(t, f.store, "r_mixed_refused_new"); n != 0 {
 		t.Fatalf("the refused admission left %d rows", n)
 	}
+}
+
+// lostMixedBatch settles st and admits a fresh run newRun of userID in one batch of w (whose
+// linger holds the settlement for the admission) and loses that batch's COMMIT reply, the
+// database going out of reach (lossy); it returns what the settlement and the admission were
+// told.
+func lostMixedBatch(t *testing.T, w *holds.Writer, lossy *testenv.Lossy, st holds.Settlement, userID uint64, newRun string) (settleOutcome, error) {
+	t.Helper()
+	lossy.Arm(commitScript, testenv.GoDown)
+	settled := settleAsync(w, st)
+	waitGathered(t, w, 1)
+	_, aerr := w.Admit(context.Background(), holds.AdmitRequest{RunID: newRun, UserID: userID, State: holds.StateRunning,
+		TTL: time.Minute, Fresh: true, Token: testenv.RandomID(16)})
+	return <-settled, aerr
 }
