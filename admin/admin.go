@@ -203,3 +203,31 @@ func classify(err error) *apiError {
 	}
 	return &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error", Message: "Internal error; see the gateway log."}
 }
+
+// listUserPage answers a listing of one user's rows paged by a numeric id (keys, grants): the
+// user, the page size and the cursor from the request (what names the id in a refusal), and
+// one row more than asked for, whose coming is has_more.
+func listUserPage[T any](h *handler, w http.ResponseWriter, r *http.Request, what string,
+	fetch func(ctx context.Context, userID, afterID uint64, limit int) ([]T, error),
+	view func(holds.UserDetail, T) map[string]any, id func(T) any) {
+	d, ok := h.user(w, r)
+	if !ok {
+		return
+	}
+	limit, bad := limitParam(r)
+	if bad != nil {
+		writeError(w, bad)
+		return
+	}
+	after, bad := idParam(r, what)
+	if bad != nil {
+		writeError(w, bad)
+		return
+	}
+	rows, err := fetch(r.Context(), d.ID, after, limit+1)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, List(rows, limit, func(row T) map[string]any { return view(d, row) }, id))
+}

@@ -11,27 +11,9 @@ import (
 )
 
 func (h *handler) listGrants(w http.ResponseWriter, r *http.Request) {
-	d, ok := h.user(w, r)
-	if !ok {
-		return
-	}
-	limit, bad := limitParam(r)
-	if bad != nil {
-		writeError(w, bad)
-		return
-	}
-	after, bad := idParam(r, "a grant id")
-	if bad != nil {
-		writeError(w, bad)
-		return
-	}
-	grants, err := h.store.Grants(r.Context(), d.ID, after, limit+1)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, List(grants, limit, func(g holds.Grant) map[string]any { return h.views.Grant(d.Name, g, false) },
-		func(g holds.Grant) any { return g.ID }))
+	listUserPage(h, w, r, "a grant id", h.store.Grants,
+		func(d holds.UserDetail, g holds.Grant) map[string]any { return h.views.Grant(d.Name, g, false) },
+		func(g holds.Grant) any { return g.ID })
 }
 
 // createGrant credits (or, with a negative amount, debits) prepaid credits once per

@@ -8,26 +8,9 @@ import (
 )
 
 func (h *handler) listKeys(w http.ResponseWriter, r *http.Request) {
-	d, ok := h.user(w, r)
-	if !ok {
-		return
-	}
-	limit, bad := limitParam(r)
-	if bad != nil {
-		writeError(w, bad)
-		return
-	}
-	after, bad := idParam(r, "a key id")
-	if bad != nil {
-		writeError(w, bad)
-		return
-	}
-	keys, err := h.store.ListKeys(r.Context(), d.ID, after, limit+1)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, List(keys, limit, h.views.Key, func(k holds.KeyInfo) any { return k.ID }))
+	listUserPage(h, w, r, "a key id", h.store.ListKeys,
+		func(_ holds.UserDetail, k holds.KeyInfo) map[string]any { return h.views.Key(k) },
+		func(k holds.KeyInfo) any { return k.ID })
 }
 
 // createKey issues a key and shows it this once: only its hash is stored.
