@@ -100,7 +100,7 @@ func (v Views) GrantBelowZero(e *holds.GrantBelowZeroError) string {
 // Balance is what GET /v1/credits shows the user, plus what only an operator needs.
 func (v Views) Balance(d holds.UserDetail, b holds.Balance) map[string]any {
 	c := v.Credits
-	return map[string]any{"object": "credits", "user": d.Name, "plan": d.Plan, "disabled": d.DisabledAt != nil,
+	return map[string]any{"object": "credits", "user": d.Name, "plan": b.Plan, "disabled": d.DisabledAt != nil,
 		"allowance": c(b.AllowanceMicro), "used_today": c(b.UsedTodayMicro), "held": c(b.HeldMicro),
 		"prepaid": c(b.PrepaidMicro), "available": c(b.AvailableMicro), "in_flight": b.InFlight,
 		"day": b.Day.Format(time.DateOnly)}

@@ -193,6 +193,10 @@ func (s *Store) UsersByKeys(ctx context.Context, keys []string) ([]KeyResult, er
 
 // Balance is what GET /v1/credits shows, in micro-USD.
 type Balance struct {
+	// Plan is the user's plan as the same read found it, the plan the figures are of: the
+	// proxy's key cache keeps the plan a key was looked up with, for up to key_cache_ttl
+	// after an operator moves the user to another plan.
+	Plan           string
 	AllowanceMicro int64
 	UsedTodayMicro int64
 	HeldMicro      int64
@@ -250,7 +254,7 @@ func balanceTx(ctx context.Context, tx *sqlx.Tx, s *Store, userID uint64) (Balan
 		return Balance{}, err
 	}
 	plan := s.plan(row.userRow)
-	return Balance{AllowanceMicro: plan.AllowanceMicro, UsedTodayMicro: row.UsedToday, HeldMicro: row.Held,
+	return Balance{Plan: row.Plan, AllowanceMicro: plan.AllowanceMicro, UsedTodayMicro: row.UsedToday, HeldMicro: row.Held,
 		PrepaidMicro: row.PrepaidMicro, InFlight: row.InFlight, Day: row.Day,
 		AvailableMicro: Available(plan.AllowanceMicro, row.UsedToday, row.PrepaidMicro, row.Held)}, nil
 }

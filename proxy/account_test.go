@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -192,5 +193,24 @@ func TestADisabledUserIsRefusedAtOnce(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 401 || errorCode(t, body) != "invalid_api_key" {
 		t.Fatalf("after disabling: %d %s", resp.StatusCode, body)
+	}
+}
+
+// TestCreditsNameThePlanTheirFiguresAreOf: the balance is read from the user's row, but the
+// plan's name came from the key cache, as it was when the key was looked up: for up to
+// key_cache_ttl after a plan change, /v1/credits named the old plan beside the new plan's
+// allowance. Both now come from the same read.
+func TestCreditsNameThePlanTheirFiguresAreOf(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Limits.KeyCacheTTL = time.Minute })
+	u, key := h.user("standard")
+	if code, c := h.get(key, "/v1/credits"); code != 200 || c["plan"] != "standard" || c["allowance"] != 2000.0 {
+		t.Fatalf("before the change: %d %v", code, c)
+	}
+	if err := h.store.ChangeUser(context.Background(), u.ID, holds.UserChange{Plan: "guest"}); err != nil {
+		t.Fatal(err)
+	}
+	code, c := h.get(key, "/v1/credits") // the key is still cached, with the plan it had
+	if code != 200 || c["plan"] != "guest" || c["allowance"] != 100.0 {
+		t.Fatalf("after moving the user to guest: %d plan %v allowance %v, want guest and 100", code, c["plan"], c["allowance"])
 	}
 }
