@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -254,4 +255,62 @@ func TestPruneBesideSettlementsKeepsTheBooks(t *testing.T) {
 		t.Errorf("%d old runs left, %v", oldLeft, err)
 	}
 	// testenv.CheckLedger at cleanup: the day ledgers and prepaid credits against runs and sums.
+}
+
+// TestReportAndAuditDuringAPruneReadTheSame: a prune moves runs into pruned_runs batch by
+// batch while an operator reads. Every usage report taken meanwhile must show the totals of
+// before (one snapshot: a batch is seen wholly moved or wholly in place, never in both places
+// or in neither) and agree with the day ledger, and the audit must find nothing.
+func TestReportAndAuditDuringAPruneReadTheSame(t *testing.T) {
+	f := newAcctFixture(t)
+	for i := range 3 {
+		u := f.user(fmt.Sprintf("p%d", i), []string{"standard", "guest"}[i%2])
+		f.grant(u, 500_000, fmt.Sprintf("g%d", i))
+		for j := range 30 {
+			id := fmt.Sprintf("r_p_%d_%d", i, j)
+			if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: id, UserID: u.ID, Model: fmt.Sprintf("m%d", j%3), State: holds.StateRunning, TTL: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+			f.settle(id, int64(3_000+j*100))
+		}
+		f.ageRuns(u, 10)
+	}
+	var today time.Time
+	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
+		t.Fatal(err)
+	}
+	before, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -12), today, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		defer done.Store(true)
+		if _, err := f.store.PruneSettled(f.ctx(), holds.MinPruneAge, 1); err != nil {
+			t.Error(err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for first := true; first || !done.Load(); first = false {
+			rep, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -12), today, 0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if !reflect.DeepEqual(rep.Totals, before.Totals) || rep.LedgerMicro != before.LedgerMicro {
+				t.Errorf("report during prune: %+v want %+v", rep.Totals, before.Totals)
+				return
+			}
+			bad, err := holds.Audit(f.ctx(), f.db)
+			if err != nil || len(bad) > 0 {
+				t.Errorf("audit during prune: %v %v", bad, err)
+				return
+			}
+		}
+	}()
+	wg.Wait()
 }
