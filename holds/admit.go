@@ -26,9 +26,14 @@ type AdmitRequest struct {
 	ClientRunID string // the caller's X-Run-Id, if any
 	SessionID   string
 	Model       string
-	Heavy       bool          // the conversation has enough user turns for the heavy tier
-	State       State         // queued or running
-	TTL         time.Duration // hold_ttl for a one-call run, run_ttl for an X-Run-Id run
+	Heavy       bool // take the heavy tier whatever UserTurns says (tests and tools)
+	// UserTurns is the conversation's user turns: the heavy tier applies from the plan's
+	// HeavyAfterTurns, decided here with the rest of the plan read under the user lock. A
+	// caller deciding it from a plan it had cached (the proxy's key cache) used the old plan's
+	// threshold with the new plan's tiers for up to key_cache_ttl after a plan change.
+	UserTurns int
+	State     State         // queued or running
+	TTL       time.Duration // hold_ttl for a one-call run, run_ttl for an X-Run-Id run
 	// Fresh promises the run id was just generated at random, so it cannot exist yet: the
 	// lookup of an earlier admission is skipped (the primary key still guards).
 	Fresh bool
@@ -192,7 +197,7 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			continue
 		}
 		tier := plan.HoldNormalMicro
-		if req.Heavy {
+		if req.Heavy || (req.UserTurns > 0 && req.UserTurns >= plan.HeavyAfterTurns) {
 			tier = plan.HoldHeavyMicro
 		}
 		hold := Hold{RunID: req.RunID, UserID: req.UserID, State: req.State,

@@ -134,10 +134,9 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	if idemKey != "" || fingerprinted {
 		bodyHash = requestHash(rt.path, body)
 	}
-	plan := s.cfg.Plan(user.Plan)
 	ar := holds.AdmitRequest{
 		RunID: runID, UserID: user.ID, ClientRunID: clientRunID, SessionID: sessionID, Model: req.model,
-		State: holds.StateRunning, TTL: ttl, Heavy: req.userTurns >= plan.HeavyAfterTurns,
+		State: holds.StateRunning, TTL: ttl, UserTurns: req.userTurns,
 		// A run id made up here at random cannot have been admitted before.
 		Fresh: clientRunID == "" && idemKey == "",
 		Token: newAdmitToken(),

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -176,5 +178,39 @@ func TestIdempotentReplayKeepsTheAnswersHeaders(t *testing.T) {
 		if got, want := again.Header.Get(k), first.Header.Get(k); got != want {
 			t.Errorf("replay's %s = %q, the first answer had %q", k, got, want)
 		}
+	}
+}
+
+// TestHoldTierIsThePlanInForce: the tier's threshold (heavy_after_turns) came from the plan in
+// the process's key cache, the tier's amounts from the plan the admission read under the user
+// lock: for up to key_cache_ttl after a plan change, a call was held by the new plan's tiers at
+// the old plan's threshold. Both are the plan the admission reads now.
+func TestHoldTierIsThePlanInForce(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		c.Limits.KeyCacheTTL = time.Minute
+		g := c.Plans["guest"]
+		g.HeavyAfterTurns = 2
+		c.Plans["guest"] = g
+	})
+	u, key := h.user("standard") // heavy from 4 user turns
+	body := `{"model":"fake-gpt","max_tokens":5,"messages":[{"role":"user","content":"one"},` +
+		`{"role":"assistant","content":"answer"},{"role":"user","content":"two"}]}`
+	first := h.post(key, "/v1/chat/completions", body, nil) // caches the key with its plan
+	readAll(t, first.Body)
+	first.Body.Close()
+	if r := h.run(u.ID, first.Header.Get(proxy.RunIDHeader)); r.HeldMicro != 20_000 {
+		t.Fatalf("2 user turns on standard: held %d, want the normal tier 20000", r.HeldMicro)
+	}
+	if err := h.store.ChangeUser(context.Background(), u.ID, holds.UserChange{Plan: "guest"}); err != nil {
+		t.Fatal(err)
+	}
+	resp := h.post(key, "/v1/chat/completions", strings.Replace(body, "two", "two again", 1), nil)
+	b := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("after the change: %d %s", resp.StatusCode, b)
+	}
+	if r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader)); r.HeldMicro != 60_000 {
+		t.Errorf("2 user turns on guest (heavy from 2): held %d, want the heavy tier 60000", r.HeldMicro)
 	}
 }
