@@ -601,9 +601,8 @@ func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 	// restart the tally has only the calls made since, and a settle sent the moment the answer
 	// ends, reading a row without this call, would charge the larger of the two records rather
 	// than both calls (and the call's record would then find its run settled). A settle that
-	// comes between the two writes finds the call in the tally (its reservation given back),
-	// which it charges, being the larger record; the call's record then finds the run settled
-	// and changes nothing.
+	// comes between the two writes finds the call still in flight (its tally's record-to-come
+	// mark, runstate.RunBudget.ReleaseBeforeRecord) and is refused run_busy.
 	s.recordRunCall(ctx, c, st)
 	// The call is over but for its last bytes; a run settled now must not find its lease
 	// (CloseRun refuses a leased run).
@@ -624,6 +623,9 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 	defer cancel()
 	var err error
 	switch {
+	case c.reserving && !c.recorded:
+		// Its record on the run's row follows (recordRunCall): the run is not settled between.
+		err = s.budgets.ReleaseBeforeRecord(tctx, c.runID, c.callID, st.Usage, st.CostMicro, st.Estimated)
 	case c.reserving:
 		err = s.budgets.Release(tctx, c.runID, c.callID, st.Usage, st.CostMicro, st.Estimated)
 	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):

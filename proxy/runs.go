@@ -99,6 +99,17 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 		// lost; the tally has this call.
 		c.log.Warn("run call not recorded, expiry not extended", zap.Error(err))
 	}
+	if c.reserving && c.tallied {
+		// Its tally (ReleaseBeforeRecord) kept the run from being settled until now. A tally
+		// that failed left no mark, or (its reply lost) one that lapses after the lease TTL, as
+		// the reservation it would have given back: not worth another wait on a Redis that
+		// just failed, before the caller has its answer.
+		rctx, cancel := redisStep(context.WithoutCancel(ctx))
+		defer cancel()
+		if err := s.budgets.Recorded(rctx, c.runID, c.callID); err != nil {
+			c.log.Warn("run call's record not marked; the run's settlement waits until the mark lapses", zap.Error(err))
+		}
+	}
 }
 
 // settleRoute names the settle route in its log lines.

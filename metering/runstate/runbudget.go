@@ -23,8 +23,9 @@ import (
 // keeps a run from being settled under a running call (CloseRun).
 //
 // The reservations live in a hash next to the run's tally, in the same hash slot: one field per
-// call in flight, c:<call id> = "<grant>:<last beat ms>", and closed once the run is being
-// settled. A field per call rather than counters makes every step safe to repeat (go-redis
+// call in flight, c:<call id> = "<grant>:<last beat ms>", one per call tallied whose record on
+// the run's row is still on its way, r:<call id> = "<ms>" (ReleaseBeforeRecord), and closed
+// once the run is being settled. A field per call rather than counters makes every step safe to repeat (go-redis
 // resends a script whose reply it lost): a repeated ReserveAtMost finds its field and returns its
 // grant, and a repeated Release finds the call already tallied (its CallDone mark, a key that
 // lives as long as the tally) and does nothing.
@@ -76,19 +77,28 @@ func NewRunBudget(rdb redis.UniversalClient, keys Keys, tallyTTL, maxCall, stale
 }
 
 // liveCallsLua sums the grants of the calls in flight in the budget hash KEYS[2] and drops the
-// fields of calls not beaten for ARGV[staleArg] ms. It sets now, reserved and inflight.
+// fields of calls not beaten for ARGV[staleArg] ms. It sets now, reserved and inflight, and
+// recording: the calls tallied whose record on the run's row has not landed yet (their
+// r:<call id> = "<ms>" fields, see ReleaseBeforeRecord), dropped too once older than staleArg.
 const liveCallsLua = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local reserved, inflight = 0, 0
+local reserved, inflight, recording = 0, 0, 0
 local all = redis.call('HGETALL', KEYS[2])
 for i = 1, #all, 2 do
-  if string.sub(all[i], 1, 2) == 'c:' then
+  local kind = string.sub(all[i], 1, 2)
+  if kind == 'c:' then
     local g, at = string.match(all[i + 1], '^(%d+):(%d+)$')
     if tonumber(at) + tonumber(ARGV[staleArg]) < now then
       redis.call('HDEL', KEYS[2], all[i])
     else
       reserved, inflight = reserved + tonumber(g), inflight + 1
+    end
+  elseif kind == 'r:' then
+    if tonumber(all[i + 1]) + tonumber(ARGV[staleArg]) < now then
+      redis.call('HDEL', KEYS[2], all[i])
+    else
+      recording = recording + 1
     end
   end
 end
@@ -154,11 +164,18 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 }
 
 // releaseScript: KEYS usage, budget hash, call's done mark; ARGV call id, tally ttl ms, done
-// mark ttl ms, calls, then usageArgs.
+// mark ttl ms, calls, record to come (1 or 0), max call ms, then usageArgs. The first time
+// only, with a record to come, the call's r: field says so until Recorded drops it.
 var releaseScript = redis.NewScript(`
 if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[3]) then
 redis.call('HINCRBY', KEYS[1], 'calls', ARGV[4])
-` + usageLua(5) + `end
+` + usageLua(7) + `
+if ARGV[5] == '1' then
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[2], 'r:' .. ARGV[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[6]) then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
+end
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('HDEL', KEYS[2], 'c:' .. ARGV[1])
 return 1`)
@@ -168,6 +185,33 @@ return 1`)
 // nothing. A call that used nothing still leaves the tally, as evidence for the reconciler
 // (see Tally.MarkUnused), but does not count as a call.
 func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated bool) error {
+	return b.release(ctx, runID, callID, u, costMicro, estimated, false)
+}
+
+// ReleaseBeforeRecord is Release for a call whose record on the run's row is still to be
+// written: until Recorded says it has been, CloseRun finds the call in flight. Without it a
+// settlement that came between the two writes found nothing in flight and charged the larger
+// of the tally, which had the call, and the row, which had not — after a Redis restart
+// without persistence, when the tally holds only the calls made since, one of the two records
+// alone — and the call's record then found its run settled.
+func (b *RunBudget) ReleaseBeforeRecord(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated bool) error {
+	return b.release(ctx, runID, callID, u, costMicro, estimated, true)
+}
+
+// recordedScript: KEYS budget hash; ARGV call id.
+var recordedScript = redis.NewScript(`return redis.call('HDEL', KEYS[1], 'r:' .. ARGV[1])`)
+
+// Recorded says that the call callID, released with ReleaseBeforeRecord, has been recorded on
+// its run's row (or will not be: its record failed): the run may be settled. A mark it fails
+// to drop keeps the run's settlement busy for staleAfter.
+func (b *RunBudget) Recorded(ctx context.Context, runID, callID string) error {
+	if err := recordedScript.Run(ctx, b.rdb, []string{b.keys.RunBudget(runID)}, callID).Err(); err != nil {
+		return fmt.Errorf("mark call of run %s recorded: %w", runID, err)
+	}
+	return nil
+}
+
+func (b *RunBudget) release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated, toRecord bool) error {
 	// No longer beaten, whatever the outcome: a field a failed release leaves behind goes stale.
 	b.forget(RunCallID{runID, callID})
 	calls, est := 1, int64(0)
@@ -180,7 +224,12 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 	// script, the call's tally retries after a lost reply, however long the answer took to
 	// write) finds it whenever it finds the tally. One key per call for tally_ttl, as a
 	// one-call run's tally is.
-	args := append([]any{callID, b.tallyTTL.Milliseconds(), b.tallyTTL.Milliseconds(), calls}, usageArgs(u, costMicro, est)...)
+	record := 0
+	if toRecord {
+		record = 1
+	}
+	args := append([]any{callID, b.tallyTTL.Milliseconds(), b.tallyTTL.Milliseconds(), calls, record, b.maxCall.Milliseconds()},
+		usageArgs(u, costMicro, est)...)
 	err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.CallDone(runID, callID)}, args...).Err()
 	if err != nil {
 		return fmt.Errorf("tally and release for run %s: %w", runID, err)
@@ -189,13 +238,14 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 }
 
 // closeScript: KEYS usage (unused), budget hash, lease; ARGV max call ms, stale ms, mark.
-// Returns 0 while calls are in flight. The closed field holds the marks of every settlement
-// that has closed the run, space-separated: one that closes a run already closed adds its
-// mark rather than replacing the first's, which may still be committing.
+// Returns 0 while calls are in flight, or tallied and not yet recorded on the run's row. The
+// closed field holds the marks of every settlement that has closed the run, space-separated:
+// one that closes a run already closed adds its mark rather than replacing the first's, which
+// may still be committing.
 var closeScript = redis.NewScript(`
 local staleArg = 2
 ` + liveCallsLua + `
-if inflight > 0 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+if inflight > 0 or recording > 0 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 local marks = redis.call('HGET', KEYS[2], 'closed')
 if marks then marks = marks .. ' ' .. ARGV[3] else marks = ARGV[3] end
 redis.call('HSET', KEYS[2], 'closed', marks)

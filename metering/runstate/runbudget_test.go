@@ -464,3 +464,50 @@ func TestRunBudgetLostReservationIsReportedOnce(t *testing.T) {
 		t.Fatalf("beating %d reservations after the release, want 0", e.budget.Held())
 	}
 }
+
+// TestRunCloseWaitsForACallsRecord: a call released before its record on the run's row
+// (ReleaseBeforeRecord) keeps the run from closing until Recorded, however often its release
+// is repeated, and gives its reservation back at once; a mark its process never dropped (killed
+// between the two writes) stops counting after staleAfter.
+func TestRunCloseWaitsForACallsRecord(t *testing.T) {
+	e := newRunBudget(t)
+	b := e.budget
+	ctx := context.Background()
+	if _, err := b.Reserve(ctx, "r_rec", "a", 10_000, 6_000, 100); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := b.ReleaseBeforeRecord(ctx, "r_rec", "a", pricing.Usage{Output: 5}, 50, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g, err := b.Reserve(ctx, "r_rec", "b", 10_000, 9_950, 100); err != nil || g != 9_950 {
+		t.Fatalf("reserve beside a released call: %d, %v; want all but its cost", g, err)
+	}
+	if err := b.Release(ctx, "r_rec", "b", pricing.Usage{}, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.CloseRun(ctx, "r_rec"); !errors.Is(err, runstate.ErrRunBusy) {
+		t.Fatalf("close with a call's record to come: %v, want ErrRunBusy", err)
+	}
+	if err := b.Recorded(ctx, "r_rec", "a"); err != nil {
+		t.Fatal(err)
+	}
+	// Repeated after its record, the release leaves no mark.
+	if err := b.ReleaseBeforeRecord(ctx, "r_rec", "a", pricing.Usage{Output: 5}, 50, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.CloseRun(ctx, "r_rec"); err != nil {
+		t.Fatalf("close once the call is recorded: %v", err)
+	}
+	if tl := e.rdb.PTTL(ctx, e.keys.RunBudget("r_rec")).Val(); tl <= 0 {
+		t.Fatalf("budget hash TTL %v", tl)
+	}
+
+	if err := e.rdb.HSet(ctx, e.keys.RunBudget("r_dead_rec"), "r:dead", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.CloseRun(ctx, "r_dead_rec"); err != nil {
+		t.Fatalf("close with only a dead call's record mark left: %v", err)
+	}
+}
