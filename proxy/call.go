@@ -61,6 +61,9 @@ type call struct {
 	// recorded: this call of a named run has been recorded on its run's row (recordRunCall),
 	// which is done once: the row's figures are sums.
 	recorded bool
+	// recordMarked: its tally marked the call's record as still to come (a run whose Redis
+	// record lost calls: runstate.RunBudget.ReleaseBeforeRecord), which recordRunCall drops.
+	recordMarked bool
 	// leased: this call holds a lease on its run (taken just before forwarding), which it must
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
@@ -602,7 +605,8 @@ func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 	// ends, reading a row without this call, would charge the larger of the two records rather
 	// than both calls (and the call's record would then find its run settled). A settle that
 	// comes between the two writes finds the call still in flight (its tally's record-to-come
-	// mark, runstate.RunBudget.ReleaseBeforeRecord) and is refused run_busy.
+	// mark, runstate.RunBudget.ReleaseBeforeRecord, on a run whose Redis record lost calls)
+	// and is refused run_busy.
 	s.recordRunCall(ctx, c, st)
 	// The call is over but for its last bytes; a run settled now must not find its lease
 	// (CloseRun refuses a leased run).
@@ -625,7 +629,7 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 	switch {
 	case c.reserving && !c.recorded:
 		// Its record on the run's row follows (recordRunCall): the run is not settled between.
-		err = s.budgets.ReleaseBeforeRecord(tctx, c.runID, c.callID, st.Usage, st.CostMicro, st.Estimated)
+		c.recordMarked, err = s.budgets.ReleaseBeforeRecord(tctx, c.runID, c.callID, st.Usage, st.CostMicro, st.Estimated)
 	case c.reserving:
 		err = s.budgets.Release(tctx, c.runID, c.callID, st.Usage, st.CostMicro, st.Estimated)
 	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):

@@ -99,7 +99,7 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 		// lost; the tally has this call.
 		c.log.Warn("run call not recorded, expiry not extended", zap.Error(err))
 	}
-	if c.reserving && c.tallied {
+	if c.recordMarked {
 		// Its tally (ReleaseBeforeRecord) kept the run from being settled until now. A tally
 		// that failed left no mark, or (its reply lost) one that lapses after the lease TTL, as
 		// the reservation it would have given back: not worth another wait on a Redis that

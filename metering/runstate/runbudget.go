@@ -163,18 +163,24 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 	return grant, nil
 }
 
-// releaseScript: KEYS usage, budget hash, call's done mark; ARGV call id, tally ttl ms, done
-// mark ttl ms, calls, record to come (1 or 0), max call ms, then usageArgs. The first time
-// only, with a record to come, the call's r: field says so until Recorded drops it.
+// releaseScript: KEYS usage, budget hash, call's done mark, the run's lost mark; ARGV call id,
+// tally ttl ms, done mark ttl ms, calls, record to come (1 or 0), max call ms, then usageArgs.
+// The first time only, with a record to come on a run whose record lost calls, the call's r:
+// field says so until Recorded drops it; the script then returns 2 (else 1).
 var releaseScript = redis.NewScript(`
 if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[3]) then
 redis.call('HINCRBY', KEYS[1], 'calls', ARGV[4])
 ` + usageLua(7) + `
-if ARGV[5] == '1' then
+local marked = 1
+if ARGV[5] == '1' and redis.call('EXISTS', KEYS[4]) == 1 then
   local t = redis.call('TIME')
   redis.call('HSET', KEYS[2], 'r:' .. ARGV[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[6]) then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
+  marked = 2
 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HDEL', KEYS[2], 'c:' .. ARGV[1])
+return marked
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('HDEL', KEYS[2], 'c:' .. ARGV[1])
@@ -185,16 +191,21 @@ return 1`)
 // nothing. A call that used nothing still leaves the tally, as evidence for the reconciler
 // (see Tally.MarkUnused), but does not count as a call.
 func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated bool) error {
-	return b.release(ctx, runID, callID, u, costMicro, estimated, false)
+	_, err := b.release(ctx, runID, callID, u, costMicro, estimated, false)
+	return err
 }
 
 // ReleaseBeforeRecord is Release for a call whose record on the run's row is still to be
-// written: until Recorded says it has been, CloseRun finds the call in flight. Without it a
-// settlement that came between the two writes found nothing in flight and charged the larger
-// of the tally, which had the call, and the row, which had not — after a Redis restart
-// without persistence, when the tally holds only the calls made since, one of the two records
-// alone — and the call's record then found its run settled.
-func (b *RunBudget) ReleaseBeforeRecord(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated bool) error {
+// written. For a run whose Redis record is known to have lost calls (Lost, set by
+// AwaitRebuild), it marks the call so that until Recorded says it has been recorded, CloseRun
+// finds it in flight, and reports marked. Without it a settlement that came between the two
+// writes found nothing in flight and charged the larger of the tally, which had the call, and
+// the row, which had not — after a Redis restart without persistence, when the tally holds
+// only the calls made since, one of the two records alone — and the call's record then found
+// its run settled. A run whose record is whole needs no mark: its tally, with the call, is the
+// larger record. (A loss noticed only by the settlement itself makes it wait staleAfter, far
+// longer than the record takes.)
+func (b *RunBudget) ReleaseBeforeRecord(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated bool) (marked bool, err error) {
 	return b.release(ctx, runID, callID, u, costMicro, estimated, true)
 }
 
@@ -211,7 +222,7 @@ func (b *RunBudget) Recorded(ctx context.Context, runID, callID string) error {
 	return nil
 }
 
-func (b *RunBudget) release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated, toRecord bool) error {
+func (b *RunBudget) release(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated, toRecord bool) (marked bool, err error) {
 	// No longer beaten, whatever the outcome: a field a failed release leaves behind goes stale.
 	b.forget(RunCallID{runID, callID})
 	calls, est := 1, int64(0)
@@ -230,11 +241,12 @@ func (b *RunBudget) release(ctx context.Context, runID, callID string, u pricing
 	}
 	args := append([]any{callID, b.tallyTTL.Milliseconds(), b.tallyTTL.Milliseconds(), calls, record, b.maxCall.Milliseconds()},
 		usageArgs(u, costMicro, est)...)
-	err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.CallDone(runID, callID)}, args...).Err()
+	got, err := releaseScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.CallDone(runID, callID),
+		b.keys.Lost(runID)}, args...).Int64()
 	if err != nil {
-		return fmt.Errorf("tally and release for run %s: %w", runID, err)
+		return false, fmt.Errorf("tally and release for run %s: %w", runID, err)
 	}
-	return nil
+	return got == 2, nil
 }
 
 // closeScript: KEYS usage (unused), budget hash, lease; ARGV max call ms, stale ms, mark.

@@ -465,20 +465,36 @@ func TestRunBudgetLostReservationIsReportedOnce(t *testing.T) {
 	}
 }
 
-// TestRunCloseWaitsForACallsRecord: a call released before its record on the run's row
-// (ReleaseBeforeRecord) keeps the run from closing until Recorded, however often its release
-// is repeated, and gives its reservation back at once; a mark its process never dropped (killed
-// between the two writes) stops counting after staleAfter.
+// TestRunCloseWaitsForACallsRecord: on a run whose Redis record lost calls (Lost), a call
+// released before its record on the run's row (ReleaseBeforeRecord) keeps the run from closing
+// until Recorded, however often its release is repeated, and gives its reservation back at
+// once; a mark its process never dropped (killed between the two writes) stops counting after
+// staleAfter. On a run whose record is whole the release marks nothing: its tally, with the
+// call, is the larger record, and a settle need not wait.
 func TestRunCloseWaitsForACallsRecord(t *testing.T) {
 	e := newRunBudget(t)
 	b := e.budget
 	ctx := context.Background()
+	if _, err := b.Reserve(ctx, "r_whole", "a", 10_000, 6_000, 100); err != nil {
+		t.Fatal(err)
+	}
+	if marked, err := b.ReleaseBeforeRecord(ctx, "r_whole", "a", pricing.Usage{Output: 5}, 50, false); err != nil || marked {
+		t.Fatalf("release of a call of a run whose record is whole: marked %v, %v; want no mark", marked, err)
+	}
+	if _, err := b.CloseRun(ctx, "r_whole"); err != nil {
+		t.Fatalf("close of a run whose record is whole, its call tallied: %v", err)
+	}
+
+	if err := e.rdb.Set(ctx, e.keys.Lost("r_rec"), 0, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := b.Reserve(ctx, "r_rec", "a", 10_000, 6_000, 100); err != nil {
 		t.Fatal(err)
 	}
-	for range 2 {
-		if err := b.ReleaseBeforeRecord(ctx, "r_rec", "a", pricing.Usage{Output: 5}, 50, false); err != nil {
-			t.Fatal(err)
+	for i := range 2 {
+		marked, err := b.ReleaseBeforeRecord(ctx, "r_rec", "a", pricing.Usage{Output: 5}, 50, false)
+		if err != nil || marked != (i == 0) {
+			t.Fatalf("release %d of a call of a run whose record lost calls: marked %v, %v; want a mark the first time only", i+1, marked, err)
 		}
 	}
 	if g, err := b.Reserve(ctx, "r_rec", "b", 10_000, 9_950, 100); err != nil || g != 9_950 {
@@ -494,8 +510,8 @@ func TestRunCloseWaitsForACallsRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Repeated after its record, the release leaves no mark.
-	if err := b.ReleaseBeforeRecord(ctx, "r_rec", "a", pricing.Usage{Output: 5}, 50, false); err != nil {
-		t.Fatal(err)
+	if marked, err := b.ReleaseBeforeRecord(ctx, "r_rec", "a", pricing.Usage{Output: 5}, 50, false); err != nil || marked {
+		t.Fatalf("release repeated after the record: marked %v, %v", marked, err)
 	}
 	if _, err := b.CloseRun(ctx, "r_rec"); err != nil {
 		t.Fatalf("close once the call is recorded: %v", err)
