@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
@@ -88,22 +89,9 @@ func TestSettleAtAnAnswersEndAfterARedisRestartChargesThatCall(t *testing.T) {
 	ctx := context.Background()
 	loseRunKeys(t, h, runID)
 
-	second := h.post(key, "/v1/chat/completions", streamBody, slowStream(40, run))
+	second, tx := streamWithRunRowLocked(t, h, key, run, runID)
 	defer second.Body.Close()
-	if second.StatusCode != http.StatusOK {
-		t.Fatalf("second call: %d", second.StatusCode)
-	}
-	// Admitted and streaming: from now on the run's row is locked, as a busy database would
-	// keep it for a moment.
-	tx, err := h.db.Beginx()
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer tx.Rollback()
-	var locked string
-	if err := tx.Get(&locked, "SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID); err != nil {
-		t.Fatal(err)
-	}
 	// The caller reads the answer as an SDK does, up to its last event, and settles the run
 	// the moment it has it.
 	settled, sawEnd := make(chan string, 1), make(chan struct{})
@@ -233,4 +221,26 @@ func settleAfterRebuild(h *harness, key, name, runID string) (int, []byte) {
 		h.t.Fatal(err)
 	}
 	return h.settleRun(key, name)
+}
+
+// streamWithRunRowLocked starts a slow streamed call of the named run (run, its id runID) and,
+// once it is admitted and streaming, locks the run's row, as a busy database would hold it for
+// a moment: the call's record on the row waits until the caller commits or rolls back tx.
+func streamWithRunRowLocked(t *testing.T, h *harness, key string, run map[string]string, runID string) (*http.Response, *sqlx.Tx) {
+	t.Helper()
+	second := h.post(key, "/v1/chat/completions", streamBody, slowStream(40, run))
+	if second.StatusCode != http.StatusOK {
+		second.Body.Close()
+		t.Fatalf("second call: %d", second.StatusCode)
+	}
+	tx, err := h.db.Beginx()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var locked string
+	if err := tx.Get(&locked, "SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID); err != nil {
+		tx.Rollback()
+		t.Fatal(err)
+	}
+	return second, tx
 }

@@ -33,21 +33,9 @@ func TestSettleBetweenACallsTallyAndItsRecordWaitsForTheRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	second := h.post(key, "/v1/chat/completions", streamBody, slowStream(40, run))
+	second, tx := streamWithRunRowLocked(t, h, key, run, runID)
 	defer second.Body.Close()
-	if second.StatusCode != http.StatusOK {
-		t.Fatalf("second call: %d", second.StatusCode)
-	}
-	// Admitted and streaming: the call's record will wait for the run's row.
-	tx, err := h.db.Beginx()
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer tx.Rollback()
-	var locked string
-	if err := tx.Get(&locked, "SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID); err != nil {
-		t.Fatal(err)
-	}
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
