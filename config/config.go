@@ -30,7 +30,11 @@ type Config struct {
 	// RedisKeyPrefix lets several deployments (or test gateways) share one Redis without
 	// seeing each other's tallies, leases and reconcile lock. Empty in production.
 	RedisKeyPrefix string `yaml:"redis_key_prefix"`
-	CreditMicro    int64  `yaml:"credit_micro"` // micro-USD per credit
+	// RedisAllowEviction lets the gateway start on a Redis that may evict keys before their
+	// TTL (a memory limit with a policy other than noeviction), or whose policy it cannot read.
+	// Off by default: an evicted key breaks charge-once (see runstate.MemoryPolicy).
+	RedisAllowEviction bool  `yaml:"redis_allow_eviction"`
+	CreditMicro        int64 `yaml:"credit_micro"` // micro-USD per credit
 
 	Limits    Limits              `yaml:"limits"`
 	Holds     Holds               `yaml:"holds"`

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/proxy"
 	tgsql "github.com/tollgate/tollgate/sql"
 )
@@ -185,6 +186,10 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 			e.Close()
 			return nil, fmt.Errorf("redis %s: %w", opt.Addr, err)
 		}
+		if err := checkRedisKeepsKeys(pctx, e.rdb, cfg.RedisAllowEviction, e.log); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("redis %s: %w", opt.Addr, err)
+		}
 	}
 	return e, nil
 }
@@ -315,6 +320,31 @@ func auditCmd(ctx context.Context, args []string) error {
 		return fmt.Errorf("audit: %d mismatches", len(bad))
 	}
 	fmt.Println("audit: the day ledger equals the settled charges, and prepaid credits their grants less their charges")
+	return nil
+}
+
+// checkRedisKeepsKeys refuses a Redis that may evict the gateway's keys before their TTL
+// (runstate.MemoryPolicy says what each key's early loss costs), or whose policy cannot be
+// read, unless the operator allowed it: then it is logged and the gateway starts. Checked at
+// start, where a misconfigured server is found before it loses anything; a policy changed on
+// a running server is the operator's to watch (INFO stats' evicted_keys).
+func checkRedisKeepsKeys(ctx context.Context, rdb redis.UniversalClient, allow bool, log *zap.Logger) error {
+	p, err := runstate.ReadMemoryPolicy(ctx, rdb)
+	switch {
+	case err != nil && allow:
+		log.Warn("cannot read Redis's memory policy; starting because redis_allow_eviction is set", zap.Error(err))
+	case err != nil:
+		return fmt.Errorf("%w: the gateway checks that Redis never evicts its keys; grant its Redis user INFO, "+
+			"or set redis_allow_eviction: true once you have made sure the server never evicts", err)
+	case p.MayEvict() && allow:
+		log.Warn("Redis may evict keys before their TTL; starting because redis_allow_eviction is set",
+			zap.Int64("maxmemory", p.MaxMemory), zap.String("maxmemory_policy", p.Policy))
+	case p.MayEvict():
+		return fmt.Errorf("maxmemory is %d bytes with maxmemory-policy %s: Redis would evict the gateway's keys "+
+			"when full (an Idempotency-Key's record, a run's tally or lease), and retries would be charged again; "+
+			"set maxmemory-policy noeviction (writes are then refused when full, which the gateway handles), "+
+			"or maxmemory 0, or redis_allow_eviction: true to accept the risk", p.MaxMemory, p.Policy)
+	}
 	return nil
 }
 

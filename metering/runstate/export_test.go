@@ -14,3 +14,6 @@ func (b *RunBudget) Held() int {
 	defer b.mu.Unlock()
 	return len(b.calls)
 }
+
+// ParseMemoryInfo reads the memory fields of an INFO reply.
+var ParseMemoryInfo = parseMemoryInfo
