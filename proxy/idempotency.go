@@ -449,7 +449,7 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 		return
 	}
 	if err := s.storeIdemAnswer(ctx, c, c.rw.status); err != nil {
-		c.log.Error("idempotent answer not stored; a retry will run again", zap.Error(err))
+		c.log.Error("idempotent answer not stored; a retry is refused 409 idempotent_response_lost, not run again", zap.Error(err))
 	}
 }
 
