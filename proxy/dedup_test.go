@@ -284,13 +284,28 @@ func TestFingerprintWhoseReplyWasLostIsNotItsOwnDuplicate(t *testing.T) {
 
 // replyLoser sends the first write that contains marker, waits for Redis's reply to it (proof
 // that Redis ran it: no sleep hoping it has) and then closes the connection, so the command
-// runs and its reply is lost.
+// runs and its reply is lost. One made with disarmedReplyLoser loses nothing until arm: the
+// marked command may run before the moment a test stages. meanwhile, if set, runs after Redis
+// has run the marked command and before its reply is lost: what another process did between
+// the command and its resend.
 type replyLoser struct {
-	marker []byte
-	lost   atomic.Bool
-	mu     sync.Mutex
-	err    error // the reply never came: the command may not have run
+	marker    []byte
+	meanwhile func()
+	disarmed  atomic.Bool
+	lost      atomic.Bool
+	mu        sync.Mutex
+	err       error // the reply never came: the command may not have run
 }
+
+// disarmedReplyLoser is a replyLoser for marker that loses nothing until arm.
+func disarmedReplyLoser(marker string) *replyLoser {
+	l := &replyLoser{marker: []byte(marker)}
+	l.disarmed.Store(true)
+	return l
+}
+
+// arm makes the next write that contains the marker lose its reply.
+func (l *replyLoser) arm() { l.disarmed.Store(false) }
 
 func (l *replyLoser) dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	return wrappedDialer(func(c net.Conn) net.Conn { return &replyLosingConn{Conn: c, l: l} })(ctx, network, addr)
@@ -316,7 +331,7 @@ type replyLosingConn struct {
 
 func (c *replyLosingConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
-	if err == nil && bytes.Contains(b, c.l.marker) && c.l.lost.CompareAndSwap(false, true) {
+	if err == nil && !c.l.disarmed.Load() && bytes.Contains(b, c.l.marker) && c.l.lost.CompareAndSwap(false, true) {
 		// The client reads only after its write returns: the reply's first bytes, read here,
 		// are Redis's word that it ran the command. Then they are lost with the connection.
 		_ = c.Conn.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -324,6 +339,9 @@ func (c *replyLosingConn) Write(b []byte) (int, error) {
 		c.l.mu.Lock()
 		c.l.err = rerr
 		c.l.mu.Unlock()
+		if rerr == nil && c.l.meanwhile != nil {
+			c.l.meanwhile()
+		}
 		c.Conn.Close()
 	}
 	return n, err

@@ -166,7 +166,10 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 // releaseScript: KEYS usage, budget hash, call's done mark, the run's lost mark; ARGV call id,
 // tally ttl ms, done mark ttl ms, calls, record to come (1 or 0), max call ms, then usageArgs.
 // The first time only, with a record to come on a run whose record lost calls, the call's r:
-// field says so until Recorded drops it; the script then returns 2 (else 1).
+// field says so until Recorded drops it. The script returns 2 while that field stands and a
+// record is to come, the first time or a repeat: a repeat is most often go-redis resending a
+// script whose reply it lost, and its caller must learn of the mark the first run set, or it
+// never drops it and the run cannot be settled until the mark lapses. Else it returns 1.
 var releaseScript = redis.NewScript(`
 if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[3]) then
 redis.call('HINCRBY', KEYS[1], 'calls', ARGV[4])
@@ -184,6 +187,7 @@ return marked
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('HDEL', KEYS[2], 'c:' .. ARGV[1])
+if ARGV[5] == '1' and redis.call('HEXISTS', KEYS[2], 'r:' .. ARGV[1]) == 1 then return 2 end
 return 1`)
 
 // Release tallies the call callID and gives back its reservation in one step, so the call's
@@ -198,7 +202,7 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 // ReleaseBeforeRecord is Release for a call whose record on the run's row is still to be
 // written. For a run whose Redis record is known to have lost calls (Lost, set by
 // AwaitRebuild), it marks the call so that until Recorded says it has been recorded, CloseRun
-// finds it in flight, and reports marked. Without it a settlement that came between the two
+// finds it in flight, and reports marked; a repeat reports the mark too while it stands. Without it a settlement that came between the two
 // writes found nothing in flight and charged the larger of the tally, which had the call, and
 // the row, which had not — after a Redis restart without persistence, when the tally holds
 // only the calls made since, one of the two records alone — and the call's record then found
