@@ -2,10 +2,15 @@ package proxy_test
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"net/http"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // closeReplyLoser cuts, once armed, every connection right after it sends a run's close
@@ -83,5 +88,44 @@ func TestSettleWhoseCloseReplyWasLostReopensTheRun(t *testing.T) {
 	h.settled()
 	if status, body := h.settleRun(key, "task-close-lost"); status != http.StatusOK {
 		t.Fatalf("settle: %d %s", status, body)
+	}
+}
+
+// TestSettleWhoseCloseWasResentKnowsItsOwnClose: a settle's close of its run (CloseRun) runs
+// in Redis and its reply is lost; go-redis sends the script again. Meanwhile another process
+// wrote a lease on the run (a call of it that had stalled past its lease's life beats again).
+// The resend found the run leased and answered busy: the settle was refused 409 run_busy,
+// settled nothing, and left the run closed under its own mark, which nobody would reopen —
+// the run's calls were refused 409 run_settled until the mark lapsed (the longest call). The
+// resend now finds its own mark and reports the close, which is what happened.
+func TestSettleWhoseCloseWasResentKnowsItsOwnClose(t *testing.T) {
+	lose := disarmedReplyLoser("")
+	h := newHarnessOn(t, harnessSetup{redisDialer: lose.dial}, nil)
+	u, key := h.user("standard")
+	// The first call also loads the close script into Redis (through a warm-up run's settle):
+	// the close goes as EVALSHA and runs, rather than coming back NOSCRIPT.
+	runID := firstRunCall(t, h, key, map[string]string{"X-Run-Id": "task-close-resent"}, 5)
+	firstRunCall(t, h, key, map[string]string{"X-Run-Id": "task-close-warm"}, 5)
+	if status, body := h.settleRun(key, "task-close-warm"); status != http.StatusOK {
+		t.Fatalf("settle of the warm-up run: %d %s", status, body)
+	}
+
+	plain, _ := testenv.Redis(t)
+	lease := h.keys.Lease(runID)
+	lose.meanwhile = func() {
+		if err := plain.Set(context.Background(), lease, "other-instance", time.Minute).Err(); err != nil {
+			t.Errorf("lease of another process not written: %v", err)
+		}
+	}
+	// Only the close names the run's lease here: no call of it is in flight.
+	lose.marker = []byte(lease)
+	lose.arm()
+	status, body := h.settleRun(key, "task-close-resent")
+	lose.ranAndLost(t)
+	if status != http.StatusOK {
+		t.Fatalf("settle whose close was resent: %d %s, want 200", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled {
+		t.Fatalf("run %+v: want settled", r)
 	}
 }

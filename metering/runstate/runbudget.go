@@ -257,12 +257,20 @@ func (b *RunBudget) release(ctx context.Context, runID, callID string, u pricing
 // Returns 0 while calls are in flight, or tallied and not yet recorded on the run's row. The
 // closed field holds the marks of every settlement that has closed the run, space-separated:
 // one that closes a run already closed adds its mark rather than replacing the first's, which
-// may still be committing.
+// may still be committing. A close that finds its own mark there has run already (go-redis
+// resends a script whose reply it lost) and returns 1 again: answered busy by what came after
+// it (a lease written since), its settlement gave up and left the run closed, its mark
+// unknown to anyone who could reopen it.
 var closeScript = redis.NewScript(`
 local staleArg = 2
+local marks = redis.call('HGET', KEYS[2], 'closed')
+if marks then
+  for m in string.gmatch(marks, '%S+') do
+    if m == ARGV[3] then return 1 end
+  end
+end
 ` + liveCallsLua + `
 if inflight > 0 or recording > 0 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-local marks = redis.call('HGET', KEYS[2], 'closed')
 if marks then marks = marks .. ' ' .. ARGV[3] else marks = ARGV[3] end
 redis.call('HSET', KEYS[2], 'closed', marks)
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
