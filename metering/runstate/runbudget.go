@@ -202,11 +202,11 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 // ReleaseBeforeRecord is Release for a call whose record on the run's row is still to be
 // written. For a run whose Redis record is known to have lost calls (Lost, set by
 // AwaitRebuild), it marks the call so that until Recorded says it has been recorded, CloseRun
-// finds it in flight, and reports marked; a repeat reports the mark too while it stands. Without it a settlement that came between the two
-// writes found nothing in flight and charged the larger of the tally, which had the call, and
-// the row, which had not — after a Redis restart without persistence, when the tally holds
-// only the calls made since, one of the two records alone — and the call's record then found
-// its run settled. A run whose record is whole needs no mark: its tally, with the call, is the
+// finds it in flight, and reports marked (a repeat reports the mark too while it stands).
+// Without it a settlement that came between the two writes found nothing in flight and charged
+// the larger of the tally, which had the call, and the row, which had not — after a Redis
+// restart without persistence, when the tally holds only the calls made since, one of the two
+// records alone — and the call's record then found its run settled. A run whose record is whole needs no mark: its tally, with the call, is the
 // larger record. (A loss noticed only by the settlement itself makes it wait staleAfter, far
 // longer than the record takes.)
 func (b *RunBudget) ReleaseBeforeRecord(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated bool) (marked bool, err error) {
