@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -137,6 +138,17 @@ func TestKillReconciledByPeer(t *testing.T) {
 		t.Errorf("gw-b reconcile_hold counter: want 2; metrics:\n%s", grepLines(metrics, "tollgate_reconcile"))
 	}
 	t.Logf("gw-b reconcile metrics:\n%s", grepLines(metrics, "tollgate_reconcile"))
+	// And what its reconciler charged, by rule, as the rows say.
+	for source, runs := range map[string][]string{holds.SourceReconcileHold: {s1.runID, s2.runID}, holds.SourceReconcile: {r1ID, r2ID}} {
+		var sum int64
+		for _, id := range runs {
+			sum += w.hold(id).ChargedMicro
+		}
+		series := fmt.Sprintf("tollgate_charged_micro_usd_total{source=%q}", source)
+		if got := metricValue(metrics, series); got != float64(sum) {
+			t.Errorf("gw-b %s = %v, want the rows' %d; metrics:\n%s", series, got, sum, grepLines(metrics, "tollgate_charged"))
+		}
+	}
 
 	// A settled run stays settled: a late call naming it is refused.
 	resp := post(t, context.Background(), b, key, chatBody(false, 10, "late"), map[string]string{"X-Run-Id": "agent-done"})
@@ -155,6 +167,18 @@ func scrape(t *testing.T, g *gateway) string {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
+}
+
+// metricValue is the value of one series in a scrape, -1 when it is absent or unreadable.
+func metricValue(scrape, series string) float64 {
+	for l := range strings.SplitSeq(scrape, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			if f, err := strconv.ParseFloat(v, 64); err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }
 
 func grepLines(s, sub string) string {

@@ -117,6 +117,13 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 		}
 		return nil, nil, err
 	}
+	if s.onSettled != nil {
+		for i, r := range settled {
+			if r.Err == nil && r.Applied {
+				s.onSettled(sts[i], r.Settled)
+			}
+		}
+	}
 	return settled, admitted, nil
 }
 

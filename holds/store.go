@@ -38,7 +38,16 @@ type Store struct {
 	defaultPlan string
 	log         *zap.Logger
 	retry       RetryPolicy
+	onSettled   SettledHook
 }
+
+// SettledHook is told of each settlement a batch of this store committed, once, after the
+// commit: what a process's metrics count as charged (the day ledger is the record). It runs
+// on the batch's goroutine, before the batch's callers are answered, so it must not block.
+type SettledHook func(Settlement, Settled)
+
+// OnSettled sets the store's SettledHook. Call it before the store is used.
+func (s *Store) OnSettled(h SettledHook) { s.onSettled = h }
 
 // RetryPolicy bounds how hard a money transaction tries. Deadlocks and lock timeouts are
 // retried at once (the other transaction has finished), at most MaxConflictRetries times; an

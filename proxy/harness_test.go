@@ -125,8 +125,12 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	}
 	h.tally = runstate.NewTally(tallyRDB, h.keys, cfg.Holds.TallyTTL)
 	h.leases = runstate.NewLeases(h.rdb, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
+	// As cmd/gateway wires them: the store's committed settlements count in the metrics (those
+	// of a secondGateway on the same store too).
+	metrics := proxy.NewMetrics(nil)
+	h.store.OnSettled(metrics.ObserveSettled)
 	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log,
-		Admin: setup.admin})
+		Admin: setup.admin, Metrics: metrics})
 	h.gw = httptest.NewServer(h.srv.Handler())
 	t.Cleanup(func() {
 		h.gw.Close()

@@ -26,6 +26,12 @@ type Metrics struct {
 	Duplicates     *prometheus.CounterVec
 	SettleSeconds  prometheus.Histogram
 	BatchItems     *prometheus.HistogramVec
+	// Charged and BilledTokens are what the settlements this process committed charged, by
+	// source, and the tokens they billed, by kind: the day ledger's rate, for dashboards and
+	// alerts. The ledger and `gateway report` are the record; these restart at 0 with the
+	// process, and a process counts the settlements it committed, its reconciler's included.
+	Charged      *prometheus.CounterVec
+	BilledTokens *prometheus.CounterVec
 	// CallPhase splits what a call waits for before its answer starts, so that time added by
 	// the gateway can be told apart from time spent upstream.
 	CallPhase *prometheus.HistogramVec
@@ -80,6 +86,12 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		BatchItems: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tollgate_batch_items",
 			Help:    "Items per batch transaction, by kind (settlements, admissions); a batch that holds both counts in both.",
 			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256}}, []string{"kind"}),
+		Charged: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_charged_micro_usd_total",
+			Help: "Micro-USD charged by the settlements this process committed, by source (the day ledger is the record)."},
+			[]string{"source"}),
+		BilledTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_billed_tokens_total",
+			Help: "Tokens billed by the settlements this process committed, by kind; cache_write_1h is part of cache_write, " +
+				"audio_input of input, audio_output of output."}, []string{"kind"}),
 		CallPhase: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tollgate_call_phase_seconds",
 			Help: "Time a model call spends before its answer starts, by phase: auth (key lookup, on every authenticated request), body (request body read), " +
 				"admit (arrival to hold committed), checks (hold to upstream request sent), upstream (sent to the upstream's " +
@@ -88,7 +100,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}, []string{"phase"}),
 	}
 	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled,
-		m.ActiveCalls, m.SettleSeconds, m.Duplicates, m.BatchItems, m.CallPhase)
+		m.ActiveCalls, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.BilledTokens, m.CallPhase)
 	m.authPhase = m.CallPhase.WithLabelValues(phaseAuth)
 	m.bodyPhase = m.CallPhase.WithLabelValues(phaseBody)
 	m.firstEventPhase = m.CallPhase.WithLabelValues(phaseFirstEvent)
@@ -107,6 +119,19 @@ func (m *Metrics) observeBatch(b holds.BatchShape) {
 	for _, wait := range b.AdmitWaits {
 		m.admitQueuePhase.Observe(wait.Seconds())
 		m.admitTxPhase.Observe(b.Took.Seconds())
+	}
+}
+
+// ObserveSettled counts a committed settlement's charge and tokens: the holds.SettledHook of the
+// store whose settlements these metrics show (cmd/gateway sets it).
+func (m *Metrics) ObserveSettled(st holds.Settlement, res holds.Settled) {
+	if res.ChargedMicro > 0 {
+		m.Charged.WithLabelValues(st.Source).Add(float64(res.ChargedMicro))
+	}
+	for kind, n := range st.Usage.Clamp().RunCounts(0) {
+		if kind != "calls" && n > 0 {
+			m.BilledTokens.WithLabelValues(kind).Add(float64(n))
+		}
 	}
 }
 

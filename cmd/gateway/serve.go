@@ -52,6 +52,7 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	leases := runstate.NewLeases(e.rdb, keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, e.log)
 	// One set of metrics for the proxy and the reconciler, so /metrics shows both.
 	metrics := proxy.NewMetrics(nil)
+	store.OnSettled(metrics.ObserveSettled)
 	srv := proxy.New(proxy.Deps{
 		Config: cfg, Store: store, Redis: e.rdb, Keys: keys,
 		Tally:  runstate.NewTally(e.rdb, keys, cfg.Holds.TallyTTL),
