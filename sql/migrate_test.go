@@ -2,6 +2,7 @@ package sql_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,8 +98,12 @@ func TestMigrateWaitsOutAnotherRunner(t *testing.T) {
 		t.Fatalf("take the migration lock: %d, %v", got, err)
 	}
 	const busy = 35 * time.Second // the first runner's long CREATE INDEX, say
+	// Set before the lock is released, so a second runner that waited for the lock always
+	// sees it; one that did not wait returns while it is still false.
+	var released atomic.Bool
 	go func() {
-		time.Sleep(busy)
+		time.Sleep(busy) // the scenario: the first runner's DDL outlasting the read timeout
+		released.Store(true)
 		_, _ = conn.ExecContext(ctx, "SELECT RELEASE_LOCK("+tgsql.LockName+")")
 	}()
 	db, err := holds.OpenForMigrate(ctx, dsn) // as `gateway migrate` opens it
@@ -109,5 +114,9 @@ func TestMigrateWaitsOutAnotherRunner(t *testing.T) {
 	start := time.Now()
 	if _, err := tgsql.Migrate(ctx, db.DB); err != nil {
 		t.Fatalf("migrate behind a runner busy for %v gave up after %v: %v", busy, time.Since(start).Round(time.Second), err)
+	}
+	if !released.Load() {
+		t.Fatalf("migrate returned after %v while the other runner still held the lock: it did not wait for it",
+			time.Since(start).Round(time.Millisecond))
 	}
 }
