@@ -49,31 +49,35 @@ func (alwaysLocked) TryLock(context.Context) (bool, error) { return true, nil }
 // is refused 503 because Redis is out of reach for a moment when it reserves its budget; it
 // used nothing. README: "A failed call leaves the run open ... Nothing used is recorded as a
 // zero tally, so a run nobody comes back to is settled at what it used, possibly 0". Redis is
-// back a second later; the agent never returns. The run must settle at 0, not at its hold.
+// back once the call has been refused and a write of its tally has failed; the agent never
+// returns. The run must settle at 0, not at its hold.
 func TestNamedRunFirstCallRefusedInARedisBlipIsNotChargedItsHold(t *testing.T) {
 	var down atomic.Bool
 	h := newHarnessOn(t, harnessSetup{redisDialer: wrappedDialer(func(c net.Conn) net.Conn { return blipConn{c, &down} })}, nil)
 	u, key := h.user("standard")
+	// The blip lasts until the call has met it, not a set time: a call that reached Redis only
+	// after a timed blip had ended would run, and nothing this test names would be checked.
 	down.Store(true)
-	back := make(chan struct{})
-	go func() { // a one-second blip (the sleep is the scenario: time passing)
-		defer close(back)
-		time.Sleep(time.Second)
-		down.Store(false)
-	}()
 	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "blip-task"})
 	body := readAll(t, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("first call during the blip: %d %s, want 503", resp.StatusCode, body)
 	}
-	h.settled()
 	if h.fake.Calls() != 0 {
 		t.Fatalf("the refused call reached the upstream")
 	}
+	// A write of its tally has failed in the blip: only a retry can land it.
+	deadline := time.Now().Add(10 * time.Second)
+	for f := h.metric("tollgate_tally_failures_total"); f == "" || f == "0"; f = h.metric("tollgate_tally_failures_total") {
+		if time.Now().After(deadline) {
+			t.Fatal("no tally write of the refused call failed in the blip")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	down.Store(false)
 	// Redis back, then every retry the gateway keeps for the call (tracked as a settlement)
 	// has landed or given up: no sleep hoping that it has.
-	<-back
 	h.settled()
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	if runID == "" {
