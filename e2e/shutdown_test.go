@@ -182,8 +182,20 @@ func TestSigtermWaitsForQueuedSettlements(t *testing.T) {
 			t.Errorf("call %s: client read %d events (err %v), want all 20", s.runID, s.chunks, s.err)
 		}
 	}
-	// The answers are out; their settlements are stuck. The process must still be waiting.
-	time.Sleep(2 * time.Second)
+	// The answers are out and the drain of the calls is over (the process says so); their
+	// settlements are stuck behind the lock. The process must still be waiting for them. (One
+	// that did not wait exits at once; its settlements, still behind the lock, never land, which
+	// the checks after the release catch too.)
+	waitFor(t, 10*time.Second, "the drain of the calls to end", func() bool {
+		b, err := os.ReadFile(g.log)
+		return err == nil && strings.Contains(string(b), "calls drained; waiting for their settlements")
+	})
+	waitFor(t, 10*time.Second, "the settlements to wait on the user's row lock", func() bool {
+		var n int
+		err := w.db.Get(&n, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE '%FROM users WHERE id%FOR UPDATE%'`)
+		return err == nil && n > 0
+	})
 	select {
 	case <-g.done:
 		t.Fatalf("gateway exited (%v) with its settlements still waiting on a lock", g.err)

@@ -111,6 +111,9 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 		srv.CutCalls()
 		_ = hs.Close()
 	}
+	// Said so that an operator (and a test) can tell a process still settling from one stuck
+	// serving: from here on only settlements keep it alive.
+	e.log.Info("calls drained; waiting for their settlements", zap.Duration("deadline", cfg.Limits.SettleTimeout+5*time.Second))
 	wctx, wcancel := context.WithTimeout(context.Background(), cfg.Limits.SettleTimeout+5*time.Second)
 	defer wcancel()
 	if err := srv.Drain(wctx); err != nil && !errors.Is(err, context.Canceled) {
