@@ -134,29 +134,30 @@ func TestCROnlyEventReachesTheCallerWhenItArrives(t *testing.T) {
 
 // The same upstream, after a CR-only [DONE], neither closes nor sends anything (as
 // TestHostilePlainStreamUpstreamHangsAfterDone, with LF endings): the caller must have its
-// [DONE] at once and the call end within finalGrace, not at upstream_timeout.
+// [DONE] at once and the call end within finalGrace, not at upstream_timeout. upstream_timeout
+// is an hour here, so a [DONE] or an end that waited for it never comes: the bounds below
+// catch that hang, they do not time the call.
 func TestCROnlyDoneEndsTheCallPromptly(t *testing.T) {
 	gate := make(chan struct{})
 	t.Cleanup(func() { close(gate) })
 	h := hostileHarness(t, scriptedUpstream("text/event-stream",
 		step{s: strings.ReplaceAll(hostileChunk+hostileUsage, "\n", "\r") + "data: [DONE]\r\r"}, step{gate: gate},
-	), func(c *config.Config) { c.Limits.UpstreamTimeout = 20 * time.Second })
+	), func(c *config.Config) { c.Limits.UpstreamTimeout = time.Hour })
 	u, key := h.user("standard")
-	start := time.Now()
 	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
+	defer resp.Body.Close()
 	cr := readInBackground(resp.Body)
-	gotDone := cr.waitFor("[DONE]", 5*time.Second)
-	<-cr.done
-	took := time.Since(start)
-	resp.Body.Close()
-	if !gotDone {
-		t.Errorf("no [DONE] within 5s of the upstream sending it (CR line endings)")
+	if !cr.waitFor("[DONE]", 30*time.Second) {
+		t.Fatalf("no [DONE] within 30 s of the upstream sending it (CR line endings; upstream_timeout %v)", h.cfg.Limits.UpstreamTimeout)
+	}
+	select {
+	case <-cr.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the call was still open 30 s after its whole answer (upstream_timeout %v): it waits for the upstream to close",
+			h.cfg.Limits.UpstreamTimeout)
 	}
 	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-	t.Logf("call took %v; run settled by %q out=%d", took, run.SettleSource.String, run.OutTok)
-	if took > 5*time.Second {
-		t.Errorf("the call lasted %v (upstream_timeout %v) although the answer was whole at once", took, h.cfg.Limits.UpstreamTimeout)
-	}
+	t.Logf("run settled by %q out=%d", run.SettleSource.String, run.OutTok)
 }
 
 // What the caller receives is the upstream's bytes, as they come: a BOM, a comment event (while

@@ -14,7 +14,8 @@ import (
 
 // A plain stream whose upstream sends [DONE] and then neither closes nor sends anything: the
 // caller's answer is whole; the call must not hold its hold and in-flight slot (nor keep the
-// caller's connection open) until upstream_timeout.
+// caller's connection open) until upstream_timeout. upstream_timeout is an hour here, so a call
+// that waited for it never ends: the bound below catches that hang, it does not time the call.
 func TestHostilePlainStreamUpstreamHangsAfterDone(t *testing.T) {
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
@@ -28,21 +29,22 @@ func TestHostilePlainStreamUpstreamHangsAfterDone(t *testing.T) {
 		case <-r.Context().Done():
 		case <-release:
 		}
-	}, func(c *config.Config) { c.Limits.UpstreamTimeout = 30 * time.Second })
+	}, func(c *config.Config) { c.Limits.UpstreamTimeout = time.Hour })
 	u, key := h.user("standard")
-	start := time.Now()
 	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	took := time.Since(start)
-	if !strings.Contains(string(body), "[DONE]") {
+	defer resp.Body.Close()
+	cr := readInBackground(resp.Body)
+	select {
+	case <-cr.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the answer was whole at once, but the call was still open 30 s later (upstream_timeout %v): it waits for the upstream to close",
+			h.cfg.Limits.UpstreamTimeout)
+	}
+	if body := cr.bytes(); !strings.Contains(string(body), "[DONE]") {
 		t.Fatalf("no [DONE]: %s", body)
 	}
 	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
 	if run.SettleSource.String != holds.SourceComplete || run.OutTok != 400 {
 		t.Fatalf("run %+v", run)
-	}
-	if took > 5*time.Second {
-		t.Fatalf("the answer was whole at once, but the call lasted %v (upstream_timeout %v)", took, h.cfg.Limits.UpstreamTimeout)
 	}
 }
