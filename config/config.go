@@ -440,6 +440,22 @@ func (c *Config) Validate() error {
 	bad := func(setting, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", setting, fmt.Sprintf(format, args...)))
 	}
+	c.checkService(bad)
+	c.checkHoldTimes(bad)
+	c.checkSizes(bad)
+	c.checkDedup(bad)
+	c.checkTimeouts(bad)
+	c.checkPlans(bad)
+	prices := c.checkModels(bad)
+	c.checkUpstreams(bad, prices)
+	return errors.Join(errs...)
+}
+
+// complain records one wrong setting: its YAML path (and variable) and what is wrong with it.
+type complain func(setting, format string, args ...any)
+
+// checkService checks where the gateway listens, what it connects to and its money unit.
+func (c *Config) checkService(bad complain) {
 	if c.ListenAddr == "" {
 		bad("listen_addr (LISTEN_ADDR)", "is empty")
 	} else if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
@@ -467,6 +483,11 @@ func (c *Config) Validate() error {
 		// and balances would drift from the ledger.
 		bad("credit_micro", "must be a product of 2s and 5s (1000, 10000, 5000000, ...) so that credits are exact decimals, got %d", c.CreditMicro)
 	}
+}
+
+// checkHoldTimes checks the durations of holds, leases, the reconciler and the tally, and how
+// they must relate to each other and to a call's longest life.
+func (c *Config) checkHoldTimes(bad complain) {
 	positive := map[string]time.Duration{
 		"limits.upstream_timeout": c.Limits.UpstreamTimeout, "limits.header_timeout": c.Limits.HeaderTimeout,
 		"limits.client_write_timeout": c.Limits.ClientWriteTimeout,
@@ -510,6 +531,10 @@ func (c *Config) Validate() error {
 	if c.Holds.ReconcileBatch < 1 || c.Holds.ReconcileBatch > 10_000 {
 		bad("holds.reconcile_batch", "must be in [1, 10000], got %d", c.Holds.ReconcileBatch)
 	}
+}
+
+// checkSizes checks the bounds on request bodies, streamed events and whole answers.
+func (c *Config) checkSizes(bad complain) {
 	if c.Limits.MaxBodyBytes < 1024 || c.Limits.MaxBodyBytes > 1<<30 {
 		bad("limits.max_body_bytes", "must be in [1KiB, 1GiB], got %d", c.Limits.MaxBodyBytes)
 	}
@@ -527,6 +552,10 @@ func (c *Config) Validate() error {
 		// A whole answer is read before it is relayed: this much memory per call in flight.
 		bad("limits.max_response_bytes", "must be in [1KiB, 1GiB], got %d", c.Limits.MaxResponseBytes)
 	}
+}
+
+// checkDedup checks the duplicate window and the Idempotency-Key answers' store.
+func (c *Config) checkDedup(bad complain) {
 	if c.Dedup.Window < 0 || (c.Dedup.Window > 0 && c.Dedup.Window < time.Millisecond) {
 		// Redis keeps it in milliseconds: under one, the fingerprint's SET ... PX 0 is an error
 		// and every plain request 503 dedup_unavailable.
@@ -540,6 +569,10 @@ func (c *Config) Validate() error {
 		// Each idempotent answer is kept in memory while it is relayed and in Redis for replay_ttl.
 		bad("dedup.max_replay_len", "must be in [1, 64MiB], got %d", c.Dedup.MaxReplayLen)
 	}
+}
+
+// checkTimeouts checks the key cache and the admission and settlement deadlines' floor.
+func (c *Config) checkTimeouts(bad complain) {
 	if c.Limits.KeyCacheTTL < 0 {
 		bad("limits.key_cache_ttl", "must not be negative (0 turns the cache off), got %v", c.Limits.KeyCacheTTL)
 	} else if c.Limits.KeyCacheTTL > time.Minute {
@@ -553,6 +586,10 @@ func (c *Config) Validate() error {
 			bad(t.name, "must be at least 100ms, got %v: one transaction takes milliseconds", t.d)
 		}
 	}
+}
+
+// checkPlans checks every plan's amounts and limits.
+func (c *Config) checkPlans(bad complain) {
 	if len(c.Plans) == 0 {
 		bad("plans", "no plan configured")
 	}
@@ -589,6 +626,10 @@ func (c *Config) Validate() error {
 			bad("plans."+name+".discount_bp", "must be in [0, 10000], got %d", p.DiscountBP)
 		}
 	}
+}
+
+// checkModels checks the price list and returns it as a table (nil when it cannot be built).
+func (c *Config) checkModels(bad complain) *pricing.Table {
 	if len(c.Models) == 0 {
 		bad("models", "no model priced: every request would be refused")
 	}
@@ -611,6 +652,12 @@ func (c *Config) Validate() error {
 	if err != nil {
 		bad("models", "%v", err)
 	}
+	return prices
+}
+
+// checkUpstreams checks every upstream: its name, kind, base URL, models (against prices, when
+// the price list could be read) and key.
+func (c *Config) checkUpstreams(bad complain, prices *pricing.Table) {
 	if len(c.Upstreams) == 0 {
 		bad("upstreams", "no upstream configured")
 	}
@@ -666,7 +713,6 @@ func (c *Config) Validate() error {
 				"it could not be sent in a header, and every call to this upstream would fail")
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // servesPriced reports whether upstream entry m (a name or "prefix*") can match a priced
