@@ -45,9 +45,18 @@ func (s *Store) ClaimSession(ctx context.Context, userID uint64, sessionID, runI
 // may still await its settlement): if it is the session's current run, it counts as ended.
 func (s *Store) ClaimSessionPast(ctx context.Context, userID uint64, sessionID, runID string, messageHash [32]byte, ended string) (SessionClaim, error) {
 	var out SessionClaim
+	// replaced is the live run an earlier attempt took the session from. Its COMMIT may have
+	// landed with the reply lost: the retry then finds the session already on runID, and only
+	// this tells it which run must still be cancelled. Were that attempt rolled back instead,
+	// the run it names has since been replaced or has ended anyway (see claimSessionTx), so
+	// naming it again costs a cancel to a run that is stopping, never a live run's answer.
+	var replaced string
 	err := s.inTx(ctx, "claim session "+sessionID, func(tx *sqlx.Tx) error {
 		var err error
-		out, err = claimSessionTx(ctx, tx, userID, sessionID, runID, messageHash, ended)
+		out, err = claimSessionTx(ctx, tx, userID, sessionID, runID, messageHash, ended, replaced)
+		if err == nil && out.Replaced != "" {
+			replaced = out.Replaced
+		}
 		return err
 	})
 	if err != nil {
@@ -56,7 +65,15 @@ func (s *Store) ClaimSessionPast(ctx context.Context, userID uint64, sessionID, 
 	return out, nil
 }
 
-func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, runID string, hash [32]byte, ended string) (SessionClaim, error) {
+// claimSessionTx is one attempt of ClaimSessionPast; replaced is what an earlier attempt of
+// the same claim answered as replaced ("" for none or no earlier attempt).
+//
+// A session found already on runID was moved there by another call of the same run (a named
+// run's next call: this claim replaced nothing) or by this claim's own earlier attempt,
+// committed with its reply lost: that attempt replaced the run it named, which must still be
+// cancelled. (Had that attempt not committed, the run it named was replaced or found ended by
+// whichever claim moved the session since: cancelling it again stops nothing that runs.)
+func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, runID string, hash [32]byte, ended, replaced string) (SessionClaim, error) {
 	// A new session: the insert is the claim. An existing one: the no-op update locks its row.
 	res, err := tx.ExecContext(ctx, `
 		INSERT INTO sessions (user_id, session_id, current_run_id, message_hash, updated_at)
@@ -78,7 +95,7 @@ func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, 
 		return SessionClaim{}, fmt.Errorf("read session: %w", err)
 	}
 	if row.Current == runID {
-		return SessionClaim{Current: runID}, nil
+		return SessionClaim{Current: runID, Replaced: replaced}, nil
 	}
 	live, err := runLive(ctx, tx, row.Current)
 	if err != nil {
