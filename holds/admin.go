@@ -142,6 +142,12 @@ func (s *Store) EnableUser(ctx context.Context, userID uint64) (bool, error) {
 	return s.setDisabled(ctx, userID, false)
 }
 
+// setDisabled runs the conditional update, whose RowsAffected says whether this request
+// changed the user. The update is retried when its reply is lost, and a retry after its own
+// first attempt applied it changes nothing: so the state is read first, and a request that
+// found the user in the other state and lost a reply on the way answers changed (the user was
+// then changed by it, or by a concurrent request that found it the same way: changed either
+// way), where counting the retry's rows answered "was so already".
 func (s *Store) setDisabled(ctx context.Context, userID uint64, disable bool) (bool, error) {
 	q := "UPDATE users SET disabled_at = NOW(6) WHERE id = ? AND disabled_at IS NULL"
 	what := "disable"
@@ -149,25 +155,41 @@ func (s *Store) setDisabled(ctx context.Context, userID uint64, disable bool) (b
 		q = "UPDATE users SET disabled_at = NULL WHERE id = ? AND disabled_at IS NOT NULL"
 		what = "enable"
 	}
-	var changed int64
-	err := s.withRetry(ctx, what+" user", func() error {
-		res, err := s.db.ExecContext(ctx, q, userID)
-		if err != nil {
-			return err
-		}
-		changed, err = res.RowsAffected()
-		return err
-	})
+	was, err := s.userDisabled(ctx, userID)
 	if err != nil {
 		return false, fmt.Errorf("%s user %d: %w", what, userID, err)
 	}
-	if changed == 0 {
-		if err := s.userExists(ctx, userID); err != nil {
-			return false, fmt.Errorf("%s user %d: %w", what, userID, err)
-		}
+	var changed int64
+	var lost bool // an attempt failed unreachable: it may have applied the update
+	if was != disable {
+		err = s.withRetry(ctx, what+" user", func() error {
+			res, err := s.db.ExecContext(ctx, q, userID)
+			if err != nil {
+				lost = lost || isUnavailable(err)
+				return err
+			}
+			changed, err = res.RowsAffected()
+			return err
+		})
 	}
-	s.log.Info("user disabled state set", zap.String("action", what), zap.Uint64("user_id", userID), zap.Bool("changed", changed == 1))
-	return changed == 1, nil
+	if err != nil {
+		return false, fmt.Errorf("%s user %d: %w", what, userID, err)
+	}
+	done := changed == 1 || lost
+	s.log.Info("user disabled state set", zap.String("action", what), zap.Uint64("user_id", userID), zap.Bool("changed", done))
+	return done, nil
+}
+
+// userDisabled reads whether a user is disabled: ErrUnknownUser when there is none.
+func (s *Store) userDisabled(ctx context.Context, userID uint64) (bool, error) {
+	var disabled bool
+	err := s.withRetry(ctx, "read user", func() error {
+		return s.db.GetContext(ctx, &disabled, "SELECT disabled_at IS NOT NULL FROM users WHERE id = ?", userID)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, ErrUnknownUser
+	}
+	return disabled, err
 }
 
 func (s *Store) userExists(ctx context.Context, userID uint64) error {
