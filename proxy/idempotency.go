@@ -243,18 +243,17 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 		case errors.Is(err, holds.ErrRunSettled):
 			// The attempt ended between the read and the admission, or its end did not reach the
 			// record. Its record is final now (it is written before settlement): read again, and
-			// if the attempt did not pin the key, move past it.
+			// if the attempt did not pin the key, move past it. Whether it pinned is its run's
+			// row's to say, not the record's: a record without an answer is one whose answer was
+			// never stored (Redis failed that write), or that Redis lost whole (a restart, a
+			// failover) — either way an attempt that ended complete must not run again.
 			if rec2, err := s.readIdem(ctx, ic); err == nil && rec2.run == "" && !rec2.superseded && rec2.attempt == rec.attempt {
-				if rec2.bodyHash == "" {
-					// No record of the key at all, yet its attempt ran: Redis lost the record (a
-					// restart, a failover).
-					pinned, err := s.attemptPinned(ctx, ic.userID, ar.RunID)
-					if err != nil {
-						return fail(errBillingDown, "idempotent attempt unreadable", err)
-					}
-					if pinned {
-						return holds.Hold{}, answer(errReplayLost(ar.RunID), false)
-					}
+				pinned, err := s.attemptPinned(ctx, ic.userID, ar.RunID)
+				if err != nil {
+					return fail(errBillingDown, "idempotent attempt unreadable", err)
+				}
+				if pinned {
+					return holds.Hold{}, answer(errReplayLost(ar.RunID), false)
 				}
 				if err := s.advanceIdem(ctx, ic, rec.attempt); err != nil {
 					return fail(errDedupDown, "idempotency attempt not advanced", err)
@@ -276,8 +275,8 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 	return holds.Hold{}, answer(errRequestInProgress(ar.RunID), true)
 }
 
-// attemptPinned reports whether the settled attempt runID of a key whose record Redis lost
-// had pinned the key, by its run's row: an attempt that ended complete must not run, nor be
+// attemptPinned reports whether the settled attempt runID of a key whose record holds no
+// answer had pinned the key, by its run's row: an attempt that ended complete must not run, nor be
 // charged, again. Pinned as finishIdem pins: complete, or a stream that broke after output. A
 // record gone because replay_ttl passed since the attempt ended expired; the key is then
 // free, as it was before (README: replayed for replay_ttl).
