@@ -36,10 +36,11 @@ const SessionWaitTimeout = 3 * time.Minute
 // trip (the batch writer sends its reads in one and its writes and COMMIT in another; every
 // value in them is a parameter, never spliced text), and READ COMMITTED.
 //
-// READ COMMITTED because under REPEATABLE READ the day ledger's "UPDATE, and INSERT if no
-// row" takes gap locks on rows that do not exist yet, and the first charges of the day of
-// users whose ledger rows are neighbours in the index deadlock each other (measured: 578 of
-// ~3700 settlements gave up after eight retries with 256 connections). Every money
+// READ COMMITTED because under REPEATABLE READ the day ledger's write of a row that may not
+// exist yet (an upsert now; an UPDATE, then an INSERT if no row, when this was measured) takes
+// gap locks, and the first charges of the day of users whose ledger rows are neighbours in the
+// index deadlock each other (measured: 578 of ~3700 settlements gave up after eight retries
+// with 256 connections). Every money
 // transaction here begins by locking the user's row and reads after that, so each statement's
 // fresh snapshot already contains everything that user's earlier transactions committed.
 func Open(ctx context.Context, dsn string) (*sqlx.DB, error) {
