@@ -594,11 +594,12 @@ func (s *Server) answerFinal(ctx context.Context, c *call) {
 func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 	ctx = context.WithoutCancel(ctx)
 	st := s.settlementOf(c)
-	// A failed write is tried once more when the call ends (a named run's steps are safe to
-	// repeat): the tally is the run's only record of the call. First, since it gives the
-	// call's reservation back: a call of the run reserving while the row already recorded this
-	// one and its reservation still stood would count it twice (the run's budget counts the
-	// row's record as spent, Hold.RecordedMicro), and be refused with the cap half unused.
+	// A failed write is tried again when the call ends, then until settle_timeout (finishRunCall;
+	// a named run's steps are safe to repeat): the tally is the run's only record of the call.
+	// First, since it gives the call's reservation back: a call of the run reserving while the
+	// row already recorded this one and its reservation still stood would count it twice (the
+	// run's budget counts the row's record as spent, Hold.RecordedMicro), and be refused with
+	// the cap half unused.
 	c.tallied = s.tallyCall(ctx, c, st)
 	// The run's row records the call before its end reaches the caller too: after a Redis
 	// restart the tally has only the calls made since, and a settle sent the moment the answer

@@ -118,7 +118,7 @@ func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Set
 const maxFingerprintRounds = 4
 
 // fingerprint is the duplicate window for requests that carry neither an Idempotency-Key nor
-// a session (DESIGN §6): SET dedup:{user}:{sha256(body)} <run_id> NX PX window. It returns the
+// a session (DESIGN §6): SET dedup:{user}:sha256(route, body) <run_id> NX PX window. It returns the
 // run a request duplicates, or "" when this request registered itself and may run.
 //
 // The common case costs one SET NX. Only when the fingerprint is taken does the check look

@@ -38,8 +38,9 @@ const (
 //	body     sha256 of the first request's route and body (requestHash): another under the key is 422
 //	attempt  the attempt number now in use (absent: 0)
 //	run      set once an attempt pinned the key: that attempt's run id; with it
-//	status, ctype, resp   what the caller was sent, byte for byte (a stream's events too)
+//	status, ctype, hdrs, resp   what the caller was sent, byte for byte (a stream's events too)
 //	large    "1": the response outgrew max_replay_len and was not kept; a replay is 409
+//	superseded  "1": an attempt was stopped by a newer message of its session; a retry is 409
 //
 // An attempt pins the key when the caller was sent a 2xx answer (a complete one, or a stream
 // that the upstream broke off after producing output). Any other end — refused after the hold,
@@ -53,8 +54,10 @@ const (
 // caller holding a whole answer always finds it pinned, even if the process dies the next
 // moment; every record is written before the attempt's settlement, so a request that finds the
 // attempt's hold settled (Admit: ErrRunSettled) finds the record final too. If that write
-// failed (Redis down at that moment), the retry sees no pin and runs again: a second charge
-// with an answer is preferred to an answer lost forever.
+// failed (Redis down at that moment), a retry that finds the key's record sees no pin and runs
+// again: a second charge with an answer is preferred to an answer lost forever. A retry that
+// finds no record at all goes by the attempt's row (attemptPinned): one that pinned is refused
+// 409 idempotent_response_lost.
 type idemCall struct {
 	key      string
 	userID   uint64
