@@ -54,10 +54,9 @@ const (
 // caller holding a whole answer always finds it pinned, even if the process dies the next
 // moment; every record is written before the attempt's settlement, so a request that finds the
 // attempt's hold settled (Admit: ErrRunSettled) finds the record final too. If that write
-// failed (Redis down at that moment), a retry that finds the key's record sees no pin and runs
-// again: a second charge with an answer is preferred to an answer lost forever. A retry that
-// finds no record at all goes by the attempt's row (attemptPinned): one that pinned is refused
-// 409 idempotent_response_lost.
+// failed (Redis down at that moment), or Redis lost the record whole, a retry goes by the
+// attempt's row (attemptPinned): one that pinned is refused 409 idempotent_response_lost — the
+// promise is one charge per key, and the caller that got the answer is the one that retries.
 type idemCall struct {
 	key      string
 	userID   uint64
