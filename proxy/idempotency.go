@@ -56,7 +56,7 @@ const (
 // attempt's hold settled (Admit: ErrRunSettled) finds the record final too. If that write
 // failed (Redis down at that moment), or Redis lost the record whole, a retry goes by the
 // attempt's row (attemptPinned): one that pinned is refused 409 idempotent_response_lost — the
-// promise is one charge per key, and the caller that got the answer is the one that retries.
+// promise is one charge per key; the 409 names the run, which GET /v1/runs/{id} shows.
 type idemCall struct {
 	key      string
 	userID   uint64
