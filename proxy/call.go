@@ -183,6 +183,31 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	// success, error, client cancel and panic alike.
 	defer s.finish(r.Context(), c)
 
+	// The cap bounds what is charged; at a discount a call may cost more than that at list
+	// price, which is what the rewrite and the run's budget count in. Checked before a session
+	// claims the call: a message refused for its cost must not stop the session's running one.
+	// (A named run has no session nor fingerprint: its reservation keeps its place, right
+	// after the hold.)
+	budget := pricing.MaxCostWithin(hold.CapMicro, hold.DiscountBP)
+	exhausted := errPromptOverCap
+	if c.inRun {
+		granted, e, err := s.reserveRunBudget(r.Context(), c, budget)
+		if e != nil {
+			c.outcome = outcomeRefused
+			return refuse(e, "run budget", err)
+		}
+		budget, exhausted = granted, errRunBudget
+	}
+	ok, err := req.rewrite(budget, s.cfg.Models[req.priceKey])
+	if err != nil {
+		c.outcome = outcomeRefused
+		return refuse(errBuildUpstream, "rewrite", err)
+	}
+	if !ok {
+		c.outcome = outcomeRefused
+		return refuse(exhausted, "budget below the cost of the prompt", nil)
+	}
+
 	// Duplicate checks come after the hold (DESIGN §6): the check and the registration of this
 	// run then happen with no await in between, and a duplicate releases its fresh hold.
 	switch {
@@ -210,28 +235,6 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		// Runs before the deferred settlement and before the handler returns: whatever ends
 		// the call, a resend after its answer is a new request.
 		defer s.endFingerprint(r.Context(), c)
-	}
-
-	// The cap bounds what is charged; at a discount a call may cost more than that at list
-	// price, which is what the rewrite and the run's budget count in.
-	budget := pricing.MaxCostWithin(hold.CapMicro, hold.DiscountBP)
-	exhausted := errPromptOverCap
-	if c.inRun {
-		granted, e, err := s.reserveRunBudget(r.Context(), c, budget)
-		if e != nil {
-			c.outcome = outcomeRefused
-			return refuse(e, "run budget", err)
-		}
-		budget, exhausted = granted, errRunBudget
-	}
-	ok, err := req.rewrite(budget, s.cfg.Models[req.priceKey])
-	if err != nil {
-		c.outcome = outcomeRefused
-		return refuse(errBuildUpstream, "rewrite", err)
-	}
-	if !ok {
-		c.outcome = outcomeRefused
-		return refuse(exhausted, "budget below the cost of the prompt", nil)
 	}
 	s.leases.Acquire(runID)
 	c.leased = true
