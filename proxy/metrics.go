@@ -128,9 +128,14 @@ func (m *Metrics) ObserveSettled(st holds.Settlement, res holds.Settled) {
 	if res.ChargedMicro > 0 {
 		m.Charged.WithLabelValues(st.Source).Add(float64(res.ChargedMicro))
 	}
-	for kind, n := range st.Usage.Clamp().RunCounts(0) {
-		if kind != "calls" && n > 0 {
-			m.BilledTokens.WithLabelValues(kind).Add(float64(n))
+	u := st.Usage.Clamp()
+	for _, k := range []struct {
+		kind string
+		n    int64
+	}{{"input", u.Input}, {"cache_read", u.CacheRead}, {"cache_write", u.CacheWrite}, {"output", u.Output},
+		{"cache_write_1h", u.CacheWrite1h}, {"audio_input", u.AudioInput}, {"audio_output", u.AudioOutput}} {
+		if k.n > 0 {
+			m.BilledTokens.WithLabelValues(k.kind).Add(float64(k.n))
 		}
 	}
 }
