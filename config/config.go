@@ -468,6 +468,11 @@ func (c *Config) checkService(bad complain) {
 		bad("redis_url (REDIS_URL)", "is empty; e.g. redis://127.0.0.1:6379/0")
 	} else if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
 		bad("redis_url (REDIS_URL)", "%q is not a redis:// or rediss:// URL", redactURL(c.RedisURL))
+	} else if strings.Contains(u.Path, "@") || strings.Contains(u.RawQuery, "@") || strings.Contains(u.Fragment, "@") {
+		// A password holding '/', '?' or '#' ends the host part early: the rest of it lands in
+		// the path or query, which go-redis's own errors quote ("invalid URL path: /pw@host").
+		bad("redis_url (REDIS_URL)", "%q has an '@' after its host: a password or user name holding '/', '?' or '#' must be "+
+			"percent-encoded (%%2F, %%3F, %%23)", redactURL(c.RedisURL))
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < 16 {
 		bad("admin_token (ADMIN_TOKEN)", "is shorter than 16 bytes")

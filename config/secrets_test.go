@@ -18,6 +18,14 @@ func TestValidateDoesNotPrintSecrets(t *testing.T) {
 		{"redis scheme missing colon", "redis//:hunter2-redis@redis.internal:6379/0", ""},
 		{"upstream token as user name", "", "htps://hunter2-token@llm.internal/v1"},
 		{"upstream URL without scheme", "", "svc:hunter2-upstream@llm.internal/v1"},
+		// A password holding '/', '?' or '#' unencoded ends the authority early: the URL
+		// parses, and the rest of the password lands in the path or query, which go-redis's
+		// own errors quote ("invalid URL path: /hunter2...").
+		{"password with a slash, empty before it", "redis://:/hunter2-redis@redis.internal:6379/0", ""},
+		{"password with a slash after digits", "redis://:6379/hunter2-redis@redis.internal:6379", ""},
+		{"password with a slash after the user", "redis://default:/hunter2-redis@redis.internal:6379/0", ""},
+		{"password with a question mark", "redis://:?hunter2-redis@redis.internal:6379/0", ""},
+		{"password with a hash", "redis://:#hunter2-redis@redis.internal:6379/0", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Default()
