@@ -105,8 +105,8 @@ func (s *Store) RevokeKeysByPrefix(ctx context.Context, userID uint64, prefix st
 	// The stored prefix is compared whole: part of it matched nothing and was answered "no
 	// live key", which read as a key already revoked while it stayed live.
 	if !strings.HasPrefix(prefix, KeyPrefix) || len(prefix) != KeyPrefixLen {
-		return 0, fmt.Errorf("revoke keys of user %d: %w: prefix %q: want the whole prefix that key list shows, %d characters starting %s",
-			userID, ErrBadFilter, prefix, KeyPrefixLen, KeyPrefix)
+		return 0, fmt.Errorf("revoke keys of user %d: %w: %s: want the whole prefix that key list shows, %d characters starting %s",
+			userID, ErrBadFilter, shownBadPrefix(prefix), KeyPrefixLen, KeyPrefix)
 	}
 	var live [][]byte
 	err := s.withRetry(ctx, "revoke keys by prefix", func() error {
@@ -133,4 +133,15 @@ func (s *Store) RevokeKeysByPrefix(ctx context.Context, userID uint64, prefix st
 	n := int64(len(live))
 	s.log.Info("keys revoked", zap.Uint64("user_id", userID), zap.String("prefix", prefix), zap.Int64("count", n))
 	return n, nil
+}
+
+// shownBadPrefix is a refused prefix fit for an error message, which is answered and logged:
+// one longer than a stored prefix is most often a whole key pasted in its place, still live
+// since nothing was revoked, so only its first KeyPrefixLen characters are quoted.
+func shownBadPrefix(prefix string) string {
+	if len(prefix) <= KeyPrefixLen {
+		return fmt.Sprintf("prefix %q", prefix)
+	}
+	return fmt.Sprintf("prefix %q... of %d characters (not shown whole; to revoke a whole key, give it as the key, not as a prefix)",
+		ShownPrefix(prefix), len(prefix))
 }

@@ -1,0 +1,71 @@
+package admin_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/go-chi/chi/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/admin"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// An operator who pastes a whole key where revoke-by-prefix wants its prefix is refused, and
+// neither the answer nor the log line of the refusal may quote the key: it is still live (the
+// request revoked nothing), and the log is read by more people than hold keys.
+func TestRevokeByPrefixDoesNotQuoteAWholeKey(t *testing.T) {
+	db := testenv.MySQL(t)
+	core, logs := observer.New(zapcore.DebugLevel)
+	log := zap.New(core)
+	st := holds.NewStore(db, plans(), "standard", log)
+	r := chi.NewRouter()
+	r.Mount("/admin", admin.New(st, 1000, adminToken, log))
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+
+	ctx := t.Context()
+	u, err := st.CreateUser(ctx, "acme", "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := st.CreateKey(ctx, u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := key[holds.KeyPrefixLen:] // the part no listing shows
+
+	body, _ := json.Marshal(map[string]string{"prefix": key})
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/admin/users/acme/keys/revoke", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("status %d (%s), want 400", resp.StatusCode, answer)
+	}
+	if strings.Contains(string(answer), secret) {
+		t.Errorf("the answer quotes the whole key: %s", answer)
+	}
+	for _, e := range logs.All() {
+		line, _ := json.Marshal(e.ContextMap())
+		if strings.Contains(e.Message, secret) || strings.Contains(string(line), secret) {
+			t.Errorf("log line %q quotes the whole key: %s", e.Message, line)
+		}
+	}
+	if _, err := st.UserByKey(ctx, key); err != nil {
+		t.Errorf("the refused request revoked the key: %v", err)
+	}
+}
