@@ -710,8 +710,13 @@ func (c *Config) checkUpstreams(bad complain, prices *pricing.Table) {
 			// the key itself.
 			bad(at+".api_key_env", "is not an environment variable name (letters, digits and _, not starting with a digit): "+
 				"it names the variable that holds the key, never the key itself")
-		} else if u.APIKeyEnv != "" && u.APIKey == "" {
+		} else if u.APIKeyEnv != "" && u.APIKey == "" && conventionalEnvName(u.APIKeyEnv) {
 			bad(at+".api_key_env", "environment variable %s is empty", u.APIKeyEnv)
+		} else if u.APIKeyEnv != "" && u.APIKey == "" {
+			// A key of letters, digits and _ alone (gsk_..., a provider's 32 letters and
+			// digits) is a valid name too: one in lower case is not printed.
+			bad(at+".api_key_env", "the environment variable it names is empty (its name, which has lower case letters, "+
+				"is not printed: it may be the key itself written in place of the variable's name)")
 		}
 		if !sendableSecret(u.APIKey) {
 			bad(at+" API key (UPSTREAM_API_KEY or api_key_env)", "has white space at either end or a control character (a newline kept from a secret file?): "+
@@ -797,6 +802,10 @@ func envName(s string) bool {
 	}
 	return s != ""
 }
+
+// conventionalEnvName reports whether an envName is written as variables are (OPENAI_API_KEY:
+// no lower case letters), and so safe to print: keys mix cases.
+func conventionalEnvName(s string) bool { return strings.ToUpper(s) == s }
 
 // sendableSecret reports whether a token or key can travel as is in an HTTP header and be
 // matched there: no white space at either end (callers' credentials are trimmed, and a

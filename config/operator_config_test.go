@@ -71,6 +71,15 @@ func TestAPIKeyEnvThatIsNotAVariableNameIsRefusedWithoutPrintingIt(t *testing.T)
 	if strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("error prints what may be the key itself: %v", err)
 	}
+	// A key made only of letters, digits and '_' (Groq's gsk_..., Mistral's) is a valid
+	// variable name, unset: "environment variable gsk_... is empty" printed it.
+	_, err = loadYAML(t, "upstreams:\n  - name: a\n    kind: openai\n    base_url: https://api.openai.com\n    api_key_env: gsk_hunter2Secret9xQ\n    models: ['*']\n")
+	if err == nil || !strings.Contains(err.Error(), "upstreams[0].api_key_env") {
+		t.Fatalf("key-shaped variable name: error %v, want it to name upstreams[0].api_key_env", err)
+	}
+	if strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("error prints what may be the key itself: %v", err)
+	}
 	// A proper name that is unset is still named, so the operator knows what to export.
 	_, err = loadYAML(t, "upstreams:\n  - name: a\n    kind: openai\n    base_url: https://api.openai.com\n    api_key_env: TOLLGATE_TEST_UNSET_KEY\n    models: ['*']\n")
 	if err == nil || !strings.Contains(err.Error(), "TOLLGATE_TEST_UNSET_KEY") {
