@@ -19,7 +19,14 @@ const maxUpstreamErrorBody = 64 << 10
 // the gateway's key become 502, since the caller can do nothing about them.
 func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
-	log.Warn("upstream refused the call", zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
+	msg := "upstream refused the call"
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		// The gateway's key, not the caller's mistake: every call to this upstream fails until
+		// the operator fixes it. WARN (sampled) as the other upstream failures, under its own
+		// message, which the sampling counts apart.
+		msg = "upstream refused the gateway's credentials: check this upstream's API key (UPSTREAM_API_KEY or its api_key_env)"
+	}
+	log.Warn(msg, zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
 		zap.ByteString("body", logged(body)), zap.NamedError("read_error", readErr))
 	// An answer passed on cut (too large, or broken before its end) would be JSON no client can
 	// parse, under a Content-Length of its own that hides the cut; one in an encoding the gateway
