@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"go.uber.org/zap"
@@ -67,5 +68,32 @@ func TestOKErrorObjectIsLogged(t *testing.T) {
 	fields := lines[0].ContextMap()
 	if fields["run_id"] != run.RunID || fields["error_type"] != "server_error" || fields["error_message"] != "model overloaded" {
 		t.Errorf("log fields %v, want the run id and the upstream's error", fields)
+	}
+}
+
+// TestOKErrorObjectLogLineIsBounded: what the line quotes of the error object is bounded as
+// every quote of a peer's bytes is (512 bytes): its type was quoted whole, so an upstream's
+// 200 could write up to max_response_bytes into one log line.
+func TestOKErrorObjectLogLineIsBounded(t *testing.T) {
+	huge := strings.Repeat("t", 100_000)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"error":{"message":%q,"type":%q}}`, huge, huge)
+	}))
+	t.Cleanup(srv.Close)
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "hostile", Kind: "openai", BaseURL: srv.URL, Models: []string{"*"}}}
+	})
+	u, key := h.user("standard")
+	h.postRun(u.ID, key, "/v1/chat/completions", chatBody, nil)
+	lines := logs.FilterMessage("upstream answered 200 with an error object").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d lines 'upstream answered 200 with an error object', want 1", len(lines))
+	}
+	for k, v := range lines[0].ContextMap() {
+		if s, ok := v.(string); ok && len(s) > 512 {
+			t.Errorf("field %s quotes %d bytes of the upstream's answer, want at most 512", k, len(s))
+		}
 	}
 }

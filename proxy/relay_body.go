@@ -143,7 +143,7 @@ func logErrorObject(c *call, body []byte) {
 	}
 	msg := e.Get("message").String()
 	c.log.Warn("upstream answered 200 with an error object", zap.String("upstream", c.req.upstream.Name),
-		zap.String("error_type", e.Get("type").String()), zap.String("error_message", logged(msg)))
+		zap.String("error_type", logged(e.Get("type").String())), zap.String("error_message", logged(msg)))
 }
 
 // refuseNonAnswer answers a 200 that holds no model's answer 502 upstream_error, charged
