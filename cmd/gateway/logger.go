@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -55,4 +59,28 @@ func (c sampleBelowError) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapc
 // moneyLine reports a line of the money logger (holds.MoneyLog), itself or named under it.
 func moneyLine(name string) bool {
 	return name == holds.MoneyLog || strings.HasSuffix(name, "."+holds.MoneyLog)
+}
+
+// routeLibraryLogs sends what the Redis and MySQL clients log on their own (a pool that
+// cannot dial, a connection the server closed) through log, as JSON lines like every other:
+// by default they print plain text on stderr, which a log pipeline reading one JSON object per
+// line drops or chokes on. Their words are kept whole in a field; they carry addresses, never
+// passwords.
+func routeLibraryLogs(log *zap.Logger) {
+	redis.SetLogger(redisLog{log.Named("redis")})
+	_ = mysql.SetLogger(mysqlLog{log.Named("mysql")}) // errs only on a nil logger
+}
+
+// redisLog is go-redis's logger on zap.
+type redisLog struct{ log *zap.Logger }
+
+func (l redisLog) Printf(_ context.Context, format string, v ...any) {
+	l.log.Warn("redis client", zap.String("detail", fmt.Sprintf(format, v...)))
+}
+
+// mysqlLog is the MySQL driver's logger on zap.
+type mysqlLog struct{ log *zap.Logger }
+
+func (l mysqlLog) Print(v ...any) {
+	l.log.Warn("mysql client", zap.String("detail", strings.TrimSpace(fmt.Sprint(v...))))
 }

@@ -2,13 +2,20 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"database/sql"
 	"encoding/json"
+	"net"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/tollgate/tollgate/holds"
 )
 
@@ -82,5 +89,58 @@ func TestLoggerDebugLevel(t *testing.T) {
 		if got := out.count(t, "settled") == 1; got != debug {
 			t.Errorf("debug %v: DEBUG line written %v", debug, got)
 		}
+	}
+}
+
+// TestLibraryLogsAreJSONLines: the Redis client logs on its own when its pool cannot dial, and
+// the MySQL driver when a connection breaks; by default both print plain text on stderr,
+// between the gateway's JSON lines. Routed, each is a line of the gateway's logger.
+func TestLibraryLogsAreJSONLines(t *testing.T) {
+	core, logs := observer.New(zapcore.WarnLevel)
+	routeLibraryLogs(zap.New(core))
+	t.Cleanup(func() { routeLibraryLogs(zap.NewNop()) })
+
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer rdb.Close()
+	if err := rdb.Ping(context.Background()).Err(); err == nil {
+		t.Fatal("a ping to a closed port succeeded")
+	}
+	// A server that sends half a greeting and hangs up: the driver logs the short read.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte{0x40, 0, 0, 0, 10}) // a packet header promising 64 bytes, then one
+			c.Close()
+		}
+	}()
+	db, err := sql.Open("mysql", "u:p@tcp("+ln.Addr().String()+")/db?timeout=1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Ping(); err == nil {
+		t.Fatal("a ping to a server that hangs up succeeded")
+	}
+
+	var redisLine, mysqlLine bool
+	for _, e := range logs.All() {
+		detail, _ := e.ContextMap()["detail"].(string)
+		switch {
+		case e.LoggerName == "redis" && e.Message == "redis client" && strings.Contains(detail, "failed to dial"):
+			redisLine = true
+		case e.LoggerName == "mysql" && e.Message == "mysql client" && detail != "":
+			mysqlLine = true
+		}
+	}
+	if !redisLine || !mysqlLine {
+		t.Fatalf("library lines routed: redis %v, mysql %v; got %+v", redisLine, mysqlLine, logs.All())
 	}
 }

@@ -168,6 +168,7 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 		return nil, err
 	}
 	log := newLogger(*debug, zapcore.Lock(os.Stderr))
+	routeLibraryLogs(log)
 	e := &env{cfg: cfg, log: log.With(zap.String("instance", cfg.Instance))}
 	if e.db, err = holds.Open(ctx, cfg.MySQLDSN); err != nil {
 		e.Close()
