@@ -284,7 +284,7 @@ func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 			case err != nil:
 				errs = append(errs, err)
 				if len(errs) <= 10 {
-					r.cfg.Log.Warn("reconcile: hold left for the next pass", zap.String("run_id", run.RunID), zap.Error(err))
+					r.cfg.Log.Warn("reconcile: hold left for the next pass", zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
 				}
 			}
 			st.count(outcome, charged)
