@@ -188,6 +188,14 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	// claims the call: a message refused for its cost must not stop the session's running one.
 	// (A named run has no session nor fingerprint: its reservation keeps its place, right
 	// after the hold.)
+	// A session's message is told apart by the caller's request, hashed before the rewrite: the
+	// output bound the rewrite sets follows the cap, which the caller's other holds lower, and
+	// a message with no user turn (tool outputs alone) is hashed whole. Hashed after, a resend
+	// of the running message read as a new one and stopped it.
+	var message [32]byte
+	if sessionID != "" {
+		message = sessionMessageHash(req.route.format, req.body)
+	}
 	budget := pricing.MaxCostWithin(hold.CapMicro, hold.DiscountBP)
 	exhausted := errPromptOverCap
 	if c.inRun {
@@ -219,7 +227,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 			log.Warn("cancel bus unavailable; a newer message cannot stop this run", zap.Error(err))
 		}
 		defer s.cancels.unregister(runID)
-		if e, err := s.claimSession(ctx, c, sessionID); e != nil {
+		if e, err := s.claimSession(ctx, c, sessionID, message); e != nil {
 			if c.outcome == outcomeDuplicate {
 				logRefusal(log, e, "duplicate of a running session message", nil, zap.String("of_run", e.RunID))
 				s.writeDuplicate(w, e, false)

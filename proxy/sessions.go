@@ -223,10 +223,10 @@ func (s *Server) endSessionCall(ctx context.Context, c *call) {
 // claimSession registers c's run as its session's current run (DESIGN §6). It returns an
 // answer when the request must not run: a duplicate of the session's running message, or
 // billing down (with the error behind it, for the refusal's line). A replaced run is told to
-// stop.
-func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) (*apiError, error) {
+// stop. message is the request's sessionMessageHash, of the body as the caller sent it.
+func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, message [32]byte) (*apiError, error) {
 	sctx, cancel := s.storeContext(ctx)
-	claim, err := s.store.ClaimSession(sctx, c.user.ID, sessionID, c.runID, sessionMessageHash(c.req.route.format, c.req.body))
+	claim, err := s.store.ClaimSession(sctx, c.user.ID, sessionID, c.runID, message)
 	cancel()
 	if err != nil {
 		return s.sessionClaimFailed(ctx, c, err)
@@ -239,7 +239,7 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string) (*
 		cancel()
 		if err == nil && done == 1 {
 			sctx, cancel := s.storeContext(ctx)
-			claim, err = s.store.ClaimSessionPast(sctx, c.user.ID, sessionID, c.runID, sessionMessageHash(c.req.route.format, c.req.body), claim.Current)
+			claim, err = s.store.ClaimSessionPast(sctx, c.user.ID, sessionID, c.runID, message, claim.Current)
 			cancel()
 			if err != nil {
 				return s.sessionClaimFailed(ctx, c, err)

@@ -1,0 +1,57 @@
+package proxy_test
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/fakellm"
+)
+
+// TestSessionResendWithoutAUserMessageIsAlreadyRunning: a session's message that carries no
+// user message (a Responses turn of tool outputs, a system-only prompt) is told apart by its
+// whole body. The body must be the caller's, not the gateway's rewrite of it: the output bound
+// the rewrite sets follows the cap, and the cap the caller's available credits, which the
+// running message's hold has lowered. Hashed after the rewrite, the resend of the running
+// message read as a new one and stopped it.
+func TestSessionResendWithoutAUserMessageIsAlreadyRunning(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		tight := c.Plans["standard"]
+		tight.AllowanceCredits = config.CreditsOf(30)
+		c.Plans["tight"] = tight
+	})
+	_, key := h.user("tight")
+	body := `{"model":"fake-gpt","stream":true,"max_tokens":100000,"messages":[{"role":"system","content":"Continue the story."}]}`
+	session := map[string]string{"X-Session-Id": "tools-1"}
+
+	first := h.post(key, "/v1/chat/completions", body,
+		map[string]string{"X-Session-Id": "tools-1", fakellm.HeaderChunks: "40", fakellm.HeaderChunkInterval: "25ms"})
+	defer first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(first.Body)
+		t.Fatalf("first: %d %s", first.StatusCode, b)
+	}
+	rd := bufio.NewReader(first.Body)
+	for seen := 0; seen < 3; {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, `"content":"tok`) {
+			seen++
+		}
+	}
+	if a := send(h.gw.URL, key, body, session); a.status != http.StatusConflict || errorCode(t, a.body) != "already_running" {
+		t.Fatalf("resend of the running message: %d %s, want 409 already_running", a.status, a.body)
+	}
+	rest, err := io.ReadAll(rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(rest), "superseded") || !strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("the running answer did not run to its end: ...%s", rest[max(0, len(rest)-300):])
+	}
+}
