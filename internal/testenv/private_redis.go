@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -41,9 +43,22 @@ func PrivateRedisURL(t testing.TB, args ...string) string {
 
 // startRedis runs one redis-server on port and waits up to 10 s for it to answer; ok is false
 // when it exited at start.
+//
+// It is asked on a Unix socket of its own, not on port: another server that took the port
+// first answers there, while this one exits at start (Redis exits when it cannot listen on its
+// port, before it serves any socket). Asked on the port, that other server was taken for it.
 func startRedis(t testing.TB, bin string, port int, args []string) (url string, ok bool) {
 	t.Helper()
+	// Not under t.TempDir(): a socket's path is limited to 107 bytes, which a long test name
+	// passes.
+	sockDir, err := os.MkdirTemp("", "tgredis")
+	if err != nil {
+		t.Fatalf("socket directory of redis-server: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
+	sock := filepath.Join(sockDir, "redis.sock")
 	cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--unixsocket", sock, "--unixsocketperm", "700",
 		"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args...)...)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start redis-server: %v", err)
@@ -63,7 +78,7 @@ func startRedis(t testing.TB, bin string, port int, args []string) (url string, 
 	for {
 		// Any reply, an authentication error included, means it listens: an ACL under test
 		// may refuse the default user.
-		rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DisableIdentity: true})
+		rdb := redis.NewClient(&redis.Options{Network: "unix", Addr: sock, MaxRetries: -1, DisableIdentity: true})
 		err := rdb.Ping(ctx).Err()
 		rdb.Close()
 		if err == nil || isRedisReply(err) {
