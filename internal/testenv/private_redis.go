@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,26 +29,30 @@ func PrivateRedisURL(t testing.TB, args ...string) string {
 	// The free port is found by listening on it and closing it, so another process may take
 	// it before the server does: the server then exits at start, and another port is tried.
 	const attempts = 5
+	var said string
 	for range attempts {
 		port, err := freeLoopbackPort()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if url, ok := startRedis(t, bin, port, args); ok {
+		url, ok, out := startRedis(t, bin, port, args)
+		if ok {
 			return url
 		}
+		said = out
 	}
-	t.Fatalf("redis-server %v did not start on any of %d ports", args, attempts)
+	// What it said last is why: a port taken, or arguments it refuses (then on every port).
+	t.Fatalf("redis-server %v did not start on any of %d ports; it said: %s", args, attempts, said)
 	return ""
 }
 
 // startRedis runs one redis-server on port and waits up to 10 s for it to answer; ok is false
-// when it exited at start.
+// when it exited at start, and said is then what it wrote (its last 4 KiB).
 //
 // It is asked on a Unix socket of its own, not on port: another server that took the port
 // first answers there, while this one exits at start (Redis exits when it cannot listen on its
 // port, before it serves any socket). Asked on the port, that other server was taken for it.
-func startRedis(t testing.TB, bin string, port int, args []string) (url string, ok bool) {
+func startRedis(t testing.TB, bin string, port int, args []string) (url string, ok bool, said string) {
 	t.Helper()
 	// Not under t.TempDir(): a socket's path is limited to 107 bytes, which a long test name
 	// passes.
@@ -60,6 +65,9 @@ func startRedis(t testing.TB, bin string, port int, args []string) (url string, 
 	cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--unixsocket", sock, "--unixsocketperm", "700",
 		"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args...)...)
+	// Read only once it has exited (Wait has copied all of it): why it did not start.
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start redis-server: %v", err)
 	}
@@ -82,11 +90,12 @@ func startRedis(t testing.TB, bin string, port int, args []string) (url string, 
 		err := rdb.Ping(ctx).Err()
 		rdb.Close()
 		if err == nil || isRedisReply(err) {
-			return "redis://" + addr + "/0", true
+			return "redis://" + addr + "/0", true, ""
 		}
 		select {
 		case <-exited:
-			return "", false
+			said := out.Bytes()
+			return "", false, string(said[max(0, len(said)-4096):])
 		case <-ctx.Done():
 			t.Fatalf("redis-server did not answer on %s within 10 s: %v", addr, err)
 		case <-time.After(10 * time.Millisecond):

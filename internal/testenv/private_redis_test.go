@@ -1,9 +1,12 @@
 package testenv
 
 import (
+	"fmt"
 	"net"
 	"os/exec"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -26,7 +29,42 @@ func TestPrivateRedisIsNotAnotherServerOnItsPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if url, ok := startRedis(t, bin, n, []string{"--maxmemory", "1mb"}); ok {
+	if url, ok, _ := startRedis(t, bin, n, []string{"--maxmemory", "1mb"}); ok {
 		t.Fatalf("a server started on %d, a port another server holds, answers as started: %s", n, url)
+	}
+}
+
+// fatalRecorder is a test whose Fatal ends only the goroutine it is called on, and keeps what
+// it said.
+type fatalRecorder struct {
+	testing.TB
+	said string
+}
+
+func (f *fatalRecorder) Helper() {}
+
+func (f *fatalRecorder) Fatal(args ...any) {
+	f.said = fmt.Sprint(args...)
+	runtime.Goexit()
+}
+
+func (f *fatalRecorder) Fatalf(format string, args ...any) {
+	f.said = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// TestPrivateRedisThatCannotStartSaysWhy: a redis-server that refuses its arguments exits at
+// start on every port tried. The test failed saying only that it did not start on any of
+// them, as if the ports were to blame: it now fails with what the server said.
+func TestPrivateRedisThatCannotStartSaysWhy(t *testing.T) {
+	f := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		PrivateRedisURL(f, "--no-such-directive", "1")
+	}()
+	<-done
+	if !strings.Contains(f.said, "Bad directive") {
+		t.Fatalf("the failure does not say why the server exited: %q", f.said)
 	}
 }
