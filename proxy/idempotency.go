@@ -279,7 +279,10 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 
 // attemptPinned reports whether the settled attempt runID of a key whose record holds no
 // answer had pinned the key, by its run's row: an attempt that ended complete must not run, nor be
-// charged, again. Pinned as finishIdem pins: complete, or a stream that broke after output. A
+// charged, again. Pinned as finishIdem pins: complete, or a stream that broke after output —
+// output as the row counts it, its tokens, where finishIdem counts what was sent: a stream that
+// reported output tokens and broke before sending any text, and whose move to the next attempt
+// Redis failed to record too, is taken as pinned (409, not run again). A
 // record gone because replay_ttl passed since the attempt ended expired; the key is then
 // free, as it was before (README: replayed for replay_ttl).
 func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string) (bool, error) {
