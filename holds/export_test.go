@@ -13,3 +13,6 @@ func (s *Store) SetRetry(p RetryPolicy) { s.retry = p }
 // Gathered is how many items wait in the batch being formed (tests wait on it; it is not
 // a queue length: items still in the channel are not counted).
 func (w *Writer) Gathered() int { return int(w.gathered.Load()) }
+
+// AuditQueries are the statements Audit reads the whole books with (tests EXPLAIN them).
+var AuditQueries = map[string]string{"days": auditDaysQuery, "prepaid": auditPrepaidQuery}
