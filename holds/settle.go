@@ -28,6 +28,10 @@ const (
 	SourceUpstreamTimeout = "upstream_timeout" // the upstream took the request, then timed out: charged like a cancel
 )
 
+// SettleSources are every settle source above.
+var SettleSources = []string{SourceComplete, SourceCancel, SourceUpstreamError, SourceClient, SourceDuplicate, SourceReconcile,
+	SourceReconcileHold, SourceRelease, SourceShutdown, SourceStreamError, SourceAdmitLost, SourceUpstreamTimeout}
+
 // Settlement is the final usage of a run.
 type Settlement struct {
 	RunID string

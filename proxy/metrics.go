@@ -39,7 +39,14 @@ type Metrics struct {
 	// and (a stream) first_event, its admission's batch the two parts of admit.
 	authPhase, bodyPhase, admitPhase, checksPhase, upstreamPhase, firstEventPhase prometheus.Observer
 	admitQueuePhase, admitTxPhase                                                 prometheus.Observer
+	// chargedBy and billed are Charged's series per settle source and BilledTokens' per kind,
+	// resolved once: ObserveSettled runs on the batch writer's goroutine, once per settlement.
+	chargedBy map[string]prometheus.Counter
+	billed    [len(tokenKinds)]prometheus.Counter
 }
+
+// tokenKinds are BilledTokens' kinds, in the order ObserveSettled counts them.
+var tokenKinds = [...]string{"input", "cache_read", "cache_write", "output", "cache_write_1h", "audio_input", "audio_output"}
 
 // Phases of CallPhase, in the order a call goes through them.
 const (
@@ -109,6 +116,13 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 	m.upstreamPhase = m.CallPhase.WithLabelValues(phaseUpstream)
 	m.admitQueuePhase = m.CallPhase.WithLabelValues(phaseAdmitQueue)
 	m.admitTxPhase = m.CallPhase.WithLabelValues(phaseAdmitTx)
+	m.chargedBy = map[string]prometheus.Counter{}
+	for _, src := range holds.SettleSources {
+		m.chargedBy[src] = m.Charged.WithLabelValues(src)
+	}
+	for i, kind := range tokenKinds {
+		m.billed[i] = m.BilledTokens.WithLabelValues(kind)
+	}
 	return m
 }
 
@@ -126,16 +140,16 @@ func (m *Metrics) observeBatch(b holds.BatchShape) {
 // store whose settlements these metrics show (cmd/gateway sets it).
 func (m *Metrics) ObserveSettled(st holds.Settlement, res holds.Settled) {
 	if res.ChargedMicro > 0 {
-		m.Charged.WithLabelValues(st.Source).Add(float64(res.ChargedMicro))
+		c, ok := m.chargedBy[st.Source]
+		if !ok {
+			c = m.Charged.WithLabelValues(st.Source)
+		}
+		c.Add(float64(res.ChargedMicro))
 	}
 	u := st.Usage.Clamp()
-	for _, k := range []struct {
-		kind string
-		n    int64
-	}{{"input", u.Input}, {"cache_read", u.CacheRead}, {"cache_write", u.CacheWrite}, {"output", u.Output},
-		{"cache_write_1h", u.CacheWrite1h}, {"audio_input", u.AudioInput}, {"audio_output", u.AudioOutput}} {
-		if k.n > 0 {
-			m.BilledTokens.WithLabelValues(k.kind).Add(float64(k.n))
+	for i, n := range [len(tokenKinds)]int64{u.Input, u.CacheRead, u.CacheWrite, u.Output, u.CacheWrite1h, u.AudioInput, u.AudioOutput} {
+		if n > 0 {
+			m.billed[i].Add(float64(n))
 		}
 	}
 }
