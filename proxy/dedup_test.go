@@ -777,16 +777,7 @@ func TestSessionNewMessageCancelsTheRunningOne(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	oldRun := resp.Header.Get(proxy.RunIDHeader)
-	rd := bufio.NewReader(resp.Body)
-	for seen := 0; seen < 3; {
-		line, err := rd.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(line, `"content":"tok`) {
-			seen++
-		}
-	}
+	rd := afterContent(t, resp, 3)
 
 	b := send(other, key, chatBody, map[string]string{"X-Session-Id": "chat-9"})
 	if b.status != 200 {

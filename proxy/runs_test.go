@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -45,6 +46,36 @@ func firstEvent(t *testing.T, resp *http.Response) *bufio.Reader {
 		t.Fatalf("first event: %v", err)
 	}
 	return br
+}
+
+// afterContent reads a stream's events until n content chunks ("tok…") have arrived, and
+// returns the reader to go on with.
+func afterContent(t *testing.T, resp *http.Response, n int) *bufio.Reader {
+	t.Helper()
+	br := bufio.NewReader(resp.Body)
+	for seen := 0; seen < n; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("after %d of %d content chunks: %v", seen, n, err)
+		}
+		if strings.Contains(line, `"content":"tok`) {
+			seen++
+		}
+	}
+	return br
+}
+
+// runsToItsEnd reads the rest of a stream and fails unless it ended with [DONE], not stopped
+// as superseded.
+func runsToItsEnd(t *testing.T, br *bufio.Reader) {
+	t.Helper()
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(rest), "superseded") || !strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("the running answer did not run to its end: ...%s", rest[max(0, len(rest)-300):])
+	}
 }
 
 // TestOneCallRunIsNotSettledOnRequest: the gateway's own run id of a call in progress cannot

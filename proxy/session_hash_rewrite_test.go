@@ -1,10 +1,8 @@
 package proxy_test
 
 import (
-	"bufio"
 	"io"
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/config"
@@ -34,24 +32,9 @@ func TestSessionResendWithoutAUserMessageIsAlreadyRunning(t *testing.T) {
 		b, _ := io.ReadAll(first.Body)
 		t.Fatalf("first: %d %s", first.StatusCode, b)
 	}
-	rd := bufio.NewReader(first.Body)
-	for seen := 0; seen < 3; {
-		line, err := rd.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(line, `"content":"tok`) {
-			seen++
-		}
-	}
+	rd := afterContent(t, first, 3)
 	if a := send(h.gw.URL, key, body, session); a.status != http.StatusConflict || errorCode(t, a.body) != "already_running" {
 		t.Fatalf("resend of the running message: %d %s, want 409 already_running", a.status, a.body)
 	}
-	rest, err := io.ReadAll(rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(rest), "superseded") || !strings.Contains(string(rest), "[DONE]") {
-		t.Fatalf("the running answer did not run to its end: ...%s", rest[max(0, len(rest)-300):])
-	}
+	runsToItsEnd(t, rd)
 }

@@ -1,8 +1,6 @@
 package proxy_test
 
 import (
-	"bufio"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -34,16 +32,7 @@ func TestSessionMessageRefusedForItsCostLeavesTheRunningOne(t *testing.T) {
 		t.Fatalf("running message: %d", old.StatusCode)
 	}
 	oldRun := old.Header.Get(proxy.RunIDHeader)
-	rd := bufio.NewReader(old.Body)
-	for seen := 0; seen < 3; {
-		line, err := rd.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(line, `"content":"tok`) {
-			seen++
-		}
-	}
+	rd := afterContent(t, old, 3)
 
 	long := `{"model":"fake-gpt","messages":[{"role":"user","content":"` + strings.Repeat("summarise this ", 400) + `"}]}`
 	calls := h.fake.Calls()
@@ -54,13 +43,7 @@ func TestSessionMessageRefusedForItsCostLeavesTheRunningOne(t *testing.T) {
 		t.Fatal("the refused message reached the upstream")
 	}
 
-	rest, err := io.ReadAll(rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(rest), "superseded") || !strings.Contains(string(rest), "[DONE]") {
-		t.Fatalf("the running answer did not run to its end: ...%s", rest[max(0, len(rest)-300):])
-	}
+	runsToItsEnd(t, rd)
 	h.settled()
 	if r := h.run(u.ID, oldRun); r.SettleSource.String != holds.SourceComplete {
 		t.Errorf("running message settled by %q, want complete", r.SettleSource.String)
