@@ -1,5 +1,7 @@
 package holds
 
+import "time"
+
 // SetMaxReportRows lowers the usage report's row bound for a test and restores it after.
 func SetMaxReportRows(n int) (restore func()) {
 	old := maxReportRows
@@ -16,3 +18,11 @@ func (w *Writer) Gathered() int { return int(w.gathered.Load()) }
 
 // AuditQueries are the statements Audit reads the whole books with (tests EXPLAIN them).
 var AuditQueries = map[string]string{"days": auditDaysQuery, "prepaid": auditPrepaidQuery}
+
+// SetDefaultReadTimeout shortens the read timeout Open gives a DSN without one, until the
+// returned func restores it.
+func SetDefaultReadTimeout(d time.Duration) (restore func()) {
+	old := defaultReadTimeout
+	defaultReadTimeout = d
+	return func() { defaultReadTimeout = old }
+}

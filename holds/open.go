@@ -54,8 +54,19 @@ func OpenForMigrate(ctx context.Context, dsn string) (*sqlx.DB, error) {
 	return openAs(ctx, dsn, 0)
 }
 
-// defaultReadTimeout bounds one reply when the DSN does not say otherwise.
-const defaultReadTimeout = 30 * time.Second
+// OpenForReports is Open for an operator's command that reads whole tables (`gateway audit`,
+// `gateway report`): no client-side read timeout unless the DSN sets one. Their statements
+// group every settled hold before sending a row, which on millions of holds takes longer than
+// defaultReadTimeout: the audit failed outright ("invalid connection") on a million. The
+// command's own deadline, and Ctrl-C, bound them instead (the driver closes the connection
+// when the context ends).
+func OpenForReports(ctx context.Context, dsn string) (*sqlx.DB, error) {
+	return openAs(ctx, dsn, 0)
+}
+
+// defaultReadTimeout bounds one reply when the DSN does not say otherwise. A variable only so
+// that a test can shorten it.
+var defaultReadTimeout = 30 * time.Second
 
 func openAs(ctx context.Context, dsn string, readTimeout time.Duration) (*sqlx.DB, error) {
 	db, err := open(ctx, dsn, "transaction_isolation", readTimeout)

@@ -170,7 +170,13 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 	log := newLogger(*debug, zapcore.Lock(os.Stderr))
 	routeLibraryLogs(log)
 	e := &env{cfg: cfg, log: log.With(zap.String("instance", cfg.Instance))}
-	if e.db, err = holds.Open(ctx, cfg.MySQLDSN); err != nil {
+	open := holds.Open
+	if name == "audit" || name == "report" {
+		// They group every settled hold before their first row: no read timeout, the
+		// command's own bounds them (commandTimeout, Ctrl-C).
+		open = holds.OpenForReports
+	}
+	if e.db, err = open(ctx, cfg.MySQLDSN); err != nil {
 		e.Close()
 		return nil, err
 	}
