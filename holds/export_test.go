@@ -26,3 +26,9 @@ func SetDefaultReadTimeout(d time.Duration) (restore func()) {
 	defaultReadTimeout = d
 	return func() { defaultReadTimeout = old }
 }
+
+// ExpiredQuery is the reconciler's scan statement for a batch of limit, from the start or after
+// the given hold.
+func ExpiredQuery(afterExpiry time.Time, afterRun string, limit int) (string, []any) {
+	return expiredQuery(expiredCursor{ExpiresAt: afterExpiry, RunID: afterRun}, limit)
+}

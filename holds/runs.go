@@ -160,21 +160,39 @@ func (r Run) cursor() expiredCursor { return expiredCursor{ExpiresAt: r.ExpiresA
 // expired lists live holds past their expiry, oldest first (run id breaks ties), after the
 // cursor, on the (state, expires_at) index (whose entries carry the primary key). A scan that
 // goes on from its last row passes holds it could not settle instead of reading them again.
+//
+// Each state is read apart, in the index's order up to limit, and the two parts are merged by
+// the database: with both states in one IN list the index gave two ranges, which were merged by
+// sorting every expired hold after the cursor — each batch of a pass sorted the whole backlog
+// left, so a pass over a backlog of n holds sorted n²/limit rows (0.5 s for 20 000 holds,
+// minutes for the backlog a fleet's outage leaves). The database's order, not Go's, keeps the
+// cursor's tie-break on run_id in its collation.
 func (s *Store) expired(ctx context.Context, after expiredCursor, limit int) ([]Run, error) {
 	if limit <= 0 || limit > MaxListRows {
 		panic(fmt.Sprintf("holds: expired batch %d out of range", limit))
 	}
-	q := "SELECT " + runColumns + ` FROM run_holds WHERE state IN ('queued', 'running') AND expires_at < NOW(6)`
-	args := []any{}
-	if after.RunID != "" {
-		// The plain bound keeps the index range tight; the OR breaks ties in expiry.
-		q += " AND expires_at >= ? AND (expires_at > ? OR run_id > ?)"
-		args = append(args, after.ExpiresAt, after.ExpiresAt, after.RunID)
-	}
-	q += " ORDER BY expires_at, run_id LIMIT ?"
+	q, args := expiredQuery(after, limit)
 	var out []Run
-	if err := s.db.SelectContext(ctx, &out, q, append(args, limit)...); err != nil {
+	if err := s.db.SelectContext(ctx, &out, q, args...); err != nil {
 		return nil, fmt.Errorf("list expired holds: %w", err)
 	}
 	return out, nil
+}
+
+// expiredQuery is expired's statement and its arguments.
+func expiredQuery(after expiredCursor, limit int) (string, []any) {
+	part := "SELECT " + runColumns + " FROM run_holds WHERE state = ? AND expires_at < NOW(6)"
+	var cursorArgs []any
+	if after.RunID != "" {
+		// The plain bound keeps the index range tight; the OR breaks ties in expiry.
+		part += " AND expires_at >= ? AND (expires_at > ? OR run_id > ?)"
+		cursorArgs = []any{after.ExpiresAt, after.ExpiresAt, after.RunID}
+	}
+	part += " ORDER BY expires_at, run_id LIMIT ?"
+	q := "(" + part + ") UNION ALL (" + part + ") ORDER BY expires_at, run_id LIMIT ?"
+	var args []any
+	for _, state := range []State{StateQueued, StateRunning} {
+		args = append(append(append(args, state), cursorArgs...), limit)
+	}
+	return q, append(args, limit)
 }
