@@ -468,9 +468,7 @@ func (c *Config) checkService(bad complain) {
 		bad("redis_url (REDIS_URL)", "is empty; e.g. redis://127.0.0.1:6379/0")
 	} else if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
 		bad("redis_url (REDIS_URL)", "%q is not a redis:// or rediss:// URL", redactURL(c.RedisURL))
-	} else if strings.Contains(u.Path, "@") || strings.Contains(u.RawQuery, "@") || strings.Contains(u.Fragment, "@") {
-		// A password holding '/', '?' or '#' ends the host part early: the rest of it lands in
-		// the path or query, which go-redis's own errors quote ("invalid URL path: /pw@host").
+	} else if redisURLAtPastHost(u) {
 		bad("redis_url (REDIS_URL)", "%q has an '@' after its host: a password or user name holding '/', '?' or '#' must be "+
 			"percent-encoded (%%2F, %%3F, %%23)", redactURL(c.RedisURL))
 	}
@@ -801,6 +799,24 @@ func envName(s string) bool {
 		}
 	}
 	return s != ""
+}
+
+// redisURLAtPastHost reports an '@' past a REDIS_URL's host, where none belongs: a password
+// holding '/', '?' or '#' ends the host part early, and the rest of it lands in the path or
+// query, which go-redis's own errors quote ("invalid URL path: /pw@host", "unexpected option:
+// pw"). The one place an '@' is a value is client_name, a free-form name go-redis sends as is
+// (tollgate@prod-1); any other option's value is a number, a duration or a boolean.
+func redisURLAtPastHost(u *url.URL) bool {
+	if strings.Contains(u.Path, "@") || strings.Contains(u.Fragment, "@") {
+		return true
+	}
+	for _, pair := range strings.Split(u.RawQuery, "&") {
+		name, value, _ := strings.Cut(pair, "=")
+		if strings.Contains(name, "@") || strings.Contains(value, "@") && name != "client_name" {
+			return true
+		}
+	}
+	return false
 }
 
 // conventionalEnvName reports whether an envName is written as variables are (OPENAI_API_KEY:

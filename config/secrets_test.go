@@ -47,3 +47,35 @@ func TestValidateDoesNotPrintSecrets(t *testing.T) {
 		})
 	}
 }
+
+// A REDIS_URL whose client_name holds an '@' (tollgate@prod-1: go-redis sends it as is with
+// CLIENT SETNAME) is a valid URL, not a password that ended the host part early: it is
+// accepted. Every other '@' past the host still is refused (the leaks above, and an option
+// go-redis does not know, whose name its error quotes: "unexpected option: hunter2").
+func TestRedisURLClientNameMayHoldAnAt(t *testing.T) {
+	for _, tc := range []struct {
+		url string
+		ok  bool
+	}{
+		{"redis://127.0.0.1:6379/0?client_name=tollgate@prod-1", true},
+		{"redis://default:pw@127.0.0.1:6379/0?client_name=tollgate%40prod-1", true},
+		{"redis://:?hunter2=x@redis.internal:6379/0", false},
+		{"redis://:?pool_size=hunter2@redis.internal:6379/0", false},
+		{"redis://127.0.0.1:6379/0?client_name=a&hunter2@x=1", false},
+	} {
+		c := Default()
+		c.MySQLDSN = "u:p@tcp(127.0.0.1:3306)/db"
+		c.RedisURL = tc.url
+		err := c.Validate()
+		if tc.ok && err != nil {
+			t.Errorf("%s: refused: %v", tc.url, err)
+		}
+		if !tc.ok {
+			if err == nil || !strings.Contains(err.Error(), "redis_url") {
+				t.Errorf("%s: accepted (error %v)", tc.url, err)
+			} else if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("%s: refusal prints the secret: %v", tc.url, err)
+			}
+		}
+	}
+}
