@@ -812,7 +812,7 @@ func redisURLAtPastHost(u *url.URL) bool {
 	}
 	for _, pair := range strings.Split(u.RawQuery, "&") {
 		name, value, _ := strings.Cut(pair, "=")
-		if strings.Contains(name, "@") || strings.Contains(value, "@") && name != "client_name" {
+		if strings.Contains(name, "@") || (strings.Contains(value, "@") && name != "client_name") {
 			return true
 		}
 	}
