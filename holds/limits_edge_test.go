@@ -147,3 +147,52 @@ func TestExpiredUnsettledHoldCountsAgainstBalance(t *testing.T) {
 		})
 	}
 }
+
+// TestRevivalAndAnotherAdmissionInOneBatchShareTheInFlightLimit: a named run idle past its
+// expiry is revived by its next call while another call of the same user is admitted, and
+// the writer puts both admissions in one batch transaction. The revived run counts in flight
+// again (README: "a later call that brings it back must fit them again, as a new hold
+// would"), so whichever of the two comes second in the batch must find the slot the first
+// took: both admitted would put the user past max_in_flight within a single transaction.
+func TestRevivalAndAnotherAdmissionInOneBatchShareTheInFlightLimit(t *testing.T) {
+	for _, revivalFirst := range []bool{true, false} {
+		t.Run(map[bool]string{true: "revival first", false: "new call first"}[revivalFirst], func(t *testing.T) {
+			f := newSettleFixture(t)
+			ctx := context.Background()
+			allowance, inFlight := int64(100_000), 2
+			if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, &inFlight, nil); err != nil {
+				t.Fatal(err)
+			}
+			named := holds.AdmitRequest{RunID: "x_idle_burst", UserID: f.user.ID, ClientRunID: "idle-burst", State: holds.StateRunning, TTL: time.Hour}
+			if _, err := f.store.Admit(ctx, named); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
+				t.Fatal(err)
+			}
+			f.admit("r_running") // in flight: 1 of 2 (the idle run no longer counts)
+			fresh := holds.AdmitRequest{RunID: "r_burst", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Hour, Fresh: true}
+			reqs, second := []holds.AdmitRequest{named, fresh}, "r_burst"
+			if !revivalFirst {
+				reqs, second = []holds.AdmitRequest{fresh, named}, named.RunID
+			}
+			out, err := f.store.AdmitBatch(ctx, reqs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var busy *holds.TooManyInFlightError
+			if out[0].Err != nil || !errors.As(out[1].Err, &busy) {
+				t.Errorf("batch %s then %s: %v / %v; want the first admitted and %s refused as too many in flight",
+					reqs[0].RunID, reqs[1].RunID, out[0].Err, out[1].Err, second)
+			}
+			if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.InFlight > inFlight {
+				t.Errorf("balance after the batch: %+v, %v; want at most %d in flight", bal, err, inFlight)
+			}
+			for _, id := range []string{named.RunID, "r_running", "r_burst"} {
+				if _, err := f.store.Settle(ctx, holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil && !errors.Is(err, holds.ErrRunNotFound) {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
