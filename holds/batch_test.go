@@ -318,3 +318,45 @@ func TestFailedBatchLeavesNoOpenTransaction(t *testing.T) {
 		t.Fatalf("%d holds after a failed admission, %v", holdsLeft, err)
 	}
 }
+
+// TestAdmissionSeesPrepaidSpentBySettlementEarlierInItsBatch: a caller's call settles and its
+// next call is admitted in one batch transaction (the writer's group commit: "a caller's next
+// call pays for its previous call's settlement"). On an account living on prepaid credits the
+// settlement takes its charge from prepaid_micro; the admission after it must see what is left,
+// as it would in a transaction of its own. Seeing the credits of before the charge, it held and
+// capped the next call against money already spent: that call could then take the account into
+// debt by more than DESIGN §3's Σ (cap − hold) of its own row.
+func TestAdmissionSeesPrepaidSpentBySettlementEarlierInItsBatch(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	zero := int64(0)
+	if err := f.store.SetUserLimits(ctx, f.user.ID, &zero, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.store.Grant(ctx, holds.GrantRequest{UserID: f.user.ID, AmountMicro: 30_000, IdempotencyKey: "topup-" + testenv.RandomID(4)}); err != nil {
+		t.Fatal(err)
+	}
+	first := f.admit("r_pays_first")
+	if first.HeldMicro != 20_000 || first.CapMicro != 30_000 {
+		t.Fatalf("first hold %+v: want 20 000 held of a 30 000 cap", first)
+	}
+	settled, admitted, err := f.store.WriteBatch(ctx,
+		[]holds.Settlement{{RunID: "r_pays_first", CostMicro: 25_000, Calls: 1, Source: holds.SourceComplete}},
+		[]holds.AdmitRequest{{RunID: "r_next_call", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := settled[0]; s.Err != nil || !s.Applied || s.PrepaidPart != 25_000 {
+		t.Fatalf("settlement %+v: want 25 000 taken from prepaid", s)
+	}
+	// 30 000 − 25 000 = 5 000 left: the next hold, and its cap, are what is left.
+	if a := admitted[0]; a.Err != nil || a.Hold.HeldMicro != 5_000 || a.Hold.CapMicro != 5_000 {
+		t.Fatalf("admission after the settlement in its batch: %+v, %v; want 5 000 held of a 5 000 cap (what is left)", a.Hold, a.Err)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_next_call", CostMicro: 5_000, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := f.store.Balance(ctx, f.user.ID); err != nil || b.PrepaidMicro != 0 {
+		t.Fatalf("balance %+v, %v: want prepaid spent to 0, no debt", b, err)
+	}
+}
