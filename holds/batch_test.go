@@ -360,3 +360,45 @@ func TestAdmissionSeesPrepaidSpentBySettlementEarlierInItsBatch(t *testing.T) {
 		t.Fatalf("balance %+v, %v: want prepaid spent to 0, no debt", b, err)
 	}
 }
+
+// TestFirstCallsOfANewRunInOneBatchTakeOneHold: an agent's first turn is a burst of parallel
+// tool calls under one new X-Run-Id, and the writer puts their admissions in one batch
+// transaction (with another user's admission beside them). The first takes the run's hold;
+// the others find it earlier in the batch and share it, as they would in transactions of
+// their own. Each inserting a hold of its own, the batch hit the run's primary key and failed
+// whole: every caller in it, the other user's too, was refused.
+func TestFirstCallsOfANewRunInOneBatchTakeOneHold(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	other, err := f.store.CreateUser(ctx, "burst-neighbour-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(token string) holds.AdmitRequest {
+		return holds.AdmitRequest{RunID: "x_first_burst", UserID: f.user.ID, ClientRunID: "first-burst", Model: "fake-gpt",
+			State: holds.StateRunning, TTL: time.Hour, Token: token}
+	}
+	out, err := f.store.AdmitBatch(ctx, []holds.AdmitRequest{
+		call("00000000000000000000000000000001"),
+		{RunID: "r_neighbour", UserID: other.ID, State: holds.StateRunning, TTL: time.Hour, Fresh: true},
+		call("00000000000000000000000000000002"),
+		call("00000000000000000000000000000003"),
+	})
+	if err != nil {
+		t.Fatalf("batch of a new run's first calls: %v", err)
+	}
+	for i, a := range out {
+		if a.Err != nil || a.Hold.Existing != (i >= 2) {
+			t.Errorf("admission %d: %+v, %v; want the run's first call to take its hold and the later ones to share it", i, a.Hold, a.Err)
+		}
+	}
+	b, err := f.store.Balance(ctx, f.user.ID)
+	if err != nil || b.InFlight != 1 || b.HeldMicro != out[0].Hold.HeldMicro {
+		t.Fatalf("balance %+v, %v: want the run's one hold", b, err)
+	}
+	for _, id := range []string{"x_first_burst", "r_neighbour"} {
+		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
