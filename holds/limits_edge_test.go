@@ -196,3 +196,37 @@ func TestRevivalAndAnotherAdmissionInOneBatchShareTheInFlightLimit(t *testing.T)
 		})
 	}
 }
+
+// TestRevivalRefusedWhenTheBalanceNoLongerCoversItsHold: a named run idles past its expiry
+// and, meanwhile, an operator lowers the user's allowance below what the run holds. The run's
+// next call would bring it back with the cap it was admitted with, against a balance that no
+// longer covers even its hold: it must be refused as a new hold would be (README: "else 429
+// or 402, and the reconciler settles the run").
+func TestRevivalRefusedWhenTheBalanceNoLongerCoversItsHold(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	allowance := int64(60_000)
+	if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	named := holds.AdmitRequest{RunID: "x_idle_plan_cut", UserID: f.user.ID, ClientRunID: "idle-plan-cut", State: holds.StateRunning, TTL: time.Hour}
+	if h, err := f.store.Admit(ctx, named); err != nil || h.HeldMicro != 20_000 || h.CapMicro != 60_000 {
+		t.Fatalf("first call of the run: %+v, %v", h, err)
+	}
+	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
+		t.Fatal(err)
+	}
+	lowered := int64(10_000)
+	if err := f.store.SetUserLimits(ctx, f.user.ID, &lowered, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := f.store.Admit(ctx, named); !errors.Is(err, holds.ErrInsufficient) {
+		t.Errorf("later call of the idle run after the allowance fell to %d: %+v, %v; want ErrInsufficient", lowered, h, err)
+	}
+	if r, err := f.store.Run(ctx, f.user.ID, named.RunID); err != nil || !r.ExpiresAt.Before(r.ReadAt) {
+		t.Errorf("run %+v, %v: a refused call must leave it expired (by the database clock), for the reconciler", r, err)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: named.RunID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
