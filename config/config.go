@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"gopkg.in/yaml.v3"
 
 	"github.com/tollgate/tollgate/pricing"
@@ -522,18 +523,34 @@ func (c *Config) checkHoldTimes(bad complain) {
 	if need := max(c.Holds.HoldTTL, c.Holds.RunTTL) + c.Holds.ReconcileInterval + c.Holds.ReconcileLockTTL + time.Hour; c.Holds.TallyTTL < need {
 		bad("holds.tally_ttl", "%v must be at least %v (the longer of hold_ttl and run_ttl, one reconcile pass and lock, and an hour): the reconciler settles from the tally", c.Holds.TallyTTL, need)
 	}
-	if call := c.Limits.UpstreamTimeout + c.Limits.ClientWriteTimeout + time.Minute; c.Limits.AdmitTimeout+c.Limits.SettleTimeout >= call {
+	if call, reply := c.Limits.UpstreamTimeout+c.Limits.ClientWriteTimeout+time.Minute, c.dbReadTimeout(); c.Limits.AdmitTimeout+c.Limits.SettleTimeout+reply >= call {
 		// A run settled on request is closed to new calls for the longest a call may live
 		// (this sum); its settlement, retries included, must commit before that mark lapses, or
 		// a call started after it would be left out of the charge. A settlement that shares its
 		// batch with an admission waits for it up to admit_timeout, then up to settle_timeout
-		// for its retry alone (holds.Writer).
-		bad("limits.settle_timeout", "%v plus admit_timeout (%v) must be shorter than upstream_timeout + client_write_timeout + 1m = %v",
-			c.Limits.SettleTimeout, c.Limits.AdmitTimeout, call)
+		// for its retry alone (holds.Writer), and a script of writes and COMMIT sent just before
+		// that deadline is waited for past it, up to the driver's read timeout: its outcome
+		// must be learnt, not abandoned.
+		bad("limits.settle_timeout", "%v plus admit_timeout (%v) plus the database's read timeout (%v) must be shorter than upstream_timeout + client_write_timeout + 1m = %v",
+			c.Limits.SettleTimeout, c.Limits.AdmitTimeout, reply, call)
 	}
 	if c.Holds.ReconcileBatch < 1 || c.Holds.ReconcileBatch > 10_000 {
 		bad("holds.reconcile_batch", "must be in [1, 10000], got %d", c.Holds.ReconcileBatch)
 	}
+}
+
+// DefaultDBReadTimeout is the longest the gateway waits for one reply of the database when the
+// DSN sets no readTimeout (holds.Open's default; a test there keeps the two equal, so that
+// the configuration need not depend on the database package).
+const DefaultDBReadTimeout = 30 * time.Second
+
+// dbReadTimeout is the DSN's readTimeout, else DefaultDBReadTimeout. A DSN that does not
+// parse gives the default here: opening the database reports it.
+func (c *Config) dbReadTimeout() time.Duration {
+	if cfg, err := mysql.ParseDSN(c.MySQLDSN); err == nil && cfg.ReadTimeout > 0 {
+		return cfg.ReadTimeout
+	}
+	return DefaultDBReadTimeout
 }
 
 // checkSizes checks the bounds on request bodies, streamed events and whole answers.

@@ -61,6 +61,9 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		// then up to settle_timeout for its retry alone: a run settled on request must commit
 		// within both before its close mark (the longest a call may live: 7 min here) lapses.
 		{"limits:\n  settle_timeout: 415s\n  admit_timeout: 10s\n", "limits.settle_timeout"},
+		// ...and its last script, writes and COMMIT, sent just before that deadline is waited
+		// for past it up to the driver's read timeout (30 s unless the DSN says otherwise).
+		{"limits:\n  settle_timeout: 400s\n", "limits.settle_timeout"},
 		{"holds:\n  heartbeat_interval: 60s\n", "holds.heartbeat_interval"},
 		// One missed beat (a Redis hiccup) must not lapse a lease: the call's run would be
 		// settled, or its reservation dropped, while it still runs.
@@ -87,6 +90,25 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v, want it to name %q", tc.yaml, err, tc.want)
 		}
+	}
+}
+
+// TestSettleTimeoutCountsTheDSNReadTimeout: a settlement's last script is waited for up to the
+// driver's read timeout past settle_timeout, so a DSN that lengthens it leaves less room for
+// settle_timeout before a run's close mark lapses.
+func TestSettleTimeoutCountsTheDSNReadTimeout(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("redis_url: redis://h:1/0\nlimits:\n  settle_timeout: 300s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("REDIS_URL", "")
+	t.Setenv("MYSQL_DSN", "x@tcp(h:1)/d")
+	if _, err := Load(path); err != nil {
+		t.Fatalf("settle_timeout 300s with the default read timeout: %v", err)
+	}
+	t.Setenv("MYSQL_DSN", "x@tcp(h:1)/d?readTimeout=2m")
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "limits.settle_timeout") {
+		t.Fatalf("settle_timeout 300s with a 2m read timeout: error %v, want it to name limits.settle_timeout", err)
 	}
 }
 
