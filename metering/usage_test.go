@@ -551,3 +551,53 @@ func TestMeterAnthropicDeltaZeroKeepsThePrompt(t *testing.T) {
 		t.Errorf("got %+v, want %+v", got.Usage, want)
 	}
 }
+
+// The rest of what a prompt is made of counts too, each as the estimate's rule says (four
+// bytes a token, four tokens a message): a cancelled call is charged this estimate, and a part
+// left out is prompt the provider billed that the caller is not charged. An Anthropic system
+// prompt and the arguments of an earlier tool call are often most of an agent's prompt; a
+// prompt of token ids is one token an id, whatever its digits.
+func TestInputEstimateCountsEveryPartOfThePrompt(t *testing.T) {
+	text := strings.Repeat("x", 4000) // 1 000 tokens
+	ids := strings.TrimSuffix(strings.Repeat("7,", 1000), ",")
+	for _, tc := range []struct {
+		name string
+		f    Format
+		body string
+		want int64 // at least
+	}{
+		{"anthropic system prompt", FormatAnthropic,
+			`{"model":"m","system":"` + text + `","messages":[{"role":"user","content":"hi"}]}`, 1000},
+		{"anthropic system blocks", FormatAnthropic,
+			`{"model":"m","system":[{"type":"text","text":"` + text + `"}],"messages":[{"role":"user","content":"hi"}]}`, 1000},
+		{"anthropic tool_use input", FormatAnthropic,
+			`{"model":"m","messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"q":"` + text + `"}}]}]}`, 1000},
+		{"completions token ids", FormatCompletions, `{"model":"m","prompt":[` + ids + `]}`, 1000},
+		{"completions batch of token ids", FormatCompletions, `{"model":"m","prompt":[[` + ids + `]]}`, 1000},
+		// Three messages of one token each: 3 + 3 × 4.
+		{"each message's overhead", FormatChat,
+			`{"model":"m","messages":[{"role":"user","content":"abcd"},{"role":"assistant","content":"abcd"},{"role":"user","content":"abcd"}]}`, 15},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := EstimateInputTokens(tc.f, []byte(tc.body)); got < tc.want {
+				t.Errorf("estimate %d tokens, want at least %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// A continuation's own parts that its answer does not carry on are its instructions, tool
+// definitions and output schema: each is counted, so that the carried context is not reckoned
+// larger by what the request sends again.
+func TestEstimateNotHandedOnCountsEachOwnPart(t *testing.T) {
+	schema := `{"type":"object","properties":{"q":{"type":"string","description":"` + strings.Repeat("d", 4000) + `"}}}`
+	for name, body := range map[string]string{
+		"instructions":  `{"previous_response_id":"resp_1","instructions":"` + strings.Repeat("x", 4000) + `","input":"hi"}`,
+		"tools":         `{"previous_response_id":"resp_1","tools":[{"type":"function","name":"f","parameters":` + schema + `}],"input":"hi"}`,
+		"output schema": `{"previous_response_id":"resp_1","text":{"format":{"type":"json_schema","name":"s","schema":` + schema + `}},"input":"hi"}`,
+	} {
+		if got := EstimateNotHandedOn([]byte(body)); got < 1000 {
+			t.Errorf("%s: %d tokens not handed on, want at least 1000", name, got)
+		}
+	}
+}
