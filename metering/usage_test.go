@@ -601,3 +601,43 @@ func TestEstimateNotHandedOnCountsEachOwnPart(t *testing.T) {
 		}
 	}
 }
+
+// Groq puts a stream's usage in x_groq.usage, whether or not include_usage was asked for: a
+// stream whose only report is there is charged by it, not estimated.
+func TestMeterReadsGroqUsage(t *testing.T) {
+	got := meterEvents(FormatChat,
+		data(`{"id":"c","choices":[{"index":0,"delta":{"content":"hello"}}]}`),
+		data(`{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"x_groq":{"id":"req_1","usage":{"prompt_tokens":120,"completion_tokens":30,"total_tokens":150}}}`),
+		data(`[DONE]`))
+	if want := (pricing.Usage{Input: 120, Output: 30}); got.Usage != want || !got.Reported {
+		t.Errorf("got %+v, want usage %+v reported", got, want)
+	}
+}
+
+// A negative count in a report is nothing, never a credit against another figure: a cached
+// or written count of -50 must not add 50 tokens to the uncached prompt billed at full price.
+func TestMeterNegativeCountsAreNothing(t *testing.T) {
+	got := meterEvents(FormatChat,
+		data(`{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":-50,"cache_write_tokens":-20}}}`))
+	if want := (pricing.Usage{Input: 100, Output: 5}); got.Usage != want {
+		t.Errorf("got %+v, want %+v", got.Usage, want)
+	}
+}
+
+// An Anthropic message_delta ends a message's output count: its output_tokens replaces
+// message_start's placeholder even when it is 0, and with iterations[] (compaction, server
+// tools) the sum over them is final though the delta has no top-level output_tokens. Either
+// way the streamed text's estimate does not stand in for it, nor is the usage marked estimated.
+func TestMeterAnthropicDeltaOutputIsFinal(t *testing.T) {
+	start := data(`{"type":"message_start","message":{"usage":{"input_tokens":10,"output_tokens":1}}}`)
+	got := meterEvents(FormatAnthropic, start, data(`{"type":"message_delta","usage":{"output_tokens":0}}`))
+	if want := (pricing.Usage{Input: 10}); got.Usage != want || got.Estimated {
+		t.Errorf("final output 0: got %+v, want %+v", got, want)
+	}
+	text := data(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"` + strings.Repeat("abcd", 100) + `"}}`)
+	got = meterEvents(FormatAnthropic, start, text, data(`{"type":"message_delta","usage":{"iterations":[
+		{"input_tokens":10,"output_tokens":20},{"input_tokens":4,"output_tokens":30}]}}`))
+	if want := (pricing.Usage{Input: 14, Output: 50}); got.Usage != want || got.Estimated {
+		t.Errorf("iterations only: got %+v, want %+v, not estimated", got, want)
+	}
+}
