@@ -293,3 +293,22 @@ func TestDearestBoundsPartsBilledAtTheirWhole(t *testing.T) {
 		t.Fatalf("dearest of two prices without parts %+v: a part unpriced by both stays unpriced", got)
 	}
 }
+
+// TestPromptWrittenKeepsAudioAtItsPrice: the bound for a prompt the provider may write to its
+// cache raises the text input to the cache-write price, not the audio part: audio without a
+// price of its own stays at the input price Cost bills it at, not at the raised one (which
+// would lower an audio call's output bound, or refuse it, for a cost it cannot run up).
+func TestPromptWrittenKeepsAudioAtItsPrice(t *testing.T) {
+	p := Price{Input: 2_000_000, CacheWrite: 5_000_000, CacheWrite1h: 8_000_000, Output: 10_000_000}
+	u := Usage{Input: 1_000_000, AudioInput: 400_000}
+	for _, long := range []bool{false, true} {
+		write := p.CacheWrite
+		if long {
+			write = p.CacheWrite1h
+		}
+		want := (600_000*write + 400_000*p.Input) / 1_000_000
+		if got := p.PromptWritten(long).Cost(u); got != want {
+			t.Errorf("long=%v: bound %d, want %d (text at the write price, audio at the input price)", long, got, want)
+		}
+	}
+}
