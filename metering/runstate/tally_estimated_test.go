@@ -1,0 +1,62 @@
+package runstate_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/metering/runstate"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestTallyCountsEstimatedCalls: a run the reconciler settles from its tally is marked
+// estimated when one of its calls was charged an estimate, as the call's own settlement would
+// have marked it. The mark is counted by every writer of a tally: a one-call run's (Add, and
+// Correct moving it when a later usage report replaces the estimate or its loss makes one)
+// and a named run's (Release).
+func TestTallyCountsEstimatedCalls(t *testing.T) {
+	e := newRunBudget(t)
+	ctx := context.Background()
+	tl := runstate.NewTally(e.rdb, e.keys, time.Hour)
+	u := pricing.Usage{Input: 100, Output: 10}
+	estimated := func(run string) int64 {
+		t.Helper()
+		got, found, err := tl.Get(ctx, run)
+		if err != nil || !found {
+			t.Fatalf("tally of %s: found=%v err=%v", run, found, err)
+		}
+		return got.EstimatedCalls
+	}
+
+	if err := tl.Add(ctx, "r_est_add", u, 1_000, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := estimated("r_est_add"); n != 1 {
+		t.Fatalf("an estimated call's tally counts %d estimated calls, want 1", n)
+	}
+	if err := tl.Correct(ctx, "r_est_add", pricing.Usage{Output: 5}, 50, -1); err != nil { // its usage came after all
+		t.Fatal(err)
+	}
+	if n := estimated("r_est_add"); n != 0 {
+		t.Fatalf("after the estimate was replaced by a report: %d estimated calls, want 0", n)
+	}
+	if err := tl.Correct(ctx, "r_est_add", pricing.Usage{}, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.Add(ctx, "r_est_add", u, 1_000, false); err != nil {
+		t.Fatal(err)
+	}
+	if n := estimated("r_est_add"); n != 1 {
+		t.Fatalf("after an estimate's mark came back and a reported call: %d estimated calls, want 1", n)
+	}
+
+	if _, err := e.budget.Reserve(ctx, "r_est_named", "a", 100_000, 10_000, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.budget.Release(ctx, "r_est_named", "a", u, 1_000, true); err != nil {
+		t.Fatal(err)
+	}
+	if n := estimated("r_est_named"); n != 1 {
+		t.Fatalf("a named run's estimated call counts %d estimated calls, want 1", n)
+	}
+}
