@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -38,17 +39,22 @@ func TestCallIsBilledAtThePriceOfTheModelThatAnswered(t *testing.T) {
 		c.Plans["standard"] = bigPlan(c.Plans["standard"])
 	})
 	u, key := h.user("standard")
+	table, err := h.cfg.PriceTable()
+	if err != nil {
+		t.Fatal(err)
+	}
 	const cheapCost, dearCost = 300, 22_500 // 1000 in + 2000 out at each price, µUSD
 	for _, tc := range []struct {
 		name, answer string
 		stream       bool
 		want         int64
+		pricedAs     string // the configured model whose prices the row's snapshot records
 	}{
-		{"dearer model answers", answered, false, dearCost},
-		{"dearer model answers a stream", answered, true, dearCost},
-		{"the model asked for answers", "cheap", false, cheapCost},
-		{"an unpriced model answers", "mystery-1", false, cheapCost},
-		{"no model named", "", false, cheapCost},
+		{"dearer model answers", answered, false, dearCost, "dear"},
+		{"dearer model answers a stream", answered, true, dearCost, "dear"},
+		{"the model asked for answers", "cheap", false, cheapCost, "cheap"},
+		{"an unpriced model answers", "mystery-1", false, cheapCost, "cheap"},
+		{"no model named", "", false, cheapCost, "cheap"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hdr := map[string]string{"X-Answer": tc.answer}
@@ -64,8 +70,22 @@ func TestCallIsBilledAtThePriceOfTheModelThatAnswered(t *testing.T) {
 				t.Fatalf("status %d", resp.StatusCode)
 			}
 			h.settled()
-			if r := h.run(u.ID, resp.Header.Get("X-Tollgate-Run-Id")); r.ChargedMicro != tc.want {
+			runID := resp.Header.Get("X-Tollgate-Run-Id")
+			if r := h.run(u.ID, runID); r.ChargedMicro != tc.want {
 				t.Errorf("charged %d µUSD, want %d", r.ChargedMicro, tc.want)
+			}
+			// The row's snapshot is of the prices it was billed at: with another model's, its
+			// tokens times its snapshot do not give its cost.
+			var snapshot string
+			if err := h.db.GetContext(context.Background(), &snapshot, "SELECT price_snapshot FROM run_holds WHERE run_id = ?", runID); err != nil {
+				t.Fatal(err)
+			}
+			priced, _, err := table.Lookup(tc.pricedAs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := string(priced.Snapshot(tc.pricedAs)); snapshot != want {
+				t.Errorf("price snapshot %s, want %s", snapshot, want)
 			}
 		})
 	}
