@@ -40,6 +40,51 @@ func TestUsageAfterTheFinalEventReachesTheTally(t *testing.T) {
 	}
 }
 
+// TestUsageAfterTheFinalEventClearsTheTallysEstimate: a stream with no usage before its final
+// event is tallied then as an estimate; a report that comes after it replaces the estimate in
+// the settlement, and the tally's estimated mark must go with it, or a run the reconciler
+// settles from it is marked estimated though the provider said what it used.
+func TestUsageAfterTheFinalEventClearsTheTallysEstimate(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		c.Upstreams[0].BaseURL = upstreamSending(t,
+			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}`,
+			`[DONE]`,
+			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":50,"total_tokens":60}}`)
+	})
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	r := h.run(u.ID, resp.Header.Get("X-Tollgate-Run-Id"))
+	if r.OutTok != 50 || r.Estimated {
+		t.Fatalf("settled %d output tokens, estimated=%v; want the report's 50, not estimated", r.OutTok, r.Estimated)
+	}
+	tallied, found, err := h.tally.Get(context.Background(), r.RunID)
+	if err != nil || !found {
+		t.Fatalf("no tally (%v)", err)
+	}
+	if tallied.EstimatedCalls != 0 || tallied.CostMicro != r.CostMicro || tallied.Calls != 1 {
+		t.Fatalf("tally %+v; want the settled %d µUSD and no estimated call", tallied, r.CostMicro)
+	}
+}
+
+// upstreamSending answers every call with a stream of the events given, as data lines.
+func upstreamSending(t *testing.T, events ...string) string {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, ev := range events {
+			_, _ = io.WriteString(w, "data: "+ev+"\n\n")
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(up.Close)
+	return up.URL
+}
+
 // usageAfterFinalUpstream answers every call with a stream that reports 5 output tokens, ends
 // with [DONE], and then reports 50.
 func usageAfterFinalUpstream(t *testing.T) string {
