@@ -60,3 +60,22 @@ func TestTallyCountsEstimatedCalls(t *testing.T) {
 		t.Fatalf("a named run's estimated call counts %d estimated calls, want 1", n)
 	}
 }
+
+// TestReleaseCountsAFreeCall: a named run's call on a model priced at 0 costs nothing but used
+// tokens: it is a call of the run in its tally, not one that used nothing.
+func TestReleaseCountsAFreeCall(t *testing.T) {
+	e := newRunBudget(t)
+	ctx := context.Background()
+	tl := runstate.NewTally(e.rdb, e.keys, time.Hour)
+	u := pricing.Usage{Input: 100, Output: 10}
+	if _, err := e.budget.Reserve(ctx, "r_free_named", "a", 100_000, 10_000, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.budget.Release(ctx, "r_free_named", "a", u, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	got, found, err := tl.Get(ctx, "r_free_named")
+	if err != nil || !found || got.Calls != 1 || got.Usage != u || got.CostMicro != 0 {
+		t.Fatalf("free call's tally %+v found=%v err=%v; want one call, usage %+v, cost 0", got, found, err, u)
+	}
+}
