@@ -73,3 +73,39 @@ func TestPromptOverTheCapSaysWhy(t *testing.T) {
 		t.Errorf("message %s: want it to say the prompt costs more than the call may spend, not that no credits are available", body)
 	}
 }
+
+// TestEmbeddingsPromptAtTheCapIsForwarded: the cap bounds what a call may cost, so an
+// embeddings prompt whose estimate costs exactly the cap is within it and forwarded; one
+// token more is refused. (Refusing at the cap turned away calls the caller's cap allows.)
+func TestEmbeddingsPromptAtTheCapIsForwarded(t *testing.T) {
+	h, up := jsonHarness(t, func(c *configT) {
+		dear := c.Models["fake-gpt"]
+		dear.Input.Micro = 1_000_000_000 // 1000 µUSD a token: the default cap of 500 000 µUSD is 500 tokens
+		c.Models["dear"] = dear
+	})
+	_, key := h.user("standard")
+	for _, tc := range []struct {
+		name   string
+		text   string
+		status int
+	}{
+		{"at the cap", strings.Repeat("abcd", 500), http.StatusOK},                   // 500 tokens
+		{"a token past it", strings.Repeat("abcd", 501), http.StatusPaymentRequired}, // 501
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up.mu.Lock()
+			before := len(up.seen)
+			up.mu.Unlock()
+			resp := h.post(key, "/v1/embeddings", `{"model":"dear","input":"`+tc.text+`"}`, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			h.settled()
+			up.mu.Lock()
+			sent := len(up.seen) - before
+			up.mu.Unlock()
+			if resp.StatusCode != tc.status || (sent == 1) != (tc.status == http.StatusOK) {
+				t.Fatalf("%d %s, forwarded %d times; want %d", resp.StatusCode, body, sent, tc.status)
+			}
+		})
+	}
+}
