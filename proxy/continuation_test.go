@@ -212,3 +212,31 @@ func TestAnotherUsersAnswerIsNotContinued(t *testing.T) {
 		t.Fatalf("an id without a record: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestContinuedResponseCarriesItsCachedContext: the context an answer hands on is its whole
+// prompt as reported — the cached part too, which the provider bills again (at the cache-read
+// price) when a continuation carries it — and its output. A continuation the caller leaves is
+// estimated with all of it: counted without the cached part, a prompt served mostly from the
+// cache was carried on as a fraction of itself.
+func TestContinuedResponseCarriesItsCachedContext(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	first, answer := h.answeredRun(u.ID, key, "/v1/responses", `{"model":"fake-gpt","stream":true,"input":"Read this long document."}`,
+		map[string]string{fakellm.HeaderReplay: "openai_responses_stream_cached_tokens.sse"})
+	if first.CacheReadTok == 0 {
+		t.Fatalf("first answer %+v: want the fixture's cached tokens", first)
+	}
+	var firstID string
+	for _, line := range strings.Split(string(answer), "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok && firstID == "" {
+			firstID = gjson.Get(data, "response.id").Str
+		}
+	}
+	handed := first.InTok + first.CacheReadTok + first.OutTok
+	resp := h.post(key, "/v1/responses", `{"model":"fake-gpt","stream":true,"previous_response_id":"`+firstID+`","input":"Go on."}`,
+		map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"})
+	_, runID := leaveAfterCreated(t, resp)
+	if run := h.run(u.ID, runID); !run.Estimated || run.InTok < handed {
+		t.Fatalf("continuation %+v: want estimated in_tok of at least the %d tokens handed on (%d cached)", run, handed, first.CacheReadTok)
+	}
+}
