@@ -109,3 +109,46 @@ func TestEmbeddingsPromptAtTheCapIsForwarded(t *testing.T) {
 		})
 	}
 }
+
+// TestOutputBoundAtTheLeastIsForwarded: when the cap leaves room for exactly the least output
+// bound a route takes (1 token for chat), the call fits: it is forwarded with that bound, not
+// refused as a budget too small. The prompt a token larger leaves no output, and is refused.
+func TestOutputBoundAtTheLeastIsForwarded(t *testing.T) {
+	h, up := jsonHarness(t, func(c *configT) {
+		dear := c.Models["fake-gpt"]
+		// 1000 µUSD a token either way: the default cap of 500 000 µUSD is 500 tokens.
+		dear.Input.Micro, dear.Output.Micro = 1_000_000_000, 1_000_000_000
+		c.Models["dear"] = dear
+	})
+	_, key := h.user("standard")
+	// One message (4 tokens) and 4 bytes a token: 499 and 500 prompt tokens.
+	for _, tc := range []struct {
+		name   string
+		text   string
+		status int
+	}{
+		{"room for one token", strings.Repeat("abcd", 495), http.StatusOK},
+		{"room for none", strings.Repeat("abcd", 496), http.StatusPaymentRequired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up.mu.Lock()
+			before := len(up.seen)
+			up.mu.Unlock()
+			resp := h.post(key, "/v1/chat/completions", `{"model":"dear","max_tokens":10,"messages":[{"role":"user","content":"`+tc.text+`"}]}`, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			h.settled()
+			up.mu.Lock()
+			sent := len(up.seen) - before
+			up.mu.Unlock()
+			if resp.StatusCode != tc.status || (sent == 1) != (tc.status == http.StatusOK) {
+				t.Fatalf("%d %s, forwarded %d times; want %d", resp.StatusCode, body, sent, tc.status)
+			}
+			if tc.status == http.StatusOK {
+				if got := up.last(t).Get("max_tokens").Int(); got != 1 {
+					t.Errorf("forwarded with max_tokens %d, want 1", got)
+				}
+			}
+		})
+	}
+}
