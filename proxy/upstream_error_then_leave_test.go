@@ -2,11 +2,14 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
@@ -72,5 +75,54 @@ func TestCallerLeavingAfterTheUpstreamsErrorEventPaysNothing(t *testing.T) {
 					run.State, run.SettleSource.String, run.ChargedMicro, run.InTok)
 			}
 		})
+	}
+}
+
+// TestCallerStalledAfterTheUpstreamsErrorEventPaysNothing: the answer a relay cannot write
+// after the provider's error event (the caller stopped reading; the write deadline cut it)
+// ends the call as the caller's, but the provider had said it failed before any output or
+// usage: settled at 0, upstream_error, as when the caller closes after that event.
+func TestCallerStalledAfterTheUpstreamsErrorEventPaysNothing(t *testing.T) {
+	// The provider's error, then keep-alive comments (no output) until the gateway lets go.
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"error\":{\"message\":\"The server had an error\",\"type\":\"server_error\"}}\n\n")
+		w.(http.Flusher).Flush()
+		pad := ": " + strings.Repeat("x", 1<<20) + "\n\n"
+		for r.Context().Err() == nil {
+			if _, err := fmt.Fprint(w, pad); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "up", Kind: "openai", BaseURL: up.URL, Models: []string{"fake-gpt"}}}
+		c.Limits.ClientWriteTimeout = 300 * time.Millisecond
+	})
+	u, key := h.user("standard")
+	conn, err := net.Dial("tcp", h.gw.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("a long prompt ", 200) + `"}]}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		key, len(body), body)
+	// The caller reads the answer's headers and then nothing more.
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("answer %v: %v", resp, err)
+	}
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	var run holds.Run
+	waitFor(t, "the call's settlement", func() bool {
+		run, err = h.store.Run(context.Background(), u.ID, runID)
+		return err == nil && run.State == holds.StateSettled
+	})
+	if run.SettleSource.String != holds.SourceUpstreamError || run.ChargedMicro != 0 {
+		t.Fatalf("the provider failed before any output or usage; settled %s, charged %d µUSD (in_tok=%d): want upstream_error at 0",
+			run.SettleSource.String, run.ChargedMicro, run.InTok)
 	}
 }
