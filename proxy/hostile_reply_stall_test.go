@@ -30,7 +30,9 @@ func TestLargeReplyToAStalledReaderIsBounded(t *testing.T) {
 		}
 		wrote <- err
 	})
-	h := newHarnessOn(t, harnessSetup{admin: big}, func(c *config.Config) { c.Limits.ClientWriteTimeout = 300 * time.Millisecond })
+	// The write timeout leaves the slow reader below a wide margin on a loaded machine (each
+	// 1 MiB write waits ~0.1 s for it), while its whole answer outlasts six of them.
+	h := newHarnessOn(t, harnessSetup{admin: big}, func(c *config.Config) { c.Limits.ClientWriteTimeout = time.Second })
 	conn, err := net.Dial("tcp", h.gw.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +60,7 @@ func TestLargeReplyToAStalledReaderIsBounded(t *testing.T) {
 			return
 		}
 		defer resp.Body.Close()
-		// 1 MiB every 50 ms: 3 s for the answer, ten times the write timeout.
+		// 1 MiB every 100 ms: 6.4 s for the answer, six times the write timeout.
 		var n int64
 		buf := make([]byte, 1<<20)
 		for {
@@ -67,7 +69,7 @@ func TestLargeReplyToAStalledReaderIsBounded(t *testing.T) {
 			if err != nil {
 				break
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond)
 		}
 		slow <- n
 	}()
