@@ -1,0 +1,114 @@
+package holds_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// TestBatchCountsItsOwnAdmissionsInFlight: admissions of one user in one batch are decided
+// against each other, not only against the holds committed before it: the Writer puts a burst
+// of one user's requests into one batch, and a batch that forgot its own holds let the burst
+// past the in-flight limit whole.
+func TestBatchCountsItsOwnAdmissionsInFlight(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	inFlight := 2
+	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]holds.AdmitRequest, inFlight+1)
+	for i := range reqs {
+		reqs[i] = holds.AdmitRequest{RunID: "r_burst_" + strconv.Itoa(i), UserID: f.user.ID, State: holds.StateRunning,
+			TTL: time.Hour, Fresh: true}
+	}
+	out, err := f.store.AdmitBatch(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range out[:inFlight] {
+		if r.Err != nil {
+			t.Fatalf("admission %d of %d within the limit: %v", i+1, len(reqs), r.Err)
+		}
+	}
+	var busy *holds.TooManyInFlightError
+	if last := out[inFlight]; !errors.As(last.Err, &busy) || busy.Limit != inFlight {
+		t.Errorf("admission %d in one batch with a limit of %d in flight: %+v, %v; want TooManyInFlightError", inFlight+1, inFlight, last.Hold, last.Err)
+	}
+	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil {
+		t.Fatal(err)
+	} else if bal.InFlight != inFlight {
+		t.Errorf("%d holds in flight after the batch, limit %d", bal.InFlight, inFlight)
+	}
+	for i, r := range out {
+		if r.Err == nil {
+			if _, err := f.store.Settle(ctx, holds.Settlement{RunID: reqs[i].RunID, Source: holds.SourceComplete}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestHeavyTierFromTheThresholdTurn: the heavy hold applies from the plan's HeavyAfterTurns-th
+// user turn on, the turn itself included (DESIGN §3), and not before it.
+func TestHeavyTierFromTheThresholdTurn(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	plan := settlePlans["standard"]
+	for _, c := range []struct {
+		turns int
+		want  int64
+	}{
+		{plan.HeavyAfterTurns - 1, plan.HoldNormalMicro},
+		{plan.HeavyAfterTurns, plan.HoldHeavyMicro},
+		{plan.HeavyAfterTurns + 1, plan.HoldHeavyMicro},
+	} {
+		id := "r_turns_" + strconv.Itoa(c.turns)
+		h, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: id, UserID: f.user.ID, UserTurns: c.turns, State: holds.StateRunning,
+			TTL: time.Hour, Fresh: true})
+		if err != nil {
+			t.Fatalf("admit at %d user turns: %v", c.turns, err)
+		}
+		if h.HeldMicro != c.want {
+			t.Errorf("hold at %d user turns (heavy from %d): %d, want %d", c.turns, plan.HeavyAfterTurns, h.HeldMicro, c.want)
+		}
+		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestRevivedRunMustFitTheBalance: a later call of a named run whose hold expired brings the
+// hold back in flight, so it must fit the balance again as a new hold would — here the
+// allowance was lowered under what the run holds, and reviving it would let the run spend up
+// to its cap on credits the user no longer has. (TestRevivedRunCountsAgainstLimits covers the
+// in-flight limit.)
+func TestRevivedRunMustFitTheBalance(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	named := holds.AdmitRequest{RunID: "x_lowered", UserID: f.user.ID, ClientRunID: "lowered", State: holds.StateRunning, TTL: time.Hour}
+	h, err := f.store.Admit(ctx, named)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
+		t.Fatal(err)
+	}
+	// Half the hold: what the user has left, counting the hold, is negative but above -hold.
+	allowance := h.HeldMicro / 2
+	if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	again, err := f.store.Admit(ctx, named)
+	if !errors.Is(err, holds.ErrInsufficient) {
+		t.Errorf("later call of an expired run holding %d on an allowance lowered to %d: %+v, %v; want ErrInsufficient",
+			h.HeldMicro, allowance, again, err)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: named.RunID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
