@@ -112,3 +112,33 @@ func TestRevivedRunMustFitTheBalance(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAnotherUsersRunIsNotFound: a run id admitted for one user is not found for another,
+// whether or not the request carries the admission token the first user's hold was taken with:
+// a second user must never ride, claim or revive a hold charged to the first (nor learn that
+// the run exists).
+func TestAnotherUsersRunIsNotFound(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	other, err := f.store.CreateUser(ctx, "other-"+strconv.FormatUint(f.user.ID, 10), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const token = "0123456789abcdef0123456789abcdef"
+	owned := holds.AdmitRequest{RunID: "x_owned", UserID: f.user.ID, ClientRunID: "owned", State: holds.StateRunning,
+		TTL: time.Hour, Token: token}
+	if _, err := f.store.Admit(ctx, owned); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range []string{"", token} {
+		req := owned
+		req.UserID, req.Token = other.ID, tok
+		h, err := f.store.Admit(ctx, req)
+		if !errors.Is(err, holds.ErrRunNotFound) {
+			t.Errorf("another user's admission of the run (token %q): %+v, %v; want ErrRunNotFound", tok, h, err)
+		}
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: owned.RunID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
