@@ -49,3 +49,46 @@ func TestBatchAdmissionSeesThePrepaidItsSettlementsTook(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchSettlingAnExpiredHoldFreesNoSlot: a hold past its expiry no longer counts in flight,
+// so settling it (the reconciler's settlement, sharing a Writer batch with admissions) frees no
+// in-flight slot for an admission later in the batch; a batch that took one off the count let
+// the user past the in-flight limit.
+func TestBatchSettlingAnExpiredHoldFreesNoSlot(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	inFlight := 2
+	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	old := f.admit("r_expired")
+	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", old.RunID); err != nil {
+		t.Fatal(err)
+	}
+	live := []string{"r_live_1", "r_live_2"}
+	for _, id := range live {
+		f.admit(id)
+	}
+	settled, admitted, err := f.store.WriteBatch(ctx,
+		[]holds.Settlement{{RunID: old.RunID, Source: holds.SourceReconcileHold, ChargeHeld: true, OnlyIfExpired: true}},
+		[]holds.AdmitRequest{{RunID: "r_one_too_many", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := settled[0]; s.Err != nil || !s.Applied {
+		t.Fatalf("settlement of the expired hold: %+v", s)
+	}
+	var busy *holds.TooManyInFlightError
+	if a := admitted[0]; !errors.As(a.Err, &busy) {
+		t.Errorf("admission with %d unexpired holds in flight (limit %d), beside the settlement of an expired one: %+v, %v; want TooManyInFlightError",
+			len(live), inFlight, a.Hold, a.Err)
+		if a.Err == nil {
+			live = append(live, a.Hold.RunID)
+		}
+	}
+	for _, id := range live {
+		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
