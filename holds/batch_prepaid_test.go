@@ -92,3 +92,30 @@ func TestBatchSettlingAnExpiredHoldFreesNoSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestSettlementNamingAnotherUserIsNotFound: a settlement that names its user (as the proxy's
+// do, to save a lookup) settles only a hold of that user. Another user's hold is not found and
+// left live: the batch locked the named user, not the hold's, and would have charged the
+// hold's user by the other user's plan and ledger.
+func TestSettlementNamingAnotherUserIsNotFound(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	other, err := f.store.CreateUser(ctx, "other-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := f.admit("r_owned")
+	res, err := f.store.SettleBatch(ctx, []holds.Settlement{{RunID: h.RunID, UserID: other.ID, CostMicro: 5_000, Source: holds.SourceComplete}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := res[0]; !errors.Is(r.Err, holds.ErrRunNotFound) || r.Applied {
+		t.Errorf("settlement of user %d's run naming user %d: %+v; want ErrRunNotFound", f.user.ID, other.ID, r)
+	}
+	if run, err := f.store.Run(ctx, f.user.ID, h.RunID); err != nil || run.State == holds.StateSettled {
+		t.Errorf("run after another user's settlement: %+v, %v; want it live", run, err)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: h.RunID, UserID: f.user.ID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
