@@ -19,6 +19,11 @@ func TestReconcileTallyWithNegativeFiguresDoesNotPanic(t *testing.T) {
 	e := newStoreEnv(t)
 	u := e.user("negtally", 3, nil)
 	h := e.admit(u, "r_neg_tally", holds.StateRunning)
+	// The tally the correction lands on: Correct adds only to a tally that exists, so without
+	// one this test met no tally at all and held whatever the check did.
+	if err := e.tally.MarkUnused(e.ctx(), h.RunID); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.tally.Correct(e.ctx(), h.RunID, pricing.Usage{Output: -40}, -1_200, 0); err != nil {
 		t.Fatal(err)
 	}
