@@ -45,3 +45,29 @@ func TestPruneAddsPrepaidPartsIntoAnExistingSum(t *testing.T) {
 		t.Errorf("audit after the prune: %+v, %v", m, err)
 	}
 }
+
+// TestAuditFindsALiveHoldCarryingACharge: a hold carries a charge only once settled; a live
+// one with charged_micro set (a write outside the store, a broken settlement) is money the day
+// ledger does not count yet, and the audit says so.
+func TestAuditFindsALiveHoldCarryingACharge(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("live-charge", "standard")
+	h := f.admit(u, "r_live_charged")
+	set := func(charged int64) {
+		t.Helper()
+		if _, err := f.db.ExecContext(f.ctx(), "UPDATE run_holds SET charged_micro = ?, allowance_part_micro = ? WHERE run_id = ?",
+			charged, charged, h.RunID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(5_000)
+	m, err := holds.Audit(f.ctx(), f.db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != 1 || m[0].RunID != h.RunID {
+		t.Errorf("audit of a live hold carrying a charge: %+v; want one mismatch naming %s", m, h.RunID)
+	}
+	set(0)
+	f.settle(h.RunID, 0)
+}
