@@ -10,46 +10,6 @@ import (
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
-// TestBatchAdmissionSeesThePrepaidItsSettlementsTook: an admission decided after a settlement
-// in the same batch sees the prepaid credits that settlement took, as it sees the allowance it
-// used (TestSettleBatchDecidesEachRunInTurn): the Writer puts a caller's next call in the batch
-// that settles its previous one, and an admission that read the prepaid credits from before
-// the charge was granted a cap out of credits already spent.
-func TestBatchAdmissionSeesThePrepaidItsSettlementsTook(t *testing.T) {
-	f := newSettleFixture(t)
-	ctx := context.Background()
-	allowance := int64(10_000)
-	if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := f.store.Grant(ctx, holds.GrantRequest{UserID: f.user.ID, AmountMicro: 30_000, IdempotencyKey: "topup-" + testenv.RandomID(4)}); err != nil {
-		t.Fatal(err)
-	}
-	first := f.admit("r_spends_all")
-	if first.CapMicro != 40_000 {
-		t.Fatalf("first hold %+v: want a cap of everything, 40 000", first)
-	}
-	// The first call ends having spent everything (10 000 allowance, 30 000 prepaid); its
-	// settlement and the next call's admission share one batch.
-	settled, admitted, err := f.store.WriteBatch(ctx,
-		[]holds.Settlement{{RunID: first.RunID, CostMicro: first.CapMicro, Source: holds.SourceComplete}},
-		[]holds.AdmitRequest{{RunID: "r_next", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := settled[0]; s.Err != nil || s.AllowancePart != 10_000 || s.PrepaidPart != 30_000 {
-		t.Fatalf("settlement %+v: want 10 000 from the allowance and 30 000 from prepaid", s)
-	}
-	if a := admitted[0]; !errors.Is(a.Err, holds.ErrInsufficient) {
-		t.Errorf("admission after a settlement that spent every credit, in the same batch: %+v, %v; want ErrInsufficient", a.Hold, a.Err)
-		if a.Err == nil {
-			if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_next", Source: holds.SourceComplete}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-}
-
 // TestBatchSettlingAnExpiredHoldFreesNoSlot: a hold past its expiry no longer counts in flight,
 // so settling it (the reconciler's settlement, sharing a Writer batch with admissions) frees no
 // in-flight slot for an admission later in the batch; a batch that took one off the count let

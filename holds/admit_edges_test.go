@@ -82,37 +82,6 @@ func TestHeavyTierFromTheThresholdTurn(t *testing.T) {
 	}
 }
 
-// TestRevivedRunMustFitTheBalance: a later call of a named run whose hold expired brings the
-// hold back in flight, so it must fit the balance again as a new hold would — here the
-// allowance was lowered under what the run holds, and reviving it would let the run spend up
-// to its cap on credits the user no longer has. (TestRevivedRunCountsAgainstLimits covers the
-// in-flight limit.)
-func TestRevivedRunMustFitTheBalance(t *testing.T) {
-	f := newSettleFixture(t)
-	ctx := context.Background()
-	named := holds.AdmitRequest{RunID: "x_lowered", UserID: f.user.ID, ClientRunID: "lowered", State: holds.StateRunning, TTL: time.Hour}
-	h, err := f.store.Admit(ctx, named)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
-		t.Fatal(err)
-	}
-	// Half the hold: what the user has left, counting the hold, is negative but above -hold.
-	allowance := h.HeldMicro / 2
-	if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	again, err := f.store.Admit(ctx, named)
-	if !errors.Is(err, holds.ErrInsufficient) {
-		t.Errorf("later call of an expired run holding %d on an allowance lowered to %d: %+v, %v; want ErrInsufficient",
-			h.HeldMicro, allowance, again, err)
-	}
-	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: named.RunID, Source: holds.SourceComplete}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestAnotherUsersRunIsNotFound: a run id admitted for one user is not found for another,
 // whether or not the request carries the admission token the first user's hold was taken with:
 // a second user must never ride, claim or revive a hold charged to the first (nor learn that
