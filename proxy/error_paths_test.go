@@ -263,6 +263,9 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		c.Limits.HeaderTimeout = 500 * time.Millisecond
 		c.Limits.UpstreamTimeout = time.Second
 		c.Limits.ClientWriteTimeout = 2 * time.Second
+		// With calls this short, a settlement (plus its last reply's wait) must end sooner
+		// than the default allows: a run settled on request stays closed only as long.
+		c.Limits.SettleTimeout = 10 * time.Second
 		c.Limits.MaxResponseBytes = 4 << 10
 		c.Dedup.MaxReplayLen = 8 << 10
 		broke := c.Plans["standard"]
