@@ -99,6 +99,8 @@ func TestScannerFields(t *testing.T) {
 		{"data without space", "data:x\n\ndata:\n\n", []want{{"", "x", "data:x\n\n"}, {"", "", "data:\n\n"}}},
 		{"event, id, retry", "event: a\nid: 7\nretry: 10\nevent:b\ndata: d\n\n", []want{{"b", "d", "event: a\nid: 7\nretry: 10\nevent:b\ndata: d\n\n"}}},
 		{"unknown field and no colon", "foo: bar\nevent\n\n", []want{{"", noData, "foo: bar\nevent\n\n"}}},
+		// Field names are case-sensitive: an SDK ignores these, so the meter must too.
+		{"field names in another case", "Data: x\nEVENT: e\n\n", []want{{"", noData, "Data: x\nEVENT: e\n\n"}}},
 		{"blank lines alone", "\n\r\n", []want{{"", noData, "\n"}, {"", noData, "\r\n"}}},
 		{"BOM at stream start", "\xEF\xBB\xBFdata: a\n\n\xEF\xBB\xBFdata: b\n\n", []want{{"", "a", "\xEF\xBB\xBFdata: a\n\n"}, {"", noData, "\xEF\xBB\xBFdata: b\n\n"}}},
 		{"trailing event without blank line", "data: a\n\nevent: e\ndata: b", []want{{"", "a", "data: a\n\n"}, {"e", "b", "event: e\ndata: b"}}},
@@ -171,6 +173,13 @@ func TestScannerTooLarge(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkEvents(t, evs, want{"", "ok", small}, want{"", "ok", small})
+	})
+	t.Run("one byte past the limit", func(t *testing.T) {
+		for _, chunks := range [][]string{{small}, strings.Split(small, "")} {
+			if _, err := scanAll(t, len(small)-1, chunks...); !errors.Is(err, ErrEventTooLarge) {
+				t.Fatalf("%d reads: err %v, want ErrEventTooLarge", len(chunks), err)
+			}
+		}
 	})
 	t.Run("CRLF tips it over", func(t *testing.T) {
 		ev := "data: ok\r\n\r" // 11 bytes; with the LF of the final CRLF 12
