@@ -40,6 +40,11 @@ func TestSupersededIdempotentRetryDoesNotReplaceNewerMessage(t *testing.T) {
 	// The SDK retries the request it was told to retry.
 	again := send(h.gw.URL, key, old, map[string]string{proxy.SessionHeader: "tab-k", "Idempotency-Key": "old-q"})
 	t.Logf("the old message's retry at %v: %d %s", time.Since(t0), again.status, again.body[:40])
+	// Told it was superseded, and not to retry: a 409 request_in_progress would send the SDK
+	// round again, for as long as the record lives.
+	if again.status != 409 || errorCode(t, again.body) != "superseded" || again.header.Get("X-Should-Retry") != "false" {
+		t.Errorf("the old message's retry: %d %v %s, want 409 superseded, X-Should-Retry false", again.status, again.header, again.body)
+	}
 	n := <-newer
 	t.Logf("newer answered at %v", time.Since(t0))
 	t.Logf("newer: %d run=%s %s", n.status, n.header.Get(proxy.RunIDHeader), n.body)
