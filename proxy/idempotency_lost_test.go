@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"testing"
@@ -69,4 +70,38 @@ func TestIdemBrokenStreamPinnedThenRecordLost(t *testing.T) {
 		t.Fatalf("retry after Redis lost the record of a pinned attempt: %d, upstream calls %d -> %d; want 409 idempotent_response_lost, no new call",
 			r2.status, calls, n)
 	}
+}
+
+// TestIdemEmptyBrokenStreamThenRecordLostRuns: a stream that broke before any output does not
+// pin the key (README); if Redis then loses the record, the attempt's row (settled
+// stream_error, no output) says so too, and the retry runs rather than being refused 409
+// idempotent_response_lost for the record's replay_ttl.
+func TestIdemEmptyBrokenStreamThenRecordLostRuns(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	first := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-early",
+		fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "0"})
+	if first.status != http.StatusOK || !bytes.Contains(first.body, []byte("upstream_broken")) {
+		t.Fatalf("first: %d %s; want a stream broken before any output", first.status, first.body)
+	}
+	h.settled()
+	ctx := context.Background()
+	recs, err := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("idempotency records %v, %v; want one", recs, err)
+	}
+	if err := h.rdb.Del(ctx, recs...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	retry := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-early"})
+	h.settled()
+	if retry.status != http.StatusOK || retry.header.Get(proxy.ReplayedHeader) != "" || !bytes.Contains(retry.body, []byte("[DONE]")) {
+		t.Fatalf("retry after Redis lost the record of an empty broken stream: %d replayed=%q %s; want it run",
+			retry.status, retry.header.Get(proxy.ReplayedHeader), retry.body)
+	}
+	if n := h.fake.Calls(); n != 2 {
+		t.Fatalf("%d upstream calls, want 2 (the broken attempt and its retry)", n)
+	}
+	// Each attempt is charged what it used: the broken one its prompt.
+	h.expectCharges(u.ID, []string{first.header.Get(proxy.RunIDHeader), retry.header.Get(proxy.RunIDHeader)})
 }
