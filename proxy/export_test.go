@@ -1,6 +1,10 @@
 package proxy
 
-import "context"
+import (
+	"context"
+
+	"github.com/tollgate/tollgate/holds"
+)
 
 // IdempotentRunID is the run id of attempt n of an Idempotency-Key.
 var IdempotentRunID = idempotentRunID
@@ -12,4 +16,10 @@ func (s *Server) WaitSettlements(ctx context.Context) error {
 		return err
 	}
 	return s.settlements.wait(ctx)
+}
+
+// ReleaseLostAdmission releases an admission whose outcome is unknown (err), as a refused call
+// does; WaitSettlements waits for the release.
+func (s *Server) ReleaseLostAdmission(ctx context.Context, ar holds.AdmitRequest, err error) {
+	s.releaseLostAdmission(ctx, ar, err, s.log)
 }
