@@ -1,0 +1,43 @@
+package holds_test
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"testing"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// TestReconcilePrunesEndedSessionsPastOneBatch: a pass prunes ended sessions batch after
+// batch while a batch comes back full, up to its batch limit: under chat traffic more
+// conversations end between two passes than one batch holds, and a pass that stopped after
+// one full batch let the table grow by the rest at every pass.
+func TestReconcilePrunesEndedSessionsPastOneBatch(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("chattier", 100, nil)
+	const ended, batch = 10, 4 // two full batches, then one of two
+	for i := range ended {
+		run := fmt.Sprintf("r_ended_b_%d", i)
+		e.admit(u, run, holds.StateRunning)
+		if _, err := e.store.ClaimSession(e.ctx(), u.ID, fmt.Sprintf("conv-b-%d", i), run, sha256.Sum256([]byte(run))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.db.ExecContext(e.ctx(), `UPDATE sessions SET updated_at = NOW(6) - INTERVAL 1 HOUR`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.pass(e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Batch = batch }))
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	var left int
+	if err := e.db.GetContext(e.ctx(), &left, `SELECT COUNT(*) FROM sessions WHERE user_id = ?`, u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || st.PrunedSessions != ended {
+		t.Fatalf("after one pass in batches of %d: %d sessions left, %d pruned; want all %d ended ones pruned", batch, left, st.PrunedSessions, ended)
+	}
+}
