@@ -15,58 +15,47 @@ import (
 // correction alone. The reconciler must not hand that to the store, whose writer panics on a
 // negative cost: in the reconciler's goroutine that took the whole gateway down, and every
 // process that took the lock after it, on every pass, for as long as the tally lives.
+// Its cost alone may be negative too (a correction that lowered only the cost, its tokens all
+// zero): no record of what the run used either.
 func TestReconcileTallyWithNegativeFiguresDoesNotPanic(t *testing.T) {
-	e := newStoreEnv(t)
-	u := e.user("negtally", 3, nil)
-	h := e.admit(u, "r_neg_tally", holds.StateRunning)
-	// The tally the correction lands on: Correct adds only to a tally that exists, so without
-	// one this test met no tally at all and held whatever the check did.
-	if err := e.tally.MarkUnused(e.ctx(), h.RunID); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.tally.Correct(e.ctx(), h.RunID, pricing.Usage{Output: -40}, -1_200, 0); err != nil {
-		t.Fatal(err)
-	}
-	e.expire(h.RunID)
-	var st holds.Stats
-	var err error
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				t.Fatalf("reconcile pass over a tally with a negative cost panicked: %v", p)
+	for _, tc := range []struct {
+		name  string
+		usage pricing.Usage
+	}{
+		{"negative tokens and cost", pricing.Usage{Output: -40}},
+		{"negative cost alone", pricing.Usage{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newStoreEnv(t)
+			u := e.user("negtally", 3, nil)
+			h := e.admit(u, "r_neg_tally", holds.StateRunning)
+			// The tally the correction lands on: Correct adds only to a tally that exists, so
+			// without one the test met no tally at all and held whatever the check did.
+			if err := e.tally.MarkUnused(e.ctx(), h.RunID); err != nil {
+				t.Fatal(err)
 			}
-		}()
-		st, err = e.pass(e.reconciler("me", nil))
-	}()
-	// Its usage is lost: charged what it held (DESIGN §5, rule 3).
-	if err != nil || st.ChargedHeld != 1 || st.ChargedMicro != h.HeldMicro {
-		t.Fatalf("pass: %+v, %v; want the run charged its hold %d", st, err, h.HeldMicro)
-	}
-	if r := e.run(u, h.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold ||
-		r.ChargedMicro != h.HeldMicro || r.OutTok < 0 {
-		t.Fatalf("run %+v: want reconcile_hold at held %d", r, h.HeldMicro)
-	}
-}
-
-// TestReconcileTallyWithCallsPastTheColumnDoesNotStallTheRun: a tally whose call count no run
-// can reach (a hand edit, a corrupted key: past the INT column that records it) made every
-// reconcile pass's settlement of the run fail on the column's range, so the run stayed live,
-// its hold counted against the user, for as long as the tally lived (48 h). Such a tally is no
-// record of what the run used: settled as a run without one.
-func TestReconcileTallyWithCallsPastTheColumnDoesNotStallTheRun(t *testing.T) {
-	e := newStoreEnv(t)
-	u := e.user("bigtally", 3, nil)
-	h := e.admit(u, "r_big_tally", holds.StateRunning)
-	e.addTally(h.RunID, pricing.Usage{Input: 10, Output: 10}, 100)
-	if err := e.rdb.HSet(e.ctx(), e.keys.Usage(h.RunID), "calls", int64(1)<<40).Err(); err != nil {
-		t.Fatal(err)
-	}
-	e.expire(h.RunID)
-	st, err := e.pass(e.reconciler("me", nil))
-	if err != nil || st.ChargedHeld != 1 || st.ChargedMicro != h.HeldMicro {
-		t.Fatalf("pass: %+v, %v; want the run charged its hold %d", st, err, h.HeldMicro)
-	}
-	if r := e.run(u, h.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold {
-		t.Fatalf("run %+v: want reconcile_hold at held %d", r, h.HeldMicro)
+			if err := e.tally.Correct(e.ctx(), h.RunID, tc.usage, -1_200, 0); err != nil {
+				t.Fatal(err)
+			}
+			e.expire(h.RunID)
+			var st holds.Stats
+			var err error
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						t.Fatalf("reconcile pass over a tally with a negative cost panicked: %v", p)
+					}
+				}()
+				st, err = e.pass(e.reconciler("me", nil))
+			}()
+			// Its usage is lost: charged what it held (DESIGN §5, rule 3).
+			if err != nil || st.ChargedHeld != 1 || st.ChargedMicro != h.HeldMicro {
+				t.Fatalf("pass: %+v, %v; want the run charged its hold %d", st, err, h.HeldMicro)
+			}
+			if r := e.run(u, h.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold ||
+				r.ChargedMicro != h.HeldMicro || r.OutTok < 0 {
+				t.Fatalf("run %+v: want reconcile_hold at held %d", r, h.HeldMicro)
+			}
+		})
 	}
 }

@@ -57,39 +57,3 @@ func TestReconcilerLeavesARunAdmittedAgainAfterItsScan(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-// TestReconcileTallyWithANegativeCostDoesNotPanic: a tally whose cost alone is negative (a
-// correction that lowered only the cost, its tokens all zero) is no record of what the run used
-// either: settled as a run without one, never handed to the store, which panics on a negative
-// cost. (TestReconcileTallyWithNegativeFiguresDoesNotPanic has negative tokens too, which the
-// check catches on their own.)
-func TestReconcileTallyWithANegativeCostDoesNotPanic(t *testing.T) {
-	e := newStoreEnv(t)
-	u := e.user("negcost", 3, nil)
-	h := e.admit(u, "r_neg_cost", holds.StateRunning)
-	// The call's tally at 0, then a correction of its cost alone (Correct adds only to a
-	// tally that exists).
-	if err := e.tally.MarkUnused(e.ctx(), h.RunID); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.tally.Correct(e.ctx(), h.RunID, holds.RunTally{}.Usage, -1_200, 0); err != nil {
-		t.Fatal(err)
-	}
-	e.expire(h.RunID)
-	var st holds.Stats
-	var err error
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				t.Fatalf("reconcile pass over a tally with a negative cost panicked: %v", p)
-			}
-		}()
-		st, err = e.pass(e.reconciler("me", nil))
-	}()
-	if err != nil || st.ChargedHeld != 1 || st.ChargedMicro != h.HeldMicro {
-		t.Fatalf("pass: %+v, %v; want the run charged its hold %d", st, err, h.HeldMicro)
-	}
-	if r := e.run(u, h.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold {
-		t.Fatalf("run %+v: want reconcile_hold at held %d", r, h.HeldMicro)
-	}
-}
