@@ -93,19 +93,7 @@ func TestEmbeddingsPromptAtTheCapIsForwarded(t *testing.T) {
 		{"a token past it", strings.Repeat("abcd", 501), http.StatusPaymentRequired}, // 501
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			up.mu.Lock()
-			before := len(up.seen)
-			up.mu.Unlock()
-			resp := h.post(key, "/v1/embeddings", `{"model":"dear","input":"`+tc.text+`"}`, nil)
-			body := readAll(t, resp.Body)
-			resp.Body.Close()
-			h.settled()
-			up.mu.Lock()
-			sent := len(up.seen) - before
-			up.mu.Unlock()
-			if resp.StatusCode != tc.status || (sent == 1) != (tc.status == http.StatusOK) {
-				t.Fatalf("%d %s, forwarded %d times; want %d", resp.StatusCode, body, sent, tc.status)
-			}
+			postForwardedOnceIfOK(t, h, up, key, "/v1/embeddings", `{"model":"dear","input":"`+tc.text+`"}`, tc.status)
 		})
 	}
 }
@@ -131,24 +119,32 @@ func TestOutputBoundAtTheLeastIsForwarded(t *testing.T) {
 		{"room for none", strings.Repeat("abcd", 496), http.StatusPaymentRequired},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			up.mu.Lock()
-			before := len(up.seen)
-			up.mu.Unlock()
-			resp := h.post(key, "/v1/chat/completions", `{"model":"dear","max_tokens":10,"messages":[{"role":"user","content":"`+tc.text+`"}]}`, nil)
-			body := readAll(t, resp.Body)
-			resp.Body.Close()
-			h.settled()
-			up.mu.Lock()
-			sent := len(up.seen) - before
-			up.mu.Unlock()
-			if resp.StatusCode != tc.status || (sent == 1) != (tc.status == http.StatusOK) {
-				t.Fatalf("%d %s, forwarded %d times; want %d", resp.StatusCode, body, sent, tc.status)
-			}
+			postForwardedOnceIfOK(t, h, up, key, "/v1/chat/completions",
+				`{"model":"dear","max_tokens":10,"messages":[{"role":"user","content":"`+tc.text+`"}]}`, tc.status)
 			if tc.status == http.StatusOK {
 				if got := up.last(t).Get("max_tokens").Int(); got != 1 {
 					t.Errorf("forwarded with max_tokens %d, want 1", got)
 				}
 			}
 		})
+	}
+}
+
+// postForwardedOnceIfOK posts body and checks that it is answered status, and forwarded once
+// when that is 200 and never otherwise.
+func postForwardedOnceIfOK(t *testing.T, h *harness, up *jsonUpstream, key, path, body string, status int) {
+	t.Helper()
+	up.mu.Lock()
+	before := len(up.seen)
+	up.mu.Unlock()
+	resp := h.post(key, path, body, nil)
+	answer := readAll(t, resp.Body)
+	resp.Body.Close()
+	h.settled()
+	up.mu.Lock()
+	sent := len(up.seen) - before
+	up.mu.Unlock()
+	if resp.StatusCode != status || (sent == 1) != (status == http.StatusOK) {
+		t.Fatalf("%d %s, forwarded %d times; want %d", resp.StatusCode, answer, sent, status)
 	}
 }
