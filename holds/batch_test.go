@@ -268,12 +268,8 @@ func TestUsersByKeysAnswersEachKey(t *testing.T) {
 // after the failure is sure to run on the failed batch's connection.
 func TestFailedBatchLeavesNoOpenTransaction(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
-	db, err := holds.Open(ctx, cfg.FormatDSN())
+	dsn := shortLockWaitDSN(t)
+	db, err := holds.Open(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +282,7 @@ func TestFailedBatchLeavesNoOpenTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	other, err := holds.Open(ctx, cfg.FormatDSN())
+	other, err := holds.Open(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,4 +397,16 @@ func TestFirstCallsOfANewRunInOneBatchTakeOneHold(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// shortLockWaitDSN is the test database's DSN with a lock wait of one second, so that a test
+// can make a batch's lock wait time out without waiting the gateway's three.
+func shortLockWaitDSN(t *testing.T) string {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
+	return cfg.FormatDSN()
 }

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -20,12 +19,7 @@ import (
 // otherwise be refused, or a settlement left to the reconciler, for one slow lock.
 func TestLockWaitTimeoutIsRetried(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
-	db, err := holds.Open(ctx, cfg.FormatDSN())
+	db, err := holds.Open(ctx, shortLockWaitDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
