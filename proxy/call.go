@@ -718,6 +718,11 @@ func (s *Server) tallyFailed(c *call, st holds.Settlement, err error) {
 // open. It gets a zero tally instead (retried for as long as a settlement would), so that a run
 // nobody comes back to is settled at what its calls used.
 // Any other failed admission held nothing, and this does nothing.
+//
+// The work takes a settlement slot (inBackground), or runs in the request when none is free:
+// the refused caller is answered at once and may send the next request, so a goroutine per
+// lost admission, each living up to settle_timeout, grew with the request rate while the
+// database lost commit replies.
 func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest, err error, log *zap.Logger) {
 	if !errors.Is(err, holds.ErrOutcomeUnknown) {
 		return
@@ -727,15 +732,15 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 	if ar.ClientRunID != "" {
 		log.Warn("admission outcome unknown; the run stays open", zap.Error(err))
 		s.settlements.start()
-		go func() {
+		s.inBackground(func() {
 			defer s.settlements.leave()
 			s.markRunUnused(ctx, ar.RunID, log)
-		}()
+		})
 		return
 	}
 	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
 	s.settlements.start()
-	go func() {
+	s.inBackground(func() {
 		defer s.settlements.leave()
 		ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 		defer cancel()
@@ -756,7 +761,7 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 			s.metrics.Settlements.WithLabelValues(holds.SourceAdmitLost, strconv.FormatBool(res.Applied)).Inc()
 			log.Info("lost admission released", zap.Bool("applied", res.Applied))
 		}
-	}()
+	})
 }
 
 // settle commits one settlement with its own deadline and retries, then drops the lease.

@@ -23,3 +23,17 @@ func (s *Server) WaitSettlements(ctx context.Context) error {
 func (s *Server) ReleaseLostAdmission(ctx context.Context, ar holds.AdmitRequest, err error) {
 	s.releaseLostAdmission(ctx, ar, err, s.log)
 }
+
+// TakeSettleSlots takes every background settlement slot, as a burst of settlements behind a
+// slow database would, until the returned func gives them back.
+func (s *Server) TakeSettleSlots() (giveBack func()) {
+	n := cap(s.settleSlots)
+	for range n {
+		s.settleSlots <- struct{}{}
+	}
+	return func() {
+		for range n {
+			<-s.settleSlots
+		}
+	}
+}
