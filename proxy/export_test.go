@@ -37,3 +37,6 @@ func (s *Server) TakeSettleSlots() (giveBack func()) {
 		}
 	}
 }
+
+// RunIDFor is the run id of a caller's named run (X-Run-Id).
+var RunIDFor = runIDFor

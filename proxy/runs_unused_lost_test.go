@@ -1,0 +1,77 @@
+package proxy_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering/runstate"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// newLossyRedisHarness is a harness whose Redis client (run budgets, leases, tally) goes through
+// a lossy network, with the options the gateway gives its own (testenv.LossyRedisOptions:
+// go-redis resends a lone command whose reply it lost). db, if set, is its database.
+func newLossyRedisHarness(t *testing.T, db harnessSetup, mutate func(*config.Config)) (*harness, *testenv.LossyRedis) {
+	t.Helper()
+	lossy := testenv.NewLossyRedis(t)
+	db.redisDialer, db.contextTimeouts = lossy.Dial, true
+	return newHarnessOn(t, db, mutate), lossy
+}
+
+// TestNamedRunWithLostAdmissionWritesItsZeroTallyUntilItLands: a named run's first call is
+// refused because its admission's commit went unanswered (the hold was committed), and the
+// first write of the run's zero tally (proxy markRunUnused) fails. The gateway tries again
+// until it lands: the run, which nobody comes back to, is then reconciled at 0, not charged
+// its hold. The write lost before it reached Redis is the case that needs the retry; the one
+// whose reply was lost (it landed) must be tried again harmlessly, and no failure counted.
+func TestNamedRunWithLostAdmissionWritesItsZeroTallyUntilItLands(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		loss testenv.RedisLoss
+	}{
+		{"request lost", testenv.RedisRequestLost},
+		{"reply lost", testenv.RedisReplyLost},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dsn, lossyDB := testenv.LossyMySQLDSN(t)
+			db := testenv.Open(t, dsn)
+			h, lossy := newLossyRedisHarness(t, harnessSetup{db: db}, func(c *config.Config) {
+				c.Limits.AdmitTimeout, c.Limits.SettleTimeout = time.Second, time.Second
+			})
+			u, key := h.user("standard")
+			runID := proxy.RunIDFor(u.ID, "task-unused")
+			// A MULTI/EXEC: go-redis does not resend it, so one loss fails the write.
+			lossy.Arm(h.keys.Usage(runID), c.loss, 1)
+			postWithLostAdmission(h, lossyDB, key, map[string]string{"X-Run-Id": "task-unused"})
+			h.settled()
+			if lossy.Fired() != 1 {
+				t.Fatalf("%d writes of the zero tally lost, want 1", lossy.Fired())
+			}
+			if tl, found, err := h.tally.Get(context.Background(), runID); err != nil || !found || tl != (runstate.Tallied{}) {
+				t.Fatalf("tally of the run: %+v found=%v err=%v; want the zero tally, landed on a later try", tl, found, err)
+			}
+			if got := h.metric("tollgate_tally_failures_total"); got != "0" {
+				t.Fatalf("tally failures %q, want 0: the zero tally landed", got)
+			}
+			// The agent never comes back: the run expires and is reconciled (DESIGN §5).
+			if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", runID); err != nil {
+				t.Fatal(err)
+			}
+			rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally}, Leases: noLeases{},
+				Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute})
+			if _, err := rec.RunOnce(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.ChargedMicro != 0 {
+				t.Fatalf("run whose admission was lost settled as %s, charged %d µUSD (source %s); want 0",
+					r.State, r.ChargedMicro, r.SettleSource.String)
+			}
+		})
+	}
+}
