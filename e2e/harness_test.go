@@ -94,7 +94,13 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	w := &world{t: t, dsn: testenv.MySQLDSN(t)}
+	return newWorldAt(t, testenv.MySQLDSN(t))
+}
+
+// newWorldAt is newWorld on the migrated database dsn (a MariaDB of the test's own, say).
+func newWorldAt(t *testing.T, dsn string) *world {
+	t.Helper()
+	w := &world{t: t, dsn: dsn}
 	db, err := holds.Open(context.Background(), w.dsn)
 	if err != nil {
 		t.Fatal(err)
