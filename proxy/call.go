@@ -742,15 +742,14 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 	s.settlements.start()
 	s.inBackground(func() {
 		defer s.settlements.leave()
-		ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
-		defer cancel()
 		if ar.Fresh {
-			if err := s.tally.MarkUnused(ctx, ar.RunID); err != nil {
+			tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+			if err := s.tally.MarkUnused(tctx, ar.RunID); err != nil {
 				log.Warn("unused tally not written", zap.Error(err))
 			}
+			cancel()
 		}
-		res, err := s.writer.Settle(ctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, AdmitToken: ar.Token,
-			Source: holds.SourceAdmitLost})
+		res, err := s.releaseLost(ctx, ar, log)
 		switch {
 		case errors.Is(err, holds.ErrRunNotFound):
 			log.Info("the lost admission had held nothing")
@@ -762,6 +761,27 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 			log.Info("lost admission released", zap.Bool("applied", res.Applied))
 		}
 	})
+}
+
+// releaseLost settles a lost admission's hold at 0 by its token. Each try has settle_timeout;
+// while the database stays out of reach it tries again, for as long as the hold lives (its
+// TTL from now, at least as long as it lives): the reconciler settles it only once it has
+// expired, and then, finding no tally (an Idempotency-Key's attempt gets none, as its run may
+// be another request's), at what it held. Given up after settle_timeout, the release charged
+// the refused caller its hold whenever the outage outlasted settle_timeout but not hold_ttl.
+func (s *Server) releaseLost(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) (holds.Settled, error) {
+	until := time.Now().Add(ar.TTL)
+	for {
+		tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+		res, err := s.writer.Settle(tctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, AdmitToken: ar.Token,
+			Source: holds.SourceAdmitLost})
+		cancel()
+		unreachable := holds.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)
+		if err == nil || !unreachable || !time.Now().Before(until) {
+			return res, err
+		}
+		log.Warn("lost admission not released yet; the database is out of reach, trying again", zap.Error(err))
+	}
 }
 
 // settle commits one settlement with its own deadline and retries, then drops the lease.
