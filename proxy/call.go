@@ -781,8 +781,13 @@ func (s *Server) releaseLost(ctx context.Context, ar holds.AdmitRequest, log *za
 			return res, err
 		}
 		log.Warn("lost admission not released yet; the database is out of reach, trying again", zap.Error(err))
+		time.Sleep(lostReleasePause) // a try that failed fast must not spin
 	}
 }
+
+// lostReleasePause spaces releaseLost's tries. A try normally lasts settle_timeout (the store
+// retries an unreachable database inside it), so this only matters for one that fails at once.
+const lostReleasePause = time.Second
 
 // settle commits one settlement with its own deadline and retries, then drops the lease.
 // A settlement that gives up leaves the hold to expire and the reconciler to settle it from
