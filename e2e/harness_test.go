@@ -83,6 +83,7 @@ type world struct {
 	dsn      string
 	db       *sqlx.DB
 	store    *holds.Store
+	redisURL string // the gateways' REDIS_URL: the shared test Redis, or a private one
 	rdb      *redis.Client
 	prefix   string
 	keys     runstate.Keys
@@ -94,11 +95,26 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	return newWorldAt(t, testenv.MySQLDSN(t))
+	return newWorldOn(t, testenv.MySQLDSN(t), "")
 }
 
 // newWorldAt is newWorld on the migrated database dsn (a MariaDB of the test's own, say).
 func newWorldAt(t *testing.T, dsn string) *world {
+	t.Helper()
+	return newWorldOn(t, dsn, "")
+}
+
+// newPrivateRedisWorld is a world whose Redis is a server of its own (testenv.PrivateRedisURL),
+// for a test that wipes it (FLUSHALL: a restart without persistence) — on the shared Redis that
+// would wipe every other test's keys too.
+func newPrivateRedisWorld(t *testing.T) *world {
+	t.Helper()
+	return newWorldOn(t, testenv.MySQLDSN(t), testenv.PrivateRedisURL(t))
+}
+
+// newWorldOn builds a world on the migrated database dsn and the Redis at redisURL, or on the
+// shared test Redis under a fresh key prefix when it is "".
+func newWorldOn(t *testing.T, dsn, redisURL string) *world {
 	t.Helper()
 	w := &world{t: t, dsn: dsn}
 	db, err := holds.Open(context.Background(), w.dsn)
@@ -107,7 +123,17 @@ func newWorldAt(t *testing.T, dsn string) *world {
 	}
 	t.Cleanup(func() { db.Close() })
 	w.db = db
-	w.rdb, w.prefix = testenv.Redis(t)
+	if redisURL == "" {
+		w.redisURL = testenv.RedisURL(t)
+		w.rdb, w.prefix = testenv.Redis(t)
+	} else {
+		opt, err := redis.ParseURL(redisURL)
+		if err != nil {
+			t.Fatalf("parse private Redis URL: %v", err)
+		}
+		w.redisURL, w.rdb, w.prefix = redisURL, redis.NewClient(opt), "t"+testenv.RandomID(6)+":"
+		t.Cleanup(func() { w.rdb.Close() })
+	}
 	w.keys = runstate.Keys{Prefix: w.prefix}
 	w.tally = runstate.NewTally(w.rdb, w.keys, time.Hour)
 	w.upstream = httptest.NewServer(fakellm.New(fakellm.Config{}))
@@ -237,7 +263,7 @@ func (w *world) tryStart(name, config string, env []string) (*gateway, error) {
 		return nil, err
 	}
 	g.cmd = exec.Command(gatewayBin, "serve", "-config", config)
-	g.cmd.Env = append(os.Environ(), "MYSQL_DSN="+w.dsn, "REDIS_URL="+testenv.RedisURL(w.t), "LISTEN_ADDR="+addr,
+	g.cmd.Env = append(os.Environ(), "MYSQL_DSN="+w.dsn, "REDIS_URL="+w.redisURL, "LISTEN_ADDR="+addr,
 		"UPSTREAM_URL="+w.upstream.URL, "TOLLGATE_INSTANCE="+name, "TOLLGATE_REDIS_PREFIX="+w.prefix)
 	g.cmd.Env = append(g.cmd.Env, env...) // exec keeps the last value of a repeated name
 	g.cmd.Stdout, g.cmd.Stderr = logf, logf
