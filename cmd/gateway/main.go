@@ -163,6 +163,11 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	// Every value is a flag, and parsing stops at the first word that is not one: a stray word
+	// (`user create alice`) would leave -name empty, and drop every flag after it unread.
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("%s: unexpected argument %q: values are given as flags (-name NAME, -user NAME, …; gateway help lists them)", name, fs.Arg(0))
+	}
 	cfg, err := config.Load(*cfgPath)
 	if err != nil {
 		return nil, err

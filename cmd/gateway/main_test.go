@@ -111,3 +111,26 @@ func TestCommandFamilyWithoutSubcommandNamesThem(t *testing.T) {
 		}
 	}
 }
+
+// TestStrayArgumentIsRefused: every value of a command is a flag, and Go's flag package stops
+// at the first word that is not one. `gateway user create alice` went on with no -name and
+// said `create user "": name must be …`; `gateway key create alice` said `user "": unknown
+// user`; and `gateway runs extra -limit 1` printed a page of 100, the -limit after the stray
+// word dropped without a word. A stray argument now stops the command before it opens
+// anything, naming it.
+func TestStrayArgumentIsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"user", "create", "alice"},
+		{"key", "create", "alice"},
+		{"runs", "alice", "-limit", "1"},
+		{"user", "create", "-name", "alice", "alice"},
+		{"balance", "alice"},
+		{"reconcile", "once"},
+	} {
+		err := run(args)
+		if err == nil || !strings.Contains(err.Error(), `unexpected argument "alice"`) &&
+			!strings.Contains(err.Error(), `unexpected argument "once"`) {
+			t.Errorf("gateway %s: %v, want the stray argument refused by name", strings.Join(args, " "), err)
+		}
+	}
+}
