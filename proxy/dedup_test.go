@@ -883,6 +883,10 @@ func TestDuplicateChecksTellRoutesApart(t *testing.T) {
 	if other := sendTo(h.gw.URL, "/v1/responses", key, body, idem); other.status != http.StatusUnprocessableEntity {
 		t.Fatalf("the key on another route: %d replayed=%q %.80s, want 422 idempotency_key_reused",
 			other.status, other.header.Get(proxy.ReplayedHeader), other.body)
+	} else if !strings.Contains(string(other.body), "route") {
+		// The body is the same here: an answer that says only "a different request body"
+		// sends the caller looking for a difference that is not there.
+		t.Fatalf("the key on another route: %s, want the message to name the route", other.body)
 	}
 
 	slow := map[string]string{fakellm.HeaderLatency: "1s"}

@@ -90,7 +90,7 @@ func errRequestInProgress(runID string) *apiError {
 }
 
 var errKeyReused = &apiError{Status: http.StatusUnprocessableEntity, Type: "invalid_request_error", Code: "idempotency_key_reused",
-	Message: "This Idempotency-Key was used with a different request body. Use a new key for a new request."}
+	Message: "This Idempotency-Key was used with a different request body or on another route. Use a new key for a new request."}
 
 func errReplayTooLarge(runID string, limit int64) *apiError {
 	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotent_response_too_large", RunID: runID,
