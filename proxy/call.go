@@ -536,14 +536,23 @@ func (s *Server) finishPlainCall(ctx context.Context, c *call, st holds.Settleme
 // request: backpressure, so that settlements (and what they hold) behind a slow database or
 // Redis cannot grow without bound — past the slots, each caller waits for its own.
 func (s *Server) inBackground(fn func()) {
+	if !s.tryBackground(fn) {
+		fn()
+	}
+}
+
+// tryBackground runs fn beside the request in one of settleSlots and reports true, or reports
+// false, without running it, when none is free.
+func (s *Server) tryBackground(fn func()) bool {
 	select {
 	case s.settleSlots <- struct{}{}:
 		go func() {
 			defer func() { <-s.settleSlots }()
 			fn()
 		}()
+		return true
 	default:
-		fn()
+		return false
 	}
 }
 
@@ -719,10 +728,10 @@ func (s *Server) tallyFailed(c *call, st holds.Settlement, err error) {
 // nobody comes back to is settled at what its calls used.
 // Any other failed admission held nothing, and this does nothing.
 //
-// The work takes a settlement slot (inBackground), or runs in the request when none is free:
-// the refused caller is answered at once and may send the next request, so a goroutine per
-// lost admission, each living up to settle_timeout, grew with the request rate while the
-// database lost commit replies.
+// The work takes a settlement slot, or runs in the request when none is free: the refused
+// caller is answered at once and may send the next request, so a goroutine per lost admission,
+// each living as long as the release tries, grew with the request rate while the database lost
+// commit replies.
 func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest, err error, log *zap.Logger) {
 	if !errors.Is(err, holds.ErrOutcomeUnknown) {
 		return
@@ -740,7 +749,7 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 	}
 	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
 	s.settlements.start()
-	s.inBackground(func() {
+	release := func(keepTrying bool) {
 		defer s.settlements.leave()
 		if ar.Fresh {
 			tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
@@ -749,7 +758,7 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 			}
 			cancel()
 		}
-		res, err := s.releaseLost(ctx, ar, log)
+		res, err := s.releaseLost(ctx, ar, keepTrying, log)
 		switch {
 		case errors.Is(err, holds.ErrRunNotFound):
 			log.Info("the lost admission had held nothing")
@@ -760,16 +769,23 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 			s.metrics.Settlements.WithLabelValues(holds.SourceAdmitLost, strconv.FormatBool(res.Applied)).Inc()
 			log.Info("lost admission released", zap.Bool("applied", res.Applied))
 		}
-	})
+	}
+	// In the request (no slot free), one try: the caller's 503 waits for it, and must not wait
+	// for an outage to end.
+	if !s.tryBackground(func() { release(true) }) {
+		release(false)
+	}
 }
 
 // releaseLost settles a lost admission's hold at 0 by its token. Each try has settle_timeout;
 // while the database stays out of reach it tries again, for as long as the hold lives (its
-// TTL from now, at least as long as it lives): the reconciler settles it only once it has
+// TTL, counted from now: no sooner than it expires): the reconciler settles it only once it has
 // expired, and then, finding no tally (an Idempotency-Key's attempt gets none, as its run may
 // be another request's), at what it held. Given up after settle_timeout, the release charged
 // the refused caller its hold whenever the outage outlasted settle_timeout but not hold_ttl.
-func (s *Server) releaseLost(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) (holds.Settled, error) {
+//
+// keepTrying false makes one try only.
+func (s *Server) releaseLost(ctx context.Context, ar holds.AdmitRequest, keepTrying bool, log *zap.Logger) (holds.Settled, error) {
 	until := time.Now().Add(ar.TTL)
 	for {
 		tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
@@ -777,7 +793,7 @@ func (s *Server) releaseLost(ctx context.Context, ar holds.AdmitRequest, log *za
 			Source: holds.SourceAdmitLost})
 		cancel()
 		unreachable := holds.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)
-		if err == nil || !unreachable || !time.Now().Before(until) {
+		if err == nil || !unreachable || !keepTrying || !time.Now().Before(until) {
 			return res, err
 		}
 		log.Warn("lost admission not released yet; the database is out of reach, trying again", zap.Error(err))

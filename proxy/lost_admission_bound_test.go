@@ -3,11 +3,17 @@ package proxy_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -60,5 +66,55 @@ func TestLostAdmissionReleaseTakesASettlementSlot(t *testing.T) {
 	giveBack()
 	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.ChargedMicro != 0 {
 		t.Fatalf("lost admission's run: %s charged %d, want settled at 0", r.State, r.ChargedMicro)
+	}
+}
+
+// TestLostAdmissionReleaseInTheRequestTriesOnce: past the settlement slots the release runs in
+// the request, before the refused caller's 503 is written, so there it makes one try: the
+// tries again that a background release makes while the database is out of reach (for as long
+// as the hold lives, 15 minutes by default) would hold the caller's answer as long.
+func TestLostAdmissionReleaseInTheRequestTriesOnce(t *testing.T) {
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	db, err := holds.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	core, logs := observer.New(zap.WarnLevel)
+	h := newHarnessOn(t, harnessSetup{db: db, log: zap.New(core)}, func(c *config.Config) {
+		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = time.Second, time.Second
+	})
+	_, key := h.user("standard")
+	giveBack := h.srv.TakeSettleSlots()
+	defer giveBack()
+	lossy.Arm("INSERT INTO run_holds (run_id, user_id, client_run_id", testenv.GoDown)
+	answered := make(chan int, 1)
+	go func() {
+		resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{proxy.IdempotencyKeyHeader: "once-" + testenv.RandomID(4)})
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case status := <-answered:
+			lossy.Restore()
+			if status != http.StatusServiceUnavailable {
+				t.Fatalf("admission with a lost commit reply and the database down: %d, want 503", status)
+			}
+			if logs.FilterMessageSnippet("lost admission not released; the reconciler will settle it").Len() != 1 {
+				t.Fatalf("logs %v: want the one try's failure", logs.All())
+			}
+			return
+		case <-deadline:
+			lossy.Restore()
+			t.Fatal("no answer within 30s")
+		case <-time.After(20 * time.Millisecond):
+			if logs.FilterMessageSnippet("trying again").Len() > 0 {
+				lossy.Restore() // lets the release, and the caller's answer, end
+				<-answered
+				t.Fatal("the release run in the request tried again while the database was down: the caller's 503 waited for it")
+			}
+		}
 	}
 }
