@@ -695,7 +695,10 @@ type tripwire struct {
 	target string
 	mu     sync.Mutex
 	marker []string
-	fired  chan struct{}
+	// prime, when set, are markers a connection must have sent first (in an earlier write)
+	// before a write of it can fire: a bare COMMIT is then the one of a given transaction.
+	prime []string
+	fired chan struct{}
 }
 
 func newTripwire(t *testing.T, target string) *tripwire {
@@ -717,13 +720,22 @@ func (tw *tripwire) addr() string { return tw.ln.Addr().String() }
 func (tw *tripwire) arm(markers ...string) <-chan struct{} {
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
-	tw.marker, tw.fired = markers, make(chan struct{})
+	tw.marker, tw.prime, tw.fired = markers, nil, make(chan struct{})
+	return tw.fired
+}
+
+// armAfter is arm for a write of a connection that has already sent a write with the prime
+// markers: the COMMIT (sent alone) of the transaction that wrote them.
+func (tw *tripwire) armAfter(prime []string, markers ...string) <-chan struct{} {
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	tw.marker, tw.prime, tw.fired = markers, prime, make(chan struct{})
 	return tw.fired
 }
 
 func (tw *tripwire) disarm() {
 	tw.mu.Lock()
-	tw.marker = nil
+	tw.marker, tw.prime = nil, nil
 	tw.mu.Unlock()
 }
 
@@ -738,13 +750,13 @@ func (tw *tripwire) accept() {
 			c.Close()
 			continue
 		}
-		muted := new(atomic.Bool)
-		go tw.pipe(c, s, muted, true)
-		go tw.pipe(s, c, muted, false)
+		muted, primed := new(atomic.Bool), new(atomic.Bool)
+		go tw.pipe(c, s, muted, primed, true)
+		go tw.pipe(s, c, muted, primed, false)
 	}
 }
 
-func (tw *tripwire) pipe(from, to net.Conn, muted *atomic.Bool, fromClient bool) {
+func (tw *tripwire) pipe(from, to net.Conn, muted, primed *atomic.Bool, fromClient bool) {
 	defer from.Close()
 	defer to.Close()
 	buf := make([]byte, 64<<10)
@@ -753,7 +765,7 @@ func (tw *tripwire) pipe(from, to net.Conn, muted *atomic.Bool, fromClient bool)
 		if n > 0 {
 			var fired chan struct{}
 			if fromClient {
-				fired = tw.match(buf[:n], muted)
+				fired = tw.match(buf[:n], muted, primed)
 			}
 			if !fromClient && muted.Load() {
 				n = 0 // the reply is lost
@@ -773,19 +785,33 @@ func (tw *tripwire) pipe(from, to net.Conn, muted *atomic.Bool, fromClient bool)
 	}
 }
 
-// match mutes the connection, before its write goes out, if the write has the markers.
-func (tw *tripwire) match(b []byte, muted *atomic.Bool) chan struct{} {
+// match mutes the connection, before its write goes out, if the write has the markers (and
+// the connection has sent the prime markers before, if any are set).
+func (tw *tripwire) match(b []byte, muted, primed *atomic.Bool) chan struct{} {
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
 	if tw.marker == nil {
 		return nil
 	}
-	for _, m := range tw.marker {
-		if !bytes.Contains(b, []byte(m)) {
-			return nil
+	if tw.prime != nil && !primed.Load() {
+		if containsAll(b, tw.prime) {
+			primed.Store(true)
 		}
+		return nil
 	}
-	tw.marker = nil
+	if !containsAll(b, tw.marker) {
+		return nil
+	}
+	tw.marker, tw.prime = nil, nil
 	muted.Store(true)
 	return tw.fired
+}
+
+func containsAll(b []byte, markers []string) bool {
+	for _, m := range markers {
+		if !bytes.Contains(b, []byte(m)) {
+			return false
+		}
+	}
+	return true
 }
