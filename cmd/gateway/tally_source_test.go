@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering/runstate"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestTallySourceCarriesTheTally: the reconciler settles an expired run from what tallySource
+// reads, so every figure must reach it: cost, calls, and whether a call was charged an estimate
+// (the run's estimated flag in reports). Mutant: Estimated always false (survived the e2e
+// reconcile test too, whose tallies are measured).
+func TestTallySourceCarriesTheTally(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	tally := runstate.NewTally(rdb, runstate.Keys{Prefix: prefix}, time.Hour)
+	src := tallySource{tally}
+	if err := tally.Add(ctx, "r_measured", pricing.Usage{Input: 10, Output: 5}, 700, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := tally.Add(ctx, "r_estimated", pricing.Usage{Input: 10}, 300, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := tally.Add(ctx, "r_estimated", pricing.Usage{Input: 20}, 400, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		run       string
+		cost      int64
+		calls     int64
+		estimated bool
+	}{{"r_measured", 700, 1, false}, {"r_estimated", 700, 2, true}} {
+		got, found, err := src.Tallied(ctx, tc.run)
+		if err != nil || !found || got.CostMicro != tc.cost || got.Calls != tc.calls || got.Estimated != tc.estimated {
+			t.Errorf("%s: %+v found %v err %v; want cost %d, %d calls, estimated %v", tc.run, got, found, err, tc.cost, tc.calls, tc.estimated)
+		}
+	}
+	if _, found, err := src.Tallied(ctx, "r_none"); err != nil || found {
+		t.Errorf("no tally: found %v, %v", found, err)
+	}
+}
