@@ -77,6 +77,12 @@ func (s *Server) endFingerprint(ctx context.Context, c *call) {
 	c.fpKey = ""
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimReleaseTimeout)
 	defer cancel()
+	s.giveFingerprintBack(ctx, c, key)
+}
+
+// giveFingerprintBack deletes the fingerprint key if it still names c's run. A lone script,
+// which go-redis sends again on a lost connection: repeating it is harmless.
+func (s *Server) giveFingerprintBack(ctx context.Context, c *call, key string) {
 	if err := endScript.Run(ctx, s.dedupRDB, []string{key}, c.runID).Err(); err != nil {
 		c.log.Warn("fingerprint not given back; it lapses with the window", zap.Error(err))
 	}
@@ -105,8 +111,13 @@ func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Set
 	})
 	c.tallied = true
 	if err != nil {
-		// The fingerprint, if it was not given back, lapses with the window.
 		s.tallyFailed(c, st, err)
+		// The round trip is not sent again (it would count the call twice), but the
+		// fingerprint must still go back before the answer's end: left to lapse with the
+		// window, the same request sent at once was refused 409 duplicate of a call whose
+		// answer the caller had, until its settlement committed. Given back alone, within
+		// what is left of the same bound; a release that already ran finds nothing to delete.
+		s.giveFingerprintBack(ctx, c, key)
 		return
 	}
 	c.talliedAs = &st

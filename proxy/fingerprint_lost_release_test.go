@@ -1,0 +1,70 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"testing"
+
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestPlainCallGivesItsFingerprintBackWhenItsTallyWriteIsLost: a plain call's fingerprint is
+// given back in the tally's MULTI/EXEC (tallyWithFingerprint), which go-redis does not resend.
+// Whether that write's reply or the write itself is lost with the connection, the fingerprint
+// must be gone by the time the caller has the end of its answer (README: "After it finished"
+// starts when the answer's last byte is on its way), and the call tallied at most once and
+// charged once. Left in place, the same request sent at once is refused 409 duplicate of a run
+// whose answer the caller already has, until that run's settlement commits.
+func TestPlainCallGivesItsFingerprintBackWhenItsTallyWriteIsLost(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		loss    testenv.RedisLoss
+		tallied bool // the write reached Redis: the tally holds the call
+	}{
+		{"reply lost", testenv.RedisReplyLost, true},
+		{"request lost", testenv.RedisRequestLost, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h, lossy := newLossyRedisHarness(t, harnessSetup{}, nil)
+			u, key := h.user("standard")
+			// The call's first write naming a tally: the one that gives the fingerprint back.
+			lossy.Arm(h.keys.Prefix+"billing:usage:{", c.loss, 1)
+			resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
+			readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("call: %d", resp.StatusCode)
+			}
+			if lossy.Fired() != 1 {
+				t.Fatalf("%d tally writes lost, want 1", lossy.Fired())
+			}
+			// The answer is whole: its fingerprint must be gone, whatever the settlement does.
+			fps, err := h.rdb.Keys(context.Background(), h.keys.Prefix+"dedup:{"+strconv.FormatUint(u.ID, 10)+"}:*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(fps) != 0 {
+				t.Fatalf("fingerprint %v still held after the caller has its whole answer", fps)
+			}
+			runID := resp.Header.Get(proxy.RunIDHeader)
+			r := h.run(u.ID, runID)
+			if r.ChargedMicro != fakeGPTCost(r.InTok, 5) {
+				t.Fatalf("run %+v: want the call charged once", r)
+			}
+			tl, found, err := h.tally.Get(context.Background(), runID)
+			if err != nil || found != c.tallied || (found && (tl.Calls != 1 || tl.CostMicro != r.ChargedMicro)) {
+				t.Fatalf("tally %+v (found %v, %v): want the call at most once, found %v", tl, found, err, c.tallied)
+			}
+			// The same request again, now that the first is settled, runs.
+			again := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
+			readAll(t, again.Body)
+			again.Body.Close()
+			if again.StatusCode != http.StatusOK {
+				t.Fatalf("the same request after the first ended: %d, want 200", again.StatusCode)
+			}
+		})
+	}
+}
