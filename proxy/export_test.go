@@ -40,3 +40,7 @@ func (s *Server) TakeSettleSlots() (giveBack func()) {
 
 // RunIDFor is the run id of a caller's named run (X-Run-Id).
 var RunIDFor = runIDFor
+
+// AdvanceIdemScriptSHA names the script that moves an Idempotency-Key past an attempt that did
+// not pin it, as go-redis sends it (EVALSHA): a test loses that write by it.
+var AdvanceIdemScriptSHA = advanceScript.Hash()

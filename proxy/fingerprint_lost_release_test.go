@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
@@ -67,4 +68,38 @@ func TestPlainCallGivesItsFingerprintBackWhenItsTallyWriteIsLost(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFingerprintClaimWhoseEveryReplyWasLostRefusesAndFreesTheRetry: the SET NX that claims a
+// plain request's fingerprint reaches Redis on every try, and every reply is lost: the request
+// is refused 503 dedup_unavailable (not run, its hold released at 0) though its claim stands in
+// Redis. The caller's retry, once that refusal has settled, must run — the fingerprint names a
+// run that ended — and be charged once; it must not be refused 409 duplicate of a request that
+// never ran. (A request that never reached Redis is TestFingerprintWithRedisDown.)
+func TestFingerprintClaimWhoseEveryReplyWasLostRefusesAndFreesTheRetry(t *testing.T) {
+	h, lossy := newLossyRedisHarness(t, harnessSetup{}, nil)
+	u, key := h.user("standard")
+	attempts := h.rdb.Options().MaxRetries + 1
+	lossy.Arm(h.keys.Prefix+"dedup:{", testenv.RedisReplyLost, attempts)
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, body) != "dedup_unavailable" {
+		t.Fatalf("claim with every reply lost: %d %s, want 503 dedup_unavailable", resp.StatusCode, body)
+	}
+	if lossy.Fired() != attempts {
+		t.Fatalf("%d claim replies lost, want every attempt, %d", lossy.Fired(), attempts)
+	}
+	h.settled()
+	if n := h.fake.Calls(); n != 0 {
+		t.Fatalf("%d upstream calls for the refused request, want 0", n)
+	}
+	again := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body = readAll(t, again.Body)
+	again.Body.Close()
+	if again.StatusCode != http.StatusOK {
+		t.Fatalf("retry after the refusal settled: %d %s, want 200", again.StatusCode, body)
+	}
+	h.settled()
+	h.expectCharges(u.ID, []string{again.Header.Get(proxy.RunIDHeader)}, holds.SourceRelease)
 }
