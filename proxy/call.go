@@ -64,6 +64,9 @@ type call struct {
 	// recordMarked: its tally marked the call's record as still to come (a run whose Redis
 	// record lost calls: runstate.RunBudget.ReleaseBeforeRecord), which recordRunCall drops.
 	recordMarked bool
+	// recordMarkUnknown: that tally failed, and may have landed with the mark (its reply
+	// lost): the tally's later try, once the call is recorded, drops it (tallyCall).
+	recordMarkUnknown bool
 	// leased: this call holds a lease on its run (taken just before forwarding), which it must
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
@@ -651,8 +654,12 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 	case c.reserving && !c.recorded:
 		// Its record on the run's row follows (recordRunCall): the run is not settled between.
 		c.recordMarked, err = s.budgets.ReleaseBeforeRecord(tctx, c.runID, c.callID, st.Usage, st.CostMicro, st.Estimated)
+		c.recordMarkUnknown = err != nil
 	case c.reserving:
 		err = s.budgets.Release(tctx, c.runID, c.callID, st.Usage, st.CostMicro, st.Estimated)
+		if err == nil && c.recordMarkUnknown {
+			s.dropRecordMark(tctx, c)
+		}
 	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
 		err = s.tally.MarkUnused(tctx, c.runID)
 	default:
@@ -663,6 +670,17 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		return false
 	}
 	return true
+}
+
+// dropRecordMark drops the record-to-come mark a failed ReleaseBeforeRecord may have left (it
+// ran and its every reply was lost), once the call is recorded on its run's row and its tally
+// has landed on a later try: Redis answers again, and the mark, unknown to the call, kept the
+// run's settle at 409 run_busy with nothing in flight until it lapsed (the lease TTL).
+func (s *Server) dropRecordMark(ctx context.Context, c *call) {
+	c.recordMarkUnknown = false
+	if err := s.budgets.Recorded(ctx, c.runID, c.callID); err != nil {
+		c.log.Warn("run call's record not marked; the run's settlement waits until the mark lapses", zap.Error(err))
+	}
 }
 
 // tallyWriteTimeout bounds one tally write. A call's own tally goes out after its answer (or

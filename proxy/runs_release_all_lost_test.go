@@ -1,0 +1,73 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// TestNamedRunCallWhoseReleaseRepliesWereAllLost: a named run's call tallies and gives back its
+// reservation in one script (RunBudget.ReleaseBeforeRecord) before its answer ends; Redis runs
+// it and every reply, go-redis's resends included, is lost. The call cannot know it landed: it
+// tries again when it ends (finishRunCall), and that repeat finds the call tallied (its done
+// mark) and tallies nothing. The run's tally has the call once, and a settle sent after the
+// call settles at once — on a run whose Redis record lost calls too, where the first run of the
+// script marked the call's record as still to come: the call's record has landed on the row by
+// then, and the mark, unknown to the call, must not keep the settle at 409 run_busy until it
+// lapses (the lease TTL) with nothing in flight.
+func TestNamedRunCallWhoseReleaseRepliesWereAllLost(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		recordLost bool // a Redis restart lost the run's keys before the call
+	}{
+		{"record whole", false},
+		{"record lost", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h, lossy := newLossyRedisHarness(t, harnessSetup{}, nil)
+			u, key := h.user("standard")
+			run := map[string]string{"X-Run-Id": "task-release-all-lost"}
+			// The first call also loads the release script into Redis: the second's goes as
+			// EVALSHA, and runs.
+			runID := firstRunCall(t, h, key, run, 5)
+			wantTally := int64(2)
+			if c.recordLost {
+				loseRunKeys(t, h, runID)
+				// The restart was noticed lease_ttl ago: a settle no longer waits for the rebuild.
+				if err := h.rdb.Set(context.Background(), h.keys.Lost(runID), 0, time.Hour).Err(); err != nil {
+					t.Fatal(err)
+				}
+				wantTally = 1
+			}
+			attempts := h.rdb.Options().MaxRetries + 1
+			// The release script alone names a call's done mark.
+			lossy.Arm("billing:calldone:{"+runID+"}", testenv.RedisReplyLost, attempts)
+			second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
+			readAll(t, second.Body)
+			second.Body.Close()
+			if second.StatusCode != http.StatusOK {
+				t.Fatalf("call whose release replies were lost: %d", second.StatusCode)
+			}
+			h.settled()
+			if lossy.Fired() != attempts {
+				t.Fatalf("%d release replies lost, want every attempt's, %d", lossy.Fired(), attempts)
+			}
+			row := h.run(u.ID, runID)
+			tl, found, err := h.tally.Get(context.Background(), runID)
+			if err != nil || !found || tl.Calls != wantTally || row.Calls != 2 {
+				t.Fatalf("tally %+v (found %v, %v), row %d calls: want the second call tallied once", tl, found, err, row.Calls)
+			}
+			if status, body := h.settleRun(key, "task-release-all-lost"); status != http.StatusOK {
+				t.Fatalf("settle after the run's calls ended: %d %s, want 200", status, body)
+			}
+			if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.ChargedMicro != 2*fakeGPTCost(r.InTok/2, 5) {
+				t.Fatalf("run %+v: want settled with both calls charged once", r)
+			}
+		})
+	}
+}
