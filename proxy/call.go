@@ -67,6 +67,9 @@ type call struct {
 	// recordMarkUnknown: that tally failed, and may have landed with the mark (its reply
 	// lost): the tally's later try, once the call is recorded, drops it (tallyCall).
 	recordMarkUnknown bool
+	// tallyMissed: a tally write of this call failed and logged the call as missing from its
+	// run's charge; a later try that lands says so (tallyCall), or the log misleads.
+	tallyMissed bool
 	// leased: this call holds a lease on its run (taken just before forwarding), which it must
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
@@ -594,7 +597,6 @@ func (s *Server) retryRunTally(ctx context.Context, c *call, st holds.Settlement
 	for wait := tallyRetryFirst; time.Now().Before(deadline); wait = min(2*wait, tallyRetryMost) {
 		time.Sleep(wait)
 		if s.tallyCall(ctx, c, st) {
-			c.log.Info("run tally written on a later try")
 			return
 		}
 	}
@@ -666,8 +668,13 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated)
 	}
 	if err != nil {
+		c.tallyMissed = true
 		s.tallyFailed(c, st, err)
 		return false
+	}
+	if c.tallyMissed {
+		c.tallyMissed = false
+		c.log.Info("run tally written on a later try")
 	}
 	return true
 }

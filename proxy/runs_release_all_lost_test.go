@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -29,7 +32,8 @@ func TestNamedRunCallWhoseReleaseRepliesWereAllLost(t *testing.T) {
 		{"record lost", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h, lossy := newLossyRedisHarness(t, harnessSetup{}, nil)
+			core, logs := observer.New(zap.InfoLevel)
+			h, lossy := newLossyRedisHarness(t, harnessSetup{log: zap.New(core)}, nil)
 			u, key := h.user("standard")
 			run := map[string]string{"X-Run-Id": "task-release-all-lost"}
 			// The first call also loads the release script into Redis: the second's goes as
@@ -61,6 +65,12 @@ func TestNamedRunCallWhoseReleaseRepliesWereAllLost(t *testing.T) {
 			tl, found, err := h.tally.Get(context.Background(), runID)
 			if err != nil || !found || tl.Calls != wantTally || row.Calls != 2 {
 				t.Fatalf("tally %+v (found %v, %v), row %d calls: want the second call tallied once", tl, found, err, row.Calls)
+			}
+			// The failed tries logged the call as missing from its run's charge; the try that
+			// landed must say so, or the operator reads a loss that did not happen.
+			if logs.FilterMessage("tally write failed; this call is missing from its run's charge").Len() == 0 ||
+				logs.FilterMessage("run tally written on a later try").Len() != 1 {
+				t.Fatalf("logs %v: want the failed tally and then the one that landed", logs.All())
 			}
 			if status, body := h.settleRun(key, "task-release-all-lost"); status != http.StatusOK {
 				t.Fatalf("settle after the run's calls ended: %d %s, want 200", status, body)
