@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
-
-	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
@@ -74,20 +70,11 @@ func TestLostAdmissionReleaseTakesASettlementSlot(t *testing.T) {
 // tries again that a background release makes while the database is out of reach (for as long
 // as the hold lives, 15 minutes by default) would hold the caller's answer as long.
 func TestLostAdmissionReleaseInTheRequestTriesOnce(t *testing.T) {
-	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	core, logs := observer.New(zap.WarnLevel)
-	h := newHarnessOn(t, harnessSetup{db: db, log: zap.New(core)}, func(c *config.Config) {
-		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = time.Second, time.Second
-	})
+	h, lossy, logs := newObservedLossyHarness(t, nil)
 	_, key := h.user("standard")
 	giveBack := h.srv.TakeSettleSlots()
 	defer giveBack()
-	lossy.Arm("INSERT INTO run_holds (run_id, user_id, client_run_id", testenv.GoDown)
+	armCommitLost(lossy)
 	answered := make(chan int, 1)
 	go func() {
 		resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{proxy.IdempotencyKeyHeader: "once-" + testenv.RandomID(4)})
