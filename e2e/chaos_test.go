@@ -873,24 +873,31 @@ func (c *chaos) reconcileAll() {
 	}
 }
 
-func (c *chaos) audit() {
-	t, w := c.t, c.w
-	price := w.price
-	var rows []holds.Run
+// readRunRows reads every hold row, and indexes them by run id, by the caller's run name and
+// by settlement source (a count).
+func readRunRows(t *testing.T, w *world) (rows []holds.Run, byID, byName map[string]holds.Run, sources map[string]int) {
+	t.Helper()
 	if err := w.db.Select(&rows, "SELECT "+strings.ReplaceAll(`run_id, user_id, client_run_id, state, held_micro, cap_micro, cost_micro,
 		charged_micro, allowance_part_micro, prepaid_part_micro, in_tok, cache_read_tok, cache_write_tok, out_tok,
 		calls, model, discount_bp, estimated, settle_source, expires_at, created_at, settled_at`, "\n", " ")+" FROM run_holds"); err != nil {
 		t.Fatal(err)
 	}
-	byID := map[string]holds.Run{}
-	byName := map[string]holds.Run{}
-	sources := map[string]int{}
+	byID, byName, sources = map[string]holds.Run{}, map[string]holds.Run{}, map[string]int{}
 	for _, r := range rows {
 		byID[r.RunID] = r
 		if r.ClientRunID.Valid {
 			byName[r.ClientRunID.String] = r
 		}
 		sources[r.SettleSource.String]++
+	}
+	return rows, byID, byName, sources
+}
+
+func (c *chaos) audit() {
+	t, w := c.t, c.w
+	price := w.price
+	rows, byID, byName, sources := readRunRows(t, w)
+	for _, r := range rows {
 		if r.State != holds.StateSettled {
 			t.Errorf("run %s: state %s after the forced reconcile", r.RunID, r.State)
 		}

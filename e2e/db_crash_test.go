@@ -360,21 +360,7 @@ func (d *dbCrash) settle(r *rand.Rand, u int, name string) {
 // the chaos audit, and logs the counts.
 func (d *dbCrash) audit() {
 	c, t, w := d.c, d.c.t, d.c.w
-	var rows []holds.Run
-	if err := w.db.Select(&rows, `SELECT run_id, user_id, client_run_id, state, held_micro, cap_micro, cost_micro,
-		charged_micro, settle_source, created_at, expires_at FROM run_holds`); err != nil {
-		t.Fatal(err)
-	}
-	byID := map[string]holds.Run{}
-	byName := map[string]holds.Run{}
-	sources := map[string]int{}
-	for _, r := range rows {
-		byID[r.RunID] = r
-		if r.ClientRunID.Valid {
-			byName[r.ClientRunID.String] = r
-		}
-		sources[r.SettleSource.String]++
-	}
+	rows, byID, byName, sources := readRunRows(t, w)
 	violations := 0
 	bad := func(format string, args ...any) {
 		violations++
