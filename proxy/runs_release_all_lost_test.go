@@ -39,6 +39,10 @@ func TestNamedRunCallWhoseReleaseRepliesWereAllLost(t *testing.T) {
 			// The first call also loads the release script into Redis: the second's goes as
 			// EVALSHA, and runs.
 			runID := firstRunCall(t, h, key, run, 5)
+			// Its tally landed at the first try (before its answer ended): nothing to say.
+			if n := logs.FilterMessage("run tally written on a later try").Len(); n != 0 {
+				t.Fatalf("a call tallied at the first try logged %d later-try landings", n)
+			}
 			wantTally := int64(2)
 			if c.recordLost {
 				loseRunKeys(t, h, runID)
