@@ -85,3 +85,44 @@ func TestNamedRunCallWhoseReleaseRepliesWereAllLost(t *testing.T) {
 		})
 	}
 }
+
+// TestNamedRunCallWhoseRecordMarkSurvivesAFailedLaterTry: as the "record lost" case above,
+// the call's ReleaseBeforeRecord runs in Redis and every reply is lost, leaving its record's
+// still-to-come mark unknown to the call; then its tally's next try (finishRunCall's Release)
+// does not reach Redis at all, and only the try after that (retryRunTally) lands. The mark must
+// be dropped once a try has landed, not at a try that failed: dropped then (in a Redis that
+// is not answering) the drop was lost and never tried again, and every settle of the run was
+// refused 409 run_busy with nothing in flight until the mark lapsed. (Mutant: the drop tied to
+// recordMarkUnknown alone, not to the Release having landed.)
+func TestNamedRunCallWhoseRecordMarkSurvivesAFailedLaterTry(t *testing.T) {
+	h, lossy := newLossyRedisHarness(t, harnessSetup{}, nil)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-mark-later-try"}
+	runID := firstRunCall(t, h, key, run, 5)
+	loseRunKeys(t, h, runID)
+	if err := h.rdb.Set(context.Background(), h.keys.Lost(runID), 0, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	attempts := h.rdb.Options().MaxRetries + 1
+	// Every attempt of ReleaseBeforeRecord runs, its reply lost; then the next two commands
+	// naming the run's budget (the Release's tries, or a Release and a mark drop) are lost on
+	// the way, every attempt of each.
+	lossy.Arm("billing:calldone:{"+runID+"}", testenv.RedisReplyLost, attempts)
+	lossy.ArmThen(h.keys.RunBudget(runID), testenv.RedisRequestLost, 2*attempts)
+	second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
+	readAll(t, second.Body)
+	second.Body.Close()
+	if second.StatusCode != http.StatusOK {
+		t.Fatalf("call whose release replies were lost: %d", second.StatusCode)
+	}
+	h.settled()
+	if lossy.Fired() != 3*attempts {
+		t.Fatalf("%d writes lost, want %d", lossy.Fired(), 3*attempts)
+	}
+	if status, body := h.settleRun(key, "task-mark-later-try"); status != http.StatusOK {
+		t.Fatalf("settle after the run's calls ended: %d %s, want 200", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.ChargedMicro != 2*fakeGPTCost(r.InTok/2, 5) {
+		t.Fatalf("run %+v: want settled with both calls charged once", r)
+	}
+}

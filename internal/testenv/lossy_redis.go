@@ -34,10 +34,18 @@ type LossyRedis struct {
 	mu     sync.Mutex
 	marker []byte
 	loss   RedisLoss
-	left   int  // marked writes still to lose
-	fired  int  // marked writes lost since the last Arm
-	ended  bool // the test has ended: a loss no longer reports to it
+	left   int        // marked writes still to lose
+	then   []lossyArm // armed in turn once left reaches 0 (ArmThen)
+	fired  int        // marked writes lost since the last Arm
+	ended  bool       // the test has ended: a loss no longer reports to it
 	limit  time.Duration
+}
+
+// lossyArm is one arming queued by ArmThen.
+type lossyArm struct {
+	marker []byte
+	loss   RedisLoss
+	times  int
 }
 
 // RedisLoss is what a LossyRedis loses of a marked write.
@@ -83,14 +91,26 @@ func (l *LossyRedis) Arm(marker string, loss RedisLoss, times int) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.marker, l.loss, l.left, l.fired = []byte(marker), loss, times, 0
+	l.marker, l.loss, l.left, l.fired, l.then = []byte(marker), loss, times, 0, nil
+}
+
+// ArmThen queues an arming that takes over once the current one (Arm's, or the previous
+// ArmThen's) has lost all its writes: a write whose reply is lost, then the next ones lost
+// before they reach Redis. Fired counts the losses of the whole chain.
+func (l *LossyRedis) ArmThen(marker string, loss RedisLoss, times int) {
+	if marker == "" || times < 1 {
+		panic(fmt.Sprintf("testenv: lossy redis armed with marker %q, %d times", marker, times))
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.then = append(l.then, lossyArm{[]byte(marker), loss, times})
 }
 
 // Disarm loses nothing more.
 func (l *LossyRedis) Disarm() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.marker, l.left = nil, 0
+	l.marker, l.left, l.then = nil, 0, nil
 }
 
 // Fired is how many marked writes were lost since Arm: a test whose marker no longer matches
@@ -130,7 +150,13 @@ func (l *LossyRedis) take(b []byte) (hit bool, loss RedisLoss, limit time.Durati
 	}
 	l.left--
 	l.fired++
-	return true, l.loss, l.limit
+	loss = l.loss
+	if l.left == 0 && len(l.then) > 0 {
+		next := l.then[0]
+		l.then = l.then[1:]
+		l.marker, l.loss, l.left = next.marker, next.loss, next.times
+	}
+	return true, loss, l.limit
 }
 
 // lossyRedisConn is one connection through a LossyRedis. Once cut it reads EOF.
