@@ -126,6 +126,9 @@ func TestStrayArgumentIsRefused(t *testing.T) {
 		{"user", "create", "-name", "alice", "alice"},
 		{"balance", "alice"},
 		{"reconcile", "once"},
+		// Refused before the config is read: the stray word is the mistake to name, not a
+		// config file the command never needed to open.
+		{"balance", "-config", "/nonexistent/tollgate.yaml", "alice"},
 	} {
 		err := run(args)
 		if err == nil || !strings.Contains(err.Error(), `unexpected argument "alice"`) &&
