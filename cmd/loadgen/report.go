@@ -175,7 +175,7 @@ func report(runs []*Run, k Keys) *Report {
 			Note: "gateway's tollgate_settle_seconds not read"}
 		if sc := g.SettleCommit; sc != nil {
 			c.Value, c.Pass = round3(sc.P99), sc.N > 0 && g.Errors == 0 && sc.P99 <= 50
-			c.Note = fmt.Sprintf("p50 %.2f ms, mean %.2f ms, n %d (interpolated in buckets doubling from 0.5 ms: an estimate)", sc.P50, sc.Mean, sc.N)
+			c.Note = fmt.Sprintf("p50 %.2f ms, mean %.2f ms, n %d (interpolated in buckets 26 %% apart: an estimate)", sc.P50, sc.Mean, sc.N)
 		}
 		add(c)
 	}
