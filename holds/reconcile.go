@@ -37,6 +37,13 @@ type RunTally struct {
 	Estimated bool
 }
 
+// RefusalSource tells whether an admission, by its run and token, was refused after its
+// COMMIT went unanswered (the gateway's mark, written before its 503): the hold carrying that
+// token, committed after all, was never forwarded.
+type RefusalSource interface {
+	Refused(ctx context.Context, runID, token string) (bool, error)
+}
+
 // LeaseChecker tells whether some live process still serves a run.
 type LeaseChecker interface {
 	Exists(ctx context.Context, runID string) (bool, error)
@@ -82,9 +89,13 @@ const (
 
 // ReconcilerConfig wires a Reconciler.
 type ReconcilerConfig struct {
-	Store    *Store
-	Usage    UsageSource
-	Leases   LeaseChecker
+	Store  *Store
+	Usage  UsageSource
+	Leases LeaseChecker
+	// Refusals, when set, is asked about a running hold with no lease and no tally before it
+	// is charged what it held: one its own admission's request marked refused is released at
+	// 0 (SourceAdmitLost). Nil: never asked.
+	Refusals RefusalSource
 	Lock     Locker
 	Log      *zap.Logger
 	Interval time.Duration // between passes; DESIGN default 60 s
@@ -371,6 +382,11 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 	if ru, rc, rn, rfound := run.Recorded(); rfound && (!found || rc > cost) {
 		usage, cost, calls, found = ru, rc, rn, true
 	}
+	refused, err := r.refused(ctx, run, found)
+	if err != nil {
+		// Unreadable: charging the hold on a Redis blip could charge a refused call.
+		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
+	}
 	st := Settlement{RunID: run.RunID, OnlyIfExpired: true}
 	outcome := ""
 	switch {
@@ -389,6 +405,14 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 	case run.State == StateQueued:
 		// 3a. Never forwarded: nothing was used.
 		st.Source = SourceRelease
+		outcome = OutcomeReleased
+	case refused:
+		// 3a too: the request that inserted this hold (its token) was refused 503 without
+		// forwarding, its release lost with its process. Only that request forwards on a hold
+		// that is not a named run's (another request of an Idempotency-Key attempt gets it
+		// back as existing and is answered 409), so nothing used it. The release it would have
+		// made: at 0, only the hold carrying its token.
+		st.Source, st.AdmitToken = SourceAdmitLost, run.AdmitToken.String
 		outcome = OutcomeReleased
 	default:
 		// 3b. A call was forwarded and its usage is lost: charge what the caller authorised.
@@ -415,6 +439,18 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		log.Info("reconcile: run settled", fields...)
 	}
 	return outcome, res.ChargedMicro, nil
+}
+
+// refused reports whether run, a running hold with no lease and no tally (tallied false), was
+// inserted by an admission its request marked refused. Asked of nothing else: a tally settles
+// a run whatever the marks say, a queued hold is released anyway, and a named run's hold
+// carries other calls (its lost admissions are not marked).
+func (r *Reconciler) refused(ctx context.Context, run Run, tallied bool) (bool, error) {
+	if r.cfg.Refusals == nil || tallied || run.State != StateRunning || run.ClientRunID.Valid ||
+		!run.AdmitToken.Valid || run.AdmitToken.String == "" {
+		return false, nil
+	}
+	return r.cfg.Refusals.Refused(ctx, run.RunID, run.AdmitToken.String)
 }
 
 func statsFields(st Stats) []zap.Field {

@@ -49,6 +49,9 @@ type Run struct {
 	// measures from it (Age, SettledFor), never from the gateway's clock, which may be
 	// minutes off the database's.
 	ReadAt time.Time `db:"read_at" json:"-"`
+	// AdmitToken is the token of the admission that inserted the hold (AdmitRequest.Token),
+	// read by the reconciler's scan alone (the other reads leave it empty).
+	AdmitToken sql.NullString `db:"admit_token" json:"-"`
 }
 
 const runColumns = `run_id, user_id, client_run_id, state, held_micro, cap_micro, cost_micro, charged_micro,
@@ -181,7 +184,7 @@ func (s *Store) expired(ctx context.Context, after expiredCursor, limit int) ([]
 
 // expiredQuery is expired's statement and its arguments.
 func expiredQuery(after expiredCursor, limit int) (string, []any) {
-	part := "SELECT " + runColumns + " FROM run_holds WHERE state = ? AND expires_at < NOW(6)"
+	part := "SELECT " + runColumns + ", admit_token FROM run_holds WHERE state = ? AND expires_at < NOW(6)"
 	var cursorArgs []any
 	if after.RunID != "" {
 		// The plain bound keeps the index range tight; the OR breaks ties in expiry.

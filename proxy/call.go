@@ -743,9 +743,11 @@ func (s *Server) tallyFailed(c *call, st holds.Settlement, err error) {
 // may have committed it although the answer was lost (holds.ErrOutcomeUnknown), the caller is
 // refused, so the hold must not be charged. It is settled at 0 in the background with the
 // admission's token, which closes this request's hold and never one another request took on
-// the same run (an Idempotency-Key retry). A fresh run id (made up at random for this
-// request) also gets a zero tally first: if the release cannot reach the database either, the
-// reconciler then settles it at 0 rather than at what was held.
+// the same run (an Idempotency-Key retry). Before that, in the request, the admission is
+// marked refused (markRefused): if the release never lands (the outage outlasts the hold, or
+// the process dies first), the reconciler releases the hold carrying this token at 0 rather
+// than charging what it held. A fresh run id (made up at random for this request) also gets a
+// zero tally.
 //
 // A named run (X-Run-Id) is not released: other calls of it may already be running on the
 // hold (the caller's retry, a parallel call, on any process), and a failed call leaves a run
@@ -773,6 +775,7 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 		return
 	}
 	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
+	s.markRefused(ctx, ar, log)
 	s.settlements.start()
 	release := func(keepTrying bool) {
 		defer s.settlements.leave()
@@ -802,12 +805,30 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 	}
 }
 
+// markRefused leaves the reconciler the mark that this request's admission (its run and
+// token) was refused, in the request, before the 503: the release below runs in this process,
+// and a process killed before it lands (the database still out of reach) would otherwise leave
+// an Idempotency-Key attempt's committed hold, which has no zero tally, to be charged what it
+// held. Bounded as a step on the caller's path; not written, the release and the zero tally (a
+// plain call's) are what is left.
+func (s *Server) markRefused(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
+	if ar.Token == "" {
+		return
+	}
+	rctx, cancel := redisStep(ctx)
+	defer cancel()
+	if err := s.tally.MarkRefused(rctx, ar.RunID, ar.Token); err != nil {
+		log.Warn("refused admission's mark not written", zap.Error(err))
+	}
+}
+
 // releaseLost settles a lost admission's hold at 0 by its token. Each try has settle_timeout;
 // while the database stays out of reach it tries again, for as long as the hold lives (its
 // TTL, counted from now: no sooner than it expires): the reconciler settles it only once it has
 // expired, and then, finding no tally (an Idempotency-Key's attempt gets none, as its run may
-// be another request's), at what it held. Given up after settle_timeout, the release charged
-// the refused caller its hold whenever the outage outlasted settle_timeout but not hold_ttl.
+// be another request's) nor, if Redis failed that write too, the refusal's mark, at what it
+// held. Given up after settle_timeout, the release left the refused caller's hold to that
+// whenever the outage outlasted settle_timeout but not hold_ttl.
 //
 // keepTrying false makes one try only.
 func (s *Server) releaseLost(ctx context.Context, ar holds.AdmitRequest, keepTrying bool, log *zap.Logger) (holds.Settled, error) {

@@ -14,8 +14,8 @@ import (
 )
 
 // The adapters here give the reconciler (package holds, which must not import metering) the
-// three Redis facts it needs: a run's tally, whether a live process leases it, and the scan
-// lock.
+// Redis facts it needs: a run's tally, whether a live process leases it, whether a hold's
+// admission was refused (its request's mark), and the scan lock.
 
 // tallySource reads runs' tallies for the reconciler.
 type tallySource struct{ t *runstate.Tally }
@@ -26,6 +26,11 @@ func (s tallySource) Tallied(ctx context.Context, runID string) (holds.RunTally,
 		return holds.RunTally{}, false, err
 	}
 	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0}, found, nil
+}
+
+// Refused reads a refused admission's mark (runstate.Tally.MarkRefused).
+func (s tallySource) Refused(ctx context.Context, runID, token string) (bool, error) {
+	return s.t.Refused(ctx, runID, token)
 }
 
 // leaseChecker reads leases by key alone. It is not runstate.Leases, whose heartbeat and
@@ -93,12 +98,14 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reconciler: %w", err)
 	}
+	tally := tallySource{runstate.NewTally(d.rdb, d.keys, d.cfg.Holds.TallyTTL)}
 	return holds.NewReconciler(holds.ReconcilerConfig{
-		Store:  d.store,
-		Usage:  tallySource{runstate.NewTally(d.rdb, d.keys, d.cfg.Holds.TallyTTL)},
-		Leases: leaseChecker{rdb: d.rdb, keys: d.keys},
-		Lock:   redisLock{rdb: d.rdb, key: d.keys.ReconcileLock(), instance: d.cfg.Instance, ttl: d.cfg.Holds.ReconcileLockTTL},
-		Log:    e.log.Named("reconcile"),
+		Store:    d.store,
+		Usage:    tally,
+		Leases:   leaseChecker{rdb: d.rdb, keys: d.keys},
+		Refusals: tally,
+		Lock:     redisLock{rdb: d.rdb, key: d.keys.ReconcileLock(), instance: d.cfg.Instance, ttl: d.cfg.Holds.ReconcileLockTTL},
+		Log:      e.log.Named("reconcile"),
 		// A leased run past its expiry is a call longer than its TTL; one more hold TTL is
 		// what admission would have given it.
 		ExtendBy:      d.cfg.Holds.HoldTTL,

@@ -29,6 +29,11 @@ func (k Keys) CallDone(runID, callID string) string {
 // Lost marks when a named run's Redis record was found to have lost calls (RunBudget.AwaitRebuild).
 func (k Keys) Lost(runID string) string { return k.Prefix + "billing:lost:{" + runID + "}" }
 
+// Refused marks admissions of a run that were refused after their COMMIT was sent and not
+// answered (a hash of admission tokens): evidence for the reconciler that the hold carrying
+// one of those tokens, if it was committed, was never forwarded (Tally.MarkRefused).
+func (k Keys) Refused(runID string) string { return k.Prefix + "billing:refused:{" + runID + "}" }
+
 // Lease marks a run as served by a live process.
 func (k Keys) Lease(runID string) string { return k.Prefix + "lease:{" + runID + "}" }
 

@@ -100,6 +100,39 @@ func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
 	return nil
 }
 
+// MarkRefused records that the admission of runID carrying token was refused (its outcome
+// unknown: the COMMIT sent, its reply lost) and never forwarded. The reconciler reads it
+// (Refused) for a hold with no tally: a hold carrying that token was inserted by the refused
+// request itself, which is the only one that forwards on it (a run that is not a named run),
+// so it used nothing. It is a mark of its own, not a zero tally: the run id of an
+// Idempotency-Key attempt may be held by another request of the key that did forward (if this
+// admission never committed), and a zero tally on it would settle that call at 0.
+func (t *Tally) MarkRefused(ctx context.Context, runID, token string) error {
+	if token == "" {
+		panic("runstate: refused admission without a token")
+	}
+	key := t.keys.Refused(runID)
+	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, key, token, 1)
+		p.Expire(ctx, key, t.ttl)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("mark admission of %s refused: %w", runID, err)
+	}
+	return nil
+}
+
+// Refused reports whether the admission of runID carrying token was marked refused
+// (MarkRefused).
+func (t *Tally) Refused(ctx context.Context, runID, token string) (bool, error) {
+	ok, err := t.rdb.HExists(ctx, t.keys.Refused(runID), token).Result()
+	if err != nil {
+		return false, fmt.Errorf("read refused admissions of %s: %w", runID, err)
+	}
+	return ok, nil
+}
+
 // Tallied is a run's tally.
 type Tallied struct {
 	Usage     pricing.Usage

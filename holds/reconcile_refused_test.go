@@ -1,0 +1,96 @@
+package holds_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// refusedMarks is the reconciler's RefusalSource over the test's tally, or failing with err.
+type refusedMarks struct {
+	e   *storeEnv
+	err error
+}
+
+func (r refusedMarks) Refused(ctx context.Context, runID, token string) (bool, error) {
+	if r.err != nil {
+		return false, r.err
+	}
+	return r.e.tally.Refused(ctx, runID, token)
+}
+
+// TestReconcileReleasesARefusedAdmissionsHold: a request whose admission's COMMIT reply was
+// lost is refused 503 and marks its admission (run, token) refused; its process dies before
+// its release lands. The hold carrying that token, found with no lease and no tally, is
+// released at 0 (admit_lost), where without the mark an Idempotency-Key attempt's hold (which
+// gets no zero tally) was charged what it held. The mark of another token on the same run — a
+// refused request whose admission never committed, the run then taken by a retry that did
+// forward — leaves that hold to DESIGN §5 (its hold charged); so does a named run's (its
+// other calls forward on its hold); a tally settles from the tally whatever the marks say; and
+// a mark that cannot be read leaves the hold for the next pass rather than charging it.
+func TestReconcileReleasesARefusedAdmissionsHold(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("refused", 20, nil)
+	admit := func(runID, token, clientRunID string) holds.Hold {
+		t.Helper()
+		h, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: runID, UserID: u.ID, Model: "fake-gpt",
+			State: holds.StateRunning, TTL: time.Hour, Token: token, ClientRunID: clientRunID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.expire(runID)
+		return h
+	}
+	mark := func(runID, token string) {
+		t.Helper()
+		if err := e.tally.MarkRefused(e.ctx(), runID, token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const tokA, tokB, tokC, tokD = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+		"cccccccccccccccccccccccccccccccc", "dddddddddddddddddddddddddddddddd"
+	refused := admit("r_refused_attempt", tokA, "")
+	mark(refused.RunID, tokA)
+	retried := admit("r_retried_attempt", tokB, "")
+	mark(retried.RunID, tokC) // a refused request's, whose admission never committed
+	named := admit("r_named_refused", tokD, "agent-run")
+	mark(named.RunID, tokD)
+	talliedRun := admit("r_refused_tallied", tokC, "")
+	mark(talliedRun.RunID, tokC)
+	e.addTally(talliedRun.RunID, pricing.Usage{Input: 10, Output: 2}, 900)
+
+	// Unreadable marks: nothing is charged, the pass fails, the holds wait.
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Refusals = refusedMarks{err: errors.New("redis down")} })
+	if _, err := e.pass(rec); err == nil {
+		t.Error("a pass that could not read a refusal mark reported no error")
+	}
+	if r := e.run(u, refused.RunID); r.State != holds.StateRunning {
+		t.Fatalf("refused attempt's hold settled (%s, charged %d) though its mark was unreadable", r.SettleSource.String, r.ChargedMicro)
+	}
+
+	rec = e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Refusals = refusedMarks{e: e} })
+	for range 4 { // the failing pass above may have left a cursor; a few passes drain it all
+		if _, err := e.pass(rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		what, runID, source string
+		charged             int64
+	}{
+		{"refused attempt (its own token marked)", refused.RunID, holds.SourceAdmitLost, 0},
+		{"attempt run by a retry (another token marked)", retried.RunID, holds.SourceReconcileHold, retried.HeldMicro},
+		{"named run (marks not read)", named.RunID, holds.SourceReconcileHold, named.HeldMicro},
+		{"tallied run", talliedRun.RunID, holds.SourceReconcile, 900},
+	} {
+		r := e.run(u, c.runID)
+		if r.State != holds.StateSettled || r.SettleSource.String != c.source || r.ChargedMicro != c.charged {
+			t.Errorf("%s: %s by %q charged %d, want settled by %s charged %d", c.what, r.State, r.SettleSource.String,
+				r.ChargedMicro, c.source, c.charged)
+		}
+	}
+}
