@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -91,19 +92,29 @@ func TestChaosRedisLoss(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos run: not in -short")
 	}
-	flushes := 3
-	if v := os.Getenv("CHAOS_FLUSHES"); v != "" {
-		var err error
-		if flushes, err = strconv.Atoi(v); err != nil || flushes < 1 {
-			t.Fatalf("CHAOS_FLUSHES: %q is not a count of at least 1", v)
-		}
-	}
-	runChaos(t, newPrivateRedisWorld(t), 20*time.Second, flushes)
+	runChaos(t, newPrivateRedisWorld(t), 20*time.Second, envCount(t, "CHAOS_FLUSHES", 3))
 }
 
 // runChaos runs the traffic, the kills (and flushes Redis flushes times) in world w for
 // defaultDuration (CHAOS_DURATION overrides it), then settles everything and audits the books.
 func runChaos(t *testing.T, w *world, defaultDuration time.Duration, flushes int) {
+	runChaosPlan(t, w, defaultDuration, chaosPlan{flushes: flushes, kills: true})
+}
+
+// chaosPlan is what a chaos run does to the processes besides the traffic.
+type chaosPlan struct {
+	flushes int  // Redis loses everything this many times
+	kills   bool // the chaos loop kills and restarts the processes
+	// cuts: gateway 0 reaches Redis through this relay, which cuts it off now and then
+	// (partitionLoop); gateway 1 and the database stay reachable.
+	cuts *freezer
+	// holdTTL, when set, is the processes' hold_ttl and run_ttl instead of testHoldTTL.
+	holdTTL time.Duration
+}
+
+// runChaosPlan is runChaos under plan.
+func runChaosPlan(t *testing.T, w *world, defaultDuration time.Duration, plan chaosPlan) {
+	flushes := plan.flushes
 	seed := time.Now().UnixNano()
 	if v := os.Getenv("CHAOS_SEED"); v != "" {
 		var err error
@@ -120,8 +131,14 @@ func runChaos(t *testing.T, w *world, defaultDuration time.Duration, flushes int
 	}
 	t.Logf("chaos seed %d (replay with CHAOS_SEED=%d), traffic for %v, %d Redis losses", seed, seed, duration, flushes)
 
-	c := &chaos{w: w, t: t, seed: seed, started: w.dbNow()}
+	if plan.holdTTL > 0 {
+		w.config = w.writeConfig(map[string]string{"holds.hold_ttl": plan.holdTTL.String(), "holds.run_ttl": plan.holdTTL.String()})
+	}
+	c := &chaos{w: w, t: t, seed: seed, started: w.dbNow(), plan: plan}
 	c.setupUsers()
+	if plan.cuts != nil {
+		c.slots[0].env = []string{"REDIS_URL=redis://" + plan.cuts.addr() + "/0"}
+	}
 	for i := range c.slots {
 		if err := c.slots[i].start(w, i); err != nil {
 			t.Fatal(err)
@@ -139,10 +156,16 @@ func runChaos(t *testing.T, w *world, defaultDuration time.Duration, flushes int
 	go func() { defer close(chaosDone); c.chaosLoop(ctx) }()
 	flushDone := make(chan struct{})
 	go func() { defer close(flushDone); c.flushLoop(ctx, duration, flushes) }()
+	cutDone := make(chan struct{})
+	go func() { defer close(cutDone); c.partitionLoop(ctx, duration) }()
 	wg.Wait()
 	<-chaosDone
 	<-flushDone
+	<-cutDone
 	t.Logf("traffic stopped: %s", c.summary())
+	if plan.cuts != nil {
+		c.recovered()
+	}
 
 	// Both processes go away gracefully (a killed one is already gone); then the operator's
 	// forced pass settles whatever is left once it has expired.
@@ -162,6 +185,9 @@ func runChaos(t *testing.T, w *world, defaultDuration time.Duration, flushes int
 	}
 	c.reconcileAll()
 	c.audit()
+	if plan.cuts != nil {
+		c.auditCuts()
+	}
 	// Under E2E_GATEWAY_RACE=1 a race the detector saw is in a process's log, killed or not.
 	// How often a settle found a run's Redis record short of its row (after a loss) says
 	// whether the losses reached the named runs' settlements.
@@ -210,6 +236,7 @@ func (c *chaos) callerOf(n int) func(context.Context, int) {
 // chaosSlot is one of the two gateway processes, restarted after each kill. Each start is an
 // incarnation: the calls it served are exempt from the exact-price check only if it was killed.
 type chaosSlot struct {
+	env  []string // each incarnation's extra environment
 	mu   sync.Mutex
 	g    *gateway
 	inc  int
@@ -225,7 +252,7 @@ func (s *chaosSlot) start(w *world, i int) error {
 	var err error
 	for range 3 {
 		var g *gateway
-		if g, err = w.tryStart(fmt.Sprintf("gw-%d-%d", i, inc), w.config, nil); err == nil {
+		if g, err = w.tryStart(fmt.Sprintf("gw-%d-%d", i, inc), w.config, s.env); err == nil {
 			s.mu.Lock()
 			s.g, s.inc = g, inc
 			s.past = append(s.past, g)
@@ -253,6 +280,8 @@ type chaosUser struct {
 type callRec struct {
 	kind      string // plain, stream, cancel, idem, run, heavy, session
 	caller    int
+	slot      int  // the gateway process it was sent to
+	pinned    bool // sent to slot, not to a random process
 	user      int
 	inc       int // the incarnation that served it
 	status    int
@@ -278,6 +307,7 @@ type chaos struct {
 	w       *world
 	t       *testing.T
 	seed    int64
+	plan    chaosPlan
 	started time.Time // database time
 	users   []chaosUser
 	slots   [2]chaosSlot
@@ -289,6 +319,7 @@ type chaos struct {
 	stalls  int
 	paused  int             // of the stalls, Redis pauses (a session's end mark may then be missed)
 	flushed []time.Time     // when Redis lost everything (FLUSHALL), each as it was answered
+	cutOff  [][2]time.Time  // when gateway 0 was cut off from Redis: from, to
 	settles map[string]int  // named run -> status of the settle the agent sent (0: abandoned)
 	last    [allCallers]int // caller -> status of its latest call
 	early   map[int]int     // status -> settles sent while a call of the run may run
@@ -337,6 +368,9 @@ func (c *chaos) record(r callRec) {
 
 // chaosLoop kills a random gateway every 1.5–5 s and restarts it 0–1.5 s later.
 func (c *chaos) chaosLoop(ctx context.Context) {
+	if !c.plan.kills {
+		return
+	}
 	r := rand.New(rand.NewPCG(uint64(c.seed), 99))
 	stall := os.Getenv("CHAOS_STALL") == "1"
 	mysqlPID, _ := strconv.Atoi(os.Getenv("CHAOS_MYSQL_PID"))
@@ -398,6 +432,21 @@ func (c *chaos) stallOnce(r *rand.Rand, mysqlPID int) {
 // such calls on purpose (streamKnobs), which no configuration without a warning does.
 func (c *chaos) outlivedHoldAcrossLoss(rec callRec) bool {
 	return rec.ended.Sub(rec.sent) > testHoldTTL && c.lostDuring(rec.sent, rec.ended)
+}
+
+// outlivedHoldAcrossCut says whether a call outlived its hold's TTL on the process that was cut
+// off from Redis while it ran (the caller holds c.mu): its lease lapses lease_ttl after the
+// cut's first failed beat, and a pass of the other process's reconciler from then on settles
+// its run as a dead process's (README "Known limits").
+func (c *chaos) outlivedHoldAcrossCut(rec callRec) bool {
+	return c.plan.cuts != nil && rec.slot == 0 && rec.ended.Sub(rec.sent) > cmp.Or(c.plan.holdTTL, testHoldTTL) &&
+		slices.ContainsFunc(c.cutOff, func(w [2]time.Time) bool { return w[0].Before(rec.ended) && w[1].After(rec.sent) })
+}
+
+// leaseGone says whether a call's lease may have been gone while it ran past its hold (the
+// caller holds c.mu): lost with Redis's data, or lapsed while its process was cut off.
+func (c *chaos) leaseGone(rec callRec) bool {
+	return c.outlivedHoldAcrossLoss(rec) || c.outlivedHoldAcrossCut(rec)
 }
 
 // lostDuring says whether Redis lost everything between from and to (the caller holds c.mu):
@@ -595,7 +644,10 @@ func (c *chaos) call(ctx context.Context, r *rand.Rand, rec callRec, body []byte
 	if hdr == nil {
 		hdr = map[string]string{"X-Fake-Chunks": strconv.Itoa(5 + r.IntN(200))}
 	}
-	g, inc := c.slots[r.IntN(len(c.slots))].current()
+	if !rec.pinned {
+		rec.slot = r.IntN(len(c.slots))
+	}
+	g, inc := c.slots[rec.slot].current()
 	rec.inc, rec.sent = inc, time.Now()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
@@ -932,10 +984,11 @@ func (c *chaos) audit() {
 			// No tally: the process died between the answer and the tally (DESIGN §5 rule 3).
 		case row.ChargedMicro == min(want, row.CapMicro) && row.InTok == rec.usage.Input && row.OutTok == rec.usage.Output:
 			// Charged its price, once.
-		case reconciled(row) && c.outlivedHoldAcrossLoss(rec):
-			// README "Known limits": its lease lost with Redis's data, reconciled while it ran.
+		case reconciled(row) && c.leaseGone(rec):
+			// README "Known limits": its lease lost with Redis's data, or lapsed while its
+			// process was cut off from Redis, reconciled while it ran.
 			leaseLost++
-			t.Logf("%s: run %s reconciled (%s, charged %d, price %d) under the call, its lease lost with Redis's data (README Known limits)",
+			t.Logf("%s: run %s reconciled (%s, charged %d, price %d) under the call, its lease lost with Redis's data or lapsed while its process was cut off (README Known limits)",
 				what, rec.runID, row.SettleSource.String, row.ChargedMicro, want)
 		default:
 			t.Errorf("%s: run %s (served by incarnation %d, killed %v, Redis lost during it %v) settled by %s: charged %d for in %d out %d; the caller saw in %d out %d, price %d (cap %d, held %d)",
@@ -1057,10 +1110,11 @@ func (c *chaos) audit() {
 		case src == holds.SourceReconcileHold && !clean:
 			// A call cut by a kill before any tally: charged what it held (DESIGN §5 rule 3).
 		case (row.ChargedMicro != want && clean || row.ChargedMicro < want) && reconciled(row) &&
-			slices.ContainsFunc(recs, c.outlivedHoldAcrossLoss):
-			// README "Known limits": a call's lease lost with Redis's data, reconciled under it.
+			slices.ContainsFunc(recs, c.leaseGone):
+			// README "Known limits": a call's lease lost with Redis's data, or lapsed while its
+			// process was cut off from Redis, reconciled under it.
 			leaseLost++
-			t.Logf("run %s reconciled (%s, charged %d) under a call whose lease was lost with Redis's data; its agent's complete calls cost %d (README Known limits)",
+			t.Logf("run %s reconciled (%s, charged %d) under a call whose lease was lost with Redis's data or lapsed while its process was cut off; its agent's complete calls cost %d (README Known limits)",
 				name, src, row.ChargedMicro, sum)
 		case clean && row.ChargedMicro != want:
 			t.Errorf("run %s (%s): charged %d (cost %d, %d calls, cap %d), its %d calls that the agent saw complete cost %d (Redis lost during them: %v)",
@@ -1166,8 +1220,8 @@ func (c *chaos) auditSessions(rows []holds.Run, byID map[string]holds.Run,
 		case "already_running":
 			dupSeen[uid]++
 			c.auditAlreadyRunning(what, rec, uid, byID, byRun)
-			if rec.regen && c.markLost(rec) {
-				regensLost++ // README "Known limits": its end mark lost with Redis's data
+			if rec.regen && (c.markLost(rec) || c.markCut(rec)) {
+				regensLost++ // README "Known limits": its end mark lost with Redis's data, or never written
 			} else if rec.regen && c.paused == 0 {
 				t.Errorf("%s: refused already_running (run %s), its caller had the whole answer before resending it", what, rec.ofRun)
 			}
@@ -1209,7 +1263,7 @@ func (c *chaos) auditSessions(rows []holds.Run, byID map[string]holds.Run,
 	for _, n := range dupSeen {
 		dups += n
 	}
-	return fmt.Sprintf("%d conversations, %d told superseded (%d of them after forwarding), %d already_running, %d regenerates ran (%d refused after a Redis loss)",
+	return fmt.Sprintf("%d conversations, %d told superseded (%d of them after forwarding), %d already_running, %d regenerates ran (%d refused after a Redis loss or a cut)",
 		len(msgs), superseded, supersededRuns, dups, regens, regensLost)
 }
 
@@ -1220,6 +1274,29 @@ func (c *chaos) markLost(regen callRec) bool {
 	for _, prev := range c.calls {
 		if prev.kind == "session" && prev.sess == regen.sess && prev.msg == regen.msg && !prev.regen && prev.complete &&
 			c.lostDuring(prev.sent, regen.ended) {
+			return true
+		}
+	}
+	return false
+}
+
+// markCut says whether a regenerate met its message's end mark missing or unread because the
+// process cut off from Redis stood on either side (the caller holds c.mu): the message ended
+// there while it was cut off (its end mark, written at most a Redis step's deadline before its
+// caller had the end, then failed), or the regenerate went there while it was cut off (the
+// mark could not be read). Until the message's run settles the same message is then
+// already_running, as after a loss (README "Known limits").
+func (c *chaos) markCut(regen callRec) bool {
+	const markDeadline = 2 * time.Second // a Redis step's deadline on the caller's path
+	cutAround := func(from, to time.Time) bool {
+		return slices.ContainsFunc(c.cutOff, func(w [2]time.Time) bool { return !w[0].After(to) && !w[1].Before(from) })
+	}
+	if regen.slot == 0 && cutAround(regen.sent, regen.ended) {
+		return true
+	}
+	for _, prev := range c.calls {
+		if prev.kind == "session" && prev.sess == regen.sess && prev.msg == regen.msg && !prev.regen && prev.complete &&
+			prev.slot == 0 && cutAround(prev.ended.Add(-markDeadline), prev.ended) {
 			return true
 		}
 	}

@@ -585,9 +585,10 @@ func sendAsync(ctx context.Context, g *gateway, key string, body []byte, hdr map
 // RunIDHeaderForTests is proxy.RunIDHeader (the e2e package runs the binary, not the package).
 const RunIDHeaderForTests = "X-Tollgate-Run-Id"
 
-// freezer is a TCP relay between a gateway and a server (MariaDB) that can stop passing bytes
-// in both directions while keeping every connection open: a server that hangs, not one that
-// is down.
+// freezer is a TCP relay between a gateway and a server (MariaDB, Redis) that can stop passing
+// bytes in both directions while keeping every connection open: a server that hangs, or a
+// network that drops its packets, not one that is down. Cut, it resets its connections
+// instead: a server that refuses them.
 type freezer struct {
 	ln     net.Listener
 	target string
@@ -596,6 +597,10 @@ type freezer struct {
 	// armed: freeze as soon as a client write containing marker has been relayed.
 	marker []byte
 	fired  chan struct{}
+	// cut: every connection is reset and every new one reset as it is accepted, until thaw
+	// (a server that refuses connections, not one that hangs); live holds the open ones.
+	cutOff bool
+	live   map[net.Conn]bool
 }
 
 func newFreezer(t *testing.T, target string) *freezer {
@@ -604,7 +609,7 @@ func newFreezer(t *testing.T, target string) *freezer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &freezer{ln: ln, target: target, thawed: make(chan struct{})}
+	f := &freezer{ln: ln, target: target, thawed: make(chan struct{}), live: map[net.Conn]bool{}}
 	close(f.thawed)
 	t.Cleanup(func() { f.thaw(); ln.Close() })
 	go f.accept()
@@ -619,8 +624,13 @@ func (f *freezer) accept() {
 		if err != nil {
 			return
 		}
+		if !f.track(c) {
+			resetConn(c)
+			continue
+		}
 		s, err := net.Dial("tcp", f.target)
 		if err != nil {
+			f.untrack(c)
 			c.Close()
 			continue
 		}
@@ -629,9 +639,50 @@ func (f *freezer) accept() {
 	}
 }
 
+// track records an accepted client connection as open, or reports false while the relay is
+// cut.
+func (f *freezer) track(c net.Conn) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cutOff {
+		return false
+	}
+	f.live[c] = true
+	return true
+}
+
+func (f *freezer) untrack(c net.Conn) {
+	f.mu.Lock()
+	delete(f.live, c)
+	f.mu.Unlock()
+}
+
+// cut resets every client connection through the relay and, until thaw, every new one as soon
+// as it is accepted: the client's writes fail, its reads end in a reset.
+func (f *freezer) cut() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cutOff = true
+	for c := range f.live {
+		resetConn(c)
+		delete(f.live, c)
+	}
+}
+
+// resetConn closes c with an RST rather than a FIN.
+func resetConn(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
+}
+
 func (f *freezer) pipe(from, to net.Conn, fromClient bool) {
 	defer from.Close()
 	defer to.Close()
+	if fromClient {
+		defer f.untrack(from)
+	}
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := from.Read(buf)
@@ -673,9 +724,12 @@ func (f *freezer) freezeLocked() {
 	}
 }
 
+// thaw lets bytes flow again (what a freeze held back is delivered: TCP retransmits what a
+// dropped packet carried) and ends a cut.
 func (f *freezer) thaw() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.cutOff = false
 	select {
 	case <-f.thawed:
 	default:
