@@ -280,13 +280,7 @@ func downKillRound(t *testing.T, w *world, m *privateMariaDB, trip *tripwire, up
 		}
 		return true
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !tallied() && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if !tallied() {
-		t.Errorf("%s: the calls answered during the outage were not all tallied within 10s", kind)
-	}
+	waitFor(t, 10*time.Second, kind+": the calls answered during the outage to be tallied", tallied)
 	victim.signal(t, syscall.SIGKILL)
 	for _, s := range append(cut, mid, only) {
 		<-s.done
