@@ -60,9 +60,9 @@ func (e *OutcomeUnknownError) forRun(runID string) error {
 // ErrAdmitNotStarted is an admission that no worker took before its deadline: nothing was held.
 var ErrAdmitNotStarted = errors.New("admission not started before its deadline")
 
-// TooManyInFlightError refuses an admission past the user's in-flight limit. RetryAfter is how
-// long until the oldest live hold would expire at the latest; a finishing call frees a slot
-// sooner, so callers are told a short interval, capped.
+// TooManyInFlightError refuses an admission past the user's in-flight limit. RetryAfter is when
+// to ask again: a short interval (inFlightRetryAfter), since a finishing call frees a slot long
+// before the oldest live hold would expire.
 type TooManyInFlightError struct {
 	InFlight, Limit int
 	RetryAfter      time.Duration

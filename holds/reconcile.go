@@ -49,9 +49,9 @@ type LeaseChecker interface {
 	Exists(ctx context.Context, runID string) (bool, error)
 }
 
-// Locker elects the one process that scans in a period (SET billing:reconcile:lock
-// <instance> NX EX ...). The lock is left to expire rather than released, so the processes
-// take turns at most once per lock TTL whichever of them ticks first.
+// Locker elects the one process that scans in a period (billing:reconcile:lock, DESIGN §5).
+// The lock is left to expire rather than released: its holder keeps it by asking again within
+// its TTL, and a killed holder blocks the others only until it lapses.
 type Locker interface {
 	TryLock(ctx context.Context) (bool, error)
 }
