@@ -41,6 +41,17 @@ type Store struct {
 	onSettled   SettledHook
 }
 
+// NewStore wires a store. defaultPlan names the plan used for a user whose plan is unknown.
+func NewStore(db *sqlx.DB, plans map[string]Plan, defaultPlan string, log *zap.Logger) *Store {
+	if _, ok := plans[defaultPlan]; !ok {
+		panic(fmt.Sprintf("holds: default plan %q not configured", defaultPlan))
+	}
+	return &Store{db: db, plans: plans, defaultPlan: defaultPlan, log: log, retry: defaultRetry}
+}
+
+// DB exposes the handle for readiness checks and tests.
+func (s *Store) DB() *sqlx.DB { return s.db }
+
 // SettledHook is told of each settlement a batch of this store committed, once, after the
 // commit: what a process's metrics count as charged (the day ledger is the record). It runs
 // on the batch's goroutine, before the batch's callers are answered, so it must not block.
@@ -59,24 +70,18 @@ type RetryPolicy struct {
 	MaxBackoff         time.Duration
 }
 
+// defaultRetry is the policy NewStore starts with (tests shorten it: SetRetry).
+var defaultRetry = RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second}
+
 // MaxListRows bounds what one listing reads (a page of users, keys, grants or runs, one pass of
 // the reconciler's scan): no request reads a table whole. The admin API asks for less
 // (admin.MaxListLimit, plus one to learn whether a page follows).
 const MaxListRows = 10_000
 
-// defaultRetry is the policy NewStore starts with (tests shorten it: SetRetry).
-var defaultRetry = RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second}
-
-// NewStore wires a store. defaultPlan names the plan used for a user whose plan is unknown.
-func NewStore(db *sqlx.DB, plans map[string]Plan, defaultPlan string, log *zap.Logger) *Store {
-	if _, ok := plans[defaultPlan]; !ok {
-		panic(fmt.Sprintf("holds: default plan %q not configured", defaultPlan))
-	}
-	return &Store{db: db, plans: plans, defaultPlan: defaultPlan, log: log, retry: defaultRetry}
-}
-
-// DB exposes the handle for readiness checks and tests.
-func (s *Store) DB() *sqlx.DB { return s.db }
+// MoneyLog names the logger of lines that record what a run or an account was charged or
+// given (the reconciler's settlements, grants, a lost admission's release): the gateway's
+// logger never samples them, however many come in a second.
+const MoneyLog = "money"
 
 // plan returns the user's effective plan, with per-user overrides applied.
 func (s *Store) plan(u userRow) Plan {
@@ -129,6 +134,15 @@ func (s *Store) inTx(ctx context.Context, what string, fn func(tx *sqlx.Tx) erro
 	return s.inTxLoop(ctx, what, func() error { return s.tryTx(ctx, fn) })
 }
 
+// withRetry runs fn under the same policy as inTx, for work that is not one of inTx's
+// transactions: a statement, a few, or a read-only transaction of fn's own. fn must be safe
+// to run again from the start.
+func (s *Store) withRetry(ctx context.Context, what string, fn func() error) error {
+	return s.inTxLoop(ctx, what, fn)
+}
+
+// inTxLoop runs try until it succeeds or the store's RetryPolicy gives up; what names the
+// operation in the retry logs.
 func (s *Store) inTxLoop(ctx context.Context, what string, try func() error) error {
 	backoff := s.retry.InitialBackoff
 	conflicts := 0
@@ -157,11 +171,6 @@ func (s *Store) inTxLoop(ctx context.Context, what string, try func() error) err
 	}
 }
 
-// withRetry runs a single statement under the same policy as inTx.
-func (s *Store) withRetry(ctx context.Context, what string, fn func() error) error {
-	return s.inTxLoop(ctx, what, fn)
-}
-
 func (s *Store) tryTx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
@@ -176,8 +185,3 @@ func (s *Store) tryTx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
 	}
 	return nil
 }
-
-// MoneyLog names the logger of lines that record what a run or an account was charged or
-// given (the reconciler's settlements, grants, a lost admission's release): the gateway's
-// logger never samples them, however many come in a second.
-const MoneyLog = "money"
