@@ -208,7 +208,7 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 		t.Held += hold.HeldMicro
 		// A second admission of the same run later in this batch finds this one.
 		expires := r.now.Add(req.TTL)
-		r.existing[req.RunID] = holdRow{RunID: hold.RunID, UserID: hold.UserID, State: hold.State,
+		r.existing[req.RunID] = existingHold{RunID: hold.RunID, UserID: hold.UserID, State: hold.State,
 			HeldMicro: hold.HeldMicro, CapMicro: hold.CapMicro, DiscountBP: hold.DiscountBP,
 			Token: sql.NullString{String: req.Token, Valid: req.Token != ""}, Live: true}
 		inserts = append(inserts, admittedRow{hold: hold, req: req, expires: expires})

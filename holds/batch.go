@@ -157,6 +157,19 @@ func planBatch(sts []Settlement, settleUsers []uint64, reqs []AdmitRequest) batc
 	return p
 }
 
+// distinctNonZero is ids without zeros and repeats, in the order they first appear.
+func distinctNonZero(ids []uint64) []uint64 {
+	seen := make(map[uint64]bool, len(ids))
+	var out []uint64
+	for _, id := range ids {
+		if id != 0 && !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // tryWriteBatch runs the batch's transaction once, on a connection of its own. sent is what
 // earlier attempts may have committed (see WriteBatch); this attempt adds to it when its own
 // writes go out unanswered, and sets settleSent when they carried settlements.
@@ -237,11 +250,28 @@ func releaseConn(conn *sqlx.Conn, committed bool) {
 
 // batchReads is what the first round trip of a batch returned.
 type batchReads struct {
-	now      time.Time              // the database clock, read once per transaction
-	users    map[uint64]userRow     // locked; absent: no such user
-	holds    map[string]*lockedHold // the holds to settle, locked; absent: no such run
-	existing map[string]holdRow     // earlier admissions of runs admitted again
-	live     map[uint64]*liveTotals // per user: live holds (admission users) and today's ledger
+	now      time.Time               // the database clock, read once per transaction
+	users    map[uint64]userRow      // locked; absent: no such user
+	holds    map[string]*lockedHold  // the holds to settle, locked; absent: no such run
+	existing map[string]existingHold // earlier admissions of runs admitted again
+	live     map[uint64]*liveTotals  // per user: live holds (admission users) and today's ledger
+}
+
+// existingHold is an earlier admission of a run admitted again, as the batch's lookup reads it
+// (or as an admission earlier in the same batch took it).
+type existingHold struct {
+	RunID      string
+	UserID     uint64
+	State      State
+	HeldMicro  int64
+	CapMicro   int64
+	DiscountBP int
+	Token      sql.NullString // the admission's token, if it had one
+	// CostMicro is what the row records as used: for a live named run, its ended calls
+	// (RecordRunCall).
+	CostMicro int64
+	// Live: open and unexpired at the batch's clock, so the admission aggregate counted it.
+	Live bool
 }
 
 // readBatch sends the batch's first script: begin, read the clock, lock the users (in id
@@ -287,7 +317,7 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	defer rows.Close()
 	sets := resultSets{rows: rows}
 	r := &batchReads{users: make(map[uint64]userRow, len(plan.userIDs)), holds: map[string]*lockedHold{},
-		existing: map[string]holdRow{}, live: make(map[uint64]*liveTotals, len(plan.userIDs))}
+		existing: map[string]existingHold{}, live: make(map[uint64]*liveTotals, len(plan.userIDs))}
 
 	if err := sets.each("read clock", func() error { return rows.Scan(&r.now) }); err != nil {
 		return nil, err
@@ -319,7 +349,7 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	}
 	if len(plan.lookupRuns) > 0 {
 		if err := sets.each("read admitted runs", func() error {
-			var h holdRow
+			var h existingHold
 			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.Token, &h.Live, &h.CostMicro); err != nil {
 				return err
 			}

@@ -339,35 +339,6 @@ func appendAddToDays(sc *script, day string, order []uint64, add map[uint64]*day
 	sc.add(string(q), args...)
 }
 
-func distinctNonZero(ids []uint64) []uint64 {
-	seen := make(map[uint64]bool, len(ids))
-	var out []uint64
-	for _, id := range ids {
-		if id != 0 && !seen[id] {
-			seen[id] = true
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
-// holdRow is a run_holds row.
-type holdRow struct {
-	RunID       string         `db:"run_id"`
-	UserID      uint64         `db:"user_id"`
-	ClientRunID sql.NullString `db:"client_run_id"`
-	State       State          `db:"state"`
-	HeldMicro   int64          `db:"held_micro"`
-	CapMicro    int64          `db:"cap_micro"`
-	DiscountBP  int            `db:"discount_bp"`
-	Token       sql.NullString `db:"admit_token"`
-	// CostMicro is what the row records as used: for a live named run, its ended calls
-	// (RecordRunCall).
-	CostMicro int64 `db:"cost_micro"`
-	// Live: open and unexpired at the batch's clock, so the admission aggregate counted it.
-	Live bool `db:"-"`
-}
-
 func nullJSON(b []byte) any {
 	if len(b) == 0 {
 		return nil
