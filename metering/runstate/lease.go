@@ -111,6 +111,17 @@ func (l *Leases) Refresh(ctx context.Context) error {
 	return l.dropReleasedAfter(ctx, ids)
 }
 
+// Run refreshes leases until ctx ends.
+func (l *Leases) Run(ctx context.Context) { heartbeat(ctx, l.interval, "lease", l.Refresh, l.log) }
+
+// Held is the number of runs this process holds leases for: a call that ended without
+// releasing its lease shows here (the proxy's tests look).
+func (l *Leases) Held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.runs)
+}
+
 // dropReleasedAfter is dropReleased on a deadline of its own: a beat whose SETs were
 // answered after its deadline (a slow Redis) may have put back the key of a run released
 // meanwhile, and on the beat's ended context the delete was never sent — the key stayed for
@@ -124,17 +135,6 @@ func (l *Leases) dropReleasedAfter(ctx context.Context, ids []string) error {
 
 // dropReleasedTimeout bounds dropReleasedAfter's deletes: one round trip, as a tally write.
 const dropReleasedTimeout = 2 * time.Second
-
-// Run refreshes leases until ctx ends.
-func (l *Leases) Run(ctx context.Context) { heartbeat(ctx, l.interval, "lease", l.Refresh, l.log) }
-
-// Held is the number of runs this process holds leases for: a call that ended without
-// releasing its lease shows here (the proxy's tests look).
-func (l *Leases) Held() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.runs)
-}
 
 // dropReleased deletes the lease keys of the runs among ids no longer held here.
 func (l *Leases) dropReleased(ctx context.Context, ids []string) error {
