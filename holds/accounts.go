@@ -161,7 +161,7 @@ func (s *Store) UsersByKeys(ctx context.Context, keys []string) ([]KeyResult, er
 		SELECT k.key_hash, u.id, u.name, u.plan FROM api_keys k JOIN users u ON u.id = k.user_id
 		WHERE k.key_hash IN (?) AND k.revoked_at IS NULL AND u.disabled_at IS NULL`, hashes)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("look up %d keys: %w", len(hashes), err)
 	}
 	var rows []struct {
 		Hash []byte `db:"key_hash"`

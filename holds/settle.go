@@ -121,7 +121,7 @@ func (s *Store) usersOf(ctx context.Context, sts []Settlement) ([]uint64, error)
 	}
 	q, args, err := sqlx.In("SELECT run_id, user_id FROM run_holds WHERE run_id IN (?)", unknown)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("find holds: %w", err)
 	}
 	var rows []struct {
 		RunID  string `db:"run_id"`
