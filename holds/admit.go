@@ -125,17 +125,7 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 		}
 		h, seen := r.existing[req.RunID]
 		if seen && req.Token != "" && h.Token.Valid && h.Token.String == req.Token && h.UserID == req.UserID {
-			// This request's own hold, committed by an earlier attempt whose reply was lost. It is
-			// the caller's whatever has changed since (a user disabled meanwhile): refusing it
-			// would leave a hold nobody releases.
-			out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
-				CapMicro: h.CapMicro, DiscountBP: h.DiscountBP}
-			if u, ok := r.users[req.UserID]; ok {
-				out[i].Hold.MaxInFlight = s.plan(u).MaxInFlight
-			}
-			if h.State == StateSettled {
-				out[i] = AdmitResult{Err: ErrRunSettled}
-			}
+			out[i] = s.claimOwnHold(req, h, r)
 			continue
 		}
 		u, ok := r.users[req.UserID]
@@ -148,72 +138,105 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 			continue
 		}
 		plan := s.plan(u)
+		var write admittedRow
+		var writes bool
 		if seen {
-			switch {
-			case h.UserID != req.UserID:
-				out[i].Err = ErrRunNotFound
-			case h.State == StateSettled:
-				out[i].Err = ErrRunSettled
-			default:
-				if !h.Live && req.ClientRunID != "" {
-					// The run's hold had expired: the aggregate no longer counts it in flight,
-					// and charges may have landed since (its held it still counts: the run is
-					// owed). Pushing its expiry out brings it back, so it must fit the limits
-					// again, as a new hold would.
-					t := r.live[req.UserID]
-					if t.InFlight >= plan.MaxInFlight {
-						out[i].Err = &TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter}
-						continue
-					}
-					if Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held-h.HeldMicro) < h.HeldMicro {
-						out[i].Err = ErrInsufficient
-						continue
-					}
-					t.InFlight++
-					h.Live = true
-					r.existing[req.RunID] = h
-				}
-				out[i].Hold = Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
-					CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, Existing: true, MaxInFlight: plan.MaxInFlight,
-					RecordedMicro: h.CostMicro}
-				// A later call of a named run: its expiry moves out now, not when the call ends,
-				// so the run cannot expire (and be reconciled) under the call. Not a retry of a
-				// request still running (an Idempotency-Key, a redelivery): it is answered, not
-				// run, and must not keep alive a hold whose process may have died.
-				if req.ClientRunID != "" {
-					inserts = append(inserts, admittedRow{hold: out[i].Hold, req: req, expires: r.now.Add(req.TTL), existing: true})
-				}
-			}
-			continue
+			out[i], write, writes = readmit(req, h, u, plan, r)
+		} else {
+			out[i], write, writes = admitNew(req, u, plan, r)
 		}
-		t := r.live[req.UserID]
-		if t.InFlight >= plan.MaxInFlight {
-			out[i].Err = &TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter}
-			continue
+		if writes {
+			inserts = append(inserts, write)
 		}
-		available := Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held)
-		if available <= 0 {
-			out[i].Err = ErrInsufficient
-			continue
-		}
-		tier := plan.HoldNormalMicro
-		if req.Heavy || (req.UserTurns > 0 && req.UserTurns >= plan.HeavyAfterTurns) {
-			tier = plan.HoldHeavyMicro
-		}
-		hold := Hold{RunID: req.RunID, UserID: req.UserID, State: req.State,
-			HeldMicro: min(tier, available), CapMicro: min(plan.MaxRunCostMicro, available), DiscountBP: plan.DiscountBP,
-			MaxInFlight: plan.MaxInFlight}
-		out[i].Hold = hold
-		t.InFlight++
-		t.Held += hold.HeldMicro
-		// A second admission of the same run later in this batch finds this one.
-		expires := r.now.Add(req.TTL)
-		r.existing[req.RunID] = existingHold{RunID: hold.RunID, UserID: hold.UserID, State: hold.State,
-			HeldMicro: hold.HeldMicro, CapMicro: hold.CapMicro, DiscountBP: hold.DiscountBP,
-			Token: sql.NullString{String: req.Token, Valid: req.Token != ""}, Live: true}
-		inserts = append(inserts, admittedRow{hold: hold, req: req, expires: expires})
 	}
 	return out, inserts
+}
+
+// claimOwnHold answers a request whose own hold an earlier attempt committed, its reply lost.
+// The hold is the caller's whatever has changed since (a user disabled meanwhile): refusing it
+// would leave a hold nobody releases.
+func (s *Store) claimOwnHold(req AdmitRequest, h existingHold, r *batchReads) AdmitResult {
+	if h.State == StateSettled {
+		return AdmitResult{Err: ErrRunSettled}
+	}
+	hold := Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
+		CapMicro: h.CapMicro, DiscountBP: h.DiscountBP}
+	if u, ok := r.users[req.UserID]; ok {
+		hold.MaxInFlight = s.plan(u).MaxInFlight
+	}
+	return AdmitResult{Hold: hold}
+}
+
+// readmit decides the admission of a run admitted before (a retry, a redelivery, a later call
+// of a named run): no second hold is taken. It reports the write that pushes the run's expiry
+// out, when there is one.
+func readmit(req AdmitRequest, h existingHold, u userRow, plan Plan, r *batchReads) (AdmitResult, admittedRow, bool) {
+	switch {
+	case h.UserID != req.UserID:
+		return refused(ErrRunNotFound)
+	case h.State == StateSettled:
+		return refused(ErrRunSettled)
+	}
+	if !h.Live && req.ClientRunID != "" {
+		// The run's hold had expired: the aggregate no longer counts it in flight,
+		// and charges may have landed since (its held it still counts: the run is
+		// owed). Pushing its expiry out brings it back, so it must fit the limits
+		// again, as a new hold would.
+		t := r.live[req.UserID]
+		if t.InFlight >= plan.MaxInFlight {
+			return refused(&TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter})
+		}
+		if Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held-h.HeldMicro) < h.HeldMicro {
+			return refused(ErrInsufficient)
+		}
+		t.InFlight++
+		h.Live = true
+		r.existing[req.RunID] = h
+	}
+	hold := Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
+		CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, Existing: true, MaxInFlight: plan.MaxInFlight,
+		RecordedMicro: h.CostMicro}
+	// A later call of a named run: its expiry moves out now, not when the call ends,
+	// so the run cannot expire (and be reconciled) under the call. Not a retry of a
+	// request still running (an Idempotency-Key, a redelivery): it is answered, not
+	// run, and must not keep alive a hold whose process may have died.
+	if req.ClientRunID == "" {
+		return AdmitResult{Hold: hold}, admittedRow{}, false
+	}
+	return AdmitResult{Hold: hold}, admittedRow{hold: hold, req: req, expires: r.now.Add(req.TTL), existing: true}, true
+}
+
+// admitNew decides the admission of a run not admitted before, and the write of its new hold
+// when it is admitted: the heavy or the normal tier of the plan, and the plan's run cap, each
+// at most what the user has available.
+func admitNew(req AdmitRequest, u userRow, plan Plan, r *batchReads) (AdmitResult, admittedRow, bool) {
+	t := r.live[req.UserID]
+	if t.InFlight >= plan.MaxInFlight {
+		return refused(&TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter})
+	}
+	available := Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held)
+	if available <= 0 {
+		return refused(ErrInsufficient)
+	}
+	tier := plan.HoldNormalMicro
+	if req.Heavy || (req.UserTurns > 0 && req.UserTurns >= plan.HeavyAfterTurns) {
+		tier = plan.HoldHeavyMicro
+	}
+	hold := Hold{RunID: req.RunID, UserID: req.UserID, State: req.State,
+		HeldMicro: min(tier, available), CapMicro: min(plan.MaxRunCostMicro, available), DiscountBP: plan.DiscountBP,
+		MaxInFlight: plan.MaxInFlight}
+	t.InFlight++
+	t.Held += hold.HeldMicro
+	// A second admission of the same run later in this batch finds this one.
+	r.existing[req.RunID] = existingHold{RunID: hold.RunID, UserID: hold.UserID, State: hold.State,
+		HeldMicro: hold.HeldMicro, CapMicro: hold.CapMicro, DiscountBP: hold.DiscountBP,
+		Token: sql.NullString{String: req.Token, Valid: req.Token != ""}, Live: true}
+	return AdmitResult{Hold: hold}, admittedRow{hold: hold, req: req, expires: r.now.Add(req.TTL)}, true
+}
+
+// refused is readmit's and admitNew's answer to an admission they refuse: nothing to write.
+func refused(err error) (AdmitResult, admittedRow, bool) {
+	return AdmitResult{Err: err}, admittedRow{}, false
 }
 
 // admittedRow is one admission's write: a new hold, or (existing) a run admitted before whose
