@@ -284,32 +284,7 @@ type existingHold struct {
 // moment, as the design's single-transaction admission could; what it holds is counted
 // whatever its expiry.) The clock is read before the lock wait, as a single statement's NOW() would be.
 func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchReads, error) {
-	var sc script
-	sc.add("START TRANSACTION")
-	sc.add("SET @tg_now = NOW(6)")
-	sc.add("SELECT CAST(@tg_now AS DATETIME(6))")
-	sc.addIn("SELECT "+userColumns+" FROM users WHERE id IN (?) ORDER BY id FOR UPDATE", plan.userIDs)
-	if len(plan.lockRuns) > 0 {
-		sc.addIn(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
-			DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), state IN ('queued', 'running') AND expires_at > @tg_now, admit_token,
-			settle_token, charged_micro, allowance_part_micro, prepaid_part_micro, cost_micro, price_snapshot IS NOT NULL
-			FROM run_holds WHERE run_id IN (?) FOR UPDATE`, plan.lockRuns)
-	}
-	if len(plan.lookupRuns) > 0 {
-		sc.addIn(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp, admit_token,
-			state IN ('queued', 'running') AND expires_at > @tg_now, cost_micro FROM run_holds WHERE run_id IN (?)`, plan.lookupRuns)
-	}
-	if len(plan.admitIDs) > 0 {
-		// In flight: the unexpired holds. Held: every unsettled one — a hold past its expiry
-		// that the reconciler has not settled yet (its process killed, its run idle) is still
-		// owed, at its hold or its tally: not counting it let the next admissions spend the
-		// same credits again, past the overdraft bound of DESIGN §3.
-		sc.addIn(`SELECT user_id, SUM(expires_at > @tg_now), SUM(held_micro), 0
-			FROM run_holds WHERE user_id IN (?) AND state IN ('queued', 'running')
-			GROUP BY user_id`, plan.admitIDs)
-	}
-	sc.addIn("SELECT user_id, 0, 0, used_micro FROM usage_days WHERE day = DATE(@tg_now) AND user_id IN (?)", plan.userIDs)
-
+	sc := batchReadScript(plan)
 	rows, err := conn.QueryContext(ctx, string(sc.q), sc.args...)
 	if err != nil {
 		return nil, fmt.Errorf("begin and lock: %w", err)
@@ -388,6 +363,37 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 		return nil, fmt.Errorf("finish reads: %w", err)
 	}
 	return r, nil
+}
+
+// batchReadScript is the script readBatch sends: its result sets come in the order readBatch
+// reads them, the optional ones only when the plan has something for them.
+func batchReadScript(plan batchPlan) script {
+	var sc script
+	sc.add("START TRANSACTION")
+	sc.add("SET @tg_now = NOW(6)")
+	sc.add("SELECT CAST(@tg_now AS DATETIME(6))")
+	sc.addIn("SELECT "+userColumns+" FROM users WHERE id IN (?) ORDER BY id FOR UPDATE", plan.userIDs)
+	if len(plan.lockRuns) > 0 {
+		sc.addIn(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
+			DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), state IN ('queued', 'running') AND expires_at > @tg_now, admit_token,
+			settle_token, charged_micro, allowance_part_micro, prepaid_part_micro, cost_micro, price_snapshot IS NOT NULL
+			FROM run_holds WHERE run_id IN (?) FOR UPDATE`, plan.lockRuns)
+	}
+	if len(plan.lookupRuns) > 0 {
+		sc.addIn(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp, admit_token,
+			state IN ('queued', 'running') AND expires_at > @tg_now, cost_micro FROM run_holds WHERE run_id IN (?)`, plan.lookupRuns)
+	}
+	if len(plan.admitIDs) > 0 {
+		// In flight: the unexpired holds. Held: every unsettled one — a hold past its expiry
+		// that the reconciler has not settled yet (its process killed, its run idle) is still
+		// owed, at its hold or its tally: not counting it let the next admissions spend the
+		// same credits again, past the overdraft bound of DESIGN §3.
+		sc.addIn(`SELECT user_id, SUM(expires_at > @tg_now), SUM(held_micro), 0
+			FROM run_holds WHERE user_id IN (?) AND state IN ('queued', 'running')
+			GROUP BY user_id`, plan.admitIDs)
+	}
+	sc.addIn("SELECT user_id, 0, 0, used_micro FROM usage_days WHERE day = DATE(@tg_now) AND user_id IN (?)", plan.userIDs)
+	return sc
 }
 
 // resultSets walks the result sets of a script in order. Statements without a result (START
