@@ -176,23 +176,6 @@ func (m *Meter) Result() Result {
 // enough for every event.
 func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
 
-// The figures of an OpenAI-style usage report.
-const (
-	figPrompt = iota
-	figCompletion
-	figTotal
-	figCached
-	figWritten
-	figAudio
-	figAudioOut
-	figureCount
-)
-
-type reportedFigure struct {
-	n    int64
-	seen bool
-}
-
 // TrimBody is a whole body without the white space around it or a leading UTF-8 byte order
 // mark. RFC 8259 forbids the mark, but servers on some stacks write one and clients read past
 // it (Python's json, under the OpenAI SDK): kept, it hid the body's usage, and the call was
@@ -324,6 +307,24 @@ func (m *Meter) openAIChoices(choices gjson.Result, key string) {
 		})
 		return true
 	})
+}
+
+// The figures of an OpenAI-style usage report.
+const (
+	figPrompt = iota
+	figCompletion
+	figTotal
+	figCached
+	figWritten
+	figAudio
+	figAudioOut
+	figureCount
+)
+
+// reportedFigure is one figure of a usage report: its value, and whether a report carried it.
+type reportedFigure struct {
+	n    int64
+	seen bool
 }
 
 // openAIUsage replaces the usage with the one in u, if u is a usage object. Replacing, never
