@@ -60,6 +60,9 @@ func (e *OutcomeUnknownError) forRun(runID string) error {
 // ErrAdmitNotStarted is an admission that no worker took before its deadline: nothing was held.
 var ErrAdmitNotStarted = errors.New("admission not started before its deadline")
 
+// ErrBatcherClosed is returned to requests offered to a Writer or a KeyLookup after Close.
+var ErrBatcherClosed = errors.New("batcher closed")
+
 // TooManyInFlightError refuses an admission past the user's in-flight limit. RetryAfter is when
 // to ask again: a short interval (inFlightRetryAfter), since a finishing call frees a slot long
 // before the oldest live hold would expire.

@@ -60,32 +60,6 @@ type BatchShape struct {
 	AdmitWaits []time.Duration
 }
 
-// ErrBatcherClosed is returned to requests offered after Close.
-var ErrBatcherClosed = errors.New("batcher closed")
-
-type writeItem struct {
-	admit  *AdmitRequest // one of admit and settle is set
-	settle *Settlement
-	out    chan writeOutcome
-	// taken decides, for an admission, between the worker that starts it (queued -> taken)
-	// and the caller that gives up waiting for a worker (queued -> withdrawn).
-	taken *atomic.Int32
-	// queued is when the item was offered.
-	queued time.Time
-}
-
-const (
-	itemQueued int32 = iota
-	itemTaken
-	itemWithdrawn
-)
-
-type writeOutcome struct {
-	hold    Hold
-	settled Settled
-	err     error
-}
-
 // NewWriter starts a writer's dispatcher and workers; Close stops them.
 func NewWriter(store *Store, cfg WriterConfig) *Writer {
 	defaultSizes(&cfg.Workers, &cfg.MaxBatch, &cfg.Queue)
@@ -167,6 +141,31 @@ func (w *Writer) Close() {
 	}
 	w.mu.Unlock()
 	w.wg.Wait()
+}
+
+// writeItem is one admission or settlement waiting for its batch.
+type writeItem struct {
+	admit  *AdmitRequest // one of admit and settle is set
+	settle *Settlement
+	out    chan writeOutcome
+	// taken decides, for an admission, between the worker that starts it (queued -> taken)
+	// and the caller that gives up waiting for a worker (queued -> withdrawn).
+	taken *atomic.Int32
+	// queued is when the item was offered.
+	queued time.Time
+}
+
+const (
+	itemQueued int32 = iota
+	itemTaken
+	itemWithdrawn
+)
+
+// writeOutcome is what an item's caller is answered.
+type writeOutcome struct {
+	hold    Hold
+	settled Settled
+	err     error
 }
 
 // offer queues it. An item is queued whenever there is room, whatever ctx says; ctx bounds
