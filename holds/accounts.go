@@ -218,7 +218,7 @@ func (s *Store) Balance(ctx context.Context, userID uint64) (Balance, error) {
 			return err
 		}
 		defer tx.Rollback()
-		b, err = balanceTx(ctx, tx, s, userID)
+		b, err = s.balanceTx(ctx, tx, userID)
 		return err
 	})
 	if err != nil {
@@ -231,7 +231,7 @@ func (s *Store) Balance(ctx context.Context, userID uint64) (Balance, error) {
 // COMMITTED each statement reads its own snapshot: read in two, a settlement committing
 // between them was seen half done (prepaid not yet charged, its hold already gone), and the
 // balance overstated what the user could spend.
-func balanceTx(ctx context.Context, tx *sqlx.Tx, s *Store, userID uint64) (Balance, error) {
+func (s *Store) balanceTx(ctx context.Context, tx *sqlx.Tx, userID uint64) (Balance, error) {
 	var row struct {
 		userRow
 		InFlight  int       `db:"in_flight"`

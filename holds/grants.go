@@ -165,7 +165,7 @@ func (s *Store) grantTx(ctx context.Context, tx *sqlx.Tx, req GrantRequest, atte
 		// Calls in flight were admitted against this balance and settle against it: a refund
 		// that leaves less than they hold would drive prepaid below zero when they do. The
 		// user's row is locked, so no admission or settlement changes the holds meanwhile.
-		b, err := balanceTx(ctx, tx, s, req.UserID)
+		b, err := s.balanceTx(ctx, tx, req.UserID)
 		if err != nil {
 			return Grant{}, false, fmt.Errorf("read balance: %w", err)
 		}
