@@ -67,9 +67,12 @@ type call struct {
 	// recordMarkUnknown: that tally failed, and may have landed with the mark (its reply
 	// lost): the tally's later try, once the call is recorded, drops it (tallyCall).
 	recordMarkUnknown bool
-	// tallyMissed: a tally write of this call failed and logged the call as missing from its
-	// run's charge; a later try that lands says so (tallyCall), or the log misleads.
+	// tallyMissed: a tally write of this call failed and was logged; a later try that lands
+	// says so (tallyCall), or the log misleads.
 	tallyMissed bool
+	// recordFailed: its record on its run's row failed (recordRunCall), which may or may not
+	// have landed: a tally that never lands may then leave the call out of its run's charge.
+	recordFailed bool
 	// leased: this call holds a lease on its run (taken just before forwarding), which it must
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
@@ -600,6 +603,7 @@ func (s *Server) retryRunTally(ctx context.Context, c *call, st holds.Settlement
 			return
 		}
 	}
+	s.runTallyGivenUp(c, st)
 }
 
 // answerFinal is called when a call's answer is whole and its end about to reach the caller:
@@ -668,8 +672,8 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated)
 	}
 	if err != nil {
-		c.tallyMissed = true
 		s.tallyFailed(c, st, err)
+		c.tallyMissed = true
 		return false
 	}
 	if c.tallyMissed {
@@ -723,20 +727,41 @@ func estimatedCalls(st holds.Settlement) int64 {
 	return 0
 }
 
-// tallyFailed counts and logs a tally write that failed.
+// tallyFailed counts and logs a tally write that failed. A plain call settles from this
+// process's figures, the tally only its fallback. A named run is charged the larger of its
+// tally and its row's record, which records every call that ended (recordRunCall), so a lost
+// tally write loses nothing while the record lands: the first failure is a warning (not one
+// per try: a Redis out of reach for a minute made dozens of lines per call), and only a call
+// whose tally never lands and whose record failed too may be missing (runTallyGivenUp).
 func (s *Server) tallyFailed(c *call, st holds.Settlement, err error) {
 	s.metrics.TallyFailures.Inc()
-	if c.inRun {
-		// A named run is charged from its tally alone: this call's usage is missing from
-		// it, and only this line records it.
-		c.log.Error("tally write failed; this call is missing from its run's charge", zap.Error(err),
-			zap.Int64("cost_micro", st.CostMicro), zap.Int64("in_tok", st.Usage.Input), zap.Int64("out_tok", st.Usage.Output),
-			zap.Int64("cache_read_tok", st.Usage.CacheRead), zap.Int64("cache_write_tok", st.Usage.CacheWrite),
-			zap.Int64("cache_write_1h_tok", st.Usage.CacheWrite1h), zap.Int64("audio_in_tok", st.Usage.AudioInput),
-			zap.Int64("audio_out_tok", st.Usage.AudioOutput), zap.Bool("estimated", st.Estimated))
+	switch {
+	case !c.inRun:
+		c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
+	case !c.tallyMissed:
+		c.log.Warn("run tally write failed; tried again until settle_timeout, the run's row records the call",
+			append(callFigures(st), zap.Error(err))...)
+	}
+}
+
+// runTallyGivenUp logs a named run's call whose tally writes all failed (retryRunTally). Its
+// run's row records it unless that write failed too; then the call may be missing from its
+// run's charge, and this line, with its figures, is its only record.
+func (s *Server) runTallyGivenUp(c *call, st holds.Settlement) {
+	if c.recordFailed {
+		c.log.Error("run call may be missing from its run's charge: its tally was never written and its row's record failed",
+			callFigures(st)...)
 		return
 	}
-	c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
+	c.log.Warn("run tally never written; the run's row records the call", callFigures(st)...)
+}
+
+// callFigures are the log fields of what a call is charged.
+func callFigures(st holds.Settlement) []zap.Field {
+	return []zap.Field{zap.Int64("cost_micro", st.CostMicro), zap.Int64("in_tok", st.Usage.Input), zap.Int64("out_tok", st.Usage.Output),
+		zap.Int64("cache_read_tok", st.Usage.CacheRead), zap.Int64("cache_write_tok", st.Usage.CacheWrite),
+		zap.Int64("cache_write_1h_tok", st.Usage.CacheWrite1h), zap.Int64("audio_in_tok", st.Usage.AudioInput),
+		zap.Int64("audio_out_tok", st.Usage.AudioOutput), zap.Bool("estimated", st.Estimated)}
 }
 
 // releaseLostAdmission closes the hold a failed admission may have left: when the database

@@ -97,6 +97,7 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 		// lost) would be counted twice. One that surely did not (nothing sent) database/sql
 		// has already retried. The row's record only stands in for a tally a Redis restart
 		// lost; the tally has this call.
+		c.recordFailed = true
 		c.log.Warn("run call not recorded, expiry not extended", zap.Error(err))
 	}
 	if c.recordMarked {

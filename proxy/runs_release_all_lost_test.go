@@ -70,9 +70,9 @@ func TestNamedRunCallWhoseReleaseRepliesWereAllLost(t *testing.T) {
 			if err != nil || !found || tl.Calls != wantTally || row.Calls != 2 {
 				t.Fatalf("tally %+v (found %v, %v), row %d calls: want the second call tallied once", tl, found, err, row.Calls)
 			}
-			// The failed tries logged the call as missing from its run's charge; the try that
-			// landed must say so, or the operator reads a loss that did not happen.
-			if logs.FilterMessage("tally write failed; this call is missing from its run's charge").Len() == 0 ||
+			// The failed tries logged the failure; the try that landed must say so, or the
+			// operator reads a loss that did not happen.
+			if logs.FilterMessage(runTallyFailedLog).Len() == 0 ||
 				logs.FilterMessage("run tally written on a later try").Len() != 1 {
 				t.Fatalf("logs %v: want the failed tally and then the one that landed", logs.All())
 			}

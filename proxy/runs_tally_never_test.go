@@ -1,0 +1,98 @@
+package proxy_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// The log lines of a named run's call whose tally writes fail (proxy tallyFailed,
+// runTallyGivenUp): what an operator reads decides whether they go looking for lost money.
+const (
+	runTallyFailedLog      = "run tally write failed; tried again until settle_timeout, the run's row records the call"
+	runTallyNeverLog       = "run tally never written; the run's row records the call"
+	runCallMaybeMissingLog = "run call may be missing from its run's charge: its tally was never written and its row's record failed"
+)
+
+// TestNamedRunCallWhoseTallyNeverLands: every write of a named run's call to its run's tally is
+// lost on its way to Redis, for longer than settle_timeout. The run is charged the larger of
+// its tally and its row's record, and the row records every call that ended, so nothing is
+// lost: the call's failure is one warning, not one per try (a Redis out of reach for a minute
+// logged dozens of ERROR lines per call, each saying the call was missing from its run's
+// charge, which it was not), and the give-up says the row has the call. Only when the row's
+// record failed too (its reply lost: it may or may not have landed) is the call said to be
+// possibly missing, at ERROR level, with its figures.
+func TestNamedRunCallWhoseTallyNeverLands(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		recordFails bool
+	}{
+		{"record lands", false},
+		{"record fails", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dsn, lossyDB := testenv.LossyMySQLDSN(t)
+			core, logs := observer.New(zap.InfoLevel)
+			h, lossy := newLossyRedisHarness(t, harnessSetup{db: testenv.Open(t, dsn), log: zap.New(core)}, func(c *config.Config) {
+				c.Limits.SettleTimeout = time.Second
+			})
+			u, key := h.user("standard")
+			run := map[string]string{"X-Run-Id": "task-tally-never"}
+			runID := firstRunCall(t, h, key, run, 5)
+			// The release script alone names a call's done mark: every try of the second call's
+			// tally, and each of go-redis's resends, is lost.
+			lossy.Arm("billing:calldone:{"+runID+"}", testenv.RedisRequestLost, 1000)
+			if c.recordFails {
+				lossyDB.Arm("ended_calls = ended_calls + 1", testenv.LoseReply) // RecordRunCall alone
+			}
+			second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
+			readAll(t, second.Body)
+			second.Body.Close()
+			if second.StatusCode != http.StatusOK {
+				t.Fatalf("second call: %d", second.StatusCode)
+			}
+			h.settled() // the tally's retries included, until settle_timeout
+			lossy.Disarm()
+			if tries := lossy.Fired() / (h.rdb.Options().MaxRetries + 1); tries < 3 {
+				t.Fatalf("%d tally writes lost, want the call's tries and retries (at least 3)", tries)
+			}
+			if c.recordFails && !lossyDB.Fired() {
+				t.Fatal("the call's record on its run's row was not lost")
+			}
+
+			if n := logs.FilterMessage(runTallyFailedLog).Len(); n != 1 {
+				t.Errorf("%d warnings of the failed tally, want 1 (logs %v)", n, logs.All())
+			}
+			never, missing := logs.FilterMessage(runTallyNeverLog), logs.FilterMessage(runCallMaybeMissingLog)
+			switch {
+			case c.recordFails && (missing.Len() != 1 || missing.All()[0].Level != zapcore.ErrorLevel || never.Len() != 0):
+				t.Errorf("record failed too: want one ERROR saying the call may be missing, got %v", logs.All())
+			case !c.recordFails && (never.Len() != 1 || never.All()[0].Level != zapcore.WarnLevel || missing.Len() != 0):
+				t.Errorf("record landed: want one WARN saying the row has the call, got %v", logs.All())
+			}
+			if n := logs.FilterLevelExact(zapcore.ErrorLevel).Len(); !c.recordFails && n != 0 {
+				t.Errorf("%d ERROR lines with nothing missing: %v", n, logs.FilterLevelExact(zapcore.ErrorLevel).All())
+			}
+			if c.recordFails {
+				if got := missing.All()[0].ContextMap()["cost_micro"]; got != fakeGPTCost(h.run(u.ID, runID).InTok/2, 5) {
+					t.Errorf("the ERROR line names cost %v, want the call's", got)
+				}
+			}
+
+			// The row recorded both calls (a lost reply's UPDATE ran), which is what settling
+			// the run charges (the call's reservation, never given back, keeps a settle at
+			// run_busy until the lease TTL lapses).
+			if r := h.run(u.ID, runID); r.Calls != 2 || r.CostMicro != 2*fakeGPTCost(r.InTok/2, 5) {
+				t.Fatalf("run %+v: want its row to record both calls", r)
+			}
+		})
+	}
+}
