@@ -105,7 +105,8 @@ func (s *Store) CreateKey(ctx context.Context, userID uint64) (string, error) {
 	return key, nil
 }
 
-// RevokeKey refuses a key from now on.
+// RevokeKey refuses a key from now on. A key that is not live (never issued, already revoked)
+// is ErrKeyNotFound, which the admin API answers 404 and callers tell from a database failure.
 func (s *Store) RevokeKey(ctx context.Context, key string) error {
 	hash := HashKey(key)
 	res, err := s.db.ExecContext(ctx, "UPDATE api_keys SET revoked_at = NOW(6) WHERE key_hash = ? AND revoked_at IS NULL", hash[:])
@@ -113,7 +114,7 @@ func (s *Store) RevokeKey(ctx context.Context, key string) error {
 		return fmt.Errorf("revoke key: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("revoke key: no live key with that value")
+		return fmt.Errorf("revoke key: %w", ErrKeyNotFound)
 	}
 	return nil
 }
