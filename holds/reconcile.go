@@ -371,10 +371,14 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 	// negative cost by panicking — in this goroutine, the whole process, on every pass. Such a
 	// run's usage is lost: settled as one without a tally. So is a call count past the column
 	// that records it (no run makes 2³¹ calls), which failed the settlement on every pass.
-	if found && (cost < 0 || calls < 0 || calls > math.MaxInt32 || usage.Input < 0 || usage.CacheRead < 0 || usage.CacheWrite < 0 || usage.Output < 0) {
+	// Every token count is checked, the parts (one-hour cache writes, audio) too: a negative
+	// part was recorded on the run's row as it stood.
+	if found && (cost < 0 || calls < 0 || calls > math.MaxInt32 || usage.HasNegative()) {
 		log.Error("reconcile: the run's tally holds impossible figures; settling it as a run without one — someone should look",
 			zap.Int64("cost_micro", cost), zap.Int64("calls", calls), zap.Int64("in_tok", usage.Input),
-			zap.Int64("out_tok", usage.Output), zap.Int64("cache_read_tok", usage.CacheRead), zap.Int64("cache_write_tok", usage.CacheWrite))
+			zap.Int64("out_tok", usage.Output), zap.Int64("cache_read_tok", usage.CacheRead), zap.Int64("cache_write_tok", usage.CacheWrite),
+			zap.Int64("cache_write_1h_tok", usage.CacheWrite1h), zap.Int64("audio_in_tok", usage.AudioInput),
+			zap.Int64("audio_out_tok", usage.AudioOutput))
 		usage, cost, calls, found = pricing.Usage{}, 0, 0, false
 	}
 	// A named run's row records its ended calls too: a tally that lost some of them (a Redis

@@ -16,14 +16,24 @@ import (
 // negative cost: in the reconciler's goroutine that took the whole gateway down, and every
 // process that took the lock after it, on every pass, for as long as the tally lives.
 // Its cost alone may be negative too (a correction that lowered only the cost, its tokens all
-// zero): no record of what the run used either.
+// zero): no record of what the run used either. So is a negative part of a total (one-hour
+// cache writes, audio in or out) beside a cost that is not: the check left those out, and such
+// a run was settled from its tally with the negative count recorded on its row.
 func TestReconcileTallyWithNegativeFiguresDoesNotPanic(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		usage pricing.Usage
+		cost  int64
 	}{
-		{"negative tokens and cost", pricing.Usage{Output: -40}},
-		{"negative cost alone", pricing.Usage{}},
+		{"negative tokens and cost", pricing.Usage{Output: -40}, -1_200},
+		{"negative cost alone", pricing.Usage{}, -1_200},
+		{"negative input", pricing.Usage{Input: -1}, 300},
+		{"negative cache reads", pricing.Usage{CacheRead: -1}, 300},
+		{"negative cache writes", pricing.Usage{CacheWrite: -1}, 300},
+		{"negative output", pricing.Usage{Output: -1}, 300},
+		{"negative one-hour cache writes", pricing.Usage{CacheWrite: 50, CacheWrite1h: -5}, 300},
+		{"negative audio input", pricing.Usage{Input: 50, AudioInput: -5}, 300},
+		{"negative audio output", pricing.Usage{Output: 50, AudioOutput: -5}, 300},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newStoreEnv(t)
@@ -34,7 +44,7 @@ func TestReconcileTallyWithNegativeFiguresDoesNotPanic(t *testing.T) {
 			if err := e.tally.MarkUnused(e.ctx(), h.RunID); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.tally.Correct(e.ctx(), h.RunID, tc.usage, -1_200, 0); err != nil {
+			if err := e.tally.Correct(e.ctx(), h.RunID, tc.usage, tc.cost, 0); err != nil {
 				t.Fatal(err)
 			}
 			e.expire(h.RunID)
@@ -53,7 +63,7 @@ func TestReconcileTallyWithNegativeFiguresDoesNotPanic(t *testing.T) {
 				t.Fatalf("pass: %+v, %v; want the run charged its hold %d", st, err, h.HeldMicro)
 			}
 			if r := e.run(u, h.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold ||
-				r.ChargedMicro != h.HeldMicro || r.OutTok < 0 {
+				r.ChargedMicro != h.HeldMicro || r.Usage().HasNegative() {
 				t.Fatalf("run %+v: want reconcile_hold at held %d", r, h.HeldMicro)
 			}
 		})

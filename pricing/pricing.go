@@ -58,6 +58,15 @@ func (u Usage) RunCounts(calls int64) map[string]int64 {
 		"cache_write_1h": u.CacheWrite1h, "audio_input": u.AudioInput, "audio_output": u.AudioOutput, "calls": calls}
 }
 
+// HasNegative reports whether any count of u is below zero: no call uses negative tokens, so
+// such a usage (a tally holding a correction alone, a hand edit) is no record of what was used.
+// It sits beside the struct so that a field added to it is added here too
+// (TestUsageHasNegativeSeesEveryField fails otherwise).
+func (u Usage) HasNegative() bool {
+	return u.Input < 0 || u.CacheRead < 0 || u.CacheWrite < 0 || u.Output < 0 ||
+		u.CacheWrite1h < 0 || u.AudioInput < 0 || u.AudioOutput < 0
+}
+
 // Add returns the field-wise sum.
 func (u Usage) Add(o Usage) Usage {
 	return Usage{Input: u.Input + o.Input, CacheRead: u.CacheRead + o.CacheRead, CacheWrite: u.CacheWrite + o.CacheWrite,
