@@ -167,9 +167,19 @@ type Stats struct {
 	PrunedSessions int
 	ChargedMicro   int64 // total charged by this pass
 	// Truncated: the pass stopped at MaxBatches with a full last batch, or at PassBudget;
-	// more may remain.
+	// more may remain. StoppedAt says which, for the operator told to run again (empty when
+	// the pass was not truncated).
 	Truncated bool
+	StoppedAt PassBound
 }
+
+// PassBound is the bound that stopped a truncated pass.
+type PassBound string
+
+const (
+	StopBatchLimit PassBound = "batch limit" // MaxBatches full batches read
+	StopTimeBudget PassBound = "time budget" // PassBudget spent before the next hold
+)
 
 // Settled is the number of holds this pass closed.
 func (st Stats) Settled() int { return st.FromTally + st.Released + st.ChargedHeld }
@@ -276,7 +286,7 @@ func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 				return st, fmt.Errorf("reconcile: %w", ctx.Err())
 			}
 			if st.Scanned > 0 && time.Now().After(stopAt) {
-				st.Truncated = true
+				st.Truncated, st.StoppedAt = true, StopTimeBudget
 				r.cfg.Log.Warn("reconcile pass stopped at its time budget; the rest waits for the next pass",
 					zap.Int("scanned", st.Scanned), zap.Duration("budget", r.cfg.PassBudget))
 				return truncated(st)
@@ -315,7 +325,7 @@ func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
 			return st, nil
 		}
 	}
-	st.Truncated = true
+	st.Truncated, st.StoppedAt = true, StopBatchLimit
 	r.cfg.Log.Warn("reconcile pass stopped at its batch limit; the rest waits for the next pass",
 		zap.Int("batches", st.Batches), zap.Int("batch", r.cfg.Batch))
 	return truncated(st)
@@ -458,8 +468,12 @@ func (r *Reconciler) refused(ctx context.Context, run Run, tallied bool) (bool, 
 }
 
 func statsFields(st Stats) []zap.Field {
-	return []zap.Field{zap.Int("batches", st.Batches), zap.Int("scanned", st.Scanned), zap.Int("extended", st.Extended),
+	f := []zap.Field{zap.Int("batches", st.Batches), zap.Int("scanned", st.Scanned), zap.Int("extended", st.Extended),
 		zap.Int("from_tally", st.FromTally), zap.Int("released", st.Released), zap.Int("charged_held", st.ChargedHeld),
 		zap.Int("already_settled", st.AlreadySettled), zap.Int("errors", st.Errors), zap.Int("pruned_sessions", st.PrunedSessions),
 		zap.Int64("charged_micro", st.ChargedMicro), zap.Bool("truncated", st.Truncated)}
+	if st.Truncated {
+		f = append(f, zap.String("stopped_at", string(st.StoppedAt)))
+	}
+	return f
 }

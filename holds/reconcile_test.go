@@ -242,11 +242,11 @@ func TestReconcileBatchLimits(t *testing.T) {
 	}
 	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Batch, c.MaxBatches = 3, 2 })
 	st, err := e.pass(rec)
-	if err != nil || st.Released != 6 || st.Batches != 2 || !st.Truncated {
-		t.Fatalf("first pass: %+v, %v; want 6 released in 2 batches, truncated", st, err)
+	if err != nil || st.Released != 6 || st.Batches != 2 || !st.Truncated || st.StoppedAt != holds.StopBatchLimit {
+		t.Fatalf("first pass: %+v, %v; want 6 released in 2 batches, stopped at the batch limit", st, err)
 	}
 	st, err = e.pass(rec)
-	if err != nil || st.Released != 2 || st.Batches != 1 || st.Truncated {
+	if err != nil || st.Released != 2 || st.Batches != 1 || st.Truncated || st.StoppedAt != "" {
 		t.Fatalf("second pass: %+v, %v; want the last 2", st, err)
 	}
 	// An exactly full last batch costs one more (empty) read, then stops.
@@ -273,12 +273,17 @@ func TestReconcilePassTimeBudget(t *testing.T) {
 	spent := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.PassBudget = time.Nanosecond })
 	for i := range n {
 		st, err := e.pass(spent)
-		if err != nil || st.Released != 1 || st.Scanned != 1 || (i < n-1) != st.Truncated {
-			t.Fatalf("pass %d with its budget spent at once: %+v, %v; want one hold released", i+1, st, err)
+		// The last hold's pass reads a short batch: it ends there, not at its budget.
+		stopped := holds.PassBound("")
+		if i < n-1 {
+			stopped = holds.StopTimeBudget
+		}
+		if err != nil || st.Released != 1 || st.Scanned != 1 || (i < n-1) != st.Truncated || st.StoppedAt != stopped {
+			t.Fatalf("pass %d with its budget spent at once: %+v, %v; want one hold released, stopped at %q", i+1, st, err, stopped)
 		}
 	}
 	st, err := e.pass(spent)
-	if err != nil || st.Scanned != 0 || st.Truncated {
+	if err != nil || st.Scanned != 0 || st.Truncated || st.StoppedAt != "" {
 		t.Fatalf("pass after all were released: %+v, %v", st, err)
 	}
 }

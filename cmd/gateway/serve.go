@@ -171,15 +171,22 @@ func reconcileOnce(ctx context.Context, args []string) error {
 		fmt.Println("reconcile: another process holds the lock; nothing scanned (use -force to scan anyway)")
 		return nil
 	}
-	// In credits, as every other figure the operator reads (balances, grants, reports).
-	fmt.Printf("reconcile: scanned %d in %d batches: %d settled from tally, %d released, %d charged at hold, %d extended (leased), %d already settled, %d errors; charged %s credits",
-		st.Scanned, st.Batches, st.FromTally, st.Released, st.ChargedHeld, st.Extended, st.AlreadySettled, st.Errors,
-		pricing.FormatCredits(st.ChargedMicro, e.cfg.CreditMicro))
-	if st.Truncated {
-		fmt.Print(" (stopped at the batch limit; run again)")
-	}
-	fmt.Println()
+	fmt.Println(passSummary(st, e.cfg.CreditMicro))
 	return err
+}
+
+// passSummary is the line `reconcile -once` prints for a pass: its counts, what it charged in
+// credits as every other figure the operator reads (balances, grants, reports), and, if it
+// stopped early, at which bound (the batch limit or the time budget: which to look at if every
+// pass stops there) and that the operator should run it again.
+func passSummary(st holds.Stats, creditMicro int64) string {
+	s := fmt.Sprintf("reconcile: scanned %d in %d batches: %d settled from tally, %d released, %d charged at hold, %d extended (leased), %d already settled, %d errors; charged %s credits",
+		st.Scanned, st.Batches, st.FromTally, st.Released, st.ChargedHeld, st.Extended, st.AlreadySettled, st.Errors,
+		pricing.FormatCredits(st.ChargedMicro, creditMicro))
+	if st.Truncated {
+		s += fmt.Sprintf(" (stopped at the %s; run again)", st.StoppedAt)
+	}
+	return s
 }
 
 // servePprof exposes the profiler on its own listener, loopback only: profiles show request
