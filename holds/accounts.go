@@ -76,12 +76,13 @@ func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error)
 // ErrUserExists refuses a second user of one name.
 var ErrUserExists = errors.New("user exists")
 
-// UserByName finds an account.
+// UserByName finds an account. Its errors name the user, so callers return them as they are
+// (ErrUnknownUser when there is none).
 func (s *Store) UserByName(ctx context.Context, name string) (User, error) {
 	var u userRow
 	err := s.db.GetContext(ctx, &u, "SELECT "+userColumns+" FROM users WHERE name = ?", name)
 	if errors.Is(err, sql.ErrNoRows) {
-		return User{}, ErrUnknownUser
+		return User{}, fmt.Errorf("user %q: %w", name, ErrUnknownUser)
 	}
 	if err != nil {
 		return User{}, fmt.Errorf("user %q: %w", name, err)

@@ -274,9 +274,9 @@ func keyCreate(ctx context.Context, args []string) error {
 	}
 	defer e.Close()
 	st := e.store()
-	u, err := st.UserByName(ctx, name)
+	u, err := st.UserByName(ctx, name) // its error names the user
 	if err != nil {
-		return fmt.Errorf("user %q: %w", name, err)
+		return err
 	}
 	key, err := st.CreateKey(ctx, u.ID)
 	if err != nil {
