@@ -60,6 +60,38 @@ var endScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0`)
 
+// checkFingerprint answers a plain request whose body the same user sent moments ago while
+// that first request still runs. It returns the status it answered with, or 0 to go on.
+// Redis out of reach is a refusal unless dedup.fail_open: a silent double run costs money.
+func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, c *call, bodyHash string,
+	refuse func(*apiError, string, error) int) int {
+	orig, err := s.fingerprint(r.Context(), c.user.ID, bodyHash, c.runID)
+	var dbDown errStoreDown
+	switch {
+	case err != nil && r.Context().Err() != nil:
+		c.outcome = outcomeRefused
+		logRefusal(c.log, errClientClosed, "client left during the duplicate check; hold released", err)
+		return answerClientClosed(w, r)
+	case errors.As(err, &dbDown):
+		c.outcome = outcomeRefused
+		return refuse(errBillingDown, "fingerprint check failed", err)
+	case err != nil && !s.cfg.Dedup.FailOpen:
+		c.outcome = outcomeRefused
+		return refuse(errDedupDown, "fingerprint check failed; refusing rather than risk a double run", err)
+	case err != nil:
+		c.log.Warn("fingerprint check failed; going on (fail_open)", zap.Error(err))
+	case orig != "":
+		c.outcome = outcomeDuplicate
+		e := errDuplicate(orig)
+		logRefusal(c.log, e, "duplicate of a running request", nil, zap.String("of_run", orig))
+		s.writeDuplicate(w, e, false)
+		return e.Status
+	default:
+		c.fpKey = s.keys.Dedup(c.user.ID, bodyHash)
+	}
+	return 0
+}
+
 // claimReleaseTimeout bounds giving back what a call claimed against duplicates (its
 // fingerprint, its session's running mark: answerFinal): it is done before the end of the
 // call's answer goes out, so the caller waits for it. One not given back lapses on its own.

@@ -2,13 +2,14 @@ package proxy_test
 
 import (
 	"context"
-	"github.com/openai/openai-go/v3"
-	"github.com/openai/openai-go/v3/option"
-	"github.com/tollgate/tollgate/internal/fakellm"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/tollgate/tollgate/internal/fakellm"
 
 	"github.com/tollgate/tollgate/config"
 )

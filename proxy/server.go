@@ -379,3 +379,14 @@ func (b *eofBody) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// priceSnapshots records, per configured model, the prices a run is billed at, so the bill can
+// be explained after the price table changes. Built once: the table is fixed for a process.
+func priceSnapshots(prices *pricing.Table) map[string][]byte {
+	out := map[string][]byte{}
+	for _, name := range prices.Models() {
+		p, _, _ := prices.Lookup(name)
+		out[name] = p.Snapshot(name)
+	}
+	return out
+}

@@ -271,3 +271,22 @@ func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) (*a
 	}
 	return errBillingDown, fmt.Errorf("session claim: %w", err)
 }
+
+// answerSuperseded tells a caller still connected that its call was stopped because a newer
+// message of its session replaced it: an error answer when nothing was sent yet, an error
+// event at the end of a stream already under way.
+func (s *Server) answerSuperseded(c *call) int {
+	rw := c.rw
+	if rw.status == 0 {
+		rw.Header().Set(shouldRetryHeader, "false") // a retry would replace the newer message
+		writeError(rw, errSupersededAnswer)
+		return errSupersededAnswer.Status
+	}
+	if isEventStream(rw.Header().Get("Content-Type")) {
+		rc := http.NewResponseController(rw)
+		bound := s.boundWrites(rc)
+		_, _ = bound.write(rw, streamErrorEvent(c.req.route.format, errSupersededAnswer))
+		_ = rc.Flush()
+	}
+	return rw.status
+}

@@ -1,0 +1,123 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"go.uber.org/zap"
+)
+
+// releaseLostAdmission closes the hold a failed admission may have left: when the database
+// may have committed it although the answer was lost (holds.ErrOutcomeUnknown), the caller is
+// refused, so the hold must not be charged. It is settled at 0 in the background with the
+// admission's token, which closes this request's hold and never one another request took on
+// the same run (an Idempotency-Key retry). Before that, in the request, the admission is
+// marked refused (markRefused): if the release never lands (the outage outlasts the hold, or
+// the process dies first), the reconciler releases the hold carrying this token at 0 rather
+// than charging what it held. A fresh run id (made up at random for this request) also gets a
+// zero tally.
+//
+// A named run (X-Run-Id) is not released: other calls of it may already be running on the
+// hold (the caller's retry, a parallel call, on any process), and a failed call leaves a run
+// open. It gets a zero tally instead (retried for as long as a settlement would), so that a run
+// nobody comes back to is settled at what its calls used.
+// Any other failed admission held nothing, and this does nothing.
+//
+// The work takes a settlement slot, or runs in the request when none is free: the refused
+// caller is answered at once and may send the next request, so a goroutine per lost admission,
+// each living as long as the release tries, grew with the request rate while the database lost
+// commit replies.
+func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest, err error, log *zap.Logger) {
+	if !errors.Is(err, holds.ErrOutcomeUnknown) {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	log = log.Named(holds.MoneyLog)
+	if ar.ClientRunID != "" {
+		log.Warn("admission outcome unknown; the run stays open", zap.Error(err))
+		s.settlements.start()
+		s.inBackground(func() {
+			defer s.settlements.leave()
+			s.markRunUnused(ctx, ar.RunID, log)
+		})
+		return
+	}
+	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
+	s.markRefused(ctx, ar, log)
+	s.settlements.start()
+	release := func(keepTrying bool) {
+		defer s.settlements.leave()
+		if ar.Fresh {
+			tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+			if err := s.tally.MarkUnused(tctx, ar.RunID); err != nil {
+				log.Warn("unused tally not written", zap.Error(err))
+			}
+			cancel()
+		}
+		res, err := s.releaseLost(ctx, ar, keepTrying, log)
+		switch {
+		case errors.Is(err, holds.ErrRunNotFound):
+			log.Info("the lost admission had held nothing")
+		case err != nil:
+			s.metrics.SettleFailures.Inc()
+			log.Error("lost admission not released; the reconciler will settle it", zap.Error(err))
+		default:
+			s.metrics.Settlements.WithLabelValues(holds.SourceAdmitLost, strconv.FormatBool(res.Applied)).Inc()
+			log.Info("lost admission released", zap.Bool("applied", res.Applied))
+		}
+	}
+	// In the request (no slot free), one try: the caller's 503 waits for it, and must not wait
+	// for an outage to end.
+	if !s.tryBackground(func() { release(true) }) {
+		release(false)
+	}
+}
+
+// markRefused leaves the reconciler the mark that this request's admission (its run and
+// token) was refused, in the request, before the 503: the release below runs in this process,
+// and a process killed before it lands (the database still out of reach) would otherwise leave
+// an Idempotency-Key attempt's committed hold, which has no zero tally, to be charged what it
+// held. Bounded as a step on the caller's path; not written, the release and the zero tally (a
+// plain call's) are what is left.
+func (s *Server) markRefused(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
+	if ar.Token == "" {
+		return
+	}
+	rctx, cancel := redisStep(ctx)
+	defer cancel()
+	if err := s.tally.MarkRefused(rctx, ar.RunID, ar.Token); err != nil {
+		log.Warn("refused admission's mark not written", zap.Error(err))
+	}
+}
+
+// releaseLost settles a lost admission's hold at 0 by its token. Each try has settle_timeout;
+// while the database stays out of reach it tries again, for as long as the hold lives (its
+// TTL, counted from now: no sooner than it expires): the reconciler settles it only once it has
+// expired, and then, finding no tally (an Idempotency-Key's attempt gets none, as its run may
+// be another request's) nor, if Redis failed that write too, the refusal's mark, at what it
+// held. Given up after settle_timeout, the release left the refused caller's hold to that
+// whenever the outage outlasted settle_timeout but not hold_ttl.
+//
+// keepTrying false makes one try only.
+func (s *Server) releaseLost(ctx context.Context, ar holds.AdmitRequest, keepTrying bool, log *zap.Logger) (holds.Settled, error) {
+	until := time.Now().Add(ar.TTL)
+	for {
+		tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+		res, err := s.writer.Settle(tctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, AdmitToken: ar.Token,
+			Source: holds.SourceAdmitLost})
+		cancel()
+		unreachable := holds.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)
+		if err == nil || !unreachable || !keepTrying || !time.Now().Before(until) {
+			return res, err
+		}
+		log.Warn("lost admission not released yet; the database is out of reach, trying again", zap.Error(err))
+		time.Sleep(lostReleasePause) // a try that failed fast must not spin
+	}
+}
+
+// lostReleasePause spaces releaseLost's tries. A try normally lasts settle_timeout (the store
+// retries an unreachable database inside it), so this only matters for one that fails at once.
+const lostReleasePause = time.Second

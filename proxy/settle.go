@@ -1,0 +1,267 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+	"go.uber.org/zap"
+)
+
+// finish settles a call. It runs after the handler, whatever ended it, and hands the work to
+// a settlement that outlives the request: the client's cancellation must not cancel the
+// charge for what it already used.
+func (s *Server) finish(reqCtx context.Context, c *call) {
+	if p := recover(); p != nil {
+		c.log.Error("panic while serving; settling what was used", zap.Any("panic", p))
+		c.outcome = outcomeStreamError
+		defer panic(p)
+	}
+	c.ended = time.Now()
+	st := s.settlementOf(c)
+	ctx := context.WithoutCancel(reqCtx)
+	if records := slices.Concat(s.contextHandedOn(c, st), s.spokenAnswers(c, st), s.answerOwner(c)); len(records) > 0 {
+		log := c.log
+		s.settlements.start()
+		s.inBackground(func() {
+			defer s.settlements.leave()
+			s.rememberTokens(ctx, records, log)
+		})
+	}
+	if c.idem != nil {
+		// Before the settlement: whoever finds this attempt settled must find its record final.
+		s.finishIdem(ctx, c)
+	}
+	// What follows (tally, settlement, their retries) may outlive the request by up to
+	// settle_timeout and needs neither the body (up to max_body_bytes) nor the copy of the
+	// answer kept for a replay (up to max_replay_len): let them go now.
+	c.req.body = nil
+	if c.rw != nil {
+		c.rw.buf = bytes.Buffer{}
+	}
+	if c.outcome == outcomeDuplicate {
+		// Released in the request itself: when the caller reads its 409, the hold is gone.
+		s.settlements.start()
+		defer s.settlements.leave()
+		s.tallyCall(ctx, c, st)
+		s.settle(ctx, c, st)
+		return
+	}
+	if c.inRun {
+		s.finishRunCall(ctx, c, st)
+		return
+	}
+	s.finishPlainCall(ctx, c, st)
+}
+
+// finishRunCall records the end of a named run's call: its tally (a complete answer's was
+// written before its end reached the caller: tallyBeforeAnswer) and its row's record. The run
+// stays open; it is settled on request or by the reconciler.
+func (s *Server) finishRunCall(ctx context.Context, c *call, st holds.Settlement) {
+	if !c.tallied {
+		c.tallied = s.tallyCall(ctx, c, st)
+	}
+	s.endRunCall(ctx, c, st)
+	if !c.tallied {
+		// The tally is the run's only record of the call (and, for a call that used
+		// nothing, the evidence that keeps a run nobody comes back to from being charged
+		// its hold): keep trying, as markRunUnused does, for as long as a settlement
+		// would. Every step is safe to repeat.
+		s.settlements.start()
+		s.inBackground(func() {
+			defer s.settlements.leave()
+			s.retryRunTally(ctx, c, st)
+		})
+	}
+}
+
+// finishPlainCall tallies and settles a call that is a run of its own.
+func (s *Server) finishPlainCall(ctx context.Context, c *call, st holds.Settlement) {
+	// Tally and settlement run after the caller has its answer; neither adds to its latency.
+	// They go out together rather than one after the other: a settlement that reaches the
+	// writer before the caller's next admission shares its transaction (holds.Writer), and
+	// waiting first for the tally's round trip to Redis made it arrive after that admission
+	// often enough to cost a commit and a lock wait per call. See tallyCall for why the order
+	// does not matter to the reconciler.
+	s.settlements.start()
+	work := func() {
+		// Done once the tally is written too: shutdown closes Redis when this is done.
+		defer s.settlements.leave()
+		if c.tallied {
+			// With its fingerprint, before the answer's end (tallyWithFingerprint); what was
+			// metered after that (rare: an upstream that went on past its final event) is
+			// added first.
+			if c.talliedAs != nil {
+				du, dc, dEst := st.Usage.Sub(c.talliedAs.Usage), st.CostMicro-c.talliedAs.CostMicro, estimatedCalls(st)-estimatedCalls(*c.talliedAs)
+				if dc != 0 || dEst != 0 || du != (pricing.Usage{}) {
+					s.correctTally(ctx, c, st, du, dc, dEst)
+				}
+			}
+			s.settle(ctx, c, st)
+			return
+		}
+		tallied := make(chan struct{})
+		go func() {
+			defer close(tallied)
+			s.tallyCall(ctx, c, st)
+		}()
+		s.settle(ctx, c, st)
+		<-tallied
+	}
+	s.inBackground(work)
+}
+
+// settle commits one settlement with its own deadline and retries, then drops the lease.
+// A settlement that gives up leaves the hold to expire and the reconciler to settle it from
+// the tally.
+func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+	defer cancel()
+	// Settled or not, the call is over: without its lease, a run whose settlement failed is
+	// the reconciler's once its hold expires.
+	defer s.releaseLease(ctx, c)
+	res, err := s.writer.Settle(ctx, st)
+	if err != nil {
+		s.metrics.SettleFailures.Inc()
+		c.log.Error("settlement failed; the reconciler will settle this run", zap.Error(err))
+		return
+	}
+	s.metrics.SettleSeconds.Observe(time.Since(c.ended).Seconds())
+	s.metrics.Settlements.WithLabelValues(st.Source, strconv.FormatBool(res.Applied)).Inc()
+	c.log.Debug("settled", zap.String("source", st.Source), zap.Bool("applied", res.Applied),
+		zap.Int64("charged_micro", res.ChargedMicro), zap.Bool("estimated", st.Estimated))
+}
+
+// settlementOf turns how a call ended into what it is charged.
+func (s *Server) settlementOf(c *call) holds.Settlement { return s.settlementAs(c, c.outcome) }
+
+// settlementAs is what the call would be charged, were it to end as o.
+func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
+	st := holds.Settlement{RunID: c.runID, UserID: c.user.ID, Model: c.req.model, Calls: 1, PriceSnapshot: s.snapshots[c.req.priceKey]}
+	switch o {
+	case outcomeRefused:
+		st.Source, st.Calls = holds.SourceRelease, 0
+		return st
+	case outcomeDuplicate:
+		st.Source, st.Calls = holds.SourceDuplicate, 0
+		return st
+	case outcomeUpstreamError:
+		st.Source = holds.SourceUpstreamError
+		return st
+	case outcomeCancel:
+		st.Source = holds.SourceCancel
+		if s.shuttingDown.Load() {
+			st.Source = holds.SourceShutdown
+		}
+	case outcomeStreamError:
+		st.Source = holds.SourceStreamError
+		if res := c.meter.Result(); res.UpstreamError && !res.Reported && !res.Produced() {
+			// The provider said it failed (an error event after its 200) before it produced
+			// anything and without a usage: as for a refusal with a non-2xx status, nothing was
+			// used. (A stream that only broke, with no word from the provider, keeps the
+			// prompt's estimate: the provider may have worked on it, as after a timeout.)
+			st.Source = holds.SourceUpstreamError
+			return st
+		}
+	case outcomeUpstreamTimeout:
+		st.Source = holds.SourceUpstreamTimeout
+	default:
+		st.Source = holds.SourceComplete
+	}
+	res := c.meter.Result()
+	if res.Reported {
+		st.Usage, st.Estimated = res.Usage, res.Estimated
+	} else {
+		st.Usage = c.req.promptEstimate()
+		st.Usage.Output, st.Usage.AudioOutput = res.EstimatedOutput()
+		st.Estimated = true
+	}
+	price := c.req.price
+	if p, key, ok := s.answeredPrice(c, res.Model); ok {
+		price, st.PriceSnapshot = p, s.snapshots[key]
+	}
+	st.CostMicro = price.Cost(st.Usage)
+	return st
+}
+
+// answeredPrice is the price of the model the upstream says answered, when that is priced
+// under another configured name than the model asked for: the call is billed for what ran
+// (an alias answered by a dearer snapshot, a router that picked another model). An answer
+// naming no model, the same one, or one without a price is billed at the price asked for.
+func (s *Server) answeredPrice(c *call, answered string) (pricing.Price, string, bool) {
+	if answered == "" || answered == c.req.model {
+		return pricing.Price{}, "", false
+	}
+	p, key, err := s.prices.Lookup(answered)
+	if err != nil || key == c.req.priceKey {
+		return pricing.Price{}, "", false
+	}
+	c.log.Info("billed at the price of the model that answered", zap.String("asked", c.req.model),
+		zap.String("answered", answered), zap.String("priced_as", key))
+	return p, key, true
+}
+
+// wholeOutcome is how a call whose answer is whole ends: complete, unless the upstream reported
+// an error in it.
+func (c *call) wholeOutcome() outcome {
+	if c.meter.Result().UpstreamError {
+		return outcomeStreamError
+	}
+	return outcomeComplete
+}
+
+// answerFinal is called when a call's answer is whole and its end about to reach the caller:
+// what the call claimed against duplicates is given back (its fingerprint; its session's
+// "running" mark), so the same request sent the moment the answer ends is a new one, not a
+// duplicate of a call whose settlement is still on its way. Each step is safe to repeat; the
+// handler's defers repeat them for calls that end otherwise.
+func (s *Server) answerFinal(ctx context.Context, c *call) {
+	s.endFingerprint(ctx, c)
+	s.endSessionCall(ctx, c)
+}
+
+// releaseLease gives back the lease the call took, if it took one. It has its own deadline:
+// the caller's may have run out (a settlement that gave up).
+func (s *Server) releaseLease(ctx context.Context, c *call) {
+	if !c.leased {
+		return
+	}
+	c.leased = false
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), leaseReleaseTimeout)
+	defer cancel()
+	if err := s.leases.Release(ctx, c.runID); err != nil {
+		c.log.Warn("lease not released; it lapses on its own", zap.Error(err))
+	}
+}
+
+// leaseReleaseTimeout bounds deleting a lease key; one that is not deleted lapses after the
+// lease TTL, since this process no longer refreshes it.
+const leaseReleaseTimeout = 2 * time.Second
+
+// inBackground runs fn beside the request when one of settleSlots is free, else in the
+// request: backpressure, so that settlements (and what they hold) behind a slow database or
+// Redis cannot grow without bound — past the slots, each caller waits for its own.
+func (s *Server) inBackground(fn func()) {
+	if !s.tryBackground(fn) {
+		fn()
+	}
+}
+
+// tryBackground runs fn beside the request in one of settleSlots and reports true, or reports
+// false, without running it, when none is free.
+func (s *Server) tryBackground(fn func()) bool {
+	select {
+	case s.settleSlots <- struct{}{}:
+		go func() {
+			defer func() { <-s.settleSlots }()
+			fn()
+		}()
+		return true
+	default:
+		return false
+	}
+}

@@ -1,0 +1,190 @@
+package proxy
+
+import (
+	"context"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+	"go.uber.org/zap"
+)
+
+// tallyBeforeAnswer tallies a call of a named run whose answer is complete (or broken off, its
+// error event still to go) but whose end the caller has not been sent yet: a caller that
+// settles its run the moment the answer ends must find the call in the run's tally, not get
+// 409 run_busy for a call it saw finish.
+func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
+	ctx = context.WithoutCancel(ctx)
+	st := s.settlementOf(c)
+	// A failed write is tried again when the call ends, then until settle_timeout (finishRunCall;
+	// a named run's steps are safe to repeat): the tally is the run's only record of the call.
+	// First, since it gives the call's reservation back: a call of the run reserving while the
+	// row already recorded this one and its reservation still stood would count it twice (the
+	// run's budget counts the row's record as spent, Hold.RecordedMicro), and be refused with
+	// the cap half unused.
+	c.tallied = s.tallyCall(ctx, c, st)
+	// The run's row records the call before its end reaches the caller too: after a Redis
+	// restart the tally has only the calls made since, and a settle sent the moment the answer
+	// ends, reading a row without this call, would charge the larger of the two records rather
+	// than both calls (and the call's record would then find its run settled). A settle that
+	// comes between the two writes finds the call still in flight (its tally's record-to-come
+	// mark, runstate.RunBudget.ReleaseBeforeRecord, on a run whose Redis record lost calls)
+	// and is refused run_busy.
+	s.recordRunCall(ctx, c, st)
+	// The call is over but for its last bytes; a run settled now must not find its lease
+	// (CloseRun refuses a leased run).
+	s.releaseLease(ctx, c)
+}
+
+// tallyCall records a call's usage in Redis: if this process dies before the call's
+// settlement commits, the reconciler settles from the tally. It need not precede the
+// settlement: a committed settlement makes the tally moot, and one that fails leaves its run
+// to the reconciler only once its hold has expired (minutes), long after this write (bounded
+// by tallyWriteTimeout) has landed or failed. Only a crash before the write lands loses it,
+// the same window as writing it first.
+//
+// A call that used nothing (refused, duplicate, upstream error) records that it used nothing:
+// without a tally the reconciler would charge a run whose release at 0 failed what it held.
+func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (ok bool) {
+	tctx, cancel := context.WithTimeout(ctx, tallyWriteTimeout)
+	defer cancel()
+	var err error
+	switch {
+	case c.reserving && !c.recorded:
+		// Its record on the run's row follows (recordRunCall): the run is not settled between.
+		c.recordMarked, err = s.budgets.ReleaseBeforeRecord(tctx, c.runID, c.callID, st.Usage, st.CostMicro, st.Estimated)
+		c.recordMarkUnknown = err != nil
+	case c.reserving:
+		err = s.budgets.Release(tctx, c.runID, c.callID, st.Usage, st.CostMicro, st.Estimated)
+		if err == nil && c.recordMarkUnknown {
+			s.dropRecordMark(tctx, c)
+		}
+	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
+		err = s.tally.MarkUnused(tctx, c.runID)
+	default:
+		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated)
+	}
+	if err != nil {
+		s.tallyFailed(c, st, err)
+		c.tallyMissed = true
+		return false
+	}
+	if c.tallyMissed {
+		c.tallyMissed = false
+		c.log.Info("run tally written on a later try")
+	}
+	return true
+}
+
+// tallyWriteTimeout bounds one tally write. A call's own tally goes out after its answer (or
+// just before its end), so a Redis that hangs must not hold the call's settlement, or a
+// caller's next request, for longer than this.
+const tallyWriteTimeout = 2 * time.Second
+
+// tallyFailed counts and logs a tally write that failed. A plain call settles from this
+// process's figures, the tally only its fallback. A named run is charged the larger of its
+// tally and its row's record, which records every call that ended (recordRunCall), so a lost
+// tally write loses nothing while the record lands: the first failure is a warning (not one
+// per try: a Redis out of reach for a minute made dozens of lines per call), and only a call
+// whose tally never lands and whose record failed too may be missing (runTallyGivenUp).
+func (s *Server) tallyFailed(c *call, st holds.Settlement, err error) {
+	s.metrics.TallyFailures.Inc()
+	switch {
+	case !c.inRun:
+		c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
+	case !c.tallyMissed:
+		c.log.Warn("run tally write failed; tried again until settle_timeout, the run's row records the call",
+			append(callFigures(st), zap.Error(err))...)
+	}
+}
+
+// runTallyGivenUp logs a named run's call whose tally writes all failed (retryRunTally). Its
+// run's row records it unless that write failed too; then the call may be missing from its
+// run's charge, and this line, with its figures, is its only record.
+func (s *Server) runTallyGivenUp(c *call, st holds.Settlement) {
+	if c.recordFailed {
+		c.log.Error("run call may be missing from its run's charge: its tally was never written and its row's record failed",
+			callFigures(st)...)
+		return
+	}
+	c.log.Warn("run tally never written; the run's row records the call", callFigures(st)...)
+}
+
+// callFigures are the log fields of what a call is charged.
+func callFigures(st holds.Settlement) []zap.Field {
+	return []zap.Field{zap.Int64("cost_micro", st.CostMicro), zap.Int64("in_tok", st.Usage.Input), zap.Int64("out_tok", st.Usage.Output),
+		zap.Int64("cache_read_tok", st.Usage.CacheRead), zap.Int64("cache_write_tok", st.Usage.CacheWrite),
+		zap.Int64("cache_write_1h_tok", st.Usage.CacheWrite1h), zap.Int64("audio_in_tok", st.Usage.AudioInput),
+		zap.Int64("audio_out_tok", st.Usage.AudioOutput), zap.Bool("estimated", st.Estimated)}
+}
+
+// retryRunTally writes a named run's call to its tally until it lands or settle_timeout has
+// passed.
+func (s *Server) retryRunTally(ctx context.Context, c *call, st holds.Settlement) {
+	deadline := time.Now().Add(s.cfg.Limits.SettleTimeout)
+	for wait := tallyRetryFirst; time.Now().Before(deadline); wait = min(2*wait, tallyRetryMost) {
+		time.Sleep(wait)
+		if s.tallyCall(ctx, c, st) {
+			return
+		}
+	}
+	s.runTallyGivenUp(c, st)
+}
+
+// tallyRetryFirst and tallyRetryMost are the first and the longest pause between tries of a
+// tally write that must land (markRunUnused, retryRunTally): Redis back from a blip is found
+// within a tenth of a second, one that is down is not asked more than every two.
+const (
+	tallyRetryFirst = 100 * time.Millisecond
+	tallyRetryMost  = 2 * time.Second
+)
+
+// markRunUnused writes a named run's zero tally, retrying for as long as a settlement would
+// (the writes are safe to repeat): without it a run nobody comes back to is charged its hold.
+func (s *Server) markRunUnused(ctx context.Context, runID string, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+	defer cancel()
+	for wait := tallyRetryFirst; ; wait = min(2*wait, tallyRetryMost) {
+		err := s.tally.MarkUnused(ctx, runID)
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.metrics.TallyFailures.Inc()
+			log.Error("zero tally of a run with a lost admission not written; it will be charged its hold", zap.Error(err))
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// dropRecordMark drops the record-to-come mark a failed ReleaseBeforeRecord may have left (it
+// ran and its every reply was lost), once the call is recorded on its run's row and its tally
+// has landed on a later try: Redis answers again, and the mark, unknown to the call, kept the
+// run's settle at 409 run_busy with nothing in flight until it lapsed (the lease TTL).
+func (s *Server) dropRecordMark(ctx context.Context, c *call) {
+	c.recordMarkUnknown = false
+	if err := s.budgets.Recorded(ctx, c.runID, c.callID); err != nil {
+		c.log.Warn("run call's record not marked; the run's settlement waits until the mark lapses", zap.Error(err))
+	}
+}
+
+// correctTally adds to a call's tally what its settlement found beyond what tallyWithFingerprint
+// wrote (du, dc and dEst may be negative: a later usage report replaces an earlier one, or an
+// estimate).
+func (s *Server) correctTally(ctx context.Context, c *call, st holds.Settlement, du pricing.Usage, dc, dEst int64) {
+	tctx, cancel := context.WithTimeout(ctx, tallyWriteTimeout)
+	defer cancel()
+	if err := s.tally.Correct(tctx, c.runID, du, dc, dEst); err != nil {
+		s.tallyFailed(c, st, err)
+	}
+}
+
+// estimatedCalls is how a call's settlement counts in its tally's estimated calls.
+func estimatedCalls(st holds.Settlement) int64 {
+	if st.Estimated {
+		return 1
+	}
+	return 0
+}
