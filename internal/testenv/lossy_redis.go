@@ -24,6 +24,7 @@ import (
 // they reach Redis). Either way the client then reads EOF, as from a server that closed the
 // connection, and go-redis does what it does in production: it sends a lone command (a script
 // included) again on a new connection, up to MaxRetries times, and fails a MULTI/EXEC at once.
+// A third outcome, RedisWriteLate, delivers the write late instead: see LateWrite.
 //
 // A lost reply is lost only once Redis has answered every command of the write, its EXEC
 // included: a reply read to the end is the event that the write has run, not a sleep guessing
@@ -39,6 +40,8 @@ type LossyRedis struct {
 	fired  int        // marked writes lost since the last Arm
 	ended  bool       // the test has ended: a loss no longer reports to it
 	limit  time.Duration
+	late   chan *LateWrite // held late, not yet taken by AwaitLate
+	held   []*LateWrite    // every write held late: the test's end closes the undelivered
 }
 
 // lossyArm is one arming queued by ArmThen.
@@ -54,15 +57,29 @@ type RedisLoss int
 const (
 	RedisReplyLost   RedisLoss = iota // Redis runs the write; its reply is lost with the connection
 	RedisRequestLost                  // the write never reaches Redis; the connection is cut
+	// RedisWriteLate: the write reaches Redis late, after the client gave up on it. The client
+	// sees nothing (no reply, no cut) until its own read deadline, then closes the connection
+	// and goes on as in production (go-redis resends a lone command on a new connection, fails
+	// a MULTI/EXEC); the write and the close are held back until the test Delivers the write,
+	// which Redis then runs after whatever the client did meanwhile: a delayed TCP segment.
+	// A client with no read deadline (read_timeout=-1, a context without one) waits until the
+	// test ends.
+	RedisWriteLate
 )
+
+// lateQueue bounds the writes held late and not yet taken by AwaitLate.
+const lateQueue = 64
 
 // NewLossyRedis returns a lossy network, disarmed. Its Dial is a redis.Options.Dialer.
 func NewLossyRedis(t testing.TB) *LossyRedis {
-	l := &LossyRedis{t: t, limit: LossyDeadline}
+	l := &LossyRedis{t: t, limit: LossyDeadline, late: make(chan *LateWrite, lateQueue)}
 	t.Cleanup(func() {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.ended, l.marker = true, nil
+		for _, w := range l.held {
+			w.conn.Close() // never delivered: it is lost after all
+		}
 	})
 	return l
 }
@@ -162,8 +179,19 @@ func (l *LossyRedis) take(b []byte) (hit bool, loss RedisLoss, limit time.Durati
 // lossyRedisConn is one connection through a LossyRedis. Once cut it reads EOF.
 type lossyRedisConn struct {
 	net.Conn
-	l   *LossyRedis
-	cut atomic.Bool
+	l    *LossyRedis
+	cut  atomic.Bool
+	late atomic.Pointer[LateWrite] // the write held late on it, if any
+}
+
+// Close closes the connection, but for one with a write held late: its close waits for the
+// write, as a FIN behind a delayed segment does.
+func (c *lossyRedisConn) Close() error {
+	if w := c.late.Load(); w != nil {
+		w.gone.Do(func() { close(w.clientGone) })
+		return nil
+	}
+	return c.Conn.Close()
 }
 
 func (c *lossyRedisConn) Read(b []byte) (int, error) {
@@ -177,9 +205,17 @@ func (c *lossyRedisConn) Write(b []byte) (int, error) {
 	if c.cut.Load() {
 		return 0, io.EOF
 	}
+	if w := c.late.Load(); w != nil {
+		w.add(b) // behind the held write, held with it
+		return len(b), nil
+	}
 	hit, loss, limit := c.l.take(b)
 	if !hit {
 		return c.Conn.Write(b)
+	}
+	if loss == RedisWriteLate {
+		c.holdLate(b, limit)
+		return len(b), nil
 	}
 	c.cut.Store(true)
 	defer c.Conn.Close()
@@ -200,14 +236,19 @@ func (c *lossyRedisConn) Write(b []byte) (int, error) {
 // of it has run (a MULTI/EXEC's EXEC included). The answer is read off the connection, which is
 // closed next: the client never sees it.
 func (c *lossyRedisConn) awaitReplies(b []byte, limit time.Duration) error {
+	return awaitReplies(c.Conn, b, limit)
+}
+
+// awaitReplies reads off conn, within limit, Redis's answer to every command of the write b.
+func awaitReplies(conn net.Conn, b []byte, limit time.Duration) error {
 	sent, err := respCommands(b)
 	if err != nil {
 		return err
 	}
-	if err := c.Conn.SetReadDeadline(time.Now().Add(limit)); err != nil {
+	if err := conn.SetReadDeadline(time.Now().Add(limit)); err != nil {
 		return fmt.Errorf("testenv: lossy redis: %w", err)
 	}
-	r := bufio.NewReader(c.Conn)
+	r := bufio.NewReader(conn)
 	for got := 0; got < sent; {
 		push, err := skipRESP(r)
 		if err != nil {
@@ -218,6 +259,86 @@ func (c *lossyRedisConn) awaitReplies(b []byte, limit time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// LateWrite is a write held back by RedisWriteLate: Redis has not seen it until Deliver.
+type LateWrite struct {
+	l          *LossyRedis
+	conn       net.Conn // the connection to Redis the client wrote it on, kept open
+	limit      time.Duration
+	mu         sync.Mutex
+	b          []byte
+	gone       sync.Once
+	clientGone chan struct{} // closed once the client closed the connection
+	delivered  bool
+}
+
+// holdLate holds the write b, and the connection's close, back from Redis.
+func (c *lossyRedisConn) holdLate(b []byte, limit time.Duration) {
+	w := &LateWrite{l: c.l, conn: c.Conn, limit: limit, b: bytes.Clone(b), clientGone: make(chan struct{})}
+	c.late.Store(w)
+	c.l.mu.Lock()
+	c.l.held = append(c.l.held, w)
+	c.l.mu.Unlock()
+	select {
+	case c.l.late <- w:
+	default:
+		c.l.fail(fmt.Errorf("testenv: lossy redis: more than %d writes held late and not awaited", lateQueue))
+	}
+}
+
+func (w *LateWrite) add(b []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b = append(w.b, b...)
+}
+
+// AwaitLate returns the next write held late (RedisWriteLate), waiting for it to be written:
+// the event that the client has sent it, not a guess. None within LossyDeadline fails the
+// test. Call it from the test's goroutine.
+func (l *LossyRedis) AwaitLate() *LateWrite {
+	l.t.Helper()
+	select {
+	case w := <-l.late:
+		return w
+	case <-time.After(l.limit):
+		l.t.Fatalf("testenv: lossy redis: no write held late within %v", l.limit)
+		return nil
+	}
+}
+
+// Deliver sends the held write to Redis on its own connection, once the client has given up
+// on it (closed the connection after its read deadline), and returns once Redis has answered
+// every command of it: it has run, after everything the client did since. The answer is
+// discarded, the connection closed. A client still waiting within LossyDeadline, or a Redis
+// that does not answer, fails the test. Call it from the test's goroutine.
+func (w *LateWrite) Deliver() {
+	w.l.t.Helper()
+	if err := w.deliver(); err != nil {
+		w.l.t.Fatalf("%v", err)
+	}
+}
+
+func (w *LateWrite) deliver() error {
+	select {
+	case <-w.clientGone:
+	case <-time.After(w.limit):
+		return fmt.Errorf("testenv: lossy redis: the client still waits on the write held late after %v", w.limit)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.delivered {
+		return errors.New("testenv: lossy redis: a write held late delivered twice")
+	}
+	w.delivered = true
+	defer w.conn.Close()
+	if err := w.conn.SetWriteDeadline(time.Now().Add(w.limit)); err != nil {
+		return fmt.Errorf("testenv: lossy redis: deliver late: %w", err)
+	}
+	if _, err := w.conn.Write(w.b); err != nil {
+		return fmt.Errorf("testenv: lossy redis: deliver late: %w", err)
+	}
+	return awaitReplies(w.conn, w.b, w.limit)
 }
 
 // respCommands counts the commands (RESP arrays) of a write.

@@ -142,3 +142,104 @@ func TestLossyRedisFailsLoudlyWhenRedisNeverAnswers(t *testing.T) {
 		t.Fatalf("errors reported to the test: %q; want one saying no reply came", rec.errs)
 	}
 }
+
+// lateRedisProbe is lossyRedisProbe with a short read timeout: a write held late costs the
+// client that long, and go-redis then goes on as in production.
+func lateRedisProbe(t *testing.T) (*redis.Client, *LossyRedis, *redis.Client, string) {
+	t.Helper()
+	plain, prefix := Redis(t)
+	opt, lossy := LossyRedisOptions(t)
+	opt.ReadTimeout = 300 * time.Millisecond
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb, lossy, plain, prefix + "late-probe"
+}
+
+// runs reads the count incrLua keeps in key.
+func runs(t *testing.T, plain *redis.Client, key string) int64 {
+	t.Helper()
+	n, err := plain.Get(context.Background(), key).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0
+	}
+	if err != nil {
+		t.Fatalf("read %s: %v", key, err)
+	}
+	return n
+}
+
+// TestLossyRedisLateCommandRunsAfterItsResend: a script held late times the client out;
+// go-redis sends it again on a new connection, which runs and answers. Redis has not seen the
+// held write until Deliver, and runs it then, after its resend: twice in all.
+func TestLossyRedisLateCommandRunsAfterItsResend(t *testing.T) {
+	rdb, lossy, plain, key := lateRedisProbe(t)
+	ctx := context.Background()
+	lossy.Arm(key, RedisWriteLate, 1)
+	got, err := rdb.Eval(ctx, incrLua, []string{key}).Int64()
+	if err != nil || got != 1 || lossy.Fired() != 1 {
+		t.Fatalf("script held late, resent by go-redis: %d, %v, %d held; want 1, one held", got, err, lossy.Fired())
+	}
+	w := lossy.AwaitLate()
+	if n := runs(t, plain, key); n != 1 {
+		t.Fatalf("runs before the late write is delivered: %d, want 1", n)
+	}
+	w.Deliver()
+	if n := runs(t, plain, key); n != 2 {
+		t.Fatalf("runs once the late write is delivered: %d, want 2", n)
+	}
+}
+
+// TestLossyRedisLateTransactionFailsThenRunsWhole: go-redis does not resend a MULTI/EXEC held
+// late: the caller sees a timeout, nothing of it has run, and it all runs once delivered.
+func TestLossyRedisLateTransactionFailsThenRunsWhole(t *testing.T) {
+	rdb, lossy, plain, key := lateRedisProbe(t)
+	ctx := context.Background()
+	lossy.Arm(key, RedisWriteLate, 1)
+	_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Incr(ctx, key)
+		p.Eval(ctx, incrLua, []string{key})
+		return nil
+	})
+	if err == nil || lossy.Fired() != 1 {
+		t.Fatalf("transaction held late: %v, %d held; want an error, one held", err, lossy.Fired())
+	}
+	w := lossy.AwaitLate()
+	if n := runs(t, plain, key); n != 0 {
+		t.Fatalf("runs before the late transaction is delivered: %d, want 0", n)
+	}
+	w.Deliver()
+	if n := runs(t, plain, key); n != 2 {
+		t.Fatalf("runs once the late transaction is delivered: %d, want 2", n)
+	}
+}
+
+// TestLossyRedisLateEveryAttemptFailsThenRunsEach: held late at every attempt, a command
+// fails; each attempt runs when delivered, in the order the test delivers them.
+func TestLossyRedisLateEveryAttemptFailsThenRunsEach(t *testing.T) {
+	rdb, lossy, plain, key := lateRedisProbe(t)
+	ctx := context.Background()
+	attempts := rdb.Options().MaxRetries + 1
+	lossy.Arm(key, RedisWriteLate, attempts)
+	if err := rdb.Eval(ctx, incrLua, []string{key}).Err(); err == nil {
+		t.Fatal("a script held late at every attempt answered")
+	}
+	if lossy.Fired() != attempts {
+		t.Fatalf("%d writes held late, want %d", lossy.Fired(), attempts)
+	}
+	held := make([]*LateWrite, attempts)
+	for i := range held {
+		held[i] = lossy.AwaitLate()
+	}
+	if n := runs(t, plain, key); n != 0 {
+		t.Fatalf("runs before any late write is delivered: %d, want 0", n)
+	}
+	for i := len(held) - 1; i >= 0; i-- {
+		held[i].Deliver()
+		if n := runs(t, plain, key); n != int64(attempts-i) {
+			t.Fatalf("runs after %d late writes delivered: %d", attempts-i, n)
+		}
+	}
+	if got, err := rdb.Eval(ctx, incrLua, []string{key}).Int64(); err != nil || got != int64(attempts)+1 {
+		t.Fatalf("the write after the late ones: %d, %v; want %d", got, err, attempts+1)
+	}
+}
