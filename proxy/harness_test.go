@@ -66,6 +66,10 @@ type harnessSetup struct {
 	// the gateway's own client does (cmd/gateway redisOptions): without it go-redis waits
 	// out its read timeout and retries whatever the deadline.
 	contextTimeouts bool
+	// redisReadTimeout, if set, is the redisDialer client's read timeout: a test whose writes
+	// reach Redis late (testenv.RedisWriteLate) makes the client give up on them sooner than
+	// the gateway's own deadlines would.
+	redisReadTimeout time.Duration
 	// log, if set, is the gateway's logger (default: the test's, warnings and above).
 	log *zap.Logger
 	// admin, if set, is served under /admin.
@@ -90,6 +94,9 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 		opt := *h.rdb.Options()
 		opt.Dialer = setup.redisDialer
 		opt.ContextTimeoutEnabled = setup.contextTimeouts
+		if setup.redisReadTimeout != 0 {
+			opt.ReadTimeout = setup.redisReadTimeout
+		}
 		h.rdb = redis.NewClient(&opt)
 		t.Cleanup(func() { h.rdb.Close() })
 	}

@@ -260,7 +260,9 @@ func (b *RunBudget) release(ctx context.Context, runID, callID string, u pricing
 // may still be committing. A close that finds its own mark there has run already (go-redis
 // resends a script whose reply it lost) and returns 1 again: answered busy by what came after
 // it (a lease written since), its settlement gave up and left the run closed, its mark
-// unknown to anyone who could reopen it.
+// unknown to anyone who could reopen it. A close whose mark has been reopened already (its
+// o:<mark> field, reopenScript) arrived after its settlement gave up on it and reopened the run
+// (a delayed packet): it closes nothing, and returns 0.
 var closeScript = redis.NewScript(`
 local staleArg = 2
 local marks = redis.call('HGET', KEYS[2], 'closed')
@@ -269,6 +271,7 @@ if marks then
     if m == ARGV[3] then return 1 end
   end
 end
+if redis.call('HEXISTS', KEYS[2], 'o:' .. ARGV[3]) == 1 then return 0 end
 ` + liveCallsLua + `
 if inflight > 0 or recording > 0 or redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 if marks then marks = marks .. ' ' .. ARGV[3] else marks = ARGV[3] end
@@ -276,9 +279,15 @@ redis.call('HSET', KEYS[2], 'closed', marks)
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1`)
 
-// reopenScript: KEYS budget hash; ARGV mark. Takes mark out of the closed marks; the run is
-// open again only once no mark is left.
+// reopenScript: KEYS budget hash; ARGV mark, max call ms. Takes mark out of the closed marks;
+// the run is open again only once no mark is left. It leaves o:<mark> behind, for as long as a
+// mark lives (max call), whether or not the close had landed: a close that reaches Redis after
+// its settlement gave up on it and reopened (its request delayed on the network, not lost)
+// finds it and closes nothing. Without it that close closed the run for max call, its calls
+// refused as settled after a settle answered 503, with no one left to reopen it.
 var reopenScript = redis.NewScript(`
+redis.call('HSET', KEYS[1], 'o:' .. ARGV[1], 1)
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 local marks = redis.call('HGET', KEYS[1], 'closed')
 if not marks then return 0 end
 local rest = {}
@@ -317,7 +326,7 @@ func (b *RunBudget) CloseRun(ctx context.Context, runID string) (string, error) 
 // after all (its reply lost): a call of the run admitted before the close would then reserve
 // and run on a settled run, and never be charged.
 func (b *RunBudget) ReopenRun(ctx context.Context, runID, mark string) error {
-	if err := reopenScript.Run(ctx, b.rdb, []string{b.keys.RunBudget(runID)}, mark).Err(); err != nil {
+	if err := reopenScript.Run(ctx, b.rdb, []string{b.keys.RunBudget(runID)}, mark, b.maxCall.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("reopen run %s: %w", runID, err)
 	}
 	return nil
