@@ -15,11 +15,11 @@ import (
 )
 
 // releaseGate holds, once armed, a named run's call release (the script that tallies the call
-// and gives its reservation back: the only command that names a call's done mark) on its way
-// to Redis until opened.
+// and gives its reservation back: the only command of a call that names its run's lost mark) on
+// its way to Redis until opened.
 type releaseGate struct {
 	mu      sync.Mutex
-	mark    []byte        // the done-mark prefix of the run whose release is held; nil: not armed
+	mark    []byte        // the lost mark of the run whose release is held; nil: not armed
 	blocked chan struct{} // closed when a release reaches the gate
 	open    chan struct{}
 	once    sync.Once
@@ -57,7 +57,7 @@ func TestNamedRunBrokenStreamIsTalliedBeforeItsErrorEvent(t *testing.T) {
 	h.settled()
 
 	gate.mu.Lock()
-	gate.mark = []byte(h.keys.CallDone(runID, ""))
+	gate.mark = []byte(h.keys.Lost(runID))
 	gate.mu.Unlock()
 	var openOnce sync.Once
 	openGate := func() { openOnce.Do(func() { close(gate.open) }) }

@@ -16,8 +16,8 @@ import (
 	"github.com/tollgate/tollgate/config"
 )
 
-// gateFirstRelease holds the first run-budget release (the script whose third key is a call's
-// done mark) until open is closed: the moment between a call's end and its tally landing.
+// gateFirstRelease holds the first run-budget release (the script whose fourth key is its run's
+// lost mark) until open is closed: the moment between a call's end and its tally landing.
 type gateFirstRelease struct {
 	once    sync.Once
 	entered chan struct{}
@@ -29,8 +29,9 @@ func (g *gateFirstRelease) DialHook(next redis.DialHook) redis.DialHook { return
 func (g *gateFirstRelease) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		args := cmd.Args()
-		if n := strings.ToLower(cmd.Name()); (n == "evalsha" || n == "eval") && len(args) > 5 {
-			if k, _ := args[5].(string); strings.Contains(k, "billing:calldone:") {
+		// The release's fourth key is the run's lost mark (the reservation has three).
+		if n := strings.ToLower(cmd.Name()); (n == "evalsha" || n == "eval") && len(args) > 6 {
+			if k, _ := args[6].(string); strings.Contains(k, "billing:lost:") {
 				first := false
 				g.once.Do(func() { first = true })
 				if first {

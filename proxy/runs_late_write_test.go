@@ -79,3 +79,56 @@ func TestNamedRunCloseDeliveredLateAfterItsSettleFailedLeavesTheRunOpen(t *testi
 		t.Fatalf("run %+v: want settled with its two calls charged once each", r)
 	}
 }
+
+// TestNamedRunReservationDeliveredLateAfterItsCallEndedHoldsNothing: a call's reservation of
+// the run's budget reaches Redis late; go-redis resends it on a new connection, which lands, and
+// the call runs and ends (its usage tallied, its reservation given back). The late reservation
+// then lands, for a call that has ended and that no process stamps: it must reserve nothing.
+// Reserved, the run counted a call in flight for lease_ttl: its settle was refused 409 run_busy
+// with nothing running (README: run_busy "while a call of the run is in flight"), and its next
+// calls found that much less of the cap.
+func TestNamedRunReservationDeliveredLateAfterItsCallEndedHoldsNothing(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		times int // the reservation's attempts held late
+	}{
+		{"resent and landed", 1},
+		{"every attempt late, the call refused", 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h, lossy := newLateRedisHarness(t, harnessSetup{}, nil)
+			u, key := h.user("standard")
+			runCall(t, h, key, "task-late-reserve")
+			h.settled()
+			runID := proxy.RunIDFor(u.ID, "task-late-reserve")
+			times := c.times
+			if times == 0 {
+				times = h.rdb.Options().MaxRetries + 1
+			}
+			// The call's first write naming the run's budget is its reservation.
+			lossy.Arm(h.keys.RunBudget(runID), testenv.RedisWriteLate, times)
+			resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-late-reserve", fakellm.HeaderChunks: "5"})
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			wantStatus := http.StatusOK
+			if c.times == 0 {
+				wantStatus = http.StatusServiceUnavailable
+			}
+			if resp.StatusCode != wantStatus {
+				t.Fatalf("call whose reservation was late: %d %s, want %d", resp.StatusCode, body, wantStatus)
+			}
+			h.settled()
+			deliverAllLate(t, lossy)
+			if status, body := h.settleRun(key, "task-late-reserve"); status != http.StatusOK {
+				t.Fatalf("settle with no call in flight: %d %s, want 200", status, body)
+			}
+			calls := 1
+			if c.times == 1 {
+				calls = 2
+			}
+			if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != calls || r.ChargedMicro != int64(calls)*fakeGPTCost(r.InTok/int64(calls), 5) {
+				t.Fatalf("run %+v: want settled with its %d answered calls charged once each", r, calls)
+			}
+		})
+	}
+}

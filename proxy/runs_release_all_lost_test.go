@@ -53,8 +53,9 @@ func TestNamedRunCallWhoseReleaseRepliesWereAllLost(t *testing.T) {
 				wantTally = 1
 			}
 			attempts := h.rdb.Options().MaxRetries + 1
-			// The release script alone names a call's done mark.
-			lossy.Arm("billing:calldone:{"+runID+"}", testenv.RedisReplyLost, attempts)
+			// The release script alone names the run's lost mark among a call's writes (the
+			// reservation names the call's done mark too).
+			lossy.Arm(h.keys.Lost(runID), testenv.RedisReplyLost, attempts)
 			second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
 			readAll(t, second.Body)
 			second.Body.Close()
@@ -107,7 +108,7 @@ func TestNamedRunCallWhoseRecordMarkSurvivesAFailedLaterTry(t *testing.T) {
 	// Every attempt of ReleaseBeforeRecord runs, its reply lost; then the next two commands
 	// naming the run's budget (the Release's tries, or a Release and a mark drop) are lost on
 	// the way, every attempt of each.
-	lossy.Arm("billing:calldone:{"+runID+"}", testenv.RedisReplyLost, attempts)
+	lossy.Arm(h.keys.Lost(runID), testenv.RedisReplyLost, attempts)
 	lossy.ArmThen(h.keys.RunBudget(runID), testenv.RedisRequestLost, 2*attempts)
 	second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
 	readAll(t, second.Body)

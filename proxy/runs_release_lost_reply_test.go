@@ -15,8 +15,9 @@ import (
 // of the run sent after its answer was refused 409 run_busy until the mark lapsed (the lease
 // TTL), with nothing in flight.
 func TestRunCallWhoseReleaseReplyWasLostDropsItsRecordMark(t *testing.T) {
-	// The release script alone names a call's done mark.
-	lose := disarmedReplyLoser("billing:calldone:{")
+	// The release script alone names a run's lost mark among a call's writes (the reservation
+	// names the call's done mark too).
+	lose := disarmedReplyLoser("billing:lost:{")
 	h := newHarnessOn(t, harnessSetup{redisDialer: lose.dial}, nil)
 	u, key := h.user("standard")
 	run := map[string]string{"X-Run-Id": "task-release-lost"}

@@ -51,8 +51,9 @@ func TestNamedRunCallWhoseTallyWasLostIsCountedByItsRetry(t *testing.T) {
 	firstRunCall(t, h, key, map[string]string{"X-Run-Id": "task-warm"}, 5)
 	runID := proxy.RunIDFor(u.ID, "task-tally-lost")
 	attempts := h.rdb.Options().MaxRetries + 1
-	// The release script alone names a call's done mark.
-	lossy.Arm("billing:calldone:{"+runID+"}", testenv.RedisRequestLost, attempts)
+	// The release script alone names the run's lost mark (the reservation names the call's
+	// done mark too).
+	lossy.Arm(h.keys.Lost(runID), testenv.RedisRequestLost, attempts)
 	resp := h.post(key, "/v1/chat/completions", chatBody, with(map[string]string{"X-Run-Id": "task-tally-lost"}, fakellm.HeaderChunks, "5"))
 	readAll(t, resp.Body)
 	resp.Body.Close()

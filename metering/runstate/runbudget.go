@@ -104,11 +104,17 @@ for i = 1, #all, 2 do
 end
 `
 
-// reserveScript: KEYS usage, budget hash; ARGV budget, want, least, call id, max call ms, max
-// calls in flight (0: any number), stale ms, spent at least. Returns the grant, -1 when nothing or less than least is
-// left, -2 when the run is closed, -3 when as many calls as it may have are in flight.
+// reserveScript: KEYS usage, budget hash, call's done mark; ARGV budget, want, least, call id,
+// max call ms, max calls in flight (0: any number), stale ms, spent at least. Returns the
+// grant, -1 when nothing or less than least is left, -2 when the run is closed, -3 when as many
+// calls as it may have are in flight, -4 when the call has been released already: the
+// reservation reached Redis after its call had ended (its request delayed on the network while
+// go-redis resent it, or while the call gave up on it and released), and reserves nothing.
+// Reserved, no process stamped it, and the run counted a call in flight for staleAfter: its
+// settle refused 409 run_busy with nothing running, its next calls short of that much cap.
 var reserveScript = redis.NewScript(`
 local staleArg = 7
+if redis.call('EXISTS', KEYS[3]) == 1 then return -4 end
 if redis.call('HGET', KEYS[2], 'closed') then return -2 end
 local field = 'c:' .. ARGV[4]
 local mine = redis.call('HGET', KEYS[2], field)
@@ -145,7 +151,7 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 	b.mu.Lock()
 	b.calls[rc] = false
 	b.mu.Unlock()
-	grant, err := reserveScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID)},
+	grant, err := reserveScript.Run(ctx, b.rdb, []string{b.keys.Usage(runID), b.keys.RunBudget(runID), b.keys.CallDone(runID, callID)},
 		budget, want, least, callID, b.maxCall.Milliseconds(), max(maxCalls, 0), b.staleAfter.Milliseconds(), spentAtLeast).Int64()
 	if err == nil && grant < 0 {
 		b.forget(rc) // refused: nothing was reserved
@@ -159,6 +165,8 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 		return 0, ErrRunClosed
 	case grant == -3:
 		return 0, ErrRunCalls
+	case grant == -4:
+		return 0, fmt.Errorf("reserve for run %s: call %s has ended", runID, callID)
 	}
 	return grant, nil
 }

@@ -27,12 +27,14 @@ func TestRunBudgetRepeatedReserveReturnsItsGrant(t *testing.T) {
 	}
 }
 
-// TestRunBudgetReservationLandingAfterItsReleaseIsGivenBackByARepeat: a Reserve that timed out
+// TestRunBudgetReservationLandingAfterItsReleaseReservesNothing: a Reserve that timed out
 // on its caller may still run in Redis after the call's Release (the caller releases whatever
-// its reserve returned). The call's Release repeated (the tally retried after a lost reply)
-// finds it tallied already, tallies nothing, and still drops the late reservation: the run's
-// next calls get the whole budget back, not what is left once staleAfter has passed.
-func TestRunBudgetReservationLandingAfterItsReleaseIsGivenBackByARepeat(t *testing.T) {
+// its reserve returned; go-redis resent it and the resend landed first). It finds the call
+// released (its done mark), reserves nothing and says so: the run's next calls get the whole
+// budget back at once, and its settle finds nothing in flight. Reserved, no process stamped
+// it, and only a repeated Release (the tally retried after a lost reply) dropped it before
+// staleAfter. A repeated Release still tallies nothing.
+func TestRunBudgetReservationLandingAfterItsReleaseReservesNothing(t *testing.T) {
 	e := newRunBudget(t)
 	b := e.budget
 	ctx := context.Background()
@@ -40,16 +42,16 @@ func TestRunBudgetReservationLandingAfterItsReleaseIsGivenBackByARepeat(t *testi
 	if err := b.Release(ctx, run, "a", pricing.Usage{Output: 10}, 1_000, false); err != nil {
 		t.Fatal(err)
 	}
-	if g, err := b.Reserve(ctx, run, "a", 10_000, 4_000, 100); err != nil || g != 4_000 { // the late one
-		t.Fatalf("late reserve: %d, %v", g, err)
+	if g, err := b.Reserve(ctx, run, "a", 10_000, 4_000, 100); err == nil || g != 0 { // the late one
+		t.Fatalf("late reserve of a released call: %d, %v; want nothing and an error", g, err)
+	}
+	if g, err := b.Reserve(ctx, run, "b", 10_000, 10_000, 100); err != nil || g != 9_000 {
+		t.Fatalf("reserve of call b: %d, %v; want the 9 000 call a's cost leaves", g, err)
 	}
 	if err := b.Release(ctx, run, "a", pricing.Usage{Output: 10}, 1_000, false); err != nil {
 		t.Fatal(err)
 	}
 	if got, _, err := e.tally.Get(ctx, run); err != nil || got.Calls != 1 || got.CostMicro != 1_000 {
 		t.Fatalf("tally %+v, %v: want call a once", got, err)
-	}
-	if g, err := b.Reserve(ctx, run, "b", 10_000, 10_000, 100); err != nil || g != 9_000 {
-		t.Fatalf("reserve of call b: %d, %v; want the 9 000 call a's cost leaves", g, err)
 	}
 }
