@@ -37,6 +37,10 @@ func (k Keys) Refused(runID string) string { return k.Prefix + "billing:refused:
 // Lease marks a run as served by a live process.
 func (k Keys) Lease(runID string) string { return k.Prefix + "lease:{" + runID + "}" }
 
+// LeaseReleased holds, per process, the last heartbeat whose write of the run's lease a
+// release of it has outdated (see Leases.Release).
+func (k Keys) LeaseReleased(runID string) string { return k.Prefix + "leaserel:{" + runID + "}" }
+
 // Cancel is the pub/sub channel that asks whichever process serves a run to stop it.
 func (k Keys) Cancel(runID string) string { return k.Prefix + "cancel:{" + runID + "}" }
 

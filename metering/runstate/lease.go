@@ -24,6 +24,7 @@ type Leases struct {
 
 	mu   sync.Mutex
 	runs map[string]*lease // run id -> its calls in flight on this process
+	beat int64             // the last heartbeat's number (nextBeat)
 }
 
 // lease is this process's claim on one run.
@@ -33,6 +34,9 @@ type lease struct {
 	// in Redis. A run never written has no key of this process's to delete: most calls end
 	// well within a heartbeat, and their release then costs no round trip.
 	written bool
+	// beat is the number of the last Refresh that took the run: its release outdates that
+	// heartbeat's write of the key, and every earlier one.
+	beat int64
 }
 
 // NewLeases wires leases; interval must be well below ttl.
@@ -78,7 +82,8 @@ func (l *Leases) Release(ctx context.Context, runID string) error {
 		// from now on does not see it.
 		return nil
 	}
-	if err := leaseReleaseScript.Run(ctx, l.rdb, []string{l.keys.Lease(runID)}, l.instance).Err(); err != nil {
+	if err := leaseReleaseScript.Run(ctx, l.rdb, []string{l.keys.Lease(runID), l.keys.LeaseReleased(runID)},
+		l.instance, ls.beat, l.ttl.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("release lease %s: %w", runID, err)
 	}
 	return nil
@@ -88,27 +93,45 @@ func (l *Leases) Release(ctx context.Context, runID string) error {
 // calls it; so may a caller that needs the keys written now.
 func (l *Leases) Refresh(ctx context.Context) error {
 	l.mu.Lock()
+	beat := l.nextBeat()
 	ids := make([]string, 0, len(l.runs))
 	for id, ls := range l.runs {
 		ls.written = true // before the SET is sent: a Release from now on deletes the key
+		ls.beat = beat
 		ids = append(ids, id)
 	}
 	l.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := leaseBeatScript.Load(ctx, l.rdb).Err(); err != nil {
+		return errors.Join(fmt.Errorf("refresh %d leases: %w", len(ids), err), l.dropReleasedAfter(ctx, ids, beat))
+	}
 	for start := 0; start < len(ids); start += refreshBatch {
 		batch := ids[start:min(start+refreshBatch, len(ids))]
 		_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, id := range batch {
-				p.Set(ctx, l.keys.Lease(id), l.instance, l.ttl)
+				leaseBeatScript.EvalSha(ctx, p, []string{l.keys.Lease(id), l.keys.LeaseReleased(id)}, l.instance,
+					l.ttl.Milliseconds(), beat)
 			}
 			return nil
 		})
 		if err != nil {
 			err = fmt.Errorf("refresh %d leases: %w", len(batch), err)
 			// Some SETs may have landed: a run released meanwhile must still lose its key.
-			return errors.Join(err, l.dropReleasedAfter(ctx, ids))
+			return errors.Join(err, l.dropReleasedAfter(ctx, ids, beat))
 		}
 	}
-	return l.dropReleasedAfter(ctx, ids)
+	return l.dropReleasedAfter(ctx, ids, beat)
+}
+
+// nextBeat numbers a heartbeat: the clock's milliseconds, past the last beat's. A process
+// restarted under the same instance name numbers its beats past its old ones (a clock stepped
+// back by more than lease_ttl aside), so its old releases do not outdate them. Called with mu
+// held.
+func (l *Leases) nextBeat() int64 {
+	l.beat = max(time.Now().UnixMilli(), l.beat+1)
+	return l.beat
 }
 
 // Run refreshes leases until ctx ends.
@@ -127,17 +150,18 @@ func (l *Leases) Held() int {
 // meanwhile, and on the beat's ended context the delete was never sent — the key stayed for
 // the lease's TTL, the run looking served by a live process (its settle 409 run_busy, the
 // reconciler extending it).
-func (l *Leases) dropReleasedAfter(ctx context.Context, ids []string) error {
+func (l *Leases) dropReleasedAfter(ctx context.Context, ids []string, beat int64) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropReleasedTimeout)
 	defer cancel()
-	return l.dropReleased(ctx, ids)
+	return l.dropReleased(ctx, ids, beat)
 }
 
 // dropReleasedTimeout bounds dropReleasedAfter's deletes: one round trip, as a tally write.
 const dropReleasedTimeout = 2 * time.Second
 
-// dropReleased deletes the lease keys of the runs among ids no longer held here.
-func (l *Leases) dropReleased(ctx context.Context, ids []string) error {
+// dropReleased deletes the lease keys of the runs among ids no longer held here, and outdates
+// the heartbeat beat's writes of them.
+func (l *Leases) dropReleased(ctx context.Context, ids []string, beat int64) error {
 	// A run released while Refresh's pipeline was on its way had its key deleted before a SET
 	// put it back: it would then look served for a whole TTL (its run unsettleable, left
 	// alone by the reconciler). Delete what is no longer held; a run acquired again meanwhile
@@ -148,7 +172,7 @@ func (l *Leases) dropReleased(ctx context.Context, ids []string) error {
 		if ls, held := l.runs[id]; held {
 			ls.written = true
 		} else {
-			gone = append(gone, l.keys.Lease(id))
+			gone = append(gone, id)
 		}
 	}
 	l.mu.Unlock()
@@ -158,8 +182,8 @@ func (l *Leases) dropReleased(ctx context.Context, ids []string) error {
 	// One script per key (the keys live in different Cluster slots), sent whole: EVALSHA in a
 	// pipeline cannot fall back on a script cache miss.
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, key := range gone {
-			p.Eval(ctx, leaseReleaseLua, []string{key}, l.instance)
+		for _, id := range gone {
+			p.Eval(ctx, leaseReleaseLua, []string{l.keys.Lease(id), l.keys.LeaseReleased(id)}, l.instance, beat, l.ttl.Milliseconds())
 		}
 		return nil
 	})
@@ -171,7 +195,27 @@ func (l *Leases) dropReleased(ctx context.Context, ids []string) error {
 
 // leaseReleaseLua deletes a lease only if this process wrote it last: calls of one named run may be
 // served by two processes, and one's release must not drop the lease the other still needs.
-const leaseReleaseLua = `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`
+// KEYS lease, released beats; ARGV instance, the last beat that took the run, lease ttl ms.
+// First it records that beat as outdated for this process (for a lease TTL): a heartbeat's
+// write that reaches Redis after the release (delayed on the network past the beat's deadline
+// and the drop that follows it) finds it and writes nothing. Without it that write put the
+// lease back for a whole TTL, the run looking served by a live process: its settle 409
+// run_busy, the reconciler extending it.
+const leaseReleaseLua = `
+local g = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+if tonumber(ARGV[2]) > g then redis.call('HSET', KEYS[2], ARGV[1], ARGV[2]) end
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0`
+
+// leaseBeatScript writes a run's lease for this process: KEYS lease, released beats; ARGV
+// instance, lease ttl ms, beat. Not when a release of the run here has outdated this beat
+// (leaseReleaseLua): the write arrived after it.
+var leaseBeatScript = redis.NewScript(`
+local g = redis.call('HGET', KEYS[2], ARGV[1])
+if g and tonumber(ARGV[3]) <= tonumber(g) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1`)
 
 var leaseReleaseScript = redis.NewScript(leaseReleaseLua)
 

@@ -67,3 +67,32 @@ func redisThrough(t *testing.T, base *redis.Client, wrap func(net.Conn) net.Conn
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
 }
+
+// TestLeaseBeatDeliveredAfterTheReleaseWritesNothing: a heartbeat's write of a run's lease
+// reaches Redis only after the beat gave up on it (a delayed packet, past the beat's deadline
+// and its drop of released runs, which found the run still held), and after the run's last
+// call here released it. It must not put the lease back: it did, for a whole lease TTL, the
+// run looking served by a live process (its settle 409 run_busy, the reconciler extending it).
+func TestLeaseBeatDeliveredAfterTheReleaseWritesNothing(t *testing.T) {
+	base, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	opt, lossy := testenv.LossyRedisOptions(t)
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	leases := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	leases.Acquire("x_late_beat")
+	lossy.Arm(keys.Lease("x_late_beat"), testenv.RedisWriteLate, 1)
+	beat, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	err := leases.Refresh(beat)
+	cancel()
+	if err == nil || lossy.Fired() != 1 {
+		t.Fatalf("beat whose write was held: %v, %d held; want an error, one held", err, lossy.Fired())
+	}
+	if err := leases.Release(context.Background(), "x_late_beat"); err != nil {
+		t.Fatal(err)
+	}
+	lossy.AwaitLate().Deliver()
+	if ttl := base.PTTL(context.Background(), keys.Lease("x_late_beat")).Val(); ttl != -2 {
+		t.Fatalf("the released run's lease is back (for %v): its run looks served by a live process", ttl)
+	}
+}

@@ -102,10 +102,10 @@ func TestLeaseNeverWrittenCostsNoRoundTrip(t *testing.T) {
 	}
 }
 
-// TestLeaseAcquiredAgainDuringRefreshIsDeleted: a run released and acquired again while a
-// heartbeat's SETs are on their way keeps the key that heartbeat wrote (it is held again);
-// when its new call ends the key must go, or a named run looks served for a whole lease TTL
-// (its settle refused as busy, the reconciler leaving it alone).
+// TestLeaseAcquiredAgainDuringRefreshIsDeleted: a run released and acquired again during a
+// heartbeat is written by the next beat at the latest (the release outdates the beat under way,
+// whose write may land after it); when its new call ends the key must go, or a named run looks
+// served for a whole lease TTL (its settle refused as busy, the reconciler leaving it alone).
 func TestLeaseAcquiredAgainDuringRefreshIsDeleted(t *testing.T) {
 	base, prefix := testenv.Redis(t)
 	keys := runstate.Keys{Prefix: prefix}
@@ -123,6 +123,9 @@ func TestLeaseAcquiredAgainDuringRefreshIsDeleted(t *testing.T) {
 	l = runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
 	l.Acquire("x_run")
 	if err := l.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Refresh(ctx); err != nil { // the next beat
 		t.Fatal(err)
 	}
 	if n := base.Exists(ctx, keys.Lease("x_run")).Val(); n != 1 {
