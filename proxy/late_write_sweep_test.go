@@ -206,3 +206,34 @@ func TestIdemRecordWritesDeliveredLate(t *testing.T) {
 		})
 	}
 }
+
+// TestSessionCallEndMarkDeliveredLate: a session call's end mark (a lone SET, resent by
+// go-redis) reaches Redis late; the resend lands before the answer's end goes out, so the same
+// message sent at once runs. The late SET then lands on a run whose answer is long final: it
+// marks nothing new, and the session's next message runs too, each call charged once.
+func TestSessionCallEndMarkDeliveredLate(t *testing.T) {
+	h, lossy := newLateRedisHarness(t, harnessSetup{}, nil)
+	u, key := h.user("standard")
+	session := map[string]string{proxy.SessionHeader: "chat-" + testenv.RandomID(4)}
+	lossy.Arm(h.keys.Prefix+"sessdone:{", testenv.RedisWriteLate, 1)
+	first := send(h.gw.URL, key, chatBody, session)
+	if first.status != http.StatusOK {
+		t.Fatalf("first: %d %s, want 200", first.status, first.body)
+	}
+	runID := first.header.Get(proxy.RunIDHeader)
+	if n, err := h.rdb.Exists(context.Background(), h.keys.SessionDone(runID)).Result(); err != nil || n != 1 {
+		t.Fatalf("end mark of the answered call: exists %d (%v), want its resend landed", n, err)
+	}
+	again := send(h.gw.URL, key, chatBody, session)
+	if again.status != http.StatusOK {
+		t.Fatalf("regenerate after the answer: %d %s, want 200", again.status, again.body)
+	}
+	h.settled()
+	deliverAllLate(t, lossy)
+	third := send(h.gw.URL, key, chatBody, session)
+	if third.status != http.StatusOK {
+		t.Fatalf("regenerate after the late mark landed: %d %s, want 200", third.status, third.body)
+	}
+	h.settled()
+	h.expectCharges(u.ID, []string{runID, again.header.Get(proxy.RunIDHeader), third.header.Get(proxy.RunIDHeader)})
+}
