@@ -47,9 +47,9 @@ func TestNamedRunCallWhoseTallyNeverLands(t *testing.T) {
 			u, key := h.user("standard")
 			run := map[string]string{"X-Run-Id": "task-tally-never"}
 			runID := firstRunCall(t, h, key, run, 5)
-			// The release script alone names a call's done mark: every try of the second call's
-			// tally, and each of go-redis's resends, is lost.
-			lossy.Arm("billing:calldone:{"+runID+"}", testenv.RedisRequestLost, 1000)
+			// The release script alone names the run's lost mark among a call's writes: every
+			// try of the second call's tally, and each of go-redis's resends, is lost.
+			lossy.Arm(h.keys.Lost(runID), testenv.RedisRequestLost, 1000)
 			if c.recordFails {
 				lossyDB.Arm("ended_calls = ended_calls + 1", testenv.LoseReply) // RecordRunCall alone
 			}
