@@ -63,7 +63,7 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	}
 	if k, ok := repeatedKey(root, "model"); ok {
 		// The gateway would pick the upstream by one model, the provider count for another.
-		return refuse(errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k)), "validation")
+		return refuse(errRepeatedKey(k), "validation")
 	}
 	m, aerr := s.servedModel(root, countTokensPath, "anthropic")
 	if aerr != nil {

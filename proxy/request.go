@@ -271,7 +271,7 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", k))
 	}
 	if k := repeatedPromptKey(rt.format, root); k != "" {
-		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k))
+		return nil, errRepeatedKey(k)
 	}
 	return c, nil
 }
@@ -281,24 +281,27 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 // providers the last: a body that names one model, stream mode, output bound or usage option
 // to the gateway and another to the provider would be billed for what it did not run.
 func checkReadKeysOnce(root gjson.Result) *apiError {
-	repeated := func(k string) *apiError {
-		return errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k))
-	}
 	if k, ok := repeatedKey(root, readKeys...); ok {
-		return repeated(k)
+		return errRepeatedKey(k)
 	}
 	if so := root.Get("stream_options"); so.IsObject() {
 		if k, ok := repeatedKey(so, "include_usage"); ok {
-			return repeated("stream_options." + k)
+			return errRepeatedKey("stream_options." + k)
 		}
 	}
 	if conv := root.Get("conversation"); conv.IsObject() {
 		// The conversation whose context the estimate counts (continuedFrom).
 		if k, ok := repeatedKey(conv, "id"); ok {
-			return repeated("conversation." + k)
+			return errRepeatedKey("conversation." + k)
 		}
 	}
 	return nil
+}
+
+// errRepeatedKey refuses a body whose key k, with case folded, repeats a key or spells one the
+// gateway reads (repeatedKey, repeatedPromptKey): one wording for a call and a token count.
+func errRepeatedKey(k string) *apiError {
+	return errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k))
 }
 
 // readOutputBounds reads every output bound the route knows (max_tokens and its kin): each
