@@ -20,7 +20,8 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	// generation, and with it the cost.
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.UpstreamTimeout)
 	defer cancel()
-	// Whether the provider has the whole request decides what a timeout costs (below).
+	// Whether the provider has the whole request decides what a timeout costs
+	// (answerForwardFailure).
 	// (A connection the transport retries on starts unsent again.)
 	var sent atomic.Bool
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
@@ -48,50 +49,10 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		}
 		err = fmt.Errorf("upstream %s: %w", c.req.upstream.Name, errHeaderTimeout)
 	}
-	if err == nil {
-		s.metrics.upstreamPhase.Observe(time.Since(sending).Seconds())
-	}
 	if err != nil {
-		if clientGone(r) {
-			// If the provider has the prompt, charge the estimate of it; if the request never
-			// reached it whole, nothing was used.
-			c.outcome = outcomeCancel
-			if !sent.Load() {
-				// Refused as before forwarding, and answered as such (handleCall's 409 to a
-				// call a newer message of its session replaced): no run named, since none
-				// reached the provider, and the one held is released at 0.
-				c.outcome = outcomeRefused
-				w.Header().Del(RunIDHeader)
-			}
-			return answerClientClosed(w, r)
-		}
-		if headersTooLarge(err) && sent.Load() {
-			// The provider had the prompt and answered, with headers past the bound: as an
-			// answer in an encoding not asked for, it cannot be relayed and is charged its
-			// estimate, and a retry would be answered the same way.
-			c.outcome = outcomeStreamError
-			c.log.Warn("upstream answered with headers over the bound", zap.String("upstream", c.req.upstream.Name),
-				zap.Int("limit", maxUpstreamHeaderBytes), zap.Error(err))
-			writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
-				Message: fmt.Sprintf("The upstream answered with more than %d bytes of headers.", maxUpstreamHeaderBytes), NoRetry: true})
-			return http.StatusBadGateway
-		}
-		c.outcome = outcomeUpstreamError
-		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable",
-			Message: "The upstream could not be reached."}
-		if isTimeout(err) {
-			e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
-				Message: "The upstream did not answer in time."}
-			if sent.Load() {
-				// The provider took the prompt and was still working on it when the gateway
-				// gave up, as when a client leaves: charge the estimate of the prompt.
-				c.outcome = outcomeUpstreamTimeout
-			}
-		}
-		c.log.Warn("upstream request failed", zap.String("upstream", c.req.upstream.Name), zap.Error(err))
-		writeError(w, e)
-		return e.Status
+		return s.answerForwardFailure(w, r, c, err, &sent)
 	}
+	s.metrics.upstreamPhase.Observe(time.Since(sending).Seconds())
 	defer resp.Body.Close()
 	// The provider's id of the call goes with every answer to it, the gateway's own errors
 	// included, and with every later log line of the call.
@@ -121,6 +82,51 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		return s.relayStream(w, r, resp, c, cancel)
 	}
 	return s.relayBody(w, r, resp, c)
+}
+
+// answerForwardFailure answers a call whose upstream request failed before its headers came,
+// and sets c.outcome by what the provider may have used: sent says whether it had the whole
+// request, which decides what the failure costs.
+func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c *call, err error, sent *atomic.Bool) int {
+	if clientGone(r) {
+		// If the provider has the prompt, charge the estimate of it; if the request never
+		// reached it whole, nothing was used.
+		c.outcome = outcomeCancel
+		if !sent.Load() {
+			// Refused as before forwarding, and answered as such (handleCall's 409 to a
+			// call a newer message of its session replaced): no run named, since none
+			// reached the provider, and the one held is released at 0.
+			c.outcome = outcomeRefused
+			w.Header().Del(RunIDHeader)
+		}
+		return answerClientClosed(w, r)
+	}
+	if headersTooLarge(err) && sent.Load() {
+		// The provider had the prompt and answered, with headers past the bound: as an
+		// answer in an encoding not asked for, it cannot be relayed and is charged its
+		// estimate, and a retry would be answered the same way.
+		c.outcome = outcomeStreamError
+		c.log.Warn("upstream answered with headers over the bound", zap.String("upstream", c.req.upstream.Name),
+			zap.Int("limit", maxUpstreamHeaderBytes), zap.Error(err))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+			Message: fmt.Sprintf("The upstream answered with more than %d bytes of headers.", maxUpstreamHeaderBytes), NoRetry: true})
+		return http.StatusBadGateway
+	}
+	c.outcome = outcomeUpstreamError
+	e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable",
+		Message: "The upstream could not be reached."}
+	if isTimeout(err) {
+		e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
+			Message: "The upstream did not answer in time."}
+		if sent.Load() {
+			// The provider took the prompt and was still working on it when the gateway
+			// gave up, as when a client leaves: charge the estimate of the prompt.
+			c.outcome = outcomeUpstreamTimeout
+		}
+	}
+	c.log.Warn("upstream request failed", zap.String("upstream", c.req.upstream.Name), zap.Error(err))
+	writeError(w, e)
+	return e.Status
 }
 
 // errHeaderTimeout ends a streamed call whose upstream sent no headers within
