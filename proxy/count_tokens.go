@@ -102,16 +102,22 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return s.relayUpstreamError(w, resp, m.upstream.Name, log)
 	}
+	return relayCount(w, resp, m.upstream.Name, log)
+}
+
+// relayCount relays the count of the upstream's 2xx answer, rebuilt from its figures alone
+// (countOf), or answers 502 when the answer is broken, too large or holds no count.
+func relayCount(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxCountAnswer+1))
 	if err != nil || len(answer) > maxCountAnswer {
-		log.Warn("upstream count answer unreadable", zap.String("upstream", m.upstream.Name), zap.Int("bytes", len(answer)), zap.Error(err))
+		log.Warn("upstream count answer unreadable", zap.String("upstream", upstream), zap.Int("bytes", len(answer)), zap.Error(err))
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream's answer to the token count was broken or too large."})
 		return http.StatusBadGateway
 	}
 	count, ok := countOf(answer)
 	if !ok {
-		log.Warn("upstream count answer is not a count", zap.String("upstream", m.upstream.Name), zap.Int("bytes", len(answer)))
+		log.Warn("upstream count answer is not a count", zap.String("upstream", upstream), zap.Int("bytes", len(answer)))
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream's answer to the token count was not a count."})
 		return http.StatusBadGateway
