@@ -158,7 +158,10 @@ return 1`)
 func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int) error {
 	ctx, cancel := redisStep(ctx)
 	defer cancel()
-	return advanceScript.Run(ctx, s.dedupRDB, []string{ic.record}, attempt, s.cfg.Dedup.ReplayTTL.Milliseconds()).Err()
+	if err := advanceScript.Run(ctx, s.dedupRDB, []string{ic.record}, attempt, s.cfg.Dedup.ReplayTTL.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("advance idempotency attempt: %w", err)
+	}
+	return nil
 }
 
 // maxIdemRounds bounds admitIdempotent's reads of a key's record when each finds its attempt
@@ -309,7 +312,10 @@ func (s *Server) startIdem(ctx context.Context, ic *idemCall) error {
 		p.PExpire(ctx, ic.record, s.cfg.Dedup.ReplayTTL)
 		return nil
 	})
-	return err
+	if err != nil {
+		return fmt.Errorf("start idempotency record: %w", err)
+	}
+	return nil
 }
 
 // A stored answer read apart from the record that named it: gone means the record expired
@@ -484,5 +490,8 @@ func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error
 		p.PExpire(ctx, ic.record, s.cfg.Dedup.ReplayTTL)
 		return nil
 	})
-	return err
+	if err != nil {
+		return fmt.Errorf("store idempotent answer: %w", err)
+	}
+	return nil
 }
