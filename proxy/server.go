@@ -207,6 +207,56 @@ func (s *Server) Handler() http.Handler {
 	return r
 }
 
+// boundAnswerEnd bounds what net/http writes once a handler has returned — the end of a
+// chunked answer, a small answer kept whole in the connection's buffer until then — by
+// client_write_timeout: a client that stopped reading just as its socket buffer filled (or
+// that pipelines requests and reads no answers) would otherwise hold the connection and its
+// goroutine on that write for good. The server sets no write timeout, since a stream may
+// rightly last minutes (writeBound moves the deadline while one is written), so the deadline
+// left on the connection is lifted when its next request begins.
+func (s *Server) boundAnswerEnd(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.SetWriteDeadline(time.Time{})
+		next.ServeHTTP(w, r)
+		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.Limits.ClientWriteTimeout))
+	})
+}
+
+// boundUnreadBody bounds the server's drain of a body its handler did not read to the end (a
+// request refused before its body was read: a wrong key, an unknown route). The server reads
+// what is left (up to 256 KiB) before it answers, with no deadline of its own: a caller that
+// stalls inside that body, with or without a valid key, would hold the connection and its
+// goroutine for good. The drain gets client_write_timeout, as a stalled body does in readBody.
+func (s *Server) boundUnreadBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || s.cfg.Limits.ClientWriteTimeout <= 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		b := &eofBody{ReadCloser: r.Body}
+		r.Body = b
+		next.ServeHTTP(w, r)
+		if !b.eof {
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.Limits.ClientWriteTimeout))
+		}
+	})
+}
+
+// eofBody records whether its body was read to the end.
+type eofBody struct {
+	io.ReadCloser
+	eof bool
+}
+
+func (b *eofBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
+}
+
 // boundReplies gives each write of an answer that is not a model call's client_write_timeout
 // (writeBound): the admin API's usage report runs to 30 MB, and a client that stopped reading
 // once its socket buffer was full held the handler, its goroutine and the report for as long as
@@ -227,60 +277,6 @@ type boundReplyWriter struct {
 func (w *boundReplyWriter) Write(p []byte) (int, error) { return w.bound.write(w.ResponseWriter, p) }
 
 func (w *boundReplyWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// CutCalls is called when the drain deadline passes and the remaining calls are about to be
-// cut: they settle by what they used, recorded as source "shutdown".
-func (s *Server) CutCalls() { s.shuttingDown.Store(true) }
-
-// storeContext bounds a database call made on a request's behalf by admit_timeout. A
-// request's own context has no deadline, and the store retries an unreachable database until
-// its context ends: without a bound the caller would wait out the outage instead of getting
-// 503 billing_unavailable.
-func (s *Server) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.cfg.Limits.AdmitTimeout)
-}
-
-// redisStepTimeout bounds one Redis step on a caller's path: the duplicate checks (a
-// fingerprint, an Idempotency-Key's record, a session's done mark), a named run's reservation
-// and its close for settlement, a tally read for /v1/runs. Past it the caller gets its 503
-// (dedup_unavailable, billing_unavailable) and its hold is released. Without it such a step
-// ended only at the Redis client's read timeout — 3 s a try by default, never with
-// read_timeout=-1 in REDIS_URL — while the caller held a hold and a max_in_flight slot. As
-// long as a tally write's bound: the same Redis, the same round trips.
-const redisStepTimeout = 2 * time.Second
-
-// redisStep bounds one Redis step of a caller's request by redisStepTimeout.
-func redisStep(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, redisStepTimeout)
-}
-
-// Close stops the server's background work: the beat of run budget reservations, the key
-// lookup and the batch writer (after committing what is queued) and the session cancel bus.
-// Call it after Drain at shutdown.
-func (s *Server) Close() error {
-	s.stopBeat()
-	<-s.beatDone
-	s.writer.Close()
-	s.auth.lookups.Close()
-	return s.cancels.close()
-}
-
-// Drain refuses calls from now on (503 shutting_down, before anything is held) and waits
-// until every call let in before has ended and every settlement started so far has finished,
-// or ctx ends. Graceful shutdown calls it once the listener has stopped: a connection that had
-// read its request before the listener's close may still bring a call after that.
-func (s *Server) Drain(ctx context.Context) error {
-	s.calls.close()
-	// Calls first: a call still unwinding has yet to start its settlement, and none starts
-	// one after it has left.
-	if err := s.calls.wait(ctx); err != nil {
-		return fmt.Errorf("calls in flight: %w", err)
-	}
-	if err := s.settlements.wait(ctx); err != nil {
-		return fmt.Errorf("settlements in flight: %w", err)
-	}
-	return nil
-}
 
 // ready answers /readyz, which needs no key: it says which dependency is down, and the log
 // says why (a driver's error names the database user and internal addresses).
@@ -330,54 +326,58 @@ func (r *readiness) answer(check func() (int, map[string]string)) (int, map[stri
 	return r.code, r.status
 }
 
-// boundAnswerEnd bounds what net/http writes once a handler has returned — the end of a
-// chunked answer, a small answer kept whole in the connection's buffer until then — by
-// client_write_timeout: a client that stopped reading just as its socket buffer filled (or
-// that pipelines requests and reads no answers) would otherwise hold the connection and its
-// goroutine on that write for good. The server sets no write timeout, since a stream may
-// rightly last minutes (writeBound moves the deadline while one is written), so the deadline
-// left on the connection is lifted when its next request begins.
-func (s *Server) boundAnswerEnd(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rc := http.NewResponseController(w)
-		_ = rc.SetWriteDeadline(time.Time{})
-		next.ServeHTTP(w, r)
-		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.Limits.ClientWriteTimeout))
-	})
-}
-
-// boundUnreadBody bounds the server's drain of a body its handler did not read to the end (a
-// request refused before its body was read: a wrong key, an unknown route). The server reads
-// what is left (up to 256 KiB) before it answers, with no deadline of its own: a caller that
-// stalls inside that body, with or without a valid key, would hold the connection and its
-// goroutine for good. The drain gets client_write_timeout, as a stalled body does in readBody.
-func (s *Server) boundUnreadBody(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Body == nil || r.Body == http.NoBody || s.cfg.Limits.ClientWriteTimeout <= 0 {
-			next.ServeHTTP(w, r)
-			return
-		}
-		b := &eofBody{ReadCloser: r.Body}
-		r.Body = b
-		next.ServeHTTP(w, r)
-		if !b.eof {
-			_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.cfg.Limits.ClientWriteTimeout))
-		}
-	})
-}
-
-// eofBody records whether its body was read to the end.
-type eofBody struct {
-	io.ReadCloser
-	eof bool
-}
-
-func (b *eofBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
-		b.eof = true
+// Drain refuses calls from now on (503 shutting_down, before anything is held) and waits
+// until every call let in before has ended and every settlement started so far has finished,
+// or ctx ends. Graceful shutdown calls it once the listener has stopped: a connection that had
+// read its request before the listener's close may still bring a call after that.
+func (s *Server) Drain(ctx context.Context) error {
+	s.calls.close()
+	// Calls first: a call still unwinding has yet to start its settlement, and none starts
+	// one after it has left.
+	if err := s.calls.wait(ctx); err != nil {
+		return fmt.Errorf("calls in flight: %w", err)
 	}
-	return n, err
+	if err := s.settlements.wait(ctx); err != nil {
+		return fmt.Errorf("settlements in flight: %w", err)
+	}
+	return nil
+}
+
+// CutCalls is called when the drain deadline passes and the remaining calls are about to be
+// cut: they settle by what they used, recorded as source "shutdown".
+func (s *Server) CutCalls() { s.shuttingDown.Store(true) }
+
+// Close stops the server's background work: the beat of run budget reservations, the key
+// lookup and the batch writer (after committing what is queued) and the session cancel bus.
+// Call it after Drain at shutdown.
+func (s *Server) Close() error {
+	s.stopBeat()
+	<-s.beatDone
+	s.writer.Close()
+	s.auth.lookups.Close()
+	return s.cancels.close()
+}
+
+// storeContext bounds a database call made on a request's behalf by admit_timeout. A
+// request's own context has no deadline, and the store retries an unreachable database until
+// its context ends: without a bound the caller would wait out the outage instead of getting
+// 503 billing_unavailable.
+func (s *Server) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.cfg.Limits.AdmitTimeout)
+}
+
+// redisStepTimeout bounds one Redis step on a caller's path: the duplicate checks (a
+// fingerprint, an Idempotency-Key's record, a session's done mark), a named run's reservation
+// and its close for settlement, a tally read for /v1/runs. Past it the caller gets its 503
+// (dedup_unavailable, billing_unavailable) and its hold is released. Without it such a step
+// ended only at the Redis client's read timeout — 3 s a try by default, never with
+// read_timeout=-1 in REDIS_URL — while the caller held a hold and a max_in_flight slot. As
+// long as a tally write's bound: the same Redis, the same round trips.
+const redisStepTimeout = 2 * time.Second
+
+// redisStep bounds one Redis step of a caller's request by redisStepTimeout.
+func redisStep(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, redisStepTimeout)
 }
 
 // priceSnapshots records, per configured model, the prices a run is billed at, so the bill can
