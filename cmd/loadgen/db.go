@@ -29,7 +29,7 @@ func waitSettled(ctx context.Context, db *sqlx.DB, limit time.Duration) (int, ti
 	for {
 		var n int
 		if err := db.GetContext(ctx, &n, "SELECT COUNT(*) FROM run_holds WHERE state IN ('queued','running')"); err != nil {
-			return 0, time.Since(t0), err
+			return 0, time.Since(t0), fmt.Errorf("count holds still running: %w", err)
 		}
 		if n == 0 || time.Since(t0) > limit {
 			return n, time.Since(t0), nil
@@ -82,11 +82,11 @@ func unsettled(ctx context.Context, db *sqlx.DB, runIDs []string) (int, error) {
 		batch := runIDs[i:min(len(runIDs), i+500)]
 		q, args, err := sqlx.In("SELECT COUNT(DISTINCT run_id) FROM run_holds WHERE state = 'settled' AND charged_micro > 0 AND run_id IN (?)", batch)
 		if err != nil {
-			return 0, err
+			return 0, fmt.Errorf("count charged runs: %w", err)
 		}
 		var n int
 		if err := db.GetContext(ctx, &n, q, args...); err != nil {
-			return 0, err
+			return 0, fmt.Errorf("count charged runs: %w", err)
 		}
 		charged += n
 	}
@@ -100,14 +100,14 @@ func settledAt(ctx context.Context, db *sqlx.DB, runIDs []string) (map[string]ti
 		batch := runIDs[i:min(len(runIDs), i+500)]
 		q, args, err := sqlx.In("SELECT run_id, settled_at FROM run_holds WHERE settled_at IS NOT NULL AND run_id IN (?)", batch)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("read settled_at: %w", err)
 		}
 		var rows []struct {
 			RunID     string    `db:"run_id"`
 			SettledAt time.Time `db:"settled_at"`
 		}
 		if err := db.SelectContext(ctx, &rows, q, args...); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("read settled_at: %w", err)
 		}
 		for _, r := range rows {
 			out[r.RunID] = r.SettledAt
@@ -142,10 +142,10 @@ func checkBalance(ctx context.Context, db *sqlx.DB, userID uint64, allowance int
 		return b, err
 	}
 	if err := db.GetContext(ctx, &b.UsedMicro, "SELECT COALESCE(SUM(used_micro),0) FROM usage_days WHERE user_id = ?", userID); err != nil {
-		return b, err
+		return b, fmt.Errorf("balance of user %d: usage_days: %w", userID, err)
 	}
 	if err := db.GetContext(ctx, &b.PrepaidMicro, "SELECT prepaid_micro FROM users WHERE id = ?", userID); err != nil {
-		return b, err
+		return b, fmt.Errorf("balance of user %d: prepaid: %w", userID, err)
 	}
 	var agg struct {
 		N       int   `db:"n"`
@@ -154,7 +154,7 @@ func checkBalance(ctx context.Context, db *sqlx.DB, userID uint64, allowance int
 	}
 	if err := db.GetContext(ctx, &agg, `SELECT COUNT(*) AS n, COALESCE(SUM(GREATEST(0, charged_micro - held_micro)),0) AS over_held,
 		COALESCE(SUM(charged_micro > cap_micro),0) AS over_cap FROM run_holds WHERE user_id = ? AND state = 'settled'`, userID); err != nil {
-		return b, err
+		return b, fmt.Errorf("balance of user %d: settled holds: %w", userID, err)
 	}
 	b.SettledRuns, b.OverHeldMicro, b.OverCap = agg.N, agg.OverH, agg.OverCap
 	// Holds alive together, from their own timestamps: a sweep over created_at/settled_at.
@@ -171,7 +171,7 @@ func checkBalance(ctx context.Context, db *sqlx.DB, userID uint64, allowance int
 		SELECT created_at AS t, held_micro AS held, 0 AS charged FROM run_holds WHERE user_id = ?
 		UNION ALL SELECT settled_at AS t, -held_micro AS held, charged_micro AS charged FROM run_holds WHERE user_id = ? AND settled_at IS NOT NULL) e
 		ORDER BY t, held`, userID, userID); err != nil {
-		return b, err
+		return b, fmt.Errorf("balance of user %d: hold events: %w", userID, err)
 	}
 	var n int
 	var held, used int64
