@@ -344,6 +344,8 @@ func (r *runner) client(name string, conns int) *http.Client {
 	return c
 }
 
+// play runs one round of scenario sc against t: its warm-up, its load under the process
+// watch (and the profiler, once per scenario), and the checks of what it answered.
 func (r *runner) play(ctx context.Context, sc scenario, t Target, round int) (*Run, error) {
 	c := r.client(t.Name, max(sc.load.conns, sc.warm.conns))
 	if sc.warm.conns > 0 {
@@ -376,12 +378,60 @@ func (r *runner) play(ctx context.Context, sc scenario, t Target, round int) (*R
 		run.Profiles = <-profDone
 	}
 	run.WallSec = round3(res.wall.Seconds())
+	ans := run.count(res.samples)
+	// A load ended by its time: answers completed by the deadline over the load's time (the
+	// requests in flight then finish and are kept for latency, not for throughput).
+	run.Cut = res.cut
+	run.RPS = round2(float64(run.OK) / res.wall.Seconds())
+	if res.timeUp {
+		done := 0
+		for _, s := range res.samples {
+			if s.ok && !s.end.After(res.deadline) {
+				done++
+			}
+		}
+		run.RPS = round2(float64(done) / sc.load.d.Seconds())
+	}
+	run.Latency = distOf(run.lat)
+	if len(run.ttfb) > 0 {
+		d := distOf(run.ttfb)
+		run.TTFB = &d
+	}
+	if sc.drain {
+		b, err := r.checkDrain(ctx, res.samples)
+		if err != nil {
+			return nil, err
+		}
+		run.Balance = &b
+		// 402 is this scenario's expected answer, not an error of the gateway.
+		delete(run.Errors, "status 402")
+	}
+	if t.Name == "tollgate" {
+		if err := r.checkGateway(ctx, run, sc, t.URL, ans, before, phasesBefore); err != nil {
+			return nil, err
+		}
+	}
+	if len(run.Errors) == 0 {
+		run.Errors = nil
+	}
+	return run, nil
+}
+
+// answered is what the checks after a load need of its answered calls: the run ids the
+// gateway named, when each answer ended, and how many came without a run id.
+type answered struct {
+	runIDs  []string
+	ends    map[string]time.Time
+	noRunID int
+}
+
+// count adds a load's samples to run: requests, answers, errors by kind, latencies and the
+// streams' order/loss check (run.Streams, when any answer was a stream).
+func (run *Run) count(samples []sample) answered {
+	ans := answered{ends: map[string]time.Time{}}
 	var st StreamCheck
 	streams := false
-	var runIDs []string
-	noRunID := 0
-	ends := map[string]time.Time{}
-	for _, s := range res.samples {
+	for _, s := range samples {
 		run.Requests++
 		if s.ok {
 			run.OK++
@@ -404,99 +454,85 @@ func (r *runner) play(ctx context.Context, sc scenario, t Target, round int) (*R
 			}
 		}
 		if s.ok && s.runID != "" {
-			runIDs = append(runIDs, s.runID)
-			ends[s.runID] = s.end
+			ans.runIDs = append(ans.runIDs, s.runID)
+			ans.ends[s.runID] = s.end
 		} else if s.ok {
-			noRunID++
+			ans.noRunID++
 		}
-	}
-	// A load ended by its time: answers completed by the deadline over the load's time (the
-	// requests in flight then finish and are kept for latency, not for throughput).
-	run.Cut = res.cut
-	run.RPS = round2(float64(run.OK) / res.wall.Seconds())
-	if res.timeUp {
-		done := 0
-		for _, s := range res.samples {
-			if s.ok && !s.end.After(res.deadline) {
-				done++
-			}
-		}
-		run.RPS = round2(float64(done) / sc.load.d.Seconds())
-	}
-	run.Latency = distOf(run.lat)
-	if len(run.ttfb) > 0 {
-		d := distOf(run.ttfb)
-		run.TTFB = &d
 	}
 	if streams {
 		run.Streams = &st
 	}
-	if sc.drain {
-		b, err := checkBalance(ctx, r.db, r.keys.DrainID, r.keys.DrainAllowance)
-		if err != nil {
-			return nil, err
-		}
-		for _, s := range res.samples {
-			switch {
-			case s.ok:
-				b.Admitted++
-			case s.status == http.StatusPaymentRequired:
-				b.Refused402++
-			case s.status == http.StatusTooManyRequests:
-				b.Refused429++
-			default:
-				b.OtherErrors++
-			}
-		}
-		// Nothing admitted, nothing refused for credits, or other failures: the balance was
-		// never reached (or never tried), so its check proves nothing.
-		if b.Admitted == 0 || b.Refused402 == 0 || b.OtherErrors > 0 {
-			b.Pass = false
-		}
-		run.Balance = &b
-		// 402 is this scenario's expected answer, not an error of the gateway.
-		delete(run.Errors, "status 402")
+	return ans
+}
+
+// checkDrain is the drain scenario's balance check, with the answers the drain user got.
+func (r *runner) checkDrain(ctx context.Context, samples []sample) (Balance, error) {
+	b, err := checkBalance(ctx, r.db, r.keys.DrainID, r.keys.DrainAllowance)
+	if err != nil {
+		return Balance{}, err
 	}
-	if t.Name == "tollgate" {
-		l := checkLedger(ctx, r.db)
-		// Every call answered 200 must have been charged: a call served without a hold, or
-		// settled at 0, leaves the day ledger and the holds in agreement.
-		if n, err := unsettled(ctx, r.db, runIDs); err != nil {
-			l.Pass, l.Detail = false, l.Detail+"; "+err.Error()
-		} else if l.Unsettled = n + noRunID; l.Unsettled > 0 {
-			l.Pass = false
-			l.Detail = strings.TrimPrefix(fmt.Sprintf("%s; %d answered calls without a settled charge (%d without a run id)", l.Detail, l.Unsettled, noRunID), "; ")
+	for _, s := range samples {
+		switch {
+		case s.ok:
+			b.Admitted++
+		case s.status == http.StatusPaymentRequired:
+			b.Refused402++
+		case s.status == http.StatusTooManyRequests:
+			b.Refused429++
+		default:
+			b.OtherErrors++
 		}
-		run.DBPerRequest = perRequest(before, dbCounters(ctx, r.db), run.Requests)
-		run.GatewayPhases = phaseDelta(phasesBefore, readPhases(ctx, t.URL))
-		if d, ok := run.GatewayPhases[settleKey]; ok {
-			delete(run.GatewayPhases, settleKey)
-			if sc.lag {
-				run.SettleCommit = &d
-			}
-		}
-		run.Ledger = &l
+	}
+	// Nothing admitted, nothing refused for credits, or other failures: the balance was
+	// never reached (or never tried), so its check proves nothing.
+	if b.Admitted == 0 || b.Refused402 == 0 || b.OtherErrors > 0 {
+		b.Pass = false
+	}
+	return b, nil
+}
+
+// checkGateway adds to a tollgate run what only the gateway has: the ledger check, the
+// database counters and gateway phases over the load (from the readings before it), and for
+// the settle-lag scenario how long each answered call took to settle.
+func (r *runner) checkGateway(ctx context.Context, run *Run, sc scenario, gatewayURL string, ans answered,
+	before map[string]float64, phasesBefore map[string]*histogram) error {
+	l := checkLedger(ctx, r.db)
+	// Every call answered 200 must have been charged: a call served without a hold, or
+	// settled at 0, leaves the day ledger and the holds in agreement.
+	if n, err := unsettled(ctx, r.db, ans.runIDs); err != nil {
+		l.Pass, l.Detail = false, l.Detail+"; "+err.Error()
+	} else if l.Unsettled = n + ans.noRunID; l.Unsettled > 0 {
+		l.Pass = false
+		l.Detail = strings.TrimPrefix(fmt.Sprintf("%s; %d answered calls without a settled charge (%d without a run id)", l.Detail, l.Unsettled, ans.noRunID), "; ")
+	}
+	run.DBPerRequest = perRequest(before, dbCounters(ctx, r.db), run.Requests)
+	run.GatewayPhases = phaseDelta(phasesBefore, readPhases(ctx, gatewayURL))
+	if d, ok := run.GatewayPhases[settleKey]; ok {
+		delete(run.GatewayPhases, settleKey)
 		if sc.lag {
-			at, err := settledAt(ctx, r.db, runIDs)
-			if err != nil {
-				return nil, err
-			}
-			var lags []float64
-			for _, id := range runIDs {
-				if sa, ok := at[id]; ok {
-					lags = append(lags, ms(sa.Sub(ends[id])))
-				} else {
-					run.LagMissing++
-				}
-			}
-			d := distOf(lags)
-			run.SettleLag = &d
+			run.SettleCommit = &d
 		}
 	}
-	if len(run.Errors) == 0 {
-		run.Errors = nil
+	run.Ledger = &l
+	if !sc.lag {
+		return nil
 	}
-	return run, nil
+	at, err := settledAt(ctx, r.db, ans.runIDs)
+	if err != nil {
+		return err
+	}
+	var lags []float64
+	for _, id := range ans.runIDs {
+		if sa, ok := at[id]; ok {
+			lags = append(lags, ms(sa.Sub(ans.ends[id])))
+		} else {
+			run.LagMissing++
+		}
+	}
+	d := distOf(lags)
+	run.SettleLag = &d
+	return nil
 }
 
 // profile fetches a CPU and an allocation profile of the gateway over the next sec seconds.
