@@ -35,7 +35,8 @@ func statusKB(pid int, field string) int64 {
 	return 0
 }
 
-// cpuTicks is utime+stime of pid (and of its reaped children is not wanted: threads are in).
+// cpuTicks is utime+stime of pid, every thread of it included; what its reaped children used
+// (cutime, cstime) is not counted.
 func cpuTicks(pid int) int64 {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
