@@ -206,6 +206,8 @@ func correctness(c Check) bool {
 	return c.Scenario == "all" || c.Scenario == "hot-drain" || strings.HasPrefix(c.What, "events lost")
 }
 
+// extra is the tail of a round's progress line: what the run measured beyond its latency,
+// and the load average it started at.
 func extra(run *Run) string {
 	var s []string
 	if run.TTFB != nil {
@@ -242,9 +244,6 @@ func extra(run *Run) string {
 	s = append(s, "load "+run.LoadAvg)
 	if run.Balance != nil {
 		s = append(s, fmt.Sprintf("balance pass=%v admitted %d refused402 %d", run.Balance.Pass, run.Balance.Admitted, run.Balance.Refused402))
-	}
-	if len(s) == 0 {
-		return ""
 	}
 	return "; " + strings.Join(s, "; ")
 }
