@@ -50,6 +50,7 @@ func newClient(conns int) *http.Client {
 
 var contentTok = []byte(`"content":"tok`)
 
+// do sends one chat request and reads its answer to the end: what it observed is its sample.
 func do(ctx context.Context, c *http.Client, url string, rs reqSpec) sample {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(rs.body))
 	if err != nil {
@@ -93,7 +94,14 @@ func do(ctx context.Context, c *http.Client, url string, rs reqSpec) sample {
 		s.ok = true
 		return s
 	}
-	br := bufio.NewReaderSize(resp.Body, 16<<10)
+	return readStream(ctx, resp.Body, rs.chunks, t0, s)
+}
+
+// readStream reads a streamed answer to its end into s: its time to first byte, its latency,
+// and the order/loss check of its content chunks ("tok<n> ", counted from 1; chunks expected,
+// 0: no loss check) and of its [DONE].
+func readStream(ctx context.Context, body io.Reader, chunks int, t0 time.Time, s sample) sample {
+	br := bufio.NewReaderSize(body, 16<<10)
 	next, seen, done := int64(1), 0, false
 	for {
 		line, err := br.ReadSlice('\n')
@@ -124,7 +132,7 @@ func do(ctx context.Context, c *http.Client, url string, rs reqSpec) sample {
 			s.lat = s.end.Sub(t0)
 			if !errors.Is(err, io.EOF) {
 				// A stream cut short lost what it did not get: the stream figures count it.
-				s.lost, s.noDone = lostOf(rs.chunks, seen), !done
+				s.lost, s.noDone = lostOf(chunks, seen), !done
 				s.errKind = "stream: " + shortErr(err)
 				if ctx.Err() != nil {
 					s.errKind = "cancelled" // the scenario's time ran out mid-stream
@@ -134,7 +142,7 @@ func do(ctx context.Context, c *http.Client, url string, rs reqSpec) sample {
 			break
 		}
 	}
-	s.lost, s.noDone = lostOf(rs.chunks, seen), !done
+	s.lost, s.noDone = lostOf(chunks, seen), !done
 	s.ok = s.lost == 0 && !s.reorder && !s.noDone
 	if !s.ok {
 		s.errKind = "stream check"
