@@ -20,7 +20,7 @@ func TestThroughputRatioJustBelowTargetFails(t *testing.T) {
 		{Scenario: "users-256", Target: "plain", Requests: 1, OK: 1, RPS: 10000},
 		{Scenario: "users-256", Target: "tollgate", Requests: 1, OK: 1, RPS: 3499.6},
 	}
-	if c := checkOf(t, report(runs, Keys{}), "users-256", "throughput / plain proxy"); c.Pass {
+	if c := checkOf(t, report(runs), "users-256", "throughput / plain proxy"); c.Pass {
 		t.Errorf("ratio 0.34996 passed >= 0.35: %+v", c)
 	}
 }
@@ -31,7 +31,7 @@ func TestAddedLatencyJustAboveTargetFails(t *testing.T) {
 		{Scenario: "latency-1conn", Target: "direct", Requests: 1, OK: 1, lat: []float64{0.1}},
 		{Scenario: "latency-1conn", Target: "tollgate", Requests: 1, OK: 1, lat: []float64{1.1004}},
 	}
-	if c := checkOf(t, report(runs, Keys{}), "latency-1conn", "added latency p50 (ms)"); c.Pass {
+	if c := checkOf(t, report(runs), "latency-1conn", "added latency p50 (ms)"); c.Pass {
 		t.Errorf("added 1.0004 ms passed <= 1: %+v", c)
 	}
 }
@@ -46,7 +46,7 @@ func TestLatencyAndSettleLagFailWhenCallsFailed(t *testing.T) {
 		{Scenario: "settle-lag", Target: "tollgate", Requests: 10, OK: 5, Errors: map[string]int{"status 503": 5},
 			SettleLag: &Dist{N: 5, P99: 3}},
 	}
-	rep := report(runs, Keys{})
+	rep := report(runs)
 	for _, w := range [][2]string{{"latency-1conn", "added latency p50 (ms)"}, {"latency-1conn", "added latency p99 (ms)"},
 		{"settle-lag", "settlement lag p99 (ms)"}} {
 		if c := checkOf(t, rep, w[0], w[1]); c.Pass {

@@ -50,7 +50,7 @@ type Check struct {
 	Note     string  `json:"note,omitempty"`
 }
 
-func report(runs []*Run, k Keys) *Report {
+func report(runs []*Run) *Report {
 	rep := &Report{Runs: runs}
 	idx := map[string]*Summary{}
 	var order []string

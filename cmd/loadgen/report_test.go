@@ -12,7 +12,7 @@ func TestReportChecksFailWithoutSamples(t *testing.T) {
 		{Scenario: "streams-burst", Target: "tollgate"},
 		{Scenario: "settle-lag", Target: "tollgate", SettleLag: &Dist{N: 5, P99: 3}, LagMissing: 2},
 	}
-	rep := report(runs, Keys{})
+	rep := report(runs)
 	seen := map[string]int{}
 	for _, c := range rep.Checks {
 		seen[c.Scenario]++

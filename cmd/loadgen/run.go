@@ -170,7 +170,7 @@ func runCmd(args []string) error {
 			}
 		}
 	}
-	rep := report(r.runs, r.keys)
+	rep := report(r.runs)
 	rep.Started = r.stamp
 	rep.WallSeconds = round2(time.Since(t0).Seconds())
 	rep.Host = hostInfo()

@@ -20,18 +20,18 @@ func settleCheckOf(t *testing.T, rep *Report) Check {
 func TestSettleLagFailsOnGatewayCommitLag(t *testing.T) {
 	runs := []*Run{{Scenario: "settle-lag", Target: "tollgate", Requests: 5, OK: 5,
 		SettleLag: &Dist{N: 5, P99: 20}, SettleCommit: &PhaseDist{N: 5, P99: 60}}}
-	if c := checkOf(t, report(runs, Keys{}), "settle-lag", "settlement lag p99 (ms)"); !c.Pass {
+	if c := checkOf(t, report(runs), "settle-lag", "settlement lag p99 (ms)"); !c.Pass {
 		t.Errorf("client-side lag 20 ms failed: %+v", c)
 	}
-	if c := settleCheckOf(t, report(runs, Keys{})); c.Pass {
+	if c := settleCheckOf(t, report(runs)); c.Pass {
 		t.Errorf("commit lag 60 ms passed: %+v", c)
 	}
 	runs[0].SettleCommit = &PhaseDist{N: 5, P99: 40}
-	if c := settleCheckOf(t, report(runs, Keys{})); !c.Pass {
+	if c := settleCheckOf(t, report(runs)); !c.Pass {
 		t.Errorf("commit lag 40 ms failed: %+v", c)
 	}
 	runs[0].SettleCommit = nil
-	if c := settleCheckOf(t, report(runs, Keys{})); c.Pass {
+	if c := settleCheckOf(t, report(runs)); c.Pass {
 		t.Errorf("commit lag not measured passed: %+v", c)
 	}
 }
