@@ -50,8 +50,16 @@ type Check struct {
 	Note     string  `json:"note,omitempty"`
 }
 
+// report is the bench's result: the runs, merged by scenario and target (summarise), and the
+// issue's targets measured on the merged figures (checks).
 func report(runs []*Run) *Report {
-	rep := &Report{Runs: runs}
+	summary := summarise(runs)
+	return &Report{Runs: runs, Summary: summary, Checks: checks(summary)}
+}
+
+// summarise merges the rounds of each scenario on each target, in the order they first ran.
+func summarise(runs []*Run) []*Summary {
+	var out []*Summary
 	idx := map[string]*Summary{}
 	var order []string
 	lat, ttfb := map[string][]float64{}, map[string][]float64{}
@@ -109,10 +117,21 @@ func report(runs []*Run) *Report {
 			d := distOf(ttfb[key])
 			s.TTFB = &d
 		}
-		rep.Summary = append(rep.Summary, s)
+		out = append(out, s)
+	}
+	return out
+}
+
+// checks measures the issue's targets on the merged figures; a target whose scenario did not
+// run has no row.
+func checks(summary []*Summary) []Check {
+	var out []Check
+	idx := map[string]*Summary{}
+	for _, s := range summary {
+		idx[s.Scenario+"/"+s.Target] = s
 	}
 	get := func(sc, t string) *Summary { return idx[sc+"/"+t] }
-	add := func(c Check) { rep.Checks = append(rep.Checks, c) }
+	add := func(c Check) { out = append(out, c) }
 	if d, p, g := get("latency-1conn", "direct"), get("latency-1conn", "plain"), get("latency-1conn", "tollgate"); d != nil && g != nil {
 		note := ""
 		if p != nil {
@@ -180,7 +199,7 @@ func report(runs []*Run) *Report {
 		add(c)
 	}
 	ledgerOK, n := true, 0
-	for _, s := range rep.Summary {
+	for _, s := range summary {
 		if s.LedgerPass != nil {
 			n++
 			ledgerOK = ledgerOK && *s.LedgerPass
@@ -189,7 +208,7 @@ func report(runs []*Run) *Report {
 	if n > 0 {
 		add(Check{"all", "day ledger == Σ settled charges after every tollgate run", "pass", b2f(ledgerOK), ledgerOK, ""})
 	}
-	return rep
+	return out
 }
 
 // streamCheck: every stream came back whole (no event lost, reordered or unterminated, no
