@@ -42,8 +42,9 @@ type histogram struct {
 	count   float64
 }
 
-// readPhases fetches the gateway's /metrics and returns its call-phase histograms by phase;
-// nil if they cannot be read (the run goes on without them).
+// readPhases fetches the gateway's /metrics and returns its call-phase histograms by phase,
+// and its settlement histogram under settleKey; nil if they cannot be read (the run goes on
+// without them).
 func readPhases(ctx context.Context, gatewayURL string) map[string]*histogram {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
