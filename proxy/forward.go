@@ -50,7 +50,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		err = fmt.Errorf("upstream %s: %w", c.req.upstream.Name, errHeaderTimeout)
 	}
 	if err != nil {
-		return s.answerForwardFailure(w, r, c, err, &sent)
+		return s.answerForwardFailure(w, r, c, err, sent.Load()) // read once, as the request failed
 	}
 	s.metrics.upstreamPhase.Observe(time.Since(sending).Seconds())
 	defer resp.Body.Close()
@@ -87,12 +87,12 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 // answerForwardFailure answers a call whose upstream request failed before its headers came,
 // and sets c.outcome by what the provider may have used: sent says whether it had the whole
 // request, which decides what the failure costs.
-func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c *call, err error, sent *atomic.Bool) int {
+func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c *call, err error, sent bool) int {
 	if clientGone(r) {
 		// If the provider has the prompt, charge the estimate of it; if the request never
 		// reached it whole, nothing was used.
 		c.outcome = outcomeCancel
-		if !sent.Load() {
+		if !sent {
 			// Refused as before forwarding, and answered as such (handleCall's 409 to a
 			// call a newer message of its session replaced): no run named, since none
 			// reached the provider, and the one held is released at 0.
@@ -101,7 +101,7 @@ func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c 
 		}
 		return answerClientClosed(w, r)
 	}
-	if headersTooLarge(err) && sent.Load() {
+	if headersTooLarge(err) && sent {
 		// The provider had the prompt and answered, with headers past the bound: as an
 		// answer in an encoding not asked for, it cannot be relayed and is charged its
 		// estimate, and a retry would be answered the same way.
@@ -118,7 +118,7 @@ func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c 
 	if isTimeout(err) {
 		e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
 			Message: "The upstream did not answer in time."}
-		if sent.Load() {
+		if sent {
 			// The provider took the prompt and was still working on it when the gateway
 			// gave up, as when a client leaves: charge the estimate of the prompt.
 			c.outcome = outcomeUpstreamTimeout
