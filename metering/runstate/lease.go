@@ -34,8 +34,9 @@ type lease struct {
 	// in Redis. A run never written has no key of this process's to delete: most calls end
 	// well within a heartbeat, and their release then costs no round trip.
 	written bool
-	// beat is the number of the last Refresh that took the run: its release outdates that
-	// heartbeat's write of the key, and every earlier one.
+	// beat is the number of the last Refresh that took the run, or found it held again after
+	// taking an earlier claim on it (dropReleased): its release outdates that heartbeat's
+	// write of the key, and every earlier one.
 	beat int64
 }
 
@@ -165,12 +166,16 @@ func (l *Leases) dropReleased(ctx context.Context, ids []string, beat int64) err
 	// A run released while Refresh's pipeline was on its way had its key deleted before a SET
 	// put it back: it would then look served for a whole TTL (its run unsettleable, left
 	// alone by the reconciler). Delete what is no longer held; a run acquired again meanwhile
-	// is held and keeps its key, which its release must then delete: it is marked written.
+	// is held and keeps its key, which its release must then delete: it is marked written, and
+	// its release outdates this beat. The beat took the run's earlier claim, whose release may
+	// have failed: without it the new claim's release outdated no beat, and this one's write,
+	// delivered late, put the lease back for a whole TTL.
 	var gone []string
 	l.mu.Lock()
 	for _, id := range ids {
 		if ls, held := l.runs[id]; held {
 			ls.written = true
+			ls.beat = max(ls.beat, beat)
 		} else {
 			gone = append(gone, id)
 		}

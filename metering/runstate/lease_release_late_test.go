@@ -96,3 +96,48 @@ func TestLeaseBeatDeliveredAfterTheReleaseWritesNothing(t *testing.T) {
 		t.Fatalf("the released run's lease is back (for %v): its run looks served by a live process", ttl)
 	}
 }
+
+// TestLeaseBeatDeliveredLateAfterAFailedReleaseAndANewCallWritesNothing: a heartbeat's write of
+// a run's lease is on its way late; the run's last call here ends and its release fails (every
+// attempt lost), and the run's next call here starts before the beat gives up, so the beat's
+// drop of released runs finds the run held and deletes nothing. The next call's release must
+// still outdate that beat: it outdated none (its lease had no beat of its own), and the late
+// write then put the lease back for a whole lease TTL, the run looking served by a live
+// process (its settle 409 run_busy, the reconciler extending it).
+func TestLeaseBeatDeliveredLateAfterAFailedReleaseAndANewCallWritesNothing(t *testing.T) {
+	base, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	opt, lossy := testenv.LossyRedisOptions(t)
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	const run = "x_late_beat_new_call"
+	leases := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	leases.Acquire(run)
+	lossy.Arm(keys.Lease(run), testenv.RedisWriteLate, 1)
+	beat, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- leases.Refresh(beat) }()
+	late := lossy.AwaitLate() // the beat's write is on its way
+	// The release names the run's released beats alone among these writes.
+	lossy.Arm(keys.LeaseReleased(run), testenv.RedisRequestLost, rdb.Options().MaxRetries+1)
+	if err := leases.Release(ctx, run); err == nil {
+		t.Fatalf("a release whose every attempt was lost reported no error (%d lost)", lossy.Fired())
+	}
+	lossy.Disarm()
+	leases.Acquire(run) // the run's next call here
+	if err := <-refreshed; err == nil {
+		t.Fatal("a beat whose write was held late reported no error")
+	}
+	if base.HExists(ctx, keys.LeaseReleased(run), "process-a").Val() {
+		t.Fatal("the beat's drop ran before the run's next call began: nothing tested")
+	}
+	if err := leases.Release(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	late.Deliver()
+	if ttl := base.PTTL(ctx, keys.Lease(run)).Val(); ttl != -2 {
+		t.Fatalf("the released run's lease is back (for %v): its run looks served by a live process", ttl)
+	}
+}
