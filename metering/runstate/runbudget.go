@@ -80,6 +80,9 @@ func NewRunBudget(rdb redis.UniversalClient, keys Keys, tallyTTL, maxCall, stale
 // fields of calls not beaten for ARGV[staleArg] ms. It sets now, reserved and inflight, and
 // recording: the calls tallied whose record on the run's row has not landed yet (their
 // r:<call id> = "<ms>" fields, see ReleaseBeforeRecord), dropped too once older than staleArg.
+// It drops the reopens' marks (o:<mark> = "<ms>", reopenScript) once older than
+// ARGV[maxCallArg] ms, the longest call: the hash lives as long as the run's calls go on, and
+// kept every failed settlement's mark for as long.
 const liveCallsLua = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -100,6 +103,8 @@ for i = 1, #all, 2 do
     else
       recording = recording + 1
     end
+  elseif kind == 'o:' then
+    if tonumber(all[i + 1]) + tonumber(ARGV[maxCallArg]) < now then redis.call('HDEL', KEYS[2], all[i]) end
   end
 end
 `
@@ -113,7 +118,7 @@ end
 // Reserved, no process stamped it, and the run counted a call in flight for staleAfter: its
 // settle refused 409 run_busy with nothing running, its next calls short of that much cap.
 var reserveScript = redis.NewScript(`
-local staleArg = 7
+local staleArg, maxCallArg = 7, 5
 if redis.call('EXISTS', KEYS[3]) == 1 then return -4 end
 if redis.call('HGET', KEYS[2], 'closed') then return -2 end
 local field = 'c:' .. ARGV[4]
@@ -272,7 +277,7 @@ func (b *RunBudget) release(ctx context.Context, runID, callID string, u pricing
 // o:<mark> field, reopenScript) arrived after its settlement gave up on it and reopened the run
 // (a delayed packet): it closes nothing, and returns 0.
 var closeScript = redis.NewScript(`
-local staleArg = 2
+local staleArg, maxCallArg = 2, 1
 local marks = redis.call('HGET', KEYS[2], 'closed')
 if marks then
   for m in string.gmatch(marks, '%S+') do
@@ -288,13 +293,15 @@ redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1`)
 
 // reopenScript: KEYS budget hash; ARGV mark, max call ms. Takes mark out of the closed marks;
-// the run is open again only once no mark is left. It leaves o:<mark> behind, for as long as a
-// mark lives (max call), whether or not the close had landed: a close that reaches Redis after
-// its settlement gave up on it and reopened (its request delayed on the network, not lost)
-// finds it and closes nothing. Without it that close closed the run for max call, its calls
-// refused as settled after a settle answered 503, with no one left to reopen it.
+// the run is open again only once no mark is left. It leaves o:<mark> = "<ms>" behind, for as
+// long as a mark lives (max call; liveCallsLua drops it then), whether or not the close had
+// landed: a close that reaches Redis after its settlement gave up on it and reopened (its
+// request delayed on the network, not lost) finds it and closes nothing. Without it that close
+// closed the run for max call, its calls refused as settled after a settle answered 503, with
+// no one left to reopen it.
 var reopenScript = redis.NewScript(`
-redis.call('HSET', KEYS[1], 'o:' .. ARGV[1], 1)
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'o:' .. ARGV[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 local marks = redis.call('HGET', KEYS[1], 'closed')
 if not marks then return 0 end

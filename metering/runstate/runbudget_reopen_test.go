@@ -1,0 +1,63 @@
+package runstate_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering/runstate"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestRunBudgetReopenMarkLapsesAfterTheLongestCall: a failed settlement's reopen leaves its
+// mark (o:<mark>) in the run's budget hash, so that its close delivered late closes nothing.
+// A close is not late by more than the longest call (the mark of a close that landed lives no
+// longer), so neither need the reopen's record be: it must go once that has passed, while the
+// run's calls go on. It stayed as long as the hash, which every call of the run keeps alive:
+// one field more for each failed settle of a run that goes on calling (a client retrying its
+// settle through a database outage), read by every reservation and close of the run.
+func TestRunBudgetReopenMarkLapsesAfterTheLongestCall(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	const maxCall = time.Second
+	b := runstate.NewRunBudget(rdb, keys, time.Hour, maxCall, testStaleAfter)
+	ctx := context.Background()
+	const run = "r_reopen_lapses"
+	hash := keys.RunBudget(run)
+	m1 := mustClose(t, b, run)
+	if err := b.ReopenRun(ctx, run, m1); err != nil {
+		t.Fatal(err)
+	}
+	reopened := rdb.Time(ctx).Val()
+	// A call of the run goes on past the longest call's time since the reopen, beaten.
+	if _, err := b.Reserve(ctx, run, "a", 10_000, 1_000, 100); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * maxCall)
+	for rdb.Time(ctx).Val().Sub(reopened) <= maxCall+10*time.Millisecond {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis's clock did not pass the longest call since the reopen")
+		}
+		if _, err := b.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if rdb.Exists(ctx, hash).Val() == 0 {
+			t.Fatal("the run's budget hash lapsed while its call was beaten: nothing tested")
+		}
+		time.Sleep(20 * time.Millisecond) // the beat's pace, not a wait for an outcome
+	}
+	if err := b.Release(ctx, run, "a", pricing.Usage{Output: 5}, 50, false); err != nil {
+		t.Fatal(err)
+	}
+	m2 := mustClose(t, b, run)
+	if err := b.ReopenRun(ctx, run, m2); err != nil {
+		t.Fatal(err)
+	}
+	if rdb.HExists(ctx, hash, "o:"+m1).Val() {
+		t.Fatalf("the reopen's mark outlives the longest call (%v) in a hash the run's calls keep: one field more per failed settle", maxCall)
+	}
+	if !rdb.HExists(ctx, hash, "o:"+m2).Val() {
+		t.Fatal("the last reopen's mark is gone: its close, delivered late, would close the run")
+	}
+}
