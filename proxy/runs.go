@@ -141,7 +141,7 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		logRefusal(log, errBillingDown, "run unreadable", err, zap.String("route", r.URL.Path))
+		logRefusal(log, errBillingDown, "run unreadable", err, zap.String("route", settleRoute))
 		writeError(w, errBillingDown)
 		return
 	}
