@@ -287,8 +287,9 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 
 // checkReady pings MySQL and Redis.
 func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
-	// Not the asking caller's context: others may be waiting for this check's answer.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	// Not the asking caller's context: others may be waiting for this check's answer. Each
+	// ping is bounded as a Redis step on a caller's path: a probe must not hang either.
+	ctx, cancel := redisStep(context.WithoutCancel(ctx))
 	defer cancel()
 	status := map[string]string{"mysql": "ok", "redis": "ok"}
 	code := http.StatusOK

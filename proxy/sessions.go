@@ -189,9 +189,10 @@ func (b *cancelBus) deliver(runID string) {
 	}
 }
 
-// publish asks whichever process serves runID to stop it.
+// publish asks whichever process serves runID to stop it: a step on the caller's path (a
+// newer message waits for it), bounded as one.
 func (b *cancelBus) publish(ctx context.Context, runID string) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	ctx, cancel := redisStep(ctx)
 	defer cancel()
 	return b.rdb.Publish(ctx, b.keys.Cancel(runID), "superseded").Err()
 }
