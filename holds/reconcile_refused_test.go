@@ -94,3 +94,48 @@ func TestReconcileReleasesARefusedAdmissionsHold(t *testing.T) {
 		}
 	}
 }
+
+// TestReconcileAsksNoMarkOfAHoldItSettlesAnyway: a refusal mark decides only a running hold
+// with no tally that carries its admission's token. The reconciler asks of nothing else, so
+// with the marks unreadable (Redis failing that read) a tallied hold is still settled from its
+// tally, a queued hold still released, and a running hold inserted without a token still
+// charged what it held, each in that pass: asked, each failed on the unreadable mark and
+// waited for a pass that could read it, for a mark that could not change its settlement.
+func TestReconcileAsksNoMarkOfAHoldItSettlesAnyway(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("refused-unasked", 20, nil)
+	admit := func(runID, token string, state holds.State) holds.Hold {
+		t.Helper()
+		h, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: runID, UserID: u.ID, Model: "fake-gpt",
+			State: state, TTL: time.Hour, Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.expire(runID)
+		return h
+	}
+	const tokA, tokB = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+	talliedRun := admit("r_unasked_tallied", tokA, holds.StateRunning)
+	e.addTally(talliedRun.RunID, pricing.Usage{Input: 10, Output: 2}, 900)
+	queued := admit("r_unasked_queued", tokB, holds.StateQueued)
+	tokenless := admit("r_unasked_tokenless", "", holds.StateRunning)
+
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Refusals = refusedMarks{err: errors.New("redis down")} })
+	if _, err := e.pass(rec); err != nil {
+		t.Fatalf("a pass with no hold a mark could decide failed on the unreadable marks: %v", err)
+	}
+	for _, c := range []struct {
+		what, runID, source string
+		charged             int64
+	}{
+		{"tallied run", talliedRun.RunID, holds.SourceReconcile, 900},
+		{"queued hold", queued.RunID, holds.SourceRelease, 0},
+		{"hold without a token", tokenless.RunID, holds.SourceReconcileHold, tokenless.HeldMicro},
+	} {
+		r := e.run(u, c.runID)
+		if r.State != holds.StateSettled || r.SettleSource.String != c.source || r.ChargedMicro != c.charged {
+			t.Errorf("%s: %s by %q charged %d, want settled by %s charged %d", c.what, r.State, r.SettleSource.String,
+				r.ChargedMicro, c.source, c.charged)
+		}
+	}
+}
