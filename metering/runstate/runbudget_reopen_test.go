@@ -61,3 +61,47 @@ func TestRunBudgetReopenMarkLapsesAfterTheLongestCall(t *testing.T) {
 		t.Fatal("the last reopen's mark is gone: its close, delivered late, would close the run")
 	}
 }
+
+// TestRunBudgetReopenMarkOutlivesTheRunsReservations: the reopen's mark (o:<mark>) must stand
+// until the longest call has passed, through the reservations of the run's calls that come
+// meanwhile (each drops the marks it finds older than that): the caller's next call after a
+// failed settle reserves before the settle's close, delivered late, lands. It is measured
+// against the longest call, not the run's stale window, which is shorter: dropped sooner, the
+// late close found no mark and closed the run, its calls refused as settled with no one left to
+// reopen it.
+func TestRunBudgetReopenMarkOutlivesTheRunsReservations(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	const staleAfter = 200 * time.Millisecond
+	b := runstate.NewRunBudget(rdb, keys, time.Hour, time.Hour, staleAfter)
+	ctx := context.Background()
+	const run = "r_reopen_outlives"
+	hash := keys.RunBudget(run)
+	m := mustClose(t, b, run)
+	if err := b.ReopenRun(ctx, run, m); err != nil {
+		t.Fatal(err)
+	}
+	reopened := rdb.Time(ctx).Val()
+	reserve := func(call string) {
+		t.Helper()
+		if _, err := b.Reserve(ctx, run, call, 10_000, 1_000, 100); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Release(ctx, run, call, pricing.Usage{Output: 5}, 50, false); err != nil {
+			t.Fatal(err)
+		}
+		if !rdb.HExists(ctx, hash, "o:"+m).Val() {
+			t.Fatalf("call %s's reservation dropped the reopen's mark %v after it, within the longest call (1h)",
+				call, rdb.Time(ctx).Val().Sub(reopened))
+		}
+	}
+	reserve("a") // at once
+	deadline := time.Now().Add(10 * staleAfter)
+	for rdb.Time(ctx).Val().Sub(reopened) <= staleAfter+10*time.Millisecond {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis's clock did not pass the stale window since the reopen")
+		}
+		time.Sleep(10 * time.Millisecond) // Redis's clock's pace, not a wait for an outcome
+	}
+	reserve("b") // past the stale window, well within the longest call
+}
