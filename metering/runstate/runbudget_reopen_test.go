@@ -105,3 +105,22 @@ func TestRunBudgetReopenMarkOutlivesTheRunsReservations(t *testing.T) {
 	}
 	reserve("b") // past the stale window, well within the longest call
 }
+
+// TestRunBudgetReopenOfARunNeverClosedLapses: a reopen whose close never landed finds no
+// budget hash (a run with no call in flight) and writes its mark into a new one. That hash
+// must lapse with the longest call, as a close's does: without its expiry it stayed for good, one
+// key per failed settle of a run nobody calls again.
+func TestRunBudgetReopenOfARunNeverClosedLapses(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	const maxCall = time.Minute
+	b := runstate.NewRunBudget(rdb, keys, time.Hour, maxCall, testStaleAfter)
+	ctx := context.Background()
+	const run = "r_reopen_never_closed"
+	if err := b.ReopenRun(ctx, run, "mark-of-a-close-never-landed"); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := rdb.PTTL(ctx, keys.RunBudget(run)).Val(); ttl <= 0 || ttl > maxCall {
+		t.Fatalf("the reopen's budget hash lives %v; want it to lapse within the longest call (%v)", ttl, maxCall)
+	}
+}
