@@ -141,3 +141,27 @@ func TestLeaseBeatDeliveredLateAfterAFailedReleaseAndANewCallWritesNothing(t *te
 		t.Fatalf("the released run's lease is back (for %v): its run looks served by a live process", ttl)
 	}
 }
+
+// TestLeaseReleaseOutdatesItsBeatForALeaseTTL: the record a release leaves of the beats it
+// outdated (leaserel) is needed only as long as a beat's write could still come, a lease TTL,
+// and must lapse then: without its expiry it stayed for good, one key per run ever leased.
+func TestLeaseReleaseOutdatesItsBeatForALeaseTTL(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	ctx := context.Background()
+	const run, ttl = "x_leaserel_lapses", time.Minute
+	leases := runstate.NewLeases(rdb, keys, "process-a", ttl, time.Second, zap.NewNop())
+	leases.Acquire(run)
+	if err := leases.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := leases.Release(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	if !rdb.HExists(ctx, keys.LeaseReleased(run), "process-a").Val() {
+		t.Fatal("the release outdated no beat: nothing tested")
+	}
+	if got := rdb.PTTL(ctx, keys.LeaseReleased(run)).Val(); got <= 0 || got > ttl {
+		t.Fatalf("the release's record of outdated beats lives %v; want it to lapse within the lease TTL (%v)", got, ttl)
+	}
+}
