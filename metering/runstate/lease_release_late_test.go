@@ -165,3 +165,45 @@ func TestLeaseReleaseOutdatesItsBeatForALeaseTTL(t *testing.T) {
 		t.Fatalf("the release's record of outdated beats lives %v; want it to lapse within the lease TTL (%v)", got, ttl)
 	}
 }
+
+// TestLeaseBeatDeliveredLateAfterAReleaseAndALostDropWritesNothing: a heartbeat's write of a
+// run's lease is on its way late; the run's last call here releases it meanwhile, and the
+// beat's drop of released runs, once it gives up, is lost. The release itself must outdate the
+// beat on its way (the beat took the run before it was sent): else the late write, finding
+// nothing outdated, put the lease back for a whole lease TTL.
+func TestLeaseBeatDeliveredLateAfterAReleaseAndALostDropWritesNothing(t *testing.T) {
+	base, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	opt, lossy := testenv.LossyRedisOptions(t)
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	const run = "x_late_beat_lost_drop"
+	leases := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	leases.Acquire(run)
+	if err := leases.Refresh(ctx); err != nil { // an earlier beat, so the late one is not the first
+		t.Fatal(err)
+	}
+	lossy.Arm(keys.Lease(run), testenv.RedisWriteLate, 1)
+	beat, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- leases.Refresh(beat) }()
+	late := lossy.AwaitLate() // the beat's write is on its way
+	if err := leases.Release(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	// The beat's drop names the run's released beats; the release has been answered already.
+	lossy.Arm(keys.LeaseReleased(run), testenv.RedisRequestLost, rdb.Options().MaxRetries+1)
+	if err := <-refreshed; err == nil {
+		t.Fatal("a beat whose write was held late reported no error")
+	}
+	if lossy.Fired() == 0 {
+		t.Fatal("the beat's drop was not lost: nothing tested")
+	}
+	lossy.Disarm()
+	late.Deliver()
+	if ttl := base.PTTL(ctx, keys.Lease(run)).Val(); ttl != -2 {
+		t.Fatalf("the released run's lease is back (for %v): its run looks served by a live process", ttl)
+	}
+}
