@@ -207,3 +207,38 @@ func TestLeaseBeatDeliveredLateAfterAReleaseAndALostDropWritesNothing(t *testing
 		t.Fatalf("the released run's lease is back (for %v): its run looks served by a live process", ttl)
 	}
 }
+
+// TestLeaseBeatDeliveredLateAfterAFailedReleaseIsOutdatedByItsDrop: a heartbeat's write of a
+// run's lease is on its way late; the run's last call here releases it and that release is
+// lost. The beat's drop of released runs, once it gives up, finds the run released and must
+// outdate the beat it belongs to: else the late write, finding nothing outdated, put the lease
+// back for a whole lease TTL.
+func TestLeaseBeatDeliveredLateAfterAFailedReleaseIsOutdatedByItsDrop(t *testing.T) {
+	base, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	opt, lossy := testenv.LossyRedisOptions(t)
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	const run = "x_late_beat_lost_release"
+	leases := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	leases.Acquire(run)
+	lossy.Arm(keys.Lease(run), testenv.RedisWriteLate, 1)
+	beat, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- leases.Refresh(beat) }()
+	late := lossy.AwaitLate() // the beat's write is on its way
+	lossy.Arm(keys.LeaseReleased(run), testenv.RedisRequestLost, rdb.Options().MaxRetries+1)
+	if err := leases.Release(ctx, run); err == nil {
+		t.Fatalf("a release whose every attempt was lost reported no error (%d lost)", lossy.Fired())
+	}
+	lossy.Disarm()
+	if err := <-refreshed; err == nil {
+		t.Fatal("a beat whose write was held late reported no error")
+	}
+	late.Deliver()
+	if ttl := base.PTTL(ctx, keys.Lease(run)).Val(); ttl != -2 {
+		t.Fatalf("the released run's lease is back (for %v): its run looks served by a live process", ttl)
+	}
+}
