@@ -17,3 +17,10 @@ func (b *RunBudget) Held() int {
 
 // ParseMemoryInfo reads the memory fields of an INFO reply.
 var ParseMemoryInfo = parseMemoryInfo
+
+// NextBeat numbers a heartbeat, as Refresh does.
+func (l *Leases) NextBeat() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.nextBeat()
+}

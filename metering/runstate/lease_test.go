@@ -156,3 +156,21 @@ func (h *onPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		return err
 	}
 }
+
+// TestLeaseBeatsAreNumberedApartWithinAMillisecond: a release outdates the beat that took its
+// run and every earlier one (leaserel), so each beat must be numbered past the last, however
+// close they come. Numbered by the clock's millisecond alone, a beat in the millisecond of the
+// one a release outdated took its number and wrote nothing: a run taken again at once had no
+// lease, its calls unseen by a settle and by the reconciler.
+func TestLeaseBeatsAreNumberedApartWithinAMillisecond(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	leases := runstate.NewLeases(rdb, runstate.Keys{Prefix: prefix}, "process-a", time.Minute, time.Second, zap.NewNop())
+	last := leases.NextBeat()
+	for i := range 1000 { // far more than a millisecond's worth
+		b := leases.NextBeat()
+		if b <= last {
+			t.Fatalf("beat %d numbered %d after %d: a release of the earlier outdates it", i+1, b, last)
+		}
+		last = b
+	}
+}
