@@ -32,3 +32,24 @@ func TestRefusedAdmissionMarkLapsesWithTheTally(t *testing.T) {
 		}
 	}
 }
+
+// TestUnusedTallyLapsesWithTheTally: a run's zero tally (MarkUnused: the evidence that keeps a
+// run whose release failed from being charged its hold) lapses as any tally does; without its
+// expiry it stayed for good, one key per lost admission or refused named-run call.
+func TestUnusedTallyLapsesWithTheTally(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	const ttl = time.Hour
+	tally := runstate.NewTally(rdb, keys, ttl)
+	ctx := context.Background()
+	const run = "r_unused_lapses"
+	if err := tally.MarkUnused(ctx, run); err != nil {
+		t.Fatal(err)
+	}
+	if got := rdb.PTTL(ctx, keys.Usage(run)).Val(); got <= 0 || got > ttl {
+		t.Fatalf("the zero tally lives %v; want it to lapse within the tally TTL (%v)", got, ttl)
+	}
+	if got, found, err := tally.Get(ctx, run); err != nil || !found || got.CostMicro != 0 || got.Calls != 0 {
+		t.Fatalf("zero tally read as %+v (found %v, %v); want found, at 0", got, found, err)
+	}
+}
