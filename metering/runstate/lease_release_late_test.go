@@ -105,21 +105,10 @@ func TestLeaseBeatDeliveredAfterTheReleaseWritesNothing(t *testing.T) {
 // write then put the lease back for a whole lease TTL, the run looking served by a live
 // process (its settle 409 run_busy, the reconciler extending it).
 func TestLeaseBeatDeliveredLateAfterAFailedReleaseAndANewCallWritesNothing(t *testing.T) {
-	base, prefix := testenv.Redis(t)
-	keys := runstate.Keys{Prefix: prefix}
-	opt, lossy := testenv.LossyRedisOptions(t)
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
 	ctx := context.Background()
 	const run = "x_late_beat_new_call"
-	leases := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
-	leases.Acquire(run)
-	lossy.Arm(keys.Lease(run), testenv.RedisWriteLate, 1)
-	beat, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	refreshed := make(chan error, 1)
-	go func() { refreshed <- leases.Refresh(beat) }()
-	late := lossy.AwaitLate() // the beat's write is on its way
+	base, keys, rdb, lossy, leases := lossyLeases(t, run)
+	refreshed, late := beatHeldLate(t, leases, lossy, keys.Lease(run))
 	// The release names the run's released beats alone among these writes.
 	lossy.Arm(keys.LeaseReleased(run), testenv.RedisRequestLost, rdb.Options().MaxRetries+1)
 	if err := leases.Release(ctx, run); err == nil {
@@ -172,24 +161,13 @@ func TestLeaseReleaseOutdatesItsBeatForALeaseTTL(t *testing.T) {
 // beat on its way (the beat took the run before it was sent): else the late write, finding
 // nothing outdated, put the lease back for a whole lease TTL.
 func TestLeaseBeatDeliveredLateAfterAReleaseAndALostDropWritesNothing(t *testing.T) {
-	base, prefix := testenv.Redis(t)
-	keys := runstate.Keys{Prefix: prefix}
-	opt, lossy := testenv.LossyRedisOptions(t)
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
 	ctx := context.Background()
 	const run = "x_late_beat_lost_drop"
-	leases := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
-	leases.Acquire(run)
+	base, keys, rdb, lossy, leases := lossyLeases(t, run)
 	if err := leases.Refresh(ctx); err != nil { // an earlier beat, so the late one is not the first
 		t.Fatal(err)
 	}
-	lossy.Arm(keys.Lease(run), testenv.RedisWriteLate, 1)
-	beat, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	refreshed := make(chan error, 1)
-	go func() { refreshed <- leases.Refresh(beat) }()
-	late := lossy.AwaitLate() // the beat's write is on its way
+	refreshed, late := beatHeldLate(t, leases, lossy, keys.Lease(run))
 	if err := leases.Release(ctx, run); err != nil {
 		t.Fatal(err)
 	}
@@ -214,21 +192,10 @@ func TestLeaseBeatDeliveredLateAfterAReleaseAndALostDropWritesNothing(t *testing
 // outdate the beat it belongs to: else the late write, finding nothing outdated, put the lease
 // back for a whole lease TTL.
 func TestLeaseBeatDeliveredLateAfterAFailedReleaseIsOutdatedByItsDrop(t *testing.T) {
-	base, prefix := testenv.Redis(t)
-	keys := runstate.Keys{Prefix: prefix}
-	opt, lossy := testenv.LossyRedisOptions(t)
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
 	ctx := context.Background()
 	const run = "x_late_beat_lost_release"
-	leases := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
-	leases.Acquire(run)
-	lossy.Arm(keys.Lease(run), testenv.RedisWriteLate, 1)
-	beat, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	refreshed := make(chan error, 1)
-	go func() { refreshed <- leases.Refresh(beat) }()
-	late := lossy.AwaitLate() // the beat's write is on its way
+	base, keys, rdb, lossy, leases := lossyLeases(t, run)
+	refreshed, late := beatHeldLate(t, leases, lossy, keys.Lease(run))
 	lossy.Arm(keys.LeaseReleased(run), testenv.RedisRequestLost, rdb.Options().MaxRetries+1)
 	if err := leases.Release(ctx, run); err == nil {
 		t.Fatalf("a release whose every attempt was lost reported no error (%d lost)", lossy.Fired())
@@ -241,4 +208,30 @@ func TestLeaseBeatDeliveredLateAfterAFailedReleaseIsOutdatedByItsDrop(t *testing
 	if ttl := base.PTTL(ctx, keys.Lease(run)).Val(); ttl != -2 {
 		t.Fatalf("the released run's lease is back (for %v): its run looks served by a live process", ttl)
 	}
+}
+
+// lossyLeases is process-a's leases through a LossyRedis, holding run; base reads the same
+// Redis unharmed.
+func lossyLeases(t *testing.T, run string) (base *redis.Client, keys runstate.Keys, rdb *redis.Client, lossy *testenv.LossyRedis, leases *runstate.Leases) {
+	t.Helper()
+	base, prefix := testenv.Redis(t)
+	keys = runstate.Keys{Prefix: prefix}
+	opt, lossy := testenv.LossyRedisOptions(t)
+	rdb = redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	leases = runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	leases.Acquire(run)
+	return base, keys, rdb, lossy, leases
+}
+
+// beatHeldLate starts a heartbeat (a second's deadline) whose write of lease is held on its
+// way, and returns once it is: refreshed gets the beat's outcome, late delivers the write.
+func beatHeldLate(t *testing.T, leases *runstate.Leases, lossy *testenv.LossyRedis, lease string) (refreshed chan error, late *testenv.LateWrite) {
+	t.Helper()
+	lossy.Arm(lease, testenv.RedisWriteLate, 1)
+	beat, cancel := context.WithTimeout(context.Background(), time.Second)
+	t.Cleanup(cancel)
+	refreshed = make(chan error, 1)
+	go func() { refreshed <- leases.Refresh(beat) }()
+	return refreshed, lossy.AwaitLate()
 }
