@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -65,6 +66,10 @@ func TestFullRedisRefusesWritesAndNothingIsChargedTwice(t *testing.T) {
 		t.Fatalf("Idempotency-Key call with Redis full: %d %s", first.status, first.body)
 	}
 	runID := first.header.Get(proxy.RunIDHeader)
+	// The attempt's settlement commits after its answer, in the background; a retry before it
+	// finds the hold running and is told 409 request_in_progress (retry), after it the row the
+	// record stands in for.
+	h.waitSettled(runID, 10*time.Second, "its answer ended")
 	refused(idem, 409, "idempotent_response_lost")
 
 	// Room again: the retry is still not run, and the call is charged once.
