@@ -48,7 +48,20 @@ func run(listen, upstream string) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	// Full duplex: without it, an upstream whose headers come before the transport has seen
+	// the end of the caller's body (its check for bytes past Content-Length) makes the server
+	// drain that body under the transport's feet as the headers go out; the transport's write
+	// fails and it closes the upstream connection mid-stream (the caller gets a cut stream,
+	// ReverseProxy logs "use of closed network connection"). That cut 3-21 of the 1536
+	// streams of every streams-512 round; tollgate reads a body whole before it forwards it.
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+			http.Error(w, "full duplex: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	})
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	fmt.Printf("plainproxy listening on %s -> %s\n", ln.Addr(), target)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
