@@ -65,6 +65,8 @@ type Scanner struct {
 	loneCR   bool // the event's last line so far ended in a CR alone: the stream uses CR endings
 	lf, cr   byteFinder
 	emptyRds int
+	// beforeRead runs before each read of r (BeforeRead).
+	beforeRead func()
 
 	// The event under construction.
 	name    string
@@ -86,6 +88,12 @@ func NewScanner(r io.Reader, maxEvent int) *Scanner {
 	maxEvent = min(maxEvent, maxEventCeiling)
 	return &Scanner{r: r, max: maxEvent, lf: byteFinder{c: '\n', at: -1}, cr: byteFinder{c: '\r', at: -1}}
 }
+
+// BeforeRead sets f to run before each read of the stream, the one moment the Scanner may wait
+// for its source: a relay that writes the events it is handed without flushing each one can
+// flush there, so events that arrived together go out in one write and none is held while
+// the source is waited for.
+func (s *Scanner) BeforeRead(f func()) { s.beforeRead = f }
 
 // Next returns the next event. At the end of the stream, bytes that no blank line ended are
 // returned as a last event before the error, so that every byte received can be passed on;
@@ -295,6 +303,9 @@ func (s *Scanner) fill() {
 			copy(b, s.buf[:s.end])
 			s.buf = b
 		}
+	}
+	if s.beforeRead != nil {
+		s.beforeRead()
 	}
 	n, err := s.r.Read(s.buf[s.end:])
 	if n < 0 || n > len(s.buf)-s.end {

@@ -59,12 +59,14 @@ func newLoopbackListener(t *testing.T) net.Listener {
 	return ln
 }
 
-// endStallListener's connections hold the write that ends a chunked answer until the write
-// deadline set on the connection passes (or the test ends), and report how that write ended.
+// endStallListener's connections hold the write that ends a chunked answer (or, with stalls
+// set, the first write it matches) until the write deadline set on the connection passes (or
+// the test ends), and report how that write ended.
 type endStallListener struct {
 	net.Listener
 	stalled chan error
 	release chan struct{}
+	stalls  func(p []byte) bool
 }
 
 func (l *endStallListener) Accept() (net.Conn, error) {
@@ -100,7 +102,11 @@ func (c *endStallConn) SetDeadline(t time.Time) error {
 }
 
 func (c *endStallConn) Write(p []byte) (int, error) {
-	if !bytes.HasSuffix(p, []byte("0\r\n\r\n")) {
+	stalls := c.l.stalls
+	if stalls == nil {
+		stalls = func(p []byte) bool { return bytes.HasSuffix(p, []byte("0\r\n\r\n")) }
+	}
+	if !stalls(p) {
 		return c.Conn.Write(p)
 	}
 	for {
