@@ -412,11 +412,13 @@ func (s *Server) pinBeforeAnswer(ctx context.Context, c *call, o outcome, status
 	defer cancel()
 	c.rw.keep(tail)
 	c.rw.capture = false
-	if err := s.storeIdemAnswer(ctx, c, status); err != nil {
+	if err := s.storeIdemAnswer(ctx, c, status); errors.Is(err, errIdemMovedOn) {
+		c.log.Info("idempotent answer not stored: the key moved on to a later attempt while this one ran", zap.Error(err))
+	} else if err != nil {
 		c.log.Warn("idempotent answer not stored before its end; tried again when the call ends", zap.Error(err))
 		return
 	}
-	c.idemPinned = true
+	c.idemPinned = true // or never to be: finishIdem has nothing left to write
 }
 
 // idemWriteTimeout bounds a write of an idempotency record.
@@ -442,12 +444,9 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 	pins := c.pinsIdem(c.rw.status, c.outcome)
 	if !pins && c.superseded {
 		// Not moved on: a retry of a superseded message would replace the newer one.
-		if _, err := s.dedupRDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
-			p.HSetNX(ctx, ic.record, "body", ic.bodyHash)
-			p.HSet(ctx, ic.record, "superseded", "1")
-			p.PExpire(ctx, ic.record, s.cfg.Dedup.ReplayTTL)
-			return nil
-		}); err != nil {
+		if err := s.writeIdemRecord(ctx, c, "superseded", "1"); errors.Is(err, errIdemMovedOn) {
+			c.log.Info("superseded idempotent attempt not recorded: the key moved on to a later attempt while it ran", zap.Error(err))
+		} else if err != nil {
 			c.log.Warn("superseded idempotent attempt not recorded; a retry may run it again", zap.Error(err))
 		}
 		return
@@ -458,7 +457,9 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 		}
 		return
 	}
-	if err := s.storeIdemAnswer(ctx, c, c.rw.status); err != nil {
+	if err := s.storeIdemAnswer(ctx, c, c.rw.status); errors.Is(err, errIdemMovedOn) {
+		c.log.Info("idempotent answer not stored: the key moved on to a later attempt while this one ran", zap.Error(err))
+	} else if err != nil {
 		c.log.Error("idempotent answer not stored; a retry is refused 409 idempotent_response_lost, not run again", zap.Error(err))
 	}
 }
@@ -466,7 +467,7 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 // storeIdemAnswer pins the key on this attempt with the answer the caller was sent (status, the
 // headers, and the bytes rw kept), or marks it too large to keep.
 func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error {
-	ic, rw := c.idem, c.rw
+	rw := c.rw
 	fields := []any{"run", c.runID, "status", status, "ctype", rw.Header().Get("Content-Type")}
 	hdrs, herr := json.Marshal(replayableHeaders(rw.Header()))
 	if herr != nil {
@@ -482,16 +483,47 @@ func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error
 		}
 		fields = append(fields, "resp", rw.buf.Bytes())
 	}
-	_, err := s.dedupRDB.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		// The body the answer is for, again: startIdem's write may have failed, and a record
-		// without it would replay this answer to a different body under the same key.
-		p.HSetNX(ctx, ic.record, "body", ic.bodyHash)
-		p.HSet(ctx, ic.record, fields...)
-		p.PExpire(ctx, ic.record, s.cfg.Dedup.ReplayTTL)
-		return nil
-	})
-	if err != nil {
+	if err := s.writeIdemRecord(ctx, c, fields...); err != nil {
 		return fmt.Errorf("store idempotent answer: %w", err)
+	}
+	return nil
+}
+
+// errIdemMovedOn: an attempt's record write was refused because the key is no longer this
+// attempt's. Its hold was settled under its call (the reconciler took its process for dead: a
+// pause, a partition, a call past its hold) and a retry moved the key to a later attempt, or
+// another attempt pinned it. The key's record is the later attempt's to write.
+var errIdemMovedOn = errors.New("the key's record belongs to a later attempt")
+
+// idemWriteScript writes how an attempt ended into its key's record, only while the key is
+// still the attempt's: its attempt counter has not moved past it, and no other attempt has
+// pinned it. KEYS record; ARGV run id, attempt, body hash, replay ttl ms, then field/value
+// pairs. The body is set if missing (startIdem's write may have failed, and a record without it
+// would replay this answer to a different body under the same key). Returns 0 when refused.
+//
+// Unguarded, an attempt that outlived its hold, ending after a retry had run the next attempt
+// to its end and pinned the key, replaced that answer with its own: every later replay was the
+// answer of a run the key had moved past, not the one its caller was given.
+var idemWriteScript = redis.NewScript(`
+local run = redis.call('HGET', KEYS[1], 'run')
+if run and run ~= ARGV[1] then return 0 end
+if tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0') > tonumber(ARGV[2]) then return 0 end
+redis.call('HSETNX', KEYS[1], 'body', ARGV[3])
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1`)
+
+// writeIdemRecord writes fields (field/value pairs) into c's key's record while the key is
+// still c's attempt's (idemWriteScript), else fails with errIdemMovedOn.
+func (s *Server) writeIdemRecord(ctx context.Context, c *call, fields ...any) error {
+	ic := c.idem
+	args := append([]any{c.runID, ic.attempt, ic.bodyHash, s.cfg.Dedup.ReplayTTL.Milliseconds()}, fields...)
+	n, err := idemWriteScript.Run(ctx, s.dedupRDB, []string{ic.record}, args...).Int()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("%w (attempt %d, run %s)", errIdemMovedOn, ic.attempt, c.runID)
 	}
 	return nil
 }

@@ -120,7 +120,7 @@ func TestIdemPinnedAnswerWhoseEndWasLostStaysPinned(t *testing.T) {
 	}
 }
 
-// pinProbe is a go-redis hook that, when a pipeline writes the "run" field of an idempotency
+// pinProbe is a go-redis hook that, when a command writes the "run" field of an idempotency
 // record (the pin), peeks at the caller's socket without consuming it.
 type pinProbe struct {
 	recordPrefix string
@@ -174,32 +174,52 @@ func (p *pinProbe) seenAtPin() []byte {
 	return p.seen
 }
 
-func (p *pinProbe) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (p *pinProbe) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (p *pinProbe) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (p *pinProbe) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		p.check(cmd)
+		return next(ctx, cmd)
+	}
+}
 
 func (p *pinProbe) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, c := range cmds {
-			if pinsRecord(c.Args(), p.recordPrefix) {
-				p.once.Do(func() {
-					p.peek()
-					if p.reset {
-						p.hangUp()
-					}
-					close(p.fired)
-				})
-			}
+			p.check(c)
 		}
 		return next(ctx, cmds)
 	}
 }
 
-// pinsRecord: an HSET of an idempotency record that sets its "run" field.
+// check fires the probe, once, on a command that pins an idempotency record.
+func (p *pinProbe) check(c redis.Cmder) {
+	if pinsRecord(c.Args(), p.recordPrefix) {
+		p.once.Do(func() {
+			p.peek()
+			if p.reset {
+				p.hangUp()
+			}
+			close(p.fired)
+		})
+	}
+}
+
+// pinsRecord: a write of an idempotency record that sets its "run" field — an HSET, or the
+// gateway's guarded record write (a script: KEYS record; ARGV run id, attempt, body hash, ttl,
+// then field/value pairs).
 func pinsRecord(args []any, prefix string) bool {
-	if len(args) < 4 || !strings.EqualFold(fmt.Sprint(args[0]), "hset") || !strings.HasPrefix(fmt.Sprint(args[1]), prefix) {
+	first := 2 // an HSET's first field
+	switch {
+	case len(args) >= 4 && strings.EqualFold(fmt.Sprint(args[0]), "hset"):
+	case len(args) >= 10 && (strings.EqualFold(fmt.Sprint(args[0]), "evalsha") || strings.EqualFold(fmt.Sprint(args[0]), "eval")):
+		args, first = args[2:], 6 // numkeys, key, run id, attempt, body hash, ttl
+	default:
 		return false
 	}
-	for i := 2; i < len(args); i += 2 {
+	if !strings.HasPrefix(fmt.Sprint(args[1]), prefix) {
+		return false
+	}
+	for i := first; i < len(args); i += 2 {
 		if fmt.Sprint(args[i]) == "run" {
 			return true
 		}
