@@ -61,12 +61,15 @@ func newLoopbackListener(t *testing.T) net.Listener {
 
 // endStallListener's connections hold the write that ends a chunked answer (or, with stalls
 // set, the first write it matches) until the write deadline set on the connection passes (or
-// the test ends), and report how that write ended.
+// the test ends), and report how that write ended. began, if set, is closed as the first such
+// write starts to wait.
 type endStallListener struct {
 	net.Listener
 	stalled chan error
 	release chan struct{}
 	stalls  func(p []byte) bool
+	began   chan struct{}
+	once    sync.Once
 }
 
 func (l *endStallListener) Accept() (net.Conn, error) {
@@ -108,6 +111,9 @@ func (c *endStallConn) Write(p []byte) (int, error) {
 	}
 	if !stalls(p) {
 		return c.Conn.Write(p)
+	}
+	if c.l.began != nil {
+		c.l.once.Do(func() { close(c.l.began) })
 	}
 	for {
 		c.mu.Lock()

@@ -160,3 +160,121 @@ func readChunk(t *testing.T, br *bufio.Reader) string {
 	}
 	return string(b[:n])
 }
+
+// TestNothingReadAfterAFailedFlushIsActedOn: the rest of the answer — its usage and its end —
+// comes from the upstream while the flush of its first event is stalled by the caller, and
+// sits read by the gateway's client when the flush fails. The caller left before it: the call
+// ends cancelled, charged the estimate of what it was sent, as when nothing more had been read
+// — not complete, charged usage its caller never saw, its Idempotency-Key pinned to an answer
+// its caller never had.
+func TestNothingReadAfterAFailedFlushIsActedOn(t *testing.T) {
+	for _, idem := range []string{"", "left-before-the-end"} {
+		t.Run("idempotency key "+strconv.Quote(idem), func(t *testing.T) {
+			began := make(chan struct{})
+			upstream := func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, hostileChunk)
+				w.(http.Flusher).Flush()
+				select {
+				case <-began: // the gateway's flush of that event waits on the caller
+				case <-r.Context().Done():
+					return
+				}
+				_, _ = io.WriteString(w, hostileUsage+"data: [DONE]\n\n")
+			}
+			h := hostileHarness(t, upstream, func(c *config.Config) { c.Limits.ClientWriteTimeout = time.Second })
+			u, key := h.user("standard")
+			runID := postThroughStall(t, h, key, idem, "Hello billing team", began)
+			h.waitSettled(runID, 20*time.Second, "its caller's flush failed")
+			r := h.run(u.ID, runID)
+			if r.SettleSource.String != holds.SourceCancel || r.OutTok >= 400 {
+				t.Errorf("run settled by %q with %d output tokens: want cancelled, charged the estimate of the one event sent (the 400 reported came after the caller left)",
+					r.SettleSource.String, r.OutTok)
+			}
+		})
+	}
+}
+
+// TestAnswerEndUnsentIsNoCompleteAnswer: the upstream's last bytes — the usage and [DONE] —
+// come with its end, and the caller stops reading just then: the flush that carries [DONE]
+// fails. The caller did not get the answer's end, so the call is cancelled, as it was when
+// each event was flushed on its own, not complete.
+func TestAnswerEndUnsentIsNoCompleteAnswer(t *testing.T) {
+	h := hostileHarness(t, scriptedUpstream("text/event-stream", step{s: hostileChunk + hostileUsage + "data: [DONE]\n\n"}),
+		func(c *config.Config) { c.Limits.ClientWriteTimeout = time.Second })
+	u, key := h.user("standard")
+	runID := postThroughStall(t, h, key, "", "[DONE]", nil)
+	h.waitSettled(runID, 20*time.Second, "its caller's flush failed")
+	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceCancel {
+		t.Errorf("run settled by %q, want %q: the caller never had the answer's end", r.SettleSource.String, holds.SourceCancel)
+	}
+}
+
+// postThroughStall streams a chat call from h through a listener whose connection stalls the
+// first write containing marker until its write deadline (began, if set, is closed as it
+// starts to), and returns the call's run id. The caller reads whatever comes.
+func postThroughStall(t *testing.T, h *harness, key, idem, marker string, began chan struct{}) string {
+	t.Helper()
+	ln := &endStallListener{Listener: newLoopbackListener(t), stalled: make(chan error, 1), release: make(chan struct{}),
+		stalls: func(p []byte) bool { return bytes.Contains(p, []byte(marker)) }, began: began}
+	gw := httptest.NewUnstartedServer(h.srv.Handler())
+	gw.Listener.Close()
+	gw.Listener = ln
+	gw.Start()
+	t.Cleanup(gw.Close)
+	t.Cleanup(func() { close(ln.release) })
+	req, _ := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(streamBody))
+	req.Header.Set("Authorization", "Bearer "+key)
+	if idem != "" {
+		req.Header.Set(proxy.IdempotencyKeyHeader, idem)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	go func() { _, _ = io.Copy(io.Discard, resp.Body) }()
+	return resp.Header.Get(proxy.RunIDHeader)
+}
+
+// TestEventsBeforeTheEndDoNotWaitForItsRedisWork: the answer's last event and the events
+// before it come in one read. The end's work — the tally that rides with the fingerprint's
+// release, before [DONE] goes out — waits on Redis, held back here until the caller has the
+// event before the end: that event must not wait for it. (Held unflushed behind the end's
+// round trips, it reached the caller only once Redis answered, up to their bounds.)
+func TestEventsBeforeTheEndDoNotWaitForItsRedisWork(t *testing.T) {
+	redisGate := newWriteGate("hincrby") // the end's tally; go-redis sends command names in lower case
+	t.Cleanup(redisGate.open)
+	upstreamGate := make(chan struct{})
+	var once sync.Once
+	releaseUpstream := func() { once.Do(func() { close(upstreamGate) }) }
+	t.Cleanup(releaseUpstream)
+	second := strings.Replace(hostileChunk, "Hello billing team", "The second event", 1)
+	upstream := httptest.NewServer(scriptedUpstream("text/event-stream",
+		step{s: hostileChunk}, step{gate: upstreamGate}, step{s: second + hostileUsage + "data: [DONE]\n\n"}))
+	t.Cleanup(upstream.Close)
+	h := newHarnessOn(t, harnessSetup{redisDialer: redisGate.dial}, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "hostile", Kind: "openai", BaseURL: upstream.URL, Models: []string{"*"}}}
+	})
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
+	defer resp.Body.Close()
+	cr := readInBackground(resp.Body)
+	if !cr.waitFor("Hello billing team", 20*time.Second) {
+		t.Fatalf("the first event never reached the caller; it had %q", cr.bytes())
+	}
+	releaseUpstream()
+	got := cr.waitFor("The second event", 20*time.Second)
+	held := redisGate.held()
+	redisGate.open()
+	if !got {
+		t.Fatalf("the event before the answer's end did not reach the caller while the end's tally waited on Redis (%d write held); caller had %q",
+			held, cr.bytes())
+	}
+	<-cr.done
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	h.waitSettled(runID, 20*time.Second, "its answer ended")
+	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceComplete || r.OutTok != 400 {
+		t.Errorf("run settled by %q with %d output tokens, want complete with the 400 reported", r.SettleSource.String, r.OutTok)
+	}
+}

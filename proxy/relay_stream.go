@@ -14,8 +14,9 @@ import (
 )
 
 // relayStream writes each SSE event as it arrives, and flushes what it wrote before it waits
-// for the upstream again (metering.Scanner.BeforeRead): an event is never held while the
-// upstream is waited for, and events that arrived together go out in one write, not one each
+// for the upstream again (metering.Scanner.BeforeRead) or on Redis and MySQL at the answer's
+// end (its tally, its pin): no event is held while anything is waited for, and events that
+// arrived together go out in one write, not one each
 // (on a busy box a stream's events bunch in the upstream's reads, and a write per event was a
 // quarter of the gateway's CPU). No response is buffered whole.
 // The usage-only chunk the gateway asked for on the caller's behalf is dropped from what the
@@ -38,8 +39,15 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	sc.BeforeRead(sr.flush)
 	for {
 		ev, err := nextEvent(sc, c.meter, sr.sawData)
-		if err != nil && sr.gone {
-			sr.left() // the read ended as the failed flush stopped the upstream
+		if err != nil {
+			// What came with the upstream's end goes out before endStream waits on Redis and
+			// MySQL (answerFinal, a run's tally, a pin), and a caller gone meanwhile is seen.
+			sr.flush()
+		}
+		if sr.gone {
+			// A flush failed: the caller stopped taking the answer. Nothing read after it is
+			// acted on (no pin, no tally as whole), as nothing was read after a failed write.
+			sr.left()
 			break
 		}
 		if err != nil {
@@ -47,6 +55,15 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			break
 		}
 		sr.meter(ev)
+		if !sr.ended() && (c.meter.UpstreamError() || metering.IsFinalEvent(c.req.route.format, ev)) {
+			// The answer's end: its tallies and pins wait on Redis and MySQL; what was
+			// written before it goes out first.
+			sr.flush()
+			if sr.gone {
+				sr.left()
+				break
+			}
+		}
 		errorEnds := sr.upstreamErrorEnds()
 		raw, relayed := sr.unstripped(ev)
 		if !relayed {
@@ -74,6 +91,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			break
 		}
 	}
+	sr.flush() // finish may wait on a named run's tally
 	sr.finish()
 	sr.flush()
 	return resp.StatusCode
