@@ -679,16 +679,11 @@ func (c *chaos) call(ctx context.Context, r *rand.Rand, rec callRec, body []byte
 	}
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		raw, err := io.ReadAll(resp.Body)
-		var out struct {
-			Usage *struct {
-				Prompt     int64 `json:"prompt_tokens"`
-				Completion int64 `json:"completion_tokens"`
-			} `json:"usage"`
-		}
+		var out chatChunk
 		if err != nil || json.Unmarshal(raw, &out) != nil {
 			rec.transport = true
 		} else if out.Usage != nil {
-			rec.complete, rec.usage = true, pricing.Usage{Input: out.Usage.Prompt, Output: out.Usage.Completion}
+			rec.complete, rec.usage = true, out.usage()
 		}
 		c.record(rec)
 		return rec
@@ -705,16 +700,7 @@ func (c *chaos) call(ctx context.Context, r *rand.Rand, rec callRec, body []byte
 			done = true
 			continue
 		}
-		var ev struct {
-			Choices []json.RawMessage `json:"choices"`
-			Usage   *struct {
-				Prompt     int64 `json:"prompt_tokens"`
-				Completion int64 `json:"completion_tokens"`
-			} `json:"usage"`
-			Error *struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		}
+		var ev chatChunk
 		if json.Unmarshal([]byte(line), &ev) != nil {
 			continue
 		}
@@ -722,7 +708,7 @@ func (c *chaos) call(ctx context.Context, r *rand.Rand, rec callRec, body []byte
 			rec.code = ev.Error.Code
 		}
 		if ev.Usage != nil {
-			sawUsage, rec.usage = true, pricing.Usage{Input: ev.Usage.Prompt, Output: ev.Usage.Completion}
+			sawUsage, rec.usage = true, ev.usage()
 		}
 		if strings.Contains(line, `"content":"tok`) {
 			rec.events++ // a content delta: one output token of the fake upstream
@@ -1444,4 +1430,25 @@ func testIdemRunID(userID uint64, key string, attempt int) string {
 	}
 	h := sha256.Sum256([]byte(s))
 	return "r_" + hex.EncodeToString(h[:16])
+}
+
+// chatChunk is what the e2e tests read of a chat completion, a streamed event or a whole
+// answer: whether it has choices, its usage and its error's code.
+type chatChunk struct {
+	Choices []json.RawMessage `json:"choices"`
+	Usage   *struct {
+		Prompt     int64 `json:"prompt_tokens"`
+		Completion int64 `json:"completion_tokens"`
+	} `json:"usage"`
+	Error *struct {
+		Code string `json:"code"`
+	} `json:"error"`
+}
+
+// usage is the chunk's usage as the gateway prices it (nil: none).
+func (c chatChunk) usage() pricing.Usage {
+	if c.Usage == nil {
+		return pricing.Usage{}
+	}
+	return pricing.Usage{Input: c.Usage.Prompt, Output: c.Usage.Completion}
 }

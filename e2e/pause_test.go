@@ -543,21 +543,13 @@ func readCall(ctx context.Context, g *gateway, key string, body []byte, hdr map[
 	s.replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		s.body, s.err = io.ReadAll(resp.Body)
-		var out struct {
-			Usage *struct {
-				Prompt     int64 `json:"prompt_tokens"`
-				Completion int64 `json:"completion_tokens"`
-			} `json:"usage"`
-			Error *struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		}
+		var out chatChunk
 		if s.err == nil && json.Unmarshal(s.body, &out) == nil {
 			if out.Error != nil {
 				s.code = out.Error.Code
 			}
 			if out.Usage != nil && s.status == http.StatusOK {
-				s.complete, s.usage = true, pricing.Usage{Input: out.Usage.Prompt, Output: out.Usage.Completion}
+				s.complete, s.usage = true, out.usage()
 			}
 		}
 		return s
@@ -575,16 +567,7 @@ func readCall(ctx context.Context, g *gateway, key string, body []byte, hdr map[
 			done = true
 			continue
 		}
-		var ev struct {
-			Choices []json.RawMessage `json:"choices"`
-			Usage   *struct {
-				Prompt     int64 `json:"prompt_tokens"`
-				Completion int64 `json:"completion_tokens"`
-			} `json:"usage"`
-			Error *struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		}
+		var ev chatChunk
 		if json.Unmarshal([]byte(line), &ev) != nil {
 			continue
 		}
@@ -592,7 +575,7 @@ func readCall(ctx context.Context, g *gateway, key string, body []byte, hdr map[
 			s.code = ev.Error.Code
 		}
 		if ev.Usage != nil {
-			sawUsage, s.usage = true, pricing.Usage{Input: ev.Usage.Prompt, Output: ev.Usage.Completion}
+			sawUsage, s.usage = true, ev.usage()
 		}
 		if len(ev.Choices) > 0 && firstEvent != nil {
 			firstEvent(s.runID)

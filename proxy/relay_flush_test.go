@@ -99,24 +99,7 @@ func TestStalledFlushStopsAWaitingUpstream(t *testing.T) {
 		c.Limits.UpstreamTimeout = time.Hour
 	})
 	u, key := h.user("standard")
-	ln := &endStallListener{Listener: newLoopbackListener(t), stalled: make(chan error, 1), release: make(chan struct{}),
-		stalls: func(p []byte) bool { return bytes.Contains(p, []byte("Hello billing team")) }}
-	gw := httptest.NewUnstartedServer(h.srv.Handler())
-	gw.Listener.Close()
-	gw.Listener = ln
-	gw.Start()
-	t.Cleanup(gw.Close)
-	t.Cleanup(func() { close(ln.release) })
-
-	req, _ := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(streamBody))
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	runID := resp.Header.Get(proxy.RunIDHeader)
-	go func() { _, _ = io.Copy(io.Discard, resp.Body) }()
+	runID := postThroughStall(t, h, key, "", "Hello billing team", nil)
 	select {
 	case <-upstreamStopped:
 	case <-time.After(20 * time.Second):
