@@ -497,8 +497,15 @@ func startPrivateMariaDB(t *testing.T) *privateMariaDB {
 		m.stop()
 		_ = os.RemoveAll(dir)
 	})
-	args := []string{"--no-defaults", "--datadir=" + filepath.Join(dir, "data"), "--auth-root-authentication-method=normal",
-		"--skip-test-db", "--skip-name-resolve", "--force"}
+	// The server's temporary files go to a directory of its own, never the shared /tmp: every
+	// mariadbd that starts deletes all #sql* files in its tmpdir (left, it assumes, by its own
+	// last run), so another one starting on the box would pull a bootstrap's or a running
+	// server's temporary tables out from under it.
+	if err := os.Mkdir(m.tmpdir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--no-defaults", "--datadir=" + filepath.Join(dir, "data"), "--tmpdir=" + m.tmpdir(),
+		"--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve", "--force"}
 	if os.Geteuid() == 0 {
 		args = append(args, "--user=root")
 	}
@@ -561,6 +568,9 @@ func lowFreePort(t *testing.T) int {
 
 func (m *privateMariaDB) sock() string { return filepath.Join(m.dir, "mysql.sock") }
 
+// tmpdir is the server's own directory for temporary files.
+func (m *privateMariaDB) tmpdir() string { return filepath.Join(m.dir, "tmp") }
+
 // dsn is the gateway's DSN on the server.
 func (m *privateMariaDB) dsn() string { return m.dsnAt(fmt.Sprintf("127.0.0.1:%d", m.port)) }
 
@@ -574,7 +584,7 @@ func (m *privateMariaDB) dsnAt(addr string) string {
 // start runs the server and waits until it answers on its socket (crash recovery done).
 func (m *privateMariaDB) start() error {
 	args := []string{"--no-defaults", "--datadir=" + filepath.Join(m.dir, "data"), "--socket=" + m.sock(),
-		"--port=" + strconv.Itoa(m.port), "--bind-address=127.0.0.1", "--pid-file=" + filepath.Join(m.dir, "mysql.pid"),
+		"--port=" + strconv.Itoa(m.port), "--tmpdir=" + m.tmpdir(), "--bind-address=127.0.0.1", "--pid-file=" + filepath.Join(m.dir, "mysql.pid"),
 		"--log-error=" + filepath.Join(m.dir, "mysql.err"), "--skip-name-resolve", "--skip-log-bin",
 		// Durable: a COMMIT answered is on disk, so a kill loses no committed charge.
 		"--innodb-flush-log-at-trx-commit=1", "--innodb-buffer-pool-size=64M", "--max-connections=500",

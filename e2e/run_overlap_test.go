@@ -138,14 +138,17 @@ func (w *world) lockRunRow(runID string) (release func()) {
 	return w.lockRow("SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID)
 }
 
-// waitingRecord waits until a RecordRunCall statement waits on the database (behind
-// lockRunRow) and returns its connection's id.
+// waitingRecord waits until a RecordRunCall statement on this test's database waits (behind
+// lockRunRow) and returns its connection's id. The server is shared with the other packages'
+// tests, which run at the same time and record their own runs' calls: a statement of another
+// database is not this run's record (and not the test's to kill).
 func (w *world) waitingRecord(t *testing.T) int64 {
 	t.Helper()
 	var id int64
 	waitFor(t, 10*time.Second, "the call's record to wait on the run's row", func() bool {
 		err := w.db.Get(&id, `SELECT ID FROM information_schema.PROCESSLIST
-			WHERE INFO LIKE '%ended_calls = ended_calls + 1%' AND ID <> CONNECTION_ID() LIMIT 1`)
+			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE '%ended_calls = ended_calls + 1%'
+			AND INFO NOT LIKE '%PROCESSLIST%' LIMIT 1`)
 		return err == nil && id != 0
 	})
 	return id
