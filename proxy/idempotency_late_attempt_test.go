@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
@@ -27,25 +28,10 @@ func TestIdemLateAttemptKeepsTheKeysAnswer(t *testing.T) {
 	_, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "late-attempt"}
 
-	// Attempt 0: a slow stream, forwarding.
+	// Attempt 0, a slow stream, is settled under its call as the reconciler settles a process
+	// that looks dead.
 	slow := map[string]string{proxy.IdempotencyKeyHeader: "late-attempt", fakellm.HeaderChunks: "40", fakellm.HeaderChunkInterval: "50ms"}
-	first := h.post(key, "/v1/chat/completions", streamBody, slow)
-	defer first.Body.Close()
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("attempt 0: %d %s", first.StatusCode, readAll(t, first.Body))
-	}
-	r := bufio.NewReader(first.Body)
-	if _, err := r.ReadString('\n'); err != nil {
-		t.Fatalf("attempt 0: no first event: %v", err)
-	}
-	attempt0 := first.Header.Get(proxy.RunIDHeader)
-
-	// Its process looks dead: the reconciler settles it at its hold.
-	res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: attempt0, Source: holds.SourceReconcileHold,
-		ChargeHeld: true, Estimated: true})
-	if err != nil || !res.Applied {
-		t.Fatalf("settle attempt 0 as the reconciler would: %+v %v", res, err)
-	}
+	r, attempt0 := reconciledUnderItsCall(t, h, key, slow)
 
 	// The retry runs the key again (attempt 1) and pins it.
 	retry := h.post(key, "/v1/chat/completions", streamBody, idem)
@@ -89,20 +75,7 @@ func TestIdemLateAttemptSupersededKeepsTheKeysAnswer(t *testing.T) {
 	for k, v := range idem {
 		slow[k] = v
 	}
-	first := h.post(key, "/v1/chat/completions", streamBody, slow)
-	defer first.Body.Close()
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("attempt 0: %d %s", first.StatusCode, readAll(t, first.Body))
-	}
-	r := bufio.NewReader(first.Body)
-	if _, err := r.ReadString('\n'); err != nil {
-		t.Fatalf("attempt 0: no first event: %v", err)
-	}
-	attempt0 := first.Header.Get(proxy.RunIDHeader)
-	if res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: attempt0, Source: holds.SourceReconcileHold,
-		ChargeHeld: true, Estimated: true}); err != nil || !res.Applied {
-		t.Fatalf("settle attempt 0 as the reconciler would: %+v %v", res, err)
-	}
+	r, attempt0 := reconciledUnderItsCall(t, h, key, slow)
 	retry := h.post(key, "/v1/chat/completions", streamBody, idem)
 	answer1 := readAll(t, retry.Body)
 	retry.Body.Close()
@@ -126,4 +99,120 @@ func TestIdemLateAttemptSupersededKeepsTheKeysAnswer(t *testing.T) {
 		t.Errorf("retry after both attempts ended: %d replayed %q run %s (attempt 1 %s) %.200s — want attempt 1's answer replayed",
 			again.StatusCode, again.Header.Get(proxy.ReplayedHeader), again.Header.Get(proxy.RunIDHeader), attempt1, replayed)
 	}
+}
+
+// TestIdemLateAttemptEndingBeforeTheNextOnesEnd: the late attempt ends while the key's next
+// attempt is still running, before anything pinned the key. Its end must not pin the key:
+// pinned, the next attempt's own answer could no longer be stored (the key held another
+// run's), and every replay was the late attempt's answer, not the one the key's current
+// attempt gave its caller.
+func TestIdemLateAttemptEndingBeforeTheNextOnesEnd(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	stream := func(chunks string) (*http.Response, *bufio.Reader) {
+		t.Helper()
+		resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{proxy.IdempotencyKeyHeader: "late-before-next",
+			fakellm.HeaderChunks: chunks, fakellm.HeaderChunkInterval: "25ms"})
+		t.Cleanup(func() { resp.Body.Close() })
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%d %s", resp.StatusCode, readAll(t, resp.Body))
+		}
+		r := bufio.NewReader(resp.Body)
+		if _, err := r.ReadString('\n'); err != nil {
+			t.Fatalf("no first event: %v", err)
+		}
+		return resp, r
+	}
+	first, r0 := stream("40")
+	attempt0 := first.Header.Get(proxy.RunIDHeader)
+	if res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: attempt0, Source: holds.SourceReconcileHold,
+		ChargeHeld: true, Estimated: true}); err != nil || !res.Applied {
+		t.Fatalf("settle attempt 0 as the reconciler would: %+v %v", res, err)
+	}
+	next, r1 := stream("400") // 10 s: still running when attempt 0 ends
+	attempt1 := next.Header.Get(proxy.RunIDHeader)
+	if attempt1 == attempt0 || next.Header.Get(proxy.ReplayedHeader) != "" {
+		t.Fatalf("retry after attempt 0 was reconciled ran as %s (attempt 0 %s), replayed %q", attempt1, attempt0, next.Header.Get(proxy.ReplayedHeader))
+	}
+
+	if _, err := io.Copy(io.Discard, r0); err != nil {
+		t.Fatalf("attempt 0's stream: %v", err)
+	}
+	var state string
+	if err := h.db.Get(&state, "SELECT state FROM run_holds WHERE run_id = ?", attempt1); err != nil || state != string(holds.StateRunning) {
+		t.Fatalf("attempt 1 is %q (%v) once attempt 0 has ended; the test needs it running", state, err)
+	}
+	rest, err := io.ReadAll(r1)
+	if err != nil {
+		t.Fatalf("attempt 1's stream: %v", err)
+	}
+	h.settled()
+
+	again := h.post(key, "/v1/chat/completions", streamBody, map[string]string{proxy.IdempotencyKeyHeader: "late-before-next"})
+	replayed := readAll(t, again.Body)
+	again.Body.Close()
+	if again.StatusCode != http.StatusOK || again.Header.Get(proxy.ReplayedHeader) != "true" || again.Header.Get(proxy.RunIDHeader) != attempt1 ||
+		!strings.HasSuffix(string(replayed), string(rest)) {
+		t.Errorf("retry after both attempts ended: %d replayed %q run %s (attempt 0 %s, attempt 1 %s) — want attempt 1's answer replayed",
+			again.StatusCode, again.Header.Get(proxy.ReplayedHeader), again.Header.Get(proxy.RunIDHeader), attempt0, attempt1)
+	}
+}
+
+// TestIdemLateAttemptOverARecordWithoutItsCounter: as TestIdemLateAttemptKeepsTheKeysAnswer,
+// with the key's record rebuilt without its attempt counter — what Redis holds when it lost the
+// record between the retry's move to attempt 1 and attempt 1's pin, which writes the answer and
+// not the counter. The late attempt 0 must still not replace the answer: the record names
+// another run.
+func TestIdemLateAttemptOverARecordWithoutItsCounter(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "late-no-counter"}
+	r, attempt0 := reconciledUnderItsCall(t, h, key, map[string]string{proxy.IdempotencyKeyHeader: "late-no-counter",
+		fakellm.HeaderChunks: "40", fakellm.HeaderChunkInterval: "50ms"})
+	retry := h.post(key, "/v1/chat/completions", streamBody, idem)
+	answer1 := readAll(t, retry.Body)
+	retry.Body.Close()
+	attempt1 := retry.Header.Get(proxy.RunIDHeader)
+	if retry.StatusCode != http.StatusOK || attempt1 == attempt0 {
+		t.Fatalf("retry after attempt 0 was reconciled: %d run %s (attempt 0 %s)", retry.StatusCode, attempt1, attempt0)
+	}
+	record := h.keys.Replay(attempt0) // a key's record is named by its attempt 0
+	if n, err := h.rdb.HDel(context.Background(), record, "attempt").Result(); err != nil || n != 1 {
+		t.Fatalf("drop the record's attempt counter: %d %v", n, err)
+	}
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		t.Fatalf("attempt 0's stream: %v", err)
+	}
+	h.settled()
+	again := h.post(key, "/v1/chat/completions", streamBody, idem)
+	replayed := readAll(t, again.Body)
+	again.Body.Close()
+	if again.StatusCode != http.StatusOK || again.Header.Get(proxy.ReplayedHeader) != "true" ||
+		again.Header.Get(proxy.RunIDHeader) != attempt1 || string(replayed) != string(answer1) {
+		t.Errorf("retry after both attempts ended: %d replayed %q run %s (attempt 1 %s) — want attempt 1's answer replayed",
+			again.StatusCode, again.Header.Get(proxy.ReplayedHeader), again.Header.Get(proxy.RunIDHeader), attempt1)
+	}
+}
+
+// reconciledUnderItsCall starts an Idempotency-Key attempt (hdr: its key and a slow stream),
+// reads its first event and settles its hold under the running call, as the reconciler settles
+// a call whose process looks dead (paused past its lease). It returns the rest of the stream
+// and the attempt's run id.
+func reconciledUnderItsCall(t *testing.T, h *harness, key string, hdr map[string]string) (*bufio.Reader, string) {
+	t.Helper()
+	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("attempt 0: %d %s", resp.StatusCode, readAll(t, resp.Body))
+	}
+	r := bufio.NewReader(resp.Body)
+	if _, err := r.ReadString('\n'); err != nil {
+		t.Fatalf("attempt 0: no first event: %v", err)
+	}
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	if res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: runID, Source: holds.SourceReconcileHold,
+		ChargeHeld: true, Estimated: true}); err != nil || !res.Applied {
+		t.Fatalf("settle attempt 0 as the reconciler would: %+v %v", res, err)
+	}
+	return r, runID
 }
