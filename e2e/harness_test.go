@@ -503,31 +503,17 @@ func (w *world) lockUser(userID uint64) (release func()) {
 }
 
 // lockRow runs lock, a SELECT … FOR UPDATE of one row by arg, in a transaction of the test's
-// own and keeps it open until release (once; later calls do nothing; the test's cleanup
-// releases it too).
+// own (testenv.ConsoleTx) and keeps it open until release (once; later calls do nothing; the
+// test's cleanup releases it too).
 func (w *world) lockRow(lock string, arg any) (release func()) {
 	w.t.Helper()
-	ctx := context.Background()
-	conn, err := w.db.Connx(ctx)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
-		w.t.Fatal(err)
-	}
+	tx := testenv.ConsoleTx(w.t, w.db)
 	var locked any
-	if err := conn.QueryRowContext(ctx, lock, arg).Scan(&locked); err != nil {
+	if err := tx.QueryRowContext(context.Background(), lock, arg).Scan(&locked); err != nil {
 		w.t.Fatalf("%s (%v): %v", lock, arg, err)
 	}
 	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			_, _ = conn.ExecContext(ctx, "ROLLBACK")
-			conn.Close()
-		})
-	}
-	w.t.Cleanup(release)
-	return release
+	return func() { once.Do(func() { _ = tx.Rollback() }) }
 }
 
 // reservations lists the c:<call id> fields of a named run's budget hash: the calls of the run

@@ -2,72 +2,121 @@ package holds_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
-// TestAbandonedTransactionReleasesItsLocks: a gateway whose host dies (or whose network
-// partitions) between a batch's two scripts leaves MariaDB waiting, inside the transaction,
-// for a command that never comes — with the user rows it locked held. No FIN reaches the
-// server, so it waits wait_timeout, 8 hours by default: every other gateway's admission of
-// those users fails its 3 s lock wait (503) until then. The gateway's sessions bound that wait
-// (holds.SessionWaitTimeout), and the server then drops the connection and its locks.
-func TestAbandonedTransactionReleasesItsLocks(t *testing.T) {
+// TestSessionsBoundASilentClient: the gateway's sessions carry the two bounds on a client that
+// goes silent — wait_timeout outside a transaction, idle_transaction_timeout inside one (the
+// one that frees users' locks) — and a DSN that sets either keeps its own.
+func TestSessionsBoundASilentClient(t *testing.T) {
 	ctx := context.Background()
 	dsn := testenv.MySQLDSN(t)
-	db := testenv.Open(t, dsn)
-	var wait int
-	if err := db.GetContext(ctx, &wait, "SELECT @@SESSION.wait_timeout"); err != nil {
+	var got struct {
+		Wait int `db:"wait"`
+		Idle int `db:"idle"`
+	}
+	const q = "SELECT @@SESSION.wait_timeout AS wait, @@SESSION.idle_transaction_timeout AS idle"
+	if err := testenv.Open(t, dsn).GetContext(ctx, &got, q); err != nil {
 		t.Fatal(err)
 	}
-	if want := int(holds.SessionWaitTimeout / time.Second); wait != want {
-		t.Fatalf("session wait_timeout %d s, want %d: a dead client's transaction keeps its locks that long", wait, want)
+	if want := int(holds.SessionWaitTimeout / time.Second); got.Wait != want {
+		t.Errorf("session wait_timeout %d s, want %d: a dead client's session stays that long", got.Wait, want)
+	}
+	if want := int(holds.SessionIdleTransactionTimeout / time.Second); got.Idle != want {
+		t.Errorf("session idle_transaction_timeout %d s, want %d: a silent client's transaction keeps its locks that long", got.Idle, want)
 	}
 
-	// The same mechanism, shortened through the DSN (which the gateway leaves as the operator
-	// set it): a transaction whose client goes silent holding a user's lock loses it.
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Params == nil {
-		cfg.Params = map[string]string{}
-	}
-	cfg.Params["wait_timeout"] = "2"
-	short := testenv.Open(t, cfg.FormatDSN())
-	if _, err := short.ExecContext(ctx, "INSERT INTO users (name, plan) VALUES ('abandoned', 'standard')"); err != nil {
+	cfg.Params = map[string]string{"wait_timeout": "7", "idle_transaction_timeout": "0"}
+	if err := testenv.Open(t, cfg.FormatDSN()).GetContext(ctx, &got, q); err != nil {
 		t.Fatal(err)
 	}
-	silent, err := short.Connx(ctx)
+	if got.Wait != 7 || got.Idle != 0 {
+		t.Errorf("a DSN setting wait_timeout=7 and idle_transaction_timeout=0 got %d and %d", got.Wait, got.Idle)
+	}
+}
+
+// TestBatchPausedBetweenItsScriptsLosesItsLocks: a gateway paused (SIGSTOP, a VM's live
+// migration) between a batch's two scripts, or partitioned from the server without a FIN,
+// or on a host that died there, holds the batch's users' rows locked: another gateway's
+// admission of those users fails its 3 s lock wait, attempt after attempt, until the server
+// lets the transaction go. That was wait_timeout (3 min) for a dead host and the whole pause
+// for a paused one; it is now SessionIdleTransactionTimeout. The paused gateway, when it
+// goes on, finds its transaction gone: its admission took nothing, and the other's stands.
+//
+// The pause is the batch's write script held back on its way to the server, with the
+// defaults of Open: the server sees the client go silent inside the transaction.
+func TestBatchPausedBetweenItsScriptsLosesItsLocks(t *testing.T) {
+	ctx := context.Background()
+	hold := testenv.NewHeldWrite("INSERT INTO run_holds")
+	heldDSN, plainDSN := holdingDSN(t, hold)
+	plainDB := testenv.Open(t, plainDSN)
+	live := holds.NewStore(plainDB, settlePlans, "standard", zap.NewNop())
+	// Enough lock waits (3 s each) to outlast the paused transaction's bound several times.
+	live.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	t.Cleanup(func() { testenv.CheckLedger(t, plainDB) })
+	u, err := live.CreateUser(ctx, "paused-"+testenv.RandomID(3), "standard")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { silent.Close() })
-	if _, err := silent.ExecContext(ctx, "START TRANSACTION"); err != nil {
+
+	pausedDB := testenv.Open(t, heldDSN)
+	paused := holds.NewStore(pausedDB, settlePlans, "standard", zap.NewNop())
+	batchEnded := make(chan holds.BatchShape, 4)
+	w := holds.NewWriter(paused, holds.WriterConfig{Workers: 1, AdmitTimeout: time.Second, SettleTimeout: 30 * time.Second,
+		OnBatch: func(b holds.BatchShape) { batchEnded <- b }})
+	pausedAdmit := make(chan error, 1)
+	go func() {
+		_, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_paused", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+		pausedAdmit <- err
+	}()
+	select {
+	case <-hold.Held():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the paused gateway's batch never reached its write script")
+	}
+
+	// Well under wait_timeout, well over the idle bound plus a lock wait.
+	liveCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := live.Admit(liveCtx, holds.AdmitRequest{RunID: "r_live", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute}); err != nil {
+		t.Fatalf("another gateway's admission of the paused batch's user: %v; the paused transaction kept the user's lock", err)
+	}
+
+	hold.Let() // the paused gateway goes on
+	// Its writes and COMMIT went out on a connection the server had dropped: for all it
+	// knows they committed, and its caller releases whatever it may have held.
+	if err := <-pausedAdmit; !errors.Is(err, holds.ErrOutcomeUnknown) {
+		t.Fatalf("the paused gateway's admission, its transaction gone: %v; want ErrOutcomeUnknown", err)
+	}
+	select {
+	case b := <-batchEnded:
+		if b.Err == nil {
+			t.Fatalf("the paused batch ended without an error: %+v", b)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the paused batch never ended after the gateway went on")
+	}
+	w.Close()
+	var states []string
+	if err := plainDB.SelectContext(ctx, &states, "SELECT CONCAT(run_id, ':', state) FROM run_holds WHERE user_id = ? ORDER BY run_id", u.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := silent.ExecContext(ctx, "SELECT id FROM users WHERE name = 'abandoned' FOR UPDATE"); err != nil {
-		t.Fatal(err)
+	if len(states) != 1 || states[0] != "r_live:running" {
+		t.Fatalf("holds of the user %v, want only the live gateway's r_live running: the paused one's rolled back", states)
 	}
-	// silent now says nothing more, as a dead host would.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		tx, err := db.BeginTxx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = tx.ExecContext(ctx, "SELECT id FROM users WHERE name = 'abandoned' FOR UPDATE")
-		_ = tx.Rollback()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the silent transaction's lock is still held after 20 s: %v", err)
-		}
+	if _, err := live.Settle(ctx, holds.Settlement{RunID: "r_live", Source: holds.SourceRelease}); err != nil {
+		t.Fatal(err)
 	}
 }

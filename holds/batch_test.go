@@ -287,10 +287,7 @@ func TestFailedBatchLeavesNoOpenTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	blocker, err := other.BeginTxx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	blocker := testenv.ConsoleTx(t, other)
 	if _, err := blocker.ExecContext(ctx, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -32,11 +32,7 @@ func TestLockWaitTimeoutIsRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { testenv.CheckLedger(t, db) })
-	blocker, err := db.BeginTxx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Rollback()
+	blocker := testenv.ConsoleTx(t, db)
 	if _, err := blocker.ExecContext(ctx, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -23,12 +24,22 @@ const (
 )
 
 // SessionWaitTimeout bounds how long the server waits for a silent client's next statement
-// (the session's wait_timeout; a DSN that sets wait_timeout keeps its own). A gateway whose
-// host dies or whose network partitions between a batch's two scripts sends no FIN: the
-// server waits, inside the transaction and holding its users' locks, for a statement that
-// never comes — 8 hours at the server's default, during which every other gateway's admission
-// of those users fails its lock wait. Then it drops the connection and rolls back.
+// outside a transaction (the session's wait_timeout; a DSN that sets wait_timeout keeps its
+// own): the server's default, 8 hours, keeps a dead host's connections for that long.
 const SessionWaitTimeout = 3 * time.Minute
+
+// SessionIdleTransactionTimeout bounds how long the server keeps a transaction open for a
+// client that has gone silent inside it (MariaDB's idle_transaction_timeout; a DSN that sets
+// it keeps its own, 0 for none): it then drops the connection, rolls the transaction back and
+// frees its locks. A gateway paused (SIGSTOP, a VM's live migration, a debugger), partitioned
+// without a FIN reaching the server, or on a host that died, between a batch's two scripts
+// holds its users' rows locked: every other gateway's admission of those users fails its lock
+// wait (503) until the server lets go. Without this bound that was wait_timeout for a dead
+// host and the whole pause for a paused one. No transaction of the gateway is idle by
+// design: between its statements it only computes, so seconds of silence mean it is gone. A
+// gateway that was only paused finds its connection gone at its next statement, as after a
+// lost reply, and retries. MySQL has no such setting: there the bound is wait_timeout.
+const SessionIdleTransactionTimeout = 5 * time.Second
 
 // Open connects to MySQL with the settings the money code relies on: UTC sessions (so NOW(6)
 // and UTC_DATE() agree on the day a charge lands on), parsed DATETIMEs, parameters
@@ -69,12 +80,50 @@ func OpenForReports(ctx context.Context, dsn string) (*sqlx.DB, error) {
 var defaultReadTimeout = 30 * time.Second
 
 func openAs(ctx context.Context, dsn string, readTimeout time.Duration) (*sqlx.DB, error) {
-	db, err := open(ctx, dsn, "transaction_isolation", readTimeout)
-	if mysqlErrNumber(err) == errUnknownSystemVariable {
-		// MariaDB before 11.1 knows the setting only by its old name.
-		db, err = open(ctx, dsn, "tx_isolation", readTimeout)
+	s := sessionVars{isolation: "transaction_isolation", idleTransactionTimeout: true}
+	for {
+		db, err := open(ctx, dsn, s, readTimeout)
+		next, ok := s.without(unknownVariable(err))
+		if !ok {
+			return db, err
+		}
+		s = next
 	}
-	return db, err
+}
+
+// sessionVars are the session settings Open chooses by the server's version.
+type sessionVars struct {
+	isolation              string // the name the server knows the isolation level by
+	idleTransactionTimeout bool   // set idle_transaction_timeout (MariaDB only)
+}
+
+// without is s adapted to a server that refused the variable name as unknown, and false when
+// no setting of Open's own can be adapted (an unknown variable the DSN asked for is its own).
+// Each adaptation is taken once, so Open tries at most three times.
+func (s sessionVars) without(name string) (sessionVars, bool) {
+	switch {
+	case name == "transaction_isolation" && s.isolation == "transaction_isolation":
+		// MariaDB before 11.1 knows the setting only by its old name.
+		s.isolation = "tx_isolation"
+	case name == "idle_transaction_timeout" && s.idleTransactionTimeout:
+		// MySQL has no such setting.
+		s.idleTransactionTimeout = false
+	default:
+		return s, false
+	}
+	return s, true
+}
+
+// unknownVariable is the name of the variable err refuses as MySQL's "Unknown system variable
+// 'name'", or "".
+func unknownVariable(err error) string {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) || me.Number != errUnknownSystemVariable {
+		return ""
+	}
+	_, rest, _ := strings.Cut(me.Message, "'")
+	name, _, _ := strings.Cut(rest, "'")
+	return strings.ToLower(name)
 }
 
 // lockWaitSeconds bounds a lock wait (InnoDB's default is 50 s). Money transactions hold a
@@ -87,7 +136,7 @@ const lockWaitSeconds = 3
 // errUnknownSystemVariable is MySQL's "Unknown system variable".
 const errUnknownSystemVariable = 1193
 
-func open(ctx context.Context, dsn, isolationVar string, readTimeout time.Duration) (*sqlx.DB, error) {
+func open(ctx context.Context, dsn string, vars sessionVars, readTimeout time.Duration) (*sqlx.DB, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		// Not wrapped: the driver's message quotes the part it could not read, which can be
@@ -108,7 +157,10 @@ func open(ctx context.Context, dsn, isolationVar string, readTimeout time.Durati
 	if _, ok := cfg.Params["wait_timeout"]; !ok {
 		cfg.Params["wait_timeout"] = strconv.Itoa(int(SessionWaitTimeout / time.Second))
 	}
-	cfg.Params[isolationVar] = "'READ-COMMITTED'"
+	if _, ok := cfg.Params["idle_transaction_timeout"]; !ok && vars.idleTransactionTimeout {
+		cfg.Params["idle_transaction_timeout"] = strconv.Itoa(int(SessionIdleTransactionTimeout / time.Second))
+	}
+	cfg.Params[vars.isolation] = "'READ-COMMITTED'"
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}

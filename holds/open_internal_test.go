@@ -1,7 +1,10 @@
 package holds
 
 import (
+	"fmt"
 	"testing"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/tollgate/tollgate/config"
 )
@@ -13,5 +16,52 @@ func TestOpenReadTimeoutIsTheConfigsDefault(t *testing.T) {
 	if defaultReadTimeout != config.DefaultDBReadTimeout {
 		t.Fatalf("Open's read timeout %v, config.DefaultDBReadTimeout %v: the settle_timeout check counts the wrong wait",
 			defaultReadTimeout, config.DefaultDBReadTimeout)
+	}
+}
+
+// TestOpenAdaptsOnlyItsOwnSettingsToTheServer: Open sets session variables some servers do
+// not know (MySQL has no idle_transaction_timeout, MariaDB before 11.1 knows the isolation only
+// as tx_isolation) and, refused one as unknown, opens again without it or by its other name —
+// each once, so a server refusing the same name again ends the attempts. A variable the DSN
+// asked for is the operator's: refused, it fails Open.
+func TestOpenAdaptsOnlyItsOwnSettingsToTheServer(t *testing.T) {
+	unknown := func(name string) error {
+		return fmt.Errorf("mysql u@h: %w", &mysql.MySQLError{Number: 1193, Message: "Unknown system variable '" + name + "'"})
+	}
+	if got := unknownVariable(unknown("idle_transaction_timeout")); got != "idle_transaction_timeout" {
+		t.Fatalf("unknownVariable of a wrapped 1193: %q", got)
+	}
+	if got := unknownVariable(&mysql.MySQLError{Number: 1045, Message: "Access denied for user 'u'"}); got != "" {
+		t.Fatalf("unknownVariable of an access error: %q, want none", got)
+	}
+
+	s := sessionVars{isolation: "transaction_isolation", idleTransactionTimeout: true}
+	for _, step := range []struct {
+		refused  string
+		adapted  bool
+		wantIso  string
+		wantIdle bool
+	}{
+		{"idle_transaction_timeout", true, "transaction_isolation", false}, // MySQL 8
+		{"transaction_isolation", true, "tx_isolation", false},             // and old
+		{"tx_isolation", false, "tx_isolation", false},                     // refused again: give up
+	} {
+		next, ok := s.without(unknownVariable(unknown(step.refused)))
+		if ok != step.adapted || (ok && (next.isolation != step.wantIso || next.idleTransactionTimeout != step.wantIdle)) {
+			t.Fatalf("refused %s from %+v: %+v, %v; want isolation %s, idle %v, adapted %v",
+				step.refused, s, next, ok, step.wantIso, step.wantIdle, step.adapted)
+		}
+		if ok {
+			s = next
+		}
+	}
+	fresh := sessionVars{isolation: "transaction_isolation", idleTransactionTimeout: true}
+	for _, name := range []string{"", "sql_mode", "idle_transaction_timeout_x"} {
+		if _, ok := fresh.without(name); ok {
+			t.Fatalf("refused %q (not Open's own): adapted, want Open to fail", name)
+		}
+	}
+	if _, ok := (sessionVars{isolation: "tx_isolation"}).without("idle_transaction_timeout"); ok {
+		t.Fatal("refused idle_transaction_timeout that Open no longer sets (the DSN's): adapted, want Open to fail")
 	}
 }

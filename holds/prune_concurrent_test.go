@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // TestTwoPrunesAtOnceMoveEachRunOnce: two prunes (two operators, or a cron beside a manual
@@ -27,11 +28,7 @@ func TestTwoPrunesAtOnceMoveEachRunOnce(t *testing.T) {
 
 	// One run's row locked by someone else makes both prunes wait at once, wherever each
 	// takes its locks; both are under way before it is let go.
-	hold, err := f.db.BeginTxx(f.ctx(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hold.Rollback()
+	hold := testenv.ConsoleTx(t, f.db)
 	if _, err := hold.ExecContext(f.ctx(), "SELECT run_id FROM run_holds WHERE run_id = 'r_twice_0' FOR UPDATE"); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // TestPruneSessionsDoesNotWaitForALiveRunsLock: a session idle for a while whose run is still
@@ -33,11 +34,7 @@ func TestPruneSessionsDoesNotWaitForALiveRunsLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A batch is settling the live run: it holds the run's row lock.
-	tx, err := e.db.BeginTxx(e.ctx(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback() }()
+	tx := testenv.ConsoleTx(t, e.db)
 	var state string
 	if err := tx.GetContext(e.ctx(), &state, "SELECT state FROM run_holds WHERE run_id = 'r_prune_live' FOR UPDATE"); err != nil {
 		t.Fatal(err)

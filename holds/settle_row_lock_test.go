@@ -9,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // TestReconcileSettlementReadsTheHoldUnderItsLock: the reconciler settles an expired hold
@@ -25,11 +26,7 @@ func TestReconcileSettlementReadsTheHoldUnderItsLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A call's record, still committing: the row's lock is taken, its new expiry not yet seen.
-	rec, err := f.db.BeginTxx(f.ctx(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rec.Rollback()
+	rec := testenv.ConsoleTx(t, f.db)
 	if _, err := rec.ExecContext(f.ctx(), `UPDATE run_holds SET expires_at = NOW(6) + INTERVAL 1 HOUR,
 		cost_micro = cost_micro + 700, calls = calls + 1, ended_calls = ended_calls + 1 WHERE run_id = 'r_row_lock'`); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // shapes records the writer's batches.
@@ -236,10 +237,7 @@ func waitLockWaiter(t *testing.T, st *holds.Store) {
 // function is called (it may be called more than once).
 func lockUserRow(t *testing.T, st *holds.Store, userID uint64) func() {
 	t.Helper()
-	tx, err := st.DB().BeginTxx(context.Background(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testenv.ConsoleTx(t, st.DB())
 	if _, err := tx.Exec("SELECT id FROM users WHERE id = ? FOR UPDATE", userID); err != nil {
 		t.Fatal(err)
 	}

@@ -56,10 +56,7 @@ func TestSessionCallLeavingMidClaimStillStopsTheOldOne(t *testing.T) {
 
 	// B's claim is made to wait on the session row, then its COMMIT's reply comes late, and
 	// B's caller leaves while it is on its way.
-	lock, err := plain.Beginx()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lock := testenv.ConsoleTx(t, plain)
 	var sid string
 	if err := lock.Get(&sid, "SELECT session_id FROM sessions WHERE user_id = ? FOR UPDATE", u.ID); err != nil {
 		t.Fatal(err)
@@ -122,11 +119,7 @@ func TestSessionCallLeavingDuringClaimIsClientClosed(t *testing.T) {
 	if first.status != http.StatusOK {
 		t.Fatalf("first message: %d %s", first.status, first.body)
 	}
-	lock, err := h.db.Beginx()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Rollback()
+	lock := testenv.ConsoleTx(t, h.db)
 	var sid string
 	if err := lock.Get(&sid, "SELECT session_id FROM sessions WHERE user_id = ? FOR UPDATE", u.ID); err != nil {
 		t.Fatal(err)
@@ -147,11 +140,7 @@ func TestSessionCallLeavingDuringClaimIsClientClosed(t *testing.T) {
 func TestRunCallLeavingDuringAdmissionIsClientClosed(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	lock, err := h.db.Beginx()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Rollback()
+	lock := testenv.ConsoleTx(t, h.db)
 	var id uint64
 	if err := lock.Get(&id, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
 		t.Fatal(err)

@@ -30,11 +30,7 @@ func TestLostAdmissionReleaseTakesASettlementSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The release waits on the run's row until the test lets it go.
-	tx, err := h.db.Beginx()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
+	tx := testenv.ConsoleTx(t, h.db)
 	var locked string
 	if err := tx.Get(&locked, "SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID); err != nil {
 		t.Fatal(err)

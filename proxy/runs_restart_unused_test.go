@@ -15,6 +15,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -233,10 +234,7 @@ func streamWithRunRowLocked(t *testing.T, h *harness, key string, run map[string
 		second.Body.Close()
 		t.Fatalf("second call: %d", second.StatusCode)
 	}
-	tx, err := h.db.Beginx()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := testenv.ConsoleTx(t, h.db)
 	var locked string
 	if err := tx.Get(&locked, "SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID); err != nil {
 		tx.Rollback()

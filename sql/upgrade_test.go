@@ -186,15 +186,8 @@ func TestMigrateDoesNotQueueAdmissionsBehindItsLockWait(t *testing.T) {
 	}
 	defer money.Close()
 
-	// A long reader of run_holds: a transaction open across a report.
-	reader, err := money.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close()
-	if _, err := reader.ExecContext(ctx, "BEGIN"); err != nil {
-		t.Fatal(err)
-	}
+	// A long reader of run_holds: an operator's transaction open across a report.
+	reader := testenv.ConsoleTx(t, money)
 	if _, err := reader.ExecContext(ctx, "SELECT COUNT(*) FROM run_holds"); err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +195,7 @@ func TestMigrateDoesNotQueueAdmissionsBehindItsLockWait(t *testing.T) {
 	release := func() {
 		if !released {
 			released = true
-			_, _ = reader.ExecContext(ctx, "COMMIT")
+			_ = reader.Commit()
 		}
 	}
 	defer release()

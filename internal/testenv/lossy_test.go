@@ -65,10 +65,7 @@ func TestLossyLosesTheReplyOnlyOnceTheServerHasRunIt(t *testing.T) {
 			t.Run(s.name+map[LossMode]string{LoseReply: " LoseReply", GoDown: " GoDown"}[mode], func(t *testing.T) {
 				lossy, db, plain := lossyProbe(t)
 				if s.lock {
-					holder, err := plain.Beginx()
-					if err != nil {
-						t.Fatal(err)
-					}
+					holder := ConsoleTx(t, plain)
 					if _, err := holder.Exec("SELECT n FROM lossy_probe WHERE id = 0 FOR UPDATE"); err != nil {
 						t.Fatal(err)
 					}

@@ -7,6 +7,7 @@ package testenv
 import (
 	"context"
 	"crypto/rand"
+	"database/sql/driver"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -149,4 +150,34 @@ func DSNAt(t testing.TB, dsn string, at time.Time) string {
 	}
 	cfg.Params["timestamp"] = fmt.Sprintf("%d.%06d", at.Unix(), at.Nanosecond()/1000)
 	return cfg.FormatDSN()
+}
+
+// ConsoleTx begins a transaction on db as an operator's SQL console, or any program but the
+// gateway, would hold one: with the server's default of no idle_transaction_timeout, which
+// holds.Open sets on the gateway's sessions. A test that holds a lock through waits longer
+// than that bound would otherwise lose it midway, and test something else. The transaction's
+// connection is its own for the test's life and is discarded at its end, never pooled with
+// the gateway's settings changed.
+func ConsoleTx(t testing.TB, db *sqlx.DB) *sqlx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		t.Fatalf("console connection: %v", err)
+	}
+	if _, err := conn.ExecContext(ctx, "SET SESSION idle_transaction_timeout = 0"); err != nil {
+		conn.Close()
+		t.Fatalf("console session: %v", err)
+	}
+	tx, err := conn.BeginTxx(ctx, nil)
+	if err != nil {
+		conn.Close()
+		t.Fatalf("console transaction: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = tx.Rollback()
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		conn.Close()
+	})
+	return tx
 }
