@@ -150,17 +150,13 @@ func open(ctx context.Context, dsn string, vars sessionVars, readTimeout time.Du
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
 	}
-	cfg.Params["time_zone"] = "'+00:00'"
-	if _, ok := cfg.Params["innodb_lock_wait_timeout"]; !ok {
-		cfg.Params["innodb_lock_wait_timeout"] = strconv.Itoa(lockWaitSeconds)
+	setParam(cfg.Params, "time_zone", "'+00:00'")
+	setParamDefault(cfg.Params, "innodb_lock_wait_timeout", strconv.Itoa(lockWaitSeconds))
+	setParamDefault(cfg.Params, "wait_timeout", strconv.Itoa(int(SessionWaitTimeout/time.Second)))
+	if vars.idleTransactionTimeout {
+		setParamDefault(cfg.Params, "idle_transaction_timeout", strconv.Itoa(int(SessionIdleTransactionTimeout/time.Second)))
 	}
-	if _, ok := cfg.Params["wait_timeout"]; !ok {
-		cfg.Params["wait_timeout"] = strconv.Itoa(int(SessionWaitTimeout / time.Second))
-	}
-	if _, ok := cfg.Params["idle_transaction_timeout"]; !ok && vars.idleTransactionTimeout {
-		cfg.Params["idle_transaction_timeout"] = strconv.Itoa(int(SessionIdleTransactionTimeout / time.Second))
-	}
-	cfg.Params[vars.isolation] = "'READ-COMMITTED'"
+	setParam(cfg.Params, vars.isolation, "'READ-COMMITTED'")
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}
@@ -186,4 +182,27 @@ func open(ctx context.Context, dsn string, vars sessionVars, readTimeout time.Du
 		return nil, fmt.Errorf("mysql %s@%s: %w", cfg.User, cfg.Addr, err)
 	}
 	return db, nil
+}
+
+// setParamDefault sets the session variable name unless the DSN sets it. The server reads
+// variable names in any case, so the DSN's may be in any: matched exactly, a DSN's
+// WAIT_TIMEOUT and Open's wait_timeout were both sent, and either won.
+func setParamDefault(params map[string]string, name, value string) {
+	for k := range params {
+		if strings.EqualFold(k, name) {
+			return
+		}
+	}
+	params[name] = value
+}
+
+// setParam sets the session variable name whatever the DSN says, under any case, since the
+// money code relies on its value.
+func setParam(params map[string]string, name, value string) {
+	for k := range params {
+		if strings.EqualFold(k, name) {
+			delete(params, k)
+		}
+	}
+	params[name] = value
 }
