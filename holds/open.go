@@ -41,6 +41,22 @@ const SessionWaitTimeout = 3 * time.Minute
 // lost reply, and retries. MySQL has no such setting: there the bound is wait_timeout.
 const SessionIdleTransactionTimeout = 5 * time.Second
 
+// IdleTransactionBound is how long the server lets a session of db sit silent inside a
+// transaction before it ends it (SessionIdleTransactionTimeout unless the DSN says otherwise),
+// or 0 when it never does (MySQL has no such setting; a DSN may set 0): a gateway paused
+// inside a transaction then holds its users' rows for the whole pause. serve warns of it.
+func IdleTransactionBound(ctx context.Context, db *sqlx.DB) (time.Duration, error) {
+	var seconds int64
+	err := db.GetContext(ctx, &seconds, "SELECT @@SESSION.idle_transaction_timeout")
+	if mysqlErrNumber(err) == errUnknownSystemVariable {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read idle_transaction_timeout: %w", err)
+	}
+	return time.Duration(seconds) * time.Second, nil
+}
+
 // Open connects to MySQL with the settings the money code relies on: UTC sessions (so NOW(6)
 // and UTC_DATE() agree on the day a charge lands on), parsed DATETIMEs, parameters
 // interpolated client-side to save a round trip per statement, several statements per round

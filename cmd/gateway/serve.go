@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/admin"
@@ -46,6 +47,7 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	} else if len(pending) > 0 {
 		return fmt.Errorf("the database schema is behind this gateway (%s not applied): run `gateway migrate` first", strings.Join(pending, ", "))
 	}
+	warnUnboundedIdleTransactions(ctx, e.db, e.log)
 	cfg := e.cfg
 	keys := redisKeys(cfg)
 	store := e.store()
@@ -211,4 +213,21 @@ func servePprof(addr string, log *zap.Logger) error {
 	log.Info("pprof listening", zap.String("addr", ln.Addr().String()))
 	go func() { _ = http.Serve(ln, mux) }()
 	return nil
+}
+
+// warnUnboundedIdleTransactions says so at start when the database never ends a transaction
+// whose client went silent (MySQL, or a DSN's idle_transaction_timeout=0): an operator running
+// several gateways should know that one paused inside a transaction keeps its users' rows
+// locked, and those users refused on the others, for the whole pause.
+func warnUnboundedIdleTransactions(ctx context.Context, db *sqlx.DB, log *zap.Logger) {
+	bound, err := holds.IdleTransactionBound(ctx, db)
+	switch {
+	case err != nil:
+		log.Warn("could not read the database's bound on idle transactions", zap.Error(err))
+	case bound == 0:
+		log.Warn("database weakens a guarantee", zap.String("warning",
+			"it never ends a transaction whose client went silent (no idle_transaction_timeout: MySQL, or set to 0 in the DSN): "+
+				"a gateway paused or cut off inside a transaction keeps its users' rows locked, and those users refused 503 on every other gateway, "+
+				"until wait_timeout (3 min) for a dead host and for the whole pause for a paused one"))
+	}
 }
