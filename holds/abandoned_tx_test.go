@@ -3,6 +3,7 @@ package holds_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -60,73 +61,85 @@ func TestSessionsBoundASilentClient(t *testing.T) {
 // admission of those users fails its 3 s lock wait, attempt after attempt, until the server
 // lets the transaction go. That was wait_timeout (3 min) for a dead host and the whole pause
 // for a paused one; it is now SessionIdleTransactionTimeout. The paused gateway, when it
-// goes on, finds its transaction gone: its admission took nothing, and the other's stands.
+// goes on, finds its connection gone before it sent anything of its writes (the driver says
+// so: driver.ErrBadConn), so nothing of the batch committed: its admission is tried again
+// while its deadline lasts, and otherwise fails as one known not to have held anything (not
+// ErrOutcomeUnknown, which has its caller release and mark what it may have held).
 //
 // The pause is the batch's write script held back on its way to the server, with the
 // defaults of Open: the server sees the client go silent inside the transaction.
 func TestBatchPausedBetweenItsScriptsLosesItsLocks(t *testing.T) {
-	ctx := context.Background()
-	hold := testenv.NewHeldWrite("INSERT INTO run_holds")
-	heldDSN, plainDSN := holdingDSN(t, hold)
-	plainDB := testenv.Open(t, plainDSN)
-	live := holds.NewStore(plainDB, settlePlans, "standard", zap.NewNop())
-	// Enough lock waits (3 s each) to outlast the paused transaction's bound several times.
-	live.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-	t.Cleanup(func() { testenv.CheckLedger(t, plainDB) })
-	u, err := live.CreateUser(ctx, "paused-"+testenv.RandomID(3), "standard")
-	if err != nil {
-		t.Fatal(err)
-	}
+	for _, tc := range []struct {
+		name         string
+		admitTimeout time.Duration // the paused admission's deadline
+		admitted     bool          // it is tried again after the pause, and holds
+	}{
+		{"deadline passed in the pause", time.Second, false},
+		{"deadline after the pause", 30 * time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			hold := testenv.NewHeldWrite("INSERT INTO run_holds")
+			heldDSN, plainDSN := holdingDSN(t, hold)
+			plainDB := testenv.Open(t, plainDSN)
+			live := holds.NewStore(plainDB, settlePlans, "standard", zap.NewNop())
+			// Enough lock waits (3 s each) to outlast the paused transaction's bound several times.
+			live.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+			t.Cleanup(func() { testenv.CheckLedger(t, plainDB) })
+			u, err := live.CreateUser(ctx, "paused-"+testenv.RandomID(3), "standard")
+			if err != nil {
+				t.Fatal(err)
+			}
 
-	pausedDB := testenv.Open(t, heldDSN)
-	paused := holds.NewStore(pausedDB, settlePlans, "standard", zap.NewNop())
-	batchEnded := make(chan holds.BatchShape, 4)
-	w := holds.NewWriter(paused, holds.WriterConfig{Workers: 1, AdmitTimeout: time.Second, SettleTimeout: 30 * time.Second,
-		OnBatch: func(b holds.BatchShape) { batchEnded <- b }})
-	t.Cleanup(w.Close)
-	var letOnce sync.Once
-	goOn := func() { letOnce.Do(hold.Let) } // the paused gateway goes on
-	t.Cleanup(goOn)                         // before w.Close, whose worker it holds
-	pausedAdmit := make(chan error, 1)
-	go func() {
-		_, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_paused", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
-		pausedAdmit <- err
-	}()
-	select {
-	case <-hold.Held():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the paused gateway's batch never reached its write script")
-	}
+			paused := holds.NewStore(testenv.Open(t, heldDSN), settlePlans, "standard", zap.NewNop())
+			w := holds.NewWriter(paused, holds.WriterConfig{Workers: 1, AdmitTimeout: tc.admitTimeout, SettleTimeout: 30 * time.Second})
+			t.Cleanup(w.Close)
+			var letOnce sync.Once
+			goOn := func() { letOnce.Do(hold.Let) } // the paused gateway goes on
+			t.Cleanup(goOn)                         // before w.Close, whose worker it holds
+			pausedAdmit := make(chan error, 1)
+			go func() {
+				_, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_paused", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+				pausedAdmit <- err
+			}()
+			select {
+			case <-hold.Held():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the paused gateway's batch never reached its write script")
+			}
 
-	// Well under wait_timeout, well over the idle bound plus a lock wait.
-	liveCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := live.Admit(liveCtx, holds.AdmitRequest{RunID: "r_live", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute}); err != nil {
-		t.Fatalf("another gateway's admission of the paused batch's user: %v; the paused transaction kept the user's lock", err)
-	}
+			// Well under wait_timeout, well over the idle bound plus a lock wait.
+			liveCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if _, err := live.Admit(liveCtx, holds.AdmitRequest{RunID: "r_live", UserID: u.ID, State: holds.StateRunning, TTL: time.Minute}); err != nil {
+				t.Fatalf("another gateway's admission of the paused batch's user: %v; the paused transaction kept the user's lock", err)
+			}
 
-	goOn()
-	// Its writes and COMMIT went out on a connection the server had dropped: for all it
-	// knows they committed, and its caller releases whatever it may have held.
-	if err := <-pausedAdmit; !errors.Is(err, holds.ErrOutcomeUnknown) {
-		t.Fatalf("the paused gateway's admission, its transaction gone: %v; want ErrOutcomeUnknown", err)
-	}
-	select {
-	case b := <-batchEnded:
-		if b.Err == nil {
-			t.Fatalf("the paused batch ended without an error: %+v", b)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("the paused batch never ended after the gateway went on")
-	}
-	var states []string
-	if err := plainDB.SelectContext(ctx, &states, "SELECT CONCAT(run_id, ':', state) FROM run_holds WHERE user_id = ? ORDER BY run_id", u.ID); err != nil {
-		t.Fatal(err)
-	}
-	if len(states) != 1 || states[0] != "r_live:running" {
-		t.Fatalf("holds of the user %v, want only the live gateway's r_live running: the paused one's rolled back", states)
-	}
-	if _, err := live.Settle(ctx, holds.Settlement{RunID: "r_live", Source: holds.SourceRelease}); err != nil {
-		t.Fatal(err)
+			goOn()
+			var want []string
+			err = <-pausedAdmit
+			switch {
+			case tc.admitted && err != nil:
+				t.Fatalf("the paused gateway's admission, its deadline ahead: %v; want it tried again and admitted", err)
+			case !tc.admitted && (err == nil || errors.Is(err, holds.ErrOutcomeUnknown)):
+				t.Fatalf("the paused gateway's admission, its deadline passed: %v; want a failure known to have held nothing", err)
+			case tc.admitted:
+				want = []string{"r_live:running", "r_paused:running"}
+			default:
+				want = []string{"r_live:running"}
+			}
+			var states []string
+			if err := plainDB.SelectContext(ctx, &states, "SELECT CONCAT(run_id, ':', state) FROM run_holds WHERE user_id = ? ORDER BY run_id", u.ID); err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(states, " ") != strings.Join(want, " ") {
+				t.Fatalf("holds of the user %v, want %v", states, want)
+			}
+			for _, run := range want {
+				if _, err := live.Settle(ctx, holds.Settlement{RunID: strings.TrimSuffix(run, ":running"), Source: holds.SourceRelease}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"time"
 
@@ -201,7 +202,11 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 	// closed the connection now would leave a commit nobody knows of. The driver's read
 	// timeout still bounds the wait.
 	if _, err := conn.ExecContext(context.WithoutCancel(ctx), string(w.q), w.args...); err != nil {
-		if isUnavailable(err) {
+		// The driver answers driver.ErrBadConn only when it sent none of the script (the
+		// connection was found closed, as the server's idle_transaction_timeout leaves it
+		// under a gateway that was paused): the transaction dies with its connection, nothing
+		// committed, and the batch may simply be tried again.
+		if isUnavailable(err) && !errors.Is(err, driver.ErrBadConn) {
 			for _, in := range inserts {
 				if !in.existing {
 					sent[in.hold.RunID] = true
