@@ -51,7 +51,7 @@ func TestGatewayPausedInsideABatchTransaction(t *testing.T) {
 	waitFor(t, 2*time.Second, "the paused gateway's transaction to hold the user's row", func() bool {
 		var n int
 		err := w.db.Get(&n, `SELECT COUNT(*) FROM information_schema.INNODB_TRX
-			WHERE trx_mysql_thread_id = ? AND trx_state = 'RUNNING'`, conn)
+			WHERE trx_mysql_thread_id = ? AND trx_state = 'RUNNING' AND trx_rows_locked > 0`, conn)
 		return err == nil && n == 1
 	})
 	silent := time.Now()
