@@ -34,12 +34,18 @@ const SessionWaitTimeout = 3 * time.Minute
 // frees its locks. A gateway paused (SIGSTOP, a VM's live migration, a debugger), partitioned
 // without a FIN reaching the server, or on a host that died, between a batch's two scripts
 // holds its users' rows locked: every other gateway's admission of those users fails its lock
-// wait (503) until the server lets go. Without this bound that was wait_timeout for a dead
-// host and the whole pause for a paused one. No transaction of the gateway is idle by
-// design: between its statements it only computes, so seconds of silence mean it is gone. A
-// gateway that was only paused finds its connection gone at its next statement, as after a
-// lost reply, and retries. MySQL has no such setting: there the bound is wait_timeout.
-const SessionIdleTransactionTimeout = 5 * time.Second
+// wait, retried, and is refused 503 at admit_timeout, until the server lets go. Without this
+// bound that was wait_timeout for a dead host and the whole pause for a paused one.
+//
+// Shorter than a lock wait (lockWaitSeconds): an admission that waits on such a transaction's
+// row, which the transaction took before it went silent, gets it within its first wait, so a
+// stopped gateway delays its users' admissions elsewhere by this much and refuses none. No
+// transaction of the gateway is silent by design (between its statements it only computes:
+// milliseconds, a few hundred under the heaviest load measured), so seconds of silence mean it
+// is gone. One that was only slow finds its connection gone at its next statement, which the
+// driver then reports as not sent (driver.ErrBadConn), and its batch is tried again. MySQL has
+// no such setting: there the bound is wait_timeout.
+const SessionIdleTransactionTimeout = 2 * time.Second
 
 // IdleTransactionBound is how long the server lets a session of db sit silent inside a
 // transaction before it ends it (SessionIdleTransactionTimeout unless the DSN says otherwise),

@@ -3,6 +3,7 @@ package holds
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
@@ -63,5 +64,15 @@ func TestOpenAdaptsOnlyItsOwnSettingsToTheServer(t *testing.T) {
 	}
 	if _, ok := (sessionVars{isolation: "tx_isolation"}).without("idle_transaction_timeout"); ok {
 		t.Fatal("refused idle_transaction_timeout that Open no longer sets (the DSN's): adapted, want Open to fail")
+	}
+}
+
+// TestIdleBoundIsShorterThanALockWait: an admission waiting on a row that a silent gateway's
+// transaction holds gets it within its first lock wait only while the server ends that
+// transaction sooner than the wait ends (SessionIdleTransactionTimeout's promise: a stopped
+// gateway delays its users elsewhere, and refuses none).
+func TestIdleBoundIsShorterThanALockWait(t *testing.T) {
+	if SessionIdleTransactionTimeout >= time.Duration(lockWaitSeconds)*time.Second {
+		t.Fatalf("idle transaction bound %v, lock wait %d s: a waiter may time out first", SessionIdleTransactionTimeout, lockWaitSeconds)
 	}
 }
