@@ -75,7 +75,7 @@ type Holds struct {
 
 // Dedup sets the duplicate-request window.
 type Dedup struct {
-	Window       time.Duration `yaml:"window"`         // same user + same body within this is a duplicate; 0 turns it off
+	Window       time.Duration `yaml:"window"`         // same user, route and body while the first is unanswered, at most this long: a duplicate; 0 turns it off
 	FailOpen     bool          `yaml:"fail_open"`      // Redis unreachable: let requests through instead of 503
 	ReplayTTL    time.Duration `yaml:"replay_ttl"`     // stored responses for Idempotency-Key replays
 	MaxReplayLen int64         `yaml:"max_replay_len"` // largest stored response

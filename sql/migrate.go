@@ -66,8 +66,10 @@ const lockName = "CONCAT('tollgate_migrate:', SHA1(DATABASE()))"
 
 // Migrate applies the migrations the database has not seen, in order, and returns their names.
 // It is safe to run twice and from two processes at once: a named lock serialises runners, and
-// each migration's statements are idempotent (CREATE … IF NOT EXISTS), because MySQL DDL
-// commits implicitly and cannot be rolled back with the version row.
+// a migration applied again after a crash between its DDL and its version row is harmless (a
+// CREATE … IF NOT EXISTS does nothing; an ALTER's "duplicate column" or "duplicate key name" is
+// taken as already applied: alreadyApplied), because MySQL DDL commits implicitly and cannot be
+// rolled back with the version row.
 //
 // Each DDL statement waits at most lockWait (DefaultLockWait; MigrateWaiting sets it) for the
 // metadata lock of the table it alters, then fails saying to rerun: see DefaultLockWait.
