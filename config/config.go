@@ -47,11 +47,17 @@ type Config struct {
 
 // Limits bounds everything that grows with input.
 type Limits struct {
-	MaxBodyBytes     int64         `yaml:"max_body_bytes"`     // request body; past it 413
-	MaxEventBytes    int           `yaml:"max_event_bytes"`    // one SSE event from upstream
-	MaxResponseBytes int64         `yaml:"max_response_bytes"` // a non-streamed upstream body
-	UpstreamTimeout  time.Duration `yaml:"upstream_timeout"`   // a whole upstream call, stream included
-	HeaderTimeout    time.Duration `yaml:"header_timeout"`     // a streamed call's upstream response headers
+	MaxBodyBytes int64 `yaml:"max_body_bytes"` // request body; past it 413
+	// MaxBodyMemory bounds the request bodies one process holds at once, read and kept for
+	// their calls, and MaxBodyMemoryPerCaller one caller's share of them: without them a caller
+	// with any valid key could open connections until their bodies exhausted the host's memory,
+	// and the process killed by it would leave every call in flight to the reconciler.
+	MaxBodyMemory          int64         `yaml:"max_body_memory"`
+	MaxBodyMemoryPerCaller int64         `yaml:"max_body_memory_per_caller"`
+	MaxEventBytes          int           `yaml:"max_event_bytes"`    // one SSE event from upstream
+	MaxResponseBytes       int64         `yaml:"max_response_bytes"` // a non-streamed upstream body
+	UpstreamTimeout        time.Duration `yaml:"upstream_timeout"`   // a whole upstream call, stream included
+	HeaderTimeout          time.Duration `yaml:"header_timeout"`     // a streamed call's upstream response headers
 	// ClientWriteTimeout bounds one write to the caller: a client that takes nothing for this
 	// long has stopped reading, and its call ends as cancelled instead of keeping its hold.
 	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`
@@ -309,16 +315,18 @@ func Default() *Config {
 		ListenAddr:  "127.0.0.1:8080",
 		CreditMicro: 1000,
 		Limits: Limits{
-			MaxBodyBytes:       4 << 20,
-			MaxEventBytes:      8 << 20,
-			MaxResponseBytes:   32 << 20,
-			UpstreamTimeout:    300 * time.Second,
-			HeaderTimeout:      120 * time.Second,
-			ClientWriteTimeout: 60 * time.Second,
-			AdmitTimeout:       5 * time.Second,
-			SettleTimeout:      30 * time.Second,
-			ShutdownTimeout:    30 * time.Second,
-			KeyCacheTTL:        2 * time.Second,
+			MaxBodyBytes:           4 << 20,
+			MaxBodyMemory:          512 << 20,
+			MaxBodyMemoryPerCaller: 128 << 20,
+			MaxEventBytes:          8 << 20,
+			MaxResponseBytes:       32 << 20,
+			UpstreamTimeout:        300 * time.Second,
+			HeaderTimeout:          120 * time.Second,
+			ClientWriteTimeout:     60 * time.Second,
+			AdmitTimeout:           5 * time.Second,
+			SettleTimeout:          30 * time.Second,
+			ShutdownTimeout:        30 * time.Second,
+			KeyCacheTTL:            2 * time.Second,
 		},
 		Holds: Holds{
 			HoldTTL:           900 * time.Second,
@@ -557,6 +565,14 @@ func (c *Config) dbReadTimeout() time.Duration {
 func (c *Config) checkSizes(bad complain) {
 	if c.Limits.MaxBodyBytes < 1024 || c.Limits.MaxBodyBytes > 1<<30 {
 		bad("limits.max_body_bytes", "must be in [1KiB, 1GiB], got %d", c.Limits.MaxBodyBytes)
+	}
+	if c.Limits.MaxBodyMemory < c.Limits.MaxBodyBytes || c.Limits.MaxBodyMemory > 64<<30 {
+		bad("limits.max_body_memory", "must be in [limits.max_body_bytes (%d), 64GiB], got %d", c.Limits.MaxBodyBytes, c.Limits.MaxBodyMemory)
+	}
+	if c.Limits.MaxBodyMemoryPerCaller < c.Limits.MaxBodyBytes || c.Limits.MaxBodyMemoryPerCaller > c.Limits.MaxBodyMemory {
+		// Below one body's limit, a caller's largest request could never be read.
+		bad("limits.max_body_memory_per_caller", "must be in [limits.max_body_bytes (%d), limits.max_body_memory (%d)], got %d",
+			c.Limits.MaxBodyBytes, c.Limits.MaxBodyMemory, c.Limits.MaxBodyMemoryPerCaller)
 	}
 	if c.Limits.MaxEventBytes < 1024 || int64(c.Limits.MaxEventBytes) > 4<<30 {
 		bad("limits.max_event_bytes", "must be in [1KiB, 4GiB], got %d", c.Limits.MaxEventBytes)

@@ -52,6 +52,10 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		{"redis_url: http://x\n", "redis_url"},
 		{"limits:\n  max_body_bytes: 10\n", "limits.max_body_bytes"},
 		{"limits:\n  max_body_bytes: 4194304\n  max_event_bytes: 6291456\n", "limits.max_event_bytes"},
+		// Under one body's limit, a caller's largest request could never be read.
+		{"limits:\n  max_body_memory: 1048576\n", "limits.max_body_memory"},
+		{"limits:\n  max_body_memory_per_caller: 1048576\n", "limits.max_body_memory_per_caller"},
+		{"limits:\n  max_body_memory: 67108864\n", "limits.max_body_memory_per_caller"},
 		{"holds:\n  tally_ttl: 10m\n", "holds.tally_ttl"},
 		{"dedup:\n  replay_ttl: 0s\n", "dedup.replay_ttl"},
 		{"limits:\n  key_cache_ttl: 1h\n", "limits.key_cache_ttl"},

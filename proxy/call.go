@@ -124,7 +124,10 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		writeError(w, e)
 		return e.Status
 	}
-	in, refused := s.readCall(w, r, rt, user.ID, log, refuse)
+	// The body stays in memory, and counted, until the call is over (see bodyMemory).
+	body := s.bodies.lease(user.ID)
+	defer body.release()
+	in, refused := s.readCall(w, r, rt, user.ID, body, log, refuse)
 	if refused != 0 {
 		return refused
 	}
@@ -316,13 +319,13 @@ type incomingCall struct {
 // body, its JSON and the gateway's headers, and the earlier answers it sends back, which must
 // be the caller's own. A refusal is written (refuse) and its status returned; nothing of it
 // needs undoing.
-func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, userID uint64, log *zap.Logger,
+func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, userID uint64, lease *bodyLease, log *zap.Logger,
 	refuse func(*apiError, string, error) int) (incomingCall, int) {
 	if aerr := checkContentEncoding(r.Header); aerr != nil {
 		return incomingCall{}, refuse(aerr, "content encoding", nil)
 	}
 	reading := time.Now()
-	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout)
+	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout, lease)
 	if aerr != nil {
 		return incomingCall{}, refuse(aerr, "body", nil)
 	}

@@ -53,7 +53,9 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	if aerr := checkContentEncoding(r.Header); aerr != nil {
 		return refuse(aerr, "content encoding")
 	}
-	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout)
+	lease := s.bodies.lease(userID)
+	defer lease.release()
+	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout, lease)
 	if aerr != nil {
 		return refuse(aerr, "body")
 	}

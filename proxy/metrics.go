@@ -23,9 +23,11 @@ type Metrics struct {
 	ReconcileHold  prometheus.Counter
 	Reconciled     *prometheus.CounterVec
 	ActiveCalls    prometheus.Gauge
-	Duplicates     *prometheus.CounterVec
-	SettleSeconds  prometheus.Histogram
-	BatchItems     *prometheus.HistogramVec
+	// RequestBodyBytes is what the request bodies held now count against limits.max_body_memory.
+	RequestBodyBytes prometheus.Gauge
+	Duplicates       *prometheus.CounterVec
+	SettleSeconds    prometheus.Histogram
+	BatchItems       *prometheus.HistogramVec
 	// Charged and BilledTokens are what the settlements this process committed charged, by
 	// source, and the tokens they billed, by kind: the day ledger's rate, for dashboards and
 	// alerts. The ledger and `gateway report` are the record; these restart at 0 with the
@@ -85,6 +87,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Expired holds handled by the reconciler, by outcome."}, []string{"outcome"}),
 		ActiveCalls: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_active_calls",
 			Help: "Model calls being forwarded now."}),
+		RequestBodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_request_body_bytes",
+			Help: "Bytes of request bodies held in memory now (read, and kept while their calls run), against limits.max_body_memory."}),
 		Duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_duplicates_total",
 			Help: "Requests answered as duplicates without running, by answer (request_in_progress, replayed, already_running, duplicate, ...)."},
 			[]string{"answer"}),
@@ -107,7 +111,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Buckets: fineBuckets(0.0001, 4)}, []string{"phase"}),
 	}
 	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled,
-		m.ActiveCalls, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.BilledTokens, m.CallPhase)
+		m.ActiveCalls, m.RequestBodyBytes, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.BilledTokens, m.CallPhase)
 	m.authPhase = m.CallPhase.WithLabelValues(phaseAuth)
 	m.bodyPhase = m.CallPhase.WithLabelValues(phaseBody)
 	m.firstEventPhase = m.CallPhase.WithLabelValues(phaseFirstEvent)

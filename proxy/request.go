@@ -108,10 +108,11 @@ const maxChoices = 128
 // anything is held. A body that stops arriving for stall (at least half of it), or that
 // arrives slower than minBodyRate on average once stall has passed, is refused with 408: the
 // server sets no read timeout, and without this a caller could hold a connection and its body
-// buffer for as long as it liked.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64, stall time.Duration) ([]byte, *apiError) {
+// buffer for as long as it liked. What it reads counts against lease (bodyMemory): a body
+// that does not fit is refused 503 or 429.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, stall time.Duration, lease *bodyLease) ([]byte, *apiError) {
 	rc := http.NewResponseController(w)
-	sr := &stallReader{r: http.MaxBytesReader(nil, r.Body, limit), rc: rc, timeout: stall}
+	sr := &stallReader{r: lease.reader(http.MaxBytesReader(nil, r.Body, limit)), rc: rc, timeout: stall}
 	body, err := io.ReadAll(sr)
 	// Lifted at once: a deadline left on the connection would end the server's background
 	// read, which cancels the request's context, in the middle of the call.
@@ -121,6 +122,9 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, stall time.Du
 		// (up to 256 KiB, with no deadline) before sending the answer, and a caller that
 		// stalls there, even past the size limit, would hold the connection for good.
 		w.Header().Set("Connection", "close")
+	}
+	if aerr := bodyMemoryError(err); aerr != nil {
+		return nil, aerr
 	}
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {

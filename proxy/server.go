@@ -66,6 +66,7 @@ type Server struct {
 	dedupRDB    redis.UniversalClient
 	cancels     *cancelBus
 	counting    *inFlightCounts // token counts in flight per caller (countTokens)
+	bodies      *bodyMemory     // request bodies held in memory, per process and per caller
 	readiness   readiness       // the last answer of /readyz (ready)
 
 	// shuttingDown marks calls cut at the graceful-shutdown deadline, so they settle with
@@ -135,6 +136,7 @@ func New(d Deps) *Server {
 		dedupRDB: d.DedupRedis,
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
 		counting: newInFlightCounts(maxCountsInFlight),
+		bodies:   newBodyMemory(d.Config.Limits.MaxBodyMemory, d.Config.Limits.MaxBodyMemoryPerCaller, d.Metrics.RequestBodyBytes),
 		beatDone: make(chan struct{}),
 	}
 	// Reservations beat as leases do: a killed process's go stale after the lease TTL.

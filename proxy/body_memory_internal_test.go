@@ -1,0 +1,44 @@
+package proxy
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestBodyMemoryCountsWhatIsReadAndGivesItAllBack: a lease counts every byte its reader
+// returns, refuses the read that would pass a bound with nothing counted for it, and its
+// release gives back all it counted, once, leaving no caller behind in the map.
+func TestBodyMemoryCountsWhatIsReadAndGivesItAllBack(t *testing.T) {
+	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})
+	m := newBodyMemory(100, 60, gauge)
+
+	a := m.lease(1)
+	if n, err := a.reader(strings.NewReader(strings.Repeat("a", 50))).Read(make([]byte, 64)); n != 50 || err != nil {
+		t.Fatalf("read %d, %v", n, err)
+	}
+	// The caller's share (60) is passed by 11 more: refused, and nothing of it counted.
+	if _, err := m.lease(1).reader(strings.NewReader(strings.Repeat("b", 11))).Read(make([]byte, 64)); !errors.Is(err, errCallerBodyMemory) {
+		t.Fatalf("caller over its share: %v", err)
+	}
+	b := m.lease(2)
+	if n, err := b.reader(strings.NewReader(strings.Repeat("c", 50))).Read(make([]byte, 64)); n != 50 || err != nil {
+		t.Fatalf("another caller: read %d, %v", n, err)
+	}
+	// 100 held in all: one more byte of a third caller passes the process's bound.
+	if _, err := m.lease(3).reader(strings.NewReader("d")).Read(make([]byte, 64)); !errors.Is(err, errBodyMemoryFull) {
+		t.Fatalf("process full: %v", err)
+	}
+	if got := testutil.ToFloat64(gauge); got != 100 {
+		t.Fatalf("gauge %v, want 100", got)
+	}
+	a.release()
+	a.release() // a second release gives nothing back twice
+	b.release()
+	if m.total != 0 || len(m.byCaller) != 0 || testutil.ToFloat64(gauge) != 0 {
+		t.Fatalf("after release: total %d, callers %v, gauge %v", m.total, m.byCaller, testutil.ToFloat64(gauge))
+	}
+}
