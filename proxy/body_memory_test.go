@@ -161,22 +161,12 @@ func (h *harness) waitRequestBodyBytes(ok func(int64) bool, what string) {
 // gauge reads one metric without labels from /metrics.
 func (h *harness) gauge(name string) int64 {
 	h.t.Helper()
-	resp, err := http.Get(h.gw.URL + "/metrics")
+	v := h.metric(name)
+	f, err := strconv.ParseFloat(v, 64)
 	if err != nil {
-		h.t.Fatal(err)
+		h.t.Fatalf("%s %q in /metrics: %v", name, v, err)
 	}
-	defer resp.Body.Close()
-	for _, line := range strings.Split(string(readAll(h.t, resp.Body)), "\n") {
-		if value, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(value, 64)
-			if err != nil {
-				h.t.Fatalf("metric line %q: %v", line, err)
-			}
-			return int64(f)
-		}
-	}
-	h.t.Fatalf("no %s in /metrics", name)
-	return 0
+	return int64(f)
 }
 
 // runsOf counts the runs a user has, settled or not.
