@@ -106,6 +106,32 @@ func TestRequestBodiesInMemoryAreBounded(t *testing.T) {
 	}
 }
 
+// holdBodies starts one held body of size bytes per key, each sent but for its last bytes,
+// waits until the gateway has read them, and returns what ends them: their connections
+// closed, and every body given back.
+func holdBodies(t *testing.T, h *harness, keys []string, size int) (release func()) {
+	t.Helper()
+	body := padded("fake-gpt", size)
+	sent := len(body) - 10
+	var held []*heldBody
+	for _, k := range keys {
+		held = append(held, startHeldBody(t, h, k, body, sent))
+	}
+	want := int64(len(keys) * sent)
+	h.waitRequestBodyBytes(func(n int64) bool { return n >= want }, "the held bodies read")
+	return func() {
+		for _, b := range held {
+			b.conn.Close()
+		}
+		h.waitRequestBodyBytes(func(n int64) bool { return n == 0 }, "the held bodies given back")
+	}
+}
+
+// padded is a request body for model of about size bytes.
+func padded(model string, size int) string {
+	return `{"model":"` + model + `","pad":"` + strings.Repeat("x", max(size-40, 0)) + `"}`
+}
+
 // heldBody is a request whose body the caller has sent part of, and holds the rest back.
 type heldBody struct {
 	conn net.Conn

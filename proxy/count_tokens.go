@@ -46,7 +46,12 @@ func (s *Server) countTokens(w http.ResponseWriter, r *http.Request) {
 // forwardCount serves countTokens and returns the status answered.
 func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uint64, log *zap.Logger) int {
 	refuse := func(e *apiError, reason string) int {
-		log.Info("token count refused", zap.String("code", e.Code), zap.Int("status", e.Status), zap.String("reason", reason))
+		fields := []zap.Field{zap.String("code", e.Code), zap.Int("status", e.Status), zap.String("reason", reason)}
+		if e.Status >= 500 { // the gateway's own failure (server_busy), as logRefusal has it
+			log.Warn("token count refused", fields...)
+		} else {
+			log.Info("token count refused", fields...)
+		}
 		writeError(w, e)
 		return e.Status
 	}

@@ -260,6 +260,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		audio.AudioInput = audio.Output
 		c.Models["audio-gpt"] = audio
 		c.Limits.MaxBodyBytes = 64 << 10
+		c.Limits.MaxBodyMemory, c.Limits.MaxBodyMemoryPerCaller = 256<<10, 128<<10
 		c.Limits.HeaderTimeout = 500 * time.Millisecond
 		c.Limits.UpstreamTimeout = time.Second
 		c.Limits.ClientWriteTimeout = 2 * time.Second
@@ -389,6 +390,27 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			}
 			return resp
 		}, status: 408, code: "request_timeout", retry: okChat},
+		// Bodies held in memory (bodyMemory): 128 KiB a caller, 256 KiB in all.
+		{name: "429 too_many_request_bytes", send: func(e *errEnv) *http.Response {
+			defer holdBodies(e.t, e.h, []string{e.key, e.key}, 60<<10)()
+			return e.post("/v1/chat/completions", padded("fake-gpt", 20<<10), nil)
+		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", retry: okChat},
+		{name: "429 too_many_request_bytes, messages", send: func(e *errEnv) *http.Response {
+			defer holdBodies(e.t, e.h, []string{e.key, e.key}, 60<<10)()
+			return e.post("/v1/messages", padded("claude-test", 20<<10), nil)
+		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", anthropic: true},
+		{name: "503 server_busy", send: func(e *errEnv) *http.Response {
+			_, a := e.h.user("standard")
+			_, b := e.h.user("standard")
+			defer holdBodies(e.t, e.h, []string{a, a, b, b}, 60<<10)()
+			return e.post("/v1/chat/completions", padded("fake-gpt", 20<<10), nil)
+		}, header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", retry: okChat},
+		{name: "503 server_busy, count_tokens", send: func(e *errEnv) *http.Response {
+			_, a := e.h.user("standard")
+			_, b := e.h.user("standard")
+			defer holdBodies(e.t, e.h, []string{a, a, b, b}, 60<<10)()
+			return e.post("/v1/messages/count_tokens", padded("claude-test", 20<<10), nil)
+		}, header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", anthropic: true, noRun: true},
 		bad("invalid_json", `{"model":`, "invalid_json"),
 		{name: "invalid_json messages", send: ok("/v1/messages", `{"model":`, nil), status: 400, code: "invalid_json", anthropic: true},
 		{name: "invalid_json count_tokens", send: ok("/v1/messages/count_tokens", `{"model":`, nil), status: 400, code: "invalid_json", anthropic: true, noRun: true},
