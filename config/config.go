@@ -51,7 +51,8 @@ type Limits struct {
 	// MaxBodyMemory bounds the request bodies one process holds at once, read and kept for
 	// their calls, and MaxBodyMemoryPerCaller one caller's share of them: without them a caller
 	// with any valid key could open connections until their bodies exhausted the host's memory,
-	// and the process killed by it would leave every call in flight to the reconciler.
+	// and the process killed by it would leave every call in flight to the reconciler. 0 (the
+	// default) derives them from MaxBodyBytes: see BodyMemoryBounds.
 	MaxBodyMemory          int64         `yaml:"max_body_memory"`
 	MaxBodyMemoryPerCaller int64         `yaml:"max_body_memory_per_caller"`
 	MaxEventBytes          int           `yaml:"max_event_bytes"`    // one SSE event from upstream
@@ -315,18 +316,16 @@ func Default() *Config {
 		ListenAddr:  "127.0.0.1:8080",
 		CreditMicro: 1000,
 		Limits: Limits{
-			MaxBodyBytes:           4 << 20,
-			MaxBodyMemory:          512 << 20,
-			MaxBodyMemoryPerCaller: 128 << 20,
-			MaxEventBytes:          8 << 20,
-			MaxResponseBytes:       32 << 20,
-			UpstreamTimeout:        300 * time.Second,
-			HeaderTimeout:          120 * time.Second,
-			ClientWriteTimeout:     60 * time.Second,
-			AdmitTimeout:           5 * time.Second,
-			SettleTimeout:          30 * time.Second,
-			ShutdownTimeout:        30 * time.Second,
-			KeyCacheTTL:            2 * time.Second,
+			MaxBodyBytes:       4 << 20,
+			MaxEventBytes:      8 << 20,
+			MaxResponseBytes:   32 << 20,
+			UpstreamTimeout:    300 * time.Second,
+			HeaderTimeout:      120 * time.Second,
+			ClientWriteTimeout: 60 * time.Second,
+			AdmitTimeout:       5 * time.Second,
+			SettleTimeout:      30 * time.Second,
+			ShutdownTimeout:    30 * time.Second,
+			KeyCacheTTL:        2 * time.Second,
 		},
 		Holds: Holds{
 			HoldTTL:           900 * time.Second,
@@ -561,18 +560,44 @@ func (c *Config) dbReadTimeout() time.Duration {
 	return DefaultDBReadTimeout
 }
 
+// Derived bounds on request bodies in memory (BodyMemoryBounds).
+const (
+	// DefaultMaxBodyMemory is the process's bound unless max_body_bytes asks for more room.
+	DefaultMaxBodyMemory = 512 << 20
+	// BodyMemoryShares is how many callers it takes, each holding its whole share, to fill
+	// the process's bound: with a large share a few callers sending slow bodies (1 KiB/s, up
+	// to an hour for 4 MiB) turned away every other caller's requests for as long.
+	BodyMemoryShares = 16
+)
+
+// BodyMemoryBounds returns the bounds on request bodies held in memory: the process's and one
+// caller's, as configured, or derived where 0 — the process's DefaultMaxBodyMemory or four
+// largest bodies if more, a caller's a BodyMemoryShares-th of it or one largest body if more.
+// Derived, they fit every max_body_bytes a configuration could have before they existed.
+func (l Limits) BodyMemoryBounds() (total, perCaller int64) {
+	total, perCaller = l.MaxBodyMemory, l.MaxBodyMemoryPerCaller
+	if total == 0 {
+		total = max(DefaultMaxBodyMemory, 4*l.MaxBodyBytes)
+	}
+	if perCaller == 0 {
+		perCaller = min(total, max(l.MaxBodyBytes, total/BodyMemoryShares))
+	}
+	return total, perCaller
+}
+
 // checkSizes checks the bounds on request bodies, streamed events and whole answers.
 func (c *Config) checkSizes(bad complain) {
 	if c.Limits.MaxBodyBytes < 1024 || c.Limits.MaxBodyBytes > 1<<30 {
 		bad("limits.max_body_bytes", "must be in [1KiB, 1GiB], got %d", c.Limits.MaxBodyBytes)
 	}
-	if c.Limits.MaxBodyMemory < c.Limits.MaxBodyBytes || c.Limits.MaxBodyMemory > 64<<30 {
-		bad("limits.max_body_memory", "must be in [limits.max_body_bytes (%d), 64GiB], got %d", c.Limits.MaxBodyBytes, c.Limits.MaxBodyMemory)
+	// Below one body's limit, a caller's largest request could never be read.
+	total, perCaller := c.Limits.BodyMemoryBounds()
+	if c.Limits.MaxBodyMemory != 0 && (total < c.Limits.MaxBodyBytes || total > 64<<30) {
+		bad("limits.max_body_memory", "must be 0 (derived) or in [limits.max_body_bytes (%d), 64GiB], got %d", c.Limits.MaxBodyBytes, total)
 	}
-	if c.Limits.MaxBodyMemoryPerCaller < c.Limits.MaxBodyBytes || c.Limits.MaxBodyMemoryPerCaller > c.Limits.MaxBodyMemory {
-		// Below one body's limit, a caller's largest request could never be read.
-		bad("limits.max_body_memory_per_caller", "must be in [limits.max_body_bytes (%d), limits.max_body_memory (%d)], got %d",
-			c.Limits.MaxBodyBytes, c.Limits.MaxBodyMemory, c.Limits.MaxBodyMemoryPerCaller)
+	if c.Limits.MaxBodyMemoryPerCaller != 0 && (perCaller < c.Limits.MaxBodyBytes || perCaller > total) {
+		bad("limits.max_body_memory_per_caller", "must be 0 (derived) or in [limits.max_body_bytes (%d), limits.max_body_memory (%d)], got %d",
+			c.Limits.MaxBodyBytes, total, perCaller)
 	}
 	if c.Limits.MaxEventBytes < 1024 || int64(c.Limits.MaxEventBytes) > 4<<30 {
 		bad("limits.max_event_bytes", "must be in [1KiB, 4GiB], got %d", c.Limits.MaxEventBytes)

@@ -55,7 +55,7 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		// Under one body's limit, a caller's largest request could never be read.
 		{"limits:\n  max_body_memory: 1048576\n", "limits.max_body_memory"},
 		{"limits:\n  max_body_memory_per_caller: 1048576\n", "limits.max_body_memory_per_caller"},
-		{"limits:\n  max_body_memory: 67108864\n", "limits.max_body_memory_per_caller"},
+		{"limits:\n  max_body_memory: 67108864\n  max_body_memory_per_caller: 134217728\n", "limits.max_body_memory_per_caller"},
 		{"holds:\n  tally_ttl: 10m\n", "holds.tally_ttl"},
 		{"dedup:\n  replay_ttl: 0s\n", "dedup.replay_ttl"},
 		{"limits:\n  key_cache_ttl: 1h\n", "limits.key_cache_ttl"},
@@ -214,5 +214,31 @@ func TestUpstreamAPIKeyDoesNotOverrideAnotherUpstreamsKeyEnv(t *testing.T) {
 	c.applyEnv(func(k string) string { return env[k] })
 	if got := c.Upstreams[1].APIKey; got != "sk-b" {
 		t.Errorf("second upstream's key = %q, want %q from its api_key_env KEY_B", got, "sk-b")
+	}
+}
+
+// TestBodyMemoryBoundsFitEveryBodyLimit: unset, the bounds on bodies in memory derive from
+// max_body_bytes, so a configuration that was valid before they existed (any max_body_bytes up
+// to 1 GiB) still starts; a caller's share is a 16th of the process's, and never less than one
+// body. Fixed defaults (128 MiB a caller) refused every max_body_bytes above them.
+func TestBodyMemoryBoundsFitEveryBodyLimit(t *testing.T) {
+	for _, tc := range []struct {
+		bodyBytes, total, perCaller int64
+	}{
+		{4 << 20, 512 << 20, 32 << 20},
+		{64 << 20, 512 << 20, 64 << 20},
+		{256 << 20, 1 << 30, 256 << 20},
+		{1 << 30, 4 << 30, 1 << 30},
+	} {
+		cfg := Default()
+		cfg.MySQLDSN, cfg.RedisURL = "u:p@tcp(127.0.0.1:3306)/db", "redis://127.0.0.1:6379/0"
+		cfg.Limits.MaxBodyBytes = tc.bodyBytes
+		cfg.Limits.MaxEventBytes = int(2 * tc.bodyBytes)
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("max_body_bytes %d: %v", tc.bodyBytes, err)
+		}
+		if total, perCaller := cfg.Limits.BodyMemoryBounds(); total != tc.total || perCaller != tc.perCaller {
+			t.Errorf("max_body_bytes %d: bounds %d, %d a caller; want %d, %d", tc.bodyBytes, total, perCaller, tc.total, tc.perCaller)
+		}
 	}
 }

@@ -19,11 +19,11 @@ import (
 // the host's memory; the process killed by that would leave every call in flight to the
 // reconciler, charged at its hold where its usage was lost.
 //
-// A body is counted as it is read, never waited for: a reader that waited for room while
-// holding part of a body could wait on others that wait on it. So a body that does not fit
-// is refused at once, its caller told to retry (503 server_busy, or 429 when it is the
-// caller's own share that is full), and nothing is held for it: the bound is checked before
-// admission.
+// A body is counted whole from its Content-Length before any of it is read (a chunked one as it
+// is read), and never waited for: a reader that waited for room while holding part of a body
+// could wait on others that wait on it. So a body that does not fit is refused at once, its
+// caller told to retry (503 server_busy, or 429 when it is the caller's own share that is
+// full), and nothing is held for it: the bound is checked before admission.
 type bodyMemory struct {
 	limit, perCaller int64
 	held             prometheus.Gauge
@@ -98,7 +98,17 @@ type bodyLease struct {
 	n      int64
 }
 
-// reader counts what r reads against the lease, and fails a read that does not fit.
+// reserve counts n bytes of the body before they are read (its Content-Length).
+func (l *bodyLease) reserve(n int64) error {
+	if err := l.m.take(l.caller, n); err != nil {
+		return err
+	}
+	l.n += n
+	return nil
+}
+
+// reader counts what r reads beyond what the lease has counted already, and fails a read that
+// does not fit.
 func (l *bodyLease) reader(r io.Reader) io.Reader { return &countedBody{r: r, lease: l} }
 
 // release gives back everything the lease counted; safe to call more than once.
@@ -110,15 +120,16 @@ func (l *bodyLease) release() {
 type countedBody struct {
 	r     io.Reader
 	lease *bodyLease
+	read  int64
 }
 
 func (c *countedBody) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
-	if n > 0 {
-		if terr := c.lease.m.take(c.lease.caller, int64(n)); terr != nil {
+	c.read += int64(n)
+	if over := c.read - c.lease.n; over > 0 {
+		if terr := c.lease.reserve(over); terr != nil {
 			return 0, terr
 		}
-		c.lease.n += int64(n)
 	}
 	return n, err
 }

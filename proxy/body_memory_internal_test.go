@@ -41,4 +41,24 @@ func TestBodyMemoryCountsWhatIsReadAndGivesItAllBack(t *testing.T) {
 	if m.total != 0 || len(m.byCaller) != 0 || testutil.ToFloat64(gauge) != 0 {
 		t.Fatalf("after release: total %d, callers %v, gauge %v", m.total, m.byCaller, testutil.ToFloat64(gauge))
 	}
+
+	// A body counted from its Content-Length is not counted again as it is read; what it
+	// sends beyond it (a chunked body has none) is.
+	c := m.lease(4)
+	if err := c.reserve(40); err != nil {
+		t.Fatal(err)
+	}
+	r := c.reader(strings.NewReader(strings.Repeat("e", 45)))
+	for _, want := range []int64{40, 40, 45} {
+		if _, err := r.Read(make([]byte, 20)); err != nil {
+			t.Fatal(err)
+		}
+		if m.total != want {
+			t.Fatalf("counted %d, want %d", m.total, want)
+		}
+	}
+	c.release()
+	if m.total != 0 {
+		t.Fatalf("after release: %d", m.total)
+	}
 }

@@ -81,6 +81,19 @@ func TestRequestBodiesInMemoryAreBounded(t *testing.T) {
 				if _, live := h.holdCount(); live != 0 {
 					t.Fatalf("%d holds live after the refusal", live)
 				}
+				// A body over max_body_bytes is refused for its size, not told to retry (429 or
+				// 503), however full the memory is.
+				resp = h.post(secondKey, "/v1/chat/completions", padded("fake-gpt", 200<<10), nil)
+				answer = readAll(t, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusRequestEntityTooLarge || errorCode(t, answer) != "request_too_large" {
+					t.Fatalf("oversized body: %d %s, want 413 request_too_large", resp.StatusCode, answer)
+				}
+				// A caller that waits for 100 Continue before sending is refused before it
+				// sends: its Content-Length is counted before anything is read.
+				if status := expectContinue(t, h, secondKey, len(body)); status != tc.wantStatus {
+					t.Fatalf("Expect: 100-continue: first answer %d, want %d with no 100 Continue before it", status, tc.wantStatus)
+				}
 				// A token count's body is read the same way, and counted the same.
 				count := `{"model":"claude-test","messages":[{"role":"user","content":"` + strings.Repeat("x", bodySize-60) + `"}]}`
 				resp := h.post("", "/v1/messages/count_tokens", count, map[string]string{"X-Api-Key": secondKey})
@@ -130,6 +143,31 @@ func holdBodies(t *testing.T, h *harness, keys []string, size int) (release func
 // padded is a request body for model of about size bytes.
 func padded(model string, size int) string {
 	return `{"model":"` + model + `","pad":"` + strings.Repeat("x", max(size-40, 0)) + `"}`
+}
+
+// expectContinue sends a request's headers with Expect: 100-continue and a Content-Length of
+// size, and returns the status of the first answer the gateway gives before any body byte.
+func expectContinue(t *testing.T, h *harness, key string, size int) int {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.gw.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"+
+		"Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", key, size); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	status, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil {
+		t.Fatalf("Expect: 100-continue: %v", err)
+	}
+	code, err := strconv.Atoi(strings.Fields(status)[1])
+	if err != nil {
+		t.Fatalf("status line %q: %v", status, err)
+	}
+	return code
 }
 
 // heldBody is a request whose body the caller has sent part of, and holds the rest back.

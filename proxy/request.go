@@ -108,9 +108,22 @@ const maxChoices = 128
 // anything is held. A body that stops arriving for stall (at least half of it), or that
 // arrives slower than minBodyRate on average once stall has passed, is refused with 408: the
 // server sets no read timeout, and without this a caller could hold a connection and its body
-// buffer for as long as it liked. What it reads counts against lease (bodyMemory): a body
-// that does not fit is refused 503 or 429.
+// buffer for as long as it liked. The body counts against lease (bodyMemory) — all its
+// Content-Length at once, before any of it is read, else as it is read — and one that does
+// not fit is refused 503 or 429. A Content-Length over limit is refused 413 first, before
+// anything is read: no caller is told to retry (429) what can never fit, nor told by a 100
+// Continue to send a body that will be refused.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64, stall time.Duration, lease *bodyLease) ([]byte, *apiError) {
+	if r.ContentLength > limit {
+		w.Header().Set("Connection", "close")
+		return nil, errBodyTooLarge(limit)
+	}
+	if r.ContentLength > 0 {
+		if err := lease.reserve(r.ContentLength); err != nil {
+			w.Header().Set("Connection", "close")
+			return nil, bodyMemoryError(err)
+		}
+	}
 	rc := http.NewResponseController(w)
 	sr := &stallReader{r: lease.reader(http.MaxBytesReader(nil, r.Body, limit)), rc: rc, timeout: stall}
 	body, err := io.ReadAll(sr)
@@ -128,8 +141,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, stall time.Du
 	}
 	var tooLarge *http.MaxBytesError
 	if errors.As(err, &tooLarge) {
-		return nil, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
-			Message: fmt.Sprintf("Request body is larger than the limit of %d bytes.", limit)}
+		return nil, errBodyTooLarge(limit)
 	}
 	var ne interface{ Timeout() bool }
 	if errors.As(err, &ne) && ne.Timeout() {
@@ -140,6 +152,11 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, stall time.Du
 		return nil, errBadRequest("unreadable_body", "Could not read the request body: "+err.Error())
 	}
 	return body, nil
+}
+
+func errBodyTooLarge(limit int64) *apiError {
+	return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+		Message: fmt.Sprintf("Request body is larger than the limit of %d bytes.", limit)}
 }
 
 // checkContentEncoding refuses a body sent compressed (Content-Encoding other than identity):

@@ -121,6 +121,7 @@ func New(d Deps) *Server {
 	if d.DedupRedis == nil {
 		d.DedupRedis = d.Redis
 	}
+	bodyTotal, bodyPerCaller := d.Config.Limits.BodyMemoryBounds()
 	s := &Server{
 		cfg: d.Config, store: d.Store, rdb: d.Redis, keys: d.Keys, tally: d.Tally, leases: d.Leases,
 		log: d.Log, metrics: d.Metrics, prices: prices, snapshots: priceSnapshots(prices), admin: d.Admin,
@@ -136,7 +137,7 @@ func New(d Deps) *Server {
 		dedupRDB: d.DedupRedis,
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
 		counting: newInFlightCounts(maxCountsInFlight),
-		bodies:   newBodyMemory(d.Config.Limits.MaxBodyMemory, d.Config.Limits.MaxBodyMemoryPerCaller, d.Metrics.RequestBodyBytes),
+		bodies:   newBodyMemory(bodyTotal, bodyPerCaller, d.Metrics.RequestBodyBytes),
 		beatDone: make(chan struct{}),
 	}
 	// Reservations beat as leases do: a killed process's go stale after the lease TTL.
