@@ -758,6 +758,9 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 				}
 				settled()
 			}
+			// Whatever the answer (a refusal, a replay, a duplicate, a broken stream), every
+			// body it read is given back once its handler is done.
+			h.waitRequestBodyBytes(func(n int64) bool { return n == 0 }, "every body given back after "+tc.name)
 		})
 	}
 }
