@@ -391,26 +391,14 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			return resp
 		}, status: 408, code: "request_timeout", retry: okChat},
 		// Bodies held in memory (bodyMemory): 128 KiB a caller, 256 KiB in all.
-		{name: "429 too_many_request_bytes", send: func(e *errEnv) *http.Response {
-			defer holdBodies(e.t, e.h, []string{e.key, e.key}, 60<<10)()
-			return e.post("/v1/chat/completions", padded("fake-gpt", 20<<10), nil)
-		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", retry: okChat},
-		{name: "429 too_many_request_bytes, messages", send: func(e *errEnv) *http.Response {
-			defer holdBodies(e.t, e.h, []string{e.key, e.key}, 60<<10)()
-			return e.post("/v1/messages", padded("claude-test", 20<<10), nil)
-		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", anthropic: true},
-		{name: "503 server_busy", send: func(e *errEnv) *http.Response {
-			_, a := e.h.user("standard")
-			_, b := e.h.user("standard")
-			defer holdBodies(e.t, e.h, []string{a, a, b, b}, 60<<10)()
-			return e.post("/v1/chat/completions", padded("fake-gpt", 20<<10), nil)
-		}, header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", retry: okChat},
-		{name: "503 server_busy, count_tokens", send: func(e *errEnv) *http.Response {
-			_, a := e.h.user("standard")
-			_, b := e.h.user("standard")
-			defer holdBodies(e.t, e.h, []string{a, a, b, b}, 60<<10)()
-			return e.post("/v1/messages/count_tokens", padded("claude-test", 20<<10), nil)
-		}, header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", anthropic: true, noRun: true},
+		{name: "429 too_many_request_bytes", send: whileBodiesHeld(callerFull, "/v1/chat/completions", "fake-gpt"),
+			header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", retry: okChat},
+		{name: "429 too_many_request_bytes, messages", send: whileBodiesHeld(callerFull, "/v1/messages", "claude-test"),
+			header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", anthropic: true},
+		{name: "503 server_busy", send: whileBodiesHeld(processFull, "/v1/chat/completions", "fake-gpt"),
+			header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", retry: okChat},
+		{name: "503 server_busy, count_tokens", send: whileBodiesHeld(processFull, "/v1/messages/count_tokens", "claude-test"),
+			header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", anthropic: true, noRun: true},
 		bad("invalid_json", `{"model":`, "invalid_json"),
 		{name: "invalid_json messages", send: ok("/v1/messages", `{"model":`, nil), status: 400, code: "invalid_json", anthropic: true},
 		{name: "invalid_json count_tokens", send: ok("/v1/messages/count_tokens", `{"model":`, nil), status: 400, code: "invalid_json", anthropic: true, noRun: true},
@@ -762,6 +750,28 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			// body it read is given back once its handler is done.
 			h.waitRequestBodyBytes(func(n int64) bool { return n == 0 }, "every body given back after "+tc.name)
 		})
+	}
+}
+
+// Who holds bodies for whileBodiesHeld: the case's caller, two bodies of 60 KiB (its share,
+// 128 KiB, nearly full), or two other callers, two each (the process's 256 KiB nearly full).
+const (
+	callerFull = iota
+	processFull
+)
+
+// whileBodiesHeld sends a 20 KiB body for model to path while bodies held as who says fill
+// the memory bound, and gives them back before it returns the answer.
+func whileBodiesHeld(who int, path, model string) func(e *errEnv) *http.Response {
+	return func(e *errEnv) *http.Response {
+		keys := []string{e.key, e.key}
+		if who == processFull {
+			_, a := e.h.user("standard")
+			_, b := e.h.user("standard")
+			keys = []string{a, a, b, b}
+		}
+		defer holdBodies(e.t, e.h, keys, 60<<10)()
+		return e.post(path, padded(model, 20<<10), nil)
 	}
 }
 
