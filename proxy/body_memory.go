@@ -12,9 +12,9 @@ import (
 )
 
 // bodyMemory bounds the request bodies a process holds at once, and each caller's share of
-// them (limits.max_body_memory, max_body_memory_per_caller). A body counts from its first
-// byte read until its call is over: it is parsed, rewritten and forwarded from memory, and the
-// parsed request refers into it. Without the bound a caller with any valid key, even one
+// them (limits.max_body_memory, max_body_memory_per_caller). A body counts from the moment its
+// request is read until its call is over: it is parsed, rewritten and forwarded from memory,
+// and the parsed request refers into it. Without the bound a caller with any valid key, even one
 // without credits, could open connections until their bodies (max_body_bytes each) exhausted
 // the host's memory; the process killed by that would leave every call in flight to the
 // reconciler, charged at its hold where its usage was lost.
