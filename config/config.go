@@ -78,6 +78,35 @@ type Holds struct {
 	ReconcileLockTTL  time.Duration `yaml:"reconcile_lock_ttl"`
 	ReconcileBatch    int           `yaml:"reconcile_batch"`
 	TallyTTL          time.Duration `yaml:"tally_ttl"`
+	// DeadInstanceAfter is how long a process's heartbeat in the database may stop before a
+	// reconciler declares it dead and settles its calls' holds without waiting for hold_ttl
+	// (holds.Instance). 0: DeadInstanceBound derives it. At or past hold_ttl it changes
+	// nothing: the holds expire first.
+	DeadInstanceAfter time.Duration `yaml:"dead_instance_after"`
+}
+
+// DefaultDeadInstanceAfter is the dead-instance bound when the configuration leaves it 0 and
+// the heartbeat settings allow it.
+const DefaultDeadInstanceAfter = 90 * time.Second
+
+// DeadInstanceBound is the dead-instance bound in force: the configured one, or when that is
+// 0, DefaultDeadInstanceAfter or the least the heartbeat settings allow, whichever is more (a
+// configuration with slow heartbeats that started before the bound existed still starts).
+func (h Holds) DeadInstanceBound() time.Duration {
+	if h.DeadInstanceAfter != 0 {
+		return h.DeadInstanceAfter
+	}
+	return max(DefaultDeadInstanceAfter, h.leastDeadInstanceAfter())
+}
+
+// leastDeadInstanceAfter is the shortest dead-instance bound the heartbeat settings allow. A
+// process declared dead while its leases live has its holds extended by hold_ttl, not
+// settled: the bound must outlast the leases of its last heartbeat. And a hold is brought in
+// only if admitted before its process's last beat plus the gap its beats allow (two intervals
+// and a beat's 5 s bound, holds.Instance): one heartbeat more, and a live process has written
+// the lease of every such call.
+func (h Holds) leastDeadInstanceAfter() time.Duration {
+	return max(h.LeaseTTL+2*h.HeartbeatInterval, 3*h.HeartbeatInterval+5*time.Second)
 }
 
 // Dedup sets the duplicate-request window.
@@ -516,6 +545,9 @@ func (c *Config) checkHoldTimes(bad complain) {
 		// With a beat just under the TTL, one beat lost to a Redis hiccup lapses the leases and
 		// run reservations of every call the process serves while they still run.
 		bad("holds.heartbeat_interval", "%v must be at most half of holds.lease_ttl %v, or one missed beat lapses the leases of calls still running", c.Holds.HeartbeatInterval, c.Holds.LeaseTTL)
+	}
+	if d, least := c.Holds.DeadInstanceAfter, c.Holds.leastDeadInstanceAfter(); d < 0 || (d > 0 && d < least) {
+		bad("holds.dead_instance_after", "%v must be 0 (derived) or at least %v (lease_ttl plus two heartbeat intervals, and three intervals plus 5s): a dead process's leases must have lapsed", d, least)
 	}
 	if c.Holds.ReconcileLockTTL > 0 && c.Holds.ReconcileLockTTL < time.Millisecond {
 		// Redis keeps it in milliseconds: SET ... PX 0 is an error, and no pass would ever run.

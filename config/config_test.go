@@ -242,3 +242,27 @@ func TestBodyMemoryBoundsFitEveryBodyLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestDeadInstanceBoundFitsTheHeartbeat: left 0, the dead-instance bound is 90 s, or the least
+// the heartbeat settings allow when that is more, so that a configuration with slow heartbeats
+// written before the bound existed still starts; set, it is what was set.
+func TestDeadInstanceBoundFitsTheHeartbeat(t *testing.T) {
+	for _, tc := range []struct {
+		lease, beat, set, want time.Duration
+	}{
+		{30 * time.Second, 10 * time.Second, 0, 90 * time.Second},
+		{120 * time.Second, 30 * time.Second, 0, 180 * time.Second},
+		{60 * time.Second, 30 * time.Second, 0, 120 * time.Second},
+		{30 * time.Second, 10 * time.Second, 50 * time.Second, 50 * time.Second},
+	} {
+		cfg := Default()
+		cfg.MySQLDSN, cfg.RedisURL = "u:p@tcp(127.0.0.1:3306)/db", "redis://127.0.0.1:6379/0"
+		cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, cfg.Holds.DeadInstanceAfter = tc.lease, tc.beat, tc.set
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("lease %v heartbeat %v bound %v: %v", tc.lease, tc.beat, tc.set, err)
+		}
+		if got := cfg.Holds.DeadInstanceBound(); got != tc.want {
+			t.Errorf("lease %v heartbeat %v bound %v: in force %v, want %v", tc.lease, tc.beat, tc.set, got, tc.want)
+		}
+	}
+}

@@ -70,6 +70,17 @@ func TestMoneyBoundsAreCheckedAtTheirEdges(t *testing.T) {
 		{"discount_bp 0", plan(func(p *Plan) { p.DiscountBP = 0 }), ""},
 		{"discount_bp 10000", plan(func(p *Plan) { p.DiscountBP = 10_000 }), ""},
 		{"discount_bp 10001", plan(func(p *Plan) { p.DiscountBP = 10_001 }), "plans.standard.discount_bp"},
+		// lease_ttl 30s + 2 x heartbeat 10s = 50s; 3 x 10s + 5s = 35s.
+		{"dead_instance_after -1ns", func(c *Config) { c.Holds.DeadInstanceAfter = -1 }, "holds.dead_instance_after"},
+		{"dead_instance_after 0 (derived)", func(c *Config) { c.Holds.DeadInstanceAfter = 0 }, ""},
+		{"dead_instance_after 49.999s", func(c *Config) { c.Holds.DeadInstanceAfter = 50*time.Second - time.Millisecond }, "holds.dead_instance_after"},
+		{"dead_instance_after 50s", func(c *Config) { c.Holds.DeadInstanceAfter = 50 * time.Second }, ""},
+		{"dead_instance_after under 3 heartbeats and 5s", func(c *Config) {
+			c.Holds.LeaseTTL, c.Holds.HeartbeatInterval, c.Holds.DeadInstanceAfter = 4*time.Second, 2*time.Second, 11*time.Second-1
+		}, "holds.dead_instance_after"},
+		{"dead_instance_after at 3 heartbeats and 5s", func(c *Config) {
+			c.Holds.LeaseTTL, c.Holds.HeartbeatInterval, c.Holds.DeadInstanceAfter = 4*time.Second, 2*time.Second, 11*time.Second
+		}, ""},
 		{"max_output_tokens -1", func(c *Config) {
 			m := c.Models["fake-gpt"]
 			m.MaxOutputTokens = -1

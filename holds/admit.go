@@ -47,6 +47,10 @@ type AdmitRequest struct {
 	// (the reconciler, a replica with a newer price table) keeps it, so its bill can be
 	// explained by the prices it was billed at. Empty: none recorded.
 	PriceSnapshot []byte
+	// ServedBy is the id of the serving process's Instance, recorded on a new hold: when that
+	// process is declared dead, the reconciler settles the hold without waiting for its
+	// expiry. Empty (tools, tests): none, and the hold waits for its expiry.
+	ServedBy string
 }
 
 // Hold is an admitted hold.
@@ -258,15 +262,16 @@ func appendInsertHolds(sc *script, rows []admittedRow) {
 		return
 	}
 	q := make([]byte, 0, 200+len(rows)*48)
-	q = append(q, "INSERT INTO run_holds (run_id, user_id, client_run_id, session_id, state, held_micro, cap_micro, model, discount_bp, expires_at, admit_token, price_snapshot) VALUES "...)
-	args := make([]any, 0, len(rows)*12)
+	q = append(q, "INSERT INTO run_holds (run_id, user_id, client_run_id, session_id, state, held_micro, cap_micro, model, discount_bp, expires_at, admit_token, price_snapshot, served_by) VALUES "...)
+	args := make([]any, 0, len(rows)*13)
 	for i, r := range rows {
 		if i > 0 {
 			q = append(q, ',')
 		}
-		q = append(q, "(?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?)"...)
+		q = append(q, "(?, ?, NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?, ?, ?, ?, NULLIF(?, ''), ?, NULLIF(?, ''))"...)
 		args = append(args, r.hold.RunID, r.hold.UserID, r.req.ClientRunID, r.req.SessionID, r.hold.State,
-			r.hold.HeldMicro, r.hold.CapMicro, r.req.Model, r.hold.DiscountBP, r.expires, r.req.Token, nullJSON(r.req.PriceSnapshot))
+			r.hold.HeldMicro, r.hold.CapMicro, r.req.Model, r.hold.DiscountBP, r.expires, r.req.Token, nullJSON(r.req.PriceSnapshot),
+			r.req.ServedBy)
 	}
 	sc.add(string(q), args...)
 }

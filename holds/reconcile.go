@@ -113,6 +113,19 @@ type ReconcilerConfig struct {
 	PriceSnapshot func(model string) []byte
 	// OnOutcome, when set, is called once per expired hold handled (for metrics).
 	OnOutcome func(outcome string)
+	// DeadAfter, when positive, is how long an instance's heartbeat (Instance) may be silent
+	// before a pass declares it dead and brings in the expiry of the one-call holds it
+	// admitted, which the same pass then reconciles (sweepDead). It must exceed the lease TTL
+	// by a heartbeat, so that a dead process's leases have lapsed by then. Zero: holds wait
+	// for their expiry whatever their process.
+	DeadAfter time.Duration
+	// Self is this process's Instance: a pass declares others dead only once Self has beaten
+	// without a gap for DeadAfter (Instance.BeatingFor). Nil (an operator's one-off pass): no
+	// instance is declared dead, though those declared before are still swept.
+	Self *Instance
+	// OnDeadInstance, when set, is called once per dead instance whose holds a pass has all
+	// brought in (for metrics).
+	OnDeadInstance func()
 }
 
 // Reconciler settles expired holds. Every process runs one; the lock makes only one scan per
@@ -165,7 +178,10 @@ type Stats struct {
 	Errors         int
 	// PrunedSessions is the sessions rows deleted: their run had settled and they were idle.
 	PrunedSessions int
-	ChargedMicro   int64 // total charged by this pass
+	// DeadInstances is the instances this pass declared dead; BroughtIn the holds of dead
+	// instances whose expiry it brought in (and then scanned with the expired ones).
+	DeadInstances, BroughtIn int
+	ChargedMicro             int64 // total charged by this pass
 	// Truncated: the pass stopped at MaxBatches with a full last batch, or at PassBudget;
 	// more may remain. StoppedAt says which, for the operator told to run again (empty when
 	// the pass was not truncated).
@@ -198,7 +214,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 		case err != nil && ctx.Err() == nil:
 			r.cfg.Log.Error("reconcile pass failed", zap.Error(err), zap.Int("settled", st.Settled()),
 				zap.Int("errors", st.Errors))
-		case st.Scanned > 0 || st.PrunedSessions > 0:
+		case st.Scanned > 0 || st.PrunedSessions > 0 || st.DeadInstances > 0:
 			r.cfg.Log.Info("reconcile pass", statsFields(st)...)
 		}
 		select {
@@ -235,7 +251,17 @@ const SessionPruneIdle = 10 * time.Minute
 // pass settles expired holds, then prunes sessions that have ended. A prune that fails is
 // logged and tried again on the next pass: the rows it left cost room, not money.
 func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
-	st, err := r.scan(ctx)
+	start := time.Now()
+	declared, brought, derr := 0, 0, error(nil)
+	if r.cfg.DeadAfter > 0 {
+		declared, brought, derr = r.sweepDead(ctx, start.Add(r.cfg.PassBudget/4))
+		if derr != nil && ctx.Err() == nil {
+			// What was brought in is scanned below; the rest waits for the next pass.
+			r.cfg.Log.Warn("reconcile: holds of dead instances not all brought in; the next pass goes on", zap.Error(derr))
+		}
+	}
+	st, err := r.scan(ctx, start)
+	st.DeadInstances, st.BroughtIn = declared, brought
 	if err != nil || st.Truncated {
 		return st, err
 	}
@@ -255,9 +281,10 @@ func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
 	return st, nil
 }
 
-func (r *Reconciler) scan(ctx context.Context) (Stats, error) {
+// scan settles expired holds, starting none after start + PassBudget.
+func (r *Reconciler) scan(ctx context.Context, start time.Time) (Stats, error) {
 	st := Stats{Locked: true}
-	stopAt := time.Now().Add(r.cfg.PassBudget)
+	stopAt := start.Add(r.cfg.PassBudget)
 	// The scan goes on after the last hold it read, so holds it cannot settle (orphans, below)
 	// are passed over rather than heading every batch: a backlog of them would otherwise stop
 	// every pass at its first batch, and nobody else's hold behind them would ever settle.
@@ -471,7 +498,8 @@ func statsFields(st Stats) []zap.Field {
 	f := []zap.Field{zap.Int("batches", st.Batches), zap.Int("scanned", st.Scanned), zap.Int("extended", st.Extended),
 		zap.Int("from_tally", st.FromTally), zap.Int("released", st.Released), zap.Int("charged_held", st.ChargedHeld),
 		zap.Int("already_settled", st.AlreadySettled), zap.Int("errors", st.Errors), zap.Int("pruned_sessions", st.PrunedSessions),
-		zap.Int64("charged_micro", st.ChargedMicro), zap.Bool("truncated", st.Truncated)}
+		zap.Int64("charged_micro", st.ChargedMicro), zap.Bool("truncated", st.Truncated),
+		zap.Int("dead_instances", st.DeadInstances), zap.Int("brought_in", st.BroughtIn)}
 	if st.Truncated {
 		f = append(f, zap.String("stopped_at", string(st.StoppedAt)))
 	}

@@ -47,6 +47,10 @@ type WriterConfig struct {
 	Linger time.Duration
 	// OnBatch, when set, is told of every batch transaction after it ends (metrics, tests).
 	OnBatch func(BatchShape)
+	// ServedBy, when set, names the serving process's instance (Instance.ID) on every new hold
+	// this writer admits (AdmitRequest.ServedBy). Read at each admission: a process declared
+	// dead and registered again stamps its new id from then on.
+	ServedBy func() string
 }
 
 // BatchShape is what one batch transaction held, how long it took and how it ended.
@@ -87,6 +91,9 @@ func NewWriter(store *Store, cfg WriterConfig) *Writer {
 func (w *Writer) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
 	wait := time.NewTimer(w.cfg.AdmitTimeout)
 	defer wait.Stop()
+	if w.cfg.ServedBy != nil {
+		req.ServedBy = w.cfg.ServedBy()
+	}
 	it := writeItem{admit: &req, taken: new(atomic.Int32)}
 	qctx, cancel := context.WithTimeout(ctx, w.cfg.AdmitTimeout)
 	out, err := w.offer(qctx, it)

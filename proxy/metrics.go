@@ -22,7 +22,10 @@ type Metrics struct {
 	TallyFailures  prometheus.Counter
 	ReconcileHold  prometheus.Counter
 	Reconciled     *prometheus.CounterVec
-	ActiveCalls    prometheus.Gauge
+	// DeadInstances counts the processes this one's reconciler found dead (their heartbeat in
+	// the database stopped) and whose holds it brought in, rather than waiting for hold_ttl.
+	DeadInstances prometheus.Counter
+	ActiveCalls   prometheus.Gauge
 	// RequestBodyBytes is what the request bodies held now count against limits.max_body_memory.
 	RequestBodyBytes prometheus.Gauge
 	Duplicates       *prometheus.CounterVec
@@ -85,6 +88,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Runs the reconciler charged at their hold because no usage survived. Someone should look."}),
 		Reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_reconciled_total",
 			Help: "Expired holds handled by the reconciler, by outcome."}, []string{"outcome"}),
+		DeadInstances: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_dead_instances_total",
+			Help: "Gateway processes found dead (heartbeat stopped for holds.dead_instance_after) or shut down, whose holds this process's reconciler brought in."}),
 		ActiveCalls: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_active_calls",
 			Help: "Model calls being forwarded now."}),
 		RequestBodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_request_body_bytes",
@@ -110,7 +115,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 				"admit_queue and admit_tx split admit's wait for the batch writer (queue, then its transaction).",
 			Buckets: fineBuckets(0.0001, 4)}, []string{"phase"}),
 	}
-	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled,
+	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled, m.DeadInstances,
 		m.ActiveCalls, m.RequestBodyBytes, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.BilledTokens, m.CallPhase)
 	m.authPhase = m.CallPhase.WithLabelValues(phaseAuth)
 	m.bodyPhase = m.CallPhase.WithLabelValues(phaseBody)

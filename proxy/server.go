@@ -43,6 +43,9 @@ type Deps struct {
 	// DedupRedis holds duplicate detection (fingerprints, idempotency records, the session
 	// cancel bus); nil uses Redis. Separate so a test can take it away on its own.
 	DedupRedis redis.UniversalClient
+	// Instance, when set, is this process's row in the database (holds.Instance): every hold
+	// it admits carries its id, so that the reconciler settles them soon after a kill.
+	Instance *holds.Instance
 }
 
 // Server serves the gateway's HTTP surface.
@@ -94,6 +97,14 @@ func maxCall(l config.Limits) time.Duration {
 
 func (s *Server) maxCall() time.Duration { return maxCall(s.cfg.Limits) }
 
+// servedBy is what the writer stamps on new holds: the instance's id, or none.
+func servedBy(in *holds.Instance) func() string {
+	if in == nil {
+		return nil
+	}
+	return in.ID
+}
+
 // maxBackgroundSettlements bounds settlements in flight beyond their requests.
 const maxBackgroundSettlements = 4096
 
@@ -131,7 +142,7 @@ func New(d Deps) *Server {
 		settleSlots: make(chan struct{}, maxBackgroundSettlements),
 		writer: holds.NewWriter(d.Store, holds.WriterConfig{Workers: writeWorkers, Linger: settleLinger,
 			AdmitTimeout: d.Config.Limits.AdmitTimeout, SettleTimeout: d.Config.Limits.SettleTimeout,
-			OnBatch: d.Metrics.observeBatch}),
+			OnBatch: d.Metrics.observeBatch, ServedBy: servedBy(d.Instance)}),
 		budgets: runstate.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, maxCall(d.Config.Limits),
 			d.Config.Holds.LeaseTTL),
 		dedupRDB: d.DedupRedis,

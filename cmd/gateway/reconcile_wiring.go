@@ -90,6 +90,10 @@ type reconcilerDeps struct {
 	rdb       redis.UniversalClient
 	keys      runstate.Keys
 	onOutcome func(string)
+	// self is the serving process's instance; nil for an operator's one-off pass, which then
+	// declares no instance dead (holds.ReconcilerConfig.Self).
+	self           *holds.Instance
+	onDeadInstance func()
 }
 
 // newReconciler wires the reconciler of DESIGN §5 from config.
@@ -108,11 +112,14 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 		Log:      e.log.Named("reconcile"),
 		// A leased run past its expiry is a call longer than its TTL; one more hold TTL is
 		// what admission would have given it.
-		ExtendBy:      d.cfg.Holds.HoldTTL,
-		Interval:      d.cfg.Holds.ReconcileInterval,
-		Batch:         d.cfg.Holds.ReconcileBatch,
-		PriceSnapshot: snapshotFunc(prices),
-		OnOutcome:     d.onOutcome,
+		ExtendBy:       d.cfg.Holds.HoldTTL,
+		Interval:       d.cfg.Holds.ReconcileInterval,
+		Batch:          d.cfg.Holds.ReconcileBatch,
+		PriceSnapshot:  snapshotFunc(prices),
+		OnOutcome:      d.onOutcome,
+		DeadAfter:      d.cfg.Holds.DeadInstanceBound(),
+		Self:           d.self,
+		OnDeadInstance: d.onDeadInstance,
 	}), nil
 }
 

@@ -51,6 +51,12 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	cfg := e.cfg
 	keys := redisKeys(cfg)
 	store := e.store()
+	// Registered before serving, so that every hold this process admits names it.
+	self, err := store.RegisterInstance(ctx, cfg.Instance, cfg.Holds.HeartbeatInterval, e.log)
+	if err != nil {
+		return err
+	}
+	e.log.Info("instance registered", zap.String("instance_id", self.ID()))
 	leases := runstate.NewLeases(e.rdb, keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, e.log)
 	// One set of metrics for the proxy and the reconciler, so /metrics shows both.
 	metrics := proxy.NewMetrics(nil)
@@ -59,15 +65,17 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 		Config: cfg, Store: store, Redis: e.rdb, Keys: keys,
 		Tally:  runstate.NewTally(e.rdb, keys, cfg.Holds.TallyTTL),
 		Leases: leases, Log: e.log, Metrics: metrics,
-		Admin: admin.New(store, cfg.CreditMicro, cfg.AdminToken, e.log.Named("admin")),
+		Admin:    admin.New(store, cfg.CreditMicro, cfg.AdminToken, e.log.Named("admin")),
+		Instance: self,
 	})
-	rec, err := e.newReconciler(reconcilerDeps{cfg: cfg, store: store, rdb: e.rdb, keys: keys,
+	rec, err := e.newReconciler(reconcilerDeps{cfg: cfg, store: store, rdb: e.rdb, keys: keys, self: self,
 		onOutcome: func(outcome string) {
 			metrics.Reconciled.WithLabelValues(outcome).Inc()
 			if outcome == holds.OutcomeChargedHeld {
 				metrics.ReconcileHold.Inc()
 			}
-		}})
+		},
+		onDeadInstance: metrics.DeadInstances.Inc})
 	if err != nil {
 		return err
 	}
@@ -76,6 +84,7 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	// reconciler may as well keep settling; both stop when serve returns.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
+	go self.Run(bg)
 	go leases.Run(bg)
 	go rec.Run(bg)
 
@@ -134,6 +143,13 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 		}
 	case <-wctx.Done():
 		e.log.Error("batch writer still busy at exit; the reconciler will settle what it held")
+	}
+	// Retired, the process's row tells the next reconcile pass to settle any hold it left
+	// (a settlement that failed in the drain) now rather than at the hold's expiry.
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	if err := self.Retire(rctx); err != nil {
+		e.log.Warn("instance not retired; the reconciler finds it dead once its heartbeat is stale", zap.Error(err))
 	}
 	e.log.Info("gateway stopped")
 	return nil

@@ -1,0 +1,268 @@
+package holds_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering/runstate"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// deadBound is the dead-instance bound of these tests: an hour, which the tests make pass by
+// moving a dead process's beat and holds an hour and more into the past.
+const deadBound = time.Hour
+
+// beatingSelf registers the reconciling process's instance and beats it until the test ends;
+// beatingFor is how long the test says it has beaten without a gap (Instance.BeatingFor).
+func (e *storeEnv) beatingSelf() *holds.Instance {
+	e.t.Helper()
+	self, err := e.store.RegisterInstance(e.ctx(), "reconciler", 50*time.Millisecond, e.log)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); self.Run(ctx) }()
+	e.t.Cleanup(func() { cancel(); <-done })
+	return self
+}
+
+// admitBy takes a one-call hold (or a named run's, with clientRunID) stamped with an instance.
+func (e *storeEnv) admitBy(u holds.User, runID, clientRunID, servedBy string, state holds.State) holds.Hold {
+	e.t.Helper()
+	h, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: runID, UserID: u.ID, ClientRunID: clientRunID, Model: "fake-gpt",
+		State: state, TTL: 24 * time.Hour, ServedBy: servedBy})
+	if err != nil {
+		e.t.Fatalf("admit %s: %v", runID, err)
+	}
+	return h
+}
+
+// age moves an instance's beat and the creation of its holds back by d, as if it had beaten
+// and admitted them d ago and then gone silent.
+func (e *storeEnv) age(instanceID string, d time.Duration) {
+	e.t.Helper()
+	if _, err := e.db.ExecContext(e.ctx(), "UPDATE instances SET started_at = started_at - INTERVAL ? MICROSECOND, beat_at = beat_at - INTERVAL ? MICROSECOND WHERE id = ?",
+		d.Microseconds(), d.Microseconds(), instanceID); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.db.ExecContext(e.ctx(), "UPDATE run_holds SET created_at = created_at - INTERVAL ? MICROSECOND WHERE served_by = ?",
+		d.Microseconds(), instanceID); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *storeEnv) instance(id string) holds.InstanceRow {
+	e.t.Helper()
+	rows, err := e.store.Instances(e.ctx(), 100)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.ID == id {
+			return r
+		}
+	}
+	e.t.Fatalf("instance %s: no row", id)
+	return holds.InstanceRow{}
+}
+
+// TestDeadInstanceHoldsSettledBeforeTheirExpiry: a process killed with calls in flight stops
+// beating; a reconcile pass by a process that has beaten all along declares it dead and
+// settles its one-call holds by DESIGN §5's rules a day before they would expire — from the
+// tally, at the hold, released — and frees the caller's in-flight slots. Nothing else moves:
+// a call whose lease lives (its process was alive after all) is extended, a named run and a
+// hold admitted after the dead process's last beat wait for their expiry, as do the holds of
+// a live process and a hold no process stamped.
+func TestDeadInstanceHoldsSettledBeforeTheirExpiry(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("sidecar-user", 6, nil)
+	other := e.user("other-user", 3, nil)
+	self := e.beatingSelf()
+	dead, err := e.store.RegisterInstance(e.ctx(), "killed", 50*time.Millisecond, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadID := dead.ID() // never beats: killed right after it admitted its calls
+
+	tallied := e.admitBy(u, "r_dead_tallied", "", deadID, holds.StateRunning)
+	lost := e.admitBy(u, "r_dead_lost", "", deadID, holds.StateRunning)
+	queued := e.admitBy(u, "r_dead_queued", "", deadID, holds.StateQueued)
+	leased := e.admitBy(u, "r_dead_leased", "", deadID, holds.StateRunning)
+	named := e.admitBy(u, "r_dead_named", "agent-1", deadID, holds.StateRunning)
+	e.age(deadID, 2*deadBound)
+	late := e.admitBy(u, "r_dead_late", "", deadID, holds.StateRunning) // admitted after its last beat: alive then
+	mine := e.admitBy(other, "r_live", "", self.ID(), holds.StateRunning)
+	unstamped := e.admitBy(other, "r_unstamped", "", "", holds.StateRunning)
+
+	e.addTally(tallied.RunID, pricing.Usage{Input: 900, Output: 100}, 3_250)
+	leases := runstate.NewLeases(e.rdb, e.keys, "paused-process", time.Minute, time.Second, e.log)
+	leases.Acquire(leased.RunID)
+	if err := leases.Refresh(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	// The caller's six slots are all taken: a seventh call is refused.
+	if _, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: "r_seventh", UserID: u.ID, Model: "fake-gpt", State: holds.StateRunning, TTL: time.Hour}); !isTooMany(err) {
+		t.Fatalf("seventh call before the pass: %v, want too many in flight", err)
+	}
+	before := map[string]time.Time{}
+	for _, id := range []string{named.RunID, late.RunID, mine.RunID, unstamped.RunID} {
+		before[id] = e.runAny(id).ExpiresAt
+	}
+
+	waitBeating(t, self, 200*time.Millisecond)
+	deaths := 0
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
+		c.DeadAfter, c.Self = 200*time.Millisecond, self
+		c.OnDeadInstance = func() { deaths++ }
+	})
+	st, err := e.pass(rec)
+	if err != nil {
+		t.Fatalf("pass: %v", err)
+	}
+	if st.DeadInstances != 1 || st.BroughtIn != 4 || st.FromTally != 1 || st.ChargedHeld != 1 || st.Released != 1 || st.Extended != 1 || deaths != 1 {
+		t.Errorf("pass: %+v, %d dead reported; want 1 instance declared dead, 4 holds brought in: 1 from tally, 1 at hold, 1 released, 1 extended", st, deaths)
+	}
+	for id, want := range map[string]string{tallied.RunID: holds.SourceReconcile, lost.RunID: holds.SourceReconcileHold, queued.RunID: holds.SourceRelease} {
+		if r := e.run(u, id); r.State != holds.StateSettled || r.SettleSource.String != want {
+			t.Errorf("%s: %s by %q, want settled by %s", id, r.State, r.SettleSource.String, want)
+		}
+	}
+	if r := e.run(u, tallied.RunID); r.ChargedMicro != 3_250 || r.InTok != 900 || r.OutTok != 100 {
+		t.Errorf("tallied call charged %d (in %d out %d), want its tally 3250 (900, 100)", r.ChargedMicro, r.InTok, r.OutTok)
+	}
+	if r := e.run(u, lost.RunID); r.ChargedMicro != lost.HeldMicro {
+		t.Errorf("call without a tally charged %d, want its hold %d", r.ChargedMicro, lost.HeldMicro)
+	}
+	if r := e.run(u, leased.RunID); r.State != holds.StateRunning || r.ExpiresAt.Before(time.Now().Add(30*time.Second)) {
+		t.Errorf("leased call: %s expiring %v, want running and extended by a minute", r.State, r.ExpiresAt)
+	}
+	for id, exp := range before {
+		if r := e.runAny(id); r.State != holds.StateRunning || !r.ExpiresAt.Equal(exp) {
+			t.Errorf("%s: %s expiring %v, want untouched (running, %v)", id, r.State, r.ExpiresAt, exp)
+		}
+	}
+	if got, want := e.usedToday(u), 3_250+lost.HeldMicro; got != want {
+		t.Errorf("day ledger %d, want %d", got, want)
+	}
+	if row := e.instance(deadID); !row.DeadAt.Valid || !row.SweptAt.Valid {
+		t.Errorf("dead instance row %+v, want dead and swept", row)
+	}
+	if row := e.instance(self.ID()); row.DeadAt.Valid {
+		t.Errorf("the reconciling process declared itself dead: %+v", row)
+	}
+	// Three slots are free again (the leased call, the named run and the late call still
+	// hold theirs): the caller works on without waiting a day for the expiry.
+	if _, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: "r_seventh", UserID: u.ID, Model: "fake-gpt", State: holds.StateRunning, TTL: time.Hour}); err != nil {
+		t.Errorf("seventh call after the pass: %v, want admitted", err)
+	}
+	// A second pass finds nothing more to do.
+	if st, err := e.pass(rec); err != nil || st.DeadInstances != 0 || st.BroughtIn != 0 || st.Scanned != 0 {
+		t.Errorf("second pass: %+v, %v; want nothing", st, err)
+	}
+
+	// The killed process was only paused: its next beat finds its row dead and registers a
+	// new one, which the next pass leaves alone, as it does the holds admitted under it.
+	if err := dead.Beat(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	if dead.ID() == deadID {
+		t.Fatal("a process declared dead beat on under its dead id")
+	}
+	again := e.admitBy(u, "r_after_resume", "", dead.ID(), holds.StateRunning)
+	if st, err := e.pass(rec); err != nil || st.DeadInstances != 0 || st.BroughtIn != 0 {
+		t.Errorf("pass after the process came back: %+v, %v; want nothing declared, nothing brought in", st, err)
+	}
+	if row := e.instance(dead.ID()); row.DeadAt.Valid {
+		t.Errorf("the process's new row: %+v, want alive", row)
+	}
+	for _, id := range []string{leased.RunID, named.RunID, late.RunID, mine.RunID, unstamped.RunID, again.RunID, "r_seventh"} {
+		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestDeadInstancesDeclaredOnlyByAProcessThatBeat: after a database outage every process's
+// beat is stale, the live ones' too. A process whose own beats have not reached the database
+// for the whole bound declares nobody dead (nor does an operator's one-off pass, which has no
+// beat of its own); one that has, does. A process retired at shutdown is swept by any pass.
+func TestDeadInstancesDeclaredOnlyByAProcessThatBeat(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("outage-user", 5, nil)
+	self := e.beatingSelf()
+	silent, err := e.store.RegisterInstance(e.ctx(), "silent", 50*time.Millisecond, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.admitBy(u, "r_silent", "", silent.ID(), holds.StateRunning)
+	e.age(silent.ID(), 2*deadBound)
+
+	for name, self := range map[string]*holds.Instance{"a process beating for less than the bound": self, "a one-off pass": nil} {
+		rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Self = deadBound, self })
+		st, err := e.pass(rec)
+		if err != nil || st.DeadInstances != 0 || st.BroughtIn != 0 {
+			t.Errorf("%s: %+v, %v; want nobody declared dead", name, st, err)
+		}
+		if row := e.instance(silent.ID()); row.DeadAt.Valid {
+			t.Errorf("%s declared a process dead: %+v", name, row)
+		}
+	}
+	waitBeating(t, self, 100*time.Millisecond)
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Self = 100*time.Millisecond, self })
+	if st, err := e.pass(rec); err != nil || st.DeadInstances != 1 || st.ChargedHeld != 1 {
+		t.Errorf("a process that beat all along: %+v, %v; want the silent one declared dead and its call charged its hold", st, err)
+	}
+	if r := e.run(u, h.RunID); r.SettleSource.String != holds.SourceReconcileHold {
+		t.Errorf("silent process's call: %q, want reconcile_hold", r.SettleSource.String)
+	}
+
+	// Shut down with a settlement that failed in its drain: retired, its hold is brought in
+	// by the next pass, one-off or not, with no bound to wait.
+	stopped, err := e.store.RegisterInstance(e.ctx(), "stopped", 50*time.Millisecond, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := e.admitBy(u, "r_left_at_shutdown", "", stopped.ID(), holds.StateRunning)
+	e.addTally(left.RunID, pricing.Usage{Input: 10, Output: 10}, 125)
+	if err := stopped.Retire(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	rec = e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter = deadBound })
+	if st, err := e.pass(rec); err != nil || st.BroughtIn != 1 || st.FromTally != 1 {
+		t.Errorf("pass after a shutdown that left a hold: %+v, %v; want it brought in and settled from its tally", st, err)
+	}
+	if r := e.run(u, left.RunID); r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != 125 {
+		t.Errorf("hold left at shutdown: %q charged %d, want reconcile at 125", r.SettleSource.String, r.ChargedMicro)
+	}
+}
+
+// runAny reads a hold's state and expiry, whoever its user.
+func (e *storeEnv) runAny(runID string) holds.Run {
+	e.t.Helper()
+	var r holds.Run
+	if err := e.db.GetContext(e.ctx(), &r, "SELECT run_id, state, expires_at FROM run_holds WHERE run_id = ?", runID); err != nil {
+		e.t.Fatalf("run %s: %v", runID, err)
+	}
+	return r
+}
+
+func isTooMany(err error) bool {
+	var busy *holds.TooManyInFlightError
+	return errors.As(err, &busy)
+}
+
+// waitBeating waits until self has beaten without a gap for d.
+func waitBeating(t *testing.T, self *holds.Instance, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for self.BeatingFor() < d {
+		if time.Now().After(deadline) {
+			t.Fatalf("instance beating for %v after 10 s, want %v", self.BeatingFor(), d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
