@@ -1,0 +1,104 @@
+package e2e
+
+import (
+	"context"
+	"net/http"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// TestKilledProcessSettledLongBeforeItsHoldsExpire: a sidecar gateway is SIGKILLed with two
+// calls streaming (one under an Idempotency-Key), the caller's two in-flight slots both taken.
+// Its holds would expire after hold_ttl (10 minutes here); the other gateway's reconciler
+// finds the dead process's heartbeat stale past holds.dead_instance_after (8 s) and settles
+// both calls at their holds within seconds. The caller then works on at once: two calls fit
+// again, and the key's retry runs as a new attempt instead of 409 request_in_progress. The
+// surviving gateway, stopped with SIGTERM, retires its own row.
+func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("sidecar", 2, nil)
+	const holdTTL = 10 * time.Minute
+	cfg := w.writeConfig(map[string]string{"holds.hold_ttl": holdTTL.String(), "holds.run_ttl": holdTTL.String(),
+		"holds.tally_ttl": "2h", "holds.dead_instance_after": "8s"})
+	b := w.startGatewayWith("gw-b", cfg) // beats all along, so its reconciler may declare others dead
+	a := w.startGatewayWith("gw-a", cfg)
+
+	idem := map[string]string{"Idempotency-Key": "sidecar-retry"}
+	plain := startStream(t, a, key, 5000, 20*time.Millisecond, nil)
+	keyed := startStream(t, a, key, 5000, 20*time.Millisecond, idem)
+	waitFor(t, 10*time.Second, "both calls' leases", func() bool { return len(w.leaseKeys()) == 2 })
+	if r := <-sendAsync(context.Background(), b, key, chatBody(false, 10, "a third call"), nil); r.status != http.StatusTooManyRequests {
+		t.Fatalf("third call with both slots taken: %d %s, want 429", r.status, r.body)
+	}
+
+	killAt := w.dbNow()
+	a.signal(t, syscall.SIGKILL)
+	<-plain.done
+	<-keyed.done
+	waitFor(t, 60*time.Second, "the killed calls to be settled", func() bool {
+		return w.hold(plain.runID).State == holds.StateSettled && w.hold(keyed.runID).State == holds.StateSettled
+	})
+	for _, id := range []string{plain.runID, keyed.runID} {
+		r := w.hold(id)
+		if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != r.HeldMicro {
+			t.Errorf("killed call %s: %q charged %d, want reconcile_hold at its hold %d", id, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
+		}
+		if expiry := r.CreatedAt.Add(holdTTL); !r.SettledAt.Time.Before(expiry) {
+			t.Errorf("killed call %s settled at %v, not before its hold's expiry %v", id, r.SettledAt.Time, expiry)
+		}
+		t.Logf("MEASURED: killed call %s settled %v after the SIGKILL (hold_ttl %v)", id, r.SettledAt.Time.Sub(killAt).Round(time.Millisecond), holdTTL)
+	}
+
+	// The caller's slots are free: two calls at once are served, and the key's retry runs as
+	// a new attempt.
+	one := sendAsync(context.Background(), b, key, chatBody(false, 10, "first after the kill"), map[string]string{"X-Fake-Chunks": "40"})
+	retry := <-sendAsync(context.Background(), b, key, chatBody(true, 5010, "stream please"), with(idem, "X-Fake-Chunks", "20"))
+	if r := <-one; r.status != http.StatusOK {
+		t.Errorf("call after the kill: %d %s, want 200", r.status, r.body)
+	}
+	if retry.status != http.StatusOK || retry.runID == keyed.runID {
+		t.Errorf("the key's retry after the kill: %d run %s %.200s, want 200 as a new attempt", retry.status, retry.runID, retry.body)
+	}
+
+	metrics := scrape(t, b)
+	if got := metricValue(metrics, "tollgate_dead_instances_total"); got != 1 {
+		t.Errorf("gw-b tollgate_dead_instances_total = %v, want 1", got)
+	}
+	rows, err := w.store.Instances(context.Background(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 {
+		t.Errorf("instance rows %+v, want gw-a's and gw-b's", rows)
+	}
+	for _, r := range rows {
+		if dead := r.DeadAt.Valid && r.SweptAt.Valid; dead != (r.Name == "gw-a") {
+			t.Errorf("instance row %+v: want gw-a's dead and swept, gw-b's alive", r)
+		}
+	}
+
+	b.signal(t, syscall.SIGTERM)
+	if err := b.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("gw-b after SIGTERM: %v", err)
+	}
+	rows, err = w.store.Instances(context.Background(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if !r.DeadAt.Valid {
+			t.Errorf("instance row %+v alive after its process stopped, want retired", r)
+		}
+	}
+	waitFor(t, 10*time.Second, "every hold settled", func() bool { return w.liveHolds() == 0 })
+	var total int64
+	if err := w.db.Get(&total, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.usedToday(u.ID); got != total {
+		t.Errorf("day ledger %d, want the sum of settled charges %d", got, total)
+	}
+}
