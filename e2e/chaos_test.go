@@ -23,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -63,6 +65,19 @@ func TestChaosExactlyOnce(t *testing.T) {
 		t.Skip("chaos run: not in -short")
 	}
 	runChaos(t, newWorld(t), 35*time.Second, 0)
+}
+
+// TestChaosDeadProcessesFound is TestChaosExactlyOnce with one-call holds that outlive the run
+// (hold_ttl 10 min; named runs keep testHoldTTL): each killed process's calls are settled
+// because the other process found its heartbeat in the database stale
+// (holds.dead_instance_after 7 s), while the traffic runs or just after it, and the books must
+// come out as exactly as when the holds expired.
+func TestChaosDeadProcessesFound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos run: not in -short")
+	}
+	runChaosPlan(t, newWorld(t), 30*time.Second, chaosPlan{kills: true, holdTTL: 10 * time.Minute, runTTL: testHoldTTL,
+		deadAfter: 7 * time.Second})
 }
 
 // TestChaosRedisLoss is the chaos run with Redis losing everything now and then: FLUSHALL on
@@ -108,8 +123,13 @@ type chaosPlan struct {
 	// cuts: gateway 0 reaches Redis through this relay, which cuts it off now and then
 	// (partitionLoop); gateway 1 and the database stay reachable.
 	cuts *freezer
-	// holdTTL, when set, is the processes' hold_ttl and run_ttl instead of testHoldTTL.
-	holdTTL time.Duration
+	// holdTTL, when set, is the processes' hold_ttl and run_ttl instead of testHoldTTL; runTTL,
+	// when set, their run_ttl.
+	holdTTL, runTTL time.Duration
+	// deadAfter, when set, is the processes' holds.dead_instance_after. With kills and a
+	// holdTTL past the run, a killed process's one-call holds settle only because another
+	// process found it dead (waitDeadSwept); without kills, no process may be found dead.
+	deadAfter time.Duration
 }
 
 // runChaosPlan is runChaos under plan.
@@ -131,8 +151,8 @@ func runChaosPlan(t *testing.T, w *world, defaultDuration time.Duration, plan ch
 	}
 	t.Logf("chaos seed %d (replay with CHAOS_SEED=%d), traffic for %v, %d Redis losses", seed, seed, duration, flushes)
 
-	if plan.holdTTL > 0 {
-		w.config = w.writeConfig(map[string]string{"holds.hold_ttl": plan.holdTTL.String(), "holds.run_ttl": plan.holdTTL.String()})
+	if over := plan.config(); len(over) > 0 {
+		w.config = w.writeConfig(over)
 	}
 	c := &chaos{w: w, t: t, seed: seed, started: w.dbNow(), plan: plan}
 	c.setupUsers()
@@ -167,6 +187,9 @@ func runChaosPlan(t *testing.T, w *world, defaultDuration time.Duration, plan ch
 		c.recovered()
 	}
 
+	if plan.deadAfter > 0 {
+		c.waitDeadSwept()
+	}
 	// Both processes go away gracefully (a killed one is already gone); then the operator's
 	// forced pass settles whatever is left once it has expired.
 	for i := range c.slots {
@@ -206,6 +229,64 @@ func runChaosPlan(t *testing.T, w *world, defaultDuration time.Duration, plan ch
 	}
 	if flushes > 0 {
 		t.Logf("CHAOS settles that found a run's Redis record short of its row (busy until rebuilt): %d", rebuilds)
+	}
+}
+
+// config is the plan's settings over the world's.
+func (p chaosPlan) config() map[string]string {
+	over := map[string]string{}
+	if p.holdTTL > 0 {
+		over["holds.hold_ttl"], over["holds.run_ttl"] = p.holdTTL.String(), p.holdTTL.String()
+	}
+	if p.runTTL > 0 {
+		over["holds.run_ttl"] = p.runTTL.String()
+	}
+	if p.deadAfter > 0 {
+		over["holds.dead_instance_after"] = p.deadAfter.String()
+	}
+	return over
+}
+
+// waitDeadSwept waits, once the traffic has stopped, until no one-call hold is left live by a
+// process that is gone: the survivors, beating, find each killed process dead and settle its
+// calls, long before their holds expire. Without kills it checks instead that no process was
+// found dead: none died.
+func (c *chaos) waitDeadSwept() {
+	t, w := c.t, c.w
+	var alive []string
+	for i := range c.slots {
+		g, _ := c.slots[i].current()
+		alive = append(alive, g.name)
+	}
+	q, args, err := sqlx.In(`SELECT COUNT(*) FROM run_holds h JOIN instances i ON i.id = h.served_by
+		WHERE h.state IN ('queued', 'running') AND h.client_run_id IS NULL AND i.name NOT IN (?)`, alive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	deadline := start.Add(c.plan.deadAfter + 60*time.Second)
+	for {
+		var left int
+		if err := w.db.Get(&left, q, args...); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d one-call holds of killed processes still live %v after the traffic stopped (dead_instance_after %v)",
+				left, time.Since(start).Round(time.Millisecond), c.plan.deadAfter)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var dead int
+	if err := w.db.Get(&dead, "SELECT COUNT(*) FROM instances WHERE dead_at IS NOT NULL"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("MEASURED: %d processes found dead (%d kills); the last of their one-call holds settled %v after the traffic stopped",
+		dead, c.kills, time.Since(start).Round(time.Millisecond))
+	if !c.plan.kills && dead > 0 {
+		t.Errorf("%d processes found dead in a run that killed none", dead)
 	}
 }
 
@@ -905,7 +986,12 @@ func (c *chaos) reconcileAll() {
 			t.Logf("forced reconcile: every hold settled after %d passes", passes)
 			return
 		} else if time.Now().After(deadline) {
-			t.Fatalf("%d holds still live after %d forced passes; last said: %s", n, passes, out)
+			var live []string
+			_ = w.db.Select(&live, `SELECT CONCAT_WS(' ', h.run_id, h.state, COALESCE(h.client_run_id, '-'), h.created_at, h.expires_at,
+				COALESCE(i.name, '-'), COALESCE(i.dead_at, '-'), COALESCE(i.swept_at, '-'), COALESCE(i.retired, '-'), i.beat_at)
+				FROM run_holds h LEFT JOIN instances i ON i.id = h.served_by WHERE h.state IN ('queued', 'running')`)
+			t.Fatalf("%d holds still live after %d forced passes (run, state, run name, created, expires, its process: name, dead, swept, retired, beat): %q; last said: %s",
+				n, passes, live, out)
 		}
 		time.Sleep(time.Second)
 	}

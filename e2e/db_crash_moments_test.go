@@ -123,7 +123,7 @@ func momentBatch(t *testing.T, w *world, k *killer, trip *tripwire, g *gateway) 
 		users = append(users, caller{u.ID, key})
 	}
 	day := w.dbNow().UTC().Format(time.DateOnly)
-	fired := trip.arm("admit_token, price_snapshot) VALUES", "settle_token = VALUES(settle_token)",
+	fired := trip.arm("price_snapshot, served_by) VALUES", "settle_token = VALUES(settle_token)",
 		fmt.Sprintf("(%d,'%s',", users[0].id, day), fmt.Sprintf("(%d,'%s',", users[1].id, day), "COMMIT")
 
 	ctx, stop := context.WithCancel(context.Background())

@@ -191,7 +191,7 @@ var dbCrashPlan = []struct {
 	// Longer than admit_timeout: the admission's retry fails too, so its caller is refused
 	// while its hold is committed; it must be released at 0 (admit_lost). The batch has a hold
 	// of a call of its own (no X-Run-Id, no session): a named run's hold is not released.
-	{[]string{"admit_token, price_snapshot) VALUES", "NULLIF('', ''), NULLIF('', '')", "COMMIT"}, false, 1800 * time.Millisecond, 800 * time.Millisecond},
+	{[]string{"price_snapshot, served_by) VALUES", "NULLIF('', ''), NULLIF('', '')", "COMMIT"}, false, 1800 * time.Millisecond, 800 * time.Millisecond},
 	// Shorter than settle_timeout: the settlement's retry finds out what its COMMIT did.
 	{[]string{"settle_token = VALUES(settle_token)", "COMMIT"}, true, 300 * time.Millisecond, 2000 * time.Millisecond},
 }

@@ -38,6 +38,7 @@ func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 	a.signal(t, syscall.SIGKILL)
 	<-plain.done
 	<-keyed.done
+	// Within a minute: the holds would expire in ten.
 	waitFor(t, 60*time.Second, "the killed calls to be settled", func() bool {
 		return w.hold(plain.runID).State == holds.StateSettled && w.hold(keyed.runID).State == holds.StateSettled
 	})
@@ -45,9 +46,6 @@ func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 		r := w.hold(id)
 		if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != r.HeldMicro {
 			t.Errorf("killed call %s: %q charged %d, want reconcile_hold at its hold %d", id, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
-		}
-		if expiry := r.CreatedAt.Add(holdTTL); !r.SettledAt.Time.Before(expiry) {
-			t.Errorf("killed call %s settled at %v, not before its hold's expiry %v", id, r.SettledAt.Time, expiry)
 		}
 		t.Logf("MEASURED: killed call %s settled %v after the SIGKILL (hold_ttl %v)", id, r.SettledAt.Time.Sub(killAt).Round(time.Millisecond), holdTTL)
 	}

@@ -42,7 +42,9 @@ func TestChaosRedisPartition(t *testing.T) {
 	}
 	w := newWorld(t)
 	relay := newFreezer(t, strings.SplitN(testenv.RedisURL(t), "/", 4)[2]) // redis://host:port/db
-	runChaosPlan(t, w, 30*time.Second, chaosPlan{cuts: relay, holdTTL: partitionHoldTTL})
+	// A process cut off from Redis alone still beats in the database: a dead-instance bound
+	// as short as a partition must not take it for dead (waitDeadSwept checks none was).
+	runChaosPlan(t, w, 30*time.Second, chaosPlan{cuts: relay, holdTTL: partitionHoldTTL, deadAfter: partitionFor})
 }
 
 // partitionHoldTTL is the hold_ttl and run_ttl of TestChaosRedisPartition: over twice its

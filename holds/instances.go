@@ -17,21 +17,24 @@ import (
 // Instance is a serving process's row in `instances`: its heartbeat on the database clock, and
 // the id it stamps on the holds it admits (run_holds.served_by). It is how the reconciler
 // learns, minutes before a hold's expiry would tell it, that the process serving a call was
-// killed: a row whose beat is older than the dead-instance bound is declared dead, and its
+// killed: a row whose beat is older than its dead-instance bound is declared dead, and its
 // one-call holds are reconciled early (Reconciler.sweepDead). The lease in Redis still has the
-// last word over each hold (DESIGN §5 rule 1), so a process cut off from Redis alone, which
-// goes on beating here, is never taken for dead, and one cut off from the database alone
-// keeps its leases.
+// last word over each hold (DESIGN §5 rule 1): a hold whose lease lives is not touched. So a
+// process cut off from Redis alone, which goes on beating here, is never taken for dead, and
+// one cut off from the database alone keeps its leases.
 //
 // A process that finds its row declared dead (a pause or a partition from both longer than
 // the bound) registers a new id, used by its admissions from then on: what the reconciler
 // brings in is only what the dead id admitted before it was declared dead.
 type Instance struct {
-	store    *Store
-	name     string
-	interval time.Duration
-	log      *zap.Logger
-	id       atomic.Pointer[string]
+	store     *Store
+	name      string
+	interval  time.Duration
+	deadAfter time.Duration
+	log       *zap.Logger
+	id        atomic.Pointer[string]
+	// retired: the row was marked dead by Retire; a beat after it must not register anew.
+	retired atomic.Bool
 
 	// mu guards the streak of beats that reached the database without a gap (BeatingFor).
 	mu          sync.Mutex
@@ -43,13 +46,15 @@ type Instance struct {
 // next interval, and the bound the reconciler allows is several intervals.
 const instanceBeatTimeout = 5 * time.Second
 
-// RegisterInstance inserts this process's row and returns it; interval is how often Run beats.
+// RegisterInstance inserts this process's row and returns it; interval is how often Run beats,
+// deadAfter this process's dead-instance bound (holds.dead_instance_after, checked against its
+// own lease TTL and heartbeat), which every reconciler honours for this row whatever its own.
 // Call it before serving: an admission before it would stamp no id.
-func (s *Store) RegisterInstance(ctx context.Context, name string, interval time.Duration, log *zap.Logger) (*Instance, error) {
-	if interval <= 0 {
-		panic("holds: instance heartbeat without an interval")
+func (s *Store) RegisterInstance(ctx context.Context, name string, interval, deadAfter time.Duration, log *zap.Logger) (*Instance, error) {
+	if interval <= 0 || deadAfter < 0 {
+		panic(fmt.Sprintf("holds: instance heartbeat every %v, dead after %v", interval, deadAfter))
 	}
-	in := &Instance{store: s, name: name, interval: interval, log: log}
+	in := &Instance{store: s, name: name, interval: interval, deadAfter: deadAfter, log: log}
 	if err := in.register(ctx); err != nil {
 		return nil, err
 	}
@@ -112,6 +117,9 @@ func (in *Instance) Run(ctx context.Context) {
 // reconciler may already have brought its holds in. A new row is registered instead, and
 // admissions from now on carry its id.
 func (in *Instance) Beat(ctx context.Context) error {
+	if in.retired.Load() {
+		return nil
+	}
 	id := in.ID()
 	res, err := in.store.db.ExecContext(ctx, "UPDATE instances SET beat_at = NOW(6) WHERE id = ? AND dead_at IS NULL", id)
 	if err != nil {
@@ -138,7 +146,10 @@ func (in *Instance) Beat(ctx context.Context) error {
 		in.beaten()
 		return nil
 	}
-	// Declared dead, or its row deleted (swept a day ago).
+	// Declared dead, or its row deleted (swept a day ago); or retired since this beat began.
+	if in.retired.Load() {
+		return nil
+	}
 	in.log.Error("this process was declared dead by a reconciler (its heartbeat had stopped for longer than holds.dead_instance_after); "+
 		"calls it was serving may have been settled already from their tally or at their hold — someone should look",
 		zap.String("instance_id", id), zap.String("instance", in.name))
@@ -151,10 +162,12 @@ func (in *Instance) Beat(ctx context.Context) error {
 
 // Retire declares the row dead, at the end of a graceful shutdown, when the process has
 // nothing in flight: a hold it leaves unsettled (a settlement that failed in the drain) is
-// brought in by the next reconcile pass rather than at its expiry.
+// brought in by the next reconcile pass rather than at its expiry, once its lease has lapsed.
+// Stop Run first; a beat after Retire does nothing.
 func (in *Instance) Retire(ctx context.Context) error {
+	in.retired.Store(true)
 	id := in.ID()
-	if _, err := in.store.db.ExecContext(ctx, "UPDATE instances SET dead_at = NOW(6) WHERE id = ? AND dead_at IS NULL", id); err != nil {
+	if _, err := in.store.db.ExecContext(ctx, "UPDATE instances SET dead_at = NOW(6), retired = 1 WHERE id = ? AND dead_at IS NULL", id); err != nil {
 		return fmt.Errorf("instance %s retire: %w", id, err)
 	}
 	return nil
@@ -162,8 +175,8 @@ func (in *Instance) Retire(ctx context.Context) error {
 
 func (in *Instance) register(ctx context.Context) error {
 	id := token.New()
-	_, err := in.store.db.ExecContext(ctx, "INSERT INTO instances (id, name, started_at, beat_at, max_gap_us) VALUES (?, ?, NOW(6), NOW(6), ?)",
-		id, truncateName(in.name), in.gap().Microseconds())
+	_, err := in.store.db.ExecContext(ctx, `INSERT INTO instances (id, name, started_at, beat_at, max_gap_us, dead_after_us)
+		VALUES (?, ?, NOW(6), NOW(6), ?, ?)`, id, truncateName(in.name), in.gap().Microseconds(), in.deadAfter.Microseconds())
 	if err != nil {
 		return fmt.Errorf("register instance %s: %w", in.name, err)
 	}
@@ -181,13 +194,14 @@ func truncateName(name string) string {
 	return name
 }
 
-// deadInstance is an instance row declared dead and not yet swept.
+// deadInstance is an instance row declared dead (or retired) and not yet swept.
 type deadInstance struct {
 	ID       string    `db:"id"`
 	Name     string    `db:"name"`
 	BeatAt   time.Time `db:"beat_at"`
 	MaxGapUS int64     `db:"max_gap_us"`
 	DeadAt   time.Time `db:"dead_at"`
+	Retired  bool      `db:"retired"`
 }
 
 // lastAlive is the latest moment the process may have been alive and admitting: its last
@@ -205,13 +219,13 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-// declareDead, when declare is set, marks dead every row whose beat is older than after; it
-// returns the rows dead and not yet swept (these and earlier ones, and those retired at
-// shutdown), oldest first, at most limit.
+// declareDead, when declare is set, marks dead every row whose beat is older than the longer
+// of after and the row's own bound; it returns how many it marked, and the rows dead and not
+// yet swept (these, earlier ones and those retired at shutdown), oldest first, at most limit.
 func (s *Store) declareDead(ctx context.Context, declare bool, after time.Duration, limit int) (declared int64, dead []deadInstance, err error) {
 	if declare {
 		res, err := s.db.ExecContext(ctx, `UPDATE instances SET dead_at = NOW(6)
-			WHERE dead_at IS NULL AND beat_at < NOW(6) - INTERVAL ? MICROSECOND`, after.Microseconds())
+			WHERE dead_at IS NULL AND beat_at < NOW(6) - INTERVAL GREATEST(?, dead_after_us) MICROSECOND`, after.Microseconds())
 		if err != nil {
 			return 0, nil, fmt.Errorf("declare dead instances: %w", err)
 		}
@@ -219,50 +233,49 @@ func (s *Store) declareDead(ctx context.Context, declare bool, after time.Durati
 			return 0, nil, fmt.Errorf("declare dead instances: %w", err)
 		}
 	}
-	if err := s.db.SelectContext(ctx, &dead, `SELECT id, name, beat_at, max_gap_us, dead_at FROM instances
+	if err := s.db.SelectContext(ctx, &dead, `SELECT id, name, beat_at, max_gap_us, dead_at, retired FROM instances
 		WHERE dead_at IS NOT NULL AND swept_at IS NULL ORDER BY dead_at, id LIMIT ?`, limit); err != nil {
 		return declared, nil, fmt.Errorf("list dead instances: %w", err)
 	}
 	return declared, dead, nil
 }
 
-// bringInHolds brings in the expiry of up to limit one-call holds the dead instance admitted
-// while it was alive (lastAlive) and that have not expired: the reconciler's expired scan
-// then handles them as it does any expired hold. It returns how many it brought in and how
-// many it found (found < limit: none is left). Those admitted later wait for their expiry.
-//
-// Each hold's expiry moves in its own statement, which locks that one row, as Extend does:
-// the batch transactions lock users before holds, and a statement holding several hold rows
-// could wait on one of them while it holds another they want. Like Extend it takes no user
-// lock: an admission's aggregate reads a hold's expiry before or after the change, either a
-// state that was true (the hold still counted against the balance; only whether it takes an
-// in-flight slot changes).
-//
-// Named runs are left alone: they live between their calls until run_ttl, and other
-// processes may serve them.
-func (s *Store) bringInHolds(ctx context.Context, dead deadInstance, limit int) (brought, found int, err error) {
+// liveHoldsOf lists up to limit one-call holds the dead instance admitted while it was alive
+// (lastAlive) that have not expired, by run id after the given one. Those it admitted later
+// wait for their expiry. Named runs are left alone: they live between their calls until
+// run_ttl, and other processes may serve them. There is no index on served_by (every admission
+// would pay for it): the live holds are read on the (state, expires_at) index, few.
+func (s *Store) liveHoldsOf(ctx context.Context, dead deadInstance, after string, limit int) ([]string, error) {
 	var runs []string
 	if err := s.db.SelectContext(ctx, &runs, `SELECT run_id FROM run_holds
 		WHERE state IN ('queued', 'running') AND expires_at > NOW(6) AND served_by = ? AND client_run_id IS NULL AND created_at < ?
-		ORDER BY run_id LIMIT ?`, dead.ID, dead.lastAlive(), limit); err != nil {
-		return 0, 0, fmt.Errorf("holds of dead instance %s: %w", dead.ID, err)
+		AND run_id > ? ORDER BY run_id LIMIT ?`, dead.ID, dead.lastAlive(), after, limit); err != nil {
+		return nil, fmt.Errorf("holds of dead instance %s: %w", dead.ID, err)
 	}
-	for _, runID := range runs {
-		res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = LEAST(expires_at, NOW(6))
-			WHERE run_id = ? AND served_by = ? AND state IN ('queued', 'running') AND client_run_id IS NULL`, runID, dead.ID)
-		if err != nil {
-			return brought, len(runs), fmt.Errorf("bring in %s of dead instance %s: %w", runID, dead.ID, err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return brought, len(runs), fmt.Errorf("bring in %s of dead instance %s: %w", runID, dead.ID, err)
-		} else if n == 1 {
-			brought++
-		}
-	}
-	return brought, len(runs), nil
+	return runs, nil
 }
 
-// markSwept records that every hold of a dead instance has been brought in.
+// bringIn brings in the expiry of one hold of a dead instance, so that the reconciler's expired
+// scan handles it as it does any expired hold; it reports whether the hold was still live. It
+// locks that one row for one statement, as Extend does: the batch transactions lock users
+// before holds, and a statement holding several hold rows could wait on one of them while it
+// holds another they want. Like Extend it takes no user lock: an admission's aggregate reads
+// the hold's expiry before or after the change, either a state that was true (the hold still
+// counts against the balance; only whether it takes an in-flight slot changes).
+func (s *Store) bringIn(ctx context.Context, runID, deadID string) (bool, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = LEAST(expires_at, NOW(6))
+		WHERE run_id = ? AND served_by = ? AND state IN ('queued', 'running') AND client_run_id IS NULL`, runID, deadID)
+	if err != nil {
+		return false, fmt.Errorf("bring in %s of dead instance %s: %w", runID, deadID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("bring in %s of dead instance %s: %w", runID, deadID, err)
+	}
+	return n == 1, nil
+}
+
+// markSwept records that every hold of a dead instance has been brought in (or settled).
 func (s *Store) markSwept(ctx context.Context, id string) error {
 	if _, err := s.db.ExecContext(ctx, "UPDATE instances SET swept_at = NOW(6) WHERE id = ? AND swept_at IS NULL", id); err != nil {
 		return fmt.Errorf("mark dead instance %s swept: %w", id, err)

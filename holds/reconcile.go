@@ -100,7 +100,9 @@ type ReconcilerConfig struct {
 	Log      *zap.Logger
 	Interval time.Duration // between passes; DESIGN default 60 s
 	// ExtendBy is how far a hold whose run is still leased is pushed out: one hold TTL.
-	ExtendBy time.Duration
+	// ExtendRunBy is the same for a named run (one run TTL, what its admission gave it);
+	// 0: ExtendBy.
+	ExtendBy, ExtendRunBy time.Duration
 	// Batch is the rows read per query (0: DefaultReconcileBatch); MaxBatches bounds one pass
 	// (0: DefaultReconcileMaxBatches).
 	Batch, MaxBatches int
@@ -114,18 +116,18 @@ type ReconcilerConfig struct {
 	// OnOutcome, when set, is called once per expired hold handled (for metrics).
 	OnOutcome func(outcome string)
 	// DeadAfter, when positive, is how long an instance's heartbeat (Instance) may be silent
-	// before a pass declares it dead and brings in the expiry of the one-call holds it
-	// admitted, which the same pass then reconciles (sweepDead). It must exceed the lease TTL
-	// by a heartbeat, so that a dead process's leases have lapsed by then. Zero: holds wait
-	// for their expiry whatever their process.
+	// before a pass declares it dead — or the instance's own bound, when longer — and brings
+	// in the expiry of the unleased one-call holds it admitted, which the same pass then
+	// reconciles (sweepDead). Zero: no sweep; holds wait for their expiry whatever their
+	// process.
 	DeadAfter time.Duration
 	// Self is this process's Instance: a pass declares others dead only once Self has beaten
 	// without a gap for DeadAfter (Instance.BeatingFor). Nil (an operator's one-off pass): no
 	// instance is declared dead, though those declared before are still swept.
 	Self *Instance
-	// OnDeadInstance, when set, is called once per dead instance whose holds a pass has all
-	// brought in (for metrics).
-	OnDeadInstance func()
+	// OnDeadInstances, when set, is told how many instances a pass declared dead (for
+	// metrics); retired ones are not counted.
+	OnDeadInstances func(n int)
 }
 
 // Reconciler settles expired holds. Every process runs one; the lock makes only one scan per
@@ -254,6 +256,8 @@ func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
 	start := time.Now()
 	declared, brought, derr := 0, 0, error(nil)
 	if r.cfg.DeadAfter > 0 {
+		// A quarter of the pass's budget, taken from the scan's: the pass still ends within the
+		// budget and one hold's work, inside the reconcile lock.
 		declared, brought, derr = r.sweepDead(ctx, start.Add(r.cfg.PassBudget/4))
 		if derr != nil && ctx.Err() == nil {
 			// What was brought in is scanned below; the rest waits for the next pass.
@@ -389,10 +393,14 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
 	}
 	if leased {
-		if _, err := r.cfg.Store.Extend(ctx, run.RunID, r.cfg.ExtendBy); err != nil {
+		by := r.cfg.ExtendBy
+		if run.ClientRunID.Valid && r.cfg.ExtendRunBy > 0 {
+			by = r.cfg.ExtendRunBy
+		}
+		if _, err := r.cfg.Store.Extend(ctx, run.RunID, by); err != nil {
 			return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
 		}
-		log.Debug("reconcile: run still leased; expiry extended", zap.Duration("by", r.cfg.ExtendBy))
+		log.Debug("reconcile: run still leased; expiry extended", zap.Duration("by", by))
 		return OutcomeExtended, 0, nil
 	}
 

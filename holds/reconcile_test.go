@@ -432,3 +432,42 @@ func TestRetryOfARunningRequestDoesNotKeepItsHoldAlive(t *testing.T) {
 		t.Fatalf("reconcile: %+v, %v; want the orphaned hold settled", st, err)
 	}
 }
+
+// TestLeasedRunsExtendedByWhatTheirAdmissionGave: a leased hold past its expiry is pushed out
+// by one hold TTL, a named run's by one run TTL. With a run TTL shorter than the hold TTL, a
+// named run extended by the hold TTL lived on that long after its process died (named runs
+// wait for their expiry; their process's death does not bring them in).
+func TestLeasedRunsExtendedByWhatTheirAdmissionGave(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("extended", 5, nil)
+	one := e.admit(u, "r_one_call", holds.StateRunning)
+	named, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: "r_named_run", UserID: u.ID, ClientRunID: "agent", Model: "fake-gpt",
+		State: holds.StateRunning, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases := runstate.NewLeases(e.rdb, e.keys, "serving", time.Minute, time.Second, e.log)
+	for _, h := range []holds.Hold{one, named} {
+		e.expire(h.RunID)
+		leases.Acquire(h.RunID)
+	}
+	if err := leases.Refresh(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.ExtendBy, c.ExtendRunBy = time.Hour, time.Minute })
+	if st, err := e.pass(rec); err != nil || st.Extended != 2 {
+		t.Fatalf("pass: %+v, %v; want both extended", st, err)
+	}
+	now := time.Now()
+	if got := e.run(u, one.RunID).ExpiresAt.Sub(now); got < 50*time.Minute {
+		t.Errorf("one-call hold extended to %v from now, want a hold TTL (1h)", got)
+	}
+	if got := e.run(u, named.RunID).ExpiresAt.Sub(now); got < 30*time.Second || got > 2*time.Minute {
+		t.Errorf("named run extended to %v from now, want a run TTL (1m)", got)
+	}
+	for _, h := range []holds.Hold{one, named} {
+		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: h.RunID, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -22,8 +22,9 @@ type Metrics struct {
 	TallyFailures  prometheus.Counter
 	ReconcileHold  prometheus.Counter
 	Reconciled     *prometheus.CounterVec
-	// DeadInstances counts the processes this one's reconciler found dead (their heartbeat in
-	// the database stopped) and whose holds it brought in, rather than waiting for hold_ttl.
+	// DeadInstances counts the processes this one's reconciler declared dead (their heartbeat
+	// in the database stopped), whose holds it then brought in rather than wait for hold_ttl.
+	// A process shut down gracefully retires its own row and is not counted.
 	DeadInstances prometheus.Counter
 	ActiveCalls   prometheus.Gauge
 	// RequestBodyBytes is what the request bodies held now count against limits.max_body_memory.
@@ -89,7 +90,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		Reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_reconciled_total",
 			Help: "Expired holds handled by the reconciler, by outcome."}, []string{"outcome"}),
 		DeadInstances: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_dead_instances_total",
-			Help: "Gateway processes found dead (heartbeat stopped for holds.dead_instance_after) or shut down, whose holds this process's reconciler brought in."}),
+			Help: "Gateway processes this process's reconciler declared dead (heartbeat in the database stopped for holds.dead_instance_after); their calls' holds are settled then, not at hold_ttl."}),
 		ActiveCalls: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_active_calls",
 			Help: "Model calls being forwarded now."}),
 		RequestBodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_request_body_bytes",

@@ -18,6 +18,8 @@ func TestReconcileOnceSaysWhichBoundStoppedIt(t *testing.T) {
 		{holds.Stats{Scanned: 10000, Batches: 50, Truncated: true, StoppedAt: holds.StopBatchLimit}, "stopped at the batch limit; run again", "time budget"},
 		{holds.Stats{Scanned: 7, Batches: 1, Truncated: true, StoppedAt: holds.StopTimeBudget}, "stopped at the time budget; run again", "batch limit"},
 		{holds.Stats{Scanned: 3, Batches: 1}, "charged 0 credits", "stopped"},
+		{holds.Stats{Scanned: 3, Batches: 1, ChargedHeld: 2, BroughtIn: 2}, "; 2 of them holds of dead gateway processes", "stopped"},
+		{holds.Stats{Scanned: 3, Batches: 1, ChargedHeld: 2}, "charged 0 credits", "dead gateway"},
 	} {
 		got := passSummary(tc.st, 1_000_000)
 		if !strings.Contains(got, tc.want) || strings.Contains(got, tc.miss) {

@@ -92,8 +92,8 @@ type reconcilerDeps struct {
 	onOutcome func(string)
 	// self is the serving process's instance; nil for an operator's one-off pass, which then
 	// declares no instance dead (holds.ReconcilerConfig.Self).
-	self           *holds.Instance
-	onDeadInstance func()
+	self            *holds.Instance
+	onDeadInstances func(int)
 }
 
 // newReconciler wires the reconciler of DESIGN §5 from config.
@@ -110,16 +110,17 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 		Refusals: tally,
 		Lock:     redisLock{rdb: d.rdb, key: d.keys.ReconcileLock(), instance: d.cfg.Instance, ttl: d.cfg.Holds.ReconcileLockTTL},
 		Log:      e.log.Named("reconcile"),
-		// A leased run past its expiry is a call longer than its TTL; one more hold TTL is
-		// what admission would have given it.
-		ExtendBy:       d.cfg.Holds.HoldTTL,
-		Interval:       d.cfg.Holds.ReconcileInterval,
-		Batch:          d.cfg.Holds.ReconcileBatch,
-		PriceSnapshot:  snapshotFunc(prices),
-		OnOutcome:      d.onOutcome,
-		DeadAfter:      d.cfg.Holds.DeadInstanceBound(),
-		Self:           d.self,
-		OnDeadInstance: d.onDeadInstance,
+		// A leased run past its expiry is a call longer than its TTL; one more hold TTL (run
+		// TTL for a named run) is what admission would have given it.
+		ExtendBy:        d.cfg.Holds.HoldTTL,
+		ExtendRunBy:     d.cfg.Holds.RunTTL,
+		Interval:        d.cfg.Holds.ReconcileInterval,
+		Batch:           d.cfg.Holds.ReconcileBatch,
+		PriceSnapshot:   snapshotFunc(prices),
+		OnOutcome:       d.onOutcome,
+		DeadAfter:       d.cfg.Holds.DeadInstanceBound(),
+		Self:            d.self,
+		OnDeadInstances: d.onDeadInstances,
 	}), nil
 }
 

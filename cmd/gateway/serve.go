@@ -52,7 +52,7 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	keys := redisKeys(cfg)
 	store := e.store()
 	// Registered before serving, so that every hold this process admits names it.
-	self, err := store.RegisterInstance(ctx, cfg.Instance, cfg.Holds.HeartbeatInterval, e.log)
+	self, err := store.RegisterInstance(ctx, cfg.Instance, cfg.Holds.HeartbeatInterval, cfg.Holds.DeadInstanceBound(), e.log)
 	if err != nil {
 		return err
 	}
@@ -75,7 +75,7 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 				metrics.ReconcileHold.Inc()
 			}
 		},
-		onDeadInstance: metrics.DeadInstances.Inc})
+		onDeadInstances: func(n int) { metrics.DeadInstances.Add(float64(n)) }})
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,12 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	// reconciler may as well keep settling; both stop when serve returns.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
-	go self.Run(bg)
+	// The instance beats until Retire, not until serve returns: a beat after Retire would find
+	// the row dead and register a new one that nothing retires.
+	beat, stopBeat := context.WithCancel(bg)
+	defer stopBeat()
+	beatDone := make(chan struct{})
+	go func() { defer close(beatDone); self.Run(beat) }()
 	go leases.Run(bg)
 	go rec.Run(bg)
 
@@ -146,10 +151,12 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	}
 	// Retired, the process's row tells the next reconcile pass to settle any hold it left
 	// (a settlement that failed in the drain) now rather than at the hold's expiry.
-	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer rcancel()
-	if err := self.Retire(rctx); err != nil {
-		e.log.Warn("instance not retired; the reconciler finds it dead once its heartbeat is stale", zap.Error(err))
+	// Within the exit's bound, as the settlements: past it (the database frozen) the row is
+	// found dead once its beat is stale instead.
+	stopBeat()
+	<-beatDone
+	if err := self.Retire(wctx); err != nil {
+		e.log.Warn("instance not retired; another process finds it dead once its heartbeat is stale", zap.Error(err))
 	}
 	e.log.Info("gateway stopped")
 	return nil
@@ -201,6 +208,11 @@ func passSummary(st holds.Stats, creditMicro int64) string {
 	s := fmt.Sprintf("reconcile: scanned %d in %d batches: %d settled from tally, %d released, %d charged at hold, %d extended (leased), %d already settled, %d errors; charged %s credits",
 		st.Scanned, st.Batches, st.FromTally, st.Released, st.ChargedHeld, st.Extended, st.AlreadySettled, st.Errors,
 		pricing.FormatCredits(st.ChargedMicro, creditMicro))
+	if st.BroughtIn > 0 {
+		// Holds of processes found dead (or shut down) before this pass, settled before their
+		// expiry: the counts above include them.
+		s += fmt.Sprintf("; %d of them holds of dead gateway processes, brought in before their expiry", st.BroughtIn)
+	}
 	if st.Truncated {
 		s += fmt.Sprintf(" (stopped at the %s; run again)", st.StoppedAt)
 	}
