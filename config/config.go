@@ -78,10 +78,12 @@ type Holds struct {
 	ReconcileLockTTL  time.Duration `yaml:"reconcile_lock_ttl"`
 	ReconcileBatch    int           `yaml:"reconcile_batch"`
 	TallyTTL          time.Duration `yaml:"tally_ttl"`
+	// FindDeadInstances keeps this process's row in the database (holds.Instance) and has its
+	// reconciler settle the holds of processes found dead without waiting for hold_ttl. Off,
+	// its holds wait for their expiry if it is killed, and it sweeps nobody's.
+	FindDeadInstances bool `yaml:"find_dead_instances"`
 	// DeadInstanceAfter is how long a process's heartbeat in the database may stop before a
-	// reconciler declares it dead and settles its calls' holds without waiting for hold_ttl
-	// (holds.Instance). 0: DeadInstanceBound derives it. At or past hold_ttl it changes
-	// nothing: the holds expire first.
+	// reconciler declares it dead. 0: DeadInstanceBound derives it.
 	DeadInstanceAfter time.Duration `yaml:"dead_instance_after"`
 }
 
@@ -99,12 +101,12 @@ func (h Holds) DeadInstanceBound() time.Duration {
 	return max(DefaultDeadInstanceAfter, h.leastDeadInstanceAfter())
 }
 
-// leastDeadInstanceAfter is the shortest dead-instance bound the heartbeat settings allow. A
-// process declared dead while its leases live has its holds extended by hold_ttl, not
-// settled: the bound must outlast the leases of its last heartbeat. And a hold is brought in
-// only if admitted before its process's last beat plus the gap its beats allow (two intervals
-// and a beat's 5 s bound, holds.Instance): one heartbeat more, and a live process has written
-// the lease of every such call.
+// leastDeadInstanceAfter is the shortest dead-instance bound the heartbeat settings allow. The
+// holds of a process declared dead while its leases live are left to their expiry: the bound
+// must outlast the leases of its last heartbeat, or a killed process's calls wait for their
+// expiry after all. And a hold is brought in only if admitted before its process's last beat
+// plus the gap its beats allow (two intervals and a beat's 5 s bound, holds.Instance): one
+// heartbeat more, and a live process has written the lease of every such call.
 func (h Holds) leastDeadInstanceAfter() time.Duration {
 	return max(h.LeaseTTL+2*h.HeartbeatInterval, 3*h.HeartbeatInterval+5*time.Second)
 }
@@ -365,6 +367,7 @@ func Default() *Config {
 			ReconcileLockTTL:  50 * time.Second,
 			ReconcileBatch:    200,
 			TallyTTL:          48 * time.Hour,
+			FindDeadInstances: true,
 		},
 		Dedup: Dedup{Window: 5 * time.Second, ReplayTTL: 24 * time.Hour, MaxReplayLen: 1 << 20},
 		Plans: map[string]Plan{

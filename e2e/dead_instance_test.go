@@ -78,6 +78,27 @@ func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 		}
 	}
 
+	// A gateway that does not take part keeps no row and stamps nothing: its holds wait for
+	// their expiry, as before the rows existed.
+	off := w.startGatewayWith("gw-off", w.writeConfig(map[string]string{"holds.hold_ttl": holdTTL.String(), "holds.run_ttl": holdTTL.String(),
+		"holds.tally_ttl": "2h", "holds.find_dead_instances": "false"}))
+	offRun, _ := completeCall(t, off, key, chatBody(false, 10, "not taking part"), nil)
+	waitFor(t, 10*time.Second, "the call on gw-off to settle", func() bool { return w.hold(offRun).State == holds.StateSettled })
+	var stamped, offRows int
+	if err := w.db.Get(&stamped, "SELECT COUNT(*) FROM run_holds WHERE run_id = ? AND served_by IS NOT NULL", offRun); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.db.Get(&offRows, "SELECT COUNT(*) FROM instances WHERE name = 'gw-off'"); err != nil {
+		t.Fatal(err)
+	}
+	if stamped != 0 || offRows != 0 {
+		t.Errorf("gw-off: %d holds stamped, %d instance rows; want none", stamped, offRows)
+	}
+	off.signal(t, syscall.SIGTERM)
+	if err := off.wait(t, 30*time.Second); err != nil {
+		t.Fatalf("gw-off after SIGTERM: %v", err)
+	}
+
 	b.signal(t, syscall.SIGTERM)
 	if err := b.wait(t, 30*time.Second); err != nil {
 		t.Fatalf("gw-b after SIGTERM: %v", err)

@@ -178,6 +178,14 @@ func TestDeadInstanceHoldsSettledBeforeTheirExpiry(t *testing.T) {
 	if err := dead.Beat(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
+	// Its call, settled under it at its hold, ends now: its own settlement changes nothing.
+	used := e.usedToday(u)
+	if res, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: lost.RunID, UserID: u.ID, CostMicro: 1_234, Source: holds.SourceComplete}); err != nil || res.Applied {
+		t.Errorf("the resumed call's own settlement: %+v, %v; want nothing applied", res, err)
+	}
+	if got := e.usedToday(u); got != used {
+		t.Errorf("day ledger %d after the resumed call's settlement, want %d", got, used)
+	}
 	if dead.ID() == deadID {
 		t.Fatal("a process declared dead beat on under its dead id")
 	}
@@ -227,8 +235,25 @@ func TestDeadInstancesDeclaredOnlyByAProcessThatBeat(t *testing.T) {
 			t.Errorf("%s declared a process dead: %+v", name, row)
 		}
 	}
+	// The database clock steps forward past the bound: every beat looks stale, the declaring
+	// process's own last one too, though its local clock says it beat without a gap. It
+	// declares nobody dead until its own beat is fresh again.
+	stepped, err := e.store.RegisterInstance(e.ctx(), "stepped", 50*time.Millisecond, 0, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitBeating(t, stepped, 100*time.Millisecond)
+	e.age(stepped.ID(), 2*deadBound)
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Self = 100*time.Millisecond, stepped })
+	if st, err := e.pass(rec); err != nil || st.DeadInstances != 0 {
+		t.Errorf("a process whose own beat is stale by the database clock: %+v, %v; want nobody declared dead", st, err)
+	}
+	if err := stepped.Retire(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+
 	waitBeating(t, self, 100*time.Millisecond)
-	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Self = 100*time.Millisecond, self })
+	rec = e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Self = 100*time.Millisecond, self })
 	if st, err := e.pass(rec); err != nil || st.DeadInstances != 1 || st.ChargedHeld != 1 {
 		t.Errorf("a process that beat all along: %+v, %v; want the silent one declared dead and its call charged its hold", st, err)
 	}

@@ -30,8 +30,11 @@ const maxDeadPerPass = 100
 func (r *Reconciler) sweepDead(ctx context.Context, stopAt time.Time) (declared, brought int, err error) {
 	ctx, cancel := context.WithDeadline(ctx, stopAt)
 	defer cancel()
-	declare := r.cfg.Self != nil && r.cfg.Self.BeatingFor() >= r.cfg.DeadAfter
-	n, dead, err := r.cfg.Store.declareDead(ctx, declare, r.cfg.DeadAfter, maxDeadPerPass)
+	self := ""
+	if r.cfg.Self != nil && r.cfg.Self.BeatingFor() >= r.cfg.DeadAfter {
+		self = r.cfg.Self.ID()
+	}
+	n, dead, err := r.cfg.Store.declareDead(ctx, self, r.cfg.DeadAfter, maxDeadPerPass)
 	declared = int(n)
 	if declared > 0 && r.cfg.OnDeadInstances != nil {
 		r.cfg.OnDeadInstances(declared)
@@ -55,7 +58,8 @@ func (r *Reconciler) sweepDead(ctx context.Context, stopAt time.Time) (declared,
 
 // sweepOne brings in the unleased live holds of one dead instance and marks it swept when it
 // has none left. left reports that this pass stopped before the end of its holds (the batch
-// limit); the rest wait for the next pass.
+// limit); the rest wait for the next pass. A row kept unswept by leased holds is read again
+// each pass, until its calls end (a paused process's, or one cut off from the database).
 func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int) (brought int, left bool, err error) {
 	log := r.cfg.Log.Named(MoneyLog).With(zap.String("instance_id", d.ID), zap.String("instance", d.Name),
 		zap.Time("beat_at", d.BeatAt), zap.Time("dead_at", d.DeadAt), zap.Bool("retired", d.Retired))
@@ -68,23 +72,26 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 		*batches++
 		runs, err := r.cfg.Store.liveHoldsOf(ctx, d, after, r.cfg.Batch)
 		if err != nil {
-			return brought, false, fmt.Errorf("sweep dead instance %s: %w", d.ID, err)
+			return brought, false, err
 		}
 		for _, runID := range runs {
 			after = runID
-			ok, err := r.cfg.Leases.Exists(ctx, runID)
+			hasLease, err := r.cfg.Leases.Exists(ctx, runID)
 			if err != nil {
 				return brought, false, fmt.Errorf("sweep dead instance %s: %w", d.ID, err)
 			}
-			if ok {
-				// A live process serves it: left to its own expiry, which the scan extends
-				// while the lease lives. The instance is looked at again next pass.
+			if hasLease {
+				// A live process serves it (the dead one paused, or cut off from the database,
+				// or a call it left still ending): left to its own expiry, which the scan
+				// extends while the lease lives.
 				leased++
 				continue
 			}
-			if ok, err = r.cfg.Store.bringIn(ctx, runID, d.ID); err != nil {
-				return brought, false, fmt.Errorf("sweep dead instance %s: %w", d.ID, err)
-			} else if ok {
+			live, err := r.cfg.Store.bringIn(ctx, runID, d.ID)
+			if err != nil {
+				return brought, false, err
+			}
+			if live {
 				brought++
 			}
 		}
@@ -94,7 +101,7 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 	}
 	switch {
 	case leased > 0:
-		log.Info("reconcile: holds of a dead instance still leased; left to their expiry, looked at again next pass",
+		log.Debug("reconcile: holds of a dead instance still leased; left to their expiry, looked at again next pass",
 			zap.Int("leased", leased), zap.Int("brought_in", brought))
 		return brought, false, nil
 	case brought > 0 && !d.Retired:
@@ -105,8 +112,123 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 	default:
 		log.Info("reconcile: dead instance left no live hold")
 	}
-	if err := r.cfg.Store.markSwept(ctx, d.ID); err != nil {
-		return brought, false, fmt.Errorf("sweep dead instance %s: %w", d.ID, err)
+	return brought, false, r.cfg.Store.markSwept(ctx, d.ID)
+}
+
+// deadInstance is an instance row declared dead (or retired) and not yet swept.
+type deadInstance struct {
+	ID       string    `db:"id"`
+	Name     string    `db:"name"`
+	BeatAt   time.Time `db:"beat_at"`
+	MaxGapUS int64     `db:"max_gap_us"`
+	DeadAt   time.Time `db:"dead_at"`
+	Retired  bool      `db:"retired"`
+}
+
+// lastAlive is the latest moment the process may have been alive and admitting: its last
+// beat plus the gap its beats allow, or its declaration if that came sooner (a row retired
+// at shutdown). A hold admitted after it shows the process was alive after its beats
+// stopped: its beats failed, it did not die.
+func (d deadInstance) lastAlive() time.Time {
+	return minTime(d.DeadAt, d.BeatAt.Add(time.Duration(d.MaxGapUS)*time.Microsecond))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
 	}
-	return brought, false, nil
+	return a
+}
+
+// declareDead, when self names the declaring process, marks dead every row whose beat is
+// older than the longer of after and the row's own bound; it returns how many it marked, and
+// the rows dead and not yet swept (these, earlier ones and those retired at shutdown), oldest
+// first, at most limit. The declaring process's own row must have beaten within its gap by
+// the database clock: a database clock stepped forward past the bound makes every beat look
+// stale until the next round of beats, its own too.
+func (s *Store) declareDead(ctx context.Context, self string, after time.Duration, limit int) (declared int64, dead []deadInstance, err error) {
+	if self != "" {
+		var fresh bool
+		if err := s.db.GetContext(ctx, &fresh, `SELECT COUNT(*) > 0 FROM instances
+			WHERE id = ? AND dead_at IS NULL AND beat_at >= NOW(6) - INTERVAL max_gap_us MICROSECOND`, self); err != nil {
+			return 0, nil, fmt.Errorf("declare dead instances: own beat: %w", err)
+		}
+		if fresh {
+			res, err := s.db.ExecContext(ctx, `UPDATE instances SET dead_at = NOW(6)
+				WHERE dead_at IS NULL AND beat_at < NOW(6) - INTERVAL GREATEST(?, dead_after_us) MICROSECOND`, after.Microseconds())
+			if err != nil {
+				return 0, nil, fmt.Errorf("declare dead instances: %w", err)
+			}
+			if declared, err = res.RowsAffected(); err != nil {
+				return 0, nil, fmt.Errorf("declare dead instances: %w", err)
+			}
+		}
+	}
+	if err := s.db.SelectContext(ctx, &dead, `SELECT id, name, beat_at, max_gap_us, dead_at, retired FROM instances
+		WHERE dead_at IS NOT NULL AND swept_at IS NULL ORDER BY dead_at, id LIMIT ?`, limit); err != nil {
+		return declared, nil, fmt.Errorf("list dead instances: %w", err)
+	}
+	return declared, dead, nil
+}
+
+// liveHoldsOf lists up to limit one-call holds the dead instance admitted while it was alive
+// (lastAlive) that have not expired, by run id after the given one. Those it admitted later
+// wait for their expiry. Named runs are left alone: they live between their calls until
+// run_ttl, and other processes may serve them. There is no index on served_by (every admission
+// would pay for it): the live holds are read on the (state, expires_at) index, few.
+func (s *Store) liveHoldsOf(ctx context.Context, dead deadInstance, after string, limit int) ([]string, error) {
+	var runs []string
+	if err := s.db.SelectContext(ctx, &runs, `SELECT run_id FROM run_holds
+		WHERE state IN ('queued', 'running') AND expires_at > NOW(6) AND served_by = ? AND client_run_id IS NULL AND created_at < ?
+		AND run_id > ? ORDER BY run_id LIMIT ?`, dead.ID, dead.lastAlive(), after, limit); err != nil {
+		return nil, fmt.Errorf("holds of dead instance %s: %w", dead.ID, err)
+	}
+	return runs, nil
+}
+
+// bringIn brings in the expiry of one hold of a dead instance, so that the reconciler's expired
+// scan handles it as it does any expired hold; it reports whether the hold was still live. It
+// locks that one row for one statement, as Extend does: the batch transactions lock users
+// before holds, and a statement holding several hold rows could wait on one of them while it
+// holds another they want. Like Extend it takes no user lock: an admission's aggregate reads
+// the hold's expiry before or after the change, either a state that was true (the hold still
+// counts against the balance; only whether it takes an in-flight slot changes).
+func (s *Store) bringIn(ctx context.Context, runID, deadID string) (bool, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = LEAST(expires_at, NOW(6))
+		WHERE run_id = ? AND served_by = ? AND state IN ('queued', 'running') AND client_run_id IS NULL`, runID, deadID)
+	if err != nil {
+		return false, fmt.Errorf("bring in %s of dead instance %s: %w", runID, deadID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("bring in %s of dead instance %s: %w", runID, deadID, err)
+	}
+	return n == 1, nil
+}
+
+// markSwept records that every hold of a dead instance has been brought in (or settled).
+func (s *Store) markSwept(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, "UPDATE instances SET swept_at = NOW(6) WHERE id = ? AND swept_at IS NULL", id); err != nil {
+		return fmt.Errorf("mark dead instance %s swept: %w", id, err)
+	}
+	return nil
+}
+
+// InstanceKeep is how long the row of a dead instance is kept after its sweep, for an operator
+// asking which process died when (and so that the process, if it was only paused, finds its
+// row dead rather than gone; either way it registers anew).
+const InstanceKeep = 24 * time.Hour
+
+// pruneInstances deletes up to limit rows swept more than InstanceKeep ago.
+func (s *Store) pruneInstances(ctx context.Context, limit int) (int64, error) {
+	res, err := s.db.ExecContext(ctx, "DELETE FROM instances WHERE swept_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?",
+		InstanceKeep.Microseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune dead instances: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("prune dead instances: %w", err)
+	}
+	return n, nil
 }

@@ -7,7 +7,8 @@
 -- plus the longest gap its beats allow are brought in: a hold admitted later shows its process
 -- was alive after its beat stopped (its beats failing, not the process dead), and waits for its
 -- expiry. A process that finds its row declared dead registers a new one; one shut down
--- gracefully marks its own row dead (retired), so a hold its drain left is swept at once.
+-- gracefully marks its own row dead (retired), so a hold its drain left is swept at the next
+-- pass once its lease has lapsed.
 -- served_by is NULL on holds admitted before this column, by a gateway of the version before
 -- it, or by tools: those wait for their expiry, as before. Instant column, no index (the sweep
 -- reads the live holds, few, on the (state, expires_at) index): every admission and settlement

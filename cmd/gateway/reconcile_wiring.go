@@ -118,7 +118,7 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 		Batch:           d.cfg.Holds.ReconcileBatch,
 		PriceSnapshot:   snapshotFunc(prices),
 		OnOutcome:       d.onOutcome,
-		DeadAfter:       d.cfg.Holds.DeadInstanceBound(),
+		DeadAfter:       deadAfter(d.cfg.Holds),
 		Self:            d.self,
 		OnDeadInstances: d.onDeadInstances,
 	}), nil
@@ -139,4 +139,13 @@ func snapshotFunc(prices *pricing.Table) func(string) []byte {
 		}
 		return p.Snapshot(key)
 	}
+}
+
+// deadAfter is the reconciler's dead-instance bound: 0, no sweep at all, when the process
+// does not take part (holds.find_dead_instances off).
+func deadAfter(h config.Holds) time.Duration {
+	if !h.FindDeadInstances {
+		return 0
+	}
+	return h.DeadInstanceBound()
 }

@@ -52,11 +52,13 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	keys := redisKeys(cfg)
 	store := e.store()
 	// Registered before serving, so that every hold this process admits names it.
-	self, err := store.RegisterInstance(ctx, cfg.Instance, cfg.Holds.HeartbeatInterval, cfg.Holds.DeadInstanceBound(), e.log)
-	if err != nil {
-		return err
+	var self *holds.Instance
+	if cfg.Holds.FindDeadInstances {
+		if self, err = store.RegisterInstance(ctx, cfg.Instance, cfg.Holds.HeartbeatInterval, cfg.Holds.DeadInstanceBound(), e.log); err != nil {
+			return err
+		}
+		e.log.Info("instance registered", zap.String("instance_id", self.ID()))
 	}
-	e.log.Info("instance registered", zap.String("instance_id", self.ID()))
 	leases := runstate.NewLeases(e.rdb, keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, e.log)
 	// One set of metrics for the proxy and the reconciler, so /metrics shows both.
 	metrics := proxy.NewMetrics(nil)
@@ -89,7 +91,12 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	beat, stopBeat := context.WithCancel(bg)
 	defer stopBeat()
 	beatDone := make(chan struct{})
-	go func() { defer close(beatDone); self.Run(beat) }()
+	go func() {
+		defer close(beatDone)
+		if self != nil {
+			self.Run(beat)
+		}
+	}()
 	go leases.Run(bg)
 	go rec.Run(bg)
 
@@ -155,8 +162,10 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	// found dead once its beat is stale instead.
 	stopBeat()
 	<-beatDone
-	if err := self.Retire(wctx); err != nil {
-		e.log.Warn("instance not retired; another process finds it dead once its heartbeat is stale", zap.Error(err))
+	if self != nil {
+		if err := self.Retire(wctx); err != nil {
+			e.log.Warn("instance not retired; another process finds it dead once its heartbeat is stale", zap.Error(err))
+		}
 	}
 	e.log.Info("gateway stopped")
 	return nil
