@@ -175,7 +175,9 @@ func (s *Store) declareDead(ctx context.Context, self string, after time.Duratio
 // (lastAlive) that have not expired, by run id after the given one. Those it admitted later
 // wait for their expiry. Named runs are left alone: they live between their calls until
 // run_ttl, and other processes may serve them. There is no index on served_by (every admission
-// would pay for it): the live holds are read on the (state, expires_at) index, few.
+// and settlement would pay for it): each dead row not yet swept reads the unexpired live holds
+// on the (state, expires_at) index, a row lookup each — a cost that grows with the calls in
+// flight and the named runs alive, not with the table — once a pass.
 func (s *Store) liveHoldsOf(ctx context.Context, dead deadInstance, after string, limit int) ([]string, error) {
 	var runs []string
 	if err := s.db.SelectContext(ctx, &runs, `SELECT run_id FROM run_holds
