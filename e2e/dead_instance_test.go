@@ -121,3 +121,51 @@ func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 		t.Errorf("day ledger %d, want the sum of settled charges %d", got, total)
 	}
 }
+
+// TestProcessCutOffFromTheDatabaseIsNotChargedAsDead: a gateway cut off from MariaDB alone (its
+// packets dropped) stops beating and is declared dead by the other, but its stream keeps its
+// lease in Redis, so its hold is left alone: no settlement under it, its expiry unchanged.
+// Once the database is back the stream ends and its own process settles it at what it used,
+// and the process, finding its row dead, registers a new one.
+func TestProcessCutOffFromTheDatabaseIsNotChargedAsDead(t *testing.T) {
+	w := newWorld(t)
+	_, key := w.user("cut-off", 3, nil)
+	const holdTTL = 10 * time.Minute
+	cfg := w.writeConfig(map[string]string{"holds.hold_ttl": holdTTL.String(), "holds.run_ttl": holdTTL.String(),
+		"holds.tally_ttl": "2h", "holds.dead_instance_after": "8s"})
+	w.startGatewayWith("gw-b", cfg)
+	f := newFreezer(t, w.mysqlAddr())
+	a := w.startGatewayWith("gw-a", cfg, "MYSQL_DSN="+w.dsnVia(f))
+
+	s := startStream(t, a, key, 1200, 20*time.Millisecond, nil)
+	waitFor(t, 10*time.Second, "the stream's lease", func() bool { return len(w.leaseKeys()) == 1 })
+	before := w.hold(s.runID)
+	f.freeze()
+	waitFor(t, 30*time.Second, "gw-a declared dead", func() bool {
+		var dead int
+		_ = w.db.Get(&dead, "SELECT COUNT(*) FROM instances WHERE name = 'gw-a' AND dead_at IS NOT NULL")
+		return dead == 1
+	})
+	// gw-b passes every second (testReconcile); three more passes find the stream leased.
+	time.Sleep(3 * testReconcile)
+	if r := w.hold(s.runID); r.State != holds.StateRunning || !r.ExpiresAt.Equal(before.ExpiresAt) {
+		t.Fatalf("stream of a process cut off from the database: %s by %q, expiring %v (was %v); want running, untouched",
+			r.State, r.SettleSource.String, r.ExpiresAt, before.ExpiresAt)
+	}
+	f.thaw()
+	<-s.done
+	if s.err != nil || s.chunks < 1200 {
+		t.Fatalf("stream ended with %v after %d of 1200 events, want its whole answer", s.err, s.chunks)
+	}
+	waitFor(t, 30*time.Second, "the stream's settlement", func() bool { return w.hold(s.runID).State == holds.StateSettled })
+	r := w.hold(s.runID)
+	if r.SettleSource.String != holds.SourceComplete || r.Estimated || r.ChargedMicro != r.CostMicro || r.CostMicro == r.HeldMicro {
+		t.Errorf("stream settled by %q (estimated %v) charged %d of cost %d, held %d; want its own complete settlement at its cost",
+			r.SettleSource.String, r.Estimated, r.ChargedMicro, r.CostMicro, r.HeldMicro)
+	}
+	waitFor(t, 30*time.Second, "gw-a registered again", func() bool {
+		var alive int
+		_ = w.db.Get(&alive, "SELECT COUNT(*) FROM instances WHERE name = 'gw-a' AND dead_at IS NULL")
+		return alive == 1
+	})
+}
