@@ -20,9 +20,7 @@ import (
 func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("sidecar", 2, nil)
-	const holdTTL = 10 * time.Minute
-	cfg := w.writeConfig(map[string]string{"holds.hold_ttl": holdTTL.String(), "holds.run_ttl": holdTTL.String(),
-		"holds.tally_ttl": "2h", "holds.dead_instance_after": "8s"})
+	cfg := w.longHoldsConfig("holds.dead_instance_after", "8s")
 	b := w.startGatewayWith("gw-b", cfg) // beats all along, so its reconciler may declare others dead
 	a := w.startGatewayWith("gw-a", cfg)
 
@@ -47,7 +45,7 @@ func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 		if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != r.HeldMicro {
 			t.Errorf("killed call %s: %q charged %d, want reconcile_hold at its hold %d", id, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
 		}
-		t.Logf("MEASURED: killed call %s settled %v after the SIGKILL (hold_ttl %v)", id, r.SettledAt.Time.Sub(killAt).Round(time.Millisecond), holdTTL)
+		t.Logf("MEASURED: killed call %s settled %v after the SIGKILL (hold_ttl %v)", id, r.SettledAt.Time.Sub(killAt).Round(time.Millisecond), longHoldTTL)
 	}
 
 	// The caller's slots are free: two calls at once are served, and the key's retry runs as
@@ -80,8 +78,7 @@ func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 
 	// A gateway that does not take part keeps no row and stamps nothing: its holds wait for
 	// their expiry, as before the rows existed.
-	off := w.startGatewayWith("gw-off", w.writeConfig(map[string]string{"holds.hold_ttl": holdTTL.String(), "holds.run_ttl": holdTTL.String(),
-		"holds.tally_ttl": "2h", "holds.find_dead_instances": "false"}))
+	off := w.startGatewayWith("gw-off", w.longHoldsConfig("holds.find_dead_instances", "false"))
 	offRun, _ := completeCall(t, off, key, chatBody(false, 10, "not taking part"), nil)
 	waitFor(t, 10*time.Second, "the call on gw-off to settle", func() bool { return w.hold(offRun).State == holds.StateSettled })
 	var stamped, offRows int
@@ -130,9 +127,7 @@ func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 func TestProcessCutOffFromTheDatabaseIsNotChargedAsDead(t *testing.T) {
 	w := newWorld(t)
 	_, key := w.user("cut-off", 3, nil)
-	const holdTTL = 10 * time.Minute
-	cfg := w.writeConfig(map[string]string{"holds.hold_ttl": holdTTL.String(), "holds.run_ttl": holdTTL.String(),
-		"holds.tally_ttl": "2h", "holds.dead_instance_after": "8s"})
+	cfg := w.longHoldsConfig("holds.dead_instance_after", "8s")
 	w.startGatewayWith("gw-b", cfg)
 	f := newFreezer(t, w.mysqlAddr())
 	a := w.startGatewayWith("gw-a", cfg, "MYSQL_DSN="+w.dsnVia(f))
@@ -168,4 +163,16 @@ func TestProcessCutOffFromTheDatabaseIsNotChargedAsDead(t *testing.T) {
 		_ = w.db.Get(&alive, "SELECT COUNT(*) FROM instances WHERE name = 'gw-a' AND dead_at IS NULL")
 		return alive == 1
 	})
+}
+
+// longHoldTTL is the hold_ttl and run_ttl of longHoldsConfig: past any of these tests, so that
+// a hold settled while they run was settled because its process was found dead.
+const longHoldTTL = 10 * time.Minute
+
+// longHoldsConfig is a config file with holds of longHoldTTL (and the tally's TTL to match)
+// and one more setting.
+func (w *world) longHoldsConfig(key, value string) string {
+	w.t.Helper()
+	return w.writeConfig(map[string]string{"holds.hold_ttl": longHoldTTL.String(), "holds.run_ttl": longHoldTTL.String(),
+		"holds.tally_ttl": "2h", key: value})
 }
