@@ -122,8 +122,9 @@ type ReconcilerConfig struct {
 	// process.
 	DeadAfter time.Duration
 	// Self is this process's Instance: a pass declares others dead only once Self has beaten
-	// without a gap for DeadAfter (Instance.BeatingFor). Nil (an operator's one-off pass): no
-	// instance is declared dead, though those declared before are still swept.
+	// without a gap for DeadAfter (Instance.BeatingFor) and its last beat is fresh by the
+	// database clock. Nil (an operator's one-off pass): no instance is declared dead, though
+	// those declared before, or retired, are still swept.
 	Self *Instance
 	// OnDeadInstances, when set, is told how many instances a pass declared dead (for
 	// metrics); retired ones are not counted.
@@ -250,12 +251,14 @@ func (r *Reconciler) RunForced(ctx context.Context) (Stats, error) { return r.pa
 // claim: the pause between two messages of one conversation, generously.
 const SessionPruneIdle = 10 * time.Minute
 
-// pass settles expired holds, then prunes sessions that have ended. A prune that fails is
-// logged and tried again on the next pass: the rows it left cost room, not money.
+// pass brings in the holds of dead instances (DeadAfter), settles expired holds, then prunes
+// sessions that have ended. A sweep or a prune that fails is logged and tried again on the
+// next pass: what the sweep left waits a pass longer, what the prune left costs room.
 func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
 	start := time.Now()
-	declared, brought, derr := 0, 0, error(nil)
+	var declared, brought int
 	if r.cfg.DeadAfter > 0 {
+		var derr error
 		// A quarter of the pass's budget, taken from the scan's: the pass still ends within the
 		// budget and one hold's work, inside the reconcile lock.
 		declared, brought, derr = r.sweepDead(ctx, start.Add(r.cfg.PassBudget/4))
