@@ -1,5 +1,6 @@
 // Package admin is tollgate's operator API, mounted at /admin: users, keys, grants, balances,
-// runs and usage reports — the same operations as the gateway's subcommands.
+// runs, usage reports and the gateway processes' rows — the same operations as the gateway's
+// subcommands.
 //
 // It authenticates with its own token, never with a user's API key, compared in constant
 // time. With no token configured it answers 404 to everything: an admin API that anyone
@@ -92,6 +93,7 @@ func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) h
 	r.Get("/users/{name}/balance", h.balance)
 	r.Post("/keys/revoke", h.revokeKey)
 	r.Get("/runs", h.listRuns)
+	r.Get("/instances", h.listInstances)
 	r.Get("/reports/usage", h.usageReport)
 	return r
 }

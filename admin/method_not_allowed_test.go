@@ -28,6 +28,7 @@ var adminRoutes = map[string][]string{
 	"/keys/revoke":              {"POST"},
 	"/runs":                     {"GET"},
 	"/reports/usage":            {"GET"},
+	"/instances":                {"GET"},
 }
 
 // TestWrongMethodIs405WithAllow: a wrong method on an admin route got 405 without the Allow

@@ -87,6 +87,21 @@ func (v Views) Grant(user string, g holds.Grant, replayed bool) map[string]any {
 		"created_at": g.CreatedAt, "replayed": replayed}
 }
 
+// Instance is a gateway process's row: its state (alive, silent, dead, retired), when it
+// started and last beat, and, once they happened, when it was declared dead (or retired) and
+// when every hold it left was brought in.
+func (v Views) Instance(in holds.InstanceRow) map[string]any {
+	out := map[string]any{"object": "instance", "id": in.ID, "name": in.Name, "state": in.State(),
+		"started_at": in.StartedAt, "beat_at": in.BeatAt}
+	if in.DeadAt.Valid {
+		out["dead_at"] = in.DeadAt.Time
+	}
+	if in.SweptAt.Valid {
+		out["swept_at"] = in.SweptAt.Time
+	}
+	return out
+}
+
 // GrantBelowZero words a refused refund in credits, as the grant was asked in.
 func (v Views) GrantBelowZero(e *holds.GrantBelowZeroError) string {
 	c := func(m int64) string { return pricing.FormatCredits(m, v.CreditMicro) }

@@ -63,7 +63,7 @@ func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 	if got := metricValue(metrics, "tollgate_dead_instances_total"); got != 1 {
 		t.Errorf("gw-b tollgate_dead_instances_total = %v, want 1", got)
 	}
-	rows, err := w.store.Instances(context.Background(), 10)
+	rows, err := w.store.ListInstances(context.Background(), "", 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 	if err := b.wait(t, 30*time.Second); err != nil {
 		t.Fatalf("gw-b after SIGTERM: %v", err)
 	}
-	rows, err = w.store.Instances(context.Background(), 10)
+	rows, err = w.store.ListInstances(context.Background(), "", 10)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func (e *storeEnv) age(instanceID string, d time.Duration) {
 
 func (e *storeEnv) instance(id string) holds.InstanceRow {
 	e.t.Helper()
-	rows, err := e.store.Instances(e.ctx(), 100)
+	rows, err := e.store.ListInstances(e.ctx(), "", 100)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestRetiredInstanceStaysRetired(t *testing.T) {
 	}
 	cancel()
 	<-done
-	rows, err := e.store.Instances(e.ctx(), 10)
+	rows, err := e.store.ListInstances(e.ctx(), "", 10)
 	if err != nil {
 		t.Fatal(err)
 	}

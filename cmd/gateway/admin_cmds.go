@@ -35,9 +35,10 @@ const adminUsage = `  user list      [-after NAME] [-limit 100]
   runs           [-user NAME] [-state queued|running|settled] [-since T] [-until T]
                  [-settled-since T] [-settled-until T] [-after CURSOR] [-limit 100]
   report         [-from YYYY-MM-DD] [-to YYYY-MM-DD] [-user NAME] [-format csv|json]
+  instances      [-after ID] [-limit 100]   (gateway processes, newest first: alive, silent, dead, retired)
   prune          -days N [-batch 1000]   (delete runs settled more than N >= 7 days ago; their
                  sums are kept, so reports, audit and balances read the same)
-                 (user list, key list and runs print a page as the API answers it: has_more,
+                 (user list, key list, runs and instances print a page as the API answers it: has_more,
                  and last_id, to pass as -after for the next page; -limit at most 1000)
 `
 
@@ -102,6 +103,29 @@ func userList(ctx context.Context, args []string) error {
 		return err
 	}
 	return printJSON(admin.List(users, limit, v.User, func(u holds.UserDetail) any { return u.Name }))
+}
+
+// instancesCmd lists the gateway processes' rows, newest start first, a page at a time, as
+// GET /admin/instances does.
+func instancesCmd(ctx context.Context, args []string) error {
+	var after string
+	var limit int
+	e, st, v, err := adminEnv(ctx, "instances", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&after, "after", "", "list the processes after this id (the last_id of the previous page)")
+		fs.IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many processes (1-%d)", admin.MaxListLimit))
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if err := limitFlag(limit); err != nil {
+		return err
+	}
+	rows, err := st.ListInstances(ctx, after, limit+1)
+	if err != nil {
+		return err
+	}
+	return printJSON(admin.List(rows, limit, v.Instance, func(in holds.InstanceRow) any { return in.ID }))
 }
 
 // keyList lists a user's keys, newest first, a page at a time: the prefixes `key revoke

@@ -347,3 +347,23 @@ func TestUserCreateUnknownPlanNamesThePlans(t *testing.T) {
 		t.Fatalf("user create -plan gold: %v, want ErrUnknownPlan naming the configured plans", err)
 	}
 }
+
+// TestInstancesCommandPages: `gateway instances` prints the gateway processes' rows as GET
+// /admin/instances does, newest start first, and walks them all once by -after.
+func TestInstancesCommandPages(t *testing.T) {
+	useTestDatabase(t)
+	db := openTestDatabase(t)
+	names := []string{"gw-old", "gw-mid", "gw-new"}
+	for i, name := range names {
+		if _, err := db.ExecContext(testCtx(t), `INSERT INTO instances (id, name, started_at, beat_at, max_gap_us, dead_after_us)
+			VALUES (?, ?, NOW(6) - INTERVAL ? MINUTE, NOW(6), 25000000, 90000000)`, fmt.Sprintf("%032d", i), name, len(names)-i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{"gw-new", "gw-mid", "gw-old"}
+	for limit := 1; limit <= 4; limit++ {
+		if got := listPages(t, instancesCmd, nil, limit, "name"); !slices.Equal(got, want) {
+			t.Errorf("instances by %d: %v, want %v", limit, got, want)
+		}
+	}
+}

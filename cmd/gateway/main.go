@@ -126,6 +126,8 @@ func run(args []string) error {
 		return auditCmd(ctx, rest)
 	case "prune":
 		return pruneCmd(ctx, rest)
+	case "instances":
+		return instancesCmd(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return nil
