@@ -55,6 +55,17 @@ func (e *storeEnv) age(instanceID string, d time.Duration) {
 	}
 }
 
+// watchStill has self read the other rows' beats, then moves its watch's clock on by a minute,
+// past the gap of every beat in these tests: a row that does not beat meanwhile has stood still
+// for self, as a killed process's does.
+func (e *storeEnv) watchStill(self *holds.Instance) {
+	e.t.Helper()
+	if err := self.Watch(e.ctx()); err != nil {
+		e.t.Fatal(err)
+	}
+	self.SkewWatch(time.Minute)
+}
+
 func (e *storeEnv) instance(id string) holds.InstanceRow {
 	e.t.Helper()
 	rows, err := e.store.ListInstances(e.ctx(), "", 100)
@@ -115,6 +126,7 @@ func TestDeadInstanceHoldsSettledBeforeTheirExpiry(t *testing.T) {
 	}
 
 	waitBeating(t, self, 200*time.Millisecond)
+	e.watchStill(self)
 	deaths := 0
 	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
 		c.DeadAfter, c.Self = 200*time.Millisecond, self
@@ -253,6 +265,7 @@ func TestDeadInstancesDeclaredOnlyByAProcessThatBeat(t *testing.T) {
 	}
 
 	waitBeating(t, self, 100*time.Millisecond)
+	e.watchStill(self)
 	rec = e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Self = 100*time.Millisecond, self })
 	if st, err := e.pass(rec); err != nil || st.DeadInstances != 1 || st.ChargedHeld != 1 {
 		t.Errorf("a process that beat all along: %+v, %v; want the silent one declared dead and its call charged its hold", st, err)
@@ -284,6 +297,44 @@ func TestDeadInstancesDeclaredOnlyByAProcessThatBeat(t *testing.T) {
 	}
 	if r := e.run(u, left.RunID); r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != 125 {
 		t.Errorf("hold left at shutdown: %q charged %d, want reconcile at 125", r.SettleSource.String, r.ChargedMicro)
+	}
+}
+
+// TestLiveInstanceNotDeclaredDeadByASteppedClock: the database clock steps forward past the
+// bound between a live process's last beat and another's pass, after the passing process's
+// own beat: by the database clock the live one's beat is stale and the passing one's fresh.
+// The passing process has watched the live one's beat move within its gap, so it declares
+// nobody dead, and the live process's call — younger than a heartbeat, without a lease yet —
+// keeps its hold. Once that beat stands still, by the passing process's own clock, for longer
+// than its gap, the process is declared dead.
+func TestLiveInstanceNotDeclaredDeadByASteppedClock(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("stepped-user", 5, nil)
+	self := e.beatingSelf()
+	live, err := e.store.RegisterInstance(e.ctx(), "live", 50*time.Millisecond, 0, e.log) // beaten by hand
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.admitBy(u, "r_young_call", "", live.ID(), holds.StateRunning)
+	before := e.runAny(h.RunID).ExpiresAt
+	waitBeating(t, self, 100*time.Millisecond)
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Self = 100*time.Millisecond, self })
+
+	e.watchStill(self) // a minute on by self's clock, in which the live process beat:
+	if err := live.Beat(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	e.age(live.ID(), 2*deadBound) // and then the database clock stepped two hours forward
+	if st, err := e.pass(rec); err != nil || st.DeadInstances != 0 || st.BroughtIn != 0 {
+		t.Errorf("pass after the step: %+v, %v; want nobody declared dead", st, err)
+	}
+	if row, r := e.instance(live.ID()), e.runAny(h.RunID); row.DeadAt.Valid || r.State != holds.StateRunning || !r.ExpiresAt.Equal(before) {
+		t.Errorf("live process after the pass: row %+v, its call %s expiring %v (was %v); want alive, running, untouched", row, r.State, r.ExpiresAt, before)
+	}
+
+	self.SkewWatch(time.Minute) // the live process goes silent for a minute by self's clock
+	if st, err := e.pass(rec); err != nil || st.DeadInstances != 1 || st.ChargedHeld != 1 {
+		t.Errorf("pass once its beat stood still: %+v, %v; want it declared dead and its call charged its hold", st, err)
 	}
 }
 

@@ -1,6 +1,9 @@
 package holds
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // SetMaxReportRows lowers the usage report's row bound for a test and restores it after.
 func SetMaxReportRows(n int) (restore func()) {
@@ -32,3 +35,10 @@ func SetDefaultReadTimeout(d time.Duration) (restore func()) {
 func ExpiredQuery(afterExpiry time.Time, afterRun string, limit int) (string, []any) {
 	return expiredQuery(expiredCursor{ExpiresAt: afterExpiry, RunID: afterRun}, limit)
 }
+
+// Watch has the instance read the other rows' beats now, as its heartbeat and a pass do.
+func (in *Instance) Watch(ctx context.Context) error { return in.watch(ctx) }
+
+// SkewWatch moves the instance's watch clock on by d: a beat it read that does not move
+// meanwhile has then stood still d longer.
+func (in *Instance) SkewWatch(d time.Duration) { in.skew.Add(int64(d)) }

@@ -40,6 +40,26 @@ type Instance struct {
 	mu          sync.Mutex
 	streakStart time.Time // local monotonic clock
 	lastBeat    time.Time
+
+	// seenMu guards seen: the other live rows' beats as this process last read them (watch).
+	seenMu sync.Mutex
+	seen   map[string]seenBeat
+	// skew moves the watch's clock on, in tests only (export_test.go).
+	skew atomic.Int64
+}
+
+// seenBeat is another row's beat as this process read it: since is when (local monotonic
+// clock) it first read that beat, gap how long that row's beats may be apart.
+type seenBeat struct {
+	beatAt time.Time
+	since  time.Time
+	gap    time.Duration
+}
+
+// stillBeat is a row whose beat this process has watched stand still for longer than its gap.
+type stillBeat struct {
+	ID     string
+	BeatAt time.Time
 }
 
 // instanceBeatTimeout bounds one beat or registration: past it the beat is tried again at the
@@ -77,6 +97,9 @@ func (in *Instance) Run(ctx context.Context) {
 		}
 		bctx, cancel := context.WithTimeout(ctx, instanceBeatTimeout)
 		err := in.Beat(bctx)
+		if err == nil && !in.retired.Load() {
+			err = in.watch(bctx)
+		}
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			in.log.Warn("instance heartbeat failed; tried again at the next beat", zap.String("instance_id", in.ID()), zap.Error(err))
@@ -155,6 +178,60 @@ func (in *Instance) BeatingFor() time.Duration {
 	return now.Sub(in.streakStart)
 }
 
+// maxWatched bounds the rows one watch reads: the oldest beats first, those a pass may declare
+// dead.
+const maxWatched = 1000
+
+// watch reads the beats of the other live rows and remembers, for each, since when (by this
+// process's own clock) it has read the same beat. A reconcile pass declares dead only a row
+// whose beat this process has seen stand still for longer than the gap its beats allow (still):
+// the database clock alone would take a clock stepped forward for a silence, and declare live
+// processes dead, their calls younger than a heartbeat charged as a killed one's. Run watches
+// after each beat, so the view is as fresh as the heartbeat whichever process holds the
+// reconcile lock, and a pass watches again before it declares.
+func (in *Instance) watch(ctx context.Context) error {
+	var rows []struct {
+		ID       string    `db:"id"`
+		BeatAt   time.Time `db:"beat_at"`
+		MaxGapUS int64     `db:"max_gap_us"`
+	}
+	if err := in.store.db.SelectContext(ctx, &rows, `SELECT id, beat_at, max_gap_us FROM instances
+		WHERE dead_at IS NULL AND id <> ? ORDER BY beat_at, id LIMIT ?`, in.ID(), maxWatched); err != nil {
+		return fmt.Errorf("instance %s watch: %w", in.ID(), err)
+	}
+	now := in.watchNow()
+	in.seenMu.Lock()
+	defer in.seenMu.Unlock()
+	seen := make(map[string]seenBeat, len(rows)) // rows gone (declared, retired) are forgotten
+	for _, r := range rows {
+		b, ok := in.seen[r.ID]
+		if !ok || !b.beatAt.Equal(r.BeatAt) {
+			b = seenBeat{beatAt: r.BeatAt, since: now}
+		}
+		b.gap = time.Duration(r.MaxGapUS) * time.Microsecond
+		seen[r.ID] = b
+	}
+	in.seen = seen
+	return nil
+}
+
+// still lists the rows whose beat this process has watched stand still for longer than the gap
+// their beats allow, as of its last watch.
+func (in *Instance) still() []stillBeat {
+	now := in.watchNow()
+	in.seenMu.Lock()
+	defer in.seenMu.Unlock()
+	var still []stillBeat
+	for id, b := range in.seen {
+		if now.Sub(b.since) > b.gap {
+			still = append(still, stillBeat{ID: id, BeatAt: b.beatAt})
+		}
+	}
+	return still
+}
+
+func (in *Instance) watchNow() time.Time { return time.Now().Add(time.Duration(in.skew.Load())) }
+
 // gap is the longest silence between two beats that still counts as no gap: one beat may fail.
 func (in *Instance) gap() time.Duration { return 2*in.interval + instanceBeatTimeout }
 
@@ -204,7 +281,8 @@ type InstanceRow struct {
 	Retired   bool         `db:"retired"`
 	SweptAt   sql.NullTime `db:"swept_at"`
 	// Silent: alive by its row, but its beat is older than its bound by the database clock —
-	// the next pass of a process beating without a gap declares it dead.
+	// the next pass of a process beating without a gap, which has watched that beat stand
+	// still, declares it dead.
 	Silent bool `db:"silent"`
 }
 

@@ -3,6 +3,7 @@ package holds
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -12,9 +13,10 @@ import (
 // they expire — hold_ttl, 15 minutes by default, during which the caller's in-flight slots
 // stay taken (429 on every other process), an Idempotency-Key retry is answered 409
 // request_in_progress and a session's message 409 already_running. Each serving process beats
-// its row in `instances` (Instance); a pass that finds a beat older than the bound declares the
-// row dead and brings in the expiry of the one-call holds it admitted while alive, and the
-// pass's scan then reconciles them by the usual rules. Rule 1 guards each hold twice: one
+// its row in `instances` (Instance) and watches the others' beats; a pass that finds a beat
+// older than the bound by the database clock, and standing still for longer than its gap by the
+// passing process's own, declares the row dead and brings in the expiry of the one-call holds
+// it admitted while alive, and the pass's scan then reconciles them by the usual rules. Rule 1 guards each hold twice: one
 // whose lease is in Redis is not brought in (its process lives after all — paused, or cut off
 // from the database alone — or a call it left is still ending), and the scan checks again.
 
@@ -22,7 +24,8 @@ import (
 const maxDeadPerPass = 100
 
 // sweepDead declares dead the instances whose beat stopped DeadAfter (or their own bound) ago,
-// when this process's own beats show the database was there to beat on all that time, and
+// when this process's own beats show the database was there to beat on all that time and it
+// has watched their beat stand still (Instance.watch), and
 // brings in the unleased holds of dead instances not swept yet, until stopAt: a batch at a
 // time, as the scan reads, at most MaxBatches batches. A dead instance is swept (never looked
 // at again) once none of its holds is left live. It returns the instances it declared dead
@@ -30,11 +33,14 @@ const maxDeadPerPass = 100
 func (r *Reconciler) sweepDead(ctx context.Context, stopAt time.Time) (declared, brought int, err error) {
 	ctx, cancel := context.WithDeadline(ctx, stopAt)
 	defer cancel()
-	self := ""
+	self, still := "", []stillBeat(nil)
 	if r.cfg.Self != nil && r.cfg.Self.BeatingFor() >= r.cfg.DeadAfter {
-		self = r.cfg.Self.ID()
+		if err := r.cfg.Self.watch(ctx); err != nil {
+			return 0, 0, fmt.Errorf("sweep dead instances: %w", err)
+		}
+		self, still = r.cfg.Self.ID(), r.cfg.Self.still()
 	}
-	n, dead, err := r.cfg.Store.declareDead(ctx, self, r.cfg.DeadAfter, maxDeadPerPass)
+	n, dead, err := r.cfg.Store.declareDead(ctx, self, still, r.cfg.DeadAfter, maxDeadPerPass)
 	declared = int(n)
 	if declared > 0 && r.cfg.OnDeadInstances != nil {
 		r.cfg.OnDeadInstances(declared)
@@ -140,27 +146,26 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-// declareDead, when self names the declaring process, marks dead every row whose beat is
-// older than the longer of after and the row's own bound; it returns how many it marked, and
-// the rows dead and not yet swept (these, earlier ones and those retired at shutdown), oldest
-// first, at most limit. The declaring process's own row must have beaten within its gap by
-// the database clock: a database clock stepped forward past the bound makes every beat look
-// stale until the next round of beats, its own too.
-func (s *Store) declareDead(ctx context.Context, self string, after time.Duration, limit int) (declared int64, dead []deadInstance, err error) {
-	if self != "" {
+// declareDead, when self names the declaring process, marks dead each row of still (the rows
+// whose beat self has watched stand still for longer than their gap) whose beat is still the
+// one watched and is older than the longer of after and the row's own bound, at most limit of
+// them; it returns how many it marked, and the rows dead and not yet swept (these, earlier
+// ones and those retired at shutdown), oldest first, at most limit. Both clocks must agree: the
+// database's says the beat is older than the bound, self's own that it has not moved for
+// longer than a live process's beats may be apart. The database clock alone, stepped forward
+// past the bound, makes every beat look stale; so self's own row must also have beaten within
+// its gap by the database clock (a step before its last beat), and a live row beats again
+// within its gap, which self sees (a step after it).
+func (s *Store) declareDead(ctx context.Context, self string, still []stillBeat, after time.Duration, limit int) (declared int64, dead []deadInstance, err error) {
+	if self != "" && len(still) > 0 {
 		var fresh bool
 		if err := s.db.GetContext(ctx, &fresh, `SELECT COUNT(*) > 0 FROM instances
 			WHERE id = ? AND dead_at IS NULL AND beat_at >= NOW(6) - INTERVAL max_gap_us MICROSECOND`, self); err != nil {
 			return 0, nil, fmt.Errorf("declare dead instances: own beat: %w", err)
 		}
 		if fresh {
-			res, err := s.db.ExecContext(ctx, `UPDATE instances SET dead_at = NOW(6)
-				WHERE dead_at IS NULL AND beat_at < NOW(6) - INTERVAL GREATEST(?, dead_after_us) MICROSECOND`, after.Microseconds())
-			if err != nil {
-				return 0, nil, fmt.Errorf("declare dead instances: %w", err)
-			}
-			if declared, err = res.RowsAffected(); err != nil {
-				return 0, nil, fmt.Errorf("declare dead instances: %w", err)
+			if declared, err = s.markDead(ctx, still[:min(len(still), limit)], after); err != nil {
+				return 0, nil, err
 			}
 		}
 	}
@@ -169,6 +174,27 @@ func (s *Store) declareDead(ctx context.Context, self string, after time.Duratio
 		return declared, nil, fmt.Errorf("list dead instances: %w", err)
 	}
 	return declared, dead, nil
+}
+
+// markDead marks dead, in one statement, the rows of still whose beat is the one watched and
+// older than the longer of after and the row's own bound.
+func (s *Store) markDead(ctx context.Context, still []stillBeat, after time.Duration) (int64, error) {
+	args := make([]any, 0, 1+2*len(still))
+	args = append(args, after.Microseconds())
+	for _, b := range still {
+		args = append(args, b.ID, b.BeatAt)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE instances SET dead_at = NOW(6)
+		WHERE dead_at IS NULL AND beat_at < NOW(6) - INTERVAL GREATEST(?, dead_after_us) MICROSECOND
+		AND (id, beat_at) IN (`+strings.Repeat("(?, ?), ", len(still)-1)+`(?, ?))`, args...)
+	if err != nil {
+		return 0, fmt.Errorf("declare dead instances: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("declare dead instances: %w", err)
+	}
+	return n, nil
 }
 
 // liveHoldsOf lists up to limit one-call holds the dead instance admitted while it was alive
