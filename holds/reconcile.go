@@ -323,7 +323,10 @@ func (r *Reconciler) scan(ctx context.Context, start time.Time) (Stats, error) {
 				st.Truncated, st.StoppedAt = true, StopTimeBudget
 				r.cfg.Log.Warn("reconcile pass stopped at its time budget; the rest waits for the next pass",
 					zap.Int("scanned", st.Scanned), zap.Duration("budget", r.cfg.PassBudget))
-				return truncated(st)
+				st, _ = truncated(st)
+				// The holds that failed stay behind the cursor, as orphans do, until a pass gets
+				// through the backlog and starts again from the oldest; the pass says they failed.
+				return st, batchFailed(errs, len(runs))
 			}
 			st.Scanned++
 			after = run.cursor()
@@ -349,8 +352,8 @@ func (r *Reconciler) scan(ctx context.Context, start time.Time) (Stats, error) {
 		}
 		// Other failures (the database or Redis unreachable) would likely fail the rest too:
 		// stop, and let the next pass retry them.
-		if len(errs) > 0 {
-			return st, fmt.Errorf("reconcile: %d of %d holds failed: %w", len(errs), len(runs), errors.Join(errs[:min(len(errs), 3)]...))
+		if err := batchFailed(errs, len(runs)); err != nil {
+			return st, err
 		}
 		if len(runs) < r.cfg.Batch {
 			r.mu.Lock()
@@ -363,6 +366,14 @@ func (r *Reconciler) scan(ctx context.Context, start time.Time) (Stats, error) {
 	r.cfg.Log.Warn("reconcile pass stopped at its batch limit; the rest waits for the next pass",
 		zap.Int("batches", st.Batches), zap.Int("batch", r.cfg.Batch))
 	return truncated(st)
+}
+
+// batchFailed is the error of a batch of n holds of which errs failed, or nil when none did.
+func batchFailed(errs []error, n int) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("reconcile: %d of %d holds failed: %w", len(errs), n, errors.Join(errs[:min(len(errs), 3)]...))
 }
 
 func (st *Stats) count(outcome string, charged int64) {

@@ -318,6 +318,23 @@ func TestReconcileTallyUnreadable(t *testing.T) {
 	}
 }
 
+// TestReconcileFailureReportedWhenTheBudgetStopsThePass: a hold that fails, then the time
+// budget: the pass stops and says the hold failed (it was reported as a clean stop, its
+// failure logged as left for the next pass while the cursor had gone past it).
+func TestReconcileFailureReportedWhenTheBudgetStopsThePass(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("frida", 10, nil)
+	for _, id := range []string{"r_f1", "r_f2"} {
+		e.admit(u, id, holds.StateRunning)
+		e.expire(id)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Usage = failingUsage{}; c.PassBudget = time.Nanosecond })
+	st, err := e.pass(rec)
+	if err == nil || st.Errors != 1 || st.Scanned != 1 || !st.Truncated || st.StoppedAt != holds.StopTimeBudget {
+		t.Fatalf("pass with Redis down and its budget spent at once: %+v, %v; want one hold failed, the failure reported, stopped at its budget", st, err)
+	}
+}
+
 // TestReconcileSettlesAnUnusedTallyAtZero: a hold whose admission answer was lost is marked
 // unused in the tally by the proxy; if its release cannot reach the database, the reconciler
 // must settle it at 0 from that mark, not charge what was held.
