@@ -394,8 +394,9 @@ type stream struct {
 	runID  string
 	cancel context.CancelFunc
 	done   chan struct{}
-	chunks int   // content events read, valid after done
-	err    error // how reading ended, valid after done
+	chunks int    // content events read, valid after done
+	last   string // the last data line read, valid after done
+	err    error  // how reading ended, valid after done
 }
 
 // startStream opens a slow stream and returns once its first event has arrived, so the call
@@ -422,6 +423,9 @@ func startStream(t *testing.T, g *gateway, key string, chunks int, interval time
 		sc := bufio.NewScanner(resp.Body)
 		var once sync.Once
 		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "data: ") {
+				s.last = sc.Text()
+			}
 			if strings.HasPrefix(sc.Text(), "data: {") {
 				s.chunks++
 				once.Do(func() { close(first) })

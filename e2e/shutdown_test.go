@@ -71,6 +71,10 @@ func TestSigtermSettlesEverything(t *testing.T) {
 		}
 		t.Logf("long stream cut: %s, %d output tokens, charged %d µUSD (estimated %v), client read %d events",
 			src, r.OutTok, r.ChargedMicro, r.Estimated, s.chunks)
+		// Its caller is told why, in the stream, and the stream ends cleanly.
+		if s.err != nil || !strings.Contains(s.last, `"code":"shutting_down"`) {
+			t.Errorf("long stream %s: ended with %v after %q; want a shutting_down error event and a clean end", s.runID, s.err, s.last)
+		}
 	}
 	// Leases were dropped at settlement: nothing is left for a reconciler to wonder about.
 	leases, err := w.rdb.Keys(context.Background(), w.prefix+"lease:*").Result()
@@ -294,11 +298,18 @@ func TestSigtermStuckUpstream(t *testing.T) {
 	if took > testShutdownDrain+3*time.Second {
 		t.Errorf("exit took %v, want the drain deadline %v and little more", took, testShutdownDrain)
 	}
+	// Each caller is told why its call ended: 503 before any answer (a stream's too), an
+	// error event in a stream under way.
 	for _, ch := range []<-chan reply{noHeaders, noHeadersStream} {
 		rp := <-ch
-		t.Logf("silent call's client: status %d err %v body %.120s", rp.status, rp.err, rp.body)
+		if rp.err != nil || rp.status != http.StatusServiceUnavailable || !strings.Contains(string(rp.body), `"code":"shutting_down"`) {
+			t.Errorf("silent call's client: status %d err %v body %.200s; want 503 shutting_down", rp.status, rp.err, rp.body)
+		}
 	}
 	<-stalled.done
+	if stalled.err != nil || !strings.Contains(stalled.last, `"code":"shutting_down"`) {
+		t.Errorf("stalled stream: ended with %v after %q; want a shutting_down error event and a clean end", stalled.err, stalled.last)
+	}
 	if n := w.liveHolds(); n != 0 {
 		t.Fatalf("%d holds left live", n)
 	}

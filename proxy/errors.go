@@ -45,11 +45,25 @@ var errClientClosed = &apiError{Status: statusClientClosed, Type: "api_error", C
 // body, which it took for a success. To a caller that has really left the write goes nowhere
 // (bounded by boundAnswerEnd). A call superseded by a newer message of its session is answered
 // by answerSuperseded instead.
+//
+// A call the gateway cut at its drain deadline (CutCalls) ends the same way, but its caller is
+// still there: it is told so (errCutAtShutdown), and its status is that answer's.
 func answerClientClosed(w http.ResponseWriter, r *http.Request) int {
-	if !errors.Is(context.Cause(r.Context()), errSuperseded) {
-		writeError(w, errClientClosed)
+	if errors.Is(context.Cause(r.Context()), errSuperseded) {
+		return statusClientClosed
 	}
-	return statusClientClosed
+	e := endedAnswer(r)
+	writeError(w, e)
+	return e.Status
+}
+
+// endedAnswer is what a call whose request context ended is answered (a stream: in an error
+// event): errCutAtShutdown when the gateway cut it, else errClientClosed.
+func endedAnswer(r *http.Request) *apiError {
+	if errors.Is(context.Cause(r.Context()), errDrainDeadline) {
+		return errCutAtShutdown
+	}
+	return errClientClosed
 }
 
 // logRefusal writes a refused request's one line, "request refused": the status and code its
@@ -97,6 +111,11 @@ var (
 		Message: "Billing is unavailable, so the call was not made. Retry shortly."}
 	errShuttingDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
 		Message: "The gateway is shutting down, so the call was not made. Retry.", RetryAfter: time.Second}
+	// errCutAtShutdown answers a call still running at the drain deadline of a graceful
+	// shutdown (CutCalls): it is charged what it used, as a call whose caller left.
+	errCutAtShutdown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
+		Message:    "The gateway is shutting down and cut this call at its drain deadline; it is charged what it used. Retry.",
+		RetryAfter: time.Second}
 	errNotFound = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
 		Message: "No such route."}
 	errRunNotFound = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "run_not_found",

@@ -357,7 +357,7 @@ func (s *Server) endStream(r *http.Request, c *call, err error, sawFinal bool, s
 			// Said in the stream, as any break is: a caller that only half-closed still reads,
 			// and saw a clean end of a cut answer (see answerClientClosed). A superseded call
 			// is told by answerSuperseded.
-			_ = writeEvent(streamErrorEvent(c.req.route.format, errClientClosed))
+			_ = writeEvent(streamErrorEvent(c.req.route.format, endedAnswer(r)))
 		}
 	default:
 		c.outcome = outcomeStreamError

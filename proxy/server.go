@@ -5,6 +5,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -75,6 +76,10 @@ type Server struct {
 	// shuttingDown marks calls cut at the graceful-shutdown deadline, so they settle with
 	// source "shutdown" rather than as a client's cancel.
 	shuttingDown atomic.Bool
+	// cut ends with errDrainDeadline when CutCalls cuts the calls still running: every call's
+	// request context ends with it (cuttable).
+	cut    context.Context
+	cutAll context.CancelCauseFunc
 	// calls and settlements track handlers and deferred settlements so shutdown can wait for
 	// both (Drain); settleSlots bounds how many settlements run in the background at once (past
 	// it a handler settles inline, which slows that caller instead of growing memory without
@@ -151,6 +156,7 @@ func New(d Deps) *Server {
 		bodies:   newBodyMemory(bodyTotal, bodyPerCaller, d.Metrics.RequestBodyBytes),
 		beatDone: make(chan struct{}),
 	}
+	s.cut, s.cutAll = context.WithCancelCause(context.Background())
 	// Reservations beat as leases do: a killed process's go stale after the lease TTL.
 	beat, stop := context.WithCancel(context.Background())
 	s.stopBeat = stop
@@ -361,9 +367,27 @@ func (s *Server) Drain(ctx context.Context) error {
 	return nil
 }
 
-// CutCalls is called when the drain deadline passes and the remaining calls are about to be
-// cut: they settle by what they used, recorded as source "shutdown".
-func (s *Server) CutCalls() { s.shuttingDown.Store(true) }
+// CutCalls cuts the calls still running when the drain deadline passes: each ends as one
+// whose caller left — it settles by what it used, recorded as source "shutdown" — and tells
+// its caller, who is still there, 503 shutting_down (in an error event once its stream has
+// begun). Give their handlers a moment to write that before closing the connections.
+func (s *Server) CutCalls() {
+	s.shuttingDown.Store(true)
+	s.cutAll(errDrainDeadline)
+}
+
+// errDrainDeadline is why a call's request context ended when CutCalls cut it.
+var errDrainDeadline = errors.New("cut at the drain deadline of a graceful shutdown")
+
+// cuttable gives r a context that CutCalls ends; the returned func releases it.
+func (s *Server) cuttable(r *http.Request) (*http.Request, func()) {
+	ctx, cancel := context.WithCancelCause(r.Context())
+	stop := context.AfterFunc(s.cut, func() { cancel(context.Cause(s.cut)) })
+	return r.WithContext(ctx), func() {
+		stop()
+		cancel(nil)
+	}
+}
 
 // Close stops the server's background work: the beat of run budget reservations, the key
 // lookup and the batch writer (after committing what is queued) and the session cancel bus.

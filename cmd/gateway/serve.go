@@ -127,18 +127,25 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	e.log.Info("shutting down: draining calls in flight", zap.Duration("deadline", cfg.Limits.ShutdownTimeout))
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Limits.ShutdownTimeout)
 	defer cancel()
+	// The exit's bound past the drain: the cut calls' answers and every settlement.
+	wctx, wcancel := context.WithTimeout(context.Background(), cfg.Limits.SettleTimeout+5*time.Second)
+	defer wcancel()
 	if err := hs.Shutdown(sctx); err != nil {
-		// Calls still streaming at the deadline are cut; closing their connections cancels
-		// their requests, and their deferred settlements charge what they used.
+		// Calls still running at the deadline are cut: each tells its caller (503
+		// shutting_down, or an error event in its stream) and its deferred settlement charges
+		// what it used. The connections still open cutGrace later (a caller not reading) are
+		// closed.
 		e.log.Warn("drain deadline passed; cutting remaining calls", zap.Error(err))
 		srv.CutCalls()
-		_ = hs.Close()
+		gctx, gcancel := context.WithTimeout(wctx, cutGrace)
+		if err := hs.Shutdown(gctx); err != nil {
+			_ = hs.Close()
+		}
+		gcancel()
 	}
 	// Said so that an operator (and a test) can tell a process still settling from one stuck
 	// serving: from here on only settlements keep it alive.
 	e.log.Info("calls drained; waiting for their settlements", zap.Duration("deadline", cfg.Limits.SettleTimeout+5*time.Second))
-	wctx, wcancel := context.WithTimeout(context.Background(), cfg.Limits.SettleTimeout+5*time.Second)
-	defer wcancel()
 	if err := srv.Drain(wctx); err != nil && !errors.Is(err, context.Canceled) {
 		e.log.Error("settlements still pending at exit; the reconciler will settle them", zap.Error(err))
 	}
@@ -170,6 +177,11 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	e.log.Info("gateway stopped")
 	return nil
 }
+
+// cutGrace is how long the calls cut at the drain deadline have to tell their callers so before
+// their connections are closed: each writes one answer or event, unless its caller does not
+// read. Inside the exit's bound after the drain (settle_timeout + 5 s).
+const cutGrace = 2 * time.Second
 
 // redisKeys names the Redis keys, under the configured prefix (redis_key_prefix or
 // TOLLGATE_REDIS_PREFIX; the end-to-end tests run several gateways per Redis).

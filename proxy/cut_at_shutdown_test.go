@@ -1,0 +1,106 @@
+package proxy_test
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestCallsCutAtTheDrainDeadlineAreToldSo: the calls still running when a graceful shutdown's
+// drain deadline passes are cut (CutCalls) while their callers are still there. A call not
+// answered yet gets 503 shutting_down with Retry-After (an SDK retries it, on another instance);
+// a stream under way ends with a shutting_down error event in its own format and a clean end
+// of its body. Each is settled by what it used, as source "shutdown". They were cut by closing
+// their connections alone: an empty reply, which an SDK retries as a connection error without
+// being told why, and a stream stopped mid-answer with no error event.
+func TestCallsCutAtTheDrainDeadlineAreToldSo(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+
+	type ended struct {
+		status int
+		header http.Header
+		body   string
+		err    error
+	}
+	// Not cut, each call would run for minutes: the client's bound ends the test instead.
+	client := &http.Client{Timeout: 15 * time.Second}
+	send := func(path, body string, hdr map[string]string) (*http.Response, error) {
+		req, err := http.NewRequest(http.MethodPost, h.gw.URL+path, strings.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+key)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		return client.Do(req)
+	}
+	// A call answered whole, whose upstream takes an hour to answer.
+	whole := make(chan ended, 1)
+	go func() {
+		resp, err := send("/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"slow answer"}]}`,
+			map[string]string{fakellm.HeaderLatency: "1h"})
+		if err != nil {
+			whole <- ended{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		whole <- ended{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
+	}()
+	// Two streams under way, in the chat and the Anthropic formats, that would run for minutes.
+	type stream struct {
+		runID string
+		rd    *bufio.Reader
+		body  io.Closer
+	}
+	var streams []stream
+	for _, s := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"long story"}]}`},
+		{"/v1/messages", `{"model":"claude-test","max_tokens":50000,"stream":true,"messages":[{"role":"user","content":"long story"}]}`},
+	} {
+		resp, err := send(s.path, s.body, map[string]string{fakellm.HeaderChunks: "10000", fakellm.HeaderChunkInterval: "20ms"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", s.path, resp.StatusCode)
+		}
+		rd := bufio.NewReader(resp.Body)
+		if _, err := rd.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, stream{runID: resp.Header.Get(proxy.RunIDHeader), rd: rd, body: resp.Body})
+	}
+	waitFor(t, "the three calls sent upstream", func() bool { return h.fake.Calls() == 3 })
+
+	h.srv.CutCalls()
+
+	w := <-whole
+	if w.err != nil || w.status != http.StatusServiceUnavailable || w.header.Get("Retry-After") == "" || errorCode(t, []byte(w.body)) != "shutting_down" {
+		t.Errorf("call answered whole, cut: %d %q (Retry-After %q, err %v); want 503 shutting_down with Retry-After",
+			w.status, w.body, w.header.Get("Retry-After"), w.err)
+	}
+	if run := h.run(u.ID, w.header.Get(proxy.RunIDHeader)); run.SettleSource.String != holds.SourceShutdown || run.ChargedMicro <= 0 {
+		t.Errorf("call answered whole, cut: settled by %q at %d; want shutdown, at its prompt's estimate", run.SettleSource.String, run.ChargedMicro)
+	}
+	for _, s := range streams {
+		rest, err := io.ReadAll(s.rd)
+		tail := string(rest[max(0, len(rest)-400):])
+		if err != nil || !strings.Contains(tail, `"code":"shutting_down"`) || strings.Contains(tail, "[DONE]") {
+			t.Errorf("stream %s, cut: ended with %v after ...%s; want a shutting_down error event and a clean end", s.runID, err, tail)
+		}
+		if run := h.run(u.ID, s.runID); run.SettleSource.String != holds.SourceShutdown || run.OutTok <= 0 {
+			t.Errorf("stream %s, cut: settled by %q with %d output tokens; want shutdown, with what it streamed", s.runID, run.SettleSource.String, run.OutTok)
+		}
+	}
+}
