@@ -44,6 +44,13 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 	count := func(v gjson.Result) {
 		textBytes += textLen(v)
 	}
+	// message counts v as a message of its own when it holds text.
+	message := func(v gjson.Result) {
+		if n := textLen(v); n > 0 {
+			messages++
+			textBytes += n
+		}
+	}
 	// Tool definitions and an output schema are part of the prompt the provider counts.
 	textBytes += int64(len(gjson.GetBytes(body, "tools").Raw))
 	textBytes += int64(len(gjson.GetBytes(body, "response_format").Raw))
@@ -73,25 +80,31 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 			return true
 		})
 	case FormatAnthropic:
-		count(gjson.GetBytes(body, "system"))
+		// A system prompt is a message of its own to the model, with the same overhead (as
+		// a chat request's system message is); so is a Responses request's instructions, and
+		// its input given as one string.
+		message(gjson.GetBytes(body, "system"))
 		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
 			messages++
 			count(m.Get("content"))
 			return true
 		})
 	case FormatResponses:
-		count(gjson.GetBytes(body, "instructions"))
+		message(gjson.GetBytes(body, "instructions"))
 		in := gjson.GetBytes(body, "input")
 		if in.IsArray() {
 			in.ForEach(func(_, item gjson.Result) bool {
 				messages++
+				if item.Type == gjson.String {
+					count(item) // a bare string is a user message
+				}
 				count(item.Get("content"))
 				count(item.Get("output"))                               // function_call_output
 				textBytes += int64(len(item.Get("arguments").String())) // function_call
 				return true
 			})
 		} else {
-			count(in)
+			message(in)
 		}
 	case FormatCompletions:
 		count(gjson.GetBytes(body, "prompt"))
