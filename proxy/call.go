@@ -110,6 +110,8 @@ func (s *Server) serveCall(rt *route) http.HandlerFunc {
 			return
 		}
 		defer s.calls.leave()
+		r, uncut := s.cuttable(r)
+		defer uncut()
 		status := s.handleCall(w, r, rt, user, runID, callLog)
 		s.metrics.Requests.WithLabelValues(rt.path, codeLabel(status)).Inc()
 	}
@@ -384,6 +386,9 @@ func parseCallIDs(h http.Header) (callIDs, *apiError) {
 	switch {
 	case ids.clientRunID != "" && !clientRunIDPattern.MatchString(ids.clientRunID):
 		return ids, errBadRequest("invalid_run_id", "X-Run-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -")
+	case ids.clientRunID == "." || ids.clientRunID == "..":
+		// A URL path drops a dot segment: /v1/runs/../settle reaches no run, or another route.
+		return ids, errBadRequest("invalid_run_id", "X-Run-Id may not be . or .., which a URL path cannot name.")
 	case gatewayRunIDPattern.MatchString(ids.clientRunID):
 		return ids, errBadRequest("invalid_run_id", "X-Run-Id may not have the shape of the gateway's own run ids (r_ + 32 or x_ + 40 hex digits).")
 	case ids.clientRunID != "" && (ids.idemKey != "" || ids.sessionID != ""):

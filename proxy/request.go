@@ -399,7 +399,7 @@ type servedModel struct {
 func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel, *apiError) {
 	m := root.Get("model")
 	if m.Type != gjson.String || m.Str == "" {
-		return servedModel{}, errBadRequest("missing_model", "The request must name a model.")
+		return servedModel{}, errBadRequest("missing_model", "The request must name a model, as a non-empty string.")
 	}
 	if len(m.Str) > holds.MaxModelLen {
 		// Prices match by prefix, so a long name can be priced; it cannot be stored.

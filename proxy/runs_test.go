@@ -373,7 +373,8 @@ func TestRunCallHoldsABoundedTailAfterItsFinalEvent(t *testing.T) {
 
 // TestNamedRunIsFoundByTheIDTheGatewayReturned: a named run's calls carry the gateway's id of
 // the run in X-Tollgate-Run-Id; GET and settle by that id find the run, as by its name. A name
-// shaped like a gateway id is refused, or it would be taken for one.
+// shaped like a gateway id is refused, or it would be taken for one; so are . and .., which a
+// URL path (GET /v1/runs/{id}, its settle) cannot name: clients drop dot segments.
 func TestNamedRunIsFoundByTheIDTheGatewayReturned(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
@@ -401,7 +402,7 @@ func TestNamedRunIsFoundByTheIDTheGatewayReturned(t *testing.T) {
 	if r := h.run(u.ID, id); r.State != holds.StateSettled || r.Calls != 1 {
 		t.Fatalf("run %+v, want settled with its call", r)
 	}
-	for _, name := range []string{"r_" + strings.Repeat("a", 32), "x_" + strings.Repeat("0", 40)} {
+	for _, name := range []string{"r_" + strings.Repeat("a", 32), "x_" + strings.Repeat("0", 40), ".", ".."} {
 		resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": name})
 		body := readAll(t, resp.Body)
 		resp.Body.Close()
