@@ -338,6 +338,57 @@ func TestLiveInstanceNotDeclaredDeadByASteppedClock(t *testing.T) {
 	}
 }
 
+// TestDeadRowsKeptByLeasesDoNotHideTheOthers: a dead row whose holds are still leased (its
+// process alive, cut off from the database) stays unswept, and is read again by later passes.
+// A pass reads a bounded window of dead rows; a window of such rows read from the oldest every
+// pass kept the dead rows behind it from ever being swept, their calls waiting for their
+// expiry. Passes go on from where the last one left off, as the scan does.
+func TestDeadRowsKeptByLeasesDoNotHideTheOthers(t *testing.T) {
+	defer holds.SetMaxDeadPerPass(2)()
+	e := newStoreEnv(t)
+	u := e.user("window-user", 5, nil)
+	leases := runstate.NewLeases(e.rdb, e.keys, "cut-off-processes", time.Minute, time.Second, e.log)
+	retired := func(name string, leased bool) holds.Hold {
+		in, err := e.store.RegisterInstance(e.ctx(), name, 50*time.Millisecond, 0, e.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := e.admitBy(u, "r_"+name, "", in.ID(), holds.StateRunning)
+		if leased {
+			leases.Acquire(h.RunID)
+		}
+		if err := in.Retire(e.ctx()); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	retired("cut-off-a", true)
+	retired("cut-off-b", true)
+	behind := retired("killed-behind", false)
+	if err := leases.Refresh(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter = deadBound })
+	if st, err := e.pass(rec); err != nil || st.BroughtIn != 0 {
+		t.Fatalf("first pass, over the two leased rows: %+v, %v; want nothing brought in", st, err)
+	}
+	if st, err := e.pass(rec); err != nil || st.BroughtIn != 1 || st.ChargedHeld != 1 {
+		t.Fatalf("second pass: %+v, %v; want the row behind them swept, its call charged its hold", st, err)
+	}
+	if r := e.run(u, behind.RunID); r.State != holds.StateSettled {
+		t.Errorf("call of the row behind: %s, want settled", r.State)
+	}
+	// The rows reached their end: the next pass reads the leased ones again.
+	if st, err := e.pass(rec); err != nil || st.BroughtIn != 0 {
+		t.Fatalf("third pass: %+v, %v", st, err)
+	}
+	for _, name := range []string{"cut-off-a", "cut-off-b"} {
+		if r := e.runAny("r_" + name); r.State != holds.StateRunning {
+			t.Errorf("leased call %s: %s, want left running", name, r.State)
+		}
+	}
+}
+
 // runAny reads a hold's state and expiry, whoever its user.
 func (e *storeEnv) runAny(runID string) holds.Run {
 	e.t.Helper()

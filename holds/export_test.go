@@ -42,3 +42,11 @@ func (in *Instance) Watch(ctx context.Context) error { return in.watch(ctx) }
 // SkewWatch moves the instance's watch clock on by d: a beat it read that does not move
 // meanwhile has then stood still d longer.
 func (in *Instance) SkewWatch(d time.Duration) { in.skew.Add(int64(d)) }
+
+// SetMaxDeadPerPass lowers the dead instances one pass handles, until the returned func
+// restores it.
+func SetMaxDeadPerPass(n int) (restore func()) {
+	old := maxDeadPerPass
+	maxDeadPerPass = n
+	return func() { maxDeadPerPass = old }
+}

@@ -142,6 +142,8 @@ type Reconciler struct {
 	// it unsettled for good. The zero value (a pass that reached the end) starts at the oldest.
 	mu     sync.Mutex
 	resume expiredCursor
+	// deadResume is where the next pass reads the dead instance rows from (sweepDead).
+	deadResume deadCursor
 }
 
 // NewReconciler checks the wiring and applies defaults. It panics on a wiring error, which is

@@ -20,8 +20,9 @@ import (
 // whose lease is in Redis is not brought in (its process lives after all — paused, or cut off
 // from the database alone — or a call it left is still ending), and the scan checks again.
 
-// maxDeadPerPass bounds the dead instances one pass sweeps: more wait for the next pass.
-const maxDeadPerPass = 100
+// maxDeadPerPass bounds the dead instances one pass declares and sweeps: more wait for the next
+// pass (a variable for tests).
+var maxDeadPerPass = 100
 
 // sweepDead declares dead the instances whose beat stopped DeadAfter (or their own bound) ago,
 // when this process's own beats show the database was there to beat on all that time and it
@@ -30,6 +31,11 @@ const maxDeadPerPass = 100
 // time, as the scan reads, at most MaxBatches batches. A dead instance is swept (never looked
 // at again) once none of its holds is left live. It returns the instances it declared dead
 // and the holds it brought in.
+//
+// The dead rows are read from where the last pass left off (deadResume), as the scan reads the
+// expired holds: a row kept unswept by leased holds (its process alive, cut off from the
+// database) is passed over until the rows reach their end, so a window of such rows cannot keep
+// the dead rows behind it from ever being swept.
 func (r *Reconciler) sweepDead(ctx context.Context, stopAt time.Time) (declared, brought int, err error) {
 	ctx, cancel := context.WithDeadline(ctx, stopAt)
 	defer cancel()
@@ -40,11 +46,18 @@ func (r *Reconciler) sweepDead(ctx context.Context, stopAt time.Time) (declared,
 		}
 		self, still = r.cfg.Self.ID(), r.cfg.Self.still()
 	}
-	n, dead, err := r.cfg.Store.declareDead(ctx, self, still, r.cfg.DeadAfter, maxDeadPerPass)
+	n, err := r.cfg.Store.declareDead(ctx, self, still, r.cfg.DeadAfter, maxDeadPerPass)
 	declared = int(n)
 	if declared > 0 && r.cfg.OnDeadInstances != nil {
 		r.cfg.OnDeadInstances(declared)
 	}
+	if err != nil {
+		return declared, 0, fmt.Errorf("sweep dead instances: %w", err)
+	}
+	r.mu.Lock()
+	after := r.deadResume
+	r.mu.Unlock()
+	dead, err := r.cfg.Store.deadInstances(ctx, after, maxDeadPerPass)
 	if err != nil {
 		return declared, 0, fmt.Errorf("sweep dead instances: %w", err)
 	}
@@ -53,9 +66,16 @@ func (r *Reconciler) sweepDead(ctx context.Context, stopAt time.Time) (declared,
 		got, left, err := r.sweepOne(ctx, d, &batches)
 		brought += got
 		if err != nil || left {
+			// This row first, next pass: the rest of its holds wait for it.
+			r.resumeDeadAt(after)
 			return declared, brought, err
 		}
+		after = deadCursor{DeadAt: d.DeadAt, ID: d.ID}
 	}
+	if len(dead) < maxDeadPerPass {
+		after = deadCursor{} // the end: the next pass starts again from the oldest
+	}
+	r.resumeDeadAt(after)
 	if _, err := r.cfg.Store.pruneInstances(ctx, r.cfg.Batch); err != nil {
 		return declared, brought, fmt.Errorf("sweep dead instances: %w", err)
 	}
@@ -149,31 +169,44 @@ func minTime(a, b time.Time) time.Time {
 // declareDead, when self names the declaring process, marks dead each row of still (the rows
 // whose beat self has watched stand still for longer than their gap) whose beat is still the
 // one watched and is older than the longer of after and the row's own bound, at most limit of
-// them; it returns how many it marked, and the rows dead and not yet swept (these, earlier
-// ones and those retired at shutdown), oldest first, at most limit. Both clocks must agree: the
-// database's says the beat is older than the bound, self's own that it has not moved for
-// longer than a live process's beats may be apart. The database clock alone, stepped forward
-// past the bound, makes every beat look stale; so self's own row must also have beaten within
-// its gap by the database clock (a step before its last beat), and a live row beats again
-// within its gap, which self sees (a step after it).
-func (s *Store) declareDead(ctx context.Context, self string, still []stillBeat, after time.Duration, limit int) (declared int64, dead []deadInstance, err error) {
-	if self != "" && len(still) > 0 {
-		var fresh bool
-		if err := s.db.GetContext(ctx, &fresh, `SELECT COUNT(*) > 0 FROM instances
-			WHERE id = ? AND dead_at IS NULL AND beat_at >= NOW(6) - INTERVAL max_gap_us MICROSECOND`, self); err != nil {
-			return 0, nil, fmt.Errorf("declare dead instances: own beat: %w", err)
-		}
-		if fresh {
-			if declared, err = s.markDead(ctx, still[:min(len(still), limit)], after); err != nil {
-				return 0, nil, err
-			}
-		}
+// them, and returns how many it marked. Both clocks must agree: the database's says the beat is
+// older than the bound, self's own that it has not moved for longer than a live process's
+// beats may be apart. The database clock alone, stepped forward past the bound, makes every
+// beat look stale; so self's own row must also have beaten within its gap by the database
+// clock (a step before its last beat), and a live row beats again within its gap, which self
+// sees (a step after it).
+func (s *Store) declareDead(ctx context.Context, self string, still []stillBeat, after time.Duration, limit int) (int64, error) {
+	if self == "" || len(still) == 0 {
+		return 0, nil
 	}
+	var fresh bool
+	if err := s.db.GetContext(ctx, &fresh, `SELECT COUNT(*) > 0 FROM instances
+		WHERE id = ? AND dead_at IS NULL AND beat_at >= NOW(6) - INTERVAL max_gap_us MICROSECOND`, self); err != nil {
+		return 0, fmt.Errorf("declare dead instances: own beat: %w", err)
+	}
+	if !fresh {
+		return 0, nil
+	}
+	return s.markDead(ctx, still[:min(len(still), limit)], after)
+}
+
+// deadCursor is a position in the dead rows' order (dead_at, id); the zero value is before the
+// first.
+type deadCursor struct {
+	DeadAt time.Time
+	ID     string
+}
+
+// deadInstances lists the rows dead and not yet swept (declared by any pass, or retired at
+// shutdown) after the cursor, oldest declaration first, at most limit.
+func (s *Store) deadInstances(ctx context.Context, after deadCursor, limit int) ([]deadInstance, error) {
+	var dead []deadInstance
 	if err := s.db.SelectContext(ctx, &dead, `SELECT id, name, beat_at, max_gap_us, dead_at, retired FROM instances
-		WHERE dead_at IS NOT NULL AND swept_at IS NULL ORDER BY dead_at, id LIMIT ?`, limit); err != nil {
-		return declared, nil, fmt.Errorf("list dead instances: %w", err)
+		WHERE dead_at IS NOT NULL AND swept_at IS NULL AND (dead_at > ? OR (dead_at = ? AND id > ?))
+		ORDER BY dead_at, id LIMIT ?`, after.DeadAt, after.DeadAt, after.ID, limit); err != nil {
+		return nil, fmt.Errorf("list dead instances: %w", err)
 	}
-	return declared, dead, nil
+	return dead, nil
 }
 
 // markDead marks dead, in one statement, the rows of still whose beat is the one watched and
@@ -232,6 +265,13 @@ func (s *Store) bringIn(ctx context.Context, runID, deadID string) (bool, error)
 		return false, fmt.Errorf("bring in %s of dead instance %s: %w", runID, deadID, err)
 	}
 	return n == 1, nil
+}
+
+// resumeDeadAt is where the next pass reads the dead rows from.
+func (r *Reconciler) resumeDeadAt(c deadCursor) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.deadResume = c
 }
 
 // markSwept records that every hold of a dead instance has been brought in (or settled).
