@@ -333,7 +333,7 @@ func (s *chaosSlot) start(w *world, i int) error {
 	var err error
 	for range 3 {
 		var g *gateway
-		if g, err = w.tryStart(fmt.Sprintf("gw-%d-%d", i, inc), w.config, s.env); err == nil {
+		if g, err = w.tryStart(fmt.Sprintf("gw-%d-%d", i, inc), w.config, s.env, nil); err == nil {
 			s.mu.Lock()
 			s.g, s.inc = g, inc
 			s.past = append(s.past, g)

@@ -166,7 +166,7 @@ func (d *dbCrash) startSlot(i int, env []string) {
 	inc := int(incarnations.Add(1))
 	name := fmt.Sprintf("gw-%d-%d", i, inc)
 	for attempt := 0; ; attempt++ {
-		g, err := d.c.w.tryStart(name, d.c.w.config, env)
+		g, err := d.c.w.tryStart(name, d.c.w.config, env, nil)
 		if err == nil {
 			s.mu.Lock()
 			s.g, s.inc = g, inc

@@ -233,6 +233,12 @@ func freePort(t *testing.T) string {
 	return addr
 }
 
+// gatewayEnv is the environment of a gateway of this world serving as instance name on addr.
+func (w *world) gatewayEnv(name, addr string) []string {
+	return append(os.Environ(), "MYSQL_DSN="+w.dsn, "REDIS_URL="+w.redisURL, "LISTEN_ADDR="+addr,
+		"UPSTREAM_URL="+w.upstream.URL, "TOLLGATE_INSTANCE="+name, "TOLLGATE_REDIS_PREFIX="+w.prefix)
+}
+
 // startGateway runs `gateway serve` as instance name and waits until it answers /readyz.
 func (w *world) startGateway(name string) *gateway {
 	w.t.Helper()
@@ -243,8 +249,14 @@ func (w *world) startGateway(name string) *gateway {
 // overrides the world's: MYSQL_DSN=..., say).
 func (w *world) startGatewayWith(name, config string, env ...string) *gateway {
 	w.t.Helper()
+	return w.startGatewayLogTo(name, config, nil, env...)
+}
+
+// startGatewayLogTo is startGatewayWith writing the process's output to out (nil: its log file).
+func (w *world) startGatewayLogTo(name, config string, out *os.File, env ...string) *gateway {
+	w.t.Helper()
 	for attempt := 0; ; attempt++ {
-		g, err := w.tryStart(name, config, env)
+		g, err := w.tryStart(name, config, env, out)
 		if err == nil {
 			return g
 		}
@@ -255,7 +267,7 @@ func (w *world) startGatewayWith(name, config string, env ...string) *gateway {
 	}
 }
 
-func (w *world) tryStart(name, config string, env []string) (*gateway, error) {
+func (w *world) tryStart(name, config string, env []string, out *os.File) (*gateway, error) {
 	addr := freePort(w.t)
 	g := &gateway{name: name, url: "http://" + addr, log: filepath.Join(w.t.TempDir(), name+".log"), done: make(chan struct{})}
 	logf, err := os.Create(g.log)
@@ -263,10 +275,11 @@ func (w *world) tryStart(name, config string, env []string) (*gateway, error) {
 		return nil, err
 	}
 	g.cmd = exec.Command(gatewayBin, "serve", "-config", config)
-	g.cmd.Env = append(os.Environ(), "MYSQL_DSN="+w.dsn, "REDIS_URL="+w.redisURL, "LISTEN_ADDR="+addr,
-		"UPSTREAM_URL="+w.upstream.URL, "TOLLGATE_INSTANCE="+name, "TOLLGATE_REDIS_PREFIX="+w.prefix)
-	g.cmd.Env = append(g.cmd.Env, env...) // exec keeps the last value of a repeated name
+	g.cmd.Env = append(w.gatewayEnv(name, addr), env...) // exec keeps the last value of a repeated name
 	g.cmd.Stdout, g.cmd.Stderr = logf, logf
+	if out != nil {
+		g.cmd.Stdout, g.cmd.Stderr = out, out
+	}
 	if err := g.cmd.Start(); err != nil {
 		logf.Close()
 		return nil, err

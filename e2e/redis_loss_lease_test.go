@@ -22,7 +22,7 @@ func TestRedisLossTakesTheLeaseOfACallPastItsHold(t *testing.T) {
 	config := w.writeConfig(map[string]string{"holds.hold_ttl": "3s", "holds.run_ttl": "3s", "holds.lease_ttl": "3s",
 		"holds.heartbeat_interval": "1500ms", "holds.reconcile_interval": "1h", "holds.reconcile_lock_ttl": "50m"})
 	_, key := w.user("lease-loss", 10, nil)
-	g, err := w.tryStart("gw-lease-loss", config, nil)
+	g, err := w.tryStart("gw-lease-loss", config, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

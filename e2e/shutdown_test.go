@@ -525,5 +525,9 @@ func TestSecondSignalEndsTheDrain(t *testing.T) {
 	if !errors.As(g.err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
 		t.Fatalf("exit %v, want killed by the second SIGTERM", g.err)
 	}
+	// Said before it goes: an operator reading the log knows the drain was abandoned.
+	if b, _ := os.ReadFile(g.log); !strings.Contains(string(b), "second signal: drain abandoned") {
+		t.Errorf("no line saying the drain was abandoned in the log:\n%s", tail(b, 2000))
+	}
 	<-s.done
 }

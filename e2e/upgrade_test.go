@@ -20,7 +20,7 @@ func TestServeRefusesASchemaBehindIt(t *testing.T) {
 	if _, err := w.db.Exec("DELETE FROM schema_migrations WHERE version = 11"); err != nil {
 		t.Fatal(err)
 	}
-	_, err := w.tryStart("behind", w.config, nil)
+	_, err := w.tryStart("behind", w.config, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "exited") || !strings.Contains(err.Error(), "011_api_keys_id.sql not applied") ||
 		!strings.Contains(err.Error(), "gateway migrate") {
 		t.Fatalf("gateway on a schema without 011: %v; want it to exit naming 011 and `gateway migrate`", err)
@@ -43,7 +43,7 @@ func TestServeRefusesASchemaBehindIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.DBName = name
-	_, err = w.tryStart("empty", w.config, []string{"MYSQL_DSN=" + cfg.FormatDSN()})
+	_, err = w.tryStart("empty", w.config, []string{"MYSQL_DSN=" + cfg.FormatDSN()}, nil)
 	if err == nil || !strings.Contains(err.Error(), "001_schema.sql, ") || !strings.Contains(err.Error(), "gateway migrate") {
 		t.Fatalf("gateway on an empty database: %v; want it to exit naming the migrations and `gateway migrate`", err)
 	}

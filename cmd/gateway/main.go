@@ -59,6 +59,9 @@ var commandFamilies = map[string]string{
 	"key":  "create, list, revoke",
 }
 
+// shutdownSignals end a command; serve drains on the first and dies on the next.
+var shutdownSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+
 // commandTimeout bounds every command but serve and migrate (reconcile -once, reports,
 // grants, audit, prune: a prune stopped by it keeps the batches it committed).
 const commandTimeout = 10 * time.Minute
@@ -68,7 +71,10 @@ func run(args []string) error {
 		fmt.Fprint(os.Stderr, usage)
 		return errors.New("no command")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too: the terminal or SSH session that ran the command went away. Left to Go's
+	// default it killed a serving gateway on the spot, its calls charged their whole hold by
+	// the reconciler, where SIGTERM drains them and charges what they used.
+	ctx, stop := signal.NotifyContext(context.Background(), shutdownSignals...)
 	defer stop()
 	cmd, rest := args[0], args[1:]
 	if subs, family := commandFamilies[cmd]; family {

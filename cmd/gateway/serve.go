@@ -8,7 +8,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -23,12 +26,17 @@ import (
 	tgsql "github.com/tollgate/tollgate/sql"
 )
 
-// serve runs the gateway until SIGTERM/SIGINT (ctx ends), then drains: stop accepting, let
-// calls in flight finish up to shutdown_timeout, wait for their settlements, exit. Before the
-// drain it calls releaseSignals, so that a second signal kills the process as an unhandled
-// one does: an operator pressing Ctrl-C again wants it gone now, and what it leaves the
-// reconciler settles, as after kill -9.
+// serve runs the gateway until SIGTERM/SIGINT/SIGHUP (ctx ends), then drains: stop accepting,
+// let calls in flight finish up to shutdown_timeout, wait for their settlements, exit. Before
+// the drain it hands the signals to dieOnNextSignal, so that a second signal kills the process
+// as an unhandled one does: an operator pressing Ctrl-C again wants it gone now, and what it
+// leaves the reconciler settles, as after kill -9.
+//
+// SIGPIPE is ignored: a log read through a pipe (`make run | tee`, a log shipper) whose reader
+// went away made the next log line kill the process on the spot, mid-call. A write to the
+// broken pipe fails instead, and the gateway serves on without its log.
 func serve(ctx context.Context, releaseSignals func(), args []string) error {
+	signal.Ignore(syscall.SIGPIPE)
 	var pprofAddr string
 	e, err := setup(ctx, "serve", args, true, func(fs *flag.FlagSet) {
 		fs.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this loopback address (off when empty); for profiling")
@@ -51,6 +59,13 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	cfg := e.cfg
 	keys := redisKeys(cfg)
 	store := e.store()
+	// Listening before registering: a start that fails here (the port taken, say) leaves no
+	// row for the other processes to find dead and count.
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.ListenAddr, err)
+	}
+	defer ln.Close() // Serve closes it too; this covers a return before Serve
 	// Registered before serving, so that every hold this process admits names it.
 	var self *holds.Instance
 	if cfg.Holds.FindDeadInstances {
@@ -79,6 +94,10 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 		},
 		onDeadInstances: func(n int) { metrics.DeadInstances.Add(float64(n)) }})
 	if err != nil {
+		if self != nil {
+			// It served nothing: retired, no other process takes it for dead.
+			_ = self.Retire(context.WithoutCancel(ctx))
+		}
 		return err
 	}
 
@@ -100,10 +119,6 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	go leases.Run(bg)
 	go rec.Run(bg)
 
-	ln, err := net.Listen("tcp", cfg.ListenAddr)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.ListenAddr, err)
-	}
 	hs := &http.Server{
 		Handler:           srv.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -123,7 +138,7 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	releaseSignals()
+	dieOnNextSignal(e.log, releaseSignals)
 	e.log.Info("shutting down: draining calls in flight", zap.Duration("deadline", cfg.Limits.ShutdownTimeout))
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Limits.ShutdownTimeout)
 	defer cancel()
@@ -176,6 +191,22 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	}
 	e.log.Info("gateway stopped")
 	return nil
+}
+
+// dieOnNextSignal stops the signals ending ctx (release) and has the next one kill the process
+// as an unhandled signal does, after a line that says the drain was abandoned.
+func dieOnNextSignal(log *zap.Logger, release func()) {
+	next := make(chan os.Signal, 1)
+	signal.Notify(next, shutdownSignals...)
+	release()
+	go func() {
+		sig := <-next
+		log.Error("second signal: drain abandoned, exiting now; the reconciler settles what this process leaves",
+			zap.String("signal", sig.String()))
+		_ = log.Sync()
+		signal.Reset(shutdownSignals...)
+		_ = syscall.Kill(os.Getpid(), sig.(syscall.Signal))
+	}()
 }
 
 // cutGrace is how long the calls cut at the drain deadline have to tell their callers so before
