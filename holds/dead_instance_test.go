@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
@@ -368,7 +371,13 @@ func TestDeadRowsKeptByLeasesDoNotHideTheOthers(t *testing.T) {
 	if err := leases.Refresh(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
-	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter = deadBound })
+	// The reconciling process's lines name it (as cmd/gateway's logger does); a dead row's name
+	// theirs apart, under keys of their own: a line with one key twice is read by most log
+	// pipelines as its last value.
+	core, logs := observer.New(zap.InfoLevel)
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
+		c.DeadAfter, c.Log = deadBound, zap.New(core).With(zap.String("instance", "me"))
+	})
 	if st, err := e.pass(rec); err != nil || st.BroughtIn != 0 {
 		t.Fatalf("first pass, over the two leased rows: %+v, %v; want nothing brought in", st, err)
 	}
@@ -377,6 +386,20 @@ func TestDeadRowsKeptByLeasesDoNotHideTheOthers(t *testing.T) {
 	}
 	if r := e.run(u, behind.RunID); r.State != holds.StateSettled {
 		t.Errorf("call of the row behind: %s, want settled", r.State)
+	}
+	swept := logs.FilterMessageSnippet("instance shut down leaving holds").All()
+	if len(swept) != 1 {
+		t.Fatalf("%d lines saying the row behind was swept, want 1", len(swept))
+	}
+	seen := map[string]bool{}
+	for _, f := range swept[0].Context {
+		if seen[f.Key] {
+			t.Errorf("key %q twice in the line %q", f.Key, swept[0].Message)
+		}
+		seen[f.Key] = true
+	}
+	if f := swept[0].ContextMap(); f["instance"] != "me" || f["dead_instance"] != "killed-behind" {
+		t.Errorf("line names instance %v and dead instance %v, want me and killed-behind", f["instance"], f["dead_instance"])
 	}
 	// The rows reached their end: the next pass reads the leased ones again.
 	if st, err := e.pass(rec); err != nil || st.BroughtIn != 0 {

@@ -142,7 +142,7 @@ func (in *Instance) Beat(ctx context.Context) error {
 	}
 	in.log.Error("this process was declared dead by a reconciler (its heartbeat had stopped for longer than holds.dead_instance_after); "+
 		"calls it was serving may have been settled already from their tally or at their hold — someone should look",
-		zap.String("instance_id", id), zap.String("instance", in.name))
+		zap.String("instance_id", id))
 	if err := in.register(ctx); err != nil {
 		return fmt.Errorf("instance %s declared dead: %w", id, err)
 	}

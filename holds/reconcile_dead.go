@@ -87,7 +87,7 @@ func (r *Reconciler) sweepDead(ctx context.Context, stopAt time.Time) (declared,
 // limit); the rest wait for the next pass. A row kept unswept by leased holds is read again
 // each pass, until its calls end (a paused process's, or one cut off from the database).
 func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int) (brought int, left bool, err error) {
-	log := r.cfg.Log.Named(MoneyLog).With(zap.String("instance_id", d.ID), zap.String("instance", d.Name),
+	log := r.cfg.Log.Named(MoneyLog).With(zap.String("dead_instance_id", d.ID), zap.String("dead_instance", d.Name),
 		zap.Time("beat_at", d.BeatAt), zap.Time("dead_at", d.DeadAt), zap.Bool("retired", d.Retired))
 	leased, after := 0, ""
 	for {
