@@ -284,7 +284,7 @@ func keyRevoke(ctx context.Context, args []string) error {
 	e, st, _, err := adminEnv(ctx, "key revoke", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&key, "key", "", "the key to revoke, in full")
 		fs.StringVar(&user, "user", "", "with -prefix: the user whose keys to revoke")
-		fs.StringVar(&prefix, "prefix", "", "with -user: revoke the user's live keys with this prefix (as `key list` lists them)")
+		fs.StringVar(&prefix, "prefix", "", "with -user: revoke the user's live keys with this prefix (as gateway key list lists them)")
 	})
 	if err != nil {
 		return err

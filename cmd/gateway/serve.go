@@ -225,7 +225,7 @@ func redisKeys(cfg *config.Config) runstate.Keys { return runstate.Keys{Prefix: 
 func reconcileOnce(ctx context.Context, args []string) error {
 	var once, force bool
 	e, err := setup(ctx, "reconcile", args, true, func(fs *flag.FlagSet) {
-		fs.BoolVar(&once, "once", false, "run one pass and exit (required: the loop runs inside `gateway serve`)")
+		fs.BoolVar(&once, "once", false, "run one pass and exit (required: the loop runs inside gateway serve)")
 		fs.BoolVar(&force, "force", false, "scan even if another process holds the reconcile lock")
 	})
 	if err != nil {
