@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -58,7 +59,7 @@ func TestCallLogNamesItsRunOnce(t *testing.T) {
 }
 
 // TestEachRefusalLogsOneLineWithItsCodeStatusRunAndUser: a refused model call writes one line,
-// "request refused", with the status and code the caller got, its run id and the caller's user
+// "request refused", with the status, code and message the caller got, its run id and the caller's user
 // id (when known), and never the caller's key. A wrong key wrote nothing (nor was counted in
 // tollgate_requests_total); a duplicate check or an idempotency record Redis could not answer
 // wrote an ERROR line beside the refusal's, or one without its status and code.
@@ -107,6 +108,10 @@ func TestEachRefusalLogsOneLineWithItsCodeStatusRunAndUser(t *testing.T) {
 		f := lines[0].ContextMap()
 		if f["status"] != int64(tc.status) || f["code"] != tc.code {
 			t.Errorf("%s: logged status %v code %v, want %d %s", tc.name, f["status"], f["code"], tc.status, tc.code)
+		}
+		// What the caller was told, which says why (a body: which part).
+		if want := errorMessage(t, a.body); f["message"] != want {
+			t.Errorf("%s: logged message %q, want the caller's %q", tc.name, f["message"], want)
 		}
 		if tc.user != 0 && (f["user_id"] != tc.user || f["run_id"] == nil) {
 			t.Errorf("%s: logged user %v run %v, want user %d and a run id", tc.name, f["user_id"], f["run_id"], tc.user)
@@ -173,4 +178,18 @@ func TestLostIdempotentAdmissionLogNamesItsHold(t *testing.T) {
 			t.Errorf("%q names run %v, want the hold's %s", l.Message, got, runID)
 		}
 	}
+}
+
+// errorMessage reads the OpenAI error shape and returns its message.
+func errorMessage(t *testing.T, body []byte) string {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		t.Fatalf("not an OpenAI error shape: %s", body)
+	}
+	return e.Error.Message
 }

@@ -73,7 +73,10 @@ func endedAnswer(r *http.Request) *apiError {
 // store's own lines say what is down. Lines below ERROR are sampled (cmd/gateway's logger),
 // so neither a client's flood of bad requests nor the requests of an outage fill the disk.
 func logRefusal(log *zap.Logger, e *apiError, reason string, err error, fields ...zap.Field) {
-	fields = append(fields, zap.String("code", e.Code), zap.Int("status", e.Status), zap.String("reason", reason))
+	// The message is what the caller was told: for a body refused, which part and why (its
+	// code alone says only that it was refused).
+	fields = append(fields, zap.String("code", e.Code), zap.Int("status", e.Status), zap.String("reason", reason),
+		zap.String("message", logged(e.Message)))
 	if err != nil {
 		fields = append(fields, zap.Error(err))
 	}
