@@ -229,6 +229,10 @@ func migrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
+	if lockWait < time.Second || lockWait%time.Second != 0 {
+		// The server's lock_wait_timeout counts whole seconds: 1500ms would quietly be 1 s.
+		return fmt.Errorf("-lock-wait %v: give whole seconds, at least 1s", lockWait)
+	}
 	// Its own handle, without the money paths' 30 s read timeout: the DDL of a migration on a
 	// large table, or the wait for another runner's lock, may take longer.
 	db, err := holds.OpenForMigrate(ctx, e.cfg.MySQLDSN)

@@ -137,3 +137,14 @@ func TestStrayArgumentIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrateLockWaitInWholeSeconds: the server counts lock_wait_timeout in whole seconds, so
+// `-lock-wait 1500ms` ran with 1 s and said nothing. A wait it cannot honour is refused.
+func TestMigrateLockWaitInWholeSeconds(t *testing.T) {
+	for _, wait := range []string{"1500ms", "500ms", "0s"} {
+		err := run([]string{"migrate", "-lock-wait", wait})
+		if err == nil || !strings.Contains(err.Error(), "whole seconds") {
+			t.Errorf("gateway migrate -lock-wait %s: %v, want it refused for not being whole seconds", wait, err)
+		}
+	}
+}
