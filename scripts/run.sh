@@ -120,6 +120,10 @@ EOF
 
 # Not exec: the shell must outlive the gateway to stop fakellm. The gateway
 # stays in the foreground process group, so Ctrl-C reaches it directly.
+# Ctrl-C is the gateway's to handle from here: it drains and exits 0, and so does this script
+# (make said "Error 130" after every clean stop). A no-op trap, not an ignored signal, which the
+# gateway would inherit.
+trap ':' INT
 rc=0
 bin/gateway serve --config "$config" || rc=$?
 exit "$rc"
