@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"reflect"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -182,7 +183,7 @@ func Load(path string) (*Config, error) {
 			if strings.Contains(err.Error(), "into time.Duration") {
 				return nil, fmt.Errorf("config %s: %w (a duration needs its unit: 30s, 5m, 48h)", path, err)
 			}
-			return nil, fmt.Errorf("config %s: %w", path, err)
+			return nil, fmt.Errorf("config %s: %s", path, unknownSettings.ReplaceAllString(err.Error(), `unknown setting "$1" (misspelt, or under the wrong section?)`))
 		}
 		if cfg.Models == nil {
 			cfg.Models = defaults
@@ -195,6 +196,10 @@ func Load(path string) (*Config, error) {
 	}
 	return cfg, nil
 }
+
+// unknownSettings is how yaml.v3 words a key no setting has ("field listen_adr not found in
+// type config.Config"), which names the Go type where an operator looks for a setting.
+var unknownSettings = regexp.MustCompile(`field (\S+) not found in type \S+`)
 
 // requiredModelFields and requiredPlanFields must be written in a config file's models and
 // plans: each decodes as 0 when left out, and 0 is a valid amount (a free model, a plan

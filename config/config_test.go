@@ -81,7 +81,9 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		{"models:\n  m:\n    input: 1\n    output_bound_field: max_output\n", "models.m.output_bound_field"},
 		{"plans:\n  standard:\n    max_in_flight: 0\n", "plans.standard"},
 		{"upstreams:\n  - name: a\n    kind: grpc\n    base_url: http://x\n    models: ['*']\n", "upstreams[0].kind"},
-		{"no_such_setting: 1\n", "no_such_setting"},
+		{"no_such_setting: 1\n", `unknown setting "no_such_setting"`},
+		// Said as a setting, not as yaml.v3's Go type ("not found in type config.Limits").
+		{"limits:\n  max_body_byte: 5\n", `line 4: unknown setting "max_body_byte"`},
 	} {
 		path := filepath.Join(t.TempDir(), "c.yaml")
 		body := "mysql_dsn: x@tcp(h:1)/d\nredis_url: redis://h:1/0\n" + tc.yaml
