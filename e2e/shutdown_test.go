@@ -531,3 +531,35 @@ func TestSecondSignalEndsTheDrain(t *testing.T) {
 	}
 	<-s.done
 }
+
+// TestSigtermDrainLongerThanTheSettleBound: the exit's bound for what follows the drain
+// (settle_timeout + 5 s: the cut calls' answers, their settlements, the batch writer, the
+// row's retirement) counts from the drain's end. Counted from the signal, a drain longer than
+// it left nothing: the cut stream got no error event, its settlement was abandoned (a
+// reconciler later charged it its whole hold) and the row was left for others to find dead.
+func TestSigtermDrainLongerThanTheSettleBound(t *testing.T) {
+	w := newWorld(t)
+	_, key := w.user("long-drain", 10, nil)
+	g := w.startGatewayWith("gw-long-drain", w.writeConfig(map[string]string{
+		"limits.shutdown_timeout": "8s", "limits.settle_timeout": "1s"}))
+	s := startStream(t, g, key, 100_000, 20*time.Millisecond, nil)
+	g.signal(t, syscall.SIGTERM)
+	if err := g.wait(t, 30*time.Second); err != nil {
+		t.Errorf("gateway exit: %v, want status 0", err)
+	}
+	<-s.done
+	if s.err != nil || !strings.Contains(s.last, `"code":"shutting_down"`) {
+		t.Errorf("cut stream: ended with %v after %q; want a shutting_down error event and a clean end", s.err, s.last)
+	}
+	if r := w.hold(s.runID); r.SettleSource.String != holds.SourceShutdown || r.ChargedMicro <= 0 || r.ChargedMicro >= r.HeldMicro {
+		t.Errorf("cut stream: %s by %q, charged %d of %d held; want settled by its process at what it used",
+			r.State, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
+	}
+	var live int
+	if err := w.db.Get(&live, "SELECT COUNT(*) FROM instances WHERE name = ? AND dead_at IS NULL", "gw-long-drain"); err != nil {
+		t.Fatal(err)
+	}
+	if live != 0 {
+		t.Errorf("the gateway's row is not retired after its drain")
+	}
+}

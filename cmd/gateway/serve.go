@@ -142,10 +142,12 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	e.log.Info("shutting down: draining calls in flight", zap.Duration("deadline", cfg.Limits.ShutdownTimeout))
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Limits.ShutdownTimeout)
 	defer cancel()
-	// The exit's bound past the drain: the cut calls' answers and every settlement.
+	err = hs.Shutdown(sctx)
+	// The exit's bound past the drain, from its end: the cut calls' answers, every settlement,
+	// the batch writer's last transactions and the row's retirement.
 	wctx, wcancel := context.WithTimeout(context.Background(), cfg.Limits.SettleTimeout+5*time.Second)
 	defer wcancel()
-	if err := hs.Shutdown(sctx); err != nil {
+	if err != nil {
 		// Calls still running at the deadline are cut: each tells its caller (503
 		// shutting_down, or an error event in its stream) and its deferred settlement charges
 		// what it used. The connections still open cutGrace later (a caller not reading) are
