@@ -3,10 +3,13 @@ package e2e
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -119,5 +122,55 @@ func TestStartOnATakenPortLeavesNoInstanceRow(t *testing.T) {
 	}
 	if rows != 0 {
 		t.Errorf("%d instance rows of a gateway that never listened, want none", rows)
+	}
+}
+
+// TestNohupGatewayKeepsIgnoringHangup: a gateway started under nohup (SIGHUP ignored) keeps it
+// ignored — asking to be told of SIGHUP would undo nohup, and the session's end would drain
+// and stop a gateway meant to outlive it. SIGTERM still drains it.
+func TestNohupGatewayKeepsIgnoringHangup(t *testing.T) {
+	w := newWorld(t)
+	addr := freePort(t)
+	logf, err := os.Create(filepath.Join(t.TempDir(), "nohup.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command("nohup", gatewayBin, "serve", "-config", w.config)
+	cmd.Env = w.gatewayEnv("gw-nohup", addr)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	g := &gateway{name: "gw-nohup", url: "http://" + addr, cmd: cmd, log: logf.Name(), done: make(chan struct{})}
+	go func() { g.err = cmd.Wait(); close(g.done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-g.done })
+	waitFor(t, 20*time.Second, "the gateway under nohup ready", func() bool {
+		resp, err := http.Get(g.url + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	// The kernel's own word on the process's signals: SIGHUP (bit 0) still ignored.
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ignored uint64
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "SigIgn:"); ok {
+			if ignored, err = strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if ignored&(1<<(syscall.SIGHUP-1)) == 0 {
+		t.Errorf("SIGHUP no longer ignored in a gateway started under nohup (SigIgn %x)", ignored)
+	}
+	g.signal(t, syscall.SIGTERM)
+	if err := g.wait(t, testShutdownDrain+15*time.Second); err != nil {
+		t.Errorf("gateway exit after SIGTERM: %v, want status 0", err)
 	}
 }

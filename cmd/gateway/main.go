@@ -59,8 +59,25 @@ var commandFamilies = map[string]string{
 	"key":  "create, list, revoke",
 }
 
-// shutdownSignals end a command; serve drains on the first and dies on the next.
-var shutdownSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP}
+// shutdownSignals end a command; serve drains on the first and dies on the next. SIGHUP too:
+// the terminal or SSH session that ran the command went away. Left to Go's default it killed a
+// serving gateway on the spot, its calls charged their whole hold by the reconciler, where
+// SIGTERM drains them and charges what they used. A signal the process was started ignoring
+// stays ignored (nohup's SIGHUP, a script's background job's SIGINT): Notify would undo that.
+// Read before anything asks for a signal, once Notify has, Ignored no longer tells.
+// SIGTERM is always among them (and the list is never empty: Notify with none relays every
+// signal).
+var shutdownSignals = notIgnored(os.Interrupt, syscall.SIGHUP)
+
+func notIgnored(sigs ...os.Signal) []os.Signal {
+	out := []os.Signal{syscall.SIGTERM}
+	for _, s := range sigs {
+		if !signal.Ignored(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
 
 // commandTimeout bounds every command but serve and migrate (reconcile -once, reports,
 // grants, audit, prune: a prune stopped by it keeps the batches it committed).
@@ -71,9 +88,6 @@ func run(args []string) error {
 		fmt.Fprint(os.Stderr, usage)
 		return errors.New("no command")
 	}
-	// SIGHUP too: the terminal or SSH session that ran the command went away. Left to Go's
-	// default it killed a serving gateway on the spot, its calls charged their whole hold by
-	// the reconciler, where SIGTERM drains them and charges what they used.
 	ctx, stop := signal.NotifyContext(context.Background(), shutdownSignals...)
 	defer stop()
 	cmd, rest := args[0], args[1:]
