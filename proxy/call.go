@@ -200,7 +200,8 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 			w.Header().Set(shouldRetryHeader, "false")
 			return refuse(errSupersededAnswer, "superseded", nil)
 		}
-		logRefusal(log, errClientClosed, "client left before forwarding; hold released", nil)
+		e, why := ended(r.Context(), "before forwarding; hold released")
+		logRefusal(log, e, why, nil)
 		return answerClientClosed(w, r)
 	}
 	w.Header().Set(RunIDHeader, runID) // forwarded from here on (a refusal above names no run)
@@ -256,7 +257,8 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, rt *route, us
 	} else if hold, err = s.writer.Admit(r.Context(), ar); err != nil {
 		s.releaseLostAdmission(r.Context(), ar, err, log)
 		if r.Context().Err() != nil {
-			logRefusal(log, errClientClosed, "client left during admission; nothing held", err)
+			e, why := ended(r.Context(), "during admission; nothing held")
+			logRefusal(log, e, why, err)
 			return nil, answerClientClosed(w, r)
 		}
 		e := s.admitError(err)

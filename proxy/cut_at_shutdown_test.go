@@ -8,8 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -102,5 +107,55 @@ func TestCallsCutAtTheDrainDeadlineAreToldSo(t *testing.T) {
 		if run := h.run(u.ID, s.runID); run.SettleSource.String != holds.SourceShutdown || run.OutTok <= 0 {
 			t.Errorf("stream %s, cut: settled by %q with %d output tokens; want shutdown, with what it streamed", s.runID, run.SettleSource.String, run.OutTok)
 		}
+	}
+}
+
+// TestCallCutDuringItsAdmissionIsToldAndLoggedSo: calls whose admission waits on the user's row
+// (held by an operator's console) when the drain deadline cuts them — a plain call, and a
+// named run's, whose budget reservation also reads the cut context — are answered 503
+// shutting_down, nothing held, and their log line says so: it said client_closed_request, 499,
+// "client left", for a caller that was still there and told otherwise.
+func TestCallCutDuringItsAdmissionIsToldAndLoggedSo(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, nil)
+	u, key := h.user("standard")
+	lock := testenv.ConsoleTx(t, h.db)
+	var id uint64
+	if err := lock.Get(&id, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	answers := make(chan answer, 2)
+	for _, hdr := range []map[string]string{nil, {"X-Run-Id": "job-cut"}} {
+		go func() { answers <- send(h.gw.URL, key, chatBody, hdr) }()
+	}
+	waitFor(t, "both admissions waiting on the user's row", func() bool {
+		var n int
+		err := h.db.Get(&n, `SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()
+			AND ID <> CONNECTION_ID() AND INFO LIKE '%FROM users WHERE id IN%FOR UPDATE%' AND INFO NOT LIKE '%PROCESSLIST%'`)
+		return err == nil && n > 0
+	})
+	h.srv.CutCalls()
+	for range 2 {
+		a := <-answers
+		if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "shutting_down" {
+			t.Errorf("call cut during its admission: %d %s, want 503 shutting_down", a.status, a.body)
+		}
+	}
+	if err := lock.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	h.settled()
+	refused := logs.FilterMessage("request refused").All()
+	if len(refused) != 2 {
+		t.Errorf("%d refusal lines, want one for each cut call", len(refused))
+	}
+	for _, l := range refused {
+		f := l.ContextMap()
+		if f["code"] != "shutting_down" || f["status"] != int64(http.StatusServiceUnavailable) || !strings.Contains(f["reason"].(string), "cut at the drain deadline") {
+			t.Errorf("refusal logged as %v %v %q, want shutting_down 503, cut at the drain deadline", f["code"], f["status"], f["reason"])
+		}
+	}
+	if _, live := h.holdCount(); live != 0 {
+		t.Errorf("%d holds live after the cut calls were refused", live)
 	}
 }

@@ -70,7 +70,8 @@ func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, c *cal
 	switch {
 	case err != nil && r.Context().Err() != nil:
 		c.outcome = outcomeRefused
-		logRefusal(c.log, errClientClosed, "client left during the duplicate check; hold released", err)
+		e, why := ended(r.Context(), "during the duplicate check; hold released")
+		logRefusal(c.log, e, why, err)
 		return answerClientClosed(w, r)
 	case errors.As(err, &dbDown):
 		c.outcome = outcomeRefused

@@ -60,10 +60,17 @@ func answerClientClosed(w http.ResponseWriter, r *http.Request) int {
 // endedAnswer is what a call whose request context ended is answered (a stream: in an error
 // event): errCutAtShutdown when the gateway cut it, else errClientClosed.
 func endedAnswer(r *http.Request) *apiError {
-	if errors.Is(context.Cause(r.Context()), errDrainDeadline) {
-		return errCutAtShutdown
+	e, _ := ended(r.Context(), "")
+	return e
+}
+
+// ended is the answer, and the log line's reason, for a call whose context ended during step:
+// the gateway cut it at its drain deadline, or its caller left.
+func ended(ctx context.Context, step string) (*apiError, string) {
+	if errors.Is(context.Cause(ctx), errDrainDeadline) {
+		return errCutAtShutdown, "cut at the drain deadline " + step
 	}
-	return errClientClosed
+	return errClientClosed, "client left " + step
 }
 
 // logRefusal writes a refused request's one line, "request refused": the status and code its

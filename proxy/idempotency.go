@@ -186,7 +186,8 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 	// failure is its cancelled context, there is no one to answer, and nothing is held.
 	fail := func(e *apiError, msg string, err error) (holds.Hold, int) {
 		if ctx.Err() != nil {
-			logRefusal(log, errClientClosed, "client left during the idempotency check; nothing held", err, zap.String("step", msg))
+			e, why := ended(ctx, "during the idempotency check; nothing held")
+			logRefusal(log, e, why, err, zap.String("step", msg))
 			return holds.Hold{}, answerClientClosed(w, r)
 		}
 		logRefusal(log, e, msg, err)

@@ -60,7 +60,8 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 		// nothing used) must still go out.
 		c.reserving = true
 		if ctx.Err() != nil {
-			return 0, errClientClosed, fmt.Errorf("client left during the run budget reservation: %w", err)
+			e, why := ended(ctx, "during the run budget reservation")
+			return 0, e, fmt.Errorf("%s: %w", why, err)
 		}
 		return 0, errBillingDown, fmt.Errorf("run budget unavailable: %w", err)
 	}

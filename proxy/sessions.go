@@ -268,7 +268,8 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) (*apiError, error) {
 	c.outcome = outcomeRefused
 	if ctx.Err() != nil {
-		return errClientClosed, fmt.Errorf("client left during the session claim: %w", err)
+		e, why := ended(ctx, "during the session claim")
+		return e, fmt.Errorf("%s: %w", why, err)
 	}
 	return errBillingDown, fmt.Errorf("session claim: %w", err)
 }
