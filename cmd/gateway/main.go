@@ -234,19 +234,26 @@ func (e *env) store() *holds.Store {
 }
 
 func migrate(ctx context.Context, args []string) error {
-	var lockWait time.Duration
+	lockWait := tgsql.DefaultLockWait
 	e, err := setup(ctx, "migrate", args, false, func(fs *flag.FlagSet) {
-		fs.DurationVar(&lockWait, "lock-wait", tgsql.DefaultLockWait,
-			"how long each schema change waits for a table in use (whole seconds); the serving gateways' statements on that table queue behind the wait")
+		fs.Func("lock-wait", fmt.Sprintf("how long each schema change waits for a table in use, a `duration` in whole seconds (default %v); "+
+			"the serving gateways' statements on that table queue behind the wait", tgsql.DefaultLockWait), func(v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return err
+			}
+			if d < time.Second || d%time.Second != 0 {
+				// The server's lock_wait_timeout counts whole seconds: 1500ms was quietly 1 s.
+				return fmt.Errorf("%v: give whole seconds, at least 1s", d)
+			}
+			lockWait = d
+			return nil
+		})
 	})
 	if err != nil {
 		return err
 	}
 	defer e.Close()
-	if lockWait < time.Second || lockWait%time.Second != 0 {
-		// The server's lock_wait_timeout counts whole seconds: 1500ms would quietly be 1 s.
-		return fmt.Errorf("-lock-wait %v: give whole seconds, at least 1s", lockWait)
-	}
 	// Its own handle, without the money paths' 30 s read timeout: the DDL of a migration on a
 	// large table, or the wait for another runner's lock, may take longer.
 	db, err := holds.OpenForMigrate(ctx, e.cfg.MySQLDSN)

@@ -139,8 +139,10 @@ func TestStrayArgumentIsRefused(t *testing.T) {
 }
 
 // TestMigrateLockWaitInWholeSeconds: the server counts lock_wait_timeout in whole seconds, so
-// `-lock-wait 1500ms` ran with 1 s and said nothing. A wait it cannot honour is refused.
+// `-lock-wait 1500ms` ran with 1 s and said nothing. A wait it cannot honour is refused, before
+// anything is opened (no database here).
 func TestMigrateLockWaitInWholeSeconds(t *testing.T) {
+	t.Setenv("MYSQL_DSN", "nobody@tcp(127.0.0.1:1)/none")
 	for _, wait := range []string{"1500ms", "500ms", "0s"} {
 		err := run([]string{"migrate", "-lock-wait", wait})
 		if err == nil || !strings.Contains(err.Error(), "whole seconds") {
