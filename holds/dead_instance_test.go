@@ -412,6 +412,46 @@ func TestDeadRowsKeptByLeasesDoNotHideTheOthers(t *testing.T) {
 	}
 }
 
+// TestDeadRowThatFillsAPassDoesNotStallTheOthers: a dead row whose leased holds alone fill a
+// pass's batches stopped every pass there, and the rows behind it were never swept. Having had
+// a pass to itself, it goes behind them.
+func TestDeadRowThatFillsAPassDoesNotStallTheOthers(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("stall-user", 5, nil)
+	leases := runstate.NewLeases(e.rdb, e.keys, "cut-off-process", time.Minute, time.Second, e.log)
+	register := func(name string) *holds.Instance {
+		in, err := e.store.RegisterInstance(e.ctx(), name, 50*time.Millisecond, 0, e.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	full := register("cut-off-full")
+	for _, id := range []string{"r_full_1", "r_full_2"} {
+		leases.Acquire(e.admitBy(u, id, "", full.ID(), holds.StateRunning).RunID)
+	}
+	behind := register("killed-behind")
+	h := e.admitBy(u, "r_behind", "", behind.ID(), holds.StateRunning)
+	if err := leases.Refresh(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range []*holds.Instance{full, behind} {
+		if err := in.Retire(e.ctx()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One hold a batch, one batch a pass: the full row's first leased hold fills the pass.
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Batch, c.MaxBatches = deadBound, 1, 1 })
+	for pass := 1; pass <= 3; pass++ {
+		if _, err := e.pass(rec); err != nil {
+			t.Fatalf("pass %d: %v", pass, err)
+		}
+	}
+	if r := e.run(u, h.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold {
+		t.Errorf("call of the row behind: %s by %q after three passes, want settled at its hold", r.State, r.SettleSource.String)
+	}
+}
+
 // runAny reads a hold's state and expiry, whoever its user.
 func (e *storeEnv) runAny(runID string) holds.Run {
 	e.t.Helper()

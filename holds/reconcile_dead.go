@@ -62,11 +62,16 @@ func (r *Reconciler) sweepDead(ctx context.Context, stopAt time.Time) (declared,
 		return declared, 0, fmt.Errorf("sweep dead instances: %w", err)
 	}
 	batches := 0
-	for _, d := range dead {
+	for i, d := range dead {
 		got, left, err := r.sweepOne(ctx, d, &batches)
 		brought += got
 		if err != nil || left {
-			// This row first, next pass: the rest of its holds wait for it.
+			// This row first, next pass: the rest of its holds wait for it. Unless it had this
+			// pass to itself and still stopped it (its leased holds alone fill the batches or
+			// the time): the rows behind it go first, and it comes round again with the rest.
+			if i == 0 && (left || ctx.Err() != nil) {
+				after = deadCursor{DeadAt: d.DeadAt, ID: d.ID}
+			}
 			r.resumeDeadAt(after)
 			return declared, brought, err
 		}
