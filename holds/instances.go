@@ -97,13 +97,16 @@ func (in *Instance) Run(ctx context.Context) {
 		}
 		bctx, cancel := context.WithTimeout(ctx, instanceBeatTimeout)
 		err := in.Beat(bctx)
-		if err == nil && !in.retired.Load() {
-			err = in.watch(bctx)
-		}
-		cancel()
 		if err != nil && ctx.Err() == nil {
 			in.log.Warn("instance heartbeat failed; tried again at the next beat", zap.String("instance_id", in.ID()), zap.Error(err))
 		}
+		if err == nil && !in.retired.Load() {
+			if err := in.watch(bctx); err != nil && ctx.Err() == nil {
+				in.log.Warn("reading the other instances' beats failed; read again at the next beat (and by each pass before it declares any dead)",
+					zap.String("instance_id", in.ID()), zap.Error(err))
+			}
+		}
+		cancel()
 	}
 }
 

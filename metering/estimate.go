@@ -119,9 +119,13 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 // its instructions, tool definitions and output schema, which a continuation sends again (and
 // its estimate counts from its own body). The provider's prompt count includes them.
 func EstimateNotHandedOn(body []byte) int64 {
-	textBytes := int64(len(gjson.GetBytes(body, "tools").Raw)) + int64(len(gjson.GetBytes(body, "text.format").Raw)) +
-		textLen(gjson.GetBytes(body, "instructions"))
-	return min(maxEstimatedTokens, ceilDiv(textBytes, bytesPerToken))
+	instructions := textLen(gjson.GetBytes(body, "instructions"))
+	textBytes := int64(len(gjson.GetBytes(body, "tools").Raw)) + int64(len(gjson.GetBytes(body, "text.format").Raw)) + instructions
+	var messages int64
+	if instructions > 0 {
+		messages = 1 // a message of its own, as estimateInput counts it
+	}
+	return min(maxEstimatedTokens, ceilDiv(textBytes, bytesPerToken)+messages*tokensPerMessage)
 }
 
 // EstimateOutputTokens turns streamed text bytes into tokens.

@@ -600,6 +600,13 @@ func TestEstimateNotHandedOnCountsEachOwnPart(t *testing.T) {
 			t.Errorf("%s: %d tokens not handed on, want at least 1000", name, got)
 		}
 	}
+	// Instructions are a message of the request's own estimate, overhead included: as much is
+	// not handed on (else each estimated link of a chain handed its successor 4 tokens more).
+	body := []byte(`{"previous_response_id":"resp_1","instructions":"be brief","input":"cap test"}`)
+	own, _ := EstimatePrompt(FormatResponses, body)
+	if got, want := EstimateNotHandedOn(body), own-6; got != want {
+		t.Errorf("instructions of 8 bytes: %d tokens not handed on, want %d (the request's %d less its input's 6)", got, want, own)
+	}
 }
 
 // Groq puts a stream's usage in x_groq.usage, whether or not include_usage was asked for: a
