@@ -165,7 +165,15 @@ type ModelCfg struct {
 }
 
 // Load reads path (empty: defaults only), applies the environment, and validates.
-func Load(path string) (*Config, error) {
+func Load(path string) (*Config, error) { return load(path, true) }
+
+// LoadWithoutRedis is Load for a command that uses the database alone (migrate, audit, the
+// admin commands): an empty redis_url is no mistake there, and an operator running an audit
+// from a host that has only the database need not invent one. One that is set is still
+// checked.
+func LoadWithoutRedis(path string) (*Config, error) { return load(path, false) }
+
+func load(path string, needRedis bool) (*Config, error) {
 	cfg := Default()
 	var unwritten []error // what a typed decode cannot see: settings left out or empty, fractions dropped
 	if path != "" {
@@ -191,7 +199,7 @@ func Load(path string) (*Config, error) {
 		unwritten = checkWritten(raw)
 	}
 	cfg.applyEnv(os.Getenv)
-	if err := errors.Join(append(unwritten, cfg.Validate())...); err != nil {
+	if err := errors.Join(append(unwritten, cfg.validate(needRedis))...); err != nil {
 		return nil, err
 	}
 	return cfg, nil
@@ -480,12 +488,15 @@ func (c *Config) served(name string) bool {
 const maxPlanMilli = 1_000_000_000_000_000
 
 // Validate reports every wrong setting at once, each named by its YAML path.
-func (c *Config) Validate() error {
+func (c *Config) Validate() error { return c.validate(true) }
+
+// validate is Validate; needRedis false lets redis_url be empty (LoadWithoutRedis).
+func (c *Config) validate(needRedis bool) error {
 	var errs []error
 	bad := func(setting, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", setting, fmt.Sprintf(format, args...)))
 	}
-	c.checkService(bad)
+	c.checkService(bad, needRedis)
 	c.checkHoldTimes(bad)
 	c.checkSizes(bad)
 	c.checkDedup(bad)
@@ -500,7 +511,7 @@ func (c *Config) Validate() error {
 type complain func(setting, format string, args ...any)
 
 // checkService checks where the gateway listens, what it connects to and its money unit.
-func (c *Config) checkService(bad complain) {
+func (c *Config) checkService(bad complain, needRedis bool) {
 	if c.ListenAddr == "" {
 		bad("listen_addr (LISTEN_ADDR)", "is empty")
 	} else if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
@@ -510,7 +521,9 @@ func (c *Config) checkService(bad complain) {
 		bad("mysql_dsn (MYSQL_DSN)", "is empty; e.g. tollgate:tollgate@tcp(127.0.0.1:3306)/tollgate")
 	}
 	if c.RedisURL == "" {
-		bad("redis_url (REDIS_URL)", "is empty; e.g. redis://127.0.0.1:6379/0")
+		if needRedis {
+			bad("redis_url (REDIS_URL)", "is empty; e.g. redis://127.0.0.1:6379/0")
+		}
 	} else if u, err := url.Parse(c.RedisURL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
 		bad("redis_url (REDIS_URL)", "%q is not a redis:// or rediss:// URL", redactURL(c.RedisURL))
 	} else if redisURLAtPastHost(u) {

@@ -127,6 +127,24 @@ func TestMissingDSNStopsTheStart(t *testing.T) {
 	}
 }
 
+// TestDatabaseCommandsNeedNoRedisURL: a command that uses the database alone loads a config
+// without redis_url (an audit from a host that has only the database); serve still needs one,
+// and a redis_url that is set is checked either way.
+func TestDatabaseCommandsNeedNoRedisURL(t *testing.T) {
+	t.Setenv("MYSQL_DSN", "x@tcp(h:1)/d")
+	t.Setenv("REDIS_URL", "")
+	if _, err := LoadWithoutRedis(""); err != nil {
+		t.Errorf("a database command without redis_url: %v, want it loaded", err)
+	}
+	if _, err := Load(""); err == nil || !strings.Contains(err.Error(), "REDIS_URL") {
+		t.Errorf("serve without redis_url: %v, want it named", err)
+	}
+	t.Setenv("REDIS_URL", "http://not-redis")
+	if _, err := LoadWithoutRedis(""); err == nil || !strings.Contains(err.Error(), "REDIS_URL") {
+		t.Errorf("a database command with a wrong redis_url: %v, want it named", err)
+	}
+}
+
 func TestWarningsNameAHoldShorterThanTheLongestCall(t *testing.T) {
 	c := Default()
 	if w := c.Warnings(); len(w) != 0 {

@@ -337,6 +337,24 @@ func TestGrantRefusalIsWordedInCredits(t *testing.T) {
 	}
 }
 
+// TestDatabaseCommandsRunWithoutRedisURL: the commands that use the database alone run with no
+// REDIS_URL set (they refused to start without one they never used).
+func TestDatabaseCommandsRunWithoutRedisURL(t *testing.T) {
+	count := useTestDatabase(t)
+	t.Setenv("REDIS_URL", "")
+	if err := run([]string{"user", "create", "-name", "no-redis"}); err != nil {
+		t.Fatalf("user create without REDIS_URL: %v", err)
+	}
+	if n := count("SELECT COUNT(*) FROM users WHERE name = ?", "no-redis"); n != 1 {
+		t.Fatalf("%d users named no-redis, want 1", n)
+	}
+	for _, args := range [][]string{{"balance", "-user", "no-redis"}, {"audit"}} {
+		if err := run(args); err != nil {
+			t.Errorf("gateway %s without REDIS_URL: %v", strings.Join(args, " "), err)
+		}
+	}
+}
+
 // TestUserCreateUnknownPlanNamesThePlans: `gateway user create -plan gold` answered only
 // `unknown plan "gold"`, while `user set` and POST /admin/users name the configured plans; an
 // operator on a first day had to open the config to find them.

@@ -190,7 +190,11 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("%s: unexpected argument %q: values are given as flags (-name NAME, -user NAME, …; gateway help lists them)", name, fs.Arg(0))
 	}
-	cfg, err := config.Load(*cfgPath)
+	load := config.Load
+	if !needRedis {
+		load = config.LoadWithoutRedis
+	}
+	cfg, err := load(*cfgPath)
 	if err != nil {
 		return nil, err
 	}
