@@ -26,7 +26,8 @@ import (
 	tgsql "github.com/tollgate/tollgate/sql"
 )
 
-// serve runs the gateway until SIGTERM/SIGINT/SIGHUP (ctx ends), then drains: stop accepting,
+// serve runs the gateway until SIGTERM, SIGINT or SIGHUP (shutdownSignals: those it was not
+// started ignoring) ends ctx, then drains: stop accepting,
 // let calls in flight finish up to shutdown_timeout, wait for their settlements, exit. Before
 // the drain it hands the signals to dieOnNextSignal, so that a second signal kills the process
 // as an unhandled one does: an operator pressing Ctrl-C again wants it gone now, and what it
