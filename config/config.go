@@ -176,6 +176,7 @@ func LoadWithoutRedis(path string) (*Config, error) { return load(path, false) }
 func load(path string, needRedis bool) (*Config, error) {
 	cfg := Default()
 	var unwritten []error // what a typed decode cannot see: settings left out or empty, fractions dropped
+	var told []string     // the settings unwritten names, which validate need not name again
 	if path != "" {
 		raw, err := os.ReadFile(path)
 		if err != nil {
@@ -196,10 +197,10 @@ func load(path string, needRedis bool) (*Config, error) {
 		if cfg.Models == nil {
 			cfg.Models = defaults
 		}
-		unwritten = checkWritten(raw)
+		unwritten, told = checkWritten(raw)
 	}
 	cfg.applyEnv(os.Getenv)
-	if err := errors.Join(append(unwritten, cfg.validate(needRedis))...); err != nil {
+	if err := errors.Join(append(unwritten, cfg.validate(needRedis, told))...); err != nil {
 		return nil, err
 	}
 	return cfg, nil
@@ -220,13 +221,14 @@ var (
 
 // checkWritten reports what a typed decode cannot see: a fraction in an integer setting, a
 // required price or plan field left out, and any price or plan field left empty (`input:` is
-// YAML's null, which decodes as 0).
-func checkWritten(raw []byte) []error {
+// YAML's null, which decodes as 0). It also returns the price and plan fields it named, so
+// that the checks of their (zero) values do not name each a second time.
+func checkWritten(raw []byte) (errs []error, told []string) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(raw, &doc); err != nil || len(doc.Content) == 0 {
-		return nil // the typed decode has reported it, or the file is empty
+		return nil, nil // the typed decode has reported it, or the file is empty
 	}
-	errs := checkWhole(doc.Content[0], reflect.TypeOf(Config{}), "")
+	errs = checkWhole(doc.Content[0], reflect.TypeOf(Config{}), "")
 	for _, sec := range []struct {
 		name     string
 		required []string
@@ -251,16 +253,18 @@ func checkWritten(raw []byte) []error {
 			for j := 0; j+1 < len(fields.Content); j += 2 {
 				if v := fields.Content[j+1]; v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" && sec.mustBeWritten(fields.Content[j].Value) {
 					errs = append(errs, fmt.Errorf("%s.%s: line %d: is empty; write 0 if 0 is meant", at, fields.Content[j].Value, v.Line))
+					told = append(told, at+"."+fields.Content[j].Value)
 				}
 			}
 			for _, f := range sec.required {
 				if mappingValue(fields, f) == nil {
 					errs = append(errs, fmt.Errorf("%s.%s: line %d: is missing (every %s entry sets it; write 0 if 0 is meant)", at, f, fields.Line, sec.name))
+					told = append(told, at+"."+f)
 				}
 			}
 		}
 	}
-	return errs
+	return errs, told
 }
 
 // isModelPrice reports whether key names a price field of a models entry.
@@ -488,12 +492,20 @@ func (c *Config) served(name string) bool {
 const maxPlanMilli = 1_000_000_000_000_000
 
 // Validate reports every wrong setting at once, each named by its YAML path.
-func (c *Config) Validate() error { return c.validate(true) }
+func (c *Config) Validate() error { return c.validate(true, nil) }
 
-// validate is Validate; needRedis false lets redis_url be empty (LoadWithoutRedis).
-func (c *Config) validate(needRedis bool) error {
+// validate is Validate; needRedis false lets redis_url be empty (LoadWithoutRedis). A setting
+// matched by a pattern in told (a field the file left out, already named with its line) is
+// not named again: "plans.pro.hold_*_credits: need 0 < ..." under "plans.pro.hold_normal_credits:
+// is missing" says the same thing twice.
+func (c *Config) validate(needRedis bool, told []string) error {
 	var errs []error
 	bad := func(setting, format string, args ...any) {
+		for _, t := range told {
+			if names(setting, t) {
+				return
+			}
+		}
 		errs = append(errs, fmt.Errorf("%s: %s", setting, fmt.Sprintf(format, args...)))
 	}
 	c.checkService(bad, needRedis)
@@ -505,6 +517,20 @@ func (c *Config) validate(needRedis bool) error {
 	prices := c.checkModels(bad)
 	c.checkUpstreams(bad, prices)
 	return errors.Join(errs...)
+}
+
+// names reports whether setting names field: the same path, or a path whose one * stands for
+// a part of one key (plans.pro.hold_*_credits names plans.pro.hold_normal_credits; the model
+// "gpt-*" is not a pattern over the fields of the model "gpt-x").
+func names(setting, field string) bool {
+	before, after, wild := strings.Cut(setting, "*")
+	if !wild {
+		return setting == field
+	}
+	if len(field) < len(before)+len(after) || !strings.HasPrefix(field, before) || !strings.HasSuffix(field, after) {
+		return false
+	}
+	return !strings.Contains(field[len(before):len(field)-len(after)], ".")
 }
 
 // complain records one wrong setting: its YAML path (and variable) and what is wrong with it.

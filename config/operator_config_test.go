@@ -129,6 +129,46 @@ func TestMoneyFieldsLeftOutAreRefused(t *testing.T) {
 	}
 }
 
+// A plan field left out is named once, with its line: the checks of its (zero) value said
+// the same thing again in other words ("max_in_flight: must be in [1, 10000], got 0" under
+// "max_in_flight: is missing"), so a plan with four fields left out read as eight problems.
+// What is wrong besides (a discount over 100 %) is still named.
+func TestFieldLeftOutIsNamedOnce(t *testing.T) {
+	_, err := loadYAML(t, "plans:\n  pro:\n    allowance_credits: 10\n    discount_bp: 20000\n    hold_heavy_credits:\n")
+	if err == nil {
+		t.Fatal("a plan with fields left out was accepted")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	for _, field := range []string{"hold_normal_credits", "hold_heavy_credits", "heavy_after_turns", "max_in_flight", "max_run_cost_credits"} {
+		n := 0
+		for _, l := range lines {
+			if strings.HasPrefix(l, "plans.pro."+field+":") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("plans.pro.%s named %d times, want once:\n%v", field, n, err)
+		}
+	}
+	for _, want := range []string{"plans.pro.discount_bp: must be in [0, 10000]"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q:\n%v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "hold_*_credits") {
+		t.Errorf("the hold pair is named again as hold_*_credits:\n%v", err)
+	}
+}
+
+// A model named with a * is not a pattern over other models' fields: "gpt-*" is refused
+// even when the model gpt-x leaves a price out.
+func TestStarModelNotHiddenByAnotherModelsMissingField(t *testing.T) {
+	_, err := loadYAML(t, "models:\n  'gpt-*':\n    input: 1\n    output: 1\n  gpt-x:\n    input: 1\n")
+	if err == nil || !strings.Contains(err.Error(), "models.gpt-*:") || !strings.Contains(err.Error(), "models.gpt-x.output") {
+		t.Errorf("error %v, want it to name models.gpt-* and models.gpt-x.output", err)
+	}
+}
+
 // Model prices match by name, then by the longest configured name that prefixes the model:
 // "gpt-*" (the upstreams' pattern syntax) is taken literally and prices no model, and a
 // negative max_output_tokens is no limit. Both must stop the start.
