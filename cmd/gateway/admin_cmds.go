@@ -76,6 +76,12 @@ func namedUser(ctx context.Context, st *holds.Store, flagName, name string) (hol
 	return st.UserDetail(ctx, name)
 }
 
+// ofUser names the user an operator typed on an error of the store's, which names users by
+// their id ("revoke keys of user 42: ...": a number the operator never typed nor sees).
+func ofUser(d holds.UserDetail, err error) error {
+	return fmt.Errorf("user %s: %w", d.Name, err)
+}
+
 // limitFlag checks a listing's -limit against the API's bound.
 func limitFlag(limit int) error {
 	if limit < 1 || limit > admin.MaxListLimit {
@@ -152,7 +158,7 @@ func keyList(ctx context.Context, args []string) error {
 	}
 	keys, err := st.ListKeys(ctx, d.ID, after, limit+1)
 	if err != nil {
-		return err
+		return ofUser(d, err)
 	}
 	return printJSON(admin.List(keys, limit, v.Key, func(k holds.KeyInfo) any { return k.ID }))
 }
@@ -210,9 +216,9 @@ func userSet(ctx context.Context, args []string) error {
 	}
 	if err := st.ChangeUser(ctx, d.ID, c); err != nil {
 		if errors.Is(err, holds.ErrUnknownPlan) {
-			return fmt.Errorf("%w (configured: %v)", err, st.PlanNames())
+			return ofUser(d, fmt.Errorf("%w (configured: %v)", err, st.PlanNames()))
 		}
-		return err
+		return ofUser(d, err)
 	}
 	if d, err = st.UserDetail(ctx, name); err != nil {
 		return err
@@ -269,7 +275,7 @@ func userSetDisabled(ctx context.Context, cmd string, args []string, disable boo
 	}
 	changed, err := op(ctx, d.ID)
 	if err != nil {
-		return err
+		return ofUser(d, err)
 	}
 	if d, err = st.UserDetail(ctx, name); err != nil {
 		return err
@@ -303,7 +309,7 @@ func keyRevoke(ctx context.Context, args []string) error {
 		}
 		n, err := st.RevokeKeysByPrefix(ctx, d.ID, prefix)
 		if err != nil {
-			return err
+			return ofUser(d, err)
 		}
 		fmt.Printf("revoked %d key(s) of %s with prefix %s\n", n, user, prefix)
 	default:
@@ -346,7 +352,7 @@ func grantCmd(ctx context.Context, args []string) error {
 		return fmt.Errorf("grant %q to %s: %w", key, d.Name, credited{below, v.GrantBelowZero(below)})
 	}
 	if err != nil {
-		return err
+		return ofUser(d, err)
 	}
 	if !created {
 		fmt.Fprintln(os.Stderr, "gateway: this key was granted before; nothing was credited now")
@@ -369,7 +375,7 @@ func balanceCmd(ctx context.Context, args []string) error {
 	}
 	b, err := st.Balance(ctx, d.ID)
 	if err != nil {
-		return err
+		return ofUser(d, err)
 	}
 	return printJSON(v.Balance(d, b))
 }

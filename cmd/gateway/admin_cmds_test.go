@@ -366,6 +366,25 @@ func TestUserCreateUnknownPlanNamesThePlans(t *testing.T) {
 	}
 }
 
+// TestStoreErrorsNameTheUserTyped: `key revoke -user alice -prefix tg_0000000` answered
+// `revoke keys of user 1: prefix "tg_0000000": ...`, and `user set -name alice -plan gold` named
+// no user at all: the operator typed a name and never sees ids. Both now name alice.
+func TestStoreErrorsNameTheUserTyped(t *testing.T) {
+	useTestDatabase(t)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	err := keyRevoke(ctx, []string{"-user", "alice", "-prefix", "tg_0000000"})
+	if !errors.Is(err, holds.ErrKeyNotFound) || !strings.HasPrefix(err.Error(), "user alice: ") {
+		t.Errorf("key revoke of an unknown prefix: %v, want ErrKeyNotFound naming user alice", err)
+	}
+	err = userSet(ctx, []string{"-name", "alice", "-plan", "gold"})
+	if !errors.Is(err, holds.ErrUnknownPlan) || !strings.HasPrefix(err.Error(), "user alice: ") {
+		t.Errorf("user set -plan gold: %v, want ErrUnknownPlan naming user alice", err)
+	}
+}
+
 // TestInstancesCommandPages: `gateway instances` prints the gateway processes' rows as GET
 // /admin/instances does, newest start first, and walks them all once by -after.
 func TestInstancesCommandPages(t *testing.T) {
