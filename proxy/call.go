@@ -93,15 +93,23 @@ type call struct {
 // RunIDHeader carries the run id of every answered model call, so a caller can look its run up.
 const RunIDHeader = "X-Tollgate-Run-Id"
 
+// RequestIDHeader names every model call's request, refused or answered, as the request_id of
+// each of its log lines. It is the call's own run id when the call makes one (neither a named
+// run nor an Idempotency-Key's), and no run at all when the call was refused.
+const RequestIDHeader = "X-Tollgate-Request-Id"
+
 // serveCall handles one model route: validate, admit, rewrite, forward, and settle in a
 // deferred path that runs however the request ends.
 func (s *Server) serveCall(rt *route) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		user := userFrom(r.Context())
+		runID := newRunID()
+		// The first run id names the request too: a refused caller has no run to quote, and
+		// an operator asked about a refusal finds its log line by the id this header gave.
+		w.Header().Set(RequestIDHeader, runID)
 		// Lazy: most calls log nothing, and encoding the fields up front was 2 % of the
 		// gateway's CPU under load.
-		callLog := s.log.WithLazy(zap.Uint64("user_id", user.ID), zap.String("route", rt.path))
-		runID := newRunID()
+		callLog := s.log.WithLazy(zap.Uint64("user_id", user.ID), zap.String("route", rt.path), zap.String("request_id", runID))
 		if !s.calls.enter() {
 			e := errShuttingDown
 			logRefusal(callLog, e, "shutting down", nil, zap.String("run_id", runID))

@@ -381,7 +381,7 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 // unreplayedHeaders are not restored on a replay: they belong to the first answer's
 // connection, or the replay sets them itself.
 var unreplayedHeaders = setOf("Content-Length", "Content-Type", "Date", "Connection", "Keep-Alive", "Transfer-Encoding",
-	"Trailer", "Te", "Upgrade", "Set-Cookie", RunIDHeader, ReplayedHeader, shouldRetryHeader)
+	"Trailer", "Te", "Upgrade", "Set-Cookie", RunIDHeader, RequestIDHeader, ReplayedHeader, shouldRetryHeader)
 
 // replayableHeaders are the headers of an answer kept with it for replays (DESIGN §6: status,
 // headers, body).
