@@ -145,11 +145,25 @@ func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errBillingDown)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.runView(r, run))
+	s.writeRun(w, r, run)
+}
+
+// writeRun answers with run as its owner sees it, or 503 billing_unavailable when it is live
+// and its tally cannot be read: a live run shown without its calls' usage would read as a run
+// that has used nothing.
+func (s *Server) writeRun(w http.ResponseWriter, r *http.Request, run holds.Run) {
+	view, err := s.runView(r, run)
+	if err != nil {
+		logRefusal(s.log, errBillingDown, "run tally unreadable", err, zap.String("run_id", run.RunID),
+			zap.Uint64("user_id", run.UserID), zap.String("route", r.URL.Path))
+		writeError(w, errBillingDown)
+		return
+	}
+	writeJSON(w, http.StatusOK, view)
 }
 
 // runView is a run as its owner sees it: live runs show their tally, settled ones the charge.
-func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
+func (s *Server) runView(r *http.Request, run holds.Run) (map[string]any, error) {
 	c := s.creditsOf
 	view := map[string]any{
 		"object": "run", "id": run.RunID, "state": run.State, "held": c(run.HeldMicro), "cap": c(run.CapMicro),
@@ -165,7 +179,9 @@ func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
 		view["estimated"] = run.Estimated
 		view["settle_source"] = run.SettleSource.String
 		view["settled_at"] = run.SettledAt.Time
-	} else if t, found, err := s.readTally(r.Context(), run.RunID); err == nil && found {
+	} else if t, found, err := s.readTally(r.Context(), run.RunID); err != nil {
+		return nil, fmt.Errorf("tally of run %s: %w", run.RunID, err)
+	} else if found {
 		// The row's record of ended calls, when it costs more (a tally that lost calls to a
 		// Redis restart), is what a settlement would charge: show that, as it does.
 		if ru, rc, rn, rfound := run.Recorded(); rfound && rc > t.CostMicro {
@@ -173,9 +189,9 @@ func (s *Server) runView(r *http.Request, run holds.Run) map[string]any {
 		}
 		usage = t.Usage.RunCounts(t.Calls)
 		view["tallied_cost"] = c(t.CostMicro)
-	} else if _, rc, _, rfound := run.Recorded(); err == nil && rfound {
+	} else if _, rc, _, rfound := run.Recorded(); rfound {
 		view["tallied_cost"] = c(rc)
 	}
 	view["usage"] = usage
-	return view
+	return view, nil
 }

@@ -185,7 +185,7 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, s.runView(r, run))
+	s.writeRun(w, r, run)
 }
 
 // finalRunTally closes a named run for settlement and reads what it is charged. The run is
