@@ -267,14 +267,14 @@ func (w *world) startGatewayLogTo(name, config string, out *os.File, env ...stri
 	}
 }
 
-func (w *world) tryStart(name, config string, env []string, out *os.File) (*gateway, error) {
+func (w *world) tryStart(name, config string, env []string, out *os.File, flags ...string) (*gateway, error) {
 	addr := freePort(w.t)
 	g := &gateway{name: name, url: "http://" + addr, log: filepath.Join(w.t.TempDir(), name+".log"), done: make(chan struct{})}
 	logf, err := os.Create(g.log)
 	if err != nil {
 		return nil, err
 	}
-	g.cmd = exec.Command(gatewayBin, "serve", "-config", config)
+	g.cmd = exec.Command(gatewayBin, append([]string{"serve", "-config", config}, flags...)...)
 	g.cmd.Env = append(w.gatewayEnv(name, addr), env...) // exec keeps the last value of a repeated name
 	g.cmd.Stdout, g.cmd.Stderr = logf, logf
 	if out != nil {

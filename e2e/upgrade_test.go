@@ -4,12 +4,15 @@ import (
 	"context"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
+	tgsql "github.com/tollgate/tollgate/sql"
 )
 
 // TestServeRefusesASchemaBehindIt: a new binary started before `gateway migrate` ran (or
@@ -46,5 +49,23 @@ func TestServeRefusesASchemaBehindIt(t *testing.T) {
 	_, err = w.tryStart("empty", w.config, []string{"MYSQL_DSN=" + cfg.FormatDSN()}, nil)
 	if err == nil || !strings.Contains(err.Error(), "001_schema.sql, ") || !strings.Contains(err.Error(), "gateway migrate") {
 		t.Fatalf("gateway on an empty database: %v; want it to exit naming the migrations and `gateway migrate`", err)
+	}
+
+	// Asked to (DESIGN §1: "and on start when asked"), it applies them and serves.
+	g, err := w.tryStart("migrated", w.config, []string{"MYSQL_DSN=" + cfg.FormatDSN()}, nil, "-migrate")
+	if err != nil {
+		t.Fatalf("serve -migrate on an empty database: %v", err)
+	}
+	migrated, err := holds.Open(context.Background(), cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer migrated.Close()
+	if pending, err := tgsql.Pending(context.Background(), migrated.DB); err != nil || len(pending) > 0 {
+		t.Errorf("after serve -migrate: %v pending (%v), want none", pending, err)
+	}
+	g.signal(t, syscall.SIGTERM)
+	if err := g.wait(t, 30*time.Second); err != nil {
+		t.Errorf("serve -migrate did not drain and exit: %v", err)
 	}
 }

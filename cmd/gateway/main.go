@@ -28,7 +28,7 @@ import (
 var usage = `usage: gateway <command> [flags]
 
 commands:
-  serve          run the gateway (flags: -config FILE, -pprof ADDR)
+  serve          run the gateway (flags: -config FILE, -pprof ADDR, -migrate: apply missing migrations first)
   migrate        [-lock-wait 2s]   apply missing database migrations (safe to run twice)
   reconcile      settle expired holds once (-once; -force: without the lock) and exit
   user create    -name NAME [-plan standard]
@@ -258,14 +258,7 @@ func migrate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	// Its own handle, without the money paths' 30 s read timeout: the DDL of a migration on a
-	// large table, or the wait for another runner's lock, may take longer.
-	db, err := holds.OpenForMigrate(ctx, e.cfg.MySQLDSN)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	done, err := tgsql.MigrateWaiting(ctx, db.DB, lockWait)
+	done, err := applyMigrations(ctx, e, lockWait)
 	for _, name := range done {
 		fmt.Println("applied", name)
 	}
@@ -276,6 +269,31 @@ func migrate(ctx context.Context, args []string) error {
 		fmt.Println("database is up to date")
 	}
 	return nil
+}
+
+// migrateOnStart is `serve -migrate` (DESIGN §1: migrations apply "on start when asked"):
+// what `gateway migrate` does, logged, before the schema check that would refuse the start.
+func migrateOnStart(ctx context.Context, e *env) error {
+	done, err := applyMigrations(ctx, e, tgsql.DefaultLockWait)
+	for _, name := range done {
+		e.log.Info("migration applied", zap.String("migration", name))
+	}
+	if err != nil {
+		return fmt.Errorf("serve -migrate: %w", err)
+	}
+	return nil
+}
+
+// applyMigrations applies the missing migrations on a handle of its own, without the money
+// paths' 30 s read timeout: the DDL of a migration on a large table, or the wait for another
+// runner's lock, may take longer.
+func applyMigrations(ctx context.Context, e *env, lockWait time.Duration) ([]string, error) {
+	db, err := holds.OpenForMigrate(ctx, e.cfg.MySQLDSN)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	return tgsql.MigrateWaiting(ctx, db.DB, lockWait)
 }
 
 func userCreate(ctx context.Context, args []string) error {

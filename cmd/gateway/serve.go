@@ -39,8 +39,10 @@ import (
 func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	signal.Ignore(syscall.SIGPIPE)
 	var pprofAddr string
+	var migrateFirst bool
 	e, err := setup(ctx, "serve", args, true, func(fs *flag.FlagSet) {
 		fs.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this loopback address (off when empty); for profiling")
+		fs.BoolVar(&migrateFirst, "migrate", false, "apply missing migrations before serving, as `gateway migrate` does (for a single gateway; a fleet migrates once, first)")
 	})
 	if err != nil {
 		return err
@@ -48,6 +50,11 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	defer e.Close()
 	if pprofAddr != "" {
 		if err := servePprof(pprofAddr, e.log); err != nil {
+			return err
+		}
+	}
+	if migrateFirst {
+		if err := migrateOnStart(ctx, e); err != nil {
 			return err
 		}
 	}
