@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -124,8 +125,9 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 			self.Run(beat)
 		}
 	}()
-	go leases.Run(bg)
-	go rec.Run(bg)
+	var bgRunning sync.WaitGroup
+	bgRunning.Go(func() { leases.Run(bg) })
+	bgRunning.Go(func() { rec.Run(bg) })
 
 	hs := &http.Server{
 		Handler:           srv.Handler(),
@@ -199,8 +201,32 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 			e.log.Warn("instance not retired; another process finds it dead once its heartbeat is stale", zap.Error(err))
 		}
 	}
+	// The lease beats and the reconciler end before the deferred Close of their database and
+	// Redis clients: a pass cut off by that close logged errors of a failure that was not one.
+	stopBG()
+	if !waitOrTimeout(&bgRunning, bgStopBound) {
+		e.log.Warn("background work still running at exit", zap.Duration("waited", bgStopBound))
+	}
 	e.log.Info("gateway stopped")
 	return nil
+}
+
+// bgStopBound bounds the wait for the lease beats and the reconciler at exit: their work ends
+// with their context, in one round trip.
+const bgStopBound = 5 * time.Second
+
+// waitOrTimeout waits for wg up to d and reports whether it ended.
+func waitOrTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // dieOnNextSignal stops the signals ending ctx (release) and has the next one kill the process
@@ -301,7 +327,13 @@ func servePprof(addr string, log *zap.Logger) error {
 		return fmt.Errorf("-pprof %s: %w", addr, err)
 	}
 	log.Info("pprof listening", zap.String("addr", ln.Addr().String()))
-	go func() { _ = http.Serve(ln, mux) }()
+	// No write timeout: a CPU profile or a trace is written after its whole ?seconds= window.
+	ps := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	go func() {
+		if err := ps.Serve(ln); err != nil {
+			log.Warn("pprof stopped serving", zap.Error(err))
+		}
+	}()
 	return nil
 }
 
