@@ -27,7 +27,7 @@ func NewKeyLookup(store *Store, cfg BatcherConfig) *KeyLookup {
 
 // User authenticates key: ErrBadKey for an unknown or revoked key or a disabled user.
 func (k *KeyLookup) User(ctx context.Context, key string) (User, error) {
-	r, err := k.b.do(ctx, key, true)
+	r, err := k.b.do(ctx, key)
 	if err == nil {
 		err = r.Err
 	}
@@ -90,11 +90,15 @@ func newBatcher[T, R any](cfg BatcherConfig, run func(context.Context, []T) ([]R
 	return b
 }
 
-// do queues req and waits for its outcome. ctx bounds the wait for a place in the queue;
-// with abandon, it bounds the wait for the outcome too, and a caller whose ctx ends is told
-// so while its request still runs (the outcome is lost to it).
-func (b *batcher[T, R]) do(ctx context.Context, req T, abandon bool) (R, error) {
+// do queues req and waits for its outcome; ctx bounds both waits. A caller whose ctx ends is
+// told so while its request may still run (the outcome is lost to it). A ctx that had ended
+// before the call is told so, not "queue full": with room in the queue, select would pick
+// either case.
+func (b *batcher[T, R]) do(ctx context.Context, req T) (R, error) {
 	var zero R
+	if err := ctx.Err(); err != nil {
+		return zero, err
+	}
 	item := batchItem[T, R]{req: req, out: make(chan batchOutcome[R], 1)}
 	b.mu.RLock()
 	if b.closed {
@@ -107,10 +111,6 @@ func (b *batcher[T, R]) do(ctx context.Context, req T, abandon bool) (R, error) 
 	case <-ctx.Done():
 		b.mu.RUnlock()
 		return zero, fmt.Errorf("queue full: %w", ctx.Err())
-	}
-	if !abandon {
-		o := <-item.out
-		return o.res, o.err
 	}
 	select {
 	case o := <-item.out:
