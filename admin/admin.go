@@ -165,8 +165,11 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	e := classify(err)
 	var below *holds.GrantBelowZeroError
 	if errors.As(err, &below) {
-		// The store's figures are micro-USD; the request was in credits.
-		e.Message = strings.TrimSuffix(e.Message, ".") + ": " + h.views.GrantBelowZero(below)
+		// The store's figures are micro-USD; the request was in credits. A copy: classify
+		// may answer with an error shared by every request.
+		worded := *e
+		worded.Message = strings.TrimSuffix(e.Message, ".") + ": " + h.views.GrantBelowZero(below)
+		e = &worded
 	}
 	if e.Status >= 500 {
 		h.log.Error("admin request failed", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
