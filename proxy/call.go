@@ -440,8 +440,10 @@ func newRunID() string { return "r_" + token.New() }
 // newAdmitToken marks this request's hold (holds.AdmitRequest.Token).
 func newAdmitToken() string { return token.New() }
 
-// clientGone reports whether the caller, not the upstream, ended the call.
-func clientGone(r *http.Request) bool { return r.Context().Err() != nil }
+// requestEnded reports whether the gateway's side, not the upstream, ended the call: the
+// caller left, a newer message of its session superseded it, or the drain's deadline cut it
+// (context.Cause tells which).
+func requestEnded(r *http.Request) bool { return r.Context().Err() != nil }
 
 // isTimeout reports an upstream that did not answer in time.
 func isTimeout(err error) bool {

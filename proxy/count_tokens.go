@@ -46,12 +46,7 @@ func (s *Server) countTokens(w http.ResponseWriter, r *http.Request) {
 // forwardCount serves countTokens and returns the status answered.
 func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uint64, log *zap.Logger) int {
 	refuse := func(e *apiError, reason string) int {
-		fields := []zap.Field{zap.String("code", e.Code), zap.Int("status", e.Status), zap.String("reason", reason)}
-		if e.Status >= 500 { // the gateway's own failure (server_busy), as logRefusal has it
-			log.Warn("token count refused", fields...)
-		} else {
-			log.Info("token count refused", fields...)
-		}
+		logRefusalAs(log, "token count refused", e, reason, nil)
 		writeError(w, e)
 		return e.Status
 	}
@@ -92,7 +87,7 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	}
 	resp, err := s.client.Do(up)
 	if err != nil {
-		if clientGone(r) {
+		if requestEnded(r) {
 			// A caller that only half-closed still reads: unanswered, it got 200 and no count.
 			// Logged as a model call's 499 is, apart from the upstream's failures below.
 			return refuse(errClientClosed, "client left while the upstream counted")

@@ -80,6 +80,12 @@ func ended(ctx context.Context, step string) (*apiError, string) {
 // store's own lines say what is down. Lines below ERROR are sampled (cmd/gateway's logger),
 // so neither a client's flood of bad requests nor the requests of an outage fill the disk.
 func logRefusal(log *zap.Logger, e *apiError, reason string, err error, fields ...zap.Field) {
+	logRefusalAs(log, "request refused", e, reason, err, fields...)
+}
+
+// logRefusalAs is logRefusal under another line's message (a token count's refusal is no
+// model call's).
+func logRefusalAs(log *zap.Logger, msg string, e *apiError, reason string, err error, fields ...zap.Field) {
 	// The message is what the caller was told: for a body refused, which part and why (its
 	// code alone says only that it was refused).
 	fields = append(fields, zap.String("code", e.Code), zap.Int("status", e.Status), zap.String("reason", reason),
@@ -88,10 +94,10 @@ func logRefusal(log *zap.Logger, e *apiError, reason string, err error, fields .
 		fields = append(fields, zap.Error(err))
 	}
 	if e.Status >= 500 {
-		log.Warn("request refused", fields...)
+		log.Warn(msg, fields...)
 		return
 	}
-	log.Info("request refused", fields...)
+	log.Info(msg, fields...)
 }
 
 // maxLoggedBytes bounds what a log line quotes of anything an upstream or a caller sent (a

@@ -88,7 +88,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 // and sets c.outcome by what the provider may have used: sent says whether it had the whole
 // request, which decides what the failure costs.
 func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c *call, err error, sent bool) int {
-	if clientGone(r) {
+	if requestEnded(r) {
 		// If the provider has the prompt, charge the estimate of it; if the request never
 		// reached it whole, nothing was used.
 		c.outcome = outcomeCancel

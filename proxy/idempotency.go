@@ -144,7 +144,7 @@ func (s *Server) readIdem(ctx context.Context, ic *idemCall) (idemRecord, error)
 	}
 	str := func(i int) string { s, _ := v[i].(string); return s }
 	rec := idemRecord{bodyHash: str(0), run: str(2), large: str(3) == "1", superseded: str(4) == "1"}
-	rec.attempt, _ = strconv.Atoi(str(1))
+	rec.attempt, _ = strconv.Atoi(str(1)) // only this gateway writes it (advanceScript): digits
 	return rec, nil
 }
 
@@ -356,11 +356,13 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 	h := w.Header()
 	if hdrs, _ := v[2].(string); hdrs != "" {
 		var stored http.Header
-		if err := json.Unmarshal([]byte(hdrs), &stored); err == nil {
-			for k, vv := range stored {
-				if _, skip := unreplayedHeaders[http.CanonicalHeaderKey(k)]; !skip {
-					h[http.CanonicalHeaderKey(k)] = vv
-				}
+		if err := json.Unmarshal([]byte(hdrs), &stored); err != nil {
+			// The answer itself is whole: the caller gets it, without the provider's headers.
+			s.log.Warn("stored answer's headers unreadable; replayed without them", zap.String("run_id", run), zap.Error(err))
+		}
+		for k, vv := range stored {
+			if _, skip := unreplayedHeaders[http.CanonicalHeaderKey(k)]; !skip {
+				h[http.CanonicalHeaderKey(k)] = vv
 			}
 		}
 	}
@@ -470,10 +472,7 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error {
 	rw := c.rw
 	fields := []any{"run", c.runID, "status", status, "ctype", rw.Header().Get("Content-Type")}
-	hdrs, herr := json.Marshal(replayableHeaders(rw.Header()))
-	if herr != nil {
-		hdrs = nil
-	}
+	hdrs, _ := json.Marshal(replayableHeaders(rw.Header())) // a map of strings: cannot fail
 	// The headers are part of the stored answer: max_replay_len bounds them with the body, or
 	// an upstream's megabytes of headers on a small body would be kept for replay_ttl.
 	if rw.over || int64(len(hdrs)+rw.buf.Len()) > rw.limit {

@@ -19,7 +19,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	limit := s.cfg.Limits.MaxResponseBytes
 	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
-		if clientGone(r) {
+		if requestEnded(r) {
 			c.outcome = outcomeCancel
 			return answerClientClosed(w, r)
 		}

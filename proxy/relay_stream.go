@@ -351,7 +351,7 @@ func (s *Server) endStream(r *http.Request, c *call, err error, sawFinal bool, s
 	switch {
 	case errors.Is(err, io.EOF), sawFinal:
 		c.outcome = outcomeComplete
-	case clientGone(r):
+	case requestEnded(r):
 		c.outcome = outcomeCancel
 		if !errors.Is(context.Cause(r.Context()), errSuperseded) {
 			// Said in the stream, as any break is: a caller that only half-closed still reads,
