@@ -128,7 +128,7 @@ func TestProcessCutOffFromTheDatabaseIsNotChargedAsDead(t *testing.T) {
 	w := newWorld(t)
 	_, key := w.user("cut-off", 3, nil)
 	cfg := w.longHoldsConfig("holds.dead_instance_after", "8s")
-	w.startGatewayWith("gw-b", cfg)
+	b := w.startGatewayWith("gw-b", cfg)
 	f := newFreezer(t, w.mysqlAddr())
 	a := w.startGatewayWith("gw-a", cfg, "MYSQL_DSN="+w.dsnVia(f))
 
@@ -141,8 +141,10 @@ func TestProcessCutOffFromTheDatabaseIsNotChargedAsDead(t *testing.T) {
 		_ = w.db.Get(&dead, "SELECT COUNT(*) FROM instances WHERE name = 'gw-a' AND dead_at IS NOT NULL")
 		return dead == 1
 	})
-	// gw-b passes every second (testReconcile); three more passes find the stream leased.
-	time.Sleep(3 * testReconcile)
+	// Three more of gw-b's passes (every testReconcile) find the stream leased.
+	const passes = `tollgate_reconcile_passes_total{result="done"}`
+	from := max(0, metricValue(scrape(t, b), passes))
+	waitFor(t, 60*time.Second, "three more passes of gw-b", func() bool { return metricValue(scrape(t, b), passes) >= from+3 })
 	if r := w.hold(s.runID); r.State != holds.StateRunning || !r.ExpiresAt.Equal(before.ExpiresAt) {
 		t.Fatalf("stream of a process cut off from the database: %s by %q, expiring %v (was %v); want running, untouched",
 			r.State, r.SettleSource.String, r.ExpiresAt, before.ExpiresAt)

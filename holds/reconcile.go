@@ -129,6 +129,10 @@ type ReconcilerConfig struct {
 	// OnDeadInstances, when set, is told how many instances a pass declared dead (for
 	// metrics); retired ones are not counted.
 	OnDeadInstances func(n int)
+	// OnPass, when set, is told of each pass this process ran holding the lock, and whether it
+	// failed (for metrics: a fleet whose passes stopped leaves every expired hold unsettled,
+	// silently).
+	OnPass func(failed bool)
 }
 
 // Reconciler settles expired holds. Every process runs one; the lock makes only one scan per
@@ -215,6 +219,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		st, err := r.RunOnce(ctx)
+		if st.Locked && r.cfg.OnPass != nil && ctx.Err() == nil {
+			r.cfg.OnPass(err != nil)
+		}
 		switch {
 		case err != nil && ctx.Err() == nil:
 			r.cfg.Log.Error("reconcile pass failed", zap.Error(err), zap.Int("settled", st.Settled()),

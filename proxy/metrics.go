@@ -26,7 +26,9 @@ type Metrics struct {
 	// in the database stopped), whose holds it then brought in rather than wait for hold_ttl.
 	// A process shut down gracefully retires its own row and is not counted.
 	DeadInstances prometheus.Counter
-	ActiveCalls   prometheus.Gauge
+	// ReconcilePasses counts the reconcile passes this process ran holding the lock, by result.
+	ReconcilePasses *prometheus.CounterVec
+	ActiveCalls     prometheus.Gauge
 	// RequestBodyBytes is what the request bodies held now count against limits.max_body_memory.
 	RequestBodyBytes prometheus.Gauge
 	Duplicates       *prometheus.CounterVec
@@ -89,6 +91,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Runs the reconciler charged at their hold because no usage survived. Someone should look."}),
 		Reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_reconciled_total",
 			Help: "Expired holds handled by the reconciler, by outcome."}, []string{"outcome"}),
+		ReconcilePasses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_reconcile_passes_total",
+			Help: "Reconcile passes this process ran holding the lock, by result (done, failed). Summed over the fleet it must keep rising: with no passes, expired holds stay unsettled."}, []string{"result"}),
 		DeadInstances: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_dead_instances_total",
 			Help: "Gateway processes this process's reconciler declared dead (heartbeat in the database stopped for holds.dead_instance_after); their calls' holds are settled then, not at hold_ttl."}),
 		ActiveCalls: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_active_calls",
@@ -116,7 +120,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 				"admit_queue and admit_tx split admit's wait for the batch writer (queue, then its transaction).",
 			Buckets: fineBuckets(0.0001, 4)}, []string{"phase"}),
 	}
-	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled, m.DeadInstances,
+	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled, m.DeadInstances, m.ReconcilePasses,
 		m.ActiveCalls, m.RequestBodyBytes, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.BilledTokens, m.CallPhase)
 	m.authPhase = m.CallPhase.WithLabelValues(phaseAuth)
 	m.bodyPhase = m.CallPhase.WithLabelValues(phaseBody)

@@ -94,6 +94,7 @@ type reconcilerDeps struct {
 	// declares no instance dead (holds.ReconcilerConfig.Self).
 	self            *holds.Instance
 	onDeadInstances func(int)
+	onPass          func(failed bool)
 }
 
 // newReconciler wires the reconciler of DESIGN §5 from config.
@@ -121,6 +122,7 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 		DeadAfter:       deadAfter(d.cfg.Holds),
 		Self:            d.self,
 		OnDeadInstances: d.onDeadInstances,
+		OnPass:          d.onPass,
 	}), nil
 }
 

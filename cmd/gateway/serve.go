@@ -101,7 +101,8 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 				metrics.ReconcileHold.Inc()
 			}
 		},
-		onDeadInstances: func(n int) { metrics.DeadInstances.Add(float64(n)) }})
+		onDeadInstances: func(n int) { metrics.DeadInstances.Add(float64(n)) },
+		onPass:          func(failed bool) { metrics.ReconcilePasses.WithLabelValues(passResult(failed)).Inc() }})
 	if err != nil {
 		if self != nil {
 			// It served nothing: retired, no other process takes it for dead.
@@ -209,6 +210,14 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	}
 	e.log.Info("gateway stopped")
 	return nil
+}
+
+// passResult is the result label of tollgate_reconcile_passes_total.
+func passResult(failed bool) string {
+	if failed {
+		return "failed"
+	}
+	return "done"
 }
 
 // bgStopBound bounds the wait for the lease beats and the reconciler at exit: their work ends
