@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -40,7 +42,7 @@ func TestMariaDBCrashAtEachCommit(t *testing.T) {
 	m := startPrivateMariaDB(t)
 	m.migrate()
 	w := newWorldAt(t, m.dsn())
-	k := &killer{t: t, m: m}
+	k := &killer{t: t, m: m, db: w.db}
 	// Every connection of the gateways, and of the commands, passes a relay that can lose the
 	// reply to one write.
 	trip := newTripwire(t, fmt.Sprintf("127.0.0.1:%d", m.port))
@@ -71,24 +73,25 @@ func TestMariaDBCrashAtEachCommit(t *testing.T) {
 
 // killer kills the private MariaDB once a tripwire has fired and restarts it after an outage.
 type killer struct {
-	t *testing.T
-	m *privateMariaDB
+	t  *testing.T
+	m  *privateMariaDB
+	db *sqlx.DB // straight to m, not through the tripwire
 }
 
-// at waits (bounded) for fired, lets the COMMIT land (commitDone), kills the server, keeps it
-// down for outage and restarts it.
-func (k *killer) at(fired <-chan struct{}, what string, outage time.Duration) {
+// at waits (bounded) for trip to fire and for the server's answer to the write that fired it
+// (which the tripwire drops), kills the server, keeps it down for outage and restarts it.
+func (k *killer) at(trip *tripwire, fired <-chan struct{}, what string, outage time.Duration) {
 	k.t.Helper()
 	select {
 	case <-fired:
 	case <-time.After(20 * time.Second):
 		k.t.Fatalf("%s: no such write within 20s", what)
 	}
-	time.Sleep(commitDone)
+	awaitAnswer(k.t, trip, k.db, what)
 	k.m.kill()
 	time.Sleep(outage)
 	k.m.restart()
-	k.t.Logf("MariaDB SIGKILLed just after %s went out (its reply lost), restarted after %v", what, outage)
+	k.t.Logf("MariaDB SIGKILLed once it had run %s (its reply lost), restarted after %v", what, outage)
 }
 
 func stopGateway(t *testing.T, g *gateway) {
@@ -144,7 +147,7 @@ func momentBatch(t *testing.T, w *world, k *killer, trip *tripwire, g *gateway) 
 			}
 		})
 	}
-	k.at(fired, "a batch's COMMIT with an admission and two users' settlements", 1500*time.Millisecond)
+	k.at(trip, fired, "a batch's COMMIT with an admission and two users' settlements", 1500*time.Millisecond)
 	// Traffic goes on a moment after the restart, then stops; every hold settles (the
 	// settlements retried, the lost admissions released, or the reconciler).
 	time.Sleep(500 * time.Millisecond)
@@ -236,7 +239,7 @@ func momentRunSettle(t *testing.T, w *world, k *killer, trip *tripwire, g *gatew
 	fired := trip.arm("settle_token = VALUES(settle_token)", "'client'", "COMMIT")
 	first := make(chan settleAnswer, 1)
 	go func() { first <- settleOnce(g, key, name) }()
-	k.at(fired, "the run settle's COMMIT", 2*time.Second)
+	k.at(trip, fired, "the run settle's COMMIT", 2*time.Second)
 	a := <-first
 	t.Logf("settle through the outage: %d %s", a.status, a.raw)
 	if a.status != http.StatusServiceUnavailable && a.status != http.StatusOK {
@@ -342,7 +345,7 @@ func momentReconcile(t *testing.T, w *world, k *killer, trip *tripwire, dsn stri
 	}
 	fired := trip.arm("settle_token = VALUES(settle_token)", "'r_crash_tallied'", "COMMIT")
 	done := asyncCmd(w, dsn, "reconcile", "-once", "-force", "-config", w.config)
-	k.at(fired, "the reconciler's settlement COMMIT", time.Second)
+	k.at(trip, fired, "the reconciler's settlement COMMIT", time.Second)
 	out := cmdResult(t, done, "gateway reconcile")
 	t.Logf("gateway reconcile -once -force through the crash: %s", out)
 	if !strings.Contains(out, "exit: <nil>") {
@@ -383,7 +386,7 @@ func momentGrant(t *testing.T, w *world, k *killer, trip *tripwire, dsn string) 
 	fired := trip.armAfter([]string{"INSERT INTO grants"}, "COMMIT")
 	args := []string{"grant", "-config", w.config, "-user", "payer", "-amount", "5", "-key", "pay-crash-1", "-reason", "top-up"}
 	done := asyncCmd(w, dsn, args...)
-	k.at(fired, "the grant's COMMIT", time.Second)
+	k.at(trip, fired, "the grant's COMMIT", time.Second)
 	out := cmdResult(t, done, "gateway grant")
 	t.Logf("gateway grant through the crash: %s", out)
 	if !strings.Contains(out, "exit: <nil>") {
@@ -448,7 +451,7 @@ func momentPrune(t *testing.T, w *world, k *killer, trip *tripwire, dsn string) 
 	fired := trip.armAfter([]string{"INSERT INTO pruned_runs"}, "COMMIT")
 	args := []string{"prune", "-config", w.config, "-days", "8", "-batch", "2"}
 	done := asyncCmd(w, dsn, args...)
-	k.at(fired, "the prune's first batch COMMIT", time.Second)
+	k.at(trip, fired, "the prune's first batch COMMIT", time.Second)
 	out := cmdResult(t, done, "gateway prune")
 	t.Logf("gateway prune through the crash: %s", out)
 	if !strings.Contains(out, "exit: <nil>") {

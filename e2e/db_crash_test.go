@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -22,6 +24,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/pricing"
@@ -184,7 +187,7 @@ func (d *dbCrash) startSlot(i int, env []string) {
 // gw-1, or any moment) and how long the server then stays down.
 var dbCrashPlan = []struct {
 	at                 []string // the markers of the write the kill waits for (its reply muted); none: any moment
-	commitMaybe        bool     // the kill comes at once or 50 ms later (the COMMIT then done) at random; else later
+	commitMaybe        bool     // the kill comes at once or once the server has answered it (the COMMIT then done) at random; else once answered
 	minOutage, spreads time.Duration
 }{
 	{nil, false, 200 * time.Millisecond, 600 * time.Millisecond},
@@ -196,9 +199,34 @@ var dbCrashPlan = []struct {
 	{[]string{"settle_token = VALUES(settle_token)", "COMMIT"}, true, 300 * time.Millisecond, 2000 * time.Millisecond},
 }
 
-// commitDone is how long after its COMMIT went out a transaction has surely committed, on an
-// idle server: a kill after it leaves a committed transaction whose sender never heard so.
-const commitDone = 50 * time.Millisecond
+// awaitAnswer waits (bounded) until the server has run the whole write that fired trip, its
+// COMMIT included: it has answered the write's first statement and its thread is idle again
+// (a script's statements each answer as they run; the thread stays in Query until the last).
+// A kill after it leaves a committed transaction whose sender never heard so. A sleep after
+// the write went out only hoped so: on a loaded machine the kill could land before the
+// COMMIT, a moment other than the one the test names. db reaches the server directly.
+func awaitAnswer(t *testing.T, trip *tripwire, db *sqlx.DB, what string) {
+	t.Helper()
+	replied, thread := trip.muted()
+	select {
+	case <-replied:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s: the server did not answer it within 20s", what)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		var command string
+		err := db.Get(&command, "SELECT COMMAND FROM information_schema.PROCESSLIST WHERE ID = ?", thread)
+		if errors.Is(err, sql.ErrNoRows) || (err == nil && command == "Sleep") {
+			return // done (or its connection closed: nothing more runs)
+		}
+		if err != nil {
+			t.Fatalf("%s: read the server's thread %d: %v", what, thread, err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: thread %d still %s after 20s", what, thread, command)
+		}
+	}
+}
 
 // crashLoop lets the traffic run, then kills MariaDB as dbCrashPlan says and restarts it after
 // each outage, and lets the traffic run on for a while after the last restart.
@@ -212,12 +240,11 @@ func (d *dbCrash) crashLoop(r *rand.Rand) {
 		if p.at != nil {
 			select {
 			case <-d.trip.arm(p.at...):
-				after := commitDone
-				if p.commitMaybe && r.IntN(2) == 0 {
-					after = 0
+				timed = fmt.Sprintf("as gw-1's write of %q went out", p.at)
+				if !p.commitMaybe || r.IntN(2) == 1 {
+					awaitAnswer(t, d.trip, d.c.w.db, fmt.Sprintf("gw-1's write of %q", p.at))
+					timed = fmt.Sprintf("once gw-1's write of %q was answered (committed)", p.at)
 				}
-				time.Sleep(after)
-				timed = fmt.Sprintf("%v after gw-1's write of %q went out", after, p.at)
 			case <-time.After(5 * time.Second):
 				d.trip.disarm()
 				timed = fmt.Sprintf("at a random moment (no write of %q within 5s)", p.at)
@@ -695,6 +722,11 @@ type tripwire struct {
 	// before a write of it can fire: a bare COMMIT is then the one of a given transaction.
 	prime []string
 	fired chan struct{}
+	// replied closes when the server's first reply to the muted connection arrives (and is
+	// dropped): it has begun the write that fired (a script's first statement has run).
+	replied chan struct{}
+	// thread is the server's connection id of the muted connection, as its handshake gave it.
+	thread uint32
 }
 
 func newTripwire(t *testing.T, target string) *tripwire {
@@ -716,8 +748,15 @@ func (tw *tripwire) addr() string { return tw.ln.Addr().String() }
 func (tw *tripwire) arm(markers ...string) <-chan struct{} {
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
-	tw.marker, tw.prime, tw.fired = markers, nil, make(chan struct{})
+	tw.marker, tw.prime, tw.fired, tw.replied = markers, nil, make(chan struct{}), make(chan struct{})
 	return tw.fired
+}
+
+// muted is the replied channel and the server thread of the armed markers' write.
+func (tw *tripwire) muted() (<-chan struct{}, uint32) {
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	return tw.replied, tw.thread
 }
 
 // armAfter is arm for a write of a connection that has already sent a write with the prime
@@ -725,7 +764,7 @@ func (tw *tripwire) arm(markers ...string) <-chan struct{} {
 func (tw *tripwire) armAfter(prime []string, markers ...string) <-chan struct{} {
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
-	tw.marker, tw.prime, tw.fired = markers, prime, make(chan struct{})
+	tw.marker, tw.prime, tw.fired, tw.replied = markers, prime, make(chan struct{}), make(chan struct{})
 	return tw.fired
 }
 
@@ -746,13 +785,38 @@ func (tw *tripwire) accept() {
 			c.Close()
 			continue
 		}
-		muted, primed := new(atomic.Bool), new(atomic.Bool)
-		go tw.pipe(c, s, muted, primed, true)
-		go tw.pipe(s, c, muted, primed, false)
+		cs := &tripConn{}
+		go tw.pipe(c, s, cs, true)
+		go tw.pipe(s, c, cs, false)
 	}
 }
 
-func (tw *tripwire) pipe(from, to net.Conn, muted, primed *atomic.Bool, fromClient bool) {
+// tripConn is the state of one relayed connection, shared by its two pipes.
+type tripConn struct {
+	muted, primed atomic.Bool
+	// replied is the tripwire's replied channel of the arming that muted this connection,
+	// closed (once: swapped out) at the server's first reply after.
+	replied atomic.Pointer[chan struct{}]
+	// thread is the server's connection id, read from its handshake (its first packet).
+	thread    atomic.Uint32
+	handshook atomic.Bool
+}
+
+// handshakeThread is the connection id in a server's handshake packet (protocol 10: length
+// and sequence, the version byte, the server version NUL-terminated, the 4-byte id), 0 when b
+// does not hold one.
+func handshakeThread(b []byte) uint32 {
+	if len(b) < 5 || b[4] != 10 {
+		return 0
+	}
+	end := bytes.IndexByte(b[5:], 0)
+	if end < 0 || len(b) < 5+end+1+4 {
+		return 0
+	}
+	return binary.LittleEndian.Uint32(b[5+end+1:])
+}
+
+func (tw *tripwire) pipe(from, to net.Conn, cs *tripConn, fromClient bool) {
 	defer from.Close()
 	defer to.Close()
 	buf := make([]byte, 64<<10)
@@ -761,10 +825,16 @@ func (tw *tripwire) pipe(from, to net.Conn, muted, primed *atomic.Bool, fromClie
 		if n > 0 {
 			var fired chan struct{}
 			if fromClient {
-				fired = tw.match(buf[:n], muted, primed)
+				fired = tw.match(buf[:n], cs)
 			}
-			if !fromClient && muted.Load() {
+			if !fromClient && !cs.handshook.Swap(true) {
+				cs.thread.Store(handshakeThread(buf[:n]))
+			}
+			if !fromClient && cs.muted.Load() {
 				n = 0 // the reply is lost
+				if ch := cs.replied.Swap(nil); ch != nil {
+					close(*ch)
+				}
 			}
 			if n > 0 {
 				if _, werr := to.Write(buf[:n]); werr != nil {
@@ -783,15 +853,15 @@ func (tw *tripwire) pipe(from, to net.Conn, muted, primed *atomic.Bool, fromClie
 
 // match mutes the connection, before its write goes out, if the write has the markers (and
 // the connection has sent the prime markers before, if any are set).
-func (tw *tripwire) match(b []byte, muted, primed *atomic.Bool) chan struct{} {
+func (tw *tripwire) match(b []byte, cs *tripConn) chan struct{} {
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
 	if tw.marker == nil {
 		return nil
 	}
-	if tw.prime != nil && !primed.Load() {
+	if tw.prime != nil && !cs.primed.Load() {
 		if containsAll(b, tw.prime) {
-			primed.Store(true)
+			cs.primed.Store(true)
 		}
 		return nil
 	}
@@ -799,7 +869,10 @@ func (tw *tripwire) match(b []byte, muted, primed *atomic.Bool) chan struct{} {
 		return nil
 	}
 	tw.marker, tw.prime = nil, nil
-	muted.Store(true)
+	replied := tw.replied
+	cs.replied.Store(&replied)
+	tw.thread = cs.thread.Load()
+	cs.muted.Store(true)
 	return tw.fired
 }
 

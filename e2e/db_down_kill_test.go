@@ -246,7 +246,7 @@ func downKillRound(t *testing.T, w *world, m *privateMariaDB, trip *tripwire, up
 	case <-time.After(20 * time.Second):
 		t.Fatalf("%s: the lost admission's COMMIT did not go out within 20s", kind)
 	}
-	time.Sleep(commitDone)
+	awaitAnswer(t, trip, w.db, kind+": the lost admission's COMMIT")
 	m.kill()
 
 	// While the server is down: the gated calls are answered whole, the lost one refused.
@@ -286,7 +286,7 @@ func downKillRound(t *testing.T, w *world, m *privateMariaDB, trip *tripwire, up
 		<-s.done
 	}
 	m.restart()
-	t.Logf("%s round: MariaDB SIGKILLed after the lost admission's COMMIT went out, gateway SIGKILLed during the outage, MariaDB restarted", kind)
+	t.Logf("%s round: MariaDB SIGKILLed once it had run the lost admission's COMMIT, gateway SIGKILLed during the outage, MariaDB restarted", kind)
 
 	// Another process's reconciler settles everything the victim left.
 	peer := w.startGateway("gw-peer-" + kind)
