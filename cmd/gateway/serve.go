@@ -150,66 +150,103 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	case <-ctx.Done():
 	}
 	dieOnNextSignal(e.log, releaseSignals)
-	e.log.Info("shutting down: draining calls in flight", zap.Duration("deadline", cfg.Limits.ShutdownTimeout))
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.Limits.ShutdownTimeout)
+	stop := stopping{cfg: cfg, log: e.log, hs: hs, srv: srv, self: self,
+		stopBeat: stopBeat, beatDone: beatDone, stopBG: stopBG, bgRunning: &bgRunning}
+	stop.run()
+	return nil
+}
+
+// stopping is a serving process's shutdown, begun by a signal: drain, cut what the drain's
+// deadline leaves, wait for the settlements and the batch writer, retire the instance row,
+// and end the background work — each within the exit's bound.
+type stopping struct {
+	cfg       *config.Config
+	log       *zap.Logger
+	hs        *http.Server
+	srv       *proxy.Server
+	self      *holds.Instance // nil when find_dead_instances is off
+	stopBeat  context.CancelFunc
+	beatDone  <-chan struct{}
+	stopBG    context.CancelFunc
+	bgRunning *sync.WaitGroup
+}
+
+func (s *stopping) run() {
+	s.log.Info("shutting down: draining calls in flight", zap.Duration("deadline", s.cfg.Limits.ShutdownTimeout))
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.Limits.ShutdownTimeout)
 	defer cancel()
-	err = hs.Shutdown(sctx)
+	err := s.hs.Shutdown(sctx)
 	// The exit's bound past the drain, from its end: the cut calls' answers, every settlement,
 	// the batch writer's last transactions and the row's retirement.
-	wctx, wcancel := context.WithTimeout(context.Background(), cfg.Limits.SettleTimeout+5*time.Second)
+	wctx, wcancel := context.WithTimeout(context.Background(), s.cfg.Limits.SettleTimeout+5*time.Second)
 	defer wcancel()
 	if err != nil {
 		// Calls still running at the deadline are cut: each tells its caller (503
 		// shutting_down, or an error event in its stream) and its deferred settlement charges
 		// what it used. The connections still open cutGrace later (a caller not reading) are
 		// closed.
-		e.log.Warn("drain deadline passed; cutting remaining calls", zap.Error(err))
-		srv.CutCalls()
+		s.log.Warn("drain deadline passed; cutting remaining calls", zap.Error(err))
+		s.srv.CutCalls()
 		gctx, gcancel := context.WithTimeout(wctx, cutGrace)
-		if err := hs.Shutdown(gctx); err != nil {
-			_ = hs.Close()
+		if err := s.hs.Shutdown(gctx); err != nil {
+			_ = s.hs.Close()
 		}
 		gcancel()
 	}
 	// Said so that an operator (and a test) can tell a process still settling from one stuck
 	// serving: from here on only settlements keep it alive.
-	e.log.Info("calls drained; waiting for their settlements", zap.Duration("deadline", cfg.Limits.SettleTimeout+5*time.Second))
-	if err := srv.Drain(wctx); err != nil && !errors.Is(err, context.Canceled) {
-		e.log.Error("settlements still pending at exit; the reconciler will settle them", zap.Error(err))
+	s.log.Info("calls drained; waiting for their settlements", zap.Duration("deadline", s.cfg.Limits.SettleTimeout+5*time.Second))
+	if err := s.srv.Drain(wctx); err != nil && !errors.Is(err, context.Canceled) {
+		s.log.Error("settlements still pending at exit; the reconciler will settle them", zap.Error(err))
 	}
 	// Close waits for the batch writer's last transactions. A database that stopped answering
 	// would hold it past any bound (a batch's COMMIT, once sent, is waited for; batches still
 	// queued each get their own settle_timeout): the exit keeps the same bound as above, and
 	// what is left unsettled the reconciler settles from the tally.
 	closed := make(chan error, 1)
-	go func() { closed <- srv.Close() }()
+	go func() { closed <- s.srv.Close() }()
 	select {
 	case err := <-closed:
 		if err != nil {
-			e.log.Warn("closing the cancel subscription", zap.Error(err))
+			s.log.Warn("closing the cancel subscription", zap.Error(err))
 		}
 	case <-wctx.Done():
-		e.log.Error("batch writer still busy at exit; the reconciler will settle what it held")
+		s.log.Error("batch writer still busy at exit; the reconciler will settle what it held")
 	}
 	// Retired, the process's row tells the next reconcile pass to settle any hold it left
 	// (a settlement that failed in the drain) now rather than at the hold's expiry.
 	// Within the exit's bound, as the settlements: past it (the database frozen) the row is
 	// found dead once its beat is stale instead.
-	stopBeat()
-	<-beatDone
-	if self != nil {
-		if err := self.Retire(wctx); err != nil {
-			e.log.Warn("instance not retired; another process finds it dead once its heartbeat is stale", zap.Error(err))
+	s.stopBeat()
+	<-s.beatDone
+	if s.self != nil {
+		if err := s.self.Retire(wctx); err != nil {
+			s.log.Warn("instance not retired; another process finds it dead once its heartbeat is stale", zap.Error(err))
 		}
 	}
 	// The lease beats and the reconciler end before the deferred Close of their database and
 	// Redis clients: a pass cut off by that close logged errors of a failure that was not one.
-	stopBG()
-	if !waitOrTimeout(&bgRunning, bgStopBound) {
-		e.log.Warn("background work still running at exit", zap.Duration("waited", bgStopBound))
+	s.stopBG()
+	if !waitOrTimeout(s.bgRunning, bgStopBound) {
+		s.log.Warn("background work still running at exit", zap.Duration("waited", bgStopBound))
 	}
-	e.log.Info("gateway stopped")
-	return nil
+	s.log.Info("gateway stopped")
+}
+
+// dieOnNextSignal stops the signals ending ctx (release) and has the next one kill the process
+// as an unhandled signal does, after a line that says the drain was abandoned.
+func dieOnNextSignal(log *zap.Logger, release func()) {
+	next := make(chan os.Signal, 1)
+	signal.Notify(next, shutdownSignals...)
+	release()
+	go func() {
+		sig := <-next
+		log.Error("second signal: drain abandoned, exiting now; the reconciler settles what this process leaves",
+			zap.String("signal", sig.String()))
+		_ = log.Sync()
+		signal.Reset(shutdownSignals...)
+		_ = syscall.Kill(os.Getpid(), sig.(syscall.Signal))
+	}()
 }
 
 // passResult is the result label of tollgate_reconcile_passes_total.
@@ -236,22 +273,6 @@ func waitOrTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 	case <-t.C:
 		return false
 	}
-}
-
-// dieOnNextSignal stops the signals ending ctx (release) and has the next one kill the process
-// as an unhandled signal does, after a line that says the drain was abandoned.
-func dieOnNextSignal(log *zap.Logger, release func()) {
-	next := make(chan os.Signal, 1)
-	signal.Notify(next, shutdownSignals...)
-	release()
-	go func() {
-		sig := <-next
-		log.Error("second signal: drain abandoned, exiting now; the reconciler settles what this process leaves",
-			zap.String("signal", sig.String()))
-		_ = log.Sync()
-		signal.Reset(shutdownSignals...)
-		_ = syscall.Kill(os.Getpid(), sig.(syscall.Signal))
-	}()
 }
 
 // cutGrace is how long the calls cut at the drain deadline have to tell their callers so before
