@@ -37,9 +37,6 @@ func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
-	if req.Plan == "" {
-		req.Plan = "standard"
-	}
 	// The store refuses a name it does not accept (400 invalid_name) before it looks at the
 	// plan, so the gateway's `user create` and this answer cannot drift apart.
 	if _, err := h.store.CreateUser(r.Context(), req.Name, req.Plan); err != nil {

@@ -38,12 +38,15 @@ type Config struct {
 	RedisAllowEviction bool  `yaml:"redis_allow_eviction"`
 	CreditMicro        int64 `yaml:"credit_micro"` // micro-USD per credit
 
-	Limits    Limits              `yaml:"limits"`
-	Holds     Holds               `yaml:"holds"`
-	Dedup     Dedup               `yaml:"dedup"`
-	Plans     map[string]Plan     `yaml:"plans"`
-	Upstreams []Upstream          `yaml:"upstreams"`
-	Models    map[string]ModelCfg `yaml:"models"`
+	Limits Limits          `yaml:"limits"`
+	Holds  Holds           `yaml:"holds"`
+	Dedup  Dedup           `yaml:"dedup"`
+	Plans  map[string]Plan `yaml:"plans"`
+	// DefaultPlan is the plan of a user created without one, and the terms of a user whose
+	// plan is no longer configured (never an unlimited account). It must name a plan.
+	DefaultPlan string              `yaml:"default_plan"`
+	Upstreams   []Upstream          `yaml:"upstreams"`
+	Models      map[string]ModelCfg `yaml:"models"`
 }
 
 // Limits bounds everything that grows with input.
@@ -184,10 +187,12 @@ func load(path string, needRedis bool) (*Config, error) {
 		}
 		dec := yaml.NewDecoder(bytes.NewReader(raw))
 		dec.KnownFields(true)
-		// A models section replaces the demo price list rather than adding to it (yaml.v3
-		// decodes into the existing map): only what the operator priced is priced.
-		defaults := cfg.Models
-		cfg.Models = nil
+		// A models or plans section replaces the demo one rather than adding to it (yaml.v3
+		// decodes into the existing map): only what the operator priced is priced, and an
+		// operator's plans "free" and "pro" do not come with the demo's "standard" (2000
+		// credits a day) as every new user's plan.
+		defaults, demoPlans := cfg.Models, cfg.Plans
+		cfg.Models, cfg.Plans = nil, nil
 		if err := dec.Decode(cfg); err != nil {
 			if strings.Contains(err.Error(), "into time.Duration") {
 				return nil, fmt.Errorf("config %s: %w (a duration needs its unit: 30s, 5m, 48h)", path, err)
@@ -196,6 +201,9 @@ func load(path string, needRedis bool) (*Config, error) {
 		}
 		if cfg.Models == nil {
 			cfg.Models = defaults
+		}
+		if cfg.Plans == nil {
+			cfg.Plans = demoPlans
 		}
 		unwritten, told = checkWritten(raw)
 	}
@@ -386,7 +394,8 @@ func Default() *Config {
 			TallyTTL:          48 * time.Hour,
 			FindDeadInstances: true,
 		},
-		Dedup: Dedup{Window: 5 * time.Second, ReplayTTL: 24 * time.Hour, MaxReplayLen: 1 << 20},
+		Dedup:       Dedup{Window: 5 * time.Second, ReplayTTL: 24 * time.Hour, MaxReplayLen: 1 << 20},
+		DefaultPlan: "standard",
 		Plans: map[string]Plan{
 			"standard": {AllowanceCredits: CreditsOf(2000), HoldNormalCredits: CreditsOf(20), HoldHeavyCredits: CreditsOf(60),
 				HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostCredits: CreditsOf(500)},
@@ -732,6 +741,9 @@ func (c *Config) checkTimeouts(bad complain) {
 func (c *Config) checkPlans(bad complain) {
 	if len(c.Plans) == 0 {
 		bad("plans", "no plan configured")
+	} else if _, ok := c.Plans[c.DefaultPlan]; !ok {
+		bad("default_plan", "%q is no configured plan (configured: %v): users created without a plan get it, and users whose plan is no longer configured its terms",
+			c.DefaultPlan, sortedKeys(c.Plans))
 	}
 	for _, name := range sortedKeys(c.Plans) {
 		p := c.Plans[name]
@@ -888,13 +900,13 @@ func (c *Config) PriceTable() (*pricing.Table, error) {
 	return pricing.NewTable(prices)
 }
 
-// Plan returns the named plan; unknown plans get "standard"'s terms so a typo in the users
-// table never hands out an unlimited account.
+// Plan returns the named plan; unknown plans get the default plan's terms so a typo in the
+// users table never hands out an unlimited account.
 func (c *Config) Plan(name string) Plan {
 	if p, ok := c.Plans[name]; ok {
 		return p
 	}
-	return c.Plans["standard"]
+	return c.Plans[c.DefaultPlan]
 }
 
 // UpstreamFor returns the first upstream that serves model: exact name, then a "prefix*"

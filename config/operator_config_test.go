@@ -120,7 +120,7 @@ func TestMoneyFieldsLeftOutAreRefused(t *testing.T) {
 			}
 		})
 	}
-	cfg, err := loadYAML(t, "models:\n  free-local:\n    input: 0\n    output: 0\n"+strings.Replace(plan(""), "allowance_credits: 2000", "allowance_credits: 0", 1))
+	cfg, err := loadYAML(t, "default_plan: pro\nmodels:\n  free-local:\n    input: 0\n    output: 0\n"+strings.Replace(plan(""), "allowance_credits: 2000", "allowance_credits: 0", 1))
 	if err != nil {
 		t.Fatalf("zero written out refused: %v", err)
 	}
@@ -157,6 +157,29 @@ func TestFieldLeftOutIsNamedOnce(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "hold_*_credits") {
 		t.Errorf("the hold pair is named again as hold_*_credits:\n%v", err)
+	}
+}
+
+// TestPlansSectionReplacesTheDemoPlans: a plans section added to the demo's plans (yaml.v3
+// decodes into the existing map), so an operator who wrote plans "free" and "pro" still had
+// the demo's "standard" — 2000 credits a day — and every user created without a plan got it.
+// The section replaces the demo's now, as a models section does, and default_plan must name
+// one of its plans.
+func TestPlansSectionReplacesTheDemoPlans(t *testing.T) {
+	const free = "plans:\n  free:\n    allowance_credits: 5\n    hold_normal_credits: 1\n    hold_heavy_credits: 2\n" +
+		"    heavy_after_turns: 4\n    max_in_flight: 1\n    max_run_cost_credits: 5\n"
+	cfg, err := loadYAML(t, "default_plan: free\n"+free)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if names := sortedKeys(cfg.Plans); len(names) != 1 || names[0] != "free" {
+		t.Errorf("plans %v, want just the configured free", names)
+	}
+	if got := cfg.Plan("gone"); got != cfg.Plans["free"] {
+		t.Errorf("a plan no longer configured got %+v, want the default plan's terms", got)
+	}
+	if _, err := loadYAML(t, free); err == nil || !strings.Contains(err.Error(), "default_plan") || !strings.Contains(err.Error(), "free") {
+		t.Errorf("plans without the default plan: %v, want default_plan refused, naming the configured plans", err)
 	}
 }
 
@@ -297,7 +320,7 @@ func TestFractionInAnIntegerSettingIsRefused(t *testing.T) {
 		}
 	}
 	// Prices and credits are decimals: their fractions are theirs.
-	if _, err := loadYAML(t, plan+"    max_in_flight: 3\n    discount_bp: 125\n"); err != nil {
+	if _, err := loadYAML(t, "default_plan: pro\n"+plan+"    max_in_flight: 3\n    discount_bp: 125\n"); err != nil {
 		t.Errorf("whole numbers refused: %v", err)
 	}
 }

@@ -50,11 +50,14 @@ var ErrInvalidName = errors.New(UserNameRule)
 // ValidUserName reports whether name may be a new user's name.
 func ValidUserName(name string) bool { return userNamePattern.MatchString(name) }
 
-// CreateUser adds an account on a plan. A name ValidUserName refuses is ErrInvalidName, an
-// unknown plan ErrUnknownPlan, a name taken ErrUserExists.
+// CreateUser adds an account on a plan ("": the store's default plan). A name ValidUserName
+// refuses is ErrInvalidName, an unknown plan ErrUnknownPlan, a name taken ErrUserExists.
 func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error) {
 	if !ValidUserName(name) {
 		return User{}, fmt.Errorf("create user %q: %w", name, ErrInvalidName)
+	}
+	if plan == "" {
+		plan = s.defaultPlan
 	}
 	if _, ok := s.plans[plan]; !ok {
 		return User{}, fmt.Errorf("create user %q: %w %q", name, ErrUnknownPlan, plan)

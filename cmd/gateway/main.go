@@ -234,7 +234,7 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 
 // store builds the holds store with the configured plans.
 func (e *env) store() *holds.Store {
-	return holds.NewStore(e.db, proxy.Plans(e.cfg), "standard", e.log)
+	return holds.NewStore(e.db, proxy.Plans(e.cfg), e.cfg.DefaultPlan, e.log)
 }
 
 func migrate(ctx context.Context, args []string) error {
@@ -300,7 +300,7 @@ func userCreate(ctx context.Context, args []string) error {
 	var name, plan string
 	e, err := setup(ctx, "user create", args, false, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "name", "", "user name (unique)")
-		fs.StringVar(&plan, "plan", "standard", "plan name")
+		fs.StringVar(&plan, "plan", "", "plan name (default: the config's default_plan)")
 	})
 	if err != nil {
 		return err
@@ -355,7 +355,7 @@ func demoSetup(ctx context.Context, args []string) error {
 	st := e.store()
 	u, err := st.UserByName(ctx, "demo")
 	if errors.Is(err, holds.ErrUnknownUser) {
-		u, err = st.CreateUser(ctx, "demo", "standard")
+		u, err = st.CreateUser(ctx, "demo", "")
 	}
 	if err != nil {
 		return err

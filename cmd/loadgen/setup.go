@@ -48,10 +48,10 @@ func setupCmd(args []string) error {
 	}
 	defer db.Close()
 	cfg := config.Default()
-	st := holds.NewStore(db, proxy.Plans(cfg), "standard", zap.NewNop())
+	st := holds.NewStore(db, proxy.Plans(cfg), cfg.DefaultPlan, zap.NewNop())
 	tag := time.Now().UTC().Format("150405")
 	mk := func(name string) (uint64, string, error) {
-		u, err := st.CreateUser(ctx, name, "standard")
+		u, err := st.CreateUser(ctx, name, "")
 		if err != nil {
 			return 0, "", err
 		}
@@ -59,7 +59,7 @@ func setupCmd(args []string) error {
 		return u.ID, k, err
 	}
 	keys := Keys{Users: make([]string, *n), HotMaxInFlight: *hotInFlight,
-		UserAllowanceMicro: cfg.Plans["standard"].AllowanceCredits.MicroAt(cfg.CreditMicro)}
+		UserAllowanceMicro: cfg.Plans[cfg.DefaultPlan].AllowanceCredits.MicroAt(cfg.CreditMicro)}
 	var wg sync.WaitGroup
 	errc := make(chan error, *n)
 	sem := make(chan struct{}, 16)
