@@ -10,6 +10,7 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/plans"
 	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -133,7 +134,7 @@ func TestBillingOracleEndToEnd(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			planAllowance := proxy.Plans(h.cfg)["standard"].AllowanceMicro
+			planAllowance := plans.FromConfig(h.cfg)["standard"].AllowanceMicro
 			if tc.allowance != 0 {
 				planAllowance = tc.allowance
 			}

@@ -20,6 +20,7 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/plans"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/proxy"
@@ -122,7 +123,7 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	if log == nil {
 		log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	}
-	h.store = holds.NewStore(h.db, proxy.Plans(cfg), "standard", log)
+	h.store = holds.NewStore(h.db, plans.FromConfig(cfg), "standard", log)
 	tallyRDB := h.rdb
 	if setup.tallyDialer != nil {
 		opt := *h.rdb.Options()

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/plans"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/proxy"
@@ -31,7 +32,7 @@ func TestReadyzDoesNotExposeInternals(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
 	log := zap.NewNop()
-	store := holds.NewStore(bad, proxy.Plans(h.cfg), "standard", log)
+	store := holds.NewStore(bad, plans.FromConfig(h.cfg), "standard", log)
 	keys := runstate.Keys{Prefix: "readyz:"}
 	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: rdb, Keys: keys,
 		Tally:  runstate.NewTally(rdb, keys, h.cfg.Holds.TallyTTL),

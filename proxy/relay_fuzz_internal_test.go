@@ -19,6 +19,7 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fixtures"
+	"github.com/tollgate/tollgate/internal/plans"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/metering/runstate"
@@ -46,7 +47,7 @@ func newRelayFuzz(tb testing.TB) *relayFuzz {
 	rdb, prefix := testenv.Redis(tb)
 	rf := &relayFuzz{cfg: cfg, metrics: NewMetrics(nil), keys: runstate.Keys{Prefix: prefix}}
 	rf.tally = runstate.NewTally(rdb, rf.keys, cfg.Holds.TallyTTL)
-	rf.store = holds.NewStore(testenv.MySQL(tb), Plans(cfg), "standard", zap.NewNop())
+	rf.store = holds.NewStore(testenv.MySQL(tb), plans.FromConfig(cfg), cfg.DefaultPlan, zap.NewNop())
 	rf.server = func(limit int) *Server {
 		c := *cfg
 		c.Limits.MaxEventBytes = limit

@@ -20,8 +20,8 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/plans"
 	"github.com/tollgate/tollgate/metering/runstate"
-	"github.com/tollgate/tollgate/proxy"
 	tgsql "github.com/tollgate/tollgate/sql"
 )
 
@@ -234,7 +234,7 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 
 // store builds the holds store with the configured plans.
 func (e *env) store() *holds.Store {
-	return holds.NewStore(e.db, proxy.Plans(e.cfg), e.cfg.DefaultPlan, e.log)
+	return holds.NewStore(e.db, plans.FromConfig(e.cfg), e.cfg.DefaultPlan, e.log)
 }
 
 func migrate(ctx context.Context, args []string) error {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/proxy"
+	"github.com/tollgate/tollgate/internal/plans"
 )
 
 // Keys is what setup hands to run.
@@ -48,7 +48,7 @@ func setupCmd(args []string) error {
 	}
 	defer db.Close()
 	cfg := config.Default()
-	st := holds.NewStore(db, proxy.Plans(cfg), cfg.DefaultPlan, zap.NewNop())
+	st := holds.NewStore(db, plans.FromConfig(cfg), cfg.DefaultPlan, zap.NewNop())
 	tag := time.Now().UTC().Format("150405")
 	mk := func(name string) (uint64, string, error) {
 		u, err := st.CreateUser(ctx, name, "")
