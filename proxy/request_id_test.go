@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"fmt"
 	"net/http"
 	"testing"
 
@@ -42,23 +41,6 @@ func TestRefusalNamesTheRequestItsLogLineNames(t *testing.T) {
 	answered.Body.Close()
 	if got, run := answered.Header.Get(proxy.RequestIDHeader), answered.Header.Get(proxy.RunIDHeader); got == "" || got != run || got == id {
 		t.Fatalf("answered call: request id %q, run id %q (the refusal's was %q); want its run id, new", got, run, id)
-	}
-}
-
-// TestUpstreamCannotRenameTheRequest: an upstream that is itself a tollgate sends its own
-// X-Tollgate-Request-Id; the caller is told this gateway's, once.
-func TestUpstreamCannotRenameTheRequest(t *testing.T) {
-	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set(proxy.RequestIDHeader, "r_inner")
-		fmt.Fprint(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":1,"total_tokens":11}}`)
-	}, nil)
-	_, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if got := resp.Header.Values(proxy.RequestIDHeader); len(got) != 1 || got[0] != resp.Header.Get(proxy.RunIDHeader) {
-		t.Fatalf("X-Tollgate-Request-Id = %q, want this gateway's (%s) only", got, resp.Header.Get(proxy.RunIDHeader))
 	}
 }
 
