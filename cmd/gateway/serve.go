@@ -225,10 +225,12 @@ func (s *stopping) run() {
 		}
 	}
 	// The lease beats and the reconciler end before the deferred Close of their database and
-	// Redis clients: a pass cut off by that close logged errors of a failure that was not one.
+	// Redis clients (a pass cut off by that close logged errors of a failure that was not
+	// one), within the exit's bound as the rest: their work ends with their context, in a
+	// round trip.
 	s.stopBG()
-	if !waitOrTimeout(s.bgRunning, bgStopBound) {
-		s.log.Warn("background work still running at exit", zap.Duration("waited", bgStopBound))
+	if !waitWithin(wctx, s.bgRunning) {
+		s.log.Warn("background work still running at exit")
 	}
 	s.log.Info("gateway stopped")
 }
@@ -257,20 +259,14 @@ func passResult(failed bool) string {
 	return "done"
 }
 
-// bgStopBound bounds the wait for the lease beats and the reconciler at exit: their work ends
-// with their context, in one round trip.
-const bgStopBound = 5 * time.Second
-
-// waitOrTimeout waits for wg up to d and reports whether it ended.
-func waitOrTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+// waitWithin waits for wg until ctx ends and reports whether it ended first.
+func waitWithin(ctx context.Context, wg *sync.WaitGroup) bool {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
 	case <-done:
 		return true
-	case <-t.C:
+	case <-ctx.Done():
 		return false
 	}
 }
