@@ -123,6 +123,23 @@ func (s *Store) RevokeKey(ctx context.Context, key string) error {
 	return nil
 }
 
+// UsersByPlan counts the users on each plan name their rows carry, for the check at start that
+// every such plan is configured (one scan of users).
+func (s *Store) UsersByPlan(ctx context.Context) (map[string]int64, error) {
+	var rows []struct {
+		Plan  string `db:"plan"`
+		Users int64  `db:"users"`
+	}
+	if err := s.db.SelectContext(ctx, &rows, "SELECT plan, COUNT(*) AS users FROM users GROUP BY plan"); err != nil {
+		return nil, fmt.Errorf("users by plan: %w", err)
+	}
+	out := make(map[string]int64, len(rows))
+	for _, r := range rows {
+		out[r.Plan] = r.Users
+	}
+	return out, nil
+}
+
 // HashKey is how keys are stored and looked up.
 func HashKey(key string) [32]byte { return sha256.Sum256([]byte(key)) }
 

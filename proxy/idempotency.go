@@ -215,7 +215,7 @@ func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *ide
 			if rec.large {
 				return holds.Hold{}, answer(errReplayTooLarge(rec.run, s.cfg.Dedup.MaxReplayLen), false)
 			}
-			status, err := s.replay(ctx, w, ic)
+			status, err := s.replay(ctx, w, ic, log)
 			if errors.Is(err, errStoredAnswerGone) {
 				continue // expired since it was read: the key is free, or Redis lost it (read again)
 			}
@@ -332,7 +332,7 @@ var (
 )
 
 // replay answers from the stored response. Nothing is written to w unless it returns nil.
-func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall) (int, error) {
+func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall, log *zap.Logger) (int, error) {
 	rctx, cancel := redisStep(ctx)
 	defer cancel()
 	v, err := s.dedupRDB.HMGet(rctx, ic.record, "ctype", "resp", "hdrs", "run", "status", "body").Result()
@@ -358,7 +358,7 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 		var stored http.Header
 		if err := json.Unmarshal([]byte(hdrs), &stored); err != nil {
 			// The answer itself is whole: the caller gets it, without the provider's headers.
-			s.log.Warn("stored answer's headers unreadable; replayed without them", zap.String("run_id", run), zap.Error(err))
+			log.Warn("stored answer's headers unreadable; replayed without them", zap.String("of_run", run), zap.Error(err))
 		}
 		for k, vv := range stored {
 			if _, skip := unreplayedHeaders[http.CanonicalHeaderKey(k)]; !skip {

@@ -20,8 +20,8 @@ import (
 // forwarded, and its hold released (the ledger check at cleanup).
 //
 // The client here has no read timeout (read_timeout=-1): a step without the gateway's own
-// bound never ends, so the test's deadline, far past that bound, tells a bounded step from an
-// unbounded one without timing either.
+// bound never ends, and the test's deadline, far past that bound, tells the two apart. A bound
+// that grew (a step of 15 s) is told by a check at two and a half times the longest one.
 func TestStalledRedisRefusesCallsWithinBound(t *testing.T) {
 	var stalled atomic.Bool
 	h := newHarnessOn(t, harnessSetup{contextTimeouts: true, redisReadTimeout: -1,
@@ -41,6 +41,8 @@ func TestStalledRedisRefusesCallsWithinBound(t *testing.T) {
 	}
 	// Ten times the longest bound: a hang, not a measure.
 	const hang = 40 * time.Second
+	// Two and a half times the longest bound (the named run's, 4 s): room for a loaded machine.
+	const grown = 10 * time.Second
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			calls := h.fake.Calls()
@@ -52,12 +54,16 @@ func TestStalledRedisRefusesCallsWithinBound(t *testing.T) {
 			for k, v := range tc.hdr {
 				req.Header.Set(k, v)
 			}
+			start := time.Now()
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatalf("not answered within %v with Redis stalled (a step without the gateway's bound): %v", hang, err)
 			}
 			out := readAll(t, resp.Body)
 			resp.Body.Close()
+			if took := time.Since(start); took > grown {
+				t.Errorf("refused after %v with Redis stalled: the gateway's bound on a step grew past %v", took.Round(time.Millisecond), grown)
+			}
 			if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, out) != tc.code {
 				t.Errorf("%d %s, want 503 %s", resp.StatusCode, out, tc.code)
 			}

@@ -75,9 +75,9 @@ export UPSTREAM_URL="http://$FAKELLM_ADDR"
 export LISTEN_ADDR="$GATEWAY_ADDR"
 
 log "migrating"
-bin/gateway migrate
+bin/gateway migrate --config "$config"
 
-setup_out=$(bin/gateway demo-setup) || {
+setup_out=$(bin/gateway demo-setup --config "$config") || {
 	printf '%s\n' "$setup_out" >&2
 	die "gateway demo-setup failed"
 }

@@ -31,7 +31,7 @@ commands:
   serve          run the gateway (flags: -config FILE, -pprof ADDR, -migrate: apply missing migrations first)
   migrate        [-lock-wait 2s]   apply missing database migrations (safe to run twice)
   reconcile      settle expired holds once (-once; -force: without the lock) and exit
-  user create    -name NAME [-plan standard]
+  user create    -name NAME [-plan P]   (default: the config's default_plan)
   key create     -user NAME   (prints the key once)
   demo-setup     create the demo user and a key; prints KEY=<key>
   audit          check the books: day ledger = Σ settled charges per user and day, and prepaid

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -68,6 +70,7 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	cfg := e.cfg
 	keys := redisKeys(cfg)
 	store := e.store()
+	warnUsersOnUnconfiguredPlans(ctx, store, cfg, e.log)
 	// Listening before registering: a start that fails here (the port taken, say) leaves no
 	// row for the other processes to find dead and count.
 	ln, err := net.Listen("tcp", cfg.ListenAddr)
@@ -362,6 +365,29 @@ func servePprof(addr string, log *zap.Logger) error {
 	}()
 	return nil
 }
+
+// warnUsersOnUnconfiguredPlans says so at start when users' rows name a plan the config does
+// not have: they are served on default_plan's terms, which may give more than their plan did
+// (a plans section that left out the demo's guest, whose users then got standard's 2000
+// credits a day instead of 100), or less.
+func warnUsersOnUnconfiguredPlans(ctx context.Context, st *holds.Store, cfg *config.Config, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, plansCheckTimeout)
+	defer cancel()
+	byPlan, err := st.UsersByPlan(ctx)
+	if err != nil {
+		log.Warn("could not check that every user's plan is configured", zap.Error(err))
+		return
+	}
+	for _, plan := range slices.Sorted(maps.Keys(byPlan)) {
+		if _, ok := cfg.Plans[plan]; !ok {
+			log.Warn("users on a plan that is not configured get the default plan's terms; configure the plan or move them (gateway user set -plan)",
+				zap.String("plan", plan), zap.Int64("users", byPlan[plan]), zap.String("default_plan", cfg.DefaultPlan))
+		}
+	}
+}
+
+// plansCheckTimeout bounds warnUsersOnUnconfiguredPlans's scan of users: a check, not a gate.
+const plansCheckTimeout = 10 * time.Second
 
 // warnUnboundedIdleTransactions says so at start when the database never ends a transaction
 // whose client went silent (MySQL, or a DSN's idle_transaction_timeout=0): an operator running
