@@ -39,7 +39,8 @@ func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
 	}
 	// The store refuses a name it does not accept (400 invalid_name) before it looks at the
 	// plan, so the gateway's `user create` and this answer cannot drift apart.
-	if _, err := h.store.CreateUser(r.Context(), req.Name, req.Plan); err != nil {
+	u, err := h.store.CreateUser(r.Context(), req.Name, req.Plan)
+	if err != nil {
 		if errors.Is(err, holds.ErrUnknownPlan) {
 			writeError(w, h.unknownPlan(req.Plan))
 			return
@@ -47,7 +48,7 @@ func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.log.Info("admin: user created", zap.String("user", req.Name), zap.String("plan", req.Plan))
+	h.log.Info("admin: user created", zap.String("user", u.Name), zap.String("plan", u.Plan)) // the default plan's name, if none was asked
 	d, err := h.store.UserDetail(r.Context(), req.Name)
 	if err != nil {
 		h.fail(w, r, err)
