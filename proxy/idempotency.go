@@ -175,110 +175,182 @@ const maxIdemRounds = 4
 // callLog is the request's logger without a run id: a line names the run ar.RunID names at
 // the time, the attempt's once it is known (a lost admission's release is of that run).
 func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *idemCall, ar *holds.AdmitRequest, callLog *zap.Logger) (holds.Hold, int) {
-	ctx := r.Context()
-	log := callLog.WithLazy(zap.String("run_id", ar.RunID))
-	answer := func(e *apiError, retry bool) int {
-		logRefusal(log, e, "idempotent request answered without running", nil, zap.String("of_run", e.RunID))
-		s.writeDuplicate(w, e, retry)
-		return e.Status
-	}
-	// fail answers a failure of Redis or the database, unless the caller has left: then the
-	// failure is its cancelled context, there is no one to answer, and nothing is held.
-	fail := func(e *apiError, msg string, err error) (holds.Hold, int) {
-		if ctx.Err() != nil {
-			e, why := ended(ctx, "during the idempotency check; nothing held")
-			logRefusal(log, e, why, err, zap.String("step", msg))
-			return holds.Hold{}, answerClientClosed(w, r)
-		}
-		logRefusal(log, e, msg, err)
-		writeError(w, e)
-		return holds.Hold{}, e.Status
-	}
+	a := &idemAdmission{s: s, w: w, r: r, ctx: r.Context(), ic: ic, ar: ar, callLog: callLog,
+		log: callLog.WithLazy(zap.String("run_id", ar.RunID))}
 	for range maxIdemRounds {
-		rec, err := s.readIdem(ctx, ic)
-		if err != nil {
-			if !s.cfg.Dedup.FailOpen || ctx.Err() != nil {
-				return fail(errDedupDown, "idempotency record unreadable", err)
-			}
-			// fail_open: attempt 0. The hold's primary key still keeps two attempts from
-			// running at once; only a replay is impossible.
-			log.Warn("idempotency record unreadable; going on (fail_open)", zap.Error(err))
-			rec = idemRecord{}
-		}
-		if rec.bodyHash != "" && !ic.sameRequest(rec.bodyHash) {
-			return holds.Hold{}, answer(errKeyReused, false)
-		}
-		if rec.superseded {
-			return holds.Hold{}, answer(errSupersededAnswer, false)
-		}
-		if rec.run != "" {
-			if rec.large {
-				return holds.Hold{}, answer(errReplayTooLarge(rec.run, s.cfg.Dedup.MaxReplayLen), false)
-			}
-			status, err := s.replay(ctx, w, ic, log)
-			if errors.Is(err, errStoredAnswerGone) {
-				continue // expired since it was read: the key is free, or Redis lost it (read again)
-			}
-			if errors.Is(err, errStoredAnswerOtherBody) {
-				return holds.Hold{}, answer(errKeyReused, false)
-			}
-			if errors.Is(err, errStoredAnswerCorrupt) {
-				log.Error("idempotent request's stored answer is corrupt; not run again", zap.Error(err))
-				return holds.Hold{}, answer(errReplayLost(rec.run), false)
-			}
-			if err != nil {
-				return fail(errDedupDown, "stored answer unreadable", err)
-			}
-			log.Info("idempotent request replayed", zap.String("of_run", rec.run))
+		rec, status := a.readRecord()
+		if status != 0 {
 			return holds.Hold{}, status
 		}
-		ic.attempt = rec.attempt
-		ar.RunID = idempotentRunID(ic.userID, ic.key, rec.attempt)
-		log = callLog.WithLazy(zap.String("run_id", ar.RunID))
-		hold, err := s.writer.Admit(ctx, *ar)
-		switch {
-		case err == nil && hold.Existing:
-			return holds.Hold{}, answer(errRequestInProgress(ar.RunID), true)
-		case err == nil:
-			if err := s.startIdem(ctx, ic); err != nil {
-				// The in-flight guard is the hold; the stored body hash only refines a
-				// reused key's answer from 409 to 422. Going on is safe.
-				log.Warn("idempotency record not started", zap.Error(err))
+		if e := a.refusalOf(rec); e != nil {
+			return holds.Hold{}, a.answer(e, false)
+		}
+		if rec.run != "" {
+			status, again := a.replayPinned(rec)
+			if again {
+				continue
 			}
-			return hold, 0
-		case errors.Is(err, holds.ErrRunSettled):
-			// The attempt ended between the read and the admission, or its end did not reach the
-			// record. Its record is final now (it is written before settlement): read again, and
-			// if the attempt did not pin the key, move past it. Whether it pinned is its run's
-			// row's to say, not the record's: a record without an answer is one whose answer was
-			// never stored (Redis failed that write), or that Redis lost whole (a restart, a
-			// failover) — either way an attempt that ended complete must not run again.
-			if rec2, err := s.readIdem(ctx, ic); err == nil && rec2.run == "" && !rec2.superseded && rec2.attempt == rec.attempt {
-				pinned, err := s.attemptPinned(ctx, ic.userID, ar.RunID)
-				if err != nil {
-					return fail(errBillingDown, "idempotent attempt unreadable", err)
-				}
-				if pinned {
-					return holds.Hold{}, answer(errReplayLost(ar.RunID), false)
-				}
-				if err := s.advanceIdem(ctx, ic, rec.attempt); err != nil {
-					return fail(errDedupDown, "idempotency attempt not advanced", err)
-				}
-			}
-			continue
-		default:
-			s.releaseLostAdmission(ctx, *ar, err, log)
-			e := s.admitError(err)
-			if e.Status >= 500 {
-				return fail(e, "admission failed", err)
-			}
-			// The caller's refusal (402, 429, ...) writes its line, as a plain call's does.
-			logRefusal(log, e, "admission", err)
-			writeError(w, e)
-			return holds.Hold{}, e.Status
+			return holds.Hold{}, status
+		}
+		hold, status, again := a.admitAttempt(rec.attempt)
+		if !again {
+			return hold, status
 		}
 	}
-	return holds.Hold{}, answer(errRequestInProgress(ar.RunID), true)
+	return holds.Hold{}, a.answer(errRequestInProgress(ar.RunID), true)
+}
+
+// idemAdmission is one admitIdempotent: its request, and the logger of the run ar.RunID names
+// at the time (log), which moves to the attempt's run once its number is read.
+type idemAdmission struct {
+	s       *Server
+	w       http.ResponseWriter
+	r       *http.Request
+	ctx     context.Context // r's
+	ic      *idemCall
+	ar      *holds.AdmitRequest
+	callLog *zap.Logger
+	log     *zap.Logger
+}
+
+// answer answers the request without running it (a replay's refusal, a reused key, a running
+// attempt), and returns the status sent.
+func (a *idemAdmission) answer(e *apiError, retry bool) int {
+	logRefusal(a.log, e, "idempotent request answered without running", nil, zap.String("of_run", e.RunID))
+	a.s.writeDuplicate(a.w, e, retry)
+	return e.Status
+}
+
+// fail answers a failure of Redis or the database, unless the caller has left: then the
+// failure is its cancelled context, there is no one to answer, and nothing is held.
+func (a *idemAdmission) fail(e *apiError, msg string, err error) int {
+	if a.ctx.Err() != nil {
+		e, why := ended(a.ctx, "during the idempotency check; nothing held")
+		logRefusal(a.log, e, why, err, zap.String("step", msg))
+		return answerClientClosed(a.w, a.r)
+	}
+	logRefusal(a.log, e, msg, err)
+	writeError(a.w, e)
+	return e.Status
+}
+
+// readRecord reads the key's record, or answers the request (status) when it cannot be read
+// and the gateway does not fail open.
+func (a *idemAdmission) readRecord() (idemRecord, int) {
+	rec, err := a.s.readIdem(a.ctx, a.ic)
+	if err == nil {
+		return rec, 0
+	}
+	if !a.s.cfg.Dedup.FailOpen || a.ctx.Err() != nil {
+		return idemRecord{}, a.fail(errDedupDown, "idempotency record unreadable", err)
+	}
+	// fail_open: attempt 0. The hold's primary key still keeps two attempts from
+	// running at once; only a replay is impossible.
+	a.log.Warn("idempotency record unreadable; going on (fail_open)", zap.Error(err))
+	return idemRecord{}, 0
+}
+
+// refusalOf is the answer a record gives every request under its key without a look at its
+// answer: a reused key's, or a superseded attempt's; nil when it gives none.
+func (a *idemAdmission) refusalOf(rec idemRecord) *apiError {
+	if rec.bodyHash != "" && !a.ic.sameRequest(rec.bodyHash) {
+		return errKeyReused
+	}
+	if rec.superseded {
+		return errSupersededAnswer
+	}
+	return nil
+}
+
+// replayPinned answers the request from the answer of the attempt that pinned the key (rec.run),
+// and returns the status sent; again when that answer expired since rec was read.
+func (a *idemAdmission) replayPinned(rec idemRecord) (status int, again bool) {
+	if rec.large {
+		return a.answer(errReplayTooLarge(rec.run, a.s.cfg.Dedup.MaxReplayLen), false), false
+	}
+	status, err := a.s.replay(a.ctx, a.w, a.ic, a.log)
+	if errors.Is(err, errStoredAnswerGone) {
+		return 0, true // expired since it was read: the key is free, or Redis lost it (read again)
+	}
+	if errors.Is(err, errStoredAnswerOtherBody) {
+		return a.answer(errKeyReused, false), false
+	}
+	if errors.Is(err, errStoredAnswerCorrupt) {
+		a.log.Error("idempotent request's stored answer is corrupt; not run again", zap.Error(err))
+		return a.answer(errReplayLost(rec.run), false), false
+	}
+	if err != nil {
+		return a.fail(errDedupDown, "stored answer unreadable", err), false
+	}
+	a.log.Info("idempotent request replayed", zap.String("of_run", rec.run))
+	return status, false
+}
+
+// admitAttempt holds credits for the key's attempt under its run id, which ar.RunID then names.
+// It returns the hold (status 0), or the status of the answer written instead; again when the
+// attempt was found settled and the record is to be read again.
+func (a *idemAdmission) admitAttempt(attempt int) (_ holds.Hold, status int, again bool) {
+	a.ic.attempt = attempt
+	a.ar.RunID = idempotentRunID(a.ic.userID, a.ic.key, attempt)
+	a.log = a.callLog.WithLazy(zap.String("run_id", a.ar.RunID))
+	hold, err := a.s.writer.Admit(a.ctx, *a.ar)
+	switch {
+	case err == nil && hold.Existing:
+		return holds.Hold{}, a.answer(errRequestInProgress(a.ar.RunID), true), false
+	case err == nil:
+		if err := a.s.startIdem(a.ctx, a.ic); err != nil {
+			// The in-flight guard is the hold; the stored body hash only refines a
+			// reused key's answer from 409 to 422. Going on is safe.
+			a.log.Warn("idempotency record not started", zap.Error(err))
+		}
+		return hold, 0, false
+	case errors.Is(err, holds.ErrRunSettled):
+		status := a.passSettled(attempt)
+		return holds.Hold{}, status, status == 0
+	default:
+		return holds.Hold{}, a.refuseAdmission(err), false
+	}
+}
+
+// passSettled moves the key past its settled attempt when that attempt did not pin it, and
+// returns 0 to read the record again, or the status of the answer written instead.
+//
+// The attempt ended between the read and the admission, or its end did not reach the
+// record. Its record is final now (it is written before settlement): read again, and
+// if the attempt did not pin the key, move past it. Whether it pinned is its run's
+// row's to say, not the record's: a record without an answer is one whose answer was
+// never stored (Redis failed that write), or that Redis lost whole (a restart, a
+// failover) — either way an attempt that ended complete must not run again.
+func (a *idemAdmission) passSettled(attempt int) int {
+	rec, err := a.s.readIdem(a.ctx, a.ic)
+	if err != nil || rec.run != "" || rec.superseded || rec.attempt != attempt {
+		return 0
+	}
+	pinned, err := a.s.attemptPinned(a.ctx, a.ic.userID, a.ar.RunID)
+	if err != nil {
+		return a.fail(errBillingDown, "idempotent attempt unreadable", err)
+	}
+	if pinned {
+		return a.answer(errReplayLost(a.ar.RunID), false)
+	}
+	if err := a.s.advanceIdem(a.ctx, a.ic, attempt); err != nil {
+		return a.fail(errDedupDown, "idempotency attempt not advanced", err)
+	}
+	return 0
+}
+
+// refuseAdmission answers an attempt's failed admission, whose hold, if the failure hid one
+// that landed, is released.
+func (a *idemAdmission) refuseAdmission(err error) int {
+	a.s.releaseLostAdmission(a.ctx, *a.ar, err, a.log)
+	e := a.s.admitError(err)
+	if e.Status >= 500 {
+		return a.fail(e, "admission failed", err)
+	}
+	// The caller's refusal (402, 429, ...) writes its line, as a plain call's does.
+	logRefusal(a.log, e, "admission", err)
+	writeError(a.w, e)
+	return e.Status
 }
 
 // attemptPinned reports whether the settled attempt runID of a key whose record holds no
