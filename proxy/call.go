@@ -129,15 +129,10 @@ func (s *Server) serveCall(rt *route) http.HandlerFunc {
 // call's run id may change (a named run, an Idempotency-Key's), and a line must name one run.
 func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, user holds.User, runID string, callLog *zap.Logger) int {
 	log := callLog.WithLazy(zap.String("run_id", runID))
-	refuse := func(e *apiError, reason string, err error) int {
-		logRefusal(log, e, reason, err)
-		writeError(w, e)
-		return e.Status
-	}
 	// The body stays in memory, and counted, until the call is over (see bodyMemory).
 	body := s.bodies.lease(user.ID)
 	defer body.release()
-	in, refused := s.readCall(w, r, rt, user.ID, body, log, refuse)
+	in, refused := s.readCall(w, r, rt, user.ID, body, log, refuser(w, log))
 	if refused != 0 {
 		return refused
 	}
@@ -145,81 +140,23 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	if c == nil {
 		return answered
 	}
-	runID, log = c.runID, c.log
 	if c.rw != nil {
 		w = c.rw
 	}
 	// From here on the hold exists, and this deferred settlement is what closes it: it runs on
 	// success, error, client cancel and panic alike.
 	defer s.finish(r.Context(), c)
+	return s.runCall(w, r, c, in)
+}
 
-	// A session's message is told apart by the caller's request, hashed before the rewrite: the
-	// output bound the rewrite sets follows the cap, which the caller's other holds lower, and
-	// a message with no user turn (tool outputs alone) is hashed whole. Hashed after, a resend
-	// of the running message read as a new one and stopped it.
-	sessionID := in.ids.sessionID
-	var message [32]byte
-	if sessionID != "" {
-		message = sessionMessageHash(c.req.route.format, c.req.body)
+// refuser is how a call's steps refuse it: the refusal's line goes to log, its answer to w,
+// and its status is returned.
+func refuser(w http.ResponseWriter, log *zap.Logger) func(e *apiError, reason string, err error) int {
+	return func(e *apiError, reason string, err error) int {
+		logRefusal(log, e, reason, err)
+		writeError(w, e)
+		return e.Status
 	}
-	if status := s.fitBudget(r.Context(), c, refuse); status != 0 {
-		return status
-	}
-
-	// Duplicate checks come after the hold (DESIGN §6): the check and the registration of this
-	// run then happen with no await in between, and a duplicate releases its fresh hold.
-	switch {
-	case sessionID != "":
-		ctx, cancel := context.WithCancelCause(r.Context())
-		defer cancel(nil)
-		r = r.WithContext(ctx)
-		if err := s.cancels.register(ctx, runID, cancel); err != nil {
-			log.Warn("cancel bus unavailable; a newer message cannot stop this run", zap.Error(err))
-		}
-		defer s.cancels.unregister(runID)
-		if e, err := s.claimSession(ctx, c, sessionID, message); e != nil {
-			if c.outcome == outcomeDuplicate {
-				logRefusal(log, e, "duplicate of a running session message", nil, zap.String("of_run", e.RunID))
-				s.writeDuplicate(w, e, false)
-				return e.Status
-			}
-			return refuse(e, "session", err)
-		}
-		defer s.endSessionCall(r.Context(), c)
-	case in.fingerprinted:
-		if status := s.checkFingerprint(w, r, c, in.bodyHash, refuse); status != 0 {
-			return status
-		}
-		// Runs before the deferred settlement and before the handler returns: whatever ends
-		// the call, a resend after its answer is a new request.
-		defer s.endFingerprint(r.Context(), c)
-	}
-	s.leases.Acquire(runID)
-	c.leased = true
-	s.metrics.ActiveCalls.Inc()
-	defer s.metrics.ActiveCalls.Dec()
-	if r.Context().Err() != nil {
-		// Cancelled before anything was sent upstream (the client left, or a newer message of
-		// its session replaced it): nothing was used, release at 0.
-		c.outcome = outcomeRefused
-		if errors.Is(context.Cause(r.Context()), errSuperseded) {
-			c.superseded = true
-			// Not to be retried: a retry would resend the old message and replace the newer one.
-			w.Header().Set(shouldRetryHeader, "false")
-			return refuse(errSupersededAnswer, "superseded", nil)
-		}
-		e, why := ended(r.Context(), "before forwarding; hold released")
-		logRefusal(log, e, why, nil)
-		return answerClientClosed(w, r)
-	}
-	w.Header().Set(RunIDHeader, runID) // forwarded from here on (a refusal above names no run)
-	status := s.forward(w, r, c)
-	if errors.Is(context.Cause(r.Context()), errSuperseded) && c.outcome != outcomeComplete {
-		// (A call superseded after its answer was whole is not told it was stopped.)
-		c.superseded = true
-		status = s.answerSuperseded(c)
-	}
-	return status
 }
 
 // admitCall holds credits for a call read whole (in), under its run id: a caller-named run's,
@@ -312,6 +249,103 @@ func (s *Server) fitBudget(ctx context.Context, c *call, refuse func(*apiError, 
 		return refuse(exhausted, "budget below the cost of the prompt", nil)
 	}
 	return 0
+}
+
+// runCall takes a held call from its budget to its answer: it fits the request to what the
+// call may spend, checks it against duplicates and forwards it. What it defers (a session's
+// end, a fingerprint's, the in-flight gauge's) runs as it returns, before handleCall's
+// deferred settlement.
+func (s *Server) runCall(w http.ResponseWriter, r *http.Request, c *call, in incomingCall) int {
+	refuse := refuser(w, c.log)
+	sessionID := in.ids.sessionID
+	message := sessionMessage(c, sessionID) // before fitBudget rewrites the request
+	if status := s.fitBudget(r.Context(), c, refuse); status != 0 {
+		return status
+	}
+
+	// Duplicate checks come after the hold (DESIGN §6): the check and the registration of this
+	// run then happen with no await in between, and a duplicate releases its fresh hold.
+	switch {
+	case sessionID != "":
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		r = r.WithContext(ctx)
+		if err := s.cancels.register(ctx, c.runID, cancel); err != nil {
+			c.log.Warn("cancel bus unavailable; a newer message cannot stop this run", zap.Error(err))
+		}
+		defer s.cancels.unregister(c.runID)
+		if status := s.joinSession(ctx, w, c, sessionID, message, refuse); status != 0 {
+			return status
+		}
+		defer s.endSessionCall(r.Context(), c)
+	case in.fingerprinted:
+		if status := s.checkFingerprint(w, r, c, in.bodyHash, refuse); status != 0 {
+			return status
+		}
+		// Runs before the deferred settlement and before the handler returns: whatever ends
+		// the call, a resend after its answer is a new request.
+		defer s.endFingerprint(r.Context(), c)
+	}
+	s.leases.Acquire(c.runID)
+	c.leased = true
+	s.metrics.ActiveCalls.Inc()
+	defer s.metrics.ActiveCalls.Dec()
+	if r.Context().Err() != nil {
+		return s.refuseUnforwarded(w, r, c, refuse)
+	}
+	w.Header().Set(RunIDHeader, c.runID) // forwarded from here on (a refusal above names no run)
+	status := s.forward(w, r, c)
+	if errors.Is(context.Cause(r.Context()), errSuperseded) && c.outcome != outcomeComplete {
+		// (A call superseded after its answer was whole is not told it was stopped.)
+		c.superseded = true
+		status = s.answerSuperseded(c)
+	}
+	return status
+}
+
+// sessionMessage is the hash that tells a session's message apart (zero for a call without a
+// session). It is the caller's request, hashed before the rewrite: the output bound the
+// rewrite sets follows the cap, which the caller's other holds lower, and a message with no
+// user turn (tool outputs alone) is hashed whole. Hashed after, a resend of the running
+// message read as a new one and stopped it.
+func sessionMessage(c *call, sessionID string) [32]byte {
+	var message [32]byte
+	if sessionID != "" {
+		message = sessionMessageHash(c.req.route.format, c.req.body)
+	}
+	return message
+}
+
+// joinSession makes c its session's current run (claimSession), or answers it: a duplicate of
+// the session's running message, or a refusal (refuse). It returns 0 to go on, else the status
+// written.
+func (s *Server) joinSession(ctx context.Context, w http.ResponseWriter, c *call, sessionID string, message [32]byte,
+	refuse func(*apiError, string, error) int) int {
+	e, err := s.claimSession(ctx, c, sessionID, message)
+	if e == nil {
+		return 0
+	}
+	if c.outcome == outcomeDuplicate {
+		logRefusal(c.log, e, "duplicate of a running session message", nil, zap.String("of_run", e.RunID))
+		s.writeDuplicate(w, e, false)
+		return e.Status
+	}
+	return refuse(e, "session", err)
+}
+
+// refuseUnforwarded answers a call cancelled before anything was sent upstream (the client
+// left, or a newer message of its session replaced it): nothing was used, release at 0.
+func (s *Server) refuseUnforwarded(w http.ResponseWriter, r *http.Request, c *call, refuse func(*apiError, string, error) int) int {
+	c.outcome = outcomeRefused
+	if errors.Is(context.Cause(r.Context()), errSuperseded) {
+		c.superseded = true
+		// Not to be retried: a retry would resend the old message and replace the newer one.
+		w.Header().Set(shouldRetryHeader, "false")
+		return refuse(errSupersededAnswer, "superseded", nil)
+	}
+	e, why := ended(r.Context(), "before forwarding; hold released")
+	logRefusal(c.log, e, why, nil)
+	return answerClientClosed(w, r)
 }
 
 // incomingCall is a call's request as readCall accepted it.
