@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -19,42 +20,64 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	limit := s.cfg.Limits.MaxResponseBytes
 	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
-		if requestEnded(r) {
-			c.outcome = outcomeCancel
-			return answerClientClosed(w, r)
-		}
-		if isTimeout(err) {
-			// The provider has the prompt and was still answering when the gateway gave up: as
-			// for a timeout before its headers, charge the prompt's estimate and say so.
-			c.outcome = outcomeUpstreamTimeout
-			c.log.Warn("upstream body timed out", zap.Error(err))
-			writeError(w, &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
-				Message: "The upstream did not finish the answer in time."})
-			return http.StatusGatewayTimeout
-		}
-		c.outcome = outcomeStreamError
-		c.log.Warn("upstream body broke", zap.Error(err))
-		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
-			Message: "The upstream connection broke before the answer was complete."})
-		return http.StatusBadGateway
+		return answerBodyFailure(w, r, c, err)
 	}
 	if int64(len(body)) > limit {
-		c.outcome = outcomeStreamError
-		most := int64(math.MaxInt64)
-		if limit <= math.MaxInt64/oversizeReadFactor {
-			most = oversizeReadFactor * limit
-		}
-		// Read before the error goes out: a caller that has its answer leaves, and the
-		// upstream read, bound to its context, would end before the report.
-		read := meterOversized(c.meter, body, resp.Body, most)
-		c.log.Warn("upstream body over the limit", zap.Int64("limit", limit), zap.Int64("read", read),
-			zap.Bool("usage_found", c.meter.Result().Reported))
-		// Charged the whole answer it cannot pass on: an SDK's automatic retry of a 502 (twice,
-		// by default) would be answered as large again, and charged again, for nothing.
-		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_response_too_large",
-			Message: fmt.Sprintf("The upstream answer is larger than %d bytes.", limit), NoRetry: true})
-		return http.StatusBadGateway
+		return answerOversized(w, resp, c, body, limit)
 	}
+	if status := refuseUnrelayable(w, c, resp, body, s.cfg.Limits.MaxEventBytes); status != 0 {
+		return status
+	}
+	s.meterWhole(r.Context(), c, body)
+	return s.writeWhole(w, r, resp, c, body)
+}
+
+// answerBodyFailure answers a call whose upstream answer could not be read to its end, and
+// sets c.outcome by who ended it: the caller, the upstream's time, or a broken connection.
+func answerBodyFailure(w http.ResponseWriter, r *http.Request, c *call, err error) int {
+	if requestEnded(r) {
+		c.outcome = outcomeCancel
+		return answerClientClosed(w, r)
+	}
+	if isTimeout(err) {
+		// The provider has the prompt and was still answering when the gateway gave up: as
+		// for a timeout before its headers, charge the prompt's estimate and say so.
+		c.outcome = outcomeUpstreamTimeout
+		c.log.Warn("upstream body timed out", zap.Error(err))
+		writeError(w, &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
+			Message: "The upstream did not finish the answer in time."})
+		return http.StatusGatewayTimeout
+	}
+	c.outcome = outcomeStreamError
+	c.log.Warn("upstream body broke", zap.Error(err))
+	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+		Message: "The upstream connection broke before the answer was complete."})
+	return http.StatusBadGateway
+}
+
+// answerOversized answers 502 an answer past limit (body holds its first limit+1 bytes), once
+// it is metered from what more of it can be read.
+func answerOversized(w http.ResponseWriter, resp *http.Response, c *call, body []byte, limit int64) int {
+	c.outcome = outcomeStreamError
+	most := int64(math.MaxInt64)
+	if limit <= math.MaxInt64/oversizeReadFactor {
+		most = oversizeReadFactor * limit
+	}
+	// Read before the error goes out: a caller that has its answer leaves, and the
+	// upstream read, bound to its context, would end before the report.
+	read := meterOversized(c.meter, body, resp.Body, most)
+	c.log.Warn("upstream body over the limit", zap.Int64("limit", limit), zap.Int64("read", read),
+		zap.Bool("usage_found", c.meter.Result().Reported))
+	// Charged the whole answer it cannot pass on: an SDK's automatic retry of a 502 (twice,
+	// by default) would be answered as large again, and charged again, for nothing.
+	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_response_too_large",
+		Message: fmt.Sprintf("The upstream answer is larger than %d bytes.", limit), NoRetry: true})
+	return http.StatusBadGateway
+}
+
+// refuseUnrelayable answers 502 a whole body that is no answer to relay: one cut short, a web
+// page, or text of no format. It returns 0 for a body to meter and relay.
+func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body []byte, maxEvent int) int {
 	if cutJSON(body) {
 		// A JSON answer that is not whole came from an upstream that went away mid-answer
 		// while its body was delimited by the connection's close (which reads as a clean
@@ -75,23 +98,35 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		return refuseNonAnswer(w, c, resp, body, "upstream answered with a web page",
 			"The upstream answered with a web page, not an API answer: is its base_url right?")
 	}
-	if noAnswer(body, s.cfg.Limits.MaxEventBytes) {
+	if noAnswer(body, maxEvent) {
 		return refuseNonAnswer(w, c, resp, body, "upstream answered with text that is no API answer",
 			"The upstream answered with text that is not an API answer.")
 	}
+	return 0
+}
+
+// meterWhole meters a whole answer about to be relayed and tallies what it costs, then marks
+// the call's answer final: all before the answer goes out.
+func (s *Server) meterWhole(ctx context.Context, c *call, body []byte) {
 	meterBody(c.meter, body, s.cfg.Limits.MaxEventBytes)
 	if !c.meter.Result().Reported {
 		logErrorObject(c, body)
 	}
 	c.outcome = c.wholeOutcome()
 	if c.inRun {
-		s.tallyBeforeAnswer(r.Context(), c)
+		s.tallyBeforeAnswer(ctx, c)
 	} else {
-		s.tallyWithFingerprint(r.Context(), c, s.settlementOf(c))
+		s.tallyWithFingerprint(ctx, c, s.settlementOf(c))
 	}
-	s.answerFinal(r.Context(), c)
-	// The upstream's headers go out only with its answer: an error answer above must not
-	// carry its Content-Length (the caller would read a truncated body) or its encoding.
+	s.answerFinal(ctx, c)
+}
+
+// writeWhole sends a whole answer, metered, to the caller under the upstream's status and
+// headers, pinning an idempotent attempt's key on it first (pinBeforeAnswer).
+func (s *Server) writeWhole(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, body []byte) int {
+	// The upstream's headers go out only with its answer: an error answer sent instead (see
+	// relayBody) must not carry its Content-Length (the caller would read a truncated body) or
+	// its encoding.
 	copyResponseHeaders(w.Header(), resp.Header)
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	s.pinBeforeAnswer(r.Context(), c, c.outcome, resp.StatusCode, body)
@@ -101,7 +136,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	w.WriteHeader(resp.StatusCode)
 	if _, err := bound.write(w, body); err != nil && c.outcome == outcomeComplete && !c.idemPinned {
 		// Only a complete answer becomes a cancel: an upstream error stays one (what it is
-		// charged, possibly nothing, was tallied above, before the answer went out); a
+		// charged, possibly nothing, was tallied by meterWhole, before the answer went out); a
 		// pinned one stays complete, as its record says (see relayStream).
 		c.outcome = outcomeCancel
 	}
