@@ -229,19 +229,42 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 	}
 	c := &callRequest{route: rt, body: body, model: m.name, price: m.price, fallbackPrice: m.price, priceKey: m.priceKey,
 		upstream: m.upstream, maxOutput: -1}
+	if aerr := c.readAnswerOptions(root); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := c.readPrompt(root); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := s.checkOptions(c, root, header); aerr != nil {
+		return nil, aerr
+	}
+	c.clientAskedUsage = root.Get("stream_options.include_usage").Type == gjson.True
+	c.userTurns = metering.UserTurns(rt.format, body)
+	if aerr := checkRepeatsAnywhere(rt.format, root); aerr != nil {
+		return nil, aerr
+	}
+	return c, nil
+}
+
+// readAnswerOptions reads how the body asks to be answered: streamed or whole, up to which
+// output bound, and how many answers; a background response, which cannot be metered, is
+// refused.
+func (c *callRequest) readAnswerOptions(root gjson.Result) *apiError {
+	rt := c.route
 	// A null stream is the default, false, as OpenAI's API reads it (and as a null output
 	// bound or n is read here): clients that write every optional field send it.
 	if st := root.Get("stream"); st.Exists() && st.Type != gjson.Null {
 		if st.Type != gjson.True && st.Type != gjson.False {
-			return nil, errBadRequest("invalid_stream", "'stream' must be a boolean.")
+			return errBadRequest("invalid_stream", "'stream' must be a boolean.")
 		}
 		c.stream = st.Type == gjson.True
 	}
 	if aerr := c.readOutputBounds(root); aerr != nil {
-		return nil, aerr
+		return aerr
 	}
+	var aerr *apiError
 	if c.choices, aerr = readChoices(rt, root); aerr != nil {
-		return nil, aerr
+		return aerr
 	}
 	if rt.format == metering.FormatCompletions {
 		// Each prompt of a batch gets its own answers, each up to the bound.
@@ -251,15 +274,22 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		// A background response answers at once with a queued response and no usage; the
 		// output, and what it cost, are fetched later from an endpoint the gateway does not
 		// meter. Served, it would be charged the prompt's estimate for any amount of output.
-		return nil, errBadRequest("unsupported_parameter", "'background' responses are not supported: their usage cannot be metered.")
+		return errBadRequest("unsupported_parameter", "'background' responses are not supported: their usage cannot be metered.")
 	}
+	return nil
+}
+
+// readPrompt reads what the prompt will be billed as: its estimate, the spoken answers it
+// sends back, what it carries on from at the provider, and the part it marks for the cache.
+func (c *callRequest) readPrompt(root gjson.Result) *apiError {
+	rt, body := c.route, c.body
 	c.inputEstimate, c.audioEstimate = metering.EstimatePrompt(rt.format, body)
 	c.spoken = asksSpokenAnswer(rt.format, root)
 	if rt.format == metering.FormatChat && c.audioEstimate > 0 {
 		c.sentBack = metering.SpokenAnswersSentBack(body)
 		var more bool
 		if c.spokenIDs, more = metering.SpokenAnswerIDs(body, maxSpokenIDsChecked); more {
-			return nil, errBadRequest("too_many_audio_ids", fmt.Sprintf(
+			return errBadRequest("too_many_audio_ids", fmt.Sprintf(
 				"A request may send back at most %d distinct earlier spoken answers ({\"audio\": {\"id\": ...}}).", maxSpokenIDsChecked))
 		}
 	}
@@ -267,34 +297,45 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 		c.previousResponse, c.conversation = continuedFrom(root)
 	}
 	c.cacheMarked, c.cacheLong = cacheControls(root.Raw)
+	return nil
+}
+
+// checkOptions refuses what the gateway could not bill or forward as asked: an option billed
+// at rates it has no price for, an unpriced fallback model, a message without its required
+// bound, stream options it could not edit.
+func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Header) *apiError {
+	rt := c.route
 	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate, c.cacheLong); what != "" {
-		return nil, errBadRequest("unpriced_option", fmt.Sprintf(
+		return errBadRequest("unpriced_option", fmt.Sprintf(
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
 	}
+	var aerr *apiError
 	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price); aerr != nil {
-		return nil, aerr
+		return aerr
 	}
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
-		return nil, errBadRequest("missing_max_tokens", "'max_tokens' is required on /v1/messages.")
+		return errBadRequest("missing_max_tokens", "'max_tokens' is required on /v1/messages.")
 	}
 	if so := root.Get("stream_options"); rt.injectUsage && so.Exists() && so.Type != gjson.Null && !so.IsObject() {
 		// Found here, not when the rewrite fails to edit it: by then the call holds credits
 		// and may have replaced its session's running call.
-		return nil, errBadRequest("invalid_stream_options", "'stream_options' must be an object.")
+		return errBadRequest("invalid_stream_options", "'stream_options' must be an object.")
 	}
-	c.clientAskedUsage = root.Get("stream_options.include_usage").Type == gjson.True
-	c.userTurns = metering.UserTurns(rt.format, body)
-	// Below the top level, as at it: what the prompt's estimate reads (the charge of a call
-	// whose usage never comes, the output bound within the cap) must be what the provider
-	// bills. Last, so that a body refused for what a repeat hid (an option billed at other
-	// rates) is told so.
+	return nil
+}
+
+// checkRepeatsAnywhere refuses a body that repeats a key anywhere: below the top level, as at
+// it (checkReadKeysOnce), what the prompt's estimate reads (the charge of a call whose usage
+// never comes, the output bound within the cap) must be what the provider bills. Checked last,
+// so that a body refused for what a repeat hid (an option billed at other rates) is told so.
+func checkRepeatsAnywhere(format metering.Format, root gjson.Result) *apiError {
 	if k, ok := repeatedKeyAnywhere(root.Raw); ok {
-		return nil, errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", k))
+		return errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", k))
 	}
-	if k := repeatedPromptKey(rt.format, root); k != "" {
-		return nil, errRepeatedKey(k)
+	if k := repeatedPromptKey(format, root); k != "" {
+		return errRepeatedKey(k)
 	}
-	return c, nil
+	return nil
 }
 
 // checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level (or
