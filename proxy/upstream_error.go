@@ -28,40 +28,6 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 	}
 	log.Warn(msg, zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
 		zap.ByteString("body", logged(body)), zap.NamedError("read_error", readErr))
-	// An answer passed on cut (too large, or broken before its end) would be JSON no client can
-	// parse, under a Content-Length of its own that hides the cut; one in an encoding the gateway
-	// did not ask for (the transport decodes the gzip it asks for) is bytes it cannot read,
-	// nor keep the operator's account ids out of. The status stays, the words are the
-	// gateway's (the upstream's start is in the log line above), its retry advice (a 429's
-	// Retry-After) the provider's. So is JSON that the redaction of the operator's account ids
-	// would leave unparsable (an id the body words as a number, not in a string).
-	enc := resp.Header.Get("Content-Encoding")
-	tooLarge, encoded := len(body) > maxUpstreamErrorBody, enc != "" && !strings.EqualFold(enc, "identity")
-	cut := readErr != nil && !tooLarge
-	relayed := resp.StatusCode >= 400 && resp.StatusCode < 500 &&
-		resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden
-	var redacted []byte
-	unparsable := false
-	if relayed && !tooLarge && !encoded && !cut {
-		redacted = redactAccountIDs(body, resp.Header)
-		unparsable = !bytes.Equal(redacted, body) && json.Valid(body) && !json.Valid(redacted)
-	}
-	if relayed && (tooLarge || encoded || cut || unparsable) {
-		why := fmt.Sprintf("over %d bytes", maxUpstreamErrorBody)
-		switch {
-		case cut:
-			why = "broken before its end"
-		case encoded && !tooLarge:
-			why = "in an encoding the gateway did not ask for"
-		case unparsable:
-			why = "naming the gateway's account at the provider where it cannot be left out"
-		}
-		copyUpstreamHeaders(w.Header(), resp.Header, upstreamRetryHeaders)
-		writeError(w, &apiError{Status: resp.StatusCode, Type: "invalid_request_error", Code: "upstream_refused",
-			Message: fmt.Sprintf("The upstream refused the request with status %d; its error answer, %s, is not passed on.",
-				resp.StatusCode, why)})
-		return resp.StatusCode
-	}
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		// The gateway's own key, which the caller cannot change and a retry will not: SDKs
@@ -70,14 +36,7 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 			Message: "The upstream refused the gateway's credentials.", NoRetry: true})
 		return http.StatusBadGateway
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
-		body = redacted
-		copyResponseHeaders(w.Header(), resp.Header)
-		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
-		bound := s.boundWrites(http.NewResponseController(w))
-		bound.next()
-		w.WriteHeader(resp.StatusCode)
-		_, _ = bound.write(w, body)
-		return resp.StatusCode
+		return s.relayCallerError(w, resp, body, readErr)
 	}
 	// The provider's failure, in the gateway's words: what it said about retrying (an
 	// overloaded provider's Retry-After, Anthropic's X-Should-Retry) goes on, so that an SDK
@@ -86,6 +45,56 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
 		Message: fmt.Sprintf("The upstream failed with status %d.", resp.StatusCode)})
 	return http.StatusBadGateway
+}
+
+// relayCallerError passes on an upstream's refusal of the caller's own mistake (a 4xx, the
+// gateway's credentials aside) as the provider worded it, or, when that answer cannot be
+// passed on (relayableErrorBody), says so in the gateway's words under the same status.
+func (s *Server) relayCallerError(w http.ResponseWriter, resp *http.Response, body []byte, readErr error) int {
+	body, whyNot := relayableErrorBody(resp, body, readErr)
+	if whyNot != "" {
+		copyUpstreamHeaders(w.Header(), resp.Header, upstreamRetryHeaders)
+		writeError(w, &apiError{Status: resp.StatusCode, Type: "invalid_request_error", Code: "upstream_refused",
+			Message: fmt.Sprintf("The upstream refused the request with status %d; its error answer, %s, is not passed on.",
+				resp.StatusCode, whyNot)})
+		return resp.StatusCode
+	}
+	copyResponseHeaders(w.Header(), resp.Header)
+	w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+	bound := s.boundWrites(http.NewResponseController(w))
+	bound.next()
+	w.WriteHeader(resp.StatusCode)
+	_, _ = bound.write(w, body)
+	return resp.StatusCode
+}
+
+// relayableErrorBody is an upstream's error answer (body, as read: readErr, up to one byte past
+// maxUpstreamErrorBody) as it may be passed on, the operator's account ids left out
+// (redactAccountIDs); or, when it may not be, why not.
+//
+// An answer passed on cut (too large, or broken before its end) would be JSON no client can
+// parse, under a Content-Length of its own that hides the cut; one in an encoding the gateway
+// did not ask for (the transport decodes the gzip it asks for) is bytes it cannot read,
+// nor keep the operator's account ids out of. The status stays, the words are the
+// gateway's (the upstream's start is in relayUpstreamError's log line), its retry advice
+// (a 429's Retry-After) the provider's. So is JSON that the redaction of the operator's
+// account ids would leave unparsable (an id the body words as a number, not in a string).
+func relayableErrorBody(resp *http.Response, body []byte, readErr error) (redacted []byte, whyNot string) {
+	enc := resp.Header.Get("Content-Encoding")
+	tooLarge, encoded := len(body) > maxUpstreamErrorBody, enc != "" && !strings.EqualFold(enc, "identity")
+	switch {
+	case readErr != nil && !tooLarge:
+		return nil, "broken before its end"
+	case tooLarge:
+		return nil, fmt.Sprintf("over %d bytes", maxUpstreamErrorBody)
+	case encoded:
+		return nil, "in an encoding the gateway did not ask for"
+	}
+	redacted = redactAccountIDs(body, resp.Header)
+	if !bytes.Equal(redacted, body) && json.Valid(body) && !json.Valid(redacted) {
+		return nil, "naming the gateway's account at the provider where it cannot be left out"
+	}
+	return redacted, ""
 }
 
 // upstreamTraceHeaders name a call at its provider (OpenAI's X-Request-Id, Anthropic's
