@@ -20,6 +20,37 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	// generation, and with it the cost.
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Limits.UpstreamTimeout)
 	defer cancel()
+	resp, status := s.sendUpstream(ctx, w, r, c)
+	if resp == nil {
+		return status
+	}
+	defer resp.Body.Close()
+	// The provider's id of the call goes with every answer to it, the gateway's own errors
+	// included, and with every later log line of the call.
+	copyUpstreamHeaders(w.Header(), resp.Header, upstreamTraceHeaders)
+	if f, ok := upstreamRequestID(resp); ok {
+		c.log = c.log.With(f)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		c.outcome = outcomeUpstreamError
+		return s.relayUpstreamError(w, resp, c.req.upstream.Name, c.log)
+	}
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return refuseUnaskedEncoding(w, c, ce)
+	}
+	// A call that did not ask for a stream is answered whole, whatever its label says: a JSON
+	// body under text/event-stream would read as no event at all and go unmetered (relayBody
+	// meters a stream that came unasked as a stream).
+	if c.req.stream && isEventStream(resp.Header.Get("Content-Type")) {
+		return s.relayStream(w, r, resp, c, cancel)
+	}
+	return s.relayBody(w, r, resp, c)
+}
+
+// sendUpstream sends the call's request upstream under ctx and returns the answer with its
+// headers, or nil and the status of the answer written instead (c.outcome set) when there is
+// none to relay.
+func (s *Server) sendUpstream(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call) (*http.Response, int) {
 	// Whether the provider has the whole request decides what a timeout costs
 	// (answerForwardFailure).
 	// (A connection the transport retries on starts unsent again.)
@@ -36,7 +67,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		c.log.Error("build upstream request", zap.Error(err))
 		w.Header().Del(RunIDHeader) // never forwarded: released at 0, a refusal names no run
 		writeError(w, errBuildUpstream)
-		return http.StatusInternalServerError
+		return nil, http.StatusInternalServerError
 	}
 	sending := time.Now()
 	s.metrics.checksPhase.Observe(sending.Sub(c.held).Seconds())
@@ -50,38 +81,23 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		err = fmt.Errorf("upstream %s: %w", c.req.upstream.Name, errHeaderTimeout)
 	}
 	if err != nil {
-		return s.answerForwardFailure(w, r, c, err, sent.Load()) // read once, as the request failed
+		return nil, s.answerForwardFailure(w, r, c, err, sent.Load()) // read once, as the request failed
 	}
 	s.metrics.upstreamPhase.Observe(time.Since(sending).Seconds())
-	defer resp.Body.Close()
-	// The provider's id of the call goes with every answer to it, the gateway's own errors
-	// included, and with every later log line of the call.
-	copyUpstreamHeaders(w.Header(), resp.Header, upstreamTraceHeaders)
-	if f, ok := upstreamRequestID(resp); ok {
-		c.log = c.log.With(f)
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		c.outcome = outcomeUpstreamError
-		return s.relayUpstreamError(w, resp, c.req.upstream.Name, c.log)
-	}
-	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		// The transport asks for gzip and decodes it; any other encoding was not asked for and
-		// cannot be metered. Nothing is served that cannot be charged: the provider had the
-		// prompt, so the call is charged its estimate, as a stream that broke.
-		c.outcome = outcomeStreamError
-		c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", logged(ce)))
-		// Not to be retried: the provider answers a retry the same way, charged again.
-		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
-			Message: "The upstream answered in an encoding the gateway did not ask for.", NoRetry: true})
-		return http.StatusBadGateway
-	}
-	// A call that did not ask for a stream is answered whole, whatever its label says: a JSON
-	// body under text/event-stream would read as no event at all and go unmetered (relayBody
-	// meters a stream that came unasked as a stream).
-	if c.req.stream && isEventStream(resp.Header.Get("Content-Type")) {
-		return s.relayStream(w, r, resp, c, cancel)
-	}
-	return s.relayBody(w, r, resp, c)
+	return resp, 0
+}
+
+// refuseUnaskedEncoding answers 502 an answer in an encoding the gateway did not ask for (ce).
+// The transport asks for gzip and decodes it; any other encoding was not asked for and
+// cannot be metered. Nothing is served that cannot be charged: the provider had the
+// prompt, so the call is charged its estimate, as a stream that broke.
+func refuseUnaskedEncoding(w http.ResponseWriter, c *call, ce string) int {
+	c.outcome = outcomeStreamError
+	c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", logged(ce)))
+	// Not to be retried: the provider answers a retry the same way, charged again.
+	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+		Message: "The upstream answered in an encoding the gateway did not ask for.", NoRetry: true})
+	return http.StatusBadGateway
 }
 
 // answerForwardFailure answers a call whose upstream request failed before its headers came,
