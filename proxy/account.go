@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -29,7 +30,7 @@ func (s *Server) listModels(w http.ResponseWriter, _ *http.Request) {
 	for _, name := range s.prices.Models() {
 		out.Data = append(out.Data, s.modelObject(name))
 	}
-	writeJSON(w, http.StatusOK, out)
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 // retrieveModel answers GET /v1/models/{id} (the SDKs' models.retrieve, which tools call to
@@ -52,7 +53,7 @@ func (s *Server) retrieveModel(w http.ResponseWriter, r *http.Request) {
 			Message: fmt.Sprintf("The model %q does not exist or has no price configured.", id)})
 		return
 	}
-	writeJSON(w, http.StatusOK, s.modelObject(id))
+	httpapi.WriteJSON(w, http.StatusOK, s.modelObject(id))
 }
 
 // modelObject is a model in OpenAI's shape; it is owned by the upstream that serves it.
@@ -83,7 +84,7 @@ func (s *Server) credits(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := s.creditsOf
-	writeJSON(w, http.StatusOK, map[string]any{
+	httpapi.WriteJSON(w, http.StatusOK, map[string]any{
 		"object": "credits", "user": u.Name, "plan": b.Plan, // the plan of these figures, not the key cache's
 		"allowance": c(b.AllowanceMicro), "used_today": c(b.UsedTodayMicro), "held": c(b.HeldMicro),
 		"prepaid": c(b.PrepaidMicro), "available": c(b.AvailableMicro), "in_flight": b.InFlight,
@@ -159,7 +160,7 @@ func (s *Server) writeRun(w http.ResponseWriter, r *http.Request, run holds.Run)
 		writeError(w, errBillingDown)
 		return
 	}
-	writeJSON(w, http.StatusOK, view)
+	httpapi.WriteJSON(w, http.StatusOK, view)
 }
 
 // runView is a run as its owner sees it: live runs show their tally, settled ones the charge.

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/httpapi"
 )
 
 type userKey struct{}
@@ -28,7 +29,7 @@ func userFrom(ctx context.Context) holds.User {
 // /v1/messages (and its token counter) accepts it too.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, ok := bearerToken(r.Header.Get("Authorization"))
+		key, ok := httpapi.BearerCredentials(r.Header.Get("Authorization"))
 		if !ok && (r.URL.Path == anthropicPath || r.URL.Path == countTokensPath) {
 			key, ok = r.Header.Get("x-api-key"), true
 		}
@@ -75,16 +76,6 @@ func countedRoute(path string) bool {
 		}
 	}
 	return false
-}
-
-// bearerToken returns the credentials of a Bearer authorization. The scheme is matched
-// case-insensitively (RFC 9110 §11.1): "bearer <key>" is the same credential.
-func bearerToken(v string) (string, bool) {
-	const scheme = "Bearer "
-	if len(v) < len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
-		return "", false
-	}
-	return v[len(scheme):], true
 }
 
 // keyCache keeps key lookups for a few seconds: a hot caller does not pay a MySQL round trip

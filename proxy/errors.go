@@ -2,14 +2,14 @@ package proxy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/internal/httpapi"
 )
 
 // apiError is an answer in OpenAI's error shape, which every SDK already knows how to read:
@@ -148,14 +148,13 @@ var (
 // anthropicErrors) and in OpenAI's to everyone else.
 func writeError(w http.ResponseWriter, e *apiError) {
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
 	if e.NoRetry && h.Get(shouldRetryHeader) == "" {
 		h.Set(shouldRetryHeader, "false")
 	}
 	if e.RetryAfter > 0 {
-		h.Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
+		httpapi.SetRetryAfter(h, e.RetryAfter)
 	}
-	body := map[string]any{"message": e.Message, "type": e.Type, "code": e.Code}
+	body := httpapi.ErrorBody(e.Message, e.Type, e.Code)
 	if e.RunID != "" {
 		body["run_id"] = e.RunID
 	}
@@ -164,8 +163,7 @@ func writeError(w http.ResponseWriter, e *apiError) {
 		body["type"] = anthropicErrorType(e.Status)
 		envelope["type"] = "error"
 	}
-	w.WriteHeader(e.Status)
-	_ = json.NewEncoder(w).Encode(envelope)
+	httpapi.WriteJSON(w, e.Status, envelope)
 }
 
 // anthropicErrors marks the response of a request to the Anthropic route, /v1/messages (and
@@ -228,11 +226,4 @@ func anthropicErrorType(status int) string {
 	default:
 		return "api_error"
 	}
-}
-
-// writeJSON sends v with status.
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
 }

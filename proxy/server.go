@@ -22,6 +22,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -204,7 +205,7 @@ func (s *Server) Handler() http.Handler {
 	// Model calls bound their writes themselves (writeBound); every other answer is bounded here.
 	replies := r.With(s.boundReplies)
 	replies.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	replies.Get("/readyz", s.ready)
 	replies.Handle("/metrics", s.metrics.Handler())
@@ -302,7 +303,7 @@ func (w *boundReplyWriter) Unwrap() http.ResponseWriter { return w.ResponseWrite
 // says why (a driver's error names the database user and internal addresses).
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	code, status := s.readiness.answer(func() (int, map[string]string) { return s.checkReady(r.Context()) })
-	writeJSON(w, code, status)
+	httpapi.WriteJSON(w, code, status)
 }
 
 // readyCheckTimeout bounds /readyz's pings: a load balancer's probe (typically 5 s) must get

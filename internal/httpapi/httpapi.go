@@ -1,0 +1,47 @@
+// Package httpapi is what the gateway's two HTTP APIs, the model API (proxy) and the operator
+// API (admin), say alike: JSON answers, errors in OpenAI's shape, retry advice in whole
+// seconds, and Bearer credentials. One client library reads both APIs' answers, and with one
+// copy of each the two cannot drift apart. What only one of them says (the proxy's run ids,
+// its X-Should-Retry and Anthropic's error shape on its route) stays with it.
+//
+// A leaf: it imports the standard library only, and proxy and admin import it.
+package httpapi
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// WriteJSON sends v as JSON with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// ErrorBody is an error answer's "error" object in OpenAI's shape,
+// {"error":{"message","type","code"}}, which every OpenAI SDK already knows how to read. It is
+// a map so that an API can add its own fields beside these.
+func ErrorBody(message, typ, code string) map[string]any {
+	return map[string]any{"message": message, "type": typ, "code": code}
+}
+
+// SetRetryAfter sets Retry-After to d in whole seconds, rounded up: the header carries no
+// fraction, and rounded down, a wait under a second would tell the client to retry at once.
+func SetRetryAfter(h http.Header, d time.Duration) {
+	h.Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
+}
+
+// BearerCredentials returns the credentials of a Bearer Authorization header value as sent,
+// which may be empty or padded with spaces, and false when v is not of the Bearer scheme. The
+// scheme is matched case-insensitively (RFC 9110 §11.1): "bearer <key>" is the same credential.
+func BearerCredentials(v string) (string, bool) {
+	const scheme = "Bearer "
+	if len(v) < len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
+		return "", false
+	}
+	return v[len(scheme):], true
+}
