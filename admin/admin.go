@@ -6,8 +6,9 @@
 // time. With no token configured it answers 404 to everything: an admin API that anyone
 // could reach because a setting was left empty must not exist.
 //
-// It imports holds and pricing only; cmd wires it into the proxy's router, so proxy never
-// depends on it and it never depends on proxy.
+// It imports holds, pricing and internal/httpapi (the answers' shape it shares with the proxy)
+// only; cmd wires it into the proxy's router, so proxy never depends on it and it never
+// depends on proxy.
 package admin
 
 import (
@@ -24,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/httpapi"
 )
 
 // Limits of what a request may ask for.
@@ -150,13 +152,14 @@ func (h *handler) auth(next http.Handler) http.Handler {
 	})
 }
 
+// bearer is the admin token r sends, trimmed of spaces; false when it sends none (no Bearer
+// credentials, or empty ones).
 func bearer(r *http.Request) (string, bool) {
-	v := r.Header.Get("Authorization")
-	const prefix = "Bearer "
-	if len(v) <= len(prefix) || !strings.EqualFold(v[:len(prefix)], prefix) {
+	v, ok := httpapi.BearerCredentials(r.Header.Get("Authorization"))
+	if !ok || v == "" {
 		return "", false
 	}
-	return strings.TrimSpace(v[len(prefix):]), true
+	return strings.TrimSpace(v), true
 }
 
 // fail answers a store error: refusals map to their 4xx, an unreachable database to 503,
@@ -234,5 +237,5 @@ func listUserPage[T any](h *handler, w http.ResponseWriter, r *http.Request, wha
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, List(rows, limit, func(row T) map[string]any { return view(d, row) }, id))
+	httpapi.WriteJSON(w, http.StatusOK, List(rows, limit, func(row T) map[string]any { return view(d, row) }, id))
 }

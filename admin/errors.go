@@ -1,14 +1,14 @@
 package admin
 
 import (
-	"encoding/json"
 	"net/http"
-	"strconv"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/httpapi"
 )
 
 // apiError is an answer in OpenAI's error shape, {"error":{"message","type","code"}}, the
-// same as the proxy's, so one client library reads both. It is not an error value: handlers
+// same as the proxy's (httpapi.ErrorBody), so one client library reads both. It is not an error value: handlers
 // return it beside their errors, so a nil *apiError can never become a non-nil error.
 type apiError struct {
 	Status  int
@@ -38,13 +38,7 @@ var (
 
 func writeError(w http.ResponseWriter, e *apiError) {
 	if e.RetryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int((e.RetryAfter+time.Second-1)/time.Second)))
+		httpapi.SetRetryAfter(w.Header(), e.RetryAfter)
 	}
-	writeJSON(w, e.Status, map[string]any{"error": map[string]any{"message": e.Message, "type": e.Type, "code": e.Code}})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	httpapi.WriteJSON(w, e.Status, map[string]any{"error": httpapi.ErrorBody(e.Message, e.Type, e.Code)})
 }

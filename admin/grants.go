@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -59,7 +60,7 @@ func (h *handler) createGrant(w http.ResponseWriter, r *http.Request) {
 	if created {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, h.views.Grant(d.Name, g, !created))
+	httpapi.WriteJSON(w, status, h.views.Grant(d.Name, g, !created))
 }
 
 func (h *handler) balance(w http.ResponseWriter, r *http.Request) {
@@ -72,5 +73,5 @@ func (h *handler) balance(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, h.views.Balance(d, b))
+	httpapi.WriteJSON(w, http.StatusOK, h.views.Balance(d, b))
 }

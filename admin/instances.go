@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/httpapi"
 )
 
 // listInstances pages the gateway processes' rows (holds.Instance), newest start first: which
@@ -20,5 +21,5 @@ func (h *handler) listInstances(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, List(rows, limit, h.views.Instance, func(in holds.InstanceRow) any { return in.ID }))
+	httpapi.WriteJSON(w, http.StatusOK, List(rows, limit, h.views.Instance, func(in holds.InstanceRow) any { return in.ID }))
 }

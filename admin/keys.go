@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/httpapi"
 	"go.uber.org/zap"
 )
 
@@ -25,7 +26,7 @@ func (h *handler) createKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.log.Info("admin: key created", zap.String("user", d.Name), zap.String("prefix", holds.ShownPrefix(key)))
-	writeJSON(w, http.StatusCreated, map[string]any{"object": "api_key", "user": d.Name, "key": key, "prefix": holds.ShownPrefix(key),
+	httpapi.WriteJSON(w, http.StatusCreated, map[string]any{"object": "api_key", "user": d.Name, "key": key, "prefix": holds.ShownPrefix(key),
 		"note": "This is the only time the key is shown; store it now."})
 }
 
@@ -48,7 +49,7 @@ func (h *handler) revokeKey(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "revoked": true, "user": user, "prefix": holds.ShownPrefix(req.Key)})
+	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"object": "api_key", "revoked": true, "user": user, "prefix": holds.ShownPrefix(req.Key)})
 }
 
 // revokeUserKeys revokes a user's keys by the prefix lists show, for when the key is lost.
@@ -68,5 +69,5 @@ func (h *handler) revokeUserKeys(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "api_key", "user": d.Name, "prefix": req.Prefix, "revoked": n})
+	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"object": "api_key", "user": d.Name, "prefix": req.Prefix, "revoked": n})
 }

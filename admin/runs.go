@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/httpapi"
 	"go.uber.org/zap"
 )
 
@@ -51,7 +52,7 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	}
 	// The cursor of the next page: ?after=<last_id>, with the same filters. It holds the last
 	// run's position, so the run may be pruned before the next page is asked for.
-	writeJSON(w, http.StatusOK, List(runs, limit, h.views.Run, func(run holds.UserRun) any { return f.Cursor(run.Run) }))
+	httpapi.WriteJSON(w, http.StatusOK, List(runs, limit, h.views.Run, func(run holds.UserRun) any { return f.Cursor(run.Run) }))
 }
 
 // usageReport answers GET /reports/usage?from=YYYY-MM-DD&to=YYYY-MM-DD[&user=][&format=csv].
@@ -113,5 +114,5 @@ func (h *handler) usageReport(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	writeJSON(w, http.StatusOK, h.views.Report(rep))
+	httpapi.WriteJSON(w, http.StatusOK, h.views.Report(rep))
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/pricing"
 	"go.uber.org/zap"
 )
@@ -26,7 +27,7 @@ func (h *handler) listUsers(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, List(users, limit, h.views.User, func(u holds.UserDetail) any { return u.Name }))
+	httpapi.WriteJSON(w, http.StatusOK, List(users, limit, h.views.User, func(u holds.UserDetail) any { return u.Name }))
 }
 
 func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
@@ -54,7 +55,7 @@ func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, h.views.User(d))
+	httpapi.WriteJSON(w, http.StatusCreated, h.views.User(d))
 }
 
 // unknownPlan refuses a plan that is not configured, naming those that are.
@@ -85,7 +86,7 @@ func (h *handler) user(w http.ResponseWriter, r *http.Request) (holds.UserDetail
 
 func (h *handler) getUser(w http.ResponseWriter, r *http.Request) {
 	if d, ok := h.user(w, r); ok {
-		writeJSON(w, http.StatusOK, h.views.User(d))
+		httpapi.WriteJSON(w, http.StatusOK, h.views.User(d))
 	}
 }
 
@@ -144,7 +145,7 @@ func (h *handler) patchUser(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, h.views.User(d))
+	httpapi.WriteJSON(w, http.StatusOK, h.views.User(d))
 }
 
 // override reads one override of a PATCH: absent leaves it, null clears it, else parse must
@@ -198,5 +199,5 @@ func (h *handler) setDisabled(w http.ResponseWriter, r *http.Request, disable bo
 	}
 	v := h.views.User(d)
 	v["changed"] = changed
-	writeJSON(w, http.StatusOK, v)
+	httpapi.WriteJSON(w, http.StatusOK, v)
 }
