@@ -384,7 +384,10 @@ func TestAdminUsersKeysAndGrants(t *testing.T) {
 		t.Fatal("revoked key still accepted")
 	}
 	k2 := f.admin("POST", "/admin/users/acme/keys", nil, http.StatusCreated)
-	f.admin("POST", "/admin/users/acme/keys/revoke", map[string]any{"prefix": k2["prefix"]}, http.StatusOK)
+	// Revoke by prefix answers as revoke by value does, with the number of keys it revoked.
+	if out := f.admin("POST", "/admin/users/acme/keys/revoke", map[string]any{"prefix": k2["prefix"]}, http.StatusOK); out["revoked"] != true || mustInt(t, out["keys_revoked"]) != 1 {
+		t.Fatalf("revoke by prefix: %v; want revoked true and keys_revoked 1", out)
+	}
 
 	users := f.admin("GET", "/admin/users?limit=10", nil, http.StatusOK)
 	if data, _ := users["data"].([]any); len(data) != 1 {

@@ -52,7 +52,9 @@ func (h *handler) revokeKey(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"object": "api_key", "revoked": true, "user": user, "prefix": holds.ShownPrefix(req.Key)})
 }
 
-// revokeUserKeys revokes a user's keys by the prefix lists show, for when the key is lost.
+// revokeUserKeys revokes a user's keys by the prefix lists show, for when the key is lost. Its
+// answer has the whole-key revoke's shape ("revoked": true, as a key's view has it) and says
+// how many live keys carried the prefix in "keys_revoked": two of a user's keys can share one.
 func (h *handler) revokeUserKeys(w http.ResponseWriter, r *http.Request) {
 	d, ok := h.user(w, r)
 	if !ok {
@@ -69,5 +71,5 @@ func (h *handler) revokeUserKeys(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"object": "api_key", "user": d.Name, "prefix": req.Prefix, "revoked": n})
+	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"object": "api_key", "user": d.Name, "prefix": req.Prefix, "revoked": true, "keys_revoked": n})
 }
