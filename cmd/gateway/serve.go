@@ -56,6 +56,61 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 			return err
 		}
 	}
+	if err := readySchema(ctx, e, migrateFirst); err != nil {
+		return err
+	}
+	store := e.store()
+	warnUsersOnUnconfiguredPlans(ctx, store, e.cfg, e.log)
+	// Listening before registering: a start that fails here (the port taken, say) leaves no
+	// row for the other processes to find dead and count.
+	ln, err := net.Listen("tcp", e.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", e.cfg.ListenAddr, err)
+	}
+	defer ln.Close() // Serve closes it too; this covers a return before Serve
+	self, err := registerInstance(ctx, store, e.cfg, e.log)
+	if err != nil {
+		return err
+	}
+	g, err := e.newGateway(store, self)
+	if err != nil {
+		if self != nil {
+			// It served nothing: retired, no other process takes it for dead.
+			_ = self.Retire(context.WithoutCancel(ctx))
+		}
+		return err
+	}
+	bg := startBackground(ctx, self, g.leases, g.rec)
+	defer bg.cancel()
+
+	hs := &http.Server{
+		Handler:           g.srv.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          zap.NewStdLog(e.log),
+	}
+	for _, w := range e.cfg.Warnings() {
+		e.log.Warn("configuration weakens a guarantee", zap.String("warning", w))
+	}
+	e.log.Info("gateway listening", zap.String("addr", ln.Addr().String()))
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	dieOnNextSignal(e.log, releaseSignals)
+	stop := stopping{cfg: e.cfg, log: e.log, hs: hs, srv: g.srv, self: self, bg: bg}
+	stop.run()
+	return nil
+}
+
+// readySchema refuses to serve on a schema behind the code (a hold written to a table
+// missing a column fails every call), after applying what is missing when asked to.
+func readySchema(ctx context.Context, e *env, migrateFirst bool) error {
 	if migrateFirst {
 		if err := migrateOnStart(ctx, e); err != nil {
 			return err
@@ -67,27 +122,35 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 		return fmt.Errorf("the database schema is behind this gateway (%s not applied): run `gateway migrate` first", strings.Join(pending, ", "))
 	}
 	warnUnboundedIdleTransactions(ctx, e.db, e.log)
+	return nil
+}
+
+// registerInstance registers the process before it serves, so that every hold it admits
+// names it; nil when find_dead_instances is off.
+func registerInstance(ctx context.Context, store *holds.Store, cfg *config.Config, log *zap.Logger) (*holds.Instance, error) {
+	if !cfg.Holds.FindDeadInstances {
+		return nil, nil
+	}
+	self, err := store.RegisterInstance(ctx, cfg.Instance, cfg.Holds.HeartbeatInterval, cfg.Holds.DeadInstanceBound(), log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("instance registered", zap.String("instance_id", self.ID()))
+	return self, nil
+}
+
+// gateway is what a serving process runs: the proxy, the lease beats of its calls and the
+// reconciler, sharing one set of metrics so that /metrics shows them all.
+type gateway struct {
+	srv    *proxy.Server
+	leases *runstate.Leases
+	rec    *holds.Reconciler
+}
+
+func (e *env) newGateway(store *holds.Store, self *holds.Instance) (gateway, error) {
 	cfg := e.cfg
 	keys := redisKeys(cfg)
-	store := e.store()
-	warnUsersOnUnconfiguredPlans(ctx, store, cfg, e.log)
-	// Listening before registering: a start that fails here (the port taken, say) leaves no
-	// row for the other processes to find dead and count.
-	ln, err := net.Listen("tcp", cfg.ListenAddr)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.ListenAddr, err)
-	}
-	defer ln.Close() // Serve closes it too; this covers a return before Serve
-	// Registered before serving, so that every hold this process admits names it.
-	var self *holds.Instance
-	if cfg.Holds.FindDeadInstances {
-		if self, err = store.RegisterInstance(ctx, cfg.Instance, cfg.Holds.HeartbeatInterval, cfg.Holds.DeadInstanceBound(), e.log); err != nil {
-			return err
-		}
-		e.log.Info("instance registered", zap.String("instance_id", self.ID()))
-	}
 	leases := runstate.NewLeases(e.rdb, keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, e.log)
-	// One set of metrics for the proxy and the reconciler, so /metrics shows both.
 	metrics := proxy.NewMetrics(nil)
 	store.OnSettled(metrics.ObserveSettled)
 	srv := proxy.New(proxy.Deps{
@@ -107,21 +170,25 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 		onDeadInstances: func(n int) { metrics.DeadInstances.Add(float64(n)) },
 		onPass:          func(failed bool) { metrics.ReconcilePasses.WithLabelValues(passResult(failed)).Inc() }})
 	if err != nil {
-		if self != nil {
-			// It served nothing: retired, no other process takes it for dead.
-			_ = self.Retire(context.WithoutCancel(ctx))
-		}
-		return err
+		return gateway{}, err
 	}
+	return gateway{srv: srv, leases: leases, rec: rec}, nil
+}
 
-	// Background work outlives the signal: leases must keep beating while calls drain, and the
-	// reconciler may as well keep settling; both stop when serve returns.
-	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopBG()
-	// The instance beats until Retire, not until serve returns: a beat after Retire would find
-	// the row dead and register a new one that nothing retires.
-	beat, stopBeat := context.WithCancel(bg)
-	defer stopBeat()
+// background is the work that outlives the signal: leases must keep beating while calls
+// drain, and the reconciler may as well keep settling; both stop when serve returns. The
+// instance beats apart, until Retire rather than until serve returns: a beat after Retire
+// would find the row dead and register a new one that nothing retires.
+type background struct {
+	stopBeat context.CancelFunc
+	beatDone <-chan struct{}
+	stopRest context.CancelFunc
+	running  *sync.WaitGroup // the lease beats and the reconciler
+}
+
+func startBackground(ctx context.Context, self *holds.Instance, leases *runstate.Leases, rec *holds.Reconciler) background {
+	rest, stopRest := context.WithCancel(context.WithoutCancel(ctx))
+	beat, stopBeat := context.WithCancel(rest)
 	beatDone := make(chan struct{})
 	go func() {
 		defer close(beatDone)
@@ -129,49 +196,28 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 			self.Run(beat)
 		}
 	}()
-	var bgRunning sync.WaitGroup
-	bgRunning.Go(func() { leases.Run(bg) })
-	bgRunning.Go(func() { rec.Run(bg) })
+	running := &sync.WaitGroup{}
+	running.Go(func() { leases.Run(rest) })
+	running.Go(func() { rec.Run(rest) })
+	return background{stopBeat: stopBeat, beatDone: beatDone, stopRest: stopRest, running: running}
+}
 
-	hs := &http.Server{
-		Handler:           srv.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          zap.NewStdLog(e.log),
-	}
-	for _, w := range cfg.Warnings() {
-		e.log.Warn("configuration weakens a guarantee", zap.String("warning", w))
-	}
-	e.log.Info("gateway listening", zap.String("addr", ln.Addr().String()))
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	dieOnNextSignal(e.log, releaseSignals)
-	stop := stopping{cfg: cfg, log: e.log, hs: hs, srv: srv, self: self,
-		stopBeat: stopBeat, beatDone: beatDone, stopBG: stopBG, bgRunning: &bgRunning}
-	stop.run()
-	return nil
+// cancel ends all of it without waiting: serve's last word, whatever path it returns by.
+func (b background) cancel() {
+	b.stopBeat()
+	b.stopRest()
 }
 
 // stopping is a serving process's shutdown, begun by a signal: drain, cut what the drain's
 // deadline leaves, wait for the settlements and the batch writer, retire the instance row,
 // and end the background work — each within the exit's bound.
 type stopping struct {
-	cfg       *config.Config
-	log       *zap.Logger
-	hs        *http.Server
-	srv       *proxy.Server
-	self      *holds.Instance // nil when find_dead_instances is off
-	stopBeat  context.CancelFunc
-	beatDone  <-chan struct{}
-	stopBG    context.CancelFunc
-	bgRunning *sync.WaitGroup
+	cfg  *config.Config
+	log  *zap.Logger
+	hs   *http.Server
+	srv  *proxy.Server
+	self *holds.Instance // nil when find_dead_instances is off
+	bg   background
 }
 
 func (s *stopping) run() {
@@ -220,8 +266,8 @@ func (s *stopping) run() {
 	// (a settlement that failed in the drain) now rather than at the hold's expiry.
 	// Within the exit's bound, as the settlements: past it (the database frozen) the row is
 	// found dead once its beat is stale instead.
-	s.stopBeat()
-	<-s.beatDone
+	s.bg.stopBeat()
+	<-s.bg.beatDone
 	if s.self != nil {
 		if err := s.self.Retire(wctx); err != nil {
 			s.log.Warn("instance not retired; another process finds it dead once its heartbeat is stale", zap.Error(err))
@@ -231,8 +277,8 @@ func (s *stopping) run() {
 	// Redis clients (a pass cut off by that close logged errors of a failure that was not
 	// one), within the exit's bound as the rest: their work ends with their context, in a
 	// round trip.
-	s.stopBG()
-	if !waitWithin(wctx, s.bgRunning) {
+	s.bg.stopRest()
+	if !waitWithin(wctx, s.bg.running) {
 		s.log.Warn("background work still running at exit")
 	}
 	s.log.Info("gateway stopped")
