@@ -93,26 +93,77 @@ func (s *Store) Today(ctx context.Context) (time.Time, error) {
 // Usage reports settled runs between the UTC days from and to, inclusive, for one user
 // (userID != 0) or all. Runs are attributed to the day they settled, as the day ledger is.
 func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (UsageReport, error) {
-	from = day(from)
-	to = day(to)
-	if to.Before(from) {
-		return UsageReport{}, fmt.Errorf("usage report: %w: to %s before from %s", ErrBadFilter, to.Format(time.DateOnly), from.Format(time.DateOnly))
+	from, end, err := reportRange(from, to)
+	if err != nil {
+		return UsageReport{}, err
 	}
-	if days := int(to.Sub(from)/(24*time.Hour)) + 1; days > maxReportDays {
-		return UsageReport{}, fmt.Errorf("usage report: %w: %d days, at most %d", ErrBadFilter, days, maxReportDays)
-	}
-	if !storableTime(from) || !storableTime(to.AddDate(0, 0, 1)) {
-		return UsageReport{}, fmt.Errorf("usage report: %w: days must lie between 0001-01-01 and 9999-12-30", ErrBadFilter)
-	}
-	rep := UsageReport{From: from.Format(time.DateOnly), To: to.Format(time.DateOnly), Rows: []UsageRow{}}
-	end := to.AddDate(0, 0, 1)
+	rep := UsageReport{From: from.Format(time.DateOnly), To: end.AddDate(0, 0, -1).Format(time.DateOnly), Rows: []UsageRow{}}
 	userCond, args := "", []any{from, end}
 	if userID != 0 {
 		userCond, args = " AND h.user_id = ?", append(args, userID)
 	}
-	// Settled runs still kept, summed per user, day and model, and the sums of those pruned
-	// (PruneSettled), which are kept on the same grouping: a day reads the same either way.
-	q := `SELECT h.user_id, u.name AS user_name, h.day, h.model,
+	rowArgs := append(append([]any{}, args...), args...) // the query reads runs kept and runs pruned
+	var ledger struct {
+		Used int64 `db:"used"`
+		Runs int64 `db:"runs"`
+	}
+	// One read-only REPEATABLE READ transaction, so the rows and the ledger are the same
+	// snapshot (the sessions' READ COMMITTED would give each statement its own).
+	err = s.withRetry(ctx, "usage report", func() error {
+		tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		rep.Rows = rep.Rows[:0]
+		if err := tx.SelectContext(ctx, &rep.Rows, usageRowsQuery(userCond), rowArgs...); err != nil {
+			return err
+		}
+		return tx.GetContext(ctx, &ledger, usageLedgerQuery(userCond), args...)
+	})
+	if err != nil {
+		return UsageReport{}, fmt.Errorf("usage report %s..%s: %w", rep.From, rep.To, err)
+	}
+	if len(rep.Rows) > maxReportRows {
+		return UsageReport{}, fmt.Errorf("usage report %s..%s: %w: more than %d rows; name a user or shorten the range",
+			rep.From, rep.To, ErrBadFilter, maxReportRows)
+	}
+	for _, r := range rep.Rows {
+		rep.Totals.add(r)
+	}
+	rep.LedgerMicro, rep.LedgerRuns = ledger.Used, ledger.Runs
+	if rep.LedgerMicro != rep.Totals.ChargedMicro || rep.LedgerRuns != rep.Totals.ChargedRuns {
+		s.log.Error("usage report disagrees with the day ledger", zap.String("from", rep.From), zap.String("to", rep.To),
+			zap.Uint64("user_id", userID), zap.Int64("ledger_micro", rep.LedgerMicro), zap.Int64("charged_micro", rep.Totals.ChargedMicro),
+			zap.Int64("ledger_runs", rep.LedgerRuns), zap.Int64("charged_runs", rep.Totals.ChargedRuns))
+	}
+	return rep, nil
+}
+
+// reportRange is the report's days as the half-open range [from, end) of UTC midnights,
+// refused when reversed, longer than maxReportDays or outside what a DATETIME holds.
+func reportRange(from, to time.Time) (time.Time, time.Time, error) {
+	from, to = day(from), day(to)
+	if to.Before(from) {
+		return time.Time{}, time.Time{}, fmt.Errorf("usage report: %w: to %s before from %s", ErrBadFilter, to.Format(time.DateOnly), from.Format(time.DateOnly))
+	}
+	if days := int(to.Sub(from)/(24*time.Hour)) + 1; days > maxReportDays {
+		return time.Time{}, time.Time{}, fmt.Errorf("usage report: %w: %d days, at most %d", ErrBadFilter, days, maxReportDays)
+	}
+	end := to.AddDate(0, 0, 1)
+	if !storableTime(from) || !storableTime(end) {
+		return time.Time{}, time.Time{}, fmt.Errorf("usage report: %w: days must lie between 0001-01-01 and 9999-12-30", ErrBadFilter)
+	}
+	return from, end, nil
+}
+
+// usageRowsQuery sums settled runs still kept per user, day and model, and adds the sums of
+// those pruned (PruneSettled), which are kept on the same grouping: a day reads the same
+// either way. Its arguments are the range's two ends (and the user, when userCond names
+// one) twice: once for each table. It reads one row past maxReportRows, to tell a report
+// cut short.
+func usageRowsQuery(userCond string) string {
+	return `SELECT h.user_id, u.name AS user_name, h.day, h.model,
 		       SUM(h.runs) AS runs, SUM(h.charged_runs) AS charged_runs, SUM(h.estimated_runs) AS estimated_runs, SUM(h.calls) AS calls,
 		       SUM(h.in_tok) AS in_tok, SUM(h.cache_read_tok) AS cache_read_tok,
 		       SUM(h.cache_write_tok) AS cache_write_tok, SUM(h.out_tok) AS out_tok,
@@ -141,44 +192,12 @@ func (s *Store) Usage(ctx context.Context, from, to time.Time, userID uint64) (U
 		GROUP BY h.user_id, u.name, h.day, h.model
 		ORDER BY u.name, h.day, h.model
 		LIMIT ` + strconv.Itoa(maxReportRows+1)
-	rowArgs := append(append([]any{}, args...), args...)
-	ledgerQ := `SELECT COALESCE(SUM(used_micro), 0) AS used, COALESCE(SUM(run_count), 0) AS runs
+}
+
+// usageLedgerQuery reads the day ledger over the same users and days, to check the rows by.
+func usageLedgerQuery(userCond string) string {
+	return `SELECT COALESCE(SUM(used_micro), 0) AS used, COALESCE(SUM(run_count), 0) AS runs
 		FROM usage_days h WHERE h.day >= ? AND h.day < ?` + userCond
-	var ledger struct {
-		Used int64 `db:"used"`
-		Runs int64 `db:"runs"`
-	}
-	// One read-only REPEATABLE READ transaction, so the rows and the ledger are the same
-	// snapshot (the sessions' READ COMMITTED would give each statement its own).
-	err := s.withRetry(ctx, "usage report", func() error {
-		tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{ReadOnly: true, Isolation: sql.LevelRepeatableRead})
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback()
-		rep.Rows = rep.Rows[:0]
-		if err := tx.SelectContext(ctx, &rep.Rows, q, rowArgs...); err != nil {
-			return err
-		}
-		return tx.GetContext(ctx, &ledger, ledgerQ, args...)
-	})
-	if err != nil {
-		return UsageReport{}, fmt.Errorf("usage report %s..%s: %w", rep.From, rep.To, err)
-	}
-	if len(rep.Rows) > maxReportRows {
-		return UsageReport{}, fmt.Errorf("usage report %s..%s: %w: more than %d rows; name a user or shorten the range",
-			rep.From, rep.To, ErrBadFilter, maxReportRows)
-	}
-	for _, r := range rep.Rows {
-		rep.Totals.add(r)
-	}
-	rep.LedgerMicro, rep.LedgerRuns = ledger.Used, ledger.Runs
-	if rep.LedgerMicro != rep.Totals.ChargedMicro || rep.LedgerRuns != rep.Totals.ChargedRuns {
-		s.log.Error("usage report disagrees with the day ledger", zap.String("from", rep.From), zap.String("to", rep.To),
-			zap.Uint64("user_id", userID), zap.Int64("ledger_micro", rep.LedgerMicro), zap.Int64("charged_micro", rep.Totals.ChargedMicro),
-			zap.Int64("ledger_runs", rep.LedgerRuns), zap.Int64("charged_runs", rep.Totals.ChargedRuns))
-	}
-	return rep, nil
 }
 
 // day truncates t to its UTC day.
