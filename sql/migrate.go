@@ -130,22 +130,9 @@ func migrateTo(ctx context.Context, db *sql.DB, upTo int, lockWait time.Duration
 		applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB`); err != nil {
 		return nil, fmt.Errorf("migrate: create schema_migrations: %w", err)
 	}
-	applied := map[int]bool{}
-	rows, err := conn.QueryContext(ctx, "SELECT version FROM schema_migrations")
+	applied, err := appliedVersions(ctx, conn)
 	if err != nil {
-		return nil, fmt.Errorf("migrate: read versions: %w", err)
-	}
-	for rows.Next() {
-		var v int
-		if err := rows.Scan(&v); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("migrate: read versions: %w", err)
-		}
-		applied[v] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("migrate: read versions: %w", err)
+		return nil, fmt.Errorf("migrate: %w", err)
 	}
 
 	var done []string
@@ -153,21 +140,31 @@ func migrateTo(ctx context.Context, db *sql.DB, upTo int, lockWait time.Duration
 		if applied[m.Version] || m.Version > upTo {
 			continue
 		}
-		for _, stmt := range splitStatements(m.Body) {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil && !alreadyApplied(err) {
-				if mysqlErrNumber(err) == errLockWaitTimeout {
-					return done, fmt.Errorf("migrate %s: the table it alters is in use by a long transaction or query (SHOW PROCESSLIST names it), and waiting for it longer than %d s would queue the serving gateways' statements on that table behind this one; the statement was not applied: rerun `gateway migrate` (-lock-wait to wait longer): %w",
-						m.Name, waitSeconds, err)
-				}
-				return done, fmt.Errorf("migrate %s: %w", m.Name, err)
-			}
-		}
-		if _, err := conn.ExecContext(ctx, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.Name); err != nil {
-			return done, fmt.Errorf("migrate %s: record version: %w", m.Name, err)
+		if err := apply(ctx, conn, m, waitSeconds); err != nil {
+			return done, err
 		}
 		done = append(done, m.Name)
 	}
 	return done, nil
+}
+
+// apply runs one migration's statements and records its version. A statement that finds its
+// work done (a column or index a crashed run already added) counts as applied, so a run cut
+// short between a statement and the record can be rerun.
+func apply(ctx context.Context, conn *sql.Conn, m Migration, waitSeconds int64) error {
+	for _, stmt := range splitStatements(m.Body) {
+		if _, err := conn.ExecContext(ctx, stmt); err != nil && !alreadyApplied(err) {
+			if mysqlErrNumber(err) == errLockWaitTimeout {
+				return fmt.Errorf("migrate %s: the table it alters is in use by a long transaction or query (SHOW PROCESSLIST names it), and waiting for it longer than %d s would queue the serving gateways' statements on that table behind this one; the statement was not applied: rerun `gateway migrate` (-lock-wait to wait longer): %w",
+					m.Name, waitSeconds, err)
+			}
+			return fmt.Errorf("migrate %s: %w", m.Name, err)
+		}
+	}
+	if _, err := conn.ExecContext(ctx, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", m.Version, m.Name); err != nil {
+		return fmt.Errorf("migrate %s: record version: %w", m.Name, err)
+	}
+	return nil
 }
 
 // Pending returns the names of the embedded migrations the database has not recorded. A
@@ -181,26 +178,12 @@ func Pending(ctx context.Context, db *sql.DB) ([]string, error) {
 	if err := requireDatabase(ctx, db); err != nil {
 		return nil, fmt.Errorf("read schema versions: %w", err)
 	}
-	applied := map[int]bool{}
-	rows, err := db.QueryContext(ctx, "SELECT version FROM schema_migrations")
+	applied, err := appliedVersions(ctx, db)
 	if mysqlErrNumber(err) == errNoSuchTable {
-		rows, err = nil, nil // a database never migrated: everything is pending
+		applied, err = nil, nil // a database never migrated: everything is pending
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read schema versions: %w", err)
-	}
-	if rows != nil {
-		defer rows.Close()
-		for rows.Next() {
-			var v int
-			if err := rows.Scan(&v); err != nil {
-				return nil, fmt.Errorf("read schema versions: %w", err)
-			}
-			applied[v] = true
-		}
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("read schema versions: %w", err)
-		}
+		return nil, err
 	}
 	var out []string
 	for _, m := range migrations {
@@ -209,6 +192,29 @@ func Pending(ctx context.Context, db *sql.DB) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// appliedVersions reads the versions schema_migrations records.
+func appliedVersions(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}) (map[int]bool, error) {
+	rows, err := q.QueryContext(ctx, "SELECT version FROM schema_migrations")
+	if err != nil {
+		return nil, fmt.Errorf("read schema versions: %w", err)
+	}
+	defer rows.Close()
+	applied := map[int]bool{}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("read schema versions: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read schema versions: %w", err)
+	}
+	return applied, nil
 }
 
 // requireDatabase fails, saying why, when the connection has no database selected: a DSN
