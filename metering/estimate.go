@@ -40,78 +40,96 @@ func EstimatePrompt(f Format, body []byte) (input, audio int64) {
 
 // estimateInput is EstimatePrompt's input; mayAudio is whether body may hold audio (mayHoldAudio).
 func estimateInput(f Format, body []byte, mayAudio bool) int64 {
-	var textBytes, messages int64
-	count := func(v gjson.Result) {
-		textBytes += textLen(v)
-	}
-	// message counts v as a message of its own when it holds text.
-	message := func(v gjson.Result) {
-		if n := textLen(v); n > 0 {
-			messages++
-			textBytes += n
-		}
-	}
+	var p promptSize
 	// Tool definitions and an output schema are part of the prompt the provider counts.
-	textBytes += int64(len(gjson.GetBytes(body, "tools").Raw))
-	textBytes += int64(len(gjson.GetBytes(body, "response_format").Raw))
-	textBytes += int64(len(gjson.GetBytes(body, "text.format").Raw))
+	p.textBytes += int64(len(gjson.GetBytes(body, "tools").Raw))
+	p.textBytes += int64(len(gjson.GetBytes(body, "response_format").Raw))
+	p.textBytes += int64(len(gjson.GetBytes(body, "text.format").Raw))
 	switch f {
 	case FormatChat:
-		// An earlier spoken answer sent back ({"audio": {"id": …}}) is heard again, a part of
-		// the prompt beside its text: counted as estimateAudio counts it (whose
-		// estimate is the audio part of this one, not more to it). Only looked for in a body
-		// that may hold one: most do not, and the look is a second pass over every message.
-		spoken := mayAudio
-		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
-			messages++
-			count(m.Get("content"))
-			m.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
-				textBytes += int64(len(tc.Get("function.arguments").String()))
-				return true
-			})
-			if spoken {
-				m.ForEach(func(k, v gjson.Result) bool {
-					if strings.EqualFold(k.Str, "audio") && v.IsObject() {
-						textBytes += tokensPerMedia * bytesPerToken
-					}
-					return true
-				})
-			}
-			return true
-		})
+		p.addChat(body, mayAudio)
 	case FormatAnthropic:
 		// A system prompt is a message of its own to the model, with the same overhead (as
 		// a chat request's system message is); so is a Responses request's instructions, and
 		// its input given as one string.
-		message(gjson.GetBytes(body, "system"))
+		p.message(gjson.GetBytes(body, "system"))
 		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
-			messages++
-			count(m.Get("content"))
+			p.messages++
+			p.count(m.Get("content"))
 			return true
 		})
 	case FormatResponses:
-		message(gjson.GetBytes(body, "instructions"))
-		in := gjson.GetBytes(body, "input")
-		if in.IsArray() {
-			in.ForEach(func(_, item gjson.Result) bool {
-				messages++
-				if item.Type == gjson.String {
-					count(item) // a bare string is a user message
+		p.message(gjson.GetBytes(body, "instructions"))
+		p.addResponsesInput(gjson.GetBytes(body, "input"))
+	case FormatCompletions:
+		p.count(gjson.GetBytes(body, "prompt"))
+	case FormatEmbeddings:
+		p.count(gjson.GetBytes(body, "input"))
+	}
+	return min(maxEstimatedTokens, ceilDiv(p.textBytes, bytesPerToken)+p.messages*tokensPerMessage)
+}
+
+// promptSize is what a prompt's estimate is made of: its text's bytes and its messages, each
+// of which costs the model tokensPerMessage of its own.
+type promptSize struct {
+	textBytes, messages int64
+}
+
+// count adds the text v holds.
+func (p *promptSize) count(v gjson.Result) {
+	p.textBytes += textLen(v)
+}
+
+// message counts v as a message of its own when it holds text.
+func (p *promptSize) message(v gjson.Result) {
+	if n := textLen(v); n > 0 {
+		p.messages++
+		p.textBytes += n
+	}
+}
+
+// addChat adds a chat request's messages. An earlier spoken answer sent back ({"audio":
+// {"id": …}}) is heard again, a part of the prompt beside its text: counted as estimateAudio
+// counts it (whose estimate is the audio part of this one, not more to it). Only looked for
+// in a body that may hold one (spoken): most do not, and the look is a second pass over every
+// message.
+func (p *promptSize) addChat(body []byte, spoken bool) {
+	gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+		p.messages++
+		p.count(m.Get("content"))
+		m.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
+			p.textBytes += int64(len(tc.Get("function.arguments").String()))
+			return true
+		})
+		if spoken {
+			m.ForEach(func(k, v gjson.Result) bool {
+				if strings.EqualFold(k.Str, "audio") && v.IsObject() {
+					p.textBytes += tokensPerMedia * bytesPerToken
 				}
-				count(item.Get("content"))
-				count(item.Get("output"))                               // function_call_output
-				textBytes += int64(len(item.Get("arguments").String())) // function_call
 				return true
 			})
-		} else {
-			message(in)
 		}
-	case FormatCompletions:
-		count(gjson.GetBytes(body, "prompt"))
-	case FormatEmbeddings:
-		count(gjson.GetBytes(body, "input"))
+		return true
+	})
+}
+
+// addResponsesInput adds a Responses request's input: one string (a message of its own) or
+// a list of items.
+func (p *promptSize) addResponsesInput(in gjson.Result) {
+	if !in.IsArray() {
+		p.message(in)
+		return
 	}
-	return min(maxEstimatedTokens, ceilDiv(textBytes, bytesPerToken)+messages*tokensPerMessage)
+	in.ForEach(func(_, item gjson.Result) bool {
+		p.messages++
+		if item.Type == gjson.String {
+			p.count(item) // a bare string is a user message
+		}
+		p.count(item.Get("content"))
+		p.count(item.Get("output"))                               // function_call_output
+		p.textBytes += int64(len(item.Get("arguments").String())) // function_call
+		return true
+	})
 }
 
 // EstimateNotHandedOn guesses the tokens of a Responses request's own parts that a
