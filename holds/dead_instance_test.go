@@ -556,3 +556,50 @@ func TestRetiredInstanceLeasedHoldKeepsItsExpiry(t *testing.T) {
 		t.Errorf("hold left at shutdown: %q charged %d, want reconcile at 140", r.SettleSource.String, r.ChargedMicro)
 	}
 }
+
+// TestDeadRowLeasedHoldsDoNotHideItsOthers: a dead row's holds are read by run id, a batch at
+// a time, at most MaxBatches a pass. Read from the first each pass, leased holds (a call its
+// process, paused or cut off from the database, still serves) that fill a pass kept the
+// unleased ones after them from ever being brought in: they waited out their whole hold_ttl,
+// their callers' in-flight slots taken. Each pass now reads on from where the last stopped.
+func TestDeadRowLeasedHoldsDoNotHideItsOthers(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("hidden-user", 5, nil)
+	leases := runstate.NewLeases(e.rdb, e.keys, "cut-off-process", time.Minute, time.Second, e.log)
+	in, err := e.store.RegisterInstance(e.ctx(), "cut-off", 50*time.Millisecond, 0, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Run ids sort the leased holds first.
+	var leased []holds.Hold
+	for _, id := range []string{"r_a_leased_1", "r_a_leased_2"} {
+		h := e.admitBy(u, id, "", in.ID(), holds.StateRunning)
+		leases.Acquire(h.RunID)
+		leased = append(leased, h)
+	}
+	hidden := e.admitBy(u, "r_b_unleased", "", in.ID(), holds.StateRunning)
+	if err := leases.Refresh(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Retire(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	// One hold a batch, one batch a pass: each leased hold fills a pass.
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Batch, c.MaxBatches = deadBound, 1, 1 })
+	for pass := 1; pass <= 8; pass++ {
+		if _, err := e.pass(rec); err != nil {
+			t.Fatalf("pass %d: %v", pass, err)
+		}
+	}
+	if r := e.run(u, hidden.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold {
+		t.Errorf("unleased call behind the leased ones: %s by %q after eight passes, want settled at its hold", r.State, r.SettleSource.String)
+	}
+	for _, h := range leased {
+		if r := e.run(u, h.RunID); r.State != holds.StateRunning {
+			t.Errorf("leased call %s: %s, want still running (its process serves it)", h.RunID, r.State)
+		}
+	}
+	if row := e.instance(in.ID()); row.SweptAt.Valid {
+		t.Errorf("row swept at %v with leased holds left", row.SweptAt.Time)
+	}
+}

@@ -146,8 +146,10 @@ type Reconciler struct {
 	// it unsettled for good. The zero value (a pass that reached the end) starts at the oldest.
 	mu     sync.Mutex
 	resume expiredCursor
-	// deadResume is where the next pass reads the dead instance rows from (sweepDead).
-	deadResume deadCursor
+	// deadResume is where the next pass reads the dead instance rows from (sweepDead), and
+	// holdsResume where it reads the holds of the one row a pass stopped inside (sweepOne).
+	deadResume  deadCursor
+	holdsResume deadHoldsCursor
 }
 
 // NewReconciler checks the wiring and applies defaults. It panics on a wiring error, which is

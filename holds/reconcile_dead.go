@@ -89,15 +89,20 @@ func (r *Reconciler) sweepDead(ctx context.Context, stopAt time.Time) (declared,
 
 // sweepOne brings in the unleased live holds of one dead instance and marks it swept when it
 // has none left. left reports that this pass stopped before the end of its holds (the batch
-// limit); the rest wait for the next pass. A row kept unswept by leased holds is read again
-// each pass, until its calls end (a paused process's, or one cut off from the database).
+// limit); the rest wait for the next pass, which reads on from where this one stopped
+// (holdsResume): read from the first each pass, more leased holds than a pass reads would keep
+// the unleased ones after them from ever being brought in. A row kept unswept by leased holds
+// is read again each pass, until its calls end (a paused process's, or one cut off from the
+// database); it is swept only by a pass that read all its holds and found none leased.
 func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int) (brought int, left bool, err error) {
 	log := r.cfg.Log.Named(MoneyLog).With(zap.String("dead_instance_id", d.ID), zap.String("dead_instance", d.Name),
 		zap.Time("beat_at", d.BeatAt), zap.Time("dead_at", d.DeadAt), zap.Bool("retired", d.Retired))
-	leased, after := 0, ""
+	start := r.holdsResumeOf(d.ID)
+	leased, after := 0, start
 	for {
 		if *batches >= r.cfg.MaxBatches {
-			log.Info("reconcile: holds of a dead instance left for the next pass", zap.Int("brought_in", brought))
+			r.resumeHoldsAt(deadHoldsCursor{ID: d.ID, Run: after})
+			log.Info("reconcile: holds of a dead instance left for the next pass", zap.Int("brought_in", brought), zap.String("after_run", after))
 			return brought, true, nil
 		}
 		*batches++
@@ -130,10 +135,19 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 			break
 		}
 	}
+	if start != "" {
+		r.resumeHoldsAt(deadHoldsCursor{}) // the end: the next pass reads this row's holds from the first
+	}
 	switch {
 	case leased > 0:
 		log.Debug("reconcile: holds of a dead instance still leased; left to their expiry, looked at again next pass",
 			zap.Int("leased", leased), zap.Int("brought_in", brought))
+		return brought, false, nil
+	case start != "":
+		// The holds before start, read by earlier passes, may have been leased: the next
+		// pass reads them all again before the row is swept.
+		log.Debug("reconcile: holds of a dead instance read to their end from where the last pass stopped",
+			zap.Int("brought_in", brought))
 		return brought, false, nil
 	case brought > 0 && !d.Retired:
 		log.Warn("reconcile: instance found dead (its heartbeat stopped); its calls' holds brought in to be reconciled now",
@@ -270,6 +284,30 @@ func (s *Store) bringIn(ctx context.Context, runID, deadID string) (bool, error)
 		return false, fmt.Errorf("bring in %s of dead instance %s: %w", runID, deadID, err)
 	}
 	return n == 1, nil
+}
+
+// deadHoldsCursor is where in one dead row's holds (by run id) the next pass reads on; the
+// zero value names no row.
+type deadHoldsCursor struct {
+	ID  string // the dead instance
+	Run string // the last run id read
+}
+
+// holdsResumeOf is the run id after which the next read of the dead row id's holds starts:
+// "" (the first) unless the last pass to read them stopped inside them.
+func (r *Reconciler) holdsResumeOf(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.holdsResume.ID != id {
+		return ""
+	}
+	return r.holdsResume.Run
+}
+
+func (r *Reconciler) resumeHoldsAt(c deadHoldsCursor) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.holdsResume = c
 }
 
 // resumeDeadAt is where the next pass reads the dead rows from.
