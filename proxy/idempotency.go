@@ -175,7 +175,7 @@ const maxIdemRounds = 4
 // callLog is the request's logger without a run id: a line names the run ar.RunID names at
 // the time, the attempt's once it is known (a lost admission's release is of that run).
 func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *idemCall, ar *holds.AdmitRequest, callLog *zap.Logger) (holds.Hold, int) {
-	a := &idemAdmission{s: s, w: w, r: r, ctx: r.Context(), ic: ic, ar: ar, callLog: callLog,
+	a := &idemAdmission{s: s, w: w, r: r, ic: ic, ar: ar, callLog: callLog,
 		log: callLog.WithLazy(zap.String("run_id", ar.RunID))}
 	for range maxIdemRounds {
 		rec, status := a.readRecord()
@@ -206,7 +206,6 @@ type idemAdmission struct {
 	s       *Server
 	w       http.ResponseWriter
 	r       *http.Request
-	ctx     context.Context // r's
 	ic      *idemCall
 	ar      *holds.AdmitRequest
 	callLog *zap.Logger
@@ -224,8 +223,8 @@ func (a *idemAdmission) answer(e *apiError, retry bool) int {
 // fail answers a failure of Redis or the database, unless the caller has left: then the
 // failure is its cancelled context, there is no one to answer, and nothing is held.
 func (a *idemAdmission) fail(e *apiError, msg string, err error) int {
-	if a.ctx.Err() != nil {
-		e, why := ended(a.ctx, "during the idempotency check; nothing held")
+	if a.r.Context().Err() != nil {
+		e, why := ended(a.r.Context(), "during the idempotency check; nothing held")
 		logRefusal(a.log, e, why, err, zap.String("step", msg))
 		return answerClientClosed(a.w, a.r)
 	}
@@ -237,11 +236,11 @@ func (a *idemAdmission) fail(e *apiError, msg string, err error) int {
 // readRecord reads the key's record, or answers the request (status) when it cannot be read
 // and the gateway does not fail open.
 func (a *idemAdmission) readRecord() (idemRecord, int) {
-	rec, err := a.s.readIdem(a.ctx, a.ic)
+	rec, err := a.s.readIdem(a.r.Context(), a.ic)
 	if err == nil {
 		return rec, 0
 	}
-	if !a.s.cfg.Dedup.FailOpen || a.ctx.Err() != nil {
+	if !a.s.cfg.Dedup.FailOpen || a.r.Context().Err() != nil {
 		return idemRecord{}, a.fail(errDedupDown, "idempotency record unreadable", err)
 	}
 	// fail_open: attempt 0. The hold's primary key still keeps two attempts from
@@ -268,7 +267,7 @@ func (a *idemAdmission) replayPinned(rec idemRecord) (status int, again bool) {
 	if rec.large {
 		return a.answer(errReplayTooLarge(rec.run, a.s.cfg.Dedup.MaxReplayLen), false), false
 	}
-	status, err := a.s.replay(a.ctx, a.w, a.ic, a.log)
+	status, err := a.s.replay(a.r.Context(), a.w, a.ic, a.log)
 	if errors.Is(err, errStoredAnswerGone) {
 		return 0, true // expired since it was read: the key is free, or Redis lost it (read again)
 	}
@@ -293,12 +292,12 @@ func (a *idemAdmission) admitAttempt(attempt int) (_ holds.Hold, status int, aga
 	a.ic.attempt = attempt
 	a.ar.RunID = idempotentRunID(a.ic.userID, a.ic.key, attempt)
 	a.log = a.callLog.WithLazy(zap.String("run_id", a.ar.RunID))
-	hold, err := a.s.writer.Admit(a.ctx, *a.ar)
+	hold, err := a.s.writer.Admit(a.r.Context(), *a.ar)
 	switch {
 	case err == nil && hold.Existing:
 		return holds.Hold{}, a.answer(errRequestInProgress(a.ar.RunID), true), false
 	case err == nil:
-		if err := a.s.startIdem(a.ctx, a.ic); err != nil {
+		if err := a.s.startIdem(a.r.Context(), a.ic); err != nil {
 			// The in-flight guard is the hold; the stored body hash only refines a
 			// reused key's answer from 409 to 422. Going on is safe.
 			a.log.Warn("idempotency record not started", zap.Error(err))
@@ -322,18 +321,18 @@ func (a *idemAdmission) admitAttempt(attempt int) (_ holds.Hold, status int, aga
 // never stored (Redis failed that write), or that Redis lost whole (a restart, a
 // failover) — either way an attempt that ended complete must not run again.
 func (a *idemAdmission) passSettled(attempt int) int {
-	rec, err := a.s.readIdem(a.ctx, a.ic)
+	rec, err := a.s.readIdem(a.r.Context(), a.ic)
 	if err != nil || rec.run != "" || rec.superseded || rec.attempt != attempt {
 		return 0
 	}
-	pinned, err := a.s.attemptPinned(a.ctx, a.ic.userID, a.ar.RunID)
+	pinned, err := a.s.attemptPinned(a.r.Context(), a.ic.userID, a.ar.RunID)
 	if err != nil {
 		return a.fail(errBillingDown, "idempotent attempt unreadable", err)
 	}
 	if pinned {
 		return a.answer(errReplayLost(a.ar.RunID), false)
 	}
-	if err := a.s.advanceIdem(a.ctx, a.ic, attempt); err != nil {
+	if err := a.s.advanceIdem(a.r.Context(), a.ic, attempt); err != nil {
 		return a.fail(errDedupDown, "idempotency attempt not advanced", err)
 	}
 	return 0
@@ -342,7 +341,7 @@ func (a *idemAdmission) passSettled(attempt int) int {
 // refuseAdmission answers an attempt's failed admission, whose hold, if the failure hid one
 // that landed, is released.
 func (a *idemAdmission) refuseAdmission(err error) int {
-	a.s.releaseLostAdmission(a.ctx, *a.ar, err, a.log)
+	a.s.releaseLostAdmission(a.r.Context(), *a.ar, err, a.log)
 	e := a.s.admitError(err)
 	if e.Status >= 500 {
 		return a.fail(e, "admission failed", err)
