@@ -135,7 +135,7 @@ func (h *handler) auth(next http.Handler) http.Handler {
 			writeError(w, errDisabled)
 			return
 		}
-		got, ok := bearer(r)
+		got, ok := httpapi.BearerCredentials(r.Header.Get("Authorization"))
 		sum := sha256.Sum256([]byte(got))
 		if !ok || subtle.ConstantTimeCompare(sum[:], h.tokenHash[:]) != 1 {
 			h.log.Warn("admin request refused: bad token", zap.String("method", r.Method),
@@ -150,16 +150,6 @@ func (h *handler) auth(next http.Handler) http.Handler {
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
-}
-
-// bearer is the admin token r sends, trimmed of spaces; false when it sends none (no Bearer
-// credentials, or empty ones).
-func bearer(r *http.Request) (string, bool) {
-	v, ok := httpapi.BearerCredentials(r.Header.Get("Authorization"))
-	if !ok || v == "" {
-		return "", false
-	}
-	return strings.TrimSpace(v), true
 }
 
 // fail answers a store error: refusals map to their 4xx, an unreachable database to 503,

@@ -31,10 +31,9 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := httpapi.BearerCredentials(r.Header.Get("Authorization"))
 		if !ok && (r.URL.Path == anthropicPath || r.URL.Path == countTokensPath) {
-			key, ok = r.Header.Get("x-api-key"), true
+			key = strings.TrimSpace(r.Header.Get("x-api-key"))
 		}
-		key = strings.TrimSpace(key)
-		if !ok || key == "" {
+		if key == "" {
 			s.refuseUnknownCaller(w, r, errBadKey, "no key", nil)
 			return
 		}

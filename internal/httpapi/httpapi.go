@@ -35,13 +35,15 @@ func SetRetryAfter(h http.Header, d time.Duration) {
 	h.Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
 }
 
-// BearerCredentials returns the credentials of a Bearer Authorization header value as sent,
-// which may be empty or padded with spaces, and false when v is not of the Bearer scheme. The
+// BearerCredentials returns the credentials of a Bearer Authorization header value, trimmed
+// of spaces, and false when v is not of the Bearer scheme or carries none: "Bearer " alone is
+// no credential, so that a route with another place for the key (x-api-key) looks there. The
 // scheme is matched case-insensitively (RFC 9110 §11.1): "bearer <key>" is the same credential.
 func BearerCredentials(v string) (string, bool) {
 	const scheme = "Bearer "
 	if len(v) < len(scheme) || !strings.EqualFold(v[:len(scheme)], scheme) {
 		return "", false
 	}
-	return v[len(scheme):], true
+	c := strings.TrimSpace(v[len(scheme):])
+	return c, c != ""
 }

@@ -17,8 +17,9 @@ func TestBearerCredentials(t *testing.T) {
 	}{
 		{"Bearer k", "k", true},
 		{"bearer k", "k", true},
-		{"BEARER  k ", " k ", true},
-		{"Bearer ", "", true},
+		{"BEARER  k ", "k", true},
+		{"Bearer ", "", false},
+		{"Bearer   ", "", false},
 		{"Bearer", "", false},
 		{"Basic k", "", false},
 		{"", "", false},
