@@ -1,0 +1,113 @@
+package config
+
+import (
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// Default is a working configuration for the built-in fake upstream.
+func Default() *Config {
+	return &Config{
+		ListenAddr:  "127.0.0.1:8080",
+		CreditMicro: 1000,
+		Limits: Limits{
+			MaxBodyBytes:       4 << 20,
+			MaxEventBytes:      8 << 20,
+			MaxResponseBytes:   32 << 20,
+			UpstreamTimeout:    300 * time.Second,
+			HeaderTimeout:      120 * time.Second,
+			ClientWriteTimeout: 60 * time.Second,
+			AdmitTimeout:       5 * time.Second,
+			SettleTimeout:      30 * time.Second,
+			ShutdownTimeout:    30 * time.Second,
+			KeyCacheTTL:        2 * time.Second,
+		},
+		Holds: Holds{
+			HoldTTL:           900 * time.Second,
+			RunTTL:            900 * time.Second,
+			LeaseTTL:          30 * time.Second,
+			HeartbeatInterval: 10 * time.Second,
+			ReconcileInterval: 60 * time.Second,
+			ReconcileLockTTL:  50 * time.Second,
+			ReconcileBatch:    200,
+			TallyTTL:          48 * time.Hour,
+			FindDeadInstances: true,
+		},
+		Dedup:       Dedup{Window: 5 * time.Second, ReplayTTL: 24 * time.Hour, MaxReplayLen: 1 << 20},
+		DefaultPlan: "standard",
+		Plans: map[string]Plan{
+			"standard": {AllowanceCredits: CreditsOf(2000), HoldNormalCredits: CreditsOf(20), HoldHeavyCredits: CreditsOf(60),
+				HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostCredits: CreditsOf(500)},
+			"guest": {AllowanceCredits: CreditsOf(100), HoldNormalCredits: CreditsOf(20), HoldHeavyCredits: CreditsOf(60),
+				HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostCredits: CreditsOf(500)},
+		},
+		Upstreams: []Upstream{{Name: "fakellm", Kind: "openai", BaseURL: "http://127.0.0.1:9090", Models: []string{"*"}}},
+		Models: map[string]ModelCfg{
+			"fake-gpt": {Input: mustUSD("2.50"), CacheRead: mustUSD("1.25"), CacheWrite: mustUSD("3.125"), Output: mustUSD("10.00")},
+		},
+	}
+}
+
+// DefaultDeadInstanceAfter is the dead-instance bound when the configuration leaves it 0 and
+// the heartbeat settings allow it.
+const DefaultDeadInstanceAfter = 90 * time.Second
+
+// DeadInstanceBound is the dead-instance bound in force: the configured one, or when that is
+// 0, DefaultDeadInstanceAfter or the least the heartbeat settings allow, whichever is more (a
+// configuration with slow heartbeats that started before the bound existed still starts).
+func (h Holds) DeadInstanceBound() time.Duration {
+	if h.DeadInstanceAfter != 0 {
+		return h.DeadInstanceAfter
+	}
+	return max(DefaultDeadInstanceAfter, h.leastDeadInstanceAfter())
+}
+
+// leastDeadInstanceAfter is the shortest dead-instance bound the heartbeat settings allow. The
+// holds of a process declared dead while its leases live are left to their expiry: the bound
+// must outlast the leases of its last heartbeat, or a killed process's calls wait for their
+// expiry after all. And a hold is brought in only if admitted before its process's last beat
+// plus the gap its beats allow (two intervals and a beat's 5 s bound, holds.Instance): one
+// heartbeat more, and a live process has written the lease of every such call.
+func (h Holds) leastDeadInstanceAfter() time.Duration {
+	return max(h.LeaseTTL+2*h.HeartbeatInterval, 3*h.HeartbeatInterval+5*time.Second)
+}
+
+// Derived bounds on request bodies in memory (BodyMemoryBounds).
+const (
+	// DefaultMaxBodyMemory is the process's bound unless max_body_bytes asks for more room.
+	DefaultMaxBodyMemory = 512 << 20
+	// BodyMemoryShares is how many callers it takes, each holding its whole share, to fill
+	// the process's bound: with a large share a few callers sending slow bodies (1 KiB/s, up
+	// to an hour for 4 MiB) turned away every other caller's requests for as long.
+	BodyMemoryShares = 16
+)
+
+// BodyMemoryBounds returns the bounds on request bodies held in memory: the process's and one
+// caller's, as configured, or derived where 0 — the process's DefaultMaxBodyMemory or four
+// largest bodies if more, a caller's a BodyMemoryShares-th of it or one largest body if more.
+// Derived, they fit every max_body_bytes a configuration could have before they existed.
+func (l Limits) BodyMemoryBounds() (total, perCaller int64) {
+	total, perCaller = l.MaxBodyMemory, l.MaxBodyMemoryPerCaller
+	if total == 0 {
+		total = max(DefaultMaxBodyMemory, 4*l.MaxBodyBytes)
+	}
+	if perCaller == 0 {
+		perCaller = min(total, max(l.MaxBodyBytes, total/BodyMemoryShares))
+	}
+	return total, perCaller
+}
+
+// DefaultDBReadTimeout is the longest the gateway waits for one reply of the database when the
+// DSN sets no readTimeout (holds.Open's default; a test there keeps the two equal, so that
+// the configuration need not depend on the database package).
+const DefaultDBReadTimeout = 30 * time.Second
+
+// dbReadTimeout is the DSN's readTimeout, else DefaultDBReadTimeout. A DSN that does not
+// parse gives the default here: opening the database reports it.
+func (c *Config) dbReadTimeout() time.Duration {
+	if cfg, err := mysql.ParseDSN(c.MySQLDSN); err == nil && cfg.ReadTimeout > 0 {
+		return cfg.ReadTimeout
+	}
+	return DefaultDBReadTimeout
+}

@@ -1,0 +1,163 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"regexp"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// unknownSettings is how yaml.v3 words a key no setting has ("field listen_adr not found in
+// type config.Config"), which names the Go type where an operator looks for a setting.
+var unknownSettings = regexp.MustCompile(`field (\S+) not found in type \S+`)
+
+// requiredModelFields and requiredPlanFields must be written in a config file's models and
+// plans: each decodes as 0 when left out, and 0 is a valid amount (a free model, a plan
+// without a daily allowance) that nobody meant by leaving the field out.
+var (
+	requiredModelFields = []string{"input", "output"}
+	requiredPlanFields  = []string{"allowance_credits", "hold_normal_credits", "hold_heavy_credits",
+		"heavy_after_turns", "max_in_flight", "max_run_cost_credits"}
+)
+
+// checkWritten reports what a typed decode cannot see: a fraction in an integer setting, a
+// required price or plan field left out, and any price or plan field left empty (`input:` is
+// YAML's null, which decodes as 0). It also returns the price and plan fields it named, so
+// that the checks of their (zero) values do not name each a second time.
+func checkWritten(raw []byte) (errs []error, told []string) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil || len(doc.Content) == 0 {
+		return nil, nil // the typed decode has reported it, or the file is empty
+	}
+	errs = checkWhole(doc.Content[0], reflect.TypeOf(Config{}), "")
+	for _, sec := range []struct {
+		name     string
+		required []string
+		// mustBeWritten says whether a field left empty is refused: every plan field, and a
+		// model's prices (its bounds' zero values are their documented defaults).
+		mustBeWritten func(key string) bool
+	}{{"models", requiredModelFields, isModelPrice}, {"plans", requiredPlanFields, func(string) bool { return true }}} {
+		entries := mappingValue(doc.Content[0], sec.name)
+		if entries == nil || entries.Kind != yaml.MappingNode {
+			continue
+		}
+		for i := 0; i+1 < len(entries.Content); i += 2 {
+			at := sec.name + "." + entries.Content[i].Value
+			fields := entries.Content[i+1]
+			if fields.Kind == yaml.AliasNode {
+				fields = fields.Alias // pro: *standard, the same fields
+			}
+			if fields.Kind != yaml.MappingNode {
+				errs = append(errs, fmt.Errorf("%s: line %d: must be a mapping of its fields", at, fields.Line))
+				continue
+			}
+			for j := 0; j+1 < len(fields.Content); j += 2 {
+				if v := fields.Content[j+1]; v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" && sec.mustBeWritten(fields.Content[j].Value) {
+					errs = append(errs, fmt.Errorf("%s.%s: line %d: is empty; write 0 if 0 is meant", at, fields.Content[j].Value, v.Line))
+					told = append(told, at+"."+fields.Content[j].Value)
+				}
+			}
+			for _, f := range sec.required {
+				if mappingValue(fields, f) == nil {
+					errs = append(errs, fmt.Errorf("%s.%s: line %d: is missing (every %s entry sets it; write 0 if 0 is meant)", at, f, fields.Line, sec.name))
+					told = append(told, at+"."+f)
+				}
+			}
+		}
+	}
+	return errs, told
+}
+
+// isModelPrice reports whether key names a price field of a models entry.
+func isModelPrice(key string) bool {
+	t := reflect.TypeOf(ModelCfg{})
+	for i := range t.NumField() {
+		if tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); tag == key {
+			return t.Field(i).Type == reflect.TypeOf(USDPerM{})
+		}
+	}
+	return false
+}
+
+// checkWhole reports an integer setting not written in plain decimal digits: YAML decodes 12.5
+// into an int as 12 and 0200 as 128, silently. n is the node decoded into a value of type t,
+// named at (its YAML path).
+func checkWhole(n *yaml.Node, t reflect.Type, at string) []error {
+	var errs []error
+	join := func(key string) string {
+		if at == "" {
+			return key
+		}
+		return at + "." + key
+	}
+	switch {
+	case n.Kind == yaml.ScalarNode:
+		if t != reflect.TypeOf(time.Duration(0)) && t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64 &&
+			n.ShortTag() != "!!null" && !plainInteger(n.Value) {
+			errs = append(errs, fmt.Errorf("%s: line %d: %s is not a whole number in decimal digits (YAML drops a fraction and reads 0200 as octal)", at, n.Line, n.Value))
+		}
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			for f := range t.NumField() {
+				if tag, _, _ := strings.Cut(t.Field(f).Tag.Get("yaml"), ","); tag == n.Content[i].Value {
+					errs = append(errs, checkWhole(n.Content[i+1], t.Field(f).Type, join(tag))...)
+				}
+			}
+		}
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Map:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			errs = append(errs, checkWhole(n.Content[i+1], t.Elem(), join(n.Content[i].Value))...)
+		}
+	case n.Kind == yaml.SequenceNode && t.Kind() == reflect.Slice:
+		for i, e := range n.Content {
+			errs = append(errs, checkWhole(e, t.Elem(), fmt.Sprintf("%s[%d]", at, i))...)
+		}
+	}
+	return errs
+}
+
+// plainInteger reports whether s is an integer as an operator means it: decimal digits, an
+// optional sign, no leading zero (which YAML reads as octal), no fraction, exponent or base.
+func plainInteger(s string) bool {
+	s = strings.TrimPrefix(s, "-")
+	if s == "" || len(s) > 1 && s[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// mappingValue is the value of key in mapping node m, or nil: written in m itself, or in a
+// mapping m takes through a merge key (`<<: *base`, `<<: [*a, *b]`).
+func mappingValue(m *yaml.Node, key string) *yaml.Node {
+	if m.Kind == yaml.AliasNode {
+		m = m.Alias
+	}
+	if m == nil || m.Kind != yaml.MappingNode {
+		return nil
+	}
+	var merged []*yaml.Node
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		switch k, v := m.Content[i], m.Content[i+1]; {
+		case k.ShortTag() == "!!merge" && v.Kind == yaml.SequenceNode:
+			merged = append(merged, v.Content...)
+		case k.ShortTag() == "!!merge":
+			merged = append(merged, v)
+		case k.Value == key:
+			return v
+		}
+	}
+	for _, from := range merged {
+		if v := mappingValue(from, key); v != nil {
+			return v
+		}
+	}
+	return nil
+}
