@@ -4,15 +4,11 @@
 package config
 
 import (
-	"bytes"
 	"errors"
-	"fmt"
 	"os"
 	"sort"
 	"strings"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -152,31 +148,10 @@ func load(path string, needRedis bool) (*Config, error) {
 	var unwritten []error // what a typed decode cannot see: settings left out or empty, fractions dropped
 	var told []string     // the settings unwritten names, which validate need not name again
 	if path != "" {
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("config: %w", err)
+		var err error
+		if unwritten, told, err = decodeFile(path, cfg); err != nil {
+			return nil, err
 		}
-		dec := yaml.NewDecoder(bytes.NewReader(raw))
-		dec.KnownFields(true)
-		// A models or plans section replaces the demo one rather than adding to it (yaml.v3
-		// decodes into the existing map): only what the operator priced is priced, and an
-		// operator's plans "free" and "pro" do not come with the demo's "standard" (2000
-		// credits a day) as every new user's plan.
-		defaults, demoPlans := cfg.Models, cfg.Plans
-		cfg.Models, cfg.Plans = nil, nil
-		if err := dec.Decode(cfg); err != nil {
-			if strings.Contains(err.Error(), "into time.Duration") {
-				return nil, fmt.Errorf("config %s: %w (a duration needs its unit: 30s, 5m, 48h)", path, err)
-			}
-			return nil, fmt.Errorf("config %s: %s", path, unknownSettings.ReplaceAllString(err.Error(), `unknown setting "$1" (misspelt, or under the wrong section?)`))
-		}
-		if cfg.Models == nil {
-			cfg.Models = defaults
-		}
-		if cfg.Plans == nil {
-			cfg.Plans = demoPlans
-		}
-		unwritten, told = checkWritten(raw)
 	}
 	cfg.applyEnv(os.Getenv)
 	if err := errors.Join(append(unwritten, cfg.validate(needRedis, told))...); err != nil {

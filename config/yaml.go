@@ -1,7 +1,9 @@
 package config
 
 import (
+	"bytes"
 	"fmt"
+	"os"
 	"reflect"
 	"regexp"
 	"strings"
@@ -9,6 +11,38 @@ import (
 
 	"gopkg.in/yaml.v3"
 )
+
+// decodeFile decodes the file at path over cfg's defaults. The decode is strict, so that a
+// misspelt or misplaced setting stops the start instead of leaving its default in force; what
+// a typed decode cannot see at all, checkWritten finds (its errors and told, see load).
+func decodeFile(path string, cfg *Config) (unwritten []error, told []string, err error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(raw))
+	dec.KnownFields(true)
+	// A models or plans section replaces the demo one rather than adding to it (yaml.v3
+	// decodes into the existing map): only what the operator priced is priced, and an
+	// operator's plans "free" and "pro" do not come with the demo's "standard" (2000
+	// credits a day) as every new user's plan.
+	defaults, demoPlans := cfg.Models, cfg.Plans
+	cfg.Models, cfg.Plans = nil, nil
+	if err := dec.Decode(cfg); err != nil {
+		if strings.Contains(err.Error(), "into time.Duration") {
+			return nil, nil, fmt.Errorf("config %s: %w (a duration needs its unit: 30s, 5m, 48h)", path, err)
+		}
+		return nil, nil, fmt.Errorf("config %s: %s", path, unknownSettings.ReplaceAllString(err.Error(), `unknown setting "$1" (misspelt, or under the wrong section?)`))
+	}
+	if cfg.Models == nil {
+		cfg.Models = defaults
+	}
+	if cfg.Plans == nil {
+		cfg.Plans = demoPlans
+	}
+	unwritten, told = checkWritten(raw)
+	return unwritten, told, nil
+}
 
 // unknownSettings is how yaml.v3 words a key no setting has ("field listen_adr not found in
 // type config.Config"), which names the Go type where an operator looks for a setting.
