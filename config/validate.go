@@ -300,52 +300,70 @@ func (c *Config) checkUpstreams(bad complain, prices *pricing.Table) {
 		if u.Kind != "openai" && u.Kind != "anthropic" {
 			bad(at+".kind", "must be openai or anthropic, got %q", u.Kind)
 		}
-		if pu, err := url.Parse(u.BaseURL); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
-			bad(at+".base_url", "%q is not an http(s) URL", shownURL(u.BaseURL))
-		} else {
-			// Every call goes to base_url + "/v1/...", the caller's query appended: what is
-			// not an origin and a path prefix makes every call's URL wrong.
-			switch {
-			case pu.User != nil:
-				bad(at+".base_url", "%q holds credentials: give the key in api_key_env (or UPSTREAM_API_KEY)", shownURL(u.BaseURL))
-			case pu.RawQuery != "" || pu.ForceQuery:
-				bad(at+".base_url", "%q has a query: calls go to base_url + /v1/..., so it would end up inside their path", shownURL(u.BaseURL))
-			case pu.Fragment != "":
-				bad(at+".base_url", "%q has a fragment: calls go to base_url + /v1/...", shownURL(u.BaseURL))
-			case strings.HasSuffix(strings.TrimSuffix(pu.Path, "/"), "/v1"):
-				bad(at+".base_url", "%q ends in /v1: the gateway adds /v1/... itself, so calls would go to /v1/v1/...; give the origin (https://api.openai.com)", shownURL(u.BaseURL))
-			}
+		checkBaseURL(bad, at, u.BaseURL)
+		c.checkUpstreamModels(bad, at, u.Models, prices)
+		checkUpstreamKey(bad, at, u)
+	}
+}
+
+// checkBaseURL checks upstream at's base URL. Every call goes to base_url + "/v1/...", the
+// caller's query appended: what is not an origin and a path prefix makes every call's URL
+// wrong.
+func checkBaseURL(bad complain, at, baseURL string) {
+	pu, err := url.Parse(baseURL)
+	if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+		bad(at+".base_url", "%q is not an http(s) URL", shownURL(baseURL))
+		return
+	}
+	switch {
+	case pu.User != nil:
+		bad(at+".base_url", "%q holds credentials: give the key in api_key_env (or UPSTREAM_API_KEY)", shownURL(baseURL))
+	case pu.RawQuery != "" || pu.ForceQuery:
+		bad(at+".base_url", "%q has a query: calls go to base_url + /v1/..., so it would end up inside their path", shownURL(baseURL))
+	case pu.Fragment != "":
+		bad(at+".base_url", "%q has a fragment: calls go to base_url + /v1/...", shownURL(baseURL))
+	case strings.HasSuffix(strings.TrimSuffix(pu.Path, "/"), "/v1"):
+		bad(at+".base_url", "%q ends in /v1: the gateway adds /v1/... itself, so calls would go to /v1/v1/...; give the origin (https://api.openai.com)", shownURL(baseURL))
+	}
+}
+
+// checkUpstreamModels checks the models upstream at serves, against prices when the price
+// list could be read (nil: it could not).
+func (c *Config) checkUpstreamModels(bad complain, at string, models []string, prices *pricing.Table) {
+	if len(models) == 0 {
+		bad(at+".models", "lists no model; use [\"*\"] to serve every priced model")
+	}
+	for _, m := range models {
+		switch {
+		case m == "*":
+		case m == "" || strings.Contains(strings.TrimSuffix(m, "*"), "*"):
+			bad(at+".models", "%q is neither a model name, a prefix ending in * nor *", m)
+		case prices != nil && !c.servesPriced(prices, m):
+			// Unpriced models are refused: the entry can serve nothing (a typo?).
+			bad(at+".models", "%q matches no model priced in models, so it serves nothing: unpriced models are refused", m)
 		}
-		if len(u.Models) == 0 {
-			bad(at+".models", "lists no model; use [\"*\"] to serve every priced model")
-		}
-		for _, m := range u.Models {
-			switch {
-			case m == "*":
-			case m == "" || strings.Contains(strings.TrimSuffix(m, "*"), "*"):
-				bad(at+".models", "%q is neither a model name, a prefix ending in * nor *", m)
-			case prices != nil && !c.servesPriced(prices, m):
-				// Unpriced models are refused: the entry can serve nothing (a typo?).
-				bad(at+".models", "%q matches no model priced in models, so it serves nothing: unpriced models are refused", m)
-			}
-		}
-		if u.APIKeyEnv != "" && !envName(u.APIKeyEnv) {
-			// Not printed: what is written here instead of a variable's name is most often
-			// the key itself.
-			bad(at+".api_key_env", "is not an environment variable name (letters, digits and _, not starting with a digit): "+
-				"it names the variable that holds the key, never the key itself")
-		} else if u.APIKeyEnv != "" && u.APIKey == "" && conventionalEnvName(u.APIKeyEnv) {
-			bad(at+".api_key_env", "environment variable %s is empty", u.APIKeyEnv)
-		} else if u.APIKeyEnv != "" && u.APIKey == "" {
-			// A key of letters, digits and _ alone (gsk_..., a provider's 32 letters and
-			// digits) is a valid name too: one in lower case is not printed.
-			bad(at+".api_key_env", "the environment variable it names is empty (its name, which has lower case letters, "+
-				"is not printed: it may be the key itself written in place of the variable's name)")
-		}
-		if !sendableSecret(u.APIKey) {
-			bad(at+" API key (UPSTREAM_API_KEY or api_key_env)", "has white space at either end or a control character (a newline kept from a secret file?): "+
-				"it could not be sent in a header, and every call to this upstream would fail")
-		}
+	}
+}
+
+// checkUpstreamKey checks upstream at's key: the variable api_key_env names, and that the key
+// can be sent in a header. A bad key fails every call to the upstream, so it stops the start.
+func checkUpstreamKey(bad complain, at string, u Upstream) {
+	if u.APIKeyEnv != "" && !envName(u.APIKeyEnv) {
+		// Not printed: what is written here instead of a variable's name is most often
+		// the key itself.
+		bad(at+".api_key_env", "is not an environment variable name (letters, digits and _, not starting with a digit): "+
+			"it names the variable that holds the key, never the key itself")
+	} else if u.APIKeyEnv != "" && u.APIKey == "" && conventionalEnvName(u.APIKeyEnv) {
+		bad(at+".api_key_env", "environment variable %s is empty", u.APIKeyEnv)
+	} else if u.APIKeyEnv != "" && u.APIKey == "" {
+		// A key of letters, digits and _ alone (gsk_..., a provider's 32 letters and
+		// digits) is a valid name too: one in lower case is not printed.
+		bad(at+".api_key_env", "the environment variable it names is empty (its name, which has lower case letters, "+
+			"is not printed: it may be the key itself written in place of the variable's name)")
+	}
+	if !sendableSecret(u.APIKey) {
+		bad(at+" API key (UPSTREAM_API_KEY or api_key_env)", "has white space at either end or a control character (a newline kept from a secret file?): "+
+			"it could not be sent in a header, and every call to this upstream would fail")
 	}
 }
 
