@@ -301,82 +301,94 @@ func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
 
 // scan settles expired holds, starting none after start + PassBudget.
 func (r *Reconciler) scan(ctx context.Context, start time.Time) (Stats, error) {
-	st := Stats{Locked: true}
-	stopAt := start.Add(r.cfg.PassBudget)
+	s := passScan{st: Stats{Locked: true}, stopAt: start.Add(r.cfg.PassBudget)}
 	// The scan goes on after the last hold it read, so holds it cannot settle (orphans, below)
 	// are passed over rather than heading every batch: a backlog of them would otherwise stop
 	// every pass at its first batch, and nobody else's hold behind them would ever settle.
 	r.mu.Lock()
-	after := r.resume
+	s.after = r.resume
 	r.mu.Unlock()
-	// A pass that stopped at a limit leaves the next one its cursor; any other end (the
-	// backlog drained, or a failure the next pass retries from where this one began) leaves it
-	// as it found it, or starts again from the oldest.
-	truncated := func(st Stats) (Stats, error) {
-		r.mu.Lock()
-		r.resume = after
-		r.mu.Unlock()
-		return st, nil
-	}
-	orphans := 0
-	for st.Batches < r.cfg.MaxBatches {
-		runs, err := r.cfg.Store.expired(ctx, after, r.cfg.Batch)
+	for s.st.Batches < r.cfg.MaxBatches {
+		runs, err := r.cfg.Store.expired(ctx, s.after, r.cfg.Batch)
 		if err != nil {
-			return st, fmt.Errorf("reconcile: %w", err)
+			return s.st, fmt.Errorf("reconcile: %w", err)
 		}
-		st.Batches++
-		var errs []error
-		for _, run := range runs {
-			if ctx.Err() != nil {
-				return st, fmt.Errorf("reconcile: %w", ctx.Err())
-			}
-			if st.Scanned > 0 && time.Now().After(stopAt) {
-				st.Truncated, st.StoppedAt = true, StopTimeBudget
-				r.cfg.Log.Warn("reconcile pass stopped at its time budget; the rest waits for the next pass",
-					zap.Int("scanned", st.Scanned), zap.Duration("budget", r.cfg.PassBudget))
-				st, _ = truncated(st)
-				// The holds that failed stay behind the cursor, as orphans do, until a pass gets
-				// through the backlog and starts again from the oldest; the pass says they failed.
-				return st, batchFailed(errs, len(runs))
-			}
-			st.Scanned++
-			after = run.cursor()
-			outcome, charged, err := r.one(ctx, run)
-			switch {
-			case errors.Is(err, ErrRunNotFound):
-				// The scan just read the hold, so its user's row is gone (deleted by hand: no
-				// foreign key). Nothing can be charged to nobody; no retry will change that.
-				if orphans++; orphans <= 10 {
-					r.cfg.Log.Error("reconcile: hold of a user that no longer exists left unsettled — someone should look",
-						zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
-				}
-			case err != nil:
-				errs = append(errs, err)
-				if len(errs) <= 10 {
-					r.cfg.Log.Warn("reconcile: hold left for the next pass", zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
-				}
-			}
-			st.count(outcome, charged)
-			if r.cfg.OnOutcome != nil {
-				r.cfg.OnOutcome(outcome)
-			}
-		}
-		// Other failures (the database or Redis unreachable) would likely fail the rest too:
-		// stop, and let the next pass retry them.
-		if err := batchFailed(errs, len(runs)); err != nil {
-			return st, err
+		s.st.Batches++
+		if stopped, err := r.scanBatch(ctx, &s, runs); stopped || err != nil {
+			return s.st, err
 		}
 		if len(runs) < r.cfg.Batch {
-			r.mu.Lock()
-			r.resume = expiredCursor{}
-			r.mu.Unlock()
-			return st, nil
+			r.resumeAt(expiredCursor{})
+			return s.st, nil
 		}
 	}
-	st.Truncated, st.StoppedAt = true, StopBatchLimit
+	s.st.Truncated, s.st.StoppedAt = true, StopBatchLimit
 	r.cfg.Log.Warn("reconcile pass stopped at its batch limit; the rest waits for the next pass",
-		zap.Int("batches", st.Batches), zap.Int("batch", r.cfg.Batch))
-	return truncated(st)
+		zap.Int("batches", s.st.Batches), zap.Int("batch", r.cfg.Batch))
+	r.resumeAt(s.after)
+	return s.st, nil
+}
+
+// passScan is one scan's progress, carried from batch to batch.
+type passScan struct {
+	st      Stats
+	stopAt  time.Time     // no hold is started after it: the pass's time budget
+	after   expiredCursor // the last hold read, where the next batch goes on from
+	orphans int           // holds of users that no longer exist: only the first few are logged
+}
+
+// scanBatch handles one batch of expired holds, in order. stopped says the scan ends here: ctx
+// ended, or the time budget was spent (then the next pass resumes after the last hold read).
+// A batch in which holds failed, other than orphans, fails the scan.
+func (r *Reconciler) scanBatch(ctx context.Context, s *passScan, runs []Run) (stopped bool, err error) {
+	var errs []error
+	for _, run := range runs {
+		if ctx.Err() != nil {
+			return true, fmt.Errorf("reconcile: %w", ctx.Err())
+		}
+		if s.st.Scanned > 0 && time.Now().After(s.stopAt) {
+			s.st.Truncated, s.st.StoppedAt = true, StopTimeBudget
+			r.cfg.Log.Warn("reconcile pass stopped at its time budget; the rest waits for the next pass",
+				zap.Int("scanned", s.st.Scanned), zap.Duration("budget", r.cfg.PassBudget))
+			r.resumeAt(s.after)
+			// The holds that failed stay behind the cursor, as orphans do, until a pass gets
+			// through the backlog and starts again from the oldest; the pass says they failed.
+			return true, batchFailed(errs, len(runs))
+		}
+		s.st.Scanned++
+		s.after = run.cursor()
+		outcome, charged, err := r.one(ctx, run)
+		switch {
+		case errors.Is(err, ErrRunNotFound):
+			// The scan just read the hold, so its user's row is gone (deleted by hand: no
+			// foreign key). Nothing can be charged to nobody; no retry will change that.
+			if s.orphans++; s.orphans <= 10 {
+				r.cfg.Log.Error("reconcile: hold of a user that no longer exists left unsettled — someone should look",
+					zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
+			}
+		case err != nil:
+			errs = append(errs, err)
+			if len(errs) <= 10 {
+				r.cfg.Log.Warn("reconcile: hold left for the next pass", zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
+			}
+		}
+		s.st.count(outcome, charged)
+		if r.cfg.OnOutcome != nil {
+			r.cfg.OnOutcome(outcome)
+		}
+	}
+	// Other failures (the database or Redis unreachable) would likely fail the rest too:
+	// stop, and let the next pass retry them.
+	return false, batchFailed(errs, len(runs))
+}
+
+// resumeAt is where the next pass's scan starts. A pass that stopped at a limit leaves the
+// next one its cursor; any other end (the backlog drained, or a failure the next pass retries
+// from where this one began) leaves it as it found it, or starts again from the oldest.
+func (r *Reconciler) resumeAt(c expiredCursor) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.resume = c
 }
 
 // batchFailed is the error of a batch of n holds of which errs failed, or nil when none did.
