@@ -430,23 +430,44 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
 	}
 	if leased {
-		by := r.cfg.ExtendBy
-		if run.ClientRunID.Valid && r.cfg.ExtendRunBy > 0 {
-			by = r.cfg.ExtendRunBy
-		}
-		if _, err := r.cfg.Store.Extend(ctx, run.RunID, by); err != nil {
-			return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
-		}
-		log.Debug("reconcile: run still leased; expiry extended", zap.Duration("by", by))
-		return OutcomeExtended, 0, nil
+		return r.extend(ctx, run, log)
 	}
-
-	tally, found, err := r.cfg.Usage.Tallied(ctx, run.RunID)
-	usage, cost, calls := tally.Usage, tally.CostMicro, tally.Calls
+	used, found, err := r.used(ctx, run, log)
 	if err != nil {
 		// Without the tally we cannot tell "used nothing" from "unreadable": charging the hold
 		// on a Redis blip would overcharge, so the hold waits for the next pass.
 		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
+	}
+	refused, err := r.refused(ctx, run, found)
+	if err != nil {
+		// Unreadable: charging the hold on a Redis blip could charge a refused call.
+		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
+	}
+	st, outcome := r.settlement(run, used, found, refused)
+	return r.settle(ctx, run, st, outcome, log)
+}
+
+// extend pushes out the expiry of a hold whose run a live process still serves: one hold TTL,
+// or one run TTL for a named run, what its admission gave it.
+func (r *Reconciler) extend(ctx context.Context, run Run, log *zap.Logger) (string, int64, error) {
+	by := r.cfg.ExtendBy
+	if run.ClientRunID.Valid && r.cfg.ExtendRunBy > 0 {
+		by = r.cfg.ExtendRunBy
+	}
+	if _, err := r.cfg.Store.Extend(ctx, run.RunID, by); err != nil {
+		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
+	}
+	log.Debug("reconcile: run still leased; expiry extended", zap.Duration("by", by))
+	return OutcomeExtended, 0, nil
+}
+
+// used is what run used, by the evidence the reconciler trusts: its tally (found false: none,
+// or none that can be believed), or its row's record of its ended calls when that says more.
+// The Estimated mark is the tally's, whichever figures won.
+func (r *Reconciler) used(ctx context.Context, run Run, log *zap.Logger) (tally RunTally, found bool, err error) {
+	tally, found, err = r.cfg.Usage.Tallied(ctx, run.RunID)
+	if err != nil {
+		return tally, found, err
 	}
 	// The tally is Redis's word, not the ledger's: a negative figure in it (a correction whose
 	// tally was lost, a hand edit) is no record of what the run used, and the store refuses a
@@ -455,43 +476,44 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 	// that records it (no run makes 2³¹ calls), which failed the settlement on every pass.
 	// Every token count is checked, the parts (one-hour cache writes, audio) too: a negative
 	// part was recorded on the run's row as it stood.
+	usage, cost, calls := tally.Usage, tally.CostMicro, tally.Calls
 	if found && (cost < 0 || calls < 0 || calls > math.MaxInt32 || usage.HasNegative()) {
 		log.Error("reconcile: the run's tally holds impossible figures; settling it as a run without one — someone should look",
 			zap.Int64("cost_micro", cost), zap.Int64("calls", calls), zap.Int64("in_tok", usage.Input),
 			zap.Int64("out_tok", usage.Output), zap.Int64("cache_read_tok", usage.CacheRead), zap.Int64("cache_write_tok", usage.CacheWrite),
 			zap.Int64("cache_write_1h_tok", usage.CacheWrite1h), zap.Int64("audio_in_tok", usage.AudioInput),
 			zap.Int64("audio_out_tok", usage.AudioOutput))
-		usage, cost, calls, found = pricing.Usage{}, 0, 0, false
+		tally.Usage, tally.CostMicro, tally.Calls, found = pricing.Usage{}, 0, 0, false
 	}
 	// A named run's row records its ended calls too: a tally that lost some of them (a Redis
 	// restart) costs less than the row, and the row is what the run used.
-	if ru, rc, rn, rfound := run.Recorded(); rfound && (!found || rc > cost) {
-		usage, cost, calls, found = ru, rc, rn, true
+	if ru, rc, rn, rfound := run.Recorded(); rfound && (!found || rc > tally.CostMicro) {
+		tally.Usage, tally.CostMicro, tally.Calls, found = ru, rc, rn, true
 	}
-	refused, err := r.refused(ctx, run, found)
-	if err != nil {
-		// Unreadable: charging the hold on a Redis blip could charge a refused call.
-		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
-	}
+	return tally, found, nil
+}
+
+// settlement is the settlement of an expired, unleased hold, by what its run used (found
+// false: nothing known) and whether its admission was refused, with the outcome it stands for.
+func (r *Reconciler) settlement(run Run, used RunTally, found, refused bool) (Settlement, string) {
 	st := Settlement{RunID: run.RunID, OnlyIfExpired: true}
-	outcome := ""
 	switch {
 	case found:
 		// 2. Settled from the tally: Settle applies the hold's discount and clamps to its cap.
-		st.Usage, st.CostMicro, st.Calls, st.Source = usage, cost, int(calls), SourceReconcile
+		st.Usage, st.CostMicro, st.Calls, st.Source = used.Usage, used.CostMicro, int(used.Calls), SourceReconcile
 		// A named run's row keeps its calls' marks through the settlement; a one-call run's
 		// mark is in the tally alone.
-		st.Estimated = tally.Estimated
+		st.Estimated = used.Estimated
 		if r.cfg.PriceSnapshot != nil {
 			// The tally's cost was computed at the prices the hold recorded when it was
 			// admitted, which may predate this process's table: ours only stands in for none.
 			st.PriceSnapshot, st.SnapshotIfMissing = r.cfg.PriceSnapshot(run.Model), true
 		}
-		outcome = OutcomeFromTally
+		return st, OutcomeFromTally
 	case run.State == StateQueued:
 		// 3a. Never forwarded: nothing was used.
 		st.Source = SourceRelease
-		outcome = OutcomeReleased
+		return st, OutcomeReleased
 	case refused:
 		// 3a too: the request that inserted this hold (its token) was refused 503 without
 		// forwarding, its release lost with its process. Only that request forwards on a hold
@@ -499,12 +521,17 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		// back as existing and is answered 409), so nothing used it. The release it would have
 		// made: at 0, only the hold carrying its token.
 		st.Source, st.AdmitToken = SourceAdmitLost, run.AdmitToken.String
-		outcome = OutcomeReleased
+		return st, OutcomeReleased
 	default:
 		// 3b. A call was forwarded and its usage is lost: charge what the caller authorised.
 		st.Source, st.ChargeHeld, st.Estimated = SourceReconcileHold, true, true
-		outcome = OutcomeChargedHeld
+		return st, OutcomeChargedHeld
 	}
+}
+
+// settle applies st, the settlement that stands for outcome, and logs what it charged: only
+// the first settlement of a run charges, and a run a call kept alive since the scan is left.
+func (r *Reconciler) settle(ctx context.Context, run Run, st Settlement, outcome string, log *zap.Logger) (string, int64, error) {
 	res, err := r.cfg.Store.Settle(ctx, st)
 	if errors.Is(err, ErrRunStillLive) {
 		log.Info("reconcile: a call of the run pushed its expiry out since the scan; not settled")
