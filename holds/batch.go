@@ -41,40 +41,9 @@ const MaxBatch = 256
 //
 // The error is for the whole batch (nothing committed); refusals and unknown runs are per item.
 func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRequest) ([]BatchResult, []AdmitResult, error) {
-	n := len(sts) + len(reqs)
-	if n == 0 || n > MaxBatch {
-		panic(fmt.Sprintf("holds: batch of %d settlements and %d admissions", len(sts), len(reqs)))
-	}
-	for _, st := range sts {
-		if st.CostMicro < 0 {
-			panic("holds: negative cost")
-		}
-		if len(st.Model) > MaxModelLen {
-			panic(fmt.Sprintf("holds: model name of %d bytes", len(st.Model)))
-		}
-	}
-	for _, req := range reqs {
-		if len(req.Model) > MaxModelLen {
-			panic(fmt.Sprintf("holds: model name of %d bytes", len(req.Model)))
-		}
-		if req.State != StateQueued && req.State != StateRunning {
-			panic(fmt.Sprintf("holds: admit in state %q", req.State))
-		}
-		if req.TTL <= 0 {
-			panic("holds: admit without a TTL")
-		}
-	}
+	checkBatch(sts, reqs)
 	what := batchName(sts, reqs)
-	// Each settlement's token marks the row it settles, the same in every attempt: a retry
-	// after a lost COMMIT reply recognises its own settlement (see decideSettlements). The
-	// Writer's, set before its first batch, is kept into its retry of the settlements alone.
-	tokens := make([]string, len(sts))
-	for i := range tokens {
-		tokens[i] = sts[i].token
-		if tokens[i] == "" {
-			tokens[i] = token.New()
-		}
-	}
+	tokens := settleTokens(sts)
 	settleUsers, err := s.usersOf(ctx, sts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", what, err)
@@ -105,19 +74,77 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 		return err
 	})
 	if err != nil {
-		err = fmt.Errorf("%s: %w", what, err)
-		// Admissions are told each their own (OutcomeUnknownError.forRun), even when only the
-		// settlements' writes went out unanswered: the settlements' ErrOutcomeUnknown below
-		// would otherwise reach every admission, and send callers that held nothing to
-		// release a hold.
-		if len(sent) > 0 || (settleSent && len(reqs) > 0) {
-			err = &OutcomeUnknownError{Runs: sent, Err: err}
-		}
-		if settleSent {
-			err = fmt.Errorf("settlements: %w: %w", ErrOutcomeUnknown, err)
-		}
-		return nil, nil, err
+		return nil, nil, batchError(what, err, sent, settleSent, len(reqs) > 0)
 	}
+	s.tellSettled(sts, settled)
+	return settled, admitted, nil
+}
+
+// checkBatch panics on a batch no caller sends, a programming mistake: empty or past
+// MaxBatch, a negative cost, a model name past MaxModelLen (callers refuse longer ones, since
+// one would fail its whole batch), an admission in a state other than queued or running or
+// without a TTL.
+func checkBatch(sts []Settlement, reqs []AdmitRequest) {
+	n := len(sts) + len(reqs)
+	if n == 0 || n > MaxBatch {
+		panic(fmt.Sprintf("holds: batch of %d settlements and %d admissions", len(sts), len(reqs)))
+	}
+	for _, st := range sts {
+		if st.CostMicro < 0 {
+			panic("holds: negative cost")
+		}
+		if len(st.Model) > MaxModelLen {
+			panic(fmt.Sprintf("holds: model name of %d bytes", len(st.Model)))
+		}
+	}
+	for _, req := range reqs {
+		if len(req.Model) > MaxModelLen {
+			panic(fmt.Sprintf("holds: model name of %d bytes", len(req.Model)))
+		}
+		if req.State != StateQueued && req.State != StateRunning {
+			panic(fmt.Sprintf("holds: admit in state %q", req.State))
+		}
+		if req.TTL <= 0 {
+			panic("holds: admit without a TTL")
+		}
+	}
+}
+
+// settleTokens draws each settlement's token. The token marks the row it settles, the same in
+// every attempt: a retry after a lost COMMIT reply recognises its own settlement (see
+// decideSettlements). The Writer's, set before its first batch, is kept into its retry of the
+// settlements alone.
+func settleTokens(sts []Settlement) []string {
+	tokens := make([]string, len(sts))
+	for i := range tokens {
+		tokens[i] = sts[i].token
+		if tokens[i] == "" {
+			tokens[i] = token.New()
+		}
+	}
+	return tokens
+}
+
+// batchError is the error of a batch whose every attempt failed with err. sent and settleSent
+// are what its attempts' unanswered writes may have committed (see WriteBatch); admits says
+// the batch carried admissions.
+func batchError(what string, err error, sent map[string]bool, settleSent, admits bool) error {
+	err = fmt.Errorf("%s: %w", what, err)
+	// Admissions are told each their own (OutcomeUnknownError.forRun), even when only the
+	// settlements' writes went out unanswered: the settlements' ErrOutcomeUnknown below
+	// would otherwise reach every admission, and send callers that held nothing to
+	// release a hold.
+	if len(sent) > 0 || (settleSent && admits) {
+		err = &OutcomeUnknownError{Runs: sent, Err: err}
+	}
+	if settleSent {
+		err = fmt.Errorf("settlements: %w: %w", ErrOutcomeUnknown, err)
+	}
+	return err
+}
+
+// tellSettled tells the store's SettledHook of each settlement the batch committed.
+func (s *Store) tellSettled(sts []Settlement, settled []BatchResult) {
 	if s.onSettled != nil {
 		for i, r := range settled {
 			if r.Err == nil && r.Applied {
@@ -125,7 +152,6 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 			}
 		}
 	}
-	return settled, admitted, nil
 }
 
 // batchPlan is what a batch must lock and read.
