@@ -322,78 +322,97 @@ func readBatch(ctx context.Context, conn *sqlx.Conn, plan batchPlan) (*batchRead
 	}
 	defer rows.Close()
 	sets := resultSets{rows: rows}
-	r := &batchReads{users: make(map[uint64]userRow, len(plan.userIDs)), holds: map[string]*lockedHold{},
-		existing: map[string]existingHold{}, live: make(map[uint64]*liveTotals, len(plan.userIDs))}
+	r := newBatchReads(plan)
 
 	if err := sets.each("read clock", func() error { return rows.Scan(&r.now) }); err != nil {
 		return nil, err
 	}
-	if err := sets.each("lock users", func() error {
-		var u userRow
-		if err := rows.Scan(&u.ID, &u.Name, &u.Plan, &u.AllowanceMicro, &u.PrepaidMicro, &u.DiscountBP, &u.MaxInFlight, &u.DisabledAt); err != nil {
-			return err
-		}
-		r.users[u.ID] = u
-		return nil
-	}); err != nil {
+	if err := sets.each("lock users", func() error { return r.scanUser(rows) }); err != nil {
 		return nil, err
 	}
 	if len(plan.lockRuns) > 0 {
-		if err := sets.each("lock holds", func() error {
-			var h lockedHold
-			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.ExpiresAt, &h.Counted, &h.Token,
-				&h.SettleToken, &h.Settled.ChargedMicro, &h.Settled.AllowancePart, &h.Settled.PrepaidPart, &h.Settled.CostMicro,
-				&h.HasSnapshot); err != nil {
-				return err
-			}
-			h.Settled.UserID = h.UserID
-			r.holds[h.RunID] = &h
-			return nil
-		}); err != nil {
+		if err := sets.each("lock holds", func() error { return r.scanHold(rows) }); err != nil {
 			return nil, err
 		}
 	}
 	if len(plan.lookupRuns) > 0 {
-		if err := sets.each("read admitted runs", func() error {
-			var h existingHold
-			if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.Token, &h.Live, &h.CostMicro); err != nil {
-				return err
-			}
-			r.existing[h.RunID] = h
-			return nil
-		}); err != nil {
+		if err := sets.each("read admitted runs", func() error { return r.scanExisting(rows) }); err != nil {
 			return nil, err
 		}
-	}
-	for _, id := range plan.userIDs {
-		r.live[id] = &liveTotals{UserID: id}
-	}
-	for _, id := range plan.admitIDs {
-		r.live[id].Aggregated = true
-	}
-	addTotals := func() error {
-		var t liveTotals
-		if err := rows.Scan(&t.UserID, &t.InFlight, &t.Held, &t.UsedToday); err != nil {
-			return err
-		}
-		l := r.live[t.UserID]
-		l.InFlight += t.InFlight
-		l.Held += t.Held
-		l.UsedToday += t.UsedToday
-		return nil
 	}
 	if len(plan.admitIDs) > 0 {
-		if err := sets.each("aggregate live holds", addTotals); err != nil {
+		if err := sets.each("aggregate live holds", func() error { return r.addTotals(rows) }); err != nil {
 			return nil, err
 		}
 	}
-	if err := sets.each("read day ledger", addTotals); err != nil {
+	if err := sets.each("read day ledger", func() error { return r.addTotals(rows) }); err != nil {
 		return nil, err
 	}
 	if err := rows.Close(); err != nil {
 		return nil, fmt.Errorf("finish reads: %w", err)
 	}
 	return r, nil
+}
+
+// newBatchReads is where readBatch puts what it reads for plan: every user's totals start at
+// zero, the admission users' marked as aggregated.
+func newBatchReads(plan batchPlan) *batchReads {
+	r := &batchReads{users: make(map[uint64]userRow, len(plan.userIDs)), holds: map[string]*lockedHold{},
+		existing: map[string]existingHold{}, live: make(map[uint64]*liveTotals, len(plan.userIDs))}
+	for _, id := range plan.userIDs {
+		r.live[id] = &liveTotals{UserID: id}
+	}
+	for _, id := range plan.admitIDs {
+		r.live[id].Aggregated = true
+	}
+	return r
+}
+
+// scanUser reads one row of "lock users".
+func (r *batchReads) scanUser(rows *sql.Rows) error {
+	var u userRow
+	if err := rows.Scan(&u.ID, &u.Name, &u.Plan, &u.AllowanceMicro, &u.PrepaidMicro, &u.DiscountBP, &u.MaxInFlight, &u.DisabledAt); err != nil {
+		return err
+	}
+	r.users[u.ID] = u
+	return nil
+}
+
+// scanHold reads one row of "lock holds".
+func (r *batchReads) scanHold(rows *sql.Rows) error {
+	var h lockedHold
+	if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.ExpiresAt, &h.Counted, &h.Token,
+		&h.SettleToken, &h.Settled.ChargedMicro, &h.Settled.AllowancePart, &h.Settled.PrepaidPart, &h.Settled.CostMicro,
+		&h.HasSnapshot); err != nil {
+		return err
+	}
+	h.Settled.UserID = h.UserID
+	r.holds[h.RunID] = &h
+	return nil
+}
+
+// scanExisting reads one row of "read admitted runs".
+func (r *batchReads) scanExisting(rows *sql.Rows) error {
+	var h existingHold
+	if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.Token, &h.Live, &h.CostMicro); err != nil {
+		return err
+	}
+	r.existing[h.RunID] = h
+	return nil
+}
+
+// addTotals adds one row of "aggregate live holds" or "read day ledger" to its user's totals:
+// both read as user_id, in flight, held, used today, each leaving 0 where it has nothing.
+func (r *batchReads) addTotals(rows *sql.Rows) error {
+	var t liveTotals
+	if err := rows.Scan(&t.UserID, &t.InFlight, &t.Held, &t.UsedToday); err != nil {
+		return err
+	}
+	l := r.live[t.UserID]
+	l.InFlight += t.InFlight
+	l.Held += t.Held
+	l.UsedToday += t.UsedToday
+	return nil
 }
 
 // batchReadScript is the script readBatch sends: its result sets come in the order readBatch
