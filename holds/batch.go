@@ -68,7 +68,7 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	// got through). Its caller must not act as if nothing was charged: a run settled on
 	// request stays closed to new calls (see proxy.settleRun).
 	settleSent := false
-	err = s.inTxLoop(ctx, what, func() error {
+	err = s.withRetry(ctx, what, func() error {
 		var err error
 		settled, admitted, err = s.tryWriteBatch(ctx, plan, sts, tokens, settleUsers, reqs, sent, &settleSent)
 		return err

@@ -131,19 +131,14 @@ func lockUser(ctx context.Context, tx *sqlx.Tx, userID uint64) (userRow, error) 
 // inTx runs fn in one transaction, retrying conflicts and outages under the store's policy
 // until ctx ends. fn must be safe to run again from the start.
 func (s *Store) inTx(ctx context.Context, what string, fn func(tx *sqlx.Tx) error) error {
-	return s.inTxLoop(ctx, what, func() error { return s.tryTx(ctx, fn) })
+	return s.withRetry(ctx, what, func() error { return s.tryTx(ctx, fn) })
 }
 
-// withRetry runs fn under the same policy as inTx, for work that is not one of inTx's
-// transactions: a statement, a few, or a read-only transaction of fn's own. fn must be safe
-// to run again from the start.
-func (s *Store) withRetry(ctx context.Context, what string, fn func() error) error {
-	return s.inTxLoop(ctx, what, fn)
-}
-
-// inTxLoop runs try until it succeeds or the store's RetryPolicy gives up; what names the
-// operation in the retry logs.
-func (s *Store) inTxLoop(ctx context.Context, what string, try func() error) error {
+// withRetry runs try until it succeeds or the store's RetryPolicy gives up; what names the
+// operation in the retry logs. It is inTx's loop, and serves work that is not one of inTx's
+// transactions too: a statement, a few, a read-only transaction of try's own, a batch
+// (WriteBatch). try must be safe to run again from the start.
+func (s *Store) withRetry(ctx context.Context, what string, try func() error) error {
 	backoff := s.retry.InitialBackoff
 	conflicts := 0
 	for attempt := 1; ; attempt++ {
