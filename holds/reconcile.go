@@ -432,7 +432,7 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 	if leased {
 		return r.extend(ctx, run, log)
 	}
-	used, found, err := r.used(ctx, run, log)
+	usage, found, err := r.used(ctx, run, log)
 	if err != nil {
 		// Without the tally we cannot tell "used nothing" from "unreadable": charging the hold
 		// on a Redis blip would overcharge, so the hold waits for the next pass.
@@ -443,7 +443,7 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		// Unreadable: charging the hold on a Redis blip could charge a refused call.
 		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
 	}
-	st, outcome := r.settlement(run, used, found, refused)
+	st, outcome := r.settlement(run, usage, found, refused)
 	return r.settle(ctx, run, st, outcome, log)
 }
 
@@ -461,9 +461,9 @@ func (r *Reconciler) extend(ctx context.Context, run Run, log *zap.Logger) (stri
 	return OutcomeExtended, 0, nil
 }
 
-// used is what run used, by the evidence the reconciler trusts: its tally (found false: none,
-// or none that can be believed), or its row's record of its ended calls when that says more.
-// The Estimated mark is the tally's, whichever figures won.
+// used is what run used, by the evidence the reconciler trusts: its tally, or its row's record
+// of its ended calls when that says more; found is false when neither says anything that can be
+// believed. The Estimated mark is the tally's, whichever figures won.
 func (r *Reconciler) used(ctx context.Context, run Run, log *zap.Logger) (tally RunTally, found bool, err error) {
 	tally, found, err = r.cfg.Usage.Tallied(ctx, run.RunID)
 	if err != nil {
