@@ -10,8 +10,8 @@ import (
 // hold shorter than the longest call stops counting in flight when it expires while its call
 // still runs (the reconciler pushes a leased hold out, but only at its next pass; what it
 // holds counts against the balance until it settles), so in that window a user may be
-// admitted past max_in_flight. The
-// defaults keep every hold 2.5 times the longest call; tests shorten them on purpose.
+// admitted past max_in_flight. The defaults keep every hold 2.5 times the longest call; tests
+// shorten them on purpose.
 func (c *Config) Warnings() []string {
 	longest := c.Limits.UpstreamTimeout + c.Limits.ClientWriteTimeout
 	var out []string

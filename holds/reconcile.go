@@ -123,8 +123,9 @@ type ReconcilerConfig struct {
 	DeadAfter time.Duration
 	// Self is this process's Instance: a pass declares others dead only once Self has beaten
 	// without a gap for DeadAfter (Instance.BeatingFor), its last beat is fresh by the
-	// database clock, and it has watched their beat stand still for longer than their gap. Nil (an operator's one-off pass): no instance is declared dead, though
-	// those declared before, or retired, are still swept.
+	// database clock, and it has watched their beat stand still for longer than their gap.
+	// Nil (an operator's one-off pass): no instance is declared dead, though those declared
+	// before, or retired, are still swept.
 	Self *Instance
 	// OnDeadInstances, when set, is told how many instances a pass declared dead (for
 	// metrics); retired ones are not counted.
