@@ -286,3 +286,33 @@ func TestDeadInstanceBoundFitsTheHeartbeat(t *testing.T) {
 		}
 	}
 }
+
+// TestBadModelsAreNamedInOrder: a start refused for several models' prices names them in the
+// order of their names, the same each time (the models were read from a map, in Go's random
+// order: the same file refused in different words from one start to the next).
+func TestBadModelsAreNamedInOrder(t *testing.T) {
+	names := []string{"m-a", "m-b", "m-c", "m-d", "m-e", "m-f", "m-g"}
+	body := "mysql_dsn: x@tcp(h:1)/d\nredis_url: redis://h:1/0\nmodels:\n"
+	for _, n := range names {
+		body += "  " + n + ":\n    input: 1\n    max_output_tokens: -1\n"
+	}
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path)
+	if err == nil {
+		t.Fatal("negative max_output_tokens accepted")
+	}
+	last := -1
+	for _, n := range names {
+		at := strings.Index(err.Error(), "models."+n+".max_output_tokens")
+		if at < 0 {
+			t.Fatalf("%s not named: %v", n, err)
+		}
+		if at < last {
+			t.Fatalf("models named out of order: %v", err)
+		}
+		last = at
+	}
+}

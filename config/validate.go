@@ -262,7 +262,8 @@ func (c *Config) checkModels(bad complain) *pricing.Table {
 	if len(c.Models) == 0 {
 		bad("models", "no model priced: every request would be refused")
 	}
-	for name, m := range c.Models {
+	for _, name := range sortedKeys(c.Models) { // the same start refused in the same words each time
+		m := c.Models[name]
 		if strings.Contains(name, "*") {
 			// Prices match a model by name, then by the longest name here that prefixes it.
 			bad("models."+name, "a price's name holds no *: %q prices only models whose names start with it literally; a name prices every model it prefixes (write %q)",
