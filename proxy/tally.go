@@ -119,16 +119,23 @@ func callFigures(st holds.Settlement) []zap.Field {
 }
 
 // retryRunTally writes a named run's call to its tally until it lands or settle_timeout has
-// passed.
+// passed. Neither a pause nor the last try outlasts it: the drain waits for this work within
+// the exit's bound (drain + settle_timeout + 5 s), which a sleep past the deadline and a
+// write after it (2 s each) left a second of.
 func (s *Server) retryRunTally(ctx context.Context, c *call, st holds.Settlement) {
-	deadline := time.Now().Add(s.cfg.Limits.SettleTimeout)
-	for wait := tallyRetryFirst; time.Now().Before(deadline); wait = min(2*wait, tallyRetryMost) {
-		time.Sleep(wait)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+	defer cancel()
+	for wait := tallyRetryFirst; ; wait = min(2*wait, tallyRetryMost) {
+		select {
+		case <-ctx.Done():
+			s.runTallyGivenUp(c, st)
+			return
+		case <-time.After(wait):
+		}
 		if s.tallyCall(ctx, c, st) {
 			return
 		}
 	}
-	s.runTallyGivenUp(c, st)
 }
 
 // tallyRetryFirst and tallyRetryMost are the first and the longest pause between tries of a
