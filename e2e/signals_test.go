@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,6 +24,12 @@ import (
 // settled by another process's reconciler at their whole hold. It drains instead: the stream
 // in flight finishes, is charged what it used, and the process exits 0 with its row retired.
 func TestSighupDrainsAsSigtermDoes(t *testing.T) {
+	// A test run under nohup ignores SIGHUP, and the gateway it starts would inherit that and
+	// keep ignoring it, as it is meant to (shutdownSignals). Handled here, SIGHUP reaches the
+	// gateway at its default: exec resets a handled signal, never an ignored one.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	w := newWorld(t)
 	_, key := w.user("hangup", 10, nil)
 	g := w.startGateway("gw-hangup")
