@@ -113,23 +113,15 @@ func runCmd(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	r := &runner{clients: map[string]*http.Client{}, pids: parsePids(*pidList), pprof: strings.TrimSuffix(*pprofURL, "/"),
+		profDir: *profDir, stamp: time.Now().UTC().Format("20060102T150405Z"), profiled: map[string]bool{}}
 	raw, err := os.ReadFile(*keysPath)
 	if err != nil {
 		return err
 	}
-	r := &runner{clients: map[string]*http.Client{}, pids: map[string]int{}, pprof: strings.TrimSuffix(*pprofURL, "/"),
-		profDir: *profDir, stamp: time.Now().UTC().Format("20060102T150405Z"), profiled: map[string]bool{}}
 	if err := json.Unmarshal(raw, &r.keys); err != nil {
 		return fmt.Errorf("%s: %w", *keysPath, err)
 	}
-	for _, kv := range strings.Split(*pidList, ",") {
-		if name, v, ok := strings.Cut(kv, "="); ok {
-			if pid, err := strconv.Atoi(v); err == nil {
-				r.pids[name] = pid
-			}
-		}
-	}
-	r.pids["loadgen"] = os.Getpid()
 	r.targets = []Target{{"direct", *direct, r.pids["fakellm"]}, {"plain", *plain, r.pids["plain"]}, {"tollgate", *gateway, r.pids["gateway"]}}
 	ctx := context.Background()
 	if r.db, err = holds.Open(ctx, *dsn); err != nil {
@@ -140,35 +132,9 @@ func runCmd(args []string) error {
 		r.profDir = filepath.Join(filepath.Dir(*out), "profiles-"+r.stamp)
 	}
 
-	want := map[string]bool{}
-	for _, s := range strings.Split(*only, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			want[s] = true
-		}
-	}
 	t0 := time.Now()
-	for _, sc := range scenarios(r.keys, *scale) {
-		if len(want) > 0 && !want[sc.name] {
-			continue
-		}
-		n := *rounds
-		if sc.only != "" {
-			n = 1
-		}
-		for round := 1; round <= n; round++ {
-			for _, t := range r.targets {
-				if sc.only != "" && sc.only != t.Name {
-					continue
-				}
-				run, err := r.play(ctx, sc, t, round)
-				if err != nil {
-					return fmt.Errorf("%s/%s: %w", sc.name, t.Name, err)
-				}
-				r.runs = append(r.runs, run)
-				fmt.Fprintf(os.Stderr, "loadgen: %-14s %-8s round %d: %6d req %6.0f req/s p50 %6.2f ms p99 %7.2f ms errors %d cut %d%s\n",
-					sc.name, t.Name, round, run.Requests, run.RPS, run.Latency.P50, run.Latency.P99, run.Requests-run.OK, run.Cut, extra(run))
-			}
-		}
+	if err := r.playAll(ctx, scenarios(r.keys, *scale), wanted(*only), *rounds); err != nil {
+		return err
 	}
 	rep := report(r.runs)
 	rep.Started = r.stamp
@@ -187,8 +153,68 @@ func runCmd(args []string) error {
 		}
 		fmt.Printf("\nresults: %s\n", *out)
 	}
-	// Speed targets may be missed and the run still be worth keeping; a wrong ledger, an
-	// admission beyond the balance or a broken stream is a failure of the run.
+	return failedCorrectness(rep)
+}
+
+// playAll plays each wanted scenario (all when want is empty) for its rounds, each round
+// against every target in turn: direct, plain, tollgate, alternating so that a slow minute
+// falls on all three.
+func (r *runner) playAll(ctx context.Context, all []scenario, want map[string]bool, rounds int) error {
+	for _, sc := range all {
+		if len(want) > 0 && !want[sc.name] {
+			continue
+		}
+		n := rounds
+		if sc.only != "" {
+			n = 1
+		}
+		for round := 1; round <= n; round++ {
+			for _, t := range r.targets {
+				if sc.only != "" && sc.only != t.Name {
+					continue
+				}
+				run, err := r.play(ctx, sc, t, round)
+				if err != nil {
+					return fmt.Errorf("%s/%s: %w", sc.name, t.Name, err)
+				}
+				r.runs = append(r.runs, run)
+				fmt.Fprintf(os.Stderr, "loadgen: %-14s %-8s round %d: %6d req %6.0f req/s p50 %6.2f ms p99 %7.2f ms errors %d cut %d%s\n",
+					sc.name, t.Name, round, run.Requests, run.RPS, run.Latency.P50, run.Latency.P99, run.Requests-run.OK, run.Cut, extra(run))
+			}
+		}
+	}
+	return nil
+}
+
+// parsePids reads -pids (name=pid,...); loadgen itself is always "loadgen".
+func parsePids(list string) map[string]int {
+	pids := map[string]int{}
+	for _, kv := range strings.Split(list, ",") {
+		if name, v, ok := strings.Cut(kv, "="); ok {
+			if pid, err := strconv.Atoi(v); err == nil {
+				pids[name] = pid
+			}
+		}
+	}
+	pids["loadgen"] = os.Getpid()
+	return pids
+}
+
+// wanted is the set of scenario names -scenarios lists; empty for all.
+func wanted(only string) map[string]bool {
+	want := map[string]bool{}
+	for _, s := range strings.Split(only, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			want[s] = true
+		}
+	}
+	return want
+}
+
+// failedCorrectness fails the run on a failed correctness check. Speed targets may be missed
+// and the run still be worth keeping; a wrong ledger, an admission beyond the balance or a
+// broken stream is a failure of the run.
+func failedCorrectness(rep *Report) error {
 	var failed []string
 	for _, c := range rep.Checks {
 		if !c.Pass && correctness(c) {
