@@ -110,26 +110,13 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 		if err != nil {
 			return brought, false, err
 		}
-		for _, runID := range runs {
-			after = runID
-			hasLease, err := r.cfg.Leases.Exists(ctx, runID)
-			if err != nil {
-				return brought, false, fmt.Errorf("sweep dead instance %s: %w", d.ID, err)
-			}
-			if hasLease {
-				// A live process serves it (the dead one paused, or cut off from the database,
-				// or a call it left still ending): left to its own expiry, which the scan
-				// extends while the lease lives.
-				leased++
-				continue
-			}
-			live, err := r.cfg.Store.bringIn(ctx, runID, d.ID)
-			if err != nil {
-				return brought, false, err
-			}
-			if live {
-				brought++
-			}
+		b, l, err := r.bringInUnleased(ctx, d, runs)
+		brought, leased = brought+b, leased+l
+		if err != nil {
+			return brought, false, err
+		}
+		if len(runs) > 0 {
+			after = runs[len(runs)-1]
 		}
 		if len(runs) < r.cfg.Batch {
 			break
@@ -158,6 +145,32 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 		log.Info("reconcile: dead instance left no live hold")
 	}
 	return brought, false, r.cfg.Store.markSwept(ctx, d.ID)
+}
+
+// bringInUnleased brings in the holds of runs (one batch of a dead instance's) that no lease
+// keeps, and counts those it brought in and those a lease kept.
+func (r *Reconciler) bringInUnleased(ctx context.Context, d deadInstance, runs []string) (brought, leased int, err error) {
+	for _, runID := range runs {
+		hasLease, err := r.cfg.Leases.Exists(ctx, runID)
+		if err != nil {
+			return brought, leased, fmt.Errorf("sweep dead instance %s: %w", d.ID, err)
+		}
+		if hasLease {
+			// A live process serves it (the dead one paused, or cut off from the database,
+			// or a call it left still ending): left to its own expiry, which the scan
+			// extends while the lease lives.
+			leased++
+			continue
+		}
+		live, err := r.cfg.Store.bringIn(ctx, runID, d.ID)
+		if err != nil {
+			return brought, leased, err
+		}
+		if live {
+			brought++
+		}
+	}
+	return brought, leased, nil
 }
 
 // deadInstance is an instance row declared dead (or retired) and not yet swept.
