@@ -603,3 +603,42 @@ func TestDeadRowLeasedHoldsDoNotHideItsOthers(t *testing.T) {
 		t.Errorf("row swept at %v with leased holds left", row.SweptAt.Time)
 	}
 }
+
+// TestDeadRowsLeasedHoldsEachKeepTheirPlace: as TestDeadRowLeasedHoldsDoNotHideItsOthers, with
+// two such rows (two processes cut off from the database by one partition). Where each row's
+// read stopped is kept for that row: kept in one place for all, each row's stop overwrote the
+// other's, both rows were read from their first hold again every other pass, and neither's
+// unleased hold was ever brought in.
+func TestDeadRowsLeasedHoldsEachKeepTheirPlace(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("hidden-users", 10, nil)
+	leases := runstate.NewLeases(e.rdb, e.keys, "cut-off-process", time.Minute, time.Second, e.log)
+	var hidden []holds.Hold
+	for _, name := range []string{"cut-off-1", "cut-off-2"} {
+		in, err := e.store.RegisterInstance(e.ctx(), name, 50*time.Millisecond, 0, e.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"r_a_leased_1_" + name, "r_a_leased_2_" + name} {
+			leases.Acquire(e.admitBy(u, id, "", in.ID(), holds.StateRunning).RunID)
+		}
+		hidden = append(hidden, e.admitBy(u, "r_b_unleased_"+name, "", in.ID(), holds.StateRunning))
+		if err := in.Retire(e.ctx()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := leases.Refresh(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Batch, c.MaxBatches = deadBound, 1, 1 })
+	for pass := 1; pass <= 24; pass++ {
+		if _, err := e.pass(rec); err != nil {
+			t.Fatalf("pass %d: %v", pass, err)
+		}
+	}
+	for _, h := range hidden {
+		if r := e.run(u, h.RunID); r.State != holds.StateSettled {
+			t.Errorf("unleased call %s behind the leased ones: %s after 24 passes, want settled", h.RunID, r.State)
+		}
+	}
+}

@@ -148,9 +148,10 @@ type Reconciler struct {
 	mu     sync.Mutex
 	resume expiredCursor
 	// deadResume is where the next pass reads the dead instance rows from (sweepDead), and
-	// holdsResume where it reads the holds of the one row a pass stopped inside (sweepOne).
+	// holdsResume where it reads on in the holds of each row a pass stopped inside: the last
+	// run id read, by dead instance id (sweepOne). At most maxDeadPerPass entries.
 	deadResume  deadCursor
-	holdsResume deadHoldsCursor
+	holdsResume map[string]string
 }
 
 // NewReconciler checks the wiring and applies defaults. It panics on a wiring error, which is

@@ -101,7 +101,7 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 	leased, after := 0, start
 	for {
 		if *batches >= r.cfg.MaxBatches {
-			r.resumeHoldsAt(deadHoldsCursor{ID: d.ID, Run: after})
+			r.resumeHoldsAt(d.ID, after)
 			log.Info("reconcile: holds of a dead instance left for the next pass", zap.Int("brought_in", brought), zap.String("after_run", after))
 			return brought, true, nil
 		}
@@ -122,26 +122,25 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 			break
 		}
 	}
-	if start != "" {
-		r.resumeHoldsAt(deadHoldsCursor{}) // the end: the next pass reads this row's holds from the first
+	r.resumeHoldsAt(d.ID, "") // the end: the next pass reads this row's holds from the first
+	if brought > 0 {
+		msg := "reconcile: instance found dead (its heartbeat stopped); its calls' holds brought in to be reconciled now"
+		if d.Retired {
+			msg = "reconcile: instance shut down leaving holds; brought in to be reconciled now"
+		}
+		log.Warn(msg, zap.Int("brought_in", brought))
 	}
 	switch {
 	case leased > 0:
 		log.Debug("reconcile: holds of a dead instance still leased; left to their expiry, looked at again next pass",
-			zap.Int("leased", leased), zap.Int("brought_in", brought))
+			zap.Int("leased", leased))
 		return brought, false, nil
 	case start != "":
 		// The holds before start, read by earlier passes, may have been leased: the next
 		// pass reads them all again before the row is swept.
-		log.Debug("reconcile: holds of a dead instance read to their end from where the last pass stopped",
-			zap.Int("brought_in", brought))
+		log.Debug("reconcile: holds of a dead instance read to their end from where the last pass stopped")
 		return brought, false, nil
-	case brought > 0 && !d.Retired:
-		log.Warn("reconcile: instance found dead (its heartbeat stopped); its calls' holds brought in to be reconciled now",
-			zap.Int("brought_in", brought))
-	case brought > 0:
-		log.Warn("reconcile: instance shut down leaving holds; brought in to be reconciled now", zap.Int("brought_in", brought))
-	default:
+	case brought == 0:
 		log.Info("reconcile: dead instance left no live hold")
 	}
 	return brought, false, r.cfg.Store.markSwept(ctx, d.ID)
@@ -299,28 +298,31 @@ func (s *Store) bringIn(ctx context.Context, runID, deadID string) (bool, error)
 	return n == 1, nil
 }
 
-// deadHoldsCursor is where in one dead row's holds (by run id) the next pass reads on; the
-// zero value names no row.
-type deadHoldsCursor struct {
-	ID  string // the dead instance
-	Run string // the last run id read
-}
-
 // holdsResumeOf is the run id after which the next read of the dead row id's holds starts:
 // "" (the first) unless the last pass to read them stopped inside them.
 func (r *Reconciler) holdsResumeOf(id string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.holdsResume.ID != id {
-		return ""
-	}
-	return r.holdsResume.Run
+	return r.holdsResume[id]
 }
 
-func (r *Reconciler) resumeHoldsAt(c deadHoldsCursor) {
+// resumeHoldsAt records where the next read of the dead row id's holds starts: after run, or
+// from the first when run is "". Rows swept by another process leave their entries behind, so
+// a full map starts over (costing those rows some passes' progress, never a hold).
+func (r *Reconciler) resumeHoldsAt(id, run string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.holdsResume = c
+	if run == "" {
+		delete(r.holdsResume, id)
+		return
+	}
+	if _, kept := r.holdsResume[id]; !kept && len(r.holdsResume) >= maxDeadPerPass {
+		clear(r.holdsResume)
+	}
+	if r.holdsResume == nil {
+		r.holdsResume = map[string]string{}
+	}
+	r.holdsResume[id] = run
 }
 
 // resumeDeadAt is where the next pass reads the dead rows from.
