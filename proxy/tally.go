@@ -121,11 +121,12 @@ func callFigures(st holds.Settlement) []zap.Field {
 // retryRunTally writes a named run's call to its tally until it lands or settle_timeout has
 // passed. Neither a pause nor the last try outlasts it: the drain waits for this work within
 // the exit's bound (drain + settle_timeout + 5 s), which a sleep past the deadline and a
-// write after it (2 s each) left a second of.
+// write after it (2 s each) left a second of. The first pause is at most half of it, so that a
+// settle_timeout as short as the first pause still gets a try.
 func (s *Server) retryRunTally(ctx context.Context, c *call, st holds.Settlement) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
-	for wait := tallyRetryFirst; ; wait = min(2*wait, tallyRetryMost) {
+	for wait := min(tallyRetryFirst, s.cfg.Limits.SettleTimeout/2); ; wait = min(2*wait, tallyRetryMost) {
 		select {
 		case <-ctx.Done():
 			s.runTallyGivenUp(c, st)
