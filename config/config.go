@@ -48,12 +48,16 @@ type Limits struct {
 	// with any valid key could open connections until their bodies exhausted the host's memory,
 	// and the process killed by it would leave every call in flight to the reconciler. 0 (the
 	// default) derives them from MaxBodyBytes: see BodyMemoryBounds.
-	MaxBodyMemory          int64         `yaml:"max_body_memory"`
-	MaxBodyMemoryPerCaller int64         `yaml:"max_body_memory_per_caller"`
-	MaxEventBytes          int           `yaml:"max_event_bytes"`    // one SSE event from upstream
-	MaxResponseBytes       int64         `yaml:"max_response_bytes"` // a non-streamed upstream body
-	UpstreamTimeout        time.Duration `yaml:"upstream_timeout"`   // a whole upstream call, stream included
-	HeaderTimeout          time.Duration `yaml:"header_timeout"`     // a streamed call's upstream response headers
+	MaxBodyMemory          int64 `yaml:"max_body_memory"`
+	MaxBodyMemoryPerCaller int64 `yaml:"max_body_memory_per_caller"`
+	MaxEventBytes          int   `yaml:"max_event_bytes"`    // one SSE event from upstream
+	MaxResponseBytes       int64 `yaml:"max_response_bytes"` // a non-streamed upstream body
+	// MaxResponseMemory bounds the non-streamed answers one process holds at once, read whole
+	// before they are relayed (up to MaxResponseBytes each): for the reason MaxBodyMemory bounds
+	// request bodies. 0 (the default) derives it: see ResponseMemoryBound.
+	MaxResponseMemory int64         `yaml:"max_response_memory"`
+	UpstreamTimeout   time.Duration `yaml:"upstream_timeout"` // a whole upstream call, stream included
+	HeaderTimeout     time.Duration `yaml:"header_timeout"`   // a streamed call's upstream response headers
 	// ClientWriteTimeout bounds one write to the caller: a client that takes nothing for this
 	// long has stopped reading, and its call ends as cancelled instead of keeping its hold.
 	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`

@@ -98,6 +98,20 @@ func (l Limits) BodyMemoryBounds() (total, perCaller int64) {
 	return total, perCaller
 }
 
+// DefaultMaxResponseMemory is the process's bound on whole answers in memory unless
+// max_response_bytes asks for more room (ResponseMemoryBound).
+const DefaultMaxResponseMemory = 512 << 20
+
+// ResponseMemoryBound returns the bound on non-streamed answers held in memory: as configured,
+// or where 0 DefaultMaxResponseMemory or four largest answers if more, so that it fits every
+// max_response_bytes a configuration could have before it existed.
+func (l Limits) ResponseMemoryBound() int64 {
+	if l.MaxResponseMemory != 0 {
+		return l.MaxResponseMemory
+	}
+	return max(DefaultMaxResponseMemory, 4*l.MaxResponseBytes)
+}
+
 // DefaultDBReadTimeout is the longest the gateway waits for one reply of the database when the
 // DSN sets no readTimeout (holds.Open's default; a test there keeps the two equal, so that
 // the configuration need not depend on the database package).

@@ -173,6 +173,10 @@ func (c *Config) checkSizes(bad complain) {
 		// A whole answer is read before it is relayed: this much memory per call in flight.
 		bad("limits.max_response_bytes", "must be in [1KiB, 1GiB], got %d", c.Limits.MaxResponseBytes)
 	}
+	// Below one answer's limit, the largest answer could never be read.
+	if n := c.Limits.MaxResponseMemory; n != 0 && (n < c.Limits.MaxResponseBytes || n > 64<<30) {
+		bad("limits.max_response_memory", "must be 0 (derived) or in [limits.max_response_bytes (%d), 64GiB], got %d", c.Limits.MaxResponseBytes, n)
+	}
 }
 
 // checkDedup checks the duplicate window and the Idempotency-Key answers' store.

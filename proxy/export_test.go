@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"time"
 
 	"github.com/tollgate/tollgate/holds"
 )
@@ -44,3 +45,7 @@ var RunIDFor = runIDFor
 // AdvanceIdemScriptSHA names the script that moves an Idempotency-Key past an attempt that did
 // not pin it, as go-redis sends it (EVALSHA): a test loses that write by it.
 var AdvanceIdemScriptSHA = advanceScript.Hash()
+
+// SetAnswerMemoryWait sets how long a whole answer waits for room in max_response_memory
+// before it is refused (answerMemoryWait).
+func (s *Server) SetAnswerMemoryWait(d time.Duration) { s.answers.wait = d }

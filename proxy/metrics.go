@@ -31,9 +31,14 @@ type Metrics struct {
 	ActiveCalls     prometheus.Gauge
 	// RequestBodyBytes is what the request bodies held now count against limits.max_body_memory.
 	RequestBodyBytes prometheus.Gauge
-	Duplicates       *prometheus.CounterVec
-	SettleSeconds    prometheus.Histogram
-	BatchItems       *prometheus.HistogramVec
+	// ResponseBodyBytes is what the whole answers read now count against
+	// limits.max_response_memory.
+	ResponseBodyBytes prometheus.Gauge
+	// ResponseMemoryWaits counts the times a whole answer waited for room in it.
+	ResponseMemoryWaits prometheus.Counter
+	Duplicates          *prometheus.CounterVec
+	SettleSeconds       prometheus.Histogram
+	BatchItems          *prometheus.HistogramVec
 	// Charged and BilledTokens are what the settlements this process committed charged, by
 	// source, and the tokens they billed, by kind: the day ledger's rate, for dashboards and
 	// alerts. The ledger and `gateway report` are the record; these restart at 0 with the
@@ -99,6 +104,10 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Model calls being forwarded now."}),
 		RequestBodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_request_body_bytes",
 			Help: "Bytes of request bodies held in memory now (read, and kept while their calls run), against limits.max_body_memory."}),
+		ResponseBodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_response_body_bytes",
+			Help: "Bytes of non-streamed answers held in memory now (read whole before they are relayed), against limits.max_response_memory."}),
+		ResponseMemoryWaits: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_response_memory_waits_total",
+			Help: "Times a non-streamed answer waited for room under limits.max_response_memory, before it was read or as it grew (one that found none within 5 s was answered 503 server_busy). Rising: the bound is small for the answers in flight."}),
 		Duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_duplicates_total",
 			Help: "Requests answered as duplicates without running, by answer (request_in_progress, replayed, already_running, duplicate, ...)."},
 			[]string{"answer"}),
@@ -121,7 +130,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Buckets: fineBuckets(0.0001, 4)}, []string{"phase"}),
 	}
 	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled, m.DeadInstances, m.ReconcilePasses,
-		m.ActiveCalls, m.RequestBodyBytes, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.BilledTokens, m.CallPhase)
+		m.ActiveCalls, m.RequestBodyBytes, m.ResponseBodyBytes, m.ResponseMemoryWaits, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.BilledTokens, m.CallPhase)
 	m.authPhase = m.CallPhase.WithLabelValues(phaseAuth)
 	m.bodyPhase = m.CallPhase.WithLabelValues(phaseBody)
 	m.firstEventPhase = m.CallPhase.WithLabelValues(phaseFirstEvent)

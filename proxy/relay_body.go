@@ -15,10 +15,16 @@ import (
 	"go.uber.org/zap"
 )
 
-// relayBody copies a non-streamed answer, bounded by max_response_bytes.
+// relayBody copies a non-streamed answer, bounded by max_response_bytes, and all such answers
+// in memory at once by max_response_memory.
 func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) int {
 	limit := s.cfg.Limits.MaxResponseBytes
-	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	counted := s.answers.buffer()
+	defer counted.release()
+	body, err := counted.readAll(r.Context(), resp.Body, resp.ContentLength, limit)
+	if errors.Is(err, errAnswerMemoryFull) {
+		return answerMemoryFull(w, resp, c, body, limit)
+	}
 	if err != nil {
 		return answerBodyFailure(w, r, c, err)
 	}
@@ -58,14 +64,7 @@ func answerBodyFailure(w http.ResponseWriter, r *http.Request, c *call, err erro
 // answerOversized answers 502 an answer past limit (body holds its first limit+1 bytes), once
 // it is metered from what more of it can be read.
 func answerOversized(w http.ResponseWriter, resp *http.Response, c *call, body []byte, limit int64) int {
-	c.outcome = outcomeStreamError
-	most := int64(math.MaxInt64)
-	if limit <= math.MaxInt64/oversizeReadFactor {
-		most = oversizeReadFactor * limit
-	}
-	// Read before the error goes out: a caller that has its answer leaves, and the
-	// upstream read, bound to its context, would end before the report.
-	read := meterOversized(c.meter, body, resp.Body, most)
+	read := meterUnrelayed(c, body, resp.Body, limit)
 	c.log.Warn("upstream body over the limit", zap.Int64("limit", limit), zap.Int64("read", read),
 		zap.Bool("usage_found", c.meter.Result().Reported))
 	// Charged the whole answer it cannot pass on: an SDK's automatic retry of a 502 (twice,
@@ -73,6 +72,35 @@ func answerOversized(w http.ResponseWriter, resp *http.Response, c *call, body [
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_response_too_large",
 		Message: fmt.Sprintf("The upstream answer is larger than %d bytes.", limit), NoRetry: true})
 	return http.StatusBadGateway
+}
+
+// answerMemoryFull answers 503 an answer that found no room among the whole answers in memory
+// (body holds what of it was read), once it is metered from what more of it can be read, as
+// answerOversized does. The provider made it, and it is charged what it used, as a call cut at
+// the drain deadline of a shutdown is: the gateway cannot tell a caller that would have paid
+// for it from one that would not.
+func answerMemoryFull(w http.ResponseWriter, resp *http.Response, c *call, body []byte, limit int64) int {
+	read := meterUnrelayed(c, body, resp.Body, limit)
+	c.log.Warn("upstream answer found no room in memory", zap.Int("read_before", len(body)), zap.Int64("read_after", read),
+		zap.Bool("usage_found", c.meter.Result().Reported))
+	writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "server_busy",
+		Message:    "The gateway holds as many answers in memory as it may and could not pass this one on; it is charged what it used. Retry shortly.",
+		RetryAfter: bodyRetryAfter})
+	return http.StatusServiceUnavailable
+}
+
+// meterUnrelayed meters an answer that is not relayed after all (head holds what of it was
+// read) from the rest of it, read and discarded up to oversizeReadFactor times limit, and
+// marks the call as one whose answer broke. It returns how much of the rest it read. It reads
+// before the error goes out: a caller that has its answer leaves, and the upstream read, bound
+// to its context, would end before the report.
+func meterUnrelayed(c *call, head []byte, rest io.Reader, limit int64) int64 {
+	c.outcome = outcomeStreamError
+	most := int64(math.MaxInt64)
+	if limit <= math.MaxInt64/oversizeReadFactor {
+		most = oversizeReadFactor * limit
+	}
+	return meterOversized(c.meter, head, rest, most)
 }
 
 // refuseUnrelayable answers 502 a whole body that is no answer to relay: one cut short, a web

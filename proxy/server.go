@@ -72,6 +72,7 @@ type Server struct {
 	cancels     *cancelBus
 	counting    *inFlightCounts // token counts in flight per caller (countTokens)
 	bodies      *bodyMemory     // request bodies held in memory, per process and per caller
+	answers     *answerMemory   // whole answers held in memory, per process
 	readiness   readiness       // the last answer of /readyz (ready)
 
 	// shuttingDown marks calls cut at the graceful-shutdown deadline, so they settle with
@@ -155,6 +156,7 @@ func New(d Deps) *Server {
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
 		counting: newInFlightCounts(maxCountsInFlight),
 		bodies:   newBodyMemory(bodyTotal, bodyPerCaller, d.Metrics.RequestBodyBytes),
+		answers:  newAnswerMemory(d.Config.Limits.ResponseMemoryBound(), d.Metrics.ResponseBodyBytes, d.Metrics.ResponseMemoryWaits),
 		beatDone: make(chan struct{}),
 	}
 	s.cut, s.cutAll = context.WithCancelCause(context.Background())

@@ -1,0 +1,186 @@
+package proxy_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+)
+
+// TestWholeAnswersInMemoryAreBounded: the non-streamed answers a process reads whole before
+// relaying them are bounded in all (limits.max_response_memory). An answer that does not fit
+// waits for room — the provider made it and bills it — and goes out when another leaves; one
+// that finds no room within its wait is answered 503 server_busy and charged the usage its
+// end reports, as a call cut at shutdown is charged what it used. Without the bound, answers
+// of max_response_bytes each, as many as callers asked for at once, could take the process's
+// memory, and the process killed by it would charge every call in flight its hold.
+func TestWholeAnswersInMemoryAreBounded(t *testing.T) {
+	const (
+		heldSize  = 12 << 10 // counted whole from its Content-Length: 12 KiB and one byte
+		otherSize = 14 << 10 // does not fit beside it in 24 KiB
+	)
+	for _, tc := range []struct {
+		name       string
+		chunked    bool          // the second answer comes without a Content-Length
+		wait       time.Duration // how long an answer waits for room
+		wantStatus int
+	}{
+		{name: "an answer of known length waits for room", wait: time.Minute, wantStatus: http.StatusOK},
+		{name: "a growing answer waits for room", chunked: true, wait: time.Minute, wantStatus: http.StatusOK},
+		{name: "an answer finding no room is refused, charged", wait: 50 * time.Millisecond, wantStatus: http.StatusServiceUnavailable},
+		{name: "a growing answer finding no room is refused, charged", chunked: true, wait: 50 * time.Millisecond,
+			wantStatus: http.StatusServiceUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := &sizedAnswers{arrived: make(chan struct{}, 1), release: make(chan struct{})}
+			upSrv := httptest.NewServer(up)
+			t.Cleanup(upSrv.Close)
+			h := newHarness(t, func(c *config.Config) {
+				c.Upstreams = []config.Upstream{{Name: "sized", Kind: "openai", BaseURL: upSrv.URL, Models: []string{"*"}}}
+				c.Limits.MaxResponseBytes, c.Limits.MaxResponseMemory = 16<<10, 24<<10
+			})
+			h.srv.SetAnswerMemoryWait(tc.wait)
+			// Let the held answer go before the harness closes (cleanups run last first), also
+			// when the test fails early.
+			release := sync.OnceFunc(func() { close(up.release) })
+			t.Cleanup(release)
+			holder, holderKey := h.user("standard")
+			other, otherKey := h.user("standard")
+			chat := `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"}]}`
+
+			held := make(chan *http.Response, 1)
+			go func() {
+				held <- h.post(holderKey, "/v1/chat/completions", chat,
+					map[string]string{"X-Test-Size": strconv.Itoa(heldSize), "X-Test-Hold": "1"})
+			}()
+			select {
+			case <-up.arrived:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the held answer never reached the upstream")
+			}
+			waitGauge(h, "tollgate_response_body_bytes", func(n int64) bool { return n == heldSize+1 }, "the held answer counted whole")
+
+			hdr := map[string]string{"X-Test-Size": strconv.Itoa(otherSize)}
+			if tc.chunked {
+				hdr["X-Test-Chunked"] = "1"
+			}
+			second := make(chan *http.Response, 1)
+			go func() { second <- h.post(otherKey, "/v1/chat/completions", chat, hdr) }()
+			waitGauge(h, "tollgate_response_memory_waits_total", func(n int64) bool { return n >= 1 }, "the second answer waiting")
+
+			var resp *http.Response
+			if tc.wantStatus == http.StatusOK {
+				// Waiting: it goes out once the held answer leaves memory.
+				release()
+				resp = <-second
+			} else {
+				resp = <-second // refused while the held answer is still in memory
+				release()
+			}
+			answer := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.wantStatus {
+				t.Fatalf("second answer: %d %s, want %d", resp.StatusCode, answer, tc.wantStatus)
+			}
+			if tc.wantStatus == http.StatusServiceUnavailable {
+				if code := errorCode(t, answer); code != "server_busy" || resp.Header.Get("Retry-After") != "1" {
+					t.Fatalf("refused %s, Retry-After %q; want server_busy, 1", code, resp.Header.Get("Retry-After"))
+				}
+			} else if len(answer) != otherSize {
+				t.Fatalf("second answer %d bytes, want %d", len(answer), otherSize)
+			}
+
+			first := <-held
+			body := readAll(t, first.Body)
+			first.Body.Close()
+			if first.StatusCode != http.StatusOK || len(body) != heldSize {
+				t.Fatalf("held answer: %d, %d bytes; want 200, %d bytes", first.StatusCode, len(body), heldSize)
+			}
+			// Each is charged the usage its answer reports, the refused one too.
+			for _, c := range []struct {
+				who    string
+				user   holds.User
+				resp   *http.Response
+				source string
+			}{{"held", holder, first, holds.SourceComplete}, {"second", other, resp, holds.SourceComplete}} {
+				if c.resp == resp && tc.wantStatus != http.StatusOK {
+					c.source = holds.SourceStreamError
+				}
+				run := h.run(c.user.ID, c.resp.Header.Get("X-Tollgate-Run-Id"))
+				if run.State != holds.StateSettled || run.InTok != 7 || run.OutTok != 9 || run.Estimated || run.SettleSource.String != c.source {
+					t.Errorf("%s answer's run: %s, %d in, %d out, estimated %v, source %q; want settled 7 in, 9 out from the report, source %s",
+						c.who, run.State, run.InTok, run.OutTok, run.Estimated, run.SettleSource.String, c.source)
+				}
+			}
+			waitGauge(h, "tollgate_response_body_bytes", func(n int64) bool { return n == 0 }, "every answer's memory given back")
+		})
+	}
+}
+
+// sizedAnswers answers chat completions whole, padded to the size X-Test-Size names, with a
+// usage report of 7 prompt and 9 completion tokens at their end; under a Content-Length
+// unless X-Test-Chunked is set. One with X-Test-Hold sends its first KiB, then waits until
+// release closes.
+type sizedAnswers struct {
+	arrived chan struct{}
+	release chan struct{}
+}
+
+func (u *sizedAnswers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	size, err := strconv.Atoi(r.Header.Get("X-Test-Size"))
+	if err != nil {
+		http.Error(w, "X-Test-Size: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	body := answerOfSize(size)
+	w.Header().Set("Content-Type", "application/json")
+	if r.Header.Get("X-Test-Chunked") == "" {
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	if r.Header.Get("X-Test-Hold") != "" {
+		_, _ = w.Write(body[:1024])
+		_ = http.NewResponseController(w).Flush()
+		u.arrived <- struct{}{}
+		select {
+		case <-u.release:
+		case <-r.Context().Done():
+			return
+		}
+		body = body[1024:]
+	}
+	_, _ = w.Write(body)
+}
+
+// answerOfSize is a chat completion of exactly size bytes.
+func answerOfSize(size int) []byte {
+	const head, tail = `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,"message":{"role":"assistant","content":"`,
+		`"},"finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16}}`
+	return []byte(head + strings.Repeat("x", size-len(head)-len(tail)) + tail)
+}
+
+// waitGauge waits until the metric name (a gauge or counter without labels) satisfies ok.
+func waitGauge(h *harness, name string, ok func(int64) bool, what string) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		n := h.gauge(name)
+		if ok(n) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			h.t.Fatalf("%s %d after 10 s: waited for %s", name, n, what)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
