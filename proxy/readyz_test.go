@@ -109,3 +109,40 @@ func TestReadyzChecksAreBounded(t *testing.T) {
 		t.Fatalf("%d readiness checks for %d asks in %v, want at most %d (one a second)", checks, asks, took, allowed)
 	}
 }
+
+// TestReadyzSaysWhenMySQLIsUnreachable: DESIGN §8, /readyz is "MySQL and Redis reachable".
+// A gateway whose database is out of reach refuses every call (503 billing_unavailable), so
+// its readiness must fail too, naming MySQL, while Redis is fine, and the load balancer takes it
+// out of rotation; /healthz (alive) stays 200. The other readiness tests take Redis down, alone
+// or with MySQL, so the answer to MySQL alone was never read.
+func TestReadyzSaysWhenMySQLIsUnreachable(t *testing.T) {
+	h := newHarness(t, nil)
+	// Nothing listens on port 1: every connection is refused at once.
+	down, err := sqlx.Open("mysql", "u:p@tcp(127.0.0.1:1)/none?timeout=500ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { down.Close() })
+	log := zap.NewNop()
+	store := holds.NewStore(down, plans.FromConfig(h.cfg), "standard", log)
+	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: h.rdb, Keys: h.keys, Tally: h.tally,
+		Leases: runstate.NewLeases(h.rdb, h.keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
+	t.Cleanup(func() { _ = srv.Close() })
+	gw := httptest.NewServer(srv.Handler())
+	t.Cleanup(gw.Close)
+	get := func(path string) (int, string) {
+		resp, err := http.Get(gw.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode, string(readAll(t, resp.Body))
+	}
+	if status, body := get("/readyz"); status != http.StatusServiceUnavailable ||
+		!strings.Contains(body, `"mysql":"unavailable"`) || !strings.Contains(body, `"redis":"ok"`) {
+		t.Errorf("/readyz with MySQL unreachable and Redis up: %d %s, want 503 naming mysql unavailable, redis ok", status, body)
+	}
+	if status, body := get("/healthz"); status != http.StatusOK {
+		t.Errorf("/healthz with MySQL unreachable: %d %s, want 200 (the process is alive)", status, body)
+	}
+}
