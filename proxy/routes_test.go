@@ -17,6 +17,10 @@ func TestMethodNotAllowedNamesTheAllowedMethods(t *testing.T) {
 		{http.MethodPost, "/v1/credits", "GET, HEAD"},
 		{http.MethodDelete, "/v1/runs/r_1", "GET, HEAD"},
 		{http.MethodHead, "/v1/chat/completions", "POST"},
+		// README "HTTP surface": GET /metrics; a scrape is a GET, and any other method is the
+		// wrong one (it was answered 200 with the metrics).
+		{http.MethodPost, "/metrics", "GET, HEAD"},
+		{http.MethodDelete, "/metrics", "GET, HEAD"},
 	} {
 		req, _ := http.NewRequest(tc.method, h.gw.URL+tc.path, strings.NewReader("{}"))
 		req.Header.Set("Authorization", "Bearer "+key)

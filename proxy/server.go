@@ -210,7 +210,9 @@ func (s *Server) Handler() http.Handler {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	replies.Get("/readyz", s.ready)
-	replies.Handle("/metrics", s.metrics.Handler())
+	// GET only, as the other routes take their one method: any other method is a 405 that names
+	// GET, not the metrics (Handle served every method).
+	replies.Method(http.MethodGet, "/metrics", s.metrics.Handler())
 	if s.admin != nil {
 		replies.Mount("/admin", s.admin)
 	}
