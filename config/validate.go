@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -218,7 +219,10 @@ func (c *Config) checkTimeouts(bad complain) {
 // inside int64.
 const maxPlanMilli = 1_000_000_000_000_000
 
-// checkPlans checks every plan's amounts and limits.
+// maxPlanNameLen is the longest plan name a user's row holds (users.plan, VARCHAR(32)).
+const maxPlanNameLen = 32
+
+// checkPlans checks every plan's name, amounts and limits.
 func (c *Config) checkPlans(bad complain) {
 	if len(c.Plans) == 0 {
 		bad("plans", "no plan configured")
@@ -228,6 +232,9 @@ func (c *Config) checkPlans(bad complain) {
 	}
 	for _, name := range sortedKeys(c.Plans) {
 		p := c.Plans[name]
+		if n := utf8.RuneCountInString(name); n == 0 || n > maxPlanNameLen {
+			bad("plans."+name, "a plan's name is 1-%d characters (users.plan holds it): a longer one cannot be stored, and on a server without strict mode it was cut to one that names no plan, its users served on default_plan's terms", maxPlanNameLen)
+		}
 		if p.AllowanceCredits.Milli < 0 {
 			bad("plans."+name+".allowance_credits", "must not be negative")
 		}
