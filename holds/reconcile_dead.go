@@ -90,8 +90,9 @@ func (r *Reconciler) sweepDead(ctx context.Context, stopAt time.Time) (declared,
 // sweepOne brings in the unleased live holds of one dead instance and marks it swept when it
 // has none left. left reports that this pass stopped before the end of its holds (the batch
 // limit); the rest wait for the next pass, which reads on from where this one stopped
-// (holdsResume): read from the first each pass, more leased holds than a pass reads would keep
-// the unleased ones after them from ever being brought in. A row kept unswept by leased holds
+// (holdsResume), as it does after a pass stopped by the sweep's time or a failure: read from
+// the first each pass, more leased holds than a pass reads would keep the unleased ones after
+// them from ever being brought in. A row kept unswept by leased holds
 // is read again each pass, until its calls end (a paused process's, or one cut off from the
 // database); it is swept only by a pass that read all its holds and found none leased.
 func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int) (brought int, left bool, err error) {
@@ -108,11 +109,16 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 		*batches++
 		runs, err := r.cfg.Store.liveHoldsOf(ctx, d, after, r.cfg.Batch)
 		if err != nil {
+			// Stopped by the sweep's time (or a failure) as by its batch limit: the next pass
+			// reads on from the last whole batch, or one that runs out of time at the same
+			// leased hold every pass never reaches the holds after it.
+			r.resumeHoldsAt(d.ID, after)
 			return brought, false, err
 		}
 		b, l, err := r.bringInUnleased(ctx, d, runs)
 		brought, leased = brought+b, leased+l
 		if err != nil {
+			r.resumeHoldsAt(d.ID, after)
 			return brought, false, err
 		}
 		if len(runs) > 0 {
