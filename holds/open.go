@@ -67,7 +67,8 @@ func IdleTransactionBound(ctx context.Context, db *sqlx.DB) (time.Duration, erro
 // and UTC_DATE() agree on the day a charge lands on), parsed DATETIMEs, parameters
 // interpolated client-side to save a round trip per statement, several statements per round
 // trip (the batch writer sends its reads in one and its writes and COMMIT in another; every
-// value in them is a parameter, never spliced text), and READ COMMITTED.
+// value in them is a parameter, never spliced text), affected rows counted as changed rather
+// than matched, and READ COMMITTED.
 //
 // READ COMMITTED because under REPEATABLE READ the day ledger's write of a row that may not
 // exist yet (an upsert now; an UPDATE, then an INSERT if no row, when this was measured) takes
@@ -169,6 +170,10 @@ func open(ctx context.Context, dsn string, vars sessionVars, readTimeout time.Du
 	cfg.Loc = time.UTC
 	cfg.InterpolateParams = true
 	cfg.MultiStatements = true
+	// Rows changed, not rows matched: a session's claim tells a new session (its upsert
+	// inserted, 1) from a known one (the no-op update that locks it, 0) by that count, and a
+	// DSN's clientFoundRows=true made both 1.
+	cfg.ClientFoundRows = false
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
 	}
