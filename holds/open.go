@@ -184,6 +184,11 @@ func open(ctx context.Context, dsn string, vars sessionVars, readTimeout time.Du
 		setParamDefault(cfg.Params, "idle_transaction_timeout", strconv.Itoa(int(SessionIdleTransactionTimeout/time.Second)))
 	}
 	setParam(cfg.Params, vars.isolation, "'READ-COMMITTED'")
+	// Every statement outside a transaction the code begins is whole on its own (a user's
+	// creation, a run call's record, a hold's extension, a heartbeat): under a DSN's
+	// autocommit=0 each opened a transaction that nothing committed, rolled back when its
+	// connection ended (or idle_transaction_timeout ended it), its row locks held till then.
+	setParam(cfg.Params, "autocommit", "1")
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}
