@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -192,10 +193,25 @@ func (m *Metrics) ObserveSettled(st holds.Settlement, res holds.Settled) {
 // at a time).
 const MaxScrapesAtOnce = 4
 
-// Handler serves /metrics.
+// Handler serves /metrics. The bound is its own rather than promhttp's, whose refusal is a line
+// of plain text: every error of the gateway has OpenAI's shape.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{MaxRequestsInFlight: MaxScrapesAtOnce})
+	gather := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+	slots := make(chan struct{}, MaxScrapesAtOnce)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
+			gather.ServeHTTP(w, r)
+		default:
+			writeError(w, errScrapesBusy)
+		}
+	})
 }
+
+// errScrapesBusy answers a scrape past MaxScrapesAtOnce.
+var errScrapesBusy = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "server_busy",
+	Message: "As many /metrics scrapes are being served as may be at once; retry shortly.", RetryAfter: time.Second}
 
 // codeLabel is the code label of tollgate_requests_total for a status answered. An upstream's
 // 2xx answers and 4xx refusals reach the caller with the upstream's status, which may be any

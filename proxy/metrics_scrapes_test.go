@@ -48,16 +48,18 @@ func TestMetricsScrapesAreBounded(t *testing.T) {
 		<-c.entered // this scrape is in flight
 	}
 	// One more: either it is refused at once, or it gathers (enters Collect) beside the others.
-	probe := make(chan int, 1)
+	probe := make(chan *httptest.ResponseRecorder, 1)
 	go func() {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-		probe <- rec.Code
+		probe <- rec
 	}()
 	select {
-	case code := <-probe:
-		if code != http.StatusServiceUnavailable {
-			t.Fatalf("scrape past %d in flight: %d, want 503", proxy.MaxScrapesAtOnce, code)
+	case rec := <-probe:
+		// Refused as every error of the gateway is, in OpenAI's shape.
+		if rec.Code != http.StatusServiceUnavailable || errorCode(t, rec.Body.Bytes()) != "server_busy" || rec.Header().Get("Retry-After") != "1" {
+			t.Fatalf("scrape past %d in flight: %d %q, Retry-After %q; want 503 server_busy, 1",
+				proxy.MaxScrapesAtOnce, rec.Code, rec.Body, rec.Header().Get("Retry-After"))
 		}
 	case <-c.entered:
 		close(c.release)
