@@ -1,0 +1,65 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestBalanceAndRunViewsSayWhenTheDatabaseIsOut: a caller whose key is cached still gets a
+// clear 503 billing_unavailable from /v1/credits and /v1/runs/{id} when the database does not
+// answer within admit_timeout (README's Errors table), not a hang or a 500, and the same views
+// again once it answers. The key lookup's own 503 is TestKeyLookupWaitIsBounded's.
+func TestBalanceAndRunViewsSayWhenTheDatabaseIsOut(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		c.Limits.AdmitTimeout = 200 * time.Millisecond
+		c.Limits.KeyCacheTTL = time.Minute // the key stays cached while the tables are locked
+	})
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	runPath := "/v1/runs/" + resp.Header.Get(proxy.RunIDHeader)
+	h.settled()
+	for _, path := range []string{"/v1/credits", runPath} {
+		if status, _ := h.get(key, path); status != http.StatusOK {
+			t.Fatalf("GET %s: %d before the database stalls, want 200", path, status)
+		}
+	}
+
+	// The balance's and the run's tables stall, as behind a database that stopped answering.
+	ctx := context.Background()
+	lock, err := h.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if _, err := lock.ExecContext(ctx, "LOCK TABLES users WRITE, run_holds WRITE, usage_days WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/v1/credits", runPath} {
+		status, body := h.get(key, path)
+		if code := errorCodeOf(body); status != http.StatusServiceUnavailable || code != "billing_unavailable" {
+			t.Errorf("GET %s with the database stalled: %d %s, want 503 billing_unavailable", path, status, code)
+		}
+	}
+	if _, err := lock.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/v1/credits", runPath} {
+		if status, _ := h.get(key, path); status != http.StatusOK {
+			t.Errorf("GET %s: %d once the database answers again, want 200", path, status)
+		}
+	}
+}
+
+// errorCodeOf is the code of an OpenAI-style error answer decoded as JSON, or "".
+func errorCodeOf(body map[string]any) string {
+	e, _ := body["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
