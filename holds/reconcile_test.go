@@ -2,9 +2,14 @@ package holds_test
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering/runstate"
@@ -42,13 +47,25 @@ func TestReconcileCases(t *testing.T) {
 
 	outcomes := map[string]int{}
 	var mu sync.Mutex
+	core, logs := observer.New(zapcore.DebugLevel)
 	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
 		c.OnOutcome = func(o string) { mu.Lock(); outcomes[o]++; mu.Unlock() }
 		c.PriceSnapshot = func(model string) []byte { return []byte(`{"model":"` + model + `"}`) }
+		c.Log = zap.New(core)
 	})
 	st, err := e.pass(rec)
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
+	}
+	// Case 3 is logged at error level (DESIGN §5: someone should look), naming the run; the
+	// others are not.
+	var heldLines []string
+	for _, l := range logs.FilterLevelExact(zapcore.ErrorLevel).All() {
+		id, _ := l.ContextMap()["run_id"].(string)
+		heldLines = append(heldLines, id+": "+l.Message)
+	}
+	if len(heldLines) != 1 || !strings.HasPrefix(heldLines[0], lost.RunID+": reconcile: run settled at its hold") {
+		t.Errorf("error lines %q, want one: the run settled at its hold, %s", heldLines, lost.RunID)
 	}
 	want := holds.Stats{Locked: true, Batches: 1, Scanned: 5, Extended: 1, FromTally: 2, Released: 1, ChargedHeld: 1}
 	wantCharged := pricing.ApplyDiscount(4_500+1_801, discount) + overCap.CapMicro + lost.HeldMicro
