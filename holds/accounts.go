@@ -124,13 +124,16 @@ func (s *Store) RevokeKey(ctx context.Context, key string) error {
 }
 
 // UsersByPlan counts the users on each plan name their rows carry, for the check at start that
-// every such plan is configured (one scan of users).
+// every such plan is configured (one scan of users). Names are told apart byte by byte, as the
+// plans are looked up: users.plan compares without case, and grouped by it the users of "Guest"
+// were counted under "guest".
 func (s *Store) UsersByPlan(ctx context.Context) (map[string]int64, error) {
 	var rows []struct {
 		Plan  string `db:"plan"`
 		Users int64  `db:"users"`
 	}
-	if err := s.db.SelectContext(ctx, &rows, "SELECT plan, COUNT(*) AS users FROM users GROUP BY plan"); err != nil {
+	if err := s.db.SelectContext(ctx, &rows,
+		"SELECT CAST(plan AS BINARY) AS plan, COUNT(*) AS users FROM users GROUP BY CAST(plan AS BINARY)"); err != nil {
 		return nil, fmt.Errorf("users by plan: %w", err)
 	}
 	out := make(map[string]int64, len(rows))

@@ -44,3 +44,31 @@ func TestServeWarnsOfUsersOnUnconfiguredPlans(t *testing.T) {
 		t.Errorf("warning fields %v, want plan guest, users 2, default_plan standard", f)
 	}
 }
+
+// TestServeWarnsOfPlansThatDifferOnlyInCase: a plan's name is looked up as written, so users
+// whose rows say "Guest" get default_plan's terms when the config has only "guest" (a config
+// that renamed it so). users.plan compares without case: grouped by it, their rows were counted
+// under "guest", a configured plan, and went unnamed.
+func TestServeWarnsOfPlansThatDifferOnlyInCase(t *testing.T) {
+	useTestDatabase(t)
+	ctx := testCtx(t)
+	db := openTestDatabase(t)
+	cfg := config.Default()
+	st := holds.NewStore(db, plans.FromConfig(cfg), cfg.DefaultPlan, zap.NewNop())
+	for _, name := range []string{"gus", "gia"} {
+		if _, err := st.CreateUser(ctx, name, "guest"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE users SET plan = 'Guest' WHERE name = 'gia'"); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.WarnLevel)
+	warnUsersOnUnconfiguredPlans(ctx, st, cfg, zap.New(core))
+	if logs.Len() != 1 {
+		t.Fatalf("one user on Guest, which is not configured: logged %v, want one warning", logs.All())
+	}
+	if f := logs.All()[0].ContextMap(); f["plan"] != "Guest" || f["users"] != int64(1) {
+		t.Errorf("warning fields %v, want plan Guest, users 1", f)
+	}
+}
