@@ -37,6 +37,16 @@ type RunTally struct {
 	Estimated bool
 }
 
+// TallyBelievable reports whether a run's tally can be a record of what it used. The tally is
+// Redis's word, not the ledger's: a negative figure in it (a correction whose tally was lost, a
+// hand edit) is none, and the store refuses a negative cost by panicking; nor is a call count
+// past the column that records it (no run makes 2³¹ calls), whose settlement fails. Every
+// token count is checked, the parts (one-hour cache writes, audio) too: a negative part was
+// recorded on the run's row as it stood.
+func TallyBelievable(u pricing.Usage, cost, calls int64) bool {
+	return cost >= 0 && calls >= 0 && calls <= math.MaxInt32 && !u.HasNegative()
+}
+
 // RefusalSource tells whether an admission, by its run and token, was refused after its
 // COMMIT went unanswered (the gateway's mark, written before its 503): the hold carrying that
 // token, committed after all, was never forwarded.
@@ -471,15 +481,11 @@ func (r *Reconciler) used(ctx context.Context, run Run, log *zap.Logger) (tally 
 	if err != nil {
 		return tally, found, err
 	}
-	// The tally is Redis's word, not the ledger's: a negative figure in it (a correction whose
-	// tally was lost, a hand edit) is no record of what the run used, and the store refuses a
-	// negative cost by panicking — in this goroutine, the whole process, on every pass. Such a
-	// run's usage is lost: settled as one without a tally. So is a call count past the column
-	// that records it (no run makes 2³¹ calls), which failed the settlement on every pass.
-	// Every token count is checked, the parts (one-hour cache writes, audio) too: a negative
-	// part was recorded on the run's row as it stood.
+	// A tally TallyBelievable refuses would panic the store in this goroutine, the whole
+	// process, on every pass, or fail its settlement on every pass. Such a run's usage is lost:
+	// settled as one without a tally.
 	usage, cost, calls := tally.Usage, tally.CostMicro, tally.Calls
-	if found && (cost < 0 || calls < 0 || calls > math.MaxInt32 || usage.HasNegative()) {
+	if found && !TallyBelievable(usage, cost, calls) {
 		log.Error("reconcile: the run's tally holds impossible figures; settling it as a run without one — someone should look",
 			zap.Int64("cost_micro", cost), zap.Int64("calls", calls), zap.Int64("in_tok", usage.Input),
 			zap.Int64("out_tok", usage.Output), zap.Int64("cache_read_tok", usage.CacheRead), zap.Int64("cache_write_tok", usage.CacheWrite),

@@ -180,7 +180,7 @@ func (s *Server) runView(r *http.Request, run holds.Run) (map[string]any, error)
 		view["estimated"] = run.Estimated
 		view["settle_source"] = run.SettleSource.String
 		view["settled_at"] = run.SettledAt.Time
-	} else if t, found, err := s.readTally(r.Context(), run.RunID); err != nil {
+	} else if t, found, err := s.chargeableTally(r.Context(), run.RunID, s.log); err != nil {
 		return nil, fmt.Errorf("tally of run %s: %w", run.RunID, err)
 	} else if found {
 		// The row's record of ended calls, when it costs more (a tally that lost calls to a

@@ -235,7 +235,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		// The close may have landed, its reply lost: unavailable reopens the run with its mark.
 		return unavailable("run not closed", err)
 	}
-	t, found, err := s.readTally(ctx, run.RunID)
+	t, found, err := s.chargeableTally(ctx, run.RunID, log)
 	if err != nil {
 		return unavailable("run tally unreadable", err)
 	}
@@ -286,6 +286,21 @@ func (s *Server) readTally(ctx context.Context, runID string) (runstate.Tallied,
 	ctx, cancel := redisStep(ctx)
 	defer cancel()
 	return s.tally.Get(ctx, runID)
+}
+
+// chargeableTally is the tally of a run to settle or show, read once no call of it starts: as
+// the reconciler reads one, a tally whose figures TallyBelievable refuses is none, and the run
+// is charged what its row recorded. Trusted, a negative token count was settled as 0 beside the
+// row's record of it.
+func (s *Server) chargeableTally(ctx context.Context, runID string, log *zap.Logger) (runstate.Tallied, bool, error) {
+	t, found, err := s.readTally(ctx, runID)
+	if err == nil && found && !holds.TallyBelievable(t.Usage, t.CostMicro, t.Calls) {
+		log.Error("run's tally holds impossible figures; read as a run without one — someone should look",
+			zap.String("run_id", runID), zap.Int64("cost_micro", t.CostMicro), zap.Int64("calls", t.Calls),
+			zap.Int64("in_tok", t.Usage.Input), zap.Int64("out_tok", t.Usage.Output))
+		return runstate.Tallied{}, false, nil
+	}
+	return t, found, err
 }
 
 // reopenRun lets a run's calls start again after its settlement failed (see

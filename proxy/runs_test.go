@@ -235,6 +235,34 @@ func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
 	}
 }
 
+// TestNamedRunWithAnImpossibleTallyIsChargedWhatItsRowRecorded: a run's tally is Redis's word;
+// a negative figure in it (a hand edit, a correction whose tally was lost) is no record of what
+// the run used. Settled on request it was trusted, its negative count settled as 0 tokens where
+// the run's row recorded the call's. As the reconciler does, the run is settled as one without
+// a tally: charged what its row recorded of its calls.
+func TestNamedRunWithAnImpossibleTallyIsChargedWhatItsRowRecorded(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-negative"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	h.settled() // the call is over, tally and row record and all
+	recorded := h.run(u.ID, runID)
+	if recorded.CostMicro <= 0 || recorded.Calls != 1 {
+		t.Fatalf("the call's record on the run's row: cost %d, %d calls; want its cost, 1 call", recorded.CostMicro, recorded.Calls)
+	}
+	if err := h.rdb.HSet(context.Background(), h.keys.Usage(runID), "in_tok", -5).Err(); err != nil {
+		t.Fatal(err)
+	}
+	status, body := h.settleRun(key, "task-negative")
+	r := h.run(u.ID, runID)
+	if status != http.StatusOK || r.State != holds.StateSettled || r.CostMicro != recorded.CostMicro ||
+		r.InTok != recorded.InTok || r.OutTok != recorded.OutTok || r.SettleSource.String != holds.SourceClient {
+		t.Fatalf("settle %d %s, run %+v: want settled on request at the row's record, cost %d", status, body, r, recorded.CostMicro)
+	}
+}
+
 // TestNamedRunCallIsTalliedBeforeItsAnswerEnds: a caller that settles its run the moment an
 // answer ends must find that call in the run's tally. So the stream's final event ([DONE])
 // reaches the caller only once the call is tallied — here the upstream lingers after its last
