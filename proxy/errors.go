@@ -57,6 +57,20 @@ func answerClientClosed(w http.ResponseWriter, r *http.Request) int {
 	return e.Status
 }
 
+// logEndedBeforeAnswer writes the line of a forwarded call whose request ended (its caller
+// left, or the drain's deadline cut it) before its answer began, during step: the answer
+// answerClientClosed gives it (499 client_closed_request, 503 shutting_down), as a call
+// refused before forwarding logs it, with its run, which may be charged its prompt's
+// estimate. Without it such a caller's 499 or 503 could not be traced in the log. A call a
+// newer message of its session replaced is logged when the cancel is delivered (cancelBus).
+func logEndedBeforeAnswer(c *call, r *http.Request, step string, err error) {
+	if errors.Is(context.Cause(r.Context()), errSuperseded) {
+		return
+	}
+	e, why := ended(r.Context(), step)
+	logRefusalAs(c.log, "call ended before its answer", e, why, err)
+}
+
 // endedAnswer is what a call whose request context ended is answered (a stream: in an error
 // event): errCutAtShutdown when the gateway cut it, else errClientClosed.
 func endedAnswer(r *http.Request) *apiError {

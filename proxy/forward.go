@@ -108,13 +108,16 @@ func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c 
 		// If the provider has the prompt, charge the estimate of it; if the request never
 		// reached it whole, nothing was used.
 		c.outcome = outcomeCancel
+		step := "before the upstream's answer; charged its prompt's estimate"
 		if !sent {
 			// Refused as before forwarding, and answered as such (handleCall's 409 to a
 			// call a newer message of its session replaced): no run named, since none
 			// reached the provider, and the one held is released at 0.
 			c.outcome = outcomeRefused
 			w.Header().Del(RunIDHeader)
+			step = "before the request reached the upstream; hold released"
 		}
+		logEndedBeforeAnswer(c, r, step, err)
 		return answerClientClosed(w, r)
 	}
 	if headersTooLarge(err) && sent {

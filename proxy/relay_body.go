@@ -43,6 +43,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 func answerBodyFailure(w http.ResponseWriter, r *http.Request, c *call, err error) int {
 	if requestEnded(r) {
 		c.outcome = outcomeCancel
+		logEndedBeforeAnswer(c, r, "while the upstream's answer was read; charged what it used", err)
 		return answerClientClosed(w, r)
 	}
 	if isTimeout(err) {
