@@ -16,15 +16,19 @@ const maxUpstreamErrorBody = 64 << 10
 
 // relayUpstreamError answers for an upstream that refused the call. The caller's own mistakes
 // (4xx) pass through as the provider worded them; the provider's failures and its refusal of
-// the gateway's key become 502, since the caller can do nothing about them.
+// the gateway's key or of the operator's account there (401, 403, 402) become 502, since the
+// caller can do nothing about them.
 func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
 	msg := "upstream refused the call"
-	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+	switch resp.StatusCode {
+	case http.StatusUnauthorized, http.StatusForbidden:
 		// The gateway's key, not the caller's mistake: every call to this upstream fails until
 		// the operator fixes it. WARN (sampled) as the other upstream failures, under its own
 		// message, which the sampling counts apart.
 		msg = "upstream refused the gateway's credentials: check this upstream's API key (UPSTREAM_API_KEY or its api_key_env)"
+	case http.StatusPaymentRequired:
+		msg = "upstream refused to bill the gateway's account: check its balance at this upstream"
 	}
 	log.Warn(msg, zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
 		zap.ByteString("body", logged(body)), zap.NamedError("read_error", readErr))
@@ -34,6 +38,14 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 		// retry a 502 twice unless told not to.
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_auth_failed",
 			Message: "The upstream refused the gateway's credentials.", NoRetry: true})
+		return http.StatusBadGateway
+	case resp.StatusCode == http.StatusPaymentRequired:
+		// The provider will not bill the operator's account there (its balance, its credits):
+		// no mistake of the caller's, as its 401 is none. Passed on, the 402 read as the
+		// gateway's own insufficient_credits, the caller's balance. A retry is refused the same
+		// way until the operator pays.
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
+			Message: "The upstream refused to bill the gateway's account (status 402).", NoRetry: true})
 		return http.StatusBadGateway
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
 		return s.relayCallerError(w, resp, body, readErr)
