@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 )
 
@@ -16,18 +17,20 @@ const maxUpstreamErrorBody = 64 << 10
 
 // relayUpstreamError answers for an upstream that refused the call. The caller's own mistakes
 // (4xx) pass through as the provider worded them; the provider's failures and its refusal of
-// the gateway's key or of the operator's account there (401, 403, 402) become 502, since the
-// caller can do nothing about them.
+// the gateway's key or of the operator's account there (401, 403, 402, OpenAI's 429
+// insufficient_quota) become 502, since the caller can do nothing about them.
 func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
+	accountRefused := resp.StatusCode == http.StatusPaymentRequired ||
+		(resp.StatusCode == http.StatusTooManyRequests && quotaExhausted(body))
 	msg := "upstream refused the call"
-	switch resp.StatusCode {
-	case http.StatusUnauthorized, http.StatusForbidden:
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		// The gateway's key, not the caller's mistake: every call to this upstream fails until
 		// the operator fixes it. WARN (sampled) as the other upstream failures, under its own
 		// message, which the sampling counts apart.
 		msg = "upstream refused the gateway's credentials: check this upstream's API key (UPSTREAM_API_KEY or its api_key_env)"
-	case http.StatusPaymentRequired:
+	case accountRefused:
 		msg = "upstream refused to bill the gateway's account: check its balance at this upstream"
 	}
 	log.Warn(msg, zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
@@ -39,13 +42,14 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_auth_failed",
 			Message: "The upstream refused the gateway's credentials.", NoRetry: true})
 		return http.StatusBadGateway
-	case resp.StatusCode == http.StatusPaymentRequired:
-		// The provider will not bill the operator's account there (its balance, its credits):
-		// no mistake of the caller's, as its 401 is none. Passed on, the 402 read as the
-		// gateway's own insufficient_credits, the caller's balance. A retry is refused the same
-		// way until the operator pays.
+	case accountRefused:
+		// The provider will not bill the operator's account there (its balance, its credits,
+		// its quota): no mistake of the caller's, as its 401 is none. Passed on, a 402 read as
+		// the gateway's own insufficient_credits, the caller's balance, and a 429 as a rate
+		// limit to wait out (SDKs retry it). A retry is refused the same way until the
+		// operator pays.
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
-			Message: "The upstream refused to bill the gateway's account (status 402).", NoRetry: true})
+			Message: fmt.Sprintf("The upstream refused to bill the gateway's account (status %d).", resp.StatusCode), NoRetry: true})
 		return http.StatusBadGateway
 	case resp.StatusCode >= 400 && resp.StatusCode < 500:
 		return s.relayCallerError(w, resp, body, readErr)
@@ -140,4 +144,12 @@ func upstreamRequestID(resp *http.Response) (_ zap.Field, ok bool) {
 		}
 	}
 	return zap.Field{}, false
+}
+
+// quotaExhausted reports whether a 429's body is OpenAI's refusal of an account out of credit
+// ("insufficient_quota", as its code or its type), not a rate limit: one retries the same way
+// until someone pays, the other passes.
+func quotaExhausted(body []byte) bool {
+	e := gjson.GetBytes(body, "error")
+	return e.Get("code").String() == "insufficient_quota" || e.Get("type").String() == "insufficient_quota"
 }

@@ -1,9 +1,12 @@
 package proxy_test
 
 import (
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -35,6 +38,48 @@ func TestUpstreamPaymentRefusalIsNotTheCallersBalance(t *testing.T) {
 		}
 		if r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader)); r.ChargedMicro != 0 || r.SettleSource.String != "upstream_error" {
 			t.Errorf("%s: settled by %q at %d, want upstream_error at 0", path, r.SettleSource.String, r.ChargedMicro)
+		}
+	}
+}
+
+// TestUpstreamQuotaRefusalIsNotARateLimit: OpenAI answers an account out of credit 429 with
+// the code insufficient_quota. Passed on as the 429 it is, it read as a rate limit: SDKs
+// retried it with backoff, each retry refused the same way, and the caller was never told that
+// no wait would help. It is the operator's account, as a 402 is: 502 not to be retried, charged
+// nothing. A 429 that is a rate limit still passes as sent, for the caller to back off.
+func TestUpstreamQuotaRefusalIsNotARateLimit(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = io.WriteString(w, `{"error":{"message":"You exceeded your current quota.","type":"`+r.Header.Get("X-Test-Type")+
+			`","param":null,"code":"`+r.Header.Get("X-Test-Code")+`"}}`)
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "quota", Kind: "openai", BaseURL: up.URL, Models: []string{"*"}}}
+	})
+	u, key := h.user("standard")
+	for _, tc := range []struct {
+		name, typ, code string
+		status          int
+		wantCode        string
+	}{
+		{"quota as code and type", "insufficient_quota", "insufficient_quota", http.StatusBadGateway, "upstream_error"},
+		{"quota as type", "insufficient_quota", "", http.StatusBadGateway, "upstream_error"},
+		{"rate limit", "requests", "rate_limit_exceeded", http.StatusTooManyRequests, "rate_limit_exceeded"},
+	} {
+		resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Test-Type": tc.typ, "X-Test-Code": tc.code})
+		answer := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || errorCode(t, answer) != tc.wantCode {
+			t.Errorf("%s: %d %s, want %d %s", tc.name, resp.StatusCode, answer, tc.status, tc.wantCode)
+		}
+		if retry := resp.Header.Get("X-Should-Retry"); (tc.status == http.StatusBadGateway) != (retry == "false") {
+			t.Errorf("%s: X-Should-Retry %q", tc.name, retry)
+		}
+		if r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader)); r.ChargedMicro != 0 || r.SettleSource.String != "upstream_error" {
+			t.Errorf("%s: settled by %q at %d, want upstream_error at 0", tc.name, r.SettleSource.String, r.ChargedMicro)
 		}
 	}
 }
