@@ -40,8 +40,8 @@ type call struct {
 	meter   *metering.Meter
 	outcome outcome
 	// inRun marks a call of a caller-named run: it tallies but does not settle; the run settles
-	// on POST /v1/runs/{id}/settle or by reconciliation. laterCall: the run existed before.
-	inRun, laterCall bool
+	// on POST /v1/runs/{id}/settle or by reconciliation.
+	inRun bool
 	// reserving: this call of a named run reserved (or tried to reserve) part of the run's
 	// budget under callID (reserveRunBudget); its tally gives it back.
 	reserving bool
@@ -213,7 +213,7 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, rt *route, us
 	}
 
 	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),
-		inRun: clientRunID != "", laterCall: hold.Existing, idem: idem, held: time.Now()}
+		inRun: clientRunID != "", idem: idem, held: time.Now()}
 	s.metrics.admitPhase.Observe(c.held.Sub(in.arrived).Seconds())
 	if idem != nil || sessionID != "" {
 		c.rw = &respWriter{ResponseWriter: w, capture: idem != nil, limit: s.cfg.Dedup.MaxReplayLen}
