@@ -95,6 +95,16 @@ func (g *gateUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			conn.Close()
 		}
 		return
+	case "empty":
+		// A 200 with nothing in it: no model's answer, whole.
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "0")
+		return
+	case "empty-stream":
+		// A stream's 200 and headers, then its end, with no event.
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		return
 	case "big-error":
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
@@ -680,6 +690,17 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			status: 504, code: "upstream_timeout", anthropic: true, noRun: true, retry: ok("/v1/messages/count_tokens", errMsgBody, nil)},
 		{name: "upstream gone before its headers", send: chat(chatBody, map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
 			status: 502, code: "upstream_unreachable", forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
+		// An answer with nothing in it is none: the caller is told it broke (an SDK cannot read
+		// an empty body, and took an empty stream for an empty answer), charged as any broken
+		// answer is, and an Idempotency-Key is not pinned to it for a day.
+		{name: "upstream_broken empty answer", send: chat(chatBody, map[string]string{"X-Test-Upstream": "empty"}),
+			status: 502, code: "upstream_broken", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
+		{name: "upstream_broken empty stream", send: chat(streamBody, map[string]string{"X-Test-Upstream": "empty-stream"}),
+			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
+		{name: "upstream_broken empty stream, idempotent", send: chat(streamBody, map[string]string{"Idempotency-Key": "k-empty",
+			"X-Test-Upstream": "empty-stream"}),
+			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true,
+			retry: chat(streamBody, map[string]string{"Idempotency-Key": "k-empty"})},
 		{name: "upstream_broken whole answer", send: chat(chatBody, map[string]string{"X-Test-Upstream": "cut"}),
 			status: 502, code: "upstream_broken", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
 		{name: "upstream_broken stream", send: chat(streamBody, map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),

@@ -107,6 +107,16 @@ func meterUnrelayed(c *call, head []byte, rest io.Reader, limit int64) int64 {
 // refuseUnrelayable answers 502 a whole body that is no answer to relay: one cut short, a web
 // page, or text of no format. It returns 0 for a body to meter and relay.
 func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body []byte, maxEvent int) int {
+	if len(metering.TrimBody(body)) == 0 {
+		// A 200 with nothing in it is no answer (no SDK reads one), and may be an answer cut
+		// before its first byte: broken, as one cut later is. Relayed, it ended complete and
+		// pinned an Idempotency-Key to nothing for a day.
+		c.outcome = outcomeStreamError
+		c.log.Warn("upstream answered an empty body", zap.Int("bytes", len(body)))
+		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+			Message: "The upstream answered with an empty body."})
+		return http.StatusBadGateway
+	}
 	if cutJSON(body) {
 		// A JSON answer that is not whole came from an upstream that went away mid-answer
 		// while its body was delimited by the connection's close (which reads as a clean

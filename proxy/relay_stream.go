@@ -51,9 +51,13 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			break
 		}
 		if err != nil {
+			if errors.Is(err, io.EOF) && !sr.sawAny {
+				err = errStreamEmpty
+			}
 			s.endStream(r, c, err, sr.sawFinal || sr.sawError, resp.StatusCode, sr.write)
 			break
 		}
+		sr.sawAny = true
 		sr.meter(ev)
 		if !sr.ended() && (c.meter.UpstreamError() || metering.IsFinalEvent(c.req.route.format, ev)) {
 			// The answer's end: its tallies and pins wait on Redis and MySQL; what was
@@ -120,6 +124,7 @@ type streamRelay struct {
 	sawFinal bool // the stream's final event ([DONE], message_stop, response.completed)
 	sawError bool // the provider's own error event ended the answer
 	sawData  bool // an event carried data: the upstream answers as a stream
+	sawAny   bool // the upstream sent anything: an event, a comment, or a whole answer under the label
 	// strippedCR: the usage-only chunk just removed ended in a CR, whose LF, if it comes,
 	// leads the next event.
 	strippedCR bool
@@ -340,6 +345,11 @@ func nextEvent(sc *metering.Scanner, m *metering.Meter, sawData bool) (metering.
 	}
 	return ev, nil
 }
+
+// errStreamEmpty ends a stream that ended cleanly before the upstream sent anything: no answer
+// (an SDK reads it as an empty one, and it pinned an Idempotency-Key to nothing for a day), and
+// perhaps one cut before its first event: broken, as one cut later is.
+var errStreamEmpty = errors.New("upstream stream ended before any event carried data")
 
 // errStreamCut ends a stream that ended cleanly inside an event whose JSON is cut (relayStream).
 var errStreamCut = errors.New("upstream stream ended inside an event: its JSON is cut short")
