@@ -564,26 +564,7 @@ func TestRetiredInstanceLeasedHoldKeepsItsExpiry(t *testing.T) {
 // their callers' in-flight slots taken. Each pass now reads on from where the last stopped.
 func TestDeadRowLeasedHoldsDoNotHideItsOthers(t *testing.T) {
 	e := newStoreEnv(t)
-	u := e.user("hidden-user", 5, nil)
-	leases := runstate.NewLeases(e.rdb, e.keys, "cut-off-process", time.Minute, time.Second, e.log)
-	in, err := e.store.RegisterInstance(e.ctx(), "cut-off", 50*time.Millisecond, 0, e.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Run ids sort the leased holds first.
-	var leased []holds.Hold
-	for _, id := range []string{"r_a_leased_1", "r_a_leased_2"} {
-		h := e.admitBy(u, id, "", in.ID(), holds.StateRunning)
-		leases.Acquire(h.RunID)
-		leased = append(leased, h)
-	}
-	hidden := e.admitBy(u, "r_b_unleased", "", in.ID(), holds.StateRunning)
-	if err := leases.Refresh(e.ctx()); err != nil {
-		t.Fatal(err)
-	}
-	if err := in.Retire(e.ctx()); err != nil {
-		t.Fatal(err)
-	}
+	f := newDeadRowBehindLeases(t, e, "hidden-user")
 	// One hold a batch, one batch a pass: each leased hold fills a pass.
 	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Batch, c.MaxBatches = deadBound, 1, 1 })
 	for pass := 1; pass <= 8; pass++ {
@@ -591,15 +572,55 @@ func TestDeadRowLeasedHoldsDoNotHideItsOthers(t *testing.T) {
 			t.Fatalf("pass %d: %v", pass, err)
 		}
 	}
-	if r := e.run(u, hidden.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold {
-		t.Errorf("unleased call behind the leased ones: %s by %q after eight passes, want settled at its hold", r.State, r.SettleSource.String)
+	f.check(t, e, "eight passes")
+}
+
+// deadRowBehindLeases is a dead process's row whose first holds (by run id) its process still
+// leases, and one unleased hold behind them that only a read past them brings in.
+type deadRowBehindLeases struct {
+	u      holds.User
+	in     *holds.Instance
+	leased []holds.Hold
+	hidden holds.Hold
+}
+
+func newDeadRowBehindLeases(t *testing.T, e *storeEnv, user string) deadRowBehindLeases {
+	t.Helper()
+	f := deadRowBehindLeases{u: e.user(user, 5, nil)}
+	leases := runstate.NewLeases(e.rdb, e.keys, "cut-off-process", time.Minute, time.Second, e.log)
+	var err error
+	if f.in, err = e.store.RegisterInstance(e.ctx(), "cut-off", 50*time.Millisecond, 0, e.log); err != nil {
+		t.Fatal(err)
 	}
-	for _, h := range leased {
-		if r := e.run(u, h.RunID); r.State != holds.StateRunning {
+	// Run ids sort the leased holds first.
+	for _, id := range []string{"r_a_leased_1", "r_a_leased_2"} {
+		h := e.admitBy(f.u, id, "", f.in.ID(), holds.StateRunning)
+		leases.Acquire(h.RunID)
+		f.leased = append(f.leased, h)
+	}
+	f.hidden = e.admitBy(f.u, "r_b_unleased", "", f.in.ID(), holds.StateRunning)
+	if err := leases.Refresh(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.in.Retire(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// check says whether the passes (named by after) brought the unleased hold in, left the
+// leased ones running, and left the row unswept.
+func (f deadRowBehindLeases) check(t *testing.T, e *storeEnv, after string) {
+	t.Helper()
+	if r := e.run(f.u, f.hidden.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold {
+		t.Errorf("unleased call behind the leased ones: %s by %q after %s, want settled at its hold", r.State, r.SettleSource.String, after)
+	}
+	for _, h := range f.leased {
+		if r := e.run(f.u, h.RunID); r.State != holds.StateRunning {
 			t.Errorf("leased call %s: %s, want still running (its process serves it)", h.RunID, r.State)
 		}
 	}
-	if row := e.instance(in.ID()); row.SweptAt.Valid {
+	if row := e.instance(f.in.ID()); row.SweptAt.Valid {
 		t.Errorf("row swept at %v with leased holds left", row.SweptAt.Time)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/metering/runstate"
 )
 
 // budgetLeases is the lease checker of a Redis far enough away (or busy enough) that a
@@ -51,26 +50,7 @@ func (l *budgetLeases) Exists(ctx context.Context, runID string) (bool, error) {
 // out their whole hold_ttl, their callers' in-flight slots taken.
 func TestDeadRowLeasedHoldsPastTheSweepsTimeDoNotHideItsOthers(t *testing.T) {
 	e := newStoreEnv(t)
-	u := e.user("slow-sweep-user", 5, nil)
-	leases := runstate.NewLeases(e.rdb, e.keys, "cut-off-process", time.Minute, time.Second, e.log)
-	in, err := e.store.RegisterInstance(e.ctx(), "cut-off", 50*time.Millisecond, 0, e.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Run ids sort the leased holds first.
-	var leased []holds.Hold
-	for _, id := range []string{"r_a_leased_1", "r_a_leased_2"} {
-		h := e.admitBy(u, id, "", in.ID(), holds.StateRunning)
-		leases.Acquire(h.RunID)
-		leased = append(leased, h)
-	}
-	hidden := e.admitBy(u, "r_b_unleased", "", in.ID(), holds.StateRunning)
-	if err := leases.Refresh(e.ctx()); err != nil {
-		t.Fatal(err)
-	}
-	if err := in.Retire(e.ctx()); err != nil {
-		t.Fatal(err)
-	}
+	f := newDeadRowBehindLeases(t, e, "slow-sweep-user")
 	// One hold a batch, batches to spare: each pass's sweep runs out of time at its second hold.
 	lk := &budgetLeases{leaseKeys: leaseKeys{e.rdb, e.keys}, per: 2}
 	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
@@ -82,15 +62,5 @@ func TestDeadRowLeasedHoldsPastTheSweepsTimeDoNotHideItsOthers(t *testing.T) {
 			t.Fatalf("pass %d: %v", pass, err)
 		}
 	}
-	if r := e.run(u, hidden.RunID); r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold {
-		t.Errorf("unleased call behind the leased ones: %s by %q after ten passes, want settled at its hold", r.State, r.SettleSource.String)
-	}
-	for _, h := range leased {
-		if r := e.run(u, h.RunID); r.State != holds.StateRunning {
-			t.Errorf("leased call %s: %s, want still running (its process serves it)", h.RunID, r.State)
-		}
-	}
-	if row := e.instance(in.ID()); row.SweptAt.Valid {
-		t.Errorf("row swept at %v with leased holds left", row.SweptAt.Time)
-	}
+	f.check(t, e, "ten passes")
 }

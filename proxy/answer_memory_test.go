@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -165,22 +164,4 @@ func answerOfSize(size int) []byte {
 	const head, tail = `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,"message":{"role":"assistant","content":"`,
 		`"},"finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16}}`
 	return []byte(head + strings.Repeat("x", size-len(head)-len(tail)) + tail)
-}
-
-// waitGauge waits until the metric name (a gauge or counter without labels) satisfies ok.
-func waitGauge(h *harness, name string, ok func(int64) bool, what string) {
-	h.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for {
-		n := h.gauge(name)
-		if ok(n) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			h.t.Fatalf("%s %d after 10 s: waited for %s", name, n, what)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
 }

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -209,17 +210,7 @@ func (b *heldBody) finish(t *testing.T) int {
 // waitRequestBodyBytes waits, up to 10 s, for tollgate_request_body_bytes to satisfy ok.
 func (h *harness) waitRequestBodyBytes(ok func(int64) bool, what string) {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		n := h.gauge("tollgate_request_body_bytes")
-		if ok(n) {
-			return
-		}
-		if time.Now().After(deadline) {
-			h.t.Fatalf("tollgate_request_body_bytes %d after 10 s: waited for %s", n, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitGauge(h, "tollgate_request_body_bytes", ok, what)
 }
 
 // gauge reads one metric without labels from /metrics.
@@ -241,4 +232,22 @@ func (h *harness) runsOf(userID uint64) int {
 		h.t.Fatal(err)
 	}
 	return n
+}
+
+// waitGauge waits until the metric name (a gauge or counter without labels) satisfies ok.
+func waitGauge(h *harness, name string, ok func(int64) bool, what string) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		n := h.gauge(name)
+		if ok(n) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			h.t.Fatalf("%s %d after 10 s: waited for %s", name, n, what)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
