@@ -23,9 +23,10 @@ import (
 // room: the provider has made it and bills it, and its caller is charged it whether or not it
 // is passed on. An answer whose length is known counts it whole before any of it is read, so
 // while it waits it holds nothing another answer waits for; one of unknown length counts its
-// buffer as it grows, and could wait on another doing the same. So every wait is bounded
-// (answerMemoryWait), first come first served, after which the answer is not passed on:
-// 503 server_busy, charged what it used (answerMemoryFull).
+// buffer as it grows, and could wait on another doing the same. So an answer's waits are
+// bounded, all of them together (answerMemoryWait), first come first served, after which the
+// answer is not passed on: 503 server_busy, charged what it used (answerMemoryFull). An answer
+// whose Content-Length passes max_response_bytes is never read whole, and waits for nothing.
 type answerMemory struct {
 	sem   *semaphore.Weighted
 	wait  time.Duration // answerMemoryWait; shorter in tests
@@ -59,6 +60,9 @@ func (m *answerMemory) buffer() *answerBuffer { return &answerBuffer{m: m} }
 type answerBuffer struct {
 	m *answerMemory
 	n int64
+	// waitUntil ends the answer's waits for room, all of them: set by its first (one whose
+	// buffer grows waits at each step otherwise, 16 steps to 32 MiB).
+	waitUntil time.Time
 }
 
 // readAll reads r to its end, at most limit+1 bytes (one past limit tells an answer too large
@@ -70,7 +74,10 @@ func (b *answerBuffer) readAll(ctx context.Context, r io.Reader, sizeHint, limit
 	most := limit + 1
 	size := min(int64(firstAnswerBuffer), most)
 	if sizeHint >= 0 {
-		size = min(sizeHint+1, most) // +1: the read that finds the end needs room
+		size = most
+		if sizeHint < limit {
+			size = sizeHint + 1 // +1: the read that finds the end needs room
+		}
 	}
 	if err := b.grow(ctx, size, limit); err != nil {
 		return nil, err
@@ -108,7 +115,10 @@ func (b *answerBuffer) grow(ctx context.Context, size, limit int64) error {
 	}
 	if !b.m.sem.TryAcquire(n) {
 		b.m.waits.Inc()
-		wait, cancel := context.WithTimeout(ctx, b.m.wait)
+		if b.waitUntil.IsZero() {
+			b.waitUntil = time.Now().Add(b.m.wait)
+		}
+		wait, cancel := context.WithDeadline(ctx, b.waitUntil)
 		defer cancel()
 		if err := b.m.sem.Acquire(wait, n); err != nil {
 			if ctx.Err() != nil {

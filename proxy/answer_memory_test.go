@@ -39,18 +39,22 @@ func TestWholeAnswersInMemoryAreBounded(t *testing.T) {
 			wantStatus: http.StatusServiceUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			up := &sizedAnswers{arrived: make(chan struct{}, 1), release: make(chan struct{})}
+			up := &sizedAnswers{arrived: make(chan struct{}, 1), release: map[string]chan struct{}{"1": make(chan struct{}), "2": make(chan struct{})}}
 			upSrv := httptest.NewServer(up)
 			t.Cleanup(upSrv.Close)
 			h := newHarness(t, func(c *config.Config) {
 				c.Upstreams = []config.Upstream{{Name: "sized", Kind: "openai", BaseURL: upSrv.URL, Models: []string{"*"}}}
 				c.Limits.MaxResponseBytes, c.Limits.MaxResponseMemory = 16<<10, 24<<10
+				// The second answer names the model that answered, priced apart: 7 and 9
+				// tokens at 1000 USD/M cost 16 000 micro-USD, where fake-gpt's cost 108.
+				c.Models[answeredModel] = config.ModelCfg{Input: config.USDPerM{Micro: 1000_000_000}, Output: config.USDPerM{Micro: 1000_000_000}}
 			})
 			h.srv.SetAnswerMemoryWait(tc.wait)
 			// Let the held answer go before the harness closes (cleanups run last first), also
 			// when the test fails early.
-			release := sync.OnceFunc(func() { close(up.release) })
+			release, releaseSecond := sync.OnceFunc(func() { close(up.release["1"]) }), sync.OnceFunc(func() { close(up.release["2"]) })
 			t.Cleanup(release)
+			t.Cleanup(releaseSecond)
 			holder, holderKey := h.user("standard")
 			other, otherKey := h.user("standard")
 			chat := `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"}]}`
@@ -67,7 +71,7 @@ func TestWholeAnswersInMemoryAreBounded(t *testing.T) {
 			}
 			waitGauge(h, "tollgate_response_body_bytes", func(n int64) bool { return n == heldSize+1 }, "the held answer counted whole")
 
-			hdr := map[string]string{"X-Test-Size": strconv.Itoa(otherSize)}
+			hdr := map[string]string{"X-Test-Size": strconv.Itoa(otherSize), "X-Test-Model": answeredModel}
 			if tc.chunked {
 				hdr["X-Test-Chunked"] = "1"
 			}
@@ -103,20 +107,52 @@ func TestWholeAnswersInMemoryAreBounded(t *testing.T) {
 			if first.StatusCode != http.StatusOK || len(body) != heldSize {
 				t.Fatalf("held answer: %d, %d bytes; want 200, %d bytes", first.StatusCode, len(body), heldSize)
 			}
-			// Each is charged the usage its answer reports, the refused one too.
+			// Each is charged the usage its answer reports, at the price of the model that
+			// answered, the refused one too (whose model is read from its head).
 			for _, c := range []struct {
 				who    string
 				user   holds.User
 				resp   *http.Response
 				source string
-			}{{"held", holder, first, holds.SourceComplete}, {"second", other, resp, holds.SourceComplete}} {
+				cost   int64
+			}{{"held", holder, first, holds.SourceComplete, 108}, {"second", other, resp, holds.SourceComplete, 16_000}} {
 				if c.resp == resp && tc.wantStatus != http.StatusOK {
 					c.source = holds.SourceStreamError
 				}
 				run := h.run(c.user.ID, c.resp.Header.Get("X-Tollgate-Run-Id"))
-				if run.State != holds.StateSettled || run.InTok != 7 || run.OutTok != 9 || run.Estimated || run.SettleSource.String != c.source {
-					t.Errorf("%s answer's run: %s, %d in, %d out, estimated %v, source %q; want settled 7 in, 9 out from the report, source %s",
-						c.who, run.State, run.InTok, run.OutTok, run.Estimated, run.SettleSource.String, c.source)
+				if run.State != holds.StateSettled || run.InTok != 7 || run.OutTok != 9 || run.Estimated || run.SettleSource.String != c.source ||
+					run.CostMicro != c.cost {
+					t.Errorf("%s answer's run: %s, %d in, %d out, estimated %v, source %q, cost %d; want settled 7 in, 9 out from the report, source %s, cost %d",
+						c.who, run.State, run.InTok, run.OutTok, run.Estimated, run.SettleSource.String, run.CostMicro, c.source, c.cost)
+				}
+			}
+			if tc.wantStatus == http.StatusServiceUnavailable {
+				// An answer too large by its Content-Length waits for no room, full as the
+				// memory is: it is 502 not to be retried (a 503 would be retried, and charged
+				// again each time), at once, charged its usage.
+				held = make(chan *http.Response, 1)
+				go func() {
+					held <- h.post(holderKey, "/v1/chat/completions", chat,
+						map[string]string{"X-Test-Size": strconv.Itoa(heldSize), "X-Test-Hold": "2"})
+				}()
+				<-up.arrived
+				waitGauge(h, "tollgate_response_body_bytes", func(n int64) bool { return n == heldSize+1 }, "the held answer counted whole")
+				h.srv.SetAnswerMemoryWait(time.Minute)
+				big := h.post(otherKey, "/v1/chat/completions", chat, map[string]string{"X-Test-Size": strconv.Itoa(20 << 10)})
+				answer := readAll(t, big.Body)
+				big.Body.Close()
+				releaseSecond()
+				if big.StatusCode != http.StatusBadGateway || errorCode(t, answer) != "upstream_response_too_large" || big.Header.Get("X-Should-Retry") != "false" {
+					t.Errorf("an answer over the limit by its length, memory full: %d %s, want 502 upstream_response_too_large, not to be retried", big.StatusCode, answer)
+				}
+				if run := h.run(other.ID, big.Header.Get("X-Tollgate-Run-Id")); run.InTok != 7 || run.OutTok != 9 || run.Estimated {
+					t.Errorf("the answer over the limit: %d in, %d out, estimated %v; want its report's 7 and 9", run.InTok, run.OutTok, run.Estimated)
+				}
+				if first := <-held; first.StatusCode != http.StatusOK {
+					t.Errorf("held answer: %d", first.StatusCode)
+				} else {
+					readAll(t, first.Body)
+					first.Body.Close()
 				}
 			}
 			waitGauge(h, "tollgate_response_body_bytes", func(n int64) bool { return n == 0 }, "every answer's memory given back")
@@ -124,13 +160,16 @@ func TestWholeAnswersInMemoryAreBounded(t *testing.T) {
 	}
 }
 
+// answeredModel is the model the second answer of TestWholeAnswersInMemoryAreBounded names.
+const answeredModel = "fake-gpt-answered"
+
 // sizedAnswers answers chat completions whole, padded to the size X-Test-Size names, with a
-// usage report of 7 prompt and 9 completion tokens at their end; under a Content-Length
-// unless X-Test-Chunked is set. One with X-Test-Hold sends its first KiB, then waits until
-// release closes.
+// usage report of 7 prompt and 9 completion tokens at their end, naming the model X-Test-Model
+// names (fake-gpt if none); under a Content-Length unless X-Test-Chunked is set. One with
+// X-Test-Hold sends its first KiB, then waits until the release it names closes.
 type sizedAnswers struct {
 	arrived chan struct{}
-	release chan struct{}
+	release map[string]chan struct{} // by X-Test-Hold; written before the test's calls
 }
 
 func (u *sizedAnswers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -140,17 +179,21 @@ func (u *sizedAnswers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "X-Test-Size: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	body := answerOfSize(size)
+	model := r.Header.Get("X-Test-Model")
+	if model == "" {
+		model = "fake-gpt"
+	}
+	body := answerOfSize(size, model)
 	w.Header().Set("Content-Type", "application/json")
 	if r.Header.Get("X-Test-Chunked") == "" {
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	}
-	if r.Header.Get("X-Test-Hold") != "" {
+	if gate := u.release[r.Header.Get("X-Test-Hold")]; gate != nil {
 		_, _ = w.Write(body[:1024])
 		_ = http.NewResponseController(w).Flush()
 		u.arrived <- struct{}{}
 		select {
-		case <-u.release:
+		case <-gate:
 		case <-r.Context().Done():
 			return
 		}
@@ -159,9 +202,9 @@ func (u *sizedAnswers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(body)
 }
 
-// answerOfSize is a chat completion of exactly size bytes.
-func answerOfSize(size int) []byte {
-	const head, tail = `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,"message":{"role":"assistant","content":"`,
-		`"},"finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16}}`
+// answerOfSize is a chat completion by model of exactly size bytes.
+func answerOfSize(size int, model string) []byte {
+	head := `{"id":"chatcmpl-1","object":"chat.completion","model":"` + model + `","choices":[{"index":0,"message":{"role":"assistant","content":"`
+	const tail = `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16}}`
 	return []byte(head + strings.Repeat("x", size-len(head)-len(tail)) + tail)
 }

@@ -1,10 +1,14 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"io"
+	"math"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate/tollgate/metering"
 )
@@ -43,6 +47,36 @@ func TestMeterOversizedReadsAtMostItsBound(t *testing.T) {
 	meterOversized(m, []byte(`{"id":"x","model":"gpt-4o","choices":[{"message":{"content":"`), strings.NewReader(rest), 4<<20)
 	if r := m.Result(); !r.Reported || r.Usage.Input != 3 || r.Usage.Output != 9 || r.Model != "gpt-4o" {
 		t.Fatalf("result %+v, want the usage at the end and the model at the head", r)
+	}
+}
+
+// TestMeterOversizedFindsAnEmbeddingsListsModelAtItsEnd: an embeddings list, the largest
+// answers there are, names its model after its data, beside its usage: read from the head
+// alone, the model that answered was lost, and the call billed at the price of the one asked
+// for (a router's fallback, an alias, priced under another name).
+func TestMeterOversizedFindsAnEmbeddingsListsModelAtItsEnd(t *testing.T) {
+	head := []byte(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":"`)
+	rest := strings.Repeat("A", 600<<10) + `"}],"model":"text-embedding-3-large","usage":{"prompt_tokens":8000,"total_tokens":8000}}`
+	m := metering.NewMeter(metering.FormatEmbeddings)
+	meterOversized(m, head, strings.NewReader(rest), 4<<20)
+	if r := m.Result(); !r.Reported || r.Usage.Input != 8000 || r.Model != "text-embedding-3-large" {
+		t.Fatalf("result %+v, want the usage and the model at the end", r)
+	}
+}
+
+// TestAnswerOfAnyLengthIsReadWithinItsCount: a Content-Length past max_response_bytes, up to
+// the largest Go reads (2⁶³−1), sizes no buffer past the limit (sized from it plus one, it
+// overflowed, and make panicked), and no buffer counts more than the limit.
+func TestAnswerOfAnyLengthIsReadWithinItsCount(t *testing.T) {
+	const limit = 4 << 10
+	for _, hint := range []int64{-1, 0, 10, limit - 1, limit, limit + 1, math.MaxInt64} {
+		m := newAnswerMemory(limit, prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "c"}))
+		b := m.buffer()
+		body, err := b.readAll(context.Background(), strings.NewReader(strings.Repeat("x", 10)), hint, limit)
+		if err != nil || string(body) != strings.Repeat("x", 10) || b.n > limit {
+			t.Errorf("Content-Length %d: %q, %v, counted %d; want the 10 bytes, at most %d counted", hint, body, err, b.n, limit)
+		}
+		b.release()
 	}
 }
 

@@ -19,6 +19,12 @@ import (
 // in memory at once by max_response_memory.
 func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) int {
 	limit := s.cfg.Limits.MaxResponseBytes
+	if resp.ContentLength > limit {
+		// Too large by its own word: metered from its head and the rest as they come, never
+		// held whole, so it waits for no room (refused for room, it was a 503 its SDK retried,
+		// charged again each time, where it is a 502 not to be retried).
+		return answerOversized(w, resp, c, nil, limit)
+	}
 	counted := s.answers.buffer()
 	defer counted.release()
 	body, err := counted.readAll(r.Context(), resp.Body, resp.ContentLength, limit)
@@ -81,7 +87,13 @@ func answerOversized(w http.ResponseWriter, resp *http.Response, c *call, body [
 // the drain deadline of a shutdown is: the gateway cannot tell a caller that would have paid
 // for it from one that would not.
 func answerMemoryFull(w http.ResponseWriter, resp *http.Response, c *call, body []byte, limit int64) int {
-	read := meterUnrelayed(c, body, resp.Body, limit)
+	head := readHead(body, resp.Body)
+	if webPage(head) {
+		// As relayBody would have refused it: no model's answer, charged nothing.
+		return refuseNonAnswer(w, c, resp, head, "upstream answered with a web page",
+			"The upstream answered with a web page, not an API answer: is its base_url right?")
+	}
+	read := meterUnrelayed(c, head, resp.Body, limit)
 	c.log.Warn("upstream answer found no room in memory", zap.Int("read_before", len(body)), zap.Int64("read_after", read),
 		zap.Bool("usage_found", c.meter.Result().Reported))
 	writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "server_busy",
@@ -101,7 +113,23 @@ func meterUnrelayed(c *call, head []byte, rest io.Reader, limit int64) int64 {
 	if limit <= math.MaxInt64/oversizeReadFactor {
 		most = oversizeReadFactor * limit
 	}
-	return meterOversized(c.meter, head, rest, most)
+	return meterOversized(c.meter, readHead(head, rest), rest, most)
+}
+
+// unrelayedHead is how much of an answer not relayed is read first, for the model that
+// answered (the first key of most answers; an answer refused for room or for its
+// Content-Length has none of it read yet).
+const unrelayedHead = 64 << 10
+
+// readHead is head with what more of rest it takes to make unrelayedHead bytes, or all of rest
+// when it is shorter; a failed read leaves the failure for the next.
+func readHead(head []byte, rest io.Reader) []byte {
+	if len(head) >= unrelayedHead {
+		return head
+	}
+	more := make([]byte, unrelayedHead-len(head))
+	n, _ := io.ReadFull(rest, more)
+	return append(head[:len(head):len(head)], more[:n]...)
 }
 
 // refuseUnrelayable answers 502 a whole body that is no answer to relay: one cut short, a web
@@ -322,7 +350,11 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 		return read
 	}
 	whole := []byte(`{"usage":` + usage.Raw)
-	if model := gjson.GetBytes(head, "model"); model.Type == gjson.String {
+	model := gjson.GetBytes(head, "model")
+	if model.Type != gjson.String {
+		model = lastKey(tail, "model", '"') // an embeddings list names its model after its data
+	}
+	if model.Type == gjson.String {
 		whole = append(append(whole, `,"model":`...), model.Raw...)
 	}
 	m.Body(append(whole, '}'))
@@ -331,12 +363,22 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 
 // lastUsage is the value of the last "usage" key in b (a JSON body's end, or an event
 // stream's) whose value is an object, or an empty result when that object is cut off or
-// there is none. Linear in b: only the last key with an object value is read (a whole
-// answer's report is its last), and a "usage" that is not a key (a value, text quoting the
-// word) costs a few byte compares. Parsing from every occurrence, each from a copy of the
-// rest of b, took 8 s of CPU on a 512 KiB tail of `"usage",`.
+// there is none (lastKey).
 func lastUsage(b []byte) gjson.Result {
-	key := []byte(`"usage"`)
+	if r := lastKey(b, "usage", '{'); r.IsObject() && gjson.Valid(r.Raw) {
+		return r
+	}
+	return gjson.Result{}
+}
+
+// lastKey is the value of the last key named key in b whose value opens with open ('{' an
+// object, '"' a string), read as the first key of an object so that it ends where its JSON
+// does, or an empty result when there is none. Linear in b: only the last such key is read (a
+// whole answer's report is its last), and a match that is not a key (a value, text quoting the
+// word) costs a few byte compares. Parsing from every occurrence, each from a copy of the rest
+// of b, took 8 s of CPU on a 512 KiB tail of `"usage",`.
+func lastKey(b []byte, key string, open byte) gjson.Result {
+	quoted := []byte(`"` + key + `"`)
 	skip := func(i int) int {
 		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
 			i++
@@ -344,7 +386,7 @@ func lastUsage(b []byte) gjson.Result {
 		return i
 	}
 	for end := len(b); end > 0; {
-		i := bytes.LastIndex(b[:end], key)
+		i := bytes.LastIndex(b[:end], quoted)
 		if i < 0 {
 			return gjson.Result{}
 		}
@@ -352,19 +394,14 @@ func lastUsage(b []byte) gjson.Result {
 		if i > 0 && b[i-1] == '\\' {
 			continue // inside a string
 		}
-		j := skip(i + len(key))
+		j := skip(i + len(quoted))
 		if j >= len(b) || b[j] != ':' {
 			continue // a value, not a key
 		}
-		if j = skip(j + 1); j >= len(b) || b[j] != '{' {
-			continue // null, or no report
+		if j = skip(j + 1); j >= len(b) || b[j] != open {
+			continue // null, or another kind of value
 		}
-		// Read as the first key of an object, so that the value ends where its braces do
-		// (once: this is the last report, or there is none). A report cut off is none.
-		if r := gjson.GetBytes(append([]byte{'{'}, b[i:]...), "usage"); r.IsObject() && gjson.Valid(r.Raw) {
-			return r
-		}
-		return gjson.Result{}
+		return gjson.GetBytes(append([]byte{'{'}, b[i:]...), key)
 	}
 	return gjson.Result{}
 }
