@@ -141,7 +141,18 @@ func TestWholeAnswersInMemoryAreBounded(t *testing.T) {
 				big := h.post(otherKey, "/v1/chat/completions", chat, map[string]string{"X-Test-Size": strconv.Itoa(20 << 10)})
 				answer := readAll(t, big.Body)
 				big.Body.Close()
+				// A web page refused for room is no model's answer, charged nothing, as it is
+				// when relayBody reads it whole.
+				h.srv.SetAnswerMemoryWait(tc.wait)
+				page := h.post(otherKey, "/v1/chat/completions", chat, map[string]string{"X-Test-Size": strconv.Itoa(otherSize), "X-Test-Html": "1"})
+				pageAnswer := readAll(t, page.Body)
+				page.Body.Close()
 				releaseSecond()
+				if run := h.run(other.ID, page.Header.Get("X-Tollgate-Run-Id")); page.StatusCode != http.StatusBadGateway ||
+					errorCode(t, pageAnswer) != "upstream_error" || run.ChargedMicro != 0 || run.SettleSource.String != holds.SourceUpstreamError {
+					t.Errorf("a web page refused for room: %d %s, run charged %d by %q; want 502 upstream_error, nothing charged",
+						page.StatusCode, pageAnswer, run.ChargedMicro, run.SettleSource.String)
+				}
 				if big.StatusCode != http.StatusBadGateway || errorCode(t, answer) != "upstream_response_too_large" || big.Header.Get("X-Should-Retry") != "false" {
 					t.Errorf("an answer over the limit by its length, memory full: %d %s, want 502 upstream_response_too_large, not to be retried", big.StatusCode, answer)
 				}
@@ -165,8 +176,9 @@ const answeredModel = "fake-gpt-answered"
 
 // sizedAnswers answers chat completions whole, padded to the size X-Test-Size names, with a
 // usage report of 7 prompt and 9 completion tokens at their end, naming the model X-Test-Model
-// names (fake-gpt if none); under a Content-Length unless X-Test-Chunked is set. One with
-// X-Test-Hold sends its first KiB, then waits until the release it names closes.
+// names (fake-gpt if none), or a web page of that size with X-Test-Html; under a
+// Content-Length unless X-Test-Chunked is set. One with X-Test-Hold sends its first KiB, then
+// waits until the release it names closes.
 type sizedAnswers struct {
 	arrived chan struct{}
 	release map[string]chan struct{} // by X-Test-Hold; written before the test's calls
@@ -185,6 +197,10 @@ func (u *sizedAnswers) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body := answerOfSize(size, model)
 	w.Header().Set("Content-Type", "application/json")
+	if r.Header.Get("X-Test-Html") != "" {
+		body = []byte("<html>" + strings.Repeat("x", size-len("<html>")))
+		w.Header().Set("Content-Type", "text/html")
+	}
 	if r.Header.Get("X-Test-Chunked") == "" {
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	}
