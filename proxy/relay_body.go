@@ -23,19 +23,19 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		// Too large by its own word: metered from its head and the rest as they come, never
 		// held whole, so it waits for no room (refused for room, it was a 503 its SDK retried,
 		// charged again each time, where it is a 502 not to be retried).
-		return answerOversized(w, resp, c, nil, limit)
+		return answerOversized(w, r, resp, c, nil, limit)
 	}
 	counted := s.answers.buffer()
 	defer counted.release()
 	body, err := counted.readAll(r.Context(), resp.Body, resp.ContentLength, limit)
 	if errors.Is(err, errAnswerMemoryFull) {
-		return answerMemoryFull(w, resp, c, body, limit)
+		return answerMemoryFull(w, r, resp, c, body, limit)
 	}
 	if err != nil {
 		return answerBodyFailure(w, r, c, err)
 	}
 	if int64(len(body)) > limit {
-		return answerOversized(w, resp, c, body, limit)
+		return answerOversized(w, r, resp, c, body, limit)
 	}
 	if status := refuseUnrelayable(w, c, resp, body, s.cfg.Limits.MaxEventBytes); status != 0 {
 		return status
@@ -68,10 +68,15 @@ func answerBodyFailure(w http.ResponseWriter, r *http.Request, c *call, err erro
 	return http.StatusBadGateway
 }
 
-// answerOversized answers 502 an answer past limit (body holds its first limit+1 bytes), once
-// it is metered from what more of it can be read.
-func answerOversized(w http.ResponseWriter, resp *http.Response, c *call, body []byte, limit int64) int {
-	read := meterUnrelayed(c, body, resp.Body, limit)
+// answerOversized answers 502 an answer past limit (body holds what of it was read: its first
+// limit+1 bytes, or none when its Content-Length says so), once it is metered from what more of
+// it can be read. One that breaks before the limit (a Content-Length that said more than came)
+// is answered as any answer that breaks.
+func answerOversized(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, body []byte, limit int64) int {
+	read, broke := meterUnrelayed(c, body, &brokenRead{r: resp.Body}, limit)
+	if broke != nil && read <= limit {
+		return answerBodyFailure(w, r, c, broke)
+	}
 	c.log.Warn("upstream body over the limit", zap.Int64("limit", limit), zap.Int64("read", read),
 		zap.Bool("usage_found", c.meter.Result().Reported))
 	// Charged the whole answer it cannot pass on: an SDK's automatic retry of a 502 (twice,
@@ -86,16 +91,19 @@ func answerOversized(w http.ResponseWriter, resp *http.Response, c *call, body [
 // answerOversized does. The provider made it, and it is charged what it used, as a call cut at
 // the drain deadline of a shutdown is: the gateway cannot tell a caller that would have paid
 // for it from one that would not.
-func answerMemoryFull(w http.ResponseWriter, resp *http.Response, c *call, body []byte, limit int64) int {
-	head := readHead(body, resp.Body)
-	if webPage(head) {
+func answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, body []byte, limit int64) int {
+	rest := &brokenRead{r: resp.Body}
+	head := readHead(body, rest)
+	if rest.err == nil && webPage(head) {
 		// As relayBody would have refused it: no model's answer, charged nothing.
 		return refuseNonAnswer(w, c, resp, head, "upstream answered with a web page",
 			"The upstream answered with a web page, not an API answer: is its base_url right?")
 	}
-	read := meterUnrelayed(c, head, resp.Body, limit)
-	c.log.Warn("upstream answer found no room in memory", zap.Int("read_before", len(body)), zap.Int64("read_after", read),
-		zap.Bool("usage_found", c.meter.Result().Reported))
+	read, broke := meterUnrelayed(c, head, rest, limit)
+	if broke != nil {
+		return answerBodyFailure(w, r, c, broke) // the caller left, the upstream's time ran out, or it broke
+	}
+	c.log.Warn("upstream answer found no room in memory", zap.Int64("read", read), zap.Bool("usage_found", c.meter.Result().Reported))
 	writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "server_busy",
 		Message:    "The gateway holds as many answers in memory as it may and could not pass this one on; it is charged what it used. Retry shortly.",
 		RetryAfter: bodyRetryAfter})
@@ -104,16 +112,40 @@ func answerMemoryFull(w http.ResponseWriter, resp *http.Response, c *call, body 
 
 // meterUnrelayed meters an answer that is not relayed after all (head holds what of it was
 // read) from the rest of it, read and discarded up to oversizeReadFactor times limit, and
-// marks the call as one whose answer broke. It returns how much of the rest it read. It reads
-// before the error goes out: a caller that has its answer leaves, and the upstream read, bound
-// to its context, would end before the report.
-func meterUnrelayed(c *call, head []byte, rest io.Reader, limit int64) int64 {
+// marks the call as one whose answer broke. It returns how much of the answer was read in all,
+// and the error its read ended with, if it broke (nil when it ended, or reached its bound). It
+// reads before the error goes out: a caller that has its answer leaves, and the upstream read,
+// bound to its context, would end before the report.
+func meterUnrelayed(c *call, head []byte, rest *brokenRead, limit int64) (int64, error) {
 	c.outcome = outcomeStreamError
+	head = readHead(head, rest)
+	if rest.err != nil {
+		// Broken within its head (a body cut short reads as a clean end after its first
+		// error): it has no report of its own.
+		return int64(len(head)), rest.err
+	}
 	most := int64(math.MaxInt64)
 	if limit <= math.MaxInt64/oversizeReadFactor {
 		most = oversizeReadFactor * limit
 	}
-	return meterOversized(c.meter, readHead(head, rest), rest, most)
+	read := meterOversized(c.meter, head, rest, most)
+	return int64(len(head)) + read, rest.err
+}
+
+// brokenRead is a reader that keeps the first error, other than io.EOF, its reads ended with:
+// a body that breaks says so once (a Content-Length that said more than came, as
+// io.ErrUnexpectedEOF), then reads as ended.
+type brokenRead struct {
+	r   io.Reader
+	err error
+}
+
+func (b *brokenRead) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) && b.err == nil {
+		b.err = err
+	}
+	return n, err
 }
 
 // unrelayedHead is how much of an answer not relayed is read first, for the model that
@@ -122,7 +154,7 @@ func meterUnrelayed(c *call, head []byte, rest io.Reader, limit int64) int64 {
 const unrelayedHead = 64 << 10
 
 // readHead is head with what more of rest it takes to make unrelayedHead bytes, or all of rest
-// when it is shorter; a failed read leaves the failure for the next.
+// when it is shorter; a read that fails is for rest to remember (brokenRead).
 func readHead(head []byte, rest io.Reader) []byte {
 	if len(head) >= unrelayedHead {
 		return head
