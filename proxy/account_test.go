@@ -16,6 +16,17 @@ import (
 
 func (h *harness) get(key, path string) (int, map[string]any) {
 	h.t.Helper()
+	return h.getDecoded(key, path, false)
+}
+
+// getExact is GET path with its numbers kept as the exact decimals the gateway sent.
+func (h *harness) getExact(key, path string) (int, map[string]any) {
+	h.t.Helper()
+	return h.getDecoded(key, path, true)
+}
+
+func (h *harness) getDecoded(key, path string, exact bool) (int, map[string]any) {
+	h.t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, h.gw.URL+path, nil)
 	req.Header.Set("Authorization", "Bearer "+key)
 	resp, err := http.DefaultClient.Do(req)
@@ -23,8 +34,12 @@ func (h *harness) get(key, path string) (int, map[string]any) {
 		h.t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	if exact {
+		dec.UseNumber()
+	}
 	var out map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+	if err := dec.Decode(&out); err != nil {
 		h.t.Fatalf("GET %s: %v", path, err)
 	}
 	return resp.StatusCode, out

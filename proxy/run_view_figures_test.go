@@ -13,25 +13,6 @@ import (
 	"github.com/tollgate/tollgate/proxy"
 )
 
-// getExact is GET path with its numbers kept as the exact decimals the gateway sent.
-func (h *harness) getExact(key, path string) (int, map[string]any) {
-	h.t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, h.gw.URL+path, nil)
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
-	dec.UseNumber()
-	var out map[string]any
-	if err := dec.Decode(&out); err != nil {
-		h.t.Fatalf("GET %s: %v", path, err)
-	}
-	return resp.StatusCode, out
-}
-
 // TestRunViewShowsWhatTheRunHoldsTalliedAndCharged: DESIGN §4, "GET /v1/runs/{id} shows
 // state, held, tallied usage and charge". An agent reads it to decide whether to go on: a live
 // run must show the hold and cap it was admitted with and what its calls have tallied, and a
