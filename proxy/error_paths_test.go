@@ -129,6 +129,19 @@ func (g *gateUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.fake.ServeHTTP(w, r)
 }
 
+// gatedObservedHarness is a harness whose one upstream, up (its BaseURL set here), is the
+// gateUpstream it returns, and whose log lines, INFO and above, the test reads.
+func gatedObservedHarness(t *testing.T, up config.Upstream) (*harness, *gateUpstream, *observer.ObservedLogs) {
+	t.Helper()
+	gate := newGateUpstream()
+	gateSrv := httptest.NewServer(gate)
+	t.Cleanup(gateSrv.Close)
+	up.BaseURL = gateSrv.URL
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) { c.Upstreams = []config.Upstream{up} })
+	return h, gate, logs
+}
+
 // errEnv is what one row of the error table works with: a fresh user of the row's plan.
 type errEnv struct {
 	t    *testing.T
@@ -973,13 +986,7 @@ func checkErrorLeftovers(t *testing.T, h *harness, tc errRow, userID uint64, run
 // is answered 499 client_closed_request (README: "logged at INFO, apart from the gateway's own
 // failures"), and, as for a model call, writes its line: it wrote none.
 func TestTokenCountCallerLeftIsLogged(t *testing.T) {
-	gate := newGateUpstream()
-	gateSrv := httptest.NewServer(gate)
-	t.Cleanup(gateSrv.Close)
-	core, logs := observer.New(zapcore.InfoLevel)
-	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
-		c.Upstreams = []config.Upstream{{Name: "gate-anthropic", Kind: "anthropic", BaseURL: gateSrv.URL, Models: []string{"claude*"}}}
-	})
+	h, gate, logs := gatedObservedHarness(t, config.Upstream{Name: "gate-anthropic", Kind: "anthropic", Models: []string{"claude*"}})
 	u, key := h.user("standard")
 	ctx, leave := context.WithCancel(context.Background())
 	defer leave()

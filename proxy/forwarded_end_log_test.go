@@ -3,13 +3,8 @@ package proxy_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
-
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate/tollgate/config"
 )
@@ -30,13 +25,7 @@ func TestForwardedCallEndedBeforeItsAnswerIsLogged(t *testing.T) {
 		{"cut at the drain deadline", "shutting_down", http.StatusServiceUnavailable, func(h *harness, _ context.CancelFunc) { h.srv.CutCalls() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			gate := newGateUpstream()
-			gateSrv := httptest.NewServer(gate)
-			t.Cleanup(gateSrv.Close)
-			core, logs := observer.New(zapcore.InfoLevel)
-			h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
-				c.Upstreams = []config.Upstream{{Name: "gate-openai", Kind: "openai", BaseURL: gateSrv.URL, Models: []string{"*"}}}
-			})
+			h, gate, logs := gatedObservedHarness(t, config.Upstream{Name: "gate-openai", Kind: "openai", Models: []string{"*"}})
 			u, key := h.user("standard")
 			ctx, leave := context.WithCancel(context.Background())
 			defer leave()
