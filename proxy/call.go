@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -75,7 +76,10 @@ type call struct {
 	// settles it.
 	leased bool
 	held   time.Time // when its hold was granted
-	ended  time.Time
+	// sent: the upstream has had the whole request (its last write succeeded; the transport
+	// says so, sendUpstream), which decides what a call that fails before its answer costs.
+	sent  atomic.Bool
+	ended time.Time
 	// idem is set for an Idempotency-Key request; rw then keeps what the caller was sent.
 	idem *idemCall
 	rw   *respWriter

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -52,9 +51,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 // none to relay.
 func (s *Server) sendUpstream(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call) (*http.Response, int) {
 	// Whether the provider has the whole request decides what a timeout costs
-	// (answerForwardFailure).
+	// (answerForwardFailure), and a panic (finish).
 	// (A connection the transport retries on starts unsent again.)
-	var sent atomic.Bool
+	sent := &c.sent
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn:      func(httptrace.GotConnInfo) { sent.Store(false) },
 		WroteRequest: func(i httptrace.WroteRequestInfo) { sent.Store(i.Err == nil) },

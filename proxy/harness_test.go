@@ -75,6 +75,8 @@ type harnessSetup struct {
 	log *zap.Logger
 	// admin, if set, is served under /admin.
 	admin http.Handler
+	// transport, if set, is how the gateway reaches the upstream.
+	transport http.RoundTripper
 }
 
 // newHarnessOn is newHarness built on setup.
@@ -138,7 +140,7 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	metrics := proxy.NewMetrics(nil)
 	h.store.OnSettled(metrics.ObserveSettled)
 	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log,
-		Admin: setup.admin, Metrics: metrics})
+		Admin: setup.admin, Metrics: metrics, Transport: setup.transport})
 	h.gw = httptest.NewServer(h.srv.Handler())
 	t.Cleanup(func() {
 		h.gw.Close()

@@ -17,8 +17,8 @@ import (
 // charge for what it already used.
 func (s *Server) finish(reqCtx context.Context, c *call) {
 	if p := recover(); p != nil {
-		c.log.Error("panic while serving; settling what was used", zap.Any("panic", p))
-		c.outcome = outcomeStreamError
+		c.outcome = outcomeAfterPanic(c)
+		c.log.Error("panic while serving; settling what was used", zap.Any("panic", p), zap.Bool("forwarded", c.sent.Load()))
 		defer panic(p)
 	}
 	c.ended = time.Now()
@@ -56,6 +56,17 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		return
 	}
 	s.finishPlainCall(ctx, c, st)
+}
+
+// outcomeAfterPanic is how a call that panicked is settled: as a stream that broke (the
+// provider may have worked on it: its usage if reported, else the prompt's estimate), unless
+// the provider never had the whole request and nothing had decided otherwise, as for a call
+// refused before forwarding: then nothing was used, and the hold is released at 0.
+func outcomeAfterPanic(c *call) outcome {
+	if c.outcome == outcomeRefused && !c.sent.Load() {
+		return outcomeRefused
+	}
+	return outcomeStreamError
 }
 
 // finishRunCall records the end of a named run's call: its tally (a complete answer's was
