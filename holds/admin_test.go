@@ -361,6 +361,45 @@ func TestRevokeByPartOfAPrefixSaysWhatAPrefixIs(t *testing.T) {
 	}
 }
 
+// TestRevokeByPrefixComparesCase: a key's prefix is case-sensitive (tg_aB3… and tg_Ab3… are
+// two keys), but the column's collation compared it without case: revoking one of a user's
+// keys by its prefix revoked any other whose prefix differed only in case.
+func TestRevokeByPrefixComparesCase(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("kim", "standard")
+	var key, other string
+	for other == "" {
+		k, err := f.store.CreateKey(f.ctx(), u.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, other = k, holds.KeyPrefix+swapCase(holds.ShownPrefix(k)[len(holds.KeyPrefix):])
+		if other == holds.ShownPrefix(k) {
+			other = "" // no letter to change the case of: try another key
+		}
+	}
+	if _, err := f.store.RevokeKeysByPrefix(f.ctx(), u.ID, other); !errors.Is(err, holds.ErrKeyNotFound) {
+		t.Fatalf("revoke by prefix %q of key %s…: %v, want ErrKeyNotFound", other, holds.ShownPrefix(key), err)
+	}
+	if _, err := f.store.UserByKey(f.ctx(), key); err != nil {
+		t.Fatalf("the key should still be live: %v", err)
+	}
+}
+
+// swapCase turns s's upper-case ASCII letters to lower case and its lower-case ones to upper.
+func swapCase(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case 'a' <= c && c <= 'z':
+			b[i] = c - 'a' + 'A'
+		case 'A' <= c && c <= 'Z':
+			b[i] = c - 'A' + 'a'
+		}
+	}
+	return string(b)
+}
+
 // TestRevokeKeyOfADeletedUser: a key whose user row is gone (deleted by hand; the store keeps
 // no foreign keys) is still a live key: a user restored under the same id, from a backup,
 // would authenticate with it again. Revoking it named its user by a join that found no user

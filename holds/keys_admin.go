@@ -111,7 +111,10 @@ func (s *Store) RevokeKeysByPrefix(ctx context.Context, userID uint64, prefix st
 	var live [][]byte
 	err := s.withRetry(ctx, "revoke keys by prefix", func() error {
 		live = live[:0]
-		return s.db.SelectContext(ctx, &live, "SELECT key_hash FROM api_keys WHERE user_id = ? AND prefix = ? AND revoked_at IS NULL", userID, prefix)
+		// Compared as bytes: a key is case-sensitive, the column's collation is not, and
+		// another key whose prefix differs only in case must stay live.
+		return s.db.SelectContext(ctx, &live,
+			"SELECT key_hash FROM api_keys WHERE user_id = ? AND CAST(prefix AS BINARY) = ? AND revoked_at IS NULL", userID, prefix)
 	})
 	if err != nil {
 		return 0, fmt.Errorf("revoke keys of user %d: find live keys: %w", userID, err)
