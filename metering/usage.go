@@ -359,6 +359,11 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		}
 	}
 	prompt, completion := m.reported[figPrompt].n, m.reported[figCompletion].n
+	if m.format == FormatEmbeddings && !m.reported[figPrompt].seen {
+		// An embedding has no output: a total alone (Voyage AI's whole report) is its
+		// input. Read as output, it was billed at an embedding model's output price, 0.
+		prompt = m.reported[figTotal].n
+	}
 	cached, written := m.reported[figCached].n, m.reported[figWritten].n
 	output := completion
 	// xAI and Gemini leave reasoning out of completion_tokens.

@@ -648,3 +648,30 @@ func TestMeterAnthropicDeltaOutputIsFinal(t *testing.T) {
 		t.Errorf("iterations only: got %+v, want %+v, not estimated", got, want)
 	}
 }
+
+// An embeddings answer has no output: every token it reports is its input. Voyage AI answers
+// /v1/embeddings with usage {"total_tokens": n} alone; read as a chat report, the n tokens were
+// billed as output, at the output price an embedding model is configured with (0), so each
+// call was charged nothing. A report with prompt_tokens still bills those.
+func TestMeterEmbeddingsTotalOnlyIsInput(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       pricing.Usage
+	}{
+		{"total alone (Voyage)", `{"object":"list","data":[{"object":"embedding","embedding":[0.1],"index":0}],"model":"voyage-3","usage":{"total_tokens":10}}`,
+			pricing.Usage{Input: 10}},
+		{"prompt and total (OpenAI)", `{"object":"list","data":[],"usage":{"prompt_tokens":2,"total_tokens":2}}`, pricing.Usage{Input: 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMeter(FormatEmbeddings)
+			m.Body([]byte(tc.body))
+			if got := m.Result(); got.Usage != tc.want || !got.Reported {
+				t.Errorf("got %+v reported=%v, want %+v reported", got.Usage, got.Reported, tc.want)
+			}
+			price := pricing.Price{Input: 120_000} // an embedding model: output unpriced
+			if got, want := price.Cost(m.Result().Usage), price.Cost(tc.want); got != want {
+				t.Errorf("charged %d micro-USD, want %d", got, want)
+			}
+		})
+	}
+}
