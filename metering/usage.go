@@ -258,10 +258,11 @@ func hasEmptyChoices(data []byte) bool {
 // top-level keys: separate lookups for choices, usage, x_groq and error would each rescan
 // the chunk, and this runs on every chunk of a stream.
 func (m *Meter) openAIObject(s, choiceKey string) {
-	var usage, groq gjson.Result
+	var usage, groq, choices gjson.Result
 	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "choices":
+			choices = v
 			m.openAIChoices(v, choiceKey)
 		case "usage":
 			usage = v
@@ -276,8 +277,17 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 		}
 		return true
 	})
-	if !m.openAIUsage(usage) {
-		m.openAIUsage(groq.Get("usage"))
+	if m.openAIUsage(usage) || m.openAIUsage(groq.Get("usage")) {
+		return
+	}
+	if !usage.Exists() && strings.Contains(s, `"usage"`) {
+		// Moonshot (Kimi) reports a stream's usage in its finishing choice, and there alone
+		// unless include_usage is honoured (then a top-level report follows it, and replaces
+		// it). Looked for only in a chunk without a top-level usage key that names one: an
+		// include_usage stream's every chunk has "usage":null, and this runs on each.
+		choices.ForEach(func(_, c gjson.Result) bool {
+			return !m.openAIUsage(c.Get("usage"))
+		})
 	}
 }
 

@@ -675,3 +675,27 @@ func TestMeterEmbeddingsTotalOnlyIsInput(t *testing.T) {
 		})
 	}
 }
+
+// Moonshot (Kimi) reports a stream's usage inside its last choice (choices[0].usage, on the
+// finish_reason chunk), and only there unless include_usage is honoured; with it, a top-level
+// usage-only chunk follows, whose figures are the final word. The stream below is the shape
+// recorded from api.moonshot.ai (vercel/ai, moonshotai-stream-choice-usage): unread, the call
+// was charged its prompt's estimate as if the provider had said nothing.
+func TestMeterReadsUsageInAChoice(t *testing.T) {
+	finish := data(`{"id":"chatcmpl-6a8d","object":"chat.completion.chunk","model":"kimi-k2.5","choices":[{"index":0,"delta":{},"finish_reason":"stop","usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17,"completion_tokens_details":{"reasoning_tokens":1}}}]}`)
+	content := data(`{"id":"chatcmpl-6a8d","object":"chat.completion.chunk","model":"kimi-k2.5","choices":[{"index":0,"delta":{"content":"OK."},"finish_reason":null}]}`)
+	got := meterEvents(FormatChat, content, finish, data(`[DONE]`))
+	if want := (pricing.Usage{Input: 12, Output: 5}); got.Usage != want || !got.Reported || got.OutputChars != 3 {
+		t.Errorf("usage in the choice: got %+v, want usage %+v reported, 3 bytes of output", got, want)
+	}
+	got = meterEvents(FormatChat, content, finish,
+		data(`{"id":"chatcmpl-6a8d","object":"chat.completion.chunk","model":"kimi-k2.5","choices":[],"usage":{"prompt_tokens":99,"completion_tokens":33,"total_tokens":132}}`),
+		data(`[DONE]`))
+	if want := (pricing.Usage{Input: 99, Output: 33}); got.Usage != want {
+		t.Errorf("a later top-level report: got %+v, want %+v", got.Usage, want)
+	}
+	got = meterEvents(FormatChat, data(`{"choices":[{"index":0,"delta":{},"usage":{"prompt_tokens":1,"completion_tokens":1}}],"usage":{"prompt_tokens":40,"completion_tokens":7}}`))
+	if want := (pricing.Usage{Input: 40, Output: 7}); got.Usage != want {
+		t.Errorf("top-level beside a choice's: got %+v, want the top-level %+v", got.Usage, want)
+	}
+}
