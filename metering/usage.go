@@ -164,9 +164,9 @@ func (m *Meter) Result() Result {
 		r.Estimated = true
 	}
 	if m.format == FormatAnthropic && r.Reported && !m.outputFinal {
-		if est := EstimateOutputTokens(r.OutputChars); est > r.Usage.Output {
-			r.Usage.Output, r.Estimated = est, true
-		}
+		// message_start's output_tokens is a placeholder: the output is the gateway's guess
+		// whichever of the two is larger, and the row says so.
+		r.Usage.Output, r.Estimated = max(r.Usage.Output, EstimateOutputTokens(r.OutputChars)), true
 	}
 	r.Usage = r.Usage.Clamp()
 	return r

@@ -699,3 +699,25 @@ func TestMeterReadsUsageInAChoice(t *testing.T) {
 		t.Errorf("top-level beside a choice's: got %+v, want the top-level %+v", got.Usage, want)
 	}
 }
+
+// An Anthropic stream cut before its message_delta has no final output count: message_start's
+// output_tokens is a placeholder, whatever the text streamed after it. The usage is marked
+// estimated however little text came (none: a caller that left during a long first token), as
+// the row's estimated flag tells a billing team the output is not the provider's count.
+func TestAnthropicStreamCutBeforeMessageDeltaIsEstimated(t *testing.T) {
+	start := data(`{"type":"message_start","message":{"model":"claude-test","usage":{"input_tokens":2000,"output_tokens":1}}}`)
+	for _, tc := range []struct {
+		name string
+		evs  []Event
+	}{
+		{"no text", []Event{start}},
+		{"less text than the placeholder", []Event{start, data(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}`)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := meterEvents(FormatAnthropic, tc.evs...)
+			if !got.Reported || got.Usage.Input != 2000 || !got.Estimated {
+				t.Errorf("got %+v, want the prompt reported (2000) and the usage marked estimated", got)
+			}
+		})
+	}
+}
