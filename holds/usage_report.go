@@ -159,7 +159,9 @@ func reportRange(from, to time.Time) (time.Time, time.Time, error) {
 
 // usageRowsQuery sums settled runs still kept per user, day and model, and adds the sums of
 // those pruned (PruneSettled), which are kept on the same grouping: a day reads the same
-// either way. Its arguments are the range's two ends (and the user, when userCond names
+// either way. Models are told apart byte for byte, as the gateway prices and forwards them:
+// run_holds.model's collation folds case and ignores trailing spaces, and grouped by it the
+// runs of "gpt-4o-X" and "gpt-4o-x" were one row (pruned_runs.model is VARBINARY, migration 016). Its arguments are the range's two ends (and the user, when userCond names
 // one) twice: once for each table. It reads one row past maxReportRows, to tell a report
 // cut short.
 func usageRowsQuery(userCond string) string {
@@ -171,7 +173,7 @@ func usageRowsQuery(userCond string) string {
 		       SUM(h.audio_out_tok) AS audio_out_tok,
 		       SUM(h.cost_micro) AS cost_micro, SUM(h.charged_micro) AS charged_micro,
 		       SUM(h.allowance_part_micro) AS allowance_part_micro, SUM(h.prepaid_part_micro) AS prepaid_part_micro
-		FROM (SELECT h.user_id, DATE_FORMAT(h.settled_at, '%Y-%m-%d') AS day, h.model,
+		FROM (SELECT h.user_id, DATE_FORMAT(h.settled_at, '%Y-%m-%d') AS day, CAST(h.model AS BINARY) AS model,
 		             COUNT(*) AS runs, SUM(h.charged_micro > 0) AS charged_runs, SUM(h.estimated) AS estimated_runs, SUM(h.calls) AS calls,
 		             SUM(h.in_tok) AS in_tok, SUM(h.cache_read_tok) AS cache_read_tok,
 		             SUM(h.cache_write_tok) AS cache_write_tok, SUM(h.out_tok) AS out_tok,
@@ -181,7 +183,7 @@ func usageRowsQuery(userCond string) string {
 		             SUM(h.allowance_part_micro) AS allowance_part_micro, SUM(h.prepaid_part_micro) AS prepaid_part_micro
 		      FROM run_holds h
 		      WHERE h.state = 'settled' AND h.settled_at >= ? AND h.settled_at < ?` + userCond + `
-		      GROUP BY h.user_id, DATE_FORMAT(h.settled_at, '%Y-%m-%d'), h.model
+		      GROUP BY h.user_id, DATE_FORMAT(h.settled_at, '%Y-%m-%d'), CAST(h.model AS BINARY)
 		      UNION ALL
 		      SELECT h.user_id, DATE_FORMAT(h.day, '%Y-%m-%d'), h.model, h.runs, h.charged_runs, h.estimated_runs, h.calls, h.in_tok,
 		             h.cache_read_tok, h.cache_write_tok, h.out_tok, h.cache_write_1h_tok, h.audio_in_tok, h.audio_out_tok,
