@@ -481,9 +481,9 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			status: 400, code: "previous_response_not_found", retry: ok("/v1/responses", errRespBody, nil)},
 		{name: "503 shutting_down", send: at(drainedGW.URL, "/v1/chat/completions", chatBody, nil), header: map[string]string{"Retry-After": "1"}, status: 503, code: "shutting_down", retry: okChat},
 		{name: "503 shutting_down, messages", send: at(drainedGW.URL, "/v1/messages", errMsgBody, nil), header: map[string]string{"Retry-After": "1"}, status: 503, code: "shutting_down", anthropic: true},
-		{name: "503 dedup_unavailable", send: at(deadDedup, "/v1/chat/completions", chatBody, nil), status: 503, code: "dedup_unavailable", retry: okChat},
+		{name: "503 dedup_unavailable", send: at(deadDedup, "/v1/chat/completions", chatBody, nil), header: map[string]string{"Retry-After": "1"}, status: 503, code: "dedup_unavailable", retry: okChat},
 		{name: "503 dedup_unavailable, idempotent", send: at(deadDedup, "/v1/chat/completions", chatBody, map[string]string{"Idempotency-Key": "k-down"}),
-			status: 503, code: "dedup_unavailable", retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-down"})},
+			header: map[string]string{"Retry-After": "1"}, status: 503, code: "dedup_unavailable", retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-down"})},
 		// 503 billing_unavailable is driven in call_test.go (a lossy or dead database, past the
 		// store's retries) and auth_bound_test.go: each takes seconds to run out.
 
@@ -601,7 +601,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			e.gate.open("dup")
 			<-first
 			return resp
-		}, namesRun: true, status: 409, code: "duplicate", retry: okChat},
+		}, header: map[string]string{"X-Should-Retry": "false"}, namesRun: true, status: 409, code: "duplicate", retry: okChat},
 		{name: "409 request_in_progress", send: func(e *errEnv) *http.Response {
 			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"Idempotency-Key": "k-run", "X-Test-Gate": "idem"})
 			e.gate.await(e.t, "idem", 1)
@@ -609,7 +609,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			e.gate.open("idem")
 			<-first
 			return resp
-		}, header: map[string]string{"Retry-After": "1"}, namesRun: true, status: 409, code: "request_in_progress", sharedRun: true},
+		}, header: map[string]string{"Retry-After": "1", "X-Should-Retry": "true"}, namesRun: true, status: 409, code: "request_in_progress", sharedRun: true},
 		{name: "422 idempotency_key_reused", send: func(e *errEnv) *http.Response {
 			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"Idempotency-Key": "k-reused"}); a.status != 200 {
 				e.t.Fatalf("first: %d %s", a.status, a.body)
@@ -625,7 +625,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			}
 			e.h.settled()
 			return e.post("/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, big)
-		}, namesRun: true, status: 409, code: "idempotent_response_too_large"},
+		}, header: map[string]string{"X-Should-Retry": "false"}, namesRun: true, status: 409, code: "idempotent_response_too_large"},
 		{name: "409 idempotent_response_lost", send: func(e *errEnv) *http.Response {
 			hdr := map[string]string{"Idempotency-Key": "k-lost"}
 			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, hdr); a.status != 200 {
@@ -638,7 +638,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 				e.t.Fatalf("replay record %s: %d fields deleted, %v", rec, n, err)
 			}
 			return e.post("/v1/chat/completions", chatBody, hdr)
-		}, namesRun: true, status: 409, code: "idempotent_response_lost", sharedRun: true},
+		}, header: map[string]string{"X-Should-Retry": "false"}, namesRun: true, status: 409, code: "idempotent_response_lost", sharedRun: true},
 		{name: "409 already_running", send: func(e *errEnv) *http.Response {
 			hdr := map[string]string{"X-Session-Id": "s-same", "X-Test-Gate": "sess"}
 			first := e.inBackground("/v1/chat/completions", chatBody, hdr)
@@ -647,7 +647,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			e.gate.open("sess")
 			<-first
 			return resp
-		}, namesRun: true, status: 409, code: "already_running", retry: chat(chatBody, map[string]string{"X-Session-Id": "s-same"})},
+		}, header: map[string]string{"X-Should-Retry": "false"}, namesRun: true, status: 409, code: "already_running", retry: chat(chatBody, map[string]string{"X-Session-Id": "s-same"})},
 		{name: "409 superseded", send: func(e *errEnv) *http.Response {
 			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": "s-new", "X-Test-Gate": "never"})
 			e.gate.await(e.t, "never", 1)
