@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -19,7 +20,16 @@ func TestUsageReportsAreBoundedAtOnce(t *testing.T) {
 	}
 	w := httptest.NewRecorder()
 	h.usageReport(w, httptest.NewRequest(http.MethodGet, "/reports/usage?from=2026-01-01&to=2026-11-30", nil))
-	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
-		t.Fatalf("a report past the bound: %d (Retry-After %q) %s, want 429 with Retry-After", w.Code, w.Header().Get("Retry-After"), w.Body)
+	// README "Operating it": a third report gets 429 reports_busy with Retry-After: 5, in the
+	// admin API's (OpenAI's) error shape.
+	var answer struct {
+		Error struct{ Code, Type, Message string } `json:"error"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &answer); err != nil {
+		t.Fatalf("a report past the bound: %s is not an error answer: %v", w.Body, err)
+	}
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "5" || answer.Error.Code != "reports_busy" ||
+		answer.Error.Type != "rate_limit_error" || answer.Error.Message == "" {
+		t.Fatalf("a report past the bound: %d (Retry-After %q) %s, want 429 reports_busy with Retry-After: 5", w.Code, w.Header().Get("Retry-After"), w.Body)
 	}
 }
