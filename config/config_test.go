@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -341,5 +342,42 @@ func TestBadModelsAreNamedInOrder(t *testing.T) {
 			t.Fatalf("models named out of order: %v", err)
 		}
 		last = at
+	}
+}
+
+// README "Configuration" names each environment variable and the setting it sets; each one
+// must override the file, and TOLLGATE_INSTANCE default to host:pid.
+func TestEveryREADMEVariableOverridesItsSetting(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(path, []byte("mysql_dsn: f@tcp(h:1)/d\nredis_url: redis://file:1/0\nlisten_addr: 127.0.0.1:1\n"+
+		"admin_token: file-token-0123456789\ninstance: from-file\nredis_key_prefix: file-\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"MYSQL_DSN": "e@tcp(h:2)/d", "REDIS_URL": "redis://env:2/0", "LISTEN_ADDR": "127.0.0.1:2",
+		"ADMIN_TOKEN": "env-token-0123456789", "TOLLGATE_INSTANCE": "from-env", "TOLLGATE_REDIS_PREFIX": "env-",
+		"UPSTREAM_URL": "http://127.0.0.1:3", "UPSTREAM_API_KEY": "sk-env"}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{"MYSQL_DSN": cfg.MySQLDSN, "REDIS_URL": cfg.RedisURL, "LISTEN_ADDR": cfg.ListenAddr,
+		"ADMIN_TOKEN": cfg.AdminToken, "TOLLGATE_INSTANCE": cfg.Instance, "TOLLGATE_REDIS_PREFIX": cfg.RedisKeyPrefix,
+		"UPSTREAM_URL": cfg.Upstreams[0].BaseURL, "UPSTREAM_API_KEY": cfg.Upstreams[0].APIKey}
+	for k, want := range env {
+		if got[k] != want {
+			t.Errorf("%s: the setting is %q, want the variable's %q", k, got[k], want)
+		}
+	}
+
+	t.Setenv("TOLLGATE_INSTANCE", "")
+	if cfg, err = Load(""); err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	if want := host + ":" + strconv.Itoa(os.Getpid()); cfg.Instance != want {
+		t.Errorf("instance without a setting: %q, want host:pid %q", cfg.Instance, want)
 	}
 }
