@@ -26,7 +26,10 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 	for k, vv := range r.Header {
 		// A name with an underscore is dropped as nginx and Apache drop it: CGI-style servers
 		// read X_Api_Key as X-Api-Key, which would get past the list below.
-		if _, drop := dropRequestHeaders[k]; !drop && !hop[k] && !strings.Contains(k, "_") {
+		// Every X-Forwarded-* is a claim about the client, its URL or its certificate, and
+		// proxies keep adding new ones (X-Forwarded-Client-Cert, -Scheme, -Ssl): by prefix, not
+		// by a list that lags them.
+		if _, drop := dropRequestHeaders[k]; !drop && !hop[k] && !strings.Contains(k, "_") && !strings.HasPrefix(k, "X-Forwarded-") {
 			up.Header[k] = vv
 		}
 	}
