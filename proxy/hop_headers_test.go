@@ -44,3 +44,29 @@ func TestConnectionListedHeadersAreHopByHop(t *testing.T) {
 		t.Errorf("an upstream's end-to-end header was dropped: %q", resp.Header.Get("X-Kept"))
 	}
 }
+
+// TestProxyAuthenticateIsHopByHop: Proxy-Authenticate is a challenge from a proxy to the client
+// of its own hop (RFC 9110 §11.7.1; hop-by-hop in RFC 2616 §13.5.1 and in Go's own reverse
+// proxy): one sent by a proxy in front of the upstream, to the gateway, passed on to the caller
+// asks the caller's client for credentials of a proxy it never used. README "HTTP surface": the
+// upstream's answer goes back without hop-by-hop headers.
+func TestProxyAuthenticateIsHopByHop(t *testing.T) {
+	up, _ := recordingUpstream(http.Header{
+		"Proxy-Authenticate": {`Basic realm="corp-egress"`},
+		"X-Kept":             {"kept"},
+	})
+	h := hostileHarness(t, up, nil)
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	if v := resp.Header.Values("Proxy-Authenticate"); len(v) > 0 {
+		t.Errorf("the upstream's Proxy-Authenticate reached the caller: %q", v)
+	}
+	if resp.Header.Get("X-Kept") != "kept" {
+		t.Errorf("an upstream's end-to-end header was dropped: %q", resp.Header.Get("X-Kept"))
+	}
+}

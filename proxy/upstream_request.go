@@ -69,7 +69,7 @@ var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "
 // dropResponseHeaders are hop-by-hop, set by the gateway (an upstream that is itself a
 // gateway must not rename the caller's run or mark a first answer as a replay), or name the
 // operator's account at the provider (its organisation and project), which is not the caller's.
-var dropResponseHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding",
+var dropResponseHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Te", "Trailer", "Transfer-Encoding",
 	"Upgrade", "Set-Cookie", RunIDHeader, RequestIDHeader, ReplayedHeader, "Openai-Organization", "Openai-Project", "Anthropic-Organization-Id")
 
 func copyResponseHeaders(dst, src http.Header) {
