@@ -381,3 +381,35 @@ func TestEveryREADMEVariableOverridesItsSetting(t *testing.T) {
 		t.Errorf("instance without a setting: %q, want host:pid %q", cfg.Instance, want)
 	}
 }
+
+// README "Configuration": a request goes to the first upstream that serves its model by exact
+// name, then by "prefix*", then by "*" — an exact name in a later upstream wins over a prefix
+// or "*" in an earlier one, and among prefixes (or stars) the first upstream in the list wins.
+func TestUpstreamForTakesExactThenPrefixThenStar(t *testing.T) {
+	c := Default()
+	c.Upstreams = []Upstream{
+		{Name: "star", Kind: "openai", BaseURL: "http://a", Models: []string{"*"}},
+		{Name: "wide", Kind: "openai", BaseURL: "http://b", Models: []string{"gpt-*"}},
+		{Name: "narrow", Kind: "openai", BaseURL: "http://c", Models: []string{"gpt-4o*"}},
+		{Name: "exact", Kind: "anthropic", BaseURL: "http://d", Models: []string{"gpt-4o-mini"}},
+		{Name: "star-too", Kind: "openai", BaseURL: "http://e", Models: []string{"*"}},
+	}
+	for model, want := range map[string]string{
+		"gpt-4o-mini":  "exact", // by exact name, though three upstreams before it match
+		"gpt-4o":       "wide",  // the first prefix, not the longest
+		"gpt-5":        "wide",  // a prefix before "*"
+		"claude-x":     "star",  // "*": the first that has it
+		"gpt-":         "wide",  // a prefix matches its own text
+		"gpt":          "star",  // shorter than the prefix: "*"
+		"gpt-4o-mini2": "wide",  // the exact name is no prefix
+	} {
+		u, ok := c.UpstreamFor(model)
+		if !ok || u.Name != want {
+			t.Errorf("%s goes to %+v (found %v), want %s", model, u, ok, want)
+		}
+	}
+	c.Upstreams = c.Upstreams[1:4]
+	if u, ok := c.UpstreamFor("claude-x"); ok {
+		t.Errorf("claude-x goes to %s with no upstream serving it", u.Name)
+	}
+}
