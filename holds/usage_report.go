@@ -161,9 +161,9 @@ func reportRange(from, to time.Time) (time.Time, time.Time, error) {
 // those pruned (PruneSettled), which are kept on the same grouping: a day reads the same
 // either way. Models are told apart byte for byte, as the gateway prices and forwards them:
 // run_holds.model's collation folds case and ignores trailing spaces, and grouped by it the
-// runs of "gpt-4o-X" and "gpt-4o-x" were one row (pruned_runs.model is VARBINARY, migration 016). Its arguments are the range's two ends (and the user, when userCond names
-// one) twice: once for each table. It reads one row past maxReportRows, to tell a report
-// cut short.
+// runs of "gpt-4o-X" and "gpt-4o-x" were one row (pruned_runs.model is VARBINARY, migration
+// 016). Its arguments are the range's two ends (and the user, when userCond names one) twice:
+// once for each table. It reads one row past maxReportRows, to tell a report cut short.
 func usageRowsQuery(userCond string) string {
 	return `SELECT h.user_id, u.name AS user_name, h.day, h.model,
 		       SUM(h.runs) AS runs, SUM(h.charged_runs) AS charged_runs, SUM(h.estimated_runs) AS estimated_runs, SUM(h.calls) AS calls,
