@@ -41,7 +41,40 @@ func decodeFile(path string, cfg *Config) (unwritten []error, told []string, err
 		cfg.Plans = demoPlans
 	}
 	unwritten, told = checkWritten(raw)
+	priceUnwrittenCaches(raw, cfg.Models)
 	return unwritten, told, nil
+}
+
+// priceUnwrittenCaches prices the cache reads and writes of each model in raw's models that
+// leaves their price out at its input price: decoded as 0, every cached prompt token (OpenAI
+// caches prompts of 1 024 tokens and more on its own) and every cache write was served free
+// by a config that never said so. A price written, 0 included, stands.
+func priceUnwrittenCaches(raw []byte, models map[string]ModelCfg) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil || len(doc.Content) == 0 {
+		return
+	}
+	entries := mappingValue(doc.Content[0], "models")
+	if entries == nil || entries.Kind != yaml.MappingNode {
+		return
+	}
+	for i := 0; i+1 < len(entries.Content); i += 2 {
+		name, fields := entries.Content[i].Value, entries.Content[i+1]
+		if fields.Kind == yaml.AliasNode {
+			fields = fields.Alias
+		}
+		m, ok := models[name]
+		if !ok || fields.Kind != yaml.MappingNode {
+			continue // refused by checkWritten
+		}
+		if mappingValue(fields, "cache_read") == nil {
+			m.CacheRead = m.Input
+		}
+		if mappingValue(fields, "cache_write") == nil {
+			m.CacheWrite = m.Input
+		}
+		models[name] = m
+	}
 }
 
 // unknownSettings is how yaml.v3 words a key no setting has ("field listen_adr not found in
