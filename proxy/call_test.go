@@ -284,15 +284,16 @@ func TestStreamBrokenAfterItsFinalEventIsWhole(t *testing.T) {
 }
 
 // TestUpstreamRefusalsReachTheCallerAsTheyShould: the provider's 4xx answers to the caller's
-// own mistakes pass through as sent; its 401 (the gateway's key) becomes 502
-// upstream_auth_failed, which the caller cannot fix. Neither is charged.
+// own mistakes pass through as sent; its 401, 403 and 407 (the gateway's key, or its outbound
+// proxy's credentials) become 502 upstream_auth_failed, which the caller cannot fix. Neither is
+// charged.
 func TestUpstreamRefusalsReachTheCallerAsTheyShould(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	for _, tc := range []struct {
 		upstream, status int
 		code             string
-	}{{400, 400, ""}, {404, 404, ""}, {401, 502, "upstream_auth_failed"}, {403, 502, "upstream_auth_failed"}} {
+	}{{400, 400, ""}, {404, 404, ""}, {401, 502, "upstream_auth_failed"}, {403, 502, "upstream_auth_failed"}, {407, 502, "upstream_auth_failed"}} {
 		resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderStatus: fmt.Sprint(tc.upstream)})
 		body := readAll(t, resp.Body)
 		resp.Body.Close()

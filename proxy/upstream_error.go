@@ -12,12 +12,19 @@ import (
 	"go.uber.org/zap"
 )
 
+// credentialsRefused reports whether status refuses the gateway's own credentials: its key at
+// the provider (401, 403), or at an outbound proxy on the way there (407, which passed on would
+// ask the caller's client for its own proxy's credentials).
+func credentialsRefused(status int) bool {
+	return status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusProxyAuthRequired
+}
+
 // maxUpstreamErrorBody bounds what is read of an upstream's error answer.
 const maxUpstreamErrorBody = 64 << 10
 
 // relayUpstreamError answers for an upstream that refused the call. The caller's own mistakes
 // (4xx) pass through as the provider worded them; the provider's failures and its refusal of
-// the gateway's key or of the operator's account there (401, 403, 402, OpenAI's 429
+// the gateway's key or of the operator's account there (401, 403, 407, 402, OpenAI's 429
 // insufficient_quota) become 502, since the caller can do nothing about them.
 func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
@@ -25,18 +32,18 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 		(resp.StatusCode == http.StatusTooManyRequests && quotaExhausted(body))
 	msg := "upstream refused the call"
 	switch {
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+	case credentialsRefused(resp.StatusCode):
 		// The gateway's key, not the caller's mistake: every call to this upstream fails until
 		// the operator fixes it. WARN (sampled) as the other upstream failures, under its own
 		// message, which the sampling counts apart.
-		msg = "upstream refused the gateway's credentials: check this upstream's API key (UPSTREAM_API_KEY or its api_key_env)"
+		msg = "upstream refused the gateway's credentials: check this upstream's API key (UPSTREAM_API_KEY or its api_key_env), or on 407 the outbound proxy's"
 	case accountRefused:
 		msg = "upstream refused to bill the gateway's account: check its balance at this upstream"
 	}
 	log.Warn(msg, zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
 		zap.ByteString("body", logged(body)), zap.NamedError("read_error", readErr))
 	switch {
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
+	case credentialsRefused(resp.StatusCode):
 		// The gateway's own key, which the caller cannot change and a retry will not: SDKs
 		// retry a 502 twice unless told not to.
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_auth_failed",
