@@ -81,22 +81,22 @@ func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) h
 	// Every route is registered flat, with its whole pattern, never under r.Route: a sub-router
 	// is mounted on its own path for every method, so allowedMethods would find each method
 	// "allowed" on /users/{name} itself.
-	r.Get("/users", h.listUsers)
+	r.Get("/users", takes(h.listUsers, "limit", "after"))
 	r.Post("/users", h.createUser)
-	r.Get("/users/{name}", h.getUser)
+	r.Get("/users/{name}", takes(h.getUser))
 	r.Patch("/users/{name}", h.patchUser)
 	r.Post("/users/{name}/disable", h.disableUser)
 	r.Post("/users/{name}/enable", h.enableUser)
-	r.Get("/users/{name}/keys", h.listKeys)
+	r.Get("/users/{name}/keys", takes(h.listKeys, "limit", "after"))
 	r.Post("/users/{name}/keys", h.createKey)
 	r.Post("/users/{name}/keys/revoke", h.revokeUserKeys)
-	r.Get("/users/{name}/grants", h.listGrants)
+	r.Get("/users/{name}/grants", takes(h.listGrants, "limit", "after"))
 	r.Post("/users/{name}/grants", h.createGrant)
-	r.Get("/users/{name}/balance", h.balance)
+	r.Get("/users/{name}/balance", takes(h.balance))
 	r.Post("/keys/revoke", h.revokeKey)
-	r.Get("/runs", h.listRuns)
-	r.Get("/instances", h.listInstances)
-	r.Get("/reports/usage", h.usageReport)
+	r.Get("/runs", takes(h.listRuns, "user", "state", "since", "until", "settled_since", "settled_until", "after", "limit"))
+	r.Get("/instances", takes(h.listInstances, "limit", "after"))
+	r.Get("/reports/usage", takes(h.usageReport, "from", "to", "user", "format"))
 	return r
 }
 

@@ -6,12 +6,34 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
 // The admin API's query parameters and request bodies: each refusal is a 400 that names what
 // was wrong, before the store is asked anything.
+
+// takes serves h only if the request's query names no parameter but those names: a filter
+// misspelt (userr=bob) was ignored, and a listing or report meant for one user answered for
+// every user. A body's misspelt field is refused the same way (readJSON).
+func takes(h http.HandlerFunc, names ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		for k := range r.URL.Query() {
+			if !slices.Contains(names, k) {
+				allowed := strings.Join(names, ", ")
+				if allowed == "" {
+					allowed = "none"
+				}
+				writeError(w, badRequest("unknown_parameter",
+					fmt.Sprintf("unknown query parameter %q; this route takes: %s", k[:min(len(k), 64)], allowed)))
+				return
+			}
+		}
+		h(w, r)
+	}
+}
 
 // limitParam reads a listing's page size: bounded, so that no request reads a table whole.
 func limitParam(r *http.Request) (int, *apiError) {

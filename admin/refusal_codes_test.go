@@ -43,6 +43,11 @@ func TestEveryAdminRefusalNamesItsCode(t *testing.T) {
 		{"GET", "/admin/reports/usage?from=01/02/2000", nil, "invalid_from"},
 		{"GET", "/admin/reports/usage?to=01/02/2000", nil, "invalid_to"},
 		{"GET", "/admin/reports/usage?format=xml", nil, "invalid_format"},
+		// A misspelt filter answered for every user.
+		{"GET", "/admin/reports/usage?userr=acme", nil, "unknown_parameter"},
+		{"GET", "/admin/runs?usr=acme&state=settled", nil, "unknown_parameter"},
+		{"GET", "/admin/users?limt=5", nil, "unknown_parameter"},
+		{"GET", "/admin/users/acme/balance?x=1", nil, "unknown_parameter"},
 	} {
 		status, out, raw := f.call(c.method, c.path, adminToken, c.body)
 		if status != http.StatusBadRequest || errCode(out) != c.code {
