@@ -38,7 +38,11 @@ const countRetryAfter = time.Second
 // countTokens forwards a token count.
 func (s *Server) countTokens(w http.ResponseWriter, r *http.Request) {
 	user := userFrom(r.Context())
-	log := s.log.WithLazy(zap.Uint64("user_id", user.ID), zap.String("route", countTokensPath))
+	// Named as a model call is (serveCall), though a count makes no run: a caller quoting the
+	// id of a refused count finds the line that says why.
+	requestID := newRunID()
+	w.Header().Set(RequestIDHeader, requestID)
+	log := s.log.WithLazy(zap.Uint64("user_id", user.ID), zap.String("route", countTokensPath), zap.String("request_id", requestID))
 	status := s.forwardCount(w, r, user.ID, log)
 	s.metrics.Requests.WithLabelValues(countTokensPath, codeLabel(status)).Inc()
 }

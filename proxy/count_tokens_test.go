@@ -18,6 +18,7 @@ import (
 	aopt "github.com/anthropics/anthropic-sdk-go/v2/option"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // countUpstream is an Anthropic upstream whose token counter answers input_tokens and
@@ -143,6 +144,7 @@ func TestCountTokensRefusals(t *testing.T) {
 	u := &countUpstream{}
 	h := countHarness(t, u)
 	_, key := h.user("standard")
+	ids := map[string]bool{}
 	for _, tc := range []struct {
 		name, key, body string
 		status          int
@@ -168,6 +170,12 @@ func TestCountTokensRefusals(t *testing.T) {
 		if resp.StatusCode != tc.status || e.Type != "error" || e.Error.Type != tc.errType || e.Error.Message == "" {
 			t.Errorf("%s: %d %s, want %d with an Anthropic %s", tc.name, resp.StatusCode, body, tc.status, tc.errType)
 		}
+		// Past the key check a refusal names its request, as a model call's does.
+		id := resp.Header.Get(proxy.RequestIDHeader)
+		if (tc.key == key && (id == "" || ids[id])) || (tc.key != key && id != "") {
+			t.Errorf("%s: request id %q, want one of its own past the key check only", tc.name, id)
+		}
+		ids[id] = true
 	}
 	if len(u.seen) != 0 {
 		t.Fatalf("upstream saw %d refused counts", len(u.seen))
