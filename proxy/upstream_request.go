@@ -54,7 +54,8 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 // dropRequestHeaders never reach the upstream: hop-by-hop headers, the caller's credentials
 // (in any provider's spelling: Azure's api-key too), claims about the client's address or the
 // URL or method it used (the upstream or a proxy in front of it may trust them: a token count
-// rerouted to a model call would be served free), the gateway's own
+// rerouted to a model call would be served free; every X-Forwarded-* goes by its prefix, in
+// upstreamRequest), the gateway's own
 // headers, X-Idempotency-Key (with it Go's transport resends a request whose reused
 // connection broke after it was written: the provider may run it twice, charged once), and
 // Accept-Encoding (the meter must read plain text; the transport negotiates compression
@@ -62,9 +63,8 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Expect", "Content-Encoding", "Authorization", "X-Api-Key", "Api-Key", "Cookie", "Accept-Encoding",
 	"Content-Length", "Host", "X-Run-Id", "Idempotency-Key", "X-Idempotency-Key", "X-Session-Id", "Openai-Organization", "Openai-Project",
-	"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server",
 	"Forwarded", "X-Real-Ip", "True-Client-Ip", "X-Client-Ip", "Cf-Connecting-Ip", "X-Original-Url", "X-Rewrite-Url",
-	"X-Original-Uri", "X-Forwarded-Uri", "X-Envoy-Original-Path", "X-Http-Method-Override", "X-Method-Override", "X-Http-Method")
+	"X-Original-Uri", "X-Envoy-Original-Path", "X-Http-Method-Override", "X-Method-Override", "X-Http-Method")
 
 // dropResponseHeaders are hop-by-hop, set by the gateway (an upstream that is itself a
 // gateway must not rename the caller's run or mark a first answer as a replay), or name the
