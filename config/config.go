@@ -105,6 +105,23 @@ type Plan struct {
 	DiscountBP        int     `yaml:"discount_bp"`
 }
 
+// LongContextCfg is a model's long-context price: input, output and above_prompt_tokens must
+// be written; a cache price left out is its input price, as a model's is, and a one-hour write
+// or audio price left out bills those tokens at their whole's long price (cache_write, input,
+// output).
+type LongContextCfg struct {
+	// AbovePromptTokens is the line: a prompt of more tokens than this (input, cache reads and
+	// cache writes together) bills the whole call at the prices below.
+	AbovePromptTokens int64   `yaml:"above_prompt_tokens"`
+	Input             USDPerM `yaml:"input"`
+	CacheRead         USDPerM `yaml:"cache_read"`
+	CacheWrite        USDPerM `yaml:"cache_write"`
+	CacheWrite1h      USDPerM `yaml:"cache_write_1h"`
+	AudioInput        USDPerM `yaml:"audio_input"`
+	AudioOutput       USDPerM `yaml:"audio_output"`
+	Output            USDPerM `yaml:"output"`
+}
+
 // Upstream is one provider endpoint.
 type Upstream struct {
 	Name      string   `yaml:"name"`
@@ -131,6 +148,11 @@ type ModelCfg struct {
 	AudioOutput     USDPerM `yaml:"audio_output"`
 	Output          USDPerM `yaml:"output"`
 	MaxOutputTokens int64   `yaml:"max_output_tokens"` // the model's own limit; 0 = unknown
+	// LongContext prices the calls whose prompt passes a line at other rates (Gemini 2.5 Pro,
+	// Claude's 1M-context beta: past 200 000 prompt tokens every token of the call costs
+	// more); left out, the model has one price at every length, and Anthropic's context-1m
+	// beta is refused (unpriced_option).
+	LongContext LongContextCfg `yaml:"long_context"`
 	// OutputBoundField is the field a chat request that sets no output bound is given one in
 	// (when max_output_tokens is set and the worst case would pass the cap): max_tokens, the
 	// default, which every OpenAI-compatible server reads, or max_completion_tokens, which
@@ -168,9 +190,16 @@ func load(path string, needRedis bool) (*Config, error) {
 func (c *Config) PriceTable() (*pricing.Table, error) {
 	prices := make(map[string]pricing.Price, len(c.Models))
 	for name, m := range c.Models {
-		prices[name] = pricing.Price{Input: m.Input.Micro, CacheRead: m.CacheRead.Micro, CacheWrite: m.CacheWrite.Micro,
+		p := pricing.Price{Input: m.Input.Micro, CacheRead: m.CacheRead.Micro, CacheWrite: m.CacheWrite.Micro,
 			CacheWrite1h: m.CacheWrite1h.Micro, AudioInput: m.AudioInput.Micro,
 			AudioOutput: m.AudioOutput.Micro, Output: m.Output.Micro}
+		if l := m.LongContext; l != (LongContextCfg{}) {
+			p.Long = &pricing.Price{Input: l.Input.Micro, CacheRead: l.CacheRead.Micro, CacheWrite: l.CacheWrite.Micro,
+				CacheWrite1h: l.CacheWrite1h.Micro, AudioInput: l.AudioInput.Micro,
+				AudioOutput: l.AudioOutput.Micro, Output: l.Output.Micro}
+			p.LongAbove = l.AbovePromptTokens
+		}
+		prices[name] = p
 	}
 	return pricing.NewTable(prices)
 }

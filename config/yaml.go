@@ -73,6 +73,14 @@ func priceUnwrittenCaches(raw []byte, models map[string]ModelCfg) {
 		if mappingValue(fields, "cache_write") == nil {
 			m.CacheWrite = m.Input
 		}
+		if long := mappingValue(fields, "long_context"); long != nil {
+			if mappingValue(long, "cache_read") == nil {
+				m.LongContext.CacheRead = m.LongContext.Input
+			}
+			if mappingValue(long, "cache_write") == nil {
+				m.LongContext.CacheWrite = m.LongContext.Input
+			}
+		}
 		models[name] = m
 	}
 }
@@ -85,8 +93,9 @@ var unknownSettings = regexp.MustCompile(`field (\S+) not found in type \S+`)
 // plans: each decodes as 0 when left out, and 0 is a valid amount (a free model, a plan
 // without a daily allowance) that nobody meant by leaving the field out.
 var (
-	requiredModelFields = []string{"input", "output"}
-	requiredPlanFields  = []string{"allowance_credits", "hold_normal_credits", "hold_heavy_credits",
+	requiredModelFields       = []string{"input", "output"}
+	requiredLongContextFields = []string{"above_prompt_tokens", "input", "output"}
+	requiredPlanFields        = []string{"allowance_credits", "hold_normal_credits", "hold_heavy_credits",
 		"heavy_after_turns", "max_in_flight", "max_run_cost_credits"}
 )
 
@@ -115,24 +124,52 @@ func checkWritten(raw []byte) (errs []error, told []string) {
 			at := sec.name + "." + entries.Content[i].Value
 			fields := entries.Content[i+1]
 			if fields.Kind == yaml.AliasNode {
-				fields = fields.Alias // pro: *standard, the same fields
+				fields = fields.Alias
 			}
-			if fields.Kind != yaml.MappingNode {
-				errs = append(errs, fmt.Errorf("%s: line %d: must be a mapping of its fields", at, fields.Line))
+			e, t := checkEntry(at, sec.name+" entry", fields, sec.required, sec.mustBeWritten)
+			errs, told = append(errs, e...), append(told, t...)
+			if sec.name != "models" || fields.Kind != yaml.MappingNode {
 				continue
 			}
-			for j := 0; j+1 < len(fields.Content); j += 2 {
-				if v := fields.Content[j+1]; v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" && sec.mustBeWritten(fields.Content[j].Value) {
-					errs = append(errs, fmt.Errorf("%s.%s: line %d: is empty; write 0 if 0 is meant", at, fields.Content[j].Value, v.Line))
-					told = append(told, at+"."+fields.Content[j].Value)
-				}
+			if long := mappingValue(fields, "long_context"); long != nil {
+				// Every field of a long-context price is a figure 0 would misstate.
+				e, t := checkEntry(at+".long_context", "long_context block", long, requiredLongContextFields, func(string) bool { return true })
+				errs, told = append(errs, e...), append(told, t...)
 			}
-			for _, f := range sec.required {
-				if mappingValue(fields, f) == nil {
-					errs = append(errs, fmt.Errorf("%s.%s: line %d: is missing (every %s entry sets it; write 0 if 0 is meant)", at, f, fields.Line, sec.name))
-					told = append(told, at+"."+f)
-				}
-			}
+		}
+	}
+	return errs, told
+}
+
+// zeroHint is what a missing field's error adds: 0 is a price or plan figure an operator may
+// mean, never a long-context line.
+func zeroHint(field string) string {
+	if field == "above_prompt_tokens" {
+		return ""
+	}
+	return "; write 0 if 0 is meant"
+}
+
+// checkEntry reports what the typed decode of one entry (fields, named at; one of what) cannot
+// see: the entry not a mapping, a field in required left out, a field mustBeWritten says must
+// be written left empty. told names the fields it reported.
+func checkEntry(at, what string, fields *yaml.Node, required []string, mustBeWritten func(string) bool) (errs []error, told []string) {
+	if fields.Kind == yaml.AliasNode {
+		fields = fields.Alias // pro: *standard, the same fields
+	}
+	if fields.Kind != yaml.MappingNode {
+		return []error{fmt.Errorf("%s: line %d: must be a mapping of its fields", at, fields.Line)}, nil
+	}
+	for j := 0; j+1 < len(fields.Content); j += 2 {
+		if v := fields.Content[j+1]; v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" && mustBeWritten(fields.Content[j].Value) {
+			errs = append(errs, fmt.Errorf("%s.%s: line %d: is empty; write 0 if 0 is meant", at, fields.Content[j].Value, v.Line))
+			told = append(told, at+"."+fields.Content[j].Value)
+		}
+	}
+	for _, f := range required {
+		if mappingValue(fields, f) == nil {
+			errs = append(errs, fmt.Errorf("%s.%s: line %d: is missing (every %s sets it%s)", at, f, fields.Line, what, zeroHint(f)))
+			told = append(told, at+"."+f)
 		}
 	}
 	return errs, told

@@ -11,6 +11,8 @@ package pricing_test
 //     input), audio output (part of output); a part whose own price is not configured is
 //     billed at its whole's price; a part reported larger than its whole bills the whole as
 //     the part (at worst more than the provider charged, never less);
+//   - a model with a long-context price bills every token of a call whose prompt (input,
+//     cache reads and cache writes) passes its line at that price instead;
 //   - cost = ceil(Σ tokens × price / 10^6), one rounding per call;
 //   - charge = ceil(cost × (10 000 − bp) / 10 000) (at least 0), clamped to the hold's cap;
 //   - the charge is taken from what is left of the day's allowance first, then from prepaid.
@@ -57,6 +59,9 @@ func oracleCost(u pricing.Usage, p pricing.Price) *big.Int {
 	cw, hour := tok(u.CacheWrite), tok(u.CacheWrite1h)
 	out, audioOut := tok(u.Output), tok(u.AudioOutput)
 	in, cw, out = max(in, audioIn), max(cw, hour), max(out, audioOut)
+	if p.Long != nil && in+tok(u.CacheRead)+cw > p.LongAbove {
+		p = *p.Long // every token of a call whose prompt passes the line, at the long price
+	}
 	sum := new(big.Int)
 	add := func(n, price int64) {
 		sum.Add(sum, new(big.Int).Mul(big.NewInt(n), big.NewInt(price)))
@@ -163,7 +168,18 @@ func drawUsage(r *rand.Rand) pricing.Usage {
 	return u
 }
 
+// drawPriceEntry draws a price, a third of them with a long-context price whose line a drawn
+// usage's prompt falls on either side of.
 func drawPriceEntry(r *rand.Rand) pricing.Price {
+	p := drawRates(r)
+	if r.IntN(3) == 0 {
+		long := drawRates(r)
+		p.Long, p.LongAbove = &long, max(1, min(drawCount(r), pricing.MaxTokens))
+	}
+	return p
+}
+
+func drawRates(r *rand.Rand) pricing.Price {
 	return pricing.Price{Input: drawPrice(r), CacheRead: drawPrice(r), CacheWrite: drawPrice(r), Output: drawPrice(r),
 		CacheWrite1h: drawPrice(r), AudioInput: drawPrice(r), AudioOutput: drawPrice(r)}
 }

@@ -7,6 +7,7 @@ package pricing
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/bits"
 )
@@ -108,12 +109,21 @@ type Price struct {
 	// audio answer is then refused (proxy: unpriced_option), and any reported anyway are
 	// billed at Output.
 	AudioOutput int64 `json:"audio_output"`
+	// Long is the price of every token of a call whose prompt passes LongAbove tokens, when
+	// the provider has one (Gemini 2.5 Pro past 200 k, Claude's 1M-context beta past 200 k):
+	// such a call is billed at it as a whole, output included, not only the tokens past the
+	// line. nil when the model has one price at every length. A Long has no Long of its own.
+	Long *Price `json:"long,omitempty"`
+	// LongAbove is the prompt size (input, cache reads and cache writes) past which Long
+	// applies; 0 with Long nil.
+	LongAbove int64 `json:"long_above,omitempty"`
 }
 
 // Cost is ceil(Σ tokens × price / 1e6) micro-USD: one rounding per call, always up, so the
 // gateway never bills less than the provider charged it.
 func (p Price) Cost(u Usage) int64 {
 	u = u.Clamp()
+	p = p.For(u)
 	hourPrice, audioInPrice, audioOutPrice := p.CacheWrite1h, p.AudioInput, p.AudioOutput
 	if hourPrice == 0 {
 		hourPrice = p.CacheWrite
@@ -149,6 +159,25 @@ func (p Price) Cost(u Usage) int64 {
 	return int64(q)
 }
 
+// For is the price u is billed at: Long when u's prompt passes LongAbove, else p. The tier
+// depends on the prompt alone, so a call's output never moves it (MaxOutputWithin relies on
+// that), and the result has no Long.
+func (p Price) For(u Usage) Price {
+	long := p.Long
+	if long != nil && u.prompt() > p.LongAbove {
+		return *long
+	}
+	p.Long, p.LongAbove = nil, 0
+	return p
+}
+
+// prompt is how many tokens u's prompt held, cached and written to the cache included: what
+// the providers compare with their long-context line.
+func (u Usage) prompt() int64 {
+	u = u.Clamp()
+	return u.Input + u.CacheRead + u.CacheWrite
+}
+
 // WorstCase is the cost of a call whose prompt is prompt and that produces maxOutput tokens:
 // the figure compared against a cap before forwarding.
 func (p Price) WorstCase(prompt Usage, maxOutput int64) int64 {
@@ -160,6 +189,7 @@ func (p Price) WorstCase(prompt Usage, maxOutput int64) int64 {
 // costs at most budget micro-USD. It returns -1 when even zero output is over budget.
 func (p Price) MaxOutputWithin(prompt Usage, budget int64) int64 {
 	prompt.Output = 0
+	p = p.For(prompt)
 	base := p.Cost(prompt)
 	if base > budget {
 		return -1
@@ -187,7 +217,7 @@ func (p Price) MaxOutputWithin(prompt Usage, budget int64) int64 {
 // not known before it is made.
 func (p Price) Spoken() Price {
 	p.Output = max(p.Output, p.AudioOutput)
-	return p
+	return p.withLong(Price.Spoken)
 }
 
 // PromptWritten is the price that bounds a call whose prompt the provider may write to its
@@ -201,6 +231,17 @@ func (p Price) PromptWritten(long bool) Price {
 	if long {
 		p.Input = max(p.Input, p.CacheWrite1h)
 	}
+	return p.withLong(func(l Price) Price { return l.PromptWritten(long) })
+}
+
+// withLong returns p with f applied to its long-context price too, so that a bounding price
+// bounds a long call as it bounds a short one. The Long is copied: prices are values, and the
+// table's own must not change under a caller.
+func (p Price) withLong(f func(Price) Price) Price {
+	if p.Long != nil {
+		l := f(*p.Long)
+		p.Long = &l
+	}
 	return p
 }
 
@@ -211,6 +252,36 @@ func (p Price) PromptWritten(long bool) Price {
 // price, which may be dearer than the other's own part price (a fallback without an audio
 // input price bills audio at its text price of 100 USD/M, past the 40 of the model asked).
 func (p Price) Dearest(o Price) Price {
+	d := p.dearestRates(o)
+	if p.Long == nil && o.Long == nil {
+		return d
+	}
+	// A prompt may pass one model's line and not the other's: past the lower line, either may
+	// bill its long price or its short one, so the bound takes the dearest of all four.
+	long := p.longOrSelf().dearestRates(o.longOrSelf()).dearestRates(d)
+	d.Long, d.LongAbove = &long, min(p.longLine(), o.longLine())
+	return d
+}
+
+// longOrSelf is the price p bills a long prompt at: its Long, or itself without one.
+func (p Price) longOrSelf() Price {
+	if p.Long != nil {
+		return *p.Long
+	}
+	return p
+}
+
+// longLine is the prompt size past which p bills its Long: MaxTokens×3 (no prompt passes it:
+// Clamp leaves each of its three counts at most MaxTokens) without one.
+func (p Price) longLine() int64 {
+	if p.Long == nil {
+		return 3 * MaxTokens
+	}
+	return p.LongAbove
+}
+
+// dearestRates is Dearest of the rates alone, Long left out.
+func (p Price) dearestRates(o Price) Price {
 	part := func(pPart, pWhole, oPart, oWhole int64) int64 {
 		if pPart == 0 && oPart == 0 {
 			return 0 // both bill it at their whole: the dearer whole below does too
@@ -231,17 +302,45 @@ func (p Price) Dearest(o Price) Price {
 // Snapshot is the record of p kept with each settlement of model, so that a bill can be
 // explained after the price table changes.
 func (p Price) Snapshot(model string) []byte {
-	b, err := json.Marshal(map[string]any{"model": model, "unit": "micro_usd_per_million_tokens",
+	snap := map[string]any{"model": model, "unit": "micro_usd_per_million_tokens",
 		"input": p.Input, "cache_read": p.CacheRead, "cache_write": p.CacheWrite, "cache_write_1h": p.CacheWrite1h,
-		"output": p.Output, "audio_input": p.AudioInput, "audio_output": p.AudioOutput})
+		"output": p.Output, "audio_input": p.AudioInput, "audio_output": p.AudioOutput}
+	if l := p.Long; l != nil {
+		snap["long_context"] = map[string]any{"above_prompt_tokens": p.LongAbove,
+			"input": l.Input, "cache_read": l.CacheRead, "cache_write": l.CacheWrite, "cache_write_1h": l.CacheWrite1h,
+			"output": l.Output, "audio_input": l.AudioInput, "audio_output": l.AudioOutput}
+	}
+	b, err := json.Marshal(snap)
 	if err != nil {
 		panic("pricing: snapshot: " + err.Error()) // a map of strings and integers always encodes
 	}
 	return b
 }
 
-// validate reports a price that is negative or absurdly large.
+// validate reports a price that is negative or absurdly large, and a long-context price
+// without its line, or with one of its own.
 func (p Price) validate() error {
+	if err := p.validateRates(); err != nil {
+		return err
+	}
+	switch l := p.Long; {
+	case l == nil && p.LongAbove != 0:
+		return fmt.Errorf("a long-context line (%d prompt tokens) without a long-context price", p.LongAbove)
+	case l == nil:
+		return nil
+	case p.LongAbove <= 0 || p.LongAbove > MaxTokens:
+		return fmt.Errorf("long-context line %d prompt tokens outside [1, %d]", p.LongAbove, int64(MaxTokens))
+	case l.Long != nil || l.LongAbove != 0:
+		return errors.New("a long-context price with a long-context price of its own")
+	}
+	if err := p.Long.validateRates(); err != nil {
+		return fmt.Errorf("long context: %w", err)
+	}
+	return nil
+}
+
+// validateRates reports a rate that is negative or absurdly large.
+func (p Price) validateRates() error {
 	for _, f := range []struct {
 		name string
 		v    int64

@@ -3,6 +3,7 @@ package pricing
 import (
 	"errors"
 	"math/big"
+	"strings"
 	"testing"
 )
 
@@ -310,5 +311,77 @@ func TestPromptWrittenKeepsAudioAtItsPrice(t *testing.T) {
 		if got := p.PromptWritten(long).Cost(u); got != want {
 			t.Errorf("long=%v: bound %d, want %d (text at the write price, audio at the input price)", long, got, want)
 		}
+	}
+}
+
+// TestLongContextPriceBillsTheWholeCall: Gemini 2.5 Pro bills a call whose prompt passes
+// 200 000 tokens at its long-context rates — every token of it, output too — and one at the
+// line at the short rates; the prompt counts cached and cache-written tokens. Billed at the
+// short rates, a 300 k-token prompt cost the operator twice what the caller was charged.
+func TestLongContextPriceBillsTheWholeCall(t *testing.T) {
+	// 1.25 / 0.31 / 10.00 USD per million up to 200 k prompt tokens; 2.50 / 0.625 / 15.00 past it.
+	long := Price{Input: 2_500_000, CacheRead: 625_000, CacheWrite: 2_500_000, Output: 15_000_000}
+	p := Price{Input: 1_250_000, CacheRead: 310_000, CacheWrite: 1_250_000, Output: 10_000_000, Long: &long, LongAbove: 200_000}
+	for _, tc := range []struct {
+		name string
+		u    Usage
+		want int64
+	}{
+		// 200 000 × 1.25 + 1 000 × 10 = 250 000 + 10 000.
+		{"at the line", Usage{Input: 200_000, Output: 1_000}, 260_000},
+		// 200 001 × 2.50 + 1 000 × 15 = 500 002.5 + 15 000 → 515 003.
+		{"one past it", Usage{Input: 200_001, Output: 1_000}, 515_003},
+		// 150 000 uncached + 60 000 read from the cache = 210 000: 375 000 + 37 500 + 15 000.
+		{"cached tokens count", Usage{Input: 150_000, CacheRead: 60_000, Output: 1_000}, 427_500},
+		// 150 000 + 60 000 written: 375 000 + 150 000.
+		{"cache writes count", Usage{Input: 150_000, CacheWrite: 60_000}, 525_000},
+		// Output never moves a call past the line: 1 000 000 × 10 + 1 000 × 1.25.
+		{"output does not count", Usage{Input: 1_000, Output: 1_000_000}, 10_001_250},
+	} {
+		if got := p.Cost(tc.u); got != tc.want {
+			t.Errorf("%s: Cost(%+v) = %d, want %d", tc.name, tc.u, got, tc.want)
+		}
+	}
+	// The output bound of a long prompt is reckoned at the long output price: 1 000 000 µUSD
+	// less 300 000 × 2.50 leaves 250 000, 16 666 output tokens at 15.00.
+	if got := p.MaxOutputWithin(Usage{Input: 300_000}, 1_000_000); got != 16_666 {
+		t.Errorf("MaxOutputWithin of a long prompt = %d, want 16666", got)
+	}
+}
+
+// TestLongContextPriceNeedsItsLine: a long-context price is refused without its line (or a
+// line without a price, or a price with a long price of its own), so no table holds a tier
+// that can never apply or always does by mistake.
+func TestLongContextPriceNeedsItsLine(t *testing.T) {
+	long := Price{Input: 2, Output: 2}
+	for name, p := range map[string]Price{
+		"price without line": {Input: 1, Output: 1, Long: &long},
+		"line without price": {Input: 1, Output: 1, LongAbove: 200_000},
+		"negative line":      {Input: 1, Output: 1, Long: &long, LongAbove: -1},
+		"nested":             {Input: 1, Output: 1, Long: &Price{Input: 2, Long: &long, LongAbove: 5}, LongAbove: 10},
+		"negative long rate": {Input: 1, Output: 1, Long: &Price{Input: -2}, LongAbove: 10},
+	} {
+		if _, err := NewTable(map[string]Price{"m": p}); err == nil {
+			t.Errorf("%s: NewTable accepted %+v", name, p)
+		}
+	}
+	if _, err := NewTable(map[string]Price{"m": {Input: 1, Output: 1, Long: &long, LongAbove: 200_000}}); err != nil {
+		t.Errorf("a long-context price with its line refused: %v", err)
+	}
+}
+
+// TestSnapshotKeepsTheLongContextPrice: a settlement's price snapshot explains its bill after
+// the table changes; a long call's was billed at the long-context price, so the snapshot
+// carries it and its line (and a model without one carries no such key).
+func TestSnapshotKeepsTheLongContextPrice(t *testing.T) {
+	long := Price{Input: 2_500_000, CacheRead: 625_000, CacheWrite: 2_500_000, Output: 15_000_000}
+	p := Price{Input: 1_250_000, CacheRead: 310_000, CacheWrite: 1_250_000, Output: 10_000_000, Long: &long, LongAbove: 200_000}
+	const want = `"long_context":{"above_prompt_tokens":200000,"audio_input":0,"audio_output":0,"cache_read":625000,"cache_write":2500000,"cache_write_1h":0,"input":2500000,"output":15000000}`
+	if got := string(p.Snapshot("gemini-2.5-pro")); !strings.Contains(got, want) {
+		t.Errorf("snapshot %s, want it to hold %s", got, want)
+	}
+	p.Long, p.LongAbove = nil, 0
+	if got := string(p.Snapshot("gpt-4o")); strings.Contains(got, "long_context") {
+		t.Errorf("snapshot of a price without a long-context price %s", got)
 	}
 }

@@ -71,8 +71,10 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 			return "'inference_geo: " + v.String() + "' (regional inference's rates)"
 		}
 		for _, v := range header.Values("Anthropic-Beta") {
-			if strings.Contains(v, "context-1m") {
-				return "the 'context-1m' beta (long-context rates)"
+			// Past 200 k prompt tokens the beta bills every token at long-context rates: served
+			// on a model whose price has them (pricing.Price.Long), billed at them past its line.
+			if strings.Contains(v, "context-1m") && price.Long == nil {
+				return "the 'context-1m' beta (long-context rates, unpriced for this model)"
 			}
 		}
 		if price.CacheWrite1h == 0 && longCache {
