@@ -124,13 +124,19 @@ func migrateTo(ctx context.Context, db *sql.DB, upTo int, lockWait time.Duration
 		return nil, fmt.Errorf("migrate: bound the metadata lock wait: %w", err)
 	}
 
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+	// Created only when missing: CREATE TABLE IF NOT EXISTS asks for the CREATE right even when
+	// the table is there, and a gateway's own user, without DDL rights, may run `serve
+	// -migrate` on a schema that has nothing to apply.
+	applied, err := appliedVersions(ctx, conn)
+	if mysqlErrNumber(err) == errNoSuchTable {
+		if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version INT NOT NULL PRIMARY KEY,
 		name VARCHAR(255) NOT NULL,
 		applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB`); err != nil {
-		return nil, fmt.Errorf("migrate: create schema_migrations: %w", err)
+			return nil, fmt.Errorf("migrate: create schema_migrations: %w", err)
+		}
+		applied, err = map[int]bool{}, nil
 	}
-	applied, err := appliedVersions(ctx, conn)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}

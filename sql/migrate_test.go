@@ -2,9 +2,12 @@ package sql_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/tollgate/tollgate/holds"
 
@@ -118,5 +121,56 @@ func TestMigrateWaitsOutAnotherRunner(t *testing.T) {
 	if !released.Load() {
 		t.Fatalf("migrate returned after %v while the other runner still held the lock: it did not wait for it",
 			time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// TestMigrateWithoutDDLRights: a gateway's own database user often has no right to change
+// the schema (SELECT, INSERT, UPDATE, DELETE only), and `serve -migrate` or a deploy script's
+// `gateway migrate` runs with it. On a schema with nothing to apply that needs no DDL, and must
+// succeed; Migrate created schema_migrations (IF NOT EXISTS, which still asks for the CREATE
+// right) every time, so every start failed on "CREATE command denied … schema_migrations".
+// On a schema behind, the refusal must name the migration that needs the right, not the
+// bookkeeping table.
+func TestMigrateWithoutDDLRights(t *testing.T) {
+	ctx := context.Background()
+	db, dsn := emptyDBDSN(t)
+	if _, err := tgsql.Migrate(ctx, db.DB); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := "tg_dml_" + testenv.RandomID(4)
+	if _, err := db.Exec("CREATE USER '" + user + "'@'%' IDENTIFIED BY 'dml'"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = db.Exec("DROP USER IF EXISTS '" + user + "'@'%'") })
+	if _, err := db.Exec("GRANT SELECT, INSERT, UPDATE, DELETE ON `" + cfg.DBName + "`.* TO '" + user + "'@'%'"); err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Passwd = user, "dml"
+	dml, err := holds.OpenForMigrate(ctx, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dml.Close()
+
+	if done, err := tgsql.Migrate(ctx, dml.DB); err != nil || len(done) != 0 {
+		t.Fatalf("migrate an up-to-date schema without DDL rights: applied %v, %v; want nothing to do and no error", done, err)
+	}
+
+	all, err := tgsql.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Unrecorded: the server checks the right before it looks at what the DDL would change.
+	last := all[len(all)-1]
+	if _, err := db.Exec("DELETE FROM schema_migrations WHERE version = ?", last.Version); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tgsql.Migrate(ctx, dml.DB)
+	if err == nil || !strings.Contains(err.Error(), last.Name) {
+		t.Fatalf("migrate a schema behind without DDL rights: %v; want the refusal to name %s", err, last.Name)
 	}
 }
