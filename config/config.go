@@ -106,9 +106,9 @@ type Plan struct {
 }
 
 // LongContextCfg is a model's long-context price: input, output and above_prompt_tokens must
-// be written; a cache price left out is its input price, as a model's is, and a one-hour write
-// or audio price left out bills those tokens at their whole's long price (cache_write, input,
-// output).
+// be written; a cache price left out is its input price, as a model's is; a one-hour write or
+// audio price must be written when the model prices its own (checkLongParts), and left out
+// otherwise bills those tokens at their whole's long price (cache_write, input, output).
 type LongContextCfg struct {
 	// AbovePromptTokens is the line: a prompt of more tokens than this (input, cache reads and
 	// cache writes together) bills the whole call at the prices below.

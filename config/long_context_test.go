@@ -82,3 +82,32 @@ func TestLongContextPriceMustBeWhole(t *testing.T) {
 		}
 	}
 }
+
+// A model that prices one-hour cache writes or audio apart takes the long-context price of
+// each too: left out, a long call's one-hour writes were billed at the long cache-write price
+// and its audio at the long text price — Claude's 1M beta writes an hour's cache at 12 USD/M
+// past 200 k, billed 7.50; audio at 40 USD/M short was billed 5 past the line, so a longer
+// prompt cost less than a shorter one. Written, or not priced by the model, it starts.
+func TestLongContextPricesTheModelsParts(t *testing.T) {
+	for _, c := range []struct{ part, short, long, want string }{
+		{"cache_write_1h", `cache_write_1h: "6.00"`, ``, "models.m.long_context.cache_write_1h: "},
+		{"audio_input", `audio_input: "40.00"`, ``, "models.m.long_context.audio_input: "},
+		{"audio_output", `audio_output: "80.00"`, ``, "models.m.long_context.audio_output: "},
+		{"cache_write_1h written", `cache_write_1h: "6.00"`, `, cache_write_1h: "12.00"`, ""},
+		{"audio_input written", `audio_input: "40.00"`, `, audio_input: "80.00"`, ""},
+		{"not priced by the model", ``, ``, ""},
+	} {
+		models := "  m:\n    input: \"3.00\"\n    output: \"15.00\"\n"
+		if c.short != "" {
+			models += "    " + c.short + "\n"
+		}
+		models += `    long_context: {above_prompt_tokens: 200000, input: "6.00", output: "22.50"` + c.long + "}\n"
+		_, err := loadModels(t, models)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: refused: %v", c.part, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: error %v, want one naming %q", c.part, err, c.want)
+		}
+	}
+}

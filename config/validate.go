@@ -288,12 +288,38 @@ func (c *Config) checkModels(bad complain) *pricing.Table {
 		default:
 			bad("models."+name+".output_bound_field", "must be max_tokens or max_completion_tokens, got %q", m.OutputBoundField)
 		}
+		checkLongParts(bad, name, m)
 	}
 	prices, err := c.PriceTable()
 	if err != nil {
 		bad("models", "%v", err)
 	}
 	return prices
+}
+
+// checkLongParts refuses a long_context that leaves out a part price (one-hour cache writes,
+// audio in or out) its model prices. The model's price is what lets such a request through
+// (unpricedOption refuses it without one); left out of the block, a long call's part was
+// billed at the block's whole price (cache_write, input, output), below what the provider
+// bills past its line, and often below the short part price itself.
+func checkLongParts(bad complain, name string, m ModelCfg) {
+	l := m.LongContext
+	if l == (LongContextCfg{}) {
+		return
+	}
+	for _, part := range []struct {
+		key, whole  string
+		short, long int64
+	}{
+		{"cache_write_1h", "cache_write", m.CacheWrite1h.Micro, l.CacheWrite1h.Micro},
+		{"audio_input", "input", m.AudioInput.Micro, l.AudioInput.Micro},
+		{"audio_output", "output", m.AudioOutput.Micro, l.AudioOutput.Micro},
+	} {
+		if part.short > 0 && part.long == 0 {
+			bad("models."+name+".long_context."+part.key, "must be priced, as the model's own %s is: left out, the %s tokens of a call "+
+				"past the line would be billed at the block's %s price, below the provider's long-context rate", part.key, part.key, part.whole)
+		}
+	}
 }
 
 // checkUpstreams checks every upstream: its name, kind, base URL, models (against prices, when
