@@ -111,3 +111,19 @@ func TestLongContextPricesTheModelsParts(t *testing.T) {
 		}
 	}
 }
+
+// A long-context line left out is named once, where it is missing: the price table's own
+// check of the 0 it decoded as said the same thing again under "models" alone. A line
+// outside its range is named by its path, as every other setting is.
+func TestLongContextLineNamedOnce(t *testing.T) {
+	_, err := loadModels(t, "  m:\n    input: \"1.25\"\n    output: \"10.00\"\n    long_context: {input: \"2.50\", output: \"15.00\"}\n")
+	if err == nil || strings.Count(err.Error(), "\n") != 0 || !strings.Contains(err.Error(), "models.m.long_context.above_prompt_tokens: line 7: is missing") {
+		t.Errorf("line left out: error %q, want the one line naming it missing", err)
+	}
+	for _, line := range []string{"-3", "2000000000000"} {
+		_, err := loadModels(t, "  m:\n    input: \"1.25\"\n    output: \"10.00\"\n    long_context: {above_prompt_tokens: "+line+", input: \"2.50\", output: \"15.00\"}\n")
+		if err == nil || strings.Count(err.Error(), "\n") != 0 || !strings.HasPrefix(err.Error(), "models.m.long_context.above_prompt_tokens: ") {
+			t.Errorf("line %s: error %q, want one naming models.m.long_context.above_prompt_tokens", line, err)
+		}
+	}
+}

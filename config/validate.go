@@ -273,8 +273,15 @@ func (c *Config) checkModels(bad complain) *pricing.Table {
 	if len(c.Models) == 0 {
 		bad("models", "no model priced: every request would be refused")
 	}
+	lineBad := false
 	for _, name := range sortedKeys(c.Models) { // the same start refused in the same words each time
 		m := c.Models[name]
+		if l := m.LongContext; l != (LongContextCfg{}) && (l.AbovePromptTokens <= 0 || l.AbovePromptTokens > pricing.MaxTokens) {
+			// Named here by its path, where told can drop it (a line left out is already
+			// named missing); the table's own check below would name it under "models" again.
+			lineBad = true
+			bad("models."+name+".long_context.above_prompt_tokens", "long-context line %d prompt tokens outside [1, %d]", l.AbovePromptTokens, int64(pricing.MaxTokens))
+		}
 		if strings.Contains(name, "*") {
 			// Prices match a model by name, then by the longest name here that prefixes it.
 			bad("models."+name, "a price's name holds no *: %q prices only models whose names start with it literally; a name prices every model it prefixes (write %q)",
@@ -289,6 +296,9 @@ func (c *Config) checkModels(bad complain) *pricing.Table {
 			bad("models."+name+".output_bound_field", "must be max_tokens or max_completion_tokens, got %q", m.OutputBoundField)
 		}
 		checkLongParts(bad, name, m)
+	}
+	if lineBad {
+		return nil // the table refuses the same line; upstreams are checked without prices
 	}
 	prices, err := c.PriceTable()
 	if err != nil {
