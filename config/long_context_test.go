@@ -127,3 +127,12 @@ func TestLongContextLineNamedOnce(t *testing.T) {
 		}
 	}
 }
+
+// A long-context line written empty is refused without the advice to write 0, which is no
+// line (0 stops the start in turn): its error names what to write instead.
+func TestLongContextEmptyLineNotTold0(t *testing.T) {
+	_, err := loadModels(t, "  m:\n    input: \"1.25\"\n    output: \"10.00\"\n    long_context: {above_prompt_tokens: , input: \"2.50\", output: \"15.00\"}\n")
+	if err == nil || !strings.Contains(err.Error(), "models.m.long_context.above_prompt_tokens: line 7: is empty") || strings.Contains(err.Error(), "write 0") {
+		t.Errorf("empty line: error %v, want it named empty without \"write 0\"", err)
+	}
+}

@@ -141,11 +141,11 @@ func checkWritten(raw []byte) (errs []error, told []string) {
 	return errs, told
 }
 
-// zeroHint is what a missing field's error adds: 0 is a price or plan figure an operator may
-// mean, never a long-context line.
+// zeroHint is what a missing or empty field's error adds: 0 is a price or plan figure an
+// operator may mean, never a long-context line (0 is refused in turn).
 func zeroHint(field string) string {
 	if field == "above_prompt_tokens" {
-		return ""
+		return "; write the prompt size past which the block's prices apply"
 	}
 	return "; write 0 if 0 is meant"
 }
@@ -162,7 +162,7 @@ func checkEntry(at, what string, fields *yaml.Node, required []string, mustBeWri
 	}
 	for j := 0; j+1 < len(fields.Content); j += 2 {
 		if v := fields.Content[j+1]; v.Kind == yaml.ScalarNode && v.ShortTag() == "!!null" && mustBeWritten(fields.Content[j].Value) {
-			errs = append(errs, fmt.Errorf("%s.%s: line %d: is empty; write 0 if 0 is meant", at, fields.Content[j].Value, v.Line))
+			errs = append(errs, fmt.Errorf("%s.%s: line %d: is empty%s", at, fields.Content[j].Value, v.Line, zeroHint(fields.Content[j].Value)))
 			told = append(told, at+"."+fields.Content[j].Value)
 		}
 	}
