@@ -27,6 +27,10 @@ type Result struct {
 	// Reported is false when nothing in the response said what it cost: settlement must
 	// then fall back to an estimate and mark the charge as estimated.
 	Reported bool
+	// PromptMissing is set when a usage was reported but said nothing of the prompt (an
+	// OpenAI-style report with neither prompt_tokens nor total_tokens): Usage's uncached input
+	// is then 0, and settlement bills the prompt's estimate instead, marked estimated.
+	PromptMissing bool
 	// Estimated is set when a usage was reported but its output count is not final (an
 	// Anthropic stream cut before message_delta: message_start's output_tokens is a
 	// placeholder), so Output is at least the estimate of the text streamed.
@@ -369,11 +373,22 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		}
 	}
 	prompt, completion := m.reported[figPrompt].n, m.reported[figCompletion].n
-	if m.format == FormatEmbeddings && !m.reported[figPrompt].seen {
+	promptSeen, totalSeen := m.reported[figPrompt].seen, m.reported[figTotal].seen
+	switch {
+	case promptSeen:
+	case m.format == FormatEmbeddings:
 		// An embedding has no output: a total alone (Voyage AI's whole report) is its
 		// input. Read as output, it was billed at an embedding model's output price, 0.
 		prompt = m.reported[figTotal].n
+	case totalSeen && m.reported[figCompletion].seen:
+		// A report of the completion and the total alone (some compatible servers'): the
+		// prompt is their difference. Read as 0, the prompt went unbilled and the whole
+		// total was billed as output, at the output price.
+		prompt = max(0, m.reported[figTotal].n-completion)
 	}
+	// With neither a prompt nor a total, the report says nothing of the prompt: the
+	// settlement bills its estimate, as for a call without a report.
+	m.res.PromptMissing = !promptSeen && !totalSeen
 	cached, written := m.reported[figCached].n, m.reported[figWritten].n
 	output := completion
 	// xAI and Gemini leave reasoning out of completion_tokens.

@@ -721,3 +721,32 @@ func TestAnthropicStreamCutBeforeMessageDeltaIsEstimated(t *testing.T) {
 		})
 	}
 }
+
+// A report without prompt_tokens (some compatible servers give completion_tokens and
+// total_tokens alone) billed the prompt at 0 and the whole total as output, at the output
+// price. The prompt is the total less the completion; with no total either, the report says
+// nothing of the prompt, and the result says so for the settlement to bill its estimate.
+func TestMeterReportWithoutThePrompt(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		events  []Event
+		want    pricing.Usage
+		missing bool
+	}{
+		{"completion and total", []Event{data(`{"choices":[],"usage":{"completion_tokens":30,"total_tokens":1030}}`)},
+			pricing.Usage{Input: 1000, Output: 30}, false},
+		{"total below the completion", []Event{data(`{"choices":[],"usage":{"completion_tokens":30,"total_tokens":20}}`)},
+			pricing.Usage{Output: 30}, false},
+		{"completion alone", []Event{data(`{"choices":[],"usage":{"completion_tokens":30}}`)},
+			pricing.Usage{Output: 30}, true},
+		{"an earlier report's prompt", []Event{data(`{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1}}`),
+			data(`{"choices":[],"usage":{"completion_tokens":30}}`)}, pricing.Usage{Input: 7, Output: 30}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := meterEvents(FormatChat, tc.events...)
+			if got.Usage != tc.want || !got.Reported || got.PromptMissing != tc.missing {
+				t.Errorf("got %+v, want usage %+v reported, prompt missing %v", got, tc.want, tc.missing)
+			}
+		})
+	}
+}

@@ -186,6 +186,14 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 	res := c.meter.Result()
 	if res.Reported {
 		st.Usage, st.Estimated = res.Usage, res.Estimated
+		if res.PromptMissing {
+			// A report of the output alone: the prompt is its estimate, less what the report
+			// says was read from or written to the cache. At 0 it went unbilled.
+			est := c.req.promptEstimate()
+			st.Usage.Input = max(0, est.Input-st.Usage.CacheRead-st.Usage.CacheWrite)
+			st.Usage.AudioInput = min(est.AudioInput, st.Usage.Input)
+			st.Estimated = true
+		}
 	} else {
 		st.Usage = c.req.promptEstimate()
 		st.Usage.Output, st.Usage.AudioOutput = res.EstimatedOutput()
