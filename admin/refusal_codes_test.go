@@ -1,6 +1,7 @@
 package admin_test
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 )
@@ -11,6 +12,8 @@ import (
 func TestEveryAdminRefusalNamesItsCode(t *testing.T) {
 	f := newFixture(t, adminToken)
 	f.admin("POST", "/admin/users", map[string]any{"name": "acme"}, http.StatusCreated)
+	f.admin("POST", "/admin/users", map[string]any{"name": "other"}, http.StatusCreated)
+	otherGrant := f.admin("POST", "/admin/users/other/grants", map[string]any{"amount": "1", "idempotency_key": "other-1"}, http.StatusCreated)
 	before := f.snapshot()
 	for _, c := range []struct {
 		method, path string
@@ -35,6 +38,9 @@ func TestEveryAdminRefusalNamesItsCode(t *testing.T) {
 		{"GET", "/admin/users?limit=0", nil, "invalid_limit"},
 		{"GET", "/admin/users?after=%FF", nil, "invalid_after"},
 		{"GET", "/admin/runs?after=r_nope", nil, "invalid_after"},
+		// A grant id that is none of the user's paged from it as if it were.
+		{"GET", "/admin/users/acme/grants?after=99999999", nil, "invalid_after"},
+		{"GET", fmt.Sprintf("/admin/users/acme/grants?after=%v", otherGrant["id"]), nil, "invalid_after"},
 		{"GET", "/admin/runs?since=yesterday", nil, "invalid_since"},
 		{"GET", "/admin/runs?until=yesterday", nil, "invalid_until"},
 		{"GET", "/admin/runs?settled_since=yesterday", nil, "invalid_settled_since"},

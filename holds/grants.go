@@ -227,13 +227,26 @@ func sameGrant(g Grant, req GrantRequest) error {
 }
 
 // Grants lists up to limit of a user's grants, newest first, older than the grant afterID (0: from
-// the newest): the cursor of a listing in pages.
+// the newest): the cursor of a listing in pages. afterID must be one of the user's grants
+// (ErrBadAfter otherwise): grants are never deleted, so any other id is no page's last_id, and
+// paged from, it listed another walk's rows (or none) as if they followed a page.
 func (s *Store) Grants(ctx context.Context, userID, afterID uint64, limit int) ([]Grant, error) {
 	if limit <= 0 || limit > MaxListRows {
 		return nil, fmt.Errorf("grants of user %d: limit %d out of range 1-%d", userID, limit, MaxListRows)
 	}
 	if afterID == 0 {
 		afterID = math.MaxUint64
+	} else {
+		var one int
+		err := s.withRetry(ctx, "list grants", func() error {
+			return s.db.GetContext(ctx, &one, "SELECT 1 FROM grants WHERE id = ? AND user_id = ?", afterID, userID)
+		})
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("grants of user %d: %w: %d is no grant of this user", userID, ErrBadAfter, afterID)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("grants of user %d: %w", userID, err)
+		}
 	}
 	out := []Grant{}
 	err := s.withRetry(ctx, "list grants", func() error {
