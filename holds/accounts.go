@@ -220,7 +220,8 @@ func (s *Store) UsersByKeys(ctx context.Context, keys []string) ([]KeyResult, er
 type Balance struct {
 	// Plan is the user's plan as the same read found it, the plan the figures are of: the
 	// proxy's key cache keeps the plan a key was looked up with, for up to key_cache_ttl
-	// after an operator moves the user to another plan.
+	// after an operator moves the user to another plan. A plan no longer configured is the
+	// default plan, whose terms the figures are.
 	Plan           string
 	AllowanceMicro int64
 	UsedTodayMicro int64
@@ -279,7 +280,7 @@ func (s *Store) balanceTx(ctx context.Context, tx *sqlx.Tx, userID uint64) (Bala
 		return Balance{}, err
 	}
 	plan := s.plan(row.userRow)
-	return Balance{Plan: row.Plan, AllowanceMicro: plan.AllowanceMicro, UsedTodayMicro: row.UsedToday, HeldMicro: row.Held,
+	return Balance{Plan: s.planName(row.userRow), AllowanceMicro: plan.AllowanceMicro, UsedTodayMicro: row.UsedToday, HeldMicro: row.Held,
 		PrepaidMicro: row.PrepaidMicro, InFlight: row.InFlight, Day: row.Day,
 		AvailableMicro: Available(plan.AllowanceMicro, row.UsedToday, row.PrepaidMicro, row.Held)}, nil
 }

@@ -83,6 +83,16 @@ const MaxListRows = 10_000
 // logger never samples them, however many come in a second.
 const MoneyLog = "money"
 
+// planName is the name of the plan whose terms plan gives the user: its row's plan, or the
+// default plan's when the row's is not configured. A view of those terms names this one: the
+// row's name there would be a plan the user cannot look up, shown beside another's figures.
+func (s *Store) planName(u userRow) string {
+	if _, ok := s.plans[u.Plan]; ok {
+		return u.Plan
+	}
+	return s.defaultPlan
+}
+
 // plan returns the user's effective plan, with per-user overrides applied.
 func (s *Store) plan(u userRow) Plan {
 	p, ok := s.plans[u.Plan]

@@ -229,3 +229,20 @@ func TestCreditsNameThePlanTheirFiguresAreOf(t *testing.T) {
 		t.Fatalf("after moving the user to guest: %d plan %v allowance %v, want guest and 100", code, c["plan"], c["allowance"])
 	}
 }
+
+// TestCreditsNameThePlanInForce: a user whose row names a plan no longer configured gets the
+// default plan's terms (the README's default_plan), but /v1/credits named the row's plan beside
+// the default plan's allowance: a plan the caller cannot look up, whose terms are not the ones
+// shown. It names the plan whose terms it shows.
+func TestCreditsNameThePlanInForce(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("guest")
+	if _, err := h.db.Exec("UPDATE users SET plan = 'gold' WHERE id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	code, c := h.get(key, "/v1/credits")
+	if code != 200 || c["plan"] != h.cfg.DefaultPlan || c["allowance"] != 2000.0 {
+		t.Fatalf("a user on an unconfigured plan: %d plan %v allowance %v, want the default plan %q and its 2000",
+			code, c["plan"], c["allowance"], h.cfg.DefaultPlan)
+	}
+}
