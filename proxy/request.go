@@ -702,6 +702,13 @@ func (c *callRequest) boundPrice() pricing.Price {
 	if c.spoken {
 		p = p.Spoken()
 	}
+	return c.promptPrice(p)
+}
+
+// promptPrice is p with the prompt at the price the provider may bill it at: the cache-write
+// price (the one-hour one for a ttl of 1h) when the call marks its prompt for the cache. Both
+// the output bound and the estimate of a call without a usage report price the prompt so.
+func (c *callRequest) promptPrice(p pricing.Price) pricing.Price {
 	if c.cacheMarked {
 		p = p.PromptWritten(c.cacheLong)
 	}

@@ -199,9 +199,17 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 		st.Usage.Output, st.Usage.AudioOutput = res.EstimatedOutput()
 		st.Estimated = true
 	}
-	price := c.req.price
+	price, priceKey := c.req.price, c.req.priceKey
 	if p, key, ok := s.answeredPrice(c, res.Model); ok {
-		price, st.PriceSnapshot = p, s.snapshots[key]
+		price, priceKey, st.PriceSnapshot = p, key, s.snapshots[key]
+	}
+	if (!res.Reported || res.PromptMissing) && c.req.cacheMarked {
+		// No word of what the provider did with a prompt marked for its cache (an Anthropic
+		// stream cut before message_start, its prompt estimated): it bills what it writes there at the cache-write
+		// price, up to 2× the input price, as the output bound reckoned. The row's snapshot is
+		// the price so used, so that its tokens still explain its cost.
+		price = c.req.promptPrice(price)
+		st.PriceSnapshot = price.Snapshot(priceKey)
 	}
 	st.CostMicro = price.Cost(st.Usage)
 	return st
