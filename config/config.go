@@ -92,6 +92,9 @@ type Dedup struct {
 	FailOpen     bool          `yaml:"fail_open"`      // Redis unreachable: let requests through instead of 503
 	ReplayTTL    time.Duration `yaml:"replay_ttl"`     // stored responses for Idempotency-Key replays
 	MaxReplayLen int64         `yaml:"max_replay_len"` // largest stored response
+	// MaxReplayBytesPerCaller bounds what one caller's stored responses hold in Redis at once;
+	// 0 derives it (ReplayBytesPerCaller).
+	MaxReplayBytesPerCaller int64 `yaml:"max_replay_bytes_per_caller"`
 }
 
 // Plan is what a class of users gets. Credits are converted to micro-USD at load.

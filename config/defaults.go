@@ -98,6 +98,22 @@ func (l Limits) BodyMemoryBounds() (total, perCaller int64) {
 	return total, perCaller
 }
 
+// ReplayShares is how many answers of max_replay_len one caller's stored answers may hold
+// unless max_replay_bytes_per_caller says otherwise (ReplayBytesPerCaller).
+const ReplayShares = 64
+
+// ReplayBytesPerCaller is the bound on what one caller's answers kept for Idempotency-Key
+// replays hold in Redis at once: as configured, or ReplayShares answers of max_replay_len.
+// Unbounded, a caller sending each request under a new key kept up to max_replay_len per call
+// for replay_ttl — cheap answers (embeddings) at a gigabyte a minute — until Redis, which must
+// not evict (noeviction), was full and refused every write of the money path.
+func (d Dedup) ReplayBytesPerCaller() int64 {
+	if d.MaxReplayBytesPerCaller != 0 {
+		return d.MaxReplayBytesPerCaller
+	}
+	return ReplayShares * d.MaxReplayLen
+}
+
 // DefaultMaxResponseMemory is the process's bound on whole answers in memory unless
 // max_response_bytes asks for more room (ResponseMemoryBound).
 const DefaultMaxResponseMemory = 512 << 20

@@ -97,6 +97,11 @@ func errReplayTooLarge(runID string, limit int64) *apiError {
 		Message: fmt.Sprintf("The request with this Idempotency-Key already ran (run %s), but its answer was larger than %d bytes and was not kept for replay.", runID, limit)}
 }
 
+func errReplayOverShare(runID string, limit int64) *apiError {
+	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotent_response_too_large", RunID: runID,
+		Message: fmt.Sprintf("The request with this Idempotency-Key already ran (run %s), but its answer was not kept for replay: the answers kept for this caller already held %d bytes.", runID, limit)}
+}
+
 func errReplayLost(runID string) *apiError {
 	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotent_response_lost", RunID: runID,
 		Message: "The request with this Idempotency-Key already ran (run " + runID + "), but its stored answer was lost; it is not run again."}
@@ -130,6 +135,9 @@ type idemRecord struct {
 	attempt  int
 	run      string
 	large    bool
+	// overShare: the answer was not kept because its caller's kept answers were at
+	// dedup.max_replay_bytes_per_caller (large is set too, which older gateways read).
+	overShare bool
 	// superseded: an attempt was stopped by a newer message of its session. Its retries are
 	// answered 409 superseded, not run: run again, the old message would replace the newer.
 	superseded bool
@@ -138,12 +146,12 @@ type idemRecord struct {
 func (s *Server) readIdem(ctx context.Context, ic *idemCall) (idemRecord, error) {
 	ctx, cancel := redisStep(ctx)
 	defer cancel()
-	v, err := s.dedupRDB.HMGet(ctx, ic.record, "body", "attempt", "run", "large", "superseded").Result()
+	v, err := s.dedupRDB.HMGet(ctx, ic.record, "body", "attempt", "run", "large", "superseded", "large_why").Result()
 	if err != nil {
 		return idemRecord{}, fmt.Errorf("read idempotency record: %w", err)
 	}
 	str := func(i int) string { s, _ := v[i].(string); return s }
-	rec := idemRecord{bodyHash: str(0), run: str(2), large: str(3) == "1", superseded: str(4) == "1"}
+	rec := idemRecord{bodyHash: str(0), run: str(2), large: str(3) == "1", superseded: str(4) == "1", overShare: str(5) == "share"}
 	rec.attempt, _ = strconv.Atoi(str(1)) // only this gateway writes it (advanceScript): digits
 	return rec, nil
 }
@@ -264,6 +272,9 @@ func (a *idemAdmission) refusalOf(rec idemRecord) *apiError {
 // replayPinned answers the request from the answer of the attempt that pinned the key (rec.run),
 // and returns the status sent; again when that answer expired since rec was read.
 func (a *idemAdmission) replayPinned(rec idemRecord) (status int, again bool) {
+	if rec.overShare {
+		return a.answer(errReplayOverShare(rec.run, a.s.cfg.Dedup.ReplayBytesPerCaller()), false), false
+	}
 	if rec.large {
 		return a.answer(errReplayTooLarge(rec.run, a.s.cfg.Dedup.MaxReplayLen), false), false
 	}
@@ -546,9 +557,14 @@ func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error
 	hdrs, _ := json.Marshal(replayableHeaders(rw.Header())) // a map of strings: cannot fail
 	// The headers are part of the stored answer: max_replay_len bounds them with the body, or
 	// an upstream's megabytes of headers on a small body would be kept for replay_ttl.
-	if rw.over || int64(len(hdrs)+rw.buf.Len()) > rw.limit {
+	size := int64(len(hdrs) + rw.buf.Len())
+	switch {
+	case rw.over || size > rw.limit:
 		fields = append(fields, "large", "1")
-	} else {
+	case !s.replayRoom(ctx, c, size):
+		// Replays of it answer 409, as for an answer too large: it ran, and is not run again.
+		fields = append(fields, "large", "1", "large_why", "share")
+	default:
 		if hdrs != nil {
 			fields = append(fields, "hdrs", hdrs)
 		}
@@ -559,6 +575,47 @@ func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error
 	}
 	return nil
 }
+
+// replayRoom counts size bytes more of c's caller's answers kept for replays, and reports
+// false, counting nothing, when they would pass dedup.max_replay_bytes_per_caller. A count
+// that fails says true: the record's write that follows goes to the same Redis, and fails or
+// lands as it did before the bound. An answer whose record write then fails (or that is
+// stored a second time, after its pin before its end failed) stays counted until its bucket
+// ages out: the bound errs on the side of keeping less.
+func (s *Server) replayRoom(ctx context.Context, c *call, size int64) bool {
+	ttl := s.cfg.Dedup.ReplayTTL.Milliseconds()
+	width := max(1, (ttl+replayBuckets-1)/replayBuckets)
+	ok, err := replayRoomScript.Run(ctx, s.dedupRDB, []string{s.keys.ReplayBytes(c.user.ID)},
+		size, s.cfg.Dedup.ReplayBytesPerCaller(), width, replayBuckets+1).Int()
+	if err != nil {
+		c.log.Warn("caller's stored answers not counted; this one is stored regardless", zap.Error(err))
+		return true
+	}
+	return ok == 1
+}
+
+// replayBuckets is how many time buckets a caller's count of stored answers splits replay_ttl
+// into: one more is kept, so an answer counts until it has surely expired, and at most a
+// bucket's width longer.
+const replayBuckets = 24
+
+// replayRoomScript adds ARGV[1] bytes to the caller's count KEYS[1] (a hash: time bucket ->
+// bytes stored in it) unless the buckets not yet aged out would then pass ARGV[2]; ARGV[3] is
+// a bucket's width in ms, ARGV[4] how many are kept. Buckets older than that are dropped: their
+// answers have expired. Returns 1 when counted, 0 when refused.
+var replayRoomScript = redis.NewScript(`
+local t = redis.call('TIME')
+local width, kept = tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = math.floor((tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)) / width)
+local held = 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if tonumber(all[i]) <= now - kept then redis.call('HDEL', KEYS[1], all[i]) else held = held + tonumber(all[i + 1]) end
+end
+if held + tonumber(ARGV[1]) > tonumber(ARGV[2]) then return 0 end
+redis.call('HINCRBY', KEYS[1], string.format('%d', now), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], string.format('%d', (kept + 1) * width))
+return 1`)
 
 // errIdemMovedOn: an attempt's record write was refused because the key is no longer this
 // attempt's. Its hold was settled under its call (the reconciler took its process for dead: a

@@ -47,6 +47,12 @@ func (k Keys) Cancel(runID string) string { return k.Prefix + "cancel:{" + runID
 // Replay holds an idempotent request's stored response.
 func (k Keys) Replay(runID string) string { return k.Prefix + "replay:{" + runID + "}" }
 
+// ReplayBytes counts the bytes of a user's answers kept for Idempotency-Key replays, per time
+// bucket of their storing: what bounds them per caller (dedup.max_replay_bytes_per_caller).
+func (k Keys) ReplayBytes(userID uint64) string {
+	return k.Prefix + "replaybytes:{" + strconv.FormatUint(userID, 10) + "}"
+}
+
 // SessionDone marks a session's run whose answer is final (its settlement may still be on
 // its way).
 func (k Keys) SessionDone(runID string) string { return k.Prefix + "sessdone:{" + runID + "}" }
