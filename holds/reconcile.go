@@ -295,7 +295,11 @@ func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
 	if err != nil || st.Truncated {
 		return st, err
 	}
-	for range r.cfg.MaxBatches {
+	// Bounded by the pass's time budget, as the scan is, not by MaxBatches: passes alone prune
+	// sessions, and one that stopped at MaxBatches batches let the table grow by the rest at
+	// every pass wherever more conversations ended between two passes.
+	stopAt := start.Add(r.cfg.PassBudget)
+	for {
 		pctx, cancel := context.WithTimeout(ctx, reconcileItemTimeout)
 		n, err := r.cfg.Store.PruneSessions(pctx, SessionPruneIdle, r.cfg.Batch)
 		cancel()
@@ -304,7 +308,7 @@ func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
 			r.cfg.Log.Warn("reconcile: ended sessions not pruned; the next pass tries again", zap.Error(err))
 			break
 		}
-		if n < int64(r.cfg.Batch) {
+		if n < int64(r.cfg.Batch) || !time.Now().Before(stopAt) {
 			break
 		}
 	}

@@ -41,3 +41,39 @@ func TestReconcilePrunesEndedSessionsPastOneBatch(t *testing.T) {
 		t.Fatalf("after one pass in batches of %d: %d sessions left, %d pruned; want all %d ended ones pruned", batch, left, st.PrunedSessions, ended)
 	}
 }
+
+// TestReconcilePrunesEndedSessionsPastItsBatchLimit: sessions are pruned by reconcile passes
+// alone, a minute apart. A pass stopped pruning at MaxBatches batches (10 000 rows by default),
+// so where more conversations ended than that in a minute — a caller naming a new X-Session-Id
+// on each request does it at its request rate — the table grew by the rest at every pass, for
+// good. The pass's time budget bounds the prune, as it bounds the scan.
+func TestReconcilePrunesEndedSessionsPastItsBatchLimit(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("chattiest", 100, nil)
+	const ended, batch, maxBatches = 10, 2, 2 // a batch limit of 4 rows a pass
+	for i := range ended {
+		run := fmt.Sprintf("r_ended_l_%d", i)
+		e.admit(u, run, holds.StateRunning)
+		if _, err := e.store.ClaimSession(e.ctx(), u.ID, fmt.Sprintf("conv-l-%d", i), run, sha256.Sum256([]byte(run))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.db.ExecContext(e.ctx(), `UPDATE sessions SET updated_at = NOW(6) - INTERVAL 1 HOUR`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.pass(e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Batch, c.MaxBatches = batch, maxBatches }))
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	var left int
+	if err := e.db.GetContext(e.ctx(), &left, `SELECT COUNT(*) FROM sessions WHERE user_id = ?`, u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || st.PrunedSessions != ended {
+		t.Fatalf("after one pass of at most %d batches of %d: %d sessions left, %d pruned; want all %d ended ones pruned within the pass's time budget",
+			maxBatches, batch, left, st.PrunedSessions, ended)
+	}
+}
