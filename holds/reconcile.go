@@ -292,27 +292,33 @@ func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
 	}
 	st, err := r.scan(ctx, start)
 	st.DeadInstances, st.BroughtIn = declared, brought
-	if err != nil || st.Truncated {
-		return st, err
+	if ctx.Err() == nil {
+		st.PrunedSessions = r.pruneSessions(ctx, start.Add(r.cfg.PassBudget))
 	}
-	// Bounded by the pass's time budget, as the scan is, not by MaxBatches: passes alone prune
-	// sessions, and one that stopped at MaxBatches batches let the table grow by the rest at
-	// every pass wherever more conversations ended between two passes.
-	stopAt := start.Add(r.cfg.PassBudget)
+	return st, err
+}
+
+// pruneSessions deletes sessions idle past SessionPruneIdle whose run has ended, a batch at a
+// time while batches come back full and stopAt is ahead, and at least one batch however the
+// scan went: passes alone prune sessions, so a pass that skipped it whenever its scan was cut
+// short (a backlog of expired holds) or failed (one hold that cannot be settled, every pass)
+// let the table grow for as long as that lasted. Bounded by the pass's time budget, as the
+// scan is, not by MaxBatches: one that stopped at MaxBatches batches let the table grow by the
+// rest at every pass wherever more conversations ended between two passes.
+func (r *Reconciler) pruneSessions(ctx context.Context, stopAt time.Time) (pruned int) {
 	for {
 		pctx, cancel := context.WithTimeout(ctx, reconcileItemTimeout)
 		n, err := r.cfg.Store.PruneSessions(pctx, SessionPruneIdle, r.cfg.Batch)
 		cancel()
-		st.PrunedSessions += int(n)
+		pruned += int(n)
 		if err != nil {
 			r.cfg.Log.Warn("reconcile: ended sessions not pruned; the next pass tries again", zap.Error(err))
-			break
+			return pruned
 		}
 		if n < int64(r.cfg.Batch) || !time.Now().Before(stopAt) {
-			break
+			return pruned
 		}
 	}
-	return st, nil
 }
 
 // scan settles expired holds, starting none after start + PassBudget.

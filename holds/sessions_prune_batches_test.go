@@ -77,3 +77,42 @@ func TestReconcilePrunesEndedSessionsPastItsBatchLimit(t *testing.T) {
 			maxBatches, batch, left, st.PrunedSessions, ended)
 	}
 }
+
+// TestReconcilePrunesEndedSessionsBehindABacklogOfExpiredHolds: a pass whose scan of expired
+// holds stops at its batch limit still prunes ended sessions. It skipped the prune whenever
+// its scan was cut short, so for as long as a backlog of expired holds lasted (a fleet killed
+// with thousands of calls in flight, a reconciler behind) no session was pruned and the table
+// grew by every conversation that ended meanwhile.
+func TestReconcilePrunesEndedSessionsBehindABacklogOfExpiredHolds(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("backlogged", 100, nil)
+	const ended, expired, batch, maxBatches = 3, 6, 2, 2 // the scan reads 4 of 6 expired holds
+	for i := range ended {
+		run := fmt.Sprintf("r_ended_x_%d", i)
+		e.admit(u, run, holds.StateRunning)
+		if _, err := e.store.ClaimSession(e.ctx(), u.ID, fmt.Sprintf("conv-x-%d", i), run, sha256.Sum256([]byte(run))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.db.ExecContext(e.ctx(), `UPDATE sessions SET updated_at = NOW(6) - INTERVAL 1 HOUR`); err != nil {
+		t.Fatal(err)
+	}
+	for i := range expired {
+		e.expire(e.admit(u, fmt.Sprintf("r_backlog_x_%d", i), holds.StateQueued).RunID)
+	}
+	st, err := e.pass(e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Batch, c.MaxBatches = batch, maxBatches }))
+	if err != nil || !st.Truncated || st.StoppedAt != holds.StopBatchLimit {
+		t.Fatalf("reconcile: %+v, %v; want a pass stopped at its batch limit", st, err)
+	}
+	var left int
+	if err := e.db.GetContext(e.ctx(), &left, `SELECT COUNT(*) FROM sessions WHERE user_id = ?`, u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || st.PrunedSessions != ended {
+		t.Fatalf("after a pass cut short by %d expired holds: %d sessions left, %d pruned; want all %d ended ones pruned",
+			expired, left, st.PrunedSessions, ended)
+	}
+}
