@@ -16,19 +16,7 @@ func TestReconcilePrunesEndedSessionsPastOneBatch(t *testing.T) {
 	e := newStoreEnv(t)
 	u := e.user("chattier", 100, nil)
 	const ended, batch = 10, 4 // two full batches, then one of two
-	for i := range ended {
-		run := fmt.Sprintf("r_ended_b_%d", i)
-		e.admit(u, run, holds.StateRunning)
-		if _, err := e.store.ClaimSession(e.ctx(), u.ID, fmt.Sprintf("conv-b-%d", i), run, sha256.Sum256([]byte(run))); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := e.db.ExecContext(e.ctx(), `UPDATE sessions SET updated_at = NOW(6) - INTERVAL 1 HOUR`); err != nil {
-		t.Fatal(err)
-	}
+	e.endedSessions(u, "b", ended)
 	st, err := e.pass(e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Batch = batch }))
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
@@ -51,19 +39,7 @@ func TestReconcilePrunesEndedSessionsPastItsBatchLimit(t *testing.T) {
 	e := newStoreEnv(t)
 	u := e.user("chattiest", 100, nil)
 	const ended, batch, maxBatches = 10, 2, 2 // a batch limit of 4 rows a pass
-	for i := range ended {
-		run := fmt.Sprintf("r_ended_l_%d", i)
-		e.admit(u, run, holds.StateRunning)
-		if _, err := e.store.ClaimSession(e.ctx(), u.ID, fmt.Sprintf("conv-l-%d", i), run, sha256.Sum256([]byte(run))); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := e.db.ExecContext(e.ctx(), `UPDATE sessions SET updated_at = NOW(6) - INTERVAL 1 HOUR`); err != nil {
-		t.Fatal(err)
-	}
+	e.endedSessions(u, "l", ended)
 	st, err := e.pass(e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Batch, c.MaxBatches = batch, maxBatches }))
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
@@ -87,19 +63,7 @@ func TestReconcilePrunesEndedSessionsBehindABacklogOfExpiredHolds(t *testing.T) 
 	e := newStoreEnv(t)
 	u := e.user("backlogged", 100, nil)
 	const ended, expired, batch, maxBatches = 3, 6, 2, 2 // the scan reads 4 of 6 expired holds
-	for i := range ended {
-		run := fmt.Sprintf("r_ended_x_%d", i)
-		e.admit(u, run, holds.StateRunning)
-		if _, err := e.store.ClaimSession(e.ctx(), u.ID, fmt.Sprintf("conv-x-%d", i), run, sha256.Sum256([]byte(run))); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := e.db.ExecContext(e.ctx(), `UPDATE sessions SET updated_at = NOW(6) - INTERVAL 1 HOUR`); err != nil {
-		t.Fatal(err)
-	}
+	e.endedSessions(u, "x", ended)
 	for i := range expired {
 		e.expire(e.admit(u, fmt.Sprintf("r_backlog_x_%d", i), holds.StateQueued).RunID)
 	}
@@ -114,5 +78,24 @@ func TestReconcilePrunesEndedSessionsBehindABacklogOfExpiredHolds(t *testing.T) 
 	if left != 0 || st.PrunedSessions != ended {
 		t.Fatalf("after a pass cut short by %d expired holds: %d sessions left, %d pruned; want all %d ended ones pruned",
 			expired, left, st.PrunedSessions, ended)
+	}
+}
+
+// endedSessions gives u n sessions whose runs have settled, idle for an hour: past
+// SessionPruneIdle, each for a pass to prune.
+func (e *storeEnv) endedSessions(u holds.User, tag string, n int) {
+	e.t.Helper()
+	for i := range n {
+		run := fmt.Sprintf("r_ended_%s_%d", tag, i)
+		e.admit(u, run, holds.StateRunning)
+		if _, err := e.store.ClaimSession(e.ctx(), u.ID, fmt.Sprintf("conv-%s-%d", tag, i), run, sha256.Sum256([]byte(run))); err != nil {
+			e.t.Fatal(err)
+		}
+		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	if _, err := e.db.ExecContext(e.ctx(), `UPDATE sessions SET updated_at = NOW(6) - INTERVAL 1 HOUR WHERE user_id = ?`, u.ID); err != nil {
+		e.t.Fatal(err)
 	}
 }
