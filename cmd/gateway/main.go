@@ -211,6 +211,15 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 		e.Close()
 		return nil, err
 	}
+	if !migratesItsOwnSchema[name] {
+		// A binary's statements name the columns of its own schema: on one behind it, a command
+		// failed at its first statement on a missing column ("Unknown column …"), saying nothing
+		// of the migration skipped, and one whose statements happened to fit wrote.
+		if err := schemaCurrent(ctx, e.db); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
 	if needRedis {
 		opt, err := redisOptions(cfg.RedisURL)
 		if err != nil {
@@ -230,6 +239,23 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 		}
 	}
 	return e, nil
+}
+
+// migratesItsOwnSchema are the commands that bring the schema up to date themselves (serve
+// -migrate, demo-setup) or are how it is done; serve checks it after its -migrate.
+var migratesItsOwnSchema = map[string]bool{"serve": true, "migrate": true, "demo-setup": true}
+
+// schemaCurrent refuses a schema behind this binary, naming what it lacks and the command
+// that applies it.
+func schemaCurrent(ctx context.Context, db *sqlx.DB) error {
+	pending, err := tgsql.Pending(ctx, db.DB)
+	if err != nil {
+		return fmt.Errorf("check schema: %w", err)
+	}
+	if len(pending) > 0 {
+		return fmt.Errorf("the database schema is behind this gateway (%s not applied): run `gateway migrate` first", strings.Join(pending, ", "))
+	}
+	return nil
 }
 
 // store builds the holds store with the configured plans.

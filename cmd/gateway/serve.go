@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/signal"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,7 +25,6 @@ import (
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 	"github.com/tollgate/tollgate/proxy"
-	tgsql "github.com/tollgate/tollgate/sql"
 )
 
 // serve runs the gateway until SIGTERM, SIGINT or SIGHUP (shutdownSignals: those it was not
@@ -116,10 +114,8 @@ func readySchema(ctx context.Context, e *env, migrateFirst bool) error {
 			return err
 		}
 	}
-	if pending, err := tgsql.Pending(ctx, e.db.DB); err != nil {
-		return fmt.Errorf("check schema: %w", err)
-	} else if len(pending) > 0 {
-		return fmt.Errorf("the database schema is behind this gateway (%s not applied): run `gateway migrate` first", strings.Join(pending, ", "))
+	if err := schemaCurrent(ctx, e.db); err != nil {
+		return err
 	}
 	warnUnboundedIdleTransactions(ctx, e.db, e.log)
 	return nil
