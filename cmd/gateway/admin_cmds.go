@@ -523,6 +523,11 @@ func pruneCmd(ctx context.Context, args []string) error {
 	if days < int(holds.MinPruneAge/(24*time.Hour)) || days > maxDays {
 		return fmt.Errorf("-days %d: %w: at least %d, at most %d", days, holds.ErrBadFilter, holds.MinPruneAge/(24*time.Hour), maxDays)
 	}
+	if batch < 1 || batch > holds.MaxPruneBatch {
+		// Here, not from the store: its refusal came with "run it again to go on", which
+		// failed the same way.
+		return fmt.Errorf("-batch %d: %w: 1 to %d", batch, holds.ErrBadFilter, holds.MaxPruneBatch)
+	}
 	age := time.Duration(days) * 24 * time.Hour
 	if age <= e.cfg.Dedup.ReplayTTL {
 		return fmt.Errorf("-days %d: %w: must pass dedup.replay_ttl (%v), while an Idempotency-Key replay reads its run",

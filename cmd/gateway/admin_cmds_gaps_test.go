@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -134,5 +135,19 @@ func TestPruneRefusesACutoffEqualToReplayTTL(t *testing.T) {
 	}
 	if err := pruneCmd(testCtx(t), []string{"-config", cfg, "-days", "8"}); err == nil {
 		t.Fatal("prune -days 8 with replay_ttl 8 days was accepted")
+	}
+}
+
+// TestPruneRefusesABadBatchNamingTheFlag: `prune -days 7 -batch 10001` was refused with
+// "prune: bad filter: batch of 10001, 1 to 10000 (0 runs pruned in 0 batches before it; run it
+// again to go on)": it named no flag, and running it again, as it said, was refused again. A
+// -batch out of range is refused as -days is, naming the flag and its range.
+func TestPruneRefusesABadBatchNamingTheFlag(t *testing.T) {
+	useTestDatabase(t)
+	for _, batch := range []string{"0", "-5", "10001"} {
+		err := pruneCmd(testCtx(t), []string{"-days", "7", "-batch", batch})
+		if !errors.Is(err, holds.ErrBadFilter) || !strings.HasPrefix(err.Error(), "-batch "+batch+":") || strings.Contains(err.Error(), "run it again") {
+			t.Errorf("prune -batch %s: %v, want it refused naming -batch and its range, not to run it again", batch, err)
+		}
 	}
 }
