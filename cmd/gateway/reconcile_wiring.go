@@ -83,6 +83,24 @@ func (l redisLock) TryLock(ctx context.Context) (bool, error) {
 	return n == 1, nil
 }
 
+// unlockScript deletes the lock only if it is still ours: once it has lapsed another process
+// may hold it.
+var unlockScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0`)
+
+// Release gives the lock back, if it is still this instance's. Only the operator's one-off
+// pass does: its process is gone a moment later, and its lock, left to lapse, stopped the
+// next `reconcile -once` (another process's, by its instance) and every gateway for its TTL.
+func (l redisLock) Release(ctx context.Context) error {
+	if err := unlockScript.Run(ctx, l.rdb, []string{l.key}, l.instance).Err(); err != nil {
+		return fmt.Errorf("release reconcile lock %s: %w", l.key, err)
+	}
+	return nil
+}
+
 // reconcilerDeps are the collaborators newReconciler needs.
 type reconcilerDeps struct {
 	cfg       *config.Config

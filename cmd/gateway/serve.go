@@ -355,6 +355,15 @@ func reconcileOnce(ctx context.Context, args []string) error {
 		fmt.Println("reconcile: another process holds the lock; nothing scanned (use -force to scan anyway)")
 		return nil
 	}
+	if st.Locked && !force {
+		lock := redisLock{rdb: e.rdb, key: redisKeys(e.cfg).ReconcileLock(), instance: e.cfg.Instance}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if rerr := lock.Release(rctx); rerr != nil {
+			// It lapses on its own within holds.reconcile_lock_ttl.
+			e.log.Warn("reconcile lock not released", zap.Error(rerr))
+		}
+	}
 	fmt.Println(passSummary(st, e.cfg.CreditMicro))
 	return err
 }
