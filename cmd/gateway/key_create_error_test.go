@@ -27,3 +27,13 @@ func TestKeyCreateNamesTheUserOnce(t *testing.T) {
 		t.Fatalf("key create with the users table gone: %v; want the database error naming the user once", err)
 	}
 }
+
+// TestKeyCreateWithoutUserSaysTheFlagIsRequired: `key create` with no -user answered
+// `user "": unknown user`, as if a user named "" were looked for and missing; every other
+// command that needs a user says `-user is required`, and so does it now.
+func TestKeyCreateWithoutUserSaysTheFlagIsRequired(t *testing.T) {
+	useTestDatabase(t)
+	if err := keyCreate(testCtx(t), nil); err == nil || err.Error() != "-user is required" {
+		t.Fatalf("key create without -user: %v; want -user is required", err)
+	}
+}

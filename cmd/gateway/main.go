@@ -354,6 +354,9 @@ func keyCreate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
+	if err := need("user", name); err != nil {
+		return err
+	}
 	st := e.store()
 	u, err := st.UserByName(ctx, name) // its error names the user
 	if err != nil {
