@@ -203,6 +203,11 @@ func userSet(ctx context.Context, args []string) error {
 		m, err := pricing.ParseCredits(s, e.cfg.CreditMicro)
 		return m, err == nil && m >= 0
 	}, "a non-negative number of credits in steps of "+pricing.FormatCredits(1, e.cfg.CreditMicro)); err != nil {
+		if _, perr := pricing.ParseCredits(allowance, e.cfg.CreditMicro); perr != nil {
+			// What is wrong with it, when the wanted form does not say (too large: it was
+			// one).
+			return fmt.Errorf("%w (%v)", err, perr)
+		}
 		return err
 	}
 	if c.MaxInFlight, err = optOverride("max-in-flight", maxInFlight, intIn(1, 10_000), "an integer 1-10000"); err != nil {

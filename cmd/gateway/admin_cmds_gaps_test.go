@@ -151,3 +151,22 @@ func TestPruneRefusesABadBatchNamingTheFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestUserSetRefusesATooLargeAllowanceSayingSo: `user set -allowance 1000000000000` (a
+// trillion credits, past what an amount may be) was refused with "want a non-negative number
+// of credits in steps of 0.001", which it was: the operator was not told what was wrong. The
+// refusal now says the amount is too large; the user is left as it was.
+func TestUserSetRefusesATooLargeAllowanceSayingSo(t *testing.T) {
+	count := useTestDatabase(t)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	err := userSet(ctx, []string{"-name", "alice", "-allowance", "1000000000000"})
+	if err == nil || !strings.Contains(err.Error(), "too large") {
+		t.Fatalf("user set -allowance 1000000000000: %v; want it refused as too large", err)
+	}
+	if n := count("SELECT COUNT(*) FROM users WHERE allowance_micro IS NOT NULL"); n != 0 {
+		t.Fatalf("%d allowance overrides written by a refused user set", n)
+	}
+}
