@@ -756,10 +756,12 @@ func (c *callRequest) rewrite(capMicro int64, model config.ModelCfg) (bool, erro
 				}
 			}
 		}
+	} else if limit < c.route.leastBound() {
+		// Whether or not a bound could be added (the model's own limit known), a budget that
+		// pays for no answer is 402: forwarded unbounded, the answer would be served and its
+		// cost clamped away at settlement, paid by the operator.
+		return false, nil
 	} else if modelMaxOutput > limit {
-		if limit < c.route.leastBound() {
-			return false, nil
-		}
 		// Only when the model's own limit is known: a bound above it would make the provider
 		// refuse the request. Unknown limits rely on the settlement clamp to the cap.
 		field := c.route.maxFields[0]

@@ -104,3 +104,78 @@ func TestResponsesBoundBelowItsMinimumIsABudgetTooSmall(t *testing.T) {
 		}
 	}
 }
+
+// TestUnboundedCallWhoseCapPaysNoAnswerIs402: README "Errors": 402 insufficient_credits when
+// what is available does not pay for the prompt and the least answer (1 output token; 16 on
+// /v1/responses). A call that sets no output bound, for a model whose own limit is not
+// configured, was forwarded unbounded whatever its cap left for the answer: a caller whose
+// credits paid for the prompt alone was served, its answer clamped away at settlement (the
+// operator paid for it). It is refused as a bounded call is: 402, nothing forwarded, nothing
+// held or charged.
+func TestUnboundedCallWhoseCapPaysNoAnswerIs402(t *testing.T) {
+	h := newHarness(t, nil)
+	table, err := h.cfg.PriceTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	price, _, _ := table.Lookup("fake-gpt")
+	perToken := price.Output / 1_000_000
+	for _, tc := range []struct {
+		name, path, body string
+		format           metering.Format
+		left             int64  // what the allowance pays for beyond the prompt
+		run              string // X-Run-Id, if any
+		code             string
+	}{
+		{"chat, half a token", "/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"}]}`,
+			metering.FormatChat, perToken / 2, "", "insufficient_credits"},
+		{"chat, one token for two answers", "/v1/chat/completions", `{"model":"fake-gpt","n":2,"messages":[{"role":"user","content":"hi"}]}`,
+			metering.FormatChat, perToken + perToken/2, "", "insufficient_credits"},
+		{"responses, fewer than 16", "/v1/responses", `{"model":"fake-gpt","input":"hi"}`, metering.FormatResponses, 10 * perToken,
+			"", "insufficient_credits"},
+		// A named run's call reserves at least its prompt's cost, which fits; no answer does.
+		{"named run, half a token", "/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"}]}`,
+			metering.FormatChat, perToken / 2, "agent", "run_budget_exhausted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, key := h.user("standard")
+			in, _ := metering.EstimatePrompt(tc.format, []byte(tc.body))
+			allowance := price.Cost(pricing.Usage{Input: in}) + tc.left
+			if err := h.store.SetUserLimits(context.Background(), u.ID, &allowance, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			var hdr map[string]string
+			if tc.run != "" {
+				hdr = map[string]string{"X-Run-Id": tc.run}
+			}
+			before := h.fake.Calls()
+			resp := h.post(key, tc.path, tc.body, hdr)
+			answer := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusPaymentRequired || h.fake.Calls() != before {
+				t.Fatalf("%d %s (upstream calls %d), want 402 and nothing forwarded", resp.StatusCode, answer, h.fake.Calls()-before)
+			}
+			if code := errorCode(t, answer); code != tc.code {
+				t.Errorf("code %s, want %s", code, tc.code)
+			}
+			h.settled()
+			if tc.run != "" {
+				// The run stays open for the agent; settled, it is charged nothing.
+				if status, body := h.settleRun(key, tc.run); status != http.StatusOK {
+					t.Fatalf("settle %s: %d %s", tc.run, status, body)
+				}
+			}
+			var left struct {
+				Live    int   `db:"live"`
+				Charged int64 `db:"charged"`
+			}
+			if err := h.db.Get(&left, `SELECT COALESCE(SUM(state <> 'settled'), 0) AS live, COALESCE(SUM(charged_micro), 0) AS charged
+				FROM run_holds WHERE user_id = ?`, u.ID); err != nil {
+				t.Fatal(err)
+			}
+			if left.Live != 0 || left.Charged != 0 {
+				t.Errorf("%d holds left live, %d charged; want none, 0", left.Live, left.Charged)
+			}
+		})
+	}
+}
