@@ -418,6 +418,11 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", retry: okChat},
 		{name: "429 too_many_request_bytes, messages", send: whileBodiesHeld(callerFull, "/v1/messages", "claude-test"),
 			header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", anthropic: true},
+		// A chunked body has no Content-Length to refuse it by: it is refused as it is read.
+		{name: "429 too_many_request_bytes, chunked", send: whileBodiesHeldChunked(callerFull, "/v1/chat/completions", "fake-gpt"),
+			header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", retry: okChat},
+		{name: "503 server_busy, chunked", send: whileBodiesHeldChunked(processFull, "/v1/chat/completions", "fake-gpt"),
+			header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", retry: okChat},
 		{name: "503 server_busy", send: whileBodiesHeld(processFull, "/v1/chat/completions", "fake-gpt"),
 			header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", retry: okChat},
 		{name: "503 server_busy, count_tokens", send: whileBodiesHeld(processFull, "/v1/messages/count_tokens", "claude-test"),
@@ -811,6 +816,32 @@ func whileBodiesHeld(who int, path, model string) func(e *errEnv) *http.Response
 		}
 		defer holdBodies(e.t, e.h, keys, 60<<10)()
 		return e.post(path, padded(model, 20<<10), nil)
+	}
+}
+
+// whileBodiesHeldChunked is whileBodiesHeld with the body sent chunked, without a
+// Content-Length.
+func whileBodiesHeldChunked(who int, path, model string) func(e *errEnv) *http.Response {
+	return func(e *errEnv) *http.Response {
+		keys := []string{e.key, e.key}
+		if who == processFull {
+			_, a := e.h.user("standard")
+			_, b := e.h.user("standard")
+			keys = []string{a, a, b, b}
+		}
+		defer holdBodies(e.t, e.h, keys, 60<<10)()
+		// A reader of unknown length (ContentLength 0, Body set): net/http sends it chunked.
+		req, err := http.NewRequest(http.MethodPost, e.h.gw.URL+path, io.MultiReader(strings.NewReader(padded(model, 20<<10))))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+e.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		return resp
 	}
 }
 
