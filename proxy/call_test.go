@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -980,5 +981,44 @@ func TestFailedRunSettleLeavesTheRunOpen(t *testing.T) {
 	}
 	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 {
 		t.Fatalf("run %+v: want both calls settled", r)
+	}
+}
+
+// TestStreamThatTimesOutSaysSo: README "Errors": once a stream's 200 is sent, an upstream that
+// does not finish within limits.upstream_timeout is reported as a last error event,
+// upstream_timeout, never as a clean end; the call is charged what it streamed.
+func TestStreamThatTimesOutSaysSo(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		c.Limits.UpstreamTimeout, c.Limits.HeaderTimeout = 500*time.Millisecond, 400*time.Millisecond
+	})
+	u, key := h.user("standard")
+	// 100 chunks 50 ms apart: the first ones come at once, the rest would take 5 s.
+	resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{
+		fakellm.HeaderChunks: "100", fakellm.HeaderChunkInterval: "50ms"})
+	body := string(readAll(t, resp.Body))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d %s, want the stream's 200", resp.StatusCode, body)
+	}
+	if !strings.Contains(body, `"content":"tok1 "`) {
+		t.Fatalf("no content before the timeout: %s", body)
+	}
+	events := strings.Split(strings.TrimSpace(body), "\n\n")
+	last := events[len(events)-1]
+	if !strings.HasPrefix(last, "data: ") || !strings.Contains(last, `"code":"upstream_timeout"`) || strings.Contains(body, "[DONE]") {
+		t.Fatalf("last event %q, want an upstream_timeout error event and no [DONE]", last)
+	}
+	var e struct {
+		Error struct{ Message, Type, Code string } `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(last, "data: ")), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
+		t.Fatalf("last event %q is not an OpenAI error: %v", last, err)
+	}
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if run.State != holds.StateSettled || run.SettleSource.String != holds.SourceStreamError || run.OutTok == 0 || run.ChargedMicro == 0 {
+		t.Fatalf("run %+v: want settled stream_error, charged what it streamed", run)
+	}
+	if _, live := h.holdCount(); live != 0 {
+		t.Fatalf("%d holds left live", live)
 	}
 }
