@@ -188,6 +188,28 @@ func TestModelWithoutAnUpstreamOnTheRouteIsRefusedBeforeAnyHold(t *testing.T) {
 	}
 }
 
+// TestModelServedElsewhereOrNowhereIsRefusedBeforeAnyHold: README "Errors", 400
+// model_not_served for the rest of its row: a priced model that no configured upstream serves,
+// and an Anthropic upstream's model on an OpenAI route. Neither is held, forwarded or charged.
+func TestModelServedElsewhereOrNowhereIsRefusedBeforeAnyHold(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		c.Upstreams[0].Models = []string{"fake-*"} // the OpenAI upstream; the Anthropic one serves "claude*"
+		c.Models["orphan-model"] = c.Models["fake-gpt"]
+	})
+	_, key := h.user("standard")
+	for _, model := range []string{"claude-test", "orphan-model"} {
+		resp := h.post(key, "/v1/chat/completions", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`, nil)
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || errorCode(t, body) != "model_not_served" {
+			t.Fatalf("%s: %d %s, want 400 model_not_served", model, resp.StatusCode, body)
+		}
+	}
+	if all, _ := h.holdCount(); all != 0 || h.fake.Calls() != 0 {
+		t.Fatalf("%d holds, %d upstream calls for refused requests", all, h.fake.Calls())
+	}
+}
+
 // TestADisabledUserIsRefusedAtOnce: the key is still in the process cache, but admission reads
 // the user's row under its lock and refuses.
 func TestADisabledUserIsRefusedAtOnce(t *testing.T) {
