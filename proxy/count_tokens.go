@@ -115,6 +115,14 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 // (countOf), or answers 502 when the answer is broken, too large or holds no count.
 func relayCount(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxCountAnswer+1))
+	if err != nil && isTimeout(err) {
+		// limits.header_timeout bounds the whole count: one whose body stalls past it did not
+		// answer in time, as one whose headers did not come.
+		log.Warn("upstream count answer too slow", zap.String("upstream", upstream), zap.Int("bytes", len(answer)), zap.Error(err))
+		writeError(w, &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
+			Message: "The upstream did not answer in time."})
+		return http.StatusGatewayTimeout
+	}
 	if err != nil || len(answer) > maxCountAnswer {
 		log.Warn("upstream count answer unreadable", zap.String("upstream", upstream), zap.Int("bytes", len(answer)), zap.Error(err))
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",

@@ -312,3 +312,47 @@ func TestCountTokensHalfClosedCallerIsNotAnswered200(t *testing.T) {
 		t.Fatalf("a half-closed caller's count got %d %q, want 499 client_closed_request", resp.StatusCode, answer)
 	}
 }
+
+// TestCountTokensAnswerTooSlowIsATimeout: a token count's whole answer is bounded by
+// limits.header_timeout. An upstream that sends the count's headers in time and then stalls
+// in its body did not answer in time, as one that sends no headers: README, 504
+// upstream_timeout (it was told 502 upstream_broken, a broken answer).
+func TestCountTokensAnswerTooSlowIsATimeout(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"input_to`)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *config.Config) {
+		c.Limits.HeaderTimeout = 300 * time.Millisecond
+		for i := range c.Upstreams {
+			if c.Upstreams[i].Kind == "anthropic" {
+				c.Upstreams[i].BaseURL = up.URL
+			}
+		}
+	})
+	_, key := h.user("standard")
+	resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
+		map[string]string{"X-Api-Key": key})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	var e struct {
+		Type  string                               `json:"type"`
+		Error struct{ Type, Code, Message string } `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil || resp.StatusCode != http.StatusGatewayTimeout || e.Type != "error" ||
+		e.Error.Type != "timeout_error" || e.Error.Code != "upstream_timeout" || e.Error.Message == "" {
+		t.Fatalf("%d %s, want 504 upstream_timeout in Anthropic's shape (timeout_error)", resp.StatusCode, body)
+	}
+	if all, _ := h.holdCount(); all != 0 {
+		t.Fatalf("%d holds for a token count", all)
+	}
+}
