@@ -108,13 +108,20 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return s.relayUpstreamError(w, resp, m.upstream.Name, log)
 	}
-	return relayCount(w, resp, m.upstream.Name, log)
+	return relayCount(w, r, resp, m.upstream.Name, log)
 }
 
 // relayCount relays the count of the upstream's 2xx answer, rebuilt from its figures alone
 // (countOf), or answers 502 when the answer is broken, too large or holds no count.
-func relayCount(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
+func relayCount(w http.ResponseWriter, r *http.Request, resp *http.Response, upstream string, log *zap.Logger) int {
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxCountAnswer+1))
+	if err != nil && requestEnded(r) {
+		// The read failed because the caller left, not the upstream: answered (a caller that
+		// only half-closed still reads) and counted as the caller's, as before the headers came.
+		logRefusalAs(log, "token count refused", errClientClosed, "client left while the upstream's count was read", err)
+		writeError(w, errClientClosed)
+		return errClientClosed.Status
+	}
 	if err != nil && isTimeout(err) {
 		// limits.header_timeout bounds the whole count: one whose body stalls past it did not
 		// answer in time, as one whose headers did not come.

@@ -356,3 +356,66 @@ func TestCountTokensAnswerTooSlowIsATimeout(t *testing.T) {
 		t.Fatalf("%d holds for a token count", all)
 	}
 }
+
+// TestCountTokensCallerLeftDuringTheAnswerIs499: a caller that leaves (here: half-closes, so
+// it still reads) while the count's answer is being read was answered 502 upstream_broken,
+// counted and logged as the upstream's failure. README: 499 client_closed_request, the same as
+// a caller that leaves before the count's headers came.
+func TestCountTokensCallerLeftDuringTheAnswerIs499(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"input_to`)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // the rest never comes: the gateway gives up when its caller does
+	}))
+	t.Cleanup(up.Close)
+	inner := &http.Transport{}
+	t.Cleanup(inner.CloseIdleConnections)
+	headers := make(chan struct{}, 1)
+	h := newHarnessOn(t, harnessSetup{transport: headersTransport{inner: inner, in: headers}}, func(c *config.Config) {
+		for i := range c.Upstreams {
+			if c.Upstreams[i].Kind == "anthropic" {
+				c.Upstreams[i].BaseURL = up.URL
+			}
+		}
+	})
+	_, key := h.user("standard")
+	c, err := net.Dial("tcp", strings.TrimPrefix(h.gw.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	body := `{"model":"claude-test","messages":[]}`
+	fmt.Fprintf(c, "POST /v1/messages/count_tokens HTTP/1.1\r\nHost: gw\r\nX-Api-Key: %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
+	select {
+	case <-headers: // the gateway has the answer's headers and reads its body, which stalls
+	case <-time.After(10 * time.Second):
+		t.Fatal("the count's answer did not reach the gateway")
+	}
+	_ = c.(*net.TCPConn).CloseWrite()
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := readAll(t, resp.Body)
+	if resp.StatusCode != 499 || !strings.Contains(string(answer), "client_closed_request") {
+		t.Fatalf("a caller that left while its count's answer was read got %d %q, want 499 client_closed_request", resp.StatusCode, answer)
+	}
+}
+
+// headersTransport tells in once inner has an answer's headers.
+type headersTransport struct {
+	inner http.RoundTripper
+	in    chan<- struct{}
+}
+
+func (t headersTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.inner.RoundTrip(req)
+	if err == nil {
+		t.in <- struct{}{}
+	}
+	return resp, err
+}
