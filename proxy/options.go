@@ -70,18 +70,31 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		if v := root.Get("inference_geo"); v.Exists() && v.Type != gjson.Null && v.Str != "global" {
 			return "'inference_geo: " + v.String() + "' (regional inference's rates)"
 		}
-		for _, v := range header.Values("Anthropic-Beta") {
-			// Past 200 k prompt tokens the beta bills every token at long-context rates: served
-			// on a model whose price has them (pricing.Price.Long), billed at them past its line.
-			if strings.Contains(v, "context-1m") && price.Long == nil {
-				return "the 'context-1m' beta (long-context rates, unpriced for this model)"
-			}
+		// Past 200 k prompt tokens the beta bills every token at long-context rates: served
+		// on a model whose price has them (pricing.Price.Long), billed at them past its line.
+		if asksContext1M(format, header) && price.Long == nil {
+			return "the 'context-1m' beta (long-context rates, unpriced for this model)"
 		}
 		if price.CacheWrite1h == 0 && longCache {
 			return "'cache_control' with a 'ttl' other than 5m (one-hour cache writes, unpriced for this model)"
 		}
 	}
 	return ""
+}
+
+// asksContext1M reports whether an Anthropic request asks for the 1M-context beta, under
+// which a prompt may pass the long-context line: every model that may answer it (a router's
+// fallbacks too, checkFallbacks) must have a long-context price.
+func asksContext1M(format metering.Format, header http.Header) bool {
+	if format != metering.FormatAnthropic {
+		return false
+	}
+	for _, v := range header.Values("Anthropic-Beta") {
+		if strings.Contains(v, "context-1m") {
+			return true
+		}
+	}
+	return false
 }
 
 // asksSpokenAnswer reports whether a request asks for an audio answer: a chat request with

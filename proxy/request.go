@@ -310,7 +310,7 @@ func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Hea
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
 	}
 	var aerr *apiError
-	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price); aerr != nil {
+	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price, asksContext1M(rt.format, header)); aerr != nil {
 		return aerr
 	}
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
@@ -479,8 +479,10 @@ const maxFallbacks = 64
 // is served: the answer names the model that answered, and is billed at its price. It returns
 // asked made dearer by every fallback's price, which the call's worst case is reckoned at:
 // reckoned at the asked model's alone, a dearer fallback's answer could cost several times
-// the cap, and what passed the cap went unpaid.
-func (s *Server) checkFallbacks(models gjson.Result, asked pricing.Price) (pricing.Price, *apiError) {
+// the cap, and what passed the cap went unpaid. With the context-1m beta (long) a fallback
+// without a long-context price is refused as the model asked for would be: answering a long
+// prompt, it would be billed at its short rates, the provider charging its long ones.
+func (s *Server) checkFallbacks(models gjson.Result, asked pricing.Price, long bool) (pricing.Price, *apiError) {
 	if !models.Exists() || models.Type == gjson.Null {
 		return asked, nil
 	}
@@ -502,6 +504,11 @@ func (s *Server) checkFallbacks(models gjson.Result, asked pricing.Price) (prici
 		if err != nil {
 			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
 				"'models' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", m.Str))
+			return false
+		}
+		if long && p.Long == nil {
+			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
+				"'models' names %q, which has no long-context price: with the 'context-1m' beta it would be billed at long-context rates this gateway has no price for, so the request is refused; send it without.", m.Str))
 			return false
 		}
 		dearest = dearest.Dearest(p)
