@@ -512,3 +512,79 @@ func TestOracleCreditsShownExactly(t *testing.T) {
 		}
 	}
 }
+
+// TestOracleDearestAcrossLongContextLines: a router's list of several models (the asked one
+// and its fallbacks, pricing.Price.Dearest of all of them, made Spoken or PromptWritten as the
+// call asks) bounds what any of them may bill, where their long-context lines differ, some
+// have none, and the prompt falls between the lines, on one or at either side: the bound's
+// cost of any usage, and the output bound within a budget at it, never bill more at any of
+// them. TestOracleBoundingPrices draws lines at random, so a prompt rarely falls between two.
+func TestOracleDearestAcrossLongContextLines(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for i := range 50_000 {
+		u := pricing.Usage{Input: r.Int64N(400_000), CacheRead: r.Int64N(100_000), CacheWrite: r.Int64N(100_000)}
+		u.AudioInput, u.CacheWrite1h = r.Int64N(u.Input+1), r.Int64N(u.CacheWrite+1)
+		prompt := u.Input + u.CacheRead + u.CacheWrite
+		models := make([]pricing.Price, 1+r.IntN(3))
+		for j := range models {
+			p := drawRates(r)
+			if r.IntN(4) != 0 {
+				long := drawRates(r)
+				p.Long, p.LongAbove = &long, max(1, prompt+r.Int64N(5)-2) // at, just under or just past the prompt
+				if r.IntN(3) == 0 {
+					p.LongAbove = 1 + r.Int64N(600_000)
+				}
+			}
+			models[j] = p
+		}
+		bound := models[0]
+		for _, p := range models[1:] {
+			bound = bound.Dearest(p)
+		}
+		spoken, written, hour := r.IntN(2) == 0, r.IntN(2) == 0, r.IntN(2) == 0
+		if spoken {
+			bound = bound.Spoken()
+		}
+		if written {
+			bound = bound.PromptWritten(hour)
+		}
+		// What the bound reckons: the prompt as input (written to the cache, when marked), any
+		// output as text.
+		asked := pricing.Usage{Input: prompt, AudioInput: u.AudioInput}
+		budget := r.Int64N(1 << 32)
+		limit := bound.MaxOutputWithin(asked, budget)
+		for _, out := range []int64{0, 1 + r.Int64N(100_000), limit} {
+			if out < 0 {
+				continue
+			}
+			asked.Output = out
+			billed := u
+			if !written {
+				// Unmarked, the provider writes nothing to its cache: the prompt is input and
+				// cache reads.
+				billed.Input, billed.CacheWrite, billed.CacheWrite1h = u.Input+u.CacheWrite, 0, 0
+			} else if !hour {
+				billed.CacheWrite1h = 0
+			}
+			billed.Output = out
+			if spoken {
+				billed.AudioOutput = r.Int64N(out + 1)
+			}
+			b := bound.Cost(asked)
+			for j, p := range models {
+				got := oracleCost(billed, p)
+				// Cache reads are no dearer than input on a real price list; a drawn one may be.
+				if p.CacheRead > p.Input || (p.Long != nil && p.Long.CacheRead > p.Long.Input) {
+					continue
+				}
+				if got.Cmp(big.NewInt(b)) > 0 {
+					t.Fatalf("#%d bound %d < billed %s by model %d %+v (long %+v) for %+v; bound reckoned %+v at %+v (long %+v)",
+						i, b, got, j, p, p.Long, billed, asked, bound, bound.Long)
+				}
+				if out == limit && got.Cmp(big.NewInt(budget)) > 0 {
+					t.Fatalf("#%d output bound %d within %d bills %s at model %d", i, limit, budget, got, j)
+				}
+			}
+		}
+	}
+}
