@@ -35,6 +35,10 @@ type RunTally struct {
 	// Estimated says a call was charged the gateway's estimate (no usage report): the run
 	// settled from the tally is marked so, as the call's own settlement would have marked it.
 	Estimated bool
+	// PriceSnapshot, when set, is the snapshot of the prices the run's call was billed at,
+	// which are not those its hold recorded at admission (another model answered): the
+	// settlement records it in their place.
+	PriceSnapshot []byte
 }
 
 // TallyBelievable reports whether a run's tally can be a record of what it used. The tally is
@@ -506,7 +510,7 @@ func (r *Reconciler) used(ctx context.Context, run Run, log *zap.Logger) (tally 
 	// A named run's row records its ended calls too: a tally that lost some of them (a Redis
 	// restart) costs less than the row, and the row is what the run used.
 	if ru, rc, rn, rfound := run.Recorded(); rfound && (!found || rc > tally.CostMicro) {
-		tally.Usage, tally.CostMicro, tally.Calls, found = ru, rc, rn, true
+		tally.Usage, tally.CostMicro, tally.Calls, tally.PriceSnapshot, found = ru, rc, rn, nil, true
 	}
 	return tally, found, nil
 }
@@ -522,7 +526,11 @@ func (r *Reconciler) settlement(run Run, used RunTally, found, refused bool) (Se
 		// A named run's row keeps its calls' marks through the settlement; a one-call run's
 		// mark is in the tally alone.
 		st.Estimated = used.Estimated
-		if r.cfg.PriceSnapshot != nil {
+		if len(used.PriceSnapshot) > 0 {
+			// The call was billed at other prices than its hold's (another model answered it):
+			// with the hold's, its tokens would not give its cost.
+			st.PriceSnapshot = used.PriceSnapshot
+		} else if r.cfg.PriceSnapshot != nil {
 			// The tally's cost was computed at the prices the hold recorded when it was
 			// admitted, which may predate this process's table: ours only stands in for none.
 			st.PriceSnapshot, st.SnapshotIfMissing = r.cfg.PriceSnapshot(run.Model), true

@@ -139,8 +139,12 @@ func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Set
 	c.fpKey = ""
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimReleaseTimeout)
 	defer cancel()
+	snapshot := s.billedSnapshot(ctx, c, st)
 	err := s.tally.AddWith(ctx, c.runID, st.Usage, st.CostMicro, st.Estimated, func(p redis.Pipeliner) {
 		endScript.Eval(ctx, p, []string{key}, c.runID)
+		if snapshot != nil {
+			snapshot(p)
+		}
 	})
 	c.tallied = true
 	if err != nil {

@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/pricing"
@@ -62,7 +65,7 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
 		err = s.tally.MarkUnused(tctx, c.runID)
 	default:
-		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated)
+		err = s.tally.AddWith(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated, s.billedSnapshot(tctx, c, st))
 	}
 	if err != nil {
 		s.tallyFailed(c, st, err)
@@ -74,6 +77,18 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		c.log.Info("run tally written on a later try")
 	}
 	return true
+}
+
+// billedSnapshot queues, with a one-call run's tally, the prices its call was billed at when
+// they are not those its hold recorded at admission (another model answered it; an estimate
+// of a prompt marked for the cache): the reconciler settling the run from its tally records
+// them. nil, nothing to queue, otherwise, and for a named run, whose one snapshot stands for
+// all its calls.
+func (s *Server) billedSnapshot(ctx context.Context, c *call, st holds.Settlement) func(redis.Pipeliner) {
+	if c.inRun || len(st.PriceSnapshot) == 0 || bytes.Equal(st.PriceSnapshot, s.snapshots[c.req.priceKey]) {
+		return nil
+	}
+	return func(p redis.Pipeliner) { s.tally.QueueSnapshot(ctx, p, c.runID, st.PriceSnapshot) }
 }
 
 // tallyWriteTimeout bounds one tally write. A call's own tally goes out after its answer (or

@@ -25,7 +25,8 @@ func (s tallySource) Tallied(ctx context.Context, runID string) (holds.RunTally,
 	if err != nil {
 		return holds.RunTally{}, false, err
 	}
-	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0}, found, nil
+	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0,
+		PriceSnapshot: []byte(t.PriceSnapshot)}, found, nil
 }
 
 // Refused reads a refused admission's mark (runstate.Tally.MarkRefused).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -141,17 +142,34 @@ type Tallied struct {
 	// EstimatedCalls counts the calls charged an estimate. A tally written before the field
 	// existed has none: its runs settle unmarked, as they did.
 	EstimatedCalls int64
+	// PriceSnapshot is the snapshot of the prices a one-call run's call was billed at, when
+	// they are not those its hold recorded at admission (another model answered it):
+	// QueueSnapshot. "" when the hold's own explain its cost. A string, so that a Tallied
+	// compares.
+	PriceSnapshot string
+}
+
+// QueueSnapshot queues in p (AddWith's with) the write of the prices a run's call was billed
+// at to its tally: a reconciler settling the run from the tally records them, where the hold's
+// own, of the model asked for, would not give its tokens' cost.
+func (t *Tally) QueueSnapshot(ctx context.Context, p redis.Pipeliner, runID string, snapshot []byte) {
+	p.HSet(ctx, t.keys.Usage(runID), snapshotField, snapshot)
 }
 
 // Get reads a run's tally; found is false when there is none.
 func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
-	vals, err := t.rdb.HMGet(ctx, t.keys.Usage(runID), tallyFields...).Result()
+	vals, err := t.rdb.HMGet(ctx, t.keys.Usage(runID), readFields...).Result()
 	if err != nil {
 		return Tallied{}, false, fmt.Errorf("read tally %s: %w", runID, err)
 	}
 	m := make(map[string]string, len(tallyFields))
+	var snapshot string
 	for i, v := range vals {
 		if s, ok := v.(string); ok {
+			if i == len(tallyFields) {
+				snapshot = s
+				continue
+			}
 			m[tallyFields[i]] = s
 		}
 	}
@@ -173,6 +191,7 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 		CostMicro:      field("cost_micro"),
 		Calls:          field("calls"),
 		EstimatedCalls: field("est_calls"),
+		PriceSnapshot:  snapshot,
 	}
 	if parseErr != nil {
 		return Tallied{}, false, fmt.Errorf("read tally %s: %w", runID, parseErr)
@@ -239,3 +258,9 @@ func usageLua(from int) string {
 // tallyFields are the figures of a tally hash, all it holds (a named run's calls are marked
 // tallied in keys of their own, Keys.CallDone).
 var tallyFields = append([]string{"calls"}, usageFields[:]...)
+
+// snapshotField holds a tally's PriceSnapshot, when its call wrote one.
+const snapshotField = "price_snapshot"
+
+// readFields are what Get reads: the figures, then the snapshot.
+var readFields = append(slices.Clone(tallyFields), snapshotField)
