@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 
@@ -39,6 +40,47 @@ func TestContext1MRefusedWithAFallbackWithoutLongPrice(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			t.Errorf("%s (%v): %d %s, want 200", tc.body, tc.hdr, resp.StatusCode, out)
+		}
+	}
+}
+
+// TestContext1MRefusedOnEveryRoute: the gateway forwards a caller's headers, and a router
+// serving Claude on the OpenAI routes passes an anthropic-beta header on to Anthropic (LiteLLM
+// does, and forwards an x-pass-anthropic-beta as one; OpenRouter reads x-anthropic-beta). The
+// context-1m beta was refused only on /v1/messages and under the header's own name: sent to a
+// chat route, or under a prefixed name, a prompt past 200 k on a model without a long-context
+// price was billed at its short rates, the provider charging its long ones. It is refused on
+// every route, under any name that ends in anthropic-beta; a model with a long-context price
+// is served.
+func TestContext1MRefusedOnEveryRoute(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		long := c.Models["fake-gpt"]
+		long.LongContext = config.LongContextCfg{AbovePromptTokens: 200_000, Input: config.USDPerM{Micro: 2 * long.Input.Micro},
+			CacheRead: long.CacheRead, CacheWrite: long.CacheWrite, Output: config.USDPerM{Micro: 2 * long.Output.Micro}}
+		// Claude served through a router on the OpenAI routes (the harness's "*" upstream).
+		c.Models["claude-long"], c.Models["router-claude"], c.Models["router-claude-long"] = long, c.Models["fake-gpt"], long
+	})
+	_, key := h.user("standard")
+	const chat = `{"model":"router-claude%s","messages":[{"role":"user","content":"hi"}]}`
+	const messages = `{"model":"claude%s","max_tokens":50,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct{ path, body, header string }{
+		{"/v1/chat/completions", chat, "Anthropic-Beta"},
+		{"/v1/responses", `{"model":"router-claude%s","input":"hi"}`, "Anthropic-Beta"},
+		{"/v1/chat/completions", chat, "X-Pass-Anthropic-Beta"},
+		{"/v1/messages", messages, "X-Anthropic-Beta"},
+		{"/v1/messages", messages, "Anthropic-Beta"},
+	} {
+		hdr := map[string]string{tc.header: "interleaved-thinking-2025-05-14, CONTEXT-1M-2025-08-07"}
+		short := "-test"
+		if tc.path != "/v1/messages" {
+			short = ""
+		}
+		h.postRefused(t, key, tc.path, fmt.Sprintf(tc.body, short), hdr, http.StatusBadRequest, "unpriced_option")
+		resp := h.post(key, tc.path, fmt.Sprintf(tc.body, "-long"), hdr)
+		out := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s %s with a long-context price: %d %s, want 200", tc.path, tc.header, resp.StatusCode, out)
 		}
 	}
 }

@@ -21,6 +21,11 @@ import (
 // input on a model without an audio input price is refused likewise, as is a spoken answer on
 // one without an audio output price.
 func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64, longCache bool) string {
+	// Past 200 k prompt tokens the beta bills every token at long-context rates: served on a
+	// model whose price has them (pricing.Price.Long), billed at them past its line.
+	if asksContext1M(header) && price.Long == nil {
+		return "the 'context-1m' beta (long-context rates, unpriced for this model)"
+	}
 	if audioTokens > 0 && price.AudioInput == 0 {
 		return "audio input (an 'input_audio' part, or an earlier answer's 'audio' sent back; audio input tokens, unpriced for this model)"
 	}
@@ -70,11 +75,6 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		if v := root.Get("inference_geo"); v.Exists() && v.Type != gjson.Null && v.Str != "global" {
 			return "'inference_geo: " + v.String() + "' (regional inference's rates)"
 		}
-		// Past 200 k prompt tokens the beta bills every token at long-context rates: served
-		// on a model whose price has them (pricing.Price.Long), billed at them past its line.
-		if asksContext1M(format, header) && price.Long == nil {
-			return "the 'context-1m' beta (long-context rates, unpriced for this model)"
-		}
 		if price.CacheWrite1h == 0 && longCache {
 			return "'cache_control' with a 'ttl' other than 5m (one-hour cache writes, unpriced for this model)"
 		}
@@ -82,16 +82,21 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 	return ""
 }
 
-// asksContext1M reports whether an Anthropic request asks for the 1M-context beta, under
-// which a prompt may pass the long-context line: every model that may answer it (a router's
-// fallbacks too, checkFallbacks) must have a long-context price.
-func asksContext1M(format metering.Format, header http.Header) bool {
-	if format != metering.FormatAnthropic {
-		return false
-	}
-	for _, v := range header.Values("Anthropic-Beta") {
-		if strings.Contains(v, "context-1m") {
-			return true
+// asksContext1M reports whether a request asks for Anthropic's 1M-context beta, under which a
+// prompt may pass the long-context line: every model that may answer it (a router's fallbacks
+// too, checkFallbacks) must have a long-context price. On any route, the caller's headers being
+// forwarded: a router serving Claude on the OpenAI routes passes the header on (LiteLLM does),
+// and some read it under a prefixed name (LiteLLM's x-pass-anthropic-beta, OpenRouter's
+// x-anthropic-beta): any name that ends in anthropic-beta counts, its values in any case.
+func asksContext1M(header http.Header) bool {
+	for name, values := range header {
+		if !strings.HasSuffix(strings.ToLower(name), "anthropic-beta") {
+			continue
+		}
+		for _, v := range values {
+			if strings.Contains(strings.ToLower(v), "context-1m") {
+				return true
+			}
 		}
 	}
 	return false

@@ -310,7 +310,7 @@ func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Hea
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
 	}
 	var aerr *apiError
-	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price, asksContext1M(rt.format, header)); aerr != nil {
+	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price, asksContext1M(header)); aerr != nil {
 		return aerr
 	}
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
