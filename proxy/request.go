@@ -74,6 +74,9 @@ type callRequest struct {
 	// cacheMarked: the body marks part of its prompt for the provider's cache (cache_control),
 	// which the provider may then bill at the cache-write price; cacheLong: for an hour.
 	cacheMarked, cacheLong bool
+	// context1M: the call asks for Anthropic's 1M-context beta (asksContext1M), which bills a
+	// prompt past 200 k at long-context rates.
+	context1M bool
 	// fallbackPrice is price made dearer by every model of a router's fallback list
 	// (checkFallbacks), any of which may answer and be billed at its own price: the worst case
 	// is reckoned at it (boundPrice). price itself when the call names no fallbacks.
@@ -305,12 +308,13 @@ func (c *callRequest) readPrompt(root gjson.Result) *apiError {
 // bound, stream options it could not edit.
 func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Header) *apiError {
 	rt := c.route
+	c.context1M = asksContext1M(header)
 	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate, c.cacheLong); what != "" {
 		return errBadRequest("unpriced_option", fmt.Sprintf(
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
 	}
 	var aerr *apiError
-	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price, asksContext1M(header)); aerr != nil {
+	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price, c.context1M); aerr != nil {
 		return aerr
 	}
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {

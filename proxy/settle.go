@@ -202,6 +202,14 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 	price, priceKey := c.req.price, c.req.priceKey
 	if p, key, ok := s.answeredPrice(c, res.Model); ok {
 		price, priceKey, st.PriceSnapshot = p, key, s.snapshots[key]
+		if c.req.context1M && p.Long == nil {
+			// The beta bills a prompt past 200 k at long-context rates, which the answering
+			// model has no price for (a snapshot priced apart without the block): billed at its
+			// one price, such a call paid half the provider's. The price asked for has them
+			// (unpricedOption): the dearer of the two bills it, never below either.
+			price = p.Dearest(c.req.price)
+			st.PriceSnapshot = price.Snapshot(key)
+		}
 	}
 	if (!res.Reported || res.PromptMissing) && c.req.cacheMarked {
 		// No word of what the provider did with a prompt marked for its cache (an Anthropic
