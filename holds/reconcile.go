@@ -203,6 +203,10 @@ type Stats struct {
 	ChargedHeld    int
 	AlreadySettled int
 	Errors         int
+	// Orphans is the holds passed over because their user's row is gone (deleted by hand):
+	// no pass can settle them until the user is restored, so they are counted apart from
+	// Errors, which the next pass retries.
+	Orphans int
 	// PrunedSessions is the sessions rows deleted: their run had settled and they were idle.
 	PrunedSessions int
 	// DeadInstances is the instances this pass declared dead; BroughtIn the holds of dead
@@ -357,10 +361,9 @@ func (r *Reconciler) scan(ctx context.Context, start time.Time) (Stats, error) {
 
 // passScan is one scan's progress, carried from batch to batch.
 type passScan struct {
-	st      Stats
-	stopAt  time.Time     // no hold is started after it: the pass's time budget
-	after   expiredCursor // the last hold read, where the next batch goes on from
-	orphans int           // holds of users that no longer exist: only the first few are logged
+	st     Stats
+	stopAt time.Time     // no hold is started after it: the pass's time budget
+	after  expiredCursor // the last hold read, where the next batch goes on from
 }
 
 // scanBatch handles one batch of expired holds, in order. stopped says the scan ends here: ctx
@@ -388,7 +391,7 @@ func (r *Reconciler) scanBatch(ctx context.Context, s *passScan, runs []Run) (st
 		case errors.Is(err, ErrRunNotFound):
 			// The scan just read the hold, so its user's row is gone (deleted by hand: no
 			// foreign key). Nothing can be charged to nobody; no retry will change that.
-			if s.orphans++; s.orphans <= 10 {
+			if s.st.Orphans++; s.st.Orphans <= 10 {
 				r.cfg.Log.Error("reconcile: hold of a user that no longer exists left unsettled — someone should look",
 					zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
 			}
@@ -397,8 +400,10 @@ func (r *Reconciler) scanBatch(ctx context.Context, s *passScan, runs []Run) (st
 			if len(errs) <= 10 {
 				r.cfg.Log.Warn("reconcile: hold left for the next pass", zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
 			}
+			s.st.count(outcome, charged)
+		default:
+			s.st.count(outcome, charged)
 		}
-		s.st.count(outcome, charged)
 		if r.cfg.OnOutcome != nil {
 			r.cfg.OnOutcome(outcome)
 		}

@@ -60,3 +60,40 @@ func TestReconcileOnceTwiceScansTwice(t *testing.T) {
 		t.Fatalf("lock %q after a refused one-off pass, want the gateway's kept", v)
 	}
 }
+
+// TestReconcileOnceFailsOnHoldsOfDeletedUsers: a hold whose user row was deleted by hand can
+// never be settled; each pass passes it over. `reconcile -once` counted it among "errors" (as a
+// database failure the next pass retries) and exited 0, so a cron job or runbook that checks
+// the exit status saw nothing to do. It names them and exits non-zero; a hold of a live user
+// beside them is still settled.
+func TestReconcileOnceFailsOnHoldsOfDeletedUsers(t *testing.T) {
+	count := useTestDatabase(t)
+	t.Setenv("REDIS_URL", testenv.RedisURL(t))
+	_, prefix := testenv.Redis(t)
+	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	db := openTestDatabase(t)
+	for _, q := range []string{
+		`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, model, expires_at)
+		 SELECT 'r_live', id, 'queued', 100, 100, 'm', NOW(6) - INTERVAL 1 HOUR FROM users`,
+		`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, model, expires_at)
+		 VALUES ('r_gone', 999999, 'running', 100, 100, 'm', NOW(6) - INTERVAL 1 HOUR)`,
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := stdout(t, func() error { return reconcileOnce(ctx, []string{"-once"}) })
+	if err == nil || !strings.Contains(err.Error(), "1 holds of users that no longer exist") {
+		t.Errorf("reconcile -once over a deleted user's hold: %v; want an error naming it", err)
+	}
+	if !strings.Contains(string(out), "0 errors") || !strings.Contains(string(out), "1 passed over: holds of users that no longer exist") {
+		t.Errorf("summary %q; want the hold passed over, not counted an error", out)
+	}
+	if n := count("SELECT COUNT(*) FROM run_holds WHERE run_id = 'r_live' AND state = 'settled'"); n != 1 {
+		t.Errorf("the live user's queued hold was not released beside the orphan")
+	}
+}

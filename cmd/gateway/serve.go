@@ -365,6 +365,11 @@ func reconcileOnce(ctx context.Context, args []string) error {
 		}
 	}
 	fmt.Println(passSummary(st, e.cfg.CreditMicro))
+	if err == nil && st.Orphans > 0 {
+		// Every pass will pass them over again: the exit status is what a cron job or a
+		// runbook checks, so it says someone has to act.
+		return fmt.Errorf("reconcile: %d holds of users that no longer exist are left unsettled: restore the users (the error log names each run_id and user_id)", st.Orphans)
+	}
 	return err
 }
 
@@ -376,6 +381,9 @@ func passSummary(st holds.Stats, creditMicro int64) string {
 	s := fmt.Sprintf("reconcile: scanned %d in %d batches: %d settled from tally, %d released, %d charged at hold, %d extended (leased), %d already settled, %d errors; charged %s credits",
 		st.Scanned, st.Batches, st.FromTally, st.Released, st.ChargedHeld, st.Extended, st.AlreadySettled, st.Errors,
 		pricing.FormatCredits(st.ChargedMicro, creditMicro))
+	if st.Orphans > 0 {
+		s += fmt.Sprintf("; %d passed over: holds of users that no longer exist", st.Orphans)
+	}
 	if st.BroughtIn > 0 {
 		// Holds of processes found dead (or shut down) before this pass, settled before their
 		// expiry: the counts above include them.
