@@ -3,6 +3,7 @@ package holds
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -10,9 +11,30 @@ import (
 // Mismatch is a place where the books disagree with themselves.
 type Mismatch struct {
 	UserID uint64
-	Day    string // UTC day; empty for a run whose charge parts do not add up
-	RunID  string
+	User   string // the user's name; empty when the user's row is gone (deleted by hand)
+	Day    string // UTC day of a day ledger's mismatch
+	RunID  string // the run whose charge parts do not add up
 	Detail string
+}
+
+// String names the user as every other operator command does, by name (the id beside it,
+// which is all a deleted user has left), and only the fields this kind of mismatch has.
+func (m Mismatch) String() string {
+	var b strings.Builder
+	if m.User != "" {
+		fmt.Fprintf(&b, "user %s (id %d)", m.User, m.UserID)
+	} else {
+		fmt.Fprintf(&b, "user id %d (no such user)", m.UserID)
+	}
+	if m.Day != "" {
+		fmt.Fprintf(&b, ", day %s", m.Day)
+	}
+	if m.RunID != "" {
+		fmt.Fprintf(&b, ", run %s", m.RunID)
+	}
+	b.WriteString(": ")
+	b.WriteString(m.Detail)
+	return b.String()
 }
 
 // Audit checks the invariant every settlement preserves: for each user and UTC day, the day
@@ -75,8 +97,43 @@ func Audit(ctx context.Context, db *sqlx.DB) ([]Mismatch, error) {
 				"prepaid %d µUSD, but grants gave %d and charges took %d", u.Prepaid, u.Granted, u.Spent)})
 		}
 	}
+	if err := nameUsers(ctx, db, out); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
+
+// nameUsers fills in the names of the mismatches' users, nameBatch ids to a statement so that
+// a books gone badly wrong (a mismatch for every user) still reads in bounded statements.
+func nameUsers(ctx context.Context, db *sqlx.DB, ms []Mismatch) error {
+	names := make(map[uint64]string)
+	for start := 0; start < len(ms); start += nameBatch {
+		ids := make([]uint64, 0, nameBatch)
+		for _, m := range ms[start:min(start+nameBatch, len(ms))] {
+			ids = append(ids, m.UserID)
+		}
+		q, args, err := sqlx.In("SELECT id, name FROM users WHERE id IN (?)", ids)
+		if err != nil {
+			return fmt.Errorf("audit user names: %w", err)
+		}
+		var users []struct {
+			ID   uint64 `db:"id"`
+			Name string `db:"name"`
+		}
+		if err := db.SelectContext(ctx, &users, db.Rebind(q), args...); err != nil {
+			return fmt.Errorf("audit user names: %w", err)
+		}
+		for _, u := range users {
+			names[u.ID] = u.Name
+		}
+	}
+	for i := range ms {
+		ms[i].User = names[ms[i].UserID]
+	}
+	return nil
+}
+
+const nameBatch = 1000
 
 // auditDaysQuery compares the day ledger with the settled holds (and the sums of pruned
 // ones), per user and UTC day, and returns the days that differ. run_holds holds a row per

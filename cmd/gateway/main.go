@@ -410,7 +410,7 @@ func auditCmd(ctx context.Context, args []string) error {
 		return err
 	}
 	for _, m := range bad {
-		fmt.Printf("user %d day %s run %s: %s\n", m.UserID, m.Day, m.RunID, m.Detail)
+		fmt.Println(m)
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("audit: %d mismatches", len(bad))
