@@ -102,6 +102,13 @@ func (l Limits) BodyMemoryBounds() (total, perCaller int64) {
 // unless max_replay_bytes_per_caller says otherwise (ReplayBytesPerCaller).
 const ReplayShares = 64
 
+// ReplayRecordOverhead is what a kept answer's record costs Redis beyond the answer's bytes:
+// the key, the hash's fields (run, attempt, body hash, status, content type) and the
+// allocator's rounding, measured at 0.6–0.8 KB on Redis 7.0 (README, Sizing Redis). Counted
+// with each answer, a caller's share bounds the memory its kept answers take, not only their
+// bytes: 64 MiB of 452-byte answers was otherwise about 180 MB of Redis.
+const ReplayRecordOverhead = 1024
+
 // ReplayBytesPerCaller is the bound on what one caller's answers kept for Idempotency-Key
 // replays hold in Redis at once: as configured, or ReplayShares answers of max_replay_len.
 // Unbounded, a caller sending each request under a new key kept up to max_replay_len per call

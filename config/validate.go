@@ -195,8 +195,9 @@ func (c *Config) checkDedup(bad complain) {
 		// Each idempotent answer is kept in memory while it is relayed and in Redis for replay_ttl.
 		bad("dedup.max_replay_len", "must be in [1, 64MiB], got %d", c.Dedup.MaxReplayLen)
 	}
-	if n := c.Dedup.MaxReplayBytesPerCaller; n != 0 && (n < c.Dedup.MaxReplayLen || n > 64<<30) {
-		bad("dedup.max_replay_bytes_per_caller", "must be 0 (derived) or in [dedup.max_replay_len (%d), 64GiB], got %d", c.Dedup.MaxReplayLen, n)
+	// At least one answer of max_replay_len with its record must fit, or none ever would.
+	if n := c.Dedup.MaxReplayBytesPerCaller; n != 0 && (n < c.Dedup.MaxReplayLen+ReplayRecordOverhead || n > 64<<30) {
+		bad("dedup.max_replay_bytes_per_caller", "must be 0 (derived) or in [dedup.max_replay_len + 1 KiB (%d), 64GiB], got %d", c.Dedup.MaxReplayLen+ReplayRecordOverhead, n)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 )
 
@@ -561,7 +562,7 @@ func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error
 	switch {
 	case rw.over || size > rw.limit:
 		fields = append(fields, "large", "1")
-	case !s.replayRoom(ctx, c, size):
+	case !s.replayRoom(ctx, c, size+config.ReplayRecordOverhead):
 		// Replays of it answer 409, as for an answer too large: it ran, and is not run again.
 		fields = append(fields, "large", "1", "large_why", "share")
 	default:
