@@ -19,6 +19,11 @@ import (
 	"github.com/tollgate/tollgate/holds"
 )
 
+// unhurriedDrain is the shutdown_timeout of the gateways here, whose streams in flight must
+// finish inside the drain: the drain ends when they do, and with the suite's 2 s a 2 s stream
+// started just before the signal was cut at the deadline on a loaded machine.
+const unhurriedDrain = 30 * time.Second
+
 // TestSighupDrainsAsSigtermDoes: the terminal or SSH session that ran the gateway goes away
 // (SIGHUP). Left to Go's default it killed the process on the spot: its calls in flight were
 // settled by another process's reconciler at their whole hold. It drains instead: the stream
@@ -32,10 +37,10 @@ func TestSighupDrainsAsSigtermDoes(t *testing.T) {
 	defer signal.Stop(hup)
 	w := newWorld(t)
 	_, key := w.user("hangup", 10, nil)
-	g := w.startGateway("gw-hangup")
+	g := w.startGatewayWith("gw-hangup", w.writeConfig(map[string]string{"limits.shutdown_timeout": unhurriedDrain.String()}))
 	s := startStream(t, g, key, 20, 50*time.Millisecond, nil)
 	g.signal(t, syscall.SIGHUP)
-	if err := g.wait(t, testShutdownDrain+15*time.Second); err != nil {
+	if err := g.wait(t, unhurriedDrain+15*time.Second); err != nil {
 		t.Fatalf("gateway exit after SIGHUP: %v, want status 0 after a drain", err)
 	}
 	<-s.done
@@ -74,7 +79,7 @@ func TestBrokenLogPipeDoesNotKillTheGateway(t *testing.T) {
 			}
 		}
 	}()
-	g := w.startGatewayLogTo("gw-piped", w.config, wr)
+	g := w.startGatewayLogTo("gw-piped", w.writeConfig(map[string]string{"limits.shutdown_timeout": unhurriedDrain.String()}), wr)
 	wr.Close() // the gateway holds its own copy
 	s := startStream(t, g, key, 40, 50*time.Millisecond, nil)
 	rd.Close() // the reader goes away
@@ -95,7 +100,7 @@ func TestBrokenLogPipeDoesNotKillTheGateway(t *testing.T) {
 	default:
 	}
 	g.signal(t, syscall.SIGTERM)
-	if err := g.wait(t, testShutdownDrain+15*time.Second); err != nil {
+	if err := g.wait(t, unhurriedDrain+15*time.Second); err != nil {
 		t.Fatalf("gateway exit after SIGTERM: %v, want status 0 after a drain", err)
 	}
 	<-s.done
