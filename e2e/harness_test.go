@@ -144,6 +144,11 @@ func newWorldOn(t *testing.T, dsn, redisURL string) *world {
 	// fake-gpt at the default prices: $2.50 / $10 per million input / output tokens.
 	w.price = pricing.Price{Input: 2_500_000, CacheRead: 1_250_000, CacheWrite: 3_125_000, Output: 10_000_000}
 	w.config = w.writeConfig(nil)
+	// What the world's gateways record at their start, for the operator's commands a test runs
+	// before or without one (they refuse to convert credits while nothing is recorded).
+	if _, _, err := w.store.RecordCreditUnit(context.Background(), 1000, "e2e-world", false); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { testenv.CheckLedger(t, w.db) })
 	return w
 }

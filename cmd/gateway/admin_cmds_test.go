@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -31,6 +32,7 @@ func useTestDatabase(t *testing.T) func(query string, args ...any) int {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
+	servedAt(t, db, 1000)
 	return func(query string, args ...any) int {
 		t.Helper()
 		var n int
@@ -38,6 +40,16 @@ func useTestDatabase(t *testing.T) func(query string, args ...any) int {
 			t.Fatal(err)
 		}
 		return n
+	}
+}
+
+// servedAt records creditMicro as the credit_micro the fleet serves at, as `gateway serve`
+// does at start: the operator's commands that convert credits require it.
+func servedAt(t *testing.T, db *sqlx.DB, creditMicro int64) {
+	t.Helper()
+	st := holds.NewStore(db, map[string]holds.Plan{"standard": {}}, "standard", zap.NewNop())
+	if _, _, err := st.RecordCreditUnit(testCtx(t), creditMicro, "test-fleet", true); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -217,6 +229,7 @@ func TestReportDefaultDayIsTheDatabases(t *testing.T) {
 	frozen := time.Date(2026, 3, 7, 23, 59, 59, 900_000_000, time.UTC)
 	dsnAt := testenv.DSNAt(t, testenv.MySQLDSN(t), frozen)
 	t.Setenv("MYSQL_DSN", dsnAt)
+	servedAt(t, openTestDatabase(t), 1000)
 	raw, err := stdout(t, func() error { return reportCmd(testCtx(t), []string{"-format", "json"}) })
 	if err != nil {
 		t.Fatal(err)

@@ -28,7 +28,8 @@ import (
 var usage = `usage: gateway <command> [flags]
 
 commands:
-  serve          run the gateway (flags: -config FILE, -pprof ADDR, -migrate: apply missing migrations first)
+  serve          run the gateway (flags: -config FILE, -pprof ADDR, -migrate: apply missing migrations first,
+                 -change-credit-micro: record this config's credit_micro as the fleet's though another is recorded)
   migrate        [-lock-wait 2s]   apply missing database migrations (safe to run twice)
   reconcile      settle expired holds once (-once; -force: without the lock) and exit
   user create    -name NAME [-plan P]   (default: the config's default_plan)
@@ -40,7 +41,9 @@ commands:
 
 Every command reads -config FILE (optional), -debug (verbose logs) and the environment:
 MYSQL_DSN, REDIS_URL, UPSTREAM_URL, UPSTREAM_API_KEY, LISTEN_ADDR, ADMIN_TOKEN,
-TOLLGATE_INSTANCE, TOLLGATE_REDIS_PREFIX.
+TOLLGATE_INSTANCE, TOLLGATE_REDIS_PREFIX. The commands that convert credits (grant, balance,
+report, runs, user show/list/set/disable/enable, reconcile) refuse a config whose credit_micro
+is not the one the gateways serve at: pass them the gateways' -config.
 `
 
 func main() {
@@ -220,6 +223,12 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 			return nil, err
 		}
 	}
+	if convertsCredits[name] {
+		if err := creditUnitIsTheFleets(ctx, e, name); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
 	if needRedis {
 		opt, err := redisOptions(cfg.RedisURL)
 		if err != nil {
@@ -254,6 +263,40 @@ func schemaCurrent(ctx context.Context, db *sqlx.DB) error {
 	}
 	if len(pending) > 0 {
 		return fmt.Errorf("the database schema is behind this gateway (%s not applied): run `gateway migrate` first", strings.Join(pending, ", "))
+	}
+	return nil
+}
+
+// convertsCredits are the operator's commands that read or write amounts in credits (or split
+// a charge by a plan's allowance, which the config gives in credits): each converts at its
+// config's credit_micro, and refuses one other than the fleet's (creditUnitIsTheFleets). The
+// others (key, instances, prune, audit, user create) show no credits and run with any config.
+var convertsCredits = map[string]bool{
+	"user list": true, "user show": true, "user set": true, "user disable": true, "user enable": true,
+	"grant": true, "balance": true, "runs": true, "report": true, "reconcile": true,
+}
+
+// creditUnitIsTheFleets refuses to run command with a credit_micro other than the one the
+// fleet's gateways serve at, as `gateway serve` recorded it (holds.CreditUnit): run without the
+// fleet's -config, or with a stale one, a grant of 5 credits at the default 1000 was 5000
+// micro-USD, half a credit of a fleet serving at 10000, and every figure shown was off by as
+// much, with nothing to tell. Nothing recorded (no gateway of this version has served the
+// database: a fresh one, or one just migrated with the old gateways still serving) is refused
+// too: the command cannot know what a credit is worth there.
+func creditUnitIsTheFleets(ctx context.Context, e *env, command string) error {
+	err := e.store().CheckCreditUnit(ctx, e.cfg.CreditMicro)
+	var mismatch *holds.CreditUnitMismatchError
+	switch {
+	case errors.As(err, &mismatch):
+		return fmt.Errorf("%s refused: %w: it would convert credits at %d micro-USD each, not the fleet's %d; "+
+			"pass the fleet's config (-config FILE) and run it again; nothing was done",
+			command, err, mismatch.Config, mismatch.Recorded.CreditMicro)
+	case errors.Is(err, holds.ErrNoCreditUnit):
+		return fmt.Errorf("%s refused: %w, so what a credit is worth there is unknown; start the gateway "+
+			"(`gateway serve -config FILE`: it records the credit_micro it serves at), then run this with the same -config; "+
+			"nothing was done", command, err)
+	case err != nil:
+		return fmt.Errorf("%s: %w", command, err)
 	}
 	return nil
 }

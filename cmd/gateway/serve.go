@@ -40,10 +40,12 @@ import (
 func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	signal.Ignore(syscall.SIGPIPE)
 	var pprofAddr string
-	var migrateFirst bool
+	var migrateFirst, changeCreditMicro bool
 	e, err := setup(ctx, "serve", args, true, func(fs *flag.FlagSet) {
 		fs.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this loopback address (off when empty); for profiling")
 		fs.BoolVar(&migrateFirst, "migrate", false, "apply missing migrations before serving, as `gateway migrate` does (for a single gateway; a fleet migrates once, first)")
+		fs.BoolVar(&changeCreditMicro, "change-credit-micro", false, "serve at this config's credit_micro though the database records another, "+
+			"and record it as the fleet's (a deliberate change of what a credit is worth; stop the gateways serving the old value first)")
 	})
 	if err != nil {
 		return err
@@ -58,6 +60,9 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 		return err
 	}
 	store := e.store()
+	if err := recordCreditUnit(ctx, store, e.cfg, changeCreditMicro, e.log); err != nil {
+		return err
+	}
 	warnUsersOnUnconfiguredPlans(ctx, store, e.cfg, e.log)
 	// Listening before registering: a start that fails here (the port taken, say) leaves no
 	// row for the other processes to find dead and count.
@@ -118,6 +123,37 @@ func readySchema(ctx context.Context, e *env, migrateFirst bool) error {
 		return err
 	}
 	warnUnboundedIdleTransactions(ctx, e.db, e.log)
+	return nil
+}
+
+// recordCreditUnit records the credit_micro this gateway serves at as the fleet's
+// (holds.CreditUnit), which the operator's commands then require of their config. A value
+// other than the recorded one is refused unless change: a gateway started with a stale config
+// beside the fleet would admit by plan allowances, and convert its admin API's credits, at
+// another rate than the other gateways, and moving the record would make every operator
+// command follow it. A deliberate change (change set) is recorded and logged; the gateways
+// still serving the old value go on at it until they stop, which is why the flag's help says
+// to stop them first.
+func recordCreditUnit(ctx context.Context, store *holds.Store, cfg *config.Config, change bool, log *zap.Logger) error {
+	prev, found, err := store.RecordCreditUnit(ctx, cfg.CreditMicro, cfg.Instance, change)
+	var mismatch *holds.CreditUnitMismatchError
+	if errors.As(err, &mismatch) {
+		return fmt.Errorf("%w: a gateway serving at another value beside the fleet would convert plan allowances and the admin API's credits "+
+			"at another rate; pass the fleet's config, or, to change what a credit is worth deliberately, stop the gateways serving at %d "+
+			"and start this one with -change-credit-micro (once: the others then start with the new config as usual)",
+			err, mismatch.Recorded.CreditMicro)
+	}
+	if err != nil {
+		return err
+	}
+	switch {
+	case !found:
+		log.Info("credit_micro recorded as the fleet's", zap.Int64("credit_micro", cfg.CreditMicro))
+	case prev.CreditMicro != cfg.CreditMicro:
+		log.Warn("credit_micro changed: every amount in credits is converted at the new value from now on (balances, grants, plan allowances, reports); gateways still serving the old value convert at it until they stop",
+			zap.Int64("credit_micro", cfg.CreditMicro), zap.Int64("previous_credit_micro", prev.CreditMicro),
+			zap.String("previous_set_by", prev.SetBy), zap.Time("previous_set_at", prev.SetAt))
+	}
 	return nil
 }
 
