@@ -106,7 +106,7 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return s.relayUpstreamError(w, resp, m.upstream.Name, log)
+		return s.relayUpstreamError(w, r, resp, m.upstream.Name, log, "token count refused")
 	}
 	return relayCount(w, r, resp, m.upstream.Name, log)
 }

@@ -32,7 +32,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		c.outcome = outcomeUpstreamError
-		return s.relayUpstreamError(w, resp, c.req.upstream.Name, c.log)
+		return s.relayUpstreamError(w, r, resp, c.req.upstream.Name, c.log, "call ended before its answer")
 	}
 	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		return refuseUnaskedEncoding(w, c, ce)

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -26,8 +28,16 @@ const maxUpstreamErrorBody = 64 << 10
 // (4xx) pass through as the provider worded them; the provider's failures and its refusal of
 // the gateway's key or of the operator's account there (401, 403, 407, 402, OpenAI's 429
 // insufficient_quota) become 502, since the caller can do nothing about them.
-func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, upstream string, log *zap.Logger) int {
+//
+// A refusal whose body could not be read because the caller left, or because the call's time
+// ran out, is answered for that (unreadErrorAnswer), as it would be before the headers came:
+// a caller that left was no upstream failure, nor a body that stalled a broken one. endedMsg
+// is the message of the line of a caller that left.
+func (s *Server) relayUpstreamError(w http.ResponseWriter, r *http.Request, resp *http.Response, upstream string, log *zap.Logger, endedMsg string) int {
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
+	if readErr != nil && (requestEnded(r) || isTimeout(readErr)) {
+		return unreadErrorAnswer(w, r, resp, upstream, log, endedMsg, body, readErr)
+	}
 	accountRefused := resp.StatusCode == http.StatusPaymentRequired ||
 		(resp.StatusCode == http.StatusTooManyRequests && quotaExhausted(body))
 	msg := "upstream refused the call"
@@ -68,6 +78,28 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, resp *http.Response, 
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
 		Message: fmt.Sprintf("The upstream failed with status %d.", resp.StatusCode)})
 	return http.StatusBadGateway
+}
+
+// unreadErrorAnswer answers an upstream's refusal whose body (read: body) was cut by readErr
+// because the caller left (499 client_closed_request, or 503 shutting_down when the drain's
+// deadline cut it; a call superseded by a newer message of its session is answered by its
+// caller) or the call's time ran out (504 upstream_timeout). The provider refused the call,
+// so it is charged nothing whichever: only its answer, its count and its line change.
+func unreadErrorAnswer(w http.ResponseWriter, r *http.Request, resp *http.Response, upstream string, log *zap.Logger,
+	endedMsg string, body []byte, readErr error) int {
+	fields := []zap.Field{zap.String("upstream", upstream), zap.Int("upstream_status", resp.StatusCode), zap.ByteString("body", logged(body))}
+	if requestEnded(r) {
+		if !errors.Is(context.Cause(r.Context()), errSuperseded) {
+			e, why := ended(r.Context(), "while the upstream's refusal was read")
+			logRefusalAs(log, endedMsg, e, why, readErr, fields...)
+		}
+		return answerClientClosed(w, r)
+	}
+	log.Warn("upstream refusal too slow", append(fields, zap.Error(readErr))...)
+	copyUpstreamHeaders(w.Header(), resp.Header, upstreamRetryHeaders)
+	writeError(w, &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
+		Message: fmt.Sprintf("The upstream refused the call with status %d and did not finish saying why in time.", resp.StatusCode)})
+	return http.StatusGatewayTimeout
 }
 
 // relayCallerError passes on an upstream's refusal of the caller's own mistake (a 4xx, the
