@@ -16,6 +16,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -180,7 +181,11 @@ func classify(err error) *apiError {
 	case errors.Is(err, holds.ErrInvalidName):
 		return badRequest("invalid_name", holds.UserNameRule)
 	case errors.Is(err, holds.ErrUserExists):
-		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "user_exists", Message: "A user of that name exists."}
+		msg := "A user of that name exists."
+		if ue := (*holds.UserExistsError)(nil); errors.As(err, &ue) && ue.Taken != ue.Name {
+			msg = fmt.Sprintf("A user of that name exists: %q (names are compared without regard to case).", ue.Taken)
+		}
+		return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "user_exists", Message: msg}
 	case errors.Is(err, holds.ErrUnknownPlan):
 		return badRequest("unknown_plan", err.Error())
 	case errors.Is(err, holds.ErrBadAfter):

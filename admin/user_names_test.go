@@ -29,3 +29,22 @@ func TestCreateUserNameRule(t *testing.T) {
 		t.Fatalf("%d users, want the one valid name", n)
 	}
 }
+
+// TestCreateUserCaseOnlyIsRefusedNamingTheUser: names are compared without regard to case
+// (the column's collation), as `gateway user create` compares them: "alice" beside "Alice" is
+// 409 user_exists, which said only "A user of that name exists." though no listed user has
+// that name; it names the user matched. /users/{name} reaches the user under either case.
+func TestCreateUserCaseOnlyIsRefusedNamingTheUser(t *testing.T) {
+	f := newFixture(t, adminToken)
+	f.admin("POST", "/admin/users", map[string]any{"name": "Alice"}, http.StatusCreated)
+	out := f.admin("POST", "/admin/users", map[string]any{"name": "alice"}, http.StatusConflict)
+	if msg := out["error"].(map[string]any)["message"].(string); errCode(out) != "user_exists" || !strings.Contains(msg, `"Alice"`) {
+		t.Fatalf("alice beside Alice: %v, want 409 user_exists naming Alice", out)
+	}
+	if u := f.admin("GET", "/admin/users/ALICE", nil, http.StatusOK); u["name"] != "Alice" {
+		t.Fatalf("GET /admin/users/ALICE: %v, want Alice", u)
+	}
+	if n := len(f.admin("GET", "/admin/users", nil, http.StatusOK)["data"].([]any)); n != 1 {
+		t.Fatalf("%d users, want Alice alone", n)
+	}
+}

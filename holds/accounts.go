@@ -64,7 +64,13 @@ func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error)
 	}
 	res, err := s.db.ExecContext(ctx, "INSERT INTO users (name, plan) VALUES (?, ?)", name, plan)
 	if isDuplicate(err) {
-		return User{}, fmt.Errorf("create user %q: %w", name, ErrUserExists)
+		// Names are unique under the column's collation, which ignores case: the refusal names
+		// the user that holds the name ("Alice" for alice), whom no listing shows as alice.
+		taken := name
+		if err := s.db.GetContext(ctx, &taken, "SELECT name FROM users WHERE name = ?", name); err != nil {
+			taken = name
+		}
+		return User{}, fmt.Errorf("create user %q: %w", name, &UserExistsError{Name: name, Taken: taken})
 	}
 	if err != nil {
 		return User{}, fmt.Errorf("create user %q: %w", name, err)
@@ -78,6 +84,19 @@ func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error)
 
 // ErrUserExists refuses a second user of one name.
 var ErrUserExists = errors.New("user exists")
+
+// UserExistsError is ErrUserExists for a new user's Name, with the name of the user that has
+// it (Taken): names are compared without regard to case, so it may be spelt otherwise.
+type UserExistsError struct{ Name, Taken string }
+
+func (e *UserExistsError) Error() string {
+	if e.Taken == e.Name {
+		return ErrUserExists.Error()
+	}
+	return fmt.Sprintf("%v as %q (names are compared without regard to case)", ErrUserExists, e.Taken)
+}
+
+func (e *UserExistsError) Unwrap() error { return ErrUserExists }
 
 // UserByName finds an account. Its errors name the user, so callers return them as they are
 // (ErrUnknownUser when there is none).

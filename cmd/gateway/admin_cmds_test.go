@@ -417,3 +417,22 @@ func TestInstancesCommandPages(t *testing.T) {
 		}
 	}
 }
+
+// TestUserCreateNamesTheUserItsNameMatches: user names are compared without regard to case
+// (the column's collation), so `user create -name alice` beside a user "Alice" is refused. It
+// answered `create user "alice": user exists`, while `user list` shows no alice: the refusal
+// now names the user it matched and says why.
+func TestUserCreateNamesTheUserItsNameMatches(t *testing.T) {
+	count := useTestDatabase(t)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "Alice"}); err != nil {
+		t.Fatal(err)
+	}
+	err := userCreate(ctx, []string{"-name", "alice"})
+	if !errors.Is(err, holds.ErrUserExists) || !strings.Contains(err.Error(), `"Alice"`) || !strings.Contains(err.Error(), "case") {
+		t.Fatalf("user create -name alice beside Alice: %v, want ErrUserExists naming Alice and the case rule", err)
+	}
+	if n := count("SELECT COUNT(*) FROM users"); n != 1 {
+		t.Fatalf("%d users, want Alice alone", n)
+	}
+}
