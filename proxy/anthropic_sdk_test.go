@@ -237,3 +237,56 @@ func httptestServer(t *testing.T, h http.HandlerFunc) string {
 	t.Cleanup(s.Close)
 	return s.URL
 }
+
+// TestThinkingCallRefused402BelowTheLeastThinkingBudget: README's 402 insufficient_credits
+// row: an Anthropic extended-thinking call whose cap pays for its prompt and fewer than 1 025
+// output tokens (max_tokens above Anthropic's least budget_tokens, 1 024) is refused, its hold
+// released at 0, where a call without thinking is forwarded with max_tokens lowered; with
+// room for more, the thinking budget is lowered below the lowered max_tokens.
+func TestThinkingCallRefused402BelowTheLeastThinkingBudget(t *testing.T) {
+	const thinking = `{"model":"claude-test","max_tokens":4000,"thinking":{"type":"enabled","budget_tokens":2000},"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		name, body string
+		credits    int64 // the plan's holds and cap: 1 credit = 0.001 USD = 100 output tokens of claude-test
+		forwarded  bool
+	}{
+		{"thinking, room for ~800", thinking, 8, false},
+		{"no thinking, room for ~800", `{"model":"claude-test","max_tokens":4000,"messages":[{"role":"user","content":"hi"}]}`, 8, true},
+		{"thinking, room for ~1 500", thinking, 15, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var seen []string
+			srv := httptestServer(t, anthropicLikeUpstream(&seen))
+			h := newHarness(t, func(c *configT) {
+				c.Upstreams = []config.Upstream{{Name: "a", Kind: "anthropic", BaseURL: srv, Models: []string{"claude*"}}}
+				p := c.Plans["standard"]
+				p.HoldNormalCredits, p.HoldHeavyCredits = config.CreditsOf(tc.credits), config.CreditsOf(tc.credits)
+				p.MaxRunCostCredits = config.CreditsOf(tc.credits)
+				c.Plans["standard"] = p
+			})
+			_, key := h.user("standard")
+			resp := h.post(key, "/v1/messages", tc.body, nil)
+			answer := readAll(t, resp.Body)
+			resp.Body.Close()
+			status := resp.StatusCode
+			if !tc.forwarded {
+				if status != http.StatusPaymentRequired || !strings.Contains(string(answer), "insufficient_credits") || len(seen) != 0 {
+					t.Fatalf("%d %s (forwarded %d), want 402 insufficient_credits, nothing forwarded", status, answer, len(seen))
+				}
+				h.settled()
+				var charged int64
+				if err := h.db.Get(&charged, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds"); err != nil {
+					t.Fatal(err)
+				}
+				if all, live := h.holdCount(); live != 0 || charged != 0 {
+					t.Fatalf("%d holds, %d live, charged %d µUSD: want the hold released at 0", all, live, charged)
+				}
+				return
+			}
+			if status != http.StatusOK || len(seen) != 1 {
+				t.Fatalf("%d %s (forwarded %d), want 200", status, answer, len(seen))
+			}
+			t.Logf("forwarded %s", seen[0])
+		})
+	}
+}
