@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
@@ -13,13 +15,21 @@ import (
 // TestTallySourceCarriesTheTally: the reconciler settles an expired run from what tallySource
 // reads, so every figure must reach it: cost, calls, and whether a call was charged an estimate
 // (the run's estimated flag in reports). Mutant: Estimated always false (survived the e2e
-// reconcile test too, whose tallies are measured).
+// reconcile test too, whose tallies are measured), and the prices a call answered by another
+// model than asked was billed at (the proxy's tests read the tally through an adapter of their
+// own: dropped here, the reconciler recorded the hold's prices, not those of its cost).
 func TestTallySourceCarriesTheTally(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	ctx := context.Background()
 	tally := runstate.NewTally(rdb, runstate.Keys{Prefix: prefix}, time.Hour)
 	src := tallySource{tally}
 	if err := tally.Add(ctx, "r_measured", pricing.Usage{Input: 10, Output: 5}, 700, false); err != nil {
+		t.Fatal(err)
+	}
+	billed := []byte(`{"model":"dearer","input":2}`)
+	if err := tally.AddWith(ctx, "r_answered", pricing.Usage{Input: 10}, 20, false, func(p redis.Pipeliner) {
+		tally.QueueSnapshot(ctx, p, "r_answered", billed)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tally.Add(ctx, "r_estimated", pricing.Usage{Input: 10}, 300, false); err != nil {
@@ -33,10 +43,13 @@ func TestTallySourceCarriesTheTally(t *testing.T) {
 		cost      int64
 		calls     int64
 		estimated bool
-	}{{"r_measured", 700, 1, false}, {"r_estimated", 700, 2, true}} {
+		snapshot  string
+	}{{"r_measured", 700, 1, false, ""}, {"r_estimated", 700, 2, true, ""}, {"r_answered", 20, 1, false, string(billed)}} {
 		got, found, err := src.Tallied(ctx, tc.run)
-		if err != nil || !found || got.CostMicro != tc.cost || got.Calls != tc.calls || got.Estimated != tc.estimated {
-			t.Errorf("%s: %+v found %v err %v; want cost %d, %d calls, estimated %v", tc.run, got, found, err, tc.cost, tc.calls, tc.estimated)
+		if err != nil || !found || got.CostMicro != tc.cost || got.Calls != tc.calls || got.Estimated != tc.estimated ||
+			string(got.PriceSnapshot) != tc.snapshot {
+			t.Errorf("%s: %+v found %v err %v; want cost %d, %d calls, estimated %v, snapshot %q", tc.run, got, found, err,
+				tc.cost, tc.calls, tc.estimated, tc.snapshot)
 		}
 	}
 	if _, found, err := src.Tallied(ctx, "r_none"); err != nil || found {
