@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/metering"
@@ -157,6 +158,10 @@ func TestUnboundedCallWhoseCapPaysNoAnswerIs402(t *testing.T) {
 			}
 			if code := errorCode(t, answer); code != tc.code {
 				t.Errorf("code %s, want %s", code, tc.code)
+			}
+			// The prompt fits: the refusal must not tell the caller it does not.
+			if msg := errorMessage(t, answer); !strings.Contains(msg, "least answer") {
+				t.Errorf("message %q does not say the least answer is what does not fit", msg)
 			}
 			h.settled()
 			if tc.run != "" {

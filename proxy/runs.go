@@ -24,7 +24,7 @@ var (
 )
 
 var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "run_budget_exhausted",
-	Message: "This run's budget is used, or reserved by its calls in flight: what it has tallied plus this call's prompt exceeds the run's cap."}
+	Message: "This run's budget is used, or reserved by its calls in flight: what it has tallied plus this call's prompt and the least answer exceed the run's cap."}
 
 // reserveRunBudget takes this call's share of its named run's cap (see runstate.RunBudget):
 // the worst case it asks for, or what the run has left when that is less, and never less than
