@@ -126,7 +126,8 @@ type tallyUsage struct{ t *runstate.Tally }
 
 func (s tallyUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	t, found, err := s.t.Get(ctx, runID)
-	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0}, found, err
+	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0,
+		PriceSnapshot: []byte(t.PriceSnapshot)}, found, err
 }
 
 type leaseKeys struct {

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -57,5 +59,42 @@ func TestReconcilerSnapshotsARunAdmittedWithoutPrices(t *testing.T) {
 	var snap string
 	if err := e.db.GetContext(e.ctx(), &snap, "SELECT price_snapshot FROM run_holds WHERE run_id = ?", h.RunID); err != nil || snap != string(prices) {
 		t.Fatalf("snapshot %q, %v; want %s", snap, err, prices)
+	}
+}
+
+// TestReconcilerSettlesATallyWhosePricesAreNoJSON: a one-call run's tally carries the prices
+// its call was billed at when another model answered it (runstate.Tally.QueueSnapshot), which
+// the reconciler records on the settled row. The tally is Redis's word (TallyBelievable): a
+// snapshot that is no JSON (a hand edit, a gateway of another version writing it otherwise)
+// is refused by the row's JSON column, and the settlement failed on every pass until the
+// tally lapsed, when the run was charged what it held. The run settles from its tally's
+// figures, keeping the prices its hold recorded.
+func TestReconcilerSettlesATallyWhosePricesAreNoJSON(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("bad-snapshot", 3, nil)
+	held := []byte(`{"model":"fake-gpt","input":"1","output":"2"}`)
+	h, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: "r_badsnap", UserID: u.ID, Model: "fake-gpt",
+		State: holds.StateRunning, TTL: time.Hour, PriceSnapshot: held})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.tally.AddWith(e.ctx(), h.RunID, pricing.Usage{Input: 1000, Output: 1000}, 3_000, false, func(p redis.Pipeliner) {
+		e.tally.QueueSnapshot(e.ctx(), p, h.RunID, []byte(`{"model":"fake-gpt-dear",`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.expire(h.RunID)
+	if st, err := e.pass(e.reconciler("me", nil)); err != nil || st.FromTally != 1 {
+		t.Fatalf("reconcile: %+v, %v; want the run settled from its tally", st, err)
+	}
+	var row struct {
+		Cost int64  `db:"cost_micro"`
+		Snap string `db:"price_snapshot"`
+	}
+	if err := e.db.GetContext(e.ctx(), &row, "SELECT cost_micro, price_snapshot FROM run_holds WHERE run_id = ?", h.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if row.Cost != 3_000 || row.Snap != string(held) {
+		t.Fatalf("settled at %d with snapshot %s; want 3000 with the hold's %s", row.Cost, row.Snap, held)
 	}
 }

@@ -2,6 +2,7 @@ package holds
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -511,6 +512,14 @@ func (r *Reconciler) used(ctx context.Context, run Run, log *zap.Logger) (tally 
 			zap.Int64("cache_write_1h_tok", usage.CacheWrite1h), zap.Int64("audio_in_tok", usage.AudioInput),
 			zap.Int64("audio_out_tok", usage.AudioOutput))
 		tally.Usage, tally.CostMicro, tally.Calls, found = pricing.Usage{}, 0, 0, false
+	}
+	if len(tally.PriceSnapshot) > 0 && !json.Valid(tally.PriceSnapshot) {
+		// The row's JSON column refuses it: its settlement would fail on every pass until the
+		// tally lapsed, and the run would then be charged what it held. Its figures stand; the
+		// row keeps the prices its hold recorded.
+		log.Error("reconcile: the run's tally carries prices that are no JSON; settling it at the hold's — someone should look",
+			zap.Int("snapshot_bytes", len(tally.PriceSnapshot)))
+		tally.PriceSnapshot = nil
 	}
 	// A named run's row records its ended calls too: a tally that lost some of them (a Redis
 	// restart) costs less than the row, and the row is what the run used.
