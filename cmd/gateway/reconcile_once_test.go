@@ -97,3 +97,28 @@ func TestReconcileOnceFailsOnHoldsOfDeletedUsers(t *testing.T) {
 		t.Errorf("the live user's queued hold was not released beside the orphan")
 	}
 }
+
+// TestReconcileOnceInAGatewaysEnvironment: an operator runs `reconcile -once` where a serving
+// gateway's environment is (kubectl exec into its container), TOLLGATE_INSTANCE naming that
+// gateway. The one-off pass took the lock as that gateway's own (the lock is re-entrant for
+// its holder), scanned beside the gateway's pass, and then gave the lock back: deleted under
+// the gateway, another gateway's pass started beside it. The one-off pass is a process of its
+// own: while the gateway holds the lock it scans nothing, and the lock stays the gateway's.
+func TestReconcileOnceInAGatewaysEnvironment(t *testing.T) {
+	useTestDatabase(t)
+	rdb, prefix := testenv.Redis(t)
+	t.Setenv("REDIS_URL", testenv.RedisURL(t))
+	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	t.Setenv("TOLLGATE_INSTANCE", "gw-a")
+	key := runstate.Keys{Prefix: prefix}.ReconcileLock()
+	if err := rdb.Set(testCtx(t), key, "gw-a", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := stdout(t, func() error { return reconcileOnce(testCtx(t), []string{"-once"}) })
+	if err != nil || !strings.Contains(string(out), "another process holds the lock") {
+		t.Errorf("reconcile -once beside gw-a holding the lock, as gw-a: %q, %v; want nothing scanned", out, err)
+	}
+	if v := rdb.Get(testCtx(t), key).Val(); v != "gw-a" {
+		t.Fatalf("lock %q after the one-off pass, want gw-a's kept", v)
+	}
+}
