@@ -84,3 +84,34 @@ func TestContext1MRefusedOnEveryRoute(t *testing.T) {
 		}
 	}
 }
+
+// TestContext1MInTheBodyRefused: Bedrock takes Anthropic's betas in the body, as
+// "anthropic_beta" (InvokeModel) or in "additionalModelRequestFields" (Converse), and a router
+// serving Claude from Bedrock passes a body field it does not know on to it (LiteLLM puts
+// Converse's unknown parameters in additionalModelRequestFields). The gateway forwards the
+// fields it does not read untouched, and looked for the beta in the headers alone: asked for
+// in the body, a prompt past 200 k on a model without a long-context price was billed at its
+// short rates. It is refused as the header is; a model with a long-context price is served.
+func TestContext1MInTheBodyRefused(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		long := c.Models["fake-gpt"]
+		long.LongContext = config.LongContextCfg{AbovePromptTokens: 200_000, Input: config.USDPerM{Micro: 2 * long.Input.Micro},
+			CacheRead: long.CacheRead, CacheWrite: long.CacheWrite, Output: config.USDPerM{Micro: 2 * long.Output.Micro}}
+		c.Models["router-claude"], c.Models["router-claude-long"] = c.Models["fake-gpt"], long
+	})
+	_, key := h.user("standard")
+	for _, beta := range []string{
+		`"anthropic_beta":["interleaved-thinking-2025-05-14","context-1m-2025-08-07"]`,
+		`"anthropic_beta":"context-1m-2025-08-07"`,
+		`"additionalModelRequestFields":{"anthropic_beta":["context-1m-2025-08-07"]}`,
+	} {
+		body := `{"model":"router-claude%s",` + beta + `,"messages":[{"role":"user","content":"hi"}]}`
+		h.postRefused(t, key, "/v1/chat/completions", fmt.Sprintf(body, ""), nil, http.StatusBadRequest, "unpriced_option")
+		resp := h.post(key, "/v1/chat/completions", fmt.Sprintf(body, "-long"), nil)
+		out := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s with a long-context price: %d %s, want 200", beta, resp.StatusCode, out)
+		}
+	}
+}

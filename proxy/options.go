@@ -23,7 +23,7 @@ import (
 func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64, longCache bool) string {
 	// Past 200 k prompt tokens the beta bills every token at long-context rates: served on a
 	// model whose price has them (pricing.Price.Long), billed at them past its line.
-	if asksContext1M(header) && price.Long == nil {
+	if asksContext1M(header, root) && price.Long == nil {
 		return "the 'context-1m' beta (long-context rates, unpriced for this model)"
 	}
 	if audioTokens > 0 && price.AudioInput == 0 {
@@ -87,14 +87,24 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 // too, checkFallbacks) must have a long-context price. On any route, the caller's headers being
 // forwarded: a router serving Claude on the OpenAI routes passes the header on (LiteLLM does),
 // and some read it under a prefixed name (LiteLLM's x-pass-anthropic-beta, OpenRouter's
-// x-anthropic-beta): any name that ends in anthropic-beta counts, its values in any case.
-func asksContext1M(header http.Header) bool {
+// x-anthropic-beta): any name that ends in anthropic-beta counts, its values in any case. In
+// the body too, where Bedrock takes it ("anthropic_beta", or in Converse's
+// "additionalModelRequestFields") and a router serving Claude from Bedrock passes a field it
+// does not know on: the gateway forwards such fields untouched.
+func asksContext1M(header http.Header, root gjson.Result) bool {
 	for name, values := range header {
 		if !strings.HasSuffix(strings.ToLower(name), "anthropic-beta") {
 			continue
 		}
 		for _, v := range values {
 			if strings.Contains(strings.ToLower(v), "context-1m") {
+				return true
+			}
+		}
+	}
+	for _, path := range []string{"anthropic_beta", "additionalModelRequestFields.anthropic_beta"} {
+		for _, b := range root.Get(path).Array() { // a list, or one string
+			if b.Type == gjson.String && strings.Contains(strings.ToLower(b.Str), "context-1m") {
 				return true
 			}
 		}

@@ -308,7 +308,7 @@ func (c *callRequest) readPrompt(root gjson.Result) *apiError {
 // bound, stream options it could not edit.
 func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Header) *apiError {
 	rt := c.route
-	c.context1M = asksContext1M(header)
+	c.context1M = asksContext1M(header, root)
 	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate, c.cacheLong); what != "" {
 		return errBadRequest("unpriced_option", fmt.Sprintf(
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
