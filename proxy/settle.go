@@ -108,8 +108,8 @@ func (s *Server) finishPlainCall(ctx context.Context, c *call, st holds.Settleme
 			// added first.
 			if c.talliedAs != nil {
 				du, dc, dEst := st.Usage.Sub(c.talliedAs.Usage), st.CostMicro-c.talliedAs.CostMicro, estimatedCalls(st)-estimatedCalls(*c.talliedAs)
-				if dc != 0 || dEst != 0 || du != (pricing.Usage{}) {
-					s.correctTally(ctx, c, st, du, dc, dEst)
+				if dc != 0 || dEst != 0 || du != (pricing.Usage{}) || !bytes.Equal(st.PriceSnapshot, c.talliedAs.PriceSnapshot) {
+					s.correctTally(ctx, c, st, *c.talliedAs, du, dc, dEst)
 				}
 			}
 			s.settle(ctx, c, st)

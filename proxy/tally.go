@@ -85,10 +85,20 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 // them. nil, nothing to queue, otherwise, and for a named run, whose one snapshot stands for
 // all its calls.
 func (s *Server) billedSnapshot(ctx context.Context, c *call, st holds.Settlement) func(redis.Pipeliner) {
+	prices := s.billedPrices(c, st)
+	if prices == nil {
+		return nil
+	}
+	return func(p redis.Pipeliner) { s.tally.QueueSnapshot(ctx, p, c.runID, prices) }
+}
+
+// billedPrices is what a one-call run's tally says of the prices st bills its call at: st's
+// snapshot when it is not the one its hold recorded, else nil.
+func (s *Server) billedPrices(c *call, st holds.Settlement) []byte {
 	if c.inRun || len(st.PriceSnapshot) == 0 || bytes.Equal(st.PriceSnapshot, s.snapshots[c.req.priceKey]) {
 		return nil
 	}
-	return func(p redis.Pipeliner) { s.tally.QueueSnapshot(ctx, p, c.runID, st.PriceSnapshot) }
+	return st.PriceSnapshot
 }
 
 // tallyWriteTimeout bounds one tally write. A call's own tally goes out after its answer (or
@@ -195,11 +205,20 @@ func (s *Server) dropRecordMark(ctx context.Context, c *call) {
 
 // correctTally adds to a call's tally what its settlement found beyond what tallyWithFingerprint
 // wrote (du, dc and dEst may be negative: a later usage report replaces an earlier one, or an
-// estimate).
-func (s *Server) correctTally(ctx context.Context, c *call, st holds.Settlement, du pricing.Usage, dc, dEst int64) {
+// estimate). The prices the tally was written with (tallied's) are replaced when st bills at
+// others: a report after the final event replaces an estimate that priced a prompt marked for
+// the cache as written to it, and the reconciler records the tally's prices beside its
+// corrected cost.
+func (s *Server) correctTally(ctx context.Context, c *call, st, tallied holds.Settlement, du pricing.Usage, dc, dEst int64) {
 	tctx, cancel := context.WithTimeout(ctx, tallyWriteTimeout)
 	defer cancel()
-	if err := s.tally.Correct(tctx, c.runID, du, dc, dEst); err != nil {
+	var err error
+	if prices := s.billedPrices(c, st); !bytes.Equal(prices, s.billedPrices(c, tallied)) {
+		err = s.tally.CorrectPrices(tctx, c.runID, du, dc, dEst, prices)
+	} else {
+		err = s.tally.Correct(tctx, c.runID, du, dc, dEst)
+	}
+	if err != nil {
 		s.tallyFailed(c, st, err)
 	}
 }

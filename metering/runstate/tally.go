@@ -72,12 +72,30 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 // The script goes in a MULTI/EXEC, as Add's increments do: go-redis resends a lone command
 // whose reply timed out, and a correction applied twice is counted twice.
 func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc, dEst int64) error {
+	return t.correct(ctx, runID, du, dc, dEst, "keep", nil)
+}
+
+// CorrectPrices is Correct that also replaces the prices the tally says its call was billed
+// at (QueueSnapshot) with snapshot, none when it is empty (the hold's own explain the cost):
+// the settlement may bill the call at other prices than its tally was written with (a usage
+// report after the final event replaces an estimate whose prompt was priced as written to the
+// cache), and the reconciler records the tally's prices beside its corrected cost.
+func (t *Tally) CorrectPrices(ctx context.Context, runID string, du pricing.Usage, dc, dEst int64, snapshot []byte) error {
+	if len(snapshot) == 0 {
+		return t.correct(ctx, runID, du, dc, dEst, "del", nil)
+	}
+	return t.correct(ctx, runID, du, dc, dEst, "set", snapshot)
+}
+
+func (t *Tally) correct(ctx context.Context, runID string, du pricing.Usage, dc, dEst int64, prices string, snapshot []byte) error {
 	if dEst < -1 || dEst > 1 {
 		panic(fmt.Sprintf("runstate: estimated mark moved by %d", dEst))
 	}
 	key := t.keys.Usage(runID)
+	args := append([]any{t.ttl.Milliseconds()}, usageArgs(du, dc, dEst)...)
+	args = append(args, prices, snapshot)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Eval(ctx, correctLua, []string{key}, append([]any{t.ttl.Milliseconds()}, usageArgs(du, dc, dEst)...)...)
+		p.Eval(ctx, correctLua, []string{key}, args...)
 		return nil
 	})
 	if err != nil {
@@ -219,11 +237,18 @@ func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u p
 	p.Expire(ctx, key, t.ttl)
 }
 
-// correctLua: KEYS usage; ARGV tally ttl ms, then usageArgs. Adds to the tally only if it
-// exists; returns 1 if it did.
+// correctLua: KEYS usage; ARGV tally ttl ms, then usageArgs, then what becomes of the
+// tally's prices ("keep", "set" to the next argument, "del") and the prices. Adds to the
+// tally only if it exists; returns 1 if it did.
 var correctLua = `
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-` + usageLua(2) + `redis.call('PEXPIRE', KEYS[1], ARGV[1])
+` + usageLua(2) + `local prices = ARGV[` + strconv.Itoa(2+len(usageFields)) + `]
+if prices == 'set' then
+  redis.call('HSET', KEYS[1], '` + snapshotField + `', ARGV[` + strconv.Itoa(3+len(usageFields)) + `])
+elseif prices == 'del' then
+  redis.call('HDEL', KEYS[1], '` + snapshotField + `')
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1`
 
 // usageFields are the figures one call adds to its run's tally hash, in usageArgs' order. The
