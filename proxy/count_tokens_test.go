@@ -1,12 +1,9 @@
 package proxy_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -292,23 +289,9 @@ func TestCountTokensHalfClosedCallerIsNotAnswered200(t *testing.T) {
 	h := countHarness(t, u)
 	t.Cleanup(func() { close(u.gate) })
 	_, key := h.user("standard")
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.gw.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	body := `{"model":"claude-test","messages":[]}`
-	fmt.Fprintf(c, "POST /v1/messages/count_tokens HTTP/1.1\r\nHost: gw\r\nX-Api-Key: %s\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
-	u.wait(t)
-	_ = c.(*net.TCPConn).CloseWrite()
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer := readAll(t, resp.Body)
-	if resp.StatusCode != 499 || !strings.Contains(string(answer), "client_closed_request") {
+	resp, answer := halfClosedRequest(t, h, "/v1/messages/count_tokens", "X-Api-Key: "+key, `{"model":"claude-test","messages":[]}`,
+		func(func() (*http.Response, error)) *http.Response { u.wait(t); return nil })
+	if resp.StatusCode != 499 || !strings.Contains(answer, "client_closed_request") {
 		t.Fatalf("a half-closed caller's count got %d %q, want 499 client_closed_request", resp.StatusCode, answer)
 	}
 }
@@ -381,27 +364,10 @@ func TestCountTokensCallerLeftDuringTheAnswerIs499(t *testing.T) {
 		}
 	})
 	_, key := h.user("standard")
-	c, err := net.Dial("tcp", strings.TrimPrefix(h.gw.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	body := `{"model":"claude-test","messages":[]}`
-	fmt.Fprintf(c, "POST /v1/messages/count_tokens HTTP/1.1\r\nHost: gw\r\nX-Api-Key: %s\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
-	select {
-	case <-headers: // the gateway has the answer's headers and reads its body, which stalls
-	case <-time.After(10 * time.Second):
-		t.Fatal("the count's answer did not reach the gateway")
-	}
-	_ = c.(*net.TCPConn).CloseWrite()
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	answer := readAll(t, resp.Body)
-	if resp.StatusCode != 499 || !strings.Contains(string(answer), "client_closed_request") {
+	// Half-closed once the gateway has the answer's headers and reads its body, which stalls.
+	resp, answer := halfClosedRequest(t, h, "/v1/messages/count_tokens", "X-Api-Key: "+key, `{"model":"claude-test","messages":[]}`,
+		onSignal(t, headers, "the count's answer"))
+	if resp.StatusCode != 499 || !strings.Contains(answer, "client_closed_request") {
 		t.Fatalf("a caller that left while its count's answer was read got %d %q, want 499 client_closed_request", resp.StatusCode, answer)
 	}
 }

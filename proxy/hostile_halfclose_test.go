@@ -21,14 +21,21 @@ import (
 // answer's head itself (read), and returns it if it did.
 func halfClosedCall(t *testing.T, h *harness, key string, before func(read func() (*http.Response, error)) *http.Response) (*http.Response, string) {
 	t.Helper()
+	return halfClosedRequest(t, h, "/v1/chat/completions", "Authorization: Bearer "+key, streamBody, before)
+}
+
+// halfClosedRequest is halfClosedCall's request to any path, authenticated by the header line
+// auth (an Anthropic route's "X-Api-Key: …", say).
+func halfClosedRequest(t *testing.T, h *harness, path, auth, body string, before func(read func() (*http.Response, error)) *http.Response) (*http.Response, string) {
+	t.Helper()
 	c, err := net.Dial("tcp", strings.TrimPrefix(h.gw.URL, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(streamBody), streamBody)
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: gw\r\n%s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, auth, len(body), body)
 	br := bufio.NewReader(c)
 	read := func() (*http.Response, error) { return http.ReadResponse(br, nil) }
 	var resp *http.Response
@@ -46,6 +53,19 @@ func halfClosedCall(t *testing.T, h *harness, key string, before func(read func(
 		t.Fatalf("reading the answer: %v (read %q)", err, rest)
 	}
 	return resp, string(rest)
+}
+
+// onSignal is a halfClosedRequest's before that waits for in (an answer's headers reached the
+// gateway, say: what) and reads nothing.
+func onSignal(t *testing.T, in <-chan struct{}, what string) func(func() (*http.Response, error)) *http.Response {
+	return func(func() (*http.Response, error)) *http.Response {
+		select {
+		case <-in:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s did not reach the gateway", what)
+		}
+		return nil
+	}
 }
 
 // A caller that half-closes its connection once its request is sent is taken by net/http for

@@ -1,10 +1,8 @@
 package proxy_test
 
 import (
-	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -69,26 +67,10 @@ func TestCallerLeftWhileTheUpstreamsErrorWasReadIs499(t *testing.T) {
 				c.Upstreams = []config.Upstream{{Name: "up", Kind: tc.kind, BaseURL: up.URL, Models: []string{"*"}}}
 			})
 			u, key := h.user("standard")
-			c, err := net.Dial("tcp", strings.TrimPrefix(h.gw.URL, "http://"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer %s\r\n"+
-				"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", tc.path, key, len(tc.body), tc.body)
-			select {
-			case <-headers: // the gateway has the refusal's headers and reads its body, which stalls
-			case <-time.After(10 * time.Second):
-				t.Fatal("the upstream's refusal did not reach the gateway")
-			}
-			_ = c.(*net.TCPConn).CloseWrite()
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			answer := readAll(t, resp.Body)
-			if resp.StatusCode != 499 || !strings.Contains(string(answer), "client_closed_request") {
+			// Half-closed once the gateway has the refusal's headers and reads its body, which stalls.
+			resp, answer := halfClosedRequest(t, h, tc.path, "Authorization: Bearer "+key, tc.body,
+				onSignal(t, headers, "the upstream's refusal"))
+			if resp.StatusCode != 499 || !strings.Contains(answer, "client_closed_request") {
 				t.Fatalf("a caller that left while its upstream's refusal was read got %d %q, want 499 client_closed_request",
 					resp.StatusCode, answer)
 			}
@@ -176,26 +158,9 @@ func TestCountRefusalUnreadIsTheCallersOrATimeout(t *testing.T) {
 			c.Upstreams = []config.Upstream{{Name: "up", Kind: "anthropic", BaseURL: up.URL, Models: []string{"*"}}}
 		})
 		_, key := h.user("standard")
-		c, err := net.Dial("tcp", strings.TrimPrefix(h.gw.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-		fmt.Fprintf(c, "POST /v1/messages/count_tokens HTTP/1.1\r\nHost: gw\r\nX-Api-Key: %s\r\n"+
-			"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
-		select {
-		case <-headers:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the upstream's refusal did not reach the gateway")
-		}
-		_ = c.(*net.TCPConn).CloseWrite()
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		answer := readAll(t, resp.Body)
-		if resp.StatusCode != 499 || !strings.Contains(string(answer), "client_closed_request") {
+		resp, answer := halfClosedRequest(t, h, "/v1/messages/count_tokens", "X-Api-Key: "+key, body,
+			onSignal(t, headers, "the upstream's refusal"))
+		if resp.StatusCode != 499 || !strings.Contains(answer, "client_closed_request") {
 			t.Fatalf("got %d %q, want 499 client_closed_request", resp.StatusCode, answer)
 		}
 	})
