@@ -8,6 +8,14 @@ import (
 	"github.com/tollgate/tollgate/config"
 )
 
+// longPriced is m with a long-context tier past 200 k prompt tokens at twice its input and
+// output prices, as Anthropic prices its 1 M context window.
+func longPriced(m config.ModelCfg) config.ModelCfg {
+	m.LongContext = config.LongContextCfg{AbovePromptTokens: 200_000, Input: config.USDPerM{Micro: 2 * m.Input.Micro},
+		CacheRead: m.CacheRead, CacheWrite: m.CacheWrite, Output: config.USDPerM{Micro: 2 * m.Output.Micro}}
+	return m
+}
+
 // TestContext1MRefusedWithAFallbackWithoutLongPrice: with Anthropic's context-1m beta a prompt
 // may pass 200 000 tokens, which the provider bills at its long-context rates. A router's
 // fallback (`models`) answers at its own price; one without a long_context price was billed
@@ -18,9 +26,7 @@ import (
 func TestContext1MRefusedWithAFallbackWithoutLongPrice(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) {
 		short := c.Models["fake-gpt"]
-		long := short
-		long.LongContext = config.LongContextCfg{AbovePromptTokens: 200_000, Input: config.USDPerM{Micro: 2 * short.Input.Micro},
-			CacheRead: short.CacheRead, CacheWrite: short.CacheWrite, Output: config.USDPerM{Micro: 2 * short.Output.Micro}}
+		long := longPriced(short)
 		c.Models["claude-long"], c.Models["claude-long-too"], c.Models["claude-short"] = long, long, short
 	})
 	_, key := h.user("standard")
@@ -54,9 +60,7 @@ func TestContext1MRefusedWithAFallbackWithoutLongPrice(t *testing.T) {
 // is served.
 func TestContext1MRefusedOnEveryRoute(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) {
-		long := c.Models["fake-gpt"]
-		long.LongContext = config.LongContextCfg{AbovePromptTokens: 200_000, Input: config.USDPerM{Micro: 2 * long.Input.Micro},
-			CacheRead: long.CacheRead, CacheWrite: long.CacheWrite, Output: config.USDPerM{Micro: 2 * long.Output.Micro}}
+		long := longPriced(c.Models["fake-gpt"])
 		// Claude served through a router on the OpenAI routes (the harness's "*" upstream).
 		c.Models["claude-long"], c.Models["router-claude"], c.Models["router-claude-long"] = long, c.Models["fake-gpt"], long
 	})
@@ -94,9 +98,7 @@ func TestContext1MRefusedOnEveryRoute(t *testing.T) {
 // short rates. It is refused as the header is; a model with a long-context price is served.
 func TestContext1MInTheBodyRefused(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) {
-		long := c.Models["fake-gpt"]
-		long.LongContext = config.LongContextCfg{AbovePromptTokens: 200_000, Input: config.USDPerM{Micro: 2 * long.Input.Micro},
-			CacheRead: long.CacheRead, CacheWrite: long.CacheWrite, Output: config.USDPerM{Micro: 2 * long.Output.Micro}}
+		long := longPriced(c.Models["fake-gpt"])
 		c.Models["router-claude"], c.Models["router-claude-long"] = c.Models["fake-gpt"], long
 	})
 	_, key := h.user("standard")
