@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -95,13 +93,8 @@ func reconciledKeepsBilledPrices(t *testing.T, noDedup bool) {
 		}
 		want[resp.Header.Get(proxy.RunIDHeader)] = billed{(300_000*tc.in + 1_000*tc.out + 999_999) / 1_000_000, string(p.Snapshot(name))}
 	}
-	if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE user_id = ? AND state = 'running'", u.ID); err != nil {
-		t.Fatal(err)
-	}
-	rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally}, Leases: noLeases{},
-		Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute})
-	if st, err := rec.RunOnce(context.Background()); err != nil || st.FromTally != 2 {
-		t.Fatalf("reconcile: %+v, %v; want both runs settled from their tallies", st, err)
+	if st := h.reconcileExpired(t, "user_id = ? AND state = 'running'", u.ID); st.FromTally != 2 {
+		t.Fatalf("reconcile: %+v; want both runs settled from their tallies", st)
 	}
 	for id, w := range want {
 		r := h.run(u.ID, id)

@@ -46,6 +46,23 @@ type alwaysLocked struct{}
 
 func (alwaysLocked) TryLock(context.Context) (bool, error) { return true, nil }
 
+// reconcileExpired expires the holds of run_holds matching where (args its parameters) and
+// runs one reconcile pass over them, as another process's reconciler would over a killed
+// process's holds: with the harness's tallies, no lease alive, the lock its own.
+func (h *harness) reconcileExpired(t *testing.T, where string, args ...any) holds.Stats {
+	t.Helper()
+	if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE "+where, args...); err != nil {
+		t.Fatal(err)
+	}
+	rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally}, Leases: noLeases{},
+		Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute})
+	st, err := rec.RunOnce(context.Background())
+	if err != nil {
+		t.Fatalf("reconcile: %+v, %v", st, err)
+	}
+	return st
+}
+
 // TestNamedRunFirstCallRefusedInARedisBlipIsNotChargedItsHold: the first call of a named run
 // is refused 503 because Redis is out of reach for a moment when it reserves its budget; it
 // used nothing. README: "A failed call leaves the run open ... Nothing used is recorded as a
@@ -91,14 +108,7 @@ func TestNamedRunFirstCallRefusedInARedisBlipIsNotChargedItsHold(t *testing.T) {
 	}
 
 	// The agent never comes back: the run expires and is reconciled (DESIGN §5).
-	if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", runID); err != nil {
-		t.Fatal(err)
-	}
-	rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally}, Leases: noLeases{},
-		Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute})
-	if _, err := rec.RunOnce(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	h.reconcileExpired(t, "run_id = ?", runID)
 	r := h.run(u.ID, runID)
 	if r.State != holds.StateSettled || r.ChargedMicro != 0 {
 		t.Fatalf("run whose only call was refused 503 settled as %s, charged %d µUSD (source %s); want 0",

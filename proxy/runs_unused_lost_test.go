@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -60,14 +58,7 @@ func TestNamedRunWithLostAdmissionWritesItsZeroTallyUntilItLands(t *testing.T) {
 				t.Fatalf("tally failures %q, want 0: the zero tally landed", got)
 			}
 			// The agent never comes back: the run expires and is reconciled (DESIGN §5).
-			if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", runID); err != nil {
-				t.Fatal(err)
-			}
-			rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally}, Leases: noLeases{},
-				Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute})
-			if _, err := rec.RunOnce(context.Background()); err != nil {
-				t.Fatal(err)
-			}
+			h.reconcileExpired(t, "run_id = ?", runID)
 			if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.ChargedMicro != 0 {
 				t.Fatalf("run whose admission was lost settled as %s, charged %d µUSD (source %s); want 0",
 					r.State, r.ChargedMicro, r.SettleSource.String)

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -60,13 +58,8 @@ func TestReconciledCallWhoseUsageCameAfterTheFinalEventKeepsItsPrices(t *testing
 	}
 	lossy.Restore()
 	runID := resp.Header.Get(proxy.RunIDHeader)
-	if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", runID); err != nil {
-		t.Fatal(err)
-	}
-	rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally}, Leases: noLeases{},
-		Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute})
-	if st, err := rec.RunOnce(context.Background()); err != nil || st.FromTally != 1 {
-		t.Fatalf("reconcile: %+v, %v; want the run settled from its tally", st, err)
+	if st := h.reconcileExpired(t, "run_id = ?", runID); st.FromTally != 1 {
+		t.Fatalf("reconcile: %+v; want the run settled from its tally", st)
 	}
 	r := h.run(u.ID, runID)
 	var snapshot string

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
@@ -165,13 +163,8 @@ func TestUsagePartsKeptWhenReconciledFromTheTally(t *testing.T) {
 		want[resp.Header.Get(proxy.RunIDHeader)] = map[string]pricing.Usage{
 			"spoken_audio.json": spokenAudioUsage, "hour_cache.json": hourCacheUsage}[c.fixture]
 	}
-	if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE user_id = ? AND state = 'running'", u.ID); err != nil {
-		t.Fatal(err)
-	}
-	rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally}, Leases: noLeases{},
-		Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute})
-	if st, err := rec.RunOnce(context.Background()); err != nil || st.FromTally != 2 {
-		t.Fatalf("reconcile: %+v, %v; want both runs settled from their tallies", st, err)
+	if st := h.reconcileExpired(t, "user_id = ? AND state = 'running'", u.ID); st.FromTally != 2 {
+		t.Fatalf("reconcile: %+v; want both runs settled from their tallies", st)
 	}
 	for id, usage := range want {
 		r := h.run(u.ID, id)
