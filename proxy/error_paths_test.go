@@ -808,28 +808,26 @@ const (
 // the memory bound, and gives them back before it returns the answer.
 func whileBodiesHeld(who int, path, model string) func(e *errEnv) *http.Response {
 	return func(e *errEnv) *http.Response {
-		keys := []string{e.key, e.key}
-		if who == processFull {
-			_, a := e.h.user("standard")
-			_, b := e.h.user("standard")
-			keys = []string{a, a, b, b}
-		}
-		defer holdBodies(e.t, e.h, keys, 60<<10)()
+		defer holdBodies(e.t, e.h, bodyHolders(e, who), 60<<10)()
 		return e.post(path, padded(model, 20<<10), nil)
 	}
+}
+
+// bodyHolders is the keys whose callers hold bodies for whileBodiesHeld, one per body.
+func bodyHolders(e *errEnv, who int) []string {
+	if who == callerFull {
+		return []string{e.key, e.key}
+	}
+	_, a := e.h.user("standard")
+	_, b := e.h.user("standard")
+	return []string{a, a, b, b}
 }
 
 // whileBodiesHeldChunked is whileBodiesHeld with the body sent chunked, without a
 // Content-Length.
 func whileBodiesHeldChunked(who int, path, model string) func(e *errEnv) *http.Response {
 	return func(e *errEnv) *http.Response {
-		keys := []string{e.key, e.key}
-		if who == processFull {
-			_, a := e.h.user("standard")
-			_, b := e.h.user("standard")
-			keys = []string{a, a, b, b}
-		}
-		defer holdBodies(e.t, e.h, keys, 60<<10)()
+		defer holdBodies(e.t, e.h, bodyHolders(e, who), 60<<10)()
 		// A reader of unknown length (ContentLength 0, Body set): net/http sends it chunked.
 		req, err := http.NewRequest(http.MethodPost, e.h.gw.URL+path, io.MultiReader(strings.NewReader(padded(model, 20<<10))))
 		if err != nil {
