@@ -249,7 +249,7 @@ func (p Price) withLong(f func(Price) Price) Price {
 // fallback answering instead of the model asked for): each field at the dearer of the two, so
 // its cost of any usage is at least the cost at either. A part's price (one-hour writes, audio
 // in and out) is compared as Cost bills it: one left unset bills the part at its whole's
-// price, which may be dearer than the other's own part price (a fallback without an audio
+// price, which may be dearer than the other's own part price (a model without an audio
 // input price bills audio at its text price of 100 USD/M, past the 40 of the model asked).
 func (p Price) Dearest(o Price) Price {
 	d := p.dearestRates(o)

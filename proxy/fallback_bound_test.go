@@ -41,17 +41,17 @@ func TestFallbackModelsBoundTheOutputAtTheDearestPrice(t *testing.T) {
 	}
 }
 
-// TestFallbackWithoutAudioPriceBoundsAudioAtItsInputPrice: a fallback model without an audio
-// input price bills the audio of a prompt at its text input price (pricing.Price.Cost), so the
-// output bound must reckon the prompt's audio at that price when it is dearer than the asked
-// model's own audio price. Reckoned at the asked model's 40 USD/M, a fallback billing the clip
-// at 100 USD/M could answer past the cap, the charge clamped to the cap and the rest paid by
-// the operator (DESIGN §3: the clamp in step 4 keeps each call's cost ≤ its cap).
-func TestFallbackWithoutAudioPriceBoundsAudioAtItsInputPrice(t *testing.T) {
+// TestFallbackWithADearerAudioPriceBoundsAudioAtIt: a fallback model bills the audio of a
+// prompt at its own audio price, so the output bound must reckon the prompt's audio at that
+// price when it is dearer than the asked model's. Reckoned at the asked model's 40 USD/M, a
+// fallback billing the clip at 100 USD/M could answer past the cap, the charge clamped to the
+// cap and the rest paid by the operator (DESIGN §3: the clamp in step 4 keeps each call's cost
+// ≤ its cap). (A fallback without an audio price is refused: TestFallbackWithoutAnOptionsPriceIsRefused.)
+func TestFallbackWithADearerAudioPriceBoundsAudioAtIt(t *testing.T) {
 	h, up := jsonHarness(t, func(c *configT) {
 		m := c.Models["fake-gpt"]
 		dear := m
-		dear.Input = config.USDPerM{Micro: 100_000_000} // 100 USD/M, no audio price of its own
+		dear.AudioInput = config.USDPerM{Micro: 100_000_000} // 100 USD/M
 		c.Models["dear-gpt"] = dear
 		m.AudioInput = config.USDPerM{Micro: 40_000_000}
 		c.Models["fake-gpt"] = m

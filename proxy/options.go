@@ -21,13 +21,8 @@ import (
 // input on a model without an audio input price is refused likewise, as is a spoken answer on
 // one without an audio output price.
 func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64, longCache bool) string {
-	// Past 200 k prompt tokens the beta bills every token at long-context rates: served on a
-	// model whose price has them (pricing.Price.Long), billed at them past its line.
-	if asksContext1M(header, root) && price.Long == nil {
-		return "the 'context-1m' beta (long-context rates, unpriced for this model)"
-	}
-	if audioTokens > 0 && price.AudioInput == 0 {
-		return "audio input (an 'input_audio' part, or an earlier answer's 'audio' sent back; audio input tokens, unpriced for this model)"
+	if what := unpricedWork(format, root, header, price, audioTokens, longCache); what != "" {
+		return what
 	}
 	switch format {
 	case metering.FormatChat, metering.FormatCompletions, metering.FormatResponses:
@@ -47,9 +42,6 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 	case metering.FormatChat:
 		if v := root.Get("web_search_options"); v.Exists() && v.Type != gjson.Null {
 			return "'web_search_options' (a per-search fee)"
-		}
-		if asksSpokenAnswer(format, root) && price.AudioOutput == 0 {
-			return "an audio answer ('audio', 'modalities: audio'; audio output tokens, unpriced for this model)"
 		}
 	case metering.FormatResponses:
 		if t := firstTool(root, "web_search", "file_search", "code_interpreter", "image_generation"); t != "" {
@@ -75,6 +67,31 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		if v := root.Get("inference_geo"); v.Exists() && v.Type != gjson.Null && v.Str != "global" {
 			return "'inference_geo: " + v.String() + "' (regional inference's rates)"
 		}
+	}
+	return ""
+}
+
+// unpricedWork is the part of unpricedOption that depends on the model's price: work the call
+// asks for that the provider bills at a price of its own — long-context rates, audio in or out,
+// one-hour cache writes — which price may lack. Every model that may answer the call is held to
+// it (checkFallbacks): a router's fallback without the price answers at its own rates for the
+// work, and billed at its text, output or cache-write price instead, a call with audio paid a
+// fraction of what the provider charged.
+func unpricedWork(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64, longCache bool) string {
+	// Past 200 k prompt tokens the beta bills every token at long-context rates: served on a
+	// model whose price has them (pricing.Price.Long), billed at them past its line.
+	if asksContext1M(header, root) && price.Long == nil {
+		return "the 'context-1m' beta (long-context rates, unpriced for this model)"
+	}
+	if audioTokens > 0 && price.AudioInput == 0 {
+		return "audio input (an 'input_audio' part, or an earlier answer's 'audio' sent back; audio input tokens, unpriced for this model)"
+	}
+	switch format {
+	case metering.FormatChat:
+		if asksSpokenAnswer(format, root) && price.AudioOutput == 0 {
+			return "an audio answer ('audio', 'modalities: audio'; audio output tokens, unpriced for this model)"
+		}
+	case metering.FormatAnthropic:
 		if price.CacheWrite1h == 0 && longCache {
 			return "'cache_control' with a 'ttl' other than 5m (one-hour cache writes, unpriced for this model)"
 		}

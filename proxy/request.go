@@ -314,7 +314,10 @@ func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Hea
 			"%s is billed by the provider at rates this gateway has no price for, so the request is refused; send it without.", what))
 	}
 	var aerr *apiError
-	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price, c.context1M); aerr != nil {
+	unpriced := func(p pricing.Price) string {
+		return unpricedWork(rt.format, root, header, p, c.audioEstimate, c.cacheLong)
+	}
+	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price, unpriced); aerr != nil {
 		return aerr
 	}
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
@@ -483,10 +486,11 @@ const maxFallbacks = 64
 // is served: the answer names the model that answered, and is billed at its price. It returns
 // asked made dearer by every fallback's price, which the call's worst case is reckoned at:
 // reckoned at the asked model's alone, a dearer fallback's answer could cost several times
-// the cap, and what passed the cap went unpaid. With the context-1m beta (long) a fallback
-// without a long-context price is refused as the model asked for would be: answering a long
-// prompt, it would be billed at its short rates, the provider charging its long ones.
-func (s *Server) checkFallbacks(models gjson.Result, asked pricing.Price, long bool) (pricing.Price, *apiError) {
+// the cap, and what passed the cap went unpaid. A fallback without a price for work the call
+// asks for (unpriced names it: the context-1m beta, audio in or out, one-hour cache writes) is
+// refused as the model asked for would be: answering, it would bill that work at its text,
+// short or five-minute rates, the provider charging its own.
+func (s *Server) checkFallbacks(models gjson.Result, asked pricing.Price, unpriced func(pricing.Price) string) (pricing.Price, *apiError) {
 	if !models.Exists() || models.Type == gjson.Null {
 		return asked, nil
 	}
@@ -510,9 +514,9 @@ func (s *Server) checkFallbacks(models gjson.Result, asked pricing.Price, long b
 				"'models' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", m.Str))
 			return false
 		}
-		if long && p.Long == nil {
+		if what := unpriced(p); what != "" {
 			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
-				"'models' names %q, which has no long-context price: with the 'context-1m' beta it would be billed at long-context rates this gateway has no price for, so the request is refused; send it without.", m.Str))
+				"'models' names %q, which has no price for %s: answering, it would be billed at rates this gateway has no price for, so the request is refused; send it without.", m.Str, what))
 			return false
 		}
 		dearest = dearest.Dearest(p)
