@@ -202,11 +202,12 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 	price, priceKey := c.req.price, c.req.priceKey
 	if p, key, ok := s.answeredPrice(c, res.Model); ok {
 		price, priceKey, st.PriceSnapshot = p, key, s.snapshots[key]
-		if c.req.context1M && p.Long == nil {
-			// The beta bills a prompt past 200 k at long-context rates, which the answering
-			// model has no price for (a snapshot priced apart without the block): billed at its
-			// one price, such a call paid half the provider's. The price asked for has them
-			// (unpricedOption): the dearer of the two bills it, never below either.
+		if lacksPartPrice(p, st.Usage, c.req.context1M) {
+			// The call asked for work the answering model has no price of its own for (a
+			// snapshot priced apart without the block or the audio prices): billed at its text,
+			// short or five-minute rates, such a call paid a fraction of the provider's. The
+			// price asked for has them (unpricedOption): the dearer of the two bills it, never
+			// below either.
 			price = p.Dearest(c.req.price)
 			st.PriceSnapshot = price.Snapshot(key)
 		}
@@ -221,6 +222,16 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 	}
 	st.CostMicro = price.Cost(st.Usage)
 	return st
+}
+
+// lacksPartPrice reports whether p, an answering model's price, has no price of its own for
+// work u was billed for — audio in or out, one-hour cache writes — or, with the context-1m beta
+// (long), for long-context rates: Cost would bill that work at its whole's price (text,
+// output, five-minute writes) or its short rates, well below what the provider charges for it.
+func lacksPartPrice(p pricing.Price, u pricing.Usage, long bool) bool {
+	u = u.Clamp()
+	return (long && p.Long == nil) || (u.AudioInput > 0 && p.AudioInput == 0) ||
+		(u.AudioOutput > 0 && p.AudioOutput == 0) || (u.CacheWrite1h > 0 && p.CacheWrite1h == 0)
 }
 
 // answeredPrice is the price of the model the upstream says answered, when that is priced
