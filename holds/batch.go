@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/internal/token"
 )
@@ -143,13 +144,21 @@ func batchError(what string, err error, sent map[string]bool, settleSent, admits
 	return err
 }
 
-// tellSettled tells the store's SettledHook of each settlement the batch committed.
+// tellSettled tells the store's SettledHook of each settlement the batch committed, and logs
+// each whose cost the cap clamped: the operator pays what passed it, and the row's cost beside
+// its charge would be the only word of it.
 func (s *Store) tellSettled(sts []Settlement, settled []BatchResult) {
-	if s.onSettled != nil {
-		for i, r := range settled {
-			if r.Err == nil && r.Applied {
-				s.onSettled(sts[i], r.Settled)
-			}
+	for i, r := range settled {
+		if r.Err != nil || !r.Applied {
+			continue
+		}
+		if r.UnchargedMicro > 0 {
+			s.log.Named(MoneyLog).Warn("cost past the run's cap not charged", zap.String("run_id", sts[i].RunID), zap.Uint64("user_id", r.UserID),
+				zap.String("model", sts[i].Model), zap.String("source", sts[i].Source), zap.Int64("cost_micro", r.CostMicro),
+				zap.Int64("charged_micro", r.ChargedMicro), zap.Int64("uncharged_micro", r.UnchargedMicro))
+		}
+		if s.onSettled != nil {
+			s.onSettled(sts[i], r.Settled)
 		}
 	}
 }

@@ -77,7 +77,12 @@ type Settled struct {
 	AllowancePart int64
 	PrepaidPart   int64
 	CostMicro     int64
-	UserID        uint64
+	// UnchargedMicro is the cost, less the discount, that the hold's cap clamped away: what the
+	// provider charged that no one was charged for (a call answered by a dearer model than its
+	// output bound was reckoned at, a prompt estimated under a long-context line and reported
+	// past it). 0 for a run charged its hold.
+	UnchargedMicro int64
+	UserID         uint64
 }
 
 // Settle closes one run: SettleBatch of one.
@@ -216,9 +221,10 @@ func (s *Store) decideSettlements(sts []Settlement, tokens []string, users []uin
 			r.existing[h.RunID] = e
 		}
 		cost := st.CostMicro
-		charged := min(pricing.ApplyDiscount(cost, h.DiscountBP), h.CapMicro)
+		due := pricing.ApplyDiscount(cost, h.DiscountBP)
+		charged := min(due, h.CapMicro)
 		if st.ChargeHeld {
-			cost, charged = h.HeldMicro, h.HeldMicro
+			cost, due, charged = h.HeldMicro, h.HeldMicro, h.HeldMicro
 		}
 		allowancePart := min(charged, max(0, s.plan(u).AllowanceMicro-live.UsedToday))
 		prepaidPart := charged - allowancePart
@@ -228,7 +234,7 @@ func (s *Store) decideSettlements(sts []Settlement, tokens []string, users []uin
 			r.users[h.UserID] = u
 		}
 		out[i].Settled = Settled{Applied: true, ChargedMicro: charged, AllowancePart: allowancePart, PrepaidPart: prepaidPart,
-			CostMicro: cost, UserID: h.UserID}
+			CostMicro: cost, UnchargedMicro: due - charged, UserID: h.UserID}
 		w.changed = append(w.changed, settledRow{hold: h, st: st, token: tokens[i], cost: cost, charged: charged,
 			allowance: allowancePart, prepaid: prepaidPart})
 		// A run that cost nothing leaves the ledger alone: it is a release, not a charge.

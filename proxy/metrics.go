@@ -44,7 +44,9 @@ type Metrics struct {
 	// source, and the tokens they billed, by kind: the day ledger's rate, for dashboards and
 	// alerts. The ledger and `gateway report` are the record; these restart at 0 with the
 	// process, and a process counts the settlements it committed, its reconciler's included.
-	Charged      *prometheus.CounterVec
+	Charged *prometheus.CounterVec
+	// Uncharged is the cost past the caps, which no one was charged (holds.Settled.UnchargedMicro).
+	Uncharged    *prometheus.CounterVec
 	BilledTokens *prometheus.CounterVec
 	// CallPhase splits what a call waits for before its answer starts, so that time added by
 	// the gateway can be told apart from time spent upstream.
@@ -120,6 +122,11 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		Charged: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_charged_micro_usd_total",
 			Help: "Micro-USD charged by the settlements this process committed, by source (the day ledger is the record)."},
 			[]string{"source"}),
+		Uncharged: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_uncharged_micro_usd_total",
+			Help: "Micro-USD of cost (less the discount) past the caps of the settlements this process committed, by source: charged to no one, " +
+				"paid by the operator (an answer by a dearer model than the call's output bound was reckoned at, a prompt estimated under a " +
+				"long-context line and reported past it). Rising: someone should look (the money log names each run)."},
+			[]string{"source"}),
 		BilledTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_billed_tokens_total",
 			Help: "Tokens billed by the settlements this process committed, by kind; cache_write_1h is part of cache_write, " +
 				"audio_input of input, audio_output of output."}, []string{"kind"}),
@@ -131,7 +138,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Buckets: fineBuckets(0.0001, 4)}, []string{"phase"}),
 	}
 	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled, m.DeadInstances, m.ReconcilePasses,
-		m.ActiveCalls, m.RequestBodyBytes, m.ResponseBodyBytes, m.ResponseMemoryWaits, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.BilledTokens, m.CallPhase)
+		m.ActiveCalls, m.RequestBodyBytes, m.ResponseBodyBytes, m.ResponseMemoryWaits, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.Uncharged, m.BilledTokens, m.CallPhase)
 	m.authPhase = m.CallPhase.WithLabelValues(phaseAuth)
 	m.bodyPhase = m.CallPhase.WithLabelValues(phaseBody)
 	m.firstEventPhase = m.CallPhase.WithLabelValues(phaseFirstEvent)
@@ -179,6 +186,9 @@ func (m *Metrics) ObserveSettled(st holds.Settlement, res holds.Settled) {
 			c = m.Charged.WithLabelValues(st.Source)
 		}
 		c.Add(float64(res.ChargedMicro))
+	}
+	if res.UnchargedMicro > 0 {
+		m.Uncharged.WithLabelValues(st.Source).Add(float64(res.UnchargedMicro))
 	}
 	u := st.Usage.Clamp()
 	for i, n := range [len(tokenKinds)]int64{u.Input, u.CacheRead, u.CacheWrite, u.Output, u.CacheWrite1h, u.AudioInput, u.AudioOutput} {
