@@ -81,6 +81,9 @@ type callRequest struct {
 	// (checkFallbacks), any of which may answer and be billed at its own price: the worst case
 	// is reckoned at it (boundPrice). price itself when the call names no fallbacks.
 	fallbackPrice pricing.Price
+	// fallbacks: the call names a router's fallback list, so an answer that does not name its
+	// model may be any of them (settlementAs bills it at fallbackPrice).
+	fallbacks bool
 	// previousResponse and conversation name what a Responses request carries on from on the
 	// provider's side, whose context the provider bills as input though the body does not
 	// hold it; carried is that context's tokens as recorded when those answers completed
@@ -317,9 +320,11 @@ func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Hea
 	unpriced := func(p pricing.Price) string {
 		return unpricedWork(rt.format, root, header, p, c.audioEstimate, c.cacheLong)
 	}
-	if c.fallbackPrice, aerr = s.checkFallbacks(root.Get("models"), c.price, unpriced); aerr != nil {
+	models := root.Get("models")
+	if c.fallbackPrice, aerr = s.checkFallbacks(models, c.price, unpriced); aerr != nil {
 		return aerr
 	}
+	c.fallbacks = models.IsArray() && models.Get("#").Int() > 0
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
 		return errBadRequest("missing_max_tokens", "'max_tokens' is required on /v1/messages.")
 	}

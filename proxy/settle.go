@@ -200,6 +200,15 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 		st.Estimated = true
 	}
 	price, priceKey := c.req.price, c.req.priceKey
+	if res.Model == "" && c.req.fallbacks {
+		// No word of which model answered (a timeout or a break before the answer named it,
+		// an answer that names none) on a call a router may have answered with any of its
+		// fallbacks, the one asked for having failed when it does: billed at the price asked
+		// for, a prompt a fallback eight times dearer worked on paid an eighth. The dearest of
+		// them bills it, as its output bound was reckoned; the snapshot is that price.
+		price = c.req.fallbackPrice
+		st.PriceSnapshot = price.Snapshot(priceKey)
+	}
 	if p, key, ok := s.answeredPrice(c, res.Model); ok {
 		price, priceKey, st.PriceSnapshot = p, key, s.snapshots[key]
 		if lacksPartPrice(p, st.Usage, c.req.context1M) {
@@ -237,7 +246,8 @@ func lacksPartPrice(p pricing.Price, u pricing.Usage, long bool) bool {
 // answeredPrice is the price of the model the upstream says answered, when that is priced
 // under another configured name than the model asked for: the call is billed for what ran
 // (an alias answered by a dearer snapshot, a router that picked another model). An answer
-// naming no model, the same one, or one without a price is billed at the price asked for.
+// naming the same model or one without a price is billed at the price asked for, as is one
+// naming no model but on a call without fallbacks (settlementAs).
 func (s *Server) answeredPrice(c *call, answered string) (pricing.Price, string, bool) {
 	if answered == "" || answered == c.req.model {
 		return pricing.Price{}, "", false
