@@ -200,16 +200,18 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 		st.Estimated = true
 	}
 	price, priceKey := c.req.price, c.req.priceKey
-	if res.Model == "" && c.req.fallbacks {
+	p, key, ok, unpriced := s.answeredPrice(c, res.Model)
+	if (res.Model == "" || unpriced) && c.req.fallbacks {
 		// No word of which model answered (a timeout or a break before the answer named it,
-		// an answer that names none) on a call a router may have answered with any of its
-		// fallbacks, the one asked for having failed when it does: billed at the price asked
-		// for, a prompt a fallback eight times dearer worked on paid an eighth. The dearest of
-		// them bills it, as its output bound was reckoned; the snapshot is that price.
+		// an answer that names none, or one without a price) on a call a router may have
+		// answered with any of its fallbacks, the one asked for having failed when it does:
+		// billed at the price asked for, a prompt a fallback eight times dearer worked on paid
+		// an eighth. The dearest of them bills it, as its output bound was reckoned; the
+		// snapshot is that price.
 		price = c.req.fallbackPrice
 		st.PriceSnapshot = price.Snapshot(priceKey)
 	}
-	if p, key, ok := s.answeredPrice(c, res.Model); ok {
+	if ok {
 		price, priceKey, st.PriceSnapshot = p, key, s.snapshots[key]
 		if lacksPartPrice(p, st.Usage, c.req.context1M) {
 			// The call asked for work the answering model has no price of its own for (a
@@ -246,19 +248,25 @@ func lacksPartPrice(p pricing.Price, u pricing.Usage, long bool) bool {
 // answeredPrice is the price of the model the upstream says answered, when that is priced
 // under another configured name than the model asked for: the call is billed for what ran
 // (an alias answered by a dearer snapshot, a router that picked another model). An answer
-// naming the same model or one without a price is billed at the price asked for, as is one
-// naming no model but on a call without fallbacks (settlementAs).
-func (s *Server) answeredPrice(c *call, answered string) (pricing.Price, string, bool) {
+// naming no model, the same one, or one without a price (unpriced, and logged: the operator
+// has a model to price) is not (ok false): settlementAs bills it at the price asked for, or at
+// the dearest fallback's on a call that names fallbacks.
+func (s *Server) answeredPrice(c *call, answered string) (p pricing.Price, key string, ok, unpriced bool) {
 	if answered == "" || answered == c.req.model {
-		return pricing.Price{}, "", false
+		return pricing.Price{}, "", false, false
 	}
 	p, key, err := s.prices.Lookup(answered)
-	if err != nil || key == c.req.priceKey {
-		return pricing.Price{}, "", false
+	if err != nil {
+		c.log.Warn("the model that answered has no price; billed at the price asked for, or the dearest fallback's",
+			zap.String("asked", c.req.model), zap.String("answered", logged(answered)), zap.Bool("fallbacks", c.req.fallbacks))
+		return pricing.Price{}, "", false, true
+	}
+	if key == c.req.priceKey {
+		return pricing.Price{}, "", false, false
 	}
 	c.log.Info("billed at the price of the model that answered", zap.String("asked", c.req.model),
 		zap.String("answered", answered), zap.String("priced_as", key))
-	return p, key, true
+	return p, key, true, false
 }
 
 // wholeOutcome is how a call whose answer is whole ends: complete, unless the upstream reported
