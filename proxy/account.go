@@ -125,10 +125,24 @@ func lookupRunID(userID uint64, id string) (string, bool) {
 	return runIDFor(userID, id), true
 }
 
+// runIDParam is the {id} of a /v1/runs path as the caller named it. chi matches the raw path
+// when the request escaped it: a name holding ':' sent as %3A (encodeURIComponent, Python's
+// quote with safe="") reached lookupRunID escaped, and its run was 404.
+func runIDParam(r *http.Request) string {
+	id := chi.URLParam(r, "id")
+	if r.URL.RawPath != "" {
+		if unescaped, err := url.PathUnescape(id); err == nil {
+			return unescaped
+		}
+		return "" // no name: lookupRunID refuses it
+	}
+	return id
+}
+
 // getRun answers GET /v1/runs/{id}. Another user's run is 404, the same as no run at all.
 func (s *Server) getRun(w http.ResponseWriter, r *http.Request) {
 	u := userFrom(r.Context())
-	runID, ok := lookupRunID(u.ID, chi.URLParam(r, "id"))
+	runID, ok := lookupRunID(u.ID, runIDParam(r))
 	if !ok {
 		writeError(w, errRunNotFound)
 		return

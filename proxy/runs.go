@@ -120,7 +120,7 @@ const settleRoute = "/v1/runs/{id}/settle"
 // settleRun answers POST /v1/runs/{id}/settle: the run is charged what its calls tallied.
 func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 	u := userFrom(r.Context())
-	runID, ok := lookupRunID(u.ID, chi.URLParam(r, "id"))
+	runID, ok := lookupRunID(u.ID, runIDParam(r))
 	if !ok {
 		logRefusal(s.log, errRunNotFound, "no such run", nil, zap.Uint64("user_id", u.ID), zap.String("route", settleRoute),
 			zap.String("asked_id", logged(chi.URLParam(r, "id"))))
