@@ -86,15 +86,14 @@ func unpricedWork(format metering.Format, root gjson.Result, header http.Header,
 	if audioTokens > 0 && price.AudioInput == 0 {
 		return "audio input (an 'input_audio' part, or an earlier answer's 'audio' sent back; audio input tokens, unpriced for this model)"
 	}
-	switch format {
-	case metering.FormatChat:
-		if asksSpokenAnswer(format, root) && price.AudioOutput == 0 {
-			return "an audio answer ('audio', 'modalities: audio'; audio output tokens, unpriced for this model)"
-		}
-	case metering.FormatAnthropic:
-		if price.CacheWrite1h == 0 && longCache {
-			return "'cache_control' with a 'ttl' other than 5m (one-hour cache writes, unpriced for this model)"
-		}
+	if format == metering.FormatChat && asksSpokenAnswer(format, root) && price.AudioOutput == 0 {
+		return "an audio answer ('audio', 'modalities: audio'; audio output tokens, unpriced for this model)"
+	}
+	// On every route: a router serving Claude on the OpenAI-shaped ones (OpenRouter, LiteLLM)
+	// passes cache_control, its ttl included, on to Anthropic, which bills one-hour writes at
+	// 2× the input price.
+	if price.CacheWrite1h == 0 && longCache {
+		return "'cache_control' with a 'ttl' other than 5m (one-hour cache writes, unpriced for this model)"
 	}
 	return ""
 }
