@@ -50,6 +50,11 @@ type Result struct {
 	// which a later request sends back for the model to hear again: the gateway records their
 	// audio tokens under them (see SpokenAnswersSentBack).
 	SpokenIDs []string
+	// CacheWriteSplit is set when an OpenAI-shaped usage said which of its cache writes were
+	// one-hour ones (LiteLLM's prompt_tokens_details.cache_creation_token_details): Usage's
+	// CacheWrite1h is then that figure. Otherwise such a usage reports the writes' total only,
+	// whatever the ttl the request asked for (see proxy's settlementAs).
+	CacheWriteSplit bool
 	// Model is the model the response says answered (its first "model"), "" when none did:
 	// a provider may answer an alias with a dated snapshot, or route to another model.
 	Model string
@@ -332,6 +337,7 @@ const (
 	figWritten
 	figAudio
 	figAudioOut
+	figWritten1h
 	figureCount
 )
 
@@ -361,6 +367,9 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	set(figCached, "prompt_tokens_details.cached_tokens", "input_tokens_details.cached_tokens",
 		"prompt_cache_hit_tokens", "cached_tokens")
 	set(figWritten, "prompt_tokens_details.cache_write_tokens", "input_tokens_details.cache_write_tokens")
+	// A router serving Claude that breaks the writes down by ttl, as Anthropic does (LiteLLM).
+	set(figWritten1h, "prompt_tokens_details.cache_creation_token_details.ephemeral_1h_input_tokens",
+		"input_tokens_details.cache_creation_token_details.ephemeral_1h_input_tokens")
 	set(figAudio, "prompt_tokens_details.audio_tokens", "input_tokens_details.audio_tokens")
 	set(figAudioOut, "completion_tokens_details.audio_tokens", "output_tokens_details.audio_tokens")
 	// Reports are cumulative and the last is final, but a later one may leave figures out (a
@@ -400,7 +409,9 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		Input:      input,
 		CacheRead:  cached,
 		CacheWrite: written,
-		Output:     output,
+		// The one-hour part of the writes, when the report gives it: never more than them.
+		CacheWrite1h: min(m.reported[figWritten1h].n, written),
+		Output:       output,
 		// audio_tokens counts the prompt's audio, cached or not; which cached tokens were audio
 		// is not said. All of it up to the uncached input is billed at the audio price: never
 		// less than the provider charged.
@@ -408,6 +419,7 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		// The answer's audio, part of completion_tokens (its transcript is the text part).
 		AudioOutput: min(max(0, m.reported[figAudioOut].n), output),
 	}
+	m.res.CacheWriteSplit = m.reported[figWritten1h].seen
 	m.res.Reported = true
 	return true
 }

@@ -105,6 +105,16 @@ func TestMeterOpenAI(t *testing.T) {
 		{"cache write from prompt_tokens_details", []Event{
 			data(`{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":20,"cache_write_tokens":30}}}`),
 		}, pricing.Usage{Input: 50, CacheRead: 20, CacheWrite: 30, Output: 3}, true, false},
+		// LiteLLM serving Claude breaks the writes down by ttl; a one-hour part is never more
+		// than the writes.
+		{"one-hour cache writes from prompt_tokens_details.cache_creation_token_details", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":20,"cache_write_tokens":30,
+				"cache_creation_token_details":{"ephemeral_5m_input_tokens":10,"ephemeral_1h_input_tokens":20}}}}`),
+		}, pricing.Usage{Input: 50, CacheRead: 20, CacheWrite: 30, CacheWrite1h: 20, Output: 3}, true, false},
+		{"a one-hour part above the writes counts as them", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":3,"prompt_tokens_details":{"cache_write_tokens":30,
+				"cache_creation_token_details":{"ephemeral_1h_input_tokens":90}}}}`),
+		}, pricing.Usage{Input: 70, CacheWrite: 30, CacheWrite1h: 30, Output: 3}, true, false},
 		// gpt-4o-audio-preview's report: the prompt's audio tokens are a part of prompt_tokens.
 		{"audio input from prompt_tokens_details", []Event{
 			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":600}}}`),

@@ -30,6 +30,13 @@ func routerHourFixtures(t *testing.T) string {
 "message":{"role":"assistant","content":"Python is versatile."},"finish_reason":"stop"}],
 "usage":{"prompt_tokens":1000,"completion_tokens":20,"total_tokens":1020,
 "prompt_tokens_details":{"cached_tokens":100,"cache_write_tokens":600,"audio_tokens":0}}}`)
+	// LiteLLM's chat usage breaks the writes down by ttl, as Anthropic's does.
+	writeFixture(t, dir, "litellm_cache.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"router-claude","choices":[{"index":0,
+"message":{"role":"assistant","content":"Python is versatile."},"finish_reason":"stop"}],
+"usage":{"prompt_tokens":1000,"completion_tokens":20,"total_tokens":1020,
+"prompt_tokens_details":{"cached_tokens":100,"text_tokens":300,"cache_write_tokens":600,"cache_creation_tokens":600,
+"cache_creation_token_details":{"ephemeral_5m_input_tokens":200,"ephemeral_1h_input_tokens":400}},
+"cache_creation_input_tokens":600,"cache_read_input_tokens":100}}`)
 	return dir
 }
 
@@ -68,8 +75,9 @@ func routerClaudePrice(t *testing.T, h *harness) pricing.Price {
 // writes' total only. The one-hour check ran on /v1/messages alone, and the writes were billed
 // at the five-minute price. Now: refused 400 unpriced_option, with nothing held, on every route
 // for a model (or a fallback in `models`) without a cache_write_1h price; with it, the writes
-// a chat answer reports for a call that asked for an hour are all billed at it, and a call
-// that asked for five minutes, or named no ttl, is billed as before.
+// a chat answer reports for a call that asked for an hour are all billed at it (unless the
+// usage says which were, as LiteLLM's does), and a call that asked for five minutes, or named
+// no ttl, is billed as before.
 func TestOneHourCacheOnTheOpenAIRoutes(t *testing.T) {
 	h := newHarnessWithFixtures(t, routerHourFixtures(t), routerHourPrices)
 	price := routerClaudePrice(t, h)
@@ -103,6 +111,14 @@ func TestOneHourCacheOnTheOpenAIRoutes(t *testing.T) {
 		if want := price.Cost(tc.want); run.CostMicro != want || run.ChargedMicro != want {
 			t.Errorf("%s: cost %d charged %d, want %d", tc.name, run.CostMicro, run.ChargedMicro, want)
 		}
+	}
+	// A usage that says which writes were the one-hour ones (LiteLLM's
+	// prompt_tokens_details.cache_creation_token_details) is billed as it says.
+	split := pricing.Usage{Input: 300, CacheRead: 100, CacheWrite: 600, CacheWrite1h: 400, Output: 20}
+	run, _ := h.answeredRun(u.ID, key, "/v1/chat/completions", routerCacheBody("router-claude", hour),
+		map[string]string{fakellm.HeaderReplay: "litellm_cache.json"})
+	if run.Usage() != split || run.CostMicro != price.Cost(split) {
+		t.Errorf("writes broken down by ttl: settled with %+v cost %d, want %+v cost %d", run.Usage(), run.CostMicro, split, price.Cost(split))
 	}
 	if hourCost, short := price.Cost(routerHourWritten), price.Cost(routerShortWrites); hourCost <= short {
 		t.Fatalf("the test's one-hour cost %d is no more than its five-minute one %d", hourCost, short)

@@ -195,12 +195,12 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 			st.Usage.AudioInput = min(est.AudioInput, st.Usage.Input)
 			st.Estimated = true
 		}
-		if c.req.cacheLong && c.req.route.format != metering.FormatAnthropic && st.Usage.CacheWrite1h == 0 {
+		if c.req.cacheLong && c.req.route.format != metering.FormatAnthropic && !res.CacheWriteSplit {
 			// The OpenAI-shaped usage reports the cache writes' total only
-			// (prompt_tokens_details.cache_write_tokens), never which were the one-hour ones a
-			// router serving Claude asked for: all are billed at the one-hour price, never
-			// less than the provider charged. Here, so that the tally, and the reconciler
-			// settling from it, carry them so too.
+			// (prompt_tokens_details.cache_write_tokens, OpenRouter's), not which were the
+			// one-hour ones a router serving Claude asked for: all are billed at the one-hour
+			// price, never less than the provider charged. Here, so that the tally, and the
+			// reconciler settling from it, carry them so too.
 			st.Usage.CacheWrite1h = st.Usage.CacheWrite
 		}
 	} else {
