@@ -219,6 +219,10 @@ type idemAdmission struct {
 	ar      *holds.AdmitRequest
 	callLog *zap.Logger
 	log     *zap.Logger
+	// unread: the key's record could not be read and dedup.fail_open goes on without it from
+	// attempt floor, the first attempt not known, by its settled row, to have ended unpinned.
+	unread bool
+	floor  int
 }
 
 // answer answers the request without running it (a replay's refusal, a reused key, a running
@@ -245,6 +249,9 @@ func (a *idemAdmission) fail(e *apiError, msg string, err error) int {
 // readRecord reads the key's record, or answers the request (status) when it cannot be read
 // and the gateway does not fail open.
 func (a *idemAdmission) readRecord() (idemRecord, int) {
+	if a.unread {
+		return idemRecord{attempt: a.floor}, 0
+	}
 	rec, err := a.s.readIdem(a.r.Context(), a.ic)
 	if err == nil {
 		return rec, 0
@@ -252,10 +259,12 @@ func (a *idemAdmission) readRecord() (idemRecord, int) {
 	if !a.s.cfg.Dedup.FailOpen || a.r.Context().Err() != nil {
 		return idemRecord{}, a.fail(errDedupDown, "idempotency record unreadable", err)
 	}
-	// fail_open: attempt 0. The hold's primary key still keeps two attempts from
-	// running at once; only a replay is impossible.
+	// fail_open: attempt 0, and the next one past each that its row shows ended unpinned
+	// (passSettled). The hold's primary key still keeps two attempts from running at once; only
+	// a replay is impossible.
 	a.log.Warn("idempotency record unreadable; going on (fail_open)", zap.Error(err))
-	return idemRecord{}, 0
+	a.unread = true
+	return idemRecord{attempt: a.floor}, 0
 }
 
 // refusalOf is the answer a record gives every request under its key without a look at its
@@ -332,16 +341,36 @@ func (a *idemAdmission) admitAttempt(attempt int) (_ holds.Hold, status int, aga
 // row's to say, not the record's: a record without an answer is one whose answer was
 // never stored (Redis failed that write), or that Redis lost whole (a restart, a
 // failover) — either way an attempt that ended complete must not run again.
+//
+// Without the record (Redis out of reach), the row alone decides, and no answer is made up
+// from the record's absence: read again, an unreadable record under dedup.fail_open named
+// attempt 0 each time, and every retry of a key used before was answered 409
+// request_in_progress ("still running", to be retried) for as long as Redis was out. An
+// attempt that pinned the key cannot be replayed now, and is not run again: 503
+// dedup_unavailable, to be retried once Redis is back. One that did not pin is passed over
+// here alone under fail_open, which lets the next attempt run; else the same 503.
 func (a *idemAdmission) passSettled(attempt int) int {
-	rec, err := a.s.readIdem(a.r.Context(), a.ic)
-	if err != nil || rec.run != "" || rec.superseded || rec.attempt != attempt {
+	rec, readErr := idemRecord{}, errRecordUnread
+	if !a.unread {
+		rec, readErr = a.s.readIdem(a.r.Context(), a.ic)
+	}
+	if readErr == nil && (rec.run != "" || rec.superseded || rec.attempt != attempt) {
 		return 0
+	}
+	if readErr != nil && (!a.s.cfg.Dedup.FailOpen || a.r.Context().Err() != nil) {
+		return a.fail(errDedupDown, "idempotency record unreadable", readErr)
 	}
 	pinned, err := a.s.attemptPinned(a.r.Context(), a.ic.userID, a.ar.RunID)
 	if err != nil {
 		return a.fail(errBillingDown, "idempotent attempt unreadable", err)
 	}
-	if pinned {
+	switch {
+	case readErr != nil && pinned:
+		return a.fail(errDedupDown, "idempotency record unreadable; its pinned attempt is not run again", readErr)
+	case readErr != nil:
+		a.unread, a.floor = true, attempt+1
+		return 0
+	case pinned:
 		return a.answer(errReplayLost(a.ar.RunID), false)
 	}
 	if err := a.s.advanceIdem(a.r.Context(), a.ic, attempt); err != nil {
@@ -349,6 +378,10 @@ func (a *idemAdmission) passSettled(attempt int) int {
 	}
 	return 0
 }
+
+// errRecordUnread stands for the failure that left an admission without its key's record
+// (idemAdmission.unread), which is not read again within the admission.
+var errRecordUnread = errors.New("idempotency record unreadable earlier in this admission")
 
 // refuseAdmission answers an attempt's failed admission, whose hold, if the failure hid one
 // that landed, is released.

@@ -1,0 +1,56 @@
+package proxy_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestIdemRetryWithRecordUnreadableUnderFailOpen: Redis is out of reach of a gateway that runs
+// with dedup.fail_open, and keys used before are retried there. Neither attempt is running, so
+// neither retry may be told 409 request_in_progress (to be retried, "still running") for as
+// long as Redis is out: the key whose attempt answered 200 is not run again (503, retried once
+// Redis is back, when its answer is replayed), and the key whose attempt failed upstream runs
+// as its next attempt, as fail_open lets a request through. Each is charged once.
+func TestIdemRetryWithRecordUnreadableUnderFailOpen(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	done := map[string]string{proxy.IdempotencyKeyHeader: "fail-open-done"}
+	failed := map[string]string{proxy.IdempotencyKeyHeader: "fail-open-failed"}
+	first := send(h.gw.URL, key, chatBody, done)
+	broken := send(h.gw.URL, key, chatBody, with(failed, fakellm.HeaderStatus, "500"))
+	if first.status != http.StatusOK || broken.status != http.StatusBadGateway {
+		t.Fatalf("first attempts: %d and %d, want 200 and 502", first.status, broken.status)
+	}
+	h.settled()
+	calls := h.fake.Calls()
+
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { dead.Close() })
+	srv, open := h.secondGateway(dead, func(c *config.Config) { c.Dedup.FailOpen = true })
+
+	again := send(open, key, chatBody, done)
+	if again.status != http.StatusServiceUnavailable || errorCode(t, again.body) != "dedup_unavailable" ||
+		again.header.Get("Retry-After") == "" {
+		t.Fatalf("retry of the answered key: %d %v %s, want 503 dedup_unavailable with Retry-After", again.status, again.header, again.body)
+	}
+	if n := h.fake.Calls(); n != calls {
+		t.Fatalf("%d upstream calls after the answered key's retry, want %d", n, calls)
+	}
+	retry := send(open, key, chatBody, failed)
+	if retry.status != http.StatusOK || retry.header.Get(proxy.ReplayedHeader) != "" {
+		t.Fatalf("retry of the failed key: %d %v %s, want it run as the next attempt", retry.status, retry.header, retry.body)
+	}
+	if retry.header.Get(proxy.RunIDHeader) == broken.header.Get(proxy.RunIDHeader) {
+		t.Fatalf("the retry ran as the failed attempt's run %s", retry.header.Get(proxy.RunIDHeader))
+	}
+	waitSettlements(t, srv)
+	h.expectCharges(u.ID, []string{first.header.Get(proxy.RunIDHeader), retry.header.Get(proxy.RunIDHeader)}, holds.SourceUpstreamError)
+}
