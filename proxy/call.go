@@ -193,7 +193,7 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, rt *route, us
 		err  error
 	)
 	if idemKey != "" {
-		idem = &idemCall{key: idemKey, userID: user.ID, bodyHash: in.bodyHash, body: in.body}
+		idem = &idemCall{key: idemKey, userID: user.ID, bodyHash: in.bodyHash, body: in.body, lease: in.lease}
 		idem.record = s.keys.Replay(idempotentRunID(user.ID, idemKey, 0))
 		var answered int
 		hold, answered = s.admitIdempotent(w, r, idem, &ar, callLog)
@@ -363,6 +363,9 @@ type incomingCall struct {
 	// Idempotency-Key's record; empty when neither needs it.
 	fingerprinted bool
 	bodyHash      string
+	// lease counts the request's body in memory until the call is over; an Idempotency-Key's
+	// replay counts the stored answer it sends in it too.
+	lease *bodyLease
 }
 
 // readCall reads and checks a call's request before anything is held for it: its encoding and
@@ -404,7 +407,7 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, use
 				Message: fmt.Sprintf("Audio with id '%s' not found.", id), NoRetry: true}, "validation", nil)
 		}
 	}
-	in := incomingCall{req: req, body: body, ids: ids, arrived: arrived}
+	in := incomingCall{req: req, body: body, ids: ids, arrived: arrived, lease: lease}
 	in.fingerprinted = ids == (callIDs{}) && s.cfg.Dedup.Window > 0
 	if ids.idemKey != "" || in.fingerprinted {
 		in.bodyHash = requestHash(rt.path, body)

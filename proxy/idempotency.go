@@ -67,6 +67,8 @@ type idemCall struct {
 	// body is the request's, until its admission: a record stored by a gateway from before the
 	// route was hashed with the body holds the body's hash alone (sameRequest).
 	body []byte
+	// lease counts the request's memory (bodyMemory): a replay adds the stored answer it sends.
+	lease *bodyLease
 }
 
 // sameRequest reports whether a record's stored hash is this request's: its route and body, or,
@@ -295,6 +297,11 @@ func (a *idemAdmission) replayPinned(rec idemRecord) (status int, again bool) {
 	if errors.Is(err, errStoredAnswerOtherBody) {
 		return a.answer(errKeyReused, false), false
 	}
+	if e := bodyMemoryError(err); e != nil {
+		logRefusal(a.log, e, "stored answer not replayed: no room in memory", err, zap.String("of_run", rec.run))
+		writeError(a.w, e)
+		return e.Status, false
+	}
 	if errors.Is(err, errStoredAnswerCorrupt) {
 		a.log.Error("idempotent request's stored answer is corrupt; not run again", zap.Error(err))
 		return a.answer(errReplayLost(rec.run), false), false
@@ -469,8 +476,21 @@ func (s *Server) replay(ctx context.Context, w http.ResponseWriter, ic *idemCall
 	if !hasResp || err != nil || code < 200 || code > 299 {
 		return 0, fmt.Errorf("%w: run %s, status %q, answer stored %t", errStoredAnswerCorrupt, run, status, hasResp)
 	}
+	hdrs, _ := v[2].(string)
+	// Replays are answered before admission, so max_in_flight does not bound them, and each
+	// holds the stored answer (up to max_replay_len) until a caller that may not read has it:
+	// uncounted, one caller sending its key again on many connections held as many copies.
+	// Counted as the request's memory, bounded per caller and per process as bodies are; at
+	// most what the caller's share leaves beside the request's own body, so that an answer
+	// larger than the share can still be replayed.
+	if ic.lease != nil {
+		_, perCaller := s.cfg.Limits.BodyMemoryBounds()
+		if err := ic.lease.reserve(min(int64(len(resp)+len(hdrs)), perCaller-ic.lease.n)); err != nil {
+			return 0, fmt.Errorf("replay run %s: %w", run, err)
+		}
+	}
 	h := w.Header()
-	if hdrs, _ := v[2].(string); hdrs != "" {
+	if hdrs != "" {
 		var stored http.Header
 		if err := json.Unmarshal([]byte(hdrs), &stored); err != nil {
 			// The answer itself is whole: the caller gets it, without the provider's headers.
