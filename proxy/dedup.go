@@ -20,9 +20,13 @@ import (
 // under an Idempotency-Key should be, since the retry gets the stored answer.
 const shouldRetryHeader = "X-Should-Retry"
 
+// errDuplicate names the way out too: the same body sent at once on purpose (samples at a
+// temperature, two services of one account asking the same) is refused like a double click, and
+// a caller told only that it duplicates a running request had no way to run it.
 func errDuplicate(runID string) *apiError {
 	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "duplicate", RunID: runID,
-		Message: "The same request is already running (run " + runID + "); this one was not run and not charged."}
+		Message: "The same request is already running (run " + runID + "); this one was not run and not charged. " +
+			"To run the same request more than once at a time, send each with its own Idempotency-Key."}
 }
 
 var errDedupDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "dedup_unavailable",

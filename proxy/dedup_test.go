@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -900,4 +901,46 @@ func TestDuplicateChecksTellRoutesApart(t *testing.T) {
 	if a := <-first; a.status != http.StatusOK {
 		t.Fatalf("embeddings: %d %s", a.status, a.body)
 	}
+}
+
+// TestDuplicateSaysHowToRunTheSameBodyAtOnce: the same body sent twice at once on purpose
+// (samples at a temperature) is refused as a double click is; the 409 tells the caller how to
+// run it anyway, and doing so runs both, each charged.
+func TestDuplicateSaysHowToRunTheSameBodyAtOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	body := `{"model":"fake-gpt","temperature":1.2,"messages":[{"role":"user","content":"Name a colour."}]}`
+	first := make(chan answer, 1)
+	go func() { first <- send(h.gw.URL, key, body, map[string]string{fakellm.HeaderLatency: "1s"}) }()
+	h.waitUpstream(1)
+	dup := send(h.gw.URL, key, body, nil)
+	var e struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if err := json.Unmarshal(dup.body, &e); err != nil || dup.status != http.StatusConflict || e.Error.Code != "duplicate" {
+		t.Fatalf("second sample: %d %s, want 409 duplicate", dup.status, dup.body)
+	}
+	if !strings.Contains(e.Error.Message, "Idempotency-Key") {
+		t.Fatalf("409 duplicate says %q: nothing of how to run the same request more than once at a time", e.Error.Message)
+	}
+	a := <-first
+	var samples []string
+	var wg sync.WaitGroup
+	answers := make([]answer, 2)
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = send(h.gw.URL, key, body, map[string]string{proxy.IdempotencyKeyHeader: fmt.Sprintf("sample-%d", i),
+				fakellm.HeaderLatency: "300ms"})
+		}()
+	}
+	wg.Wait()
+	for _, b := range answers {
+		if b.status != http.StatusOK {
+			t.Fatalf("a sample under its own key: %d %s", b.status, b.body)
+		}
+		samples = append(samples, b.header.Get(proxy.RunIDHeader))
+	}
+	h.expectCharges(u.ID, append(samples, a.header.Get(proxy.RunIDHeader)), holds.SourceDuplicate)
 }
