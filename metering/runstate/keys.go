@@ -26,7 +26,8 @@ func (k Keys) CallDone(runID, callID string) string {
 	return k.Prefix + "billing:calldone:{" + runID + "}:" + callID
 }
 
-// Lost marks when a named run's Redis record was found to have lost calls (RunBudget.AwaitRebuild).
+// Lost marks when a named run's Redis record was found to have lost calls (RunBudget.AwaitRebuild,
+// or a call of the run: see RunBudget.ReleaseBeforeRecord).
 func (k Keys) Lost(runID string) string { return k.Prefix + "billing:lost:{" + runID + "}" }
 
 // Refused marks admissions of a run that were refused after their COMMIT was sent and not

@@ -110,7 +110,10 @@ end
 `
 
 // reserveScript: KEYS usage, budget hash, call's done mark; ARGV budget, want, least, call id,
-// max call ms, max calls in flight (0: any number), stale ms, spent at least. Returns the
+// max call ms, max calls in flight (0: any number), stale ms, spent at least. A tally that
+// costs less than the row recorded at the call's admission (spent at least) has lost calls:
+// the budget hash's lost field says so to the calls' releases, which mark the run Lost
+// (ReleaseBeforeRecord). Returns the
 // grant, -1 when nothing or less than least is left, -2 when the run is closed, -3 when as many
 // calls as it may have are in flight, -4 when the call has been released already: the
 // reservation reached Redis after its call had ended (its request delayed on the network while
@@ -125,8 +128,10 @@ local field = 'c:' .. ARGV[4]
 local mine = redis.call('HGET', KEYS[2], field)
 if mine then return tonumber(string.match(mine, '^(%d+)')) end
 ` + liveCallsLua + `
+local tallied = tonumber(redis.call('HGET', KEYS[1], 'cost_micro') or '0')
+if tallied < tonumber(ARGV[8]) then redis.call('HSET', KEYS[2], 'lost', now) end
 if tonumber(ARGV[6]) > 0 and inflight >= tonumber(ARGV[6]) then return -3 end
-local spent = math.max(tonumber(redis.call('HGET', KEYS[1], 'cost_micro') or '0'), tonumber(ARGV[8]))
+local spent = math.max(tallied, tonumber(ARGV[8]))
 local left = tonumber(ARGV[1]) - spent - reserved
 if left <= 0 or left < tonumber(ARGV[3]) then return -1 end
 local grant = math.min(tonumber(ARGV[2]), left)
@@ -179,20 +184,31 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 // releaseScript: KEYS usage, budget hash, call's done mark, the run's lost mark; ARGV call id,
 // tally ttl ms, done mark ttl ms, calls, record to come (1 or 0), max call ms, then usageArgs.
 // The first time only, with a record to come on a run whose record lost calls, the call's r:
-// field says so until Recorded drops it. The script returns 2 while that field stands and a
-// record is to come, the first time or a repeat: a repeat is most often go-redis resending a
-// script whose reply it lost, and its caller must learn of the mark the first run set, or it
-// never drops it and the run cannot be settled until the mark lapses. Else it returns 1.
+// field says so until Recorded drops it. A call whose own reservation is gone when it is
+// tallied (Redis lost the run's keys while it ran, or dropped it as stale), or whose run's
+// budget hash has a reservation's finding of a short tally (its lost field, reserveScript),
+// marks the run Lost first, as AwaitRebuild does: a tally started again after a loss may cost
+// more than the row without having the row's calls. The script returns 2 while that field
+// stands and a record is to come, the first time or a repeat: a repeat is most often go-redis
+// resending a script whose reply it lost, and its caller must learn of the mark the first run
+// set, or it never drops it and the run cannot be settled until the mark lapses. Else it
+// returns 1.
 var releaseScript = redis.NewScript(`
 if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[3]) then
 redis.call('HINCRBY', KEYS[1], 'calls', ARGV[4])
 ` + usageLua(7) + `
 local marked = 1
-if ARGV[5] == '1' and redis.call('EXISTS', KEYS[4]) == 1 then
+if ARGV[5] == '1' then
   local t = redis.call('TIME')
-  redis.call('HSET', KEYS[2], 'r:' .. ARGV[1], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[6]) then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
-  marked = 2
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if redis.call('HEXISTS', KEYS[2], 'c:' .. ARGV[1]) == 0 or redis.call('HEXISTS', KEYS[2], 'lost') == 1 then
+    redis.call('SET', KEYS[4], now, 'NX', 'PX', ARGV[2])
+  end
+  if redis.call('EXISTS', KEYS[4]) == 1 then
+    redis.call('HSET', KEYS[2], 'r:' .. ARGV[1], now)
+    if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[6]) then redis.call('PEXPIRE', KEYS[2], ARGV[6]) end
+    marked = 2
+  end
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('HDEL', KEYS[2], 'c:' .. ARGV[1])
@@ -214,14 +230,18 @@ func (b *RunBudget) Release(ctx context.Context, runID, callID string, u pricing
 
 // ReleaseBeforeRecord is Release for a call whose record on the run's row is still to be
 // written. For a run whose Redis record is known to have lost calls (Lost, set by
-// AwaitRebuild), it marks the call so that until Recorded says it has been recorded, CloseRun
-// finds it in flight, and reports marked (a repeat reports the mark too while it stands).
+// AwaitRebuild, or by this release when the call's own reservation is gone or a reservation
+// of the run found its tally short of the row's record), it marks the call so that until
+// Recorded says it has been recorded, CloseRun finds it in flight, and reports marked (a
+// repeat reports the mark too while it stands).
 // Without it a settlement that came between the two writes found nothing in flight and charged
 // the larger of the tally, which had the call, and the row, which had not — after a Redis
 // restart without persistence, when the tally holds only the calls made since, one of the two
-// records alone — and the call's record then found its run settled. A run whose record is whole needs no mark: its tally, with the call, is the
-// larger record. (A loss noticed only by the settlement itself makes it wait staleAfter, far
-// longer than the record takes.)
+// records alone — and the call's record then found its run settled. A run whose record is
+// whole needs no mark: its tally, with the call, is the larger record. A loss is not always
+// seen by the settlement (a tally of the calls since, costing more than the row's calls before,
+// looks whole): the run's calls mark it when their reservation finds the tally short of the row,
+// or their release finds their reservation gone.
 func (b *RunBudget) ReleaseBeforeRecord(ctx context.Context, runID, callID string, u pricing.Usage, costMicro int64, estimated bool) (marked bool, err error) {
 	return b.release(ctx, runID, callID, u, costMicro, estimated, true)
 }

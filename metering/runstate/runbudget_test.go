@@ -532,3 +532,67 @@ func TestRunCloseWaitsForACallsRecord(t *testing.T) {
 		t.Fatalf("close with only a dead call's record mark left: %v", err)
 	}
 }
+
+// TestRunCallsMarkALossTheirSettlementCannotSee: after Redis lost a run's keys, the tally
+// starts again with the calls since, and may cost more than the row's record of the calls
+// before while having none of them; a settlement comparing the two sees no loss. So the run's
+// calls mark it Lost — a release whose reservation found the tally short of what the row
+// recorded, or that finds the call's own reservation gone — and their releases then mark their
+// records to come. A run whose tally has what its row recorded is not marked.
+func TestRunCallsMarkALossTheirSettlementCannotSee(t *testing.T) {
+	e := newRunBudget(t)
+	b := e.budget
+	ctx := context.Background()
+	lost := func(run string) bool {
+		t.Helper()
+		n, err := e.rdb.Exists(ctx, e.keys.Lost(run)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+
+	// The row records 50 and so does the tally: whole.
+	if _, err := b.ReserveAtMost(ctx, "r_whole", "a", 10_000, 1_000, 100, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx, "r_whole", "a", pricing.Usage{Output: 5}, 50, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ReserveAtMost(ctx, "r_whole", "b", 10_000, 1_000, 100, 0, 50); err != nil {
+		t.Fatal(err)
+	}
+	if marked, err := b.ReleaseBeforeRecord(ctx, "r_whole", "b", pricing.Usage{Output: 40}, 400, false); err != nil || marked || lost("r_whole") {
+		t.Fatalf("call of a whole run: marked %v, run lost %v, %v; want neither", marked, lost("r_whole"), err)
+	}
+
+	for _, when := range []string{"before the call", "during the call"} {
+		run := "r_lost_" + when[:6]
+		if when == "during the call" {
+			if _, err := b.ReserveAtMost(ctx, run, "b", 10_000, 1_000, 100, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.rdb.Del(ctx, e.keys.RunBudget(run)).Err(); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			// The row records 50 of a call whose tally is gone.
+			if _, err := b.ReserveAtMost(ctx, run, "b", 10_000, 1_000, 100, 0, 50); err != nil {
+				t.Fatal(err)
+			}
+		}
+		marked, err := b.ReleaseBeforeRecord(ctx, run, "b", pricing.Usage{Output: 40}, 400, false)
+		if err != nil || !marked || !lost(run) {
+			t.Fatalf("%s: call released after a loss: marked %v, run lost %v, %v; want both", when, marked, lost(run), err)
+		}
+		if _, err := b.CloseRun(ctx, run); !errors.Is(err, runstate.ErrRunBusy) {
+			t.Fatalf("%s: close with the call's record to come: %v, want ErrRunBusy", when, err)
+		}
+		if err := b.Recorded(ctx, run, "b"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.CloseRun(ctx, run); err != nil {
+			t.Fatalf("%s: close once the call is recorded: %v", when, err)
+		}
+	}
+}
