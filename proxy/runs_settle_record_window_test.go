@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/tollgate/tollgate/holds"
 )
 
@@ -36,6 +38,21 @@ func TestSettleBetweenACallsTallyAndItsRecordWaitsForTheRecord(t *testing.T) {
 	second, tx := streamWithRunRowLocked(t, h, key, run, runID)
 	defer second.Body.Close()
 	defer tx.Rollback()
+	settleInRecordWindow(t, h, key, "task-record-window", runID, second, tx)
+	r := h.run(u.ID, runID)
+	if r.State != holds.StateSettled || r.OutTok != 45 || r.Calls != 2 {
+		t.Fatalf("run settled as %s with %d output tokens over %d calls, charged %d µUSD; want both calls (45 output tokens)",
+			r.State, r.OutTok, r.Calls, r.ChargedMicro)
+	}
+}
+
+// settleInRecordWindow settles the named run (name, runID) while its call answered by second
+// has written its tally and waits to record itself on the run's row, which tx holds locked: it
+// reads the call's answer, sends the settle once the call's record waits, lets the record go
+// (committing tx) once the settle has answered or waits on the row, and settles again after
+// the run's rebuild if the first settle was told 409 run_busy. Any other answer fails t.
+func settleInRecordWindow(t *testing.T, h *harness, key, name, runID string, second *http.Response, tx *sqlx.Tx) {
+	t.Helper()
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
@@ -46,7 +63,7 @@ func TestSettleBetweenACallsTallyAndItsRecordWaitsForTheRecord(t *testing.T) {
 
 	settled := make(chan string, 1)
 	go func() {
-		resp := h.post(key, "/v1/runs/task-record-window/settle", "", nil)
+		resp := h.post(key, "/v1/runs/"+name+"/settle", "", nil)
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		settled <- fmt.Sprintf("%d %s", resp.StatusCode, b)
@@ -79,13 +96,8 @@ func TestSettleBetweenACallsTallyAndItsRecordWaitsForTheRecord(t *testing.T) {
 		if !strings.HasPrefix(got, "409 ") || !strings.Contains(got, "run_busy") {
 			t.Fatalf("settle between the call's tally and its record: %s", got)
 		}
-		if status, body := settleAfterRebuild(h, key, "task-record-window", runID); status != http.StatusOK {
+		if status, body := settleAfterRebuild(h, key, name, runID); status != http.StatusOK {
 			t.Fatalf("settle: %d %s", status, body)
 		}
-	}
-	r := h.run(u.ID, runID)
-	if r.State != holds.StateSettled || r.OutTok != 45 || r.Calls != 2 {
-		t.Fatalf("run settled as %s with %d output tokens over %d calls, charged %d µUSD; want both calls (45 output tokens)",
-			r.State, r.OutTok, r.Calls, r.ChargedMicro)
 	}
 }

@@ -1,13 +1,8 @@
 package proxy_test
 
 import (
-	"bufio"
-	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tollgate/tollgate/holds"
 )
@@ -41,57 +36,11 @@ func TestSettleBetweenACallsTallyAndItsRecordAfterAnUnnoticedRedisLoss(t *testin
 				// Its reservation goes with the rest; the harness writes no lease.
 				loseRunKeys(t, h, runID)
 			}
-			ended := make(chan struct{})
-			go func() {
-				defer close(ended)
-				_, _ = io.Copy(io.Discard, bufio.NewReader(second.Body))
-			}()
-			// Tallied (its reservation given back), its record waiting.
-			waitRunHoldsStatements(t, h, 1)
-
-			settled := make(chan string, 1)
-			go func() {
-				resp := h.post(key, "/v1/runs/"+name+"/settle", "", nil)
-				defer resp.Body.Close()
-				b, _ := io.ReadAll(resp.Body)
-				settled <- fmt.Sprintf("%d %s", resp.StatusCode, b)
-			}()
-			// Either answered at once, or its settlement waits for the row behind the record.
-			var got string
-			for got == "" {
-				select {
-				case got = <-settled:
-				case <-time.After(5 * time.Millisecond):
-					var n int
-					if err := h.db.Get(&n, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
-						WHERE ID <> CONNECTION_ID() AND DB = DATABASE() AND INFO LIKE '%run_holds%' AND INFO NOT LIKE '%PROCESSLIST%'`); err != nil {
-						t.Fatal(err)
-					}
-					if n >= 2 {
-						got = "waiting"
-					}
-				}
-			}
-			if err := tx.Commit(); err != nil {
-				t.Fatal(err)
-			}
-			if got == "waiting" {
-				got = <-settled
-			}
-			<-ended
-			h.settled()
-			if !strings.HasPrefix(got, "200 ") {
-				if !strings.HasPrefix(got, "409 ") || !strings.Contains(got, "run_busy") {
-					t.Fatalf("settle between the call's tally and its record: %s", got)
-				}
-				if status, body := settleAfterRebuild(h, key, name, runID); status != http.StatusOK {
-					t.Fatalf("settle: %d %s", status, body)
-				}
-			}
+			settleInRecordWindow(t, h, key, name, runID, second, tx)
 			r := h.run(u.ID, runID)
 			if r.State != holds.StateSettled || r.OutTok != 45 || r.Calls != 2 {
-				t.Fatalf("run settled as %s with %d output tokens over %d calls, charged %d µUSD (first settle: %s); want both calls (45 output tokens)",
-					r.State, r.OutTok, r.Calls, r.ChargedMicro, got)
+				t.Fatalf("run settled as %s with %d output tokens over %d calls, charged %d µUSD; want both calls (45 output tokens)",
+					r.State, r.OutTok, r.Calls, r.ChargedMicro)
 			}
 		})
 	}
