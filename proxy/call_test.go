@@ -663,6 +663,26 @@ func newLossyHarness(t *testing.T) (*harness, *testenv.Lossy) {
 	}), lossy
 }
 
+// postSettlementLost posts a call, which must be answered 200, whose settlement's first script
+// (it locks the hold it settles; the admission's does not) finds the database gone: the hold
+// is left unsettled, as a killed process leaves it, and the database is back when it returns.
+func postSettlementLost(t *testing.T, h *harness, lossy *testenv.Lossy, key, path, body string, hdr map[string]string) *http.Response {
+	t.Helper()
+	lossy.Arm("expires_at > @tg_now, admit_token", testenv.GoDown)
+	resp := h.post(key, path, body, hdr)
+	answer := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %d %s", path, resp.StatusCode, answer)
+	}
+	h.settled()
+	if !lossy.Down() {
+		t.Fatal("the settlement never reached the database")
+	}
+	lossy.Restore()
+	return resp
+}
+
 // TestFailedSettlementGivesBackItsLease: a call whose settlement gives up (the database out
 // of reach) still drops its lease. A lease kept would be refreshed by the heartbeat for as long
 // as the process lives, and the reconciler, which leaves leased runs alone, would never settle
@@ -670,19 +690,7 @@ func newLossyHarness(t *testing.T) (*harness, *testenv.Lossy) {
 func TestFailedSettlementGivesBackItsLease(t *testing.T) {
 	h, lossy := newLossyHarness(t)
 	u, key := h.user("standard")
-	// The settlement's first script locks the hold it settles; the admission's does not.
-	lossy.Arm("expires_at > @tg_now, admit_token", testenv.GoDown)
-	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d", resp.StatusCode)
-	}
-	h.settled()
-	if !lossy.Down() {
-		t.Fatal("the settlement never reached the database")
-	}
-	lossy.Restore()
+	postSettlementLost(t, h, lossy, key, "/v1/chat/completions", chatBody, nil)
 	if got := h.metric("tollgate_settle_failures_total"); got != "1" {
 		t.Fatalf("settle failures %q, want 1", got)
 	}

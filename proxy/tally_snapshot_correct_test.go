@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"context"
-	"net/http"
 	"testing"
 	"time"
 
@@ -45,18 +44,7 @@ func TestReconciledCallWhoseUsageCameAfterTheFinalEventKeepsItsPrices(t *testing
 		t.Fatal(err)
 	}
 	u, key := h.user("standard")
-	lossy.Arm("expires_at > @tg_now, admit_token", testenv.GoDown)
-	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral"}}]}]}`, nil)
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	h.settled()
-	if !lossy.Down() {
-		t.Fatal("the settlement never reached the database")
-	}
-	lossy.Restore()
+	resp := postSettlementLost(t, h, lossy, key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral"}}]}]}`, nil)
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	if st := h.reconcileExpired(t, "run_id = ?", runID); st.FromTally != 1 {
 		t.Fatalf("reconcile: %+v; want the run settled from its tally", st)

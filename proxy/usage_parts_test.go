@@ -147,19 +147,7 @@ func TestUsagePartsKeptWhenReconciledFromTheTally(t *testing.T) {
 		{"/v1/chat/completions", spokenAudioRequest, "spoken_audio.json"},
 		{"/v1/messages", hourCacheRequest, "hour_cache.json"},
 	} {
-		// The settlement's first script locks the hold it settles; the admission's does not.
-		lossy.Arm("expires_at > @tg_now, admit_token", testenv.GoDown)
-		resp := h.post(key, c.path, c.body, map[string]string{fakellm.HeaderReplay: c.fixture})
-		answer := readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s: %d %s", c.path, resp.StatusCode, answer)
-		}
-		h.settled()
-		if !lossy.Down() {
-			t.Fatal("the settlement never reached the database")
-		}
-		lossy.Restore()
+		resp := postSettlementLost(t, h, lossy, key, c.path, c.body, map[string]string{fakellm.HeaderReplay: c.fixture})
 		want[resp.Header.Get(proxy.RunIDHeader)] = map[string]pricing.Usage{
 			"spoken_audio.json": spokenAudioUsage, "hour_cache.json": hourCacheUsage}[c.fixture]
 	}
