@@ -91,34 +91,28 @@ func limitFlag(limit int) error {
 }
 
 func userList(ctx context.Context, args []string) error {
-	var after string
-	var limit int
-	e, st, v, err := adminEnv(ctx, "user list", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&after, "after", "", "list users whose name sorts after this (the last_id of the previous page)")
-		fs.IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many users (1-%d)", admin.MaxListLimit))
-	})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	if err := limitFlag(limit); err != nil {
-		return err
-	}
-	users, err := st.ListUsers(ctx, after, limit+1)
-	if err != nil {
-		return err
-	}
-	return printJSON(admin.List(users, limit, v.User, func(u holds.UserDetail) any { return u.Name }))
+	return listPage(ctx, "user list", "users", "list users whose name sorts after this (the last_id of the previous page)",
+		args, (*holds.Store).ListUsers, admin.Views.User, func(u holds.UserDetail) any { return u.Name })
 }
 
 // instancesCmd lists the gateway processes' rows, newest start first, a page at a time, as
 // GET /admin/instances does.
 func instancesCmd(ctx context.Context, args []string) error {
+	return listPage(ctx, "instances", "processes", "list the processes after this id (the last_id of the previous page)",
+		args, (*holds.Store).ListInstances, admin.Views.Instance, func(in holds.InstanceRow) any { return in.ID })
+}
+
+// listPage runs a listing whose cursor is a string, a page at a time as the admin API's list
+// endpoints answer: it reads one row more than -limit so the page can say has_more.
+func listPage[T any](ctx context.Context, cmd, noun, afterUsage string, args []string,
+	read func(*holds.Store, context.Context, string, int) ([]T, error),
+	view func(admin.Views, T) map[string]any, cursor func(T) any,
+) error {
 	var after string
 	var limit int
-	e, st, v, err := adminEnv(ctx, "instances", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&after, "after", "", "list the processes after this id (the last_id of the previous page)")
-		fs.IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many processes (1-%d)", admin.MaxListLimit))
+	e, st, v, err := adminEnv(ctx, cmd, args, func(fs *flag.FlagSet) {
+		fs.StringVar(&after, "after", "", afterUsage)
+		fs.IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many %s (1-%d)", noun, admin.MaxListLimit))
 	})
 	if err != nil {
 		return err
@@ -127,11 +121,11 @@ func instancesCmd(ctx context.Context, args []string) error {
 	if err := limitFlag(limit); err != nil {
 		return err
 	}
-	rows, err := st.ListInstances(ctx, after, limit+1)
+	rows, err := read(st, ctx, after, limit+1)
 	if err != nil {
 		return err
 	}
-	return printJSON(admin.List(rows, limit, v.Instance, func(in holds.InstanceRow) any { return in.ID }))
+	return printJSON(admin.List(rows, limit, func(r T) map[string]any { return view(v, r) }, cursor))
 }
 
 // keyList lists a user's keys, newest first, a page at a time: the prefixes `key revoke
