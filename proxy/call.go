@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -359,8 +361,8 @@ type incomingCall struct {
 	ids     callIDs
 	arrived time.Time // its body read whole: the admission's clock starts here
 	// fingerprinted: a plain request (no run, key or session), checked against the fingerprint
-	// window. bodyHash names its request (route and body) for that check and for an
-	// Idempotency-Key's record; empty when neither needs it.
+	// window. bodyHash names its request for that check (route, body, answerShaping) or for an
+	// Idempotency-Key's record (route and body); empty when neither needs it.
 	fingerprinted bool
 	bodyHash      string
 	// lease counts the request's body in memory until the call is over; an Idempotency-Key's
@@ -409,10 +411,51 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, use
 	}
 	in := incomingCall{req: req, body: body, ids: ids, arrived: arrived, lease: lease}
 	in.fingerprinted = ids == (callIDs{}) && s.cfg.Dedup.Window > 0
-	if ids.idemKey != "" || in.fingerprinted {
+	switch {
+	case ids.idemKey != "":
 		in.bodyHash = requestHash(rt.path, body)
+	case in.fingerprinted:
+		in.bodyHash = requestHash(rt.path+answerShaping(r), body)
 	}
 	return in, 0
+}
+
+// answerShaping is what of a request, beside its route and body, the fingerprint window tells
+// requests apart by: the query (an API version, Anthropic's ?beta=true) and the headers that
+// change what a body asks for (isAnswerShaping), all forwarded upstream. The same body under
+// another of them is another request, not a double click (the second was 409 duplicate while
+// the first ran). Headers that differ between a request and its own resend (an SDK's retry
+// count, a trace id) must not count, or the window would not catch the double. An
+// Idempotency-Key's record keeps naming the route and body alone, as Stripe's keys do: a retry
+// is the same request by its key. "" for a request with none of them, whose hash is then what
+// it always was.
+func answerShaping(r *http.Request) string {
+	var names []string
+	for name := range r.Header {
+		if isAnswerShaping(name) {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 && r.URL.RawQuery == "" {
+		return ""
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	if r.URL.RawQuery != "" {
+		b.WriteString("?" + r.URL.RawQuery)
+	}
+	for _, name := range names {
+		for _, v := range r.Header[name] {
+			b.WriteString("\n" + name + ": " + v)
+		}
+	}
+	return b.String()
+}
+
+// isAnswerShaping: a beta feature or an API version. Anthropic's beta header is read under
+// prefixed names too, as asksContext1M reads it.
+func isAnswerShaping(name string) bool {
+	return name == "Anthropic-Version" || name == "Openai-Beta" || strings.HasSuffix(strings.ToLower(name), "anthropic-beta")
 }
 
 // requestHash identifies a request to the duplicate checks (the fingerprint window, an

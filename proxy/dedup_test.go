@@ -903,6 +903,40 @@ func TestDuplicateChecksTellRoutesApart(t *testing.T) {
 	}
 }
 
+// TestFingerprintTellsQueryAndBetaHeadersApart: the same body under another query (an API
+// version) or another beta header asks for another answer; sent while the first runs it is no
+// duplicate of it. A resend that differs only in a header no upstream answers by (an SDK's
+// retry count) still is.
+func TestFingerprintTellsQueryAndBetaHeadersApart(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	body := `{"model":"fake-gpt","messages":[{"role":"user","content":"the same words"}]}`
+	const path = "/v1/chat/completions"
+	first := make(chan answer, 1)
+	go func() { first <- sendTo(h.gw.URL, path, key, body, map[string]string{fakellm.HeaderLatency: "1s"}) }()
+	h.waitUpstream(1)
+	for _, other := range []struct {
+		name, path string
+		hdr        map[string]string
+	}{
+		{"another query", path + "?api-version=2024-10-21", nil},
+		{"a beta header", path, map[string]string{"Anthropic-Beta": "token-efficient-tools-2025-02-19"}},
+		{"a prefixed beta header", path, map[string]string{"X-Pass-Anthropic-Beta": "token-efficient-tools-2025-02-19"}},
+		{"an API version header", path, map[string]string{"Anthropic-Version": "2024-01-01"}},
+	} {
+		if a := sendTo(h.gw.URL, other.path, key, body, other.hdr); a.status != http.StatusOK {
+			t.Fatalf("the same body under %s while the first runs: %d %s, want 200", other.name, a.status, a.body)
+		}
+	}
+	resend := sendTo(h.gw.URL, path, key, body, map[string]string{"X-Stainless-Retry-Count": "1"})
+	if resend.status != http.StatusConflict || !strings.Contains(string(resend.body), `"duplicate"`) {
+		t.Fatalf("a resend differing in its retry count: %d %s, want 409 duplicate", resend.status, resend.body)
+	}
+	if a := <-first; a.status != http.StatusOK {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+}
+
 // TestDuplicateSaysHowToRunTheSameBodyAtOnce: the same body sent twice at once on purpose
 // (samples at a temperature) is refused as a double click is; the 409 tells the caller how to
 // run it anyway, and doing so runs both, each charged.
