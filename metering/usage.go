@@ -366,7 +366,12 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	}
 	set(figCached, "prompt_tokens_details.cached_tokens", "input_tokens_details.cached_tokens",
 		"prompt_cache_hit_tokens", "cached_tokens")
-	set(figWritten, "prompt_tokens_details.cache_write_tokens", "input_tokens_details.cache_write_tokens")
+	// Cache writes: OpenAI's and OpenRouter's cache_write_tokens, and LiteLLM's names for Claude's
+	// (prompt_tokens_details.cache_creation_tokens, and the top-level Anthropic-style
+	// cache_creation_input_tokens, the only one its versions of before late 2025 give). LiteLLM
+	// gives the one count under several of them: the largest, never their sum.
+	fresh[figWritten].n, fresh[figWritten].seen = largest(u, "prompt_tokens_details.cache_write_tokens",
+		"input_tokens_details.cache_write_tokens", "prompt_tokens_details.cache_creation_tokens", "cache_creation_input_tokens")
 	// A router serving Claude that breaks the writes down by ttl, as Anthropic does (LiteLLM).
 	set(figWritten1h, "prompt_tokens_details.cache_creation_token_details.ephemeral_1h_input_tokens",
 		"input_tokens_details.cache_creation_token_details.ephemeral_1h_input_tokens")
@@ -567,6 +572,17 @@ func first(u gjson.Result, paths ...string) (int64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// largest returns the largest of the numbers at paths in u, and whether any holds one: for a
+// figure a report may give under several names at once, each the whole count.
+func largest(u gjson.Result, paths ...string) (n int64, ok bool) {
+	for _, p := range paths {
+		if v, seen := first(u, p); seen {
+			n, ok = max(n, v), true
+		}
+	}
+	return n, ok
 }
 
 // isError reports whether a top-level "error" value is a real error: providers send

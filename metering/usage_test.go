@@ -760,3 +760,51 @@ func TestMeterReportWithoutThePrompt(t *testing.T) {
 		})
 	}
 }
+
+// TestMeterLiteLLMCacheWrites: LiteLLM serving Claude on the chat route reports its cache
+// writes under Anthropic's and its own names, not under OpenAI's cache_write_tokens, which it
+// has added only lately: its versions since prompt caching (August 2024) give the top-level
+// cache_creation_input_tokens alone, later ones prompt_tokens_details.cache_creation_tokens
+// too, and prompt_tokens counts the writes. Read as plain input, the writes were billed at the
+// input price, not the cache-write one (1.25× or 2× it), and their one-hour part not at all.
+// A report giving several of the names gives the one count under each: it is counted once.
+func TestMeterLiteLLMCacheWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		body  string
+		want  pricing.Usage
+		split bool
+	}{
+		{"top-level cache_creation_input_tokens alone (LiteLLM before prompt_tokens_details.cache_creation_tokens)",
+			`{"id":"chatcmpl-1","object":"chat.completion","model":"claude-3-7-sonnet-20250219","choices":[{"index":0,"finish_reason":"stop",
+			"message":{"role":"assistant","content":"Python is versatile."}}],"usage":{"completion_tokens":20,"prompt_tokens":1000,
+			"total_tokens":1020,"completion_tokens_details":null,"prompt_tokens_details":{"audio_tokens":null,"cached_tokens":100},
+			"cache_creation_input_tokens":600,"cache_read_input_tokens":100}}`,
+			pricing.Usage{Input: 300, CacheRead: 100, CacheWrite: 600, Output: 20}, false},
+		{"prompt_tokens_details.cache_creation_tokens with its ttl breakdown",
+			`{"id":"chatcmpl-2","object":"chat.completion","model":"claude-sonnet-4-6","choices":[{"index":0,"finish_reason":"stop",
+			"message":{"role":"assistant","content":"Python is versatile."}}],"usage":{"completion_tokens":20,"prompt_tokens":1000,
+			"total_tokens":1020,"prompt_tokens_details":{"cached_tokens":100,"text_tokens":300,"cache_creation_tokens":600,
+			"cache_creation_token_details":{"ephemeral_5m_input_tokens":200,"ephemeral_1h_input_tokens":400}},
+			"cache_creation_input_tokens":600,"cache_read_input_tokens":100}}`,
+			pricing.Usage{Input: 300, CacheRead: 100, CacheWrite: 600, CacheWrite1h: 400, Output: 20}, true},
+		{"every name at once is one count",
+			`{"choices":[],"usage":{"completion_tokens":20,"prompt_tokens":1000,"total_tokens":1020,
+			"prompt_tokens_details":{"cached_tokens":100,"cache_write_tokens":600,"cache_creation_tokens":600},
+			"cache_creation_input_tokens":600,"cache_read_input_tokens":100}}`,
+			pricing.Usage{Input: 300, CacheRead: 100, CacheWrite: 600, Output: 20}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMeter(FormatChat)
+			m.Body([]byte(tc.body))
+			if got := m.Result(); got.Usage != tc.want || !got.Reported || got.CacheWriteSplit != tc.split {
+				t.Errorf("got %+v, want usage %+v reported, split %v", got, tc.want, tc.split)
+			}
+			// The same report as a stream's last chunk.
+			chunk := strings.Replace(tc.body, `"choices":[{`, `"choices":[],"x":[{`, 1)
+			if got := meterEvents(FormatChat, data(chunk), data(`[DONE]`)); got.Usage != tc.want {
+				t.Errorf("streamed: got %+v, want %+v", got.Usage, tc.want)
+			}
+		})
+	}
+}

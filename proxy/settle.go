@@ -197,7 +197,8 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 		}
 		if c.req.cacheLong && c.req.route.format != metering.FormatAnthropic && !res.CacheWriteSplit {
 			// The OpenAI-shaped usage reports the cache writes' total only
-			// (prompt_tokens_details.cache_write_tokens, OpenRouter's), not which were the
+			// (prompt_tokens_details.cache_write_tokens, OpenRouter's; an older LiteLLM's
+			// cache_creation_input_tokens), not which were the
 			// one-hour ones a router serving Claude asked for: all are billed at the one-hour
 			// price, never less than the provider charged. Here, so that the tally, and the
 			// reconciler settling from it, carry them so too.
