@@ -240,3 +240,34 @@ func TestContinuedResponseCarriesItsCachedContext(t *testing.T) {
 		t.Fatalf("continuation %+v: want estimated in_tok of at least the %d tokens handed on (%d cached)", run, handed, first.CacheReadTok)
 	}
 }
+
+// TestContinuedReasoningAnswerChargedItsReport: the context a reasoning answer hands on counts
+// its reasoning tokens (part of output_tokens), which the provider carries into a
+// continuation's context in a tool loop and, for models that keep every turn's reasoning
+// (reasoning.context all_turns), after a new user turn too; older models drop it there. The
+// figure is a part of the continuation's estimate only: a continuation whose usage comes is
+// charged the provider's count, whatever was carried, and only one settled without a usage
+// report (its caller left before response.completed) is charged the estimate with it.
+func TestContinuedReasoningAnswerChargedItsReport(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	first, answer := h.answeredRun(u.ID, key, "/v1/responses", `{"model":"fake-gpt","stream":true,"input":"Think hard."}`,
+		map[string]string{fakellm.HeaderReplay: "openai_responses_stream_usage_reasoning.sse"})
+	var firstID string
+	for _, line := range strings.Split(string(answer), "\n") {
+		if d, ok := strings.CutPrefix(line, "data: "); ok && firstID == "" {
+			firstID = gjson.Get(d, "response.id").Str
+		}
+	}
+	handed := first.InTok + first.OutTok // 53 + 469, of which 448 reasoning
+	next := `{"model":"fake-gpt","previous_response_id":"` + firstID + `","input":"Go on."}`
+	run, _ := h.answeredRun(u.ID, key, "/v1/responses", next, map[string]string{fakellm.HeaderPromptTokens: "700"})
+	if run.Estimated || run.InTok != 700 {
+		t.Fatalf("completed continuation %+v: want the reported 700 input tokens, nothing carried added", run)
+	}
+	_, runID := leaveAfterCreated(t, h.post(key, "/v1/responses", strings.Replace(next, `"input"`, `"stream":true,"input"`, 1),
+		map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"}))
+	if cut := h.run(u.ID, runID); !cut.Estimated || cut.InTok < handed {
+		t.Fatalf("cut continuation %+v: want an estimate of at least the %d tokens handed on", cut, handed)
+	}
+}
