@@ -180,12 +180,24 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		}
 		s.settledOnRequest(st, res, log)
 		if run, err = s.store.Run(ctx, u.ID, runID); err != nil {
-			log.Error("read run failed", zap.Error(err))
-			writeError(w, errBillingDown)
+			log.Error("run settled, reading it back failed", zap.Error(err))
+			writeError(w, s.settledUnread(res))
 			return
 		}
 	}
 	s.writeRun(w, r, run)
+}
+
+// settledUnread answers a settle whose settlement committed and whose read of the run back
+// failed: billing_unavailable, as the read's failure is, but saying the run is settled. Told
+// that nothing was done, an agent would take its run as still open, or its task as unbilled.
+func (s *Server) settledUnread(res holds.Settled) *apiError {
+	what := "The run is settled (by an earlier settlement)"
+	if res.Applied {
+		what = fmt.Sprintf("The run was settled, charged %s credits", s.creditsOf(res.ChargedMicro))
+	}
+	return &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
+		Message: what + ", but billing became unavailable before it could be read back. GET /v1/runs/{id}, or settle again, to see it."}
 }
 
 // finalRunTally closes a named run for settlement and reads what it is charged. The run is

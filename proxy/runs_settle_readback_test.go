@@ -1,0 +1,60 @@
+package proxy_test
+
+import (
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// runReadMarker is what only Store.Run's statement contains: the read of a run by id, which a
+// settle on request makes before its settlement and again after it.
+const runReadMarker = "AS read_at FROM run_holds WHERE run_id"
+
+// TestSettleWhoseReadBackFailsSaysTheRunIsSettled: POST /v1/runs/{id}/settle commits the
+// run's settlement and then reads the run back to show it. When that read failed (the
+// database gone the moment after the COMMIT), the caller was told 503 "Billing is
+// unavailable, so the call was not made" — for a run that was settled and charged, as a
+// retried settle or GET then showed. An agent told nothing happened may go on working on a
+// run it can no longer use, or report its task unbilled. The answer now says the run is
+// settled, what it was charged, and where to read it.
+func TestSettleWhoseReadBackFailsSaysTheRunIsSettled(t *testing.T) {
+	h, lossy := newLossyHarness(t)
+	// The settlement's own commit is told to the store's hook, after it committed and before
+	// the settle reads the run back: the database goes down in between.
+	var armed atomic.Bool
+	h.store.OnSettled(func(st holds.Settlement, _ holds.Settled) {
+		if st.Source == holds.SourceClient && armed.CompareAndSwap(false, true) {
+			lossy.Arm(runReadMarker, testenv.GoDown)
+		}
+	})
+	u, key := h.user("standard")
+	runID := firstRunCall(t, h, key, map[string]string{"X-Run-Id": "task-readback"}, 5)
+
+	status, body := h.settleRun(key, "task-readback")
+	down := lossy.Down()
+	lossy.Restore()
+	if !down {
+		t.Fatal("the settle's read-back never lost the database")
+	}
+	r := h.run(u.ID, runID)
+	if r.State != holds.StateSettled || r.ChargedMicro == 0 {
+		t.Fatalf("run %s charged %d µUSD, want settled and charged", r.State, r.ChargedMicro)
+	}
+	msg := errorMessage(t, body)
+	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" ||
+		!strings.Contains(msg, "was settled") || strings.Contains(msg, "not made") {
+		t.Fatalf("settle that committed, its read-back failed: %d %s; want 503 saying the run was settled", status, body)
+	}
+	if want := "charged " + pricing.FormatCredits(r.ChargedMicro, h.cfg.CreditMicro) + " credits"; !strings.Contains(msg, want) {
+		t.Errorf("message %q does not say %q", msg, want)
+	}
+	// A retried settle shows the settled run.
+	if status, body := h.settleRun(key, "task-readback"); status != http.StatusOK || !strings.Contains(string(body), `"state":"settled"`) {
+		t.Fatalf("settle retried: %d %s", status, body)
+	}
+}
