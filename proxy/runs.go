@@ -23,6 +23,11 @@ var (
 		Message: "Calls of this run are still in flight; settle it once they have ended."}
 )
 
+// errSettleUnanswered answers a settle whose settlement's COMMIT went out unanswered: it may
+// have charged the run, and "the call was not made" would tell the agent it had not.
+var errSettleUnanswered = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
+	Message: "Billing became unavailable as the run's settlement was committing: the run may be settled. Settle again (it shows the settled run, or settles it) or GET /v1/runs/{id} to see."}
+
 var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "run_budget_exhausted",
 	Message: "This run's budget is used, or reserved by its calls in flight: what it has tallied plus this call's prompt and the least answer exceed the run's cap."}
 
@@ -172,9 +177,11 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 			// a call of it admitted before the close could reserve and run, and never be
 			// charged. Closed, its calls are refused until a retried settle finds the run
 			// settled or settles it, or until the mark lapses.
-			if !errors.Is(err, holds.ErrOutcomeUnknown) {
-				s.reopenRun(ctx, run.RunID, mark, log)
+			if errors.Is(err, holds.ErrOutcomeUnknown) {
+				writeError(w, errSettleUnanswered)
+				return
 			}
+			s.reopenRun(ctx, run.RunID, mark, log)
 			writeError(w, errBillingDown)
 			return
 		}

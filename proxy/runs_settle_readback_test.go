@@ -58,3 +58,33 @@ func TestSettleWhoseReadBackFailsSaysTheRunIsSettled(t *testing.T) {
 		t.Fatalf("settle retried: %d %s", status, body)
 	}
 }
+
+// TestSettleWhoseCommitWentUnansweredSaysItMayHaveSettled: a settle whose settlement's
+// COMMIT went out and was never answered (the database gone with it) may have settled the
+// run — README: "one whose commit went out unanswered may have charged". It was told 503
+// "Billing is unavailable, so the call was not made", which reads as nothing charged. The
+// answer now says the run may be settled and how to find out.
+func TestSettleWhoseCommitWentUnansweredSaysItMayHaveSettled(t *testing.T) {
+	h, lossy := newLossyHarness(t)
+	u, key := h.user("standard")
+	runID := firstRunCall(t, h, key, map[string]string{"X-Run-Id": "task-commit-lost"}, 5)
+
+	lossy.Arm(";\nCOMMIT", testenv.GoDown)
+	status, body := h.settleRun(key, "task-commit-lost")
+	down := lossy.Down()
+	lossy.Restore()
+	if !down {
+		t.Fatal("the settlement's commit never lost the database")
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled {
+		t.Fatalf("run %s: the settlement's commit was meant to land", r.State)
+	}
+	msg := errorMessage(t, body)
+	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" ||
+		!strings.Contains(msg, "may be settled") || strings.Contains(msg, "not made") {
+		t.Fatalf("settle whose commit went unanswered: %d %s; want 503 saying the run may be settled", status, body)
+	}
+	if status, body := h.settleRun(key, "task-commit-lost"); status != http.StatusOK || !strings.Contains(string(body), `"state":"settled"`) {
+		t.Fatalf("settle retried: %d %s", status, body)
+	}
+}
