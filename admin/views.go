@@ -117,7 +117,7 @@ func (v Views) Balance(d holds.UserDetail, b holds.Balance) map[string]any {
 	c := v.Credits
 	return map[string]any{"object": "credits", "user": d.Name, "plan": b.Plan, "disabled": d.DisabledAt != nil,
 		"allowance": c(b.AllowanceMicro), "used_today": c(b.UsedTodayMicro), "held": c(b.HeldMicro),
-		"prepaid": c(b.PrepaidMicro), "available": c(b.AvailableMicro), "in_flight": b.InFlight,
+		"spent_in_runs": c(b.SpentInRunsMicro), "prepaid": c(b.PrepaidMicro), "available": c(b.AvailableMicro), "in_flight": b.InFlight,
 		"day": b.Day.Format(time.DateOnly)}
 }
 

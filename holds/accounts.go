@@ -244,10 +244,16 @@ type Balance struct {
 	Plan           string
 	AllowanceMicro int64
 	UsedTodayMicro int64
-	HeldMicro      int64
-	PrepaidMicro   int64
-	AvailableMicro int64
-	InFlight       int
+	// HeldMicro is what the user's live holds count against the balance: each its hold, or
+	// what its run's calls have used when that is more (see owedMicro).
+	HeldMicro int64
+	// SpentInRunsMicro is what the calls of the user's unsettled runs have used so far, as
+	// their rows record them, at what their settlements will charge: a part of HeldMicro, not
+	// yet in UsedTodayMicro.
+	SpentInRunsMicro int64
+	PrepaidMicro     int64
+	AvailableMicro   int64
+	InFlight         int
 	// Day is the database's UTC date that UsedTodayMicro belongs to: the ledger's day, not
 	// the caller's clock, which may be on the other side of midnight.
 	Day time.Time
@@ -281,15 +287,17 @@ func (s *Store) balanceTx(ctx context.Context, tx *sqlx.Tx, userID uint64) (Bala
 		userRow
 		InFlight  int       `db:"in_flight"`
 		Held      int64     `db:"held"`
+		Spent     int64     `db:"spent"`
 		UsedToday int64     `db:"used_today"`
 		Day       time.Time `db:"day"`
 	}
 	err := tx.GetContext(ctx, &row, `
-		SELECT `+userColumns+`, live.in_flight, live.held,
+		SELECT `+userColumns+`, live.in_flight, live.held, live.spent,
 		       COALESCE((SELECT used_micro FROM usage_days WHERE user_id = users.id AND day = UTC_DATE()), 0) AS used_today,
 		       UTC_DATE() AS day
 		FROM users CROSS JOIN (
-		       SELECT COALESCE(SUM(expires_at > NOW(6)), 0) AS in_flight, COALESCE(SUM(held_micro), 0) AS held FROM run_holds
+		       SELECT COALESCE(SUM(expires_at > NOW(6)), 0) AS in_flight, COALESCE(SUM(`+owedSQL+`), 0) AS held,
+		              COALESCE(SUM(`+spentSQL+`), 0) AS spent FROM run_holds
 		        WHERE user_id = ? AND state IN ('queued', 'running')) AS live
 		WHERE users.id = ?`, userID, userID)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -300,7 +308,7 @@ func (s *Store) balanceTx(ctx context.Context, tx *sqlx.Tx, userID uint64) (Bala
 	}
 	plan := s.plan(row.userRow)
 	return Balance{Plan: s.planName(row.userRow), AllowanceMicro: plan.AllowanceMicro, UsedTodayMicro: row.UsedToday, HeldMicro: row.Held,
-		PrepaidMicro: row.PrepaidMicro, InFlight: row.InFlight, Day: row.Day,
+		SpentInRunsMicro: row.Spent, PrepaidMicro: row.PrepaidMicro, InFlight: row.InFlight, Day: row.Day,
 		AvailableMicro: Available(plan.AllowanceMicro, row.UsedToday, row.PrepaidMicro, row.Held)}, nil
 }
 

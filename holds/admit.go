@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 	"unicode/utf8"
+
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // State is a hold's lifecycle state.
@@ -190,7 +192,8 @@ func readmit(req AdmitRequest, h existingHold, u userRow, plan Plan, r *batchRea
 		if t.InFlight >= plan.MaxInFlight {
 			return refused(&TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter})
 		}
-		if Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held-h.HeldMicro) < h.HeldMicro {
+		owed := owedMicro(h.HeldMicro, h.CapMicro, h.CostMicro, h.DiscountBP)
+		if Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held-owed) < owed {
 			return refused(ErrInsufficient)
 		}
 		t.InFlight++
@@ -289,7 +292,8 @@ func appendExtendHolds(sc *script, rows []admittedRow) {
 }
 
 // Available is what a user may still spend: the rest of today's allowance, plus prepaid
-// credits (negative when in debt), minus what live holds reserve.
+// credits (negative when in debt), minus what live holds reserve (each its hold, or what its
+// run's calls have used when that is more: owedMicro).
 // It saturates rather than wraps: an allowance override and prepaid credits the admin API
 // accepts may together pass MaxInt64 (credit_micro 10^7 and a 12-digit allowance), and a
 // wrapped sum is a rich user refused as insufficient.
@@ -306,6 +310,31 @@ func Available(allowance, usedToday, prepaid, held int64) int64 {
 	}
 	return a - held
 }
+
+// runSpentMicro is what a live run's calls have used so far as its row records them (a named
+// run's ended calls, RecordRunCall; 0 for a call's own run until it settles), at what its
+// settlement would charge for it: discounted, at most its cap.
+func runSpentMicro(capMicro, costMicro int64, discountBP int) int64 {
+	return min(capMicro, pricing.ApplyDiscount(max(costMicro, 0), discountBP))
+}
+
+// owedMicro is what a live hold counts against its user's balance: what it holds, or what its
+// run's calls have already used when that is more. A named run's calls may spend up to its
+// cap, past its hold; counting only the hold let the user's new calls be admitted against
+// credits those calls had spent, and /v1/credits showed them available until the settlement.
+func owedMicro(heldMicro, capMicro, costMicro int64, discountBP int) int64 {
+	return max(heldMicro, runSpentMicro(capMicro, costMicro, discountBP))
+}
+
+// spentSQL is runSpentMicro of a run_holds row, in SQL: the same exact integer arithmetic as
+// pricing.ApplyDiscount (no product overflows), so the admission aggregate and the balance
+// count what decideSettlements and readmit count.
+const spentSQL = `LEAST(cap_micro, CASE WHEN cost_micro <= 0 OR discount_bp >= 10000 THEN 0
+	WHEN discount_bp <= 0 THEN cost_micro
+	ELSE (cost_micro DIV 10000) * (10000 - discount_bp) + ((cost_micro MOD 10000) * (10000 - discount_bp) + 9999) DIV 10000 END)`
+
+// owedSQL is owedMicro of a run_holds row, in SQL.
+const owedSQL = "GREATEST(held_micro, " + spentSQL + ")"
 
 // inFlightRetryAfter tells a caller refused for too many calls in flight when to come back: a
 // slot frees when one of its calls finishes, usually within seconds. (The oldest hold's

@@ -447,7 +447,9 @@ func batchReadScript(plan batchPlan) script {
 		// that the reconciler has not settled yet (its process killed, its run idle) is still
 		// owed, at its hold or its tally: not counting it let the next admissions spend the
 		// same credits again, past the overdraft bound of DESIGN §3.
-		sc.addIn(`SELECT user_id, SUM(expires_at > @tg_now), SUM(held_micro), 0
+		// Held counts each hold at owedMicro: a named run's calls that have used more than
+		// its hold have spent credits a new admission must not be given.
+		sc.addIn(`SELECT user_id, SUM(expires_at > @tg_now), SUM(`+owedSQL+`), 0
 			FROM run_holds WHERE user_id IN (?) AND state IN ('queued', 'running')
 			GROUP BY user_id`, plan.admitIDs)
 	}

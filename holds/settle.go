@@ -211,7 +211,7 @@ func (s *Store) decideSettlements(sts []Settlement, tokens []string, users []uin
 		live := r.live[h.UserID]
 		if live.Aggregated {
 			// The aggregate held every unsettled hold, in flight only the unexpired ones.
-			live.Held -= h.HeldMicro
+			live.Held -= owedMicro(h.HeldMicro, h.CapMicro, h.Settled.CostMicro, h.DiscountBP)
 			if h.Counted {
 				live.InFlight--
 			}

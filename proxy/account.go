@@ -87,7 +87,7 @@ func (s *Server) credits(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{
 		"object": "credits", "user": u.Name, "plan": b.Plan, // the plan of these figures, not the key cache's
 		"allowance": c(b.AllowanceMicro), "used_today": c(b.UsedTodayMicro), "held": c(b.HeldMicro),
-		"prepaid": c(b.PrepaidMicro), "available": c(b.AvailableMicro), "in_flight": b.InFlight,
+		"spent_in_runs": c(b.SpentInRunsMicro), "prepaid": c(b.PrepaidMicro), "available": c(b.AvailableMicro), "in_flight": b.InFlight,
 		"day": b.Day.Format(time.DateOnly),
 	})
 }

@@ -1,0 +1,83 @@
+package holds_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestNamedRunsSpendingCountsAgainstTheBalance: a named run's calls may spend up to its cap,
+// past its hold, and its row records each ended call (RecordRunCall). The balance counted the
+// run at its hold alone until it settled: /v1/credits showed as available credits the run had
+// already spent (and then dropped at the settle), and a new admission was given them, its
+// hold and cap reckoned from them. Each live hold now counts at what it holds or what its
+// run's calls have used (at its charge: discounted, at most its cap), whichever is more — in
+// the balance and in admission alike, a settlement sharing the admission's batch included.
+func TestNamedRunsSpendingCountsAgainstTheBalance(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		name := "apart"
+		if shared {
+			name = "settled in the admission's batch"
+		}
+		t.Run(name, func(t *testing.T) {
+			f := newAcctFixture(t)
+			u := f.user("spender", "standard")
+			allowance, discount := int64(100_000), 2_500
+			if err := f.store.SetUserLimits(f.ctx(), u.ID, &allowance, nil, &discount); err != nil {
+				t.Fatal(err)
+			}
+			run, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "x_spender", UserID: u.ID, ClientRunID: "agent",
+				Model: "fake-gpt", State: holds.StateRunning, TTL: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if run.HeldMicro != 20_000 || run.CapMicro != 100_000 {
+				t.Fatalf("run held %d, cap %d: want 20,000 and 100,000", run.HeldMicro, run.CapMicro)
+			}
+			// 120,000 at list price, 90,000 at 25 % off: past the hold, within the cap.
+			if ok, err := f.store.RecordRunCall(f.ctx(), "x_spender", time.Hour, pricing.Usage{Input: 10, Output: 5}, 120_000, 1, false); err != nil || !ok {
+				t.Fatalf("record: %v, %v", ok, err)
+			}
+			b, err := f.store.Balance(f.ctx(), u.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.HeldMicro != 90_000 || b.SpentInRunsMicro != 90_000 || b.AvailableMicro != 10_000 {
+				t.Fatalf("balance with the run's calls at 90,000 charged: held %d, spent in runs %d, available %d; want 90,000, 90,000, 10,000",
+					b.HeldMicro, b.SpentInRunsMicro, b.AvailableMicro)
+			}
+
+			next := holds.AdmitRequest{RunID: "r_spender_next", UserID: u.ID, Model: "fake-gpt", State: holds.StateRunning, TTL: time.Minute}
+			var h holds.Hold
+			if shared {
+				settled, admitted, err := f.store.WriteBatch(f.ctx(),
+					[]holds.Settlement{{RunID: "x_spender", CostMicro: 120_000, Calls: 1, Source: holds.SourceClient}}, []holds.AdmitRequest{next})
+				if err != nil || settled[0].Err != nil || admitted[0].Err != nil {
+					t.Fatalf("batch: %v, %+v, %+v", err, settled, admitted)
+				}
+				h = admitted[0].Hold
+			} else {
+				if h, err = f.store.Admit(f.ctx(), next); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if h.HeldMicro != 10_000 || h.CapMicro != 10_000 {
+				t.Fatalf("next call held %d, cap %d: want both the 10,000 left", h.HeldMicro, h.CapMicro)
+			}
+			if !shared {
+				f.settle("x_spender", 120_000)
+			}
+			after, err := f.store.Balance(f.ctx(), u.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.UsedTodayMicro != 90_000 || after.HeldMicro != 10_000 || after.SpentInRunsMicro != 0 || after.AvailableMicro != 0 {
+				t.Fatalf("after the run's settlement: used today %d, held %d, spent in runs %d, available %d; want 90,000, 10,000, 0, 0",
+					after.UsedTodayMicro, after.HeldMicro, after.SpentInRunsMicro, after.AvailableMicro)
+			}
+			f.settle("r_spender_next", 0)
+		})
+	}
+}
