@@ -2,12 +2,9 @@ package holds
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jmoiron/sqlx"
 )
 
 // CreditUnit is the credit_micro the fleet serves at, as the gateway that set it recorded it
@@ -43,19 +40,23 @@ func (e *CreditUnitMismatchError) Error() string {
 		e.Config, e.Recorded.CreditMicro, e.Recorded.SetBy, e.Recorded.SetAt.UTC().Format(time.RFC3339))
 }
 
+// creditUnitRecord is where serve records the fleet's credit_micro.
+var creditUnitRecord = fleetRecord{table: "credit_unit", column: "credit_micro"}
+
+func creditUnitOf(r recorded[int64]) CreditUnit {
+	return CreditUnit{CreditMicro: r.Value, SetBy: r.SetBy, SetAt: r.SetAt}
+}
+
 // CreditUnit reads the recorded unit, ErrNoCreditUnit if there is none.
 func (s *Store) CreditUnit(ctx context.Context) (CreditUnit, error) {
-	var u CreditUnit
-	err := s.withRetry(ctx, "read credit unit", func() error {
-		return s.db.GetContext(ctx, &u, "SELECT credit_micro, set_by, set_at FROM credit_unit WHERE id = 1")
-	})
-	if errors.Is(err, sql.ErrNoRows) {
+	rec, found, err := readRecord[int64](ctx, s, creditUnitRecord)
+	if err != nil {
+		return CreditUnit{}, err
+	}
+	if !found {
 		return CreditUnit{}, ErrNoCreditUnit
 	}
-	if err != nil {
-		return CreditUnit{}, fmt.Errorf("read the recorded credit_micro: %w", err)
-	}
-	return u, nil
+	return creditUnitOf(rec), nil
 }
 
 // CheckCreditUnit refuses creditMicro unless it is the recorded one: ErrNoCreditUnit, or a
@@ -77,36 +78,17 @@ func (s *Store) CheckCreditUnit(ctx context.Context, creditMicro int64) error {
 // change is set: then it records creditMicro in its place. Two starts at once record one value,
 // and the other is compared with it.
 func (s *Store) RecordCreditUnit(ctx context.Context, creditMicro int64, by string, change bool) (prev CreditUnit, found bool, err error) {
-	err = s.inTx(ctx, "record credit unit", func(tx *sqlx.Tx) error {
-		prev, found = CreditUnit{}, false
-		// The row is created if missing, then read under its lock: a SELECT … FOR UPDATE of a
-		// missing row locks nothing at READ COMMITTED, and two first starts would both insert.
-		res, err := tx.ExecContext(ctx, `INSERT INTO credit_unit (id, credit_micro, set_by) VALUES (1, ?, ?)
-			ON DUPLICATE KEY UPDATE id = id`, creditMicro, by)
-		if err != nil {
-			return fmt.Errorf("record credit_micro: %w", err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return fmt.Errorf("record credit_micro: %w", err)
-		} else if n == 1 {
-			return nil // recorded now: there was none
-		}
-		var cur CreditUnit
-		if err := tx.GetContext(ctx, &cur, "SELECT credit_micro, set_by, set_at FROM credit_unit WHERE id = 1 FOR UPDATE"); err != nil {
-			return fmt.Errorf("read the recorded credit_micro: %w", err)
-		}
-		prev, found = cur, true
-		if cur.CreditMicro == creditMicro {
-			return nil
+	rec, found, err := writeRecord(ctx, s, creditUnitRecord, creditMicro, by, func(cur recorded[int64]) (bool, error) {
+		if cur.Value == creditMicro {
+			return false, nil
 		}
 		if !change {
-			return &CreditUnitMismatchError{Recorded: cur, Config: creditMicro}
+			return false, &CreditUnitMismatchError{Recorded: creditUnitOf(cur), Config: creditMicro}
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE credit_unit SET credit_micro = ?, set_by = ?, set_at = NOW(6) WHERE id = 1",
-			creditMicro, by); err != nil {
-			return fmt.Errorf("change the recorded credit_micro: %w", err)
-		}
-		return nil
+		return true, nil
 	})
-	return prev, found, err
+	if !found {
+		return CreditUnit{}, false, err
+	}
+	return creditUnitOf(rec), true, err
 }
