@@ -29,8 +29,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/plans"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
@@ -145,8 +147,14 @@ func newWorldOn(t *testing.T, dsn, redisURL string) *world {
 	w.price = pricing.Price{Input: 2_500_000, CacheRead: 1_250_000, CacheWrite: 3_125_000, Output: 10_000_000}
 	w.config = w.writeConfig(nil)
 	// What the world's gateways record at their start, for the operator's commands a test runs
-	// before or without one (they refuse to convert credits while nothing is recorded).
+	// before or without one (they refuse to convert credits, or use plan terms, while nothing
+	// is recorded): the world's config has the default plans, w.store standard alone.
 	if _, _, err := w.store.RecordCreditUnit(context.Background(), 1000, "e2e-world", false); err != nil {
+		t.Fatal(err)
+	}
+	defaults := config.Default()
+	if _, _, err := holds.NewStore(db, plans.FromConfig(defaults), defaults.DefaultPlan, zap.NewNop()).
+		RecordPlanTerms(context.Background(), "e2e-world"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { testenv.CheckLedger(t, w.db) })

@@ -17,7 +17,9 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/plans"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -43,12 +45,18 @@ func useTestDatabase(t *testing.T) func(query string, args ...any) int {
 	}
 }
 
-// servedAt records creditMicro as the credit_micro the fleet serves at, as `gateway serve`
-// does at start: the operator's commands that convert credits require it.
+// servedAt records creditMicro as the credit_micro the fleet serves at, and the default
+// config's plans at it as its plan terms, as `gateway serve` does at start: the operator's
+// commands that convert credits, or use plan terms, require them.
 func servedAt(t *testing.T, db *sqlx.DB, creditMicro int64) {
 	t.Helper()
-	st := holds.NewStore(db, map[string]holds.Plan{"standard": {}}, "standard", zap.NewNop())
+	cfg := config.Default()
+	cfg.CreditMicro = creditMicro
+	st := holds.NewStore(db, plans.FromConfig(cfg), cfg.DefaultPlan, zap.NewNop())
 	if _, _, err := st.RecordCreditUnit(testCtx(t), creditMicro, "test-fleet", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.RecordPlanTerms(testCtx(t), "test-fleet"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -28,6 +28,34 @@ func fleetConfig(t *testing.T, creditMicro string) string {
 	return path
 }
 
+// operatorCommand is one of the operator's commands as a test runs it, with its own flags.
+type operatorCommand struct {
+	name string
+	cmd  func(context.Context, []string) error
+	args []string
+}
+
+// refusedEach runs each of cmds with configArgs before its own flags, and fails the test
+// unless each is refused naming every one of want and -config, having printed nothing; how
+// says how they were run.
+func refusedEach(t *testing.T, ctx context.Context, cmds []operatorCommand, configArgs []string, how string, want ...string) {
+	t.Helper()
+	for _, c := range cmds {
+		out, err := stdout(t, func() error { return c.cmd(ctx, append(append([]string{}, configArgs...), c.args...)) })
+		if err == nil || !strings.Contains(err.Error(), "-config") {
+			t.Errorf("%s %s: %v, want it refused naming %q and -config", c.name, how, err, want)
+		}
+		for _, w := range want {
+			if err != nil && !strings.Contains(err.Error(), w) {
+				t.Errorf("%s %s: %v, want it refused naming %q", c.name, how, err, w)
+			}
+		}
+		if len(out) != 0 {
+			t.Errorf("%s refused printed %s", c.name, out)
+		}
+	}
+}
+
 // TestOperatorCommandsRefuseAnotherCreditMicro: credit_micro is a setting and the database
 // holds micro-USD, so every operator command converted credits at its own config's value: run
 // without the fleet's -config (the default 1000) against a fleet serving at 10000, `gateway
@@ -46,11 +74,7 @@ func TestOperatorCommandsRefuseAnotherCreditMicro(t *testing.T) {
 	fleet := fleetConfig(t, "10000")
 	stale := fleetConfig(t, "5000")
 
-	for _, c := range []struct {
-		name string
-		cmd  func(context.Context, []string) error
-		args []string
-	}{
+	cmds := []operatorCommand{
 		{"grant", grantCmd, []string{"-user", "alice", "-amount", "5", "-key", "pay-1"}},
 		{"user set", userSet, []string{"-name", "alice", "-allowance", "5"}},
 		{"user show", userShow, []string{"-name", "alice"}},
@@ -59,20 +83,13 @@ func TestOperatorCommandsRefuseAnotherCreditMicro(t *testing.T) {
 		{"balance", balanceCmd, []string{"-user", "alice"}},
 		{"runs", runsCmd, nil},
 		{"report", reportCmd, nil},
-	} {
-		for _, cfg := range []struct {
-			args  []string
-			value string
-		}{{nil, "1000"}, {[]string{"-config", stale}, "5000"}} {
-			out, err := stdout(t, func() error { return c.cmd(ctx, append(append([]string{}, cfg.args...), c.args...)) })
-			if err == nil || !strings.Contains(err.Error(), "credit_micro is "+cfg.value) ||
-				!strings.Contains(err.Error(), "credit_micro 10000") || !strings.Contains(err.Error(), "-config") {
-				t.Errorf("%s at credit_micro %s beside a fleet at 10000: %v, want it refused naming both and -config", c.name, cfg.value, err)
-			}
-			if len(out) != 0 {
-				t.Errorf("%s refused printed %s", c.name, out)
-			}
-		}
+	}
+	for _, cfg := range []struct {
+		args  []string
+		value string
+	}{{nil, "1000"}, {[]string{"-config", stale}, "5000"}} {
+		refusedEach(t, ctx, cmds, cfg.args, "at credit_micro "+cfg.value+" beside a fleet at 10000",
+			"credit_micro is "+cfg.value, "credit_micro 10000")
 	}
 	if n := count("SELECT COUNT(*) FROM grants"); n != 0 {
 		t.Errorf("%d grants written at another credit_micro, want none", n)

@@ -223,11 +223,9 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 			return nil, err
 		}
 	}
-	if convertsCredits[name] {
-		if err := creditUnitIsTheFleets(ctx, e, name); err != nil {
-			e.Close()
-			return nil, err
-		}
+	if err := agreesWithTheFleet(ctx, e, name); err != nil {
+		e.Close()
+		return nil, err
 	}
 	if needRedis {
 		opt, err := redisOptions(cfg.RedisURL)
@@ -276,6 +274,29 @@ var convertsCredits = map[string]bool{
 	"grant": true, "balance": true, "runs": true, "report": true, "reconcile": true,
 }
 
+// usesPlanTerms are the operator's commands that compute or move money by the plans' terms
+// (a charge split by the allowance, a refund bounded by it, a balance or a user's effective
+// terms shown): each takes them from its config, and refuses plans other than the fleet's
+// (planTermsAreTheFleets). runs and report read what was charged, and use no plan terms.
+var usesPlanTerms = map[string]bool{
+	"user list": true, "user show": true, "user set": true, "user disable": true, "user enable": true,
+	"grant": true, "balance": true, "reconcile": true,
+}
+
+// agreesWithTheFleet refuses to run command with a config whose credit_micro or plans, where
+// command uses them, are not those the fleet's gateways recorded.
+func agreesWithTheFleet(ctx context.Context, e *env, command string) error {
+	if convertsCredits[command] {
+		if err := creditUnitIsTheFleets(ctx, e, command); err != nil {
+			return err
+		}
+	}
+	if usesPlanTerms[command] {
+		return planTermsAreTheFleets(ctx, e, command)
+	}
+	return nil
+}
+
 // creditUnitIsTheFleets refuses to run command with a credit_micro other than the one the
 // fleet's gateways serve at, as `gateway serve` recorded it (holds.CreditUnit): run without the
 // fleet's -config, or with a stale one, a grant of 5 credits at the default 1000 was 5000
@@ -286,19 +307,43 @@ var convertsCredits = map[string]bool{
 func creditUnitIsTheFleets(ctx context.Context, e *env, command string) error {
 	err := e.store().CheckCreditUnit(ctx, e.cfg.CreditMicro)
 	var mismatch *holds.CreditUnitMismatchError
-	switch {
-	case errors.As(err, &mismatch):
-		return fmt.Errorf("%s refused: %w: it would convert credits at %d micro-USD each, not the fleet's %d; "+
-			"pass the fleet's config (-config FILE) and run it again; nothing was done",
-			command, err, mismatch.Config, mismatch.Recorded.CreditMicro)
-	case errors.Is(err, holds.ErrNoCreditUnit):
-		return fmt.Errorf("%s refused: %w, so what a credit is worth there is unknown; start the gateway "+
-			"(`gateway serve -config FILE`: it records the credit_micro it serves at), then run this with the same -config; "+
-			"nothing was done", command, err)
-	case err != nil:
-		return fmt.Errorf("%s: %w", command, err)
+	differs := errors.As(err, &mismatch)
+	if differs {
+		err = fmt.Errorf("%w: it would convert credits at %d micro-USD each, not the fleet's %d", err, mismatch.Config, mismatch.Recorded.CreditMicro)
 	}
-	return nil
+	return notTheFleets(command, err, differs, holds.ErrNoCreditUnit, "what a credit is worth there", "the credit_micro it serves at")
+}
+
+// planTermsAreTheFleets refuses to run command with plans whose terms are not those the
+// fleet's gateways serve by, as the last one started recorded them (holds.PlanTerms): with a
+// copy of the config that fell behind, `reconcile -once` split charges between the day's
+// allowance and prepaid credits by another allowance than the gateways, and `balance` showed
+// it, with nothing to tell. Nothing recorded is refused too, as by creditUnitIsTheFleets.
+func planTermsAreTheFleets(ctx context.Context, e *env, command string) error {
+	err := e.store().CheckPlanTerms(ctx)
+	var mismatch *holds.PlanTermsMismatchError
+	differs := errors.As(err, &mismatch)
+	if differs {
+		err = fmt.Errorf("%w: it would reckon allowances, holds and charges by other plan terms than the gateways'", err)
+	}
+	return notTheFleets(command, err, differs, holds.ErrNoPlanTerms, "by which plan terms the fleet charges", "the plan terms it serves by")
+}
+
+// notTheFleets words the refusal of command when the store's check of a setting the fleet's
+// gateways record (err) fails: its config's differs (differs), nothing is recorded (none:
+// unknown is then not known, and records is what serve records), or the record is unreadable.
+func notTheFleets(command string, err error, differs bool, none error, unknown, records string) error {
+	switch {
+	case err == nil:
+		return nil
+	case differs:
+		return fmt.Errorf("%s refused: %w; pass the fleet's config (-config FILE) and run it again; nothing was done", command, err)
+	case errors.Is(err, none):
+		return fmt.Errorf("%s refused: %w, so %s is unknown; start the gateway "+
+			"(`gateway serve -config FILE`: it records %s), then run this with the same -config; "+
+			"nothing was done", command, err, unknown, records)
+	}
+	return fmt.Errorf("%s: %w", command, err)
 }
 
 // store builds the holds store with the configured plans.

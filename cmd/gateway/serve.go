@@ -63,6 +63,9 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	if err := recordCreditUnit(ctx, store, e.cfg, changeCreditMicro, e.log); err != nil {
 		return err
 	}
+	if err := recordPlanTerms(ctx, store, e.cfg, e.log); err != nil {
+		return err
+	}
 	warnUsersOnUnconfiguredPlans(ctx, store, e.cfg, e.log)
 	// Listening before registering: a start that fails here (the port taken, say) leaves no
 	// row for the other processes to find dead and count.
@@ -154,6 +157,38 @@ func recordCreditUnit(ctx context.Context, store *holds.Store, cfg *config.Confi
 			zap.Int64("credit_micro", cfg.CreditMicro), zap.Int64("previous_credit_micro", prev.CreditMicro),
 			zap.String("previous_set_by", prev.SetBy), zap.Time("previous_set_at", prev.SetAt))
 	}
+	return nil
+}
+
+// recordPlanTerms records the plan terms this gateway serves by as the fleet's
+// (holds.PlanTerms), which the operator's commands that use them then require of their config.
+// Unlike another credit_micro, other terms than those recorded are not refused: plans change
+// routinely (a plan added, an allowance raised), by a config rolled out one gateway at a time,
+// and this start is how. So the record is the last started gateway's. During a rolling change
+// the commands follow the new config while the gateways not yet restarted hold and charge by
+// the old; a gateway started with a stale config moves the record back under the others, and
+// the warning, with each change and the terms before and after, is what shows it.
+func recordPlanTerms(ctx context.Context, store *holds.Store, cfg *config.Config, log *zap.Logger) error {
+	prev, found, err := store.RecordPlanTerms(ctx, cfg.Instance)
+	if err != nil {
+		return fmt.Errorf("record the plan terms: %w", err)
+	}
+	mine := store.PlanTerms()
+	if !found {
+		log.Info("plan terms recorded as the fleet's", zap.Any("plan_terms", mine))
+		return nil
+	}
+	diffs := holds.DiffPlanTerms(prev.Terms, mine)
+	if len(diffs) == 0 {
+		return nil
+	}
+	changes := make([]string, len(diffs))
+	for i, d := range diffs {
+		changes[i] = d.String()
+	}
+	log.Warn("plan terms changed: the operator's commands that use plan terms now require this config's plans; gateways started with the previous ones hold and charge by them until they restart",
+		zap.Strings("changes", changes), zap.Any("plan_terms", mine), zap.Any("previous_plan_terms", prev.Terms),
+		zap.String("previous_set_by", prev.SetBy), zap.Time("previous_set_at", prev.SetAt))
 	return nil
 }
 
