@@ -38,13 +38,15 @@ func TestPlanTermsRecordedAreWhatCommandsCompare(t *testing.T) {
 		t.Errorf("plans that differ in max_in_flight alone (no money term): %v, want them passed", err)
 	}
 	for _, c := range []struct {
-		plans map[string]holds.Plan
-		want  holds.PlanTermsDiff
+		plans       map[string]holds.Plan
+		defaultPlan string
+		want        holds.PlanTermsDiff
 	}{
-		{raised, holds.PlanTermsDiff{Plan: "standard", Term: "allowance_micro", Recorded: "2000000", Config: "2001000"}},
-		{withPro, holds.PlanTermsDiff{Plan: "pro", Config: "configured"}},
+		{raised, "standard", holds.PlanTermsDiff{Plan: "standard", Term: "allowance_micro", Recorded: "2000000", Config: "2001000"}},
+		{withPro, "standard", holds.PlanTermsDiff{Plan: "pro", Config: "configured"}},
+		{withPro, "pro", holds.PlanTermsDiff{Term: "default_plan", Recorded: "standard", Config: "pro"}}, // first
 	} {
-		err := holds.NewStore(e.db, c.plans, "standard", e.log).CheckPlanTerms(e.ctx())
+		err := holds.NewStore(e.db, c.plans, c.defaultPlan, e.log).CheckPlanTerms(e.ctx())
 		var mismatch *holds.PlanTermsMismatchError
 		if !errors.As(err, &mismatch) || mismatch.First != c.want || mismatch.Recorded.SetBy != "gw-1" {
 			t.Errorf("check of %v: %v, want a mismatch %+v recorded by gw-1", c.plans, err, c.want)
