@@ -28,6 +28,12 @@ var (
 var errSettleUnanswered = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
 	Message: "Billing became unavailable as the run's settlement was committing: the run may be settled. Settle again (it shows the settled run, or settles it) or GET /v1/runs/{id} to see."}
 
+// errSettleNotDone answers a settle that charged nothing, billing being unavailable: the run is
+// reopened (its close undone, if Redis is there to undo it) and a retry settles it.
+// errBillingDown's "the call was not made" left an agent unsure whether its run was settled.
+var errSettleNotDone = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
+	Message: "Billing is unavailable, so the run was not settled and nothing was charged. Retry shortly."}
+
 var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "run_budget_exhausted",
 	Message: "This run's budget is used, or reserved by its calls in flight: what it has tallied plus this call's prompt and the least answer exceed the run's cap."}
 
@@ -147,8 +153,8 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		logRefusal(log, errBillingDown, "run unreadable", err, zap.String("route", settleRoute))
-		writeError(w, errBillingDown)
+		logRefusal(log, errSettleNotDone, "run unreadable", err, zap.String("route", settleRoute))
+		writeError(w, errSettleNotDone)
 		return
 	}
 	if run.State != holds.StateSettled {
@@ -182,7 +188,7 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			s.reopenRun(ctx, run.RunID, mark, log)
-			writeError(w, errBillingDown)
+			writeError(w, errSettleNotDone)
 			return
 		}
 		s.settledOnRequest(st, res, log)
@@ -225,7 +231,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		if mark != "" {
 			s.reopenRun(ctx, run.RunID, mark, log)
 		}
-		return holds.Settlement{}, "", errBillingDown
+		return holds.Settlement{}, "", errSettleNotDone
 	}
 	if t, found, err := s.readTally(ctx, run.RunID); err != nil {
 		return unavailable("run tally unreadable", err)

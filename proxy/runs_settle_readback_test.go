@@ -88,3 +88,32 @@ func TestSettleWhoseCommitWentUnansweredSaysItMayHaveSettled(t *testing.T) {
 		t.Fatalf("settle retried: %d %s", status, body)
 	}
 }
+
+// TestSettleThatFailsSaysTheRunIsNotSettled: a settle refused because billing is unavailable
+// (here the database gone as it reads the run) charged nothing, but was told "the call was not
+// made", which leaves an agent unsure what became of its run. It now says the run was not
+// settled; settled again once the database is back, it is.
+func TestSettleThatFailsSaysTheRunIsNotSettled(t *testing.T) {
+	h, lossy := newLossyHarness(t)
+	u, key := h.user("standard")
+	runID := firstRunCall(t, h, key, map[string]string{"X-Run-Id": "task-not-settled"}, 5)
+
+	lossy.Arm(runReadMarker, testenv.GoDown)
+	status, body := h.settleRun(key, "task-not-settled")
+	down := lossy.Down()
+	lossy.Restore()
+	if !down {
+		t.Fatal("the settle never lost the database")
+	}
+	if r := h.run(u.ID, runID); r.State == holds.StateSettled {
+		t.Fatalf("run settled with the database gone at its first read")
+	}
+	msg := errorMessage(t, body)
+	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" ||
+		!strings.Contains(msg, "not settled") || strings.Contains(msg, "not made") {
+		t.Fatalf("settle with the database gone: %d %s; want 503 saying the run was not settled", status, body)
+	}
+	if status, body := h.settleRun(key, "task-not-settled"); status != http.StatusOK || !strings.Contains(string(body), `"state":"settled"`) {
+		t.Fatalf("settle retried: %d %s", status, body)
+	}
+}
