@@ -54,10 +54,14 @@ type Limits struct {
 	MaxResponseBytes       int64 `yaml:"max_response_bytes"` // a non-streamed upstream body
 	// MaxResponseMemory bounds the non-streamed answers one process holds at once, read whole
 	// before they are relayed (up to MaxResponseBytes each): for the reason MaxBodyMemory bounds
-	// request bodies. 0 (the default) derives it: see ResponseMemoryBound.
-	MaxResponseMemory int64         `yaml:"max_response_memory"`
-	UpstreamTimeout   time.Duration `yaml:"upstream_timeout"` // a whole upstream call, stream included
-	HeaderTimeout     time.Duration `yaml:"header_timeout"`   // a streamed call's upstream response headers
+	// request bodies. MaxResponseMemoryPerCaller is one caller's share of it: an answer is
+	// held until its caller has read it, so one caller reading slowly would otherwise hold
+	// answers of MaxResponseBytes by the max_in_flight, turning every other caller's away.
+	// 0 (the default) derives them: see ResponseMemoryBound and ResponseMemoryPerCaller.
+	MaxResponseMemory          int64         `yaml:"max_response_memory"`
+	MaxResponseMemoryPerCaller int64         `yaml:"max_response_memory_per_caller"`
+	UpstreamTimeout            time.Duration `yaml:"upstream_timeout"` // a whole upstream call, stream included
+	HeaderTimeout              time.Duration `yaml:"header_timeout"`   // a streamed call's upstream response headers
 	// ClientWriteTimeout bounds one write to the caller: a client that takes nothing for this
 	// long has stopped reading, and its call ends as cancelled instead of keeping its hold.
 	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`

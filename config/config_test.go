@@ -59,6 +59,8 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		{"limits:\n  max_body_memory: 67108864\n  max_body_memory_per_caller: 134217728\n", "limits.max_body_memory_per_caller"},
 		// Under one answer's limit, the largest answer could never be read.
 		{"limits:\n  max_response_memory: 1048576\n", "limits.max_response_memory"},
+		{"limits:\n  max_response_memory_per_caller: 1048576\n", "limits.max_response_memory_per_caller"},
+		{"limits:\n  max_response_memory: 67108864\n  max_response_memory_per_caller: 134217728\n", "limits.max_response_memory_per_caller"},
 		{"holds:\n  tally_ttl: 10m\n", "holds.tally_ttl"},
 		{"dedup:\n  replay_ttl: 0s\n", "dedup.replay_ttl"},
 		{"limits:\n  key_cache_ttl: 1h\n", "limits.key_cache_ttl"},
@@ -268,25 +270,28 @@ func TestBodyMemoryBoundsFitEveryBodyLimit(t *testing.T) {
 
 // TestResponseMemoryBoundFitsEveryAnswerLimit: unset, the bound on whole answers in memory is
 // 512 MiB, or four largest answers when max_response_bytes is large, so that a configuration
-// valid before it existed (any max_response_bytes up to 1 GiB) still starts; set, it is what
-// was set.
+// valid before it existed (any max_response_bytes up to 1 GiB) still starts, and a caller's
+// share a 16th of it, or one largest answer if more; set, each is what was set.
 func TestResponseMemoryBoundFitsEveryAnswerLimit(t *testing.T) {
 	for _, tc := range []struct {
-		answerBytes, set, want int64
+		answerBytes, set, setPerCaller, want, wantPerCaller int64
 	}{
-		{32 << 20, 0, 512 << 20},
-		{256 << 20, 0, 1 << 30},
-		{1 << 30, 0, 4 << 30},
-		{32 << 20, 64 << 20, 64 << 20},
+		{32 << 20, 0, 0, 512 << 20, 32 << 20},
+		{1 << 20, 0, 0, 512 << 20, 32 << 20},
+		{256 << 20, 0, 0, 1 << 30, 256 << 20},
+		{1 << 30, 0, 0, 4 << 30, 1 << 30},
+		{32 << 20, 64 << 20, 0, 64 << 20, 32 << 20},
+		{32 << 20, 0, 100 << 20, 512 << 20, 100 << 20},
 	} {
 		cfg := Default()
 		cfg.MySQLDSN, cfg.RedisURL = "u:p@tcp(127.0.0.1:3306)/db", "redis://127.0.0.1:6379/0"
-		cfg.Limits.MaxResponseBytes, cfg.Limits.MaxResponseMemory = tc.answerBytes, tc.set
+		cfg.Limits.MaxResponseBytes, cfg.Limits.MaxResponseMemory, cfg.Limits.MaxResponseMemoryPerCaller = tc.answerBytes, tc.set, tc.setPerCaller
 		if err := cfg.Validate(); err != nil {
 			t.Fatalf("max_response_bytes %d, max_response_memory %d: %v", tc.answerBytes, tc.set, err)
 		}
-		if got := cfg.Limits.ResponseMemoryBound(); got != tc.want {
-			t.Errorf("max_response_bytes %d, max_response_memory %d: bound %d, want %d", tc.answerBytes, tc.set, got, tc.want)
+		if got, perCaller := cfg.Limits.ResponseMemoryBound(), cfg.Limits.ResponseMemoryPerCaller(); got != tc.want || perCaller != tc.wantPerCaller {
+			t.Errorf("max_response_bytes %d, max_response_memory %d, per caller %d: bounds %d, %d a caller; want %d, %d",
+				tc.answerBytes, tc.set, tc.setPerCaller, got, perCaller, tc.want, tc.wantPerCaller)
 		}
 	}
 }

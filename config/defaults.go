@@ -135,6 +135,21 @@ func (l Limits) ResponseMemoryBound() int64 {
 	return max(DefaultMaxResponseMemory, 4*l.MaxResponseBytes)
 }
 
+// ResponseMemoryShares is how many callers it takes, each holding its whole share, to fill the
+// process's bound on whole answers unless max_response_memory_per_caller says otherwise.
+const ResponseMemoryShares = 16
+
+// ResponseMemoryPerCaller returns one caller's share of the whole answers in memory: as
+// configured, or where 0 a ResponseMemoryShares-th of ResponseMemoryBound or one largest
+// answer if more (so that any answer fits a caller holding no other).
+func (l Limits) ResponseMemoryPerCaller() int64 {
+	if l.MaxResponseMemoryPerCaller != 0 {
+		return l.MaxResponseMemoryPerCaller
+	}
+	total := l.ResponseMemoryBound()
+	return min(total, max(l.MaxResponseBytes, total/ResponseMemoryShares))
+}
+
 // DefaultDBReadTimeout is the longest the gateway waits for one reply of the database when the
 // DSN sets no readTimeout (holds.Open's default; a test there keeps the two equal, so that
 // the configuration need not depend on the database package).

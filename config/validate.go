@@ -178,6 +178,11 @@ func (c *Config) checkSizes(bad complain) {
 	if n := c.Limits.MaxResponseMemory; n != 0 && (n < c.Limits.MaxResponseBytes || n > 64<<30) {
 		bad("limits.max_response_memory", "must be 0 (derived) or in [limits.max_response_bytes (%d), 64GiB], got %d", c.Limits.MaxResponseBytes, n)
 	}
+	// Below one answer's limit, a caller's largest answer could never be held.
+	if n, total := c.Limits.MaxResponseMemoryPerCaller, c.Limits.ResponseMemoryBound(); n != 0 && (n < c.Limits.MaxResponseBytes || n > total) {
+		bad("limits.max_response_memory_per_caller", "must be 0 (derived) or in [limits.max_response_bytes (%d), limits.max_response_memory (%d)], got %d",
+			c.Limits.MaxResponseBytes, total, n)
+	}
 }
 
 // checkDedup checks the duplicate window and the Idempotency-Key answers' store.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,39 +28,76 @@ import (
 // bounded, all of them together (answerMemoryWait), first come first served, after which the
 // answer is not passed on: 503 server_busy, charged what it used (answerMemoryFull). An answer
 // whose Content-Length passes max_response_bytes is never read whole, and waits for nothing.
+//
+// Each caller's answers are bounded too (limits.max_response_memory_per_caller), as its
+// request bodies are: an answer leaves memory only once its caller has read it, and a caller
+// reading at a trickle (a piece of 64 KiB a client_write_timeout keeps it going) holds it for
+// as long. Without the share one caller with a few answers of max_response_bytes in flight (an
+// embeddings list of tens of MB costs a fraction of a cent) held the whole bound, and every
+// other caller's answer waited, was refused and was charged. An answer past its caller's share
+// waits for that caller's other answers to leave, within the same wait, before it waits for
+// the process's room.
 type answerMemory struct {
-	sem   *semaphore.Weighted
-	wait  time.Duration // answerMemoryWait; shorter in tests
-	held  prometheus.Gauge
-	waits prometheus.Counter
+	sem       *semaphore.Weighted
+	perCaller int64
+	wait      time.Duration // answerMemoryWait; shorter in tests
+	held      prometheus.Gauge
+	waits     prometheus.Counter
+
+	mu      sync.Mutex
+	callers map[uint64]*callerAnswers // the callers with answers in memory now, no others
+}
+
+// callerAnswers is one caller's share of the answers in memory, and how many of its answers
+// are counting against it (the entry goes when the last one is released).
+type callerAnswers struct {
+	sem     *semaphore.Weighted
+	answers int
 }
 
 // answerMemoryWait bounds one wait for room. Answers leave memory as fast as their callers
 // read them; one still waiting after this is most likely in a deadlock of growing buffers.
 const answerMemoryWait = 5 * time.Second
 
-// errAnswerMemoryFull is an answer that found no room within answerMemoryWait.
-var errAnswerMemoryFull = errors.New("whole answers in memory at the process's limit")
+// errAnswerMemoryFull is an answer that found no room within answerMemoryWait;
+// errCallerAnswerMemory, which is one too, one that found none in its caller's share.
+var (
+	errAnswerMemoryFull   = errors.New("whole answers in memory at the process's limit")
+	errCallerAnswerMemory = fmt.Errorf("%w: at the caller's share", errAnswerMemoryFull)
+)
 
 // firstAnswerBuffer is the first buffer of an answer of unknown length (io.ReadAll's own):
 // most answers are a few KiB.
 const firstAnswerBuffer = 512
 
-func newAnswerMemory(limit int64, held prometheus.Gauge, waits prometheus.Counter) *answerMemory {
-	if limit <= 0 {
-		panic(fmt.Sprintf("proxy: answer memory %d", limit))
+func newAnswerMemory(limit, perCaller int64, held prometheus.Gauge, waits prometheus.Counter) *answerMemory {
+	if limit <= 0 || perCaller <= 0 || perCaller > limit {
+		panic(fmt.Sprintf("proxy: answer memory %d, per caller %d", limit, perCaller))
 	}
-	return &answerMemory{sem: semaphore.NewWeighted(limit), wait: answerMemoryWait, held: held, waits: waits}
+	return &answerMemory{sem: semaphore.NewWeighted(limit), perCaller: perCaller, wait: answerMemoryWait, held: held, waits: waits,
+		callers: map[uint64]*callerAnswers{}}
 }
 
-// buffer starts counting one answer; its release, deferred by the caller, gives back what it
-// counted.
-func (m *answerMemory) buffer() *answerBuffer { return &answerBuffer{m: m} }
+// buffer starts counting one answer of caller; its release, deferred by the caller, gives back
+// what it counted.
+func (m *answerMemory) buffer(caller uint64) *answerBuffer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ca := m.callers[caller]
+	if ca == nil {
+		ca = &callerAnswers{sem: semaphore.NewWeighted(m.perCaller)}
+		m.callers[caller] = ca
+	}
+	ca.answers++
+	return &answerBuffer{m: m, caller: caller, share: ca}
+}
 
 // answerBuffer is what one answer has counted.
 type answerBuffer struct {
-	m *answerMemory
-	n int64
+	m      *answerMemory
+	caller uint64
+	share  *callerAnswers // nil once released
+	n      int64
 	// waitUntil ends the answer's waits for room, all of them: set by its first (one whose
 	// buffer grows waits at each step otherwise, 16 steps to 32 MiB).
 	waitUntil time.Time
@@ -113,31 +151,59 @@ func (b *answerBuffer) grow(ctx context.Context, size, limit int64) error {
 	if n <= 0 {
 		return nil
 	}
-	if !b.m.sem.TryAcquire(n) {
-		b.m.waits.Inc()
-		if b.waitUntil.IsZero() {
-			b.waitUntil = time.Now().Add(b.m.wait)
-		}
-		wait, cancel := context.WithDeadline(ctx, b.waitUntil)
-		defer cancel()
-		if err := b.m.sem.Acquire(wait, n); err != nil {
-			if ctx.Err() != nil {
-				return fmt.Errorf("wait for answer memory: %w", ctx.Err())
-			}
-			return errAnswerMemoryFull
-		}
+	if b.share == nil {
+		panic("proxy: answer buffer grown after its release")
+	}
+	// The caller's share first: an answer waiting for its caller's other answers to leave
+	// holds none of the process's room meanwhile.
+	if err := b.acquire(ctx, b.share.sem, n, errCallerAnswerMemory); err != nil {
+		return err
+	}
+	if err := b.acquire(ctx, b.m.sem, n, errAnswerMemoryFull); err != nil {
+		b.share.sem.Release(n)
+		return err
 	}
 	b.n += n
 	b.m.held.Add(float64(n))
 	return nil
 }
 
+// acquire takes n of sem, waiting for room until the answer's waits end (waitUntil, set by
+// its first): full is the error when they end without it.
+func (b *answerBuffer) acquire(ctx context.Context, sem *semaphore.Weighted, n int64, full error) error {
+	if sem.TryAcquire(n) {
+		return nil
+	}
+	b.m.waits.Inc()
+	if b.waitUntil.IsZero() {
+		b.waitUntil = time.Now().Add(b.m.wait)
+	}
+	wait, cancel := context.WithDeadline(ctx, b.waitUntil)
+	defer cancel()
+	if err := sem.Acquire(wait, n); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("wait for answer memory: %w", ctx.Err())
+		}
+		return full
+	}
+	return nil
+}
+
 // release gives back everything the buffer counted; safe to call more than once.
 func (b *answerBuffer) release() {
-	if b.n == 0 {
+	if b.share == nil {
 		return
 	}
-	b.m.sem.Release(b.n)
-	b.m.held.Sub(float64(b.n))
-	b.n = 0
+	if b.n > 0 {
+		b.m.sem.Release(b.n)
+		b.share.sem.Release(b.n)
+		b.m.held.Sub(float64(b.n))
+		b.n = 0
+	}
+	b.m.mu.Lock()
+	if b.share.answers--; b.share.answers == 0 {
+		delete(b.m.callers, b.caller) // the map holds the callers with answers in memory, no more
+	}
+	b.m.mu.Unlock()
+	b.share = nil
 }

@@ -224,3 +224,91 @@ func answerOfSize(size int, model string) []byte {
 	const tail = `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16}}`
 	return []byte(head + strings.Repeat("x", size-len(head)-len(tail)) + tail)
 }
+
+// TestOneCallerHoldsAtMostItsShareOfWholeAnswers: a caller's whole answers in memory are
+// bounded apart from the process's (limits.max_response_memory_per_caller, a 16th of
+// max_response_memory or one largest answer if more), as its request bodies are. An answer
+// is held until its caller has read it, and a caller reading at a trickle holds it for as
+// long: without the share, one caller with a few answers of max_response_bytes in flight (a
+// cheap embeddings list is tens of MB) took the whole bound, and every other caller's whole
+// answer waited, was answered 503 server_busy and was charged. Past its share a caller's own
+// answer waits for its other answers to leave, as any answer waits for room, and then is
+// refused (503 server_busy, charged what it used); the other callers' answers find room.
+func TestOneCallerHoldsAtMostItsShareOfWholeAnswers(t *testing.T) {
+	const (
+		heldSize  = 12 << 10 // counted whole from its Content-Length: 12 KiB and one byte
+		otherSize = 14 << 10 // fits beside one held answer in 36 KiB, not beside two
+	)
+	up := &sizedAnswers{arrived: make(chan struct{}, 1), release: map[string]chan struct{}{"1": make(chan struct{}), "2": make(chan struct{})}}
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	h := newHarness(t, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "sized", Kind: "openai", BaseURL: upSrv.URL, Models: []string{"*"}}}
+		// A caller's share is derived: one largest answer (16 KiB), more than 36 KiB / 16.
+		c.Limits.MaxResponseBytes, c.Limits.MaxResponseMemory = 16<<10, 36<<10
+	})
+	h.srv.SetAnswerMemoryWait(50 * time.Millisecond)
+	release1, release2 := sync.OnceFunc(func() { close(up.release["1"]) }), sync.OnceFunc(func() { close(up.release["2"]) })
+	t.Cleanup(release1)
+	t.Cleanup(release2)
+	_, holderKey := h.user("standard")
+	_, otherKey := h.user("standard")
+	chat := `{"model":"fake-gpt","messages":[{"role":"user","content":"hi"}]}`
+
+	// The holder's first answer, held in memory (its caller, or its upstream, slow).
+	first := make(chan *http.Response, 1)
+	go func() {
+		first <- h.post(holderKey, "/v1/chat/completions", chat, map[string]string{"X-Test-Size": strconv.Itoa(heldSize), "X-Test-Hold": "1"})
+	}()
+	arrived(t, up)
+	waitGauge(h, "tollgate_response_body_bytes", func(n int64) bool { return n == heldSize+1 }, "the first answer counted whole")
+
+	// Its second: past its share (two of 12 KiB in 16 KiB), it waits, and does not count.
+	second := make(chan *http.Response, 1)
+	go func() {
+		// Another body: the same one at once would be refused as a duplicate of the first.
+		second <- h.post(holderKey, "/v1/chat/completions", strings.Replace(chat, "hi", "hi again", 1), map[string]string{"X-Test-Size": strconv.Itoa(heldSize), "X-Test-Hold": "2"})
+	}()
+	arrived(t, up)
+	deadline := time.Now().Add(10 * time.Second)
+	for h.gauge("tollgate_response_memory_waits_total") < 1 && h.gauge("tollgate_response_body_bytes") < 2*(heldSize+1) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holder's second answer neither waited for room nor was counted")
+		}
+		time.Sleep(5 * time.Millisecond) // polling a condition, as waitGauge does
+	}
+
+	// Another caller's answer finds room beside what the holder may hold.
+	other := h.post(otherKey, "/v1/chat/completions", chat, map[string]string{"X-Test-Size": strconv.Itoa(otherSize)})
+	answer := readAll(t, other.Body)
+	other.Body.Close()
+	if other.StatusCode != http.StatusOK || len(answer) != otherSize {
+		t.Errorf("another caller's answer while one caller holds two: %d %.200s, want 200 with its %d bytes", other.StatusCode, answer, otherSize)
+	}
+
+	release2()
+	resp := <-second
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, body) != "server_busy" || !strings.Contains(string(body), "one caller") {
+		t.Errorf("the holder's answer past its share: %d %.200s, want 503 server_busy naming the caller's share", resp.StatusCode, body)
+	}
+	release1()
+	resp = <-first
+	body = readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || len(body) != heldSize {
+		t.Errorf("the holder's first answer: %d, %d bytes; want 200, %d bytes", resp.StatusCode, len(body), heldSize)
+	}
+	waitGauge(h, "tollgate_response_body_bytes", func(n int64) bool { return n == 0 }, "every answer's memory given back")
+}
+
+// arrived waits for the held answer of up to reach its upstream.
+func arrived(t *testing.T, up *sizedAnswers) {
+	t.Helper()
+	select {
+	case <-up.arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held answer never reached the upstream")
+	}
+}

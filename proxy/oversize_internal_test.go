@@ -70,8 +70,8 @@ func TestMeterOversizedFindsAnEmbeddingsListsModelAtItsEnd(t *testing.T) {
 func TestAnswerOfAnyLengthIsReadWithinItsCount(t *testing.T) {
 	const limit = 4 << 10
 	for _, hint := range []int64{-1, 0, 10, limit - 1, limit, limit + 1, math.MaxInt64} {
-		m := newAnswerMemory(limit, prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "c"}))
-		b := m.buffer()
+		m := newAnswerMemory(limit, limit, prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"}), prometheus.NewCounter(prometheus.CounterOpts{Name: "c"}))
+		b := m.buffer(1)
 		body, err := b.readAll(context.Background(), strings.NewReader(strings.Repeat("x", 10)), hint, limit)
 		if err != nil || string(body) != strings.Repeat("x", 10) || b.n > limit {
 			t.Errorf("Content-Length %d: %q, %v, counted %d; want the 10 bytes, at most %d counted", hint, body, err, b.n, limit)

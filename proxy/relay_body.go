@@ -25,11 +25,11 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		// charged again each time, where it is a 502 not to be retried).
 		return answerOversized(w, r, resp, c, nil, limit)
 	}
-	counted := s.answers.buffer()
+	counted := s.answers.buffer(c.user.ID)
 	defer counted.release()
 	body, err := counted.readAll(r.Context(), resp.Body, resp.ContentLength, limit)
 	if errors.Is(err, errAnswerMemoryFull) {
-		return answerMemoryFull(w, r, resp, c, body, limit)
+		return answerMemoryFull(w, r, resp, c, body, limit, err)
 	}
 	if err != nil {
 		return answerBodyFailure(w, r, c, err)
@@ -86,12 +86,13 @@ func answerOversized(w http.ResponseWriter, r *http.Request, resp *http.Response
 	return http.StatusBadGateway
 }
 
-// answerMemoryFull answers 503 an answer that found no room among the whole answers in memory
-// (body holds what of it was read), once it is metered from what more of it can be read, as
+// answerMemoryFull answers 503 an answer that found no room among the whole answers in memory,
+// the process's or its caller's share of them (full says which; body holds what of it was
+// read), once it is metered from what more of it can be read, as
 // answerOversized does. The provider made it, and it is charged what it used, as a call cut at
 // the drain deadline of a shutdown is: the gateway cannot tell a caller that would have paid
 // for it from one that would not.
-func answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, body []byte, limit int64) int {
+func answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, body []byte, limit int64, full error) int {
 	rest := &brokenRead{r: resp.Body}
 	head := readHead(body, rest)
 	if rest.err == nil && webPage(head) {
@@ -103,10 +104,15 @@ func answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *http.Respons
 	if broke != nil {
 		return answerBodyFailure(w, r, c, broke) // the caller left, the upstream's time ran out, or it broke
 	}
-	c.log.Warn("upstream answer found no room in memory", zap.Int64("read", read), zap.Bool("usage_found", c.meter.Result().Reported))
-	writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "server_busy",
-		Message:    "The gateway holds as many answers in memory as it may and could not pass this one on; it is charged what it used. Retry shortly.",
-		RetryAfter: bodyRetryAfter})
+	callers := errors.Is(full, errCallerAnswerMemory)
+	c.log.Warn("upstream answer found no room in memory", zap.Int64("read", read), zap.Bool("usage_found", c.meter.Result().Reported),
+		zap.Bool("callers_share", callers))
+	msg := "The gateway holds as many answers in memory as it may and could not pass this one on; it is charged what it used. Retry shortly."
+	if callers {
+		msg = "Your answers not yet read hold as many bytes of the gateway's memory as one caller may, and this one could not be passed on; " +
+			"it is charged what it used. Read your other answers, then retry."
+	}
+	writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "server_busy", Message: msg, RetryAfter: bodyRetryAfter})
 	return http.StatusServiceUnavailable
 }
 

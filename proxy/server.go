@@ -156,7 +156,7 @@ func New(d Deps) *Server {
 		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
 		counting: newInFlightCounts(maxCountsInFlight),
 		bodies:   newBodyMemory(bodyTotal, bodyPerCaller, d.Metrics.RequestBodyBytes),
-		answers:  newAnswerMemory(d.Config.Limits.ResponseMemoryBound(), d.Metrics.ResponseBodyBytes, d.Metrics.ResponseMemoryWaits),
+		answers:  newAnswerMemory(d.Config.Limits.ResponseMemoryBound(), d.Config.Limits.ResponseMemoryPerCaller(), d.Metrics.ResponseBodyBytes, d.Metrics.ResponseMemoryWaits),
 		beatDone: make(chan struct{}),
 	}
 	s.cut, s.cutAll = context.WithCancelCause(context.Background())
