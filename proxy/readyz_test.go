@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -144,5 +146,60 @@ func TestReadyzSaysWhenMySQLIsUnreachable(t *testing.T) {
 	}
 	if status, body := get("/healthz"); status != http.StatusOK {
 		t.Errorf("/healthz with MySQL unreachable: %d %s, want 200 (the process is alive)", status, body)
+	}
+}
+
+// TestReadyzNamesOnlyTheDependencyThatStalls: a database that takes connections and never
+// answers (a partition, a server stopped with SIGSTOP) used the whole check's time, and Redis
+// was then pinged with a context already ended: /readyz said "redis":"unavailable" beside
+// MySQL, and logged Redis unreachable, with Redis fine, sending the operator after the wrong
+// store. Each dependency is checked on its own time.
+func TestReadyzNamesOnlyTheDependencyThatStalls(t *testing.T) {
+	h := newHarness(t, nil)
+	stalled, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stalled.Close() })
+	var held sync.WaitGroup
+	t.Cleanup(held.Wait)
+	go func() {
+		for {
+			conn, err := stalled.Accept()
+			if err != nil {
+				return
+			}
+			// Never sends the server's greeting; closed when the test ends.
+			held.Add(1)
+			go func() {
+				defer held.Done()
+				defer conn.Close()
+				_, _ = io.Copy(io.Discard, conn)
+			}()
+		}
+	}()
+	db, err := sqlx.Open("mysql", "u:p@tcp("+stalled.Addr().String()+")/none?timeout=30s&readTimeout=30s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	log := zap.NewNop()
+	store := holds.NewStore(db, plans.FromConfig(h.cfg), "standard", log)
+	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: h.rdb, Keys: h.keys, Tally: h.tally,
+		Leases: runstate.NewLeases(h.rdb, h.keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
+	t.Cleanup(func() { _ = srv.Close() })
+	gw := httptest.NewServer(srv.Handler())
+	t.Cleanup(gw.Close)
+	start := time.Now()
+	resp, err := http.Get(gw.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := string(readAll(t, resp.Body))
+	resp.Body.Close()
+	t.Logf("/readyz %d in %v: %s", resp.StatusCode, time.Since(start), body)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, `"mysql":"unavailable"`) ||
+		!strings.Contains(body, `"redis":"ok"`) {
+		t.Errorf("/readyz with MySQL stalled and Redis up: %d %s, want 503 naming mysql unavailable, redis ok", resp.StatusCode, body)
 	}
 }

@@ -314,18 +314,30 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 // an answer, and a store slower than this is not ready to serve calls either.
 const readyCheckTimeout = 2 * time.Second
 
-// checkReady pings MySQL and Redis.
+// checkReady pings MySQL and Redis, at once and each within readyCheckTimeout: pinged one
+// after the other under one deadline, a database that stalled spent it all, and Redis, pinged
+// with the deadline past, was named unavailable too.
 func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 	// Not the asking caller's context: others may be waiting for this check's answer.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyCheckTimeout)
-	defer cancel()
+	ctx = context.WithoutCancel(ctx)
+	ping := func(ping func(context.Context) error) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			pctx, cancel := context.WithTimeout(ctx, readyCheckTimeout)
+			defer cancel()
+			done <- ping(pctx)
+		}()
+		return done
+	}
+	mysqlErr := ping(s.store.DB().PingContext)
+	redisErr := ping(func(ctx context.Context) error { return s.rdb.Ping(ctx).Err() })
 	status := map[string]string{"mysql": "ok", "redis": "ok"}
 	code := http.StatusOK
-	if err := s.store.DB().PingContext(ctx); err != nil {
+	if err := <-mysqlErr; err != nil {
 		s.log.Warn("readiness: mysql unreachable", zap.Error(err))
 		status["mysql"], code = "unavailable", http.StatusServiceUnavailable
 	}
-	if err := s.rdb.Ping(ctx).Err(); err != nil {
+	if err := <-redisErr; err != nil {
 		s.log.Warn("readiness: redis unreachable", zap.Error(err))
 		status["redis"], code = "unavailable", http.StatusServiceUnavailable
 	}
