@@ -126,8 +126,12 @@ func (s *Server) serveCall(rt *route) http.HandlerFunc {
 		defer s.calls.leave()
 		r, uncut := s.cuttable(r)
 		defer uncut()
-		status := s.handleCall(w, r, rt, user, runID, callLog)
-		s.metrics.Requests.WithLabelValues(rt.path, codeLabel(status)).Inc()
+		status := http.StatusInternalServerError
+		// Counted as it returns or panics: a call whose handler panicked (its connection closed
+		// by net/http, or its stream cut) is a failure of the gateway's, and counted nowhere it
+		// showed as a call fewer rather than as a 500.
+		defer func() { s.metrics.Requests.WithLabelValues(rt.path, codeLabel(status)).Inc() }()
+		status = s.handleCall(w, r, rt, user, runID, callLog)
 	}
 }
 

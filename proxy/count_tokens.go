@@ -43,8 +43,9 @@ func (s *Server) countTokens(w http.ResponseWriter, r *http.Request) {
 	requestID := newRunID()
 	w.Header().Set(RequestIDHeader, requestID)
 	log := s.log.WithLazy(zap.Uint64("user_id", user.ID), zap.String("route", countTokensPath), zap.String("request_id", requestID))
-	status := s.forwardCount(w, r, user.ID, log)
-	s.metrics.Requests.WithLabelValues(countTokensPath, codeLabel(status)).Inc()
+	status := http.StatusInternalServerError // a panic's, as serveCall counts it
+	defer func() { s.metrics.Requests.WithLabelValues(countTokensPath, codeLabel(status)).Inc() }()
+	status = s.forwardCount(w, r, user.ID, log)
 }
 
 // forwardCount serves countTokens and returns the status answered.

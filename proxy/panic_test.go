@@ -12,7 +12,7 @@ import (
 // 0, as a call refused before forwarding. It was charged its prompt's estimate, as a stream
 // that broke, for a failure of the gateway's own.
 func TestPanicBeforeForwardingChargesNothing(t *testing.T) {
-	run := panickingCall(t, false)
+	run, _ := panickingCall(t, false)
 	if run.SettleSource.String != holds.SourceRelease || run.ChargedMicro != 0 {
 		t.Fatalf("run = source %q charged %d, want released at 0", run.SettleSource.String, run.ChargedMicro)
 	}
@@ -21,16 +21,31 @@ func TestPanicBeforeForwardingChargesNothing(t *testing.T) {
 // A call that panics once the provider had its whole request may have been worked on: it is
 // charged as a stream that broke, its prompt's estimate.
 func TestPanicAfterForwardingChargesThePromptsEstimate(t *testing.T) {
-	run := panickingCall(t, true)
+	run, _ := panickingCall(t, true)
 	if run.SettleSource.String != holds.SourceStreamError || run.ChargedMicro <= 0 || !run.Estimated {
 		t.Fatalf("run = source %q charged %d estimated %v, want stream_error at the prompt's estimate",
 			run.SettleSource.String, run.ChargedMicro, run.Estimated)
 	}
 }
 
+// TestPanickedCallIsCountedAsAFailure: tollgate_requests_total counts every model call, and an
+// operator reads the gateway's failures from its 5xx. A call whose handler panicked was counted
+// nowhere (the count came after the handler returned, which it never did): the gateway's own
+// bug showed as fewer calls, not as failures. It counts as a 500.
+func TestPanickedCallIsCountedAsAFailure(t *testing.T) {
+	for _, sent := range []bool{false, true} {
+		_, h := panickingCall(t, sent)
+		const series = `tollgate_requests_total{code="500",route="/v1/chat/completions"}`
+		if got := h.metric(series); got != "1" {
+			t.Errorf("sent %v: %s = %q after a call that panicked, want 1", sent, series, got)
+		}
+	}
+}
+
 // panickingCall sends one chat call through a gateway whose transport panics, before sending
-// anything or after the upstream answered (sent), and returns the call's settled run.
-func panickingCall(t *testing.T, sent bool) holds.Run {
+// anything or after the upstream answered (sent), and returns the call's settled run and the
+// gateway.
+func panickingCall(t *testing.T, sent bool) (holds.Run, *harness) {
 	t.Helper()
 	inner := &http.Transport{}
 	t.Cleanup(inner.CloseIdleConnections)
@@ -50,7 +65,7 @@ func panickingCall(t *testing.T, sent bool) holds.Run {
 	if len(runIDs) != 1 {
 		t.Fatalf("%d holds, want the call's one", len(runIDs))
 	}
-	return h.run(u.ID, runIDs[0])
+	return h.run(u.ID, runIDs[0]), h
 }
 
 // panicTransport panics in place of an answer: at once, or once inner has sent the request
