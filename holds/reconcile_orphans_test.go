@@ -45,3 +45,27 @@ func TestReconcileOrphansBeyondOnePassDoNotStarveTheRest(t *testing.T) {
 		}
 	}
 }
+
+// TestReconcileOrphanCountsAsAnErrorOutcomeEachPass: a hold whose user row is gone fails no
+// pass (the pass ends done, so tollgate_reconcile_passes_total shows nothing), and its error
+// line is capped per pass; the README names tollgate_reconciled_total{outcome="error"} as the
+// series that shows it, counted at every pass that reads it again.
+func TestReconcileOrphanCountsAsAnErrorOutcomeEachPass(t *testing.T) {
+	e := newStoreEnv(t)
+	gone := e.user("gone", 1000, nil)
+	h := e.admit(gone, "r_orphan", holds.StateRunning)
+	e.expire(h.RunID)
+	if _, err := e.db.ExecContext(e.ctx(), "DELETE FROM users WHERE id = ?", gone.ID); err != nil {
+		t.Fatal(err)
+	}
+	outcomes := map[string]int{}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.OnOutcome = func(o string) { outcomes[o]++ } })
+	for range 2 {
+		if _, err := e.pass(rec); err != nil {
+			t.Fatalf("pass failed on an orphaned hold alone: %v", err)
+		}
+	}
+	if outcomes[holds.OutcomeError] != 2 || len(outcomes) != 1 {
+		t.Fatalf("outcomes over two passes = %v, want %q twice", outcomes, holds.OutcomeError)
+	}
+}
