@@ -320,12 +320,12 @@ const readyCheckTimeout = 2 * time.Second
 func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 	// Not the asking caller's context: others may be waiting for this check's answer.
 	ctx = context.WithoutCancel(ctx)
-	ping := func(ping func(context.Context) error) <-chan error {
+	ping := func(check func(context.Context) error) <-chan error {
 		done := make(chan error, 1)
 		go func() {
 			pctx, cancel := context.WithTimeout(ctx, readyCheckTimeout)
 			defer cancel()
-			done <- ping(pctx)
+			done <- check(pctx)
 		}()
 		return done
 	}
