@@ -138,11 +138,10 @@ func (s *Server) serveCall(rt *route) http.HandlerFunc {
 // handleCall serves one call; callLog is the logger of the request, without a run id: the
 // call's run id may change (a named run, an Idempotency-Key's), and a line must name one run.
 func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, user holds.User, runID string, callLog *zap.Logger) int {
-	log := callLog.WithLazy(zap.String("run_id", runID))
 	// The body stays in memory, and counted, until the call is over (see bodyMemory).
 	body := s.bodies.lease(user.ID)
 	defer body.release()
-	in, refused := s.readCall(w, r, rt, user.ID, body, log, refuser(w, log))
+	in, refused := s.readCall(w, r, rt, user.ID, runID, body, callLog)
 	if refused != 0 {
 		return refused
 	}
@@ -378,8 +377,18 @@ type incomingCall struct {
 // body, its JSON and the gateway's headers, and the earlier answers it sends back, which must
 // be the caller's own. A refusal is written (refuse) and its status returned; nothing of it
 // needs undoing.
-func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, userID uint64, lease *bodyLease, log *zap.Logger,
-	refuse func(*apiError, string, error) int) (incomingCall, int) {
+//
+// Its log lines name the run it would be a call of: runID, the one it would make for itself,
+// or, with a valid X-Run-Id, the named run, which an operator searching by that run finds its
+// refusals by (a bad body of an agent's call among them).
+func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, userID uint64, runID string, lease *bodyLease,
+	callLog *zap.Logger) (incomingCall, int) {
+	ids, idsErr := parseCallIDs(r.Header)
+	if idsErr == nil && ids.clientRunID != "" {
+		runID = runIDFor(userID, ids.clientRunID)
+	}
+	log := callLog.WithLazy(zap.String("run_id", runID))
+	refuse := refuser(w, log)
 	if aerr := checkContentEncoding(r.Header); aerr != nil {
 		return incomingCall{}, refuse(aerr, "content encoding", nil)
 	}
@@ -394,9 +403,8 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, use
 	if aerr != nil {
 		return incomingCall{}, refuse(aerr, "validation", nil)
 	}
-	ids, aerr := parseCallIDs(r.Header)
-	if aerr != nil {
-		return incomingCall{}, refuse(aerr, "validation", nil)
+	if idsErr != nil {
+		return incomingCall{}, refuse(idsErr, "validation", nil)
 	}
 	if cont := req.continues(); len(cont) > 0 {
 		var foreign bool

@@ -58,6 +58,37 @@ func TestCallLogNamesItsRunOnce(t *testing.T) {
 	}
 }
 
+// TestNamedRunCallRefusedForItsBodyLogsTheRun: an agent's call refused for its body (bad
+// JSON) logged the id the request made up for itself as its run_id, so an operator searching
+// the log by the agent's run did not find the refusal. It names the named run now.
+func TestNamedRunCallRefusedForItsBodyLogsTheRun(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, nil)
+	_, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-bad-body"}
+	first := h.post(key, "/v1/chat/completions", chatBody, run)
+	readAll(t, first.Body)
+	first.Body.Close()
+	want := first.Header.Get("X-Tollgate-Run-Id")
+	if first.StatusCode != http.StatusOK || want == "" {
+		t.Fatalf("first call: %d, run %q", first.StatusCode, want)
+	}
+	logs.TakeAll()
+	bad := h.post(key, "/v1/chat/completions", `{"model":`, run)
+	readAll(t, bad.Body)
+	bad.Body.Close()
+	if bad.StatusCode != http.StatusBadRequest {
+		t.Fatalf("bad JSON: %d, want 400", bad.StatusCode)
+	}
+	refused := logs.FilterMessage("request refused").All()
+	if len(refused) != 1 {
+		t.Fatalf("%d 'request refused' lines, want 1", len(refused))
+	}
+	if got := refused[0].ContextMap()["run_id"]; got != want {
+		t.Fatalf("refused call of run %s logged run_id %v", want, got)
+	}
+}
+
 // TestEachRefusalLogsOneLineWithItsCodeStatusRunAndUser: a refused model call writes one line,
 // "request refused", with the status, code and message the caller got, its run id and the caller's user
 // id (when known), and never the caller's key. A wrong key wrote nothing (nor was counted in
