@@ -22,6 +22,21 @@ const MinPruneAge = 7 * 24 * time.Hour
 // which waits for the batch, so a batch is short rather than small.
 const MaxPruneBatch = 10_000
 
+// MaxPrunedModels bounds the pruned_runs rows of one user and UTC day: the models kept by
+// name. Prices match by prefix, so a caller can send endless distinct names ("gpt-4o-<random>")
+// that are admitted, refused by the provider and settled at 0; a row per name would keep the
+// table growing with what a hostile or buggy caller sent, however often it is pruned. Past
+// the bound a day's runs are added into its row under FoldedModel: every total stays exact,
+// only the split by model of those runs is lost. A hundred is far more models than a user
+// calls in a day in earnest.
+const MaxPrunedModels = 100
+
+// FoldedModel is the model name of a pruned day's row that sums the runs of the models past
+// MaxPrunedModels. No call can be admitted under it (a request must name a model), so it is
+// never a model's own row; runs recorded without a model, which the gateway does not admit,
+// land in it too.
+const FoldedModel = ""
+
 // PruneResult is what PruneSettled did.
 type PruneResult struct {
 	Runs    int64 // settled runs deleted
@@ -31,7 +46,8 @@ type PruneResult struct {
 // PruneSettled deletes the settled runs that settled more than olderThan ago (by the
 // database clock), batch at a time, oldest first, until none is left. A run_holds row is
 // kept per call, for good, unless this runs: each batch first adds its rows into
-// pruned_runs (per user, UTC day and model) in the same transaction as the delete, so the
+// pruned_runs (per user, UTC day and model, at most MaxPrunedModels models a day and the rest
+// under FoldedModel) in the same transaction as the delete, so the
 // usage report, the day ledger's audit and the prepaid audit read the same totals after as
 // before. A batch is one transaction: a crash or a lost COMMIT reply leaves every row of it
 // either moved or in place, and a rerun goes on from there. Live runs are never touched.
@@ -95,7 +111,10 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 	if len(rows) == 0 {
 		return 0, nil
 	}
-	sums := sumPruned(rows)
+	sums, err := boundModels(ctx, tx, sumPruned(rows))
+	if err != nil {
+		return 0, err
+	}
 	var q strings.Builder
 	q.WriteString(`INSERT INTO pruned_runs (user_id, day, model, runs, charged_runs, estimated_runs, calls, in_tok, cache_read_tok,
 		cache_write_tok, out_tok, cache_write_1h_tok, audio_in_tok, audio_out_tok, cost_micro, charged_micro,
@@ -165,4 +184,137 @@ func sumPruned(rows []prunedRun) []UsageRow {
 		return cmp.Or(cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.Day, b.Day), cmp.Compare(a.Model, b.Model))
 	})
 	return out
+}
+
+// userDay is one user's UTC day, as pruned_runs keys it.
+type userDay struct {
+	user uint64
+	day  string
+}
+
+// boundModels keeps sums (sorted by sumPruned) within MaxPrunedModels models per user and day:
+// a model that has its row already is added to it, a new one gets a row while the day has
+// fewer, the batch's dearest first, and the rest are added into the day's FoldedModel sum. It
+// returns the sums to write, sorted as sumPruned's.
+//
+// The day's rows are read without a lock: no two prune batches are ever past their locking read
+// of run_holds at once. Each reads the oldest prunable runs, so a second prune's read meets the
+// first's oldest locked row (whatever plan it takes: an index walk from the oldest, or a scan
+// that locks every old row it reads) and waits for its commit; two prunes cannot both count a
+// day and open its last free places. Nothing else writes pruned_runs.
+func boundModels(ctx context.Context, tx *sqlx.Tx, sums []UsageRow) ([]UsageRow, error) {
+	var days []userDay
+	for _, t := range sums {
+		if d := (userDay{t.UserID, t.Day}); len(days) == 0 || days[len(days)-1] != d {
+			days = append(days, d)
+		}
+	}
+	var q strings.Builder
+	q.WriteString("SELECT user_id, DATE_FORMAT(day, '%Y-%m-%d') AS day, COUNT(*) AS n FROM pruned_runs WHERE model <> ? AND (")
+	args := make([]any, 0, 1+3*len(sums))
+	args = append(args, FoldedModel)
+	for i, d := range days {
+		if i > 0 {
+			q.WriteString(" OR ")
+		}
+		q.WriteString("(user_id = ? AND day = ?)")
+		args = append(args, d.user, d.day)
+	}
+	q.WriteString(") GROUP BY user_id, day")
+	var counts []struct {
+		UserID uint64 `db:"user_id"`
+		Day    string `db:"day"`
+		N      int    `db:"n"`
+	}
+	if err := tx.SelectContext(ctx, &counts, q.String(), args...); err != nil {
+		return nil, fmt.Errorf("count the pruned models of %d users' days: %w", len(days), err)
+	}
+	free := make(map[userDay]int, len(days))
+	for _, d := range days {
+		free[d] = MaxPrunedModels
+	}
+	for _, c := range counts {
+		free[userDay{c.UserID, c.Day}] = MaxPrunedModels - c.N
+	}
+	// Which of the batch's models have their row, asked only of days that have rows: a day
+	// pruned for the first time (most of them) has none.
+	type dayModel struct {
+		userDay
+		model string
+	}
+	has := make(map[dayModel]bool)
+	q.Reset()
+	q.WriteString("SELECT user_id, DATE_FORMAT(day, '%Y-%m-%d') AS day, model FROM pruned_runs WHERE ")
+	args = args[:0]
+	for _, t := range sums {
+		if t.Model == FoldedModel || free[userDay{t.UserID, t.Day}] == MaxPrunedModels {
+			continue
+		}
+		if len(args) > 0 {
+			q.WriteString(" OR ")
+		}
+		q.WriteString("(user_id = ? AND day = ? AND model = ?)")
+		args = append(args, t.UserID, t.Day, t.Model)
+	}
+	if len(args) > 0 {
+		var found []UsageRow
+		if err := tx.SelectContext(ctx, &found, q.String(), args...); err != nil {
+			return nil, fmt.Errorf("read the pruned models of %d users' days: %w", len(days), err)
+		}
+		for _, r := range found {
+			has[dayModel{userDay{r.UserID, r.Day}, r.Model}] = true
+		}
+	}
+
+	// New models, dearest first: of a batch's, a day past its bound keeps those it was charged most for.
+	var fresh []int
+	for i, t := range sums {
+		if t.Model != FoldedModel && !has[dayModel{userDay{t.UserID, t.Day}, t.Model}] {
+			fresh = append(fresh, i)
+		}
+	}
+	slices.SortStableFunc(fresh, func(a, b int) int {
+		x, y := sums[a], sums[b]
+		return cmp.Or(cmp.Compare(y.ChargedMicro, x.ChargedMicro), cmp.Compare(y.CostMicro, x.CostMicro))
+	})
+	folded := make(map[userDay]*UsageRow)
+	fold := func(t UsageRow) {
+		d := userDay{t.UserID, t.Day}
+		if f, ok := folded[d]; ok {
+			f.add(t)
+			return
+		}
+		t.Model = FoldedModel
+		folded[d] = &t
+	}
+	drop := make([]bool, len(sums))
+	for _, i := range fresh {
+		d := userDay{sums[i].UserID, sums[i].Day}
+		if free[d] > 0 {
+			free[d]--
+			continue
+		}
+		fold(sums[i])
+		drop[i] = true
+	}
+	if len(folded) == 0 {
+		return sums, nil
+	}
+	out := make([]UsageRow, 0, len(sums)+len(folded))
+	for i, t := range sums {
+		switch {
+		case drop[i]:
+		case t.Model == FoldedModel:
+			fold(t)
+		default:
+			out = append(out, t)
+		}
+	}
+	for _, f := range folded {
+		out = append(out, *f)
+	}
+	slices.SortFunc(out, func(a, b UsageRow) int {
+		return cmp.Or(cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.Day, b.Day), cmp.Compare(a.Model, b.Model))
+	})
+	return out, nil
 }

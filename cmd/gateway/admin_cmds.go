@@ -37,7 +37,8 @@ const adminUsage = `  user list      [-after NAME] [-limit 100]
   report         [-from YYYY-MM-DD] [-to YYYY-MM-DD] [-user NAME] [-format csv|json]
   instances      [-after ID] [-limit 100]   (gateway processes, newest first: alive, silent, dead, retired)
   prune          -days N [-batch 1000]   (delete runs settled more than N >= 7 days ago; their
-                 sums are kept, so reports, audit and balances read the same)
+                 sums are kept, so reports' totals, audit and balances read the same; a user's
+                 day keeps at most 100 models by name, the rest summed under an empty model)
                  (user list, key list, runs and instances print a page as the API answers it: has_more,
                  and last_id, to pass as -after for the next page; -limit at most 1000)
 `
