@@ -26,8 +26,9 @@ const MaxPruneBatch = 10_000
 // name. Prices match by prefix, so a caller can send endless distinct names ("gpt-4o-<random>")
 // that are admitted, refused by the provider and settled at 0; a row per name would keep the
 // table growing with what a hostile or buggy caller sent, however often it is pruned. Past
-// the bound a day's runs are added into its row under FoldedModel: every total stays exact,
-// only the split by model of those runs is lost. A hundred is far more models than a user
+// the bound a day's runs are added into its row under FoldedModel (a model that used something
+// first taking the place of one that used nothing): every total stays exact, only the split by
+// model of those runs is lost. A hundred is far more models than a user
 // calls in a day in earnest.
 const MaxPrunedModels = 100
 
@@ -194,8 +195,12 @@ type userDay struct {
 
 // boundModels keeps sums (sorted by sumPruned) within MaxPrunedModels models per user and day:
 // a model that has its row already is added to it, a new one gets a row while the day has
-// fewer, the batch's dearest first, and the rest are added into the day's FoldedModel sum. It
-// returns the sums to write, sorted as sumPruned's.
+// fewer, the batch's dearest first, and the rest are added into the day's FoldedModel sum. On
+// a full day, a new model that used something takes the place of a row of one that used
+// nothing (refused names, which fill the places first when they are sent first), and that
+// row is deleted and added into the FoldedModel sum instead: the models a provider's invoice
+// lists keep their rows unless a day used more than MaxPrunedModels of them. It returns the
+// sums to write, sorted as sumPruned's.
 //
 // The day's rows are read without a lock: no two prune batches are ever past their locking read
 // of run_holds at once. Each reads the oldest prunable runs, so a second prune's read meets the
@@ -275,8 +280,48 @@ func boundModels(ctx context.Context, tx *sqlx.Tx, sums []UsageRow) ([]UsageRow,
 	}
 	slices.SortStableFunc(fresh, func(a, b int) int {
 		x, y := sums[a], sums[b]
-		return cmp.Or(cmp.Compare(y.ChargedMicro, x.ChargedMicro), cmp.Compare(y.CostMicro, x.CostMicro))
+		return cmp.Or(cmp.Compare(y.ChargedMicro, x.ChargedMicro), cmp.Compare(y.CostMicro, x.CostMicro),
+			cmp.Compare(y.InTok+y.CacheReadTok+y.CacheWriteTok+y.OutTok, x.InTok+x.CacheReadTok+x.CacheWriteTok+x.OutTok))
 	})
+	drop := make([]bool, len(sums))
+	waiting := make(map[userDay][]int) // of a full day, its new models that used something, dearest first
+	var full []userDay
+	for _, i := range fresh {
+		d := userDay{sums[i].UserID, sums[i].Day}
+		if free[d] > 0 {
+			free[d]--
+			continue
+		}
+		drop[i] = true
+		if !sums[i].usedNothing() {
+			if len(waiting[d]) == 0 {
+				full = append(full, d)
+			}
+			waiting[d] = append(waiting[d], i)
+		}
+	}
+	// A full day's rows of models that used nothing give their places to these, and are folded.
+	var evicted []UsageRow
+	slices.SortFunc(full, func(a, b userDay) int { return cmp.Or(cmp.Compare(a.user, b.user), cmp.Compare(a.day, b.day)) })
+	for _, d := range full {
+		var batchModels []string
+		for _, t := range sums {
+			if t.UserID == d.user && t.Day == d.day && t.Model != FoldedModel {
+				batchModels = append(batchModels, t.Model)
+			}
+		}
+		rows, err := evictUnused(ctx, tx, d, len(waiting[d]), batchModels)
+		if err != nil {
+			return nil, err
+		}
+		for k := range rows {
+			drop[waiting[d][k]] = false
+		}
+		evicted = append(evicted, rows...)
+	}
+	if !slices.Contains(drop, true) && len(evicted) == 0 {
+		return sums, nil
+	}
 	folded := make(map[userDay]*UsageRow)
 	fold := func(t UsageRow) {
 		d := userDay{t.UserID, t.Day}
@@ -287,24 +332,13 @@ func boundModels(ctx context.Context, tx *sqlx.Tx, sums []UsageRow) ([]UsageRow,
 		t.Model = FoldedModel
 		folded[d] = &t
 	}
-	drop := make([]bool, len(sums))
-	for _, i := range fresh {
-		d := userDay{sums[i].UserID, sums[i].Day}
-		if free[d] > 0 {
-			free[d]--
-			continue
-		}
-		fold(sums[i])
-		drop[i] = true
-	}
-	if len(folded) == 0 {
-		return sums, nil
+	for _, t := range evicted {
+		fold(t)
 	}
 	out := make([]UsageRow, 0, len(sums)+len(folded))
 	for i, t := range sums {
 		switch {
-		case drop[i]:
-		case t.Model == FoldedModel:
+		case drop[i] || t.Model == FoldedModel:
 			fold(t)
 		default:
 			out = append(out, t)
@@ -317,4 +351,49 @@ func boundModels(ctx context.Context, tx *sqlx.Tx, sums []UsageRow) ([]UsageRow,
 		return cmp.Or(cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.Day, b.Day), cmp.Compare(a.Model, b.Model))
 	})
 	return out, nil
+}
+
+// usedNothing reports whether runs cost and were charged nothing and counted no token: calls
+// the provider refused, which its invoice does not list.
+func (u UsageRow) usedNothing() bool {
+	return u.CostMicro == 0 && u.ChargedMicro == 0 && u.InTok == 0 && u.CacheReadTok == 0 && u.CacheWriteTok == 0 && u.OutTok == 0
+}
+
+// evictUnused deletes up to n of the day's pruned_runs rows of models that used nothing, none of
+// them among the batch's models (whose sums are about to be added to their rows), and returns
+// them, to be added into the day's FoldedModel row in the same transaction.
+func evictUnused(ctx context.Context, tx *sqlx.Tx, d userDay, n int, batchModels []string) ([]UsageRow, error) {
+	q, args, err := sqlx.In(`SELECT user_id, DATE_FORMAT(day, '%Y-%m-%d') AS day, model, runs, charged_runs, estimated_runs, calls,
+		       in_tok, cache_read_tok, cache_write_tok, out_tok, cache_write_1h_tok, audio_in_tok, audio_out_tok,
+		       cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro
+		FROM pruned_runs WHERE user_id = ? AND day = ? AND model <> ? AND model NOT IN (?)
+		  AND cost_micro = 0 AND charged_micro = 0 AND in_tok = 0 AND cache_read_tok = 0 AND cache_write_tok = 0 AND out_tok = 0
+		ORDER BY model LIMIT ?`, d.user, d.day, FoldedModel, batchModels, n)
+	if err != nil {
+		return nil, fmt.Errorf("find pruned models that used nothing: %w", err)
+	}
+	var rows []UsageRow
+	if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
+		return nil, fmt.Errorf("find pruned models of user %d on %s that used nothing: %w", d.user, d.day, err)
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	models := make([]string, len(rows))
+	for i, r := range rows {
+		models[i] = r.Model
+	}
+	q, args, err = sqlx.In("DELETE FROM pruned_runs WHERE user_id = ? AND day = ? AND model IN (?)", d.user, d.day, models)
+	if err != nil {
+		return nil, fmt.Errorf("fold pruned models that used nothing: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("fold %d pruned models of user %d on %s: %w", len(rows), d.user, d.day, err)
+	}
+	if got, err := res.RowsAffected(); err != nil || got != int64(len(rows)) {
+		// Only prunes write the table, one batch at a time: the rows read are the rows there.
+		return nil, fmt.Errorf("fold pruned models of user %d on %s: %d of %d deleted (%v)", d.user, d.day, got, len(rows), err)
+	}
+	return rows, nil
 }

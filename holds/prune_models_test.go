@@ -9,15 +9,21 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
 )
 
-// settleAs admits and settles one run of u under model at cost (0: a call the provider refused).
+// settleAs admits and settles one run of u under model at cost (0: a call the provider refused,
+// which reports no usage).
 func (f *acctFixture) settleAs(u holds.User, id, model string, cost int64) {
 	f.t.Helper()
+	var usage pricing.Usage
+	if cost > 0 {
+		usage = pricingUsage(cost)
+	}
 	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: id, UserID: u.ID, Model: model, State: holds.StateRunning, TTL: time.Minute}); err != nil {
 		f.t.Fatal(err)
 	}
-	if _, err := f.store.Settle(f.ctx(), holds.Settlement{RunID: id, CostMicro: cost, Calls: 1, Usage: pricingUsage(cost),
+	if _, err := f.store.Settle(f.ctx(), holds.Settlement{RunID: id, CostMicro: cost, Calls: 1, Usage: usage,
 		Source: holds.SourceComplete}); err != nil {
 		f.t.Fatal(err)
 	}
@@ -49,7 +55,7 @@ func TestPruneBoundsTheModelsOfAUserDay(t *testing.T) {
 		f.settleAs(u, fmt.Sprintf("r_junk_%d", i), fmt.Sprintf("gpt-4o-%04d", i), 0)
 	}
 	f.settleAs(u, "r_real_2", "gpt-4o", 8_000)
-	f.settleAs(u, "r_real_3", "gpt-4o-mini", 3_000) // a model first met past the bound: folded, its totals kept
+	f.settleAs(u, "r_real_3", "gpt-4o-mini", 3_000) // first met past the bound: takes a refused name's place
 	f.ageRuns(u, 10)
 
 	var today time.Time
@@ -166,4 +172,65 @@ func TestTwoPrunesAtOnceKeepTheModelBound(t *testing.T) {
 		}
 	}
 	// testenv.CheckLedger at cleanup: the day ledgers and prepaid credits against the sums.
+}
+
+// TestPruneGivesAChargedModelThePlaceOfOneThatUsedNothing: a day's first MaxPrunedModels names,
+// pruned first, were refused names settled at 0, and the model the user was then charged for
+// came too late for a row of its own: its cost and tokens were summed under the empty model
+// with the refused ones, and the report of the pruned day no longer told the provider's
+// invoice by model. A model that used something now takes the place of one that used nothing,
+// which is folded instead.
+func TestPruneGivesAChargedModelThePlaceOfOneThatUsedNothing(t *testing.T) {
+	f := newAcctFixture(t)
+	const names = holds.MaxPrunedModels + 10
+	u := f.user("junk-first", "standard")
+	for i := range names {
+		f.settleAs(u, fmt.Sprintf("r_junk_%d", i), fmt.Sprintf("gpt-4o-%04d", i), 0)
+	}
+	f.settleAs(u, "r_real_1", "gpt-4o", 12_000)
+	f.settleAs(u, "r_real_2", "gpt-4o-mini", 3_000)
+	f.settleAs(u, "r_real_3", "gpt-4o", 8_000)
+	f.ageRuns(u, 10)
+	var today time.Time
+	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
+		t.Fatal(err)
+	}
+	before, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -12), today, u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Batches of 11: the refused names fill the day's places before the charged runs come.
+	if _, err := f.store.PruneSettled(f.ctx(), holds.MinPruneAge, 11); err != nil {
+		t.Fatal(err)
+	}
+	after, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -12), today, u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(after.Totals, before.Totals) || after.Totals.ChargedMicro != after.LedgerMicro {
+		t.Errorf("report totals changed by the prune:\nbefore %+v\nafter  %+v (ledger %d)", before.Totals, after.Totals, after.LedgerMicro)
+	}
+	if n := f.prunedModels(u); n != holds.MaxPrunedModels+1 {
+		t.Errorf("%d pruned_runs rows, want the bound and the folded row, %d", n, holds.MaxPrunedModels+1)
+	}
+	want := map[string]holds.UsageRow{}
+	for _, r := range before.Rows {
+		if r.Model == "gpt-4o" || r.Model == "gpt-4o-mini" {
+			want[r.Model] = r
+		}
+	}
+	for _, r := range after.Rows {
+		if w, ok := want[r.Model]; ok {
+			if r != w {
+				t.Errorf("%s after the prune: %+v, want its runs' %+v", r.Model, r, w)
+			}
+			delete(want, r.Model)
+		}
+		if r.Model == holds.FoldedModel && (r.ChargedMicro != 0 || r.CostMicro != 0 || r.InTok != 0) {
+			t.Errorf("the folded row carries charges or tokens: %+v; only refused names were past the bound", r)
+		}
+	}
+	for m := range want {
+		t.Errorf("model %s has no row of its own after the prune", m)
+	}
 }
