@@ -95,23 +95,6 @@ type Server struct {
 	beatDone chan struct{}
 }
 
-// maxCall is the longest a call can live: its upstream call, one more write to a slow client
-// (each write is bounded by client_write_timeout), and a margin for its tally and settlement.
-// A named run with no tally that is younger than that may still have a call running.
-func maxCall(l config.Limits) time.Duration {
-	return l.UpstreamTimeout + l.ClientWriteTimeout + time.Minute
-}
-
-func (s *Server) maxCall() time.Duration { return maxCall(s.cfg.Limits) }
-
-// servedBy is what the writer stamps on new holds: the instance's id, or none.
-func servedBy(in *holds.Instance) func() string {
-	if in == nil {
-		return nil
-	}
-	return in.ID
-}
-
 // maxBackgroundSettlements bounds settlements in flight beyond their requests.
 const maxBackgroundSettlements = 4096
 
@@ -168,6 +151,23 @@ func New(d Deps) *Server {
 		s.budgets.Run(beat, d.Config.Holds.HeartbeatInterval, d.Log)
 	}()
 	return s
+}
+
+// maxCall is the longest a call can live: its upstream call, one more write to a slow client
+// (each write is bounded by client_write_timeout), and a margin for its tally and settlement.
+// A named run with no tally that is younger than that may still have a call running.
+func maxCall(l config.Limits) time.Duration {
+	return l.UpstreamTimeout + l.ClientWriteTimeout + time.Minute
+}
+
+func (s *Server) maxCall() time.Duration { return maxCall(s.cfg.Limits) }
+
+// servedBy is what the writer stamps on new holds: the instance's id, or none.
+func servedBy(in *holds.Instance) func() string {
+	if in == nil {
+		return nil
+	}
+	return in.ID
 }
 
 // newTransport is an upstream transport for many concurrent long-lived streams.
