@@ -14,13 +14,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// credentialsRefused reports whether status refuses the gateway's own credentials: its key at
-// the provider (401, 403), or at an outbound proxy on the way there (407, which passed on would
-// ask the caller's client for its own proxy's credentials).
-func credentialsRefused(status int) bool {
-	return status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusProxyAuthRequired
-}
-
 // maxUpstreamErrorBody bounds what is read of an upstream's error answer.
 const maxUpstreamErrorBody = 64 << 10
 
@@ -78,6 +71,13 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, r *http.Request, resp
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
 		Message: fmt.Sprintf("The upstream failed with status %d.", resp.StatusCode)})
 	return http.StatusBadGateway
+}
+
+// credentialsRefused reports whether status refuses the gateway's own credentials: its key at
+// the provider (401, 403), or at an outbound proxy on the way there (407, which passed on would
+// ask the caller's client for its own proxy's credentials).
+func credentialsRefused(status int) bool {
+	return status == http.StatusUnauthorized || status == http.StatusForbidden || status == http.StatusProxyAuthRequired
 }
 
 // unreadErrorAnswer answers an upstream's refusal whose body (read: body) was cut by readErr
