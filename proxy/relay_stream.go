@@ -303,6 +303,10 @@ func (sr *streamRelay) finish() {
 	}
 }
 
+// finalGrace is how long a call waits, after its stream's final event, for the upstream to
+// close; then the upstream is cut (a named run's call is then tallied and its final event sent).
+const finalGrace = 2 * time.Second
+
 // startGrace starts finalGrace at the answer's first end; a later end (an error event, then
 // the final one) does not move it.
 func (sr *streamRelay) startGrace() {
@@ -392,10 +396,6 @@ func (s *Server) endStream(r *http.Request, c *call, err error, sawFinal bool, s
 		_ = writeEvent(last)
 	}
 }
-
-// finalGrace is how long a call waits, after its stream's final event, for the upstream to
-// close; then the upstream is cut (a named run's call is then tallied and its final event sent).
-const finalGrace = 2 * time.Second
 
 // streamErrorEvent is e as an SSE event in the stream's own format, for errors that happen
 // once the stream's 200 has been sent.
