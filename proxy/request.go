@@ -350,6 +350,15 @@ func checkRepeatsAnywhere(format metering.Format, root gjson.Result) *apiError {
 	return nil
 }
 
+// readKeys are the top-level keys parseCall reads, across every route: "messages" and "input"
+// too, under which the audio refusal looks for input_audio parts (one in another case alone
+// would carry them past it to a provider that folds keys), and "prompt", whose batch
+// multiplies a completions call's answers, Anthropic's "speed" and "inference_geo", whose
+// premium rates are refused (unpricedOption), and a router's fallback "models" (checkFallbacks).
+var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
+	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
+	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models"}
+
 // checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level (or
 // in stream_options and conversation). The gateway reads the first of repeated keys (gjson),
 // providers the last: a body that names one model, stream mode, output bound or usage option
@@ -642,15 +651,6 @@ func foldKey(s string) string {
 	}
 	return b.String()
 }
-
-// readKeys are the top-level keys parseCall reads, across every route: "messages" and "input"
-// too, under which the audio refusal looks for input_audio parts (one in another case alone
-// would carry them past it to a provider that folds keys), and "prompt", whose batch
-// multiplies a completions call's answers, Anthropic's "speed" and "inference_geo", whose
-// premium rates are refused (unpricedOption), and a router's fallback "models" (checkFallbacks).
-var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
-	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
-	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models"}
 
 // outputBound is the most output the call can produce as sent: none on a route without output
 // (embeddings), its own limit, else the model's configured one (modelMaxOutput, 0 when
