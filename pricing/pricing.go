@@ -92,6 +92,13 @@ func (u Usage) Clamp() Usage {
 		Output: max(c(u.Output), audioOut), CacheWrite1h: hour, AudioInput: audioIn, AudioOutput: audioOut}
 }
 
+// prompt is how many tokens u's prompt held, cached and written to the cache included: what
+// the providers compare with their long-context line.
+func (u Usage) prompt() int64 {
+	u = u.Clamp()
+	return u.Input + u.CacheRead + u.CacheWrite
+}
+
 // Price is one model's price in micro-USD per million tokens.
 type Price struct {
 	Input      int64 `json:"input"`
@@ -169,13 +176,6 @@ func (p Price) For(u Usage) Price {
 	}
 	p.Long, p.LongAbove = nil, 0
 	return p
-}
-
-// prompt is how many tokens u's prompt held, cached and written to the cache included: what
-// the providers compare with their long-context line.
-func (u Usage) prompt() int64 {
-	u = u.Clamp()
-	return u.Input + u.CacheRead + u.CacheWrite
 }
 
 // WorstCase is the cost of a call whose prompt is prompt and that produces maxOutput tokens:
