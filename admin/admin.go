@@ -37,16 +37,6 @@ const (
 	MaxListLimit = 1000
 )
 
-type handler struct {
-	store       *holds.Store
-	views       Views
-	tokenHash   [32]byte
-	log         *zap.Logger
-	authEnabled bool
-	// reports holds a slot for each usage report being built (at most maxReportsAtOnce).
-	reports chan struct{}
-}
-
 // maxReportsAtOnce bounds the usage reports built at once: one of 100 000 rows allocates a few
 // hundred MB in the gateway's own process, beside the calls it meters.
 const maxReportsAtOnce = 2
@@ -56,6 +46,16 @@ const reportRetryAfter = 5 * time.Second
 
 // requestTimeout bounds one admin request, its database reads and writes included.
 const requestTimeout = 60 * time.Second
+
+type handler struct {
+	store       *holds.Store
+	views       Views
+	tokenHash   [32]byte
+	log         *zap.Logger
+	authEnabled bool
+	// reports holds a slot for each usage report being built (at most maxReportsAtOnce).
+	reports chan struct{}
+}
 
 // New builds the admin handler. Routes are relative to where it is mounted (/admin).
 // creditMicro converts micro-USD to the credits every answer shows; token is the bearer
