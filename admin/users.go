@@ -58,32 +58,6 @@ func (h *handler) createUser(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusCreated, h.views.User(d))
 }
 
-// unknownPlan refuses a plan that is not configured, naming those that are.
-func (h *handler) unknownPlan(plan string) *apiError {
-	return badRequest("unknown_plan", fmt.Sprintf("unknown plan %q; configured: %s", plan, strings.Join(h.store.PlanNames(), ", ")))
-}
-
-// user resolves the {name} path parameter; on failure it has answered.
-func (h *handler) user(w http.ResponseWriter, r *http.Request) (holds.UserDetail, bool) {
-	// chi matched on the raw path only if the request had one that differs from its decoded
-	// form (an escaped slash); only then is the parameter still escaped. Decoding an already
-	// decoded name would turn a user "a%41" into "aA".
-	name, err := chi.URLParam(r, "name"), error(nil)
-	if r.URL.RawPath != "" {
-		name, err = url.PathUnescape(name)
-	}
-	if err != nil || name == "" {
-		writeError(w, errUserNotFound)
-		return holds.UserDetail{}, false
-	}
-	d, err := h.store.UserDetail(r.Context(), name)
-	if err != nil {
-		h.fail(w, r, err)
-		return holds.UserDetail{}, false
-	}
-	return d, true
-}
-
 func (h *handler) getUser(w http.ResponseWriter, r *http.Request) {
 	if d, ok := h.user(w, r); ok {
 		httpapi.WriteJSON(w, http.StatusOK, h.views.User(d))
@@ -148,31 +122,6 @@ func (h *handler) patchUser(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, h.views.User(d))
 }
 
-// override reads one override of a PATCH: absent leaves it, null clears it, else parse must
-// accept its raw JSON text. It answers 400 itself when it does not.
-func override[T any](w http.ResponseWriter, raw json.RawMessage, code, msg string, parse func(string) (T, bool)) (holds.Override[T], bool) {
-	switch {
-	case raw == nil:
-		return holds.Override[T]{}, true
-	case string(raw) == "null":
-		return holds.Override[T]{Clear: true}, true
-	}
-	v, ok := parse(string(raw))
-	if !ok {
-		writeError(w, badRequest(code, msg))
-		return holds.Override[T]{}, false
-	}
-	return holds.SetTo(v), true
-}
-
-// intWithin parses a JSON integer in [lo, hi].
-func intWithin(lo, hi int) func(string) (int, bool) {
-	return func(raw string) (int, bool) {
-		n, err := strconv.Atoi(raw)
-		return n, err == nil && n >= lo && n <= hi
-	}
-}
-
 func (h *handler) disableUser(w http.ResponseWriter, r *http.Request) { h.setDisabled(w, r, true) }
 
 func (h *handler) enableUser(w http.ResponseWriter, r *http.Request) { h.setDisabled(w, r, false) }
@@ -200,4 +149,55 @@ func (h *handler) setDisabled(w http.ResponseWriter, r *http.Request, disable bo
 	v := h.views.User(d)
 	v["changed"] = changed
 	httpapi.WriteJSON(w, http.StatusOK, v)
+}
+
+// unknownPlan refuses a plan that is not configured, naming those that are.
+func (h *handler) unknownPlan(plan string) *apiError {
+	return badRequest("unknown_plan", fmt.Sprintf("unknown plan %q; configured: %s", plan, strings.Join(h.store.PlanNames(), ", ")))
+}
+
+// user resolves the {name} path parameter; on failure it has answered.
+func (h *handler) user(w http.ResponseWriter, r *http.Request) (holds.UserDetail, bool) {
+	// chi matched on the raw path only if the request had one that differs from its decoded
+	// form (an escaped slash); only then is the parameter still escaped. Decoding an already
+	// decoded name would turn a user "a%41" into "aA".
+	name, err := chi.URLParam(r, "name"), error(nil)
+	if r.URL.RawPath != "" {
+		name, err = url.PathUnescape(name)
+	}
+	if err != nil || name == "" {
+		writeError(w, errUserNotFound)
+		return holds.UserDetail{}, false
+	}
+	d, err := h.store.UserDetail(r.Context(), name)
+	if err != nil {
+		h.fail(w, r, err)
+		return holds.UserDetail{}, false
+	}
+	return d, true
+}
+
+// override reads one override of a PATCH: absent leaves it, null clears it, else parse must
+// accept its raw JSON text. It answers 400 itself when it does not.
+func override[T any](w http.ResponseWriter, raw json.RawMessage, code, msg string, parse func(string) (T, bool)) (holds.Override[T], bool) {
+	switch {
+	case raw == nil:
+		return holds.Override[T]{}, true
+	case string(raw) == "null":
+		return holds.Override[T]{Clear: true}, true
+	}
+	v, ok := parse(string(raw))
+	if !ok {
+		writeError(w, badRequest(code, msg))
+		return holds.Override[T]{}, false
+	}
+	return holds.SetTo(v), true
+}
+
+// intWithin parses a JSON integer in [lo, hi].
+func intWithin(lo, hi int) func(string) (int, bool) {
+	return func(raw string) (int, bool) {
+		n, err := strconv.Atoi(raw)
+		return n, err == nil && n >= lo && n <= hi
+	}
 }
