@@ -13,6 +13,75 @@ import (
 	"github.com/tollgate/tollgate/pricing"
 )
 
+// reconcilerDeps are the collaborators newReconciler needs.
+type reconcilerDeps struct {
+	cfg       *config.Config
+	store     *holds.Store
+	rdb       redis.UniversalClient
+	keys      runstate.Keys
+	onOutcome func(string)
+	// self is the serving process's instance; nil for an operator's one-off pass, which then
+	// declares no instance dead (holds.ReconcilerConfig.Self).
+	self            *holds.Instance
+	onDeadInstances func(int)
+	onPass          func(failed bool)
+}
+
+// newReconciler wires the reconciler of DESIGN §5 from config.
+func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
+	prices, err := d.cfg.PriceTable()
+	if err != nil {
+		return nil, fmt.Errorf("reconciler: %w", err)
+	}
+	tally := tallySource{runstate.NewTally(d.rdb, d.keys, d.cfg.Holds.TallyTTL)}
+	return holds.NewReconciler(holds.ReconcilerConfig{
+		Store:    d.store,
+		Usage:    tally,
+		Leases:   leaseChecker{rdb: d.rdb, keys: d.keys},
+		Refusals: tally,
+		Lock:     redisLock{rdb: d.rdb, key: d.keys.ReconcileLock(), instance: d.cfg.Instance, ttl: d.cfg.Holds.ReconcileLockTTL},
+		Log:      e.log.Named("reconcile"),
+		// A leased run past its expiry is a call longer than its TTL; one more hold TTL (run
+		// TTL for a named run) is what admission would have given it.
+		ExtendBy:        d.cfg.Holds.HoldTTL,
+		ExtendRunBy:     d.cfg.Holds.RunTTL,
+		Interval:        d.cfg.Holds.ReconcileInterval,
+		Batch:           d.cfg.Holds.ReconcileBatch,
+		PriceSnapshot:   snapshotFunc(prices),
+		OnOutcome:       d.onOutcome,
+		DeadAfter:       deadAfter(d.cfg.Holds),
+		Self:            d.self,
+		OnDeadInstances: d.onDeadInstances,
+		OnPass:          d.onPass,
+	}), nil
+}
+
+// snapshotFunc records, with a settlement from the tally of a hold that recorded no prices at
+// admission (one admitted by an older gateway), the prices of the run's model as the table has
+// them now: the tally holds cost, not prices, and this is then the closest record of what the
+// run was billed at. Same shape as the proxy's snapshot.
+func snapshotFunc(prices *pricing.Table) func(string) []byte {
+	return func(model string) []byte {
+		if model == "" {
+			return nil
+		}
+		p, key, err := prices.Lookup(model)
+		if err != nil {
+			return nil
+		}
+		return p.Snapshot(key)
+	}
+}
+
+// deadAfter is the reconciler's dead-instance bound: 0, no sweep at all, when the process
+// does not take part (holds.find_dead_instances off).
+func deadAfter(h config.Holds) time.Duration {
+	if !h.FindDeadInstances {
+		return 0
+	}
+	return h.DeadInstanceBound()
+}
+
 // The adapters here give the reconciler (package holds, which must not import metering) the
 // Redis facts it needs: a run's tally, whether a live process leases it, whether a hold's
 // admission was refused (its request's mark), and the scan lock.
@@ -100,73 +169,4 @@ func (l redisLock) Release(ctx context.Context) error {
 		return fmt.Errorf("release reconcile lock %s: %w", l.key, err)
 	}
 	return nil
-}
-
-// reconcilerDeps are the collaborators newReconciler needs.
-type reconcilerDeps struct {
-	cfg       *config.Config
-	store     *holds.Store
-	rdb       redis.UniversalClient
-	keys      runstate.Keys
-	onOutcome func(string)
-	// self is the serving process's instance; nil for an operator's one-off pass, which then
-	// declares no instance dead (holds.ReconcilerConfig.Self).
-	self            *holds.Instance
-	onDeadInstances func(int)
-	onPass          func(failed bool)
-}
-
-// newReconciler wires the reconciler of DESIGN §5 from config.
-func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
-	prices, err := d.cfg.PriceTable()
-	if err != nil {
-		return nil, fmt.Errorf("reconciler: %w", err)
-	}
-	tally := tallySource{runstate.NewTally(d.rdb, d.keys, d.cfg.Holds.TallyTTL)}
-	return holds.NewReconciler(holds.ReconcilerConfig{
-		Store:    d.store,
-		Usage:    tally,
-		Leases:   leaseChecker{rdb: d.rdb, keys: d.keys},
-		Refusals: tally,
-		Lock:     redisLock{rdb: d.rdb, key: d.keys.ReconcileLock(), instance: d.cfg.Instance, ttl: d.cfg.Holds.ReconcileLockTTL},
-		Log:      e.log.Named("reconcile"),
-		// A leased run past its expiry is a call longer than its TTL; one more hold TTL (run
-		// TTL for a named run) is what admission would have given it.
-		ExtendBy:        d.cfg.Holds.HoldTTL,
-		ExtendRunBy:     d.cfg.Holds.RunTTL,
-		Interval:        d.cfg.Holds.ReconcileInterval,
-		Batch:           d.cfg.Holds.ReconcileBatch,
-		PriceSnapshot:   snapshotFunc(prices),
-		OnOutcome:       d.onOutcome,
-		DeadAfter:       deadAfter(d.cfg.Holds),
-		Self:            d.self,
-		OnDeadInstances: d.onDeadInstances,
-		OnPass:          d.onPass,
-	}), nil
-}
-
-// snapshotFunc records, with a settlement from the tally of a hold that recorded no prices at
-// admission (one admitted by an older gateway), the prices of the run's model as the table has
-// them now: the tally holds cost, not prices, and this is then the closest record of what the
-// run was billed at. Same shape as the proxy's snapshot.
-func snapshotFunc(prices *pricing.Table) func(string) []byte {
-	return func(model string) []byte {
-		if model == "" {
-			return nil
-		}
-		p, key, err := prices.Lookup(model)
-		if err != nil {
-			return nil
-		}
-		return p.Snapshot(key)
-	}
-}
-
-// deadAfter is the reconciler's dead-instance bound: 0, no sweep at all, when the process
-// does not take part (holds.find_dead_instances off).
-func deadAfter(h config.Holds) time.Duration {
-	if !h.FindDeadInstances {
-		return 0
-	}
-	return h.DeadInstanceBound()
 }
