@@ -72,16 +72,6 @@ var commandFamilies = map[string]string{
 // signal).
 var shutdownSignals = notIgnored(os.Interrupt, syscall.SIGHUP)
 
-func notIgnored(sigs ...os.Signal) []os.Signal {
-	out := []os.Signal{syscall.SIGTERM}
-	for _, s := range sigs {
-		if !signal.Ignored(s) {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
 // commandTimeout bounds every command but serve and migrate (reconcile -once, reports,
 // grants, audit, prune: a prune stopped by it keeps the batches it committed).
 const commandTimeout = 10 * time.Minute
@@ -159,6 +149,16 @@ func run(args []string) error {
 	return fmt.Errorf("unknown command %q", cmd)
 }
 
+func notIgnored(sigs ...os.Signal) []os.Signal {
+	out := []os.Signal{syscall.SIGTERM}
+	for _, s := range sigs {
+		if !signal.Ignored(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // env is what every command shares: config, logger, database and Redis.
 type env struct {
 	cfg *config.Config
@@ -175,6 +175,11 @@ func (e *env) Close() {
 		e.rdb.Close()
 	}
 	_ = e.log.Sync()
+}
+
+// store builds the holds store with the configured plans.
+func (e *env) store() *holds.Store {
+	return holds.NewStore(e.db, plans.FromConfig(e.cfg), e.cfg.DefaultPlan, e.log)
 }
 
 // setup parses the common flags and opens what the command needs.
@@ -344,11 +349,6 @@ func notTheFleets(command string, err error, differs bool, none error, unknown, 
 			"nothing was done", command, err, unknown, records)
 	}
 	return fmt.Errorf("%s: %w", command, err)
-}
-
-// store builds the holds store with the configured plans.
-func (e *env) store() *holds.Store {
-	return holds.NewStore(e.db, plans.FromConfig(e.cfg), e.cfg.DefaultPlan, e.log)
 }
 
 func migrate(ctx context.Context, args []string) error {
