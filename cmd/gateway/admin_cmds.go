@@ -43,54 +43,6 @@ const adminUsage = `  user list      [-after NAME] [-limit 100]
                  and last_id, to pass as -after for the next page; -limit at most 1000)
 `
 
-// adminEnv is setup plus the store and the views every admin subcommand uses.
-func adminEnv(ctx context.Context, name string, args []string, extra func(*flag.FlagSet)) (*env, *holds.Store, admin.Views, error) {
-	e, err := setup(ctx, name, args, false, extra)
-	if err != nil {
-		return nil, nil, admin.Views{}, err
-	}
-	e.log = e.log.With(zap.String("command", name))
-	return e, e.store(), admin.Views{CreditMicro: e.cfg.CreditMicro}, nil
-}
-
-func printJSON(v any) error {
-	enc := json.NewEncoder(os.Stdout)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		return fmt.Errorf("print: %w", err)
-	}
-	return nil
-}
-
-func need(flagName, value string) error {
-	if value == "" {
-		return fmt.Errorf("-%s is required", flagName)
-	}
-	return nil
-}
-
-// namedUser is the user a required -flag names (holds.ErrUnknownUser, with the name, if none).
-func namedUser(ctx context.Context, st *holds.Store, flagName, name string) (holds.UserDetail, error) {
-	if err := need(flagName, name); err != nil {
-		return holds.UserDetail{}, err
-	}
-	return st.UserDetail(ctx, name)
-}
-
-// ofUser names the user an operator typed on an error of the store's, which names users by
-// their id ("revoke keys of user 42: ...": a number the operator never typed nor sees).
-func ofUser(d holds.UserDetail, err error) error {
-	return fmt.Errorf("user %s: %w", d.Name, err)
-}
-
-// limitFlag checks a listing's -limit against the API's bound.
-func limitFlag(limit int) error {
-	if limit < 1 || limit > admin.MaxListLimit {
-		return fmt.Errorf("-limit %d: want 1-%d", limit, admin.MaxListLimit)
-	}
-	return nil
-}
-
 func userList(ctx context.Context, args []string) error {
 	return listPage(ctx, "user list", "users", "list users whose name sorts after this (the last_id of the previous page)",
 		args, (*holds.Store).ListUsers, admin.Views.User, func(u holds.UserDetail) any { return u.Name })
@@ -101,32 +53,6 @@ func userList(ctx context.Context, args []string) error {
 func instancesCmd(ctx context.Context, args []string) error {
 	return listPage(ctx, "instances", "processes", "list the processes after this id (the last_id of the previous page)",
 		args, (*holds.Store).ListInstances, admin.Views.Instance, func(in holds.InstanceRow) any { return in.ID })
-}
-
-// listPage runs a listing whose cursor is a string, a page at a time as the admin API's list
-// endpoints answer: it reads one row more than -limit so the page can say has_more.
-func listPage[T any](ctx context.Context, cmd, noun, afterUsage string, args []string,
-	read func(*holds.Store, context.Context, string, int) ([]T, error),
-	view func(admin.Views, T) map[string]any, cursor func(T) any,
-) error {
-	var after string
-	var limit int
-	e, st, v, err := adminEnv(ctx, cmd, args, func(fs *flag.FlagSet) {
-		fs.StringVar(&after, "after", "", afterUsage)
-		fs.IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many %s (1-%d)", noun, admin.MaxListLimit))
-	})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	if err := limitFlag(limit); err != nil {
-		return err
-	}
-	rows, err := read(st, ctx, after, limit+1)
-	if err != nil {
-		return err
-	}
-	return printJSON(admin.List(rows, limit, func(r T) map[string]any { return view(v, r) }, cursor))
 }
 
 // keyList lists a user's keys, newest first, a page at a time: the prefixes `key revoke
@@ -544,6 +470,80 @@ func pruneCmd(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("pruned %d settled runs older than %d days in %d batches\n", res.Runs, days, res.Batches)
 	return nil
+}
+
+// adminEnv is setup plus the store and the views every admin subcommand uses.
+func adminEnv(ctx context.Context, name string, args []string, extra func(*flag.FlagSet)) (*env, *holds.Store, admin.Views, error) {
+	e, err := setup(ctx, name, args, false, extra)
+	if err != nil {
+		return nil, nil, admin.Views{}, err
+	}
+	e.log = e.log.With(zap.String("command", name))
+	return e, e.store(), admin.Views{CreditMicro: e.cfg.CreditMicro}, nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("print: %w", err)
+	}
+	return nil
+}
+
+func need(flagName, value string) error {
+	if value == "" {
+		return fmt.Errorf("-%s is required", flagName)
+	}
+	return nil
+}
+
+// namedUser is the user a required -flag names (holds.ErrUnknownUser, with the name, if none).
+func namedUser(ctx context.Context, st *holds.Store, flagName, name string) (holds.UserDetail, error) {
+	if err := need(flagName, name); err != nil {
+		return holds.UserDetail{}, err
+	}
+	return st.UserDetail(ctx, name)
+}
+
+// ofUser names the user an operator typed on an error of the store's, which names users by
+// their id ("revoke keys of user 42: ...": a number the operator never typed nor sees).
+func ofUser(d holds.UserDetail, err error) error {
+	return fmt.Errorf("user %s: %w", d.Name, err)
+}
+
+// limitFlag checks a listing's -limit against the API's bound.
+func limitFlag(limit int) error {
+	if limit < 1 || limit > admin.MaxListLimit {
+		return fmt.Errorf("-limit %d: want 1-%d", limit, admin.MaxListLimit)
+	}
+	return nil
+}
+
+// listPage runs a listing whose cursor is a string, a page at a time as the admin API's list
+// endpoints answer: it reads one row more than -limit so the page can say has_more.
+func listPage[T any](ctx context.Context, cmd, noun, afterUsage string, args []string,
+	read func(*holds.Store, context.Context, string, int) ([]T, error),
+	view func(admin.Views, T) map[string]any, cursor func(T) any,
+) error {
+	var after string
+	var limit int
+	e, st, v, err := adminEnv(ctx, cmd, args, func(fs *flag.FlagSet) {
+		fs.StringVar(&after, "after", "", afterUsage)
+		fs.IntVar(&limit, "limit", 100, fmt.Sprintf("at most this many %s (1-%d)", noun, admin.MaxListLimit))
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if err := limitFlag(limit); err != nil {
+		return err
+	}
+	rows, err := read(st, ctx, after, limit+1)
+	if err != nil {
+		return err
+	}
+	return printJSON(admin.List(rows, limit, func(r T) map[string]any { return view(v, r) }, cursor))
 }
 
 // credited is a store refusal reworded in credits for the operator, still matching its
