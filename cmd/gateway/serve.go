@@ -275,6 +275,11 @@ func (b background) cancel() {
 	b.stopRest()
 }
 
+// cutGrace is how long the calls cut at the drain deadline have to tell their callers so before
+// their connections are closed: each writes one answer or event, unless its caller does not
+// read. Inside the exit's bound after the drain (settle_timeout + 5 s).
+const cutGrace = 2 * time.Second
+
 // stopping is a serving process's shutdown, begun by a signal: drain, cut what the drain's
 // deadline leaves, wait for the settlements and the batch writer, retire the instance row,
 // and end the background work — each within the exit's bound.
@@ -387,11 +392,6 @@ func waitWithin(ctx context.Context, wg *sync.WaitGroup) bool {
 	}
 }
 
-// cutGrace is how long the calls cut at the drain deadline have to tell their callers so before
-// their connections are closed: each writes one answer or event, unless its caller does not
-// read. Inside the exit's bound after the drain (settle_timeout + 5 s).
-const cutGrace = 2 * time.Second
-
 // redisKeys names the Redis keys, under the configured prefix (redis_key_prefix or
 // TOLLGATE_REDIS_PREFIX; the end-to-end tests run several gateways per Redis).
 func redisKeys(cfg *config.Config) runstate.Keys { return runstate.Keys{Prefix: cfg.RedisKeyPrefix} }
@@ -500,6 +500,9 @@ func servePprof(addr string, log *zap.Logger) error {
 	return nil
 }
 
+// plansCheckTimeout bounds warnUsersOnUnconfiguredPlans's scan of users: a check, not a gate.
+const plansCheckTimeout = 10 * time.Second
+
 // warnUsersOnUnconfiguredPlans says so at start when users' rows name a plan the config does
 // not have: they are served on default_plan's terms, which may give more than their plan did
 // (a plans section that left out the demo's guest, whose users then got standard's 2000
@@ -519,9 +522,6 @@ func warnUsersOnUnconfiguredPlans(ctx context.Context, st *holds.Store, cfg *con
 		}
 	}
 }
-
-// plansCheckTimeout bounds warnUsersOnUnconfiguredPlans's scan of users: a check, not a gate.
-const plansCheckTimeout = 10 * time.Second
 
 // warnUnboundedIdleTransactions says so at start when the database never ends a transaction
 // whose client went silent (MySQL, or a DSN's idle_transaction_timeout=0): an operator running
