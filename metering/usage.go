@@ -185,84 +185,6 @@ func (m *Meter) Result() Result {
 // enough for every event.
 func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
 
-// TrimBody is a whole body without the white space around it or a leading UTF-8 byte order
-// mark. RFC 8259 forbids the mark, but servers on some stacks write one and clients read past
-// it (Python's json, under the OpenAI SDK): kept, it hid the body's usage, and the call was
-// charged its prompt's estimate with no output at all.
-func TrimBody(body []byte) []byte {
-	return bytes.TrimSpace(bytes.TrimPrefix(bytes.TrimSpace(body), utf8BOM))
-}
-
-// IsFinalEvent reports whether ev ends a stream of format f: [DONE] for the OpenAI formats,
-// message_stop for Anthropic, and the completed, incomplete or failed response for the
-// Responses API.
-func IsFinalEvent(f Format, ev Event) bool {
-	data := bytes.TrimSpace(ev.Data)
-	switch f {
-	case FormatAnthropic:
-		return len(data) > 0 && data[0] == '{' && eventType(unsafeString(data), ev.Name) == "message_stop"
-	case FormatResponses:
-		if len(data) == 0 || data[0] != '{' {
-			return false
-		}
-		switch eventType(unsafeString(data), ev.Name) {
-		case "response.completed", "response.incomplete", "response.failed":
-			return true
-		}
-		return false
-	default:
-		return bytes.Equal(data, []byte("[DONE]"))
-	}
-}
-
-// IsUsageOnlyChunk reports whether data is an OpenAI chat/completions chunk that exists only
-// to carry usage (`choices` present and empty, `usage` a non-null object). The proxy removes
-// such chunks from what the client sees when the client had not asked for include_usage.
-// A chunk that also carries an error is not usage-only: dropping it would hide the error.
-func IsUsageOnlyChunk(data []byte) bool {
-	if !bytes.Contains(data, []byte(`"usage"`)) || !hasEmptyChoices(data) {
-		return false
-	}
-	s := unsafeString(data)
-	choices := gjson.Get(s, "choices")
-	if !choices.IsArray() {
-		return false
-	}
-	empty := true
-	choices.ForEach(func(_, _ gjson.Result) bool {
-		empty = false
-		return false
-	})
-	return empty && gjson.Get(s, "usage").IsObject() && !isError(gjson.Get(s, "error"))
-}
-
-// hasEmptyChoices reports whether data has a "choices" key whose value is an empty array: a
-// necessary condition for a usage-only chunk, checked without parsing. It matters because
-// OpenAI-style streams put "usage":null in every chunk once usage is on, so the "usage" test
-// alone lets every chunk through to the parse.
-func hasEmptyChoices(data []byte) bool {
-	key := []byte(`"choices"`)
-	for {
-		i := bytes.Index(data, key)
-		if i < 0 {
-			return false
-		}
-		data = data[i+len(key):]
-		rest := bytes.TrimLeft(data, " \t\r\n")
-		if len(rest) == 0 || rest[0] != ':' {
-			continue // a string value "choices", not the key
-		}
-		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-		if len(rest) == 0 || rest[0] != '[' {
-			continue
-		}
-		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-		if len(rest) > 0 && rest[0] == ']' {
-			return true
-		}
-	}
-}
-
 // openAIObject reads a chat, completions or embeddings chunk or body in one pass over its
 // top-level keys: separate lookups for choices, usage, x_groq and error would each rescan
 // the chunk, and this runs on every chunk of a stream.
@@ -541,6 +463,84 @@ func (m *Meter) anthropicUsage(u gjson.Result) {
 	}
 	if inIter != [len(anthropicFields)]bool{} || top != [len(anthropicFields)]bool{} {
 		m.res.Reported = true
+	}
+}
+
+// TrimBody is a whole body without the white space around it or a leading UTF-8 byte order
+// mark. RFC 8259 forbids the mark, but servers on some stacks write one and clients read past
+// it (Python's json, under the OpenAI SDK): kept, it hid the body's usage, and the call was
+// charged its prompt's estimate with no output at all.
+func TrimBody(body []byte) []byte {
+	return bytes.TrimSpace(bytes.TrimPrefix(bytes.TrimSpace(body), utf8BOM))
+}
+
+// IsFinalEvent reports whether ev ends a stream of format f: [DONE] for the OpenAI formats,
+// message_stop for Anthropic, and the completed, incomplete or failed response for the
+// Responses API.
+func IsFinalEvent(f Format, ev Event) bool {
+	data := bytes.TrimSpace(ev.Data)
+	switch f {
+	case FormatAnthropic:
+		return len(data) > 0 && data[0] == '{' && eventType(unsafeString(data), ev.Name) == "message_stop"
+	case FormatResponses:
+		if len(data) == 0 || data[0] != '{' {
+			return false
+		}
+		switch eventType(unsafeString(data), ev.Name) {
+		case "response.completed", "response.incomplete", "response.failed":
+			return true
+		}
+		return false
+	default:
+		return bytes.Equal(data, []byte("[DONE]"))
+	}
+}
+
+// IsUsageOnlyChunk reports whether data is an OpenAI chat/completions chunk that exists only
+// to carry usage (`choices` present and empty, `usage` a non-null object). The proxy removes
+// such chunks from what the client sees when the client had not asked for include_usage.
+// A chunk that also carries an error is not usage-only: dropping it would hide the error.
+func IsUsageOnlyChunk(data []byte) bool {
+	if !bytes.Contains(data, []byte(`"usage"`)) || !hasEmptyChoices(data) {
+		return false
+	}
+	s := unsafeString(data)
+	choices := gjson.Get(s, "choices")
+	if !choices.IsArray() {
+		return false
+	}
+	empty := true
+	choices.ForEach(func(_, _ gjson.Result) bool {
+		empty = false
+		return false
+	})
+	return empty && gjson.Get(s, "usage").IsObject() && !isError(gjson.Get(s, "error"))
+}
+
+// hasEmptyChoices reports whether data has a "choices" key whose value is an empty array: a
+// necessary condition for a usage-only chunk, checked without parsing. It matters because
+// OpenAI-style streams put "usage":null in every chunk once usage is on, so the "usage" test
+// alone lets every chunk through to the parse.
+func hasEmptyChoices(data []byte) bool {
+	key := []byte(`"choices"`)
+	for {
+		i := bytes.Index(data, key)
+		if i < 0 {
+			return false
+		}
+		data = data[i+len(key):]
+		rest := bytes.TrimLeft(data, " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			continue // a string value "choices", not the key
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		if len(rest) == 0 || rest[0] != '[' {
+			continue
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		if len(rest) > 0 && rest[0] == ']' {
+			return true
+		}
 	}
 }
 
