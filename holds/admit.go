@@ -113,6 +113,15 @@ type liveTotals struct {
 	Aggregated bool
 }
 
+// admittedRow is one admission's write: a new hold, or (existing) a run admitted before whose
+// expiry moves out.
+type admittedRow struct {
+	hold     Hold
+	req      AdmitRequest
+	expires  time.Time
+	existing bool
+}
+
 // decideAdmissions decides a batch's admissions in batch order against what the locked reads
 // found. The user lock is what makes a burst of concurrent requests from one user see each
 // other's holds: a request admitted in an earlier transaction is counted by the aggregate, one
@@ -244,15 +253,6 @@ func admitNew(req AdmitRequest, u userRow, plan Plan, r *batchReads) (AdmitResul
 // refused is readmit's and admitNew's answer to an admission they refuse: nothing to write.
 func refused(err error) (AdmitResult, admittedRow, bool) {
 	return AdmitResult{Err: err}, admittedRow{}, false
-}
-
-// admittedRow is one admission's write: a new hold, or (existing) a run admitted before whose
-// expiry moves out.
-type admittedRow struct {
-	hold     Hold
-	req      AdmitRequest
-	expires  time.Time
-	existing bool
 }
 
 // appendInsertHolds writes a batch's holds in one statement. A duplicate key is impossible
