@@ -24,6 +24,23 @@ import (
 // pass (a variable for tests).
 var maxDeadPerPass = 100
 
+// deadInstance is an instance row declared dead (or retired) and not yet swept.
+type deadInstance struct {
+	ID       string    `db:"id"`
+	Name     string    `db:"name"`
+	BeatAt   time.Time `db:"beat_at"`
+	MaxGapUS int64     `db:"max_gap_us"`
+	DeadAt   time.Time `db:"dead_at"`
+	Retired  bool      `db:"retired"`
+}
+
+// deadCursor is a position in the dead rows' order (dead_at, id); the zero value is before the
+// first.
+type deadCursor struct {
+	DeadAt time.Time
+	ID     string
+}
+
 // sweepDead declares dead the instances whose beat stopped DeadAfter (or their own bound) ago,
 // when this process's own beats show the database was there to beat on all that time and it
 // has watched their beat stand still (Instance.watch), and
@@ -178,31 +195,6 @@ func (r *Reconciler) bringInUnleased(ctx context.Context, d deadInstance, runs [
 	return brought, leased, nil
 }
 
-// deadInstance is an instance row declared dead (or retired) and not yet swept.
-type deadInstance struct {
-	ID       string    `db:"id"`
-	Name     string    `db:"name"`
-	BeatAt   time.Time `db:"beat_at"`
-	MaxGapUS int64     `db:"max_gap_us"`
-	DeadAt   time.Time `db:"dead_at"`
-	Retired  bool      `db:"retired"`
-}
-
-// lastAlive is the latest moment the process may have been alive and admitting: its last
-// beat plus the gap its beats allow, or its declaration if that came sooner (a row retired
-// at shutdown). A hold admitted after it shows the process was alive after its beats
-// stopped: its beats failed, it did not die.
-func (d deadInstance) lastAlive() time.Time {
-	return minTime(d.DeadAt, d.BeatAt.Add(time.Duration(d.MaxGapUS)*time.Microsecond))
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
 // declareDead, when self names the declaring process, marks dead each row of still (the rows
 // whose beat self has watched stand still for longer than their gap) whose beat is still the
 // one watched and is older than the longer of after and the row's own bound, at most limit of
@@ -225,13 +217,6 @@ func (s *Store) declareDead(ctx context.Context, self string, still []stillBeat,
 		return 0, nil
 	}
 	return s.markDead(ctx, still[:min(len(still), limit)], after)
-}
-
-// deadCursor is a position in the dead rows' order (dead_at, id); the zero value is before the
-// first.
-type deadCursor struct {
-	DeadAt time.Time
-	ID     string
 }
 
 // deadInstances lists the rows dead and not yet swept (declared by any pass, or retired at
@@ -265,6 +250,21 @@ func (s *Store) markDead(ctx context.Context, still []stillBeat, after time.Dura
 		return 0, fmt.Errorf("declare dead instances: %w", err)
 	}
 	return n, nil
+}
+
+// lastAlive is the latest moment the process may have been alive and admitting: its last
+// beat plus the gap its beats allow, or its declaration if that came sooner (a row retired
+// at shutdown). A hold admitted after it shows the process was alive after its beats
+// stopped: its beats failed, it did not die.
+func (d deadInstance) lastAlive() time.Time {
+	return minTime(d.DeadAt, d.BeatAt.Add(time.Duration(d.MaxGapUS)*time.Microsecond))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // liveHoldsOf lists up to limit one-call holds the dead instance admitted while it was alive
