@@ -48,20 +48,6 @@ type Instance struct {
 	skew atomic.Int64
 }
 
-// seenBeat is another row's beat as this process read it: since is when (local monotonic
-// clock) it first read that beat, gap how long that row's beats may be apart.
-type seenBeat struct {
-	beatAt time.Time
-	since  time.Time
-	gap    time.Duration
-}
-
-// stillBeat is a row whose beat this process has watched stand still for longer than its gap.
-type stillBeat struct {
-	ID     string
-	BeatAt time.Time
-}
-
 // instanceBeatTimeout bounds one beat or registration: past it the beat is tried again at the
 // next interval, and the bound the reconciler allows is several intervals.
 const instanceBeatTimeout = 5 * time.Second
@@ -179,6 +165,20 @@ func (in *Instance) BeatingFor() time.Duration {
 		return 0
 	}
 	return now.Sub(in.streakStart)
+}
+
+// seenBeat is another row's beat as this process read it: since is when (local monotonic
+// clock) it first read that beat, gap how long that row's beats may be apart.
+type seenBeat struct {
+	beatAt time.Time
+	since  time.Time
+	gap    time.Duration
+}
+
+// stillBeat is a row whose beat this process has watched stand still for longer than its gap.
+type stillBeat struct {
+	ID     string
+	BeatAt time.Time
 }
 
 // maxWatched bounds the rows one watch reads: the oldest beats first, those a pass may declare
