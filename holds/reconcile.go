@@ -221,6 +221,9 @@ type Stats struct {
 	StoppedAt PassBound
 }
 
+// Settled is the number of holds this pass closed.
+func (st Stats) Settled() int { return st.FromTally + st.Released + st.ChargedHeld }
+
 // PassBound is the bound that stopped a truncated pass.
 type PassBound string
 
@@ -228,9 +231,6 @@ const (
 	StopBatchLimit PassBound = "batch limit" // MaxBatches full batches read
 	StopTimeBudget PassBound = "time budget" // PassBudget spent before the next hold
 )
-
-// Settled is the number of holds this pass closed.
-func (st Stats) Settled() int { return st.FromTally + st.Released + st.ChargedHeld }
 
 // Run reconciles every Interval until ctx ends. It passes once at start, so a process that
 // comes up after a crash starts cleaning up at once rather than a period later.
