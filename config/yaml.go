@@ -12,6 +12,10 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
+// unknownSettings is how yaml.v3 words a key no setting has ("field listen_adr not found in
+// type config.Config"), which names the Go type where an operator looks for a setting.
+var unknownSettings = regexp.MustCompile(`field (\S+) not found in type \S+`)
+
 // decodeFile decodes the file at path over cfg's defaults. The decode is strict, so that a
 // misspelt or misplaced setting stops the start instead of leaving its default in force; what
 // a typed decode cannot see at all, checkWritten finds (its errors and told, see load).
@@ -84,10 +88,6 @@ func priceUnwrittenCaches(raw []byte, models map[string]ModelCfg) {
 		models[name] = m
 	}
 }
-
-// unknownSettings is how yaml.v3 words a key no setting has ("field listen_adr not found in
-// type config.Config"), which names the Go type where an operator looks for a setting.
-var unknownSettings = regexp.MustCompile(`field (\S+) not found in type \S+`)
 
 // requiredModelFields and requiredPlanFields must be written in a config file's models and
 // plans: each decodes as 0 when left out, and 0 is a valid amount (a free model, a plan
