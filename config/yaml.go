@@ -89,9 +89,10 @@ func priceUnwrittenCaches(raw []byte, models map[string]ModelCfg) {
 	}
 }
 
-// requiredModelFields and requiredPlanFields must be written in a config file's models and
-// plans: each decodes as 0 when left out, and 0 is a valid amount (a free model, a plan
-// without a daily allowance) that nobody meant by leaving the field out.
+// requiredModelFields, requiredLongContextFields and requiredPlanFields must be written in a
+// config file's models, their long_context prices and its plans: each decodes as 0 when left
+// out, and 0 is a valid amount (a free model, a plan without a daily allowance) that nobody
+// meant by leaving the field out.
 var (
 	requiredModelFields       = []string{"input", "output"}
 	requiredLongContextFields = []string{"above_prompt_tokens", "input", "output"}
