@@ -39,6 +39,21 @@ func (f *acctFixture) prunedModels(u holds.User) int {
 	return n
 }
 
+// lastDaysUsage is u's usage report of the last 12 days by the database's clock: the days
+// these tests' runs are aged into, and today.
+func (f *acctFixture) lastDaysUsage(u holds.User) holds.UsageReport {
+	f.t.Helper()
+	var today time.Time
+	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
+		f.t.Fatal(err)
+	}
+	rep, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -12), today, u.ID)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return rep
+}
+
 // TestPruneBoundsTheModelsOfAUserDay: prices match by prefix, so a caller can send endless
 // distinct names ("gpt-4o-<random>") that are priced and admitted; the provider refuses each,
 // and it settles at 0. pruned_runs kept a row per user, day and model as sent, so each name
@@ -58,14 +73,7 @@ func TestPruneBoundsTheModelsOfAUserDay(t *testing.T) {
 	f.settleAs(u, "r_real_3", "gpt-4o-mini", 3_000) // first met past the bound: takes a refused name's place
 	f.ageRuns(u, 10)
 
-	var today time.Time
-	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
-		t.Fatal(err)
-	}
-	before, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -12), today, u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := f.lastDaysUsage(u)
 	// Batches smaller than the names, so the bound is kept across them.
 	res, err := f.store.PruneSettled(f.ctx(), holds.MinPruneAge, 17)
 	if err != nil {
@@ -78,10 +86,7 @@ func TestPruneBoundsTheModelsOfAUserDay(t *testing.T) {
 		t.Errorf("%d pruned_runs rows for one user and day of %d model names; want at most %d (the bound and the rest)",
 			n, names+2, holds.MaxPrunedModels+1)
 	}
-	after, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -12), today, u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := f.lastDaysUsage(u)
 	if !reflect.DeepEqual(after.Totals, before.Totals) || after.LedgerMicro != before.LedgerMicro ||
 		after.Totals.ChargedMicro != after.LedgerMicro || after.Totals.ChargedRuns != after.LedgerRuns {
 		t.Errorf("report totals changed by the prune:\nbefore %+v (ledger %d)\nafter  %+v (ledger %d)",
@@ -191,22 +196,12 @@ func TestPruneGivesAChargedModelThePlaceOfOneThatUsedNothing(t *testing.T) {
 	f.settleAs(u, "r_real_2", "gpt-4o-mini", 3_000)
 	f.settleAs(u, "r_real_3", "gpt-4o", 8_000)
 	f.ageRuns(u, 10)
-	var today time.Time
-	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
-		t.Fatal(err)
-	}
-	before, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -12), today, u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := f.lastDaysUsage(u)
 	// Batches of 11: the refused names fill the day's places before the charged runs come.
 	if _, err := f.store.PruneSettled(f.ctx(), holds.MinPruneAge, 11); err != nil {
 		t.Fatal(err)
 	}
-	after, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -12), today, u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := f.lastDaysUsage(u)
 	if !reflect.DeepEqual(after.Totals, before.Totals) || after.Totals.ChargedMicro != after.LedgerMicro {
 		t.Errorf("report totals changed by the prune:\nbefore %+v\nafter  %+v (ledger %d)", before.Totals, after.Totals, after.LedgerMicro)
 	}

@@ -125,13 +125,7 @@ func TestReadyzSaysWhenMySQLIsUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { down.Close() })
-	log := zap.NewNop()
-	store := holds.NewStore(down, plans.FromConfig(h.cfg), "standard", log)
-	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: h.rdb, Keys: h.keys, Tally: h.tally,
-		Leases: runstate.NewLeases(h.rdb, h.keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
-	t.Cleanup(func() { _ = srv.Close() })
-	gw := httptest.NewServer(srv.Handler())
-	t.Cleanup(gw.Close)
+	gw := gatewayOnDB(t, h, down)
 	get := func(path string) (int, string) {
 		resp, err := http.Get(gw.URL + path)
 		if err != nil {
@@ -183,13 +177,7 @@ func TestReadyzNamesOnlyTheDependencyThatStalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	log := zap.NewNop()
-	store := holds.NewStore(db, plans.FromConfig(h.cfg), "standard", log)
-	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: h.rdb, Keys: h.keys, Tally: h.tally,
-		Leases: runstate.NewLeases(h.rdb, h.keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
-	t.Cleanup(func() { _ = srv.Close() })
-	gw := httptest.NewServer(srv.Handler())
-	t.Cleanup(gw.Close)
+	gw := gatewayOnDB(t, h, db)
 	start := time.Now()
 	resp, err := http.Get(gw.URL + "/readyz")
 	if err != nil {
@@ -202,4 +190,18 @@ func TestReadyzNamesOnlyTheDependencyThatStalls(t *testing.T) {
 		!strings.Contains(body, `"redis":"ok"`) {
 		t.Errorf("/readyz with MySQL stalled and Redis up: %d %s, want 503 naming mysql unavailable, redis ok", resp.StatusCode, body)
 	}
+}
+
+// gatewayOnDB serves a gateway on the harness's Redis and the database db, for a readiness
+// check to find what becomes of db.
+func gatewayOnDB(t *testing.T, h *harness, db *sqlx.DB) *httptest.Server {
+	t.Helper()
+	log := zap.NewNop()
+	store := holds.NewStore(db, plans.FromConfig(h.cfg), "standard", log)
+	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: h.rdb, Keys: h.keys, Tally: h.tally,
+		Leases: runstate.NewLeases(h.rdb, h.keys, "t", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log), Log: log})
+	t.Cleanup(func() { _ = srv.Close() })
+	gw := httptest.NewServer(srv.Handler())
+	t.Cleanup(gw.Close)
+	return gw
 }
