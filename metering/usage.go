@@ -35,6 +35,11 @@ type Result struct {
 	// Anthropic stream cut before message_delta: message_start's output_tokens is a
 	// placeholder), so Output is at least the estimate of the text streamed.
 	Estimated bool
+	// StartOnly is set when the only usage seen is an Anthropic stream's message_start: the
+	// prompt's count and a placeholder output, said before the model did anything. Anthropic
+	// does not bill a request that then fails (an error event, such as overloaded_error, before
+	// any content), so it is no report of work done then.
+	StartOnly bool
 	// UpstreamError is set when a 200 stream or body carried an error event or object.
 	UpstreamError bool
 	// OutputChars counts the bytes of generated text seen, the base of the output estimate
@@ -176,6 +181,7 @@ func (m *Meter) Result() Result {
 		// message_start's output_tokens is a placeholder: the output is the gateway's guess
 		// whichever of the two is larger, and the row says so.
 		r.Usage.Output, r.Estimated = max(r.Usage.Output, EstimateOutputTokens(r.OutputChars)), true
+		r.StartOnly = true
 	}
 	r.Usage = r.Usage.Clamp()
 	return r

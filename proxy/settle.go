@@ -171,10 +171,11 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 		}
 	case outcomeStreamError:
 		st.Source = holds.SourceStreamError
-		if res := c.meter.Result(); res.UpstreamError && !res.Reported && !res.Produced() {
+		if res := c.meter.Result(); res.UpstreamError && (!res.Reported || res.StartOnly) && !res.Produced() {
 			// The provider said it failed (an error event after its 200) before it produced
-			// anything and without a usage: as for a refusal with a non-2xx status, nothing was
-			// used. (A stream that only broke, with no word from the provider, keeps the
+			// anything and without a usage (Anthropic's message_start counts the prompt before
+			// any work, and Anthropic bills no failed request): as for a refusal with a non-2xx
+			// status, nothing was used. (A stream that only broke, with no word from the provider, keeps the
 			// prompt's estimate: the provider may have worked on it, as after a timeout.)
 			st.Source = holds.SourceUpstreamError
 			return st
