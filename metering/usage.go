@@ -60,6 +60,12 @@ type Result struct {
 	// CacheWrite1h is then that figure. Otherwise such a usage reports the writes' total only,
 	// whatever the ttl the request asked for (see proxy's settlementAs).
 	CacheWriteSplit bool
+	// CacheWrite5m is the part of an Anthropic usage's cache writes it says were five-minute
+	// ones (cache_creation.ephemeral_5m_input_tokens). message_delta may give a larger count of
+	// writes than message_start's without breaking it down (a server tool's later turns): the
+	// writes no report says were five-minute ones may be one-hour ones (see proxy's
+	// settlementAs).
+	CacheWrite5m int64
 	// Model is the model the response says answered (its first "model"), "" when none did:
 	// a provider may answer an alias with a dated snapshot, or route to another model.
 	Model string
@@ -424,11 +430,12 @@ func (m *Meter) anthropicEvent(s, typ string) {
 	}
 }
 
-// anthropicFields are Anthropic's usage fields in the order of pricing.Usage's fields.
-// input_tokens already excludes both kinds of cache tokens; cache_creation_input_tokens counts
-// the five-minute and the one-hour writes, the second of which cache_creation breaks out.
-var anthropicFields = [5]string{"input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens",
-	"cache_creation.ephemeral_1h_input_tokens"}
+// anthropicFields are Anthropic's usage fields in the order of pricing.Usage's fields, then
+// the five-minute writes. input_tokens already excludes both kinds of cache tokens;
+// cache_creation_input_tokens counts the five-minute and the one-hour writes, which
+// cache_creation breaks out.
+var anthropicFields = [6]string{"input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens", "output_tokens",
+	"cache_creation.ephemeral_1h_input_tokens", "cache_creation.ephemeral_5m_input_tokens"}
 
 // anthropicOutput is output_tokens' index in anthropicFields.
 const anthropicOutput = 3
@@ -456,7 +463,7 @@ func (m *Meter) anthropicUsage(u gjson.Result) {
 		return true
 	})
 	fields := [len(anthropicFields)]*int64{&m.res.Usage.Input, &m.res.Usage.CacheRead, &m.res.Usage.CacheWrite, &m.res.Usage.Output,
-		&m.res.Usage.CacheWrite1h}
+		&m.res.Usage.CacheWrite1h, &m.res.CacheWrite5m}
 	for i, f := range anthropicFields {
 		if inIter[i] {
 			*fields[i] = sum[i]

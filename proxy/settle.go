@@ -205,6 +205,14 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 			// reconciler settling from it, carry them so too.
 			st.Usage.CacheWrite1h = st.Usage.CacheWrite
 		}
+		if c.req.cacheLong && c.req.route.format == metering.FormatAnthropic {
+			// Anthropic's message_delta may count more writes than message_start did (a server
+			// tool's later turns) without saying of which ttl, and an Anthropic-compatible
+			// server may not break them down at all: the writes no report says were
+			// five-minute ones are billed at the one-hour price the call asked for, never less
+			// than the provider charged.
+			st.Usage.CacheWrite1h = max(st.Usage.CacheWrite1h, st.Usage.CacheWrite-res.CacheWrite5m)
+		}
 	} else {
 		st.Usage = c.req.promptEstimate()
 		st.Usage.Output, st.Usage.AudioOutput = res.EstimatedOutput()
