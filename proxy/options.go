@@ -24,6 +24,9 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 	if what := unpricedWork(format, root, header, price, audioTokens, longCache); what != "" {
 		return what
 	}
+	if what := routerWebSearch(root); what != "" {
+		return what
+	}
 	switch format {
 	case metering.FormatChat, metering.FormatCompletions, metering.FormatResponses:
 		// "auto" and "default" run at the standard rate; "priority" and "scale" cost more,
@@ -285,4 +288,25 @@ func typeAmbiguous(tool gjson.Result) bool {
 		return true
 	})
 	return n > 1 || other
+}
+
+// routerWebSearch names a router's web search a request asks for, or returns "": OpenRouter's
+// web plugin (a "plugins" entry of id "web") or a model, asked for or a fallback in "models",
+// with its ":online" suffix (the same plugin). The router bills each result it fetches, or
+// each search of a provider's native one, on top of the tokens; the suffixed name would be
+// priced by its prefix, at the tokens alone. On every route: OpenRouter takes both on its
+// Anthropic-shaped endpoint as on its OpenAI-shaped ones.
+func routerWebSearch(root gjson.Result) string {
+	for _, p := range root.Get("plugins").Array() {
+		if strings.EqualFold(strings.TrimSpace(p.Get("id").Str), "web") {
+			return "the router's 'web' plugin (a per-result search fee)"
+		}
+	}
+	names := append([]gjson.Result{root.Get("model")}, root.Get("models").Array()...)
+	for _, m := range names {
+		if m.Type == gjson.String && strings.Contains(strings.ToLower(m.Str), ":online") {
+			return "a model named with ':online' (the router's web search: a per-result fee)"
+		}
+	}
+	return ""
 }
