@@ -126,10 +126,38 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 			p.count(item) // a bare string is a user message
 		}
 		p.count(item.Get("content"))
-		p.count(item.Get("output"))                               // function_call_output
+		p.addToolOutput(item.Get("output"))
 		p.textBytes += int64(len(item.Get("arguments").String())) // function_call
+		// What the model wrote for a custom tool, a shell or a patch, sent back in a tool
+		// loop: the provider bills it as input, as it does a function call's arguments.
+		p.textBytes += strLen(item.Get("input")) // custom_tool_call
+		p.count(item.Get("action.commands"))     // shell_call
+		p.count(item.Get("action.command"))      // local_shell_call
+		p.textBytes += strLen(item.Get("operation.diff"))
 		return true
 	})
+}
+
+// addToolOutput adds a tool's output sent back in a Responses input item: a function's (a
+// string, or a list of parts), a shell's (a list of stdout and stderr chunks, which are no
+// text parts) or a computer-use screenshot (one image, an object). Counted as text parts only,
+// a computer-use loop of screenshots was estimated at a few tokens.
+func (p *promptSize) addToolOutput(out gjson.Result) {
+	if out.IsObject() {
+		if t := out.Get("type").Str; t == "computer_screenshot" || mediaPartTypes[t] {
+			p.textBytes += tokensPerMedia * bytesPerToken
+		} else {
+			p.textBytes += strLen(out.Get("text"))
+		}
+		return
+	}
+	p.count(out)
+	if out.IsArray() {
+		out.ForEach(func(_, chunk gjson.Result) bool {
+			p.textBytes += strLen(chunk.Get("stdout")) + strLen(chunk.Get("stderr"))
+			return true
+		})
+	}
 }
 
 // EstimateNotHandedOn guesses the tokens of a Responses request's own parts that a
