@@ -375,8 +375,10 @@ func (m *Meter) responsesEvent(s, typ string) {
 		keepName(&m.res.Model, gjson.Get(s, "response.model"), true)
 		m.openAIUsage(gjson.Get(s, "response.usage"))
 	case "response.failed":
-		// A failed response carries what it used so far, as a completed one does.
+		// A failed response carries what it used so far, and the model that used it, as a
+		// completed one does.
 		m.res.UpstreamError = true
+		keepName(&m.res.Model, gjson.Get(s, "response.model"), true)
 		m.openAIUsage(gjson.Get(s, "response.usage"))
 	case "error":
 		m.res.UpstreamError = true

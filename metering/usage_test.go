@@ -527,6 +527,24 @@ func TestResponsesModelIsTheOneThatCompleted(t *testing.T) {
 	}
 }
 
+// TestResponsesModelIsTheOneThatFailed: a response that fails after output carries what it used
+// (response.failed's usage, billed) and names the model that used it, as a completed one does:
+// billed at the model response.created named (a router's alias), the failed call was charged
+// another model's price than its usage was made at.
+func TestResponsesModelIsTheOneThatFailed(t *testing.T) {
+	m := NewMeter(FormatResponses)
+	for _, ev := range []Event{
+		{Name: "response.created", Data: []byte(`{"type":"response.created","response":{"id":"r","model":"router/auto","status":"in_progress"}}`)},
+		{Name: "response.output_text.delta", Data: []byte(`{"type":"response.output_text.delta","delta":"hi"}`)},
+		{Name: "response.failed", Data: []byte(`{"type":"response.failed","response":{"id":"r","model":"dear-2025-01-01","status":"failed","error":{"code":"server_error","message":"x"},"usage":{"input_tokens":10,"output_tokens":20,"total_tokens":30}}}`)},
+	} {
+		m.Event(ev)
+	}
+	if r := m.Result(); r.Model != "dear-2025-01-01" || !r.Reported || !r.UpstreamError {
+		t.Errorf("Result() = %+v, want the usage and the model response.failed names", r)
+	}
+}
+
 // A whole body that starts with a UTF-8 byte order mark is read as the JSON it is, in every
 // format.
 func TestMeterBodyAfterByteOrderMark(t *testing.T) {
