@@ -716,11 +716,18 @@ func (c *callRequest) continues() []string {
 // that may answer it (fallbackPrice), every output token as audio when the call asks for an
 // audio answer, every prompt token at the cache-write price when the call marks its prompt for
 // the cache (the provider bills what it writes at that price, 1.25× or 2× the input price:
-// reckoned at the input price, a call whose cap binds cost more than its cap).
+// reckoned at the input price, a call whose cap binds cost more than its cap). On the
+// OpenAI-shaped routes that holds unmarked too: OpenAI caches a prompt unasked, and its newer
+// models (gpt-5.6 on) bill what they write at a cache-write price dearer than the input price
+// (input_tokens_details.cache_write_tokens); a model priced so has its prompt reckoned at it.
+// (PromptWritten keeps the input price where the cache-write price is not dearer.)
 func (c *callRequest) boundPrice() pricing.Price {
 	p := c.fallbackPrice
 	if c.spoken {
 		p = p.Spoken()
+	}
+	if c.route.format != metering.FormatAnthropic && c.route.format != metering.FormatEmbeddings {
+		p = p.PromptWritten(false)
 	}
 	return c.promptPrice(p)
 }
