@@ -34,6 +34,13 @@ var errSettleUnanswered = &apiError{Status: http.StatusServiceUnavailable, Type:
 var errSettleNotDone = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
 	Message: "Billing is unavailable, so the run was not settled and nothing was charged. Retry shortly."}
 
+// errSettleRunUnread answers a settle that could not read the run: it did nothing, but the run
+// may be settled already, by an earlier settle whose answer was lost or errSettleUnanswered (the
+// retry that answer asks for). errSettleNotDone's "the run was not settled" told that retry so
+// of a run its first settle had charged.
+var errSettleRunUnread = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
+	Message: "Billing is unavailable, so the run could not be read and this settle charged nothing; an earlier settle of it may have settled it. Retry shortly (it shows the settled run, or settles it) or GET /v1/runs/{id} to see."}
+
 var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "run_budget_exhausted",
 	Message: "This run's budget is used, or reserved by its calls in flight: what it has tallied plus this call's prompt and the least answer exceed the run's cap."}
 
@@ -153,8 +160,8 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		logRefusal(log, errSettleNotDone, "run unreadable", err, zap.String("route", settleRoute))
-		writeError(w, errSettleNotDone)
+		logRefusal(log, errSettleRunUnread, "run unreadable", err, zap.String("route", settleRoute))
+		writeError(w, errSettleRunUnread)
 		return
 	}
 	if run.State != holds.StateSettled {

@@ -91,8 +91,10 @@ func TestSettleWhoseCommitWentUnansweredSaysItMayHaveSettled(t *testing.T) {
 
 // TestSettleThatFailsSaysTheRunIsNotSettled: a settle refused because billing is unavailable
 // (here the database gone as it reads the run) charged nothing, but was told "the call was not
-// made", which leaves an agent unsure what became of its run. It now says the run was not
-// settled; settled again once the database is back, it is.
+// made", which leaves an agent unsure what became of its run. It now says the settle charged
+// nothing (not that the run is unsettled: unread, it may be, see
+// TestSettleRetriedAfterAnUnansweredCommitDoesNotSayNotSettled); settled again once the
+// database is back, it is.
 func TestSettleThatFailsSaysTheRunIsNotSettled(t *testing.T) {
 	h, lossy := newLossyHarness(t)
 	u, key := h.user("standard")
@@ -110,10 +112,51 @@ func TestSettleThatFailsSaysTheRunIsNotSettled(t *testing.T) {
 	}
 	msg := errorMessage(t, body)
 	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" ||
-		!strings.Contains(msg, "not settled") || strings.Contains(msg, "not made") {
-		t.Fatalf("settle with the database gone: %d %s; want 503 saying the run was not settled", status, body)
+		!strings.Contains(msg, "charged nothing") || strings.Contains(msg, "not made") {
+		t.Fatalf("settle with the database gone: %d %s; want 503 saying the settle charged nothing", status, body)
 	}
 	if status, body := h.settleRun(key, "task-not-settled"); status != http.StatusOK || !strings.Contains(string(body), `"state":"settled"`) {
+		t.Fatalf("settle retried: %d %s", status, body)
+	}
+}
+
+// TestSettleRetriedAfterAnUnansweredCommitDoesNotSayNotSettled: a settle whose COMMIT went
+// unanswered is told the run may be settled and to settle again. When that retry could not
+// read the run (billing still unavailable), it was told "the run was not settled and nothing
+// was charged" — of a run the first settle had settled and charged. A settle that cannot read
+// the run knows only that it did nothing itself, and says so.
+func TestSettleRetriedAfterAnUnansweredCommitDoesNotSayNotSettled(t *testing.T) {
+	h, lossy := newLossyHarness(t)
+	u, key := h.user("standard")
+	runID := firstRunCall(t, h, key, map[string]string{"X-Run-Id": "task-retry-unread"}, 5)
+
+	lossy.Arm(";\nCOMMIT", testenv.GoDown)
+	status, body := h.settleRun(key, "task-retry-unread")
+	down := lossy.Down()
+	lossy.Restore()
+	if !down || status != http.StatusServiceUnavailable {
+		t.Fatalf("the settlement's commit never lost the database: %d %s", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.ChargedMicro == 0 {
+		t.Fatalf("run %s charged %d µUSD: the settlement's commit was meant to land", r.State, r.ChargedMicro)
+	}
+
+	lossy.Arm(runReadMarker, testenv.GoDown)
+	status, body = h.settleRun(key, "task-retry-unread")
+	down = lossy.Down()
+	lossy.Restore()
+	if !down {
+		t.Fatal("the retried settle never lost the database")
+	}
+	msg := errorMessage(t, body)
+	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" ||
+		strings.Contains(msg, "not settled") || strings.Contains(msg, "nothing was charged") || strings.Contains(msg, "not made") {
+		t.Fatalf("retried settle of a settled run, its read failed: %d %s; want 503 not saying the run is unsettled", status, body)
+	}
+	if !strings.Contains(msg, "may") {
+		t.Errorf("message %q does not say the run may be settled", msg)
+	}
+	if status, body := h.settleRun(key, "task-retry-unread"); status != http.StatusOK || !strings.Contains(string(body), `"state":"settled"`) {
 		t.Fatalf("settle retried: %d %s", status, body)
 	}
 }
