@@ -98,6 +98,8 @@ type answerBuffer struct {
 	caller uint64
 	share  *callerAnswers // nil once released
 	n      int64
+	// shared is what it holds of its caller's share: n, or less while it waits for it.
+	shared int64
 	// waitUntil ends the answer's waits for room, all of them: set by its first (one whose
 	// buffer grows waits at each step otherwise, 16 steps to 32 MiB).
 	waitUntil time.Time
@@ -156,11 +158,24 @@ func (b *answerBuffer) grow(ctx context.Context, size, limit int64) error {
 	}
 	// The caller's share first: an answer waiting for its caller's other answers to leave
 	// holds none of the process's room meanwhile.
-	if err := b.acquire(ctx, b.share.sem, n, errCallerAnswerMemory); err != nil {
-		return err
+	if b.share.sem.TryAcquire(n) {
+		b.shared += n
+	} else {
+		// It waits holding none of the share either: two growing answers of a caller (no
+		// Content-Length, each past half the share) each held part and waited for what the
+		// other held, and both were refused, charged. Given back, the first waiter takes the
+		// whole of its new size as the other gives its part back too, and the other follows
+		// once it leaves. Its bytes stay counted in the process's room meanwhile.
+		b.share.sem.Release(b.shared)
+		b.shared = 0
+		if err := b.acquire(ctx, b.share.sem, b.n+n, errCallerAnswerMemory); err != nil {
+			return err
+		}
+		b.shared = b.n + n
 	}
 	if err := b.acquire(ctx, b.m.sem, n, errAnswerMemoryFull); err != nil {
-		b.share.sem.Release(n)
+		b.share.sem.Release(b.shared - b.n)
+		b.shared = b.n
 		return err
 	}
 	b.n += n
@@ -196,9 +211,12 @@ func (b *answerBuffer) release() {
 	}
 	if b.n > 0 {
 		b.m.sem.Release(b.n)
-		b.share.sem.Release(b.n)
 		b.m.held.Sub(float64(b.n))
 		b.n = 0
+	}
+	if b.shared > 0 {
+		b.share.sem.Release(b.shared)
+		b.shared = 0
 	}
 	b.m.mu.Lock()
 	if b.share.answers--; b.share.answers == 0 {
