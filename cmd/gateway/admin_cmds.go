@@ -184,7 +184,7 @@ func userEnable(ctx context.Context, args []string) error {
 
 func userSetDisabled(ctx context.Context, cmd string, args []string, disable bool) error {
 	var name string
-	e, st, v, err := adminEnv(ctx, cmd, args, func(fs *flag.FlagSet) {
+	e, st, _, err := adminEnv(ctx, cmd, args, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "name", "", "user name")
 	})
 	if err != nil {
@@ -206,8 +206,13 @@ func userSetDisabled(ctx context.Context, cmd string, args []string, disable boo
 	if d, err = st.UserDetail(ctx, name); err != nil {
 		return err
 	}
-	out := v.User(d)
-	out["changed"] = changed
+	// No credits and no plan terms: run with any config (convertsCredits), it shows none it
+	// could have read wrong.
+	out := map[string]any{"object": "user", "id": d.ID, "name": d.Name, "plan": d.Plan, "disabled": d.DisabledAt != nil,
+		"changed": changed}
+	if d.DisabledAt != nil {
+		out["disabled_at"] = *d.DisabledAt
+	}
 	return printJSON(out)
 }
 

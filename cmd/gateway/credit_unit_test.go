@@ -79,7 +79,6 @@ func TestOperatorCommandsRefuseAnotherCreditMicro(t *testing.T) {
 		{"user set", userSet, []string{"-name", "alice", "-allowance", "5"}},
 		{"user show", userShow, []string{"-name", "alice"}},
 		{"user list", userList, nil},
-		{"user disable", userDisable, []string{"-name", "alice"}},
 		{"balance", balanceCmd, []string{"-user", "alice"}},
 		{"runs", runsCmd, nil},
 		{"report", reportCmd, nil},

@@ -273,9 +273,11 @@ func schemaCurrent(ctx context.Context, db *sqlx.DB) error {
 // convertsCredits are the operator's commands that read or write amounts in credits (or split
 // a charge by a plan's allowance, which the config gives in credits): each converts at its
 // config's credit_micro, and refuses one other than the fleet's (creditUnitIsTheFleets). The
-// others (key, instances, prune, audit, user create) show no credits and run with any config.
+// others (key, instances, prune, audit, user create, user disable|enable) show no credits and
+// run with any config: disabling a user is what an operator may need at once, mid-upgrade or
+// mid-rollout of new plans, when nothing or something else is recorded.
 var convertsCredits = map[string]bool{
-	"user list": true, "user show": true, "user set": true, "user disable": true, "user enable": true,
+	"user list": true, "user show": true, "user set": true,
 	"grant": true, "balance": true, "runs": true, "report": true, "reconcile": true,
 }
 
@@ -284,7 +286,7 @@ var convertsCredits = map[string]bool{
 // terms shown): each takes them from its config, and refuses plans other than the fleet's
 // (planTermsAreTheFleets). runs and report read what was charged, and use no plan terms.
 var usesPlanTerms = map[string]bool{
-	"user list": true, "user show": true, "user set": true, "user disable": true, "user enable": true,
+	"user list": true, "user show": true, "user set": true,
 	"grant": true, "balance": true, "reconcile": true,
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -210,5 +211,47 @@ func TestServeRecordsItsPlanTermsAndAChangedOne(t *testing.T) {
 	now, _ := f["plan_terms"].(holds.PlanTerms)
 	if prev.Plans["standard"]["allowance_micro"] != 2_000_000 || now.Plans["standard"]["allowance_micro"] != 3_000_000 {
 		t.Errorf("warning's terms before %v and after %v, want standard's allowance 2000000 then 3000000", prev, now)
+	}
+}
+
+// TestUserDisableRunsWithAnyConfig: disabling a user is what an operator may need at once —
+// an abusive caller mid-upgrade, before a new gateway has recorded anything, or mid-rollout of
+// new plans, with the old file at hand. user disable and enable were refused then, for the
+// credits and plan terms they printed; they print neither now, and run with any config.
+func TestUserDisableRunsWithAnyConfig(t *testing.T) {
+	useTestDatabase(t)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		how  string
+		args []string
+	}{{"nothing recorded", nil}, {"another credit_micro than recorded", []string{"-config", fleetConfig(t, "5000")}}} {
+		if c.args != nil {
+			servedAt(t, openTestDatabase(t), 10_000)
+		}
+		for _, cmd := range []struct {
+			name     string
+			run      func(context.Context, []string) error
+			disabled bool
+		}{{"user disable", userDisable, true}, {"user enable", userEnable, false}} {
+			raw, err := stdout(t, func() error { return cmd.run(ctx, append(slices.Clone(c.args), "-name", "alice")) })
+			if err != nil {
+				t.Fatalf("%s with %s: %v", cmd.name, c.how, err)
+			}
+			var out map[string]any
+			if err := json.Unmarshal(raw, &out); err != nil {
+				t.Fatalf("%s: %v in %s", cmd.name, err, raw)
+			}
+			if out["disabled"] != cmd.disabled || out["changed"] != true {
+				t.Errorf("%s with %s printed %s", cmd.name, c.how, raw)
+			}
+			for _, figure := range []string{"prepaid", "effective", "overrides"} {
+				if _, ok := out[figure]; ok {
+					t.Errorf("%s with %s printed %q, read by a config that may not be the fleet's: %s", cmd.name, c.how, figure, raw)
+				}
+			}
+		}
 	}
 }
