@@ -53,10 +53,7 @@ func TestSettleWhoseReadBackFailsSaysTheRunIsSettled(t *testing.T) {
 	if want := "charged " + pricing.FormatCredits(r.ChargedMicro, h.cfg.CreditMicro) + " credits"; !strings.Contains(msg, want) {
 		t.Errorf("message %q does not say %q", msg, want)
 	}
-	// A retried settle shows the settled run.
-	if status, body := h.settleRun(key, "task-readback"); status != http.StatusOK || !strings.Contains(string(body), `"state":"settled"`) {
-		t.Fatalf("settle retried: %d %s", status, body)
-	}
+	settledOnRetry(t, h, key, "task-readback")
 }
 
 // TestSettleWhoseCommitWentUnansweredSaysItMayHaveSettled: a settle whose settlement's
@@ -69,13 +66,7 @@ func TestSettleWhoseCommitWentUnansweredSaysItMayHaveSettled(t *testing.T) {
 	u, key := h.user("standard")
 	runID := firstRunCall(t, h, key, map[string]string{"X-Run-Id": "task-commit-lost"}, 5)
 
-	lossy.Arm(";\nCOMMIT", testenv.GoDown)
-	status, body := h.settleRun(key, "task-commit-lost")
-	down := lossy.Down()
-	lossy.Restore()
-	if !down {
-		t.Fatal("the settlement's commit never lost the database")
-	}
+	status, body := settleLosingDB(t, h, lossy, key, "task-commit-lost", ";\nCOMMIT", "the settlement's commit never lost the database")
 	if r := h.run(u.ID, runID); r.State != holds.StateSettled {
 		t.Fatalf("run %s: the settlement's commit was meant to land", r.State)
 	}
@@ -84,9 +75,7 @@ func TestSettleWhoseCommitWentUnansweredSaysItMayHaveSettled(t *testing.T) {
 		!strings.Contains(msg, "may be settled") || strings.Contains(msg, "not made") {
 		t.Fatalf("settle whose commit went unanswered: %d %s; want 503 saying the run may be settled", status, body)
 	}
-	if status, body := h.settleRun(key, "task-commit-lost"); status != http.StatusOK || !strings.Contains(string(body), `"state":"settled"`) {
-		t.Fatalf("settle retried: %d %s", status, body)
-	}
+	settledOnRetry(t, h, key, "task-commit-lost")
 }
 
 // TestSettleThatFailsSaysTheRunIsNotSettled: a settle refused because billing is unavailable
@@ -100,13 +89,7 @@ func TestSettleThatFailsSaysTheRunIsNotSettled(t *testing.T) {
 	u, key := h.user("standard")
 	runID := firstRunCall(t, h, key, map[string]string{"X-Run-Id": "task-not-settled"}, 5)
 
-	lossy.Arm(runReadMarker, testenv.GoDown)
-	status, body := h.settleRun(key, "task-not-settled")
-	down := lossy.Down()
-	lossy.Restore()
-	if !down {
-		t.Fatal("the settle never lost the database")
-	}
+	status, body := settleLosingDB(t, h, lossy, key, "task-not-settled", runReadMarker, "the settle never lost the database")
 	if r := h.run(u.ID, runID); r.State == holds.StateSettled {
 		t.Fatalf("run settled with the database gone at its first read")
 	}
@@ -115,9 +98,7 @@ func TestSettleThatFailsSaysTheRunIsNotSettled(t *testing.T) {
 		!strings.Contains(msg, "charged nothing") || strings.Contains(msg, "not made") {
 		t.Fatalf("settle with the database gone: %d %s; want 503 saying the settle charged nothing", status, body)
 	}
-	if status, body := h.settleRun(key, "task-not-settled"); status != http.StatusOK || !strings.Contains(string(body), `"state":"settled"`) {
-		t.Fatalf("settle retried: %d %s", status, body)
-	}
+	settledOnRetry(t, h, key, "task-not-settled")
 }
 
 // TestSettleRetriedAfterAnUnansweredCommitDoesNotSayNotSettled: a settle whose COMMIT went
@@ -141,13 +122,7 @@ func TestSettleRetriedAfterAnUnansweredCommitDoesNotSayNotSettled(t *testing.T) 
 		t.Fatalf("run %s charged %d µUSD: the settlement's commit was meant to land", r.State, r.ChargedMicro)
 	}
 
-	lossy.Arm(runReadMarker, testenv.GoDown)
-	status, body = h.settleRun(key, "task-retry-unread")
-	down = lossy.Down()
-	lossy.Restore()
-	if !down {
-		t.Fatal("the retried settle never lost the database")
-	}
+	status, body = settleLosingDB(t, h, lossy, key, "task-retry-unread", runReadMarker, "the retried settle never lost the database")
 	msg := errorMessage(t, body)
 	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" ||
 		strings.Contains(msg, "not settled") || strings.Contains(msg, "nothing was charged") || strings.Contains(msg, "not made") {
@@ -156,7 +131,28 @@ func TestSettleRetriedAfterAnUnansweredCommitDoesNotSayNotSettled(t *testing.T) 
 	if !strings.Contains(msg, "may") {
 		t.Errorf("message %q does not say the run may be settled", msg)
 	}
-	if status, body := h.settleRun(key, "task-retry-unread"); status != http.StatusOK || !strings.Contains(string(body), `"state":"settled"`) {
+	settledOnRetry(t, h, key, "task-retry-unread")
+}
+
+// settleLosingDB settles the named run with the database going down at the statement that
+// contains marker, and fails the test (saying what) unless it went down.
+func settleLosingDB(t *testing.T, h *harness, lossy *testenv.Lossy, key, name, marker, what string) (int, []byte) {
+	t.Helper()
+	lossy.Arm(marker, testenv.GoDown)
+	status, body := h.settleRun(key, name)
+	down := lossy.Down()
+	lossy.Restore()
+	if !down {
+		t.Fatal(what)
+	}
+	return status, body
+}
+
+// settledOnRetry settles the named run again, the database back, and fails the test unless
+// the answer shows it settled.
+func settledOnRetry(t *testing.T, h *harness, key, name string) {
+	t.Helper()
+	if status, body := h.settleRun(key, name); status != http.StatusOK || !strings.Contains(string(body), `"state":"settled"`) {
 		t.Fatalf("settle retried: %d %s", status, body)
 	}
 }
