@@ -78,13 +78,13 @@ func TestSettleWhoseCommitWentUnansweredSaysItMayHaveSettled(t *testing.T) {
 	settledOnRetry(t, h, key, "task-commit-lost")
 }
 
-// TestSettleThatFailsSaysTheRunIsNotSettled: a settle refused because billing is unavailable
+// TestSettleThatCannotReadTheRunSaysItChargedNothing: a settle refused because billing is unavailable
 // (here the database gone as it reads the run) charged nothing, but was told "the call was not
 // made", which leaves an agent unsure what became of its run. It now says the settle charged
 // nothing (not that the run is unsettled: unread, it may be, see
 // TestSettleRetriedAfterAnUnansweredCommitDoesNotSayNotSettled); settled again once the
 // database is back, it is.
-func TestSettleThatFailsSaysTheRunIsNotSettled(t *testing.T) {
+func TestSettleThatCannotReadTheRunSaysItChargedNothing(t *testing.T) {
 	h, lossy := newLossyHarness(t)
 	u, key := h.user("standard")
 	runID := firstRunCall(t, h, key, map[string]string{"X-Run-Id": "task-not-settled"}, 5)
