@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -23,28 +24,8 @@ import (
 // — its hold row in the database is the record — and is charged once. Nothing reaches the
 // upstream for a refused request.
 func TestFullRedisRefusesWritesAndNothingIsChargedTwice(t *testing.T) {
-	opt, err := redis.ParseURL(testenv.PrivateRedisURL(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, opt.Addr)
-	}
-	h := newHarnessOn(t, harnessSetup{redisDialer: dial, tallyDialer: dial, contextTimeouts: true}, nil)
-	full := redis.NewClient(opt)
-	defer full.Close()
+	h, full := newHarnessOnFullRedis(t)
 	ctx := context.Background()
-	junk := strings.Repeat("x", 10_000)
-	for i := 0; ; i++ {
-		err := full.Set(ctx, "junk:"+testenv.RandomID(8), junk, 0).Err()
-		if err != nil && strings.HasPrefix(err.Error(), "OOM ") {
-			break
-		}
-		if err != nil || i > 10_000 {
-			t.Fatalf("filling Redis: %v after %d keys", err, i)
-		}
-	}
 	u, key := h.user("standard")
 	refused := func(hdr map[string]string, status int, code string) {
 		t.Helper()
@@ -97,5 +78,51 @@ func TestFullRedisRefusesWritesAndNothingIsChargedTwice(t *testing.T) {
 	}
 	if len(charged) != 1 || charged[0] != runID {
 		t.Fatalf("charged runs %v, want only the Idempotency-Key call's %s", charged, runID)
+	}
+}
+
+// newHarnessOnFullRedis is a harness whose gateway's Redis is a private one at its maxmemory
+// under noeviction: it answers reads and PING, and refuses every write with OOM. full is a
+// client of that Redis, for the test to make room again.
+func newHarnessOnFullRedis(t *testing.T) (h *harness, full *redis.Client) {
+	t.Helper()
+	opt, err := redis.ParseURL(testenv.PrivateRedisURL(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, opt.Addr)
+	}
+	h = newHarnessOn(t, harnessSetup{redisDialer: dial, tallyDialer: dial, contextTimeouts: true}, nil)
+	full = redis.NewClient(opt)
+	t.Cleanup(func() { full.Close() })
+	junk := strings.Repeat("x", 10_000)
+	for i := 0; ; i++ {
+		err := full.Set(context.Background(), "junk:"+testenv.RandomID(8), junk, 0).Err()
+		if err != nil && strings.HasPrefix(err.Error(), "OOM ") {
+			return h, full
+		}
+		if err != nil || i > 10_000 {
+			t.Fatalf("filling Redis: %v after %d keys", err, i)
+		}
+	}
+}
+
+// TestReadyzSaysWhenRedisRefusesWrites: a Redis at its maxmemory under noeviction answers
+// PING, so /readyz said ready, while every call was refused for the writes it could not make
+// (503 dedup_unavailable, billing_unavailable): the load balancer kept sending calls to a
+// gateway that could serve none. Readiness writes to Redis now, and names it.
+func TestReadyzSaysWhenRedisRefusesWrites(t *testing.T) {
+	h, _ := newHarnessOnFullRedis(t)
+	resp, err := http.Get(h.gw.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"redis":"unavailable"`) ||
+		!strings.Contains(string(body), `"mysql":"ok"`) {
+		t.Fatalf("/readyz with Redis full: %d %s, want 503 naming Redis alone", resp.StatusCode, body)
 	}
 }

@@ -314,7 +314,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 // an answer, and a store slower than this is not ready to serve calls either.
 const readyCheckTimeout = 2 * time.Second
 
-// checkReady pings MySQL and Redis, at once and each within readyCheckTimeout: pinged one
+// checkReady pings MySQL and writes to Redis, at once and each within readyCheckTimeout: pinged one
 // after the other under one deadline, a database that stalled spent it all, and Redis, pinged
 // with the deadline past, was named unavailable too.
 func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
@@ -330,7 +330,10 @@ func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 		return done
 	}
 	mysqlErr := ping(s.store.DB().PingContext)
-	redisErr := ping(func(ctx context.Context) error { return s.rdb.Ping(ctx).Err() })
+	// A write, not a PING: a Redis at its maxmemory under noeviction answers PING and refuses
+	// every write the calls make (their duplicate checks, reservations, tallies), so it is not
+	// ready for them.
+	redisErr := ping(func(ctx context.Context) error { return s.rdb.Set(ctx, s.keys.Prefix+"readyz", "1", time.Minute).Err() })
 	status := map[string]string{"mysql": "ok", "redis": "ok"}
 	code := http.StatusOK
 	if err := <-mysqlErr; err != nil {
