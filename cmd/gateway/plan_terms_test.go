@@ -164,10 +164,11 @@ func TestServeRecordsItsPlanTermsAndAChangedOne(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+	// What serve returns once stopped is not this test's: the row can be seen before its
+	// insert's reply has come back, and a serve stopped in that moment ends with the
+	// cancellation (or the connection it cut), which says nothing of what it recorded.
 	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("serve: %v", err)
-	}
+	<-done
 	if n := count("SELECT COUNT(*) FROM plan_terms WHERE set_by = 'gw-serve'"); n != 1 {
 		t.Fatalf("serve registered without recording its plan terms")
 	}
