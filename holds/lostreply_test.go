@@ -230,3 +230,33 @@ func TestLostCommitReplyOfAGrantIsAnsweredAsCreated(t *testing.T) {
 		t.Fatalf("balance %+v, %v: want prepaid 5,000", bal, err)
 	}
 }
+
+// TestLostCommitReplyOfAClampedSettlementKeepsWhatTheCapClampedAway: a settlement whose cost
+// passes its hold's cap charges the cap, and what it clamped away is the operator's loss,
+// counted in tollgate_uncharged_micro_usd_total (the store's SettledHook) and logged as a
+// money warning. When its commit reply is lost and the retry finds its own settlement, it is
+// the same settlement: it must say what it clamped away as the first attempt would have, or
+// the counter and the log miss a loss the settled row shows (cost past charge).
+func TestLostCommitReplyOfAClampedSettlementKeepsWhatTheCapClampedAway(t *testing.T) {
+	f, lossy := newLossyFixture(t)
+	ctx := context.Background()
+	var hooked []holds.Settled
+	f.store.OnSettled(func(_ holds.Settlement, res holds.Settled) { hooked = append(hooked, res) })
+	h := f.admit("r_lost_clamped")
+	cost := h.CapMicro + 123_456
+	lossy.Arm(commitScript, testenv.LoseReply)
+	res, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_lost_clamped", CostMicro: cost, Source: holds.SourceComplete})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lossy.Fired() {
+		t.Fatal("the settlement's commit reply was never lost")
+	}
+	if !res.Applied || res.ChargedMicro != h.CapMicro || res.CostMicro != cost || res.UnchargedMicro != 123_456 {
+		t.Errorf("clamped settlement whose commit reply was lost answered %+v; want applied, charged the cap %d of cost %d, 123456 uncharged",
+			res, h.CapMicro, cost)
+	}
+	if len(hooked) != 1 || hooked[0].UnchargedMicro != 123_456 {
+		t.Errorf("settled hook told %+v; want once, with 123456 uncharged", hooked)
+	}
+}

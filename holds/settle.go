@@ -200,6 +200,10 @@ func (s *Store) decideSettlements(sts []Settlement, tokens []string, users []uin
 			if h.SettleToken.Valid && h.SettleToken.String == tokens[i] {
 				out[i].Settled = h.Settled
 				out[i].Applied = true
+				// The row keeps no uncharged figure, but its cost and charge give it: this
+				// settlement clamped it away, and the metric and the money log count it once,
+				// here. (A run charged its hold costs its hold, which no discount raises.)
+				out[i].UnchargedMicro = max(0, pricing.ApplyDiscount(h.Settled.CostMicro, h.DiscountBP)-h.Settled.ChargedMicro)
 			}
 			continue
 		}
