@@ -21,6 +21,9 @@ import (
 	"github.com/tollgate/tollgate/pricing"
 )
 
+// modelsPath lists the priced models; a model's own path is under it.
+const modelsPath = "/v1/models"
+
 // listModels answers GET /v1/models with the priced models, in OpenAI's list shape.
 func (s *Server) listModels(w http.ResponseWriter, _ *http.Request) {
 	out := struct {

@@ -290,3 +290,28 @@ func TestThinkingCallRefused402BelowTheLeastThinkingBudget(t *testing.T) {
 		})
 	}
 }
+
+// TestAnthropicClientKeyInXAPIKeyListsModels: the Anthropic SDKs for Python and TypeScript send
+// the key as x-api-key on every route they call, models.list and models.retrieve
+// (GET /v1/models[/{id}]) as well as /v1/messages. Such a client must be served the models its
+// calls are billed under, not told its valid key is invalid.
+func TestAnthropicClientKeyInXAPIKeyListsModels(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	c := anthropic.NewClient(aopt.WithBaseURL(h.gw.URL+"/"), aopt.WithHeader("X-Api-Key", key), aopt.WithMaxRetries(0))
+	ctx := context.Background()
+	if _, err := c.Messages.New(ctx, aParams); err != nil {
+		t.Fatalf("a model call with x-api-key: %v", err)
+	}
+	it := c.Models.ListAutoPaging(ctx, anthropic.ModelListParams{})
+	var listed []string
+	for it.Next() {
+		listed = append(listed, it.Current().ID)
+	}
+	if err := it.Err(); err != nil || len(listed) == 0 {
+		t.Errorf("models.list with x-api-key: %v, listed %v", err, listed)
+	}
+	if m, err := c.Models.Get(ctx, "claude-test", anthropic.ModelGetParams{}); err != nil || m.ID != "claude-test" {
+		t.Errorf("models.retrieve with x-api-key: %v", err)
+	}
+}

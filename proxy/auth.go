@@ -26,11 +26,11 @@ func userFrom(ctx context.Context) holds.User {
 }
 
 // authenticate resolves the caller's key to a user. Anthropic clients send `x-api-key`, so
-// /v1/messages (and its token counter) accepts it too.
+// the routes they call accept it too (xAPIKeyRoute).
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := httpapi.BearerCredentials(r.Header.Get("Authorization"))
-		if !ok && (r.URL.Path == anthropicPath || r.URL.Path == countTokensPath) {
+		if !ok && xAPIKeyRoute(r.URL.Path) {
 			key = strings.TrimSpace(r.Header.Get("x-api-key"))
 		}
 		if key == "" {
@@ -50,6 +50,15 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, u)))
 	})
+}
+
+// xAPIKeyRoute reports whether a key may come in x-api-key on path: the routes Anthropic's
+// clients call with their key there, /v1/messages, its token counter, and the models list and
+// lookup (models.list, models.retrieve: a client checks its model there before it calls it;
+// refused, a valid key was told it was invalid). The OpenAI-shaped routes and the gateway's own
+// take a Bearer key only (DESIGN §3).
+func xAPIKeyRoute(path string) bool {
+	return path == anthropicPath || path == countTokensPath || path == modelsPath || strings.HasPrefix(path, modelsPath+"/")
 }
 
 // refuseUnknownCaller answers a request refused before its caller is known, writes its one line

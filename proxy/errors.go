@@ -128,7 +128,7 @@ func errBadRequest(code, msg string) *apiError {
 
 var (
 	errBadKey = &apiError{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key",
-		Message: "Invalid or missing API key. Send it as 'Authorization: Bearer <key>' (or 'x-api-key: <key>' on /v1/messages)."}
+		Message: "Invalid or missing API key. Send it as 'Authorization: Bearer <key>' (or 'x-api-key: <key>' on /v1/messages and /v1/models)."}
 	errInsufficient = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "insufficient_credits",
 		Message: "No credits available: today's allowance and prepaid credits are used or held by calls in flight."}
 	// errPromptOverCap is insufficient_credits after the hold was taken: the balance is not

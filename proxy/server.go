@@ -223,8 +223,8 @@ func (s *Server) Handler() http.Handler {
 		}
 		replies := r.With(s.boundReplies)
 		replies.Post(countTokensPath, s.countTokens)
-		replies.Get("/v1/models", s.listModels)
-		replies.Get("/v1/models/*", s.retrieveModel)
+		replies.Get(modelsPath, s.listModels)
+		replies.Get(modelsPath+"/*", s.retrieveModel)
 		replies.Get("/v1/credits", s.credits)
 		replies.Get("/v1/runs/{id}", s.getRun)
 		replies.Post("/v1/runs/{id}/settle", s.settleRun)
