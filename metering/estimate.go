@@ -49,6 +49,10 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 	case FormatChat:
 		p.addChat(body, mayAudio)
 	case FormatAnthropic:
+		// Anthropic's output schema (output_config.format; output_format under its
+		// structured-outputs beta), which it explains to the model in a system prompt of its own.
+		p.textBytes += int64(len(gjson.GetBytes(body, "output_config.format").Raw))
+		p.textBytes += int64(len(gjson.GetBytes(body, "output_format").Raw))
 		// A system prompt is a message of its own to the model, with the same overhead (as
 		// a chat request's system message is); so is a Responses request's instructions, and
 		// its input given as one string.
