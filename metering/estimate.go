@@ -47,6 +47,8 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 	p.textBytes += int64(len(gjson.GetBytes(body, "text.format").Raw))
 	switch f {
 	case FormatChat:
+		// The function definitions of chat's function calling before tools (functions).
+		p.textBytes += int64(len(gjson.GetBytes(body, "functions").Raw))
 		p.addChat(body, mayAudio)
 	case FormatAnthropic:
 		// Anthropic's output schema (output_config.format; output_format under its
@@ -105,6 +107,9 @@ func (p *promptSize) addChat(body []byte, spoken bool) {
 			p.textBytes += int64(len(tc.Get("function.arguments").String()))
 			return true
 		})
+		// A function call of chat's function calling before tools (function_call), which
+		// OpenAI still serves.
+		p.textBytes += int64(len(m.Get("function_call.arguments").String()))
 		if spoken {
 			m.ForEach(func(k, v gjson.Result) bool {
 				if strings.EqualFold(k.Str, "audio") && v.IsObject() {
