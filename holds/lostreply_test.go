@@ -3,6 +3,7 @@ package holds_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -258,5 +259,51 @@ func TestLostCommitReplyOfAClampedSettlementKeepsWhatTheCapClampedAway(t *testin
 	}
 	if len(hooked) != 1 || hooked[0].UnchargedMicro != 123_456 {
 		t.Errorf("settled hook told %+v; want once, with 123456 uncharged", hooked)
+	}
+}
+
+// TestLostCommitReplyOfAPruneBatchIsCounted: `gateway prune` prints how many runs it pruned. A
+// batch whose COMMIT reply is lost is tried again; if it had committed, its runs are gone and
+// the retry prunes the next ones. The runs of both must be counted: the count left out the
+// first batch's, and the command said it pruned 2 of the 5 runs it deleted.
+func TestLostCommitReplyOfAPruneBatchIsCounted(t *testing.T) {
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	past := holds.NewStore(openAt(t, dsn, time.Now().Add(-10*24*time.Hour)), settlePlans, "standard", zap.NewNop())
+	ctx := context.Background()
+	u, err := past.CreateUser(ctx, "prune-lost-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		run := "r_prune_lost_" + strconv.Itoa(i)
+		if _, err := past.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := past.Settle(ctx, holds.Settlement{RunID: run, CostMicro: 1_000, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db, err := holds.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	lossy.Arm("COMMIT", testenv.LoseReply)
+	res, err := st.PruneSettled(ctx, 8*24*time.Hour, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lossy.Fired() {
+		t.Fatal("the prune batch's commit reply was never lost")
+	}
+	var left int
+	if err := db.Get(&left, "SELECT COUNT(*) FROM run_holds"); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || res.Runs != 5 || res.Batches != 2 {
+		t.Errorf("prune whose first batch's commit reply was lost: %+v, %d runs left; want 5 runs in 2 batches, none left", res, left)
 	}
 }

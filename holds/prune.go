@@ -67,12 +67,29 @@ func (s *Store) PruneSettled(ctx context.Context, olderThan time.Duration, batch
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("prune after %d runs: %w", res.Runs, err)
 		}
-		var n int
+		var (
+			n, unanswered int
+			tried         []string // the runs the last attempt deleted; if its commit failed, gone means committed
+		)
 		err := s.inTx(ctx, "prune", func(tx *sqlx.Tx) error {
+			// An attempt tried again after its COMMIT went out unanswered may have committed:
+			// its runs are then gone, and this attempt prunes the next ones. Counted here, or
+			// the command printed fewer runs (and batches) than it pruned.
+			if len(tried) > 0 {
+				left, err := countRuns(ctx, tx, tried)
+				if err != nil {
+					return err
+				}
+				unanswered, tried = len(tried)-left, nil
+			}
 			var err error
-			n, err = pruneBatch(ctx, tx, olderThan, batch)
+			n, tried, err = pruneBatch(ctx, tx, olderThan, batch)
 			return err
 		})
+		if unanswered > 0 {
+			res.Runs += int64(unanswered)
+			res.Batches++
+		}
 		if err != nil {
 			return res, fmt.Errorf("prune after %d runs: %w", res.Runs, err)
 		}
@@ -87,6 +104,19 @@ func (s *Store) PruneSettled(ctx context.Context, olderThan time.Duration, batch
 	}
 }
 
+// countRuns counts which of runs are still in run_holds.
+func countRuns(ctx context.Context, tx *sqlx.Tx, runs []string) (int, error) {
+	q, args, err := sqlx.In("SELECT COUNT(*) FROM run_holds WHERE run_id IN (?)", runs)
+	if err != nil {
+		return 0, fmt.Errorf("count runs of an unanswered prune: %w", err)
+	}
+	var n int
+	if err := tx.GetContext(ctx, &n, q, args...); err != nil {
+		return 0, fmt.Errorf("count runs of an unanswered prune: %w", err)
+	}
+	return n, nil
+}
+
 // prunedRun is a settled run's row as PruneSettled reads it: what a pruned_runs row sums, a
 // usage report's row of one run (UserName unused).
 type prunedRun struct {
@@ -99,7 +129,7 @@ type prunedRun struct {
 // user row is locked: a settled run's row is written by no settlement (a late duplicate one
 // locks it, after its user's, and finds it settled), so this cannot join a cycle with the
 // users -> run_holds -> usage_days order, and pruned_runs is written by prunes alone.
-func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch int) (int, error) {
+func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch int) (int, []string, error) {
 	var rows []prunedRun
 	err := tx.SelectContext(ctx, &rows, `SELECT run_id, user_id, DATE_FORMAT(settled_at, '%Y-%m-%d') AS day, model,
 		       1 AS runs, charged_micro > 0 AS charged_runs, estimated AS estimated_runs, calls, in_tok, cache_read_tok, cache_write_tok, out_tok,
@@ -107,14 +137,14 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 		FROM run_holds WHERE settled_at < NOW(6) - INTERVAL ? MICROSECOND AND state = 'settled'
 		ORDER BY settled_at LIMIT ? FOR UPDATE`, olderThan.Microseconds(), batch)
 	if err != nil {
-		return 0, fmt.Errorf("read runs to prune: %w", err)
+		return 0, nil, fmt.Errorf("read runs to prune: %w", err)
 	}
 	if len(rows) == 0 {
-		return 0, nil
+		return 0, nil, nil
 	}
 	sums, err := boundModels(ctx, tx, sumPruned(rows))
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	var q strings.Builder
 	q.WriteString(`INSERT INTO pruned_runs (user_id, day, model, runs, charged_runs, estimated_runs, calls, in_tok, cache_read_tok,
@@ -140,7 +170,7 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 		allowance_part_micro = allowance_part_micro + VALUES(allowance_part_micro),
 		prepaid_part_micro = prepaid_part_micro + VALUES(prepaid_part_micro)`)
 	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-		return 0, fmt.Errorf("add %d runs to pruned_runs: %w", len(rows), err)
+		return 0, nil, fmt.Errorf("add %d runs to pruned_runs: %w", len(rows), err)
 	}
 	ids := make([]string, len(rows))
 	for i, r := range rows {
@@ -148,18 +178,18 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 	}
 	del, delArgs, err := sqlx.In("DELETE FROM run_holds WHERE state = 'settled' AND run_id IN (?)", ids)
 	if err != nil {
-		return 0, fmt.Errorf("delete pruned runs: %w", err)
+		return 0, nil, fmt.Errorf("delete pruned runs: %w", err)
 	}
 	res, err := tx.ExecContext(ctx, del, delArgs...)
 	if err != nil {
-		return 0, fmt.Errorf("delete %d pruned runs: %w", len(rows), err)
+		return 0, nil, fmt.Errorf("delete %d pruned runs: %w", len(rows), err)
 	}
 	if n, err := res.RowsAffected(); err != nil || n != int64(len(rows)) {
 		// The rows were locked when read: anything else is a broken assumption, and the sums
 		// just written must not commit without their deletes.
-		return 0, fmt.Errorf("delete pruned runs: %d of %d deleted (%v)", n, len(rows), err)
+		return 0, nil, fmt.Errorf("delete pruned runs: %d of %d deleted (%v)", n, len(rows), err)
 	}
-	return len(rows), nil
+	return len(rows), ids, nil
 }
 
 // sumPruned adds runs up per user, day and model, ordered by them: two prunes at once then
