@@ -203,7 +203,7 @@ func readmit(req AdmitRequest, h existingHold, u userRow, plan Plan, r *batchRea
 		}
 		owed := owedMicro(h.HeldMicro, h.CapMicro, h.CostMicro, h.DiscountBP)
 		if Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held-owed) < owed {
-			return refused(ErrInsufficient)
+			return refused(insufficient(u.PrepaidMicro))
 		}
 		t.InFlight++
 		h.Live = true
@@ -232,7 +232,7 @@ func admitNew(req AdmitRequest, u userRow, plan Plan, r *batchReads) (AdmitResul
 	}
 	available := Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held)
 	if available <= 0 {
-		return refused(ErrInsufficient)
+		return refused(insufficient(u.PrepaidMicro))
 	}
 	tier := plan.HoldNormalMicro
 	if req.Heavy || (req.UserTurns > 0 && req.UserTurns >= plan.HeavyAfterTurns) {

@@ -23,6 +23,29 @@ var (
 	ErrInvalidModel = errors.New("model name is not UTF-8 text")
 )
 
+// InDebtError refuses an admission as ErrInsufficient does (it wraps it), for a user whose
+// prepaid credits are below zero: calls that cost more than what was left made a debt (the
+// bounded overdraft, DESIGN §2), which stays until a grant pays it and meanwhile takes its size
+// off every day's allowance. Told apart so that the refusal can say so: a user refused on a new
+// day's first call has not used today's allowance, and waiting for tomorrow helps only when the
+// allowance is larger than the debt.
+type InDebtError struct{ DebtMicro int64 }
+
+func (e *InDebtError) Error() string {
+	return fmt.Sprintf("%v: prepaid credits %d µUSD below zero", ErrInsufficient, e.DebtMicro)
+}
+
+func (e *InDebtError) Unwrap() error { return ErrInsufficient }
+
+// insufficient is the refusal of an admission the user's balance cannot pay: InDebtError for a
+// user in debt, else ErrInsufficient.
+func insufficient(prepaidMicro int64) error {
+	if prepaidMicro < 0 {
+		return &InDebtError{DebtMicro: -prepaidMicro}
+	}
+	return ErrInsufficient
+}
+
 // ErrRunStillLive refuses a Settlement with OnlyIfExpired whose hold has not expired under its
 // row lock: a call of its run pushed its expiry out after the reconciler read it.
 var ErrRunStillLive = errors.New("run has not expired")

@@ -511,11 +511,17 @@ func parseCallIDs(h http.Header) (callIDs, *apiError) {
 // admitError maps an admission refusal to its answer.
 func (s *Server) admitError(err error) *apiError {
 	var busy *holds.TooManyInFlightError
+	var debt *holds.InDebtError
 	switch {
 	case errors.As(err, &busy):
 		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "too_many_in_flight",
 			Message:    fmt.Sprintf("%d calls are already in flight for this account (limit %d). Retry when one finishes.", busy.InFlight, busy.Limit),
 			RetryAfter: busy.RetryAfter}
+	case errors.As(err, &debt):
+		return &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "insufficient_credits",
+			Message: fmt.Sprintf("No credits available: this account owes %s credits (calls that cost more than its balance had left). "+
+				"A grant of prepaid credits pays the debt first; until then each day's allowance is reduced by it.",
+				pricing.FormatCredits(debt.DebtMicro, s.creditMicro))}
 	case errors.Is(err, holds.ErrInsufficient):
 		return errInsufficient
 	case errors.Is(err, holds.ErrUserDisabled), errors.Is(err, holds.ErrUnknownUser):
