@@ -314,7 +314,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 // an answer, and a store slower than this is not ready to serve calls either.
 const readyCheckTimeout = 2 * time.Second
 
-// checkReady pings MySQL and writes to Redis, at once and each within readyCheckTimeout: pinged one
+// checkReady writes to MySQL and to Redis, at once and each within readyCheckTimeout: pinged one
 // after the other under one deadline, a database that stalled spent it all, and Redis, pinged
 // with the deadline past, was named unavailable too.
 func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
@@ -329,7 +329,15 @@ func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 		}()
 		return done
 	}
-	mysqlErr := ping(s.store.DB().PingContext)
+	// A write, not a PING: a MariaDB set read_only (a primary demoted by a failover, or put
+	// there for maintenance) answers PING and reads, and refuses every hold the calls take. The
+	// server refuses this statement as it refuses the calls' writes, before it reads anything;
+	// otherwise its WHERE is impossible, so it touches no row, takes no row lock and writes no
+	// binary log event (a WHERE that merely matched nothing was logged in MIXED format).
+	mysqlErr := ping(func(ctx context.Context) error {
+		_, err := s.store.DB().ExecContext(ctx, "UPDATE users SET id = id WHERE 1 = 0")
+		return err
+	})
 	// A write, not a PING: a Redis at its maxmemory under noeviction answers PING and refuses
 	// every write the calls make (their duplicate checks, reservations, tallies), so it is not
 	// ready for them.
