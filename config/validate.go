@@ -348,6 +348,10 @@ func (c *Config) checkUpstreams(bad complain, prices *pricing.Table) {
 		bad("upstreams", "no upstream configured")
 	}
 	seen := map[string]bool{}
+	// listedBy is the first upstream that lists each models entry: a request goes there, so
+	// the same entry under a later upstream serves nothing (a fallback that never runs, or an
+	// entry moved to a new provider while the old one still lists it above).
+	listedBy := map[string]int{}
 	for i, u := range c.Upstreams {
 		at := fmt.Sprintf("upstreams[%d]", i)
 		if u.Name == "" || seen[u.Name] {
@@ -359,6 +363,14 @@ func (c *Config) checkUpstreams(bad complain, prices *pricing.Table) {
 		}
 		checkBaseURL(bad, at, u.BaseURL)
 		c.checkUpstreamModels(bad, at, u.Models, prices)
+		for _, m := range u.Models {
+			if first, ok := listedBy[m]; !ok {
+				listedBy[m] = i
+			} else if first != i {
+				bad(at+".models", "%q is listed by upstreams[%d] (%s) before it: every request for it goes there, so here it serves nothing",
+					m, first, c.Upstreams[first].Name)
+			}
+		}
 		checkUpstreamKey(bad, at, u)
 	}
 }
