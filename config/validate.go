@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -391,9 +392,18 @@ func checkBaseURL(bad complain, at, baseURL string) {
 		bad(at+".base_url", "%q has a query: calls go to base_url + /v1/..., so it would end up inside their path", shownURL(baseURL))
 	case pu.Fragment != "":
 		bad(at+".base_url", "%q has a fragment: calls go to base_url + /v1/...", shownURL(baseURL))
+	case pu.Port() != "" && !validPort(pu.Port()):
+		// url.Parse takes any digits as a port: every call's dial would fail.
+		bad(at+".base_url", "%q has port %s, outside 1-65535", shownURL(baseURL), pu.Port())
 	case strings.HasSuffix(strings.TrimSuffix(pu.Path, "/"), "/v1"):
 		bad(at+".base_url", "%q ends in /v1: the gateway adds /v1/... itself, so calls would go to /v1/v1/...; give the origin (https://api.openai.com)", shownURL(baseURL))
 	}
+}
+
+// validPort reports whether port, digits as url.Parse leaves them, is a TCP port to dial.
+func validPort(port string) bool {
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 1 && n <= 65535
 }
 
 // checkUpstreamModels checks the models upstream at serves, against prices when the price
