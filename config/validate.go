@@ -58,6 +58,9 @@ func names(setting, field string) bool {
 // complain records one wrong setting: its YAML path (and variable) and what is wrong with it.
 type complain func(setting, format string, args ...any)
 
+// maxInstanceNameLen is the longest instance name the database records (VARCHAR(255)).
+const maxInstanceNameLen = 255
+
 // checkService checks where the gateway listens, what it connects to and its money unit.
 func (c *Config) checkService(bad complain, needRedis bool) {
 	if c.ListenAddr == "" {
@@ -84,6 +87,12 @@ func (c *Config) checkService(bad complain, needRedis bool) {
 	if !sendableSecret(c.AdminToken) {
 		bad("admin_token (ADMIN_TOKEN)", "has white space at either end or a control character (a newline kept from a secret file?): "+
 			"the admin API trims the token a caller sends, so this one could never be matched")
+	}
+	if utf8.RuneCountInString(c.Instance) > maxInstanceNameLen {
+		// Recorded in instances.name and the set_by of credit_unit and plan_terms: a longer
+		// name failed the start at its first record, naming a column instead of this setting.
+		bad("instance (TOLLGATE_INSTANCE)", "is %d characters, at most %d: the database records it (instances.name)",
+			utf8.RuneCountInString(c.Instance), maxInstanceNameLen)
 	}
 	if c.CreditMicro <= 0 {
 		bad("credit_micro", "must be positive, got %d", c.CreditMicro)
