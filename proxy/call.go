@@ -208,7 +208,7 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, rt *route, us
 		}
 		runID = ar.RunID
 		log = callLog.WithLazy(zap.String("run_id", runID))
-	} else if hold, err = s.writer.Admit(r.Context(), ar); err != nil {
+	} else if hold, err = s.admit(r.Context(), ar, log); err != nil {
 		s.releaseLostAdmission(r.Context(), ar, err, log)
 		if r.Context().Err() != nil {
 			e, why := ended(r.Context(), "during admission; nothing held")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
@@ -74,6 +75,46 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 	if !s.tryBackground(func() { release(true) }) {
 		release(false)
 	}
+}
+
+// admit takes ar's hold through the batch writer. Once a worker has taken an admission, its
+// request waits for the batch's outcome whatever its context says, up to the driver's read
+// timeout when the database took the COMMIT and has not answered: past the exit's bound of a
+// graceful shutdown (shutdown_timeout + settle_timeout + 5 s) when that is shorter. The
+// process then exited before the request learnt the outcome, and the committed hold, with no
+// lease, no tally and no mark of its refusal, was charged what it held by the reconciler,
+// though its call was never forwarded. A call cut at the drain's deadline is never forwarded
+// whatever its admission's outcome, so when the cut comes while the admission is out, the
+// admission is marked as a lost one is (markLost), and the reconciler releases such a hold at
+// 0. The mark is counted as a settlement, so that the drain waits for it.
+func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) (holds.Hold, error) {
+	s.settlements.start()
+	var once sync.Once
+	leave := func() { once.Do(s.settlements.leave) }
+	stop := context.AfterFunc(ctx, func() {
+		defer leave()
+		if errors.Is(context.Cause(ctx), errDrainDeadline) {
+			s.markLost(context.WithoutCancel(ctx), ar, log)
+		}
+	})
+	hold, err := s.writer.Admit(ctx, ar)
+	if stop() {
+		leave()
+	}
+	return hold, err
+}
+
+// markLost leaves the reconciler what releaseLostAdmission leaves it before its release: a
+// named run's zero tally, or the mark that this request's admission was refused.
+func (s *Server) markLost(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
+	log = log.Named(holds.MoneyLog)
+	if ar.ClientRunID != "" {
+		log.Warn("call cut at the drain deadline during its admission; the run stays open")
+		s.markRunUnused(ctx, ar.RunID, log)
+		return
+	}
+	log.Warn("call cut at the drain deadline during its admission; marked refused, so that whatever it may hold is released")
+	s.markRefused(ctx, ar, log)
 }
 
 // markRefused leaves the reconciler the mark that this request's admission (its run and
