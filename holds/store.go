@@ -49,8 +49,21 @@ func NewStore(db *sqlx.DB, plans map[string]Plan, defaultPlan string, log *zap.L
 	return &Store{db: db, plans: plans, defaultPlan: defaultPlan, log: log, retry: defaultRetry}
 }
 
-// DB exposes the handle for readiness checks and tests.
+// DB exposes the handle for tests and tools.
 func (s *Store) DB() *sqlx.DB { return s.db }
+
+// CheckWritable reports whether the database takes the writes calls make. A write, not a PING:
+// a MariaDB set read_only (a primary demoted by a failover, or put there for maintenance)
+// answers PING and reads, and refuses every hold. The server refuses this statement as it
+// refuses the calls' writes, before it reads anything; otherwise its WHERE is impossible, so
+// it touches no row, takes no row lock and writes no binary log event (a WHERE that merely
+// matched nothing was logged in MIXED format).
+func (s *Store) CheckWritable(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, "UPDATE users SET id = id WHERE 1 = 0"); err != nil {
+		return fmt.Errorf("write check: %w", err)
+	}
+	return nil
+}
 
 // SettledHook is told of each settlement a batch of this store committed, once, after the
 // commit: what a process's metrics count as charged (the day ledger is the record). It runs

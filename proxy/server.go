@@ -329,15 +329,7 @@ func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 		}()
 		return done
 	}
-	// A write, not a PING: a MariaDB set read_only (a primary demoted by a failover, or put
-	// there for maintenance) answers PING and reads, and refuses every hold the calls take. The
-	// server refuses this statement as it refuses the calls' writes, before it reads anything;
-	// otherwise its WHERE is impossible, so it touches no row, takes no row lock and writes no
-	// binary log event (a WHERE that merely matched nothing was logged in MIXED format).
-	mysqlErr := ping(func(ctx context.Context) error {
-		_, err := s.store.DB().ExecContext(ctx, "UPDATE users SET id = id WHERE 1 = 0")
-		return err
-	})
+	mysqlErr := ping(s.store.CheckWritable) // a write: a read-only MariaDB answers PING
 	// A write, not a PING: a Redis at its maxmemory under noeviction answers PING and refuses
 	// every write the calls make (their duplicate checks, reservations, tallies), so it is not
 	// ready for them.
