@@ -54,6 +54,7 @@ type batcher[T, R any] struct {
 }
 
 type batchItem[T, R any] struct {
+	ctx context.Context // the caller's: one that has ended is not looked up
 	req T
 	out chan batchOutcome[R]
 }
@@ -99,7 +100,7 @@ func (b *batcher[T, R]) do(ctx context.Context, req T) (R, error) {
 	if err := ctx.Err(); err != nil {
 		return zero, err
 	}
-	item := batchItem[T, R]{req: req, out: make(chan batchOutcome[R], 1)}
+	item := batchItem[T, R]{ctx: ctx, req: req, out: make(chan batchOutcome[R], 1)}
 	b.mu.RLock()
 	if b.closed {
 		b.mu.RUnlock()
@@ -135,7 +136,7 @@ func (b *batcher[T, R]) work() {
 	batch := make([]batchItem[T, R], 0, b.maxBatch)
 	reqs := make([]T, 0, b.maxBatch)
 	for first := range b.in {
-		batch = append(batch[:0], first)
+		batch = b.take(batch[:0], first)
 	fill:
 		for len(batch) < b.maxBatch {
 			select {
@@ -143,10 +144,13 @@ func (b *batcher[T, R]) work() {
 				if !ok {
 					break fill
 				}
-				batch = append(batch, it)
+				batch = b.take(batch, it)
 			default:
 				break fill
 			}
+		}
+		if len(batch) == 0 {
+			continue
 		}
 		reqs = reqs[:0]
 		for _, it := range batch {
@@ -163,4 +167,16 @@ func (b *batcher[T, R]) work() {
 			}
 		}
 	}
+}
+
+// take adds it to batch unless its caller has gone: while the database is slow, callers give
+// up on lookups still queued, and a worker that ran them anyway spent its batches on answers no
+// one reads, while the lookups of callers still waiting queued behind them and timed out in
+// turn — one slow spell made every uncached key fail until the queue emptied.
+func (b *batcher[T, R]) take(batch []batchItem[T, R], it batchItem[T, R]) []batchItem[T, R] {
+	if err := it.ctx.Err(); err != nil {
+		it.out <- batchOutcome[R]{err: err}
+		return batch
+	}
+	return append(batch, it)
 }
