@@ -69,6 +69,8 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 		p.addResponsesInput(gjson.GetBytes(body, "input"))
 	case FormatCompletions:
 		p.count(gjson.GetBytes(body, "prompt"))
+		// Text to insert before (insert mode): the model reads it as prompt.
+		p.count(gjson.GetBytes(body, "suffix"))
 	case FormatEmbeddings:
 		p.count(gjson.GetBytes(body, "input"))
 	}

@@ -114,7 +114,7 @@ func seenKey(k string, keys []string, set map[string]struct{}) bool {
 // among them: the audio estimate reads them with case folded itself, and a part or message
 // that spells them so is served (and estimated as audio).
 var (
-	messageReadKeys = []string{"role", "content", "tool_calls", "output", "arguments"}
+	messageReadKeys = []string{"role", "content", "tool_calls", "function_call", "output", "arguments"}
 	partReadKeys    = []string{"text", "content", "input"}
 )
 
@@ -147,7 +147,12 @@ func repeatedPromptKey(f metering.Format, root gjson.Result) string {
 				found = `""` // a repeated empty key: the path must not read as none
 			}
 		} else if found = repeatedPartKey(m.Get("content"), "content", 0); found == "" {
-			found = repeatedToolCallKey(m.Get("tool_calls"))
+			if found = repeatedToolCallKey(m.Get("tool_calls")); found == "" {
+				// Legacy function calling's call, whose arguments the estimate counts too.
+				if k, ok := repeatedKey(m.Get("function_call"), "arguments"); ok {
+					found = "function_call." + k
+				}
+			}
 		}
 		return found == ""
 	})

@@ -354,13 +354,16 @@ func checkRepeatsAnywhere(format metering.Format, root gjson.Result) *apiError {
 // too, under which the audio refusal looks for input_audio parts (one in another case alone
 // would carry them past it to a provider that folds keys), and "prompt", whose batch
 // multiplies a completions call's answers, Anthropic's "speed" and "inference_geo", whose
-// premium rates are refused (unpricedOption), and a router's fallback "models" (checkFallbacks).
+// premium rates are refused (unpricedOption), a router's fallback "models" (checkFallbacks),
+// and every other part of the prompt its estimate reads (metering.EstimatePrompt): a system
+// prompt, instructions, an output schema, legacy function definitions, a completion's suffix.
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
-	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models"}
+	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models",
+	"system", "instructions", "response_format", "text", "functions", "suffix"}
 
 // checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level (or
-// in stream_options and conversation). The gateway reads the first of repeated keys (gjson),
+// in stream_options, text and conversation). The gateway reads the first of repeated keys (gjson),
 // providers the last: a body that names one model, stream mode, output bound or usage option
 // to the gateway and another to the provider would be billed for what it did not run.
 func checkReadKeysOnce(root gjson.Result) *apiError {
@@ -370,6 +373,12 @@ func checkReadKeysOnce(root gjson.Result) *apiError {
 	if so := root.Get("stream_options"); so.IsObject() {
 		if k, ok := repeatedKey(so, "include_usage"); ok {
 			return errRepeatedKey("stream_options." + k)
+		}
+	}
+	if text := root.Get("text"); text.IsObject() {
+		// The Responses output schema, part of the prompt's estimate.
+		if k, ok := repeatedKey(text, "format"); ok {
+			return errRepeatedKey("text." + k)
 		}
 	}
 	if conv := root.Get("conversation"); conv.IsObject() {
