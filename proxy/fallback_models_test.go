@@ -47,3 +47,43 @@ func TestFallbackModelsMustAllBePriced(t *testing.T) {
 		}
 	}
 }
+
+// TestLiteLLMFallbacksMustAllBePriced: LiteLLM's proxy takes a fallback list in the request
+// body under its own name, `fallbacks` (and `mock_testing_fallbacks: true` makes it use it),
+// and answers with the first model of it that is up, as OpenRouter's `models` does. A
+// fallback without a price was billed at the cheap model asked for, and the call's output
+// bound reckoned at it; so the list is held to what `models` is.
+func TestLiteLLMFallbacksMustAllBePriced(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	refused := []struct{ name, body, code string }{
+		{"unpriced fallback", `{"model":"fake-gpt","fallbacks":["some-dear-model"],"mock_testing_fallbacks":true,"messages":[{"role":"user","content":"hi"}]}`, "unpriced_option"},
+		{"unpriced fallback, completions", `{"model":"fake-gpt","fallbacks":["fake-gpt","some-dear-model"],"prompt":"hi"}`, "unpriced_option"},
+		{"not a list", `{"model":"fake-gpt","fallbacks":"some-dear-model","messages":[{"role":"user","content":"hi"}]}`, "invalid_models"},
+		// LiteLLM's other form, a model with messages of its own (a prompt the estimate
+		// would not see), is not served.
+		{"not names", `{"model":"fake-gpt","fallbacks":[{"model":"fake-gpt","messages":[{"role":"user","content":"a long prompt"}]}],"messages":[{"role":"user","content":"hi"}]}`, "invalid_models"},
+		{"key in another case", `{"model":"fake-gpt","Fallbacks":["some-dear-model"],"messages":[{"role":"user","content":"hi"}]}`, "invalid_json"},
+	}
+	paths := map[string]string{"unpriced fallback, completions": "/v1/completions"}
+	for _, tc := range refused {
+		t.Run("refused/"+tc.name, func(t *testing.T) {
+			path := paths[tc.name]
+			if path == "" {
+				path = "/v1/chat/completions"
+			}
+			h.postRefused(t, key, path, tc.body, nil, http.StatusBadRequest, tc.code)
+		})
+	}
+	for _, body := range []string{
+		`{"model":"fake-gpt","fallbacks":["fake-gpt","claude-test"],"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"fake-gpt","fallbacks":null,"messages":[{"role":"user","content":"hi"}]}`,
+	} {
+		resp := h.post(key, "/v1/chat/completions", body, nil)
+		out := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: %d %s, want 200", body, resp.StatusCode, out)
+		}
+	}
+}

@@ -303,6 +303,7 @@ func routerWebSearch(root gjson.Result) string {
 		}
 	}
 	names := append([]gjson.Result{root.Get("model")}, root.Get("models").Array()...)
+	names = append(names, root.Get("fallbacks").Array()...) // LiteLLM's list, which may name a router's model
 	for _, m := range names {
 		if m.Type == gjson.String && strings.Contains(strings.ToLower(m.Str), ":online") {
 			return "a model named with ':online' (the router's web search: a per-result fee)"

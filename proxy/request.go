@@ -320,11 +320,14 @@ func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Hea
 	unpriced := func(p pricing.Price) string {
 		return unpricedWork(rt.format, root, header, p, c.audioEstimate, c.cacheLong)
 	}
-	models := root.Get("models")
-	if c.fallbackPrice, aerr = s.checkFallbacks(models, c.price, unpriced); aerr != nil {
-		return aerr
+	// OpenRouter's list, and LiteLLM's (its proxy takes one in the body under its own name).
+	for _, field := range fallbackLists {
+		list := root.Get(field)
+		if c.fallbackPrice, aerr = s.checkFallbacks(field, list, c.fallbackPrice, unpriced); aerr != nil {
+			return aerr
+		}
+		c.fallbacks = c.fallbacks || list.IsArray() && list.Get("#").Int() > 0
 	}
-	c.fallbacks = models.IsArray() && models.Get("#").Int() > 0
 	if rt.format == metering.FormatAnthropic && c.maxOutput < 0 {
 		return errBadRequest("missing_max_tokens", "'max_tokens' is required on /v1/messages.")
 	}
@@ -356,11 +359,12 @@ func checkRepeatsAnywhere(format metering.Format, root gjson.Result) *apiError {
 // multiplies a completions call's answers, Anthropic's "speed" and "inference_geo", whose
 // premium rates are refused (unpricedOption), a router's fallback "models" (checkFallbacks),
 // and every other part of the prompt its estimate reads (metering.EstimatePrompt): a system
-// prompt, instructions, an output schema, legacy function definitions, a completion's suffix.
+// prompt, instructions, an output schema, legacy function definitions, a completion's suffix;
+// and LiteLLM's fallback list, "fallbacks".
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
 	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models",
-	"system", "instructions", "response_format", "text", "functions", "suffix"}
+	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks"}
 
 // checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level (or
 // in stream_options, text and conversation). The gateway reads the first of repeated keys (gjson),
@@ -502,6 +506,11 @@ func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel,
 // take a few (OpenRouter's documentation shows two or three).
 const maxFallbacks = 64
 
+// fallbackLists are the body fields in which a router takes a list of models to answer with
+// when the one asked for fails: OpenRouter's "models", LiteLLM's "fallbacks" (whose proxy also
+// takes "mock_testing_fallbacks": true, to use it at once).
+var fallbackLists = []string{"models", "fallbacks"}
+
 // checkFallbacks refuses a router's list of fallback models (OpenRouter's `models`) that names
 // a model without a price. The router answers with the first model of the list that is up, at
 // that model's rates, and an answering model without a price is billed at the price asked
@@ -513,33 +522,37 @@ const maxFallbacks = 64
 // asks for (unpriced names it: the context-1m beta, audio in or out, one-hour cache writes) is
 // refused as the model asked for would be: answering, it would bill that work at its text,
 // short or five-minute rates, the provider charging its own.
-func (s *Server) checkFallbacks(models gjson.Result, asked pricing.Price, unpriced func(pricing.Price) string) (pricing.Price, *apiError) {
+//
+// field names the list in the body (fallbackLists). LiteLLM's list may also hold objects, a
+// model with messages of its own: a prompt the estimate does not read, so refused too.
+func (s *Server) checkFallbacks(field string, models gjson.Result, asked pricing.Price, unpriced func(pricing.Price) string) (pricing.Price, *apiError) {
 	if !models.Exists() || models.Type == gjson.Null {
 		return asked, nil
 	}
+	notNames := errBadRequest("invalid_models", fmt.Sprintf("'%s' must be a list of model names.", field))
 	if !models.IsArray() {
-		return asked, errBadRequest("invalid_models", "'models' must be a list of model names.")
+		return asked, notNames
 	}
 	var aerr *apiError
 	n, dearest := 0, asked
 	models.ForEach(func(_, m gjson.Result) bool {
 		if n++; n > maxFallbacks {
-			aerr = errBadRequest("invalid_models", fmt.Sprintf("'models' names at most %d models.", maxFallbacks))
+			aerr = errBadRequest("invalid_models", fmt.Sprintf("'%s' names at most %d models.", field, maxFallbacks))
 			return false
 		}
 		if m.Type != gjson.String {
-			aerr = errBadRequest("invalid_models", "'models' must be a list of model names.")
+			aerr = notNames
 			return false
 		}
 		p, _, err := s.prices.Lookup(m.Str)
 		if err != nil {
 			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
-				"'models' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", m.Str))
+				"'%s' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", field, m.Str))
 			return false
 		}
 		if what := unpriced(p); what != "" {
 			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
-				"'models' names %q, which has no price for %s: answering, it would be billed at rates this gateway has no price for, so the request is refused; send it without.", m.Str, what))
+				"'%s' names %q, which has no price for %s: answering, it would be billed at rates this gateway has no price for, so the request is refused; send it without.", field, m.Str, what))
 			return false
 		}
 		dearest = dearest.Dearest(p)
