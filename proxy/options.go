@@ -46,6 +46,14 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		if v := root.Get("web_search_options"); v.Exists() && v.Type != gjson.Null {
 			return "'web_search_options' (a per-search fee)"
 		}
+		// A router's or Gemini's image generation: the image's output tokens are billed at an
+		// image rate many times the text output price (30 against 2.50 USD/M on Gemini 2.5
+		// Flash Image), and the usage counts them in completion_tokens.
+		for _, m := range root.Get("modalities").Array() {
+			if strings.EqualFold(strings.TrimSpace(m.Str), "image") {
+				return "an image answer ('modalities: image'; image output tokens, which the price list has no price for)"
+			}
+		}
 	case metering.FormatResponses:
 		if t := firstTool(root, "web_search", "file_search", "code_interpreter", "image_generation"); t != "" {
 			return "the hosted tool '" + t + "' (a per-call fee)"

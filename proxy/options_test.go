@@ -25,6 +25,9 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"web search options", chat, `{"model":"fake-gpt","web_search_options":{},"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"audio output", chat, `{"model":"fake-gpt","audio":{"voice":"alloy","format":"wav"},"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"audio modality", chat, `{"model":"fake-gpt","modalities":["text","audio"],"messages":[{"role":"user","content":"hi"}]}`, nil},
+		// A router's image generation (OpenRouter's, Gemini's image models): image output
+		// tokens, at many times the text output price, which the price list has no column for.
+		{"image modality", chat, `{"model":"fake-gpt","modalities":["image","text"],"messages":[{"role":"user","content":"draw a cat"}]}`, nil},
 		// fake-gpt has no audio input price.
 		{"audio input part", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"text","text":"transcribe"},{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]}]}`, nil},
 		{"audio input part, escaped type", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"input\u005faudio","input\u005faudio":{"data":"AAAA","format":"wav"}}]}]}`, nil},
