@@ -112,6 +112,7 @@ func (p *promptSize) addChat(body []byte, spoken bool) {
 		// A function call of chat's function calling before tools (function_call), which
 		// OpenAI still serves.
 		p.textBytes += int64(len(m.Get("function_call.arguments").String()))
+		p.textBytes += int64(len(m.Get("refusal").String())) // an assistant turn's refusal
 		if spoken {
 			m.ForEach(func(k, v gjson.Result) bool {
 				if strings.EqualFold(k.Str, "audio") && v.IsObject() {
@@ -241,6 +242,8 @@ func textLenAt(v gjson.Result, depth int) int64 {
 				}
 			default:
 				n += int64(len(part.Get("text").String()))
+				// An assistant's refusal sent back (chat's part, a Responses output message's).
+				n += int64(len(part.Get("refusal").String()))
 				if c := part.Get("content"); c.Exists() { // Anthropic tool_result
 					n += textLenAt(c, depth+1)
 				}

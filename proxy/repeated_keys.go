@@ -114,8 +114,8 @@ func seenKey(k string, keys []string, set map[string]struct{}) bool {
 // among them: the audio estimate reads them with case folded itself, and a part or message
 // that spells them so is served (and estimated as audio).
 var (
-	messageReadKeys = []string{"role", "content", "tool_calls", "function_call", "output", "arguments"}
-	partReadKeys    = []string{"text", "content", "input"}
+	messageReadKeys = []string{"role", "content", "tool_calls", "function_call", "refusal", "output", "arguments"}
+	partReadKeys    = []string{"text", "refusal", "content", "input"}
 )
 
 // repeatedPromptKey returns a key that a message, a tool call or a content part of the
