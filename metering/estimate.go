@@ -67,6 +67,12 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 	case FormatResponses:
 		p.message(gjson.GetBytes(body, "instructions"))
 		p.addResponsesInput(gjson.GetBytes(body, "input"))
+		// A stored prompt's variables: its own text is not in the body, their values are, and
+		// the provider puts them into the prompt (a string, or an input part each).
+		gjson.GetBytes(body, "prompt.variables").ForEach(func(_, v gjson.Result) bool {
+			p.textBytes += partLen(v, 0)
+			return true
+		})
 	case FormatCompletions:
 		p.count(gjson.GetBytes(body, "prompt"))
 		// Text to insert before (insert mode): the model reads it as prompt.
@@ -227,35 +233,40 @@ func textLenAt(v gjson.Result, depth int) int64 {
 	case v.IsArray():
 		var n int64
 		v.ForEach(func(_, part gjson.Result) bool {
-			switch {
-			case part.Type == gjson.String:
-				n += int64(len(part.Str))
-			case part.Type == gjson.Number:
-				n += bytesPerToken
-			case part.IsArray():
-				n += textLenAt(part, depth+1)
-			case mediaPartTypes[part.Get("type").Str]:
-				if part.Get("type").Str == "input_audio" {
-					n += clipTokens(part) * bytesPerToken // as estimateAudio counts it
-				} else {
-					n += max(tokensPerMedia*bytesPerToken, documentTextLen(part, depth))
-				}
-			default:
-				n += int64(len(part.Get("text").String()))
-				// An assistant's refusal sent back (chat's part, a Responses output message's).
-				n += int64(len(part.Get("refusal").String()))
-				if c := part.Get("content"); c.Exists() { // Anthropic tool_result
-					n += textLenAt(c, depth+1)
-				}
-				if in := part.Get("input"); in.IsObject() { // Anthropic tool_use
-					n += int64(len(in.Raw))
-				}
-			}
+			n += partLen(part, depth)
 			return true
 		})
 		return n
 	}
 	return 0
+}
+
+// partLen counts the text in one element of a content array at depth: a string, a token, a
+// nested array, or a part.
+func partLen(part gjson.Result, depth int) int64 {
+	switch {
+	case part.Type == gjson.String:
+		return int64(len(part.Str))
+	case part.Type == gjson.Number:
+		return bytesPerToken
+	case part.IsArray():
+		return textLenAt(part, depth+1)
+	case mediaPartTypes[part.Get("type").Str]:
+		if part.Get("type").Str == "input_audio" {
+			return clipTokens(part) * bytesPerToken // as estimateAudio counts it
+		}
+		return max(tokensPerMedia*bytesPerToken, documentTextLen(part, depth))
+	}
+	n := int64(len(part.Get("text").String()))
+	// An assistant's refusal sent back (chat's part, a Responses output message's).
+	n += int64(len(part.Get("refusal").String()))
+	if c := part.Get("content"); c.Exists() { // Anthropic tool_result
+		n += textLenAt(c, depth+1)
+	}
+	if in := part.Get("input"); in.IsObject() { // Anthropic tool_use
+		n += int64(len(in.Raw))
+	}
+	return n
 }
 
 // documentTextLen is the text an Anthropic document part carries in the body (a source of

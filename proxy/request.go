@@ -367,7 +367,7 @@ var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_
 	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks"}
 
 // checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level (or
-// in stream_options, text and conversation). The gateway reads the first of repeated keys (gjson),
+// in stream_options, text, prompt and conversation). The gateway reads the first of repeated keys (gjson),
 // providers the last: a body that names one model, stream mode, output bound or usage option
 // to the gateway and another to the provider would be billed for what it did not run.
 func checkReadKeysOnce(root gjson.Result) *apiError {
@@ -383,6 +383,12 @@ func checkReadKeysOnce(root gjson.Result) *apiError {
 		// The Responses output schema, part of the prompt's estimate.
 		if k, ok := repeatedKey(text, "format"); ok {
 			return errRepeatedKey("text." + k)
+		}
+	}
+	if prompt := root.Get("prompt"); prompt.IsObject() {
+		// A stored prompt's variables, part of the prompt's estimate.
+		if k, ok := repeatedKey(prompt, "variables"); ok {
+			return errRepeatedKey("prompt." + k)
 		}
 	}
 	if conv := root.Get("conversation"); conv.IsObject() {
