@@ -113,6 +113,7 @@ func (p *promptSize) addChat(body []byte, spoken bool) {
 		p.count(m.Get("content"))
 		m.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
 			p.textBytes += int64(len(tc.Get("function.arguments").String()))
+			p.textBytes += strLen(tc.Get("custom.input")) // a custom tool's call
 			return true
 		})
 		// A function call of chat's function calling before tools (function_call), which
@@ -152,6 +153,9 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 		p.count(item.Get("action.commands"))     // shell_call
 		p.count(item.Get("action.command"))      // local_shell_call
 		p.textBytes += strLen(item.Get("operation.diff"))
+		// An MCP server's tool list sent back (mcp_list_tools): the provider reads it, as it
+		// does the request's own tool definitions, instead of listing the tools again.
+		p.textBytes += int64(len(item.Get("tools").Raw))
 		return true
 	})
 }

@@ -114,8 +114,9 @@ func seenKey(k string, keys []string, set map[string]struct{}) bool {
 // among them: the audio estimate reads them with case folded itself, and a part or message
 // that spells them so is served (and estimated as audio).
 var (
-	messageReadKeys = []string{"role", "content", "tool_calls", "function_call", "refusal", "output", "arguments"}
-	partReadKeys    = []string{"text", "refusal", "content", "input"}
+	messageReadKeys = []string{"role", "content", "tool_calls", "function_call", "refusal", "output", "arguments",
+		"input", "action", "operation", "tools"}
+	partReadKeys = []string{"text", "refusal", "content", "input"}
 )
 
 // repeatedPromptKey returns a key that a message, a tool call or a content part of the
@@ -195,7 +196,7 @@ func repeatedPartKey(content gjson.Result, at string, depth int) string {
 const maxPartDepth = 4
 
 // repeatedToolCallKey is repeatedPromptKey for a chat message's tool calls, whose function's
-// arguments the estimate counts.
+// arguments, or custom tool's input, the estimate counts.
 func repeatedToolCallKey(calls gjson.Result) string {
 	var found string
 	i := -1
@@ -204,15 +205,15 @@ func repeatedToolCallKey(calls gjson.Result) string {
 		if !tc.IsObject() {
 			return true
 		}
-		if k, ok := repeatedKey(tc, "function"); ok {
+		if k, ok := repeatedKey(tc, "function", "custom"); ok {
 			found = k
 			if k == "" {
 				found = `""` // a repeated empty key: the path must not read as none
 			}
-		} else if fn := tc.Get("function"); fn.IsObject() {
-			if k, ok := repeatedKey(fn, "arguments"); ok {
-				found = "function." + k
-			}
+		} else if k, ok := repeatedKey(tc.Get("function"), "arguments"); ok {
+			found = "function." + k
+		} else if k, ok := repeatedKey(tc.Get("custom"), "input"); ok {
+			found = "custom." + k
 		}
 		return found == ""
 	})
