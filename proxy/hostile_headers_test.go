@@ -285,3 +285,36 @@ func TestAccountHeaderValueRedactionKeepsTheErrorJSON(t *testing.T) {
 		t.Errorf("Content-Length %q for a body of %d bytes", resp.Header.Get("Content-Length"), len(body))
 	}
 }
+
+// TestCallerEnvoyControlHeadersNotForwarded: Envoy (a service mesh's sidecar, an egress
+// gateway in front of the provider) obeys x-envoy-* request headers from any request it takes
+// as internal — and the gateway's are, coming from inside — and strips them only at its own
+// edge, from outside callers. Passed on, a caller's headers set its retries and timeouts: a
+// per-try timeout that cuts each attempt after the provider had it, retried, had the provider
+// run the call several times, and the gateway charged it at 0 when the last attempt ended in
+// Envoy's 504 (a refusal); retried on a status of the caller's choosing, several answers were
+// made and one charged.
+func TestCallerEnvoyControlHeadersNotForwarded(t *testing.T) {
+	up, seen := recordingUpstream(nil)
+	h := hostileHarness(t, up, nil)
+	_, key := h.user("standard")
+	control := map[string]string{
+		"X-Envoy-Max-Retries":                    "5",
+		"X-Envoy-Retry-On":                       "5xx,reset,retriable-status-codes",
+		"X-Envoy-Retriable-Status-Codes":         "200",
+		"X-Envoy-Upstream-Rq-Per-Try-Timeout-Ms": "1000",
+		"X-Envoy-Upstream-Rq-Timeout-Ms":         "1000",
+	}
+	resp := h.post(key, "/v1/chat/completions", chatBody, control)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	got := seen()
+	for k := range control {
+		if v := got.Values(k); len(v) > 0 {
+			t.Errorf("caller header %s reached the upstream: %q", k, v)
+		}
+	}
+}

@@ -28,8 +28,11 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 		// read X_Api_Key as X-Api-Key, which would get past the list below.
 		// Every X-Forwarded-* is a claim about the client, its URL or its certificate, and
 		// proxies keep adding new ones (X-Forwarded-Client-Cert, -Scheme, -Ssl): by prefix, not
-		// by a list that lags them.
-		if _, drop := dropRequestHeaders[k]; !drop && !hop[k] && !strings.Contains(k, "_") && !strings.HasPrefix(k, "X-Forwarded-") {
+		// by a list that lags them. So is every X-Envoy-*: Envoy in front of the upstream (a
+		// mesh sidecar, an egress gateway) obeys them from a request it takes as internal, as
+		// the gateway's is — retries, per-try timeouts — and strips them only at its own edge.
+		if _, drop := dropRequestHeaders[k]; !drop && !hop[k] && !strings.Contains(k, "_") &&
+			!strings.HasPrefix(k, "X-Forwarded-") && !strings.HasPrefix(k, "X-Envoy-") {
 			up.Header[k] = vv
 		}
 	}
