@@ -351,11 +351,15 @@ func TestBadInputIsRefusedWithNoHoldLeftBehind(t *testing.T) {
 	}
 	t.Run("background response", func(t *testing.T) {
 		// Its answer (and its usage) would come later, to a GET the gateway does not meter.
-		resp := h.post(key, "/v1/responses", `{"model":"fake-gpt","background":true,"input":"hi"}`, nil)
-		body := readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 400 || errorCode(t, body) != "unsupported_parameter" {
-			t.Fatalf("got %d %s, want 400 unsupported_parameter", resp.StatusCode, body)
+		// Spelt as a string or a number too: servers built on pydantic (vLLM's) read "true"
+		// and 1 as true.
+		for _, background := range []string{`true`, `"true"`, `1`, `"1"`, `"yes"`} {
+			resp := h.post(key, "/v1/responses", `{"model":"fake-gpt","background":`+background+`,"input":"hi"}`, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 400 || errorCode(t, body) != "unsupported_parameter" {
+				t.Fatalf("background %s: got %d %s, want 400 unsupported_parameter", background, resp.StatusCode, body)
+			}
 		}
 	})
 	t.Run("messages without max_tokens", func(t *testing.T) {

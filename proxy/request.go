@@ -276,10 +276,12 @@ func (c *callRequest) readAnswerOptions(root gjson.Result) *apiError {
 		// Each prompt of a batch gets its own answers, each up to the bound.
 		c.choices *= promptCount(root.Get("prompt"))
 	}
-	if rt.format == metering.FormatResponses && root.Get("background").Type == gjson.True {
+	if bg := root.Get("background"); rt.format == metering.FormatResponses && bg.Exists() && bg.Type != gjson.Null && bg.Type != gjson.False {
 		// A background response answers at once with a queued response and no usage; the
 		// output, and what it cost, are fetched later from an endpoint the gateway does not
 		// meter. Served, it would be charged the prompt's estimate for any amount of output.
+		// Anything but false or null: servers built on pydantic (vLLM's) read "true" and 1 as
+		// true.
 		return errBadRequest("unsupported_parameter", "'background' responses are not supported: their usage cannot be metered.")
 	}
 	return nil
