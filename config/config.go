@@ -226,7 +226,7 @@ func (c *Config) UpstreamFor(model string) (*Upstream, bool) {
 	for _, pass := range []func(string) bool{
 		func(m string) bool { return m == model },
 		func(m string) bool {
-			return len(m) > 1 && strings.HasSuffix(m, "*") && strings.HasPrefix(model, strings.TrimSuffix(m, "*"))
+			return isModelPrefix(m) && strings.HasPrefix(model, strings.TrimSuffix(m, "*"))
 		},
 		func(m string) bool { return m == "*" },
 	} {

@@ -21,6 +21,9 @@ func TestUpstreamModelEntryAnEarlierUpstreamListsIsRefused(t *testing.T) {
 		{"['gpt-4o']", "['gpt-4o']", "gpt-4o"},
 		{"['gpt-*']", "['gpt-*']", "gpt-*"},
 		{"['*']", "['*']", "*"},
+		// A prefix inside an earlier upstream's shorter one: the first prefix that matches
+		// takes the request, so "gpt-4o*" below "gpt-*" serves nothing either.
+		{"['gpt-*']", "['gpt-4o*']", "gpt-4o*"},
 	} {
 		_, err := loadYAML(t, two(tc.first, tc.second))
 		if err == nil || !strings.Contains(err.Error(), "upstreams[1].models") || !strings.Contains(err.Error(), "upstreams[0]") ||
@@ -29,7 +32,8 @@ func TestUpstreamModelEntryAnEarlierUpstreamListsIsRefused(t *testing.T) {
 		}
 	}
 	// Not shadowed: an exact name under a prefix or "*" of an earlier upstream wins over them.
-	for _, tc := range []struct{ first, second string }{{"['*']", "['gpt-4o']"}, {"['gpt-*']", "['gpt-4o']"}, {"['*']", "['gpt-*']"}} {
+	for _, tc := range []struct{ first, second string }{{"['*']", "['gpt-4o']"}, {"['gpt-*']", "['gpt-4o']"}, {"['*']", "['gpt-*']"},
+		{"['gpt-4o*']", "['gpt-*']"}} {
 		if _, err := loadYAML(t, two(tc.first, tc.second)); err != nil {
 			t.Errorf("%s then %s refused: %v", tc.first, tc.second, err)
 		}

@@ -358,10 +358,6 @@ func (c *Config) checkUpstreams(bad complain, prices *pricing.Table) {
 		bad("upstreams", "no upstream configured")
 	}
 	seen := map[string]bool{}
-	// listedBy is the first upstream that lists each models entry: a request goes there, so
-	// the same entry under a later upstream serves nothing (a fallback that never runs, or an
-	// entry moved to a new provider while the old one still lists it above).
-	listedBy := map[string]int{}
 	for i, u := range c.Upstreams {
 		at := fmt.Sprintf("upstreams[%d]", i)
 		if u.Name == "" || seen[u.Name] {
@@ -373,17 +369,32 @@ func (c *Config) checkUpstreams(bad complain, prices *pricing.Table) {
 		}
 		checkBaseURL(bad, at, u.BaseURL)
 		c.checkUpstreamModels(bad, at, u.Models, prices)
-		for _, m := range u.Models {
-			if first, ok := listedBy[m]; !ok {
-				listedBy[m] = i
-			} else if first != i {
-				bad(at+".models", "%q is listed by upstreams[%d] (%s) before it: every request for it goes there, so here it serves nothing",
-					m, first, c.Upstreams[first].Name)
-			}
-		}
+		c.checkShadowedModels(bad, i)
 		checkUpstreamKey(bad, at, u)
 	}
 }
+
+// checkShadowedModels refuses an entry of upstream i's models that an earlier upstream's
+// entry takes every request of (UpstreamFor: the first upstream by exact name, then the first
+// by prefix, then the first "*"): the same entry, or a prefix inside an earlier one's shorter
+// prefix ("gpt-4o*" below "gpt-*"). It would serve nothing — a fallback that never runs, or an
+// entry moved to a new provider while the old one still lists it above.
+func (c *Config) checkShadowedModels(bad complain, i int) {
+	for _, m := range c.Upstreams[i].Models {
+		for k := range i {
+			for _, earlier := range c.Upstreams[k].Models {
+				if m == earlier || (isModelPrefix(m) && isModelPrefix(earlier) &&
+					strings.HasPrefix(strings.TrimSuffix(m, "*"), strings.TrimSuffix(earlier, "*"))) {
+					bad(fmt.Sprintf("upstreams[%d].models", i), "%q is taken by %q of upstreams[%d] (%s) before it: every request for it goes there, so here it serves nothing (list it in an upstream before that one)",
+						m, earlier, k, c.Upstreams[k].Name)
+				}
+			}
+		}
+	}
+}
+
+// isModelPrefix reports whether a models entry is a "prefix*" (not "*", not an exact name).
+func isModelPrefix(m string) bool { return len(m) > 1 && strings.HasSuffix(m, "*") }
 
 // checkBaseURL checks upstream at's base URL. Every call goes to base_url + "/v1/...", the
 // caller's query appended: what is not an origin and a path prefix makes every call's URL
