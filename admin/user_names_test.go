@@ -1,6 +1,7 @@
 package admin_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -46,5 +47,25 @@ func TestCreateUserCaseOnlyIsRefusedNamingTheUser(t *testing.T) {
 	}
 	if n := len(f.admin("GET", "/admin/users", nil, http.StatusOK)["data"].([]any)); n != 1 {
 		t.Fatalf("%d users, want Alice alone", n)
+	}
+}
+
+// TestNameOnlyTheCollationMatchesReachesNoUser: names are compared without regard to ASCII
+// case, and otherwise as they are. The column's collation also folds accents and ignores
+// trailing spaces, so a name no user can have (the name rule refuses "alicé", "alice ",
+// "ALİCE") reached alice: a grant typed for a customer "josé" credited a user "jose".
+func TestNameOnlyTheCollationMatchesReachesNoUser(t *testing.T) {
+	f := newFixture(t, adminToken)
+	f.admin("POST", "/admin/users", map[string]any{"name": "alice"}, http.StatusCreated)
+	for _, p := range []string{"alic%C3%A9", "alice%20", "AL%C4%B0CE"} {
+		out := f.admin("POST", "/admin/users/"+p+"/grants", map[string]any{"amount": "5", "idempotency_key": "k-" + p}, http.StatusNotFound)
+		if errCode(out) != "user_not_found" {
+			t.Errorf("grant to %s: %v, want 404 user_not_found", p, out)
+		}
+		f.admin("GET", "/admin/users/"+p, nil, http.StatusNotFound)
+		f.admin("GET", "/admin/runs?user="+p, nil, http.StatusNotFound)
+	}
+	if u := f.admin("GET", "/admin/users/ALICE", nil, http.StatusOK); u["prepaid"] != json.Number("0") {
+		t.Fatalf("alice: %v, want nothing credited", u)
 	}
 }

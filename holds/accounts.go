@@ -103,7 +103,7 @@ func (e *UserExistsError) Unwrap() error { return ErrUserExists }
 func (s *Store) UserByName(ctx context.Context, name string) (User, error) {
 	var u userRow
 	err := s.db.GetContext(ctx, &u, "SELECT "+userColumns+" FROM users WHERE name = ?", name)
-	if errors.Is(err, sql.ErrNoRows) {
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !sameUserName(u.Name, name)) {
 		return User{}, fmt.Errorf("user %q: %w", name, ErrUnknownUser)
 	}
 	if err != nil {

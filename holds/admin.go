@@ -92,13 +92,37 @@ func (s *Store) UserDetail(ctx context.Context, name string) (UserDetail, error)
 	err := s.withRetry(ctx, "user detail", func() error {
 		return s.db.GetContext(ctx, &r, "SELECT "+userColumns+", created_at FROM users WHERE name = ?", name)
 	})
-	if errors.Is(err, sql.ErrNoRows) {
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && !sameUserName(r.Name, name)) {
 		return UserDetail{}, fmt.Errorf("user %q: %w", name, ErrUnknownUser)
 	}
 	if err != nil {
 		return UserDetail{}, fmt.Errorf("user %q: %w", name, err)
 	}
 	return s.detail(r), nil
+}
+
+// sameUserName reports whether asked names the user stored as name: the same bytes but for
+// the case of ASCII letters. The column's collation, which found the row, also folds accents
+// and ignores trailing spaces (and in some collations more), so "josé" or "jose " found the
+// user "jose": a name the name rule never lets a user have reached another user, and a grant
+// typed for one customer credited another.
+func sameUserName(name, asked string) bool {
+	if len(name) != len(asked) {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		a, b := name[i], asked[i]
+		if 'A' <= a && a <= 'Z' {
+			a += 'a' - 'A'
+		}
+		if 'A' <= b && b <= 'Z' {
+			b += 'a' - 'A'
+		}
+		if a != b {
+			return false
+		}
+	}
+	return true
 }
 
 // ListUsers lists users by name, at most limit of them, starting after the name after
