@@ -83,18 +83,21 @@ func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) h
 	// is mounted on its own path for every method, so allowedMethods would find each method
 	// "allowed" on /users/{name} itself.
 	r.Get("/users", takes(h.listUsers, "limit", "after"))
-	r.Post("/users", h.createUser)
+	// Writes take their input in the body alone, and those with none take no body: what a
+	// write does not read (PATCH /users/bob?plan=guest, a key asked for with an expiry) is
+	// refused, not answered as done.
+	r.Post("/users", takes(h.createUser))
 	r.Get("/users/{name}", takes(h.getUser))
-	r.Patch("/users/{name}", h.patchUser)
-	r.Post("/users/{name}/disable", h.disableUser)
-	r.Post("/users/{name}/enable", h.enableUser)
+	r.Patch("/users/{name}", takes(h.patchUser))
+	r.Post("/users/{name}/disable", takes(noBody(h.disableUser)))
+	r.Post("/users/{name}/enable", takes(noBody(h.enableUser)))
 	r.Get("/users/{name}/keys", takes(h.listKeys, "limit", "after"))
-	r.Post("/users/{name}/keys", h.createKey)
-	r.Post("/users/{name}/keys/revoke", h.revokeUserKeys)
+	r.Post("/users/{name}/keys", takes(noBody(h.createKey)))
+	r.Post("/users/{name}/keys/revoke", takes(h.revokeUserKeys))
 	r.Get("/users/{name}/grants", takes(h.listGrants, "limit", "after"))
-	r.Post("/users/{name}/grants", h.createGrant)
+	r.Post("/users/{name}/grants", takes(h.createGrant))
 	r.Get("/users/{name}/balance", takes(h.balance))
-	r.Post("/keys/revoke", h.revokeKey)
+	r.Post("/keys/revoke", takes(h.revokeKey))
 	r.Get("/runs", takes(h.listRuns, "user", "state", "since", "until", "settled_since", "settled_until", "after", "limit"))
 	r.Get("/instances", takes(h.listInstances, "limit", "after"))
 	r.Get("/reports/usage", takes(h.usageReport, "from", "to", "user", "format"))

@@ -37,6 +37,31 @@ func takes(h http.HandlerFunc, names ...string) http.HandlerFunc {
 	}
 }
 
+// noBody serves h, a route that reads no body, only if the request has none, or an empty
+// object: a body it would not read ({"expires_in":3600} on a key's creation) is refused
+// rather than ignored.
+func noBody(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+				Code: "body_too_large", Message: fmt.Sprintf("Request body over %d bytes.", maxBodyBytes)})
+			return
+		}
+		if err != nil {
+			writeError(w, badRequest("invalid_json", "request body could not be read: "+err.Error()))
+			return
+		}
+		var fields map[string]json.RawMessage
+		if len(bytes.TrimSpace(raw)) > 0 && (json.Unmarshal(raw, &fields) != nil || fields == nil || len(fields) > 0) {
+			writeError(w, badRequest("invalid_json", "this route takes no request body: send none, or {}"))
+			return
+		}
+		h(w, r)
+	}
+}
+
 // limitParam reads a listing's page size: bounded, so that no request reads a table whole.
 func limitParam(r *http.Request) (int, *apiError) {
 	s := r.URL.Query().Get("limit")

@@ -1,0 +1,43 @@
+package admin_test
+
+import (
+	"net/http"
+	"testing"
+)
+
+// TestWritesRefuseWhatTheyDoNotRead: a write's query string was never looked at, and the
+// routes that take no body (key creation, disable, enable) never read theirs, so
+// PATCH /users/acme?plan=guest with {} answered 200 with the user unchanged, and a key asked
+// for with {"expires_in":3600} was created live for ever, each looking done. They are refused
+// as a listing's misspelt filter is (unknown_parameter, invalid_json), with nothing changed;
+// no body, or {}, is still what those routes take.
+func TestWritesRefuseWhatTheyDoNotRead(t *testing.T) {
+	f := newFixture(t, adminToken)
+	f.admin("POST", "/admin/users", map[string]any{"name": "acme"}, http.StatusCreated)
+	before := f.snapshot()
+	for _, c := range []struct {
+		method, path string
+		body         any
+		code         string
+	}{
+		{"PATCH", "/admin/users/acme?plan=guest", map[string]any{}, "unknown_parameter"},
+		{"POST", "/admin/users?name=bob", map[string]any{"name": "acme2"}, "unknown_parameter"},
+		{"POST", "/admin/users/acme/grants?amount=1000", map[string]any{"amount": "1", "idempotency_key": "q1"}, "unknown_parameter"},
+		{"POST", "/admin/users/acme/keys?expires_in=3600", nil, "unknown_parameter"},
+		{"POST", "/admin/users/acme/keys", map[string]any{"expires_in": 3600}, "invalid_json"},
+		{"POST", "/admin/users/acme/disable", map[string]any{"reason": "fraud", "until": "2027-01-01"}, "invalid_json"},
+		{"POST", "/admin/users/acme/enable", `not json`, "invalid_json"},
+	} {
+		status, out, raw := f.call(c.method, c.path, adminToken, c.body)
+		if status != http.StatusBadRequest || errCode(out) != c.code {
+			t.Errorf("%s %s %v: %d %s, want 400 %s", c.method, c.path, c.body, status, raw, c.code)
+		}
+	}
+	if after := f.snapshot(); after != before {
+		t.Errorf("a refused request changed state:\nbefore %s\nafter  %s", before, after)
+	}
+	f.admin("POST", "/admin/users/acme/keys", nil, http.StatusCreated)
+	f.admin("POST", "/admin/users/acme/keys", `{}`, http.StatusCreated)
+	f.admin("POST", "/admin/users/acme/disable", nil, http.StatusOK)
+	f.admin("POST", "/admin/users/acme/enable", " {} \n", http.StatusOK)
+}
