@@ -19,10 +19,17 @@ import (
 
 // takes serves h only if the request's query names no parameter but those names: a filter
 // misspelt (userr=bob) was ignored, and a listing or report meant for one user answered for
-// every user. A body's misspelt field is refused the same way (readJSON).
+// every user. A body's misspelt field is refused the same way (readJSON), and so is a
+// parameter given twice, of which only the first was read.
 func takes(h http.HandlerFunc, names ...string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		for k := range r.URL.Query() {
+		for k, vs := range r.URL.Query() {
+			if len(vs) > 1 && slices.Contains(names, k) {
+				// Only the first was read: ?user=alice&user=bob reported alice alone.
+				writeError(w, badRequest("invalid_request",
+					fmt.Sprintf("query parameter %q given %d times; give it once", k, len(vs))))
+				return
+			}
 			if !slices.Contains(names, k) {
 				allowed := strings.Join(names, ", ")
 				if allowed == "" {

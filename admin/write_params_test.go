@@ -41,3 +41,23 @@ func TestWritesRefuseWhatTheyDoNotRead(t *testing.T) {
 	f.admin("POST", "/admin/users/acme/disable", nil, http.StatusOK)
 	f.admin("POST", "/admin/users/acme/enable", " {} \n", http.StatusOK)
 }
+
+// TestQueryParameterGivenTwiceIsRefused: of a parameter given twice only the first was read,
+// so a report asked for ?user=alice&user=bob (both, to the operator) answered for alice alone,
+// its totals short by bob's, and ?state=queued&state=running listed the queued runs only.
+func TestQueryParameterGivenTwiceIsRefused(t *testing.T) {
+	f := newFixture(t, adminToken)
+	f.admin("POST", "/admin/users", map[string]any{"name": "alice"}, http.StatusCreated)
+	f.admin("POST", "/admin/users", map[string]any{"name": "bob"}, http.StatusCreated)
+	for _, path := range []string{
+		"/admin/reports/usage?user=alice&user=bob",
+		"/admin/runs?state=queued&state=running",
+		"/admin/users?limit=1&limit=1000",
+		"/admin/users/alice/grants?after=&after=5",
+	} {
+		status, out, raw := f.call("GET", path, adminToken, nil)
+		if status != http.StatusBadRequest || errCode(out) != "invalid_request" {
+			t.Errorf("GET %s: %d %s, want 400 invalid_request", path, status, raw)
+		}
+	}
+}
