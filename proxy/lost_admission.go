@@ -87,19 +87,25 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 // whatever its admission's outcome, so when the cut comes while the admission is out, the
 // admission is marked as a lost one is (markLost), and the reconciler releases such a hold at
 // 0. The mark is counted as a settlement, so that the drain waits for it.
+//
+// The mark follows the cut (s.cut), not the request's context: a request whose caller left
+// first (a client's timeout, which a stalled database brings about) had its context end before
+// the cut, for another cause, and its hold was charged all the same. A cut during the
+// admission ends ctx too (cuttable), but from another goroutine: admit waits for that before
+// it returns, so that a call marked refused is never forwarded.
 func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) (holds.Hold, error) {
 	s.settlements.start()
 	var once sync.Once
 	leave := func() { once.Do(s.settlements.leave) }
-	stop := context.AfterFunc(ctx, func() {
+	stop := context.AfterFunc(s.cut, func() {
 		defer leave()
-		if errors.Is(context.Cause(ctx), errDrainDeadline) {
-			s.markLost(context.WithoutCancel(ctx), ar, log)
-		}
+		s.markLost(context.WithoutCancel(ctx), ar, log)
 	})
 	hold, err := s.writer.Admit(ctx, ar)
 	if stop() {
 		leave()
+	} else {
+		<-ctx.Done()
 	}
 	return hold, err
 }
