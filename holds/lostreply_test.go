@@ -307,3 +307,49 @@ func TestLostCommitReplyOfAPruneBatchIsCounted(t *testing.T) {
 		t.Errorf("prune whose first batch's commit reply was lost: %+v, %d runs left; want 5 runs in 2 batches, none left", res, left)
 	}
 }
+
+// TestTwoLostCommitRepliesOfAPruneAreCounted: a prune batch's retry whose own COMMIT reply is
+// lost again is tried a third time, which finds the second attempt's runs gone; the first
+// attempt's, counted by the second, must stay counted. The count kept only the last attempt's
+// and the command said it pruned 2 of the 5 runs it deleted.
+func TestTwoLostCommitRepliesOfAPruneAreCounted(t *testing.T) {
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	past := holds.NewStore(openAt(t, dsn, time.Now().Add(-10*24*time.Hour)), settlePlans, "standard", zap.NewNop())
+	ctx := context.Background()
+	u, err := past.CreateUser(ctx, "prune-lost2-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		run := "r_prune_lost2_" + strconv.Itoa(i)
+		if _, err := past.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := past.Settle(ctx, holds.Settlement{RunID: run, CostMicro: 1_000, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db, err := holds.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	lossy.ArmN("\x03COMMIT", testenv.LoseReply, 2) // the statement, not a session variable named after it
+	res, err := st.PruneSettled(ctx, 8*24*time.Hour, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lossy.Fired() {
+		t.Fatal("no prune batch's commit reply was lost")
+	}
+	var left int
+	if err := db.Get(&left, "SELECT COUNT(*) FROM run_holds"); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || res.Runs != 5 || res.Batches != 2 {
+		t.Errorf("prune whose two batches' commit replies were lost: %+v, %d runs left; want 5 runs in 2 batches, none left", res, left)
+	}
+}

@@ -68,28 +68,35 @@ func (s *Store) PruneSettled(ctx context.Context, olderThan time.Duration, batch
 			return res, fmt.Errorf("prune after %d runs: %w", res.Runs, err)
 		}
 		var (
-			n, unanswered int
-			tried         []string // the runs the last attempt deleted; if its commit failed, gone means committed
+			n, unanswered, unansweredBatches int
+			tried                            []string // the runs the last attempt deleted; if its commit failed, gone means committed
 		)
 		err := s.inTx(ctx, "prune", func(tx *sqlx.Tx) error {
 			// An attempt tried again after its COMMIT went out unanswered may have committed:
 			// its runs are then gone, and this attempt prunes the next ones. Counted here, or
-			// the command printed fewer runs (and batches) than it pruned.
+			// the command printed fewer runs (and batches) than it pruned. An attempt that had not
+			// committed (its connection dropped before the COMMIT ran) released its rows, and a
+			// prune running beside this one may have taken them: both count them then, at most a
+			// batch per lost reply, in the printed count only (pruned_runs sums each run once).
 			if len(tried) > 0 {
 				left, err := countRuns(ctx, tx, tried)
 				if err != nil {
 					return err
 				}
-				unanswered, tried = len(tried)-left, nil
+				// Added up: an attempt after this one may lose its reply too, and its retry
+				// counts only its own runs.
+				if gone := len(tried) - left; gone > 0 {
+					unanswered += gone
+					unansweredBatches++
+				}
+				tried = nil
 			}
 			var err error
 			n, tried, err = pruneBatch(ctx, tx, olderThan, batch)
 			return err
 		})
-		if unanswered > 0 {
-			res.Runs += int64(unanswered)
-			res.Batches++
-		}
+		res.Runs += int64(unanswered)
+		res.Batches += unansweredBatches
 		if err != nil {
 			return res, fmt.Errorf("prune after %d runs: %w", res.Runs, err)
 		}

@@ -37,6 +37,7 @@ type Lossy struct {
 	mode   LossMode
 	down   bool
 	fired  int  // marked writes seen since the last Arm
+	left   int  // marked writes still to lose; the marker is disarmed at 0
 	ended  bool // the test has ended: a loss no longer reports to it
 	limit  time.Duration
 }
@@ -94,10 +95,14 @@ func LossyMySQLDSN(t testing.TB) (string, *Lossy) {
 }
 
 // Arm makes the next write containing marker lose its reply as mode says.
-func (l *Lossy) Arm(marker string, mode LossMode) {
+func (l *Lossy) Arm(marker string, mode LossMode) { l.ArmN(marker, mode, 1) }
+
+// ArmN makes the next n writes containing marker lose their replies as mode says: a retry
+// whose own reply is lost again.
+func (l *Lossy) ArmN(marker string, mode LossMode, n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.marker, l.mode, l.fired = []byte(marker), mode, 0
+	l.marker, l.mode, l.fired, l.left = []byte(marker), mode, 0, n
 }
 
 // Fired reports whether the armed loss happened: a test whose marker no longer matches
@@ -210,8 +215,10 @@ func (c *lossyConn) Write(b []byte) (int, error) {
 	hit := l.marker != nil && bytes.Contains(b, l.marker)
 	mode, limit, marker := l.mode, l.limit, l.marker
 	if hit {
-		l.marker = nil
 		l.fired++
+		if l.left--; l.left <= 0 {
+			l.marker = nil
+		}
 	}
 	l.mu.Unlock()
 	n, err := c.Conn.Write(b)
