@@ -105,8 +105,11 @@ func (s *Store) AdmitBatch(ctx context.Context, reqs []AdmitRequest) ([]AdmitRes
 
 // liveTotals is what a user has in flight, kept current across a batch.
 type liveTotals struct {
-	UserID    uint64
-	InFlight  int
+	UserID   uint64
+	InFlight int
+	// OpenRuns is how many of InFlight are named runs: their slots free when they are settled
+	// or expire, not when a call ends.
+	OpenRuns  int
 	Held      int64
 	UsedToday int64
 	// Aggregated: the user has admissions in the batch, so its live holds were counted.
@@ -199,13 +202,14 @@ func readmit(req AdmitRequest, h existingHold, u userRow, plan Plan, r *batchRea
 		// again, as a new hold would.
 		t := r.live[req.UserID]
 		if t.InFlight >= plan.MaxInFlight {
-			return refused(&TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter})
+			return refused(&TooManyInFlightError{InFlight: t.InFlight, OpenRuns: t.OpenRuns, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter})
 		}
 		owed := owedMicro(h.HeldMicro, h.CapMicro, h.CostMicro, h.DiscountBP)
 		if Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held-owed) < owed {
 			return refused(insufficient(u.PrepaidMicro))
 		}
 		t.InFlight++
+		t.OpenRuns++
 		h.Live = true
 		r.existing[req.RunID] = h
 	}
@@ -228,7 +232,7 @@ func readmit(req AdmitRequest, h existingHold, u userRow, plan Plan, r *batchRea
 func admitNew(req AdmitRequest, u userRow, plan Plan, r *batchReads) (AdmitResult, admittedRow, bool) {
 	t := r.live[req.UserID]
 	if t.InFlight >= plan.MaxInFlight {
-		return refused(&TooManyInFlightError{InFlight: t.InFlight, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter})
+		return refused(&TooManyInFlightError{InFlight: t.InFlight, OpenRuns: t.OpenRuns, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter})
 	}
 	available := Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held)
 	if available <= 0 {
@@ -242,6 +246,9 @@ func admitNew(req AdmitRequest, u userRow, plan Plan, r *batchReads) (AdmitResul
 		HeldMicro: min(tier, available), CapMicro: min(plan.MaxRunCostMicro, available), DiscountBP: plan.DiscountBP,
 		MaxInFlight: plan.MaxInFlight}
 	t.InFlight++
+	if req.ClientRunID != "" {
+		t.OpenRuns++
+	}
 	t.Held += hold.HeldMicro
 	// A second admission of the same run later in this batch finds this one.
 	r.existing[req.RunID] = existingHold{RunID: hold.RunID, UserID: hold.UserID, State: hold.State,

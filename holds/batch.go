@@ -392,7 +392,7 @@ func (r *batchReads) scanHold(rows *sql.Rows) error {
 	var h lockedHold
 	if err := rows.Scan(&h.RunID, &h.UserID, &h.State, &h.HeldMicro, &h.CapMicro, &h.DiscountBP, &h.ExpiresAt, &h.Counted, &h.Token,
 		&h.SettleToken, &h.Settled.ChargedMicro, &h.Settled.AllowancePart, &h.Settled.PrepaidPart, &h.Settled.CostMicro,
-		&h.HasSnapshot); err != nil {
+		&h.HasSnapshot, &h.Named); err != nil {
 		return err
 	}
 	h.Settled.UserID = h.UserID
@@ -411,14 +411,16 @@ func (r *batchReads) scanExisting(rows *sql.Rows) error {
 }
 
 // addTotals adds one row of "aggregate live holds" or "read day ledger" to its user's totals:
-// both read as user_id, in flight, held, used today, each leaving 0 where it has nothing.
+// both read as user_id, in flight, held, used today, open runs, each leaving 0 where it has
+// nothing.
 func (r *batchReads) addTotals(rows *sql.Rows) error {
 	var t liveTotals
-	if err := rows.Scan(&t.UserID, &t.InFlight, &t.Held, &t.UsedToday); err != nil {
+	if err := rows.Scan(&t.UserID, &t.InFlight, &t.Held, &t.UsedToday, &t.OpenRuns); err != nil {
 		return err
 	}
 	l := r.live[t.UserID]
 	l.InFlight += t.InFlight
+	l.OpenRuns += t.OpenRuns
 	l.Held += t.Held
 	l.UsedToday += t.UsedToday
 	return nil
@@ -435,7 +437,8 @@ func batchReadScript(plan batchPlan) script {
 	if len(plan.lockRuns) > 0 {
 		sc.addIn(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
 			DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), state IN ('queued', 'running') AND expires_at > @tg_now, admit_token,
-			settle_token, charged_micro, allowance_part_micro, prepaid_part_micro, cost_micro, price_snapshot IS NOT NULL
+			settle_token, charged_micro, allowance_part_micro, prepaid_part_micro, cost_micro, price_snapshot IS NOT NULL,
+			client_run_id IS NOT NULL
 			FROM run_holds WHERE run_id IN (?) FOR UPDATE`, plan.lockRuns)
 	}
 	if len(plan.lookupRuns) > 0 {
@@ -449,11 +452,14 @@ func batchReadScript(plan batchPlan) script {
 		// same credits again, past the overdraft bound of DESIGN §3.
 		// Held counts each hold at owedMicro: a named run's calls that have used more than
 		// its hold have spent credits a new admission must not be given.
-		sc.addIn(`SELECT user_id, SUM(expires_at > @tg_now), SUM(`+owedSQL+`), 0
+		// Open runs: the unexpired holds of named runs, which keep their slot between their
+		// calls; a refusal past the limit says how many there are (TooManyInFlightError).
+		sc.addIn(`SELECT user_id, SUM(expires_at > @tg_now), SUM(`+owedSQL+`), 0,
+			SUM(expires_at > @tg_now AND client_run_id IS NOT NULL)
 			FROM run_holds WHERE user_id IN (?) AND state IN ('queued', 'running')
 			GROUP BY user_id`, plan.admitIDs)
 	}
-	sc.addIn("SELECT user_id, 0, 0, used_micro FROM usage_days WHERE day = DATE(@tg_now) AND user_id IN (?)", plan.userIDs)
+	sc.addIn("SELECT user_id, 0, 0, used_micro, 0 FROM usage_days WHERE day = DATE(@tg_now) AND user_id IN (?)", plan.userIDs)
 	return sc
 }
 

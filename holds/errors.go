@@ -88,9 +88,12 @@ var ErrBatcherClosed = errors.New("batcher closed")
 
 // TooManyInFlightError refuses an admission past the user's in-flight limit. RetryAfter is when
 // to ask again: a short interval (inFlightRetryAfter), since a finishing call frees a slot long
-// before the oldest live hold would expire.
+// before the oldest live hold would expire. OpenRuns is how many of the holds in flight are
+// named runs: each keeps its slot between its calls until it is settled or expires, so a caller
+// whose slots they hold must be told to settle them, not that a call will soon finish.
 type TooManyInFlightError struct {
 	InFlight, Limit int
+	OpenRuns        int
 	RetryAfter      time.Duration
 }
 

@@ -162,6 +162,8 @@ type lockedHold struct {
 	Token   sql.NullString // the admission's token, if it had one
 	// HasSnapshot: the hold recorded the prices it was admitted at (see SnapshotIfMissing).
 	HasSnapshot bool
+	// Named: a caller-named run's hold (X-Run-Id), counted among the open runs when Counted.
+	Named bool
 	// SettleToken is the token of the settlement that settled it (see WriteBatch), and
 	// Settled what that settlement did: a retry whose earlier attempt's COMMIT reply was
 	// lost finds its own settlement there.
@@ -218,6 +220,9 @@ func (s *Store) decideSettlements(sts []Settlement, tokens []string, users []uin
 			live.Held -= owedMicro(h.HeldMicro, h.CapMicro, h.Settled.CostMicro, h.DiscountBP)
 			if h.Counted {
 				live.InFlight--
+				if h.Named {
+					live.OpenRuns--
+				}
 			}
 		}
 		if e, ok := r.existing[h.RunID]; ok {

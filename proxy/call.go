@@ -515,8 +515,7 @@ func (s *Server) admitError(err error) *apiError {
 	switch {
 	case errors.As(err, &busy):
 		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "too_many_in_flight",
-			Message:    fmt.Sprintf("%d calls are already in flight for this account (limit %d). Retry when one finishes.", busy.InFlight, busy.Limit),
-			RetryAfter: busy.RetryAfter}
+			Message: inFlightMessage(busy), RetryAfter: busy.RetryAfter}
 	case errors.As(err, &debt):
 		return &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "insufficient_credits",
 			Message: fmt.Sprintf("No credits available: this account owes %s credits (calls that cost more than its balance had left). "+
@@ -534,6 +533,19 @@ func (s *Server) admitError(err error) *apiError {
 		return errBadRequest("invalid_model", "A model name must be UTF-8 text.")
 	}
 	return errBillingDown
+}
+
+// inFlightMessage words a refusal past max_in_flight. A named run holds its slot between its
+// calls, until it is settled or idle past run_ttl: told only that calls were in flight and to
+// retry when one finishes, a caller whose slots were held by runs it had left open (nothing in
+// flight) retried every second for up to run_ttl, never learning that a settle frees them.
+func inFlightMessage(busy *holds.TooManyInFlightError) string {
+	if busy.OpenRuns <= 0 {
+		return fmt.Sprintf("%d calls are already in flight for this account (limit %d). Retry when one finishes.", busy.InFlight, busy.Limit)
+	}
+	return fmt.Sprintf("%d holds are in flight for this account (limit %d), %d of them named runs (X-Run-Id) still open: "+
+		"each keeps its slot between its calls until it is settled (POST /v1/runs/{id}/settle) or idle past its expiry. "+
+		"Settle the runs you are done with, or retry when a call or run finishes.", busy.InFlight, busy.Limit, min(busy.OpenRuns, busy.InFlight))
 }
 
 // newRunID is a fresh run id for a call without a caller-chosen one.
