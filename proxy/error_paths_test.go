@@ -601,7 +601,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			e.gate.open("busy")
 			<-first
 			return resp
-		}, status: 409, code: "run_busy", sharedRun: true, cleanup: func(e *errEnv) { e.callThenSettle("busy") }},
+		}, header: map[string]string{"Retry-After": "1"}, status: 409, code: "run_busy", sharedRun: true, cleanup: func(e *errEnv) { e.callThenSettle("busy") }},
 
 		// Duplicates.
 		{name: "409 duplicate", send: func(e *errEnv) *http.Response {

@@ -19,8 +19,10 @@ import (
 var (
 	errRunSettlesItself = &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "run_in_progress",
 		Message: "This run is one call, still in progress; it settles itself when the call ends. Only runs named with X-Run-Id are settled on request."}
+	// errRunBusy says when to ask again: a call's end is tallied within a moment of its last
+	// byte, and an agent's settle loop (no SDK retries a 409) should not have to guess.
 	errRunBusy = &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "run_busy",
-		Message: "Calls of this run are still in flight; settle it once they have ended."}
+		Message: "Calls of this run are still in flight, or their usage is not recorded yet; settle it again once they have ended.", RetryAfter: time.Second}
 )
 
 // errSettleUnanswered answers a settle whose settlement's COMMIT went out unanswered: it may
