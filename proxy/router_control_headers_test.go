@@ -1,0 +1,51 @@
+package proxy_test
+
+import (
+	"net/http"
+	"testing"
+)
+
+// TestRouterControlHeadersDoNotReachTheUpstream: a router in front of the provider takes its
+// per-request controls from headers — LiteLLM's x-litellm-timeout, -stream-timeout,
+// -num-retries and -tags (tag routing, to other deployments), Portkey's
+// x-portkey-request-timeout, -retry and -config (an inline config: retries, fallback targets,
+// override_params that change the model), Google's X-Goog-FieldMask (which can strip `usage`
+// from the answer). Forwarded, a caller set the router to time out after the provider had the
+// request (a non-2xx the gateway charges 0, the provider billed), to run it several times
+// (billed once), or to hide its usage (charged the estimate alone). They are the operator's
+// router's settings, not the caller's: dropped, as Envoy's X-Envoy-* are. README "HTTP surface".
+func TestRouterControlHeadersDoNotReachTheUpstream(t *testing.T) {
+	up, seen := recordingUpstream(nil)
+	h := hostileHarness(t, up, nil)
+	_, key := h.user("standard")
+	dropped := map[string]string{
+		"X-Litellm-Timeout":         "0.01",
+		"X-Litellm-Stream-Timeout":  "0.01",
+		"X-Litellm-Num-Retries":     "10",
+		"X-Litellm-Tags":            "premium",
+		"X-Portkey-Request-Timeout": "10",
+		"X-Portkey-Retry":           `{"attempts":5,"on_status_codes":[408]}`,
+		"X-Portkey-Config":          `{"request_timeout":10,"retry":{"attempts":5},"override_params":{"model":"gpt-dear"}}`,
+		"X-Goog-FieldMask":          "choices",
+		"X-Goog-Api-Key":            "caller-credential",
+	}
+	hdr := map[string]string{"X-Caller": "passes"}
+	for k, v := range dropped {
+		hdr[k] = v
+	}
+	resp := h.post(key, "/v1/chat/completions", chatBody, hdr)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	got := seen()
+	for k := range dropped {
+		if v := got.Values(k); len(v) > 0 {
+			t.Errorf("the caller's router control header %s reached the upstream: %q", k, v)
+		}
+	}
+	if got.Get("X-Caller") != "passes" {
+		t.Errorf("a caller's end-to-end header was dropped: %q", got.Get("X-Caller"))
+	}
+}
