@@ -319,3 +319,24 @@ func routerWebSearch(root gjson.Result) string {
 	}
 	return ""
 }
+
+// routerRetryFields are the body fields LiteLLM's proxy takes per-request timeouts, retries and
+// fallback maps from (a timeout's aliases, the retries of its router and of the OpenAI client
+// it calls with, and the fallback lists other than "fallbacks", which map a model to models
+// whose prices checkFallbacks never sees). A timeout cut after the provider had the request
+// answers the gateway with an error, settled at 0 while the provider billed the work; a retry
+// runs the call again, billed each time and metered once. The operator's router configuration
+// sets them, not a caller.
+var routerRetryFields = []string{"timeout", "request_timeout", "stream_timeout", "num_retries", "max_retries",
+	"context_window_fallbacks", "content_policy_fallbacks"}
+
+// routerRetryField names the first of routerRetryFields a request sets (null is unset, as the
+// router reads it), or returns "".
+func routerRetryField(root gjson.Result) string {
+	for _, f := range routerRetryFields {
+		if v := root.Get(f); v.Exists() && v.Type != gjson.Null {
+			return f
+		}
+	}
+	return ""
+}

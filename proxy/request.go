@@ -313,6 +313,10 @@ func (c *callRequest) readPrompt(root gjson.Result) *apiError {
 // bound, stream options it could not edit.
 func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Header) *apiError {
 	rt := c.route
+	if f := routerRetryField(root); f != "" {
+		return errBadRequest("unsupported_parameter", fmt.Sprintf(
+			"'%s' asks a router in front of the provider to time out, retry or fall back on its own, which this gateway cannot meter (a call the router gives up on after the provider had it is billed there and charged nothing here; one it runs several times is billed for each); send it without.", f))
+	}
 	c.context1M = asksContext1M(header, root)
 	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate, c.cacheLong); what != "" {
 		return errBadRequest("unpriced_option", fmt.Sprintf(
