@@ -392,6 +392,9 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, use
 	if aerr := checkContentEncoding(r.Header); aerr != nil {
 		return incomingCall{}, refuse(aerr, "content encoding", nil)
 	}
+	if aerr := checkQuery(r.URL.RawQuery); aerr != nil {
+		return incomingCall{}, refuse(aerr, "validation", nil)
+	}
 	reading := time.Now()
 	body, aerr := readBody(w, r, s.cfg.Limits.MaxBodyBytes, s.cfg.Limits.ClientWriteTimeout, lease)
 	if aerr != nil {

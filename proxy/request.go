@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -175,6 +176,33 @@ func checkContentEncoding(h http.Header) *apiError {
 			if ce = strings.TrimSpace(ce); ce != "" && !strings.EqualFold(ce, "identity") {
 				return &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_content_encoding",
 					Message: fmt.Sprintf("Request bodies sent with Content-Encoding %q are not supported; send the JSON uncompressed.", ce)}
+			}
+		}
+	}
+	return nil
+}
+
+// answerShapingQuery are Google's system parameters that reshape an answer, read from the query
+// string (with or without a leading '$') by Google's front end on every API it serves, the
+// Gemini OpenAI-compatible endpoint among them, and forwarded with the rest of the query: a
+// field mask ("fields") can leave usage out of the answer, charged then at the prompt's estimate
+// alone; "alt=proto" answers in protobuf and "callback" in JSONP, neither of which is JSON or an
+// event stream: no answer the gateway can meter, charged nothing while the provider billed it.
+var answerShapingQuery = []string{"fields", "alt", "callback"}
+
+// checkQuery refuses a query string carrying one of answerShapingQuery, its name compared
+// unescaped and with case folded.
+func checkQuery(rawQuery string) *apiError {
+	for _, pair := range strings.Split(rawQuery, "&") {
+		name, _, _ := strings.Cut(pair, "=")
+		if unescaped, err := url.QueryUnescape(name); err == nil {
+			name = unescaped
+		}
+		name = strings.TrimPrefix(strings.TrimSpace(name), "$")
+		for _, p := range answerShapingQuery {
+			if strings.EqualFold(name, p) {
+				return errBadRequest("unsupported_parameter", fmt.Sprintf(
+					"The query parameter '%s' reshapes the provider's answer so that its usage cannot be metered; send the request without it.", p))
 			}
 		}
 	}
