@@ -27,11 +27,23 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 	if what := routerWebSearch(root); what != "" {
 		return what
 	}
+	if routerModelNamed(root, ":nitro") {
+		// OpenRouter's :nitro admits its providers' priority tier, billed at priority rates:
+		// service_tier "priority" by another name.
+		return "a model named with ':nitro' (the router may serve it at a provider's priority tier, billed at priority rates)"
+	}
 	switch format {
 	case metering.FormatChat, metering.FormatCompletions, metering.FormatResponses:
 		// "auto" and "default" run at the standard rate; "priority" and "scale" cost more,
 		// "flex" less: either way not the price configured.
 		if t := root.Get("service_tier"); t.Exists() && t.Type != gjson.Null && t.Str != "auto" && t.Str != "default" {
+			return "'service_tier: " + t.String() + "'"
+		}
+	case metering.FormatAnthropic:
+		// Anthropic takes "auto" and "standard_only"; any other value means something only to
+		// a router's Anthropic-shaped endpoint serving another provider's model, which reads
+		// "priority" and "flex" as on its OpenAI-shaped ones.
+		if t := root.Get("service_tier"); t.Exists() && t.Type != gjson.Null && t.Str != "auto" && t.Str != "standard_only" {
 			return "'service_tier: " + t.String() + "'"
 		}
 	}
@@ -310,14 +322,25 @@ func routerWebSearch(root gjson.Result) string {
 			return "the router's 'web' plugin (a per-result search fee)"
 		}
 	}
-	names := append([]gjson.Result{root.Get("model")}, root.Get("models").Array()...)
-	names = append(names, root.Get("fallbacks").Array()...) // LiteLLM's list, which may name a router's model
-	for _, m := range names {
-		if m.Type == gjson.String && strings.Contains(strings.ToLower(m.Str), ":online") {
-			return "a model named with ':online' (the router's web search: a per-result fee)"
-		}
+	if routerModelNamed(root, ":online") {
+		return "a model named with ':online' (the router's web search: a per-result fee)"
 	}
 	return ""
+}
+
+// routerModelNamed reports whether the model asked for, or one in a fallback list (OpenRouter's
+// "models", LiteLLM's "fallbacks", which may name a router's model), carries the router's
+// variant suffix (":online", ":nitro"), in any case. Such a name is priced by its prefix, at
+// the base model's price, while the router bills the variant's.
+func routerModelNamed(root gjson.Result, suffix string) bool {
+	names := append([]gjson.Result{root.Get("model")}, root.Get("models").Array()...)
+	names = append(names, root.Get("fallbacks").Array()...)
+	for _, m := range names {
+		if m.Type == gjson.String && strings.Contains(strings.ToLower(m.Str), suffix) {
+			return true
+		}
+	}
+	return false
 }
 
 // routerRetryFields are the body fields LiteLLM's proxy takes per-request timeouts, retries and
