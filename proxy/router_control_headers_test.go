@@ -30,6 +30,7 @@ func TestRouterControlHeadersDoNotReachTheUpstream(t *testing.T) {
 		"X-Goog-Api-Key":            "caller-credential",
 	}
 	hdr := map[string]string{"X-Caller": "passes"}
+	addOtherRouterControls(dropped)
 	for k, v := range dropped {
 		hdr[k] = v
 	}
@@ -48,4 +49,17 @@ func TestRouterControlHeadersDoNotReachTheUpstream(t *testing.T) {
 	if got.Get("X-Caller") != "passes" {
 		t.Errorf("a caller's end-to-end header was dropped: %q", got.Get("X-Caller"))
 	}
+}
+
+// addOtherRouterControls adds Cloudflare AI Gateway's and Helicone's per-request controls:
+// cf-aig-request-timeout and -max-attempts (a timeout and up to five attempts), Helicone's
+// retries, and Helicone-Target-URL, the address Helicone's gateway sends the request on to —
+// with the operator's provider key.
+func addOtherRouterControls(dropped map[string]string) {
+	dropped["Cf-Aig-Request-Timeout"] = "10"
+	dropped["Cf-Aig-Max-Attempts"] = "5"
+	dropped["Cf-Aig-Authorization"] = "Bearer caller-token"
+	dropped["Helicone-Retry-Enabled"] = "true"
+	dropped["Helicone-Retry-Num"] = "5"
+	dropped["Helicone-Target-Url"] = "https://collector.example"
 }

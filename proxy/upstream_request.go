@@ -58,10 +58,13 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 // controls from: X-Forwarded-* and X-Envoy-* (above), and a router's per-request settings —
 // LiteLLM's x-litellm-* (timeout, stream-timeout, num-retries, tags that route to other
 // deployments, the end user its budgets are kept for) and Portkey's x-portkey-* (request-timeout,
-// retry, and a config that may retry, fall back to other models or override the model). With
-// them a caller set the operator's router to time out after the provider had the request (a
-// non-2xx, charged 0, that the provider billed) or to run it several times (billed once).
-var droppedPrefixes = []string{"X-Forwarded-", "X-Envoy-", "X-Litellm-", "X-Portkey-"}
+// retry, and a config that may retry, fall back to other models or override the model),
+// Cloudflare AI Gateway's cf-aig-* (request-timeout, max-attempts) and Helicone's helicone-*
+// (retries, and Helicone-Target-URL: where its gateway sends the request, with the operator's
+// provider key). With them a caller set the operator's router to time out after the provider
+// had the request (a non-2xx, charged 0, that the provider billed) or to run it several times
+// (billed once).
+var droppedPrefixes = []string{"X-Forwarded-", "X-Envoy-", "X-Litellm-", "X-Portkey-", "Cf-Aig-", "Helicone-"}
 
 func hasDroppedPrefix(k string) bool {
 	for _, p := range droppedPrefixes {
