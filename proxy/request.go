@@ -354,7 +354,8 @@ func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Hea
 	unpriced := func(p pricing.Price) string {
 		return unpricedWork(rt.format, root, header, p, c.audioEstimate, c.cacheLong)
 	}
-	// OpenRouter's list, and LiteLLM's (its proxy takes one in the body under its own name).
+	// OpenRouter's list, LiteLLM's (its proxy takes one in the body under its own name) and
+	// Vercel AI Gateway's.
 	for _, field := range fallbackLists {
 		list := root.Get(field)
 		if c.fallbackPrice, aerr = s.checkFallbacks(field, list, c.fallbackPrice, unpriced); aerr != nil {
@@ -525,6 +526,12 @@ func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel,
 		// prefix could otherwise reach the hold's utf8mb4 column, which refuses it.
 		return servedModel{}, errBadRequest("invalid_model", "A model name must be UTF-8 text.")
 	}
+	if strings.Contains(m.Str, ",") {
+		// Helicone's gateway reads "cheap,dear" as a chain of models it falls back along,
+		// each at its own rates; priced by its prefix, the name would be billed as the first.
+		return servedModel{}, errBadRequest("invalid_model", fmt.Sprintf(
+			"Model %q names several models (a router's fallback chain); name one, and its fallbacks in 'models'.", m.Str))
+	}
 	// m.Str is a window into gjson's string copy of the whole body: kept as the call's model
 	// (in its admission, settlement and log), it would keep a second copy of the body alive
 	// for as long as the call's deferred work runs.
@@ -548,8 +555,9 @@ const maxFallbacks = 64
 
 // fallbackLists are the body fields in which a router takes a list of models to answer with
 // when the one asked for fails: OpenRouter's "models", LiteLLM's "fallbacks" (whose proxy also
-// takes "mock_testing_fallbacks": true, to use it at once).
-var fallbackLists = []string{"models", "fallbacks"}
+// takes "mock_testing_fallbacks": true, to use it at once), Vercel AI Gateway's
+// "providerOptions.gateway.models".
+var fallbackLists = []string{"models", "fallbacks", "providerOptions.gateway.models"}
 
 // checkFallbacks refuses a router's list of fallback models (OpenRouter's `models`) that names
 // a model without a price. The router answers with the first model of the list that is up, at
@@ -580,7 +588,7 @@ func (s *Server) checkFallbacks(field string, models gjson.Result, asked pricing
 			aerr = errBadRequest("invalid_models", fmt.Sprintf("'%s' names at most %d models.", field, maxFallbacks))
 			return false
 		}
-		if m.Type != gjson.String {
+		if m.Type != gjson.String || strings.Contains(m.Str, ",") { // a chain of several (servedModel)
 			aerr = notNames
 			return false
 		}
