@@ -162,10 +162,28 @@ func reportRange(from, to time.Time) (time.Time, time.Time, error) {
 // either way. Models are told apart byte for byte, as the gateway prices and forwards them:
 // run_holds.model's collation folds case and ignores trailing spaces, and grouped by it the
 // runs of "gpt-4o-X" and "gpt-4o-x" were one row (pruned_runs.model is VARBINARY, migration
-// 016). Its arguments are the range's two ends (and the user, when userCond names one) twice:
-// once for each table. It reads one row past maxReportRows, to tell a report cut short.
+// 016). A user's day shows at most MaxPrunedModels models by name, those it was charged most for
+// (then cost, tokens, name), and sums the rest into its FoldedModel row, as a pruned day keeps
+// them: prices match by prefix, so one caller's distinct names ("gpt-4o-<random>", each
+// refused by the provider at 0) made a row each, and past maxReportRows refused every report
+// of their day, their user's own included, until a prune. A user's report is so at most
+// maxReportDays × (MaxPrunedModels + 1) rows, below maxReportRows. Its arguments are the
+// range's two ends (and the user, when userCond names one) twice: once for each table. It
+// reads one row past maxReportRows, to tell a report cut short.
 func usageRowsQuery(userCond string) string {
-	return `SELECT h.user_id, u.name AS user_name, h.day, h.model,
+	return `SELECT m.user_id, m.user_name, m.day,
+		       IF(m.model <> '' AND m.place > ` + strconv.Itoa(MaxPrunedModels) + `, CAST('' AS BINARY), m.model) AS model,
+		       SUM(m.runs) AS runs, SUM(m.charged_runs) AS charged_runs, SUM(m.estimated_runs) AS estimated_runs, SUM(m.calls) AS calls,
+		       SUM(m.in_tok) AS in_tok, SUM(m.cache_read_tok) AS cache_read_tok,
+		       SUM(m.cache_write_tok) AS cache_write_tok, SUM(m.out_tok) AS out_tok,
+		       SUM(m.cache_write_1h_tok) AS cache_write_1h_tok, SUM(m.audio_in_tok) AS audio_in_tok,
+		       SUM(m.audio_out_tok) AS audio_out_tok,
+		       SUM(m.cost_micro) AS cost_micro, SUM(m.charged_micro) AS charged_micro,
+		       SUM(m.allowance_part_micro) AS allowance_part_micro, SUM(m.prepaid_part_micro) AS prepaid_part_micro
+		FROM (SELECT g.*, ROW_NUMBER() OVER (PARTITION BY g.user_id, g.day, g.model = ''
+		             ORDER BY g.charged_micro DESC, g.cost_micro DESC,
+		                      g.in_tok + g.cache_read_tok + g.cache_write_tok + g.out_tok DESC, g.model) AS place
+		      FROM (SELECT h.user_id, u.name AS user_name, h.day, h.model,
 		       SUM(h.runs) AS runs, SUM(h.charged_runs) AS charged_runs, SUM(h.estimated_runs) AS estimated_runs, SUM(h.calls) AS calls,
 		       SUM(h.in_tok) AS in_tok, SUM(h.cache_read_tok) AS cache_read_tok,
 		       SUM(h.cache_write_tok) AS cache_write_tok, SUM(h.out_tok) AS out_tok,
@@ -191,8 +209,9 @@ func usageRowsQuery(userCond string) string {
 		             h.allowance_part_micro, h.prepaid_part_micro
 		      FROM pruned_runs h WHERE h.day >= ? AND h.day < ?` + userCond + `) h
 		JOIN users u ON u.id = h.user_id
-		GROUP BY h.user_id, u.name, h.day, h.model
-		ORDER BY u.name, h.day, h.model
+		GROUP BY h.user_id, u.name, h.day, h.model) g) m
+		GROUP BY m.user_id, m.user_name, m.day, 4
+		ORDER BY m.user_name, m.day, 4
 		LIMIT ` + strconv.Itoa(maxReportRows+1)
 }
 
