@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -148,5 +149,39 @@ func TestMigrateLockWaitInWholeSeconds(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "whole seconds") {
 			t.Errorf("gateway migrate -lock-wait %s: %v, want it refused for not being whole seconds", wait, err)
 		}
+	}
+}
+
+// TestHelpNamesTheCommandsThatCheckTheFleet: `gateway help` is what an operator reads mid-upgrade
+// to know which commands need the fleet's -config. It named user disable|enable among them, so
+// an operator who had to stop a user at once went looking for the fleet's file first.
+func TestHelpNamesTheCommandsThatCheckTheFleet(t *testing.T) {
+	listed := func(after string) map[string]bool {
+		t.Helper()
+		flat := strings.Join(strings.Fields(usage), " ")
+		i := strings.Index(flat, after)
+		if i < 0 {
+			t.Fatalf("help does not say %q:\n%s", after, usage)
+		}
+		rest := flat[i+len(after):]
+		list := rest[:strings.Index(rest, ")")]
+		got := map[string]bool{}
+		for _, item := range strings.Split(list, ", ") {
+			words := strings.SplitN(item, " ", 2)
+			if len(words) == 1 {
+				got[item] = true
+				continue
+			}
+			for _, sub := range strings.Split(words[1], "/") {
+				got[words[0]+" "+sub] = true
+			}
+		}
+		return got
+	}
+	if got := listed("commands that convert credits ("); !reflect.DeepEqual(got, convertsCredits) {
+		t.Errorf("help names %v as converting credits, the code checks %v", got, convertsCredits)
+	}
+	if got := listed("those that use the plans' terms ("); !reflect.DeepEqual(got, usesPlanTerms) {
+		t.Errorf("help names %v as using plan terms, the code checks %v", got, usesPlanTerms)
 	}
 }
