@@ -19,17 +19,12 @@ import (
 
 // takes serves h only if the request's query names no parameter but those names: a filter
 // misspelt (userr=bob) was ignored, and a listing or report meant for one user answered for
-// every user. A body's misspelt field is refused the same way (readJSON), and so is a
-// parameter given twice, of which only the first was read.
+// every user. A body's misspelt field is refused the same way (readJSON). A parameter given
+// twice is refused too: only its first value was read, so ?user=alice&user=bob reported alice
+// alone.
 func takes(h http.HandlerFunc, names ...string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		for k, vs := range r.URL.Query() {
-			if len(vs) > 1 && slices.Contains(names, k) {
-				// Only the first was read: ?user=alice&user=bob reported alice alone.
-				writeError(w, badRequest("invalid_request",
-					fmt.Sprintf("query parameter %q given %d times; give it once", k, len(vs))))
-				return
-			}
 			if !slices.Contains(names, k) {
 				allowed := strings.Join(names, ", ")
 				if allowed == "" {
@@ -37,6 +32,11 @@ func takes(h http.HandlerFunc, names ...string) http.HandlerFunc {
 				}
 				writeError(w, badRequest("unknown_parameter",
 					fmt.Sprintf("unknown query parameter %q; this route takes: %s", k[:min(len(k), 64)], allowed)))
+				return
+			}
+			if len(vs) > 1 {
+				writeError(w, badRequest("invalid_request",
+					fmt.Sprintf("query parameter %q given %d times; give it once", k, len(vs))))
 				return
 			}
 		}
@@ -49,15 +49,8 @@ func takes(h http.HandlerFunc, names ...string) http.HandlerFunc {
 // rather than ignored.
 func noBody(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
-				Code: "body_too_large", Message: fmt.Sprintf("Request body over %d bytes.", maxBodyBytes)})
-			return
-		}
-		if err != nil {
-			writeError(w, badRequest("invalid_json", "request body could not be read: "+err.Error()))
+		raw, ok := readBody(w, r)
+		if !ok {
 			return
 		}
 		var fields map[string]json.RawMessage
@@ -124,18 +117,12 @@ func dateParam(s string, def time.Time) (time.Time, error) {
 	return t, nil
 }
 
-// readJSON decodes a bounded body strictly: unknown fields are refused, so a misspelt field
-// ("ammount") fails loudly instead of granting nothing. On failure it has answered.
+// readJSON decodes a bounded body strictly: unknown fields, and fields named twice or in
+// another case (fieldsAsSpelt), are refused, so a misspelt field ("ammount") fails loudly
+// instead of granting nothing. On failure it has answered.
 func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
-				Code: "body_too_large", Message: fmt.Sprintf("Request body over %d bytes.", maxBodyBytes)})
-			return false
-		}
-		writeError(w, badRequest("invalid_json", "request body could not be read: "+err.Error()))
+	raw, ok := readBody(w, r)
+	if !ok {
 		return false
 	}
 	if err := fieldsAsSpelt(raw, v); err != nil {
@@ -153,6 +140,24 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 		return false
 	}
 	return true
+}
+
+// readBody reads a request's body whole, up to maxBodyBytes, for readJSON and noBody: both
+// must see all of it (a field named twice, a body where none is taken) before they decide. On
+// failure it has answered.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+			Code: "body_too_large", Message: fmt.Sprintf("Request body over %d bytes.", maxBodyBytes)})
+		return nil, false
+	case err != nil:
+		writeError(w, badRequest("invalid_json", "request body could not be read: "+err.Error()))
+		return nil, false
+	}
+	return raw, true
 }
 
 // fieldsAsSpelt refuses a body object that names a member twice, or names one in another case
