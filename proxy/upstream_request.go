@@ -25,13 +25,7 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 	hop := connectionListed(r.Header)
 	for k, vv := range r.Header {
 		// A name with an underscore is dropped as nginx and Apache drop it: CGI-style servers
-		// read X_Api_Key as X-Api-Key, which would get past the list below.
-		// Every X-Forwarded-* is a claim about the client, its URL or its certificate, and
-		// proxies keep adding new ones (X-Forwarded-Client-Cert, -Scheme, -Ssl): by prefix, not
-		// by a list that lags them. So is every X-Envoy-*: Envoy in front of the upstream (a
-		// mesh sidecar, an egress gateway) obeys them from a request it takes as internal, as
-		// the gateway's is — retries, per-try timeouts — and strips them only at its own edge.
-		// A router's own controls go the same way (droppedPrefixes).
+		// read X_Api_Key as X-Api-Key, which would get past the lists below.
 		if _, drop := dropRequestHeaders[k]; !drop && !hop[k] && !strings.Contains(k, "_") && !hasDroppedPrefix(k) {
 			up.Header[k] = vv
 		}
@@ -54,18 +48,23 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 	return up, nil
 }
 
-// droppedPrefixes name header families a proxy or router in front of the provider takes
-// controls from: X-Forwarded-* and X-Envoy-* (above), and a router's per-request settings —
-// LiteLLM's x-litellm-* (timeout, stream-timeout, num-retries, tags that route to other
-// deployments, the end user its budgets are kept for) and Portkey's x-portkey-* (request-timeout,
-// retry, and a config that may retry, fall back to other models or override the model),
-// Cloudflare AI Gateway's cf-aig-* (request-timeout, max-attempts) and Helicone's helicone-*
-// (retries, and Helicone-Target-URL: where its gateway sends the request, with the operator's
-// provider key). With them a caller set the operator's router to time out after the provider
-// had the request (a non-2xx, charged 0, that the provider billed) or to run it several times
-// (billed once).
+// droppedPrefixes name header families a proxy or router in front of the provider takes claims
+// or controls from, dropped by prefix because each family keeps growing and a list would lag
+// it. Every X-Forwarded-* is a claim about the client, its URL or its certificate
+// (X-Forwarded-Client-Cert, -Scheme, -Ssl). Every X-Envoy-* is obeyed by an Envoy in front of
+// the upstream (a mesh sidecar, an egress gateway) from a request it takes as internal, as the
+// gateway's is — retries, per-try timeouts — and stripped only at its own edge. The rest are a
+// router's per-request settings: LiteLLM's x-litellm-* (timeout, stream-timeout, num-retries,
+// tags that route to other deployments, the end user its budgets are kept for) and Portkey's
+// x-portkey-* (request-timeout, retry, and a config that may retry, fall back to other models
+// or override the model), Cloudflare AI Gateway's cf-aig-* (request-timeout, max-attempts) and
+// Helicone's helicone-* (retries, and Helicone-Target-URL: where its gateway sends the request,
+// with the operator's provider key). With them a caller set the operator's router to time out
+// after the provider had the request (a non-2xx, charged 0, that the provider billed) or to run
+// it several times (billed once).
 var droppedPrefixes = []string{"X-Forwarded-", "X-Envoy-", "X-Litellm-", "X-Portkey-", "Cf-Aig-", "Helicone-"}
 
+// hasDroppedPrefix reports whether the canonical header name k is in one of droppedPrefixes.
 func hasDroppedPrefix(k string) bool {
 	for _, p := range droppedPrefixes {
 		if strings.HasPrefix(k, p) {
@@ -75,21 +74,21 @@ func hasDroppedPrefix(k string) bool {
 	return false
 }
 
-// dropRequestHeaders never reach the upstream: hop-by-hop headers, the caller's credentials
-// (in any provider's spelling: Azure's api-key, Google's x-goog-api-key too), claims about the
-// client's address or the URL or method it used (the upstream or a proxy in front of it may trust them: a token count
-// rerouted to a model call would be served free; every X-Forwarded-* goes by its prefix, in
-// upstreamRequest), Google's field mask (X-Goog-FieldMask: a mask that leaves `usage` out of
-// the answer has it charged at the estimate alone), the gateway's own
-// headers, X-Idempotency-Key (with it Go's transport resends a request whose reused
+// dropRequestHeaders never reach the upstream: hop-by-hop headers, the caller's credentials (in
+// any provider's spelling: Azure's api-key, Google's x-goog-api-key too), claims about the
+// client's address or the URL or method it used (the upstream or a proxy in front of it may
+// trust them: a token count rerouted to a model call would be served free; X-Forwarded-* and
+// X-Envoy-* go by their prefix, droppedPrefixes), Google's field mask (X-Goog-FieldMask: a mask
+// that leaves `usage` out of the answer has it charged at the estimate alone), the gateway's
+// own headers, X-Idempotency-Key (with it Go's transport resends a request whose reused
 // connection broke after it was written: the provider may run it twice, charged once), and
-// Accept-Encoding (the meter must read plain text; the transport negotiates compression
-// itself and decompresses).
+// Accept-Encoding (the meter must read plain text; the transport negotiates compression itself
+// and decompresses).
 var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Expect", "Content-Encoding", "Authorization", "X-Api-Key", "Api-Key", "X-Goog-Api-Key", "Cookie", "Accept-Encoding",
 	"Content-Length", "Host", "X-Run-Id", "Idempotency-Key", "X-Idempotency-Key", "X-Session-Id", "Openai-Organization", "Openai-Project",
 	"Forwarded", "X-Real-Ip", "True-Client-Ip", "X-Client-Ip", "Cf-Connecting-Ip", "X-Original-Url", "X-Rewrite-Url",
-	"X-Original-Uri", "X-Envoy-Original-Path", "X-Http-Method-Override", "X-Method-Override", "X-Http-Method", "X-Goog-FieldMask")
+	"X-Original-Uri", "X-Http-Method-Override", "X-Method-Override", "X-Http-Method", "X-Goog-FieldMask")
 
 // dropResponseHeaders are hop-by-hop, set by the gateway (an upstream that is itself a
 // gateway must not rename the caller's run or mark a first answer as a replay), or name the
