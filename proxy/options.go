@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -32,20 +33,8 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 		// service_tier "priority" by another name.
 		return "a model named with ':nitro' (the router may serve it at a provider's priority tier, billed at priority rates)"
 	}
-	switch format {
-	case metering.FormatChat, metering.FormatCompletions, metering.FormatResponses:
-		// "auto" and "default" run at the standard rate; "priority" and "scale" cost more,
-		// "flex" less: either way not the price configured.
-		if t := root.Get("service_tier"); t.Exists() && t.Type != gjson.Null && t.Str != "auto" && t.Str != "default" {
-			return "'service_tier: " + t.String() + "'"
-		}
-	case metering.FormatAnthropic:
-		// Anthropic takes "auto" and "standard_only"; any other value means something only to
-		// a router's Anthropic-shaped endpoint serving another provider's model, which reads
-		// "priority" and "flex" as on its OpenAI-shaped ones.
-		if t := root.Get("service_tier"); t.Exists() && t.Type != gjson.Null && t.Str != "auto" && t.Str != "standard_only" {
-			return "'service_tier: " + t.String() + "'"
-		}
+	if what := unpricedTier(format, root.Get("service_tier")); what != "" {
+		return what
 	}
 	for _, tool := range root.Get("tools").Array() {
 		if typeAmbiguous(tool) {
@@ -308,6 +297,28 @@ func typeAmbiguous(tool gjson.Result) bool {
 		return true
 	})
 	return n > 1 || other
+}
+
+// standardTiers are, per request format, the service_tier values that run at the standard
+// rate, the one the price list holds. OpenAI-shaped: "auto" and "default"; "priority" and
+// "scale" cost more, "flex" less. Anthropic: "auto" and "standard_only"; any other value
+// means something only to a router's Anthropic-shaped endpoint serving another provider's
+// model, which reads "priority" and "flex" as on its OpenAI-shaped ones.
+var standardTiers = map[metering.Format][]string{
+	metering.FormatChat:        {"auto", "default"},
+	metering.FormatCompletions: {"auto", "default"},
+	metering.FormatResponses:   {"auto", "default"},
+	metering.FormatAnthropic:   {"auto", "standard_only"},
+}
+
+// unpricedTier names a service_tier other than the format's standard ones (null is unset), or
+// returns "": either way off the standard rate, it would be billed at a price not configured.
+func unpricedTier(format metering.Format, tier gjson.Result) string {
+	standard, ok := standardTiers[format]
+	if !ok || !tier.Exists() || tier.Type == gjson.Null || slices.Contains(standard, tier.Str) {
+		return ""
+	}
+	return "'service_tier: " + tier.String() + "'"
 }
 
 // routerWebSearch names a router's web search a request asks for, or returns "": OpenRouter's
