@@ -310,17 +310,19 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, code, status)
 }
 
-// readyCheckTimeout bounds /readyz's pings: a load balancer's probe (typically 5 s) must get
+// readyCheckTimeout bounds each of /readyz's checks: a load balancer's probe (typically 5 s) must get
 // an answer, and a store slower than this is not ready to serve calls either.
 const readyCheckTimeout = 2 * time.Second
 
-// checkReady writes to MySQL and to Redis, at once and each within readyCheckTimeout: pinged one
-// after the other under one deadline, a database that stalled spent it all, and Redis, pinged
-// with the deadline past, was named unavailable too.
+// checkReady writes to MySQL and to Redis, at once and each within readyCheckTimeout: checked
+// one after the other under one deadline, a database that stalled spent it all, and Redis,
+// checked with the deadline past, was named unavailable too. Writes, not PINGs: a store that
+// answers PING but refuses writes (a read-only MariaDB, a Redis full under noeviction) refuses
+// every call.
 func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 	// Not the asking caller's context: others may be waiting for this check's answer.
 	ctx = context.WithoutCancel(ctx)
-	ping := func(check func(context.Context) error) <-chan error {
+	start := func(check func(context.Context) error) <-chan error {
 		done := make(chan error, 1)
 		go func() {
 			pctx, cancel := context.WithTimeout(ctx, readyCheckTimeout)
@@ -329,11 +331,9 @@ func (s *Server) checkReady(ctx context.Context) (int, map[string]string) {
 		}()
 		return done
 	}
-	mysqlErr := ping(s.store.CheckWritable) // a write: a read-only MariaDB answers PING
-	// A write, not a PING: a Redis at its maxmemory under noeviction answers PING and refuses
-	// every write the calls make (their duplicate checks, reservations, tallies), so it is not
-	// ready for them.
-	redisErr := ping(func(ctx context.Context) error { return s.rdb.Set(ctx, s.keys.Prefix+"readyz", "1", time.Minute).Err() })
+	mysqlErr := start(s.store.CheckWritable)
+	// The calls' writes to Redis are their duplicate checks, reservations and tallies.
+	redisErr := start(func(ctx context.Context) error { return s.rdb.Set(ctx, s.keys.Prefix+"readyz", "1", time.Minute).Err() })
 	status := map[string]string{"mysql": "ok", "redis": "ok"}
 	code := http.StatusOK
 	if err := <-mysqlErr; err != nil {
