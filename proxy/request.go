@@ -388,48 +388,43 @@ func checkRepeatsAnywhere(format metering.Format, root gjson.Result) *apiError {
 	return nil
 }
 
-// readKeys are the top-level keys parseCall reads, across every route: "messages" and "input"
-// too, under which the audio refusal looks for input_audio parts (one in another case alone
-// would carry them past it to a provider that folds keys), and "prompt", whose batch
-// multiplies a completions call's answers, Anthropic's "speed" and "inference_geo", whose
-// premium rates are refused (unpricedOption), a router's fallback "models" (checkFallbacks),
-// and every other part of the prompt its estimate reads (metering.EstimatePrompt): a system
-// prompt, instructions, an output schema, legacy function definitions, a completion's suffix;
-// and LiteLLM's fallback list, "fallbacks".
+// readKeys are the top-level keys parseCall reads, across every route: the model and stream
+// mode, the output bounds, the options billed at other rates (unpricedOption: service_tier,
+// Anthropic's premium "speed" and "inference_geo", audio, hosted tools), a router's fallback
+// lists ("models", LiteLLM's "fallbacks": checkFallbacks), "prompt", whose batch multiplies a
+// completions call's answers, and every part of the prompt its estimate reads
+// (metering.EstimatePrompt): "messages" and "input", a system prompt, instructions, an output
+// schema, legacy function definitions, a completion's suffix. Under "messages" and "input" the
+// audio refusal also looks for input_audio parts, and one in another case alone would carry
+// them past it to a provider that folds keys.
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
 	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models",
 	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks"}
 
-// checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level (or
-// in stream_options, text, prompt and conversation). The gateway reads the first of repeated keys (gjson),
-// providers the last: a body that names one model, stream mode, output bound or usage option
-// to the gateway and another to the provider would be billed for what it did not run.
+// nestedReadKeys are the keys the gateway reads inside a top-level object, checked as readKeys
+// are.
+var nestedReadKeys = []struct{ parent, key string }{
+	{"stream_options", "include_usage"}, // whether the usage comes
+	{"text", "format"},                  // the Responses output schema, part of the prompt's estimate
+	{"prompt", "variables"},             // a stored prompt's variables, part of the prompt's estimate
+	{"conversation", "id"},              // the conversation whose context the estimate counts (continuedFrom)
+}
+
+// checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level
+// (readKeys) or inside one of its objects (nestedReadKeys). The gateway reads the first of
+// repeated keys (gjson), providers the last: a body that names one model, stream mode, output
+// bound or usage option to the gateway and another to the provider would be billed for what
+// it did not run.
 func checkReadKeysOnce(root gjson.Result) *apiError {
 	if k, ok := repeatedKey(root, readKeys...); ok {
 		return errRepeatedKey(k)
 	}
-	if so := root.Get("stream_options"); so.IsObject() {
-		if k, ok := repeatedKey(so, "include_usage"); ok {
-			return errRepeatedKey("stream_options." + k)
-		}
-	}
-	if text := root.Get("text"); text.IsObject() {
-		// The Responses output schema, part of the prompt's estimate.
-		if k, ok := repeatedKey(text, "format"); ok {
-			return errRepeatedKey("text." + k)
-		}
-	}
-	if prompt := root.Get("prompt"); prompt.IsObject() {
-		// A stored prompt's variables, part of the prompt's estimate.
-		if k, ok := repeatedKey(prompt, "variables"); ok {
-			return errRepeatedKey("prompt." + k)
-		}
-	}
-	if conv := root.Get("conversation"); conv.IsObject() {
-		// The conversation whose context the estimate counts (continuedFrom).
-		if k, ok := repeatedKey(conv, "id"); ok {
-			return errRepeatedKey("conversation." + k)
+	for _, n := range nestedReadKeys {
+		if obj := root.Get(n.parent); obj.IsObject() {
+			if k, ok := repeatedKey(obj, n.key); ok {
+				return errRepeatedKey(n.parent + "." + k)
+			}
 		}
 	}
 	return nil
