@@ -354,8 +354,6 @@ func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Hea
 	unpriced := func(p pricing.Price) string {
 		return unpricedWork(rt.format, root, header, p, c.audioEstimate, c.cacheLong)
 	}
-	// OpenRouter's list, LiteLLM's (its proxy takes one in the body under its own name) and
-	// Vercel AI Gateway's.
 	for _, field := range fallbackLists {
 		list := root.Get(field)
 		if c.fallbackPrice, aerr = s.checkFallbacks(field, list, c.fallbackPrice, unpriced); aerr != nil {
@@ -554,30 +552,31 @@ const maxFallbacks = 64
 // "providerOptions.gateway.models".
 var fallbackLists = []string{"models", "fallbacks", "providerOptions.gateway.models"}
 
-// checkFallbacks refuses a router's list of fallback models (OpenRouter's `models`) that names
-// a model without a price. The router answers with the first model of the list that is up, at
-// that model's rates, and an answering model without a price is billed at the price asked
-// for: a caller could ask a cheap model and fall back to a dear one. A list of priced models
-// is served: the answer names the model that answered, and is billed at its price. It returns
-// asked made dearer by every fallback's price, which the call's worst case is reckoned at:
-// reckoned at the asked model's alone, a dearer fallback's answer could cost several times
-// the cap, and what passed the cap went unpaid. A fallback without a price for work the call
-// asks for (unpriced names it: the context-1m beta, audio in or out, one-hour cache writes) is
-// refused as the model asked for would be: answering, it would bill that work at its text,
-// short or five-minute rates, the provider charging its own.
+// checkFallbacks refuses a router's list of fallback models (one of fallbackLists, named by
+// field) that names a model without a price. The router answers with the first model of the
+// list that is up, at that model's rates, and an answering model without a price is billed at
+// the price asked for: a caller could ask a cheap model and fall back to a dear one. A list of
+// priced models is served: the answer names the model that answered, and is billed at its
+// price. It returns price (the asked model's, made dearer by the lists checked before) made
+// dearer by every fallback's price, which the call's worst case is reckoned at: reckoned at the
+// asked model's alone, a dearer fallback's answer could cost several times the cap, and what
+// passed the cap went unpaid. A fallback without a price for work the call asks for (unpriced
+// names it: the context-1m beta, audio in or out, one-hour cache writes) is refused as the
+// model asked for would be: answering, it would bill that work at its text, short or
+// five-minute rates, the provider charging its own.
 //
-// field names the list in the body (fallbackLists). LiteLLM's list may also hold objects, a
-// model with messages of its own: a prompt the estimate does not read, so refused too.
-func (s *Server) checkFallbacks(field string, models gjson.Result, asked pricing.Price, unpriced func(pricing.Price) string) (pricing.Price, *apiError) {
+// LiteLLM's list may also hold objects, a model with messages of its own: a prompt the
+// estimate does not read, so refused too.
+func (s *Server) checkFallbacks(field string, models gjson.Result, price pricing.Price, unpriced func(pricing.Price) string) (pricing.Price, *apiError) {
 	if !models.Exists() || models.Type == gjson.Null {
-		return asked, nil
+		return price, nil
 	}
 	notNames := errBadRequest("invalid_models", fmt.Sprintf("'%s' must be a list of model names.", field))
 	if !models.IsArray() {
-		return asked, notNames
+		return price, notNames
 	}
 	var aerr *apiError
-	n, dearest := 0, asked
+	n, dearest := 0, price
 	models.ForEach(func(_, m gjson.Result) bool {
 		if n++; n > maxFallbacks {
 			aerr = errBadRequest("invalid_models", fmt.Sprintf("'%s' names at most %d models.", field, maxFallbacks))
