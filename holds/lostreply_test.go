@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
@@ -267,45 +268,16 @@ func TestLostCommitReplyOfAClampedSettlementKeepsWhatTheCapClampedAway(t *testin
 // the retry prunes the next ones. The runs of both must be counted: the count left out the
 // first batch's, and the command said it pruned 2 of the 5 runs it deleted.
 func TestLostCommitReplyOfAPruneBatchIsCounted(t *testing.T) {
-	dsn, lossy := testenv.LossyMySQLDSN(t)
-	past := holds.NewStore(openAt(t, dsn, time.Now().Add(-10*24*time.Hour)), settlePlans, "standard", zap.NewNop())
-	ctx := context.Background()
-	u, err := past.CreateUser(ctx, "prune-lost-"+testenv.RandomID(3), "standard")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 5 {
-		run := "r_prune_lost_" + strconv.Itoa(i)
-		if _, err := past.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := past.Settle(ctx, holds.Settlement{RunID: run, CostMicro: 1_000, Source: holds.SourceComplete}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	db, err := holds.Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	t.Cleanup(func() { testenv.CheckLedger(t, db) })
-	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
-	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	lossy, st, db := settledRunsToPrune(t, "prune-lost", "r_prune_lost_")
 	lossy.Arm("COMMIT", testenv.LoseReply)
-	res, err := st.PruneSettled(ctx, 8*24*time.Hour, 3)
+	res, err := st.PruneSettled(context.Background(), 8*24*time.Hour, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !lossy.Fired() {
 		t.Fatal("the prune batch's commit reply was never lost")
 	}
-	var left int
-	if err := db.Get(&left, "SELECT COUNT(*) FROM run_holds"); err != nil {
-		t.Fatal(err)
-	}
-	if left != 0 || res.Runs != 5 || res.Batches != 2 {
-		t.Errorf("prune whose first batch's commit reply was lost: %+v, %d runs left; want 5 runs in 2 batches, none left", res, left)
-	}
+	checkAllPruned(t, db, res, "prune whose first batch's commit reply was lost")
 }
 
 // TestTwoLostCommitRepliesOfAPruneAreCounted: a prune batch's retry whose own COMMIT reply is
@@ -313,15 +285,32 @@ func TestLostCommitReplyOfAPruneBatchIsCounted(t *testing.T) {
 // attempt's, counted by the second, must stay counted. The count kept only the last attempt's
 // and the command said it pruned 2 of the 5 runs it deleted.
 func TestTwoLostCommitRepliesOfAPruneAreCounted(t *testing.T) {
+	lossy, st, db := settledRunsToPrune(t, "prune-lost2", "r_prune_lost2_")
+	lossy.ArmN("\x03COMMIT", testenv.LoseReply, 2) // the statement, not a session variable named after it
+	res, err := st.PruneSettled(context.Background(), 8*24*time.Hour, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lossy.Fired() {
+		t.Fatal("no prune batch's commit reply was lost")
+	}
+	checkAllPruned(t, db, res, "prune whose two batches' commit replies were lost")
+}
+
+// settledRunsToPrune settles five runs of a new user ten days ago and returns a store on a lossy
+// connection to prune them with, retrying at once: the setting of the tests of a prune batch
+// whose COMMIT reply is lost.
+func settledRunsToPrune(t *testing.T, user, runPrefix string) (*testenv.Lossy, *holds.Store, *sqlx.DB) {
+	t.Helper()
 	dsn, lossy := testenv.LossyMySQLDSN(t)
 	past := holds.NewStore(openAt(t, dsn, time.Now().Add(-10*24*time.Hour)), settlePlans, "standard", zap.NewNop())
 	ctx := context.Background()
-	u, err := past.CreateUser(ctx, "prune-lost2-"+testenv.RandomID(3), "standard")
+	u, err := past.CreateUser(ctx, user+"-"+testenv.RandomID(3), "standard")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		run := "r_prune_lost2_" + strconv.Itoa(i)
+		run := runPrefix + strconv.Itoa(i)
 		if _, err := past.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute}); err != nil {
 			t.Fatal(err)
 		}
@@ -337,19 +326,18 @@ func TestTwoLostCommitRepliesOfAPruneAreCounted(t *testing.T) {
 	t.Cleanup(func() { testenv.CheckLedger(t, db) })
 	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
 	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-	lossy.ArmN("\x03COMMIT", testenv.LoseReply, 2) // the statement, not a session variable named after it
-	res, err := st.PruneSettled(ctx, 8*24*time.Hour, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !lossy.Fired() {
-		t.Fatal("no prune batch's commit reply was lost")
-	}
+	return lossy, st, db
+}
+
+// checkAllPruned fails the test unless the prune described by what pruned all five runs of
+// settledRunsToPrune, in two batches, and counted them all.
+func checkAllPruned(t *testing.T, db *sqlx.DB, res holds.PruneResult, what string) {
+	t.Helper()
 	var left int
 	if err := db.Get(&left, "SELECT COUNT(*) FROM run_holds"); err != nil {
 		t.Fatal(err)
 	}
 	if left != 0 || res.Runs != 5 || res.Batches != 2 {
-		t.Errorf("prune whose two batches' commit replies were lost: %+v, %d runs left; want 5 runs in 2 batches, none left", res, left)
+		t.Errorf("%s: %+v, %d runs left; want 5 runs in 2 batches, none left", what, res, left)
 	}
 }
