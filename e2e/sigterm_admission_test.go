@@ -43,23 +43,7 @@ func TestSigtermWhileAnAdmissionsCommitIsUnanswered(t *testing.T) {
 	}
 	f.thaw()
 	t.Logf("the caller got %d (0: no answer)", <-answered)
-	var runs []string
-	if err := w.db.Select(&runs, "SELECT run_id FROM run_holds WHERE user_id = ?", u.ID); err != nil {
-		t.Fatal(err)
-	}
-	if len(runs) != 1 {
-		t.Fatalf("holds of the user %v: want the one whose COMMIT reached the server", runs)
-	}
-	w.startGateway("gw-reconciler")
-	waitFor(t, 60*time.Second, "the reconciler to settle the hold", func() bool { return w.liveHolds() == 0 })
-	r := w.hold(runs[0])
-	if r.ChargedMicro != 0 {
-		t.Errorf("hold %s of a call never forwarded: settled by %q charged %d (held %d), want 0",
-			r.RunID, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
-	}
-	if got := w.usedToday(u.ID); got != r.ChargedMicro {
-		t.Errorf("day ledger %d, want %d", got, r.ChargedMicro)
-	}
+	checkReleasedAtZero(t, w, u.ID, "gw-reconciler")
 }
 
 // TestSigtermAfterItsCallerLeftWhileAnAdmissionsCommitIsUnanswered: as above, but the caller
@@ -96,21 +80,29 @@ func TestSigtermAfterItsCallerLeftWhileAnAdmissionsCommitIsUnanswered(t *testing
 		t.Errorf("gateway exit: %v, want status 0", err)
 	}
 	f.thaw()
+	checkReleasedAtZero(t, w, u.ID, "gw-reconciler-left")
+}
+
+// checkReleasedAtZero checks that the user's one hold, whose admission's COMMIT reached the
+// server while its call was never forwarded, is settled at 0 by the reconciler of a gateway
+// started under reconciler, and that the day ledger agrees.
+func checkReleasedAtZero(t *testing.T, w *world, userID uint64, reconciler string) {
+	t.Helper()
 	var runs []string
-	if err := w.db.Select(&runs, "SELECT run_id FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+	if err := w.db.Select(&runs, "SELECT run_id FROM run_holds WHERE user_id = ?", userID); err != nil {
 		t.Fatal(err)
 	}
 	if len(runs) != 1 {
 		t.Fatalf("holds of the user %v: want the one whose COMMIT reached the server", runs)
 	}
-	w.startGateway("gw-reconciler-left")
+	w.startGateway(reconciler)
 	waitFor(t, 60*time.Second, "the reconciler to settle the hold", func() bool { return w.liveHolds() == 0 })
 	r := w.hold(runs[0])
 	if r.ChargedMicro != 0 {
 		t.Errorf("hold %s of a call never forwarded: settled by %q charged %d (held %d), want 0",
 			r.RunID, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
 	}
-	if got := w.usedToday(u.ID); got != r.ChargedMicro {
+	if got := w.usedToday(userID); got != r.ChargedMicro {
 		t.Errorf("day ledger %d, want %d", got, r.ChargedMicro)
 	}
 }
