@@ -2,11 +2,9 @@ package proxy_test
 
 import (
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -32,16 +30,7 @@ var bigPrompt = strings.Repeat("a long prompt the provider reads. ", 2000) // 68
 // usage report (lastKeyUpstream), and checks what the call was charged for its prompt.
 func checkPromptPartsEstimated(t *testing.T, parts []promptPart) {
 	t.Helper()
-	up := &lastKeyUpstream{}
-	ts := httptest.NewServer(up)
-	t.Cleanup(ts.Close)
-	h := newHarness(t, func(c *configT) {
-		c.Upstreams = []config.Upstream{
-			{Name: "o", Kind: "openai", BaseURL: ts.URL, Models: []string{"fake*"}},
-			{Name: "a", Kind: "anthropic", BaseURL: ts.URL, Models: []string{"claude*"}},
-		}
-		c.Plans["standard"] = bigPlan(c.Plans["standard"])
-	})
+	h, _ := newLastKeyHarness(t)
 	u, key := h.user("standard")
 	for _, p := range parts {
 		t.Run(p.name, func(t *testing.T) {

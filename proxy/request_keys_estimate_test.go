@@ -15,6 +15,24 @@ import (
 	"github.com/tollgate/tollgate/proxy"
 )
 
+// newLastKeyHarness is a gateway whose OpenAI and Anthropic upstreams are one lastKeyUpstream,
+// on a plan large enough for the tests' big prompts: what a call is charged is its prompt's
+// estimate.
+func newLastKeyHarness(t *testing.T) (*harness, *lastKeyUpstream) {
+	t.Helper()
+	up := &lastKeyUpstream{}
+	ts := httptest.NewServer(up)
+	t.Cleanup(ts.Close)
+	h := newHarness(t, func(c *configT) {
+		c.Upstreams = []config.Upstream{
+			{Name: "o", Kind: "openai", BaseURL: ts.URL, Models: []string{"fake*"}},
+			{Name: "a", Kind: "anthropic", BaseURL: ts.URL, Models: []string{"claude*"}},
+		}
+		c.Plans["standard"] = bigPlan(c.Plans["standard"])
+	})
+	return h, up
+}
+
 // lastKeyUpstream reads a request as Python's json and Go's encoding/json do, the last of
 // repeated keys winning at every depth, records it re-encoded (what it ran), and answers
 // whole without a usage report, in the route's format: the call is charged the prompt's
@@ -53,16 +71,7 @@ func (u *lastKeyUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // instructions, message or part and the provider a long one had the provider bill the long
 // one while the gateway estimated (and charged, and bounded) the short one.
 func TestRepeatedKeysCannotShrinkThePromptEstimate(t *testing.T) {
-	up := &lastKeyUpstream{}
-	ts := httptest.NewServer(up)
-	t.Cleanup(ts.Close)
-	h := newHarness(t, func(c *configT) {
-		c.Upstreams = []config.Upstream{
-			{Name: "o", Kind: "openai", BaseURL: ts.URL, Models: []string{"fake*"}},
-			{Name: "a", Kind: "anthropic", BaseURL: ts.URL, Models: []string{"claude*"}},
-		}
-		c.Plans["standard"] = bigPlan(c.Plans["standard"])
-	})
+	h, up := newLastKeyHarness(t)
 	u, key := h.user("standard")
 	big := strings.Repeat("a long prompt the provider reads. ", 2000) // ~68 KB: ~17k tokens
 	cases := []struct {
