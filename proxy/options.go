@@ -339,13 +339,15 @@ func routerWebSearch(root gjson.Result) string {
 	return ""
 }
 
-// routerModelNamed reports whether the model asked for, or one in a fallback list (OpenRouter's
-// "models", LiteLLM's "fallbacks", which may name a router's model), carries the router's
-// variant suffix (":online", ":nitro"), in any case. Such a name is priced by its prefix, at
-// the base model's price, while the router bills the variant's.
+// routerModelNamed reports whether the model asked for, or one in any router's fallback list
+// (fallbackLists), carries the router's variant suffix (":online", ":nitro"), in any case.
+// Such a name is priced by its prefix, at the base model's price, while the router bills the
+// variant's.
 func routerModelNamed(root gjson.Result, suffix string) bool {
-	names := append([]gjson.Result{root.Get("model")}, root.Get("models").Array()...)
-	names = append(names, root.Get("fallbacks").Array()...)
+	names := []gjson.Result{root.Get("model")}
+	for _, field := range fallbackLists {
+		names = append(names, root.Get(field).Array()...)
+	}
 	for _, m := range names {
 		if m.Type == gjson.String && strings.Contains(strings.ToLower(m.Str), suffix) {
 			return true
