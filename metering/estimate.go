@@ -264,7 +264,14 @@ func partLen(part gjson.Result, depth int) int64 {
 	n := int64(len(part.Get("text").String()))
 	// An assistant's refusal sent back (chat's part, a Responses output message's).
 	n += int64(len(part.Get("refusal").String()))
-	if c := part.Get("content"); c.Exists() { // Anthropic tool_result
+	switch c := part.Get("content"); {
+	case c.IsObject() && depth+1 >= maxContentDepth:
+		n += int64(len(c.Raw))
+	case c.IsObject():
+		// One block, not a list: an Anthropic web_fetch_tool_result's web_fetch_result, and
+		// its document, the fetched page sent back, which the provider bills as input.
+		n += partLen(c, depth+1)
+	case c.Exists(): // Anthropic tool_result
 		n += textLenAt(c, depth+1)
 	}
 	if in := part.Get("input"); in.IsObject() { // Anthropic tool_use

@@ -5,10 +5,11 @@ import (
 	"testing"
 )
 
-// deepBodies nest content d levels deep: arrays in arrays, and tool_result blocks in
-// tool_result content. Following every level costs time quadratic in the body (each level's
-// parse scans everything below it): a 600 KB body took half a minute of CPU before the depth
-// bound, and the estimate runs on every request before anything is held.
+// deepBodies nest content d levels deep: arrays in arrays, tool_result blocks in
+// tool_result content, and blocks as a block's content (web_fetch_tool_result's). Following
+// every level costs time quadratic in the body (each level's parse scans everything below it):
+// a 600 KB body took half a minute of CPU before the depth bound, and the estimate runs on
+// every request before anything is held.
 func deepBodies(d int) []struct {
 	name string
 	f    Format
@@ -21,6 +22,7 @@ func deepBodies(d int) []struct {
 	}{
 		{"nested arrays", FormatChat, `{"model":"m","messages":[{"role":"user","content":` + strings.Repeat("[", d) + `"xxxx"` + strings.Repeat("]", d) + `}]}`},
 		{"nested tool_result", FormatAnthropic, `{"model":"m","messages":[{"role":"user","content":` + strings.Repeat(`[{"type":"tool_result","content":`, d) + `"xxxx"` + strings.Repeat("}]", d) + `}]}`},
+		{"nested content objects", FormatAnthropic, `{"model":"m","messages":[{"role":"user","content":[` + strings.Repeat(`{"type":"x","content":`, d) + `"xxxx"` + strings.Repeat("}", d) + `]}]}`},
 	}
 }
 
