@@ -59,11 +59,19 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 		// a chat request's system message is); so is a Responses request's instructions, and
 		// its input given as one string.
 		p.message(gjson.GetBytes(body, "system"))
+		var loopThinking int64
 		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
 			p.messages++
-			p.count(m.Get("content"))
+			c := m.Get("content")
+			p.count(c)
+			if m.Get("role").Str == "user" && !onlyToolResults(c) {
+				loopThinking = 0 // a new turn: Anthropic strips the thinking before it
+			} else {
+				loopThinking += thinkingLen(c)
+			}
 			return true
 		})
+		p.textBytes += loopThinking
 	case FormatResponses:
 		p.message(gjson.GetBytes(body, "instructions"))
 		p.addResponsesInput(gjson.GetBytes(body, "input"))
@@ -180,6 +188,38 @@ func (p *promptSize) addToolOutput(out gjson.Result) {
 			return true
 		})
 	}
+}
+
+// onlyToolResults reports whether an Anthropic user turn's content is tool results alone: a
+// turn of the tool loop the assistant's last thinking belongs to, not a new one.
+func onlyToolResults(content gjson.Result) bool {
+	if !content.IsArray() {
+		return false
+	}
+	only := true
+	content.ForEach(func(_, b gjson.Result) bool {
+		only = b.Get("type").Str == "tool_result"
+		return only
+	})
+	return only
+}
+
+// thinkingLen is the thinking an Anthropic assistant turn sends back: a thinking block's text,
+// a redacted_thinking block's encrypted data (its tokens are not known; its bytes stand for
+// them). Within the current tool loop the caller must send it back, and Anthropic bills it as
+// input; thinking before the last user turn it strips, unbilled (see estimateInput).
+func thinkingLen(content gjson.Result) int64 {
+	var n int64
+	content.ForEach(func(_, b gjson.Result) bool {
+		switch b.Get("type").Str {
+		case "thinking":
+			n += strLen(b.Get("thinking"))
+		case "redacted_thinking":
+			n += strLen(b.Get("data"))
+		}
+		return true
+	})
+	return n
 }
 
 // EstimateNotHandedOn guesses the tokens of a Responses request's own parts that a
