@@ -41,11 +41,20 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 			// The gateway would read one type of tool and the provider run another.
 			return "a tool whose 'type' is repeated"
 		}
+		// OpenRouter's server tools, on every route it serves: it runs them itself and bills
+		// their fees (a search per result, an image at image rates) beside the tokens.
+		if t := tool.Get("type").Str; strings.HasPrefix(strings.ToLower(strings.TrimSpace(t)), "openrouter:") {
+			return "the router's server tool '" + t + "' (a per-use fee)"
+		}
 	}
 	switch format {
 	case metering.FormatChat:
 		if v := root.Get("web_search_options"); v.Exists() && v.Type != gjson.Null {
 			return "'web_search_options' (a per-search fee)"
+		}
+		// OpenRouter's chat route takes the hosted tool's OpenAI names as its web search.
+		if t := firstTool(root, "web_search"); t != "" {
+			return "the tool '" + t + "' (a router's web search: a per-result fee)"
 		}
 		// A router's or Gemini's image generation: the image's output tokens are billed at an
 		// image rate many times the text output price (30 against 2.50 USD/M on Gemini 2.5
