@@ -28,6 +28,13 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 	if what := routerWebSearch(root); what != "" {
 		return what
 	}
+	for _, p := range root.Get("plugins").Array() {
+		// OpenRouter's PDF parsing with its "mistral-ocr" engine bills each page it reads.
+		if strings.EqualFold(strings.TrimSpace(p.Get("id").Str), "file-parser") &&
+			strings.EqualFold(strings.TrimSpace(p.Get("pdf.engine").Str), "mistral-ocr") {
+			return "the router's 'file-parser' plugin with the 'mistral-ocr' engine (a per-page fee)"
+		}
+	}
 	if routerModelNamed(root, ":nitro") {
 		// OpenRouter's :nitro admits its providers' priority tier, billed at priority rates:
 		// service_tier "priority" by another name.
