@@ -16,7 +16,7 @@ import (
 func TestFallbackModelsMustAllBePriced(t *testing.T) {
 	h := newHarness(t, nil)
 	_, key := h.user("standard")
-	refused := []struct{ name, body, code string }{
+	refused := []fallbackCase{
 		{"unpriced fallback", `{"model":"fake-gpt","models":["fake-gpt","some-dear-model"],"messages":[{"role":"user","content":"hi"}]}`, "unpriced_option"},
 		{"unpriced fallback, completions", `{"model":"fake-gpt","models":["some-dear-model"],"prompt":"hi"}`, "unpriced_option"},
 		{"not a list", `{"model":"fake-gpt","models":"some-dear-model","messages":[{"role":"user","content":"hi"}]}`, "invalid_models"},
@@ -24,28 +24,11 @@ func TestFallbackModelsMustAllBePriced(t *testing.T) {
 		{"too many", `{"model":"fake-gpt","models":[` + strings.Repeat(`"fake-gpt",`, 64) + `"fake-gpt"],"messages":[{"role":"user","content":"hi"}]}`, "invalid_models"},
 		{"key in another case", `{"model":"fake-gpt","Models":["some-dear-model"],"messages":[{"role":"user","content":"hi"}]}`, "invalid_json"},
 	}
-	paths := map[string]string{"unpriced fallback, completions": "/v1/completions"}
-	for _, tc := range refused {
-		t.Run("refused/"+tc.name, func(t *testing.T) {
-			path := paths[tc.name]
-			if path == "" {
-				path = "/v1/chat/completions"
-			}
-			h.postRefused(t, key, path, tc.body, nil, http.StatusBadRequest, tc.code)
-		})
-	}
-	for _, body := range []string{
+	checkFallbackLists(t, h, key, refused, []string{
 		`{"model":"fake-gpt","models":["fake-gpt","claude-test"],"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"fake-gpt","models":null,"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"fake-gpt","models":[],"messages":[{"role":"user","content":"hi"}]}`,
-	} {
-		resp := h.post(key, "/v1/chat/completions", body, nil)
-		out := readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("%s: %d %s, want 200", body, resp.StatusCode, out)
-		}
-	}
+	})
 }
 
 // TestLiteLLMFallbacksMustAllBePriced: LiteLLM's proxy takes a fallback list in the request
@@ -56,7 +39,7 @@ func TestFallbackModelsMustAllBePriced(t *testing.T) {
 func TestLiteLLMFallbacksMustAllBePriced(t *testing.T) {
 	h := newHarness(t, nil)
 	_, key := h.user("standard")
-	refused := []struct{ name, body, code string }{
+	refused := []fallbackCase{
 		{"unpriced fallback", `{"model":"fake-gpt","fallbacks":["some-dear-model"],"mock_testing_fallbacks":true,"messages":[{"role":"user","content":"hi"}]}`, "unpriced_option"},
 		{"unpriced fallback, completions", `{"model":"fake-gpt","fallbacks":["fake-gpt","some-dear-model"],"prompt":"hi"}`, "unpriced_option"},
 		{"not a list", `{"model":"fake-gpt","fallbacks":"some-dear-model","messages":[{"role":"user","content":"hi"}]}`, "invalid_models"},
@@ -65,20 +48,30 @@ func TestLiteLLMFallbacksMustAllBePriced(t *testing.T) {
 		{"not names", `{"model":"fake-gpt","fallbacks":[{"model":"fake-gpt","messages":[{"role":"user","content":"a long prompt"}]}],"messages":[{"role":"user","content":"hi"}]}`, "invalid_models"},
 		{"key in another case", `{"model":"fake-gpt","Fallbacks":["some-dear-model"],"messages":[{"role":"user","content":"hi"}]}`, "invalid_json"},
 	}
-	paths := map[string]string{"unpriced fallback, completions": "/v1/completions"}
+	checkFallbackLists(t, h, key, refused, []string{
+		`{"model":"fake-gpt","fallbacks":["fake-gpt","claude-test"],"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"fake-gpt","fallbacks":null,"messages":[{"role":"user","content":"hi"}]}`,
+	})
+}
+
+// fallbackCase is a request with a fallback list refused 400 with code; one named "…,
+// completions" is sent to /v1/completions, the rest to /v1/chat/completions.
+type fallbackCase struct{ name, body, code string }
+
+// checkFallbackLists sends each refused case, checking that it is refused before anything is
+// held or forwarded, and each served body to chat, checking it is answered.
+func checkFallbackLists(t *testing.T, h *harness, key string, refused []fallbackCase, served []string) {
+	t.Helper()
 	for _, tc := range refused {
 		t.Run("refused/"+tc.name, func(t *testing.T) {
-			path := paths[tc.name]
-			if path == "" {
-				path = "/v1/chat/completions"
+			path := "/v1/chat/completions"
+			if strings.HasSuffix(tc.name, ", completions") {
+				path = "/v1/completions"
 			}
 			h.postRefused(t, key, path, tc.body, nil, http.StatusBadRequest, tc.code)
 		})
 	}
-	for _, body := range []string{
-		`{"model":"fake-gpt","fallbacks":["fake-gpt","claude-test"],"messages":[{"role":"user","content":"hi"}]}`,
-		`{"model":"fake-gpt","fallbacks":null,"messages":[{"role":"user","content":"hi"}]}`,
-	} {
+	for _, body := range served {
 		resp := h.post(key, "/v1/chat/completions", body, nil)
 		out := readAll(t, resp.Body)
 		resp.Body.Close()
