@@ -193,7 +193,7 @@ var answerShapingQuery = []string{"fields", "alt", "callback"}
 // checkQuery refuses a query string carrying one of answerShapingQuery, its name compared
 // unescaped and with case folded.
 func checkQuery(rawQuery string) *apiError {
-	for _, pair := range strings.Split(rawQuery, "&") {
+	for pair := range strings.SplitSeq(rawQuery, "&") { // no slice built per request
 		name, _, _ := strings.Cut(pair, "=")
 		if unescaped, err := url.QueryUnescape(name); err == nil {
 			name = unescaped
