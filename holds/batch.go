@@ -213,7 +213,7 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 	reqs []AdmitRequest, sent map[string]bool, settleSent *bool) (settled []BatchResult, admitted []AdmitResult, err error) {
 	conn, err := s.db.Connx(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connection: %w", err)
+		return nil, nil, fmt.Errorf("connection: %w", endedByServer(err))
 	}
 	committed := false
 	defer func() { releaseConn(conn, committed) }()
@@ -223,7 +223,7 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 	}
 	r, err := readBatch(ctx, conn, plan)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, endedByServer(err)
 	}
 	settled, sw := s.decideSettlements(sts, tokens, settleUsers, r)
 	admitted, inserts := s.decideAdmissions(reqs, r)
@@ -240,7 +240,9 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 		// The driver answers driver.ErrBadConn only when it sent none of the script (the
 		// connection was found closed, as the server's idle_transaction_timeout leaves it
 		// under a gateway that was paused): the transaction dies with its connection, nothing
-		// committed, and the batch may simply be tried again.
+		// committed, and the batch may simply be tried again. A script the server ended
+		// (serverEndedError) may have committed, as one whose reply was lost.
+		err = endedByServer(err)
 		if isUnavailable(err) && !errors.Is(err, driver.ErrBadConn) {
 			for _, in := range inserts {
 				if !in.existing {

@@ -124,18 +124,63 @@ func isConflict(err error) bool {
 	return n == errDeadlock || n == errLockWaitTimeout
 }
 
-// isUnavailable is the database out of reach, as opposed to a query it refused.
+// Server errors that end a statement for a reason of the server's own rather than the
+// statement's: nothing in the statement was wrong, and it may run a moment later.
+const (
+	errServerShutdown   = 1053 // ER_SERVER_SHUTDOWN: the server is stopping
+	errQueryInterrupted = 1317 // ER_QUERY_INTERRUPTED: KILL QUERY
+	errConnectionKilled = 1927 // ER_CONNECTION_KILLED (MariaDB): KILL CONNECTION, when its answer gets out
+	errStatementTimeout = 1969 // ER_STATEMENT_TIMEOUT (MariaDB): max_statement_time
+)
+
+// isEndedByServer is a statement the server ended: a kill, its shutdown, a statement timeout.
+func isEndedByServer(err error) bool {
+	switch mysqlErrNumber(err) {
+	case errServerShutdown, errQueryInterrupted, errConnectionKilled, errStatementTimeout:
+		return true
+	}
+	return false
+}
+
+// serverEndedError is a batch's error whose statement the server ended for a reason of its
+// own (isEndedByServer): the batch is tried again as if the
+// database were out of reach, and a closing script so ended counts as unanswered (see
+// tryWriteBatch). A server runs a script's statements in order and stops at the first that
+// fails, so a kill reported for one before the COMMIT leaves nothing committed; but a kill that
+// lands as the COMMIT ends may be reported in its place (MySQL 8 does so).
+//
+// Only batches are marked so: their statements are short and bounded by the batch's deadline,
+// and a kill of one is a kill of a lock wait, which the next try may not meet. A report or a
+// listing that an operator kills, or that outlasts max_statement_time, stays ended: run
+// again, it would cost the database what the kill was meant to spare it.
+type serverEndedError struct{ err error }
+
+func (e *serverEndedError) Error() string { return e.err.Error() }
+func (e *serverEndedError) Unwrap() error { return e.err }
+
+// endedByServer marks err as a serverEndedError when isEndedByServer says so.
+func endedByServer(err error) error {
+	if isEndedByServer(err) {
+		return &serverEndedError{err: err}
+	}
+	return err
+}
+
+// isUnavailable is the database out of reach, or a batch's statement it ended for a reason of
+// its own (serverEndedError), as opposed to a query it refused.
 func isUnavailable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	var ne net.Error
 	var oe *net.OpError
+	var se *serverEndedError
 	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
-		errors.As(err, &oe) || errors.As(err, &ne)
+		errors.As(err, &oe) || errors.As(err, &ne) || errors.As(err, &se)
 }
 
-// IsUnavailable reports whether err means MySQL could not be reached, for the proxy's 503.
+// IsUnavailable reports whether err means MySQL could not be reached, or ended a batch's
+// statement for a reason of its own, for the proxy's 503.
 func IsUnavailable(err error) bool { return isUnavailable(err) }
 
 // IsBusy reports whether err means MySQL was reached but could not answer in time: a lock wait

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -49,6 +50,11 @@ const (
 	LoseReply LossMode = iota // close the connection: the reply is lost
 	LateReply                 // return late: the reply arrives after the caller's deadline
 	GoDown                    // close, and fail every later write and dial until Restore
+	// KilledReply keeps the connection and its reply but for the answer to the write's last
+	// statement (a script's COMMIT), which becomes ER_QUERY_INTERRUPTED (1317): what MySQL 8
+	// answers when a KILL QUERY lands as a COMMIT ends — the transaction committed, the
+	// client told it was interrupted. The write must be statements that answer OK alone.
+	KilledReply
 )
 
 // LateBy is how late a LateReply is: its write returns no sooner than this after it was
@@ -242,8 +248,77 @@ func (c *lossyConn) Write(b []byte) (int, error) {
 		l.down = true
 		l.mu.Unlock()
 		c.Conn.Close()
+	case KilledReply:
+		if err := c.killLastAnswer(limit); err != nil {
+			err = fmt.Errorf("testenv: lossy: %w (the write marked %q)", err, marker)
+			l.fail(err)
+			c.Conn.Close()
+			return n, err
+		}
 	}
 	return n, nil
+}
+
+// killLastAnswer reads the server's whole reply to a script of statements that answer OK
+// alone (each OK but the last says more results follow), and leaves it for the driver with
+// its last OK replaced by an ER_QUERY_INTERRUPTED error packet of the same sequence number.
+func (c *lossyConn) killLastAnswer(limit time.Duration) error {
+	if err := c.Conn.SetReadDeadline(time.Now().Add(limit)); err != nil {
+		return err
+	}
+	defer c.Conn.SetReadDeadline(time.Time{})
+	var reply []byte
+	for {
+		hdr := make([]byte, 4)
+		if _, err := io.ReadFull(c.r, hdr); err != nil {
+			return fmt.Errorf("read the reply: %w", err)
+		}
+		payload := make([]byte, int(hdr[0])|int(hdr[1])<<8|int(hdr[2])<<16)
+		if _, err := io.ReadFull(c.r, payload); err != nil {
+			return fmt.Errorf("read the reply: %w", err)
+		}
+		more, err := okMoreResults(payload)
+		if err != nil {
+			return err
+		}
+		if more {
+			reply = append(append(reply, hdr...), payload...)
+			continue
+		}
+		msg := "#70100Query execution was interrupted"
+		errPkt := append([]byte{0xff, byte(1317 & 0xff), byte(1317 >> 8)}, msg...)
+		reply = append(reply, byte(len(errPkt)), byte(len(errPkt)>>8), byte(len(errPkt)>>16), hdr[3])
+		reply = append(reply, errPkt...)
+		break
+	}
+	c.r = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(reply), c.Conn), 16<<10)
+	return nil
+}
+
+// okMoreResults reads an OK packet's status flags: whether more results follow it
+// (SERVER_MORE_RESULTS_EXISTS). Any other packet is an error here.
+func okMoreResults(p []byte) (bool, error) {
+	if len(p) < 7 || p[0] != 0x00 {
+		return false, fmt.Errorf("a reply packet that is no OK: % x", p[:min(len(p), 16)])
+	}
+	i := 1
+	for range 2 { // affected rows, last insert id: length-encoded integers
+		switch b := p[i]; {
+		case b < 0xfb:
+			i++
+		case b == 0xfc:
+			i += 3
+		case b == 0xfd:
+			i += 4
+		default:
+			i += 9
+		}
+		if i+2 > len(p) {
+			return false, fmt.Errorf("a short OK packet: % x", p)
+		}
+	}
+	status := binary.LittleEndian.Uint16(p[i:])
+	return status&0x0008 != 0, nil
 }
 
 // awaitServer waits, at most limit, until the server has run all of the write just sent: it

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -231,4 +232,33 @@ func TestLossyWaitsForTheServerWhenTheCallerLeaves(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("the server, its client gone mid-script, left %d row(s) (took %v)", n, took)
+}
+
+// TestLossyKilledReplyAnswersTheCommitInterrupted: a KilledReply is the server's whole script
+// run and committed, and its reply as the server sent it but for the last statement's answer,
+// which is ER_QUERY_INTERRUPTED; the connection stays usable.
+func TestLossyKilledReplyAnswersTheCommitInterrupted(t *testing.T) {
+	lossy, db, plain := lossyProbe(t)
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	lossy.Arm("/* lossy-probe */", KilledReply)
+	_, err = conn.ExecContext(context.Background(),
+		"BEGIN; UPDATE lossy_probe SET n = n + 1 WHERE id = 0 /* lossy-probe */; INSERT INTO lossy_probe (id) VALUES (1); COMMIT")
+	if !lossy.Fired() {
+		t.Fatal("the marked script was never answered killed")
+	}
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) || me.Number != 1317 {
+		t.Fatalf("the marked script answered %v; want ER_QUERY_INTERRUPTED (1317)", err)
+	}
+	var n int
+	if err := plain.Get(&n, "SELECT COUNT(*) FROM lossy_probe WHERE id = 1"); err != nil || n != 1 {
+		t.Fatalf("%d rows, %v: want the script committed", n, err)
+	}
+	if err := conn.QueryRowContext(context.Background(), "SELECT n FROM lossy_probe WHERE id = 0").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the connection afterwards: n %d, %v; want it usable, reading the committed update", n, err)
+	}
 }
