@@ -124,26 +124,32 @@ func isConflict(err error) bool {
 	return n == errDeadlock || n == errLockWaitTimeout
 }
 
-// Server errors that end a statement for a reason of the server's own rather than the
-// statement's: nothing in the statement was wrong, and it may run a moment later.
+// Server errors that end a statement, or refuse a connection, for a reason of the server's
+// own rather than the statement's: nothing in the statement was wrong, and it may run a moment
+// later.
 const (
-	errServerShutdown   = 1053 // ER_SERVER_SHUTDOWN: the server is stopping
-	errQueryInterrupted = 1317 // ER_QUERY_INTERRUPTED: KILL QUERY
-	errConnectionKilled = 1927 // ER_CONNECTION_KILLED (MariaDB): KILL CONNECTION, when its answer gets out
-	errStatementTimeout = 1969 // ER_STATEMENT_TIMEOUT (MariaDB): max_statement_time
+	errTooManyConnections     = 1040 // ER_CON_COUNT_ERROR: max_connections reached
+	errServerShutdown         = 1053 // ER_SERVER_SHUTDOWN: the server is stopping
+	errTooManyUserConnections = 1203 // ER_TOO_MANY_USER_CONNECTIONS: max_user_connections reached
+	errUserLimitReached       = 1226 // ER_USER_LIMIT_REACHED: the account's own MAX_USER_CONNECTIONS (or hourly) limit
+	errQueryInterrupted       = 1317 // ER_QUERY_INTERRUPTED: KILL QUERY
+	errConnectionKilled       = 1927 // ER_CONNECTION_KILLED (MariaDB): KILL CONNECTION, when its answer gets out
+	errStatementTimeout       = 1969 // ER_STATEMENT_TIMEOUT (MariaDB): max_statement_time
 )
 
-// isEndedByServer is a statement the server ended: a kill, its shutdown, a statement timeout.
+// isEndedByServer is a statement the server ended (a kill, its shutdown, a statement timeout)
+// or a connection it refused for want of room.
 func isEndedByServer(err error) bool {
 	switch mysqlErrNumber(err) {
-	case errServerShutdown, errQueryInterrupted, errConnectionKilled, errStatementTimeout:
+	case errTooManyConnections, errServerShutdown, errTooManyUserConnections, errUserLimitReached,
+		errQueryInterrupted, errConnectionKilled, errStatementTimeout:
 		return true
 	}
 	return false
 }
 
-// serverEndedError is a batch's error whose statement the server ended for a reason of its
-// own (isEndedByServer): the batch is tried again as if the
+// serverEndedError is a batch's error whose statement the server ended, or whose connection it
+// refused, for a reason of its own (isEndedByServer): the batch is tried again as if the
 // database were out of reach, and a closing script so ended counts as unanswered (see
 // tryWriteBatch). A server runs a script's statements in order and stops at the first that
 // fails, so a kill reported for one before the COMMIT leaves nothing committed; but a kill that

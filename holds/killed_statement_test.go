@@ -2,6 +2,7 @@ package holds_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -144,6 +145,89 @@ func lockWaiter(ctx context.Context, t *testing.T, obs *sqlx.Conn) int64 {
 			t.Fatalf("%d transactions waiting for a lock: %v", len(ids), ctx.Err())
 		case <-time.After(200 * time.Millisecond): // InnoDB refreshes innodb_trx only when unread for 0.1 s
 		}
+	}
+}
+
+// TestConnectionRefusedAtTheServersLimitIsWaitedFor: the server refuses a batch's new
+// connection because the gateway's database account has all it may open (1226, the account's
+// MAX_USER_CONNECTIONS; 1203 for max_user_connections and 1040 for max_connections alike):
+// the admission waits for one to free within its deadline, as for a server out of reach,
+// rather than being refused 503 at once. Past its deadline it is refused, nothing held.
+func TestConnectionRefusedAtTheServersLimitIsWaitedFor(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root := testenv.MySQL(t)
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "tg_conns_" + testenv.RandomID(4)
+	if _, err := root.ExecContext(ctx, "CREATE USER '"+name+"'@'%' IDENTIFIED BY 'conns' WITH MAX_USER_CONNECTIONS 2"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = root.Exec("DROP USER IF EXISTS '" + name + "'@'%'") })
+	if _, err := root.ExecContext(ctx, "GRANT SELECT, INSERT, UPDATE, DELETE ON `"+cfg.DBName+"`.* TO '"+name+"'@'%'"); err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Passwd = name, "conns"
+	db, err := holds.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	core, logs := observer.New(zapcore.DebugLevel)
+	st := holds.NewStore(db, settlePlans, "standard", zap.New(core))
+	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	u, err := st.CreateUser(ctx, "conns-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testenv.CheckLedger(t, root) })
+	// Both of the user's connections taken, by the gateway's own pool or another process.
+	var held []*sqlx.Conn
+	for range 2 {
+		c, err := db.Connx(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	admit := func(run string, actx context.Context) chan error {
+		done := make(chan error, 1)
+		go func() {
+			_, err := st.Admit(actx, holds.AdmitRequest{RunID: run, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true})
+			done <- err
+		}()
+		return done
+	}
+
+	// Past its deadline: refused, nothing held.
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelShort()
+	if err := <-admit("r_conns_late", short); err == nil || !holds.IsUnavailable(err) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("admission without a connection past its deadline: %v; want it refused as the database unavailable", err)
+	}
+	if n, _ := holdRows(t, holds.NewStore(root, settlePlans, "standard", zap.NewNop()), "r_conns_late"); n != 0 {
+		t.Fatalf("%d holds left by an admission that never had a connection", n)
+	}
+
+	// Within it: served once a connection is free.
+	before := logs.FilterMessage("database unavailable, retrying").Len()
+	done := admit("r_conns", ctx)
+	for logs.FilterMessage("database unavailable, retrying").Len() == before {
+		select {
+		case err := <-done:
+			t.Fatalf("admission refused a connection at the server's limit ended before any retry: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	held[0].Close()
+	if err := <-done; err != nil {
+		t.Fatalf("admission once a connection was free: %v", err)
+	}
+	held[1].Close()
+	if _, err := st.Settle(ctx, holds.Settlement{RunID: "r_conns", Source: holds.SourceRelease}); err != nil {
+		t.Fatal(err)
 	}
 }
 
