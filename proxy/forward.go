@@ -34,7 +34,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		c.outcome = outcomeUpstreamError
 		return s.relayUpstreamError(w, r, resp, c.req.upstream.Name, c.log, "call ended before its answer")
 	}
-	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+	if ce := unaskedEncoding(resp.Header); ce != "" {
 		return refuseUnaskedEncoding(w, c, ce)
 	}
 	// A call that did not ask for a stream is answered whole, whatever its label says: a JSON
@@ -87,7 +87,7 @@ func (s *Server) sendUpstream(ctx context.Context, w http.ResponseWriter, r *htt
 }
 
 // refuseUnaskedEncoding answers 502 an answer in an encoding the gateway did not ask for (ce).
-// The transport asks for gzip and decodes it; any other encoding was not asked for and
+// The gateway asks for gzip and decodes it (gunzipping); any other encoding was not asked for and
 // cannot be metered. Nothing is served that cannot be charged: the provider had the
 // prompt, so the call is charged its estimate, as a stream that broke.
 func refuseUnaskedEncoding(w http.ResponseWriter, c *call, ce string) int {

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bytes"
 	"compress/flate"
 	"compress/gzip"
 	"fmt"
@@ -64,5 +65,63 @@ func TestHostileGzipAnswerIsDecodedAndMetered(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" || run.OutTok != 400 {
 		t.Fatalf("status %d encoding %q body %.100s; run out=%d, want the answer decoded and its usage charged",
 			resp.StatusCode, resp.Header.Get("Content-Encoding"), body, run.OutTok)
+	}
+}
+
+// An answer whose Content-Encoding lists more than the one gzip the gateway asked for, over
+// several header lines (RFC 9110 §5.3: one list, as if comma-joined) — gzip twice (a
+// compressing proxy in front of a server that compressed already), or identity then br: the
+// transport read the first line alone, decoded one gzip (or none, taking "identity" for the
+// whole) and passed on bytes the meter cannot read. A stream was relayed 200 as complete,
+// charged its prompt's estimate with no output (the caller's client, given the remaining
+// Content-Encoding, could decode it all); a whole answer was taken for no API answer and
+// charged nothing. Either is an answer in an encoding not asked for: 502 upstream_broken,
+// charged the prompt's estimate, not to be retried.
+func TestHostileStackedEncodingsAreNotServedUncharged(t *testing.T) {
+	gz := func(b []byte) []byte {
+		var out bytes.Buffer
+		zw := gzip.NewWriter(&out)
+		zw.Write(b)
+		zw.Close()
+		return out.Bytes()
+	}
+	br := func(b []byte) []byte { return append([]byte{0xce, 0xb2, 0xcf}, b...) } // bytes, not plain text
+	for _, tc := range []struct {
+		name    string
+		codings []string
+		encode  func([]byte) []byte
+		stream  bool
+		reqBody string
+		ctype   string
+		plain   string
+	}{
+		{"gzip twice, stream", []string{"gzip", "gzip"}, func(b []byte) []byte { return gz(gz(b)) }, true, streamBody, "text/event-stream",
+			hostileChunk + hostileUsage + "data: [DONE]\n\n"},
+		{"gzip twice, whole", []string{"gzip", "gzip"}, func(b []byte) []byte { return gz(gz(b)) }, false, chatBody, "application/json", plainAnswer},
+		{"identity then br, stream", []string{"identity", "br"}, br, true, streamBody, "text/event-stream",
+			hostileChunk + hostileUsage + "data: [DONE]\n\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.ctype)
+				w.Header()["Content-Encoding"] = tc.codings
+				w.Write(tc.encode([]byte(tc.plain)))
+			}, nil)
+			u, key := h.user("standard")
+			resp := h.post(key, "/v1/chat/completions", tc.reqBody, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+			if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_broken" {
+				t.Fatalf("status %d, Content-Encoding %q, body %q; want 502 upstream_broken", resp.StatusCode,
+					resp.Header.Values("Content-Encoding"), body[:min(len(body), 120)])
+			}
+			if resp.Header.Get("X-Should-Retry") != "false" {
+				t.Errorf("X-Should-Retry %q, want false", resp.Header.Get("X-Should-Retry"))
+			}
+			if run.SettleSource.String != "stream_error" || run.ChargedMicro == 0 {
+				t.Errorf("run settled %s, charged %d: want stream_error charged the prompt's estimate", run.SettleSource.String, run.ChargedMicro)
+			}
+		})
 	}
 }

@@ -126,7 +126,7 @@ func New(d Deps) *Server {
 	s := &Server{
 		cfg: d.Config, store: d.Store, rdb: d.Redis, keys: d.Keys, tally: d.Tally, leases: d.Leases,
 		log: d.Log, metrics: d.Metrics, prices: prices, snapshots: priceSnapshots(prices), admin: d.Admin,
-		client:      &http.Client{Transport: d.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		client:      &http.Client{Transport: gunzipping{d.Transport}, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		auth:        newKeyCache(d.Store, d.Config.Limits.KeyCacheTTL),
 		creditMicro: d.Config.CreditMicro,
 		settleSlots: make(chan struct{}, maxBackgroundSettlements),

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -129,14 +128,13 @@ func (s *Server) relayCallerError(w http.ResponseWriter, resp *http.Response, bo
 //
 // An answer passed on cut (too large, or broken before its end) would be JSON no client can
 // parse, under a Content-Length of its own that hides the cut; one in an encoding the gateway
-// did not ask for (the transport decodes the gzip it asks for) is bytes it cannot read,
+// did not ask for (gunzipping decodes the gzip it asks for) is bytes it cannot read,
 // nor keep the operator's account ids out of. The status stays, the words are the
 // gateway's (the upstream's start is in relayUpstreamError's log line), its retry advice
 // (a 429's Retry-After) the provider's. So is JSON that the redaction of the operator's
 // account ids would leave unparsable (an id the body words as a number, not in a string).
 func relayableErrorBody(resp *http.Response, body []byte, readErr error) (redacted []byte, whyNot string) {
-	enc := resp.Header.Get("Content-Encoding")
-	tooLarge, encoded := len(body) > maxUpstreamErrorBody, enc != "" && !strings.EqualFold(enc, "identity")
+	tooLarge, encoded := len(body) > maxUpstreamErrorBody, unaskedEncoding(resp.Header) != ""
 	switch {
 	case readErr != nil && !tooLarge:
 		return nil, "broken before its end"

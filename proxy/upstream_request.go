@@ -31,6 +31,9 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 		}
 	}
 	up.Header.Set("Content-Type", "application/json")
+	// Asked here, not by the transport, which would decode by the first Content-Encoding line
+	// alone (gunzipping).
+	up.Header.Set("Accept-Encoding", "gzip")
 	key := upstream.APIKey
 	switch upstream.Kind {
 	case "anthropic":
@@ -82,8 +85,8 @@ func hasDroppedPrefix(k string) bool {
 // that leaves `usage` out of the answer has it charged at the estimate alone), the gateway's
 // own headers, X-Idempotency-Key (with it Go's transport resends a request whose reused
 // connection broke after it was written: the provider may run it twice, charged once), and
-// Accept-Encoding (the meter must read plain text; the transport negotiates compression itself
-// and decompresses).
+// Accept-Encoding (the meter must read plain text: the gateway asks for gzip itself, and
+// gunzipping decodes it).
 var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Expect", "Content-Encoding", "Authorization", "X-Api-Key", "Api-Key", "X-Goog-Api-Key", "Cookie", "Accept-Encoding",
 	"Content-Length", "Host", "X-Run-Id", "Idempotency-Key", "X-Idempotency-Key", "X-Session-Id", "Openai-Organization", "Openai-Project",
