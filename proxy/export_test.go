@@ -49,3 +49,6 @@ var AdvanceIdemScriptSHA = advanceScript.Hash()
 // SetAnswerMemoryWait sets how long a whole answer waits for room in max_response_memory
 // before it is refused (answerMemoryWait).
 func (s *Server) SetAnswerMemoryWait(d time.Duration) { s.answers.wait = d }
+
+// NewTransport is the gateway's own upstream transport for limits l.
+var NewTransport = newTransport

@@ -210,8 +210,9 @@ const maxUpstreamHeaderBytes = 64 << 10
 
 // headersTooLarge reports the transport's refusal of an answer whose headers passed
 // maxUpstreamHeaderBytes (net/http exports no error value for it; HTTP/1 and HTTP/2 word it
-// differently).
+// differently, and HTTP/2 words the 1xx answers' part apart: "header list too large").
 func headersTooLarge(err error) bool {
 	msg := err.Error()
-	return strings.Contains(msg, "server response headers exceeded") || strings.Contains(msg, "response header list larger than")
+	return strings.Contains(msg, "server response headers exceeded") || strings.Contains(msg, "response header list larger than") ||
+		strings.Contains(msg, "header list too large")
 }

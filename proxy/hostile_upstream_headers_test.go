@@ -2,9 +2,13 @@ package proxy_test
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // TestUpstreamHeadersAreBounded: an upstream whose answer carries a megabyte of headers (a
@@ -47,5 +51,48 @@ func TestUpstreamHeadersAreBounded(t *testing.T) {
 	if run.SettleSource.String != "stream_error" || run.InTok == 0 || run.ChargedMicro == 0 {
 		t.Errorf("run settled %s in=%d charged=%d, want stream_error charged the prompt's estimate",
 			run.SettleSource.String, run.InTok, run.ChargedMicro)
+	}
+}
+
+// TestInformationalFloodOverHTTP2IsBounded: 1xx answers (103 Early Hints, 102 Processing) count
+// in the bound on an answer's headers. Over HTTP/1 the transport says so as it does for a final
+// answer's headers, and the call is charged its prompt's estimate, not to be retried; over
+// HTTP/2, which the transport speaks to a TLS upstream that offers it (the providers do), it
+// says "header list too large", and the call was taken for an upstream never reached: charged
+// nothing though the provider had the prompt, and retried by the SDKs, each retry the same.
+func TestInformationalFloodOverHTTP2IsBounded(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor != 2 {
+			t.Errorf("the gateway reached the upstream over %s, want HTTP/2", r.Proto)
+		}
+		w.Header().Set("Link", "</"+strings.Repeat("p", 4000)+">; rel=preload")
+		for range 40 { // 160 KiB of 103s
+			w.WriteHeader(http.StatusEarlyHints)
+		}
+		w.Header().Del("Link")
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte(hostileChunk + hostileUsage + "data: [DONE]\n\n"))
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	tr := proxy.NewTransport(config.Default().Limits)
+	tr.TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+	h := newHarnessOn(t, harnessSetup{transport: tr}, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "hostile", Kind: "openai", BaseURL: srv.URL, Models: []string{"*"}}}
+	})
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
+	answer := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if resp.StatusCode != http.StatusBadGateway || errorCode(t, answer) != "upstream_broken" {
+		t.Fatalf("status %d %s, want 502 upstream_broken", resp.StatusCode, answer)
+	}
+	if resp.Header.Get("X-Should-Retry") != "false" {
+		t.Errorf("X-Should-Retry %q, want false: the provider answers a retry the same way", resp.Header.Get("X-Should-Retry"))
+	}
+	if run.SettleSource.String != "stream_error" || run.ChargedMicro == 0 {
+		t.Errorf("run settled %s charged %d, want stream_error charged the prompt's estimate", run.SettleSource.String, run.ChargedMicro)
 	}
 }
