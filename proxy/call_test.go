@@ -716,8 +716,9 @@ func postWithLostAdmission(h *harness, lossy *testenv.Lossy, key string, hdr map
 	body := readAll(h.t, resp.Body)
 	resp.Body.Close()
 	lossy.Restore()
-	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(h.t, body) != "billing_unavailable" {
-		h.t.Fatalf("admission with a lost commit reply and the database down: %d %s, want 503 billing_unavailable", resp.StatusCode, body)
+	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(h.t, body) != "billing_unavailable" || resp.Header.Get("Retry-After") != "1" {
+		h.t.Fatalf("admission with a lost commit reply and the database down: %d %s, Retry-After %q; want 503 billing_unavailable, Retry-After 1",
+			resp.StatusCode, body, resp.Header.Get("Retry-After"))
 	}
 }
 
@@ -745,8 +746,9 @@ func TestSessionClaimWithDatabaseDownIsRefused(t *testing.T) {
 	body := readAll(t, resp.Body)
 	resp.Body.Close()
 	lossy.Restore()
-	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" {
-		t.Fatalf("session request with the database down: %d %s, want 503 billing_unavailable", resp.StatusCode, body)
+	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("session request with the database down: %d %s, Retry-After %q; want 503 billing_unavailable, Retry-After 1",
+			resp.StatusCode, body, resp.Header.Get("Retry-After"))
 	}
 	if h.fake.Calls() != 0 {
 		t.Fatalf("the refused request reached the upstream %d times", h.fake.Calls())
@@ -981,10 +983,13 @@ func TestFailedRunSettleLeavesTheRunOpen(t *testing.T) {
 	h.settled()
 	// The settlement's first script locks the hold it settles.
 	lossy.Arm("expires_at > @tg_now, admit_token", testenv.GoDown)
-	status, body := h.settleRun(key, "agent-settle-fails")
+	resp := h.post(key, "/v1/runs/agent-settle-fails/settle", "", nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
 	lossy.Restore()
-	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" {
-		t.Fatalf("settle with the database down: %d %s, want 503 billing_unavailable", status, body)
+	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("settle with the database down: %d %s, Retry-After %q; want 503 billing_unavailable, Retry-After 1",
+			resp.StatusCode, body, resp.Header.Get("Retry-After"))
 	}
 	call("call after the failed settle")
 	h.settled()

@@ -138,7 +138,7 @@ var (
 	errPromptOverCap = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "insufficient_credits",
 		Message: "This prompt and the least answer cost more than this call may spend (the plan's cap per call, or what is available when that is less); nothing was charged."}
 	errBillingDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
-		Message: "Billing is unavailable, so the call was not made. Retry shortly."}
+		Message: "Billing is unavailable, so the call was not made. Retry shortly.", RetryAfter: time.Second}
 	errShuttingDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
 		Message: "The gateway is shutting down, so the call was not made. Retry.", RetryAfter: time.Second}
 	// errCutAtShutdown answers a call still running at the drain deadline of a graceful

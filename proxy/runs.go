@@ -28,20 +28,23 @@ var (
 // errSettleUnanswered answers a settle whose settlement's COMMIT went out unanswered: it may
 // have charged the run, and "the call was not made" would tell the agent it had not.
 var errSettleUnanswered = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
-	Message: "Billing became unavailable as the run's settlement was committing: the run may be settled. Settle again (it shows the settled run, or settles it) or GET /v1/runs/{id} to see."}
+	Message:    "Billing became unavailable as the run's settlement was committing: the run may be settled. Settle again (it shows the settled run, or settles it) or GET /v1/runs/{id} to see.",
+	RetryAfter: time.Second}
 
 // errSettleNotDone answers a settle that charged nothing, billing being unavailable: the run is
 // reopened (its close undone, if Redis is there to undo it) and a retry settles it.
 // errBillingDown's "the call was not made" left an agent unsure whether its run was settled.
 var errSettleNotDone = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
-	Message: "Billing is unavailable, so the run was not settled and nothing was charged. Retry shortly."}
+	Message:    "Billing is unavailable, so the run was not settled and nothing was charged. Retry shortly.",
+	RetryAfter: time.Second}
 
 // errSettleRunUnread answers a settle that could not read the run: it did nothing, but the run
 // may be settled already, by an earlier settle whose answer was lost or errSettleUnanswered (the
 // retry that answer asks for). errSettleNotDone's "the run was not settled" told that retry so
 // of a run its first settle had charged.
 var errSettleRunUnread = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
-	Message: "Billing is unavailable, so the run could not be read and this settle charged nothing; an earlier settle of it may have settled it. Retry shortly (it shows the settled run, or settles it) or GET /v1/runs/{id} to see."}
+	Message:    "Billing is unavailable, so the run could not be read and this settle charged nothing; an earlier settle of it may have settled it. Retry shortly (it shows the settled run, or settles it) or GET /v1/runs/{id} to see.",
+	RetryAfter: time.Second}
 
 var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "run_budget_exhausted",
 	Message: "This run's budget is used, or reserved by its calls in flight: what it has tallied plus this call's prompt and the least answer exceed the run's cap."}
@@ -219,7 +222,8 @@ func (s *Server) settledUnread(res holds.Settled) *apiError {
 		what = fmt.Sprintf("The run was settled, charged %s credits", s.creditsOf(res.ChargedMicro))
 	}
 	return &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
-		Message: what + ", but billing became unavailable before it could be read back. GET /v1/runs/{id}, or settle again, to see it."}
+		Message:    what + ", but billing became unavailable before it could be read back. GET /v1/runs/{id}, or settle again, to see it.",
+		RetryAfter: time.Second}
 }
 
 // finalRunTally closes a named run for settlement and reads what it is charged. The run is
