@@ -89,19 +89,29 @@ func TestCallerIdentityHeadersNotForwarded(t *testing.T) {
 }
 
 // The upstream's account identifiers (OpenAI's organisation and project, Anthropic's
-// organisation id) describe the operator's provider account, not the caller's answer.
+// organisation id) and its rate-limit state (what the operator's account has left, which
+// every caller's traffic spends) describe the operator's provider account, not the caller's
+// answer; HSTS and Alt-Svc describe the provider's host, not the gateway's.
 func TestOperatorAccountHeadersNotRelayed(t *testing.T) {
 	up, _ := recordingUpstream(http.Header{
-		"Openai-Organization":       {"org-operator-secret-id"},
-		"Openai-Project":            {"proj_operator"},
-		"Anthropic-Organization-Id": {"11111111-2222-3333-4444-555555555555"},
+		"Openai-Organization":                        {"org-operator-secret-id"},
+		"Openai-Project":                             {"proj_operator"},
+		"Anthropic-Organization-Id":                  {"11111111-2222-3333-4444-555555555555"},
+		"X-Ratelimit-Remaining-Requests":             {"9"},
+		"X-Ratelimit-Reset-Tokens":                   {"6m0s"},
+		"Anthropic-Ratelimit-Unified-5h-Utilization": {"0.93"},
+		"Anthropic-Ratelimit-Input-Tokens-Remaining": {"1200"},
+		"Strict-Transport-Security":                  {"max-age=31536000; includeSubDomains; preload"},
+		"Alt-Svc":                                    {`h3=":443"; ma=86400`},
 	})
 	h := hostileHarness(t, up, func(c *config.Config) { c.Upstreams[0].APIKey = "sk-operator" })
 	_, key := h.user("standard")
 	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
 	_ = readAll(t, resp.Body)
 	resp.Body.Close()
-	for _, k := range []string{"Openai-Organization", "Openai-Project", "Anthropic-Organization-Id"} {
+	for _, k := range []string{"Openai-Organization", "Openai-Project", "Anthropic-Organization-Id",
+		"X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Tokens", "Anthropic-Ratelimit-Unified-5h-Utilization",
+		"Anthropic-Ratelimit-Input-Tokens-Remaining", "Strict-Transport-Security", "Alt-Svc"} {
 		if v := resp.Header.Values(k); len(v) > 0 {
 			t.Errorf("operator's upstream account header %s reached the caller: %q", k, v)
 		}

@@ -26,7 +26,7 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 	for k, vv := range r.Header {
 		// A name with an underscore is dropped as nginx and Apache drop it: CGI-style servers
 		// read X_Api_Key as X-Api-Key, which would get past the lists below.
-		if _, drop := dropRequestHeaders[k]; !drop && !hop[k] && !strings.Contains(k, "_") && !hasDroppedPrefix(k) {
+		if _, drop := dropRequestHeaders[k]; !drop && !hop[k] && !strings.Contains(k, "_") && !hasPrefixIn(k, droppedPrefixes) {
 			up.Header[k] = vv
 		}
 	}
@@ -67,9 +67,9 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 // it several times (billed once).
 var droppedPrefixes = []string{"X-Forwarded-", "X-Envoy-", "X-Litellm-", "X-Portkey-", "Cf-Aig-", "Helicone-"}
 
-// hasDroppedPrefix reports whether the canonical header name k is in one of droppedPrefixes.
-func hasDroppedPrefix(k string) bool {
-	for _, p := range droppedPrefixes {
+// hasPrefixIn reports whether the canonical header name k starts with one of prefixes.
+func hasPrefixIn(k string, prefixes []string) bool {
+	for _, p := range prefixes {
 		if strings.HasPrefix(k, p) {
 			return true
 		}
@@ -94,15 +94,26 @@ var dropRequestHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "
 	"X-Original-Uri", "X-Http-Method-Override", "X-Method-Override", "X-Http-Method", "X-Goog-FieldMask")
 
 // dropResponseHeaders are hop-by-hop, set by the gateway (an upstream that is itself a
-// gateway must not rename the caller's run or mark a first answer as a replay), or name the
-// operator's account at the provider (its organisation and project), which is not the caller's.
+// gateway must not rename the caller's run or mark a first answer as a replay), name the
+// operator's account at the provider (its organisation and project), which is not the caller's,
+// or speak for the provider's host, not the gateway's: HSTS (with includeSubDomains it pins the
+// gateway's whole domain to HTTPS in a browser) and Alt-Svc (sends clients to an HTTP/3 port
+// the gateway does not serve).
 var dropResponseHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Te", "Trailer", "Transfer-Encoding",
-	"Upgrade", "Set-Cookie", RunIDHeader, RequestIDHeader, ReplayedHeader, "Openai-Organization", "Openai-Project", "Anthropic-Organization-Id")
+	"Upgrade", "Set-Cookie", RunIDHeader, RequestIDHeader, ReplayedHeader, "Openai-Organization", "Openai-Project", "Anthropic-Organization-Id",
+	"Strict-Transport-Security", "Alt-Svc")
+
+// droppedResponsePrefixes are the provider's rate-limit headers (OpenAI's x-ratelimit-*,
+// Anthropic's anthropic-ratelimit-*): what the operator's account has left, which every
+// caller's traffic spends. Relayed, they showed each caller the others' traffic and told it
+// limits that are not its own (its own are the gateway's: max_in_flight and its credits).
+// An upstream 429's Retry-After is relayed all the same.
+var droppedResponsePrefixes = []string{"X-Ratelimit-", "Anthropic-Ratelimit-"}
 
 func copyResponseHeaders(dst, src http.Header) {
 	hop := connectionListed(src)
 	for k, vv := range src {
-		if _, drop := dropResponseHeaders[k]; !drop && !hop[k] {
+		if _, drop := dropResponseHeaders[k]; !drop && !hop[k] && !hasPrefixIn(k, droppedResponsePrefixes) {
 			dst[k] = vv
 		}
 	}
