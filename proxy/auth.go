@@ -63,9 +63,11 @@ func xAPIKeyRoute(path string) bool {
 
 // refuseUnknownCaller answers a request refused before its caller is known, writes its one line
 // (never the key it sent) and, on a route counted in tollgate_requests_total, counts it there
-// as the route's other refusals are: a flood of wrong keys is seen in both.
+// as the route's other refusals are: a flood of wrong keys is seen in both. The route is quoted
+// up to maxLoggedBytes: /v1/models/* and /v1/runs/{id} take any path, and a stranger's 64 KiB
+// path made a 64 KiB line.
 func (s *Server) refuseUnknownCaller(w http.ResponseWriter, r *http.Request, e *apiError, reason string, err error) {
-	logRefusal(s.log, e, reason, err, zap.String("route", r.URL.Path), zap.String("remote", r.RemoteAddr))
+	logRefusal(s.log, e, reason, err, zap.String("route", logged(r.URL.Path)), zap.String("remote", r.RemoteAddr))
 	writeError(w, e)
 	if countedRoute(r.URL.Path) {
 		s.metrics.Requests.WithLabelValues(r.URL.Path, codeLabel(e.Status)).Inc()

@@ -224,3 +224,33 @@ func errorMessage(t *testing.T, body []byte) string {
 	}
 	return e.Error.Message
 }
+
+// TestWrongKeyLogLineDoesNotQuoteAHugePath: a request refused for its key writes its path as
+// the line's route. The routes a wrong key reaches take any path under /v1/models/ and any
+// run id under /v1/runs/, so a caller with no key at all made the gateway write a line as long
+// as the path it sent (up to the server's 64 KiB of header), a hundred of them a second before
+// sampling: a log a stranger filled at 6 MB a second. Every string the line quotes is at most
+// the 512 bytes the log quotes of anything a caller sent.
+func TestWrongKeyLogLineDoesNotQuoteAHugePath(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, nil)
+	long := strings.Repeat("x", 60_000)
+	for _, path := range []string{"/v1/models/" + long, "/v1/runs/" + long} {
+		for _, key := range []string{"", "tg_wrong"} {
+			logs.TakeAll()
+			status, _ := h.get(key, path)
+			if status != http.StatusUnauthorized {
+				t.Fatalf("GET %.20s… with key %q: %d, want 401", path, key, status)
+			}
+			lines := logs.FilterMessage("request refused").TakeAll()
+			if len(lines) != 1 {
+				t.Fatalf("GET %.20s… with key %q: %d 'request refused' lines, want 1", path, key, len(lines))
+			}
+			for k, v := range lines[0].ContextMap() {
+				if s, ok := v.(string); ok && len(s) > 512 {
+					t.Errorf("GET %.20s… with key %q: field %s quotes %d bytes, want at most 512", path, key, k, len(s))
+				}
+			}
+		}
+	}
+}
