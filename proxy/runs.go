@@ -240,7 +240,10 @@ func (s *Server) settledUnread(res holds.Settled) *apiError {
 // The mark returned is CloseRun's: a caller whose settlement then fails reopens the run with it.
 func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logger) (st holds.Settlement, mark string, e *apiError) {
 	unavailable := func(what string, err error) (holds.Settlement, string, *apiError) {
-		log.Error("run not settled on request", zap.String("step", what), zap.Error(err))
+		// A refusal with nothing charged, as a call refused for Redis or the database is: WARN,
+		// which the logger samples. An ERROR line is never sampled, and a caller settling in a
+		// loop while Redis was out wrote one per request at its own rate.
+		logRefusal(log, errSettleNotDone, what, err, zap.String("route", settleRoute))
 		if mark != "" {
 			s.reopenRun(ctx, run.RunID, mark, log)
 		}
