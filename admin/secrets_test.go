@@ -69,3 +69,48 @@ func TestRevokeByPrefixDoesNotQuoteAWholeKey(t *testing.T) {
 		t.Errorf("the refused request revoked the key: %v", err)
 	}
 }
+
+// TestBadTokenLogLineDoesNotQuoteAHugeRequest: a request refused for its token writes its
+// path, and anyone who reaches the listener can send one as long as the server's header bound
+// (64 KiB): a stranger made the gateway write a 64 KiB line per request. It is quoted up to 512
+// bytes, as the gateway quotes whatever a caller sent.
+func TestBadTokenLogLineDoesNotQuoteAHugeRequest(t *testing.T) {
+	db := testenv.MySQL(t)
+	core, logs := observer.New(zapcore.DebugLevel)
+	log := zap.New(core)
+	st := holds.NewStore(db, plans(), "standard", log)
+	r := chi.NewRouter()
+	r.Mount("/admin", admin.New(st, 1000, adminToken, log))
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+
+	long := strings.Repeat("x", 60_000)
+	for _, c := range []struct{ method, path, token string }{
+		{http.MethodGet, "/admin/users/" + long, "wrong"},
+		{http.MethodPost, "/admin/users/" + long + "/disable", "wrong"},
+		{http.MethodGet, "/admin/users/" + long + "/balance", adminToken}, // refused 404 with the token
+	} {
+		logs.TakeAll()
+		req, _ := http.NewRequestWithContext(t.Context(), c.method, srv.URL+c.path, nil)
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode < 400 {
+			t.Fatalf("%.10s %.20s…: %d, want a refusal", c.method, c.path, resp.StatusCode)
+		}
+		lines := logs.TakeAll()
+		if len(lines) == 0 {
+			t.Fatalf("%.10s %.20s…: %d, no line", c.method, c.path, resp.StatusCode)
+		}
+		for _, l := range lines {
+			for k, v := range l.ContextMap() {
+				if s, ok := v.(string); ok && len(s) > 512 {
+					t.Errorf("%.10s %.20s…: %q field %s quotes %d bytes, want at most 512", c.method, c.path, l.Message, k, len(s))
+				}
+			}
+		}
+	}
+}
