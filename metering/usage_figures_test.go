@@ -1,0 +1,94 @@
+package metering
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// A null count is no count: a later report that sends "prompt_tokens": null (or a null cached
+// count, or Anthropic's output_tokens) keeps the figure an earlier report gave. Read as 0, the
+// prompt of the stream below went unbilled, its cached part was billed at the full input
+// price, and an Anthropic answer cut before its final count was billed no output at all.
+func TestMeterNullFigureIsNoFigure(t *testing.T) {
+	got := meterEvents(FormatChat,
+		data(`{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":40}}}`),
+		data(`{"choices":[],"usage":{"prompt_tokens":null,"completion_tokens":30,"total_tokens":null,
+			"prompt_tokens_details":{"cached_tokens":null}}}`))
+	if want := (pricing.Usage{Input: 60, CacheRead: 40, Output: 30}); got.Usage != want || got.PromptMissing {
+		t.Errorf("OpenAI-style: got %+v, want usage %+v, the prompt not missing", got, want)
+	}
+
+	got = meterEvents(FormatChat, data(`{"choices":[],"usage":{"prompt_tokens":null,"completion_tokens":30,"total_tokens":1030}}`))
+	if want := (pricing.Usage{Input: 1000, Output: 30}); got.Usage != want {
+		t.Errorf("a null prompt beside the completion and the total: got %+v, want %+v", got.Usage, want)
+	}
+
+	text := data(`{"type":"content_block_delta","delta":{"type":"text_delta","text":"` + strings.Repeat("x", 400) + `"}}`)
+	got = meterEvents(FormatAnthropic,
+		data(`{"type":"message_start","message":{"usage":{"input_tokens":10,"output_tokens":1}}}`), text,
+		data(`{"type":"message_delta","usage":{"output_tokens":null}}`))
+	if est := EstimateOutputTokens(400); got.Usage.Output != est || !got.Estimated {
+		t.Errorf("Anthropic null output_tokens: got %+v, want the streamed text's estimate %d, estimated", got, est)
+	}
+}
+
+// A router that gives its cache writes under several names gives the one count under each:
+// the largest of them is the count, whichever name comes first. A zero under OpenAI's name
+// (a schema that fills in every field) beside LiteLLM's top-level count read as 0, and the
+// writes were billed at the input price, below the provider's cache-write price.
+func TestMeterCacheWritesLargestOfTheirNames(t *testing.T) {
+	m := NewMeter(FormatChat)
+	m.Body([]byte(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":20,"total_tokens":1020,
+		"prompt_tokens_details":{"cached_tokens":100,"cache_write_tokens":0},"cache_creation_input_tokens":600}}`))
+	if want := (pricing.Usage{Input: 300, CacheRead: 100, CacheWrite: 600, Output: 20}); m.Result().Usage != want {
+		t.Errorf("got %+v, want %+v", m.Result().Usage, want)
+	}
+}
+
+// A chat report of the total alone says nothing of the split: all of it is billed as output,
+// the dearer side, never less than the provider charged. Read as the prompt, the call was
+// billed at the input price, a fraction of the output's.
+func TestMeterChatTotalAloneIsOutput(t *testing.T) {
+	got := meterEvents(FormatChat, data(`{"choices":[],"usage":{"total_tokens":500}}`))
+	if want := (pricing.Usage{Output: 500}); got.Usage != want || !got.Reported || got.PromptMissing {
+		t.Errorf("got %+v, want usage %+v reported, the prompt not missing", got, want)
+	}
+	price := pricing.Price{Input: 1_000_000, Output: 4_000_000}
+	if got, least := price.Cost(got.Usage), price.Cost(pricing.Usage{Input: 500}); got < least {
+		t.Errorf("charged %d micro-USD, below the %d of the total read as input", got, least)
+	}
+}
+
+// Moonshot's usage rides on the finishing choice: with n > 1 that need not be the first
+// choice of the chunk. Looked for in the first alone, the report was missed and the call
+// charged its prompt's estimate.
+func TestMeterReadsUsageInALaterChoice(t *testing.T) {
+	got := meterEvents(FormatChat,
+		data(`{"object":"chat.completion.chunk","model":"kimi-k2.5","choices":[{"index":0,"delta":{},"finish_reason":null},
+			{"index":1,"delta":{},"finish_reason":"stop","usage":{"prompt_tokens":12,"completion_tokens":9,"total_tokens":21}}]}`),
+		data(`[DONE]`))
+	if want := (pricing.Usage{Input: 12, Output: 9}); got.Usage != want || !got.Reported {
+		t.Errorf("got %+v, want usage %+v reported", got, want)
+	}
+}
+
+// The data's "type" says what an event is; the SSE event name stands in only when a relay
+// dropped the type. A relay that names every event alike ("event: message", the SSE default
+// name) left each typed event unread when the name won: the Anthropic and Responses streams
+// below were charged their prompts' estimates.
+func TestMeterTypeWinsOverTheEventName(t *testing.T) {
+	ev := func(s string) Event { return Event{Name: "message", Data: []byte(s)} }
+	got := meterEvents(FormatAnthropic,
+		ev(`{"type":"message_start","message":{"usage":{"input_tokens":10,"cache_read_input_tokens":5,"output_tokens":1}}}`),
+		ev(`{"type":"message_delta","usage":{"output_tokens":42}}`))
+	if want := (pricing.Usage{Input: 10, CacheRead: 5, Output: 42}); got.Usage != want || !got.Reported || got.Estimated {
+		t.Errorf("Anthropic: got %+v, want usage %+v reported, not estimated", got, want)
+	}
+	got = meterEvents(FormatResponses,
+		ev(`{"type":"response.completed","response":{"usage":{"input_tokens":7,"output_tokens":3,"input_tokens_details":{"cached_tokens":2}}}}`))
+	if want := (pricing.Usage{Input: 5, CacheRead: 2, Output: 3}); got.Usage != want || !got.Reported {
+		t.Errorf("Responses: got %+v, want usage %+v reported", got, want)
+	}
+}
