@@ -92,3 +92,16 @@ func TestMeterTypeWinsOverTheEventName(t *testing.T) {
 		t.Errorf("Responses: got %+v, want usage %+v reported", got, want)
 	}
 }
+
+// An Anthropic body without a usage report (an Anthropic-compatible server that gives none)
+// is billed the estimate of what it carries: its thinking is output the model generated, as
+// its text and its tool input are. Left out, an answer that thought at length was billed its
+// few words of text.
+func TestMeterAnthropicBodyWithoutUsageCountsItsThinking(t *testing.T) {
+	m := NewMeter(FormatAnthropic)
+	m.Body([]byte(`{"type":"message","content":[{"type":"thinking","thinking":"` + strings.Repeat("t", 4000) + `","signature":"x"},
+		{"type":"text","text":"42"}]}`))
+	if got := m.Result(); got.Reported || got.OutputChars != 4002 {
+		t.Errorf("got %+v, want no report and 4002 bytes of output (the thinking and the text)", got)
+	}
+}
