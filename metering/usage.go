@@ -183,6 +183,13 @@ func (m *Meter) Result() Result {
 		r.Usage.AudioOutput = min(r.Usage.Output, r.AudioOutput)
 		r.Estimated = true
 	}
+	if r.Reported && m.format != FormatEmbeddings && m.reported[figTotal].seen &&
+		!m.reported[figPrompt].seen && !m.reported[figCompletion].seen {
+		// A total alone: which of it was prompt and which output the report does not say. It
+		// is billed as output, the dearer, never under the provider's charge; the split is
+		// the gateway's, and the row says so.
+		r.Estimated = true
+	}
 	if m.format == FormatAnthropic && r.Reported && !m.outputFinal {
 		// message_start's output_tokens is a placeholder: the output is the gateway's guess
 		// whichever of the two is larger, and the row says so.
