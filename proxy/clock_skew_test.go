@@ -83,8 +83,8 @@ func TestRunSettleAgeIsTheDatabasesClock(t *testing.T) {
 
 // TestIdemReplayTTLIsTheDatabasesClock: when Redis has lost the record of an idempotent
 // attempt that pinned its key, the key stays pinned (409 idempotent_response_lost, nothing run
-// or charged again) until replay_ttl has passed since the attempt settled; after that the
-// record is taken as expired and the key is free. settled_at is a database time, so the
+// or charged again) until replay_ttl has passed since the attempt began; after that the
+// record is taken as expired and the key is free. created_at is a database time, so the
 // replay_ttl since it is measured by the database clock: measured by the gateway's, a gateway
 // running ahead of the database ran and charged a pinned request a second time, and one
 // running behind kept refusing a key whose replay_ttl had passed.
@@ -128,8 +128,9 @@ func TestIdemReplayTTLIsTheDatabasesClock(t *testing.T) {
 		}
 		h.settled()
 		lose(h)
-		// By the database clock the attempt settled longer than replay_ttl ago.
-		if _, err := h.db.Exec("UPDATE run_holds SET settled_at = settled_at - INTERVAL 31 MINUTE WHERE run_id = ?",
+		// By the database clock the attempt began and settled longer than replay_ttl ago.
+		if _, err := h.db.Exec(`UPDATE run_holds SET created_at = created_at - INTERVAL 31 MINUTE,
+			settled_at = settled_at - INTERVAL 31 MINUTE WHERE run_id = ?`,
 			a.header.Get(proxy.RunIDHeader)); err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +143,7 @@ func TestIdemReplayTTLIsTheDatabasesClock(t *testing.T) {
 		b := send(h.gw.URL, key, chatBody, idem)
 		h.settled()
 		if b.status != http.StatusOK {
-			t.Fatalf("retry 31 minutes after the attempt settled (database clock), replay_ttl 30m, gateway clock 1h behind: %d %s; want it run",
+			t.Fatalf("retry 31 minutes after the attempt began and settled (database clock), replay_ttl 30m, gateway clock 1h behind: %d %s; want it run",
 				b.status, b.body)
 		}
 	})

@@ -410,8 +410,14 @@ func (a *idemAdmission) refuseAdmission(err error) int {
 // output as the row counts it, its tokens, where finishIdem counts what was sent: a stream that
 // reported output tokens and broke before sending any text, and whose move to the next attempt
 // Redis failed to record too, is taken as pinned (409, not run again). A
-// record gone because replay_ttl passed since the attempt ended expired; the key is then
-// free, as it was before (README: replayed for replay_ttl).
+// record gone because replay_ttl passed since its last write expired; the key is then free,
+// as it was before (README: replayed for replay_ttl).
+//
+// The window is measured from the attempt's admission (created_at), which comes before every
+// write of its record, so it never outlasts the record: measured from settled_at, a settlement
+// that lagged the answer (it failed and the reconciler charged the hold at its expiry, or the
+// process was killed after the answer) kept the key refused 409 idempotent_response_lost — "not
+// run again" — for as long as the lag after its record had expired, then ran it.
 func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string) (bool, error) {
 	sctx, cancel := s.storeContext(ctx)
 	defer cancel()
@@ -421,10 +427,8 @@ func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string)
 	}
 	src := run.SettleSource.String
 	pinned := src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0)
-	// Measured by the database clock, which settled_at is on, not the gateway's.
-	settledFor, settled := run.SettledFor()
-	expired := settled && settledFor >= s.cfg.Dedup.ReplayTTL
-	return pinned && !expired, nil
+	// Measured by the database clock, which created_at is on, not the gateway's.
+	return pinned && run.Age() < s.cfg.Dedup.ReplayTTL, nil
 }
 
 // startIdem records the body the key was first used with.

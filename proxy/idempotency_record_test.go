@@ -175,11 +175,10 @@ func holdingDialer(hold *testenv.HeldWrite) func(ctx context.Context, network, a
 }
 
 // waitRecordExpired waits until the key's one replay record has expired in Redis and its
-// attempt, firstRun, settled replay_ttl (1 s) ago by the database clock: the record's
-// replay_ttl runs from its pin, just before the attempt settled, and a record Redis no longer
-// has is taken for expired only once the attempt settled replay_ttl ago (README:
-// idempotent_response_lost), so that is waited for too, not left to how late a poll saw the
-// expiry.
+// attempt, firstRun, settled replay_ttl (1 s) ago by the database clock: a record Redis no
+// longer has is taken for expired only once the attempt began replay_ttl ago (README:
+// idempotent_response_lost), which its settlement a moment later implies, so that is waited
+// for too, not left to how late a poll saw the expiry.
 func waitRecordExpired(t *testing.T, h *harness, firstRun string) {
 	t.Helper()
 	ctx := context.Background()

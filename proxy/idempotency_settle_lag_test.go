@@ -1,0 +1,62 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestIdemKeyFreeWhenItsRecordExpiredAfterALateSettlement: the key's record lives replay_ttl
+// from its last write, the pin, made before the attempt settles; the attempt's row measured
+// the window from settled_at. When settlement lagged the answer (it failed and the reconciler
+// charged the hold at its expiry, or the process was killed after the answer), a retry sent
+// once the record had expired but before settled_at + replay_ttl found no record, and the row
+// said "pinned, inside the window": 409 idempotent_response_lost ("not run again") for as long
+// as the lag, then it ran. The key expired; the caller was told its answer was lost.
+//
+// Timeline, by the database clock, replay_ttl 30 min: the attempt began and answered 31 min
+// ago (its record expired a minute ago: deleted here, as Redis expires it), and its settlement
+// landed 20 min after its answer, 11 min ago. The retry is a new request, run and charged.
+func TestIdemKeyFreeWhenItsRecordExpiredAfterALateSettlement(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Dedup.ReplayTTL = 30 * time.Minute })
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "late-settled-1"}
+	a := send(h.gw.URL, key, chatBody, idem)
+	if a.status != http.StatusOK {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	h.settled()
+	firstRun := a.header.Get(proxy.RunIDHeader)
+	if _, err := h.db.Exec(`UPDATE run_holds SET created_at = created_at - INTERVAL 31 MINUTE,
+		settled_at = settled_at - INTERVAL 11 MINUTE WHERE run_id = ?`, firstRun); err != nil {
+		t.Fatal(err)
+	}
+	// The ledger's day follows settled_at (the audit at cleanup checks it).
+	if _, err := h.db.Exec(`UPDATE usage_days d JOIN run_holds h ON h.user_id = d.user_id AND h.run_id = ?
+		SET d.day = DATE(h.settled_at)`, firstRun); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	recs, err := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("idempotency records %v, %v; want one", recs, err)
+	}
+	if err := h.rdb.Del(ctx, recs...).Err(); err != nil { // replay_ttl since the pin has passed
+		t.Fatal(err)
+	}
+
+	b := send(h.gw.URL, key, chatBody, idem)
+	h.settled()
+	if b.status != http.StatusOK || b.header.Get(proxy.ReplayedHeader) != "" {
+		t.Fatalf("retry after the record expired (replay_ttl since the answer), the attempt settled late: %d replayed=%q %s; want it run as a new request",
+			b.status, b.header.Get(proxy.ReplayedHeader), b.body)
+	}
+	if n := h.fake.Calls(); n != 2 {
+		t.Fatalf("%d upstream calls, want 2", n)
+	}
+	h.expectCharges(u.ID, []string{firstRun, b.header.Get(proxy.RunIDHeader)})
+}
