@@ -367,7 +367,9 @@ func (a *idemAdmission) passSettled(attempt int) int {
 	if readErr != nil && (!a.s.cfg.Dedup.FailOpen || a.r.Context().Err() != nil) {
 		return a.fail(errDedupDown, "idempotency record unreadable", readErr)
 	}
-	pinned, err := a.s.attemptPinned(a.r.Context(), a.ic.userID, a.ar.RunID)
+	// A record without the body hash every attempt's admission writes is one Redis lost whole
+	// (or never had): what it said of the attempt is gone.
+	pinned, err := a.s.attemptPinned(a.r.Context(), a.ic.userID, a.ar.RunID, readErr != nil || rec.bodyHash == "")
 	if err != nil {
 		return a.fail(errBillingDown, "idempotent attempt unreadable", err)
 	}
@@ -418,7 +420,15 @@ func (a *idemAdmission) refuseAdmission(err error) int {
 // that lagged the answer (it failed and the reconciler charged the hold at its expiry, or the
 // process was killed after the answer) kept the key refused 409 idempotent_response_lost — "not
 // run again" — for as long as the lag after its record had expired, then ran it.
-func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string) (bool, error) {
+//
+// recordGone says the record is unread or lost whole, not merely without an answer. The
+// reconciler settles a killed process's attempt by its tally (reconcile) or its hold
+// (reconcile_hold), whether or not it had pinned the key: with the record there and no answer
+// in it, it had not, and the key runs again; with the record gone, the row cannot tell, and an
+// attempt that cost something is taken as pinned (409, not run again). Taken as unpinned, an
+// answer pinned and then settled by the reconciler ran, and was charged, a second time once
+// Redis lost its record (a restart without persistence).
+func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string, recordGone bool) (bool, error) {
 	sctx, cancel := s.storeContext(ctx)
 	defer cancel()
 	run, err := s.store.Run(sctx, userID, runID)
@@ -426,7 +436,8 @@ func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string)
 		return false, err // names the run already
 	}
 	src := run.SettleSource.String
-	pinned := src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0)
+	pinned := src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0) ||
+		(recordGone && (src == holds.SourceReconcileHold || (src == holds.SourceReconcile && run.CostMicro > 0)))
 	// Measured by the database clock, which created_at is on, not the gateway's.
 	return pinned && run.Age() < s.cfg.Dedup.ReplayTTL, nil
 }

@@ -60,3 +60,83 @@ func TestIdemKeyFreeWhenItsRecordExpiredAfterALateSettlement(t *testing.T) {
 	}
 	h.expectCharges(u.ID, []string{firstRun, b.header.Get(proxy.RunIDHeader)})
 }
+
+// TestIdemAttemptTheReconcilerSettledIsNotRunAgainOnceRedisLostItsRecord: an attempt that
+// pinned its key (its whole answer sent) and was then settled by the reconciler (its process
+// killed after the answer, or its settlement failed) has a row that says `reconcile`, as a
+// killed attempt cut mid-answer does. With the record there, its answer is replayed; with the
+// record lost whole (a Redis restart without persistence) inside replay_ttl, the row alone
+// cannot tell, and the retry ran and was charged a second time. It is refused 409
+// idempotent_response_lost now, and the upstream is called once.
+func TestIdemAttemptTheReconcilerSettledIsNotRunAgainOnceRedisLostItsRecord(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "reconciled-then-lost"}
+	a := send(h.gw.URL, key, chatBody, idem)
+	if a.status != http.StatusOK {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	h.settled()
+	firstRun := a.header.Get(proxy.RunIDHeader)
+	// As the reconciler leaves it: the same charge, its source.
+	if _, err := h.db.Exec(`UPDATE run_holds SET settle_source = 'reconcile' WHERE run_id = ?`, firstRun); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// Redis restarted without persistence: every key of this gateway's gone (the test's own
+	// prefix; other tests share the server).
+	all, err := h.rdb.Keys(ctx, h.keys.Prefix+"*").Result()
+	if err != nil || len(all) == 0 {
+		t.Fatalf("keys %v, %v", all, err)
+	}
+	if err := h.rdb.Del(ctx, all...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := send(h.gw.URL, key, chatBody, idem)
+	h.settled()
+	if b.status != http.StatusConflict || errorCode(t, []byte(b.body)) != "idempotent_response_lost" {
+		t.Fatalf("retry of a pinned attempt the reconciler settled, its record lost: %d %s; want 409 idempotent_response_lost", b.status, b.body)
+	}
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1: the pinned attempt ran again", n)
+	}
+	h.expectCharges(u.ID, []string{firstRun})
+}
+
+// TestIdemAttemptTheReconcilerSettledRunsAgainWhileItsRecordSaysItDidNotPin: the other side
+// of the rule above. An attempt cut mid-answer (its process killed) is settled by the
+// reconciler too, and its record, still in Redis, holds no answer: it did not pin the key,
+// and its retry runs as the next attempt.
+func TestIdemAttemptTheReconcilerSettledRunsAgainWhileItsRecordSaysItDidNotPin(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "reconciled-unpinned"}
+	a := send(h.gw.URL, key, chatBody, idem)
+	if a.status != http.StatusOK {
+		t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	h.settled()
+	firstRun := a.header.Get(proxy.RunIDHeader)
+	if _, err := h.db.Exec(`UPDATE run_holds SET settle_source = 'reconcile' WHERE run_id = ?`, firstRun); err != nil {
+		t.Fatal(err)
+	}
+	// The record as a killed attempt leaves it: its body and attempt, no answer.
+	ctx := context.Background()
+	recs, err := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("idempotency records %v, %v; want one", recs, err)
+	}
+	if err := h.rdb.HDel(ctx, recs[0], "run").Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := send(h.gw.URL, key, chatBody, idem)
+	h.settled()
+	if b.status != http.StatusOK || b.header.Get(proxy.ReplayedHeader) != "" {
+		t.Fatalf("retry of an attempt cut before it pinned: %d replayed=%q %s; want it run as the next attempt",
+			b.status, b.header.Get(proxy.ReplayedHeader), b.body)
+	}
+	if n := h.fake.Calls(); n != 2 {
+		t.Fatalf("%d upstream calls, want 2", n)
+	}
+	h.expectCharges(u.ID, []string{firstRun, b.header.Get(proxy.RunIDHeader)})
+}
