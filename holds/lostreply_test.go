@@ -208,6 +208,29 @@ func TestReleaseByTokenClosesOnlyItsOwnHold(t *testing.T) {
 	}
 }
 
+// TestOwnHoldSettledBeforeItsClaimIsNotHandedBack: an admission whose hold an earlier attempt
+// committed (its reply lost) claims that hold by its token, but not once the run has settled
+// meanwhile (a named run settled by the client between the attempts): the caller is told
+// ErrRunSettled. A settled hold handed back as its own lets the call forward on it, and its
+// settlement then charges nothing: a free call.
+func TestOwnHoldSettledBeforeItsClaimIsNotHandedBack(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	req := holds.AdmitRequest{RunID: "r_claim_settled", UserID: f.user.ID, ClientRunID: "claim-settled", State: holds.StateRunning,
+		TTL: time.Minute, Token: testenv.RandomID(16)}
+	if _, err := f.store.Admit(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := f.store.Settle(ctx, holds.Settlement{RunID: req.RunID, UserID: f.user.ID, CostMicro: 4_000, Source: holds.SourceClient}); err != nil || !res.Applied {
+		t.Fatalf("settle the run: %+v, %v", res, err)
+	}
+	// The retry of the same request, carrying its token.
+	h, err := f.store.Admit(ctx, req)
+	if !errors.Is(err, holds.ErrRunSettled) {
+		t.Fatalf("claim of the request's own hold after its run settled: %+v, %v; want ErrRunSettled", h, err)
+	}
+}
+
 // TestLostCommitReplyOfAGrantIsAnsweredAsCreated: the server commits a grant but its reply is
 // lost with the connection. The retry inside the same call finds the grant by its key; it is
 // this call's own, so the call answers created (an operator's script told "replayed" would
