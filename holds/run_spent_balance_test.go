@@ -81,3 +81,47 @@ func TestNamedRunsSpendingCountsAgainstTheBalance(t *testing.T) {
 		})
 	}
 }
+
+// TestNamedRunsSpendingCountsToTheMicroItsSettlementCharges: the database's reckoning of what a
+// named run's calls have spent (the admission aggregate and the balance, spentSQL) rounds a
+// discounted cost as the settlement does (pricing.ApplyDiscount, up to the micro). Rounded
+// down, every live run counted a micro-USD less than its settlement then charged, and that micro
+// was given to the next admission: an overdraft past the hold the user was shown. The costs
+// here leave a remainder past 10 000, where the two roundings part.
+func TestNamedRunsSpendingCountsToTheMicroItsSettlementCharges(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("rounder", "standard")
+	allowance, discount := int64(100_000), 2_500
+	if err := f.store.SetUserLimits(f.ctx(), u.ID, &allowance, nil, &discount); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "x_rounder", UserID: u.ID, ClientRunID: "agent",
+		Model: "fake-gpt", State: holds.StateRunning, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	const cost = 120_001 // 90 000.75 at 25 % off: charged 90 001
+	charge := pricing.ApplyDiscount(cost, discount)
+	if ok, err := f.store.RecordRunCall(f.ctx(), "x_rounder", time.Hour, pricing.Usage{Input: 10, Output: 5}, cost, 1, false); err != nil || !ok {
+		t.Fatalf("record: %v, %v", ok, err)
+	}
+	b, err := f.store.Balance(f.ctx(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.SpentInRunsMicro != charge || b.HeldMicro != charge || b.AvailableMicro != allowance-charge {
+		t.Fatalf("balance with the run's call at %d charged: spent in runs %d, held %d, available %d; want %d, %d, %d",
+			charge, b.SpentInRunsMicro, b.HeldMicro, b.AvailableMicro, charge, charge, allowance-charge)
+	}
+	next, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "r_rounder_next", UserID: u.ID, Model: "fake-gpt",
+		State: holds.StateRunning, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := allowance - charge; next.HeldMicro != left || next.CapMicro != left {
+		t.Fatalf("next call held %d, cap %d: want both the %d left", next.HeldMicro, next.CapMicro, left)
+	}
+	if s := f.settle("x_rounder", cost); s.ChargedMicro != charge {
+		t.Fatalf("run charged %d, want %d", s.ChargedMicro, charge)
+	}
+	f.settle("r_rounder_next", 0)
+}
