@@ -59,3 +59,28 @@ func TestReconciledNamedRunKeepsItsEstimatedMark(t *testing.T) {
 		t.Errorf("run %+v: want settled at 1400 with estimated=1 (one of its calls was an estimate)", r)
 	}
 }
+
+// TestReconcileNamedRunWhoseTallyIsAheadOfItsRow: the row's record of a named run's calls is
+// a lower bound (a RecordRunCall whose reply was lost is not sent again); the tally, unless Redis
+// lost it, is exact. A run whose row missed its last call is settled from the tally, which says
+// more, not from the row: taking the row whenever it recorded anything charged that call
+// nothing.
+func TestReconcileNamedRunWhoseTallyIsAheadOfItsRow(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("fay", 20, nil)
+	run := e.admit(u, "x_ahead", holds.StateRunning)
+	// Two calls ended; only the first reached the row.
+	if _, err := e.store.RecordRunCall(e.ctx(), run.RunID, time.Minute, pricing.Usage{Input: 100, Output: 10}, 700, 1, false); err != nil {
+		t.Fatal(err)
+	}
+	e.expire(run.RunID)
+	e.addTally(run.RunID, pricing.Usage{Input: 100, Output: 10}, 700)
+	e.addTally(run.RunID, pricing.Usage{Input: 300, Output: 30}, 2_100)
+	st, err := e.pass(e.reconciler("me", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := e.run(u, run.RunID); r.State != holds.StateSettled || r.ChargedMicro != 2_800 || r.Calls != 2 || r.InTok != 400 {
+		t.Errorf("run %+v (pass %+v): want both calls charged from the tally, 2,800 for 400 input tokens", r, st)
+	}
+}
