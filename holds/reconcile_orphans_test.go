@@ -69,3 +69,36 @@ func TestReconcileOrphanCountsAsAnErrorOutcomeEachPass(t *testing.T) {
 		t.Fatalf("outcomes over two passes = %v, want %q twice", outcomes, holds.OutcomeError)
 	}
 }
+
+// TestReconcileScanGoesOnPastTheHoldItLastRead: each batch of the scan starts strictly after
+// the last hold read. A cursor that let the last hold in again (run_id >= instead of >) read an
+// orphan at the head of every batch after it: at a batch of one, the scan never got past the
+// first orphan, and the holds of live users behind it were never settled.
+func TestReconcileScanGoesOnPastTheHoldItLastRead(t *testing.T) {
+	e := newStoreEnv(t)
+	gone := e.user("gone", 1000, nil)
+	other := e.user("other", 1000, nil)
+	for i := range 2 {
+		h := e.admit(gone, fmt.Sprintf("r_orph_%02d", i), holds.StateRunning)
+		if _, err := e.db.ExecContext(e.ctx(), "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 HOUR WHERE run_id = ?", h.RunID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := e.admit(other, "r_behind", holds.StateRunning)
+	e.addTally(live.RunID, pricing.Usage{Input: 10, Output: 1}, 1_000)
+	e.expire(live.RunID)
+	if _, err := e.db.ExecContext(e.ctx(), "DELETE FROM users WHERE id = ?", gone.ID); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Batch, c.MaxBatches = 1, 3 })
+	st, err := e.pass(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Orphans != 2 || st.FromTally != 1 {
+		t.Errorf("pass of 3 batches of one over 2 orphans and 1 settleable hold: %+v; want each read once, the last settled", st)
+	}
+	if r := e.run(other, live.RunID); r.State != holds.StateSettled || r.ChargedMicro != 1_000 {
+		t.Errorf("hold behind the orphans: %s, charged %d; want settled at 1000", r.State, r.ChargedMicro)
+	}
+}
