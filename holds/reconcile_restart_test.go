@@ -84,3 +84,24 @@ func TestReconcileNamedRunWhoseTallyIsAheadOfItsRow(t *testing.T) {
 		t.Errorf("run %+v (pass %+v): want both calls charged from the tally, 2,800 for 400 input tokens", r, st)
 	}
 }
+
+// TestReconcileNamedRunWhoseCallsAllFailedAfterARedisRestart: a named run's calls all failed
+// before using anything; each ended call is still recorded on its row (ended_calls), at 0. Redis
+// restarted and lost the run's zero tally. The row's record is what the run used: it settles at
+// 0, not at its hold as a run whose usage was lost would.
+func TestReconcileNamedRunWhoseCallsAllFailedAfterARedisRestart(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("gil", 20, nil)
+	run := e.admit(u, "x_failed", holds.StateRunning)
+	if _, err := e.store.RecordRunCall(e.ctx(), run.RunID, time.Minute, pricing.Usage{}, 0, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	e.expire(run.RunID)
+	st, err := e.pass(e.reconciler("me", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := e.run(u, run.RunID); r.State != holds.StateSettled || r.ChargedMicro != 0 || r.SettleSource.String != holds.SourceReconcile {
+		t.Errorf("run %+v (pass %+v): want settled from its row at 0", r, st)
+	}
+}
