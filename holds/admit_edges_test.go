@@ -111,3 +111,31 @@ func TestAnotherUsersRunIsNotFound(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestARunsLaterCallsInItsFirstBatchTakeNoSlot: a named run's first call and a later one in
+// the same batch share the run's hold and its one in-flight slot, so a call of another run later
+// in the batch still finds the slot left. A later call that took the first's new hold for an
+// expired one revived it, counting the run in flight twice and refusing that call.
+func TestARunsLaterCallsInItsFirstBatchTakeNoSlot(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	inFlight := 2
+	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	call := holds.AdmitRequest{RunID: "x_slot", UserID: f.user.ID, ClientRunID: "slot", State: holds.StateRunning, TTL: time.Hour}
+	out, err := f.store.AdmitBatch(ctx, []holds.AdmitRequest{call, call,
+		{RunID: "r_slot_other", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range out {
+		if a.Err != nil {
+			t.Errorf("admission %d of a run's two calls and another run's, limit %d: %v; want all admitted", i, inFlight, a.Err)
+		} else if !a.Hold.Existing {
+			if _, err := f.store.Settle(ctx, holds.Settlement{RunID: a.Hold.RunID, Source: holds.SourceComplete}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
