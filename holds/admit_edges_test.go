@@ -139,3 +139,27 @@ func TestARunsLaterCallsInItsFirstBatchTakeNoSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestRunSettledEarlierInItsBatchRefusesItsNextCall: a named run's settlement and its next
+// call's admission share a batch, the settlement first. The admission must see the run settled,
+// as it would in a batch of its own after the settlement: handed the run's hold as live, the
+// call was forwarded on a settled run, whose later settlement charges nothing.
+func TestRunSettledEarlierInItsBatchRefusesItsNextCall(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	call := holds.AdmitRequest{RunID: "x_closing", UserID: f.user.ID, ClientRunID: "closing", State: holds.StateRunning, TTL: time.Hour}
+	if _, err := f.store.Admit(ctx, call); err != nil {
+		t.Fatal(err)
+	}
+	settled, admitted, err := f.store.WriteBatch(ctx,
+		[]holds.Settlement{{RunID: call.RunID, UserID: f.user.ID, CostMicro: 3_000, Source: holds.SourceClient}}, []holds.AdmitRequest{call})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := settled[0]; s.Err != nil || !s.Applied || s.ChargedMicro != 3_000 {
+		t.Fatalf("settlement: %+v", s)
+	}
+	if a := admitted[0]; !errors.Is(a.Err, holds.ErrRunSettled) {
+		t.Errorf("next call of the run settled earlier in its batch: %+v, %v; want ErrRunSettled", a.Hold, a.Err)
+	}
+}
