@@ -230,3 +230,29 @@ func TestRevivalRefusedWhenTheBalanceNoLongerCoversItsHold(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRevivalCountsItsOwnHoldOnce: a named run idle past its expiry is still owed (the
+// aggregate holds it), so its revival is checked against the balance without it, then with it
+// once: a user whose balance covers the run's hold exactly gets the run back. Counted twice, or
+// asked to leave something over, the run's own hold refused its next call as insufficient.
+func TestRevivalCountsItsOwnHoldOnce(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	allowance := int64(20_000)
+	if err := f.store.SetUserLimits(ctx, f.user.ID, &allowance, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	named := holds.AdmitRequest{RunID: "x_idle_revived", UserID: f.user.ID, ClientRunID: "idle-revived", State: holds.StateRunning, TTL: time.Hour}
+	if h, err := f.store.Admit(ctx, named); err != nil || h.HeldMicro != 20_000 {
+		t.Fatalf("first call of the run: %+v, %v", h, err)
+	}
+	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := f.store.Admit(ctx, named); err != nil || !h.Existing {
+		t.Errorf("later call of the idle run, its 20,000 hold all of the 20,000 allowance: %+v, %v; want the run back", h, err)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: named.RunID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
