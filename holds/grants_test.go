@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -437,5 +438,21 @@ func TestLoweringTheAllowanceUnderCallsInFlightChargesThemToPrepaid(t *testing.T
 	}
 	if p := f.prepaid(u); p != -charged {
 		t.Fatalf("prepaid %d, want the debt of every charge, %d", p, -charged)
+	}
+}
+
+// TestGrantThatWouldOverflowThePrepaidBalanceIsRefused: a credit that takes the prepaid balance
+// past MaxInt64 would wrap it, in int64, into a debt near MinInt64: the grant is refused
+// (ErrGrantInvalid) and nothing changes, as an operator's typo in the amount must not turn a
+// rich user into a debtor.
+func TestGrantThatWouldOverflowThePrepaidBalanceIsRefused(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("whale", "standard")
+	f.grant(u, math.MaxInt64-10, "whale-1")
+	if _, _, err := f.store.Grant(f.ctx(), holds.GrantRequest{UserID: u.ID, AmountMicro: 100, IdempotencyKey: "whale-2"}); !errors.Is(err, holds.ErrGrantInvalid) {
+		t.Errorf("grant past MaxInt64: %v, want ErrGrantInvalid", err)
+	}
+	if p := f.prepaid(u); p != math.MaxInt64-10 {
+		t.Errorf("prepaid %d after a refused grant, want %d", p, int64(math.MaxInt64-10))
 	}
 }
