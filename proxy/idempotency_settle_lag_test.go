@@ -40,12 +40,8 @@ func TestIdemKeyFreeWhenItsRecordExpiredAfterALateSettlement(t *testing.T) {
 		SET d.day = DATE(h.settled_at)`, firstRun); err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	recs, err := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
-	if err != nil || len(recs) != 1 {
-		t.Fatalf("idempotency records %v, %v; want one", recs, err)
-	}
-	if err := h.rdb.Del(ctx, recs...).Err(); err != nil { // replay_ttl since the pin has passed
+	// replay_ttl since the pin has passed
+	if err := h.rdb.Del(context.Background(), onlyIdemRecord(h)).Err(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -72,16 +68,7 @@ func TestIdemAttemptTheReconcilerSettledIsNotRunAgainOnceRedisLostItsRecord(t *t
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "reconciled-then-lost"}
-	a := send(h.gw.URL, key, chatBody, idem)
-	if a.status != http.StatusOK {
-		t.Fatalf("first: %d %s", a.status, a.body)
-	}
-	h.settled()
-	firstRun := a.header.Get(proxy.RunIDHeader)
-	// As the reconciler leaves it: the same charge, its source.
-	if _, err := h.db.Exec(`UPDATE run_holds SET settle_source = 'reconcile' WHERE run_id = ?`, firstRun); err != nil {
-		t.Fatal(err)
-	}
+	firstRun := answeredThenReconciled(h, key, idem)
 	ctx := context.Background()
 	// Redis restarted without persistence: every key of this gateway's gone (the test's own
 	// prefix; other tests share the server).
@@ -111,22 +98,9 @@ func TestIdemAttemptTheReconcilerSettledRunsAgainWhileItsRecordSaysItDidNotPin(t
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "reconciled-unpinned"}
-	a := send(h.gw.URL, key, chatBody, idem)
-	if a.status != http.StatusOK {
-		t.Fatalf("first: %d %s", a.status, a.body)
-	}
-	h.settled()
-	firstRun := a.header.Get(proxy.RunIDHeader)
-	if _, err := h.db.Exec(`UPDATE run_holds SET settle_source = 'reconcile' WHERE run_id = ?`, firstRun); err != nil {
-		t.Fatal(err)
-	}
+	firstRun := answeredThenReconciled(h, key, idem)
 	// The record as a killed attempt leaves it: its body and attempt, no answer.
-	ctx := context.Background()
-	recs, err := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
-	if err != nil || len(recs) != 1 {
-		t.Fatalf("idempotency records %v, %v; want one", recs, err)
-	}
-	if err := h.rdb.HDel(ctx, recs[0], "run").Err(); err != nil {
+	if err := h.rdb.HDel(context.Background(), onlyIdemRecord(h), "run").Err(); err != nil {
 		t.Fatal(err)
 	}
 	b := send(h.gw.URL, key, chatBody, idem)
@@ -139,4 +113,30 @@ func TestIdemAttemptTheReconcilerSettledRunsAgainWhileItsRecordSaysItDidNotPin(t
 		t.Fatalf("%d upstream calls, want 2", n)
 	}
 	h.expectCharges(u.ID, []string{firstRun, b.header.Get(proxy.RunIDHeader)})
+}
+
+// answeredThenReconciled sends one Idempotency-Key call, answered whole, and leaves its row as
+// the reconciler would have settled it (the same charge, source reconcile); it returns the run.
+func answeredThenReconciled(h *harness, key string, idem map[string]string) string {
+	h.t.Helper()
+	a := send(h.gw.URL, key, chatBody, idem)
+	if a.status != http.StatusOK {
+		h.t.Fatalf("first: %d %s", a.status, a.body)
+	}
+	h.settled()
+	runID := a.header.Get(proxy.RunIDHeader)
+	if _, err := h.db.Exec(`UPDATE run_holds SET settle_source = 'reconcile' WHERE run_id = ?`, runID); err != nil {
+		h.t.Fatal(err)
+	}
+	return runID
+}
+
+// onlyIdemRecord is the Redis key of the gateway's one Idempotency-Key record.
+func onlyIdemRecord(h *harness) string {
+	h.t.Helper()
+	recs, err := h.rdb.Keys(context.Background(), h.keys.Prefix+"replay:*").Result()
+	if err != nil || len(recs) != 1 {
+		h.t.Fatalf("idempotency records %v, %v; want one", recs, err)
+	}
+	return recs[0]
 }
