@@ -291,19 +291,7 @@ func TestCommitAnsweredKilledIsClaimedByTheRetry(t *testing.T) {
 	t.Run("admission", func(t *testing.T) {
 		f, lossy := newLossyFixture(t)
 		ctx := context.Background()
-		run := "r_killed_commit_" + testenv.RandomID(4)
-		lossy.Arm(commitScript, testenv.KilledReply)
-		h, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: f.user.ID, State: holds.StateRunning,
-			TTL: time.Minute, Fresh: true, Token: testenv.RandomID(16)})
-		if !lossy.Fired() {
-			t.Fatal("the commit was never answered killed")
-		}
-		if err != nil || h.Existing || h.HeldMicro != 20_000 {
-			t.Fatalf("admission whose committed COMMIT was answered killed: %+v, %v; want its own new hold", h, err)
-		}
-		if n, state := holdRows(t, f.store, run); n != 1 || state != string(holds.StateRunning) {
-			t.Fatalf("%d rows for the run, state %q", n, state)
-		}
+		run := admitThroughUnansweredCommit(t, f, lossy, testenv.KilledReply, true)
 		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: run, Source: holds.SourceRelease}); err != nil {
 			t.Fatal(err)
 		}

@@ -65,19 +65,7 @@ func TestLostCommitReplyIsClaimedByTheRetry(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			f, lossy := newLossyFixture(t)
 			ctx := context.Background()
-			run := "r_lost_" + testenv.RandomID(4)
-			lossy.Arm(commitScript, testenv.LoseReply)
-			h, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: f.user.ID, State: holds.StateRunning,
-				TTL: time.Minute, Fresh: fresh, Token: testenv.RandomID(16)})
-			if !lossy.Fired() {
-				t.Fatal("the commit's reply was never lost")
-			}
-			if err != nil || h.Existing || h.HeldMicro != 20_000 {
-				t.Fatalf("admission whose commit reply was lost: %+v, %v; want its own new hold", h, err)
-			}
-			if n, state := holdRows(t, f.store, run); n != 1 || state != string(holds.StateRunning) {
-				t.Fatalf("%d rows for the run, state %q", n, state)
-			}
+			run := admitThroughUnansweredCommit(t, f, lossy, testenv.LoseReply, fresh)
 			if res, err := f.store.Settle(ctx, holds.Settlement{RunID: run, CostMicro: 3_000, Source: holds.SourceComplete}); err != nil || !res.Applied {
 				t.Fatalf("settle the claimed hold: %+v, %v", res, err)
 			}
@@ -363,4 +351,25 @@ func checkAllPruned(t *testing.T, db *sqlx.DB, res holds.PruneResult, what strin
 	if left != 0 || res.Runs != 5 || res.Batches != 2 {
 		t.Errorf("%s: %+v, %d runs left; want 5 runs in 2 batches, none left", what, res, left)
 	}
+}
+
+// admitThroughUnansweredCommit admits a new hold whose closing script commits and is then
+// answered as mode says (its reply lost, or answered killed), and checks the admission claimed
+// its own committed hold, one running row; it returns the run.
+func admitThroughUnansweredCommit(t *testing.T, f *settleFixture, lossy *testenv.Lossy, mode testenv.LossMode, fresh bool) string {
+	t.Helper()
+	run := "r_unanswered_" + testenv.RandomID(4)
+	lossy.Arm(commitScript, mode)
+	h, err := f.store.Admit(context.Background(), holds.AdmitRequest{RunID: run, UserID: f.user.ID, State: holds.StateRunning,
+		TTL: time.Minute, Fresh: fresh, Token: testenv.RandomID(16)})
+	if !lossy.Fired() {
+		t.Fatal("the commit was answered")
+	}
+	if err != nil || h.Existing || h.HeldMicro != 20_000 {
+		t.Fatalf("admission whose commit went unanswered: %+v, %v; want its own new hold", h, err)
+	}
+	if n, state := holdRows(t, f.store, run); n != 1 || state != string(holds.StateRunning) {
+		t.Fatalf("%d rows for the run, state %q", n, state)
+	}
+	return run
 }
