@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -23,14 +24,7 @@ import (
 // neither the answer nor the log line of the refusal may quote the key: it is still live (the
 // request revoked nothing), and the log is read by more people than hold keys.
 func TestRevokeByPrefixDoesNotQuoteAWholeKey(t *testing.T) {
-	db := testenv.MySQL(t)
-	core, logs := observer.New(zapcore.DebugLevel)
-	log := zap.New(core)
-	st := holds.NewStore(db, plans(), "standard", log)
-	r := chi.NewRouter()
-	r.Mount("/admin", admin.New(st, 1000, adminToken, log))
-	srv := httptest.NewServer(r)
-	defer srv.Close()
+	db, st, srv, logs := observedAdmin(t)
 	t.Cleanup(func() { testenv.CheckLedger(t, db) })
 
 	ctx := t.Context()
@@ -75,14 +69,7 @@ func TestRevokeByPrefixDoesNotQuoteAWholeKey(t *testing.T) {
 // (64 KiB): a stranger made the gateway write a 64 KiB line per request. It is quoted up to 512
 // bytes, as the gateway quotes whatever a caller sent.
 func TestBadTokenLogLineDoesNotQuoteAHugeRequest(t *testing.T) {
-	db := testenv.MySQL(t)
-	core, logs := observer.New(zapcore.DebugLevel)
-	log := zap.New(core)
-	st := holds.NewStore(db, plans(), "standard", log)
-	r := chi.NewRouter()
-	r.Mount("/admin", admin.New(st, 1000, adminToken, log))
-	srv := httptest.NewServer(r)
-	defer srv.Close()
+	_, _, srv, logs := observedAdmin(t)
 
 	long := strings.Repeat("x", 60_000)
 	for _, c := range []struct{ method, path, token string }{
@@ -113,4 +100,18 @@ func TestBadTokenLogLineDoesNotQuoteAHugeRequest(t *testing.T) {
 			}
 		}
 	}
+}
+
+// observedAdmin serves the admin API on a test server whose log lines are observed.
+func observedAdmin(t *testing.T) (*sqlx.DB, *holds.Store, *httptest.Server, *observer.ObservedLogs) {
+	t.Helper()
+	db := testenv.MySQL(t)
+	core, logs := observer.New(zapcore.DebugLevel)
+	log := zap.New(core)
+	st := holds.NewStore(db, plans(), "standard", log)
+	r := chi.NewRouter()
+	r.Mount("/admin", admin.New(st, 1000, adminToken, log))
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	return db, st, srv, logs
 }
