@@ -46,7 +46,7 @@ type Run struct {
 	SettledAt    sql.NullTime   `db:"settled_at" json:"-"`
 	// ReadAt is the database clock when Store.Run read the row (zero from other reads): the
 	// clock its created_at and settled_at are on. A decision on how long ago one of them was
-	// measures from it (Age, SettledFor), never from the gateway's clock, which may be
+	// measures from it (Age), never from the gateway's clock, which may be
 	// minutes off the database's.
 	ReadAt time.Time `db:"read_at" json:"-"`
 	// AdmitToken is the token of the admission that inserted the hold (AdmitRequest.Token),
@@ -79,18 +79,6 @@ func (r Run) Age() time.Duration {
 		panic("holds: Run.Age of a run not read by Store.Run")
 	}
 	return r.ReadAt.Sub(r.CreatedAt)
-}
-
-// SettledFor is how long the run had been settled when Store.Run read it, by the database
-// clock; ok is false for a run not settled.
-func (r Run) SettledFor() (d time.Duration, ok bool) {
-	if r.ReadAt.IsZero() {
-		panic("holds: Run.SettledFor of a run not read by Store.Run")
-	}
-	if !r.SettledAt.Valid {
-		return 0, false
-	}
-	return r.ReadAt.Sub(r.SettledAt.Time), true
 }
 
 // Extend pushes a live run's expiry to now + ttl (database time), never earlier than it is:
