@@ -21,7 +21,7 @@ import (
 // audioTokens is the estimate of the prompt's audio (metering.EstimatePrompt): audio
 // input on a model without an audio input price is refused likewise, as is a spoken answer on
 // one without an audio output price.
-func unpricedOption(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64, longCache bool) string {
+func unpricedOption(format metering.Format, root topObject, header http.Header, price pricing.Price, audioTokens int64, longCache bool) string {
 	if what := unpricedWork(format, root, header, price, audioTokens, longCache); what != "" {
 		return what
 	}
@@ -105,7 +105,7 @@ func unpricedOption(format metering.Format, root gjson.Result, header http.Heade
 // it (checkFallbacks): a router's fallback without the price answers at its own rates for the
 // work, and billed at its text, output or cache-write price instead, a call with audio paid a
 // fraction of what the provider charged.
-func unpricedWork(format metering.Format, root gjson.Result, header http.Header, price pricing.Price, audioTokens int64, longCache bool) string {
+func unpricedWork(format metering.Format, root topObject, header http.Header, price pricing.Price, audioTokens int64, longCache bool) string {
 	// Past 200 k prompt tokens the beta bills every token at long-context rates: served on a
 	// model whose price has them (pricing.Price.Long), billed at them past its line.
 	if asksContext1M(header, root) && price.Long == nil {
@@ -135,7 +135,7 @@ func unpricedWork(format metering.Format, root gjson.Result, header http.Header,
 // the body too, where Bedrock takes it ("anthropic_beta", or in Converse's
 // "additionalModelRequestFields") and a router serving Claude from Bedrock passes a field it
 // does not know on: the gateway forwards such fields untouched.
-func asksContext1M(header http.Header, root gjson.Result) bool {
+func asksContext1M(header http.Header, root topObject) bool {
 	for name, values := range header {
 		if !strings.HasSuffix(strings.ToLower(name), "anthropic-beta") {
 			continue
@@ -159,7 +159,7 @@ func asksContext1M(header http.Header, root gjson.Result) bool {
 // asksSpokenAnswer reports whether a request asks for an audio answer: a chat request with
 // 'audio' options or "audio" among its 'modalities'. Either alone counts: the output bound of
 // such a call prices every output token as audio (pricing.Price.Spoken).
-func asksSpokenAnswer(format metering.Format, root gjson.Result) bool {
+func asksSpokenAnswer(format metering.Format, root topObject) bool {
 	if format != metering.FormatChat {
 		return false
 	}
@@ -262,7 +262,7 @@ func cacheControls(raw string) (marked, long bool) {
 // firstTool returns the type of the first entry of the request's tools whose type starts
 // with one of families (types carry a version or variant: web_search_preview,
 // web_search_20250305), or "".
-func firstTool(root gjson.Result, families ...string) string {
+func firstTool(root topObject, families ...string) string {
 	for _, tool := range root.Get("tools").Array() {
 		t := tool.Get("type").Str
 		for _, f := range families {
@@ -279,7 +279,7 @@ func firstTool(root gjson.Result, families ...string) string {
 // container_reference): billed per container, as code_interpreter is. A shell without an
 // environment, or with a local one, is run by the caller and costs tokens only; any other
 // environment counts as hosted, so a new kind is not served for free by accident.
-func hostedShell(root gjson.Result) bool {
+func hostedShell(root topObject) bool {
 	for _, tool := range root.Get("tools").Array() {
 		if tool.Get("type").Str != "shell" {
 			continue
@@ -343,7 +343,7 @@ func unpricedTier(format metering.Format, tier gjson.Result) string {
 // each search of a provider's native one, on top of the tokens; the suffixed name would be
 // priced by its prefix, at the tokens alone. On every route: OpenRouter takes both on its
 // Anthropic-shaped endpoint as on its OpenAI-shaped ones.
-func routerWebSearch(root gjson.Result) string {
+func routerWebSearch(root topObject) string {
 	for _, p := range root.Get("plugins").Array() {
 		if strings.EqualFold(strings.TrimSpace(p.Get("id").Str), "web") {
 			return "the router's 'web' plugin (a per-result search fee)"
@@ -359,7 +359,7 @@ func routerWebSearch(root gjson.Result) string {
 // (fallbackLists), carries the router's variant suffix (":online", ":nitro"), in any case.
 // Such a name is priced by its prefix, at the base model's price, while the router bills the
 // variant's.
-func routerModelNamed(root gjson.Result, suffix string) bool {
+func routerModelNamed(root topObject, suffix string) bool {
 	names := []gjson.Result{root.Get("model")}
 	for _, field := range fallbackLists {
 		names = append(names, root.Get(field).Array()...)
@@ -384,7 +384,7 @@ var routerRetryFields = []string{"timeout", "request_timeout", "stream_timeout",
 
 // routerRetryField names the first of routerRetryFields a request sets (null is unset, as the
 // router reads it), or returns "".
-func routerRetryField(root gjson.Result) string {
+func routerRetryField(root topObject) string {
 	for _, f := range routerRetryFields {
 		if v := root.Get(f); v.Exists() && v.Type != gjson.Null {
 			return f

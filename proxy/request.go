@@ -250,14 +250,15 @@ func (s *stallReader) Read(p []byte) (int, error) {
 // parseCall validates a body for rt. Everything a request can get wrong is found here, before
 // a hold exists.
 func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callRequest, *apiError) {
-	root, aerr := parseObject(body)
+	parsed, aerr := parseObject(body)
 	if aerr != nil {
 		return nil, aerr
 	}
+	root := indexTop(parsed) // read many times below, mostly for keys the body lacks
 	if aerr := checkReadKeysOnce(root); aerr != nil {
 		return nil, aerr
 	}
-	m, aerr := s.servedModel(root, rt.path, rt.upstreamKind)
+	m, aerr := s.servedModel(parsed, rt.path, rt.upstreamKind)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -283,7 +284,7 @@ func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callReq
 // readAnswerOptions reads how the body asks to be answered: streamed or whole, up to which
 // output bound, and how many answers; a background response, which cannot be metered, is
 // refused.
-func (c *callRequest) readAnswerOptions(root gjson.Result) *apiError {
+func (c *callRequest) readAnswerOptions(root topObject) *apiError {
 	rt := c.route
 	// A null stream is the default, false, as OpenAI's API reads it (and as a null output
 	// bound or n is read here): clients that write every optional field send it.
@@ -317,7 +318,7 @@ func (c *callRequest) readAnswerOptions(root gjson.Result) *apiError {
 
 // readPrompt reads what the prompt will be billed as: its estimate, the spoken answers it
 // sends back, what it carries on from at the provider, and the part it marks for the cache.
-func (c *callRequest) readPrompt(root gjson.Result) *apiError {
+func (c *callRequest) readPrompt(root topObject) *apiError {
 	rt, body := c.route, c.body
 	c.inputEstimate, c.audioEstimate = metering.EstimatePrompt(rt.format, body)
 	c.spoken = asksSpokenAnswer(rt.format, root)
@@ -339,7 +340,7 @@ func (c *callRequest) readPrompt(root gjson.Result) *apiError {
 // checkOptions refuses what the gateway could not bill or forward as asked: an option billed
 // at rates it has no price for, an unpriced fallback model, a message without its required
 // bound, stream options it could not edit.
-func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Header) *apiError {
+func (s *Server) checkOptions(c *callRequest, root topObject, header http.Header) *apiError {
 	rt := c.route
 	if f := routerRetryField(root); f != "" {
 		return errBadRequest("unsupported_parameter", fmt.Sprintf(
@@ -376,11 +377,11 @@ func (s *Server) checkOptions(c *callRequest, root gjson.Result, header http.Hea
 // it (checkReadKeysOnce), what the prompt's estimate reads (the charge of a call whose usage
 // never comes, the output bound within the cap) must be what the provider bills. Checked last,
 // so that a body refused for what a repeat hid (an option billed at other rates) is told so.
-func checkRepeatsAnywhere(format metering.Format, root gjson.Result) *apiError {
+func checkRepeatsAnywhere(format metering.Format, root topObject) *apiError {
 	if k, ok := repeatedKeyAnywhere(root.Raw); ok {
 		return errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", k))
 	}
-	if k := repeatedPromptKey(format, root); k != "" {
+	if k := repeatedPromptKey(format, root.Result); k != "" {
 		return errRepeatedKey(k)
 	}
 	return nil
@@ -414,8 +415,8 @@ var nestedReadKeys = []struct{ parent, key string }{
 // repeated keys (gjson), providers the last: a body that names one model, stream mode, output
 // bound or usage option to the gateway and another to the provider would be billed for what
 // it did not run.
-func checkReadKeysOnce(root gjson.Result) *apiError {
-	if k, ok := repeatedKey(root, readKeys...); ok {
+func checkReadKeysOnce(root topObject) *apiError {
+	if k, ok := repeatedKey(root.Result, readKeys...); ok {
 		return errRepeatedKey(k)
 	}
 	for _, n := range nestedReadKeys {
@@ -437,7 +438,7 @@ func errRepeatedKey(k string) *apiError {
 // readOutputBounds reads every output bound the route knows (max_tokens and its kin): each
 // one the body carries, and the least of them as maxOutput, since providers differ in which
 // they honour.
-func (c *callRequest) readOutputBounds(root gjson.Result) *apiError {
+func (c *callRequest) readOutputBounds(root topObject) *apiError {
 	c.bounds = make([]int64, len(c.route.maxFields))
 	for i, f := range c.route.maxFields {
 		c.bounds[i] = -1
@@ -462,7 +463,7 @@ func (c *callRequest) readOutputBounds(root gjson.Result) *apiError {
 
 // readChoices reads how many answers the body asks for (n, best_of): the most of them, each
 // answer up to the output bound.
-func readChoices(rt *route, root gjson.Result) (int64, *apiError) {
+func readChoices(rt *route, root topObject) (int64, *apiError) {
 	choices := int64(1)
 	for _, f := range rt.choiceFields {
 		v := root.Get(f)
@@ -751,7 +752,7 @@ const maxContinuedID = 256
 
 // continuedFrom returns what a Responses request continues: its previous_response_id and its
 // conversation (an id, or an object with one); "" for either it does not name.
-func continuedFrom(root gjson.Result) (previousResponse, conversation string) {
+func continuedFrom(root topObject) (previousResponse, conversation string) {
 	id := func(v gjson.Result) string {
 		if v.Type == gjson.String && len(v.Str) <= maxContinuedID {
 			return v.Str
