@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/internal/jsontop"
 )
 
 // Estimates stand in for usage the upstream never reported (a client that left before the
@@ -41,26 +43,31 @@ func EstimatePrompt(f Format, body []byte) (input, audio int64) {
 // estimateInput is EstimatePrompt's input; mayAudio is whether body may hold audio (mayHoldAudio).
 func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 	var p promptSize
+	// Viewed, not copied (only lengths are kept, nothing outlives body), and indexed once: of
+	// the keys read below most are absent from a given body, and gjson finds an absent key
+	// only by skipping every member, a pass over the whole prompt for each (GetBytes also
+	// copied the messages each time it found them).
+	top := jsontop.Index(gjson.Parse(unsafeString(body)))
 	// Tool definitions and an output schema are part of the prompt the provider counts.
-	p.textBytes += int64(len(gjson.GetBytes(body, "tools").Raw))
-	p.textBytes += int64(len(gjson.GetBytes(body, "response_format").Raw))
-	p.textBytes += int64(len(gjson.GetBytes(body, "text.format").Raw))
+	p.textBytes += int64(len(top.Get("tools").Raw))
+	p.textBytes += int64(len(top.Get("response_format").Raw))
+	p.textBytes += int64(len(top.Get("text.format").Raw))
 	switch f {
 	case FormatChat:
 		// The function definitions of chat's function calling before tools (functions).
-		p.textBytes += int64(len(gjson.GetBytes(body, "functions").Raw))
-		p.addChat(body, mayAudio)
+		p.textBytes += int64(len(top.Get("functions").Raw))
+		p.addChat(top.Get("messages"), mayAudio)
 	case FormatAnthropic:
 		// Anthropic's output schema (output_config.format; output_format under its
 		// structured-outputs beta), which it explains to the model in a system prompt of its own.
-		p.textBytes += int64(len(gjson.GetBytes(body, "output_config.format").Raw))
-		p.textBytes += int64(len(gjson.GetBytes(body, "output_format").Raw))
+		p.textBytes += int64(len(top.Get("output_config.format").Raw))
+		p.textBytes += int64(len(top.Get("output_format").Raw))
 		// A system prompt is a message of its own to the model, with the same overhead (as
 		// a chat request's system message is); so is a Responses request's instructions, and
 		// its input given as one string.
-		p.message(gjson.GetBytes(body, "system"))
+		p.message(top.Get("system"))
 		var loopThinking int64
-		gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+		top.Get("messages").ForEach(func(_, m gjson.Result) bool {
 			p.messages++
 			c := m.Get("content")
 			p.count(c)
@@ -73,20 +80,20 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 		})
 		p.textBytes += loopThinking
 	case FormatResponses:
-		p.message(gjson.GetBytes(body, "instructions"))
-		p.addResponsesInput(gjson.GetBytes(body, "input"))
+		p.message(top.Get("instructions"))
+		p.addResponsesInput(top.Get("input"))
 		// A stored prompt's variables: its own text is not in the body, their values are, and
 		// the provider puts them into the prompt (a string, or an input part each).
-		gjson.GetBytes(body, "prompt.variables").ForEach(func(_, v gjson.Result) bool {
+		top.Get("prompt.variables").ForEach(func(_, v gjson.Result) bool {
 			p.textBytes += partLen(v, 0)
 			return true
 		})
 	case FormatCompletions:
-		p.count(gjson.GetBytes(body, "prompt"))
+		p.count(top.Get("prompt"))
 		// Text to insert before (insert mode): the model reads it as prompt.
-		p.count(gjson.GetBytes(body, "suffix"))
+		p.count(top.Get("suffix"))
 	case FormatEmbeddings:
-		p.count(gjson.GetBytes(body, "input"))
+		p.count(top.Get("input"))
 	}
 	return min(maxEstimatedTokens, ceilDiv(p.textBytes, bytesPerToken)+p.messages*tokensPerMessage)
 }
@@ -115,8 +122,8 @@ func (p *promptSize) message(v gjson.Result) {
 // counts it (whose estimate is the audio part of this one, not more to it). Only looked for
 // in a body that may hold one (spoken): most do not, and the look is a second pass over every
 // message.
-func (p *promptSize) addChat(body []byte, spoken bool) {
-	gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
+func (p *promptSize) addChat(messages gjson.Result, spoken bool) {
+	messages.ForEach(func(_, m gjson.Result) bool {
 		p.messages++
 		p.count(m.Get("content"))
 		m.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
@@ -249,7 +256,8 @@ func UserTurns(f Format, body []byte) int {
 		path = "input"
 	}
 	n := 0
-	gjson.GetBytes(body, path).ForEach(func(_, m gjson.Result) bool {
+	// Viewed, not copied: only the count is kept (GetBytes copied the whole list).
+	gjson.Get(unsafeString(body), path).ForEach(func(_, m gjson.Result) bool {
 		if m.Get("role").String() == "user" {
 			n++
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/jsontop"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -894,3 +895,8 @@ func (c *callRequest) fitThinking(limit int64) (bool, error) {
 	}
 	return true, nil
 }
+
+// topObject is a body's top level, indexed once for the many keys parseCall's checks read.
+type topObject = jsontop.Object
+
+var indexTop = jsontop.Index

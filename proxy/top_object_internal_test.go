@@ -13,7 +13,7 @@ func TestTopObjectGetIsGjsons(t *testing.T) {
 		`{"a":{"x":1},"a":{"b":2},"c":1,"c":{"b":3}}`,
 		`{"mod\u0065l":"m","stream_options":{"include_usage":true},"text":{"format":{"type":"json"}},"tools":[{"type":"web_search"}]}`,
 		`{"providerOptions":{"gateway":{"models":["x"]}},"":1,"a.b":2,"plugins":[{"id":"web"}]}`,
-		`{}`,
+		`{}`, `[{"a":1}]`, `"a"`, ` {"a":1}`,
 	}, requestSeeds...)
 	paths := []string{"a", "a.b", "c.b", "model", "stream_options.include_usage", "text.format", "tools", "tools.#",
 		"providerOptions.gateway.models", "plugins", "", "a\\.b", "m*", "missing", "missing.x", "n", "prompt.variables", "conversation.id"}
