@@ -154,10 +154,17 @@ func TestReadyzNamesOnlyTheDependencyThatStalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { stalled.Close() })
+	// The listener is closed and its accept loop has ended before the held connections are
+	// waited for: a connection accepted (held.Add) while Wait ran raced it.
 	var held sync.WaitGroup
-	t.Cleanup(held.Wait)
+	accepting := make(chan struct{})
+	t.Cleanup(func() {
+		stalled.Close()
+		<-accepting
+		held.Wait()
+	})
 	go func() {
+		defer close(accepting)
 		for {
 			conn, err := stalled.Accept()
 			if err != nil {
