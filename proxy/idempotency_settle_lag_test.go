@@ -45,16 +45,7 @@ func TestIdemKeyFreeWhenItsRecordExpiredAfterALateSettlement(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	b := send(h.gw.URL, key, chatBody, idem)
-	h.settled()
-	if b.status != http.StatusOK || b.header.Get(proxy.ReplayedHeader) != "" {
-		t.Fatalf("retry after the record expired (replay_ttl since the answer), the attempt settled late: %d replayed=%q %s; want it run as a new request",
-			b.status, b.header.Get(proxy.ReplayedHeader), b.body)
-	}
-	if n := h.fake.Calls(); n != 2 {
-		t.Fatalf("%d upstream calls, want 2", n)
-	}
-	h.expectCharges(u.ID, []string{firstRun, b.header.Get(proxy.RunIDHeader)})
+	retryRunsAgain(h, key, idem, u.ID, firstRun, "retry after the record expired (replay_ttl since the answer), the attempt settled late")
 }
 
 // TestIdemAttemptTheReconcilerSettledIsNotRunAgainOnceRedisLostItsRecord: an attempt that
@@ -103,16 +94,7 @@ func TestIdemAttemptTheReconcilerSettledRunsAgainWhileItsRecordSaysItDidNotPin(t
 	if err := h.rdb.HDel(context.Background(), onlyIdemRecord(h), "run").Err(); err != nil {
 		t.Fatal(err)
 	}
-	b := send(h.gw.URL, key, chatBody, idem)
-	h.settled()
-	if b.status != http.StatusOK || b.header.Get(proxy.ReplayedHeader) != "" {
-		t.Fatalf("retry of an attempt cut before it pinned: %d replayed=%q %s; want it run as the next attempt",
-			b.status, b.header.Get(proxy.ReplayedHeader), b.body)
-	}
-	if n := h.fake.Calls(); n != 2 {
-		t.Fatalf("%d upstream calls, want 2", n)
-	}
-	h.expectCharges(u.ID, []string{firstRun, b.header.Get(proxy.RunIDHeader)})
+	retryRunsAgain(h, key, idem, u.ID, firstRun, "retry of an attempt cut before it pinned")
 }
 
 // answeredThenReconciled sends one Idempotency-Key call, answered whole, and leaves its row as
@@ -139,4 +121,19 @@ func onlyIdemRecord(h *harness) string {
 		h.t.Fatalf("idempotency records %v, %v; want one", recs, err)
 	}
 	return recs[0]
+}
+
+// retryRunsAgain sends the key's request again and checks it ran as a new attempt (not a
+// replay): a second upstream call, both runs charged.
+func retryRunsAgain(h *harness, key string, idem map[string]string, userID uint64, firstRun, what string) {
+	h.t.Helper()
+	b := send(h.gw.URL, key, chatBody, idem)
+	h.settled()
+	if b.status != http.StatusOK || b.header.Get(proxy.ReplayedHeader) != "" {
+		h.t.Fatalf("%s: %d replayed=%q %s; want it run as a new attempt", what, b.status, b.header.Get(proxy.ReplayedHeader), b.body)
+	}
+	if n := h.fake.Calls(); n != 2 {
+		h.t.Fatalf("%d upstream calls, want 2", n)
+	}
+	h.expectCharges(userID, []string{firstRun, b.header.Get(proxy.RunIDHeader)})
 }
