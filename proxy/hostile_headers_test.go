@@ -36,6 +36,29 @@ func recordingUpstream(extra http.Header) (http.HandlerFunc, func() http.Header)
 		}
 }
 
+// postedHeaders sends a chat call with hdr, which must be answered 200, and returns the headers
+// the upstream (seen, a recordingUpstream's) was sent.
+func postedHeaders(h *harness, key string, hdr map[string]string, seen func() http.Header) http.Header {
+	h.t.Helper()
+	resp := h.post(key, "/v1/chat/completions", chatBody, hdr)
+	body := readAll(h.t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	return seen()
+}
+
+// checkNotForwarded fails t for each header of hdr that got carries.
+func checkNotForwarded(t *testing.T, got http.Header, hdr map[string]string, what string) {
+	t.Helper()
+	for k := range hdr {
+		if v := got.Values(k); len(v) > 0 {
+			t.Errorf("%s %s reached the upstream: %q", what, k, v)
+		}
+	}
+}
+
 // A caller's headers that speak for the client's identity or carry credentials in another
 // provider's spelling must not reach the upstream next to the operator's key: X-Forwarded-For
 // and Forwarded are dropped, their siblings must be too, and Azure's api-key is a credential.
@@ -71,21 +94,11 @@ func TestCallerIdentityHeadersNotForwarded(t *testing.T) {
 		"X-Forwarded-Client-Cert": "By=spiffe://operator/gateway;URI=spiffe://operator/admin",
 		"X-Forwarded-User":        "admin",
 	}
-	resp := h.post(key, "/v1/chat/completions", chatBody, spoof)
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, body)
-	}
-	got := seen()
+	got := postedHeaders(h, key, spoof, seen)
 	if a := got.Get("Authorization"); a != "Bearer sk-operator" {
 		t.Errorf("upstream Authorization %q, want the operator's key", a)
 	}
-	for k := range spoof {
-		if v := got.Values(k); len(v) > 0 {
-			t.Errorf("caller header %s reached the upstream: %q", k, v)
-		}
-	}
+	checkNotForwarded(t, got, spoof, "caller header")
 }
 
 // The upstream's account identifiers (OpenAI's organisation and project, Anthropic's
@@ -315,16 +328,5 @@ func TestCallerEnvoyControlHeadersNotForwarded(t *testing.T) {
 		"X-Envoy-Upstream-Rq-Per-Try-Timeout-Ms": "1000",
 		"X-Envoy-Upstream-Rq-Timeout-Ms":         "1000",
 	}
-	resp := h.post(key, "/v1/chat/completions", chatBody, control)
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, body)
-	}
-	got := seen()
-	for k := range control {
-		if v := got.Values(k); len(v) > 0 {
-			t.Errorf("caller header %s reached the upstream: %q", k, v)
-		}
-	}
+	checkNotForwarded(t, postedHeaders(h, key, control, seen), control, "caller header")
 }
