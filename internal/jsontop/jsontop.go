@@ -3,6 +3,8 @@ package jsontop
 
 import (
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -71,4 +73,153 @@ func (t Object) Get(path string) gjson.Result {
 // in place (the rewrite makes a new one), qualifies.
 func View(b []byte) string {
 	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// Members calls fn with each member of the JSON object raw, in order, until fn returns false:
+// its key unescaped (as gjson compares keys) and its value's raw JSON. raw must be valid JSON
+// (the gateway checks a body before it reads it); anything but an object has no members, and
+// malformed bytes end the walk. The values are only skipped: gjson's ForEach unescapes every
+// string value it passes, and the checks that read only a message's keys spent most of their
+// time unescaping the tool outputs of an agent's transcript.
+func Members(raw string, fn func(key, value string) bool) {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '{' {
+		return
+	}
+	for i = skipSpace(raw, i+1); i < len(raw) && raw[i] == '"'; i = skipSpace(raw, i+1) {
+		end, escaped := stringEnd(raw, i)
+		if end >= len(raw) {
+			return
+		}
+		key := raw[i+1 : end]
+		if escaped {
+			key = gjson.Parse(raw[i : end+1]).Str
+		}
+		i = skipSpace(raw, end+1)
+		if i >= len(raw) || raw[i] != ':' {
+			return
+		}
+		start := skipSpace(raw, i+1)
+		i = valueEnd(raw, start)
+		if i > len(raw) || !fn(key, raw[start:i]) {
+			return
+		}
+		if i = skipSpace(raw, i); i >= len(raw) || raw[i] != ',' {
+			return
+		}
+	}
+}
+
+// skipSpace returns the index of the first byte at or after i that is not JSON whitespace.
+func skipSpace(raw string, i int) int {
+	for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index of the quote closing the string that opens at i (len(raw) if
+// none does), and whether the string has an escape in it.
+func stringEnd(raw string, i int) (end int, escaped bool) {
+	for end = i + 1; end < len(raw) && raw[end] != '"'; end++ {
+		if raw[end] == '\\' {
+			end++
+			escaped = true
+		}
+	}
+	return min(end, len(raw)), escaped
+}
+
+// valueEnd returns the index just past the JSON value that starts at i (past len(raw) if it
+// does not end).
+func valueEnd(raw string, i int) int {
+	if i >= len(raw) {
+		return len(raw) + 1
+	}
+	switch raw[i] {
+	case '"':
+		end, _ := stringEnd(raw, i)
+		return end + 1
+	case '{', '[':
+		depth := 0
+		for ; i < len(raw); i++ {
+			switch raw[i] {
+			case '"':
+				i, _ = stringEnd(raw, i)
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return len(raw) + 1
+	}
+	for i < len(raw) && !strings.ContainsRune(",}] \t\r\n", rune(raw[i])) {
+		i++
+	}
+	return i
+}
+
+// UnescapedLen is len(gjson.Parse(raw).Str) for raw, a valid JSON string (quotes included),
+// without unescaping it: a prompt's estimate counts the bytes of long texts (tool outputs,
+// documents) and keeps none of them. 0 for anything that is no string.
+func UnescapedLen(raw string) int {
+	if raw == "" || raw[0] != '"' {
+		return 0
+	}
+	end, _ := stringEnd(raw, 0)
+	s := raw[1:end]
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			n++
+			continue
+		}
+		if i++; i >= len(s) {
+			break
+		}
+		if s[i] != 'u' {
+			n++ // \n, \", \\ and their kin are one byte each
+			continue
+		}
+		// As gjson decodes \uXXXX: a high surrogate followed by an escaped low one is one
+		// rune, any other surrogate the replacement character (three bytes).
+		if i+5 > len(s) {
+			break
+		}
+		r := hexRune(s[i+1 : i+5])
+		i += 4
+		if r >= 0xD800 && r < 0xDC00 && i+7 <= len(s) && s[i+1] == '\\' && s[i+2] == 'u' {
+			if r2 := hexRune(s[i+3 : i+7]); r2 >= 0xDC00 && r2 < 0xE000 {
+				r = utf16.DecodeRune(r, r2)
+				i += 6
+			}
+		}
+		if l := utf8.RuneLen(r); l > 0 {
+			n += l
+		} else {
+			n += len(string(utf8.RuneError))
+		}
+	}
+	return n
+}
+
+// hexRune reads four hex digits (valid JSON has nothing else after \u).
+func hexRune(h string) rune {
+	var r rune
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
