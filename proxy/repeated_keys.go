@@ -116,7 +116,10 @@ func seenKey(k string, keys []string, set map[string]struct{}) bool {
 var (
 	messageReadKeys = []string{"role", "content", "tool_calls", "function_call", "refusal", "output", "arguments",
 		"input", "action", "operation", "tools"}
-	partReadKeys = []string{"text", "refusal", "content", "input"}
+	partReadKeys     = []string{"text", "refusal", "content", "input"}
+	toolCallReadKeys = []string{"function", "custom"}
+	argumentsKey     = []string{"arguments"}
+	inputKey         = []string{"input"}
 )
 
 // repeatedPromptKey returns a key that a message, a tool call or a content part of the
@@ -142,15 +145,25 @@ func repeatedPromptKey(f metering.Format, root gjson.Result) string {
 		if !m.IsObject() {
 			return true
 		}
-		if k, ok := repeatedKey(m, messageReadKeys...); ok {
+		var content, toolCalls, functionCall string
+		if k, ok := repeatedKeyEach(m.Raw, messageReadKeys, func(k, v string) {
+			switch k {
+			case "content":
+				content = v
+			case "tool_calls":
+				toolCalls = v
+			case "function_call":
+				functionCall = v
+			}
+		}); ok {
 			found = k
 			if k == "" {
 				found = `""` // a repeated empty key: the path must not read as none
 			}
-		} else if found = repeatedPartKey(m.Get("content"), "content", 0); found == "" {
-			if found = repeatedToolCallKey(m.Get("tool_calls")); found == "" {
+		} else if found = repeatedPartKey(containerAt(content), "content", 0); found == "" {
+			if found = repeatedToolCallKey(containerAt(toolCalls)); found == "" {
 				// Legacy function calling's call, whose arguments the estimate counts too.
-				if k, ok := repeatedKey(m.Get("function_call"), "arguments"); ok {
+				if k, ok := repeatedKeyEach(functionCall, argumentsKey, nil); ok {
 					found = "function_call." + k
 				}
 			}
@@ -177,10 +190,15 @@ func repeatedPartKey(content gjson.Result, at string, depth int) string {
 		case !p.IsObject():
 			found = repeatedPartKey(p, "", depth+1)
 		default:
-			if k, ok := repeatedKey(p, partReadKeys...); ok {
+			var inner string
+			if k, ok := repeatedKeyEach(p.Raw, partReadKeys, func(k, v string) {
+				if k == "content" {
+					inner = v
+				}
+			}); ok {
 				found = "." + k
 			} else {
-				found = repeatedPartKey(p.Get("content"), ".content", depth+1)
+				found = repeatedPartKey(containerAt(inner), ".content", depth+1)
 			}
 		}
 		return found == ""
@@ -189,6 +207,16 @@ func repeatedPartKey(content gjson.Result, at string, depth int) string {
 		return fmt.Sprintf("%s[%d]%s", at, i, found)
 	}
 	return ""
+}
+
+// containerAt is raw, a member's value, for repeatedPartKey and repeatedToolCallKey to walk if
+// it is an array or an object; a scalar is not parsed (a string would be unescaped for
+// nothing, and neither walks one).
+func containerAt(raw string) gjson.Result {
+	if !strings.HasPrefix(raw, "[") && !strings.HasPrefix(raw, "{") {
+		return gjson.Result{}
+	}
+	return gjson.Parse(raw)
 }
 
 // maxPartDepth is how deep repeatedPartKey looks: as deep as the estimate counts parts
@@ -205,14 +233,22 @@ func repeatedToolCallKey(calls gjson.Result) string {
 		if !tc.IsObject() {
 			return true
 		}
-		if k, ok := repeatedKey(tc, "function", "custom"); ok {
+		var function, custom string
+		if k, ok := repeatedKeyEach(tc.Raw, toolCallReadKeys, func(k, v string) {
+			switch k {
+			case "function":
+				function = v
+			case "custom":
+				custom = v
+			}
+		}); ok {
 			found = k
 			if k == "" {
 				found = `""` // a repeated empty key: the path must not read as none
 			}
-		} else if k, ok := repeatedKey(tc.Get("function"), "arguments"); ok {
+		} else if k, ok := repeatedKeyEach(function, argumentsKey, nil); ok {
 			found = "function." + k
-		} else if k, ok := repeatedKey(tc.Get("custom"), "input"); ok {
+		} else if k, ok := repeatedKeyEach(custom, inputKey, nil); ok {
 			found = "custom." + k
 		}
 		return found == ""

@@ -668,29 +668,66 @@ func nestedDeeperThan(b []byte, limit int) bool {
 // U+017F): a provider decoding with it reads "model" and "Model" as one key (the last), and
 // "Stream" alone as "stream", which the gateway would not see.
 func repeatedKey(obj gjson.Result, read ...string) (string, bool) {
-	seen := make(map[string]struct{}, 16)
-	readFolded := make([]string, len(read))
-	for i, r := range read {
-		readFolded[i] = foldKey(r)
-	}
-	var dup string
+	return repeatedKeyEach(obj.Raw, read, nil)
+}
+
+// repeatedKeyEach is repeatedKey on the raw JSON of an object that also hands each member it
+// passed to each (nil: none), so that a caller reads the values it wants in the same pass.
+// When no repeat is found, each has seen every member, and each key once: exact repeats too
+// are repeats.
+func repeatedKeyEach(raw string, read []string, each func(key, value string)) (string, bool) {
+	var (
+		few  [keysBeforeSet]string // the keys seen, until there are more
+		n    int
+		many map[string]struct{} // then their foldKey
+		dup  string
+	)
 	found := false
-	obj.ForEach(func(k, _ gjson.Result) bool {
-		f := foldKey(k.Str)
-		if _, ok := seen[f]; ok {
-			dup, found = k.Str, true
+	jsontop.Members(raw, func(k, v string) bool {
+		if seenFolded(k, few[:n], many) {
+			dup, found = k, true
 			return false
 		}
-		seen[f] = struct{}{}
-		for i, r := range read {
-			if k.Str != r && f == readFolded[i] {
-				dup, found = k.Str, true
+		for _, r := range read {
+			if k != r && strings.EqualFold(k, r) {
+				dup, found = k, true
 				return false
 			}
+		}
+		switch {
+		case many != nil:
+			many[foldKey(k)] = struct{}{}
+		case n < len(few):
+			few[n] = k
+			n++
+		default:
+			many = make(map[string]struct{}, 2*keysBeforeSet)
+			for _, s := range few {
+				many[foldKey(s)] = struct{}{}
+			}
+			many[foldKey(k)] = struct{}{}
+		}
+		if each != nil {
+			each(k, v)
 		}
 		return true
 	})
 	return dup, found
+}
+
+// seenFolded reports whether k, with case folded, is among the keys seen: in many once there
+// is one, else in few.
+func seenFolded(k string, few []string, many map[string]struct{}) bool {
+	if many != nil {
+		_, ok := many[foldKey(k)]
+		return ok
+	}
+	for _, s := range few {
+		if strings.EqualFold(s, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // foldKey maps every rune of s to the smallest of its simple case folding orbit, so that
