@@ -1,0 +1,290 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// The tests here run a fleet — two or three `gateway serve` processes on one MariaDB and one
+// Redis — and send one caller's work to all of them at once: what keeps a user's limits, a
+// key's single run and a named run's single charge must hold across processes, not within one.
+
+// gatedFleet is a world behind a gated upstream (every request carrying X-Fake-Gate waits at
+// the gate) with n gateways.
+func gatedFleet(t *testing.T, n int, over map[string]string) (*world, *gatedUpstream, []*gateway) {
+	t.Helper()
+	w := newWorld(t)
+	up := newGatedUpstream(t)
+	w.upstream = up.srv
+	if over != nil {
+		w.config = w.writeConfig(over)
+	}
+	var gws []*gateway
+	for i := range n {
+		gws = append(gws, w.startGateway(fmt.Sprintf("gw-%c", 'a'+i)))
+	}
+	return w, up, gws
+}
+
+// TestFleetStormKeepsEachUsersLimits: two users' storms, each split over three gateways, every
+// admitted call held at the upstream's gate. The first user may have 3 calls in flight: no more
+// than 3 of its calls reach the upstream, whichever processes admitted them. The second may run
+// 50 at once but has 50 credits: what its admitted calls hold together never passes them. Then
+// the gate opens, every call ends, and each call was charged once.
+func TestFleetStormKeepsEachUsersLimits(t *testing.T) {
+	w, up, gws := gatedFleet(t, 3, map[string]string{"holds.hold_ttl": "10m"})
+	rich, richKey := w.user("storm-rich", 3, nil)
+	poorAllowance := int64(50_000)
+	poor, poorKey := w.user("storm-poor", 50, &poorAllowance)
+
+	const perUser = 24
+	var calls []<-chan downCall
+	for i := range perUser {
+		for _, k := range []string{richKey, poorKey} {
+			g := gws[i%len(gws)]
+			calls = append(calls, sendSeen(g, k, i%2 == 0, fmt.Sprintf("storm %s %d", k[:8], i), map[string]string{
+				"X-Fake-Gate": "storm", "X-Fake-Chunks": "30"}))
+		}
+	}
+	// Every call is either refused (it answers now) or at the gate (it arrived): wait until the
+	// two add up, then look at what is held.
+	var (
+		arrived int
+		ended   []downCall
+	)
+	deadline := time.After(60 * time.Second)
+	for arrived+len(ended) < len(calls) {
+		select {
+		case <-up.arrived:
+			arrived++
+		case <-deadline:
+			t.Fatalf("storm: %d arrived and %d answered of %d within 60s", arrived, len(ended), len(calls))
+		default:
+			got := false
+			for i, ch := range calls {
+				if ch == nil {
+					continue
+				}
+				select {
+				case c := <-ch:
+					ended = append(ended, c)
+					calls[i] = nil
+					got = true
+				default:
+				}
+			}
+			if !got {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+	live := func(userID uint64) (n int, held int64) {
+		if err := w.db.QueryRow(`SELECT COUNT(*), COALESCE(SUM(held_micro), 0) FROM run_holds
+			WHERE user_id = ? AND state IN ('queued', 'running')`, userID).Scan(&n, &held); err != nil {
+			t.Fatal(err)
+		}
+		return n, held
+	}
+	richLive, _ := live(rich.ID)
+	poorLive, poorHeld := live(poor.ID)
+	t.Logf("at the gate: %d calls; refused %d; rich live %d, poor live %d holding %d µUSD", arrived, len(ended), richLive, poorLive, poorHeld)
+	if richLive > 3 {
+		t.Errorf("user with max_in_flight 3 has %d calls live over three gateways", richLive)
+	}
+	if poorHeld > poorAllowance {
+		t.Errorf("user with %d µUSD has %d µUSD held over three gateways", poorAllowance, poorHeld)
+	}
+	if arrived != richLive+poorLive {
+		t.Errorf("%d calls reached the upstream, %d holds live", arrived, richLive+poorLive)
+	}
+	for _, c := range ended {
+		if c.status != http.StatusTooManyRequests && c.status != http.StatusPaymentRequired {
+			t.Errorf("refused call: %d %q (err %v), want 429 or 402", c.status, c.code, c.err)
+		}
+	}
+	up.open()
+	for _, ch := range calls {
+		if ch == nil {
+			continue
+		}
+		if c := receive(t, ch, "gated call"); c.status != http.StatusOK || !c.complete {
+			t.Errorf("admitted call: %d %q complete %v (err %v)", c.status, c.code, c.complete, c.err)
+		}
+	}
+	waitFor(t, 30*time.Second, "every hold settled", func() bool { return w.liveHolds() == 0 })
+	if bad, err := holds.Audit(context.Background(), w.db); err != nil || len(bad) > 0 {
+		t.Errorf("audit: %v %+v", err, bad)
+	}
+}
+
+// TestFleetIdempotencyKeyRacedOverTwoGateways: one request under one Idempotency-Key sent
+// twenty times at once, half to each of two gateways. One attempt reaches the upstream; every
+// other is answered 409 request_in_progress at once, on either process. Once it has ended, a
+// retry on either gateway is its answer replayed byte for byte, and the user is charged once.
+func TestFleetIdempotencyKeyRacedOverTwoGateways(t *testing.T) {
+	w, up, gws := gatedFleet(t, 2, nil)
+	u, key := w.user("idem-fleet", 50, nil)
+	hdr := map[string]string{"Idempotency-Key": "fleet-key-1", "X-Fake-Gate": "idem", "X-Fake-Chunks": "25"}
+	body := chatRequest(true, 40, "one request, many sends")
+
+	const n = 20
+	var (
+		mu      sync.Mutex
+		answers []reply
+		wg      sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			r := <-sendAsync(context.Background(), gws[i%2], key, body, hdr)
+			mu.Lock()
+			answers = append(answers, r)
+			mu.Unlock()
+		}()
+	}
+	close(start)
+	up.awaitArrivals(t, 1)
+	waitFor(t, 30*time.Second, "every send but the one at the gate answered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(answers) == n-1
+	})
+	mu.Lock()
+	for _, a := range answers {
+		if a.status != http.StatusConflict || errorCodeOf(a.body) != "request_in_progress" {
+			t.Errorf("a send while the first runs: %d %s (err %v), want 409 request_in_progress", a.status, a.body, a.err)
+		}
+	}
+	mu.Unlock()
+	up.open()
+	wg.Wait()
+	var first reply
+	for _, a := range answers {
+		if a.status == http.StatusOK {
+			first = a
+		}
+	}
+	if first.status != http.StatusOK {
+		t.Fatalf("no send was answered 200")
+	}
+	select {
+	case name := <-up.arrived:
+		t.Fatalf("a second attempt (%s) reached the upstream", name)
+	default:
+	}
+	for _, g := range gws {
+		resp := post(t, context.Background(), g, key, body, hdr)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Idempotent-Replayed") != "true" || string(raw) != string(first.body) {
+			t.Errorf("retry on %s after the answer: %d replayed %q, body equal %v", g.name, resp.StatusCode,
+				resp.Header.Get("Idempotent-Replayed"), string(raw) == string(first.body))
+		}
+	}
+	waitFor(t, 30*time.Second, "the attempt settled", func() bool { return w.liveHolds() == 0 })
+	var rows int
+	var charged int64
+	if err := w.db.QueryRow("SELECT COUNT(*), COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", u.ID).Scan(&rows, &charged); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || charged <= 0 || w.usedToday(u.ID) != charged {
+		t.Errorf("%d holds charged %d, ledger %d: want one hold charged once", rows, charged, w.usedToday(u.ID))
+	}
+}
+
+// TestFleetNamedRunSettledOnOneGatewayWhileCallsRunOnBoth: an agent's named run driven through
+// two gateways — its calls alternating between them and overlapping — while the agent's settle
+// is sent to one of them in the middle of it. Every call the agent was answered 200 and whole is
+// in the run's one charge, and nothing else is: a call either ran before the settle and is
+// charged, or was refused (409 run_settled, or 409 run_busy's counterpart for a call: none
+// starts once settling began) and is not. Several rounds, so the settle lands at different
+// points of the calls.
+func TestFleetNamedRunSettledOnOneGatewayWhileCallsRunOnBoth(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("fleet-run", 20, nil)
+	cfg := w.longRuns()
+	a := w.startGatewayWith("gw-a", cfg)
+	b := w.startGatewayWith("gw-b", cfg)
+	gws := []*gateway{a, b}
+	var total int64
+	for round := range 6 {
+		name := fmt.Sprintf("fleet-run-%d", round)
+		run := map[string]string{"X-Run-Id": name}
+		// Even rounds open the run with a call of their own; odd ones open it with the first of
+		// the overlapping calls, on either process.
+		var (
+			runID string
+			use0  pricing.Usage
+			calls int
+		)
+		if round%2 == 0 {
+			runID, use0 = completeCall(t, gws[round%2], key, chatBody(false, 40, "first step"), with(run, "X-Fake-Chunks", "10"))
+			calls = 1
+		}
+		// Each gateway gets a chain of calls, each sent as the one before it ends, the two
+		// chains side by side: the settle below finds calls in flight, gaps between them, and
+		// calls that start after it.
+		const n = 12
+		chans := make([]chan downCall, n)
+		for i := range n {
+			chans[i] = make(chan downCall, 1)
+		}
+		for side := range 2 {
+			go func() {
+				for i := side; i < n; i += 2 {
+					chans[i] <- <-sendSeen(gws[i%2], key, i%4 < 2, fmt.Sprintf("round %d step %d", round, i), with(with(run,
+						"X-Fake-Chunks", fmt.Sprint(5+i*3)), "X-Fake-Chunk-Interval", fmt.Sprintf("%dms", 1+round)))
+				}
+			}()
+		}
+		// The settle goes out once a call of the batch is under way (reserved, or ended), so it
+		// lands among them rather than before them all.
+		waitFor(t, 30*time.Second, "a call of the batch under way", func() bool {
+			var id string
+			var recorded int
+			err := w.db.QueryRow("SELECT run_id, calls FROM run_holds WHERE user_id = ? AND client_run_id = ?", u.ID, name).Scan(&id, &recorded)
+			if err != nil {
+				return false
+			}
+			return len(w.reservations(id)) > 0 || recorded > calls
+		})
+		view := settleRunWhenFree(t, gws[(round+1)%2], key, name)
+		want := use0
+		for i, ch := range chans {
+			c := receive(t, ch, fmt.Sprintf("round %d call %d", round, i))
+			switch {
+			case c.status == http.StatusOK && c.complete:
+				want, calls = want.Add(c.usage), calls+1
+				if runID == "" {
+					runID = c.runID
+				}
+			case c.status == http.StatusConflict && (c.code == "run_settled" || c.code == "run_busy" || c.code == "run_settling"):
+			default:
+				t.Errorf("round %d call %d: %d %q complete %v (err %v)", round, i, c.status, c.code, c.complete, c.err)
+			}
+		}
+		r := w.hold(runID)
+		cost := w.price.Cost(want)
+		t.Logf("round %d: %d calls charged of %d sent", round, calls, n+1-round%2)
+		if view["state"] != "settled" || r.State != holds.StateSettled || r.Calls != calls || r.InTok != want.Input ||
+			r.OutTok != want.Output || r.CostMicro != cost || r.ChargedMicro != cost {
+			t.Errorf("round %d: run %s calls %d in %d out %d cost %d charged %d; the agent saw %d calls in %d out %d cost %d",
+				round, r.State, r.Calls, r.InTok, r.OutTok, r.CostMicro, r.ChargedMicro, calls, want.Input, want.Output, cost)
+		}
+		total += r.ChargedMicro
+	}
+	if got := w.usedToday(u.ID); got != total {
+		t.Errorf("day ledger %d, want the runs' charges %d", got, total)
+	}
+}
