@@ -44,6 +44,9 @@ type Instance struct {
 	// seenMu guards seen: the other live rows' beats as this process last read them (watch).
 	seenMu sync.Mutex
 	seen   map[string]seenBeat
+	// twins: the rows under this process's own name seen beating (reportTwin), each
+	// reported once.
+	twins map[string]bool
 	// skew moves the watch's clock on, in tests only (export_test.go).
 	skew atomic.Int64
 }
@@ -195,10 +198,11 @@ const maxWatched = 1000
 func (in *Instance) watch(ctx context.Context) error {
 	var rows []struct {
 		ID       string    `db:"id"`
+		Name     string    `db:"name"`
 		BeatAt   time.Time `db:"beat_at"`
 		MaxGapUS int64     `db:"max_gap_us"`
 	}
-	if err := in.store.db.SelectContext(ctx, &rows, `SELECT id, beat_at, max_gap_us FROM instances
+	if err := in.store.db.SelectContext(ctx, &rows, `SELECT id, name, beat_at, max_gap_us FROM instances
 		WHERE dead_at IS NULL AND id <> ? ORDER BY beat_at, id LIMIT ?`, in.ID(), maxWatched); err != nil {
 		return fmt.Errorf("instance %s watch: %w", in.ID(), err)
 	}
@@ -208,6 +212,9 @@ func (in *Instance) watch(ctx context.Context) error {
 	seen := make(map[string]seenBeat, len(rows)) // rows gone (declared, retired) are forgotten
 	for _, r := range rows {
 		b, ok := in.seen[r.ID]
+		if ok && !b.beatAt.Equal(r.BeatAt) && r.Name == truncateName(in.name) && !in.twins[r.ID] {
+			in.reportTwin(r.ID)
+		}
 		if !ok || !b.beatAt.Equal(r.BeatAt) {
 			b = seenBeat{beatAt: r.BeatAt, since: now}
 		}
@@ -216,6 +223,23 @@ func (in *Instance) watch(ctx context.Context) error {
 	}
 	in.seen = seen
 	return nil
+}
+
+// reportTwin says, once per row, that a row under this process's own instance name beat while
+// this process watched it: another live process serves under the name. README asks for one name
+// per live process, since the name is what leases and the reconcile lock are held under (one's
+// lease release deletes a lease the other wrote; with their clocks apart one refuses the
+// other's lease writes for a lease TTL). A row whose beat stands still is a killed process's
+// that this one was restarted to replace, which is fine, and is not reported. Called with
+// seenMu held.
+func (in *Instance) reportTwin(id string) {
+	if in.twins == nil {
+		in.twins = map[string]bool{}
+	}
+	in.twins[id] = true
+	in.log.Error("another live gateway process serves under this instance name (TOLLGATE_INSTANCE); "+
+		"give each live process its own: the two share their leases and the reconcile lock",
+		zap.String("name", in.name), zap.String("instance_id", in.ID()), zap.String("other_instance_id", id))
 }
 
 // still lists the rows whose beat this process has watched stand still for longer than the gap
