@@ -34,16 +34,22 @@ func gatedFleet(t *testing.T, n int, over map[string]string) (*world, *gatedUpst
 	return w, up, gws
 }
 
-// TestFleetStormKeepsEachUsersLimits: two users' storms, each split over three gateways, every
+// TestFleetStormKeepsEachUsersLimits: three users' storms, each split over three gateways, every
 // admitted call held at the upstream's gate. The first user may have 3 calls in flight: no more
 // than 3 of its calls reach the upstream, whichever processes admitted them. The second may run
-// 50 at once but has 50 credits: what its admitted calls hold together never passes them. Then
-// the gate opens, every call ends, and each call was charged once.
+// 50 at once but has 50 credits: what its admitted calls hold together never passes them. The
+// third, an agent with max_in_flight 2, sends its calls under six named runs: no more than two
+// runs are admitted, each with no more than two calls at the upstream. Then the gate opens,
+// every call ends, and each call was charged once.
 func TestFleetStormKeepsEachUsersLimits(t *testing.T) {
 	w, up, gws := gatedFleet(t, 3, map[string]string{"holds.hold_ttl": "10m"})
 	rich, richKey := w.user("storm-rich", 3, nil)
 	poorAllowance := int64(50_000)
 	poor, poorKey := w.user("storm-poor", 50, &poorAllowance)
+
+	// The third user's calls belong to six named runs, two calls each: a run is one slot of
+	// max_in_flight 2, and runs at most 2 calls at once.
+	agent, agentKey := w.user("storm-agent", 2, nil)
 
 	const perUser = 24
 	var calls []<-chan downCall
@@ -53,18 +59,26 @@ func TestFleetStormKeepsEachUsersLimits(t *testing.T) {
 			calls = append(calls, sendSeen(g, k, i%2 == 0, fmt.Sprintf("storm %s %d", k[:8], i), map[string]string{
 				"X-Fake-Gate": "storm", "X-Fake-Chunks": "30"}))
 		}
+		if i < 12 {
+			calls = append(calls, sendSeen(gws[(i+1)%len(gws)], agentKey, i%2 == 1, fmt.Sprintf("agent step %d", i), map[string]string{
+				"X-Fake-Gate": "agent", "X-Fake-Chunks": "30", "X-Run-Id": fmt.Sprintf("storm-run-%d", i%6)}))
+		}
 	}
 	// Every call is either refused (it answers now) or at the gate (it arrived): wait until the
 	// two add up, then look at what is held.
 	var (
-		arrived int
-		ended   []downCall
+		arrived, agentArrived int
+		ended                 []downCall
 	)
 	deadline := time.After(60 * time.Second)
-	for arrived+len(ended) < len(calls) {
+	for arrived+agentArrived+len(ended) < len(calls) {
 		select {
-		case <-up.arrived:
-			arrived++
+		case gate := <-up.arrived:
+			if gate == "agent" {
+				agentArrived++
+			} else {
+				arrived++
+			}
 		case <-deadline:
 			t.Fatalf("storm: %d arrived and %d answered of %d within 60s", arrived, len(ended), len(calls))
 		default:
@@ -104,6 +118,11 @@ func TestFleetStormKeepsEachUsersLimits(t *testing.T) {
 	}
 	if arrived != richLive+poorLive {
 		t.Errorf("%d calls reached the upstream, %d holds live", arrived, richLive+poorLive)
+	}
+	agentLive, _ := live(agent.ID)
+	t.Logf("agent: %d runs live, %d calls at the gate", agentLive, agentArrived)
+	if agentLive > 2 || agentArrived > 2*agentLive {
+		t.Errorf("agent with max_in_flight 2: %d runs live, %d of their calls at the upstream; want at most 2 runs of 2 calls", agentLive, agentArrived)
 	}
 	for _, c := range ended {
 		if c.status != http.StatusTooManyRequests && c.status != http.StatusPaymentRequired {
