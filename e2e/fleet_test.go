@@ -307,3 +307,82 @@ func TestFleetNamedRunSettledOnOneGatewayWhileCallsRunOnBoth(t *testing.T) {
 		t.Errorf("day ledger %d, want the runs' charges %d", got, total)
 	}
 }
+
+// TestFleetIdempotencyKeyRetriedOverTwoGatewaysAfterAFailedAttempt: the first attempt of a key
+// fails at the upstream (a 500: charged nothing, the key not pinned), and its SDK's retries —
+// ten at once, half to each of two gateways — move the key on to its next attempt together. One
+// retry runs it; every other is 409 request_in_progress, not a third attempt of its own; the
+// answer is then replayed on both gateways, and the user is charged for one call.
+func TestFleetIdempotencyKeyRetriedOverTwoGatewaysAfterAFailedAttempt(t *testing.T) {
+	w, up, gws := gatedFleet(t, 2, nil)
+	u, key := w.user("idem-fleet-retry", 50, nil)
+	idem := map[string]string{"Idempotency-Key": "fleet-key-2"}
+	body := chatRequest(false, 40, "retried after a failure")
+	if r := <-sendAsync(context.Background(), gws[0], key, body, with(idem, "X-Fake-Status", "500")); r.status != http.StatusInternalServerError &&
+		r.status != http.StatusBadGateway {
+		t.Fatalf("first attempt: %d %s, want the upstream's failure", r.status, r.body)
+	}
+	waitFor(t, 30*time.Second, "the failed attempt settled", func() bool { return w.liveHolds() == 0 })
+
+	const n = 10
+	var (
+		mu      sync.Mutex
+		answers []reply
+		wg      sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			r := <-sendAsync(context.Background(), gws[i%2], key, body, with(with(idem, "X-Fake-Gate", "retry"), "X-Fake-Chunks", "20"))
+			mu.Lock()
+			answers = append(answers, r)
+			mu.Unlock()
+		}()
+	}
+	close(start)
+	up.awaitArrivals(t, 1)
+	waitFor(t, 30*time.Second, "every retry but the one at the gate answered", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(answers) == n-1
+	})
+	up.open()
+	wg.Wait()
+	var ran reply
+	for _, a := range answers {
+		switch {
+		case a.status == http.StatusOK && ran.status == 0:
+			ran = a
+		case a.status == http.StatusConflict && errorCodeOf(a.body) == "request_in_progress":
+		default:
+			t.Errorf("a retry: %d %s (err %v), want one 200 and the rest 409 request_in_progress", a.status, a.body, a.err)
+		}
+	}
+	select {
+	case name := <-up.arrived:
+		t.Fatalf("a second retry (%s) reached the upstream", name)
+	default:
+	}
+	for _, g := range gws {
+		resp := post(t, context.Background(), g, key, body, idem)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Idempotent-Replayed") != "true" || string(raw) != string(ran.body) {
+			t.Errorf("retry on %s after the answer: %d replayed %q, body equal %v", g.name, resp.StatusCode,
+				resp.Header.Get("Idempotent-Replayed"), string(raw) == string(ran.body))
+		}
+	}
+	waitFor(t, 30*time.Second, "the attempt settled", func() bool { return w.liveHolds() == 0 })
+	var rows, charged int
+	var total int64
+	if err := w.db.QueryRow("SELECT COUNT(*), COALESCE(SUM(charged_micro > 0), 0), COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?",
+		u.ID).Scan(&rows, &charged, &total); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 2 || charged != 1 || w.usedToday(u.ID) != total {
+		t.Errorf("%d attempts, %d charged (%d µUSD), ledger %d: want the failed one at 0 and one charged once", rows, charged, total, w.usedToday(u.ID))
+	}
+}
