@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -384,5 +385,78 @@ func TestFleetIdempotencyKeyRetriedOverTwoGatewaysAfterAFailedAttempt(t *testing
 	}
 	if rows != 2 || charged != 1 || w.usedToday(u.ID) != total {
 		t.Errorf("%d attempts, %d charged (%d µUSD), ledger %d: want the failed one at 0 and one charged once", rows, charged, total, w.usedToday(u.ID))
+	}
+}
+
+// TestFleetLockMovesToTheSurvivorWhileHoldsOfBothExpire: gw-a and gw-b each serve a stream that
+// outlives its hold's TTL, and gw-a an Idempotency-Key attempt too, whose retry sent to gw-b
+// meanwhile is 409 request_in_progress. gw-a is SIGKILLed while it holds the reconcile lock.
+// gw-b's reconciler takes the lock once it lapses and settles gw-a's calls (no tally: at their
+// hold), never its own stream, whose lease it finds, however often that stream's hold expires;
+// its stream ends complete and is charged what it used. The key's retry on gw-b then runs as a
+// new attempt, and is replayed after.
+func TestFleetLockMovesToTheSurvivorWhileHoldsOfBothExpire(t *testing.T) {
+	w := newWorld(t)
+	_, key := w.user("lock-move", 10, nil)
+	a := w.startGateway("gw-a")
+	b := w.startGateway("gw-b")
+	idem := map[string]string{"Idempotency-Key": "lock-move-1"}
+	deadPlain := startStream(t, a, key, 5000, 20*time.Millisecond, nil)
+	deadKeyed := startStream(t, a, key, 5000, 20*time.Millisecond, idem)
+	live := startStream(t, b, key, 400, 20*time.Millisecond, nil) // 8 s: several hold TTLs
+	for _, s := range []*stream{deadPlain, deadKeyed, live} {
+		waitFor(t, 30*time.Second, "a leased stream's hold extended past its TTL", func() bool {
+			r := w.hold(s.runID)
+			if r.State != holds.StateRunning {
+				t.Fatalf("live stream %s settled by the reconciler: %s", s.runID, r.SettleSource.String)
+			}
+			return r.ExpiresAt.Sub(r.CreatedAt) > testHoldTTL+testReconcile/2
+		})
+	}
+	retry := func() reply {
+		return <-sendAsync(context.Background(), b, key, chatBody(true, 5010, "stream please"), with(idem, "X-Fake-Chunks", "20"))
+	}
+	if r := retry(); r.status != http.StatusConflict || errorCodeOf(r.body) != "request_in_progress" {
+		t.Fatalf("retry on gw-b while gw-a's attempt streams: %d %s", r.status, r.body)
+	}
+	lock := w.keys.ReconcileLock()
+	waitFor(t, 30*time.Second, "gw-a to hold the reconcile lock", func() bool {
+		v, _ := w.rdb.Get(context.Background(), lock).Result()
+		return v == "gw-a"
+	})
+	a.signal(t, syscall.SIGKILL)
+	<-deadPlain.done
+	<-deadKeyed.done
+	for _, s := range []*stream{deadPlain, deadKeyed} {
+		waitFor(t, 30*time.Second, "gw-a's call settled by gw-b", func() bool {
+			if r := w.hold(live.runID); r.State != holds.StateRunning {
+				select {
+				case <-live.done:
+				default:
+					t.Fatalf("gw-b's live stream settled under it: %s", r.SettleSource.String)
+				}
+			}
+			return w.hold(s.runID).State == holds.StateSettled
+		})
+		if r := w.hold(s.runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != r.HeldMicro {
+			t.Errorf("gw-a's call %s: %q charged %d, want reconcile_hold at %d", s.runID, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
+		}
+	}
+	<-live.done
+	if live.err != nil || live.last != "data: [DONE]" {
+		t.Fatalf("gw-b's stream: %v, last %q", live.err, live.last)
+	}
+	waitFor(t, 30*time.Second, "gw-b's stream settled", func() bool { return w.hold(live.runID).State == holds.StateSettled })
+	if r := w.hold(live.runID); r.SettleSource.String != holds.SourceComplete || r.OutTok != 400 || r.ChargedMicro != r.CostMicro {
+		t.Errorf("gw-b's stream: %q out %d charged %d cost %d, want complete with its 400 tokens", r.SettleSource.String,
+			r.OutTok, r.ChargedMicro, r.CostMicro)
+	}
+	ran := retry()
+	if ran.status != http.StatusOK || ran.runID == deadKeyed.runID {
+		t.Fatalf("retry after gw-a's attempt was settled: %d run %s, want 200 as a new attempt", ran.status, ran.runID)
+	}
+	replayed := retry()
+	if replayed.status != http.StatusOK || string(replayed.body) != string(ran.body) {
+		t.Errorf("retry after the new attempt's answer: %d, body equal %v", replayed.status, string(replayed.body) == string(ran.body))
 	}
 }
