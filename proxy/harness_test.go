@@ -40,6 +40,9 @@ type harness struct {
 	upstream *httptest.Server
 	srv      *proxy.Server
 	gw       *httptest.Server
+	// metrics are the gateway's series; a test's own reconciler reports to them as
+	// cmd/gateway's does.
+	metrics *proxy.Metrics
 }
 
 func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
@@ -138,6 +141,7 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	// As cmd/gateway wires them: the store's committed settlements count in the metrics (those
 	// of a secondGateway on the same store too).
 	metrics := proxy.NewMetrics(nil)
+	h.metrics = metrics
 	h.store.OnSettled(metrics.ObserveSettled)
 	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log,
 		Admin: setup.admin, Metrics: metrics, Transport: setup.transport})
