@@ -286,6 +286,27 @@ func logErrorObject(c *call, body []byte) {
 		zap.String("error_type", logged(e.Get("type").String())), zap.String("error_message", logged(msg)))
 }
 
+// logErrorEvent writes a WARN line for a stream its provider ended with its own error event
+// (the SDKs raise on it): relayed as sent and settled stream_error, or upstream_error before
+// any output, it is, as an error object in a whole answer is (logErrorObject), the only word
+// of why a provider fails its streams. The error is where each format puts it: under "error"
+// (OpenAI's chat, Anthropic's), at the top (Responses' error event), or under
+// "response.error" (its response.failed).
+func logErrorEvent(c *call, ev metering.Event) {
+	var e gjson.Result
+	for _, path := range []string{"error", "response.error", "@this"} {
+		if e = gjson.GetBytes(ev.Data, path); e.IsObject() && (e.Get("message").Exists() || e.Get("code").Exists()) {
+			break
+		}
+	}
+	kind := e.Get("type").String()
+	if kind == "" || kind == "error" {
+		kind = e.Get("code").String()
+	}
+	c.log.Warn("upstream ended the stream with an error", zap.String("upstream", c.req.upstream.Name), zap.String("event", logged(ev.Name)),
+		zap.String("error_type", logged(kind)), zap.String("error_message", logged(e.Get("message").String())))
+}
+
 // refuseNonAnswer answers a 200 that holds no model's answer 502 upstream_error, charged
 // nothing, and logs its start.
 func refuseNonAnswer(w http.ResponseWriter, c *call, resp *http.Response, body []byte, logMsg, message string) int {

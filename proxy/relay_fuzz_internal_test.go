@@ -169,7 +169,7 @@ func FuzzRelayStream(f *testing.F) {
 			t.Fatal(err)
 		}
 		c := &call{req: &callRequest{route: rt, stream: true, model: "fake-gpt", priceKey: key,
-			clientAskedUsage: mode&relayAsked != 0, price: price},
+			clientAskedUsage: mode&relayAsked != 0, price: price, upstream: &config.Upstream{Name: "fake"}},
 			meter: metering.NewMeter(rt.format), log: zap.NewNop(), runID: "r_" + testenv.RandomID(8), inRun: inRun}
 		if !inRun {
 			c.fpKey = rf.keys.Dedup(1, testenv.RandomID(8))

@@ -69,6 +69,9 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			}
 		}
 		errorEnds := sr.upstreamErrorEnds()
+		if errorEnds {
+			logErrorEvent(c, ev)
+		}
 		raw, relayed := sr.unstripped(ev)
 		if !relayed {
 			continue
