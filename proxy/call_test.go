@@ -1039,3 +1039,25 @@ func TestStreamThatTimesOutSaysSo(t *testing.T) {
 		t.Fatalf("%d holds left live", live)
 	}
 }
+
+// TestBatchMetricCountsOnlyTheBatchesOfItsKind: tollgate_batch_items{kind} observes a batch
+// under a kind only when the batch carries items of it. Each batch was observed under both
+// kinds, 0 for the kind it did not carry, so a call's admission batch and its settlement batch
+// read as two batches of half an admission and half a settlement each: the mean an operator
+// reads to see how well admissions (or settlements) group was diluted by the other kind's
+// batches, and under a load whose settlements ride on admissions' batches, read as grouping
+// worse than it did.
+func TestBatchMetricCountsOnlyTheBatchesOfItsKind(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	h.settled()
+	for _, kind := range []string{"admissions", "settlements"} {
+		n, sum := h.metric(`tollgate_batch_items_count{kind="`+kind+`"}`), h.metric(`tollgate_batch_items_sum{kind="`+kind+`"}`)
+		if n != "1" || sum != "1" {
+			t.Errorf("batch_items{kind=%q}: %s batches of %s items; want the one batch that carried the call's one", kind, n, sum)
+		}
+	}
+}

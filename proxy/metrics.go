@@ -117,7 +117,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		SettleSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tollgate_settle_seconds",
 			Help: "Time from the end of a call to its settled row.", Buckets: fineBuckets(0.0005, 16)}),
 		BatchItems: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tollgate_batch_items",
-			Help:    "Items per batch transaction, by kind (settlements, admissions); a batch that holds both counts in both.",
+			Help:    "Items per batch transaction, by kind (settlements, admissions), counted under a kind only for the batches that carry it; a batch that holds both counts in both.",
 			Buckets: []float64{0, 1, 2, 4, 8, 16, 32, 64, 128, 256}}, []string{"kind"}),
 		Charged: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_charged_micro_usd_total",
 			Help: "Micro-USD charged by the settlements this process committed, by source (the day ledger is the record)."},
@@ -167,10 +167,16 @@ func fineBuckets(lo, hi float64) []float64 {
 
 const fineBucketCount = 46
 
-// observeBatch records one batch transaction of the writer.
+// observeBatch records one batch transaction of the writer, under each kind it carries: a
+// kind's mean is then how many of its items a batch that had any grouped, which a batch of
+// the other kind alone, observed as 0, would dilute.
 func (m *Metrics) observeBatch(b holds.BatchShape) {
-	m.BatchItems.WithLabelValues("settlements").Observe(float64(b.Settlements))
-	m.BatchItems.WithLabelValues("admissions").Observe(float64(b.Admissions))
+	if b.Settlements > 0 {
+		m.BatchItems.WithLabelValues("settlements").Observe(float64(b.Settlements))
+	}
+	if b.Admissions > 0 {
+		m.BatchItems.WithLabelValues("admissions").Observe(float64(b.Admissions))
+	}
 	for _, wait := range b.AdmitWaits {
 		m.admitQueuePhase.Observe(wait.Seconds())
 		m.admitTxPhase.Observe(b.Took.Seconds())
