@@ -241,9 +241,11 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 		// connection was found closed, as the server's idle_transaction_timeout leaves it
 		// under a gateway that was paused): the transaction dies with its connection, nothing
 		// committed, and the batch may simply be tried again. A script the server ended
-		// (serverEndedError) may have committed, as one whose reply was lost.
+		// (serverEndedError) may have committed, as one whose reply was lost; one it refused
+		// read_only (readOnlyError) did not, its COMMIT refused or never run.
 		err = endedByServer(err)
-		if isUnavailable(err) && !errors.Is(err, driver.ErrBadConn) {
+		var ro *readOnlyError
+		if isUnavailable(err) && !errors.Is(err, driver.ErrBadConn) && !errors.As(err, &ro) {
 			for _, in := range inserts {
 				if !in.existing {
 					sent[in.hold.RunID] = true

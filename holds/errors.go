@@ -164,16 +164,53 @@ type serverEndedError struct{ err error }
 func (e *serverEndedError) Error() string { return e.err.Error() }
 func (e *serverEndedError) Unwrap() error { return e.err }
 
-// endedByServer marks err as a serverEndedError when isEndedByServer says so.
+// endedByServer marks a batch's err as a serverEndedError when isEndedByServer says so, and
+// as a readOnlyError when isReadOnly does.
 func endedByServer(err error) error {
-	if isEndedByServer(err) {
+	switch {
+	case isEndedByServer(err):
 		return &serverEndedError{err: err}
+	case isReadOnly(err):
+		return &readOnlyError{err: err}
 	}
 	return err
 }
 
+// Server errors that refuse a write because the server, or the session's transactions, take
+// none. Either names the same moment: a primary demoted by a failover, or set read_only for
+// maintenance, as the gateway's account sees it (read_only binds an account without SUPER, or
+// READ_ONLY ADMIN on MariaDB 10.11 and later). MariaDB refuses a locking read (FOR UPDATE) so
+// too, a write at its start and a COMMIT of a transaction that wrote (before it commits, after
+// blocking the read lock's taking, and rolls the transaction back).
+const (
+	errOptionPreventsStatement = 1290 // ER_OPTION_PREVENTS_STATEMENT: --read-only (--super-read-only on MySQL)
+	errReadOnlyTransaction     = 1792 // ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: the session's transactions are read only
+)
+
+// isReadOnly is a statement refused because the server, or the session, takes no writes.
+// ER_OPTION_PREVENTS_STATEMENT names other options too (secure_file_priv, skip-grant-tables),
+// which no statement of a batch meets.
+func isReadOnly(err error) bool {
+	n := mysqlErrNumber(err)
+	return n == errOptionPreventsStatement || n == errReadOnlyTransaction
+}
+
+// readOnlyError is a batch's error whose statement the server refused for taking no writes
+// (isReadOnly). The batch is tried again, as if the database were out of reach, until its
+// deadline: a failover demotes a primary for the seconds it takes to promote another (and to
+// point the gateway's address at it), and failed at once, each admission of those seconds was
+// refused 503 and each settlement left to the reconciler, a hold's expiry later. Unlike a
+// serverEndedError it never counts as unanswered: the server refuses a write before it runs
+// and a COMMIT before it commits, rolling the transaction back, so nothing of the attempt
+// committed (TestCommitRefusedReadOnlyAfterTheWritesIsRetried).
+type readOnlyError struct{ err error }
+
+func (e *readOnlyError) Error() string { return e.err.Error() }
+func (e *readOnlyError) Unwrap() error { return e.err }
+
 // isUnavailable is the database out of reach, or a batch's statement it ended for a reason of
-// its own (serverEndedError), as opposed to a query it refused.
+// its own (serverEndedError) or refused for taking no writes (readOnlyError), as opposed to a
+// query it refused for what the query is.
 func isUnavailable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
@@ -181,12 +218,13 @@ func isUnavailable(err error) bool {
 	var ne net.Error
 	var oe *net.OpError
 	var se *serverEndedError
+	var ro *readOnlyError
 	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
-		errors.As(err, &oe) || errors.As(err, &ne) || errors.As(err, &se)
+		errors.As(err, &oe) || errors.As(err, &ne) || errors.As(err, &se) || errors.As(err, &ro)
 }
 
-// IsUnavailable reports whether err means MySQL could not be reached, or ended a batch's
-// statement for a reason of its own, for the proxy's 503.
+// IsUnavailable reports whether err means MySQL could not be reached, or ended or refused
+// read_only a batch's statement for a reason of its own, for the proxy's 503.
 func IsUnavailable(err error) bool { return isUnavailable(err) }
 
 // IsBusy reports whether err means MySQL was reached but could not answer in time: a lock wait

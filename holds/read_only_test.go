@@ -1,0 +1,436 @@
+package holds_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// gatewayAccount creates an account on dsn's database with what a production gateway's has —
+// SELECT, INSERT, UPDATE, DELETE on its database, neither SUPER nor READ_ONLY ADMIN — and
+// opens it: read_only binds it, as it does not bind the tests' own account (all privileges).
+// root is a handle of the tests' account; the account is dropped at cleanup.
+func gatewayAccount(ctx context.Context, t *testing.T, root *sqlx.DB, dsn string) *sqlx.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "tg_gw_" + testenv.RandomID(4)
+	if _, err := root.ExecContext(ctx, "CREATE USER '"+name+"'@'%' IDENTIFIED BY 'gw'"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = root.Exec("DROP USER IF EXISTS '" + name + "'@'%'") })
+	if _, err := root.ExecContext(ctx, "GRANT SELECT, INSERT, UPDATE, DELETE ON `"+cfg.DBName+"`.* TO '"+name+"'@'%'"); err != nil {
+		t.Fatal(err)
+	}
+	cfg.User, cfg.Passwd = name, "gw"
+	return testenv.Open(t, cfg.FormatDSN())
+}
+
+// readOnlyServer returns what sets the server's global read_only from root (the tests'
+// account), as a failover's demotion of a primary or an operator's maintenance does. It is
+// set back off at cleanup, before the test's other cleanups (its ledger audit, its database's
+// drop), whatever the test did: the server is shared with every other test.
+func readOnlyServer(t *testing.T, root *sqlx.DB) func(on bool) {
+	t.Helper()
+	set := func(on bool) {
+		q := "SET GLOBAL read_only = 0"
+		if on {
+			q = "SET GLOBAL read_only = 1"
+		}
+		if _, err := root.Exec(q); err != nil {
+			t.Errorf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() { set(false) })
+	return set
+}
+
+// readOnlyFixture is a store on a gateway account (gatewayAccount) of a fresh database, with
+// a handle of the tests' account on the same database and what sets the server read_only.
+type readOnlyFixture struct {
+	root     *sqlx.DB
+	store    *holds.Store
+	logs     *observer.ObservedLogs
+	readOnly func(on bool)
+}
+
+func newReadOnlyFixture(ctx context.Context, t *testing.T) *readOnlyFixture {
+	dsn := testenv.MySQLDSN(t)
+	root := testenv.Open(t, dsn)
+	t.Cleanup(func() { testenv.CheckLedger(t, root) })
+	// Registered after the audit: cleanups run last first, so the server takes writes again
+	// before anything else of the test's ends.
+	f := &readOnlyFixture{root: root, readOnly: readOnlyServer(t, root)}
+	core, logs := observer.New(zapcore.WarnLevel)
+	f.logs = logs
+	f.store = holds.NewStore(gatewayAccount(ctx, t, root, dsn), settlePlans, "standard", zap.New(core))
+	f.store.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	return f
+}
+
+// retries is how many times the store has tried a batch again for the database.
+func (f *readOnlyFixture) retries() int {
+	return f.logs.FilterMessage("database unavailable, retrying").Len()
+}
+
+// TestWriterRidesOutAShortReadOnlySpell: callers admit and settle calls through the batch
+// writer while the server turns read_only for a moment (a failover demoting the primary, a
+// maintenance switch), as a gateway's account sees it (no SUPER, no READ_ONLY ADMIN): every
+// batch's locking read, write or COMMIT is refused (1290). The refusal is the server's, not the
+// batch's: nothing committed, and the batch is tried again within its deadline, as for a lost
+// connection. Failed at once, every admission of the spell was refused 503 and every settlement
+// left to the reconciler, a hold's expiry later, for a server that took writes again a moment
+// after. Every call is admitted, settled and charged once: the day ledger is the sum of what
+// the callers were told they were charged, every run's row says the same, and no hold is left.
+func TestWriterRidesOutAShortReadOnlySpell(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := newReadOnlyFixture(ctx, t)
+	suffix := testenv.RandomID(4)
+	const users, callers = 3, 3 // callers per user: the plan's in-flight limit
+	ids := make([]uint64, users)
+	for i := range ids {
+		u, err := f.store.CreateUser(ctx, "ro-"+strconv.Itoa(i)+"-"+suffix, "standard")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = u.ID
+	}
+	// Deadlines far past the spell: it ends on the test's word, once batches are seen waiting.
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 2, MaxBatch: 32, Linger: time.Millisecond,
+		AdmitTimeout: 30 * time.Second, SettleTimeout: 30 * time.Second})
+	defer w.Close()
+
+	var (
+		mu       sync.Mutex
+		told     = map[string]int64{} // run -> what its settlement said it charged
+		firstErr error
+		failed   atomic.Bool
+		settled  atomic.Int64
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+		failed.Store(true)
+	}
+	for ui, uid := range ids {
+		for c := range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(ui), uint64(c)))
+				for j := 0; ctx.Err() == nil; j++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					run := "r_ro_" + suffix + "_" + strconv.Itoa(ui) + "_" + strconv.Itoa(c) + "_" + strconv.Itoa(j)
+					if _, err := w.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: uid, Model: "fake-gpt",
+						State: holds.StateRunning, TTL: time.Minute, Fresh: true, Token: testenv.RandomID(16)}); err != nil {
+						fail(err)
+						return
+					}
+					cost := rng.Int64N(3_000)
+					res, err := w.Settle(ctx, holds.Settlement{RunID: run, UserID: uid, CostMicro: cost, Calls: 1, Source: holds.SourceComplete})
+					if err == nil && (!res.Applied || res.ChargedMicro != cost) {
+						err = errors.New("settle " + run + ": not applied at its cost")
+					}
+					if err != nil {
+						fail(err)
+						return
+					}
+					mu.Lock()
+					told[run] = res.ChargedMicro
+					mu.Unlock()
+					settled.Add(1)
+				}
+			}()
+		}
+	}
+	finish := func() {
+		close(stop)
+		wg.Wait()
+	}
+	// waitFor waits until cond holds, or a caller has failed, or the test's time is out.
+	waitFor := func(what string, cond func() bool) {
+		for !cond() && !failed.Load() {
+			select {
+			case <-ctx.Done():
+				f.readOnly(false)
+				finish()
+				t.Fatalf("waiting for %s: %v", what, ctx.Err())
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	waitFor("calls before the spell", func() bool { return settled.Load() >= 30 })
+	f.readOnly(true)
+	// The spell lasts until batches have been seen refused and waiting: a few retries.
+	waitFor("batches refused read_only", func() bool { return f.retries() >= 5 })
+	f.readOnly(false)
+	during := settled.Load()
+	waitFor("calls after the spell", func() bool { return settled.Load() >= during+30 })
+	finish()
+	if firstErr != nil {
+		t.Fatalf("call during a read_only spell shorter than its batch's deadline: %v; want it served once the server took writes", firstErr)
+	}
+
+	var ledger, rows, charged, live int64
+	if err := f.root.GetContext(ctx, &ledger, "SELECT COALESCE(SUM(used_micro), 0) FROM usage_days"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.root.QueryRowxContext(ctx, `SELECT COUNT(*), COALESCE(SUM(charged_micro), 0), COALESCE(SUM(state IN ('queued', 'running')), 0)
+		FROM run_holds`).Scan(&rows, &charged, &live); err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	for run, c := range told {
+		sum += c
+		var row int64
+		if err := f.root.GetContext(ctx, &row, "SELECT charged_micro FROM run_holds WHERE run_id = ? AND state = 'settled'", run); err != nil || row != c {
+			t.Errorf("run %s: row charged %d (%v); its settlement said %d", run, row, err, c)
+		}
+	}
+	if live != 0 || rows != int64(len(told)) || charged != sum || ledger != sum {
+		t.Fatalf("%d calls told charged %d in all; %d holds (%d left live) charged %d, day ledger %d: want every call charged once, no hold left",
+			len(told), sum, rows, live, charged, ledger)
+	}
+}
+
+// TestWriterReadOnlyPastItsDeadline: a server that stays read_only past a batch's deadline
+// (maintenance, a failover that does not finish) refuses its admission as the database
+// unavailable (the proxy's 503 billing_unavailable with Retry-After), at the deadline and with
+// nothing held, and its settlement with nothing charged — not ErrOutcomeUnknown: the server
+// refused every write and COMMIT, so nothing was sent unanswered — its hold left live for the
+// reconciler.
+func TestWriterReadOnlyPastItsDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := newReadOnlyFixture(ctx, t)
+	u, err := f.store.CreateUser(ctx, "ro-long-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	settling := "r_ro_long_settle_" + testenv.RandomID(4)
+	if _, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: settling, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
+		t.Fatal(err)
+	}
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: 300 * time.Millisecond, SettleTimeout: 600 * time.Millisecond})
+	defer w.Close()
+	f.readOnly(true)
+	admitting := "r_ro_long_admit_" + testenv.RandomID(4)
+	_, aerr := w.Admit(ctx, holds.AdmitRequest{RunID: admitting, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute,
+		Fresh: true, Token: testenv.RandomID(16)})
+	_, serr := w.Settle(ctx, holds.Settlement{RunID: settling, UserID: u.ID, CostMicro: 4_000, Source: holds.SourceComplete})
+	tried := f.retries()
+	f.readOnly(false)
+	// Its last try may end at the deadline rather than at a refusal.
+	unavailable := func(err error) bool { return holds.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded) }
+	if aerr == nil || !unavailable(aerr) || errors.Is(aerr, holds.ErrOutcomeUnknown) {
+		t.Errorf("admission while the server stayed read_only: %v; want it refused as the database unavailable, not unknown", aerr)
+	}
+	if serr == nil || !unavailable(serr) || errors.Is(serr, holds.ErrOutcomeUnknown) {
+		t.Errorf("settlement while the server stayed read_only: %v; want it failed as the database unavailable, not unknown", serr)
+	}
+	if tried == 0 {
+		t.Errorf("no batch was tried again while the server was read_only")
+	}
+	if n, _ := holdRows(t, f.store, admitting); n != 0 {
+		t.Errorf("the refused admission left %d holds", n)
+	}
+	if n, state := holdRows(t, f.store, settling); n != 1 || state != string(holds.StateRunning) {
+		t.Errorf("the failed settlement's run: %d rows, state %q; want its hold live, nothing charged", n, state)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: settling, CostMicro: 4_000, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCommitRefusedReadOnlyAfterTheWritesIsRetried: the server turns read_only while a batch's
+// closing script runs, after its writes and before its COMMIT — here the settlement's upsert of
+// the day ledger waits on a lock the test holds, SET GLOBAL read_only waits for that statement,
+// and the lock's release lets both through — and refuses the COMMIT (1290). The server checks
+// read_only after it has blocked a read lock's taking and before it commits, and rolls the
+// transaction back: nothing committed, the outcome is known, and the batch is tried again as a
+// fresh transaction, which settles the run once the server takes writes. Not counted as an
+// unanswered COMMIT: a retry that failed too would have told its caller ErrOutcomeUnknown for
+// a settlement that certainly did not happen.
+//
+// Which of the COMMIT and the setter goes first once the upsert ends is the server's choice
+// (the setter, mostly): each try ends charged once either way, and tries are made until one
+// COMMIT was refused.
+func TestCommitRefusedReadOnlyAfterTheWritesIsRetried(t *testing.T) {
+	t.Run("retried", func(t *testing.T) { commitRefusedTries(t, false) })
+	// The batch gives up while the server stays read_only: it is told a plain failure, its
+	// run still live, not ErrOutcomeUnknown, as if its COMMIT might have committed.
+	t.Run("given up", func(t *testing.T) { commitRefusedTries(t, true) })
+}
+
+// commitRefusedTries is TestCommitRefusedReadOnlyAfterTheWritesIsRetried: tries until a
+// COMMIT was refused (commitRefusedReadOnly), at most maxTries.
+func commitRefusedTries(t *testing.T, giveUp bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	f := newReadOnlyFixture(ctx, t)
+	u, err := f.store.CreateUser(ctx, "ro-commit-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A settled call, so that the user's day ledger row exists to be locked.
+	first := "r_ro_first_" + testenv.RandomID(4)
+	mustAdmit(ctx, t, f.store, u.ID, first)
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: first, CostMicro: 1_000, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+	const maxTries = 10
+	used := int64(1_000)
+	for try := range maxTries {
+		run := "r_ro_commit_" + strconv.Itoa(try) + "_" + testenv.RandomID(4)
+		refused := commitRefusedReadOnly(ctx, t, f, u.ID, run, giveUp)
+		used += 5_000
+		if r, err := f.store.Run(ctx, u.ID, run); err != nil || r.State != holds.StateSettled || r.ChargedMicro != 5_000 {
+			t.Fatalf("run %+v, %v: want it settled, charged 5000", r, err)
+		}
+		if bal, err := f.store.Balance(ctx, u.ID); err != nil || bal.UsedTodayMicro != used {
+			t.Fatalf("balance %+v, %v: want %d, every charge once", bal, err, used)
+		}
+		if refused {
+			return
+		}
+	}
+	t.Fatalf("no COMMIT of %d was refused: the server set read_only after each", maxTries)
+}
+
+// commitRefusedReadOnly settles run (admitted here) at 5000 while the server turns read_only
+// between its writes and its COMMIT (see TestCommitRefusedReadOnlyAfterTheWritesIsRetried),
+// and reports whether the COMMIT was refused: the batch was then tried again. giveUp ends the
+// refused batch's retries while the server is read_only, and settles the run afresh after.
+func commitRefusedReadOnly(ctx context.Context, t *testing.T, f *readOnlyFixture, userID uint64, run string, giveUp bool) bool {
+	t.Helper()
+	mustAdmit(ctx, t, f.store, userID, run)
+	blocker := testenv.ConsoleTx(t, f.root)
+	if _, err := blocker.ExecContext(ctx, "SELECT user_id FROM usage_days WHERE user_id = ? FOR UPDATE", userID); err != nil {
+		t.Fatal(err)
+	}
+	obs, err := f.root.Connx(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obs.Close()
+	before := f.retries()
+	sctx, stopSettling := context.WithCancel(ctx)
+	defer stopSettling()
+	done := make(chan error, 1)
+	go func() {
+		_, err := f.store.Settle(sctx, holds.Settlement{RunID: run, CostMicro: 5_000, Source: holds.SourceComplete})
+		done <- err
+	}()
+	freshLockWaiter(ctx, t, obs) // the upsert waits, its hold's row already marked settled
+	setter, err := f.root.Connx(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer setter.Close()
+	var setterID int64
+	if err := setter.GetContext(ctx, &setterID, "SELECT CONNECTION_ID()"); err != nil {
+		t.Fatal(err)
+	}
+	set := make(chan error, 1)
+	go func() {
+		_, err := setter.ExecContext(ctx, "SET GLOBAL read_only = 1")
+		set <- err
+	}()
+	// The setter waits for the running upsert to end before it turns read_only on.
+	for {
+		var state string
+		if err := obs.GetContext(ctx, &state, "SELECT COALESCE(state, '') FROM information_schema.processlist WHERE id = ?", setterID); err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(state, "Waiting for") {
+			break
+		}
+		select {
+		case err := <-set:
+			t.Fatalf("SET GLOBAL read_only did not wait for the running write: %v", err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := blocker.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-set; err != nil {
+		t.Fatalf("SET GLOBAL read_only: %v", err)
+	}
+	// Refused, the batch waits for the server to take writes again; else it has settled.
+	for f.retries() == before {
+		select {
+		case err := <-done:
+			f.readOnly(false)
+			if err != nil {
+				t.Fatalf("settlement whose COMMIT the server refused read_only: %v; want it tried again and settled", err)
+			}
+			return false
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if giveUp {
+		stopSettling()
+		err := <-done
+		f.readOnly(false)
+		if err == nil || errors.Is(err, holds.ErrOutcomeUnknown) {
+			t.Fatalf("settlement whose COMMIT the server refused read_only, given up: %v; want a plain failure, nothing charged", err)
+		}
+		if n, state := holdRows(t, f.store, run); n != 1 || state != string(holds.StateRunning) {
+			t.Fatalf("run of the given-up settlement: %d rows, state %q; want its hold live", n, state)
+		}
+		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: run, CostMicro: 5_000, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+		return true
+	}
+	f.readOnly(false)
+	if err := <-done; err != nil {
+		t.Fatalf("settlement whose COMMIT the server refused read_only: %v; want it tried again and settled", err)
+	}
+	return true
+}
+
+// freshLockWaiter is lockWaiter whose every look is fresh: InnoDB serves information_schema.
+// innodb_trx from a cache it refreshes only when unread for 0.1 s, and a look right after a
+// try's would find that try's waiter, long gone.
+func freshLockWaiter(ctx context.Context, t *testing.T, obs *sqlx.Conn) int64 {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	case <-time.After(200 * time.Millisecond):
+	}
+	return lockWaiter(ctx, t, obs)
+}
