@@ -216,7 +216,7 @@ func (s *Store) tryWriteBatch(ctx context.Context, plan batchPlan, sts []Settlem
 		return nil, nil, fmt.Errorf("connection: %w", endedByServer(err))
 	}
 	committed := false
-	defer func() { releaseConn(conn, committed) }()
+	defer func() { s.releaseConn(conn, committed, err) }()
 
 	if len(sent) > 0 {
 		plan.lookupRuns = appendMissing(plan.lookupRuns, sent)
@@ -276,11 +276,17 @@ func appendMissing(runs []string, sent map[string]bool) []string {
 	return out
 }
 
-// releaseConn returns a batch's connection to the pool. A transaction that did not commit
-// may still be open on it (a statement failed, a lock wait timed out): roll it back, and if
-// even that fails, discard the connection, so that no later user of the pool finds itself
-// inside a stale transaction holding user locks.
-func releaseConn(conn *sqlx.Conn, committed bool) {
+// releaseConn returns a batch's connection to the pool; failed is the batch's error. A
+// transaction that did not commit may still be open on it (a statement failed, a lock wait
+// timed out): roll it back, and if even that fails, discard the connection, so that no later
+// user of the pool finds itself inside a stale transaction holding user locks. A connection
+// refused as taking no writes leaves the pool with every idle one (dropReadOnly); closing it
+// ends its transaction.
+func (s *Store) releaseConn(conn *sqlx.Conn, committed bool, failed error) {
+	if isReadOnly(failed) {
+		s.dropReadOnly(conn)
+		return
+	}
 	if !committed {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := conn.ExecContext(ctx, "ROLLBACK")

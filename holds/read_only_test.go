@@ -434,3 +434,99 @@ func freshLockWaiter(ctx context.Context, t *testing.T, obs *sqlx.Conn) int64 {
 	}
 	return lockWaiter(ctx, t, obs)
 }
+
+// TestReadOnlyConnectionsLeaveThePool: after a failover the pool's connections still lead to
+// the demoted primary, which refuses every write, while a new connection, dialled through the
+// switched address (DNS, a proxy), reaches the new one. Staged on one server: the pool's idle
+// connections are made read-only sessions (SET SESSION TRANSACTION READ ONLY: 1792 on a locking
+// read or a write), and a new one takes writes. A batch refused so must not put its connection
+// back, nor go on drawing the others — the pool hands back the connection returned last, so
+// its retries met the same refusal until its deadline, and until the connections' lifetime ran
+// out (5 minutes) every batch did — and the write check (readyz) alike, or a gateway taken out
+// of rotation for it would stay out for as long. Once one refusal is seen, every idle
+// connection is closed: the next batch, and the next check, dial anew.
+func TestReadOnlyConnectionsLeaveThePool(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := testenv.MySQL(t)
+	core, logs := observer.New(zapcore.WarnLevel)
+	st := holds.NewStore(db, settlePlans, "standard", zap.New(core))
+	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	u, err := st.CreateUser(ctx, "ro-pool-"+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("batch", func(t *testing.T) {
+		demote(ctx, t, db, 8)
+		before := logs.FilterMessage("database unavailable, retrying").Len()
+		run := "r_ro_pool_" + testenv.RandomID(4)
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if _, err := st.Admit(actx, holds.AdmitRequest{RunID: run, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
+			t.Fatalf("admission with the pool's connections read-only and a new one writable: %v; want it served on a new connection", err)
+		}
+		// Its first try met a read-only connection, and the second a new one.
+		if n := logs.FilterMessage("database unavailable, retrying").Len() - before; n != 1 {
+			t.Errorf("admission tried again %d times; want once: the pool's other read-only connections closed at the first refusal", n)
+		}
+		if _, err := st.Settle(ctx, holds.Settlement{RunID: run, CostMicro: 2_000, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+		checkPoolWritable(ctx, t, db)
+	})
+	t.Run("write check", func(t *testing.T) {
+		demote(ctx, t, db, 8)
+		if err := st.CheckWritable(ctx); err == nil {
+			t.Fatal("write check on a read-only connection passed")
+		}
+		if err := st.CheckWritable(ctx); err != nil {
+			t.Fatalf("write check after one refused: %v; want it made on a new connection", err)
+		}
+		checkPoolWritable(ctx, t, db)
+	})
+}
+
+// demote makes n of db's connections read-only sessions and puts them back in its pool, idle:
+// connections to a server that no longer takes writes.
+func demote(ctx context.Context, t *testing.T, db *sqlx.DB, n int) {
+	t.Helper()
+	conns := make([]*sqlx.Conn, n)
+	for i := range conns {
+		c, err := db.Connx(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ExecContext(ctx, "SET SESSION TRANSACTION READ ONLY"); err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// checkPoolWritable takes every idle connection of db's pool at once and fails the test for
+// each that refuses a write.
+func checkPoolWritable(ctx context.Context, t *testing.T, db *sqlx.DB) {
+	t.Helper()
+	idle := db.Stats().Idle
+	var conns []*sqlx.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range idle {
+		c, err := db.Connx(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		if _, err := c.ExecContext(ctx, "UPDATE users SET id = id WHERE 1 = 0"); err != nil {
+			t.Errorf("a connection left in the pool refuses writes: %v", err)
+		}
+	}
+}

@@ -12,6 +12,7 @@ package holds
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -58,11 +59,40 @@ func (s *Store) DB() *sqlx.DB { return s.db }
 // refuses the calls' writes, before it reads anything; otherwise its WHERE is impossible, so
 // it touches no row, takes no row lock and writes no binary log event (a WHERE that merely
 // matched nothing was logged in MIXED format).
+//
+// A connection refused so leaves the pool with every idle one (dropReadOnly): kept, the next
+// checks were made on it, and a gateway taken out of rotation for it stayed out after a
+// failover had switched its address to a writable primary.
 func (s *Store) CheckWritable(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, "UPDATE users SET id = id WHERE 1 = 0"); err != nil {
+	conn, err := s.db.Connx(ctx)
+	if err != nil {
 		return fmt.Errorf("write check: %w", err)
 	}
+	if _, err := conn.ExecContext(ctx, "UPDATE users SET id = id WHERE 1 = 0"); err != nil {
+		if isReadOnly(err) {
+			s.dropReadOnly(conn)
+		} else {
+			_ = conn.Close()
+		}
+		return fmt.Errorf("write check: %w", err)
+	}
+	_ = conn.Close()
 	return nil
+}
+
+// dropReadOnly discards conn, which the server refused a write as taking none (isReadOnly),
+// and closes every idle connection of the pool with it. After a failover they all lead to the
+// demoted primary, while a new connection, dialled through the switched address (DNS, a
+// proxy), reaches the promoted one. Put back, they were handed out again — the pool hands out
+// the connection returned last, so a batch's retries met the same refusal until its deadline —
+// until their lifetime (connMaxLifetime) ran out. On a server merely set read_only the new
+// connections are refused alike, each a dial, at most once per retry of a batch.
+func (s *Store) dropReadOnly(conn *sqlx.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = conn.Close()
+	// Closes the idle connections; the bound then is Open's again.
+	s.db.SetMaxIdleConns(0)
+	s.db.SetMaxIdleConns(maxOpenConns)
 }
 
 // SettledHook is told of each settlement a batch of this store committed, once, after the
