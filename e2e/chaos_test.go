@@ -24,7 +24,9 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"gopkg.in/yaml.v3"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -969,11 +971,11 @@ func (c *chaos) summary() string {
 		len(c.calls), strings.Join(parts, " "), len(c.settles), settled, c.early, c.kills, c.stalls, len(c.flushed))
 }
 
-// reconcileAll runs the operator's forced pass until no hold is live: the holds of the
-// processes that were killed expire within hold_ttl/run_ttl and their leases within lease_ttl.
+// reconcileAll runs the operator's forced pass until no hold is live, or until liveBound
+// has passed since it began: every process has stopped by then.
 func (c *chaos) reconcileAll() {
 	t, w := c.t, c.w
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(c.liveBound())
 	for passes := 1; ; passes++ {
 		cmd := exec.Command(gatewayBin, "reconcile", "-once", "-force", "-config", w.config)
 		cmd.Env = append(os.Environ(), "MYSQL_DSN="+w.dsn, "REDIS_URL="+w.redisURL, "UPSTREAM_URL="+w.upstream.URL,
@@ -995,6 +997,34 @@ func (c *chaos) reconcileAll() {
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// reconcileMargin is what liveBound adds for the forced passes themselves: each starts a
+// process, which connects and scans, on a machine busy with the rest of the tests.
+const reconcileMargin = 25 * time.Second
+
+// liveBound is how long after its processes stopped a hold of the run may stay live, by the
+// config file the run's processes read: a hold's lease lapses lease_ttl after its process's
+// last beat, the reconciler may have extended the hold by its TTL (hold_ttl; a named run's
+// run_ttl) just before, and a pass settles it a reconcile_interval after it expired, plus
+// reconcileMargin. A fixed bound was right only for the TTLs of its day.
+func (c *chaos) liveBound() time.Duration {
+	b, err := os.ReadFile(c.w.config)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var cfg struct {
+		Holds config.Holds `yaml:"holds"`
+	}
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		c.t.Fatalf("chaos config %s: %v", c.w.config, err)
+	}
+	h := cfg.Holds
+	if h.HoldTTL <= 0 || h.RunTTL <= 0 || h.LeaseTTL <= 0 || h.ReconcileInterval <= 0 {
+		c.t.Fatalf("chaos config %s: hold_ttl %v, run_ttl %v, lease_ttl %v, reconcile_interval %v: want each set",
+			c.w.config, h.HoldTTL, h.RunTTL, h.LeaseTTL, h.ReconcileInterval)
+	}
+	return h.LeaseTTL + max(h.HoldTTL, h.RunTTL) + h.ReconcileInterval + reconcileMargin
 }
 
 // readRunRows reads every hold row, and indexes them by run id, by the caller's run name and
