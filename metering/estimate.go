@@ -35,6 +35,8 @@ var mediaPartTypes = map[string]bool{
 // EstimatePrompt guesses the prompt of a request body in format f: its tokens (input, audio
 // included) and, apart, the audio part of them (estimateAudio), which the provider bills at its
 // own price. One look for audio serves both: the look reads every byte (15 µs on a 97 KB prompt).
+// body is valid JSON (the gateway checks it first); of other bytes the estimates are bounded
+// but arbitrary.
 func EstimatePrompt(f Format, body []byte) (input, audio int64) {
 	mayAudio := (f == FormatChat || f == FormatResponses) && mayHoldAudio(body)
 	return estimateInput(f, body, mayAudio), estimateAudio(f, body, mayAudio)
@@ -69,9 +71,19 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 		var loopThinking int64
 		top.Get("messages").ForEach(func(_, m gjson.Result) bool {
 			p.messages++
-			c := m.Get("content")
-			p.count(c)
-			if m.Get("role").Str == "user" && !onlyToolResults(c) {
+			var content, role string
+			jsontop.Members(m.Raw, func(k, v string) bool {
+				switch k {
+				case "content":
+					firstOf(&content, v)
+				case "role":
+					firstOf(&role, v)
+				}
+				return true
+			})
+			p.textBytes += rawTextLen(content, 0)
+			c := containerAt(content)
+			if gjson.Parse(role).Str == "user" && !onlyToolResults(c) {
 				loopThinking = 0 // a new turn: Anthropic strips the thinking before it
 			} else {
 				loopThinking += thinkingLen(c)
@@ -125,24 +137,33 @@ func (p *promptSize) message(v gjson.Result) {
 func (p *promptSize) addChat(messages gjson.Result, spoken bool) {
 	messages.ForEach(func(_, m gjson.Result) bool {
 		p.messages++
-		p.count(m.Get("content"))
-		m.Get("tool_calls").ForEach(func(_, tc gjson.Result) bool {
+		var content, toolCalls, functionCall, refusal string
+		jsontop.Members(m.Raw, func(k, v string) bool {
+			switch k {
+			case "content":
+				firstOf(&content, v)
+			case "tool_calls":
+				firstOf(&toolCalls, v)
+			case "function_call":
+				firstOf(&functionCall, v)
+			case "refusal":
+				firstOf(&refusal, v)
+			}
+			if spoken && strings.EqualFold(k, "audio") && strings.HasPrefix(v, "{") {
+				p.textBytes += tokensPerMedia * bytesPerToken
+			}
+			return true
+		})
+		p.textBytes += rawTextLen(content, 0)
+		gjson.Parse(toolCalls).ForEach(func(_, tc gjson.Result) bool {
 			p.textBytes += int64(len(tc.Get("function.arguments").String()))
 			p.textBytes += strLen(tc.Get("custom.input")) // a custom tool's call
 			return true
 		})
 		// A function call of chat's function calling before tools (function_call), which
 		// OpenAI still serves.
-		p.textBytes += int64(len(m.Get("function_call.arguments").String()))
-		p.textBytes += int64(len(m.Get("refusal").String())) // an assistant turn's refusal
-		if spoken {
-			m.ForEach(func(k, v gjson.Result) bool {
-				if strings.EqualFold(k.Str, "audio") && v.IsObject() {
-					p.textBytes += tokensPerMedia * bytesPerToken
-				}
-				return true
-			})
-		}
+		p.textBytes += int64(len(gjson.Parse(functionCall).Get("arguments").String()))
+		p.textBytes += rawStringLen(refusal) // an assistant turn's refusal
 		return true
 	})
 }
@@ -159,18 +180,39 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 		if item.Type == gjson.String {
 			p.count(item) // a bare string is a user message
 		}
-		p.count(item.Get("content"))
-		p.addToolOutput(item.Get("output"))
-		p.textBytes += int64(len(item.Get("arguments").String())) // function_call
+		var content, output, arguments, input, action, operation, tools string
+		jsontop.Members(item.Raw, func(k, v string) bool {
+			switch k {
+			case "content":
+				firstOf(&content, v)
+			case "output":
+				firstOf(&output, v)
+			case "arguments":
+				firstOf(&arguments, v)
+			case "input":
+				firstOf(&input, v)
+			case "action":
+				firstOf(&action, v)
+			case "operation":
+				firstOf(&operation, v)
+			case "tools":
+				firstOf(&tools, v)
+			}
+			return true
+		})
+		p.textBytes += rawTextLen(content, 0)
+		p.addToolOutput(output)
+		p.textBytes += rawStringLen(arguments) // function_call
 		// What the model wrote for a custom tool, a shell or a patch, sent back in a tool
 		// loop: the provider bills it as input, as it does a function call's arguments.
-		p.textBytes += strLen(item.Get("input")) // custom_tool_call
-		p.count(item.Get("action.commands"))     // shell_call
-		p.count(item.Get("action.command"))      // local_shell_call
-		p.textBytes += strLen(item.Get("operation.diff"))
+		p.textBytes += rawStrLen(input) // custom_tool_call
+		act := gjson.Parse(action)
+		p.count(act.Get("commands")) // shell_call
+		p.count(act.Get("command"))  // local_shell_call
+		p.textBytes += strLen(gjson.Parse(operation).Get("diff"))
 		// An MCP server's tool list sent back (mcp_list_tools): the provider reads it, as it
 		// does the request's own tool definitions, instead of listing the tools again.
-		p.textBytes += int64(len(item.Get("tools").Raw))
+		p.textBytes += int64(len(tools))
 		return true
 	})
 }
@@ -179,8 +221,9 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 // string, or a list of parts), a shell's (a list of stdout and stderr chunks, which are no
 // text parts) or a computer-use screenshot (one image, an object). Counted as text parts only,
 // a computer-use loop of screenshots was estimated at a few tokens.
-func (p *promptSize) addToolOutput(out gjson.Result) {
-	if out.IsObject() {
+func (p *promptSize) addToolOutput(raw string) {
+	if strings.HasPrefix(raw, "{") {
+		out := gjson.Parse(raw)
 		if t := out.Get("type").Str; t == "computer_screenshot" || mediaPartTypes[t] {
 			p.textBytes += tokensPerMedia * bytesPerToken
 		} else {
@@ -188,8 +231,8 @@ func (p *promptSize) addToolOutput(out gjson.Result) {
 		}
 		return
 	}
-	p.count(out)
-	if out.IsArray() {
+	p.textBytes += rawTextLen(raw, 0)
+	if out := containerAt(raw); out.IsArray() {
 		out.ForEach(func(_, chunk gjson.Result) bool {
 			p.textBytes += strLen(chunk.Get("stdout")) + strLen(chunk.Get("stderr"))
 			return true
@@ -303,27 +346,44 @@ func partLen(part gjson.Result, depth int) int64 {
 		return bytesPerToken
 	case part.IsArray():
 		return textLenAt(part, depth+1)
-	case mediaPartTypes[part.Get("type").Str]:
-		if part.Get("type").Str == "input_audio" {
+	}
+	var typ, text, refusal, content, input string
+	jsontop.Members(part.Raw, func(k, v string) bool {
+		switch k {
+		case "type":
+			firstOf(&typ, v)
+		case "text":
+			firstOf(&text, v)
+		case "refusal":
+			firstOf(&refusal, v)
+		case "content":
+			firstOf(&content, v)
+		case "input":
+			firstOf(&input, v)
+		}
+		return true
+	})
+	if t := gjson.Parse(typ).Str; mediaPartTypes[t] {
+		if t == "input_audio" {
 			return clipTokens(part) * bytesPerToken // as estimateAudio counts it
 		}
 		return max(tokensPerMedia*bytesPerToken, documentTextLen(part, depth))
 	}
-	n := int64(len(part.Get("text").String()))
+	n := rawStringLen(text)
 	// An assistant's refusal sent back (chat's part, a Responses output message's).
-	n += int64(len(part.Get("refusal").String()))
-	switch c := part.Get("content"); {
-	case c.IsObject() && depth+1 >= maxContentDepth:
-		n += int64(len(c.Raw))
-	case c.IsObject():
+	n += rawStringLen(refusal)
+	switch object := strings.HasPrefix(content, "{"); {
+	case object && depth+1 >= maxContentDepth:
+		n += int64(len(content))
+	case object:
 		// One block, not a list: an Anthropic web_fetch_tool_result's web_fetch_result, and
 		// its document, the fetched page sent back, which the provider bills as input.
-		n += partLen(c, depth+1)
-	case c.Exists(): // Anthropic tool_result
-		n += textLenAt(c, depth+1)
+		n += partLen(gjson.Parse(content), depth+1)
+	case content != "": // Anthropic tool_result
+		n += rawTextLen(content, depth+1)
 	}
-	if in := part.Get("input"); in.IsObject() { // Anthropic tool_use
-		n += int64(len(in.Raw))
+	if strings.HasPrefix(input, "{") { // Anthropic tool_use
+		n += int64(len(input))
 	}
 	return n
 }
@@ -343,3 +403,52 @@ func documentTextLen(part gjson.Result, depth int) int64 {
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// The estimate reads a message's or a part's members in one pass (jsontop.Members), as raw
+// JSON, and measures long strings without unescaping them (jsontop.UnescapedLen): each gjson
+// Get of a member was a pass over the object, and each string it handed over was unescaped
+// into a copy only to be measured. The helpers below read a raw member as gjson's Result
+// would.
+
+// firstOf keeps v, a member's raw value, in *dst unless an earlier member of the same key
+// did: gjson reads the first of repeated keys.
+func firstOf(dst *string, v string) {
+	if *dst == "" {
+		*dst = v
+	}
+}
+
+// rawTextLen is textLenAt of a raw member ("" when absent).
+func rawTextLen(raw string, depth int) int64 {
+	if strings.HasPrefix(raw, `"`) {
+		return int64(jsontop.UnescapedLen(raw))
+	}
+	return textLenAt(gjson.Parse(raw), depth) // no string: nothing to unescape
+}
+
+// rawStrLen is strLen of a raw member: a string's length, 0 for anything else.
+func rawStrLen(raw string) int64 {
+	return int64(jsontop.UnescapedLen(raw))
+}
+
+// rawStringLen is len(Result.String()) of a raw member: a string's length unescaped, no
+// length for null or an absent member, any other value's JSON.
+func rawStringLen(raw string) int64 {
+	switch {
+	case strings.HasPrefix(raw, `"`):
+		return int64(jsontop.UnescapedLen(raw))
+	case raw == "null":
+		return 0
+	}
+	return int64(len(raw))
+}
+
+// containerAt is a raw member as a Result if it is an array or an object (parsing one copies
+// nothing), else none: the walks of its parts find nothing in a scalar, and a string would be
+// unescaped for nothing.
+func containerAt(raw string) gjson.Result {
+	if !strings.HasPrefix(raw, "[") && !strings.HasPrefix(raw, "{") {
+		return gjson.Result{}
+	}
+	return gjson.Parse(raw)
+}
