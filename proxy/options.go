@@ -216,19 +216,24 @@ func cacheControls(raw string) (marked, long bool) {
 			marked = marked || cc
 			stack = append(stack, frame{object: ch == '{', cacheControl: cc, wantKey: ch == '{'})
 		case '"':
-			end := i + 1
+			end, escaped := i+1, false
 			for raw[end] != '"' {
 				if raw[end] == '\\' {
 					end++
+					escaped = true
 				}
 				end++
 			}
-			str := raw[i+1 : end]
-			if strings.IndexByte(str, '\\') >= 0 {
-				str = gjson.Parse(raw[i : end+1]).Str
-			}
+			str, quoted := raw[i+1:end], raw[i:end+1]
 			i = end
-			if n := len(stack); n > 0 && stack[n-1].wantKey {
+			isKey := len(stack) > 0 && stack[len(stack)-1].wantKey
+			if !isKey && !asksHere() {
+				continue // a value no ttl: a prompt's text is not unescaped for nothing
+			}
+			if escaped {
+				str = gjson.Parse(quoted).Str
+			}
+			if n := len(stack); isKey {
 				stack[n-1].wantKey = false
 				// With case folded, as Go's encoding/json matches keys to fields (repeatedKey):
 				// a provider or relay decoding with it reads "TTL" as "ttl".
