@@ -3,11 +3,13 @@ package sql_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/tollgate/tollgate/holds"
 
@@ -172,5 +174,61 @@ func TestMigrateWithoutDDLRights(t *testing.T) {
 	_, err = tgsql.Migrate(ctx, dml.DB)
 	if err == nil || !strings.Contains(err.Error(), last.Name) {
 		t.Fatalf("migrate a schema behind without DDL rights: %v; want the refusal to name %s", err, last.Name)
+	}
+}
+
+// TestMigrateRunnersRacing: `gateway migrate` from several processes at once (a deploy script
+// on every host, or every gateway started with `serve -migrate`) on a database no migration has
+// touched, so that even schema_migrations is created inside the race. Each runner has its own
+// pool, as separate processes do. Every one must succeed, and every migration be applied by
+// exactly one of them and recorded once.
+func TestMigrateRunnersRacing(t *testing.T) {
+	ctx := context.Background()
+	_, dsn := emptyDBDSN(t)
+	const runners = 3
+	pools := make([]*sqlx.DB, runners)
+	for i := range pools {
+		db, err := holds.OpenForMigrate(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		pools[i] = db
+	}
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	done := make([][]string, runners)
+	errs := make([]error, runners)
+	for i := range pools {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			done[i], errs[i] = tgsql.Migrate(ctx, pools[i].DB)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	all, err := tgsql.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for i := range done {
+		if errs[i] != nil {
+			t.Fatalf("runner %d of %d at once: %v", i, runners, errs[i])
+		}
+		for _, n := range done[i] {
+			seen[n]++
+		}
+	}
+	for _, m := range all {
+		if seen[m.Name] != 1 {
+			t.Errorf("%s applied by %d runners, want exactly 1 (applied: %v)", m.Name, seen[m.Name], done)
+		}
+	}
+	var recorded int
+	if err := pools[0].Get(&recorded, "SELECT COUNT(*) FROM schema_migrations"); err != nil || recorded != len(all) {
+		t.Fatalf("%d migrations recorded (%v), %d embedded", recorded, err, len(all))
 	}
 }
