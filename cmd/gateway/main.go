@@ -470,8 +470,10 @@ func demoSetup(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	if _, err := tgsql.Migrate(ctx, e.db.DB); err != nil {
-		return err
+	// On a handle of its own, as `gateway migrate`: the money handle's replies time out at
+	// 30 s, and another runner's lock or a DDL on a large table may rightly take longer.
+	if _, err := applyMigrations(ctx, e, tgsql.DefaultLockWait); err != nil {
+		return fmt.Errorf("demo-setup: %w", err)
 	}
 	st := e.store()
 	u, err := st.UserByName(ctx, "demo")
