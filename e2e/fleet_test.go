@@ -203,15 +203,7 @@ func TestFleetIdempotencyKeyRacedOverTwoGateways(t *testing.T) {
 		t.Fatalf("a second attempt (%s) reached the upstream", name)
 	default:
 	}
-	for _, g := range gws {
-		resp := post(t, context.Background(), g, key, body, hdr)
-		raw, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || resp.Header.Get("Idempotent-Replayed") != "true" || string(raw) != string(first.body) {
-			t.Errorf("retry on %s after the answer: %d replayed %q, body equal %v", g.name, resp.StatusCode,
-				resp.Header.Get("Idempotent-Replayed"), string(raw) == string(first.body))
-		}
-	}
+	checkReplayedOnEach(t, gws, key, body, hdr, first.body)
 	waitFor(t, 30*time.Second, "the attempt settled", func() bool { return w.liveHolds() == 0 })
 	var rows int
 	var charged int64
@@ -367,15 +359,7 @@ func TestFleetIdempotencyKeyRetriedOverTwoGatewaysAfterAFailedAttempt(t *testing
 		t.Fatalf("a second retry (%s) reached the upstream", name)
 	default:
 	}
-	for _, g := range gws {
-		resp := post(t, context.Background(), g, key, body, idem)
-		raw, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || resp.Header.Get("Idempotent-Replayed") != "true" || string(raw) != string(ran.body) {
-			t.Errorf("retry on %s after the answer: %d replayed %q, body equal %v", g.name, resp.StatusCode,
-				resp.Header.Get("Idempotent-Replayed"), string(raw) == string(ran.body))
-		}
-	}
+	checkReplayedOnEach(t, gws, key, body, idem, ran.body)
 	waitFor(t, 30*time.Second, "the attempt settled", func() bool { return w.liveHolds() == 0 })
 	var rows, charged int
 	var total int64
@@ -458,5 +442,20 @@ func TestFleetLockMovesToTheSurvivorWhileHoldsOfBothExpire(t *testing.T) {
 	replayed := retry()
 	if replayed.status != http.StatusOK || string(replayed.body) != string(ran.body) {
 		t.Errorf("retry after the new attempt's answer: %d, body equal %v", replayed.status, string(replayed.body) == string(ran.body))
+	}
+}
+
+// checkReplayedOnEach sends the key's request again to each gateway once its answer is
+// recorded: each must replay that answer byte for byte.
+func checkReplayedOnEach(t *testing.T, gws []*gateway, key string, body []byte, hdr map[string]string, answer []byte) {
+	t.Helper()
+	for _, g := range gws {
+		resp := post(t, context.Background(), g, key, body, hdr)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Idempotent-Replayed") != "true" || string(raw) != string(answer) {
+			t.Errorf("retry on %s after the answer: %d replayed %q, body equal %v", g.name, resp.StatusCode,
+				resp.Header.Get("Idempotent-Replayed"), string(raw) == string(answer))
+		}
 	}
 }
