@@ -157,19 +157,7 @@ func TestConnectionRefusedAtTheServersLimitIsWaitedFor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	root := testenv.MySQL(t)
-	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := "tg_conns_" + testenv.RandomID(4)
-	if _, err := root.ExecContext(ctx, "CREATE USER '"+name+"'@'%' IDENTIFIED BY 'conns' WITH MAX_USER_CONNECTIONS 2"); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = root.Exec("DROP USER IF EXISTS '" + name + "'@'%'") })
-	if _, err := root.ExecContext(ctx, "GRANT SELECT, INSERT, UPDATE, DELETE ON `"+cfg.DBName+"`.* TO '"+name+"'@'%'"); err != nil {
-		t.Fatal(err)
-	}
-	cfg.User, cfg.Passwd = name, "conns"
+	cfg := restrictedAccount(ctx, t, root, testenv.MySQLDSN(t), "tg_conns_", "MAX_USER_CONNECTIONS 2")
 	db, err := holds.Open(ctx, cfg.FormatDSN())
 	if err != nil {
 		t.Fatal(err)

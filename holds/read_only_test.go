@@ -27,20 +27,32 @@ import (
 // root is a handle of the tests' account; the account is dropped at cleanup.
 func gatewayAccount(ctx context.Context, t *testing.T, root *sqlx.DB, dsn string) *sqlx.DB {
 	t.Helper()
+	return testenv.Open(t, restrictedAccount(ctx, t, root, dsn, "tg_gw_", "").FormatDSN())
+}
+
+// restrictedAccount creates an account with SELECT, INSERT, UPDATE and DELETE on the tests'
+// database alone, made WITH the given limits (may be ""), and returns dsn for it; the account
+// is dropped at cleanup.
+func restrictedAccount(ctx context.Context, t *testing.T, root *sqlx.DB, dsn, prefix, with string) *mysql.Config {
+	t.Helper()
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := "tg_gw_" + testenv.RandomID(4)
-	if _, err := root.ExecContext(ctx, "CREATE USER '"+name+"'@'%' IDENTIFIED BY 'gw'"); err != nil {
+	name, password := prefix+testenv.RandomID(4), testenv.RandomID(8)
+	create := "CREATE USER '" + name + "'@'%' IDENTIFIED BY '" + password + "'"
+	if with != "" {
+		create += " WITH " + with
+	}
+	if _, err := root.ExecContext(ctx, create); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = root.Exec("DROP USER IF EXISTS '" + name + "'@'%'") })
 	if _, err := root.ExecContext(ctx, "GRANT SELECT, INSERT, UPDATE, DELETE ON `"+cfg.DBName+"`.* TO '"+name+"'@'%'"); err != nil {
 		t.Fatal(err)
 	}
-	cfg.User, cfg.Passwd = name, "gw"
-	return testenv.Open(t, cfg.FormatDSN())
+	cfg.User, cfg.Passwd = name, password
+	return cfg
 }
 
 // readOnlyServer returns what sets the server's global read_only from root (the tests'
