@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 	tgsql "github.com/tollgate/tollgate/sql"
@@ -69,26 +71,9 @@ func TestMigrateKilledMidStatement(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- child.Wait() }()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var n int
-		if err := db.Get(&n, `SELECT COUNT(*) FROM information_schema.processlist
-			WHERE state = 'Waiting for table metadata lock' AND info LIKE 'ALTER TABLE api_keys%' AND db = DATABASE()`); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("the migration ended (%v) before its ALTER of api_keys waited", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			_ = child.Process.Kill()
-			t.Fatal("the migration's ALTER of api_keys never waited for the reader")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := waitForLockWait(db, "api_keys", exited, 30*time.Second); err != nil {
+		_ = child.Process.Kill()
+		t.Fatal(err)
 	}
 	if err := child.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -135,5 +120,30 @@ func TestMigrateKilledMidStatement(t *testing.T) {
 		if autoInc.ReplaceAllString(got, "") != autoInc.ReplaceAllString(want, "") {
 			t.Fatalf("%s after the killed migration and its rerun:\n%s\nwant, as migrated at once:\n%s", table, got, want)
 		}
+	}
+}
+
+// waitForLockWait waits until a statement ALTER TABLE table of this database waits for a
+// metadata lock, and fails if the migration that sends it ends first (ended) or within passes.
+func waitForLockWait(db *sqlx.DB, table string, ended <-chan error, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		var n int
+		if err := db.Get(&n, `SELECT COUNT(*) FROM information_schema.processlist
+			WHERE state = 'Waiting for table metadata lock' AND info LIKE CONCAT('ALTER TABLE ', ?, '%') AND db = DATABASE()`, table); err != nil {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+		select {
+		case err := <-ended:
+			return fmt.Errorf("the migration ended (%v) before its ALTER of %s waited for the metadata lock", err, table)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the migration's ALTER of %s never waited for the metadata lock", table)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

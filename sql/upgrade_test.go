@@ -202,25 +202,8 @@ func TestMigrateDoesNotQueueAdmissionsBehindItsLockWait(t *testing.T) {
 
 	migrated := make(chan error, 1)
 	go func() { _, err := tgsql.Migrate(ctx, db.DB); migrated <- err }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n int
-		if err := money.Get(&n, `SELECT COUNT(*) FROM information_schema.processlist
-			WHERE state LIKE 'Waiting for table metadata lock' AND info LIKE 'ALTER TABLE run_holds%'`); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		select {
-		case err := <-migrated:
-			t.Fatalf("migrate ended (%v) without waiting for the reader's metadata lock", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("migrate never waited for the metadata lock")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := waitForLockWait(money, "run_holds", migrated, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
 
 	// An admission while the ALTER waits, bounded like the gateway's (admit_timeout, 5 s).
