@@ -156,41 +156,17 @@ func TestFleetIdempotencyKeyRacedOverTwoGateways(t *testing.T) {
 	body := chatRequest(true, 40, "one request, many sends")
 
 	const n = 20
-	var (
-		mu      sync.Mutex
-		answers []reply
-		wg      sync.WaitGroup
-	)
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			r := <-sendAsync(context.Background(), gws[i%2], key, body, hdr)
-			mu.Lock()
-			answers = append(answers, r)
-			mu.Unlock()
-		}()
-	}
-	close(start)
+	race := sendAtOnce(gws, n, key, body, hdr)
 	up.awaitArrivals(t, 1)
-	waitFor(t, 30*time.Second, "every send but the one at the gate answered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(answers) == n-1
-	})
-	mu.Lock()
-	for _, a := range answers {
+	waitFor(t, 30*time.Second, "every send but the one at the gate answered", func() bool { return len(race.answered()) == n-1 })
+	for _, a := range race.answered() {
 		if a.status != http.StatusConflict || errorCodeOf(a.body) != "request_in_progress" {
 			t.Errorf("a send while the first runs: %d %s (err %v), want 409 request_in_progress", a.status, a.body, a.err)
 		}
 	}
-	mu.Unlock()
 	up.open()
-	wg.Wait()
 	var first reply
-	for _, a := range answers {
+	for _, a := range race.wait() {
 		if a.status == http.StatusOK {
 			first = a
 		}
@@ -318,34 +294,12 @@ func TestFleetIdempotencyKeyRetriedOverTwoGatewaysAfterAFailedAttempt(t *testing
 	waitFor(t, 30*time.Second, "the failed attempt settled", func() bool { return w.liveHolds() == 0 })
 
 	const n = 10
-	var (
-		mu      sync.Mutex
-		answers []reply
-		wg      sync.WaitGroup
-	)
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			r := <-sendAsync(context.Background(), gws[i%2], key, body, with(with(idem, "X-Fake-Gate", "retry"), "X-Fake-Chunks", "20"))
-			mu.Lock()
-			answers = append(answers, r)
-			mu.Unlock()
-		}()
-	}
-	close(start)
+	race := sendAtOnce(gws, n, key, body, with(with(idem, "X-Fake-Gate", "retry"), "X-Fake-Chunks", "20"))
 	up.awaitArrivals(t, 1)
-	waitFor(t, 30*time.Second, "every retry but the one at the gate answered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(answers) == n-1
-	})
+	waitFor(t, 30*time.Second, "every retry but the one at the gate answered", func() bool { return len(race.answered()) == n-1 })
 	up.open()
-	wg.Wait()
 	var ran reply
-	for _, a := range answers {
+	for _, a := range race.wait() {
 		switch {
 		case a.status == http.StatusOK && ran.status == 0:
 			ran = a
@@ -458,4 +412,44 @@ func checkReplayedOnEach(t *testing.T, gws []*gateway, key string, body []byte, 
 				resp.Header.Get("Idempotent-Replayed"), string(raw) == string(answer))
 		}
 	}
+}
+
+// sendRace is n copies of one request sent at once, alternating over the gateways, and the
+// answers come so far.
+type sendRace struct {
+	mu      sync.Mutex
+	answers []reply
+	wg      sync.WaitGroup
+}
+
+// sendAtOnce starts n sends of one request, released together, the i-th to gws[i%len(gws)].
+func sendAtOnce(gws []*gateway, n int, key string, body []byte, hdr map[string]string) *sendRace {
+	r := &sendRace{}
+	start := make(chan struct{})
+	for i := range n {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			<-start
+			a := <-sendAsync(context.Background(), gws[i%len(gws)], key, body, hdr)
+			r.mu.Lock()
+			r.answers = append(r.answers, a)
+			r.mu.Unlock()
+		}()
+	}
+	close(start)
+	return r
+}
+
+// answered is a copy of the answers come so far.
+func (r *sendRace) answered() []reply {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]reply(nil), r.answers...)
+}
+
+// wait waits for every send's answer and returns them.
+func (r *sendRace) wait() []reply {
+	r.wg.Wait()
+	return r.answered()
 }
