@@ -30,7 +30,9 @@ type member struct {
 }
 
 // Index indexes root, a JSON object, by its keys as gjson compares them (unescaped). Anything
-// else (an array, a scalar) is not indexed: gjson reads it as it would.
+// else (an array, a scalar) is not indexed: gjson reads it as it would. root must be valid
+// JSON (a request body is, parseObject checked it): of a malformed one gjson's lookups and
+// its ForEach, which the index is built with, may read different members.
 func Index(root gjson.Result) Object {
 	if !root.IsObject() {
 		return Object{Result: root}
@@ -49,10 +51,10 @@ func Index(root gjson.Result) Object {
 }
 
 // Get is gjson.Result.Get on the object, for the plain paths the gateway reads ("a", "a.b");
-// a path with gjson's syntax in it (wildcards, escapes, queries, modifiers, pipes) is gjson's
-// to read.
+// a path with gjson's syntax in it (wildcards, escapes, queries, modifiers, pipes, a leading
+// ".." that reads the body as JSON lines) is gjson's to read.
 func (t Object) Get(path string) gjson.Result {
-	if t.members == nil || strings.ContainsAny(path, `|#*?\@!{[:=`) {
+	if t.members == nil || strings.ContainsAny(path, `|#*?\@!{[:=`) || strings.HasPrefix(path, "..") {
 		return t.Result.Get(path)
 	}
 	key, rest, nested := strings.Cut(path, ".")
