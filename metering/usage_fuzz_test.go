@@ -159,7 +159,8 @@ func chunks(in, cuts []byte) [][]byte {
 
 // FuzzMeterStream meters any stream in any format, read whole and cut into any reads: the
 // result keeps Result's promises, is the same however the stream was cut (a usage that
-// depended on where a read ended would bill the same answer differently), and does not change
+// depended on where a read ended would bill the same answer differently) and whichever line
+// ends it uses (LF, CRLF, CR), and does not change
 // when the bytes it was read from are overwritten (the scanner reuses its memory; a result
 // holding a view of it would change under the caller).
 func FuzzMeterStream(f *testing.F) {
@@ -187,6 +188,18 @@ func FuzzMeterStream(f *testing.F) {
 		got, gotOK := meterReads(&emptyReadsReader{chunks: chunks(cut, cuts)}, fm, 0)
 		if gotOK != wantOK || !reflect.DeepEqual(got, again) {
 			t.Fatalf("read in pieces: %+v (scan ok %v)\nread whole: %+v (scan ok %v)", got, gotOK, again, wantOK)
+		}
+		if bytes.IndexByte(in, '\r') >= 0 {
+			return
+		}
+		// The same stream with its lines ended by CRLF or CR (a proxy on the way that rewrites
+		// line ends, a server on another stack) is the same answer, billed the same.
+		for _, end := range []string{"\r\n", "\r"} {
+			other := bytes.ReplaceAll(in, []byte("\n"), []byte(end))
+			got, gotOK := meterReads(&emptyReadsReader{chunks: chunks(other, cuts)}, fm, 0)
+			if gotOK != wantOK || !reflect.DeepEqual(got, again) {
+				t.Fatalf("lines ended %q: %+v (scan ok %v)\nended LF: %+v (scan ok %v)", end, got, gotOK, again, wantOK)
+			}
 		}
 	})
 }
