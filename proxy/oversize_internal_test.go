@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/metering"
 )
@@ -123,4 +125,54 @@ func BenchmarkLastUsageManyWords(b *testing.B) {
 			b.Fatalf("found %q", r.Raw)
 		}
 	}
+}
+
+// FuzzMeterOversized: an answer too large to relay is billed as the same answer relayed whole.
+// For any whole JSON body in any format, read from any head (the bytes read before it was
+// found too large) and the rest, meterOversized meters the usage and the answering model
+// meterBody reads of the body whole, when its one top-level usage object is the last object
+// under a "usage" key in its text (what meterOversized reads: its report comes last). A
+// spoken answer's audio aside: its length is not read from an answer that is not kept.
+func FuzzMeterOversized(f *testing.F) {
+	for _, s := range []string{
+		`{"id":"x","model":"gpt-4o","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":1}}}`,
+		`{"object":"list","data":[{"embedding":"AAAA"}],"model":"text-embedding-3-large","usage":{"prompt_tokens":8,"total_tokens":8}}`,
+		`{"id":"msg","type":"message","model":"claude-test","content":[{"type":"tool_use","input":{"usage":{"input_tokens":1}}}],"usage":{"input_tokens":70,"cache_creation":{"ephemeral_1h_input_tokens":5},"output_tokens":9}}`,
+		`{"id":"resp","object":"response","model":"gpt-5","output":[{"content":[{"text":"t"}]}],"usage":{"input_tokens":5,"output_tokens":2,"total_tokens":9}}`,
+	} {
+		for format := range uint8(5) {
+			f.Add([]byte(s), uint16(len(s)/2), format)
+		}
+	}
+	formats := [...]metering.Format{metering.FormatChat, metering.FormatCompletions, metering.FormatResponses, metering.FormatEmbeddings, metering.FormatAnthropic}
+	f.Fuzz(func(t *testing.T, body []byte, cut uint16, format uint8) {
+		if !wholeJSON(body) {
+			return
+		}
+		var usages []gjson.Result
+		gjson.ParseBytes(metering.TrimBody(body)).ForEach(func(k, v gjson.Result) bool {
+			if k.Str == "usage" {
+				usages = append(usages, v)
+			}
+			return true
+		})
+		if len(usages) != 1 || !usages[0].IsObject() || lastUsage(body).Raw != usages[0].Raw {
+			return
+		}
+		fm := formats[int(format)%len(formats)]
+		whole := metering.NewMeter(fm)
+		meterBody(whole, body, 1<<20)
+		head := body[:int(cut)%(len(body)+1)]
+		over := metering.NewMeter(fm)
+		meterOversized(over, bytes.Clone(head), bytes.NewReader(body[len(head):]), math.MaxInt64)
+		want, got := whole.Result(), over.Result()
+		if want.AudioOutput > 0 {
+			return
+		}
+		if got.Usage != want.Usage || got.Reported != want.Reported || got.PromptMissing != want.PromptMissing ||
+			got.Estimated != want.Estimated || got.Model != want.Model {
+			t.Fatalf("too large: %+v reported %v model %q\nwhole: %+v reported %v model %q", got.Usage, got.Reported, got.Model,
+				want.Usage, want.Reported, want.Model)
+		}
+	})
 }
