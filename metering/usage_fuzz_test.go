@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/internal/fixtures"
 	"github.com/tollgate/tollgate/pricing"
@@ -204,8 +207,9 @@ func FuzzMeterStream(f *testing.F) {
 	})
 }
 
-// FuzzMeterBody meters any whole answer in any format: the result keeps Result's promises and
-// does not hold the body's memory; for the OpenAI formats, whose chunks and bodies carry the
+// FuzzMeterBody meters any whole answer in any format: the result keeps Result's promises,
+// bills no less than an OpenAI-style report says (checkNotUnderReport) and does not hold the
+// body's memory; for the OpenAI formats, whose chunks and bodies carry the
 // same usage object, the body's usage is the one its object carries as a stream's event (the
 // audio part aside: a body's audio is a file, timed as one, a stream's raw PCM).
 func FuzzMeterBody(f *testing.F) {
@@ -231,6 +235,7 @@ func FuzzMeterBody(f *testing.F) {
 		if !reflect.DeepEqual(keep, res) {
 			t.Fatalf("result changed when its body was overwritten: %+v, was %+v", res, keep)
 		}
+		checkNotUnderReport(t, fm, body, res)
 		if fm != FormatChat && fm != FormatCompletions && fm != FormatEmbeddings {
 			return
 		}
@@ -247,4 +252,53 @@ func FuzzMeterBody(f *testing.F) {
 			t.Fatalf("as a body: usage %+v reported %v; as an event: %+v reported %v", res.Usage, res.Reported, er.Usage, er.Reported)
 		}
 	})
+}
+
+// checkNotUnderReport fails when the usage metered of an OpenAI-style body (chat, completions,
+// embeddings, Responses) bills fewer tokens than the body's one top-level usage report says:
+// its prompt (input, cache reads and writes) fewer than prompt_tokens, its output fewer than
+// completion_tokens, or the whole fewer than total_tokens. The gateway never bills less than
+// the provider charged it. Counts are read as integers, clamped to [0, pricing.MaxTokens] as
+// the meter does; a body with another or no report is not checked.
+func checkNotUnderReport(t *testing.T, fm Format, body []byte, res Result) {
+	t.Helper()
+	if fm == FormatAnthropic {
+		return
+	}
+	data := TrimBody(body)
+	if len(data) == 0 || data[0] != '{' || !gjson.ValidBytes(data) {
+		return
+	}
+	var usages []gjson.Result
+	gjson.ParseBytes(data).ForEach(func(k, v gjson.Result) bool {
+		if k.Str == "usage" {
+			usages = append(usages, v)
+		}
+		return true
+	})
+	if len(usages) != 1 || !usages[0].IsObject() {
+		return
+	}
+	figure := func(names ...string) (int64, bool) {
+		for _, n := range names {
+			v := usages[0].Get(n)
+			if v.Type != gjson.Number {
+				continue
+			}
+			if v.Num != math.Trunc(v.Num) {
+				return 0, false // no provider counts a part of a token
+			}
+			return max(0, min(v.Int(), pricing.MaxTokens)), true
+		}
+		return 0, false
+	}
+	prompt, promptSeen := figure("prompt_tokens", "input_tokens")
+	completion, completionSeen := figure("completion_tokens", "output_tokens")
+	total, totalSeen := figure("total_tokens")
+	u := res.Usage
+	billedPrompt := u.Input + u.CacheRead + u.CacheWrite
+	if (promptSeen && billedPrompt < prompt) || (completionSeen && u.Output < completion) ||
+		(totalSeen && billedPrompt+u.Output < total) {
+		t.Fatalf("report %s billed as %+v: fewer tokens than it says", usages[0].Raw, u)
+	}
 }
