@@ -52,3 +52,39 @@ func (s *Server) SetAnswerMemoryWait(d time.Duration) { s.answers.wait = d }
 
 // NewTransport is the gateway's own upstream transport for limits l.
 var NewTransport = newTransport
+
+// Residue is what the process keeps for the calls in flight and its callers, by name: after a
+// storm has ended and settled each must be back at its baseline (a leak shows as a count that
+// does not come back).
+func (s *Server) Residue() map[string]int {
+	out := map[string]int{}
+	s.bodies.mu.Lock()
+	out["body_memory_callers"], out["body_memory_bytes"] = len(s.bodies.byCaller), int(s.bodies.total)
+	s.bodies.mu.Unlock()
+	s.answers.mu.Lock()
+	out["answer_memory_callers"] = len(s.answers.callers)
+	s.answers.mu.Unlock()
+	s.counting.mu.Lock()
+	out["token_counts_callers"] = len(s.counting.n)
+	s.counting.mu.Unlock()
+	s.cancels.mu.Lock()
+	out["session_cancels"] = len(s.cancels.runs)
+	s.cancels.mu.Unlock()
+	s.calls.mu.Lock()
+	out["calls"] = s.calls.n
+	s.calls.mu.Unlock()
+	s.settlements.mu.Lock()
+	out["settlements"] = s.settlements.n
+	s.settlements.mu.Unlock()
+	out["settle_slots"] = len(s.settleSlots)
+	out["leases"] = s.leases.Held()
+	out["reservations_beaten"] = s.budgets.Beaten()
+	return out
+}
+
+// CachedKeys is how many key lookups the key cache keeps.
+func (s *Server) CachedKeys() int {
+	s.auth.mu.Lock()
+	defer s.auth.mu.Unlock()
+	return len(s.auth.entries)
+}

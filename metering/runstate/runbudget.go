@@ -476,6 +476,14 @@ func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 	return lost, errors.Join(errs...)
 }
 
+// Beaten is the number of reservations this process beats: one whose call ended without
+// releasing it shows here (the proxy's tests look).
+func (b *RunBudget) Beaten() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.calls)
+}
+
 // forget stops beating rc's reservation.
 func (b *RunBudget) forget(rc RunCallID) {
 	b.mu.Lock()
