@@ -46,14 +46,21 @@ type leakWatch struct {
 // fakellm), with a transport the test can empty of idle connections.
 func leakHarness(t *testing.T, up http.HandlerFunc, mutate func(*config.Config)) *leakWatch {
 	t.Helper()
+	return leakHarnessOn(t, harnessSetup{}, up, mutate)
+}
+
+// leakHarnessOn is leakHarness built on setup (its transport is the watch's own).
+func leakHarnessOn(t *testing.T, setup harnessSetup, up http.HandlerFunc, mutate func(*config.Config)) *leakWatch {
+	t.Helper()
 	tr := proxy.NewTransport(config.Default().Limits)
+	setup.transport = tr
 	var hostile string
 	if up != nil {
 		srv := httptest.NewServer(up)
 		t.Cleanup(srv.Close)
 		hostile = srv.URL
 	}
-	h := newHarnessOn(t, harnessSetup{transport: tr}, func(c *config.Config) {
+	h := newHarnessOn(t, setup, func(c *config.Config) {
 		if hostile != "" {
 			c.Upstreams = []config.Upstream{{Name: "hostile", Kind: "openai", BaseURL: hostile, Models: []string{"*"}}}
 		}
@@ -519,4 +526,71 @@ func TestStormOfCallersLeavingAtEveryPhaseLeavesNothing(t *testing.T) {
 		leave("/v1/chat/completions", leakBody("trickle", true)+strings.Repeat(" ", i), map[string]string{"X-Session-Id": "replaced"}, true)
 	})
 	w.back("callers leaving at every phase")
+}
+
+// TestStormWhileRedisIsDownLeavesNothing: every kind of call, callers leaving mid-stream among
+// them, while the gateway's Redis refuses every write; then Redis comes back. What the calls
+// left to retry (tallies, lease releases) ends within settle_timeout, and nothing stays.
+func TestStormWhileRedisIsDownLeavesNothing(t *testing.T) {
+	var down atomic.Bool
+	stormWhileRedisFails(t, &down, func(c net.Conn) net.Conn { return blipConn{c, &down} }, "down")
+}
+
+// TestStormWhileRedisStallsLeavesNothing is the storm of TestStormWhileRedisIsDownLeavesNothing
+// against a Redis that takes every command and answers none.
+func TestStormWhileRedisStallsLeavesNothing(t *testing.T) {
+	var stalled atomic.Bool
+	stormWhileRedisFails(t, &stalled, func(c net.Conn) net.Conn { return swallowConn{c, &stalled} }, "stalled")
+}
+
+// swallowConn drops what is written to it while stalled: the server never answers.
+type swallowConn struct {
+	net.Conn
+	stalled *atomic.Bool
+}
+
+func (c swallowConn) Write(b []byte) (int, error) {
+	if c.stalled.Load() {
+		return len(b), nil
+	}
+	return c.Conn.Write(b)
+}
+
+func stormWhileRedisFails(t *testing.T, down *atomic.Bool, wrap func(net.Conn) net.Conn, how string) {
+	w := leakHarnessOn(t, harnessSetup{redisDialer: wrappedDialer(wrap), contextTimeouts: true},
+		stormUpstream(nil), func(c *config.Config) {
+			c.Plans["standard"] = stormPlan(c.Plans["standard"])
+			c.Limits.SettleTimeout = 3 * time.Second
+			c.Limits.UpstreamTimeout = 3 * time.Second // an answer whose connection never closes
+		})
+	_, key := w.h.user("standard")
+	w.warm(key)
+	// Named runs opened while Redis answers, so that their later calls are admitted on the hold.
+	for i := range 4 {
+		resp := w.h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": fmt.Sprintf("down-%d", i)})
+		readAll(t, resp.Body)
+		resp.Body.Close()
+	}
+	w.h.settled()
+	down.Store(true)
+	headers := []func(i int) map[string]string{
+		func(int) map[string]string { return nil },
+		func(i int) map[string]string { return map[string]string{"X-Run-Id": fmt.Sprintf("down-%d", i%4)} },
+		func(i int) map[string]string { return map[string]string{"X-Session-Id": fmt.Sprintf("down-%d", i%3)} },
+		func(i int) map[string]string { return map[string]string{"Idempotency-Key": fmt.Sprintf("down-%d", i)} },
+	}
+	got := w.storm(200, func(i int) *http.Request {
+		mode := []string{"ok", "trickle", "reset-mid", "open"}[i%4]
+		req := w.request(key, "/v1/chat/completions", leakBody(mode, i%3 != 0)+strings.Repeat(" ", i), headers[(i/4)%len(headers)](i))
+		if mode == "trickle" {
+			// The caller leaves mid-stream.
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			t.Cleanup(cancel)
+			req = req.WithContext(ctx)
+		}
+		return req
+	})
+	t.Logf("with Redis %s: %v", how, got)
+	down.Store(false)
+	w.back("a storm while Redis was " + how)
 }
