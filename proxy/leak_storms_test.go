@@ -367,6 +367,14 @@ func stormUpstream(arrived chan<- struct{}) http.HandlerFunc {
 			_, _ = io.WriteString(w, hostileChunk+hostileUsage+"data: [DONE]\n\n")
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
+		case "flood":
+			w.Header().Set("Content-Type", "text/event-stream")
+			chunk := strings.Repeat(hostileChunk, 200)
+			for r.Context().Err() == nil {
+				if _, err := io.WriteString(w, chunk); err != nil {
+					return
+				}
+			}
 		case "open-json":
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}}`)
@@ -405,7 +413,8 @@ func TestStormOfHostileUpstreamsLeavesNothing(t *testing.T) {
 
 // TestStormOfCallersLeavingAtEveryPhaseLeavesNothing: callers that leave with half a body
 // sent, while their admission waits in the batch writer's queue, while the upstream's
-// headers are awaited, mid-stream, and callers that trickle their bodies until refused.
+// headers are awaited, mid-stream, callers that trickle their bodies until refused, and
+// callers that stay connected and read nothing.
 func TestStormOfCallersLeavingAtEveryPhaseLeavesNothing(t *testing.T) {
 	arrived := make(chan struct{}, 1)
 	w := leakHarness(t, stormUpstream(arrived), func(c *config.Config) {
@@ -525,6 +534,20 @@ func TestStormOfCallersLeavingAtEveryPhaseLeavesNothing(t *testing.T) {
 	each(20, func(i int) {
 		leave("/v1/chat/completions", leakBody("trickle", true)+strings.Repeat(" ", i), map[string]string{"X-Session-Id": "replaced"}, true)
 	})
+	// Callers that stay and read nothing of a stream the upstream floods: each write to them
+	// stops for client_write_timeout and the call ends, while they are still connected.
+	var stuck []*http.Response
+	for i := range 8 {
+		resp, err := w.client.Do(w.request(key, "/v1/chat/completions", leakBody("flood", true)+strings.Repeat(" ", i), nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stuck = append(stuck, resp)
+	}
+	waitForWithin(t, leakDeadline, "the calls of callers who read nothing to end", func() bool { return w.h.srv.Residue()["calls"] == 0 })
+	for _, resp := range stuck {
+		resp.Body.Close()
+	}
 	w.back("callers leaving at every phase")
 }
 
@@ -593,4 +616,16 @@ func stormWhileRedisFails(t *testing.T, down *atomic.Bool, wrap func(net.Conn) n
 	t.Logf("with Redis %s: %v", how, got)
 	down.Store(false)
 	w.back("a storm while Redis was " + how)
+}
+
+// waitForWithin is waitFor with a deadline of its own.
+func waitForWithin(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
