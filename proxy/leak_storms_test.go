@@ -282,7 +282,8 @@ func TestStormOfUnknownModelsLeavesNothing(t *testing.T) {
 }
 
 // TestStormOfRunNamesAndIdempotencyKeysLeavesNothing: a user opens 300 named runs (each one
-// call, none settled) and sends 300 calls under distinct Idempotency-Keys: each name and key
+// call, none settled), sends 300 calls under distinct Idempotency-Keys (100 of them replayed
+// to callers who leave after a line) and 300 under distinct session ids: each name and key
 // lives in Redis under a TTL, and nothing of them stays in the process.
 func TestStormOfRunNamesAndIdempotencyKeysLeavesNothing(t *testing.T) {
 	w := leakHarness(t, nil, func(c *config.Config) {
@@ -302,6 +303,29 @@ func TestStormOfRunNamesAndIdempotencyKeysLeavesNothing(t *testing.T) {
 		return w.request(key, "/v1/chat/completions", body, map[string]string{"Idempotency-Key": fmt.Sprintf("idem-%d", i)})
 	})
 	t.Logf("idempotency keys: %v", got)
+	// Their replays, each caller leaving after the first line.
+	var replays sync.WaitGroup
+	for i := range 100 {
+		replays.Add(1)
+		go func() {
+			defer replays.Done()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			body := streamBody
+			if i%2 == 0 {
+				body = chatBody
+			}
+			req := w.request(key, "/v1/chat/completions", body, map[string]string{"Idempotency-Key": fmt.Sprintf("idem-%d", i)}).WithContext(ctx)
+			resp, err := w.client.Do(req)
+			if err != nil {
+				return
+			}
+			_, _ = bufio.NewReader(resp.Body).ReadString('\n')
+			cancel()
+			resp.Body.Close()
+		}()
+	}
+	replays.Wait()
 	got = w.storm(300, func(i int) *http.Request {
 		return w.request(key, "/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": fmt.Sprintf("sess-%d", i)})
 	})
