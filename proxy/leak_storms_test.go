@@ -580,14 +580,15 @@ func TestStormOfCallersLeavingAtEveryPhaseLeavesNothing(t *testing.T) {
 // left to retry (tallies, lease releases) ends within settle_timeout, and nothing stays.
 func TestStormWhileRedisIsDownLeavesNothing(t *testing.T) {
 	var down atomic.Bool
-	stormWhileRedisFails(t, &down, func(c net.Conn) net.Conn { return blipConn{c, &down} }, "down")
+	stormWhileRedisFails(t, &down, func(c net.Conn) net.Conn { return blipConn{c, &down} }, "down", 200)
 }
 
 // TestStormWhileRedisStallsLeavesNothing is the storm of TestStormWhileRedisIsDownLeavesNothing
-// against a Redis that takes every command and answers none.
+// against a Redis that takes every command and answers none (fewer calls: each waits out its
+// Redis steps' deadlines).
 func TestStormWhileRedisStallsLeavesNothing(t *testing.T) {
 	var stalled atomic.Bool
-	stormWhileRedisFails(t, &stalled, func(c net.Conn) net.Conn { return swallowConn{c, &stalled} }, "stalled")
+	stormWhileRedisFails(t, &stalled, func(c net.Conn) net.Conn { return swallowConn{c, &stalled} }, "stalled", 64)
 }
 
 // swallowConn drops what is written to it while stalled: the server never answers.
@@ -603,7 +604,7 @@ func (c swallowConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-func stormWhileRedisFails(t *testing.T, down *atomic.Bool, wrap func(net.Conn) net.Conn, how string) {
+func stormWhileRedisFails(t *testing.T, down *atomic.Bool, wrap func(net.Conn) net.Conn, how string, calls int) {
 	w := leakHarnessOn(t, harnessSetup{redisDialer: wrappedDialer(wrap), contextTimeouts: true},
 		stormUpstream(nil), func(c *config.Config) {
 			c.Plans["standard"] = stormPlan(c.Plans["standard"])
@@ -626,7 +627,7 @@ func stormWhileRedisFails(t *testing.T, down *atomic.Bool, wrap func(net.Conn) n
 		func(i int) map[string]string { return map[string]string{"X-Session-Id": fmt.Sprintf("down-%d", i%3)} },
 		func(i int) map[string]string { return map[string]string{"Idempotency-Key": fmt.Sprintf("down-%d", i)} },
 	}
-	got := w.storm(200, func(i int) *http.Request {
+	got := w.storm(calls, func(i int) *http.Request {
 		mode := []string{"ok", "trickle", "reset-mid", "open"}[i%4]
 		req := w.request(key, "/v1/chat/completions", leakBody(mode, i%3 != 0)+strings.Repeat(" ", i), headers[(i/4)%len(headers)](i))
 		if mode == "trickle" {
