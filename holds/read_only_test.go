@@ -19,6 +19,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // gatewayAccount creates an account on dsn's database with what a production gateway's has —
@@ -540,5 +541,75 @@ func checkPoolWritable(ctx context.Context, t *testing.T, db *sqlx.DB) {
 		if _, err := c.ExecContext(ctx, "UPDATE users SET id = id WHERE 1 = 0"); err != nil {
 			t.Errorf("a connection left in the pool refuses writes: %v", err)
 		}
+	}
+}
+
+// TestRunCallRecordRidesOutAReadOnlySpell: a named run's call record (RecordRunCall) refused
+// by a read_only server is tried again until the server takes writes, within its caller's
+// deadline. Failed at once, the run's row missed the call for good: admission and
+// /v1/credits count a live named run at what its row records (owedSQL) when that is more than
+// its hold, so the user's next calls were admitted against credits the call had spent — past
+// DESIGN §3's overdraft bound until the run settled — and the run's expiry was not pushed
+// out. A refusal is known not to have landed (the server refuses the UPDATE before it runs),
+// so the retry cannot count the call twice.
+func TestRunCallRecordRidesOutAReadOnlySpell(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := newReadOnlyFixture(ctx, t)
+	u, err := f.store.CreateUser(ctx, "ro-rec-"+testenv.RandomID(4), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := "x_ro_rec_" + testenv.RandomID(8)
+	if _, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: run, ClientRunID: "agent-" + testenv.RandomID(4), UserID: u.ID,
+		Model: "fake-gpt", State: holds.StateRunning, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := f.store.Run(ctx, u.ID, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.readOnly(true)
+	type result struct {
+		ok  bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		ok, err := f.store.RecordRunCall(rctx, run, time.Hour, pricing.Usage{Input: 1_000, Output: 100}, 7_000, 1, false)
+		done <- result{ok, err}
+	}()
+	// The spell lasts until the record has been seen refused and waiting: a few retries.
+	for f.retries() < 3 {
+		select {
+		case r := <-done:
+			f.readOnly(false)
+			t.Fatalf("record during a read_only spell: recorded %v, %v; want it tried again until the server takes writes", r.ok, r.err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	f.readOnly(false)
+	r := <-done
+	if r.err != nil || !r.ok {
+		t.Fatalf("record once the server took writes: recorded %v, %v; want recorded", r.ok, r.err)
+	}
+	after, err := f.store.Run(ctx, u.ID, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.CostMicro != 7_000 || after.Calls != 1 || after.EndedCalls != 1 || after.InTok != 1_000 || after.OutTok != 100 {
+		t.Errorf("run's row after the spell: cost %d, calls %d, ended %d, tokens %d/%d; want the call recorded once (7000, 1, 1, 1000/100)",
+			after.CostMicro, after.Calls, after.EndedCalls, after.InTok, after.OutTok)
+	}
+	if !after.ExpiresAt.After(before.ExpiresAt) {
+		t.Errorf("run's expiry %v not pushed out past %v by the record", after.ExpiresAt, before.ExpiresAt)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: run, CostMicro: after.CostMicro, Usage: after.Usage(), Calls: 1,
+		Source: holds.SourceClient}); err != nil {
+		t.Fatal(err)
 	}
 }

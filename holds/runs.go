@@ -105,9 +105,15 @@ func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bo
 // Run.Recorded). A call charged an estimate (no usage report) marks the row estimated, and
 // the settlement keeps that mark (appendMarkSettled), whichever figures it charges: the run's
 // tokens are then not all the provider's own count. The row is left alone once settled.
+//
+// A record refused by a read_only server (a failover, maintenance) is tried again until ctx
+// ends (execUntilWritable): missed, the row under-counted the run for good, and admission
+// counts a live named run at what its row records, so the user's next calls were admitted
+// against credits this one had spent. Nothing else is retried: the record adds, and a failure
+// whose UPDATE may have landed (its reply lost) would be counted twice.
 func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Duration, u pricing.Usage, costMicro int64, calls int, estimated bool) (bool, error) {
 	u = u.Clamp()
-	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
+	res, err := s.execUntilWritable(ctx, "record call of "+runID, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
 		in_tok = in_tok + ?, cache_read_tok = cache_read_tok + ?, cache_write_tok = cache_write_tok + ?, out_tok = out_tok + ?,
 		cache_write_1h_tok = cache_write_1h_tok + ?, audio_in_tok = audio_in_tok + ?, audio_out_tok = audio_out_tok + ?,
 		cost_micro = cost_micro + ?, calls = calls + ?, ended_calls = ended_calls + 1, estimated = GREATEST(estimated, ?)

@@ -95,6 +95,39 @@ func (s *Store) dropReadOnly(conn *sqlx.Conn) {
 	s.db.SetMaxIdleConns(maxOpenConns)
 }
 
+// execUntilWritable runs one autocommit statement, tried again with the store's backoff while
+// the server refuses it read_only (isReadOnly), until ctx ends; any other error is returned at
+// once. A refusal is known not to have landed — the server refuses a write before it runs —
+// so a statement that adds (RecordRunCall) is safe to send again after one, as it is not after
+// a lost reply. Each refused connection leaves the pool (dropReadOnly), so the next try dials
+// anew: after a failover's switch of address, the promoted primary.
+func (s *Store) execUntilWritable(ctx context.Context, what, q string, args ...any) (sql.Result, error) {
+	backoff := s.retry.InitialBackoff
+	for attempt := 1; ; attempt++ {
+		conn, err := s.db.Connx(ctx)
+		if err != nil {
+			return nil, err
+		}
+		res, err := conn.ExecContext(ctx, q, args...)
+		if err == nil || !isReadOnly(err) {
+			_ = conn.Close()
+			return res, err
+		}
+		s.dropReadOnly(conn)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (gave up: %v)", err, ctx.Err())
+		}
+		s.log.Warn("database unavailable, retrying", zap.String("op", what), zap.Int("attempt", attempt),
+			zap.Duration("backoff", backoff), zap.Error(err))
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (gave up: %v)", err, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, s.retry.MaxBackoff)
+	}
+}
+
 // SettledHook is told of each settlement a batch of this store committed, once, after the
 // commit: what a process's metrics count as charged (the day ledger is the record). It runs
 // on the batch's goroutine, before the batch's callers are answered, so it must not block.
