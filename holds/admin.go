@@ -189,7 +189,8 @@ func (s *Store) setDisabled(ctx context.Context, userID uint64, disable bool) (b
 		err = s.withRetry(ctx, what+" user", func() error {
 			res, err := s.db.ExecContext(ctx, q, userID)
 			if err != nil {
-				lost = lost || isUnavailable(err)
+				// A refusal read_only did not run: it applied nothing.
+				lost = lost || (isUnavailable(err) && !isReadOnly(err))
 				return err
 			}
 			changed, err = res.RowsAffected()

@@ -209,8 +209,12 @@ func (e *readOnlyError) Error() string { return e.err.Error() }
 func (e *readOnlyError) Unwrap() error { return e.err }
 
 // isUnavailable is the database out of reach, or a batch's statement it ended for a reason of
-// its own (serverEndedError) or refused for taking no writes (readOnlyError), as opposed to a
-// query it refused for what the query is.
+// its own (serverEndedError), or any statement it refused for taking no writes (isReadOnly), as
+// opposed to a query it refused for what the query is. A refusal read_only is retried by
+// withRetry like an outage, in every transaction of the store, not batches alone: a grant, a
+// session's claim, a key's revocation. Failed at once, a failover's switch of seconds refused
+// them (the admin API answered 500), while the admissions around them waited it out; and since
+// the refused statement did not run, the retry cannot apply anything twice.
 func isUnavailable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
@@ -220,11 +224,12 @@ func isUnavailable(err error) bool {
 	var se *serverEndedError
 	var ro *readOnlyError
 	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
-		errors.As(err, &oe) || errors.As(err, &ne) || errors.As(err, &se) || errors.As(err, &ro)
+		errors.As(err, &oe) || errors.As(err, &ne) || errors.As(err, &se) || errors.As(err, &ro) || isReadOnly(err)
 }
 
-// IsUnavailable reports whether err means MySQL could not be reached, or ended or refused
-// read_only a batch's statement for a reason of its own, for the proxy's 503.
+// IsUnavailable reports whether err means MySQL could not be reached, ended a batch's
+// statement for a reason of its own, or refused a write read_only, for the proxy's and the
+// admin API's 503.
 func IsUnavailable(err error) bool { return isUnavailable(err) }
 
 // IsBusy reports whether err means MySQL was reached but could not answer in time: a lock wait

@@ -613,3 +613,47 @@ func TestRunCallRecordRidesOutAReadOnlySpell(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSessionClaimRidesOutAReadOnlySpell: a session's claim (one transaction of its own, after
+// the call's admission) refused read_only is tried again within its deadline, as the
+// admission before it was: refused at once, a call the spell's admission had waited for was
+// answered 503 after all, its hold released.
+func TestSessionClaimRidesOutAReadOnlySpell(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := newReadOnlyFixture(ctx, t)
+	u, err := f.store.CreateUser(ctx, "ro-sess-"+testenv.RandomID(4), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := "r_ro_sess_" + testenv.RandomID(8)
+	if _, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: u.ID, Model: "fake-gpt",
+		State: holds.StateRunning, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	f.readOnly(true)
+	done := make(chan error, 1)
+	go func() {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		_, err := f.store.ClaimSession(cctx, u.ID, "sess-ro-"+testenv.RandomID(4), run, [32]byte{1})
+		done <- err
+	}()
+	for f.retries() < 3 {
+		select {
+		case err := <-done:
+			f.readOnly(false)
+			t.Fatalf("session claim during a read_only spell: %v; want it tried again until the server takes writes", err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	f.readOnly(false)
+	if err := <-done; err != nil {
+		t.Fatalf("session claim once the server took writes: %v", err)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}

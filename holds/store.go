@@ -90,7 +90,11 @@ func (s *Store) CheckWritable(ctx context.Context) error {
 func (s *Store) dropReadOnly(conn *sqlx.Conn) {
 	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 	_ = conn.Close()
-	// Closes the idle connections; the bound then is Open's again.
+	s.closeIdle()
+}
+
+// closeIdle closes every idle connection of the pool; the bound then is Open's again.
+func (s *Store) closeIdle() {
 	s.db.SetMaxIdleConns(0)
 	s.db.SetMaxIdleConns(maxOpenConns)
 }
@@ -238,6 +242,11 @@ func (s *Store) withRetry(ctx context.Context, what string, try func() error) er
 			s.log.Debug("transaction conflict, retrying", zap.String("op", what), zap.Int("attempt", attempt), zap.Error(err))
 			continue
 		case isUnavailable(err) && ctx.Err() == nil:
+			if isReadOnly(err) {
+				// The refused connection is back in the pool, idle: closed with the others,
+				// so the next try dials anew (dropReadOnly), not meet the demoted server again.
+				s.closeIdle()
+			}
 			s.log.Warn("database unavailable, retrying", zap.String("op", what), zap.Int("attempt", attempt),
 				zap.Duration("backoff", backoff), zap.Error(err))
 			select {
