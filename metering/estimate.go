@@ -432,15 +432,13 @@ func rawStrLen(raw string) int64 {
 }
 
 // rawStringLen is len(Result.String()) of a raw member: a string's length unescaped, no
-// length for null or an absent member, any other value's JSON.
+// length for null or an absent member, a number as String formats it (1e5 is 100000, 1.50
+// is 1.5: not its JSON's length), any other value's JSON.
 func rawStringLen(raw string) int64 {
-	switch {
-	case strings.HasPrefix(raw, `"`):
+	if strings.HasPrefix(raw, `"`) {
 		return int64(jsontop.UnescapedLen(raw))
-	case raw == "null":
-		return 0
 	}
-	return int64(len(raw))
+	return int64(len(gjson.Parse(raw).String())) // no string: nothing to unescape
 }
 
 // containerAt is a raw member as a Result if it is an array or an object (parsing one copies
