@@ -173,6 +173,16 @@ func (h *harness) user(plan string) (holds.User, string) {
 // post sends a request to the gateway.
 func (h *harness) post(key, path, body string, hdr map[string]string) *http.Response {
 	h.t.Helper()
+	resp, err := http.DefaultClient.Do(h.newRequest(key, path, body, hdr))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp
+}
+
+// newRequest is a POST of a JSON body to the gateway with key (none if "") and hdr.
+func (h *harness) newRequest(key, path, body string, hdr map[string]string) *http.Request {
+	h.t.Helper()
 	req, err := http.NewRequest(http.MethodPost, h.gw.URL+path, strings.NewReader(body))
 	if err != nil {
 		h.t.Fatal(err)
@@ -184,11 +194,7 @@ func (h *harness) post(key, path, body string, hdr map[string]string) *http.Resp
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return resp
+	return req
 }
 
 // settled waits for every deferred settlement the gateway started.

@@ -230,19 +230,9 @@ func stormPlan(p config.Plan) config.Plan {
 	return p
 }
 
+// request is one request of a storm (harness.newRequest).
 func (w *leakWatch) request(key, path, body string, hdr map[string]string) *http.Request {
-	req, err := http.NewRequest(http.MethodPost, w.h.gw.URL+path, strings.NewReader(body))
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	return req
+	return w.h.newRequest(key, path, body, hdr)
 }
 
 // TestStormOfWrongKeysLeavesNothing: 1000 distinct keys that name no one are refused 401, and
