@@ -19,6 +19,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -652,6 +653,80 @@ func TestSessionClaimRidesOutAReadOnlySpell(t *testing.T) {
 	f.readOnly(false)
 	if err := <-done; err != nil {
 		t.Fatalf("session claim once the server took writes: %v", err)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReconcilerExtendRidesOutAReadOnlySpell: a call outlives its hold (a long stream) while
+// the server is read_only for a moment; the reconciler finds the hold expired and leased, and
+// pushes its expiry out. The extension refused at once failed the hold and the pass (logged at
+// error level, counted as a failed pass), and left the hold expired until the next pass, a
+// reconcile period later: the user's in-flight count left it out meanwhile, a slot given
+// twice. It is tried again within the hold's time in the pass, as the reconciler's
+// settlements are, and lands once the server takes writes.
+func TestReconcilerExtendRidesOutAReadOnlySpell(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := newReadOnlyFixture(ctx, t)
+	rdb, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	u, err := f.store.CreateUser(ctx, "ro-ext-"+testenv.RandomID(4), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := "r_ro_ext_" + testenv.RandomID(8)
+	if _, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: u.ID, Model: "fake-gpt",
+		State: holds.StateRunning, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	// The call outlives its hold: its hold has run out, its process still leases the run.
+	if _, err := f.root.ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", run); err != nil {
+		t.Fatal(err)
+	}
+	leases := runstate.NewLeases(rdb, keys, "serving", time.Minute, time.Second, zap.NewNop())
+	leases.Acquire(run)
+	if err := leases.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec := holds.NewReconciler(holds.ReconcilerConfig{
+		Store: f.store, Usage: tallyUsage{runstate.NewTally(rdb, keys, time.Hour)}, Leases: leaseKeys{rdb, keys},
+		Lock: nxLock{rdb: rdb, key: keys.ReconcileLock(), instance: "me", ttl: time.Minute},
+		Log:  zap.NewNop(), ExtendBy: time.Hour, Interval: time.Second,
+	})
+	f.readOnly(true)
+	type result struct {
+		st  holds.Stats
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		st, err := rec.RunOnce(ctx)
+		done <- result{st, err}
+	}()
+	for f.retries() < 3 {
+		select {
+		case r := <-done:
+			f.readOnly(false)
+			t.Fatalf("reconcile pass during a read_only spell: %+v, %v; want the extension tried again until the server takes writes", r.st, r.err)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	f.readOnly(false)
+	r := <-done
+	if r.err != nil || r.st.Extended != 1 || r.st.Errors != 0 {
+		t.Fatalf("reconcile pass once the server took writes: %+v, %v; want the hold extended", r.st, r.err)
+	}
+	got, err := f.store.Run(ctx, u.ID, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != holds.StateRunning || got.ExpiresAt.Before(got.ReadAt.Add(50*time.Minute)) {
+		t.Errorf("hold after the pass: state %s, expires %v (read at %v); want running and pushed out by the hold TTL (1h)",
+			got.State, got.ExpiresAt, got.ReadAt)
 	}
 	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
 		t.Fatal(err)

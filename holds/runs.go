@@ -85,17 +85,28 @@ func (r Run) Age() time.Duration {
 // the reconciler's extension by one hold TTL may land just after a later call's admission
 // pushed the run out by run_ttl. It reports whether the expiry moved. It locks only the hold
 // row and only for one statement, so it needs no place in the lock order.
+//
+// A refusal read_only (a failover's switch, maintenance), a lost connection or a lock wait is
+// tried again until ctx ends (withRetry), as the reconciler's settlements are: failed at once,
+// the hold stayed expired until the next pass, a reconcile period later, its pass counted as
+// failed, and the user's in-flight count left the still-running call out meanwhile. The
+// statement only moves the expiry forward, so one whose reply was lost is safe to send again.
 func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bool, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND)
-		WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(), runID)
+	var moved bool
+	err := s.withRetry(ctx, "extend "+runID, func() error {
+		res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND)
+			WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(), runID)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		moved = n == 1
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("extend %s: %w", runID, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("extend %s: %w", runID, err)
-	}
-	return n == 1, nil
+	return moved, nil
 }
 
 // RecordRunCall records one ended call of a named run on the run's row and pushes its expiry
