@@ -44,8 +44,10 @@ const maxReportsAtOnce = 2
 // reportRetryAfter is what a report refused for the bound tells the operator to wait.
 const reportRetryAfter = 5 * time.Second
 
-// requestTimeout bounds one admin request, its database reads and writes included.
-const requestTimeout = 60 * time.Second
+// requestTimeout bounds one admin request, its database reads and writes included: a write
+// the database refuses for the moment (unreachable, read_only) is tried again until it ends,
+// then answered 503. A variable for tests (SetRequestTimeout).
+var requestTimeout = 60 * time.Second
 
 type handler struct {
 	store       *holds.Store

@@ -95,23 +95,151 @@ func (f *readOnlyAdmin) post(ctx context.Context, t *testing.T, path, body strin
 	return resp.StatusCode, resp.Header.Get("Retry-After"), out.Error.Code
 }
 
-// TestAdminWriteRefusedReadOnlyIs503: a write the server refuses read_only (a failover's
-// demoted primary, maintenance) is the database unable to take writes now — 503
-// billing_unavailable with Retry-After, as for an unreachable one — not a 500 telling the
-// operator's script its request is broken; and nothing of it is written.
-func TestAdminWriteRefusedReadOnlyIs503(t *testing.T) {
+// send sends an admin request with a JSON body (may be "") and returns its status, its
+// Retry-After, its error code and its body.
+func (f *readOnlyAdmin) send(ctx context.Context, t *testing.T, method, path, body string) (int, string, string, map[string]any) {
+	req, err := http.NewRequestWithContext(ctx, method, f.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return 0, "", "", nil
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Error(err)
+		return 0, "", "", nil
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	code := ""
+	if e, ok := out["error"].(map[string]any); ok {
+		code, _ = e["code"].(string)
+	}
+	return resp.StatusCode, resp.Header.Get("Retry-After"), code, out
+}
+
+// count is a COUNT(*) of the test's database, by the tests' account.
+func (f *readOnlyAdmin) count(ctx context.Context, t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := f.root.GetContext(ctx, &n, q, args...); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestAdminWriteReadOnlyRiddenOutThen503: the admin API's creation of a user and of a key,
+// and a key's revocation, refused by a server turned read_only (a failover's demoted primary,
+// maintenance), are tried again within the request's deadline, as a grant is: a switch of
+// seconds delays them and refuses nothing. Refused at once, each answered 503 during the
+// spell, and the operator's script had to retry by hand. Each lands once — one user, one new
+// key, the one key revoked — since only the server's read_only refusal, which ran nothing, is
+// sent again (an INSERT whose reply was lost is not: a user's second try would answer 409 for
+// the user it made, a key's would leave a live key nobody was shown). A spell that outlasts
+// the request's deadline is answered 503 billing_unavailable with Retry-After — the database
+// unable to take writes now, not a 500 telling the script its request is broken — with
+// nothing written.
+func TestAdminWriteReadOnlyRiddenOutThen503(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	f := newReadOnlyAdmin(ctx, t)
-	f.readOnly(true)
-	status, retry, code := f.post(ctx, t, "/admin/users", `{"name":"ro-new"}`)
-	f.readOnly(false)
-	if status != http.StatusServiceUnavailable || retry == "" || code != "billing_unavailable" {
-		t.Errorf("create user on a read_only server: %d %s (Retry-After %q); want 503 billing_unavailable with Retry-After", status, code, retry)
+	if status, _, code, _ := f.send(ctx, t, http.MethodPost, "/admin/users", `{"name":"ro-keys"}`); status != http.StatusCreated {
+		t.Fatalf("create user: %d %s", status, code)
 	}
-	var n int
-	if err := f.root.GetContext(ctx, &n, "SELECT COUNT(*) FROM users WHERE name = 'ro-new'"); err != nil || n != 0 {
-		t.Errorf("users named by the refused request: %d, %v; want none", n, err)
+	status, _, code, body := f.send(ctx, t, http.MethodPost, "/admin/users/ro-keys/keys", "")
+	old, _ := body["key"].(string)
+	if status != http.StatusCreated || old == "" {
+		t.Fatalf("create key: %d %s %v", status, code, body)
+	}
+	userKeys := func() int {
+		return f.count(ctx, t, "SELECT COUNT(*) FROM api_keys k JOIN users u ON u.id = k.user_id WHERE u.name = 'ro-keys'")
+	}
+	live := func(key string) int {
+		h := holds.HashKey(key)
+		return f.count(ctx, t, "SELECT COUNT(*) FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL", h[:])
+	}
+
+	// A short spell: it ends once each write has been seen refused and waiting.
+	type answer struct {
+		status int
+		code   string
+		body   map[string]any
+	}
+	writes := []struct{ op, method, path, body string }{
+		{"create user", http.MethodPost, "/admin/users", `{"name":"ro-new"}`},
+		{"create key", http.MethodPost, "/admin/users/ro-keys/keys", ""},
+		{"revoke key", http.MethodPost, "/admin/keys/revoke", `{"key":"` + old + `"}`},
+	}
+	f.readOnly(true)
+	answers := make([]chan answer, len(writes))
+	for i, w := range writes {
+		answers[i] = make(chan answer, 1)
+		go func() {
+			status, _, code, body := f.send(ctx, t, w.method, w.path, w.body)
+			answers[i] <- answer{status, code, body}
+		}()
+	}
+	refused := func(op string) int {
+		return f.logs.FilterMessage("database unavailable, retrying").FilterField(zap.String("op", op)).Len()
+	}
+	for i := 0; i < len(writes); {
+		if refused(writes[i].op) >= 2 {
+			i++
+			continue
+		}
+		select {
+		case a := <-answers[i]:
+			f.readOnly(false)
+			t.Fatalf("%s during a read_only spell: %d %s; want it tried again until the server takes writes", writes[i].op, a.status, a.code)
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	f.readOnly(false)
+	got := make([]answer, len(writes))
+	for i := range writes {
+		got[i] = <-answers[i]
+	}
+	if got[0].status != http.StatusCreated || got[1].status != http.StatusCreated || got[2].status != http.StatusOK {
+		t.Fatalf("once the server took writes: create user %d %s, create key %d %s, revoke %d %s; want 201, 201, 200",
+			got[0].status, got[0].code, got[1].status, got[1].code, got[2].status, got[2].code)
+	}
+	if n := f.count(ctx, t, "SELECT COUNT(*) FROM users WHERE name = 'ro-new'"); n != 1 {
+		t.Errorf("users named ro-new after the spell: %d; want 1", n)
+	}
+	created, _ := got[1].body["key"].(string)
+	if n := userKeys(); n != 2 || live(created) != 1 || live(old) != 0 {
+		t.Errorf("after the spell: %d keys of ro-keys, the new one live %d, the revoked one live %d; want 2, 1, 0",
+			n, live(created), live(old))
+	}
+
+	// A spell longer than the request's deadline: 503 with Retry-After, nothing written.
+	defer admin.SetRequestTimeout(300 * time.Millisecond)()
+	f.readOnly(true)
+	late := []struct{ what, method, path, body string }{
+		{"create user", http.MethodPost, "/admin/users", `{"name":"ro-late"}`},
+		{"create key", http.MethodPost, "/admin/users/ro-keys/keys", ""},
+		{"revoke key", http.MethodPost, "/admin/keys/revoke", `{"key":"` + created + `"}`},
+		{"grant", http.MethodPost, "/admin/users/ro-keys/grants", `{"amount":"5","idempotency_key":"ro-late-pay"}`},
+	}
+	for _, w := range late {
+		status, retry, code, _ := f.send(ctx, t, w.method, w.path, w.body)
+		if status != http.StatusServiceUnavailable || retry == "" || code != "billing_unavailable" {
+			t.Errorf("%s past the request's deadline on a read_only server: %d %s (Retry-After %q); want 503 billing_unavailable with Retry-After",
+				w.what, status, code, retry)
+		}
+	}
+	f.readOnly(false)
+	if n := f.count(ctx, t, "SELECT COUNT(*) FROM users WHERE name = 'ro-late'"); n != 0 {
+		t.Errorf("users named by the refused request: %d; want none", n)
+	}
+	if n := userKeys(); n != 2 || live(created) != 1 {
+		t.Errorf("after the refused requests: %d keys of ro-keys, the last one live %d; want 2, 1", n, live(created))
+	}
+	if n := f.count(ctx, t, "SELECT COUNT(*) FROM grants WHERE idempotency_key = 'ro-late-pay'"); n != 0 {
+		t.Errorf("grant rows of the refused grant: %d; want none", n)
 	}
 }
 

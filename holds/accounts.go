@@ -52,6 +52,11 @@ func ValidUserName(name string) bool { return userNamePattern.MatchString(name) 
 
 // CreateUser adds an account on a plan ("": the store's default plan). A name ValidUserName
 // refuses is ErrInvalidName, an unknown plan ErrUnknownPlan, a name taken ErrUserExists.
+//
+// A refusal read_only (a failover's switch, maintenance) is tried again until ctx ends
+// (execUntilWritable), as a grant is: the refused INSERT ran nothing. A failure whose INSERT
+// may have landed (its reply lost) is not: sent again, it would answer ErrUserExists for the
+// user it made.
 func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error) {
 	if !ValidUserName(name) {
 		return User{}, fmt.Errorf("create user %q: %w", name, ErrInvalidName)
@@ -62,7 +67,7 @@ func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error)
 	if _, ok := s.plans[plan]; !ok {
 		return User{}, fmt.Errorf("create user %q: %w %q", name, ErrUnknownPlan, plan)
 	}
-	res, err := s.db.ExecContext(ctx, "INSERT INTO users (name, plan) VALUES (?, ?)", name, plan)
+	res, err := s.execUntilWritable(ctx, "create user", "INSERT INTO users (name, plan) VALUES (?, ?)", name, plan)
 	if isDuplicate(err) {
 		// Names are unique under the column's collation, which ignores case: the refusal names
 		// the user that holds the name ("Alice" for alice), whom no listing shows as alice.
@@ -113,7 +118,9 @@ func (s *Store) UserByName(ctx context.Context, name string) (User, error) {
 }
 
 // CreateKey issues a key for a user and returns it; only its SHA-256 is stored, so this is
-// the one time anyone sees it.
+// the one time anyone sees it. A refusal read_only is tried again until ctx ends, as
+// CreateUser's; a failure whose INSERT may have landed is not (a second key would be made,
+// the first live and shown to nobody).
 func (s *Store) CreateKey(ctx context.Context, userID uint64) (string, error) {
 	var raw [24]byte
 	if _, err := rand.Read(raw[:]); err != nil {
@@ -121,7 +128,7 @@ func (s *Store) CreateKey(ctx context.Context, userID uint64) (string, error) {
 	}
 	key := KeyPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
 	hash := HashKey(key)
-	_, err := s.db.ExecContext(ctx, "INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash[:], userID, ShownPrefix(key))
+	_, err := s.execUntilWritable(ctx, "create key", "INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash[:], userID, ShownPrefix(key))
 	if err != nil {
 		return "", fmt.Errorf("create key for user %d: %w", userID, err)
 	}
@@ -130,9 +137,10 @@ func (s *Store) CreateKey(ctx context.Context, userID uint64) (string, error) {
 
 // RevokeKey refuses a key from now on. A key that is not live (never issued, already revoked)
 // is ErrKeyNotFound, which the admin API answers 404 and callers tell from a database failure.
+// A refusal read_only is tried again until ctx ends (execUntilWritable).
 func (s *Store) RevokeKey(ctx context.Context, key string) error {
 	hash := HashKey(key)
-	res, err := s.db.ExecContext(ctx, "UPDATE api_keys SET revoked_at = NOW(6) WHERE key_hash = ? AND revoked_at IS NULL", hash[:])
+	res, err := s.execUntilWritable(ctx, "revoke key", "UPDATE api_keys SET revoked_at = NOW(6) WHERE key_hash = ? AND revoked_at IS NULL", hash[:])
 	if err != nil {
 		return fmt.Errorf("revoke key: %w", err)
 	}

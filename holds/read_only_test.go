@@ -732,3 +732,38 @@ func TestReconcilerExtendRidesOutAReadOnlySpell(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCreateUserAndKeyReplyLostAreNotSentAgain: a user's or a key's creation is tried again
+// after a read_only refusal (TestAdminWriteReadOnlyRiddenOutThen503 in admin), which ran
+// nothing, and never after a lost reply, whose INSERT may have landed: sent again, a user's
+// answered "exists" for the user it had made, and a key's made a second key, the first live
+// and shown to nobody. Each is answered as the database out of reach (the admin API's 503),
+// with one row written.
+func TestCreateUserAndKeyReplyLostAreNotSentAgain(t *testing.T) {
+	f, lossy := newLossyFixture(t)
+	ctx := context.Background()
+	lossy.Arm("INSERT INTO users", testenv.LoseReply)
+	_, err := f.store.CreateUser(ctx, "lost-"+testenv.RandomID(3), "standard")
+	if !lossy.Fired() {
+		t.Fatal("the create user's reply was never lost")
+	}
+	if err == nil || !holds.IsUnavailable(err) {
+		t.Errorf("create user whose reply was lost: %v; want the database unavailable", err)
+	}
+	var users int
+	if err := f.store.DB().GetContext(ctx, &users, "SELECT COUNT(*) FROM users WHERE name LIKE 'lost-%'"); err != nil || users != 1 {
+		t.Errorf("users made by the create whose reply was lost: %d, %v; want 1 (sent once)", users, err)
+	}
+	lossy.Arm("INSERT INTO api_keys", testenv.LoseReply)
+	_, err = f.store.CreateKey(ctx, f.user.ID)
+	if !lossy.Fired() {
+		t.Fatal("the create key's reply was never lost")
+	}
+	if err == nil || !holds.IsUnavailable(err) {
+		t.Errorf("create key whose reply was lost: %v; want the database unavailable", err)
+	}
+	var keys int
+	if err := f.store.DB().GetContext(ctx, &keys, "SELECT COUNT(*) FROM api_keys WHERE user_id = ?", f.user.ID); err != nil || keys != 1 {
+		t.Errorf("keys made by the create whose reply was lost: %d, %v; want 1 (sent once)", keys, err)
+	}
+}
