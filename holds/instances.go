@@ -109,6 +109,7 @@ func (in *Instance) Beat(ctx context.Context) error {
 	id := in.ID()
 	res, err := in.store.db.ExecContext(ctx, "UPDATE instances SET beat_at = NOW(6) WHERE id = ? AND dead_at IS NULL", id)
 	if err != nil {
+		in.dropReadOnly(err)
 		return fmt.Errorf("instance %s beat: %w", id, err)
 	}
 	n, err := res.RowsAffected()
@@ -282,11 +283,25 @@ func (in *Instance) register(ctx context.Context) error {
 	_, err := in.store.db.ExecContext(ctx, `INSERT INTO instances (id, name, started_at, beat_at, max_gap_us, dead_after_us)
 		VALUES (?, ?, NOW(6), NOW(6), ?, ?)`, id, truncateName(in.name), in.gap().Microseconds(), in.deadAfter.Microseconds())
 	if err != nil {
+		in.dropReadOnly(err)
 		return fmt.Errorf("register instance %s: %w", in.name, err)
 	}
 	in.id.Store(&id)
 	in.beaten()
 	return nil
+}
+
+// dropReadOnly closes the pool's idle connections, the refused one with them, when err is a
+// write refused read_only (isReadOnly), as a batch's refusal does (Store.dropReadOnly): after
+// a failover they lead to the demoted primary. Kept, the refused connection was drawn again by
+// the next beat — the pool hands out the connection returned last — and a process serving no
+// call, whose readyz nobody polled, beat against the demoted server until the connection's
+// lifetime ran out (5 minutes), long enough for a process on the promoted one to declare it
+// dead.
+func (in *Instance) dropReadOnly(err error) {
+	if isReadOnly(err) {
+		in.store.closeIdle()
+	}
 }
 
 // truncateName fits a configured instance name to its column (it is only a label).

@@ -500,6 +500,26 @@ func TestReadOnlyConnectionsLeaveThePool(t *testing.T) {
 		}
 		checkPoolWritable(ctx, t, db)
 	})
+	// The instance's heartbeat, alone on a gateway that serves no call and whose readyz nobody
+	// polls: its refused connection went back to the pool and the next beat drew it again, so
+	// it beat against the demoted server until the connection's lifetime ran out (5 minutes),
+	// long enough for a process on the promoted one to declare it dead (holds.dead_instance_
+	// after) and log that someone should look.
+	t.Run("heartbeat", func(t *testing.T) {
+		self, err := st.RegisterInstance(ctx, "ro-beat", time.Second, 0, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = self.Retire(ctx) }()
+		demote(ctx, t, db, 8)
+		if err := self.Beat(ctx); err == nil {
+			t.Fatal("beat on a read-only connection passed")
+		}
+		if err := self.Beat(ctx); err != nil {
+			t.Fatalf("beat after one refused: %v; want it made on a new connection", err)
+		}
+		checkPoolWritable(ctx, t, db)
+	})
 }
 
 // demote makes n of db's connections read-only sessions and puts them back in its pool, idle:
