@@ -1,7 +1,6 @@
 package metering
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/base64"
 	"encoding/binary"
@@ -231,24 +230,37 @@ func clipTokens(part gjson.Result) int64 {
 // clipMicros is how long the base64 audio data plays, in microseconds: a WAV file's data size
 // over its rate, or the frames of an MP3 stream (after an ID3v2 tag); 0 when it is neither.
 func clipMicros(data string) int64 {
+	kind, rate, off := clipHead(data)
+	switch kind {
+	case clipWAV:
+		return wavMicros(int64(len(data)), rate)
+	case clipMP3:
+		return mp3Micros(data, off)
+	}
+	return 0
+}
+
+// clipHead reads what file base64 audio data holds from its first bytes: a WAV file and its
+// byte rate, or an MP3 stream and where its frames start (after an ID3v2 tag); clipNone when
+// it cannot be timed so. It reads at most the data's first 52 characters.
+func clipHead(data string) (kind clipKind, rate, off int64) {
 	head, ok := decodeBase64At(data, 0, 36)
 	if !ok || len(head) < 10 {
-		return 0
+		return clipNone, 0, 0
 	}
 	if string(head[0:4]) == "RIFF" && len(head) >= 36 && string(head[8:16]) == "WAVEfmt " {
 		// A decoder times the clip by its sample rate, channels and sample width; the byte
 		// rate is a hint the caller writes, and one claimed huge made a long clip one token.
-		rate := int64(binary.LittleEndian.Uint32(head[28:32]))
+		rate = int64(binary.LittleEndian.Uint32(head[28:32]))
 		samples := int64(binary.LittleEndian.Uint32(head[24:28])) * int64(binary.LittleEndian.Uint16(head[22:24]))
 		if pcm := samples * ((int64(binary.LittleEndian.Uint16(head[34:36])) + 7) / 8); pcm > 0 {
 			rate = min(rate, pcm)
 		}
 		if rate <= 0 {
-			return 0
+			return clipNone, 0, 0
 		}
-		return int64(base64.StdEncoding.DecodedLen(len(data))) * 1_000_000 / rate
+		return clipWAV, rate, 0
 	}
-	off := int64(0)
 	if string(head[0:3]) == "ID3" {
 		// A syncsafe size: 7 bits per byte; a footer adds 10 bytes.
 		off = 10 + (int64(head[6]&0x7f)<<21 | int64(head[7]&0x7f)<<14 | int64(head[8]&0x7f)<<7 | int64(head[9]&0x7f))
@@ -256,49 +268,26 @@ func clipMicros(data string) int64 {
 			off += 10
 		}
 	}
-	return mp3Micros(data, off)
+	return clipMP3, 0, off
+}
+
+// wavMicros is how long n characters of base64 WAV data play at rate bytes a second.
+func wavMicros(n, rate int64) int64 {
+	return int64(base64.StdEncoding.DecodedLen(int(n))) * 1_000_000 / rate
 }
 
 // mp3Micros walks the MPEG audio Layer III frames of the base64 data from byte off and returns
 // the microseconds they play: every frame, as a decoder plays them, resynchronising past bytes
-// that are not one. Timed by its first frame alone, a variable-rate stream whose first frame
-// claims 320 kbit/s was estimated at a tenth of its 32 kbit/s rest. Linear in the data.
+// that are not one (mp3Walk). Timed by its first frame alone, a variable-rate stream whose
+// first frame claims 320 kbit/s was estimated at a tenth of its 32 kbit/s rest. Linear in the
+// data; the walk is the one an answer too large to hold is timed by as it goes by
+// (SpokenBody), so that both time the same data alike.
 func mp3Micros(data string, off int64) int64 {
-	r := bufio.NewReaderSize(base64.NewDecoder(base64.StdEncoding, strings.NewReader(data)), 64<<10)
-	if off > int64(len(data)) {
-		return 0
-	}
-	if _, err := r.Discard(int(off)); err != nil {
-		return 0
-	}
-	var micros, read, junk int64
-	for {
-		h, err := r.Peek(4)
-		if err != nil {
-			return micros
-		}
-		n, us := mp3Frame(h)
-		if n == 0 {
-			// Not a frame: on to the next byte that may start one (0xff), a buffer at a time.
-			buf, _ := r.Peek(r.Buffered())
-			if i := bytes.IndexByte(buf[1:], 0xff); i >= 0 {
-				n = i + 1
-			} else {
-				n = len(buf)
-			}
-			if junk += int64(n); junk > maxMP3Junk {
-				// Bytes crafted to resynchronise at every other one would cost a walk per
-				// byte: the rest is timed at the lowest bit rate instead, as long as it can play.
-				rest := max(0, int64(base64.StdEncoding.DecodedLen(len(data)))-off-read)
-				return micros + rest*1_000_000/mp3LowestByteRate
-			}
-		}
-		micros += us
-		read += int64(n)
-		if _, err := r.Discard(n); err != nil {
-			return micros // a last frame cut short: counted whole
-		}
-	}
+	w := newMP3Walk(off)
+	var dec base64Stream
+	dec.write(data, w.push)
+	dec.flush(w.push)
+	return w.end(int64(base64.StdEncoding.DecodedLen(len(data))))
 }
 
 // maxMP3Junk bounds the bytes an MP3 walk resynchronises past; mp3LowestByteRate is the

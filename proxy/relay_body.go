@@ -376,8 +376,13 @@ const oversizeTail = 256 << 10
 // charged its prompt's estimate alone. Only an answer read to its end is metered: the report
 // comes last, so one cut (past most, or broken) has none of its own, and a "usage" object
 // found in it would be part of the answer (an Anthropic tool_use input is raw JSON the
-// caller's schema shapes). It returns how many bytes it read past head.
+// caller's schema shapes). The spoken answers read past are measured as they go by
+// (metering.SpokenBody), so that a report which does not say how much of the output was audio
+// has the audio charged at the audio price, as the same answer read whole would: charged the
+// report alone, it was charged at the text price. It returns how many bytes it read past head.
 func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) int64 {
+	spoken := m.NewSpokenBody()
+	spoken.Write(head)
 	var tail []byte
 	buf := make([]byte, 32<<10)
 	var read int64
@@ -386,6 +391,7 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 		var n int
 		n, err = rest.Read(buf[:min(int64(len(buf)), most-read)])
 		read += int64(n)
+		spoken.Write(buf[:n])
 		tail = append(tail, buf[:n]...)
 		if len(tail) > 2*oversizeTail {
 			tail = append(tail[:0], tail[len(tail)-oversizeTail:]...)
@@ -417,6 +423,7 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 		whole = append(append(whole, `,"model":`...), model.Raw...)
 	}
 	m.Body(append(whole, '}'))
+	m.AddSpoken(spoken)
 	return read
 }
 

@@ -1,0 +1,611 @@
+package metering
+
+import (
+	"bytes"
+	"encoding/base64"
+	"unicode"
+	"unicode/utf8"
+)
+
+// An answer too large to relay is never held whole: it is read past for its usage report
+// (proxy's meterOversized), and a spoken answer's audio, most of its bytes, went unmeasured. A
+// report that does not split out the audio then had it charged at the text price, where the
+// same answer read whole had its audio estimated and charged at the audio price (Result). A
+// SpokenBody measures that audio as the bytes go by, as Meter.Body does a whole answer's, in
+// a few KiB whatever its length.
+
+// SpokenBody finds the spoken answers (choices[].message.audio.data) of a whole chat answer
+// written to it in pieces and measures each as Meter.Body does (spokenAnswer): a WAV or MP3
+// file by how long it plays, any other data as raw PCM. It keeps a few KiB of each, never the
+// audio. It reads JSON as gjson does a valid body; on one that is not, it measures what it
+// can (such an answer read whole is refused, never metered).
+type SpokenBody struct {
+	started, done bool    // the first byte that is not space or a BOM was seen; the top value ended
+	bom           bool    // the leading BOM TrimBody trims was seen
+	lead          [4]byte // a rune of the lead begun, not yet whole
+	nlead         int
+	depth         int // containers open
+	frames        [spokenDepth]spokenFrame
+	pending       uint8 // what the next value is, by its key or position (roleNone when nothing)
+	// The string being read: inString, whether it is a key (its bytes gathered in key) or the
+	// audio data (its bytes measured by data), and where an escape stands.
+	inString, isKey bool
+	esc             int  // 0, 1 after a backslash, 2..5 reading \u's hex digits
+	hex             rune // the \u digits read
+	high            rune // a high surrogate waiting for its low half, or 0
+	key             [spokenKeyLen]byte
+	keyLen          int // bytes of key gathered; past spokenKeyLen the key matches none
+	data            *spokenData
+	pcmBytes        int64
+	clipMicros      int64
+}
+
+// spokenDepth is how deep the path to the audio data goes: the answer, choices, a choice, its
+// message, its audio. Deeper containers are counted, not followed.
+const spokenDepth = 5
+
+// spokenKeyLen bounds the keys a SpokenBody reads: the longest it looks for is "choices".
+const spokenKeyLen = 8
+
+// spokenFrame is an open container on the path to the audio data.
+type spokenFrame struct {
+	obj, expectKey bool  // an object, and whether its next string is a key
+	role           uint8 // where it stands on the path to the audio data
+	sawMessage     bool  // a choice whose "message" key was seen: gjson's Get reads the first
+}
+
+// Where a value stands on the path to the audio data.
+const (
+	roleNone uint8 = iota
+	roleTop
+	roleChoices
+	roleChoice
+	roleMessage
+	roleAudio
+	roleData
+)
+
+// NewSpokenBody returns a SpokenBody for m's answers, or nil when Meter.Body counts no spoken
+// answer in m's format: it reads choices[].message.audio in the OpenAI formats but legacy
+// completions (an embeddings body is read as a chat one).
+func (m *Meter) NewSpokenBody() *SpokenBody {
+	if m.format == FormatChat || m.format == FormatEmbeddings {
+		return &SpokenBody{}
+	}
+	return nil
+}
+
+// AddSpoken counts the audio b measured as the Meter counts a whole answer's, for an answer
+// metered from its usage report alone.
+func (m *Meter) AddSpoken(b *SpokenBody) {
+	if b == nil {
+		return
+	}
+	m.pcmBytes = min(m.pcmBytes+b.pcmBytes, maxAudioCount)
+	m.clipMicros = min(m.clipMicros+b.clipMicros, maxAudioCount)
+}
+
+// Write reads the next piece of the answer; it never fails. A nil SpokenBody reads nothing.
+func (b *SpokenBody) Write(p []byte) (int, error) {
+	n := len(p)
+	for i := 0; b != nil && i < len(p) && !b.done; i++ {
+		c := p[i]
+		if b.inString {
+			if b.esc == 0 && b.high == 0 && !b.isKey && c != '"' && c != '\\' {
+				// A value's plain run (most of an answer's bytes: its text, its audio), read in
+				// one piece: measured when it is the audio, else skipped.
+				j := plainRun(p[i:]) + i
+				if b.data != nil {
+					b.data.write(unsafeString(p[i:j]))
+				}
+				i = j - 1
+				continue
+			}
+			b.stringByte(c)
+			continue
+		}
+		if b.started && b.offPath() {
+			// Inside a container off the path to the audio (an embedding, a logprobs list):
+			// nothing in it counts, and it is passed over to its next string or bracket.
+			if j := i + nextStructural(p[i:]); j > i {
+				i = j - 1
+				continue
+			}
+		}
+		if !b.started {
+			if b.skipLead(c) {
+				continue
+			}
+			b.started = true
+			if c != '{' {
+				b.done = true // not a JSON object: no chat answer's audio to find
+				break
+			}
+			b.pending = roleTop
+		}
+		b.structural(c)
+	}
+	return n, nil
+}
+
+// skipLead reports whether c is part of what TrimBody trims before an answer: white space
+// (Unicode's, as bytes.TrimSpace reads it) and one UTF-8 byte order mark among it. A rune
+// that is neither is the answer's first, c its first byte (lead holds none of it then).
+func (b *SpokenBody) skipLead(c byte) bool {
+	b.lead[b.nlead] = c
+	b.nlead++
+	if !utf8.FullRune(b.lead[:b.nlead]) {
+		return true
+	}
+	r, _ := utf8.DecodeRune(b.lead[:b.nlead])
+	first := b.nlead == 1
+	b.nlead = 0
+	switch {
+	case unicode.IsSpace(r):
+		return true
+	case r == '\ufeff' && !b.bom:
+		b.bom = true
+		return true
+	case !first:
+		b.done = true // a rune that is not space: the answer is no object
+		return true
+	}
+	return false
+}
+
+// offPath reports whether the innermost open container is off the path to the audio data:
+// nothing within it can be on the path (a value's role comes from its container's).
+func (b *SpokenBody) offPath() bool {
+	return b.depth > spokenDepth || (b.depth > 0 && b.frames[b.depth-1].role == roleNone)
+}
+
+// structuralByte marks the bytes that open or close a string or a container.
+var structuralByte = [256]bool{'"': true, '{': true, '}': true, '[': true, ']': true}
+
+// nextStructural is how many bytes of p come before one that opens or closes a string or a
+// container.
+func nextStructural(p []byte) int {
+	for i, c := range p {
+		if structuralByte[c] {
+			return i
+		}
+	}
+	return len(p)
+}
+
+// top is the innermost open container followed, or nil when it is deeper than spokenDepth or
+// none is open.
+func (b *SpokenBody) top() *spokenFrame {
+	if b.depth == 0 || b.depth > spokenDepth {
+		return nil
+	}
+	return &b.frames[b.depth-1]
+}
+
+// structural reads a byte outside strings.
+func (b *SpokenBody) structural(c byte) {
+	switch c {
+	case '{', '[':
+		role := b.valueStarts()
+		b.depth++
+		if f := b.top(); f != nil {
+			*f = spokenFrame{obj: c == '{', expectKey: c == '{', role: role}
+		}
+	case '}', ']':
+		if b.depth == 0 {
+			b.done = true
+			return
+		}
+		b.depth--
+		if b.depth == 0 {
+			b.done = true // gjson reads the first value of a body alone
+		}
+	case '"':
+		f := b.top()
+		b.inString, b.esc, b.high = true, 0, 0
+		// A key matters only on the path (keyEnds); off it, where ':' and ',' are passed
+		// over, every string is read as a value, in one piece.
+		b.isKey = f != nil && f.obj && f.expectKey && f.role != roleNone
+		if b.isKey {
+			b.keyLen = 0
+			return
+		}
+		if b.valueStarts() == roleData {
+			b.data = &spokenData{}
+		}
+	case ':':
+		if f := b.top(); f != nil && f.obj {
+			f.expectKey = false
+		}
+	case ',':
+		if f := b.top(); f != nil && f.obj {
+			f.expectKey = true
+		}
+		b.pending = roleNone
+	case ' ', '\t', '\n', '\r':
+	default:
+		b.valueStarts() // a number, true, false or null
+	}
+}
+
+// valueStarts returns the role of the value that starts here, and clears it: an element (or
+// value) of choices is a choice, a value is what its key made it (keyEnds).
+func (b *SpokenBody) valueStarts() uint8 {
+	role := b.pending
+	b.pending = roleNone
+	if f := b.top(); f != nil && f.role == roleChoices {
+		role = roleChoice // gjson's ForEach reads an object's values as an array's elements
+	}
+	return role
+}
+
+// keyEnds sets what the value of the key just read is on the path to the audio data, as
+// openAIObject and openAIChoices read a whole answer: every "choices" of the answer, the
+// first "message" of a choice, every "audio" of a message and every "data" of an audio.
+func (b *SpokenBody) keyEnds() {
+	f := b.top()
+	if f == nil || b.keyLen > spokenKeyLen {
+		return
+	}
+	key := string(b.key[:b.keyLen])
+	switch {
+	case f.role == roleTop && key == "choices":
+		b.pending = roleChoices
+	case f.role == roleChoice && key == "message":
+		if !f.sawMessage {
+			b.pending = roleMessage
+		}
+		f.sawMessage = true
+	case f.role == roleMessage && key == "audio":
+		b.pending = roleAudio
+	case f.role == roleAudio && key == "data":
+		b.pending = roleData
+	}
+}
+
+// stringByte reads a byte of a string: its end, an escape, or a byte of its text.
+func (b *SpokenBody) stringByte(c byte) {
+	if b.high != 0 && b.esc == 0 && c != '\\' {
+		b.lone() // a high surrogate no \u follows
+	}
+	switch {
+	case b.esc == 1:
+		b.esc = 0
+		if c == 'u' {
+			b.esc, b.hex = 2, 0
+			return
+		}
+		if b.high != 0 {
+			b.lone()
+		}
+		switch c {
+		case 'b':
+			b.text('\b')
+		case 'f':
+			b.text('\f')
+		case 'n':
+			b.text('\n')
+		case 'r':
+			b.text('\r')
+		case 't':
+			b.text('\t')
+		default: // ", \ and /
+			b.text(c)
+		}
+	case b.esc >= 2:
+		switch {
+		case '0' <= c && c <= '9':
+			b.hex = b.hex<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			b.hex = b.hex<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			b.hex = b.hex<<4 | rune(c-'A'+10)
+		}
+		if b.esc++; b.esc == 6 {
+			b.esc = 0
+			b.escapedRune(b.hex)
+		}
+	case c == '\\':
+		b.esc = 1
+	case c == '"':
+		b.inString = false
+		if b.isKey {
+			b.keyEnds()
+		} else if b.data != nil {
+			pcm, us := b.data.measure()
+			b.pcmBytes = min(b.pcmBytes+pcm, maxAudioCount)
+			b.clipMicros = min(b.clipMicros+us, maxAudioCount)
+			b.data = nil
+		}
+	default:
+		b.text(c)
+	}
+}
+
+// escapedRune adds a \u escape's rune, pairing surrogates as gjson does: a high one waits for
+// the low one that may follow it; alone, either is U+FFFD.
+func (b *SpokenBody) escapedRune(r rune) {
+	if b.high != 0 {
+		h := b.high
+		b.high = 0
+		if 0xDC00 <= r && r < 0xE000 {
+			b.runeText(0x10000 + (h-0xD800)<<10 + (r - 0xDC00))
+			return
+		}
+		b.runeText(utf8.RuneError)
+	}
+	if 0xD800 <= r && r < 0xDC00 {
+		b.high = r
+		return
+	}
+	b.runeText(r)
+}
+
+// lone adds a high surrogate that no low one followed.
+func (b *SpokenBody) lone() {
+	b.high = 0
+	b.runeText(utf8.RuneError)
+}
+
+func (b *SpokenBody) runeText(r rune) {
+	var buf [utf8.UTFMax]byte
+	n := utf8.EncodeRune(buf[:], r)
+	for _, c := range buf[:n] {
+		b.text(c)
+	}
+}
+
+// text adds one byte of a string's text to the key or the audio data being read.
+func (b *SpokenBody) text(c byte) {
+	switch {
+	case b.isKey:
+		if b.keyLen < spokenKeyLen {
+			b.key[b.keyLen] = c
+		}
+		b.keyLen = min(b.keyLen+1, spokenKeyLen+1)
+	case b.data != nil:
+		one := [1]byte{c}
+		b.data.write(string(one[:]))
+	}
+}
+
+// spokenData measures one spoken answer's base64 data written in pieces as spokenAnswer
+// measures it whole: its first clipPrefix characters say whether it is a WAV or MP3 file
+// (isClipFile, clipHead), an MP3 stream's frames are walked as they are decoded, and its length
+// times a WAV file or counts raw PCM.
+type spokenData struct {
+	n      int64   // characters written
+	last   [2]byte // the last two, for base64Len's padding
+	prefix []byte  // the first clipPrefix characters, until the kind is known
+	kind   clipKind
+	rate   int64 // a WAV file's byte rate
+	dec    base64Stream
+	walk   mp3Walk
+}
+
+// clipPrefix is how many characters of base64 data tell what it is: a WAV header or an ID3
+// tag in its first 36 bytes, an MP3 frame followed by another (frames are at most 1 441 bytes).
+const clipPrefix = 2048
+
+type clipKind uint8
+
+const (
+	clipUnknown clipKind = iota // not yet known
+	clipNone                    // no file: raw PCM
+	clipWAV
+	clipMP3
+)
+
+func (d *spokenData) write(s string) {
+	d.n += int64(len(s))
+	switch {
+	case len(s) >= 2:
+		d.last = [2]byte{s[len(s)-2], s[len(s)-1]}
+	case len(s) == 1:
+		d.last = [2]byte{d.last[1], s[0]}
+	}
+	if d.kind == clipUnknown {
+		k := min(len(s), clipPrefix-len(d.prefix))
+		d.prefix = append(d.prefix, s[:k]...)
+		s = s[k:]
+		if len(d.prefix) < clipPrefix {
+			return
+		}
+		d.decide()
+	}
+	if d.kind == clipMP3 {
+		d.dec.write(s, d.walk.push)
+	}
+}
+
+// decide reads what the data is from its prefix (all of it when it is shorter), as
+// spokenAnswer and clipMicros read the whole.
+func (d *spokenData) decide() {
+	data := string(d.prefix)
+	d.prefix = nil
+	d.kind = clipNone
+	if !isClipFile(data) {
+		return
+	}
+	kind, rate, off := clipHead(data)
+	d.kind, d.rate = kind, rate
+	if kind == clipMP3 {
+		d.walk = newMP3Walk(off)
+		d.dec.write(data, d.walk.push)
+	}
+}
+
+// measure is the data's audio as spokenAnswer counts it: how long a file plays, else the bytes
+// of raw PCM it decodes to.
+func (d *spokenData) measure() (pcmBytes, clipMicros int64) {
+	if d.kind == clipUnknown {
+		d.decide()
+	}
+	var us int64
+	switch d.kind {
+	case clipWAV:
+		us = wavMicros(d.n, d.rate)
+	case clipMP3:
+		d.dec.flush(d.walk.push)
+		us = d.walk.end(int64(base64.StdEncoding.DecodedLen(int(d.n))))
+	}
+	if us > 0 {
+		return 0, us
+	}
+	n := d.n * 3 / 4
+	for i := 1; i >= 0 && int64(2-i) <= d.n && d.last[i] == '='; i-- {
+		n--
+	}
+	return max(0, n), 0
+}
+
+// base64Stream decodes standard base64 written in pieces, as encoding/base64's decoder does
+// ('\r' and '\n' skipped), up to the first quantum that is padded or not base64: what a
+// decoder reads as the data's end.
+type base64Stream struct {
+	in    [1024]byte
+	nin   int
+	out   [768]byte
+	ended bool
+}
+
+// write decodes s, handing what it decodes to emit a buffer at a time.
+func (d *base64Stream) write(s string, emit func([]byte)) {
+	for i := 0; i < len(s) && !d.ended; i++ {
+		if c := s[i]; c != '\r' && c != '\n' {
+			d.in[d.nin] = c
+			if d.nin++; d.nin == len(d.in) {
+				d.flush(emit)
+			}
+		}
+	}
+}
+
+// flush decodes the whole quanta written; a last one cut short is none.
+func (d *base64Stream) flush(emit func([]byte)) {
+	if d.ended {
+		return
+	}
+	whole := d.nin / 4 * 4
+	n, err := base64.StdEncoding.Decode(d.out[:], d.in[:whole])
+	if err != nil || n < whole/4*3 {
+		d.ended = true
+	}
+	if n > 0 {
+		emit(d.out[:n])
+	}
+	d.nin = copy(d.in[:], d.in[whole:d.nin])
+}
+
+// mp3Walk walks the MPEG audio Layer III frames of a decoded stream handed to it in pieces,
+// from byte p on, as a decoder plays them: each frame counts the microseconds it plays, and
+// bytes that are not one are skipped to the next that may start one (0xff). Past maxMP3Junk
+// bytes skipped, the rest of the stream, from where the skip that passed it began, is timed
+// at the lowest bit rate instead (cut). It keeps a frame header's 4 bytes.
+type mp3Walk struct {
+	p        int64   // where the next frame header is looked for, or where a skip began
+	at       int64   // bytes handed to it so far
+	hdr      [4]byte // the bytes at p, as they come
+	nh       int
+	scanning bool // a skip from p to the next 0xff
+	micros   int64
+	junk     int64
+	cut      int64 // where the rest is timed at the lowest rate, or -1
+}
+
+func newMP3Walk(off int64) mp3Walk { return mp3Walk{p: off, cut: -1} }
+
+// push walks the next bytes of the stream.
+func (w *mp3Walk) push(b []byte) {
+	for len(b) > 0 && w.cut < 0 {
+		switch {
+		case w.at < w.p:
+			// Before the next header: a frame's body, or the tag before the first.
+			k := min(int64(len(b)), w.p-w.at)
+			b, w.at = b[k:], w.at+k
+		case w.scanning:
+			i := indexFF(b)
+			if i < 0 {
+				w.at += int64(len(b))
+				b = nil
+				if w.junk+(w.at-w.p) > maxMP3Junk {
+					w.cut = w.p // the skip passes the bound wherever it ends
+				}
+				continue
+			}
+			w.scanning = false
+			w.skipTo(w.at + int64(i))
+			b, w.at = b[i:], w.at+int64(i)
+		default:
+			w.hdr[w.nh] = b[0]
+			w.nh++
+			b, w.at = b[1:], w.at+1
+			if w.nh == 4 {
+				w.header()
+			}
+		}
+	}
+}
+
+// header reads the 4 bytes at p: a frame, or the start of a skip.
+func (w *mp3Walk) header() {
+	if n, us := mp3Frame(w.hdr[:]); n > 0 {
+		w.micros += us
+		w.p += int64(n)
+		w.nh = 0
+		return
+	}
+	// Not a frame: on to the next byte that may start one, which may be among the header's.
+	for i := 1; i < 4; i++ {
+		if w.hdr[i] == 0xff {
+			if w.skipTo(w.p + int64(i)); w.cut < 0 {
+				w.nh = copy(w.hdr[:], w.hdr[i:])
+			}
+			return
+		}
+	}
+	w.nh, w.scanning = 0, true
+}
+
+// skipTo ends a skip from p at q, or cuts the walk where it began when the junk skipped
+// passes maxMP3Junk.
+func (w *mp3Walk) skipTo(q int64) {
+	if w.junk += q - w.p; w.junk > maxMP3Junk {
+		w.cut = w.p
+		return
+	}
+	w.p = q
+}
+
+// end is the microseconds the stream plays, total being how long the data is said to decode
+// to (DecodedLen of its characters), which times the rest of a cut walk.
+func (w *mp3Walk) end(total int64) int64 {
+	if w.cut < 0 && w.scanning && w.junk+(w.at-w.p) > maxMP3Junk {
+		w.cut = w.p
+	}
+	if w.cut >= 0 {
+		return w.micros + max(0, total-w.cut)*1_000_000/mp3LowestByteRate
+	}
+	return w.micros
+}
+
+// plainRun is how many bytes of p, a string's text, come before its end or an escape.
+func plainRun(p []byte) int {
+	end := bytes.IndexByte(p, '"')
+	if end < 0 {
+		end = len(p)
+	}
+	if esc := bytes.IndexByte(p[:end], '\\'); esc >= 0 {
+		return esc
+	}
+	return end
+}
+
+func indexFF(b []byte) int {
+	for i, c := range b {
+		if c == 0xff {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,194 @@
+package metering
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+// spokenCases are chat answers whose spoken audio a SpokenBody must measure as Meter.Body does:
+// WAV, MP3 (behind a tag, with junk, variable rate, past the junk bound), raw PCM, data written
+// with JSON escapes, several choices and audio objects, and audio where it is not an answer's.
+func spokenCases() map[string]string {
+	frames := func(parts ...[]byte) string { return b64(parts...) }
+	junk := bytes.Repeat([]byte{0xff, 0x00, 0x12}, 3000)
+	noFF := bytes.Repeat([]byte{0x12, 0x34, 0x56}, 40_000) // a skip past the bound with no 0xff in it
+	pcm := make([]byte, 96_001)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range pcm {
+		pcm[i] = byte(rng.Uint32())
+	}
+	answer := func(audio string) string {
+		return `{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":null,` +
+			`"audio":{"id":"audio_1","data":"` + audio + `","transcript":"hi"}},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`
+	}
+	wav := wavClip(8_000, 30)
+	mp3 := frames(id3(700), mpeg1(9, 128).frames(20))
+	return map[string]string{
+		"wav":                      answer(wav),
+		"wav short":                answer(wavClip(8_000, 0)),
+		"mp3 behind a tag":         answer(mp3),
+		"mp3 variable rate":        answer(frames(mpeg1(14, 320).frame(), mpeg1(1, 32).frames(30))),
+		"mp3 with junk":            answer(frames(mpeg1(1, 32).frames(10), junk, mpeg2(4, 32).frames(10))),
+		"mp3 past the junk bound":  answer(frames(mpeg1(1, 32).frames(5), bytes.Repeat([]byte{0xff, 0x00}, 100_000))),
+		"mp3 junk without 0xff":    answer(frames(mpeg1(1, 32).frames(5), noFF, mpeg1(1, 32).frames(5))),
+		"mp3 tag past its end":     answer(frames(id3(1 << 20)[:2000])),
+		"pcm":                      answer(base64.StdEncoding.EncodeToString(pcm)),
+		"pcm padded":               answer(base64.StdEncoding.EncodeToString(pcm[:1000])),
+		"escaped slashes":          answer(strings.ReplaceAll(mp3, "/", `\/`)),
+		"escaped wav":              answer(strings.ReplaceAll(wav, "A", `\u0041`)),
+		"line breaks":              answer(strings.ReplaceAll(wav[:4000], "AAAA", `AAAA\r\n`) + wav[4000:]),
+		"surrogates":               answer(`\ud83d\ude00\ud83d\u0041\udc00\ud800` + wav[:100]),
+		"not base64":               answer(`#$%^&*` + wav),
+		"padding mid-stream":       answer(frames(mpeg1(1, 32).frames(3)) + frames(mpeg1(1, 32).frames(1))[:8] + "AA==" + mp3),
+		"two choices, two audios":  `{"choices":[{"message":{"audio":{"data":"` + wav + `"},"audio":{"data":"` + mp3 + `","data":"` + wav + `"}}},{"message":{"audio":{"data":"` + mp3 + `"}}}]}`,
+		"second message ignored":   `{"choices":[{"message":{"audio":{"data":"` + wav + `"}},"message":{"audio":{"data":"` + mp3 + `"}}}]}`,
+		"first message not object": `{"choices":[{"message":"x","message":{"audio":{"data":"` + mp3 + `"}}}]}`,
+		"choices as an object":     `{"choices":{"a":{"message":{"audio":{"data":"` + wav + `"}}}}}`,
+		"escaped keys":             `{"ch\u006fices":[{"m\u0065ssage":{"aud\u0069o":{"d\u0061ta":"` + wav + `"}}}]}`,
+		"audio elsewhere":          `{"x":{"choices":[{"message":{"audio":{"data":"` + wav + `"}}}]},"choices":[{"delta":{"audio":{"data":"` + wav + `"}},"message":{"content":"{\"audio\":{\"data\":\"` + wav[:400] + `\"}}"}}]}`,
+		"deep":                     `{"choices":[{"message":{"audio":{"data":{"data":"` + wav + `"},"x":[[[{"data":"a"}]]],"data":"` + mp3 + `"}}}]}`,
+		"not an object":            ` [` + answer(wav) + `]`,
+		"bom and space":            "\ufeff \n" + answer(wav),
+		"data not a string":        `{"choices":[{"message":{"audio":{"data":123,"data":null,"data":["` + wav + `"]}}}]}`,
+	}
+}
+
+// measureWhole is what Meter.Body counts of a whole answer's audio.
+func measureWhole(body string) (pcm, micros int64) {
+	m := NewMeter(FormatChat)
+	m.Body([]byte(body))
+	return m.pcmBytes, m.clipMicros
+}
+
+// measurePieces is what a SpokenBody counts of the answer written in pieces of the sizes
+// sizes gives, in turn.
+func measurePieces(body string, sizes func() int) (pcm, micros int64) {
+	m := NewMeter(FormatChat)
+	sb := m.NewSpokenBody()
+	for b := []byte(body); len(b) > 0; {
+		n := min(len(b), max(1, sizes()))
+		sb.Write(b[:n])
+		b = b[n:]
+	}
+	m.AddSpoken(sb)
+	return m.pcmBytes, m.clipMicros
+}
+
+// TestSpokenBodyMeasuresAsTheWholeAnswer: the audio of an answer read past in pieces (one too
+// large to relay) counts what the same answer read whole counts, however it is cut.
+func TestSpokenBodyMeasuresAsTheWholeAnswer(t *testing.T) {
+	for name, body := range spokenCases() {
+		if !gjson.Valid(string(TrimBody([]byte(body)))) && name != "not an object" {
+			t.Fatalf("%s: not valid JSON", name)
+		}
+		wantPCM, wantUS := measureWhole(body)
+		for _, size := range []int{1, 3, 7, 1000, 32 << 10, len(body)} {
+			pcm, us := measurePieces(body, func() int { return size })
+			if pcm != wantPCM || us != wantUS {
+				t.Errorf("%s in pieces of %d: pcm %d bytes, clips %d µs; read whole %d, %d", name, size, pcm, us, wantPCM, wantUS)
+			}
+		}
+		rng := rand.New(rand.NewPCG(3, uint64(len(body))))
+		pcm, us := measurePieces(body, func() int { return rng.IntN(5000) })
+		if pcm != wantPCM || us != wantUS {
+			t.Errorf("%s in random pieces: pcm %d bytes, clips %d µs; read whole %d, %d", name, pcm, us, wantPCM, wantUS)
+		}
+	}
+	// Not vacuous: the cases hold audio of each kind.
+	if pcm, _ := measureWhole(spokenCases()["pcm"]); pcm != 96_001 {
+		t.Fatalf("pcm case counted %d bytes, want 96 001", pcm)
+	}
+	if _, us := measureWhole(spokenCases()["wav"]); us < 30_000_000 || us > 30_010_000 {
+		t.Fatalf("wav case counted %d µs, want 30 s", us)
+	}
+}
+
+// FuzzSpokenBody: any answer, cut anywhere, counts the same audio in pieces as whole.
+func FuzzSpokenBody(f *testing.F) {
+	for _, body := range spokenCases() {
+		if len(body) < 20_000 {
+			f.Add(body, uint16(7))
+		}
+	}
+	f.Add(`{"choices":[{"message":{"audio":{"data":"`+b64(mpeg1(1, 32).frames(1))+`"}}}]}`, uint16(13))
+	f.Add(`{"x":{"choices":[{"message":{"audio":{"data":"`+b64(mpeg1(1, 32).frames(1))+`"}}}]},"logprobs":[{"a":"b","c":[1,{"d":"e"}]}],`+
+		`"choices":[{"logprobs":{"content":[{"token":"x","message":{"audio":{"data":"AAAA"}}}]},"message":{"audio":{"data":"`+
+		wavClip(100, 1)+`"}}}]}`, uint16(3))
+	f.Add(`{"choices":[{"message":{"audio":{"data":"`+b64(id3(20), mpeg2(4, 32).frames(1))+`"}}}]}`, uint16(1))
+	f.Fuzz(func(t *testing.T, body string, seed uint16) {
+		if !gjson.Valid(string(TrimBody([]byte(body)))) {
+			return // read whole, it is refused as cut short (proxy's cutJSON), never metered
+		}
+		wantPCM, wantUS := measureWhole(body)
+		rng := rand.New(rand.NewPCG(uint64(seed), 0))
+		pcm, us := measurePieces(body, func() int { return rng.IntN(int(seed%64) + 2) })
+		if pcm != wantPCM || us != wantUS {
+			t.Fatalf("in pieces: pcm %d, clips %d µs; read whole %d, %d", pcm, us, wantPCM, wantUS)
+		}
+	})
+}
+
+// mp3MicrosBefore is the walk mp3Micros made before it was shared with SpokenBody: over a
+// buffered reader, whose skips of bytes without 0xff stop at the buffer's end.
+func mp3MicrosBefore(data string, off int64) int64 {
+	r := bufio.NewReaderSize(base64.NewDecoder(base64.StdEncoding, strings.NewReader(data)), 64<<10)
+	if off > int64(len(data)) {
+		return 0
+	}
+	if _, err := r.Discard(int(off)); err != nil {
+		return 0
+	}
+	var micros, read, junk int64
+	for {
+		h, err := r.Peek(4)
+		if err != nil {
+			return micros
+		}
+		n, us := mp3Frame(h)
+		if n == 0 {
+			buf, _ := r.Peek(r.Buffered())
+			if i := bytes.IndexByte(buf[1:], 0xff); i >= 0 {
+				n = i + 1
+			} else {
+				n = len(buf)
+			}
+			if junk += int64(n); junk > maxMP3Junk {
+				rest := max(0, int64(base64.StdEncoding.DecodedLen(len(data)))-off-read)
+				return micros + rest*1_000_000/mp3LowestByteRate
+			}
+		}
+		micros += us
+		read += int64(n)
+		if _, err := r.Discard(n); err != nil {
+			return micros
+		}
+	}
+}
+
+// TestMP3WalkTimesAsBefore: the shared walk times MP3 data as the one before it did: frames,
+// tags, junk and junk past the bound alike.
+func TestMP3WalkTimesAsBefore(t *testing.T) {
+	for name, data := range map[string]string{
+		"frames":           b64(mpeg1(9, 128).frames(60)),
+		"tag":              b64(id3(5_000), mpeg2(4, 32).frames(78)),
+		"variable":         b64(mpeg1(14, 320).frame(), mpeg1(1, 32).frames(30)),
+		"junk":             b64(mpeg1(1, 32).frames(30), bytes.Repeat([]byte{0xff, 0x00, 0x12}, 3000), mpeg1(1, 32).frames(30)),
+		"junk past bound":  b64(mpeg1(1, 32).frames(10), bytes.Repeat([]byte{0xff, 0x00}, 1_000_000)),
+		"cut last frame":   b64(mpeg1(1, 32).frames(3))[:300],
+		"tag past the end": b64(id3(1 << 20)[:100]),
+	} {
+		kind, _, off := clipHead(data)
+		if kind != clipMP3 {
+			t.Fatalf("%s: kind %d", name, kind)
+		}
+		if got, want := mp3Micros(data, off), mp3MicrosBefore(data, off); got != want {
+			t.Errorf("%s: %d µs, before %d", name, got, want)
+		}
+	}
+}
