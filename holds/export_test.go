@@ -50,3 +50,6 @@ func SetMaxDeadPerPass(n int) (restore func()) {
 	maxDeadPerPass = n
 	return func() { maxDeadPerPass = old }
 }
+
+// SetItemTimeout shortens the time a pass gives one hold (and its sessions' prune).
+func (r *Reconciler) SetItemTimeout(d time.Duration) { r.itemTimeout = d }

@@ -787,3 +787,64 @@ func TestCreateUserAndKeyReplyLostAreNotSentAgain(t *testing.T) {
 		t.Errorf("keys made by the create whose reply was lost: %d, %v; want 1 (sent once)", keys, err)
 	}
 }
+
+// TestReconcilePassEndsWithinTheLockThroughAReadOnlySpell: a pass during a spell longer than
+// itself spends its hold's whole item timeout retrying (the extension above), and the sessions'
+// prune after the scan is refused too. The prune retried for another item timeout of its own,
+// and the pass outlived the reconcile lock (50 s under the defaults, 80 s so): a second
+// process took the lock and scanned beside it. The prune's batches end by the pass's own end
+// (its time budget plus one item timeout), so the lock, taken for that long and a margin, is
+// still this pass's when it returns.
+func TestReconcilePassEndsWithinTheLockThroughAReadOnlySpell(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := newReadOnlyFixture(ctx, t)
+	rdb, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	u, err := f.store.CreateUser(ctx, "ro-pass-"+testenv.RandomID(4), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := "r_ro_pass_" + testenv.RandomID(8)
+	if _, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: u.ID, Model: "fake-gpt",
+		State: holds.StateRunning, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.root.ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", run); err != nil {
+		t.Fatal(err)
+	}
+	// A session idle past SessionPruneIdle whose run is gone: the prune's to delete.
+	if _, err := f.root.ExecContext(ctx, `INSERT INTO sessions (user_id, session_id, current_run_id, message_hash, updated_at)
+		VALUES (?, ?, ?, REPEAT('x', 32), NOW(6) - INTERVAL 1 HOUR)`, u.ID, "s-"+testenv.RandomID(8), "r_gone_"+testenv.RandomID(8)); err != nil {
+		t.Fatal(err)
+	}
+	leases := runstate.NewLeases(rdb, keys, "serving", time.Minute, time.Second, zap.NewNop())
+	leases.Acquire(run)
+	if err := leases.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const budget, item = 100 * time.Millisecond, 1500 * time.Millisecond
+	lock := nxLock{rdb: rdb, key: keys.ReconcileLock(), instance: "me", ttl: budget + item + time.Second}
+	core, logs := observer.New(zapcore.WarnLevel)
+	rec := holds.NewReconciler(holds.ReconcilerConfig{
+		Store: f.store, Usage: tallyUsage{runstate.NewTally(rdb, keys, time.Hour)}, Leases: leaseKeys{rdb, keys},
+		Lock: lock, Log: zap.New(core), ExtendBy: time.Hour, Interval: time.Second, PassBudget: budget,
+	})
+	rec.SetItemTimeout(item)
+	f.readOnly(true)
+	st, err := rec.RunOnce(ctx)
+	owner, lerr := rdb.Get(ctx, lock.key).Result()
+	f.readOnly(false)
+	if !st.Locked || st.Errors != 1 || err == nil {
+		t.Fatalf("pass through the spell: %+v, %v; want it to hold the lock and fail its one hold", st, err)
+	}
+	if lerr != nil || owner != "me" {
+		t.Fatalf("reconcile lock when the pass returned: %q, %v; want still this pass's (the pass outlived its lock)", owner, lerr)
+	}
+	if logs.FilterMessageSnippet("sessions").Len() != 1 {
+		t.Errorf("logs about the sessions' prune: %v; want one (refused, or no time left)", logs.FilterMessageSnippet("sessions").All())
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}

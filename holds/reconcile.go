@@ -91,7 +91,8 @@ const (
 	DefaultReconcileMaxBatches = 50
 	// DefaultReconcilePassBudget bounds one pass in time as MaxBatches does in count: no hold
 	// is started after it, so with the item timeout below a pass ends within 50 s, the life of
-	// the reconcile lock (DESIGN §5), and a second process does not scan beside it.
+	// the reconcile lock (DESIGN §5), and a second process does not scan beside it. The
+	// sessions' prune after the scan is cut at that end too (pruneSessions).
 	DefaultReconcilePassBudget = 20 * time.Second
 	// reconcileItemTimeout bounds the work on one hold (Redis reads plus one settlement with its
 	// retries); a hold that takes longer is left for the next pass.
@@ -167,6 +168,9 @@ type Reconciler struct {
 	// run id read, by dead instance id (sweepOne). At most maxDeadPerPass entries.
 	deadResume  deadCursor
 	holdsResume map[string]string
+	// itemTimeout is reconcileItemTimeout; tests shorten it to see a pass's end without
+	// waiting for it.
+	itemTimeout time.Duration
 }
 
 // NewReconciler checks the wiring and applies defaults. It panics on a wiring error, which is
@@ -190,7 +194,7 @@ func NewReconciler(cfg ReconcilerConfig) *Reconciler {
 	if cfg.Batch < 1 || cfg.Batch > MaxListRows || cfg.MaxBatches < 1 || cfg.PassBudget < 0 {
 		panic(fmt.Sprintf("holds: reconciler batch %d x %d out of range", cfg.Batch, cfg.MaxBatches))
 	}
-	return &Reconciler{cfg: cfg}
+	return &Reconciler{cfg: cfg, itemTimeout: reconcileItemTimeout}
 }
 
 // Stats is what one pass did.
@@ -302,21 +306,30 @@ func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
 	st, err := r.scan(ctx, start)
 	st.DeadInstances, st.BroughtIn = declared, brought
 	if ctx.Err() == nil {
-		st.PrunedSessions = r.pruneSessions(ctx, start.Add(r.cfg.PassBudget))
+		st.PrunedSessions = r.pruneSessions(ctx, start.Add(r.cfg.PassBudget), start.Add(r.cfg.PassBudget+r.itemTimeout))
 	}
 	return st, err
 }
 
 // pruneSessions deletes sessions idle past SessionPruneIdle whose run has ended, a batch at a
 // time while batches come back full and stopAt is ahead, and at least one batch however the
-// scan went: passes alone prune sessions, so a pass that skipped it whenever its scan was cut
-// short (a backlog of expired holds) or failed (one hold that cannot be settled, every pass)
-// let the table grow for as long as that lasted. Bounded by the pass's time budget, as the
-// scan is, not by MaxBatches: one that stopped at MaxBatches batches let the table grow by the
-// rest at every pass wherever more conversations ended between two passes.
-func (r *Reconciler) pruneSessions(ctx context.Context, stopAt time.Time) (pruned int) {
+// scan went if the pass has time left before end: passes alone prune sessions, so a pass that
+// skipped it whenever its scan was cut short (a backlog of expired holds) or failed (one hold
+// that cannot be settled, every pass) let the table grow for as long as that lasted. Bounded by
+// the pass's time budget, as the scan is, not by MaxBatches: one that stopped at MaxBatches
+// batches let the table grow by the rest at every pass wherever more conversations ended
+// between two passes. Each batch ends by end, the pass's own: a scan whose last hold took its
+// whole item timeout (a database refusing writes, a batch retried until its deadline) left the
+// prune's first batch another item timeout of retries, and the pass outlived the reconcile
+// lock, so a second process scanned beside it.
+func (r *Reconciler) pruneSessions(ctx context.Context, stopAt, end time.Time) (pruned int) {
 	for {
-		pctx, cancel := context.WithTimeout(ctx, reconcileItemTimeout)
+		left := time.Until(end)
+		if left <= 0 {
+			r.cfg.Log.Warn("reconcile: no time left in the pass to prune ended sessions; the next pass tries again")
+			return pruned
+		}
+		pctx, cancel := context.WithTimeout(ctx, min(r.itemTimeout, left))
 		n, err := r.cfg.Store.PruneSessions(pctx, SessionPruneIdle, r.cfg.Batch)
 		cancel()
 		pruned += int(n)
@@ -451,7 +464,7 @@ func (st *Stats) count(outcome string, charged int64) {
 
 // one applies DESIGN §5 to one expired hold and returns what it did and what it charged.
 func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, reconcileItemTimeout)
+	ctx, cancel := context.WithTimeout(ctx, r.itemTimeout)
 	defer cancel()
 	log := r.cfg.Log.Named(MoneyLog).With(zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID),
 		zap.String("state", string(run.State)))
