@@ -1,0 +1,249 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestRedisMisconfRefusesWritesAndChargesOnce: a Redis whose snapshot failed
+// (stop-writes-on-bgsave-error, the default, with a full or lost disk) answers reads and
+// refuses every write with MISCONF — DEL, EXPIRE and PING included, which a full Redis
+// (noeviction, TestFullRedisRefusesWritesAndNothingIsChargedTwice) still takes. New calls are
+// refused before they run (503), calls in flight at the onset, a plain stream and a named run's
+// call, are each charged what they used, once, and once snapshots work again the gateway takes
+// calls and the named run settles at what its call used. An Idempotency-Key call runs without
+// its record and its retry is not run again, as on a full Redis.
+func TestRedisMisconfRefusesWritesAndChargesOnce(t *testing.T) {
+	h, m := newHarnessOnMisconfRedis(t, func(c *config.Config) {
+		c.Holds.LeaseTTL, c.Holds.HeartbeatInterval = 3*time.Second, time.Second
+	})
+	u, key := h.user("standard")
+	const body = `{"model":"fake-gpt","max_tokens":100,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Stream to the billing team, please."}]}`
+	knobs := func(run string) map[string]string {
+		hdr := map[string]string{fakellm.HeaderChunks: "60", fakellm.HeaderChunkInterval: "50ms"}
+		if run != "" {
+			hdr["X-Run-Id"] = run
+		}
+		return hdr
+	}
+	// The control: the same calls with Redis writing.
+	plain := send(h.gw.URL, key, body, knobs(""))
+	if plain.status != 200 {
+		t.Fatalf("control call: %d %s", plain.status, plain.body)
+	}
+	want := h.run(u.ID, plain.header.Get(proxy.RunIDHeader)).ChargedMicro
+	if a := send(h.gw.URL, key, body, knobs("ctl")); a.status != 200 {
+		t.Fatalf("control run's call: %d %s", a.status, a.body)
+	}
+	if status, out := h.settleRun(key, "ctl"); status != 200 {
+		t.Fatalf("control run's settle: %d %s", status, out)
+	}
+	wantRun := h.runByName(u.ID, "ctl").ChargedMicro
+	if want == 0 || wantRun == 0 {
+		t.Fatalf("control charges %d and %d", want, wantRun)
+	}
+
+	// Two streams in flight when snapshots start failing.
+	open := func(run string) (*http.Response, *bufio.Reader) {
+		resp := h.post(key, "/v1/chat/completions", body, knobs(run))
+		if resp.StatusCode != 200 {
+			t.Fatalf("%q: %d %s", run, resp.StatusCode, readAll(t, resp.Body))
+		}
+		rd := bufio.NewReader(resp.Body)
+		if _, err := rd.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		return resp, rd
+	}
+	plainResp, plainRd := open("")
+	defer plainResp.Body.Close()
+	runResp, runRd := open("agent-m")
+	defer runResp.Body.Close()
+	m.fail(t)
+
+	refused := func(hdr map[string]string, status int, code string) {
+		t.Helper()
+		calls := h.fake.Calls()
+		a := send(h.gw.URL, key, chatBody, hdr)
+		if a.status != status || errorCode(t, a.body) != code {
+			t.Fatalf("%v with MISCONF: %d %s, want %d %s", hdr, a.status, a.body, status, code)
+		}
+		if h.fake.Calls() != calls {
+			t.Fatalf("%v: refused %s, but the upstream was called", hdr, code)
+		}
+	}
+	refused(nil, 503, "dedup_unavailable")
+	refused(map[string]string{"X-Run-Id": "agent-2"}, 503, "billing_unavailable")
+	refused(map[string]string{"X-Run-Id": "agent-m"}, 503, "billing_unavailable")
+
+	for _, rd := range []*bufio.Reader{plainRd, runRd} {
+		rest, err := io.ReadAll(rd)
+		if err != nil || !strings.Contains(string(rest), "[DONE]") {
+			t.Fatalf("stream in flight at the onset: %v, ends %q", err, tail(rest))
+		}
+	}
+	// Not h.settled(): the named run's tally is tried again until settle_timeout.
+	plainID := plainResp.Header.Get(proxy.RunIDHeader)
+	h.waitSettled(plainID, 10*time.Second, "its answer ended")
+	got, err := h.store.Run(context.Background(), u.ID, plainID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != holds.StateSettled || got.ChargedMicro != want {
+		t.Errorf("plain stream in flight at the onset: %s charged %d, want settled at %d", got.State, got.ChargedMicro, want)
+	}
+	// An Idempotency-Key call runs without its record (its hold row stands for it) and is not
+	// run again on retry.
+	idem := map[string]string{"Idempotency-Key": "misconf-1"}
+	first := send(h.gw.URL, key, chatBody, idem)
+	if first.status != 200 {
+		t.Fatalf("Idempotency-Key call with MISCONF: %d %s", first.status, first.body)
+	}
+	idemID := first.header.Get(proxy.RunIDHeader)
+	h.waitSettled(idemID, 10*time.Second, "its answer ended")
+	refused(idem, 409, "idempotent_response_lost")
+
+	resp, err := http.Get(h.gw.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := readAll(t, resp.Body); resp.StatusCode != 503 || !strings.Contains(string(out), `"redis":"unavailable"`) {
+		t.Errorf("/readyz with MISCONF: %d %s", resp.StatusCode, out)
+	}
+	resp.Body.Close()
+
+	// Snapshots work again: calls are taken, and the run settles at what its one call used.
+	m.recover(t)
+	if a := send(h.gw.URL, key, chatBody, nil); a.status != 200 {
+		t.Fatalf("a call once Redis writes again: %d %s", a.status, a.body)
+	}
+	refused(idem, 409, "idempotent_response_lost")
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		status, out := h.settleRun(key, "agent-m")
+		if status == 200 {
+			break
+		}
+		if status != 409 || errorCode(t, out) != "run_busy" || time.Now().After(deadline) {
+			t.Fatalf("settle of the run whose call was in flight at the onset: %d %s", status, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if got := h.runByName(u.ID, "agent-m").ChargedMicro; got != wantRun {
+		t.Errorf("run whose call was in flight at the onset charged %d, want %d", got, wantRun)
+	}
+	var charged int
+	if err := h.db.Get(&charged, "SELECT COUNT(*) FROM run_holds WHERE user_id = ? AND charged_micro > 0", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The controls, the two streams, the Idempotency-Key call and the call once Redis wrote again.
+	if charged != 6 {
+		t.Errorf("%d runs charged, want 6", charged)
+	}
+}
+
+// runByName is the settled hold of the user's named run.
+func (h *harness) runByName(userID uint64, name string) holds.Run {
+	h.t.Helper()
+	var id string
+	if err := h.db.Get(&id, "SELECT run_id FROM run_holds WHERE user_id = ? AND client_run_id = ?", userID, name); err != nil {
+		h.t.Fatalf("run %s: %v", name, err)
+	}
+	return h.run(userID, id)
+}
+
+// misconf drives a private Redis into and out of MISCONF: a snapshot (BGSAVE) that cannot
+// write its file, as on a full or lost disk, with stop-writes-on-bgsave-error (the default).
+type misconf struct {
+	rdb *redis.Client
+	dir string
+}
+
+// newHarnessOnMisconfRedis is a harness whose gateway's Redis is a private one that saves
+// snapshots; m makes its next snapshot fail, and work again.
+func newHarnessOnMisconfRedis(t *testing.T, mutate func(*config.Config)) (*harness, *misconf) {
+	t.Helper()
+	opt, err := redis.ParseURL(testenv.PrivateRedisURL(t, "--save", "3600 1", "--enable-protected-configs", "yes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, opt.Addr)
+	}
+	h := newHarnessOn(t, harnessSetup{redisDialer: dial, tallyDialer: dial, contextTimeouts: true}, mutate)
+	m := &misconf{rdb: redis.NewClient(opt), dir: t.TempDir()}
+	t.Cleanup(func() { m.rdb.Close() })
+	return h, m
+}
+
+// fail points the server's snapshots at a directory it then removes and saves: the save fails,
+// and every write after it is refused until a save works.
+func (m *misconf) fail(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	gone := filepath.Join(m.dir, "gone")
+	if err := os.Mkdir(gone, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.rdb.ConfigSet(ctx, "dir", gone).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+	m.save(t, "err")
+	if err := m.rdb.Set(ctx, "misconf-probe", "1", time.Minute).Err(); err == nil || !strings.HasPrefix(err.Error(), "MISCONF") {
+		t.Fatalf("a write after the failed save: %v, want MISCONF", err)
+	}
+}
+
+// recover points snapshots at a directory that exists and saves.
+func (m *misconf) recover(t *testing.T) {
+	t.Helper()
+	if err := m.rdb.ConfigSet(context.Background(), "dir", m.dir).Err(); err != nil {
+		t.Fatal(err)
+	}
+	m.save(t, "ok")
+}
+
+// save runs a BGSAVE to its end and checks its status.
+func (m *misconf) save(t *testing.T, want string) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	started := false
+	for time.Now().Before(deadline) {
+		if !started {
+			started = m.rdb.BgSave(ctx).Err() == nil
+		}
+		info, err := m.rdb.Info(ctx, "persistence").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if started && strings.Contains(info, "rdb_bgsave_in_progress:0") {
+			if !strings.Contains(info, "rdb_last_bgsave_status:"+want) {
+				t.Fatalf("snapshot ended not %s:\n%s", want, info)
+			}
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("snapshot did not end %s within 10 s", want)
+}
