@@ -30,25 +30,47 @@ import (
 // calls and the named run settles at what its call used. An Idempotency-Key call runs without
 // its record and its retry is not run again, as on a full Redis.
 func TestRedisMisconfRefusesWritesAndChargesOnce(t *testing.T) {
-	h, m := newHarnessOnMisconfRedis(t, func(c *config.Config) {
-		c.Holds.LeaseTTL, c.Holds.HeartbeatInterval = 3*time.Second, time.Second
-	})
+	h, m := newHarnessOnMisconfRedis(t, shortLeases)
+	refusingRedisChargesOnce(t, h, m)
+}
+
+// TestRedisFullWhileCallsRunChargesOnce: TestRedisMisconfRefusesWritesAndChargesOnce on a Redis
+// under noeviction put over its maxmemory (OOM) while calls run, then given room.
+func TestRedisFullWhileCallsRunChargesOnce(t *testing.T) {
+	h, f := newHarnessOnFillableRedis(t, shortLeases)
+	refusingRedisChargesOnce(t, h, f)
+}
+
+// shortLeases lets a run whose call's lease Redis refused to delete settle soon after Redis
+// takes writes again.
+func shortLeases(c *config.Config) {
+	c.Holds.LeaseTTL, c.Holds.HeartbeatInterval = 3*time.Second, time.Second
+}
+
+// writeRefuser makes a gateway's Redis refuse writes, and take them again.
+type writeRefuser interface {
+	fail(t *testing.T)
+	recover(t *testing.T)
+}
+
+func refusingRedisChargesOnce(t *testing.T, h *harness, m writeRefuser) {
 	u, key := h.user("standard")
 	const body = `{"model":"fake-gpt","max_tokens":100,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Stream to the billing team, please."}]}`
-	knobs := func(run string) map[string]string {
-		hdr := map[string]string{fakellm.HeaderChunks: "60", fakellm.HeaderChunkInterval: "50ms"}
+	// The calls in flight at the onset last 3 s; the controls, the same answer, none.
+	knobs := func(run string, interval string) map[string]string {
+		hdr := map[string]string{fakellm.HeaderChunks: "60", fakellm.HeaderChunkInterval: interval}
 		if run != "" {
 			hdr["X-Run-Id"] = run
 		}
 		return hdr
 	}
 	// The control: the same calls with Redis writing.
-	plain := send(h.gw.URL, key, body, knobs(""))
+	plain := send(h.gw.URL, key, body, knobs("", "0s"))
 	if plain.status != 200 {
 		t.Fatalf("control call: %d %s", plain.status, plain.body)
 	}
 	want := h.run(u.ID, plain.header.Get(proxy.RunIDHeader)).ChargedMicro
-	if a := send(h.gw.URL, key, body, knobs("ctl")); a.status != 200 {
+	if a := send(h.gw.URL, key, body, knobs("ctl", "0s")); a.status != 200 {
 		t.Fatalf("control run's call: %d %s", a.status, a.body)
 	}
 	if status, out := h.settleRun(key, "ctl"); status != 200 {
@@ -59,9 +81,9 @@ func TestRedisMisconfRefusesWritesAndChargesOnce(t *testing.T) {
 		t.Fatalf("control charges %d and %d", want, wantRun)
 	}
 
-	// Two streams in flight when snapshots start failing.
+	// Two streams in flight when Redis starts refusing writes.
 	open := func(run string) (*http.Response, *bufio.Reader) {
-		resp := h.post(key, "/v1/chat/completions", body, knobs(run))
+		resp := h.post(key, "/v1/chat/completions", body, knobs(run, "50ms"))
 		if resp.StatusCode != 200 {
 			t.Fatalf("%q: %d %s", run, resp.StatusCode, readAll(t, resp.Body))
 		}
@@ -82,7 +104,7 @@ func TestRedisMisconfRefusesWritesAndChargesOnce(t *testing.T) {
 		calls := h.fake.Calls()
 		a := send(h.gw.URL, key, chatBody, hdr)
 		if a.status != status || errorCode(t, a.body) != code {
-			t.Fatalf("%v with MISCONF: %d %s, want %d %s", hdr, a.status, a.body, status, code)
+			t.Fatalf("%v refusing writes: %d %s, want %d %s", hdr, a.status, a.body, status, code)
 		}
 		if h.fake.Calls() != calls {
 			t.Fatalf("%v: refused %s, but the upstream was called", hdr, code)
@@ -113,7 +135,7 @@ func TestRedisMisconfRefusesWritesAndChargesOnce(t *testing.T) {
 	idem := map[string]string{"Idempotency-Key": "misconf-1"}
 	first := send(h.gw.URL, key, chatBody, idem)
 	if first.status != 200 {
-		t.Fatalf("Idempotency-Key call with MISCONF: %d %s", first.status, first.body)
+		t.Fatalf("Idempotency-Key call with Redis refusing writes: %d %s", first.status, first.body)
 	}
 	idemID := first.header.Get(proxy.RunIDHeader)
 	h.waitSettled(idemID, 10*time.Second, "its answer ended")
@@ -124,11 +146,11 @@ func TestRedisMisconfRefusesWritesAndChargesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	if out := readAll(t, resp.Body); resp.StatusCode != 503 || !strings.Contains(string(out), `"redis":"unavailable"`) {
-		t.Errorf("/readyz with MISCONF: %d %s", resp.StatusCode, out)
+		t.Errorf("/readyz with Redis refusing writes: %d %s", resp.StatusCode, out)
 	}
 	resp.Body.Close()
 
-	// Snapshots work again: calls are taken, and the run settles at what its one call used.
+	// Redis takes writes again: calls are taken, and the run settles at what its one call used.
 	m.recover(t)
 	if a := send(h.gw.URL, key, chatBody, nil); a.status != 200 {
 		t.Fatalf("a call once Redis writes again: %d %s", a.status, a.body)
@@ -179,7 +201,15 @@ type misconf struct {
 // snapshots; m makes its next snapshot fail, and work again.
 func newHarnessOnMisconfRedis(t *testing.T, mutate func(*config.Config)) (*harness, *misconf) {
 	t.Helper()
-	opt, err := redis.ParseURL(testenv.PrivateRedisURL(t, "--save", "3600 1", "--enable-protected-configs", "yes"))
+	h, rdb := newHarnessOnPrivateRedis(t, mutate, "--save", "3600 1", "--enable-protected-configs", "yes")
+	return h, &misconf{rdb: rdb, dir: t.TempDir()}
+}
+
+// newHarnessOnPrivateRedis is a harness whose gateway's Redis is a private one started with
+// args; rdb is a client of it for the test.
+func newHarnessOnPrivateRedis(t *testing.T, mutate func(*config.Config), args ...string) (h *harness, rdb *redis.Client) {
+	t.Helper()
+	opt, err := redis.ParseURL(testenv.PrivateRedisURL(t, args...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,10 +217,50 @@ func newHarnessOnMisconfRedis(t *testing.T, mutate func(*config.Config)) (*harne
 		var d net.Dialer
 		return d.DialContext(ctx, network, opt.Addr)
 	}
-	h := newHarnessOn(t, harnessSetup{redisDialer: dial, tallyDialer: dial, contextTimeouts: true}, mutate)
-	m := &misconf{rdb: redis.NewClient(opt), dir: t.TempDir()}
-	t.Cleanup(func() { m.rdb.Close() })
-	return h, m
+	h = newHarnessOn(t, harnessSetup{redisDialer: dial, tallyDialer: dial, contextTimeouts: true}, mutate)
+	rdb = redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	return h, rdb
+}
+
+// fillable is a private Redis under noeviction that the test puts far over its maxmemory, and
+// under it again. Far over: a Redis just at its limit takes writes again as soon as anything
+// frees a few bytes (a client's buffer, a key deleted), which the calls in flight do.
+type fillable struct{ rdb *redis.Client }
+
+func newHarnessOnFillableRedis(t *testing.T, mutate func(*config.Config)) (*harness, *fillable) {
+	t.Helper()
+	h, rdb := newHarnessOnPrivateRedis(t, mutate, "--maxmemory-policy", "noeviction")
+	return h, &fillable{rdb: rdb}
+}
+
+// fail writes 4 MB and sets maxmemory to 1 MB: every write that may add memory is refused
+// with OOM.
+func (f *fillable) fail(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	junk := strings.Repeat("x", 10_000)
+	p := f.rdb.Pipeline()
+	for range 400 {
+		p.Set(ctx, "junk:"+testenv.RandomID(8), junk, 0)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rdb.ConfigSet(ctx, "maxmemory", "1mb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rdb.Set(ctx, "oom-probe", "1", time.Minute).Err(); err == nil || !strings.HasPrefix(err.Error(), "OOM ") {
+		t.Fatalf("a write over maxmemory: %v, want OOM", err)
+	}
+}
+
+// recover lifts the limit.
+func (f *fillable) recover(t *testing.T) {
+	t.Helper()
+	if err := f.rdb.ConfigSet(context.Background(), "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // fail points the server's snapshots at a directory it then removes and saves: the save fails,
