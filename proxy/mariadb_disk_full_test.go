@@ -1,0 +1,164 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestAdmissionOnAFullDiskIs503AndChargesOnce: MariaDB on a full disk refuses a write that
+// must grow a table at once, 1114 "The table … is full" (measured on MariaDB 10.11; README
+// Operating it, Full disks). The test's run_holds lives on a small file system of its own
+// (DATA DIRECTORY on a tmpfs the test mounts: it needs root, as the suite's machines and CI
+// run), filled up while calls go on: each call is answered 200 or refused 503
+// billing_unavailable, a refused one with nothing forwarded and nothing held; a named run
+// admitted before goes on; and once there is room again an Idempotency-Key call refused so
+// runs on retry, and every call answered is charged its price once (a settlement the full disk
+// refused is left to the reconciler, which settles it from its tally).
+func TestAdmissionOnAFullDiskIs503AndChargesOnce(t *testing.T) {
+	dir := smallFileSystem(t, "1m")
+	db := testenv.MySQL(t)
+	var name, create string
+	if err := db.QueryRow("SHOW CREATE TABLE run_holds").Scan(&name, &create); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("DROP TABLE run_holds"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(create + " DATA DIRECTORY='" + dir + "'"); err != nil {
+		t.Fatalf("run_holds on the small file system: %v", err)
+	}
+	h := newHarnessOn(t, harnessSetup{db: db}, nil)
+	u, key := h.user("standard")
+	control := send(h.gw.URL, key, chatBody, nil)
+	if control.status != 200 {
+		t.Fatalf("control call: %d %s", control.status, control.body)
+	}
+	want := h.run(u.ID, control.header.Get(proxy.RunIDHeader)).ChargedMicro
+	if a := send(h.gw.URL, key, chatBody, map[string]string{"X-Run-Id": "agent"}); a.status != 200 {
+		t.Fatalf("named run's first call: %d %s", a.status, a.body)
+	}
+
+	filler := filepath.Join(dir, "filler")
+	fill(t, filler)
+	answered := 1
+	var refusedIdem string
+	for i := 0; refusedIdem == ""; i++ {
+		if i == 500 {
+			t.Fatalf("no admission refused after %d calls on a full disk", i)
+		}
+		key2 := fmt.Sprintf("full-%d", i)
+		all, _ := h.holdCount()
+		calls := h.fake.Calls()
+		a := send(h.gw.URL, key, chatBody, map[string]string{"Idempotency-Key": key2})
+		switch {
+		case a.status == 200:
+			answered++
+		case a.status == 503 && errorCode(t, a.body) == "billing_unavailable":
+			if after, _ := h.holdCount(); after != all || h.fake.Calls() != calls {
+				t.Fatalf("refused 503 on a full disk, but %d holds were taken and %d calls forwarded", after-all, h.fake.Calls()-calls)
+			}
+			refusedIdem = key2
+		default:
+			t.Fatalf("call %d on a full disk: %d %s, want 200 or 503 billing_unavailable", i, a.status, a.body)
+		}
+	}
+	t.Logf("%d calls answered on the full disk before an admission was refused", answered-1)
+	if a := send(h.gw.URL, key, chatBody, map[string]string{"X-Run-Id": "agent"}); a.status != 200 {
+		t.Errorf("named run's call on a full disk: %d %s", a.status, a.body)
+	}
+
+	// Room again.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if a := send(h.gw.URL, key, chatBody, map[string]string{"Idempotency-Key": refusedIdem}); a.status != 200 {
+		t.Fatalf("the Idempotency-Key call refused on a full disk, retried: %d %s", a.status, a.body)
+	}
+	answered++
+	if status, out := h.settleRun(key, "agent"); status != 200 {
+		t.Fatalf("named run's settle: %d %s", status, out)
+	}
+	h.settled()
+	// A settlement the full disk refused waits for its hold's expiry and the reconciler.
+	if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE user_id = ? AND state <> 'settled'", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally},
+		Leases: noLeases{}, Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute})
+	if _, err := rec.RunOnce(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var plain []struct {
+		State   string `db:"state"`
+		Charged int64  `db:"charged_micro"`
+	}
+	if err := h.db.Select(&plain, "SELECT state, charged_micro FROM run_holds WHERE user_id = ? AND client_run_id IS NULL", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if len(plain) != answered {
+		t.Errorf("%d holds of calls, want one for each of the %d answered", len(plain), answered)
+	}
+	for _, r := range plain {
+		if r.State != string(holds.StateSettled) || r.Charged != want {
+			t.Errorf("a call answered 200: %s charged %d, want settled at %d", r.State, r.Charged, want)
+		}
+	}
+}
+
+// smallFileSystem mounts a tmpfs of size at a directory of the test's own and unmounts it at
+// cleanup: a disk that fills. It needs root, which the suite's machines and CI run as.
+func smallFileSystem(t *testing.T, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("mounting a small file system needs root: run the tests as root, as `make test` and CI do")
+	}
+	dir, err := os.MkdirTemp("", "tgfull")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0777"); err != nil {
+		os.Remove(dir)
+		t.Fatalf("mount a %s tmpfs at %s: %v", size, dir, err)
+	}
+	t.Cleanup(func() {
+		// Lazily: the database's cleanup (registered after, so run before) drops the table
+		// first; a file the server still holds open must not fail the test.
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+		os.Remove(dir)
+	})
+	return dir
+}
+
+// fill writes path until its file system has no room left.
+func fill(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chunk := make([]byte, 4096)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			if errors.Is(err, syscall.ENOSPC) || strings.Contains(err.Error(), "no space") {
+				return
+			}
+			t.Fatal(err)
+		}
+	}
+}
