@@ -254,10 +254,12 @@ func mysqlErrNumber(err error) uint16 {
 
 // alreadyApplied recognises DDL that a crashed earlier run already executed: MySQL commits DDL
 // at once, so a migration cut between a statement and its version row finds its own work on
-// the rerun. Duplicate column (1060) and duplicate key name (1061) mean exactly that.
+// the rerun. Duplicate column (1060) and duplicate key name (1061) mean exactly that, and so
+// does "can't drop, check that it exists" (1091) for a statement that drops an index (020
+// replaces one): a migration never drops what an earlier one did not create.
 func alreadyApplied(err error) bool {
 	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == 1060 || me.Number == 1061)
+	return errors.As(err, &me) && (me.Number == 1060 || me.Number == 1061 || me.Number == 1091)
 }
 
 // splitStatements cuts a migration at semicolons that end a line. Migrations hold only DDL
