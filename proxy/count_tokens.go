@@ -107,7 +107,7 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return s.relayUpstreamError(w, r, resp, m.upstream.Name, log, "token count refused")
+		return s.relayUpstreamError(w, r, resp, m.upstream, log, "token count refused")
 	}
 	return relayCount(w, r, resp, m.upstream.Name, log)
 }

@@ -32,7 +32,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		c.outcome = outcomeUpstreamError
-		return s.relayUpstreamError(w, r, resp, c.req.upstream.Name, c.log, "call ended before its answer")
+		return s.relayUpstreamError(w, r, resp, c.req.upstream, c.log, "call ended before its answer")
 	}
 	if ce := unaskedEncoding(resp.Header); ce != "" {
 		return refuseUnaskedEncoding(w, c, ce)

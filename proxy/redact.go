@@ -58,3 +58,22 @@ func redactAccountIDs(body []byte, h http.Header) []byte {
 	}
 	return body
 }
+
+// minRedactedKeyLen is the shortest upstream key looked for in what an upstream sends: a
+// shorter one (a placeholder a local server takes, "none") would take words of the message
+// with it.
+const minRedactedKeyLen = 8
+
+// redactKey replaces the upstream's own key (key, the operator's at the provider) wherever
+// what the upstream sent quotes it, by "(redacted)". A provider that refuses a key may echo
+// it whole ("Incorrect API key provided: sk-…"), and a router or proxy on the way may echo the
+// request's Authorization header in any error: relayed, the operator's key reached a caller,
+// logged, every reader of the log. Only the call's own upstream was sent this key, so it is the
+// only one looked for. A masked echo (OpenAI's "sk-ab***cd") is the provider's own redaction
+// and stays.
+func redactKey[T ~string | ~[]byte](b T, key string) T {
+	if len(key) < minRedactedKeyLen || !strings.Contains(string(b), key) {
+		return b
+	}
+	return T(strings.ReplaceAll(string(b), key, "(redacted)"))
+}

@@ -233,6 +233,9 @@ func (s *Server) writeWhole(w http.ResponseWriter, r *http.Request, resp *http.R
 	// relayBody) must not carry its Content-Length (the caller would read a truncated body) or
 	// its encoding.
 	copyResponseHeaders(w.Header(), resp.Header)
+	// An error object some servers answer with a 200 may echo the operator's key, as their
+	// error answers may (redactKey); the answer was metered as it came.
+	body = redactKey(body, c.req.upstream.APIKey)
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	s.pinBeforeAnswer(r.Context(), c, c.outcome, resp.StatusCode, body)
 	rc := http.NewResponseController(w)
@@ -281,7 +284,7 @@ func logErrorObject(c *call, body []byte) {
 	if !e.IsObject() {
 		return
 	}
-	msg := e.Get("message").String()
+	msg := redactKey(e.Get("message").String(), c.req.upstream.APIKey)
 	c.log.Warn("upstream answered 200 with an error object", zap.String("upstream", c.req.upstream.Name),
 		zap.String("error_type", logged(e.Get("type").String())), zap.String("error_message", logged(msg)))
 }
@@ -304,7 +307,7 @@ func logErrorEvent(c *call, ev metering.Event) {
 		kind = e.Get("code").String()
 	}
 	c.log.Warn("upstream ended the stream with an error", zap.String("upstream", c.req.upstream.Name), zap.String("event", logged(ev.Name)),
-		zap.String("error_type", logged(kind)), zap.String("error_message", logged(e.Get("message").String())))
+		zap.String("error_type", logged(kind)), zap.String("error_message", logged(redactKey(e.Get("message").String(), c.req.upstream.APIKey))))
 }
 
 // refuseNonAnswer answers a 200 that holds no model's answer 502 upstream_error, charged
@@ -312,7 +315,7 @@ func logErrorEvent(c *call, ev metering.Event) {
 func refuseNonAnswer(w http.ResponseWriter, c *call, resp *http.Response, body []byte, logMsg, message string) int {
 	c.outcome = outcomeUpstreamError
 	c.log.Warn(logMsg, zap.String("upstream", c.req.upstream.Name),
-		zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", logged(body)))
+		zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", logged(redactKey(body, c.req.upstream.APIKey))))
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error", Message: message})
 	return http.StatusBadGateway
 }

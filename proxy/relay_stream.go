@@ -76,6 +76,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		if !relayed {
 			continue
 		}
+		if errorEnds {
+			// The provider's error event may echo the operator's key, as its error answers
+			// may (redactKey).
+			raw = redactKey(raw, c.req.upstream.APIKey)
+		}
 		if !sr.sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
 			sr.finalEvent(raw)
 		} else if errorEnds {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/config"
 )
 
 // maxUpstreamErrorBody bounds what is read of an upstream's error answer.
@@ -20,13 +22,16 @@ const maxUpstreamErrorBody = 64 << 10
 // (4xx) pass through as the provider worded them; the provider's failures and its refusal of
 // the gateway's key or of the operator's account there (401, 403, 407, 402, OpenAI's 429
 // insufficient_quota) become 502, since the caller can do nothing about them.
+// What it quotes of the upstream's words never holds the upstream's key (redactKey).
 //
 // A refusal whose body could not be read because the caller left, or because the call's time
 // ran out, is answered for that (unreadErrorAnswer), as it would be before the headers came:
 // a caller that left was no upstream failure, nor a body that stalled a broken one. endedMsg
 // is the message of the line of a caller that left.
-func (s *Server) relayUpstreamError(w http.ResponseWriter, r *http.Request, resp *http.Response, upstream string, log *zap.Logger, endedMsg string) int {
+func (s *Server) relayUpstreamError(w http.ResponseWriter, r *http.Request, resp *http.Response, up *config.Upstream, log *zap.Logger, endedMsg string) int {
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
+	// An echo of the operator's key is left out of the log line and of the answer alike.
+	body, upstream := redactKey(body, up.APIKey), up.Name
 	if readErr != nil && (requestEnded(r) || isTimeout(readErr)) {
 		return unreadErrorAnswer(w, r, resp, upstream, log, endedMsg, body, readErr)
 	}
