@@ -195,7 +195,7 @@ func TestSecretsStayOutOfLogsAndAnswers(t *testing.T) {
 		expect("idempotent call", st, 200, b)
 	}
 	// The upstream echoing the operator's key and its own address, in each way it can.
-	for _, mode := range []string{"401", "403", "400", "404", "422", "429", "500", "503", "200err", "html"} {
+	for _, mode := range []string{"401", "403", "400", "404", "422", "429", "500", "503", "200err", "html", "router"} {
 		send("POST", "/v1/chat/completions", key, []byte(strings.Replace(string(chat(false)), prompt, prompt+mode, 1)), map[string]string{"X-Sec-Mode": mode})
 	}
 	send("POST", "/v1/chat/completions", key, chat(true), map[string]string{"X-Sec-Mode": "streamerr"})
@@ -271,7 +271,9 @@ func TestSecretsStayOutOfLogsAndAnswers(t *testing.T) {
 		}
 	}
 	// The upstream's address and the router's account headers stay the gateway's.
-	for what, s := range map[string]string{"upstream address": strings.TrimPrefix(upstream.URL, "http://")} {
+	for what, s := range map[string]string{"upstream address": strings.TrimPrefix(upstream.URL, "http://"),
+		"router's key spend": "X-Litellm-Key-Spend", "router's provider base": "operator-internal", "organisation": "OperatorOrg123456",
+		"project": "OperatorProj123456"} {
 		if i := bytes.Index(answers.Bytes(), []byte(s)); i >= 0 {
 			t.Errorf("an answer holds the %s: …%s…", what, around(answers.Bytes(), i))
 		}
