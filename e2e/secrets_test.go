@@ -48,6 +48,10 @@ func (u *secretUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status[mode])
 		io.WriteString(w, errJSON)
+	case mode == "302":
+		// A redirect, which the gateway does not follow, to a host of the operator's.
+		w.Header().Set("Location", "https://operator-internal.example/v1/chat/completions?key="+r.Header.Get("Authorization"))
+		w.WriteHeader(http.StatusFound)
 	case mode == "200err":
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, errJSON)
@@ -195,7 +199,7 @@ func TestSecretsStayOutOfLogsAndAnswers(t *testing.T) {
 		expect("idempotent call", st, 200, b)
 	}
 	// The upstream echoing the operator's key and its own address, in each way it can.
-	for _, mode := range []string{"401", "403", "400", "404", "422", "429", "500", "503", "200err", "html", "router"} {
+	for _, mode := range []string{"401", "403", "400", "404", "422", "429", "500", "503", "200err", "html", "router", "302"} {
 		send("POST", "/v1/chat/completions", key, []byte(strings.Replace(string(chat(false)), prompt, prompt+mode, 1)), map[string]string{"X-Sec-Mode": mode})
 	}
 	send("POST", "/v1/chat/completions", key, chat(true), map[string]string{"X-Sec-Mode": "streamerr"})
@@ -217,6 +221,8 @@ func TestSecretsStayOutOfLogsAndAnswers(t *testing.T) {
 	expect("admin key revoke", st, 200, b)
 	st, b = send("POST", "/admin/keys/revoke", adminToken, []byte(fmt.Sprintf(`{"key":%q}`, wrongKey)), nil)
 	expect("admin revoke of an unknown key", st, 404, b)
+	st, b = send("GET", "/debug/pprof/", "", nil, nil)
+	expect("pprof on the public listener", st, 404, b)
 	send("GET", "/metrics", "", nil, nil)
 	send("GET", "/readyz", "", nil, nil)
 
