@@ -202,6 +202,14 @@ func TestSecretsStayOutOfLogsAndAnswers(t *testing.T) {
 	for _, mode := range []string{"401", "403", "400", "404", "422", "429", "500", "503", "200err", "html", "router", "302"} {
 		send("POST", "/v1/chat/completions", key, []byte(strings.Replace(string(chat(false)), prompt, prompt+mode, 1)), map[string]string{"X-Sec-Mode": mode})
 	}
+	// A replay restores the headers the caller was sent, not the upstream's.
+	for range 2 {
+		st, b = send("POST", "/v1/chat/completions", key, chat(false), map[string]string{"X-Sec-Mode": "router", "Idempotency-Key": idemKey + "r"})
+		expect("idempotent router call", st, 200, b)
+	}
+	if n := strings.Count(answers.String(), "Idempotent-Replayed: true"); n != 2 {
+		t.Errorf("%d replays, want 2", n)
+	}
 	send("POST", "/v1/chat/completions", key, chat(true), map[string]string{"X-Sec-Mode": "streamerr"})
 	send("GET", "/v1/credits", key, nil, nil)
 	send("GET", "/v1/models", key, nil, nil)
