@@ -38,7 +38,8 @@ func (u *secretUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.seen = append(u.seen, r.Header.Clone())
 	u.mu.Unlock()
-	echo := fmt.Sprintf("Incorrect API key provided: %s (Authorization: %s)", r.Header.Get("X-Api-Key"), r.Header.Get("Authorization"))
+	echo := fmt.Sprintf("Incorrect API key provided: %s (Authorization: %s) in organization org-OperatorOrg123456",
+		r.Header.Get("X-Api-Key"), r.Header.Get("Authorization"))
 	quoted, _ := json.Marshal(echo)
 	errJSON := fmt.Sprintf(`{"error":{"message":%s,"type":"invalid_request_error","code":"invalid_api_key"}}`, quoted)
 	status := map[string]int{"401": 401, "403": 403, "400": 400, "404": 404, "422": 422, "429": 429, "500": 500, "503": 503}

@@ -233,9 +233,14 @@ func (s *Server) writeWhole(w http.ResponseWriter, r *http.Request, resp *http.R
 	// relayBody) must not carry its Content-Length (the caller would read a truncated body) or
 	// its encoding.
 	copyResponseHeaders(w.Header(), resp.Header)
-	// An error object some servers answer with a 200 may echo the operator's key, as their
-	// error answers may (redactKey); the answer was metered as it came.
+	// An error object some servers answer with a 200 may echo the operator's key and word its
+	// account's ids, as their error answers may: both are left out as they are from those
+	// (redactKey, redactAccountIDs; the ids only from an error object, since a model's answer
+	// may rightly say "org-…"). The answer was metered as it came.
 	body = redactKey(body, c.req.upstream.APIKey)
+	if gjson.GetBytes(body, "error").IsObject() {
+		body = redactAccountIDs(body, resp.Header)
+	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	s.pinBeforeAnswer(r.Context(), c, c.outcome, resp.StatusCode, body)
 	rc := http.NewResponseController(w)

@@ -77,9 +77,9 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			continue
 		}
 		if errorEnds {
-			// The provider's error event may echo the operator's key, as its error answers
-			// may (redactKey).
-			raw = redactKey(raw, c.req.upstream.APIKey)
+			// The provider's error event may echo the operator's key and word its account's
+			// ids, as its error answers may (redactKey, redactAccountIDs).
+			raw = redactAccountIDs(redactKey(raw, c.req.upstream.APIKey), resp.Header)
 		}
 		if !sr.sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
 			sr.finalEvent(raw)
