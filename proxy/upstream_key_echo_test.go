@@ -1,0 +1,71 @@
+package proxy_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/config"
+)
+
+// TestAnthropicUpstreamKeyEchoIsRedacted: an Anthropic upstream (whose key travels in
+// x-api-key) that quotes the key it was sent in its error answer — a 4xx passed on to the
+// caller, a 401 that is not — has it replaced by "(redacted)" in the answer and in every log
+// line, as an OpenAI-style one does (e2e/secrets_test.go); the operator's account id in its
+// words goes too.
+func TestAnthropicUpstreamKeyEchoIsRedacted(t *testing.T) {
+	const opKey = "sk-ant-api03-operatorsecret0123456789"
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		status := http.StatusBadRequest
+		if r.Header.Get("X-Echo-Status") == "401" {
+			status = http.StatusUnauthorized
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		fmt.Fprintf(w, `{"type":"error","error":{"type":"invalid_request_error","message":"bad x-api-key %s for the rate limit of your organization (0dccdde6-1234-4321-abcd-0123456789ab)"}}`,
+			r.Header.Get("X-Api-Key"))
+	}))
+	t.Cleanup(echo.Close)
+	core, logs := observer.New(zapcore.DebugLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
+		for i := range c.Upstreams {
+			if c.Upstreams[i].Kind == "anthropic" {
+				c.Upstreams[i].BaseURL, c.Upstreams[i].APIKey = echo.URL, opKey
+			}
+		}
+	})
+	_, key := h.user("standard")
+	body := `{"model":"claude-test","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+	for _, st := range []string{"400", "401"} {
+		req := h.newRequest("", "/v1/messages", body, map[string]string{"X-Api-Key": key, "X-Echo-Status": st})
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), "operatorsecret") || strings.Contains(string(b), "0dccdde6") {
+			t.Errorf("upstream %s: the answer names the operator's key or organisation: %s", st, b)
+		}
+		if st == "400" && (resp.StatusCode != 400 || !strings.Contains(string(b), "bad x-api-key (redacted)")) {
+			t.Errorf("upstream 400: %d %s, want it passed on with the key redacted", resp.StatusCode, b)
+		}
+	}
+	h.settled()
+	for _, e := range logs.All() {
+		line := fmt.Sprint(e.Message, e.ContextMap())
+		if strings.Contains(line, "operatorsecret") {
+			t.Errorf("a log line holds the operator's key: %s", line)
+		}
+		if strings.Contains(line, key[:11]) {
+			t.Errorf("a log line holds the caller's key: %s", line)
+		}
+	}
+}
