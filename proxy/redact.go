@@ -71,9 +71,17 @@ const minRedactedKeyLen = 8
 // logged, every reader of the log. Only the call's own upstream was sent this key, so it is the
 // only one looked for. A masked echo (OpenAI's "sk-ab***cd") is the provider's own redaction
 // and stays.
-func redactKey[T ~string | ~[]byte](b T, key string) T {
-	if len(key) < minRedactedKeyLen || !strings.Contains(string(b), key) {
-		return b
+func redactKey(b []byte, key string) []byte {
+	if len(key) < minRedactedKeyLen || !bytes.Contains(b, []byte(key)) {
+		return b // read in place: a whole answer of megabytes is not copied to be looked at
 	}
-	return T(strings.ReplaceAll(string(b), key, "(redacted)"))
+	return bytes.ReplaceAll(b, []byte(key), []byte("(redacted)"))
+}
+
+// redactKeyString is redactKey for a string (a log field).
+func redactKeyString(s, key string) string {
+	if len(key) < minRedactedKeyLen || !strings.Contains(s, key) {
+		return s
+	}
+	return strings.ReplaceAll(s, key, "(redacted)")
 }

@@ -235,10 +235,10 @@ func (s *Server) writeWhole(w http.ResponseWriter, r *http.Request, resp *http.R
 	copyResponseHeaders(w.Header(), resp.Header)
 	// An error object some servers answer with a 200 may echo the operator's key and word its
 	// account's ids, as their error answers may: both are left out as they are from those
-	// (redactKey, redactAccountIDs; the ids only from an error object, since a model's answer
-	// may rightly say "org-…"). The answer was metered as it came.
+	// (redactKey, redactAccountIDs; the ids only from an answer the meter read as an error,
+	// since a model's answer may rightly say "org-…"). The answer was metered as it came.
 	body = redactKey(body, c.req.upstream.APIKey)
-	if gjson.GetBytes(body, "error").IsObject() {
+	if c.meter.UpstreamError() {
 		body = redactAccountIDs(body, resp.Header)
 	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
@@ -289,7 +289,7 @@ func logErrorObject(c *call, body []byte) {
 	if !e.IsObject() {
 		return
 	}
-	msg := redactKey(e.Get("message").String(), c.req.upstream.APIKey)
+	msg := redactKeyString(e.Get("message").String(), c.req.upstream.APIKey)
 	c.log.Warn("upstream answered 200 with an error object", zap.String("upstream", c.req.upstream.Name),
 		zap.String("error_type", logged(e.Get("type").String())), zap.String("error_message", logged(msg)))
 }
@@ -312,7 +312,7 @@ func logErrorEvent(c *call, ev metering.Event) {
 		kind = e.Get("code").String()
 	}
 	c.log.Warn("upstream ended the stream with an error", zap.String("upstream", c.req.upstream.Name), zap.String("event", logged(ev.Name)),
-		zap.String("error_type", logged(kind)), zap.String("error_message", logged(redactKey(e.Get("message").String(), c.req.upstream.APIKey))))
+		zap.String("error_type", logged(kind)), zap.String("error_message", logged(redactKeyString(e.Get("message").String(), c.req.upstream.APIKey))))
 }
 
 // refuseNonAnswer answers a 200 that holds no model's answer 502 upstream_error, charged
