@@ -107,10 +107,10 @@ var dropResponseHeaders = setOf("Connection", "Keep-Alive", "Proxy-Connection", 
 // Anthropic's anthropic-ratelimit-*): what the operator's account has left, which every
 // caller's traffic spends. Relayed, they showed each caller the others' traffic and told it
 // limits that are not its own (its own are the gateway's: max_in_flight and its credits).
-// An upstream 429's Retry-After is relayed all the same. So are a LiteLLM proxy's x-litellm-*
-// answers about the operator's key there: its total spend (x-litellm-key-spend, every
-// caller's traffic again), what the call cost the operator (x-litellm-response-cost, not
-// what the caller is charged) and the provider's base URL behind the router
+// An upstream 429's Retry-After is relayed all the same. Dropped too: a LiteLLM proxy's
+// x-litellm-* headers about the operator's key there: its total spend (x-litellm-key-spend,
+// every caller's traffic again), what the call cost the operator (x-litellm-response-cost,
+// not what the caller is charged) and the provider's base URL behind the router
 // (x-litellm-model-api-base, an internal deployment's address).
 var droppedResponsePrefixes = []string{"X-Ratelimit-", "Anthropic-Ratelimit-", "X-Litellm-"}
 
