@@ -36,7 +36,10 @@ var (
 		Message: "No such user."}
 )
 
+// writeError sends e, and counts it where the gateway counts its error answers
+// (httpapi.CountError: tollgate_error_answers_total when the API is mounted in the gateway).
 func writeError(w http.ResponseWriter, e *apiError) {
+	httpapi.CountError(w, e.Status, e.Code)
 	if e.RetryAfter > 0 {
 		httpapi.SetRetryAfter(w.Header(), e.RetryAfter)
 	}

@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -235,6 +234,19 @@ type errRow struct {
 	header map[string]string
 	// namesRun: the error names the run it refers to (error.run_id), as the duplicate family's do.
 	namesRun bool
+	// alsoCounted are the error answers besides the row's own that its send provokes (the
+	// bodies it holds to fill the memory bound, cut when it is done), by tollgate_error_answers_total's labels.
+	alsoCounted map[string]int64
+}
+
+// heldBodiesCut is what the bodies whileBodiesHeld holds as who says (two for callerFull, four
+// for processFull: bodyHolders) count once they are cut: each is answered 400 unreadable_body.
+func heldBodiesCut(who int) map[string]int64 {
+	n := int64(2)
+	if who == processFull {
+		n = 4
+	}
+	return map[string]int64{`code="unreadable_body",status="400"`: n}
 }
 
 const (
@@ -304,15 +316,16 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 	})
 
 	adminStore = h.store
-	disabledAdmin := chi.NewRouter()
-	disabledAdmin.Mount("/admin", admin.New(h.store, 1000, "", zap.New(core)))
-	disabledAdminGW := httptest.NewServer(disabledAdmin)
-	t.Cleanup(disabledAdminGW.Close)
+	// The other gateways of the test count in the harness's metrics, as its own answers do.
+	disabledAdmin := proxy.New(proxy.Deps{Config: h.cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases,
+		Log: zap.New(core), Metrics: h.metrics, Admin: admin.New(h.store, 1000, "", zap.New(core))})
+	disabledAdminGW := httptest.NewServer(disabledAdmin.Handler())
+	t.Cleanup(func() { disabledAdminGW.Close(); _ = disabledAdmin.Close() })
 	// A gateway whose duplicate checks cannot reach Redis, and one that is draining for its exit.
 	deadRedis := redis.NewClient(&redis.Options{Addr: deadURL[len("http://"):], MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { deadRedis.Close() })
 	dedupDown := proxy.New(proxy.Deps{Config: h.cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases,
-		Log: zap.New(core), DedupRedis: deadRedis})
+		Log: zap.New(core), Metrics: h.metrics, DedupRedis: deadRedis})
 	dedupDownGW := httptest.NewServer(dedupDown.Handler())
 	t.Cleanup(func() { dedupDownGW.Close(); _ = dedupDown.Close() })
 	deadDedup := dedupDownGW.URL
@@ -326,7 +339,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		}
 	}
 	drained := proxy.New(proxy.Deps{Config: h.cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases,
-		Log: zap.New(core)})
+		Log: zap.New(core), Metrics: h.metrics})
 	drainedGW := httptest.NewServer(drained.Handler())
 	t.Cleanup(func() { drainedGW.Close(); _ = drained.Close() })
 	if err := drained.Drain(context.Background()); err != nil {
@@ -344,7 +357,11 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			if a.err != nil {
 				e.t.Fatal(a.err)
 			}
-			return &http.Response{StatusCode: a.status, Header: a.header, Body: io.NopCloser(bytes.NewReader(a.body))}
+			sent, err := http.NewRequest(http.MethodPost, url+path, nil)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return &http.Response{StatusCode: a.status, Header: a.header, Body: io.NopCloser(bytes.NewReader(a.body)), Request: sent}
 		}
 	}
 
@@ -414,18 +431,18 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			return resp
 		}, status: 408, code: "request_timeout", retry: okChat},
 		// Bodies held in memory (bodyMemory): 128 KiB a caller, 256 KiB in all.
-		{name: "429 too_many_request_bytes", send: whileBodiesHeld(callerFull, "/v1/chat/completions", "fake-gpt"),
+		{name: "429 too_many_request_bytes", send: whileBodiesHeld(callerFull, "/v1/chat/completions", "fake-gpt"), alsoCounted: heldBodiesCut(callerFull),
 			header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", retry: okChat},
-		{name: "429 too_many_request_bytes, messages", send: whileBodiesHeld(callerFull, "/v1/messages", "claude-test"),
+		{name: "429 too_many_request_bytes, messages", send: whileBodiesHeld(callerFull, "/v1/messages", "claude-test"), alsoCounted: heldBodiesCut(callerFull),
 			header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", anthropic: true},
 		// A chunked body has no Content-Length to refuse it by: it is refused as it is read.
-		{name: "429 too_many_request_bytes, chunked", send: whileBodiesHeldChunked(callerFull, "/v1/chat/completions", "fake-gpt"),
+		{name: "429 too_many_request_bytes, chunked", send: whileBodiesHeldChunked(callerFull, "/v1/chat/completions", "fake-gpt"), alsoCounted: heldBodiesCut(callerFull),
 			header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_request_bytes", retry: okChat},
-		{name: "503 server_busy, chunked", send: whileBodiesHeldChunked(processFull, "/v1/chat/completions", "fake-gpt"),
+		{name: "503 server_busy, chunked", send: whileBodiesHeldChunked(processFull, "/v1/chat/completions", "fake-gpt"), alsoCounted: heldBodiesCut(processFull),
 			header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", retry: okChat},
-		{name: "503 server_busy", send: whileBodiesHeld(processFull, "/v1/chat/completions", "fake-gpt"),
+		{name: "503 server_busy", send: whileBodiesHeld(processFull, "/v1/chat/completions", "fake-gpt"), alsoCounted: heldBodiesCut(processFull),
 			header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", retry: okChat},
-		{name: "503 server_busy, count_tokens", send: whileBodiesHeld(processFull, "/v1/messages/count_tokens", "claude-test"),
+		{name: "503 server_busy, count_tokens", send: whileBodiesHeld(processFull, "/v1/messages/count_tokens", "claude-test"), alsoCounted: heldBodiesCut(processFull),
 			header: map[string]string{"Retry-After": "1"}, status: 503, code: "server_busy", anthropic: true, noRun: true},
 		bad("invalid_json", `{"model":`, "invalid_json"),
 		{name: "invalid_json messages", send: ok("/v1/messages", `{"model":`, nil), status: 400, code: "invalid_json", anthropic: true},
@@ -468,7 +485,11 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			defer conn.Close()
 			_, _ = fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"+
 				"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\nzz\r\n", e.key)
-			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			sent, err := http.NewRequest(http.MethodPost, e.h.gw.URL+"/v1/chat/completions", nil)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), sent)
 			if err != nil {
 				e.t.Fatal(err)
 			}
@@ -666,7 +687,11 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 				e.t.Fatalf("newer: %d %s", a.status, a.body)
 			}
 			a := <-first
-			return &http.Response{StatusCode: a.status, Header: a.header, Body: io.NopCloser(strings.NewReader(string(a.body)))}
+			sent, err := http.NewRequest(http.MethodPost, e.h.gw.URL+"/v1/chat/completions", nil)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			return &http.Response{StatusCode: a.status, Header: a.header, Body: io.NopCloser(strings.NewReader(string(a.body))), Request: sent}
 		}, header: map[string]string{"X-Should-Retry": "false"}, status: 409, code: "superseded", forwarded: true, source: holds.SourceCancel, charged: true,
 			retry: chat(`{"model":"fake-gpt","messages":[{"role":"user","content":"newest"}]}`, map[string]string{"X-Session-Id": "s-new"})},
 		{name: "429 too_many_counts", send: func(e *errEnv) *http.Response {
@@ -762,6 +787,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			e := &errEnv{t: t, h: h, gate: gate, user: u, key: key}
 			settled()
 			logs.TakeAll()
+			counted := h.metricSeries("tollgate_error_answers_total")
 			resp := tc.send(e)
 			body := readAll(t, resp.Body)
 			resp.Body.Close()
@@ -771,7 +797,9 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 				t.Errorf("X-Tollgate-Run-Id %q; want one exactly when the call was forwarded (%v)", runID, tc.forwarded)
 			}
 			settled()
-			logged := checkErrorLog(t, tc, logs.TakeAll(), runID)
+			lines := logs.TakeAll()
+			logged := checkErrorLog(t, tc, lines, runID)
+			checkErrorCounted(t, tc, counted, h.metricSeries("tollgate_error_answers_total"))
 			if tc.cleanup != nil {
 				tc.cleanup(e)
 				settled()
@@ -908,6 +936,31 @@ func checkErrorAnswer(t *testing.T, tc errRow, resp *http.Response, body []byte)
 	}
 	if e.Error.Code == nil || *e.Error.Code != tc.code {
 		t.Errorf("error.code %v, want %s: %s", e.Error.Code, tc.code, body)
+	}
+}
+
+// checkErrorCounted checks that the row's answer moved tollgate_error_answers_total by one,
+// under its status and code, and no other series of it: an error the gateway wrote itself is
+// counted once, where every one passes (writeError); an upstream's error passed on as it sent
+// it, and an error event that ends a stream whose 200 went out, are not counted.
+func checkErrorCounted(t *testing.T, tc errRow, before, after map[string]int64) {
+	t.Helper()
+	want := map[string]int64{}
+	for series, n := range tc.alsoCounted {
+		want[series] = n
+	}
+	if !tc.streamed && !tc.passthrough {
+		want[fmt.Sprintf("code=%q,status=%q", tc.code, strconv.Itoa(tc.status))]++
+	}
+	for series, n := range after {
+		if moved := n - before[series]; moved != want[series] {
+			t.Errorf("tollgate_error_answers_total{%s} moved by %d, want %d", series, moved, want[series])
+		}
+	}
+	for series := range want {
+		if _, ok := after[series]; !ok {
+			t.Errorf("tollgate_error_answers_total{%s} not counted", series)
+		}
 	}
 }
 

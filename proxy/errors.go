@@ -159,8 +159,12 @@ var (
 )
 
 // writeError sends e, in Anthropic's shape to a caller of the Anthropic route (see
-// anthropicErrors) and in OpenAI's to everyone else.
+// anthropicErrors) and in OpenAI's to everyone else. Every error answer the gateway writes
+// itself passes here, so it is counted here, once (tollgate_error_answers_total, through the
+// writer countErrors put around the request). An error event that ends a stream already
+// under way is not written here and not counted: that call was served, its 200 sent.
 func writeError(w http.ResponseWriter, e *apiError) {
+	httpapi.CountError(w, e.Status, e.Code)
 	h := w.Header()
 	if e.NoRetry && h.Get(shouldRetryHeader) == "" {
 		h.Set(shouldRetryHeader, "false")

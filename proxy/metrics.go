@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -16,8 +17,13 @@ import (
 // settle_failures (runs left to the reconciler) and reconcile_hold (charged at the hold
 // because their usage was lost).
 type Metrics struct {
-	reg            *prometheus.Registry
-	Requests       *prometheus.CounterVec
+	reg      *prometheus.Registry
+	Requests *prometheus.CounterVec
+	// ErrorAnswers counts the error answers the gateway wrote itself (writeError, and the
+	// admin API's), by status and code: what tollgate_requests_total's status alone cannot
+	// tell apart (429 too_many_in_flight from too_many_request_bytes, 503 billing_unavailable
+	// from server_busy). The code is one of errorCodes, else "other".
+	ErrorAnswers   *prometheus.CounterVec
 	Settlements    *prometheus.CounterVec
 	SettleFailures prometheus.Counter
 	TallyFailures  prometheus.Counter
@@ -89,6 +95,10 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		reg: reg,
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_requests_total",
 			Help: "Model requests by route and status code."}, []string{"route", "code"}),
+		ErrorAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_error_answers_total",
+			Help: "Error answers the gateway wrote itself (refusals, its upstream_* failures before an answer began, the admin API's errors), by status and error code; " +
+				"an upstream's error passed on as it sent it and an error event ending a stream under way are not counted."},
+			[]string{"status", "code"}),
 		Settlements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_settlements_total",
 			Help: "Settlements by source; applied=false means the run had been settled before."}, []string{"source", "applied"}),
 		SettleFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_settle_failures_total",
@@ -137,7 +147,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 				"admit_queue and admit_tx split admit's wait for the batch writer (queue, then its transaction).",
 			Buckets: fineBuckets(0.0001, 4)}, []string{"phase"}),
 	}
-	reg.MustRegister(m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled, m.DeadInstances, m.ReconcilePasses,
+	reg.MustRegister(m.Requests, m.ErrorAnswers, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled, m.DeadInstances, m.ReconcilePasses,
 		m.ActiveCalls, m.RequestBodyBytes, m.ResponseBodyBytes, m.ResponseMemoryWaits, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.Uncharged, m.BilledTokens, m.CallPhase)
 	m.authPhase = m.CallPhase.WithLabelValues(phaseAuth)
 	m.bodyPhase = m.CallPhase.WithLabelValues(phaseBody)
@@ -228,6 +238,72 @@ func (m *Metrics) Handler() http.Handler {
 // errScrapesBusy answers a scrape past MaxScrapesAtOnce.
 var errScrapesBusy = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "server_busy",
 	Message: "As many /metrics scrapes are being served as may be at once; retry shortly.", RetryAfter: time.Second}
+
+// CountError counts one error answer in ErrorAnswers: the httpapi.ErrorCounter of the writer
+// countErrors puts around each request. A code not in errorCodes is counted as "other", so
+// no code, however it came to be, makes a series of its own.
+func (m *Metrics) CountError(status int, code string) {
+	if !errorCodes[code] {
+		code = "other"
+	}
+	m.ErrorAnswers.WithLabelValues(codeLabel(status), code).Inc()
+}
+
+// errorCodes are the codes of the error answers the gateway and its admin API write, the
+// code label's values in tollgate_error_answers_total: a fixed set, so that the series are
+// bounded whatever a caller sends (TestErrorCodesAreKnown finds each code in the source).
+var errorCodes = func() map[string]bool {
+	set := map[string]bool{}
+	for _, c := range []string{
+		// The model API's.
+		"already_running", "audio_not_found", "billing_unavailable", "client_closed_request", "dedup_unavailable",
+		"duplicate", "idempotency_key_reused", "idempotent_response_lost", "idempotent_response_too_large",
+		"insufficient_credits", "internal_error", "invalid_api_key", "invalid_idempotency_key", "invalid_json",
+		"invalid_model", "invalid_models", "invalid_request", "invalid_run_id", "invalid_session_id", "invalid_stream",
+		"invalid_stream_options", "method_not_allowed", "missing_max_tokens", "missing_model", "model_not_found",
+		"model_not_priced", "model_not_served", "model_too_long", "not_found", "previous_response_not_found",
+		"request_in_progress", "request_timeout", "request_too_large", "run_budget_exhausted", "run_busy",
+		"run_in_progress", "run_not_found", "run_settled", "server_busy", "shutting_down", "superseded",
+		"too_many_audio_ids", "too_many_counts", "too_many_in_flight", "too_many_request_bytes", "unpriced_option",
+		"unreadable_body", "unsupported_content_encoding", "unsupported_parameter", "upstream_auth_failed",
+		"upstream_broken", "upstream_error", "upstream_refused", "upstream_response_too_large", "upstream_timeout",
+		"upstream_unreachable",
+		// The admin API's.
+		"admin_disabled", "body_too_large", "grant_below_zero", "invalid_admin_token", "invalid_after",
+		"invalid_allowance", "invalid_amount", "invalid_discount", "invalid_format", "invalid_from", "invalid_limit",
+		"invalid_max_in_flight", "invalid_name", "invalid_settled_since", "invalid_settled_until", "invalid_since",
+		"invalid_to", "invalid_until", "key_not_found", "missing_key", "reports_busy", "unknown_parameter",
+		"unknown_plan", "user_exists", "user_not_found",
+	} {
+		set[c] = true
+	}
+	// A bad output bound or count of answers names its field (readOutputBounds, readChoices).
+	for _, rt := range routes {
+		for _, f := range slices.Concat(rt.maxFields, rt.choiceFields) {
+			set["invalid_"+f] = true
+		}
+	}
+	return set
+}()
+
+// countErrors puts the writer that counts the request's error answers (httpapi.CountError)
+// around it: every route's, the unknown ones' and the admin API's.
+func (m *Metrics) countErrors(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(errorCounting{ResponseWriter: w, m: m}, r)
+	})
+}
+
+// errorCounting counts the error answers written to it in m. Unwrap lets
+// http.ResponseController reach the connection's flush and deadlines.
+type errorCounting struct {
+	http.ResponseWriter
+	m *Metrics
+}
+
+func (w errorCounting) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w errorCounting) CountError(status int, code string) { w.m.CountError(status, code) }
 
 // codeLabel is the code label of tollgate_requests_total for a status answered. An upstream's
 // 2xx answers and 4xx refusals reach the caller with the upstream's status, which may be any

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -219,10 +220,16 @@ func TestDocumentedMetricsAreServed(t *testing.T) {
 	served := map[string][]string{}
 	m := proxy.NewMetrics(prometheus.NewRegistry())
 	descs := make(chan *prometheus.Desc, 64)
-	for _, c := range []prometheus.Collector{m.Requests, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled,
-		m.DeadInstances, m.ReconcilePasses, m.ActiveCalls, m.RequestBodyBytes, m.ResponseBodyBytes, m.ResponseMemoryWaits, m.Duplicates,
-		m.SettleSeconds, m.BatchItems, m.Charged, m.Uncharged, m.BilledTokens, m.CallPhase} {
-		c.Describe(descs)
+	// Every series of Metrics, found by its fields: one added there is checked here without
+	// being listed (a list here missed tollgate_error_answers_total).
+	fields := reflect.ValueOf(m).Elem()
+	for i := range fields.NumField() {
+		if !fields.Type().Field(i).IsExported() {
+			continue
+		}
+		if c, ok := fields.Field(i).Interface().(prometheus.Collector); ok {
+			c.Describe(descs)
+		}
 	}
 	close(descs)
 	descRE := regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{?\[?([^}\]]*)`)

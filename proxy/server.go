@@ -189,7 +189,7 @@ func newTransport(l config.Limits) *http.Transport {
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
 	// GetHead: a HEAD is answered as the GET it probes (load balancers' health checks send HEAD).
-	r.Use(s.boundAnswerEnd, s.boundUnreadBody, shapeErrors, middleware.GetHead)
+	r.Use(s.metrics.countErrors, s.boundAnswerEnd, s.boundUnreadBody, shapeErrors, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		// chi hands a custom 405 handler no list of the route's methods: they are found again.

@@ -22,6 +22,30 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// ErrorCounter counts the error answers written (CountError) to a ResponseWriter that is, or
+// wraps, it: the gateway's router puts one around every request, so that each API's one
+// error writer counts its answers in one series without being handed the metrics.
+type ErrorCounter interface {
+	CountError(status int, code string)
+}
+
+// CountError tells the ErrorCounter that w is or wraps (through Unwrap, as
+// http.ResponseController reaches a connection) of an error answer of status and code; a
+// writer with none, as in a handler's own test, counts nothing.
+func CountError(w http.ResponseWriter, status int, code string) {
+	for {
+		if c, ok := w.(ErrorCounter); ok {
+			c.CountError(status, code)
+			return
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return
+		}
+		w = u.Unwrap()
+	}
+}
+
 // ErrorBody is an error answer's "error" object in OpenAI's shape,
 // {"error":{"message","type","code"}}, which every OpenAI SDK already knows how to read. It is
 // a map so that an API can add its own fields beside these.
