@@ -279,7 +279,7 @@ func (s *Server) runCall(w http.ResponseWriter, r *http.Request, c *call, in inc
 		ctx, cancel := context.WithCancelCause(r.Context())
 		defer cancel(nil)
 		r = r.WithContext(ctx)
-		if err := s.cancels.register(ctx, c.runID, cancel); err != nil {
+		if err := s.cancels.register(ctx, c.runID, cancel, c.log); err != nil {
 			c.log.Warn("cancel bus unavailable; a newer message cannot stop this run", zap.Error(err))
 		}
 		defer s.cancels.unregister(c.runID)

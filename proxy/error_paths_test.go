@@ -799,6 +799,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			settled()
 			lines := logs.TakeAll()
 			logged := checkErrorLog(t, tc, lines, runID)
+			checkRequestID(t, tc, resp, lines)
 			checkErrorCounted(t, tc, counted, h.metricSeries("tollgate_error_answers_total"))
 			if tc.cleanup != nil {
 				tc.cleanup(e)
@@ -962,6 +963,42 @@ func checkErrorCounted(t *testing.T, tc errRow, before, after map[string]int64) 
 			t.Errorf("tollgate_error_answers_total{%s} not counted", series)
 		}
 	}
+}
+
+// modelPaths are the routes whose every answer past the key check names its request
+// (X-Tollgate-Request-Id), as README says: the model routes and the token counter.
+var modelPaths = map[string]bool{"/v1/chat/completions": true, "/v1/completions": true, "/v1/embeddings": true,
+	"/v1/responses": true, "/v1/messages": true, "/v1/messages/count_tokens": true}
+
+// checkRequestID checks README's promise for a model route's error past the key check: the
+// answer carries X-Tollgate-Request-Id, and a line at INFO or above carries it as request_id,
+// so that a caller quoting it leads to the line that says why.
+func checkRequestID(t *testing.T, tc errRow, resp *http.Response, lines []observer.LoggedEntry) {
+	t.Helper()
+	if resp.Request == nil {
+		t.Fatalf("the row's answer names no request: its path is not known")
+	}
+	if tc.unknownCaller || !modelPaths[resp.Request.URL.Path] {
+		return
+	}
+	id := resp.Header.Get(proxy.RequestIDHeader)
+	if id == "" {
+		t.Errorf("%s answered %d with no %s", resp.Request.URL.Path, resp.StatusCode, proxy.RequestIDHeader)
+		return
+	}
+	if tc.unlogged != "" {
+		return
+	}
+	for _, l := range lines {
+		if l.ContextMap()["request_id"] == id {
+			return
+		}
+	}
+	var all []string
+	for _, l := range lines {
+		all = append(all, fmt.Sprintf("%s %q %v", l.Level, l.Message, l.ContextMap()))
+	}
+	t.Errorf("no log line carries request_id %s; lines:\n%s", id, strings.Join(all, "\n"))
 }
 
 // checkErrorLog checks the row's log line and returns the run id it names (or "").

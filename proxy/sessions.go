@@ -94,7 +94,7 @@ type cancelBus struct {
 	retryAfter  time.Duration
 
 	mu      sync.Mutex
-	runs    map[string]context.CancelCauseFunc
+	runs    map[string]cancellable
 	ps      *redis.PubSub
 	started bool
 	closed  bool
@@ -106,19 +106,27 @@ const (
 	startRetry       = time.Second
 )
 
+// cancellable is a run registered on the bus: how to stop it, and the logger of its call,
+// whose line says it was stopped under the request_id its caller was given.
+type cancellable struct {
+	cancel context.CancelCauseFunc
+	log    *zap.Logger
+}
+
 var errBusDown = errors.New("cancel bus: subscription failed moments ago; not retried yet")
 
 func newCancelBus(rdb redis.UniversalClient, keys runstate.Keys, log *zap.Logger) *cancelBus {
-	return &cancelBus{rdb: rdb, keys: keys, log: log, runs: map[string]context.CancelCauseFunc{}, retryAfter: startRetry}
+	return &cancelBus{rdb: rdb, keys: keys, log: log, runs: map[string]cancellable{}, retryAfter: startRetry}
 }
 
-// register makes runID cancellable from any process until unregister. The returned error
+// register makes runID cancellable from any process until unregister; log is its call's
+// (with its run_id and request_id), for the line that says it was stopped. The returned error
 // says the subscription could not be started: the run still runs, but cannot be stopped by
 // a replacing message.
-func (b *cancelBus) register(ctx context.Context, runID string, cancel context.CancelCauseFunc) error {
+func (b *cancelBus) register(ctx context.Context, runID string, cancel context.CancelCauseFunc, log *zap.Logger) error {
 	err := b.start(ctx)
 	b.mu.Lock()
-	b.runs[runID] = cancel
+	b.runs[runID] = cancellable{cancel: cancel, log: log}
 	b.mu.Unlock()
 	return err
 }
@@ -181,11 +189,11 @@ func (b *cancelBus) loop(ch <-chan *redis.Message) {
 // deliver cancels runID if this process serves it.
 func (b *cancelBus) deliver(runID string) {
 	b.mu.Lock()
-	cancel := b.runs[runID]
+	run, ok := b.runs[runID]
 	b.mu.Unlock()
-	if cancel != nil {
-		b.log.Info("run cancelled: its session moved on", zap.String("run_id", runID))
-		cancel(errSuperseded)
+	if ok {
+		run.log.Info("run cancelled: its session moved on")
+		run.cancel(errSuperseded)
 	}
 }
 

@@ -40,7 +40,7 @@ func TestCancelBusDoesNotHoldRunsBehindASubscription(t *testing.T) {
 	go func() {
 		defer close(done)
 		b.mu.Lock() // as register does once start returns
-		b.runs["r_live"] = func(err error) { cancelled <- err }
+		b.runs["r_live"] = cancellable{cancel: func(err error) { cancelled <- err }, log: zap.NewNop()}
 		b.mu.Unlock()
 		b.unregister("r_gone")
 		b.deliver("r_live")
