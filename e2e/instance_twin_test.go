@@ -61,6 +61,8 @@ func TestTwinInstanceNameIsReported(t *testing.T) {
 
 	for _, g := range []*gateway{a, b} {
 		waitFor(t, 30*time.Second, g.name+" to report its twin", func() bool { return logHas(t, g, twinLine) })
+		// And to show it in its metrics, for an alert that lasts as long as the twin does.
+		waitFor(t, 30*time.Second, g.name+" to count its twin", func() bool { return metricValue(scrape(t, g), "tollgate_instance_twins") == 1 })
 	}
 
 	// A restart under a killed process's name is no twin.
@@ -83,6 +85,9 @@ func TestTwinInstanceNameIsReported(t *testing.T) {
 	})
 	if logHas(t, c2, twinLine) {
 		t.Errorf("a process restarted under a killed one's name reported a twin")
+	}
+	if n := metricValue(scrape(t, c2), "tollgate_instance_twins"); n != 0 {
+		t.Errorf("a process restarted under a killed one's name counts %v twins, want 0", n)
 	}
 }
 

@@ -47,6 +47,9 @@ type Instance struct {
 	// twins: the rows under this process's own name seen beating (reportTwin), each
 	// reported once.
 	twins map[string]bool
+	// onTwins, when set (OnTwins), is told after each watch how many rows under this
+	// process's own name it saw beat since the watch before.
+	onTwins func(n int)
 	// skew moves the watch's clock on, in tests only (export_test.go).
 	skew atomic.Int64
 }
@@ -211,10 +214,14 @@ func (in *Instance) watch(ctx context.Context) error {
 	in.seenMu.Lock()
 	defer in.seenMu.Unlock()
 	seen := make(map[string]seenBeat, len(rows)) // rows gone (declared, retired) are forgotten
+	twins := 0
 	for _, r := range rows {
 		b, ok := in.seen[r.ID]
-		if ok && !b.beatAt.Equal(r.BeatAt) && r.Name == truncateName(in.name) && !in.twins[r.ID] {
-			in.reportTwin(r.ID)
+		if ok && !b.beatAt.Equal(r.BeatAt) && r.Name == truncateName(in.name) {
+			twins++
+			if !in.twins[r.ID] {
+				in.reportTwin(r.ID)
+			}
 		}
 		if !ok || !b.beatAt.Equal(r.BeatAt) {
 			b = seenBeat{beatAt: r.BeatAt, since: now}
@@ -223,7 +230,21 @@ func (in *Instance) watch(ctx context.Context) error {
 		seen[r.ID] = b
 	}
 	in.seen = seen
+	if in.onTwins != nil {
+		in.onTwins(twins)
+	}
 	return nil
+}
+
+// OnTwins has f told, after each watch (each heartbeat, and each reconcile pass before it
+// declares any row dead), how many live processes serve under this process's own instance
+// name: the rows under it whose beat moved since the watch before. It is 0 as it should be; a
+// twin is logged once (reportTwin), and f lets it be watched for as long as it lasts (the
+// gateway's tollgate_instance_twins). A twin killed or stopped drops out at the next watch.
+func (in *Instance) OnTwins(f func(n int)) {
+	in.seenMu.Lock()
+	defer in.seenMu.Unlock()
+	in.onTwins = f
 }
 
 // reportTwin says, once per row, that a row under this process's own instance name beat while

@@ -220,6 +220,9 @@ func (e *env) newGateway(store *holds.Store, self *holds.Instance) (gateway, err
 	leases := runstate.NewLeases(e.rdb, keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, e.log)
 	metrics := proxy.NewMetrics(nil)
 	store.OnSettled(metrics.ObserveSettled)
+	if self != nil {
+		self.OnTwins(func(n int) { metrics.InstanceTwins.Set(float64(n)) })
+	}
 	srv := proxy.New(proxy.Deps{
 		Config: cfg, Store: store, Redis: e.rdb, Keys: keys,
 		Tally:  runstate.NewTally(e.rdb, keys, cfg.Holds.TallyTTL),

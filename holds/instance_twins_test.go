@@ -1,0 +1,82 @@
+package holds_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestTwinsAreCountedWhileTheyLast: a process under the instance name of another live one is
+// logged once (reportTwin); OnTwins is told, at each watch, how many such processes beat since
+// the watch before, so that the gateway's tollgate_instance_twins shows the condition for as
+// long as it lasts: 0 alone, 1 while a twin beats, 0 again once it stops (killed, or stopped
+// and retired), and never a process of another name.
+func TestTwinsAreCountedWhileTheyLast(t *testing.T) {
+	e := newStoreEnv(t)
+	const interval = 50 * time.Millisecond
+	self, err := e.store.RegisterInstance(e.ctx(), "gw-twin", interval, 0, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var told []int
+	self.OnTwins(func(n int) {
+		mu.Lock()
+		defer mu.Unlock()
+		told = append(told, n)
+	})
+	last := func() int {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(told) == 0 {
+			t.Fatal("OnTwins not told after a watch")
+		}
+		return told[len(told)-1]
+	}
+	watch := func() {
+		t.Helper()
+		if err := self.Watch(e.ctx()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	twin, err := e.store.RegisterInstance(e.ctx(), "gw-twin", interval, 0, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := e.store.RegisterInstance(e.ctx(), "gw-other", interval, 0, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beat := func() {
+		t.Helper()
+		if err := twin.Beat(e.ctx()); err != nil {
+			t.Fatal(err)
+		}
+		if err := other.Beat(e.ctx()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	watch() // the first reading of the other rows: no beat seen to move yet
+	if n := last(); n != 0 {
+		t.Fatalf("twins %d before any beat was seen to move, want 0", n)
+	}
+	beat()
+	watch()
+	if n := last(); n != 1 {
+		t.Fatalf("twins %d with a live process under the same name (and one under another), want 1", n)
+	}
+	beat()
+	watch()
+	if n := last(); n != 1 {
+		t.Fatalf("twins %d while the twin goes on beating, want 1 (it is counted at every watch, not once)", n)
+	}
+	// The twin stops (killed): its beat stands still.
+	if err := other.Beat(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	watch()
+	if n := last(); n != 0 {
+		t.Fatalf("twins %d once the twin stopped beating, want 0", n)
+	}
+}
