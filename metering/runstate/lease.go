@@ -90,7 +90,8 @@ func (l *Leases) Release(ctx context.Context, runID string) error {
 	return nil
 }
 
-// Refresh writes every lease this process holds, in pipelines of refreshBatch. The heartbeat
+// Refresh writes every lease this process holds, in pipelines of refreshBatch sent together
+// (inBatches). The heartbeat
 // calls it; so may a caller that needs the keys written now.
 func (l *Leases) Refresh(ctx context.Context) error {
 	l.mu.Lock()
@@ -108,8 +109,8 @@ func (l *Leases) Refresh(ctx context.Context) error {
 	if err := leaseBeatScript.Load(ctx, l.rdb).Err(); err != nil {
 		return errors.Join(fmt.Errorf("refresh %d leases: %w", len(ids), err), l.dropReleasedAfter(ctx, ids, beat))
 	}
-	for start := 0; start < len(ids); start += refreshBatch {
-		batch := ids[start:min(start+refreshBatch, len(ids))]
+	err := inBatches(len(ids), func(start, end int) error {
+		batch := ids[start:end]
 		_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, id := range batch {
 				leaseBeatScript.EvalSha(ctx, p, []string{l.keys.Lease(id), l.keys.LeaseReleased(id)}, l.instance,
@@ -118,12 +119,12 @@ func (l *Leases) Refresh(ctx context.Context) error {
 			return nil
 		})
 		if err != nil {
-			err = fmt.Errorf("refresh %d leases: %w", len(batch), err)
-			// Some SETs may have landed: a run released meanwhile must still lose its key.
-			return errors.Join(err, l.dropReleasedAfter(ctx, ids, beat))
+			return fmt.Errorf("refresh %d leases: %w", len(batch), err)
 		}
-	}
-	return l.dropReleasedAfter(ctx, ids, beat)
+		return nil
+	})
+	// Some SETs of a failed beat may have landed: a run released meanwhile must still lose its key.
+	return errors.Join(err, l.dropReleasedAfter(ctx, ids, beat))
 }
 
 // nextBeat numbers a heartbeat: the clock's milliseconds, past the last beat's. A process
@@ -227,6 +228,34 @@ var leaseReleaseScript = redis.NewScript(leaseReleaseLua)
 // refreshBatch bounds one pipeline so a process with many streams sends several moderate
 // pipelines rather than one enormous one.
 const refreshBatch = 500
+
+// refreshParallel bounds the pipelines one beat has out at once (each takes a connection of
+// the pool).
+const refreshParallel = 8
+
+// inBatches calls send for each batch of refreshBatch of n items, [start, end), up to
+// refreshParallel at a time, and joins their errors; a batch that fails does not keep the
+// others from their beat. The batches go out together, not one after another: a beat has its
+// interval for all of them, and behind a Redis whose every reply comes late (a swapping host,
+// a slow fsync), one after another they ran past it with the later ones unsent — at every
+// beat the same calls' leases and reservations went unstamped, and lapsed while their
+// process lived. Together a beat costs the same round trips for 500 calls as for 4 000.
+func inBatches(n int, send func(start, end int) error) error {
+	batches := (n + refreshBatch - 1) / refreshBatch
+	errs := make([]error, batches)
+	slots := make(chan struct{}, refreshParallel)
+	var wg sync.WaitGroup
+	for i := range batches {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			errs[i] = send(i*refreshBatch, min((i+1)*refreshBatch, n))
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
 
 // heartbeat calls refresh every interval until ctx ends; a failed beat is logged, and the
 // next one tries again.

@@ -425,8 +425,8 @@ redis.call('HSET', KEYS[1], field, string.match(v, '^(%d+):') .. ':' .. now)
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 1`)
 
-// Refresh stamps every reservation this process holds, in pipelines of refreshBatch; a batch
-// that fails does not keep the others from their beat. It returns the calls, still served
+// Refresh stamps every reservation this process holds, in pipelines of refreshBatch sent
+// together (inBatches); a batch that fails does not keep the others from their beat. It returns the calls, still served
 // here, whose reservation was gone: dropped as stale by another call of the run.
 func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 	b.mu.Lock()
@@ -441,10 +441,10 @@ func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 	if err := touchScript.Load(ctx, b.rdb).Err(); err != nil {
 		return nil, fmt.Errorf("refresh %d run reservations: %w", len(calls), err)
 	}
+	var goneMu sync.Mutex
 	var gone []RunCallID
-	var errs []error
-	for start := 0; start < len(calls); start += refreshBatch {
-		batch := calls[start:min(start+refreshBatch, len(calls))]
+	err := inBatches(len(calls), func(start, end int) error {
+		batch := calls[start:end]
 		cmds, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, rc := range batch {
 				touchScript.EvalSha(ctx, p, []string{b.keys.RunBudget(rc.Run)}, rc.Call, b.maxCall.Milliseconds())
@@ -452,15 +452,17 @@ func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 			return nil
 		})
 		if err != nil {
-			errs = append(errs, fmt.Errorf("refresh %d run reservations: %w", len(batch), err))
-			continue
+			return fmt.Errorf("refresh %d run reservations: %w", len(batch), err)
 		}
+		goneMu.Lock()
+		defer goneMu.Unlock()
 		for i, cmd := range cmds {
 			if n, err := cmd.(*redis.Cmd).Int(); err == nil && n == 0 {
 				gone = append(gone, batch[i])
 			}
 		}
-	}
+		return nil
+	})
 	// A call released while its touch was on its way is gone too, and rightly. One still
 	// served here is reported once; it is still beaten (a touch finds nothing and writes
 	// nothing) until its call releases it.
@@ -473,7 +475,7 @@ func (b *RunBudget) Refresh(ctx context.Context) ([]RunCallID, error) {
 		}
 	}
 	b.mu.Unlock()
-	return lost, errors.Join(errs...)
+	return lost, err
 }
 
 // Beaten is the number of reservations this process beats: one whose call ended without

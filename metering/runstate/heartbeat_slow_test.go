@@ -1,0 +1,123 @@
+package runstate_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering/runstate"
+)
+
+// A heartbeat has until the next one's time (heartbeat_interval) for all its round trips, and a
+// process with more calls in flight than one pipeline takes (refreshBatch, 500) sends several.
+// Sent one after another, a Redis answering each a little late — every reply, not one — ran the
+// beat past its deadline with the later pipelines unsent, and since every beat stopped at the
+// same point, the calls beyond it were never stamped while their process was alive and
+// beating: their leases lapsed after lease_ttl (the reconciler then takes a call past its hold
+// for a killed one's), and their named runs' reservations went stale and were dropped by the
+// run's next call (the run's cap no longer counted them). The batches go out together: a beat
+// costs the same few round trips however many calls it stamps.
+
+// slowBeat is the setting of these tests: each reply slowBy late, a beat's time interval, and
+// enough calls for many pipelines, so that one after another they need far more than the
+// interval and together far less.
+const (
+	slowBy       = 300 * time.Millisecond
+	slowInterval = 3 * time.Second
+	slowCalls    = 6000
+)
+
+// TestLeaseBeatBehindASlowRedisWritesEveryLease: one beat, behind a Redis whose every reply is
+// slowBy late, writes the lease of each of slowCalls calls within its interval.
+func TestLeaseBeatBehindASlowRedisWritesEveryLease(t *testing.T) {
+	base, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	slow := &testenv.Slow{Min: slowBy, Max: slowBy}
+	opt := *base.Options()
+	opt.ContextTimeoutEnabled = true
+	opt.Dialer = slow.Dial
+	rdb := redisThroughOptions(t, &opt)
+
+	leases := runstate.NewLeases(rdb, keys, "process-slow", 3*slowInterval, slowInterval, zap.NewNop())
+	for i := range slowCalls {
+		leases.Acquire(fmt.Sprintf("r_slow_%d", i))
+	}
+	// One beat, as the heartbeat sends it: on a deadline of its interval.
+	ctx, cancel := context.WithTimeout(context.Background(), slowInterval)
+	err := leases.Refresh(ctx)
+	cancel()
+	if err != nil {
+		t.Errorf("a beat of %d leases behind replies %v late: %v", slowCalls, slowBy, err)
+	}
+	written := 0
+	for i := range slowCalls {
+		if base.Exists(context.Background(), keys.Lease(fmt.Sprintf("r_slow_%d", i))).Val() == 1 {
+			written++
+		}
+	}
+	if written != slowCalls {
+		t.Fatalf("one beat wrote %d of %d leases behind replies %v late, within its %v: the others lapse while their process lives",
+			written, slowCalls, slowBy, slowInterval)
+	}
+}
+
+// TestReservationBeatBehindASlowRedisStampsEveryReservation: one beat, behind a Redis whose every
+// reply is slowBy late, stamps each of slowCalls named-run reservations within its interval.
+func TestReservationBeatBehindASlowRedisStampsEveryReservation(t *testing.T) {
+	base, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	slow := &testenv.Slow{Min: slowBy, Max: slowBy}
+	slow.Off.Store(true)
+	opt := *base.Options()
+	opt.ContextTimeoutEnabled = true
+	opt.Dialer = slow.Dial
+	rdb := redisThroughOptions(t, &opt)
+
+	b := runstate.NewRunBudget(rdb, keys, time.Hour, time.Hour, 3*slowInterval)
+	ctx := context.Background()
+	for i := range slowCalls {
+		if _, err := b.Reserve(ctx, fmt.Sprintf("r_slow_%d", i%100), fmt.Sprintf("c_%d", i), 1_000_000_000, 1_000, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := map[string]string{}
+	for i := range 100 {
+		for f, v := range base.HGetAll(ctx, keys.RunBudget(fmt.Sprintf("r_slow_%d", i))).Val() {
+			before[fmt.Sprintf("%d/%s", i, f)] = v
+		}
+	}
+	time.Sleep(2 * time.Millisecond) // the stamps are Redis's milliseconds: a new one differs
+	slow.Off.Store(false)
+	bctx, cancel := context.WithTimeout(ctx, slowInterval)
+	lost, err := b.Refresh(bctx)
+	cancel()
+	if err != nil || len(lost) != 0 {
+		t.Errorf("a beat of %d reservations behind replies %v late: lost %d, %v", slowCalls, slowBy, len(lost), err)
+	}
+	slow.Off.Store(true)
+	stamped := 0
+	for i := range 100 {
+		for f, v := range base.HGetAll(ctx, keys.RunBudget(fmt.Sprintf("r_slow_%d", i))).Val() {
+			if old, ok := before[fmt.Sprintf("%d/%s", i, f)]; ok && len(f) > 2 && f[:2] == "c:" && v != old {
+				stamped++
+			}
+		}
+	}
+	if stamped != slowCalls {
+		t.Fatalf("one beat stamped %d of %d reservations behind replies %v late, within its %v: the others go stale while their calls run",
+			stamped, slowCalls, slowBy, slowInterval)
+	}
+}
+
+// redisThroughOptions is a client on opt, closed at the test's end.
+func redisThroughOptions(t *testing.T, opt *redis.Options) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
