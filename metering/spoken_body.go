@@ -12,13 +12,19 @@ import (
 // report that does not split out the audio then had it charged at the text price, where the
 // same answer read whole had its audio estimated and charged at the audio price (Result). A
 // SpokenBody measures that audio as the bytes go by, as Meter.Body does a whole answer's, in
-// a few KiB whatever its length.
+// a few KiB whatever its length. An answer read past to its end without a usage report was
+// charged its prompt's estimate alone, where the same answer read whole has its output
+// estimated from its text and audio: a SpokenBody counts that text too (OutputChars's
+// bytes), for the Meter to estimate when no report came (AddUnreported).
 
 // SpokenBody finds the spoken answers (choices[].message.audio.data) of a whole chat answer
 // written to it in pieces and measures each as Meter.Body does (spokenAnswer): a WAV or MP3
 // file by how long it plays, any other data as raw PCM. It keeps a few KiB of each, never the
-// audio. It reads JSON as gjson does a valid body; on one that is not, it measures what it
-// can (such an answer read whole is refused, never metered).
+// audio. It counts the bytes of the text openAIChoices counts as well: a message's content,
+// reasoning_content, reasoning and refusal, its tool calls' and function_call's arguments,
+// its audio's transcript, or a legacy completion's choices[].text. It reads JSON as gjson
+// does a valid body; on one that is not, it measures what it can (such an answer read whole
+// is refused, never metered).
 type SpokenBody struct {
 	started, done bool    // the first byte that is not space or a BOM was seen; the top value ended
 	bom           bool    // the leading BOM TrimBody trims was seen
@@ -36,22 +42,29 @@ type SpokenBody struct {
 	key             [spokenKeyLen]byte
 	keyLen          int // bytes of key gathered; past spokenKeyLen the key matches none
 	data            *spokenData
+	counting        bool // the string being read is text whose bytes count
+	completions     bool // a legacy completions answer: choices[].text is its text
 	pcmBytes        int64
 	clipMicros      int64
+	textBytes       int64
 }
 
-// spokenDepth is how deep the path to the audio data goes: the answer, choices, a choice, its
-// message, its audio. Deeper containers are counted, not followed.
-const spokenDepth = 5
+// spokenDepth is how deep the paths to the audio data and text go: the answer, choices, a
+// choice, its message, its tool calls, a tool call, its function (or its audio). Deeper
+// containers are counted, not followed.
+const spokenDepth = 7
 
-// spokenKeyLen bounds the keys a SpokenBody reads: the longest it looks for is "choices".
-const spokenKeyLen = 8
+// spokenKeyLen bounds the keys a SpokenBody reads: the longest it looks for is
+// "reasoning_content".
+const spokenKeyLen = 17
 
-// spokenFrame is an open container on the path to the audio data.
+// spokenFrame is an open container on the path to the audio data or the text.
 type spokenFrame struct {
 	obj, expectKey bool  // an object, and whether its next string is a key
 	role           uint8 // where it stands on the path to the audio data
-	sawMessage     bool  // a choice whose "message" key was seen: gjson's Get reads the first
+	// A key read once was seen (a choice's "message" or "text", a function's "arguments", a
+	// tool call's function holding "arguments"): gjson's Get reads the first.
+	sawFirst bool
 }
 
 // Where a value stands on the path to the audio data.
@@ -63,14 +76,21 @@ const (
 	roleMessage
 	roleAudio
 	roleData
+	roleText      // a string whose bytes are output text
+	roleToolCalls // a message's tool_calls
+	roleToolCall  // one of them
+	roleFunction  // a tool call's function, or a message's function_call: its arguments are text
 )
 
-// NewSpokenBody returns a SpokenBody for m's answers, or nil when Meter.Body counts no spoken
-// answer in m's format: it reads choices[].message.audio in the OpenAI formats but legacy
-// completions (an embeddings body is read as a chat one).
+// NewSpokenBody returns a SpokenBody for m's answers, or nil when it reads none of m's format:
+// it reads the OpenAI formats, as openAIChoices does (an embeddings body as a chat one), not
+// Anthropic's or the Responses API's, whose answers report their usage.
 func (m *Meter) NewSpokenBody() *SpokenBody {
-	if m.format == FormatChat || m.format == FormatEmbeddings {
+	switch m.format {
+	case FormatChat, FormatEmbeddings:
 		return &SpokenBody{}
+	case FormatCompletions:
+		return &SpokenBody{completions: true}
 	}
 	return nil
 }
@@ -85,6 +105,16 @@ func (m *Meter) AddSpoken(b *SpokenBody) {
 	m.clipMicros = min(m.clipMicros+b.clipMicros, maxAudioCount)
 }
 
+// AddUnreported counts the audio and the text b measured as the Meter counts a whole answer's,
+// for an answer read past without a usage report: its output is then the estimate of both.
+func (m *Meter) AddUnreported(b *SpokenBody) {
+	if b == nil {
+		return
+	}
+	m.AddSpoken(b)
+	m.res.OutputChars += b.textBytes
+}
+
 // Write reads the next piece of the answer; it never fails. A nil SpokenBody reads nothing.
 func (b *SpokenBody) Write(p []byte) (int, error) {
 	n := len(p)
@@ -97,6 +127,8 @@ func (b *SpokenBody) Write(p []byte) (int, error) {
 				j := plainRun(p[i:]) + i
 				if b.data != nil {
 					b.data.write(unsafeString(p[i:j]))
+				} else if b.counting {
+					b.textBytes += int64(j - i)
 				}
 				i = j - 1
 				continue
@@ -187,6 +219,9 @@ func (b *SpokenBody) structural(c byte) {
 	switch c {
 	case '{', '[':
 		role := b.valueStarts()
+		if role == roleText || role == roleData {
+			role = roleNone // text that is no string: none counts (strLen)
+		}
 		b.depth++
 		if f := b.top(); f != nil {
 			*f = spokenFrame{obj: c == '{', expectKey: c == '{', role: role}
@@ -210,8 +245,11 @@ func (b *SpokenBody) structural(c byte) {
 			b.keyLen = 0
 			return
 		}
-		if b.valueStarts() == roleData {
+		switch b.valueStarts() {
+		case roleData:
 			b.data = &spokenData{}
+		case roleText:
+			b.counting = true
 		}
 	case ':':
 		if f := b.top(); f != nil && f.obj {
@@ -229,37 +267,83 @@ func (b *SpokenBody) structural(c byte) {
 }
 
 // valueStarts returns the role of the value that starts here, and clears it: an element (or
-// value) of choices is a choice, a value is what its key made it (keyEnds).
+// value) of choices is a choice, of tool_calls a tool call, a value is what its key made it
+// (keyEnds).
 func (b *SpokenBody) valueStarts() uint8 {
 	role := b.pending
 	b.pending = roleNone
-	if f := b.top(); f != nil && f.role == roleChoices {
-		role = roleChoice // gjson's ForEach reads an object's values as an array's elements
+	if f := b.top(); f != nil {
+		// gjson's ForEach reads an object's values as an array's elements.
+		switch f.role {
+		case roleChoices:
+			role = roleChoice
+		case roleToolCalls:
+			role = roleToolCall
+		}
 	}
 	return role
 }
 
-// keyEnds sets what the value of the key just read is on the path to the audio data, as
-// openAIObject and openAIChoices read a whole answer: every "choices" of the answer, the
-// first "message" of a choice, every "audio" of a message and every "data" of an audio.
+// keyEnds sets what the value of the key just read is on the paths to the audio data and the
+// text, as openAIObject, openAIChoices and spokenAnswer read a whole answer: every "choices"
+// of the answer, the first "message" of a choice (its first "text" in a legacy completion),
+// every "audio" of a message and every "data" and "transcript" of an audio, every "content",
+// "reasoning_content", "reasoning", "refusal", "tool_calls" and "function_call" of a message,
+// the first "function" of a tool call and the first "arguments" of a function.
 func (b *SpokenBody) keyEnds() {
 	f := b.top()
 	if f == nil || b.keyLen > spokenKeyLen {
 		return
 	}
 	key := string(b.key[:b.keyLen])
-	switch {
-	case f.role == roleTop && key == "choices":
-		b.pending = roleChoices
-	case f.role == roleChoice && key == "message":
-		if !f.sawMessage {
-			b.pending = roleMessage
+	first := func(role uint8) {
+		if !f.sawFirst {
+			b.pending = role
 		}
-		f.sawMessage = true
-	case f.role == roleMessage && key == "audio":
-		b.pending = roleAudio
-	case f.role == roleAudio && key == "data":
-		b.pending = roleData
+		f.sawFirst = true
+	}
+	switch f.role {
+	case roleTop:
+		if key == "choices" {
+			b.pending = roleChoices
+		}
+	case roleChoice:
+		if b.completions && key == "text" {
+			first(roleText)
+		} else if !b.completions && key == "message" {
+			first(roleMessage)
+		}
+	case roleMessage:
+		switch key {
+		case "audio":
+			b.pending = roleAudio
+		case "content", "reasoning_content", "reasoning", "refusal":
+			b.pending = roleText
+		case "tool_calls":
+			b.pending = roleToolCalls
+		case "function_call":
+			b.pending = roleFunction
+		}
+	case roleAudio:
+		switch key {
+		case "data":
+			b.pending = roleData
+		case "transcript":
+			b.pending = roleText
+		}
+	case roleToolCall:
+		// tc.Get("function.arguments") reads the first "arguments" of the first "function"
+		// that is an object holding one: sawFirst, once one was.
+		if key == "function" && !f.sawFirst {
+			b.pending = roleFunction
+		}
+	case roleFunction:
+		if key == "arguments" {
+			first(roleText)
+			if b.depth >= 2 && b.frames[b.depth-2].role == roleToolCall {
+				b.frames[b.depth-2].sawFirst = true
+			}
+		}
 	}
 }
 
@@ -308,7 +392,7 @@ func (b *SpokenBody) stringByte(c byte) {
 	case c == '\\':
 		b.esc = 1
 	case c == '"':
-		b.inString = false
+		b.inString, b.counting = false, false
 		if b.isKey {
 			b.keyEnds()
 		} else if b.data != nil {
@@ -366,6 +450,8 @@ func (b *SpokenBody) text(c byte) {
 	case b.data != nil:
 		one := [1]byte{c}
 		b.data.write(string(one[:]))
+	case b.counting:
+		b.textBytes++
 	}
 }
 

@@ -131,7 +131,86 @@ func FuzzSpokenBody(f *testing.F) {
 		if pcm != wantPCM || us != wantUS {
 			t.Fatalf("in pieces: pcm %d, clips %d µs; read whole %d, %d", pcm, us, wantPCM, wantUS)
 		}
+		for _, f := range []Format{FormatChat, FormatCompletions} {
+			want := textWhole(f, body)
+			rng := rand.New(rand.NewPCG(uint64(seed), 1))
+			if got := textPieces(f, body, func() int { return rng.IntN(int(seed%64) + 2) }); got != want {
+				t.Fatalf("format %d in pieces: %d bytes of text; read whole %d", f, got, want)
+			}
+		}
 	})
+}
+
+// textCases are chat and completions answers whose text a SpokenBody must count as Meter.Body
+// does: every field openAIChoices reads, escapes, duplicate keys (gjson's Get reads the first,
+// ForEach every one), text that is no string, and text where it is not an answer's.
+func textCases() map[string]string {
+	return map[string]string{
+		"content":        `{"choices":[{"message":{"role":"assistant","content":"Hello there."}}]}`,
+		"every field":    `{"choices":[{"message":{"content":"a","reasoning_content":"bb","reasoning":"ccc","refusal":"dddd","audio":{"transcript":"eeeee","data":"AAAA"}}}]}`,
+		"escapes":        `{"choices":[{"message":{"content":"\u00e9\n\"\\\/\ud83d\ude00\ud83d x\udc00"}}]}`,
+		"tool calls":     `{"choices":[{"message":{"content":null,"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{\"a\":1}","arguments":"no"}},{"function":"x","function":["arguments"],"function":{"x":{"arguments":"no"}},"function":{"arguments":"yes"},"function":{"arguments":"no"}},{"function":{"arguments":{"a":1}},"function":{"arguments":"no"}}]}}]}`,
+		"function call":  `{"choices":[{"message":{"function_call":{"name":"f","arguments":"{}"},"function_call":{"arguments":"yes"}}}]}`,
+		"duplicates":     `{"choices":[{"message":{"content":"one","content":"two"},"message":{"content":"not read"}},{"message":{"content":"three"}}],"choices":[{"message":{"content":"four"}}]}`,
+		"choices object": `{"choices":{"a":{"message":{"content":"x"}},"b":{"message":{"tool_calls":{"t":{"function":{"arguments":"yz"}}}}}}}`,
+		"no strings":     `{"choices":[{"message":{"content":["x"],"refusal":{"a":"b"},"reasoning":12,"tool_calls":"x"}}]}`,
+		"elsewhere":      `{"x":{"choices":[{"message":{"content":"no"}}]},"choices":[{"delta":{"content":"no"},"logprobs":{"content":[{"token":"no"}]},"message":{"content":"yes","x":{"content":"no"}}}]}`,
+		"completions":    `{"choices":[{"text":"Hello","text":"no","index":0},{"text":"!"},{"text":{"a":"b"}}]}`,
+		"escaped keys":   `{"ch\u006fices":[{"m\u0065ssage":{"c\u006fntent":"x","reas\u006fning_content":"yy"},"t\u0065xt":"zzz"}]}`,
+	}
+}
+
+// textWhole is how many bytes of text Meter.Body counts of a whole answer in format f.
+func textWhole(f Format, body string) int64 {
+	m := NewMeter(f)
+	m.Body([]byte(body))
+	return m.Result().OutputChars
+}
+
+// textPieces is how many bytes of text a SpokenBody counts of the answer written in pieces.
+func textPieces(f Format, body string, sizes func() int) int64 {
+	m := NewMeter(f)
+	sb := m.NewSpokenBody()
+	for b := []byte(body); len(b) > 0; {
+		n := min(len(b), max(1, sizes()))
+		sb.Write(b[:n])
+		b = b[n:]
+	}
+	m.AddUnreported(sb)
+	return m.Result().OutputChars
+}
+
+// TestSpokenBodyCountsTextAsTheWholeAnswer: the text of an answer read past in pieces without
+// a usage report (one too large to relay) counts what the same answer read whole counts, in
+// the chat and legacy completions formats, however it is cut.
+func TestSpokenBodyCountsTextAsTheWholeAnswer(t *testing.T) {
+	cases := textCases()
+	for name, body := range spokenCases() {
+		cases["spoken "+name] = body
+	}
+	for name, body := range cases {
+		if !gjson.Valid(string(TrimBody([]byte(body)))) && name != "spoken not an object" {
+			t.Fatalf("%s: not valid JSON", name)
+		}
+		for _, f := range []Format{FormatChat, FormatCompletions} {
+			want := textWhole(f, body)
+			for _, size := range []int{1, 2, 5, 64, len(body)} {
+				if got := textPieces(f, body, func() int { return size }); got != want {
+					t.Errorf("%s (format %d) in pieces of %d: %d bytes of text; read whole %d", name, f, size, got, want)
+				}
+			}
+		}
+	}
+	// Not vacuous: the cases hold text of each kind.
+	for name, want := range map[string]int64{"every field": 15, "tool calls": 10, "function call": 5, "duplicates": 15, "completions": 6} {
+		f := FormatChat
+		if name == "completions" {
+			f = FormatCompletions
+		}
+		if got := textWhole(f, cases[name]); got != want {
+			t.Errorf("%s read whole: %d bytes of text, want %d", name, got, want)
+		}
+	}
 }
 
 // mp3MicrosBefore is the walk mp3Micros made before it was shared with SpokenBody: over a

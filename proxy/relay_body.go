@@ -387,7 +387,11 @@ const oversizeTail = 256 << 10
 // caller's schema shapes). The spoken answers read past are measured as they go by
 // (metering.SpokenBody), so that a report which does not say how much of the output was audio
 // has the audio charged at the audio price, as the same answer read whole would: charged the
-// report alone, it was charged at the text price. It returns how many bytes it read past head.
+// report alone, it was charged at the text price. An answer read to its end without a report
+// is charged as one read whole without one is: the prompt's estimate and its output's, from
+// the text and audio measured on the way (an OpenAI-format answer's: Anthropic's and the
+// Responses API's report their usage); charged the prompt's estimate alone, its output went
+// unbilled here and billed by the provider. It returns how many bytes it read past head.
 func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) int64 {
 	spoken := m.NewSpokenBody()
 	spoken.Write(head)
@@ -418,11 +422,11 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 	if len(tail) < oversizeTail {
 		tail = append(head[max(0, len(head)-(oversizeTail-len(tail))):len(head):len(head)], tail...)
 	}
+	whole := []byte(`{"x":0`) // a key the Meter reads in no format
 	usage := lastUsage(tail)
-	if !usage.IsObject() {
-		return read
+	if usage.IsObject() {
+		whole = append(append(whole, `,"usage":`...), usage.Raw...)
 	}
-	whole := []byte(`{"usage":` + usage.Raw)
 	model := gjson.GetBytes(head, "model")
 	if model.Type != gjson.String {
 		model = lastKey(tail, "model", '"') // an embeddings list names its model after its data
@@ -431,7 +435,11 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 		whole = append(append(whole, `,"model":`...), model.Raw...)
 	}
 	m.Body(append(whole, '}'))
-	m.AddSpoken(spoken)
+	if usage.IsObject() {
+		m.AddSpoken(spoken)
+	} else {
+		m.AddUnreported(spoken)
+	}
 	return read
 }
 
