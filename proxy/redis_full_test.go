@@ -27,19 +27,8 @@ func TestFullRedisRefusesWritesAndNothingIsChargedTwice(t *testing.T) {
 	h, full := newHarnessOnFullRedis(t)
 	ctx := context.Background()
 	u, key := h.user("standard")
-	refused := func(hdr map[string]string, status int, code string) {
-		t.Helper()
-		calls := h.fake.Calls()
-		a := send(h.gw.URL, key, chatBody, hdr)
-		if a.status != status || errorCode(t, a.body) != code {
-			t.Fatalf("%v with Redis full: %d %s, want %d %s", hdr, a.status, a.body, status, code)
-		}
-		if h.fake.Calls() != calls {
-			t.Fatalf("%v: refused %s, but the upstream was called", hdr, code)
-		}
-	}
-	refused(nil, 503, "dedup_unavailable")
-	refused(map[string]string{"X-Run-Id": "agent-1"}, 503, "billing_unavailable")
+	refusedUnforwarded(t, h, key, "with Redis full", nil, 503, "dedup_unavailable")
+	refusedUnforwarded(t, h, key, "with Redis full", map[string]string{"X-Run-Id": "agent-1"}, 503, "billing_unavailable")
 
 	idem := map[string]string{"Idempotency-Key": "full-1"}
 	first := send(h.gw.URL, key, chatBody, idem)
@@ -51,7 +40,7 @@ func TestFullRedisRefusesWritesAndNothingIsChargedTwice(t *testing.T) {
 	// finds the hold running and is told 409 request_in_progress (retry), after it the row the
 	// record stands in for.
 	h.waitSettled(runID, 10*time.Second, "its answer ended")
-	refused(idem, 409, "idempotent_response_lost")
+	refusedUnforwarded(t, h, key, "with Redis full", idem, 409, "idempotent_response_lost")
 
 	// Room again: the retry is still not run, and the call is charged once.
 	iter := full.Scan(ctx, 0, "junk:*", 1000).Iterator()
@@ -63,7 +52,7 @@ func TestFullRedisRefusesWritesAndNothingIsChargedTwice(t *testing.T) {
 	if err := iter.Err(); err != nil {
 		t.Fatal(err)
 	}
-	refused(idem, 409, "idempotent_response_lost")
+	refusedUnforwarded(t, h, key, "with Redis full", idem, 409, "idempotent_response_lost")
 	h.settled()
 	var charged []string
 	for _, r := range h.holdsOf(u.ID) {
@@ -124,5 +113,19 @@ func TestReadyzSaysWhenRedisRefusesWrites(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"redis":"unavailable"`) ||
 		!strings.Contains(string(body), `"mysql":"ok"`) {
 		t.Fatalf("/readyz with Redis full: %d %s, want 503 naming Redis alone", resp.StatusCode, body)
+	}
+}
+
+// refusedUnforwarded sends chatBody with hdr and wants it refused status code without the
+// upstream being called; when says what Redis was doing.
+func refusedUnforwarded(t *testing.T, h *harness, key, when string, hdr map[string]string, status int, code string) {
+	t.Helper()
+	calls := h.fake.Calls()
+	a := send(h.gw.URL, key, chatBody, hdr)
+	if a.status != status || errorCode(t, a.body) != code {
+		t.Fatalf("%v %s: %d %s, want %d %s", hdr, when, a.status, a.body, status, code)
+	}
+	if h.fake.Calls() != calls {
+		t.Fatalf("%v: refused %s, but the upstream was called", hdr, code)
 	}
 }

@@ -99,20 +99,9 @@ func refusingRedisChargesOnce(t *testing.T, h *harness, m writeRefuser) {
 	defer runResp.Body.Close()
 	m.fail(t)
 
-	refused := func(hdr map[string]string, status int, code string) {
-		t.Helper()
-		calls := h.fake.Calls()
-		a := send(h.gw.URL, key, chatBody, hdr)
-		if a.status != status || errorCode(t, a.body) != code {
-			t.Fatalf("%v refusing writes: %d %s, want %d %s", hdr, a.status, a.body, status, code)
-		}
-		if h.fake.Calls() != calls {
-			t.Fatalf("%v: refused %s, but the upstream was called", hdr, code)
-		}
-	}
-	refused(nil, 503, "dedup_unavailable")
-	refused(map[string]string{"X-Run-Id": "agent-2"}, 503, "billing_unavailable")
-	refused(map[string]string{"X-Run-Id": "agent-m"}, 503, "billing_unavailable")
+	refusedUnforwarded(t, h, key, "refusing writes", nil, 503, "dedup_unavailable")
+	refusedUnforwarded(t, h, key, "refusing writes", map[string]string{"X-Run-Id": "agent-2"}, 503, "billing_unavailable")
+	refusedUnforwarded(t, h, key, "refusing writes", map[string]string{"X-Run-Id": "agent-m"}, 503, "billing_unavailable")
 
 	for _, rd := range []*bufio.Reader{plainRd, runRd} {
 		rest, err := io.ReadAll(rd)
@@ -139,7 +128,7 @@ func refusingRedisChargesOnce(t *testing.T, h *harness, m writeRefuser) {
 	}
 	idemID := first.header.Get(proxy.RunIDHeader)
 	h.waitSettled(idemID, 10*time.Second, "its answer ended")
-	refused(idem, 409, "idempotent_response_lost")
+	refusedUnforwarded(t, h, key, "refusing writes", idem, 409, "idempotent_response_lost")
 
 	resp, err := http.Get(h.gw.URL + "/readyz")
 	if err != nil {
@@ -155,7 +144,7 @@ func refusingRedisChargesOnce(t *testing.T, h *harness, m writeRefuser) {
 	if a := send(h.gw.URL, key, chatBody, nil); a.status != 200 {
 		t.Fatalf("a call once Redis writes again: %d %s", a.status, a.body)
 	}
-	refused(idem, 409, "idempotent_response_lost")
+	refusedUnforwarded(t, h, key, "refusing writes", idem, 409, "idempotent_response_lost")
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		status, out := h.settleRun(key, "agent-m")
