@@ -144,7 +144,8 @@ func (c *Config) checkHoldTimes(bad complain) {
 		// A run settled on request is closed to new calls for the longest a call may live
 		// (this sum); its settlement, retries included, must commit before that mark lapses, or
 		// a call started after it would be left out of the charge. A settlement that shares its
-		// batch with an admission waits for it up to admit_timeout, then up to settle_timeout
+		// batch with an admission waits for it up to admit_timeout (the earliest deadline of
+		// the batch's admissions, each at most admit_timeout away), then up to settle_timeout
 		// for its retry alone (holds.Writer), and a script of writes and COMMIT sent just before
 		// that deadline is waited for past it, up to the driver's read timeout: its outcome
 		// must be learnt, not abandoned.

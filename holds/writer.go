@@ -39,8 +39,10 @@ type WriterConfig struct {
 	Workers  int // concurrent batch transactions; default 4
 	MaxBatch int // items per transaction; default 128, at most MaxBatch
 	Queue    int // items waiting for a batch; default 4096
-	// AdmitTimeout bounds a batch with an admission in it, retries included: a caller waits
-	// for it. SettleTimeout bounds a batch of settlements alone.
+	// AdmitTimeout bounds an admission from its offer to its answer, its wait for a worker
+	// and its batch's transaction (retries included) together: a caller waits for it. A batch
+	// runs under the earliest deadline of the admissions it carries. SettleTimeout bounds a
+	// batch of settlements alone.
 	AdmitTimeout  time.Duration
 	SettleTimeout time.Duration
 	// Linger is how long settlements wait for an admission to share their transaction; 0: none.
@@ -62,6 +64,9 @@ type BatchShape struct {
 	// wait into the writer's share and the database's.
 	Took       time.Duration
 	AdmitWaits []time.Duration
+	// Deadline is the one the transaction ran under (its COMMIT, once sent, is waited for
+	// past it, up to the driver's read timeout).
+	Deadline time.Time
 }
 
 // NewWriter starts a writer's dispatcher and workers; Close stops them.
@@ -82,20 +87,25 @@ func NewWriter(store *Store, cfg WriterConfig) *Writer {
 	return w
 }
 
-// Admit takes req's hold in the next batch. The caller waits for a place in the queue and for
-// a worker to take it at most AdmitTimeout, or until ctx ends, and is then told
-// ErrAdmitNotStarted: nothing was held. Once a worker has taken it, it waits for the batch
-// whatever ctx says (a batch is bounded by AdmitTimeout, its closing script by the driver's
-// read timeout): a caller that left early must still learn of a hold its batch committed, so
-// that it releases it rather than leave it to the reconciler, which would charge it.
+// Admit takes req's hold in the next batch, within AdmitTimeout of this call: its deadline.
+// The caller waits for a place in the queue and for a worker to take it until that deadline,
+// or until ctx ends, and is then told ErrAdmitNotStarted: nothing was held; so it is when a
+// worker finds too little of it left to start (see commit). Once a worker has taken it, it
+// waits for the batch whatever ctx says: the batch runs under this admission's deadline (or a
+// batch-mate's earlier one), and only its closing script, once sent, is waited for past it, up
+// to the driver's read timeout. A caller that left early must still learn of a hold its batch
+// committed, so that it releases it rather than leave it to the reconciler, which would charge
+// it. The batch used to get AdmitTimeout of its own from when a worker took it, so an
+// admission that queued behind a stalled batch waited up to twice AdmitTimeout.
 func (w *Writer) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
-	wait := time.NewTimer(w.cfg.AdmitTimeout)
+	deadline := time.Now().Add(w.cfg.AdmitTimeout)
+	wait := time.NewTimer(time.Until(deadline))
 	defer wait.Stop()
 	if w.cfg.ServedBy != nil {
 		req.ServedBy = w.cfg.ServedBy()
 	}
-	it := writeItem{admit: &req, taken: new(atomic.Int32)}
-	qctx, cancel := context.WithTimeout(ctx, w.cfg.AdmitTimeout)
+	it := writeItem{admit: &req, taken: new(atomic.Int32), deadline: deadline}
+	qctx, cancel := context.WithDeadline(ctx, deadline)
 	out, err := w.offer(qctx, it)
 	cancel()
 	if err != nil {
@@ -160,6 +170,9 @@ type writeItem struct {
 	taken *atomic.Int32
 	// queued is when the item was offered.
 	queued time.Time
+	// deadline, for an admission, is when its caller's AdmitTimeout ends: its batch's
+	// transaction runs under it.
+	deadline time.Time
 }
 
 const (
@@ -259,14 +272,35 @@ func (w *Writer) runWorker() {
 }
 
 // commit runs one batch and answers its items; admissions their callers withdrew are
-// dropped unstarted. If a batch with admissions fails as a whole
-// (the database stayed unreachable for AdmitTimeout), its admissions are answered at once and
+// dropped unstarted, and so are those with less than a tenth of AdmitTimeout left (answered
+// ErrAdmitNotStarted, nothing held): the batch runs under the earliest deadline of the
+// admissions it carries, and one with a moment left would fail its batch-mates with it — under
+// load, when admissions queue longest, every batch. If a batch with admissions fails as a whole
+// (the database stayed unreachable until that deadline), its admissions are answered at once and
 // its settlements are tried again alone under their own, longer deadline: an admission's
 // deadline must not cut a settlement's, nor a settlement's retries keep a caller waiting.
 func (w *Writer) commit(batch []writeItem) {
+	start := time.Now()
+	minLeft := w.cfg.AdmitTimeout / minAdmitLeftDiv
+	deadline := start.Add(w.cfg.SettleTimeout)
+	admits := false
 	taken := batch[:0:0]
 	for _, it := range batch {
-		if it.admit == nil || it.taken.CompareAndSwap(itemQueued, itemTaken) {
+		if it.admit == nil {
+			taken = append(taken, it)
+			continue
+		}
+		if left := it.deadline.Sub(start); left < minLeft {
+			if it.taken.CompareAndSwap(itemQueued, itemWithdrawn) {
+				it.out <- writeOutcome{err: fmt.Errorf("%w (%v of its %v left to start a batch)", ErrAdmitNotStarted, left.Round(time.Millisecond), w.cfg.AdmitTimeout)}
+			}
+			continue
+		}
+		if it.taken.CompareAndSwap(itemQueued, itemTaken) {
+			if !admits || it.deadline.Before(deadline) {
+				deadline = it.deadline
+			}
+			admits = true
 			taken = append(taken, it)
 		}
 	}
@@ -274,7 +308,6 @@ func (w *Writer) commit(batch []writeItem) {
 	if len(batch) == 0 {
 		return
 	}
-	start := time.Now()
 	var sts []Settlement
 	var reqs []AdmitRequest
 	var waits []time.Duration
@@ -294,14 +327,10 @@ func (w *Writer) commit(batch []writeItem) {
 			reqs = append(reqs, *it.admit)
 		}
 	}
-	timeout := w.cfg.SettleTimeout
-	if len(reqs) > 0 {
-		timeout = w.cfg.AdmitTimeout
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	settled, admitted, err := w.store.WriteBatch(ctx, sts, reqs)
 	cancel()
-	w.observe(BatchShape{Settlements: len(sts), Admissions: len(reqs), Err: err, Took: time.Since(start), AdmitWaits: waits})
+	w.observe(BatchShape{Settlements: len(sts), Admissions: len(reqs), Err: err, Took: time.Since(start), AdmitWaits: waits, Deadline: deadline})
 	answerAdmissions(batch, admitted, err)
 	if err != nil && len(sts) > 0 && len(reqs) > 0 {
 		// The first batch's settlement writes may have committed unanswered (ErrOutcomeUnknown):
@@ -319,6 +348,10 @@ func (w *Writer) commit(batch []writeItem) {
 	}
 	answerSettlements(batch, settled, err)
 }
+
+// minAdmitLeftDiv: an admission with less than AdmitTimeout/minAdmitLeftDiv left when a worker
+// takes its batch is not started (see commit).
+const minAdmitLeftDiv = 10
 
 func (w *Writer) observe(b BatchShape) {
 	if w.cfg.OnBatch != nil {
