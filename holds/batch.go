@@ -69,9 +69,16 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	// got through). Its caller must not act as if nothing was charged: a run settled on
 	// request stays closed to new calls (see proxy.settleRun).
 	settleSent := false
-	err = s.withRetry(ctx, what, func() error {
+	// A batch of settlements alone refused for want of room waits for it (outOfRoomError), if
+	// its writer has a room slot free (roomWait).
+	var room roomWait
+	defer room.release()
+	err = s.withRetryLogged(ctx, what, []zap.Field{zap.Strings("run_ids", batchRuns(sts, reqs))}, func() error {
 		var err error
 		settled, admitted, err = s.tryWriteBatch(ctx, plan, sts, tokens, settleUsers, reqs, sent, &settleSent)
+		if len(reqs) == 0 && isOutOfRoom(err) && room.take(ctx) {
+			err = &outOfRoomError{err: err}
+		}
 		return err
 	})
 	if err != nil {
@@ -534,4 +541,16 @@ func batchName(sts []Settlement, reqs []AdmitRequest) string {
 		first = reqs[0].RunID
 	}
 	return fmt.Sprintf("batch of %d settlements, %d admissions (first %s)", len(sts), len(reqs), first)
+}
+
+// batchRuns is the run ids of a batch, settlements first, for its retry logs.
+func batchRuns(sts []Settlement, reqs []AdmitRequest) []string {
+	runs := make([]string, 0, len(sts)+len(reqs))
+	for _, st := range sts {
+		runs = append(runs, st.RunID)
+	}
+	for _, r := range reqs {
+		runs = append(runs, r.RunID)
+	}
+	return runs
 }

@@ -208,9 +208,38 @@ type readOnlyError struct{ err error }
 func (e *readOnlyError) Error() string { return e.err.Error() }
 func (e *readOnlyError) Unwrap() error { return e.err }
 
+// Server errors that refuse a write for want of room on the database's disk: a table that must
+// grow (a new row, or a row that outgrows its page) on a full file system, 1114 at once on
+// MariaDB 10.11; 1021 where the server reports the full disk rather than waiting for room.
+const (
+	errDiskFull  = 1021 // ER_DISK_FULL
+	errTableFull = 1114 // ER_RECORD_FILE_FULL: "The table … is full"
+)
+
+// isOutOfRoom is a statement refused for want of room on the database's disk.
+func isOutOfRoom(err error) bool {
+	n := mysqlErrNumber(err)
+	return n == errDiskFull || n == errTableFull
+}
+
+// outOfRoomError is the error of a batch of settlements alone whose statement the server
+// refused for want of room (isOutOfRoom). The batch is tried again, as if the database were
+// out of reach, until its deadline (settle_timeout): the refused statement stopped the
+// script before its COMMIT, so nothing of the attempt committed (like readOnlyError, it never
+// counts as unanswered), and a settlement resent finds its row as the refused attempt left it.
+// Failed at once, each settlement on a full disk left its hold reserved until its expiry and
+// its charge to the reconciler's figures, for a disk an operator frees in a minute. A batch
+// with admissions is not so marked: an admission waits for no room (it is refused 503 at once,
+// nothing held), and the Writer tries the batch's settlements again alone.
+type outOfRoomError struct{ err error }
+
+func (e *outOfRoomError) Error() string { return e.err.Error() }
+func (e *outOfRoomError) Unwrap() error { return e.err }
+
 // isUnavailable is the database out of reach, or a batch's statement it ended for a reason of
-// its own (serverEndedError), or any statement it refused for taking no writes (isReadOnly), as
-// opposed to a query it refused for what the query is. A refusal read_only is retried by
+// its own (serverEndedError), or any statement it refused for taking no writes (isReadOnly), or
+// a batch of settlements it refused for want of room (outOfRoomError), as opposed to a query it
+// refused for what the query is. A refusal read_only is retried by
 // withRetry like an outage, in every transaction of the store, not batches alone: a grant, a
 // session's claim, a key's revocation. Failed at once, a failover's switch of seconds refused
 // them (the admin API answered 500), while the admissions around them waited it out; and since
@@ -223,8 +252,10 @@ func isUnavailable(err error) bool {
 	var oe *net.OpError
 	var se *serverEndedError
 	var ro *readOnlyError
+	var room *outOfRoomError
 	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
-		errors.As(err, &oe) || errors.As(err, &ne) || errors.As(err, &se) || errors.As(err, &ro) || isReadOnly(err)
+		errors.As(err, &oe) || errors.As(err, &ne) || errors.As(err, &se) || errors.As(err, &ro) || isReadOnly(err) ||
+		errors.As(err, &room)
 }
 
 // IsUnavailable reports whether err means MySQL could not be reached, ended a batch's

@@ -142,8 +142,9 @@ func (s *Store) OnSettled(h SettledHook) { s.onSettled = h }
 
 // RetryPolicy bounds how hard a money transaction tries. Deadlocks and lock timeouts are
 // retried at once (the other transaction has finished), at most MaxConflictRetries times; an
-// unreachable server is retried with backoff (InitialBackoff, doubling up to MaxBackoff) until
-// the caller's context ends, after which settlement is left to the reconciler.
+// unreachable server (or one refusing a batch of settlements for want of room: outOfRoomError)
+// is retried with backoff (InitialBackoff, doubling up to MaxBackoff) until the caller's
+// context ends, after which settlement is left to the reconciler.
 type RetryPolicy struct {
 	MaxConflictRetries int
 	InitialBackoff     time.Duration
@@ -229,6 +230,11 @@ func (s *Store) inTx(ctx context.Context, what string, fn func(tx *sqlx.Tx) erro
 // transactions too: a statement, a few, a read-only transaction of try's own, a batch
 // (WriteBatch). try must be safe to run again from the start.
 func (s *Store) withRetry(ctx context.Context, what string, try func() error) error {
+	return s.withRetryLogged(ctx, what, nil, try)
+}
+
+// withRetryLogged is withRetry whose retry logs carry fields too (a batch's run ids).
+func (s *Store) withRetryLogged(ctx context.Context, what string, fields []zap.Field, try func() error) error {
 	backoff := s.retry.InitialBackoff
 	conflicts := 0
 	for attempt := 1; ; attempt++ {
@@ -239,7 +245,8 @@ func (s *Store) withRetry(ctx context.Context, what string, try func() error) er
 		switch {
 		case isConflict(err) && conflicts < s.retry.MaxConflictRetries:
 			conflicts++
-			s.log.Debug("transaction conflict, retrying", zap.String("op", what), zap.Int("attempt", attempt), zap.Error(err))
+			s.log.Debug("transaction conflict, retrying", append([]zap.Field{zap.String("op", what), zap.Int("attempt", attempt),
+				zap.Error(err)}, fields...)...)
 			continue
 		case isUnavailable(err) && ctx.Err() == nil:
 			if isReadOnly(err) {
@@ -247,8 +254,12 @@ func (s *Store) withRetry(ctx context.Context, what string, try func() error) er
 				// so the next try dials anew (dropReadOnly), not meet the demoted server again.
 				s.closeIdle()
 			}
-			s.log.Warn("database unavailable, retrying", zap.String("op", what), zap.Int("attempt", attempt),
-				zap.Duration("backoff", backoff), zap.Error(err))
+			msg := "database unavailable, retrying"
+			if isOutOfRoom(err) {
+				msg = "database disk full, retrying"
+			}
+			s.log.Warn(msg, append([]zap.Field{zap.String("op", what), zap.Int("attempt", attempt),
+				zap.Duration("backoff", backoff), zap.Error(err)}, fields...)...)
 			select {
 			case <-ctx.Done():
 				return fmt.Errorf("%w (gave up: %v)", err, ctx.Err()) // callers name the operation

@@ -28,6 +28,8 @@ type Writer struct {
 	wg    sync.WaitGroup
 	// gathered counts items the dispatcher holds that no worker has taken yet.
 	gathered atomic.Int64
+	// rooms are the room slots of its batches (roomWait).
+	rooms roomSlots
 
 	// mu guards sending on in against Close closing it.
 	mu     sync.RWMutex
@@ -78,7 +80,8 @@ func NewWriter(store *Store, cfg WriterConfig) *Writer {
 	if cfg.Linger < 0 || cfg.Linger >= cfg.SettleTimeout {
 		panic(fmt.Sprintf("holds: writer linger %v out of [0, settle timeout %v)", cfg.Linger, cfg.SettleTimeout))
 	}
-	w := &Writer{store: store, cfg: cfg, in: make(chan writeItem, cfg.Queue), work: make(chan []writeItem)}
+	w := &Writer{store: store, cfg: cfg, in: make(chan writeItem, cfg.Queue), work: make(chan []writeItem),
+		rooms: make(roomSlots, max(1, cfg.Workers-1))}
 	w.wg.Add(1 + cfg.Workers)
 	go w.dispatch()
 	for range cfg.Workers {
@@ -327,7 +330,7 @@ func (w *Writer) commit(batch []writeItem) {
 			reqs = append(reqs, *it.admit)
 		}
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := context.WithDeadline(w.withRooms(context.Background()), deadline)
 	settled, admitted, err := w.store.WriteBatch(ctx, sts, reqs)
 	cancel()
 	w.observe(BatchShape{Settlements: len(sts), Admissions: len(reqs), Err: err, Took: time.Since(start), AdmitWaits: waits, Deadline: deadline})
@@ -337,7 +340,7 @@ func (w *Writer) commit(batch []writeItem) {
 		// a retry that fails too never found out, and its own error must not tell the callers
 		// that nothing was charged.
 		mayHaveSettled := errors.Is(err, ErrOutcomeUnknown)
-		ctx, cancel = context.WithTimeout(context.Background(), w.cfg.SettleTimeout)
+		ctx, cancel = context.WithTimeout(w.withRooms(context.Background()), w.cfg.SettleTimeout)
 		again := time.Now()
 		settled, _, err = w.store.WriteBatch(ctx, sts, nil)
 		cancel()
@@ -352,6 +355,58 @@ func (w *Writer) commit(batch []writeItem) {
 // minAdmitLeftDiv: an admission with less than AdmitTimeout/minAdmitLeftDiv left when a worker
 // takes its batch is not started (see commit).
 const minAdmitLeftDiv = 10
+
+// roomSlots bounds how many of a Writer's batches wait for room on a full disk at once
+// (outOfRoomError): one fewer than its workers, at least one. A batch waits up to
+// settle_timeout, holding its worker; were every worker so held, the writer would take
+// nothing else meanwhile — neither a named run's later call, which changes its row in place
+// and goes on while its page has room, nor a settlement that fits where it is. A batch refused
+// so when every slot is taken fails at once, as every such batch did before: its holds are
+// left to the reconciler.
+type roomSlots chan struct{}
+
+type roomSlotsKey struct{}
+
+// withRooms gives ctx the writer's room slots, for its batches.
+func (w *Writer) withRooms(ctx context.Context) context.Context {
+	return context.WithValue(ctx, roomSlotsKey{}, w.rooms)
+}
+
+// roomWait is a batch's claim to wait for room on a full disk.
+type roomWait struct {
+	slots roomSlots // the slot taken, if one was; nil: none, or no writer's
+	held  bool
+}
+
+// take claims the wait for the batch whose ctx it is, at its first refusal for want of room,
+// and reports whether it holds it: always for a batch of no writer's (a store's caller waits
+// alone, as it would for a database out of reach), else if one of its writer's room slots is
+// free.
+func (r *roomWait) take(ctx context.Context) bool {
+	if r.held {
+		return true
+	}
+	slots, ok := ctx.Value(roomSlotsKey{}).(roomSlots)
+	if !ok {
+		r.held = true
+		return true
+	}
+	select {
+	case slots <- struct{}{}:
+		r.slots, r.held = slots, true
+		return true
+	default:
+		return false
+	}
+}
+
+// release gives back the slot the batch took, if it took one.
+func (r *roomWait) release() {
+	if r.slots != nil {
+		<-r.slots
+		r.slots = nil
+	}
+}
 
 func (w *Writer) observe(b BatchShape) {
 	if w.cfg.OnBatch != nil {

@@ -2,12 +2,9 @@ package proxy_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,20 +23,12 @@ import (
 // billing_unavailable, a refused one with nothing forwarded and nothing held; a named run
 // admitted before goes on; and once there is room again an Idempotency-Key call refused so
 // runs on retry, and every call answered is charged its price once (a settlement the full disk
-// refused is left to the reconciler, which settles it from its tally).
+// refused is tried again until there is room, within settle_timeout, or, when the writer's room
+// slots are taken, left to the reconciler, which settles it from its tally).
 func TestAdmissionOnAFullDiskIs503AndChargesOnce(t *testing.T) {
-	dir := smallFileSystem(t, "1m")
+	dir := testenv.SmallFileSystem(t, "1m")
 	db := testenv.MySQL(t)
-	var name, create string
-	if err := db.QueryRow("SHOW CREATE TABLE run_holds").Scan(&name, &create); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec("DROP TABLE run_holds"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(create + " DATA DIRECTORY='" + dir + "'"); err != nil {
-		t.Fatalf("run_holds on the small file system: %v", err)
-	}
+	testenv.TableOn(t, db, "run_holds", dir)
 	h := newHarnessOn(t, harnessSetup{db: db}, nil)
 	u, key := h.user("standard")
 	control := send(h.gw.URL, key, chatBody, nil)
@@ -52,7 +41,7 @@ func TestAdmissionOnAFullDiskIs503AndChargesOnce(t *testing.T) {
 	}
 
 	filler := filepath.Join(dir, "filler")
-	fill(t, filler)
+	testenv.Fill(t, filler)
 	answered := 1
 	var refusedIdem string
 	for i := 0; refusedIdem == ""; i++ {
@@ -92,7 +81,8 @@ func TestAdmissionOnAFullDiskIs503AndChargesOnce(t *testing.T) {
 		t.Fatalf("named run's settle: %d %s", status, out)
 	}
 	h.settled()
-	// A settlement the full disk refused waits for its hold's expiry and the reconciler.
+	// A settlement the full disk refused while the writer's room slots were taken waits for its
+	// hold's expiry and the reconciler.
 	if _, err := h.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE user_id = ? AND state <> 'settled'", u.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -114,51 +104,6 @@ func TestAdmissionOnAFullDiskIs503AndChargesOnce(t *testing.T) {
 	for _, r := range plain {
 		if r.State != string(holds.StateSettled) || r.Charged != want {
 			t.Errorf("a call answered 200: %s charged %d, want settled at %d", r.State, r.Charged, want)
-		}
-	}
-}
-
-// smallFileSystem mounts a tmpfs of size at a directory of the test's own and unmounts it at
-// cleanup: a disk that fills. It needs root, which the suite's machines and CI run as.
-func smallFileSystem(t *testing.T, size string) string {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("mounting a small file system needs root: run the tests as root, as `make test` and CI do")
-	}
-	dir, err := os.MkdirTemp("", "tgfull")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0777"); err != nil {
-		os.Remove(dir)
-		t.Fatalf("mount a %s tmpfs at %s: %v", size, dir, err)
-	}
-	t.Cleanup(func() {
-		// Lazily: the database's cleanup (registered after, so run before) drops the table
-		// first; a file the server still holds open must not fail the test.
-		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-		os.Remove(dir)
-	})
-	return dir
-}
-
-// fill writes path until its file system has no room left.
-func fill(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	chunk := make([]byte, 4096)
-	for {
-		if _, err := f.Write(chunk); err != nil {
-			if errors.Is(err, syscall.ENOSPC) || strings.Contains(err.Error(), "no space") {
-				return
-			}
-			t.Fatal(err)
 		}
 	}
 }
