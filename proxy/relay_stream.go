@@ -76,9 +76,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		if !relayed {
 			continue
 		}
-		if errorEnds {
+		if sr.sawError {
 			// The provider's error event may echo the operator's key and word its account's
-			// ids, as its error answers may (redactKey, redactAccountIDs).
+			// ids, as its error answers may (redactKey, redactAccountIDs); so may what follows
+			// it (the Responses API's response.failed repeats the error's words). Only the
+			// error event was redacted, and response.failed quoted the key to the caller.
 			raw = redactAccountIDs(redactKey(raw, c.req.upstream.APIKey), resp.Header)
 		}
 		if !sr.sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {

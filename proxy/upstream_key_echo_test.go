@@ -69,3 +69,42 @@ func TestAnthropicUpstreamKeyEchoIsRedacted(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamKeyEchoAfterTheErrorEventIsRedacted: a Responses stream ends with the provider's
+// error event and then response.failed, which repeats the error's words (response.error). Both
+// may echo the operator's key (a router that quotes the request's Authorization in its errors):
+// the first event was redacted, the second relayed as sent, so the caller read the key in it —
+// in a plain call and in a named run's (whose end is held until the call is tallied).
+func TestStreamKeyEchoAfterTheErrorEventIsRedacted(t *testing.T) {
+	const opKey = "sk-proj-operatorsecret0123456789abcdef"
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n")
+		fmt.Fprintf(w, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"server_error\",\"code\":\"server_error\",\"message\":\"key %s refused\"}}\n\n", auth)
+		fmt.Fprintf(w, "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"key %s refused\"},\"usage\":null}}\n\n", auth)
+	}))
+	t.Cleanup(echo.Close)
+	core, logs := observer.New(zapcore.DebugLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "resp", Kind: "openai", BaseURL: echo.URL, APIKey: opKey, Models: []string{"*"}}}
+	})
+	_, key := h.user("standard")
+	for name, hdr := range map[string]map[string]string{"plain": nil, "named run": {"X-Run-Id": "run-echo-1"}} {
+		resp := h.post(key, "/v1/responses", `{"model":"fake-gpt","input":"hi","stream":true}`, hdr)
+		b := readAll(t, resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), "operatorsecret") {
+			t.Errorf("%s: the stream names the operator's key after its error event:\n%s", name, b)
+		}
+		if !strings.Contains(string(b), "response.failed") {
+			t.Errorf("%s: the stream lacks response.failed:\n%s", name, b)
+		}
+	}
+	h.settled()
+	for _, e := range logs.All() {
+		if line := fmt.Sprint(e.Message, e.ContextMap()); strings.Contains(line, "operatorsecret") {
+			t.Errorf("a log line holds the operator's key: %s", line)
+		}
+	}
+}
