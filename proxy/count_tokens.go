@@ -106,6 +106,7 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 		return e.Status
 	}
 	defer resp.Body.Close()
+	redactHeaderKey(resp.Header, m.upstream.APIKey) // relayed with the count, as a model call's
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return s.relayUpstreamError(w, r, resp, m.upstream, log, "token count refused")
 	}

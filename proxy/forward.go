@@ -24,6 +24,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 		return status
 	}
 	defer resp.Body.Close()
+	// Whatever of the answer's headers quotes the operator's key is left out of all that
+	// follows: the headers relayed, recorded and logged.
+	redactHeaderKey(resp.Header, c.req.upstream.APIKey)
 	// The provider's id of the call goes with every answer to it, the gateway's own errors
 	// included, and with every later log line of the call.
 	copyUpstreamHeaders(w.Header(), resp.Header, upstreamTraceHeaders)

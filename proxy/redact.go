@@ -85,3 +85,18 @@ func redactKeyString(s, key string) string {
 	}
 	return strings.ReplaceAll(s, key, "(redacted)")
 }
+
+// redactHeaderKey is redactKey for the upstream's answer headers, in place: a router or a
+// debugging proxy on the way may quote the request's Authorization in a header of its own,
+// and the answer's headers are relayed to the caller (copyResponseHeaders) and kept in an
+// Idempotency-Key's record. One look per value, none copied unless it quotes the key.
+func redactHeaderKey(h http.Header, key string) {
+	if len(key) < minRedactedKeyLen {
+		return
+	}
+	for _, vv := range h {
+		for i, v := range vv {
+			vv[i] = redactKeyString(v, key)
+		}
+	}
+}

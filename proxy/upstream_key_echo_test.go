@@ -108,3 +108,48 @@ func TestStreamKeyEchoAfterTheErrorEventIsRedacted(t *testing.T) {
 		}
 	}
 }
+
+// TestUpstreamKeyEchoInAHeaderIsRedacted: a router or debugging proxy in front of the provider
+// that quotes the request's Authorization in a header of its answer (a 4xx passed on, a 200, a
+// stream) had it relayed to the caller with the answer's other headers: the operator's key is
+// redacted there as it is in the body.
+func TestUpstreamKeyEchoInAHeaderIsRedacted(t *testing.T) {
+	const opKey = "sk-proj-operatorsecret0123456789abcdef"
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Echo-Authorization", r.Header.Get("Authorization"))
+		switch r.Header.Get("X-Echo-Mode") {
+		case "400":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"error":{"type":"invalid_request_error","code":"bad","message":"bad request"}}`)
+		case "stream":
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"fake-gpt\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n")
+			fmt.Fprint(w, "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"fake-gpt\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}\n\n")
+			fmt.Fprint(w, "data: [DONE]\n\n")
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"id":"c1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+		}
+	}))
+	t.Cleanup(echo.Close)
+	h := newHarnessOn(t, harnessSetup{}, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "echo", Kind: "openai", BaseURL: echo.URL, APIKey: opKey, Models: []string{"*"}}}
+	})
+	_, key := h.user("standard")
+	for _, mode := range []string{"400", "200", "stream"} {
+		body := `{"model":"fake-gpt","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+		if mode == "stream" {
+			body = `{"model":"fake-gpt","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		}
+		resp := h.post(key, "/v1/chat/completions", body, map[string]string{"X-Echo-Mode": mode})
+		readAll(t, resp.Body)
+		resp.Body.Close()
+		for k, vv := range resp.Header {
+			if strings.Contains(strings.Join(vv, " "), "operatorsecret") {
+				t.Errorf("%s (%d): header %s names the operator's key: %q", mode, resp.StatusCode, k, vv)
+			}
+		}
+	}
+	h.settled()
+}
