@@ -76,12 +76,16 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		if !relayed {
 			continue
 		}
+		// The operator's key is looked for in every event relayed (read in place, copied only
+		// where it is quoted): a proxy or router on the way may quote it in what is no error
+		// event (a page or a line of text under the stream's label, a comment), and was relayed
+		// as it sent it.
+		raw = redactKey(raw, c.req.upstream.APIKey)
 		if sr.sawError {
-			// The provider's error event may echo the operator's key and word its account's
-			// ids, as its error answers may (redactKey, redactAccountIDs); so may what follows
-			// it (the Responses API's response.failed repeats the error's words). Only the
-			// error event was redacted, and response.failed quoted the key to the caller.
-			raw = redactAccountIDs(redactKey(raw, c.req.upstream.APIKey), resp.Header)
+			// The provider's error event may word its account's ids, as its error answers may
+			// (redactAccountIDs); so may what follows it (the Responses API's response.failed
+			// repeats the error's words).
+			raw = redactAccountIDs(raw, resp.Header)
 		}
 		if !sr.sawFinal && metering.IsFinalEvent(c.req.route.format, ev) {
 			sr.finalEvent(raw)

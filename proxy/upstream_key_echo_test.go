@@ -153,3 +153,36 @@ func TestUpstreamKeyEchoInAHeaderIsRedacted(t *testing.T) {
 	}
 	h.settled()
 }
+
+// TestStreamKeyEchoOutsideAnErrorEventIsRedacted: an upstream (a proxy on the way, a server
+// behind a router) that answers a stream under the event-stream label with words that are no
+// error event — a page, a line of text — quoting the operator's key had them relayed as sent:
+// only an event the meter read as the provider's error was redacted. Every event relayed is.
+func TestStreamKeyEchoOutsideAnErrorEventIsRedacted(t *testing.T) {
+	const opKey = "sk-proj-operatorsecret0123456789abcdef"
+	for name, body := range map[string]string{
+		"page": "<html><body>bad key %s</body></html>",
+		"text": "upstream connect error: bad key %s",
+		"comment after a chunk": "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"model\":\"fake-gpt\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n" +
+			": routed with key %s\n\ndata: [DONE]\n\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprintf(w, body, strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer "))
+			}))
+			t.Cleanup(echo.Close)
+			h := newHarnessOn(t, harnessSetup{}, func(c *config.Config) {
+				c.Upstreams = []config.Upstream{{Name: "echo", Kind: "openai", BaseURL: echo.URL, APIKey: opKey, Models: []string{"*"}}}
+			})
+			_, key := h.user("standard")
+			resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
+			b := readAll(t, resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(b), "operatorsecret") {
+				t.Errorf("%d: the stream names the operator's key:\n%s", resp.StatusCode, b)
+			}
+			h.settled()
+		})
+	}
+}
