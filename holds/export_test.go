@@ -43,6 +43,9 @@ func (in *Instance) Watch(ctx context.Context) error { return in.watch(ctx) }
 // meanwhile has then stood still d longer.
 func (in *Instance) SkewWatch(d time.Duration) { in.skew.Add(int64(d)) }
 
+// Gap is the longest this process's beat may stand still while it lives (its row's max_gap_us).
+func (in *Instance) Gap() time.Duration { return in.gap() }
+
 // SetMaxDeadPerPass lowers the dead instances one pass handles, until the returned func
 // restores it.
 func SetMaxDeadPerPass(n int) (restore func()) {

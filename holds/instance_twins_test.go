@@ -7,10 +7,11 @@ import (
 )
 
 // TestTwinsAreCountedWhileTheyLast: a process under the instance name of another live one is
-// logged once (reportTwin); OnTwins is told, at each watch, how many such processes beat since
-// the watch before, so that the gateway's tollgate_instance_twins shows the condition for as
-// long as it lasts: 0 alone, 1 while a twin beats, 0 again once it stops (killed, or stopped
-// and retired), and never a process of another name.
+// logged once (reportTwin); OnTwins is told, at each watch, how many such processes were seen
+// to beat within their gap, so that the gateway's tollgate_instance_twins shows the condition
+// for as long as it lasts: 0 alone, 1 while a twin beats (at every watch, however soon after
+// the last), 0 again once it stops (killed, or stopped and retired), and never a process of
+// another name.
 func TestTwinsAreCountedWhileTheyLast(t *testing.T) {
 	e := newStoreEnv(t)
 	const interval = 50 * time.Millisecond
@@ -71,12 +72,21 @@ func TestTwinsAreCountedWhileTheyLast(t *testing.T) {
 	if n := last(); n != 1 {
 		t.Fatalf("twins %d while the twin goes on beating, want 1 (it is counted at every watch, not once)", n)
 	}
-	// The twin stops (killed): its beat stands still.
+	// A reconcile pass watches right after the heartbeat's watch, before the twin beats again:
+	// the twin still lives, and a gauge that fell to 0 at every such watch would never hold
+	// for an alert's "for" window.
+	watch()
+	if n := last(); n != 1 {
+		t.Fatalf("twins %d at a watch right after the last one, before the twin's next beat, want 1", n)
+	}
+	// The twin stops (killed): its beat stands still, and once its own gap (max_gap_us: the
+	// longest a live process's beat may stand still) has passed it is no longer counted.
 	if err := other.Beat(e.ctx()); err != nil {
 		t.Fatal(err)
 	}
+	self.SkewWatch(twin.Gap() + time.Millisecond)
 	watch()
 	if n := last(); n != 0 {
-		t.Fatalf("twins %d once the twin stopped beating, want 0", n)
+		t.Fatalf("twins %d once the twin stopped beating for longer than its gap, want 0", n)
 	}
 }

@@ -180,6 +180,9 @@ type seenBeat struct {
 	beatAt time.Time
 	since  time.Time
 	gap    time.Duration
+	// moved is when a watch last saw the beat move (zero: not yet, as for a row first read, a
+	// killed process's standing still): a twin is one that moved within its gap.
+	moved time.Time
 }
 
 // stillBeat is a row whose beat this process has watched stand still for longer than its gap.
@@ -217,16 +220,20 @@ func (in *Instance) watch(ctx context.Context) error {
 	twins := 0
 	for _, r := range rows {
 		b, ok := in.seen[r.ID]
-		if ok && !b.beatAt.Equal(r.BeatAt) && r.Name == truncateName(in.name) {
+		if !ok || !b.beatAt.Equal(r.BeatAt) {
+			moved := b.moved
+			if ok {
+				moved = now
+			}
+			b = seenBeat{beatAt: r.BeatAt, since: now, moved: moved}
+		}
+		b.gap = time.Duration(r.MaxGapUS) * time.Microsecond
+		if !b.moved.IsZero() && now.Sub(b.moved) <= b.gap && r.Name == truncateName(in.name) {
 			twins++
 			if !in.twins[r.ID] {
 				in.reportTwin(r.ID)
 			}
 		}
-		if !ok || !b.beatAt.Equal(r.BeatAt) {
-			b = seenBeat{beatAt: r.BeatAt, since: now}
-		}
-		b.gap = time.Duration(r.MaxGapUS) * time.Microsecond
 		seen[r.ID] = b
 	}
 	in.seen = seen
@@ -238,9 +245,13 @@ func (in *Instance) watch(ctx context.Context) error {
 
 // OnTwins has f told, after each watch (each heartbeat, and each reconcile pass before it
 // declares any row dead), how many live processes serve under this process's own instance
-// name: the rows under it whose beat moved since the watch before. It is 0 as it should be; a
+// name: the rows under it whose beat a watch saw move within the row's gap (max_gap_us, the
+// longest a live process's beat stands still). Counted only at the watch that saw the move,
+// it fell to 0 at a reconcile pass's watch right after the heartbeat's, before the twin beat
+// again, and the gauge flickered under an alert's "for" window. It is 0 as it should be; a
 // twin is logged once (reportTwin), and f lets it be watched for as long as it lasts (the
-// gateway's tollgate_instance_twins). A twin killed or stopped drops out at the next watch.
+// gateway's tollgate_instance_twins). A twin killed drops out once its gap has passed, one
+// stopped and retired at the next watch.
 func (in *Instance) OnTwins(f func(n int)) {
 	in.seenMu.Lock()
 	defer in.seenMu.Unlock()
