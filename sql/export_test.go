@@ -15,3 +15,6 @@ func MigrateTo(ctx context.Context, db *sql.DB, upTo int) ([]string, error) {
 
 // SplitStatements cuts a migration into its statements.
 var SplitStatements = splitStatements
+
+// AlreadyApplied reports whether stmt's error is taken for the statement's work done before.
+var AlreadyApplied = alreadyApplied

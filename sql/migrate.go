@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -159,7 +160,7 @@ func migrateTo(ctx context.Context, db *sql.DB, upTo int, lockWait time.Duration
 // short between a statement and the record can be rerun.
 func apply(ctx context.Context, conn *sql.Conn, m Migration, waitSeconds int64) error {
 	for _, stmt := range splitStatements(m.Body) {
-		if _, err := conn.ExecContext(ctx, stmt); err != nil && !alreadyApplied(err) {
+		if _, err := conn.ExecContext(ctx, stmt); err != nil && !alreadyApplied(stmt, err) {
 			if mysqlErrNumber(err) == errLockWaitTimeout {
 				return fmt.Errorf("migrate %s: the table it alters is in use by a long transaction or query (SHOW PROCESSLIST names it), and waiting for it longer than %d s would queue the serving gateways' statements on that table behind this one; the statement was not applied: rerun `gateway migrate` (-lock-wait to wait longer): %w",
 					m.Name, waitSeconds, err)
@@ -255,12 +256,20 @@ func mysqlErrNumber(err error) uint16 {
 // alreadyApplied recognises DDL that a crashed earlier run already executed: MySQL commits DDL
 // at once, so a migration cut between a statement and its version row finds its own work on
 // the rerun. Duplicate column (1060) and duplicate key name (1061) mean exactly that, and so
-// does "can't drop, check that it exists" (1091) for a statement that drops an index (020
-// replaces one): a migration never drops what an earlier one did not create.
-func alreadyApplied(err error) bool {
+// does "can't drop, check that it exists" (1091) for a statement that is one index's drop
+// alone (020 replaces one): a migration never drops what an earlier one did not create. An
+// ALTER is atomic, so one that drops an index and does more, refused 1091 (the index dropped
+// by hand, a typo), did nothing, and must not be recorded as applied.
+func alreadyApplied(stmt string, err error) bool {
 	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == 1060 || me.Number == 1061 || me.Number == 1091)
+	if !errors.As(err, &me) {
+		return false
+	}
+	return me.Number == 1060 || me.Number == 1061 || me.Number == 1091 && loneIndexDrop.MatchString(stmt)
 }
+
+// loneIndexDrop is a statement that drops one index and does nothing else.
+var loneIndexDrop = regexp.MustCompile("(?is)^\\s*ALTER\\s+TABLE\\s+[`\\w.]+\\s+DROP\\s+(INDEX|KEY)\\s+[`\\w]+\\s*$")
 
 // splitStatements cuts a migration at semicolons that end a line. Migrations hold only DDL
 // without semicolons inside literals, so this is enough and keeps multiStatements off the DSN.
