@@ -266,6 +266,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 
 // RunOnce takes the lock and, if this process won it, settles expired holds.
 func (r *Reconciler) RunOnce(ctx context.Context) (Stats, error) {
+	// The pass's bounds count from the lock's request, not its reply: the lock's life began
+	// when Redis took it, and a reply that came late ate into it.
+	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, reconcileLockTimeout)
 	ok, err := r.cfg.Lock.TryLock(lctx)
 	cancel()
@@ -275,13 +278,13 @@ func (r *Reconciler) RunOnce(ctx context.Context) (Stats, error) {
 	if !ok {
 		return Stats{}, nil
 	}
-	return r.pass(ctx)
+	return r.pass(ctx, start)
 }
 
 // RunForced scans without the lock, for an operator who knows the lock holder is stuck. It is
 // safe beside a running scanner: every settlement is conditional and an extension only moves
 // a live hold's expiry.
-func (r *Reconciler) RunForced(ctx context.Context) (Stats, error) { return r.pass(ctx) }
+func (r *Reconciler) RunForced(ctx context.Context) (Stats, error) { return r.pass(ctx, time.Now()) }
 
 // SessionPruneIdle is how long a session whose run has settled keeps its row after its last
 // claim: the pause between two messages of one conversation, generously.
@@ -290,8 +293,16 @@ const SessionPruneIdle = 10 * time.Minute
 // pass brings in the holds of dead instances (DeadAfter), settles expired holds, then prunes
 // sessions that have ended. A sweep or a prune that fails is logged and tried again on the
 // next pass: what the sweep left waits a pass longer, what the prune left costs room.
-func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
-	start := time.Now()
+//
+// The whole pass runs under one deadline, start + PassBudget + the item timeout, the bound the
+// reconcile lock's life is sized by: each hold's work had its own timeout, but the reads
+// between them (the expired holds', a dead instance's) ran on ctx alone, and one stalled (a
+// table locked by a long ALTER or a backup) kept the pass going past its lock, a second
+// process scanning beside it.
+func (r *Reconciler) pass(ctx context.Context, start time.Time) (Stats, error) {
+	end := start.Add(r.cfg.PassBudget + r.itemTimeout)
+	ctx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
 	var declared, brought int
 	if r.cfg.DeadAfter > 0 {
 		var derr error
@@ -306,7 +317,7 @@ func (r *Reconciler) pass(ctx context.Context) (Stats, error) {
 	st, err := r.scan(ctx, start)
 	st.DeadInstances, st.BroughtIn = declared, brought
 	if ctx.Err() == nil {
-		st.PrunedSessions = r.pruneSessions(ctx, start.Add(r.cfg.PassBudget), start.Add(r.cfg.PassBudget+r.itemTimeout))
+		st.PrunedSessions = r.pruneSessions(ctx, start.Add(r.cfg.PassBudget), end)
 	}
 	return st, err
 }

@@ -38,3 +38,70 @@ func TestReconcileLockWaitIsBounded(t *testing.T) {
 		t.Fatal("a pass waited over 10 s for a lock request that was never answered")
 	}
 }
+
+// slowLock is a reconcile lock taken the moment it is asked for, whose reply comes late (a
+// Redis answering slowly): it remembers when it was taken.
+type slowLock struct {
+	reply time.Duration
+	taken chan time.Time
+}
+
+func (l slowLock) TryLock(ctx context.Context) (bool, error) {
+	l.taken <- time.Now()
+	select {
+	case <-time.After(l.reply):
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// TestReconcilePassEndsWithinItsBoundFromTheLock: a pass ends within its budget and one hold's
+// item timeout of when its lock was taken, which is what the lock's life is sized by (DESIGN
+// §5: a second process must not scan beside it) — also when the lock's reply came late and
+// when a read of expired holds stalls (a table locked by a long ALTER or a backup). The
+// bound was counted from after the lock's reply, and the scan's reads ran on the reconciler's
+// context alone: such a stall kept the pass going, lock lapsed, for as long as it lasted.
+func TestReconcilePassEndsWithinItsBoundFromTheLock(t *testing.T) {
+	e := newStoreEnv(t)
+	const budget, item, reply = 100 * time.Millisecond, 1500 * time.Millisecond, 300 * time.Millisecond
+	lock := slowLock{reply: reply, taken: make(chan time.Time, 1)}
+	rec := e.reconciler("stalled", func(c *holds.ReconcilerConfig) { c.Lock, c.PassBudget = lock, budget })
+	rec.SetItemTimeout(item)
+
+	ctx := e.ctx()
+	conn, err := e.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "LOCK TABLES run_holds WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	const stall = 8 * time.Second
+	unlocked := make(chan struct{})
+	go func() {
+		defer close(unlocked)
+		time.Sleep(stall) // the stall's length, not a wait for something to happen
+		if _, err := conn.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
+			t.Error(err)
+		}
+	}()
+	defer func() { <-unlocked }()
+
+	st, err := rec.RunOnce(ctx)
+	ended := time.Now()
+	taken := <-lock.taken
+	if !st.Locked {
+		t.Fatalf("pass %+v, %v: want it to hold the lock", st, err)
+	}
+	if err == nil {
+		t.Errorf("a pass whose read of expired holds was cut at its bound reported no error")
+	}
+	// The bound is budget + item (1.6 s) after the lock was taken; the stall is 8 s. Past
+	// the bound by half the stall, the pass waited for the table, not for its deadline.
+	if over := ended.Sub(taken) - (budget + item); over > stall/2 {
+		t.Fatalf("pass ended %v after its lock was taken, %v past its bound (budget %v + item %v): it waited out the stalled read",
+			ended.Sub(taken), over, budget, item)
+	}
+}
