@@ -281,7 +281,7 @@ func wavMicros(n, rate int64) int64 {
 // that are not one (mp3Walk). Timed by its first frame alone, a variable-rate stream whose
 // first frame claims 320 kbit/s was estimated at a tenth of its 32 kbit/s rest. Linear in the
 // data; the walk is the one an answer too large to hold is timed by as it goes by
-// (SpokenBody), so that both time the same data alike.
+// (UnrelayedAnswer), so that both time the same data alike.
 func mp3Micros(data string, off int64) int64 {
 	w := newMP3Walk(off)
 	var dec base64Stream

@@ -385,16 +385,16 @@ const oversizeTail = 256 << 10
 // comes last, so one cut (past most, or broken) has none of its own, and a "usage" object
 // found in it would be part of the answer (an Anthropic tool_use input is raw JSON the
 // caller's schema shapes). The spoken answers read past are measured as they go by
-// (metering.SpokenBody), so that a report which does not say how much of the output was audio
-// has the audio charged at the audio price, as the same answer read whole would: charged the
+// (metering.UnrelayedAnswer), so that a report which does not say how much of the output was
+// audio has the audio charged at the audio price, as the same answer read whole would: charged the
 // report alone, it was charged at the text price. An answer read to its end without a report
 // is charged as one read whole without one is: the prompt's estimate and its output's, from
 // the text and audio measured on the way (an OpenAI-format answer's: Anthropic's and the
 // Responses API's report their usage); charged the prompt's estimate alone, its output went
 // unbilled here and billed by the provider. It returns how many bytes it read past head.
 func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) int64 {
-	spoken := m.NewSpokenBody()
-	spoken.Write(head)
+	past := m.NewUnrelayedAnswer()
+	past.Write(head)
 	var tail []byte
 	buf := make([]byte, 32<<10)
 	var read int64
@@ -403,7 +403,7 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 		var n int
 		n, err = rest.Read(buf[:min(int64(len(buf)), most-read)])
 		read += int64(n)
-		spoken.Write(buf[:n])
+		past.Write(buf[:n])
 		tail = append(tail, buf[:n]...)
 		if len(tail) > 2*oversizeTail {
 			tail = append(tail[:0], tail[len(tail)-oversizeTail:]...)
@@ -436,9 +436,9 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 	}
 	m.Body(append(whole, '}'))
 	if usage.IsObject() {
-		m.AddSpoken(spoken)
+		m.AddSpoken(past)
 	} else {
-		m.AddUnreported(spoken)
+		m.AddUnreported(past)
 	}
 	return read
 }

@@ -10,28 +10,28 @@ import (
 // An answer too large to relay is never held whole: it is read past for its usage report
 // (proxy's meterOversized), and a spoken answer's audio, most of its bytes, went unmeasured. A
 // report that does not split out the audio then had it charged at the text price, where the
-// same answer read whole had its audio estimated and charged at the audio price (Result). A
-// SpokenBody measures that audio as the bytes go by, as Meter.Body does a whole answer's, in
-// a few KiB whatever its length. An answer read past to its end without a usage report was
+// same answer read whole had its audio estimated and charged at the audio price (Result). An
+// UnrelayedAnswer measures that audio as the bytes go by, as Meter.Body does a whole answer's,
+// in a few KiB whatever its length. An answer read past to its end without a usage report was
 // charged its prompt's estimate alone, where the same answer read whole has its output
-// estimated from its text and audio: a SpokenBody counts that text too (OutputChars's
+// estimated from its text and audio: an UnrelayedAnswer counts that text too (OutputChars's
 // bytes), for the Meter to estimate when no report came (AddUnreported).
 
-// SpokenBody finds the spoken answers (choices[].message.audio.data) of a whole chat answer
-// written to it in pieces and measures each as Meter.Body does (spokenAnswer): a WAV or MP3
+// UnrelayedAnswer finds the spoken answers (choices[].message.audio.data) of a whole chat
+// answer written to it in pieces and measures each as Meter.Body does (spokenAnswer): a WAV or MP3
 // file by how long it plays, any other data as raw PCM. It keeps a few KiB of each, never the
 // audio. It counts the bytes of the text openAIChoices counts as well: a message's content,
 // reasoning_content, reasoning and refusal, its tool calls' and function_call's arguments,
 // its audio's transcript, or a legacy completion's choices[].text. It reads JSON as gjson
 // does a valid body; on one that is not, it measures what it can (such an answer read whole
 // is refused, never metered).
-type SpokenBody struct {
+type UnrelayedAnswer struct {
 	started, done bool    // the first byte that is not space or a BOM was seen; the top value ended
 	bom           bool    // the leading BOM TrimBody trims was seen
 	lead          [4]byte // a rune of the lead begun, not yet whole
 	nlead         int
 	depth         int // containers open
-	frames        [spokenDepth]spokenFrame
+	frames        [answerDepth]answerFrame
 	pending       uint8 // what the next value is, by its key or position (roleNone when nothing)
 	// The string being read: inString, whether it is a key (its bytes gathered in key) or the
 	// audio data (its bytes measured by data), and where an escape stands.
@@ -39,8 +39,8 @@ type SpokenBody struct {
 	esc             int  // 0, 1 after a backslash, 2..5 reading \u's hex digits
 	hex             rune // the \u digits read
 	high            rune // a high surrogate waiting for its low half, or 0
-	key             [spokenKeyLen]byte
-	keyLen          int // bytes of key gathered; past spokenKeyLen the key matches none
+	key             [answerKeyLen]byte
+	keyLen          int // bytes of key gathered; past answerKeyLen the key matches none
 	data            *spokenData
 	counting        bool // the string being read is text whose bytes count
 	completions     bool // a legacy completions answer: choices[].text is its text
@@ -49,17 +49,17 @@ type SpokenBody struct {
 	textBytes       int64
 }
 
-// spokenDepth is how deep the paths to the audio data and text go: the answer, choices, a
+// answerDepth is how deep the paths to the audio data and text go: the answer, choices, a
 // choice, its message, its tool calls, a tool call, its function (or its audio). Deeper
 // containers are counted, not followed.
-const spokenDepth = 7
+const answerDepth = 7
 
-// spokenKeyLen bounds the keys a SpokenBody reads: the longest it looks for is
+// answerKeyLen bounds the keys an UnrelayedAnswer reads: the longest it looks for is
 // "reasoning_content".
-const spokenKeyLen = 17
+const answerKeyLen = 17
 
-// spokenFrame is an open container on the path to the audio data or the text.
-type spokenFrame struct {
+// answerFrame is an open container on the path to the audio data or the text.
+type answerFrame struct {
 	obj, expectKey bool  // an object, and whether its next string is a key
 	role           uint8 // where it stands on the path to the audio data
 	// A key read once was seen (a choice's "message" or "text", a function's "arguments", a
@@ -82,22 +82,22 @@ const (
 	roleFunction  // a tool call's function, or a message's function_call: its arguments are text
 )
 
-// NewSpokenBody returns a SpokenBody for m's answers, or nil when it reads none of m's format:
-// it reads the OpenAI formats, as openAIChoices does (an embeddings body as a chat one), not
+// NewUnrelayedAnswer returns an UnrelayedAnswer for m's answers, or nil when it reads none of
+// m's format: it reads the OpenAI formats, as openAIChoices does (an embeddings body as a chat one), not
 // Anthropic's or the Responses API's, whose answers report their usage.
-func (m *Meter) NewSpokenBody() *SpokenBody {
+func (m *Meter) NewUnrelayedAnswer() *UnrelayedAnswer {
 	switch m.format {
 	case FormatChat, FormatEmbeddings:
-		return &SpokenBody{}
+		return &UnrelayedAnswer{}
 	case FormatCompletions:
-		return &SpokenBody{completions: true}
+		return &UnrelayedAnswer{completions: true}
 	}
 	return nil
 }
 
 // AddSpoken counts the audio b measured as the Meter counts a whole answer's, for an answer
 // metered from its usage report alone.
-func (m *Meter) AddSpoken(b *SpokenBody) {
+func (m *Meter) AddSpoken(b *UnrelayedAnswer) {
 	if b == nil {
 		return
 	}
@@ -107,7 +107,7 @@ func (m *Meter) AddSpoken(b *SpokenBody) {
 
 // AddUnreported counts the audio and the text b measured as the Meter counts a whole answer's,
 // for an answer read past without a usage report: its output is then the estimate of both.
-func (m *Meter) AddUnreported(b *SpokenBody) {
+func (m *Meter) AddUnreported(b *UnrelayedAnswer) {
 	if b == nil {
 		return
 	}
@@ -115,8 +115,8 @@ func (m *Meter) AddUnreported(b *SpokenBody) {
 	m.res.OutputChars += b.textBytes
 }
 
-// Write reads the next piece of the answer; it never fails. A nil SpokenBody reads nothing.
-func (b *SpokenBody) Write(p []byte) (int, error) {
+// Write reads the next piece of the answer; it never fails. A nil UnrelayedAnswer reads nothing.
+func (b *UnrelayedAnswer) Write(p []byte) (int, error) {
 	n := len(p)
 	for i := 0; b != nil && i < len(p) && !b.done; i++ {
 		c := p[i]
@@ -163,7 +163,7 @@ func (b *SpokenBody) Write(p []byte) (int, error) {
 // skipLead reports whether c is part of what TrimBody trims before an answer: white space
 // (Unicode's, as bytes.TrimSpace reads it) and one UTF-8 byte order mark among it. A rune
 // that is neither is the answer's first, c its first byte (lead holds none of it then).
-func (b *SpokenBody) skipLead(c byte) bool {
+func (b *UnrelayedAnswer) skipLead(c byte) bool {
 	b.lead[b.nlead] = c
 	b.nlead++
 	if !utf8.FullRune(b.lead[:b.nlead]) {
@@ -187,8 +187,8 @@ func (b *SpokenBody) skipLead(c byte) bool {
 
 // offPath reports whether the innermost open container is off the path to the audio data:
 // nothing within it can be on the path (a value's role comes from its container's).
-func (b *SpokenBody) offPath() bool {
-	return b.depth > spokenDepth || (b.depth > 0 && b.frames[b.depth-1].role == roleNone)
+func (b *UnrelayedAnswer) offPath() bool {
+	return b.depth > answerDepth || (b.depth > 0 && b.frames[b.depth-1].role == roleNone)
 }
 
 // structuralByte marks the bytes that open or close a string or a container.
@@ -205,17 +205,17 @@ func nextStructural(p []byte) int {
 	return len(p)
 }
 
-// top is the innermost open container followed, or nil when it is deeper than spokenDepth or
+// top is the innermost open container followed, or nil when it is deeper than answerDepth or
 // none is open.
-func (b *SpokenBody) top() *spokenFrame {
-	if b.depth == 0 || b.depth > spokenDepth {
+func (b *UnrelayedAnswer) top() *answerFrame {
+	if b.depth == 0 || b.depth > answerDepth {
 		return nil
 	}
 	return &b.frames[b.depth-1]
 }
 
 // structural reads a byte outside strings.
-func (b *SpokenBody) structural(c byte) {
+func (b *UnrelayedAnswer) structural(c byte) {
 	switch c {
 	case '{', '[':
 		role := b.valueStarts()
@@ -224,7 +224,7 @@ func (b *SpokenBody) structural(c byte) {
 		}
 		b.depth++
 		if f := b.top(); f != nil {
-			*f = spokenFrame{obj: c == '{', expectKey: c == '{', role: role}
+			*f = answerFrame{obj: c == '{', expectKey: c == '{', role: role}
 		}
 	case '}', ']':
 		if b.depth == 0 {
@@ -269,7 +269,7 @@ func (b *SpokenBody) structural(c byte) {
 // valueStarts returns the role of the value that starts here, and clears it: an element (or
 // value) of choices is a choice, of tool_calls a tool call, a value is what its key made it
 // (keyEnds).
-func (b *SpokenBody) valueStarts() uint8 {
+func (b *UnrelayedAnswer) valueStarts() uint8 {
 	role := b.pending
 	b.pending = roleNone
 	if f := b.top(); f != nil {
@@ -290,9 +290,9 @@ func (b *SpokenBody) valueStarts() uint8 {
 // every "audio" of a message and every "data" and "transcript" of an audio, every "content",
 // "reasoning_content", "reasoning", "refusal", "tool_calls" and "function_call" of a message,
 // the first "function" of a tool call and the first "arguments" of a function.
-func (b *SpokenBody) keyEnds() {
+func (b *UnrelayedAnswer) keyEnds() {
 	f := b.top()
-	if f == nil || b.keyLen > spokenKeyLen {
+	if f == nil || b.keyLen > answerKeyLen {
 		return
 	}
 	key := string(b.key[:b.keyLen])
@@ -348,7 +348,7 @@ func (b *SpokenBody) keyEnds() {
 }
 
 // stringByte reads a byte of a string: its end, an escape, or a byte of its text.
-func (b *SpokenBody) stringByte(c byte) {
+func (b *UnrelayedAnswer) stringByte(c byte) {
 	if b.high != 0 && b.esc == 0 && c != '\\' {
 		b.lone() // a high surrogate no \u follows
 	}
@@ -408,7 +408,7 @@ func (b *SpokenBody) stringByte(c byte) {
 
 // escapedRune adds a \u escape's rune, pairing surrogates as gjson does: a high one waits for
 // the low one that may follow it; alone, either is U+FFFD.
-func (b *SpokenBody) escapedRune(r rune) {
+func (b *UnrelayedAnswer) escapedRune(r rune) {
 	if b.high != 0 {
 		h := b.high
 		b.high = 0
@@ -426,12 +426,12 @@ func (b *SpokenBody) escapedRune(r rune) {
 }
 
 // lone adds a high surrogate that no low one followed.
-func (b *SpokenBody) lone() {
+func (b *UnrelayedAnswer) lone() {
 	b.high = 0
 	b.runeText(utf8.RuneError)
 }
 
-func (b *SpokenBody) runeText(r rune) {
+func (b *UnrelayedAnswer) runeText(r rune) {
 	var buf [utf8.UTFMax]byte
 	n := utf8.EncodeRune(buf[:], r)
 	for _, c := range buf[:n] {
@@ -440,13 +440,13 @@ func (b *SpokenBody) runeText(r rune) {
 }
 
 // text adds one byte of a string's text to the key or the audio data being read.
-func (b *SpokenBody) text(c byte) {
+func (b *UnrelayedAnswer) text(c byte) {
 	switch {
 	case b.isKey:
-		if b.keyLen < spokenKeyLen {
+		if b.keyLen < answerKeyLen {
 			b.key[b.keyLen] = c
 		}
-		b.keyLen = min(b.keyLen+1, spokenKeyLen+1)
+		b.keyLen = min(b.keyLen+1, answerKeyLen+1)
 	case b.data != nil:
 		one := [1]byte{c}
 		b.data.write(string(one[:]))

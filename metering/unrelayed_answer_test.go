@@ -11,9 +11,10 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// spokenCases are chat answers whose spoken audio a SpokenBody must measure as Meter.Body does:
-// WAV, MP3 (behind a tag, with junk, variable rate, past the junk bound), raw PCM, data written
-// with JSON escapes, several choices and audio objects, and audio where it is not an answer's.
+// spokenCases are chat answers whose spoken audio an UnrelayedAnswer must measure as
+// Meter.Body does: WAV, MP3 (behind a tag, with junk, variable rate, past the junk bound), raw
+// PCM, data written with JSON escapes, several choices and audio objects, and audio where it is
+// not an answer's.
 func spokenCases() map[string]string {
 	frames := func(parts ...[]byte) string { return b64(parts...) }
 	junk := bytes.Repeat([]byte{0xff, 0x00, 0x12}, 3000)
@@ -66,23 +67,23 @@ func measureWhole(body string) (pcm, micros int64) {
 	return m.pcmBytes, m.clipMicros
 }
 
-// measurePieces is what a SpokenBody counts of the answer written in pieces of the sizes
+// measurePieces is what an UnrelayedAnswer counts of the answer written in pieces of the sizes
 // sizes gives, in turn.
 func measurePieces(body string, sizes func() int) (pcm, micros int64) {
 	m := NewMeter(FormatChat)
-	sb := m.NewSpokenBody()
+	ua := m.NewUnrelayedAnswer()
 	for b := []byte(body); len(b) > 0; {
 		n := min(len(b), max(1, sizes()))
-		sb.Write(b[:n])
+		ua.Write(b[:n])
 		b = b[n:]
 	}
-	m.AddSpoken(sb)
+	m.AddSpoken(ua)
 	return m.pcmBytes, m.clipMicros
 }
 
-// TestSpokenBodyMeasuresAsTheWholeAnswer: the audio of an answer read past in pieces (one too
+// TestUnrelayedAnswerMeasuresAudioAsTheWholeAnswer: the audio of an answer read past in pieces (one too
 // large to relay) counts what the same answer read whole counts, however it is cut.
-func TestSpokenBodyMeasuresAsTheWholeAnswer(t *testing.T) {
+func TestUnrelayedAnswerMeasuresAudioAsTheWholeAnswer(t *testing.T) {
 	for name, body := range spokenCases() {
 		if !gjson.Valid(string(TrimBody([]byte(body)))) && name != "not an object" {
 			t.Fatalf("%s: not valid JSON", name)
@@ -109,8 +110,8 @@ func TestSpokenBodyMeasuresAsTheWholeAnswer(t *testing.T) {
 	}
 }
 
-// FuzzSpokenBody: any answer, cut anywhere, counts the same audio in pieces as whole.
-func FuzzSpokenBody(f *testing.F) {
+// FuzzUnrelayedAnswer: any answer, cut anywhere, counts the same audio in pieces as whole.
+func FuzzUnrelayedAnswer(f *testing.F) {
 	for _, body := range spokenCases() {
 		if len(body) < 20_000 {
 			f.Add(body, uint16(7))
@@ -141,7 +142,7 @@ func FuzzSpokenBody(f *testing.F) {
 	})
 }
 
-// textCases are chat and completions answers whose text a SpokenBody must count as Meter.Body
+// textCases are chat and completions answers whose text an UnrelayedAnswer must count as Meter.Body
 // does: every field openAIChoices reads, escapes, duplicate keys (gjson's Get reads the first,
 // ForEach every one), text that is no string, and text where it is not an answer's.
 func textCases() map[string]string {
@@ -167,23 +168,23 @@ func textWhole(f Format, body string) int64 {
 	return m.Result().OutputChars
 }
 
-// textPieces is how many bytes of text a SpokenBody counts of the answer written in pieces.
+// textPieces is how many bytes of text an UnrelayedAnswer counts of the answer written in pieces.
 func textPieces(f Format, body string, sizes func() int) int64 {
 	m := NewMeter(f)
-	sb := m.NewSpokenBody()
+	ua := m.NewUnrelayedAnswer()
 	for b := []byte(body); len(b) > 0; {
 		n := min(len(b), max(1, sizes()))
-		sb.Write(b[:n])
+		ua.Write(b[:n])
 		b = b[n:]
 	}
-	m.AddUnreported(sb)
+	m.AddUnreported(ua)
 	return m.Result().OutputChars
 }
 
-// TestSpokenBodyCountsTextAsTheWholeAnswer: the text of an answer read past in pieces without
-// a usage report (one too large to relay) counts what the same answer read whole counts, in
+// TestUnrelayedAnswerCountsTextAsTheWholeAnswer: the text of an answer read past in pieces
+// without a usage report (one too large to relay) counts what the same answer read whole counts, in
 // the chat and legacy completions formats, however it is cut.
-func TestSpokenBodyCountsTextAsTheWholeAnswer(t *testing.T) {
+func TestUnrelayedAnswerCountsTextAsTheWholeAnswer(t *testing.T) {
 	cases := textCases()
 	for name, body := range spokenCases() {
 		cases["spoken "+name] = body
@@ -213,7 +214,7 @@ func TestSpokenBodyCountsTextAsTheWholeAnswer(t *testing.T) {
 	}
 }
 
-// mp3MicrosBefore is the walk mp3Micros made before it was shared with SpokenBody: over a
+// mp3MicrosBefore is the walk mp3Micros made before it was shared with UnrelayedAnswer: over a
 // buffered reader, whose skips of bytes without 0xff stop at the buffer's end.
 func mp3MicrosBefore(data string, off int64) int64 {
 	r := bufio.NewReaderSize(base64.NewDecoder(base64.StdEncoding, strings.NewReader(data)), 64<<10)
