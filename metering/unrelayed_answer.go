@@ -15,16 +15,19 @@ import (
 // in a few KiB whatever its length. An answer read past to its end without a usage report was
 // charged its prompt's estimate alone, where the same answer read whole has its output
 // estimated from its text and audio: an UnrelayedAnswer counts that text too (OutputChars's
-// bytes), for the Meter to estimate when no report came (AddUnreported).
+// bytes), for the Meter to estimate when no report came (AddUnreported), in every format the
+// Meter reads a whole answer of: an Anthropic message's or a Responses answer too.
 
 // UnrelayedAnswer finds the spoken answers (choices[].message.audio.data) of a whole chat
 // answer written to it in pieces and measures each as Meter.Body does (spokenAnswer): a WAV or MP3
 // file by how long it plays, any other data as raw PCM. It keeps a few KiB of each, never the
-// audio. It counts the bytes of the text openAIChoices counts as well: a message's content,
+// audio. It counts the bytes of the text Meter.Body counts as well: a chat message's content,
 // reasoning_content, reasoning and refusal, its tool calls' and function_call's arguments,
-// its audio's transcript, or a legacy completion's choices[].text. It reads JSON as gjson
-// does a valid body; on one that is not, it measures what it can (such an answer read whole
-// is refused, never metered).
+// its audio's transcript, or a legacy completion's choices[].text (openAIChoices); an
+// Anthropic message's content blocks' text and thinking, and the raw JSON of their input; a
+// Responses answer's output items' arguments and their content parts' text. It reads JSON as
+// gjson does a valid body; on one that is not, it measures what it can (such an answer read
+// whole is refused, never metered).
 type UnrelayedAnswer struct {
 	started, done bool    // the first byte that is not space or a BOM was seen; the top value ended
 	bom           bool    // the leading BOM TrimBody trims was seen
@@ -42,16 +45,33 @@ type UnrelayedAnswer struct {
 	key             [answerKeyLen]byte
 	keyLen          int // bytes of key gathered; past answerKeyLen the key matches none
 	data            *spokenData
-	counting        bool // the string being read is text whose bytes count
-	completions     bool // a legacy completions answer: choices[].text is its text
-	pcmBytes        int64
-	clipMicros      int64
-	textBytes       int64
+	counting        bool   // the string being read is text whose bytes count
+	format          Format // FormatChat for an embeddings answer, read as a chat one
+	// A value whose raw JSON counts (an Anthropic tool_use input) being read: of which kind,
+	// where it began, and for a container the depth outside it.
+	raw        rawKind
+	rawStart   int64
+	rawDepth   int
+	off, at    int64 // the offset of the piece being read, and of the byte being read
+	pcmBytes   int64
+	clipMicros int64
+	textBytes  int64
 }
 
+// rawKind is the kind of a value whose raw JSON counts: where it ends.
+type rawKind uint8
+
+const (
+	rawNone      rawKind = iota
+	rawString            // at its closing quote
+	rawContainer         // at the bracket that closes it
+	rawLiteral           // a number, true, false or null: before the byte that follows it
+)
+
 // answerDepth is how deep the paths to the audio data and text go: the answer, choices, a
-// choice, its message, its tool calls, a tool call, its function (or its audio). Deeper
-// containers are counted, not followed.
+// choice, its message, its tool calls, a tool call, its function (or its audio); a Responses
+// answer's output, an item, its content, a part (an Anthropic message's are shallower).
+// Deeper containers are counted, not followed.
 const answerDepth = 7
 
 // answerKeyLen bounds the keys an UnrelayedAnswer reads: the longest it looks for is
@@ -62,10 +82,21 @@ const answerKeyLen = 17
 type answerFrame struct {
 	obj, expectKey bool  // an object, and whether its next string is a key
 	role           uint8 // where it stands on the path to the audio data
-	// A key read once was seen (a choice's "message" or "text", a function's "arguments", a
-	// tool call's function holding "arguments"): gjson's Get reads the first.
-	sawFirst bool
+	// The keys read once that were seen (a choice's "message" or "text", a function's
+	// "arguments", a tool call's function holding "arguments", a content block's "text"): gjson's
+	// Get reads the first.
+	seen uint8
 }
+
+// The keys of a container that are read once, as bits of its frame's seen.
+const (
+	firstMain      uint8 = 1 << iota // a choice's message (text), the answer's content (output), an item's content
+	firstFunction                    // a tool call's function holding arguments
+	firstArguments                   // a function's, or an item's, arguments
+	firstText                        // a content block's or a part's text
+	firstThinking                    // a content block's thinking
+	firstInput                       // a content block's input
+)
 
 // Where a value stands on the path to the audio data.
 const (
@@ -80,17 +111,23 @@ const (
 	roleToolCalls // a message's tool_calls
 	roleToolCall  // one of them
 	roleFunction  // a tool call's function, or a message's function_call: its arguments are text
+	roleBlocks    // an Anthropic message's content
+	roleBlock     // one of its blocks
+	roleRaw       // a value whose raw JSON is output text (a block's input)
+	roleOutput    // a Responses answer's output
+	roleItem      // one of its items
+	roleParts     // an item's content
+	rolePart      // one of its parts
 )
 
 // NewUnrelayedAnswer returns an UnrelayedAnswer for m's answers, or nil when it reads none of
-// m's format: it reads the OpenAI formats, as openAIChoices does (an embeddings body as a chat one), not
-// Anthropic's or the Responses API's, whose answers report their usage.
+// m's format: it reads each as Meter.Body does (an embeddings body as a chat one).
 func (m *Meter) NewUnrelayedAnswer() *UnrelayedAnswer {
 	switch m.format {
 	case FormatChat, FormatEmbeddings:
-		return &UnrelayedAnswer{}
-	case FormatCompletions:
-		return &UnrelayedAnswer{completions: true}
+		return &UnrelayedAnswer{format: FormatChat}
+	case FormatCompletions, FormatAnthropic, FormatResponses:
+		return &UnrelayedAnswer{format: m.format}
 	}
 	return nil
 }
@@ -118,8 +155,13 @@ func (m *Meter) AddUnreported(b *UnrelayedAnswer) {
 // Write reads the next piece of the answer; it never fails. A nil UnrelayedAnswer reads nothing.
 func (b *UnrelayedAnswer) Write(p []byte) (int, error) {
 	n := len(p)
-	for i := 0; b != nil && i < len(p) && !b.done; i++ {
+	if b == nil {
+		return n, nil
+	}
+	defer func() { b.off += int64(n) }()
+	for i := 0; i < len(p) && !b.done; i++ {
 		c := p[i]
+		b.at = b.off + int64(i)
 		if b.inString {
 			if b.esc == 0 && b.high == 0 && !b.isKey && c != '"' && c != '\\' {
 				// A value's plain run (most of an answer's bytes: its text, its audio), read in
@@ -216,11 +258,18 @@ func (b *UnrelayedAnswer) top() *answerFrame {
 
 // structural reads a byte outside strings.
 func (b *UnrelayedAnswer) structural(c byte) {
+	if b.raw == rawLiteral && (c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+		// gjson's Raw of a number or a literal ends before the first of these.
+		b.rawEnds(b.at)
+	}
 	switch c {
 	case '{', '[':
 		role := b.valueStarts()
-		if role == roleText || role == roleData {
-			role = roleNone // text that is no string: none counts (strLen)
+		if role == roleRaw {
+			b.rawBegins(rawContainer)
+		}
+		if role == roleText || role == roleData || role == roleRaw {
+			role = roleNone // text that is no string: none counts (strLen); raw JSON counts whole
 		}
 		b.depth++
 		if f := b.top(); f != nil {
@@ -232,6 +281,9 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			return
 		}
 		b.depth--
+		if b.raw == rawContainer && b.depth == b.rawDepth {
+			b.rawEnds(b.at + 1)
+		}
 		if b.depth == 0 {
 			b.done = true // gjson reads the first value of a body alone
 		}
@@ -250,6 +302,8 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			b.data = &spokenData{}
 		case roleText:
 			b.counting = true
+		case roleRaw:
+			b.rawBegins(rawString)
 		}
 	case ':':
 		if f := b.top(); f != nil && f.obj {
@@ -262,8 +316,21 @@ func (b *UnrelayedAnswer) structural(c byte) {
 		b.pending = roleNone
 	case ' ', '\t', '\n', '\r':
 	default:
-		b.valueStarts() // a number, true, false or null
+		if b.valueStarts() == roleRaw { // a number, true, false or null
+			b.rawBegins(rawLiteral)
+		}
 	}
+}
+
+// rawBegins starts counting the raw JSON of a value of kind k that begins at the byte read.
+func (b *UnrelayedAnswer) rawBegins(k rawKind) {
+	b.raw, b.rawStart, b.rawDepth = k, b.at, b.depth
+}
+
+// rawEnds counts the raw JSON of the value being counted, which ends before offset end.
+func (b *UnrelayedAnswer) rawEnds(end int64) {
+	b.textBytes += end - b.rawStart
+	b.raw = rawNone
 }
 
 // valueStarts returns the role of the value that starts here, and clears it: an element (or
@@ -279,6 +346,12 @@ func (b *UnrelayedAnswer) valueStarts() uint8 {
 			role = roleChoice
 		case roleToolCalls:
 			role = roleToolCall
+		case roleBlocks:
+			role = roleBlock
+		case roleOutput:
+			role = roleItem
+		case roleParts:
+			role = rolePart
 		}
 	}
 	return role
@@ -289,29 +362,37 @@ func (b *UnrelayedAnswer) valueStarts() uint8 {
 // of the answer, the first "message" of a choice (its first "text" in a legacy completion),
 // every "audio" of a message and every "data" and "transcript" of an audio, every "content",
 // "reasoning_content", "reasoning", "refusal", "tool_calls" and "function_call" of a message,
-// the first "function" of a tool call and the first "arguments" of a function.
+// the first "function" of a tool call and the first "arguments" of a function. As Meter.Body
+// reads an Anthropic message: the first "content" of the answer, and of each of its blocks the
+// first "text", "thinking" and "input"; a Responses answer: the first "output" of the answer,
+// of each of its items the first "arguments" and "content", of each part the first "text".
 func (b *UnrelayedAnswer) keyEnds() {
 	f := b.top()
 	if f == nil || b.keyLen > answerKeyLen {
 		return
 	}
 	key := string(b.key[:b.keyLen])
-	first := func(role uint8) {
-		if !f.sawFirst {
+	first := func(bit, role uint8) {
+		if f.seen&bit == 0 {
 			b.pending = role
 		}
-		f.sawFirst = true
+		f.seen |= bit
 	}
 	switch f.role {
 	case roleTop:
-		if key == "choices" {
+		switch {
+		case b.format == FormatAnthropic && key == "content":
+			first(firstMain, roleBlocks)
+		case b.format == FormatResponses && key == "output":
+			first(firstMain, roleOutput)
+		case (b.format == FormatChat || b.format == FormatCompletions) && key == "choices":
 			b.pending = roleChoices
 		}
 	case roleChoice:
-		if b.completions && key == "text" {
-			first(roleText)
-		} else if !b.completions && key == "message" {
-			first(roleMessage)
+		if b.format == FormatCompletions && key == "text" {
+			first(firstMain, roleText)
+		} else if b.format == FormatChat && key == "message" {
+			first(firstMain, roleMessage)
 		}
 	case roleMessage:
 		switch key {
@@ -334,15 +415,35 @@ func (b *UnrelayedAnswer) keyEnds() {
 	case roleToolCall:
 		// tc.Get("function.arguments") reads the first "arguments" of the first "function"
 		// that is an object holding one: sawFirst, once one was.
-		if key == "function" && !f.sawFirst {
+		if key == "function" && f.seen&firstFunction == 0 {
 			b.pending = roleFunction
 		}
 	case roleFunction:
 		if key == "arguments" {
-			first(roleText)
+			first(firstArguments, roleText)
 			if b.depth >= 2 && b.frames[b.depth-2].role == roleToolCall {
-				b.frames[b.depth-2].sawFirst = true
+				b.frames[b.depth-2].seen |= firstFunction
 			}
+		}
+	case roleBlock:
+		switch key {
+		case "text":
+			first(firstText, roleText)
+		case "thinking":
+			first(firstThinking, roleText)
+		case "input":
+			first(firstInput, roleRaw)
+		}
+	case roleItem:
+		switch key {
+		case "arguments":
+			first(firstArguments, roleText)
+		case "content":
+			first(firstMain, roleParts)
+		}
+	case rolePart:
+		if key == "text" {
+			first(firstText, roleText)
 		}
 	}
 }
@@ -393,6 +494,9 @@ func (b *UnrelayedAnswer) stringByte(c byte) {
 		b.esc = 1
 	case c == '"':
 		b.inString, b.counting = false, false
+		if b.raw == rawString {
+			b.rawEnds(b.at + 1)
+		}
 		if b.isKey {
 			b.keyEnds()
 		} else if b.data != nil {

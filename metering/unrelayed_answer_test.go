@@ -122,6 +122,9 @@ func FuzzUnrelayedAnswer(f *testing.F) {
 		`"choices":[{"logprobs":{"content":[{"token":"x","message":{"audio":{"data":"AAAA"}}}]},"message":{"audio":{"data":"`+
 		wavClip(100, 1)+`"}}}]}`, uint16(3))
 	f.Add(`{"choices":[{"message":{"audio":{"data":"`+b64(id3(20), mpeg2(4, 32).frames(1))+`"}}}]}`, uint16(1))
+	for _, body := range textCases() {
+		f.Add(body, uint16(5))
+	}
 	f.Fuzz(func(t *testing.T, body string, seed uint16) {
 		if !gjson.Valid(string(TrimBody([]byte(body)))) {
 			return // read whole, it is refused as cut short (proxy's cutJSON), never metered
@@ -132,7 +135,7 @@ func FuzzUnrelayedAnswer(f *testing.F) {
 		if pcm != wantPCM || us != wantUS {
 			t.Fatalf("in pieces: pcm %d, clips %d µs; read whole %d, %d", pcm, us, wantPCM, wantUS)
 		}
-		for _, f := range []Format{FormatChat, FormatCompletions} {
+		for _, f := range textFormats {
 			want := textWhole(f, body)
 			rng := rand.New(rand.NewPCG(uint64(seed), 1))
 			if got := textPieces(f, body, func() int { return rng.IntN(int(seed%64) + 2) }); got != want {
@@ -142,11 +145,25 @@ func FuzzUnrelayedAnswer(f *testing.F) {
 	})
 }
 
-// textCases are chat and completions answers whose text an UnrelayedAnswer must count as Meter.Body
-// does: every field openAIChoices reads, escapes, duplicate keys (gjson's Get reads the first,
-// ForEach every one), text that is no string, and text where it is not an answer's.
+// textFormats are the formats whose text an UnrelayedAnswer counts (an embeddings answer is read
+// as a chat one).
+var textFormats = []Format{FormatChat, FormatCompletions, FormatAnthropic, FormatResponses}
+
+// textCases are answers whose text an UnrelayedAnswer must count as Meter.Body does: every
+// field openAIChoices reads, and an Anthropic message's and a Responses answer's, escapes,
+// duplicate keys (gjson's Get reads the first, ForEach every one), text that is no string, raw
+// JSON of every kind, and text where it is not an answer's.
 func textCases() map[string]string {
 	return map[string]string{
+		"anthropic": `{"id":"msg","type":"message","content":[{"type":"thinking","thinking":"ab","signature":"s"},{"type":"text","text":"\u00e9\n"},` +
+			`{"type":"tool_use","id":"t","name":"f","input":{ "a" : [1, "\"x\""] }}],"usage":{"input_tokens":1}}`,
+		"anthropic inputs": `{"content":[{"input":"a\"b"},{"input":12.5e3 },{"input":true},{"input":null,"input":{"no":1}},{"input":[]},` +
+			`{"type":"text","text":"x","text":"no","thinking":7,"thinking":"no"},"text",["text"],{"x":{"text":"no"}}],"content":[{"text":"no"}]}`,
+		"anthropic content object": `{"content":{"a":{"text":"abc"},"b":{"input":-1}},"x":{"content":[{"text":"no"}]}}`,
+		"responses": `{"id":"resp","object":"response","output":[{"type":"reasoning","summary":[{"text":"no"}]},` +
+			`{"type":"message","content":[{"type":"output_text","text":"ab\ud83d\ude00","annotations":[{"text":"no"}]},{"type":"refusal","refusal":"no"}]},` +
+			`{"type":"function_call","arguments":"{\"a\":1}","arguments":"no"}],"output":[{"arguments":"no"}]}`,
+		"responses odd":  `{"output":{"a":{"content":{"p":{"text":"xy"}},"content":[{"text":"no"}]},"b":"text","c":[{"text":"no"}],"d":{"arguments":{"a":"no"}}}}`,
 		"content":        `{"choices":[{"message":{"role":"assistant","content":"Hello there."}}]}`,
 		"every field":    `{"choices":[{"message":{"content":"a","reasoning_content":"bb","reasoning":"ccc","refusal":"dddd","audio":{"transcript":"eeeee","data":"AAAA"}}}]}`,
 		"escapes":        `{"choices":[{"message":{"content":"\u00e9\n\"\\\/\ud83d\ude00\ud83d x\udc00"}}]}`,
@@ -182,8 +199,8 @@ func textPieces(f Format, body string, sizes func() int) int64 {
 }
 
 // TestUnrelayedAnswerCountsTextAsTheWholeAnswer: the text of an answer read past in pieces
-// without a usage report (one too large to relay) counts what the same answer read whole counts, in
-// the chat and legacy completions formats, however it is cut.
+// without a usage report (one too large to relay) counts what the same answer read whole
+// counts, in every format, however it is cut.
 func TestUnrelayedAnswerCountsTextAsTheWholeAnswer(t *testing.T) {
 	cases := textCases()
 	for name, body := range spokenCases() {
@@ -193,7 +210,7 @@ func TestUnrelayedAnswerCountsTextAsTheWholeAnswer(t *testing.T) {
 		if !gjson.Valid(string(TrimBody([]byte(body)))) && name != "spoken not an object" {
 			t.Fatalf("%s: not valid JSON", name)
 		}
-		for _, f := range []Format{FormatChat, FormatCompletions} {
+		for _, f := range textFormats {
 			want := textWhole(f, body)
 			for _, size := range []int{1, 2, 5, 64, len(body)} {
 				if got := textPieces(f, body, func() int { return size }); got != want {
@@ -203,10 +220,16 @@ func TestUnrelayedAnswerCountsTextAsTheWholeAnswer(t *testing.T) {
 		}
 	}
 	// Not vacuous: the cases hold text of each kind.
-	for name, want := range map[string]int64{"every field": 15, "tool calls": 10, "function call": 5, "duplicates": 15, "completions": 6} {
+	for name, want := range map[string]int64{"every field": 15, "tool calls": 10, "function call": 5, "duplicates": 15, "completions": 6,
+		"anthropic": 2 + 3 + 22, "anthropic inputs": 6 + 6 + 4 + 4 + 2 + 1, "anthropic content object": 5, "responses": 6 + 7, "responses odd": 2} {
 		f := FormatChat
-		if name == "completions" {
+		switch {
+		case name == "completions":
 			f = FormatCompletions
+		case strings.HasPrefix(name, "anthropic"):
+			f = FormatAnthropic
+		case strings.HasPrefix(name, "responses"):
+			f = FormatResponses
 		}
 		if got := textWhole(f, cases[name]); got != want {
 			t.Errorf("%s read whole: %d bytes of text, want %d", name, got, want)

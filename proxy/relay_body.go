@@ -389,9 +389,10 @@ const oversizeTail = 256 << 10
 // audio has the audio charged at the audio price, as the same answer read whole would: charged the
 // report alone, it was charged at the text price. An answer read to its end without a report
 // is charged as one read whole without one is: the prompt's estimate and its output's, from
-// the text and audio measured on the way (an OpenAI-format answer's: Anthropic's and the
-// Responses API's report their usage); charged the prompt's estimate alone, its output went
-// unbilled here and billed by the provider. It returns how many bytes it read past head.
+// the text and audio measured on the way, in every format (an Anthropic message's text,
+// thinking and tool inputs, a Responses answer's text and arguments, as Meter.Body counts
+// them); charged the prompt's estimate alone, its output went unbilled here and billed by the
+// provider. It returns how many bytes it read past head.
 func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) int64 {
 	past := m.NewUnrelayedAnswer()
 	past.Write(head)

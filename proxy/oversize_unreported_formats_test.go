@@ -1,0 +1,98 @@
+package proxy_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat: an Anthropic Messages answer
+// or a Responses one too large to relay (502 upstream_response_too_large), read past to its end
+// with no usage report in it, was charged its prompt's estimate alone, where the same answer
+// relayed is charged its output too, estimated from its text (its text, thinking and tool
+// inputs; its output items' text and arguments): the provider made that output and bills it.
+// The text read past is measured as it goes by now, and the charge is the relayed one, whether
+// the answer's Content-Length said it was too large or it was read past the limit.
+func TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat(t *testing.T) {
+	words := strings.Repeat("words ", 20_000)
+	const (
+		claude    = `{"model":"claude-test","max_tokens":64000,"messages":[{"role":"user","content":"Say hello."}]}`
+		responses = `{"model":"fake-gpt","input":"Say hello."}`
+	)
+	message := func(content string) string {
+		return `{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[` + content +
+			`],"stop_reason":"end_turn","stop_sequence":null}`
+	}
+	response := func(output string) string {
+		return `{"id":"resp_1","object":"response","status":"completed","model":"fake-gpt","output":[` + output + `]}`
+	}
+	cases := []struct{ name, path, request, empty, body string }{
+		{"anthropic text", "/v1/messages", claude, message(``), message(`{"type":"text","text":"` + words + `"}`)},
+		{"anthropic thinking, escaped text and a tool's input", "/v1/messages", claude, message(``), message(
+			`{"type":"thinking","thinking":"` + strings.ReplaceAll(words[:60_000], " ", `\n`) + `","signature":"c2ln"},` +
+				`{"type":"text","text":"\u00e9` + words[:30_000] + `"},` +
+				`{"type":"tool_use","id":"toolu_1","name":"f","input":{"text": "` + words[:60_000] + `", "n": [1, 2.5e3, true, null]}}`)},
+		{"responses text", "/v1/responses", responses, response(``), response(
+			`{"type":"message","id":"msg_1","role":"assistant","content":[{"type":"output_text","text":"` + words + `","annotations":[]}]}`)},
+		{"responses reasoning summary aside, text and a call's arguments", "/v1/responses", responses, response(``), response(
+			`{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"` + words[:20_000] + `"}]},` +
+				`{"type":"message","id":"msg_1","role":"assistant","content":[{"type":"output_text","text":"\ud83d\ude00` + words[:50_000] + `"}]},` +
+				`{"type":"function_call","id":"fc_1","call_id":"call_1","name":"f","arguments":"{\"text\":\"` + words[:60_000] + `\"}"}`)},
+	}
+	up := &fixedUpstream{}
+	ts := httptest.NewServer(up)
+	t.Cleanup(ts.Close)
+	const limit = 96 << 10
+	gateway := func(limit int64) *harness {
+		return newHarness(t, func(c *config.Config) {
+			c.Upstreams = []config.Upstream{{Name: "anthropic", Kind: "anthropic", BaseURL: ts.URL, Models: []string{"claude*"}},
+				{Name: "fixed", Kind: "openai", BaseURL: ts.URL, Models: []string{"*"}}}
+			c.Plans["standard"] = bigPlan(c.Plans["standard"])
+			c.Limits.MaxResponseBytes = limit
+		})
+	}
+	small, whole := gateway(limit), gateway(32<<20)
+	for _, tc := range cases {
+		su, skey := small.user("standard")
+		wu, wkey := whole.user("standard")
+		if len(tc.body) <= limit || len(tc.body) > 4*limit {
+			t.Fatalf("%s: %d bytes, want over the limit and within what is read past it", tc.name, len(tc.body))
+		}
+		up.set(tc.empty, false)
+		resp := whole.post(wkey, tc.path, tc.request, nil)
+		readAll(t, resp.Body)
+		resp.Body.Close()
+		promptOnly := whole.run(wu.ID, resp.Header.Get(proxy.RunIDHeader))
+		up.set(tc.body, false)
+		resp = whole.post(wkey, tc.path, tc.request, nil)
+		readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s read whole: %d", tc.name, resp.StatusCode)
+		}
+		want := whole.run(wu.ID, resp.Header.Get(proxy.RunIDHeader))
+		if !want.Estimated || want.OutTok < 10_000 || want.CostMicro <= 2*promptOnly.CostMicro {
+			t.Fatalf("%s read whole: run %+v, want its output estimated (the prompt's estimate alone costs %d)", tc.name, want, promptOnly.CostMicro)
+		}
+		for _, length := range []bool{false, true} {
+			up.set(tc.body, length)
+			resp := small.post(skey, tc.path, tc.request, nil)
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_response_too_large" {
+				t.Fatalf("%s (Content-Length %v): %d %s, want 502 upstream_response_too_large", tc.name, length, resp.StatusCode, body)
+			}
+			got := small.run(su.ID, resp.Header.Get(proxy.RunIDHeader))
+			if got.CostMicro != want.CostMicro || got.OutTok != want.OutTok || !got.Estimated ||
+				got.SettleSource.String != holds.SourceStreamError {
+				t.Errorf("%s (Content-Length %v): too large to relay, run %+v; read whole, cost %d, %d output tokens",
+					tc.name, length, got, want.CostMicro, want.OutTok)
+			}
+		}
+	}
+}
