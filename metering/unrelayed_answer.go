@@ -152,6 +152,26 @@ func (m *Meter) AddUnreported(b *UnrelayedAnswer) {
 	m.res.OutputChars += b.textBytes
 }
 
+// Cut ends an answer cut before its end (read up to a bound): the value being read
+// counts as far as it was read, the audio data as what it decodes to so far (a file as long as
+// it plays so far) and raw JSON by its bytes read, as a stream cut midway counts what came of
+// it. Nothing is read after it. A nil UnrelayedAnswer has nothing to end.
+func (b *UnrelayedAnswer) Cut() {
+	if b == nil || b.done {
+		return
+	}
+	b.done = true
+	if b.inString && b.data != nil {
+		pcm, us := b.data.measure()
+		b.pcmBytes = min(b.pcmBytes+pcm, maxAudioCount)
+		b.clipMicros = min(b.clipMicros+us, maxAudioCount)
+		b.data = nil
+	}
+	if b.raw != rawNone {
+		b.rawEnds(b.off)
+	}
+}
+
 // Write reads the next piece of the answer; it never fails. A nil UnrelayedAnswer reads nothing.
 func (b *UnrelayedAnswer) Write(p []byte) (int, error) {
 	n := len(p)

@@ -295,3 +295,54 @@ func TestMP3WalkTimesAsBefore(t *testing.T) {
 		}
 	}
 }
+
+// TestUnrelayedAnswerCutCountsWhatWasRead: an answer cut before its end (read up to the bound
+// on what is read past) counts the value being read as far as it was read: text by
+// its bytes, a tool input's raw JSON by its bytes, audio data as the same data ended there would
+// be measured. What follows the cut is not read.
+func TestUnrelayedAnswerCutCountsWhatWasRead(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		format Format
+		head   string // the answer up to the value cut
+		value  string // the value, cut at each of its bytes
+		closer string // what ends the answer, for the same data ended at the cut
+	}{
+		{"chat text", FormatChat, `{"choices":[{"message":{"content":"`, strings.Repeat("words ", 200), `"}}]}`},
+		{"anthropic input", FormatAnthropic, `{"content":[{"type":"text","text":"ab"},{"type":"tool_use","input":`, `{"a":["` + strings.Repeat("x", 300), ``},
+		{"wav", FormatChat, `{"choices":[{"message":{"audio":{"data":"`, wavClip(8000, 1), `"}}}]}`},
+		{"mp3", FormatChat, `{"choices":[{"message":{"audio":{"data":"`, b64(mpeg1(1, 32).frames(20)), `"}}}]}`},
+	} {
+		for _, k := range []int{0, 1, 5, 60, len(tc.value) / 2, len(tc.value) - 1} {
+			m := NewMeter(tc.format)
+			ua := m.NewUnrelayedAnswer()
+			ua.Write([]byte(tc.head + tc.value[:k]))
+			ua.Cut()
+			ua.Write([]byte(tc.value[k:] + `"}}]}`)) // past the cut: not read
+			m.AddUnreported(ua)
+			got := m.Result()
+			var want Result
+			if tc.closer == "" { // raw JSON: its bytes read, and the text before it
+				want.OutputChars = 2 + int64(k)
+			} else {
+				w := NewMeter(tc.format)
+				w.Body([]byte(tc.head + tc.value[:k] + tc.closer))
+				want = w.Result()
+			}
+			if got.OutputChars != want.OutputChars || got.AudioOutput != want.AudioOutput {
+				t.Errorf("%s cut %d bytes into its value: %d bytes of text, %d audio tokens; want %d, %d", tc.name, k,
+					got.OutputChars, got.AudioOutput, want.OutputChars, want.AudioOutput)
+			}
+		}
+	}
+	// Not vacuous: the audio cut halfway counts.
+	m := NewMeter(FormatChat)
+	ua := m.NewUnrelayedAnswer()
+	clip := wavClip(8000, 1)
+	ua.Write([]byte(`{"choices":[{"message":{"audio":{"data":"` + clip[:len(clip)/2]))
+	ua.Cut()
+	m.AddUnreported(ua)
+	if r := m.Result(); r.AudioOutput == 0 {
+		t.Fatal("half a second of WAV cut counted no audio")
+	}
+}

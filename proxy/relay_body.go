@@ -381,10 +381,10 @@ const oversizeTail = 256 << 10
 // name the model) and the usage report at its end, reading and discarding the rest as it
 // comes, up to most bytes. The provider bills what it made, whether or not the gateway can
 // pass it on: a spoken answer in WAV passes the default 32 MiB after nine minutes, and was
-// charged its prompt's estimate alone. Only an answer read to its end is metered: the report
-// comes last, so one cut (past most, or broken) has none of its own, and a "usage" object
-// found in it would be part of the answer (an Anthropic tool_use input is raw JSON the
-// caller's schema shapes). The spoken answers read past are measured as they go by
+// charged its prompt's estimate alone. Only an answer read to its end is metered by a report:
+// the report comes last, so one cut (past most, or broken) has none of its own, and a "usage"
+// object found in it would be part of the answer (an Anthropic tool_use input is raw JSON the
+// caller's schema shapes); one cut at most is charged the estimate of what was read of it. The spoken answers read past are measured as they go by
 // (metering.UnrelayedAnswer), so that a report which does not say how much of the output was
 // audio has the audio charged at the audio price, as the same answer read whole would: charged the
 // report alone, it was charged at the text price. An answer read to its end without a report
@@ -410,12 +410,21 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 			tail = append(tail[:0], tail[len(tail)-oversizeTail:]...)
 		}
 	}
-	ended := errors.Is(err, io.EOF)
+	ended, pastBound := errors.Is(err, io.EOF), false
 	if err == nil {
 		// Read up to the bound: the answer ended there only if nothing follows.
 		var one [1]byte
 		n, err := rest.Read(one[:])
 		ended = n == 0 && errors.Is(err, io.EOF)
+		pastBound = n > 0 || err == nil
+	}
+	if pastBound {
+		// Cut at the bound: no report of its own, but the output read past was made, and the
+		// provider bills it. It is charged as a stream cut midway is, its estimate: charged
+		// the prompt's alone, an answer past the bound cost less than one a little shorter
+		// read to its end. (One that breaks is charged as a whole answer that breaks is.)
+		past.Cut()
+		m.AddUnreported(past)
 	}
 	if !ended {
 		return read
