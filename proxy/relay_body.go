@@ -384,10 +384,11 @@ const oversizeTail = 256 << 10
 // charged its prompt's estimate alone. Only an answer read to its end is metered by a report:
 // the report comes last, so one cut (past most, or broken) has none of its own, and a "usage"
 // object found in it would be part of the answer (an Anthropic tool_use input is raw JSON the
-// caller's schema shapes); one cut at most is charged the estimate of what was read of it. The spoken answers read past are measured as they go by
-// (metering.UnrelayedAnswer), so that a report which does not say how much of the output was
-// audio has the audio charged at the audio price, as the same answer read whole would: charged the
-// report alone, it was charged at the text price. An answer read to its end without a report
+// caller's schema shapes); one cut at most is charged the estimate of what was read of it.
+// The spoken answers read past are measured as they go by (metering.UnrelayedAnswer), so that
+// a report which does not say how much of the output was audio has the audio charged at the
+// audio price, as the same answer read whole would: charged the report alone, it was charged
+// at the text price. An answer read to its end without a report
 // is charged as one read whole without one is: the prompt's estimate and its output's, from
 // the text and audio measured on the way, in every format (an Anthropic message's text,
 // thinking and tool inputs, a Responses answer's text and arguments, as Meter.Body counts
