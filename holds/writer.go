@@ -90,7 +90,10 @@ func NewWriter(store *Store, cfg WriterConfig) *Writer {
 	return w
 }
 
-// Admit takes req's hold in the next batch, within AdmitTimeout of this call: its deadline.
+// Admit takes req's hold in the next batch, within AdmitTimeout of this call or by ctx's
+// deadline if that comes first: its deadline. A caller's steps before forwarding share one
+// admit_timeout (the proxy's admission budget), so an admission made after others (an
+// Idempotency-Key's next attempt) gets what is left of it, not an AdmitTimeout of its own.
 // The caller waits for a place in the queue and for a worker to take it until that deadline,
 // or until ctx ends, and is then told ErrAdmitNotStarted: nothing was held; so it is when a
 // worker finds too little of it left to start (see commit). Once a worker has taken it, it
@@ -101,7 +104,11 @@ func NewWriter(store *Store, cfg WriterConfig) *Writer {
 // it. The batch used to get AdmitTimeout of its own from when a worker took it, so an
 // admission that queued behind a stalled batch waited up to twice AdmitTimeout.
 func (w *Writer) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
-	deadline := time.Now().Add(w.cfg.AdmitTimeout)
+	offered := time.Now()
+	deadline := offered.Add(w.cfg.AdmitTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
 	wait := time.NewTimer(time.Until(deadline))
 	defer wait.Stop()
 	if w.cfg.ServedBy != nil {
@@ -119,7 +126,7 @@ func (w *Writer) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
 	case o = <-out:
 	case <-wait.C:
 		if it.taken.CompareAndSwap(itemQueued, itemWithdrawn) {
-			return Hold{}, fmt.Errorf("admit %s: %w (waited %v)", req.RunID, ErrAdmitNotStarted, w.cfg.AdmitTimeout)
+			return Hold{}, fmt.Errorf("admit %s: %w (waited %v)", req.RunID, ErrAdmitNotStarted, time.Since(offered).Round(time.Millisecond))
 		}
 		o = <-out
 	case <-ctx.Done():

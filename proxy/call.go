@@ -145,7 +145,13 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	if refused != 0 {
 		return refused
 	}
-	c, answered := s.admitCall(w, r, rt, user, runID, in, callLog)
+	// The steps before forwarding share one admit_timeout, counted from the body read whole
+	// (in.deadline): each had its own (an admission, an Idempotency-Key attempt's row, the next
+	// attempt's admission, a session's claim...), and a caller waited several before it was
+	// forwarded or refused.
+	actx, cancel := admissionContext(r.Context(), in.deadline)
+	defer cancel()
+	c, answered := s.admitCall(w, r, actx, rt, user, runID, in, callLog)
 	if c == nil {
 		return answered
 	}
@@ -155,7 +161,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	// From here on the hold exists, and this deferred settlement is what closes it: it runs on
 	// success, error, client cancel and panic alike.
 	defer s.finish(r.Context(), c)
-	return s.runCall(w, r, c, in)
+	return s.runCall(w, r, actx, c, in)
 }
 
 // refuser is how a call's steps refuse it: the refusal's line goes to log, its answer to w,
@@ -171,9 +177,9 @@ func refuser(w http.ResponseWriter, log *zap.Logger) func(e *apiError, reason st
 // admitCall holds credits for a call read whole (in), under its run id: a caller-named run's,
 // an Idempotency-Key attempt's, else runID, made up for this request. It returns the call, or
 // nil and the status of the answer written instead (a refusal, a replay, a duplicate), with
-// nothing held that needs undoing.
-func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, rt *route, user holds.User, runID string, in incomingCall,
-	callLog *zap.Logger) (*call, int) {
+// nothing held that needs undoing. Its steps run under actx, the call's admission budget.
+func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.Context, rt *route, user holds.User, runID string,
+	in incomingCall, callLog *zap.Logger) (*call, int) {
 	req, clientRunID, idemKey, sessionID := in.req, in.ids.clientRunID, in.ids.idemKey, in.ids.sessionID
 	// A caller-named run groups many calls under one hold; without a name a call is a run of
 	// one that settles when it ends.
@@ -201,14 +207,14 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, rt *route, us
 		idem = &idemCall{key: idemKey, userID: user.ID, bodyHash: in.bodyHash, body: in.body, lease: in.lease}
 		idem.record = s.keys.Replay(idempotentRunID(user.ID, idemKey, 0))
 		var answered int
-		hold, answered = s.admitIdempotent(w, r, idem, &ar, callLog)
+		hold, answered = s.admitIdempotent(w, r, actx, idem, &ar, callLog)
 		idem.body = nil // the call keeps its record's name, not its body, until it settles
 		if answered != 0 {
 			return nil, answered
 		}
 		runID = ar.RunID
 		log = callLog.WithLazy(zap.String("run_id", runID))
-	} else if hold, err = s.admit(r.Context(), ar, log); err != nil {
+	} else if hold, err = s.admit(actx, ar, log); err != nil {
 		s.releaseLostAdmission(r.Context(), ar, err, log)
 		if r.Context().Err() != nil {
 			e, why := ended(r.Context(), "during admission; nothing held")
@@ -263,12 +269,14 @@ func (s *Server) fitBudget(ctx context.Context, c *call, refuse func(*apiError, 
 // runCall takes a held call from its budget to its answer: it fits the request to what the
 // call may spend, checks it against duplicates and forwards it. What it defers (a session's
 // end, a fingerprint's, the in-flight gauge's) runs as it returns, before handleCall's
-// deferred settlement.
-func (s *Server) runCall(w http.ResponseWriter, r *http.Request, c *call, in incomingCall) int {
+// deferred settlement. Its steps before forwarding (a named run's reservation, a session's
+// claim, a fingerprint's check) run under actx, what is left of the call's admission budget:
+// one past it refuses the call 503, and its hold is released at 0.
+func (s *Server) runCall(w http.ResponseWriter, r *http.Request, actx context.Context, c *call, in incomingCall) int {
 	refuse := refuser(w, c.log)
 	sessionID := in.ids.sessionID
 	message := sessionMessage(c, sessionID) // before fitBudget rewrites the request
-	if status := s.fitBudget(r.Context(), c, refuse); status != 0 {
+	if status := s.fitBudget(actx, c, refuse); status != 0 {
 		return status
 	}
 
@@ -283,12 +291,16 @@ func (s *Server) runCall(w http.ResponseWriter, r *http.Request, c *call, in inc
 			c.log.Warn("cancel bus unavailable; a newer message cannot stop this run", zap.Error(err))
 		}
 		defer s.cancels.unregister(c.runID)
-		if status := s.joinSession(ctx, w, c, sessionID, message, refuse); status != 0 {
+		// The claim ends with the budget, and with a newer message of the session (ctx).
+		cctx, cancelClaim := admissionContext(ctx, in.deadline)
+		status := s.joinSession(cctx, w, c, sessionID, message, refuse)
+		cancelClaim()
+		if status != 0 {
 			return status
 		}
 		defer s.endSessionCall(r.Context(), c)
 	case in.fingerprinted:
-		if status := s.checkFingerprint(w, r, c, in.bodyHash, refuse); status != 0 {
+		if status := s.checkFingerprint(w, r, actx, c, in.bodyHash, refuse); status != 0 {
 			return status
 		}
 		// Runs before the deferred settlement and before the handler returns: whatever ends
@@ -357,12 +369,37 @@ func (s *Server) refuseUnforwarded(w http.ResponseWriter, r *http.Request, c *ca
 	return answerClientClosed(w, r)
 }
 
+// errAdmitBudgetSpent is why a call's admission context (admissionContext) ended when its
+// admit_timeout ran out before forwarding: the caller is answered 503 (billing_unavailable, or
+// its step's own), not as one that left.
+var errAdmitBudgetSpent = errors.New("admit_timeout spent before forwarding")
+
+// admissionContext is ctx ending at deadline, a call's admission budget (incomingCall.deadline),
+// with errAdmitBudgetSpent as its cause then. Each step before forwarding runs under it (a
+// store step's own bound, storeContext, and a Redis step's, redisStep, within it), so together
+// they take at most admit_timeout from the body read whole: given one each, an Idempotency-Key
+// retry that found its attempts settled one after another waited an admission, a lookup of the
+// attempt's row and the next admission, each up to admit_timeout.
+func admissionContext(ctx context.Context, deadline time.Time) (context.Context, context.CancelFunc) {
+	return context.WithDeadlineCause(ctx, deadline, errAdmitBudgetSpent)
+}
+
+// callerEnded reports whether ctx, a step's admission context, ended for its request's sake
+// (the caller left, the drain cut it, a newer message replaced it) rather than because the
+// admission budget ran out.
+func callerEnded(ctx context.Context) bool {
+	return ctx.Err() != nil && !errors.Is(context.Cause(ctx), errAdmitBudgetSpent)
+}
+
 // incomingCall is a call's request as readCall accepted it.
 type incomingCall struct {
 	req     *callRequest
 	body    []byte
 	ids     callIDs
 	arrived time.Time // its body read whole: the admission's clock starts here
+	// deadline is arrived + admit_timeout: every step before forwarding runs by it
+	// (admissionContext).
+	deadline time.Time
 	// fingerprinted: a plain request (no run, key or session), checked against the fingerprint
 	// window. bodyHash names its request for that check (route, body, answerShaping) or for an
 	// Idempotency-Key's record (route and body); empty when neither needs it.
@@ -401,6 +438,7 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, use
 		return incomingCall{}, refuse(aerr, "body", nil)
 	}
 	arrived := time.Now()
+	deadline := arrived.Add(s.cfg.Limits.AdmitTimeout)
 	s.metrics.bodyPhase.Observe(arrived.Sub(reading).Seconds())
 	req, aerr := s.parseCall(rt, body, r.Header)
 	if aerr != nil {
@@ -409,22 +447,26 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, use
 	if idsErr != nil {
 		return incomingCall{}, refuse(idsErr, "validation", nil)
 	}
+	// The earlier answers' records are read within the admission budget too (each lookup has
+	// its own, shorter bound, and goes on without them past it).
+	actx, cancel := admissionContext(r.Context(), deadline)
+	defer cancel()
 	if cont := req.continues(); len(cont) > 0 {
 		var foreign bool
-		if req.carried, foreign = s.carriedContext(r.Context(), userID, cont, req.previousResponse, log); foreign {
+		if req.carried, foreign = s.carriedContext(actx, userID, cont, req.previousResponse, log); foreign {
 			// OpenAI's answer to an id it does not know: to this caller, it is none.
 			return incomingCall{}, refuse(&apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "previous_response_not_found",
 				Message: fmt.Sprintf("Previous response with id '%s' not found.", req.previousResponse), NoRetry: true}, "validation", nil)
 		}
 	}
 	if len(req.spokenIDs) > 0 {
-		if id := s.hearAgain(r.Context(), userID, req, log); id != "" {
+		if id := s.hearAgain(actx, userID, req, log); id != "" {
 			// Worded as for an id the provider does not know: to this caller, it is none.
 			return incomingCall{}, refuse(&apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "audio_not_found",
 				Message: fmt.Sprintf("Audio with id '%s' not found.", id), NoRetry: true}, "validation", nil)
 		}
 	}
-	in := incomingCall{req: req, body: body, ids: ids, arrived: arrived, lease: lease}
+	in := incomingCall{req: req, body: body, ids: ids, arrived: arrived, deadline: deadline, lease: lease}
 	in.fingerprinted = ids == (callIDs{}) && s.cfg.Dedup.Window > 0
 	switch {
 	case ids.idemKey != "":

@@ -67,9 +67,10 @@ return 0`)
 // checkFingerprint answers a plain request whose body the same user sent moments ago while
 // that first request still runs. It returns the status it answered with, or 0 to go on.
 // Redis out of reach is a refusal unless dedup.fail_open: a silent double run costs money.
-func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, c *call, bodyHash string,
+// Its steps run under actx, the call's admission budget.
+func (s *Server) checkFingerprint(w http.ResponseWriter, r *http.Request, actx context.Context, c *call, bodyHash string,
 	refuse func(*apiError, string, error) int) int {
-	orig, err := s.fingerprint(r.Context(), c.user.ID, bodyHash, c.runID)
+	orig, err := s.fingerprint(actx, c.user.ID, bodyHash, c.runID)
 	var dbDown errStoreDown
 	switch {
 	case err != nil && r.Context().Err() != nil:
@@ -205,6 +206,7 @@ func (s *Server) fingerprint(ctx context.Context, userID uint64, bodyHash, runID
 			return "", nil
 		}
 		sctx, cancel := s.storeContext(ctx)
+		s.beforeStep(sctx, stepFingerprint)
 		live, err := s.store.RunLive(sctx, orig)
 		cancel()
 		if err != nil {

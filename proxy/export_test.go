@@ -88,3 +88,10 @@ func (s *Server) CachedKeys() int {
 	defer s.auth.mu.Unlock()
 	return len(s.auth.entries)
 }
+
+// ObserveSteps has f told of each store step on a call's path before forwarding (an
+// admission, an Idempotency-Key attempt's row, a fingerprint's run, a session claim, a named
+// run's reservation) as it
+// starts, with the context it runs under and its name; f may take its time, as a slow step
+// would, before the step runs.
+func (s *Server) ObserveSteps(f func(ctx context.Context, step string)) { s.stepObserver.Store(&f) }

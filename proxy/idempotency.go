@@ -185,8 +185,9 @@ const maxIdemRounds = 4
 // 0 when the caller goes on with the returned hold (ar.RunID is then the attempt's run id).
 // callLog is the request's logger without a run id: a line names the run ar.RunID names at
 // the time, the attempt's once it is known (a lost admission's release is of that run).
-func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, ic *idemCall, ar *holds.AdmitRequest, callLog *zap.Logger) (holds.Hold, int) {
-	a := &idemAdmission{s: s, w: w, r: r, ic: ic, ar: ar, callLog: callLog,
+func (s *Server) admitIdempotent(w http.ResponseWriter, r *http.Request, actx context.Context, ic *idemCall, ar *holds.AdmitRequest,
+	callLog *zap.Logger) (holds.Hold, int) {
+	a := &idemAdmission{s: s, w: w, r: r, ctx: actx, ic: ic, ar: ar, callLog: callLog,
 		log: callLog.WithLazy(zap.String("run_id", ar.RunID))}
 	for range maxIdemRounds {
 		rec, status := a.readRecord()
@@ -225,6 +226,10 @@ type idemAdmission struct {
 	// attempt floor, the first attempt not known, by its settled row, to have ended unpinned.
 	unread bool
 	floor  int
+	// ctx is the call's admission budget (admissionContext): every read, write and admission
+	// of admitIdempotent's rounds runs under it, so all of them together take at most admit_timeout.
+	// r's own context tells a caller that left.
+	ctx context.Context
 }
 
 // answer answers the request without running it (a replay's refusal, a reused key, a running
@@ -254,7 +259,7 @@ func (a *idemAdmission) readRecord() (idemRecord, int) {
 	if a.unread {
 		return idemRecord{attempt: a.floor}, 0
 	}
-	rec, err := a.s.readIdem(a.r.Context(), a.ic)
+	rec, err := a.s.readIdem(a.ctx, a.ic)
 	if err == nil {
 		return rec, 0
 	}
@@ -290,7 +295,7 @@ func (a *idemAdmission) replayPinned(rec idemRecord) (status int, again bool) {
 	if rec.large {
 		return a.answer(errReplayTooLarge(rec.run, a.s.cfg.Dedup.MaxReplayLen), false), false
 	}
-	status, err := a.s.replay(a.r.Context(), a.w, a.ic, a.log)
+	status, err := a.s.replay(a.ctx, a.w, a.ic, a.log)
 	if errors.Is(err, errStoredAnswerGone) {
 		return 0, true // expired since it was read: the key is free, or Redis lost it (read again)
 	}
@@ -320,12 +325,12 @@ func (a *idemAdmission) admitAttempt(attempt int) (_ holds.Hold, status int, aga
 	a.ic.attempt = attempt
 	a.ar.RunID = idempotentRunID(a.ic.userID, a.ic.key, attempt)
 	a.log = a.callLog.WithLazy(zap.String("run_id", a.ar.RunID))
-	hold, err := a.s.admit(a.r.Context(), *a.ar, a.log)
+	hold, err := a.s.admit(a.ctx, *a.ar, a.log)
 	switch {
 	case err == nil && hold.Existing:
 		return holds.Hold{}, a.answer(errRequestInProgress(a.ar.RunID), true), false
 	case err == nil:
-		if err := a.s.startIdem(a.r.Context(), a.ic); err != nil {
+		if err := a.s.startIdem(a.ctx, a.ic); err != nil {
 			// The in-flight guard is the hold; the stored body hash only refines a
 			// reused key's answer from 409 to 422. Going on is safe.
 			a.log.Warn("idempotency record not started", zap.Error(err))
@@ -359,7 +364,7 @@ func (a *idemAdmission) admitAttempt(attempt int) (_ holds.Hold, status int, aga
 func (a *idemAdmission) passSettled(attempt int) int {
 	rec, readErr := idemRecord{}, errRecordUnread
 	if !a.unread {
-		rec, readErr = a.s.readIdem(a.r.Context(), a.ic)
+		rec, readErr = a.s.readIdem(a.ctx, a.ic)
 	}
 	if readErr == nil && (rec.run != "" || rec.superseded || rec.attempt != attempt) {
 		return 0
@@ -369,7 +374,7 @@ func (a *idemAdmission) passSettled(attempt int) int {
 	}
 	// A record without the body hash every attempt's admission writes is one Redis lost whole
 	// (or never had): what it said of the attempt is gone.
-	pinned, err := a.s.attemptPinned(a.r.Context(), a.ic.userID, a.ar.RunID, readErr != nil || rec.bodyHash == "")
+	pinned, err := a.s.attemptPinned(a.ctx, a.ic.userID, a.ar.RunID, readErr != nil || rec.bodyHash == "")
 	if err != nil {
 		return a.fail(errBillingDown, "idempotent attempt unreadable", err)
 	}
@@ -382,7 +387,7 @@ func (a *idemAdmission) passSettled(attempt int) int {
 	case pinned:
 		return a.answer(errReplayLost(a.ar.RunID), false)
 	}
-	if err := a.s.advanceIdem(a.r.Context(), a.ic, attempt); err != nil {
+	if err := a.s.advanceIdem(a.ctx, a.ic, attempt); err != nil {
 		return a.fail(errDedupDown, "idempotency attempt not advanced", err)
 	}
 	return 0
@@ -431,6 +436,7 @@ func (a *idemAdmission) refuseAdmission(err error) int {
 func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string, recordGone bool) (bool, error) {
 	sctx, cancel := s.storeContext(ctx)
 	defer cancel()
+	s.beforeStep(sctx, stepAttemptPinned)
 	run, err := s.store.Run(sctx, userID, runID)
 	if err != nil {
 		return false, err // names the run already

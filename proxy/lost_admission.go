@@ -101,6 +101,7 @@ func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logg
 		defer leave()
 		s.markLost(context.WithoutCancel(ctx), ar, log)
 	})
+	s.beforeStep(ctx, stepAdmit)
 	hold, err := s.writer.Admit(ctx, ar)
 	if stop() {
 		leave()

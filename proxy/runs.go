@@ -67,6 +67,7 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 	// The run's calls share one hold, so one slot of the user's max_in_flight: without a bound
 	// here a caller could run any number of calls at once under one name.
 	rctx, cancel := redisStep(ctx)
+	s.beforeStep(rctx, stepReserve)
 	granted, err := s.budgets.ReserveAtMost(rctx, c.runID, c.callID, budget, want, least, max(c.hold.MaxInFlight, 1), c.hold.RecordedMicro)
 	cancel()
 	switch {
@@ -82,7 +83,7 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 		// The reservation may have been made and its reply lost: the call's release (with
 		// nothing used) must still go out.
 		c.reserving = true
-		if ctx.Err() != nil {
+		if callerEnded(ctx) {
 			e, why := ended(ctx, "during the run budget reservation")
 			return 0, e, fmt.Errorf("%s: %w", why, err)
 		}

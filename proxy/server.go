@@ -93,6 +93,9 @@ type Server struct {
 	// when it has.
 	stopBeat context.CancelFunc
 	beatDone chan struct{}
+	// stepObserver, when set (tests: ObserveSteps), is told of each store step before
+	// forwarding as it starts, with the context it runs under (beforeStep).
+	stepObserver atomic.Pointer[func(context.Context, string)]
 }
 
 // maxBackgroundSettlements bounds settlements in flight beyond their requests.
@@ -423,9 +426,26 @@ func (s *Server) Close() error {
 // storeContext bounds a database call made on a request's behalf by admit_timeout. A
 // request's own context has no deadline, and the store retries an unreachable database until
 // its context ends: without a bound the caller would wait out the outage instead of getting
-// 503 billing_unavailable.
+// 503 billing_unavailable. Before forwarding, ctx is the call's admission budget
+// (admissionContext), which ends first: a step gets what is left of it.
 func (s *Server) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, s.cfg.Limits.AdmitTimeout)
+}
+
+// The store and Redis steps on a call's path before forwarding that beforeStep names.
+const (
+	stepAdmit         = "admit"
+	stepAttemptPinned = "attempt pinned"
+	stepFingerprint   = "fingerprint run live"
+	stepSessionClaim  = "session claim"
+	stepReserve       = "run budget reservation"
+)
+
+// beforeStep tells the step observer, if any (tests), that step starts under ctx.
+func (s *Server) beforeStep(ctx context.Context, step string) {
+	if f := s.stepObserver.Load(); f != nil {
+		(*f)(ctx, step)
+	}
 }
 
 // redisStepTimeout bounds one Redis step on a caller's path: the duplicate checks (a
@@ -437,7 +457,8 @@ func (s *Server) storeContext(ctx context.Context) (context.Context, context.Can
 // long as a tally write's bound: the same Redis, the same round trips.
 const redisStepTimeout = 2 * time.Second
 
-// redisStep bounds one Redis step of a caller's request by redisStepTimeout.
+// redisStep bounds one Redis step of a caller's request by redisStepTimeout (before
+// forwarding, within what is left of its admission budget, admissionContext).
 func redisStep(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, redisStepTimeout)
 }

@@ -235,6 +235,7 @@ func (s *Server) endSessionCall(ctx context.Context, c *call) {
 // stop. message is the request's sessionMessageHash, of the body as the caller sent it.
 func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, message [32]byte) (*apiError, error) {
 	sctx, cancel := s.storeContext(ctx)
+	s.beforeStep(sctx, stepSessionClaim)
 	claim, err := s.store.ClaimSession(sctx, c.user.ID, sessionID, c.runID, message)
 	cancel()
 	if err != nil {
@@ -248,6 +249,7 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 		cancel()
 		if err == nil && done == 1 {
 			sctx, cancel := s.storeContext(ctx)
+			s.beforeStep(sctx, stepSessionClaim)
 			claim, err = s.store.ClaimSessionPast(sctx, c.user.ID, sessionID, c.runID, message, claim.Current)
 			cancel()
 			if err != nil {
@@ -272,10 +274,10 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 
 // sessionClaimFailed refuses a call whose session claim failed (the caller logs the refusal,
 // with the error returned): billing is down, unless the caller left while it waited (the
-// failure is then its cancelled context).
+// failure is then its cancelled context). The admission budget running out is billing down.
 func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) (*apiError, error) {
 	c.outcome = outcomeRefused
-	if ctx.Err() != nil {
+	if callerEnded(ctx) {
 		e, why := ended(ctx, "during the session claim")
 		return e, fmt.Errorf("%s: %w", why, err)
 	}
