@@ -32,6 +32,9 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		return answerMemoryFull(w, r, resp, c, body, limit, err)
 	}
 	if err != nil {
+		// Broken, out of time, or its caller left: charged the output it had sent, as a
+		// stream cut there is.
+		meterCut(c.meter, body, s.cfg.Limits.MaxEventBytes)
 		return answerBodyFailure(w, r, c, err)
 	}
 	if int64(len(body)) > limit {
@@ -127,7 +130,8 @@ func meterUnrelayed(c *call, head []byte, rest *brokenRead, limit int64) (int64,
 	head = readHead(head, rest)
 	if rest.err != nil {
 		// Broken within its head (a body cut short reads as a clean end after its first
-		// error): it has no report of its own.
+		// error): it has no report of its own, and is charged the output it had sent.
+		meterCut(c.meter, head, 0)
 		return int64(len(head)), rest.err
 	}
 	most := int64(math.MaxInt64)
@@ -189,6 +193,7 @@ func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body
 		// end): as when it breaks a Content-Length. Metered, a usage object cut mid-number
 		// was charged as the provider's word ("completion_tokens":4 of 400).
 		c.outcome = outcomeStreamError
+		meterCut(c.meter, body, maxEvent)
 		c.log.Warn("upstream body cut short", zap.Int("bytes", len(body)))
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream connection broke before the answer was complete."})
@@ -411,23 +416,20 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 			tail = append(tail[:0], tail[len(tail)-oversizeTail:]...)
 		}
 	}
-	ended, pastBound := errors.Is(err, io.EOF), false
+	ended := errors.Is(err, io.EOF)
 	if err == nil {
 		// Read up to the bound: the answer ended there only if nothing follows.
 		var one [1]byte
 		n, err := rest.Read(one[:])
 		ended = n == 0 && errors.Is(err, io.EOF)
-		pastBound = n > 0 || err == nil
-	}
-	if pastBound {
-		// Cut at the bound: no report of its own, but the output read past was made, and the
-		// provider bills it. It is charged as a stream cut midway is, its estimate: charged
-		// the prompt's alone, an answer past the bound cost less than one a little shorter
-		// read to its end. (One that breaks is charged as a whole answer that breaks is.)
-		past.Cut()
-		m.AddUnreported(past)
 	}
 	if !ended {
+		// Cut at the bound, or broken (the upstream broke or ran out of time, or the caller
+		// left and the upstream call with it): no report of its own, but the output read was
+		// made, and the provider bills it. It is charged as a stream cut midway is, its
+		// estimate: charged the prompt's alone, an answer past the bound cost less than one a
+		// little shorter read to its end, and one that broke nothing of what it had sent.
+		meterCutPast(m, head, past)
 		return read
 	}
 	if len(tail) < oversizeTail {
@@ -438,7 +440,7 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 	if usage.IsObject() {
 		whole = append(append(whole, `,"usage":`...), usage.Raw...)
 	}
-	model := gjson.GetBytes(head, "model")
+	model := headModel(head)
 	if model.Type != gjson.String {
 		model = lastKey(tail, "model", '"') // an embeddings list names its model after its data
 	}
@@ -452,6 +454,47 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 		m.AddUnreported(past)
 	}
 	return read
+}
+
+// meterCut meters an answer that did not come whole — its body broke, or the upstream's time
+// ran out, or its caller left and the upstream call with it — from read, all of it that was
+// read. The provider made what it sent, and bills it (a non-streamed answer is made before it
+// is sent): the call is charged as a stream cut at the same point is, the prompt's estimate
+// and the output's, from the text and audio read (the value being read when it broke counts
+// as far as it came). Charged the prompt's estimate alone, an answer that broke near its end
+// cost less than one a little shorter that reached it. A report in it is not its own: the
+// report comes last, and a "usage" object in a cut answer is part of its text (an Anthropic
+// tool input). An event stream under another label (maxEvent > 0: read whole, as relayBody
+// reads it) is metered by its whole events, as a stream cut there is (meterBody). It keeps no
+// more than what read holds already.
+func meterCut(m *metering.Meter, read []byte, maxEvent int) {
+	if t := metering.TrimBody(read); maxEvent > 0 && len(t) > 0 && t[0] != '{' {
+		meterBody(m, read, maxEvent)
+		return
+	}
+	past := m.NewUnrelayedAnswer()
+	_, _ = past.Write(read)
+	meterCutPast(m, read, past)
+}
+
+// meterCutPast charges an answer cut before its end the output past measured of it
+// (metering.UnrelayedAnswer.Cut), at the price of the model its head names.
+func meterCutPast(m *metering.Meter, head []byte, past *metering.UnrelayedAnswer) {
+	past.Cut()
+	m.AddUnreported(past)
+	if model := headModel(head); model.Type == gjson.String {
+		m.Body(append(append([]byte(`{"x":0,"model":`), model.Raw...), '}')) // a key the Meter reads in no format
+	}
+}
+
+// headModel is the model a JSON answer's first bytes name (its top-level "model"), or an
+// empty result when they name none whole: a name cut short is no name (cut from
+// "gpt-4o-mini", "gpt-4o" bills at another model's price).
+func headModel(head []byte) gjson.Result {
+	if model := gjson.GetBytes(head, "model"); model.Type == gjson.String && gjson.Valid(model.Raw) {
+		return model
+	}
+	return gjson.Result{}
 }
 
 // lastUsage is the value of the last "usage" key in b (a JSON body's end, or an event
