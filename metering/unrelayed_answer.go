@@ -172,6 +172,13 @@ func (b *UnrelayedAnswer) Cut() {
 	}
 }
 
+// Open reports whether the answer is a JSON object whose end was not read: written whole to
+// its end (one a body delimited by the connection's close ends early reads as a clean end), it
+// was cut short, and has no usage report of its own. A nil UnrelayedAnswer reads nothing.
+func (b *UnrelayedAnswer) Open() bool {
+	return b != nil && b.started && b.depth > 0
+}
+
 // Write reads the next piece of the answer; it never fails. A nil UnrelayedAnswer reads nothing.
 func (b *UnrelayedAnswer) Write(p []byte) (int, error) {
 	n := len(p)

@@ -142,6 +142,22 @@ func FuzzUnrelayedAnswer(f *testing.F) {
 				t.Fatalf("format %d in pieces: %d bytes of text; read whole %d", f, got, want)
 			}
 		}
+		// Whole, it has ended; cut anywhere inside its object, it is open (proxy's
+		// meterOversized reads no report from it then).
+		if open := strings.IndexByte(body, '{'); open >= 0 && TrimBody([]byte(body))[0] == '{' {
+			end := strings.LastIndexByte(body, '}')
+			for _, f := range textFormats {
+				rng := rand.New(rand.NewPCG(uint64(seed), 2))
+				sizes := func() int { return rng.IntN(int(seed%64) + 2) }
+				if ua := unrelayedPieces(f, body, sizes); ua.Open() {
+					t.Fatalf("format %d: read whole, it is still open", f)
+				}
+				cut := open + 1 + int(seed)%(end-open)
+				if ua := unrelayedPieces(f, body[:cut], sizes); !ua.Open() {
+					t.Fatalf("format %d: cut at %d of %d, it has ended", f, cut, len(body))
+				}
+			}
+		}
 	})
 }
 
@@ -196,6 +212,17 @@ func textPieces(f Format, body string, sizes func() int) int64 {
 	}
 	m.AddUnreported(ua)
 	return m.Result().OutputChars
+}
+
+// unrelayedPieces is body written to an UnrelayedAnswer of format f in pieces of sizes.
+func unrelayedPieces(f Format, body string, sizes func() int) *UnrelayedAnswer {
+	ua := NewMeter(f).NewUnrelayedAnswer()
+	for b := []byte(body); len(b) > 0; {
+		n := min(len(b), max(1, sizes()))
+		ua.Write(b[:n])
+		b = b[n:]
+	}
+	return ua
 }
 
 // TestUnrelayedAnswerCountsTextAsTheWholeAnswer: the text of an answer read past in pieces

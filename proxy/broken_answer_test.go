@@ -253,3 +253,39 @@ func TestNonStreamedAnswerOutOfTimePaysItsOutputRead(t *testing.T) {
 			run.SettleSource.String, run.Estimated, run.InTok, run.OutTok, run.ChargedMicro, wantOut, fakeGPTCost(run.InTok, wantOut))
 	}
 }
+
+// TestCloseDelimitedAnswerTooLargeCutShortIsNoReport: an answer too large to relay whose body
+// the connection's close delimits, cut before its JSON ends (which reads as a clean end), was
+// read as a whole answer: a "usage" object in what was read — here in an Anthropic tool
+// input, raw JSON the caller's schema shapes — was taken for its report and the call charged
+// 1 token in and 1 out, and the value being read when it was cut (the tool input) counted
+// nothing. It is charged as the same answer broken there with a Content-Length is: the
+// prompt's estimate and the output read, stream_error.
+func TestCloseDelimitedAnswerTooLargeCutShortIsNoReport(t *testing.T) {
+	up := &cutUpstream{}
+	ts := httptest.NewServer(up)
+	t.Cleanup(ts.Close)
+	h := newHarness(t, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "anthropic", Kind: "anthropic", BaseURL: ts.URL, Models: []string{"claude*"}}}
+		c.Limits.MaxResponseBytes = 32 << 10
+	})
+	head := `{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[{"type":"tool_use","id":"t","name":"f","input":`
+	input := `{"usage":{"input_tokens":1,"output_tokens":1},"pad":"` + strings.Repeat("y", 100_000) + `"}`
+	body := head + input + `}],"stop_reason":"tool_use","usage":{"input_tokens":10,"output_tokens":5}}`
+	request := `{"model":"claude-test","max_tokens":64000,"messages":[{"role":"user","content":"Say hello."}]}`
+	for _, delivery := range []string{"close", "length"} {
+		for _, read := range []int{60, len(input) - 10} {
+			up.set(body, len(head)+read, delivery)
+			u, key := h.user("standard")
+			status, answer, run := h.postRun(u.ID, key, "/v1/messages", request, nil)
+			wantOut := metering.EstimateOutputTokens(int64(read))
+			if status != http.StatusBadGateway || run.SettleSource.String != holds.SourceStreamError || !run.Estimated ||
+				run.OutTok != wantOut || run.ChargedMicro != fakeGPTCost(run.InTok, wantOut) {
+				t.Errorf("%s, %d bytes of the input: %d %.100s; run source=%s estimated=%v in=%d out=%d charged=%d; "+
+					"want 502, stream_error, estimated, %d output tokens (the input read), charged %d",
+					delivery, read, status, answer, run.SettleSource.String, run.Estimated, run.InTok, run.OutTok, run.ChargedMicro,
+					wantOut, fakeGPTCost(run.InTok, wantOut))
+			}
+		}
+	}
+}

@@ -387,9 +387,10 @@ const oversizeTail = 256 << 10
 // comes, up to most bytes. The provider bills what it made, whether or not the gateway can
 // pass it on: a spoken answer in WAV passes the default 32 MiB after nine minutes, and was
 // charged its prompt's estimate alone. Only an answer read to its end is metered by a report:
-// the report comes last, so one cut (past most, or broken) has none of its own, and a "usage"
-// object found in it would be part of the answer (an Anthropic tool_use input is raw JSON the
-// caller's schema shapes); one cut at most is charged the estimate of what was read of it.
+// the report comes last, so one cut (past most, broken, or a JSON answer that ended before its
+// JSON did) has none of its own, and a "usage" object found in it would be part of the answer
+// (an Anthropic tool_use input is raw JSON the caller's schema shapes); one cut is charged the
+// estimate of what was read of it (meterCutPast).
 // The spoken answers read past are measured as they go by (metering.UnrelayedAnswer), so that
 // a report which does not say how much of the output was audio has the audio charged at the
 // audio price, as the same answer read whole would: charged the report alone, it was charged
@@ -423,9 +424,15 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 		n, err := rest.Read(one[:])
 		ended = n == 0 && errors.Is(err, io.EOF)
 	}
+	if ended && past.Open() {
+		// A JSON answer that ended before its JSON did: a body the connection's close
+		// delimits, cut, reads as a clean end. Read as whole, a "usage" object in it (an
+		// Anthropic tool input's) was its report, and the value it was cut in counted nothing.
+		ended = false
+	}
 	if !ended {
 		// Cut at the bound, or broken (the upstream broke or ran out of time, or the caller
-		// left and the upstream call with it): no report of its own, but the output read was
+		// left and the upstream call with it, or its JSON was cut): no report of its own, but the output read was
 		// made, and the provider bills it. It is charged as a stream cut midway is, its
 		// estimate: charged the prompt's alone, an answer past the bound cost less than one a
 		// little shorter read to its end, and one that broke nothing of what it had sent.
