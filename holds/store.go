@@ -21,6 +21,16 @@ import (
 	"go.uber.org/zap"
 )
 
+// MaxListRows bounds what one listing reads (a page of users, keys, grants or runs, one pass of
+// the reconciler's scan): no request reads a table whole. The admin API asks for less
+// (admin.MaxListLimit, plus one to learn whether a page follows).
+const MaxListRows = 10_000
+
+// MoneyLog names the logger of lines that record what a run or an account was charged or
+// given (the reconciler's settlements, grants, a lost admission's release): the gateway's
+// logger never samples them, however many come in a second.
+const MoneyLog = "money"
+
 // Plan is what a class of users gets, in micro-USD.
 type Plan struct {
 	AllowanceMicro  int64 // per UTC day
@@ -52,6 +62,28 @@ func NewStore(db *sqlx.DB, plans map[string]Plan, defaultPlan string, log *zap.L
 
 // DB exposes the handle for tests and tools.
 func (s *Store) DB() *sqlx.DB { return s.db }
+
+// SettledHook is told of each settlement a batch of this store committed, once, after the
+// commit: what a process's metrics count as charged (the day ledger is the record). It runs
+// on the batch's goroutine, before the batch's callers are answered, so it must not block.
+type SettledHook func(Settlement, Settled)
+
+// OnSettled sets the store's SettledHook. Call it before the store is used.
+func (s *Store) OnSettled(h SettledHook) { s.onSettled = h }
+
+// RetryPolicy bounds how hard a money transaction tries. Deadlocks and lock timeouts are
+// retried at once (the other transaction has finished), at most MaxConflictRetries times; an
+// unreachable server (or one refusing a batch of settlements for want of room: outOfRoomError)
+// is retried with backoff (InitialBackoff, doubling up to MaxBackoff) until the caller's
+// context ends, after which settlement is left to the reconciler.
+type RetryPolicy struct {
+	MaxConflictRetries int
+	InitialBackoff     time.Duration
+	MaxBackoff         time.Duration
+}
+
+// defaultRetry is the policy NewStore starts with (tests shorten it: SetRetry).
+var defaultRetry = RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second}
 
 // CheckWritable reports whether the database takes the writes calls make. A write, not a PING:
 // a MariaDB set read_only (a primary demoted by a failover, or put there for maintenance)
@@ -131,38 +163,6 @@ func (s *Store) execUntilWritable(ctx context.Context, what, q string, args ...a
 		backoff = min(backoff*2, s.retry.MaxBackoff)
 	}
 }
-
-// SettledHook is told of each settlement a batch of this store committed, once, after the
-// commit: what a process's metrics count as charged (the day ledger is the record). It runs
-// on the batch's goroutine, before the batch's callers are answered, so it must not block.
-type SettledHook func(Settlement, Settled)
-
-// OnSettled sets the store's SettledHook. Call it before the store is used.
-func (s *Store) OnSettled(h SettledHook) { s.onSettled = h }
-
-// RetryPolicy bounds how hard a money transaction tries. Deadlocks and lock timeouts are
-// retried at once (the other transaction has finished), at most MaxConflictRetries times; an
-// unreachable server (or one refusing a batch of settlements for want of room: outOfRoomError)
-// is retried with backoff (InitialBackoff, doubling up to MaxBackoff) until the caller's
-// context ends, after which settlement is left to the reconciler.
-type RetryPolicy struct {
-	MaxConflictRetries int
-	InitialBackoff     time.Duration
-	MaxBackoff         time.Duration
-}
-
-// defaultRetry is the policy NewStore starts with (tests shorten it: SetRetry).
-var defaultRetry = RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 50 * time.Millisecond, MaxBackoff: 2 * time.Second}
-
-// MaxListRows bounds what one listing reads (a page of users, keys, grants or runs, one pass of
-// the reconciler's scan): no request reads a table whole. The admin API asks for less
-// (admin.MaxListLimit, plus one to learn whether a page follows).
-const MaxListRows = 10_000
-
-// MoneyLog names the logger of lines that record what a run or an account was charged or
-// given (the reconciler's settlements, grants, a lost admission's release): the gateway's
-// logger never samples them, however many come in a second.
-const MoneyLog = "money"
 
 // planName is the name of the plan whose terms plan gives the user: its row's plan, or the
 // default plan's when the row's is not configured. A view of those terms names this one: the
