@@ -58,68 +58,6 @@ type UnrelayedAnswer struct {
 	textBytes  int64
 }
 
-// rawKind is the kind of a value whose raw JSON counts: where it ends.
-type rawKind uint8
-
-const (
-	rawNone      rawKind = iota
-	rawString            // at its closing quote
-	rawContainer         // at the bracket that closes it
-	rawLiteral           // a number, true, false or null: before the byte that follows it
-)
-
-// answerDepth is how deep the paths to the audio data and text go: the answer, choices, a
-// choice, its message, its tool calls, a tool call, its function (or its audio); a Responses
-// answer's output, an item, its content, a part (an Anthropic message's are shallower).
-// Deeper containers are counted, not followed.
-const answerDepth = 7
-
-// answerKeyLen bounds the keys an UnrelayedAnswer reads: the longest it looks for is
-// "reasoning_content".
-const answerKeyLen = 17
-
-// answerFrame is an open container on the path to the audio data or the text.
-type answerFrame struct {
-	obj, expectKey bool  // an object, and whether its next string is a key
-	role           uint8 // where it stands on the path to the audio data
-	// The keys read once that were seen (a choice's "message" or "text", a function's
-	// "arguments", a tool call's function holding "arguments", a content block's "text"): gjson's
-	// Get reads the first.
-	seen uint8
-}
-
-// The keys of a container that are read once, as bits of its frame's seen.
-const (
-	firstMain      uint8 = 1 << iota // a choice's message (text), the answer's content (output), an item's content
-	firstFunction                    // a tool call's function holding arguments
-	firstArguments                   // a function's, or an item's, arguments
-	firstText                        // a content block's or a part's text
-	firstThinking                    // a content block's thinking
-	firstInput                       // a content block's input
-)
-
-// Where a value stands on the path to the audio data.
-const (
-	roleNone uint8 = iota
-	roleTop
-	roleChoices
-	roleChoice
-	roleMessage
-	roleAudio
-	roleData
-	roleText      // a string whose bytes are output text
-	roleToolCalls // a message's tool_calls
-	roleToolCall  // one of them
-	roleFunction  // a tool call's function, or a message's function_call: its arguments are text
-	roleBlocks    // an Anthropic message's content
-	roleBlock     // one of its blocks
-	roleRaw       // a value whose raw JSON is output text (a block's input)
-	roleOutput    // a Responses answer's output
-	roleItem      // one of its items
-	roleParts     // an item's content
-	rolePart      // one of its parts
-)
-
 // NewUnrelayedAnswer returns an UnrelayedAnswer for m's answers, or nil when it reads none of
 // m's format: it reads each as Meter.Body does (an embeddings body as a chat one).
 func (m *Meter) NewUnrelayedAnswer() *UnrelayedAnswer {
@@ -228,6 +166,68 @@ func (b *UnrelayedAnswer) Write(p []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// rawKind is the kind of a value whose raw JSON counts: where it ends.
+type rawKind uint8
+
+const (
+	rawNone      rawKind = iota
+	rawString            // at its closing quote
+	rawContainer         // at the bracket that closes it
+	rawLiteral           // a number, true, false or null: before the byte that follows it
+)
+
+// answerDepth is how deep the paths to the audio data and text go: the answer, choices, a
+// choice, its message, its tool calls, a tool call, its function (or its audio); a Responses
+// answer's output, an item, its content, a part (an Anthropic message's are shallower).
+// Deeper containers are counted, not followed.
+const answerDepth = 7
+
+// answerKeyLen bounds the keys an UnrelayedAnswer reads: the longest it looks for is
+// "reasoning_content".
+const answerKeyLen = 17
+
+// answerFrame is an open container on the path to the audio data or the text.
+type answerFrame struct {
+	obj, expectKey bool  // an object, and whether its next string is a key
+	role           uint8 // where it stands on the path to the audio data
+	// The keys read once that were seen (a choice's "message" or "text", a function's
+	// "arguments", a tool call's function holding "arguments", a content block's "text"): gjson's
+	// Get reads the first.
+	seen uint8
+}
+
+// The keys of a container that are read once, as bits of its frame's seen.
+const (
+	firstMain      uint8 = 1 << iota // a choice's message (text), the answer's content (output), an item's content
+	firstFunction                    // a tool call's function holding arguments
+	firstArguments                   // a function's, or an item's, arguments
+	firstText                        // a content block's or a part's text
+	firstThinking                    // a content block's thinking
+	firstInput                       // a content block's input
+)
+
+// Where a value stands on the path to the audio data.
+const (
+	roleNone uint8 = iota
+	roleTop
+	roleChoices
+	roleChoice
+	roleMessage
+	roleAudio
+	roleData
+	roleText      // a string whose bytes are output text
+	roleToolCalls // a message's tool_calls
+	roleToolCall  // one of them
+	roleFunction  // a tool call's function, or a message's function_call: its arguments are text
+	roleBlocks    // an Anthropic message's content
+	roleBlock     // one of its blocks
+	roleRaw       // a value whose raw JSON is output text (a block's input)
+	roleOutput    // a Responses answer's output
+	roleItem      // one of its items
+	roleParts     // an item's content
+	rolePart      // one of its parts
+)
 
 // skipLead reports whether c is part of what TrimBody trims before an answer: white space
 // (Unicode's, as bytes.TrimSpace reads it) and one UTF-8 byte order mark among it. A rune
