@@ -127,15 +127,6 @@ func (l *Leases) Refresh(ctx context.Context) error {
 	return errors.Join(err, l.dropReleasedAfter(ctx, ids, beat))
 }
 
-// nextBeat numbers a heartbeat: the clock's milliseconds, past the last beat's. A process
-// restarted under the same instance name numbers its beats past its old ones (a clock stepped
-// back by more than lease_ttl aside), so its old releases do not outdate them. Called with mu
-// held.
-func (l *Leases) nextBeat() int64 {
-	l.beat = max(time.Now().UnixMilli(), l.beat+1)
-	return l.beat
-}
-
 // Run refreshes leases until ctx ends.
 func (l *Leases) Run(ctx context.Context) { heartbeat(ctx, l.interval, "lease", l.Refresh, l.log) }
 
@@ -145,6 +136,15 @@ func (l *Leases) Held() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.runs)
+}
+
+// nextBeat numbers a heartbeat: the clock's milliseconds, past the last beat's. A process
+// restarted under the same instance name numbers its beats past its old ones (a clock stepped
+// back by more than lease_ttl aside), so its old releases do not outdate them. Called with mu
+// held.
+func (l *Leases) nextBeat() int64 {
+	l.beat = max(time.Now().UnixMilli(), l.beat+1)
+	return l.beat
 }
 
 // dropReleasedAfter is dropReleased on a deadline of its own: a beat whose SETs were
