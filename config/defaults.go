@@ -49,18 +49,18 @@ func Default() *Config {
 	}
 }
 
-// DefaultDeadInstanceAfter is the dead-instance bound when the configuration leaves it 0 and
+// defaultDeadInstanceAfter is the dead-instance bound when the configuration leaves it 0 and
 // the heartbeat settings allow it.
-const DefaultDeadInstanceAfter = 90 * time.Second
+const defaultDeadInstanceAfter = 90 * time.Second
 
 // DeadInstanceBound is the dead-instance bound in force: the configured one, or when that is
-// 0, DefaultDeadInstanceAfter or the least the heartbeat settings allow, whichever is more (a
+// 0, defaultDeadInstanceAfter or the least the heartbeat settings allow, whichever is more (a
 // configuration with slow heartbeats that started before the bound existed still starts).
 func (h Holds) DeadInstanceBound() time.Duration {
 	if h.DeadInstanceAfter != 0 {
 		return h.DeadInstanceAfter
 	}
-	return max(DefaultDeadInstanceAfter, h.leastDeadInstanceAfter())
+	return max(defaultDeadInstanceAfter, h.leastDeadInstanceAfter())
 }
 
 // leastDeadInstanceAfter is the shortest dead-instance bound the heartbeat settings allow. The
@@ -98,9 +98,9 @@ func (l Limits) BodyMemoryBounds() (total, perCaller int64) {
 	return total, perCaller
 }
 
-// ReplayShares is how many answers of max_replay_len one caller's stored answers may hold
+// replayShares is how many answers of max_replay_len one caller's stored answers may hold
 // unless max_replay_bytes_per_caller says otherwise (ReplayBytesPerCaller).
-const ReplayShares = 64
+const replayShares = 64
 
 // ReplayRecordOverhead is what a kept answer's record costs Redis beyond the answer's bytes:
 // the key, the hash's fields (run, attempt, body hash, status, content type) and the
@@ -110,7 +110,7 @@ const ReplayShares = 64
 const ReplayRecordOverhead = 1024
 
 // ReplayBytesPerCaller is the bound on what one caller's answers kept for Idempotency-Key
-// replays hold in Redis at once: as configured, or ReplayShares answers of max_replay_len.
+// replays hold in Redis at once: as configured, or replayShares answers of max_replay_len.
 // Unbounded, a caller sending each request under a new key kept up to max_replay_len per call
 // for replay_ttl — cheap answers (embeddings) at a gigabyte a minute — until Redis, which must
 // not evict (noeviction), was full and refused every write of the money path.
@@ -118,36 +118,36 @@ func (d Dedup) ReplayBytesPerCaller() int64 {
 	if d.MaxReplayBytesPerCaller != 0 {
 		return d.MaxReplayBytesPerCaller
 	}
-	return ReplayShares * d.MaxReplayLen
+	return replayShares * d.MaxReplayLen
 }
 
-// DefaultMaxResponseMemory is the process's bound on whole answers in memory unless
+// defaultMaxResponseMemory is the process's bound on whole answers in memory unless
 // max_response_bytes asks for more room (ResponseMemoryBound).
-const DefaultMaxResponseMemory = 512 << 20
+const defaultMaxResponseMemory = 512 << 20
 
 // ResponseMemoryBound returns the bound on non-streamed answers held in memory: as configured,
-// or where 0 DefaultMaxResponseMemory or four largest answers if more, so that it fits every
+// or where 0 defaultMaxResponseMemory or four largest answers if more, so that it fits every
 // max_response_bytes a configuration could have before it existed.
 func (l Limits) ResponseMemoryBound() int64 {
 	if l.MaxResponseMemory != 0 {
 		return l.MaxResponseMemory
 	}
-	return max(DefaultMaxResponseMemory, 4*l.MaxResponseBytes)
+	return max(defaultMaxResponseMemory, 4*l.MaxResponseBytes)
 }
 
-// ResponseMemoryShares is how many callers it takes, each holding its whole share, to fill the
+// responseMemoryShares is how many callers it takes, each holding its whole share, to fill the
 // process's bound on whole answers unless max_response_memory_per_caller says otherwise.
-const ResponseMemoryShares = 16
+const responseMemoryShares = 16
 
 // ResponseMemoryPerCaller returns one caller's share of the whole answers in memory: as
-// configured, or where 0 a ResponseMemoryShares-th of ResponseMemoryBound or one largest
+// configured, or where 0 a responseMemoryShares-th of ResponseMemoryBound or one largest
 // answer if more (so that any answer fits a caller holding no other).
 func (l Limits) ResponseMemoryPerCaller() int64 {
 	if l.MaxResponseMemoryPerCaller != 0 {
 		return l.MaxResponseMemoryPerCaller
 	}
 	total := l.ResponseMemoryBound()
-	return min(total, max(l.MaxResponseBytes, total/ResponseMemoryShares))
+	return min(total, max(l.MaxResponseBytes, total/responseMemoryShares))
 }
 
 // DefaultDBReadTimeout is the longest the gateway waits for one reply of the database when the
