@@ -9,9 +9,9 @@ import (
 	"io"
 )
 
-// DefaultMaxEvent is the event size limit used when NewScanner is given none. It is large
+// defaultMaxEvent is the event size limit used when NewScanner is given none. It is large
 // because the Responses API repeats the whole generated output in its final event.
-const DefaultMaxEvent = 8 << 20
+const defaultMaxEvent = 8 << 20
 
 const (
 	// minRead is the least free space offered to each Read, so a slow trickle of bytes does
@@ -79,11 +79,11 @@ type Scanner struct {
 }
 
 // NewScanner returns a Scanner that fails any event larger than maxEvent bytes (raw, line
-// endings included); maxEvent <= 0 means DefaultMaxEvent. Memory stays below about
+// endings included); maxEvent <= 0 means defaultMaxEvent. Memory stays below about
 // maxEvent plus one read of buffer.
 func NewScanner(r io.Reader, maxEvent int) *Scanner {
 	if maxEvent <= 0 {
-		maxEvent = DefaultMaxEvent
+		maxEvent = defaultMaxEvent
 	}
 	maxEvent = min(maxEvent, maxEventCeiling)
 	return &Scanner{r: r, max: maxEvent, lf: byteFinder{c: '\n', at: -1}, cr: byteFinder{c: '\r', at: -1}}
