@@ -41,16 +41,16 @@ type User struct {
 // drift apart on it.
 var userNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$`)
 
-// UserNameRule says in words what ValidUserName accepts, for the answers that refuse a name.
+// UserNameRule says in words what validUserName accepts, for the answers that refuse a name.
 const UserNameRule = "name must be 1-128 characters of A-Z a-z 0-9 . _ @ + - and start with a letter or digit"
 
-// ErrInvalidName refuses a new user's name that ValidUserName does not accept.
+// ErrInvalidName refuses a new user's name that validUserName does not accept.
 var ErrInvalidName = errors.New(UserNameRule)
 
-// ValidUserName reports whether name may be a new user's name.
-func ValidUserName(name string) bool { return userNamePattern.MatchString(name) }
+// validUserName reports whether name may be a new user's name.
+func validUserName(name string) bool { return userNamePattern.MatchString(name) }
 
-// CreateUser adds an account on a plan ("": the store's default plan). A name ValidUserName
+// CreateUser adds an account on a plan ("": the store's default plan). A name validUserName
 // refuses is ErrInvalidName, an unknown plan ErrUnknownPlan, a name taken ErrUserExists.
 //
 // A refusal read_only (a failover's switch, maintenance) is tried again until ctx ends
@@ -58,7 +58,7 @@ func ValidUserName(name string) bool { return userNamePattern.MatchString(name) 
 // may have landed (its reply lost) is not: sent again, it would answer ErrUserExists for the
 // user it made.
 func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error) {
-	if !ValidUserName(name) {
+	if !validUserName(name) {
 		return User{}, fmt.Errorf("create user %q: %w", name, ErrInvalidName)
 	}
 	if plan == "" {

@@ -132,8 +132,8 @@ func sameUserName(name, asked string) bool {
 // text (ErrBadAfter): MariaDB compares other bytes without an error and lists nothing, a last
 // page that hid every user after it.
 func (s *Store) ListUsers(ctx context.Context, after string, limit int) ([]UserDetail, error) {
-	if limit <= 0 || limit > MaxListRows {
-		return nil, fmt.Errorf("list users: %w: limit %d out of range 1-%d", ErrBadFilter, limit, MaxListRows)
+	if limit <= 0 || limit > maxListRows {
+		return nil, fmt.Errorf("list users: %w: limit %d out of range 1-%d", ErrBadFilter, limit, maxListRows)
 	}
 	if !utf8.ValidString(after) {
 		return nil, fmt.Errorf("list users: %w: %q is not UTF-8 text", ErrBadAfter, after)

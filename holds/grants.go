@@ -231,8 +231,8 @@ func sameGrant(g Grant, req GrantRequest) error {
 // (ErrBadAfter otherwise): grants are never deleted, so any other id is no page's last_id, and
 // paged from, it listed another walk's rows (or none) as if they followed a page.
 func (s *Store) Grants(ctx context.Context, userID, afterID uint64, limit int) ([]Grant, error) {
-	if limit <= 0 || limit > MaxListRows {
-		return nil, fmt.Errorf("grants of user %d: limit %d out of range 1-%d", userID, limit, MaxListRows)
+	if limit <= 0 || limit > maxListRows {
+		return nil, fmt.Errorf("grants of user %d: limit %d out of range 1-%d", userID, limit, maxListRows)
 	}
 	if afterID == 0 {
 		afterID = math.MaxUint64

@@ -387,7 +387,7 @@ func (r InstanceRow) State() string {
 // admin API's listing. An after that names no row (pruned a day after its sweep, or never
 // one) is ErrBadAfter.
 func (s *Store) ListInstances(ctx context.Context, after string, limit int) ([]InstanceRow, error) {
-	if limit <= 0 || limit > MaxListRows {
+	if limit <= 0 || limit > maxListRows {
 		panic(fmt.Sprintf("holds: instance page of %d", limit))
 	}
 	const cols = `SELECT id, name, started_at, beat_at, dead_at, retired, swept_at,

@@ -27,8 +27,8 @@ type KeyInfo struct {
 // order is total and a page that starts after the key afterID (0: from the start) skips and
 // repeats none. afterID must be one of the user's keys (ErrBadAfter otherwise).
 func (s *Store) ListKeys(ctx context.Context, userID, afterID uint64, limit int) ([]KeyInfo, error) {
-	if limit <= 0 || limit > MaxListRows {
-		return nil, fmt.Errorf("keys of user %d: %w: limit %d out of range 1-%d", userID, ErrBadFilter, limit, MaxListRows)
+	if limit <= 0 || limit > maxListRows {
+		return nil, fmt.Errorf("keys of user %d: %w: limit %d out of range 1-%d", userID, ErrBadFilter, limit, maxListRows)
 	}
 	q := "SELECT id, prefix, created_at, revoked_at FROM api_keys WHERE user_id = ?"
 	args := []any{userID}

@@ -191,7 +191,7 @@ func NewReconciler(cfg ReconcilerConfig) *Reconciler {
 	if cfg.PassBudget == 0 {
 		cfg.PassBudget = DefaultReconcilePassBudget
 	}
-	if cfg.Batch < 1 || cfg.Batch > MaxListRows || cfg.MaxBatches < 1 || cfg.PassBudget < 0 {
+	if cfg.Batch < 1 || cfg.Batch > maxListRows || cfg.MaxBatches < 1 || cfg.PassBudget < 0 {
 		panic(fmt.Sprintf("holds: reconciler batch %d x %d out of range", cfg.Batch, cfg.MaxBatches))
 	}
 	return &Reconciler{cfg: cfg, itemTimeout: reconcileItemTimeout}

@@ -346,15 +346,15 @@ func (s *Store) markSwept(ctx context.Context, id string) error {
 	return nil
 }
 
-// InstanceKeep is how long the row of a dead instance is kept after its sweep, for an operator
+// instanceKeep is how long the row of a dead instance is kept after its sweep, for an operator
 // asking which process died when (and so that the process, if it was only paused, finds its
 // row dead rather than gone; either way it registers anew).
-const InstanceKeep = 24 * time.Hour
+const instanceKeep = 24 * time.Hour
 
-// pruneInstances deletes up to limit rows swept more than InstanceKeep ago.
+// pruneInstances deletes up to limit rows swept more than instanceKeep ago.
 func (s *Store) pruneInstances(ctx context.Context, limit int) (int64, error) {
 	res, err := s.db.ExecContext(ctx, "DELETE FROM instances WHERE swept_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?",
-		InstanceKeep.Microseconds(), limit)
+		instanceKeep.Microseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("prune dead instances: %w", err)
 	}

@@ -31,7 +31,7 @@ type RunFilter struct {
 	// run's position, or (the cursor of before) that run's id, which is looked up and so
 	// fails once the run is pruned.
 	After string
-	Limit int // 1-MaxListRows
+	Limit int // 1-maxListRows
 }
 
 // bySettlement says whether f lists runs by when they settled rather than when they began.
@@ -46,8 +46,8 @@ type UserRun struct {
 // ListRuns lists runs newest first: by when they began, or, with a settlement window, by
 // when they settled (both orders end on the run id, which pages through runs of one batch).
 func (s *Store) ListRuns(ctx context.Context, f RunFilter) ([]UserRun, error) {
-	if f.Limit <= 0 || f.Limit > MaxListRows {
-		return nil, fmt.Errorf("list runs: %w: limit %d out of range 1-%d", ErrBadFilter, f.Limit, MaxListRows)
+	if f.Limit <= 0 || f.Limit > maxListRows {
+		return nil, fmt.Errorf("list runs: %w: limit %d out of range 1-%d", ErrBadFilter, f.Limit, maxListRows)
 	}
 	// The column the listing is ordered by, and paged on: settled_at has its own index (the
 	// report's), which InnoDB ends with the primary key, run_id.

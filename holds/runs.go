@@ -176,7 +176,7 @@ func (r Run) cursor() expiredCursor { return expiredCursor{ExpiresAt: r.ExpiresA
 // minutes for the backlog a fleet's outage leaves). The database's order, not Go's, keeps the
 // cursor's tie-break on run_id in its collation.
 func (s *Store) expired(ctx context.Context, after expiredCursor, limit int) ([]Run, error) {
-	if limit <= 0 || limit > MaxListRows {
+	if limit <= 0 || limit > maxListRows {
 		panic(fmt.Sprintf("holds: expired batch %d out of range", limit))
 	}
 	q, args := expiredQuery(after, limit)

@@ -21,10 +21,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// MaxListRows bounds what one listing reads (a page of users, keys, grants or runs, one pass of
+// maxListRows bounds what one listing reads (a page of users, keys, grants or runs, one pass of
 // the reconciler's scan): no request reads a table whole. The admin API asks for less
 // (admin.MaxListLimit, plus one to learn whether a page follows).
-const MaxListRows = 10_000
+const maxListRows = 10_000
 
 // MoneyLog names the logger of lines that record what a run or an account was charged or
 // given (the reconciler's settlements, grants, a lost admission's release): the gateway's
