@@ -174,6 +174,21 @@ func (in *Instance) BeatingFor() time.Duration {
 	return now.Sub(in.streakStart)
 }
 
+// OnTwins has f told, after each watch (each heartbeat, and each reconcile pass before it
+// declares any row dead), how many live processes serve under this process's own instance
+// name: the rows under it whose beat a watch saw move within the row's gap (max_gap_us, the
+// longest a live process's beat stands still). Counted only at the watch that saw the move,
+// it fell to 0 at a reconcile pass's watch right after the heartbeat's, before the twin beat
+// again, and the gauge flickered under an alert's "for" window. It is 0 as it should be; a
+// twin is logged once (reportTwin), and f lets it be watched for as long as it lasts (the
+// gateway's tollgate_instance_twins). A twin killed drops out once its gap has passed, one
+// stopped and retired at the next watch.
+func (in *Instance) OnTwins(f func(n int)) {
+	in.seenMu.Lock()
+	defer in.seenMu.Unlock()
+	in.onTwins = f
+}
+
 // seenBeat is another row's beat as this process read it: since is when (local monotonic
 // clock) it first read that beat, gap how long that row's beats may be apart.
 type seenBeat struct {
@@ -241,21 +256,6 @@ func (in *Instance) watch(ctx context.Context) error {
 		in.onTwins(twins)
 	}
 	return nil
-}
-
-// OnTwins has f told, after each watch (each heartbeat, and each reconcile pass before it
-// declares any row dead), how many live processes serve under this process's own instance
-// name: the rows under it whose beat a watch saw move within the row's gap (max_gap_us, the
-// longest a live process's beat stands still). Counted only at the watch that saw the move,
-// it fell to 0 at a reconcile pass's watch right after the heartbeat's, before the twin beat
-// again, and the gauge flickered under an alert's "for" window. It is 0 as it should be; a
-// twin is logged once (reportTwin), and f lets it be watched for as long as it lasts (the
-// gateway's tollgate_instance_twins). A twin killed drops out once its gap has passed, one
-// stopped and retired at the next watch.
-func (in *Instance) OnTwins(f func(n int)) {
-	in.seenMu.Lock()
-	defer in.seenMu.Unlock()
-	in.onTwins = f
 }
 
 // reportTwin says, once per row, that a row under this process's own instance name beat while
