@@ -56,3 +56,10 @@ func SetMaxDeadPerPass(n int) (restore func()) {
 
 // SetItemTimeout shortens the time a pass gives one hold (and its sessions' prune).
 func (r *Reconciler) SetItemTimeout(d time.Duration) { r.itemTimeout = d }
+
+// TwinsReported is how many twin rows the instance remembers having reported.
+func (in *Instance) TwinsReported() int {
+	in.seenMu.Lock()
+	defer in.seenMu.Unlock()
+	return len(in.twins)
+}

@@ -90,3 +90,43 @@ func TestTwinsAreCountedWhileTheyLast(t *testing.T) {
 		t.Fatalf("twins %d once the twin stopped beating for longer than its gap, want 0", n)
 	}
 }
+
+// TestTwinsReportedAreForgottenWithTheirRows: the twins already reported (each logged once)
+// are remembered only while their rows are watched. A twin restarted again and again under
+// the name registers a new row each time; remembered for good, each start grew the map for
+// the life of this process.
+func TestTwinsReportedAreForgottenWithTheirRows(t *testing.T) {
+	e := newStoreEnv(t)
+	const interval = 50 * time.Millisecond
+	self, err := e.store.RegisterInstance(e.ctx(), "gw-restarting-twin", interval, 0, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for start := range 5 {
+		twin, err := e.store.RegisterInstance(e.ctx(), "gw-restarting-twin", interval, 0, e.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := self.Watch(e.ctx()); err != nil {
+			t.Fatal(err)
+		}
+		if err := twin.Beat(e.ctx()); err != nil {
+			t.Fatal(err)
+		}
+		if err := self.Watch(e.ctx()); err != nil {
+			t.Fatal(err)
+		}
+		if n := self.TwinsReported(); n != 1 {
+			t.Fatalf("start %d: %d twins remembered while one twin row beats, want 1", start, n)
+		}
+		if err := twin.Retire(e.ctx()); err != nil { // stopped: its row leaves the watch
+			t.Fatal(err)
+		}
+	}
+	if err := self.Watch(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	if n := self.TwinsReported(); n != 0 {
+		t.Fatalf("%d twins remembered after every twin's row was retired, want 0", n)
+	}
+}

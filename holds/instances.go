@@ -45,7 +45,7 @@ type Instance struct {
 	seenMu sync.Mutex
 	seen   map[string]seenBeat
 	// twins: the rows under this process's own name seen beating (reportTwin), each
-	// reported once.
+	// reported once; forgotten once the row leaves the watch (retired, declared dead).
 	twins map[string]bool
 	// onTwins, when set (OnTwins), is told after each watch how many rows under this
 	// process's own name it saw beat since the watch before.
@@ -252,6 +252,14 @@ func (in *Instance) watch(ctx context.Context) error {
 		seen[r.ID] = b
 	}
 	in.seen = seen
+	// A twin reported is remembered while its row is watched: one restarted again and again
+	// registers a new row each time, and remembered for good each start grew the map for the
+	// life of this process.
+	for id := range in.twins {
+		if _, ok := seen[id]; !ok {
+			delete(in.twins, id)
+		}
+	}
 	if in.onTwins != nil {
 		in.onTwins(twins)
 	}
