@@ -1,14 +1,11 @@
 package proxy_test
 
 import (
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/proxy"
 )
 
 // TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat: an Anthropic Messages answer
@@ -31,7 +28,7 @@ func TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat(t *testing.T) 
 	response := func(output string) string {
 		return `{"id":"resp_1","object":"response","status":"completed","model":"fake-gpt","output":[` + output + `]}`
 	}
-	cases := []struct{ name, path, request, empty, body string }{
+	cases := []oversizedCase{
 		{"anthropic text", "/v1/messages", claude, message(``), message(`{"type":"text","text":"` + words + `"}`)},
 		{"anthropic thinking, escaped text and a tool's input", "/v1/messages", claude, message(``), message(
 			`{"type":"thinking","thinking":"` + strings.ReplaceAll(words[:60_000], " ", `\n`) + `","signature":"c2ln"},` +
@@ -58,41 +55,6 @@ func TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat(t *testing.T) 
 	}
 	small, whole := gateway(limit), gateway(32<<20)
 	for _, tc := range cases {
-		su, skey := small.user("standard")
-		wu, wkey := whole.user("standard")
-		if len(tc.body) <= limit || len(tc.body) > 4*limit {
-			t.Fatalf("%s: %d bytes, want over the limit and within what is read past it", tc.name, len(tc.body))
-		}
-		up.set(tc.empty, false)
-		resp := whole.post(wkey, tc.path, tc.request, nil)
-		readAll(t, resp.Body)
-		resp.Body.Close()
-		promptOnly := whole.run(wu.ID, resp.Header.Get(proxy.RunIDHeader))
-		up.set(tc.body, false)
-		resp = whole.post(wkey, tc.path, tc.request, nil)
-		readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s read whole: %d", tc.name, resp.StatusCode)
-		}
-		want := whole.run(wu.ID, resp.Header.Get(proxy.RunIDHeader))
-		if !want.Estimated || want.OutTok < 10_000 || want.CostMicro <= 2*promptOnly.CostMicro {
-			t.Fatalf("%s read whole: run %+v, want its output estimated (the prompt's estimate alone costs %d)", tc.name, want, promptOnly.CostMicro)
-		}
-		for _, length := range []bool{false, true} {
-			up.set(tc.body, length)
-			resp := small.post(skey, tc.path, tc.request, nil)
-			body := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_response_too_large" {
-				t.Fatalf("%s (Content-Length %v): %d %s, want 502 upstream_response_too_large", tc.name, length, resp.StatusCode, body)
-			}
-			got := small.run(su.ID, resp.Header.Get(proxy.RunIDHeader))
-			if got.CostMicro != want.CostMicro || got.OutTok != want.OutTok || !got.Estimated ||
-				got.SettleSource.String != holds.SourceStreamError {
-				t.Errorf("%s (Content-Length %v): too large to relay, run %+v; read whole, cost %d, %d output tokens",
-					tc.name, length, got, want.CostMicro, want.OutTok)
-			}
-		}
+		chargedAsReadWhole(t, small, whole, up, limit, tc)
 	}
 }

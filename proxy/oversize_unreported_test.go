@@ -38,41 +38,55 @@ func TestOversizedUnreportedAnswerChargedAsReadWhole(t *testing.T) {
 	small, _ := spokenGateway(t, up, limit)
 	whole, _ := spokenGateway(t, up, 32<<20)
 	for _, tc := range cases {
-		su, skey := small.user("standard") // each case spends much of a day's allowance
-		wu, wkey := whole.user("standard")
-		if len(tc.body) <= limit || len(tc.body) > 4*limit {
-			t.Fatalf("%s: %d bytes, want over the limit and within what is read past it", tc.name, len(tc.body))
-		}
-		up.set(`{"id":"x","object":"chat.completion","model":"fake-gpt","choices":[]}`, false)
-		resp := whole.post(wkey, tc.path, tc.request, nil)
-		readAll(t, resp.Body)
+		chargedAsReadWhole(t, small, whole, up, limit, oversizedCase{name: tc.name, path: tc.path, request: tc.request,
+			empty: `{"id":"x","object":"chat.completion","model":"fake-gpt","choices":[]}`, body: tc.body})
+	}
+}
+
+// oversizedCase is an answer too large to relay, asked for by request on path, and the same
+// answer with nothing in it (empty), whose charge is the prompt's estimate alone.
+type oversizedCase struct{ name, path, request, empty, body string }
+
+// chargedAsReadWhole has tc's answer read whole through whole, then too large to relay
+// through small (limit), with and without a Content-Length, and wants it charged the same:
+// its output estimated from what was read past, not the prompt's estimate alone. Each call
+// takes fresh users: a case spends much of a day's allowance.
+func chargedAsReadWhole(t *testing.T, small, whole *harness, up *fixedUpstream, limit int, tc oversizedCase) {
+	t.Helper()
+	su, skey := small.user("standard")
+	wu, wkey := whole.user("standard")
+	if len(tc.body) <= limit || len(tc.body) > 4*limit {
+		t.Fatalf("%s: %d bytes, want over the limit and within what is read past it", tc.name, len(tc.body))
+	}
+	up.set(tc.empty, false)
+	resp := whole.post(wkey, tc.path, tc.request, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	promptOnly := whole.run(wu.ID, resp.Header.Get(proxy.RunIDHeader))
+	up.set(tc.body, false)
+	resp = whole.post(wkey, tc.path, tc.request, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s read whole: %d", tc.name, resp.StatusCode)
+	}
+	want := whole.run(wu.ID, resp.Header.Get(proxy.RunIDHeader))
+	if !want.Estimated || want.OutTok < 10_000 || want.CostMicro <= 2*promptOnly.CostMicro {
+		t.Fatalf("%s read whole: run %+v, want its output estimated (the prompt's estimate alone costs %d)", tc.name, want, promptOnly.CostMicro)
+	}
+	for _, length := range []bool{false, true} {
+		up.set(tc.body, length)
+		resp := small.post(skey, tc.path, tc.request, nil)
+		body := readAll(t, resp.Body)
 		resp.Body.Close()
-		promptOnly := whole.run(wu.ID, resp.Header.Get(proxy.RunIDHeader))
-		up.set(tc.body, false)
-		resp = whole.post(wkey, tc.path, tc.request, nil)
-		readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s read whole: %d", tc.name, resp.StatusCode)
+		if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_response_too_large" {
+			t.Fatalf("%s (Content-Length %v): %d %s, want 502 upstream_response_too_large", tc.name, length, resp.StatusCode, body)
 		}
-		want := whole.run(wu.ID, resp.Header.Get(proxy.RunIDHeader))
-		if !want.Estimated || want.OutTok < 10_000 || want.CostMicro <= 2*promptOnly.CostMicro {
-			t.Fatalf("%s read whole: run %+v, want its output estimated (the prompt's estimate alone costs %d)", tc.name, want, promptOnly.CostMicro)
-		}
-		for _, length := range []bool{false, true} {
-			up.set(tc.body, length)
-			resp := small.post(skey, tc.path, tc.request, nil)
-			body := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_response_too_large" {
-				t.Fatalf("%s (Content-Length %v): %d %s, want 502 upstream_response_too_large", tc.name, length, resp.StatusCode, body)
-			}
-			got := small.run(su.ID, resp.Header.Get(proxy.RunIDHeader))
-			if got.CostMicro != want.CostMicro || got.OutTok != want.OutTok || !got.Estimated ||
-				got.SettleSource.String != holds.SourceStreamError {
-				t.Errorf("%s (Content-Length %v): too large to relay, run %+v; read whole, cost %d, %d output tokens",
-					tc.name, length, got, want.CostMicro, want.OutTok)
-			}
+		got := small.run(su.ID, resp.Header.Get(proxy.RunIDHeader))
+		if got.CostMicro != want.CostMicro || got.OutTok != want.OutTok || !got.Estimated ||
+			got.SettleSource.String != holds.SourceStreamError {
+			t.Errorf("%s (Content-Length %v): too large to relay, run %+v; read whole, cost %d, %d output tokens",
+				tc.name, length, got, want.CostMicro, want.OutTok)
 		}
 	}
 }
