@@ -138,6 +138,15 @@ func (s *Store) closeIdle() {
 // a lost reply. Each refused connection leaves the pool (dropReadOnly), so the next try dials
 // anew: after a failover's switch of address, the promoted primary.
 func (s *Store) execUntilWritable(ctx context.Context, what, q string, args ...any) (sql.Result, error) {
+	return s.execRetried(ctx, what, false, nil, q, args...)
+}
+
+// execRetried is execUntilWritable that, with room, also tries again a statement refused for
+// want of room on the database's disk (isOutOfRoom: 1114, 1021), until ctx ends. Such a
+// refusal is known not to have landed either: an autocommit statement that fails is rolled
+// back whole. Its connection goes back to the pool: the server is the right one, its disk
+// full. fields go on each retry's log line (a run's id).
+func (s *Store) execRetried(ctx context.Context, what string, room bool, fields []zap.Field, q string, args ...any) (sql.Result, error) {
 	backoff := s.retry.InitialBackoff
 	for attempt := 1; ; attempt++ {
 		conn, err := s.db.Connx(ctx)
@@ -145,16 +154,23 @@ func (s *Store) execUntilWritable(ctx context.Context, what, q string, args ...a
 			return nil, err
 		}
 		res, err := conn.ExecContext(ctx, q, args...)
-		if err == nil || !isReadOnly(err) {
+		full := room && isOutOfRoom(err)
+		if err == nil || !(isReadOnly(err) || full) {
 			_ = conn.Close()
 			return res, err
 		}
-		s.dropReadOnly(conn)
+		msg := "database disk full, retrying"
+		if full {
+			_ = conn.Close()
+		} else {
+			s.dropReadOnly(conn)
+			msg = "database unavailable, retrying"
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w (gave up: %v)", err, ctx.Err())
 		}
-		s.log.Warn("database unavailable, retrying", zap.String("op", what), zap.Int("attempt", attempt),
-			zap.Duration("backoff", backoff), zap.Error(err))
+		s.log.Warn(msg, append([]zap.Field{zap.String("op", what), zap.Int("attempt", attempt),
+			zap.Duration("backoff", backoff), zap.Error(err)}, fields...)...)
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w (gave up: %v)", err, ctx.Err())

@@ -120,8 +120,8 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 	if _, err := s.store.RecordRunCall(ectx, c.runID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls, st.Estimated); err != nil {
 		// Not retried here: the record adds, and a failure whose UPDATE may have landed (its
 		// reply lost) would be counted twice. One that surely did not (nothing sent)
-		// database/sql has already retried, and one a read_only server refused RecordRunCall
-		// has, within admit_timeout. The row's record only stands in for a tally a Redis
+		// database/sql has already retried, and one a read_only server or a full disk refused
+		// RecordRunCall has, within admit_timeout. The row's record only stands in for a tally a Redis
 		// restart lost; the tally has this call.
 		c.recordFailed = true
 		c.log.Warn("run call not recorded, expiry not extended", zap.Error(err))
