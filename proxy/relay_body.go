@@ -23,13 +23,13 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		// Too large by its own word: metered from its head and the rest as they come, never
 		// held whole, so it waits for no room (refused for room, it was a 503 its SDK retried,
 		// charged again each time, where it is a 502 not to be retried).
-		return answerOversized(w, r, resp, c, nil, limit)
+		return s.answerOversized(w, r, resp, c, nil, limit)
 	}
 	counted := s.answers.buffer(c.user.ID)
 	defer counted.release()
 	body, err := counted.readAll(r.Context(), resp.Body, resp.ContentLength, limit)
 	if errors.Is(err, errAnswerMemoryFull) {
-		return answerMemoryFull(w, r, resp, c, body, limit, err)
+		return s.answerMemoryFull(w, r, resp, c, body, limit, err)
 	}
 	if err != nil {
 		// Broken, out of time, or its caller left: charged the output it had sent, as a
@@ -38,7 +38,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		return answerBodyFailure(w, r, c, err)
 	}
 	if int64(len(body)) > limit {
-		return answerOversized(w, r, resp, c, body, limit)
+		return s.answerOversized(w, r, resp, c, body, limit)
 	}
 	if status := refuseUnrelayable(w, c, resp, body, s.cfg.Limits.MaxEventBytes); status != 0 {
 		return status
@@ -75,8 +75,8 @@ func answerBodyFailure(w http.ResponseWriter, r *http.Request, c *call, err erro
 // limit+1 bytes, or none when its Content-Length says so), once it is metered from what more of
 // it can be read. One that breaks before the limit (a Content-Length that said more than came)
 // is answered as any answer that breaks.
-func answerOversized(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, body []byte, limit int64) int {
-	read, broke := meterUnrelayed(c, body, &brokenRead{r: resp.Body}, limit)
+func (s *Server) answerOversized(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, body []byte, limit int64) int {
+	read, broke := meterUnrelayed(c, body, &brokenRead{r: resp.Body}, limit, s.cfg.Limits.MaxEventBytes)
 	if broke != nil && read <= limit {
 		return answerBodyFailure(w, r, c, broke)
 	}
@@ -95,7 +95,7 @@ func answerOversized(w http.ResponseWriter, r *http.Request, resp *http.Response
 // answerOversized does. The provider made it, and it is charged what it used, as a call cut at
 // the drain deadline of a shutdown is: the gateway cannot tell a caller that would have paid
 // for it from one that would not.
-func answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, body []byte, limit int64, full error) int {
+func (s *Server) answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, body []byte, limit int64, full error) int {
 	rest := &brokenRead{r: resp.Body}
 	head := readHead(body, rest)
 	if rest.err == nil && webPage(head) {
@@ -103,7 +103,7 @@ func answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *http.Respons
 		return refuseNonAnswer(w, c, resp, head, "upstream answered with a web page",
 			"The upstream answered with a web page, not an API answer: is its base_url right?")
 	}
-	read, broke := meterUnrelayed(c, head, rest, limit)
+	read, broke := meterUnrelayed(c, head, rest, limit, s.cfg.Limits.MaxEventBytes)
 	if broke != nil {
 		return answerBodyFailure(w, r, c, broke) // the caller left, the upstream's time ran out, or it broke
 	}
@@ -124,22 +124,46 @@ func answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *http.Respons
 // marks the call as one whose answer broke. It returns how much of the answer was read in all,
 // and the error its read ended with, if it broke (nil when it ended, or reached its bound). It
 // reads before the error goes out: a caller that has its answer leaves, and the upstream read,
-// bound to its context, would end before the report.
-func meterUnrelayed(c *call, head []byte, rest *brokenRead, limit int64) (int64, error) {
+// bound to its context, would end before the report. An event stream under another label is
+// metered by its events, each held up to maxEvent bytes, as relayBody meters one read whole
+// (meterBody).
+func meterUnrelayed(c *call, head []byte, rest *brokenRead, limit int64, maxEvent int) (int64, error) {
 	c.outcome = outcomeStreamError
 	head = readHead(head, rest)
 	if rest.err != nil {
 		// Broken within its head (a body cut short reads as a clean end after its first
 		// error): it has no report of its own, and is charged the output it had sent.
-		meterCut(c.meter, head, 0)
+		meterCut(c.meter, head, maxEvent)
 		return int64(len(head)), rest.err
 	}
 	most := int64(math.MaxInt64)
 	if limit <= math.MaxInt64/oversizeReadFactor {
 		most = oversizeReadFactor * limit
 	}
+	if t := metering.TrimBody(head); len(t) > 0 && t[0] != '{' && t[0] != '[' {
+		// Events under another label (a streamed call's answer labelled application/json):
+		// read as JSON it is no object, and its output, which the same stream relayed whole
+		// is charged, was charged nothing. A JSON array (a provider's native answer) is read
+		// past as before, for a report at its end.
+		past := &countedRead{r: io.LimitReader(rest, most)}
+		meterEvents(c.meter, io.MultiReader(bytes.NewReader(head), past), maxEvent)
+		_, _ = io.Copy(io.Discard, past) // past an event too large or cut, read to the bound as any answer
+		return int64(len(head)) + past.n, rest.err
+	}
 	read := meterOversized(c.meter, head, rest, most)
 	return int64(len(head)) + read, rest.err
+}
+
+// countedRead is a reader that counts the bytes read from it.
+type countedRead struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countedRead) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // brokenRead is a reader that keeps the first error, other than io.EOF, its reads ended with:
@@ -272,7 +296,13 @@ func meterBody(m *metering.Meter, body []byte, maxEvent int) {
 		m.Body(body)
 		return
 	}
-	sc := metering.NewScanner(bytes.NewReader(body), maxEvent)
+	meterEvents(m, bytes.NewReader(body), maxEvent)
+}
+
+// meterEvents meters the events r holds, each held up to maxEvent bytes, up to the first that
+// is too large or that r ends inside of with its JSON cut.
+func meterEvents(m *metering.Meter, r io.Reader, maxEvent int) {
+	sc := metering.NewScanner(r, maxEvent)
 	for {
 		ev, err := sc.Next()
 		if err != nil {
@@ -471,9 +501,8 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 // as far as it came). Charged the prompt's estimate alone, an answer that broke near its end
 // cost less than one a little shorter that reached it. A report in it is not its own: the
 // report comes last, and a "usage" object in a cut answer is part of its text (an Anthropic
-// tool input). An event stream under another label (maxEvent > 0: read whole, as relayBody
-// reads it) is metered by its whole events, as a stream cut there is (meterBody). It keeps no
-// more than what read holds already.
+// tool input). An event stream under another label (maxEvent > 0) is metered by its whole
+// events, as a stream cut there is (meterBody). It keeps no more than what read holds already.
 func meterCut(m *metering.Meter, read []byte, maxEvent int) {
 	if t := metering.TrimBody(read); maxEvent > 0 && len(t) > 0 && t[0] != '{' {
 		meterBody(m, read, maxEvent)
