@@ -12,6 +12,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/metering"
 )
 
@@ -86,7 +87,7 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	defer cancel()
 	up, err := s.upstreamRequest(ctx, r, m.upstream, countTokensPath, body)
 	if err != nil {
-		log.Error("build upstream request", zap.Error(err))
+		log.Error("build upstream request", zap.Error(loggedUpstreamErr(m.upstream, err)))
 		writeError(w, errBuildUpstream)
 		return http.StatusInternalServerError
 	}
@@ -97,7 +98,7 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 			// Logged as a model call's 499 is, apart from the upstream's failures below.
 			return refuse(errClientClosed, "client left while the upstream counted")
 		}
-		log.Warn("upstream request failed", zap.String("upstream", m.upstream.Name), zap.Error(err))
+		log.Warn("upstream request failed", zap.String("upstream", m.upstream.Name), zap.Error(loggedUpstreamErr(m.upstream, err)))
 		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable", Message: "The upstream could not be reached."}
 		if isTimeout(err) {
 			e = &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout", Message: "The upstream did not answer in time."}
@@ -110,30 +111,31 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return s.relayUpstreamError(w, r, resp, m.upstream, log, "token count refused")
 	}
-	return relayCount(w, r, resp, m.upstream.Name, log)
+	return relayCount(w, r, resp, m.upstream, log)
 }
 
 // relayCount relays the count of the upstream's 2xx answer, rebuilt from its figures alone
 // (countOf), or answers 502 when the answer is broken, too large or holds no count.
-func relayCount(w http.ResponseWriter, r *http.Request, resp *http.Response, upstream string, log *zap.Logger) int {
+func relayCount(w http.ResponseWriter, r *http.Request, resp *http.Response, up *config.Upstream, log *zap.Logger) int {
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxCountAnswer+1))
+	upstream := up.Name
 	if err != nil && requestEnded(r) {
 		// The read failed because the caller left, not the upstream: answered (a caller that
 		// only half-closed still reads) and counted as the caller's, as before the headers came.
-		logRefusalAs(log, "token count refused", errClientClosed, "client left while the upstream's count was read", err)
+		logRefusalAs(log, "token count refused", errClientClosed, "client left while the upstream's count was read", loggedUpstreamErr(up, err))
 		writeError(w, errClientClosed)
 		return errClientClosed.Status
 	}
 	if err != nil && isTimeout(err) {
 		// limits.header_timeout bounds the whole count: one whose body stalls past it did not
 		// answer in time, as one whose headers did not come.
-		log.Warn("upstream count answer too slow", zap.String("upstream", upstream), zap.Int("bytes", len(answer)), zap.Error(err))
+		log.Warn("upstream count answer too slow", zap.String("upstream", upstream), zap.Int("bytes", len(answer)), zap.Error(loggedUpstreamErr(up, err)))
 		writeError(w, &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
 			Message: "The upstream did not answer in time."})
 		return http.StatusGatewayTimeout
 	}
 	if err != nil || len(answer) > maxCountAnswer {
-		log.Warn("upstream count answer unreadable", zap.String("upstream", upstream), zap.Int("bytes", len(answer)), zap.Error(err))
+		log.Warn("upstream count answer unreadable", zap.String("upstream", upstream), zap.Int("bytes", len(answer)), zap.Error(loggedUpstreamErr(up, err)))
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream's answer to the token count was broken or too large."})
 		return http.StatusBadGateway

@@ -68,7 +68,7 @@ func logEndedBeforeAnswer(c *call, r *http.Request, step string, err error) {
 		return
 	}
 	e, why := ended(r.Context(), step)
-	logRefusalAs(c.log, "call ended before its answer", e, why, err)
+	logRefusalAs(c.log, "call ended before its answer", e, why, loggedUpstreamErr(c.req.upstream, err))
 }
 
 // endedAnswer is what a call whose request context ended is answered (a stream: in an error
@@ -119,7 +119,8 @@ func logRefusalAs(log *zap.Logger, msg string, e *apiError, reason string, err e
 // a hostile peer cannot fill.
 const maxLoggedBytes = 512
 
-// logged is the start of s a log line quotes (maxLoggedBytes).
+// logged is the start of s a log line quotes (maxLoggedBytes). What an upstream sent, or an
+// error of a call to it, is quoted by loggedUpstream instead, which leaves its key out.
 func logged[T ~string | ~[]byte](s T) T { return s[:min(len(s), maxLoggedBytes)] }
 
 func errBadRequest(code, msg string) *apiError {

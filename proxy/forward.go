@@ -30,7 +30,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, c *call) int {
 	// The provider's id of the call goes with every answer to it, the gateway's own errors
 	// included, and with every later log line of the call.
 	copyUpstreamHeaders(w.Header(), resp.Header, upstreamTraceHeaders)
-	if f, ok := upstreamRequestID(resp); ok {
+	if f, ok := upstreamRequestID(resp, c.req.upstream); ok {
 		c.log = c.log.With(f)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
@@ -66,7 +66,7 @@ func (s *Server) sendUpstream(ctx context.Context, w http.ResponseWriter, r *htt
 	if err != nil {
 		headersLate()
 		c.outcome = outcomeRefused
-		c.log.Error("build upstream request", zap.Error(err))
+		c.log.Error("build upstream request", zap.Error(loggedUpstreamErr(c.req.upstream, err)))
 		w.Header().Del(RunIDHeader) // never forwarded: released at 0, a refusal names no run
 		writeError(w, errBuildUpstream)
 		return nil, http.StatusInternalServerError
@@ -95,7 +95,7 @@ func (s *Server) sendUpstream(ctx context.Context, w http.ResponseWriter, r *htt
 // prompt, so the call is charged its estimate, as a stream that broke.
 func refuseUnaskedEncoding(w http.ResponseWriter, c *call, ce string) int {
 	c.outcome = outcomeStreamError
-	c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", logged(ce)))
+	c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", loggedUpstream(c.req.upstream, ce)))
 	// Not to be retried: the provider answers a retry the same way, charged again.
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 		Message: "The upstream answered in an encoding the gateway did not ask for.", NoRetry: true})
@@ -128,7 +128,7 @@ func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c 
 		// estimate, and a retry would be answered the same way.
 		c.outcome = outcomeStreamError
 		c.log.Warn("upstream answered with headers over the bound", zap.String("upstream", c.req.upstream.Name),
-			zap.Int("limit", maxUpstreamHeaderBytes), zap.Error(err))
+			zap.Int("limit", maxUpstreamHeaderBytes), zap.Error(loggedUpstreamErr(c.req.upstream, err)))
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: fmt.Sprintf("The upstream answered with more than %d bytes of headers.", maxUpstreamHeaderBytes), NoRetry: true})
 		return http.StatusBadGateway
@@ -145,7 +145,7 @@ func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c 
 			c.outcome = outcomeUpstreamTimeout
 		}
 	}
-	c.log.Warn("upstream request failed", zap.String("upstream", c.req.upstream.Name), zap.Error(err))
+	c.log.Warn("upstream request failed", zap.String("upstream", c.req.upstream.Name), zap.Error(loggedUpstreamErr(c.req.upstream, err)))
 	writeError(w, e)
 	return e.Status
 }

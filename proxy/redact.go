@@ -2,9 +2,15 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
+	"net/url"
 	"regexp"
+	"slices"
 	"strings"
+	"unicode/utf8"
+
+	"github.com/tollgate/tollgate/config"
 )
 
 // operatorAccountIDs match the ids of the operator's account at the provider that an error
@@ -78,7 +84,8 @@ func redactKey(b []byte, key string) []byte {
 	return bytes.ReplaceAll(b, []byte(key), []byte("(redacted)"))
 }
 
-// redactKeyString is redactKey for a string (a log field).
+// redactKeyString is redactKey for a string (a header value). A log field quoting an upstream
+// goes through loggedUpstream, which looks for more spellings of the key and bounds the quote.
 func redactKeyString(s, key string) string {
 	if len(key) < minRedactedKeyLen || !strings.Contains(s, key) {
 		return s
@@ -100,3 +107,115 @@ func redactHeaderKey(h http.Header, key string) {
 		}
 	}
 }
+
+// loggedCut ends a quote of an upstream that loggedUpstream cut at maxLoggedBytes, so that a
+// reader knows there was more.
+const loggedCut = "…(cut)"
+
+// loggedUpstream is what a log line quotes of what upstream up sent (an error answer's body, the
+// head of an answer that was none, an error's words, a header value), or of an error of a call
+// to it (the transport's words name the upstream's URL, and quote what it sent: a malformed
+// status line, an HTTP/2 GOAWAY's debug data): up's key in every spelling keyForms knows
+// replaced by "(redacted)", then cut to maxLoggedBytes, loggedCut included. It is the one rule
+// for such a field: the key is never in the log, and a peer cannot fill the log.
+//
+// Only what the quote can show is looked at: its first maxLoggedBytes, and past them the
+// longest spelling of the key, so that a key which straddles the cut is replaced whole before
+// the cut is made, never left half-quoted; a 64 KiB error body costs what a short one does.
+func loggedUpstream[T ~string | ~[]byte](up *config.Upstream, b T) string {
+	forms := keyForms(up.APIKey)
+	window := maxLoggedBytes
+	if len(forms) > 0 {
+		window += len(forms[0])
+	}
+	s := string(b[:min(len(b), window)])
+	for _, f := range forms {
+		s = strings.ReplaceAll(s, f, "(redacted)")
+	}
+	whole := len(b) <= window
+	if whole && len(s) <= maxLoggedBytes {
+		return s
+	}
+	if !whole && len(forms) > 0 {
+		// The window's last bytes may be the start of a spelling it cut (shown when the
+		// replacements before it left the quote short): dropped.
+		s = s[:max(0, len(s)-(len(forms[0])-1))]
+	}
+	cut := min(len(s), maxLoggedBytes-len(loggedCut))
+	for i := 0; i < utf8.UTFMax && cut > 0 && cut < len(s) && !utf8.RuneStart(s[cut]); i++ {
+		cut-- // not inside a character: the line's JSON would show it as U+FFFD
+	}
+	return s[:cut] + loggedCut
+}
+
+// keyForms are the spellings of key that what an upstream sends may quote it in, longest first:
+// as sent or as a URL quotes it (a transport error names the URL), each as a JSON encoder
+// escapes it in a string (Go's escapes <, >, & as \u003c…; others escape / as \/), and that
+// escaped again (a transport error quotes with %q the line it could not read, which may be
+// JSON). None when key is shorter than minRedactedKeyLen (see redactKey). A key of the usual
+// letters, digits, - and _ has one spelling.
+func keyForms(key string) []string {
+	if len(key) < minRedactedKeyLen {
+		return nil
+	}
+	if !strings.ContainsFunc(key, escaped) {
+		return []string{key}
+	}
+	forms := []string{}
+	add := func(f string) {
+		if !slices.Contains(forms, f) {
+			forms = append(forms, f)
+		}
+	}
+	for _, f := range []string{key, url.QueryEscape(key), url.PathEscape(key)} {
+		add(f)
+		for _, once := range jsonEscapes(f) {
+			add(once)
+			for _, twice := range jsonEscapes(once) {
+				add(twice)
+			}
+		}
+	}
+	// Longest first: a spelling inside a longer one is not replaced out of it first.
+	slices.SortStableFunc(forms, func(a, b string) int { return len(b) - len(a) })
+	return forms
+}
+
+// escaped reports whether a JSON encoder or a URL may spell r otherwise than as itself: all but
+// ASCII letters, digits and -._~.
+func escaped(r rune) bool {
+	return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("-._~", r))
+}
+
+// jsonEscapes are the ways a JSON encoder spells s inside a string: Go's (<, >, & as \u003c…),
+// without those, and either with / as \/.
+func jsonEscapes(s string) []string {
+	var plain bytes.Buffer
+	enc := json.NewEncoder(&plain)
+	enc.SetEscapeHTML(false)
+	if enc.Encode(s) != nil {
+		return nil
+	}
+	html, _ := json.Marshal(s)
+	p := bytes.TrimSuffix(plain.Bytes(), []byte("\n"))
+	out := []string{string(p[1 : len(p)-1]), string(html[1 : len(html)-1])}
+	return append(out, strings.ReplaceAll(out[0], "/", `\/`), strings.ReplaceAll(out[1], "/", `\/`))
+}
+
+// loggedUpstreamErr is err, of a call to up, as a log line quotes it (loggedUpstream); nil when
+// err is. It unwraps to err, but is meant for a log field (zap.Error, logRefusal) only.
+func loggedUpstreamErr(up *config.Upstream, err error) error {
+	if err == nil {
+		return nil
+	}
+	return loggedError{msg: loggedUpstream(up, err.Error()), err: err}
+}
+
+// loggedError is an error's words as a log line may quote them (loggedUpstreamErr).
+type loggedError struct {
+	msg string
+	err error
+}
+
+func (e loggedError) Error() string { return e.msg }
+func (e loggedError) Unwrap() error { return e.err }

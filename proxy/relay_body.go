@@ -59,13 +59,13 @@ func answerBodyFailure(w http.ResponseWriter, r *http.Request, c *call, err erro
 		// The provider has the prompt and was still answering when the gateway gave up: as
 		// for a timeout before its headers, charge the prompt's estimate and say so.
 		c.outcome = outcomeUpstreamTimeout
-		c.log.Warn("upstream body timed out", zap.Error(err))
+		c.log.Warn("upstream body timed out", zap.Error(loggedUpstreamErr(c.req.upstream, err)))
 		writeError(w, &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
 			Message: "The upstream did not finish the answer in time."})
 		return http.StatusGatewayTimeout
 	}
 	c.outcome = outcomeStreamError
-	c.log.Warn("upstream body broke", zap.Error(err))
+	c.log.Warn("upstream body broke", zap.Error(loggedUpstreamErr(c.req.upstream, err)))
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 		Message: "The upstream connection broke before the answer was complete."})
 	return http.StatusBadGateway
@@ -324,9 +324,9 @@ func logErrorObject(c *call, body []byte) {
 	if !e.IsObject() {
 		return
 	}
-	msg := redactKeyString(e.Get("message").String(), c.req.upstream.APIKey)
-	c.log.Warn("upstream answered 200 with an error object", zap.String("upstream", c.req.upstream.Name),
-		zap.String("error_type", logged(e.Get("type").String())), zap.String("error_message", logged(msg)))
+	up := c.req.upstream
+	c.log.Warn("upstream answered 200 with an error object", zap.String("upstream", up.Name),
+		zap.String("error_type", loggedUpstream(up, e.Get("type").String())), zap.String("error_message", loggedUpstream(up, e.Get("message").String())))
 }
 
 // logErrorEvent writes a WARN line for a stream its provider ended with its own error event
@@ -346,16 +346,18 @@ func logErrorEvent(c *call, ev metering.Event) {
 	if kind == "" || kind == "error" {
 		kind = e.Get("code").String()
 	}
-	c.log.Warn("upstream ended the stream with an error", zap.String("upstream", c.req.upstream.Name), zap.String("event", logged(ev.Name)),
-		zap.String("error_type", logged(kind)), zap.String("error_message", logged(redactKeyString(e.Get("message").String(), c.req.upstream.APIKey))))
+	up := c.req.upstream
+	c.log.Warn("upstream ended the stream with an error", zap.String("upstream", up.Name), zap.String("event", loggedUpstream(up, ev.Name)),
+		zap.String("error_type", loggedUpstream(up, kind)), zap.String("error_message", loggedUpstream(up, e.Get("message").String())))
 }
 
 // refuseNonAnswer answers a 200 that holds no model's answer 502 upstream_error, charged
 // nothing, and logs its start.
 func refuseNonAnswer(w http.ResponseWriter, c *call, resp *http.Response, body []byte, logMsg, message string) int {
 	c.outcome = outcomeUpstreamError
-	c.log.Warn(logMsg, zap.String("upstream", c.req.upstream.Name),
-		zap.String("content_type", resp.Header.Get("Content-Type")), zap.ByteString("head", logged(redactKey(body, c.req.upstream.APIKey))))
+	up := c.req.upstream
+	c.log.Warn(logMsg, zap.String("upstream", up.Name),
+		zap.String("content_type", loggedUpstream(up, resp.Header.Get("Content-Type"))), zap.String("head", loggedUpstream(up, body)))
 	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error", Message: message})
 	return http.StatusBadGateway
 }

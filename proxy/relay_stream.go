@@ -389,7 +389,7 @@ func (s *Server) endStream(r *http.Request, c *call, err error, sawFinal bool, s
 		}
 	default:
 		c.outcome = outcomeStreamError
-		c.log.Warn("upstream stream broke", zap.Error(err))
+		c.log.Warn("upstream stream broke", zap.Error(loggedUpstreamErr(c.req.upstream, err)))
 		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream stream broke before the answer was complete."}
 		if isTimeout(err) {

@@ -277,14 +277,14 @@ func (s *Server) answeredPrice(c *call, answered string) (p pricing.Price, key s
 	p, key, err := s.prices.Lookup(answered)
 	if err != nil {
 		c.log.Warn("the model that answered has no price; billed at the price asked for, or the dearest fallback's",
-			zap.String("asked", c.req.model), zap.String("answered", logged(answered)), zap.Bool("fallbacks", c.req.fallbacks))
+			zap.String("asked", c.req.model), zap.String("answered", loggedUpstream(c.req.upstream, answered)), zap.Bool("fallbacks", c.req.fallbacks))
 		return pricing.Price{}, "", false, true
 	}
 	if key == c.req.priceKey {
 		return pricing.Price{}, "", false, false
 	}
 	c.log.Info("billed at the price of the model that answered", zap.String("asked", c.req.model),
-		zap.String("answered", answered), zap.String("priced_as", key))
+		zap.String("answered", loggedUpstream(c.req.upstream, answered)), zap.String("priced_as", key))
 	return p, key, true, false
 }
 

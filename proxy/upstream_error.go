@@ -31,9 +31,9 @@ const maxUpstreamErrorBody = 64 << 10
 func (s *Server) relayUpstreamError(w http.ResponseWriter, r *http.Request, resp *http.Response, up *config.Upstream, log *zap.Logger, endedMsg string) int {
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamErrorBody+1))
 	// An echo of the operator's key is left out of the log line and of the answer alike.
-	body, upstream := redactKey(body, up.APIKey), up.Name
+	body = redactKey(body, up.APIKey)
 	if readErr != nil && (requestEnded(r) || isTimeout(readErr)) {
-		return unreadErrorAnswer(w, r, resp, upstream, log, endedMsg, body, readErr)
+		return unreadErrorAnswer(w, r, resp, up, log, endedMsg, body, readErr)
 	}
 	accountRefused := resp.StatusCode == http.StatusPaymentRequired ||
 		(resp.StatusCode == http.StatusTooManyRequests && quotaExhausted(body))
@@ -47,8 +47,8 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, r *http.Request, resp
 	case accountRefused:
 		msg = "upstream refused to bill the gateway's account: check its balance at this upstream"
 	}
-	log.Warn(msg, zap.String("upstream", upstream), zap.Int("status", resp.StatusCode),
-		zap.ByteString("body", logged(body)), zap.NamedError("read_error", readErr))
+	log.Warn(msg, zap.String("upstream", up.Name), zap.Int("status", resp.StatusCode),
+		zap.String("body", loggedUpstream(up, body)), zap.NamedError("read_error", loggedUpstreamErr(up, readErr)))
 	switch {
 	case credentialsRefused(resp.StatusCode):
 		// The gateway's own key, which the caller cannot change and a retry will not: SDKs
@@ -89,9 +89,10 @@ func credentialsRefused(status int) bool {
 // deadline cut it; a call superseded by a newer message of its session is answered by its
 // caller) or the call's time ran out (504 upstream_timeout). The provider refused the call,
 // so it is charged nothing whichever: only its answer, its count and its line change.
-func unreadErrorAnswer(w http.ResponseWriter, r *http.Request, resp *http.Response, upstream string, log *zap.Logger,
+func unreadErrorAnswer(w http.ResponseWriter, r *http.Request, resp *http.Response, up *config.Upstream, log *zap.Logger,
 	endedMsg string, body []byte, readErr error) int {
-	fields := []zap.Field{zap.String("upstream", upstream), zap.Int("upstream_status", resp.StatusCode), zap.ByteString("body", logged(body))}
+	fields := []zap.Field{zap.String("upstream", up.Name), zap.Int("upstream_status", resp.StatusCode), zap.String("body", loggedUpstream(up, body))}
+	readErr = loggedUpstreamErr(up, readErr) // only logged from here on
 	if requestEnded(r) {
 		if !errors.Is(context.Cause(r.Context()), errSuperseded) {
 			e, why := ended(r.Context(), "while the upstream's refusal was read")
@@ -178,11 +179,11 @@ func copyUpstreamHeaders(dst, src http.Header, names ...[]string) {
 
 // upstreamRequestID is the provider's id of the call, as a log field (ok false when it sent
 // none): support traces a failed or charged call from its run id in the log to the provider's
-// id. Bounded: a header value may be up to the 64 KiB of all of them.
-func upstreamRequestID(resp *http.Response) (_ zap.Field, ok bool) {
+// id. Bounded: a header value may be up to the 64 KiB of all of them (loggedUpstream).
+func upstreamRequestID(resp *http.Response, up *config.Upstream) (_ zap.Field, ok bool) {
 	for _, k := range upstreamTraceHeaders {
 		if id := resp.Header.Get(k); id != "" {
-			return zap.String("upstream_request_id", logged(id)), true
+			return zap.String("upstream_request_id", loggedUpstream(up, id)), true
 		}
 	}
 	return zap.Field{}, false
