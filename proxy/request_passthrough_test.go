@@ -68,6 +68,8 @@ func TestRequestBodyReachesTheUpstreamByteForByte(t *testing.T) {
 	}{
 		{"chat", "/v1/chat/completions", "{ \"messages\" : [ {\"role\":\"user\",\"content\":\"h\\u00e9llo \\\"q\\\" \\/ 🚀\"} ],\n\t\"model\":\"fake-gpt\",  " +
 			`"temperature": 1.50, "top_p":1E0, "seed": 12345678901234567890, "max_tokens": 20, "x_vendor": {"nested":[1,2,{"a":null}]}, "metadata": {} }`, untouched},
+		{"chat in surrounding whitespace", "/v1/chat/completions", "\r\n  {\"model\":\"fake-gpt\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n\n", untouched},
+		{"chat stream in surrounding whitespace", "/v1/chat/completions", " {\"model\":\"fake-gpt\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}\n", setUsage},
 		{"chat stream that asked for usage", "/v1/chat/completions",
 			`{"stream":true,"stream_options": {"include_usage" : true, "continuous_usage_stats":false},"model":"fake-gpt","messages":[{"role":"user","content":"a\tb"}]}`, untouched},
 		{"chat stream that did not ask", "/v1/chat/completions",
