@@ -271,9 +271,13 @@ func (s *Server) fitBudget(ctx context.Context, c *call, refuse func(*apiError, 
 // end, a fingerprint's, the in-flight gauge's) runs as it returns, before handleCall's
 // deferred settlement. Its steps before forwarding (a named run's reservation, a session's
 // claim, a fingerprint's check) run under actx, what is left of the call's admission budget:
-// one past it refuses the call 503, and its hold is released at 0.
+// one past it refuses the call 503, and its hold is released at 0. So does a hold granted, or
+// a step ended, only once that budget was spent (refuseLate): the call is never forwarded late.
 func (s *Server) runCall(w http.ResponseWriter, r *http.Request, actx context.Context, c *call, in incomingCall) int {
 	refuse := refuser(w, c.log)
+	if status := s.refuseLate(w, r, c, in.deadline, "when its hold was granted", refuse); status != 0 {
+		return status
+	}
 	sessionID := in.ids.sessionID
 	message := sessionMessage(c, sessionID) // before fitBudget rewrites the request
 	if status := s.fitBudget(actx, c, refuse); status != 0 {
@@ -313,6 +317,9 @@ func (s *Server) runCall(w http.ResponseWriter, r *http.Request, actx context.Co
 	defer s.metrics.ActiveCalls.Dec()
 	if r.Context().Err() != nil {
 		return s.refuseUnforwarded(w, r, c, refuse)
+	}
+	if status := s.refuseLate(w, r, c, in.deadline, "before forwarding", refuse); status != 0 {
+		return status
 	}
 	w.Header().Set(RunIDHeader, c.runID) // forwarded from here on (a refusal above names no run)
 	status := s.forward(w, r, c)
@@ -367,6 +374,32 @@ func (s *Server) refuseUnforwarded(w http.ResponseWriter, r *http.Request, c *ca
 	e, why := ended(r.Context(), "before forwarding; hold released")
 	logRefusal(c.log, e, why, nil)
 	return answerClientClosed(w, r)
+}
+
+// refuseLate refuses a held call whose admission budget (deadline, incomingCall.deadline) is
+// spent, at (when its hold was granted, or just before forwarding): 503 billing_unavailable,
+// Retry-After: 1, and its hold released at 0 by the deferred settlement (outcomeRefused;
+// a named run's call, as any failed call of it, leaves its run open). It returns 0 to go on.
+//
+// The steps that wait for the database are not all bound by their context: once a batch's
+// writes and COMMIT are sent, the hold's outcome is waited for past its deadline (up to the
+// driver's read timeout: holds.Writer.Admit), and so is a session claim's COMMIT. Such a hold
+// or claim, granted after MariaDB stalled it on a lock, came back as a success, and the call
+// went on to be forwarded (and charged) up to seconds after admit_timeout, past which the
+// caller is promised a 503 and nothing held. The clock is compared with the deadline rather
+// than asking actx: its timer fires on a goroutine of its own, a moment after the deadline.
+func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, deadline time.Time, at string,
+	refuse func(*apiError, string, error) int) int {
+	late := time.Since(deadline)
+	if late < 0 {
+		return 0
+	}
+	if requestEnded(r) {
+		return s.refuseUnforwarded(w, r, c, refuse)
+	}
+	c.outcome = outcomeRefused
+	return refuse(errBillingDown, "admission budget spent "+at+"; hold released at 0",
+		fmt.Errorf("%w %v before", errAdmitBudgetSpent, late.Round(time.Millisecond)))
 }
 
 // errAdmitBudgetSpent is why a call's admission context (admissionContext) ended when its

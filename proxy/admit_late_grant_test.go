@@ -1,0 +1,151 @@
+package proxy_test
+
+import (
+	"context"
+	"database/sql"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// lateGrantAdmitTimeout is the admission budget of the late-grant tests: short, so that a
+// stall past it ends well within the session's lock wait bound (3 s, holds.Open), after which
+// the stalled statement would fail rather than be granted late.
+const lateGrantAdmitTimeout = time.Second
+
+// lockUsersHolds holds, in an open REPEATABLE READ transaction on a connection of its own (an
+// operator's console, a report), every hold of userID locked, and with them the index gap a new
+// hold of that user goes into: the batch's first script (the user's row, the reads) goes
+// through, and its second — the hold's INSERT and the COMMIT, whose outcome the writer waits
+// for past the admission's deadline (holds.Writer.Admit) — waits on the gap until the
+// transaction ends.
+func lockUsersHolds(t *testing.T, db *sqlx.DB, userID uint64) *sqlx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	if err != nil {
+		conn.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = tx.Rollback()
+		conn.Close()
+	})
+	var ids []string
+	if err := tx.Select(&ids, "SELECT run_id FROM run_holds WHERE user_id = ? FOR UPDATE", userID); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+// waitStalledPast waits until a statement like stmt has waited longer than budget: begun after
+// the call's body was read whole, it is then past the call's admission deadline.
+func waitStalledPast(t *testing.T, db *sqlx.DB, stmt string, budget time.Duration) {
+	t.Helper()
+	waitFor(t, "a statement like "+stmt+" stalled past "+budget.String(), func() bool {
+		var n int
+		err := db.Get(&n, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%' AND TIME_MS > ?`,
+			"%"+stmt+"%", budget.Milliseconds())
+		return err == nil && n > 0
+	})
+}
+
+// TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded: a hold whose transaction MariaDB
+// stalls on a lock past admit_timeout, and grants once the lock is let go, was forwarded
+// upstream seconds late: the writer waits for a batch's writes and COMMIT past the admission's
+// deadline, so that a committed hold is never lost, and nothing after it compared the clock
+// with that deadline. Whatever the call's kind, it must now be answered 503
+// billing_unavailable with Retry-After: 1, never reach the upstream, have its hold released at
+// 0 with the balance untouched, and be logged with its run id.
+func TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	// A plain call's fingerprint is checked after its hold, within the budget: under
+	// dedup.fail_open its check past the budget failed and the call went on, forwarded late.
+	gateways := map[bool]*harness{}
+	for _, failOpen := range []bool{false, true} {
+		gateways[failOpen] = newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
+			c.Limits.AdmitTimeout = lateGrantAdmitTimeout
+			c.Dedup.FailOpen = failOpen
+		})
+	}
+	for _, tc := range []struct {
+		name, path, body string
+		hdr              map[string]string
+		failOpen         bool
+	}{
+		{"chat", "/v1/chat/completions", chatBody, nil, false},
+		{"chat stream", "/v1/chat/completions", streamBody, nil, false},
+		{"messages", "/v1/messages", `{"model":"claude-test","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`, nil, false},
+		{"messages stream", "/v1/messages", `{"model":"claude-test","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil, false},
+		{"responses", "/v1/responses", `{"model":"fake-gpt","input":"hi"}`, nil, false},
+		{"embeddings", "/v1/embeddings", `{"model":"fake-gpt","input":"hi"}`, nil, false},
+		{"completions", "/v1/completions", `{"model":"fake-gpt","prompt":"hi"}`, nil, false},
+		{"idempotency key", "/v1/chat/completions", chatBody, map[string]string{proxy.IdempotencyKeyHeader: "late-" + testenv.RandomID(4)}, false},
+		{"session", "/v1/chat/completions", chatBody, map[string]string{proxy.SessionHeader: "late-" + testenv.RandomID(4)}, false},
+		{"chat fail_open", "/v1/chat/completions", chatBody, nil, true},
+		{"chat stream fail_open", "/v1/chat/completions", streamBody, nil, true},
+		{"messages fail_open", "/v1/messages", `{"model":"claude-test","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`, nil, true},
+		{"responses fail_open", "/v1/responses", `{"model":"fake-gpt","input":"hi"}`, nil, true},
+		{"embeddings fail_open", "/v1/embeddings", `{"model":"fake-gpt","input":"hi"}`, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := gateways[tc.failOpen]
+			u, key := h.user("standard")
+			before, err := h.store.Balance(context.Background(), u.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lock := lockUsersHolds(t, h.db, u.ID)
+			calls := h.fake.Calls()
+			answered := make(chan answer, 1)
+			go func() { answered <- sendTo(h.gw.URL, tc.path, key, tc.body, tc.hdr) }()
+			waitStalledPast(t, h.db, "INSERT INTO run_holds", lateGrantAdmitTimeout)
+			if err := lock.Rollback(); err != nil {
+				t.Fatal(err)
+			}
+			a := <-answered
+			if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "billing_unavailable" || a.header.Get("Retry-After") != "1" {
+				t.Errorf("call whose hold was granted past admit_timeout: %d Retry-After %q %s; want 503 billing_unavailable, Retry-After: 1",
+					a.status, a.header.Get("Retry-After"), a.body)
+			}
+			h.settled()
+			if n := h.fake.Calls(); n != calls {
+				t.Errorf("%d upstream calls, want none: the call was forwarded after its admission budget was spent", n-calls)
+			}
+			runs := h.holdsOf(u.ID)
+			if len(runs) != 1 {
+				t.Fatalf("%d holds, want the one granted late", len(runs))
+			}
+			run := runs[0]
+			if run.State == holds.StateRunning || run.ChargedMicro != 0 || run.SettleSource.String != holds.SourceRelease {
+				t.Errorf("late hold %s: %s, charged %d by %q; want released at 0", run.RunID, run.State, run.ChargedMicro, run.SettleSource.String)
+			}
+			after, err := h.store.Balance(context.Background(), u.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.AvailableMicro != before.AvailableMicro || after.UsedTodayMicro != before.UsedTodayMicro || after.InFlight != 0 {
+				t.Errorf("balance %+v after the refusal, want %+v as before", after, before)
+			}
+			refused := logs.FilterMessage("request refused").FilterField(zap.String("run_id", run.RunID)).All()
+			if len(refused) != 1 || refused[0].ContextMap()["code"] != "billing_unavailable" {
+				t.Errorf("refusal lines naming run %s: %v; want one, billing_unavailable", run.RunID, refused)
+			}
+		})
+	}
+}
