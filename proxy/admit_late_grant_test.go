@@ -149,3 +149,53 @@ func TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded(t *testing.T) {
 		})
 	}
 }
+
+// TestSessionClaimCommittedAfterTheAdmitBudgetIsNotForwarded: the budget is checked again just
+// before forwarding, after the steps that follow the hold. A session's claim whose COMMIT is
+// answered late — sent within the budget, its reply past it: a COMMIT is waited for whatever
+// its context says — came back a success, and the call, its hold granted in time, was forwarded
+// after admit_timeout had run out. It is answered 503 billing_unavailable (Retry-After: 1)
+// instead, nothing forwarded, its hold released at 0.
+func TestSessionClaimCommittedAfterTheAdmitBudgetIsNotForwarded(t *testing.T) {
+	// Shorter than the COMMIT's lateness (testenv.LateBy): the claim's reply, sent after the
+	// body was read, arrives past the budget whenever the claim began within it.
+	const admitTimeout = testenv.LateBy * 5 / 6
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	db, err := holds.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	h := newHarnessOn(t, harnessSetup{db: db}, func(c *config.Config) { c.Limits.AdmitTimeout = admitTimeout })
+	u, key := h.user("standard")
+	before, err := h.store.Balance(context.Background(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The claim's COMMIT is the next write to carry one: the hold's batch has committed.
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		if step == "session claim" {
+			lossy.Arm("COMMIT", testenv.LateReply)
+		}
+	})
+	calls := h.fake.Calls()
+	a := send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "late-claim"})
+	if !lossy.Fired() {
+		t.Fatal("the session claim's COMMIT was not answered late")
+	}
+	if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "billing_unavailable" || a.header.Get("Retry-After") != "1" {
+		t.Errorf("call whose session claim committed past admit_timeout: %d Retry-After %q %s; want 503 billing_unavailable, Retry-After: 1",
+			a.status, a.header.Get("Retry-After"), a.body)
+	}
+	h.settled()
+	if n := h.fake.Calls(); n != calls {
+		t.Errorf("%d upstream calls, want none: the call was forwarded after its admission budget was spent", n-calls)
+	}
+	runs := h.holdsOf(u.ID)
+	if len(runs) != 1 || runs[0].State == holds.StateRunning || runs[0].ChargedMicro != 0 || runs[0].SettleSource.String != holds.SourceRelease {
+		t.Fatalf("holds %+v; want the one, released at 0", runs)
+	}
+	if after, err := h.store.Balance(context.Background(), u.ID); err != nil || after.AvailableMicro != before.AvailableMicro || after.InFlight != 0 {
+		t.Errorf("balance %+v (%v) after the refusal, want %+v as before", after, err, before)
+	}
+}
