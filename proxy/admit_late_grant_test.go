@@ -199,3 +199,50 @@ func TestSessionClaimCommittedAfterTheAdmitBudgetIsNotForwarded(t *testing.T) {
 		t.Errorf("balance %+v (%v) after the refusal, want %+v as before", after, err, before)
 	}
 }
+
+// TestAdmissionStalledOnTheUsersRowPastTheBudgetHoldsNothing: an admission that waits on the
+// user's row (locked by an operator's console) past admit_timeout, the lock then let go, is
+// answered 503 billing_unavailable, Retry-After: 1, logged with its run id, and holds nothing:
+// the batch's reads run under the admission's deadline, and their result, arriving past it, is
+// taken as the deadline's error, so the writes and COMMIT are never sent (unlike a stall in
+// those, which the writer waits out: TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded).
+func TestAdmissionStalledOnTheUsersRowPastTheBudgetHoldsNothing(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) { c.Limits.AdmitTimeout = lateGrantAdmitTimeout })
+	u, key := h.user("standard")
+	before, err := h.store.Balance(context.Background(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock := testenv.ConsoleTx(t, h.db)
+	var id uint64
+	if err := lock.Get(&id, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	calls := h.fake.Calls()
+	answered := make(chan answer, 1)
+	go func() { answered <- send(h.gw.URL, key, chatBody, nil) }()
+	waitStalledPast(t, h.db, "FROM users WHERE id IN", lateGrantAdmitTimeout)
+	if err := lock.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	a := <-answered
+	if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "billing_unavailable" || a.header.Get("Retry-After") != "1" {
+		t.Errorf("call whose admission waited on the user's row past admit_timeout: %d Retry-After %q %s; want 503 billing_unavailable, Retry-After: 1",
+			a.status, a.header.Get("Retry-After"), a.body)
+	}
+	h.settled()
+	if n := h.fake.Calls(); n != calls {
+		t.Errorf("%d upstream calls, want none", n-calls)
+	}
+	if runs := h.holdsOf(u.ID); len(runs) != 0 {
+		t.Errorf("holds %+v after the refusal, want none", runs)
+	}
+	if after, err := h.store.Balance(context.Background(), u.ID); err != nil || after.AvailableMicro != before.AvailableMicro || after.InFlight != 0 {
+		t.Errorf("balance %+v (%v) after the refusal, want %+v as before", after, err, before)
+	}
+	runID := a.header.Get(proxy.RequestIDHeader)
+	if refused := logs.FilterMessage("request refused").FilterField(zap.String("run_id", runID)).All(); len(refused) != 1 {
+		t.Errorf("%d refusal lines naming run %s, want one", len(refused), runID)
+	}
+}
