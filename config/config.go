@@ -65,7 +65,7 @@ type Limits struct {
 	// ClientWriteTimeout bounds one write to the caller: a client that takes nothing for this
 	// long has stopped reading, and its call ends as cancelled instead of keeping its hold.
 	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`
-	AdmitTimeout       time.Duration `yaml:"admit_timeout"`    // a call's steps before forwarding together, from its body read whole: its admission's wait for the batch writer and its batch's (retries included), an Idempotency-Key's lookups and next attempts, a session's claim, a fingerprint's check; a stalled COMMIT up to the DSN's readTimeout more; then 503
+	AdmitTimeout       time.Duration `yaml:"admit_timeout"`    // a call's steps before forwarding together, from its body read whole: its admission's wait for the batch writer and its batch's (retries included), an Idempotency-Key's lookups and next attempts, a session's claim, a fingerprint's check; a stalled COMMIT up to the DSN's readTimeout more; then 503, and a hold or claim granted past it is released at 0, never forwarded
 	SettleTimeout      time.Duration `yaml:"settle_timeout"`   // one settlement including its retries
 	ShutdownTimeout    time.Duration `yaml:"shutdown_timeout"` // graceful drain on SIGTERM
 	KeyCacheTTL        time.Duration `yaml:"key_cache_ttl"`    // API key lookups cached in process
