@@ -97,6 +97,7 @@ func TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded(t *testing.T) {
 		{"completions", "/v1/completions", `{"model":"fake-gpt","prompt":"hi"}`, nil, false},
 		{"idempotency key", "/v1/chat/completions", chatBody, map[string]string{proxy.IdempotencyKeyHeader: "late-" + testenv.RandomID(4)}, false},
 		{"session", "/v1/chat/completions", chatBody, map[string]string{proxy.SessionHeader: "late-" + testenv.RandomID(4)}, false},
+		{"named run", "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "late-run"}, false},
 		{"chat fail_open", "/v1/chat/completions", chatBody, nil, true},
 		{"chat stream fail_open", "/v1/chat/completions", streamBody, nil, true},
 		{"messages fail_open", "/v1/messages", `{"model":"claude-test","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`, nil, true},
@@ -127,12 +128,20 @@ func TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded(t *testing.T) {
 			if n := h.fake.Calls(); n != calls {
 				t.Errorf("%d upstream calls, want none: the call was forwarded after its admission budget was spent", n-calls)
 			}
+			// A named run's failed call leaves its run open, for the agent's retry: settled,
+			// it is charged nothing.
+			named := tc.hdr["X-Run-Id"]
+			if named != "" {
+				if status, body := h.settleRun(key, named); status != http.StatusOK {
+					t.Fatalf("settle the named run: %d %s", status, body)
+				}
+			}
 			runs := h.holdsOf(u.ID)
 			if len(runs) != 1 {
 				t.Fatalf("%d holds, want the one granted late", len(runs))
 			}
 			run := runs[0]
-			if run.State == holds.StateRunning || run.ChargedMicro != 0 || run.SettleSource.String != holds.SourceRelease {
+			if run.State == holds.StateRunning || run.ChargedMicro != 0 || (named == "" && run.SettleSource.String != holds.SourceRelease) {
 				t.Errorf("late hold %s: %s, charged %d by %q; want released at 0", run.RunID, run.State, run.ChargedMicro, run.SettleSource.String)
 			}
 			after, err := h.store.Balance(context.Background(), u.ID)
