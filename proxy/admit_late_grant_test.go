@@ -155,6 +155,15 @@ func TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded(t *testing.T) {
 			if len(refused) != 1 || refused[0].ContextMap()["code"] != "billing_unavailable" {
 				t.Errorf("refusal lines naming run %s: %v; want one, billing_unavailable", run.RunID, refused)
 			}
+			if tc.hdr[proxy.IdempotencyKeyHeader] != "" {
+				// The refused attempt left its key free: the SDK's retry runs, once.
+				if again := sendTo(h.gw.URL, tc.path, key, tc.body, tc.hdr); again.status != http.StatusOK {
+					t.Errorf("retry under the same Idempotency-Key: %d %s, want 200", again.status, again.body)
+				}
+				if n := h.fake.Calls(); n != calls+1 {
+					t.Errorf("%d upstream calls after the retry, want 1", n-calls)
+				}
+			}
 		})
 	}
 }
