@@ -77,7 +77,7 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 		var err error
 		settled, admitted, err = s.tryWriteBatch(ctx, plan, sts, tokens, settleUsers, reqs, sent, &settleSent)
 		if len(reqs) == 0 && isOutOfRoom(err) && room.take(ctx) {
-			err = &outOfRoomError{err: err}
+			err = waitForRoom(err)
 		}
 		return err
 	})

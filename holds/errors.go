@@ -230,7 +230,8 @@ func isOutOfRoom(err error) bool {
 // Failed at once, each settlement on a full disk left its hold reserved until its expiry and
 // its charge to the reconciler's figures, for a disk an operator frees in a minute. A batch
 // with admissions is not so marked: an admission waits for no room (it is refused 503 at once,
-// nothing held), and the Writer tries the batch's settlements again alone.
+// nothing held), and the Writer tries the batch's settlements again alone. Work that waits
+// on no call is marked so too (withRoomRetry: the reconciler's extensions).
 type outOfRoomError struct{ err error }
 
 func (e *outOfRoomError) Error() string { return e.err.Error() }

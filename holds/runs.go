@@ -93,9 +93,13 @@ func (r Run) Age() time.Duration {
 // the hold stayed expired until the next pass, a reconcile period later, its pass counted as
 // failed, and the user's in-flight count left the still-running call out meanwhile. The
 // statement only moves the expiry forward, so one whose reply was lost is safe to send again.
+// So is one refused for want of room (1114, 1021; withRoomRetry): the row changes in place, but
+// the expiry it moves is a key of idx_run_holds_state_expires, whose new entry must grow the
+// table once its page is full; given up at once, the hold stayed expired, its pass failed, for
+// a disk an operator frees in a minute. Each try is logged with the run's id.
 func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bool, error) {
 	var moved bool
-	err := s.withRetry(ctx, "extend "+runID, func() error {
+	err := s.withRoomRetry(ctx, "extend", []zap.Field{zap.String("run_id", runID)}, func() error {
 		res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND)
 			WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(), runID)
 		if err != nil {

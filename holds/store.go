@@ -249,6 +249,26 @@ func (s *Store) withRetry(ctx context.Context, what string, try func() error) er
 	return s.withRetryLogged(ctx, what, nil, try)
 }
 
+// withRoomRetry is withRetryLogged that also waits out a statement refused for want of room on
+// the database's disk (isOutOfRoom: 1114, 1021), with the same backoff until ctx ends (the
+// retry log says "database disk full, retrying"). Such a refusal is known not to have landed:
+// the refused statement ran nothing, and a transaction it stopped is rolled back before its
+// COMMIT. For work that waits on nobody's call (the reconciler's, an operator's), where one
+// given up at once left the work undone for a disk an operator frees in a minute; an
+// admission is refused at once instead (nothing held).
+func (s *Store) withRoomRetry(ctx context.Context, what string, fields []zap.Field, try func() error) error {
+	return s.withRetryLogged(ctx, what, fields, func() error { return waitForRoom(try()) })
+}
+
+// waitForRoom marks err, when it is a refusal for want of room, as one withRetry waits out
+// (outOfRoomError); any other err is returned as it is.
+func waitForRoom(err error) error {
+	if isOutOfRoom(err) {
+		return &outOfRoomError{err: err}
+	}
+	return err
+}
+
 // withRetryLogged is withRetry whose retry logs carry fields too (a batch's run ids).
 func (s *Store) withRetryLogged(ctx context.Context, what string, fields []zap.Field, try func() error) error {
 	backoff := s.retry.InitialBackoff
