@@ -44,8 +44,13 @@ const maxReportsAtOnce = 2
 // reportRetryAfter is what a report refused for the bound tells the operator to wait.
 const reportRetryAfter = 5 * time.Second
 
+// outOfRoomRetryAfter is what a write the database refused for want of room on its disk until
+// the request's deadline (holds.IsOutOfRoom) tells the operator to wait: freeing room takes
+// someone minutes, and a script retrying each second only adds to the retry log.
+const outOfRoomRetryAfter = 30 * time.Second
+
 // requestTimeout bounds one admin request, its database reads and writes included: a write
-// the database refuses for the moment (unreachable, read_only) is tried again until it ends,
+// the database refuses for the moment (unreachable, read_only, its disk full) is tried again until it ends,
 // then answered 503. A variable for tests (SetRequestTimeout).
 var requestTimeout = 60 * time.Second
 
@@ -213,6 +218,11 @@ func classify(err error) *apiError {
 			Message: "This idempotency key was used for a different grant (another user or amount): " + err.Error()}
 	case errors.Is(err, holds.ErrKeyNotFound):
 		return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "key_not_found", Message: "No live key matches."}
+	case holds.IsOutOfRoom(err):
+		// Before IsUnavailable, which a refusal waited out within the store also is: room comes
+		// back when an operator frees it, not in the second an outage's answer asks to wait.
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
+			Message: "The billing database's disk is full: nothing was written. Retry once room is freed.", RetryAfter: outOfRoomRetryAfter}
 	case holds.IsUnavailable(err), holds.IsBusy(err):
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
 			Message: "The billing database is unreachable or too busy to answer now. Retry shortly.", RetryAfter: time.Second}

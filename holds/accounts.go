@@ -37,8 +37,9 @@ func validUserName(name string) bool { return userNamePattern.MatchString(name) 
 // CreateUser adds an account on a plan ("": the store's default plan). A name validUserName
 // refuses is ErrInvalidName, an unknown plan ErrUnknownPlan, a name taken ErrUserExists.
 //
-// A refusal read_only (a failover's switch, maintenance) is tried again until ctx ends
-// (execUntilWritable), as a grant is: the refused INSERT ran nothing. A failure whose INSERT
+// A refusal read_only (a failover's switch, maintenance) or for want of room on the
+// database's disk (1114, 1021) is tried again until ctx ends (execUntilWritable), as a grant
+// is: the refused INSERT ran nothing. A failure whose INSERT
 // may have landed (its reply lost) is not: sent again, it would answer ErrUserExists for the
 // user it made.
 func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error) {
@@ -51,7 +52,7 @@ func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error)
 	if _, ok := s.plans[plan]; !ok {
 		return User{}, fmt.Errorf("create user %q: %w %q", name, ErrUnknownPlan, plan)
 	}
-	res, err := s.execUntilWritable(ctx, "create user", "INSERT INTO users (name, plan) VALUES (?, ?)", name, plan)
+	res, err := s.execUntilWritable(ctx, "create user", nil, "INSERT INTO users (name, plan) VALUES (?, ?)", name, plan)
 	if isDuplicate(err) {
 		// Names are unique under the column's collation, which ignores case: the refusal names
 		// the user that holds the name ("Alice" for alice), whom no listing shows as alice.

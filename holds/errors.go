@@ -264,6 +264,11 @@ func isUnavailable(err error) bool {
 // admin API's 503.
 func IsUnavailable(err error) bool { return isUnavailable(err) }
 
+// IsOutOfRoom reports whether err is a write the database refused for want of room on its
+// disk (1114 table full, 1021 disk full), waited out until the caller's deadline: the admin
+// API's 503 with a longer Retry-After than an outage's, since an operator must free room.
+func IsOutOfRoom(err error) bool { return isOutOfRoom(err) }
+
 // IsBusy reports whether err means MySQL was reached but could not answer in time: a lock wait
 // or deadlock the store's retries did not outlast, or a deadline that ran out waiting (for the
 // admin API's 503, rather than 500: the request itself may be fine).

@@ -25,7 +25,8 @@ const KeyPrefixLen = 10
 func ShownPrefix(key string) string { return key[:min(len(key), KeyPrefixLen)] }
 
 // CreateKey issues a key for a user and returns it; only its SHA-256 is stored, so this is
-// the one time anyone sees it. A refusal read_only is tried again until ctx ends, as
+// the one time anyone sees it. A refusal read_only or for want of room on the database's disk
+// (1114, 1021) is tried again until ctx ends, as
 // CreateUser's; a failure whose INSERT may have landed is not (a second key would be made,
 // the first live and shown to nobody).
 func (s *Store) CreateKey(ctx context.Context, userID uint64) (string, error) {
@@ -35,7 +36,7 @@ func (s *Store) CreateKey(ctx context.Context, userID uint64) (string, error) {
 	}
 	key := KeyPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
 	hash := HashKey(key)
-	_, err := s.execUntilWritable(ctx, "create key", "INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash[:], userID, ShownPrefix(key))
+	_, err := s.execUntilWritable(ctx, "create key", nil, "INSERT INTO api_keys (key_hash, user_id, prefix) VALUES (?, ?, ?)", hash[:], userID, ShownPrefix(key))
 	if err != nil {
 		return "", fmt.Errorf("create key for user %d: %w", userID, err)
 	}
@@ -44,10 +45,11 @@ func (s *Store) CreateKey(ctx context.Context, userID uint64) (string, error) {
 
 // RevokeKey refuses a key from now on. A key that is not live (never issued, already revoked)
 // is ErrKeyNotFound, which the admin API answers 404 and callers tell from a database failure.
-// A refusal read_only is tried again until ctx ends (execUntilWritable).
+// A refusal read_only or for want of room (the revocation grows the key's row, which may split
+// its page) is tried again until ctx ends (execUntilWritable).
 func (s *Store) RevokeKey(ctx context.Context, key string) error {
 	hash := HashKey(key)
-	res, err := s.execUntilWritable(ctx, "revoke key", "UPDATE api_keys SET revoked_at = NOW(6) WHERE key_hash = ? AND revoked_at IS NULL", hash[:])
+	res, err := s.execUntilWritable(ctx, "revoke key", nil, "UPDATE api_keys SET revoked_at = NOW(6) WHERE key_hash = ? AND revoked_at IS NULL", hash[:])
 	if err != nil {
 		return fmt.Errorf("revoke key: %w", err)
 	}

@@ -126,7 +126,9 @@ func (s *Store) RevokeKeysByPrefix(ctx context.Context, userID uint64, prefix st
 	if err != nil {
 		return 0, fmt.Errorf("revoke keys of user %d: %w", userID, err)
 	}
-	err = s.withRetry(ctx, "revoke keys by prefix", func() error {
+	// The revocation grows each key's row, which may split its page: a full disk's refusal is
+	// waited out too (withRoomRetry), and a retry after one finds the keys still live.
+	err = s.withRoomRetry(ctx, "revoke keys by prefix", nil, func() error {
 		_, err := s.db.ExecContext(ctx, q, args...)
 		return err
 	})

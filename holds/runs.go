@@ -126,14 +126,14 @@ func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bo
 // A record refused by a read_only server (a failover, maintenance) is tried again until ctx
 // ends (execUntilWritable): missed, the row under-counted the run for good, and admission
 // counts a live named run at what its row records, so the user's next calls were admitted
-// against credits this one had spent. So is one refused for want of room (1114, 1021;
-// execRetried): the row changes in place, but the expiry it moves is a key of
+// against credits this one had spent. So is one refused for want of room (1114, 1021): the
+// row changes in place, but the expiry it moves is a key of
 // idx_run_holds_state_expires, whose new entry must grow the table once its page is full.
 // Nothing else is retried: the record adds, and a failure whose UPDATE may have landed (its
 // reply lost) would be counted twice.
 func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Duration, u pricing.Usage, costMicro int64, calls int, estimated bool) (bool, error) {
 	u = u.Clamp()
-	res, err := s.execRetried(ctx, "record call of "+runID, true, []zap.Field{zap.String("run_id", runID)}, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
+	res, err := s.execUntilWritable(ctx, "record call of "+runID, []zap.Field{zap.String("run_id", runID)}, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
 		in_tok = in_tok + ?, cache_read_tok = cache_read_tok + ?, cache_write_tok = cache_write_tok + ?, out_tok = out_tok + ?,
 		cache_write_1h_tok = cache_write_1h_tok + ?, audio_in_tok = audio_in_tok + ?, audio_out_tok = audio_out_tok + ?,
 		cost_micro = cost_micro + ?, calls = calls + ?, ended_calls = ended_calls + 1, estimated = GREATEST(estimated, ?)

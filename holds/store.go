@@ -132,32 +132,28 @@ func (s *Store) closeIdle() {
 }
 
 // execUntilWritable runs one autocommit statement, tried again with the store's backoff while
-// the server refuses it read_only (isReadOnly), until ctx ends; any other error is returned at
-// once. A refusal is known not to have landed — the server refuses a write before it runs —
-// so a statement that adds (RecordRunCall) is safe to send again after one, as it is not after
-// a lost reply. Each refused connection leaves the pool (dropReadOnly), so the next try dials
-// anew: after a failover's switch of address, the promoted primary.
-func (s *Store) execUntilWritable(ctx context.Context, what, q string, args ...any) (sql.Result, error) {
-	return s.execRetried(ctx, what, false, nil, q, args...)
-}
-
-// execRetried is execUntilWritable that, with room, also tries again a statement refused for
-// want of room on the database's disk (isOutOfRoom: 1114, 1021), until ctx ends. Such a
-// refusal is known not to have landed either: an autocommit statement that fails is rolled
-// back whole. Its connection goes back to the pool: the server is the right one, its disk
-// full. fields go on each retry's log line (a run's id).
-func (s *Store) execRetried(ctx context.Context, what string, room bool, fields []zap.Field, q string, args ...any) (sql.Result, error) {
+// the server refuses it read_only (isReadOnly) or for want of room on the database's disk
+// (isOutOfRoom: 1114, 1021), until ctx ends; any other error is returned at once. A refusal is
+// known not to have landed — the server refuses a write before it runs, and an autocommit
+// statement that fails is rolled back whole — so a statement that adds (RecordRunCall,
+// CreateKey) is safe to send again after one, as it is not after a lost reply. Each connection
+// refused read_only leaves the pool (dropReadOnly), so the next try dials anew: after a
+// failover's switch of address, the promoted primary; one refused for room goes back to it,
+// the server being the right one, its disk full. fields go on each retry's log line (a run's
+// id). Past ctx's end the error is the last refusal's (IsOutOfRoom tells a full disk apart).
+func (s *Store) execUntilWritable(ctx context.Context, what string, fields []zap.Field, q string, args ...any) (sql.Result, error) {
 	backoff := s.retry.InitialBackoff
+	var refused error // the last refusal, reported if ctx ends during the next try
 	for attempt := 1; ; attempt++ {
 		conn, err := s.db.Connx(ctx)
 		if err != nil {
-			return nil, err
+			return nil, gaveUp(ctx, err, refused)
 		}
 		res, err := conn.ExecContext(ctx, q, args...)
-		full := room && isOutOfRoom(err)
+		full := isOutOfRoom(err)
 		if err == nil || !(isReadOnly(err) || full) {
 			_ = conn.Close()
-			return res, err
+			return res, gaveUp(ctx, err, refused)
 		}
 		msg := "database disk full, retrying"
 		if full {
@@ -166,6 +162,7 @@ func (s *Store) execRetried(ctx context.Context, what string, room bool, fields 
 			s.dropReadOnly(conn)
 			msg = "database unavailable, retrying"
 		}
+		refused = err
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%w (gave up: %v)", err, ctx.Err())
 		}
@@ -178,6 +175,21 @@ func (s *Store) execRetried(ctx context.Context, what string, room bool, fields 
 		}
 		backoff = min(backoff*2, s.retry.MaxBackoff)
 	}
+}
+
+// gaveUp is the error of a retry loop whose try failed with err after the earlier refusal
+// refused (nil: none): once ctx has ended, the refusal it waited on, naming the deadline — a
+// try that ran into the deadline fails with the context's error, which told the caller
+// nothing of the full disk or read_only server it had waited on (the admin API answered it
+// as busy, Retry-After: 1, a full disk's as soon as a read_only spell's) — and err otherwise.
+func gaveUp(ctx context.Context, err, refused error) error {
+	if err == nil || ctx.Err() == nil || refused == nil || errors.Is(err, refused) {
+		return err
+	}
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) && !isUnavailable(err) {
+		return err // an answer of its own (a name taken, a grant refused), not the deadline's
+	}
+	return fmt.Errorf("%w (gave up: %v)", refused, ctx.Err())
 }
 
 // planName is the name of the plan whose terms plan gives the user: its row's plan, or the
@@ -256,8 +268,19 @@ func (s *Store) withRetry(ctx context.Context, what string, try func() error) er
 // COMMIT. For work that waits on nobody's call (the reconciler's, an operator's), where one
 // given up at once left the work undone for a disk an operator frees in a minute; an
 // admission is refused at once instead (nothing held).
+//
+// A try that runs into ctx's end after a refusal fails with the context's error; the refusal
+// waited on is answered in its place (gaveUp), so a full disk's is told apart (IsOutOfRoom).
 func (s *Store) withRoomRetry(ctx context.Context, what string, fields []zap.Field, try func() error) error {
-	return s.withRetryLogged(ctx, what, fields, func() error { return waitForRoom(try()) })
+	var refused error
+	err := s.withRetryLogged(ctx, what, fields, func() error {
+		err := waitForRoom(try())
+		if isUnavailable(err) {
+			refused = err
+		}
+		return err
+	})
+	return gaveUp(ctx, err, refused)
 }
 
 // waitForRoom marks err, when it is a refusal for want of room, as one withRetry waits out
