@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/holds"
 )
 
 // TestBusyDatabaseIsUnavailableNot500: a statement that waited out the lock wait timeout past
@@ -25,5 +28,22 @@ func TestBusyDatabaseIsUnavailableNot500(t *testing.T) {
 	}
 	if e := classify(fmt.Errorf("odd: %w", &mysql.MySQLError{Number: 1064})); e.Status != http.StatusInternalServerError {
 		t.Errorf("a query the database refused: %d, want 500", e.Status)
+	}
+}
+
+// TestBadListingLimitIs400: a page size the store refuses (from the gateway's subcommands, or
+// any caller past limitParam) is a bad request, as every listing's bad filter is: the
+// instances' listing panicked on it and the grants' answered 500.
+func TestBadListingLimitIs400(t *testing.T) {
+	st := holds.NewStore(nil, map[string]holds.Plan{"standard": {}}, "standard", zap.NewNop())
+	ctx := context.Background()
+	for _, limit := range []int{0, MaxListLimit * 100} {
+		_, ierr := st.ListInstances(ctx, "", limit)
+		_, gerr := st.Grants(ctx, 1, 0, limit)
+		for _, err := range []error{ierr, gerr} {
+			if e := classify(err); e.Status != http.StatusBadRequest || e.Code != "invalid_request" {
+				t.Errorf("limit %d: %v answered %d %s; want 400 invalid_request", limit, err, e.Status, e.Code)
+			}
+		}
 	}
 }

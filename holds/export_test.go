@@ -63,3 +63,6 @@ func (in *Instance) TwinsReported() int {
 	defer in.seenMu.Unlock()
 	return len(in.twins)
 }
+
+// MaxListRows is the most rows one listing reads (maxListRows).
+const MaxListRows = maxListRows

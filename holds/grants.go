@@ -229,10 +229,11 @@ func sameGrant(g Grant, req GrantRequest) error {
 // Grants lists up to limit of a user's grants, newest first, older than the grant afterID (0: from
 // the newest): the cursor of a listing in pages. afterID must be one of the user's grants
 // (ErrBadAfter otherwise): grants are never deleted, so any other id is no page's last_id, and
-// paged from, it listed another walk's rows (or none) as if they followed a page.
+// paged from, it listed another walk's rows (or none) as if they followed a page. A limit
+// outside 1-maxListRows is ErrBadFilter, as every listing's is (the admin API's 400, not 500).
 func (s *Store) Grants(ctx context.Context, userID, afterID uint64, limit int) ([]Grant, error) {
 	if limit <= 0 || limit > maxListRows {
-		return nil, fmt.Errorf("grants of user %d: limit %d out of range 1-%d", userID, limit, maxListRows)
+		return nil, fmt.Errorf("grants of user %d: %w: limit %d out of range 1-%d", userID, ErrBadFilter, limit, maxListRows)
 	}
 	if afterID == 0 {
 		afterID = math.MaxUint64

@@ -48,10 +48,11 @@ func (r InstanceRow) State() string {
 // ListInstances lists the instance rows, newest start first (id breaks ties: the order is
 // total), after the row whose id is after ("" from the newest), at most limit: a page of the
 // admin API's listing. An after that names no row (pruned a day after its sweep, or never
-// one) is ErrBadAfter.
+// one) is ErrBadAfter; a limit outside 1-maxListRows is ErrBadFilter, as every listing's is
+// (it came from an operator's -limit or query, and panicked here).
 func (s *Store) ListInstances(ctx context.Context, after string, limit int) ([]InstanceRow, error) {
 	if limit <= 0 || limit > maxListRows {
-		panic(fmt.Sprintf("holds: instance page of %d", limit))
+		return nil, fmt.Errorf("list instances: %w: limit %d out of range 1-%d", ErrBadFilter, limit, maxListRows)
 	}
 	const cols = `SELECT id, name, started_at, beat_at, dead_at, retired, swept_at,
 		dead_at IS NULL AND beat_at < NOW(6) - INTERVAL dead_after_us MICROSECOND AS silent FROM instances`
