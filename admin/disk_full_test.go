@@ -25,7 +25,7 @@ import (
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
-// fullDiskAdmin serves the admin handler over a store whose users and api_keys live on a small
+// fullDiskAdmin serves the admin handler over a store whose users, api_keys and grants live on a small
 // file system of the test's own (it needs root), with the file that fills it once fill is
 // called; the store's retry logs are kept.
 type fullDiskAdmin struct {
@@ -42,6 +42,7 @@ func newFullDiskAdmin(t *testing.T) *fullDiskAdmin {
 	db := testenv.MySQL(t)
 	testenv.TableOn(t, db, "users", dir)
 	testenv.TableOn(t, db, "api_keys", dir)
+	testenv.TableOn(t, db, "grants", dir)
 	t.Cleanup(func() { testenv.CheckLedger(t, db) })
 	core, logs := observer.New(zapcore.WarnLevel)
 	st := holds.NewStore(db, plans(), "standard", zap.New(core))
@@ -315,4 +316,84 @@ func randomKey() string {
 	var raw [24]byte
 	_, _ = rand.Read(raw[:])
 	return holds.KeyPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
+}
+
+// TestAdminUserChangeAndGrantRefusedByAFullDiskRiddenOut: a user's disabling and a change of
+// their plan or overrides grow the user's row (disabled_at, an override set where there was
+// none), which may split its page, and a grant is a new row: on a full disk MariaDB refuses
+// each at once, 1114. As a user's creation is, each is tried again within the request's
+// deadline, and lands once there is room, where it answered 500 at once (a payment's webhook
+// then retried by its provider on its own schedule).
+func TestAdminUserChangeAndGrantRefusedByAFullDiskRiddenOut(t *testing.T) {
+	t.Run("disable user", func(t *testing.T) {
+		f := newFullDiskAdmin(t)
+		f.fill()
+		name := f.refusedDisable()
+		_, a := f.untilRefused("disable user", http.StatusOK, func(int) diskAnswer {
+			return f.send(http.MethodPost, "/admin/users/"+name+"/disable", "")
+		})
+		if a.status != http.StatusOK || a.body["changed"] != true ||
+			f.count("SELECT COUNT(*) FROM users WHERE name = ? AND disabled_at IS NOT NULL", name) != 1 {
+			t.Errorf("disable user refused by a full disk, then given room: %d %s %v; want 200, changed, the user disabled", a.status, a.code, a.body)
+		}
+	})
+	t.Run("change user", func(t *testing.T) {
+		f := newFullDiskAdmin(t)
+		f.fill()
+		name := f.refusedDisable() // its page has no room for an override either
+		_, a := f.untilRefused("change user", http.StatusOK, func(int) diskAnswer {
+			return f.send(http.MethodPatch, "/admin/users/"+name, `{"allowance":"5","max_in_flight":3}`)
+		})
+		if a.status != http.StatusOK || f.count("SELECT COUNT(*) FROM users WHERE name = ? AND allowance_micro = 5000 AND max_in_flight = 3", name) != 1 {
+			t.Errorf("change user refused by a full disk, then given room: %d %s %v; want 200 and the overrides set", a.status, a.code, a.body)
+		}
+	})
+	t.Run("grant", func(t *testing.T) {
+		f := newFullDiskAdmin(t)
+		f.owner()
+		f.fill()
+		payment := func(i int) string { return fmt.Sprintf("fd-pay-%05d", i) }
+		i, a := f.untilRefused("grant", http.StatusCreated, func(i int) diskAnswer {
+			return f.send(http.MethodPost, "/admin/users/fd-keys/grants", `{"amount":"1","idempotency_key":"`+payment(i)+`"}`)
+		})
+		if a.status != http.StatusCreated || f.count("SELECT COUNT(*) FROM grants WHERE idempotency_key = ?", payment(i)) != 1 {
+			t.Errorf("grant refused by a full disk, then given room: %d %s %v; want 201 and one grant row", a.status, a.code, a.body)
+		}
+		if n := f.count("SELECT prepaid_micro FROM users WHERE name = 'fd-keys'"); n != (i+1)*1000 {
+			t.Errorf("prepaid after %d grants of 1 credit: %d micro-USD; want %d (each once)", i+1, n, (i+1)*1000)
+		}
+	})
+}
+
+// refusedDisable makes users by statements of the test's own until the full file system
+// refuses one, then disables them one by one until it refuses that (disabled_at set grows the
+// row), and returns that user's name: its page has less room than the change needs, and there
+// is none to split it into, so any change that grows its row is refused while the disk stays
+// full. On a new table the users' single page fills first.
+func (f *fullDiskAdmin) refusedDisable() string {
+	f.t.Helper()
+	var names []string
+	for i := range maxTries {
+		name := fmt.Sprintf("fd-full-%05d", i)
+		_, err := f.db.Exec("INSERT INTO users (name, plan) VALUES (?, 'standard')", name)
+		if isFull(err) {
+			break
+		}
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		names = append(names, name)
+	}
+	for _, name := range names {
+		_, err := f.db.Exec("UPDATE users SET disabled_at = NOW(6) WHERE name = ?", name)
+		if isFull(err) {
+			// Enabled again by the refusal: the statement ran nothing.
+			return name
+		}
+		if err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	f.t.Fatalf("none of %d users' disabling refused on a full disk: the test proves nothing", len(names))
+	return ""
 }

@@ -231,12 +231,17 @@ type UserChange struct {
 // ChangeUser changes a user's plan and overrides in one statement: all of them or none.
 // Admission reads them under the user lock, so a change applies from the next admission;
 // holds already taken keep the terms (hold, cap, discount) they were admitted with.
+//
+// An override set where there was none, or a longer plan name, grows the user's row, which
+// may split its page: a refusal for want of room on the database's disk (1114, 1021) is tried
+// again until ctx ends, as a read_only one is (withRoomRetry); the refused statement ran
+// nothing.
 func (s *Store) ChangeUser(ctx context.Context, userID uint64, c UserChange) error {
 	if c.Plan != "" && !s.HasPlan(c.Plan) {
 		return fmt.Errorf("change user %d: %w %q", userID, ErrUnknownPlan, c.Plan)
 	}
 	var changed int64
-	err := s.withRetry(ctx, "change user", func() error {
+	err := s.withRoomRetry(ctx, "change user", nil, func() error {
 		res, err := s.db.ExecContext(ctx, `UPDATE users SET
 			plan = IF(? = '', plan, ?),
 			allowance_micro = CASE ? WHEN 1 THEN ? WHEN 2 THEN NULL ELSE allowance_micro END,

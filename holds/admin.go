@@ -186,10 +186,12 @@ func (s *Store) setDisabled(ctx context.Context, userID uint64, disable bool) (b
 	var changed int64
 	var lost bool // an attempt failed unreachable: it may have applied the update
 	if was != disable {
-		err = s.withRetry(ctx, what+" user", func() error {
+		// A refusal for want of room is waited out too (withRoomRetry): disabled_at set grows
+		// the user's row, which may split its page on a full disk.
+		err = s.withRoomRetry(ctx, what+" user", nil, func() error {
 			res, err := s.db.ExecContext(ctx, q, userID)
 			if err != nil {
-				// A refusal read_only did not run: it applied nothing.
+				// A refusal read_only, or for want of room, did not run: it applied nothing.
 				lost = lost || (isUnavailable(err) && !isReadOnly(err))
 				return err
 			}

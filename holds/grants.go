@@ -99,6 +99,10 @@ func (e *GrantBelowZeroError) Unwrap() error { return ErrGrantBelowZero }
 // The insert carries a token this call keeps across its retries: when the reply to its COMMIT
 // is lost and the retry finds the grant by its key, the token shows it is this call's own
 // (created), not an earlier delivery's.
+//
+// The grant's row is new: on a full disk MariaDB refuses it (1114, 1021), the transaction
+// rolled back with nothing of it committed, and it is tried again until ctx ends, as a
+// read_only refusal is (withRoomRetry), where it answered the payment's webhook 500 at once.
 func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error) {
 	if err := validateGrant(req); err != nil {
 		return Grant{}, false, err
@@ -108,10 +112,12 @@ func (s *Store) Grant(ctx context.Context, req GrantRequest) (Grant, bool, error
 		g       Grant
 		created bool
 	)
-	err := s.inTx(ctx, "grant "+req.IdempotencyKey, func(tx *sqlx.Tx) error {
-		var err error
-		g, created, err = s.grantTx(ctx, tx, req, attempt)
-		return err
+	err := s.withRoomRetry(ctx, "grant", []zap.Field{zap.String("idempotency_key", req.IdempotencyKey), zap.Uint64("user_id", req.UserID)}, func() error {
+		return s.tryTx(ctx, func(tx *sqlx.Tx) error {
+			var err error
+			g, created, err = s.grantTx(ctx, tx, req, attempt)
+			return err
+		})
 	})
 	if errors.Is(err, errGrantRace) {
 		// Another user's transaction inserted this key between our check and our insert; it
