@@ -234,7 +234,7 @@ func TestAdminWriteRefusedByAFullDiskRiddenOutThen503(t *testing.T) {
 				what, a.status, a.code, a.retry)
 		}
 	}
-	t.Run("past the deadline", func(t *testing.T) {
+	t.Run("past the deadline, creation", func(t *testing.T) {
 		f := newFullDiskAdmin(t)
 		f.owner()
 		f.fill()
@@ -245,12 +245,21 @@ func TestAdminWriteRefusedByAFullDiskRiddenOutThen503(t *testing.T) {
 		if n := f.count("SELECT COUNT(*) FROM users WHERE name = ?", userName(i)); n != 0 {
 			t.Errorf("users made by the refused create: %d; want none", n)
 		}
-		key := f.refusedRevocation() // api_keys is full too, its first page at least
-		before := f.count("SELECT COUNT(*) FROM api_keys")
-		late(t, "create key", f.send(http.MethodPost, "/admin/users/fd-keys/keys", ""))
+		before := 0
+		_, a = f.untilAnswered("create key", http.StatusCreated, func(int) diskAnswer {
+			before = f.count("SELECT COUNT(*) FROM api_keys")
+			return f.send(http.MethodPost, "/admin/users/fd-keys/keys", "")
+		})
+		late(t, "create key", a)
 		if n := f.count("SELECT COUNT(*) FROM api_keys"); n != before {
 			t.Errorf("keys after the refused create: %d; want %d (none made)", n, before)
 		}
+	})
+	t.Run("past the deadline, revocation", func(t *testing.T) {
+		f := newFullDiskAdmin(t)
+		f.owner()
+		f.fill()
+		key := f.refusedRevocation()
 		late(t, "revoke key", f.send(http.MethodPost, "/admin/keys/revoke", `{"key":"`+key+`"}`))
 		if f.live(key) != 1 {
 			t.Errorf("the key of the refused revocation is no longer live")
