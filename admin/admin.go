@@ -222,7 +222,7 @@ func classify(err error) *apiError {
 		// Before IsUnavailable, which a refusal waited out within the store also is: room comes
 		// back when an operator frees it, not in the second an outage's answer asks to wait.
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
-			Message: "The billing database's disk is full: nothing was written. Retry once room is freed.", RetryAfter: outOfRoomRetryAfter}
+			Message: "The billing database's disk is full: the write was refused until the request's deadline. Retry once room is freed.", RetryAfter: outOfRoomRetryAfter}
 	case holds.IsUnavailable(err), holds.IsBusy(err):
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "billing_unavailable",
 			Message: "The billing database is unreachable or too busy to answer now. Retry shortly.", RetryAfter: time.Second}

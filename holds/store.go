@@ -182,6 +182,8 @@ func (s *Store) execUntilWritable(ctx context.Context, what string, fields []zap
 // try that ran into the deadline fails with the context's error, which told the caller
 // nothing of the full disk or read_only server it had waited on (the admin API answered it
 // as busy, Retry-After: 1, a full disk's as soon as a read_only spell's) — and err otherwise.
+// A statement the deadline cut may still have landed, as one whose reply was lost may: the
+// error says what was waited on, not that nothing was written.
 func gaveUp(ctx context.Context, err, refused error) error {
 	if err == nil || ctx.Err() == nil || refused == nil || errors.Is(err, refused) {
 		return err
