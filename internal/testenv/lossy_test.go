@@ -101,16 +101,19 @@ func TestLossyLosesTheReplyOnlyOnceTheServerHasRunIt(t *testing.T) {
 
 // TestLossyLateReplyDeliversTheWholeReplyLate: a late reply is the server's whole reply,
 // every result of a multi-statement script, after the lateness the tests count on, however
-// quick the server.
+// quick the server: a caller whose deadline is LateBy/2 (as holds' lost-reply tests set their
+// admit_timeout) has seen that deadline pass when the reply comes.
 func TestLossyLateReplyDeliversTheWholeReplyLate(t *testing.T) {
 	lossy, db, plain := lossyProbe(t)
 	lossy.Arm("/* lossy-probe */", LateReply)
-	start := time.Now()
+	// The caller's deadline, watched but not passed to the query: the reply must come after it.
+	callerDeadline, cancel := context.WithTimeout(context.Background(), LateBy/2)
+	defer cancel()
 	rows, err := db.Query("BEGIN; SELECT 7 /* lossy-probe */; INSERT INTO lossy_probe (id) VALUES (1); SELECT 42; COMMIT")
 	if err != nil {
 		t.Fatal(err)
 	}
-	took := time.Since(start)
+	deadlinePassed := callerDeadline.Err() != nil
 	var got []int
 	for {
 		for rows.Next() {
@@ -131,8 +134,8 @@ func TestLossyLateReplyDeliversTheWholeReplyLate(t *testing.T) {
 	if !lossy.Fired() {
 		t.Fatal("the marked script's reply was never delayed")
 	}
-	if took < LateBy {
-		t.Errorf("late reply came after %v, want at least %v", took, LateBy)
+	if !deadlinePassed {
+		t.Errorf("the late reply came before a caller's deadline of LateBy/2 (%v) had passed", LateBy/2)
 	}
 	if len(got) != 2 || got[0] != 7 || got[1] != 42 {
 		t.Errorf("late reply's results %v, want [7 42]", got)
@@ -159,7 +162,9 @@ func (r *errorRecorder) Errorf(format string, args ...any) {
 // TestLossyFailsLoudlyWhenTheServerNeverFinishes: a marked write the server has not run by
 // the deadline fails the test, with a message that says so, whether the server has not
 // answered at all or has begun to answer a script and is still running it. It must not go on
-// to stage a loss of a reply to a script that has not run.
+// to stage a loss of a reply to a script that has not run. That the wait ended at its
+// deadline, not at the server's end 3 s later, is in the message: it found no reply yet, or
+// the server's thread still at the script.
 func TestLossyFailsLoudlyWhenTheServerNeverFinishes(t *testing.T) {
 	for _, c := range []struct{ name, q, want string }{
 		{"no reply yet", "SELECT SLEEP(3) /* lossy-probe */", "no reply to the marked write"},
@@ -173,14 +178,9 @@ func TestLossyFailsLoudlyWhenTheServerNeverFinishes(t *testing.T) {
 			lossy.mu.Unlock()
 			db := Open(t, dsn)
 			lossy.Arm("/* lossy-probe */", LoseReply)
-			start := time.Now()
 			_, err := db.Exec(c.q)
-			took := time.Since(start)
 			if err == nil {
 				t.Fatal("the marked script answered")
-			}
-			if took > 2*time.Second {
-				t.Errorf("the wait ended after %v, past its deadline of 300ms", took)
 			}
 			rec.mu.Lock()
 			defer rec.mu.Unlock()
@@ -200,15 +200,11 @@ func TestLossyWaitsForTheServerWhenTheCallerLeaves(t *testing.T) {
 	lossy.Arm("/* lossy-probe */", LoseReply)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	_, err := db.ExecContext(ctx, "BEGIN; SELECT SLEEP(0.6) /* lossy-probe */; INSERT INTO lossy_probe (id) VALUES (1); COMMIT")
-	took := time.Since(start)
 	if err == nil || !lossy.Fired() {
 		t.Fatalf("caller that left: %v, fired %v; want an error from a loss", err, lossy.Fired())
 	}
-	if took < 600*time.Millisecond {
-		t.Fatalf("the loss ended after %v, while the server was still sleeping", took)
-	}
+	callerLeft := ctx.Err() != nil
 	// The script's outcome is final when no server thread is still at it: asked of the server
 	// the moment the loss ended, not read again after a pause that a late write may outlast.
 	var busy []struct {
@@ -227,11 +223,16 @@ func TestLossyWaitsForTheServerWhenTheCallerLeaves(t *testing.T) {
 		}
 		t.Errorf("when the loss ended, server thread %d was still %s %q: the script's outcome was not final", b.ID, b.Command, info)
 	}
+	// Its caller had left (100 ms) when the call ended: the case under test, in which the
+	// driver closed the connection while the server was still sleeping.
+	if !callerLeft {
+		t.Errorf("the call ended before its caller left (after 100ms): the loss did not wait for the server")
+	}
 	var n int
 	if err := plain.Get(&n, "SELECT COUNT(*) FROM lossy_probe WHERE id = 1"); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("the server, its client gone mid-script, left %d row(s) (took %v)", n, took)
+	t.Logf("the server, its client gone mid-script, left %d row(s)", n)
 }
 
 // TestLossyKilledReplyAnswersTheCommitInterrupted: a KilledReply is the server's whole script
