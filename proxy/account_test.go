@@ -14,6 +14,20 @@ import (
 	"github.com/tollgate/tollgate/proxy"
 )
 
+// keyStaysCached starts counting the process's key lookups; the func it returns fails the test
+// unless every lookup since was answered from the key cache, and there was one. A test whose
+// point is that the key was still cached checks it so, rather than trusting key_cache_ttl.
+func (h *harness) keyStaysCached() (check func(what string)) {
+	hits, misses := h.srv.CountKeyLookups()
+	return func(what string) {
+		h.t.Helper()
+		if hits.Load() == 0 || misses.Load() != 0 {
+			h.t.Fatalf("%s: %d key lookups answered from the cache, %d from the store; want the key still cached",
+				what, hits.Load(), misses.Load())
+		}
+	}
+}
+
 func (h *harness) get(key, path string) (int, map[string]any) {
 	h.t.Helper()
 	return h.getDecoded(key, path, false)
@@ -225,9 +239,11 @@ func TestADisabledUserIsRefusedAtOnce(t *testing.T) {
 	if _, err := h.store.DisableUser(context.Background(), u.ID); err != nil {
 		t.Fatal(err)
 	}
+	cached := h.keyStaysCached()
 	resp = h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"again"}]}`, nil)
 	body := readAll(t, resp.Body)
 	resp.Body.Close()
+	cached("the call after disabling")
 	if resp.StatusCode != 401 || errorCode(t, body) != "invalid_api_key" {
 		t.Fatalf("after disabling: %d %s", resp.StatusCode, body)
 	}
@@ -246,7 +262,9 @@ func TestCreditsNameThePlanTheirFiguresAreOf(t *testing.T) {
 	if err := h.store.ChangeUser(context.Background(), u.ID, holds.UserChange{Plan: "guest"}); err != nil {
 		t.Fatal(err)
 	}
+	cached := h.keyStaysCached()
 	code, c := h.get(key, "/v1/credits") // the key is still cached, with the plan it had
+	cached("/v1/credits after the plan change")
 	if code != 200 || c["plan"] != "guest" || c["allowance"] != 100.0 {
 		t.Fatalf("after moving the user to guest: %d plan %v allowance %v, want guest and 100", code, c["plan"], c["allowance"])
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -97,6 +98,10 @@ type keyCache struct {
 
 	mu      sync.Mutex
 	entries map[[32]byte]cachedUser
+
+	// observe, set by tests only (nil otherwise), is told of each lookup whether the cache
+	// answered it: a test that relies on a key still being cached can check that it was.
+	observe atomic.Pointer[func(hit bool)]
 }
 
 type cachedUser struct {
@@ -122,7 +127,11 @@ func (c *keyCache) lookup(ctx context.Context, key string) (holds.User, error) {
 	c.mu.Lock()
 	e, ok := c.entries[hash]
 	c.mu.Unlock()
-	if ok && now.Before(e.expires) {
+	hit := ok && now.Before(e.expires)
+	if f := c.observe.Load(); f != nil {
+		(*f)(hit)
+	}
+	if hit {
 		return e.user, nil
 	}
 	// The batch's own timeout bounds the query, not the wait before it: with the database

@@ -204,9 +204,11 @@ func TestHoldTierIsThePlanInForce(t *testing.T) {
 	if err := h.store.ChangeUser(context.Background(), u.ID, holds.UserChange{Plan: "guest"}); err != nil {
 		t.Fatal(err)
 	}
+	cached := h.keyStaysCached()
 	resp := h.post(key, "/v1/chat/completions", strings.Replace(body, "two", "two again", 1), nil)
 	b := readAll(t, resp.Body)
 	resp.Body.Close()
+	cached("the call after the plan change")
 	if resp.StatusCode != 200 {
 		t.Fatalf("after the change: %d %s", resp.StatusCode, b)
 	}

@@ -35,10 +35,12 @@ func TestErrorAnswersTellRefusalsApart(t *testing.T) {
 	if _, err := lock.ExecContext(ctx, "LOCK TABLES users WRITE, run_holds WRITE, usage_days WRITE"); err != nil {
 		t.Fatal(err)
 	}
+	cached := h.keyStaysCached()
 	status, body := h.get(key, "/v1/credits")
 	if _, err := lock.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
 		t.Fatal(err)
 	}
+	cached("/v1/credits with the database stalled")
 	if status != http.StatusServiceUnavailable || errorCodeOf(body) != "billing_unavailable" {
 		t.Fatalf("GET /v1/credits with the database stalled: %d %v, want 503 billing_unavailable", status, body)
 	}

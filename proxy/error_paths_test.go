@@ -299,6 +299,9 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		c.Limits.HeaderTimeout = 500 * time.Millisecond
 		c.Limits.UpstreamTimeout = time.Second
 		c.Limits.ClientWriteTimeout = 2 * time.Second
+		// The "key still cached" cases check that it was: the default 2 s could end between
+		// their two calls on a slow machine.
+		c.Limits.KeyCacheTTL = time.Minute
 		// With calls this short, a settlement (plus its last reply's wait) must end sooner
 		// than the default allows: a run settled on request stays closed only as long.
 		c.Limits.SettleTimeout = 10 * time.Second
@@ -549,7 +552,10 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			if _, err := e.h.store.DisableUser(context.Background(), e.user.ID); err != nil {
 				e.t.Fatal(err)
 			}
-			return e.post("/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"again"}]}`, nil)
+			cached := e.h.keyStaysCached()
+			resp := e.post("/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"again"}]}`, nil)
+			cached("the call after disabling")
+			return resp
 		}, status: 401, code: "invalid_api_key"},
 		{name: "401 user disabled, messages", send: func(e *errEnv) *http.Response {
 			if a := sendTo(e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, nil); a.status != 200 {
@@ -558,7 +564,10 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			if _, err := e.h.store.DisableUser(context.Background(), e.user.ID); err != nil {
 				e.t.Fatal(err)
 			}
-			return e.post("/v1/messages", errMsgBody, map[string]string{"Idempotency-Key": "k-disabled"})
+			cached := e.h.keyStaysCached()
+			resp := e.post("/v1/messages", errMsgBody, map[string]string{"Idempotency-Key": "k-disabled"})
+			cached("the call after disabling")
+			return resp
 		}, status: 401, code: "invalid_api_key", anthropic: true},
 		{name: "402 nothing available, idempotent", plan: "broke", send: chat(chatBody, map[string]string{"Idempotency-Key": "k-broke"}),
 			status: 402, code: "insufficient_credits"},

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
@@ -37,6 +38,22 @@ func (s *Server) TakeSettleSlots() (giveBack func()) {
 			<-s.settleSlots
 		}
 	}
+}
+
+// CountKeyLookups counts, from now on, the key lookups the process's key cache answered (hits)
+// and those that went to the store (misses): a test that relies on a key still being cached
+// checks that it was, rather than inferring it from an outcome the store could give too.
+func (s *Server) CountKeyLookups() (hits, misses *atomic.Int64) {
+	hits, misses = new(atomic.Int64), new(atomic.Int64)
+	f := func(hit bool) {
+		if hit {
+			hits.Add(1)
+		} else {
+			misses.Add(1)
+		}
+	}
+	s.auth.observe.Store(&f)
+	return hits, misses
 }
 
 // RunIDFor is the run id of a caller's named run (X-Run-Id).
