@@ -78,10 +78,12 @@ func TestNamedRunThatUsedNothingIsNotChargedItsHoldAfterARedisRestart(t *testing
 // restart mid-run "loses no call that had ended". After a restart the tally has only the calls
 // made since, and the row the calls it recorded, each call's record being written after its
 // answer ended: a settle sent at once charged the larger of the two, not their sum, and the
-// call's record then found its run settled. Here the second call's record is held at the run's
-// row lock (as a busy database holds it for a moment): until the settle has read what to
-// charge if the answer's end can reach the caller before the record is written. (The second
-// call costs more than the first, so the larger of the two records is the second call alone.)
+// call's record then found its run settled. The run's row records the call before its end
+// reaches the caller (tallyBeforeAnswer): here the second call's record is held at the run's
+// row lock (as a busy database holds it for a moment), and the caller, the moment it has the
+// answer's end, reads what the row records — the second call must be on it — and settles.
+// (The second call costs more than the first, so the larger of the two records is the second
+// call alone.)
 func TestSettleAtAnAnswersEndAfterARedisRestartChargesThatCall(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
@@ -94,34 +96,34 @@ func TestSettleAtAnAnswersEndAfterARedisRestartChargesThatCall(t *testing.T) {
 	defer second.Body.Close()
 	defer tx.Rollback()
 	// The caller reads the answer as an SDK does, up to its last event, and settles the run
-	// the moment it has it.
+	// the moment it has it. What the row recorded then is read first, around the row's lock
+	// (a consistent read does not wait for it).
 	settled, sawEnd := make(chan string, 1), make(chan struct{})
+	var callsAtEnd int
+	var callsAtEndErr error
 	go func() {
 		sc := bufio.NewScanner(second.Body)
 		for sc.Scan() && sc.Text() != "data: [DONE]" {
 		}
+		callsAtEndErr = h.db.Get(&callsAtEnd, "SELECT calls FROM run_holds WHERE run_id = ?", runID)
 		close(sawEnd)
 		resp := h.post(key, "/v1/runs/task-settle-at-end/settle", "", nil)
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		settled <- fmt.Sprintf("%d %s", resp.StatusCode, b)
 	}()
-	// The call's record waits for the row.
+	// The call's record waits for the row; its answer's end waits for the record.
 	waitRunHoldsStatements(t, h, 1)
 	if _, _, err := h.tally.Get(ctx, runID); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-sawEnd:
-		// The answer's end reached the caller before the call's record is written: hold the
-		// record until the settlement has read what to charge and waits for the row too.
-		waitRunHoldsStatements(t, h, 2)
-	case <-time.After(500 * time.Millisecond):
-		// The answer's end waits for the record (the call may be tallied already: its tally
-		// is written first, then its record).
-	}
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
+	}
+	<-sawEnd
+	if callsAtEndErr != nil || callsAtEnd != 2 {
+		t.Fatalf("when the answer's end reached the caller the run's row recorded %d calls (%v), want 2: "+
+			"the end went out before the call's record", callsAtEnd, callsAtEndErr)
 	}
 	if got := <-settled; !strings.HasPrefix(got, "200 ") {
 		// Refused as busy (Redis lost calls of the run): settled again once that has passed.
