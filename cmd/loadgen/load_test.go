@@ -10,30 +10,31 @@ import (
 )
 
 // A request in flight when the load's time is up is answered and kept, not dropped: the
-// slowest requests are the likeliest to be in flight then.
+// slowest requests are the likeliest to be in flight then. The request is sent at once and its
+// answer held until the load's time is certainly up (d from its arrival, which is after the
+// load's start); that it was sent before the deadline and answered after it is then checked on
+// the sample itself.
 func TestLoadKeepsRequestsInFlightAtTheEnd(t *testing.T) {
+	const d = time.Second
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Slow") != "" {
-			time.Sleep(300 * time.Millisecond)
-		}
+		// The load's own clock, not a guess at an event: its deadline is at most d after
+		// this request arrived.
+		<-time.After(d)
 		_, _ = w.Write([]byte("{}"))
 	}))
 	defer srv.Close()
-	l := load{conns: 2, d: 200 * time.Millisecond, spec: func(w, j int) reqSpec {
-		if w == 0 {
-			return reqSpec{key: "k", body: []byte("{}"), headers: map[string]string{"X-Slow": "1"}}
-		}
+	l := load{conns: 1, d: d, spec: func(w, j int) reqSpec {
 		return reqSpec{key: "k", body: []byte("{}")}
 	}}
-	res := l.run(newClient(2), srv.URL)
-	slow := 0
-	for _, s := range res.samples {
-		if s.ok && s.lat >= 300*time.Millisecond {
-			slow++
-		}
+	res := l.run(newClient(1), srv.URL)
+	if len(res.samples) != 1 || res.cut != 0 || !res.timeUp {
+		t.Fatalf("samples %d, cut %d, timeUp %v; want the one request kept, nothing cut, the time up", len(res.samples), res.cut, res.timeUp)
 	}
-	if slow == 0 || res.cut != 0 || !res.timeUp {
-		t.Fatalf("slow answers kept %d, cut %d, timeUp %v", slow, res.cut, res.timeUp)
+	s := res.samples[0]
+	sent := s.end.Add(-s.lat)
+	if !s.ok || !sent.Before(res.deadline) || !s.end.After(res.deadline) {
+		t.Fatalf("sample ok=%v sent %v and answered %v around the deadline %v; want an answer kept that was sent before it and came after it",
+			s.ok, sent.Sub(res.deadline), s.end.Sub(res.deadline), res.deadline)
 	}
 }
 
