@@ -235,9 +235,9 @@ func TestSecretsStayOutOfLogsAndAnswers(t *testing.T) {
 	send("GET", "/metrics", "", nil, nil)
 	send("GET", "/readyz", "", nil, nil)
 
-	for deadline := time.Now().Add(20 * time.Second); w.liveHolds() > 0 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-	}
+	// Every call settled, so that the settlements' lines are in the log read below; a hold
+	// still live at the deadline fails the test rather than leaving its lines unread.
+	waitFor(t, 20*time.Second, "every hold to settle before the gateway stops", func() bool { return w.liveHolds() == 0 })
 	if err := g.cmd.Process.Signal(os.Interrupt); err == nil {
 		_ = g.wait(t, 30*time.Second)
 	}
