@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -19,13 +20,19 @@ import (
 // max_in_flight slot waited that long for its 503 each time Redis hung. Each is refused with its 503, nothing
 // forwarded, and its hold released (the ledger check at cleanup).
 //
-// The client here has no read timeout (read_timeout=-1): a step without the gateway's own
-// bound never ends, and the test's deadline, far past that bound, tells the two apart. A bound
-// that grew (a step of 15 s) is told by a check at two and a half times the longest one.
+// The client here has no read timeout (read_timeout=-1), and the call's admission budget
+// (admit_timeout, which bounds every step before forwarding too) is set past the test's
+// deadline: a step without the gateway's own bound never ends, and the test's deadline, far
+// past that bound, tells the two apart. (With the default admit_timeout of 5 s, the steps
+// ended at it with redisStep's bound gone, and the test passed.) A bound that grew (a step of
+// 15 s) is told by a check at two and a half times the longest one.
 func TestStalledRedisRefusesCallsWithinBound(t *testing.T) {
+	// Ten times the longest bound: a hang, not a measure.
+	const hang = 40 * time.Second
 	var stalled atomic.Bool
 	h := newHarnessOn(t, harnessSetup{contextTimeouts: true, redisReadTimeout: -1,
-		redisDialer: wrappedDialer(func(c net.Conn) net.Conn { return &testenv.StallingConn{Conn: c, Stalled: &stalled} })}, nil)
+		redisDialer: wrappedDialer(func(c net.Conn) net.Conn { return &testenv.StallingConn{Conn: c, Stalled: &stalled} })},
+		func(c *config.Config) { c.Limits.AdmitTimeout = hang + 10*time.Second })
 	_, key := h.user("standard")
 	stalled.Store(true)
 	cases := []struct {
@@ -39,8 +46,6 @@ func TestStalledRedisRefusesCallsWithinBound(t *testing.T) {
 		// The reservation, then its release (the tally's own 2 s) before the refusal is sent.
 		{"named run", map[string]string{"X-Run-Id": "stall-run"}, "billing_unavailable"},
 	}
-	// Ten times the longest bound: a hang, not a measure.
-	const hang = 40 * time.Second
 	// Two and a half times the longest bound (the named run's, 4 s): room for a loaded machine.
 	const grown = 10 * time.Second
 	for _, tc := range cases {
