@@ -77,20 +77,45 @@ const minRedactedKeyLen = 8
 // logged, every reader of the log. Only the call's own upstream was sent this key, so it is the
 // only one looked for. A masked echo (OpenAI's "sk-ab***cd") is the provider's own redaction
 // and stays.
+//
+// A key of letters, digits and -._~ (every provider's so far) is looked for as sent; one with
+// other characters in each spelling keyForms knows too: a JSON body quotes "sk/a+b" as
+// "sk\/a+b", and a key echoed so reached the caller whole.
 func redactKey(b []byte, key string) []byte {
-	if len(key) < minRedactedKeyLen || !bytes.Contains(b, []byte(key)) {
-		return b // read in place: a whole answer of megabytes is not copied to be looked at
+	if len(key) < minRedactedKeyLen {
+		return b
 	}
-	return bytes.ReplaceAll(b, []byte(key), []byte("(redacted)"))
+	if !strings.ContainsFunc(key, escaped) {
+		return redactSpelling(b, key)
+	}
+	for _, f := range keyForms(key) {
+		b = redactSpelling(b, f)
+	}
+	return b
+}
+
+// redactSpelling is b with every occurrence of spelling replaced by "(redacted)": b itself when
+// there is none, read in place (a whole answer of megabytes is not copied to be looked at).
+func redactSpelling(b []byte, spelling string) []byte {
+	if !bytes.Contains(b, []byte(spelling)) {
+		return b
+	}
+	return bytes.ReplaceAll(b, []byte(spelling), []byte("(redacted)"))
 }
 
 // redactKeyString is redactKey for a string (a header value). A log field quoting an upstream
-// goes through loggedUpstream, which looks for more spellings of the key and bounds the quote.
+// goes through loggedUpstream, which also bounds the quote.
 func redactKeyString(s, key string) string {
-	if len(key) < minRedactedKeyLen || !strings.Contains(s, key) {
+	if len(key) < minRedactedKeyLen {
 		return s
 	}
-	return strings.ReplaceAll(s, key, "(redacted)")
+	if !strings.ContainsFunc(key, escaped) {
+		return strings.ReplaceAll(s, key, "(redacted)")
+	}
+	for _, f := range keyForms(key) {
+		s = strings.ReplaceAll(s, f, "(redacted)")
+	}
+	return s
 }
 
 // redactHeaderKey is redactKey for the upstream's answer headers, in place: a router or a

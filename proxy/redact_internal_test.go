@@ -70,3 +70,31 @@ func TestLoggedUpstreamKeepsWhatHoldsNoKey(t *testing.T) {
 		t.Errorf("error %q: want the key left out, unwrapping to its cause", err)
 	}
 }
+
+// TestRedactKeyTakesEverySpellingFromAnswers: what is relayed to the caller (an error body, a
+// stream's event, a header) has the upstream's key left out in each spelling keyForms knows,
+// not only as sent: a JSON error body quoting a key with / + < & > escapes them, and that
+// spelling reached the caller whole. A key of plain characters is looked for as sent, and an
+// answer that holds none is returned as it came, not copied.
+func TestRedactKeyTakesEverySpellingFromAnswers(t *testing.T) {
+	const key = "sk-op/0123456789+<&>"
+	for _, f := range keyForms(key) {
+		in := `{"error":{"message":"bad key ` + f + `, again: ` + f + `"}}`
+		if out := redactKey([]byte(in), key); strings.Contains(string(out), "0123456789") {
+			t.Errorf("spelling %q: relayed %s", f, out)
+		}
+		if out := redactKeyString(in, key); strings.Contains(out, "0123456789") {
+			t.Errorf("spelling %q in a header: relayed %s", f, out)
+		}
+	}
+	if len(keyForms(key)) < 4 {
+		t.Fatalf("keyForms(%q) = %q: want the JSON- and URL-escaped spellings too", key, keyForms(key))
+	}
+	plain := []byte(`{"error":{"message":"no key here"}}`)
+	if out := redactKey(plain, "sk-plain0123456789"); &out[0] != &plain[0] {
+		t.Error("an answer quoting no key was copied")
+	}
+	if out := redactKey([]byte("key sk-plain0123456789."), "sk-plain0123456789"); string(out) != "key (redacted)." {
+		t.Errorf("plain key: %q", out)
+	}
+}
