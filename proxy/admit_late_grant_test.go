@@ -155,6 +155,9 @@ func TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded(t *testing.T) {
 			if len(refused) != 1 || refused[0].ContextMap()["code"] != "billing_unavailable" {
 				t.Errorf("refusal lines naming run %s: %v; want one, billing_unavailable", run.RunID, refused)
 			}
+			if noise := logs.FilterMessage("idempotency record not started").FilterField(zap.String("run_id", run.RunID)).All(); len(noise) != 0 {
+				t.Errorf("a refused late attempt logged its record's write failing: %v; want the refusal alone", noise)
+			}
 			if tc.hdr[proxy.IdempotencyKeyHeader] != "" {
 				// The refused attempt left its key free: the SDK's retry runs, once.
 				if again := sendTo(h.gw.URL, tc.path, key, tc.body, tc.hdr); again.status != http.StatusOK {

@@ -402,6 +402,13 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, dea
 		fmt.Errorf("%w %v before", errAdmitBudgetSpent, late.Round(time.Millisecond)))
 }
 
+// budgetSpent reports whether ctx's deadline (a call's admission budget, admissionContext) has
+// passed by the clock, as refuseLate tells it, not only once its timer has fired.
+func budgetSpent(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
 // errAdmitBudgetSpent is why a call's admission context (admissionContext) ended when its
 // admit_timeout ran out before forwarding: the caller is answered 503 (billing_unavailable, or
 // its step's own), not as one that left.

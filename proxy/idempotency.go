@@ -329,6 +329,11 @@ func (a *idemAdmission) admitAttempt(attempt int) (_ holds.Hold, status int, aga
 	switch {
 	case err == nil && hold.Existing:
 		return holds.Hold{}, a.answer(errRequestInProgress(a.ar.RunID), true), false
+	case err == nil && budgetSpent(a.ctx):
+		// Granted past the admission budget: runCall refuses it and releases the hold at 0
+		// (refuseLate), so there is nothing to record, and the record's write, under a
+		// spent context, would only log a failure beside the refusal.
+		return hold, 0, false
 	case err == nil:
 		if err := a.s.startIdem(a.ctx, a.ic); err != nil {
 			// The in-flight guard is the hold; the stored body hash only refines a
