@@ -291,17 +291,32 @@ func (s *Store) liveHoldsOf(ctx context.Context, dead deadInstance, after string
 // holds another they want. Like Extend it takes no user lock: an admission's aggregate reads
 // the hold's expiry before or after the change, either a state that was true (the hold still
 // counts against the balance; only whether it takes an in-flight slot changes).
+//
+// A refusal for want of room (1114, 1021), read_only, a lost connection or a lock wait is tried
+// again until ctx ends, the sweep's time (withRoomRetry): the row changes in place, but the
+// expiry it moves is a key of idx_run_holds_state_expires, whose new entry must grow the table
+// once its page is full, and given up at once the sweep stopped there, the holds after it
+// keeping their callers' in-flight slots until the next pass. The statement only moves the
+// expiry back to now, so one whose reply was lost is safe to send again: sent again, it finds
+// the hold already in and changes nothing, so it reports the hold not live, which only the
+// pass's BroughtIn count misses (the scan settles the hold all the same). A refusal for room
+// landed nothing. Each try is logged with the run's and the dead instance's ids.
 func (s *Store) bringIn(ctx context.Context, runID, deadID string) (bool, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = LEAST(expires_at, NOW(6))
-		WHERE run_id = ? AND served_by = ? AND state IN ('queued', 'running') AND client_run_id IS NULL`, runID, deadID)
+	var live bool
+	err := s.withRoomRetry(ctx, "bring in", []zap.Field{zap.String("run_id", runID), zap.String("dead_instance_id", deadID)}, func() error {
+		res, err := s.db.ExecContext(ctx, `UPDATE run_holds SET expires_at = LEAST(expires_at, NOW(6))
+			WHERE run_id = ? AND served_by = ? AND state IN ('queued', 'running') AND client_run_id IS NULL`, runID, deadID)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		live = n == 1
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("bring in %s of dead instance %s: %w", runID, deadID, err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("bring in %s of dead instance %s: %w", runID, deadID, err)
-	}
-	return n == 1, nil
+	return live, nil
 }
 
 // holdsResumeOf is the run id after which the next read of the dead row id's holds starts:
