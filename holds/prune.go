@@ -71,29 +71,37 @@ func (s *Store) PruneSettled(ctx context.Context, olderThan time.Duration, batch
 			n, unanswered, unansweredBatches int
 			tried                            []string // the runs the last attempt deleted; if its commit failed, gone means committed
 		)
-		err := s.inTx(ctx, "prune", func(tx *sqlx.Tx) error {
-			// An attempt tried again after its COMMIT went out unanswered may have committed:
-			// its runs are then gone, and this attempt prunes the next ones. Counted here, or
-			// the command printed fewer runs (and batches) than it pruned. An attempt that had not
-			// committed (its connection dropped before the COMMIT ran) released its rows, and a
-			// prune running beside this one may have taken them: both count them then, at most a
-			// batch per lost reply, in the printed count only (pruned_runs sums each run once).
-			if len(tried) > 0 {
-				left, err := countRuns(ctx, tx, tried)
-				if err != nil {
-					return err
+		// A batch refused for want of room (1114, 1021) is tried again until ctx ends, as a
+		// refusal read_only is (withRoomRetry): its statements add to pruned_runs (a new row
+		// per user, day and model) and write undo for the delete, either of which may need the
+		// disk to grow, and the refusal rolled the batch's transaction back whole, nothing of it
+		// committed (so it is not counted as unanswered below). Given up at once, the command
+		// failed for a disk an operator frees in a minute.
+		err := s.withRoomRetry(ctx, "prune", nil, func() error {
+			return s.tryTx(ctx, func(tx *sqlx.Tx) error {
+				// An attempt tried again after its COMMIT went out unanswered may have committed:
+				// its runs are then gone, and this attempt prunes the next ones. Counted here, or
+				// the command printed fewer runs (and batches) than it pruned. An attempt that had not
+				// committed (its connection dropped before the COMMIT ran) released its rows, and a
+				// prune running beside this one may have taken them: both count them then, at most a
+				// batch per lost reply, in the printed count only (pruned_runs sums each run once).
+				if len(tried) > 0 {
+					left, err := countRuns(ctx, tx, tried)
+					if err != nil {
+						return err
+					}
+					// Added up: an attempt after this one may lose its reply too, and its retry
+					// counts only its own runs.
+					if gone := len(tried) - left; gone > 0 {
+						unanswered += gone
+						unansweredBatches++
+					}
+					tried = nil
 				}
-				// Added up: an attempt after this one may lose its reply too, and its retry
-				// counts only its own runs.
-				if gone := len(tried) - left; gone > 0 {
-					unanswered += gone
-					unansweredBatches++
-				}
-				tried = nil
-			}
-			var err error
-			n, tried, err = pruneBatch(ctx, tx, olderThan, batch)
-			return err
+				var err error
+				n, tried, err = pruneBatch(ctx, tx, olderThan, batch)
+				return err
+			})
 		})
 		res.Runs += int64(unanswered)
 		res.Batches += unansweredBatches
