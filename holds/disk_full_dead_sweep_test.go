@@ -62,20 +62,7 @@ func TestDeadInstanceSweepRefusedByAFullDiskIsTriedAgainUntilThereIsRoom(t *test
 		st, err := rec.RunOnce(ctx)
 		out <- result{st, err}
 	}()
-	var r result
-	seen := false
-wait:
-	for {
-		select {
-		case r = <-out:
-			break wait
-		case <-time.After(time.Millisecond):
-			if !seen && f.logs.Filter(refusedFull).Len() > 0 {
-				seen = true
-				f.free()
-			}
-		}
-	}
+	r, seen := awaitRefusal(f.logs, out, f.free)
 	var live int
 	if err := f.db.Get(&live, "SELECT COUNT(*) FROM run_holds WHERE served_by = ? AND state IN ('queued', 'running') AND expires_at > NOW(6)",
 		in.ID()); err != nil {

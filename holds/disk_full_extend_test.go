@@ -50,20 +50,7 @@ func TestReconcilerExtendRefusedByAFullDiskIsTriedAgainUntilThereIsRoom(t *testi
 		st, err := rec.RunOnce(context.Background())
 		out <- result{st, err}
 	}()
-	var r result
-	seen := false
-wait:
-	for {
-		select {
-		case r = <-out:
-			break wait
-		case <-time.After(time.Millisecond):
-			if !seen && f.logs.Filter(refusedFull).Len() > 0 {
-				seen = true
-				f.free()
-			}
-		}
-	}
+	r, seen := awaitRefusal(f.logs, out, f.free)
 	if !seen {
 		if r.err != nil && strings.Contains(r.err.Error(), "1114") {
 			t.Fatalf("an extension refused by a full disk, not tried again: %+v, %v", r.st, r.err)

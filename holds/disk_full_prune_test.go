@@ -59,20 +59,7 @@ func TestPruneRefusedByAFullDiskIsTriedAgainUntilThereIsRoom(t *testing.T) {
 		res, err := f.store.PruneSettled(pctx, holds.MinPruneAge, holds.MaxPruneBatch)
 		out <- result{res, err}
 	}()
-	var r result
-	seen := false
-wait:
-	for {
-		select {
-		case r = <-out:
-			break wait
-		case <-time.After(time.Millisecond):
-			if !seen && f.logs.Filter(refusedFull).Len() > 0 {
-				seen = true
-				f.free()
-			}
-		}
-	}
+	r, seen := awaitRefusal(f.logs, out, f.free)
 	if !seen {
 		if r.err != nil && strings.Contains(r.err.Error(), "1114") {
 			t.Fatalf("a prune refused by a full disk, not tried again: %+v, %v", r.res, r.err)

@@ -45,20 +45,7 @@ func TestRunCallRecordRefusedByAFullDiskIsTriedAgainUntilThereIsRoom(t *testing.
 			}
 			out <- err
 		}()
-		var err error
-		seen := false
-	wait:
-		for {
-			select {
-			case err = <-out:
-				break wait
-			case <-time.After(time.Millisecond):
-				if !seen && f.logs.Filter(refusedFull).Len() > 0 {
-					seen = true
-					f.free()
-				}
-			}
-		}
+		err, seen := awaitRefusal(f.logs, out, f.free)
 		if err != nil {
 			if strings.Contains(err.Error(), "1114") {
 				t.Fatalf("a run's call record refused by a full disk, not tried again: %v", err)

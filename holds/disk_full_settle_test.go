@@ -39,7 +39,7 @@ func TestSettlementRefusedByAFullDiskIsTriedAgainUntilThereIsRoom(t *testing.T) 
 	defer w.Close()
 	out := settleAsync(w, holds.Settlement{RunID: run, UserID: f.user.ID, CostMicro: 7_000, Calls: 1, Model: "m",
 		Source: holds.SourceComplete, PriceSnapshot: []byte(bigSnapshot)})
-	s, seen := f.awaitRefusedWhileWaiting(out, f.free)
+	s, seen := awaitRefusal(f.logs, out, f.free)
 	if s.err != nil {
 		t.Fatalf("settlement refused by a full disk, not tried again once there was room: %v", s.err)
 	}
@@ -139,16 +139,15 @@ func refusedFull(e observer.LoggedEntry) bool {
 	return strings.Contains(fmt.Sprint(e.ContextMap()["error"]), "1114")
 }
 
-// awaitRefusedWhileWaiting waits for out's answer, and calls onRefused once the first refusal
-// for a full table is logged before it.
-func (f *fullDiskFixture) awaitRefusedWhileWaiting(out chan settleOutcome, onRefused func()) (settleOutcome, bool) {
-	seen := false
+// awaitRefusal waits for out's answer, and calls onRefused once the first refusal for a full
+// table is logged in logs before it; seen says whether one was (else the test proves nothing).
+func awaitRefusal[T any](logs *observer.ObservedLogs, out <-chan T, onRefused func()) (answer T, seen bool) {
 	for {
 		select {
-		case s := <-out:
-			return s, seen
+		case answer = <-out:
+			return answer, seen
 		case <-time.After(time.Millisecond):
-			if !seen && f.logs.Filter(refusedFull).Len() > 0 {
+			if !seen && logs.Filter(refusedFull).Len() > 0 {
 				seen = true
 				onRefused()
 			}
@@ -183,7 +182,7 @@ func TestFullDiskWaitLeavesTheWriterAWorker(t *testing.T) {
 		Source: holds.SourceComplete, PriceSnapshot: []byte(bigSnapshot)})
 	var refused, fits settleOutcome
 	var againErr error
-	s, seen := f.awaitRefusedWhileWaiting(waiting, func() {
+	s, seen := awaitRefusal(f.logs, waiting, func() {
 		// The first settlement waits for room until the test frees it: whatever follows
 		// happens while it waits.
 		refused = <-settleAsync(w, holds.Settlement{RunID: "r_refused", UserID: f.user.ID, CostMicro: 5_000, Calls: 1,
