@@ -189,7 +189,7 @@ type load struct {
 type loadResult struct {
 	samples []sample
 	wall    time.Duration
-	// timeUp: the load ended by its time d, not by its counts; then deadline is t0 + d.
+	// timeUp: the load ended by its time d, not by its counts; then deadline is when d ran out (by the clock, as the workers stop on it).
 	timeUp   bool
 	deadline time.Time
 	// cut: requests still unanswered drainGrace after the time was up (not samples).
@@ -204,6 +204,10 @@ const drainGrace = 10 * time.Second
 func (l load) run(c *http.Client, url string) loadResult {
 	issue, cancelIssue := context.WithTimeout(context.Background(), l.d)
 	defer cancelIssue()
+	// The time is up by the clock, not once issue's timer has fired: that runs on a goroutine
+	// of its own, a moment later on a busy machine, and a worker that asked in between sent a
+	// request after the time was up.
+	deadline, _ := issue.Deadline()
 	ctx, cancel := context.WithTimeout(context.Background(), l.d+drainGrace)
 	defer cancel()
 	var total, cut atomic.Int64
@@ -222,7 +226,7 @@ func (l load) run(c *http.Client, url string) loadResult {
 				}
 			}
 			for j := 0; l.maxPerWorker == 0 || j < l.maxPerWorker; j++ {
-				if issue.Err() != nil {
+				if !time.Now().Before(deadline) {
 					break // time is up: send nothing more; what was sent finishes
 				}
 				if l.maxTotal > 0 && total.Add(1) > l.maxTotal {
@@ -242,7 +246,7 @@ func (l load) run(c *http.Client, url string) loadResult {
 		}()
 	}
 	wg.Wait()
-	res := loadResult{wall: time.Since(t0), timeUp: issue.Err() != nil, deadline: t0.Add(l.d), cut: int(cut.Load())}
+	res := loadResult{wall: time.Since(t0), timeUp: !time.Now().Before(deadline), deadline: deadline, cut: int(cut.Load())}
 	for _, p := range per {
 		res.samples = append(res.samples, p...)
 	}
