@@ -52,6 +52,24 @@ func lockUsersHolds(t *testing.T, db *sqlx.DB, userID uint64) *sqlx.Tx {
 	return tx
 }
 
+// sendPastTheBudget sends call while lock stalls its statement stmt, lets the lock go once that
+// statement has waited past lateGrantAdmitTimeout, and returns the answer, which must be the
+// late refusal (what names the call in the error): 503 billing_unavailable, Retry-After: 1.
+func sendPastTheBudget(t *testing.T, db *sqlx.DB, lock *sqlx.Tx, stmt, what string, call func() answer) answer {
+	t.Helper()
+	answered := make(chan answer, 1)
+	go func() { answered <- call() }()
+	waitStalledPast(t, db, stmt, lateGrantAdmitTimeout)
+	if err := lock.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	a := <-answered
+	if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "billing_unavailable" || a.header.Get("Retry-After") != "1" {
+		t.Errorf("%s: %d Retry-After %q %s; want 503 billing_unavailable, Retry-After: 1", what, a.status, a.header.Get("Retry-After"), a.body)
+	}
+	return a
+}
+
 // waitStalledPast waits until a statement like stmt has waited longer than budget: begun after
 // the call's body was read whole, it is then past the call's admission deadline.
 func waitStalledPast(t *testing.T, db *sqlx.DB, stmt string, budget time.Duration) {
@@ -113,17 +131,8 @@ func TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded(t *testing.T) {
 			}
 			lock := lockUsersHolds(t, h.db, u.ID)
 			calls := h.fake.Calls()
-			answered := make(chan answer, 1)
-			go func() { answered <- sendTo(h.gw.URL, tc.path, key, tc.body, tc.hdr) }()
-			waitStalledPast(t, h.db, "INSERT INTO run_holds", lateGrantAdmitTimeout)
-			if err := lock.Rollback(); err != nil {
-				t.Fatal(err)
-			}
-			a := <-answered
-			if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "billing_unavailable" || a.header.Get("Retry-After") != "1" {
-				t.Errorf("call whose hold was granted past admit_timeout: %d Retry-After %q %s; want 503 billing_unavailable, Retry-After: 1",
-					a.status, a.header.Get("Retry-After"), a.body)
-			}
+			sendPastTheBudget(t, h.db, lock, "INSERT INTO run_holds", "call whose hold was granted past admit_timeout",
+				func() answer { return sendTo(h.gw.URL, tc.path, key, tc.body, tc.hdr) })
 			h.settled()
 			if n := h.fake.Calls(); n != calls {
 				t.Errorf("%d upstream calls, want none: the call was forwarded after its admission budget was spent", n-calls)
@@ -241,17 +250,8 @@ func TestAdmissionStalledOnTheUsersRowPastTheBudgetHoldsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := h.fake.Calls()
-	answered := make(chan answer, 1)
-	go func() { answered <- send(h.gw.URL, key, chatBody, nil) }()
-	waitStalledPast(t, h.db, "FROM users WHERE id IN", lateGrantAdmitTimeout)
-	if err := lock.Rollback(); err != nil {
-		t.Fatal(err)
-	}
-	a := <-answered
-	if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "billing_unavailable" || a.header.Get("Retry-After") != "1" {
-		t.Errorf("call whose admission waited on the user's row past admit_timeout: %d Retry-After %q %s; want 503 billing_unavailable, Retry-After: 1",
-			a.status, a.header.Get("Retry-After"), a.body)
-	}
+	a := sendPastTheBudget(t, h.db, lock, "FROM users WHERE id IN", "call whose admission waited on the user's row past admit_timeout",
+		func() answer { return send(h.gw.URL, key, chatBody, nil) })
 	h.settled()
 	if n := h.fake.Calls(); n != calls {
 		t.Errorf("%d upstream calls, want none", n-calls)
