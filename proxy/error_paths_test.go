@@ -270,12 +270,11 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 	gate := newGateUpstream()
 	gateSrv := httptest.NewServer(gate)
 	t.Cleanup(gateSrv.Close)
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadURL := "http://" + dead.Addr().String()
-	dead.Close()
+	// Port 1 on loopback refuses every connection. A port picked free and closed again
+	// did not: a server another test started in parallel was given it, and the "dead"
+	// upstream answered 401 (seen once in CI).
+	const deadAddr = "127.0.0.1:1"
+	deadURL := "http://" + deadAddr
 
 	core, logs := observer.New(zapcore.InfoLevel)
 	// The admin API, mounted as cmd/gateway mounts it; its store is built on the harness's DB.
@@ -325,7 +324,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 	disabledAdminGW := httptest.NewServer(disabledAdmin.Handler())
 	t.Cleanup(func() { disabledAdminGW.Close(); _ = disabledAdmin.Close() })
 	// A gateway whose duplicate checks cannot reach Redis, and one that is draining for its exit.
-	deadRedis := redis.NewClient(&redis.Options{Addr: deadURL[len("http://"):], MaxRetries: -1, DialTimeout: time.Second})
+	deadRedis := redis.NewClient(&redis.Options{Addr: deadAddr, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { deadRedis.Close() })
 	dedupDown := proxy.New(proxy.Deps{Config: h.cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases,
 		Log: zap.New(core), Metrics: h.metrics, DedupRedis: deadRedis})
