@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -233,9 +234,11 @@ func TestSessionClaimCommittedAfterTheAdmitBudgetIsNotForwarded(t *testing.T) {
 // TestAdmissionStalledOnTheUsersRowPastTheBudgetHoldsNothing: an admission that waits on the
 // user's row (locked by an operator's console) past admit_timeout, the lock then let go, is
 // answered 503 billing_unavailable, Retry-After: 1, logged with its run id, and holds nothing:
-// the batch's reads run under the admission's deadline, and their result, arriving past it, is
-// taken as the deadline's error, so the writes and COMMIT are never sent (unlike a stall in
-// those, which the writer waits out: TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded).
+// the batch's reads run under the admission's deadline, which ends them (the driver closes the
+// connection; the server's statement, still waiting, finds it gone), so the writes and COMMIT
+// are never sent (unlike a stall in those, which the writer waits out:
+// TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded). When the answer comes:
+// TestAdmissionWaitingOnTheUsersRowIsAnsweredWhileTheLockIsHeld.
 func TestAdmissionStalledOnTheUsersRowPastTheBudgetHoldsNothing(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) { c.Limits.AdmitTimeout = lateGrantAdmitTimeout })
@@ -265,5 +268,74 @@ func TestAdmissionStalledOnTheUsersRowPastTheBudgetHoldsNothing(t *testing.T) {
 	runID := a.header.Get(proxy.RequestIDHeader)
 	if refused := logs.FilterMessage("request refused").FilterField(zap.String("run_id", runID)).All(); len(refused) != 1 {
 		t.Errorf("%d refusal lines naming run %s, want one", len(refused), runID)
+	}
+}
+
+// TestAdmissionWaitingOnTheUsersRowIsAnsweredWhileTheLockIsHeld: an admission that waits on
+// its user's row, locked by an operator's console, is answered 503 billing_unavailable when its
+// admit_timeout runs out, the lock still held and the batch's lock wait not yet ended — not once
+// the session's innodb_lock_wait_timeout (3 s, holds.Open) ends it, retried or not: the batch's
+// reads run under the earliest deadline of its admissions, and the driver ends the waiting read
+// at that deadline by closing its connection (the server then rolls back what the script
+// began). The lock is let go only once the answer has come; the 30 s wait for it is a watchdog
+// against a hang, not a timing. A lock wait that ended first would have been retried (a
+// conflict, logged so) before the answer. The call holds nothing, reaches no upstream, and the
+// user's next call, the lock gone, runs.
+func TestAdmissionWaitingOnTheUsersRowIsAnsweredWhileTheLockIsHeld(t *testing.T) {
+	core, logs := observer.New(zapcore.DebugLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) { c.Limits.AdmitTimeout = lateGrantAdmitTimeout })
+	u, key := h.user("standard")
+	before, err := h.store.Balance(context.Background(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock := testenv.ConsoleTx(t, h.db)
+	var id uint64
+	if err := lock.Get(&id, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	calls := h.fake.Calls()
+	answered := make(chan answer, 1)
+	go func() { answered <- send(h.gw.URL, key, chatBody, nil) }()
+	var a answer
+	select {
+	case a = <-answered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer within 30 s while the user's row stayed locked")
+	}
+	// The batch's lock waits that ended before the answer, each retried as a conflict.
+	lockWaitsEnded := logs.FilterMessage("transaction conflict, retrying").Len()
+	// Still held here: the answer came while the lock was.
+	if err := lock.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "billing_unavailable" || a.header.Get("Retry-After") != "1" {
+		t.Fatalf("call whose admission waited on the user's locked row: %d Retry-After %q %s; want 503 billing_unavailable, Retry-After: 1",
+			a.status, a.header.Get("Retry-After"), a.body)
+	}
+	if lockWaitsEnded != 0 {
+		t.Errorf("%d lock waits of the batch timed out before the answer; want it answered at its deadline, during the first", lockWaitsEnded)
+	}
+	runID := a.header.Get(proxy.RequestIDHeader)
+	refused := logs.FilterMessage("request refused").FilterField(zap.String("run_id", runID)).All()
+	if len(refused) != 1 {
+		t.Fatalf("%d refusal lines naming run %s, want one", len(refused), runID)
+	}
+	// Refused waiting on the user's row, not before it was reached.
+	if why, _ := refused[0].ContextMap()["error"].(string); !strings.Contains(why, "lock users: context deadline exceeded") {
+		t.Errorf("refusal's error %q; want the deadline's, met waiting on the user's row (lock users)", why)
+	}
+	h.settled()
+	if n := h.fake.Calls(); n != calls {
+		t.Errorf("%d upstream calls, want none", n-calls)
+	}
+	if runs := h.holdsOf(u.ID); len(runs) != 0 {
+		t.Errorf("holds %+v after the refusal, want none", runs)
+	}
+	if after, err := h.store.Balance(context.Background(), u.ID); err != nil || after.AvailableMicro != before.AvailableMicro || after.InFlight != 0 {
+		t.Errorf("balance %+v (%v) after the refusal, want %+v as before", after, err, before)
+	}
+	if next := send(h.gw.URL, key, chatBody, nil); next.status != http.StatusOK {
+		t.Errorf("the user's next call, the lock gone: %d %s, want 200", next.status, next.body)
 	}
 }
