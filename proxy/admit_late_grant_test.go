@@ -283,7 +283,10 @@ func TestAdmissionStalledOnTheUsersRowPastTheBudgetHoldsNothing(t *testing.T) {
 // user's next call, the lock gone, runs.
 func TestAdmissionWaitingOnTheUsersRowIsAnsweredWhileTheLockIsHeld(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
-	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) { c.Limits.AdmitTimeout = lateGrantAdmitTimeout })
+	// 2 s: under the lock wait's 3 s, so a lock wait that ended first is told apart, and
+	// twice the neighbours' budget, so that a busy machine does not spend it before the batch
+	// reaches the row (the refusal's error then names another step, and the test fails).
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) { c.Limits.AdmitTimeout = 2 * time.Second })
 	u, key := h.user("standard")
 	before, err := h.store.Balance(context.Background(), u.ID)
 	if err != nil {
