@@ -80,6 +80,9 @@ type harnessSetup struct {
 	admin http.Handler
 	// transport, if set, is how the gateway reaches the upstream.
 	transport http.RoundTripper
+	// serverLog has the gateway's http.Server log to log, as cmd/gateway's does (net/http's
+	// own lines: a handler's panic, a bad request it refused); default: the standard log.
+	serverLog bool
 }
 
 // newHarnessOn is newHarness built on setup.
@@ -145,7 +148,11 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	h.store.OnSettled(metrics.ObserveSettled)
 	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log,
 		Admin: setup.admin, Metrics: metrics, Transport: setup.transport})
-	h.gw = httptest.NewServer(h.srv.Handler())
+	h.gw = httptest.NewUnstartedServer(h.srv.Handler())
+	if setup.serverLog {
+		h.gw.Config.ErrorLog = zap.NewStdLog(log)
+	}
+	h.gw.Start()
 	t.Cleanup(func() {
 		h.gw.Close()
 		h.settled()

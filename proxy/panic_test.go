@@ -1,10 +1,18 @@
 package proxy_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 )
 
@@ -83,4 +91,65 @@ func (p panicTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.Body.Close()
 	}
 	panic("test: panic after the request was sent")
+}
+
+// TestPanicValueInTheLogHoldsNoKeyAndIsBounded: a panic's value is logged as what it quotes,
+// and an error can quote an upstream's answer (a body wrapped in it), which may echo the
+// operator's key. The line that says what the call was settled at quoted the value whole: the
+// key in every spelling and however long; and net/http, given the panic again, logged it a
+// second time through the server's log. The value is quoted as any other quote of an upstream
+// (no spelling of the key, at most 512 bytes) and said once, with the panic's own stack.
+func TestPanicValueInTheLogHoldsNoKeyAndIsBounded(t *testing.T) {
+	const opKey = "opsecret/0123456789+abcdefXYZ<&>"
+	core, logs := observer.New(zapcore.DebugLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel)), serverLog: true, transport: echoPanicTransport{}}, func(c *config.Config) {
+		for i := range c.Upstreams {
+			c.Upstreams[i].APIKey = opKey
+		}
+	})
+	_, key := h.user("standard")
+	req, _ := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+	req.Header.Set("Authorization", "Bearer "+key)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("answered %d, want the connection closed by the panic", resp.StatusCode)
+	}
+	h.settled()
+	said := 0
+	for _, e := range logs.All() {
+		if strings.Contains(e.Message, "0123456789") {
+			t.Errorf("line %.300q holds the operator's key", e.Message)
+		}
+		for k, v := range e.ContextMap() {
+			s := fmt.Sprint(v)
+			if strings.Contains(s, "0123456789") {
+				t.Errorf("line %q, field %s holds the operator's key: %.300q", e.Message, k, s)
+			}
+			if k == "panic" {
+				said++
+				if len(s) > 512 || !strings.Contains(s, "(redacted)") {
+					t.Errorf("panic quoted as %d bytes %.600q, want the key redacted, at most 512 bytes", len(s), s)
+				}
+				if !strings.Contains(e.Stack, "echoPanicTransport.RoundTrip") {
+					t.Errorf("the panic's line has the stack %q, want the one that panicked", e.Stack)
+				}
+			}
+		}
+	}
+	if said != 1 {
+		t.Errorf("the panic's value was logged %d times, want once", said)
+	}
+}
+
+// echoPanicTransport panics with an error quoting the answer of an upstream that echoes the
+// key it was sent in each spelling an answer may hold it in (as sent, JSON-escaped by Go and
+// with \/, URL-escaped), and at the end of 2 KiB.
+type echoPanicTransport struct{}
+
+func (echoPanicTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	key := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
+	goJSON, _ := json.Marshal(key)
+	body := fmt.Sprintf(`{"error":{"message":"Incorrect API key provided: %s"}} %s %s %s %s%s`, goJSON[1:len(goJSON)-1], key,
+		strings.ReplaceAll(key, "/", `\/`), url.QueryEscape(key), strings.Repeat("p", 2048), key)
+	panic(fmt.Errorf("test: upstream answered 401: %s", body))
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -234,6 +235,16 @@ func loggedUpstreamErr(up *config.Upstream, err error) error {
 		return nil
 	}
 	return loggedError{msg: loggedUpstream(up, err.Error()), err: err}
+}
+
+// loggedPanic is a recovered panic's value v, in a call to up, as a log line quotes it
+// (loggedUpstream): an error can wrap what the upstream answered, its key quoted and of any
+// length. With no upstream (nil) the value is only bounded.
+func loggedPanic(up *config.Upstream, v any) string {
+	if up == nil {
+		up = &config.Upstream{}
+	}
+	return loggedUpstream(up, fmt.Sprint(v))
 }
 
 // loggedError is an error's words as a log line may quote them (loggedUpstreamErr).

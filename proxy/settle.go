@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"slices"
 	"strconv"
 	"time"
@@ -19,8 +20,12 @@ import (
 func (s *Server) finish(reqCtx context.Context, c *call) {
 	if p := recover(); p != nil {
 		c.outcome = outcomeAfterPanic(c)
-		c.log.Error("panic while serving; settling what was used", zap.Any("panic", p), zap.Bool("forwarded", c.sent.Load()))
-		defer panic(p)
+		// The value as any quote of an upstream (an error may wrap its answer, key and all);
+		// the line's stack trace is the panic's own, taken before recover's return unwinds it.
+		c.log.Error("panic while serving; settling what was used", zap.String("panic", loggedPanic(c.req.upstream, p)), zap.Bool("forwarded", c.sent.Load()))
+		// net/http closes the connection, and would log the value again, whole: the line above
+		// is its one record.
+		defer panic(http.ErrAbortHandler)
 	}
 	c.ended = time.Now()
 	st := s.settlementOf(c)
