@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/tollgate/tollgate/config"
@@ -83,13 +86,7 @@ const minRedactedKeyLen = 8
 // other characters in each spelling keyForms knows too: a JSON body quotes "sk/a+b" as
 // "sk\/a+b", and a key echoed so reached the caller whole.
 func redactKey(b []byte, key string) []byte {
-	if len(key) < minRedactedKeyLen {
-		return b
-	}
-	if !strings.ContainsFunc(key, escaped) {
-		return redactSpelling(b, key)
-	}
-	for _, f := range keyForms(key) {
+	for _, f := range spellingsOf(key).asBytes {
 		b = redactSpelling(b, f)
 	}
 	return b
@@ -97,22 +94,16 @@ func redactKey(b []byte, key string) []byte {
 
 // redactSpelling is b with every occurrence of spelling replaced by "(redacted)": b itself when
 // there is none, read in place (a whole answer of megabytes is not copied to be looked at).
-func redactSpelling(b []byte, spelling string) []byte {
-	if !bytes.Contains(b, []byte(spelling)) {
+func redactSpelling(b, spelling []byte) []byte {
+	if !bytes.Contains(b, spelling) {
 		return b
 	}
-	return bytes.ReplaceAll(b, []byte(spelling), []byte("(redacted)"))
+	return bytes.ReplaceAll(b, spelling, []byte("(redacted)"))
 }
 
 // redactKeyString is redactKey for a string (a header value). A log field quoting an upstream
 // goes through loggedUpstream, which also bounds the quote.
 func redactKeyString(s, key string) string {
-	if len(key) < minRedactedKeyLen {
-		return s
-	}
-	if !strings.ContainsFunc(key, escaped) {
-		return strings.ReplaceAll(s, key, "(redacted)")
-	}
 	for _, f := range keyForms(key) {
 		s = strings.ReplaceAll(s, f, "(redacted)")
 	}
@@ -174,13 +165,72 @@ func loggedUpstream[T ~string | ~[]byte](up *config.Upstream, b T) string {
 	return s[:cut] + loggedCut
 }
 
-// keyForms are the spellings of key that what an upstream sends may quote it in, longest first:
+// keyForms are the spellings of key that what an upstream sends may quote it in (spellKey),
+// worked out once per key: looked for in every event relayed and every log line quoting an
+// upstream, they are read there, not made again (a key with characters JSON or a URL escapes
+// costs a dozen JSON encodes).
+func keyForms(key string) []string {
+	return spellingsOf(key).asStrings
+}
+
+// keySpellings are a key's spellings (spellKey), as strings (a quote in a log line, a header
+// value) and as bytes (a relayed body or event, looked at in place). Shared by every call:
+// read, never changed.
+type keySpellings struct {
+	asStrings []string
+	asBytes   [][]byte
+}
+
+// maxSpelledKeys bounds the keys spelled keeps: the configured upstreams' keys, a few. A
+// process that has looked for more (a test's many gateways) starts again from the one it is
+// looking for.
+const maxSpelledKeys = 64
+
+// spelled maps each key looked for so far to its spellings. It is read without a lock on the
+// hot path; a key not in it is added, under spelledMu, to a copy that replaces it.
+var (
+	spelled   atomic.Pointer[map[string]keySpellings]
+	spelledMu sync.Mutex
+)
+
+// spellingsOf is key's spellings, worked out the first time it is looked for; none when key is
+// shorter than minRedactedKeyLen (see redactKey).
+func spellingsOf(key string) keySpellings {
+	if len(key) < minRedactedKeyLen {
+		return keySpellings{}
+	}
+	if m := spelled.Load(); m != nil {
+		if sp, ok := (*m)[key]; ok {
+			return sp
+		}
+	}
+	spelledMu.Lock()
+	defer spelledMu.Unlock()
+	m := map[string]keySpellings{}
+	if old := spelled.Load(); old != nil {
+		if sp, ok := (*old)[key]; ok {
+			return sp // added while this one waited for the lock
+		}
+		if len(*old) < maxSpelledKeys {
+			m = maps.Clone(*old)
+		}
+	}
+	sp := keySpellings{asStrings: spellKey(key)}
+	for _, f := range sp.asStrings {
+		sp.asBytes = append(sp.asBytes, []byte(f))
+	}
+	m[key] = sp
+	spelled.Store(&m)
+	return sp
+}
+
+// spellKey is the spellings of key that what an upstream sends may quote it in, longest first:
 // as sent or as a URL quotes it (a transport error names the URL), each as a JSON encoder
 // escapes it in a string (Go's escapes <, >, & as \u003c…; others escape / as \/), and that
 // escaped again (a transport error quotes with %q the line it could not read, which may be
 // JSON). None when key is shorter than minRedactedKeyLen (see redactKey). A key of the usual
 // letters, digits, - and _ has one spelling.
-func keyForms(key string) []string {
+func spellKey(key string) []string {
 	if len(key) < minRedactedKeyLen {
 		return nil
 	}

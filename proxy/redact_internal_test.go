@@ -2,8 +2,12 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
+	"net/http"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -96,5 +100,83 @@ func TestRedactKeyTakesEverySpellingFromAnswers(t *testing.T) {
 	}
 	if out := redactKey([]byte("key sk-plain0123456789."), "sk-plain0123456789"); string(out) != "key (redacted)." {
 		t.Errorf("plain key: %q", out)
+	}
+}
+
+// BenchmarkRedactKey is what looking for the upstream's key costs each event relayed, each log
+// line quoting an upstream and each answer's request id, for a key of plain characters and for
+// one with characters that have other spellings (keyForms): an event that quotes no key.
+func BenchmarkRedactKey(b *testing.B) {
+	event := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" the"}}]}`)
+	for _, key := range []string{"sk-proj-" + strings.Repeat("a1B2", 40), "sk-op/" + strings.Repeat("a1B2", 40) + "+<&>"} {
+		up := &config.Upstream{Name: "u", APIKey: key}
+		name := "plain"
+		if strings.ContainsFunc(key, escaped) {
+			name = "escaped"
+		}
+		b.Run(name+"/event", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				redactKey(event, key)
+			}
+		})
+		b.Run(name+"/logged", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				loggedUpstream(up, "invalid_request_error")
+			}
+		})
+		resp := &http.Response{Header: http.Header{"X-Request-Id": {"req_0123456789abcdef"}}}
+		b.Run(name+"/request_id", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				upstreamRequestID(resp, up)
+			}
+		})
+	}
+}
+
+// TestKeyFormsAreTheKeysSpellingsWhateverWasLookedForBefore: the spellings kept per key are
+// those spellKey works out, for a key looked for again, after maxSpelledKeys others made the
+// keeper start again, and for keys looked for at once from many goroutines.
+func TestKeyFormsAreTheKeysSpellingsWhateverWasLookedForBefore(t *testing.T) {
+	const key = "sk-op/0123456789+<&>"
+	check := func(k string) error {
+		want := spellKey(k)
+		if got := keyForms(k); !slices.Equal(got, want) {
+			return fmt.Errorf("keyForms(%q) = %q, want %q", k, got, want)
+		}
+		sp := spellingsOf(k)
+		if len(sp.asBytes) != len(want) {
+			return fmt.Errorf("%q: %d spellings as bytes, want %d", k, len(sp.asBytes), len(want))
+		}
+		for i, f := range want {
+			if string(sp.asBytes[i]) != f {
+				return fmt.Errorf("%q: spelling %d as bytes %q, want %q", k, i, sp.asBytes[i], f)
+			}
+		}
+		return nil
+	}
+	for _, k := range []string{key, key} {
+		if err := check(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range 2*maxSpelledKeys + 1 {
+		wg.Go(func() {
+			if err := check(fmt.Sprintf("sk-%d/0123456789+abc", i)); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, k := range []string{key, "sk-plain0123456789"} {
+		if err := check(k); err != nil {
+			t.Error(err)
+		}
+	}
+	if got := keyForms("short"); got != nil {
+		t.Errorf("keyForms of a key shorter than minRedactedKeyLen = %q, want none", got)
 	}
 }
