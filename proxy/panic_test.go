@@ -97,47 +97,56 @@ func (p panicTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // and an error can quote an upstream's answer (a body wrapped in it), which may echo the
 // operator's key. The line that says what the call was settled at quoted the value whole: the
 // key in every spelling and however long; and net/http, given the panic again, logged it a
-// second time through the server's log. The value is quoted as any other quote of an upstream
-// (no spelling of the key, at most 512 bytes) and said once, with the panic's own stack.
+// second time through the server's log. A token count, which is no call and has no settlement
+// to recover its panic, reached net/http's line alone. The value is quoted as any other quote
+// of an upstream (no spelling of the key, at most 512 bytes) and said once, with the panic's
+// own stack.
 func TestPanicValueInTheLogHoldsNoKeyAndIsBounded(t *testing.T) {
 	const opKey = "opsecret/0123456789+abcdefXYZ<&>"
-	core, logs := observer.New(zapcore.DebugLevel)
-	h := newHarnessOn(t, harnessSetup{log: zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel)), serverLog: true, transport: echoPanicTransport{}}, func(c *config.Config) {
-		for i := range c.Upstreams {
-			c.Upstreams[i].APIKey = opKey
-		}
-	})
-	_, key := h.user("standard")
-	req, _ := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
-	req.Header.Set("Authorization", "Bearer "+key)
-	if resp, err := http.DefaultClient.Do(req); err == nil {
-		resp.Body.Close()
-		t.Fatalf("answered %d, want the connection closed by the panic", resp.StatusCode)
-	}
-	h.settled()
-	said := 0
-	for _, e := range logs.All() {
-		if strings.Contains(e.Message, "0123456789") {
-			t.Errorf("line %.300q holds the operator's key", e.Message)
-		}
-		for k, v := range e.ContextMap() {
-			s := fmt.Sprint(v)
-			if strings.Contains(s, "0123456789") {
-				t.Errorf("line %q, field %s holds the operator's key: %.300q", e.Message, k, s)
-			}
-			if k == "panic" {
-				said++
-				if len(s) > 512 || !strings.Contains(s, "(redacted)") {
-					t.Errorf("panic quoted as %d bytes %.600q, want the key redacted, at most 512 bytes", len(s), s)
+	for _, tc := range []struct{ name, path, body, authHeader, authPrefix string }{
+		{"model call", "/v1/chat/completions", chatBody, "Authorization", "Bearer "},
+		{"token count", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`, "X-Api-Key", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zapcore.DebugLevel)
+			h := newHarnessOn(t, harnessSetup{log: zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel)), serverLog: true, transport: echoPanicTransport{}}, func(c *config.Config) {
+				for i := range c.Upstreams {
+					c.Upstreams[i].APIKey = opKey
 				}
-				if !strings.Contains(e.Stack, "echoPanicTransport.RoundTrip") {
-					t.Errorf("the panic's line has the stack %q, want the one that panicked", e.Stack)
+			})
+			_, key := h.user("standard")
+			req, _ := http.NewRequest(http.MethodPost, h.gw.URL+tc.path, strings.NewReader(tc.body))
+			req.Header.Set(tc.authHeader, tc.authPrefix+key)
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+				t.Fatalf("answered %d, want the connection closed by the panic", resp.StatusCode)
+			}
+			h.settled()
+			said := 0
+			for _, e := range logs.All() {
+				if strings.Contains(e.Message, "0123456789") {
+					t.Errorf("line %.300q holds the operator's key", e.Message)
+				}
+				for k, v := range e.ContextMap() {
+					s := fmt.Sprint(v)
+					if strings.Contains(s, "0123456789") {
+						t.Errorf("line %q, field %s holds the operator's key: %.300q", e.Message, k, s)
+					}
+					if k == "panic" {
+						said++
+						if len(s) > 512 || !strings.Contains(s, "(redacted)") {
+							t.Errorf("panic quoted as %d bytes %.600q, want the key redacted, at most 512 bytes", len(s), s)
+						}
+						if !strings.Contains(e.Stack, "echoPanicTransport.RoundTrip") {
+							t.Errorf("the panic's line has the stack %q, want the one that panicked", e.Stack)
+						}
+					}
 				}
 			}
-		}
-	}
-	if said != 1 {
-		t.Errorf("the panic's value was logged %d times, want once", said)
+			if said != 1 {
+				t.Errorf("the panic's value was logged %d times, want once", said)
+			}
+		})
 	}
 }
 
@@ -148,6 +157,9 @@ type echoPanicTransport struct{}
 
 func (echoPanicTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	key := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
+	if key == "" {
+		key = req.Header.Get("X-Api-Key") // Anthropic's
+	}
 	goJSON, _ := json.Marshal(key)
 	body := fmt.Sprintf(`{"error":{"message":"Incorrect API key provided: %s"}} %s %s %s %s%s`, goJSON[1:len(goJSON)-1], key,
 		strings.ReplaceAll(key, "/", `\/`), url.QueryEscape(key), strings.Repeat("p", 2048), key)

@@ -297,6 +297,17 @@ func loggedPanic(up *config.Upstream, v any) string {
 	return loggedUpstream(up, fmt.Sprint(v))
 }
 
+// loggedPanicOf is loggedPanic for a panic outside any one call's upstream: every configured
+// upstream's key replaced in the value's words, then bounded. The words are read whole, as
+// loggedUpstream's window would not be: a panic is rare, and the keys are several.
+func loggedPanicOf(ups []config.Upstream, v any) string {
+	words := fmt.Sprint(v)
+	for i := range ups {
+		words = redactKeyString(words, ups[i].APIKey)
+	}
+	return loggedPanic(nil, words)
+}
+
 // loggedError is an error's words as a log line may quote them (loggedUpstreamErr).
 type loggedError struct {
 	msg string

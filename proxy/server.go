@@ -192,7 +192,7 @@ func newTransport(l config.Limits) *http.Transport {
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
 	// GetHead: a HEAD is answered as the GET it probes (load balancers' health checks send HEAD).
-	r.Use(s.metrics.countErrors, s.boundAnswerEnd, s.boundUnreadBody, shapeErrors, middleware.GetHead)
+	r.Use(s.recoverPanics, s.metrics.countErrors, s.boundAnswerEnd, s.boundUnreadBody, shapeErrors, middleware.GetHead)
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		// chi hands a custom 405 handler no list of the route's methods: they are found again.
@@ -233,6 +233,31 @@ func (s *Server) Handler() http.Handler {
 		replies.Post("/v1/runs/{id}/settle", s.settleRun)
 	})
 	return r
+}
+
+// recoverPanics logs a panic that no handler recovered as any quote of an upstream is logged:
+// its value may wrap what an upstream answered (a token count's answer, which is not a call's
+// and has no finish to recover it), and with it the operator's key, of any length, which
+// net/http's own line would print whole. Every configured upstream's key is replaced in it and
+// it is bounded (loggedPanicOf); net/http, handed http.ErrAbortHandler, closes the connection
+// as it would have and logs nothing more. A call's panic reaches here as
+// http.ErrAbortHandler, logged and settled by finish, and passes on as it is.
+func (s *Server) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			p := recover()
+			if p == nil {
+				return
+			}
+			if p != http.ErrAbortHandler {
+				// The line's stack is the panic's own: recover's return has not unwound it yet.
+				s.log.Error("panic while serving", zap.String("panic", loggedPanicOf(s.cfg.Upstreams, p)),
+					zap.String("method", r.Method), zap.String("path", r.URL.Path))
+			}
+			panic(http.ErrAbortHandler)
+		}()
+		next.ServeHTTP(w, r)
+	})
 }
 
 // boundAnswerEnd bounds what net/http writes once a handler has returned — the end of a
