@@ -85,71 +85,54 @@ func keyList(ctx context.Context, args []string) error {
 }
 
 func userShow(ctx context.Context, args []string) error {
-	var name string
-	e, st, v, err := adminEnv(ctx, "user show", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&name, "name", "", "user name")
+	return perUser(ctx, "user show", args, "name", nil, func(_ *env, _ *holds.Store, v admin.Views, d holds.UserDetail) error {
+		return printJSON(v.User(d))
 	})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	d, err := namedUser(ctx, st, "name", name)
-	if err != nil {
-		return err
-	}
-	return printJSON(v.User(d))
 }
 
 // userSet changes a plan and per-user overrides, together or not at all (holds.ChangeUser);
 // they apply from the next admission. "none" drops an override: the plan's figure applies.
 func userSet(ctx context.Context, args []string) error {
-	var name, plan, allowance, maxInFlight, discountBP string
-	e, st, v, err := adminEnv(ctx, "user set", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&name, "name", "", "user name")
+	var plan, allowance, maxInFlight, discountBP string
+	return perUser(ctx, "user set", args, "name", func(fs *flag.FlagSet) {
 		fs.StringVar(&plan, "plan", "", "move the user to this plan")
 		fs.StringVar(&allowance, "allowance", "", "daily allowance override, in credits (none: the plan's)")
 		fs.StringVar(&maxInFlight, "max-in-flight", "", "calls in flight override (none: the plan's)")
 		fs.StringVar(&discountBP, "discount-bp", "", "discount override, in basis points 0-10000 (none: the plan's)")
+	}, func(e *env, st *holds.Store, v admin.Views, d holds.UserDetail) error {
+		c := holds.UserChange{Plan: plan}
+		var err error
+		if c.Allowance, err = optOverride("allowance", allowance, func(s string) (int64, bool) {
+			m, err := pricing.ParseCredits(s, e.cfg.CreditMicro)
+			return m, err == nil && m >= 0
+		}, "a non-negative number of credits in steps of "+pricing.FormatCredits(1, e.cfg.CreditMicro)); err != nil {
+			if _, perr := pricing.ParseCredits(allowance, e.cfg.CreditMicro); perr != nil {
+				// What is wrong with it, when the wanted form does not say (too large: it was
+				// one).
+				return fmt.Errorf("%w (%v)", err, perr)
+			}
+			return err
+		}
+		if c.MaxInFlight, err = optOverride("max-in-flight", maxInFlight, intIn(1, 10_000), "an integer 1-10000"); err != nil {
+			return err
+		}
+		if c.DiscountBP, err = optOverride("discount-bp", discountBP, intIn(0, 10_000), "an integer 0-10000"); err != nil {
+			return err
+		}
+		if c == (holds.UserChange{}) {
+			return errors.New("nothing to set: give -plan, -allowance, -max-in-flight or -discount-bp")
+		}
+		if err := st.ChangeUser(ctx, d.ID, c); err != nil {
+			if errors.Is(err, holds.ErrUnknownPlan) {
+				return ofUser(d, fmt.Errorf("%w (configured: %v)", err, st.PlanNames()))
+			}
+			return ofUser(d, err)
+		}
+		if d, err = st.UserDetail(ctx, d.Name); err != nil {
+			return err
+		}
+		return printJSON(v.User(d))
 	})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	d, err := namedUser(ctx, st, "name", name)
-	if err != nil {
-		return err
-	}
-	c := holds.UserChange{Plan: plan}
-	if c.Allowance, err = optOverride("allowance", allowance, func(s string) (int64, bool) {
-		m, err := pricing.ParseCredits(s, e.cfg.CreditMicro)
-		return m, err == nil && m >= 0
-	}, "a non-negative number of credits in steps of "+pricing.FormatCredits(1, e.cfg.CreditMicro)); err != nil {
-		if _, perr := pricing.ParseCredits(allowance, e.cfg.CreditMicro); perr != nil {
-			// What is wrong with it, when the wanted form does not say (too large: it was
-			// one).
-			return fmt.Errorf("%w (%v)", err, perr)
-		}
-		return err
-	}
-	if c.MaxInFlight, err = optOverride("max-in-flight", maxInFlight, intIn(1, 10_000), "an integer 1-10000"); err != nil {
-		return err
-	}
-	if c.DiscountBP, err = optOverride("discount-bp", discountBP, intIn(0, 10_000), "an integer 0-10000"); err != nil {
-		return err
-	}
-	if c == (holds.UserChange{}) {
-		return errors.New("nothing to set: give -plan, -allowance, -max-in-flight or -discount-bp")
-	}
-	if err := st.ChangeUser(ctx, d.ID, c); err != nil {
-		if errors.Is(err, holds.ErrUnknownPlan) {
-			return ofUser(d, fmt.Errorf("%w (configured: %v)", err, st.PlanNames()))
-		}
-		return ofUser(d, err)
-	}
-	if d, err = st.UserDetail(ctx, name); err != nil {
-		return err
-	}
-	return printJSON(v.User(d))
 }
 
 // optOverride reads an override flag: "" leaves it, "none" drops it, else parse must accept it.
@@ -182,38 +165,30 @@ func userEnable(ctx context.Context, args []string) error {
 	return userSetDisabled(ctx, "user enable", args, false)
 }
 
+// userSetDisabled is user disable (disable) and user enable; changed says whether the user
+// was not so before.
 func userSetDisabled(ctx context.Context, cmd string, args []string, disable bool) error {
-	var name string
-	e, st, _, err := adminEnv(ctx, cmd, args, func(fs *flag.FlagSet) {
-		fs.StringVar(&name, "name", "", "user name")
+	return perUser(ctx, cmd, args, "name", nil, func(_ *env, st *holds.Store, _ admin.Views, d holds.UserDetail) error {
+		op := st.EnableUser
+		if disable {
+			op = st.DisableUser
+		}
+		changed, err := op(ctx, d.ID)
+		if err != nil {
+			return ofUser(d, err)
+		}
+		if d, err = st.UserDetail(ctx, d.Name); err != nil {
+			return err
+		}
+		// No credits and no plan terms: run with any config (convertsCredits), it shows none it
+		// could have read wrong.
+		out := map[string]any{"object": "user", "id": d.ID, "name": d.Name, "plan": d.Plan, "disabled": d.DisabledAt != nil,
+			"changed": changed}
+		if d.DisabledAt != nil {
+			out["disabled_at"] = *d.DisabledAt
+		}
+		return printJSON(out)
 	})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	d, err := namedUser(ctx, st, "name", name)
-	if err != nil {
-		return err
-	}
-	op := st.EnableUser
-	if disable {
-		op = st.DisableUser
-	}
-	changed, err := op(ctx, d.ID)
-	if err != nil {
-		return ofUser(d, err)
-	}
-	if d, err = st.UserDetail(ctx, name); err != nil {
-		return err
-	}
-	// No credits and no plan terms: run with any config (convertsCredits), it shows none it
-	// could have read wrong.
-	out := map[string]any{"object": "user", "id": d.ID, "name": d.Name, "plan": d.Plan, "disabled": d.DisabledAt != nil,
-		"changed": changed}
-	if d.DisabledAt != nil {
-		out["disabled_at"] = *d.DisabledAt
-	}
-	return printJSON(out)
 }
 
 func keyRevoke(ctx context.Context, args []string) error {
@@ -292,23 +267,13 @@ func grantCmd(ctx context.Context, args []string) error {
 }
 
 func balanceCmd(ctx context.Context, args []string) error {
-	var user string
-	e, st, v, err := adminEnv(ctx, "balance", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&user, "user", "", "user name")
+	return perUser(ctx, "balance", args, "user", nil, func(_ *env, st *holds.Store, v admin.Views, d holds.UserDetail) error {
+		b, err := st.Balance(ctx, d.ID)
+		if err != nil {
+			return ofUser(d, err)
+		}
+		return printJSON(v.Balance(d, b))
 	})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	d, err := namedUser(ctx, st, "user", user)
-	if err != nil {
-		return err
-	}
-	b, err := st.Balance(ctx, d.ID)
-	if err != nil {
-		return ofUser(d, err)
-	}
-	return printJSON(v.Balance(d, b))
 }
 
 func runsCmd(ctx context.Context, args []string) error {
@@ -501,6 +466,31 @@ func need(flagName, value string) error {
 		return fmt.Errorf("-%s is required", flagName)
 	}
 	return nil
+}
+
+// perUser runs a subcommand about one user, whom the required -flagName names (user show,
+// set, enable and disable, balance): adminEnv with that flag and extra's, then the user
+// looked up (namedUser), then run with both; the env is closed after. An unknown name is
+// refused before run, naming the name as typed.
+func perUser(ctx context.Context, cmd string, args []string, flagName string, extra func(*flag.FlagSet),
+	run func(e *env, st *holds.Store, v admin.Views, d holds.UserDetail) error,
+) error {
+	var name string
+	e, st, v, err := adminEnv(ctx, cmd, args, func(fs *flag.FlagSet) {
+		fs.StringVar(&name, flagName, "", "user name")
+		if extra != nil {
+			extra(fs)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	d, err := namedUser(ctx, st, flagName, name)
+	if err != nil {
+		return err
+	}
+	return run(e, st, v, d)
 }
 
 // namedUser is the user a required -flag names (holds.ErrUnknownUser, with the name, if none).
