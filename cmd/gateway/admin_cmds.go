@@ -310,12 +310,8 @@ func runsCmd(ctx context.Context, args []string) error {
 	if f.SettledUntil, err = parseWhen("settled-until", settledUntil); err != nil {
 		return err
 	}
-	if user != "" {
-		d, err := st.UserDetail(ctx, user)
-		if err != nil {
-			return err
-		}
-		f.UserID = d.ID
+	if f.UserID, err = userFilter(ctx, st, user); err != nil {
+		return err
 	}
 	runs, err := st.ListRuns(ctx, f)
 	if err != nil {
@@ -376,13 +372,9 @@ func reportCmd(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var userID uint64
-	if user != "" {
-		d, err := st.UserDetail(ctx, user)
-		if err != nil {
-			return err
-		}
-		userID = d.ID
+	userID, err := userFilter(ctx, st, user)
+	if err != nil {
+		return err
 	}
 	rep, err := st.Usage(ctx, fromT, toT, userID)
 	if err != nil {
@@ -499,6 +491,19 @@ func namedUser(ctx context.Context, st *holds.Store, flagName, name string) (hol
 		return holds.UserDetail{}, err
 	}
 	return st.UserDetail(ctx, name)
+}
+
+// userFilter is the id of the user an optional -user names, for a listing or report of that
+// user's alone; 0, every user's, when none is named.
+func userFilter(ctx context.Context, st *holds.Store, name string) (uint64, error) {
+	if name == "" {
+		return 0, nil
+	}
+	d, err := st.UserDetail(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	return d.ID, nil
 }
 
 // ofUser names the user an operator typed on an error of the store's, which names users by
