@@ -216,14 +216,7 @@ func cacheControls(raw string) (marked, long bool) {
 			marked = marked || cc
 			stack = append(stack, frame{object: ch == '{', cacheControl: cc, wantKey: ch == '{'})
 		case '"':
-			end, escaped := i+1, false
-			for raw[end] != '"' {
-				if raw[end] == '\\' {
-					end++
-					escaped = true
-				}
-				end++
-			}
+			end, escaped := closingQuote(raw, i)
 			str, quoted := raw[i+1:end], raw[i:end+1]
 			i = end
 			isKey := len(stack) > 0 && stack[len(stack)-1].wantKey

@@ -48,14 +48,7 @@ func repeatedKeyAnywhere(raw string) (string, bool) {
 				stack[n-1].wantKey = true
 			}
 		case '"':
-			end, escaped := i+1, false
-			for raw[end] != '"' {
-				if raw[end] == '\\' {
-					end++
-					escaped = true
-				}
-				end++
-			}
+			end, escaped := closingQuote(raw, i)
 			n := len(stack)
 			if n == 0 || !stack[n-1].wantKey {
 				i = end
@@ -92,6 +85,21 @@ func repeatedKeyAnywhere(raw string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// closingQuote is the index of the quote that ends the JSON string opened at raw[open], and
+// whether the string holds an escape (its text must be unescaped to be read as a key). raw has
+// been validated as JSON, so the string is closed: no bound is checked.
+func closingQuote(raw string, open int) (end int, escaped bool) {
+	end = open + 1
+	for raw[end] != '"' {
+		if raw[end] == '\\' {
+			end++
+			escaped = true
+		}
+		end++
+	}
+	return end, escaped
 }
 
 // seenKey reports whether k is among an object's keys: in set once it has one, else in keys.
