@@ -233,8 +233,9 @@ type gateway struct {
 	err  error // after done: how the process ended
 }
 
-// freePort asks the kernel for a free port. Another process may take it before the gateway
-// binds; start retries on that.
+// freePort asks the kernel for a free port and closes it again. Another process may take it
+// before the gateway binds: a gateway whose log the harness can read listens on port 0 and
+// says where (listenedAt) instead; freePort is left for one whose log goes elsewhere.
 func freePort(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -244,6 +245,37 @@ func freePort(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// anyPort is a listen address on which the kernel picks the port as the process binds it.
+const anyPort = "127.0.0.1:0"
+
+// listenedAt waits for the JSON log line msg ("gateway listening", "pprof listening") of the
+// process whose log is at path and returns the address it names; it gives up when done is
+// closed (the process ended) or within passes. The port the process bound is known to be its
+// own: a port picked free beforehand and closed again was at times taken by another test's
+// server in the moment before the gateway bound it, and /readyz answered there by that server.
+func listenedAt(path, msg string, done <-chan struct{}, within time.Duration) (string, error) {
+	deadline := time.Now().Add(within)
+	for {
+		if b, err := os.ReadFile(path); err == nil {
+			for _, line := range bytes.Split(b, []byte("\n")) {
+				var l struct{ Msg, Addr string }
+				if json.Unmarshal(line, &l) == nil && l.Msg == msg && l.Addr != "" {
+					return l.Addr, nil
+				}
+			}
+		}
+		select {
+		case <-done:
+			return "", fmt.Errorf("exited before %q", msg)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no %q line within %v", msg, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // gatewayEnv is the environment of a gateway of this world serving as instance name on addr.
@@ -281,7 +313,13 @@ func (w *world) startGatewayLogTo(name, config string, out *os.File, env ...stri
 }
 
 func (w *world) tryStart(name, config string, env []string, out *os.File, flags ...string) (*gateway, error) {
-	addr := freePort(w.t)
+	// The gateway binds a port of the kernel's choice and logs it, unless its log goes to out,
+	// which the harness cannot read back: then a port picked free beforehand (its start is
+	// retried by the callers when another process took it).
+	addr := anyPort
+	if out != nil {
+		addr = freePort(w.t)
+	}
 	g := &gateway{name: name, url: "http://" + addr, log: filepath.Join(w.t.TempDir(), name+".log"), done: make(chan struct{})}
 	logf, err := os.Create(g.log)
 	if err != nil {
@@ -311,6 +349,16 @@ func (w *world) tryStart(name, config string, env []string, out *os.File, flags 
 		}
 	})
 	deadline := time.Now().Add(20 * time.Second)
+	if addr == anyPort {
+		at, err := listenedAt(g.log, "gateway listening", g.done, time.Until(deadline))
+		if err != nil {
+			_ = g.cmd.Process.Kill()
+			<-g.done
+			b, _ := os.ReadFile(g.log)
+			return nil, fmt.Errorf("%w (process: %v)\n%s", err, g.err, tail(b, 4000))
+		}
+		g.url = "http://" + at
+	}
 	for time.Now().Before(deadline) {
 		select {
 		case <-g.done:

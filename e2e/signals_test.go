@@ -142,21 +142,26 @@ func TestStartOnATakenPortLeavesNoInstanceRow(t *testing.T) {
 // and stop a gateway meant to outlive it. SIGTERM still drains it.
 func TestNohupGatewayKeepsIgnoringHangup(t *testing.T) {
 	w := newWorld(t)
-	addr := freePort(t)
 	logf, err := os.Create(filepath.Join(t.TempDir(), "nohup.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer logf.Close()
 	cmd := exec.Command("nohup", gatewayBin, "serve", "-config", w.config)
-	cmd.Env = w.gatewayEnv("gw-nohup", addr)
+	cmd.Env = w.gatewayEnv("gw-nohup", anyPort)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	g := &gateway{name: "gw-nohup", url: "http://" + addr, cmd: cmd, log: logf.Name(), done: make(chan struct{})}
+	g := &gateway{name: "gw-nohup", cmd: cmd, log: logf.Name(), done: make(chan struct{})}
 	go func() { g.err = cmd.Wait(); close(g.done) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-g.done })
+	addr, err := listenedAt(g.log, "gateway listening", g.done, 20*time.Second)
+	if err != nil {
+		b, _ := os.ReadFile(g.log)
+		t.Fatalf("the gateway under nohup: %v\n%s", err, tail(b, 4000))
+	}
+	g.url = "http://" + addr
 	waitFor(t, 20*time.Second, "the gateway under nohup ready", func() bool {
 		resp, err := http.Get(g.url + "/readyz")
 		if err != nil {
