@@ -48,12 +48,33 @@ func TestGrantRefusedByAFullDiskThenItsCommitReplyLostCreditsOnce(t *testing.T) 
 	t.Cleanup(func() { _ = os.Remove(filler) })
 	testenv.Fill(t, filler)
 
-	// Grants of another user until one is refused for want of room: grants' pages are full.
+	// Grants of another user until one is refused for want of room: grants' pages are full. A
+	// refused grant waits for room until its context ends (withRoomRetry): each is ended once its
+	// refusal is logged, not by a short deadline, which a grant slow on a busy machine (no
+	// refusal, only slow) ran past and failed the test with its deadline exceeded. The minute
+	// is a watchdog.
 	reason := strings.Repeat("r", 255)
 	full := false
 	for i := 0; i < 5000 && !full; i++ {
-		gctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		_, _, err := st.Grant(gctx, holds.GrantRequest{UserID: filling.ID, AmountMicro: 1, IdempotencyKey: fmt.Sprintf("fill-%05d", i), Reason: reason})
+		gctx, cancel := context.WithTimeout(ctx, time.Minute)
+		granted := make(chan error, 1)
+		go func() {
+			_, _, err := st.Grant(gctx, holds.GrantRequest{UserID: filling.ID, AmountMicro: 1, IdempotencyKey: fmt.Sprintf("fill-%05d", i), Reason: reason})
+			granted <- err
+		}()
+		refusals := logs.Filter(refusedFull).Len()
+		var err error
+	fill:
+		for {
+			select {
+			case err = <-granted:
+				break fill
+			case <-time.After(time.Millisecond):
+				if logs.Filter(refusedFull).Len() > refusals {
+					cancel()
+				}
+			}
+		}
 		cancel()
 		full = holds.IsOutOfRoom(err)
 		if err != nil && !full {
