@@ -85,11 +85,13 @@ func TestAdmissionRefusalsCarryTheDesignCodes(t *testing.T) {
 // money), whether it leaves mid-stream or while a non-streamed answer is being generated.
 func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 	stopped := make(chan string, 4)
+	generating := make(chan struct{}, 4) // a non-streamed answer's generation has begun
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		stream := strings.Contains(string(body), `"stream":true`)
 		defer func() { stopped <- fmt.Sprintf("stream=%v", stream) }()
 		if !stream {
+			generating <- struct{}{}
 			// A long generation: nothing is sent until it is done.
 			select {
 			case <-r.Context().Done():
@@ -128,9 +130,18 @@ func TestClientThatLeavesStopsTheUpstream(t *testing.T) {
 		t.Errorf("stream run settled %q, want cancel", r.SettleSource.String)
 	}
 
-	// While a non-streamed answer is generated.
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	// While a non-streamed answer is generated: the client leaves once the generation has
+	// begun (a client leaving after a fixed 300 ms left before the call was forwarded when its
+	// admission was slow on a busy machine, and the generation this tests never began).
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() {
+		select {
+		case <-generating:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
 	req.Header.Set("Authorization", "Bearer "+key)
 	if resp, err := http.DefaultClient.Do(req); err == nil {
