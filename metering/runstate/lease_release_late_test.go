@@ -26,13 +26,18 @@ func TestLeaseReleasedDuringASlowBeatIsDeleted(t *testing.T) {
 	hold := testenv.NewHeldWrite(keys.Lease("x_slow_beat"))
 	rdb := redisThrough(t, base, func(c net.Conn) net.Conn { return &testenv.HoldingConn{Conn: c, Hold: hold} })
 	leases := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	warmUp(t, leases)
 	leases.Acquire("x_slow_beat")
 
-	beat, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	beat, cancel := context.WithTimeout(context.Background(), beatDeadline)
 	defer cancel()
 	refreshed := make(chan error, 1)
 	go func() { refreshed <- leases.Refresh(beat) }()
-	<-hold.Held() // the beat's SET is on its way
+	select {
+	case <-hold.Held(): // the beat's SET is on its way
+	case err := <-refreshed:
+		t.Fatalf("the beat ended (%v) before its write of the lease was sent: nothing tested", err)
+	}
 	if err := leases.Release(context.Background(), "x_slow_beat"); err != nil {
 		t.Fatal(err)
 	}
@@ -44,6 +49,26 @@ func TestLeaseReleasedDuringASlowBeatIsDeleted(t *testing.T) {
 	if n := base.Exists(context.Background(), keys.Lease("x_slow_beat")).Val(); n != 0 {
 		ttl := base.PTTL(context.Background(), keys.Lease("x_slow_beat")).Val()
 		t.Fatalf("the released run's lease is still there (for %v more): its run looks served by a live process", ttl)
+	}
+}
+
+// beatDeadline is the deadline of a beat whose write is held: the write must be sent within it,
+// after the client's connection is dialled and the beat's script loaded (200 ms was at times
+// too short for that on a loaded machine, and the test then hung or saw nothing held).
+const beatDeadline = time.Second
+
+// warmUp runs one beat and release of a run of its own through leases, so that the test's beat
+// finds its client's connection dialled and its script loaded, and spends its deadline on the
+// write the test holds.
+func warmUp(t *testing.T, leases *runstate.Leases) {
+	t.Helper()
+	ctx := context.Background()
+	leases.Acquire("x_warm_up")
+	if err := leases.Refresh(ctx); err != nil {
+		t.Fatalf("warm-up beat: %v", err)
+	}
+	if err := leases.Release(ctx, "x_warm_up"); err != nil {
+		t.Fatalf("warm-up release: %v", err)
 	}
 }
 
@@ -80,9 +105,10 @@ func TestLeaseBeatDeliveredAfterTheReleaseWritesNothing(t *testing.T) {
 	rdb := redis.NewClient(opt)
 	t.Cleanup(func() { rdb.Close() })
 	leases := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	warmUp(t, leases)
 	leases.Acquire("x_late_beat")
 	lossy.Arm(keys.Lease("x_late_beat"), testenv.RedisWriteLate, 1)
-	beat, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	beat, cancel := context.WithTimeout(context.Background(), beatDeadline)
 	err := leases.Refresh(beat)
 	cancel()
 	if err == nil || lossy.Fired() != 1 {
