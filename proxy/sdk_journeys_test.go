@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -110,28 +111,44 @@ func TestSDKRunSettledNotRetried(t *testing.T) {
 	}
 }
 
-// The in-flight limit: the slot is freed within ~300ms; the SDK should get in soon after,
-// not wait the Retry-After of the oldest hold's expiry.
+// The in-flight limit: the slot is freed soon after the SDK's first attempt is refused; the
+// SDK should get in soon after, not wait the Retry-After of the oldest hold's expiry. The call
+// in flight is held at the upstream until that refusal (a call held a fixed 300 ms could end
+// before a slow machine's SDK attempt arrived, which was then served at once).
 func TestSDKTooManyInFlightRetryAfter(t *testing.T) {
+	gate := newGateUpstream()
+	gateSrv := httptest.NewServer(gate)
+	t.Cleanup(gateSrv.Close)
 	h := newHarness(t, func(c *config.Config) {
 		p := c.Plans["standard"]
 		p.MaxInFlight = 1
 		c.Plans["standard"] = p
+		c.Upstreams[0].BaseURL = gateSrv.URL
 	})
 	_, key := h.user("standard")
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"slow"}]}`,
-			map[string]string{fakellm.HeaderLatency: "300ms"})
+			map[string]string{"X-Test-Gate": "slow"})
 		resp.Body.Close()
 	}()
-	h.waitUpstream(1)
+	gate.await(t, "slow", 1)
+	var opened sync.Once
+	defer opened.Do(func() { gate.open("slow") })
+	openOnRefusal := option.WithMiddleware(func(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+		res, err := next(req)
+		if res != nil && res.StatusCode == http.StatusTooManyRequests {
+			opened.Do(func() { gate.open("slow") }) // the call in flight ends: its slot is freed
+		}
+		return res, err
+	})
 	var log attemptLog
-	c := sdkClient(h, key, &log)
+	c := sdkClient(h, key, &log, openOnRefusal)
 	start := time.Now()
 	_, err := c.Chat.Completions.New(context.Background(), sdkParams)
 	el := time.Since(start)
+	opened.Do(func() { gate.open("slow") })
 	<-done
 	for _, a := range log.all() {
 		t.Logf("attempt status=%d Retry-After=%q", a.status, a.retryAfter)
