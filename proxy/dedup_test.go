@@ -360,18 +360,31 @@ func waitSettlements(t *testing.T, srv *proxy.Server) {
 // A double click: the same body twice, 50 ms apart, no key, no session. The fingerprint
 // window runs one; the other is a 409 duplicate naming it, its hold released at 0.
 func TestDoubleSubmit50msApartRunsOnce(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
-	hdr := map[string]string{fakellm.HeaderLatency: "1s"}
+	// The call that runs stays with the upstream until the other is answered (a fixed second
+	// could pass before a slow machine's second click was checked).
+	hdr := map[string]string{"X-Test-Gate": "click"}
 	var wg sync.WaitGroup
 	answers := make([]answer, 2)
+	answered := make(chan struct{}, len(answers))
 	for i := range answers {
 		wg.Add(1)
-		go func() { defer wg.Done(); answers[i] = send(h.gw.URL, key, chatBody, hdr) }()
+		go func() {
+			defer wg.Done()
+			answers[i] = send(h.gw.URL, key, chatBody, hdr)
+			answered <- struct{}{}
+		}()
 		if i == 0 {
 			time.Sleep(50 * time.Millisecond) // the scenario: a second click 50 ms later
 		}
 	}
+	select {
+	case <-answered:
+	case <-time.After(30 * time.Second):
+		// A watchdog, not a measure: both ran and wait at the gate; let them end and fail below.
+	}
+	gate.open("click")
 	wg.Wait()
 	var ran, dup *answer
 	for i := range answers {
@@ -399,7 +412,7 @@ func TestDoubleSubmit50msApartRunsOnce(t *testing.T) {
 		t.Fatalf("duplicate names run %s, want %s", got, runID)
 	}
 	h.expectCharges(u.ID, []string{runID}, holds.SourceDuplicate)
-	if n := h.fake.Calls(); n != 1 {
+	if n := gate.fake.Calls(); n != 1 {
 		t.Fatalf("%d upstream calls, want 1", n)
 	}
 }
@@ -727,17 +740,21 @@ func TestOpenAIGoClientRetryOfIdempotentRequestChargesOnce(t *testing.T) {
 // X-Session-Id with the message the session is still answering: 409 already_running with
 // the running run's id; the resend's hold is released at 0.
 func TestSessionSameMessageIsAlreadyRunning(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	t.Cleanup(func() { _ = h.srv.Close() })
 	u, key := h.user("standard")
 	first := make(chan answer, 1)
 	go func() {
-		first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Session-Id": "tab-1", fakellm.HeaderLatency: "1s"})
+		first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Session-Id": "tab-1", "X-Test-Gate": "first"})
 	}()
-	h.waitUpstream(1)
+	gate.await(t, "first", 1)
+	var opened sync.Once
+	openFirst := func() { opened.Do(func() { gate.open("first") }) }
+	defer openFirst()
 	// A refresh resends the same message; the body differs in other fields, the message does not.
 	resend := strings.Replace(chatBody, `"model":"fake-gpt"`, `"model":"fake-gpt","temperature":0.5`, 1)
 	b := send(h.gw.URL, key, resend, map[string]string{"X-Session-Id": "tab-1"})
+	openFirst() // the first ran until the resend was answered
 	if b.status != 409 || errorCode(t, b.body) != "already_running" || b.header.Get("X-Should-Retry") != "false" {
 		t.Fatalf("resend: %d %v %s", b.status, b.header, b.body)
 	}
@@ -908,13 +925,17 @@ func TestDuplicateChecksTellRoutesApart(t *testing.T) {
 // duplicate of it. A resend that differs only in a header no upstream answers by (an SDK's
 // retry count) still is.
 func TestFingerprintTellsQueryAndBetaHeadersApart(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	_, key := h.user("standard")
 	body := `{"model":"fake-gpt","messages":[{"role":"user","content":"the same words"}]}`
 	const path = "/v1/chat/completions"
 	first := make(chan answer, 1)
-	go func() { first <- sendTo(h.gw.URL, path, key, body, map[string]string{fakellm.HeaderLatency: "1s"}) }()
-	h.waitUpstream(1)
+	go func() { first <- sendTo(h.gw.URL, path, key, body, map[string]string{"X-Test-Gate": "first"}) }()
+	gate.await(t, "first", 1)
+	// The first runs until the resend below is answered.
+	var opened sync.Once
+	openFirst := func() { opened.Do(func() { gate.open("first") }) }
+	defer openFirst()
 	for _, other := range []struct {
 		name, path string
 		hdr        map[string]string
@@ -932,6 +953,7 @@ func TestFingerprintTellsQueryAndBetaHeadersApart(t *testing.T) {
 	if resend.status != http.StatusConflict || !strings.Contains(string(resend.body), `"duplicate"`) {
 		t.Fatalf("a resend differing in its retry count: %d %s, want 409 duplicate", resend.status, resend.body)
 	}
+	openFirst()
 	if a := <-first; a.status != http.StatusOK {
 		t.Fatalf("first: %d %s", a.status, a.body)
 	}
@@ -941,13 +963,17 @@ func TestFingerprintTellsQueryAndBetaHeadersApart(t *testing.T) {
 // (samples at a temperature) is refused as a double click is; the 409 tells the caller how to
 // run it anyway, and doing so runs both, each charged.
 func TestDuplicateSaysHowToRunTheSameBodyAtOnce(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
 	body := `{"model":"fake-gpt","temperature":1.2,"messages":[{"role":"user","content":"Name a colour."}]}`
 	first := make(chan answer, 1)
-	go func() { first <- send(h.gw.URL, key, body, map[string]string{fakellm.HeaderLatency: "1s"}) }()
-	h.waitUpstream(1)
+	go func() { first <- send(h.gw.URL, key, body, map[string]string{"X-Test-Gate": "first"}) }()
+	gate.await(t, "first", 1)
+	var opened sync.Once
+	openFirst := func() { opened.Do(func() { gate.open("first") }) }
+	defer openFirst()
 	dup := send(h.gw.URL, key, body, nil)
+	openFirst() // the first ran until the second sample was answered
 	var e struct {
 		Error struct{ Code, Message string } `json:"error"`
 	}

@@ -141,6 +141,27 @@ func gatedObservedHarness(t *testing.T, up config.Upstream) (*harness, *gateUpst
 	return h, gate, logs
 }
 
+// gatedHarness is newHarness whose upstreams are one gateUpstream, returned: a call with
+// X-Test-Gate stays with the upstream, running, until the test opens its gate, instead of for
+// a fixed latency a slow machine can outlast before the test's next step (X-Test-Gate is no
+// header the fingerprint window tells requests apart by). Its calls are counted by the gate's
+// fakellm, not h.fake.
+func gatedHarness(t *testing.T, mutate func(*config.Config)) (*harness, *gateUpstream) {
+	t.Helper()
+	gate := newGateUpstream()
+	gateSrv := httptest.NewServer(gate)
+	t.Cleanup(gateSrv.Close)
+	h := newHarness(t, func(c *config.Config) {
+		for i := range c.Upstreams {
+			c.Upstreams[i].BaseURL = gateSrv.URL
+		}
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+	return h, gate
+}
+
 // errEnv is what one row of the error table works with: a fresh user of the row's plan.
 type errEnv struct {
 	t    *testing.T
