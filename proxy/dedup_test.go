@@ -206,10 +206,14 @@ func (h *harness) secondGateway(dedup redis.UniversalClient, mutate func(*config
 // releases its fresh hold in the request itself, so by the time the caller reads its 409 the
 // only live hold is the original's — checked at that moment, not after waiting.
 func TestDuplicateHoldIsGoneWhenItsAnswerArrives(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
-	orig := h.post(key, "/v1/chat/completions", streamBody, slowStream(20, nil))
+	// The original stays mid-stream until the resend is answered (gateUpstream's held stream).
+	orig := h.post(key, "/v1/chat/completions", streamBody, with(slowStream(20, nil), "X-Test-Hold-Stream", "orig"))
 	defer orig.Body.Close()
+	var opened sync.Once
+	openOrig := func() { opened.Do(func() { gate.open("orig") }) }
+	defer openOrig()
 	br := firstEvent(t, orig)
 	dup := h.post(key, "/v1/chat/completions", streamBody, nil)
 	body := readAll(t, dup.Body)
@@ -224,6 +228,7 @@ func TestDuplicateHoldIsGoneWhenItsAnswerArrives(t *testing.T) {
 	if live != 1 {
 		t.Fatalf("%d live holds when the 409 arrived, want only the original's", live)
 	}
+	openOrig()
 	readAll(t, br)
 }
 
@@ -598,10 +603,14 @@ func TestIdempotentRetryAfterUpstreamFailureRuns(t *testing.T) {
 // first used with is missing (its write at the start failed), the stored answer still names
 // its body, so a different body under the key gets 422, not the other body's answer.
 func TestIdempotentAnswerIsNeverReplayedToAnotherBody(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	_, key := h.user("standard")
 	idem := map[string]string{"Idempotency-Key": "body-lost"}
-	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(10, idem))
+	// The call stays mid-stream until its record is changed (gateUpstream's held stream).
+	resp := h.post(key, "/v1/chat/completions", streamBody, with(slowStream(10, idem), "X-Test-Hold-Stream", "call"))
+	var opened sync.Once
+	openCall := func() { opened.Do(func() { gate.open("call") }) }
+	defer openCall()
 	br := firstEvent(t, resp)
 	// As if the record's start had not reached Redis: no body on it while the call runs.
 	ctx := context.Background()
@@ -612,6 +621,7 @@ func TestIdempotentAnswerIsNeverReplayedToAnotherBody(t *testing.T) {
 	if err := h.rdb.HDel(ctx, recs[0], "body").Err(); err != nil {
 		t.Fatal(err)
 	}
+	openCall()
 	readAll(t, br)
 	resp.Body.Close()
 	h.settled()

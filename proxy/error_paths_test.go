@@ -125,8 +125,37 @@ func (g *gateUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if name := r.Header.Get("X-Test-Hold-Stream"); name != "" {
+		w = &heldStream{ResponseWriter: w, gate: g.gate(name), ctx: r.Context()}
+	}
 	g.fake.ServeHTTP(w, r)
 }
+
+// heldStream lets an answer's first write through (a stream's first event) and holds the next
+// until its gate opens or the gateway gives up on the call: the call runs, mid-stream, for as
+// long as the test needs, where a stream paced by X-Fake-Chunk-Interval alone ends on its own
+// in a fixed time (its events fit in the sockets' buffers whether or not the caller reads).
+type heldStream struct {
+	http.ResponseWriter
+	gate  *gate
+	ctx   context.Context
+	wrote bool
+}
+
+func (h *heldStream) Write(p []byte) (int, error) {
+	if h.wrote {
+		select {
+		case <-h.gate.open:
+		case <-h.ctx.Done():
+			return 0, h.ctx.Err()
+		}
+	}
+	h.wrote = true
+	return h.ResponseWriter.Write(p)
+}
+
+// Unwrap lets fakellm's http.ResponseController flush the answer's writes.
+func (h *heldStream) Unwrap() http.ResponseWriter { return h.ResponseWriter }
 
 // gatedObservedHarness is a harness whose one upstream, up (its BaseURL set here), is the
 // gateUpstream it returns, and whose log lines, INFO and above, the test reads.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
@@ -100,15 +101,21 @@ func TestNamedRunCallsInFlightAreBoundedAcrossGateways(t *testing.T) {
 // Idempotency-Key that reaches the other process while the first attempt streams is told it is
 // in progress; after it ended, the other process replays its answer; one run is charged.
 func TestIdempotentRetryOnAnotherGatewayWaitsThenReplaysAndChargesOnce(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
 	_, other := h.secondGateway(nil, nil)
 	idem := map[string]string{"Idempotency-Key": "retry-on-another-replica"}
-	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, idem))
+	// The first attempt stays mid-stream until the retry is answered (gateUpstream's held
+	// stream): paced alone, its 30 events end in 600 ms whether or not they are read.
+	resp := h.post(key, "/v1/chat/completions", streamBody, with(slowStream(30, idem), "X-Test-Hold-Stream", "first"))
+	var opened sync.Once
+	openFirst := func() { opened.Do(func() { gate.open("first") }) }
+	defer openFirst()
 	br := firstEvent(t, resp)
 	if a := send(other, key, streamBody, slowStream(30, idem)); a.err != nil || a.status != http.StatusConflict || errorCode(t, a.body) != "request_in_progress" {
 		t.Errorf("retry while the first attempt streams: %d %s %v, want 409 request_in_progress", a.status, a.body, a.err)
 	}
+	openFirst()
 	rest := readAll(t, br)
 	resp.Body.Close()
 	h.settled()

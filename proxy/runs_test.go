@@ -82,15 +82,20 @@ func runsToItsEnd(t *testing.T, br *bufio.Reader) {
 // be settled by POST /v1/runs/{id}/settle — that would charge the call the nothing it had
 // tallied so far — and the call is charged its usage when it ends.
 func TestOneCallRunIsNotSettledOnRequest(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, nil))
+	// The call stays mid-stream until the settle is answered (gateUpstream's held stream).
+	resp := h.post(key, "/v1/chat/completions", streamBody, with(slowStream(30, nil), "X-Test-Hold-Stream", "call"))
+	var opened sync.Once
+	openCall := func() { opened.Do(func() { gate.open("call") }) }
+	defer openCall()
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	br := firstEvent(t, resp)
 
 	if status, body := h.settleRun(key, runID); status != http.StatusConflict || errorCode(t, body) != "run_in_progress" {
 		t.Fatalf("settle of a call in progress: %d %s, want 409 run_in_progress", status, body)
 	}
+	openCall()
 	readAll(t, br)
 	resp.Body.Close()
 	run := h.run(u.ID, runID)
