@@ -131,6 +131,15 @@ func (g *gateUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.fake.ServeHTTP(w, r)
 }
 
+// heldMidStream is hdr asking gate to hold the call mid-stream at name (X-Test-Hold-Stream),
+// and the func that lets it go on (once; at the test's end at the latest).
+func heldMidStream(t *testing.T, gate *gateUpstream, name string, hdr map[string]string) (map[string]string, func()) {
+	var once sync.Once
+	letGo := func() { once.Do(func() { gate.open(name) }) }
+	t.Cleanup(letGo)
+	return with(hdr, "X-Test-Hold-Stream", name), letGo
+}
+
 // heldStream lets an answer's first write through (a stream's first event) and holds the next
 // until its gate opens or the gateway gives up on the call: the call runs, mid-stream, for as
 // long as the test needs, where a stream paced by X-Fake-Chunk-Interval alone ends on its own

@@ -46,7 +46,7 @@ func settleAt(t *testing.T, url, key, id string) (int, []byte) {
 // streams on one process is busy to a settle sent to the other; once the call has ended, that
 // settle charges the calls of both processes.
 func TestNamedRunSettledOnAnotherGatewayWaitsForItsCallAndChargesEveryCall(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
 	_, other := h.secondGateway(nil, nil)
 	run := map[string]string{"X-Run-Id": "task-two-gateways"}
@@ -54,11 +54,14 @@ func TestNamedRunSettledOnAnotherGatewayWaitsForItsCallAndChargesEveryCall(t *te
 	readAll(t, first.Body)
 	first.Body.Close()
 
-	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, run))
+	// The call stays mid-stream until the settle is answered (paced alone, it ends in 600 ms).
+	hdr, letGo := heldMidStream(t, gate, "call", slowStream(30, run))
+	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
 	br := firstEvent(t, resp)
 	if status, body := settleAt(t, other, key, "task-two-gateways"); status != http.StatusConflict || errorCode(t, body) != "run_busy" {
 		t.Fatalf("settle on the other gateway under a running call: %d %s, want 409 run_busy", status, body)
 	}
+	letGo()
 	readAll(t, br)
 	resp.Body.Close()
 	if status, body := settleAt(t, other, key, "task-two-gateways"); status != http.StatusOK {
@@ -73,7 +76,7 @@ func TestNamedRunSettledOnAnotherGatewayWaitsForItsCallAndChargesEveryCall(t *te
 // TestNamedRunCallsInFlightAreBoundedAcrossGateways: a run's in-flight bound (the user's
 // max_in_flight) counts its calls on every process, not per process.
 func TestNamedRunCallsInFlightAreBoundedAcrossGateways(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
 	one := 1
 	if err := h.store.SetUserLimits(context.Background(), u.ID, nil, &one, nil); err != nil {
@@ -81,12 +84,15 @@ func TestNamedRunCallsInFlightAreBoundedAcrossGateways(t *testing.T) {
 	}
 	_, other := h.secondGateway(nil, nil)
 	run := map[string]string{"X-Run-Id": "task-one-at-a-time"}
-	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, run))
+	// The call stays mid-stream until the second is answered (paced alone, it ends in 600 ms).
+	hdr, letGo := heldMidStream(t, gate, "call", slowStream(30, run))
+	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
 	br := firstEvent(t, resp)
 	a := send(other, key, chatBody, run)
 	if a.err != nil || a.status != http.StatusTooManyRequests || errorCode(t, a.body) != "too_many_in_flight" {
 		t.Errorf("second call of the run on the other gateway: %d %s %v, want 429 too_many_in_flight", a.status, a.body, a.err)
 	}
+	letGo()
 	readAll(t, br)
 	resp.Body.Close()
 	if status, body := settleAt(t, other, key, "task-one-at-a-time"); status != http.StatusOK {
@@ -136,16 +142,19 @@ func TestIdempotentRetryOnAnotherGatewayWaitsThenReplaysAndChargesOnce(t *testin
 // TestSessionSameMessageOnAnotherGatewayIsAlreadyRunning: the same message of a session sent
 // to the other process while the first still answers is a duplicate there too.
 func TestSessionSameMessageOnAnotherGatewayIsAlreadyRunning(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
 	_, other := h.secondGateway(nil, nil)
 	sess := map[string]string{"X-Session-Id": "chat-on-two-replicas"}
-	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, sess))
+	// The first stays mid-stream until the resend is answered (paced alone, it ends in 600 ms).
+	hdr, letGo := heldMidStream(t, gate, "first", slowStream(30, sess))
+	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
 	br := firstEvent(t, resp)
 	a := send(other, key, streamBody, slowStream(30, sess))
 	if a.err != nil || a.status != http.StatusConflict || errorCode(t, a.body) != "already_running" {
 		t.Errorf("same message on the other gateway: %d %s %v, want 409 already_running", a.status, a.body, a.err)
 	}
+	letGo()
 	readAll(t, br)
 	resp.Body.Close()
 	if r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader)); r.OutTok != 30 || r.ChargedMicro != fakeGPTCost(r.InTok, r.OutTok) {
