@@ -85,16 +85,17 @@ func TestNamedRunThatUsedNothingIsNotChargedItsHoldAfterARedisRestart(t *testing
 // (The second call costs more than the first, so the larger of the two records is the second
 // call alone.)
 func TestSettleAtAnAnswersEndAfterARedisRestartChargesThatCall(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
 	run := map[string]string{"X-Run-Id": "task-settle-at-end"}
 	runID := firstRunCall(t, h, key, run, 5)
 	ctx := context.Background()
 	loseRunKeys(t, h, runID)
 
-	second, tx := streamWithRunRowLocked(t, h, key, run, runID)
+	second, tx, letGo := streamWithRunRowLocked(t, h, gate, key, run, runID)
 	defer second.Body.Close()
 	defer tx.Rollback()
+	letGo()
 	// The caller reads the answer as an SDK does, up to its last event, and settles the run
 	// the moment it has it. What the row recorded then is read first, around the row's lock
 	// (a consistent read does not wait for it).
@@ -228,19 +229,24 @@ func settleAfterRebuild(h *harness, key, name, runID string) (int, []byte) {
 
 // streamWithRunRowLocked starts a slow streamed call of the named run (run, its id runID) and,
 // once it is admitted and streaming, locks the run's row, as a busy database would hold it for
-// a moment: the call's record on the row waits until the caller commits or rolls back tx.
-func streamWithRunRowLocked(t *testing.T, h *harness, key string, run map[string]string, runID string) (*http.Response, *sqlx.Tx) {
+// a moment: the call's record on the row waits until the caller commits or rolls back tx. The
+// call is held mid-stream at gate (h a gatedHarness) until letGo: paced alone, its 40 events
+// ended in 800 ms, and on a loaded machine before the lock was taken (or the test's step
+// "during the call" made).
+func streamWithRunRowLocked(t *testing.T, h *harness, gate *gateUpstream, key string, run map[string]string, runID string) (
+	second *http.Response, tx *sqlx.Tx, letGo func()) {
 	t.Helper()
-	second := h.post(key, "/v1/chat/completions", streamBody, slowStream(40, run))
+	hdr, letGo := heldMidStream(t, gate, "second", slowStream(40, run))
+	second = h.post(key, "/v1/chat/completions", streamBody, hdr)
 	if second.StatusCode != http.StatusOK {
 		second.Body.Close()
 		t.Fatalf("second call: %d", second.StatusCode)
 	}
-	tx := testenv.ConsoleTx(t, h.db)
+	tx = testenv.ConsoleTx(t, h.db)
 	var locked string
 	if err := tx.Get(&locked, "SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID); err != nil {
 		tx.Rollback()
 		t.Fatal(err)
 	}
-	return second, tx
+	return second, tx, letGo
 }

@@ -24,7 +24,7 @@ import (
 // two records — the call alone, here — and the call's record then found its run settled: the
 // run's first call was never charged.
 func TestSettleBetweenACallsTallyAndItsRecordWaitsForTheRecord(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
 	run := map[string]string{"X-Run-Id": "task-record-window"}
 	runID := firstRunCall(t, h, key, run, 5)
@@ -35,9 +35,10 @@ func TestSettleBetweenACallsTallyAndItsRecordWaitsForTheRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	second, tx := streamWithRunRowLocked(t, h, key, run, runID)
+	second, tx, letGo := streamWithRunRowLocked(t, h, gate, key, run, runID)
 	defer second.Body.Close()
 	defer tx.Rollback()
+	letGo()
 	settleInRecordWindow(t, h, key, "task-record-window", runID, second, tx)
 	r := h.run(u.ID, runID)
 	if r.State != holds.StateSettled || r.OutTok != 45 || r.Calls != 2 {

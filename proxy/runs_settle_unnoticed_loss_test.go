@@ -21,7 +21,7 @@ import (
 func TestSettleBetweenACallsTallyAndItsRecordAfterAnUnnoticedRedisLoss(t *testing.T) {
 	for _, when := range []string{"between the calls", "during the second call"} {
 		t.Run(when, func(t *testing.T) {
-			h := newHarness(t, nil)
+			h, gate := gatedHarness(t, nil)
 			u, key := h.user("standard")
 			name := "task-unnoticed-" + strings.ReplaceAll(when, " ", "-")
 			run := map[string]string{"X-Run-Id": name}
@@ -29,13 +29,14 @@ func TestSettleBetweenACallsTallyAndItsRecordAfterAnUnnoticedRedisLoss(t *testin
 			if when == "between the calls" {
 				loseRunKeys(t, h, runID)
 			}
-			second, tx := streamWithRunRowLocked(t, h, key, run, runID)
+			second, tx, letGo := streamWithRunRowLocked(t, h, gate, key, run, runID)
 			defer second.Body.Close()
 			defer tx.Rollback()
 			if when == "during the second call" {
 				// Its reservation goes with the rest; the harness writes no lease.
 				loseRunKeys(t, h, runID)
 			}
+			letGo()
 			settleInRecordWindow(t, h, key, name, runID, second, tx)
 			r := h.run(u.ID, runID)
 			if r.State != holds.StateSettled || r.OutTok != 45 || r.Calls != 2 {

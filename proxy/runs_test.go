@@ -115,18 +115,21 @@ func TestOneCallRunIsNotSettledOnRequest(t *testing.T) {
 // calls runs (its usage is not in the tally yet); once the call has ended, settling charges
 // every call.
 func TestNamedRunIsNotSettledUnderARunningCall(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
 	run := map[string]string{"X-Run-Id": "task-busy"}
 	first := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "10"))
 	readAll(t, first.Body)
 	first.Body.Close()
 
-	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, run))
+	// The call stays mid-stream until the settle is answered (paced alone, it ends in 600 ms).
+	hdr, letGo := heldMidStream(t, gate, "call", slowStream(30, run))
+	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
 	br := firstEvent(t, resp)
 	if status, body := h.settleRun(key, "task-busy"); status != http.StatusConflict || errorCode(t, body) != "run_busy" {
 		t.Fatalf("settle under a running call: %d %s, want 409 run_busy", status, body)
 	}
+	letGo()
 	readAll(t, br)
 	resp.Body.Close()
 
