@@ -241,30 +241,10 @@ func TestSessionClaimCommittedAfterTheAdmitBudgetIsNotForwarded(t *testing.T) {
 // TestAdmissionWaitingOnTheUsersRowIsAnsweredWhileTheLockIsHeld.
 func TestAdmissionStalledOnTheUsersRowPastTheBudgetHoldsNothing(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
-	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) { c.Limits.AdmitTimeout = lateGrantAdmitTimeout })
-	u, key := h.user("standard")
-	before, err := h.store.Balance(context.Background(), u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lock := testenv.ConsoleTx(t, h.db)
-	var id uint64
-	if err := lock.Get(&id, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
-		t.Fatal(err)
-	}
-	calls := h.fake.Calls()
-	a := sendPastTheBudget(t, h.db, lock, "FROM users WHERE id IN", "call whose admission waited on the user's row past admit_timeout",
-		func() answer { return send(h.gw.URL, key, chatBody, nil) })
-	h.settled()
-	if n := h.fake.Calls(); n != calls {
-		t.Errorf("%d upstream calls, want none", n-calls)
-	}
-	if runs := h.holdsOf(u.ID); len(runs) != 0 {
-		t.Errorf("holds %+v after the refusal, want none", runs)
-	}
-	if after, err := h.store.Balance(context.Background(), u.ID); err != nil || after.AvailableMicro != before.AvailableMicro || after.InFlight != 0 {
-		t.Errorf("balance %+v (%v) after the refusal, want %+v as before", after, err, before)
-	}
+	l := lockUsersRow(t, zap.New(core), lateGrantAdmitTimeout)
+	a := sendPastTheBudget(t, l.h.db, l.lock, "FROM users WHERE id IN", "call whose admission waited on the user's row past admit_timeout",
+		func() answer { return send(l.h.gw.URL, l.key, chatBody, nil) })
+	l.heldNothing(t)
 	runID := a.header.Get(proxy.RequestIDHeader)
 	if refused := logs.FilterMessage("request refused").FilterField(zap.String("run_id", runID)).All(); len(refused) != 1 {
 		t.Errorf("%d refusal lines naming run %s, want one", len(refused), runID)
@@ -286,20 +266,9 @@ func TestAdmissionWaitingOnTheUsersRowIsAnsweredWhileTheLockIsHeld(t *testing.T)
 	// 2 s: under the lock wait's 3 s, so a lock wait that ended first is told apart, and
 	// twice the neighbours' budget, so that a busy machine does not spend it before the batch
 	// reaches the row (the refusal's error then names another step, and the test fails).
-	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) { c.Limits.AdmitTimeout = 2 * time.Second })
-	u, key := h.user("standard")
-	before, err := h.store.Balance(context.Background(), u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lock := testenv.ConsoleTx(t, h.db)
-	var id uint64
-	if err := lock.Get(&id, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
-		t.Fatal(err)
-	}
-	calls := h.fake.Calls()
+	l := lockUsersRow(t, zap.New(core), 2*time.Second)
 	answered := make(chan answer, 1)
-	go func() { answered <- send(h.gw.URL, key, chatBody, nil) }()
+	go func() { answered <- send(l.h.gw.URL, l.key, chatBody, nil) }()
 	var a answer
 	select {
 	case a = <-answered:
@@ -309,7 +278,7 @@ func TestAdmissionWaitingOnTheUsersRowIsAnsweredWhileTheLockIsHeld(t *testing.T)
 	// The batch's lock waits that ended before the answer, each retried as a conflict.
 	lockWaitsEnded := logs.FilterMessage("transaction conflict, retrying").Len()
 	// Still held here: the answer came while the lock was.
-	if err := lock.Rollback(); err != nil {
+	if err := l.lock.Rollback(); err != nil {
 		t.Fatal(err)
 	}
 	if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "billing_unavailable" || a.header.Get("Retry-After") != "1" {
@@ -328,17 +297,54 @@ func TestAdmissionWaitingOnTheUsersRowIsAnsweredWhileTheLockIsHeld(t *testing.T)
 	if why, _ := refused[0].ContextMap()["error"].(string); !strings.Contains(why, "lock users: context deadline exceeded") {
 		t.Errorf("refusal's error %q; want the deadline's, met waiting on the user's row (lock users)", why)
 	}
-	h.settled()
-	if n := h.fake.Calls(); n != calls {
-		t.Errorf("%d upstream calls, want none", n-calls)
+	l.heldNothing(t)
+	if next := send(l.h.gw.URL, l.key, chatBody, nil); next.status != http.StatusOK {
+		t.Errorf("the user's next call, the lock gone: %d %s, want 200", next.status, next.body)
 	}
-	if runs := h.holdsOf(u.ID); len(runs) != 0 {
+}
+
+// lockedUsersRow is a gateway whose one user's row a console transaction holds locked (FOR
+// UPDATE), as an operator's open transaction in a SQL console would, with what the user had
+// before any call.
+type lockedUsersRow struct {
+	h      *harness
+	user   holds.User
+	key    string
+	before holds.Balance
+	calls  int64 // the upstream's calls before any of the test's
+	lock   *sqlx.Tx
+}
+
+// lockUsersRow starts a gateway logging to log at admitTimeout, makes its user and locks the
+// user's row.
+func lockUsersRow(t *testing.T, log *zap.Logger, admitTimeout time.Duration) lockedUsersRow {
+	t.Helper()
+	h := newHarnessOn(t, harnessSetup{log: log}, func(c *config.Config) { c.Limits.AdmitTimeout = admitTimeout })
+	u, key := h.user("standard")
+	before, err := h.store.Balance(context.Background(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock := testenv.ConsoleTx(t, h.db)
+	var id uint64
+	if err := lock.Get(&id, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	return lockedUsersRow{h: h, user: u, key: key, before: before, calls: h.fake.Calls(), lock: lock}
+}
+
+// heldNothing checks, once the gateway's settlements are done, that no call reached the
+// upstream and the user has no hold and the balance it had.
+func (l lockedUsersRow) heldNothing(t *testing.T) {
+	t.Helper()
+	l.h.settled()
+	if n := l.h.fake.Calls(); n != l.calls {
+		t.Errorf("%d upstream calls, want none", n-l.calls)
+	}
+	if runs := l.h.holdsOf(l.user.ID); len(runs) != 0 {
 		t.Errorf("holds %+v after the refusal, want none", runs)
 	}
-	if after, err := h.store.Balance(context.Background(), u.ID); err != nil || after.AvailableMicro != before.AvailableMicro || after.InFlight != 0 {
-		t.Errorf("balance %+v (%v) after the refusal, want %+v as before", after, err, before)
-	}
-	if next := send(h.gw.URL, key, chatBody, nil); next.status != http.StatusOK {
-		t.Errorf("the user's next call, the lock gone: %d %s, want 200", next.status, next.body)
+	if after, err := l.h.store.Balance(context.Background(), l.user.ID); err != nil || after.AvailableMicro != l.before.AvailableMicro || after.InFlight != 0 {
+		t.Errorf("balance %+v (%v) after the refusal, want %+v as before", after, err, l.before)
 	}
 }
