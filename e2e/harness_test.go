@@ -91,6 +91,7 @@ type world struct {
 	keys     runstate.Keys
 	tally    *runstate.Tally
 	upstream *httptest.Server
+	held     *heldUpstream // in front of upstream's fakellm: holds streams mid-stream on request
 	config   string
 	price    pricing.Price
 }
@@ -138,7 +139,8 @@ func newWorldOn(t *testing.T, dsn, redisURL string) *world {
 	}
 	w.keys = runstate.Keys{Prefix: w.prefix}
 	w.tally = runstate.NewTally(w.rdb, w.keys, time.Hour)
-	w.upstream = httptest.NewServer(fakellm.New(fakellm.Config{}))
+	w.held = newHeldUpstream(fakellm.New(fakellm.Config{}))
+	w.upstream = httptest.NewServer(w.held)
 	t.Cleanup(w.upstream.Close)
 	// Same plans as the gateway's defaults (credit_micro 1000).
 	w.store = holds.NewStore(db, map[string]holds.Plan{"standard": {AllowanceMicro: 2_000_000, HoldNormalMicro: 20_000,

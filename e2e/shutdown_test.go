@@ -174,12 +174,17 @@ func TestSigtermWaitsForQueuedSettlements(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("term-queued", 10, nil)
 	g := w.startGateway("gw-term-queued")
+	// The calls stay mid-stream (after their first event) until the user's row is locked and
+	// SIGTERM sent: started one after another, a loaded machine could otherwise see the first
+	// end, and settle, before the lock.
+	held, letGo := w.holdStreams("queued", nil)
 	var calls []*stream
 	for range 4 {
-		calls = append(calls, startStream(t, g, key, 20, 50*time.Millisecond, nil))
+		calls = append(calls, startStream(t, g, key, 20, 50*time.Millisecond, held))
 	}
 	release := w.lockUser(u.ID) // the calls are admitted; their settlements will wait
 	g.signal(t, syscall.SIGTERM)
+	letGo()
 	for _, s := range calls {
 		<-s.done
 		if s.chunks < 20 || s.err != nil {
@@ -236,12 +241,15 @@ func TestSigtermSettlementsOutlastingTheDrain(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("term-stuck", 10, nil)
 	g := w.startGateway("gw-term-stuck")
+	// Held mid-stream until the lock is taken and SIGTERM sent, as above.
+	held, letGo := w.holdStreams("stuck", nil)
 	var calls []*stream
 	for range 3 {
-		calls = append(calls, startStream(t, g, key, 20, 50*time.Millisecond, nil))
+		calls = append(calls, startStream(t, g, key, 20, 50*time.Millisecond, held))
 	}
 	release := w.lockUser(u.ID)
 	g.signal(t, syscall.SIGTERM)
+	letGo()
 	const settleTimeout = 10 * time.Second // the world's limits.settle_timeout
 	// The wait's own deadline catches a hang; it does not measure the exit.
 	if err := g.wait(t, testShutdownDrain+settleTimeout+5*time.Second+30*time.Second); err != nil {
