@@ -156,18 +156,28 @@ func TestUpstreamFailureBeforeOutputSettlesAtZero(t *testing.T) {
 	}
 }
 
+// timeoutAfterTheRequest is the upstream_timeout of the tests of a timeout after the upstream
+// took the request. It runs from before the gateway connects and writes the request: at 200 ms
+// a loaded machine could still be writing when it ran out, and the call, never sent whole, was
+// charged 0, not its prompt. The upstream holds the request (gatedHarness) until the gateway
+// gives up, so each such call lasts this long; its length is a margin for the write, not a
+// measure of anything.
+const timeoutAfterTheRequest = 2 * time.Second
+
 // TestUpstreamTimeoutAfterTheRequestIsChargedItsPrompt: an upstream that took the whole
 // request and did not answer in time (upstream_timeout) was working on it (a provider bills
 // that), so the call is charged the estimate of its prompt, as a client's cancel would be —
 // not 0 as for an upstream that failed outright.
 func TestUpstreamTimeoutAfterTheRequestIsChargedItsPrompt(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) {
-		c.Limits.UpstreamTimeout, c.Limits.HeaderTimeout = 200*time.Millisecond, 100*time.Millisecond
+	h, gate := gatedHarness(t, func(c *config.Config) {
+		c.Limits.UpstreamTimeout, c.Limits.HeaderTimeout = timeoutAfterTheRequest, 100*time.Millisecond
 	})
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderLatency: "2s"})
+	// The upstream takes the request and stays silent until the gateway gives up on it.
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Test-Gate": "silent"})
 	body := readAll(t, resp.Body)
 	resp.Body.Close()
+	gate.await(t, "silent", 1) // the upstream had the whole request
 	if resp.StatusCode != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 		t.Fatalf("status %d body %s, want 504 upstream_timeout", resp.StatusCode, body)
 	}

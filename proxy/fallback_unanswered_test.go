@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -27,8 +26,8 @@ import (
 // a prompt marked for the cache with no word of what the provider did is charged at the
 // cache-write price; without fallbacks, at the price asked for.
 func TestFallbackCallWithoutAnAnswerIsChargedAtTheDearestModel(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) {
-		c.Limits.UpstreamTimeout, c.Limits.HeaderTimeout = 200*time.Millisecond, 100*time.Millisecond
+	h, gate := gatedHarness(t, func(c *config.Config) {
+		c.Limits.UpstreamTimeout, c.Limits.HeaderTimeout = timeoutAfterTheRequest, 100*time.Millisecond
 		dear := c.Models["fake-gpt"]
 		dear.Input = config.USDPerM{Micro: 8 * dear.Input.Micro}
 		c.Models["dear-gpt"] = dear
@@ -39,9 +38,11 @@ func TestFallbackCallWithoutAnAnswerIsChargedAtTheDearestModel(t *testing.T) {
 		times  int64 // the price of the estimate, in fake-gpt's input price
 	}{{`["fake-gpt","dear-gpt"]`, 8}, {`["fake-gpt"]`, 1}} {
 		body := `{"model":"fake-gpt","models":` + tc.models + `,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 4000) + `"}]}`
-		resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderLatency: "2s"})
+		// The upstream takes the request and stays silent until the gateway gives up on it.
+		resp := h.post(key, "/v1/chat/completions", body, map[string]string{"X-Test-Gate": "silent"})
 		out := readAll(t, resp.Body)
 		resp.Body.Close()
+		gate.await(t, "silent", 1) // the upstream had the whole request
 		if resp.StatusCode != http.StatusGatewayTimeout || errorCode(t, out) != "upstream_timeout" {
 			t.Fatalf("status %d body %s, want 504 upstream_timeout", resp.StatusCode, out)
 		}
