@@ -181,7 +181,7 @@ func waitRunHoldsStatements(t *testing.T, h *harness, n int) {
 // heartbeat): a settle sent then closed the run without that call, whose usage then found the
 // run settled and was never charged.
 func TestSettleAfterARedisRestartWaitsForTheCallInFlight(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
 	run := map[string]string{"X-Run-Id": "task-inflight"}
 	runID := firstRunCall(t, h, key, run, 40)
@@ -189,7 +189,11 @@ func TestSettleAfterARedisRestartWaitsForTheCallInFlight(t *testing.T) {
 	if _, err := h.db.Exec("UPDATE run_holds SET created_at = created_at - INTERVAL 1 DAY WHERE run_id = ?", runID); err != nil {
 		t.Fatal(err)
 	}
-	second := h.post(key, "/v1/chat/completions", streamBody, slowStream(30, run))
+	// The second call stays mid-stream until the settle is answered (gateUpstream's held
+	// stream): paced alone, its 30 events ended in 600 ms, on a loaded machine possibly before
+	// the loss or the settle.
+	hdr, letGo := heldMidStream(t, gate, "second", slowStream(30, run))
+	second := h.post(key, "/v1/chat/completions", streamBody, hdr)
 	defer second.Body.Close()
 	if second.StatusCode != http.StatusOK {
 		t.Fatalf("second call: %d", second.StatusCode)
@@ -197,6 +201,7 @@ func TestSettleAfterARedisRestartWaitsForTheCallInFlight(t *testing.T) {
 	// The second call is in flight. Redis restarts without persistence.
 	loseRunKeys(t, h, runID)
 	status, body := h.settleRun(key, "task-inflight")
+	letGo()
 	readAll(t, second.Body)
 	h.settled()
 	if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
