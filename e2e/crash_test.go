@@ -202,16 +202,18 @@ func TestKillAfterTallyBeforeSettle(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("kill-tallied", 10, nil)
 	a := w.startGateway("gw-a")
-	// Each call streams for 2 s (20 events 100 ms apart), in which the three are started and
-	// the user's row locked: at 20 ms apart a loaded machine could see the first call end, and
+	// The three calls stay mid-stream (after their first event) until the user's row is
+	// locked: streaming on their own, a loaded machine could see the first call end, and
 	// settle, before the lock was taken.
+	held, letGo := w.holdStreams("tallied", nil)
 	var calls []*stream
 	for range 2 {
-		calls = append(calls, startStream(t, a, key, 20, 100*time.Millisecond, nil))
+		calls = append(calls, startStream(t, a, key, 20, 20*time.Millisecond, held))
 	}
-	estimated := startStream(t, a, key, 20, 100*time.Millisecond, map[string]string{"X-Fake-Usage": "off"})
+	estimated := startStream(t, a, key, 20, 20*time.Millisecond, with(held, "X-Fake-Usage", "off"))
 	calls = append(calls, estimated)
 	release := w.lockUser(u.ID)
+	letGo()
 	tallies := map[string]int64{}
 	for _, s := range calls {
 		<-s.done
