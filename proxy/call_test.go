@@ -1015,8 +1015,12 @@ func TestFailedRunSettleLeavesTheRunOpen(t *testing.T) {
 // does not finish within limits.upstream_timeout is reported as a last error event,
 // upstream_timeout, never as a clean end; the call is charged what it streamed.
 func TestStreamThatTimesOutSaysSo(t *testing.T) {
+	// The timeouts run from before the gateway connects and writes the request: at 400 ms
+	// (headers) and 500 ms (the call) a loaded machine could run out of them before the
+	// stream's 200 or its second token. At 1.5 s and 2 s they are a margin for that, not a
+	// measure of anything; the stream would take 5 s.
 	h := newHarness(t, func(c *config.Config) {
-		c.Limits.UpstreamTimeout, c.Limits.HeaderTimeout = 500*time.Millisecond, 400*time.Millisecond
+		c.Limits.UpstreamTimeout, c.Limits.HeaderTimeout = 2*time.Second, 1500*time.Millisecond
 	})
 	u, key := h.user("standard")
 	// 100 chunks 50 ms apart: the first ones come at once, the rest would take 5 s.
