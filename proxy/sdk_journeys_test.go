@@ -165,13 +165,16 @@ func TestSDKTooManyInFlightRetryAfter(t *testing.T) {
 // retries 504 by default, and each retry is a call of its own (README: a provider bills the
 // work it was doing when the gateway gave up), charged once.
 func TestSDK504Retries(t *testing.T) {
+	// The timeout runs from before each attempt's request is written: at 300 ms a loaded
+	// machine could still be writing one when it ran out, and that attempt, never sent whole,
+	// was charged 0.
 	h := newHarness(t, func(c *config.Config) {
-		c.Limits.UpstreamTimeout = 300 * time.Millisecond
-		c.Limits.HeaderTimeout = 300 * time.Millisecond
+		c.Limits.UpstreamTimeout = timeoutAfterTheRequest
+		c.Limits.HeaderTimeout = timeoutAfterTheRequest
 	})
 	u, key := h.user("standard")
 	var log attemptLog
-	c := sdkClient(h, key, &log, option.WithHeader(fakellm.HeaderLatency, "2s"))
+	c := sdkClient(h, key, &log, option.WithHeader(fakellm.HeaderLatency, "1m"))
 	_, err := c.Chat.Completions.New(context.Background(), sdkParams)
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) {

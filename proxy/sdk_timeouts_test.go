@@ -73,7 +73,9 @@ func TestSDKNonStreamedCallSlowerThanHeaderTimeoutIsAnsweredAndChargedOnce(t *te
 // limits.header_timeout is cut (504 upstream_timeout, charged its prompt's estimate, since the
 // provider had the prompt), without waiting for limits.upstream_timeout.
 func TestStreamWhoseHeadersDoNotComeIsCutAtHeaderTimeout(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) { c.Limits.HeaderTimeout = 300 * time.Millisecond })
+	// header_timeout runs from before the request is written: at 300 ms a loaded machine could
+	// still be writing when it ran out, and the call, never sent whole, was charged 0.
+	h := newHarness(t, func(c *config.Config) { c.Limits.HeaderTimeout = timeoutAfterTheRequest })
 	u, key := h.user("standard")
 	c := sdkClient(h, key, nil, option.WithHeader(fakellm.HeaderLatency, "1m"), option.WithMaxRetries(0))
 	var raw *http.Response
