@@ -354,8 +354,12 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		c.Models["audio-gpt"] = audio
 		c.Limits.MaxBodyBytes = 64 << 10
 		c.Limits.MaxBodyMemory, c.Limits.MaxBodyMemoryPerCaller = 256<<10, 128<<10
-		c.Limits.HeaderTimeout = 500 * time.Millisecond
-		c.Limits.UpstreamTimeout = time.Second
+		// The timeouts run from before a call's request is written: at 500 ms (a stream's
+		// headers) and 1 s a loaded machine could run out of them before an answer came (504,
+		// not the row's answer) or before the request was sent whole (an upstream_timeout row
+		// charged 0). The rows that wait for them ("late") take this long.
+		c.Limits.HeaderTimeout = 1500 * time.Millisecond
+		c.Limits.UpstreamTimeout = 2 * time.Second
 		c.Limits.ClientWriteTimeout = 2 * time.Second
 		// The "key still cached" cases check that it was: the default 2 s could end between
 		// their two calls on a slow machine.
