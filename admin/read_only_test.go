@@ -38,16 +38,7 @@ func newReadOnlyAdmin(ctx context.Context, t *testing.T) *readOnlyAdmin {
 	root := testenv.Open(t, dsn)
 	t.Cleanup(func() { testenv.CheckLedger(t, root) })
 	f := &readOnlyAdmin{root: root}
-	f.readOnly = func(on bool) {
-		q := "SET GLOBAL read_only = 0"
-		if on {
-			q = "SET GLOBAL read_only = 1"
-		}
-		if _, err := root.Exec(q); err != nil {
-			t.Errorf("%s: %v", q, err)
-		}
-	}
-	t.Cleanup(func() { f.readOnly(false) })
+	f.readOnly = testenv.ServerReadOnly(t, root) // set back off at cleanup
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		t.Fatal(err)

@@ -57,25 +57,6 @@ func restrictedAccount(ctx context.Context, t *testing.T, root *sqlx.DB, dsn, pr
 	return cfg
 }
 
-// readOnlyServer returns what sets the server's global read_only from root (the tests'
-// account), as a failover's demotion of a primary or an operator's maintenance does. It is
-// set back off at cleanup, before the test's other cleanups (its ledger audit, its database's
-// drop), whatever the test did: the server is shared with every other test.
-func readOnlyServer(t *testing.T, root *sqlx.DB) func(on bool) {
-	t.Helper()
-	set := func(on bool) {
-		q := "SET GLOBAL read_only = 0"
-		if on {
-			q = "SET GLOBAL read_only = 1"
-		}
-		if _, err := root.Exec(q); err != nil {
-			t.Errorf("%s: %v", q, err)
-		}
-	}
-	t.Cleanup(func() { set(false) })
-	return set
-}
-
 // readOnlyFixture is a store on a gateway account (gatewayAccount) of a fresh database, with
 // a handle of the tests' account on the same database and what sets the server read_only.
 type readOnlyFixture struct {
@@ -91,7 +72,7 @@ func newReadOnlyFixture(ctx context.Context, t *testing.T) *readOnlyFixture {
 	t.Cleanup(func() { testenv.CheckLedger(t, root) })
 	// Registered after the audit: cleanups run last first, so the server takes writes again
 	// before anything else of the test's ends.
-	f := &readOnlyFixture{root: root, readOnly: readOnlyServer(t, root)}
+	f := &readOnlyFixture{root: root, readOnly: testenv.ServerReadOnly(t, root)}
 	core, logs := observer.New(zapcore.WarnLevel)
 	f.logs = logs
 	f.store = holds.NewStore(gatewayAccount(ctx, t, root, dsn), settlePlans, "standard", zap.New(core))
