@@ -28,6 +28,34 @@ const readOnlyWait = 5 * time.Minute
 // taking writes again before those run.
 func ServerReadOnly(t testing.TB, root *sqlx.DB) func(on bool) {
 	t.Helper()
+	holdReadOnlyLock(t, root)
+	set := func(on bool) {
+		q := "SET GLOBAL read_only = 0"
+		if on {
+			q = "SET GLOBAL read_only = 1"
+		}
+		if _, err := root.Exec(q); err != nil {
+			t.Errorf("%s: %v", q, err)
+		}
+	}
+	t.Cleanup(func() { set(false) }) // before the lock's release, registered earlier
+	return set
+}
+
+// NoReadOnlySpell keeps other tests' read_only spells off the shared server for the rest of
+// the test: one whose writes go through an account without SUPER or READ_ONLY ADMIN (a
+// gateway's least-privileged user, a migration without DDL rights) has them refused during
+// such a spell, which another package's test may start at any moment under `go test ./...`.
+// It holds the lock ServerReadOnly's tests hold.
+func NoReadOnlySpell(t testing.TB, root *sqlx.DB) {
+	t.Helper()
+	holdReadOnlyLock(t, root)
+}
+
+// holdReadOnlyLock takes the server-wide lock of the tests that turn read_only on, on a
+// connection of root's own, and gives it back at the test's end.
+func holdReadOnlyLock(t testing.TB, root *sqlx.DB) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), readOnlyWait+30*time.Second)
 	defer cancel()
 	conn, err := root.Connx(ctx)
@@ -45,19 +73,8 @@ func ServerReadOnly(t testing.TB, root *sqlx.DB) func(on bool) {
 		conn.Close()
 		t.Fatalf("GET_LOCK(%s): %v, %v; another test kept the server's read_only lock past %v", readOnlyLock, got, err, readOnlyWait)
 	}
-	set := func(on bool) {
-		q := "SET GLOBAL read_only = 0"
-		if on {
-			q = "SET GLOBAL read_only = 1"
-		}
-		if _, err := root.Exec(q); err != nil {
-			t.Errorf("%s: %v", q, err)
-		}
-	}
 	t.Cleanup(func() {
-		set(false)
 		_, _ = conn.ExecContext(context.Background(), "DO RELEASE_LOCK(?)", readOnlyLock)
 		conn.Close()
 	})
-	return set
 }
