@@ -7,6 +7,7 @@
 #   make fuzz    60s of FuzzScanner in ./metering/
 #   make lint    gofmt + go vet
 #   make bench   scripts/bench.sh
+#   make bench-ab BASE=<rev>   scripts/bench-ab.sh: BASE against the working tree, pair by pair
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -19,7 +20,7 @@ GO ?= go
 # gateway and fakellm always; plainproxy/loadgen only once their dirs exist.
 CMDS := gateway fakellm $(notdir $(wildcard cmd/plainproxy cmd/loadgen))
 
-.PHONY: all build test run down bench fuzz lint clean
+.PHONY: all build test run down bench bench-ab fuzz lint clean
 
 all: build
 
@@ -45,6 +46,9 @@ bench:
 	else \
 		echo "make bench: scripts/bench.sh does not exist yet" >&2; exit 1; \
 	fi
+
+bench-ab:
+	@bash scripts/bench-ab.sh
 
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzScanner -fuzztime=60s ./metering/

@@ -2,6 +2,7 @@
 //
 //	loadgen setup -dsn DSN -out keys.json   create the bench users and keys (holds.Store, MySQL)
 //	loadgen run   -keys keys.json -direct URL -plain URL -gateway URL -dsn DSN [-out FILE]
+//	loadgen compare -base a1.json,a2.json -head b1.json,b2.json   A/B runs, pair by pair
 //
 // `run` plays every scenario against the three targets in alternation (direct -> plain ->
 // tollgate, for -rounds rounds), with exact percentiles (every sample kept and sorted), time to
@@ -17,7 +18,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: loadgen setup|run [flags]")
+		fmt.Fprintln(os.Stderr, "usage: loadgen setup|run|compare [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -26,6 +27,8 @@ func main() {
 		err = setupCmd(os.Args[2:])
 	case "run":
 		err = runCmd(os.Args[2:])
+	case "compare":
+		err = compareCmd(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
