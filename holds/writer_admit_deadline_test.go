@@ -3,11 +3,8 @@ package holds_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -25,19 +22,9 @@ import (
 // that admission's deadline was set before the test saw it gathered), and both are refused
 // with nothing held, not told their outcome is unknown.
 func TestWriterAdmissionWaitsNoLongerThanItsAdmitTimeout(t *testing.T) {
-	db := testenv.MySQL(t)
-	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	db, st, users := storeWithUsers(t, "deadline", 3)
 	ctx := context.Background()
-	var users [3]holds.User
-	for i := range users {
-		u, err := st.CreateUser(ctx, "deadline-"+testenv.RandomID(3), "standard")
-		if err != nil {
-			t.Fatal(err)
-		}
-		users[i] = u
-	}
 	a, b, c := users[0], users[1], users[2]
-	t.Cleanup(func() { testenv.CheckLedger(t, db) })
 	if _, err := st.Admit(ctx, holds.AdmitRequest{RunID: "r_deadline_stalled", UserID: a.ID, State: holds.StateRunning, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
@@ -50,10 +37,9 @@ func TestWriterAdmissionWaitsNoLongerThanItsAdmitTimeout(t *testing.T) {
 	}
 
 	const admitTimeout = 4 * time.Second
-	var mu sync.Mutex
-	var shapes []holds.BatchShape
+	var seen shapes
 	w := holds.NewWriter(st, holds.WriterConfig{Workers: 1, AdmitTimeout: admitTimeout, SettleTimeout: time.Minute,
-		OnBatch: func(s holds.BatchShape) { mu.Lock(); shapes = append(shapes, s); mu.Unlock() }})
+		OnBatch: seen.add})
 	defer w.Close()
 	stalled := settleAsync(w, holds.Settlement{RunID: "r_deadline_stalled", UserID: a.ID, CostMicro: 1_000, Source: holds.SourceComplete})
 	obs, err := db.Connx(ctx)
@@ -103,16 +89,15 @@ func TestWriterAdmissionWaitsNoLongerThanItsAdmitTimeout(t *testing.T) {
 	if errors.Is(f.err, holds.ErrAdmitNotStarted) {
 		t.Fatalf("the first admission was never started (%v): the machine took three quarters of admit_timeout to start a batch", f.err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	all := seen.list()
 	var batch *holds.BatchShape
-	for i := range shapes {
-		if shapes[i].Admissions > 0 {
-			batch = &shapes[i]
+	for i := range all {
+		if all[i].Admissions > 0 {
+			batch = &all[i]
 		}
 	}
 	if batch == nil || batch.Admissions != 2 {
-		t.Fatalf("batches %+v; want one carrying both admissions", shapes)
+		t.Fatalf("batches %+v; want one carrying both admissions", all)
 	}
 	if batch.Deadline.After(firstBy) {
 		t.Errorf("the admissions' batch ran under a deadline %v past the first admission's own; it was answered %v after its admit_timeout began (admit_timeout %v)",

@@ -2,11 +2,8 @@ package holds_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
-
-	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -17,18 +14,12 @@ import (
 // admission comes after others) runs its batch under that earlier deadline. It used to get a
 // whole AdmitTimeout of its own from its offer, whatever its caller had left.
 func TestWriterAdmissionRunsByItsCallersDeadline(t *testing.T) {
-	db := testenv.MySQL(t)
-	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
-	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	_, st, users := storeWithUsers(t, "ctxdeadline", 1)
+	u := users[0]
 	ctx := context.Background()
-	u, err := st.CreateUser(ctx, "ctxdeadline-"+testenv.RandomID(3), "standard")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var shapes []holds.BatchShape
+	var seen shapes
 	w := holds.NewWriter(st, holds.WriterConfig{Workers: 1, AdmitTimeout: 2 * time.Minute, SettleTimeout: 10 * time.Minute,
-		OnBatch: func(s holds.BatchShape) { mu.Lock(); shapes = append(shapes, s); mu.Unlock() }})
+		OnBatch: seen.add})
 	defer w.Close()
 	deadline := time.Now().Add(time.Minute)
 	actx, cancel := context.WithDeadline(ctx, deadline)
@@ -37,9 +28,7 @@ func TestWriterAdmissionRunsByItsCallersDeadline(t *testing.T) {
 	if _, err := w.Admit(actx, holds.AdmitRequest{RunID: runID, UserID: u.ID, State: holds.StateRunning, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	got := shapes
-	mu.Unlock()
+	got := seen.list()
 	if len(got) != 1 || got[0].Admissions != 1 {
 		t.Fatalf("batches %+v, want the one admission's", got)
 	}

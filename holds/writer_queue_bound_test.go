@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -24,18 +22,9 @@ import (
 // reconciler, its hold untouched). Nothing grows with the callers: each waits on its own
 // deadline, and once the lock goes, the stalled settlement commits once.
 func TestWriterQueueBehindAStalledBatchIsBounded(t *testing.T) {
-	db := testenv.MySQL(t)
-	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	db, st, users := storeWithUsers(t, "queue", 2)
 	ctx := context.Background()
-	a, err := st.CreateUser(ctx, "queue-a-"+testenv.RandomID(3), "standard")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := st.CreateUser(ctx, "queue-b-"+testenv.RandomID(3), "standard")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	a, b := users[0], users[1]
 	for _, h := range []struct {
 		run  string
 		user uint64

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -41,6 +44,24 @@ func waitGathered(t *testing.T, w *holds.Writer, n int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// storeWithUsers is a store on a fresh test database and n users of the standard plan, named
+// prefix-<random>. When the test ends, the day ledger must agree with the holds.
+func storeWithUsers(t *testing.T, prefix string, n int) (*sqlx.DB, *holds.Store, []holds.User) {
+	t.Helper()
+	db := testenv.MySQL(t)
+	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
+	users := make([]holds.User, n)
+	for i := range users {
+		u, err := st.CreateUser(context.Background(), prefix+"-"+testenv.RandomID(3), "standard")
+		if err != nil {
+			t.Fatal(err)
+		}
+		users[i] = u
+	}
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	return db, st, users
 }
 
 type settleOutcome struct {
