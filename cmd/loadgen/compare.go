@@ -48,16 +48,24 @@ func compareCmd(args []string) error {
 // better and worse (the rest are ties).
 func compare(w io.Writer, pairs [][2]*Report) {
 	type key struct{ scenario, what string }
+	byKey := func(r *Report) map[key]Check {
+		m := map[key]Check{}
+		for _, c := range rowsOf(r) {
+			m[key{c.Scenario, c.What}] = c
+		}
+		return m
+	}
 	var order []key
 	seen := map[key]bool{}
-	for _, p := range pairs {
-		for _, c := range p[0].Checks {
-			k := key{c.Scenario, c.What}
-			if !seen[k] {
+	sides := make([][2]map[key]Check, len(pairs))
+	for i, p := range pairs {
+		for _, c := range rowsOf(p[0]) {
+			if k := (key{c.Scenario, c.What}); !seen[k] {
 				seen[k] = true
 				order = append(order, k)
 			}
 		}
+		sides[i] = [2]map[key]Check{byKey(p[0]), byKey(p[1])}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "scenario\tcheck\ttarget\tbase\thead\thead better\thead worse")
@@ -65,9 +73,9 @@ func compare(w io.Writer, pairs [][2]*Report) {
 		var target string
 		var bs, hs []string
 		better, worse, n := 0, 0, 0
-		for _, p := range pairs {
-			b, bok := findCheck(p[0], k.scenario, k.what)
-			h, hok := findCheck(p[1], k.scenario, k.what)
+		for _, side := range sides {
+			b, bok := side[0][k]
+			h, hok := side[1][k]
 			if !bok || !hok {
 				continue
 			}
@@ -90,12 +98,12 @@ func compare(w io.Writer, pairs [][2]*Report) {
 	tw.Flush()
 }
 
-// improved says whether head is better than base for a check of target: lower for "<= x" and
-// "== 0" (errors), higher for ">= x"; a pass/fail check (target "pass", values 1 and 0) is
-// better at 1. A target of any other form has no better side.
+// improved says whether head is better than base for a row of target: lower for "<= x", "== 0"
+// (errors) and a phase's "lower", higher for ">= x"; a pass/fail check (target "pass", values
+// 1 and 0) is better at 1. A target of any other form has no better side.
 func improved(target string, base, head float64) bool {
 	switch {
-	case strings.HasPrefix(target, "<="), target == "== 0":
+	case strings.HasPrefix(target, "<="), target == "== 0", target == phaseTarget:
 		return head < base
 	case strings.HasPrefix(target, ">="), target == "pass":
 		return head > base
@@ -103,14 +111,31 @@ func improved(target string, base, head float64) bool {
 	return false
 }
 
-func findCheck(r *Report, scenario, what string) (Check, bool) {
-	for _, c := range r.Checks {
-		if c.Scenario == scenario && c.What == what {
-			return c, true
+// rowsOf is what compare shows of a report: its checks, then the p50 of each phase of the
+// gateway's own histogram in each tollgate scenario's first round, which tell where a change
+// moved the time (an admission's queue or its transaction, the upstream's answer).
+func rowsOf(r *Report) []Check {
+	rows := append([]Check(nil), r.Checks...)
+	seen := map[string]bool{}
+	for _, run := range r.Runs {
+		if run.Target != "tollgate" || len(run.GatewayPhases) == 0 || seen[run.Scenario] {
+			continue
+		}
+		seen[run.Scenario] = true
+		for _, name := range phaseNames {
+			if d, ok := run.GatewayPhases[name]; ok {
+				rows = append(rows, Check{Scenario: run.Scenario, What: "gateway phase " + name + " p50 (ms)", Target: phaseTarget, Value: d.P50})
+			}
 		}
 	}
-	return Check{}, false
+	return rows
 }
+
+// phaseTarget marks a phase's row: no target of the issue, lower is better.
+const phaseTarget = "lower"
+
+// phaseNames are the gateway's call phases in a call's order (tollgate_call_phase_seconds).
+var phaseNames = []string{"auth", "body", "admit", "admit_queue", "admit_tx", "checks", "upstream", "first_event"}
 
 func readReport(path string) (*Report, error) {
 	data, err := os.ReadFile(path)

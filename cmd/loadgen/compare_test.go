@@ -95,3 +95,33 @@ func TestCompareRefusesUnpairedOrForeignFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestComparePhaseRowsAreTheFirstTollgateRounds: after the checks come the p50 of the
+// gateway's phases, from each scenario's first tollgate round (not a later round's, nor
+// another target's), lower being better: where a change moved the time.
+func TestComparePhaseRowsAreTheFirstTollgateRounds(t *testing.T) {
+	rep := func(tx float64) *Report {
+		phases := func(v float64) map[string]PhaseDist {
+			return map[string]PhaseDist{"admit_tx": {N: 1, P50: v}, "not_a_phase": {N: 1, P50: 9}}
+		}
+		return &Report{
+			Checks: []Check{{Scenario: "latency-1conn", What: "added latency p50 (ms)", Target: "<= 1", Value: 2}},
+			Runs: []*Run{
+				{Scenario: "latency-1conn", Target: "plain", Round: 1, GatewayPhases: phases(100)},
+				{Scenario: "latency-1conn", Target: "tollgate", Round: 1, GatewayPhases: phases(tx)},
+				{Scenario: "latency-1conn", Target: "tollgate", Round: 2, GatewayPhases: phases(100)},
+			},
+		}
+	}
+	var out strings.Builder
+	compare(&out, [][2]*Report{{rep(1.5), rep(1.2)}, {rep(1.4), rep(1.6)}})
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want a header, the check and one phase:\n%s", len(lines), out.String())
+	}
+	row := strings.Fields(lines[2])
+	want := []string{"latency-1conn", "gateway", "phase", "admit_tx", "p50", "(ms)", "lower", "1.5", "1.4", "1.2", "1.6", "1", "of", "2", "1", "of", "2"}
+	if strings.Join(row, " ") != strings.Join(want, " ") {
+		t.Fatalf("phase row %q, want %q", row, want)
+	}
+}

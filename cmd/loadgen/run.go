@@ -260,7 +260,7 @@ func extra(run *Run) string {
 	}
 	if p := run.GatewayPhases; p != nil {
 		var parts []string
-		for _, name := range []string{"auth", "body", "admit", "admit_queue", "admit_tx", "checks", "upstream", "first_event"} {
+		for _, name := range phaseNames {
 			if d, ok := p[name]; ok {
 				parts = append(parts, fmt.Sprintf("%s %.2f/%.2f", name, d.P50, d.P99))
 			}
