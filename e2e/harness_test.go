@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -18,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -235,20 +237,6 @@ type gateway struct {
 	err  error // after done: how the process ended
 }
 
-// freePort asks the kernel for a free port and closes it again. Another process may take it
-// before the gateway binds: a gateway whose log the harness can read listens on port 0 and
-// says where (listenedAt) instead; freePort is left for one whose log goes elsewhere.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // anyPort is a listen address on which the kernel picks the port as the process binds it.
 const anyPort = "127.0.0.1:0"
 
@@ -278,6 +266,68 @@ func listenedAt(path, msg string, done <-chan struct{}, within time.Duration) (s
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// listeningOn waits until the process pid listens on a TCP socket of loopback and returns its
+// address, read from the kernel: the sockets among the process's open files
+// (/proc/<pid>/fd) and the listening ones of /proc/net/tcp, matched by inode. A gateway
+// without -pprof has one listener. It gives up when done is closed (the process exited) or
+// within has passed.
+func listeningOn(pid int, done <-chan struct{}, within time.Duration) (string, error) {
+	deadline := time.Now().Add(within)
+	for {
+		if addr, ok := listenerOf(pid); ok {
+			return addr, nil
+		}
+		select {
+		case <-done:
+			return "", errors.New("exited before it listened")
+		default:
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("not listening within %v", within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// listenerOf is the loopback address of a listening TCP socket of pid, if it has one.
+func listenerOf(pid int) (string, bool) {
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return "", false
+	}
+	inodes := map[string]bool{}
+	for _, fd := range fds {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err != nil {
+			continue // closed since the listing
+		}
+		if inode, ok := strings.CutPrefix(target, "socket:["); ok {
+			inodes[strings.TrimSuffix(inode, "]")] = true
+		}
+	}
+	table, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		return "", false
+	}
+	// sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+	for _, line := range strings.Split(string(table), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 10 || f[3] != "0A" || !inodes[f[9]] { // 0A: LISTEN
+			continue
+		}
+		ip, port, ok := strings.Cut(f[1], ":")
+		if !ok || ip != "0100007F" { // 127.0.0.1, as /proc/net/tcp spells it on little-endian machines
+			continue
+		}
+		p, err := strconv.ParseUint(port, 16, 16)
+		if err != nil {
+			continue
+		}
+		return fmt.Sprintf("127.0.0.1:%d", p), true
+	}
+	return "", false
 }
 
 // gatewayEnv is the environment of a gateway of this world serving as instance name on addr.
@@ -310,25 +360,21 @@ func (w *world) startGatewayLogTo(name, config string, out *os.File, env ...stri
 		if attempt == 2 {
 			w.t.Fatalf("gateway %s did not start: %v", name, err)
 		}
-		w.t.Logf("gateway %s start attempt %d: %v; retrying on another port", name, attempt+1, err)
+		w.t.Logf("gateway %s start attempt %d: %v; retrying", name, attempt+1, err)
 	}
 }
 
 func (w *world) tryStart(name, config string, env []string, out *os.File, flags ...string) (*gateway, error) {
-	// The gateway binds a port of the kernel's choice and logs it, unless its log goes to out,
-	// which the harness cannot read back: then a port picked free beforehand (its start is
-	// retried by the callers when another process took it).
-	addr := anyPort
-	if out != nil {
-		addr = freePort(w.t)
-	}
-	g := &gateway{name: name, url: "http://" + addr, log: filepath.Join(w.t.TempDir(), name+".log"), done: make(chan struct{})}
+	// The gateway binds a port of the kernel's choice, which the harness reads from its log
+	// line, or from the kernel when its log goes to out, which the harness cannot read back: a
+	// port picked free beforehand could be taken meanwhile by another package's test server.
+	g := &gateway{name: name, log: filepath.Join(w.t.TempDir(), name+".log"), done: make(chan struct{})}
 	logf, err := os.Create(g.log)
 	if err != nil {
 		return nil, err
 	}
 	g.cmd = exec.Command(gatewayBin, append([]string{"serve", "-config", config}, flags...)...)
-	g.cmd.Env = append(w.gatewayEnv(name, addr), env...) // exec keeps the last value of a repeated name
+	g.cmd.Env = append(w.gatewayEnv(name, anyPort), env...) // exec keeps the last value of a repeated name
 	g.cmd.Stdout, g.cmd.Stderr = logf, logf
 	if out != nil {
 		g.cmd.Stdout, g.cmd.Stderr = out, out
@@ -351,16 +397,20 @@ func (w *world) tryStart(name, config string, env []string, out *os.File, flags 
 		}
 	})
 	deadline := time.Now().Add(20 * time.Second)
-	if addr == anyPort {
-		at, err := listenedAt(g.log, "gateway listening", g.done, time.Until(deadline))
-		if err != nil {
-			_ = g.cmd.Process.Kill()
-			<-g.done
-			b, _ := os.ReadFile(g.log)
-			return nil, fmt.Errorf("%w (process: %v)\n%s", err, g.err, tail(b, 4000))
-		}
-		g.url = "http://" + at
+	listened := func() (string, error) {
+		return listenedAt(g.log, "gateway listening", g.done, time.Until(deadline))
 	}
+	if out != nil {
+		listened = func() (string, error) { return listeningOn(g.cmd.Process.Pid, g.done, time.Until(deadline)) }
+	}
+	at, err := listened()
+	if err != nil {
+		_ = g.cmd.Process.Kill()
+		<-g.done
+		b, _ := os.ReadFile(g.log)
+		return nil, fmt.Errorf("%w (process: %v)\n%s", err, g.err, tail(b, 4000))
+	}
+	g.url = "http://" + at
 	for time.Now().Before(deadline) {
 		select {
 		case <-g.done:
