@@ -329,8 +329,8 @@ type chaosSlot struct {
 
 var incarnations atomic.Int64
 
-// start runs a new incarnation of slot i (retrying, as startGatewayWith does, on a port
-// taken meanwhile); safe off the test's goroutine.
+// start runs a new incarnation of slot i (retrying a failed start, as startGatewayWith
+// does); safe off the test's goroutine.
 func (s *chaosSlot) start(w *world, i int) error {
 	inc := int(incarnations.Add(1))
 	var err error
