@@ -7,6 +7,23 @@
 // Transactions run at READ COMMITTED (see Open): every read after the user lock sees what the
 // user's earlier transactions committed, and no gap locks couple one user's ledger insert to
 // another's.
+//
+// The package does four jobs, one file group each, and keeps them together on purpose: each
+// writes the same rows under the same lock order, through the same retries on a lost
+// connection, a killed statement, a read-only spell or a full disk (store.go, errors.go,
+// open.go), and the statements that settle a hold, find the expired ones or bring in a dead
+// process's are unexported: other packages reach them only through the Store's operations,
+// the Writer and the Reconciler, which apply the conditional updates that make each count
+// once. Splitting the reconciler out would export them.
+//   - Calls' money: admissions and settlements in shared batch transactions (writer.go,
+//     batch.go, admit.go, settle.go; a named run's calls, runs.go, sessions.go).
+//   - What a dead process left: the reconciler and the fleet's heartbeats (reconcile.go,
+//     reconcile_dead.go, instances.go, instance_list.go).
+//   - Accounts: users, keys (and their batched lookup), grants, plans and the credit unit
+//     recorded in the database (accounts.go, admin.go, keys.go, batcher.go, keys_admin.go,
+//     grants.go, plan_terms.go, credit_unit.go, fleet_record.go).
+//   - Books: the usage report, run listings, the audit and pruning (usage_report.go,
+//     run_list.go, audit.go, prune.go).
 package holds
 
 import (
