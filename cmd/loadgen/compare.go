@@ -15,7 +15,7 @@ import (
 // -head b1.json,b2.json`, the i-th file of each list run back to back with the other's
 // (scripts/bench-ab.sh). On this shared hardware a figure moves from run to run by more than
 // most changes cost, so a change is judged pair by pair: for each target, the values of both
-// sides and in how many pairs the head did better.
+// sides and in how many pairs the head did better and worse.
 func compareCmd(args []string) error {
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	base := fs.String("base", "", "comma-separated result files of the code before the change")
