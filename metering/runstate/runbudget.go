@@ -113,7 +113,8 @@ end
 // max call ms, max calls in flight (0: any number), stale ms, spent at least. A tally that
 // costs less than the row recorded at the call's admission (spent at least) has lost calls:
 // the budget hash's lost field says so to the calls' releases, which mark the run Lost
-// (ReleaseBeforeRecord). Returns the
+// (ReleaseBeforeRecord); the field gives the hash a call's life if it had none (a refusal
+// after a Redis restart wrote it into no hash: one without a TTL, kept for good). Returns the
 // grant, -1 when nothing or less than least is left, -2 when the run is closed, -3 when as many
 // calls as it may have are in flight, -4 when the call has been released already: the
 // reservation reached Redis after its call had ended (its request delayed on the network while
@@ -129,7 +130,10 @@ local mine = redis.call('HGET', KEYS[2], field)
 if mine then return tonumber(string.match(mine, '^(%d+)')) end
 ` + liveCallsLua + `
 local tallied = tonumber(redis.call('HGET', KEYS[1], 'cost_micro') or '0')
-if tallied < tonumber(ARGV[8]) then redis.call('HSET', KEYS[2], 'lost', now) end
+if tallied < tonumber(ARGV[8]) then
+  redis.call('HSET', KEYS[2], 'lost', now)
+  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[maxCallArg]) then redis.call('PEXPIRE', KEYS[2], ARGV[maxCallArg]) end
+end
 if tonumber(ARGV[6]) > 0 and inflight >= tonumber(ARGV[6]) then return -3 end
 local spent = math.max(tallied, tonumber(ARGV[8]))
 local left = tonumber(ARGV[1]) - spent - reserved

@@ -2,9 +2,11 @@ package runstate_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -51,5 +53,25 @@ func TestRunBudgetHashLivesAsLongAsACall(t *testing.T) {
 		if tl := e.rdb.PTTL(ctx, e.keys.RunBudget(c.run)).Val(); tl < 30*time.Minute || tl > time.Hour {
 			t.Fatalf("%s: budget hash holding a record mark lives %v, want about the hour a call may run", c.run, tl)
 		}
+	}
+}
+
+// TestRunBudgetRefusalAfterALostTallyLeavesNoKeyForGood: a reservation refused for the run's
+// budget (402) that finds the run's tally short of its row's record (a Redis restart without
+// persistence lost it, and the budget hash with it) writes the hash's lost field. Written into
+// no hash, that field made one without a TTL: the run's key stayed in Redis for good.
+func TestRunBudgetRefusalAfterALostTallyLeavesNoKeyForGood(t *testing.T) {
+	e := newRunBudget(t)
+	ctx := context.Background()
+	const run = "r_ttl_refused"
+	if _, err := e.budget.ReserveAtMost(ctx, run, "a", 10_000, 1_000, 100, 4, 10_000); !errors.Is(err, runstate.ErrRunBudget) {
+		t.Fatalf("reserve on a run whose row records its whole cap: %v, want ErrRunBudget", err)
+	}
+	hash := e.keys.RunBudget(run)
+	if n := e.rdb.Exists(ctx, hash).Val(); n == 0 {
+		return // nothing written: nothing to expire
+	}
+	if tl := e.rdb.PTTL(ctx, hash).Val(); tl <= 0 || tl > time.Hour {
+		t.Fatalf("budget hash written by a refused reservation lives %v, want at most the hour a call may run", tl)
 	}
 }
