@@ -44,7 +44,49 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		return status
 	}
 	s.meterWhole(r.Context(), c, body)
+	if c.req.stream && c.req.route.injectUsage && !c.req.clientAskedUsage {
+		// A stream under another label, sent whole, is still the stream the caller asked
+		// for: the usage-only chunk asked for on its behalf is removed, as relayStream
+		// removes it (metered above, it is still what the call is charged).
+		body = withoutUsageChunks(body, s.cfg.Limits.MaxEventBytes)
+	}
 	return s.writeWhole(w, r, resp, c, body)
+}
+
+// withoutUsageChunks is body, an event stream read whole, less its usage-only chunks
+// (metering.IsUsageOnlyChunk), every other byte as it came; a JSON body, or one with no such
+// chunk, is returned as it is. Past an event it cannot read (too large), the rest is kept.
+func withoutUsageChunks(body []byte, maxEvent int) []byte {
+	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' || t[0] == '[' ||
+		!bytes.Contains(body, []byte(`"usage"`)) {
+		return body
+	}
+	sc := metering.NewScanner(bytes.NewReader(body), maxEvent)
+	out := make([]byte, 0, len(body))
+	read, stripped, strippedCR := 0, false, false
+	for {
+		ev, err := sc.Next()
+		if err != nil {
+			break
+		}
+		read += len(ev.Raw)
+		if metering.IsUsageOnlyChunk(ev.Data) {
+			// As in relayStream: an LF that completes the chunk's last CRLF leads the
+			// next event, and goes with the chunk.
+			stripped, strippedCR = true, bytes.HasSuffix(ev.Raw, []byte{'\r'})
+			continue
+		}
+		raw := ev.Raw
+		if strippedCR && len(raw) > 0 && raw[0] == '\n' {
+			raw = raw[1:]
+		}
+		strippedCR = false
+		out = append(out, raw...)
+	}
+	if !stripped {
+		return body
+	}
+	return append(out, body[read:]...)
 }
 
 // answerBodyFailure answers a call whose upstream answer could not be read to its end, and
