@@ -57,7 +57,10 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			s.endStream(r, c, err, sr.sawFinal || sr.sawError, resp.StatusCode, sr.write)
 			break
 		}
-		sr.sawAny = true
+		// Keep-alive comments alone (a router's ": PROCESSING" while it waits for its
+		// provider) are no answer: a stream that ends after them ends as one that ends
+		// before its first event (errStreamEmpty), not as a complete empty answer.
+		sr.sawAny = sr.sawAny || !commentsOnly(ev.Raw)
 		sr.meter(ev)
 		if !sr.ended() && (c.meter.UpstreamError() || metering.IsFinalEvent(c.req.route.format, ev)) {
 			// The answer's end: its tallies and pins wait on Redis and MySQL; what was
@@ -138,7 +141,7 @@ type streamRelay struct {
 	sawFinal bool // the stream's final event ([DONE], message_stop, response.completed)
 	sawError bool // the provider's own error event ended the answer
 	sawData  bool // an event carried data: the upstream answers as a stream
-	sawAny   bool // the upstream sent anything: an event, a comment, or a whole answer under the label
+	sawAny   bool // the upstream sent anything but keep-alive comments: an event, or a whole answer under the label
 	// strippedCR: the usage-only chunk just removed ended in a CR, whose LF, if it comes,
 	// leads the next event.
 	strippedCR bool
@@ -362,6 +365,24 @@ func nextEvent(sc *metering.Scanner, m *metering.Meter, sawData bool) (metering.
 		return ev, errStreamCut
 	}
 	return ev, nil
+}
+
+// commentsOnly reports whether raw, an event as received, holds nothing but comment lines and
+// blank ones (a byte order mark aside): keep-alives, no part of an answer.
+func commentsOnly(raw []byte) bool {
+	raw = bytes.TrimPrefix(raw, []byte("\xEF\xBB\xBF"))
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexAny(raw, "\r\n"); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if len(line) > 0 && line[0] != ':' {
+			return false
+		}
+	}
+	return true
 }
 
 // errStreamEmpty ends a stream that ended cleanly before the upstream sent anything: no answer
