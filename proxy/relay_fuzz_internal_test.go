@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -150,6 +151,8 @@ func FuzzRelayStream(f *testing.F) {
 	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"th"), []byte{}, uint8(0), uint16(0))
 	f.Add([]byte("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\r\ndata: [DONE]\n\n"), []byte{50}, uint8(0), uint16(0))
 	f.Add([]byte("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\ndata: after\n\n"), []byte{}, uint8(3|relayInRun|relaySmallLimit), uint16(12))
+	f.Add([]byte(""), []byte{}, uint8(0), uint16(0))
+	f.Add([]byte(": OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING\n\n"), []byte{5}, uint8(relayInRun), uint16(0))
 	f.Fuzz(func(t *testing.T, in, cuts []byte, mode uint8, lim uint16) {
 		rt := relayRoutes[mode&relayRouteBits]
 		limit := 1 << 20
@@ -325,6 +328,10 @@ func expectRelay(in []byte, f metering.Format, strip bool, end error, limit int,
 		if cutJSON(last.Data) || (last.Data == nil && !sawData && cutJSON(last.Raw)) {
 			w.broke, err = true, errStreamCut
 		}
+	}
+	if !w.broke && !slices.ContainsFunc(events, func(ev metering.Event) bool { return !commentsOnly(ev.Raw) }) {
+		// A clean end before the upstream sent anything but keep-alive comments: no answer.
+		w.broke, err = true, errStreamEmpty
 	}
 	var held []byte
 	sawData := false
