@@ -63,24 +63,16 @@ func withoutUsageChunks(body []byte, maxEvent int) []byte {
 	}
 	sc := metering.NewScanner(bytes.NewReader(body), maxEvent)
 	out := make([]byte, 0, len(body))
-	read, stripped, strippedCR := 0, false, false
+	strip := usageChunkStrip{on: true}
+	read, stripped := 0, false
 	for {
 		ev, err := sc.Next()
 		if err != nil {
 			break
 		}
 		read += len(ev.Raw)
-		if metering.IsUsageOnlyChunk(ev.Data) {
-			// As in relayStream: an LF that completes the chunk's last CRLF leads the
-			// next event, and goes with the chunk.
-			stripped, strippedCR = true, bytes.HasSuffix(ev.Raw, []byte{'\r'})
-			continue
-		}
-		raw := ev.Raw
-		if strippedCR && len(raw) > 0 && raw[0] == '\n' {
-			raw = raw[1:]
-		}
-		strippedCR = false
+		raw, kept := strip.pass(ev)
+		stripped = stripped || !kept
 		out = append(out, raw...)
 	}
 	if !stripped {

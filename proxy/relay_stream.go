@@ -75,7 +75,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		if errorEnds {
 			logErrorEvent(c, ev)
 		}
-		raw, relayed := sr.unstripped(ev)
+		raw, relayed := sr.strip.pass(ev)
 		if !relayed {
 			continue
 		}
@@ -137,21 +137,18 @@ type streamRelay struct {
 	// finalSent: a flush carried it; gone: a flush failed, the caller stopped taking the answer.
 	unflushed, sent, wroteFinal, finalSent, gone bool
 	// strip: the usage-only chunk was asked for on the caller's behalf, and is not relayed.
-	strip    bool
-	sawFinal bool // the stream's final event ([DONE], message_stop, response.completed)
-	sawError bool // the provider's own error event ended the answer
-	sawData  bool // an event carried data: the upstream answers as a stream
-	sawAny   bool // the upstream sent anything but keep-alive comments: an event, or a whole answer under the label
-	// strippedCR: the usage-only chunk just removed ended in a CR, whose LF, if it comes,
-	// leads the next event.
-	strippedCR bool
-	held       []byte // a named run's final (or error) event and what came after it
+	strip    usageChunkStrip
+	sawFinal bool   // the stream's final event ([DONE], message_stop, response.completed)
+	sawError bool   // the provider's own error event ended the answer
+	sawData  bool   // an event carried data: the upstream answers as a stream
+	sawAny   bool   // the upstream sent anything but keep-alive comments: an event, or a whole answer under the label
+	held     []byte // a named run's final (or error) event and what came after it
 }
 
 // startStream sends the caller the upstream's status and headers, flushed at once.
 func (s *Server) startStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, stopUpstream context.CancelFunc) *streamRelay {
 	sr := &streamRelay{s: s, w: w, r: r, c: c, stopUpstream: stopUpstream, status: resp.StatusCode, headers: time.Now(),
-		strip: c.req.route.injectUsage && !c.req.clientAskedUsage}
+		strip: usageChunkStrip{on: c.req.route.injectUsage && !c.req.clientAskedUsage}}
 	h := w.Header()
 	copyResponseHeaders(h, resp.Header)
 	h.Del("Content-Length")
@@ -245,21 +242,29 @@ func (sr *streamRelay) upstreamErrorEnds() bool {
 	return true
 }
 
-// unstripped is what of ev the caller gets; false: nothing (the usage-only chunk it did not
-// ask for).
-func (sr *streamRelay) unstripped(ev metering.Event) ([]byte, bool) {
-	if sr.strip && metering.IsUsageOnlyChunk(ev.Data) {
+// usageChunkStrip removes the usage-only chunk (metering.IsUsageOnlyChunk) asked for on a
+// caller's behalf from the events it is handed, in order, and keeps every other byte as it came.
+type usageChunkStrip struct {
+	on bool
+	// strippedCR: the chunk just removed ended in a CR, whose LF, if it comes, leads the next
+	// event.
+	strippedCR bool
+}
+
+// pass is what of ev the caller gets; false: nothing (the usage-only chunk it did not ask for).
+func (u *usageChunkStrip) pass(ev metering.Event) ([]byte, bool) {
+	if u.on && metering.IsUsageOnlyChunk(ev.Data) {
 		// Removed whole: a blank line whose CR ended a read was handed on without the LF
 		// of its CRLF, which then leads the next event (metering.Scanner), and reached the
 		// caller, a byte more than the stream less this chunk, wherever the reads fell.
-		sr.strippedCR = bytes.HasSuffix(ev.Raw, []byte{'\r'})
+		u.strippedCR = bytes.HasSuffix(ev.Raw, []byte{'\r'})
 		return nil, false
 	}
 	raw := ev.Raw
-	if sr.strippedCR && len(raw) > 0 && raw[0] == '\n' {
+	if u.strippedCR && len(raw) > 0 && raw[0] == '\n' {
 		raw = raw[1:]
 	}
-	sr.strippedCR = false
+	u.strippedCR = false
 	return raw, true
 }
 
