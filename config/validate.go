@@ -37,7 +37,7 @@ func (c *Config) validate(needRedis bool, told []string) error {
 	c.checkTimeouts(bad)
 	c.checkPlans(bad)
 	prices := c.checkModels(bad)
-	c.checkUpstreams(bad, prices)
+	c.checkUpstreams(bad, prices, needRedis)
 	return errors.Join(errs...)
 }
 
@@ -353,8 +353,11 @@ func checkLongParts(bad complain, name string, m ModelCfg) {
 }
 
 // checkUpstreams checks every upstream: its name, kind, base URL, models (against prices, when
-// the price list could be read) and key.
-func (c *Config) checkUpstreams(bad complain, prices *pricing.Table) {
+// the price list could be read) and key. needKeys false (LoadWithoutRedis: the commands that use
+// the database alone, which never call an upstream) lets a key be unset: the fleet's config
+// names api_key_env variables that an operator's host need not hold to disable a user or grant
+// credits.
+func (c *Config) checkUpstreams(bad complain, prices *pricing.Table, needKeys bool) {
 	if len(c.Upstreams) == 0 {
 		bad("upstreams", "no upstream configured")
 	}
@@ -371,7 +374,7 @@ func (c *Config) checkUpstreams(bad complain, prices *pricing.Table) {
 		checkBaseURL(bad, at, u.BaseURL)
 		c.checkUpstreamModels(bad, at, u.Models, prices)
 		c.checkShadowedModels(bad, i)
-		checkUpstreamKey(bad, at, u)
+		checkUpstreamKey(bad, at, u, needKeys)
 	}
 }
 
@@ -447,15 +450,15 @@ func (c *Config) checkUpstreamModels(bad complain, at string, models []string, p
 
 // checkUpstreamKey checks upstream at's key: the variable api_key_env names, and that the key
 // can be sent in a header. A bad key fails every call to the upstream, so it stops the start.
-func checkUpstreamKey(bad complain, at string, u Upstream) {
+func checkUpstreamKey(bad complain, at string, u Upstream, needKey bool) {
 	if u.APIKeyEnv != "" && !envName(u.APIKeyEnv) {
 		// Not printed: what is written here instead of a variable's name is most often
 		// the key itself.
 		bad(at+".api_key_env", "is not an environment variable name (letters, digits and _, not starting with a digit): "+
 			"it names the variable that holds the key, never the key itself")
-	} else if u.APIKeyEnv != "" && u.APIKey == "" && conventionalEnvName(u.APIKeyEnv) {
+	} else if needKey && u.APIKeyEnv != "" && u.APIKey == "" && conventionalEnvName(u.APIKeyEnv) {
 		bad(at+".api_key_env", "environment variable %s is empty", u.APIKeyEnv)
-	} else if u.APIKeyEnv != "" && u.APIKey == "" {
+	} else if needKey && u.APIKeyEnv != "" && u.APIKey == "" {
 		// A key of letters, digits and _ alone (gsk_..., a provider's 32 letters and
 		// digits) is a valid name too: one in lower case is not printed.
 		bad(at+".api_key_env", "the environment variable it names is empty (its name, which has lower case letters, "+
