@@ -164,6 +164,21 @@ func recordedPlanTerms(r recorded[string]) (RecordedPlanTerms, error) {
 	return out, nil
 }
 
+// RecordedDefaultPlan is the default_plan the fleet's gateways recorded with their plan terms
+// (found false while nothing is recorded): the plan `gateway serve` gives a user created
+// without one, which `gateway user create`, run with any config, must give too.
+func (s *Store) RecordedDefaultPlan(ctx context.Context) (plan string, found bool, err error) {
+	rec, found, err := readRecord[string](ctx, s, planTermsRecord)
+	if err != nil || !found {
+		return "", false, err
+	}
+	r, err := recordedPlanTerms(rec)
+	if err != nil {
+		return "", false, err
+	}
+	return r.Terms.DefaultPlan, true, nil
+}
+
 // CheckPlanTerms refuses the store's plan terms unless they are the recorded ones:
 // ErrNoPlanTerms, or a *PlanTermsMismatchError.
 func (s *Store) CheckPlanTerms(ctx context.Context) error {

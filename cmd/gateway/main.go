@@ -425,6 +425,14 @@ func userCreate(ctx context.Context, args []string) error {
 	}
 	defer e.Close()
 	st := e.store()
+	if plan == "" {
+		// The plan is this config's default_plan: beside a fleet whose default_plan is another
+		// (the command run without the fleet's -config), a new user would be put on a plan the
+		// gateways give no new user, one with a larger allowance perhaps.
+		if err := defaultPlanIsTheFleets(ctx, st, e.cfg.DefaultPlan); err != nil {
+			return err
+		}
+	}
 	u, err := st.CreateUser(ctx, name, plan)
 	if errors.Is(err, holds.ErrUnknownPlan) {
 		// As `user set` and POST /admin/users do: the operator need not open the config.
@@ -434,6 +442,21 @@ func userCreate(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Printf("user %d %s (plan %s)\n", u.ID, u.Name, u.Plan)
+	return nil
+}
+
+// defaultPlanIsTheFleets refuses to create a user on this config's default_plan (user create
+// without -plan) when the fleet's gateways recorded another one with their plan terms. Nothing
+// recorded (a fresh database) leaves the config's: there is no fleet to differ from.
+func defaultPlanIsTheFleets(ctx context.Context, st *holds.Store, configDefault string) error {
+	fleetDefault, found, err := st.RecordedDefaultPlan(ctx)
+	if err != nil {
+		return fmt.Errorf("user create: read the fleet's default_plan: %w", err)
+	}
+	if found && fleetDefault != configDefault {
+		return fmt.Errorf("user create refused: this config's default_plan is %q, the fleet's %q: pass the fleet's config (-config FILE), "+
+			"or name the plan (-plan); nothing was done", configDefault, fleetDefault)
+	}
 	return nil
 }
 

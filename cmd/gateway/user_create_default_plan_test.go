@@ -1,0 +1,62 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/plans"
+)
+
+// TestUserCreateWithoutPlanGetsTheFleetsDefaultPlan: `user create` runs with any config, and a
+// user created without -plan got the default_plan of the config at hand. Run without the fleet's
+// -config (the built-in default_plan, standard) beside a fleet whose default_plan is guest (100
+// credits a day) and which also serves standard (2000 a day), it put a new user on standard:
+// the fleet then served them 2000 credits a day where it gives new users 100. A command whose
+// default_plan is not the fleet's recorded one must refuse to pick the plan (naming -config and
+// -plan) and write nothing; given -plan, or the fleet's config, it creates the user.
+func TestUserCreateWithoutPlanGetsTheFleetsDefaultPlan(t *testing.T) {
+	count := useTestDatabase(t)
+	ctx := testCtx(t)
+	// The fleet: the built-in plans, but new users on guest.
+	path := filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(path, []byte("default_plan: guest\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fleet, err := config.LoadWithoutRedis(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := holds.NewStore(openTestDatabase(t), plans.FromConfig(fleet), fleet.DefaultPlan, zap.NewNop())
+	if _, _, err := st.RecordPlanTerms(ctx, "test-fleet"); err != nil {
+		t.Fatal(err)
+	}
+
+	err = userCreate(ctx, []string{"-name", "bob"})
+	if err == nil || !strings.Contains(err.Error(), "-config") || !strings.Contains(err.Error(), "-plan") {
+		plan := "<none>"
+		if u, uerr := st.UserByName(ctx, "bob"); uerr == nil {
+			plan = u.Plan
+		}
+		t.Fatalf("user create without -plan beside a fleet whose default_plan is guest: %v (bob's plan %s), want it refused naming -config and -plan", err, plan)
+	}
+	if n := count("SELECT COUNT(*) FROM users"); n != 0 {
+		t.Fatalf("%d users written by the refused command", n)
+	}
+	if _, err := stdout(t, func() error { return userCreate(ctx, []string{"-name", "bob", "-config", path}) }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stdout(t, func() error { return userCreate(ctx, []string{"-name", "carol", "-plan", "standard"}) }); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"bob": "guest", "carol": "standard"} {
+		if u, err := st.UserByName(ctx, name); err != nil || u.Plan != want {
+			t.Errorf("%s: %+v %v, want plan %s", name, u, err, want)
+		}
+	}
+}
