@@ -7,6 +7,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // TestDrainSettlesEveryCallItLetIn storms the gateway while it drains: every call is either
@@ -78,5 +82,80 @@ func TestDrainSettlesEveryCallItLetIn(t *testing.T) {
 	}
 	if len(statuses) != 2 || statuses[http.StatusServiceUnavailable] != callers || codes["shutting_down"] != callers {
 		t.Fatalf("statuses %v, codes %v: want only 200s and each caller's one 503 shutting_down", statuses, codes)
+	}
+}
+
+// TestDrainWaitsForARunSettledOnRequest: a named run's POST /v1/runs/{id}/settle closes the
+// run in Redis, then commits its settlement. Drain, which graceful shutdown waits on once the
+// listener is closed (and the connections it had to cut at the deadline are gone), waited only
+// for model calls and their deferred settlements: with the settle's transaction still waiting
+// for the database, it reported nothing in flight, and the process exited under it — the run
+// left closed, its calls answered 409 run_settled, and not settled until it expired. While such
+// a settle runs, Drain must not report the gateway idle.
+func TestDrainWaitsForARunSettledOnRequest(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "drain-settle"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("run call: %d, want 200", resp.StatusCode)
+	}
+	h.settled()
+	runID := proxy.RunIDFor(u.ID, "drain-settle")
+
+	// The settlement waits for the user's row, as behind a slow or stalled database.
+	lock := testenv.ConsoleTx(t, h.db)
+	var id uint64
+	if err := lock.Get(&id, "SELECT id FROM users WHERE id = ? FOR UPDATE", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	unlocked := false
+	unlock := func() {
+		if !unlocked {
+			unlocked = true
+			_ = lock.Rollback()
+		}
+	}
+	t.Cleanup(unlock)
+	settled := make(chan int, 1)
+	settle := h.newRequest(key, "/v1/runs/drain-settle/settle", "", nil)
+	go func() {
+		resp, err := http.DefaultClient.Do(settle)
+		if err != nil {
+			settled <- 0
+			return
+		}
+		resp.Body.Close()
+		settled <- resp.StatusCode
+	}()
+	// The run is closed for its settlement, whose transaction waits for the user's row.
+	waitFor(t, "the settle to close the run", func() bool {
+		n, err := h.rdb.HExists(context.Background(), h.keys.RunBudget(runID), "closed").Result()
+		return err == nil && n
+	})
+	waitForStatement(t, h.db, "FROM users WHERE id%FOR UPDATE")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	err := h.srv.Drain(ctx)
+	if err == nil {
+		var state string
+		if err := h.db.Get(&state, "SELECT state FROM run_holds WHERE run_id = ?", runID); err != nil {
+			t.Fatal(err)
+		}
+		t.Errorf("Drain reported nothing in flight while the run's settlement on request was still committing (run %s)", state)
+	}
+	unlock()
+	if status := <-settled; status != http.StatusOK {
+		t.Fatalf("settle: %d, want 200 once the database answers", status)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled {
+		t.Fatalf("run %s after its settle, want settled", r.State)
+	}
+	// A settle after the drain began is refused before it closes anything, as a call is.
+	status, body := h.settleRun(key, "drain-settle")
+	if status != http.StatusServiceUnavailable || errorCode(t, body) != "shutting_down" {
+		t.Fatalf("settle after the drain: %d %s, want 503 shutting_down", status, body)
 	}
 }

@@ -46,6 +46,11 @@ var errSettleRunUnread = &apiError{Status: http.StatusServiceUnavailable, Type: 
 	Message:    "Billing is unavailable, so the run could not be read and this settle charged nothing; an earlier settle of it may have settled it. Retry shortly (it shows the settled run, or settles it) or GET /v1/runs/{id} to see.",
 	RetryAfter: time.Second}
 
+// errSettleShuttingDown answers a settle that reached a draining gateway: nothing was done,
+// and another instance (or this one, restarted) takes the retry.
+var errSettleShuttingDown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
+	Message: "The gateway is shutting down, so the run was not settled and nothing was charged. Retry.", RetryAfter: time.Second}
+
 var errRunBudget = &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "run_budget_exhausted",
 	Message: "This run's budget is used, or reserved by its calls in flight: what it has tallied plus this call's prompt and the least answer exceed the run's cap."}
 
@@ -159,6 +164,15 @@ func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 		logRefusal(log, e, reason, nil, zap.String("route", settleRoute))
 		writeError(w, e)
 	}
+	// Counted as a call, so that graceful shutdown waits for it (Drain): it closes the run in
+	// Redis and then commits its settlement, and a process that exited between the two left
+	// the run closed (its calls answered 409 run_settled) and unsettled until it expired.
+	// One that comes once the drain has begun is refused before it closes anything.
+	if !s.calls.enter() {
+		refuse(errSettleShuttingDown, "shutting down")
+		return
+	}
+	defer s.calls.leave()
 	rctx, cancel := s.storeContext(r.Context())
 	defer cancel()
 	run, err := s.store.Run(rctx, u.ID, runID)

@@ -398,8 +398,9 @@ func (r *readiness) answer(check func() (int, map[string]string)) (int, map[stri
 	return r.code, r.status
 }
 
-// Drain refuses calls from now on (503 shutting_down, before anything is held) and waits
-// until every call let in before has ended and every settlement started so far has finished,
+// Drain refuses calls from now on (503 shutting_down, before anything is held; a run's settle
+// on request alike) and waits until every call and settle let in before has ended and every
+// settlement started so far has finished,
 // or ctx ends. Graceful shutdown calls it once the listener has stopped: a connection that had
 // read its request before the listener's close may still bring a call after that.
 func (s *Server) Drain(ctx context.Context) error {
