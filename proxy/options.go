@@ -40,6 +40,11 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 		// service_tier "priority" by another name.
 		return "a model named with ':nitro' (the router may serve it at a provider's priority tier, billed at priority rates)"
 	}
+	if by := routerProviderSort(root); by != "" {
+		// OpenRouter documents :nitro as exactly provider.sort "throughput": refused by one
+		// spelling, the request was served by the other.
+		return "'provider.sort: " + by + "' (the router picks its fastest or quickest provider, not its cheapest, billed at that provider's rates: ':nitro' by another name)"
+	}
 	if what := unpricedTier(format, root.Get("service_tier")); what != "" {
 		return what
 	}
@@ -368,6 +373,23 @@ func routerModelNamed(root topObject, suffix string) bool {
 		}
 	}
 	return false
+}
+
+// routerProviderSort returns the order OpenRouter's provider preferences ask it to sort a
+// model's providers by ("provider.sort", a string or an object's "by"), unless it is by price
+// (":floor", the cheapest first) or unset, else "". Sorted by throughput (":nitro") or latency,
+// the router turns off its price-weighted balancing and tries first the provider fastest at
+// it, at that provider's rates, while the model is priced at the configured one.
+func routerProviderSort(root topObject) string {
+	sort := root.Get("provider.sort")
+	if sort.IsObject() {
+		sort = sort.Get("by")
+	}
+	if !sort.Exists() || sort.Type == gjson.Null ||
+		sort.Type == gjson.String && strings.EqualFold(strings.TrimSpace(sort.Str), "price") {
+		return ""
+	}
+	return sort.String()
 }
 
 // routerRetryFields are the body fields LiteLLM's proxy takes per-request timeouts, retries and

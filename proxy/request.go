@@ -391,7 +391,8 @@ func checkRepeatsAnywhere(format metering.Format, root topObject) *apiError {
 // readKeys are the top-level keys parseCall reads, across every route: the model and stream
 // mode, the output bounds, the options billed at other rates (unpricedOption: service_tier,
 // Anthropic's premium "speed" and "inference_geo", audio, hosted tools), a router's fallback
-// lists ("models", LiteLLM's "fallbacks": checkFallbacks), "prompt", whose batch multiplies a
+// lists ("models", LiteLLM's "fallbacks": checkFallbacks) and provider preferences ("provider":
+// routerProviderSort), "prompt", whose batch multiplies a
 // completions call's answers, and every part of the prompt its estimate reads
 // (metering.EstimatePrompt): "messages" and "input", a system prompt, instructions, an output
 // schema, legacy function definitions, a completion's suffix. Under "messages" and "input" the
@@ -400,7 +401,7 @@ func checkRepeatsAnywhere(format metering.Format, root topObject) *apiError {
 var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
 	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models",
-	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks"}
+	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks", "provider"}
 
 // nestedReadKeys are the keys the gateway reads inside a top-level object, checked as readKeys
 // are.
@@ -409,6 +410,7 @@ var nestedReadKeys = []struct{ parent, key string }{
 	{"text", "format"},                  // the Responses output schema, part of the prompt's estimate
 	{"prompt", "variables"},             // a stored prompt's variables, part of the prompt's estimate
 	{"conversation", "id"},              // the conversation whose context the estimate counts (continuedFrom)
+	{"provider", "sort"},                // a router's provider order, refused unless by price (routerProviderSort)
 }
 
 // checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level

@@ -1,0 +1,37 @@
+package proxy_test
+
+import (
+	"net/http"
+	"testing"
+)
+
+// TestRouterThroughputSortIsRefusedAsNitro: OpenRouter documents its `:nitro` variant as
+// exactly `provider.sort: "throughput"` (the string, or the object form's `by`), which the
+// gateway refused by the suffix alone: the same request spelt with the provider preference was
+// served at the standard price while the router picks its fastest provider, billed at that
+// provider's (priority) rates. Sorting by price (`:floor`'s spelling) picks the cheapest and is
+// served, as is a body without a sort.
+func TestRouterThroughputSortIsRefusedAsNitro(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	refused := []struct{ name, path, body string }{
+		{"chat sort throughput", "/v1/chat/completions", `{"model":"fake-gpt","provider":{"sort":"throughput"},"messages":[{"role":"user","content":"hi"}]}`},
+		{"chat sort latency", "/v1/chat/completions", `{"model":"fake-gpt","provider":{"sort":"latency"},"messages":[{"role":"user","content":"hi"}]}`},
+		{"chat sort object", "/v1/chat/completions", `{"model":"fake-gpt","provider":{"sort":{"by":"throughput","partition":"none"}},"messages":[{"role":"user","content":"hi"}]}`},
+		{"chat sort in another case", "/v1/chat/completions", `{"model":"fake-gpt","provider":{"sort":" Throughput"},"messages":[{"role":"user","content":"hi"}]}`},
+		{"messages sort throughput", "/v1/messages", `{"model":"claude-test","max_tokens":50,"provider":{"sort":"throughput"},"messages":[{"role":"user","content":"hi"}]}`},
+	}
+	for _, tc := range refused {
+		t.Run("refused/"+tc.name, func(t *testing.T) {
+			h.postRefused(t, key, tc.path, tc.body, nil, http.StatusBadRequest, "unpriced_option")
+		})
+	}
+	for _, provider := range []string{`{"sort":"price"}`, `{"sort":{"by":"price"}}`, `{"sort":null}`, `{"order":["a"]}`} {
+		resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","provider":`+provider+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("provider %s: %d %s, want 200: the cheapest provider first, or no sort", provider, resp.StatusCode, body)
+		}
+	}
+}
