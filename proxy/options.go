@@ -43,7 +43,7 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 	if by := routerProviderSort(root); by != "" {
 		// OpenRouter documents :nitro as exactly provider.sort "throughput": refused by one
 		// spelling, the request was served by the other.
-		return "'provider.sort: " + by + "' (the router picks its fastest or quickest provider, not its cheapest, billed at that provider's rates: ':nitro' by another name)"
+		return "'" + by + "' (the router tries its fastest provider first, not its cheapest, billed at that provider's rates: ':nitro' by another name)"
 	}
 	if what := unpricedTier(format, root.Get("service_tier")); what != "" {
 		return what
@@ -380,16 +380,22 @@ func routerModelNamed(root topObject, suffix string) bool {
 // (":floor", the cheapest first) or unset, else "". Sorted by throughput (":nitro") or latency,
 // the router turns off its price-weighted balancing and tries first the provider fastest at
 // it, at that provider's rates, while the model is priced at the configured one.
+//
+// Vercel AI Gateway's "providerOptions.gateway.sort" is read alike: "cost" puts the cheapest
+// provider first; "ttft" and "tps" the fastest, at its own list price.
 func routerProviderSort(root topObject) string {
-	sort := root.Get("provider.sort")
-	if sort.IsObject() {
-		sort = sort.Get("by")
+	for _, s := range []struct{ path, cheapest string }{{"provider.sort", "price"}, {"providerOptions.gateway.sort", "cost"}} {
+		sort := root.Get(s.path)
+		if sort.IsObject() {
+			sort = sort.Get("by")
+		}
+		if !sort.Exists() || sort.Type == gjson.Null ||
+			sort.Type == gjson.String && strings.EqualFold(strings.TrimSpace(sort.Str), s.cheapest) {
+			continue
+		}
+		return s.path + ": " + sort.String()
 	}
-	if !sort.Exists() || sort.Type == gjson.Null ||
-		sort.Type == gjson.String && strings.EqualFold(strings.TrimSpace(sort.Str), "price") {
-		return ""
-	}
-	return sort.String()
+	return ""
 }
 
 // routerRetryFields are the body fields LiteLLM's proxy takes per-request timeouts, retries and

@@ -10,7 +10,8 @@ import (
 // gateway refused by the suffix alone: the same request spelt with the provider preference was
 // served at the standard price while the router picks its fastest provider, billed at that
 // provider's (priority) rates. Sorting by price (`:floor`'s spelling) picks the cheapest and is
-// served, as is a body without a sort.
+// served, as is a body without a sort. Vercel AI Gateway's providerOptions.gateway.sort alike:
+// "cost" is served, "tps" and "ttft" (the fastest provider first) are refused.
 func TestRouterThroughputSortIsRefusedAsNitro(t *testing.T) {
 	h := newHarness(t, nil)
 	_, key := h.user("standard")
@@ -19,6 +20,8 @@ func TestRouterThroughputSortIsRefusedAsNitro(t *testing.T) {
 		{"chat sort latency", "/v1/chat/completions", `{"model":"fake-gpt","provider":{"sort":"latency"},"messages":[{"role":"user","content":"hi"}]}`},
 		{"chat sort object", "/v1/chat/completions", `{"model":"fake-gpt","provider":{"sort":{"by":"throughput","partition":"none"}},"messages":[{"role":"user","content":"hi"}]}`},
 		{"chat sort in another case", "/v1/chat/completions", `{"model":"fake-gpt","provider":{"sort":" Throughput"},"messages":[{"role":"user","content":"hi"}]}`},
+		{"chat Vercel sort tps", "/v1/chat/completions", `{"model":"fake-gpt","providerOptions":{"gateway":{"sort":"tps"}},"messages":[{"role":"user","content":"hi"}]}`},
+		{"chat Vercel sort ttft", "/v1/chat/completions", `{"model":"fake-gpt","providerOptions":{"gateway":{"sort":"ttft"}},"messages":[{"role":"user","content":"hi"}]}`},
 		{"messages sort throughput", "/v1/messages", `{"model":"claude-test","max_tokens":50,"provider":{"sort":"throughput"},"messages":[{"role":"user","content":"hi"}]}`},
 	}
 	for _, tc := range refused {
@@ -26,12 +29,13 @@ func TestRouterThroughputSortIsRefusedAsNitro(t *testing.T) {
 			h.postRefused(t, key, tc.path, tc.body, nil, http.StatusBadRequest, "unpriced_option")
 		})
 	}
-	for _, provider := range []string{`{"sort":"price"}`, `{"sort":{"by":"price"}}`, `{"sort":null}`, `{"order":["a"]}`} {
-		resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","provider":`+provider+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	for _, options := range []string{`"provider":{"sort":"price"}`, `"provider":{"sort":{"by":"price"}}`, `"provider":{"sort":null}`,
+		`"provider":{"order":["a"]}`, `"providerOptions":{"gateway":{"sort":"cost"}}`} {
+		resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt",`+options+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
 		body := readAll(t, resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("provider %s: %d %s, want 200: the cheapest provider first, or no sort", provider, resp.StatusCode, body)
+			t.Fatalf("%s: %d %s, want 200: the cheapest provider first, or no sort", options, resp.StatusCode, body)
 		}
 	}
 }
