@@ -40,6 +40,11 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 		// service_tier "priority" by another name.
 		return "a model named with ':nitro' (the router may serve it at a provider's priority tier, billed at priority rates)"
 	}
+	if routerModelNamed(root, ":exacto") {
+		// OpenRouter documents :exacto as a shortcut for its provider sort "exacto", which puts
+		// providers by tool-calling quality before its price-weighted order (routerProviderSort).
+		return "a model named with ':exacto' (the router sorts its providers by quality, not price, billed at the chosen provider's rates)"
+	}
 	if by := routerProviderSort(root); by != "" {
 		// OpenRouter documents :nitro as exactly provider.sort "throughput": refused by one
 		// spelling, the request was served by the other.

@@ -10,7 +10,8 @@ import (
 // gateway refused by the suffix alone: the same request spelt with the provider preference was
 // served at the standard price while the router picks its fastest provider, billed at that
 // provider's (priority) rates. Sorting by price (`:floor`'s spelling) picks the cheapest and is
-// served, as is a body without a sort. Vercel AI Gateway's providerOptions.gateway.sort alike:
+// served, as is a body without a sort. ':exacto', documented as the shortcut for the sort
+// "exacto" (providers by tool-calling quality, not price), is refused as ':nitro' is. Vercel AI Gateway's providerOptions.gateway.sort alike:
 // "cost" is served, "tps" and "ttft" (the fastest provider first) are refused.
 func TestRouterThroughputSortIsRefusedAsNitro(t *testing.T) {
 	h := newHarness(t, nil)
@@ -22,6 +23,9 @@ func TestRouterThroughputSortIsRefusedAsNitro(t *testing.T) {
 		{"chat sort in another case", "/v1/chat/completions", `{"model":"fake-gpt","provider":{"sort":" Throughput"},"messages":[{"role":"user","content":"hi"}]}`},
 		{"chat Vercel sort tps", "/v1/chat/completions", `{"model":"fake-gpt","providerOptions":{"gateway":{"sort":"tps"}},"messages":[{"role":"user","content":"hi"}]}`},
 		{"chat Vercel sort ttft", "/v1/chat/completions", `{"model":"fake-gpt","providerOptions":{"gateway":{"sort":"ttft"}},"messages":[{"role":"user","content":"hi"}]}`},
+		{"chat sort exacto", "/v1/chat/completions", `{"model":"fake-gpt","provider":{"sort":"exacto"},"messages":[{"role":"user","content":"hi"}]}`},
+		{"chat exacto model", "/v1/chat/completions", `{"model":"fake-gpt:exacto","messages":[{"role":"user","content":"hi"}]}`},
+		{"chat exacto in models", "/v1/chat/completions", `{"model":"fake-gpt","models":["fake-gpt:Exacto"],"messages":[{"role":"user","content":"hi"}]}`},
 		{"messages sort throughput", "/v1/messages", `{"model":"claude-test","max_tokens":50,"provider":{"sort":"throughput"},"messages":[{"role":"user","content":"hi"}]}`},
 	}
 	for _, tc := range refused {
