@@ -398,19 +398,27 @@ func checkRepeatsAnywhere(format metering.Format, root topObject) *apiError {
 // schema, legacy function definitions, a completion's suffix. Under "messages" and "input" the
 // audio refusal also looks for input_audio parts, and one in another case alone would carry
 // them past it to a provider that folds keys.
-var readKeys = []string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
+//
+// The keys read to refuse a call (unpricedOption, routerRetryField) are among them: OpenRouter's
+// "plugins", Vercel's "providerOptions", the body's "context-1m" beta, LiteLLM's timeouts and
+// retries. Spelt in another case, a provider or relay that folds keys ran what the gateway,
+// reading the exact spelling, never refused ("Plugins": a web search charged as tokens alone).
+var readKeys = append([]string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
 	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models",
-	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks", "provider"}
+	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks", "provider",
+	"plugins", "providerOptions", "anthropic_beta", "additionalModelRequestFields"}, routerRetryFields...)
 
 // nestedReadKeys are the keys the gateway reads inside a top-level object, checked as readKeys
 // are.
 var nestedReadKeys = []struct{ parent, key string }{
-	{"stream_options", "include_usage"}, // whether the usage comes
-	{"text", "format"},                  // the Responses output schema, part of the prompt's estimate
-	{"prompt", "variables"},             // a stored prompt's variables, part of the prompt's estimate
-	{"conversation", "id"},              // the conversation whose context the estimate counts (continuedFrom)
-	{"provider", "sort"},                // a router's provider order, refused unless by price (routerProviderSort)
+	{"stream_options", "include_usage"},                // whether the usage comes
+	{"text", "format"},                                 // the Responses output schema, part of the prompt's estimate
+	{"prompt", "variables"},                            // a stored prompt's variables, part of the prompt's estimate
+	{"conversation", "id"},                             // the conversation whose context the estimate counts (continuedFrom)
+	{"provider", "sort"},                               // a router's provider order, refused unless by price (routerProviderSort)
+	{"providerOptions", "gateway"},                     // Vercel's fallback list and provider order
+	{"additionalModelRequestFields", "anthropic_beta"}, // the context-1m beta, as Bedrock's Converse takes it
 }
 
 // checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level
