@@ -25,6 +25,13 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 	if what := unpricedWork(format, root, header, price, audioTokens, longCache); what != "" {
 		return what
 	}
+	for _, p := range root.Get("plugins").Array() {
+		if pluginAmbiguous(p) {
+			// As a tool's type (typeAmbiguous): the gateway would read one plugin, a
+			// provider or relay that folds keys, or reads the last, another.
+			return "a plugin whose 'id', 'pdf' or 'engine' is repeated or spelt in another case"
+		}
+	}
 	if what := routerWebSearch(root); what != "" {
 		return what
 	}
@@ -321,6 +328,19 @@ func typeAmbiguous(tool gjson.Result) bool {
 		return true
 	})
 	return n > 1 || other
+}
+
+// pluginAmbiguous reports whether a router plugin entry spells a key its refusals read ("id",
+// "pdf", and "engine" in its pdf options) more than once or in another case.
+func pluginAmbiguous(p gjson.Result) bool {
+	if !p.IsObject() {
+		return false
+	}
+	if _, ok := repeatedKey(p, "id", "pdf"); ok {
+		return true
+	}
+	_, ok := repeatedKey(p.Get("pdf"), "engine")
+	return ok
 }
 
 // standardTiers are, per request format, the service_tier values that run at the standard

@@ -35,3 +35,30 @@ func TestRefusalKeysInAnotherCaseAreRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestPluginKeysInAnotherCaseAreRefused: a router plugin entry is read by its "id" (OpenRouter's
+// web search, "web") and its "pdf" options' "engine" (the per-page "mistral-ocr"): spelt in
+// another case or twice, the gateway read no such plugin while a relay that folds keys, or
+// reads the last of repeated ones, ran it. Refused as a tool whose type is ambiguous is.
+func TestPluginKeysInAnotherCaseAreRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	for name, plugins := range map[string]string{
+		"ID":                `[{"ID":"web"}]`,
+		"Pdf":               `[{"id":"file-parser","Pdf":{"engine":"mistral-ocr"}}]`,
+		"Engine":            `[{"id":"file-parser","pdf":{"Engine":"mistral-ocr"}}]`,
+		"id and Id":         `[{"id":"x","Id":"web"}]`,
+		"engine and ENGINE": `[{"id":"file-parser","pdf":{"engine":"pdf-text","ENGINE":"mistral-ocr"}}]`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			h.postRefused(t, key, "/v1/chat/completions", `{"model":"fake-gpt","plugins":`+plugins+`,"messages":[{"role":"user","content":"hi"}]}`,
+				nil, http.StatusBadRequest, "unpriced_option")
+		})
+	}
+	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","plugins":[{"id":"file-parser","pdf":{"engine":"pdf-text"}}],"messages":[{"role":"user","content":"hi"}]}`, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s, want 200: a plugin without a fee, spelt plainly", resp.StatusCode, body)
+	}
+}
