@@ -347,6 +347,13 @@ func (s *Server) checkOptions(c *callRequest, root topObject, header http.Header
 		return errBadRequest("unsupported_parameter", fmt.Sprintf(
 			"'%s' asks a router in front of the provider to time out, retry or fall back on its own, which this gateway cannot meter (a call the router gives up on after the provider had it is billed there and charged nothing here; one it runs several times is billed for each); send it without.", f))
 	}
+	if v := root.Get("tags"); v.Exists() && v.Type != gjson.Null {
+		// LiteLLM's tag routing: the tags pick which of the router's deployments of the model
+		// serves the call (its documented example routes "free" and "paid" to different
+		// models under one name), as the x-litellm-tags header the gateway drops would.
+		return errBadRequest("unsupported_parameter",
+			"'tags' picks which of a router's deployments serves the call, which this gateway bills at one price for the model named; send it without.")
+	}
 	c.context1M = asksContext1M(header, root)
 	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate, c.cacheLong); what != "" {
 		return errBadRequest("unpriced_option", fmt.Sprintf(
@@ -407,7 +414,7 @@ var readKeys = append([]string{"model", "stream", "stream_options", "max_tokens"
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
 	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models",
 	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks", "provider",
-	"plugins", "providerOptions", "anthropic_beta", "additionalModelRequestFields"}, routerRetryFields...)
+	"plugins", "providerOptions", "anthropic_beta", "additionalModelRequestFields", "tags"}, routerRetryFields...)
 
 // nestedReadKeys are the keys the gateway reads inside a top-level object, checked as readKeys
 // are.

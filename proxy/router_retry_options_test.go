@@ -40,3 +40,32 @@ func TestRouterRetryAndTimeoutFieldsAreRefused(t *testing.T) {
 		t.Fatalf("%d %s, want 200: the fields set to null", resp.StatusCode, body)
 	}
 }
+
+// TestRouterTagRoutingIsRefused: LiteLLM's proxy routes a request by the "tags" of its body
+// among the deployments of the model named (its documentation routes "free" and "paid" to two
+// different models under one name), the lever the gateway drops from the x-litellm-tags
+// header. In the body it was served, billed at the one price of the model named whichever
+// deployment ran it. Refused 400 unsupported_parameter before anything is held; null is served.
+func TestRouterTagRoutingIsRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	for name, body := range map[string]string{
+		"chat list":    `{"model":"fake-gpt","tags":["paid"],"messages":[{"role":"user","content":"hi"}]}`,
+		"chat string":  `{"model":"fake-gpt","tags":"paid","messages":[{"role":"user","content":"hi"}]}`,
+		"another case": `{"model":"fake-gpt","Tags":["paid"],"messages":[{"role":"user","content":"hi"}]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			code := "unsupported_parameter"
+			if name == "another case" {
+				code = "invalid_json"
+			}
+			h.postRefused(t, key, "/v1/chat/completions", body, nil, http.StatusBadRequest, code)
+		})
+	}
+	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","tags":null,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s, want 200: tags set to null", resp.StatusCode, body)
+	}
+}
