@@ -400,9 +400,10 @@ func routerModelNamed(root topObject, suffix string) bool {
 	return false
 }
 
-// routerProviderSort returns the order OpenRouter's provider preferences ask it to sort a
-// model's providers by ("provider.sort", a string or an object's "by"), unless it is by price
-// (":floor", the cheapest first) or unset, else "". Sorted by throughput (":nitro") or latency,
+// routerProviderSort returns the sort OpenRouter's provider preferences ask it to order a
+// model's providers by ("provider.sort", a string or an object's "by"), as "path: value", or ""
+// when it is unset or by price (":floor", the cheapest first). Sorted by throughput (":nitro"),
+// latency or quality ("exacto"),
 // the router turns off its price-weighted balancing and tries first the provider fastest at
 // it, at that provider's rates, while the model is priced at the configured one.
 //
