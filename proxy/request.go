@@ -192,9 +192,10 @@ func checkContentEncoding(h http.Header) *apiError {
 var answerShapingQuery = []string{"fields", "alt", "callback"}
 
 // checkQuery refuses a query string carrying one of answerShapingQuery, its name compared
-// unescaped and with case folded.
+// unescaped and with case folded. A ';' separates parameters as '&' does: servers that split
+// on it (as Go's own did before 1.17) would read `?x=1;fields=choices` as a field mask.
 func checkQuery(rawQuery string) *apiError {
-	for pair := range strings.SplitSeq(rawQuery, "&") { // no slice built per request
+	for pair := range strings.FieldsFuncSeq(rawQuery, isQuerySeparator) { // no slice built per request
 		name, _, _ := strings.Cut(pair, "=")
 		if unescaped, err := url.QueryUnescape(name); err == nil {
 			name = unescaped
@@ -209,6 +210,9 @@ func checkQuery(rawQuery string) *apiError {
 	}
 	return nil
 }
+
+// isQuerySeparator reports whether r separates a query's parameters for some server.
+func isQuerySeparator(r rune) bool { return r == '&' || r == ';' }
 
 // stallReader moves the connection's read deadline forward as the body arrives, only once
 // half of it has passed (each move resets a runtime timer): a read fails after between half

@@ -12,12 +12,13 @@ import (
 // (`$alt`), whose `proto` answers in protobuf, and `callback` (`$callback`), JSONP — text that
 // is neither JSON nor an event stream, which the gateway charges nothing for while the
 // provider billed the call. They are refused with 400 unsupported_parameter, before anything is
-// held, as X-Goog-FieldMask is dropped; other query parameters (an API version) are served.
+// held, as X-Goog-FieldMask is dropped, also behind a ';', which some servers split a query
+// on; other query parameters (an API version) are served.
 func TestGoogleSystemQueryParametersAreRefused(t *testing.T) {
 	h := newHarness(t, nil)
 	_, key := h.user("standard")
 	for _, q := range []string{"fields=choices", "%24fields=choices", "$fields=id", "alt=proto", "$alt=proto",
-		"api-version=1&callback=f", "%24callback=f", "Fields=choices"} {
+		"api-version=1&callback=f", "%24callback=f", "Fields=choices", "api-version=1;fields=choices"} {
 		t.Run(q, func(t *testing.T) {
 			h.postRefused(t, key, "/v1/chat/completions?"+q, chatBody, nil, http.StatusBadRequest, "unsupported_parameter")
 		})
