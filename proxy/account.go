@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -51,7 +52,9 @@ func (s *Server) retrieveModel(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	_, _, err := s.prices.Lookup(id)
-	if id == "" || len(id) > holds.MaxModelLen || !utf8.ValidString(id) || err != nil {
+	// A name holding a comma is priced by its prefix, but every call naming it is refused
+	// invalid_model (a router's fallback chain, see servedModel): no call is billed under it.
+	if id == "" || len(id) > holds.MaxModelLen || !utf8.ValidString(id) || strings.Contains(id, ",") || err != nil {
 		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
 			Message: fmt.Sprintf("The model %q does not exist or has no price configured.", id)})
 		return
