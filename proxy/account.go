@@ -10,9 +10,7 @@ import (
 	"net/url"
 	"regexp"
 	"strconv"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"go.uber.org/zap"
@@ -52,9 +50,9 @@ func (s *Server) retrieveModel(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	_, _, err := s.prices.Lookup(id)
-	// A name holding a comma is priced by its prefix, but every call naming it is refused
-	// invalid_model (a router's fallback chain, see servedModel): no call is billed under it.
-	if id == "" || len(id) > holds.MaxModelLen || !utf8.ValidString(id) || strings.Contains(id, ",") || err != nil {
+	// A name priced by its prefix that every call naming it is refused (checkModelName: too
+	// long, not UTF-8, a router's fallback chain) is billed under by no call.
+	if id == "" || checkModelName(id) != nil || err != nil {
 		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
 			Message: fmt.Sprintf("The model %q does not exist or has no price configured.", id)})
 		return

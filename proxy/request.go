@@ -535,20 +535,8 @@ func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel,
 	if m.Type != gjson.String || m.Str == "" {
 		return servedModel{}, errBadRequest("missing_model", "The request must name a model, as a non-empty string.")
 	}
-	if len(m.Str) > holds.MaxModelLen {
-		// Prices match by prefix, so a long name can be priced; it cannot be stored.
-		return servedModel{}, errBadRequest("model_too_long", fmt.Sprintf("A model name is at most %d bytes.", holds.MaxModelLen))
-	}
-	if !utf8.ValidString(m.Str) {
-		// The body's bytes are not checked as text (gjson does not), and a name priced by its
-		// prefix could otherwise reach the hold's utf8mb4 column, which refuses it.
-		return servedModel{}, errBadRequest("invalid_model", "A model name must be UTF-8 text.")
-	}
-	if strings.Contains(m.Str, ",") {
-		// Helicone's gateway reads "cheap,dear" as a chain of models it falls back along,
-		// each at its own rates; priced by its prefix, the name would be billed as the first.
-		return servedModel{}, errBadRequest("invalid_model", fmt.Sprintf(
-			"Model %q names several models (a router's fallback chain); name one, and its fallbacks in 'models'.", m.Str))
+	if e := checkModelName(m.Str); e != nil {
+		return servedModel{}, e
 	}
 	// m.Str is a window into the whole body: kept as the call's model (in its admission,
 	// settlement and log), it would keep the body alive for as long as the call's deferred
@@ -565,6 +553,28 @@ func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel,
 	}
 	sm.upstream = up
 	return sm, nil
+}
+
+// checkModelName refuses a model name no call can be billed under, whatever prices it: one
+// too long for the hold's column, not UTF-8, or a router's fallback chain. GET /v1/models/{id}
+// answers 404 for the same names.
+func checkModelName(name string) *apiError {
+	if len(name) > holds.MaxModelLen {
+		// Prices match by prefix, so a long name can be priced; it cannot be stored.
+		return errBadRequest("model_too_long", fmt.Sprintf("A model name is at most %d bytes.", holds.MaxModelLen))
+	}
+	if !utf8.ValidString(name) {
+		// The body's bytes are not checked as text (gjson does not), and a name priced by its
+		// prefix could otherwise reach the hold's utf8mb4 column, which refuses it.
+		return errBadRequest("invalid_model", "A model name must be UTF-8 text.")
+	}
+	if strings.Contains(name, ",") {
+		// Helicone's gateway reads "cheap,dear" as a chain of models it falls back along,
+		// each at its own rates; priced by its prefix, the name would be billed as the first.
+		return errBadRequest("invalid_model", fmt.Sprintf(
+			"Model %q names several models (a router's fallback chain); name one, and its fallbacks in 'models'.", name))
+	}
+	return nil
 }
 
 // maxFallbacks bounds a router's fallback list (checkFallbacks looks each name up): routers
