@@ -194,10 +194,13 @@ func TestStarModelNotHiddenByAnotherModelsMissingField(t *testing.T) {
 
 // Model prices match by name, then by the longest configured name that prefixes the model:
 // "gpt-*" (the upstreams' pattern syntax) is taken literally and prices no model, and a
-// negative max_output_tokens is no limit. Both must stop the start.
+// negative max_output_tokens is no limit, and a name with a comma is a router's fallback chain,
+// which every call naming it is refused as (the price would be listed and never billed). Each
+// must stop the start.
 func TestModelEntriesAreChecked(t *testing.T) {
 	for _, tc := range []struct{ yaml, want string }{
 		{"models:\n  'gpt-*':\n    input: 1\n    output: 1\n", "models.gpt-*"},
+		{"models:\n  'cheap,dear':\n    input: 1\n    output: 1\n", "models.cheap,dear"},
 		{"models:\n  m:\n    input: 1\n    output: 1\n    max_output_tokens: -4\n", "models.m.max_output_tokens"},
 	} {
 		_, err := loadYAML(t, tc.yaml)

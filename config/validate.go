@@ -307,6 +307,11 @@ func (c *Config) checkModels(bad complain) *pricing.Table {
 			bad("models."+name, "a price's name holds no *: %q prices only models whose names start with it literally; a name prices every model it prefixes (write %q)",
 				name, strings.TrimRight(name, "*"))
 		}
+		if strings.Contains(name, ",") {
+			// A call naming it is refused as a router's fallback chain (Helicone's "cheap,dear"):
+			// the price would be listed in /v1/models and bill nothing.
+			bad("models."+name, "a price's name holds no ',': a model named %q is refused as a router's fallback chain, so the price would bill no call", name)
+		}
 		if m.MaxOutputTokens < 0 {
 			bad("models."+name+".max_output_tokens", "must not be negative (0 or left out: unknown), got %d", m.MaxOutputTokens)
 		}
