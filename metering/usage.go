@@ -28,8 +28,9 @@ type Result struct {
 	// then fall back to an estimate and mark the charge as estimated.
 	Reported bool
 	// PromptMissing is set when a usage was reported but said nothing of the prompt (an
-	// OpenAI-style report with neither prompt_tokens nor total_tokens): Usage's uncached input
-	// is then 0, and settlement bills the prompt's estimate instead, marked estimated.
+	// OpenAI-style report with neither prompt_tokens nor total_tokens, an Anthropic-shaped one
+	// that never gave input_tokens): Usage's uncached input is then 0, and settlement bills the
+	// prompt's estimate instead, marked estimated.
 	PromptMissing bool
 	// Estimated is set when a usage was reported but its output count is not final (an
 	// Anthropic stream cut before message_delta: message_start's output_tokens is a
@@ -100,6 +101,11 @@ type Meter struct {
 	// patchDeltas: a Responses stream sent a patch's diff in deltas, already counted, so the
 	// diff its finished item repeats is not counted again.
 	patchDeltas bool
+	// anthropicInput: an Anthropic usage gave input_tokens (at the top or in an iteration).
+	// Without it the usage says nothing of the uncached prompt (an Anthropic-compatible server
+	// whose message_start carries no usage and whose message_delta counts the output alone):
+	// read as 0, the prompt went unbilled.
+	anthropicInput bool
 }
 
 // NewMeter returns a Meter for responses in format f.
@@ -189,6 +195,9 @@ func (m *Meter) Result() Result {
 		// is billed as output, the dearer, never under the provider's charge; the split is
 		// the gateway's, and the row says so.
 		r.Estimated = true
+	}
+	if m.format == FormatAnthropic && r.Reported && !m.anthropicInput {
+		r.PromptMissing = true
 	}
 	if m.format == FormatAnthropic && r.Reported && !m.outputFinal {
 		// message_start's output_tokens is a placeholder: the output is the gateway's guess
@@ -486,6 +495,7 @@ func (m *Meter) anthropicUsage(u gjson.Result) {
 	if inIter != [len(anthropicFields)]bool{} || top != [len(anthropicFields)]bool{} {
 		m.res.Reported = true
 	}
+	m.anthropicInput = m.anthropicInput || inIter[0] || top[0]
 }
 
 // TrimBody is a whole body without the white space around it or a leading UTF-8 byte order
