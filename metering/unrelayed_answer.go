@@ -24,7 +24,8 @@ import (
 // reasoning_content, reasoning and refusal, its tool calls' and function_call's arguments,
 // its audio's transcript, or a legacy completion's choices[].text (openAIChoices); an
 // Anthropic message's content blocks' text and thinking, and the raw JSON of their input; a
-// Responses answer's output items' arguments and their content parts' text. It reads JSON as
+// Responses answer's output items' arguments and custom tool input, their content parts' text
+// and refusal, and their reasoning summaries' text. It reads JSON as
 // gjson does a valid body; on one that is not, it measures what it can (such an answer read
 // whole is refused, never metered).
 type UnrelayedAnswer struct {
@@ -203,7 +204,9 @@ const (
 	firstArguments                   // a function's, or an item's, arguments
 	firstText                        // a content block's or a part's text
 	firstThinking                    // a content block's thinking
-	firstInput                       // a content block's input
+	firstInput                       // a content block's input, a Responses item's
+	firstSummary                     // a Responses item's summary
+	firstRefusal                     // a Responses part's refusal
 )
 
 // Where a value stands on the path to the audio data.
@@ -391,7 +394,8 @@ func (b *UnrelayedAnswer) valueStarts() uint8 {
 // the first "function" of a tool call and the first "arguments" of a function. As Meter.Body
 // reads an Anthropic message: the first "content" of the answer, and of each of its blocks the
 // first "text", "thinking" and "input"; a Responses answer: the first "output" of the answer,
-// of each of its items the first "arguments" and "content", of each part the first "text".
+// of each of its items the first "arguments", "input", "content" and "summary", of each part
+// the first "text" and "refusal".
 func (b *UnrelayedAnswer) keyEnds() {
 	f := b.top()
 	if f == nil || b.keyLen > answerKeyLen {
@@ -464,12 +468,19 @@ func (b *UnrelayedAnswer) keyEnds() {
 		switch key {
 		case "arguments":
 			first(firstArguments, roleText)
+		case "input": // a custom tool call's
+			first(firstInput, roleText)
 		case "content":
 			first(firstMain, roleParts)
+		case "summary": // a reasoning item's
+			first(firstSummary, roleParts)
 		}
 	case rolePart:
-		if key == "text" {
+		switch key {
+		case "text":
 			first(firstText, roleText)
+		case "refusal":
+			first(firstRefusal, roleText)
 		}
 	}
 }

@@ -176,8 +176,8 @@ func textCases() map[string]string {
 		"anthropic inputs": `{"content":[{"input":"a\"b"},{"input":12.5e3 },{"input":true},{"input":null,"input":{"no":1}},{"input":[]},` +
 			`{"type":"text","text":"x","text":"no","thinking":7,"thinking":"no"},"text",["text"],{"x":{"text":"no"}}],"content":[{"text":"no"}]}`,
 		"anthropic content object": `{"content":{"a":{"text":"abc"},"b":{"input":-1}},"x":{"content":[{"text":"no"}]}}`,
-		"responses": `{"id":"resp","object":"response","output":[{"type":"reasoning","summary":[{"text":"no"}]},` +
-			`{"type":"message","content":[{"type":"output_text","text":"ab\ud83d\ude00","annotations":[{"text":"no"}]},{"type":"refusal","refusal":"no"}]},` +
+		"responses": `{"id":"resp","object":"response","output":[{"type":"reasoning","summary":[{"text":"ok"}]},` +
+			`{"type":"message","content":[{"type":"output_text","text":"ab\ud83d\ude00","annotations":[{"text":"no"}]},{"type":"refusal","refusal":"ok"}]},` +
 			`{"type":"function_call","arguments":"{\"a\":1}","arguments":"no"}],"output":[{"arguments":"no"}]}`,
 		"responses odd":  `{"output":{"a":{"content":{"p":{"text":"xy"}},"content":[{"text":"no"}]},"b":"text","c":[{"text":"no"}],"d":{"arguments":{"a":"no"}}}}`,
 		"content":        `{"choices":[{"message":{"role":"assistant","content":"Hello there."}}]}`,
@@ -248,7 +248,7 @@ func TestUnrelayedAnswerCountsTextAsTheWholeAnswer(t *testing.T) {
 	}
 	// Not vacuous: the cases hold text of each kind.
 	for name, want := range map[string]int64{"every field": 15, "tool calls": 10, "function call": 5, "duplicates": 15, "completions": 6,
-		"anthropic": 2 + 3 + 22, "anthropic inputs": 6 + 6 + 4 + 4 + 2 + 1, "anthropic content object": 5, "responses": 6 + 7, "responses odd": 2} {
+		"anthropic": 2 + 3 + 22, "anthropic inputs": 6 + 6 + 4 + 4 + 2 + 1, "anthropic content object": 5, "responses": 6 + 7 + 2 + 2, "responses odd": 2} {
 		f := FormatChat
 		switch {
 		case name == "completions":

@@ -164,8 +164,14 @@ func (m *Meter) Body(body []byte) {
 			m.openAIUsage(u)
 		}
 		gjson.Get(s, "output").ForEach(func(_, o gjson.Result) bool {
-			m.res.OutputChars += strLen(o.Get("arguments"))
+			// What the stream's deltas carry (responsesEvent): a function's arguments, a custom
+			// tool's input, a message's text and refusal, a reasoning item's summary.
+			m.res.OutputChars += strLen(o.Get("arguments")) + strLen(o.Get("input"))
 			o.Get("content").ForEach(func(_, c gjson.Result) bool {
+				m.res.OutputChars += strLen(c.Get("text")) + strLen(c.Get("refusal"))
+				return true
+			})
+			o.Get("summary").ForEach(func(_, c gjson.Result) bool {
 				m.res.OutputChars += strLen(c.Get("text"))
 				return true
 			})

@@ -1,0 +1,37 @@
+package metering
+
+import "testing"
+
+// TestResponsesWholeAnswerCountsWhatItsStreamCounts: a Responses answer read whole without a
+// usage report (a non-streamed answer cut partway, or one from a server that reports none) is
+// charged the estimate of its output, as a stream of the same answer is: its refusal, its
+// reasoning summary and a custom tool's input count, as their deltas do in a stream. Read
+// whole, they counted nothing, and such an answer was charged its prompt alone; read in pieces
+// (UnrelayedAnswer), the same.
+func TestResponsesWholeAnswerCountsWhatItsStreamCounts(t *testing.T) {
+	const refusal, summary, input = "I can't help with that request.", "Thinking about the user's request.", "print('hello, world')"
+	stream := NewMeter(FormatResponses)
+	for _, ev := range []string{
+		`{"type":"response.reasoning_summary_text.delta","item_id":"rs_1","output_index":0,"summary_index":0,"delta":"` + summary + `"}`,
+		`{"type":"response.refusal.delta","item_id":"msg_1","output_index":1,"content_index":0,"delta":"` + refusal + `"}`,
+		`{"type":"response.custom_tool_call_input.delta","item_id":"ctc_1","output_index":2,"delta":"` + input + `"}`,
+	} {
+		stream.Event(Event{Data: []byte(ev)})
+	}
+	want := stream.Result().OutputChars
+	if want != int64(len(refusal)+len(summary)+len(input)) {
+		t.Fatalf("the stream counted %d bytes of output, want %d", want, len(refusal)+len(summary)+len(input))
+	}
+	body := `{"id":"resp_1","object":"response","status":"completed","model":"gpt-test","output":[` +
+		`{"id":"rs_1","type":"reasoning","summary":[{"type":"summary_text","text":"` + summary + `"}]},` +
+		`{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"refusal","refusal":"` + refusal + `"}]},` +
+		`{"id":"ctc_1","type":"custom_tool_call","call_id":"call_1","name":"code_exec","input":"` + input + `"}]}`
+	if got := textWhole(FormatResponses, body); got != want {
+		t.Errorf("read whole: %d bytes of output, want %d as its stream counts", got, want)
+	}
+	for _, size := range []int{1, 7, len(body)} {
+		if got := textPieces(FormatResponses, body, func() int { return size }); got != want {
+			t.Errorf("read in pieces of %d: %d bytes of output, want %d as its stream counts", size, got, want)
+		}
+	}
+}
