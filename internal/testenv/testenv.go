@@ -62,11 +62,20 @@ func MySQLDSN(t testing.TB) string {
 		t.Fatalf("connect to %s: %v", name, err)
 	}
 	defer db.Close()
-	if _, err := tgsql.Migrate(ctx, db.DB); err != nil {
+	// A fresh database has no gateway whose statements could queue behind a DDL's wait, so
+	// its migration waits longer than a fleet's (tgsql.DefaultLockWait, 2 s): on the shared
+	// server another package's test turning read_only on waits for statements blocked on row
+	// locks, and every write, this migration's too, waits behind it, seconds under load
+	// (`record version: Error 1205` once in a loaded `make test`).
+	if _, err := tgsql.MigrateWaiting(ctx, db.DB, migrateLockWait); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
 	return dsn
 }
+
+// migrateLockWait bounds each of a test database's migration statements' lock waits: a
+// watchdog, under MySQLDSN's minute.
+const migrateLockWait = 30 * time.Second
 
 // MySQL is MySQLDSN opened; the handle closes at cleanup.
 func MySQL(t testing.TB) *sqlx.DB {
