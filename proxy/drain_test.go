@@ -10,7 +10,6 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/proxy"
 )
 
 // TestDrainSettlesEveryCallItLetIn storms the gateway while it drains: every call is either
@@ -95,14 +94,7 @@ func TestDrainSettlesEveryCallItLetIn(t *testing.T) {
 func TestDrainWaitsForARunSettledOnRequest(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "drain-settle"})
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("run call: %d, want 200", resp.StatusCode)
-	}
-	h.settled()
-	runID := proxy.RunIDFor(u.ID, "drain-settle")
+	runID := firstRunCall(t, h, key, map[string]string{"X-Run-Id": "drain-settle"}, 5)
 
 	// The settlement waits for the user's row, as behind a slow or stalled database.
 	lock := testenv.ConsoleTx(t, h.db)
