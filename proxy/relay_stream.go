@@ -100,6 +100,9 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			// retry ran, and was charged, again. (An event both error and final, Responses'
 			// response.failed, is pinned above.)
 			s.pinBeforeAnswer(r.Context(), c, c.wholeOutcome(), sr.status, raw)
+			sr.pinnedAtError, sr.finalAdjacent = true, true
+		} else {
+			sr.finalAdjacent = false
 		}
 		if c.inRun && sr.ended() {
 			if !sr.hold(raw) {
@@ -143,6 +146,10 @@ type streamRelay struct {
 	sawData  bool   // an event carried data: the upstream answers as a stream
 	sawAny   bool   // the upstream sent anything but keep-alive comments: an event, or a whole answer under the label
 	held     []byte // a named run's final (or error) event and what came after it
+	// pinnedAtError: an Idempotency-Key's record was closed at the provider's error event; a
+	// final event joins it only while finalAdjacent (nothing relayed since), or the record
+	// would skip what its caller got between the two.
+	pinnedAtError, finalAdjacent bool
 }
 
 // startStream sends the caller the upstream's status and headers, flushed at once.
@@ -280,7 +287,9 @@ func (sr *streamRelay) finalEvent(raw []byte) {
 		s.tallyWithFingerprint(ctx, c, s.settlementAs(c, c.wholeOutcome()))
 	}
 	s.answerFinal(ctx, c)
-	s.pinBeforeAnswer(ctx, c, c.wholeOutcome(), sr.status, raw)
+	if !sr.pinnedAtError || sr.finalAdjacent {
+		s.pinBeforeAnswer(ctx, c, c.wholeOutcome(), sr.status, raw)
+	}
 	// An upstream that does not close after its final event must not keep the caller
 	// waiting for the end of an answer it has whole, nor the call its hold, lease and
 	// in-flight slot until upstream_timeout.
