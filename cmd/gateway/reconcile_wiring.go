@@ -22,7 +22,10 @@ type reconcilerDeps struct {
 	onOutcome func(string)
 	// self is the serving process's instance; nil for an operator's one-off pass, which then
 	// declares no instance dead (holds.ReconcilerConfig.Self).
-	self            *holds.Instance
+	self *holds.Instance
+	// leases are the serving process's own (nil for a one-off pass): a run they hold is
+	// served here whatever Redis says (leaseChecker).
+	leases          *runstate.Leases
 	onDeadInstances func(int)
 	onPass          func(failed bool)
 }
@@ -37,7 +40,7 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 	return holds.NewReconciler(holds.ReconcilerConfig{
 		Store:    d.store,
 		Usage:    tally,
-		Leases:   leaseChecker{rdb: d.rdb, keys: d.keys},
+		Leases:   leaseChecker{rdb: d.rdb, keys: d.keys, local: d.leases},
 		Refusals: tally,
 		Lock:     redisLock{rdb: d.rdb, key: d.keys.ReconcileLock(), instance: d.cfg.Instance, ttl: d.cfg.Holds.ReconcileLockTTL},
 		Log:      e.log.Named("reconcile"),
@@ -103,15 +106,21 @@ func (s tallySource) Refused(ctx context.Context, runID, token string) (bool, er
 	return s.t.Refused(ctx, runID, token)
 }
 
-// leaseChecker reads leases by key alone. It is not runstate.Leases, whose heartbeat and
-// in-process counts belong to the serving path; the reconciler only asks whether any
-// process holds one.
+// leaseChecker asks whether any process still serves a run: this process's own leases
+// first, then the lease keys in Redis. A key alone misses a call this process serves whose
+// heartbeat has not written it in time (starved on an overloaded host, or Redis restarted
+// empty since the last beat), and the reconciler would charge a live call its hold; the
+// process serving it knows without asking. Other processes' calls are known by key alone.
 type leaseChecker struct {
-	rdb  redis.UniversalClient
-	keys runstate.Keys
+	rdb   redis.UniversalClient
+	keys  runstate.Keys
+	local *runstate.Leases // nil: a one-off pass serves nothing
 }
 
 func (l leaseChecker) Exists(ctx context.Context, runID string) (bool, error) {
+	if l.local != nil && l.local.Serving(runID) {
+		return true, nil
+	}
 	n, err := l.rdb.Exists(ctx, l.keys.Lease(runID)).Result()
 	if err != nil {
 		return false, fmt.Errorf("lease %s: %w", runID, err)

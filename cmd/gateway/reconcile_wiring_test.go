@@ -57,3 +57,46 @@ func TestRedisLock(t *testing.T) {
 		t.Fatal("a took b's lock")
 	}
 }
+
+// TestReconcilerSparesACallItsOwnProcessServes: the serving process's reconciler asked Redis
+// alone whether a run was leased. A call whose lease key was missing while it ran (the
+// heartbeat starved past lease_ttl on an overloaded host — once seen in the chaos suite — or
+// Redis restarted empty since the last beat) was charged its whole hold by the very process
+// serving it, and its real usage then found the hold settled. The process's own leases
+// count: the hold is extended, not charged; a run no process serves is still charged.
+func TestReconcilerSparesACallItsOwnProcessServes(t *testing.T) {
+	count := useTestDatabase(t)
+	t.Setenv("REDIS_URL", testenv.RedisURL(t))
+	_, prefix := testenv.Redis(t)
+	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	db := openTestDatabase(t)
+	for _, run := range []string{"r_served_here", "r_orphan"} {
+		if _, err := db.ExecContext(ctx, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, model, expires_at)
+			 SELECT ?, id, 'running', 100, 100, 'm', NOW(6) - INTERVAL 1 SECOND FROM users`, run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, err := setup(ctx, "serve", nil, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	gw, err := e.newGateway(e.store(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw.leases.Acquire("r_served_here") // in flight here; no heartbeat has written its key
+	if _, err := gw.rec.RunForced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count("SELECT COUNT(*) FROM run_holds WHERE run_id = 'r_served_here' AND state = 'running' AND expires_at > NOW(6)"); n != 1 {
+		t.Errorf("the hold of a call this process serves was not extended (charged its hold while running?)")
+	}
+	if n := count("SELECT COUNT(*) FROM run_holds WHERE run_id = 'r_orphan' AND state = 'settled' AND charged_micro = 100"); n != 1 {
+		t.Errorf("the hold no process serves was not charged its hold")
+	}
+}

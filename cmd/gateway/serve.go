@@ -230,7 +230,7 @@ func (e *env) newGateway(store *holds.Store, self *holds.Instance) (gateway, err
 		Admin:    admin.New(store, cfg.CreditMicro, cfg.AdminToken, e.log.Named("admin")),
 		Instance: self,
 	})
-	rec, err := e.newReconciler(reconcilerDeps{cfg: cfg, store: store, rdb: e.rdb, keys: keys, self: self,
+	rec, err := e.newReconciler(reconcilerDeps{cfg: cfg, store: store, rdb: e.rdb, keys: keys, self: self, leases: leases,
 		onOutcome: func(outcome string) {
 			metrics.Reconciled.WithLabelValues(outcome).Inc()
 			if outcome == holds.OutcomeChargedHeld {

@@ -138,6 +138,17 @@ func (l *Leases) Held() int {
 	return len(l.runs)
 }
 
+// Serving says whether a call of runID is in flight on this process. The serving process's
+// reconciler asks it before Redis: a lease key can be missing while the call runs (the first
+// heartbeat not yet sent, or one starved past lease_ttl on an overloaded host, or Redis
+// restarted empty since), and the process that serves the call knows without asking.
+func (l *Leases) Serving(runID string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.runs[runID]
+	return ok
+}
+
 // nextBeat numbers a heartbeat: the clock's milliseconds, past the last beat's. A process
 // restarted under the same instance name numbers its beats past its old ones (a clock stepped
 // back by more than lease_ttl aside), so its old releases do not outdate them. Called with mu
