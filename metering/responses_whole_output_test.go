@@ -35,3 +35,36 @@ func TestResponsesWholeAnswerCountsWhatItsStreamCounts(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesWholeAnswerCountsToolCodeAsItsStream: the code a Responses answer's model wrote
+// for a tool — a code interpreter's code, a shell's commands, a patch's diff — counts in the
+// estimate of its output read whole or in pieces, as their deltas (and a patch delivered whole
+// in its output_item.done) count in a stream. Read whole they counted nothing, and an answer
+// of tool calls without a usage report was charged its prompt alone.
+func TestResponsesWholeAnswerCountsToolCodeAsItsStream(t *testing.T) {
+	const code, command, diff = "import math\\nprint(math.pi)", "ls -la /tmp", "@@ -1 +1 @@\\n-a\\n+b"
+	stream := NewMeter(FormatResponses)
+	for _, ev := range []string{
+		`{"type":"response.code_interpreter_call_code.delta","output_index":0,"item_id":"ci_1","delta":"` + code + `"}`,
+		`{"type":"response.shell_call_command.delta","output_index":1,"command_index":0,"delta":"` + command + `"}`,
+		`{"type":"response.output_item.done","output_index":2,"item":{"type":"apply_patch_call","id":"ap_1","call_id":"c","operation":{"type":"update_file","path":"a","diff":"` + diff + `"}}}`,
+	} {
+		stream.Event(Event{Data: []byte(ev)})
+	}
+	want := stream.Result().OutputChars
+	if unescaped := int64(len(code) + len(command) + len(diff) - 3); want != unescaped {
+		t.Fatalf("the stream counted %d bytes of output, want %d", want, unescaped)
+	}
+	body := `{"id":"resp_1","object":"response","status":"completed","model":"gpt-test","output":[` +
+		`{"id":"ci_1","type":"code_interpreter_call","container_id":"cntr","code":"` + code + `","outputs":[{"type":"logs","logs":"3.14"}]},` +
+		`{"id":"sh_1","type":"shell_call","call_id":"c1","action":{"commands":["` + command + `"],"timeout_ms":1000}},` +
+		`{"id":"ap_1","type":"apply_patch_call","call_id":"c2","operation":{"type":"update_file","path":"a","diff":"` + diff + `"}}]}`
+	if got := textWhole(FormatResponses, body); got != want {
+		t.Errorf("read whole: %d bytes of output, want %d as its stream counts", got, want)
+	}
+	for _, size := range []int{1, 7, len(body)} {
+		if got := textPieces(FormatResponses, body, func() int { return size }); got != want {
+			t.Errorf("read in pieces of %d: %d bytes of output, want %d as its stream counts", size, got, want)
+		}
+	}
+}

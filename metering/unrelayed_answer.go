@@ -23,9 +23,10 @@ import (
 // audio. It counts the bytes of the text Meter.Body counts as well: a chat message's content,
 // reasoning_content, reasoning and refusal, its tool calls' and function_call's arguments,
 // its audio's transcript, or a legacy completion's choices[].text (openAIChoices); an
-// Anthropic message's content blocks' text and thinking, and the raw JSON of their input; a
-// Responses answer's output items' arguments and custom tool input, their content parts' text
-// and refusal, and their reasoning summaries' text. It reads JSON as
+// Anthropic message's content blocks' text and thinking, a compaction block's content, and the
+// raw JSON of their input; a Responses answer's output items' arguments, custom tool input,
+// code interpreter code, shell commands and patch diff, their content parts' text and refusal,
+// and their reasoning summaries' text. It reads JSON as
 // gjson does a valid body; on one that is not, it measures what it can (such an answer read
 // whole is refused, never metered).
 type UnrelayedAnswer struct {
@@ -45,8 +46,15 @@ type UnrelayedAnswer struct {
 	key             [answerKeyLen]byte
 	keyLen          int // bytes of key gathered; past answerKeyLen the key matches none
 	data            *spokenData
-	counting        bool   // the string being read is text whose bytes count
-	format          Format // FormatChat for an embeddings answer, read as a chat one
+	counting        bool // the string being read is text whose bytes count
+	// The text being counted is an Anthropic block's content whose type was not read yet: its
+	// bytes are held in the block's frame until its type says whether it is a compaction.
+	holding bool
+	// The string being read is an Anthropic block's type: its bytes gathered in typ.
+	typing bool
+	typ    [len(compactionType)]byte
+	typLen int    // bytes of typ gathered; past len(typ) the type is not a compaction
+	format Format // FormatChat for an embeddings answer, read as a chat one
 	// A value whose raw JSON counts (an Anthropic tool_use input) being read: of which kind,
 	// where it began, and for a container the depth outside it.
 	raw        rawKind
@@ -132,10 +140,15 @@ func (b *UnrelayedAnswer) Write(p []byte) (int, error) {
 				// A value's plain run (most of an answer's bytes: its text, its audio), read in
 				// one piece: measured when it is the audio, else skipped.
 				j := plainRun(p[i:]) + i
-				if b.data != nil {
+				switch {
+				case b.data != nil:
 					b.data.write(unsafeString(p[i:j]))
-				} else if b.counting {
-					b.textBytes += int64(j - i)
+				case b.counting:
+					b.count(int64(j - i))
+				case b.typing:
+					for _, c := range p[i:j] {
+						b.typeByte(c)
+					}
 				}
 				i = j - 1
 				continue
@@ -194,19 +207,38 @@ type answerFrame struct {
 	// The keys read once that were seen (a choice's "message" or "text", a function's
 	// "arguments", a tool call's function holding "arguments", a content block's "text"): gjson's
 	// Get reads the first.
-	seen uint8
+	seen uint16
+	// An Anthropic block's kind, by its first "type": not read yet, a compaction (whose content
+	// is output text) or any other. held counts its content's text read before its type was.
+	kind uint8
+	held int64
 }
+
+// compactionType is the type of an Anthropic block whose content is output text.
+const compactionType = "compaction"
+
+// An Anthropic block's kind, by its type.
+const (
+	kindUnread uint8 = iota
+	kindCompaction
+	kindOther
+)
 
 // The keys of a container that are read once, as bits of its frame's seen.
 const (
-	firstMain      uint8 = 1 << iota // a choice's message (text), the answer's content (output), an item's content
-	firstFunction                    // a tool call's function holding arguments
-	firstArguments                   // a function's, or an item's, arguments
-	firstText                        // a content block's or a part's text
-	firstThinking                    // a content block's thinking
-	firstInput                       // a content block's input, a Responses item's
-	firstSummary                     // a Responses item's summary
-	firstRefusal                     // a Responses part's refusal
+	firstMain      uint16 = 1 << iota // a choice's message (text), the answer's content (output), an item's content, an action's commands, an operation's diff
+	firstFunction                     // a tool call's function holding arguments
+	firstArguments                    // a function's, or an item's, arguments
+	firstText                         // a content block's or a part's text
+	firstThinking                     // a content block's thinking
+	firstInput                        // a content block's input, a Responses item's
+	firstSummary                      // a Responses item's summary
+	firstRefusal                      // a Responses part's refusal
+	firstType                         // a content block's type
+	firstContent                      // a content block's content
+	firstCode                         // a Responses item's code
+	firstAction                       // a Responses item's action
+	firstOperation                    // a Responses item's operation
 )
 
 // Where a value stands on the path to the audio data.
@@ -229,6 +261,11 @@ const (
 	roleItem      // one of its items
 	roleParts     // an item's content
 	rolePart      // one of its parts
+	roleBlockType // a block's type: a string read to tell a compaction
+	roleBlockText // a block's content: text when the block is a compaction
+	roleAction    // a Responses item's action (a shell call's)
+	roleCommands  // its commands: each a string of text
+	roleOperation // a Responses item's operation (a patch's): its diff is text
 )
 
 // skipLead reports whether c is part of what TrimBody trims before an answer: white space
@@ -297,7 +334,7 @@ func (b *UnrelayedAnswer) structural(c byte) {
 		if role == roleRaw {
 			b.rawBegins(rawContainer)
 		}
-		if role == roleText || role == roleData || role == roleRaw {
+		if role == roleText || role == roleData || role == roleRaw || role == roleBlockType || role == roleBlockText {
 			role = roleNone // text that is no string: none counts (strLen); raw JSON counts whole
 		}
 		b.depth++
@@ -333,6 +370,14 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			b.counting = true
 		case roleRaw:
 			b.rawBegins(rawString)
+		case roleBlockType:
+			b.typing, b.typLen = true, 0
+		case roleBlockText:
+			// Counted as it comes when the block is a compaction, held until its type when
+			// that is not read yet.
+			if f != nil {
+				b.counting, b.holding = f.kind != kindOther, f.kind == kindUnread
+			}
 		}
 	case ':':
 		if f := b.top(); f != nil && f.obj {
@@ -381,6 +426,8 @@ func (b *UnrelayedAnswer) valueStarts() uint8 {
 			role = roleItem
 		case roleParts:
 			role = rolePart
+		case roleCommands:
+			role = roleText
 		}
 	}
 	return role
@@ -393,8 +440,10 @@ func (b *UnrelayedAnswer) valueStarts() uint8 {
 // "reasoning_content", "reasoning", "refusal", "tool_calls" and "function_call" of a message,
 // the first "function" of a tool call and the first "arguments" of a function. As Meter.Body
 // reads an Anthropic message: the first "content" of the answer, and of each of its blocks the
-// first "text", "thinking" and "input"; a Responses answer: the first "output" of the answer,
-// of each of its items the first "arguments", "input", "content" and "summary", of each part
+// first "text", "thinking" and "input", and the first "content" when its first "type" is
+// "compaction"; a Responses answer: the first "output" of the answer, of each of its items the
+// first "arguments", "input", "content", "summary" and "code", the elements of the first
+// "commands" of its first "action" and the first "diff" of its first "operation", of each part
 // the first "text" and "refusal".
 func (b *UnrelayedAnswer) keyEnds() {
 	f := b.top()
@@ -402,7 +451,7 @@ func (b *UnrelayedAnswer) keyEnds() {
 		return
 	}
 	key := string(b.key[:b.keyLen])
-	first := func(bit, role uint8) {
+	first := func(bit uint16, role uint8) {
 		if f.seen&bit == 0 {
 			b.pending = role
 		}
@@ -463,6 +512,13 @@ func (b *UnrelayedAnswer) keyEnds() {
 			first(firstThinking, roleText)
 		case "input":
 			first(firstInput, roleRaw)
+		case "type":
+			first(firstType, roleBlockType)
+			if b.pending == roleBlockType {
+				f.kind = kindOther // unless it is the string "compaction"
+			}
+		case "content":
+			first(firstContent, roleBlockText)
 		}
 	case roleItem:
 		switch key {
@@ -474,6 +530,20 @@ func (b *UnrelayedAnswer) keyEnds() {
 			first(firstMain, roleParts)
 		case "summary": // a reasoning item's
 			first(firstSummary, roleParts)
+		case "code": // a code interpreter call's
+			first(firstCode, roleText)
+		case "action":
+			first(firstAction, roleAction)
+		case "operation":
+			first(firstOperation, roleOperation)
+		}
+	case roleAction:
+		if key == "commands" {
+			first(firstMain, roleCommands)
+		}
+	case roleOperation:
+		if key == "diff" {
+			first(firstMain, roleText)
 		}
 	case rolePart:
 		switch key {
@@ -530,7 +600,14 @@ func (b *UnrelayedAnswer) stringByte(c byte) {
 	case c == '\\':
 		b.esc = 1
 	case c == '"':
-		b.inString, b.counting = false, false
+		b.inString, b.counting, b.holding = false, false, false
+		if b.typing {
+			b.typing = false
+			if f := b.top(); f != nil && b.typLen == len(b.typ) && string(b.typ[:]) == compactionType {
+				f.kind = kindCompaction
+				b.textBytes += f.held
+			}
+		}
 		if b.raw == rawString {
 			b.rawEnds(b.at + 1)
 		}
@@ -592,8 +669,28 @@ func (b *UnrelayedAnswer) text(c byte) {
 		one := [1]byte{c}
 		b.data.write(string(one[:]))
 	case b.counting:
-		b.textBytes++
+		b.count(1)
+	case b.typing:
+		b.typeByte(c)
 	}
+}
+
+// count adds n bytes of text: to the answer's, or held in the innermost frame, a block whose
+// type is not read yet.
+func (b *UnrelayedAnswer) count(n int64) {
+	if f := b.top(); b.holding && f != nil {
+		f.held += n
+		return
+	}
+	b.textBytes += n
+}
+
+// typeByte gathers one byte of a block's type.
+func (b *UnrelayedAnswer) typeByte(c byte) {
+	if b.typLen < len(b.typ) {
+		b.typ[b.typLen] = c
+	}
+	b.typLen = min(b.typLen+1, len(b.typ)+1)
 }
 
 // plainRun is how many bytes of p, a string's text, come before its end or an escape.

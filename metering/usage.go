@@ -155,6 +155,11 @@ func (m *Meter) Body(body []byte) {
 			if in := c.Get("input"); in.Exists() {
 				m.res.OutputChars += int64(len(in.Raw))
 			}
+			// A compaction block's summary, the model's words as its compaction_delta is in a
+			// stream. A server tool's result block has content too, which is no output.
+			if c.Get("type").Str == "compaction" {
+				m.res.OutputChars += strLen(c.Get("content"))
+			}
 			return true
 		})
 	case FormatResponses:
@@ -165,8 +170,14 @@ func (m *Meter) Body(body []byte) {
 		}
 		gjson.Get(s, "output").ForEach(func(_, o gjson.Result) bool {
 			// What the stream's deltas carry (responsesEvent): a function's arguments, a custom
-			// tool's input, a message's text and refusal, a reasoning item's summary.
-			m.res.OutputChars += strLen(o.Get("arguments")) + strLen(o.Get("input"))
+			// tool's input, a message's text and refusal, a reasoning item's summary, the code a
+			// code interpreter runs, a shell's commands and a patch's diff.
+			m.res.OutputChars += strLen(o.Get("arguments")) + strLen(o.Get("input")) + strLen(o.Get("code"))
+			o.Get("action").Get("commands").ForEach(func(_, c gjson.Result) bool {
+				m.res.OutputChars += strLen(c)
+				return true
+			})
+			m.res.OutputChars += strLen(o.Get("operation").Get("diff"))
 			o.Get("content").ForEach(func(_, c gjson.Result) bool {
 				m.res.OutputChars += strLen(c.Get("text")) + strLen(c.Get("refusal"))
 				return true
