@@ -175,14 +175,24 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 		p.message(in)
 		return
 	}
+	var loopReasoning int64
 	in.ForEach(func(_, item gjson.Result) bool {
 		p.messages++
 		if item.Type == gjson.String {
 			p.count(item) // a bare string is a user message
+			loopReasoning = 0
 		}
-		var content, output, arguments, input, action, operation, tools string
+		var typ, role, content, output, arguments, input, action, operation, tools, summary, encrypted string
 		jsontop.Members(item.Raw, func(k, v string) bool {
 			switch k {
+			case "type":
+				firstOf(&typ, v)
+			case "role":
+				firstOf(&role, v)
+			case "summary":
+				firstOf(&summary, v)
+			case "encrypted_content":
+				firstOf(&encrypted, v)
 			case "content":
 				firstOf(&content, v)
 			case "output":
@@ -200,6 +210,19 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 			}
 			return true
 		})
+		switch {
+		case gjson.Parse(typ).Str == "reasoning":
+			// The reasoning the model did in the current tool loop, sent back for it to read on:
+			// its text (summary, reasoning text) or, with store off, all of it encrypted, which
+			// the provider decrypts for the model and bills as input. Opaque, its bytes stand for
+			// its tokens (as a redacted_thinking block's data's); the larger of the two counts,
+			// not both, which tell the same reasoning. The provider drops the reasoning of turns
+			// before the last user message, unbilled.
+			loopReasoning += max(rawTextLen(summary, 0)+rawTextLen(content, 0), rawStrLen(encrypted))
+			return true
+		case gjson.Parse(role).Str == "user":
+			loopReasoning = 0 // a new turn
+		}
 		p.textBytes += rawTextLen(content, 0)
 		p.addToolOutput(output)
 		p.textBytes += rawStringLen(arguments) // function_call
@@ -215,6 +238,7 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 		p.textBytes += int64(len(tools))
 		return true
 	})
+	p.textBytes += loopReasoning
 }
 
 // addToolOutput adds a tool's output sent back in a Responses input item: a function's (a
@@ -254,16 +278,19 @@ func onlyToolResults(content gjson.Result) bool {
 	return only
 }
 
-// thinkingLen is the thinking an Anthropic assistant turn sends back: a thinking block's text,
-// a redacted_thinking block's encrypted data (its tokens are not known; its bytes stand for
-// them). Within the current tool loop the caller must send it back, and Anthropic bills it as
-// input; thinking before the last user turn it strips, unbilled (see estimateInput).
+// thinkingLen is the thinking an Anthropic assistant turn sends back: a thinking block's text
+// or its signature, a redacted_thinking block's encrypted data (its tokens are not known; its
+// bytes stand for them). The signature holds the whole thinking encrypted, which the model
+// reads back (on Claude 4 models the text is only a summary of it; on Claude 3.7 the text is
+// the whole and the signature short): the larger of the two counts, not both. Within the
+// current tool loop the caller must send it back, and Anthropic bills it as input; thinking
+// before the last user turn it strips, unbilled (see estimateInput).
 func thinkingLen(content gjson.Result) int64 {
 	var n int64
 	content.ForEach(func(_, b gjson.Result) bool {
 		switch b.Get("type").Str {
 		case "thinking":
-			n += strLen(b.Get("thinking"))
+			n += max(strLen(b.Get("thinking")), strLen(b.Get("signature")))
 		case "redacted_thinking":
 			n += strLen(b.Get("data"))
 		}

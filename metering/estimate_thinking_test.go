@@ -34,3 +34,68 @@ func TestInputEstimateCountsTheCurrentToolLoopsThinking(t *testing.T) {
 		t.Errorf("estimate %d tokens for a prompt whose only thinking is an earlier turn's (stripped by Anthropic), want a few", got)
 	}
 }
+
+// TestInputEstimateCountsTheSignedThinking: a thinking block sent back in the current tool loop
+// carries the model's whole thinking encrypted in its signature (on Claude 4 models its
+// thinking text is only a summary of it), which the model reads back and Anthropic bills as
+// input. Only the summary was counted, and a loop whose thinking was long was estimated at a
+// fraction of it. The signature's bytes stand for its tokens, as a redacted_thinking block's
+// data's do; the larger of the two counts, never both (a Claude 3.7 block's text is the whole
+// thinking, its signature short).
+func TestInputEstimateCountsTheSignedThinking(t *testing.T) {
+	whole := strings.Repeat("x", 40_000) // ~10 000 tokens
+	loop := func(block string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"go"},` +
+			`{"role":"assistant","content":[` + block + `,{"type":"tool_use","id":"t","name":"f","input":{}}]},` +
+			`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"ok"}]}]}`
+	}
+	if got := EstimateInputTokens(FormatAnthropic, []byte(loop(`{"type":"thinking","thinking":"a short summary","signature":"`+whole+`"}`))); got < 10_000 {
+		t.Errorf("estimate %d tokens for a tool loop sending back a summary signed with 40 000 bytes, want ≥ 10 000", got)
+	}
+	if got := EstimateInputTokens(FormatAnthropic, []byte(loop(`{"type":"thinking","thinking":"`+whole+`","signature":"`+whole+`"}`))); got >= 15_000 {
+		t.Errorf("estimate %d tokens for 40 000 bytes of thinking and as long a signature, want them counted once (< 15 000)", got)
+	}
+	earlier := `{"model":"m","messages":[{"role":"user","content":"go"},` +
+		`{"role":"assistant","content":[{"type":"thinking","thinking":"s","signature":"` + whole + `"},{"type":"text","text":"done"}]},` +
+		`{"role":"user","content":"next"}]}`
+	if got := EstimateInputTokens(FormatAnthropic, []byte(earlier)); got > 100 {
+		t.Errorf("estimate %d tokens for a prompt whose only signed thinking is an earlier turn's (stripped by Anthropic), want a few", got)
+	}
+}
+
+// TestInputEstimateCountsTheCurrentToolLoopsReasoning: a Responses request that sends back the
+// reasoning items of its current tool loop (after its last user message) — their summary, and
+// with store off their encrypted_content, the model's whole reasoning, which the provider
+// decrypts for the model to read — is billed that reasoning as input. Neither was counted, and
+// a stateless tool loop with long reasoning was estimated at a few tokens. The encrypted
+// content is opaque: its bytes stand for its tokens, as an Anthropic redacted_thinking's data's
+// do; the larger of it and the text sent beside it counts, never both. Reasoning items before
+// the last user message are dropped by the provider, unbilled: not counted either.
+func TestInputEstimateCountsTheCurrentToolLoopsReasoning(t *testing.T) {
+	whole := strings.Repeat("x", 40_000) // ~10 000 tokens
+	loop := func(item string) string {
+		return `{"model":"m","input":[{"role":"user","content":"go"},` + item + `,` +
+			`{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},` +
+			`{"type":"function_call_output","call_id":"c","output":"ok"}]}`
+	}
+	for _, tc := range []struct {
+		name, item string
+	}{
+		{"encrypted content", `{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"short"}],"encrypted_content":"` + whole + `"}`},
+		{"summary", `{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"` + whole + `"}]}`},
+		{"reasoning text", `{"type":"reasoning","id":"rs_1","summary":[],"content":[{"type":"reasoning_text","text":"` + whole + `"}]}`},
+	} {
+		if got := EstimateInputTokens(FormatResponses, []byte(loop(tc.item))); got < 10_000 {
+			t.Errorf("%s: estimate %d tokens for a tool loop sending back 40 000 bytes of reasoning, want ≥ 10 000", tc.name, got)
+		}
+	}
+	both := `{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"` + whole + `"}],"encrypted_content":"` + whole + `"}`
+	if got := EstimateInputTokens(FormatResponses, []byte(loop(both))); got >= 15_000 {
+		t.Errorf("estimate %d tokens for 40 000 bytes of summary and as long an encrypted content, want them counted once (< 15 000)", got)
+	}
+	earlier := `{"model":"m","input":[{"role":"user","content":"go"},` + both + `,` +
+		`{"type":"message","role":"assistant","content":[{"type":"output_text","text":"done"}]},{"role":"user","content":"next"}]}`
+	if got := EstimateInputTokens(FormatResponses, []byte(earlier)); got > 100 {
+		t.Errorf("estimate %d tokens for an input whose only reasoning is an earlier turn's (dropped by the provider), want a few", got)
+	}
+}
