@@ -183,6 +183,7 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 			loopReasoning = 0
 		}
 		var typ, role, content, output, arguments, input, action, operation, tools, summary, encrypted string
+		var code, outputs, queries, results string
 		jsontop.Members(item.Raw, func(k, v string) bool {
 			switch k {
 			case "type":
@@ -207,6 +208,14 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 				firstOf(&operation, v)
 			case "tools":
 				firstOf(&tools, v)
+			case "code":
+				firstOf(&code, v)
+			case "outputs":
+				firstOf(&outputs, v)
+			case "queries":
+				firstOf(&queries, v)
+			case "results":
+				firstOf(&results, v)
 			}
 			return true
 		})
@@ -236,15 +245,26 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 		// An MCP server's tool list sent back (mcp_list_tools): the provider reads it, as it
 		// does the request's own tool definitions, instead of listing the tools again.
 		p.textBytes += int64(len(tools))
+		// What a hosted tool did, sent back: the model reads it, and the provider bills it as
+		// input. A compaction's encrypted content (the context before it, opaque: its bytes
+		// stand for its tokens), a code interpreter's code and logs, a file search's queries
+		// and the text of the chunks it found.
+		p.textBytes += rawStrLen(encrypted) + rawStrLen(code)
+		containerAt(outputs).ForEach(func(_, out gjson.Result) bool {
+			p.textBytes += strLen(out.Get("logs"))
+			return true
+		})
+		p.textBytes += rawTextLen(queries, 0) + rawTextLen(results, 0)
 		return true
 	})
 	p.textBytes += loopReasoning
 }
 
 // addToolOutput adds a tool's output sent back in a Responses input item: a function's (a
-// string, or a list of parts), a shell's (a list of stdout and stderr chunks, which are no
-// text parts) or a computer-use screenshot (one image, an object). Counted as text parts only,
-// a computer-use loop of screenshots was estimated at a few tokens.
+// string, or a list of parts), a shell's (a list of stdout and stderr chunks, which partLen
+// reads as it does Anthropic's code execution output) or a computer-use screenshot (one image,
+// an object). Counted as text parts only, a computer-use loop of screenshots was estimated at a
+// few tokens.
 func (p *promptSize) addToolOutput(raw string) {
 	if strings.HasPrefix(raw, "{") {
 		out := gjson.Parse(raw)
@@ -255,13 +275,7 @@ func (p *promptSize) addToolOutput(raw string) {
 		}
 		return
 	}
-	p.textBytes += rawTextLen(raw, 0)
-	if out := containerAt(raw); out.IsArray() {
-		out.ForEach(func(_, chunk gjson.Result) bool {
-			p.textBytes += strLen(chunk.Get("stdout")) + strLen(chunk.Get("stderr"))
-			return true
-		})
-	}
+	p.textBytes += rawTextLen(raw, 0) // a shell's chunks too: partLen counts their stdout and stderr
 }
 
 // onlyToolResults reports whether an Anthropic user turn's content is tool results alone: a
@@ -374,9 +388,15 @@ func partLen(part gjson.Result, depth int) int64 {
 	case part.IsArray():
 		return textLenAt(part, depth+1)
 	}
-	var typ, text, refusal, content, input string
+	var typ, text, refusal, content, input, encrypted, stdout, stderr string
 	jsontop.Members(part.Raw, func(k, v string) bool {
 		switch k {
+		case "encrypted_content":
+			firstOf(&encrypted, v)
+		case "stdout":
+			firstOf(&stdout, v)
+		case "stderr":
+			firstOf(&stderr, v)
 		case "type":
 			firstOf(&typ, v)
 		case "text":
@@ -399,6 +419,10 @@ func partLen(part gjson.Result, depth int) int64 {
 	n := rawStringLen(text)
 	// An assistant's refusal sent back (chat's part, a Responses output message's).
 	n += rawStringLen(refusal)
+	// What a tool gave the model, sent back: an Anthropic web search result's page, encrypted
+	// (opaque: its bytes stand for its tokens), a code execution's output (Anthropic's, in an
+	// object; a Responses shell's chunks).
+	n += rawStrLen(encrypted) + rawStrLen(stdout) + rawStrLen(stderr)
 	switch object := strings.HasPrefix(content, "{"); {
 	case object && depth+1 >= maxContentDepth:
 		n += int64(len(content))

@@ -34,3 +34,28 @@ func TestEstimateResponsesToolLoopItems(t *testing.T) {
 		}
 	}
 }
+
+// TestEstimateResponsesHostedToolItems: a Responses input that sends back what a hosted tool
+// did — a compaction (the whole context before it, encrypted), a code interpreter's call (its
+// code and its logs), a file search (its queries and the text of the chunks it found) — is
+// billed it as input: the model reads it. Not read, each was estimated at its message's 4
+// tokens. The compaction's encrypted content is opaque: its bytes stand for its tokens, as an
+// Anthropic redacted_thinking block's data's do.
+func TestEstimateResponsesHostedToolItems(t *testing.T) {
+	text := strings.Repeat("x", 400) // 100 tokens
+	for _, tc := range []struct {
+		name, item string
+		want       int64 // tokens, its message's 4 included
+	}{
+		{"compaction", `{"type":"compaction","id":"cmp_1","encrypted_content":"` + text + `"}`, 100 + 4},
+		{"code interpreter", `{"type":"code_interpreter_call","id":"ci","container_id":"c","code":"` + text[:200] + `",` +
+			`"outputs":[{"type":"logs","logs":"` + text[:200] + `"}],"status":"completed"}`, 100 + 4},
+		{"file search", `{"type":"file_search_call","id":"fs","queries":["` + text[:200] + `"],"status":"completed",` +
+			`"results":[{"file_id":"f","filename":"a.txt","score":0.9,"text":"` + text[:200] + `"}]}`, 100 + 4},
+	} {
+		body := `{"model":"m","input":[` + tc.item + `]}`
+		if got, _ := metering.EstimatePrompt(metering.FormatResponses, []byte(body)); got != tc.want {
+			t.Errorf("%s: estimated %d tokens, want %d", tc.name, got, tc.want)
+		}
+	}
+}
