@@ -21,14 +21,14 @@ import (
 // answer written to it in pieces and measures each as Meter.Body does (spokenAnswer): a WAV or MP3
 // file by how long it plays, any other data as raw PCM. It keeps a few KiB of each, never the
 // audio. It counts the bytes of the text Meter.Body counts as well: a chat message's content,
-// reasoning_content, reasoning and refusal, its tool calls' and function_call's arguments,
-// its audio's transcript, or a legacy completion's choices[].text (openAIChoices); an
-// Anthropic message's content blocks' text and thinking, a compaction block's content, and the
-// raw JSON of their input; a Responses answer's output items' arguments, custom tool input,
-// code interpreter code, shell commands and patch diff, their content parts' text and refusal,
-// and their reasoning summaries' text. It reads JSON as
-// gjson does a valid body; on one that is not, it measures what it can (such an answer read
-// whole is refused, never metered).
+// reasoning_content, reasoning and refusal, its tool calls' and function_call's arguments, its
+// custom tool calls' input, its audio's transcript, or a legacy completion's choices[].text
+// (openAIChoices); an Anthropic message's content blocks' text and thinking, a compaction
+// block's content, and the raw JSON of their input; a Responses answer's output items'
+// arguments, custom tool input, code interpreter code, shell commands and patch diff, their
+// content parts' text and refusal, and their reasoning summaries' text. It reads JSON as gjson
+// does a valid body; on one that is not, it measures what it can (such an answer read whole is
+// refused, never metered).
 type UnrelayedAnswer struct {
 	started, done bool    // the first byte that is not space or a BOM was seen; the top value ended
 	bom           bool    // the leading BOM TrimBody trims was seen
@@ -239,6 +239,7 @@ const (
 	firstCode                         // a Responses item's code
 	firstAction                       // a Responses item's action
 	firstOperation                    // a Responses item's operation
+	firstCustom                       // a chat tool call's custom (a custom tool's call)
 )
 
 // Where a value stands on the path to the audio data.
@@ -266,6 +267,7 @@ const (
 	roleAction    // a Responses item's action (a shell call's)
 	roleCommands  // its commands: each a string of text
 	roleOperation // a Responses item's operation (a patch's): its diff is text
+	roleCustom    // a chat tool call's custom: its input is text
 )
 
 // skipLead reports whether c is part of what TrimBody trims before an answer: white space
@@ -438,7 +440,8 @@ func (b *UnrelayedAnswer) valueStarts() uint8 {
 // of the answer, the first "message" of a choice (its first "text" in a legacy completion),
 // every "audio" of a message and every "data" and "transcript" of an audio, every "content",
 // "reasoning_content", "reasoning", "refusal", "tool_calls" and "function_call" of a message,
-// the first "function" of a tool call and the first "arguments" of a function. As Meter.Body
+// the first "function" of a tool call and the first "arguments" of a function, the first
+// "input" of a tool call's first "custom". As Meter.Body
 // reads an Anthropic message: the first "content" of the answer, and of each of its blocks the
 // first "text", "thinking" and "input", and the first "content" when its first "type" is
 // "compaction"; a Responses answer: the first "output" of the answer, of each of its items the
@@ -494,8 +497,15 @@ func (b *UnrelayedAnswer) keyEnds() {
 	case roleToolCall:
 		// tc.Get("function.arguments") reads the first "arguments" of the first "function"
 		// that is an object holding one: sawFirst, once one was.
-		if key == "function" && f.seen&firstFunction == 0 {
+		switch {
+		case key == "function" && f.seen&firstFunction == 0:
 			b.pending = roleFunction
+		case key == "custom":
+			first(firstCustom, roleCustom)
+		}
+	case roleCustom:
+		if key == "input" {
+			first(firstInput, roleText)
 		}
 	case roleFunction:
 		if key == "arguments" {

@@ -185,11 +185,13 @@ func textCases() map[string]string {
 		"responses tools": `{"output":[{"type":"code_interpreter_call","code":"ab","code":"no","outputs":[{"logs":"no"}]},` +
 			`{"action":{"commands":["c","d",7,["no"]],"commands":["no"]},"action":{"commands":["no"]}},{"action":{"commands":{"a":"e"}}},` +
 			`{"action":"commands"},{"operation":{"diff":"f\n","diff":"no"}},{"operation":[{"diff":"no"}]}]}`,
-		"responses odd":  `{"output":{"a":{"content":{"p":{"text":"xy"}},"content":[{"text":"no"}]},"b":"text","c":[{"text":"no"}],"d":{"arguments":{"a":"no"}}}}`,
-		"content":        `{"choices":[{"message":{"role":"assistant","content":"Hello there."}}]}`,
-		"every field":    `{"choices":[{"message":{"content":"a","reasoning_content":"bb","reasoning":"ccc","refusal":"dddd","audio":{"transcript":"eeeee","data":"AAAA"}}}]}`,
-		"escapes":        `{"choices":[{"message":{"content":"\u00e9\n\"\\\/\ud83d\ude00\ud83d x\udc00"}}]}`,
-		"tool calls":     `{"choices":[{"message":{"content":null,"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{\"a\":1}","arguments":"no"}},{"function":"x","function":["arguments"],"function":{"x":{"arguments":"no"}},"function":{"arguments":"yes"},"function":{"arguments":"no"}},{"function":{"arguments":{"a":1}},"function":{"arguments":"no"}}]}}]}`,
+		"responses odd": `{"output":{"a":{"content":{"p":{"text":"xy"}},"content":[{"text":"no"}]},"b":"text","c":[{"text":"no"}],"d":{"arguments":{"a":"no"}}}}`,
+		"content":       `{"choices":[{"message":{"role":"assistant","content":"Hello there."}}]}`,
+		"every field":   `{"choices":[{"message":{"content":"a","reasoning_content":"bb","reasoning":"ccc","refusal":"dddd","audio":{"transcript":"eeeee","data":"AAAA"}}}]}`,
+		"escapes":       `{"choices":[{"message":{"content":"\u00e9\n\"\\\/\ud83d\ude00\ud83d x\udc00"}}]}`,
+		"tool calls":    `{"choices":[{"message":{"content":null,"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{\"a\":1}","arguments":"no"}},{"function":"x","function":["arguments"],"function":{"x":{"arguments":"no"}},"function":{"arguments":"yes"},"function":{"arguments":"no"}},{"function":{"arguments":{"a":1}},"function":{"arguments":"no"}}]}}]}`,
+		"custom tool calls": `{"choices":[{"message":{"tool_calls":[{"type":"custom","custom":{"name":"f","input":"ab","input":"no"},"custom":{"input":"no"}},` +
+			`{"custom":"input"},{"custom":{"input":{"a":"no"}}},{"custom":{"x":{"input":"no"}},"custom":{"input":"no"}},{"custom":{"inp\u0075t":"c"},"function":{"arguments":"d"}}]}}]}`,
 		"function call":  `{"choices":[{"message":{"function_call":{"name":"f","arguments":"{}"},"function_call":{"arguments":"yes"}}}]}`,
 		"duplicates":     `{"choices":[{"message":{"content":"one","content":"two"},"message":{"content":"not read"}},{"message":{"content":"three"}}],"choices":[{"message":{"content":"four"}}]}`,
 		"choices object": `{"choices":{"a":{"message":{"content":"x"}},"b":{"message":{"tool_calls":{"t":{"function":{"arguments":"yz"}}}}}}}`,
@@ -253,7 +255,7 @@ func TestUnrelayedAnswerCountsTextAsTheWholeAnswer(t *testing.T) {
 		}
 	}
 	// Not vacuous: the cases hold text of each kind.
-	for name, want := range map[string]int64{"every field": 15, "tool calls": 10, "function call": 5, "duplicates": 15, "completions": 6,
+	for name, want := range map[string]int64{"every field": 15, "tool calls": 10, "custom tool calls": 4, "function call": 5, "duplicates": 15, "completions": 6,
 		"anthropic": 2 + 3 + 22, "anthropic inputs": 6 + 6 + 4 + 4 + 2 + 1, "anthropic content object": 5, "anthropic compaction": 5, "responses tools": 2 + 2 + 1 + 2, "responses": 6 + 7 + 2 + 2, "responses odd": 2} {
 		f := FormatChat
 		switch {

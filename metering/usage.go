@@ -281,7 +281,8 @@ func (m *Meter) openAIChoices(choices gjson.Result, key string) {
 				m.res.OutputChars += strLen(v)
 			case "tool_calls":
 				v.ForEach(func(_, tc gjson.Result) bool {
-					m.res.OutputChars += strLen(tc.Get("function.arguments"))
+					// A function's arguments, or what the model wrote for a custom tool.
+					m.res.OutputChars += strLen(tc.Get("function.arguments")) + strLen(tc.Get("custom").Get("input"))
 					return true
 				})
 			case "function_call":
