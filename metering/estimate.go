@@ -135,11 +135,20 @@ func (p *promptSize) message(v gjson.Result) {
 // in a body that may hold one (spoken): most do not, and the look is a second pass over every
 // message.
 func (p *promptSize) addChat(messages gjson.Result, spoken bool) {
+	// The reasoning sent back since the last user message, and whether a tool was called since.
+	var turnReasoning int64
+	var turnTools bool
 	messages.ForEach(func(_, m gjson.Result) bool {
 		p.messages++
-		var content, toolCalls, functionCall, refusal string
+		var role, content, toolCalls, functionCall, refusal, reasoningContent, reasoning string
 		jsontop.Members(m.Raw, func(k, v string) bool {
 			switch k {
+			case "role":
+				firstOf(&role, v)
+			case "reasoning_content":
+				firstOf(&reasoningContent, v)
+			case "reasoning":
+				firstOf(&reasoning, v)
 			case "content":
 				firstOf(&content, v)
 			case "tool_calls":
@@ -154,18 +163,40 @@ func (p *promptSize) addChat(messages gjson.Result, spoken bool) {
 			}
 			return true
 		})
+		if gjson.Parse(role).Str == "user" {
+			p.endChatTurn(turnReasoning, turnTools)
+			turnReasoning, turnTools = 0, false
+		}
 		p.textBytes += rawTextLen(content, 0)
 		gjson.Parse(toolCalls).ForEach(func(_, tc gjson.Result) bool {
 			p.textBytes += int64(len(tc.Get("function.arguments").String()))
 			p.textBytes += strLen(tc.Get("custom.input")) // a custom tool's call
+			turnTools = true
 			return true
 		})
 		// A function call of chat's function calling before tools (function_call), which
 		// OpenAI still serves.
-		p.textBytes += int64(len(gjson.Parse(functionCall).Get("arguments").String()))
+		if fc := gjson.Parse(functionCall); fc.IsObject() {
+			p.textBytes += int64(len(fc.Get("arguments").String()))
+			turnTools = true
+		}
 		p.textBytes += rawStringLen(refusal) // an assistant turn's refusal
+		// An assistant's reasoning sent back (DeepSeek's reasoning_content, a router's
+		// reasoning; the same text when a message gives both).
+		turnReasoning += max(rawStrLen(reasoningContent), rawStrLen(reasoning))
 		return true
 	})
+	p.endChatTurn(turnReasoning, turnTools)
+}
+
+// endChatTurn adds the reasoning a chat turn (the messages from a user message to the next)
+// sent back, when the turn called a tool: a provider that shows its reasoning (DeepSeek) keeps
+// that of a turn with tool calls in the model's context, in every later request, and bills it
+// as input; that of a turn without it ignores, unbilled.
+func (p *promptSize) endChatTurn(reasoning int64, tools bool) {
+	if tools {
+		p.textBytes += reasoning
+	}
 }
 
 // addResponsesInput adds a Responses request's input: one string (a message of its own) or

@@ -99,3 +99,36 @@ func TestInputEstimateCountsTheCurrentToolLoopsReasoning(t *testing.T) {
 		t.Errorf("estimate %d tokens for an input whose only reasoning is an earlier turn's (dropped by the provider), want a few", got)
 	}
 }
+
+// TestInputEstimateCountsTheReasoningOfChatToolTurns: a chat provider that shows its reasoning
+// (DeepSeek's reasoning_content, a router's reasoning) keeps the reasoning of every turn that
+// called tools in the model's context: the caller must send it back with those turns, in every
+// later request, and it is billed as input. It was not read, and a long agent loop was
+// estimated without it. The reasoning of a turn without tool calls the provider ignores,
+// unbilled: not counted either. A message giving it under both names counts it once.
+func TestInputEstimateCountsTheReasoningOfChatToolTurns(t *testing.T) {
+	thought := strings.Repeat("x", 40_000) // ~10 000 tokens
+	toolTurn := func(reasoning string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"go"},` +
+			`{"role":"assistant","content":null,` + reasoning + `,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},` +
+			`{"role":"tool","tool_call_id":"c","content":"ok"},{"role":"assistant","content":"done"},{"role":"user","content":"next"}]}`
+	}
+	for _, tc := range []struct {
+		name, reasoning string
+	}{
+		{"reasoning_content", `"reasoning_content":"` + thought + `"`},
+		{"reasoning", `"reasoning":"` + thought + `"`},
+	} {
+		if got := EstimateInputTokens(FormatChat, []byte(toolTurn(tc.reasoning))); got < 10_000 {
+			t.Errorf("%s: estimate %d tokens for a tool turn's 40 000 bytes of reasoning sent back, want ≥ 10 000", tc.name, got)
+		}
+	}
+	if got := EstimateInputTokens(FormatChat, []byte(toolTurn(`"reasoning_content":"`+thought+`","reasoning":"`+thought+`"`))); got >= 15_000 {
+		t.Errorf("estimate %d tokens for 40 000 bytes of reasoning under both names, want it counted once (< 15 000)", got)
+	}
+	plain := `{"model":"m","messages":[{"role":"user","content":"go"},{"role":"assistant","content":"done","reasoning_content":"` + thought + `"},` +
+		`{"role":"user","content":"next"}]}`
+	if got := EstimateInputTokens(FormatChat, []byte(plain)); got > 100 {
+		t.Errorf("estimate %d tokens for a prompt whose only reasoning is a turn's without tool calls (ignored by the provider), want a few", got)
+	}
+}
