@@ -1,6 +1,9 @@
 package metering
 
-import "testing"
+import (
+	"strconv"
+	"testing"
+)
 
 // TestResponsesWholeAnswerCountsWhatItsStreamCounts: a Responses answer read whole without a
 // usage report (a non-streamed answer cut partway, or one from a server that reports none) is
@@ -59,6 +62,36 @@ func TestResponsesWholeAnswerCountsToolCodeAsItsStream(t *testing.T) {
 		`{"id":"ci_1","type":"code_interpreter_call","container_id":"cntr","code":"` + code + `","outputs":[{"type":"logs","logs":"3.14"}]},` +
 		`{"id":"sh_1","type":"shell_call","call_id":"c1","action":{"commands":["` + command + `"],"timeout_ms":1000}},` +
 		`{"id":"ap_1","type":"apply_patch_call","call_id":"c2","operation":{"type":"update_file","path":"a","diff":"` + diff + `"}}]}`
+	if got := textWhole(FormatResponses, body); got != want {
+		t.Errorf("read whole: %d bytes of output, want %d as its stream counts", got, want)
+	}
+	for _, size := range []int{1, 7, len(body)} {
+		if got := textPieces(FormatResponses, body, func() int { return size }); got != want {
+			t.Errorf("read in pieces of %d: %d bytes of output, want %d as its stream counts", size, got, want)
+		}
+	}
+}
+
+// TestResponsesStreamCountsItemsDeliveredWhole: some items the model writes come in a Responses
+// stream whole, in their response.output_item.done, with no deltas before: an MCP tool call that
+// waits for approval (mcp_approval_request, its arguments) and a local shell call (its
+// action.command). The stream counted neither, where the same answer read whole counted the
+// approval's arguments (a local shell's command neither way): a stream cut after them was
+// charged less than the same answer cut read whole.
+func TestResponsesStreamCountsItemsDeliveredWhole(t *testing.T) {
+	const arguments, command0, command1 = `{\"path\":\"/srv/data\"}`, "ls", "-la /srv"
+	approval := `{"type":"mcp_approval_request","id":"mcpr_1","server_label":"fs","name":"list","arguments":"` + arguments + `"}`
+	shell := `{"type":"local_shell_call","id":"lsh_1","call_id":"c","status":"completed","action":{"type":"exec","command":["` + command0 + `","` + command1 + `"],"env":{}}}`
+	stream := NewMeter(FormatResponses)
+	for i, item := range []string{approval, shell} {
+		stream.Event(Event{Data: []byte(`{"type":"response.output_item.added","output_index":` + strconv.Itoa(i) + `,"item":` + item + `}`)})
+		stream.Event(Event{Data: []byte(`{"type":"response.output_item.done","output_index":` + strconv.Itoa(i) + `,"item":` + item + `}`)})
+	}
+	want := int64(len(arguments) - 4 + len(command0) + len(command1)) // arguments has 4 escapes
+	if got := stream.Result().OutputChars; got != want {
+		t.Errorf("the stream counted %d bytes of output, want %d", got, want)
+	}
+	body := `{"id":"resp_1","object":"response","status":"completed","output":[` + approval + `,` + shell + `]}`
 	if got := textWhole(FormatResponses, body); got != want {
 		t.Errorf("read whole: %d bytes of output, want %d as its stream counts", got, want)
 	}

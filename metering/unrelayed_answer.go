@@ -25,10 +25,10 @@ import (
 // custom tool calls' input, its audio's transcript, or a legacy completion's choices[].text
 // (openAIChoices); an Anthropic message's content blocks' text and thinking, a compaction
 // block's content, and the raw JSON of their input; a Responses answer's output items'
-// arguments, custom tool input, code interpreter code, shell commands and patch diff, their
-// content parts' text and refusal, and their reasoning summaries' text. It reads JSON as gjson
-// does a valid body; on one that is not, it measures what it can (such an answer read whole is
-// refused, never metered).
+// arguments, custom tool input, code interpreter code, shell commands (a local shell's
+// command) and patch diff, their content parts' text and refusal, and their reasoning
+// summaries' text. It reads JSON as gjson does a valid body; on one that is not, it measures
+// what it can (such an answer read whole is refused, never metered).
 type UnrelayedAnswer struct {
 	started, done bool    // the first byte that is not space or a BOM was seen; the top value ended
 	bom           bool    // the leading BOM TrimBody trims was seen
@@ -228,7 +228,7 @@ const (
 const (
 	firstMain      uint16 = 1 << iota // a choice's message (text), the answer's content (output), an item's content, an action's commands, an operation's diff
 	firstFunction                     // a tool call's function holding arguments
-	firstArguments                    // a function's, or an item's, arguments
+	firstArguments                    // a function's, or an item's, arguments; an action's command
 	firstText                         // a content block's or a part's text
 	firstThinking                     // a content block's thinking
 	firstInput                        // a content block's input, a Responses item's
@@ -441,13 +441,13 @@ func (b *UnrelayedAnswer) valueStarts() uint8 {
 // every "audio" of a message and every "data" and "transcript" of an audio, every "content",
 // "reasoning_content", "reasoning", "refusal", "tool_calls" and "function_call" of a message,
 // the first "function" of a tool call and the first "arguments" of a function, the first
-// "input" of a tool call's first "custom". As Meter.Body
-// reads an Anthropic message: the first "content" of the answer, and of each of its blocks the
-// first "text", "thinking" and "input", and the first "content" when its first "type" is
-// "compaction"; a Responses answer: the first "output" of the answer, of each of its items the
-// first "arguments", "input", "content", "summary" and "code", the elements of the first
-// "commands" of its first "action" and the first "diff" of its first "operation", of each part
-// the first "text" and "refusal".
+// "input" of a tool call's first "custom". As Meter.Body reads an Anthropic message: the first
+// "content" of the answer, and of each of its blocks the first "text", "thinking" and "input",
+// and the first "content" when its first "type" is "compaction"; a Responses answer: the first
+// "output" of the answer, of each of its items the first "arguments", "input", "content",
+// "summary" and "code", the elements of the first "commands" and of the first "command" of its
+// first "action" and the first "diff" of its first "operation", of each part the first "text"
+// and "refusal".
 func (b *UnrelayedAnswer) keyEnds() {
 	f := b.top()
 	if f == nil || b.keyLen > answerKeyLen {
@@ -548,8 +548,11 @@ func (b *UnrelayedAnswer) keyEnds() {
 			first(firstOperation, roleOperation)
 		}
 	case roleAction:
-		if key == "commands" {
+		switch key {
+		case "commands": // a shell call's
 			first(firstMain, roleCommands)
+		case "command": // a local shell call's
+			first(firstArguments, roleCommands)
 		}
 	case roleOperation:
 		if key == "diff" {

@@ -184,7 +184,8 @@ func textCases() map[string]string {
 			`{"content":["no"],"type":"compaction"},{"content":"no","type":"compactio"},{"content":"no"},{"type":"mcp_tool_result","content":"no"}]}`,
 		"responses tools": `{"output":[{"type":"code_interpreter_call","code":"ab","code":"no","outputs":[{"logs":"no"}]},` +
 			`{"action":{"commands":["c","d",7,["no"]],"commands":["no"]},"action":{"commands":["no"]}},{"action":{"commands":{"a":"e"}}},` +
-			`{"action":"commands"},{"operation":{"diff":"f\n","diff":"no"}},{"operation":[{"diff":"no"}]}]}`,
+			`{"action":"commands"},{"operation":{"diff":"f\n","diff":"no"}},{"operation":[{"diff":"no"}]},` +
+			`{"action":{"command":["g",{"a":"no"}],"commands":["h"],"command":["no"]}}]}`,
 		"responses odd": `{"output":{"a":{"content":{"p":{"text":"xy"}},"content":[{"text":"no"}]},"b":"text","c":[{"text":"no"}],"d":{"arguments":{"a":"no"}}}}`,
 		"content":       `{"choices":[{"message":{"role":"assistant","content":"Hello there."}}]}`,
 		"every field":   `{"choices":[{"message":{"content":"a","reasoning_content":"bb","reasoning":"ccc","refusal":"dddd","audio":{"transcript":"eeeee","data":"AAAA"}}}]}`,
@@ -256,7 +257,7 @@ func TestUnrelayedAnswerCountsTextAsTheWholeAnswer(t *testing.T) {
 	}
 	// Not vacuous: the cases hold text of each kind.
 	for name, want := range map[string]int64{"every field": 15, "tool calls": 10, "custom tool calls": 4, "function call": 5, "duplicates": 15, "completions": 6,
-		"anthropic": 2 + 3 + 22, "anthropic inputs": 6 + 6 + 4 + 4 + 2 + 1, "anthropic content object": 5, "anthropic compaction": 5, "responses tools": 2 + 2 + 1 + 2, "responses": 6 + 7 + 2 + 2, "responses odd": 2} {
+		"anthropic": 2 + 3 + 22, "anthropic inputs": 6 + 6 + 4 + 4 + 2 + 1, "anthropic content object": 5, "anthropic compaction": 5, "responses tools": 2 + 2 + 1 + 2 + 2, "responses": 6 + 7 + 2 + 2, "responses odd": 2} {
 		f := FormatChat
 		switch {
 		case name == "completions":

@@ -171,12 +171,16 @@ func (m *Meter) Body(body []byte) {
 		gjson.Get(s, "output").ForEach(func(_, o gjson.Result) bool {
 			// What the stream's deltas carry (responsesEvent): a function's arguments, a custom
 			// tool's input, a message's text and refusal, a reasoning item's summary, the code a
-			// code interpreter runs, a shell's commands and a patch's diff.
+			// code interpreter runs, a shell's commands (a local shell's command, which a stream
+			// gives whole in its item) and a patch's diff.
 			m.res.OutputChars += strLen(o.Get("arguments")) + strLen(o.Get("input")) + strLen(o.Get("code"))
-			o.Get("action").Get("commands").ForEach(func(_, c gjson.Result) bool {
-				m.res.OutputChars += strLen(c)
-				return true
-			})
+			action := o.Get("action")
+			for _, commands := range [...]gjson.Result{action.Get("commands"), action.Get("command")} {
+				commands.ForEach(func(_, c gjson.Result) bool {
+					m.res.OutputChars += strLen(c)
+					return true
+				})
+			}
 			m.res.OutputChars += strLen(o.Get("operation").Get("diff"))
 			o.Get("content").ForEach(func(_, c gjson.Result) bool {
 				m.res.OutputChars += strLen(c.Get("text")) + strLen(c.Get("refusal"))
@@ -427,9 +431,21 @@ func (m *Meter) responsesEvent(s, typ string) {
 		m.patchDeltas = true
 		m.res.OutputChars += strLen(gjson.Get(s, "delta"))
 	case "response.output_item.done":
-		// A patch the model wrote may come whole, in its item, with no deltas before it.
-		if !m.patchDeltas && gjson.Get(s, "item.type").Str == "apply_patch_call" {
-			m.res.OutputChars += strLen(gjson.Get(s, "item.operation.diff"))
+		switch gjson.Get(s, "item.type").Str {
+		case "apply_patch_call":
+			// A patch the model wrote may come whole, in its item, with no deltas before it.
+			if !m.patchDeltas {
+				m.res.OutputChars += strLen(gjson.Get(s, "item.operation.diff"))
+			}
+		case "mcp_approval_request":
+			// An MCP tool call waiting for approval comes whole, with no deltas before it.
+			m.res.OutputChars += strLen(gjson.Get(s, "item.arguments"))
+		case "local_shell_call":
+			// So does a local shell's command.
+			gjson.Get(s, "item.action").Get("command").ForEach(func(_, c gjson.Result) bool {
+				m.res.OutputChars += strLen(c)
+				return true
+			})
 		}
 	}
 }
