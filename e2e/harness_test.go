@@ -151,14 +151,21 @@ func newWorldOn(t *testing.T, dsn, redisURL string) *world {
 	w.price = pricing.Price{Input: 2_500_000, CacheRead: 1_250_000, CacheWrite: 3_125_000, Output: 10_000_000}
 	w.config = w.writeConfig(nil)
 	// What the world's gateways record at their start, for the operator's commands a test runs
-	// before or without one (they refuse to convert credits, or use plan terms, while nothing
-	// is recorded): the world's config has the default plans, w.store standard alone.
+	// before or without one (they refuse to convert credits, use plan terms, read the
+	// gateways' Redis keys, or prune, while nothing is recorded): the world's config has the
+	// default plans and TTLs, w.store standard alone.
 	if _, _, err := w.store.RecordCreditUnit(context.Background(), 1000, "e2e-world", false); err != nil {
 		t.Fatal(err)
 	}
 	defaults := config.Default()
 	if _, _, err := holds.NewStore(db, plans.FromConfig(defaults), defaults.DefaultPlan, zap.NewNop()).
 		RecordPlanTerms(context.Background(), "e2e-world"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := w.store.RecordRedisPrefix(context.Background(), w.prefix, "e2e-world", false); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := w.store.RecordTTLs(context.Background(), defaults.Holds.TallyTTL, defaults.Dedup.ReplayTTL, "e2e-world"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { testenv.CheckLedger(t, w.db) })

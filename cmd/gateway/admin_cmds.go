@@ -36,9 +36,10 @@ const adminUsage = `  user list      [-after NAME] [-limit 100]
                  [-settled-since T] [-settled-until T] [-after CURSOR] [-limit 100]
   report         [-from YYYY-MM-DD] [-to YYYY-MM-DD] [-user NAME] [-format csv|json]
   instances      [-after ID] [-limit 100]   (gateway processes, newest first: alive, silent, dead, retired)
-  prune          -days N [-batch 1000]   (delete runs settled more than N >= 7 days ago; their
-                 sums are kept, so reports' totals, audit and balances read the same; a user's
-                 day keeps at most 100 models by name, the rest summed under an empty model)
+  prune          -days N [-batch 1000]   (delete runs settled more than N >= 7 days ago, past the
+                 longest tally_ttl and replay_ttl the gateways recorded; their sums are kept, so
+                 reports' totals, audit and balances read the same; a user's day keeps at most
+                 100 models by name, the rest summed under an empty model)
                  (user list, key list, runs and instances print a page as the API answers it: has_more,
                  and last_id, to pass as -after for the next page; -limit at most 1000)
 `
@@ -425,12 +426,46 @@ func pruneCmd(ctx context.Context, args []string) error {
 		return fmt.Errorf("-days %d: %w: must pass holds.tally_ttl (%v), while a run's tally is in Redis: a pruned run's id "+
 			"opened again (its X-Run-Id sent again) would count that tally as its own", days, holds.ErrBadFilter, e.cfg.Holds.TallyTTL)
 	}
+	if err := pastTheFleetsTTLs(ctx, st, days, age); err != nil {
+		return err
+	}
 	res, err := st.PruneSettled(ctx, age, batch)
 	if err != nil {
 		// Each batch commits whole: what was pruned stays pruned, and a rerun goes on.
 		return fmt.Errorf("%w (%d runs pruned in %d batches before it; run it again to go on)", err, res.Runs, res.Batches)
 	}
 	fmt.Printf("pruned %d settled runs older than %d days in %d batches\n", res.Runs, days, res.Batches)
+	return nil
+}
+
+// pastTheFleetsTTLs refuses a prune cutoff (age, of -days days) within the longest
+// holds.tally_ttl or dedup.replay_ttl any of the fleet's gateways has served with, as they
+// recorded them (holds.LongestTTL): the command's own config checked only its own, and run
+// without the gateways' (the defaults, 48 h and 24 h) beside gateways keeping tallies 10 days,
+// `prune -days 8` deleted runs whose tallies a run's id sent again would count. Nothing recorded
+// (no gateway of this version has served the database) is refused too: how long the fleet's
+// Redis keeps them is unknown.
+func pastTheFleetsTTLs(ctx context.Context, st *holds.Store, days int, age time.Duration) error {
+	tally, replay, err := st.LongestTTLs(ctx)
+	if errors.Is(err, holds.ErrNoLongestTTLs) {
+		return fmt.Errorf("prune refused: %w, so how long the gateways' Redis keeps a run's tally or an Idempotency-Key's record is unknown; "+
+			"start the gateway (`gateway serve -config FILE`: it records its holds.tally_ttl and dedup.replay_ttl), then run this again; nothing was done", err)
+	}
+	if err != nil {
+		return fmt.Errorf("prune: %w", err)
+	}
+	for _, b := range []struct {
+		setting, why string
+		ttl          holds.LongestTTL
+	}{
+		{"holds.tally_ttl", "a run's tally is in Redis: a pruned run's id opened again would count that tally as its own", tally},
+		{"dedup.replay_ttl", "an Idempotency-Key replay reads its run", replay},
+	} {
+		if age <= b.ttl.TTL {
+			return fmt.Errorf("-days %d: %w: must pass the fleet's longest %s %v, recorded by gateway %s at %s, while %s",
+				days, holds.ErrBadFilter, b.setting, b.ttl.TTL, b.ttl.SetBy, b.ttl.SetAt.UTC().Format(time.RFC3339), b.why)
+		}
+	}
 	return nil
 }
 

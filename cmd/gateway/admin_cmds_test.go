@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/config"
@@ -59,6 +60,24 @@ func servedAt(t *testing.T, db *sqlx.DB, creditMicro int64) {
 	if _, _, err := st.RecordPlanTerms(testCtx(t), "test-fleet"); err != nil {
 		t.Fatal(err)
 	}
+	if _, _, err := st.RecordTTLs(testCtx(t), cfg.Holds.TallyTTL, cfg.Dedup.ReplayTTL, "test-fleet"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// useTestRedis points the subcommands at a Redis of their own key prefix, and records that
+// prefix as the fleet's, as `gateway serve` does at start: `reconcile -once` requires it.
+// After useTestDatabase.
+func useTestRedis(t *testing.T) (*redis.Client, string) {
+	t.Helper()
+	rdb, prefix := testenv.Redis(t)
+	t.Setenv("REDIS_URL", testenv.RedisURL(t))
+	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	st := holds.NewStore(openTestDatabase(t), map[string]holds.Plan{"standard": {}}, "standard", zap.NewNop())
+	if _, _, err := st.RecordRedisPrefix(testCtx(t), prefix, "test-fleet", true); err != nil {
+		t.Fatal(err)
+	}
+	return rdb, prefix
 }
 
 // openTestDatabase opens the database useTestDatabase pointed the subcommands at, for a test

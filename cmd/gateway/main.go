@@ -29,7 +29,8 @@ var usage = `usage: gateway <command> [flags]
 
 commands:
   serve          run the gateway (flags: -config FILE, -pprof ADDR, -migrate: apply missing migrations first,
-                 -change-credit-micro: record this config's credit_micro as the fleet's though another is recorded)
+                 -change-credit-micro: record this config's credit_micro as the fleet's though another is recorded,
+                 -change-redis-prefix: likewise its redis_key_prefix)
   migrate        [-lock-wait 2s]   apply missing database migrations (safe to run twice)
   reconcile      settle expired holds once (-once; -force: without the lock) and exit
   user create    -name NAME [-plan P]   (default: the config's default_plan)
@@ -44,8 +45,10 @@ MYSQL_DSN, REDIS_URL, UPSTREAM_URL, UPSTREAM_API_KEY, LISTEN_ADDR, ADMIN_TOKEN,
 TOLLGATE_INSTANCE, TOLLGATE_REDIS_PREFIX. The commands that convert credits (grant, balance,
 report, runs, user show/list/set, reconcile) refuse a config whose credit_micro is not the one
 the gateways serve at, and those that use the plans' terms (grant, balance, user show/list/set,
-reconcile) one whose plans are not the gateways': pass them the gateways' -config. The others
-(user create/disable/enable, key, instances, prune, audit) run with any config.
+reconcile) one whose plans are not the gateways'; reconcile refuses a redis_key_prefix other
+than theirs, and prune a -days within the longest tally_ttl or replay_ttl a gateway served
+with: pass them the gateways' -config. The others (user create/disable/enable, key, instances,
+audit) run with any config.
 `
 
 func main() {
@@ -276,7 +279,7 @@ func schemaCurrent(ctx context.Context, db *sqlx.DB) error {
 // a charge by a plan's allowance, which the config gives in credits): each converts at its
 // config's credit_micro, and refuses one other than the fleet's (creditUnitIsTheFleets). The
 // others (key, instances, prune, audit, user create, user disable|enable) show no credits and
-// run with any config: disabling a user is what an operator may need at once, mid-upgrade or
+// run with any credit_micro: disabling a user is what an operator may need at once, mid-upgrade or
 // mid-rollout of new plans, when nothing or something else is recorded.
 var convertsCredits = map[string]bool{
 	"user list": true, "user show": true, "user set": true,
@@ -292,11 +295,21 @@ var usesPlanTerms = map[string]bool{
 	"grant": true, "balance": true, "reconcile": true,
 }
 
-// agreesWithTheFleet refuses to run command with a config whose credit_micro or plans, where
-// command uses them, are not those the fleet's gateways recorded.
+// readsFleetRedis are the operator's commands that read the serving gateways' Redis keys (a
+// run's tally and lease, the reconcile lock): each names them by its config's
+// redis_key_prefix, and refuses one other than the fleet's (redisPrefixIsTheFleets).
+var readsFleetRedis = map[string]bool{"reconcile": true}
+
+// agreesWithTheFleet refuses to run command with a config whose credit_micro, plans or Redis
+// key prefix, where command uses them, are not those the fleet's gateways recorded.
 func agreesWithTheFleet(ctx context.Context, e *env, command string) error {
 	if convertsCredits[command] {
 		if err := creditUnitIsTheFleets(ctx, e, command); err != nil {
+			return err
+		}
+	}
+	if readsFleetRedis[command] {
+		if err := redisPrefixIsTheFleets(ctx, e, command); err != nil {
 			return err
 		}
 	}
@@ -336,6 +349,21 @@ func planTermsAreTheFleets(ctx context.Context, e *env, command string) error {
 		err = fmt.Errorf("%w: it would reckon allowances, holds and charges by other plan terms than the gateways'", err)
 	}
 	return notTheFleets(command, err, differs, holds.ErrNoPlanTerms, "by which plan terms the fleet charges", "the plan terms it serves by")
+}
+
+// redisPrefixIsTheFleets refuses to run command with a redis_key_prefix other than the one the
+// fleet's gateways name their Redis keys under, as `gateway serve` recorded it
+// (holds.RedisPrefix): run without the gateways' TOLLGATE_REDIS_PREFIX, `reconcile -once`
+// found none of their leases and tallies, and charged live calls, and tallied ones, their whole
+// holds. Nothing recorded is refused too, as by creditUnitIsTheFleets.
+func redisPrefixIsTheFleets(ctx context.Context, e *env, command string) error {
+	err := e.store().CheckRedisPrefix(ctx, e.cfg.RedisKeyPrefix)
+	var mismatch *holds.RedisPrefixMismatchError
+	differs := errors.As(err, &mismatch)
+	if differs {
+		err = fmt.Errorf("%w: it would find none of the gateways' leases and tallies, and charge their calls their whole holds", err)
+	}
+	return notTheFleets(command, err, differs, holds.ErrNoRedisPrefix, "under which prefix the gateways' Redis keys are", "the prefix it serves under")
 }
 
 // notTheFleets words the refusal of command when the store's check of a setting the fleet's

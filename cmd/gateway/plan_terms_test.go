@@ -46,9 +46,7 @@ func plansConfig(t *testing.T, standardAllowance string) string {
 // is split as the gateways split it, and commands that use no plan terms run with any config.
 func TestReconcileOnceRefusesAnotherConfigsPlans(t *testing.T) {
 	count := useTestDatabase(t) // the fleet serves the default plans: standard has 2000 a day
-	t.Setenv("REDIS_URL", testenv.RedisURL(t))
-	_, prefix := testenv.Redis(t)
-	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	useTestRedis(t)
 	ctx := testCtx(t)
 	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering/runstate"
 )
 
@@ -38,9 +37,7 @@ func TestReconcileOnceSaysWhichBoundStoppedIt(t *testing.T) {
 // gives its lock back; a lock a serving gateway holds still stops it.
 func TestReconcileOnceTwiceScansTwice(t *testing.T) {
 	useTestDatabase(t)
-	rdb, prefix := testenv.Redis(t)
-	t.Setenv("REDIS_URL", testenv.RedisURL(t))
-	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	rdb, prefix := useTestRedis(t)
 	for _, instance := range []string{"operator:101", "operator:102"} { // two runs of the command
 		t.Setenv("TOLLGATE_INSTANCE", instance)
 		out, err := stdout(t, func() error { return reconcileOnce(testCtx(t), []string{"-once"}) })
@@ -68,9 +65,7 @@ func TestReconcileOnceTwiceScansTwice(t *testing.T) {
 // beside them is still settled.
 func TestReconcileOnceFailsOnHoldsOfDeletedUsers(t *testing.T) {
 	count := useTestDatabase(t)
-	t.Setenv("REDIS_URL", testenv.RedisURL(t))
-	_, prefix := testenv.Redis(t)
-	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	useTestRedis(t)
 	ctx := testCtx(t)
 	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
 		t.Fatal(err)
@@ -106,9 +101,7 @@ func TestReconcileOnceFailsOnHoldsOfDeletedUsers(t *testing.T) {
 // own: while the gateway holds the lock it scans nothing, and the lock stays the gateway's.
 func TestReconcileOnceInAGatewaysEnvironment(t *testing.T) {
 	useTestDatabase(t)
-	rdb, prefix := testenv.Redis(t)
-	t.Setenv("REDIS_URL", testenv.RedisURL(t))
-	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	rdb, prefix := useTestRedis(t)
 	t.Setenv("TOLLGATE_INSTANCE", "gw-a")
 	key := runstate.Keys{Prefix: prefix}.ReconcileLock()
 	if err := rdb.Set(testCtx(t), key, "gw-a", time.Minute).Err(); err != nil {

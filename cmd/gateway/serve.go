@@ -40,12 +40,14 @@ import (
 func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	signal.Ignore(syscall.SIGPIPE)
 	var pprofAddr string
-	var migrateFirst, changeCreditMicro bool
+	var migrateFirst, changeCreditMicro, changeRedisPrefix bool
 	e, err := setup(ctx, "serve", args, true, func(fs *flag.FlagSet) {
 		fs.StringVar(&pprofAddr, "pprof", "", "serve net/http/pprof on this loopback address (off when empty); for profiling")
 		fs.BoolVar(&migrateFirst, "migrate", false, "apply missing migrations before serving, as `gateway migrate` does (for a single gateway; a fleet migrates once, first)")
 		fs.BoolVar(&changeCreditMicro, "change-credit-micro", false, "serve at this config's credit_micro though the database records another, "+
 			"and record it as the fleet's (a deliberate change of what a credit is worth; stop the gateways serving the old value first)")
+		fs.BoolVar(&changeRedisPrefix, "change-redis-prefix", false, "serve under this config's redis_key_prefix though the database records another, "+
+			"and record it as the fleet's (a deliberate move of the fleet's Redis keys; stop the gateways under the old prefix first)")
 	})
 	if err != nil {
 		return err
@@ -63,7 +65,13 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	if err := recordCreditUnit(ctx, store, e.cfg, changeCreditMicro, e.log); err != nil {
 		return err
 	}
+	if err := recordRedisPrefix(ctx, store, e.cfg, changeRedisPrefix, e.log); err != nil {
+		return err
+	}
 	if err := recordPlanTerms(ctx, store, e.cfg, e.log); err != nil {
+		return err
+	}
+	if err := recordTTLs(ctx, store, e.cfg, e.log); err != nil {
 		return err
 	}
 	warnUsersOnUnconfiguredPlans(ctx, store, e.cfg, e.log)
@@ -156,6 +164,52 @@ func recordCreditUnit(ctx context.Context, store *holds.Store, cfg *config.Confi
 		log.Warn("credit_micro changed: every amount in credits is converted at the new value from now on (balances, grants, plan allowances, reports); gateways still serving the old value convert at it until they stop",
 			zap.Int64("credit_micro", cfg.CreditMicro), zap.Int64("previous_credit_micro", prev.CreditMicro),
 			zap.String("previous_set_by", prev.SetBy), zap.Time("previous_set_at", prev.SetAt))
+	}
+	return nil
+}
+
+// recordRedisPrefix records the redis_key_prefix this gateway names its Redis keys under as the
+// fleet's (holds.RedisPrefix), which `reconcile -once` then requires of its config. Another
+// than the recorded one is refused unless change, as another credit_micro is: beside the
+// fleet, this gateway's reconciler would find none of the others' leases and tallies, and
+// charge their live and tallied calls their whole holds (and theirs this one's). A deliberate
+// change (a fleet moved to another prefix, all stopped first) is recorded and logged.
+func recordRedisPrefix(ctx context.Context, store *holds.Store, cfg *config.Config, change bool, log *zap.Logger) error {
+	prev, found, err := store.RecordRedisPrefix(ctx, cfg.RedisKeyPrefix, cfg.Instance, change)
+	var mismatch *holds.RedisPrefixMismatchError
+	if errors.As(err, &mismatch) {
+		return fmt.Errorf("%w: a gateway under another prefix beside the fleet would see none of the others' leases and tallies, and its "+
+			"reconciler would charge their calls their whole holds; pass the fleet's config (or TOLLGATE_REDIS_PREFIX), or, to move the "+
+			"fleet to another prefix deliberately, stop the gateways under %q and start this one with -change-redis-prefix (once: the "+
+			"others then start with the new prefix as usual)", err, mismatch.Recorded.Prefix)
+	}
+	if err != nil {
+		return err
+	}
+	switch {
+	case !found:
+		log.Info("redis_key_prefix recorded as the fleet's", zap.String("redis_key_prefix", cfg.RedisKeyPrefix))
+	case prev.Prefix != cfg.RedisKeyPrefix:
+		log.Warn("redis_key_prefix changed: reconcile -once requires the new prefix from now on; the tallies and leases under the previous one are not read by this gateway",
+			zap.String("redis_key_prefix", cfg.RedisKeyPrefix), zap.String("previous_redis_key_prefix", prev.Prefix),
+			zap.String("previous_set_by", prev.SetBy), zap.Time("previous_set_at", prev.SetAt))
+	}
+	return nil
+}
+
+// recordTTLs records this gateway's holds.tally_ttl and dedup.replay_ttl where they are longer
+// than those recorded (holds.LongestTTL): how long the fleet's Redis may keep a run's tally, or
+// an Idempotency-Key's record of it, which `gateway prune`'s cutoff must pass whatever its own
+// config says.
+func recordTTLs(ctx context.Context, store *holds.Store, cfg *config.Config, log *zap.Logger) error {
+	tally, replay, err := store.RecordTTLs(ctx, cfg.Holds.TallyTTL, cfg.Dedup.ReplayTTL, cfg.Instance)
+	if err != nil {
+		return fmt.Errorf("record the Redis TTLs: %w", err)
+	}
+	if tally || replay {
+		log.Info("the longest Redis TTLs recorded for gateway prune's cutoff",
+			zap.Duration("tally_ttl", cfg.Holds.TallyTTL), zap.Bool("tally_ttl_raised", tally),
+			zap.Duration("replay_ttl", cfg.Dedup.ReplayTTL), zap.Bool("replay_ttl_raised", replay))
 	}
 	return nil
 }
