@@ -164,19 +164,27 @@ func recordedPlanTerms(r recorded[string]) (RecordedPlanTerms, error) {
 	return out, nil
 }
 
+// FleetPlanTerms are the plan terms the fleet's gateways recorded (found false while nothing is
+// recorded): the plans `gateway user create`, run with any config, may put a user on, and the
+// one it gives a user created without one.
+func (s *Store) FleetPlanTerms(ctx context.Context) (terms RecordedPlanTerms, found bool, err error) {
+	rec, found, err := readRecord[string](ctx, s, planTermsRecord)
+	if err != nil || !found {
+		return RecordedPlanTerms{}, false, err
+	}
+	r, err := recordedPlanTerms(rec)
+	if err != nil {
+		return RecordedPlanTerms{}, false, err
+	}
+	return r, true, nil
+}
+
 // RecordedDefaultPlan is the default_plan the fleet's gateways recorded with their plan terms
 // (found false while nothing is recorded): the plan `gateway serve` gives a user created
 // without one, which `gateway user create`, run with any config, must give too.
 func (s *Store) RecordedDefaultPlan(ctx context.Context) (plan string, found bool, err error) {
-	rec, found, err := readRecord[string](ctx, s, planTermsRecord)
-	if err != nil || !found {
-		return "", false, err
-	}
-	r, err := recordedPlanTerms(rec)
-	if err != nil {
-		return "", false, err
-	}
-	return r.Terms.DefaultPlan, true, nil
+	r, found, err := s.FleetPlanTerms(ctx)
+	return r.Terms.DefaultPlan, found, err
 }
 
 // CheckPlanTerms refuses the store's plan terms unless they are the recorded ones:

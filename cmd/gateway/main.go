@@ -7,8 +7,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -33,7 +35,7 @@ commands:
                  -change-redis-prefix: likewise its redis_key_prefix)
   migrate        [-lock-wait 2s]   apply missing database migrations (safe to run twice)
   reconcile      settle expired holds once (-once; -force: without the lock) and exit
-  user create    -name NAME [-plan P]   (default: the config's default_plan)
+  user create    -name NAME [-plan P]   (default: the config's default_plan; either one the gateways serve)
   key create     -user NAME   (prints the key once)
   demo-setup     create the demo user and a key; prints KEY=<key>
   audit          check the books: day ledger = Σ settled charges per user and day, and prepaid
@@ -460,6 +462,8 @@ func userCreate(ctx context.Context, args []string) error {
 		if err := defaultPlanIsTheFleets(ctx, st, e.cfg.DefaultPlan); err != nil {
 			return err
 		}
+	} else if err := planIsTheFleets(ctx, st, plan); err != nil {
+		return err
 	}
 	u, err := st.CreateUser(ctx, name, plan)
 	if errors.Is(err, holds.ErrUnknownPlan) {
@@ -486,6 +490,29 @@ func defaultPlanIsTheFleets(ctx context.Context, st *holds.Store, configDefault 
 			"or name the plan (-plan); nothing was done", configDefault, fleetDefault)
 	}
 	return nil
+}
+
+// planIsTheFleets refuses to create a user on plan (user create -plan) when the fleet's gateways
+// recorded their plan terms and plan is not among them: looked up in this config alone (one
+// with a plan drafted but not rolled out), the user was put on a plan the gateways do not
+// serve, and they gave the user default_plan's terms instead, another allowance than the one
+// chosen. Nothing recorded (a fresh database) leaves the config's: there is no fleet to differ
+// from; a plan this config lacks too is left to CreateUser, whose refusal names this config's.
+func planIsTheFleets(ctx context.Context, st *holds.Store, plan string) error {
+	if !slices.Contains(st.PlanNames(), plan) {
+		return nil
+	}
+	fleet, found, err := st.FleetPlanTerms(ctx)
+	if err != nil {
+		return fmt.Errorf("user create: read the fleet's plans: %w", err)
+	}
+	if _, served := fleet.Terms.Plans[plan]; !found || served {
+		return nil
+	}
+	names := slices.Sorted(maps.Keys(fleet.Terms.Plans))
+	return fmt.Errorf("user create refused: plan %q is not one the fleet's gateways serve (%s; recorded by gateway %s), which would give the user "+
+		"default_plan %q's terms: name one of those (-plan), or start a gateway with the config that adds it first, then pass that "+
+		"config (-config FILE); nothing was done", plan, strings.Join(names, ", "), fleet.SetBy, fleet.Terms.DefaultPlan)
 }
 
 func keyCreate(ctx context.Context, args []string) error {

@@ -60,3 +60,36 @@ func TestUserCreateWithoutPlanGetsTheFleetsDefaultPlan(t *testing.T) {
 		}
 	}
 }
+
+// TestUserCreateRefusesAPlanTheFleetDoesNotServe: `user create -plan P` looked P up in its own
+// config alone. Given a config with a plan pro (one drafted, not rolled out) beside a fleet that
+// serves standard and guest, it put bob on pro and said so, while the gateways, which serve no
+// pro, gave him default_plan's terms: another allowance and holds than the operator chose, with
+// nothing to tell but a warning at the next gateway's start. A -plan the fleet's gateways
+// recorded no terms for is refused (naming the plan, -config and the fleet's plans) and nothing
+// is written; a plan they serve is created as before.
+func TestUserCreateRefusesAPlanTheFleetDoesNotServe(t *testing.T) {
+	count := useTestDatabase(t) // the fleet serves the default plans: standard and guest
+	ctx := testCtx(t)
+	plan := "    allowance_credits: 100\n    hold_normal_credits: 20\n    hold_heavy_credits: 60\n" +
+		"    heavy_after_turns: 4\n    max_in_flight: 3\n    max_run_cost_credits: 500\n"
+	drafted := filepath.Join(t.TempDir(), "drafted.yaml")
+	body := "default_plan: standard\nplans:\n  standard:\n" + plan + "  guest:\n" + plan + "  pro:\n" + plan
+	if err := os.WriteFile(drafted, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	_, err := stdout(t, func() error { return userCreate(ctx, []string{"-config", drafted, "-name", "bob", "-plan", "pro"}) })
+	if err == nil || !strings.Contains(err.Error(), `"pro"`) || !strings.Contains(err.Error(), "-config") || !strings.Contains(err.Error(), "guest, standard") {
+		t.Errorf("user create -plan pro beside a fleet that serves no pro: %v; want it refused naming pro, -config and the fleet's plans", err)
+	}
+	if n := count("SELECT COUNT(*) FROM users"); n != 0 {
+		t.Fatalf("%d users written by the refused command", n)
+	}
+	if _, err := stdout(t, func() error { return userCreate(ctx, []string{"-config", drafted, "-name", "bob", "-plan", "guest"}) }); err != nil {
+		t.Fatalf("user create -plan guest, a plan the fleet serves: %v", err)
+	}
+	if n := count("SELECT COUNT(*) FROM users WHERE name = 'bob' AND plan = 'guest'"); n != 1 {
+		t.Errorf("bob not created on guest")
+	}
+}
