@@ -11,8 +11,9 @@ import (
 )
 
 // fleetRecord is a table of one row (id 1) in which `gateway serve` records a setting every
-// process of the fleet must use alike (credit_unit, plan_terms), with the instance that set it
-// and when: what an operator's command, run with a config of its own, is compared with.
+// process of the fleet must use alike (credit_unit, plan_terms, redis_prefix), or the longest
+// value any of them served with (longest_tally_ttl, longest_replay_ttl), with the instance that
+// set it and when: what an operator's command, run with a config of its own, is compared with.
 type fleetRecord struct {
 	table  string
 	column string // the setting's column

@@ -20,8 +20,9 @@
 //   - What a dead process left: the reconciler and the fleet's heartbeats (reconcile.go,
 //     reconcile_dead.go, instances.go, instance_list.go).
 //   - Accounts: users, keys (and their batched lookup), grants, plans and the credit unit
-//     recorded in the database (accounts.go, admin.go, keys.go, batcher.go, keys_admin.go,
-//     grants.go, plan_terms.go, credit_unit.go, fleet_record.go).
+//     recorded in the database, with the fleet's Redis prefix and longest TTLs (accounts.go,
+//     admin.go, keys.go, batcher.go, keys_admin.go, grants.go, plan_terms.go, credit_unit.go,
+//     fleet_redis.go, fleet_record.go).
 //   - Books: the usage report, run listings, the audit and pruning (usage_report.go,
 //     run_list.go, audit.go, prune.go).
 package holds
