@@ -14,7 +14,9 @@ import (
 // compressed already; RFC 9110 §5.3 reads the lines as one list), was decoded once and its
 // label dropped, and the meter was handed gzip; one labelled identity, then br, was not decoded
 // at all and passed for plain. Here every line counts: an answer in anything but one gzip
-// keeps its Content-Encoding, and unaskedEncoding refuses it.
+// keeps its Content-Encoding, and unaskedEncoding refuses it. x-gzip is gzip under its older
+// name (RFC 9110 §8.4.1.3: a recipient should read it as gzip), decoded as such: refused, an
+// answer the gateway could read was charged as one it could not.
 type gunzipping struct{ base http.RoundTripper }
 
 func (g gunzipping) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -22,7 +24,7 @@ func (g gunzipping) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil || req.Header.Get("Accept-Encoding") != "gzip" {
 		return resp, err
 	}
-	if codings := contentCodings(resp.Header); len(codings) == 1 && strings.EqualFold(codings[0], "gzip") {
+	if codings := contentCodings(resp.Header); len(codings) == 1 && isGzip(codings[0]) {
 		resp.Body = &gzipBody{body: resp.Body}
 		resp.Header.Del("Content-Encoding")
 		resp.Header.Del("Content-Length")
@@ -30,6 +32,11 @@ func (g gunzipping) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.Uncompressed = true
 	}
 	return resp, nil
+}
+
+// isGzip reports whether coding names gzip: as itself or as x-gzip, in any case.
+func isGzip(coding string) bool {
+	return strings.EqualFold(coding, "gzip") || strings.EqualFold(coding, "x-gzip")
 }
 
 // contentCodings lists the codings h's Content-Encoding lines name, identity left out.

@@ -125,3 +125,33 @@ func TestHostileStackedEncodingsAreNotServedUncharged(t *testing.T) {
 		})
 	}
 }
+
+// TestHostileXGzipAnswerIsDecodedAndMetered: x-gzip is gzip under its older name (RFC 9110
+// §8.4.1.3: a recipient should read it as gzip). An answer so labelled was taken for one in an
+// encoding the gateway did not ask for: refused 502 upstream_broken and charged its prompt's
+// estimate (stream_error), though the gateway could read it; a token count so answered was
+// 502 too. It is decoded and metered as gzip is.
+func TestHostileXGzipAnswerIsDecodedAndMetered(t *testing.T) {
+	var packed bytes.Buffer
+	zw := gzip.NewWriter(&packed)
+	fmt.Fprint(zw, plainAnswer)
+	zw.Close()
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "X-Gzip")
+		w.Write(packed.Bytes())
+	}, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "" || string(body) != plainAnswer {
+		t.Fatalf("status %d encoding %q body %.120s: want the x-gzip answer decoded and relayed",
+			resp.StatusCode, resp.Header.Get("Content-Encoding"), body)
+	}
+	if run.SettleSource.String != "complete" || run.Estimated || run.InTok != 10 || run.OutTok != 5 {
+		t.Errorf("run settled %s estimated=%v in=%d out=%d: want complete with the reported 10 in, 5 out",
+			run.SettleSource.String, run.Estimated, run.InTok, run.OutTok)
+	}
+}
