@@ -108,6 +108,13 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	}
 	defer resp.Body.Close()
 	redactHeaderKey(resp.Header, m.upstream.APIKey) // relayed with the count, as a model call's
+	// The provider's id of the count goes with every answer to it, the gateway's own words
+	// included (its 5xx, an answer that is no count), and with its later log lines, as a model
+	// call's does (forward): such a failure is traced at the provider by it.
+	copyUpstreamHeaders(w.Header(), resp.Header, upstreamTraceHeaders)
+	if f, ok := upstreamRequestID(resp, m.upstream); ok {
+		log = log.With(f)
+	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return s.relayUpstreamError(w, r, resp, m.upstream, log, "token count refused")
 	}

@@ -385,3 +385,49 @@ func (t headersTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	return resp, err
 }
+
+// TestCountTokensGatewayWordedAnswersKeepTheProviderRequestID: a token count the provider
+// answered and the gateway then worded itself — the provider's 5xx (Anthropic's 529
+// overloaded_error) as 502 upstream_error, an answer that is no count as 502 upstream_broken —
+// lost the provider's request id (Request-Id, X-Request-Id), which a model call's every answer
+// keeps, and its log line had no upstream_request_id: such a failure could not be traced at the
+// provider. Both now carry it, as a model call's do.
+func TestCountTokensGatewayWordedAnswersKeepTheProviderRequestID(t *testing.T) {
+	for _, tc := range []struct {
+		name, header, code string
+		status             int
+		answer             string
+	}{
+		{"overloaded", "Request-Id", "upstream_error", 529, `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`},
+		{"no count", "X-Request-Id", "upstream_broken", http.StatusOK, `{"text":"no count here"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set(tc.header, "req_count_upstream_1")
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.answer)
+			}))
+			t.Cleanup(up.Close)
+			h := newHarness(t, func(c *config.Config) {
+				for i := range c.Upstreams {
+					if c.Upstreams[i].Kind == "anthropic" {
+						c.Upstreams[i].BaseURL = up.URL
+					}
+				}
+			})
+			_, key := h.user("standard")
+			resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
+				map[string]string{"X-Api-Key": key})
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != tc.code {
+				t.Fatalf("%d %s, want 502 %s", resp.StatusCode, body, tc.code)
+			}
+			if got := resp.Header.Get(tc.header); got != "req_count_upstream_1" {
+				t.Errorf("%s %q, want the provider's req_count_upstream_1", tc.header, got)
+			}
+		})
+	}
+}
