@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
@@ -21,7 +22,7 @@ const maxUpstreamErrorBody = 64 << 10
 // relayUpstreamError answers for an upstream that refused the call. The caller's own mistakes
 // (4xx) pass through as the provider worded them; the provider's failures and its refusal of
 // the gateway's key or of the operator's account there (401, 403, 407, 402, OpenAI's 429
-// insufficient_quota) become 502, since the caller can do nothing about them.
+// insufficient_quota, Anthropic's 400 "Your credit balance is too low") become 502, since the caller can do nothing about them.
 // What it quotes of the upstream's words never holds the upstream's key (redactKey).
 //
 // A refusal whose body could not be read because the caller left, or because the call's time
@@ -36,7 +37,8 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, r *http.Request, resp
 		return unreadErrorAnswer(w, r, resp, up, log, endedMsg, body, readErr)
 	}
 	accountRefused := resp.StatusCode == http.StatusPaymentRequired ||
-		(resp.StatusCode == http.StatusTooManyRequests && quotaExhausted(body))
+		(resp.StatusCode == http.StatusTooManyRequests && quotaExhausted(body)) ||
+		(resp.StatusCode == http.StatusBadRequest && creditBalanceTooLow(body))
 	msg := "upstream refused the call"
 	switch {
 	case credentialsRefused(resp.StatusCode):
@@ -59,8 +61,9 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, r *http.Request, resp
 	case accountRefused:
 		// The provider will not bill the operator's account there (its balance, its credits,
 		// its quota): no mistake of the caller's, as its 401 is none. Passed on, a 402 read as
-		// the gateway's own insufficient_credits, the caller's balance, and a 429 as a rate
-		// limit to wait out (SDKs retry it). A retry is refused the same way until the
+		// the gateway's own insufficient_credits, the caller's balance, a 429 as a rate limit
+		// to wait out (SDKs retry it), and Anthropic's 400 told the caller, in words, that its
+		// credit balance was too low. A retry is refused the same way until the
 		// operator pays.
 		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_error",
 			Message: fmt.Sprintf("The upstream refused to bill the gateway's account (status %d).", resp.StatusCode), NoRetry: true})
@@ -76,6 +79,20 @@ func (s *Server) relayUpstreamError(w http.ResponseWriter, r *http.Request, resp
 		Message: fmt.Sprintf("The upstream failed with status %d.", resp.StatusCode)})
 	return http.StatusBadGateway
 }
+
+// creditBalanceTooLow reports whether a 400's body is Anthropic's refusal of an account out of
+// credit ("Your credit balance is too low to access the Anthropic API. Please go to Plans &
+// Billing …", type invalid_request_error, on its token counter too): the operator's account,
+// as a 402 is, which passed on told the caller in words that its own balance was too low. Read
+// from the start of the message alone, so that a caller's words an error quotes do not make
+// its own mistake look like the operator's.
+func creditBalanceTooLow(body []byte) bool {
+	msg := strings.TrimSpace(gjson.GetBytes(body, "error.message").String())
+	return len(msg) >= len(anthropicNoCredit) && strings.EqualFold(msg[:len(anthropicNoCredit)], anthropicNoCredit)
+}
+
+// anthropicNoCredit is how Anthropic's refusal of an account out of credit begins.
+const anthropicNoCredit = "Your credit balance is too low"
 
 // credentialsRefused reports whether status refuses the gateway's own credentials: its key at
 // the provider (401, 403), or at an outbound proxy on the way there (407, which passed on would

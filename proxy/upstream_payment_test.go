@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/config"
@@ -80,6 +81,65 @@ func TestUpstreamQuotaRefusalIsNotARateLimit(t *testing.T) {
 		}
 		if r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader)); r.ChargedMicro != 0 || r.SettleSource.String != "upstream_error" {
 			t.Errorf("%s: settled by %q at %d, want upstream_error at 0", tc.name, r.SettleSource.String, r.ChargedMicro)
+		}
+	}
+}
+
+// TestAnthropicCreditBalanceRefusalIsNotTheCallersBalance: Anthropic refuses to bill an
+// account out of credit with 400 invalid_request_error, "Your credit balance is too low to
+// access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits." (also
+// on its free token counter). Passed on as the caller's own mistake, it told every caller of
+// /v1/messages that its credit balance was too low — the gateway's balance, in words — when it
+// was the operator's account at Anthropic, as a 402 or OpenAI's insufficient_quota is. It is
+// a 502 the caller is told not to retry, charged nothing; a 400 that is the caller's mistake
+// still passes as sent.
+func TestAnthropicCreditBalanceRefusalIsNotTheCallersBalance(t *testing.T) {
+	const noCredit = `{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."},"request_id":"req_011CbrFTcXhtiMzr3s6EocF7"}`
+	const mistake = `{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Input should be greater than or equal to 1"}}`
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		if r.Header.Get("X-Test-Mistake") != "" {
+			_, _ = io.WriteString(w, mistake)
+			return
+		}
+		_, _ = io.WriteString(w, noCredit)
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "anthropic", Kind: "anthropic", BaseURL: up.URL, Models: []string{"*"}}}
+	})
+	u, key := h.user("standard")
+	const msgBody = `{"model":"claude-test","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		name, path string
+		hdr        map[string]string
+		status     int
+	}{
+		{"message", "/v1/messages", nil, http.StatusBadGateway},
+		{"token count", "/v1/messages/count_tokens", nil, http.StatusBadGateway},
+		{"the caller's mistake", "/v1/messages", map[string]string{"X-Test-Mistake": "1"}, http.StatusBadRequest},
+	} {
+		resp := h.post(key, tc.path, msgBody, tc.hdr)
+		answer := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: %d %s, want %d", tc.name, resp.StatusCode, answer, tc.status)
+			continue
+		}
+		if tc.status == http.StatusBadGateway {
+			if resp.Header.Get("X-Should-Retry") != "false" || strings.Contains(string(answer), "credit balance") {
+				t.Errorf("%s: X-Should-Retry %q, %s: want 502 in the gateway's words, not to be retried",
+					tc.name, resp.Header.Get("X-Should-Retry"), answer)
+			}
+		} else if string(answer) != mistake {
+			t.Errorf("%s: %s, want the upstream's answer as sent", tc.name, answer)
+		}
+		if tc.path == "/v1/messages" {
+			if r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader)); r.ChargedMicro != 0 || r.SettleSource.String != "upstream_error" {
+				t.Errorf("%s: settled by %q at %d, want upstream_error at 0", tc.name, r.SettleSource.String, r.ChargedMicro)
+			}
 		}
 	}
 }
