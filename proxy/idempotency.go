@@ -159,10 +159,15 @@ func (s *Server) readIdem(ctx context.Context, ic *idemCall) (idemRecord, error)
 	return rec, nil
 }
 
-// advanceScript moves the attempt counter past attempt ARGV[1], never backwards.
+// advanceScript moves the attempt counter past attempt ARGV[1], never backwards, and then
+// (only then) keeps the record for replay_ttl (ARGV[2] ms) from now. A record another attempt
+// pinned, or whose counter is already past ARGV[1], is left as it is: a late attempt's end
+// (its hold settled under it, and the key retried) set a pinned answer's expiry again, and it
+// was replayed for replay_ttl from that end, not from the answer.
 var advanceScript = redis.NewScript(`
 local a = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
-if a <= tonumber(ARGV[1]) then redis.call('HSET', KEYS[1], 'attempt', tonumber(ARGV[1]) + 1) end
+if redis.call('HEXISTS', KEYS[1], 'run') == 1 or a > tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'attempt', tonumber(ARGV[1]) + 1)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1`)
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
@@ -215,4 +216,57 @@ func reconciledUnderItsCall(t *testing.T, h *harness, key string, hdr map[string
 		t.Fatalf("settle attempt 0 as the reconciler would: %+v %v", res, err)
 	}
 	return r, runID
+}
+
+// TestIdemLateFailedAttemptKeepsTheAnswersExpiry: a late attempt (as in
+// TestIdemLateAttemptKeepsTheKeysAnswer) that ends without pinning — its caller left — moves
+// the key's attempt counter past itself, which the key's later attempt already had, and set
+// the record's expiry to replay_ttl again: the pinned answer of attempt 1 was replayed for
+// replay_ttl from the late attempt's end, not from the answer (README: "for dedup.replay_ttl
+// from the answer"). The record's expiry stands in for an answer stored a while ago.
+func TestIdemLateFailedAttemptKeepsTheAnswersExpiry(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "late-failed"}
+	slow := map[string]string{proxy.IdempotencyKeyHeader: "late-failed", fakellm.HeaderChunks: "200", fakellm.HeaderChunkInterval: "50ms"}
+	resp := h.post(key, "/v1/chat/completions", streamBody, slow)
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("attempt 0: %d %s", resp.StatusCode, readAll(t, resp.Body))
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatalf("attempt 0: no first event: %v", err)
+	}
+	attempt0 := resp.Header.Get(proxy.RunIDHeader)
+	ctx := context.Background()
+	if res, err := h.store.Settle(ctx, holds.Settlement{RunID: attempt0, Source: holds.SourceReconcileHold,
+		ChargeHeld: true, Estimated: true}); err != nil || !res.Applied {
+		t.Fatalf("settle attempt 0 as the reconciler would: %+v %v", res, err)
+	}
+	retry := h.post(key, "/v1/chat/completions", streamBody, idem)
+	readAll(t, retry.Body)
+	retry.Body.Close()
+	attempt1 := retry.Header.Get(proxy.RunIDHeader)
+	if retry.StatusCode != http.StatusOK || attempt1 == attempt0 {
+		t.Fatalf("retry after attempt 0 was reconciled: %d run %s (attempt 0 %s)", retry.StatusCode, attempt1, attempt0)
+	}
+	record := h.keys.Replay(attempt0)
+	const left = time.Minute // of the answer's replay_ttl
+	if err := h.rdb.PExpire(ctx, record, left).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The late attempt's caller leaves: attempt 0 ends cancelled, unpinned.
+	resp.Body.Close()
+	h.settled()
+	if ttl, err := h.rdb.PTTL(ctx, record).Result(); err != nil || ttl > left {
+		t.Errorf("the key's record expires in %v (%v) after the late attempt ended; its answer had %v left", ttl, err, left)
+	}
+	again := h.post(key, "/v1/chat/completions", streamBody, idem)
+	readAll(t, again.Body)
+	again.Body.Close()
+	if again.Header.Get(proxy.ReplayedHeader) != "true" || again.Header.Get(proxy.RunIDHeader) != attempt1 {
+		t.Errorf("retry after both attempts ended: %d replayed %q run %s, want attempt 1's (%s) answer replayed",
+			again.StatusCode, again.Header.Get(proxy.ReplayedHeader), again.Header.Get(proxy.RunIDHeader), attempt1)
+	}
 }
