@@ -87,6 +87,10 @@ type call struct {
 	rw   *respWriter
 	// idemPinned: the idempotency record holds this attempt's answer (pinBeforeAnswer).
 	idemPinned bool
+	// idemCounted: the bytes of this attempt's answer counted against its caller's share of
+	// kept answers (replayRoom); an answer stored again (pinned at the provider's error event,
+	// then at the final event after it) counts only what it grew by.
+	idemCounted int64
 	// fpKey is the fingerprint this plain call registered (dedup window); it is given back
 	// (endFingerprint) before the end of the call's answer reaches the caller.
 	fpKey string

@@ -661,20 +661,29 @@ func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error
 	return nil
 }
 
-// replayRoom counts size bytes more of c's caller's answers kept for replays, and reports
-// false, counting nothing, when they would pass dedup.max_replay_bytes_per_caller. A count
-// that fails says true: the record's write that follows goes to the same Redis, and fails or
-// lands as it did before the bound. An answer whose record write then fails (or that is
-// stored a second time, after its pin before its end failed) stays counted until its bucket
-// ages out: the bound errs on the side of keeping less.
+// replayRoom counts c's answer, size bytes, among its caller's answers kept for replays, and
+// reports false, counting nothing, when they would pass dedup.max_replay_bytes_per_caller. An
+// answer c stored before (pinned at the provider's error event, now at the final event after
+// it: one record) counts only what it grew by; counted whole each time, it took its room
+// twice. A count that fails says true: the record's write that follows goes to the same Redis,
+// and fails or lands as it did before the bound. An answer whose record write then fails stays
+// counted until its bucket ages out (stored again when the call ends, it counts no more): the
+// bound errs on the side of keeping less.
 func (s *Server) replayRoom(ctx context.Context, c *call, size int64) bool {
+	more := size - c.idemCounted
+	if more <= 0 {
+		return true
+	}
 	ttl := s.cfg.Dedup.ReplayTTL.Milliseconds()
 	width := max(1, (ttl+replayBuckets-1)/replayBuckets)
 	ok, err := replayRoomScript.Run(ctx, s.dedupRDB, []string{s.keys.ReplayBytes(c.user.ID)},
-		size, s.cfg.Dedup.ReplayBytesPerCaller(), width, replayBuckets+1).Int()
+		more, s.cfg.Dedup.ReplayBytesPerCaller(), width, replayBuckets+1).Int()
 	if err != nil {
 		c.log.Warn("caller's stored answers not counted; this one is stored regardless", zap.Error(err))
 		return true
+	}
+	if ok == 1 {
+		c.idemCounted = size
 	}
 	return ok == 1
 }

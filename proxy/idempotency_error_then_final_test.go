@@ -2,11 +2,15 @@ package proxy_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -42,5 +46,48 @@ func TestIdemRecordNeverSkipsWhatTheCallerGot(t *testing.T) {
 	}
 	if !bytes.Contains(replay, []byte("event: error")) || !bytes.HasPrefix(first, replay) {
 		t.Fatalf("the replay is not what the caller got up to the error event:\nfirst:\n%s\nreplay:\n%s", first, replay)
+	}
+}
+
+// TestIdemErrorThenFinalCountedOnceAgainstTheShare: an answer pinned at the provider's error
+// event and again at the final event right after it (the Responses API's error, then
+// response.failed) is one answer kept in Redis, but both pins counted their whole size
+// against the caller's share of kept answers (dedup.max_replay_bytes_per_caller): it took
+// about twice its room, and the caller's later answers were refused keeping that much sooner.
+// The count must be the record's size, once.
+func TestIdemErrorThenFinalCountedOnceAgainstTheShare(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n")
+		fmt.Fprint(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"Hello billing team\"}\n\n")
+		fmt.Fprint(w, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"server_error\",\"code\":\"server_error\",\"message\":\"boom\"}}\n\n")
+		fmt.Fprint(w, "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"}}}\n\n")
+	}, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/responses", `{"model":"fake-gpt","input":"hi","stream":true}`,
+		map[string]string{proxy.IdempotencyKeyHeader: "error-then-final-share"})
+	first := readAll(t, resp.Body)
+	resp.Body.Close()
+	h.settled()
+
+	ctx := context.Background()
+	rec, err := h.rdb.HGetAll(ctx, h.keys.Replay(resp.Header.Get(proxy.RunIDHeader))).Result()
+	if err != nil || rec["resp"] == "" || !strings.Contains(string(first), "response.failed") || !strings.Contains(rec["resp"], "response.failed") {
+		t.Fatalf("the answer was not kept to its final event (%v):\nsent:\n%s\nkept:\n%s", err, first, rec["resp"])
+	}
+	buckets, err := h.rdb.HGetAll(ctx, h.keys.ReplayBytes(u.ID)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counted int64
+	for _, n := range buckets {
+		v, err := strconv.ParseInt(n, 10, 64)
+		if err != nil {
+			t.Fatalf("bucket %q: %v", n, err)
+		}
+		counted += v
+	}
+	if want := int64(len(rec["hdrs"])+len(rec["resp"])) + config.ReplayRecordOverhead; counted != want {
+		t.Fatalf("the caller's kept answers are counted %d bytes; its one kept answer is %d", counted, want)
 	}
 }
