@@ -614,7 +614,7 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 	pins := c.pinsIdem(c.rw.status, c.outcome)
 	if !pins && c.superseded {
 		// Not moved on: a retry of a superseded message would replace the newer one.
-		if err := s.writeIdemRecord(ctx, c, "superseded", "1"); errors.Is(err, errIdemMovedOn) {
+		if err := s.writeIdemRecord(ctx, c, "", "superseded", "1"); errors.Is(err, errIdemMovedOn) {
 			c.log.Info("superseded idempotent attempt not recorded: the key moved on to a later attempt while it ran", zap.Error(err))
 		} else if err != nil {
 			c.log.Warn("superseded idempotent attempt not recorded; a retry may run it again", zap.Error(err))
@@ -635,7 +635,11 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 }
 
 // storeIdemAnswer pins the key on this attempt with the answer the caller was sent (status, the
-// headers, and the bytes rw kept), or marks it too large to keep.
+// headers, and the bytes rw kept), or marks it too large to keep. It replaces what an earlier
+// store of the attempt's answer wrote (storedAnswerFields): pinned at the provider's error
+// event, an answer that then outgrew max_replay_len or its caller's share with the final event
+// after it was marked too large beside the answer already kept, which every retry was told was
+// not kept while Redis held it for replay_ttl.
 func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error {
 	rw := c.rw
 	fields := []any{"run", c.runID, "status", status, "ctype", rw.Header().Get("Content-Type")}
@@ -655,7 +659,7 @@ func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error
 		}
 		fields = append(fields, "resp", rw.buf.Bytes())
 	}
-	if err := s.writeIdemRecord(ctx, c, fields...); err != nil {
+	if err := s.writeIdemRecord(ctx, c, storedAnswerFields, fields...); err != nil {
 		return fmt.Errorf("store idempotent answer: %w", err)
 	}
 	return nil
@@ -719,9 +723,10 @@ var errIdemMovedOn = errors.New("the key's record belongs to a later attempt")
 
 // idemWriteScript writes how an attempt ended into its key's record, only while the key is
 // still the attempt's: its attempt counter has not moved past it, and no other attempt has
-// pinned it. KEYS record; ARGV run id, attempt, body hash, replay ttl ms, then field/value
-// pairs. The body is set if missing (startIdem's write may have failed, and a record without it
-// would replay this answer to a different body under the same key). Returns 0 when refused.
+// pinned it. KEYS record; ARGV run id, attempt, body hash, replay ttl ms, the fields to delete
+// first (space-separated), then field/value pairs. The body is set if missing (startIdem's
+// write may have failed, and a record without it would replay this answer to a different body
+// under the same key). Returns 0 when refused.
 //
 // Unguarded, an attempt that outlived its hold, ending after a retry had run the next attempt
 // to its end and pinned the key, replaced that answer with its own: every later replay was the
@@ -731,15 +736,21 @@ local run = redis.call('HGET', KEYS[1], 'run')
 if run and run ~= ARGV[1] then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0') > tonumber(ARGV[2]) then return 0 end
 redis.call('HSETNX', KEYS[1], 'body', ARGV[3])
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+for f in string.gmatch(ARGV[5], '%S+') do redis.call('HDEL', KEYS[1], f) end
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1`)
 
-// writeIdemRecord writes fields (field/value pairs) into c's key's record while the key is
-// still c's attempt's (idemWriteScript), else fails with errIdemMovedOn.
-func (s *Server) writeIdemRecord(ctx context.Context, c *call, fields ...any) error {
+// storedAnswerFields are the fields of a record that one store of an answer writes, some or
+// others: a later store of the same attempt's answer deletes them before it writes its own.
+const storedAnswerFields = "hdrs resp large large_why"
+
+// writeIdemRecord deletes the fields named in drop (space-separated) from c's key's record and
+// writes fields (field/value pairs) into it while the key is still c's attempt's
+// (idemWriteScript), else fails with errIdemMovedOn.
+func (s *Server) writeIdemRecord(ctx context.Context, c *call, drop string, fields ...any) error {
 	ic := c.idem
-	args := append([]any{c.runID, ic.attempt, ic.bodyHash, s.cfg.Dedup.ReplayTTL.Milliseconds()}, fields...)
+	args := append([]any{c.runID, ic.attempt, ic.bodyHash, s.cfg.Dedup.ReplayTTL.Milliseconds(), drop}, fields...)
 	n, err := idemWriteScript.Run(ctx, s.dedupRDB, []string{ic.record}, args...).Int()
 	if err != nil {
 		return err

@@ -91,3 +91,42 @@ func TestIdemErrorThenFinalCountedOnceAgainstTheShare(t *testing.T) {
 		t.Fatalf("the caller's kept answers are counted %d bytes; its one kept answer is %d", counted, want)
 	}
 }
+
+// TestIdemErrorThenFinalPastMaxReplayLenKeepsNothing: an answer pinned at the provider's error
+// event fits dedup.max_replay_len, and with the final event after it (the Responses API's
+// response.failed), stored again, does not. The second store marked it too large but left the
+// first's answer in the record: every retry was told 409 "not kept for replay" while Redis
+// kept it for replay_ttl, counted against the caller's share. An answer not kept must not be
+// in the record.
+func TestIdemErrorThenFinalPastMaxReplayLenKeepsNothing(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n")
+		fmt.Fprint(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"Hello billing team\"}\n\n")
+		fmt.Fprint(w, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"server_error\",\"code\":\"server_error\",\"message\":\"boom\"}}\n\n")
+		fmt.Fprint(w, "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"}}}\n\n")
+	}, func(c *config.Config) { c.Dedup.MaxReplayLen = 450 }) // the answer to its error event fits, with response.failed not
+	_, key := h.user("standard")
+	body := `{"model":"fake-gpt","input":"hi","stream":true}`
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "error-then-final-large"}
+	resp := h.post(key, "/v1/responses", body, idem)
+	first := readAll(t, resp.Body)
+	resp.Body.Close()
+	h.settled()
+	if !strings.Contains(string(first), "response.failed") {
+		t.Fatalf("the caller did not get the final event:\n%s", first)
+	}
+	rec, err := h.rdb.HGetAll(context.Background(), h.keys.Replay(resp.Header.Get(proxy.RunIDHeader))).Result()
+	if err != nil || rec["large"] != "1" {
+		t.Fatalf("record %v (%v): want the answer marked too large", rec, err)
+	}
+	if _, kept := rec["resp"]; kept {
+		t.Errorf("the record keeps %d bytes of an answer it says was not kept", len(rec["resp"]))
+	}
+	again := h.post(key, "/v1/responses", body, idem)
+	replay := readAll(t, again.Body)
+	again.Body.Close()
+	if again.StatusCode != http.StatusConflict || !strings.Contains(string(replay), "idempotent_response_too_large") {
+		t.Errorf("retry: %d %s; want 409 idempotent_response_too_large", again.StatusCode, replay)
+	}
+}

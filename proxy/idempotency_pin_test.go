@@ -211,8 +211,8 @@ func pinsRecord(args []any, prefix string) bool {
 	first := 2 // an HSET's first field
 	switch {
 	case len(args) >= 4 && strings.EqualFold(fmt.Sprint(args[0]), "hset"):
-	case len(args) >= 10 && (strings.EqualFold(fmt.Sprint(args[0]), "evalsha") || strings.EqualFold(fmt.Sprint(args[0]), "eval")):
-		args, first = args[2:], 6 // numkeys, key, run id, attempt, body hash, ttl
+	case len(args) >= 11 && (strings.EqualFold(fmt.Sprint(args[0]), "evalsha") || strings.EqualFold(fmt.Sprint(args[0]), "eval")):
+		args, first = args[2:], 7 // numkeys, key, run id, attempt, body hash, ttl, fields deleted
 	default:
 		return false
 	}
