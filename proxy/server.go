@@ -139,7 +139,7 @@ func New(d Deps) *Server {
 		budgets: runstate.NewRunBudget(d.Redis, d.Keys, d.Config.Holds.TallyTTL, maxCall(d.Config.Limits),
 			d.Config.Holds.LeaseTTL),
 		dedupRDB: d.DedupRedis,
-		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Log),
+		cancels:  newCancelBus(d.DedupRedis, d.Keys, d.Config.Holds.HoldTTL, d.Log),
 		counting: newInFlightCounts(maxCountsInFlight),
 		bodies:   newBodyMemory(bodyTotal, bodyPerCaller, d.Metrics.RequestBodyBytes),
 		answers:  newAnswerMemory(d.Config.Limits.ResponseMemoryBound(), d.Config.Limits.ResponseMemoryPerCaller(), d.Metrics.ResponseBodyBytes, d.Metrics.ResponseMemoryWaits),

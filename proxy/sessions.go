@@ -78,12 +78,16 @@ func sessionMessageHash(f metering.Format, body []byte) [32]byte {
 // The subscription starts with the first session call a process serves, and a run is
 // registered before its session claim commits, so a cancel published after the claim always
 // finds it. Pub/sub is fire-and-forget: a cancel sent while this process's subscription is
-// reconnecting is lost, and the old run then completes and is charged in full. That is the
-// accepted failure mode; the reconciler does not need to know about it.
+// down (Redis restarted, the connection cut, a start that failed) reached no one, and the old
+// run went on to its end, charged in full beside the new one. So publish first leaves a mark
+// (Keys.Cancelled, markTTL), and each time the subscription is made again the bus reads the
+// marks of the runs it serves (sweep): a cancel sent meanwhile stops its run once this process
+// reaches Redis again. The reconciler does not need to know about any of it.
 type cancelBus struct {
-	rdb  redis.UniversalClient
-	keys runstate.Keys
-	log  *zap.Logger
+	rdb     redis.UniversalClient
+	keys    runstate.Keys
+	markTTL time.Duration
+	log     *zap.Logger
 
 	// subscribing serialises starts and is never held with mu: a subscription waits on Redis,
 	// and registering runs and delivering cancels must not wait behind it. failedAt (under
@@ -115,8 +119,10 @@ type cancellable struct {
 
 var errBusDown = errors.New("cancel bus: subscription failed moments ago; not retried yet")
 
-func newCancelBus(rdb redis.UniversalClient, keys runstate.Keys, log *zap.Logger) *cancelBus {
-	return &cancelBus{rdb: rdb, keys: keys, log: log, runs: map[string]cancellable{}, retryAfter: startRetry}
+// newCancelBus is the bus of a process; markTTL is how long a cancel's mark is kept, as long
+// as a session call's hold lives (holds.hold_ttl): no run it names outlives it.
+func newCancelBus(rdb redis.UniversalClient, keys runstate.Keys, markTTL time.Duration, log *zap.Logger) *cancelBus {
+	return &cancelBus{rdb: rdb, keys: keys, markTTL: markTTL, log: log, runs: map[string]cancellable{}, retryAfter: startRetry}
 }
 
 // register makes runID cancellable from any process until unregister; log is its call's
@@ -167,7 +173,7 @@ func (b *cancelBus) start(ctx context.Context) error {
 		return ps.Close()
 	}
 	b.ps, b.started = ps, true
-	go b.loop(ps.Channel())
+	go b.loop(ps.ChannelWithSubscriptions())
 	return nil
 }
 
@@ -178,11 +184,55 @@ func (b *cancelBus) running() bool {
 	return b.started || b.closed
 }
 
-func (b *cancelBus) loop(ch <-chan *redis.Message) {
+// loop delivers the cancels the subscription receives. Runs registered while no subscription
+// listened (a start that failed) are swept as it begins, and all of them again each time
+// go-redis makes the subscription anew after its connection broke (a *redis.Subscription):
+// the cancels published in between reached no one.
+func (b *cancelBus) loop(ch <-chan any) {
 	prefix, suffix := b.keys.Cancel(""), "}"
 	prefix = strings.TrimSuffix(prefix, suffix)
+	b.sweep()
 	for msg := range ch {
-		b.deliver(strings.TrimSuffix(strings.TrimPrefix(msg.Channel, prefix), suffix))
+		switch m := msg.(type) {
+		case *redis.Message:
+			b.deliver(strings.TrimSuffix(strings.TrimPrefix(m.Channel, prefix), suffix))
+		case *redis.Subscription:
+			if m.Kind == "psubscribe" {
+				b.sweep()
+			}
+		}
+	}
+}
+
+// sweep cancels every run this process serves whose cancel mark is set: replaced while the
+// subscription was down. Bounded as the subscription's start; a sweep that fails leaves those
+// runs to run on (logged), as a cancel lost on the way would.
+func (b *cancelBus) sweep() {
+	b.mu.Lock()
+	ids := make([]string, 0, len(b.runs))
+	for id := range b.runs {
+		ids = append(ids, id)
+	}
+	b.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), subscribeTimeout)
+	defer cancel()
+	marks := make([]*redis.IntCmd, len(ids))
+	if _, err := b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			marks[i] = p.Exists(ctx, b.keys.Cancelled(id))
+		}
+		return nil
+	}); err != nil {
+		b.log.Warn("cancel bus: cancels sent while it was not subscribed not read; the runs they name go on",
+			zap.Int("runs", len(ids)), zap.Error(err))
+	}
+	for i, m := range marks {
+		if m.Err() == nil && m.Val() == 1 {
+			b.deliver(ids[i])
+		}
 	}
 }
 
@@ -198,11 +248,28 @@ func (b *cancelBus) deliver(runID string) {
 }
 
 // publish asks whichever process serves runID to stop it: a step on the caller's path (a
-// newer message waits for it), bounded as one.
-func (b *cancelBus) publish(ctx context.Context, runID string) error {
+// newer message waits for it), bounded as one, and one round trip: the mark and the message go
+// in one pipeline, the mark first, so a process that was not subscribed as the message went
+// out finds it when it subscribes again (sweep). sent reports the message went out, with or
+// without its mark (a Redis refusing writes still publishes).
+func (b *cancelBus) publish(ctx context.Context, runID string) (sent bool, err error) {
 	ctx, cancel := redisStep(ctx)
 	defer cancel()
-	return b.rdb.Publish(ctx, b.keys.Cancel(runID), "superseded").Err()
+	var mark *redis.StatusCmd
+	var pub *redis.IntCmd
+	_, _ = b.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		mark = p.Set(ctx, b.keys.Cancelled(runID), "1", b.markTTL)
+		pub = p.Publish(ctx, b.keys.Cancel(runID), "superseded")
+		return nil
+	})
+	var markErr error
+	if err := mark.Err(); err != nil {
+		markErr = fmt.Errorf("cancel mark: %w", err)
+	}
+	if err := pub.Err(); err != nil {
+		return false, errors.Join(markErr, fmt.Errorf("publish: %w", err))
+	}
+	return true, markErr
 }
 
 func (b *cancelBus) close() error {
@@ -265,8 +332,13 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 	if claim.Replaced != "" {
 		// The claim is committed: the replaced run must stop whether or not this request's
 		// caller is still there to run the new one.
-		if err := s.cancels.publish(context.WithoutCancel(ctx), claim.Replaced); err != nil {
+		sent, err := s.cancels.publish(context.WithoutCancel(ctx), claim.Replaced)
+		switch {
+		case err != nil && !sent:
 			c.log.Warn("cancel of the replaced run not sent; it runs to its end and is charged", zap.String("replaced", claim.Replaced), zap.Error(err))
+		case err != nil:
+			c.log.Warn("cancel of the replaced run sent without its mark; a process not subscribed right now never hears it",
+				zap.String("replaced", claim.Replaced), zap.Error(err))
 		}
 	}
 	return nil, nil

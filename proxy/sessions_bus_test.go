@@ -28,7 +28,7 @@ func TestCancelBusDoesNotHoldRunsBehindASubscription(t *testing.T) {
 			return nil, errors.New("redis down")
 		}})
 	t.Cleanup(func() { rdb.Close() })
-	b := newCancelBus(rdb, runstate.Keys{}, zap.NewNop())
+	b := newCancelBus(rdb, runstate.Keys{}, time.Minute, zap.NewNop())
 	b.retryAfter = time.Hour // the fail-fast window outlasts the test however slow the machine
 
 	started := make(chan error, 1)

@@ -45,6 +45,11 @@ func (k Keys) LeaseReleased(runID string) string { return k.Prefix + "leaserel:{
 // Cancel is the pub/sub channel that asks whichever process serves a run to stop it.
 func (k Keys) Cancel(runID string) string { return k.Prefix + "cancel:{" + runID + "}" }
 
+// Cancelled marks a run a newer message of its session replaced, for as long as the run may
+// live: the cancel published on Cancel reaches only processes subscribed at that moment, and a
+// process whose subscription was down reads the mark when it subscribes again.
+func (k Keys) Cancelled(runID string) string { return k.Prefix + "cancelled:{" + runID + "}" }
+
 // Replay holds an idempotent request's stored response.
 func (k Keys) Replay(runID string) string { return k.Prefix + "replay:{" + runID + "}" }
 

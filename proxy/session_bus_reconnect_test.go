@@ -1,0 +1,137 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// cuttableRedis is a Redis client's dialer whose connections the test can cut, and whose new
+// dials then fail until heal: a process's link to Redis broken (a restart, a proxy's idle
+// cut), then back.
+type cuttableRedis struct {
+	mu    sync.Mutex
+	down  bool
+	conns []net.Conn
+}
+
+func (c *cuttableRedis) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.down {
+		return nil, errors.New("redis unreachable (cut by the test)")
+	}
+	conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err == nil {
+		c.conns = append(c.conns, conn)
+	}
+	return conn, err
+}
+
+func (c *cuttableRedis) cut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.down = true
+	for _, conn := range c.conns {
+		_ = conn.Close()
+	}
+	c.conns = nil
+}
+
+func (c *cuttableRedis) heal() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.down = false
+}
+
+// TestSessionCancelSentWhileTheBusReconnectsStopsTheRun: a session's message streams on a
+// gateway whose link to Redis breaks (its cancel bus's subscription with it); the session's
+// next message, on another gateway, replaces it meanwhile. The cancel, published while no
+// subscription of the serving gateway listened, was lost: once the link was back the old run
+// went on to its end and was charged in full beside the new one. The cancel now leaves a mark
+// that the bus reads when it subscribes again: the old stream ends superseded, settled by
+// cancel at what it used.
+func TestSessionCancelSentWhileTheBusReconnectsStopsTheRun(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	cut := &cuttableRedis{}
+	opt := *h.rdb.Options()
+	busName := "bus-" + testenv.RandomID(6)
+	opt.Dialer, opt.ClientName = cut.dial, busName
+	dedup := redis.NewClient(&opt)
+	t.Cleanup(func() { dedup.Close() })
+	second, other := h.secondGateway(dedup, nil)
+	t.Cleanup(func() { _ = h.srv.Close() })
+	session := "chat-" + testenv.RandomID(4)
+
+	req, _ := http.NewRequest(http.MethodPost, other+"/v1/chat/completions", strings.NewReader(streamBody))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set(proxy.SessionHeader, session)
+	req.Header.Set(fakellm.HeaderChunks, "1500")
+	req.Header.Set(fakellm.HeaderChunkInterval, "10ms")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	oldRun := resp.Header.Get(proxy.RunIDHeader)
+	rd := afterContent(t, resp, 3) // claimed, forwarding, registered on the second gateway's bus
+
+	cut.cut()
+	b := send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: session})
+	if b.status != http.StatusOK {
+		t.Fatalf("new message: %d %s", b.status, b.body)
+	}
+	cut.heal()
+	// The bus of the second gateway subscribes again on its own (go-redis reconnects).
+	deadline := time.Now().Add(10 * time.Second)
+	for !subscribed(t, h.rdb, busName) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second gateway's cancel bus did not subscribe again within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	rest, err := io.ReadAll(rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("old stream was not stopped once its gateway's bus was back: ...%s", rest[max(0, len(rest)-300):])
+	}
+	waitSettlements(t, second)
+	run := h.run(u.ID, oldRun)
+	if run.SettleSource.String != holds.SourceCancel || run.OutTok < 3 || run.OutTok >= 1500 {
+		t.Fatalf("old run = %+v, want settled by cancel with its partial output", run)
+	}
+	h.settled()
+	h.expectCharges(u.ID, []string{oldRun, b.header.Get(proxy.RunIDHeader)})
+}
+
+// subscribed reports whether a connection named name holds a pattern subscription.
+func subscribed(t *testing.T, rdb *redis.Client, name string) bool {
+	t.Helper()
+	list, err := rdb.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, " name="+name+" ") && !strings.Contains(line, " psub=0 ") {
+			return true
+		}
+	}
+	return false
+}
