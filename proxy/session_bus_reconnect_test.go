@@ -135,3 +135,83 @@ func subscribed(t *testing.T, rdb *redis.Client, name string) bool {
 	}
 	return false
 }
+
+// TestSessionRunRegisteredWhileTheBusCouldNotSubscribeIsStoppedOnceItDoes: a gateway serves a
+// session's first message while its Redis cannot be reached, so its cancel bus cannot
+// subscribe (the run is served all the same). Redis is back, and the session's next message,
+// on another gateway, replaces that run: the cancel reached no subscription of the serving
+// gateway, and the run went on to its end even after that gateway's bus subscribed for a
+// later session call. Now the bus, once subscribed, reads the cancel marks of the runs it
+// serves: the old stream ends superseded, settled by cancel at what it used.
+func TestSessionRunRegisteredWhileTheBusCouldNotSubscribeIsStoppedOnceItDoes(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	cut := &cuttableRedis{}
+	cut.cut() // down from the start: the second gateway's bus never subscribed
+	opt := *h.rdb.Options()
+	busName := "bus-" + testenv.RandomID(6)
+	opt.Dialer, opt.ClientName = cut.dial, busName
+	dedup := redis.NewClient(&opt)
+	t.Cleanup(func() { dedup.Close() })
+	second, other := h.secondGateway(dedup, nil)
+	t.Cleanup(func() { _ = h.srv.Close() })
+	session := "chat-" + testenv.RandomID(4)
+
+	req, _ := http.NewRequest(http.MethodPost, other+"/v1/chat/completions", strings.NewReader(streamBody))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set(proxy.SessionHeader, session)
+	req.Header.Set(fakellm.HeaderChunks, "1500")
+	req.Header.Set(fakellm.HeaderChunkInterval, "10ms")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("first message with the bus down: %d", resp.StatusCode)
+	}
+	oldRun := resp.Header.Get(proxy.RunIDHeader)
+	rd := afterContent(t, resp, 3)
+
+	cut.heal()
+	b := send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: session})
+	if b.status != http.StatusOK {
+		t.Fatalf("new message: %d %s", b.status, b.body)
+	}
+	// Calls of another user's sessions on the second gateway start its bus (only a session's
+	// call subscribes), once the pause after its failed start is over.
+	u2, key2 := h.user("standard")
+	var others []string
+	deadline := time.Now().Add(10 * time.Second)
+	for !subscribed(t, h.rdb, busName) {
+		if time.Now().After(deadline) {
+			t.Fatal("the second gateway's cancel bus did not subscribe within 10 s of Redis being back")
+		}
+		c := send(other, key2, `{"model":"fake-gpt","messages":[{"role":"user","content":"another tab"}]}`,
+			map[string]string{proxy.SessionHeader: "tab-" + testenv.RandomID(6)})
+		switch c.status {
+		case http.StatusOK:
+			others = append(others, c.header.Get(proxy.RunIDHeader))
+		case http.StatusTooManyRequests: // the last ones' settlements still on their way: nothing held
+		default:
+			t.Fatalf("other session's message: %d %s", c.status, c.body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	rest, err := io.ReadAll(rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("old stream was not stopped once its gateway's bus subscribed: ...%s", rest[max(0, len(rest)-300):])
+	}
+	waitSettlements(t, second)
+	run := h.run(u.ID, oldRun)
+	if run.SettleSource.String != holds.SourceCancel || run.OutTok < 3 || run.OutTok >= 1500 {
+		t.Fatalf("old run = %+v, want settled by cancel with its partial output", run)
+	}
+	h.settled()
+	h.expectCharges(u.ID, []string{oldRun, b.header.Get(proxy.RunIDHeader)})
+	h.expectCharges(u2.ID, others)
+}
