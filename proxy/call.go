@@ -296,7 +296,7 @@ func (s *Server) runCall(w http.ResponseWriter, r *http.Request, actx context.Co
 		defer cancel(nil)
 		r = r.WithContext(ctx)
 		if err := s.cancels.register(ctx, c.runID, cancel, c.log); err != nil {
-			c.log.Warn("cancel bus unavailable; a newer message cannot stop this run", zap.Error(err))
+			c.log.Warn("cancel bus unavailable; a newer message stops this run only once the bus subscribes", zap.Error(err))
 		}
 		defer s.cancels.unregister(c.runID)
 		// The claim ends with the budget, and with a newer message of the session (ctx).

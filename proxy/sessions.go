@@ -92,10 +92,12 @@ type cancelBus struct {
 	// subscribing serialises starts and is never held with mu: a subscription waits on Redis,
 	// and registering runs and delivering cancels must not wait behind it. failedAt (under
 	// subscribing) is the last failed start: with Redis down, calls within retryAfter of it
-	// fail at once instead of each waiting out its own attempt in turn.
+	// fail at once instead of each waiting out its own attempt in turn. retrying (under
+	// subscribing): a start is due in the background (retryLater).
 	subscribing sync.Mutex
 	failedAt    time.Time
 	retryAfter  time.Duration
+	retrying    bool
 
 	mu      sync.Mutex
 	runs    map[string]cancellable
@@ -127,8 +129,8 @@ func newCancelBus(rdb redis.UniversalClient, keys runstate.Keys, markTTL time.Du
 
 // register makes runID cancellable from any process until unregister; log is its call's
 // (with its run_id and request_id), for the line that says it was stopped. The returned error
-// says the subscription could not be started: the run still runs, but cannot be stopped by
-// a replacing message.
+// says the subscription could not be started: the run still runs, and a replacing message
+// stops it only once the bus subscribes (retryLater, then loop's sweep).
 func (b *cancelBus) register(ctx context.Context, runID string, cancel context.CancelCauseFunc, log *zap.Logger) error {
 	err := b.start(ctx)
 	b.mu.Lock()
@@ -165,6 +167,7 @@ func (b *cancelBus) start(ctx context.Context) error {
 	if _, err := ps.Receive(ctx); err != nil {
 		_ = ps.Close()
 		b.failedAt = time.Now()
+		b.retryLater()
 		return fmt.Errorf("cancel bus: subscribe: %w", err)
 	}
 	b.mu.Lock()
@@ -175,6 +178,28 @@ func (b *cancelBus) start(ctx context.Context) error {
 	b.ps, b.started = ps, true
 	go b.loop(ps.ChannelWithSubscriptions())
 	return nil
+}
+
+// retryLater starts the subscription again retryAfter from now, in the background, if runs
+// are registered by then (b.subscribing held): those registered while it was down are swept
+// once it is made (loop), though no later session call comes to start it. A start that fails
+// again retries later again.
+func (b *cancelBus) retryLater() {
+	if b.retrying {
+		return
+	}
+	b.retrying = true
+	time.AfterFunc(b.retryAfter, func() {
+		b.subscribing.Lock()
+		b.retrying = false
+		b.subscribing.Unlock()
+		b.mu.Lock()
+		waiting := len(b.runs) > 0
+		b.mu.Unlock()
+		if waiting {
+			_ = b.start(context.Background()) // a failure is retried (retryLater)
+		}
+	})
 }
 
 // running reports whether the bus needs no start: subscribed, or closed.
