@@ -7,15 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
 )
 
 // TestEveryRedisKeyTheGatewayWritesLapses: README § Sizing Redis says every key the gateway
 // writes lapses at its TTL, so what Redis holds follows the calls of the last days, not the
 // gateway's age. After one of each kind of request — plain, streamed, an Idempotency-Key's
-// and its replay, a named run's calls and settle, a session's message, a Responses answer, an
-// Anthropic message, a token count, refusals (a wrong key, bad JSON, a wrong run id, a
-// settled run's call), readiness — every key under the gateway's prefix has an expiry: a key
+// and its replay, a named run's calls and settle, a session's message, one replaced as it
+// ran, a Responses answer, an Anthropic message, a token count, refusals (a wrong key, bad
+// JSON, a wrong run id, a settled run's call), readiness — every key under the gateway's
+// prefix has an expiry: a key
 // written without one (a new record, a write after an error that skipped its EXPIRE) would
 // stay for good, one per call.
 func TestEveryRedisKeyTheGatewayWritesLapses(t *testing.T) {
@@ -46,6 +48,20 @@ func TestEveryRedisKeyTheGatewayWritesLapses(t *testing.T) {
 		{"/v1/chat/completions", `{"model":`, nil},
 	} {
 		send(c.path, c.body, c.hdr)
+	}
+	// A session's message replaced while it streams: its cancel leaves a mark.
+	replaced := h.post(key, "/v1/chat/completions", streamBody,
+		map[string]string{proxy.SessionHeader: "lapse-replaced", fakellm.HeaderChunks: "2000", fakellm.HeaderChunkInterval: "5ms"})
+	rd := afterContent(t, replaced, 3)
+	if status := send("/v1/chat/completions", chatBody, map[string]string{proxy.SessionHeader: "lapse-replaced"}); status != http.StatusOK {
+		t.Fatalf("the replacing message: %d", status)
+	}
+	if rest := readAll(t, rd); !strings.Contains(string(rest), `"code":"superseded"`) {
+		t.Fatalf("the replaced message was not stopped: ...%s", rest[max(0, len(rest)-300):])
+	}
+	replaced.Body.Close()
+	if n, err := h.rdb.Exists(context.Background(), h.keys.Cancelled(replaced.Header.Get(proxy.RunIDHeader))).Result(); err != nil || n != 1 {
+		t.Fatalf("cancel mark of the replaced run: exists %d (%v), want it written", n, err)
 	}
 	if status, body := h.settleRun(key, "lapse-run"); status != http.StatusOK {
 		t.Fatalf("settle: %d %s", status, body)
