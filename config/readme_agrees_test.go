@@ -138,3 +138,29 @@ func TestREADMEStatedDefaultsAreTheCodes(t *testing.T) {
 		t.Errorf("only %d defaults found stated in README: has the way it states them changed?", checked)
 	}
 }
+
+// TestREADMENamesRealSettings: README names settings by their section (`holds.tally_ttl`) in
+// a hundred places, the Known limits and alerts among them; each must be a setting of that
+// section, or a renamed one leaves the operator looking for a name the file refuses.
+func TestREADMENamesRealSettings(t *testing.T) {
+	raw, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sections := map[string]reflect.Type{"limits": reflect.TypeOf(Limits{}), "holds": reflect.TypeOf(Holds{}), "dedup": reflect.TypeOf(Dedup{})}
+	named := 0
+	for _, m := range regexp.MustCompile("`(limits|holds|dedup)\\.([a-z0-9_]+)").FindAllStringSubmatch(string(raw), -1) {
+		named++
+		ty, found := sections[m[1]], false
+		for i := range ty.NumField() {
+			tag, _, _ := strings.Cut(ty.Field(i).Tag.Get("yaml"), ",")
+			found = found || tag == m[2]
+		}
+		if !found {
+			t.Errorf("README names %s.%s, which is no setting", m[1], m[2])
+		}
+	}
+	if named < 20 {
+		t.Errorf("README names only %d settings by their section: has the way it names them changed?", named)
+	}
+}
