@@ -106,7 +106,10 @@ func TestUpstreamErrorStalledPastTheTimeoutIs504(t *testing.T) {
 			up := stalledErrorUpstream(t, tc.status, release)
 			h := newHarness(t, func(c *config.Config) {
 				c.Upstreams = []config.Upstream{{Name: "up", Kind: tc.kind, BaseURL: up.URL, Models: []string{"*"}}}
-				c.Limits.UpstreamTimeout = 500 * time.Millisecond
+				// The timeout runs from before the request is written: at 500 ms a loaded
+				// machine could run out of it before the refusal's headers came, and the call,
+				// which the provider had whole, was charged its prompt as upstream_timeout.
+				c.Limits.UpstreamTimeout = timeoutAfterTheRequest
 			})
 			u, key := h.user("standard")
 			resp := h.post(key, tc.path, tc.body, nil)
