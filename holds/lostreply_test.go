@@ -107,9 +107,14 @@ func TestLostCommitReplyOfASettlementChargesOnce(t *testing.T) {
 func TestWriteScriptOutlivesTheBatchDeadline(t *testing.T) {
 	f, lossy := newLossyFixture(t)
 	ctx := context.Background()
-	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: testenv.LateBy / 2, SettleTimeout: 10 * time.Second})
+	// The deadline also bounds the batch's reads before its writes, which must be sent in
+	// time: at LateBy/2 (150 ms) a loaded machine could run out of it before the writes went
+	// out, and the admission failed at "begin and lock". The COMMIT's reply, late by the
+	// deadline's whole length, comes after it however soon the writes were sent.
+	const admitTimeout = 2 * time.Second
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: admitTimeout, SettleTimeout: 10 * time.Second})
 	defer w.Close()
-	lossy.Arm(commitScript, testenv.LateReply)
+	lossy.ArmLate(commitScript, admitTimeout)
 	h, err := w.Admit(ctx, holds.AdmitRequest{RunID: "r_late_commit", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute,
 		Fresh: true, Token: testenv.RandomID(16)})
 	if err != nil {

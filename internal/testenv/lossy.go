@@ -41,6 +41,7 @@ type Lossy struct {
 	left   int  // marked writes still to lose; the marker is disarmed at 0
 	ended  bool // the test has ended: a loss no longer reports to it
 	limit  time.Duration
+	late   time.Duration // how late a LateReply is: LateBy, or ArmLate's
 }
 
 // LossMode is what happens after the marked write.
@@ -108,7 +109,17 @@ func (l *Lossy) Arm(marker string, mode LossMode) { l.ArmN(marker, mode, 1) }
 func (l *Lossy) ArmN(marker string, mode LossMode, n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.marker, l.mode, l.fired, l.left = []byte(marker), mode, 0, n
+	l.marker, l.mode, l.fired, l.left, l.late = []byte(marker), mode, 0, n, LateBy
+}
+
+// ArmLate makes the next write containing marker a LateReply late by by instead of LateBy: a
+// test whose caller's deadline must leave room for the steps before the write on a loaded
+// machine (seconds, not LateBy/2) still gets the reply after that deadline when by is at
+// least the deadline's length.
+func (l *Lossy) ArmLate(marker string, by time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.marker, l.mode, l.fired, l.left, l.late = []byte(marker), LateReply, 0, 1, by
 }
 
 // Fired reports whether the armed loss happened: a test whose marker no longer matches
@@ -219,7 +230,7 @@ func (c *lossyConn) Write(b []byte) (int, error) {
 		return 0, &net.OpError{Op: "write", Net: "tcp", Err: errNetworkDown}
 	}
 	hit := l.marker != nil && bytes.Contains(b, l.marker)
-	mode, limit, marker := l.mode, l.limit, l.marker
+	mode, limit, marker, late := l.mode, l.limit, l.marker, l.late
 	if hit {
 		l.fired++
 		if l.left--; l.left <= 0 {
@@ -242,7 +253,7 @@ func (c *lossyConn) Write(b []byte) (int, error) {
 	case LoseReply:
 		c.Conn.Close()
 	case LateReply:
-		time.Sleep(time.Until(sent.Add(LateBy)))
+		time.Sleep(time.Until(sent.Add(late)))
 	case GoDown:
 		l.mu.Lock()
 		l.down = true
