@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
@@ -14,12 +13,14 @@ import (
 // A non-streamed answer whose headers came in time but whose body did not finish within
 // upstream_timeout: README says 504 upstream_timeout, charged the prompt as upstream_timeout.
 func TestHostileNonStreamBodyTimesOut(t *testing.T) {
+	// The timeout runs from before the request is written: at 1 s a loaded machine still
+	// writing when it ran out saw the call, never sent whole, released at 0 as upstream_error.
 	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprint(w, `{"id":"x","object":"chat.completion",`)
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
-	}, func(c *config.Config) { c.Limits.UpstreamTimeout = time.Second })
+	}, func(c *config.Config) { c.Limits.UpstreamTimeout = timeoutAfterTheRequest })
 	u, key := h.user("standard")
 	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
 	body := readAll(t, resp.Body)
