@@ -74,7 +74,12 @@ func TestMixedStormChargesEachCallOnce(t *testing.T) {
 		c.Plans[planName] = config.Plan{AllowanceCredits: config.CreditsOf(30), HoldNormalCredits: config.CreditsOf(1),
 			HoldHeavyCredits: config.CreditsOf(3), HeavyAfterTurns: 3, MaxInFlight: 6, MaxRunCostCredits: config.CreditsOf(6)}
 		// A named run left alone expires within the storm and is reconciled from its tally.
-		c.Holds.RunTTL, c.Holds.LeaseTTL, c.Holds.HeartbeatInterval = 1500*time.Millisecond, time.Second, 300*time.Millisecond
+		// The lease TTL (also the reservations' stale window) is what a live call's beats may
+		// miss before the reconciler or another call takes it for a dead process's: at 1 s a
+		// loaded machine's storm under -race missed it (a running call's reservation "dropped
+		// as stale"), and a lapsed lease would have let the reconciler settle a run under a
+		// call still running. Nothing here kills a process, so nothing waits for a lapse.
+		c.Holds.RunTTL, c.Holds.LeaseTTL, c.Holds.HeartbeatInterval = 1500*time.Millisecond, 3*time.Second, 300*time.Millisecond
 	})
 	ctx := context.Background()
 
