@@ -25,11 +25,18 @@ import (
 
 // slowBeat is the setting of these tests: each reply slowBy late, a beat's time interval, and
 // enough calls for many pipelines, so that one after another they need far more than the
-// interval and together far less.
+// interval and together far less. The calls fill one round of the pipelines a beat sends at
+// once (refreshParallel, 8, of 500). Together they cost a few late replies and the CPU of
+// stamping each call: about 6 s for the leases (the script's load, the new connections'
+// greeting, the pipelines, the drop of released runs), 4 s for the reservations; one after
+// another, over 20 s and 10 s. (At 300 ms late, a 3 s interval for both and 6000 calls in two
+// rounds, a loaded machine under -race took 2.5 s of the 3 s for a beat, and at times more:
+// both tests failed with nothing wrong.)
 const (
-	slowBy       = 300 * time.Millisecond
-	slowInterval = 3 * time.Second
-	slowCalls    = 6000
+	slowBy                  = time.Second
+	slowCalls               = 4000
+	slowLeaseInterval       = 10 * time.Second
+	slowReservationInterval = 7 * time.Second
 )
 
 // TestLeaseBeatBehindASlowRedisWritesEveryLease: one beat, behind a Redis whose every reply is
@@ -43,12 +50,12 @@ func TestLeaseBeatBehindASlowRedisWritesEveryLease(t *testing.T) {
 	opt.Dialer = slow.Dial
 	rdb := redisThroughOptions(t, &opt)
 
-	leases := runstate.NewLeases(rdb, keys, "process-slow", 3*slowInterval, slowInterval, zap.NewNop())
+	leases := runstate.NewLeases(rdb, keys, "process-slow", 3*slowLeaseInterval, slowLeaseInterval, zap.NewNop())
 	for i := range slowCalls {
 		leases.Acquire(fmt.Sprintf("r_slow_%d", i))
 	}
 	// One beat, as the heartbeat sends it: on a deadline of its interval.
-	ctx, cancel := context.WithTimeout(context.Background(), slowInterval)
+	ctx, cancel := context.WithTimeout(context.Background(), slowLeaseInterval)
 	err := leases.Refresh(ctx)
 	cancel()
 	if err != nil {
@@ -62,7 +69,7 @@ func TestLeaseBeatBehindASlowRedisWritesEveryLease(t *testing.T) {
 	}
 	if written != slowCalls {
 		t.Fatalf("one beat wrote %d of %d leases behind replies %v late, within its %v: the others lapse while their process lives",
-			written, slowCalls, slowBy, slowInterval)
+			written, slowCalls, slowBy, slowLeaseInterval)
 	}
 }
 
@@ -78,7 +85,7 @@ func TestReservationBeatBehindASlowRedisStampsEveryReservation(t *testing.T) {
 	opt.Dialer = slow.Dial
 	rdb := redisThroughOptions(t, &opt)
 
-	b := runstate.NewRunBudget(rdb, keys, time.Hour, time.Hour, 3*slowInterval)
+	b := runstate.NewRunBudget(rdb, keys, time.Hour, time.Hour, 3*slowReservationInterval)
 	ctx := context.Background()
 	for i := range slowCalls {
 		if _, err := b.Reserve(ctx, fmt.Sprintf("r_slow_%d", i%100), fmt.Sprintf("c_%d", i), 1_000_000_000, 1_000, 1); err != nil {
@@ -93,7 +100,7 @@ func TestReservationBeatBehindASlowRedisStampsEveryReservation(t *testing.T) {
 	}
 	time.Sleep(2 * time.Millisecond) // the stamps are Redis's milliseconds: a new one differs
 	slow.Off.Store(false)
-	bctx, cancel := context.WithTimeout(ctx, slowInterval)
+	bctx, cancel := context.WithTimeout(ctx, slowReservationInterval)
 	lost, err := b.Refresh(bctx)
 	cancel()
 	if err != nil || len(lost) != 0 {
@@ -110,7 +117,7 @@ func TestReservationBeatBehindASlowRedisStampsEveryReservation(t *testing.T) {
 	}
 	if stamped != slowCalls {
 		t.Fatalf("one beat stamped %d of %d reservations behind replies %v late, within its %v: the others go stale while their calls run",
-			stamped, slowCalls, slowBy, slowInterval)
+			stamped, slowCalls, slowBy, slowReservationInterval)
 	}
 }
 
