@@ -161,7 +161,11 @@ func TestWriterSettlementOutlivesAnAdmissionDeadline(t *testing.T) {
 	unlock := lockUserRow(t, f.store, other.ID)
 	defer unlock()
 	var seen shapes
-	w := holds.NewWriter(f.store, holds.WriterConfig{Linger: 5 * time.Second, AdmitTimeout: 300 * time.Millisecond,
+	// The admission must be in a batch that starts before its deadline (a tenth of it left) to
+	// fail with the batch: at 300 ms a worker descheduled for 270 ms on a loaded machine
+	// answered it not started. At 2 s its batch still ends at its deadline, before the
+	// session's lock wait (3 s, holds.Open) would.
+	w := holds.NewWriter(f.store, holds.WriterConfig{Linger: 5 * time.Second, AdmitTimeout: 2 * time.Second,
 		SettleTimeout: 10 * time.Second, OnBatch: seen.add})
 	defer w.Close()
 	settled := settleAsync(w, holds.Settlement{RunID: "r_deadline_a", UserID: f.user.ID, CostMicro: 4_000, Source: holds.SourceComplete})
