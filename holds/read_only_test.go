@@ -233,7 +233,10 @@ func TestWriterReadOnlyPastItsDeadline(t *testing.T) {
 	if _, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: settling, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
 		t.Fatal(err)
 	}
-	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: 300 * time.Millisecond, SettleTimeout: 600 * time.Millisecond})
+	// The admission must start its batch before its deadline (a tenth of it left) to be refused
+	// by the server: at 300 ms a worker descheduled for 270 ms on a loaded machine answered it
+	// not started, which the test does not take for the refusal it is about.
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: 2 * time.Second, SettleTimeout: 3 * time.Second})
 	defer w.Close()
 	f.readOnly(true)
 	admitting := "r_ro_long_admit_" + testenv.RandomID(4)
