@@ -188,8 +188,13 @@ func killBetweenTallyAndRecord(t *testing.T, by string) {
 			name := "tally-kill"
 			run := map[string]string{"X-Run-Id": name}
 			runID, use1 := completeCall(t, b, key, chatBody(false, 40, "step 0"), with(run, "X-Fake-Chunks", "30"))
-			s := startStream(t, a, key, 20, 50*time.Millisecond, with(run, "X-Fake-Usage", "off"))
+			// Held after its first event until the run's row is locked: paced alone its 20
+			// events ended in 1 s, and a loaded machine slower than that to lock the row saw
+			// the record land before the lock, with nothing left waiting on it.
+			held, letGo := w.holdStreams("tally-kill", with(run, "X-Fake-Usage", "off"))
+			s := startStream(t, a, key, 20, 50*time.Millisecond, held)
 			release := w.lockRunRow(runID)
+			letGo()
 			stmt := w.waitingRecord(t)
 			tl, found, err := w.tally.Get(context.Background(), runID)
 			if err != nil || !found || tl.Calls != 2 || tl.EstimatedCalls != 1 || tl.CostMicro <= w.price.Cost(use1) {
