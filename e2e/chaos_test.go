@@ -396,17 +396,18 @@ type chaos struct {
 	users   []chaosUser
 	slots   [2]chaosSlot
 
-	mu      sync.Mutex
-	calls   []callRec
-	killed  map[int]time.Time // incarnation -> when it was killed
-	kills   int
-	stalls  int
-	paused  int             // of the stalls, Redis pauses (a session's end mark may then be missed)
-	flushed []time.Time     // when Redis lost everything (FLUSHALL), each as it was answered
-	cutOff  [][2]time.Time  // when gateway 0 was cut off from Redis: from, to
-	settles map[string]int  // named run -> status of the settle the agent sent (0: abandoned)
-	last    [allCallers]int // caller -> status of its latest call
-	early   map[int]int     // status -> settles sent while a call of the run may run
+	mu         sync.Mutex
+	calls      []callRec
+	killed     map[int]time.Time // incarnation -> when it was killed
+	kills      int
+	stalls     int
+	paused     int             // of the stalls, Redis pauses (a session's end mark may then be missed)
+	flushed    []time.Time     // when Redis lost everything (FLUSHALL), each as it was answered
+	cutOff     [][2]time.Time  // when gateway 0 was cut off from Redis: from, to
+	cutsWanted int             // how many times partitionLoop is to cut it off (CHAOS_CUTS)
+	settles    map[string]int  // named run -> status of the settle the agent sent (0: abandoned)
+	last       [allCallers]int // caller -> status of its latest call
+	early      map[int]int     // status -> settles sent while a call of the run may run
 }
 
 func (c *chaos) setupUsers() {
@@ -547,7 +548,12 @@ func (c *chaos) flushLoop(ctx context.Context, duration time.Duration, n int) {
 	}
 	r := rand.New(rand.NewPCG(uint64(c.seed), 98))
 	slot := duration / time.Duration(n)
+	// The slots are the traffic's own (ctx ends duration after it started): counted from now,
+	// the last loss could fall a moment after the traffic stopped, and not happen.
 	start := time.Now()
+	if end, ok := ctx.Deadline(); ok {
+		start = end.Add(-duration)
+	}
 	for k := range n {
 		at := start.Add(time.Duration(k)*slot + time.Duration(r.Int64N(int64(slot))))
 		select {
@@ -1075,7 +1081,8 @@ func (c *chaos) audit() {
 	reconciled := func(r holds.Run) bool {
 		return r.SettleSource.String == holds.SourceReconcile || r.SettleSource.String == holds.SourceReconcileHold
 	}
-	leaseLost := 0 // calls and runs reconciled under a live call whose lease a loss took
+	leaseLost := 0             // calls and runs reconciled under a live call whose lease a loss took
+	priced := map[string]int{} // kind of call -> complete answers found charged their price
 	// exact: a complete call's own run is charged its price, or by the reconciler's rules if
 	// the process that served it died before settling it.
 	exact := func(what string, rec callRec, row holds.Run, ok bool) {
@@ -1087,6 +1094,7 @@ func (c *chaos) audit() {
 			// No tally: the process died between the answer and the tally (DESIGN §5 rule 3).
 		case row.ChargedMicro == min(want, row.CapMicro) && row.InTok == rec.usage.Input && row.OutTok == rec.usage.Output:
 			// Charged its price, once.
+			priced[rec.kind]++
 		case reconciled(row) && c.leaseGone(rec):
 			// README "Known limits": its lease lost with Redis's data, or lapsed while its
 			// process was cut off from Redis, reconciled while it ran.
@@ -1099,7 +1107,7 @@ func (c *chaos) audit() {
 				rec.usage.Input, rec.usage.Output, want, row.CapMicro, row.HeldMicro)
 		}
 	}
-	var n402, complete, lostAnswers int
+	var n402, complete, lostAnswers, replays, runsPriced int
 	idem := map[string][]callRec{}
 	runs := map[string][]callRec{}
 	for _, rec := range c.calls {
@@ -1152,6 +1160,9 @@ func (c *chaos) audit() {
 			t.Errorf("idem %s: %d attempts settled complete, the caller saw %d complete answers", key, completed, len(originals))
 		}
 		for _, rec := range recs {
+			if rec.replayed && rec.status == http.StatusOK && pinned != "" {
+				replays++
+			}
 			if rec.replayed && rec.status == http.StatusOK && pinned != "" && rec.runID != pinned {
 				t.Errorf("idem %s: a replay names run %s, the complete answer was %s", key, rec.runID, pinned)
 			}
@@ -1209,6 +1220,9 @@ func (c *chaos) audit() {
 		}
 		lost := c.lostDuring(recs[0].sent, row.SettledAt.Time.Add(time.Second))
 		want := min(sum, row.CapMicro)
+		if clean && anyComplete && row.ChargedMicro == want {
+			runsPriced++
+		}
 		switch {
 		case src == holds.SourceReconcileHold && !clean:
 			// A call cut by a kill before any tally: charged what it held (DESIGN §5 rule 3).
@@ -1243,6 +1257,46 @@ func (c *chaos) audit() {
 	t.Logf("CHAOS seed %d: %d kills, %d stalls, %d Redis losses, %d calls (%d seen complete, %d got 402), %d Idempotency-Keys (%d answers lost), %d named runs (%d settled by the reconciler); holds by source: %s; reconciled under a live call whose lease a loss took: %d",
 		c.seed, c.kills, c.stalls, len(c.flushed), len(c.calls), complete, n402, len(idem), lostAnswers, len(runs), reconciledRuns, strings.Join(parts, " "), leaseLost)
 	t.Logf("CHAOS overdraft bound checked on %d users, %d of them with charges over their holds; sessions: %s", overdrawn, overHold, sess)
+	c.auditExercised(priced, replays, runsPriced)
+}
+
+// auditExercised fails a chaos run that checked its rules on nothing (the caller holds c.mu).
+// Every rule above reads "each X that was seen is right": gateways that refused every call (a
+// build or a configuration they reject, a route gone) or a run too short for its kills, Redis
+// losses and partitions passed the audit with nothing audited. Each kind of traffic the
+// callers sent (a cancelled stream aside: it may never be whole) must have had complete
+// answers found charged their price, Idempotency-Keys a replay of the answer that ran, named
+// runs one charged exactly its agent's complete calls; and the chaos the plan asked for must
+// have happened, every kill, loss and partition of it.
+func (c *chaos) auditExercised(priced map[string]int, replays, runsPriced int) {
+	t := c.t
+	sent := map[string]bool{}
+	for _, rec := range c.calls {
+		sent[rec.kind] = true
+	}
+	if len(sent) == 0 {
+		t.Errorf("no call was sent: the audit checked nothing")
+	}
+	for _, kind := range []string{"plain", "stream", "heavy", "idem", "session"} {
+		if sent[kind] && priced[kind] == 0 {
+			t.Errorf("no %s call was seen complete and found charged its price: the audit checked none", kind)
+		}
+	}
+	if sent["idem"] && replays == 0 {
+		t.Errorf("no Idempotency-Key retry was answered with the replay of the key's complete answer: the replay rule checked nothing")
+	}
+	if sent["run"] && runsPriced == 0 {
+		t.Errorf("no named run was charged exactly its agent's complete calls: the named-run rule checked nothing")
+	}
+	if c.plan.kills && c.kills == 0 {
+		t.Errorf("no gateway was killed: the traffic (CHAOS_DURATION) ended before the first kill")
+	}
+	if len(c.flushed) != c.plan.flushes {
+		t.Errorf("Redis lost everything %d times, the plan asked for %d", len(c.flushed), c.plan.flushes)
+	}
+	if c.plan.cuts != nil && len(c.cutOff) != c.cutsWanted {
+		t.Errorf("gateway 0 was cut off from Redis %d times, the plan asked for %d", len(c.cutOff), c.cutsWanted)
+	}
 }
 
 // auditAnswerLost: a 409 idempotent_response_lost (Redis lost the key's stored answer: README,

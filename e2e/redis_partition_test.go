@@ -64,6 +64,9 @@ func (c *chaos) partitionLoop(ctx context.Context, duration time.Duration) {
 		return
 	}
 	n := envCount(c.t, "CHAOS_CUTS", 2)
+	c.mu.Lock()
+	c.cutsWanted = n
+	c.mu.Unlock()
 	r := rand.New(rand.NewPCG(uint64(c.seed), 97))
 	slot := duration / time.Duration(n)
 	if slot < partitionFor+2*time.Second {
