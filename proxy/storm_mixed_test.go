@@ -262,7 +262,8 @@ func TestMixedStormChargesEachCallOnce(t *testing.T) {
 		uncertain     bool // a call whose usage the client did not see whole
 	}
 	named := map[string]*namedTally{}
-	leftEarly := 0 // attempts left before their run id was known
+	leftEarly := 0   // attempts left before their run id was known
+	wholeBilled := 0 // one-call runs answered whole, their billed usage compared with the answer's
 	var replays []*stormAnswer
 	for i := range answers {
 		a := &answers[i]
@@ -328,6 +329,8 @@ func TestMixedStormChargesEachCallOnce(t *testing.T) {
 			if a.usage.known && (a.usage.in != run.InTok || a.usage.out != run.OutTok) {
 				t.Errorf("%s %s: run %s answered %d in / %d out tokens, billed %d / %d", a.op, a.path, a.runID,
 					a.usage.in, a.usage.out, run.InTok, run.OutTok)
+			} else if a.usage.known {
+				wholeBilled++
 			}
 		case !a.cancelled && run.SettleSource.String != holds.SourceCancel:
 			// An incomplete answer the client did not leave: superseded after its stream began.
@@ -359,7 +362,7 @@ func TestMixedStormChargesEachCallOnce(t *testing.T) {
 	}
 	// A named run is charged what its calls used: exactly the usage they showed when every
 	// call's answer was read whole, and at least that otherwise.
-	exact := 0
+	exact, exactCharged := 0, 0
 	for name, nt := range named {
 		run, ok := byName[name]
 		if !ok {
@@ -379,9 +382,17 @@ func TestMixedStormChargesEachCallOnce(t *testing.T) {
 		if run.Calls != nt.complete || run.InTok != nt.in || run.OutTok != nt.out || run.CostMicro != nt.cost {
 			t.Errorf("named run %s (%s): tallied %d calls, %d in / %d out tokens, cost %d; its answers showed %d calls, %d / %d, cost %d",
 				name, run.SettleSource.String, run.Calls, run.InTok, run.OutTok, run.CostMicro, nt.complete, nt.in, nt.out, nt.cost)
+		} else if nt.complete > 0 {
+			exactCharged++
 		}
 	}
 	t.Logf("%d named runs, %d of them with every call's usage seen", len(named), exact)
+	// Not vacuous: the rules above read "each answer seen is right", and a storm whose every
+	// call was refused (402s and 409s are answers the clients accept) passed them all.
+	if wholeBilled == 0 || len(replays) == 0 || exactCharged == 0 {
+		t.Errorf("the storm checked too little: %d one-call answers whole and billed their usage, %d replays, %d named runs charged exactly their calls; want each > 0",
+			wholeBilled, len(replays), exactCharged)
+	}
 	// The upstream calls of one-call runs that no 2xx answer accounts for were left by their
 	// clients (or superseded): each is charged as a cancel.
 	unexplained := 0
