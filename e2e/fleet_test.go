@@ -54,6 +54,7 @@ func TestFleetStormKeepsEachUsersLimits(t *testing.T) {
 
 	const perUser = 24
 	var calls []<-chan downCall
+	named := map[int]bool{} // index in calls -> the call is one of the agent's named runs
 	for i := range perUser {
 		for _, k := range []string{richKey, poorKey} {
 			g := gws[i%len(gws)]
@@ -61,6 +62,7 @@ func TestFleetStormKeepsEachUsersLimits(t *testing.T) {
 				"X-Fake-Gate": "storm", "X-Fake-Chunks": "30"}))
 		}
 		if i < 12 {
+			named[len(calls)] = true
 			calls = append(calls, sendSeen(gws[(i+1)%len(gws)], agentKey, i%2 == 1, fmt.Sprintf("agent step %d", i), map[string]string{
 				"X-Fake-Gate": "agent", "X-Fake-Chunks": "30", "X-Run-Id": fmt.Sprintf("storm-run-%d", i%6)}))
 		}
@@ -125,21 +127,45 @@ func TestFleetStormKeepsEachUsersLimits(t *testing.T) {
 	if agentLive > 2 || agentArrived > 2*agentLive {
 		t.Errorf("agent with max_in_flight 2: %d runs live, %d of their calls at the upstream; want at most 2 runs of 2 calls", agentLive, agentArrived)
 	}
+	refusedFor402 := 0
 	for _, c := range ended {
 		if c.status != http.StatusTooManyRequests && c.status != http.StatusPaymentRequired {
 			t.Errorf("refused call: %d %q (err %v), want 429 or 402", c.status, c.code, c.err)
 		}
+		if c.status == http.StatusPaymentRequired {
+			refusedFor402++
+		}
+	}
+	// Each limit was reached, not merely kept: every call waits at the gate until it opens, so
+	// the first user holds its 3 slots, the agent its 2 runs, and the second user is admitted
+	// until its credits run out (a storm refused whole, or held at a lower limit, kept them all).
+	if richLive != 3 || agentLive != 2 || poorLive == 0 || refusedFor402 == 0 {
+		t.Errorf("limits not reached: %d of 3 slots held, %d of 2 agent runs live, %d calls of the user with %d µUSD live and %d refused 402",
+			richLive, agentLive, poorLive, poorAllowance, refusedFor402)
 	}
 	up.open()
-	for _, ch := range calls {
+	var oneCall []downCall
+	for i, ch := range calls {
 		if ch == nil {
 			continue
 		}
-		if c := receive(t, ch, "gated call"); c.status != http.StatusOK || !c.complete {
+		c := receive(t, ch, "gated call")
+		if c.status != http.StatusOK || !c.complete {
 			t.Errorf("admitted call: %d %q complete %v (err %v)", c.status, c.code, c.complete, c.err)
+		} else if !named[i] {
+			oneCall = append(oneCall, c)
 		}
 	}
 	waitFor(t, 30*time.Second, "every hold settled", func() bool { return w.liveHolds() == 0 })
+	// Each call of its own was charged once, its price, by its own settlement.
+	for _, c := range oneCall {
+		r := w.hold(c.runID)
+		if want := min(w.price.Cost(c.usage), r.CapMicro); r.SettleSource.String != holds.SourceComplete || r.ChargedMicro != want ||
+			r.InTok != c.usage.Input || r.OutTok != c.usage.Output {
+			t.Errorf("call of run %s answered %d in / %d out: settled %s charged %d for %d / %d, want complete at %d",
+				c.runID, c.usage.Input, c.usage.Output, r.SettleSource.String, r.ChargedMicro, r.InTok, r.OutTok, want)
+		}
+	}
 	if bad, err := holds.Audit(context.Background(), w.db); err != nil || len(bad) > 0 {
 		t.Errorf("audit: %v %+v", err, bad)
 	}
