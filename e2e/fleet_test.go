@@ -223,7 +223,9 @@ func TestFleetIdempotencyKeyRacedOverTwoGateways(t *testing.T) {
 // in the run's one charge, and nothing else is: a call either ran before the settle and is
 // charged, or was refused (409 run_settled, or 409 run_busy's counterpart for a call: none
 // starts once settling began) and is not. Several rounds, so the settle lands at different
-// points of the calls.
+// points of the calls. The chains of calls wait for the settle at a point of each round's own:
+// sent back to back, some call of them was always in flight, the settle was run_busy until the
+// last had ended, and no round ever saw a call refused (every round charged every call).
 func TestFleetNamedRunSettledOnOneGatewayWhileCallsRunOnBoth(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("fleet-run", 20, nil)
@@ -254,9 +256,17 @@ func TestFleetNamedRunSettledOnOneGatewayWhileCallsRunOnBoth(t *testing.T) {
 		for i := range n {
 			chans[i] = make(chan downCall, 1)
 		}
+		// The calls from pause on are sent once the settle has been answered: they must be
+		// refused, those before it charged. The settle still meets the calls in flight before it.
+		pause, settled := 2+2*round%(n-2), make(chan struct{})
+		letGo := sync.OnceFunc(func() { close(settled) })
+		defer letGo() // a round that fails before its settle leaves no chain waiting
 		for side := range 2 {
 			go func() {
 				for i := side; i < n; i += 2 {
+					if i >= pause {
+						<-settled
+					}
 					chans[i] <- <-sendSeen(gws[i%2], key, i%4 < 2, fmt.Sprintf("round %d step %d", round, i), with(with(run,
 						"X-Fake-Chunks", fmt.Sprint(5+i*3)), "X-Fake-Chunk-Interval", fmt.Sprintf("%dms", 1+round)))
 				}
@@ -274,6 +284,7 @@ func TestFleetNamedRunSettledOnOneGatewayWhileCallsRunOnBoth(t *testing.T) {
 			return len(w.reservations(id)) > 0 || recorded > calls
 		})
 		view := settleRunWhenFree(t, gws[(round+1)%2], key, name)
+		letGo()
 		want := use0
 		for i, ch := range chans {
 			c := receive(t, ch, fmt.Sprintf("round %d call %d", round, i))
@@ -282,6 +293,9 @@ func TestFleetNamedRunSettledOnOneGatewayWhileCallsRunOnBoth(t *testing.T) {
 				want, calls = want.Add(c.usage), calls+1
 				if runID == "" {
 					runID = c.runID
+				}
+				if i >= pause {
+					t.Errorf("round %d call %d, sent after the settle was answered: 200, want 409 run_settled", round, i)
 				}
 			case c.status == http.StatusConflict && (c.code == "run_settled" || c.code == "run_busy" || c.code == "run_settling"):
 			default:
