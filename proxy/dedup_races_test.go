@@ -11,6 +11,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // TestSequentialIdenticalRequestsRun: a script asks the same question again as soon as it
@@ -135,4 +136,8 @@ func TestIdempotentRetryAfterRedisLostTheRecord(t *testing.T) {
 		_ = h.db.Get(&charged, "SELECT COUNT(*) FROM run_holds WHERE user_id = ? AND charged_micro > 0", u.ID)
 		t.Fatalf("%d upstream calls and %d charged runs for one Idempotency-Key", n, charged)
 	}
+	// Not charged a second time either: the first run is the user's one charge, and the retry
+	// holds nothing it keeps. (The upstream's count alone let a retry that was admitted and
+	// charged its hold, never forwarded, pass.)
+	h.expectCharges(u.ID, []string{a.header.Get(proxy.RunIDHeader)})
 }
