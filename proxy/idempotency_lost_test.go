@@ -51,7 +51,7 @@ func TestIdemKeyUsableAfterReplayTTL(t *testing.T) {
 // as for a complete attempt.
 func TestIdemBrokenStreamPinnedThenRecordLost(t *testing.T) {
 	h := newHarness(t, nil)
-	_, key := h.user("standard")
+	u, key := h.user("standard")
 	first := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-late",
 		fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"})
 	if first.status != 200 {
@@ -75,6 +75,9 @@ func TestIdemBrokenStreamPinnedThenRecordLost(t *testing.T) {
 		t.Fatalf("retry after Redis lost the record of a pinned attempt: %d, upstream calls %d -> %d; want 409 idempotent_response_lost, no new call",
 			r2.status, calls, n)
 	}
+	// Nor charged again: the broken attempt is the user's one charge (the upstream's count alone
+	// let a retry charged its hold without being forwarded pass).
+	h.expectCharges(u.ID, []string{first.header.Get(proxy.RunIDHeader)})
 }
 
 // TestIdemEmptyBrokenStreamThenRecordLostRuns: a stream that broke before any output does not

@@ -118,6 +118,9 @@ func TestIdemPinnedAnswerWhoseEndWasLostStaysPinned(t *testing.T) {
 		t.Fatalf("retry after Redis lost the record of a pinned attempt: %d %s, upstream calls %d -> %d; want 409 idempotent_response_lost",
 			resp.StatusCode, body, calls, n)
 	}
+	// Nor charged again: the pinned attempt is the user's one charge (the upstream's count alone
+	// let a retry charged its hold without being forwarded pass).
+	h.expectCharges(u.ID, []string{runID})
 }
 
 // pinProbe is a go-redis hook that, when a command writes the "run" field of an idempotency
