@@ -103,9 +103,10 @@ func TestIdemReplayTTLIsTheDatabasesClock(t *testing.T) {
 	}
 	t.Run("gateway ahead of the database", func(t *testing.T) {
 		h := newHarnessOn(t, harnessSetup{db: skewedDB(t, -time.Hour)}, func(c *config.Config) { c.Dedup.ReplayTTL = replayTTL })
-		_, key := h.user("standard")
+		u, key := h.user("standard")
 		idem := map[string]string{proxy.IdempotencyKeyHeader: "nightly-1"}
-		if a := send(h.gw.URL, key, chatBody, idem); a.status != http.StatusOK {
+		a := send(h.gw.URL, key, chatBody, idem)
+		if a.status != http.StatusOK {
 			t.Fatalf("first: %d %s", a.status, a.body)
 		}
 		h.settled()
@@ -117,6 +118,7 @@ func TestIdemReplayTTLIsTheDatabasesClock(t *testing.T) {
 			t.Fatalf("retry a moment after the attempt settled (database clock), gateway clock 1h ahead, record lost: %d %s, upstream calls %d -> %d; want 409, no new call",
 				b.status, b.body, calls, n)
 		}
+		h.expectCharges(u.ID, []string{a.header.Get(proxy.RunIDHeader)}) // nor charged again
 	})
 	t.Run("gateway behind the database", func(t *testing.T) {
 		h := newHarnessOn(t, harnessSetup{db: skewedDB(t, time.Hour)}, func(c *config.Config) { c.Dedup.ReplayTTL = replayTTL })
