@@ -131,13 +131,18 @@ func (s *Server) giveFingerprintBack(ctx context.Context, c *call, key string) {
 // before the end of the answer goes out, rather than in one of its own after it: on a saturated
 // box each round trip to Redis costs the gateway two syscalls and a wake-up, and the tally's own
 // was a tenth of the gateway's CPU profile. Only for a call that holds a fingerprint and a tally
-// kept in the same Redis. What the settlement finds beyond st (events after a stream's final
+// kept in the same Redis, and, on a Redis Cluster, in one transaction's reach
+// (runstate.Tally.JoinsAdd): the fingerprint is in its user's hash slot, the tally in its
+// run's, and a Cluster client refuses such a MULTI/EXEC whole — the call was never tallied, and
+// its fingerprint was given back only by the retry alone. Apart, the tally and the give-back
+// are two round trips, as with dedup in a Redis of its own: neither needs the other's
+// atomicity (the give-back is a compare-and-delete of c's run id, safe to repeat). What the settlement finds beyond st (events after a stream's final
 // one) is added to the tally then (finish).
 //
 // One attempt, as finish makes: a retry after a reply that was lost would count the call twice
 // in a tally the reconciler may settle from. Safe to call more than once.
 func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Settlement) {
-	if c.fpKey == "" || !s.tally.SharesClient(s.dedupRDB) {
+	if c.fpKey == "" || !s.tally.JoinsAdd(s.dedupRDB, c.runID, c.fpKey) {
 		return
 	}
 	key := c.fpKey

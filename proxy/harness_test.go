@@ -83,6 +83,10 @@ type harnessSetup struct {
 	// serverLog has the gateway's http.Server log to log, as cmd/gateway's does (net/http's
 	// own lines: a handler's panic, a bad request it refused); default: the standard log.
 	serverLog bool
+	// cluster makes the gateway's Redis client (tally, leases, run budgets, dedup) a Cluster
+	// client on the test Redis (testenv.ClusterOn), which refuses what a Redis Cluster refuses;
+	// h.rdb still reads the test Redis directly.
+	cluster bool
 }
 
 // newHarnessOn is newHarness built on setup.
@@ -132,7 +136,11 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 		log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	}
 	h.store = holds.NewStore(h.db, plans.FromConfig(cfg), "standard", log)
-	tallyRDB := h.rdb
+	var gwRDB redis.UniversalClient = h.rdb
+	if setup.cluster {
+		gwRDB = testenv.ClusterOn(t, h.rdb)
+	}
+	tallyRDB := gwRDB
 	if setup.tallyDialer != nil {
 		opt := *h.rdb.Options()
 		opt.Dialer = setup.tallyDialer
@@ -140,13 +148,13 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 		t.Cleanup(func() { tallyRDB.Close() })
 	}
 	h.tally = runstate.NewTally(tallyRDB, h.keys, cfg.Holds.TallyTTL)
-	h.leases = runstate.NewLeases(h.rdb, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
+	h.leases = runstate.NewLeases(gwRDB, h.keys, cfg.Instance, cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
 	// As cmd/gateway wires them: the store's committed settlements count in the metrics (those
 	// of a secondGateway on the same store too).
 	metrics := proxy.NewMetrics(nil)
 	h.metrics = metrics
 	h.store.OnSettled(metrics.ObserveSettled)
-	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log,
+	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: gwRDB, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log,
 		Admin: setup.admin, Metrics: metrics, Transport: setup.transport})
 	h.gw = httptest.NewUnstartedServer(h.srv.Handler())
 	if setup.serverLog {

@@ -40,10 +40,11 @@ func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicr
 }
 
 // AddWith is Add with the commands queued by with sent ahead in the same round trip (and the
-// same MULTI/EXEC: Redis runs them together, a Cluster client one transaction per slot): a
-// caller with another write due at that moment saves a round trip. An error may be one of
-// with's commands alone, the tally then written: a caller that would write the tally again
-// on an error must not use it.
+// same MULTI/EXEC: Redis runs them together): a caller with another write due at that moment
+// saves a round trip. Only for commands whose keys JoinsAdd accepts: a Cluster client refuses
+// a MULTI/EXEC across hash slots whole, the tally with it. An error may be one of with's
+// commands alone, the tally then written: a caller that would write the tally again on an
+// error must not use it.
 func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool, with func(redis.Pipeliner)) error {
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
@@ -217,9 +218,12 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 	return out, true, nil
 }
 
-// SharesClient reports whether the tally is written through rdb: only then can a write to rdb
-// ride in AddWith's round trip.
-func (t *Tally) SharesClient(rdb redis.UniversalClient) bool { return t.rdb == rdb }
+// JoinsAdd reports whether commands on keys through rdb may ride in AddWith's MULTI/EXEC for
+// runID: the tally is written through rdb, and the keys may share a transaction with the
+// run's tally (OneTransaction: on a Cluster client, only in its hash slot).
+func (t *Tally) JoinsAdd(rdb redis.UniversalClient, runID string, keys ...string) bool {
+	return t.rdb == rdb && OneTransaction(rdb, append([]string{t.keys.Usage(runID)}, keys...)...)
+}
 
 // queueAdd queues the increments of one call's tally write (integers: no float drift) and
 // the TTL.

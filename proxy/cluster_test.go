@@ -1,0 +1,79 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"testing"
+
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestGatewayOnAClusterClient: the gateway's Redis steps through a Cluster client, which
+// refuses a transaction or script across hash slots as a Redis Cluster does. A plain call's
+// tally rode in one MULTI/EXEC with the give-back of its fingerprint (tallyWithFingerprint),
+// which is in its user's slot, not its run's: the Cluster client refused the transaction whole
+// (ErrCrossSlot), and every plain call went untallied (a warning each, its settlement the only
+// record). Now the two go apart on a Cluster client. A named run's calls (reservations, leases,
+// tally), its settlement, and an Idempotency-Key request and its replay work as on one server.
+func TestGatewayOnAClusterClient(t *testing.T) {
+	h := newHarnessOn(t, harnessSetup{cluster: true}, nil)
+	ctx := context.Background()
+	u, key := h.user("standard")
+
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("plain call: %d", resp.StatusCode)
+	}
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	h.settled()
+	r := h.run(u.ID, runID)
+	tl, found, err := h.tally.Get(ctx, runID)
+	if err != nil || !found || tl.Calls != 1 || tl.CostMicro != r.ChargedMicro {
+		t.Fatalf("tally of the plain call %+v (found %v, %v), run %+v: want the call", tl, found, err, r)
+	}
+	fps, err := h.rdb.Keys(ctx, h.keys.Prefix+"dedup:{"+strconv.FormatUint(u.ID, 10)+"}:*").Result()
+	if err != nil || len(fps) != 0 {
+		t.Fatalf("fingerprints %v (%v) after the call ended: want none", fps, err)
+	}
+
+	// A named run: two calls, then its settlement.
+	named := map[string]string{"X-Run-Id": "cluster-task", fakellm.HeaderChunks: "3"}
+	var namedRun string
+	for i := range 2 {
+		resp := h.post(key, "/v1/chat/completions", chatBody+" ", named) // another body each: no duplicate
+		readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("named run call %d: %d", i, resp.StatusCode)
+		}
+		namedRun = resp.Header.Get(proxy.RunIDHeader)
+	}
+	h.settled()
+	if status, body := h.settleRun(key, "cluster-task"); status != http.StatusOK {
+		t.Fatalf("settle the named run: %d %s", status, body)
+	}
+	nr := h.run(u.ID, namedRun)
+	tl, found, err = h.tally.Get(ctx, namedRun)
+	if err != nil || !found || tl.Calls != 2 || nr.ChargedMicro != tl.CostMicro || nr.ChargedMicro == 0 {
+		t.Fatalf("named run %+v, tally %+v (found %v, %v): want both calls tallied and charged", nr, tl, found, err)
+	}
+
+	// An Idempotency-Key request, then its replay.
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "cluster-key", fakellm.HeaderChunks: "2"}
+	first := h.post(key, "/v1/chat/completions", chatBody, idem)
+	firstBody := readAll(t, first.Body)
+	first.Body.Close()
+	h.settled()
+	again := h.post(key, "/v1/chat/completions", chatBody, idem)
+	againBody := readAll(t, again.Body)
+	again.Body.Close()
+	if first.StatusCode != http.StatusOK || again.StatusCode != http.StatusOK || again.Header.Get(proxy.ReplayedHeader) == "" ||
+		string(againBody) != string(firstBody) {
+		t.Fatalf("idempotent call %d, again %d (replayed %q): want the answer replayed", first.StatusCode, again.StatusCode,
+			again.Header.Get(proxy.ReplayedHeader))
+	}
+}
