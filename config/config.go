@@ -26,8 +26,13 @@ type Config struct {
 	// RedisAllowEviction lets the gateway start on a Redis that may evict keys before their
 	// TTL (a memory limit with a policy other than noeviction), or whose policy it cannot read.
 	// Off by default: an evicted key breaks charge-once (see runstate.MemoryPolicy).
-	RedisAllowEviction bool  `yaml:"redis_allow_eviction"`
-	CreditMicro        int64 `yaml:"credit_micro"` // micro-USD per credit
+	RedisAllowEviction bool `yaml:"redis_allow_eviction"`
+	// RedisCluster says redis_url names a Redis Cluster: its host, and any more seed nodes as
+	// addr=host:port parameters (go-redis's ParseClusterURL). The gateway then opens a Cluster
+	// client; every key of a run, and every key of one user, carries its owner as Redis
+	// Cluster's hash tag, so each multi-key step stays in one slot (runstate.Keys).
+	RedisCluster bool  `yaml:"redis_cluster"`
+	CreditMicro  int64 `yaml:"credit_micro"` // micro-USD per credit
 
 	Limits Limits          `yaml:"limits"`
 	Holds  Holds           `yaml:"holds"`

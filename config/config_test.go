@@ -418,3 +418,38 @@ func TestUpstreamForTakesExactThenPrefixThenStar(t *testing.T) {
 		t.Errorf("claude-x goes to %s with no upstream serving it", u.Name)
 	}
 }
+
+// TestRedisClusterSettings: redis_cluster (REDIS_CLUSTER) reads redis_url as a Cluster's seed
+// nodes (its host and addr= parameters, go-redis's ParseClusterURL). A Cluster has database 0
+// only, and a key prefix with a brace would put every key's hash tag in the prefix: one slot
+// for the whole fleet's keys, or, with an unclosed brace, the keys of one run in several. A
+// URL naming more nodes without redis_cluster is a Cluster the gateway would open as one server.
+func TestRedisClusterSettings(t *testing.T) {
+	for _, tc := range []struct {
+		yaml, url, cluster, want string // want "" loads
+	}{
+		{"redis_cluster: true\n", "redis://h:1?addr=h:2&addr=h:3", "", ""},
+		{"", "redis://h:1/0?addr=h:2", "true", ""},
+		{"redis_cluster: true\n", "redis://h:1/1", "", "database 1"},
+		{"", "redis://h:1/0?addr=h:2", "", "redis_cluster"},
+		{"redis_cluster: true\nredis_key_prefix: 'a{b}:'\n", "redis://h:1", "", "redis_key_prefix"},
+		{"redis_key_prefix: 'a{b}:'\n", "redis://h:1", "", ""}, // one server: no slots
+	} {
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		if err := os.WriteFile(path, []byte("mysql_dsn: x@tcp(h:1)/d\n"+tc.yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("REDIS_URL", tc.url)
+		t.Setenv("REDIS_CLUSTER", tc.cluster)
+		t.Setenv("MYSQL_DSN", "")
+		cfg, err := Load(path)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q %s: %v", tc.yaml, tc.url, err)
+		case tc.want == "" && !cfg.RedisCluster && (strings.Contains(tc.yaml, "redis_cluster") || tc.cluster != ""):
+			t.Errorf("%q %s REDIS_CLUSTER=%q: not a cluster", tc.yaml, tc.url, tc.cluster)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q %s: error %v, want it to name %q", tc.yaml, tc.url, err, tc.want)
+		}
+	}
+}

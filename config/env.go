@@ -18,6 +18,12 @@ func (c *Config) applyEnv(getenv func(string) string) {
 	}
 	set(&c.MySQLDSN, "MYSQL_DSN")
 	set(&c.RedisURL, "REDIS_URL")
+	switch getenv("REDIS_CLUSTER") {
+	case "1", "true":
+		c.RedisCluster = true
+	case "0", "false":
+		c.RedisCluster = false
+	}
 	set(&c.ListenAddr, "LISTEN_ADDR")
 	set(&c.AdminToken, "ADMIN_TOKEN")
 	set(&c.Instance, "TOLLGATE_INSTANCE")

@@ -80,6 +80,15 @@ func (c *Config) checkService(bad complain, needRedis bool) {
 	} else if redisURLAtPastHost(u) {
 		bad("redis_url (REDIS_URL)", "%q has an '@' after its host: a password or user name holding '/', '?' or '#' must be "+
 			"percent-encoded (%%2F, %%3F, %%23)", redactURL(c.RedisURL))
+	} else if c.RedisCluster && strings.Trim(u.Path, "/") != "" && strings.Trim(u.Path, "/") != "0" {
+		bad("redis_url (REDIS_URL)", "%q names database %s: a Redis Cluster (redis_cluster) has database 0 only", redactURL(c.RedisURL),
+			strings.Trim(u.Path, "/"))
+	} else if !c.RedisCluster && u.Query().Has("addr") {
+		bad("redis_url (REDIS_URL)", "%q names more nodes (addr=): set redis_cluster: true (REDIS_CLUSTER=true) for a Redis Cluster", redactURL(c.RedisURL))
+	}
+	if c.RedisCluster && strings.ContainsAny(c.RedisKeyPrefix, "{}") {
+		bad("redis_key_prefix (TOLLGATE_REDIS_PREFIX)", "%q holds a brace: on a Redis Cluster (redis_cluster) the keys' own braces "+
+			"are their hash tags, which keep the keys of a run in one slot", c.RedisKeyPrefix)
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < 16 {
 		bad("admin_token (ADMIN_TOKEN)", "is shorter than 16 bytes")

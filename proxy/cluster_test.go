@@ -4,7 +4,10 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
@@ -18,7 +21,34 @@ import (
 // record). Now the two go apart on a Cluster client. A named run's calls (reservations, leases,
 // tally), its settlement, and an Idempotency-Key request and its replay work as on one server.
 func TestGatewayOnAClusterClient(t *testing.T) {
-	h := newHarnessOn(t, harnessSetup{cluster: true}, nil)
+	for _, c := range []struct {
+		name string
+		kind clusterKind
+	}{{"client", clusterOn}, {"real cluster", realCluster}} {
+		t.Run(c.name, func(t *testing.T) { gatewayOnACluster(t, c.kind) })
+	}
+}
+
+// clusterKeys are the keys matching pattern on every master of the gateway's Cluster.
+func clusterKeys(t *testing.T, h *harness, pattern string) []string {
+	t.Helper()
+	var mu sync.Mutex
+	var keys []string
+	err := h.gwRDB.(*redis.ClusterClient).ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
+		ks, err := node.Keys(ctx, pattern).Result()
+		mu.Lock()
+		keys = append(keys, ks...)
+		mu.Unlock()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+func gatewayOnACluster(t *testing.T, kind clusterKind) {
+	h := newHarnessOn(t, harnessSetup{cluster: kind}, nil)
 	ctx := context.Background()
 	u, key := h.user("standard")
 
@@ -35,9 +65,8 @@ func TestGatewayOnAClusterClient(t *testing.T) {
 	if err != nil || !found || tl.Calls != 1 || tl.CostMicro != r.ChargedMicro {
 		t.Fatalf("tally of the plain call %+v (found %v, %v), run %+v: want the call", tl, found, err, r)
 	}
-	fps, err := h.rdb.Keys(ctx, h.keys.Prefix+"dedup:{"+strconv.FormatUint(u.ID, 10)+"}:*").Result()
-	if err != nil || len(fps) != 0 {
-		t.Fatalf("fingerprints %v (%v) after the call ended: want none", fps, err)
+	if fps := clusterKeys(t, h, h.keys.Prefix+"dedup:{"+strconv.FormatUint(u.ID, 10)+"}:*"); len(fps) != 0 {
+		t.Fatalf("fingerprints %v after the call ended: want none", fps)
 	}
 
 	// A named run: two calls, then its settlement.

@@ -28,11 +28,13 @@ import (
 
 // harness is a gateway in process against real MariaDB and Redis and an in-process fakellm.
 type harness struct {
-	t        *testing.T
-	cfg      *config.Config
-	db       *sqlx.DB
-	store    *holds.Store
-	rdb      *redis.Client
+	t     *testing.T
+	cfg   *config.Config
+	db    *sqlx.DB
+	store *holds.Store
+	rdb   *redis.Client
+	// gwRDB is the gateway's Redis client: rdb, or a Cluster client (harnessSetup.cluster).
+	gwRDB    redis.UniversalClient
 	keys     runstate.Keys
 	tally    *runstate.Tally
 	leases   *runstate.Leases
@@ -83,11 +85,21 @@ type harnessSetup struct {
 	// serverLog has the gateway's http.Server log to log, as cmd/gateway's does (net/http's
 	// own lines: a handler's panic, a bad request it refused); default: the standard log.
 	serverLog bool
-	// cluster makes the gateway's Redis client (tally, leases, run budgets, dedup) a Cluster
-	// client on the test Redis (testenv.ClusterOn), which refuses what a Redis Cluster refuses;
-	// h.rdb still reads the test Redis directly.
-	cluster bool
+	// cluster, if set, makes the gateway's Redis client (tally, leases, run budgets, dedup,
+	// h.gwRDB) a Cluster client: clusterOn, one on the test Redis (testenv.ClusterOn) which
+	// refuses what a Redis Cluster refuses, or realCluster, one of a Cluster of three masters
+	// of the test's own (testenv.RedisCluster). h.rdb still reads the test Redis.
+	cluster clusterKind
 }
+
+// clusterKind is what Redis Cluster, if any, the gateway of a harness talks to.
+type clusterKind int
+
+const (
+	noCluster clusterKind = iota
+	clusterOn
+	realCluster
+)
 
 // newHarnessOn is newHarness built on setup.
 func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config)) *harness {
@@ -137,9 +149,13 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	}
 	h.store = holds.NewStore(h.db, plans.FromConfig(cfg), "standard", log)
 	var gwRDB redis.UniversalClient = h.rdb
-	if setup.cluster {
+	switch setup.cluster {
+	case clusterOn:
 		gwRDB = testenv.ClusterOn(t, h.rdb)
+	case realCluster:
+		gwRDB = testenv.RedisCluster(t)
 	}
+	h.gwRDB = gwRDB
 	tallyRDB := gwRDB
 	if setup.tallyDialer != nil {
 		opt := *h.rdb.Options()

@@ -3,11 +3,13 @@ package testenv_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering/runstate"
 )
 
 // TestClusterOnRefusesWhatAClusterRefuses: ClusterOn's client runs a script, a multi-key
@@ -55,5 +57,38 @@ func TestClusterOnRefusesWhatAClusterRefuses(t *testing.T) {
 	}
 	if v, err := rdb.Get(ctx, b).Result(); err != nil || v != "2" {
 		t.Errorf("the pipeline's write: %q %v", v, err)
+	}
+}
+
+// TestRedisClusterRefusesWhatClusterOnRefuses: a real Cluster (RedisCluster) refuses a script
+// across slots (CROSSSLOT, from the node) and a MULTI/EXEC across slots (ErrCrossSlot, from
+// the client), as ClusterOn does; and its nodes place keys by runstate.Slot's figures
+// (CLUSTER KEYSLOT). ClusterOn stands for a Cluster only while these hold.
+func TestRedisClusterRefusesWhatClusterOnRefuses(t *testing.T) {
+	cc := testenv.RedisCluster(t)
+	ctx := context.Background()
+	a, a2, b := "x:{one}", "y:{one}", "x:{two}"
+	for _, k := range []string{a, b, "foo", "r_0123:x", "billing:usage:{agent-7:step.2_x}"} {
+		want, err := cc.ClusterKeySlot(ctx, k).Result()
+		if err != nil || int(want) != runstate.Slot(k) {
+			t.Errorf("CLUSTER KEYSLOT %q = %d (%v), runstate.Slot %d", k, want, err, runstate.Slot(k))
+		}
+	}
+	script := redis.NewScript(`return #KEYS`)
+	if err := script.Run(ctx, cc, []string{a, a2}).Err(); err != nil {
+		t.Fatalf("script in one slot: %v", err)
+	}
+	if err := script.Run(ctx, cc, []string{a, b}).Err(); err == nil || !strings.HasPrefix(err.Error(), "CROSSSLOT") {
+		t.Errorf("script across slots: %v, want CROSSSLOT", err)
+	}
+	if err := cc.MGet(ctx, a, b).Err(); err == nil || !strings.HasPrefix(err.Error(), "CROSSSLOT") {
+		t.Errorf("MGET across slots: %v, want CROSSSLOT", err)
+	}
+	if _, err := cc.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, a, 1, 0)
+		p.Set(ctx, b, 1, 0)
+		return nil
+	}); !errors.Is(err, redis.ErrCrossSlot) {
+		t.Errorf("MULTI/EXEC across slots: %v, want ErrCrossSlot", err)
 	}
 }

@@ -88,6 +88,26 @@ func TestRunStateOnClusterClient(t *testing.T) {
 	runStateOps(t, testenv.ClusterOn(t, rdb), runstate.Keys{Prefix: prefix})
 }
 
+// TestRunStateOnARealCluster: runStateOps on a Redis Cluster of three masters
+// (testenv.RedisCluster), where the runs' keys live on different nodes: the pipelines of a
+// beat go to each, and every script and transaction stays in its run's slot.
+func TestRunStateOnARealCluster(t *testing.T) {
+	cc := testenv.RedisCluster(t)
+	keys := runstate.Keys{Prefix: "t" + testenv.RandomID(6) + ":"}
+	nodes := map[string]bool{}
+	for _, run := range []string{clusterPlainRun, clusterNamedRun, clusterOtherRun} {
+		node, err := cc.MasterForKey(context.Background(), keys.Usage(run))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[node.Options().Addr] = true
+	}
+	if len(nodes) != 3 {
+		t.Fatalf("the runs' keys are on %d masters, want 3", len(nodes))
+	}
+	runStateOps(t, cc, keys)
+}
+
 // TestTallyJoinsAddOnlyInItsSlotOnACluster: a command may ride in a tally's MULTI/EXEC
 // (AddWith) on one server whatever its key; on a Cluster client only in the run's slot — the
 // user's fingerprint key is in another, and the transaction was refused whole.
@@ -117,6 +137,10 @@ func TestTallyJoinsAddOnlyInItsSlotOnACluster(t *testing.T) {
 	}
 }
 
+// The runs of runStateOps: in three slots, one in each third of them (each master's, in a
+// Cluster of three created by redis-cli).
+const clusterPlainRun, clusterNamedRun, clusterOtherRun = "r_00000000000000000000000000000001", "agent-run.1", "agent-run.3"
+
 // runStateOps runs every operation of Tally, Leases and RunBudget through rdb and checks what
 // each did: the scripts, transactions and pipelines that touch several keys among them.
 func runStateOps(t *testing.T, rdb redis.UniversalClient, keys runstate.Keys) {
@@ -130,7 +154,7 @@ func runStateOps(t *testing.T, rdb redis.UniversalClient, keys runstate.Keys) {
 	}
 
 	tally := runstate.NewTally(rdb, keys, time.Hour)
-	const plain, named, other = "r_00000000000000000000000000000001", "agent-run.1", "agent-run.2"
+	const plain, named, other = clusterPlainRun, clusterNamedRun, clusterOtherRun
 	must("Add", tally.Add(ctx, plain, pricing.Usage{Input: 10, Output: 5}, 100, false))
 	must("AddWith", tally.AddWith(ctx, plain, pricing.Usage{Input: 1}, 10, true, func(p redis.Pipeliner) {
 		tally.QueueSnapshot(ctx, p, plain, []byte(`{"m":1}`))
