@@ -2,13 +2,16 @@ package proxy_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -19,7 +22,8 @@ import (
 // which is in its user's slot, not its run's: the Cluster client refused the transaction whole
 // (ErrCrossSlot), and every plain call went untallied (a warning each, its settlement the only
 // record). Now the two go apart on a Cluster client. A named run's calls (reservations, leases,
-// tally), its settlement, and an Idempotency-Key request and its replay work as on one server.
+// tally), its settlement, a session's new message stopping its old one on another process (the
+// cancel channel), and an Idempotency-Key request and its replay work as on one server.
 func TestGatewayOnAClusterClient(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -89,6 +93,38 @@ func gatewayOnACluster(t *testing.T, kind clusterKind) {
 	tl, found, err = h.tally.Get(ctx, namedRun)
 	if err != nil || !found || tl.Calls != 2 || nr.ChargedMicro != tl.CostMicro || nr.ChargedMicro == 0 {
 		t.Fatalf("named run %+v, tally %+v (found %v, %v): want both calls tallied and charged", nr, tl, found, err)
+	}
+
+	// A session's new message, on another gateway process, stops its running one: through the
+	// cancel channel (PUBLISH on one node, the PSUBSCRIBE of the serving process maybe on another).
+	second, other := h.secondGateway(nil, nil)
+	req, _ := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set(proxy.SessionHeader, "cluster-chat")
+	req.Header.Set(fakellm.HeaderChunks, "2000")
+	req.Header.Set(fakellm.HeaderChunkInterval, "5ms")
+	long, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Body.Close()
+	oldRun := long.Header.Get(proxy.RunIDHeader)
+	rd := afterContent(t, long, 3)
+	if b := send(other, key, chatBody, map[string]string{proxy.SessionHeader: "cluster-chat"}); b.status != http.StatusOK {
+		t.Fatalf("the session's new message: %d %s", b.status, b.body)
+	}
+	waitSettlements(t, second)
+	rest, err := io.ReadAll(rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rest), `"code":"superseded"`) {
+		t.Fatalf("the session's old stream did not end as superseded: ...%s", rest[max(0, len(rest)-300):])
+	}
+	h.settled()
+	if old := h.run(u.ID, oldRun); old.SettleSource.String != holds.SourceCancel {
+		t.Fatalf("the session's old run %+v: want settled by cancel", old)
 	}
 
 	// An Idempotency-Key request, then its replay.

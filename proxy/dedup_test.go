@@ -184,8 +184,8 @@ func (h *harness) secondGateway(dedup redis.UniversalClient, mutate func(*config
 		mutate(&cfg)
 	}
 	log := zaptest.NewLogger(h.t, zaptest.Level(zap.WarnLevel))
-	leases := runstate.NewLeases(h.rdb, h.keys, "test-2", cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
-	srv := proxy.New(proxy.Deps{Config: &cfg, Store: h.store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: leases,
+	leases := runstate.NewLeases(h.gwRDB, h.keys, "test-2", cfg.Holds.LeaseTTL, cfg.Holds.HeartbeatInterval, log)
+	srv := proxy.New(proxy.Deps{Config: &cfg, Store: h.store, Redis: h.gwRDB, Keys: h.keys, Tally: h.tally, Leases: leases,
 		Log: log, DedupRedis: dedup})
 	gw := httptest.NewServer(srv.Handler())
 	// Registered after the harness's cleanup, so it runs first: this gateway's settlements are

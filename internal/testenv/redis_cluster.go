@@ -18,9 +18,10 @@ import (
 // RedisCluster starts a Redis Cluster of three masters (no replicas) on loopback, in a
 // directory of the test's, and returns a client of it, closed and the servers stopped at
 // cleanup. The ports are TOLLGATE_TEST_REDIS_CLUSTER_PORT and the five after it (three
-// servers, then their cluster bus ports) when it is set, else ports the kernel finds free,
-// drawn again (up to clusterTries times) when a server cannot bind one: another program may
-// take a port between its draw and the server's start. Like the other services, redis-server
+// servers, then their cluster bus ports) when it is set, else ports the kernel finds free.
+// A cluster that does not start (a server that cannot bind its port: another program may take
+// it between its draw and the server's start, or an outgoing connection borrow it) is started
+// again, up to clusterTries times, on ports drawn anew (the same ones a moment later when set). Like the other services, redis-server
 // and redis-cli must be there (scripts/services.sh installs them): a test that needs a
 // Cluster and cannot start one fails.
 func RedisCluster(t testing.TB) *redis.ClusterClient {
@@ -31,21 +32,27 @@ func RedisCluster(t testing.TB) *redis.ClusterClient {
 		if err == nil {
 			return cc
 		}
-		if fixed || try == clusterTries {
+		if try == clusterTries {
 			t.Fatalf("start a Redis Cluster: %v", err)
 		}
 		t.Logf("start a Redis Cluster (try %d): %v", try, err)
+		if fixed {
+			// The same ports again, a moment later: the kernel lends loopback ports to outgoing
+			// connections too, and such a loan is brief.
+			time.Sleep(2 * time.Second)
+		}
 	}
 }
 
 const clusterTries = 3
 
 // startCluster starts RedisCluster's servers on ports in dir, forms the cluster and returns
-// its client; the servers are stopped at t's cleanup, whatever it returns. An error holds the
-// servers' logs.
+// its client, the servers stopped at t's cleanup. An error holds the servers' logs; they are
+// stopped by then, so that another try may take their ports.
 func startCluster(t testing.TB, ports []int, dir string) (cc *redis.ClusterClient, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	var stops []func()
 	defer func() {
 		if err != nil { // the servers' own words on why the cluster did not form
 			logs, _ := filepath.Glob(filepath.Join(dir, "redis-*.log"))
@@ -53,6 +60,13 @@ func startCluster(t testing.TB, ports []int, dir string) (cc *redis.ClusterClien
 				b, _ := os.ReadFile(l)
 				err = fmt.Errorf("%w\n%s:\n%s", err, filepath.Base(l), b)
 			}
+			for _, stop := range stops {
+				stop()
+			}
+			return
+		}
+		for _, stop := range stops {
+			t.Cleanup(stop)
 		}
 	}()
 	var addrs []string
@@ -67,7 +81,7 @@ func startCluster(t testing.TB, ports []int, dir string) (cc *redis.ClusterClien
 		}
 		exited := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(exited) }()
-		t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+		stops = append(stops, func() { _ = cmd.Process.Kill(); <-exited })
 		addr := net.JoinHostPort("127.0.0.1", port)
 		n := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 		defer n.Close()
@@ -77,6 +91,12 @@ func startCluster(t testing.TB, ports []int, dir string) (cc *redis.ClusterClien
 				return false, fmt.Errorf("redis-server %s exited", addr)
 			default:
 			}
+			// Dialled first by hand: go-redis logs every dial it fails.
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err != nil {
+				return false, nil
+			}
+			c.Close()
 			// Its own process answering, not another server that took the port first.
 			info, err := n.Info(ctx, "server").Result()
 			if err == nil && !strings.Contains(info, "process_id:"+strconv.Itoa(cmd.Process.Pid)+"\r\n") {
