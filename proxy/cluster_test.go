@@ -23,7 +23,8 @@ import (
 // (ErrCrossSlot), and every plain call went untallied (a warning each, its settlement the only
 // record). Now the two go apart on a Cluster client. A named run's calls (reservations, leases,
 // tally), its settlement, a session's new message stopping its old one on another process (the
-// cancel channel), and an Idempotency-Key request and its replay work as on one server.
+// cancel channel), a Responses continuation's records, and an Idempotency-Key request and its
+// replay work as on one server.
 func TestGatewayOnAClusterClient(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -126,6 +127,20 @@ func gatewayOnACluster(t *testing.T, kind clusterKind) {
 	if old := h.run(u.ID, oldRun); old.SettleSource.String != holds.SourceCancel {
 		t.Fatalf("the session's old run %+v: want settled by cancel", old)
 	}
+
+	// A Responses continuation reads its answers' records (one MGET of the user's keys, the
+	// owner's record in a slot of its own, in one pipeline): its estimate counts the context,
+	// and another user naming the answer is refused.
+	firstID, handed := h.answerWithContext(u.ID, key, `{"model":"fake-gpt","conversation":"conv_c","input":"Read this long document."}`)
+	next := `{"model":"fake-gpt","stream":true,"previous_response_id":"` + firstID + `","conversation":"conv_c","input":"Summarise it."}`
+	cont := h.post(key, "/v1/responses", next, map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"})
+	_, contRun := leaveAfterCreated(t, cont)
+	h.settled()
+	if r := h.run(u.ID, contRun); !r.Estimated || r.InTok < handed {
+		t.Fatalf("continuation %+v: want an estimate counting the %d tokens handed on", r, handed)
+	}
+	_, otherKey := h.user("standard")
+	h.postRefused(t, otherKey, "/v1/responses", next, nil, http.StatusBadRequest, "previous_response_not_found")
 
 	// An Idempotency-Key request, then its replay.
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "cluster-key", fakellm.HeaderChunks: "2"}
