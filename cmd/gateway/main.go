@@ -43,7 +43,7 @@ commands:
 ` + adminUsage + `
 
 Every command reads -config FILE (optional), -debug (verbose logs) and the environment:
-MYSQL_DSN, REDIS_URL, UPSTREAM_URL, UPSTREAM_API_KEY, LISTEN_ADDR, ADMIN_TOKEN,
+MYSQL_DSN, REDIS_URL, REDIS_CLUSTER, UPSTREAM_URL, UPSTREAM_API_KEY, LISTEN_ADDR, ADMIN_TOKEN,
 TOLLGATE_INSTANCE, TOLLGATE_REDIS_PREFIX. The commands that convert credits (grant, balance,
 report, runs, user show/list/set, reconcile) refuse a config whose credit_micro is not the one
 the gateways serve at, and those that use the plans' terms (grant, balance, user show/list/set,
