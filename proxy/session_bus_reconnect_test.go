@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -97,28 +98,36 @@ func TestSessionCancelSentWhileTheBusReconnectsStopsTheRun(t *testing.T) {
 	}
 	cut.heal()
 	// The bus of the second gateway subscribes again on its own (go-redis reconnects).
+	oldStopsOnceSubscribed(t, h, second, busName, rd, u.ID, oldRun, b.header.Get(proxy.RunIDHeader))
+}
+
+// oldStopsOnceSubscribed waits (10 s at most) for the second gateway's bus, its connection
+// named busName, to subscribe, then checks that the old run's stream (rd, past its first
+// events) ends with the superseded event, settled by cancel at its partial output, and that
+// the user is charged the old run and the new one alone.
+func oldStopsOnceSubscribed(t *testing.T, h *harness, second *proxy.Server, busName string, rd *bufio.Reader, userID uint64, oldRun, newRun string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !subscribed(t, h.rdb, busName) {
 		if time.Now().After(deadline) {
-			t.Fatal("the second gateway's cancel bus did not subscribe again within 10 s")
+			t.Fatal("the second gateway's cancel bus did not subscribe within 10 s of Redis being back")
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-
 	rest, err := io.ReadAll(rd)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
-		t.Fatalf("old stream was not stopped once its gateway's bus was back: ...%s", rest[max(0, len(rest)-300):])
+		t.Fatalf("old stream was not stopped once its gateway's bus subscribed: ...%s", rest[max(0, len(rest)-300):])
 	}
 	waitSettlements(t, second)
-	run := h.run(u.ID, oldRun)
+	run := h.run(userID, oldRun)
 	if run.SettleSource.String != holds.SourceCancel || run.OutTok < 3 || run.OutTok >= 1500 {
 		t.Fatalf("old run = %+v, want settled by cancel with its partial output", run)
 	}
 	h.settled()
-	h.expectCharges(u.ID, []string{oldRun, b.header.Get(proxy.RunIDHeader)})
+	h.expectCharges(userID, []string{oldRun, newRun})
 }
 
 // subscribed reports whether a connection named name holds a pattern subscription.
@@ -180,26 +189,5 @@ func TestSessionRunRegisteredWhileTheBusCouldNotSubscribeIsStoppedOnceItDoes(t *
 		t.Fatalf("new message: %d %s", b.status, b.body)
 	}
 	// No other session call comes to the second gateway: its bus subscribes on its own.
-	deadline := time.Now().Add(10 * time.Second)
-	for !subscribed(t, h.rdb, busName) {
-		if time.Now().After(deadline) {
-			t.Fatal("the second gateway's cancel bus did not subscribe within 10 s of Redis being back")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-
-	rest, err := io.ReadAll(rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
-		t.Fatalf("old stream was not stopped once its gateway's bus subscribed: ...%s", rest[max(0, len(rest)-300):])
-	}
-	waitSettlements(t, second)
-	run := h.run(u.ID, oldRun)
-	if run.SettleSource.String != holds.SourceCancel || run.OutTok < 3 || run.OutTok >= 1500 {
-		t.Fatalf("old run = %+v, want settled by cancel with its partial output", run)
-	}
-	h.settled()
-	h.expectCharges(u.ID, []string{oldRun, b.header.Get(proxy.RunIDHeader)})
+	oldStopsOnceSubscribed(t, h, second, busName, rd, u.ID, oldRun, b.header.Get(proxy.RunIDHeader))
 }
