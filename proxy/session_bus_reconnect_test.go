@@ -69,25 +69,9 @@ func TestSessionCancelSentWhileTheBusReconnectsStopsTheRun(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	cut := &cuttableRedis{}
-	opt := *h.rdb.Options()
-	busName := "bus-" + testenv.RandomID(6)
-	opt.Dialer, opt.ClientName = cut.dial, busName
-	dedup := redis.NewClient(&opt)
-	t.Cleanup(func() { dedup.Close() })
-	second, other := h.secondGateway(dedup, nil)
-	t.Cleanup(func() { _ = h.srv.Close() })
+	second, other, busName := gatewayOnCuttableRedis(t, h, cut)
 	session := "chat-" + testenv.RandomID(4)
-
-	req, _ := http.NewRequest(http.MethodPost, other+"/v1/chat/completions", strings.NewReader(streamBody))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set(proxy.SessionHeader, session)
-	req.Header.Set(fakellm.HeaderChunks, "1500")
-	req.Header.Set(fakellm.HeaderChunkInterval, "10ms")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	resp := longSessionStream(t, other, key, session)
 	oldRun := resp.Header.Get(proxy.RunIDHeader)
 	rd := afterContent(t, resp, 3) // claimed, forwarding, registered on the second gateway's bus
 
@@ -99,6 +83,37 @@ func TestSessionCancelSentWhileTheBusReconnectsStopsTheRun(t *testing.T) {
 	cut.heal()
 	// The bus of the second gateway subscribes again on its own (go-redis reconnects).
 	oldStopsOnceSubscribed(t, h, second, busName, rd, u.ID, oldRun, b.header.Get(proxy.RunIDHeader))
+}
+
+// gatewayOnCuttableRedis starts h's second gateway with its duplicate checks and cancel bus on
+// a Redis connection cut can break, named busName (subscribed looks for it).
+func gatewayOnCuttableRedis(t *testing.T, h *harness, cut *cuttableRedis) (second *proxy.Server, url, busName string) {
+	t.Helper()
+	opt := *h.rdb.Options()
+	busName = "bus-" + testenv.RandomID(6)
+	opt.Dialer, opt.ClientName = cut.dial, busName
+	dedup := redis.NewClient(&opt)
+	t.Cleanup(func() { dedup.Close() })
+	second, url = h.secondGateway(dedup, nil)
+	t.Cleanup(func() { _ = h.srv.Close() })
+	return second, url, busName
+}
+
+// longSessionStream sends a session's message to the gateway at url, streamed for 15 s (1 500
+// chunks 10 ms apart): long enough to be replaced while it runs. Its body is closed at cleanup.
+func longSessionStream(t *testing.T, url, key, session string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(streamBody))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set(proxy.SessionHeader, session)
+	req.Header.Set(fakellm.HeaderChunks, "1500")
+	req.Header.Set(fakellm.HeaderChunkInterval, "10ms")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
 }
 
 // oldStopsOnceSubscribed waits (10 s at most) for the second gateway's bus, its connection
@@ -158,25 +173,9 @@ func TestSessionRunRegisteredWhileTheBusCouldNotSubscribeIsStoppedOnceItDoes(t *
 	u, key := h.user("standard")
 	cut := &cuttableRedis{}
 	cut.cut() // down from the start: the second gateway's bus never subscribed
-	opt := *h.rdb.Options()
-	busName := "bus-" + testenv.RandomID(6)
-	opt.Dialer, opt.ClientName = cut.dial, busName
-	dedup := redis.NewClient(&opt)
-	t.Cleanup(func() { dedup.Close() })
-	second, other := h.secondGateway(dedup, nil)
-	t.Cleanup(func() { _ = h.srv.Close() })
+	second, other, busName := gatewayOnCuttableRedis(t, h, cut)
 	session := "chat-" + testenv.RandomID(4)
-
-	req, _ := http.NewRequest(http.MethodPost, other+"/v1/chat/completions", strings.NewReader(streamBody))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set(proxy.SessionHeader, session)
-	req.Header.Set(fakellm.HeaderChunks, "1500")
-	req.Header.Set(fakellm.HeaderChunkInterval, "10ms")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	resp := longSessionStream(t, other, key, session)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("first message with the bus down: %d", resp.StatusCode)
 	}
