@@ -24,12 +24,7 @@ func TestIdemRecordNeverSkipsWhatTheCallerGot(t *testing.T) {
 	var calls atomic.Int32
 	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n")
-		fmt.Fprint(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"Hello billing team\"}\n\n")
-		fmt.Fprint(w, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"server_error\",\"code\":\"server_error\",\"message\":\"boom\"}}\n\n")
-		fmt.Fprint(w, "event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n")
-		fmt.Fprint(w, "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"}}}\n\n")
+		errorThenFinal(w, "event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n")
 	}, nil)
 	_, key := h.user("standard")
 	body := `{"model":"fake-gpt","input":"hi","stream":true}`
@@ -49,6 +44,17 @@ func TestIdemRecordNeverSkipsWhatTheCallerGot(t *testing.T) {
 	}
 }
 
+// errorThenFinal answers as a Responses stream whose provider sends output, then its error
+// event, then between (any events), then its final event (response.failed).
+func errorThenFinal(w http.ResponseWriter, between string) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n")
+	fmt.Fprint(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"Hello billing team\"}\n\n")
+	fmt.Fprint(w, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"server_error\",\"code\":\"server_error\",\"message\":\"boom\"}}\n\n")
+	fmt.Fprint(w, between)
+	fmt.Fprint(w, "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"}}}\n\n")
+}
+
 // TestIdemErrorThenFinalCountedOnceAgainstTheShare: an answer pinned at the provider's error
 // event and again at the final event right after it (the Responses API's error, then
 // response.failed) is one answer kept in Redis, but both pins counted their whole size
@@ -56,13 +62,7 @@ func TestIdemRecordNeverSkipsWhatTheCallerGot(t *testing.T) {
 // about twice its room, and the caller's later answers were refused keeping that much sooner.
 // The count must be the record's size, once.
 func TestIdemErrorThenFinalCountedOnceAgainstTheShare(t *testing.T) {
-	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n")
-		fmt.Fprint(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"Hello billing team\"}\n\n")
-		fmt.Fprint(w, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"server_error\",\"code\":\"server_error\",\"message\":\"boom\"}}\n\n")
-		fmt.Fprint(w, "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"}}}\n\n")
-	}, nil)
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) { errorThenFinal(w, "") }, nil)
 	u, key := h.user("standard")
 	resp := h.post(key, "/v1/responses", `{"model":"fake-gpt","input":"hi","stream":true}`,
 		map[string]string{proxy.IdempotencyKeyHeader: "error-then-final-share"})
@@ -99,13 +99,7 @@ func TestIdemErrorThenFinalCountedOnceAgainstTheShare(t *testing.T) {
 // kept it for replay_ttl, counted against the caller's share. An answer not kept must not be
 // in the record.
 func TestIdemErrorThenFinalPastMaxReplayLenKeepsNothing(t *testing.T) {
-	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n")
-		fmt.Fprint(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"Hello billing team\"}\n\n")
-		fmt.Fprint(w, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"server_error\",\"code\":\"server_error\",\"message\":\"boom\"}}\n\n")
-		fmt.Fprint(w, "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"}}}\n\n")
-	}, func(c *config.Config) { c.Dedup.MaxReplayLen = 450 }) // the answer to its error event fits, with response.failed not
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) { errorThenFinal(w, "") }, func(c *config.Config) { c.Dedup.MaxReplayLen = 450 }) // the answer to its error event fits, with response.failed not
 	_, key := h.user("standard")
 	body := `{"model":"fake-gpt","input":"hi","stream":true}`
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "error-then-final-large"}
