@@ -316,6 +316,28 @@ func TestPruneCommandDeletesOldSettledRunsAndRefusesAYoungCutoff(t *testing.T) {
 	testenv.CheckLedger(t, db)
 }
 
+// aliceWithANamedRunSettledDaysAgo creates user alice with one named run (X-Run-Id task-1, run
+// x_old) settled days ago at 40 µUSD, and its day's ledger row: what prune may delete. It
+// returns the test database.
+func aliceWithANamedRunSettledDaysAgo(t *testing.T, days int) *sqlx.DB {
+	t.Helper()
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	db := openTestDatabase(t)
+	for _, q := range []string{
+		`INSERT INTO run_holds (run_id, user_id, client_run_id, state, held_micro, cap_micro, charged_micro, allowance_part_micro, expires_at, settled_at)
+		 SELECT 'x_old', id, 'task-1', 'settled', 100, 100, 40, 40, NOW(6) - INTERVAL ? DAY, NOW(6) - INTERVAL ? DAY FROM users`,
+		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, DATE(NOW(6) - INTERVAL ? DAY), 40, 1 FROM users`,
+	} {
+		if _, err := db.ExecContext(ctx, q, slices.Repeat([]any{days}, strings.Count(q, "?"))...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return db
+}
+
 // TestPruneCommandRefusesACutoffWithinTallyTTL: a run's tally in Redis (billing:usage:{run},
 // with its per-call done marks and lost-calls mark) lives holds.tally_ttl from its last call.
 // A named run's id is its user and X-Run-Id, so once the run is pruned the same X-Run-Id opens
@@ -326,19 +348,7 @@ func TestPruneCommandDeletesOldSettledRunsAndRefusesAYoungCutoff(t *testing.T) {
 func TestPruneCommandRefusesACutoffWithinTallyTTL(t *testing.T) {
 	count := useTestDatabase(t)
 	ctx := testCtx(t)
-	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
-		t.Fatal(err)
-	}
-	db := openTestDatabase(t)
-	for _, q := range []string{
-		`INSERT INTO run_holds (run_id, user_id, client_run_id, state, held_micro, cap_micro, charged_micro, allowance_part_micro, expires_at, settled_at)
-		 SELECT 'x_old', id, 'task-1', 'settled', 100, 100, 40, 40, NOW(6) - INTERVAL 9 DAY, NOW(6) - INTERVAL 9 DAY FROM users`,
-		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, DATE(NOW(6) - INTERVAL 9 DAY), 40, 1 FROM users`,
-	} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	db := aliceWithANamedRunSettledDaysAgo(t, 9)
 	cfg := t.TempDir() + "/config.yaml"
 	if err := os.WriteFile(cfg, []byte("holds:\n  tally_ttl: 240h\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -167,19 +167,7 @@ func TestServeRecordsItsRedisPrefixAndRefusesAnother(t *testing.T) {
 func TestPruneIsBoundByTheFleetsLongestTTLs(t *testing.T) {
 	count := useTestDatabase(t) // the fleet's gateways recorded the default TTLs: 48 h, 24 h
 	ctx := testCtx(t)
-	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
-		t.Fatal(err)
-	}
-	db := openTestDatabase(t)
-	for _, q := range []string{
-		`INSERT INTO run_holds (run_id, user_id, client_run_id, state, held_micro, cap_micro, charged_micro, allowance_part_micro, expires_at, settled_at)
-		 SELECT 'x_old', id, 'task-1', 'settled', 100, 100, 40, 40, NOW(6) - INTERVAL 14 DAY, NOW(6) - INTERVAL 14 DAY FROM users`,
-		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, DATE(NOW(6) - INTERVAL 14 DAY), 40, 1 FROM users`,
-	} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	db := aliceWithANamedRunSettledDaysAgo(t, 14)
 	serveWith := func(instance string, tallyTTL, replayTTL time.Duration) {
 		t.Helper()
 		cfg := config.Default()
