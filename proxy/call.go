@@ -362,6 +362,10 @@ func (s *Server) joinSession(ctx context.Context, w http.ResponseWriter, c *call
 		s.writeDuplicate(w, e, false)
 		return e.Status
 	}
+	if c.superseded {
+		// Not to be retried: a retry would resend the old message and replace the newer one.
+		w.Header().Set(shouldRetryHeader, "false")
+	}
 	return refuse(e, "session", err)
 }
 

@@ -372,8 +372,17 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 // sessionClaimFailed refuses a call whose session claim failed (the caller logs the refusal,
 // with the error returned): billing is down, unless the caller left while it waited (the
 // failure is then its cancelled context). The admission budget running out is billing down.
+//
+// A claim that failed on a context a newer message of the session cancelled is superseded, not
+// a caller that left: an attempt of it committed (its reply lost) and the newer message then
+// replaced it while it backed off before its retry. Answered 499 without X-Should-Retry:
+// false, an SDK sent it again, and the old message replaced the newer one.
 func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) (*apiError, error) {
 	c.outcome = outcomeRefused
+	if errors.Is(context.Cause(ctx), errSuperseded) {
+		c.superseded = true
+		return errSupersededAnswer, fmt.Errorf("superseded during the session claim: %w", err)
+	}
 	if callerEnded(ctx) {
 		e, why := ended(ctx, "during the session claim")
 		return e, fmt.Errorf("%s: %w", why, err)

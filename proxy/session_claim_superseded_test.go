@@ -1,0 +1,138 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/plans"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering/runstate"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded: a session's message
+// R whose claim committed with its COMMIT reply lost is the session's current run while the
+// claim backs off before its retry. A newer message C of the session claims it then, replaces
+// R and cancels it: R's retry ends on its cancelled context. R was answered 499
+// client_closed_request, as a caller that left, without X-Should-Retry: false — an SDK sent it
+// again, and the old message replaced the newer one. It is now answered 409 superseded, not
+// to be retried, as a message superseded at any other step is.
+func TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded(t *testing.T) {
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	db, err := holds.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{db: db, log: zap.New(core)}, nil)
+	u, key := h.user("standard")
+	plain := plainHandle(t, dsn)
+	other := gatewayOn(h, plain)
+
+	// A: a long stream in session s.
+	session := map[string]string{proxy.SessionHeader: "s"}
+	a := h.post(key, "/v1/chat/completions",
+		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
+		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: "2000", fakellm.HeaderChunkInterval: "5ms"})
+	defer a.Body.Close()
+	if _, err := bufio.NewReader(a.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+
+	// R's claim waits on the session row; once it runs, its COMMIT lands and the network to
+	// the database goes down with its reply, so R's claim backs off and retries until Restore.
+	lock := testenv.ConsoleTx(t, plain)
+	var sid string
+	if err := lock.Get(&sid, "SELECT session_id FROM sessions WHERE user_id = ? FOR UPDATE", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	rdone := make(chan answer, 1)
+	go func() {
+		rdone <- send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"R: another question"}]}`, session)
+	}()
+	waitForStatement(t, plain, "INSERT INTO sessions")
+	lossy.Arm("COMMIT", testenv.GoDown)
+	defer lossy.Restore()
+	if err := lock.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "R's claim committing", lossy.Down)
+	var r string
+	if err := plain.Get(&r, "SELECT current_run_id FROM sessions WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// C, through a gateway that reaches the database, replaces R and cancels it.
+	c := send(other, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, session)
+	if c.status != http.StatusOK {
+		t.Fatalf("C: %d %s", c.status, c.body)
+	}
+	// R's claim has given up (its refusal is logged before anything needs the database).
+	waitFor(t, "R's claim to give up", func() bool {
+		for _, e := range logs.FilterMessage("request refused").All() {
+			if e.ContextMap()["run_id"] == r {
+				return true
+			}
+		}
+		return false
+	})
+	lossy.Restore()
+	got := <-rdone
+	if got.status != http.StatusConflict || errorCode(t, got.body) != "superseded" || got.header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("R, superseded while its claim retried: %d %s (X-Should-Retry %q); want 409 superseded, X-Should-Retry: false",
+			got.status, got.body, got.header.Get("X-Should-Retry"))
+	}
+	a.Body.Close()
+}
+
+// plainHandle is a handle on dsn's database around its lossy network, opened as the gateway
+// opens its own.
+func plainHandle(t *testing.T, dsn string) *sqlx.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Net = "tcp"
+	db, err := holds.Open(context.Background(), cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// gatewayOn is another gateway on h's Redis and on db, a handle on h's database of its own (one
+// that reaches it while h's does not), and returns its URL.
+func gatewayOn(h *harness, db *sqlx.DB) string {
+	h.t.Helper()
+	log := zaptest.NewLogger(h.t, zaptest.Level(zap.WarnLevel))
+	store := holds.NewStore(db, plans.FromConfig(h.cfg), "standard", log)
+	leases := runstate.NewLeases(h.rdb, h.keys, "test-2", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log)
+	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: leases, Log: log})
+	gw := httptest.NewServer(srv.Handler())
+	h.t.Cleanup(func() {
+		gw.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := srv.WaitSettlements(ctx); err != nil {
+			h.t.Errorf("second gateway settlements: %v", err)
+		}
+		_ = srv.Close()
+	})
+	return gw.URL
+}
