@@ -22,6 +22,11 @@ type SessionClaim struct {
 	// Replaced is the live run the claim took the session from (a different message): it must
 	// be cancelled, wherever it runs. Empty when the previous run had ended or there was none.
 	Replaced string
+	// Superseded: an earlier attempt of this claim committed, its reply lost, and a newer
+	// message's claim has taken the session from the claiming run since (Current is that
+	// message's run). The claiming run is the older message: it must not run, nor take the
+	// session back. Replaced is still what the committed attempt replaced, to be cancelled.
+	Superseded bool
 }
 
 // ClaimSession makes runID the current run of the caller's session unless the session's
@@ -45,18 +50,13 @@ func (s *Store) ClaimSession(ctx context.Context, userID uint64, sessionID, runI
 // may still await its settlement): if it is the session's current run, it counts as ended.
 func (s *Store) ClaimSessionPast(ctx context.Context, userID uint64, sessionID, runID string, messageHash [32]byte, ended string) (SessionClaim, error) {
 	var out SessionClaim
-	// replaced is the live run an earlier attempt took the session from. Its COMMIT may have
-	// landed with the reply lost: the retry then finds the session already on runID, and only
-	// this tells it which run must still be cancelled. Were that attempt rolled back instead,
-	// the run it names has since been replaced or has ended anyway (see claimSessionTx), so
-	// naming it again costs a cancel to a run that is stopping, never a live run's answer.
-	var replaced string
+	// retry: an earlier attempt may have committed with its reply lost; the run's own row then
+	// says so (claim_replaced), and what it replaced.
+	retry := false
 	err := s.inTx(ctx, "claim session "+sessionID, func(tx *sqlx.Tx) error {
 		var err error
-		out, err = claimSessionTx(ctx, tx, userID, sessionID, runID, messageHash, ended, replaced)
-		if err == nil && out.Replaced != "" {
-			replaced = out.Replaced
-		}
+		out, err = claimSessionTx(ctx, tx, userID, sessionID, runID, messageHash, ended, retry)
+		retry = true
 		return err
 	})
 	if err != nil {
@@ -65,15 +65,19 @@ func (s *Store) ClaimSessionPast(ctx context.Context, userID uint64, sessionID, 
 	return out, nil
 }
 
-// claimSessionTx is one attempt of ClaimSessionPast; replaced is what an earlier attempt of
-// the same claim answered as replaced ("" for none or no earlier attempt).
+// claimSessionTx is one attempt of ClaimSessionPast; retry says an earlier one was made.
 //
-// A session found already on runID was moved there by another call of the same run (a named
-// run's next call: this claim replaced nothing) or by this claim's own earlier attempt,
-// committed with its reply lost: that attempt replaced the run it named, which must still be
-// cancelled. (Had that attempt not committed, the run it named was replaced or found ended by
-// whichever claim moved the session since: cancelling it again stops nothing that runs.)
-func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, runID string, hash [32]byte, ended, replaced string) (SessionClaim, error) {
+// A claim that moves the session to runID writes what it replaced in runID's own row
+// (claim_replaced), in the same transaction. When the reply to its COMMIT is lost, the retry
+// cannot tell from the session's row alone whether that attempt committed: a newer message's
+// claim may have moved the session on since, and the retry then took the session back from
+// it (both messages ended up stopped), or gave up on its context the newer message cancelled,
+// and either way the run the first attempt replaced was never cancelled and ran to its end,
+// charged beside the newer messages. The row says it exactly: a committed attempt answers
+// what it replaced (to be cancelled: a committed claim replaced it), and one that lost the
+// session since answers Superseded instead of taking it back. A retry that finds no record
+// claims afresh; what an attempt that did not commit saw is never cancelled.
+func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, runID string, hash [32]byte, ended string, retry bool) (SessionClaim, error) {
 	// A new session: the insert is the claim. An existing one: the no-op update locks its row.
 	res, err := tx.ExecContext(ctx, `
 		INSERT INTO sessions (user_id, session_id, current_run_id, message_hash, updated_at)
@@ -83,6 +87,9 @@ func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, 
 		return SessionClaim{}, fmt.Errorf("upsert session: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 1 {
+		if _, err := tx.ExecContext(ctx, `UPDATE run_holds SET claim_replaced = '' WHERE run_id = ?`, runID); err != nil {
+			return SessionClaim{}, fmt.Errorf("record claim: %w", err)
+		}
 		return SessionClaim{Current: runID}, nil
 	}
 	var row struct {
@@ -94,8 +101,23 @@ func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, 
 	if err != nil {
 		return SessionClaim{}, fmt.Errorf("read session: %w", err)
 	}
+	if retry {
+		// Read under the session's lock: a claim that moves the session writes its record
+		// in the same transaction, under the same lock.
+		claimed, replaced, err := claimOf(ctx, tx, runID)
+		if err != nil {
+			return SessionClaim{}, err
+		}
+		if claimed && row.Current == runID {
+			return SessionClaim{Current: runID, Replaced: replaced}, nil
+		}
+		if claimed {
+			return SessionClaim{Superseded: true, Current: row.Current, Replaced: replaced}, nil
+		}
+	}
 	if row.Current == runID {
-		return SessionClaim{Current: runID, Replaced: replaced}, nil
+		// Another call of the same run: this claim replaced nothing.
+		return SessionClaim{Current: runID}, nil
 	}
 	live, err := runLive(ctx, tx, row.Current)
 	if err != nil {
@@ -105,15 +127,44 @@ func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, 
 	if live && bytes.Equal(row.Hash, hash[:]) {
 		return SessionClaim{Duplicate: true, Current: row.Current}, nil
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE sessions SET current_run_id = ?, message_hash = ?, updated_at = NOW(6)
-		WHERE user_id = ? AND session_id = ?`, runID, hash[:], userID, sessionID); err != nil {
-		return SessionClaim{}, fmt.Errorf("update session: %w", err)
-	}
 	out := SessionClaim{Current: runID}
 	if live {
 		out.Replaced = row.Current
 	}
+	if _, err := tx.ExecContext(ctx, `UPDATE sessions SET current_run_id = ?, message_hash = ?, updated_at = NOW(6)
+		WHERE user_id = ? AND session_id = ?;
+		UPDATE run_holds SET claim_replaced = ? WHERE run_id = ?`, runID, hash[:], userID, sessionID, out.Replaced, runID); err != nil {
+		return SessionClaim{}, fmt.Errorf("update session: %w", err)
+	}
 	return out, nil
+}
+
+// SessionClaimOf reports whether a claim of runID's session has committed, and what it
+// replaced ("" for nothing): for a claim that failed after an attempt may have committed (its
+// run superseded while it retried), whose replaced run must still be cancelled.
+func (s *Store) SessionClaimOf(ctx context.Context, runID string) (claimed bool, replaced string, err error) {
+	err = s.withRetry(ctx, "session claim of "+runID, func() error {
+		var err error
+		claimed, replaced, err = claimOf(ctx, s.db, runID)
+		return err
+	})
+	if err != nil {
+		return false, "", fmt.Errorf("session claim of %s: %w", runID, err)
+	}
+	return claimed, replaced, nil
+}
+
+// claimOf reads runID's claim record (claim_replaced): NULL, or no such run, is no claim.
+func claimOf(ctx context.Context, q sqlx.QueryerContext, runID string) (claimed bool, replaced string, err error) {
+	var rec sql.NullString
+	err = sqlx.GetContext(ctx, q, &rec, `SELECT claim_replaced FROM run_holds WHERE run_id = ?`, runID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, "", nil
+	}
+	if err != nil {
+		return false, "", fmt.Errorf("read claim of %s: %w", runID, err)
+	}
+	return rec.Valid, rec.String, nil
 }
 
 // PruneSessions deletes up to limit sessions whose current run has settled and that no claim

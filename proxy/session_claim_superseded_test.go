@@ -3,8 +3,10 @@ package proxy_test
 import (
 	"bufio"
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,12 +26,15 @@ import (
 )
 
 // TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded: a session's message
-// R whose claim committed with its COMMIT reply lost is the session's current run while the
-// claim backs off before its retry. A newer message C of the session claims it then, replaces
-// R and cancels it: R's retry ends on its cancelled context. R was answered 499
-// client_closed_request, as a caller that left, without X-Should-Retry: false — an SDK sent it
-// again, and the old message replaced the newer one. It is now answered 409 superseded, not
-// to be retried, as a message superseded at any other step is.
+// R whose claim took the session from a running message A and committed with its COMMIT reply
+// lost is the session's current run while the claim backs off before its retry. A newer
+// message C of the session claims it then, replaces R and cancels it: R's retry ends on its
+// cancelled context. R was answered 499 client_closed_request, as a caller that left, without
+// X-Should-Retry: false — an SDK sent it again, and the old message replaced the newer one. It
+// is now answered 409 superseded, not to be retried, as a message superseded at any other step
+// is. And A, which R's committed claim replaced, was never told to stop: C's claim found R,
+// not A, and R's claim answered nothing. It ran to its end and was charged in full beside the
+// newer messages; it is now stopped once the database answers again.
 func TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded(t *testing.T) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
 	db, err := holds.Open(context.Background(), dsn)
@@ -41,7 +46,7 @@ func TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded(t *tes
 	h := newHarnessOn(t, harnessSetup{db: db, log: zap.New(core)}, nil)
 	u, key := h.user("standard")
 	plain := plainHandle(t, dsn)
-	other := gatewayOn(h, plain)
+	other := gatewayOn(h, plain, h.keys)
 
 	// A: a long stream in session s.
 	session := map[string]string{proxy.SessionHeader: "s"}
@@ -49,7 +54,9 @@ func TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded(t *tes
 		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
 		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: "2000", fakellm.HeaderChunkInterval: "5ms"})
 	defer a.Body.Close()
-	if _, err := bufio.NewReader(a.Body).ReadString('\n'); err != nil {
+	aRun := a.Header.Get(proxy.RunIDHeader)
+	ard := bufio.NewReader(a.Body)
+	if _, err := ard.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
 
@@ -96,7 +103,93 @@ func TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded(t *tes
 		t.Fatalf("R, superseded while its claim retried: %d %s (X-Should-Retry %q); want 409 superseded, X-Should-Retry: false",
 			got.status, got.body, got.header.Get("X-Should-Retry"))
 	}
-	a.Body.Close()
+	rest, err := io.ReadAll(ard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("A, replaced by R's committed claim, did not end as superseded: ...%s", rest[max(0, len(rest)-300):])
+	}
+	h.settled()
+	if run := h.run(u.ID, aRun); run.SettleSource.String != holds.SourceCancel || run.OutTok >= 2000 {
+		t.Fatalf("A = %+v, want settled by cancel with its partial output", run)
+	}
+	var current string
+	if err := plain.Get(&current, "SELECT current_run_id FROM sessions WHERE user_id = ?", u.ID); err != nil || current != c.header.Get(proxy.RunIDHeader) {
+		t.Fatalf("session is on %q (%v), want C's run %s", current, err, c.header.Get(proxy.RunIDHeader))
+	}
+}
+
+// TestSessionMessageWhoseClaimRetryFindsANewerOneYieldsToIt: as above, but R's retry runs
+// before the cancel of the newer message C reaches R (here C's gateway publishes where R's
+// does not listen). The retry found C current and took the session back from it: R ran, C was
+// told to stop, and A, which R's committed attempt had replaced, ran on to its end — the older
+// message won over the newer one. R, the older message, is now answered 409 superseded, not to
+// be retried, the session stays on C, and A is stopped.
+func TestSessionMessageWhoseClaimRetryFindsANewerOneYieldsToIt(t *testing.T) {
+	dsn, lossy := testenv.LossyMySQLDSN(t)
+	db, err := holds.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	h := newHarnessOn(t, harnessSetup{db: db}, nil)
+	u, key := h.user("standard")
+	plain := plainHandle(t, dsn)
+	other := gatewayOn(h, plain, runstate.Keys{Prefix: h.keys.Prefix + "other:"})
+
+	session := map[string]string{proxy.SessionHeader: "s"}
+	a := h.post(key, "/v1/chat/completions",
+		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
+		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: "2000", fakellm.HeaderChunkInterval: "5ms"})
+	defer a.Body.Close()
+	aRun := a.Header.Get(proxy.RunIDHeader)
+	ard := bufio.NewReader(a.Body)
+	if _, err := ard.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	lock := testenv.ConsoleTx(t, plain)
+	var sid string
+	if err := lock.Get(&sid, "SELECT session_id FROM sessions WHERE user_id = ? FOR UPDATE", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	rdone := make(chan answer, 1)
+	go func() {
+		rdone <- send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"R: another question"}]}`, session)
+	}()
+	waitForStatement(t, plain, "INSERT INTO sessions")
+	lossy.Arm("COMMIT", testenv.GoDown)
+	defer lossy.Restore()
+	if err := lock.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "R's claim committing", lossy.Down)
+
+	c := send(other, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, session)
+	if c.status != http.StatusOK {
+		t.Fatalf("C: %d %s", c.status, c.body)
+	}
+	lossy.Restore()
+	got := <-rdone
+	if got.status != http.StatusConflict || errorCode(t, got.body) != "superseded" || got.header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("R, whose claim's retry found the newer C: %d %s (X-Should-Retry %q); want 409 superseded, X-Should-Retry: false",
+			got.status, got.body, got.header.Get("X-Should-Retry"))
+	}
+	rest, err := io.ReadAll(ard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("A, replaced by R's committed claim, did not end as superseded: ...%s", rest[max(0, len(rest)-300):])
+	}
+	h.settled()
+	if run := h.run(u.ID, aRun); run.SettleSource.String != holds.SourceCancel || run.OutTok >= 2000 {
+		t.Fatalf("A = %+v, want settled by cancel with its partial output", run)
+	}
+	var current string
+	if err := plain.Get(&current, "SELECT current_run_id FROM sessions WHERE user_id = ?", u.ID); err != nil || current != c.header.Get(proxy.RunIDHeader) {
+		t.Fatalf("session is on %q (%v), want C's run %s", current, err, c.header.Get(proxy.RunIDHeader))
+	}
 }
 
 // plainHandle is a handle on dsn's database around its lossy network, opened as the gateway
@@ -116,14 +209,15 @@ func plainHandle(t *testing.T, dsn string) *sqlx.DB {
 	return db
 }
 
-// gatewayOn is another gateway on h's Redis and on db, a handle on h's database of its own (one
-// that reaches it while h's does not), and returns its URL.
-func gatewayOn(h *harness, db *sqlx.DB) string {
+// gatewayOn is another gateway on h's Redis under keys and on db, a handle on h's database of
+// its own (one that reaches it while h's does not), and returns its URL.
+func gatewayOn(h *harness, db *sqlx.DB, keys runstate.Keys) string {
 	h.t.Helper()
 	log := zaptest.NewLogger(h.t, zaptest.Level(zap.WarnLevel))
 	store := holds.NewStore(db, plans.FromConfig(h.cfg), "standard", log)
-	leases := runstate.NewLeases(h.rdb, h.keys, "test-2", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log)
-	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: h.rdb, Keys: h.keys, Tally: h.tally, Leases: leases, Log: log})
+	leases := runstate.NewLeases(h.rdb, keys, "test-2", h.cfg.Holds.LeaseTTL, h.cfg.Holds.HeartbeatInterval, log)
+	tally := runstate.NewTally(h.rdb, keys, h.cfg.Holds.TallyTTL)
+	srv := proxy.New(proxy.Deps{Config: h.cfg, Store: store, Redis: h.rdb, Keys: keys, Tally: tally, Leases: leases, Log: log})
 	gw := httptest.NewServer(srv.Handler())
 	h.t.Cleanup(func() {
 		gw.Close()

@@ -333,6 +333,17 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 	if err != nil {
 		return s.sessionClaimFailed(ctx, c, err)
 	}
+	if claim.Superseded {
+		// An attempt of the claim committed, its reply lost, and a newer message has taken the
+		// session since: this is the older message. What that attempt replaced must stop all
+		// the same, and this call must not run.
+		if claim.Replaced != "" {
+			s.cancelReplaced(ctx, c, claim.Replaced)
+		}
+		c.outcome = outcomeRefused
+		c.superseded = true
+		return errSupersededAnswer, fmt.Errorf("session claim: superseded by run %s since its committed attempt", claim.Current)
+	}
 	if claim.Duplicate {
 		// The current run's hold is live, but its answer may be final already, its settlement
 		// still on its way: then the same message again is a new request (a regenerate).
@@ -355,18 +366,47 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 	}
 	c.sessionClaimed = true
 	if claim.Replaced != "" {
-		// The claim is committed: the replaced run must stop whether or not this request's
-		// caller is still there to run the new one.
-		sent, err := s.cancels.publish(context.WithoutCancel(ctx), claim.Replaced)
-		switch {
-		case err != nil && !sent:
-			c.log.Warn("cancel of the replaced run not sent; it runs to its end and is charged", zap.String("replaced", claim.Replaced), zap.Error(err))
-		case err != nil:
-			c.log.Warn("cancel of the replaced run sent without its mark; a process not subscribed right now never hears it",
-				zap.String("replaced", claim.Replaced), zap.Error(err))
-		}
+		s.cancelReplaced(ctx, c, claim.Replaced)
 	}
 	return nil, nil
+}
+
+// cancelReplaced tells the run a committed claim of c's replaced to stop. The claim is
+// committed: the replaced run must stop whether or not this request's caller is still there
+// to run the new one.
+func (s *Server) cancelReplaced(ctx context.Context, c *call, replaced string) {
+	sent, err := s.cancels.publish(context.WithoutCancel(ctx), replaced)
+	switch {
+	case err != nil && !sent:
+		c.log.Warn("cancel of the replaced run not sent; it runs to its end and is charged", zap.String("replaced", replaced), zap.Error(err))
+	case err != nil:
+		c.log.Warn("cancel of the replaced run sent without its mark; a process not subscribed right now never hears it",
+			zap.String("replaced", replaced), zap.Error(err))
+	}
+}
+
+// cancelReplacedLate cancels what c's claim replaced, for a claim that failed after one of its
+// attempts committed: its run was superseded while the claim retried (only a committed claim
+// is ever replaced), so the attempt's reply was lost and nothing told c what it replaced. The
+// store has it recorded with the run (SessionClaimOf), read once the database answers again
+// (the loss that failed the claim may last), in the background within settle_timeout, counted
+// as a settlement so that the drain waits for it. Left undone, the run it replaced ran to its
+// end, charged in full beside the newer messages.
+func (s *Server) cancelReplacedLate(ctx context.Context, c *call) {
+	ctx = context.WithoutCancel(ctx)
+	s.settlements.start()
+	s.inBackground(func() {
+		defer s.settlements.leave()
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
+		claimed, replaced, err := s.store.SessionClaimOf(rctx, c.runID)
+		cancel()
+		switch {
+		case err != nil:
+			c.log.Warn("what the superseded claim replaced not read; that run, if any, runs to its end and is charged", zap.Error(err))
+		case claimed && replaced != "":
+			s.cancelReplaced(ctx, c, replaced)
+		}
+	})
 }
 
 // sessionClaimFailed refuses a call whose session claim failed (the caller logs the refusal,
@@ -376,11 +416,13 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 // A claim that failed on a context a newer message of the session cancelled is superseded, not
 // a caller that left: an attempt of it committed (its reply lost) and the newer message then
 // replaced it while it backed off before its retry. Answered 499 without X-Should-Retry:
-// false, an SDK sent it again, and the old message replaced the newer one.
+// false, an SDK sent it again, and the old message replaced the newer one. What that attempt
+// replaced is cancelled too (cancelReplacedLate).
 func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) (*apiError, error) {
 	c.outcome = outcomeRefused
 	if errors.Is(context.Cause(ctx), errSuperseded) {
 		c.superseded = true
+		s.cancelReplacedLate(ctx, c)
 		return errSupersededAnswer, fmt.Errorf("superseded during the session claim: %w", err)
 	}
 	if callerEnded(ctx) {
