@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -125,9 +126,9 @@ func startCluster(t testing.TB, ports []int, dir string) (cc *redis.ClusterClien
 	t.Cleanup(func() { cc.Close() })
 	if err := poll(ctx, "the client seeing three masters", func() (bool, error) {
 		cc.ReloadState(ctx)
-		masters := 0
-		err := cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { masters++; return nil })
-		return err == nil && masters == 3, nil
+		var masters atomic.Int32 // ForEachMaster calls it on every master at once
+		err := cc.ForEachMaster(ctx, func(context.Context, *redis.Client) error { masters.Add(1); return nil })
+		return err == nil && masters.Load() == 3, nil
 	}); err != nil {
 		return nil, err
 	}
