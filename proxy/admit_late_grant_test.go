@@ -3,11 +3,15 @@ package proxy_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -19,22 +23,51 @@ import (
 	"github.com/tollgate/tollgate/proxy"
 )
 
-// lateGrantAdmitTimeout is the admission budget of the late-grant tests: short, so that a
-// stall past it ends well within the session's lock wait bound (3 s, holds.Open), after which
-// the stalled statement would fail rather than be granted late.
-const lateGrantAdmitTimeout = time.Second
+// lateGrantAdmitTimeout is the admission budget of the late-grant tests: long enough that a
+// loaded machine's call reaches the statement the test stalls within it (at 1 s a descheduled
+// handler or a slow first script was refused before the stall, and the test waited for a stall
+// that never came), and well within the gateway's lock wait bound (lateGrantLockWait), after
+// which the stalled statement would fail rather than be granted late.
+const lateGrantAdmitTimeout = 2 * time.Second
+
+// lateGrantLockWait is the innodb_lock_wait_timeout of the late-grant tests' gateways, set
+// in their DSN over holds.Open's 3 s: with the budget at 2 s, 3 s left the test one second to
+// see the stall and let the lock go before the statement failed. Nothing here depends on its
+// length.
+const lateGrantLockWait = 10 * time.Second
+
+// lateGrantDB is a fresh test database whose sessions wait lateGrantLockWait on a lock.
+func lateGrantDB(t *testing.T) *sqlx.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["innodb_lock_wait_timeout"] = strconv.Itoa(int(lateGrantLockWait / time.Second))
+	return testenv.Open(t, cfg.FormatDSN())
+}
 
 // lockUsersHolds holds, in an open REPEATABLE READ transaction on a connection of its own (an
 // operator's console, a report), every hold of userID locked, and with them the index gap a new
 // hold of that user goes into: the batch's first script (the user's row, the reads) goes
 // through, and its second — the hold's INSERT and the COMMIT, whose outcome the writer waits
 // for past the admission's deadline (holds.Writer.Admit) — waits on the gap until the
-// transaction ends.
+// transaction ends. Like testenv.ConsoleTx, the session has no idle_transaction_timeout: with
+// the gateway's (2 s, holds.Open) the server ended the transaction, and let the INSERT through,
+// two seconds after the lock was taken, whether or not the test had seen the stall yet.
 func lockUsersHolds(t *testing.T, db *sqlx.DB, userID uint64) *sqlx.Tx {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := db.Connx(ctx)
 	if err != nil {
+		t.Fatal(err)
+	}
+	var me *mysql.MySQLError
+	if _, err := conn.ExecContext(ctx, "SET SESSION idle_transaction_timeout = 0"); err != nil && !(errors.As(err, &me) && me.Number == 1193) {
+		conn.Close()
 		t.Fatal(err)
 	}
 	tx, err := conn.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
@@ -44,6 +77,8 @@ func lockUsersHolds(t *testing.T, db *sqlx.DB, userID uint64) *sqlx.Tx {
 	}
 	t.Cleanup(func() {
 		_ = tx.Rollback()
+		// Never pooled again with the console's setting.
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		conn.Close()
 	})
 	var ids []string
@@ -97,7 +132,7 @@ func TestHoldGrantedAfterTheAdmitBudgetIsReleasedNotForwarded(t *testing.T) {
 	// dedup.fail_open its check past the budget failed and the call went on, forwarded late.
 	gateways := map[bool]*harness{}
 	for _, failOpen := range []bool{false, true} {
-		gateways[failOpen] = newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
+		gateways[failOpen] = newHarnessOn(t, harnessSetup{db: lateGrantDB(t), log: zap.New(core)}, func(c *config.Config) {
 			c.Limits.AdmitTimeout = lateGrantAdmitTimeout
 			c.Dedup.FailOpen = failOpen
 		})
@@ -244,7 +279,7 @@ func TestSessionClaimCommittedAfterTheAdmitBudgetIsNotForwarded(t *testing.T) {
 // TestAdmissionWaitingOnTheUsersRowIsAnsweredWhileTheLockIsHeld.
 func TestAdmissionStalledOnTheUsersRowPastTheBudgetHoldsNothing(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
-	l := lockUsersRow(t, zap.New(core), lateGrantAdmitTimeout)
+	l := lockUsersRow(t, lateGrantDB(t), zap.New(core), lateGrantAdmitTimeout)
 	a := sendPastTheBudget(t, l.h.db, l.lock, "FROM users WHERE id IN", "call whose admission waited on the user's row past admit_timeout",
 		func() answer { return send(l.h.gw.URL, l.key, chatBody, nil) })
 	l.heldNothing(t)
@@ -266,10 +301,11 @@ func TestAdmissionStalledOnTheUsersRowPastTheBudgetHoldsNothing(t *testing.T) {
 // user's next call, the lock gone, runs.
 func TestAdmissionWaitingOnTheUsersRowIsAnsweredWhileTheLockIsHeld(t *testing.T) {
 	core, logs := observer.New(zapcore.DebugLevel)
-	// 2 s: under the lock wait's 3 s, so a lock wait that ended first is told apart, and
-	// twice the neighbours' budget, so that a busy machine does not spend it before the batch
-	// reaches the row (the refusal's error then names another step, and the test fails).
-	l := lockUsersRow(t, zap.New(core), 2*time.Second)
+	// 2 s: under the lock wait's 3 s (this gateway's is holds.Open's), so a lock wait that
+	// ended first is told apart, and long enough, as the neighbours' budget, that a busy
+	// machine does not spend it before the batch reaches the row (the refusal's error then
+	// names another step, and the test fails).
+	l := lockUsersRow(t, nil, zap.New(core), 2*time.Second)
 	answered := make(chan answer, 1)
 	go func() { answered <- send(l.h.gw.URL, l.key, chatBody, nil) }()
 	var a answer
@@ -318,11 +354,11 @@ type lockedUsersRow struct {
 	lock   *sqlx.Tx
 }
 
-// lockUsersRow starts a gateway logging to log at admitTimeout, makes its user and locks the
-// user's row.
-func lockUsersRow(t *testing.T, log *zap.Logger, admitTimeout time.Duration) lockedUsersRow {
+// lockUsersRow starts a gateway on db (nil: a fresh test database) logging to log at
+// admitTimeout, makes its user and locks the user's row.
+func lockUsersRow(t *testing.T, db *sqlx.DB, log *zap.Logger, admitTimeout time.Duration) lockedUsersRow {
 	t.Helper()
-	h := newHarnessOn(t, harnessSetup{log: log}, func(c *config.Config) { c.Limits.AdmitTimeout = admitTimeout })
+	h := newHarnessOn(t, harnessSetup{db: db, log: log}, func(c *config.Config) { c.Limits.AdmitTimeout = admitTimeout })
 	u, key := h.user("standard")
 	before, err := h.store.Balance(context.Background(), u.ID)
 	if err != nil {
