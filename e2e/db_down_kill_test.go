@@ -45,10 +45,13 @@ func TestGatewayKilledWhileDatabaseDown(t *testing.T) {
 	w := newWorldAt(t, m.dsn())
 	up := newGatedUpstream(t)
 	w.upstream = up.srv
-	// Admissions give up after a second, so the lost one is refused while the server is down;
-	// settlements keep retrying (a minute) far past the kill of their gateway, which comes once
+	// Admissions give up after 3 s, so the lost one is refused while the server is down (the
+	// test waits for that refusal before restarting it); the calls admitted before the outage,
+	// a dozen on a database that syncs every commit, have that long to be granted (at 1 s, a
+	// loaded machine's descheduled batch or slow fsync refused one, and the test failed).
+	// Settlements keep retrying (a minute) far past the kill of their gateway, which comes once
 	// the answered calls are tallied (bounded at 10 s): every settlement is still waiting then.
-	w.config = w.writeConfig(map[string]string{"limits.admit_timeout": "1s", "limits.settle_timeout": "60s"})
+	w.config = w.writeConfig(map[string]string{"limits.admit_timeout": "3s", "limits.settle_timeout": "60s"})
 	trip := newTripwire(t, fmt.Sprintf("127.0.0.1:%d", m.port))
 	for _, kind := range []string{"plain", "idempotent"} {
 		downKillRound(t, w, m, trip, up, kind)
