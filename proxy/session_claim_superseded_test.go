@@ -36,55 +36,14 @@ import (
 // not A, and R's claim answered nothing. It ran to its end and was charged in full beside the
 // newer messages; it is now stopped once the database answers again.
 func TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded(t *testing.T) {
-	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
 	core, logs := observer.New(zapcore.InfoLevel)
-	h := newHarnessOn(t, harnessSetup{db: db, log: zap.New(core)}, nil)
-	u, key := h.user("standard")
-	plain := plainHandle(t, dsn)
-	other := gatewayOn(h, plain, h.keys)
-
-	// A: a long stream in session s.
-	session := map[string]string{proxy.SessionHeader: "s"}
-	a := h.post(key, "/v1/chat/completions",
-		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
-		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: "2000", fakellm.HeaderChunkInterval: "5ms"})
-	defer a.Body.Close()
-	aRun := a.Header.Get(proxy.RunIDHeader)
-	ard := bufio.NewReader(a.Body)
-	if _, err := ard.ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
-
-	// R's claim waits on the session row; once it runs, its COMMIT lands and the network to
-	// the database goes down with its reply, so R's claim backs off and retries until Restore.
-	lock := testenv.ConsoleTx(t, plain)
-	var sid string
-	if err := lock.Get(&sid, "SELECT session_id FROM sessions WHERE user_id = ? FOR UPDATE", u.ID); err != nil {
-		t.Fatal(err)
-	}
-	rdone := make(chan answer, 1)
-	go func() {
-		rdone <- send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"R: another question"}]}`, session)
-	}()
-	waitForStatement(t, plain, "INSERT INTO sessions")
-	lossy.Arm("COMMIT", testenv.GoDown)
-	defer lossy.Restore()
-	if err := lock.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "R's claim committing", lossy.Down)
+	sc := newClaimLostScene(t, zap.New(core), func(h *harness) runstate.Keys { return h.keys })
 	var r string
-	if err := plain.Get(&r, "SELECT current_run_id FROM sessions WHERE user_id = ?", u.ID); err != nil {
+	if err := sc.plain.Get(&r, "SELECT current_run_id FROM sessions WHERE user_id = ?", sc.userID); err != nil {
 		t.Fatal(err)
 	}
-
 	// C, through a gateway that reaches the database, replaces R and cancels it.
-	c := send(other, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, session)
+	c := send(sc.other, sc.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, sc.session)
 	if c.status != http.StatusOK {
 		t.Fatalf("C: %d %s", c.status, c.body)
 	}
@@ -97,27 +56,8 @@ func TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded(t *tes
 		}
 		return false
 	})
-	lossy.Restore()
-	got := <-rdone
-	if got.status != http.StatusConflict || errorCode(t, got.body) != "superseded" || got.header.Get("X-Should-Retry") != "false" {
-		t.Fatalf("R, superseded while its claim retried: %d %s (X-Should-Retry %q); want 409 superseded, X-Should-Retry: false",
-			got.status, got.body, got.header.Get("X-Should-Retry"))
-	}
-	rest, err := io.ReadAll(ard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
-		t.Fatalf("A, replaced by R's committed claim, did not end as superseded: ...%s", rest[max(0, len(rest)-300):])
-	}
-	h.settled()
-	if run := h.run(u.ID, aRun); run.SettleSource.String != holds.SourceCancel || run.OutTok >= 2000 {
-		t.Fatalf("A = %+v, want settled by cancel with its partial output", run)
-	}
-	var current string
-	if err := plain.Get(&current, "SELECT current_run_id FROM sessions WHERE user_id = ?", u.ID); err != nil || current != c.header.Get(proxy.RunIDHeader) {
-		t.Fatalf("session is on %q (%v), want C's run %s", current, err, c.header.Get(proxy.RunIDHeader))
-	}
+	sc.lossy.Restore()
+	sc.rYieldsToC(t, "R, superseded while its claim retried", c)
 }
 
 // TestSessionMessageWhoseClaimRetryFindsANewerOneYieldsToIt: as above, but R's retry runs
@@ -127,67 +67,101 @@ func TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded(t *tes
 // message won over the newer one. R, the older message, is now answered 409 superseded, not to
 // be retried, the session stays on C, and A is stopped.
 func TestSessionMessageWhoseClaimRetryFindsANewerOneYieldsToIt(t *testing.T) {
+	sc := newClaimLostScene(t, nil, func(h *harness) runstate.Keys { return runstate.Keys{Prefix: h.keys.Prefix + "other:"} })
+	c := send(sc.other, sc.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, sc.session)
+	if c.status != http.StatusOK {
+		t.Fatalf("C: %d %s", c.status, c.body)
+	}
+	sc.lossy.Restore()
+	sc.rYieldsToC(t, "R, whose claim's retry found the newer C", c)
+}
+
+// claimLostScene is a session ("s") whose long stream A runs on the first gateway (h), and R,
+// the session's next message there, whose claim took the session from A and committed with
+// its COMMIT reply lost: the network to the database stays down, and R's claim backs off and
+// retries, until lossy.Restore. other is a second gateway that reaches the database (plain).
+type claimLostScene struct {
+	h       *harness
+	userID  uint64
+	key     string
+	session map[string]string
+	plain   *sqlx.DB
+	lossy   *testenv.Lossy
+	other   string
+	aRun    string
+	a       *bufio.Reader // A's stream, past its first line
+	r       chan answer   // R's answer
+}
+
+// newClaimLostScene sets the scene; log is the first gateway's (nil: the harness's own),
+// otherKeys the Redis keys the second gateway names.
+func newClaimLostScene(t *testing.T, log *zap.Logger, otherKeys func(*harness) runstate.Keys) *claimLostScene {
+	t.Helper()
 	dsn, lossy := testenv.LossyMySQLDSN(t)
 	db, err := holds.Open(context.Background(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	h := newHarnessOn(t, harnessSetup{db: db}, nil)
+	h := newHarnessOn(t, harnessSetup{db: db, log: log}, nil)
 	u, key := h.user("standard")
-	plain := plainHandle(t, dsn)
-	other := gatewayOn(h, plain, runstate.Keys{Prefix: h.keys.Prefix + "other:"})
+	sc := &claimLostScene{h: h, userID: u.ID, key: key, session: map[string]string{proxy.SessionHeader: "s"},
+		plain: plainHandle(t, dsn), lossy: lossy, r: make(chan answer, 1)}
+	sc.other = gatewayOn(h, sc.plain, otherKeys(h))
 
-	session := map[string]string{proxy.SessionHeader: "s"}
 	a := h.post(key, "/v1/chat/completions",
 		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
 		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: "2000", fakellm.HeaderChunkInterval: "5ms"})
-	defer a.Body.Close()
-	aRun := a.Header.Get(proxy.RunIDHeader)
-	ard := bufio.NewReader(a.Body)
-	if _, err := ard.ReadString('\n'); err != nil {
+	t.Cleanup(func() { a.Body.Close() })
+	sc.aRun = a.Header.Get(proxy.RunIDHeader)
+	sc.a = bufio.NewReader(a.Body)
+	if _, err := sc.a.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	lock := testenv.ConsoleTx(t, plain)
+
+	// R's claim waits on the session row; once it runs, its COMMIT lands and the network to
+	// the database goes down with its reply, so R's claim backs off and retries until Restore.
+	lock := testenv.ConsoleTx(t, sc.plain)
 	var sid string
 	if err := lock.Get(&sid, "SELECT session_id FROM sessions WHERE user_id = ? FOR UPDATE", u.ID); err != nil {
 		t.Fatal(err)
 	}
-	rdone := make(chan answer, 1)
 	go func() {
-		rdone <- send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"R: another question"}]}`, session)
+		sc.r <- send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"R: another question"}]}`, sc.session)
 	}()
-	waitForStatement(t, plain, "INSERT INTO sessions")
+	waitForStatement(t, sc.plain, "INSERT INTO sessions")
 	lossy.Arm("COMMIT", testenv.GoDown)
-	defer lossy.Restore()
+	t.Cleanup(lossy.Restore)
 	if err := lock.Commit(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "R's claim committing", lossy.Down)
+	return sc
+}
 
-	c := send(other, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, session)
-	if c.status != http.StatusOK {
-		t.Fatalf("C: %d %s", c.status, c.body)
-	}
-	lossy.Restore()
-	got := <-rdone
+// rYieldsToC checks the scene's end once the newer message C (its answer c) has run: R is
+// answered 409 superseded, not to be retried; A, which R's committed claim replaced, ends as
+// superseded, settled by cancel at its partial output; the session stays on C.
+func (sc *claimLostScene) rYieldsToC(t *testing.T, what string, c answer) {
+	t.Helper()
+	got := <-sc.r
 	if got.status != http.StatusConflict || errorCode(t, got.body) != "superseded" || got.header.Get("X-Should-Retry") != "false" {
-		t.Fatalf("R, whose claim's retry found the newer C: %d %s (X-Should-Retry %q); want 409 superseded, X-Should-Retry: false",
-			got.status, got.body, got.header.Get("X-Should-Retry"))
+		t.Fatalf("%s: %d %s (X-Should-Retry %q); want 409 superseded, X-Should-Retry: false",
+			what, got.status, got.body, got.header.Get("X-Should-Retry"))
 	}
-	rest, err := io.ReadAll(ard)
+	rest, err := io.ReadAll(sc.a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
 		t.Fatalf("A, replaced by R's committed claim, did not end as superseded: ...%s", rest[max(0, len(rest)-300):])
 	}
-	h.settled()
-	if run := h.run(u.ID, aRun); run.SettleSource.String != holds.SourceCancel || run.OutTok >= 2000 {
+	sc.h.settled()
+	if run := sc.h.run(sc.userID, sc.aRun); run.SettleSource.String != holds.SourceCancel || run.OutTok >= 2000 {
 		t.Fatalf("A = %+v, want settled by cancel with its partial output", run)
 	}
 	var current string
-	if err := plain.Get(&current, "SELECT current_run_id FROM sessions WHERE user_id = ?", u.ID); err != nil || current != c.header.Get(proxy.RunIDHeader) {
+	if err := sc.plain.Get(&current, "SELECT current_run_id FROM sessions WHERE user_id = ?", sc.userID); err != nil || current != c.header.Get(proxy.RunIDHeader) {
 		t.Fatalf("session is on %q (%v), want C's run %s", current, err, c.header.Get(proxy.RunIDHeader))
 	}
 }
