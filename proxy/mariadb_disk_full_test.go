@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
@@ -29,7 +30,11 @@ func TestAdmissionOnAFullDiskIs503AndChargesOnce(t *testing.T) {
 	dir := testenv.SmallFileSystem(t, "1m")
 	db := testenv.MySQL(t)
 	testenv.TableOn(t, db, "run_holds", dir)
-	h := newHarnessOn(t, harnessSetup{db: db}, nil)
+	// Slots enough: a call's settlement commits after its answer (later still while the full
+	// disk refuses it and it retries), its slot held until then, and on a loaded machine the
+	// plan's 3 (one the named run's) refused a call 429 too_many_in_flight before the disk
+	// refused one.
+	h := newHarnessOn(t, harnessSetup{db: db}, func(c *config.Config) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
 	u, key := h.user("standard")
 	control := send(h.gw.URL, key, chatBody, nil)
 	if control.status != 200 {
