@@ -92,11 +92,7 @@ func agentHarness(t *testing.T, u *agentUpstream, mutate func(*config.Config)) (
 	t.Cleanup(up.Close)
 	var price pricing.Price
 	h := newHarness(t, func(c *config.Config) {
-		for i := range c.Upstreams {
-			if c.Upstreams[i].Kind == "anthropic" {
-				c.Upstreams[i].BaseURL = up.URL
-			}
-		}
+		anthropicAt(c, up.URL)
 		m := c.Models["claude-test"]
 		m.CacheWrite1h = config.USDPerM{Micro: 2 * m.Input.Micro}
 		c.Models["claude-test"] = m

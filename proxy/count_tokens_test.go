@@ -62,6 +62,15 @@ func (u *countUpstream) wait(t *testing.T) {
 	}
 }
 
+// anthropicAt sends c's Anthropic upstreams' calls to url (a test's upstream).
+func anthropicAt(c *config.Config, url string) {
+	for i := range c.Upstreams {
+		if c.Upstreams[i].Kind == "anthropic" {
+			c.Upstreams[i].BaseURL = url
+		}
+	}
+}
+
 // countHarness is a gateway whose Anthropic upstream is u, with the operator's key set.
 func countHarness(t *testing.T, u *countUpstream) *harness {
 	up := httptest.NewServer(u)
@@ -247,11 +256,7 @@ func TestCountTokensRelaysOnlyACount(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	h := newHarness(t, func(c *config.Config) {
-		for i := range c.Upstreams {
-			if c.Upstreams[i].Kind == "anthropic" {
-				c.Upstreams[i].BaseURL = up.URL
-			}
-		}
+		anthropicAt(c, up.URL)
 	})
 	_, key := h.user("standard")
 	const story = "Once upon a time, a paid answer"
@@ -316,11 +321,7 @@ func TestCountTokensAnswerTooSlowIsATimeout(t *testing.T) {
 	t.Cleanup(up.Close)
 	h := newHarness(t, func(c *config.Config) {
 		c.Limits.HeaderTimeout = 300 * time.Millisecond
-		for i := range c.Upstreams {
-			if c.Upstreams[i].Kind == "anthropic" {
-				c.Upstreams[i].BaseURL = up.URL
-			}
-		}
+		anthropicAt(c, up.URL)
 	})
 	_, key := h.user("standard")
 	resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
@@ -357,11 +358,7 @@ func TestCountTokensCallerLeftDuringTheAnswerIs499(t *testing.T) {
 	t.Cleanup(inner.CloseIdleConnections)
 	headers := make(chan struct{}, 1)
 	h := newHarnessOn(t, harnessSetup{transport: headersTransport{inner: inner, in: headers}}, func(c *config.Config) {
-		for i := range c.Upstreams {
-			if c.Upstreams[i].Kind == "anthropic" {
-				c.Upstreams[i].BaseURL = up.URL
-			}
-		}
+		anthropicAt(c, up.URL)
 	})
 	_, key := h.user("standard")
 	// Half-closed once the gateway has the answer's headers and reads its body, which stalls.
@@ -411,11 +408,7 @@ func TestCountTokensGatewayWordedAnswersKeepTheProviderRequestID(t *testing.T) {
 			}))
 			t.Cleanup(up.Close)
 			h := newHarness(t, func(c *config.Config) {
-				for i := range c.Upstreams {
-					if c.Upstreams[i].Kind == "anthropic" {
-						c.Upstreams[i].BaseURL = up.URL
-					}
-				}
+				anthropicAt(c, up.URL)
 			})
 			_, key := h.user("standard")
 			resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
