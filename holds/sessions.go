@@ -51,19 +51,32 @@ func (s *Store) ClaimSession(ctx context.Context, userID uint64, sessionID, runI
 func (s *Store) ClaimSessionPast(ctx context.Context, userID uint64, sessionID, runID string, messageHash [32]byte, ended string) (SessionClaim, error) {
 	var out SessionClaim
 	// retry: an earlier attempt may have committed with its reply lost; the run's own row then
-	// says so (claim_replaced), and what it replaced.
-	retry := false
+	// says so (claim_replaced), and what it replaced. committing: this attempt's statements ran
+	// and its COMMIT went out; still set when another attempt starts or the retries end, that
+	// COMMIT failed, and whether it landed is unknown.
+	retry, committing, unknown := false, false, false
 	err := s.inTx(ctx, "claim session "+sessionID, func(tx *sqlx.Tx) error {
+		unknown = unknown || committing
+		committing = false
 		var err error
 		out, err = claimSessionTx(ctx, tx, userID, sessionID, runID, messageHash, ended, retry)
 		retry = true
+		committing = err == nil
 		return err
 	})
 	if err != nil {
+		if unknown || committing {
+			err = errors.Join(ErrClaimOutcomeUnknown, err)
+		}
 		return SessionClaim{}, fmt.Errorf("claim session %s for %s: %w", sessionID, runID, err)
 	}
 	return out, nil
 }
+
+// ErrClaimOutcomeUnknown marks a failed session claim one of whose attempts sent its COMMIT
+// and got no answer: that attempt may have committed, and replaced a live run nobody was told
+// to stop. The claiming run's row says it (SessionClaimOf) once the database answers again.
+var ErrClaimOutcomeUnknown = errors.New("an attempt's COMMIT went unanswered: the claim may have committed")
 
 // claimSessionTx is one attempt of ClaimSessionPast; retry says an earlier one was made.
 //

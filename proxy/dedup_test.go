@@ -49,7 +49,12 @@ func send(url, key, body string, hdr map[string]string) answer {
 
 // sendTo is send to another route than chat completions.
 func sendTo(url, path, key, body string, hdr map[string]string) answer {
-	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
+	return sendToCtx(context.Background(), url, path, key, body, hdr)
+}
+
+// sendToCtx is sendTo whose caller leaves when ctx ends.
+func sendToCtx(ctx context.Context, url, path, key, body string, hdr map[string]string) answer {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+path, strings.NewReader(body))
 	if err != nil {
 		return answer{err: err}
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -91,7 +92,12 @@ type claimLostScene struct {
 	aRun    string
 	a       *bufio.Reader // A's stream, past its first line
 	r       chan answer   // R's answer
+	leaveR  context.CancelFunc
 }
+
+// aChunks is the length of A's stream, 5 ms a chunk: long enough to outlast an admission
+// budget (5 s) with room to spare, so that only a cancel ends it early.
+const aChunks = 4000
 
 // newClaimLostScene sets the scene; log is the first gateway's (nil: the harness's own),
 // otherKeys the Redis keys the second gateway names.
@@ -107,11 +113,14 @@ func newClaimLostScene(t *testing.T, log *zap.Logger, otherKeys func(*harness) r
 	u, key := h.user("standard")
 	sc := &claimLostScene{h: h, userID: u.ID, key: key, session: map[string]string{proxy.SessionHeader: "s"},
 		plain: plainHandle(t, dsn), lossy: lossy, r: make(chan answer, 1)}
+	rCtx, leaveR := context.WithCancel(context.Background())
+	sc.leaveR = leaveR
+	t.Cleanup(leaveR)
 	sc.other = gatewayOn(h, sc.plain, otherKeys(h))
 
 	a := h.post(key, "/v1/chat/completions",
 		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
-		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: "2000", fakellm.HeaderChunkInterval: "5ms"})
+		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: strconv.Itoa(aChunks), fakellm.HeaderChunkInterval: "5ms"})
 	t.Cleanup(func() { a.Body.Close() })
 	sc.aRun = a.Header.Get(proxy.RunIDHeader)
 	sc.a = bufio.NewReader(a.Body)
@@ -127,7 +136,8 @@ func newClaimLostScene(t *testing.T, log *zap.Logger, otherKeys func(*harness) r
 		t.Fatal(err)
 	}
 	go func() {
-		sc.r <- send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"R: another question"}]}`, sc.session)
+		sc.r <- sendToCtx(rCtx, h.gw.URL, "/v1/chat/completions", key,
+			`{"model":"fake-gpt","messages":[{"role":"user","content":"R: another question"}]}`, sc.session)
 	}()
 	waitForStatement(t, sc.plain, "INSERT INTO sessions")
 	lossy.Arm("COMMIT", testenv.GoDown)
@@ -149,20 +159,70 @@ func (sc *claimLostScene) rYieldsToC(t *testing.T, what string, c answer) {
 		t.Fatalf("%s: %d %s (X-Should-Retry %q); want 409 superseded, X-Should-Retry: false",
 			what, got.status, got.body, got.header.Get("X-Should-Retry"))
 	}
+	sc.aStopped(t, "A, replaced by R's committed claim")
+	var current string
+	if err := sc.plain.Get(&current, "SELECT current_run_id FROM sessions WHERE user_id = ?", sc.userID); err != nil || current != c.header.Get(proxy.RunIDHeader) {
+		t.Fatalf("session is on %q (%v), want C's run %s", current, err, c.header.Get(proxy.RunIDHeader))
+	}
+}
+
+// TestSessionClaimGivenUpWithItsCommitUnansweredStopsTheRunItReplaced: a session's message R
+// whose claim took the session from a running message A and committed with its COMMIT reply
+// lost is refused when its claim gives up — billing down once the admission budget is spent,
+// or the caller gone — with no newer message in between. Nothing told A to stop: R's claim
+// answered nothing, and A ran to its end, charged in full for a conversation its caller had
+// moved on from. A is now stopped once the database answers again, as the run a committed
+// claim replaced always is.
+func TestSessionClaimGivenUpWithItsCommitUnansweredStopsTheRunItReplaced(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		giveR func(t *testing.T, sc *claimLostScene, logs *observer.ObservedLogs)
+	}{
+		{"billing down", func(t *testing.T, sc *claimLostScene, _ *observer.ObservedLogs) {
+			if got := <-sc.r; got.status != http.StatusServiceUnavailable {
+				t.Fatalf("R, its claim's COMMIT unanswered for the whole admission budget: %d %s, want 503", got.status, got.body)
+			}
+		}},
+		{"caller left", func(t *testing.T, sc *claimLostScene, logs *observer.ObservedLogs) {
+			var r string
+			if err := sc.plain.Get(&r, "SELECT current_run_id FROM sessions WHERE user_id = ?", sc.userID); err != nil {
+				t.Fatal(err)
+			}
+			sc.leaveR()
+			waitFor(t, "R's claim to give up", func() bool {
+				for _, e := range logs.FilterMessage("request refused").All() {
+					if e.ContextMap()["run_id"] == r {
+						return true
+					}
+				}
+				return false
+			})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zapcore.InfoLevel)
+			sc := newClaimLostScene(t, zap.New(core), func(h *harness) runstate.Keys { return h.keys })
+			tc.giveR(t, sc, logs)
+			sc.lossy.Restore()
+			sc.aStopped(t, "A, replaced by the committed attempt of R's failed claim")
+		})
+	}
+}
+
+// aStopped checks that A, the scene's long stream, ended as superseded before its end, and was
+// settled by cancel at its partial output.
+func (sc *claimLostScene) aStopped(t *testing.T, what string) {
+	t.Helper()
 	rest, err := io.ReadAll(sc.a)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
-		t.Fatalf("A, replaced by R's committed claim, did not end as superseded: ...%s", rest[max(0, len(rest)-300):])
+		t.Fatalf("%s did not end as superseded: ...%s", what, rest[max(0, len(rest)-300):])
 	}
 	sc.h.settled()
-	if run := sc.h.run(sc.userID, sc.aRun); run.SettleSource.String != holds.SourceCancel || run.OutTok >= 2000 {
-		t.Fatalf("A = %+v, want settled by cancel with its partial output", run)
-	}
-	var current string
-	if err := sc.plain.Get(&current, "SELECT current_run_id FROM sessions WHERE user_id = ?", sc.userID); err != nil || current != c.header.Get(proxy.RunIDHeader) {
-		t.Fatalf("session is on %q (%v), want C's run %s", current, err, c.header.Get(proxy.RunIDHeader))
+	if run := sc.h.run(sc.userID, sc.aRun); run.SettleSource.String != holds.SourceCancel || run.OutTok >= aChunks {
+		t.Fatalf("%s = %+v, want settled by cancel with its partial output", what, run)
 	}
 }
 

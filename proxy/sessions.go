@@ -14,6 +14,7 @@ import (
 	"github.com/tidwall/gjson"
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/metering/runstate"
 )
@@ -417,13 +418,19 @@ func (s *Server) cancelReplacedLate(ctx context.Context, c *call) {
 // a caller that left: an attempt of it committed (its reply lost) and the newer message then
 // replaced it while it backed off before its retry. Answered 499 without X-Should-Retry:
 // false, an SDK sent it again, and the old message replaced the newer one. What that attempt
-// replaced is cancelled too (cancelReplacedLate).
+// replaced is cancelled too (cancelReplacedLate), as it is after any failed claim whose
+// COMMIT went unanswered (holds.ErrClaimOutcomeUnknown): billing down, or the caller gone.
 func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) (*apiError, error) {
 	c.outcome = outcomeRefused
 	if errors.Is(context.Cause(ctx), errSuperseded) {
 		c.superseded = true
 		s.cancelReplacedLate(ctx, c)
 		return errSupersededAnswer, fmt.Errorf("superseded during the session claim: %w", err)
+	}
+	if errors.Is(err, holds.ErrClaimOutcomeUnknown) {
+		// An attempt may have committed and replaced a live run: the caller is refused all the
+		// same, and that run must stop as a committed claim's would.
+		s.cancelReplacedLate(ctx, c)
 	}
 	if callerEnded(ctx) {
 		e, why := ended(ctx, "during the session claim")
