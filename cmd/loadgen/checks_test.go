@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"net/http"
+	"testing"
+)
 
 func checkOf(t *testing.T, rep *Report, scenario, what string) Check {
 	t.Helper()
@@ -51,6 +54,44 @@ func TestLatencyAndSettleLagFailWhenCallsFailed(t *testing.T) {
 		{"settle-lag", "settlement lag p99 (ms)"}} {
 		if c := checkOf(t, rep, w[0], w[1]); c.Pass {
 			t.Errorf("%s %q passed with failed calls: %+v", w[0], w[1], c)
+		}
+	}
+}
+
+// TTFB is taken over the answered streams only, like latency: a stream that failed its check
+// (or was cut after its first line) is an error, not a sample of the figure.
+func TestTTFBIsTakenOverAnsweredStreamsOnly(t *testing.T) {
+	run := &Run{Errors: map[string]int{}}
+	run.count([]sample{
+		{ok: true, status: http.StatusOK, lat: 2e9, ttfb: 3e6},
+		{status: http.StatusOK, errKind: "stream check", lat: 2e9, ttfb: 1e6, lost: 4},
+	})
+	if len(run.ttfb) != 1 || run.ttfb[0] != 3 {
+		t.Errorf("ttfb samples %v ms, want [3]: the failed stream's first line counted", run.ttfb)
+	}
+	if run.Streams == nil || run.Streams.Streams != 2 || run.Streams.Lost != 4 {
+		t.Errorf("stream check %+v, want both streams counted and 4 events lost", run.Streams)
+	}
+}
+
+// The added TTFB is over the answered streams only: a run in which streams failed (refused
+// fast, or cut) measured a subset, on either side of the difference, and must not pass.
+func TestAddedTTFBFailsWhenStreamsFailed(t *testing.T) {
+	direct := func(errs int) *Run {
+		return &Run{Scenario: "streams-512", Target: "direct", Requests: 4, OK: 4 - errs, ttfb: []float64{5, 5, 5, 5}[errs:],
+			Errors: map[string]int{"status 503": errs}}
+	}
+	tollgate := func(errs int) *Run {
+		return &Run{Scenario: "streams-512", Target: "tollgate", Requests: 4, OK: 4 - errs, ttfb: []float64{5.5, 5.5, 5.5, 5.5}[errs:],
+			Errors: map[string]int{"status 503": errs}}
+	}
+	if c := checkOf(t, report([]*Run{direct(0), tollgate(0)}), "streams-512", "added TTFB p99 (ms)"); !c.Pass {
+		t.Fatalf("added 0.5 ms with every stream answered failed: %+v", c)
+	}
+	for _, errs := range [][2]int{{0, 2}, {2, 0}} {
+		rep := report([]*Run{direct(errs[0]), tollgate(errs[1])})
+		if c := checkOf(t, rep, "streams-512", "added TTFB p99 (ms)"); c.Pass {
+			t.Errorf("errors direct %d, tollgate %d: added TTFB passed on a subset: %+v", errs[0], errs[1], c)
 		}
 	}
 }

@@ -458,14 +458,16 @@ func (run *Run) count(samples []sample) answered {
 	streams := false
 	for _, s := range samples {
 		run.Requests++
+		// Latency and TTFB are taken over the answered calls only: a stream that failed its
+		// check or was cut after its first line is an error, not a sample of either figure.
 		if s.ok {
 			run.OK++
 			run.lat = append(run.lat, ms(s.lat))
+			if s.ttfb > 0 {
+				run.ttfb = append(run.ttfb, ms(s.ttfb))
+			}
 		} else {
 			run.Errors[s.errKind]++
-		}
-		if s.ttfb > 0 {
-			run.ttfb = append(run.ttfb, ms(s.ttfb))
 		}
 		if s.status == http.StatusOK && (s.lost > 0 || s.reorder || s.noDone || s.ttfb > 0) {
 			streams = true
