@@ -95,3 +95,19 @@ func TestAddedTTFBFailsWhenStreamsFailed(t *testing.T) {
 		}
 	}
 }
+
+// Tollgate's throughput is compared with the plain proxy's as the floor of a Go proxy: a plain
+// proxy that failed calls answered fewer than it can, and the ratio over it flatters tollgate.
+func TestThroughputRatioFailsWhenThePlainProxyFailed(t *testing.T) {
+	runs := []*Run{
+		{Scenario: "users-256", Target: "plain", Requests: 100, OK: 50, RPS: 5000, Errors: map[string]int{"transport: EOF": 50}},
+		{Scenario: "users-256", Target: "tollgate", Requests: 40, OK: 40, RPS: 4000},
+	}
+	if c := checkOf(t, report(runs), "users-256", "throughput / plain proxy"); c.Pass {
+		t.Errorf("ratio over a plain proxy that failed half its calls passed: %+v", c)
+	}
+	runs[0].OK, runs[0].Errors = 100, nil
+	if c := checkOf(t, report(runs), "users-256", "throughput / plain proxy"); !c.Pass {
+		t.Errorf("ratio 0.8 over a plain proxy without errors failed: %+v", c)
+	}
+}
