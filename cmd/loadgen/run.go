@@ -533,6 +533,12 @@ func (r *runner) checkGateway(ctx context.Context, run *Run, sc scenario, gatewa
 		l.Pass = false
 		l.Detail = strings.TrimPrefix(fmt.Sprintf("%s; %d answered calls without a settled charge (%d without a run id)", l.Detail, l.Unsettled, ans.noRunID), "; ")
 	}
+	// With no call answered the run settled nothing: the ledger agrees with the earlier runs'
+	// charges (or is empty), and its agreement says nothing of this run.
+	if len(ans.runIDs)+ans.noRunID == 0 {
+		l.Pass = false
+		l.Detail = strings.TrimPrefix(l.Detail+"; no call of the run was answered 200: no charge of it to check", "; ")
+	}
 	run.DBPerRequest = perRequest(before, dbCounters(ctx, r.db), run.Requests)
 	run.GatewayPhases = phaseDelta(phasesBefore, readPhases(ctx, gatewayURL))
 	if d, ok := run.GatewayPhases[settleKey]; ok {
