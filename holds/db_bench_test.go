@@ -2,6 +2,7 @@ package holds_test
 
 import (
 	"context"
+	"math"
 	"slices"
 	"strconv"
 	"testing"
@@ -180,11 +181,32 @@ func (l latencies) report(b *testing.B) {
 	if len(l) == 0 {
 		return
 	}
+	b.ReportMetric(float64(l.at(0.50).Microseconds()), "p50-µs")
+	b.ReportMetric(float64(l.at(0.99).Microseconds()), "p99-µs")
+}
+
+// at is the nearest-rank quantile q of the samples: the ceil(q × n)-th smallest (less a hair
+// before the ceiling, as in floating point q × n can land just above a whole rank).
+func (l latencies) at(q float64) time.Duration {
 	s := slices.Clone(l)
 	slices.Sort(s)
-	at := func(p float64) float64 {
-		return float64(s[min(len(s)-1, int(p*float64(len(s))))].Microseconds())
+	rank := int(math.Ceil(q*float64(len(s)) - 1e-9))
+	return s[max(0, min(len(s)-1, rank-1))]
+}
+
+// The benchmarks' p50 and p99 are nearest-rank: of 2000 samples the 1000th and 1980th
+// smallest, not the ranks above them.
+func TestLatenciesAtIsNearestRank(t *testing.T) {
+	for _, n := range []int{2000, 1000, 100, 7, 1} {
+		l := make(latencies, n)
+		for i := range l {
+			l[i] = time.Duration(n-i) * time.Microsecond // value == rank, stored in reverse
+		}
+		for _, p := range []float64{0.50, 0.99} {
+			want := time.Duration(math.Ceil(p*float64(n)-1e-9)) * time.Microsecond
+			if got := l.at(p); got != want {
+				t.Errorf("n %d p%v: %v, want %v", n, p*100, got, want)
+			}
+		}
 	}
-	b.ReportMetric(at(0.50), "p50-µs")
-	b.ReportMetric(at(0.99), "p99-µs")
 }
