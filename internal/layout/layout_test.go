@@ -4,7 +4,9 @@ package layout
 import (
 	"go/build"
 	"io/fs"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -78,6 +80,68 @@ func TestDependenciesPointOneWay(t *testing.T) {
 	for top := range forbidden {
 		if !seen[top] {
 			t.Errorf("no package found under %s: the test no longer sees the layout", top)
+		}
+	}
+}
+
+// TestREADMELayoutNamesEveryPackage: README § Layout says which directory holds what, and its
+// dependency paragraph names the arrows; a package added to the tree (internal/jsontop was
+// missing from both) must be placed there too. Every directory holding Go files, tests only
+// included, is named in the Layout block: by its path (cmd/gateway/, e2e/), or, under
+// internal/, by its own name in internal/'s entry.
+func TestREADMELayoutNamesEveryPackage(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile("(?s)\n## Layout\n\n```\n(.*?)\n```").FindSubmatch(readme)
+	if block == nil {
+		t.Fatal("README has no ## Layout section opening with a code block")
+	}
+	layout := string(block[1])
+	internalEntry := regexp.MustCompile(`(?ms)^internal/ .*?\n(?:[a-z])`).FindString(layout)
+	if internalEntry == "" {
+		t.Fatal("README's Layout block has no internal/ entry")
+	}
+	dirs := map[string]bool{}
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(path, ".go") {
+			rel, err := filepath.Rel(root, filepath.Dir(path))
+			if err != nil {
+				return err
+			}
+			dirs[filepath.ToSlash(rel)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dirs) < 15 {
+		t.Fatalf("found %d directories of Go files; the walk no longer sees the tree", len(dirs))
+	}
+	for dir := range dirs {
+		if name, under := strings.CutPrefix(dir, "internal/"); under {
+			if !regexp.MustCompile(`\b` + regexp.QuoteMeta(name) + `\b`).MatchString(internalEntry) {
+				t.Errorf("%s is not named in README Layout's internal/ entry", dir)
+			}
+			continue
+		}
+		if !regexp.MustCompile(`(^|[\s,])` + regexp.QuoteMeta(dir) + `(/|[\s,]|$)`).MatchString(layout) {
+			t.Errorf("%s is not named in README's Layout block", dir)
 		}
 	}
 }
