@@ -154,7 +154,7 @@ func relayCount(w http.ResponseWriter, r *http.Request, resp *http.Response, up 
 			Message: "The upstream's answer to the token count was not a count."})
 		return http.StatusBadGateway
 	}
-	copyResponseHeaders(w.Header(), resp.Header)
+	copyAnswerHeaders(w.Header(), resp.Header)
 	w.Header().Del("Content-Encoding") // the count is rebuilt as plain JSON
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(count)))

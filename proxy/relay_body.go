@@ -295,7 +295,7 @@ func (s *Server) writeWhole(w http.ResponseWriter, r *http.Request, resp *http.R
 	// The upstream's headers go out only with its answer: an error answer sent instead (see
 	// relayBody) must not carry its Content-Length (the caller would read a truncated body) or
 	// its encoding.
-	copyResponseHeaders(w.Header(), resp.Header)
+	copyAnswerHeaders(w.Header(), resp.Header)
 	// An error object some servers answer with a 200 may echo the operator's key and word its
 	// account's ids, as their error answers may: both are left out as they are from those
 	// (redactKey, redactAccountIDs; the ids only from an answer the meter read as an error,

@@ -157,7 +157,7 @@ func (s *Server) startStream(w http.ResponseWriter, r *http.Request, resp *http.
 	sr := &streamRelay{s: s, w: w, r: r, c: c, stopUpstream: stopUpstream, status: resp.StatusCode, headers: time.Now(),
 		strip: usageChunkStrip{on: c.req.route.injectUsage && !c.req.clientAskedUsage}}
 	h := w.Header()
-	copyResponseHeaders(h, resp.Header)
+	copyAnswerHeaders(h, resp.Header)
 	h.Del("Content-Length")
 	h.Set("X-Accel-Buffering", "no")
 	sr.rc = http.NewResponseController(w)

@@ -123,6 +123,17 @@ func copyResponseHeaders(dst, src http.Header) {
 	}
 }
 
+// copyAnswerHeaders copies the headers of an upstream's 2xx answer that go to the caller with
+// it (copyResponseHeaders), less the upstream's X-Should-Retry. The OpenAI and Anthropic Go
+// SDKs read it on every answer, a 200 too, before its status: "true" has them drop the answer,
+// which the gateway has charged, and send the call again (three answers charged for one, by
+// default). A provider's advice on retrying goes on with its refusals (relayUpstreamError);
+// the gateway sets none on an answer it relays.
+func copyAnswerHeaders(dst, src http.Header) {
+	copyResponseHeaders(dst, src)
+	dst.Del(shouldRetryHeader)
+}
+
 // connectionListed returns the (canonical) names h's Connection header lists: hop-by-hop
 // for that message alone (RFC 9110 §7.6.1), whatever their name, so never passed on, as
 // the fixed lists above are not. nil when it lists none.

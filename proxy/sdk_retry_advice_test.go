@@ -1,0 +1,87 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	aopt "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// retryAdvisingUpstream is the fake upstream answering every call as it does, with the retry
+// advice given: a router or provider whose headers say "retry" on its answers too.
+func retryAdvisingUpstream(t *testing.T, advice map[string]string, calls *atomic.Int64) string {
+	fake := fakellm.New(fakellm.Config{FixturesDir: testenv.FixturesDir(t)})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		for k, v := range advice {
+			w.Header().Set(k, v)
+		}
+		fake.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// The OpenAI and Anthropic Go SDKs read X-Should-Retry on every answer, a 200 too: "true"
+// makes them drop the answer and send the call again (openai-go's shouldRetry, anthropic-sdk-go's
+// retryHeader, before the status is looked at). An upstream's answer that said so, relayed,
+// had the SDK throw away an answer the gateway charged and ask again: one call, three
+// answers charged, by default. A provider's retry advice belongs to its refusals (the 5xx and
+// 4xx it is relayed with); a 2xx is the answer, and goes out without it.
+func TestSDKDoesNotResendAnAnswerTheUpstreamAdvisedRetrying(t *testing.T) {
+	var calls atomic.Int64
+	url := retryAdvisingUpstream(t, map[string]string{"X-Should-Retry": "true", "Retry-After-Ms": "0"}, &calls)
+	h := newHarness(t, func(c *config.Config) {
+		for i := range c.Upstreams {
+			c.Upstreams[i].BaseURL = url
+		}
+	})
+	u, key := h.user("standard")
+	var charged []string
+	one := func(what string, attempts int, raw *http.Response, err error) {
+		t.Helper()
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+			return
+		}
+		if n := calls.Swap(0); attempts != 1 || n != 1 {
+			t.Errorf("%s: the SDK made %d attempts, the upstream was called %d times; want 1: the answer was whole", what, attempts, n)
+		}
+		if v := raw.Header.Get("X-Should-Retry"); v != "" {
+			t.Errorf("%s: answered 200 with X-Should-Retry %q", what, v)
+		}
+		charged = append(charged, raw.Header.Get(proxy.RunIDHeader))
+	}
+
+	var log attemptLog
+	c := sdkClient(h, key, &log, option.WithHeader(fakellm.HeaderChunks, "5"))
+	var raw *http.Response
+	_, err := c.Chat.Completions.New(context.Background(), sdkParams, option.WithResponseInto(&raw))
+	one("chat", len(log.all()), raw, err)
+
+	before := len(log.all())
+	p := sdkParams
+	p.Messages = []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Stream it.")}
+	s := c.Chat.Completions.NewStreaming(context.Background(), p, option.WithResponseInto(&raw))
+	for s.Next() {
+	}
+	one("chat stream", len(log.all())-before, raw, s.Err())
+
+	var al aLog
+	ac := aClient(h, key, &al)
+	var araw *http.Response
+	_, err = ac.Messages.New(context.Background(), aParams, aopt.WithResponseInto(&araw))
+	one("messages", len(al.st), araw, err)
+
+	h.expectCharges(u.ID, charged)
+}
