@@ -85,3 +85,61 @@ func TestSDKDoesNotResendAnAnswerTheUpstreamAdvisedRetrying(t *testing.T) {
 
 	h.expectCharges(u.ID, charged)
 }
+
+// failFirstAttempt makes the fake upstream refuse the SDK's first attempt of each call with
+// status (the SDK numbers its attempts in X-Stainless-Retry-Count), so that its retry is served.
+func failFirstAttempt(status string) option.RequestOption {
+	return option.WithMiddleware(func(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+		if req.Header.Get("X-Stainless-Retry-Count") == "0" {
+			req.Header.Set(fakellm.HeaderStatus, status)
+		}
+		return next(req)
+	})
+}
+
+// A call the SDK retries after the provider failed its first attempt is charged once: the
+// failed attempt at 0, the answered retry its usage. Under an Idempotency-Key the retry runs
+// (the failure did not pin the key), and the same call sent again afterwards is replayed, not
+// charged again.
+func TestSDKCallRetriedAfterAProviderFailureIsChargedOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	for _, tc := range []struct {
+		name string
+		opts []option.RequestOption
+	}{
+		{"plain", nil},
+		{"idempotent", []option.RequestOption{option.WithHeader("Idempotency-Key", "sdk-retried-1")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, key := h.user("standard")
+			var log attemptLog
+			c := sdkClient(h, key, &log, append(tc.opts, failFirstAttempt("503"), option.WithHeader(fakellm.HeaderChunks, "6"))...)
+			var raw *http.Response
+			res, err := c.Chat.Completions.New(context.Background(), sdkParams, option.WithResponseInto(&raw))
+			if err != nil {
+				t.Fatal(err)
+			}
+			atts := log.all()
+			if len(atts) != 2 || atts[0].status != http.StatusBadGateway || atts[1].status != http.StatusOK {
+				t.Fatalf("attempts %+v, want a 502 and then the answer", atts)
+			}
+			runs := h.expectCharges(u.ID, []string{raw.Header.Get(proxy.RunIDHeader)}, "upstream_error")
+			if len(runs) != 2 {
+				t.Fatalf("%d runs, want the failed attempt's and the answered one's", len(runs))
+			}
+			if tc.opts == nil {
+				return
+			}
+			again, err := c.Chat.Completions.New(context.Background(), sdkParams, option.WithResponseInto(&raw))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if raw.Header.Get("Idempotent-Replayed") != "true" || again.Choices[0].Message.Content != res.Choices[0].Message.Content {
+				t.Errorf("the same call sent again was not replayed (Idempotent-Replayed %q)", raw.Header.Get("Idempotent-Replayed"))
+			}
+			if n := len(h.holdsOf(u.ID)); n != 2 {
+				t.Errorf("%d runs after the replay, want 2: a replay takes no hold", n)
+			}
+		})
+	}
+}
