@@ -20,7 +20,8 @@ var (
 	errRunSettlesItself = &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "run_in_progress",
 		Message: "This run is one call, still in progress; it settles itself when the call ends. Only runs named with X-Run-Id are settled on request."}
 	// errRunBusy says when to ask again: a call's end is tallied within a moment of its last
-	// byte, and an agent's settle loop (no SDK retries a 409) should not have to guess.
+	// byte. The OpenAI and Anthropic SDKs retry a 409 after its Retry-After (twice, by
+	// default); an agent's own settle loop should not have to guess either.
 	errRunBusy = &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "run_busy",
 		Message: "Calls of this run are still in flight, or their usage is not recorded yet; settle it again once they have ended.", RetryAfter: time.Second}
 )
