@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -94,36 +92,18 @@ func TestDeeplyNestedBodyIsRefusedWithoutDeepRecursion(t *testing.T) {
 	n := int(h.cfg.Limits.MaxBodyBytes) - len(prefix) - 1
 	body := prefix + strings.Repeat("[", n)
 
-	var peak atomic.Uint64
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		var ms runtime.MemStats
-		for {
-			runtime.ReadMemStats(&ms)
-			if ms.StackInuse > peak.Load() {
-				peak.Store(ms.StackInuse)
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-			}
-		}
-	}()
+	peak := watchPeakStack()
 	start := time.Now()
 	resp := h.post(key, "/v1/chat/completions", body, nil)
 	rb := readAll(t, resp.Body)
 	resp.Body.Close()
-	close(stop)
-	<-done
+	stacks := peak()
 	t.Logf("%d-byte body of depth %d: status %d %s in %v; peak stack in use %d MiB", len(body), n, resp.StatusCode,
-		bytes.TrimSpace(rb), time.Since(start), peak.Load()>>20)
+		bytes.TrimSpace(rb), time.Since(start), stacks>>20)
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(rb), "deeper than") {
 		t.Errorf("status %d %s, want 400 for nesting too deep", resp.StatusCode, rb)
 	}
-	if peak.Load() > 64<<20 {
-		t.Errorf("one request took the process's stacks to %d MiB", peak.Load()>>20)
+	if stacks > maxStacksOfOneCall {
+		t.Errorf("one request took the process's stacks to %d MiB", stacks>>20)
 	}
 }

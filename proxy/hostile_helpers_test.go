@@ -3,7 +3,10 @@ package proxy_test
 import (
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/config"
 )
@@ -22,4 +25,37 @@ func hostileHarness(t *testing.T, upstream http.HandlerFunc, mutate func(*config
 			mutate(c)
 		}
 	})
+}
+
+// maxStacksOfOneCall is the most the process's goroutine stacks may grow to while one hostile
+// call (a body or an answer nested deep) is served: a recursive descent through it grows one
+// stack by a frame per level, hundreds of MiB for a few MiB of brackets, and past 1 GB the
+// runtime kills the process.
+const maxStacksOfOneCall = 64 << 20
+
+// watchPeakStack samples the memory in use by goroutine stacks, every 2 ms, until the function
+// it returns is called; that returns the largest sample.
+func watchPeakStack() (peak func() uint64) {
+	var most atomic.Uint64
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			if ms.StackInuse > most.Load() {
+				most.Store(ms.StackInuse)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	return func() uint64 {
+		close(stop)
+		<-done
+		return most.Load()
+	}
 }

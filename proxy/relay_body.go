@@ -428,7 +428,7 @@ func noAnswer(body []byte, maxEvent int) bool {
 // around it aside).
 func wholeJSON(b []byte) bool {
 	t := metering.TrimBody(b)
-	return len(t) > 0 && t[0] == '{' && gjson.ValidBytes(t)
+	return len(t) > 0 && t[0] == '{' && validJSON(t)
 }
 
 // cutJSON reports whether b (an event's data, a whole body) starts as a JSON object but is not
@@ -437,7 +437,22 @@ func wholeJSON(b []byte) bool {
 // 7 MB list of embeddings.
 func cutJSON(b []byte) bool {
 	t := metering.TrimBody(b)
-	return len(t) > 0 && t[0] == '{' && !gjson.ValidBytes(t)
+	return len(t) > 0 && t[0] == '{' && !validJSON(t)
+}
+
+// validJSON is gjson.ValidBytes for what an upstream sent, with its nesting bounded first:
+// gjson validates by recursive descent, a stack frame per level, and an answer or event of
+// brackets alone (within max_response_bytes or max_event_bytes) grew one call's stack to
+// 512 MiB for 4 MiB of them, and past Go's 1 GB limit (8 MiB; 4 under the race detector)
+// killed the process, every call in flight with it. JSON nested deeper than maxJSONDepth
+// is none here, as it is none in a request (parseCall) nor to encoding/json. The brackets
+// are counted first (bytes.Count, far faster than the check): an answer with fewer than the
+// bound in all cannot nest past it, and is not walked byte by byte again.
+func validJSON(t []byte) bool {
+	if bytes.Count(t, []byte{'{'})+bytes.Count(t, []byte{'['}) > maxJSONDepth && nestedDeeperThan(t, maxJSONDepth) {
+		return false
+	}
+	return gjson.ValidBytes(t)
 }
 
 // oversizeReadFactor bounds how much of an answer too large to relay is still read for its
@@ -573,7 +588,7 @@ func headModel(head []byte) gjson.Result {
 // stream's) whose value is an object, or an empty result when that object is cut off or
 // there is none (lastKey).
 func lastUsage(b []byte) gjson.Result {
-	if r := lastKey(b, "usage", '{'); r.IsObject() && gjson.Valid(r.Raw) {
+	if r := lastKey(b, "usage", '{'); r.IsObject() && validJSON([]byte(r.Raw)) {
 		return r
 	}
 	return gjson.Result{}
