@@ -81,6 +81,9 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		// with is an error (503 for a resent request; no reconcile lock ever taken).
 		{"dedup:\n  window: 500us\n", "dedup.window"},
 		{"holds:\n  reconcile_lock_ttl: 500us\n", "holds.reconcile_lock_ttl"},
+		// ...and every lease and the staleness of a named run's reservations (PX 0 again: no
+		// lease ever written, a reservation dropped the millisecond after it was made).
+		{"holds:\n  lease_ttl: 900us\n  heartbeat_interval: 400us\n", "holds.lease_ttl"},
 		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},
 		{"models:\n  m:\n    input: -1\n", "non-negative"},
 		{"models:\n  m:\n    input: 1\n    output_bound_field: max_output\n", "models.m.output_bound_field"},

@@ -140,6 +140,13 @@ func (c *Config) checkHoldTimes(bad complain) {
 		// Redis keeps it in milliseconds: SET ... PX 0 is an error, and no pass would ever run.
 		bad("holds.reconcile_lock_ttl", "must be at least 1ms, got %v", c.Holds.ReconcileLockTTL)
 	}
+	if c.Holds.LeaseTTL > 0 && c.Holds.LeaseTTL < time.Millisecond {
+		// Redis keeps it in milliseconds, for the leases and as the age past which a named run's
+		// reservation without a beat is dropped: at 0 every lease's SET ... PX 0 failed, so no
+		// lease was ever written (another process's reconciler took a call that outlived its
+		// hold for an orphan), and a reservation not beaten within its millisecond was dropped.
+		bad("holds.lease_ttl", "must be at least 1ms, got %v: Redis keeps it in milliseconds", c.Holds.LeaseTTL)
+	}
 	if 2*c.Holds.HeartbeatInterval > min(c.Holds.HoldTTL, c.Holds.RunTTL) {
 		bad("holds.heartbeat_interval", "%v must be at most half of hold_ttl and run_ttl: a lease is first written by a heartbeat", c.Holds.HeartbeatInterval)
 	}
