@@ -84,6 +84,10 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		// ...and every lease and the staleness of a named run's reservations (PX 0 again: no
 		// lease ever written, a reservation dropped the millisecond after it was made).
 		{"holds:\n  lease_ttl: 900us\n  heartbeat_interval: 400us\n", "holds.lease_ttl"},
+		// Past about 292 years a sum of durations wraps negative: hold_ttl plus a reconcile pass
+		// needed a negative tally_ttl, and 48h passed for a hold that outlives its tally.
+		{"holds:\n  hold_ttl: 2562000h\n  run_ttl: 2562000h\n  reconcile_interval: 100h\n", "holds.hold_ttl"},
+		{"dedup:\n  replay_ttl: 2562000h\n", "dedup.replay_ttl"},
 		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},
 		{"models:\n  m:\n    input: -1\n", "non-negative"},
 		{"models:\n  m:\n    input: 1\n    output_bound_field: max_output\n", "models.m.output_bound_field"},

@@ -31,6 +31,7 @@ func (c *Config) validate(needRedis bool, told []string) error {
 		errs = append(errs, fmt.Errorf("%s: %s", setting, fmt.Sprintf(format, args...)))
 	}
 	c.checkService(bad, needRedis)
+	c.checkDurationCeiling(bad)
 	c.checkHoldTimes(bad)
 	c.checkSizes(bad)
 	c.checkDedup(bad)
@@ -109,6 +110,32 @@ func (c *Config) checkService(bad complain, needRedis bool) {
 		// 1 micro-USD would be 1/credit_micro credits, which no decimal shows exactly: reports
 		// and balances would drift from the ledger.
 		bad("credit_micro", "must be a product of 2s and 5s (1000, 10000, 5000000, ...) so that credits are exact decimals, got %d", c.CreditMicro)
+	}
+}
+
+// maxDuration bounds every duration setting. Ten years is past any timeout or TTL an operator
+// means, and keeps the sums the checks below make (up to four durations and an hour) far from
+// time.Duration's end, about 292 years: past it a sum wrapped negative, and a check passed that
+// should have failed — a hold_ttl of 292 years with a reconcile_interval of 100h needed a
+// negative tally_ttl, so the default 48h passed for a tally that lapses long before its hold.
+const maxDuration = 10 * 365 * 24 * time.Hour
+
+// checkDurationCeiling refuses a duration setting past maxDuration (key_cache_ttl has a bound
+// of its own, checkTimeouts).
+func (c *Config) checkDurationCeiling(bad complain) {
+	all := map[string]time.Duration{
+		"limits.upstream_timeout": c.Limits.UpstreamTimeout, "limits.header_timeout": c.Limits.HeaderTimeout,
+		"limits.client_write_timeout": c.Limits.ClientWriteTimeout, "limits.admit_timeout": c.Limits.AdmitTimeout,
+		"limits.settle_timeout": c.Limits.SettleTimeout, "limits.shutdown_timeout": c.Limits.ShutdownTimeout,
+		"holds.hold_ttl": c.Holds.HoldTTL, "holds.run_ttl": c.Holds.RunTTL, "holds.lease_ttl": c.Holds.LeaseTTL,
+		"holds.heartbeat_interval": c.Holds.HeartbeatInterval, "holds.reconcile_interval": c.Holds.ReconcileInterval,
+		"holds.reconcile_lock_ttl": c.Holds.ReconcileLockTTL, "holds.tally_ttl": c.Holds.TallyTTL,
+		"holds.dead_instance_after": c.Holds.DeadInstanceAfter, "dedup.window": c.Dedup.Window, "dedup.replay_ttl": c.Dedup.ReplayTTL,
+	}
+	for _, name := range sortedKeys(all) {
+		if all[name] > maxDuration {
+			bad(name, "must be at most %v (ten years), got %v", maxDuration, all[name])
+		}
 	}
 }
 
