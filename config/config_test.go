@@ -88,6 +88,11 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		// needed a negative tally_ttl, and 48h passed for a hold that outlives its tally.
 		{"holds:\n  hold_ttl: 2562000h\n  run_ttl: 2562000h\n  reconcile_interval: 100h\n", "holds.hold_ttl"},
 		{"dedup:\n  replay_ttl: 2562000h\n", "dedup.replay_ttl"},
+		// A call naming a model past 128 bytes is refused (model_too_long): a price or an
+		// upstream entry longer than that serves no call.
+		{"models:\n  " + strings.Repeat("m", 129) + ":\n    input: 1\n    output: 1\n", "models." + strings.Repeat("m", 129)},
+		{"models:\n  m:\n    input: 1\n    output: 1\nupstreams:\n  - name: a\n    kind: openai\n    base_url: http://x\n    models: [m" +
+			strings.Repeat("x", 128) + "]\n", "upstreams[0].models"},
 		{"models:\n  m:\n    input: 1.1234567\n", "decimal places"},
 		{"models:\n  m:\n    input: -1\n", "non-negative"},
 		{"models:\n  m:\n    input: 1\n    output_bound_field: max_output\n", "models.m.output_bound_field"},

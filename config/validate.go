@@ -350,6 +350,10 @@ func (c *Config) checkModels(bad complain) *pricing.Table {
 			bad("models."+name, "a price's name holds no *: %q prices only models whose names start with it literally; a name prices every model it prefixes (write %q)",
 				name, strings.TrimRight(name, "*"))
 		}
+		if len(name) > MaxModelNameLen {
+			bad("models."+name, "a price's name is at most %d bytes: a call naming a longer model is refused (model_too_long), so the price would bill no call",
+				MaxModelNameLen)
+		}
 		if strings.Contains(name, ",") {
 			// A call naming it is refused as a router's fallback chain (Helicone's "cheap,dear"):
 			// the price would be listed in /v1/models and bill nothing.
@@ -426,6 +430,11 @@ func (c *Config) checkUpstreams(bad complain, prices *pricing.Table, needKeys bo
 	}
 }
 
+// MaxModelNameLen is the longest model name a hold records (run_holds.model, VARCHAR(128);
+// holds.MaxModelLen, which a test there keeps equal): a call naming a longer one is refused
+// (model_too_long), so a price or an upstream entry whose name is longer serves no call.
+const MaxModelNameLen = 128
+
 // checkShadowedModels refuses an entry of upstream i's models that an earlier upstream's
 // entry takes every request of (UpstreamFor: the first upstream by exact name, then the first
 // by prefix, then the first "*"): the same entry, or a prefix inside an earlier one's shorter
@@ -489,6 +498,9 @@ func (c *Config) checkUpstreamModels(bad complain, at string, models []string, p
 		case m == "*":
 		case m == "" || strings.Contains(strings.TrimSuffix(m, "*"), "*"):
 			bad(at+".models", "%q is neither a model name, a prefix ending in * nor *", m)
+		case len(strings.TrimSuffix(m, "*")) > MaxModelNameLen:
+			bad(at+".models", "%q is longer than a model name may be (%d bytes): a call naming such a model is refused (model_too_long), so it serves nothing",
+				m, MaxModelNameLen)
 		case prices != nil && !c.servesPriced(prices, m):
 			// Unpriced models are refused: the entry can serve nothing (a typo?).
 			bad(at+".models", "%q matches no model priced in models, so it serves nothing: unpriced models are refused", m)

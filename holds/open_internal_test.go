@@ -20,6 +20,16 @@ func TestOpenReadTimeoutIsTheConfigsDefault(t *testing.T) {
 	}
 }
 
+// TestModelLenIsTheConfigsBound: the configuration refuses a price or upstream entry whose
+// name no call could be recorded under (past MaxModelLen, refused model_too_long); config
+// cannot import this package to read it.
+func TestModelLenIsTheConfigsBound(t *testing.T) {
+	if MaxModelLen != config.MaxModelNameLen {
+		t.Fatalf("MaxModelLen %d, config.MaxModelNameLen %d: the configuration checks model names against the wrong bound",
+			MaxModelLen, config.MaxModelNameLen)
+	}
+}
+
 // TestOpenAdaptsOnlyItsOwnSettingsToTheServer: Open sets session variables some servers do
 // not know (MySQL has no idle_transaction_timeout, MariaDB before 11.1 knows the isolation only
 // as tx_isolation) and, refused one as unknown, opens again without it or by its other name —
