@@ -161,31 +161,10 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 	if err != nil {
 		return 0, nil, err
 	}
-	var q strings.Builder
-	q.WriteString(`INSERT INTO pruned_runs (user_id, day, model, runs, charged_runs, estimated_runs, calls, in_tok, cache_read_tok,
-		cache_write_tok, out_tok, cache_write_1h_tok, audio_in_tok, audio_out_tok, cost_micro, charged_micro,
-		allowance_part_micro, prepaid_part_micro) VALUES `)
-	args := make([]any, 0, 18*len(sums))
-	for i, t := range sums {
-		if i > 0 {
-			q.WriteString(", ")
+	for from := 0; from < len(sums); from += prunedRowsPerInsert {
+		if err := addPruned(ctx, tx, sums[from:min(from+prunedRowsPerInsert, len(sums))]); err != nil {
+			return 0, nil, fmt.Errorf("add %d runs to pruned_runs: %w", len(rows), err)
 		}
-		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-		args = append(args, t.UserID, t.Day, t.Model, t.Runs, t.ChargedRuns, t.EstimatedRuns, t.Calls, t.InTok, t.CacheReadTok,
-			t.CacheWriteTok, t.OutTok, t.CacheWrite1hTok, t.AudioInTok, t.AudioOutTok, t.CostMicro, t.ChargedMicro,
-			t.AllowancePartMicro, t.PrepaidPartMicro)
-	}
-	q.WriteString(` ON DUPLICATE KEY UPDATE runs = runs + VALUES(runs), charged_runs = charged_runs + VALUES(charged_runs),
-		estimated_runs = estimated_runs + VALUES(estimated_runs),
-		calls = calls + VALUES(calls), in_tok = in_tok + VALUES(in_tok), cache_read_tok = cache_read_tok + VALUES(cache_read_tok),
-		cache_write_tok = cache_write_tok + VALUES(cache_write_tok), out_tok = out_tok + VALUES(out_tok),
-		cache_write_1h_tok = cache_write_1h_tok + VALUES(cache_write_1h_tok),
-		audio_in_tok = audio_in_tok + VALUES(audio_in_tok), audio_out_tok = audio_out_tok + VALUES(audio_out_tok),
-		cost_micro = cost_micro + VALUES(cost_micro), charged_micro = charged_micro + VALUES(charged_micro),
-		allowance_part_micro = allowance_part_micro + VALUES(allowance_part_micro),
-		prepaid_part_micro = prepaid_part_micro + VALUES(prepaid_part_micro)`)
-	if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
-		return 0, nil, fmt.Errorf("add %d runs to pruned_runs: %w", len(rows), err)
 	}
 	ids := make([]string, len(rows))
 	for i, r := range rows {
@@ -396,6 +375,45 @@ func boundModels(ctx context.Context, tx *sqlx.Tx, sums []UsageRow) ([]UsageRow,
 		return cmp.Or(cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.Day, b.Day), cmp.Compare(a.Model, b.Model))
 	})
 	return out, nil
+}
+
+// prunedRowsPerInsert bounds the pruned_runs rows one INSERT adds: a batch of MaxPruneBatch
+// runs of as many users' days and models sums to as many rows, 18 values each, and the server
+// takes at most 65 535 placeholders in a statement. One INSERT for them all (180 000) worked
+// only while the driver wrote the values into the text itself, which it does not for a
+// statement past the DSN's maxAllowedPacket: that one went to the server prepared, and was
+// refused (1390) at every run of the prune. A thousand rows is 18 000 placeholders, and under
+// 400 KB written out with model names of the longest (MaxModelLen), within a 1 MB packet.
+const prunedRowsPerInsert = 1000
+
+// addPruned adds sums into their pruned_runs rows, each a user's day and model: new rows, or
+// added into the row a prune before wrote.
+func addPruned(ctx context.Context, tx *sqlx.Tx, sums []UsageRow) error {
+	var q strings.Builder
+	q.WriteString(`INSERT INTO pruned_runs (user_id, day, model, runs, charged_runs, estimated_runs, calls, in_tok, cache_read_tok,
+		cache_write_tok, out_tok, cache_write_1h_tok, audio_in_tok, audio_out_tok, cost_micro, charged_micro,
+		allowance_part_micro, prepaid_part_micro) VALUES `)
+	args := make([]any, 0, 18*len(sums))
+	for i, t := range sums {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+		args = append(args, t.UserID, t.Day, t.Model, t.Runs, t.ChargedRuns, t.EstimatedRuns, t.Calls, t.InTok, t.CacheReadTok,
+			t.CacheWriteTok, t.OutTok, t.CacheWrite1hTok, t.AudioInTok, t.AudioOutTok, t.CostMicro, t.ChargedMicro,
+			t.AllowancePartMicro, t.PrepaidPartMicro)
+	}
+	q.WriteString(` ON DUPLICATE KEY UPDATE runs = runs + VALUES(runs), charged_runs = charged_runs + VALUES(charged_runs),
+		estimated_runs = estimated_runs + VALUES(estimated_runs),
+		calls = calls + VALUES(calls), in_tok = in_tok + VALUES(in_tok), cache_read_tok = cache_read_tok + VALUES(cache_read_tok),
+		cache_write_tok = cache_write_tok + VALUES(cache_write_tok), out_tok = out_tok + VALUES(out_tok),
+		cache_write_1h_tok = cache_write_1h_tok + VALUES(cache_write_1h_tok),
+		audio_in_tok = audio_in_tok + VALUES(audio_in_tok), audio_out_tok = audio_out_tok + VALUES(audio_out_tok),
+		cost_micro = cost_micro + VALUES(cost_micro), charged_micro = charged_micro + VALUES(charged_micro),
+		allowance_part_micro = allowance_part_micro + VALUES(allowance_part_micro),
+		prepaid_part_micro = prepaid_part_micro + VALUES(prepaid_part_micro)`)
+	_, err := tx.ExecContext(ctx, q.String(), args...)
+	return err
 }
 
 // usedNothing reports whether runs cost and were charged nothing and counted no token: calls
