@@ -88,6 +88,9 @@ func TestBadSettingsAreNamed(t *testing.T) {
 		// needed a negative tally_ttl, and 48h passed for a hold that outlives its tally.
 		{"holds:\n  hold_ttl: 2562000h\n  run_ttl: 2562000h\n  reconcile_interval: 100h\n", "holds.hold_ttl"},
 		{"dedup:\n  replay_ttl: 2562000h\n", "dedup.replay_ttl"},
+		// Every key of every call carries the prefix: one pasted from a file multiplied what
+		// Redis holds, and past 64 KiB its record (redis_prefix.prefix) could not hold it.
+		{"redis_key_prefix: " + strings.Repeat("p", 256) + "\n", "redis_key_prefix (TOLLGATE_REDIS_PREFIX)"},
 		// A call naming a model past 128 bytes is refused (model_too_long): a price or an
 		// upstream entry longer than that serves no call.
 		{"models:\n  " + strings.Repeat("m", 129) + ":\n    input: 1\n    output: 1\n", "models." + strings.Repeat("m", 129)},

@@ -62,6 +62,12 @@ type complain func(setting, format string, args ...any)
 // maxInstanceNameLen is the longest instance name the database records (VARCHAR(255)).
 const maxInstanceNameLen = 255
 
+// maxRedisKeyPrefixLen bounds redis_key_prefix: a namespace a few bytes long is all it is for,
+// and every key of every call carries it (a tally is about 300 bytes: a prefix pasted from a
+// file multiplied what Redis holds, and past 64 KiB its record, redis_prefix.prefix, a BLOB,
+// could not hold it whole).
+const maxRedisKeyPrefixLen = 255
+
 // checkService checks where the gateway listens, what it connects to and its money unit.
 func (c *Config) checkService(bad complain, needRedis bool) {
 	if c.ListenAddr == "" {
@@ -86,6 +92,9 @@ func (c *Config) checkService(bad complain, needRedis bool) {
 			strings.Trim(u.Path, "/"))
 	} else if !c.RedisCluster && u.Query().Has("addr") {
 		bad("redis_url (REDIS_URL)", "%q names more nodes (addr=): set redis_cluster: true (REDIS_CLUSTER=true) for a Redis Cluster", redactURL(c.RedisURL))
+	}
+	if len(c.RedisKeyPrefix) > maxRedisKeyPrefixLen {
+		bad("redis_key_prefix (TOLLGATE_REDIS_PREFIX)", "is %d bytes, at most %d: every key of every call carries it", len(c.RedisKeyPrefix), maxRedisKeyPrefixLen)
 	}
 	if c.RedisCluster && strings.ContainsAny(c.RedisKeyPrefix, "{}") {
 		bad("redis_key_prefix (TOLLGATE_REDIS_PREFIX)", "%q holds a brace: on a Redis Cluster (redis_cluster) the keys' own braces "+
