@@ -201,6 +201,15 @@ func (m *Meter) Body(body []byte) {
 func (m *Meter) Result() Result {
 	r := m.res
 	r.AudioOutput = audioOutputTokens(m.pcmBytes, m.clipMicros)
+	if m.outputUnreported() {
+		// A report that says nothing of the output (completion_tokens absent, null or no
+		// number, and no total), as PromptMissing's says nothing of the prompt: the output is
+		// the estimate of what the answer carried, as for an Anthropic stream without its
+		// final count. Read as 0, the answer's text went unbilled. The figure is the
+		// gateway's, and the row says so.
+		out, _ := r.EstimatedOutput()
+		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
+	}
 	if r.Reported && !m.reported[figAudioOut].seen && r.AudioOutput > 0 {
 		// A report that does not say how much of the output was audio (a compatible provider
 		// without completion_tokens_details), for an answer that spoke: its audio, as long as
@@ -228,6 +237,14 @@ func (m *Meter) Result() Result {
 	}
 	r.Usage = r.Usage.Clamp()
 	return r
+}
+
+// outputUnreported reports whether an OpenAI-shaped usage was reported without any figure of
+// the output: neither completion_tokens (output_tokens) nor total_tokens. An embedding has no
+// output, and an Anthropic usage's output count is judged by outputFinal.
+func (m *Meter) outputUnreported() bool {
+	return m.res.Reported && m.format != FormatEmbeddings && m.format != FormatAnthropic &&
+		!m.reported[figCompletion].seen && !m.reported[figTotal].seen
 }
 
 // UpstreamError reports whether the response carried an error event or object so far: cheap

@@ -105,3 +105,42 @@ func TestMeterAnthropicBodyWithoutUsageCountsItsThinking(t *testing.T) {
 		t.Errorf("got %+v, want no report and 4002 bytes of output (the thinking and the text)", got)
 	}
 }
+
+// An OpenAI-shaped report that gives no output figure — completion_tokens (output_tokens)
+// absent, null, or not a number, and no total — says nothing of the output, as one without
+// prompt_tokens says nothing of the prompt: the output is the estimate of the text the answer
+// carried, marked estimated, as Anthropic's missing final count is. Read as 0, an answer of a
+// thousand tokens was billed its prompt alone.
+func TestMeterReportWithoutOutputFigureBillsTheOutputEstimate(t *testing.T) {
+	text := strings.Repeat("x", 4000)
+	est := EstimateOutputTokens(int64(len(text)))
+	chat := data(`{"choices":[{"index":0,"delta":{"content":"` + text + `"}}]}`)
+	for _, usage := range []string{`{"prompt_tokens":10}`, `{"prompt_tokens":10,"completion_tokens":null}`,
+		`{"prompt_tokens":10,"completion_tokens":"900"}`, `{"input_tokens":10}`} {
+		got := meterEvents(FormatChat, chat, data(`{"choices":[],"usage":`+usage+`}`))
+		if want := (pricing.Usage{Input: 10, Output: est}); got.Usage != want || !got.Reported || !got.Estimated {
+			t.Errorf("chat %s: got %+v, want usage %+v reported, estimated", usage, got, want)
+		}
+	}
+	got := meterEvents(FormatCompletions, data(`{"choices":[{"index":0,"text":"`+text+`"}]}`),
+		data(`{"choices":[],"usage":{"prompt_tokens":10}}`))
+	if want := (pricing.Usage{Input: 10, Output: est}); got.Usage != want || !got.Estimated {
+		t.Errorf("completions: got %+v, want usage %+v, estimated", got, want)
+	}
+	got = meterEvents(FormatResponses, data(`{"type":"response.output_text.delta","delta":"`+text+`"}`),
+		data(`{"type":"response.completed","response":{"usage":{"input_tokens":10}}}`))
+	if want := (pricing.Usage{Input: 10, Output: est}); got.Usage != want || !got.Estimated {
+		t.Errorf("responses: got %+v, want usage %+v, estimated", got, want)
+	}
+	// A report with its output figure, 0 included, is the provider's word: no estimate.
+	got = meterEvents(FormatChat, chat, data(`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":0}}`))
+	if want := (pricing.Usage{Input: 10}); got.Usage != want || got.Estimated {
+		t.Errorf("completion_tokens 0: got %+v, want usage %+v, not estimated", got, want)
+	}
+	// An embedding has no output: its prompt alone is no missing output.
+	m := NewMeter(FormatEmbeddings)
+	m.Body([]byte(`{"object":"list","data":[],"usage":{"prompt_tokens":10}}`))
+	if got := m.Result(); got.Usage != (pricing.Usage{Input: 10}) || got.Estimated {
+		t.Errorf("embeddings: got %+v, want input 10, not estimated", got)
+	}
+}

@@ -1,0 +1,39 @@
+package proxy_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestUsageWithoutOutputTokensBillsTheOutput: an OpenAI-style report with prompt_tokens and
+// no figure of the output (completion_tokens absent, or not a number, and no total_tokens) billed
+// the answer's output at 0, whatever text it carried: a compatible server that leaves the
+// count out, or writes it as a string, was charged the prompt alone. The output is the
+// estimate of the text relayed, marked estimated, as Anthropic's missing final count is.
+func TestUsageWithoutOutputTokensBillsTheOutput(t *testing.T) {
+	text := strings.Repeat("word ", 160)
+	dir := t.TempDir()
+	writeFixture(t, dir, "no_output.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,
+"message":{"role":"assistant","content":"`+text+`"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12}}`)
+	writeFixture(t, dir, "output_string.sse", "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"fake-gpt\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\""+text+"\"}}]}\n\n"+
+		"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"fake-gpt\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":\"200\"}}\n\n"+
+		"data: [DONE]\n\n")
+	h := newHarnessWithFixtures(t, dir, nil)
+	u, key := h.user("standard")
+	price := pricing.Price{Input: h.cfg.Models["fake-gpt"].Input.Micro, Output: h.cfg.Models["fake-gpt"].Output.Micro}
+	want := pricing.Usage{Input: 12, Output: metering.EstimateOutputTokens(int64(len(text)))}
+	for _, tc := range []struct{ name, body, fixture string }{
+		{"body without completion_tokens", `{"model":"fake-gpt","max_tokens":500,"messages":[{"role":"user","content":"talk"}]}`, "no_output.json"},
+		{"stream with completion_tokens a string", `{"model":"fake-gpt","stream":true,"max_tokens":500,"messages":[{"role":"user","content":"talk"}]}`, "output_string.sse"},
+	} {
+		run, _ := h.answeredRun(u.ID, key, "/v1/chat/completions", tc.body, map[string]string{fakellm.HeaderReplay: tc.fixture})
+		if run.Usage() != want || !run.Estimated || run.CostMicro != price.Cost(want) {
+			t.Errorf("%s: settled %+v (estimated %v) at %d µUSD, want %+v at %d, estimated",
+				tc.name, run.Usage(), run.Estimated, run.CostMicro, want, price.Cost(want))
+		}
+	}
+}
