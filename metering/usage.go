@@ -647,11 +647,16 @@ func eventType(s, name string) string {
 }
 
 // first returns the first of the paths in u that holds a number, clamped to
-// [0, pricing.MaxTokens] so later arithmetic cannot overflow; a null counts as absent.
+// [0, pricing.MaxTokens] so later arithmetic cannot overflow; a null counts as absent. A
+// fraction rounds up, as every figure of a charge does: truncated, 0.9 tokens were none.
 func first(u gjson.Result, paths ...string) (int64, bool) {
 	for _, p := range paths {
 		if v := u.Get(p); v.Type == gjson.Number {
-			return max(0, min(v.Int(), pricing.MaxTokens)), true
+			n := v.Int()
+			if v.Num < pricing.MaxTokens && float64(n) < v.Num { // exact below 2^53
+				n++
+			}
+			return max(0, min(n, pricing.MaxTokens)), true
 		}
 	}
 	return 0, false

@@ -144,3 +144,18 @@ func TestMeterReportWithoutOutputFigureBillsTheOutputEstimate(t *testing.T) {
 		t.Errorf("embeddings: got %+v, want input 10, not estimated", got)
 	}
 }
+
+// A count with a fraction (a compatible server that averages, or writes 1.5e3) is rounded up,
+// as every figure of a charge is (pricing.Cost): truncated, a report of 0.9 output tokens
+// billed none, and the gateway billed less than the provider's word.
+func TestMeterFractionalCountRoundsUp(t *testing.T) {
+	got := meterEvents(FormatChat, data(`{"choices":[],"usage":{"prompt_tokens":10.5,"completion_tokens":0.9,"total_tokens":1.2e1}}`))
+	if want := (pricing.Usage{Input: 11, Output: 1}); got.Usage != want {
+		t.Errorf("chat: got %+v, want %+v", got.Usage, want)
+	}
+	got = meterEvents(FormatAnthropic, data(`{"type":"message_start","message":{"usage":{"input_tokens":2.5,"cache_read_input_tokens":-0.5,"output_tokens":1}}}`),
+		data(`{"type":"message_delta","usage":{"output_tokens":7.01}}`))
+	if want := (pricing.Usage{Input: 3, Output: 8}); got.Usage != want {
+		t.Errorf("anthropic: got %+v, want %+v", got.Usage, want)
+	}
+}
