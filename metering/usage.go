@@ -201,13 +201,12 @@ func (m *Meter) Body(body []byte) {
 func (m *Meter) Result() Result {
 	r := m.res
 	r.AudioOutput = audioOutputTokens(m.pcmBytes, m.clipMicros)
-	if m.outputUnreported() {
+	if out, _ := r.EstimatedOutput(); out > 0 && m.outputUnreported() {
 		// A report that says nothing of the output (completion_tokens absent, null or no
-		// number, and no total), as PromptMissing's says nothing of the prompt: the output is
-		// the estimate of what the answer carried, as for an Anthropic stream without its
-		// final count. Read as 0, the answer's text went unbilled. The figure is the
-		// gateway's, and the row says so.
-		out, _ := r.EstimatedOutput()
+		// number, and no total), as PromptMissing's says nothing of the prompt, for an answer
+		// that carried some: the output is the estimate of it, as for an Anthropic stream
+		// without its final count. Read as 0, the answer's text went unbilled. The figure is
+		// the gateway's, and the row says so.
 		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
 	}
 	if r.Reported && !m.reported[figAudioOut].seen && r.AudioOutput > 0 {

@@ -137,6 +137,11 @@ func TestMeterReportWithoutOutputFigureBillsTheOutputEstimate(t *testing.T) {
 	if want := (pricing.Usage{Input: 10}); got.Usage != want || got.Estimated {
 		t.Errorf("completion_tokens 0: got %+v, want usage %+v, not estimated", got, want)
 	}
+	// Nor is a report of the prompt alone for an answer that carried nothing (a failed one).
+	got = meterEvents(FormatResponses, data(`{"type":"response.failed","response":{"usage":{"input_tokens":10}}}`))
+	if want := (pricing.Usage{Input: 10}); got.Usage != want || got.Estimated {
+		t.Errorf("responses, nothing produced: got %+v, want usage %+v, not estimated", got, want)
+	}
 	// An embedding has no output: its prompt alone is no missing output.
 	m := NewMeter(FormatEmbeddings)
 	m.Body([]byte(`{"object":"list","data":[],"usage":{"prompt_tokens":10}}`))
