@@ -645,20 +645,37 @@ func eventType(s, name string) string {
 	return name
 }
 
-// first returns the first of the paths in u that holds a number, clamped to
-// [0, pricing.MaxTokens] so later arithmetic cannot overflow; a null counts as absent. A
-// fraction rounds up, as every figure of a charge does: truncated, 0.9 tokens were none.
+// first returns the first of the paths in u that holds a count (tokenCount); a null, or
+// anything else that is no number, counts as absent.
 func first(u gjson.Result, paths ...string) (int64, bool) {
 	for _, p := range paths {
-		if v := u.Get(p); v.Type == gjson.Number {
-			n := v.Int()
-			if v.Num < pricing.MaxTokens && float64(n) < v.Num { // exact below 2^53
-				n++
-			}
-			return max(0, min(n, pricing.MaxTokens)), true
+		if n, ok := tokenCount(u.Get(p)); ok {
+			return n, true
 		}
 	}
 	return 0, false
+}
+
+// tokenCount reads v as a token count: a JSON number, or a string holding one (as some
+// compatible servers and proxies write them: read as absent, an Anthropic-shaped report's cache
+// writes went unbilled), clamped to [0, pricing.MaxTokens] so later arithmetic cannot overflow.
+// A fraction rounds up, as every figure of a charge does: truncated, 0.9 tokens were none.
+func tokenCount(v gjson.Result) (int64, bool) {
+	if v.Type == gjson.String {
+		s := strings.TrimSpace(v.Str)
+		if !gjson.Valid(s) { // Parse alone reads "n/a" as a number
+			return 0, false
+		}
+		v = gjson.Parse(s)
+	}
+	if v.Type != gjson.Number {
+		return 0, false
+	}
+	n := v.Int()
+	if v.Num < pricing.MaxTokens && float64(n) < v.Num { // exact below 2^53
+		n++
+	}
+	return max(0, min(n, pricing.MaxTokens)), true
 }
 
 // largest returns the largest of the numbers at paths in u, and whether any holds one: for a

@@ -107,7 +107,7 @@ func TestMeterAnthropicBodyWithoutUsageCountsItsThinking(t *testing.T) {
 }
 
 // An OpenAI-shaped report that gives no output figure — completion_tokens (output_tokens)
-// absent, null, or not a number, and no total — says nothing of the output, as one without
+// absent, null, or no number, and no total — says nothing of the output, as one without
 // prompt_tokens says nothing of the prompt: the output is the estimate of the text the answer
 // carried, marked estimated, as Anthropic's missing final count is. Read as 0, an answer of a
 // thousand tokens was billed its prompt alone.
@@ -116,7 +116,7 @@ func TestMeterReportWithoutOutputFigureBillsTheOutputEstimate(t *testing.T) {
 	est := EstimateOutputTokens(int64(len(text)))
 	chat := data(`{"choices":[{"index":0,"delta":{"content":"` + text + `"}}]}`)
 	for _, usage := range []string{`{"prompt_tokens":10}`, `{"prompt_tokens":10,"completion_tokens":null}`,
-		`{"prompt_tokens":10,"completion_tokens":"900"}`, `{"input_tokens":10}`} {
+		`{"prompt_tokens":10,"completion_tokens":"many"}`, `{"input_tokens":10}`} {
 		got := meterEvents(FormatChat, chat, data(`{"choices":[],"usage":`+usage+`}`))
 		if want := (pricing.Usage{Input: 10, Output: est}); got.Usage != want || !got.Reported || !got.Estimated {
 			t.Errorf("chat %s: got %+v, want usage %+v reported, estimated", usage, got, want)
@@ -162,5 +162,32 @@ func TestMeterFractionalCountRoundsUp(t *testing.T) {
 		data(`{"type":"message_delta","usage":{"output_tokens":7.01}}`))
 	if want := (pricing.Usage{Input: 3, Output: 8}); got.Usage != want {
 		t.Errorf("anthropic: got %+v, want %+v", got.Usage, want)
+	}
+}
+
+// A count written as a string holding a number ("5000", as some compatible servers and
+// proxies serialise them) is that count. Read as absent, an Anthropic-shaped report's cache
+// writes and reads went unbilled (input_tokens leaves them out), and an OpenAI-shaped one's
+// cached tokens were billed at the full input price.
+func TestMeterCountInAStringIsTheCount(t *testing.T) {
+	m := NewMeter(FormatAnthropic)
+	m.Body([]byte(`{"type":"message","content":[{"type":"text","text":"hi"}],
+		"usage":{"input_tokens":3,"cache_creation_input_tokens":"5000","cache_read_input_tokens":" 100 ","output_tokens":"9.5"}}`))
+	if got, want := m.Result(), (pricing.Usage{Input: 3, CacheRead: 100, CacheWrite: 5000, Output: 10}); got.Usage != want || got.Estimated {
+		t.Errorf("anthropic: got %+v, want usage %+v, not estimated", got, want)
+	}
+	got := meterEvents(FormatChat, data(`{"choices":[],"usage":{"prompt_tokens":"5000","completion_tokens":"900",
+		"prompt_tokens_details":{"cached_tokens":"4000"}}}`))
+	if want := (pricing.Usage{Input: 1000, CacheRead: 4000, Output: 900}); got.Usage != want || got.Estimated || got.PromptMissing {
+		t.Errorf("chat: got %+v, want usage %+v, not estimated", got, want)
+	}
+	// A string that is no number is no count; one below zero counts 0, as a number does.
+	got = meterEvents(FormatChat, data(`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":"n/a","total_tokens":"12 tokens",
+		"prompt_tokens_details":{"cached_tokens":"-4"}}}`))
+	if want := (pricing.Usage{Input: 10}); got.Usage != want {
+		t.Errorf("strings that are no count: got %+v, want usage %+v", got.Usage, want)
+	}
+	if got := meterEvents(FormatChat, data(`{"choices":[],"usage":{"prompt_tokens":"1e30","completion_tokens":"99999999999999999999999"}}`)).Usage; got.Input != pricing.MaxTokens || got.Output != pricing.MaxTokens {
+		t.Errorf("huge counts in strings: got %+v, want both at MaxTokens", got)
 	}
 }
