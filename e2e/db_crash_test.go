@@ -113,9 +113,6 @@ func TestMariaDBCrashUnderTraffic(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if strings.Contains(string(b), "WARNING: DATA RACE") {
-				t.Errorf("gateway %s logged a data race:\n%s", g.name, tail(b, 6000))
-			}
 			for _, l := range dbCrashLogLines {
 				lines[l] += strings.Count(string(b), l)
 			}

@@ -51,9 +51,7 @@ func TestMain(m *testing.M) {
 	}
 	gatewayBin = filepath.Join(dir, "gateway")
 	args := []string{"build", "-o", gatewayBin}
-	if os.Getenv("E2E_GATEWAY_RACE") == "1" {
-		// The gateway under the race detector: a race during a drain or a kill makes the
-		// process exit 66, which the SIGTERM tests see as a failed exit.
+	if gatewayUnderRace() {
 		args = append(args, "-race")
 	}
 	build := exec.Command("go", append(args, "./cmd/gateway")...)
@@ -67,6 +65,33 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// gatewayUnderRace says whether the gateway the tests run is built with -race: as the tests
+// themselves are (`go test -race`, what `make test` runs), unless E2E_GATEWAY_RACE says
+// otherwise (1 on, 0 off). Built without it, the processes these tests kill, pause and signal —
+// where the money path's concurrency is at its most tangled — ran with no detector at all while
+// the suite reported itself race-checked. Under it, a race makes a process that exits exit 66
+// (the SIGTERM tests see a failed exit) and is in the log of one that was killed (see
+// raceInLog).
+func gatewayUnderRace() bool {
+	switch os.Getenv("E2E_GATEWAY_RACE") {
+	case "1":
+		return true
+	case "0":
+		return false
+	}
+	return testsUnderRace
+}
+
+// raceInLog is the race report a gateway's log holds ("" for none): a killed process never
+// exits 66, so its races are only in its log.
+func raceInLog(log []byte) string {
+	i := bytes.Index(log, []byte("WARNING: DATA RACE"))
+	if i < 0 {
+		return ""
+	}
+	return string(log[i:min(len(log), i+6000)])
 }
 
 // Short settings so a crash is reconciled in seconds. They keep the production ratios: the
@@ -398,8 +423,14 @@ func (w *world) tryStart(name, config string, env []string, out *os.File, flags 
 			_ = g.cmd.Process.Kill()
 			<-g.done
 		}
+		b, err := os.ReadFile(g.log)
+		if err != nil {
+			w.t.Errorf("log of gateway %s: %v", name, err)
+		}
+		if r := raceInLog(b); r != "" {
+			w.t.Errorf("gateway %s logged a data race:\n%s", name, r)
+		}
 		if w.t.Failed() {
-			b, _ := os.ReadFile(g.log)
 			w.t.Logf("log of gateway %s:\n%s", name, tail(b, 8000))
 		}
 	})
