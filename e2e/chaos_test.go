@@ -28,6 +28,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -983,7 +984,7 @@ func (c *chaos) reconcileAll() {
 	t, w := c.t, c.w
 	deadline := time.Now().Add(c.liveBound())
 	for passes := 1; ; passes++ {
-		cmd := exec.Command(gatewayBin, "reconcile", "-once", "-force", "-config", w.config)
+		cmd := testenv.DiesWithTests(exec.Command(gatewayBin, "reconcile", "-once", "-force", "-config", w.config))
 		cmd.Env = append(os.Environ(), "MYSQL_DSN="+w.dsn, "REDIS_URL="+w.redisURL, "UPSTREAM_URL="+w.upstream.URL,
 			"TOLLGATE_INSTANCE=operator", "TOLLGATE_REDIS_PREFIX="+w.prefix)
 		out, err := cmd.CombinedOutput()

@@ -27,6 +27,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -617,7 +618,7 @@ func (m *privateMariaDB) start() error {
 	if os.Geteuid() == 0 {
 		args = append(args, "--user=root")
 	}
-	cmd := exec.Command(m.bin, args...)
+	cmd := testenv.DiesWithTests(exec.Command(m.bin, args...))
 	exited := make(chan struct{})
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", m.bin, err)

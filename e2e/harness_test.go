@@ -405,7 +405,7 @@ func (w *world) tryStart(name, config string, env []string, out *os.File, flags 
 	if err != nil {
 		return nil, err
 	}
-	g.cmd = exec.Command(gatewayBin, append([]string{"serve", "-config", config}, flags...)...)
+	g.cmd = testenv.DiesWithTests(exec.Command(gatewayBin, append([]string{"serve", "-config", config}, flags...)...))
 	g.cmd.Env = append(w.gatewayEnv(name, anyPort), env...) // exec keeps the last value of a repeated name
 	g.cmd.Stdout, g.cmd.Stderr = logf, logf
 	if out != nil {

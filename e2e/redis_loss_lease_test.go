@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // TestRedisLossTakesTheLeaseOfACallPastItsHold pins README "Known limits": a call that
@@ -104,7 +105,7 @@ func (w *world) loseRedisAfterBeat(runID, config string, leaseTTL time.Duration)
 		t.Fatal(err)
 	}
 	start := time.Now()
-	cmd := exec.Command(gatewayBin, "reconcile", "-once", "-force", "-config", config)
+	cmd := testenv.DiesWithTests(exec.Command(gatewayBin, "reconcile", "-once", "-force", "-config", config))
 	cmd.Env = append(os.Environ(), "MYSQL_DSN="+w.dsn, "REDIS_URL="+w.redisURL, "UPSTREAM_URL="+w.upstream.URL,
 		"TOLLGATE_INSTANCE=operator", "TOLLGATE_REDIS_PREFIX="+w.prefix)
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // unhurriedDrain is the shutdown_timeout of the gateways here, whose streams in flight must
@@ -121,7 +122,7 @@ func TestStartOnATakenPortLeavesNoInstanceRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	cmd := exec.Command(gatewayBin, "serve", "-config", w.config)
+	cmd := testenv.DiesWithTests(exec.Command(gatewayBin, "serve", "-config", w.config))
 	cmd.Env = w.gatewayEnv("gw-port-taken", taken.Addr().String())
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
@@ -147,7 +148,7 @@ func TestNohupGatewayKeepsIgnoringHangup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command("nohup", gatewayBin, "serve", "-config", w.config)
+	cmd := testenv.DiesWithTests(exec.Command("nohup", gatewayBin, "serve", "-config", w.config))
 	cmd.Env = w.gatewayEnv("gw-nohup", anyPort)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {

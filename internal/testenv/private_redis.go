@@ -62,9 +62,9 @@ func startRedis(t testing.TB, bin string, port int, args []string) (url string, 
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(sockDir) })
 	sock := filepath.Join(sockDir, "redis.sock")
-	cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+	cmd := DiesWithTests(exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--unixsocket", sock, "--unixsocketperm", "700",
-		"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args...)...)
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, args...)...))
 	// Read only once it has exited (Wait has copied all of it): why it did not start.
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

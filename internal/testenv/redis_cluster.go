@@ -74,9 +74,9 @@ func startCluster(t testing.TB, ports []int, dir string) (cc *redis.ClusterClien
 	var nodes []*redis.Client
 	for i := range 3 {
 		port, bus := strconv.Itoa(ports[i]), strconv.Itoa(ports[3+i])
-		cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+		cmd := DiesWithTests(exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
 			"--cluster-port", bus, "--cluster-config-file", "nodes-"+port+".conf", "--dir", dir,
-			"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", filepath.Join(dir, "redis-"+port+".log"))
+			"--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", filepath.Join(dir, "redis-"+port+".log")))
 		if err := cmd.Start(); err != nil {
 			return nil, fmt.Errorf("start redis-server: %w", err)
 		}
