@@ -580,30 +580,42 @@ func startStream(t *testing.T, g *gateway, key string, chunks int, interval time
 		t.Fatalf("stream on %s: %d %s", g.name, resp.StatusCode, raw)
 	}
 	s := &stream{runID: resp.Header.Get("X-Tollgate-Run-Id"), cancel: cancel, done: make(chan struct{})}
-	first := make(chan struct{})
+	t.Cleanup(cancel)
+	// true once the first event has arrived; false if the stream ended without one.
+	first := make(chan bool, 1)
 	go func() {
 		defer close(s.done)
 		defer resp.Body.Close()
 		sc := bufio.NewScanner(resp.Body)
-		var once sync.Once
+		began := false
 		for sc.Scan() {
 			if strings.HasPrefix(sc.Text(), "data: ") {
 				s.last = sc.Text()
 			}
 			if strings.HasPrefix(sc.Text(), "data: {") {
 				s.chunks++
-				once.Do(func() { close(first) })
+				if !began {
+					began = true
+					first <- true
+				}
 			}
 		}
-		once.Do(func() { close(first) })
 		s.err = sc.Err()
+		if !began {
+			first <- false
+		}
 	}()
 	select {
-	case <-first:
+	case began := <-first:
+		if !began {
+			// The caller means to act on a call in flight (kill, signal, pause it): one that
+			// is already over would let the test pass without the moment it names.
+			<-s.done
+			t.Fatalf("stream %s on %s ended before its first event: %v, last %q", s.runID, g.name, s.err, s.last)
+		}
 	case <-time.After(15 * time.Second):
 		t.Fatalf("no first event from %s within 15s", g.name)
 	}
-	t.Cleanup(cancel)
 	return s
 }
 
