@@ -262,9 +262,12 @@ func TestKillMidRunCallThenContinue(t *testing.T) {
 	if _, err := resp.Body.Read(buf); err != nil {
 		t.Fatalf("step 1: no first bytes: %v", err)
 	}
-	// Mid-stream, leased (the heartbeat has written the lease) and holding its reservation.
+	// Mid-stream, leased (the heartbeat has written the lease) and holding its reservation: the
+	// kill must leave one behind, or the run's next call has nothing to be refused by.
 	waitFor(t, 10*time.Second, "the call's lease", func() bool { return len(w.leaseKeys()) == 1 })
-	t.Logf("reservations of the run mid-call: %v", w.reservations(runID))
+	if held := w.reservations(runID); len(held) != 1 {
+		t.Fatalf("reservations of the run mid-call: %v, want the running call's one", held)
+	}
 	a.signal(t, syscall.SIGKILL)
 	killed := time.Now()
 	resp.Body.Close()
