@@ -317,6 +317,11 @@ func TestKillAfterHoldBeforeForward(t *testing.T) {
 	})
 	a.signal(t, syscall.SIGKILL)
 	<-ch
+	// The moment the test names: the hold committed, the call not yet forwarded. Killed after
+	// the forward, the call would be a mid-call kill, which other tests cover.
+	if n := w.held.calls.Load(); n != 0 {
+		t.Fatalf("the upstream got %d calls before the kill, want none: the kill landed after the forward", n)
+	}
 	f.thaw()
 	w.startGateway("gw-b")
 	waitFor(t, 30*time.Second, "the hold to be reconciled", func() bool { return w.liveHolds() == 0 })

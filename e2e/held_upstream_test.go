@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"sync"
+	"sync/atomic"
 )
 
 // heldUpstream stands in front of the world's fakellm. A call whose request carries
@@ -17,6 +18,7 @@ type heldUpstream struct {
 	fake  http.Handler
 	mu    sync.Mutex
 	gates map[string]chan struct{}
+	calls atomic.Int64 // requests that reached the upstream: a test of a call never forwarded reads it
 }
 
 func newHeldUpstream(fake http.Handler) *heldUpstream {
@@ -36,6 +38,7 @@ func (u *heldUpstream) gate(name string) chan struct{} {
 }
 
 func (u *heldUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.calls.Add(1)
 	if name := r.Header.Get("X-Test-Hold-Stream"); name != "" {
 		w = &heldStream{ResponseWriter: w, open: u.gate(name), ctx: r.Context()}
 	}
