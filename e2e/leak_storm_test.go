@@ -20,7 +20,10 @@ import (
 // the pool keeps what it opened, up to its size), within a deadline.
 func TestBinaryComesBackToRestAfterStorms(t *testing.T) {
 	w := newWorld(t)
-	_, key := w.user("storm", 10_000, nil)
+	// Credits for every storm: the 200 named runs stay open, each holding its hold, and the
+	// plan's allowance refused half of them 402 before they ran.
+	credits := int64(1_000_000_000)
+	_, key := w.user("storm", 10_000, &credits)
 	// pprof on a port of the kernel's choice, read from the gateway's log: one picked free and
 	// closed again could be another process's by the time the gateway binds it.
 	g, err := w.tryStart("storm", w.config, nil, nil, "-pprof", anyPort)
@@ -44,15 +47,25 @@ func TestBinaryComesBackToRestAfterStorms(t *testing.T) {
 		}
 		return client.Do(req)
 	}
-	storm := func(n int, call func(i int)) {
-		var wg sync.WaitGroup
+	// storm sends n calls, eight at a time; each must be answered want (call returns its
+	// status, 0 for none): a storm refused before the path it names, or never answered, leaves
+	// nothing behind to find and would pass for one that leaks nothing.
+	storm := func(what string, n, want int, call func(i int) int) {
+		var (
+			wg  sync.WaitGroup
+			mu  sync.Mutex
+			got = map[int]int{}
+		)
 		next := make(chan int)
 		for range 8 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for i := range next {
-					call(i)
+					status := call(i)
+					mu.Lock()
+					got[status]++
+					mu.Unlock()
 				}
 			}()
 		}
@@ -61,12 +74,20 @@ func TestBinaryComesBackToRestAfterStorms(t *testing.T) {
 		}
 		close(next)
 		wg.Wait()
-	}
-	whole := func(path, key, body string, hdr map[string]string) {
-		if resp, err := send(context.Background(), path, key, body, hdr); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+		if got[want] != n {
+			t.Fatalf("storm of %s: answers by status %v, want all %d answered %d", what, got, n, want)
 		}
+	}
+	whole := func(path, key, body string, hdr map[string]string) int {
+		resp, err := send(context.Background(), path, key, body, hdr)
+		if err != nil {
+			return 0
+		}
+		defer resp.Body.Close()
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return 0
+		}
+		return resp.StatusCode
 	}
 	rest := func() {
 		client.CloseIdleConnections()
@@ -109,19 +130,19 @@ func TestBinaryComesBackToRestAfterStorms(t *testing.T) {
 		return a == b
 	})
 
-	storm(1000, func(i int) {
-		whole("/v1/chat/completions", fmt.Sprintf("tg_wrong%06d%s", i, strings.Repeat("x", 30)), string(chatBody(false, 20, "hi")), nil)
+	storm("wrong keys", 1000, http.StatusUnauthorized, func(i int) int {
+		return whole("/v1/chat/completions", fmt.Sprintf("tg_wrong%06d%s", i, strings.Repeat("x", 30)), string(chatBody(false, 20, "hi")), nil)
 	})
-	storm(3000, func(i int) {
-		whole("/v1/chat/completions", key, fmt.Sprintf(`{"model":"nosuch-%d","messages":[{"role":"user","content":"hi"}]}`, i), nil)
+	storm("unknown models", 3000, http.StatusBadRequest, func(i int) int {
+		return whole("/v1/chat/completions", key, fmt.Sprintf(`{"model":"nosuch-%d","messages":[{"role":"user","content":"hi"}]}`, i), nil)
 	})
-	storm(200, func(i int) {
-		whole("/v1/chat/completions", key, string(chatBody(false, 20, "run")), map[string]string{"X-Run-Id": fmt.Sprintf("task-%d", i)})
+	storm("run names", 200, http.StatusOK, func(i int) int {
+		return whole("/v1/chat/completions", key, string(chatBody(false, 20, "run")), map[string]string{"X-Run-Id": fmt.Sprintf("task-%d", i)})
 	})
-	storm(200, func(i int) {
-		whole("/v1/chat/completions", key, string(chatBody(i%2 == 0, 20, "idem")), map[string]string{"Idempotency-Key": fmt.Sprintf("idem-%d", i)})
+	storm("Idempotency-Keys", 200, http.StatusOK, func(i int) int {
+		return whole("/v1/chat/completions", key, string(chatBody(i%2 == 0, 20, "idem")), map[string]string{"Idempotency-Key": fmt.Sprintf("idem-%d", i)})
 	})
-	storm(100, func(i int) {
+	storm("streams left mid-way", 100, http.StatusOK, func(i int) int {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		hdr := map[string]string{"X-Fake-Chunks": "200", "X-Fake-Chunk-Interval": "20ms"}
@@ -130,11 +151,12 @@ func TestBinaryComesBackToRestAfterStorms(t *testing.T) {
 		}
 		resp, err := send(ctx, "/v1/chat/completions", key, string(chatBody(true, 300, fmt.Sprintf("leave %d", i))), hdr)
 		if err != nil {
-			return
+			return 0
 		}
 		_, _ = bufio.NewReader(resp.Body).ReadString('\n')
 		cancel()
 		resp.Body.Close()
+		return resp.StatusCode
 	})
 
 	var last int
