@@ -47,9 +47,29 @@ func TestUserSetCommand(t *testing.T) {
 	} else if ee, ok := err.(*exec.ExitError); !ok || !strings.Contains(string(ee.Stderr), "steps of 0.001") {
 		t.Errorf("user set -allowance 0.0001: %v, want it to name the step, 0.001 credits", err)
 	}
-	// A bad figure beside a good one changes nothing.
+	// A bad figure beside a good one changes nothing: the row is as it was before the command.
+	type limits struct {
+		Allowance   *int64 `db:"allowance_micro"`
+		MaxInFlight *int   `db:"max_in_flight"`
+	}
+	row := func() limits {
+		t.Helper()
+		var l limits
+		if err := w.db.Get(&l, "SELECT allowance_micro, max_in_flight FROM users WHERE name = 'cli-user'"); err != nil {
+			t.Fatal(err)
+		}
+		if l.Allowance == nil || l.MaxInFlight == nil {
+			t.Fatalf("cli-user's overrides: allowance %v max_in_flight %v, want both set", l.Allowance, l.MaxInFlight)
+		}
+		return l
+	}
+	before := row()
 	if _, err := run("-allowance", "9", "-max-in-flight", "0"); err == nil {
 		t.Fatal("user set with -max-in-flight 0 succeeded")
+	}
+	if after := row(); *after.Allowance != *before.Allowance || *after.MaxInFlight != *before.MaxInFlight {
+		t.Errorf("user set -allowance 9 -max-in-flight 0 failed but changed the user: allowance %d -> %d, max_in_flight %d -> %d",
+			*before.Allowance, *after.Allowance, *before.MaxInFlight, *after.MaxInFlight)
 	}
 	v, err = run("-allowance", "none")
 	if err != nil {
