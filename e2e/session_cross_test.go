@@ -34,7 +34,8 @@ func startSessionStream(t *testing.T, g *gateway, key, sid string) *sessionStrea
 		t.Fatalf("session stream on %s: %d", g.name, resp.StatusCode)
 	}
 	s := &sessionStream{runID: resp.Header.Get(RunIDHeaderForTests), done: make(chan struct{})}
-	first := make(chan struct{})
+	// true once the first content event has arrived; false if the stream ended without one.
+	first := make(chan bool, 1)
 	go func() {
 		defer close(s.done)
 		defer resp.Body.Close()
@@ -47,16 +48,21 @@ func startSessionStream(t *testing.T, g *gateway, key, sid string) *sessionStrea
 			s.last = line
 			if strings.Contains(line, `"content":"tok`) {
 				if s.chunks++; s.chunks == 1 {
-					close(first)
+					first <- true
 				}
 			}
 		}
 		if s.chunks == 0 {
-			close(first)
+			first <- false
 		}
 	}()
 	select {
-	case <-first:
+	case began := <-first:
+		if !began {
+			// Over before the test's next message or kill: the moment it names never came.
+			<-s.done
+			t.Fatalf("session stream %s on %s ended before its first event, last %q", s.runID, g.name, s.last)
+		}
 	case <-time.After(15 * time.Second):
 		t.Fatalf("no first event from %s within 15s", g.name)
 	}
