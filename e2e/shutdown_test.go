@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // cutDrain is the shutdown_timeout of the SIGTERM tests whose short streams (20 events 50 ms
@@ -226,10 +227,13 @@ func TestSigtermWaitsForQueuedSettlements(t *testing.T) {
 	}
 	var total int64
 	for _, s := range calls {
+		// At what it used: its 20 output tokens (X-Fake-Chunks) and its prompt at their price
+		// (a charge above 0 alone let a settlement at the wrong usage through).
 		r := w.hold(s.runID)
-		if r.State != holds.StateSettled || r.SettleSource.String != holds.SourceComplete || r.Estimated || r.ChargedMicro <= 0 {
-			t.Errorf("call %s: %s by %q, charged %d (estimated %v); want settled complete at its reported usage",
-				s.runID, r.State, r.SettleSource.String, r.ChargedMicro, r.Estimated)
+		if r.State != holds.StateSettled || r.SettleSource.String != holds.SourceComplete || r.Estimated || r.OutTok != 20 || r.InTok <= 0 ||
+			r.ChargedMicro != min(w.price.Cost(pricing.Usage{Input: r.InTok, Output: 20}), r.CapMicro) {
+			t.Errorf("call %s: %s by %q, charged %d for %d in / %d out (estimated %v); want settled complete at the price of its reported usage, 20 out",
+				s.runID, r.State, r.SettleSource.String, r.ChargedMicro, r.InTok, r.OutTok, r.Estimated)
 		}
 		total += r.ChargedMicro
 	}
