@@ -223,6 +223,13 @@ func TestKillAfterTallyBeforeSettle(t *testing.T) {
 			return err == nil && found && tl.Calls == 1
 		})
 	}
+	// What the reconciler is to charge: each answered call's 20 output tokens at their price
+	// (the one without a usage report, the gateway's estimate).
+	for _, s := range calls {
+		if s != estimated {
+			w.tallyAtPrice(t, s.runID, 20)
+		}
+	}
 	a.signal(t, syscall.SIGKILL)
 	release()
 	if n := w.liveHolds(); n != len(calls) {

@@ -933,6 +933,22 @@ func (w *world) mysqlAddr() string {
 	return cfg.Addr
 }
 
+// tallyAtPrice asserts that runID's tally is one call of out output tokens (X-Fake-Chunks)
+// and a prompt, at their price, and returns its cost: the reconciler settles from the tally,
+// so a test that checks a charge against it checks nothing of a tally that was wrong.
+func (w *world) tallyAtPrice(t *testing.T, runID string, out int64) int64 {
+	t.Helper()
+	tl, found, err := w.tally.Get(context.Background(), runID)
+	if err != nil || !found {
+		t.Fatalf("tally of %s: found %v, %v", runID, found, err)
+	}
+	if tl.Calls != 1 || tl.Usage.Output != out || tl.Usage.Input <= 0 || tl.CostMicro != w.price.Cost(tl.Usage) {
+		t.Errorf("tally of %s: %d calls, %d in / %d out, cost %d; want one call of %d out at its price %d",
+			runID, tl.Calls, tl.Usage.Input, tl.Usage.Output, tl.CostMicro, out, w.price.Cost(tl.Usage))
+	}
+	return tl.CostMicro
+}
+
 // reconcileAtTally starts a gateway whose reconciler settles every live hold, and asserts that
 // each run of tallies was settled at its tally (run id -> cost, each above 0) and that the
 // user's day ledger is their sum.

@@ -278,11 +278,7 @@ func TestSigtermSettlementsOutlastingTheDrain(t *testing.T) {
 	}
 	tallies := map[string]int64{}
 	for _, s := range calls {
-		tl, found, err := w.tally.Get(context.Background(), s.runID)
-		if err != nil || !found || tl.Calls != 1 || tl.CostMicro <= 0 {
-			t.Fatalf("tally of %s: %+v found %v err %v; want the call's usage", s.runID, tl, found, err)
-		}
-		tallies[s.runID] = tl.CostMicro
+		tallies[s.runID] = w.tallyAtPrice(t, s.runID, 20)
 	}
 	release()
 	w.reconcileAtTally(t, u.ID, tallies)
