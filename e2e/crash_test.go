@@ -374,11 +374,7 @@ func TestKillMidIdempotentCall(t *testing.T) {
 	// The retry at what it used: its 20 output tokens (X-Fake-Chunks) at their price, by its own
 	// settlement. (The ledger below only matches the rows: a retry charged its hold, or a token
 	// too many, kept it.)
-	if r := w.hold(second.runID); r.SettleSource.String != holds.SourceComplete || r.OutTok != 20 || r.InTok <= 0 ||
-		r.ChargedMicro != min(w.price.Cost(pricing.Usage{Input: r.InTok, Output: 20}), r.CapMicro) {
-		t.Errorf("retry %s: settled %q charged %d for %d in / %d out (held %d), want complete at the price of its 20 output tokens",
-			second.runID, r.SettleSource.String, r.ChargedMicro, r.InTok, r.OutTok, r.HeldMicro)
-	}
+	w.settledAtPrice(t, second.runID, holds.SourceComplete, 20)
 	var total int64
 	if err := w.db.Get(&total, "SELECT SUM(charged_micro) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
 		t.Fatal(err)

@@ -933,6 +933,18 @@ func (w *world) mysqlAddr() string {
 	return cfg.Addr
 }
 
+// settledAtPrice asserts that runID was settled by source at the price of its prompt and out
+// output tokens (X-Fake-Chunks), capped at its cap, its figures the provider's (not estimated).
+func (w *world) settledAtPrice(t *testing.T, runID, source string, out int64) {
+	t.Helper()
+	r := w.hold(runID)
+	if r.State != holds.StateSettled || r.SettleSource.String != source || r.Estimated || r.OutTok != out || r.InTok <= 0 ||
+		r.ChargedMicro != min(w.price.Cost(pricing.Usage{Input: r.InTok, Output: out}), r.CapMicro) {
+		t.Errorf("run %s: %s by %q, charged %d for %d in / %d out (estimated %v, held %d); want settled %s at the price of its reported usage, %d out",
+			runID, r.State, r.SettleSource.String, r.ChargedMicro, r.InTok, r.OutTok, r.Estimated, r.HeldMicro, source, out)
+	}
+}
+
 // tallyAtPrice asserts that runID's tally is one call of out output tokens (X-Fake-Chunks)
 // and a prompt, at their price, and returns its cost: the reconciler settles from the tally,
 // so a test that checks a charge against it checks nothing of a tally that was wrong.
