@@ -49,6 +49,7 @@ func TestSighupDrainsAsSigtermDoes(t *testing.T) {
 		t.Errorf("stream in flight at SIGHUP: client read %d events (err %v), settled by %q; want it finished and settled complete",
 			s.chunks, s.err, r.SettleSource.String)
 	}
+	w.settledAtPrice(t, s.runID, holds.SourceComplete, 20) // charged what it used
 	var live int
 	if err := w.db.Get(&live, "SELECT COUNT(*) FROM instances WHERE name = ? AND dead_at IS NULL", "gw-hangup"); err != nil {
 		t.Fatal(err)
@@ -109,6 +110,7 @@ func TestBrokenLogPipeDoesNotKillTheGateway(t *testing.T) {
 		t.Errorf("stream in flight: client read %d events (err %v), settled by %q; want it finished and settled complete",
 			s.chunks, s.err, r.SettleSource.String)
 	}
+	w.settledAtPrice(t, s.runID, holds.SourceComplete, 40)
 }
 
 // TestStartOnATakenPortLeavesNoInstanceRow: a gateway that cannot listen (its port taken)
