@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // twinLine is what a process logs on finding another live process under its own instance name.
@@ -31,9 +32,12 @@ func TestTwinInstanceNameIsReported(t *testing.T) {
 
 	const name = "twin-run"
 	run := map[string]string{"X-Run-Id": name}
-	runID, _ := completeCall(t, b, key, chatBody(false, 40, "first"), with(run, "X-Fake-Chunks", "10"))
+	runID, first := completeCall(t, b, key, chatBody(false, 40, "first"), with(run, "X-Fake-Chunks", "10"))
 	long := startStream(t, a, key, 250, 20*time.Millisecond, run) // 5 s: past the run's 3 s TTL
 	calls := 2
+	// What the calls answered whole cost, each at its price (a run's cost is the sum of its
+	// calls', each rounded on its own); the long stream's is checked from what is left.
+	whole, wholeCost := first, w.price.Cost(first)
 	for done := false; !done; {
 		select {
 		case <-long.done:
@@ -41,8 +45,9 @@ func TestTwinInstanceNameIsReported(t *testing.T) {
 			continue
 		default:
 		}
-		completeCall(t, b, key, chatBody(false, 40, "step"), with(run, "X-Fake-Chunks", "5"))
+		_, use := completeCall(t, b, key, chatBody(false, 40, "step"), with(run, "X-Fake-Chunks", "5"))
 		calls++
+		whole, wholeCost = whole.Add(use), wholeCost+w.price.Cost(use)
 		if r := w.hold(runID); r.State != holds.StateRunning {
 			t.Fatalf("run settled (%s) under its long call on the twin", r.SettleSource.String)
 		}
@@ -51,9 +56,13 @@ func TestTwinInstanceNameIsReported(t *testing.T) {
 		t.Fatalf("long call: ended %v, last %q", long.err, long.last)
 	}
 	view := settleRunWhenFree(t, b, key, name)
-	if r := w.hold(runID); view["state"] != "settled" || r.Calls != calls || r.ChargedMicro != r.CostMicro {
-		t.Errorf("run: %s by %q, %d calls, cost %d charged %d; want settled with %d calls", r.State,
-			r.SettleSource.String, r.Calls, r.CostMicro, r.ChargedMicro, calls)
+	r := w.hold(runID)
+	longUse := pricing.Usage{Input: r.InTok - whole.Input, Output: r.OutTok - whole.Output}
+	if view["state"] != "settled" || r.Calls != calls || longUse.Output != 250 || longUse.Input <= 0 ||
+		r.CostMicro != wholeCost+w.price.Cost(longUse) || r.ChargedMicro != r.CostMicro {
+		t.Errorf("run: %s by %q, %d calls, %d in / %d out, cost %d charged %d; want settled with %d calls: those answered whole "+
+			"(%d in / %d out, %d) and the long one's 250 out, each at its price", r.State, r.SettleSource.String, r.Calls,
+			r.InTok, r.OutTok, r.CostMicro, r.ChargedMicro, calls, whole.Input, whole.Output, wholeCost)
 	}
 	if got, r := w.usedToday(u.ID), w.hold(runID); got != r.ChargedMicro {
 		t.Errorf("day ledger %d, want the run's charge %d", got, r.ChargedMicro)
