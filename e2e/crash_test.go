@@ -33,7 +33,7 @@ func TestKillReconciledByPeer(t *testing.T) {
 	s1 := startStream(t, a, key, 5000, 20*time.Millisecond, long)
 	s2 := startStream(t, a, key, 5000, 20*time.Millisecond, long)
 	// A call that completes and settles normally on A.
-	control, _ := completeCall(t, a, key, chatBody(false, 50, "hello"), map[string]string{"X-Fake-Chunks": "20"})
+	control, controlUse := completeCall(t, a, key, chatBody(false, 50, "hello"), map[string]string{"X-Fake-Chunks": "20"})
 
 	// The streams outlive their hold TTL: whichever process scans sees a live lease and only
 	// pushes expires_at out. Wait until that has visibly happened to both.
@@ -95,7 +95,7 @@ func TestKillReconciledByPeer(t *testing.T) {
 		calls   int
 	}
 	wants := map[string]want{
-		control:  {source: holds.SourceComplete, charged: -1, calls: 1},
+		control:  {source: holds.SourceComplete, charged: w.price.Cost(controlUse), cost: w.price.Cost(controlUse), usage: &controlUse, calls: 1},
 		s1.runID: {source: holds.SourceReconcileHold, charged: w.hold(s1.runID).HeldMicro},
 		s2.runID: {source: holds.SourceReconcileHold, charged: w.hold(s2.runID).HeldMicro},
 		r1ID:     {source: holds.SourceReconcile, charged: r1Cost, cost: r1Cost, usage: &r1Usage, calls: 2},
@@ -111,11 +111,11 @@ func TestKillReconciledByPeer(t *testing.T) {
 			t.Errorf("run %s: state %s source %q, want settled by %s", id, r.State, r.SettleSource.String, wt.source)
 			continue
 		}
-		if wt.charged >= 0 && r.ChargedMicro != wt.charged {
+		if r.ChargedMicro != wt.charged {
 			t.Errorf("run %s (%s): charged %d, want %d", id, wt.source, r.ChargedMicro, wt.charged)
 		}
 		if wt.usage != nil && (r.InTok != wt.usage.Input || r.OutTok != wt.usage.Output || r.CostMicro != wt.cost || r.Calls != wt.calls) {
-			t.Errorf("run %s: usage in %d out %d cost %d calls %d, want the tally: in %d out %d cost %d calls %d",
+			t.Errorf("run %s: usage in %d out %d cost %d calls %d, want (the caller's, or the tally) in %d out %d cost %d calls %d",
 				id, r.InTok, r.OutTok, r.CostMicro, r.Calls, wt.usage.Input, wt.usage.Output, wt.cost, wt.calls)
 		}
 		if id == control {
