@@ -153,6 +153,9 @@ func FuzzRelayStream(f *testing.F) {
 	f.Add([]byte("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\ndata: after\n\n"), []byte{}, uint8(3|relayInRun|relaySmallLimit), uint16(12))
 	f.Add([]byte(""), []byte{}, uint8(0), uint16(0))
 	f.Add([]byte(": OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING\n\n"), []byte{5}, uint8(relayInRun), uint16(0))
+	// Keep-alives alone, the last cut before its line ending: the half comment is not passed on,
+	// nor the gateway's error event written on its line.
+	f.Add([]byte(": OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING"), []byte{30}, uint8(0), uint16(0))
 	f.Fuzz(func(t *testing.T, in, cuts []byte, mode uint8, lim uint16) {
 		rt := relayRoutes[mode&relayRouteBits]
 		limit := 1 << 20

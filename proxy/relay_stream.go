@@ -38,7 +38,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	sc := metering.NewScanner(resp.Body, s.cfg.Limits.MaxEventBytes)
 	sc.BeforeRead(sr.flush)
 	for {
-		ev, err := nextEvent(sc, c.meter, sr.sawData)
+		ev, err := nextEvent(sc, c.meter, sr.sawData, sr.sawAny)
 		if err != nil {
 			// What came with the upstream's end goes out before endStream waits on Redis and
 			// MySQL (answerFinal, a run's tally, a pin), and a caller gone meanwhile is seen.
@@ -364,7 +364,12 @@ func (sr *streamRelay) stopGrace() {
 // said as the break it is (errStreamCut): relayed, the caller had half an event and a clean end
 // (an SDK that drops an unfinished event at the end took the answer for whole), and the call
 // ended complete. Not metered, for the same reason.
-func nextEvent(sc *metering.Scanner, m *metering.Meter, sawData bool) (metering.Event, error) {
+//
+// sawAny says whether an earlier event was more than keep-alive comments. A stream of nothing
+// else that ends inside one ends empty (errStreamEmpty), and the half comment is not passed on,
+// as a half event after a break is not: relayed, the gateway's error event was written on its
+// unended line, and read as part of the comment, so the caller saw no event and a clean end.
+func nextEvent(sc *metering.Scanner, m *metering.Meter, sawData, sawAny bool) (metering.Event, error) {
 	ev, err := sc.Next()
 	if err != nil || !ev.Unterminated {
 		return ev, err
@@ -377,6 +382,9 @@ func nextEvent(sc *metering.Scanner, m *metering.Meter, sawData bool) (metering.
 	}
 	if cutJSON(ev.Data) || (ev.Data == nil && !sawData && cutJSON(ev.Raw)) {
 		return ev, errStreamCut
+	}
+	if !sawAny && commentsOnly(ev.Raw) {
+		return ev, errStreamEmpty
 	}
 	return ev, nil
 }
