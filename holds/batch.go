@@ -42,6 +42,16 @@ const MaxBatch = 256
 //
 // The error is for the whole batch (nothing committed); refusals and unknown runs are per item.
 func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRequest) ([]BatchResult, []AdmitResult, error) {
+	settled, admitted, err := s.writeBatch(ctx, sts, reqs)
+	if err == nil {
+		s.tellSettled(sts, settled)
+	}
+	return settled, admitted, err
+}
+
+// writeBatch is WriteBatch without telling the SettledHook: what the Writer runs where a
+// panic is recovered (Writer.writeBatch), which must never be one after the batch committed.
+func (s *Store) writeBatch(ctx context.Context, sts []Settlement, reqs []AdmitRequest) ([]BatchResult, []AdmitResult, error) {
 	checkBatch(sts, reqs)
 	what := batchName(sts, reqs)
 	tokens := settleTokens(sts)
@@ -84,7 +94,6 @@ func (s *Store) WriteBatch(ctx context.Context, sts []Settlement, reqs []AdmitRe
 	if err != nil {
 		return nil, nil, batchError(what, err, sent, settleSent, len(reqs) > 0)
 	}
-	s.tellSettled(sts, settled)
 	return settled, admitted, nil
 }
 

@@ -83,6 +83,29 @@ func (e *OutcomeUnknownError) forRun(runID string) error {
 // ErrAdmitNotStarted is an admission that no worker took before its deadline: nothing was held.
 var ErrAdmitNotStarted = errors.New("admission not started before its deadline")
 
+// errBatchPanicked is a batch whose building or reading panicked (Writer.writeBatch): most
+// likely one item's fault, an item refusal (isItemRefusal).
+var errBatchPanicked = errors.New("batch panicked")
+
+// isItemRefusal is a batch's error that is most likely one of its items' fault, and that left
+// nothing of the batch committed: a statement the database refused for what it holds (a value
+// out of range, a duplicate key, a foreign key, a string too long), not for a reason of its
+// own (isUnavailable: an outage, a statement it ended, read_only, a full disk), nor a conflict
+// the retries did not outlast, nor a COMMIT sent unanswered (the refused statement stopped its
+// script before the COMMIT); or a panic while building the batch. The Writer splits a batch so
+// refused to find the item at fault, rather than fail every item with it.
+func isItemRefusal(err error) bool {
+	if errors.Is(err, errBatchPanicked) {
+		return true
+	}
+	var unknown *OutcomeUnknownError
+	if mysqlErrNumber(err) == 0 || isConflict(err) || isUnavailable(err) || isOutOfRoom(err) ||
+		errors.Is(err, ErrOutcomeUnknown) || errors.As(err, &unknown) {
+		return false
+	}
+	return true
+}
+
 // ErrBatcherClosed is returned to requests offered to a Writer or a KeyLookup after Close.
 var ErrBatcherClosed = errors.New("batcher closed")
 

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/tollgate/tollgate/internal/token"
 )
 
@@ -314,33 +316,61 @@ func (w *Writer) commit(batch []writeItem) {
 			taken = append(taken, it)
 		}
 	}
-	batch = taken
-	if len(batch) == 0 {
-		return
+	if len(taken) > 0 {
+		w.run(taken, start, deadline, start.Add(w.cfg.SettleTimeout))
 	}
+}
+
+// run runs one batch of taken items under deadline (the earliest of its admissions', or
+// settleBy, SettleTimeout from when a worker took the batch, for settlements alone) and
+// answers its items. A batch the database
+// refused for what one of its statements holds (isItemRefusal: a value out of range, a
+// duplicate key, a string too long; or a panic while building it) committed nothing, and is
+// most likely refused for one item's sake: it is split in halves, run one after the other in
+// batch order (a settlement still commits before the admissions that followed it), down to
+// the item at fault, which alone is answered the refusal. Without it one such item failed
+// every admission and settlement that happened to share its batch: the admissions answered
+// 503, the settlements left to the reconciler. A refusal that is every item's (a schema out
+// of date) costs at most 2n-1 transactions for a batch of n before each is answered it.
+func (w *Writer) run(batch []writeItem, start, deadline, settleBy time.Time) {
 	var sts []Settlement
 	var reqs []AdmitRequest
 	var waits []time.Duration
-	for _, it := range batch {
+	for i, it := range batch {
 		if it.admit != nil && w.cfg.OnBatch != nil {
 			waits = append(waits, start.Sub(it.queued))
 		}
 		if it.settle != nil {
-			st := *it.settle
-			// Drawn once for both batches below: the retry of the settlements alone, after a
-			// batch whose COMMIT reply was lost, must recognise what that batch committed.
-			if st.token == "" {
+			// Drawn once for every batch that may carry it (a half after a refusal, the retry
+			// of the settlements alone): the retry after a batch whose COMMIT reply was lost
+			// must recognise what that batch committed.
+			if it.settle.token == "" {
+				st := *it.settle
 				st.token = token.New()
+				batch[i].settle = &st
 			}
-			sts = append(sts, st)
+			sts = append(sts, *batch[i].settle)
 		} else {
 			reqs = append(reqs, *it.admit)
 		}
 	}
 	ctx, cancel := context.WithDeadline(w.withRooms(context.Background()), deadline)
-	settled, admitted, err := w.store.WriteBatch(ctx, sts, reqs)
+	settled, admitted, err := w.writeBatch(ctx, sts, reqs)
 	cancel()
 	w.observe(BatchShape{Settlements: len(sts), Admissions: len(reqs), Err: err, Took: time.Since(start), AdmitWaits: waits, Deadline: deadline})
+	if len(batch) > 1 && isItemRefusal(err) {
+		w.store.log.Warn("batch refused; trying its halves apart", zap.Int("settlements", len(sts)), zap.Int("admissions", len(reqs)),
+			zap.Strings("run_ids", batchRuns(sts, reqs)), zap.Error(err))
+		half := len(batch) / 2
+		for _, part := range [][]writeItem{batch[:half], batch[half:]} {
+			w.run(part, time.Now(), partDeadline(part, settleBy), settleBy)
+		}
+		return
+	}
+	if err != nil && len(batch) == 1 && isItemRefusal(err) {
+		w.store.log.Error("item refused by the database", zap.String("run_id", batchRuns(sts, reqs)[0]),
+			zap.Bool("settlement", len(sts) == 1), zap.Error(err))
+	}
 	answerAdmissions(batch, admitted, err)
 	if err != nil && len(sts) > 0 && len(reqs) > 0 {
 		// The first batch's settlement writes may have committed unanswered (ErrOutcomeUnknown):
@@ -349,7 +379,7 @@ func (w *Writer) commit(batch []writeItem) {
 		mayHaveSettled := errors.Is(err, ErrOutcomeUnknown)
 		ctx, cancel = context.WithTimeout(w.withRooms(context.Background()), w.cfg.SettleTimeout)
 		again := time.Now()
-		settled, _, err = w.store.WriteBatch(ctx, sts, nil)
+		settled, _, err = w.writeBatch(ctx, sts, nil)
 		cancel()
 		w.observe(BatchShape{Settlements: len(sts), Err: err, Took: time.Since(again)})
 		if err != nil && mayHaveSettled && !errors.Is(err, ErrOutcomeUnknown) {
@@ -357,6 +387,42 @@ func (w *Writer) commit(batch []writeItem) {
 		}
 	}
 	answerSettlements(batch, settled, err)
+}
+
+// partDeadline is the deadline of part of a refused batch: the earliest of its admissions',
+// or settle, the batch's settlements' own, when it carries none.
+func partDeadline(part []writeItem, settle time.Time) time.Time {
+	deadline, admits := settle, false
+	for _, it := range part {
+		if it.admit != nil && (!admits || it.deadline.Before(deadline)) {
+			deadline, admits = it.deadline, true
+		}
+	}
+	return deadline
+}
+
+// writeBatch is Store.WriteBatch that turns a panic while building or running the batch into
+// its error (errBatchPanicked), an item refusal: a worker that panicked took the whole process
+// down, every call in flight with it, for what is most likely one item's fault. The panic
+// unwinds the batch's deferred rollback and connection release before it is recovered here;
+// nothing recovered can have committed (the SettledHook, told after the COMMIT, is outside).
+func (w *Writer) writeBatch(ctx context.Context, sts []Settlement, reqs []AdmitRequest) ([]BatchResult, []AdmitResult, error) {
+	settled, admitted, err := w.tryBatch(ctx, sts, reqs)
+	if err == nil {
+		w.store.tellSettled(sts, settled)
+	}
+	return settled, admitted, err
+}
+
+// tryBatch runs Store.writeBatch, recovering its panic (see writeBatch).
+func (w *Writer) tryBatch(ctx context.Context, sts []Settlement, reqs []AdmitRequest) (settled []BatchResult, admitted []AdmitResult, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			w.store.log.Error("panic in a batch", zap.Any("panic", p), zap.Strings("run_ids", batchRuns(sts, reqs)), zap.Stack("stack"))
+			settled, admitted, err = nil, nil, fmt.Errorf("%s: %w: %v", batchName(sts, reqs), errBatchPanicked, p)
+		}
+	}()
+	return w.store.writeBatch(ctx, sts, reqs)
 }
 
 // minAdmitLeftDiv: an admission with less than AdmitTimeout/minAdmitLeftDiv left when a worker
