@@ -317,21 +317,24 @@ func (w *Writer) commit(batch []writeItem) {
 		}
 	}
 	if len(taken) > 0 {
-		w.run(taken, start, deadline, start.Add(w.cfg.SettleTimeout))
+		w.run(taken, start, deadline, time.Time{})
 	}
 }
 
 // run runs one batch of taken items under deadline (the earliest of its admissions', or
-// settleBy, SettleTimeout from when a worker took the batch, for settlements alone) and
-// answers its items. A batch the database
-// refused for what one of its statements holds (isItemRefusal: a value out of range, a
-// duplicate key, a string too long; or a panic while building it) committed nothing, and is
-// most likely refused for one item's sake: it is split in halves, run one after the other in
-// batch order (a settlement still commits before the admissions that followed it), down to
-// the item at fault, which alone is answered the refusal. Without it one such item failed
-// every admission and settlement that happened to share its batch: the admissions answered
-// 503, the settlements left to the reconciler. A refusal that is every item's (a schema out
-// of date) costs at most 2n-1 transactions for a batch of n before each is answered it.
+// SettleTimeout from when a worker took it for settlements alone) and answers its items.
+// settleBy, for a part of a refused batch, is when its settlements' time ends, the retry of
+// them alone included; zero for a whole batch, whose retry gets SettleTimeout of its own.
+//
+// A batch the database refused for what one of its statements holds (isItemRefusal: a value
+// out of range, a duplicate key, a string too long; or a panic while building it) committed
+// nothing, and is most likely refused for one item's sake: it is split in halves, run one
+// after the other in batch order (a settlement still commits before the admissions that
+// followed it), down to the item at fault, which alone is answered the refusal. Without it
+// one such item failed every admission and settlement that happened to share its batch: the
+// admissions answered 503, the settlements left to the reconciler. A refusal that is every
+// item's (a schema out of date) costs at most 2n-1 transactions for a batch of n before each
+// is answered it.
 func (w *Writer) run(batch []writeItem, start, deadline, settleBy time.Time) {
 	var sts []Settlement
 	var reqs []AdmitRequest
@@ -361,6 +364,12 @@ func (w *Writer) run(batch []writeItem, start, deadline, settleBy time.Time) {
 	if len(batch) > 1 && isItemRefusal(err) {
 		w.store.log.Warn("batch refused; trying its halves apart", zap.Int("settlements", len(sts)), zap.Int("admissions", len(reqs)),
 			zap.Strings("run_ids", batchRuns(sts, reqs)), zap.Error(err))
+		if settleBy.IsZero() {
+			// Every part's settlements, tried again alone too, are done within one
+			// SettleTimeout: a database that goes out of reach meanwhile holds the worker
+			// that long, not that long for each part.
+			settleBy = time.Now().Add(w.cfg.SettleTimeout)
+		}
 		half := len(batch) / 2
 		for _, part := range [][]writeItem{batch[:half], batch[half:]} {
 			w.run(part, time.Now(), partDeadline(part, settleBy), settleBy)
@@ -377,7 +386,11 @@ func (w *Writer) run(batch []writeItem, start, deadline, settleBy time.Time) {
 		// a retry that fails too never found out, and its own error must not tell the callers
 		// that nothing was charged.
 		mayHaveSettled := errors.Is(err, ErrOutcomeUnknown)
-		ctx, cancel = context.WithTimeout(w.withRooms(context.Background()), w.cfg.SettleTimeout)
+		retryBy := settleBy
+		if retryBy.IsZero() {
+			retryBy = time.Now().Add(w.cfg.SettleTimeout)
+		}
+		ctx, cancel = context.WithDeadline(w.withRooms(context.Background()), retryBy)
 		again := time.Now()
 		settled, _, err = w.writeBatch(ctx, sts, nil)
 		cancel()
