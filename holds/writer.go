@@ -372,7 +372,9 @@ func (w *Writer) run(batch []writeItem, start, deadline, settleBy time.Time) {
 		}
 		half := len(batch) / 2
 		for _, part := range [][]writeItem{batch[:half], batch[half:]} {
-			w.run(part, time.Now(), partDeadline(part, settleBy), settleBy)
+			if part = w.dropLate(part, time.Now()); len(part) > 0 {
+				w.run(part, time.Now(), partDeadline(part, settleBy), settleBy)
+			}
 		}
 		return
 	}
@@ -400,6 +402,23 @@ func (w *Writer) run(batch []writeItem, start, deadline, settleBy time.Time) {
 		}
 	}
 	answerSettlements(batch, settled, err)
+}
+
+// dropLate answers the admissions of part of a refused batch that have less than a tenth of
+// AdmitTimeout left (ErrAdmitNotStarted: the refused batch committed nothing, and they are not
+// started again), as commit does for a whole batch, and returns the rest of part: one with a
+// moment left would fail its part's other items with it.
+func (w *Writer) dropLate(part []writeItem, now time.Time) []writeItem {
+	minLeft := w.cfg.AdmitTimeout / minAdmitLeftDiv
+	kept := part[:0:0]
+	for _, it := range part {
+		if left := it.deadline.Sub(now); it.admit != nil && left < minLeft {
+			it.out <- writeOutcome{err: fmt.Errorf("%w (%v of its %v left after its batch was refused)", ErrAdmitNotStarted, left.Round(time.Millisecond), w.cfg.AdmitTimeout)}
+			continue
+		}
+		kept = append(kept, it)
+	}
+	return kept
 }
 
 // partDeadline is the deadline of part of a refused batch: the earliest of its admissions',
