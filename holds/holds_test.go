@@ -2,6 +2,7 @@ package holds_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -126,6 +127,9 @@ type tallyUsage struct{ t *runstate.Tally }
 
 func (s tallyUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	t, found, err := s.t.Get(ctx, runID)
+	if errors.Is(err, runstate.ErrTallyCorrupt) {
+		err = fmt.Errorf("%w: %w", holds.ErrTallyCorrupt, err)
+	}
 	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0,
 		PriceSnapshot: []byte(t.PriceSnapshot)}, found, err
 }

@@ -24,9 +24,16 @@ import (
 
 // UsageSource reads a run's tally: what its calls used, as written after each call.
 type UsageSource interface {
-	// Tallied returns the run's tally; found is false when the run has none at all.
+	// Tallied returns the run's tally; found is false when the run has none at all. A tally
+	// that was read but is no record of usage (garbage in its fields) is an error wrapping
+	// ErrTallyCorrupt.
 	Tallied(ctx context.Context, runID string) (t RunTally, found bool, err error)
 }
+
+// ErrTallyCorrupt is a run's tally that was read but is no record of usage: the reconciler
+// settles the run as one without a tally, as it does one whose figures are impossible
+// (TallyBelievable). Any other error of Tallied is a failed read, tried again at the next pass.
+var ErrTallyCorrupt = errors.New("tally is no record of usage")
 
 // RunTally is what a run's calls used by its tally: summed usage, cost at list price, calls.
 type RunTally struct {
@@ -522,6 +529,13 @@ func (r *Reconciler) extend(ctx context.Context, run Run, log *zap.Logger) (stri
 // believed. The Estimated mark is the tally's, whichever figures won.
 func (r *Reconciler) used(ctx context.Context, run Run, log *zap.Logger) (tally RunTally, found bool, err error) {
 	tally, found, err = r.cfg.Usage.Tallied(ctx, run.RunID)
+	if errors.Is(err, ErrTallyCorrupt) {
+		// Read as "unreadable", the hold waited for a next pass that read the same garbage,
+		// every pass failing, for as long as the key lived.
+		log.Error("reconcile: the run's tally is no record of usage; settling it as a run without one — someone should look",
+			zap.Error(err))
+		tally, found, err = RunTally{}, false, nil
+	}
 	if err != nil {
 		return tally, found, err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -94,6 +95,9 @@ type tallySource struct{ t *runstate.Tally }
 
 func (s tallySource) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	t, found, err := s.t.Get(ctx, runID)
+	if errors.Is(err, runstate.ErrTallyCorrupt) {
+		return holds.RunTally{}, false, fmt.Errorf("%w: %w", holds.ErrTallyCorrupt, err)
+	}
 	if err != nil {
 		return holds.RunTally{}, false, err
 	}

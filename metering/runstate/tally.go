@@ -175,9 +175,18 @@ func (t *Tally) QueueSnapshot(ctx context.Context, p redis.Pipeliner, runID stri
 	p.HSet(ctx, t.keys.Usage(runID), snapshotField, snapshot)
 }
 
-// Get reads a run's tally; found is false when there is none.
+// ErrTallyCorrupt is a tally that was read but is no record of usage: a field that is no
+// integer (or past int64), or a key that is no hash. Written so only by hand or by a foreign
+// tool, never by the gateway; unlike a failed read, asking again changes nothing.
+var ErrTallyCorrupt = errors.New("tally is no record of usage")
+
+// Get reads a run's tally; found is false when there is none. A tally that is no record of
+// usage is an error wrapping ErrTallyCorrupt.
 func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 	vals, err := t.rdb.HMGet(ctx, t.keys.Usage(runID), readFields...).Result()
+	if isWrongType(err) {
+		return Tallied{}, false, fmt.Errorf("read tally %s: %w: %w", runID, ErrTallyCorrupt, err)
+	}
 	if err != nil {
 		return Tallied{}, false, fmt.Errorf("read tally %s: %w", runID, err)
 	}
@@ -213,9 +222,15 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 		PriceSnapshot:  snapshot,
 	}
 	if parseErr != nil {
-		return Tallied{}, false, fmt.Errorf("read tally %s: %w", runID, parseErr)
+		return Tallied{}, false, fmt.Errorf("read tally %s: %w: %w", runID, ErrTallyCorrupt, parseErr)
 	}
 	return out, true, nil
+}
+
+// isWrongType reports whether err is Redis's refusal of a command on a key of another type.
+func isWrongType(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "WRONGTYPE")
 }
 
 // JoinsAdd reports whether commands on keys through rdb may ride in AddWith's MULTI/EXEC for
