@@ -145,8 +145,15 @@ type redisLock struct {
 }
 
 // lockScript takes the lock if free or already ours, in one step so that no other process
-// can take it between a check and a refresh.
+// can take it between a check and a refresh. The lock is only ever written with a TTL; a key
+// no process wrote (by hand, or PERSISTed) must not stop every reconciler for good: one of
+// another type, which failed every ask, is taken over, and one held without a TTL is given
+// one, so it lapses as a killed holder's lock does.
 var lockScript = redis.NewScript(`
+local t = redis.call('TYPE', KEYS[1]).ok
+if t ~= 'string' and t ~= 'none' then
+  redis.call('DEL', KEYS[1])
+end
 local v = redis.call('GET', KEYS[1])
 if v == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -155,6 +162,9 @@ end
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
+end
+if redis.call('PTTL', KEYS[1]) == -1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0`)
 

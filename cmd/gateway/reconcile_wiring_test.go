@@ -100,3 +100,39 @@ func TestReconcilerSparesACallItsOwnProcessServes(t *testing.T) {
 		t.Errorf("the hold no process serves was not charged its hold")
 	}
 }
+
+// TestRedisLockThatWouldNeverLapse: the lock is only ever written with a TTL, so a killed
+// holder blocks the others for one TTL at most. A lock key without one (set by hand, or
+// PERSISTed) blocked every process's reconciler for good, silently: each ask found it held by
+// someone else. A key of another type failed every ask, on every process, for good. The ask
+// now gives a lock without a TTL one, so it lapses as a killed holder's does, and takes over a
+// key that is no lock at all.
+func TestRedisLockThatWouldNeverLapse(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	ctx := context.Background()
+	key := runstate.Keys{Prefix: prefix}.ReconcileLock()
+	a := redisLock{rdb: rdb, key: key, instance: "a", ttl: 3 * time.Second}
+
+	if err := rdb.Set(ctx, key, "not-an-instance", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.TryLock(ctx); err != nil || ok {
+		t.Fatalf("ask of a lock held without a TTL: %v, %v; want refused, the holder unknown", ok, err)
+	}
+	if left := rdb.PTTL(ctx, key).Val(); left <= 0 || left > 3*time.Second {
+		t.Fatalf("lock without a TTL left with %v to live after an ask; want it to lapse within the lock's TTL", left)
+	}
+
+	if err := rdb.Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, key, "holder", "a").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.TryLock(ctx); err != nil || !ok {
+		t.Fatalf("ask over a lock key that is no string: %v, %v; want the lock taken", ok, err)
+	}
+	if v := rdb.Get(ctx, key).Val(); v != "a" {
+		t.Fatalf("lock value %q, want the holder's instance", v)
+	}
+}
