@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
@@ -41,7 +42,7 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 	return holds.NewReconciler(holds.ReconcilerConfig{
 		Store:    d.store,
 		Usage:    tally,
-		Leases:   leaseChecker{rdb: d.rdb, keys: d.keys, local: d.leases},
+		Leases:   leaseChecker{rdb: d.rdb, keys: d.keys, local: d.leases, ttl: d.cfg.Holds.LeaseTTL, log: e.log.Named("reconcile")},
 		Refusals: tally,
 		Lock:     redisLock{rdb: d.rdb, key: d.keys.ReconcileLock(), instance: d.cfg.Instance, ttl: d.cfg.Holds.ReconcileLockTTL},
 		Log:      e.log.Named("reconcile"),
@@ -115,21 +116,46 @@ func (s tallySource) Refused(ctx context.Context, runID, token string) (bool, er
 // heartbeat has not written it in time (starved on an overloaded host, or Redis restarted
 // empty since the last beat), and the reconciler would charge a live call its hold; the
 // process serving it knows without asking. Other processes' calls are known by key alone.
+//
+// A lease is only ever written with a TTL (lease_ttl), and its lapse is how a killed process
+// is known. A key without one (written by hand, or PERSISTed) counts as a lease this once and
+// is given ttl: left alone, it kept its hold extended at every pass, for good.
 type leaseChecker struct {
 	rdb   redis.UniversalClient
 	keys  runstate.Keys
 	local *runstate.Leases // nil: a one-off pass serves nothing
+	ttl   time.Duration    // lease_ttl, given to a lease key without one; 0: none given
+	log   *zap.Logger      // nil: the TTL given is not logged
 }
+
+// Redis's PTTL answers for a key that does not exist and for one without a TTL.
+const (
+	pttlNoKey = -2 * time.Nanosecond
+	pttlNoTTL = -1 * time.Nanosecond
+)
 
 func (l leaseChecker) Exists(ctx context.Context, runID string) (bool, error) {
 	if l.local != nil && l.local.Serving(runID) {
 		return true, nil
 	}
-	n, err := l.rdb.Exists(ctx, l.keys.Lease(runID)).Result()
+	key := l.keys.Lease(runID)
+	left, err := l.rdb.PTTL(ctx, key).Result()
 	if err != nil {
 		return false, fmt.Errorf("lease %s: %w", runID, err)
 	}
-	return n == 1, nil
+	if left == pttlNoKey {
+		return false, nil
+	}
+	if left == pttlNoTTL && l.ttl > 0 {
+		if err := l.rdb.PExpire(ctx, key, l.ttl).Err(); err != nil {
+			return false, fmt.Errorf("lease %s without a TTL: %w", runID, err)
+		}
+		if l.log != nil {
+			l.log.Error("reconcile: the run's lease had no TTL, which no process writes; given lease_ttl so that it lapses — someone should look",
+				zap.String("run_id", runID), zap.String("key", key), zap.Duration("ttl", l.ttl))
+		}
+	}
+	return true, nil
 }
 
 // redisLock is `SET billing:reconcile:lock <instance> NX PX ttl`. A holder that asks again

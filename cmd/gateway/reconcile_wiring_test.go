@@ -136,3 +136,59 @@ func TestRedisLockThatWouldNeverLapse(t *testing.T) {
 		t.Fatalf("lock value %q, want the holder's instance", v)
 	}
 }
+
+// TestReconcilerLeaseThatWouldNeverLapse: a lease is only ever written with a TTL (lease_ttl,
+// refreshed by its process's heartbeat), and its lapse is how the reconciler knows the process
+// is gone. A lease key without one — written by hand, its value no instance at all, or
+// PERSISTed — kept its hold extended at every pass, for good: never settled, counted in its
+// user's calls in flight and held credits. The reconciler still counts it a lease this once,
+// and gives it lease_ttl, so it lapses as a killed process's lease does and the hold settles.
+func TestReconcilerLeaseThatWouldNeverLapse(t *testing.T) {
+	count := useTestDatabase(t)
+	t.Setenv("REDIS_URL", testenv.RedisURL(t))
+	rdb, prefix := testenv.Redis(t)
+	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	keys := runstate.Keys{Prefix: prefix}
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	db := openTestDatabase(t)
+	if _, err := db.ExecContext(ctx, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, model, expires_at)
+		 SELECT 'r_forever', id, 'running', 100, 100, 'm', NOW(6) - INTERVAL 1 SECOND FROM users`); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, keys.Lease("r_forever"), "not-an-instance", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e, err := setup(ctx, "serve", nil, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	gw, err := e.newGateway(e.store(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := gw.rec.RunForced(ctx)
+	if err != nil || st.Extended != 1 {
+		t.Fatalf("pass: %+v, %v; want the leased hold extended", st, err)
+	}
+	ttl := e.cfg.Holds.LeaseTTL
+	if left := rdb.PTTL(ctx, keys.Lease("r_forever")).Val(); left <= 0 || left > ttl {
+		t.Fatalf("lease without a TTL left with %v to live after a pass; want it to lapse within lease_ttl %v", left, ttl)
+	}
+	// Once it has lapsed, the hold is settled as any other left behind.
+	if err := rdb.Del(ctx, keys.Lease("r_forever")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = 'r_forever'"); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := gw.rec.RunForced(ctx); err != nil || st.ChargedHeld != 1 {
+		t.Fatalf("pass after the lease lapsed: %+v, %v; want the hold charged", st, err)
+	}
+	if n := count("SELECT COUNT(*) FROM run_holds WHERE run_id = 'r_forever' AND state = 'settled'"); n != 1 {
+		t.Fatal("hold not settled once its lease lapsed")
+	}
+}
