@@ -61,7 +61,8 @@ func TallyBelievable(u pricing.Usage, cost, calls int64) bool {
 
 // RefusalSource tells whether an admission, by its run and token, was refused after its
 // COMMIT went unanswered (the gateway's mark, written before its 503): the hold carrying that
-// token, committed after all, was never forwarded.
+// token, committed after all, was never forwarded. Marks that were read but are no record
+// (garbage) are an error wrapping ErrTallyCorrupt: the hold is charged as one without a mark.
 type RefusalSource interface {
 	Refused(ctx context.Context, runID, token string) (bool, error)
 }
@@ -502,6 +503,13 @@ func (r *Reconciler) one(ctx context.Context, run Run) (string, int64, error) {
 		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)
 	}
 	refused, err := r.refused(ctx, run, found)
+	if errors.Is(err, ErrTallyCorrupt) {
+		// Asking again reads the same garbage: the hold failed every pass for as long as the
+		// key lived.
+		log.Error("reconcile: the run's marks of refused admissions are no record; charging it as a run without one — someone should look",
+			zap.Error(err))
+		refused, err = false, nil
+	}
 	if err != nil {
 		// Unreadable: charging the hold on a Redis blip could charge a refused call.
 		return OutcomeError, 0, fmt.Errorf("reconcile %s: %w", run.RunID, err)

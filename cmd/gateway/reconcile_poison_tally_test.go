@@ -13,7 +13,9 @@ import (
 // Redis blip: the hold left for the next pass, every pass failed, and so for as long as the
 // key lived (tally_ttl, 48 h; for good once its TTL was removed). Such a tally is settled as
 // impossible figures are (TallyBelievable): as a run without one, at its hold, logged; the
-// holds beside it settle as before and the pass does not fail.
+// holds beside it settle as before and the pass does not fail. So too a run without a tally
+// whose admission's refusal marks are no hash: asked whether its admission was refused, the
+// reconciler failed it at every pass; it is charged as a run without a mark.
 func TestReconcilerSettlesARunWhoseTallyIsNoRecord(t *testing.T) {
 	count := useTestDatabase(t)
 	t.Setenv("REDIS_URL", testenv.RedisURL(t))
@@ -33,15 +35,17 @@ func TestReconcilerSettlesARunWhoseTallyIsNoRecord(t *testing.T) {
 			return rdb.HSet(ctx, keys.Usage("r_past_int64"), "cost_micro", "99999999999999999999", "calls", "1").Err()
 		},
 		"r_not_a_hash": func() error { return rdb.Set(ctx, keys.Usage("r_not_a_hash"), "7", 0).Err() },
+		// No tally, and its admission's refusal marks (a hash by its admissions' tokens) no hash.
+		"r_refusals_not_a_hash": func() error { return rdb.Set(ctx, keys.Refused("r_refusals_not_a_hash"), "1", 0).Err() },
 	}
 	for _, poison := range poisoned {
 		if err := poison(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, run := range []string{"r_not_a_number", "r_past_int64", "r_not_a_hash", "r_fine"} {
-		if _, err := db.ExecContext(ctx, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, model, expires_at)
-			 SELECT ?, id, 'running', 100, 100, 'm', NOW(6) - INTERVAL 1 SECOND FROM users`, run); err != nil {
+	for _, run := range []string{"r_not_a_number", "r_past_int64", "r_not_a_hash", "r_refusals_not_a_hash", "r_fine"} {
+		if _, err := db.ExecContext(ctx, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, model, expires_at, admit_token)
+			 SELECT ?, id, 'running', 100, 100, 'm', NOW(6) - INTERVAL 1 SECOND, 'tok' FROM users`, run); err != nil {
 			t.Fatal(err)
 		}
 	}

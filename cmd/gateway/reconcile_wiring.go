@@ -108,7 +108,11 @@ func (s tallySource) Tallied(ctx context.Context, runID string) (holds.RunTally,
 
 // Refused reads a refused admission's mark (runstate.Tally.MarkRefused).
 func (s tallySource) Refused(ctx context.Context, runID, token string) (bool, error) {
-	return s.t.Refused(ctx, runID, token)
+	refused, err := s.t.Refused(ctx, runID, token)
+	if errors.Is(err, runstate.ErrTallyCorrupt) {
+		return false, fmt.Errorf("%w: %w", holds.ErrTallyCorrupt, err)
+	}
+	return refused, err
 }
 
 // leaseChecker asks whether any process still serves a run: this process's own leases

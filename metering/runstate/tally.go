@@ -144,9 +144,12 @@ func (t *Tally) MarkRefused(ctx context.Context, runID, token string) error {
 }
 
 // Refused reports whether the admission of runID carrying token was marked refused
-// (MarkRefused).
+// (MarkRefused). Marks that are no hash are an error wrapping ErrTallyCorrupt.
 func (t *Tally) Refused(ctx context.Context, runID, token string) (bool, error) {
 	ok, err := t.rdb.HExists(ctx, t.keys.Refused(runID), token).Result()
+	if isWrongType(err) {
+		return false, fmt.Errorf("read refused admissions of %s: %w: %w", runID, ErrTallyCorrupt, err)
+	}
 	if err != nil {
 		return false, fmt.Errorf("read refused admissions of %s: %w", runID, err)
 	}
