@@ -568,19 +568,19 @@ func (r *Reconciler) used(ctx context.Context, run Run, log *zap.Logger) (tally 
 		tally.PriceSnapshot = nil
 	}
 	// A named run's row records its ended calls too: a tally that lost some of them (a Redis
-	// restart) costs less than the row, and the row is what the run used. Its figures get the
-	// tally's check: no code path writes a negative one, but a hand edit or a restored backup
-	// can, and a negative cost taken from it panicked the store on every pass.
-	ru, rc, rn, rfound := run.Recorded()
-	if rfound && !TallyBelievable(ru, rc, rn) {
+	// restart) costs less than the row, and the row is what the run used. A row whose record
+	// cannot be one is none (Recorded): no code path writes a negative figure there, but a hand
+	// edit or a restored backup can, and a negative cost taken from it panicked the store on
+	// every pass.
+	if !run.RecordBelievable() {
+		ru := run.Usage()
 		log.Error("reconcile: the run's row records impossible figures of its calls; not settling from them — someone should look",
-			zap.Int64("row_cost_micro", rc), zap.Int64("row_calls", rn), zap.Int64("row_in_tok", ru.Input),
+			zap.Int64("row_cost_micro", run.CostMicro), zap.Int("row_calls", run.Calls), zap.Int64("row_in_tok", ru.Input),
 			zap.Int64("row_out_tok", ru.Output), zap.Int64("row_cache_read_tok", ru.CacheRead),
 			zap.Int64("row_cache_write_tok", ru.CacheWrite), zap.Int64("row_cache_write_1h_tok", ru.CacheWrite1h),
 			zap.Int64("row_audio_in_tok", ru.AudioInput), zap.Int64("row_audio_out_tok", ru.AudioOutput))
-		rfound = false
 	}
-	if rfound && (!found || rc > tally.CostMicro) {
+	if ru, rc, rn, rfound := run.Recorded(); rfound && (!found || rc > tally.CostMicro) {
 		tally.Usage, tally.CostMicro, tally.Calls, tally.PriceSnapshot, found = ru, rc, rn, nil, true
 	}
 	return tally, found, nil

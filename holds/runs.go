@@ -153,9 +153,19 @@ func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Durati
 // false when it records none. A call that used nothing is recorded too (found, at 0): it is
 // what settles a run whose calls all failed at 0 rather than at its hold once a Redis restart
 // has lost the run's zero tally.
+//
+// A record that cannot be one (RecordBelievable: a negative figure, which only a hand edit or
+// a restored backup writes) is none: settled from, its negative cost panicked the store.
 func (r Run) Recorded() (u pricing.Usage, costMicro, calls int64, found bool) {
 	u = r.Usage()
-	return u, r.CostMicro, int64(r.Calls), r.EndedCalls > 0 || r.Calls > 0 || r.CostMicro > 0
+	found = (r.EndedCalls > 0 || r.Calls > 0 || r.CostMicro > 0) && r.RecordBelievable()
+	return u, r.CostMicro, int64(r.Calls), found
+}
+
+// RecordBelievable reports whether the row's record of its calls can be a record of what they
+// used, by the tally's check (TallyBelievable).
+func (r Run) RecordBelievable() bool {
+	return TallyBelievable(r.Usage(), r.CostMicro, int64(r.Calls))
 }
 
 // Usage is the tokens the row records, with their one-hour cache write and audio parts.

@@ -309,6 +309,11 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	// reconciler's does: the row's own mark is kept by the settlement, but a call whose record
 	// on the row failed (RecordRunCall is not retried) left it there alone.
 	estimated := found && t.EstimatedCalls > 0
+	if !fresh.RecordBelievable() {
+		// Recorded counts it none: settled from, its negative cost panicked the store.
+		log.Error("run's row records impossible figures of its calls; read as a run without them — someone should look",
+			zap.Int64("row_cost_micro", fresh.CostMicro), zap.Int("row_calls", fresh.Calls))
+	}
 	if u, cost, calls, rfound := fresh.Recorded(); rfound && (!found || cost > t.CostMicro) {
 		t, found = runstate.Tallied{Usage: u, CostMicro: cost, Calls: calls}, true
 	}

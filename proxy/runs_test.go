@@ -271,6 +271,33 @@ func TestNamedRunWithAnImpossibleTallyIsChargedWhatItsRowRecorded(t *testing.T) 
 	}
 }
 
+// TestNamedRunWhoseRowRecordIsImpossibleIsChargedItsHold: with no tally to believe, a run
+// settled on request is charged what its row recorded of its calls. No code path writes a
+// negative cost there, but a hand edit can, and it went to the store, which panics on a
+// negative cost: the caller's connection was dropped, and the run stayed closed until its mark
+// lapsed. A row record that cannot be one (TallyBelievable) counts as none, as the
+// reconciler's does: the run is charged what it held.
+func TestNamedRunWhoseRowRecordIsImpossibleIsChargedItsHold(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-negative-row"})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	h.settled()
+	if err := h.rdb.HSet(context.Background(), h.keys.Usage(runID), "in_tok", -5).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.db.Exec("UPDATE run_holds SET cost_micro = -500 WHERE run_id = ?", runID); err != nil {
+		t.Fatal(err)
+	}
+	status, body := h.settleRun(key, "task-negative-row")
+	r := h.run(u.ID, runID)
+	if status != http.StatusOK || r.State != holds.StateSettled || r.ChargedMicro != r.HeldMicro || r.CostMicro < 0 {
+		t.Fatalf("settle %d %s, run %+v: want settled on request at its hold %d", status, body, r, r.HeldMicro)
+	}
+}
+
 // TestNamedRunCallIsTalliedBeforeItsAnswerEnds: a caller that settles its run the moment an
 // answer ends must find that call in the run's tally. So the stream's final event ([DONE])
 // reaches the caller only once the call is tallied — here the upstream lingers after its last
