@@ -462,7 +462,7 @@ func batchReadScript(plan batchPlan) script {
 	sc.addIn("SELECT "+userColumns+" FROM users WHERE id IN (?) ORDER BY id FOR UPDATE", plan.userIDs)
 	if len(plan.lockRuns) > 0 {
 		sc.addIn(`SELECT run_id, user_id, state, held_micro, cap_micro, discount_bp,
-			DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), state IN ('queued', 'running') AND expires_at > @tg_now, admit_token,
+			DATE_FORMAT(GREATEST(expires_at, TIMESTAMP'1000-01-01 00:00:00'), '%Y-%m-%d %H:%i:%s.%f'), state IN ('queued', 'running') AND expires_at > @tg_now, admit_token,
 			settle_token, charged_micro, allowance_part_micro, prepaid_part_micro, cost_micro, price_snapshot IS NOT NULL,
 			client_run_id IS NOT NULL
 			FROM run_holds WHERE run_id IN (?) FOR UPDATE`, plan.lockRuns)

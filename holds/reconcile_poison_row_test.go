@@ -60,3 +60,33 @@ func TestReconcileRowWithImpossibleFiguresDoesNotPanic(t *testing.T) {
 		})
 	}
 }
+
+// TestReconcileHoldWithAZeroExpirySettles: a hold whose expiry is the zero date (written by
+// hand in a session without strict mode, or by a restore that ran without it) is the oldest
+// expired hold. The settlement writes the locked row's values back in the INSERT whose update
+// branch marks it settled, and the strict session refuses a zero date there: its settlement
+// failed at every pass, for good, and so did every pass. It settles as any other hold.
+func TestReconcileHoldWithAZeroExpirySettles(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("zero", 3, nil)
+	h := e.admit(u, "r_zero_expiry", holds.StateRunning)
+	e.addTally(h.RunID, pricing.Usage{Input: 10, Output: 1}, 700)
+	conn, err := e.db.Conn(e.ctx())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(e.ctx(), "SET SESSION sql_mode = ''"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(e.ctx(), "UPDATE run_holds SET expires_at = '0000-00-00 00:00:00' WHERE run_id = ?", h.RunID); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.pass(e.reconciler("me", nil))
+	if err != nil || st.FromTally != 1 || st.ChargedMicro != 700 {
+		t.Fatalf("pass: %+v, %v; want the hold settled from its tally", st, err)
+	}
+	if r := e.run(u, h.RunID); r.State != holds.StateSettled || r.ChargedMicro != 700 {
+		t.Fatalf("run %+v: want settled at 700", r)
+	}
+}

@@ -155,7 +155,10 @@ type lockedHold struct {
 	HeldMicro  int64
 	CapMicro   int64
 	DiscountBP int
-	ExpiresAt  string
+	// ExpiresAt is written back only in the settlement's INSERT, whose update branch leaves it
+	// as it is; a zero date (a hand edit without strict mode) is read as the least date the
+	// strict session takes, or the settlement failed at every pass.
+	ExpiresAt string
 	// Counted: live and unexpired at the batch's clock, so the admission aggregate counted it
 	// in flight (its held it counts while it is unsettled, expired or not).
 	Counted bool
