@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
@@ -112,3 +113,12 @@ func (s *Server) CachedKeys() int {
 // starts, with the context it runs under and its name; f may take its time, as a slow step
 // would, before the step runs.
 func (s *Server) ObserveSteps(f func(ctx context.Context, step string)) { s.stepObserver.Store(&f) }
+
+// SetUpstreamPing sets, for the transports built after it until t ends, how long an upstream
+// connection may go without a frame before it is pinged, and how long the ping may go
+// unanswered before the connection is dropped (upstreamPingAfter, upstreamPingTimeout).
+func SetUpstreamPing(t testing.TB, after, timeout time.Duration) {
+	prevAfter, prevTimeout := upstreamPingAfter, upstreamPingTimeout
+	upstreamPingAfter, upstreamPingTimeout = after, timeout
+	t.Cleanup(func() { upstreamPingAfter, upstreamPingTimeout = prevAfter, prevTimeout })
+}

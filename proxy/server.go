@@ -173,6 +173,14 @@ func servedBy(in *holds.Instance) func() string {
 	return in.ID
 }
 
+// upstreamPingAfter is how long an upstream connection over HTTP/2 may go without a frame from
+// the upstream before the transport pings it, and upstreamPingTimeout how long that ping may go
+// unanswered before the connection is dropped. Variables for tests (SetUpstreamPing).
+var (
+	upstreamPingAfter   = 15 * time.Second
+	upstreamPingTimeout = 15 * time.Second
+)
+
 // newTransport is an upstream transport for many concurrent long-lived streams.
 func newTransport(l config.Limits) *http.Transport {
 	return &http.Transport{
@@ -185,6 +193,20 @@ func newTransport(l config.Limits) *http.Transport {
 		TLSHandshakeTimeout:    10 * time.Second,
 		MaxResponseHeaderBytes: maxUpstreamHeaderBytes,
 		ExpectContinueTimeout:  time.Second,
+		// HTTP/2 carries every call to an upstream on one connection, kept while it has no news
+		// of it: one gone silent without closing (a NAT or load balancer that dropped it, a
+		// failover) took each call sent on it until header_timeout or upstream_timeout, charged
+		// its prompt's estimate though the provider never had it, for as long as TCP took to
+		// give up on it (minutes). A connection silent for upstreamPingAfter is pinged and
+		// dropped when the ping goes unanswered, its calls answered 502 upstream_unreachable
+		// (charged nothing); the next ones go on a new connection. A provider still working on
+		// a long answer acks the ping and is left alone. WriteByteTimeout drops one that takes
+		// no more bytes for as long.
+		HTTP2: &http.HTTP2Config{
+			SendPingTimeout:  upstreamPingAfter,
+			PingTimeout:      upstreamPingTimeout,
+			WriteByteTimeout: upstreamPingAfter + upstreamPingTimeout,
+		},
 	}
 }
 
