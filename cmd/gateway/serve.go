@@ -97,13 +97,7 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	bg := startBackground(ctx, self, g.leases, g.rec)
 	defer bg.cancel()
 
-	hs := &http.Server{
-		Handler:           g.srv.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          zap.NewStdLog(e.log),
-	}
+	hs := newHTTPServer(g.srv.Handler(), e.log)
 	for _, w := range e.cfg.Warnings() {
 		e.log.Warn("configuration weakens a guarantee", zap.String("warning", w))
 	}
@@ -120,6 +114,32 @@ func serve(ctx context.Context, releaseSignals func(), args []string) error {
 	stop := stopping{cfg: e.cfg, log: e.log, hs: hs, srv: g.srv, self: self, bg: bg}
 	stop.run()
 	return nil
+}
+
+// The listener's own bounds (README, HTTP surface). A request's headers must arrive within
+// readHeaderTimeout (a client trickling them, slowloris, holds a connection and a goroutine
+// while it does) and hold at most maxRequestHeaderBytes (431 past it); a keep-alive connection
+// idle for idleTimeout is closed. There is no ReadTimeout or WriteTimeout: a stream rightly
+// lasts minutes. The proxy bounds the rest itself: a body by client_write_timeout per stall and
+// minBodyRate on average (proxy.readBody, boundUnreadBody), each write by client_write_timeout
+// (writeBound, boundAnswerEnd).
+const (
+	readHeaderTimeout     = 10 * time.Second
+	idleTimeout           = 120 * time.Second
+	maxRequestHeaderBytes = 64 << 10
+)
+
+// newHTTPServer is the gateway's http.Server on handler, net/http's own lines in log. It serves
+// HTTP/1.1 alone on a plain listener (no TLS, so no HTTP/2): TLS and HTTP/2 belong to a proxy in
+// front of it.
+func newHTTPServer(handler http.Handler, log *zap.Logger) *http.Server {
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxRequestHeaderBytes,
+		ErrorLog:          zap.NewStdLog(log),
+	}
 }
 
 // readySchema refuses to serve on a schema behind the code (a hold written to a table
