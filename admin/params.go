@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"reflect"
@@ -156,13 +157,38 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 // readBody reads a request's body whole, up to maxBodyBytes, for readJSON and noBody: both
 // must see all of it (a field named twice, a body where none is taken) before they decide. On
 // failure it has answered.
+//
+// The read ends with the request's bound (requestTimeout, its context's deadline): the server
+// sets no read timeout, and a body that stopped arriving held the connection and its goroutine
+// for as long as the client stayed. A Content-Length over the limit is refused before anything
+// is read, so a client waiting on Expect: 100-continue is not told to send it.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.ContentLength > maxBodyBytes {
+		w.Header().Set("Connection", "close")
+		writeError(w, errBodyTooLarge)
+		return nil, false
+	}
+	rc := http.NewResponseController(w)
+	if d, ok := r.Context().Deadline(); ok {
+		_ = rc.SetReadDeadline(d)
+	}
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	// Lifted at once: left on the connection, it would end the server's background read, and
+	// with it the request's context, while the write goes on.
+	_ = rc.SetReadDeadline(time.Time{})
+	if err != nil {
+		// What is left of the body is not read: the server would drain it with no deadline.
+		w.Header().Set("Connection", "close")
+	}
 	var tooBig *http.MaxBytesError
+	var ne net.Error
 	switch {
 	case errors.As(err, &tooBig):
-		writeError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
-			Code: "body_too_large", Message: fmt.Sprintf("Request body over %d bytes.", maxBodyBytes)})
+		writeError(w, errBodyTooLarge)
+		return nil, false
+	case errors.As(err, &ne) && ne.Timeout():
+		writeError(w, &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error",
+			Code: "request_timeout", Message: "The request body stopped arriving."})
 		return nil, false
 	case err != nil:
 		writeError(w, badRequest("invalid_json", "request body could not be read: "+err.Error()))
@@ -170,6 +196,10 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	}
 	return raw, true
 }
+
+// errBodyTooLarge refuses a body over maxBodyBytes.
+var errBodyTooLarge = &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+	Code: "body_too_large", Message: fmt.Sprintf("Request body over %d bytes.", maxBodyBytes)}
 
 // fieldsAsSpelt refuses a body object that names a member twice, or names one in another case
 // than v's field: encoding/json keeps the last of two members and matches names without
