@@ -65,10 +65,10 @@ func TestUpstreamHTTP2ConnectionGoneSilentIsLeft(t *testing.T) {
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	net := &silencer{}
+	link := &silencer{}
 	tr := proxy.NewTransport(config.Default().Limits)
 	tr.TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
-	tr.DialContext = net.dial
+	tr.DialContext = link.dial
 	h := newHarnessOn(t, harnessSetup{transport: tr}, func(c *config.Config) {
 		c.Upstreams = []config.Upstream{{Name: "h2", Kind: "openai", BaseURL: srv.URL, Models: []string{"*"}}}
 		// Far longer than the ping's check: a call left to it was cut here.
@@ -90,7 +90,7 @@ func TestUpstreamHTTP2ConnectionGoneSilentIsLeft(t *testing.T) {
 	if status, code, _, _ := call(); status != http.StatusOK {
 		t.Fatalf("first call: %d %s, want 200", status, code)
 	}
-	net.silence()
+	link.silence()
 	status, code, charged, source := call()
 	t.Logf("call on the silent connection: %d %s, charged %d (%s)", status, code, charged, source)
 	if status != http.StatusBadGateway || code != "upstream_unreachable" || charged != 0 {
