@@ -12,9 +12,9 @@ import (
 
 // poisonBatch queues, behind a batch stalled on a user's row lock, one batch of a good
 // settlement and a good admission of user a, and a settlement and an admission of user b that
-// poison makes into items the batch fails for. It returns the four outcomes, in that order,
-// once the stall ends.
-func poisonBatch(t *testing.T, poison func(*holds.Settlement, *holds.AdmitRequest)) (good settleOutcome, goodAdmit error, bad settleOutcome, badAdmit error, e *poisonEnv) {
+// poison makes into items the batch fails for. It returns the scene and the four outcomes, in
+// that order, once the stall ends.
+func poisonBatch(t *testing.T, poison func(*holds.Settlement, *holds.AdmitRequest)) (e *poisonEnv, good settleOutcome, goodAdmit error, bad settleOutcome, badAdmit error) {
 	t.Helper()
 	_, st, users := storeWithUsers(t, "poison", 3)
 	e = &poisonEnv{store: st, a: users[0], b: users[1]}
@@ -68,7 +68,7 @@ func poisonBatch(t *testing.T, poison func(*holds.Settlement, *holds.AdmitReques
 	if first != nil && second == nil {
 		goodAdmit, badAdmit = second, first
 	}
-	return good, goodAdmit, bad, badAdmit, e
+	return e, good, goodAdmit, bad, badAdmit
 }
 
 type poisonEnv struct {
@@ -84,7 +84,7 @@ type poisonEnv struct {
 // answer those each its own error.
 func TestWriterPoisonItemFailsOnlyItself(t *testing.T) {
 	// A calls count past the INT column (1264), a fresh run id that exists (1062).
-	good, goodAdmit, bad, badAdmit, e := poisonBatch(t, func(st *holds.Settlement, req *holds.AdmitRequest) {
+	e, good, goodAdmit, bad, badAdmit := poisonBatch(t, func(st *holds.Settlement, req *holds.AdmitRequest) {
 		st.Calls = 1 << 40
 		req.RunID = "r_poison_b_taken"
 	})
@@ -122,7 +122,7 @@ func TestWriterPoisonItemFailsOnlyItself(t *testing.T) {
 // The panic ran on the writer's worker and took the whole process down, every call in flight
 // with it; it must fail only the item at fault, as a refusal by the database does.
 func TestWriterPanickingItemFailsOnlyItself(t *testing.T) {
-	good, goodAdmit, bad, badAdmit, e := poisonBatch(t, func(_ *holds.Settlement, req *holds.AdmitRequest) {
+	e, good, goodAdmit, bad, badAdmit := poisonBatch(t, func(_ *holds.Settlement, req *holds.AdmitRequest) {
 		req.Model = strings.Repeat("m", holds.MaxModelLen+1)
 	})
 	ctx := context.Background()

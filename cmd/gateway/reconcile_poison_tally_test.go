@@ -52,15 +52,7 @@ func TestReconcilerSettlesARunWhoseTallyIsNoRecord(t *testing.T) {
 	if err := rdb.HSet(ctx, keys.Usage("r_fine"), "cost_micro", "40", "calls", "1", "out_tok", "4").Err(); err != nil {
 		t.Fatal(err)
 	}
-	e, err := setup(ctx, "serve", nil, true, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	gw, err := e.newGateway(e.store(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, gw := servedGateway(t, ctx)
 	st, err := gw.rec.RunForced(ctx)
 	if err != nil || st.ChargedHeld != len(poisoned) || st.FromTally != 1 {
 		t.Fatalf("pass: %+v, %v; want the %d runs without a readable tally charged their hold, the other its tally", st, err, len(poisoned))

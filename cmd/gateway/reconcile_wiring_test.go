@@ -80,15 +80,7 @@ func TestReconcilerSparesACallItsOwnProcessServes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e, err := setup(ctx, "serve", nil, true, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	gw, err := e.newGateway(e.store(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, gw := servedGateway(t, ctx)
 	gw.leases.Acquire("r_served_here") // in flight here; no heartbeat has written its key
 	if _, err := gw.rec.RunForced(ctx); err != nil {
 		t.Fatal(err)
@@ -161,15 +153,7 @@ func TestReconcilerLeaseThatWouldNeverLapse(t *testing.T) {
 	if err := rdb.Set(ctx, keys.Lease("r_forever"), "not-an-instance", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	e, err := setup(ctx, "serve", nil, true, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	gw, err := e.newGateway(e.store(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, gw := servedGateway(t, ctx)
 	st, err := gw.rec.RunForced(ctx)
 	if err != nil || st.Extended != 1 {
 		t.Fatalf("pass: %+v, %v; want the leased hold extended", st, err)
@@ -191,4 +175,20 @@ func TestReconcilerLeaseThatWouldNeverLapse(t *testing.T) {
 	if n := count("SELECT COUNT(*) FROM run_holds WHERE run_id = 'r_forever' AND state = 'settled'"); n != 1 {
 		t.Fatal("hold not settled once its lease lapsed")
 	}
+}
+
+// servedGateway is the gateway `serve` would run on the test database and Redis (its
+// reconciler, leases and proxy), not listening: its reconciler's passes are the test's to run.
+func servedGateway(t *testing.T, ctx context.Context) (*env, gateway) {
+	t.Helper()
+	e, err := setup(ctx, "serve", nil, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	gw, err := e.newGateway(e.store(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, gw
 }
