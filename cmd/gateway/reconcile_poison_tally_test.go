@@ -3,7 +3,6 @@ package main
 import (
 	"testing"
 
-	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering/runstate"
 )
 
@@ -18,9 +17,7 @@ import (
 // reconciler failed it at every pass; it is charged as a run without a mark.
 func TestReconcilerSettlesARunWhoseTallyIsNoRecord(t *testing.T) {
 	count := useTestDatabase(t)
-	t.Setenv("REDIS_URL", testenv.RedisURL(t))
-	rdb, prefix := testenv.Redis(t)
-	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	rdb, prefix := useTestRedis(t)
 	keys := runstate.Keys{Prefix: prefix}
 	ctx := testCtx(t)
 	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {

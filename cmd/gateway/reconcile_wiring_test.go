@@ -66,9 +66,7 @@ func TestRedisLock(t *testing.T) {
 // count: the hold is extended, not charged; a run no process serves is still charged.
 func TestReconcilerSparesACallItsOwnProcessServes(t *testing.T) {
 	count := useTestDatabase(t)
-	t.Setenv("REDIS_URL", testenv.RedisURL(t))
-	_, prefix := testenv.Redis(t)
-	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	useTestRedis(t)
 	ctx := testCtx(t)
 	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
 		t.Fatal(err)
@@ -137,9 +135,7 @@ func TestRedisLockThatWouldNeverLapse(t *testing.T) {
 // and gives it lease_ttl, so it lapses as a killed process's lease does and the hold settles.
 func TestReconcilerLeaseThatWouldNeverLapse(t *testing.T) {
 	count := useTestDatabase(t)
-	t.Setenv("REDIS_URL", testenv.RedisURL(t))
-	rdb, prefix := testenv.Redis(t)
-	t.Setenv("TOLLGATE_REDIS_PREFIX", prefix)
+	rdb, prefix := useTestRedis(t)
 	keys := runstate.Keys{Prefix: prefix}
 	ctx := testCtx(t)
 	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
