@@ -217,11 +217,7 @@ func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
 	if err := h.store.SetUserLimits(context.Background(), u.ID, nil, nil, &discount); err != nil {
 		t.Fatal(err)
 	}
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-lost"})
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	runID := resp.Header.Get(proxy.RunIDHeader)
-	h.settled() // the call is over, tally and all
+	runID := h.endedRunCall(t, key, "task-lost")
 	if err := h.rdb.Del(context.Background(), h.keys.Usage(runID)).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -251,11 +247,7 @@ func TestNamedRunWithoutATallyIsChargedItsHold(t *testing.T) {
 func TestNamedRunWithAnImpossibleTallyIsChargedWhatItsRowRecorded(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-negative"})
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	runID := resp.Header.Get(proxy.RunIDHeader)
-	h.settled() // the call is over, tally and row record and all
+	runID := h.endedRunCall(t, key, "task-negative")
 	recorded := h.run(u.ID, runID)
 	if recorded.CostMicro <= 0 || recorded.Calls != 1 {
 		t.Fatalf("the call's record on the run's row: cost %d, %d calls; want its cost, 1 call", recorded.CostMicro, recorded.Calls)
@@ -280,11 +272,7 @@ func TestNamedRunWithAnImpossibleTallyIsChargedWhatItsRowRecorded(t *testing.T) 
 func TestNamedRunWhoseRowRecordIsImpossibleIsChargedItsHold(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-negative-row"})
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	runID := resp.Header.Get(proxy.RunIDHeader)
-	h.settled()
+	runID := h.endedRunCall(t, key, "task-negative-row")
 	if err := h.rdb.HSet(context.Background(), h.keys.Usage(runID), "in_tok", -5).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -473,4 +461,15 @@ func TestNamedRunIsFoundByTheIDTheGatewayReturned(t *testing.T) {
 			t.Errorf("X-Run-Id %s: %d %s, want 400 invalid_run_id", name, resp.StatusCode, body)
 		}
 	}
+}
+
+// endedRunCall makes one whole chat call under the named run name and waits until it is over —
+// answered, tallied, recorded on the run's row — and returns the run's id.
+func (h *harness) endedRunCall(t *testing.T, key, name string) string {
+	t.Helper()
+	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": name})
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	h.settled()
+	return resp.Header.Get(proxy.RunIDHeader)
 }
