@@ -153,9 +153,14 @@ func TestBinaryComesBackToRestAfterStorms(t *testing.T) {
 		if err != nil {
 			return 0
 		}
-		_, _ = bufio.NewReader(resp.Body).ReadString('\n')
+		line, _ := bufio.NewReader(resp.Body).ReadString('\n')
 		cancel()
 		resp.Body.Close()
+		if _, shared := hdr["X-Session-Id"]; shared && resp.StatusCode == http.StatusConflict && strings.Contains(line, `"superseded"`) {
+			// Five sessions share these messages: one replaced by a newer message of its
+			// session before its answer began is told so, as it must be — answered.
+			return http.StatusOK
+		}
 		return resp.StatusCode
 	})
 
