@@ -363,33 +363,49 @@ func (r *Reconciler) pruneSessions(ctx context.Context, stopAt, end time.Time) (
 }
 
 // scan settles expired holds, starting none after start + PassBudget.
+//
+// A hold that fails is passed over, as an orphan is, and the pass says it failed: a scan that
+// stopped at the end of any batch with a failure never read past its first batch for as long as
+// one old hold kept failing (its tally on a Redis Cluster shard that is down, say), and every
+// expired hold behind it stayed live, its credits held. A batch in which every hold failed
+// looks like an outage rather than a bad hold (the database or Redis unreachable would fail the
+// rest too): the scan stops there, and the next pass goes on after it, so that even a full
+// batch of holds that keep failing holds nobody else's up for longer than a pass.
 func (r *Reconciler) scan(ctx context.Context, start time.Time) (Stats, error) {
 	s := passScan{st: Stats{Locked: true}, stopAt: start.Add(r.cfg.PassBudget)}
-	// The scan goes on after the last hold it read, so holds it cannot settle (orphans, below)
-	// are passed over rather than heading every batch: a backlog of them would otherwise stop
-	// every pass at its first batch, and nobody else's hold behind them would ever settle.
+	// The scan goes on after the last hold it read, so holds it cannot settle (orphans, holds
+	// that fail) are passed over rather than heading every batch: a backlog of them would
+	// otherwise stop every pass at its first batch, and nobody else's hold behind them would
+	// ever settle.
 	r.mu.Lock()
 	s.after = r.resume
 	r.mu.Unlock()
 	for s.st.Batches < r.cfg.MaxBatches {
 		runs, err := r.cfg.Store.expired(ctx, s.after, r.cfg.Batch)
 		if err != nil {
-			return s.st, fmt.Errorf("reconcile: %w", err)
+			return s.st, errors.Join(fmt.Errorf("reconcile: %w", err), s.failed())
 		}
 		s.st.Batches++
+		failedBefore := len(s.errs)
 		if stopped, err := r.scanBatch(ctx, &s, runs); stopped || err != nil {
-			return s.st, err
+			return s.st, errors.Join(err, s.failed())
+		}
+		if len(runs) > 0 && len(s.errs)-failedBefore == len(runs) {
+			r.cfg.Log.Warn("reconcile: every hold of a batch failed; the next pass goes on after it",
+				zap.Int("batch", len(runs)))
+			r.resumeAt(s.after)
+			return s.st, s.failed()
 		}
 		if len(runs) < r.cfg.Batch {
 			r.resumeAt(expiredCursor{})
-			return s.st, nil
+			return s.st, s.failed()
 		}
 	}
 	s.st.Truncated, s.st.StoppedAt = true, StopBatchLimit
 	r.cfg.Log.Warn("reconcile pass stopped at its batch limit; the rest waits for the next pass",
 		zap.Int("batches", s.st.Batches), zap.Int("batch", r.cfg.Batch))
 	r.resumeAt(s.after)
-	return s.st, nil
+	return s.st, s.failed()
 }
 
 // passScan is one scan's progress, carried from batch to batch.
@@ -397,13 +413,21 @@ type passScan struct {
 	st     Stats
 	stopAt time.Time     // no hold is started after it: the pass's time budget
 	after  expiredCursor // the last hold read, where the next batch goes on from
+	errs   []error       // the holds that failed, each left for a later pass
 }
 
-// scanBatch handles one batch of expired holds, in order. stopped says the scan ends here: ctx
-// ended, or the time budget was spent (then the next pass resumes after the last hold read).
-// A batch in which holds failed, other than orphans, fails the scan.
+// failed is the scan's error for the holds that failed, or nil when none did.
+func (s *passScan) failed() error {
+	if len(s.errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("reconcile: %d of %d holds failed: %w", len(s.errs), s.st.Scanned, errors.Join(s.errs[:min(len(s.errs), 3)]...))
+}
+
+// scanBatch handles one batch of expired holds, in order; the holds that fail are added to
+// s.errs. stopped says the scan ends here: ctx ended (err says so), or the time budget was spent
+// (then the next pass resumes after the last hold read).
 func (r *Reconciler) scanBatch(ctx context.Context, s *passScan, runs []Run) (stopped bool, err error) {
-	var errs []error
 	for _, run := range runs {
 		if ctx.Err() != nil {
 			return true, fmt.Errorf("reconcile: %w", ctx.Err())
@@ -412,10 +436,10 @@ func (r *Reconciler) scanBatch(ctx context.Context, s *passScan, runs []Run) (st
 			s.st.Truncated, s.st.StoppedAt = true, StopTimeBudget
 			r.cfg.Log.Warn("reconcile pass stopped at its time budget; the rest waits for the next pass",
 				zap.Int("scanned", s.st.Scanned), zap.Duration("budget", r.cfg.PassBudget))
-			r.resumeAt(s.after)
 			// The holds that failed stay behind the cursor, as orphans do, until a pass gets
 			// through the backlog and starts again from the oldest; the pass says they failed.
-			return true, batchFailed(errs, len(runs))
+			r.resumeAt(s.after)
+			return true, nil
 		}
 		s.st.Scanned++
 		s.after = run.cursor()
@@ -429,8 +453,7 @@ func (r *Reconciler) scanBatch(ctx context.Context, s *passScan, runs []Run) (st
 					zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
 			}
 		case err != nil:
-			errs = append(errs, err)
-			if len(errs) <= 10 {
+			if s.errs = append(s.errs, err); len(s.errs) <= 10 {
 				r.cfg.Log.Warn("reconcile: hold left for the next pass", zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
 			}
 			s.st.count(outcome, charged)
@@ -441,26 +464,16 @@ func (r *Reconciler) scanBatch(ctx context.Context, s *passScan, runs []Run) (st
 			r.cfg.OnOutcome(outcome)
 		}
 	}
-	// Other failures (the database or Redis unreachable) would likely fail the rest too:
-	// stop, and let the next pass retry them.
-	return false, batchFailed(errs, len(runs))
+	return false, nil
 }
 
-// resumeAt is where the next pass's scan starts. A pass that stopped at a limit leaves the
-// next one its cursor; any other end (the backlog drained, or a failure the next pass retries
-// from where this one began) leaves it as it found it, or starts again from the oldest.
+// resumeAt is where the next pass's scan starts. A pass that stopped at a limit, or at a batch
+// in which every hold failed, leaves the next one its cursor; a pass that drained the backlog
+// has the next start again from the oldest; one that ctx ended leaves it as it found it.
 func (r *Reconciler) resumeAt(c expiredCursor) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.resume = c
-}
-
-// batchFailed is the error of a batch of n holds of which errs failed, or nil when none did.
-func batchFailed(errs []error, n int) error {
-	if len(errs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("reconcile: %d of %d holds failed: %w", len(errs), n, errors.Join(errs[:min(len(errs), 3)]...))
 }
 
 func (st *Stats) count(outcome string, charged int64) {
