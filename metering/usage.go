@@ -578,6 +578,12 @@ func IsFinalEvent(f Format, ev Event) bool {
 	}
 }
 
+// FinalEventRequired reports whether every stream of format f ends with its final event
+// (IsFinalEvent), so that one ending without it was cut: Anthropic's message_stop and the
+// Responses API's response.completed (or incomplete, or failed) are always sent. A chat or
+// completions stream's [DONE] is not: some providers end without it, and the stream is whole.
+func FinalEventRequired(f Format) bool { return f == FormatAnthropic || f == FormatResponses }
+
 // IsUsageOnlyChunk reports whether data is an OpenAI chat/completions chunk that exists only
 // to carry usage (`choices` present and empty, `usage` a non-null object). The proxy removes
 // such chunks from what the client sees when the client had not asked for include_usage.

@@ -156,6 +156,11 @@ func FuzzRelayStream(f *testing.F) {
 	// Keep-alives alone, the last cut before its line ending: the half comment is not passed on,
 	// nor the gateway's error event written on its line.
 	f.Add([]byte(": OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING"), []byte{30}, uint8(0), uint16(0))
+	// An Anthropic stream that ends cleanly before message_stop, inside its last event (whole
+	// but for its blank line): a break, the error event after a blank line that ends that event.
+	f.Add([]byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n"+
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n"),
+		[]byte{40}, uint8(3), uint16(0))
 	f.Fuzz(func(t *testing.T, in, cuts []byte, mode uint8, lim uint16) {
 		rt := relayRoutes[mode&relayRouteBits]
 		limit := 1 << 20
@@ -337,7 +342,7 @@ func expectRelay(in []byte, f metering.Format, strip bool, end error, limit int,
 		w.broke, err = true, errStreamEmpty
 	}
 	var held []byte
-	sawData := false
+	sawData, unended := false, false
 	for _, ev := range events {
 		if ev.Unterminated && w.broke {
 			// A half event after a break is not passed on; metered only if it is whole JSON.
@@ -371,6 +376,11 @@ func expectRelay(in []byte, f metering.Format, strip bool, end error, limit int,
 			continue
 		}
 		w.out = append(w.out, ev.Raw...)
+		unended = ev.Unterminated
+	}
+	if !w.broke && !w.cutHeld && !w.final && !w.sawErr && metering.FinalEventRequired(f) {
+		// A clean end before the final event of a format whose providers always send it: cut.
+		w.broke, err = true, errStreamUnfinished
 	}
 	if w.broke && !w.final && !w.sawErr {
 		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
@@ -380,6 +390,10 @@ func expectRelay(in []byte, f metering.Format, strip bool, end error, limit int,
 				Message: "The upstream did not finish the answer in time."}
 		}
 		w.errEvent = streamErrorEvent(f, e)
+		if unended {
+			// The stream ended inside the last event passed on: the error event ends it first.
+			w.errEvent = append([]byte("\n\n"), w.errEvent...)
+		}
 		w.out = append(w.out, w.errEvent...)
 	}
 	w.out = append(w.out, held...)

@@ -22,10 +22,12 @@ import (
 // The usage-only chunk the gateway asked for on the caller's behalf is dropped from what the
 // caller sees. stopUpstream ends the upstream call (see finalGrace).
 //
-// How the stream ends decides the outcome. A clean end, or any end after the stream's final
-// event ([DONE], message_stop, response.completed), is a complete answer. A break before it is
-// said in the stream — an error event in the stream's format after the last whole event, never
-// a half event — or the caller would see a clean end and take the answer for whole.
+// How the stream ends decides the outcome. Any end after the stream's final event ([DONE],
+// message_stop, response.completed) is a complete answer, and so is a clean end of a chat or
+// completions stream without [DONE] (providers end so; Anthropic's and the Responses API's
+// streams end with their final event, and without it are cut: errStreamUnfinished). A break
+// before it is said in the stream — an error event in the stream's format after the last whole
+// event, never a half event — or the caller would see a clean end and take the answer for whole.
 //
 // A call of a named run is tallied before its caller sees the end of its answer, so that a
 // settlement sent the moment the answer ends finds the call in the run's tally: from the final
@@ -51,10 +53,14 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			break
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) && !sr.sawAny {
+			switch {
+			case !errors.Is(err, io.EOF):
+			case !sr.sawAny:
 				err = errStreamEmpty
+			case !sr.ended() && metering.FinalEventRequired(c.req.route.format):
+				err = errStreamUnfinished
 			}
-			s.endStream(r, c, err, sr.sawFinal || sr.sawError, resp.StatusCode, sr.write)
+			s.endStream(r, c, err, sr.sawFinal || sr.sawError, sr.unended, resp.StatusCode, sr.write)
 			break
 		}
 		// Keep-alive comments alone (a router's ": PROCESSING" while it waits for its
@@ -114,6 +120,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			sr.left()
 			break
 		}
+		sr.unended = ev.Unterminated
 	}
 	sr.flush() // finish may wait on a named run's tally
 	sr.finish()
@@ -142,6 +149,7 @@ type streamRelay struct {
 	// strip: the usage-only chunk was asked for on the caller's behalf, and is not relayed.
 	strip    usageChunkStrip
 	sawFinal bool   // the stream's final event ([DONE], message_stop, response.completed)
+	unended  bool   // the last event written was the stream's end inside it, without its blank line
 	sawError bool   // the provider's own error event ended the answer
 	sawData  bool   // an event carried data: the upstream answers as a stream
 	sawAny   bool   // the upstream sent anything but keep-alive comments: an event, or a whole answer under the label
@@ -415,10 +423,27 @@ var errStreamEmpty = errors.New("upstream stream ended before any event carried 
 // errStreamCut ends a stream that ended cleanly inside an event whose JSON is cut (relayStream).
 var errStreamCut = errors.New("upstream stream ended inside an event: its JSON is cut short")
 
+// errStreamUnfinished ends a stream that ended cleanly between two events before its final one,
+// in a format whose providers always send it (metering.FinalEventRequired): a body delimited by
+// the connection's close reads a dropped connection so, and so does a proxy's chunked answer
+// that it ended when its upstream went away. Read as a clean end, the caller saw a cut answer
+// end cleanly, and an Idempotency-Key was pinned to it: every retry replayed the cut answer.
+var errStreamUnfinished = errors.New("upstream stream ended cleanly before its final event")
+
 // endStream sets how a stream that stopped with err (io.EOF: a clean end) ended and, when it
 // broke before its final event, says so in the stream (writeEvent): the caller must not read a
 // clean end of a cut answer. status is the upstream's, which a pinned Idempotency-Key keeps.
-func (s *Server) endStream(r *http.Request, c *call, err error, sawFinal bool, status int, writeEvent func([]byte) bool) {
+// unended says the last event written was one the stream ended inside, passed on whole without
+// its blank line: the error event first ends it, or the caller's parser read the error event's
+// lines as more of that event (errStreamUnfinished after it).
+func (s *Server) endStream(r *http.Request, c *call, err error, sawFinal, unended bool, status int, writeEvent func([]byte) bool) {
+	errorEvent := func(e *apiError) []byte {
+		ev := streamErrorEvent(c.req.route.format, e)
+		if unended {
+			ev = append([]byte("\n\n"), ev...)
+		}
+		return ev
+	}
 	switch {
 	case errors.Is(err, io.EOF), sawFinal:
 		c.outcome = outcomeComplete
@@ -428,7 +453,7 @@ func (s *Server) endStream(r *http.Request, c *call, err error, sawFinal bool, s
 			// Said in the stream, as any break is: a caller that only half-closed still reads,
 			// and saw a clean end of a cut answer (see answerClientClosed). A superseded call
 			// is told by answerSuperseded.
-			_ = writeEvent(streamErrorEvent(c.req.route.format, endedAnswer(r)))
+			_ = writeEvent(errorEvent(endedAnswer(r)))
 		}
 	default:
 		c.outcome = outcomeStreamError
@@ -448,7 +473,7 @@ func (s *Server) endStream(r *http.Request, c *call, err error, sawFinal bool, s
 		if c.inRun {
 			s.tallyBeforeAnswer(r.Context(), c)
 		}
-		last := streamErrorEvent(c.req.route.format, e)
+		last := errorEvent(e)
 		s.pinBeforeAnswer(r.Context(), c, c.outcome, status, last)
 		_ = writeEvent(last)
 	}
