@@ -173,6 +173,17 @@ func writeError(w http.ResponseWriter, e *apiError) {
 	if e.RetryAfter > 0 {
 		httpapi.SetRetryAfter(h, e.RetryAfter)
 	}
+	if id := h.Get(RequestIDHeader); id != "" && h.Get("X-Request-Id") == "" && h.Get("Request-Id") == "" {
+		// The SDKs name a failed call by its answer's request id (the Anthropic SDK's error
+		// message quotes Request-Id; the OpenAI SDKs keep X-Request-Id), and that is what a
+		// user reports. An error no provider answered names the gateway's request, as its log
+		// lines do; one a provider answered keeps the provider's (upstreamTraceHeaders).
+		if anthropicCaller(w) {
+			h.Set("Request-Id", id)
+		} else {
+			h.Set("X-Request-Id", id)
+		}
+	}
 	body := httpapi.ErrorBody(e.Message, e.Type, e.Code)
 	if e.RunID != "" {
 		body["run_id"] = e.RunID
