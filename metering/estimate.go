@@ -445,6 +445,9 @@ func partLen(part gjson.Result, depth int) int64 {
 		if t == "input_audio" {
 			return clipTokens(part) * bytesPerToken // as estimateAudio counts it
 		}
+		if tokens, ok := pdfPartTokens(part); ok {
+			return max(tokensPerMedia, tokens) * bytesPerToken
+		}
 		return max(tokensPerMedia*bytesPerToken, documentTextLen(part, depth))
 	}
 	n := rawStringLen(text)
