@@ -33,18 +33,9 @@ func TestReconcileFailingHoldDoesNotStarveTheBatchesBehindIt(t *testing.T) {
 	e := newStoreEnv(t)
 	stuck := e.user("stuck", 10, nil)
 	other := e.user("other", 100, nil)
-	h := e.admit(stuck, "r_stuck", holds.StateRunning)
-	if _, err := e.db.ExecContext(e.ctx(), "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 HOUR WHERE run_id = ?", h.RunID); err != nil {
-		t.Fatal(err)
-	}
+	e.expiredFirst(e.admit(stuck, "r_stuck", holds.StateRunning).RunID)
 	const batch = 3
-	var behind []string
-	for i := range 4 * batch {
-		h := e.admit(other, fmt.Sprintf("r_behind_%02d", i), holds.StateRunning)
-		e.addTally(h.RunID, pricing.Usage{Input: 10, Output: 1}, 1_000)
-		e.expire(h.RunID)
-		behind = append(behind, h.RunID)
-	}
+	behind := e.expiredWithTallies(other, 4*batch)
 	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
 		c.Batch, c.MaxBatches = batch, 10
 		c.Usage = unreadableFor{tallyUsage{e.tally}, map[string]bool{"r_stuck": true}}
@@ -78,18 +69,10 @@ func TestReconcileBatchOfFailingHoldsHoldsNobodyUpPastAPass(t *testing.T) {
 	unreadable := map[string]bool{}
 	for i := range batch {
 		h := e.admit(stuck, fmt.Sprintf("r_stuck_%02d", i), holds.StateRunning)
-		if _, err := e.db.ExecContext(e.ctx(), "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 HOUR WHERE run_id = ?", h.RunID); err != nil {
-			t.Fatal(err)
-		}
+		e.expiredFirst(h.RunID)
 		unreadable[h.RunID] = true
 	}
-	var behind []string
-	for i := range 2 * batch {
-		h := e.admit(other, fmt.Sprintf("r_behind_%02d", i), holds.StateRunning)
-		e.addTally(h.RunID, pricing.Usage{Input: 10, Output: 1}, 1_000)
-		e.expire(h.RunID)
-		behind = append(behind, h.RunID)
-	}
+	behind := e.expiredWithTallies(other, 2*batch)
 	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
 		c.Batch, c.MaxBatches = batch, 10
 		c.Usage = unreadableFor{tallyUsage{e.tally}, unreadable}
@@ -111,4 +94,26 @@ func TestReconcileBatchOfFailingHoldsHoldsNobodyUpPastAPass(t *testing.T) {
 	if st.Errors != batch {
 		t.Errorf("third pass: %+v, %v; want the %d failing holds tried again", st, err, batch)
 	}
+}
+
+// expiredFirst moves a hold's expiry an hour into the past: ahead of every hold expire moved.
+func (e *storeEnv) expiredFirst(runID string) {
+	e.t.Helper()
+	if _, err := e.db.ExecContext(e.ctx(), "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 HOUR WHERE run_id = ?", runID); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// expiredWithTallies admits n holds of u, each with a tally of 1 000 µUSD, and expires them:
+// holds a pass settles from their tallies. It returns their run ids.
+func (e *storeEnv) expiredWithTallies(u holds.User, n int) []string {
+	e.t.Helper()
+	var ids []string
+	for i := range n {
+		h := e.admit(u, fmt.Sprintf("r_behind_%02d", i), holds.StateRunning)
+		e.addTally(h.RunID, pricing.Usage{Input: 10, Output: 1}, 1_000)
+		e.expire(h.RunID)
+		ids = append(ids, h.RunID)
+	}
+	return ids
 }
