@@ -334,17 +334,6 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 	if err != nil {
 		return s.sessionClaimFailed(ctx, c, err)
 	}
-	if claim.Superseded {
-		// An attempt of the claim committed, its reply lost, and a newer message has taken the
-		// session since: this is the older message. What that attempt replaced must stop all
-		// the same, and this call must not run.
-		if claim.Replaced != "" {
-			s.cancelReplaced(ctx, c, claim.Replaced)
-		}
-		c.outcome = outcomeRefused
-		c.superseded = true
-		return errSupersededAnswer, fmt.Errorf("session claim: superseded by run %s since its committed attempt", claim.Current)
-	}
 	if claim.Duplicate {
 		// The current run's hold is live, but its answer may be final already, its settlement
 		// still on its way: then the same message again is a new request (a regenerate).
@@ -360,6 +349,19 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 				return s.sessionClaimFailed(ctx, c, err)
 			}
 		}
+	}
+	if claim.Superseded {
+		// An attempt of the claim committed, its reply lost, and a newer message has taken the
+		// session since: this is the older message. What that attempt replaced must stop all
+		// the same, and this call must not run. Checked after the claim past an ended run too,
+		// which is retried alike: a regenerate superseded so was forwarded beside the newer
+		// message.
+		if claim.Replaced != "" {
+			s.cancelReplaced(ctx, c, claim.Replaced)
+		}
+		c.outcome = outcomeRefused
+		c.superseded = true
+		return errSupersededAnswer, fmt.Errorf("session claim: superseded by run %s since its committed attempt", claim.Current)
 	}
 	if claim.Duplicate {
 		c.outcome = outcomeDuplicate
