@@ -433,6 +433,13 @@ func (s *Server) sessionClaimFailed(ctx context.Context, c *call, err error) (*a
 		// An attempt may have committed and replaced a live run: the caller is refused all the
 		// same, and that run must stop as a committed claim's would.
 		s.cancelReplacedLate(ctx, c)
+		// It may also have made c the session's current run, live until its release at 0
+		// lands, yet never to answer: marked ended before the refusal goes out, as a call
+		// refused after a claim that told it so is, the same message sent again (the retry a
+		// 503 invites) runs. Unmarked, it was refused 409 already_running, not to be retried,
+		// naming this run.
+		c.sessionClaimed = true
+		s.endSessionCall(ctx, c)
 	}
 	if callerEnded(ctx) {
 		e, why := ended(ctx, "during the session claim")
