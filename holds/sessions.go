@@ -19,8 +19,9 @@ type SessionClaim struct {
 	// Current is the session's current run after the claim: the claiming run, or on Duplicate
 	// the run already answering the same message.
 	Current string
-	// Replaced is the live run the claim took the session from (a different message): it must
-	// be cancelled, wherever it runs. Empty when the previous run had ended or there was none.
+	// Replaced is the open run the claim took the session from (a different message, or the
+	// same one past its hold's expiry): it must be cancelled, wherever it runs. Empty when the
+	// previous run had ended (settled, or its answer final) or there was none.
 	Replaced string
 	// Superseded: an earlier attempt of this claim committed, its reply lost, and a newer
 	// message's claim has taken the session from the claiming run since (Current is that
@@ -132,16 +133,22 @@ func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, 
 		// Another call of the same run: this claim replaced nothing.
 		return SessionClaim{Current: runID}, nil
 	}
-	live, err := runLive(ctx, tx, row.Current)
+	live, open, err := runOpen(ctx, tx, row.Current)
 	if err != nil {
 		return SessionClaim{}, err
 	}
-	live = live && row.Current != ended
+	live, open = live && row.Current != ended, open && row.Current != ended
 	if live && bytes.Equal(row.Hash, hash[:]) {
 		return SessionClaim{Duplicate: true, Current: row.Current}, nil
 	}
 	out := SessionClaim{Current: runID}
-	if live {
+	if open {
+		// Open, expired or not: a call that outlives its hold's TTL still runs (until the
+		// reconciler, finding its lease, extends the hold), and a claim that read it as ended
+		// told nobody to stop it: it ran to its end beside the newer message, charged in full.
+		// A cancel sent to a run whose process died reaches nobody and costs nothing. (A
+		// duplicate is still told by live alone: an expired hold that never settles must not
+		// refuse its message for good.)
 		out.Replaced = row.Current
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE sessions SET current_run_id = ?, message_hash = ?, updated_at = NOW(6)
@@ -252,6 +259,25 @@ func (s *Store) RunLive(ctx context.Context, runID string) (bool, error) {
 		return err
 	})
 	return live, err
+}
+
+// runOpen reads a run's hold for a session's claim: open (queued or running: not settled,
+// expired or not) and live (open and unexpired, as runLive). A run that does not exist is
+// neither.
+func runOpen(ctx context.Context, q sqlx.QueryerContext, runID string) (live, open bool, err error) {
+	var row struct {
+		Live bool `db:"live"`
+		Open bool `db:"open"`
+	}
+	err = sqlx.GetContext(ctx, q, &row, `SELECT state IN ('queued', 'running') AND expires_at > NOW(6) AS live,
+		state IN ('queued', 'running') AS open FROM run_holds WHERE run_id = ?`, runID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, false, nil
+	}
+	if err != nil {
+		return false, false, fmt.Errorf("read hold %s: %w", runID, err)
+	}
+	return row.Live, row.Open, nil
 }
 
 func runLive(ctx context.Context, q sqlx.QueryerContext, runID string) (bool, error) {

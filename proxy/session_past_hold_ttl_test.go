@@ -1,0 +1,58 @@
+package proxy_test
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestSessionRunPastItsHoldTTLIsStoppedByANewerMessage: a session's call that outlives its
+// hold's TTL (hold_ttl shorter than the call) still runs, its hold past its expiry until the
+// reconciler, finding its lease, extends it. A newer message of the session claimed in that
+// time read the hold as ended (the duplicate test's "live": open and unexpired), replaced
+// nothing, and told nobody to stop: the old run went on to its end beside the new one and was
+// charged in full. A hold still open is now replaced, and its run stopped, whatever its expiry.
+func TestSessionRunPastItsHoldTTLIsStoppedByANewerMessage(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		c.Holds.HoldTTL, c.Holds.HeartbeatInterval = 2*time.Second, time.Second
+	})
+	u, key := h.user("standard")
+	const chunks = 3000 // 5 ms each: 15 s, far past the hold's 2 s
+	a := h.post(key, "/v1/chat/completions",
+		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
+		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: strconv.Itoa(chunks), fakellm.HeaderChunkInterval: "5ms"})
+	defer a.Body.Close()
+	aRun := a.Header.Get(proxy.RunIDHeader)
+	br := bufio.NewReader(a.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "A's hold to expire while A runs", func() bool {
+		var expired bool
+		return h.db.Get(&expired, "SELECT state = 'running' AND expires_at <= NOW(6) FROM run_holds WHERE run_id = ?", aRun) == nil && expired
+	})
+	c := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: another question"}]}`,
+		map[string]string{proxy.SessionHeader: "s"})
+	if c.status != http.StatusOK {
+		t.Fatalf("C: %d %s", c.status, c.body)
+	}
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
+		t.Fatalf("A, past its hold's TTL, replaced by C, did not end as superseded: ...%s", rest[max(0, len(rest)-300):])
+	}
+	if run := h.run(u.ID, aRun); run.SettleSource.String != holds.SourceCancel || run.OutTok >= chunks {
+		t.Fatalf("A = %+v, want settled by cancel with its partial output", run)
+	}
+}
