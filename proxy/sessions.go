@@ -262,15 +262,19 @@ func (b *cancelBus) sweep() {
 	}
 }
 
-// deliver cancels runID if this process serves it.
-func (b *cancelBus) deliver(runID string) {
+// deliver cancels runID if this process serves it, and reports whether it did. A run is
+// cancelled once: a later cancel of it (the pub/sub echo of one delivered here at once, a
+// sweep) finds it gone.
+func (b *cancelBus) deliver(runID string) bool {
 	b.mu.Lock()
 	run, ok := b.runs[runID]
+	delete(b.runs, runID)
 	b.mu.Unlock()
 	if ok {
 		run.log.Info("run cancelled: its session moved on")
 		run.cancel(errSuperseded)
 	}
+	return ok
 }
 
 // publish asks whichever process serves runID to stop it: a step on the caller's path (a
@@ -377,9 +381,16 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 // cancelReplaced tells the run a committed claim of c's replaced to stop. The claim is
 // committed: the replaced run must stop whether or not this request's caller is still there
 // to run the new one.
+//
+// A replaced run this process serves is stopped here, at once: the pub/sub round trip is for
+// the other processes, and a cancel this process could not send through Redis let its own
+// replaced run go on to its end, charged in full beside the newer message.
 func (s *Server) cancelReplaced(ctx context.Context, c *call, replaced string) {
+	here := s.cancels.deliver(replaced)
 	sent, err := s.cancels.publish(context.WithoutCancel(ctx), replaced)
 	switch {
+	case err != nil && !sent && here:
+		c.log.Warn("cancel of the replaced run not sent; it was stopped here, its own process", zap.String("replaced", replaced), zap.Error(err))
 	case err != nil && !sent:
 		c.log.Warn("cancel of the replaced run not sent; it runs to its end and is charged", zap.String("replaced", replaced), zap.Error(err))
 	case err != nil:
