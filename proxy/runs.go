@@ -266,11 +266,12 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		}
 		return holds.Settlement{}, "", errSettleNotDone
 	}
-	if t, found, err := s.readTally(ctx, run.RunID); err != nil {
+	before, foundBefore, err := s.readTally(ctx, run.RunID)
+	if err != nil {
 		return unavailable("run tally unreadable", err)
-	} else if !found && run.Age() < s.maxCall() {
+	} else if !foundBefore && run.Age() < s.maxCall() {
 		return holds.Settlement{}, "", errRunBusy
-	} else if runRecordLost(run, t, found) {
+	} else if runRecordLost(run, before, foundBefore) {
 		// Redis lost calls of the run (a restart without persistence): the reservation of a
 		// call in flight went with them, and its lease is back only at its process's next
 		// heartbeat. Until then CloseRun would not see that call.
@@ -284,8 +285,9 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 			return unavailable("run not settled", err)
 		}
 	}
+	s.beforeStep(ctx, stepRunClose)
 	rctx, cancel := redisStep(ctx)
-	mark, err := s.budgets.CloseRun(rctx, run.RunID)
+	mark, err = s.budgets.CloseRun(rctx, run.RunID)
 	cancel()
 	if errors.Is(err, runstate.ErrRunBusy) {
 		return holds.Settlement{}, "", errRunBusy
@@ -293,10 +295,21 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		// The close may have landed, its reply lost: unavailable reopens the run with its mark.
 		return unavailable("run not closed", err)
 	}
-	t, found, err := s.chargeableTally(ctx, run.RunID, log)
+	t, found, err := s.readTally(ctx, run.RunID)
 	if err != nil {
 		return unavailable("run tally unreadable", err)
 	}
+	if foundBefore && (!found || t.Calls < before.Calls) {
+		// A tally only grows: this one shrank since the look above, so Redis lost the run's
+		// keys in between (a restart without persistence), the reservation of a call in flight
+		// with them, and the close did not see that call. Settled now, the run was charged
+		// without it, and the call ended on a settled run, charged nothing. Busy, as a settle
+		// that finds the loss first is.
+		log.Warn("run's Redis record lost as it was closed; settling once its calls in flight are seen again")
+		s.reopenRun(ctx, run.RunID, mark, log)
+		return holds.Settlement{}, "", errRunBusy
+	}
+	t, found = believableTally(t, found, run.RunID, log)
 	// What the run's row recorded of its calls, read now that no call starts: a tally that
 	// lost calls (a Redis restart) costs less than the row.
 	sctx, cancel := s.storeContext(ctx)
@@ -351,19 +364,29 @@ func (s *Server) readTally(ctx context.Context, runID string) (runstate.Tallied,
 	return s.tally.Get(ctx, runID)
 }
 
-// chargeableTally is the tally of a run to settle or show, read once no call of it starts: as
-// the reconciler reads one, a tally whose figures TallyBelievable refuses is none, and the run
-// is charged what its row recorded. Trusted, a negative token count was settled as 0 beside the
-// row's record of it.
+// chargeableTally is the tally of a run to show (GET /v1/runs/{id}), read as a settlement
+// reads it (believableTally): as the reconciler reads one, a tally whose figures
+// TallyBelievable refuses is none, and the run is charged what its row recorded. Trusted, a
+// negative token count was settled as 0 beside the row's record of it.
 func (s *Server) chargeableTally(ctx context.Context, runID string, log *zap.Logger) (runstate.Tallied, bool, error) {
 	t, found, err := s.readTally(ctx, runID)
-	if err == nil && found && !holds.TallyBelievable(t.Usage, t.CostMicro, t.Calls) {
+	if err != nil {
+		return t, found, err
+	}
+	t, found = believableTally(t, found, runID, log)
+	return t, found, nil
+}
+
+// believableTally is t, a run's tally as read, or none (found false) when TallyBelievable
+// refuses its figures (see chargeableTally).
+func believableTally(t runstate.Tallied, found bool, runID string, log *zap.Logger) (runstate.Tallied, bool) {
+	if found && !holds.TallyBelievable(t.Usage, t.CostMicro, t.Calls) {
 		log.Error("run's tally holds impossible figures; read as a run without one — someone should look",
 			zap.String("run_id", runID), zap.Int64("cost_micro", t.CostMicro), zap.Int64("calls", t.Calls),
 			zap.Int64("in_tok", t.Usage.Input), zap.Int64("out_tok", t.Usage.Output))
-		return runstate.Tallied{}, false, nil
+		return runstate.Tallied{}, false
 	}
-	return t, found, err
+	return t, found
 }
 
 // reopenRun lets a run's calls start again after its settlement failed (see

@@ -487,6 +487,7 @@ const (
 	stepFingerprint   = "fingerprint run live"
 	stepSessionClaim  = "session claim"
 	stepReserve       = "run budget reservation"
+	stepRunClose      = "run close"
 )
 
 // beforeStep tells the step observer, if any (tests), that step starts under ctx.
