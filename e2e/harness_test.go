@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -188,7 +189,62 @@ func newWorldOn(t *testing.T, dsn, redisURL string) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { testenv.CheckLedger(t, w.db) })
+	t.Cleanup(func() { w.keepTables() })
 	return w
+}
+
+// keepTables writes the world's run_holds and sessions tables, tab-separated, beside the logs
+// keepLog keeps: the database is dropped at cleanup.
+func (w *world) keepTables() {
+	dir, ok := keptDir(w.t)
+	if !ok {
+		return
+	}
+	for _, table := range []string{"run_holds", "sessions"} {
+		if err := dumpTable(w.db, table, filepath.Join(dir, table+".tsv")); err != nil {
+			w.t.Errorf("E2E_KEEP_LOGS: %v", err)
+		}
+	}
+}
+
+// dumpTable writes every row of table to path, a header line of its columns first.
+func dumpTable(db *sqlx.DB, table, path string) error {
+	rows, err := db.Query("SELECT * FROM " + table)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", table, err)
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return fmt.Errorf("columns of %s: %w", table, err)
+	}
+	var b strings.Builder
+	b.WriteString(strings.Join(cols, "\t") + "\n")
+	vals := make([]sql.RawBytes, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	for rows.Next() {
+		if err := rows.Scan(ptrs...); err != nil {
+			return fmt.Errorf("row of %s: %w", table, err)
+		}
+		for i, v := range vals {
+			if i > 0 {
+				b.WriteByte('\t')
+			}
+			if v == nil {
+				b.WriteString("NULL")
+			} else {
+				b.Write(v)
+			}
+		}
+		b.WriteByte('\n')
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("rows of %s: %w", table, err)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // baseConfig is every world's config file, as "section.key" -> value.
@@ -399,6 +455,10 @@ func (w *world) tryStart(name, config string, env []string, out *os.File, flags 
 	if err != nil {
 		return nil, err
 	}
+	if os.Getenv("E2E_GATEWAY_DEBUG") == "1" {
+		// Every settlement's line ("settled", at DEBUG): what a rare failure's logs are read for.
+		flags = append(flags, "-debug")
+	}
 	g.cmd = testenv.DiesWithTests(exec.Command(gatewayBin, append([]string{"serve", "-config", config}, flags...)...))
 	g.cmd.Env = append(w.gatewayEnv(name, anyPort), env...) // exec keeps the last value of a repeated name
 	g.cmd.Stdout, g.cmd.Stderr = logf, logf
@@ -427,6 +487,7 @@ func (w *world) tryStart(name, config string, env []string, out *os.File, flags 
 		if w.t.Failed() {
 			w.t.Logf("log of gateway %s:\n%s", name, tail(b, 8000))
 		}
+		keepLog(w.t, name, g.cmd.Process.Pid, b)
 	})
 	deadline := time.Now().Add(20 * time.Second)
 	listened := func() (string, error) {
@@ -461,6 +522,35 @@ func (w *world) tryStart(name, config string, env []string, out *os.File, flags 
 	}
 	_ = g.cmd.Process.Kill()
 	return nil, fmt.Errorf("not ready within 20s")
+}
+
+// keepLog copies a gateway's whole log to $E2E_KEEP_LOGS/<test>/<name>-<pid>.log when that
+// variable names a directory: the harness's logs live in t.TempDir, gone with the test, and a
+// failure's output holds only each log's tail — a rare failure is explained by the whole
+// logs of every process it ran.
+func keepLog(t *testing.T, name string, pid int, log []byte) {
+	dir, ok := keptDir(t)
+	if !ok {
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%s-%d.log", name, pid)), log, 0o644); err != nil {
+		t.Errorf("E2E_KEEP_LOGS: %v", err)
+	}
+}
+
+// keptDir is the directory of t's kept logs and tables, $E2E_KEEP_LOGS/<test>, made if need
+// be; false when E2E_KEEP_LOGS is unset, or the directory could not be made (t then fails).
+func keptDir(t *testing.T) (string, bool) {
+	root := os.Getenv("E2E_KEEP_LOGS")
+	if root == "" {
+		return "", false
+	}
+	dir := filepath.Join(root, strings.ReplaceAll(t.Name(), "/", "_"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Errorf("E2E_KEEP_LOGS: %v", err)
+		return "", false
+	}
+	return dir, true
 }
 
 func tail(b []byte, n int) []byte {
