@@ -199,17 +199,29 @@ func runChaosPlan(t *testing.T, w *world, defaultDuration time.Duration, plan ch
 	for i := range c.slots {
 		s := &c.slots[i]
 		s.mu.Lock()
-		g := s.g
+		g, inc := s.g, s.inc
 		s.mu.Unlock()
 		select {
 		case <-g.done:
+			// The chaos loop restarts what it kills: a current process already gone died on
+			// its own, and the calls it served are audited as a live process's.
+			c.mu.Lock()
+			_, killed := c.killed[inc]
+			c.mu.Unlock()
+			if !killed {
+				t.Errorf("gateway %s exited on its own before the traffic's end (%v): the chaos loop did not kill it", g.name, g.err)
+			}
 		default:
+			// When each went, for the audit's messages: a run settled by a reconciler
+			// before it was settled under its live process, after it by the forced pass.
+			t.Logf("SIGTERM to gateway %s at %s", g.name, clock(time.Now()))
 			_ = g.cmd.Process.Signal(syscall.SIGTERM)
 			if err := g.wait(t, 30*time.Second); err != nil {
 				t.Logf("gateway %s ended: %v", g.name, err)
 			}
 		}
 	}
+	t.Logf("forced reconcile from %s", clock(time.Now()))
 	c.reconcileAll()
 	c.audit()
 	if plan.cuts != nil {
@@ -978,6 +990,10 @@ func (c *chaos) summary() string {
 		len(c.calls), strings.Join(parts, " "), len(c.settles), settled, c.early, c.kills, c.stalls, len(c.flushed))
 }
 
+// clock is t's time of day in UTC to the millisecond, as the audit's messages and the gateways'
+// logs compare them.
+func clock(t time.Time) string { return t.UTC().Format("15:04:05.000") }
+
 // reconcileAll runs the operator's forced pass until no hold is live, or until liveBound
 // has passed since it began: every process has stopped by then.
 func (c *chaos) reconcileAll() {
@@ -1102,9 +1118,12 @@ func (c *chaos) audit() {
 			t.Logf("%s: run %s reconciled (%s, charged %d, price %d) under the call, its lease lost with Redis's data or lapsed while its process was cut off (README Known limits)",
 				what, rec.runID, row.SettleSource.String, row.ChargedMicro, want)
 		default:
-			t.Errorf("%s: run %s (served by incarnation %d, killed %v, Redis lost during it %v) settled by %s: charged %d for in %d out %d; the caller saw in %d out %d, price %d (cap %d, held %d)",
-				what, rec.runID, rec.inc, killed(rec.inc), c.lostDuring(rec.sent, rec.ended), row.SettleSource.String, row.ChargedMicro, row.InTok, row.OutTok,
-				rec.usage.Input, rec.usage.Output, want, row.CapMicro, row.HeldMicro)
+			// The times tell who settled it: a reconciler while the processes ran (its hold
+			// expired before its own settlement), or the forced pass after they stopped.
+			t.Errorf("%s: run %s (served by gw-%d-%d, killed %v, Redis lost during it %v) settled by %s: charged %d for in %d out %d; the caller saw in %d out %d, price %d (cap %d, held %d); sent %s, caller had its end %s, hold created %s, expires %s, settled %s",
+				what, rec.runID, rec.slot, rec.inc, killed(rec.inc), c.lostDuring(rec.sent, rec.ended), row.SettleSource.String, row.ChargedMicro, row.InTok, row.OutTok,
+				rec.usage.Input, rec.usage.Output, want, row.CapMicro, row.HeldMicro, clock(rec.sent), clock(rec.ended), clock(row.CreatedAt),
+				clock(row.ExpiresAt), clock(row.SettledAt.Time))
 		}
 	}
 	var n402, complete, lostAnswers, replays, runsPriced int
