@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -99,6 +100,10 @@ func gatewayOnCuttableRedis(t *testing.T, h *harness, cut *cuttableRedis) (secon
 	return second, url, busName
 }
 
+// longSessionChunks is a longSessionStream's answer: 10 ms each, 15 s, so that only a cancel
+// (or a hold's TTL of a few seconds) ends it early.
+const longSessionChunks = 1500
+
 // longSessionStream sends a session's message to the gateway at url, streamed for 15 s (1 500
 // chunks 10 ms apart): long enough to be replaced while it runs. Its body is closed at cleanup.
 func longSessionStream(t *testing.T, url, key, session string) *http.Response {
@@ -106,7 +111,7 @@ func longSessionStream(t *testing.T, url, key, session string) *http.Response {
 	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(streamBody))
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set(proxy.SessionHeader, session)
-	req.Header.Set(fakellm.HeaderChunks, "1500")
+	req.Header.Set(fakellm.HeaderChunks, strconv.Itoa(longSessionChunks))
 	req.Header.Set(fakellm.HeaderChunkInterval, "10ms")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

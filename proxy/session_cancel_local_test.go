@@ -4,12 +4,10 @@ import (
 	"bufio"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -22,30 +20,40 @@ import (
 func TestSessionRunReplacedOnItsOwnProcessIsStoppedThoughTheCancelCannotBeSent(t *testing.T) {
 	h, lossy := newLossyRedisHarness(t, harnessSetup{}, nil)
 	u, key := h.user("standard")
-	const chunks = 3000 // 5 ms each: 15 s, so that only a cancel ends it early
-	a := h.post(key, "/v1/chat/completions",
-		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
-		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: strconv.Itoa(chunks), fakellm.HeaderChunkInterval: "5ms"})
-	defer a.Body.Close()
-	aRun := a.Header.Get(proxy.RunIDHeader)
-	br := bufio.NewReader(a.Body)
-	if _, err := br.ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	aRun, br := runningSessionStream(t, h, key, "s")
 	lossy.Arm(h.keys.Prefix+"cancelled:{", testenv.RedisRequestLost, 100)
 	c := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: another question"}]}`,
 		map[string]string{proxy.SessionHeader: "s"})
 	if c.status != http.StatusOK || lossy.Fired() == 0 {
 		t.Fatalf("C: %d %s, %d cancel writes lost; want 200 and its cancel lost", c.status, c.body, lossy.Fired())
 	}
+	endsSuperseded(t, h, u, aRun, br, "replaced by C on its own process")
+}
+
+// runningSessionStream is a longSessionStream call in session sid read to its first event:
+// the call is running upstream. It returns the call's run id and the stream to read on.
+func runningSessionStream(t *testing.T, h *harness, key, sid string) (string, *bufio.Reader) {
+	t.Helper()
+	a := longSessionStream(t, h.gw.URL, key, sid)
+	br := bufio.NewReader(a.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	return a.Header.Get(proxy.RunIDHeader), br
+}
+
+// endsSuperseded reads the rest of a runningSessionStream call, replaced as what says, and checks
+// it ended as superseded, not whole, and was settled by cancel at its partial output.
+func endsSuperseded(t *testing.T, h *harness, u holds.User, runID string, br *bufio.Reader, what string) {
+	t.Helper()
 	rest, err := io.ReadAll(br)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
-		t.Fatalf("A, replaced by C on its own process, did not end as superseded: ...%s", rest[max(0, len(rest)-300):])
+		t.Fatalf("A, %s, did not end as superseded: ...%s", what, rest[max(0, len(rest)-300):])
 	}
-	if run := h.run(u.ID, aRun); run.SettleSource.String != holds.SourceCancel || run.OutTok >= chunks {
+	if run := h.run(u.ID, runID); run.SettleSource.String != holds.SourceCancel || run.OutTok >= longSessionChunks {
 		t.Fatalf("A = %+v, want settled by cancel with its partial output", run)
 	}
 }

@@ -1,17 +1,11 @@
 package proxy_test
 
 import (
-	"bufio"
-	"io"
 	"net/http"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -26,16 +20,7 @@ func TestSessionRunPastItsHoldTTLIsStoppedByANewerMessage(t *testing.T) {
 		c.Holds.HoldTTL, c.Holds.HeartbeatInterval = 2*time.Second, time.Second
 	})
 	u, key := h.user("standard")
-	const chunks = 3000 // 5 ms each: 15 s, far past the hold's 2 s
-	a := h.post(key, "/v1/chat/completions",
-		`{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}`,
-		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: strconv.Itoa(chunks), fakellm.HeaderChunkInterval: "5ms"})
-	defer a.Body.Close()
-	aRun := a.Header.Get(proxy.RunIDHeader)
-	br := bufio.NewReader(a.Body)
-	if _, err := br.ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	aRun, br := runningSessionStream(t, h, key, "s") // 15 s, far past the hold's 2 s
 	waitFor(t, "A's hold to expire while A runs", func() bool {
 		var expired bool
 		return h.db.Get(&expired, "SELECT state = 'running' AND expires_at <= NOW(6) FROM run_holds WHERE run_id = ?", aRun) == nil && expired
@@ -45,14 +30,5 @@ func TestSessionRunPastItsHoldTTLIsStoppedByANewerMessage(t *testing.T) {
 	if c.status != http.StatusOK {
 		t.Fatalf("C: %d %s", c.status, c.body)
 	}
-	rest, err := io.ReadAll(br)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(rest), `"code":"superseded"`) || strings.Contains(string(rest), "[DONE]") {
-		t.Fatalf("A, past its hold's TTL, replaced by C, did not end as superseded: ...%s", rest[max(0, len(rest)-300):])
-	}
-	if run := h.run(u.ID, aRun); run.SettleSource.String != holds.SourceCancel || run.OutTok >= chunks {
-		t.Fatalf("A = %+v, want settled by cancel with its partial output", run)
-	}
+	endsSuperseded(t, h, u, aRun, br, "past its hold's TTL, replaced by C")
 }
