@@ -550,6 +550,16 @@ func (c *chaos) lostDuring(from, to time.Time) bool {
 	return slices.ContainsFunc(c.flushed, func(at time.Time) bool { return !at.Before(from) && !at.After(to) })
 }
 
+// killedDuring reports whether a gateway was killed between from and to (the caller holds c.mu).
+func (c *chaos) killedDuring(from, to time.Time) bool {
+	for _, at := range c.killed {
+		if !at.Before(from) && !at.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
 // flushLoop makes Redis lose everything (FLUSHALL, a restart without persistence) n times, once
 // at a random moment of each n-th of the traffic's duration.
 func (c *chaos) flushLoop(ctx context.Context, duration time.Duration, n int) {
@@ -1324,7 +1334,9 @@ func (c *chaos) auditExercised(priced map[string]int, replays, runsPriced int) {
 // Or, when Redis lost everything since the key was first sent (from), an attempt the reconciler
 // settled at a cost: with the record gone, its row cannot tell whether it pinned the key, and
 // it is taken as pinned (proxy attemptPinned: an answer pinned, then its process killed, is
-// not run and charged again).
+// not run and charged again). So too, with Redis whole, an attempt charged its hold after a
+// kill: one killed between its admission and its record's first write left no record
+// (README Known limits; proxy TestIdemAttemptKilledRightAfterItsAdmissionIsChargedOnce).
 func (c *chaos) auditAnswerLost(key string, userID uint64, rec callRec, from time.Time, pinned string, byID map[string]holds.Run) {
 	t := c.t
 	attempt := -1
@@ -1340,7 +1352,8 @@ func (c *chaos) auditAnswerLost(key string, userID uint64, rec callRec, from tim
 	case attempt < 0 || !ok:
 		t.Errorf("idem %s: idempotent_response_lost names run %q, no attempt of the key (hold found: %v)", key, rec.ofRun, ok)
 	case src != holds.SourceComplete && !(src == holds.SourceStreamError && row.OutTok > 0) &&
-		!(c.lostDuring(from, rec.sent) && (src == holds.SourceReconcileHold || src == holds.SourceReconcile && row.CostMicro > 0)):
+		!(c.lostDuring(from, rec.sent) && (src == holds.SourceReconcileHold || src == holds.SourceReconcile && row.CostMicro > 0)) &&
+		!(c.killedDuring(from, rec.sent) && src == holds.SourceReconcileHold):
 		t.Errorf("idem %s: idempotent_response_lost names attempt %d (%s), settled %s with %d output tokens: it never pinned the key",
 			key, attempt, rec.ofRun, src, row.OutTok)
 	case pinned != "" && rec.ofRun != pinned:

@@ -340,6 +340,7 @@ func (a *idemAdmission) admitAttempt(attempt int) (_ holds.Hold, status int, aga
 		// spent context, would only log a failure beside the refusal.
 		return hold, 0, false
 	case err == nil:
+		a.s.beforeStep(a.ctx, stepAttemptAdmitted)
 		if err := a.s.startIdem(a.ctx, a.ic); err != nil {
 			// The in-flight guard is the hold; the stored body hash only refines a
 			// reused key's answer from 409 to 422. Going on is safe.
@@ -458,7 +459,15 @@ func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string,
 	return pinned && run.Age() < s.cfg.Dedup.ReplayTTL, nil
 }
 
-// startIdem records the body the key was first used with.
+// startIdem records the body the key was first used with, once the attempt is admitted.
+//
+// Not before the admission, though a process killed between the two leaves a hold, charged by
+// the reconciler, and no record: its retry then finds the record gone and is refused 409
+// idempotent_response_lost, though nothing was forwarded (README Known limits; charged once).
+// Written before, a record would be written by every request under a key, a retry's too, and
+// a record Redis lost could no longer be told from one a retry had just written: after a loss,
+// a second retry (or one beside the first) found a record without an answer, took the
+// reconciled attempt for unpinned and ran it again, charged twice.
 func (s *Server) startIdem(ctx context.Context, ic *idemCall) error {
 	ctx, cancel := redisStep(ctx)
 	defer cancel()

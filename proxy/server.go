@@ -488,6 +488,9 @@ const (
 	stepSessionClaim  = "session claim"
 	stepReserve       = "run budget reservation"
 	stepRunClose      = "run close"
+	// stepAttemptAdmitted follows an Idempotency-Key attempt's committed admission: a
+	// process that dies there leaves a hold and whatever was written before it.
+	stepAttemptAdmitted = "attempt admitted"
 )
 
 // beforeStep tells the step observer, if any (tests), that step starts under ctx.
