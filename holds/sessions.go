@@ -6,6 +6,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -185,6 +187,53 @@ func claimOf(ctx context.Context, q sqlx.QueryerContext, runID string) (claimed 
 		return false, "", fmt.Errorf("read claim of %s: %w", runID, err)
 	}
 	return rec.Valid, rec.String, nil
+}
+
+// SessionRef names a session: X-Session-Id values are scoped to their user.
+type SessionRef struct {
+	UserID    uint64
+	SessionID string
+}
+
+// maxSessionRefsPerRead bounds one read of CurrentSessionRuns: the statement names each
+// session by its primary key, and a process may serve many session calls at once.
+const maxSessionRefsPerRead = 200
+
+// CurrentSessionRuns returns the current run of each session of refs that has a row (a
+// session without one has been pruned: its run had ended). A process compares them with the
+// session runs it serves: one no longer current was replaced by a newer message, whose cancel
+// may never have reached it (its sender killed between the claim's commit and the publish).
+// Read at READ COMMITTED without locks, by primary key, maxSessionRefsPerRead at a time.
+func (s *Store) CurrentSessionRuns(ctx context.Context, refs []SessionRef) (map[SessionRef]string, error) {
+	out := make(map[SessionRef]string, len(refs))
+	for batch := range slices.Chunk(refs, maxSessionRefsPerRead) {
+		var where strings.Builder
+		args := make([]any, 0, 2*len(batch))
+		for i, ref := range batch {
+			if i > 0 {
+				where.WriteString(" OR ")
+			}
+			where.WriteString("(user_id = ? AND session_id = ?)")
+			args = append(args, ref.UserID, ref.SessionID)
+		}
+		var rows []struct {
+			UserID    uint64 `db:"user_id"`
+			SessionID string `db:"session_id"`
+			Current   string `db:"current_run_id"`
+		}
+		err := s.withRetry(ctx, "current session runs", func() error {
+			rows = rows[:0]
+			return sqlx.SelectContext(ctx, s.db, &rows,
+				"SELECT user_id, session_id, current_run_id FROM sessions WHERE "+where.String(), args...)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("current runs of %d sessions: %w", len(batch), err)
+		}
+		for _, r := range rows {
+			out[SessionRef{UserID: r.UserID, SessionID: r.SessionID}] = r.Current
+		}
+	}
+	return out, nil
 }
 
 // PruneSessions deletes up to limit sessions whose current run has settled and that no claim

@@ -2,6 +2,8 @@ package holds_test
 
 import (
 	"crypto/sha256"
+	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -35,5 +37,34 @@ func TestSessionIDsAreExact(t *testing.T) {
 		if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: r, Source: holds.SourceComplete}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestCurrentSessionRunsReadsEverySessionAsked: the session check's read names each session it
+// is asked, past one statement's bound (200), exactly (case and all), and leaves out those
+// without a row.
+func TestCurrentSessionRunsReadsEverySessionAsked(t *testing.T) {
+	e := newStoreEnv(t)
+	u, err := e.store.CreateUser(e.ctx(), "sess-current", "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refs []holds.SessionRef
+	want := map[holds.SessionRef]string{}
+	for i := range 203 {
+		ref := holds.SessionRef{UserID: u.ID, SessionID: fmt.Sprintf("Chat-%d", i)}
+		run := fmt.Sprintf("r_current_%d", i)
+		if _, err := e.store.ClaimSession(e.ctx(), u.ID, ref.SessionID, run, sha256.Sum256([]byte(run))); err != nil {
+			t.Fatal(err)
+		}
+		refs, want[ref] = append(refs, ref), run
+	}
+	refs = append(refs, holds.SessionRef{UserID: u.ID, SessionID: "chat-1"}, holds.SessionRef{UserID: u.ID + 1, SessionID: "Chat-1"})
+	got, err := e.store.CurrentSessionRuns(e.ctx(), refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("current runs of %d sessions: got %d, want %d (first: %v)", len(refs), len(got), len(want), got[refs[0]])
 	}
 }

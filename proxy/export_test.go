@@ -122,3 +122,9 @@ func SetUpstreamPing(t testing.TB, after, timeout time.Duration) {
 	upstreamPingAfter, upstreamPingTimeout = after, timeout
 	t.Cleanup(func() { upstreamPingAfter, upstreamPingTimeout = prevAfter, prevTimeout })
 }
+
+// CheckSessions runs one session check (checkSessions' tick) now, and returns how many runs it
+// stopped.
+func (s *Server) CheckSessions(ctx context.Context) (int, error) {
+	return s.cancels.checkReplaced(ctx, s.store.CurrentSessionRuns)
+}

@@ -89,8 +89,8 @@ type Server struct {
 	calls       inFlight
 	settlements inFlight
 	settleSlots chan struct{}
-	// stopBeat ends the heartbeat of this process's run budget reservations; beatDone closes
-	// when it has.
+	// stopBeat ends the heartbeat of this process's run budget reservations and its session
+	// check (checkSessions); beatDone closes when both have.
 	stopBeat context.CancelFunc
 	beatDone chan struct{}
 	// stepObserver, when set (tests: ObserveSteps), is told of each store step before
@@ -149,11 +149,34 @@ func New(d Deps) *Server {
 	// Reservations beat as leases do: a killed process's go stale after the lease TTL.
 	beat, stop := context.WithCancel(context.Background())
 	s.stopBeat = stop
+	var beating sync.WaitGroup
+	beating.Go(func() { s.budgets.Run(beat, d.Config.Holds.HeartbeatInterval, d.Log) })
+	beating.Go(func() { s.checkSessions(beat, d.Config.Holds.HeartbeatInterval) })
 	go func() {
-		defer close(s.beatDone)
-		s.budgets.Run(beat, d.Config.Holds.HeartbeatInterval, d.Log)
+		beating.Wait()
+		close(s.beatDone)
 	}()
 	return s
+}
+
+// checkSessions stops, every interval (the heartbeat's), the session runs this process serves
+// that a newer message replaced without its cancel arriving (cancelBus.checkReplaced), until
+// ctx ends. A check bounded as a store step; one that fails is logged and the next one tries.
+func (s *Server) checkSessions(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cctx, cancel := s.storeContext(ctx)
+		if _, err := s.cancels.checkReplaced(cctx, s.store.CurrentSessionRuns); err != nil && ctx.Err() == nil {
+			s.log.Warn("session check failed; a run whose cancel was lost runs on until a check succeeds", zap.Error(err))
+		}
+		cancel()
+	}
 }
 
 // maxCall is the longest a call can live: its upstream call, one more write to a slow client

@@ -118,6 +118,9 @@ const (
 type cancellable struct {
 	cancel context.CancelCauseFunc
 	log    *zap.Logger
+	// session is the run's session once its claim has committed (claimed), for the check
+	// that finds a run replaced though its cancel never came (checkReplaced); nil before.
+	session *holds.SessionRef
 }
 
 var errBusDown = errors.New("cancel bus: subscription failed moments ago; not retried yet")
@@ -138,6 +141,17 @@ func (b *cancelBus) register(ctx context.Context, runID string, cancel context.C
 	b.runs[runID] = cancellable{cancel: cancel, log: log}
 	b.mu.Unlock()
 	return err
+}
+
+// claimed records that runID's session claim committed: from now on the session's row names
+// runID or a newer message's run, and checkReplaced may judge it by the row.
+func (b *cancelBus) claimed(runID string, session holds.SessionRef) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if run, ok := b.runs[runID]; ok {
+		run.session = &session
+		b.runs[runID] = run
+	}
 }
 
 func (b *cancelBus) unregister(runID string) {
@@ -277,6 +291,50 @@ func (b *cancelBus) deliver(runID string) bool {
 	return ok
 }
 
+// checkReplaced stops every claimed run this process serves whose session's row now names
+// another run, and returns how many it stopped. Pub/sub and its marks stop a replaced run
+// only if the newer message's process lived to publish after its claim committed: one
+// killed in between (or cut off from Redis then) left the replaced run going to its end,
+// charged in full beside the newer message. The row is the truth; read every
+// sessionCheckInterval, it stops such a run within that.
+func (b *cancelBus) checkReplaced(ctx context.Context, current func(context.Context, []holds.SessionRef) (map[holds.SessionRef]string, error)) (int, error) {
+	b.mu.Lock()
+	serving := make(map[holds.SessionRef][]string)
+	refs := make([]holds.SessionRef, 0, len(b.runs))
+	for id, run := range b.runs {
+		if run.session == nil {
+			continue
+		}
+		if _, seen := serving[*run.session]; !seen {
+			refs = append(refs, *run.session)
+		}
+		serving[*run.session] = append(serving[*run.session], id)
+	}
+	b.mu.Unlock()
+	if len(refs) == 0 {
+		return 0, nil
+	}
+	now, err := current(ctx, refs)
+	if err != nil {
+		return 0, err
+	}
+	stopped := 0
+	for ref, ids := range serving {
+		cur, ok := now[ref]
+		if !ok {
+			continue // pruned: its run had ended, so none of these is running on
+		}
+		for _, id := range ids {
+			if id != cur && b.deliver(id) {
+				b.log.Warn("session run stopped by the session check: a newer message took its session, and its cancel never came",
+					zap.String("run_id", id), zap.String("current_run", cur))
+				stopped++
+			}
+		}
+	}
+	return stopped, nil
+}
+
 // publish asks whichever process serves runID to stop it: a step on the caller's path (a
 // newer message waits for it), bounded as one, and one round trip: the mark and the message go
 // in one pipeline, the mark first, so a process that was not subscribed as the message went
@@ -372,6 +430,7 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 		return errAlreadyRunning(claim.Current), nil
 	}
 	c.sessionClaimed = true
+	s.cancels.claimed(c.runID, holds.SessionRef{UserID: c.user.ID, SessionID: sessionID})
 	if claim.Replaced != "" {
 		s.cancelReplaced(ctx, c, claim.Replaced)
 	}

@@ -1,0 +1,92 @@
+package proxy_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// claimedByADeadProcess commits a claim of session sid for a newer message's run, as the
+// process serving that message does, and publishes no cancel: that process was killed between
+// its claim's COMMIT and the publish (README Known limits, before the session check). It
+// returns the run the claim replaced.
+func claimedByADeadProcess(t *testing.T, h *harness, userID uint64, sid string) string {
+	t.Helper()
+	claim, err := h.store.ClaimSession(context.Background(), userID, sid, "r_newer_message_of_"+sid, sha256.Sum256([]byte("newer "+sid)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return claim.Replaced
+}
+
+// TestSessionRunWhoseCancelNeverCameIsStoppedByTheSessionCheck: a newer message took the
+// session of a running call, and its process died before it sent the cancel. The old run went
+// on to its end, charged in full beside the newer message. The process serving it now finds
+// it replaced by the session's row and stops it, charged what it used; a session run that is
+// still current is left running.
+func TestSessionRunWhoseCancelNeverCameIsStoppedByTheSessionCheck(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	aRun, br := runningSessionStream(t, h, key, "replaced")
+	current := longSessionStream(t, h.gw.URL, key, "current")
+	if replaced := claimedByADeadProcess(t, h, u.ID, "replaced"); replaced != aRun {
+		t.Fatalf("the newer message's claim replaced %q, want the running call %s", replaced, aRun)
+	}
+	n, err := h.srv.CheckSessions(context.Background())
+	if err != nil || n != 1 {
+		t.Fatalf("session check stopped %d runs (%v); want 1, the replaced one, and not the current one", n, err)
+	}
+	if n, err := h.srv.CheckSessions(context.Background()); err != nil || n != 0 {
+		t.Fatalf("second session check stopped %d runs (%v); want none: the current run runs on", n, err)
+	}
+	current.Body.Close() // its caller leaves: the test need not wait out its 15 s
+	endsSuperseded(t, h, u, aRun, br, "replaced by a message whose process died before its cancel")
+}
+
+// TestSessionCheckRunsOnItsOwn: the check runs every holds.heartbeat_interval without being
+// asked: a run whose cancel never came stops within a few intervals.
+func TestSessionCheckRunsOnItsOwn(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Holds.HeartbeatInterval = 100 * time.Millisecond })
+	u, key := h.user("standard")
+	aRun, br := runningSessionStream(t, h, key, "replaced")
+	claimedByADeadProcess(t, h, u.ID, "replaced")
+	// The stream is 15 s long (longSessionChunks); endsSuperseded fails if it ends whole.
+	endsSuperseded(t, h, u, aRun, br, "replaced by a message whose process died before its cancel, the check left to its interval")
+}
+
+// TestSessionCheckLeavesARunWhoseClaimHasNotCommitted: a call is registered on the bus before
+// its session claim commits, while the session's row still names the run it is about to
+// replace. Judged by the row then, the check would stop the newer message's own call.
+func TestSessionCheckLeavesARunWhoseClaimHasNotCommitted(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	aRun, br := runningSessionStream(t, h, key, "s")
+	claiming, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		if step == "session claim" {
+			once.Do(func() { close(claiming); <-resume })
+		}
+	})
+	b := make(chan answer, 1)
+	go func() {
+		b <- send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"B: another question"}]}`,
+			map[string]string{proxy.SessionHeader: "s"})
+	}()
+	<-claiming
+	n, err := h.srv.CheckSessions(context.Background())
+	close(resume)
+	if err != nil || n != 0 {
+		t.Fatalf("session check during B's claim stopped %d runs (%v); want none", n, err)
+	}
+	if got := <-b; got.status != http.StatusOK {
+		t.Fatalf("B: %d %s; want it answered", got.status, got.body)
+	}
+	endsSuperseded(t, h, u, aRun, br, "replaced by B")
+}
