@@ -514,6 +514,9 @@ const (
 	// stepAttemptAdmitted follows an Idempotency-Key attempt's committed admission: a
 	// process that dies there leaves a hold and whatever was written before it.
 	stepAttemptAdmitted = "attempt admitted"
+	// stepAnswerFinal follows answerFinal: the call's answer is whole, its last bytes not yet
+	// sent.
+	stepAnswerFinal = "answer final"
 )
 
 // beforeStep tells the step observer, if any (tests), that step starts under ctx.

@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -89,4 +92,43 @@ func TestSessionCheckLeavesARunWhoseClaimHasNotCommitted(t *testing.T) {
 		t.Fatalf("B: %d %s; want it answered", got.status, got.body)
 	}
 	endsSuperseded(t, h, u, aRun, br, "replaced by B")
+}
+
+// TestSessionCheckLeavesAnAnswerAlreadyWhole: once a session call's answer is whole, the same
+// message again (a regenerate) claims the session past it while the call still sends its last
+// bytes; the row then names the regenerate's run. The check must not take the whole answer
+// for replaced and cut its end.
+func TestSessionCheckLeavesAnAnswerAlreadyWhole(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	final, resume := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		if step == "answer final" && first.CompareAndSwap(false, true) {
+			close(final)
+			<-resume
+		}
+	})
+	sess := map[string]string{proxy.SessionHeader: "regen"}
+	a := make(chan answer, 1)
+	go func() { a <- send(h.gw.URL, key, streamBody, sess) }()
+	<-final
+	b := send(h.gw.URL, key, streamBody, sess)
+	if b.status != http.StatusOK {
+		close(resume)
+		t.Fatalf("regenerate: %d %s; want it run", b.status, b.body)
+	}
+	n, err := h.srv.CheckSessions(context.Background())
+	close(resume)
+	if err != nil || n != 0 {
+		t.Fatalf("session check with A's answer whole stopped %d runs (%v); want none", n, err)
+	}
+	got := <-a
+	if got.status != http.StatusOK || !strings.Contains(string(got.body), "[DONE]") || strings.Contains(string(got.body), "superseded") {
+		t.Fatalf("A: %d ...%s; want its whole stream", got.status, got.body[max(0, len(got.body)-200):])
+	}
+	h.settled()
+	if run := h.run(u.ID, got.header.Get(proxy.RunIDHeader)); run.SettleSource.String != holds.SourceComplete {
+		t.Fatalf("A settled %s, want complete", run.SettleSource.String)
+	}
 }

@@ -144,12 +144,13 @@ func (b *cancelBus) register(ctx context.Context, runID string, cancel context.C
 }
 
 // claimed records that runID's session claim committed: from now on the session's row names
-// runID or a newer message's run, and checkReplaced may judge it by the row.
-func (b *cancelBus) claimed(runID string, session holds.SessionRef) {
+// runID or a newer message's run, and checkReplaced may judge it by the row. A nil session
+// takes the run out of the check (its answer is whole).
+func (b *cancelBus) claimed(runID string, session *holds.SessionRef) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if run, ok := b.runs[runID]; ok {
-		run.session = &session
+		run.session = session
 		b.runs[runID] = run
 	}
 }
@@ -377,6 +378,10 @@ func (s *Server) endSessionCall(ctx context.Context, c *call) {
 		return
 	}
 	c.sessionClaimed = false
+	// From here the same message again claims the session past this call (a regenerate),
+	// and the row names that newer run while this one sends its last bytes: the session
+	// check must not take it for replaced and cut an answer already whole.
+	s.cancels.claimed(c.runID, nil)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimReleaseTimeout)
 	defer cancel()
 	if err := s.dedupRDB.Set(ctx, s.keys.SessionDone(c.runID), "1", s.cfg.Holds.HoldTTL).Err(); err != nil {
@@ -430,7 +435,7 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 		return errAlreadyRunning(claim.Current), nil
 	}
 	c.sessionClaimed = true
-	s.cancels.claimed(c.runID, holds.SessionRef{UserID: c.user.ID, SessionID: sessionID})
+	s.cancels.claimed(c.runID, &holds.SessionRef{UserID: c.user.ID, SessionID: sessionID})
 	if claim.Replaced != "" {
 		s.cancelReplaced(ctx, c, claim.Replaced)
 	}

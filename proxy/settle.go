@@ -310,6 +310,7 @@ func (c *call) wholeOutcome() outcome {
 func (s *Server) answerFinal(ctx context.Context, c *call) {
 	s.endFingerprint(ctx, c)
 	s.endSessionCall(ctx, c)
+	s.beforeStep(ctx, stepAnswerFinal)
 }
 
 // releaseLease gives back the lease the call took, if it took one. It has its own deadline:
