@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"crypto/sha256"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -130,5 +132,55 @@ func TestSessionCheckLeavesAnAnswerAlreadyWhole(t *testing.T) {
 	h.settled()
 	if run := h.run(u.ID, got.header.Get(proxy.RunIDHeader)); run.SettleSource.String != holds.SourceComplete {
 		t.Fatalf("A settled %s, want complete", run.SettleSource.String)
+	}
+}
+
+// TestSessionAnswerAlreadyWholeIsNotCutByANewerMessage: a different message sent the moment a
+// session call's answer is whole (its end marked, its last bytes not yet sent, its hold not yet
+// settled) takes the session from a call that has nothing left to stop. Its cancel cut the
+// answer's end: the caller got a superseded error event after a whole answer, or in place of
+// its [DONE].
+func TestSessionAnswerAlreadyWholeIsNotCutByANewerMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name, end string
+		hdr       map[string]string
+	}{
+		{"whole", "[DONE]", nil},
+		{"ended by the provider's error event", `"error"`, map[string]string{fakellm.HeaderChunks: "6", fakellm.HeaderErrorAfter: "3"}},
+		{"broken after output", "upstream_broken", map[string]string{fakellm.HeaderChunks: "6", fakellm.HeaderDropAfter: "3"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { answerWholeNotCut(t, tc.hdr, tc.end) })
+	}
+}
+
+func answerWholeNotCut(t *testing.T, hdr map[string]string, end string) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	final, resume := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		if step == "answer final" && first.CompareAndSwap(false, true) {
+			close(final)
+			<-resume
+		}
+	})
+	sess := map[string]string{proxy.SessionHeader: "next"}
+	aHdr := map[string]string{proxy.SessionHeader: "next"}
+	maps.Copy(aHdr, hdr)
+	a := make(chan answer, 1)
+	go func() { a <- send(h.gw.URL, key, streamBody, aHdr) }()
+	<-final
+	b := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"B: the next question"}]}`, sess)
+	close(resume)
+	if b.status != http.StatusOK {
+		t.Fatalf("B: %d %s; want it run", b.status, b.body)
+	}
+	got := <-a
+	if got.status != http.StatusOK || !strings.Contains(string(got.body), end) || strings.Contains(string(got.body), "superseded") {
+		t.Fatalf("A: %d ...%s; want its stream to its end (%s), not cut", got.status, got.body[max(0, len(got.body)-300):], end)
+	}
+	h.settled()
+	if run := h.run(u.ID, got.header.Get(proxy.RunIDHeader)); run.SettleSource.String == holds.SourceCancel {
+		t.Fatalf("A settled %s, want as it ended", run.SettleSource.String)
 	}
 }

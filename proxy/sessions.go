@@ -121,6 +121,9 @@ type cancellable struct {
 	// session is the run's session once its claim has committed (claimed), for the check
 	// that finds a run replaced though its cancel never came (checkReplaced); nil before.
 	session *holds.SessionRef
+	// answered: the run's answer is whole (answered), its last bytes on their way. A cancel
+	// then has nothing left to stop and would only cut the answer's end.
+	answered bool
 }
 
 var errBusDown = errors.New("cancel bus: subscription failed moments ago; not retried yet")
@@ -144,13 +147,23 @@ func (b *cancelBus) register(ctx context.Context, runID string, cancel context.C
 }
 
 // claimed records that runID's session claim committed: from now on the session's row names
-// runID or a newer message's run, and checkReplaced may judge it by the row. A nil session
-// takes the run out of the check (its answer is whole).
-func (b *cancelBus) claimed(runID string, session *holds.SessionRef) {
+// runID or a newer message's run, and checkReplaced may judge it by the row.
+func (b *cancelBus) claimed(runID string, session holds.SessionRef) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if run, ok := b.runs[runID]; ok {
-		run.session = session
+		run.session = &session
+		b.runs[runID] = run
+	}
+}
+
+// answered records that runID's answer is whole: a newer message, or the same one again (a
+// regenerate), may take its session now, and neither a cancel nor the session check stops it.
+func (b *cancelBus) answered(runID string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if run, ok := b.runs[runID]; ok {
+		run.answered = true
 		b.runs[runID] = run
 	}
 }
@@ -277,19 +290,19 @@ func (b *cancelBus) sweep() {
 	}
 }
 
-// deliver cancels runID if this process serves it, and reports whether it did. A run is
-// cancelled once: a later cancel of it (the pub/sub echo of one delivered here at once, a
-// sweep) finds it gone.
+// deliver cancels runID if this process serves it and its answer is not yet whole, and
+// reports whether it did. A run is cancelled once: a later cancel of it (the pub/sub echo of
+// one delivered here at once, a sweep) finds it gone.
 func (b *cancelBus) deliver(runID string) bool {
 	b.mu.Lock()
 	run, ok := b.runs[runID]
 	delete(b.runs, runID)
 	b.mu.Unlock()
-	if ok {
+	if ok && !run.answered {
 		run.log.Info("run cancelled: its session moved on")
 		run.cancel(errSuperseded)
 	}
-	return ok
+	return ok && !run.answered
 }
 
 // checkReplaced stops every claimed run this process serves whose session's row now names
@@ -303,7 +316,7 @@ func (b *cancelBus) checkReplaced(ctx context.Context, current func(context.Cont
 	serving := make(map[holds.SessionRef][]string)
 	refs := make([]holds.SessionRef, 0, len(b.runs))
 	for id, run := range b.runs {
-		if run.session == nil {
+		if run.session == nil || run.answered {
 			continue
 		}
 		if _, seen := serving[*run.session]; !seen {
@@ -378,10 +391,10 @@ func (s *Server) endSessionCall(ctx context.Context, c *call) {
 		return
 	}
 	c.sessionClaimed = false
-	// From here the same message again claims the session past this call (a regenerate),
-	// and the row names that newer run while this one sends its last bytes: the session
-	// check must not take it for replaced and cut an answer already whole.
-	s.cancels.claimed(c.runID, nil)
+	// From here a newer message, or the same one again (a regenerate, claimed past this
+	// call), may take the session while this call sends its last bytes: stopped then, its
+	// whole answer was cut, or ended with a superseded event after its own last one.
+	s.cancels.answered(c.runID)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimReleaseTimeout)
 	defer cancel()
 	if err := s.dedupRDB.Set(ctx, s.keys.SessionDone(c.runID), "1", s.cfg.Holds.HoldTTL).Err(); err != nil {
@@ -435,7 +448,7 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 		return errAlreadyRunning(claim.Current), nil
 	}
 	c.sessionClaimed = true
-	s.cancels.claimed(c.runID, &holds.SessionRef{UserID: c.user.ID, SessionID: sessionID})
+	s.cancels.claimed(c.runID, holds.SessionRef{UserID: c.user.ID, SessionID: sessionID})
 	if claim.Replaced != "" {
 		s.cancelReplaced(ctx, c, claim.Replaced)
 	}
