@@ -340,7 +340,7 @@ func (b *cancelBus) checkReplaced(ctx context.Context, current func(context.Cont
 		}
 		for _, id := range ids {
 			if id != cur && b.deliver(id) {
-				b.log.Warn("session run stopped by the session check: a newer message took its session, and its cancel never came",
+				b.log.Warn("session run stopped by the session check: a newer message took its session, and no cancel had reached it",
 					zap.String("run_id", id), zap.String("current_run", cur))
 				stopped++
 			}
