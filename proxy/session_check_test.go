@@ -103,18 +103,8 @@ func TestSessionCheckLeavesARunWhoseClaimHasNotCommitted(t *testing.T) {
 func TestSessionCheckLeavesAnAnswerAlreadyWhole(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	final, resume := make(chan struct{}), make(chan struct{})
-	var first atomic.Bool
-	h.srv.ObserveSteps(func(_ context.Context, step string) {
-		if step == "answer final" && first.CompareAndSwap(false, true) {
-			close(final)
-			<-resume
-		}
-	})
 	sess := map[string]string{proxy.SessionHeader: "regen"}
-	a := make(chan answer, 1)
-	go func() { a <- send(h.gw.URL, key, streamBody, sess) }()
-	<-final
+	a, resume := sentUntilItsAnswerIsWhole(h, key, sess)
 	b := send(h.gw.URL, key, streamBody, sess)
 	if b.status != http.StatusOK {
 		close(resume)
@@ -156,20 +146,10 @@ func TestSessionAnswerAlreadyWholeIsNotCutByANewerMessage(t *testing.T) {
 func answerWholeNotCut(t *testing.T, hdr map[string]string, end string) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	final, resume := make(chan struct{}), make(chan struct{})
-	var first atomic.Bool
-	h.srv.ObserveSteps(func(_ context.Context, step string) {
-		if step == "answer final" && first.CompareAndSwap(false, true) {
-			close(final)
-			<-resume
-		}
-	})
 	sess := map[string]string{proxy.SessionHeader: "next"}
 	aHdr := map[string]string{proxy.SessionHeader: "next"}
 	maps.Copy(aHdr, hdr)
-	a := make(chan answer, 1)
-	go func() { a <- send(h.gw.URL, key, streamBody, aHdr) }()
-	<-final
+	a, resume := sentUntilItsAnswerIsWhole(h, key, aHdr)
 	b := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"B: the next question"}]}`, sess)
 	close(resume)
 	if b.status != http.StatusOK {
@@ -183,4 +163,22 @@ func answerWholeNotCut(t *testing.T, hdr map[string]string, end string) {
 	if run := h.run(u.ID, got.header.Get(proxy.RunIDHeader)); run.SettleSource.String == holds.SourceCancel {
 		t.Fatalf("A settled %s, want as it ended", run.SettleSource.String)
 	}
+}
+
+// sentUntilItsAnswerIsWhole sends a stream with hdr and holds its call once its answer is
+// whole (answerFinal: its session's end marked, its last bytes not yet sent) until resume is
+// closed; it returns once the call is held there, with the channel its answer comes on.
+func sentUntilItsAnswerIsWhole(h *harness, key string, hdr map[string]string) (<-chan answer, chan struct{}) {
+	final, resume := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		if step == "answer final" && first.CompareAndSwap(false, true) {
+			close(final)
+			<-resume
+		}
+	})
+	a := make(chan answer, 1)
+	go func() { a <- send(h.gw.URL, key, streamBody, hdr) }()
+	<-final
+	return a, resume
 }
