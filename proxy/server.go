@@ -503,7 +503,8 @@ func (s *Server) storeContext(ctx context.Context) (context.Context, context.Can
 	return context.WithTimeout(ctx, s.cfg.Limits.AdmitTimeout)
 }
 
-// The store and Redis steps on a call's path before forwarding that beforeStep names.
+// The steps beforeStep names: the store and Redis steps of a call's path (before forwarding,
+// but for a named run's close at its settlement), and two moments a test holds a call at.
 const (
 	stepAdmit         = "admit"
 	stepAttemptPinned = "attempt pinned"
