@@ -310,7 +310,7 @@ func (b *cancelBus) deliver(runID string) bool {
 // only if the newer message's process lived to publish after its claim committed: one
 // killed in between (or cut off from Redis then) left the replaced run going to its end,
 // charged in full beside the newer message. The row is the truth; read every
-// sessionCheckInterval, it stops such a run within that.
+// heartbeat_interval (checkSessions), it stops such a run within that.
 func (b *cancelBus) checkReplaced(ctx context.Context, current func(context.Context, []holds.SessionRef) (map[holds.SessionRef]string, error)) (int, error) {
 	b.mu.Lock()
 	serving := make(map[holds.SessionRef][]string)
