@@ -90,6 +90,8 @@ type harnessSetup struct {
 	// refuses what a Redis Cluster refuses, or realCluster, one of a Cluster of three masters
 	// of the test's own (testenv.RedisCluster). h.rdb still reads the test Redis.
 	cluster clusterKind
+	// sessionCheckInterval is the gateway's (proxy.Deps.SessionCheckInterval).
+	sessionCheckInterval time.Duration
 }
 
 // clusterKind is what Redis Cluster, if any, the gateway of a harness talks to.
@@ -171,7 +173,7 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	h.metrics = metrics
 	h.store.OnSettled(metrics.ObserveSettled)
 	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: gwRDB, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log,
-		Admin: setup.admin, Metrics: metrics, Transport: setup.transport})
+		Admin: setup.admin, Metrics: metrics, Transport: setup.transport, SessionCheckInterval: setup.sessionCheckInterval})
 	h.gw = httptest.NewUnstartedServer(h.srv.Handler())
 	if setup.serverLog {
 		h.gw.Config.ErrorLog = zap.NewStdLog(log)

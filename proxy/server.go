@@ -4,6 +4,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,6 +49,9 @@ type Deps struct {
 	// Instance, when set, is this process's row in the database (holds.Instance): every hold
 	// it admits carries its id, so that the reconciler settles them soon after a kill.
 	Instance *holds.Instance
+	// SessionCheckInterval is how often the session check runs (checkSessions): 0 for
+	// holds.heartbeat_interval, negative for never (a test that runs the check itself).
+	SessionCheckInterval time.Duration
 }
 
 // Server serves the gateway's HTTP surface.
@@ -151,7 +155,9 @@ func New(d Deps) *Server {
 	s.stopBeat = stop
 	var beating sync.WaitGroup
 	beating.Go(func() { s.budgets.Run(beat, d.Config.Holds.HeartbeatInterval, d.Log) })
-	beating.Go(func() { s.checkSessions(beat, d.Config.Holds.HeartbeatInterval) })
+	if every := cmp.Or(d.SessionCheckInterval, d.Config.Holds.HeartbeatInterval); every > 0 {
+		beating.Go(func() { s.checkSessions(beat, every) })
+	}
 	go func() {
 		beating.Wait()
 		close(s.beatDone)
