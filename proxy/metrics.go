@@ -33,6 +33,9 @@ type Metrics struct {
 	// in the database stopped), whose holds it then brought in rather than wait for hold_ttl.
 	// A process shut down gracefully retires its own row and is not counted.
 	DeadInstances prometheus.Counter
+	// SessionCheckStops counts the session runs this process's session check stopped: each
+	// a cancel that never reached it (its sender killed, or Redis out of reach).
+	SessionCheckStops prometheus.Counter
 	// InstanceTwins is how many other live processes serve under this one's instance name
 	// (holds.Instance.OnTwins, set by cmd/gateway): 0 as it must be.
 	InstanceTwins prometheus.Gauge
@@ -116,6 +119,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Reconcile passes this process ran holding the lock, by result (done, failed). Summed over the fleet it must keep rising: with no passes, expired holds stay unsettled."}, []string{"result"}),
 		DeadInstances: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_dead_instances_total",
 			Help: "Gateway processes this process's reconciler declared dead (heartbeat in the database stopped for holds.dead_instance_after); their calls' holds are settled then, not at hold_ttl."}),
+		SessionCheckStops: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_session_check_stops_total",
+			Help: "Session runs this process stopped because their session's row named a newer message's run and no cancel had reached them (the sender killed before it published, or Redis out of reach)."}),
 		InstanceTwins: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_instance_twins",
 			Help: "Other live gateway processes serving under this process's instance name (TOLLGATE_INSTANCE), as of its last heartbeat: must be 0; above it, the processes share their leases and the reconcile lock."}),
 		ActiveCalls: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tollgate_active_calls",
@@ -152,7 +157,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 				"admit_queue and admit_tx split admit's wait for the batch writer (queue, then its transaction).",
 			Buckets: fineBuckets(0.0001, 4)}, []string{"phase"}),
 	}
-	reg.MustRegister(m.Requests, m.ErrorAnswers, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled, m.DeadInstances, m.InstanceTwins, m.ReconcilePasses,
+	reg.MustRegister(m.Requests, m.ErrorAnswers, m.Settlements, m.SettleFailures, m.TallyFailures, m.ReconcileHold, m.Reconciled, m.DeadInstances, m.SessionCheckStops, m.InstanceTwins, m.ReconcilePasses,
 		m.ActiveCalls, m.RequestBodyBytes, m.ResponseBodyBytes, m.ResponseMemoryWaits, m.SettleSeconds, m.Duplicates, m.BatchItems, m.Charged, m.Uncharged, m.BilledTokens, m.CallPhase)
 	m.authPhase = m.CallPhase.WithLabelValues(phaseAuth)
 	m.bodyPhase = m.CallPhase.WithLabelValues(phaseBody)

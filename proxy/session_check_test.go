@@ -56,7 +56,8 @@ func TestSessionRunWhoseCancelNeverCameIsStoppedByTheSessionCheck(t *testing.T) 
 }
 
 // TestSessionCheckRunsOnItsOwn: the check runs every holds.heartbeat_interval without being
-// asked: a run whose cancel never came stops within a few intervals.
+// asked: a run whose cancel never came stops within a few intervals, counted in
+// tollgate_session_check_stops_total (a lost cancel an operator should hear of).
 func TestSessionCheckRunsOnItsOwn(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Holds.HeartbeatInterval = 100 * time.Millisecond })
 	u, key := h.user("standard")
@@ -64,6 +65,9 @@ func TestSessionCheckRunsOnItsOwn(t *testing.T) {
 	claimedByADeadProcess(t, h, u.ID, "replaced")
 	// The stream is 15 s long (longSessionChunks); endsSuperseded fails if it ends whole.
 	endsSuperseded(t, h, u, aRun, br, "replaced by a message whose process died before its cancel, the check left to its interval")
+	if got := h.metric("tollgate_session_check_stops_total"); got != "1" {
+		t.Fatalf("tollgate_session_check_stops_total %q, want 1", got)
+	}
 }
 
 // TestSessionCheckLeavesARunWhoseClaimHasNotCommitted: a call is registered on the bus before
