@@ -73,7 +73,7 @@ type Limits struct {
 	AdmitTimeout       time.Duration `yaml:"admit_timeout"`    // a call's steps before forwarding together, from its body read whole: its admission's wait for the batch writer and its batch's (retries included), an Idempotency-Key's lookups and next attempts, a session's claim, a fingerprint's check; a stalled COMMIT up to the DSN's readTimeout more; then 503, and a hold or claim granted past it is released at 0, never forwarded
 	SettleTimeout      time.Duration `yaml:"settle_timeout"`   // one settlement including its retries
 	ShutdownTimeout    time.Duration `yaml:"shutdown_timeout"` // graceful drain on SIGTERM
-	KeyCacheTTL        time.Duration `yaml:"key_cache_ttl"`    // API key lookups cached in process
+	KeyCacheTTL        time.Duration `yaml:"key_cache_ttl"`    // API key lookups and refusals cached in process
 }
 
 // Holds sets admission and expiry.

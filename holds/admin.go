@@ -161,7 +161,8 @@ func (s *Store) DisableUser(ctx context.Context, userID uint64) (bool, error) {
 	return s.setDisabled(ctx, userID, true)
 }
 
-// EnableUser undoes DisableUser. It reports whether the user was disabled before.
+// EnableUser undoes DisableUser. It reports whether the user was disabled before. A proxy that
+// refused one of the user's keys in the last key_cache_ttl keeps refusing it until then.
 func (s *Store) EnableUser(ctx context.Context, userID uint64) (bool, error) {
 	return s.setDisabled(ctx, userID, false)
 }

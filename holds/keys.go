@@ -65,6 +65,10 @@ func HashKey(key string) [32]byte { return sha256.Sum256([]byte(key)) }
 // ErrBadKey is an unknown or revoked key.
 var ErrBadKey = errors.New("invalid API key")
 
+// WellFormedKey reports whether key has the shape of a key tollgate issues (KeyPrefix, at most
+// 128 bytes): one that has not cannot be in the store, and is refused without asking it.
+func WellFormedKey(key string) bool { return strings.HasPrefix(key, KeyPrefix) && len(key) <= 128 }
+
 // UserByKey authenticates a key: UsersByKeys of one. Revoked keys and disabled users are both
 // ErrBadKey, so a caller learns nothing from the difference. The gateway batches its lookups
 // (KeyLookup); this is for tests and tools.
@@ -88,7 +92,7 @@ func (s *Store) UsersByKeys(ctx context.Context, keys []string) ([]KeyResult, er
 	out := make([]KeyResult, len(keys))
 	hashes := make([][]byte, 0, len(keys))
 	for i, key := range keys {
-		if !strings.HasPrefix(key, KeyPrefix) || len(key) > 128 {
+		if !WellFormedKey(key) {
 			out[i].Err = ErrBadKey
 			continue
 		}

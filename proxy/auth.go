@@ -92,12 +92,23 @@ func countedRoute(path string) bool {
 // keyCache keeps key lookups for a few seconds: a hot caller does not pay a MySQL round trip
 // per request, and a revoked key or disabled user is refused within ttl (admission also
 // refuses a disabled user under its row lock, with no delay at all).
+//
+// It keeps the store's refusals for ttl too, apart: a client left with a revoked key (a
+// rotated secret in a forgotten job, an agent retrying on 401) cost a database query per
+// request, beside the admissions, for as long as it kept trying; now one per ttl. The price
+// is the mirror of a revocation's delay: a user enabled again is refused for up to ttl more
+// by a process that refused them just before. A key never issued cannot be refused before its
+// creation by anyone but a guesser, so a new key works at once. Refusals have their own bound,
+// so a flood of made-up keys starts over their map, never the accepted keys' one; a key not
+// of the shape tollgate issues is refused without the store and kept nowhere.
 type keyCache struct {
 	lookups *holds.KeyLookup // groups concurrent misses into one query
 	ttl     time.Duration
 
-	mu      sync.Mutex
-	entries map[[32]byte]cachedUser
+	mu         sync.Mutex
+	entries    map[[32]byte]cachedUser
+	refused    map[[32]byte]time.Time // a refused key's hash -> when its refusal ends
+	maxRefused int                    // maxRefusedKeys; tests set less
 
 	// observe, set by tests only (nil otherwise), is told of each lookup whether the cache
 	// answered it: a test that relies on a key still being cached can check that it was.
@@ -109,12 +120,16 @@ type cachedUser struct {
 	expires time.Time
 }
 
-// maxCachedKeys bounds the cache; past it, it starts over.
-const maxCachedKeys = 100_000
+// maxCachedKeys bounds the cache of accepted keys and maxRefusedKeys that of refused ones;
+// past either, that map starts over.
+const (
+	maxCachedKeys  = 100_000
+	maxRefusedKeys = 10_000
+)
 
 func newKeyCache(store *holds.Store, ttl time.Duration) *keyCache {
 	return &keyCache{lookups: holds.NewKeyLookup(store, holds.BatcherConfig{Workers: batchWorkers, Timeout: keyLookupTimeout}),
-		ttl: ttl, entries: map[[32]byte]cachedUser{}}
+		ttl: ttl, entries: map[[32]byte]cachedUser{}, refused: map[[32]byte]time.Time{}, maxRefused: maxRefusedKeys}
 }
 
 // keyLookupTimeout bounds a caller's key lookup, its wait for a place in the queue and for a
@@ -122,31 +137,48 @@ func newKeyCache(store *holds.Store, ttl time.Duration) *keyCache {
 const keyLookupTimeout = 5 * time.Second
 
 func (c *keyCache) lookup(ctx context.Context, key string) (holds.User, error) {
+	if !holds.WellFormedKey(key) {
+		return holds.User{}, holds.ErrBadKey
+	}
 	hash := holds.HashKey(key)
 	now := time.Now()
 	c.mu.Lock()
 	e, ok := c.entries[hash]
+	refusedUntil, wasRefused := c.refused[hash]
 	c.mu.Unlock()
 	hit := ok && now.Before(e.expires)
+	refused := !hit && wasRefused && now.Before(refusedUntil)
 	if f := c.observe.Load(); f != nil {
-		(*f)(hit)
+		(*f)(hit || refused)
 	}
 	if hit {
 		return e.user, nil
+	}
+	if refused {
+		return holds.User{}, holds.ErrBadKey
 	}
 	// The batch's own timeout bounds the query, not the wait before it: with the database
 	// stalled, a lookup queued behind busy batches waited for them and then for its own.
 	lctx, cancel := context.WithTimeout(ctx, keyLookupTimeout)
 	u, err := c.lookups.User(lctx, key)
 	cancel()
+	if errors.Is(err, holds.ErrBadKey) {
+		c.mu.Lock()
+		if len(c.refused) >= c.maxRefused {
+			clear(c.refused)
+		}
+		c.refused[hash] = now.Add(c.ttl)
+		c.mu.Unlock()
+	}
 	if err != nil {
-		return holds.User{}, err
+		return holds.User{}, err // a store that failed is asked again by the next request
 	}
 	c.mu.Lock()
 	if len(c.entries) >= maxCachedKeys {
 		clear(c.entries)
 	}
 	c.entries[hash] = cachedUser{user: u, expires: now.Add(c.ttl)}
+	delete(c.refused, hash)
 	c.mu.Unlock()
 	return u, nil
 }
