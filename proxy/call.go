@@ -67,6 +67,9 @@ type call struct {
 	// recordMarkUnknown: that tally failed, and may have landed with the mark (its reply
 	// lost): the tally's later try, once the call is recorded, drops it (tallyCall).
 	recordMarkUnknown bool
+	// recordMarkLeft: recordRunCall's drop of the mark failed; finishRunCall tries it again
+	// (retryRecordMark).
+	recordMarkLeft bool
 	// tallyMissed: a tally write of this call failed and was logged; a later try that lands
 	// says so (tallyCall), or the log misleads.
 	tallyMissed bool

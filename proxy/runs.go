@@ -134,15 +134,34 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 	}
 	if c.recordMarked {
 		// Its tally (ReleaseBeforeRecord) kept the run from being settled until now. A tally
-		// that failed left no mark, or (its reply lost) one that lapses after the lease TTL, as
-		// the reservation it would have given back: not worth another wait on a Redis that
-		// just failed, before the caller has its answer.
+		// that failed left no mark, or (its reply lost) one its later try drops (tallyCall). A
+		// drop that fails here is not tried again before the caller has its answer, on a Redis
+		// that just failed: finishRunCall tries it again after (retryRecordMark).
 		rctx, cancel := redisStep(context.WithoutCancel(ctx))
 		defer cancel()
 		if err := s.budgets.Recorded(rctx, c.runID, c.callID); err != nil {
-			c.log.Warn("run call's record not marked; the run's settlement waits until the mark lapses", zap.Error(err))
+			c.recordMarkLeft = true
+			c.log.Warn("run call's record not marked; tried again until settle_timeout, the run's settle is run_busy until then", zap.Error(err))
 		}
 	}
+}
+
+// retryRecordMark drops a call's record-to-come mark that recordRunCall failed to drop, until
+// a drop lands or settle_timeout has passed. Left, the mark kept every settle of the run at 409
+// run_busy, with nothing in flight, until it lapsed (the lease TTL, 30 s): after a Redis
+// slowdown the caller's settle, sent once Redis answered again, was refused that long. The
+// drop (an HDEL) is safe to repeat.
+func (s *Server) retryRecordMark(ctx context.Context, runID, callID string, log *zap.Logger) {
+	landed := s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool {
+		rctx, cancel := redisStep(ctx)
+		defer cancel()
+		return s.budgets.Recorded(rctx, runID, callID) == nil
+	})
+	if !landed {
+		log.Warn("run call's record mark never dropped; the run's settle is run_busy until it lapses (lease_ttl)")
+		return
+	}
+	log.Info("run call's record marked on a later try")
 }
 
 // settleRoute names the settle route in its log lines.

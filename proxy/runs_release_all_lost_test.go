@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -127,3 +128,50 @@ func TestNamedRunCallWhoseRecordMarkSurvivesAFailedLaterTry(t *testing.T) {
 		t.Fatalf("run %+v: want settled with both calls charged once", r)
 	}
 }
+
+// TestNamedRunCallWhoseRecordMarkDropFailedIsSettledOnceRedisAnswers: on a run whose Redis
+// record lost calls, a call's tally marks its record on the run's row as still to come, and the
+// call drops the mark once the record has landed (RunBudget.Recorded). Here that drop is lost,
+// every attempt of it, while the tally and the record land. The call is answered; once its end
+// has been dealt with (WaitSettlements), a settle must go through at once. Without a later try
+// of the drop the mark kept every settle at 409 run_busy, nothing in flight, until it lapsed
+// (the lease TTL): the flake of TestStormBehindARedisSlowerThanItsBoundsFailsClosed.
+func TestNamedRunCallWhoseRecordMarkDropFailedIsSettledOnceRedisAnswers(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	h, lossy := newLossyRedisHarness(t, harnessSetup{log: zap.New(core)}, nil)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-mark-drop-lost"}
+	runID := firstRunCall(t, h, key, run, 5)
+	loseRunKeys(t, h, runID)
+	if err := h.rdb.Set(context.Background(), h.keys.Lost(runID), 0, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The drop's script, as go-redis sends it first (EVALSHA): every attempt is cut before it
+	// reaches Redis, so the call cannot fall back to EVAL and the drop fails.
+	attempts := h.rdb.Options().MaxRetries + 1
+	lossy.Arm(recordedScriptSHA, testenv.RedisRequestLost, attempts)
+	second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
+	readAll(t, second.Body)
+	second.Body.Close()
+	if second.StatusCode != http.StatusOK {
+		t.Fatalf("call whose record mark's drop was lost: %d", second.StatusCode)
+	}
+	h.settled()
+	if lossy.Fired() != attempts {
+		t.Fatalf("%d drops lost, want every attempt's, %d", lossy.Fired(), attempts)
+	}
+	if status, body := h.settleRun(key, "task-mark-drop-lost"); status != http.StatusOK {
+		t.Fatalf("settle after the run's calls ended and Redis answered again: %d %s, want 200", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.ChargedMicro != 2*fakeGPTCost(r.InTok/2, 5) {
+		t.Fatalf("run %+v: want settled with both calls charged once", r)
+	}
+	if logs.FilterMessage("run call's record marked on a later try").Len() != 1 {
+		t.Fatalf("logs %v: want the drop that landed on a later try said so", logs.All())
+	}
+}
+
+// recordedScriptSHA is the SHA go-redis names runstate's record-mark drop by (EVALSHA). A
+// change to that script's source leaves the marker matching nothing, which the test's count of
+// lost drops reports.
+var recordedScriptSHA = redis.NewScript(`return redis.call('HDEL', KEYS[1], 'r:' .. ARGV[1])`).Hash()

@@ -94,6 +94,14 @@ func (s *Server) finishRunCall(ctx context.Context, c *call, st holds.Settlement
 			s.retryRunTally(ctx, c, st)
 		})
 	}
+	if c.recordMarkLeft {
+		runID, callID, log := c.runID, c.callID, c.log
+		s.settlements.start()
+		s.inBackground(func() {
+			defer s.settlements.leave()
+			s.retryRecordMark(ctx, runID, callID, log)
+		})
+	}
 }
 
 // finishPlainCall tallies and settles a call that is a run of its own.

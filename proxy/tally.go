@@ -149,17 +149,25 @@ func callFigures(st holds.Settlement) []zap.Field {
 // write after it (2 s each) left a second of. The first pause is at most half of it, so that a
 // settle_timeout as short as the first pause still gets a try.
 func (s *Server) retryRunTally(ctx context.Context, c *call, st holds.Settlement) {
+	if !s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool { return s.tallyCall(ctx, c, st) }) {
+		s.runTallyGivenUp(c, st)
+	}
+}
+
+// retryUntilSettleTimeout calls try, after a pause each time, until it reports true or
+// settle_timeout has passed, and reports whether a try landed. try gets the bounded context:
+// neither a pause nor a try outlasts settle_timeout (see retryRunTally).
+func (s *Server) retryUntilSettleTimeout(ctx context.Context, try func(context.Context) bool) bool {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
 	for wait := min(tallyRetryFirst, s.cfg.Limits.SettleTimeout/2); ; wait = min(2*wait, tallyRetryMost) {
 		select {
 		case <-ctx.Done():
-			s.runTallyGivenUp(c, st)
-			return
+			return false
 		case <-time.After(wait):
 		}
-		if s.tallyCall(ctx, c, st) {
-			return
+		if try(ctx) {
+			return true
 		}
 	}
 }
