@@ -100,33 +100,14 @@ func TestNamedRunCallWhoseRecordMarkSurvivesAFailedLaterTry(t *testing.T) {
 	h, lossy := newLossyRedisHarness(t, harnessSetup{}, nil)
 	u, key := h.user("standard")
 	run := map[string]string{"X-Run-Id": "task-mark-later-try"}
-	runID := firstRunCall(t, h, key, run, 5)
-	loseRunKeys(t, h, runID)
-	if err := h.rdb.Set(context.Background(), h.keys.Lost(runID), 0, time.Hour).Err(); err != nil {
-		t.Fatal(err)
-	}
+	runID := firstRunCallThenLoseItsRecord(t, h, key, run)
 	attempts := h.rdb.Options().MaxRetries + 1
 	// Every attempt of ReleaseBeforeRecord runs, its reply lost; then the next two commands
 	// naming the run's budget (the Release's tries, or a Release and a mark drop) are lost on
 	// the way, every attempt of each.
 	lossy.Arm(h.keys.Lost(runID), testenv.RedisReplyLost, attempts)
 	lossy.ArmThen(h.keys.RunBudget(runID), testenv.RedisRequestLost, 2*attempts)
-	second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
-	readAll(t, second.Body)
-	second.Body.Close()
-	if second.StatusCode != http.StatusOK {
-		t.Fatalf("call whose release replies were lost: %d", second.StatusCode)
-	}
-	h.settled()
-	if lossy.Fired() != 3*attempts {
-		t.Fatalf("%d writes lost, want %d", lossy.Fired(), 3*attempts)
-	}
-	if status, body := h.settleRun(key, "task-mark-later-try"); status != http.StatusOK {
-		t.Fatalf("settle after the run's calls ended: %d %s, want 200", status, body)
-	}
-	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.ChargedMicro != 2*fakeGPTCost(r.InTok/2, 5) {
-		t.Fatalf("run %+v: want settled with both calls charged once", r)
-	}
+	secondCallThenSettle(t, h, lossy, u.ID, key, run, runID, 3*attempts)
 }
 
 // TestNamedRunCallWhoseRecordMarkDropFailedIsSettledOnceRedisAnswers: on a run whose Redis
@@ -141,31 +122,12 @@ func TestNamedRunCallWhoseRecordMarkDropFailedIsSettledOnceRedisAnswers(t *testi
 	h, lossy := newLossyRedisHarness(t, harnessSetup{log: zap.New(core)}, nil)
 	u, key := h.user("standard")
 	run := map[string]string{"X-Run-Id": "task-mark-drop-lost"}
-	runID := firstRunCall(t, h, key, run, 5)
-	loseRunKeys(t, h, runID)
-	if err := h.rdb.Set(context.Background(), h.keys.Lost(runID), 0, time.Hour).Err(); err != nil {
-		t.Fatal(err)
-	}
+	runID := firstRunCallThenLoseItsRecord(t, h, key, run)
 	// The drop's script, as go-redis sends it first (EVALSHA): every attempt is cut before it
 	// reaches Redis, so the call cannot fall back to EVAL and the drop fails.
 	attempts := h.rdb.Options().MaxRetries + 1
 	lossy.Arm(recordedScriptSHA, testenv.RedisRequestLost, attempts)
-	second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
-	readAll(t, second.Body)
-	second.Body.Close()
-	if second.StatusCode != http.StatusOK {
-		t.Fatalf("call whose record mark's drop was lost: %d", second.StatusCode)
-	}
-	h.settled()
-	if lossy.Fired() != attempts {
-		t.Fatalf("%d drops lost, want every attempt's, %d", lossy.Fired(), attempts)
-	}
-	if status, body := h.settleRun(key, "task-mark-drop-lost"); status != http.StatusOK {
-		t.Fatalf("settle after the run's calls ended and Redis answered again: %d %s, want 200", status, body)
-	}
-	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.ChargedMicro != 2*fakeGPTCost(r.InTok/2, 5) {
-		t.Fatalf("run %+v: want settled with both calls charged once", r)
-	}
+	secondCallThenSettle(t, h, lossy, u.ID, key, run, runID, attempts)
 	if logs.FilterMessage("run call's record marked on a later try").Len() != 1 {
 		t.Fatalf("logs %v: want the drop that landed on a later try said so", logs.All())
 	}
@@ -175,3 +137,39 @@ func TestNamedRunCallWhoseRecordMarkDropFailedIsSettledOnceRedisAnswers(t *testi
 // change to that script's source leaves the marker matching nothing, which the test's count of
 // lost drops reports.
 var recordedScriptSHA = redis.NewScript(`return redis.call('HDEL', KEYS[1], 'r:' .. ARGV[1])`).Hash()
+
+// firstRunCallThenLoseItsRecord makes a named run's first call, then loses the run's Redis
+// record as a restart would, noticed lease_ttl ago (a settle no longer waits for the rebuild):
+// the run's next call's tally marks its record on the row as still to come.
+func firstRunCallThenLoseItsRecord(t *testing.T, h *harness, key string, run map[string]string) string {
+	t.Helper()
+	runID := firstRunCall(t, h, key, run, 5)
+	loseRunKeys(t, h, runID)
+	if err := h.rdb.Set(context.Background(), h.keys.Lost(runID), 0, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return runID
+}
+
+// secondCallThenSettle makes the run's second call under the losses lossy is armed with, which
+// must all fire (lost), waits for its end to be dealt with, and requires the run's settle to go
+// through at once, charging both calls once.
+func secondCallThenSettle(t *testing.T, h *harness, lossy *testenv.LossyRedis, userID uint64, key string, run map[string]string, runID string, lost int) {
+	t.Helper()
+	second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
+	readAll(t, second.Body)
+	second.Body.Close()
+	if second.StatusCode != http.StatusOK {
+		t.Fatalf("second call under lost writes: %d", second.StatusCode)
+	}
+	h.settled()
+	if lossy.Fired() != lost {
+		t.Fatalf("%d writes lost, want %d", lossy.Fired(), lost)
+	}
+	if status, body := h.settleRun(key, run["X-Run-Id"]); status != http.StatusOK {
+		t.Fatalf("settle after the run's calls ended: %d %s, want 200", status, body)
+	}
+	if r := h.run(userID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.ChargedMicro != 2*fakeGPTCost(r.InTok/2, 5) {
+		t.Fatalf("run %+v: want settled with both calls charged once", r)
+	}
+}
