@@ -236,6 +236,31 @@ func (s *Store) CurrentSessionRuns(ctx context.Context, refs []SessionRef) (map[
 	return out, nil
 }
 
+// OpenRuns returns which of runIDs are still open (queued or running, expired or not): a
+// session claim cancels the run it replaces only if it is (SessionClaim.Replaced), and the
+// session check (proxy) stops only what a claim would have. Read by primary key, without locks.
+func (s *Store) OpenRuns(ctx context.Context, runIDs []string) (map[string]bool, error) {
+	out := make(map[string]bool, len(runIDs))
+	for batch := range slices.Chunk(runIDs, maxSessionRefsPerRead) {
+		q, args, err := sqlx.In("SELECT run_id FROM run_holds WHERE run_id IN (?) AND state IN ('queued', 'running')", batch)
+		if err != nil {
+			return nil, fmt.Errorf("open runs of %d: %w", len(batch), err)
+		}
+		var open []string
+		err = s.withRetry(ctx, "open runs", func() error {
+			open = open[:0]
+			return sqlx.SelectContext(ctx, s.db, &open, q, args...)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("open runs of %d: %w", len(batch), err)
+		}
+		for _, id := range open {
+			out[id] = true
+		}
+	}
+	return out, nil
+}
+
 // PruneSessions deletes up to limit sessions whose current run has settled and that no claim
 // has touched for idle, and returns how many it deleted. Such a row decides nothing any more
 // (a claim treats a session whose run has ended as new, as it does a session it has never

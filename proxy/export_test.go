@@ -126,5 +126,5 @@ func SetUpstreamPing(t testing.TB, after, timeout time.Duration) {
 // CheckSessions runs one session check (checkSessions' tick) now, and returns how many runs it
 // stopped.
 func (s *Server) CheckSessions(ctx context.Context) (int, error) {
-	return s.cancels.checkReplaced(ctx, s.store.CurrentSessionRuns)
+	return s.cancels.checkReplaced(ctx, s.store)
 }

@@ -178,7 +178,7 @@ func (s *Server) checkSessions(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 		cctx, cancel := s.storeContext(ctx)
-		n, err := s.cancels.checkReplaced(cctx, s.store.CurrentSessionRuns)
+		n, err := s.cancels.checkReplaced(cctx, s.store)
 		s.metrics.SessionCheckStops.Add(float64(n))
 		if err != nil && ctx.Err() == nil {
 			s.log.Warn("session check failed; a run whose cancel was lost runs on until a check succeeds", zap.Error(err))

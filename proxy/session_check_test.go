@@ -187,3 +187,26 @@ func sentUntilItsAnswerIsWhole(h *harness, key string, hdr map[string]string) (<
 	<-final
 	return a, resume
 }
+
+// TestSessionCheckLeavesARunSettledBeforeItsSessionMovedOn: a session call whose hold a
+// reconciler settled (its process paused past its holds' expiry, taken for dead), and whose
+// message was sent again after that, on another process: that claim replaced nothing
+// (SessionClaim.Replaced is empty, no cancel went out), and the resumed call's caller, still
+// connected, gets its whole answer (README Known limits). The check must not cut it because
+// the row names the newer run. Mutant: the open-hold condition dropped (the e2e flake of
+// TestGatewayPausedPastItsHolds, "s-same #1 ... superseded").
+func TestSessionCheckLeavesARunSettledBeforeItsSessionMovedOn(t *testing.T) {
+	h := newHarnessOn(t, harnessSetup{sessionCheckInterval: -1}, nil)
+	u, key := h.user("standard")
+	aRun, _ := runningSessionStream(t, h, key, "reconciled")
+	if _, err := h.store.Settle(context.Background(), holds.Settlement{RunID: aRun, UserID: u.ID, CostMicro: 1000,
+		Source: holds.SourceReconcileHold}); err != nil {
+		t.Fatal(err)
+	}
+	if replaced := claimedByADeadProcess(t, h, u.ID, "reconciled"); replaced != "" {
+		t.Fatalf("a claim after the run was settled replaced %q, want nothing", replaced)
+	}
+	if n, err := h.srv.CheckSessions(context.Background()); err != nil || n != 0 {
+		t.Fatalf("session check stopped %d runs (%v); want none: the run was settled before its session moved on", n, err)
+	}
+}

@@ -306,12 +306,13 @@ func (b *cancelBus) deliver(runID string) bool {
 }
 
 // checkReplaced stops every claimed run this process serves whose session's row now names
-// another run, and returns how many it stopped. Pub/sub and its marks stop a replaced run
+// another run and whose hold is still open, as a claim's cancel would have, and returns how
+// many it stopped. Pub/sub and its marks stop a replaced run
 // only if the newer message's process lived to publish after its claim committed: one
 // killed in between (or cut off from Redis then) left the replaced run going to its end,
 // charged in full beside the newer message. The row is the truth; read every
 // heartbeat_interval (checkSessions), it stops such a run within that.
-func (b *cancelBus) checkReplaced(ctx context.Context, current func(context.Context, []holds.SessionRef) (map[holds.SessionRef]string, error)) (int, error) {
+func (b *cancelBus) checkReplaced(ctx context.Context, rows sessionRows) (int, error) {
 	b.mu.Lock()
 	serving := make(map[holds.SessionRef][]string)
 	refs := make([]holds.SessionRef, 0, len(b.runs))
@@ -328,25 +329,49 @@ func (b *cancelBus) checkReplaced(ctx context.Context, current func(context.Cont
 	if len(refs) == 0 {
 		return 0, nil
 	}
-	now, err := current(ctx, refs)
+	now, err := rows.CurrentSessionRuns(ctx, refs)
 	if err != nil {
 		return 0, err
 	}
-	stopped := 0
+	var replaced []string
+	current := make(map[string]string) // a replaced run -> its session's current run
 	for ref, ids := range serving {
 		cur, ok := now[ref]
 		if !ok {
 			continue // pruned: its run had ended, so none of these is running on
 		}
 		for _, id := range ids {
-			if id != cur && b.deliver(id) {
-				b.log.Warn("session run stopped by the session check: a newer message took its session, and no cancel had reached it",
-					zap.String("run_id", id), zap.String("current_run", cur))
-				stopped++
+			if id != cur {
+				replaced = append(replaced, id)
+				current[id] = cur
 			}
 		}
 	}
+	if len(replaced) == 0 {
+		return 0, nil
+	}
+	// A run settled before the newer message's claim (by a reconciler that took its process
+	// for dead: paused past its holds' expiry) was not the claim's to cancel (its Replaced is
+	// empty), and its caller, still connected, gets its whole answer (README Known limits).
+	open, err := rows.OpenRuns(ctx, replaced)
+	if err != nil {
+		return 0, err
+	}
+	stopped := 0
+	for _, id := range replaced {
+		if open[id] && b.deliver(id) {
+			b.log.Warn("session run stopped by the session check: a newer message took its session, and no cancel had reached it",
+				zap.String("run_id", id), zap.String("current_run", current[id]))
+			stopped++
+		}
+	}
 	return stopped, nil
+}
+
+// sessionRows is what the session check reads of the database (holds.Store).
+type sessionRows interface {
+	CurrentSessionRuns(ctx context.Context, refs []holds.SessionRef) (map[holds.SessionRef]string, error)
+	OpenRuns(ctx context.Context, runIDs []string) (map[string]bool, error)
 }
 
 // publish asks whichever process serves runID to stop it: a step on the caller's path (a
