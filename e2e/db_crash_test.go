@@ -52,7 +52,8 @@ import (
 //     charged exactly what the whole answers cost (README: a named run's hold is not released,
 //     its refused call adds nothing to the run's tally);
 //   - a charge committed before a crash is there, unchanged, after it (every settled row read
-//     just before each kill, read again once the server is back), and what an agent was told
+//     just before each kill, its redo then flushed by a commit of the test's own, syncRedo,
+//     read again once the server is back), and what an agent was told
 //     its run was charged (the settle answer) is what its row says at the end.
 //
 // The server runs with innodb_flush_log_at_trx_commit=1 (MariaDB's default, which
@@ -234,6 +235,7 @@ func (d *dbCrash) crashLoop(r *rand.Rand) {
 		outage := p.minOutage + time.Duration(r.Int64N(int64(p.spreads)))
 		time.Sleep(time.Duration(2000+r.IntN(1500)) * time.Millisecond)
 		before := d.readSettled()
+		d.m.syncRedo(d.c.w.db)
 		timed := "at a random moment"
 		if p.at != nil {
 			select {
@@ -663,10 +665,24 @@ func (m *privateMariaDB) provision() {
 		"CREATE DATABASE tollgate CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci",
 		"CREATE USER 'tollgate'@'127.0.0.1' IDENTIFIED BY 'tollgate'",
 		"GRANT ALL PRIVILEGES ON *.* TO 'tollgate'@'127.0.0.1'",
+		"CREATE DATABASE e2e_fence",
+		"CREATE TABLE e2e_fence.commits (id TINYINT PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB",
 	} {
 		if _, err := root.Exec(q); err != nil {
 			t.Fatalf("provision the private MariaDB: %s: %v", q, err)
 		}
+	}
+}
+
+// syncRedo makes every transaction a read has seen durable before the server is killed.
+// InnoDB makes a commit visible to other sessions (its locks released) before its redo is
+// written, and answers the COMMIT only after: a row read settled a moment before a SIGKILL
+// may be gone after crash recovery, its COMMIT never answered (its gateway then settles it
+// again). A transaction committed after the read flushes the redo up to its own commit, and
+// the redo is one sequence: every commit the read saw is on disk with it.
+func (m *privateMariaDB) syncRedo(db *sqlx.DB) {
+	if _, err := db.Exec("INSERT INTO e2e_fence.commits VALUES (1, 1) ON DUPLICATE KEY UPDATE n = n + 1"); err != nil {
+		m.t.Fatalf("commit the redo fence: %v", err)
 	}
 }
 
