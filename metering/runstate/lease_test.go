@@ -174,3 +174,31 @@ func TestLeaseBeatsAreNumberedApartWithinAMillisecond(t *testing.T) {
 		last = b
 	}
 }
+
+// TestLeaseStaysWhileAnotherCallOfTheRunRuns: calls of one run overlap on a process, and its
+// lease is one key; the end of one call must leave the key, written by a heartbeat, while
+// another still runs, or the run looks orphaned (its settle not refused busy, the reconciler
+// free to settle it) under a running call until the next beat.
+func TestLeaseStaysWhileAnotherCallOfTheRunRuns(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	ctx := context.Background()
+	l := runstate.NewLeases(rdb, keys, "process-a", time.Minute, time.Second, zap.NewNop())
+	l.Acquire("x_two")
+	l.Acquire("x_two")
+	if err := l.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx, "x_two"); err != nil {
+		t.Fatal(err)
+	}
+	if v := rdb.Get(ctx, keys.Lease("x_two")).Val(); v != "process-a" {
+		t.Fatalf("lease after the first of two calls ended: %q, want it still there", v)
+	}
+	if err := l.Release(ctx, "x_two"); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.Exists(ctx, keys.Lease("x_two")).Val(); n != 0 {
+		t.Fatal("lease left after the last call of the run ended")
+	}
+}
