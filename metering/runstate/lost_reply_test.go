@@ -79,6 +79,40 @@ func TestRunStateWritesWhoseRepliesOrRequestsWereLost(t *testing.T) {
 			},
 		},
 		{
+			name:   "close",
+			marker: func(e env, run string) string { return e.keys.RunBudget(run) },
+			setup: func(t *testing.T, e env, run string) {
+				mustClose(t, e.budget, "r_warm_close")
+			},
+			write: func(e env, run string) error {
+				mark, err := e.budget.CloseRun(context.Background(), run)
+				e.plain.Set(context.Background(), run+":mark", mark, time.Minute)
+				return err
+			},
+			check: func(t *testing.T, e env, run string, err error, landed, failed bool) {
+				ctx := context.Background()
+				mark := e.plain.Get(ctx, run+":mark").Val()
+				if !failed && err != nil {
+					// A resend found its own close: the run is closed by it, and not busy.
+					t.Fatalf("close resent after its reply was lost: %v, want the run closed", err)
+				}
+				if mark == "" {
+					t.Fatalf("close answered %v without its mark: a close that landed could not be reopened", err)
+				}
+				closed := e.plain.HGet(ctx, e.keys.RunBudget(run), "closed").Val()
+				if (closed == mark) != landed {
+					t.Fatalf("run closed by %q after a close with mark %q that ran %v (error %v)", closed, mark, landed, err)
+				}
+				// The settlement that gave up reopens the run with the mark it was given.
+				if err := e.budget.ReopenRun(ctx, run, mark); err != nil {
+					t.Fatal(err)
+				}
+				if e.plain.HExists(ctx, e.keys.RunBudget(run), "closed").Val() {
+					t.Fatal("run still closed after its settlement reopened it")
+				}
+			},
+		},
+		{
 			name:   "await rebuild",
 			marker: func(e env, run string) string { return e.keys.Lost(run) },
 			setup: func(t *testing.T, e env, run string) {
