@@ -79,3 +79,22 @@ func TestReleaseCountsAFreeCall(t *testing.T) {
 		t.Fatalf("free call's tally %+v found=%v err=%v; want one call, usage %+v, cost 0", got, found, err, u)
 	}
 }
+
+// TestReleaseOfACallThatUsedNothingMarksNoEstimate: a named run's call that used nothing is no
+// call of the run (its tally is evidence only, see Tally.MarkUnused), so neither is it an
+// estimated one, whatever its caller says: an estimated mark without its call marked the run's
+// settlement from the tally as charged an estimate.
+func TestReleaseOfACallThatUsedNothingMarksNoEstimate(t *testing.T) {
+	e := newRunBudget(t)
+	ctx := context.Background()
+	if _, err := e.budget.Reserve(ctx, "r_nothing_est", "a", 100_000, 10_000, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.budget.Release(ctx, "r_nothing_est", "a", pricing.Usage{}, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	got, found, err := e.tally.Get(ctx, "r_nothing_est")
+	if err != nil || !found || got != (runstate.Tallied{}) {
+		t.Fatalf("tally of a call that used nothing: %+v found=%v err=%v; want found, all zero", got, found, err)
+	}
+}
