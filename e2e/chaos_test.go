@@ -544,6 +544,55 @@ func (c *chaos) leaseGone(rec callRec) bool {
 	return c.outlivedHoldAcrossLoss(rec) || c.outlivedHoldAcrossCut(rec)
 }
 
+// runStory is a named run's calls and the faults around them, in time order, for a failed
+// audit's message (the caller holds c.mu): a CI run keeps no gateway's log, and a run charged
+// short after a Redis loss is told apart only by when each call ran against the losses, the
+// kills and its settlement.
+func (c *chaos) runStory(recs []callRec, settled time.Time, price pricing.Price) string {
+	type event struct {
+		at   time.Time
+		what string
+	}
+	var evs []event
+	first, last := settled, settled
+	for i, rec := range recs {
+		first, last = minTime(first, rec.sent), maxTime(last, rec.ended)
+		evs = append(evs, event{rec.sent, fmt.Sprintf("call %d sent to slot %d (incarnation %d)", i, rec.slot, rec.inc)},
+			event{rec.ended, fmt.Sprintf("call %d ended %d %s complete %v cost %d", i, rec.status, rec.code, rec.complete, price.Cost(rec.usage))})
+	}
+	evs = append(evs, event{settled, "settled"})
+	for _, at := range c.flushed {
+		if !at.Before(first.Add(-time.Second)) && !at.After(last.Add(time.Second)) {
+			evs = append(evs, event{at, "Redis lost everything"})
+		}
+	}
+	for inc, at := range c.killed {
+		if !at.Before(first.Add(-time.Second)) && !at.After(last.Add(time.Second)) {
+			evs = append(evs, event{at, fmt.Sprintf("incarnation %d killed", inc)})
+		}
+	}
+	slices.SortStableFunc(evs, func(a, b event) int { return a.at.Compare(b.at) })
+	var b strings.Builder
+	for _, e := range evs {
+		fmt.Fprintf(&b, "%s %s; ", e.at.Format("15:04:05.000"), e.what)
+	}
+	return strings.TrimSuffix(b.String(), "; ")
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // lostDuring says whether Redis lost everything between from and to (the caller holds c.mu):
 // for the audit's messages, which say whether a call broke a rule around a loss.
 func (c *chaos) lostDuring(from, to time.Time) bool {
@@ -1263,11 +1312,11 @@ func (c *chaos) audit() {
 			t.Logf("run %s reconciled (%s, charged %d) under a call whose lease was lost with Redis's data or lapsed while its process was cut off; its agent's complete calls cost %d (README Known limits)",
 				name, src, row.ChargedMicro, sum)
 		case clean && row.ChargedMicro != want:
-			t.Errorf("run %s (%s): charged %d (cost %d, %d calls, cap %d), its %d calls that the agent saw complete cost %d (Redis lost during them: %v)",
-				name, src, row.ChargedMicro, row.CostMicro, row.Calls, row.CapMicro, len(recs), sum, lost)
+			t.Errorf("run %s (%s): charged %d (cost %d, %d calls, cap %d), its %d calls that the agent saw complete cost %d (Redis lost during them: %v); %s",
+				name, src, row.ChargedMicro, row.CostMicro, row.Calls, row.CapMicro, len(recs), sum, lost, c.runStory(recs, row.SettledAt.Time, price))
 		case row.ChargedMicro < want:
-			t.Errorf("run %s (%s): charged %d, below the %d of the calls its agent saw complete (Redis lost during them: %v)",
-				name, src, row.ChargedMicro, want, lost)
+			t.Errorf("run %s (%s): charged %d, below the %d of the calls its agent saw complete (Redis lost during them: %v); %s",
+				name, src, row.ChargedMicro, want, lost, c.runStory(recs, row.SettledAt.Time, price))
 		}
 	}
 
