@@ -38,3 +38,32 @@ func TestReportDefaultDayIsTheDatabases(t *testing.T) {
 			body["from"], body["to"], time.Now().UTC().Format(time.DateOnly))
 	}
 }
+
+// TestReportOneEndDefaultsToTheDatabasesDay: a usage report asked with one end only covers
+// from that end to the database's day (or from that day to it): ?from=2026-03-01 is "since
+// the 1st", not a refusal nor a report up to the year 1. Mutant: the default day read only
+// when both ends are missing (|| -> &&), which answered each of these 400.
+func TestReportOneEndDefaultsToTheDatabasesDay(t *testing.T) {
+	frozen := time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC)
+	db := testenv.Open(t, testenv.DSNAt(t, testenv.MySQLDSN(t), frozen))
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	r := chi.NewRouter()
+	r.Mount("/admin", admin.New(holds.NewStore(db, plans(), "standard", log), 1000, adminToken, log))
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	f := &fixture{t: t, db: db, url: srv.URL}
+
+	for _, c := range []struct{ query, from, to string }{
+		{"from=2026-03-01", "2026-03-01", "2026-03-07"},
+		{"to=2026-03-09", "2026-03-07", "2026-03-09"},
+	} {
+		status, body, raw := f.call("GET", "/admin/reports/usage?"+c.query, adminToken, nil)
+		if status != http.StatusOK {
+			t.Errorf("report ?%s: %d %s, want 200", c.query, status, raw)
+			continue
+		}
+		if body["from"] != c.from || body["to"] != c.to {
+			t.Errorf("report ?%s: days %v..%v, want %s..%s", c.query, body["from"], body["to"], c.from, c.to)
+		}
+	}
+}
