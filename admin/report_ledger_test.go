@@ -1,0 +1,52 @@
+package admin_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestReportLedgerIsTheDayLedger: the usage report shows the day ledger beside the totals of
+// its rows so that an operator sees when they disagree; the ledger it shows is read from the
+// ledger, never copied from the totals. The ledger is made to disagree by hand (one credit and
+// one run more), then put back before the test's ledger audit. Mutant: the ledger's charged
+// shown as the totals' charged.
+func TestReportLedgerIsTheDayLedger(t *testing.T) {
+	f := newFixture(t, adminToken)
+	f.admin("POST", "/admin/users", map[string]any{"name": "ann"}, http.StatusCreated)
+	u, err := f.store.UserByName(f.ctx(), "ann")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "r_1", UserID: u.ID, Model: "gpt-a",
+		State: holds.StateRunning, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.Settle(f.ctx(), holds.Settlement{RunID: "r_1", CostMicro: 1_234, Calls: 1,
+		Usage: pricing.Usage{Input: 10, Output: 5}, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+	skew := func(by int) {
+		t.Helper()
+		if _, err := f.db.ExecContext(f.ctx(), "UPDATE usage_days SET used_micro = used_micro + ?, run_count = run_count + ? WHERE user_id = ?",
+			by*1_000, by, u.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	skew(1)
+	t.Cleanup(func() { skew(-1) }) // before the fixture's ledger audit
+
+	rep := f.admin("GET", "/admin/reports/usage", nil, http.StatusOK)
+	totals, _ := rep["totals"].(map[string]any)
+	led, _ := rep["ledger"].(map[string]any)
+	if totals["charged"] != json.Number("1.234") || totals["charged_runs"] != json.Number("1") {
+		t.Errorf("report totals %v, want charged 1.234 over 1 run, the settled run's", totals)
+	}
+	if led["charged"] != json.Number("2.234") || led["charged_runs"] != json.Number("2") {
+		t.Errorf("report ledger %v, want charged 2.234 over 2 runs, what usage_days holds", led)
+	}
+}
