@@ -1,0 +1,50 @@
+package admin_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestSettledRunShowsItsMoneyApart: a settled run in the runs listing shows its cost, what was
+// charged after its discount, and the parts of that charge taken from today's allowance and
+// from prepaid credits, each its own figure. The user's allowance is 1 credit and the discount
+// 10%, so a run costing 5 credits is charged 4.5: 1 from the allowance, 3.5 from prepaid.
+// Mutants: allowance_part and prepaid_part swapped; cost and charged swapped.
+func TestSettledRunShowsItsMoneyApart(t *testing.T) {
+	f := newFixture(t, adminToken)
+	f.admin("POST", "/admin/users", map[string]any{"name": "ann"}, http.StatusCreated)
+	f.admin("POST", "/admin/users/ann/grants", map[string]any{"amount": "100", "idempotency_key": "ann-1"}, http.StatusCreated)
+	f.admin("PATCH", "/admin/users/ann", map[string]any{"allowance": "1", "discount_bp": 1000}, http.StatusOK)
+	u, err := f.store.UserByName(f.ctx(), "ann")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "r_1", UserID: u.ID, Model: "gpt-a",
+		State: holds.StateRunning, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.Settle(f.ctx(), holds.Settlement{RunID: "r_1", CostMicro: 5_000, Calls: 1,
+		Usage: pricing.Usage{Input: 10, Output: 5}, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+
+	runs := f.admin("GET", "/admin/runs?user=ann", nil, http.StatusOK)
+	data, _ := runs["data"].([]any)
+	if len(data) != 1 {
+		t.Fatalf("runs %v, want the one settled", runs)
+	}
+	r, _ := data[0].(map[string]any)
+	for field, want := range map[string]string{"cost": "5", "charged": "4.5", "allowance_part": "1", "prepaid_part": "3.5", "discount_bp": "1000"} {
+		if r[field] != json.Number(want) {
+			t.Errorf("run %s %v, want %s (run %v)", field, r[field], want, r)
+		}
+	}
+	if b := f.admin("GET", "/admin/users/ann/balance", nil, http.StatusOK); b["prepaid"] != json.Number("96.5") {
+		t.Errorf("balance %v, want prepaid 96.5: 100 less the run's prepaid part", b)
+	}
+}
