@@ -107,3 +107,22 @@ func TestRefusalWithoutRetryHintSendsNoRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// TestGrantCursorOfAnotherUserIsRefused: a grants listing's after must be one of the user's
+// own grants (a previous page's last_id); another user's grant id is no such cursor and is
+// refused 400 invalid_after, as an id that is no grant at all is. Mutant: the cursor's check
+// in holds' Grants dropped its user_id condition, and paged from bob's grant, ann's listing
+// answered 200 with a page no walk of hers had reached.
+func TestGrantCursorOfAnotherUserIsRefused(t *testing.T) {
+	f := newFixture(t, adminToken)
+	for _, name := range []string{"ann", "bob"} {
+		f.admin("POST", "/admin/users", map[string]any{"name": name}, http.StatusCreated)
+	}
+	f.admin("POST", "/admin/users/ann/grants", map[string]any{"amount": "1", "idempotency_key": "ann-1"}, http.StatusCreated)
+	bobs := f.admin("POST", "/admin/users/bob/grants", map[string]any{"amount": "1", "idempotency_key": "bob-1"}, http.StatusCreated)
+	for _, after := range []string{string(bobs["id"].(json.Number)), "999999"} {
+		if out := f.admin("GET", "/admin/users/ann/grants?after="+after, nil, http.StatusBadRequest); errCode(out) != "invalid_after" {
+			t.Errorf("ann's grants after %s: %v, want 400 invalid_after", after, out)
+		}
+	}
+}
