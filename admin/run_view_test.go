@@ -51,6 +51,21 @@ func TestSettledRunShowsItsMoneyApart(t *testing.T) {
 		t.Errorf("run discount_bp %v, want 1000", r["discount_bp"])
 	}
 
+	// A run still running shows no settlement: no cost, charge or parts of one yet. Mutant:
+	// the settled fields shown whatever the run's state (charged 0 for a live run).
+	f.admitInOneBatch([]holds.AdmitRequest{{RunID: "r_live", UserID: u.ID, Model: "gpt-a", State: holds.StateRunning, TTL: time.Minute}})
+	live := f.admin("GET", "/admin/runs?user=ann&state=running", nil, http.StatusOK)
+	if data, _ := live["data"].([]any); len(data) != 1 {
+		t.Errorf("running runs %v, want r_live", live)
+	} else {
+		lr, _ := data[0].(map[string]any)
+		for _, field := range []string{"cost", "charged", "allowance_part", "prepaid_part", "settled_at", "settle_source"} {
+			if v, ok := lr[field]; ok {
+				t.Errorf("running run shows %s %v, want none until it settles (run %v)", field, v, lr)
+			}
+		}
+	}
+
 	rep := f.admin("GET", "/admin/reports/usage?user=ann", nil, http.StatusOK)
 	rows, _ := rep["data"].([]any)
 	if len(rows) != 1 {
