@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
@@ -169,5 +170,16 @@ func TestDeadAfterFollowsFindDeadInstances(t *testing.T) {
 	h.FindDeadInstances = false
 	if got := deadAfter(h); got != 0 {
 		t.Errorf("deadAfter with find_dead_instances off: %v, want 0 (no sweep)", got)
+	}
+}
+
+// TestPprofRefusesAnAddressNotLoopback: profiles show request data, so -pprof serves on a
+// loopback address alone; a wildcard or any other interface's address is refused before
+// anything listens. Mutant: the IsLoopback check dropped (only a host that is no IP refused).
+func TestPprofRefusesAnAddressNotLoopback(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:0", "[::]:0", "192.0.2.1:0", ":0"} {
+		if err := servePprof(addr, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "loopback") {
+			t.Errorf("-pprof %s: %v, want it refused as not loopback", addr, err)
+		}
 	}
 }
