@@ -80,6 +80,20 @@ func (f *fixture) admitInOneBatch(reqs []holds.AdmitRequest) {
 	})
 }
 
+// settledRun admits a one-call run of model gpt-a for userID and settles it complete at
+// costMicro (10 input and 5 output tokens).
+func (f *fixture) settledRun(userID uint64, runID string, costMicro int64) {
+	f.t.Helper()
+	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: runID, UserID: userID, Model: "gpt-a",
+		State: holds.StateRunning, TTL: time.Minute}); err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := f.store.Settle(f.ctx(), holds.Settlement{RunID: runID, CostMicro: costMicro, Calls: 1,
+		Usage: pricing.Usage{Input: 10, Output: 5}, Source: holds.SourceComplete}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 func (f *fixture) ctx() context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	f.t.Cleanup(cancel)

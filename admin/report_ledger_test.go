@@ -4,10 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
-	"time"
-
-	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/pricing"
 )
 
 // TestReportLedgerIsTheDayLedger: the usage report shows the day ledger beside the totals of
@@ -22,14 +18,7 @@ func TestReportLedgerIsTheDayLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "r_1", UserID: u.ID, Model: "gpt-a",
-		State: holds.StateRunning, TTL: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.store.Settle(f.ctx(), holds.Settlement{RunID: "r_1", CostMicro: 1_234, Calls: 1,
-		Usage: pricing.Usage{Input: 10, Output: 5}, Source: holds.SourceComplete}); err != nil {
-		t.Fatal(err)
-	}
+	f.settledRun(u.ID, "r_1", 1_234)
 	skew := func(by int) {
 		t.Helper()
 		if _, err := f.db.ExecContext(f.ctx(), "UPDATE usage_days SET used_micro = used_micro + ?, run_count = run_count + ? WHERE user_id = ?",

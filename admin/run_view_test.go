@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/pricing"
 )
 
 // TestSettledRunShowsItsMoneyApart: a settled run, in the runs listing and in the usage
@@ -26,14 +25,7 @@ func TestSettledRunShowsItsMoneyApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "r_1", UserID: u.ID, Model: "gpt-a",
-		State: holds.StateRunning, TTL: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.store.Settle(f.ctx(), holds.Settlement{RunID: "r_1", CostMicro: 5_000, Calls: 1,
-		Usage: pricing.Usage{Input: 10, Output: 5}, Source: holds.SourceComplete}); err != nil {
-		t.Fatal(err)
-	}
+	f.settledRun(u.ID, "r_1", 5_000)
 
 	runs := f.admin("GET", "/admin/runs?user=ann", nil, http.StatusOK)
 	data, _ := runs["data"].([]any)
