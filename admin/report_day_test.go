@@ -19,15 +19,8 @@ import (
 // ledger calls today — the database's UTC day, the one charges land on — not the gateway's,
 // which may be on the other side of midnight from it.
 func TestReportDefaultDayIsTheDatabases(t *testing.T) {
-	// Every session of this handle runs at this instant (the driver sends SET timestamp).
 	frozen := time.Date(2026, 3, 7, 23, 59, 59, 900_000_000, time.UTC)
-	db := testenv.Open(t, testenv.DSNAt(t, testenv.MySQLDSN(t), frozen))
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	r := chi.NewRouter()
-	r.Mount("/admin", admin.New(holds.NewStore(db, plans(), "standard", log), 1000, adminToken, log))
-	srv := httptest.NewServer(r)
-	t.Cleanup(srv.Close)
-	f := &fixture{t: t, db: db, url: srv.URL}
+	f := frozenFixture(t, frozen)
 
 	status, body, raw := f.call("GET", "/admin/reports/usage", adminToken, nil)
 	if status != http.StatusOK {
@@ -45,13 +38,7 @@ func TestReportDefaultDayIsTheDatabases(t *testing.T) {
 // when both ends are missing (|| -> &&), which answered each of these 400.
 func TestReportOneEndDefaultsToTheDatabasesDay(t *testing.T) {
 	frozen := time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC)
-	db := testenv.Open(t, testenv.DSNAt(t, testenv.MySQLDSN(t), frozen))
-	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	r := chi.NewRouter()
-	r.Mount("/admin", admin.New(holds.NewStore(db, plans(), "standard", log), 1000, adminToken, log))
-	srv := httptest.NewServer(r)
-	t.Cleanup(srv.Close)
-	f := &fixture{t: t, db: db, url: srv.URL}
+	f := frozenFixture(t, frozen)
 
 	for _, c := range []struct{ query, from, to string }{
 		{"from=2026-03-01", "2026-03-01", "2026-03-07"},
@@ -66,4 +53,17 @@ func TestReportOneEndDefaultsToTheDatabasesDay(t *testing.T) {
 			t.Errorf("report ?%s: days %v..%v, want %s..%s", c.query, body["from"], body["to"], c.from, c.to)
 		}
 	}
+}
+
+// frozenFixture is the admin API over a database whose every session runs at the instant at
+// (the driver sends SET timestamp), so that "today" is the test's.
+func frozenFixture(t *testing.T, at time.Time) *fixture {
+	t.Helper()
+	db := testenv.Open(t, testenv.DSNAt(t, testenv.MySQLDSN(t), at))
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	r := chi.NewRouter()
+	r.Mount("/admin", admin.New(holds.NewStore(db, plans(), "standard", log), 1000, adminToken, log))
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+	return &fixture{t: t, db: db, url: srv.URL}
 }
