@@ -157,3 +157,20 @@ func TestReportCoversItsWholeRange(t *testing.T) {
 	}
 	testenv.CheckLedger(t, db)
 }
+
+// TestReportRefusesAnUnknownFormat: `report -format xml` is a typo or a format the gateway
+// does not write; answered with CSV, a script that asked for one thing parsed another.
+// Mutant: the -format check removed (anything but json printed CSV).
+func TestReportRefusesAnUnknownFormat(t *testing.T) {
+	useTestDatabase(t)
+	ctx := testCtx(t)
+	for _, format := range []string{"xml", "JSON", ""} {
+		raw, err := stdout(t, func() error { return reportCmd(ctx, []string{"-format", format}) })
+		if err == nil || !strings.Contains(err.Error(), "want csv or json") {
+			t.Errorf("report -format %q: %v, want the refusal naming csv and json", format, err)
+		}
+		if len(raw) != 0 {
+			t.Errorf("report -format %q printed %q, want nothing", format, raw)
+		}
+	}
+}
