@@ -130,7 +130,8 @@ func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bo
 // row changes in place, but the expiry it moves is a key of
 // idx_run_holds_state_expires, whose new entry must grow the table once its page is full.
 // Nothing else is retried: the record adds, and a failure whose UPDATE may have landed (its
-// reply lost) would be counted twice.
+// reply lost) would be counted twice. A failure that sent nothing is ErrNotSent, which the
+// caller may send again.
 func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Duration, u pricing.Usage, costMicro int64, calls int, estimated bool) (bool, error) {
 	u = u.Clamp()
 	res, err := s.execUntilWritable(ctx, "record call of "+runID, []zap.Field{zap.String("run_id", runID)}, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),

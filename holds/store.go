@@ -159,18 +159,25 @@ func (s *Store) closeIdle() {
 // failover's switch of address, the promoted primary; one refused for room goes back to it,
 // the server being the right one, its disk full. fields go on each retry's log line (a run's
 // id). Past ctx's end the error is the last refusal's (IsOutOfRoom tells a full disk apart).
+// A failure that sent the statement nowhere is ErrNotSent, which its caller may retry too.
 func (s *Store) execUntilWritable(ctx context.Context, what string, fields []zap.Field, q string, args ...any) (sql.Result, error) {
 	backoff := s.retry.InitialBackoff
 	var refused error // the last refusal, reported if ctx ends during the next try
 	for attempt := 1; ; attempt++ {
 		conn, err := s.db.Connx(ctx)
 		if err != nil {
-			return nil, gaveUp(ctx, err, refused)
+			// Nothing was sent on this try, and what earlier tries sent was refused.
+			return nil, notSent(gaveUp(ctx, err, refused))
 		}
 		res, err := conn.ExecContext(ctx, q, args...)
 		full := isOutOfRoom(err)
 		if err == nil || !(isReadOnly(err) || full) {
 			_ = conn.Close()
+			if errors.Is(err, driver.ErrBadConn) {
+				// A conn of its own is not retried by database/sql: the driver found it dead
+				// before writing (go-sql-driver's errBadConnNoWrite).
+				return nil, notSent(gaveUp(ctx, err, refused))
+			}
 			return res, gaveUp(ctx, err, refused)
 		}
 		msg := "database disk full, retrying"

@@ -59,22 +59,27 @@ type call struct {
 	// (usage reported after a stream's final event), never on top of a write that may be missing.
 	talliedAs *holds.Settlement
 	// recorded: this call of a named run has been recorded on its run's row (recordRunCall),
-	// which is done once: the row's figures are sums.
+	// which is done once: the row's figures are sums. A record that reached no database leaves
+	// it false, to be sent again (retryRunCallEnd).
 	recorded bool
+	// recordMissed: a record of this call reached no database and was logged; a later try that
+	// lands says so, and only the background tries it again (finishRunCall).
+	recordMissed bool
 	// recordMarked: its tally marked the call's record as still to come (a run whose Redis
 	// record lost calls: runstate.RunBudget.ReleaseBeforeRecord), which recordRunCall drops.
 	recordMarked bool
 	// recordMarkUnknown: that tally failed, and may have landed with the mark (its reply
 	// lost): the tally's later try, once the call is recorded, drops it (tallyCall).
 	recordMarkUnknown bool
-	// recordMarkLeft: recordRunCall's drop of the mark failed; finishRunCall tries it again
+	// recordMarkLeft: recordRunCall's drop of the mark failed; the call's end tries it again
 	// (retryRecordMark).
 	recordMarkLeft bool
 	// tallyMissed: a tally write of this call failed and was logged; a later try that lands
 	// says so (tallyCall), or the log misleads.
 	tallyMissed bool
 	// recordFailed: its record on its run's row failed (recordRunCall), which may or may not
-	// have landed: a tally that never lands may then leave the call out of its run's charge.
+	// have landed, or never reached the database until settle_timeout (retryRunCallEnd): a
+	// tally that never lands may then leave the call out of its run's charge.
 	recordFailed bool
 	// leased: this call holds a lease on its run (taken just before forwarding), which it must
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never

@@ -99,19 +99,15 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 	return granted, nil, nil
 }
 
-// endRunCall closes one call of a caller-named run, whose usage finish has already tallied
-// (the run's record until it settles): its lease is dropped and the run's expiry moves out by
-// run_ttl. A call that failed, even the run's first, leaves the run open: an agent retries
-// with the same run id, and a run nobody comes back to is settled from its tally (at 0 when
-// nothing was used) once it expires.
-func (s *Server) endRunCall(ctx context.Context, c *call, st holds.Settlement) {
-	s.recordRunCall(ctx, c, st)
-	s.releaseLease(ctx, c)
-}
-
 // recordRunCall records a call of a named run on the run's row, once (a complete answer's
 // before its end reaches the caller, see tallyBeforeAnswer), and pushes the run's expiry out:
 // the row records the call as well as the tally, which is lost with a Redis restart.
+//
+// A record that reached no database (holds.ErrNotSent: down, or out of reach) cannot count the
+// call twice when sent again, so it is left to be: the call's end tries it until settle_timeout
+// (retryRunCallEnd), and the record-to-come mark its tally may have left keeps the run from
+// being settled without it meanwhile. Given up, a Redis restart before the run settles took
+// the call's one record, its tally, with it.
 func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement) {
 	if c.recorded {
 		return
@@ -123,14 +119,24 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
 		calls = 0
 	}
-	if _, err := s.store.RecordRunCall(ectx, c.runID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls, st.Estimated); err != nil {
-		// Not retried here: the record adds, and a failure whose UPDATE may have landed (its
-		// reply lost) would be counted twice. One that surely did not (nothing sent)
-		// database/sql has already retried, and one a read_only server or a full disk refused
-		// RecordRunCall has, within admit_timeout. The row's record only stands in for a tally a Redis
-		// restart lost; the tally has this call.
+	_, err := s.store.RecordRunCall(ectx, c.runID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls, st.Estimated)
+	switch {
+	case errors.Is(err, holds.ErrNotSent):
+		c.recorded = false
+		if !c.recordMissed {
+			c.recordMissed = true
+			c.log.Warn("run call not recorded, the database out of reach; tried again until settle_timeout", zap.Error(err))
+		}
+		return
+	case err != nil:
+		// Not retried: the record adds, and a failure whose UPDATE may have landed (its reply
+		// lost) would be counted twice. One refused by a read_only server or a full disk
+		// RecordRunCall has retried, within admit_timeout. The row's record only stands in for
+		// a tally a Redis restart lost; the tally has this call.
 		c.recordFailed = true
-		c.log.Warn("run call not recorded, expiry not extended", zap.Error(err))
+		c.log.Warn("run call not recorded, expiry not extended", append(callFigures(st), zap.Error(err))...)
+	case c.recordMissed:
+		c.log.Info("run call recorded on a later try")
 	}
 	if c.recordMarked {
 		// Its tally (ReleaseBeforeRecord) kept the run from being settled until now. A tally

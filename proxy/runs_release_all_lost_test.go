@@ -91,7 +91,7 @@ func TestNamedRunCallWhoseReleaseRepliesWereAllLost(t *testing.T) {
 // TestNamedRunCallWhoseRecordMarkSurvivesAFailedLaterTry: as the "record lost" case above,
 // the call's ReleaseBeforeRecord runs in Redis and every reply is lost, leaving its record's
 // still-to-come mark unknown to the call; then its tally's next try (finishRunCall's Release)
-// does not reach Redis at all, and only the try after that (retryRunTally) lands. The mark must
+// does not reach Redis at all, and only the try after that (retryRunCallEnd) lands. The mark must
 // be dropped once a try has landed, not at a try that failed: dropped then (in a Redis that
 // is not answering) the drop was lost and never tried again, and every settle of the run was
 // refused 409 run_busy with nothing in flight until the mark lapsed. (Mutant: the drop tied to

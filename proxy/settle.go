@@ -77,22 +77,28 @@ func outcomeAfterPanic(c *call) outcome {
 
 // finishRunCall records the end of a named run's call: its tally (a complete answer's was
 // written before its end reached the caller: tallyBeforeAnswer) and its row's record. The run
-// stays open; it is settled on request or by the reconciler.
+// stays open; it is settled on request or by the reconciler. A call that failed, even the
+// run's first, leaves the run open: an agent retries with the same run id, and a run nobody
+// comes back to is settled from its tally (at 0 when nothing was used) once it expires.
 func (s *Server) finishRunCall(ctx context.Context, c *call, st holds.Settlement) {
 	if !c.tallied {
 		c.tallied = s.tallyCall(ctx, c, st)
 	}
-	s.endRunCall(ctx, c, st)
-	if !c.tallied {
-		// The tally is the run's only record of the call (and, for a call that used
-		// nothing, the evidence that keeps a run nobody comes back to from being charged
-		// its hold): keep trying, as markRunUnused does, for as long as a settlement
-		// would. Every step is safe to repeat.
+	if !c.recordMissed {
+		// One that reached no database before the answer's end is tried again in the
+		// background below, not here, where the caller's connection waits for it.
+		s.recordRunCall(ctx, c, st)
+	}
+	// The call is over; a run settled now must not find its lease (CloseRun refuses a leased
+	// run).
+	s.releaseLease(ctx, c)
+	if !c.tallied || !c.recorded {
 		s.settlements.start()
 		s.inBackground(func() {
 			defer s.settlements.leave()
-			s.retryRunTally(ctx, c, st)
+			s.retryRunCallEnd(ctx, c, st)
 		})
+		return
 	}
 	if c.recordMarkLeft {
 		runID, callID, log := c.runID, c.callID, c.log

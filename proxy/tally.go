@@ -123,7 +123,7 @@ func (s *Server) tallyFailed(c *call, st holds.Settlement, err error) {
 	}
 }
 
-// runTallyGivenUp logs a named run's call whose tally writes all failed (retryRunTally). Its
+// runTallyGivenUp logs a named run's call whose tally writes all failed (retryRunCallEnd). Its
 // run's row records it unless that write failed too; then the call may be missing from its
 // run's charge, and this line, with its figures, is its only record.
 func (s *Server) runTallyGivenUp(c *call, st holds.Settlement) {
@@ -143,20 +143,45 @@ func callFigures(st holds.Settlement) []zap.Field {
 		zap.Int64("audio_out_tok", st.Usage.AudioOutput), zap.Bool("estimated", st.Estimated)}
 }
 
-// retryRunTally writes a named run's call to its tally until it lands or settle_timeout has
-// passed. Neither a pause nor the last try outlasts it: the drain waits for this work within
-// the exit's bound (drain + settle_timeout + 5 s), which a sleep past the deadline and a
-// write after it (2 s each) left a second of. The first pause is at most half of it, so that a
-// settle_timeout as short as the first pause still gets a try.
-func (s *Server) retryRunTally(ctx context.Context, c *call, st holds.Settlement) {
-	if !s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool { return s.tallyCall(ctx, c, st) }) {
+// retryRunCallEnd writes what the end of a named run's call left unwritten, until all of it has
+// landed or settle_timeout has passed, each write safe to repeat: its tally (the run's only
+// record of the call in Redis and, for a call that used nothing, the evidence that keeps a run
+// nobody comes back to from being charged its hold), then its record on the run's row when
+// that reached no database (recordRunCall), and the drop of its record-to-come mark once the
+// record is written (retryRecordMark). Neither a pause nor the last try outlasts
+// settle_timeout: the drain waits for this work within the exit's bound (drain +
+// settle_timeout + 5 s), which a sleep past the deadline and a write after it (2 s each) left a
+// second of. The first pause is at most half of it, so that a settle_timeout as short as the
+// first pause still gets a try.
+func (s *Server) retryRunCallEnd(ctx context.Context, c *call, st holds.Settlement) {
+	landed := s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool {
+		if !c.tallied {
+			c.tallied = s.tallyCall(ctx, c, st)
+		}
+		if !c.recorded {
+			s.recordRunCall(ctx, c, st)
+		}
+		return c.tallied && c.recorded
+	})
+	if !c.recorded {
+		// Its record-to-come mark, if its tally left one, lapses with lease_ttl.
+		c.recordFailed = true
+		if c.tallied {
+			c.log.Warn("run call never recorded on its run's row, the database out of reach until settle_timeout; its tally is its one record",
+				callFigures(st)...)
+		}
+	}
+	if !c.tallied {
 		s.runTallyGivenUp(c, st)
+	}
+	if landed && c.recordMarkLeft {
+		s.retryRecordMark(ctx, c.runID, c.callID, c.log)
 	}
 }
 
 // retryUntilSettleTimeout calls try, after a pause each time, until it reports true or
 // settle_timeout has passed, and reports whether a try landed. try gets the bounded context:
-// neither a pause nor a try outlasts settle_timeout (see retryRunTally).
+// neither a pause nor a try outlasts settle_timeout (see retryRunCallEnd).
 func (s *Server) retryUntilSettleTimeout(ctx context.Context, try func(context.Context) bool) bool {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
@@ -173,7 +198,7 @@ func (s *Server) retryUntilSettleTimeout(ctx context.Context, try func(context.C
 }
 
 // tallyRetryFirst and tallyRetryMost are the first and the longest pause between tries of a
-// tally write that must land (markRunUnused, retryRunTally): Redis back from a blip is found
+// tally write that must land (markRunUnused, retryRunCallEnd): Redis back from a blip is found
 // within a tenth of a second, one that is down is not asked more than every two.
 const (
 	tallyRetryFirst = 100 * time.Millisecond

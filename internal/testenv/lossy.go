@@ -137,6 +137,15 @@ func (l *Lossy) Down() bool {
 	return l.down
 }
 
+// TakeDown takes the network down, as a GoDown loss does after its write, but at once and with
+// nothing written: every later write (on a connection the pool still holds) and dial fails,
+// before a byte reaches the server, until Restore.
+func (l *Lossy) TakeDown() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.down = true
+}
+
 // Restore disarms and brings the network back up.
 func (l *Lossy) Restore() {
 	l.mu.Lock()
