@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate/tollgate/config"
@@ -65,5 +66,78 @@ func TestNamedRunCallRecordedOnceTheDatabaseIsBack(t *testing.T) {
 	if r := h.run(u.ID, runID); r.OutTok != 45 || r.Calls != 2 {
 		t.Fatalf("settled run: %d output tokens over %d calls, charged %d; want both calls (45 output tokens) charged, once",
 			r.OutTok, r.Calls, r.ChargedMicro)
+	}
+}
+
+// runCallNeverRecordedLog is what a gateway logs of a named run's call whose record reached no
+// database until settle_timeout while its tally was written: the tally is then its one record.
+const runCallNeverRecordedLog = "run call never recorded on its run's row, the database out of reach until settle_timeout; its tally is its one record"
+
+// TestNamedRunCallWhoseRecordNeverReachesTheDatabase: the database stays out of reach from a
+// named run's call's admission until past settle_timeout, so the call's record on its row is
+// never written. What the log then says is all an operator has to go on: with the call's tally
+// written, one WARN, with the call's figures, that the tally is its one record (a Redis
+// restart before the run settles would take the call from its charge); with its tally lost
+// too, the ERROR that the call may be missing from its run's charge, and no WARN beside it.
+func TestNamedRunCallWhoseRecordNeverReachesTheDatabase(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		tallyLost bool
+	}{
+		{"tally written", false},
+		{"tally lost", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dsn, lossyDB := testenv.LossyMySQLDSN(t)
+			core, logs := observer.New(zap.InfoLevel)
+			h, lossy := newLossyRedisHarness(t, harnessSetup{db: testenv.Open(t, dsn), log: zap.New(core)}, func(c *config.Config) {
+				c.Limits.SettleTimeout = time.Second
+			})
+			t.Cleanup(lossyDB.Restore)
+			u, key := h.user("standard")
+			run := map[string]string{"X-Run-Id": "task-record-never"}
+			runID := firstRunCall(t, h, key, run, 5)
+			if c.tallyLost {
+				// The release script alone names the run's lost mark among a call's writes.
+				lossy.Arm(h.keys.Lost(runID), testenv.RedisRequestLost, 1000)
+			}
+			// Down once the call is admitted (its reservation is in Redis, next): nothing of
+			// the call but its record needs the database after.
+			var down sync.Once
+			h.srv.ObserveSteps(func(_ context.Context, step string) {
+				if step == "run budget reservation" {
+					down.Do(lossyDB.TakeDown)
+				}
+			})
+			second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
+			readAll(t, second.Body)
+			second.Body.Close()
+			if second.StatusCode != http.StatusOK || !lossyDB.Down() {
+				t.Fatalf("second call: %d, database out of reach %v; want 200 with the database taken down at its reservation",
+					second.StatusCode, lossyDB.Down())
+			}
+			h.settled() // the tries, until settle_timeout, the database down throughout
+			lossy.Disarm()
+			lossyDB.Restore()
+
+			never, missing := logs.FilterMessage(runCallNeverRecordedLog), logs.FilterMessage(runCallMaybeMissingLog)
+			switch {
+			case c.tallyLost && (missing.Len() != 1 || missing.All()[0].Level != zapcore.ErrorLevel || never.Len() != 0):
+				t.Fatalf("tally lost too: want one ERROR saying the call may be missing and no WARN, got %v", logs.All())
+			case !c.tallyLost && (never.Len() != 1 || never.All()[0].Level != zapcore.WarnLevel || missing.Len() != 0):
+				t.Fatalf("tally written: want one WARN saying the tally is the call's one record, got %v", logs.All())
+			}
+			r := h.run(u.ID, runID)
+			if r.Calls != 1 {
+				t.Fatalf("the run's row records %d calls, want the first alone: the second's record never reached it", r.Calls)
+			}
+			line := never
+			if c.tallyLost {
+				line = missing
+			}
+			if got := line.All()[0].ContextMap()["cost_micro"]; got != fakeGPTCost(r.InTok, 5) {
+				t.Errorf("the line names cost %v, want the call's %d", got, fakeGPTCost(r.InTok, 5))
+			}
+		})
 	}
 }
