@@ -62,9 +62,10 @@ type call struct {
 	// which is done once: the row's figures are sums. A record that reached no database leaves
 	// it false, to be sent again (retryRunCallEnd).
 	recorded bool
-	// recordMissed: a record of this call reached no database and was logged; a later try that
-	// lands says so, and only the background tries it again (finishRunCall).
-	recordMissed bool
+	// recordAs: a record of this call reached no database, and was logged; it is sent again
+	// with these figures (recordRunCall), in the background alone (finishRunCall), and a later
+	// try that lands says so.
+	recordAs *holds.Settlement
 	// recordMarked: its tally marked the call's record as still to come (a run whose Redis
 	// record lost calls: runstate.RunBudget.ReleaseBeforeRecord), which recordRunCall drops.
 	recordMarked bool

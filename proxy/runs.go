@@ -103,28 +103,35 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 // before its end reaches the caller, see tallyBeforeAnswer), and pushes the run's expiry out:
 // the row records the call as well as the tally, which is lost with a Redis restart.
 //
-// A record that reached no database (holds.ErrNotSent: down, or out of reach) cannot count the
-// call twice when sent again, so it is left to be: the call's end tries it until settle_timeout
-// (retryRunCallEnd), and the record-to-come mark its tally may have left keeps the run from
-// being settled without it meanwhile. Given up, a Redis restart before the run settles took
-// the call's one record, its tally, with it.
+// A record that reached no database (holds.ErrNotSent: no connection could be had, or the
+// pooled one was found dead before the statement left) cannot count the call twice when sent
+// again, so it is left to be, with the same figures: the call's end tries it until
+// settle_timeout (retryRunCallEnd), and the record-to-come mark its tally may have left keeps
+// the run from being settled without it meanwhile, until the mark lapses (lease_ttl). Given
+// up, a Redis restart before the run settles took the call's one record, its tally, with it.
 func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement) {
 	if c.recorded {
 		return
 	}
 	c.recorded = true
+	if c.recordAs != nil {
+		// Sent again as it was first sent, as its tally (written with it) has it: a row that
+		// records more than the tally looks to the run's next reservation like a tally that
+		// lost calls.
+		st = *c.recordAs
+	}
 	ectx, cancel := s.storeContext(ctx)
 	defer cancel()
 	calls := st.Calls
 	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
 		calls = 0
 	}
-	_, err := s.store.RecordRunCall(ectx, c.runID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls, st.Estimated)
+	live, err := s.store.RecordRunCall(ectx, c.runID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls, st.Estimated)
 	switch {
 	case errors.Is(err, holds.ErrNotSent):
 		c.recorded = false
-		if !c.recordMissed {
-			c.recordMissed = true
+		if c.recordAs == nil {
+			c.recordAs = &st
 			c.log.Warn("run call not recorded, the database out of reach; tried again until settle_timeout", zap.Error(err))
 		}
 		return
@@ -135,14 +142,18 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 		// a tally a Redis restart lost; the tally has this call.
 		c.recordFailed = true
 		c.log.Warn("run call not recorded, expiry not extended", append(callFigures(st), zap.Error(err))...)
-	case c.recordMissed:
+	case c.recordAs != nil && !live:
+		// Its settlement read the call from the run's tally, or charged without it.
+		c.log.Warn("run call's record came after its run was settled", callFigures(st)...)
+	case c.recordAs != nil:
 		c.log.Info("run call recorded on a later try")
 	}
 	if c.recordMarked {
 		// Its tally (ReleaseBeforeRecord) kept the run from being settled until now. A tally
 		// that failed left no mark, or (its reply lost) one its later try drops (tallyCall). A
 		// drop that fails here is not tried again before the caller has its answer, on a Redis
-		// that just failed: finishRunCall tries it again after (retryRecordMark).
+		// that just failed: the call's end tries it again after (retryRecordMark,
+		// retryRunCallEnd).
 		rctx, cancel := redisStep(context.WithoutCancel(ctx))
 		defer cancel()
 		if err := s.budgets.Recorded(rctx, c.runID, c.callID); err != nil {
@@ -158,12 +169,20 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 // slowdown the caller's settle, sent once Redis answered again, was refused that long. The
 // drop (an HDEL) is safe to repeat.
 func (s *Server) retryRecordMark(ctx context.Context, runID, callID string, log *zap.Logger) {
-	landed := s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool {
-		rctx, cancel := redisStep(ctx)
-		defer cancel()
-		return s.budgets.Recorded(rctx, runID, callID) == nil
-	})
-	if !landed {
+	dropped := s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool { return s.recordMarkDropped(ctx, runID, callID) })
+	recordMarkRetried(log, dropped)
+}
+
+// recordMarkDropped tries once to drop a call's record-to-come mark, and reports whether it did.
+func (s *Server) recordMarkDropped(ctx context.Context, runID, callID string) bool {
+	rctx, cancel := redisStep(ctx)
+	defer cancel()
+	return s.budgets.Recorded(rctx, runID, callID) == nil
+}
+
+// recordMarkRetried logs how the later tries to drop a call's record-to-come mark ended.
+func recordMarkRetried(log *zap.Logger, dropped bool) {
+	if !dropped {
 		log.Warn("run call's record mark never dropped; the run's settle is run_busy until it lapses (lease_ttl)")
 		return
 	}

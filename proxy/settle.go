@@ -84,7 +84,7 @@ func (s *Server) finishRunCall(ctx context.Context, c *call, st holds.Settlement
 	if !c.tallied {
 		c.tallied = s.tallyCall(ctx, c, st)
 	}
-	if !c.recordMissed {
+	if c.recordAs == nil {
 		// One that reached no database before the answer's end is tried again in the
 		// background below, not here, where the caller's connection waits for it.
 		s.recordRunCall(ctx, c, st)

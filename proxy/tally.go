@@ -148,34 +148,37 @@ func callFigures(st holds.Settlement) []zap.Field {
 // record of the call in Redis and, for a call that used nothing, the evidence that keeps a run
 // nobody comes back to from being charged its hold), then its record on the run's row when
 // that reached no database (recordRunCall), and the drop of its record-to-come mark once the
-// record is written (retryRecordMark). Neither a pause nor the last try outlasts
-// settle_timeout: the drain waits for this work within the exit's bound (drain +
-// settle_timeout + 5 s), which a sleep past the deadline and a write after it (2 s each) left a
-// second of. The first pause is at most half of it, so that a settle_timeout as short as the
-// first pause still gets a try.
+// record is written. Neither a pause nor the last try outlasts settle_timeout: the drain waits
+// for this work within the exit's bound (drain + settle_timeout + 5 s), which a sleep past the
+// deadline and a write after it (2 s each) left a second of. The first pause is at most half
+// of it, so that a settle_timeout as short as the first pause still gets a try.
 func (s *Server) retryRunCallEnd(ctx context.Context, c *call, st holds.Settlement) {
-	landed := s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool {
+	s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool {
 		if !c.tallied {
 			c.tallied = s.tallyCall(ctx, c, st)
 		}
 		if !c.recorded {
 			s.recordRunCall(ctx, c, st)
 		}
-		return c.tallied && c.recorded
+		if c.recordMarkLeft && s.recordMarkDropped(ctx, c.runID, c.callID) {
+			c.recordMarkLeft = false
+			recordMarkRetried(c.log, true)
+		}
+		return c.tallied && c.recorded && !c.recordMarkLeft
 	})
 	if !c.recorded {
-		// Its record-to-come mark, if its tally left one, lapses with lease_ttl.
+		// Its record-to-come mark, if its tally left one, has lapsed (lease_ttl) or soon does.
 		c.recordFailed = true
 		if c.tallied {
 			c.log.Warn("run call never recorded on its run's row, the database out of reach until settle_timeout; its tally is its one record",
-				callFigures(st)...)
+				callFigures(*c.recordAs)...)
 		}
 	}
 	if !c.tallied {
 		s.runTallyGivenUp(c, st)
 	}
-	if landed && c.recordMarkLeft {
-		s.retryRecordMark(ctx, c.runID, c.callID, c.log)
+	if c.recordMarkLeft {
+		recordMarkRetried(c.log, false)
 	}
 }
 
