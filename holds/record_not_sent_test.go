@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -91,5 +92,42 @@ func TestRecordRunCallNotSentIsSafeToSendAgain(t *testing.T) {
 	}
 	if n := calls(); n != 3 {
 		t.Fatalf("%d calls recorded after a lost reply, want 3: its UPDATE ran", n)
+	}
+}
+
+// TestRecordRunCallRefusedReadOnlyUntilItsDeadlineIsNotSent: a call's record refused read_only
+// (1792 here, from a session whose transactions are read-only: what a demoted primary's
+// read_only answers, 1290, is the same refusal) on every try until its deadline changed
+// nothing, so it is ErrNotSent, and sent again once writes are taken it records the call once:
+// a failover longer than admit_timeout no longer drops the record.
+func TestRecordRunCallRefusedReadOnlyUntilItsDeadlineIsNotSent(t *testing.T) {
+	f, _, dsn := newLossyFixtureDSN(t)
+	runID := "x_rec_read_only_" + testenv.RandomID(6)
+	f.admit(runID)
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Net = "tcp"
+	plain := testenv.Open(t, cfg.FormatDSN())
+	cfg.Params = map[string]string{"tx_read_only": "1"}
+	readOnly := holds.NewStore(testenv.Open(t, cfg.FormatDSN()), settlePlans, "standard", zap.NewNop())
+	// One try, refused, then the deadline during the pause before the next: a deadline that cut
+	// a later try's dial would be ErrNotSent for another reason.
+	readOnly.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Minute, MaxBackoff: time.Minute})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err = readOnly.RecordRunCall(ctx, runID, time.Minute, pricing.Usage{Input: 10, Output: 2}, 90, 1, false)
+	var me *mysql.MySQLError
+	if !errors.Is(err, holds.ErrNotSent) || !errors.As(err, &me) || me.Number != 1792 {
+		t.Fatalf("record refused read_only until its deadline: %v, want holds.ErrNotSent, and the refusal (1792)", err)
+	}
+	if ok, err := f.store.RecordRunCall(context.Background(), runID, time.Minute, pricing.Usage{Input: 10, Output: 2}, 90, 1, false); err != nil || !ok {
+		t.Fatalf("record sent again on a server taking writes: %v, %v", ok, err)
+	}
+	var calls int
+	if err := plain.Get(&calls, "SELECT calls FROM run_holds WHERE run_id = ?", runID); err != nil || calls != 1 {
+		t.Fatalf("%d calls recorded (%v), want the one", calls, err)
 	}
 }

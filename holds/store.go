@@ -187,15 +187,17 @@ func (s *Store) execUntilWritable(ctx context.Context, what string, fields []zap
 			s.dropReadOnly(conn)
 			msg = "database unavailable, retrying"
 		}
+		// This try's own refusal, read as it came (not through gaveUp, which names a refusal
+		// for a later try the deadline cut): nothing of any try was written.
 		refused = err
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%w (gave up: %v)", err, ctx.Err())
+			return nil, notSent(fmt.Errorf("%w (gave up: %v)", err, ctx.Err()))
 		}
 		s.log.Warn(msg, append([]zap.Field{zap.String("op", what), zap.Int("attempt", attempt),
 			zap.Duration("backoff", backoff), zap.Error(err)}, fields...)...)
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w (gave up: %v)", err, ctx.Err())
+			return nil, notSent(fmt.Errorf("%w (gave up: %v)", err, ctx.Err()))
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, s.retry.MaxBackoff)

@@ -132,7 +132,7 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 		c.recorded = false
 		if c.recordAs == nil {
 			c.recordAs = &st
-			c.log.Warn("run call not recorded, the database out of reach; tried again until settle_timeout", zap.Error(err))
+			c.log.Warn("run call not recorded, the database out of reach or not taking writes; tried again until settle_timeout", zap.Error(err))
 		}
 		return
 	case err != nil:

@@ -51,7 +51,7 @@ func TestNamedRunCallRecordedOnceTheDatabaseIsBack(t *testing.T) {
 			second.StatusCode, lossyDB.Down())
 	}
 	// Logged before the caller had the answer's end.
-	if n := logs.FilterMessage("run call not recorded, the database out of reach; tried again until settle_timeout").Len(); n != 1 {
+	if n := logs.FilterMessage("run call not recorded, the database out of reach or not taking writes; tried again until settle_timeout").Len(); n != 1 {
 		t.Fatalf("%d warnings of the record that reached no database, want 1: %v", n, logs.All())
 	}
 	lossyDB.Restore()
@@ -71,7 +71,7 @@ func TestNamedRunCallRecordedOnceTheDatabaseIsBack(t *testing.T) {
 
 // runCallNeverRecordedLog is what a gateway logs of a named run's call whose record reached no
 // database until settle_timeout while its tally was written: the tally is then its one record.
-const runCallNeverRecordedLog = "run call never recorded on its run's row, the database out of reach until settle_timeout; its tally is its one record"
+const runCallNeverRecordedLog = "run call never recorded on its run's row, the database out of reach or not taking writes until settle_timeout; its tally is its one record"
 
 // TestNamedRunCallWhoseRecordNeverReachesTheDatabase: the database stays out of reach from a
 // named run's call's admission until past settle_timeout, so the call's record on its row is

@@ -170,7 +170,7 @@ func (s *Server) retryRunCallEnd(ctx context.Context, c *call, st holds.Settleme
 		// Its record-to-come mark, if its tally left one, has lapsed (lease_ttl) or soon does.
 		c.recordFailed = true
 		if c.tallied {
-			c.log.Warn("run call never recorded on its run's row, the database out of reach until settle_timeout; its tally is its one record",
+			c.log.Warn("run call never recorded on its run's row, the database out of reach or not taking writes until settle_timeout; its tally is its one record",
 				callFigures(*c.recordAs)...)
 		}
 	}
