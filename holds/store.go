@@ -159,7 +159,8 @@ func (s *Store) closeIdle() {
 // failover's switch of address, the promoted primary; one refused for room goes back to it,
 // the server being the right one, its disk full. fields go on each retry's log line (a run's
 // id). Past ctx's end the error is the last refusal's (IsOutOfRoom tells a full disk apart).
-// A failure that sent the statement nowhere is ErrNotSent, which its caller may retry too.
+// A failure that wrote nothing (the statement sent nowhere, or refused on every try) is
+// ErrNotSent, which its caller may send again.
 func (s *Store) execUntilWritable(ctx context.Context, what string, fields []zap.Field, q string, args ...any) (sql.Result, error) {
 	backoff := s.retry.InitialBackoff
 	var refused error // the last refusal, reported if ctx ends during the next try

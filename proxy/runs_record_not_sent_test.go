@@ -37,19 +37,7 @@ func TestNamedRunCallRecordedOnceTheDatabaseIsBack(t *testing.T) {
 	runID := firstRunCall(t, h, key, run, 40)
 	loseRunKeys(t, h, runID)
 
-	var down sync.Once
-	h.srv.ObserveSteps(func(_ context.Context, step string) {
-		if step == "answer final" {
-			down.Do(lossyDB.TakeDown)
-		}
-	})
-	second := h.post(key, "/v1/chat/completions", streamBody, with(run, fakellm.HeaderChunks, "5"))
-	readAll(t, second.Body)
-	second.Body.Close()
-	if second.StatusCode != http.StatusOK || !lossyDB.Down() {
-		t.Fatalf("second call: %d, database out of reach %v; want 200 with the database taken down at its final event",
-			second.StatusCode, lossyDB.Down())
-	}
+	callWithDatabaseDown(t, h, lossyDB, key, streamBody, run, "answer final")
 	// Logged before the caller had the answer's end.
 	if n := logs.FilterMessage("run call not recorded, the database out of reach or not taking writes; tried again until settle_timeout").Len(); n != 1 {
 		t.Fatalf("%d warnings of the record that reached no database, want 1: %v", n, logs.All())
@@ -103,19 +91,7 @@ func TestNamedRunCallWhoseRecordNeverReachesTheDatabase(t *testing.T) {
 			}
 			// Down once the call is admitted (its reservation is in Redis, next): nothing of
 			// the call but its record needs the database after.
-			var down sync.Once
-			h.srv.ObserveSteps(func(_ context.Context, step string) {
-				if step == "run budget reservation" {
-					down.Do(lossyDB.TakeDown)
-				}
-			})
-			second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
-			readAll(t, second.Body)
-			second.Body.Close()
-			if second.StatusCode != http.StatusOK || !lossyDB.Down() {
-				t.Fatalf("second call: %d, database out of reach %v; want 200 with the database taken down at its reservation",
-					second.StatusCode, lossyDB.Down())
-			}
+			callWithDatabaseDown(t, h, lossyDB, key, chatBody, run, "run budget reservation")
 			h.settled() // the tries, until settle_timeout, the database down throughout
 			lossy.Disarm()
 			lossyDB.Restore()
@@ -139,5 +115,24 @@ func TestNamedRunCallWhoseRecordNeverReachesTheDatabase(t *testing.T) {
 				t.Errorf("the line names cost %v, want the call's %d", got, fakeGPTCost(r.InTok, 5))
 			}
 		})
+	}
+}
+
+// callWithDatabaseDown makes a call of the named run in hdr, answering 5 output tokens, whose
+// database (through lossyDB) goes out of reach at its step step, and requires it answered 200.
+func callWithDatabaseDown(t *testing.T, h *harness, lossyDB *testenv.Lossy, key, body string, hdr map[string]string, step string) {
+	t.Helper()
+	var down sync.Once
+	h.srv.ObserveSteps(func(_ context.Context, at string) {
+		if at == step {
+			down.Do(lossyDB.TakeDown)
+		}
+	})
+	resp := h.post(key, "/v1/chat/completions", body, with(hdr, fakellm.HeaderChunks, "5"))
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !lossyDB.Down() {
+		t.Fatalf("call: %d, database out of reach %v; want 200 with the database taken down at its step %q",
+			resp.StatusCode, lossyDB.Down(), step)
 	}
 }
