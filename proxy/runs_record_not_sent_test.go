@@ -76,11 +76,7 @@ func TestNamedRunCallWhoseRecordNeverReachesTheDatabase(t *testing.T) {
 		{"tally lost", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dsn, lossyDB := testenv.LossyMySQLDSN(t)
-			core, logs := observer.New(zap.InfoLevel)
-			h, lossy := newLossyRedisHarness(t, harnessSetup{db: testenv.Open(t, dsn), log: zap.New(core)}, func(c *config.Config) {
-				c.Limits.SettleTimeout = time.Second
-			})
+			h, lossyDB, lossy, logs := newLossyStoresHarness(t)
 			t.Cleanup(lossyDB.Restore)
 			u, key := h.user("standard")
 			run := map[string]string{"X-Run-Id": "task-record-never"}

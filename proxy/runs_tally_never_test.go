@@ -39,11 +39,7 @@ func TestNamedRunCallWhoseTallyNeverLands(t *testing.T) {
 		{"record fails", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dsn, lossyDB := testenv.LossyMySQLDSN(t)
-			core, logs := observer.New(zap.InfoLevel)
-			h, lossy := newLossyRedisHarness(t, harnessSetup{db: testenv.Open(t, dsn), log: zap.New(core)}, func(c *config.Config) {
-				c.Limits.SettleTimeout = time.Second
-			})
+			h, lossyDB, lossy, logs := newLossyStoresHarness(t)
 			u, key := h.user("standard")
 			run := map[string]string{"X-Run-Id": "task-tally-never"}
 			runID := firstRunCall(t, h, key, run, 5)
@@ -95,4 +91,17 @@ func TestNamedRunCallWhoseTallyNeverLands(t *testing.T) {
 			}
 		})
 	}
+}
+
+// newLossyStoresHarness is a harness whose database and Redis each go through a lossy network,
+// whose log lines (Info and up) are observed, and whose settle_timeout, 1 s, bounds the tries
+// of a named run's call's end that failed.
+func newLossyStoresHarness(t *testing.T) (*harness, *testenv.Lossy, *testenv.LossyRedis, *observer.ObservedLogs) {
+	t.Helper()
+	dsn, lossyDB := testenv.LossyMySQLDSN(t)
+	core, logs := observer.New(zap.InfoLevel)
+	h, lossy := newLossyRedisHarness(t, harnessSetup{db: testenv.Open(t, dsn), log: zap.New(core)}, func(c *config.Config) {
+		c.Limits.SettleTimeout = time.Second
+	})
+	return h, lossyDB, lossy, logs
 }
