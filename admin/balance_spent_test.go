@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -22,7 +23,7 @@ func TestBalanceShowsSpentInRunsApartFromHeld(t *testing.T) {
 	}
 	f.admitInOneBatch([]holds.AdmitRequest{{RunID: "x_agent", UserID: u.ID, ClientRunID: "agent", Model: "gpt-a",
 		State: holds.StateRunning, TTL: time.Hour}})
-	if ok, err := f.store.RecordRunCall(f.ctx(), "x_agent", time.Hour, pricing.Usage{Input: 10, Output: 5}, 5_000, 1, false); err != nil || !ok {
+	if ok, err := f.store.RecordRunCall(f.ctx(), "x_agent", token.New(), time.Hour, pricing.Usage{Input: 10, Output: 5}, 5_000, 1, false); err != nil || !ok {
 		t.Fatalf("record the run's call: %v, %v", ok, err)
 	}
 	b := f.admin("GET", "/admin/users/ann/balance", nil, http.StatusOK)

@@ -105,9 +105,7 @@ func TestChaosDeadProcessesFound(t *testing.T) {
 // regenerate refused already_running because the loss took its message's end mark before that
 // message's run settled (markLost), and a call that outlived its hold's TTL (one stream in ten
 // here does, on purpose) whose lease the loss took, so that its run was reconciled under it
-// (outlivedHoldAcrossLoss), and a named run charged short of a call whose record on its row a
-// gateway logged as failed for good, a loss taking the call's tally before the run settled
-// (recordFailed). CHAOS_FLUSHES sets how many losses (default 3), one at a random
+// (outlivedHoldAcrossLoss). CHAOS_FLUSHES sets how many losses (default 3), one at a random
 // moment of each equal part of the traffic's duration.
 func TestChaosRedisLoss(t *testing.T) {
 	if testing.Short() {
@@ -544,34 +542,6 @@ func (c *chaos) outlivedHoldAcrossCut(rec callRec) bool {
 // caller holds c.mu): lost with Redis's data, or lapsed while its process was cut off.
 func (c *chaos) leaseGone(rec callRec) bool {
 	return c.outlivedHoldAcrossLoss(rec) || c.outlivedHoldAcrossCut(rec)
-}
-
-// recordFailureLines are what a gateway logs of a named run's call whose record on the run's
-// row failed for good (proxy recordRunCall, retryRunCallEnd): its statement sent and its reply
-// lost or cut by admit_timeout, or no database reached until settle_timeout.
-var recordFailureLines = []string{
-	"run call not recorded, expiry not extended",
-	"run call never recorded on its run's row",
-}
-
-// recordFailed says whether a gateway logged a call of run runID whose record on the run's row
-// failed for good (recordFailureLines): with the run's Redis tally lost before it settled,
-// README "Known limits" has the call missing from its charge. Read after every process ended.
-func (c *chaos) recordFailed(runID string) bool {
-	for i := range c.slots {
-		for _, g := range c.slots[i].past {
-			b, err := os.ReadFile(g.log)
-			if err != nil {
-				c.t.Fatal(err)
-			}
-			for line := range strings.Lines(string(b)) {
-				if strings.Contains(line, runID) && slices.ContainsFunc(recordFailureLines, func(m string) bool { return strings.Contains(line, m) }) {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 // runStory is a named run's calls and the faults around them, in time order, for a failed
@@ -1187,7 +1157,6 @@ func (c *chaos) audit() {
 		return r.SettleSource.String == holds.SourceReconcile || r.SettleSource.String == holds.SourceReconcileHold
 	}
 	leaseLost := 0             // calls and runs reconciled under a live call whose lease a loss took
-	recordLost := 0            // named runs short of a call whose row's record failed and whose tally a loss took
 	priced := map[string]int{} // kind of call -> complete answers found charged their price
 	// exact: a complete call's own run is charged its price, or by the reconciler's rules if
 	// the process that served it died before settling it.
@@ -1342,12 +1311,6 @@ func (c *chaos) audit() {
 			leaseLost++
 			t.Logf("run %s reconciled (%s, charged %d) under a call whose lease was lost with Redis's data or lapsed while its process was cut off; its agent's complete calls cost %d (README Known limits)",
 				name, src, row.ChargedMicro, sum)
-		case row.ChargedMicro < want && lost && c.recordFailed(row.RunID):
-			// README "Known limits": a call's record on the run's row failed for good, and Redis
-			// lost the run's tally, the call's other record, before the run settled.
-			recordLost++
-			t.Logf("run %s (%s) charged %d, its agent's complete calls cost %d: a call's record on its row failed and Redis lost its tally (README Known limits); %s",
-				name, src, row.ChargedMicro, sum, c.runStory(recs, row.SettledAt.Time, price))
 		case clean && row.ChargedMicro != want:
 			t.Errorf("run %s (%s): charged %d (cost %d, %d calls, cap %d), its %d calls that the agent saw complete cost %d (Redis lost during them: %v); %s",
 				name, src, row.ChargedMicro, row.CostMicro, row.Calls, row.CapMicro, len(recs), sum, lost, c.runStory(recs, row.SettledAt.Time, price))
@@ -1369,8 +1332,8 @@ func (c *chaos) audit() {
 		parts = append(parts, fmt.Sprintf("%s=%d", s, sources[s]))
 	}
 	sess := c.auditSessions(rows, byID, exact, killed)
-	t.Logf("CHAOS seed %d: %d kills, %d stalls, %d Redis losses, %d calls (%d seen complete, %d got 402), %d Idempotency-Keys (%d answers lost), %d named runs (%d settled by the reconciler); holds by source: %s; reconciled under a live call whose lease a loss took: %d; named runs short of a call whose record failed and whose tally a loss took: %d",
-		c.seed, c.kills, c.stalls, len(c.flushed), len(c.calls), complete, n402, len(idem), lostAnswers, len(runs), reconciledRuns, strings.Join(parts, " "), leaseLost, recordLost)
+	t.Logf("CHAOS seed %d: %d kills, %d stalls, %d Redis losses, %d calls (%d seen complete, %d got 402), %d Idempotency-Keys (%d answers lost), %d named runs (%d settled by the reconciler); holds by source: %s; reconciled under a live call whose lease a loss took: %d",
+		c.seed, c.kills, c.stalls, len(c.flushed), len(c.calls), complete, n402, len(idem), lostAnswers, len(runs), reconciledRuns, strings.Join(parts, " "), leaseLost)
 	t.Logf("CHAOS overdraft bound checked on %d users, %d of them with charges over their holds; sessions: %s", overdrawn, overHold, sess)
 	c.auditExercised(priced, replays, runsPriced)
 }

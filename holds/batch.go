@@ -24,9 +24,11 @@ const MaxBatch = 256
 
 // WriteBatch settles sts and then admits reqs in one transaction, in the global lock order:
 // the users' rows of both (in id order, so two batches never wait on each other in a cycle),
-// the holds to settle, then the day ledger. The new holds are inserted after the ledger
-// upsert; that takes no lock anyone could wait on in another order, since a new run id is
-// this transaction's alone and READ COMMITTED takes no gap locks on the secondary indexes.
+// the holds to settle, their named runs' call keys (run_calls: a call's record takes its
+// run's row before its key, RecordRunCall), then the day ledger. The new holds are inserted
+// after the ledger upsert; that takes no lock anyone could wait on in another order, since a
+// new run id is this transaction's alone and READ COMMITTED takes no gap locks on the
+// secondary indexes.
 // Each part decides its items in batch order, as separate transactions in that order would.
 //
 // Settlements go first so that an admission sees the credits they free. Sharing the

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -39,7 +40,7 @@ func TestRunCallRecordRefusedByAFullDiskIsTriedAgainUntilThereIsRoom(t *testing.
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			ok, err := f.store.RecordRunCall(ctx, run, time.Hour, u, 1_500, 1, false)
+			ok, err := f.store.RecordRunCall(ctx, run, token.New(), time.Hour, u, 1_500, 1, false)
 			if err == nil && !ok {
 				err = fmt.Errorf("record of %s found no live run", run)
 			}

@@ -56,17 +56,6 @@ var ErrRunStillLive = errors.New("run has not expired")
 // were so sent is ErrOutcomeUnknown too: its runs may be settled.
 var ErrOutcomeUnknown = errors.New("outcome unknown: the commit was sent but not answered")
 
-// ErrNotSent is a write that never reached the database, or that it refused: no connection
-// could be had, or the driver found its connection dead before it sent a byte
-// (driver.ErrBadConn, which go-sql-driver returns for that alone), or every try was refused
-// read_only or for want of room until the deadline (execUntilWritable). Nothing was written, so
-// sending it again cannot apply it twice, unlike a write whose reply was lost. A write that
-// adds to a row (RecordRunCall) is retried on this error alone.
-var ErrNotSent = errors.New("not sent to the database")
-
-// notSent marks err, the failure of a write that never reached the database, as ErrNotSent.
-func notSent(err error) error { return fmt.Errorf("%w: %w", ErrNotSent, err) }
-
 // OutcomeUnknownError is a batch with admissions that failed after some of its commits went
 // unanswered (Runs may be empty: only its settlements' writes went out). Only the admissions in
 // Runs are ErrOutcomeUnknown (Writer.Admit tells each its own); the rest of the batch's

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -126,7 +127,7 @@ func TestNamedRunAcrossMidnightIsChargedOnTheSettlementDay(t *testing.T) {
 		t.Fatal(err)
 	}
 	const spent = 300_000
-	if ok, err := eve.RecordRunCall(ctx, h.RunID, 15*time.Minute, pricing.Usage{Input: 1000, Output: 100}, spent, 1, false); err != nil || !ok {
+	if ok, err := eve.RecordRunCall(ctx, h.RunID, token.New(), 15*time.Minute, pricing.Usage{Input: 1000, Output: 100}, spent, 1, false); err != nil || !ok {
 		t.Fatalf("record the evening's call: %v, %v", ok, err)
 	}
 	for _, side := range []struct {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -133,7 +134,7 @@ func TestGrantDeliveriesRaceCallsRunsAndReports(t *testing.T) {
 							break calls
 						}
 						cost := min(budget, 1_000+rng.Int64N(8_000))
-						if ok, err := st.RecordRunCall(ctx, run, time.Minute, pricing.Usage{Input: 10, Output: 10}, cost, 1, false); err != nil || !ok {
+						if ok, err := st.RecordRunCall(ctx, run, token.New(), time.Minute, pricing.Usage{Input: 10, Output: 10}, cost, 1, false); err != nil || !ok {
 							t.Errorf("record a call of %s: %v, %v", run, ok, err)
 							return
 						}

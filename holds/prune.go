@@ -183,6 +183,15 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 		// just written must not commit without their deletes.
 		return 0, nil, fmt.Errorf("delete pruned runs: %d of %d deleted (%v)", n, len(rows), err)
 	}
+	// A settlement deletes its run's call keys; a gateway of before run_calls (a rolling
+	// upgrade) left them.
+	del, delArgs, err = sqlx.In("DELETE FROM run_calls WHERE run_id IN (?)", ids)
+	if err != nil {
+		return 0, nil, fmt.Errorf("delete pruned runs' calls: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, del, delArgs...); err != nil {
+		return 0, nil, fmt.Errorf("delete %d pruned runs' calls: %w", len(rows), err)
+	}
 	return len(rows), ids, nil
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -583,7 +584,7 @@ func TestRunCallRecordRidesOutAReadOnlySpell(t *testing.T) {
 	go func() {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		ok, err := f.store.RecordRunCall(rctx, run, time.Hour, pricing.Usage{Input: 1_000, Output: 100}, 7_000, 1, false)
+		ok, err := f.store.RecordRunCall(rctx, run, token.New(), time.Hour, pricing.Usage{Input: 1_000, Output: 100}, 7_000, 1, false)
 		done <- result{ok, err}
 	}()
 	// The spell lasts until the record has been seen refused and waiting: a few retries.

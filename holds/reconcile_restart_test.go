@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -18,7 +19,7 @@ func TestReconcileNamedRunAfterARedisRestart(t *testing.T) {
 	none := e.admit(u, "x_none", holds.StateRunning)
 	for _, id := range []string{part.RunID, none.RunID} {
 		for range 2 {
-			if _, err := e.store.RecordRunCall(e.ctx(), id, time.Minute, pricing.Usage{Input: 100, Output: 10}, 700, 1, false); err != nil {
+			if _, err := e.store.RecordRunCall(e.ctx(), id, token.New(), time.Minute, pricing.Usage{Input: 100, Output: 10}, 700, 1, false); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -46,7 +47,7 @@ func TestReconciledNamedRunKeepsItsEstimatedMark(t *testing.T) {
 	u := e.user("erin", 20, nil)
 	run := e.admit(u, "x_est", holds.StateRunning)
 	for _, est := range []bool{true, false} {
-		if _, err := e.store.RecordRunCall(e.ctx(), run.RunID, time.Minute, pricing.Usage{Input: 100, Output: 10}, 700, 1, est); err != nil {
+		if _, err := e.store.RecordRunCall(e.ctx(), run.RunID, token.New(), time.Minute, pricing.Usage{Input: 100, Output: 10}, 700, 1, est); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -70,7 +71,7 @@ func TestReconcileNamedRunWhoseTallyIsAheadOfItsRow(t *testing.T) {
 	u := e.user("fay", 20, nil)
 	run := e.admit(u, "x_ahead", holds.StateRunning)
 	// Two calls ended; only the first reached the row.
-	if _, err := e.store.RecordRunCall(e.ctx(), run.RunID, time.Minute, pricing.Usage{Input: 100, Output: 10}, 700, 1, false); err != nil {
+	if _, err := e.store.RecordRunCall(e.ctx(), run.RunID, token.New(), time.Minute, pricing.Usage{Input: 100, Output: 10}, 700, 1, false); err != nil {
 		t.Fatal(err)
 	}
 	e.expire(run.RunID)
@@ -93,7 +94,7 @@ func TestReconcileNamedRunWhoseCallsAllFailedAfterARedisRestart(t *testing.T) {
 	e := newStoreEnv(t)
 	u := e.user("gil", 20, nil)
 	run := e.admit(u, "x_failed", holds.StateRunning)
-	if _, err := e.store.RecordRunCall(e.ctx(), run.RunID, time.Minute, pricing.Usage{}, 0, 0, false); err != nil {
+	if _, err := e.store.RecordRunCall(e.ctx(), run.RunID, token.New(), time.Minute, pricing.Usage{}, 0, 0, false); err != nil {
 		t.Fatal(err)
 	}
 	e.expire(run.RunID)

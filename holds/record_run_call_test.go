@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -17,7 +18,7 @@ func TestRecordRunCallNeverShortensAnExpiry(t *testing.T) {
 	u := e.user("rec_ttl", 3, nil)
 	h := e.admit(u, "x_rec_ttl", holds.StateRunning) // expires in an hour
 	before := e.run(u, h.RunID).ExpiresAt
-	if ok, err := e.store.RecordRunCall(e.ctx(), h.RunID, time.Minute, pricing.Usage{Input: 10, Output: 1}, 70, 1, false); err != nil || !ok {
+	if ok, err := e.store.RecordRunCall(e.ctx(), h.RunID, token.New(), time.Minute, pricing.Usage{Input: 10, Output: 1}, 70, 1, false); err != nil || !ok {
 		t.Fatalf("record: %v, %v", ok, err)
 	}
 	if after := e.run(u, h.RunID).ExpiresAt; after.Before(before) {
@@ -38,7 +39,7 @@ func TestRecordRunCallLeavesASettledRunAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	settled := e.run(u, h.RunID)
-	if ok, err := e.store.RecordRunCall(e.ctx(), h.RunID, time.Minute, pricing.Usage{Input: 50, Output: 5}, 350, 1, true); err != nil || ok {
+	if ok, err := e.store.RecordRunCall(e.ctx(), h.RunID, token.New(), time.Minute, pricing.Usage{Input: 50, Output: 5}, 350, 1, true); err != nil || ok {
 		t.Fatalf("record of a call of a settled run: %v, %v; want not recorded", ok, err)
 	}
 	r := e.run(u, h.RunID)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -37,7 +38,7 @@ func TestNamedRunsSpendingCountsAgainstTheBalance(t *testing.T) {
 				t.Fatalf("run held %d, cap %d: want 20,000 and 100,000", run.HeldMicro, run.CapMicro)
 			}
 			// 120,000 at list price, 90,000 at 25 % off: past the hold, within the cap.
-			if ok, err := f.store.RecordRunCall(f.ctx(), "x_spender", time.Hour, pricing.Usage{Input: 10, Output: 5}, 120_000, 1, false); err != nil || !ok {
+			if ok, err := f.store.RecordRunCall(f.ctx(), "x_spender", token.New(), time.Hour, pricing.Usage{Input: 10, Output: 5}, 120_000, 1, false); err != nil || !ok {
 				t.Fatalf("record: %v, %v", ok, err)
 			}
 			b, err := f.store.Balance(f.ctx(), u.ID)
@@ -101,7 +102,7 @@ func TestNamedRunsSpendingCountsToTheMicroItsSettlementCharges(t *testing.T) {
 	}
 	const cost = 120_001 // 90 000.75 at 25 % off: charged 90 001
 	charge := pricing.ApplyDiscount(cost, discount)
-	if ok, err := f.store.RecordRunCall(f.ctx(), "x_rounder", time.Hour, pricing.Usage{Input: 10, Output: 5}, cost, 1, false); err != nil || !ok {
+	if ok, err := f.store.RecordRunCall(f.ctx(), "x_rounder", token.New(), time.Hour, pricing.Usage{Input: 10, Output: 5}, cost, 1, false); err != nil || !ok {
 		t.Fatalf("record: %v, %v", ok, err)
 	}
 	b, err := f.store.Balance(f.ctx(), u.ID)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -86,7 +87,7 @@ func TestBatchCountsARunsCallsOnceAsItsSettlementAndAdmissionRead(t *testing.T) 
 
 	t.Run("record arriving between the batch's reads", func(t *testing.T) {
 		f, u := setup(t)
-		if ok, err := f.store.RecordRunCall(f.ctx(), "x_a", time.Hour, pricing.Usage{Input: 10}, 30_000, 1, false); err != nil || !ok {
+		if ok, err := f.store.RecordRunCall(f.ctx(), "x_a", token.New(), time.Hour, pricing.Usage{Input: 10}, 30_000, 1, false); err != nil || !ok {
 			t.Fatalf("record: %v, %v", ok, err)
 		}
 		// x_b's row held elsewhere: the batch locks x_a, then waits for x_b, before its aggregate.
@@ -100,7 +101,7 @@ func TestBatchCountsARunsCallsOnceAsItsSettlementAndAdmissionRead(t *testing.T) 
 		waitFor(1)
 		recorded := make(chan bool, 1)
 		go func() {
-			ok, err := f.store.RecordRunCall(context.Background(), "x_a", time.Hour, pricing.Usage{Input: 10}, 50_000, 1, false)
+			ok, err := f.store.RecordRunCall(context.Background(), "x_a", token.New(), time.Hour, pricing.Usage{Input: 10}, 50_000, 1, false)
 			if err != nil {
 				t.Error(err)
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -113,7 +114,7 @@ func TestNamedRunsSpendingStormKeepsTheBalance(t *testing.T) {
 						t.Errorf("call of %s: %+v, %v", r.id, h, err)
 						return
 					}
-					if ok, err := st.RecordRunCall(ctx, r.id, time.Hour, pricing.Usage{Input: 100, Output: 10}, cost, 1, false); err != nil || !ok {
+					if ok, err := st.RecordRunCall(ctx, r.id, token.New(), time.Hour, pricing.Usage{Input: 100, Output: 10}, cost, 1, false); err != nil || !ok {
 						t.Errorf("record a call of %s: %v, %v", r.id, ok, err)
 						return
 					}

@@ -116,38 +116,80 @@ func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bo
 }
 
 // RecordRunCall records one ended call of a named run on the run's row and pushes its expiry
-// out, as Extend does. The row's figures are a durable lower bound of what the run used (an
-// UPDATE whose reply is lost is not resent), beside the Redis tally, which is exact but lost
-// with a Redis restart; a settlement takes whichever of the two has the larger cost (see
-// Run.Recorded). A call charged an estimate (no usage report) marks the row estimated, and
-// the settlement keeps that mark (appendMarkSettled), whichever figures it charges: the run's
-// tokens are then not all the provider's own count. The row is left alone once settled.
+// out, as Extend does. The row's figures are a durable lower bound of what the run used, beside
+// the Redis tally, which is exact but lost with a Redis restart; a settlement takes whichever of
+// the two has the larger cost (see Run.Recorded). A call charged an estimate (no usage report)
+// marks the row estimated, and the settlement keeps that mark (appendMarkSettled), whichever
+// figures it charges: the run's tokens are then not all the provider's own count. The row is
+// left alone once settled: live reports false.
 //
-// A record refused by a read_only server (a failover, maintenance) is tried again until ctx
-// ends (execUntilWritable): missed, the row under-counted the run for good, and admission
-// counts a live named run at what its row records, so the user's next calls were admitted
-// against credits this one had spent. So is one refused for want of room (1114, 1021): the
-// row changes in place, but the expiry it moves is a key of
-// idx_run_holds_state_expires, whose new entry must grow the table once its page is full.
-// Nothing else is retried: the record adds, and a failure whose UPDATE may have landed (its
-// reply lost) would be counted twice. A failure that sent nothing is ErrNotSent, which the
-// caller may send again.
-func (s *Store) RecordRunCall(ctx context.Context, runID string, ttl time.Duration, u pricing.Usage, costMicro int64, calls int, estimated bool) (bool, error) {
+// A call is recorded once however often it is sent: the figures are added in one transaction
+// with the call's row in run_calls (callID, the caller's own id of the call), whose key a
+// second record of the call finds taken, and that record then adds nothing. So any failure
+// may be sent again — a lost reply, a statement a deadline cut, a lock wait, a refusal — as
+// the row's figures are sums, and before run_calls a failure that may have landed was never
+// sent again (it could have counted the call twice): a Redis restart before the run settled
+// then took the call from the run's charge.
+//
+// Refusals for read_only (a failover, maintenance) and for want of room (1114, 1021: the
+// expiry it moves is a key of idx_run_holds_state_expires, and run_calls grows), lock
+// conflicts and a lost connection are tried again until ctx ends (withRoomRetry): missed, the
+// row under-counted the run until it settled, and admission counts a live named run at what
+// its row records, so the user's next calls were admitted against credits this one had spent.
+func (s *Store) RecordRunCall(ctx context.Context, runID, callID string, ttl time.Duration, u pricing.Usage, costMicro int64, calls int, estimated bool) (bool, error) {
+	if callID == "" || len(callID) > maxCallIDLen {
+		panic(fmt.Sprintf("holds: call id %q of run %s out of range", callID, runID))
+	}
 	u = u.Clamp()
-	res, err := s.execUntilWritable(ctx, "record call of "+runID, []zap.Field{zap.String("run_id", runID)}, `UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
+	var live bool
+	err := s.withRoomRetry(ctx, "record call of "+runID, []zap.Field{zap.String("run_id", runID), zap.String("call_id", callID)}, func() error {
+		var err error
+		live, err = s.recordRunCallOnce(ctx, runID, callID, ttl, u, costMicro, calls, estimated)
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("record call %s of %s: %w", callID, runID, err)
+	}
+	return live, nil
+}
+
+// maxCallIDLen is the longest call id a run's record takes (run_calls.call_id).
+const maxCallIDLen = 64
+
+// recordRunCallOnce sends a call's record in one round trip: the figures are added first,
+// taking the run's row lock (the lock order's run_holds before run_calls, as a settlement
+// takes them), then the call's key is inserted if the run was live. A key already there is
+// the call recorded before: the transaction, its addition included, is rolled back.
+func (s *Store) recordRunCallOnce(ctx context.Context, runID, callID string, ttl time.Duration, u pricing.Usage, costMicro int64, calls int, estimated bool) (live bool, err error) {
+	conn, err := s.db.Connx(ctx)
+	if err != nil {
+		return false, fmt.Errorf("connection: %w", endedByServer(err))
+	}
+	committed := false
+	defer func() { s.releaseConn(conn, committed, err) }()
+
+	var sc script
+	sc.add("START TRANSACTION")
+	sc.add(`UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
 		in_tok = in_tok + ?, cache_read_tok = cache_read_tok + ?, cache_write_tok = cache_write_tok + ?, out_tok = out_tok + ?,
 		cache_write_1h_tok = cache_write_1h_tok + ?, audio_in_tok = audio_in_tok + ?, audio_out_tok = audio_out_tok + ?,
 		cost_micro = cost_micro + ?, calls = calls + ?, ended_calls = ended_calls + 1, estimated = GREATEST(estimated, ?)
 		WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(),
 		u.Input, u.CacheRead, u.CacheWrite, u.Output, u.CacheWrite1h, u.AudioInput, u.AudioOutput, costMicro, calls, estimated, runID)
-	if err != nil {
-		return false, fmt.Errorf("record call of %s: %w", runID, err)
+	sc.add("SET @tg_run_live = ROW_COUNT()")
+	sc.add("INSERT INTO run_calls (run_id, call_id) SELECT ?, ? FROM DUAL WHERE @tg_run_live = 1", runID, callID)
+	sc.add("COMMIT")
+	sc.add("SELECT @tg_run_live")
+	if err := conn.QueryRowxContext(ctx, string(sc.q), sc.args...).Scan(&live); err != nil {
+		if isDuplicate(err) {
+			// Recorded by an earlier send whose outcome its sender never learnt; the run was
+			// live then and is still (its settlement deletes the keys).
+			return true, nil
+		}
+		return false, endedByServer(err)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("record call of %s: %w", runID, err)
-	}
-	return n == 1, nil
+	committed = true
+	return live, nil
 }
 
 // Recorded is what a live named run's row has recorded of its calls (RecordRunCall); found is

@@ -282,11 +282,28 @@ func appendSettled(sc *script, w settleWrites, now time.Time) {
 		return
 	}
 	appendMarkSettled(sc, w.changed, now)
+	appendForgetRunCalls(sc, w.changed)
 	appendAddToDays(sc, now.Format(time.DateOnly), w.dayOrder, w.dayAdd)
 	for _, uid := range w.dayOrder {
 		if p := w.dayAdd[uid].prepaid; p > 0 {
 			sc.add("UPDATE users SET prepaid_micro = prepaid_micro - ? WHERE id = ?", p, uid)
 		}
+	}
+}
+
+// appendForgetRunCalls deletes the keys of the calls the settled named runs recorded
+// (RecordRunCall), which only a record of a live run reads: the run's row is locked, so none
+// is added after. A plain call's run records none, and its settlement, the hot path, sends no
+// statement for them.
+func appendForgetRunCalls(sc *script, rows []settledRow) {
+	var named []string
+	for _, r := range rows {
+		if r.hold.Named {
+			named = append(named, r.hold.RunID)
+		}
+	}
+	if len(named) > 0 {
+		sc.addIn("DELETE FROM run_calls WHERE run_id IN (?)", named)
 	}
 }
 

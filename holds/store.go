@@ -153,32 +153,24 @@ func (s *Store) closeIdle() {
 // the server refuses it read_only (isReadOnly) or for want of room on the database's disk
 // (isOutOfRoom: 1114, 1021), until ctx ends; any other error is returned at once. A refusal is
 // known not to have landed — the server refuses a write before it runs, and an autocommit
-// statement that fails is rolled back whole — so a statement that adds (RecordRunCall,
-// CreateKey) is safe to send again after one, as it is not after a lost reply. Each connection
+// statement that fails is rolled back whole — so a statement that adds (CreateKey,
+// CreateUser) is safe to send again after one, as it is not after a lost reply. Each connection
 // refused read_only leaves the pool (dropReadOnly), so the next try dials anew: after a
 // failover's switch of address, the promoted primary; one refused for room goes back to it,
 // the server being the right one, its disk full. fields go on each retry's log line (a run's
 // id). Past ctx's end the error is the last refusal's (IsOutOfRoom tells a full disk apart).
-// A failure that wrote nothing (the statement sent nowhere, or refused on every try) is
-// ErrNotSent, which its caller may send again.
 func (s *Store) execUntilWritable(ctx context.Context, what string, fields []zap.Field, q string, args ...any) (sql.Result, error) {
 	backoff := s.retry.InitialBackoff
 	var refused error // the last refusal, reported if ctx ends during the next try
 	for attempt := 1; ; attempt++ {
 		conn, err := s.db.Connx(ctx)
 		if err != nil {
-			// Nothing was sent on this try, and what earlier tries sent was refused.
-			return nil, notSent(gaveUp(ctx, err, refused))
+			return nil, gaveUp(ctx, err, refused)
 		}
 		res, err := conn.ExecContext(ctx, q, args...)
 		full := isOutOfRoom(err)
 		if err == nil || !(isReadOnly(err) || full) {
 			_ = conn.Close()
-			if errors.Is(err, driver.ErrBadConn) {
-				// A conn of its own is not retried by database/sql: the driver found it dead
-				// before writing (go-sql-driver's errBadConnNoWrite).
-				return nil, notSent(gaveUp(ctx, err, refused))
-			}
 			return res, gaveUp(ctx, err, refused)
 		}
 		msg := "database disk full, retrying"
@@ -188,17 +180,15 @@ func (s *Store) execUntilWritable(ctx context.Context, what string, fields []zap
 			s.dropReadOnly(conn)
 			msg = "database unavailable, retrying"
 		}
-		// This try's own refusal, read as it came (not through gaveUp, which names a refusal
-		// for a later try the deadline cut): nothing of any try was written.
 		refused = err
 		if ctx.Err() != nil {
-			return nil, notSent(fmt.Errorf("%w (gave up: %v)", err, ctx.Err()))
+			return nil, fmt.Errorf("%w (gave up: %v)", err, ctx.Err())
 		}
 		s.log.Warn(msg, append([]zap.Field{zap.String("op", what), zap.Int("attempt", attempt),
 			zap.Duration("backoff", backoff), zap.Error(err)}, fields...)...)
 		select {
 		case <-ctx.Done():
-			return nil, notSent(fmt.Errorf("%w (gave up: %v)", err, ctx.Err()))
+			return nil, fmt.Errorf("%w (gave up: %v)", err, ctx.Err())
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, s.retry.MaxBackoff)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -37,7 +38,7 @@ func TestUsagePartsStoredApart(t *testing.T) {
 	e.admit(u, "r_parts_row", holds.StateRunning)
 	half := pricing.Usage{Input: 520, AudioInput: 500, CacheRead: 3, CacheWrite: 209, CacheWrite1h: 200, Output: 150, AudioOutput: 125}
 	for _, call := range []pricing.Usage{half, partsUsage.Sub(half)} {
-		if ok, err := e.store.RecordRunCall(e.ctx(), "r_parts_row", time.Hour, call, cost/2, 1, false); err != nil || !ok {
+		if ok, err := e.store.RecordRunCall(e.ctx(), "r_parts_row", token.New(), time.Hour, call, cost/2, 1, false); err != nil || !ok {
 			t.Fatalf("record call: %v, %v", ok, err)
 		}
 	}

@@ -48,7 +48,8 @@ type call struct {
 	// reserving: this call of a named run reserved (or tried to reserve) part of the run's
 	// budget under callID (reserveRunBudget); its tally gives it back.
 	reserving bool
-	callID    string
+	// callID is a named run's call's own id: its reservation's and its record's.
+	callID string
 	// tallied: the call's tally must not be written again. For a named run's call the write
 	// landed (finish retries one that did not); a plain call's one attempt
 	// (tallyWithFingerprint) counts however it went, as a retry after a lost reply would count
@@ -58,13 +59,13 @@ type call struct {
 	// have landed): the call's tally is corrected by what its settlement finds beyond it
 	// (usage reported after a stream's final event), never on top of a write that may be missing.
 	talliedAs *holds.Settlement
-	// recorded: this call of a named run has been recorded on its run's row (recordRunCall),
-	// which is done once: the row's figures are sums. A record that reached no database leaves
-	// it false, to be sent again (retryRunCallEnd).
+	// recorded: this call of a named run has been recorded on its run's row (recordRunCall).
+	// A record that failed leaves it false, to be sent again (retryRunCallEnd): the row counts
+	// a call once however often its record is sent.
 	recorded bool
-	// recordAs: a record of this call reached no database, and was logged; it is sent again
-	// with these figures (recordRunCall), in the background alone (finishRunCall), and a later
-	// try that lands says so.
+	// recordAs: a record of this call failed, and was logged; it is sent again with these
+	// figures (recordRunCall), in the background alone (finishRunCall), and a later try that
+	// lands says so.
 	recordAs *holds.Settlement
 	// recordMarked: its tally marked the call's record as still to come (a run whose Redis
 	// record lost calls: runstate.RunBudget.ReleaseBeforeRecord), which recordRunCall drops.
@@ -78,9 +79,9 @@ type call struct {
 	// tallyMissed: a tally write of this call failed and was logged; a later try that lands
 	// says so (tallyCall), or the log misleads.
 	tallyMissed bool
-	// recordFailed: its record on its run's row failed (recordRunCall), which may or may not
-	// have landed, or never reached the database until settle_timeout (retryRunCallEnd): a
-	// tally that never lands may then leave the call out of its run's charge.
+	// recordFailed: its record on its run's row never landed, tried until settle_timeout
+	// (retryRunCallEnd): a tally that never lands may then leave the call out of its run's
+	// charge.
 	recordFailed bool
 	// leased: this call holds a lease on its run (taken just before forwarding), which it must
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
@@ -242,6 +243,11 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 
 	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),
 		inRun: clientRunID != "", idem: idem, held: time.Now()}
+	if c.inRun {
+		// Its budget reservation and its record on the run's row name it by this, so a record
+		// sent again is counted once (holds.Store.RecordRunCall).
+		c.callID = token.New()
+	}
 	s.metrics.admitPhase.Observe(c.held.Sub(in.arrived).Seconds())
 	if idem != nil || sessionID != "" {
 		c.rw = &respWriter{ResponseWriter: w, capture: idem != nil, limit: s.cfg.Dedup.MaxReplayLen}

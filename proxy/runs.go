@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -69,7 +68,6 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 		want = min(want, req.boundPrice().WorstCase(req.promptEstimate(), min(maxOut, pricing.MaxTokens)))
 	}
 	want = max(want, least)
-	c.callID = token.New()
 	// The run's calls share one hold, so one slot of the user's max_in_flight: without a bound
 	// here a caller could run any number of calls at once under one name.
 	rctx, cancel := redisStep(ctx)
@@ -103,12 +101,13 @@ func (s *Server) reserveRunBudget(ctx context.Context, c *call, budget int64) (i
 // before its end reaches the caller, see tallyBeforeAnswer), and pushes the run's expiry out:
 // the row records the call as well as the tally, which is lost with a Redis restart.
 //
-// A record that reached no database (holds.ErrNotSent: no connection could be had, or the
-// pooled one was found dead before the statement left) cannot count the call twice when sent
-// again, so it is left to be, with the same figures: the call's end tries it until
-// settle_timeout (retryRunCallEnd), and the record-to-come mark its tally may have left keeps
-// the run from being settled without it meanwhile, until the mark lapses (lease_ttl). Given
-// up, a Redis restart before the run settles took the call's one record, its tally, with it.
+// A record that failed, whether or not it landed (its reply lost, cut by admit_timeout, the
+// database out of reach or not taking writes), is left to be sent again with the same
+// figures: the row counts a call once however often it is sent (holds.Store.RecordRunCall,
+// by the call's id). The call's end tries it until settle_timeout (retryRunCallEnd), and the
+// record-to-come mark its tally may have left keeps the run from being settled without it
+// meanwhile, until the mark lapses (lease_ttl). Given up, a Redis restart before the run
+// settles took the call's one record, its tally, with it.
 func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement) {
 	if c.recorded {
 		return
@@ -126,22 +125,15 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 	if st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
 		calls = 0
 	}
-	live, err := s.store.RecordRunCall(ectx, c.runID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls, st.Estimated)
+	live, err := s.store.RecordRunCall(ectx, c.runID, c.callID, s.cfg.Holds.RunTTL, st.Usage, st.CostMicro, calls, st.Estimated)
 	switch {
-	case errors.Is(err, holds.ErrNotSent):
+	case err != nil:
 		c.recorded = false
 		if c.recordAs == nil {
 			c.recordAs = &st
-			c.log.Warn("run call not recorded, the database out of reach or not taking writes; tried again until settle_timeout", zap.Error(err))
+			c.log.Warn("run call not recorded; tried again until settle_timeout, counted once however often it lands", zap.Error(err))
 		}
 		return
-	case err != nil:
-		// Not retried: the record adds, and a failure whose UPDATE may have landed (its reply
-		// lost) would be counted twice. One refused by a read_only server or a full disk
-		// RecordRunCall has retried, within admit_timeout. The row's record only stands in for
-		// a tally a Redis restart lost; the tally has this call.
-		c.recordFailed = true
-		c.log.Warn("run call not recorded, expiry not extended", append(callFigures(st), zap.Error(err))...)
 	case c.recordAs != nil && !live:
 		// Its settlement read the call from the run's tally, or charged without it.
 		c.log.Warn("run call's record came after its run was settled", callFigures(st)...)
@@ -364,7 +356,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 	}
 	// The tally's mark of calls charged an estimate stands whichever record is charged, as the
 	// reconciler's does: the row's own mark is kept by the settlement, but a call whose record
-	// on the row failed (RecordRunCall is not retried) left it there alone.
+	// on the row never landed (retryRunCallEnd gave up) left it there alone.
 	estimated := found && t.EstimatedCalls > 0
 	if !fresh.RecordBelievable() {
 		// Recorded counts it none: settled from, its negative cost panicked the store.

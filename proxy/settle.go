@@ -85,7 +85,7 @@ func (s *Server) finishRunCall(ctx context.Context, c *call, st holds.Settlement
 		c.tallied = s.tallyCall(ctx, c, st)
 	}
 	if c.recordAs == nil {
-		// One that reached no database before the answer's end is tried again in the
+		// One that failed before the answer's end is tried again in the
 		// background below, not here, where the caller's connection waits for it.
 		s.recordRunCall(ctx, c, st)
 	}

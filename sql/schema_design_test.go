@@ -16,7 +16,9 @@ import (
 // is stored as its SHA-256 (BINARY(32)), and run_holds has the reconciler's index led by
 // (state, expires_at) and the admission aggregate's led by (user_id, state). (§7 sketches
 // the user's index as (user_id, state, expires_at); migration 020 ends it in settled_at
-// instead, for the usage report: the aggregate reads only its (user_id, state) prefix.)
+// instead, for the usage report: the aggregate reads only its (user_id, state) prefix.) Beyond
+// the sketch, run_calls is keyed by (run_id, call_id): a named run's call whose record is sent
+// again is counted once.
 func TestSchemaFollowsTheDesign(t *testing.T) {
 	db := testenv.MySQL(t)
 	var cols []struct {
@@ -92,6 +94,7 @@ func TestSchemaFollowsTheDesign(t *testing.T) {
 		{"grants", "idempotency_key", true, false, false, "a grant retried is credited once"},
 		{"run_holds", "state,expires_at", false, false, true, "the reconciler's scan of expired holds"},
 		{"run_holds", "user_id,state", false, false, true, "the admission aggregate over a user's live holds"},
+		{"run_calls", "run_id,call_id", true, true, false, "a named run's call recorded twice is counted once"},
 	} {
 		if !has(k.table, k.columns, k.unique, k.primary, k.prefix) {
 			t.Errorf("%s has no index on (%s) (unique %v, primary %v, leading %v): %s", k.table, k.columns, k.unique, k.primary, k.prefix, k.why)

@@ -11,6 +11,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -21,10 +23,9 @@ import (
 // the only one of the calls after. The database then goes out of reach as the run's second
 // call ends (at its final event: the call's record on the run's row is its next write), so
 // that record reaches no database. Settled with the second call missing from its row, the run
-// was charged the larger of the two records, the first call alone. A record that reached no
-// database cannot count the call twice, so it is sent again in the background until it lands,
-// the run's settle waiting for it meanwhile (its tally's record-to-come mark): once the
-// database is back, the settle charges both calls, each once.
+// was charged the larger of the two records, the first call alone. The record is sent again in
+// the background until it lands, the run's settle waiting for it meanwhile (its tally's
+// record-to-come mark): once the database is back, the settle charges both calls, each once.
 func TestNamedRunCallRecordedOnceTheDatabaseIsBack(t *testing.T) {
 	dsn, lossyDB := testenv.LossyMySQLDSN(t)
 	core, logs := observer.New(zap.InfoLevel)
@@ -39,7 +40,7 @@ func TestNamedRunCallRecordedOnceTheDatabaseIsBack(t *testing.T) {
 
 	callWithDatabaseDown(t, h, lossyDB, key, streamBody, run, "answer final")
 	// Logged before the caller had the answer's end.
-	if n := logs.FilterMessage("run call not recorded, the database out of reach or not taking writes; tried again until settle_timeout").Len(); n != 1 {
+	if n := logs.FilterMessage(runCallNotRecordedLog).Len(); n != 1 {
 		t.Fatalf("%d warnings of the record that reached no database, want 1: %v", n, logs.All())
 	}
 	lossyDB.Restore()
@@ -54,6 +55,72 @@ func TestNamedRunCallRecordedOnceTheDatabaseIsBack(t *testing.T) {
 	if r := h.run(u.ID, runID); r.OutTok != 45 || r.Calls != 2 {
 		t.Fatalf("settled run: %d output tokens over %d calls, charged %d; want both calls (45 output tokens) charged, once",
 			r.OutTok, r.Calls, r.ChargedMicro)
+	}
+}
+
+// runCallNotRecordedLog is what a gateway logs of a named run's call whose record on the run's
+// row failed before the answer's end, once: it is sent again in the background.
+const runCallNotRecordedLog = "run call not recorded; tried again until settle_timeout, counted once however often it lands"
+
+// TestNamedRunCallRecordCutWhileSentIsSentAgain: as TestNamedRunCallRecordedOnceTheDatabaseIsBack,
+// but the second call's record is sent, and then waits for the run's row, which another
+// transaction holds (an operator's console, a long report), until the lock wait ends it and
+// admit_timeout cuts it. Such a record may or may not have landed as far as the gateway can
+// tell, and was never sent again, since a record whose statement had run counted the call
+// twice sent again: with the run's Redis tally lost, its settle charged the first call alone
+// (40 of the 45 output tokens). The row now counts a call once however often its record is
+// sent, so it is sent again until it lands, once the row is free.
+func TestNamedRunCallRecordCutWhileSentIsSentAgain(t *testing.T) {
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
+	core, logs := observer.New(zap.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{db: testenv.Open(t, cfg.FormatDSN()), log: zap.New(core)}, func(c *config.Config) {
+		c.Limits.AdmitTimeout = 1500 * time.Millisecond // the record's first send: past one lock wait
+		c.Limits.SettleTimeout = 30 * time.Second       // the tries outlast the lock
+	})
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-record-cut"}
+	runID := firstRunCall(t, h, key, run, 40)
+	loseRunKeys(t, h, runID)
+
+	console := testenv.ConsoleTx(t, h.db)
+	var locked sync.Once
+	h.srv.ObserveSteps(func(_ context.Context, at string) {
+		if at == "answer final" {
+			locked.Do(func() {
+				if _, err := console.Exec("SELECT run_id FROM run_holds WHERE run_id = ? FOR UPDATE", runID); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	})
+	resp := h.post(key, "/v1/chat/completions", streamBody, with(run, fakellm.HeaderChunks, "5"))
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("call: %d", resp.StatusCode)
+	}
+	// Logged before the caller had the answer's end.
+	if n := logs.FilterMessage(runCallNotRecordedLog).Len(); n != 1 {
+		t.Fatalf("%d warnings of the record cut while it waited for the run's row, want 1: %v", n, logs.All())
+	}
+	if err := console.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	h.settled() // the record's tries included
+	if n := logs.FilterMessage("run call recorded on a later try").Len(); n != 1 {
+		t.Fatalf("%d lines of the record landing on a later try, want 1: %v", n, logs.All())
+	}
+
+	if status, body := settleAfterRebuild(h, key, "task-record-cut", runID); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	if r := h.run(u.ID, runID); r.OutTok != 45 || r.Calls != 2 || r.EndedCalls != 2 {
+		t.Fatalf("settled run: %d output tokens over %d calls (%d ended), charged %d; want both calls (45 output tokens) charged, once",
+			r.OutTok, r.Calls, r.EndedCalls, r.ChargedMicro)
 	}
 }
 
