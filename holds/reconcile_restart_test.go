@@ -62,8 +62,8 @@ func TestReconciledNamedRunKeepsItsEstimatedMark(t *testing.T) {
 }
 
 // TestReconcileNamedRunWhoseTallyIsAheadOfItsRow: the row's record of a named run's calls is
-// a lower bound (a RecordRunCall whose reply was lost is not sent again); the tally, unless Redis
-// lost it, is exact. A run whose row missed its last call is settled from the tally, which says
+// a lower bound (a RecordRunCall that failed on every try until settle_timeout is missing from
+// it); the tally, unless Redis lost it, is exact. A run whose row missed its last call is settled from the tally, which says
 // more, not from the row: taking the row whenever it recorded anything charged that call
 // nothing.
 func TestReconcileNamedRunWhoseTallyIsAheadOfItsRow(t *testing.T) {

@@ -286,8 +286,9 @@ func (s *Store) withRetry(ctx context.Context, what string, try func() error) er
 // retry log says "database disk full, retrying"). Such a refusal is known not to have landed:
 // the refused statement ran nothing, and a transaction it stopped is rolled back before its
 // COMMIT. For work that waits on nobody's call (the reconciler's, an operator's), where one
-// given up at once left the work undone for a disk an operator frees in a minute; an
-// admission is refused at once instead (nothing held).
+// given up at once left the work undone for a disk an operator frees in a minute, and for a
+// named run's call record, which its caller's answer waits for within admit_timeout and which
+// is sent again after it; an admission is refused at once instead (nothing held).
 //
 // A try that runs into ctx's end after a refusal fails with the context's error; the refusal
 // waited on is answered in its place (gaveUp), so a full disk's is told apart (IsOutOfRoom).

@@ -135,8 +135,9 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 		}
 		return
 	case c.recordAs != nil && !live:
-		// Its settlement read the call from the run's tally, or charged without it.
-		c.log.Warn("run call's record came after its run was settled", callFigures(st)...)
+		// Its settlement charged the call from an earlier try that landed unanswered, or from
+		// the run's tally, or (both missing) without it.
+		c.log.Warn("run call's record, sent again, found its run settled", callFigures(st)...)
 	case c.recordAs != nil:
 		c.log.Info("run call recorded on a later try")
 	}

@@ -41,7 +41,7 @@ func TestNamedRunCallRecordedOnceTheDatabaseIsBack(t *testing.T) {
 	callWithDatabaseDown(t, h, lossyDB, key, streamBody, run, "answer final")
 	// Logged before the caller had the answer's end.
 	if n := logs.FilterMessage(runCallNotRecordedLog).Len(); n != 1 {
-		t.Fatalf("%d warnings of the record that reached no database, want 1: %v", n, logs.All())
+		t.Fatalf("%d warnings of the record that failed, want 1: %v", n, logs.All())
 	}
 	lossyDB.Restore()
 	h.settled() // the record's tries included
@@ -124,9 +124,9 @@ func TestNamedRunCallRecordCutWhileSentIsSentAgain(t *testing.T) {
 	}
 }
 
-// runCallNeverRecordedLog is what a gateway logs of a named run's call whose record reached no
-// database until settle_timeout while its tally was written: the tally is then its one record.
-const runCallNeverRecordedLog = "run call never recorded on its run's row, the database out of reach or not taking writes until settle_timeout; its tally is its one record"
+// runCallNeverRecordedLog is what a gateway logs of a named run's call whose record failed on
+// every try until settle_timeout while its tally was written: the tally is then its one record.
+const runCallNeverRecordedLog = "run call's record on its run's row failed on every try until settle_timeout; unless a try landed unanswered, its tally is its one record"
 
 // TestNamedRunCallWhoseRecordNeverReachesTheDatabase: the database stays out of reach from a
 // named run's call's admission until past settle_timeout, so the call's record on its row is

@@ -147,7 +147,7 @@ func callFigures(st holds.Settlement) []zap.Field {
 // landed or settle_timeout has passed, each write safe to repeat: its tally (the run's only
 // record of the call in Redis and, for a call that used nothing, the evidence that keeps a run
 // nobody comes back to from being charged its hold), then its record on the run's row when
-// that reached no database (recordRunCall), and the drop of its record-to-come mark once the
+// that failed (recordRunCall), and the drop of its record-to-come mark once the
 // record is written. Neither a pause nor the last try outlasts settle_timeout: the drain waits
 // for this work within the exit's bound (drain + settle_timeout + 5 s), which a sleep past the
 // deadline and a write after it (2 s each) left a second of. The first pause is at most half
@@ -170,7 +170,7 @@ func (s *Server) retryRunCallEnd(ctx context.Context, c *call, st holds.Settleme
 		// Its record-to-come mark, if its tally left one, has lapsed (lease_ttl) or soon does.
 		c.recordFailed = true
 		if c.tallied {
-			c.log.Warn("run call never recorded on its run's row, the database out of reach or not taking writes until settle_timeout; its tally is its one record",
+			c.log.Warn("run call's record on its run's row failed on every try until settle_timeout; unless a try landed unanswered, its tally is its one record",
 				callFigures(*c.recordAs)...)
 		}
 	}
