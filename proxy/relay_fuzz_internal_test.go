@@ -22,6 +22,7 @@ import (
 	"github.com/tollgate/tollgate/internal/fixtures"
 	"github.com/tollgate/tollgate/internal/plans"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/metering/runstate"
 )
@@ -182,7 +183,9 @@ func FuzzRelayStream(f *testing.F) {
 		c := &call{req: &callRequest{route: rt, stream: true, model: "fake-gpt", priceKey: key,
 			clientAskedUsage: mode&relayAsked != 0, price: price, upstream: &config.Upstream{Name: "fake"}},
 			meter: metering.NewMeter(rt.format), log: zap.NewNop(), runID: "r_" + testenv.RandomID(8), inRun: inRun}
-		if !inRun {
+		if inRun {
+			c.callID = token.New() // as the call's creation names a named run's call
+		} else {
 			c.fpKey = rf.keys.Dedup(1, testenv.RandomID(8))
 		}
 		body := &countingReader{r: &cutReader{rest: bytes.Clone(in), cuts: cuts, end: end}}
