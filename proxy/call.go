@@ -74,7 +74,7 @@ type call struct {
 	// lost): the tally's later try, once the call is recorded, drops it (tallyCall).
 	recordMarkUnknown bool
 	// recordMarkLeft: recordRunCall's drop of the mark failed; the call's end tries it again
-	// (retryRecordMark).
+	// (retryRunCallEnd).
 	recordMarkLeft bool
 	// tallyMissed: a tally write of this call failed and was logged; a later try that lands
 	// says so (tallyCall), or the log misleads.

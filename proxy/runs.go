@@ -145,8 +145,7 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 		// Its tally (ReleaseBeforeRecord) kept the run from being settled until now. A tally
 		// that failed left no mark, or (its reply lost) one its later try drops (tallyCall). A
 		// drop that fails here is not tried again before the caller has its answer, on a Redis
-		// that just failed: the call's end tries it again after (retryRecordMark,
-		// retryRunCallEnd).
+		// that just failed: the call's end tries it again after (retryRunCallEnd).
 		rctx, cancel := redisStep(context.WithoutCancel(ctx))
 		defer cancel()
 		if err := s.budgets.Recorded(rctx, c.runID, c.callID); err != nil {
@@ -156,17 +155,10 @@ func (s *Server) recordRunCall(ctx context.Context, c *call, st holds.Settlement
 	}
 }
 
-// retryRecordMark drops a call's record-to-come mark that recordRunCall failed to drop, until
-// a drop lands or settle_timeout has passed. Left, the mark kept every settle of the run at 409
-// run_busy, with nothing in flight, until it lapsed (the lease TTL, 30 s): after a Redis
-// slowdown the caller's settle, sent once Redis answered again, was refused that long. The
-// drop (an HDEL) is safe to repeat.
-func (s *Server) retryRecordMark(ctx context.Context, runID, callID string, log *zap.Logger) {
-	dropped := s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool { return s.recordMarkDropped(ctx, runID, callID) })
-	recordMarkRetried(log, dropped)
-}
-
-// recordMarkDropped tries once to drop a call's record-to-come mark, and reports whether it did.
+// recordMarkDropped tries once to drop a call's record-to-come mark, and reports whether it
+// did. Left, the mark kept every settle of the run at 409 run_busy, with nothing in flight,
+// until it lapsed (the lease TTL, 30 s): after a Redis slowdown the caller's settle, sent once
+// Redis answered again, was refused that long. The drop (an HDEL) is safe to repeat.
 func (s *Server) recordMarkDropped(ctx context.Context, runID, callID string) bool {
 	rctx, cancel := redisStep(ctx)
 	defer cancel()

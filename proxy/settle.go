@@ -92,20 +92,11 @@ func (s *Server) finishRunCall(ctx context.Context, c *call, st holds.Settlement
 	// The call is over; a run settled now must not find its lease (CloseRun refuses a leased
 	// run).
 	s.releaseLease(ctx, c)
-	if !c.tallied || !c.recorded {
+	if !c.tallied || !c.recorded || c.recordMarkLeft {
 		s.settlements.start()
 		s.inBackground(func() {
 			defer s.settlements.leave()
 			s.retryRunCallEnd(ctx, c, st)
-		})
-		return
-	}
-	if c.recordMarkLeft {
-		runID, callID, log := c.runID, c.callID, c.log
-		s.settlements.start()
-		s.inBackground(func() {
-			defer s.settlements.leave()
-			s.retryRecordMark(ctx, runID, callID, log)
 		})
 	}
 }
