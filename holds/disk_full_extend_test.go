@@ -28,12 +28,16 @@ func TestReconcilerExtendRefusedByAFullDiskIsTriedAgainUntilThereIsRoom(t *testi
 	if _, err := f.db.Exec("UPDATE users SET max_in_flight = ?, allowance_micro = ? WHERE id = ?", runs, int64(1)<<50, f.user.ID); err != nil {
 		t.Fatal(err)
 	}
+	// The calls outlive their holds: every hold runs out a microsecond after its admission,
+	// every run is still leased. Not by moving the holds' expiry back after the admissions:
+	// that changes a key of idx_run_holds_state_expires, whose old entries InnoDB's purge frees
+	// at a moment of its own, and pages it had freed before the pass gave the extensions' new
+	// index entries room on the full disk (the refusal this test needs was then never seen).
 	for i := range runs {
-		f.admit(fmt.Sprintf("r_full_extend_%04d", i))
-	}
-	// The calls outlive their holds: every hold has run out, every run is still leased.
-	if _, err := f.db.Exec("UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE user_id = ?", f.user.ID); err != nil {
-		t.Fatal(err)
+		if _, err := f.store.Admit(context.Background(), holds.AdmitRequest{RunID: fmt.Sprintf("r_full_extend_%04d", i),
+			UserID: f.user.ID, State: holds.StateRunning, TTL: time.Microsecond}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	f.fill()
 	rec := holds.NewReconciler(holds.ReconcilerConfig{
