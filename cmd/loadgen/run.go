@@ -89,6 +89,7 @@ type runner struct {
 	pids     map[string]int
 	pprof    string
 	profDir  string
+	outDir   string // the results file's directory: profiles are named relative to it
 	stamp    string
 	clients  map[string]*http.Client
 	runs     []*Run
@@ -128,8 +129,11 @@ func runCmd(args []string) error {
 		return err
 	}
 	defer r.db.Close()
-	if r.profDir == "" && *out != "" {
-		r.profDir = filepath.Join(filepath.Dir(*out), "profiles-"+r.stamp)
+	if *out != "" {
+		r.outDir = filepath.Dir(*out)
+		if r.profDir == "" {
+			r.profDir = filepath.Join(r.outDir, "profiles-"+r.stamp)
+		}
 	}
 
 	t0 := time.Now()
@@ -568,7 +572,9 @@ func (r *runner) checkGateway(ctx context.Context, run *Run, sc scenario, gatewa
 	return nil
 }
 
-// profile fetches a CPU and an allocation profile of the gateway over the next sec seconds.
+// profile fetches a CPU and an allocation profile of the gateway over the next sec seconds. The
+// files are named relative to the results file (profileName): results are committed, and a
+// path of the machine that ran them means nothing on another.
 func (r *runner) profile(name string, sec int) []string {
 	if err := os.MkdirAll(r.profDir, 0o755); err != nil {
 		return []string{"error: " + err.Error()}
@@ -594,10 +600,10 @@ func (r *runner) profile(name string, sec int) []string {
 			err = cerr
 		}
 		if err != nil {
-			done <- "error: " + file + ": " + err.Error()
+			done <- "error: " + r.profileName(file) + ": " + err.Error()
 			return
 		}
-		done <- file
+		done <- r.profileName(file)
 	}
 	s := strconv.Itoa(sec)
 	go get("cpu", "/debug/pprof/profile?seconds="+s)
@@ -605,6 +611,19 @@ func (r *runner) profile(name string, sec int) []string {
 	out = append(out, <-done, <-done)
 	slices.Sort(out)
 	return out
+}
+
+// profileName is file relative to the results file's directory, or as given where it is not
+// under it (-profile-dir elsewhere, or no -out).
+func (r *runner) profileName(file string) string {
+	if r.outDir == "" {
+		return file
+	}
+	rel, err := filepath.Rel(r.outDir, file)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return file
+	}
+	return rel
 }
 
 func loadavg() string {
