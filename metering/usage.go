@@ -106,6 +106,9 @@ type Meter struct {
 	// whose message_start carries no usage and whose message_delta counts the output alone):
 	// read as 0, the prompt went unbilled.
 	anthropicInput bool
+	// anthropicOutputMissing: a whole Anthropic answer's usage gave no output_tokens (absent,
+	// null or no number). Read as 0, the answer's text went unbilled.
+	anthropicOutputMissing bool
 }
 
 // NewMeter returns a Meter for responses in format f.
@@ -148,7 +151,11 @@ func (m *Meter) Body(body []byte) {
 		keepName(&m.res.Model, gjson.Get(s, "model"), false)
 		if u := gjson.Get(s, "usage"); u.IsObject() {
 			m.anthropicUsage(u)
+			// A whole answer's usage is its last word, not message_start's placeholder; one
+			// that gives no output count (a compatible server's) says nothing of the output,
+			// as an OpenAI-shaped one without completion_tokens does (outputUnreported).
 			m.outputFinal = true
+			m.anthropicOutputMissing = !m.anthropicUsage(u)
 		}
 		gjson.Get(s, "content").ForEach(func(_, c gjson.Result) bool {
 			m.res.OutputChars += strLen(c.Get("text")) + strLen(c.Get("thinking"))
@@ -238,12 +245,18 @@ func (m *Meter) Result() Result {
 	return r
 }
 
-// outputUnreported reports whether an OpenAI-shaped usage was reported without any figure of
-// the output: neither completion_tokens (output_tokens) nor total_tokens. An embedding has no
-// output, and an Anthropic usage's output count is judged by outputFinal.
+// outputUnreported reports whether a usage was reported without any figure of the output:
+// an OpenAI-shaped one with neither completion_tokens (output_tokens) nor total_tokens, a whole
+// Anthropic answer's without output_tokens. An embedding has no output, and an Anthropic
+// stream's output count is judged by outputFinal.
 func (m *Meter) outputUnreported() bool {
-	return m.res.Reported && m.format != FormatEmbeddings && m.format != FormatAnthropic &&
-		!m.reported[figCompletion].seen && !m.reported[figTotal].seen
+	switch {
+	case !m.res.Reported || m.format == FormatEmbeddings:
+		return false
+	case m.format == FormatAnthropic:
+		return m.anthropicOutputMissing
+	}
+	return !m.reported[figCompletion].seen && !m.reported[figTotal].seen
 }
 
 // UpstreamError reports whether the response carried an error event or object so far: cheap
@@ -475,11 +488,8 @@ func (m *Meter) anthropicEvent(s, typ string) {
 		}
 		keepName(&m.res.Model, gjson.Get(s, "message.model"), false)
 	case "message_delta":
-		if u := gjson.Get(s, "usage"); u.IsObject() {
-			m.anthropicUsage(u)
-			if _, ok := first(u, "output_tokens"); ok || u.Get("iterations").IsArray() {
-				m.outputFinal = true
-			}
+		if u := gjson.Get(s, "usage"); u.IsObject() && m.anthropicUsage(u) {
+			m.outputFinal = true
 		}
 	case "content_block_delta":
 		d := gjson.Get(s, "delta")
@@ -517,8 +527,9 @@ const anthropicOutput = 3
 // writes): a cumulative count cannot fall to nothing, and Anthropic-compatible servers
 // (SGLang's /v1/messages, among others) send message_delta's input_tokens as 0 after
 // message_start gave the count. Replaced, the prompt was billed at 0. The output's 0 still
-// replaces message_start's placeholder.
-func (m *Meter) anthropicUsage(u gjson.Result) {
+// replaces message_start's placeholder. It reports whether u gave a count of the output (at
+// the top or in an iteration): one that did not says nothing of it.
+func (m *Meter) anthropicUsage(u gjson.Result) (outputCounted bool) {
 	var sum [len(anthropicFields)]int64
 	var inIter, top [len(anthropicFields)]bool
 	u.Get("iterations").ForEach(func(_, it gjson.Result) bool {
@@ -546,6 +557,7 @@ func (m *Meter) anthropicUsage(u gjson.Result) {
 		m.res.Reported = true
 	}
 	m.anthropicInput = m.anthropicInput || inIter[0] || top[0]
+	return inIter[anthropicOutput] || top[anthropicOutput]
 }
 
 // TrimBody is a whole body without the white space around it or a leading UTF-8 byte order

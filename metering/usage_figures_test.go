@@ -191,3 +191,38 @@ func TestMeterCountInAStringIsTheCount(t *testing.T) {
 		t.Errorf("huge counts in strings: got %+v, want both at MaxTokens", got)
 	}
 }
+
+// A whole Anthropic answer whose usage gives no output count — output_tokens absent, null or
+// not a number, as an Anthropic-compatible server may write it — says nothing of the output,
+// as the same answer streamed without its final count does: the output is the estimate of the
+// text it carried, marked estimated. The whole answer's usage was taken as final, and its
+// output billed 0.
+func TestMeterAnthropicBodyWithoutOutputCountBillsTheOutputEstimate(t *testing.T) {
+	text := strings.Repeat("x", 4000)
+	est := EstimateOutputTokens(int64(len(text)))
+	for _, usage := range []string{`{"input_tokens":10}`, `{"input_tokens":10,"output_tokens":null}`,
+		`{"input_tokens":10,"output_tokens":"n/a"}`, `{"iterations":[{"input_tokens":10}]}`} {
+		m := NewMeter(FormatAnthropic)
+		m.Body([]byte(`{"type":"message","model":"m","content":[{"type":"text","text":"` + text + `"}],"usage":` + usage + `}`))
+		if want := (pricing.Usage{Input: 10, Output: est}); m.Result().Usage != want || !m.Result().Estimated {
+			t.Errorf("body %s: got %+v, want usage %+v, estimated", usage, m.Result(), want)
+		}
+		if m.Result().StartOnly {
+			t.Errorf("body %s: StartOnly set on a whole answer's usage (it names a stream's message_start alone)", usage)
+		}
+		streamed := meterEvents(FormatAnthropic, data(`{"type":"message_start","message":{"model":"m","usage":{"input_tokens":10}}}`),
+			data(`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"`+text+`"}}`),
+			data(`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":`+usage+`}`))
+		if want := (pricing.Usage{Input: 10, Output: est}); streamed.Usage != want || !streamed.Estimated {
+			t.Errorf("stream %s: got %+v, want usage %+v, estimated", usage, streamed, want)
+		}
+	}
+	// A count, 0 included, is the provider's word: no estimate.
+	for _, usage := range []string{`{"input_tokens":10,"output_tokens":0}`, `{"iterations":[{"input_tokens":10,"output_tokens":0}]}`} {
+		m := NewMeter(FormatAnthropic)
+		m.Body([]byte(`{"type":"message","content":[{"type":"text","text":"` + text + `"}],"usage":` + usage + `}`))
+		if got := m.Result(); got.Usage != (pricing.Usage{Input: 10}) || got.Estimated {
+			t.Errorf("body %s: got %+v, want input 10, not estimated", usage, got)
+		}
+	}
+}
