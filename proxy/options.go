@@ -80,6 +80,9 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 		if t := firstTool(root, "web_search"); t != "" {
 			return "the tool '" + t + "' (a router's web search: a per-result fee)"
 		}
+		if t := firstTool(root, xaiServerTools...); t != "" {
+			return "the server tool '" + t + "' (a per-call fee)"
+		}
 		// A router's or Gemini's image generation: the image's output tokens are billed at an
 		// image rate many times the text output price (30 against 2.50 USD/M on Gemini 2.5
 		// Flash Image), and the usage counts them in completion_tokens.
@@ -91,6 +94,9 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 	case metering.FormatResponses:
 		if t := firstTool(root, "web_search", "file_search", "code_interpreter", "image_generation"); t != "" {
 			return "the hosted tool '" + t + "' (a per-call fee)"
+		}
+		if t := firstTool(root, xaiServerTools...); t != "" {
+			return "the server tool '" + t + "' (a per-call fee)"
 		}
 		if hostedShell(root) {
 			return "the hosted 'shell' (an 'environment' other than 'local': a per-container fee)"
@@ -273,6 +279,12 @@ func cacheControls(raw string) (marked, long bool) {
 	}
 	return marked, false
 }
+
+// xaiServerTools are the tool types of xAI's server-side tools not named as OpenAI's hosted
+// ones are (its web search, code interpreter and file search take those names): xAI runs them
+// and bills each call beside the tokens (2.50–10 USD per thousand). Its Responses API takes
+// them, and its SDKs' names for them are refused on the chat route too.
+var xaiServerTools = []string{"x_search", "code_execution", "collections_search", "attachment_search"}
 
 // firstTool returns the type of the first entry of the request's tools whose type starts
 // with one of families (types carry a version or variant: web_search_preview,

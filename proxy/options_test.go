@@ -43,6 +43,12 @@ func TestOptionsBilledAtOtherRatesAreRefused(t *testing.T) {
 		{"hosted shell in a new container", responses, `{"model":"fake-gpt","tools":[{"type":"shell","environment":{"type":"container_auto"}}],"input":"hi"}`, nil},
 		{"hosted shell in a named container", responses, `{"model":"fake-gpt","tools":[{"type":"shell","environment":{"type":"container_reference","container_id":"cntr_1"}}],"input":"hi"}`, nil},
 		{"hosted shell behind a repeated local environment", responses, `{"model":"fake-gpt","tools":[{"type":"shell","environment":{"type":"local"},"environment":{"type":"container_auto"}}],"input":"hi"}`, nil},
+		// xAI's server tools: a fee per call (its web search and code interpreter take
+		// OpenAI's names).
+		{"xai x search", responses, `{"model":"fake-gpt","tools":[{"type":"x_search"}],"input":"hi"}`, nil},
+		{"xai collections search", responses, `{"model":"fake-gpt","tools":[{"type":"collections_search","collection_ids":["c1"]}],"input":"hi"}`, nil},
+		{"xai x search on chat", chat, `{"model":"fake-gpt","tools":[{"type":"x_search"}],"messages":[{"role":"user","content":"hi"}]}`, nil},
+		{"xai code execution on chat", chat, `{"model":"fake-gpt","tools":[{"type":"code_execution"}],"messages":[{"role":"user","content":"hi"}]}`, nil},
 		{"hosted file search", responses, `{"model":"fake-gpt","tools":[{"type":"file_search","vector_store_ids":["vs_1"]}],"input":"hi"}`, nil},
 		{"tool type repeated", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","type":"web_search"}],"input":"hi"}`, nil},
 		{"tool type repeated after another key", responses, `{"model":"fake-gpt","tools":[{"type":"function","name":"f","name":"g","type":"web_search_preview"}],"input":"hi"}`, nil},
