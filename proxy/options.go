@@ -70,18 +70,19 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 		if t := tool.Get("type").Str; strings.HasPrefix(strings.ToLower(strings.TrimSpace(t)), "openrouter:") {
 			return "the router's server tool '" + t + "' (a per-use fee)"
 		}
+		if k := geminiGroundingKey(tool); k != "" {
+			return "Gemini's grounding tool '" + k + "' (a fee per search or grounded prompt)"
+		}
 	}
 	switch format {
 	case metering.FormatChat:
 		if v := root.Get("web_search_options"); v.Exists() && v.Type != gjson.Null {
 			return "'web_search_options' (a per-search fee)"
 		}
-		// OpenRouter's chat route takes the hosted tool's OpenAI names as its web search.
-		if t := firstTool(root, "web_search"); t != "" {
-			return "the tool '" + t + "' (a router's web search: a per-result fee)"
-		}
-		if t := firstTool(root, xaiServerTools...); t != "" {
-			return "the server tool '" + t + "' (a per-call fee)"
+		// OpenRouter's chat route takes the hosted tools' OpenAI names (its web search), as do
+		// Groq's and Mistral's chat routes theirs.
+		if t := firstTool(root, hostedToolsWithFees...); t != "" {
+			return "the hosted tool '" + t + "' (a fee per call or result)"
 		}
 		// A router's or Gemini's image generation: the image's output tokens are billed at an
 		// image rate many times the text output price (30 against 2.50 USD/M on Gemini 2.5
@@ -92,11 +93,8 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 			}
 		}
 	case metering.FormatResponses:
-		if t := firstTool(root, "web_search", "file_search", "code_interpreter", "image_generation"); t != "" {
-			return "the hosted tool '" + t + "' (a per-call fee)"
-		}
-		if t := firstTool(root, xaiServerTools...); t != "" {
-			return "the server tool '" + t + "' (a per-call fee)"
+		if t := firstTool(root, hostedToolsWithFees...); t != "" {
+			return "the hosted tool '" + t + "' (a fee per call or result)"
 		}
 		if hostedShell(root) {
 			return "the hosted 'shell' (an 'environment' other than 'local': a per-container fee)"
@@ -280,11 +278,36 @@ func cacheControls(raw string) (marked, long bool) {
 	return marked, false
 }
 
-// xaiServerTools are the tool types of xAI's server-side tools not named as OpenAI's hosted
-// ones are (its web search, code interpreter and file search take those names): xAI runs them
-// and bills each call beside the tokens (2.50–10 USD per thousand). Its Responses API takes
-// them, and its SDKs' names for them are refused on the chat route too.
-var xaiServerTools = []string{"x_search", "code_execution", "collections_search", "attachment_search"}
+// hostedToolsWithFees are the tool types (by prefix) that a provider on an OpenAI-shaped
+// route runs itself and bills per call, per search or per result beside the tokens, so that
+// the token prices cannot carry them: OpenAI's hosted tools (web_search*, file_search,
+// code_interpreter's container, image_generation at image rates), which routers (OpenRouter's
+// web search) and Mistral's connectors take on the chat route too; xAI's server tools (x_search,
+// code_execution, collections_search, attachment_search: 2.50–10 USD per thousand calls);
+// Perplexity's (fetch_url, finance_search, people_search, image_search: per call); and Groq's
+// browser_search (per search). Tools that cost tokens only (function, custom, mcp,
+// computer_use_preview, local_shell, apply_patch) pass.
+var hostedToolsWithFees = []string{"web_search", "file_search", "code_interpreter", "image_generation",
+	"x_search", "code_execution", "collections_search", "attachment_search",
+	"fetch_url", "finance_search", "people_search", "image_search", "browser_search"}
+
+// geminiGroundingKey returns the key of a tools entry in Gemini's own shape that asks for
+// grounding (googleSearch, google_search_retrieval, googleMaps, enterpriseWebSearch, in any
+// case and either spelling), or "". Routers serving Gemini (LiteLLM) pass such an entry on as
+// Gemini's grounding, billed per search query or grounded prompt (14–35 USD per thousand), and
+// it has no type for the hosted tools' check to read.
+func geminiGroundingKey(tool gjson.Result) string {
+	found := ""
+	tool.ForEach(func(k, _ gjson.Result) bool {
+		switch strings.ReplaceAll(strings.ToLower(k.Str), "_", "") {
+		case "googlesearch", "googlesearchretrieval", "googlemaps", "enterprisewebsearch":
+			found = k.Str
+			return false
+		}
+		return true
+	})
+	return found
+}
 
 // firstTool returns the type of the first entry of the request's tools whose type starts
 // with one of families (types carry a version or variant: web_search_preview,

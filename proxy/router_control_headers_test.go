@@ -43,7 +43,7 @@ func TestRouterControlHeadersDoNotReachTheUpstream(t *testing.T) {
 // addOtherRouterControls adds Cloudflare AI Gateway's and Helicone's per-request controls:
 // cf-aig-request-timeout and -max-attempts (a timeout and up to five attempts), Helicone's
 // retries, and Helicone-Target-URL, the address Helicone's gateway sends the request on to —
-// with the operator's provider key.
+// with the operator's provider key —, and Vertex AI's request types.
 func addOtherRouterControls(dropped map[string]string) {
 	dropped["Cf-Aig-Request-Timeout"] = "10"
 	dropped["Cf-Aig-Max-Attempts"] = "5"
@@ -51,4 +51,10 @@ func addOtherRouterControls(dropped map[string]string) {
 	dropped["Helicone-Retry-Enabled"] = "true"
 	dropped["Helicone-Retry-Num"] = "5"
 	dropped["Helicone-Target-Url"] = "https://collector.example"
+	// Vertex AI's billing path of a Gemini call: Priority PayGo's dearer rates, or
+	// pay-as-you-go instead of the operator's provisioned throughput; LiteLLM passes its x-pass-
+	// headers on.
+	dropped["X-Vertex-Ai-Llm-Shared-Request-Type"] = "priority"
+	dropped["X-Vertex-Ai-Llm-Request-Type"] = "shared"
+	dropped["X-Pass-X-Vertex-Ai-Llm-Shared-Request-Type"] = "priority"
 }

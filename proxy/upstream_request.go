@@ -64,8 +64,12 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 // Helicone's helicone-* (retries, and Helicone-Target-URL: where its gateway sends the request,
 // with the operator's provider key). With them a caller set the operator's router to time out
 // after the provider had the request (a non-2xx, charged 0, that the provider billed) or to run
-// it several times (billed once).
-var droppedPrefixes = []string{"X-Forwarded-", "X-Envoy-", "X-Litellm-", "X-Portkey-", "Cf-Aig-", "Helicone-"}
+// it several times (billed once). Vertex AI's X-Vertex-AI-LLM-* choose how a Gemini call is
+// billed: Shared-Request-Type priority at Priority PayGo's dearer rates (service_tier by another
+// name), Request-Type shared on pay-as-you-go rather than the operator's provisioned throughput;
+// LiteLLM passes either on from behind its x-pass- prefix.
+var droppedPrefixes = []string{"X-Forwarded-", "X-Envoy-", "X-Litellm-", "X-Portkey-", "Cf-Aig-", "Helicone-",
+	"X-Vertex-Ai-Llm-", "X-Pass-X-Vertex-Ai-Llm-"}
 
 // hasPrefixIn reports whether the canonical header name k starts with one of prefixes.
 func hasPrefixIn(k string, prefixes []string) bool {
