@@ -1,8 +1,14 @@
 package proxy_test
 
 import (
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"sync"
 	"testing"
+
+	"github.com/tidwall/gjson"
 
 	"github.com/tollgate/tollgate/config"
 )
@@ -70,5 +76,67 @@ func TestFallbackWithADearerAudioPriceBoundsAudioAtIt(t *testing.T) {
 	}
 	if got := up.last(t).Get("max_tokens").Int(); got <= 0 || got > most {
 		t.Fatalf("upstream got max_tokens=%d: with dear-gpt billing the clip at 100 USD/M the cap pays for at most %d", got, most)
+	}
+}
+
+// TestFallbackWithALargerOutputLimitIsBounded: a call sent without a bound, to a model whose
+// own limit its cap pays for, names a fallback with a larger limit. The gateway added no bound,
+// and the router, answering with the fallback, wrote to that model's own limit, billed at its
+// price: a cap of 500 000 µUSD, 1 000 050 µUSD of output, half of it charged to no one. A bound
+// is added where a model that may answer could pass the cap: the asked model's limit, or the
+// least limit among them, which no model that may answer refuses.
+func TestFallbackWithALargerOutputLimitIsBounded(t *testing.T) {
+	var mu sync.Mutex
+	var sent gjson.Result
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		sent = gjson.ParseBytes(b)
+		mu.Unlock()
+		// The router fell back to the last model of the list, which writes to the bound, else
+		// to its own limit (unknown-gpt's: 200 000).
+		model := gjson.GetBytes(b, "models|@reverse|0").Str
+		out := map[string]int64{"big-gpt": 128_000, "small-gpt": 8_192, "unknown-gpt": 200_000}[model]
+		if v := gjson.GetBytes(b, "max_tokens"); v.Exists() {
+			out = min(out, v.Int())
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"x","object":"chat.completion","model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":"..."},"finish_reason":"length"}],"usage":{"prompt_tokens":20,"completion_tokens":%d}}`, model, out)
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *configT) {
+		c.Upstreams = []config.Upstream{{Name: "router", Kind: "openai", BaseURL: up.URL, Models: []string{"*"}}}
+		m := c.Models["fake-gpt"] // 10 µUSD an output token: the default cap pays for ~50 000
+		m.MaxOutputTokens = 16_384
+		c.Models["fake-gpt"] = m
+		m.MaxOutputTokens = 128_000
+		c.Models["big-gpt"] = m // the same price, a larger limit
+		m.MaxOutputTokens = 8_192
+		c.Models["small-gpt"] = m
+		m.MaxOutputTokens = 0
+		c.Models["unknown-gpt"] = m // no known limit
+	})
+	u, key := h.user("standard")
+	for _, tc := range []struct {
+		name, models string
+		bound        int64 // the max_tokens forwarded, 0 for none
+	}{
+		{"a larger fallback", `["fake-gpt","big-gpt"]`, 16_384},
+		{"a larger and a smaller fallback", `["big-gpt","small-gpt"]`, 8_192},
+		{"a fallback without a known limit", `["unknown-gpt"]`, 16_384},
+		{"fallbacks within the cap", `["small-gpt"]`, 0},
+	} {
+		r, _ := h.answeredRun(u.ID, key, "/v1/chat/completions",
+			`{"model":"fake-gpt","models":`+tc.models+`,"messages":[{"role":"user","content":"write a long story"}]}`, nil)
+		mu.Lock()
+		got := sent.Get("max_tokens").Int()
+		mu.Unlock()
+		if got != tc.bound {
+			t.Errorf("%s: forwarded max_tokens %d, want %d", tc.name, got, tc.bound)
+		}
+		if r.CostMicro > r.CapMicro || r.ChargedMicro != r.CostMicro {
+			t.Errorf("%s: cost %d µUSD against a cap of %d, charged %d: %d charged to no one",
+				tc.name, r.CostMicro, r.CapMicro, r.ChargedMicro, r.CostMicro-r.ChargedMicro)
+		}
 	}
 }

@@ -86,6 +86,9 @@ type callRequest struct {
 	// fallbacks: the call names a router's fallback list, so an answer that does not name its
 	// model may be any of them (settlementAs bills it at fallbackPrice).
 	fallbacks bool
+	// fallbackLimits are the configured output limits of those fallbacks, any of which may
+	// answer a call sent without a bound of its own at its own limit (addedBound).
+	fallbackLimits outputLimits
 	// previousResponse and conversation name what a Responses request carries on from on the
 	// provider's side, whose context the provider bills as input though the body does not
 	// hold it; carried is that context's tokens as recorded when those answers completed
@@ -369,7 +372,7 @@ func (s *Server) checkOptions(c *callRequest, root topObject, header http.Header
 	}
 	for _, field := range fallbackLists {
 		list := root.Get(field)
-		if c.fallbackPrice, aerr = s.checkFallbacks(field, list, c.fallbackPrice, unpriced); aerr != nil {
+		if c.fallbackPrice, aerr = s.checkFallbacks(field, list, c.fallbackPrice, &c.fallbackLimits, unpriced); aerr != nil {
 			return aerr
 		}
 		c.fallbacks = c.fallbacks || list.IsArray() && list.Get("#").Int() > 0
@@ -595,14 +598,16 @@ var fallbackLists = []string{"models", "fallbacks", "providerOptions.gateway.mod
 // price. It returns price (the asked model's, made dearer by the lists checked before) made
 // dearer by every fallback's price, which the call's worst case is reckoned at: reckoned at the
 // asked model's alone, a dearer fallback's answer could cost several times the cap, and what
-// passed the cap went unpaid. A fallback without a price for work the call asks for (unpriced
+// passed the cap went unpaid. Each fallback's output limit goes into limits, for the same
+// reason: a fallback that may write more than the model asked for is bounded too (addedBound). A fallback without a price for work the call asks for (unpriced
 // names it: the context-1m beta, audio in or out, one-hour cache writes) is refused as the
 // model asked for would be: answering, it would bill that work at its text, short or
 // five-minute rates, the provider charging its own.
 //
 // LiteLLM's list may also hold objects, a model with messages of its own: a prompt the
 // estimate does not read, so refused too.
-func (s *Server) checkFallbacks(field string, models gjson.Result, price pricing.Price, unpriced func(pricing.Price) string) (pricing.Price, *apiError) {
+func (s *Server) checkFallbacks(field string, models gjson.Result, price pricing.Price, limits *outputLimits,
+	unpriced func(pricing.Price) string) (pricing.Price, *apiError) {
 	if !models.Exists() || models.Type == gjson.Null {
 		return price, nil
 	}
@@ -621,7 +626,7 @@ func (s *Server) checkFallbacks(field string, models gjson.Result, price pricing
 			aerr = notNames
 			return false
 		}
-		p, _, err := s.prices.Lookup(m.Str)
+		p, key, err := s.prices.Lookup(m.Str)
 		if err != nil {
 			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
 				"'%s' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", field, m.Str))
@@ -633,9 +638,28 @@ func (s *Server) checkFallbacks(field string, models gjson.Result, price pricing
 			return false
 		}
 		dearest = dearest.Dearest(p)
+		limits.add(s.cfg.Models[key].MaxOutputTokens)
 		return true
 	})
 	return dearest, aerr
+}
+
+// outputLimits gathers the configured output limits of a call's fallback models.
+type outputLimits struct {
+	most, least int64 // the largest and the smallest known limit, 0 when none is known
+	unknown     bool  // a fallback has no configured limit: it may write any length
+}
+
+// add counts one fallback's limit (0: unknown).
+func (l *outputLimits) add(limit int64) {
+	if limit <= 0 {
+		l.unknown = true
+		return
+	}
+	l.most = max(l.most, limit)
+	if l.least == 0 || limit < l.least {
+		l.least = limit
+	}
 }
 
 // promptCount is how many prompts a completions request's prompt holds: an array of strings
@@ -789,18 +813,39 @@ func foldKey(s string) string {
 }
 
 // outputBound is the most output the call can produce as sent: none on a route without output
-// (embeddings), its own limit, else the model's configured one (modelMaxOutput, 0 when
-// unknown), else -1 for no known bound.
+// (embeddings), its own limit, else the configured limit of the model asked for
+// (modelMaxOutput, 0 when unknown) or of a fallback that may answer instead, if larger, else
+// -1 for no known bound (the model's or a fallback's limit unknown).
 func (c *callRequest) outputBound(modelMaxOutput int64) int64 {
 	switch {
 	case len(c.route.maxFields) == 0:
 		return 0
 	case c.maxOutput >= 0:
 		return c.allAnswers(c.maxOutput)
-	case modelMaxOutput > 0:
-		return c.allAnswers(modelMaxOutput)
+	case modelMaxOutput > 0 && !c.fallbackLimits.unknown:
+		return c.allAnswers(max(modelMaxOutput, c.fallbackLimits.most))
 	}
 	return -1
+}
+
+// addedBound is the output bound, per answer, that the gateway adds to a call sent without
+// one, or 0 for none: needed when a model that may answer can write past limit, what the cap
+// pays for — the model asked for, by its limit (modelMaxOutput), or a fallback, by a larger
+// limit or an unknown one. Unbounded, a router's fallback wrote to its own limit, billed at its
+// price, and what passed the cap went unpaid. The bound is limit, lowered to the least known
+// limit of the models that may answer: above its limit a provider refuses the request. Only
+// when the asked model's limit is known: a bound above it would make the provider refuse the
+// request, so an unknown limit relies on the settlement's clamp to the cap.
+func (c *callRequest) addedBound(modelMaxOutput, limit int64) int64 {
+	fb := c.fallbackLimits
+	if modelMaxOutput <= 0 || (modelMaxOutput <= limit && !fb.unknown && fb.most <= limit) {
+		return 0
+	}
+	bound := min(limit, modelMaxOutput)
+	if fb.least > 0 {
+		bound = min(bound, fb.least)
+	}
+	return bound
 }
 
 // allAnswers is perAnswer output tokens for each of the call's answers, at most
@@ -884,7 +929,6 @@ func (c *callRequest) promptPrice(p pricing.Price) pricing.Price {
 // It returns false when not even an empty answer fits in the cap. model is the configured
 // model that priced the call: its own output limit, and the field a bound is added in.
 func (c *callRequest) rewrite(capMicro int64, model config.ModelCfg) (bool, error) {
-	modelMaxOutput := model.MaxOutputTokens
 	var err error
 	if c.stream && c.route.injectUsage && !c.clientAskedUsage {
 		if c.body, err = sjson.SetBytes(c.body, "stream_options.include_usage", true); err != nil {
@@ -924,15 +968,13 @@ func (c *callRequest) rewrite(capMicro int64, model config.ModelCfg) (bool, erro
 		// pays for no answer is 402: forwarded unbounded, the answer would be served and its
 		// cost clamped away at settlement, paid by the operator.
 		return false, nil
-	} else if modelMaxOutput > limit {
-		// Only when the model's own limit is known: a bound above it would make the provider
-		// refuse the request. Unknown limits rely on the settlement clamp to the cap.
+	} else if bound := c.addedBound(model.MaxOutputTokens, limit); bound > 0 {
 		field := c.route.maxFields[0]
 		if c.route.format == metering.FormatChat && model.OutputBoundField != "" {
 			field = model.OutputBoundField // a reasoning model refuses max_tokens
 		}
-		if c.body, err = sjson.SetBytes(c.body, field, limit); err != nil {
-			return false, fmt.Errorf("lower output bound: %w", err)
+		if c.body, err = sjson.SetBytes(c.body, field, bound); err != nil {
+			return false, fmt.Errorf("add output bound: %w", err)
 		}
 	}
 	return true, nil
