@@ -549,6 +549,9 @@ func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel,
 	if err != nil {
 		return servedModel{}, errBadRequest("model_not_priced", fmt.Sprintf("Model %q has no price configured, so it cannot be billed.", sm.name))
 	}
+	if searchVariant(sm.name, key) {
+		return servedModel{}, errSearchVariant("model", sm.name, key)
+	}
 	sm.price, sm.priceKey = price, key
 	up, ok := s.cfg.UpstreamFor(sm.name)
 	if !ok || up.Kind != kind {
@@ -556,6 +559,21 @@ func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel,
 	}
 	sm.upstream = up
 	return sm, nil
+}
+
+// searchVariant reports whether name, priced by the configured prefix key, names a search
+// variant of that model (gpt-4o-search-preview under gpt-4o, gpt-5-search-api under gpt-5):
+// one that searches the web on every call, at a fee per search beside the tokens, which the
+// prefix's token prices would leave to the operator. A search model priced by its own name
+// is the operator's choice, and served.
+func searchVariant(name, key string) bool {
+	return len(name) > len(key) && strings.Contains(strings.ToLower(name[len(key):]), "search")
+}
+
+// errSearchVariant refuses a search variant (searchVariant) named in field.
+func errSearchVariant(field, name, key string) *apiError {
+	return errBadRequest("unpriced_option", fmt.Sprintf(
+		"'%s' names %q, a search model that bills a fee per search, priced here only by the prefix %q, whose token prices do not hold it; so the request is refused.", field, name, key))
 }
 
 // checkModelName refuses a model name no call can be billed under, whatever prices it: one
@@ -630,6 +648,10 @@ func (s *Server) checkFallbacks(field string, models gjson.Result, price pricing
 		if err != nil {
 			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
 				"'%s' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", field, m.Str))
+			return false
+		}
+		if searchVariant(m.Str, key) {
+			aerr = errSearchVariant(field, m.Str, key)
 			return false
 		}
 		if what := unpriced(p); what != "" {
