@@ -150,12 +150,11 @@ func (m *Meter) Body(body []byte) {
 	case FormatAnthropic:
 		keepName(&m.res.Model, gjson.Get(s, "model"), false)
 		if u := gjson.Get(s, "usage"); u.IsObject() {
-			m.anthropicUsage(u)
 			// A whole answer's usage is its last word, not message_start's placeholder; one
 			// that gives no output count (a compatible server's) says nothing of the output,
 			// as an OpenAI-shaped one without completion_tokens does (outputUnreported).
-			m.outputFinal = true
 			m.anthropicOutputMissing = !m.anthropicUsage(u)
+			m.outputFinal = true
 		}
 		gjson.Get(s, "content").ForEach(func(_, c gjson.Result) bool {
 			m.res.OutputChars += strLen(c.Get("text")) + strLen(c.Get("thinking"))

@@ -617,10 +617,11 @@ var fallbackLists = []string{"models", "fallbacks", "providerOptions.gateway.mod
 // dearer by every fallback's price, which the call's worst case is reckoned at: reckoned at the
 // asked model's alone, a dearer fallback's answer could cost several times the cap, and what
 // passed the cap went unpaid. Each fallback's output limit goes into limits, for the same
-// reason: a fallback that may write more than the model asked for is bounded too (addedBound). A fallback without a price for work the call asks for (unpriced
-// names it: the context-1m beta, audio in or out, one-hour cache writes) is refused as the
-// model asked for would be: answering, it would bill that work at its text, short or
-// five-minute rates, the provider charging its own.
+// reason: a fallback that may write more than the model asked for is bounded too (addedBound).
+// A fallback without a price for work the call asks for (unpriced names it: the context-1m
+// beta, audio in or out, one-hour cache writes) is refused as the model asked for would be:
+// answering, it would bill that work at its text, short or five-minute rates, the provider
+// charging its own.
 //
 // LiteLLM's list may also hold objects, a model with messages of its own: a prompt the
 // estimate does not read, so refused too.
