@@ -60,6 +60,17 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 	if what := unpricedTier(format, root.Get("service_tier")); what != "" {
 		return what
 	}
+	if what := premiumSpeed(root); what != "" {
+		return what
+	}
+	if v := root.Get("preset"); v.Exists() && v.Type != gjson.Null {
+		// Perplexity's Agent API presets (fast-search, pro-search, deep-research) bundle its
+		// web_search and fetch_url tools, billed per call, with no tool in the request for the
+		// hosted tools' check to read; the model asked for may still be set beside it, and is
+		// what the call is priced at. OpenRouter's presets alike carry settings (plugins,
+		// provider order) the gateway never sees.
+		return "'preset' (the preset's tools, web_search and fetch_url, bill a fee per call)"
+	}
 	for _, tool := range root.Get("tools").Array() {
 		if typeAmbiguous(tool) {
 			// The gateway would read one type of tool and the provider run another.
@@ -108,13 +119,46 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 			// than the one asked for and priced here.
 			return "the server tool '" + t + "' (the advisor model's rates)"
 		}
-		// Fast mode costs a multiple of the standard rates, US-only inference 1.1x of every
-		// token; "standard" and "global" are the defaults, at the model's price.
-		if v := root.Get("speed"); v.Exists() && v.Type != gjson.Null && v.Str != "standard" {
-			return "'speed: " + v.String() + "' (fast mode's rates)"
+	}
+	return ""
+}
+
+// premiumSpeed names a request's ask for a faster or otherwise dearer way of serving the same
+// model, on any route, or returns "":
+//
+//   - Anthropic's fast mode ("speed" other than "standard": a multiple of the standard rates)
+//     and regional inference ("inference_geo" other than "global": 1.1× every token). On every
+//     route: LiteLLM passes a parameter OpenAI has no name for straight into the provider's
+//     body, so its chat route serving Claude runs them, and OpenRouter takes "speed": "fast"
+//     for its Claude models' fast mode, as it takes service_tier "fast" (unpricedTier).
+//   - Vercel AI Gateway's "providerOptions.gateway.speed" other than "standard": its unified
+//     fast mode, which upgrades the model to its fast serving path, at the fast slug's price.
+//   - Bedrock's Converse "performanceConfig" with a "latency" other than "standard"
+//     (latency-optimized inference, at its own higher rates) and "serviceTier" other than
+//     "default" (priority at a premium, flex at a discount, reserved at a capacity price),
+//     which LiteLLM's Bedrock route takes from the body and sets on the Converse request.
+func premiumSpeed(root topObject) string {
+	if v := root.Get("speed"); v.Exists() && v.Type != gjson.Null && v.Str != "standard" {
+		return "'speed: " + v.String() + "' (fast mode's rates)"
+	}
+	if v := root.Get("inference_geo"); v.Exists() && v.Type != gjson.Null && v.Str != "global" {
+		return "'inference_geo: " + v.String() + "' (regional inference's rates)"
+	}
+	if v := root.Get("providerOptions.gateway.speed"); v.Exists() && v.Type != gjson.Null && v.Str != "standard" {
+		return "'providerOptions.gateway.speed: " + v.String() + "' (the router's fast mode, at the fast model's rates)"
+	}
+	if pc := root.Get("performanceConfig"); pc.Exists() && pc.Type != gjson.Null {
+		if l := pc.Get("latency"); !pc.IsObject() || l.Exists() && l.Type != gjson.Null && l.Str != "standard" {
+			return "'performanceConfig: " + pc.String() + "' (Bedrock's latency-optimized inference, at its own rates)"
 		}
-		if v := root.Get("inference_geo"); v.Exists() && v.Type != gjson.Null && v.Str != "global" {
-			return "'inference_geo: " + v.String() + "' (regional inference's rates)"
+	}
+	if st := root.Get("serviceTier"); st.Exists() && st.Type != gjson.Null {
+		tier := st
+		if st.IsObject() {
+			tier = st.Get("type")
+		}
+		if tier.Type != gjson.Null && tier.Str != "default" {
+			return "'serviceTier: " + st.String() + "' (Bedrock's service tier, off the standard rate)"
 		}
 	}
 	return ""

@@ -404,7 +404,8 @@ func checkRepeatsAnywhere(format metering.Format, root topObject) *apiError {
 
 // readKeys are the top-level keys parseCall reads, across every route: the model and stream
 // mode, the output bounds, the options billed at other rates (unpricedOption: service_tier,
-// Anthropic's premium "speed" and "inference_geo", audio, hosted tools), a router's fallback
+// Anthropic's premium "speed" and "inference_geo", Bedrock's "performanceConfig" and
+// "serviceTier" as LiteLLM passes them on, audio, hosted tools), a router's fallback
 // lists ("models", LiteLLM's "fallbacks": checkFallbacks) and provider preferences ("provider":
 // routerProviderSort), "prompt", whose batch multiplies a
 // completions call's answers, and every part of the prompt its estimate reads
@@ -421,7 +422,8 @@ var readKeys = append([]string{"model", "stream", "stream_options", "max_tokens"
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
 	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models",
 	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks", "provider",
-	"plugins", "providerOptions", "anthropic_beta", "additionalModelRequestFields", "tags"}, routerRetryFields...)
+	"plugins", "providerOptions", "anthropic_beta", "additionalModelRequestFields", "tags",
+	"performanceConfig", "serviceTier", "preset"}, routerRetryFields...)
 
 // nestedReadKeys are the keys the gateway reads inside a top-level object, checked as readKeys
 // are.
@@ -433,6 +435,9 @@ var nestedReadKeys = []struct{ parent, key string }{
 	{"provider", "sort"},                               // a router's provider order, refused unless by price (routerProviderSort)
 	{"providerOptions", "gateway"},                     // Vercel's fallback list and provider order
 	{"additionalModelRequestFields", "anthropic_beta"}, // the context-1m beta, as Bedrock's Converse takes it
+	{"providerOptions.gateway", "speed"},               // Vercel's fast mode (unpricedOption)
+	{"performanceConfig", "latency"},                   // Bedrock's latency-optimized inference, through LiteLLM
+	{"serviceTier", "type"},                            // Bedrock's service tier, through LiteLLM
 }
 
 // checkReadKeysOnce refuses a body that repeats a key the gateway reads at its top level
@@ -549,8 +554,8 @@ func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel,
 	if err != nil {
 		return servedModel{}, errBadRequest("model_not_priced", fmt.Sprintf("Model %q has no price configured, so it cannot be billed.", sm.name))
 	}
-	if searchVariant(sm.name, key) {
-		return servedModel{}, errSearchVariant("model", sm.name, key)
+	if premiumVariant(sm.name, key) != "" {
+		return servedModel{}, errPremiumVariant("model", sm.name, key)
 	}
 	sm.price, sm.priceKey = price, key
 	up, ok := s.cfg.UpstreamFor(sm.name)
@@ -561,19 +566,31 @@ func (s *Server) servedModel(root gjson.Result, path, kind string) (servedModel,
 	return sm, nil
 }
 
-// searchVariant reports whether name, priced by the configured prefix key, names a search
-// variant of that model (gpt-4o-search-preview under gpt-4o, gpt-5-search-api under gpt-5):
-// one that searches the web on every call, at a fee per search beside the tokens, which the
-// prefix's token prices would leave to the operator. A search model priced by its own name
-// is the operator's choice, and served.
-func searchVariant(name, key string) bool {
-	return len(name) > len(key) && strings.Contains(strings.ToLower(name[len(key):]), "search")
+// premiumVariant describes the variant of the model priced by the configured prefix key that
+// name names, when the variant bills otherwise than the prefix's token prices, or returns "":
+// a search variant (gpt-4o-search-preview under gpt-4o, gpt-5-search-api under gpt-5), which
+// searches the web on every call, at a fee per search beside the tokens; a fast variant (a
+// router's fast slug: OpenRouter's anthropic/claude-opus-4.6-fast, Vercel AI Gateway's
+// anthropic/claude-opus-5-fast), the same model in the provider's fast mode, billed at a
+// multiple of its rates (2–6×). The prefix's token prices would leave the difference to the
+// operator. Such a model priced by its own name is the operator's choice, and served.
+func premiumVariant(name, key string) string {
+	if len(name) <= len(key) {
+		return ""
+	}
+	switch rest := strings.ToLower(name[len(key):]); {
+	case strings.Contains(rest, "search"):
+		return "a search model that bills a fee per search"
+	case strings.Contains(rest, "fast"):
+		return "a fast variant billed at a multiple of the model's rates"
+	}
+	return ""
 }
 
-// errSearchVariant refuses a search variant (searchVariant) named in field.
-func errSearchVariant(field, name, key string) *apiError {
+// errPremiumVariant refuses a premium variant (premiumVariant) named in field.
+func errPremiumVariant(field, name, key string) *apiError {
 	return errBadRequest("unpriced_option", fmt.Sprintf(
-		"'%s' names %q, a search model that bills a fee per search, priced here only by the prefix %q, whose token prices do not hold it; so the request is refused.", field, name, key))
+		"'%s' names %q, %s, priced here only by the prefix %q, whose token prices do not hold it; so the request is refused.", field, name, premiumVariant(name, key), key))
 }
 
 // checkModelName refuses a model name no call can be billed under, whatever prices it: one
@@ -651,8 +668,8 @@ func (s *Server) checkFallbacks(field string, models gjson.Result, price pricing
 				"'%s' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", field, m.Str))
 			return false
 		}
-		if searchVariant(m.Str, key) {
-			aerr = errSearchVariant(field, m.Str, key)
+		if premiumVariant(m.Str, key) != "" {
+			aerr = errPremiumVariant(field, m.Str, key)
 			return false
 		}
 		if what := unpriced(p); what != "" {
