@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -312,7 +311,7 @@ func TestKillMidRunCallThenContinue(t *testing.T) {
 func TestKillAfterHoldBeforeForward(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("kill-early", 10, nil)
-	f := newFreezer(t, strings.SplitN(testenv.RedisURL(t), "/", 4)[2]) // redis://host:port/db
+	f := newFreezer(t, w.redisAddr())
 	cfg := w.writeConfig(map[string]string{"dedup.window": "5s"})
 	a := w.startGatewayWith("gw-a", cfg, "REDIS_URL=redis://"+f.addr()+"/0")
 	f.freeze()

@@ -1007,6 +1007,16 @@ func (w *world) dsnVia(f *freezer) string {
 	return cfg.FormatDSN()
 }
 
+// redisAddr is the host:port of the world's Redis.
+func (w *world) redisAddr() string {
+	w.t.Helper()
+	opt, err := redis.ParseURL(w.redisURL)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return opt.Addr
+}
+
 // mysqlAddr is the host:port of the world's MariaDB.
 func (w *world) mysqlAddr() string {
 	w.t.Helper()

@@ -8,11 +8,8 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // TestChaosRedisPartition is the chaos run with one of the two gateways cut off from Redis now
@@ -41,7 +38,7 @@ func TestChaosRedisPartition(t *testing.T) {
 		t.Skip("chaos run: not in -short")
 	}
 	w := newWorld(t)
-	relay := newFreezer(t, strings.SplitN(testenv.RedisURL(t), "/", 4)[2]) // redis://host:port/db
+	relay := newFreezer(t, w.redisAddr())
 	// A process cut off from Redis alone still beats in the database: a dead-instance bound
 	// as short as a partition must not take it for dead (waitDeadSwept checks none was).
 	runChaosPlan(t, w, 30*time.Second, chaosPlan{cuts: relay, holdTTL: partitionHoldTTL, deadAfter: partitionFor})

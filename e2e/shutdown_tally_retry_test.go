@@ -6,8 +6,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // TestSigtermWaitsForARunTallysRetries: SIGTERM while a named run's call, answered with Redis
@@ -21,7 +19,7 @@ import (
 func TestSigtermWaitsForARunTallysRetries(t *testing.T) {
 	w := newWorld(t)
 	_, key := w.user("term-tally", 10, nil)
-	relay := newFreezer(t, strings.SplitN(testenv.RedisURL(t), "/", 4)[2]) // redis://host:port/db
+	relay := newFreezer(t, w.redisAddr())
 	g := w.startGatewayWith("gw-term-tally", w.writeConfig(nil), "REDIS_URL=redis://"+relay.addr()+"/0")
 	// Held after its first event, so that Redis is cut between the call's reservation and its end.
 	held, letGo := w.holdStreams("term-tally", map[string]string{"X-Run-Id": "agent-tally"})

@@ -420,6 +420,53 @@ func TestSigtermFrozenDatabase(t *testing.T) {
 	}
 }
 
+// TestSigtermFrozenRedis: SIGTERM while streams are in flight and Redis has stopped
+// answering (packets dropped, not refused). The short streams end inside the drain, the long
+// ones are cut at its deadline; every call must still be settled by the process itself at what
+// it used (the settlement is the database's, the tally only evidence), and the process must
+// exit without waiting for Redis.
+func TestSigtermFrozenRedis(t *testing.T) {
+	w := newWorld(t)
+	u, key := w.user("term-redis-frozen", 10, nil)
+	relay := newFreezer(t, w.redisAddr())
+	g := w.startGatewayWith("gw-term-redis", w.writeConfig(map[string]string{"limits.shutdown_timeout": cutDrain.String()}),
+		"REDIS_URL=redis://"+relay.addr()+"/0")
+	var short, long []*stream
+	for range 3 {
+		short = append(short, startStream(t, g, key, 20, 50*time.Millisecond, nil))
+	}
+	for range 2 {
+		long = append(long, startStream(t, g, key, 10_000, 20*time.Millisecond, nil))
+	}
+	relay.freeze()
+	g.signal(t, syscall.SIGTERM)
+	const settleTimeout = 10 * time.Second // the world's limits.settle_timeout
+	// The wait's own deadline catches a hang; it does not measure the exit.
+	if err := g.wait(t, cutDrain+settleTimeout+65*time.Second); err != nil {
+		t.Errorf("gateway exit: %v, want status 0", err)
+	}
+	relay.thaw()
+	for _, s := range short {
+		<-s.done
+		w.settledAtPrice(t, s.runID, holds.SourceComplete, 20)
+	}
+	for _, s := range long {
+		<-s.done
+		r := w.hold(s.runID)
+		if r.SettleSource.String != holds.SourceShutdown || r.ChargedMicro <= 0 || r.ChargedMicro >= r.HeldMicro {
+			t.Errorf("long stream %s: %s by %q charged %d (held %d), want cut at the deadline and charged what it used",
+				s.runID, r.State, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
+		}
+	}
+	var total int64
+	if err := w.db.Get(&total, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.usedToday(u.ID); got != total {
+		t.Errorf("day ledger %d, want %d", got, total)
+	}
+}
+
 // TestSigtermCallArrivingDuringDrain: a client that connected before SIGTERM sends its request
 // during the drain (net/http keeps such a fresh connection open and serves it). The call is
 // admitted while shutdown is under way: it must be answered and settled by the process before
