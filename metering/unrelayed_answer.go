@@ -88,8 +88,10 @@ func (m *Meter) AddSpoken(b *UnrelayedAnswer) {
 	m.clipMicros = min(m.clipMicros+b.clipMicros, maxAudioCount)
 }
 
-// AddUnreported counts the audio and the text b measured as the Meter counts a whole answer's,
-// for an answer read past without a usage report: its output is then the estimate of both.
+// AddUnreported counts the audio and the text b measured as the Meter counts a whole answer's
+// (Meter.Body counts its text whether or not it carries a report): for an answer read past
+// without a usage report, or with one that gives no figure of the output, its output is then
+// the estimate of both.
 func (m *Meter) AddUnreported(b *UnrelayedAnswer) {
 	if b == nil {
 		return

@@ -536,11 +536,12 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 		whole = append(append(whole, `,"model":`...), model.Raw...)
 	}
 	m.Body(append(whole, '}'))
-	if usage.IsObject() {
-		m.AddSpoken(past)
-	} else {
-		m.AddUnreported(past)
-	}
+	// The text and audio read past count as Meter.Body counts a whole answer's, report or no
+	// report: a report that gives no figure of the output (completion_tokens absent or null,
+	// no total; a whole Anthropic message without output_tokens) has its output estimated
+	// from that text, as the same answer read whole has. Counted only without a report, such
+	// an answer's output was billed at 0.
+	m.AddUnreported(past)
 	return read
 }
 
