@@ -24,9 +24,7 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 	}
 	hop := connectionListed(r.Header)
 	for k, vv := range r.Header {
-		// A name with an underscore is dropped as nginx and Apache drop it: CGI-style servers
-		// read X_Api_Key as X-Api-Key, which would get past the lists below.
-		if _, drop := dropRequestHeaders[k]; !drop && !hop[k] && !strings.Contains(k, "_") && !hasPrefixIn(k, droppedPrefixes) {
+		if !droppedRequestHeader(k, hop) {
 			up.Header[k] = vv
 		}
 	}
@@ -51,6 +49,32 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 	return up, nil
 }
 
+// passPrefix is LiteLLM's: its proxy sends a header named x-pass-<name> on to the provider as
+// <name>, whatever its settings (Anthropic's beta header is sent so: asksContext1M reads it).
+const passPrefix = "X-Pass-"
+
+// droppedRequestHeader reports whether the caller's header k (canonical) stays behind: it is
+// hop-by-hop (one of hop, its Connection header's list), has an underscore in its name (dropped
+// as nginx and Apache drop it: CGI-style servers read X_Api_Key as X-Api-Key, which would get
+// past the lists below), or is one of dropRequestHeaders or droppedPrefixes, as itself or behind
+// passPrefix, any number of times: a LiteLLM proxy in front of the provider would send
+// X-Pass-X-Goog-FieldMask on as the field mask, X-Pass-OpenAI-Organization as the account.
+func droppedRequestHeader(k string, hop map[string]bool) bool {
+	if hop[k] || strings.Contains(k, "_") {
+		return true
+	}
+	for {
+		if _, drop := dropRequestHeaders[k]; drop || hasPrefixIn(k, droppedPrefixes) {
+			return true
+		}
+		rest, ok := strings.CutPrefix(k, passPrefix)
+		if !ok {
+			return false
+		}
+		k = rest
+	}
+}
+
 // droppedPrefixes name header families a proxy or router in front of the provider takes claims
 // or controls from, dropped by prefix because each family keeps growing and a list would lag
 // it. Every X-Forwarded-* is a claim about the client, its URL or its certificate
@@ -67,9 +91,16 @@ func (s *Server) upstreamRequest(ctx context.Context, r *http.Request, upstream 
 // it several times (billed once). Vertex AI's X-Vertex-AI-LLM-* choose how a Gemini call is
 // billed: Shared-Request-Type priority at Priority PayGo's dearer rates (service_tier by another
 // name), Request-Type shared on pay-as-you-go rather than the operator's provisioned throughput;
-// LiteLLM passes either on from behind its x-pass- prefix.
+// LiteLLM passes either on from behind its x-pass- prefix (droppedRequestHeader). Amazon
+// Bedrock's X-Amzn-Bedrock-* choose it alike: Service-Tier priority at a premium over the
+// standard rate, PerformanceConfig-Latency optimized at latency-optimized inference's dearer
+// rates, and GuardrailIdentifier a guardrail billed per text unit beside the tokens; a router
+// that forwards its callers' x- headers (LiteLLM's forward_client_headers_to_llm_api), or x-pass-
+// ones, takes them to Bedrock. Azure OpenAI's X-Ms-Spillover-Deployment sends a provisioned deployment's
+// overage to the standard deployment it names, billed pay-as-you-go, that would otherwise have
+// been refused 429 at no cost.
 var droppedPrefixes = []string{"X-Forwarded-", "X-Envoy-", "X-Litellm-", "X-Portkey-", "Cf-Aig-", "Helicone-",
-	"X-Vertex-Ai-Llm-", "X-Pass-X-Vertex-Ai-Llm-"}
+	"X-Vertex-Ai-Llm-", "X-Amzn-Bedrock-", "X-Ms-Spillover-"}
 
 // hasPrefixIn reports whether the canonical header name k starts with one of prefixes.
 func hasPrefixIn(k string, prefixes []string) bool {
