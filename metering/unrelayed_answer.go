@@ -20,8 +20,9 @@ import (
 // UnrelayedAnswer finds the spoken answers (choices[].message.audio.data) of a whole chat
 // answer written to it in pieces and measures each as Meter.Body does (spokenAnswer): a WAV or MP3
 // file by how long it plays, any other data as raw PCM. It keeps a few KiB of each, never the
-// audio. It counts the bytes of the text Meter.Body counts as well: a chat message's content,
-// reasoning_content, reasoning and refusal, its tool calls' and function_call's arguments, its
+// audio. It counts the bytes of the text Meter.Body counts as well: a chat message's content
+// (a string, or a list of chunks), reasoning_content and reasoning (the larger of the two, one
+// text under two names) and refusal, its tool calls' and function_call's arguments, its
 // custom tool calls' input, its audio's transcript, or a legacy completion's choices[].text
 // (openAIChoices); an Anthropic message's content blocks' text and thinking, a compaction
 // block's content, and the raw JSON of their input; a Responses answer's output items'
@@ -52,9 +53,12 @@ type UnrelayedAnswer struct {
 	holding bool
 	// The string being read is an Anthropic block's type: its bytes gathered in typ.
 	typing bool
-	typ    [len(compactionType)]byte
-	typLen int    // bytes of typ gathered; past len(typ) the type is not a compaction
-	format Format // FormatChat for an embeddings answer, read as a chat one
+	// The string being read is a chat message's reasoning_content or reasoning (its role), or
+	// neither (roleNone): its bytes are counted in the message's frame too.
+	reasoning uint8
+	typ       [len(compactionType)]byte
+	typLen    int    // bytes of typ gathered; past len(typ) the type is not a compaction
+	format    Format // FormatChat for an embeddings answer, read as a chat one
 	// A value whose raw JSON counts (an Anthropic tool_use input) being read: of which kind,
 	// where it began, and for a container the depth outside it.
 	raw        rawKind
@@ -117,6 +121,9 @@ func (b *UnrelayedAnswer) Cut() {
 	}
 	if b.raw != rawNone {
 		b.rawEnds(b.off)
+	}
+	for i := range min(b.depth, answerDepth) {
+		b.reasoningOnce(&b.frames[i])
 	}
 }
 
@@ -194,9 +201,10 @@ const (
 
 // answerDepth is how deep the paths to the audio data and text go: the answer, choices, a
 // choice, its message, its tool calls, a tool call, its function (or its audio); a Responses
-// answer's output, an item, its content, a part (an Anthropic message's are shallower).
+// answer's output, an item, its content, a part (an Anthropic message's are shallower); a
+// message's content as a list of chunks, a chunk, its thinking as a list of chunks.
 // Deeper containers are counted, not followed.
-const answerDepth = 7
+const answerDepth = 8
 
 // answerKeyLen bounds the keys an UnrelayedAnswer reads: the longest it looks for is
 // "reasoning_content".
@@ -214,6 +222,9 @@ type answerFrame struct {
 	// is output text) or any other. held counts its content's text read before its type was.
 	kind uint8
 	held int64
+	// A chat message's text counted under reasoning_content and under reasoning: the smaller
+	// is taken back when it ends (reasoningOnce).
+	reasoningContent, reasoning int64
 }
 
 // compactionType is the type of an Anthropic block whose content is output text.
@@ -253,23 +264,34 @@ const (
 	roleMessage
 	roleAudio
 	roleData
-	roleText      // a string whose bytes are output text
-	roleToolCalls // a message's tool_calls
-	roleToolCall  // one of them
-	roleFunction  // a tool call's function, or a message's function_call: its arguments are text
-	roleBlocks    // an Anthropic message's content
-	roleBlock     // one of its blocks
-	roleRaw       // a value whose raw JSON is output text (a block's input)
-	roleOutput    // a Responses answer's output
-	roleItem      // one of its items
-	roleParts     // an item's content
-	rolePart      // one of its parts
-	roleBlockType // a block's type: a string read to tell a compaction
-	roleBlockText // a block's content: text when the block is a compaction
-	roleAction    // a Responses item's action (a shell call's)
-	roleCommands  // its commands: each a string of text
-	roleOperation // a Responses item's operation (a patch's): its diff is text
-	roleCustom    // a chat tool call's custom: its input is text
+	roleText             // a string whose bytes are output text
+	roleToolCalls        // a message's tool_calls
+	roleToolCall         // one of them
+	roleFunction         // a tool call's function, or a message's function_call: its arguments are text
+	roleBlocks           // an Anthropic message's content
+	roleBlock            // one of its blocks
+	roleRaw              // a value whose raw JSON is output text (a block's input)
+	roleOutput           // a Responses answer's output
+	roleItem             // one of its items
+	roleParts            // an item's content
+	rolePart             // one of its parts
+	roleBlockType        // a block's type: a string read to tell a compaction
+	roleBlockText        // a block's content: text when the block is a compaction
+	roleAction           // a Responses item's action (a shell call's)
+	roleCommands         // its commands: each a string of text
+	roleOperation        // a Responses item's operation (a patch's): its diff is text
+	roleCustom           // a chat tool call's custom: its input is text
+	roleContent          // a chat message's content: text as a string, a list of chunks as a list
+	roleReasoningContent // a chat message's reasoning_content: text, counted apart (see answerFrame)
+	roleReasoning        // its reasoning: text, counted apart
+	// A chat message's content given as a list of chunks, as Mistral's reasoning models answer
+	// (chunksLen): each chunk's text, and its thinking, a string or a list of chunks whose
+	// text is text.
+	roleChunks     // the list
+	roleChunk      // one of its chunks
+	roleChunkThink // a chunk's thinking: text as a string, a list of chunks as a list
+	roleThinkList  // that list
+	roleThinkChunk // one of its chunks: its text is text
 )
 
 // skipLead reports whether c is part of what TrimBody trims before an answer: white space
@@ -338,7 +360,13 @@ func (b *UnrelayedAnswer) structural(c byte) {
 		if role == roleRaw {
 			b.rawBegins(rawContainer)
 		}
-		if role == roleText || role == roleData || role == roleRaw || role == roleBlockType || role == roleBlockText {
+		switch {
+		case role == roleContent && c == '[':
+			role = roleChunks // a message's text as a list of chunks (chunksLen)
+		case role == roleChunkThink && c == '[':
+			role = roleThinkList
+		case role == roleText || role == roleData || role == roleRaw || role == roleBlockType || role == roleBlockText ||
+			role == roleChunkThink || role == roleContent || role == roleReasoningContent || role == roleReasoning:
 			role = roleNone // text that is no string: none counts (strLen); raw JSON counts whole
 		}
 		b.depth++
@@ -350,6 +378,7 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			b.done = true
 			return
 		}
+		b.reasoningOnce(b.top())
 		b.depth--
 		if b.raw == rawContainer && b.depth == b.rawDepth {
 			b.rawEnds(b.at + 1)
@@ -367,11 +396,13 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			b.keyLen = 0
 			return
 		}
-		switch b.valueStarts() {
+		switch role := b.valueStarts(); role {
 		case roleData:
 			b.data = &spokenData{}
-		case roleText:
+		case roleText, roleChunkThink, roleContent:
 			b.counting = true
+		case roleReasoningContent, roleReasoning:
+			b.counting, b.reasoning = true, role
 		case roleRaw:
 			b.rawBegins(rawString)
 		case roleBlockType:
@@ -432,6 +463,10 @@ func (b *UnrelayedAnswer) valueStarts() uint8 {
 			role = rolePart
 		case roleCommands:
 			role = roleText
+		case roleChunks:
+			role = roleChunk
+		case roleThinkList:
+			role = roleThinkChunk
 		}
 	}
 	return role
@@ -482,7 +517,13 @@ func (b *UnrelayedAnswer) keyEnds() {
 		switch key {
 		case "audio":
 			b.pending = roleAudio
-		case "content", "reasoning_content", "reasoning", "refusal":
+		case "content":
+			b.pending = roleContent
+		case "reasoning_content":
+			b.pending = roleReasoningContent
+		case "reasoning":
+			b.pending = roleReasoning
+		case "refusal":
 			b.pending = roleText
 		case "tool_calls":
 			b.pending = roleToolCalls
@@ -567,6 +608,17 @@ func (b *UnrelayedAnswer) keyEnds() {
 		case "refusal":
 			first(firstRefusal, roleText)
 		}
+	case roleChunk:
+		switch key {
+		case "text":
+			first(firstText, roleText)
+		case "thinking":
+			first(firstThinking, roleChunkThink)
+		}
+	case roleThinkChunk:
+		if key == "text" {
+			first(firstText, roleText)
+		}
 	}
 }
 
@@ -615,7 +667,7 @@ func (b *UnrelayedAnswer) stringByte(c byte) {
 	case c == '\\':
 		b.esc = 1
 	case c == '"':
-		b.inString, b.counting, b.holding = false, false, false
+		b.inString, b.counting, b.holding, b.reasoning = false, false, false, roleNone
 		if b.typing {
 			b.typing = false
 			if f := b.top(); f != nil && b.typLen == len(b.typ) && string(b.typ[:]) == compactionType {
@@ -693,11 +745,29 @@ func (b *UnrelayedAnswer) text(c byte) {
 // count adds n bytes of text: to the answer's, or held in the innermost frame, a block whose
 // type is not read yet.
 func (b *UnrelayedAnswer) count(n int64) {
-	if f := b.top(); b.holding && f != nil {
+	f := b.top()
+	if b.holding && f != nil {
 		f.held += n
 		return
 	}
 	b.textBytes += n
+	switch {
+	case f == nil:
+	case b.reasoning == roleReasoningContent:
+		f.reasoningContent += n
+	case b.reasoning == roleReasoning:
+		f.reasoning += n
+	}
+}
+
+// reasoningOnce takes back, for the message f closes (or the answer is cut inside of), the
+// smaller of its reasoning_content and its reasoning: the same text under both names counts
+// once (openAIChoices).
+func (b *UnrelayedAnswer) reasoningOnce(f *answerFrame) {
+	if f != nil && f.role == roleMessage {
+		b.textBytes -= min(f.reasoningContent, f.reasoning)
+		f.reasoningContent, f.reasoning = 0, 0
+	}
 }
 
 // typeByte gathers one byte of a block's type.

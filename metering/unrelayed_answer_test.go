@@ -171,6 +171,11 @@ var textFormats = []Format{FormatChat, FormatCompletions, FormatAnthropic, Forma
 // JSON of every kind, and text where it is not an answer's.
 func textCases() map[string]string {
 	return map[string]string{
+		"chunked content": `{"choices":[{"message":{"role":"assistant","content":[{"type":"thinking","thinking":[{"type":"text","text":"abc"},` +
+			`{"text":"de","text":"no"},[{"text":"no"}]]},{"type":"text","text":"fgh"},{"type":"thinking","thinking":"ij","thinking":"no"},` +
+			`"text",["text"],{"type":"text","text":["no"]},{"thinking":{"text":"no"}},{"type":"reference","reference_ids":[1]}],"reasoning":[{"text":"no"}]}}]}`,
+		"reasoning under both names": `{"choices":[{"message":{"reasoning":"abcd","content":"x","reasoning_content":"abcd","reasoning":"e","refusal":"yz"}},` +
+			`{"message":{"reasoning_content":"abc","reasoning":"de"}},{"message":{"reasoning_content":{"a":"no"},"reasoning":["no"]}}]}`,
 		"anthropic": `{"id":"msg","type":"message","content":[{"type":"thinking","thinking":"ab","signature":"s"},{"type":"text","text":"\u00e9\n"},` +
 			`{"type":"tool_use","id":"t","name":"f","input":{ "a" : [1, "\"x\""] }}],"usage":{"input_tokens":1}}`,
 		"anthropic inputs": `{"content":[{"input":"a\"b"},{"input":12.5e3 },{"input":true},{"input":null,"input":{"no":1}},{"input":[]},` +
@@ -256,7 +261,7 @@ func TestUnrelayedAnswerCountsTextAsTheWholeAnswer(t *testing.T) {
 		}
 	}
 	// Not vacuous: the cases hold text of each kind.
-	for name, want := range map[string]int64{"every field": 15, "tool calls": 10, "custom tool calls": 4, "function call": 5, "duplicates": 15, "completions": 6,
+	for name, want := range map[string]int64{"chunked content": 3 + 2 + 3 + 2, "reasoning under both names": 5 + 1 + 2 + 3, "every field": 1 + 3 + 4 + 5, "tool calls": 10, "custom tool calls": 4, "function call": 5, "duplicates": 15, "completions": 6,
 		"anthropic": 2 + 3 + 22, "anthropic inputs": 6 + 6 + 4 + 4 + 2 + 1, "anthropic content object": 5, "anthropic compaction": 5, "responses tools": 2 + 2 + 1 + 2 + 2, "responses": 6 + 7 + 2 + 2, "responses odd": 2} {
 		f := FormatChat
 		switch {

@@ -307,10 +307,20 @@ func (m *Meter) openAIChoices(choices gjson.Result, key string) {
 			m.res.OutputChars += strLen(c.Get("text"))
 			return true
 		}
+		// A message (delta) that gives its reasoning under both names (vLLM copies reasoning
+		// into reasoning_content, a router may pass both on) carries one text, which the model
+		// wrote once: the larger is counted, as a prompt's estimate counts one sent back.
+		var reasoningContent, reasoning int64
 		c.Get(key).ForEach(func(k, v gjson.Result) bool {
 			switch k.Str {
-			case "content", "reasoning_content", "reasoning", "refusal":
+			case "content":
+				m.res.OutputChars += strLen(v) + chunksLen(v)
+			case "refusal":
 				m.res.OutputChars += strLen(v)
+			case "reasoning_content":
+				reasoningContent += strLen(v)
+			case "reasoning":
+				reasoning += strLen(v)
 			case "tool_calls":
 				v.ForEach(func(_, tc gjson.Result) bool {
 					// A function's arguments, or what the model wrote for a custom tool.
@@ -324,6 +334,7 @@ func (m *Meter) openAIChoices(choices gjson.Result, key string) {
 			}
 			return true
 		})
+		m.res.OutputChars += max(reasoningContent, reasoning)
 		return true
 	})
 }
@@ -716,6 +727,30 @@ func isError(e gjson.Result) bool {
 		return e.Str != ""
 	}
 	return e.Exists()
+}
+
+// chunksLen is the byte length of the text in a message's content given as a list of chunks, as Mistral's
+// reasoning models answer (in a stream's delta too): "text" chunks, and "thinking" ones whose
+// thinking is text or a list of text chunks. 0 for anything but a list. Read as a string alone,
+// such an answer's words were none: a stream of them cut before its usage was charged no output.
+func chunksLen(v gjson.Result) int64 {
+	if !v.IsArray() {
+		return 0
+	}
+	var n int64
+	v.ForEach(func(_, c gjson.Result) bool {
+		n += strLen(c.Get("text"))
+		if th := c.Get("thinking"); th.IsArray() {
+			th.ForEach(func(_, t gjson.Result) bool {
+				n += strLen(t.Get("text"))
+				return true
+			})
+		} else {
+			n += strLen(th)
+		}
+		return true
+	})
+	return n
 }
 
 // strLen is the byte length of a JSON string value, 0 for anything else.
