@@ -33,6 +33,9 @@ type loggedStep struct {
 
 func (l *stepLog) observe(h *harness, slow map[string]time.Duration) {
 	h.srv.ObserveSteps(func(ctx context.Context, name string) {
+		if name == "settle" {
+			return // after the call, under settle_timeout: not a step before forwarding
+		}
 		d, ok := ctx.Deadline()
 		l.mu.Lock()
 		l.steps = append(l.steps, loggedStep{name: name, deadline: d, bounded: ok})

@@ -101,8 +101,7 @@ func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logg
 		defer leave()
 		s.markLost(context.WithoutCancel(ctx), ar, log)
 	})
-	s.beforeStep(ctx, stepAdmit)
-	hold, err := s.writer.Admit(ctx, ar)
+	hold, err := s.admitWaitingForSettlements(ctx, ar)
 	if stop() {
 		leave()
 	} else {
@@ -110,6 +109,37 @@ func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logg
 	}
 	return hold, err
 }
+
+// admitWaitingForSettlements takes ar's hold through the batch writer. Refused for want of a
+// max_in_flight slot while some of its user's calls on this process are settling (their
+// answers over, their holds still live: settlingUsers), it waits for one of those settlements
+// to end and tries again, up to maxSettlingWaits times within ctx: a slot frees when a call
+// ends, not when its settlement reaches the database. A refusal with none settling stands.
+func (s *Server) admitWaitingForSettlements(ctx context.Context, ar holds.AdmitRequest) (holds.Hold, error) {
+	for waits := 0; ; waits++ {
+		seen := s.settling.mark(ar.UserID)
+		s.beforeStep(ctx, stepAdmit)
+		hold, err := s.writer.Admit(ctx, ar)
+		var busy *holds.TooManyInFlightError
+		if !errors.As(err, &busy) || waits == maxSettlingWaits {
+			return hold, err
+		}
+		next := s.settling.after(ar.UserID, seen)
+		if next == nil {
+			return hold, err
+		}
+		s.beforeStep(ctx, stepAdmitWaits)
+		select {
+		case <-next:
+		case <-ctx.Done():
+			return hold, err
+		}
+	}
+}
+
+// maxSettlingWaits bounds how often one admission waits for its user's settlements: each wait
+// ends with one of them, so a user whose calls keep ending cannot keep it waiting past a few.
+const maxSettlingWaits = 4
 
 // markLost leaves the reconciler what releaseLostAdmission leaves it before its release: a
 // named run's zero tally, or the mark that this request's admission was refused.

@@ -93,6 +93,9 @@ type Server struct {
 	calls       inFlight
 	settlements inFlight
 	settleSlots chan struct{}
+	// settling counts the calls settling, by user, that an admission refused for want of a
+	// slot waits for (admitWaitingForSettlements).
+	settling settlingUsers
 	// stopBeat ends the heartbeat of this process's run budget reservations and its session
 	// check (checkSessions); beatDone closes when both have.
 	stopBeat context.CancelFunc
@@ -512,7 +515,7 @@ func (s *Server) storeContext(ctx context.Context) (context.Context, context.Can
 }
 
 // The steps beforeStep names: the store and Redis steps of a call's path (before forwarding,
-// but for a named run's close at its settlement), and two moments a test holds a call at.
+// but for a named run's close and a call's settlement), and the moments a test holds a call at.
 const (
 	stepAdmit         = "admit"
 	stepAttemptPinned = "attempt pinned"
@@ -526,6 +529,10 @@ const (
 	// stepAnswerFinal follows answerFinal: the call's answer is whole, its last bytes not yet
 	// sent.
 	stepAnswerFinal = "answer final"
+	// stepAdmitWaits: an admission refused for want of a slot waits for one of its user's
+	// settlements (admitWaitingForSettlements); stepSettle precedes a call's settlement.
+	stepAdmitWaits = "admission waits for a settlement"
+	stepSettle     = "settle"
 )
 
 // beforeStep tells the step observer, if any (tests), that step starts under ctx.

@@ -28,6 +28,11 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		defer panic(http.ErrAbortHandler)
 	}
 	c.ended = time.Now()
+	if !c.inRun {
+		// Its answer is over; until its settlement is back (settle ends this), an admission of
+		// its user refused for want of a slot waits for it.
+		s.settling.begin(c.user.ID)
+	}
 	st := s.settlementOf(c)
 	ctx := context.WithoutCancel(reqCtx)
 	if records := slices.Concat(s.contextHandedOn(c, st), s.spokenAnswers(c, st), s.answerOwner(c)); len(records) > 0 {
@@ -141,11 +146,14 @@ func (s *Server) finishPlainCall(ctx context.Context, c *call, st holds.Settleme
 // A settlement that gives up leaves the hold to expire and the reconciler to settle it from
 // the tally.
 func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
+	// Last, once the lease is gone too: what finish began for this call.
+	defer s.settling.end(c.user.ID)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
 	// Settled or not, the call is over: without its lease, a run whose settlement failed is
 	// the reconciler's once its hold expires.
 	defer s.releaseLease(ctx, c)
+	s.beforeStep(ctx, stepSettle)
 	res, err := s.writer.Settle(ctx, st)
 	if err != nil {
 		s.metrics.SettleFailures.Inc()

@@ -1,0 +1,101 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+)
+
+// TestSlotOfAnAnsweredCallIsNotRefused: a caller with max_in_flight 1 that sends its next call
+// the moment it has the previous answer is served, though that answer's settlement has not
+// reached the database yet (held here at its step until the next admission is refused): a
+// slot frees when a call ends (README, 429 too_many_in_flight). The admission, refused for
+// want of the slot the settling call still held, was answered 429 — about one call in
+// fifteen of a sequential caller's — and its SDK waited a second before its retry.
+func TestSlotOfAnAnsweredCallIsNotRefused(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		p := c.Plans["standard"]
+		p.MaxInFlight = 1
+		c.Plans["standard"] = p
+	})
+	u, key := h.user("standard")
+	waiting, answered := make(chan struct{}), make(chan struct{})
+	var waitingOnce sync.Once
+	var settles atomic.Int32
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		switch step {
+		case "settle":
+			if settles.Add(1) == 1 {
+				// The first call's settlement goes to the database only once the second call's
+				// admission was refused and waits (or, refused outright, was answered).
+				select {
+				case <-waiting:
+				case <-answered:
+				}
+			}
+		case "admission waits for a settlement":
+			waitingOnce.Do(func() { close(waiting) })
+		}
+	})
+	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
+		t.Fatalf("first call: %d %s", a.status, a.body)
+	}
+	second := send(h.gw.URL, key, chatBody, nil)
+	close(answered)
+	if second.status != http.StatusOK {
+		t.Errorf("the next call, sent once the first was answered: %d %s; want 200 (its slot freed when the first call ended)",
+			second.status, second.body)
+	}
+	h.settled()
+	runs := h.holdsOf(u.ID)
+	if len(runs) != 2 {
+		t.Fatalf("%d holds, want the two calls'", len(runs))
+	}
+	for _, r := range runs {
+		if r.State != holds.StateSettled || r.SettleSource.String != holds.SourceComplete || r.ChargedMicro <= 0 {
+			t.Errorf("run %s: %s by %q charged %d, want each call settled complete and charged", r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
+		}
+	}
+	// Never two live at once: the second was admitted only after the first was settled.
+	if a, b := runs[0], runs[1]; b.CreatedAt.Before(a.SettledAt.Time) && a.CreatedAt.Before(b.SettledAt.Time) {
+		t.Errorf("holds %s [%v, %v] and %s [%v, %v] overlap past max_in_flight 1", a.RunID, a.CreatedAt, a.SettledAt.Time, b.RunID, b.CreatedAt, b.SettledAt.Time)
+	}
+}
+
+// TestSlotOfACallInFlightIsRefusedAtOnce: the wait above is for a call whose answer is over.
+// A caller past max_in_flight with its calls still running is answered 429 at once, without
+// waiting for anything.
+func TestSlotOfACallInFlightIsRefusedAtOnce(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		p := c.Plans["standard"]
+		p.MaxInFlight = 1
+		c.Plans["standard"] = p
+	})
+	_, key := h.user("standard")
+	var waits atomic.Int32
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		if step == "admission waits for a settlement" {
+			waits.Add(1)
+		}
+	})
+	calls := h.fake.Calls()
+	first := make(chan answer, 1)
+	go func() { first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Fake-Latency": "2s"}) }()
+	waitFor(t, "the first call to reach the upstream", func() bool { return h.fake.Calls() > calls })
+	second := send(h.gw.URL, key, chatBody, nil)
+	if second.status != http.StatusTooManyRequests || errorCode(t, second.body) != "too_many_in_flight" {
+		t.Errorf("a call past max_in_flight 1 while the first runs: %d %s; want 429 too_many_in_flight", second.status, second.body)
+	}
+	if n := waits.Load(); n != 0 {
+		t.Errorf("the refused admission waited %d times, want none: no call of its user was settling", n)
+	}
+	if a := <-first; a.status != http.StatusOK {
+		t.Errorf("first call: %d %s", a.status, a.body)
+	}
+	h.settled()
+}

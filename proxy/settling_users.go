@@ -1,0 +1,93 @@
+package proxy
+
+import "sync"
+
+// settlingUsers counts, by user, this process's calls whose answer is over and whose settlement
+// has not yet come back from the database. Such a call's hold still takes one of its user's
+// max_in_flight slots, though its caller already has the answer: a caller that sends its next
+// call the moment it has one (a script, an agent fanning out as many calls as its plan allows)
+// had that call refused 429 too_many_in_flight whenever its admission reached the database
+// before the previous call's settlement did. An admission refused so waits for one of those
+// settlements and tries again (admitWaitingForSettlements).
+type settlingUsers struct {
+	mu    sync.Mutex
+	users map[uint64]*settlingUser
+}
+
+// settlingUser is one user's calls being settled. Its entry is dropped when the last one ends,
+// so that the map holds only users with settlements under way.
+type settlingUser struct {
+	n    int
+	ends uint64        // settlements ended since the entry was made
+	next chan struct{} // closed, and replaced, at each end
+}
+
+// settlingMark is what an admission saw of its user's settlements before it went to the
+// database: an end after it may have freed the slot the admission was refused for.
+type settlingMark struct {
+	entry *settlingUser
+	ends  uint64
+}
+
+// begin counts one of user's calls as settling: its answer is over, its hold still live.
+func (sc *settlingUsers) begin(user uint64) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.users == nil {
+		sc.users = make(map[uint64]*settlingUser)
+	}
+	e := sc.users[user]
+	if e == nil {
+		e = &settlingUser{next: make(chan struct{})}
+		sc.users[user] = e
+	}
+	e.n++
+}
+
+// end counts one of user's settlements, begun by begin, as over (committed or given up).
+func (sc *settlingUsers) end(user uint64) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	e := sc.users[user]
+	if e == nil || e.n <= 0 {
+		panic("settlingUsers: end without begin") // a slot counted twice would never free
+	}
+	e.n--
+	e.ends++
+	close(e.next)
+	e.next = make(chan struct{})
+	if e.n == 0 {
+		delete(sc.users, user)
+	}
+}
+
+// mark records user's settlements as an admission about to go to the database sees them.
+func (sc *settlingUsers) mark(user uint64) settlingMark {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	e := sc.users[user]
+	if e == nil {
+		return settlingMark{}
+	}
+	return settlingMark{entry: e, ends: e.ends}
+}
+
+// after returns what an admission refused for want of a slot waits for before it tries again:
+// a closed channel when one of user's settlements ended since m (the slot may be free now),
+// the next end's channel when some are still under way, or nil when none is: the refusal
+// stands.
+func (sc *settlingUsers) after(user uint64, m settlingMark) <-chan struct{} {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	e := sc.users[user]
+	switch {
+	case m.entry != nil && (e != m.entry || e.ends != m.ends):
+		return closedChan
+	case e == nil:
+		return nil
+	}
+	return e.next
+}
+
+// closedChan is ready at once.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
