@@ -28,9 +28,10 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		defer panic(http.ErrAbortHandler)
 	}
 	c.ended = time.Now()
-	if !c.inRun {
-		// Its answer is over; until its settlement is back (settle ends this), an admission of
-		// its user refused for want of a slot waits for it.
+	if c.outcome == outcomeDuplicate || !c.inRun {
+		// Settled as a call of its own below: its answer is over, and until its settlement is
+		// back (settle ends this), an admission of its user refused for want of a slot waits
+		// for it.
 		s.settling.begin(c.user.ID)
 	}
 	st := s.settlementOf(c)
