@@ -106,6 +106,9 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 		p.count(top.Get("suffix"))
 	case FormatEmbeddings:
 		p.count(top.Get("input"))
+		// vLLM's chat-style embeddings take the input as messages (a multimodal embedding
+		// model's images too), billed as the prompt.
+		p.addChat(top.Get("messages"), false)
 	}
 	return min(maxEstimatedTokens, ceilDiv(p.textBytes, bytesPerToken)+p.messages*tokensPerMessage)
 }
@@ -419,9 +422,11 @@ func partLen(part gjson.Result, depth int) int64 {
 	case part.IsArray():
 		return textLenAt(part, depth+1)
 	}
-	var typ, text, refusal, content, input, encrypted, stdout, stderr string
+	var typ, text, refusal, content, input, encrypted, stdout, stderr, image string
 	jsontop.Members(part.Raw, func(k, v string) bool {
 		switch k {
+		case "image":
+			firstOf(&image, v)
 		case "encrypted_content":
 			firstOf(&encrypted, v)
 		case "stdout":
@@ -441,6 +446,11 @@ func partLen(part gjson.Result, depth int) int64 {
 		}
 		return true
 	})
+	if typ == "" && strings.HasPrefix(image, `"`) {
+		// An image input without a type (Jina's multimodal embeddings: {"image": a URL or
+		// base64}), billed as tokens: one media part.
+		return tokensPerMedia * bytesPerToken
+	}
 	if t := gjson.Parse(typ).Str; mediaPartTypes[t] {
 		if t == "input_audio" {
 			return clipTokens(part) * bytesPerToken // as estimateAudio counts it

@@ -109,11 +109,65 @@ type Meter struct {
 	// anthropicOutputMissing: a whole Anthropic answer's usage gave no output_tokens (absent,
 	// null or no number). Read as 0, the answer's text went unbilled.
 	anthropicOutputMissing bool
+	// echoPrompts: a completions call asked for echo, so each choice's text begins with its
+	// prompt, which the provider bills as input, not output. Choice i answers prompt
+	// i/echoPer ("" for a token array, whose text is not known: counted as output, never
+	// under the provider's charge). echoSeen holds, by choice, how much of its echo was seen
+	// so far, -1 once its text parted from the prompt (a server that does not echo).
+	echoPrompts []string
+	echoPer     int64
+	echoSeen    map[int64]int
 }
 
 // NewMeter returns a Meter for responses in format f.
 func NewMeter(f Format) *Meter {
 	return &Meter{format: f}
+}
+
+// EchoPrompts tells a completions Meter that the call asked for its prompts echoed (echo):
+// prompts are its prompts, perPrompt the choices each is answered with (n). The echo at the
+// start of each choice's text is no output of the model, and its estimate leaves it out:
+// only as far as the text is the prompt, byte for byte.
+func (m *Meter) EchoPrompts(prompts []string, perPrompt int64) {
+	if m.format != FormatCompletions || perPrompt < 1 || len(prompts) == 0 {
+		return
+	}
+	m.echoPrompts, m.echoPer = prompts, perPrompt
+}
+
+// completionText is the generated text of a completions choice at position pos of its
+// chunk or body: its text's length, less what of it is the echoed prompt.
+func (m *Meter) completionText(pos int64, c gjson.Result) int64 {
+	t := c.Get("text")
+	if t.Type != gjson.String {
+		return 0
+	}
+	text := t.Str
+	if m.echoPrompts == nil || text == "" {
+		return int64(len(text))
+	}
+	i := pos
+	if idx := c.Get("index"); idx.Type == gjson.Number {
+		i = idx.Int()
+	}
+	if i < 0 || i/m.echoPer >= int64(len(m.echoPrompts)) {
+		return int64(len(text))
+	}
+	prompt := m.echoPrompts[i/m.echoPer]
+	if m.echoSeen == nil {
+		m.echoSeen = make(map[int64]int)
+	}
+	seen := m.echoSeen[i]
+	if seen < 0 || seen >= len(prompt) {
+		return int64(len(text))
+	}
+	n := min(len(text), len(prompt)-seen)
+	if text[:n] != prompt[seen:seen+n] {
+		m.echoSeen[i] = -1 // no echo: all of it is the model's
+		return int64(len(text))
+	}
+	m.echoSeen[i] = seen + n
+	return int64(len(text) - n)
 }
 
 // Event observes one streamed event. It must stay cheap: it runs on every chunk.
@@ -302,9 +356,9 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 // openAIChoices counts generated text in choices[].<key> (delta for chunks, message for
 // bodies), or choices[].text for legacy completions.
 func (m *Meter) openAIChoices(choices gjson.Result, key string) {
-	choices.ForEach(func(_, c gjson.Result) bool {
+	choices.ForEach(func(k, c gjson.Result) bool {
 		if m.format == FormatCompletions {
-			m.res.OutputChars += strLen(c.Get("text"))
+			m.res.OutputChars += m.completionText(k.Int(), c)
 			return true
 		}
 		// A message (delta) that gives its reasoning under both names (vLLM copies reasoning

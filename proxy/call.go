@@ -243,6 +243,9 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 
 	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),
 		inRun: clientRunID != "", idem: idem, held: time.Now()}
+	if req.echoPrompts != nil {
+		c.meter.EchoPrompts(req.echoPrompts, req.echoPer)
+	}
 	if c.inRun {
 		// Its budget reservation and its record on the run's row name it by this, so a record
 		// sent again is counted once (holds.Store.RecordRunCall).

@@ -110,6 +110,11 @@ type callRequest struct {
 	// choices is how many answers the call asks for (n, best_of, times the prompts of a
 	// completions batch), each up to the bound.
 	choices int64
+	// echoPrompts are a completions call's prompts when it asks for them echoed (echo),
+	// answered per prompt with echoPer choices (n): the echo is no output
+	// (metering.Meter.EchoPrompts).
+	echoPrompts []string
+	echoPer     int64
 }
 
 // maxChoices bounds n and best_of (OpenAI allows n up to 128).
@@ -312,6 +317,12 @@ func (c *callRequest) readAnswerOptions(root topObject) *apiError {
 	if rt.format == metering.FormatCompletions {
 		// Each prompt of a batch gets its own answers, each up to the bound.
 		c.choices *= promptCount(root.Get("prompt"))
+		if root.Get("echo").Type == gjson.True {
+			c.echoPrompts, c.echoPer = echoedPrompts(root.Get("prompt")), 1
+			if n := root.Get("n"); n.Type == gjson.Number {
+				c.echoPer = max(1, n.Int())
+			}
+		}
 	}
 	if bg := root.Get("background"); rt.format == metering.FormatResponses && bg.Exists() && bg.Type != gjson.Null && bg.Type != gjson.False {
 		// A background response answers at once with a queued response and no usage; the
@@ -720,6 +731,30 @@ func promptCount(prompt gjson.Result) int64 {
 		return 1
 	}
 	return n
+}
+
+// echoedPrompts are the prompts a completions call's echo answers with, in the order
+// promptCount counts them (copies: the meter keeps them while the call runs): "" for a token
+// array, whose text is not known.
+func echoedPrompts(prompt gjson.Result) []string {
+	text := func(v gjson.Result) string {
+		if v.Type == gjson.String {
+			return strings.Clone(v.Str)
+		}
+		return ""
+	}
+	if !prompt.IsArray() {
+		return []string{text(prompt)}
+	}
+	if promptCount(prompt) == 1 {
+		return []string{text(prompt.Get("0"))}
+	}
+	var prompts []string
+	prompt.ForEach(func(_, v gjson.Result) bool {
+		prompts = append(prompts, text(v))
+		return true
+	})
+	return prompts
 }
 
 // maxJSONDepth is the deepest nesting of objects and arrays a body may have: encoding/json's
