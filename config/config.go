@@ -33,6 +33,9 @@ type Config struct {
 	// Cluster's hash tag, so each multi-key step stays in one slot (runstate.Keys).
 	RedisCluster bool  `yaml:"redis_cluster"`
 	CreditMicro  int64 `yaml:"credit_micro"` // micro-USD per credit
+	// badRedisClusterEnv is a REDIS_CLUSTER that is no boolean, for validate to name: dropped,
+	// it left the gateway opening a Cluster's seed node as one server.
+	badRedisClusterEnv string
 
 	Limits Limits          `yaml:"limits"`
 	Holds  Holds           `yaml:"holds"`

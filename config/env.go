@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 )
 
@@ -18,11 +19,12 @@ func (c *Config) applyEnv(getenv func(string) string) {
 	}
 	set(&c.MySQLDSN, "MYSQL_DSN")
 	set(&c.RedisURL, "REDIS_URL")
-	switch getenv("REDIS_CLUSTER") {
-	case "1", "true":
-		c.RedisCluster = true
-	case "0", "false":
-		c.RedisCluster = false
+	if v := getenv("REDIS_CLUSTER"); v != "" {
+		if b, err := strconv.ParseBool(v); err == nil {
+			c.RedisCluster = b
+		} else {
+			c.badRedisClusterEnv = v
+		}
 	}
 	set(&c.ListenAddr, "LISTEN_ADDR")
 	set(&c.AdminToken, "ADMIN_TOKEN")

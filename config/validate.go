@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -77,6 +79,18 @@ func (c *Config) checkService(bad complain, needRedis bool) {
 	}
 	if c.MySQLDSN == "" {
 		bad("mysql_dsn (MYSQL_DSN)", "is empty; e.g. tollgate:tollgate@tcp(127.0.0.1:3306)/tollgate")
+	} else if dsn, err := mysql.ParseDSN(c.MySQLDSN); err == nil {
+		// The driver applies a timeout only above 0, and the gateway puts its own in place of 0
+		// alone: a negative one was no bound at all, where the checks below count the read
+		// timeout as bounding a stalled COMMIT.
+		for _, t := range []struct {
+			name string
+			d    time.Duration
+		}{{"readTimeout", dsn.ReadTimeout}, {"writeTimeout", dsn.WriteTimeout}, {"timeout", dsn.Timeout}} {
+			if t.d < 0 {
+				bad("mysql_dsn (MYSQL_DSN)", "%s %v is negative: the driver would then wait for the database without bound (leave it out for the gateway's)", t.name, t.d)
+			}
+		}
 	}
 	if c.RedisURL == "" {
 		if needRedis {
@@ -93,6 +107,9 @@ func (c *Config) checkService(bad complain, needRedis bool) {
 	} else if !c.RedisCluster && u.Query().Has("addr") {
 		bad("redis_url (REDIS_URL)", "%q names more nodes (addr=): set redis_cluster: true (REDIS_CLUSTER=true) for a Redis Cluster", redactURL(c.RedisURL))
 	}
+	if c.badRedisClusterEnv != "" {
+		bad("redis_cluster (REDIS_CLUSTER)", "%q is neither true nor false", c.badRedisClusterEnv)
+	}
 	if len(c.RedisKeyPrefix) > maxRedisKeyPrefixLen {
 		bad("redis_key_prefix (TOLLGATE_REDIS_PREFIX)", "is %d bytes, at most %d: every key of every call carries it", len(c.RedisKeyPrefix), maxRedisKeyPrefixLen)
 	}
@@ -107,7 +124,11 @@ func (c *Config) checkService(bad complain, needRedis bool) {
 		bad("admin_token (ADMIN_TOKEN)", "has white space at either end or a control character (a newline kept from a secret file?): "+
 			"the admin API trims the token a caller sends, so this one could never be matched")
 	}
-	if utf8.RuneCountInString(c.Instance) > maxInstanceNameLen {
+	if !utf8.ValidString(c.Instance) {
+		// Recorded in utf8mb4 columns: bytes that are not UTF-8 failed the start at its first
+		// record with "Incorrect string value" for credit_unit.set_by, naming no setting.
+		bad("instance (TOLLGATE_INSTANCE)", "%q is not UTF-8 text: the database records it (instances.name)", c.Instance)
+	} else if utf8.RuneCountInString(c.Instance) > maxInstanceNameLen {
 		// Recorded in instances.name and the set_by of credit_unit and plan_terms: a longer
 		// name failed the start at its first record, naming a column instead of this setting.
 		bad("instance (TOLLGATE_INSTANCE)", "is %d characters, at most %d: the database records it (instances.name)",

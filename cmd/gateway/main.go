@@ -49,8 +49,9 @@ report, runs, user show/list/set, reconcile) refuse a config whose credit_micro 
 the gateways serve at, and those that use the plans' terms (grant, balance, user show/list/set,
 reconcile) one whose plans are not the gateways'; reconcile refuses a redis_key_prefix other
 than theirs, and prune a -days within the longest tally_ttl or replay_ttl a gateway served
-with: pass them the gateways' -config. The others (user create/disable/enable, key, instances,
-audit) run with any config.
+with: pass them the gateways' -config. user create refuses a -plan the gateways serve no
+terms for, and without -plan a config whose default_plan is not theirs. The others (user
+disable/enable, key, instances, audit, demo-setup, migrate) run with any config.
 `
 
 func main() {
@@ -657,11 +658,28 @@ func redisClusterOptions(url string) (*redis.ClusterOptions, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis_url: %w", err)
 	}
-	if opt.PoolSize == 0 {
-		opt.PoolSize = defaultRedisPoolSize
+	if opt.PoolSize, err = redisPoolSize(opt.PoolSize); err != nil {
+		return nil, err
 	}
 	opt.ContextTimeoutEnabled = true
 	return opt, nil
+}
+
+// maxRedisPoolSize bounds redis_url's pool_size: Redis's own default maxclients.
+const maxRedisPoolSize = 10_000
+
+// redisPoolSize is the pool redis_url's pool_size asks for (0, or none: the gateway's
+// default). go-redis takes any integer: a negative one panicked the start (makechan: size out
+// of range), and a huge one ran it out of memory (it sizes the pool's slices by it).
+func redisPoolSize(n int) (int, error) {
+	switch {
+	case n == 0:
+		return defaultRedisPoolSize, nil
+	case n < 0 || n > maxRedisPoolSize:
+		return 0, fmt.Errorf("redis_url: pool_size %d: want 1 to %d connections (per node on a Cluster), or none for %d",
+			n, maxRedisPoolSize, defaultRedisPoolSize)
+	}
+	return n, nil
 }
 
 // redisOptions parses redis_url and applies the gateway's defaults.
@@ -670,8 +688,8 @@ func redisOptions(url string) (*redis.Options, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redis_url: %w", err)
 	}
-	if opt.PoolSize == 0 {
-		opt.PoolSize = defaultRedisPoolSize
+	if opt.PoolSize, err = redisPoolSize(opt.PoolSize); err != nil {
+		return nil, err
 	}
 	// The deadlines the gateway puts on its Redis calls (the tally's, the fingerprint's, a
 	// lookup on the caller's path) are their bounds: by default go-redis waits out its own read

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestServerRefusalsAreThoseREADMESaysArePlainText: README § Errors says every error has
+// OpenAI's (or on /v1/messages Anthropic's) JSON shape, and names the answers Go's HTTP server
+// writes itself before any handler runs — 400 for a request it cannot parse (two different
+// Content-Lengths among them), 431 for headers past 64 KiB, 501 for a Transfer-Encoding other
+// than chunked. Those are plain text (net/http writes them; no handler, so no JSON, no
+// X-Tollgate-Request-Id and no metric), and README must say so where it promises the shape,
+// or a caller or an alert keyed on error.code looks for a body that never comes.
+func TestServerRefusalsAreThoseREADMESaysArePlainText(t *testing.T) {
+	addr := serveBounded(t)
+	for _, tc := range []struct {
+		name, request string
+		status        int
+	}{
+		{"two Content-Lengths", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello", http.StatusBadRequest},
+		{"a request line that is no HTTP", "GARBAGE\r\n\r\n", http.StatusBadRequest},
+		{"headers past 64 KiB", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: " + strings.Repeat("a", 72<<10) + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge},
+		{"another Transfer-Encoding", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", http.StatusNotImplemented},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			if _, err := io.WriteString(c, tc.request); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Errorf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+				t.Errorf("Content-Type %q (body %q): the server's own refusal is no longer plain text; README § Errors says it is", ct, body)
+			}
+		})
+	}
+
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(raw)
+	start := strings.Index(readme, "\n### Errors\n")
+	if start < 0 {
+		t.Fatal("README has no ### Errors section")
+	}
+	intro := readme[start:]
+	if end := strings.Index(intro, "\n| status |"); end >= 0 {
+		intro = intro[:end]
+	}
+	for _, want := range []string{"plain text", "431", "501"} {
+		if !strings.Contains(intro, want) {
+			t.Errorf("README § Errors' introduction promises every error in JSON and does not name the HTTP server's own plain-text refusals (%q missing)", want)
+		}
+	}
+}
