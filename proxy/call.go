@@ -600,6 +600,15 @@ type callIDs struct{ clientRunID, idemKey, sessionID string }
 
 func parseCallIDs(h http.Header) (callIDs, *apiError) {
 	ids := callIDs{clientRunID: h.Get("X-Run-Id"), idemKey: h.Get(IdempotencyKeyHeader), sessionID: h.Get(SessionHeader)}
+	// Sent twice, a name is read as its first line, which may be empty: a retry whose first
+	// Idempotency-Key line was empty ran as a plain call, and was charged again.
+	for _, n := range [...]struct{ header, code string }{
+		{"X-Run-Id", "invalid_run_id"}, {IdempotencyKeyHeader, "invalid_idempotency_key"}, {SessionHeader, "invalid_session_id"},
+	} {
+		if len(h.Values(n.header)) > 1 {
+			return ids, errBadRequest(n.code, n.header+" must be sent once: this request sends it on more than one line.")
+		}
+	}
 	switch {
 	case ids.clientRunID != "" && !clientRunIDPattern.MatchString(ids.clientRunID):
 		return ids, errBadRequest("invalid_run_id", "X-Run-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -")
