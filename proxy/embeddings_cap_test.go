@@ -10,7 +10,11 @@ import (
 // is refused (402) before it is forwarded: no output bound can bring it within the cap, and
 // forwarded, the provider bills the whole prompt while the charge is clamped to the cap, the
 // rest the operator's loss. The chat routes were refused so; embeddings, which have no output
-// bound to lower, skipped the check and were forwarded whatever their prompt cost.
+// bound to lower, skipped the check and were forwarded whatever their prompt cost. So were
+// embeddings whose input the estimate did not read: vLLM's chat-style ones (`messages` in
+// place of `input`, the way to embed an image with a multimodal embedding model) and Jina's
+// image inputs (`{"image": …}` beside `{"text": …}`, an input part without a type), estimated
+// at nothing.
 func TestPromptOverTheCapIsRefusedOnEveryRoute(t *testing.T) {
 	h, up := jsonHarness(t, func(c *configT) {
 		dear := c.Models["fake-gpt"]
@@ -24,6 +28,11 @@ func TestPromptOverTheCapIsRefusedOnEveryRoute(t *testing.T) {
 	cases := []struct{ name, path, body string }{
 		{"chat", "/v1/chat/completions", `{"model":"dear","max_tokens":10,"messages":[{"role":"user","content":"` + text + `"}]}`},
 		{"embeddings", "/v1/embeddings", `{"model":"dear","input":"` + text + `"}`},
+		{"embeddings of messages", "/v1/embeddings", `{"model":"dear","messages":[{"role":"user","content":"` + text + `"}]}`},
+		{"embeddings of message parts", "/v1/embeddings",
+			`{"model":"dear","messages":[{"role":"user","content":[{"type":"text","text":"` + text + `"}]}],"encoding_format":"float"}`},
+		// An image billed as tokens: 1 600 of them, as the gateway reckons a media part.
+		{"embeddings of an image", "/v1/embeddings", `{"model":"dear","input":[{"text":"a photo of the sea"},{"image":"https://example.com/beach.jpg"}]}`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
