@@ -15,6 +15,11 @@ import (
 // inputs; its output items' text and arguments): the provider made that output and bills it.
 // The text read past is measured as it goes by now, and the charge is the relayed one, whether
 // the answer's Content-Length said it was too large or it was read past the limit.
+//
+// So too an answer whose usage report gives no figure of the output (completion_tokens or
+// output_tokens absent or null, no total_tokens: a compatible server's), in every format: read
+// whole, its output is the estimate of its text; read past, the text was added only when no
+// report came at all, and the output was billed at 0.
 func TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat(t *testing.T) {
 	words := strings.Repeat("words ", 20_000)
 	const (
@@ -28,7 +33,28 @@ func TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat(t *testing.T) 
 	response := func(output string) string {
 		return `{"id":"resp_1","object":"response","status":"completed","model":"fake-gpt","output":[` + output + `]}`
 	}
+	const chat, completions = `{"model":"fake-gpt","messages":[{"role":"user","content":"Say hello."}]}`, `{"model":"fake-gpt","prompt":"Say hello."}`
+	chatAnswer := func(text, usage string) string {
+		return `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+			text + `"},"finish_reason":"stop"}],"usage":` + usage + `}`
+	}
+	completion := func(text string) string {
+		return `{"id":"cmpl-1","object":"text_completion","model":"fake-gpt","choices":[{"index":0,"text":"` + text +
+			`","finish_reason":"stop"}],"usage":{"prompt_tokens":20}}`
+	}
+	reported := func(body string) string { return strings.Replace(body, `"stop_sequence":null`, `"stop_sequence":null,"usage":{"input_tokens":20}`, 1) }
+	reportedResponse := func(output string) string {
+		return strings.TrimSuffix(response(output), "}") + `,"usage":{"input_tokens":20,"output_tokens":null}}`
+	}
+	const absent, null = `{"prompt_tokens":20}`, `{"prompt_tokens":20,"completion_tokens":null,"total_tokens":null}`
 	cases := []oversizedCase{
+		{"chat, completion_tokens absent", "/v1/chat/completions", chat, chatAnswer("", absent), chatAnswer(words, absent)},
+		{"chat, completion_tokens null", "/v1/chat/completions", chat, chatAnswer("", null), chatAnswer(words, null)},
+		{"completions, completion_tokens absent", "/v1/completions", completions, completion(""), completion(words)},
+		{"anthropic, output_tokens absent", "/v1/messages", claude, reported(message(``)),
+			reported(message(`{"type":"text","text":"` + words + `"}`))},
+		{"responses, output_tokens null", "/v1/responses", responses, reportedResponse(``), reportedResponse(
+			`{"type":"message","id":"msg_1","role":"assistant","content":[{"type":"output_text","text":"` + words + `","annotations":[]}]}`)},
 		{"anthropic text", "/v1/messages", claude, message(``), message(`{"type":"text","text":"` + words + `"}`)},
 		{"anthropic thinking, escaped text and a tool's input", "/v1/messages", claude, message(``), message(
 			`{"type":"thinking","thinking":"` + strings.ReplaceAll(words[:60_000], " ", `\n`) + `","signature":"c2ln"},` +
