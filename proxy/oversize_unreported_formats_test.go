@@ -42,7 +42,9 @@ func TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat(t *testing.T) 
 		return `{"id":"cmpl-1","object":"text_completion","model":"fake-gpt","choices":[{"index":0,"text":"` + text +
 			`","finish_reason":"stop"}],"usage":{"prompt_tokens":20}}`
 	}
-	reported := func(body string) string { return strings.Replace(body, `"stop_sequence":null`, `"stop_sequence":null,"usage":{"input_tokens":20}`, 1) }
+	reported := func(body string) string {
+		return strings.Replace(body, `"stop_sequence":null`, `"stop_sequence":null,"usage":{"input_tokens":20}`, 1)
+	}
 	reportedResponse := func(output string) string {
 		return strings.TrimSuffix(response(output), "}") + `,"usage":{"input_tokens":20,"output_tokens":null}}`
 	}
