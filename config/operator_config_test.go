@@ -89,7 +89,9 @@ func TestAPIKeyEnvThatIsNotAVariableNameIsRefusedWithoutPrintingIt(t *testing.T)
 
 // A price or a plan amount left out (or left empty: `input:`) decoded as 0: a model whose
 // output was never priced served its output free, and a plan without allowance_credits gave
-// no daily allowance, both without a word at start. Zero written out is still accepted.
+// no daily allowance, both without a word at start. Zero written out is still accepted. The
+// error says to write 0 only where 0 is accepted: left out, a hold or a count of calls was
+// told "write 0 if 0 is meant", and 0 was refused in turn.
 func TestMoneyFieldsLeftOutAreRefused(t *testing.T) {
 	plan := func(skip string) string {
 		out := "plans:\n  pro:\n"
@@ -105,18 +107,24 @@ func TestMoneyFieldsLeftOutAreRefused(t *testing.T) {
 		}
 		return out
 	}
-	for _, tc := range []struct{ name, yaml, want string }{
-		{"output left out", "models:\n  m:\n    input: 1\n", "models.m.output"},
-		{"input left out", "models:\n  m:\n    output: 1\n", "models.m.input"},
-		{"input left empty", "models:\n  m:\n    input:\n    output: 1\n", "models.m.input"},
-		{"cache_read left empty", "models:\n  m:\n    input: 1\n    output: 1\n    cache_read:\n", "models.m.cache_read"},
-		{"allowance left empty", plan("allowance_credits"), "plans.pro.allowance_credits"},
-		{"max_in_flight left out", plan("max_in_flight"), "plans.pro.max_in_flight"},
+	const zeroMeant, aboveZero = "write 0 if 0 is meant", "write a figure above 0"
+	for _, tc := range []struct{ name, yaml, want, hint string }{
+		{"output left out", "models:\n  m:\n    input: 1\n", "models.m.output", zeroMeant},
+		{"input left out", "models:\n  m:\n    output: 1\n", "models.m.input", zeroMeant},
+		{"input left empty", "models:\n  m:\n    input:\n    output: 1\n", "models.m.input", zeroMeant},
+		{"cache_read left empty", "models:\n  m:\n    input: 1\n    output: 1\n    cache_read:\n", "models.m.cache_read", zeroMeant},
+		{"allowance left empty", plan("allowance_credits"), "plans.pro.allowance_credits", zeroMeant},
+		{"max_in_flight left out", plan("max_in_flight"), "plans.pro.max_in_flight", aboveZero},
+		{"heavy_after_turns left empty", plan("heavy_after_turns"), "plans.pro.heavy_after_turns", aboveZero},
+		{"hold_normal_credits left empty", plan("hold_normal_credits"), "plans.pro.hold_normal_credits", aboveZero},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := loadYAML(t, tc.yaml)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("error %v, want it to name %s", err, tc.want)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.hint) {
+				t.Errorf("error %v, want it to name %s and say %q", err, tc.want, tc.hint)
+			}
+			if tc.hint == aboveZero && strings.Contains(err.Error(), zeroMeant) {
+				t.Errorf("error %v tells the operator to write 0, which is refused", err)
 			}
 		})
 	}

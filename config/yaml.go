@@ -142,11 +142,15 @@ func checkWritten(raw []byte) (errs []error, told []string) {
 	return errs, told
 }
 
-// zeroHint is what a missing or empty field's error adds: 0 is a price or plan figure an
-// operator may mean, never a long-context line (0 is refused in turn).
+// zeroHint is what a missing or empty field's error adds: 0 is a price or a daily allowance an
+// operator may mean, never a long-context line, a hold, a cap, a count of calls or of turns (0
+// is refused in turn: hinted at, it sent the operator from one refusal to the next).
 func zeroHint(field string) string {
-	if field == "above_prompt_tokens" {
+	switch field {
+	case "above_prompt_tokens":
 		return "; write the prompt size past which the block's prices apply"
+	case "hold_normal_credits", "hold_heavy_credits", "max_run_cost_credits", "max_in_flight", "heavy_after_turns":
+		return "; write a figure above 0"
 	}
 	return "; write 0 if 0 is meant"
 }
