@@ -21,26 +21,15 @@ import (
 // A response without a usage report is charged its estimate (the run's cost, more than 0);
 // one that failed before any output, nothing.
 func TestEveryFixtureIsChargedItsExpectedCost(t *testing.T) {
-	dir := testenv.FixturesDir(t)
-	expected := loadExpected(t, dir)
-	names := make([]string, 0, len(expected))
-	for name := range expected {
-		names = append(names, name)
-	}
-	sort.Strings(names)
+	expected := loadExpected(t, testenv.FixturesDir(t))
+	names := fixtureNames(expected, false)
 	h := newHarness(t, nil)
 	ctx := context.Background()
 	for _, bp := range []int{0, 3333} {
 		for _, name := range names {
 			want := expected[name]
 			// A fresh user of the standard plan for each call: its ledger moves by this call alone.
-			u, key := h.user("standard")
-			if bp != 0 {
-				d := bp
-				if err := h.store.SetUserLimits(ctx, u.ID, nil, nil, &d); err != nil {
-					t.Fatal(err)
-				}
-			}
+			u, key := h.discountedUser(bp)
 			path, body := fixtureRequest(name, true)
 			resp := h.post(key, path, body, map[string]string{fakellm.HeaderReplay: name})
 			answer := readAll(t, resp.Body)
@@ -55,9 +44,7 @@ func TestEveryFixtureIsChargedItsExpectedCost(t *testing.T) {
 			case errorBeforeOutput[name]:
 				cost = 0
 			case want.Reported:
-				// fake-gpt's prices (claude-test's are the same): 2.50 / 1.25 / 3.125 / 10.00 USD per
-				// million tokens for input, cache_read, cache_write, output.
-				cost = (want.Input*2_500_000 + want.CacheRead*1_250_000 + want.CacheWrite*3_125_000 + want.Output*10_000_000 + 999_999) / 1_000_000
+				cost = fixtureCost(want)
 				if run.CostMicro != cost {
 					t.Errorf("%s (%d bp): cost %d µUSD, want %d (expected.json %+v)", name, bp, run.CostMicro, cost, want)
 				}
@@ -67,7 +54,7 @@ func TestEveryFixtureIsChargedItsExpectedCost(t *testing.T) {
 					t.Errorf("%s (%d bp): no usage reported; cost %d estimated=%v, want an estimate above 0", name, bp, cost, run.Estimated)
 				}
 			}
-			charge := (cost*int64(10_000-bp) + 9_999) / 10_000
+			charge := discounted(cost, bp)
 			if run.State != holds.StateSettled || run.ChargedMicro != charge || run.DiscountBP != bp {
 				t.Errorf("%s (%d bp): %s, charged %d at %d bp, want settled at %d (cost %d)", name, bp, run.State, run.ChargedMicro, run.DiscountBP, charge, cost)
 			}
@@ -80,4 +67,38 @@ func TestEveryFixtureIsChargedItsExpectedCost(t *testing.T) {
 			}
 		}
 	}
+}
+
+// fixtureNames lists expected's fixtures in order, only those with a usage report if reported.
+func fixtureNames(expected map[string]expectedUsage, reported bool) []string {
+	names := make([]string, 0, len(expected))
+	for name, want := range expected {
+		if want.Reported || !reported {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	return names
+}
+
+// fixtureCost is what a fixture's expected usage costs at fake-gpt's prices (claude-test's are
+// the same): 2.50 / 1.25 / 3.125 / 10.00 USD per million tokens for input, cache_read,
+// cache_write, output, rounded up once.
+func fixtureCost(want expectedUsage) int64 {
+	return (want.Input*2_500_000 + want.CacheRead*1_250_000 + want.CacheWrite*3_125_000 + want.Output*10_000_000 + 999_999) / 1_000_000
+}
+
+// discounted is cost less a discount of bp basis points, rounded up to the µUSD.
+func discounted(cost int64, bp int) int64 { return (cost*int64(10_000-bp) + 9_999) / 10_000 }
+
+// discountedUser is a fresh user of the standard plan with a discount of bp basis points.
+func (h *harness) discountedUser(bp int) (holds.User, string) {
+	h.t.Helper()
+	u, key := h.user("standard")
+	if bp != 0 {
+		if err := h.store.SetUserLimits(context.Background(), u.ID, nil, nil, &bp); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	return u, key
 }

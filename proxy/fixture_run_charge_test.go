@@ -3,7 +3,6 @@ package proxy_test
 import (
 	"context"
 	"net/http"
-	"sort"
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
@@ -18,15 +17,8 @@ import (
 // price), the run's cost their sum, its charge the discount off that sum rounded up — and the
 // day ledger moves by the run's charge alone.
 func TestEveryFixtureInANamedRunIsChargedItsExpectedCost(t *testing.T) {
-	dir := testenv.FixturesDir(t)
-	expected := loadExpected(t, dir)
-	names := make([]string, 0, len(expected))
-	for name, want := range expected {
-		if want.Reported {
-			names = append(names, name)
-		}
-	}
-	sort.Strings(names)
+	expected := loadExpected(t, testenv.FixturesDir(t))
+	names := fixtureNames(expected, true)
 	h := newHarness(t, func(c *configT) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
 	ctx := context.Background()
 	for _, bp := range []int{0, 3333} {
@@ -37,17 +29,10 @@ func TestEveryFixtureInANamedRunIsChargedItsExpectedCost(t *testing.T) {
 		}
 		runs["all"] = names
 		for id, calls := range runs {
-			u, key := h.user("standard")
-			if bp != 0 {
-				d := bp
-				if err := h.store.SetUserLimits(ctx, u.ID, nil, nil, &d); err != nil {
-					t.Fatal(err)
-				}
-			}
+			u, key := h.discountedUser(bp)
 			var cost int64
 			var runID string
 			for _, name := range calls {
-				want := expected[name]
 				path, body := fixtureRequest(name, true)
 				resp := h.post(key, path, body, map[string]string{fakellm.HeaderReplay: name, "X-Run-Id": id})
 				runID = resp.Header.Get(proxy.RunIDHeader)
@@ -56,14 +41,14 @@ func TestEveryFixtureInANamedRunIsChargedItsExpectedCost(t *testing.T) {
 				if resp.StatusCode != 200 {
 					t.Fatalf("%s in run %s: status %d: %.300s", name, id, resp.StatusCode, answer)
 				}
-				cost += (want.Input*2_500_000 + want.CacheRead*1_250_000 + want.CacheWrite*3_125_000 + want.Output*10_000_000 + 999_999) / 1_000_000
+				cost += fixtureCost(expected[name])
 			}
 			h.settled()
 			if status, body := h.settleRun(key, id); status != http.StatusOK {
 				t.Fatalf("settle %s: %d %s", id, status, body)
 			}
 			run := h.run(u.ID, runID)
-			charge := (cost*int64(10_000-bp) + 9_999) / 10_000
+			charge := discounted(cost, bp)
 			if run.State != holds.StateSettled || run.CostMicro != cost || run.ChargedMicro != charge {
 				t.Errorf("run %s (%d bp, %d calls): %s cost %d charged %d, want cost %d charged %d", id, bp, len(calls), run.State, run.CostMicro, run.ChargedMicro, cost, charge)
 			}
