@@ -114,16 +114,23 @@ func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logg
 // max_in_flight slot while some of its user's calls on this process are settling (their
 // answers over, their holds still live: settlingUsers), it waits for one of those settlements
 // to end and tries again, up to maxSettlingWaits times within ctx: a slot frees when a call
-// ends, not when its settlement reaches the database. A refusal with none settling stands.
+// ends, not when its settlement reaches the database. A refusal with none settling stands, as
+// does one whose try again the budget left no time to start (ErrAdmitNotStarted: nothing
+// held): its caller is told 429 too_many_in_flight, not 503 billing_unavailable.
 func (s *Server) admitWaitingForSettlements(ctx context.Context, ar holds.AdmitRequest) (holds.Hold, error) {
+	var refused error
 	for waits := 0; ; waits++ {
 		seen := s.settling.mark(ar.UserID)
 		s.beforeStep(ctx, stepAdmit)
 		hold, err := s.writer.Admit(ctx, ar)
 		var busy *holds.TooManyInFlightError
-		if !errors.As(err, &busy) || waits == maxSettlingWaits {
+		switch {
+		case refused != nil && errors.Is(err, holds.ErrAdmitNotStarted):
+			return holds.Hold{}, refused
+		case !errors.As(err, &busy) || waits == maxSettlingWaits:
 			return hold, err
 		}
+		refused = err
 		next := s.settling.after(ar.UserID, seen)
 		if next == nil {
 			return hold, err

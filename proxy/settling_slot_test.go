@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
@@ -98,4 +99,54 @@ func TestSlotOfACallInFlightIsRefusedAtOnce(t *testing.T) {
 		t.Errorf("first call: %d %s", a.status, a.body)
 	}
 	h.settled()
+}
+
+// TestSlotWaitPastTheBudgetIsStillTooManyInFlight: an admission that waited for its user's
+// settlement and had no budget left to try again (its try not started before admit_timeout:
+// nothing held) is answered as its refusal was, 429 too_many_in_flight with Retry-After, not
+// 503 billing_unavailable: the database was never out of reach.
+func TestSlotWaitPastTheBudgetIsStillTooManyInFlight(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		p := c.Plans["standard"]
+		p.MaxInFlight = 1
+		c.Plans["standard"] = p
+		c.Limits.AdmitTimeout = 500 * time.Millisecond
+	})
+	u, key := h.user("standard")
+	waiting, answered := make(chan struct{}), make(chan struct{})
+	var waitingOnce sync.Once
+	var settles, admits atomic.Int32
+	h.srv.ObserveSteps(func(ctx context.Context, step string) {
+		switch step {
+		case "settle":
+			if settles.Add(1) == 1 {
+				select {
+				case <-waiting:
+				case <-answered:
+				}
+			}
+		case "admission waits for a settlement":
+			waitingOnce.Do(func() { close(waiting) })
+		case "admit":
+			if admits.Add(1) == 3 {
+				<-ctx.Done() // the second call's try again: its budget runs out before it starts
+			}
+		}
+	})
+	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
+		t.Fatalf("first call: %d %s", a.status, a.body)
+	}
+	second := send(h.gw.URL, key, chatBody, nil)
+	close(answered)
+	if n := admits.Load(); n != 3 {
+		t.Fatalf("%d admission tries, want 3: the first call's, the second's and its try again after the wait", n)
+	}
+	if second.status != http.StatusTooManyRequests || errorCode(t, second.body) != "too_many_in_flight" || second.header.Get("Retry-After") == "" {
+		t.Errorf("the next call, its try again out of budget: %d Retry-After %q %s; want 429 too_many_in_flight with Retry-After",
+			second.status, second.header.Get("Retry-After"), second.body)
+	}
+	h.settled()
+	if runs := h.holdsOf(u.ID); len(runs) != 1 || runs[0].State != holds.StateSettled {
+		t.Errorf("holds %+v, want the first call's alone, settled: the refused call held nothing", runs)
+	}
 }

@@ -8,7 +8,9 @@ import "sync"
 // call the moment it has one (a script, an agent fanning out as many calls as its plan allows)
 // had that call refused 429 too_many_in_flight whenever its admission reached the database
 // before the previous call's settlement did. An admission refused so waits for one of those
-// settlements and tries again (admitWaitingForSettlements).
+// settlements and tries again (admitWaitingForSettlements). A call whose finish panics between
+// its begin and its settlement (a bug: its hold is then the reconciler's) stays counted, and
+// its user's refusals each wait out their admission budget before their 429.
 type settlingUsers struct {
 	mu    sync.Mutex
 	users map[uint64]*settlingUser
