@@ -19,30 +19,10 @@ import (
 // want of the slot the settling call still held, was answered 429 — about one call in
 // fifteen of a sequential caller's — and its SDK waited a second before its retry.
 func TestSlotOfAnAnsweredCallIsNotRefused(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) {
-		p := c.Plans["standard"]
-		p.MaxInFlight = 1
-		c.Plans["standard"] = p
-	})
+	h := oneSlotHarness(t, nil)
 	u, key := h.user("standard")
-	waiting, answered := make(chan struct{}), make(chan struct{})
-	var waitingOnce sync.Once
-	var settles atomic.Int32
-	h.srv.ObserveSteps(func(_ context.Context, step string) {
-		switch step {
-		case "settle":
-			if settles.Add(1) == 1 {
-				// The first call's settlement goes to the database only once the second call's
-				// admission was refused and waits (or, refused outright, was answered).
-				select {
-				case <-waiting:
-				case <-answered:
-				}
-			}
-		case "admission waits for a settlement":
-			waitingOnce.Do(func() { close(waiting) })
-		}
-	})
+	answered := make(chan struct{})
+	firstSettlementHeld(h, answered, nil)
 	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
 		t.Fatalf("first call: %d %s", a.status, a.body)
 	}
@@ -72,11 +52,7 @@ func TestSlotOfAnAnsweredCallIsNotRefused(t *testing.T) {
 // A caller past max_in_flight with its calls still running is answered 429 at once, without
 // waiting for anything.
 func TestSlotOfACallInFlightIsRefusedAtOnce(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) {
-		p := c.Plans["standard"]
-		p.MaxInFlight = 1
-		c.Plans["standard"] = p
-	})
+	h := oneSlotHarness(t, nil)
 	_, key := h.user("standard")
 	var waits atomic.Int32
 	h.srv.ObserveSteps(func(_ context.Context, step string) {
@@ -106,31 +82,13 @@ func TestSlotOfACallInFlightIsRefusedAtOnce(t *testing.T) {
 // nothing held) is answered as its refusal was, 429 too_many_in_flight with Retry-After, not
 // 503 billing_unavailable: the database was never out of reach.
 func TestSlotWaitPastTheBudgetIsStillTooManyInFlight(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) {
-		p := c.Plans["standard"]
-		p.MaxInFlight = 1
-		c.Plans["standard"] = p
-		c.Limits.AdmitTimeout = 500 * time.Millisecond
-	})
+	h := oneSlotHarness(t, func(c *config.Config) { c.Limits.AdmitTimeout = 500 * time.Millisecond })
 	u, key := h.user("standard")
-	waiting, answered := make(chan struct{}), make(chan struct{})
-	var waitingOnce sync.Once
-	var settles, admits atomic.Int32
-	h.srv.ObserveSteps(func(ctx context.Context, step string) {
-		switch step {
-		case "settle":
-			if settles.Add(1) == 1 {
-				select {
-				case <-waiting:
-				case <-answered:
-				}
-			}
-		case "admission waits for a settlement":
-			waitingOnce.Do(func() { close(waiting) })
-		case "admit":
-			if admits.Add(1) == 3 {
-				<-ctx.Done() // the second call's try again: its budget runs out before it starts
-			}
+	answered := make(chan struct{})
+	var admits atomic.Int32
+	firstSettlementHeld(h, answered, func(ctx context.Context, step string) {
+		if step == "admit" && admits.Add(1) == 3 {
+			<-ctx.Done() // the second call's try again: its budget runs out before it starts
 		}
 	})
 	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
@@ -149,4 +107,41 @@ func TestSlotWaitPastTheBudgetIsStillTooManyInFlight(t *testing.T) {
 	if runs := h.holdsOf(u.ID); len(runs) != 1 || runs[0].State != holds.StateSettled {
 		t.Errorf("holds %+v, want the first call's alone, settled: the refused call held nothing", runs)
 	}
+}
+
+// oneSlotHarness is a gateway whose standard plan allows one call in flight, with adjust's
+// changes.
+func oneSlotHarness(t *testing.T, adjust func(*config.Config)) *harness {
+	return newHarness(t, func(c *config.Config) {
+		p := c.Plans["standard"]
+		p.MaxInFlight = 1
+		c.Plans["standard"] = p
+		if adjust != nil {
+			adjust(c)
+		}
+	})
+}
+
+// firstSettlementHeld holds the first settlement at its step until an admission waits for a
+// settlement (or, refused outright, until answered closes), and tells also of every step.
+func firstSettlementHeld(h *harness, answered <-chan struct{}, also func(ctx context.Context, step string)) {
+	waiting := make(chan struct{})
+	var waitingOnce sync.Once
+	var settles atomic.Int32
+	h.srv.ObserveSteps(func(ctx context.Context, step string) {
+		switch step {
+		case "settle":
+			if settles.Add(1) == 1 {
+				select {
+				case <-waiting:
+				case <-answered:
+				}
+			}
+		case "admission waits for a settlement":
+			waitingOnce.Do(func() { close(waiting) })
+		}
+		if also != nil {
+			also(ctx, step)
+		}
+	})
 }
