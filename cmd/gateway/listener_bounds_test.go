@@ -42,20 +42,7 @@ func TestListenerRefusesHeadersPastTheBound(t *testing.T) {
 		{"many small headers past the bound", strings.Repeat("X-A: b\r\n", 10_000), http.StatusRequestHeaderFieldsTooLarge},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-			if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n"+tc.headers+"\r\n"); err != nil {
-				t.Fatal(err)
-			}
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp.Body.Close()
+			resp, _ := rawRequest(t, addr, "GET / HTTP/1.1\r\nHost: x\r\n"+tc.headers+"\r\n")
 			if resp.StatusCode != tc.want {
 				t.Errorf("status %d, want %d", resp.StatusCode, tc.want)
 			}
@@ -83,4 +70,26 @@ func TestListenerClosesAConnectionWhoseHeadersStall(t *testing.T) {
 	if errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("the connection was still open %v after its headers stalled", 3*readHeaderTimeout)
 	}
+}
+
+// rawRequest writes request to addr as it is, bytes Go's client would never send, and returns
+// the answer and its body.
+func rawRequest(t *testing.T, addr, request string) (*http.Response, []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(c, request); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, body
 }

@@ -1,14 +1,10 @@
 package main
 
 import (
-	"bufio"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestServerRefusalsAreThoseREADMESaysArePlainText: README § Errors says every error has
@@ -30,21 +26,7 @@ func TestServerRefusalsAreThoseREADMESaysArePlainText(t *testing.T) {
 		{"another Transfer-Encoding", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", http.StatusNotImplemented},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-			if _, err := io.WriteString(c, tc.request); err != nil {
-				t.Fatal(err)
-			}
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
+			resp, body := rawRequest(t, addr, tc.request)
 			if resp.StatusCode != tc.status {
 				t.Errorf("status %d, want %d", resp.StatusCode, tc.status)
 			}
