@@ -68,6 +68,16 @@ type UnrelayedAnswer struct {
 	pcmBytes   int64
 	clipMicros int64
 	textBytes  int64
+	// A completions call's echoed prompts (Meter.EchoPrompts): the text of choice i begins with
+	// prompt i/echoPer, billed as input, not output, and counted only past it, as Meter.Body
+	// counts it (completionText). choices is how many choice objects began (a choice is known by
+	// its position: its "index" may come after its text, as OpenAI writes it); echo is what of
+	// its prompt the text being read has still to match, echoed how much of it did.
+	echoPrompts []string
+	echoPer     int64
+	choices     int64
+	echo        string
+	echoed      int64
 }
 
 // NewUnrelayedAnswer returns an UnrelayedAnswer for m's answers, or nil when it reads none of
@@ -76,7 +86,9 @@ func (m *Meter) NewUnrelayedAnswer() *UnrelayedAnswer {
 	switch m.format {
 	case FormatChat, FormatEmbeddings:
 		return &UnrelayedAnswer{format: FormatChat}
-	case FormatCompletions, FormatAnthropic, FormatResponses:
+	case FormatCompletions:
+		return &UnrelayedAnswer{format: m.format, echoPrompts: m.echoPrompts, echoPer: m.echoPer}
+	case FormatAnthropic, FormatResponses:
 		return &UnrelayedAnswer{format: m.format}
 	}
 	return nil
@@ -153,7 +165,7 @@ func (b *UnrelayedAnswer) Write(p []byte) (int, error) {
 				case b.data != nil:
 					b.data.write(unsafeString(p[i:j]))
 				case b.counting:
-					b.count(int64(j - i))
+					b.countText(p[i:j])
 				case b.typing:
 					for _, c := range p[i:j] {
 						b.typeByte(c)
@@ -360,6 +372,9 @@ func (b *UnrelayedAnswer) structural(c byte) {
 		if role == roleRaw {
 			b.rawBegins(rawContainer)
 		}
+		if role == roleChoice && c == '{' {
+			b.choices++
+		}
 		switch {
 		case role == roleContent && c == '[':
 			role = roleChunks // a message's text as a list of chunks (chunksLen)
@@ -401,6 +416,9 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			b.data = &spokenData{}
 		case roleText, roleChunkThink, roleContent:
 			b.counting = true
+			if role == roleText && f != nil && f.role == roleChoice {
+				b.echoStarts()
+			}
 		case roleReasoningContent, roleReasoning:
 			b.counting, b.reasoning = true, role
 		case roleRaw:
@@ -667,7 +685,7 @@ func (b *UnrelayedAnswer) stringByte(c byte) {
 	case c == '\\':
 		b.esc = 1
 	case c == '"':
-		b.inString, b.counting, b.holding, b.reasoning = false, false, false, roleNone
+		b.inString, b.counting, b.holding, b.reasoning, b.echo = false, false, false, roleNone, ""
 		if b.typing {
 			b.typing = false
 			if f := b.top(); f != nil && b.typLen == len(b.typ) && string(b.typ[:]) == compactionType {
@@ -736,10 +754,39 @@ func (b *UnrelayedAnswer) text(c byte) {
 		one := [1]byte{c}
 		b.data.write(string(one[:]))
 	case b.counting:
-		b.count(1)
+		one := [1]byte{c}
+		b.countText(one[:])
 	case b.typing:
 		b.typeByte(c)
 	}
+}
+
+// echoStarts begins a completions choice's text: the prompt it answers, when it was echoed, is
+// what the text is matched against before any of it counts.
+func (b *UnrelayedAnswer) echoStarts() {
+	if b.echoPer < 1 {
+		return
+	}
+	if i := (b.choices - 1) / b.echoPer; i >= 0 && i < int64(len(b.echoPrompts)) {
+		b.echo, b.echoed = b.echoPrompts[i], 0
+	}
+}
+
+// countText counts s, the next bytes of the text being read, less what of them is the echoed
+// prompt: as far as the text is the prompt, byte for byte, none of it counts; where it parts
+// from it (a server that did not echo), all of it does, the bytes that matched before too.
+func (b *UnrelayedAnswer) countText(s []byte) {
+	if b.echo != "" {
+		n := min(len(s), len(b.echo))
+		if string(s[:n]) != b.echo[:n] {
+			b.echo = ""
+			b.count(b.echoed)
+		} else {
+			b.echo, b.echoed = b.echo[n:], b.echoed+int64(n)
+			s = s[n:]
+		}
+	}
+	b.count(int64(len(s)))
 }
 
 // count adds n bytes of text: to the answer's, or held in the innermost frame, a block whose

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -385,5 +386,54 @@ func TestUnrelayedAnswerCutCountsWhatWasRead(t *testing.T) {
 	m.AddUnreported(ua)
 	if r := m.Result(); r.AudioOutput == 0 {
 		t.Fatal("half a second of WAV cut counted no audio")
+	}
+}
+
+// TestUnrelayedAnswerLeavesTheEchoOut: a completions answer to a call with echo begins each
+// choice's text with its prompt, which Meter.Body leaves out of the output (completionText).
+// Read past in pieces of any size, the same answer counts the same text: the echo left out as
+// far as the text is the prompt, byte for byte (escapes read as what they stand for), all of
+// it counted where the text parts from the prompt, and choice i matched against prompt i/n.
+func TestUnrelayedAnswerLeavesTheEchoOut(t *testing.T) {
+	const p1, p2 = "Say hello to the world, \u00e9 and all.", "Count to three."
+	choice := func(i int, text string) string {
+		return `{"text":` + text + `,"index":` + strconv.Itoa(i) + `,"logprobs":null,"finish_reason":"stop"}`
+	}
+	for _, tc := range []struct {
+		name    string
+		prompts []string
+		n       int64
+		body    string
+		want    int64 // bytes of output text
+	}{
+		{"echoed", []string{p1}, 1, `{"choices":[` + choice(0, `"`+p1+` Hello!"`) + `]}`, 7},
+		{"echoed, escaped", []string{p1}, 1, `{"choices":[` + choice(0, `"Say hello to the world, \u00e9 and all. Hello!\n"`) + `]}`, 8},
+		{"text shorter than its prompt, all echo", []string{p1}, 1, `{"choices":[` + choice(0, `"Say hello"`) + `]}`, 0},
+		{"not echoed", []string{p1}, 1, `{"choices":[` + choice(0, `"Hello!"`) + `]}`, 6},
+		{"parts from its prompt midway", []string{p1}, 1, `{"choices":[` + choice(0, `"Say hello to the moon"`) + `]}`, 21},
+		{"a batch, n=2", []string{p1, p2}, 2, `{"choices":[` + choice(0, `"`+p1+` A"`) + `,` + choice(1, `"`+p1+` BB"`) + `,` +
+			choice(2, `"`+p2+` 1 2 3"`) + `,` + choice(3, `"`+p2+`"`) + `]}`, 2 + 3 + 6},
+		{"more choices than prompts", []string{p2}, 1, `{"choices":[` + choice(0, `"`+p2+`"`) + `,` + choice(1, `"`+p2+`"`) + `]}`, int64(len(p2))},
+		{"a token array's prompt, unknown", []string{""}, 1, `{"choices":[` + choice(0, `"`+p2+`"`) + `]}`, int64(len(p2))},
+	} {
+		whole := NewMeter(FormatCompletions)
+		whole.EchoPrompts(tc.prompts, tc.n)
+		whole.Body([]byte(tc.body))
+		if got := whole.Result().OutputChars; got != tc.want {
+			t.Fatalf("%s: read whole, %d bytes of output; want %d", tc.name, got, tc.want)
+		}
+		for size := 1; size <= len(tc.body); size++ {
+			m := NewMeter(FormatCompletions)
+			m.EchoPrompts(tc.prompts, tc.n)
+			ua := m.NewUnrelayedAnswer()
+			for b := []byte(tc.body); len(b) > 0; b = b[min(len(b), size):] {
+				ua.Write(b[:min(len(b), size)])
+			}
+			m.AddUnreported(ua)
+			if got := m.Result().OutputChars; got != tc.want {
+				t.Errorf("%s in pieces of %d bytes: %d bytes of output; read whole %d", tc.name, size, got, tc.want)
+				break
+			}
+		}
 	}
 }

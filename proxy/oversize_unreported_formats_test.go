@@ -48,11 +48,18 @@ func TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat(t *testing.T) 
 	reportedResponse := func(output string) string {
 		return strings.TrimSuffix(response(output), "}") + `,"usage":{"input_tokens":20,"output_tokens":null}}`
 	}
+	echo := strings.Repeat("the quick brown fox ", 1_000) // 20 KB
+	echoed := `{"model":"fake-gpt","echo":true,"prompt":"` + echo + `"}`
 	const absent, null = `{"prompt_tokens":20}`, `{"prompt_tokens":20,"completion_tokens":null,"total_tokens":null}`
 	cases := []oversizedCase{
 		{"chat, completion_tokens absent", "/v1/chat/completions", chat, chatAnswer("", absent), chatAnswer(words, absent)},
 		{"chat, completion_tokens null", "/v1/chat/completions", chat, chatAnswer("", null), chatAnswer(words, null)},
 		{"completions, completion_tokens absent", "/v1/completions", completions, completion(""), completion(words)},
+		// With echo, the answer's text begins with its prompt, which is no output: counted past
+		// it, as far as it is the prompt (a text that parts from it midway is all output).
+		{"completions echoing its prompt", "/v1/completions", echoed, completion(""), completion(echo + words)},
+		{"completions whose text parts from its prompt", "/v1/completions", echoed, completion(""),
+			completion(echo[:10_000] + `\u00e9` + echo[10_000:] + words)},
 		{"anthropic, output_tokens absent", "/v1/messages", claude, reported(message(``)),
 			reported(message(`{"type":"text","text":"` + words + `"}`))},
 		{"responses, output_tokens null", "/v1/responses", responses, reportedResponse(``), reportedResponse(
