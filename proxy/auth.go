@@ -30,10 +30,7 @@ func userFrom(ctx context.Context) holds.User {
 // the routes they call accept it too (xAPIKeyRoute).
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, ok := httpapi.BearerCredentials(r.Header.Get("Authorization"))
-		if !ok && xAPIKeyRoute(r.URL.Path) {
-			key = strings.TrimSpace(r.Header.Get("x-api-key"))
-		}
+		key := callerKey(r)
 		if key == "" {
 			s.refuseUnknownCaller(w, r, errBadKey, "no key", nil)
 			return
@@ -51,6 +48,38 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, u)))
 	})
+}
+
+// callerKey is the key a request authenticates with: its Bearer credentials, else, on the
+// routes Anthropic's clients call (xAPIKeyRoute), its x-api-key. "" when it sends none.
+func callerKey(r *http.Request) string {
+	key, ok := httpapi.BearerCredentials(r.Header.Get("Authorization"))
+	if !ok && xAPIKeyRoute(r.URL.Path) {
+		key = strings.TrimSpace(r.Header.Get("x-api-key"))
+	}
+	return key
+}
+
+// keyStillLive looks the key of a call authenticated as user up again, once its body has been
+// read whole and before anything is held for it: an answer to refuse it with, else nil. The key
+// was looked up when the request's headers arrived, and a body may take minutes more (it is cut
+// only below minBodyRate on average); a key revoked meanwhile had its call admitted, forwarded
+// and charged to its user, past the key_cache_ttl within which README promises a revoked key is
+// refused (a disabled user is refused by admission itself, under the user's row lock). Within
+// key_cache_ttl of the first lookup this one is answered by the cache; past it, a body that
+// took that long costs one more lookup in the store.
+func (s *Server) keyStillLive(r *http.Request, user holds.User) (e *apiError, reason string, err error) {
+	u, err := s.auth.lookup(r.Context(), callerKey(r))
+	switch {
+	case errors.Is(err, holds.ErrBadKey):
+		return errBadKey, "key refused once the body was read (revoked meanwhile)", nil
+	case err != nil:
+		return errBillingDown, "key lookup after the body failed", err
+	case u.ID != user.ID:
+		// A key never changes hands: a store that says otherwise is not to be charged by.
+		return errBadKey, "key names another user once the body was read", nil
+	}
+	return nil, "", nil
 }
 
 // xAPIKeyRoute reports whether a key may come in x-api-key on path: the routes Anthropic's

@@ -159,6 +159,16 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	if refused != 0 {
 		return refused
 	}
+	// The key was looked up as the headers arrived; a key revoked while the body came in is
+	// refused here, before anything is held (keyStillLive).
+	if e, reason, err := s.keyStillLive(r, user); e != nil {
+		if requestEnded(r) {
+			e, why := ended(r.Context(), "during the key's lookup after the body; nothing held")
+			logRefusal(callLog, e, why, err)
+			return answerClientClosed(w, r)
+		}
+		return refuser(w, callLog)(e, reason, err)
+	}
 	// The steps before forwarding share one admit_timeout, counted from the body read whole
 	// (in.deadline): each had its own (an admission, an Idempotency-Key attempt's row, the next
 	// attempt's admission, a session's claim...), and a caller waited several before it was
