@@ -54,7 +54,7 @@ func (s *Server) retrieveModel(w http.ResponseWriter, r *http.Request) {
 	// long, not UTF-8, a router's fallback chain; a search variant) is billed under by no call.
 	if id == "" || checkModelName(id) != nil || err != nil || premiumVariant(id, key) != "" {
 		writeError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
-			Message: fmt.Sprintf("The model %q does not exist or has no price configured.", id)})
+			Message: fmt.Sprintf("The model %q does not exist or has no price configured.", quotedValue(id))})
 		return
 	}
 	httpapi.WriteJSON(w, http.StatusOK, s.modelObject(id))

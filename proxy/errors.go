@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -122,6 +123,28 @@ const maxLoggedBytes = 512
 // logged is the start of s a log line quotes (maxLoggedBytes). What an upstream sent, or an
 // error of a call to it, is quoted by loggedUpstream instead, which leaves its key out.
 func logged[T ~string | ~[]byte](s T) T { return s[:min(len(s), maxLoggedBytes)] }
+
+// maxQuotedBytes bounds what an error answer quotes of a value its caller sent (a repeated
+// key and the objects above it, a fallback model's name, an option's value): as long as the
+// longest id the gateway looks up (maxContinuedID) and twice the longest model name a hold
+// stores (holds.MaxModelLen), enough to tell which value it was. Quoted whole, a refusal
+// grew with the body it refused, up to six times max_body_bytes once JSON-escaped (each '<'
+// is sent as \u003c), built in memory beside the body, which alone the body bounds count, and
+// written before anything was held: any key could ask for it, one without credits too.
+const maxQuotedBytes = 256
+
+// quotedValue is the start of s an error answer quotes: all of it up to maxQuotedBytes, else
+// its first maxQuotedBytes at most, cut at the start of a rune and marked "…".
+func quotedValue(s string) string {
+	if len(s) <= maxQuotedBytes {
+		return s
+	}
+	cut := maxQuotedBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
 
 func errBadRequest(code, msg string) *apiError {
 	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Message: msg}

@@ -55,7 +55,7 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 	if by := routerProviderSort(root); by != "" {
 		// OpenRouter documents :nitro as exactly provider.sort "throughput": refused by one
 		// spelling, the request was served by the other.
-		return "'" + by + "' (the router tries its fastest provider first, not its cheapest, billed at that provider's rates: ':nitro' by another name)"
+		return "'" + quotedValue(by) + "' (the router tries its fastest provider first, not its cheapest, billed at that provider's rates: ':nitro' by another name)"
 	}
 	if what := unpricedTier(format, root.Get("service_tier")); what != "" {
 		return what
@@ -79,10 +79,10 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 		// OpenRouter's server tools, on every route it serves: it runs them itself and bills
 		// their fees (a search per result, an image at image rates) beside the tokens.
 		if t := tool.Get("type").Str; strings.HasPrefix(strings.ToLower(strings.TrimSpace(t)), "openrouter:") {
-			return "the router's server tool '" + t + "' (a per-use fee)"
+			return "the router's server tool '" + quotedValue(t) + "' (a per-use fee)"
 		}
 		if k := geminiGroundingKey(tool); k != "" {
-			return "Gemini's grounding tool '" + k + "' (a fee per search or grounded prompt)"
+			return "Gemini's grounding tool '" + quotedValue(k) + "' (a fee per search or grounded prompt)"
 		}
 	}
 	switch format {
@@ -93,7 +93,7 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 		// OpenRouter's chat route takes the hosted tools' OpenAI names (its web search), as do
 		// Groq's and Mistral's chat routes theirs.
 		if t := firstTool(root, hostedToolsWithFees...); t != "" {
-			return "the hosted tool '" + t + "' (a fee per call or result)"
+			return "the hosted tool '" + quotedValue(t) + "' (a fee per call or result)"
 		}
 		// A router's or Gemini's image generation: the image's output tokens are billed at an
 		// image rate many times the text output price (30 against 2.50 USD/M on Gemini 2.5
@@ -105,19 +105,19 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 		}
 	case metering.FormatResponses:
 		if t := firstTool(root, hostedToolsWithFees...); t != "" {
-			return "the hosted tool '" + t + "' (a fee per call or result)"
+			return "the hosted tool '" + quotedValue(t) + "' (a fee per call or result)"
 		}
 		if hostedShell(root) {
 			return "the hosted 'shell' (an 'environment' other than 'local': a per-container fee)"
 		}
 	case metering.FormatAnthropic:
 		if t := firstTool(root, "web_search", "code_execution"); t != "" {
-			return "the server tool '" + t + "' (a per-use fee)"
+			return "the server tool '" + quotedValue(t) + "' (a per-use fee)"
 		}
 		if t := firstTool(root, "advisor"); t != "" {
 			// The advisor's tokens are billed at the advisor model's rates, a dearer model
 			// than the one asked for and priced here.
-			return "the server tool '" + t + "' (the advisor model's rates)"
+			return "the server tool '" + quotedValue(t) + "' (the advisor model's rates)"
 		}
 	}
 	return ""
@@ -139,17 +139,17 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 //     which LiteLLM's Bedrock route takes from the body and sets on the Converse request.
 func premiumSpeed(root topObject) string {
 	if v := root.Get("speed"); v.Exists() && v.Type != gjson.Null && v.Str != "standard" {
-		return "'speed: " + v.String() + "' (fast mode's rates)"
+		return "'speed: " + quotedValue(v.String()) + "' (fast mode's rates)"
 	}
 	if v := root.Get("inference_geo"); v.Exists() && v.Type != gjson.Null && v.Str != "global" {
-		return "'inference_geo: " + v.String() + "' (regional inference's rates)"
+		return "'inference_geo: " + quotedValue(v.String()) + "' (regional inference's rates)"
 	}
 	if v := root.Get("providerOptions.gateway.speed"); v.Exists() && v.Type != gjson.Null && v.Str != "standard" {
-		return "'providerOptions.gateway.speed: " + v.String() + "' (the router's fast mode, at the fast model's rates)"
+		return "'providerOptions.gateway.speed: " + quotedValue(v.String()) + "' (the router's fast mode, at the fast model's rates)"
 	}
 	if pc := root.Get("performanceConfig"); pc.Exists() && pc.Type != gjson.Null {
 		if l := pc.Get("latency"); !pc.IsObject() || l.Exists() && l.Type != gjson.Null && l.Str != "standard" {
-			return "'performanceConfig: " + pc.String() + "' (Bedrock's latency-optimized inference, at its own rates)"
+			return "'performanceConfig: " + quotedValue(pc.String()) + "' (Bedrock's latency-optimized inference, at its own rates)"
 		}
 	}
 	if st := root.Get("serviceTier"); st.Exists() && st.Type != gjson.Null {
@@ -158,7 +158,7 @@ func premiumSpeed(root topObject) string {
 			tier = st.Get("type")
 		}
 		if tier.Type != gjson.Null && tier.Str != "default" {
-			return "'serviceTier: " + st.String() + "' (Bedrock's service tier, off the standard rate)"
+			return "'serviceTier: " + quotedValue(st.String()) + "' (Bedrock's service tier, off the standard rate)"
 		}
 	}
 	return ""
@@ -441,7 +441,7 @@ func unpricedTier(format metering.Format, tier gjson.Result) string {
 	if !ok || !tier.Exists() || tier.Type == gjson.Null || slices.Contains(standard, tier.Str) {
 		return ""
 	}
-	return "'service_tier: " + tier.String() + "'"
+	return "'service_tier: " + quotedValue(tier.String()) + "'"
 }
 
 // routerWebSearch names a router's web search a request asks for, or returns "": OpenRouter's

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 
@@ -14,8 +15,8 @@ import (
 const keysBeforeSet = 16
 
 // repeatedKeyAnywhere returns a key that some object of the JSON raw (valid: parseObject has
-// checked) holds more than once, compared unescaped, as "path.key", and whether there is one
-// (the top level's repeated empty key is ""). The gateway reads
+// checked) holds more than once, compared unescaped, as "path.key" cut to what an error answer
+// quotes (quotedValue), and whether there is one (the top level's repeated empty key is ""). The gateway reads
 // the first of repeated keys (gjson), providers the last, at every depth: a message that shows
 // the gateway a short "content" and the provider a long one was estimated (the charge of a
 // call whose usage never came, the output bound within its cap) for the short one, and the
@@ -62,15 +63,24 @@ func repeatedKeyAnywhere(raw string) (string, bool) {
 			}
 			i = end
 			if seenKey(k, keys[f.start:], f.set) {
-				path := ""
+				// Named as far as an error answer quotes it (quotedValue), each key cut to
+				// that too: concatenated whole at every level, the path of a key repeated
+				// below thousands of long keys took seconds to build and quoted the body.
+				path := make([]byte, 0, 64)
 				for _, o := range stack[:n-1] {
+					if len(path) > maxQuotedBytes {
+						break
+					}
 					if o.object {
-						path += o.key + "."
+						path = append(append(path, o.key[:min(len(o.key), maxQuotedBytes+1)]...), '.')
 					} else {
-						path = strings.TrimSuffix(path, ".") + "[]."
+						path = append(bytes.TrimSuffix(path, []byte(".")), "[]."...)
 					}
 				}
-				return path + k, true
+				if len(path) <= maxQuotedBytes {
+					path = append(path, k[:min(len(k), maxQuotedBytes+1)]...)
+				}
+				return quotedValue(string(path)), true
 			}
 			f.key = k
 			keys = append(keys, k)

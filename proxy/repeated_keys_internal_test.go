@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -100,5 +101,38 @@ func BenchmarkRepeatedKeyAnywhere(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// repeatedKeyAnywhere names a key repeated below many long keys at the cost of one pass over
+// the body: its path was built by concatenating every enclosing key again at each level, a
+// time and garbage quadratic in the body (1000 levels of 2 KiB keys, a 2 MiB body: a GiB
+// allocated, seconds of CPU, before anything was held), and quoted whole.
+func TestRepeatedKeyAnywhereDeepBelowLongKeys(t *testing.T) {
+	long := strings.Repeat("k", 2<<10)
+	var b strings.Builder
+	b.WriteString(`{"model":"m",`)
+	for range 1000 {
+		b.WriteString(`"` + long + `":[{`)
+	}
+	b.WriteString(`"a":1,"a":2` + strings.Repeat("}]", 1000) + `}`)
+	body := b.String()
+	if !gjson.Valid(body) {
+		t.Fatal("test body is not JSON")
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	got, found := repeatedKeyAnywhere(body)
+	runtime.ReadMemStats(&after)
+	if !found {
+		t.Fatal("the repeated key was not found")
+	}
+	if want := quotedValue(long + "[]." + long); got != want {
+		t.Errorf("path %.80s… (%d bytes), want %.80s… (%d bytes)", got, len(got), want, len(want))
+	}
+	// A bound far above one pass's garbage (none but the path) and far below the quadratic
+	// gigabyte: what other goroutines allocate meanwhile is counted too.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16*uint64(len(body)) {
+		t.Errorf("finding the repeat in a %d-byte body allocated %d bytes, want at most 16 times the body", len(body), alloc)
 	}
 }

@@ -184,7 +184,7 @@ func checkContentEncoding(h http.Header) *apiError {
 		for _, ce := range strings.Split(v, ",") {
 			if ce = strings.TrimSpace(ce); ce != "" && !strings.EqualFold(ce, "identity") {
 				return &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_content_encoding",
-					Message: fmt.Sprintf("Request bodies sent with Content-Encoding %q are not supported; send the JSON uncompressed.", ce)}
+					Message: fmt.Sprintf("Request bodies sent with Content-Encoding %q are not supported; send the JSON uncompressed.", quotedValue(ce))}
 			}
 		}
 	}
@@ -405,7 +405,7 @@ func (s *Server) checkOptions(c *callRequest, root topObject, header http.Header
 // so that a body refused for what a repeat hid (an option billed at other rates) is told so.
 func checkRepeatsAnywhere(format metering.Format, root topObject) *apiError {
 	if k, ok := repeatedKeyAnywhere(root.Raw); ok {
-		return errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", k))
+		return errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", quotedValue(k)))
 	}
 	if k := repeatedPromptKey(format, root.Result); k != "" {
 		return errRepeatedKey(k)
@@ -473,7 +473,7 @@ func checkReadKeysOnce(root topObject) *apiError {
 // errRepeatedKey refuses a body whose key k, with case folded, repeats a key or spells one the
 // gateway reads (repeatedKey, repeatedPromptKey): one wording for a call and a token count.
 func errRepeatedKey(k string) *apiError {
-	return errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", k))
+	return errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q (keys are compared with case folded).", quotedValue(k)))
 }
 
 // readOutputBounds reads every output bound the route knows (max_tokens and its kin): each
@@ -601,7 +601,7 @@ func premiumVariant(name, key string) string {
 // errPremiumVariant refuses a premium variant (premiumVariant) named in field.
 func errPremiumVariant(field, name, key string) *apiError {
 	return errBadRequest("unpriced_option", fmt.Sprintf(
-		"'%s' names %q, %s, priced here only by the prefix %q, whose token prices do not hold it; so the request is refused.", field, name, premiumVariant(name, key), key))
+		"'%s' names %q, %s, priced here only by the prefix %q, whose token prices do not hold it; so the request is refused.", field, quotedValue(name), premiumVariant(name, key), key))
 }
 
 // checkModelName refuses a model name no call can be billed under, whatever prices it: one
@@ -676,7 +676,7 @@ func (s *Server) checkFallbacks(field string, models gjson.Result, price pricing
 		p, key, err := s.prices.Lookup(m.Str)
 		if err != nil {
 			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
-				"'%s' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", field, m.Str))
+				"'%s' names %q, which has no price configured: a router answering with it would bill at its own rates, so the request is refused; send it without.", field, quotedValue(m.Str)))
 			return false
 		}
 		if premiumVariant(m.Str, key) != "" {
@@ -685,7 +685,7 @@ func (s *Server) checkFallbacks(field string, models gjson.Result, price pricing
 		}
 		if what := unpriced(p); what != "" {
 			aerr = errBadRequest("unpriced_option", fmt.Sprintf(
-				"'%s' names %q, which has no price for %s: answering, it would be billed at rates this gateway has no price for, so the request is refused; send it without.", field, m.Str, what))
+				"'%s' names %q, which has no price for %s: answering, it would be billed at rates this gateway has no price for, so the request is refused; send it without.", field, quotedValue(m.Str), what))
 			return false
 		}
 		dearest = dearest.Dearest(p)
