@@ -75,25 +75,25 @@ func (h Holds) leastDeadInstanceAfter() time.Duration {
 
 // Derived bounds on request bodies in memory (BodyMemoryBounds).
 const (
-	// DefaultMaxBodyMemory is the process's bound unless max_body_bytes asks for more room.
-	DefaultMaxBodyMemory = 512 << 20
-	// BodyMemoryShares is how many callers it takes, each holding its whole share, to fill
+	// defaultMaxBodyMemory is the process's bound unless max_body_bytes asks for more room.
+	defaultMaxBodyMemory = 512 << 20
+	// bodyMemoryShares is how many callers it takes, each holding its whole share, to fill
 	// the process's bound: with a large share a few callers sending slow bodies (1 KiB/s, up
 	// to an hour for 4 MiB) turned away every other caller's requests for as long.
-	BodyMemoryShares = 16
+	bodyMemoryShares = 16
 )
 
 // BodyMemoryBounds returns the bounds on request bodies held in memory: the process's and one
-// caller's, as configured, or derived where 0 — the process's DefaultMaxBodyMemory or four
-// largest bodies if more, a caller's a BodyMemoryShares-th of it or one largest body if more.
+// caller's, as configured, or derived where 0 — the process's defaultMaxBodyMemory or four
+// largest bodies if more, a caller's a bodyMemoryShares-th of it or one largest body if more.
 // Derived, they fit every max_body_bytes a configuration could have before they existed.
 func (l Limits) BodyMemoryBounds() (total, perCaller int64) {
 	total, perCaller = l.MaxBodyMemory, l.MaxBodyMemoryPerCaller
 	if total == 0 {
-		total = max(DefaultMaxBodyMemory, 4*l.MaxBodyBytes)
+		total = max(defaultMaxBodyMemory, 4*l.MaxBodyBytes)
 	}
 	if perCaller == 0 {
-		perCaller = min(total, max(l.MaxBodyBytes, total/BodyMemoryShares))
+		perCaller = min(total, max(l.MaxBodyBytes, total/bodyMemoryShares))
 	}
 	return total, perCaller
 }

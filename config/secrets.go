@@ -18,8 +18,9 @@ func sendableSecret(s string) bool {
 	return true
 }
 
-// shownURL is a base_url fit for an error message: redactURL's, less its query and fragment,
-// which may hold a key too (?key=... is how some providers take it).
+// shownURL is a base_url fit for an error message: redactURL's, its query and fragment
+// replaced by "xxxxx" after their '?' or '#' (kept, so the message shows that it has one),
+// since they may hold a key too (?key=... is how some providers take it).
 func shownURL(raw string) string {
 	s := redactURL(raw)
 	if i := strings.IndexAny(s, "?#"); i >= 0 {

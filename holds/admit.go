@@ -202,7 +202,7 @@ func readmit(req AdmitRequest, h existingHold, u userRow, plan Plan, r *batchRea
 		// again, as a new hold would.
 		t := r.live[req.UserID]
 		if t.InFlight >= plan.MaxInFlight {
-			return refused(&TooManyInFlightError{InFlight: t.InFlight, OpenRuns: t.OpenRuns, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter})
+			return refused(&TooManyInFlightError{InFlight: t.InFlight, OpenRuns: t.OpenRuns, Limit: plan.MaxInFlight})
 		}
 		owed := owedMicro(h.HeldMicro, h.CapMicro, h.CostMicro, h.DiscountBP)
 		if Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held-owed) < owed {
@@ -232,7 +232,7 @@ func readmit(req AdmitRequest, h existingHold, u userRow, plan Plan, r *batchRea
 func admitNew(req AdmitRequest, u userRow, plan Plan, r *batchReads) (AdmitResult, admittedRow, bool) {
 	t := r.live[req.UserID]
 	if t.InFlight >= plan.MaxInFlight {
-		return refused(&TooManyInFlightError{InFlight: t.InFlight, OpenRuns: t.OpenRuns, Limit: plan.MaxInFlight, RetryAfter: inFlightRetryAfter})
+		return refused(&TooManyInFlightError{InFlight: t.InFlight, OpenRuns: t.OpenRuns, Limit: plan.MaxInFlight})
 	}
 	available := Available(plan.AllowanceMicro, t.UsedToday, u.PrepaidMicro, t.Held)
 	if available <= 0 {
@@ -342,10 +342,3 @@ const spentSQL = `LEAST(cap_micro, CASE WHEN cost_micro <= 0 OR discount_bp >= 1
 
 // owedSQL is owedMicro of a run_holds row, in SQL.
 const owedSQL = "GREATEST(held_micro, " + spentSQL + ")"
-
-// inFlightRetryAfter tells a caller refused for too many calls in flight when to come back: a
-// slot frees when one of its calls finishes, usually within seconds. (The oldest hold's
-// expiry, minutes away with the default hold_ttl, is only the latest bound: told that, capped
-// at 30 s, every caller waited 30 s, since the OpenAI and Anthropic SDKs wait what
-// Retry-After says before each retry.) A caller still refused is told again.
-const inFlightRetryAfter = time.Second

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"time"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -109,15 +108,13 @@ func isItemRefusal(err error) bool {
 // ErrBatcherClosed is returned to requests offered to a Writer or a KeyLookup after Close.
 var ErrBatcherClosed = errors.New("batcher closed")
 
-// TooManyInFlightError refuses an admission past the user's in-flight limit. RetryAfter is when
-// to ask again: a short interval (inFlightRetryAfter), since a finishing call frees a slot long
-// before the oldest live hold would expire. OpenRuns is how many of the holds in flight are
-// named runs: each keeps its slot between its calls until it is settled or expires, so a caller
-// whose slots they hold must be told to settle them, not that a call will soon finish.
+// TooManyInFlightError refuses an admission past the user's in-flight limit. OpenRuns is how
+// many of the holds in flight are named runs: each keeps its slot between its calls until it is
+// settled or expires, so a caller whose slots they hold must be told to settle them, not that a
+// call will soon finish.
 type TooManyInFlightError struct {
 	InFlight, Limit int
 	OpenRuns        int
-	RetryAfter      time.Duration
 }
 
 func (e *TooManyInFlightError) Error() string {

@@ -178,10 +178,14 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 	if err != nil {
 		return 0, nil, fmt.Errorf("delete %d pruned runs: %w", len(rows), err)
 	}
-	if n, err := res.RowsAffected(); err != nil || n != int64(len(rows)) {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, nil, fmt.Errorf("delete pruned runs: rows deleted: %w", err)
+	}
+	if n != int64(len(rows)) {
 		// The rows were locked when read: anything else is a broken assumption, and the sums
 		// just written must not commit without their deletes.
-		return 0, nil, fmt.Errorf("delete pruned runs: %d of %d deleted (%v)", n, len(rows), err)
+		return 0, nil, fmt.Errorf("delete pruned runs: %d of %d deleted", n, len(rows))
 	}
 	// A settlement deletes its run's call keys; a gateway of before run_calls (a rolling
 	// upgrade) left them.
@@ -463,9 +467,13 @@ func evictUnused(ctx context.Context, tx *sqlx.Tx, d userDay, n int, batchModels
 	if err != nil {
 		return nil, fmt.Errorf("fold %d pruned models of user %d on %s: %w", len(rows), d.user, d.day, err)
 	}
-	if got, err := res.RowsAffected(); err != nil || got != int64(len(rows)) {
+	got, err := res.RowsAffected()
+	if err != nil {
+		return nil, fmt.Errorf("fold pruned models of user %d on %s: rows deleted: %w", d.user, d.day, err)
+	}
+	if got != int64(len(rows)) {
 		// Only prunes write the table, one batch at a time: the rows read are the rows there.
-		return nil, fmt.Errorf("fold pruned models of user %d on %s: %d of %d deleted (%v)", d.user, d.day, got, len(rows), err)
+		return nil, fmt.Errorf("fold pruned models of user %d on %s: %d of %d deleted", d.user, d.day, got, len(rows))
 	}
 	return rows, nil
 }

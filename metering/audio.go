@@ -12,12 +12,12 @@ import (
 
 // estimateAudio guesses the audio part of a request's prompt: the clipTokens of each
 // input_audio part of its chat messages or Responses input items (estimateInput counts them in
-// the prompt too), and tokensPerMedia for each earlier spoken answer a chat message sends back.
-// The provider bills audio tokens at several times the text rate, so the gateway prices them
-// apart, or refuses them on a model without an audio price: a part counts when its "type", the
-// key compared with case folded as a provider decoding with Go's encoding/json reads it, is
-// input_audio, or when it carries an input_audio payload. Three fixed levels: linear in the
-// body. mayAudio is whether body may hold audio (mayHoldAudio).
+// the prompt too), and SentBackAnswerTokens for each earlier spoken answer a chat message
+// sends back. The provider bills audio tokens at several times the text rate, so the gateway
+// prices them apart, or refuses them on a model without an audio price: a part counts when its
+// "type", the key compared with case folded as a provider decoding with Go's encoding/json
+// reads it, is input_audio, or when it carries an input_audio payload. Three fixed levels:
+// linear in the body. mayAudio is whether body may hold audio (mayHoldAudio).
 func estimateAudio(f Format, body []byte, mayAudio bool) int64 {
 	list := ""
 	switch f {
@@ -48,7 +48,7 @@ func estimateAudio(f Format, body []byte, mayAudio bool) int64 {
 				// An earlier spoken answer sent back by its id ({"audio": {"id": …}} on an
 				// assistant message): the model hears it again, billed as audio input. Its
 				// length is not in the request.
-				tokens = min(maxEstimatedTokens, tokens+tokensPerMedia)
+				tokens = min(maxEstimatedTokens, tokens+SentBackAnswerTokens)
 			}
 			return true
 		})

@@ -162,7 +162,7 @@ func (p *promptSize) addChat(messages gjson.Result, spoken bool) {
 				firstOf(&refusal, v)
 			}
 			if spoken && strings.EqualFold(k, "audio") && strings.HasPrefix(v, "{") {
-				p.textBytes += tokensPerMedia * bytesPerToken
+				p.textBytes += SentBackAnswerTokens * bytesPerToken
 			}
 			return true
 		})

@@ -557,7 +557,8 @@ func (b *UnrelayedAnswer) keyEnds() {
 		}
 	case roleToolCall:
 		// tc.Get("function.arguments") reads the first "arguments" of the first "function"
-		// that is an object holding one: sawFirst, once one was.
+		// that is an object holding one: each "function" is read until one has held arguments
+		// (roleFunction then marks this tool call firstFunction), none after it.
 		switch {
 		case key == "function" && f.seen&firstFunction == 0:
 			b.pending = roleFunction

@@ -645,7 +645,7 @@ func (s *Server) admitError(err error) *apiError {
 	switch {
 	case errors.As(err, &busy):
 		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "too_many_in_flight",
-			Message: inFlightMessage(busy), RetryAfter: busy.RetryAfter}
+			Message: inFlightMessage(busy), RetryAfter: inFlightRetryAfter}
 	case errors.As(err, &debt):
 		return &apiError{Status: http.StatusPaymentRequired, Type: "insufficient_quota", Code: "insufficient_credits",
 			Message: fmt.Sprintf("No credits available: this account owes %s credits (calls that cost more than its balance had left). "+
@@ -664,6 +664,13 @@ func (s *Server) admitError(err error) *apiError {
 	}
 	return errBillingDown
 }
+
+// inFlightRetryAfter tells a caller refused for too many calls in flight when to come back: a
+// slot frees when one of its calls finishes, usually within seconds. (The oldest hold's
+// expiry, minutes away with the default hold_ttl, is only the latest bound: told that, capped
+// at 30 s, every caller waited 30 s, since the OpenAI and Anthropic SDKs wait what
+// Retry-After says before each retry.) A caller still refused is told again.
+const inFlightRetryAfter = time.Second
 
 // inFlightMessage words a refusal past max_in_flight. A named run holds its slot between its
 // calls, until it is settled or idle past run_ttl: told only that calls were in flight and to

@@ -177,8 +177,6 @@ func (s *Server) serveModel(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 }
 
-// authorized compares in constant time: the fake is sometimes exposed on a
-// shared host during demos, and doing it right costs nothing.
 // countTokens answers Anthropic's token counter with the prompt tokens a call of the same body
 // would report. It is not a model call (Calls does not count it): the provider does not bill it.
 func (s *Server) countTokens(w http.ResponseWriter, r *http.Request) {
@@ -208,6 +206,9 @@ func (s *Server) countTokens(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(`{"input_tokens":` + strconv.FormatInt(PromptTokens(body), 10) + "}"))
 }
 
+// authorized reports whether r carries the configured key (x-api-key on Anthropic's routes, a
+// Bearer token on the others), compared in constant time: the fake is sometimes exposed on a
+// shared host during demos, and doing it right costs nothing.
 func (s *Server) authorized(r *http.Request, anth bool) bool {
 	if s.cfg.APIKey == "" {
 		return true

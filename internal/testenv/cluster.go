@@ -41,7 +41,7 @@ func ClusterOn(t testing.TB, rdb *redis.Client) *redis.ClusterClient {
 // node's words.
 var ErrCrossSlot = errors.New("CROSSSLOT Keys in request don't hash to the same slot")
 
-// crossSlotRefusal refuses commands whose keys span hash slots (CommandKeys), alone or in a
+// crossSlotRefusal refuses commands whose keys span hash slots (commandKeys), alone or in a
 // pipeline, before they are sent.
 type crossSlotRefusal struct{}
 
@@ -72,7 +72,7 @@ func (crossSlotRefusal) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 }
 
 func checkSlots(cmd redis.Cmder) error {
-	keys := CommandKeys(cmd)
+	keys := commandKeys(cmd)
 	for _, k := range keys[min(1, len(keys)):] {
 		if runstate.Slot(k) != runstate.Slot(keys[0]) {
 			err := fmt.Errorf("%w: %s %q", ErrCrossSlot, cmd.Name(), keys)
@@ -83,10 +83,10 @@ func checkSlots(cmd redis.Cmder) error {
 	return nil
 }
 
-// CommandKeys are the keys cmd names, for the commands that can name more than one (scripts
+// commandKeys are the keys cmd names, for the commands that can name more than one (scripts
 // and functions by their key count; MGET, DEL and the like; MSET's every other argument); nil
 // for any other.
-func CommandKeys(cmd redis.Cmder) []string {
+func commandKeys(cmd redis.Cmder) []string {
 	args := cmd.Args()
 	str := func(from int, step int) []string {
 		var keys []string

@@ -34,12 +34,12 @@ func Slot(key string) int {
 	return int(crc) % ClusterSlots
 }
 
-// OneTransaction reports whether commands on keys may go in one MULTI/EXEC, or one script,
+// oneTransaction reports whether commands on keys may go in one MULTI/EXEC, or one script,
 // through rdb: always on one Redis server (the gateway's Client, a Sentinel-failover Client),
 // only when they share a hash slot on a Cluster client, which refuses a transaction across
 // slots (go-redis's ErrCrossSlot, before anything is sent) as a Cluster node refuses such a
 // script.
-func OneTransaction(rdb redis.UniversalClient, keys ...string) bool {
+func oneTransaction(rdb redis.UniversalClient, keys ...string) bool {
 	if _, cluster := rdb.(*redis.ClusterClient); !cluster || len(keys) == 0 {
 		return true
 	}

@@ -11,7 +11,7 @@ import (
 // TestSlotAgreesWithARealCluster: Slot is the slot a Redis Cluster puts a key in (CLUSTER
 // KEYSLOT), for keys with hash tags of every shape, empty tags among them (the whole key is
 // hashed), and for the keys the package names. A key put in another slot than the Cluster's has
-// its multi-key work refused (CROSSSLOT) where OneTransaction allowed it, or sent apart where
+// its multi-key work refused (CROSSSLOT) where oneTransaction allowed it, or sent apart where
 // one transaction was legal.
 func TestSlotAgreesWithARealCluster(t *testing.T) {
 	cc := testenv.RedisCluster(t)

@@ -238,9 +238,9 @@ func isWrongType(err error) bool {
 
 // JoinsAdd reports whether commands on keys through rdb may ride in AddWith's MULTI/EXEC for
 // runID: the tally is written through rdb, and the keys may share a transaction with the
-// run's tally (OneTransaction: on a Cluster client, only in its hash slot).
+// run's tally (oneTransaction: on a Cluster client, only in its hash slot).
 func (t *Tally) JoinsAdd(rdb redis.UniversalClient, runID string, keys ...string) bool {
-	return t.rdb == rdb && OneTransaction(rdb, append([]string{t.keys.Usage(runID)}, keys...)...)
+	return t.rdb == rdb && oneTransaction(rdb, append([]string{t.keys.Usage(runID)}, keys...)...)
 }
 
 // queueAdd queues the increments of one call's tally write (integers: no float drift) and
