@@ -71,6 +71,14 @@ func unpricedOption(format metering.Format, root topObject, header http.Header, 
 		// provider order) the gateway never sees.
 		return "'preset' (the preset's tools, web_search and fetch_url, bill a fee per call)"
 	}
+	if v := root.Get("extra_body"); v.Exists() && v.Type != gjson.Null && !emptyObject(v) {
+		// LiteLLM merges a body's extra_body into the provider's request (each key the request
+		// does not set already), and hands the OpenAI SDK its extra_body, which the SDK merges
+		// so: every option refused here at the top level (a service_tier, fast mode, a hosted
+		// tool, a router's fallbacks) reached the provider from inside it, unread. The SDKs
+		// send a caller's own extra_body merged into the body, never under that key.
+		return "'extra_body' (a router such as LiteLLM merges its keys into the provider's request, where the gateway's checks do not read them)"
+	}
 	for _, tool := range root.Get("tools").Array() {
 		if typeAmbiguous(tool) {
 			// The gateway would read one type of tool and the provider run another.
@@ -522,4 +530,17 @@ func routerRetryField(root topObject) string {
 		}
 	}
 	return ""
+}
+
+// emptyObject reports whether v is a JSON object without a member.
+func emptyObject(v gjson.Result) bool {
+	if !v.IsObject() {
+		return false
+	}
+	empty := true
+	v.ForEach(func(_, _ gjson.Result) bool {
+		empty = false
+		return false
+	})
+	return empty
 }

@@ -427,14 +427,14 @@ func checkRepeatsAnywhere(format metering.Format, root topObject) *apiError {
 //
 // The keys read to refuse a call (unpricedOption, routerRetryField) are among them: OpenRouter's
 // "plugins", Vercel's "providerOptions", the body's "context-1m" beta, LiteLLM's timeouts and
-// retries. Spelt in another case, a provider or relay that folds keys ran what the gateway,
+// retries and its "extra_body". Spelt in another case, a provider or relay that folds keys ran what the gateway,
 // reading the exact spelling, never refused ("Plugins": a web search charged as tokens alone).
 var readKeys = append([]string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
 	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models",
 	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks", "provider",
 	"plugins", "providerOptions", "anthropic_beta", "additionalModelRequestFields", "tags",
-	"performanceConfig", "serviceTier", "preset"}, routerRetryFields...)
+	"performanceConfig", "serviceTier", "preset", "extra_body"}, routerRetryFields...)
 
 // nestedReadKeys are the keys the gateway reads inside a top-level object, checked as readKeys
 // are.
