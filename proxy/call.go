@@ -87,7 +87,10 @@ type call struct {
 	// give back however it ends, or the heartbeat keeps the run alive and the reconciler never
 	// settles it.
 	leased bool
-	held   time.Time // when its hold was granted
+	// settling: the call is counted among its user's calls settling (Server.beginSettling),
+	// which its settlement ends.
+	settling bool
+	held     time.Time // when its hold was granted
 	// sent: the upstream has had the whole request (its last write succeeded; the transport
 	// says so, sendUpstream), which decides what a call that fails before its answer costs.
 	sent  atomic.Bool

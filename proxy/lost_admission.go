@@ -123,6 +123,7 @@ func (s *Server) admitWaitingForSettlements(ctx context.Context, ar holds.AdmitR
 		seen := s.settling.mark(ar.UserID)
 		s.beforeStep(ctx, stepAdmit)
 		hold, err := s.writer.Admit(ctx, ar)
+		next := s.settling.after(ar.UserID, seen)
 		var busy *holds.TooManyInFlightError
 		switch {
 		case refused != nil && errors.Is(err, holds.ErrAdmitNotStarted):
@@ -131,7 +132,6 @@ func (s *Server) admitWaitingForSettlements(ctx context.Context, ar holds.AdmitR
 			return hold, err
 		}
 		refused = err
-		next := s.settling.after(ar.UserID, seen)
 		if next == nil {
 			return hold, err
 		}

@@ -28,12 +28,8 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		defer panic(http.ErrAbortHandler)
 	}
 	c.ended = time.Now()
-	if c.outcome == outcomeDuplicate || !c.inRun {
-		// Settled as a call of its own below: its answer is over, and until its settlement is
-		// back (settle ends this), an admission of its user refused for want of a slot waits
-		// for it.
-		s.settling.begin(c.user.ID)
-	}
+	// Unless its answer's end began it already.
+	s.beginSettling(c)
 	st := s.settlementOf(c)
 	ctx := context.WithoutCancel(reqCtx)
 	if records := slices.Concat(s.contextHandedOn(c, st), s.spokenAnswers(c, st), s.answerOwner(c)); len(records) > 0 {
@@ -322,9 +318,25 @@ func (c *call) wholeOutcome() outcome {
 // duplicate of a call whose settlement is still on its way. Each step is safe to repeat; the
 // handler's defers repeat them for calls that end otherwise.
 func (s *Server) answerFinal(ctx context.Context, c *call) {
+	s.beginSettling(c)
 	s.endFingerprint(ctx, c)
 	s.endSessionCall(ctx, c)
 	s.beforeStep(ctx, stepAnswerFinal)
+}
+
+// beginSettling counts c, once, among its user's calls settling (settlingUsers) when it is
+// settled as a call of its own (a duplicate, or no named run's call): its answer is over, and
+// until its settlement is back (settle ends this), an admission of its user refused for want of
+// a slot waits for it. answerFinal begins it before the answer's end goes out, finish for a call
+// that ended otherwise: begun only when the handler ended, a stream's call whose upstream had
+// not closed at its final event (finalGrace) was not counted, and its caller's next call, sent
+// on the final event, was refused 429 at once for the slot of a call whose answer it had.
+func (s *Server) beginSettling(c *call) {
+	if c.settling || (c.inRun && c.outcome != outcomeDuplicate) {
+		return
+	}
+	c.settling = true
+	s.settling.begin(c.user.ID)
 }
 
 // releaseLease gives back the lease the call took, if it took one. It has its own deadline:

@@ -1,8 +1,10 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
 )
 
 // TestSlotOfAnAnsweredCallIsNotRefused: a caller with max_in_flight 1 that sends its next call
@@ -43,6 +46,50 @@ func TestSlotOfAnAnsweredCallIsNotRefused(t *testing.T) {
 		}
 	}
 	// Never two live at once: the second was admitted only after the first was settled.
+	if a, b := runs[0], runs[1]; b.CreatedAt.Before(a.SettledAt.Time) && a.CreatedAt.Before(b.SettledAt.Time) {
+		t.Errorf("holds %s [%v, %v] and %s [%v, %v] overlap past max_in_flight 1", a.RunID, a.CreatedAt, a.SettledAt.Time, b.RunID, b.CreatedAt, b.SettledAt.Time)
+	}
+}
+
+// TestSlotOfACallPastItsFinalEventIsNotRefused: a stream's answer is over for its caller at its
+// final event ([DONE]), though the gateway then gives the upstream finalGrace to close. A caller
+// with max_in_flight 1 that sends its next call the moment it reads [DONE] is served (README,
+// 429 too_many_in_flight: not refused for the call it just finished). The call was counted as
+// settling only once its handler ended, after that grace: an admission refused meanwhile found
+// nothing of its user's settling and was answered 429 at once.
+func TestSlotOfACallPastItsFinalEventIsNotRefused(t *testing.T) {
+	h := oneSlotHarness(t, nil)
+	u, key := h.user("standard")
+	// The upstream keeps its stream open past its last event: the first call ends a moment
+	// after its caller has the whole answer.
+	first := h.post(key, "/v1/chat/completions", streamBody, map[string]string{fakellm.HeaderChunks: "5", fakellm.HeaderLinger: "1500ms"})
+	defer first.Body.Close()
+	br := bufio.NewReader(first.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("first answer ended before [DONE]: %v", err)
+		}
+		if strings.TrimSpace(line) == "data: [DONE]" {
+			break
+		}
+	}
+	second := send(h.gw.URL, key, chatBody, nil)
+	if second.status != http.StatusOK {
+		t.Errorf("the next call, sent once the first's [DONE] was read: %d %s; want 200 (the first call's answer was over)",
+			second.status, second.body)
+	}
+	readAll(t, br)
+	h.settled()
+	runs := h.holdsOf(u.ID)
+	if len(runs) != 2 {
+		t.Fatalf("%d holds, want the two calls'", len(runs))
+	}
+	for _, r := range runs {
+		if r.State != holds.StateSettled || r.SettleSource.String != holds.SourceComplete || r.ChargedMicro <= 0 {
+			t.Errorf("run %s: %s by %q charged %d, want each call settled complete and charged", r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
+		}
+	}
 	if a, b := runs[0], runs[1]; b.CreatedAt.Before(a.SettledAt.Time) && a.CreatedAt.Before(b.SettledAt.Time) {
 		t.Errorf("holds %s [%v, %v] and %s [%v, %v] overlap past max_in_flight 1", a.RunID, a.CreatedAt, a.SettledAt.Time, b.RunID, b.CreatedAt, b.SettledAt.Time)
 	}

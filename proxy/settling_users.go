@@ -16,12 +16,17 @@ type settlingUsers struct {
 	users map[uint64]*settlingUser
 }
 
-// settlingUser is one user's calls being settled. Its entry is dropped when the last one ends,
-// so that the map holds only users with settlements under way.
+// settlingUser is one user's calls being settled, and the admissions that marked them
+// (settlingUsers.mark) and are yet to be told what to wait for (after). Its entry is dropped
+// when neither is left, so that the map holds only users with settlements or such admissions
+// under way. Kept while an admission has it marked, a settlement that begins and ends between
+// the mark and after is seen in ends: dropped with it, it left no trace, and the refusal stood
+// for a slot already free.
 type settlingUser struct {
-	n    int
-	ends uint64        // settlements ended since the entry was made
-	next chan struct{} // closed, and replaced, at each end
+	n     int
+	marks int
+	ends  uint64        // settlements ended since the entry was made
+	next  chan struct{} // closed at the next end; made when after is first asked for it
 }
 
 // settlingMark is what an admission saw of its user's settlements before it went to the
@@ -31,19 +36,31 @@ type settlingMark struct {
 	ends  uint64
 }
 
-// begin counts one of user's calls as settling: its answer is over, its hold still live.
-func (sc *settlingUsers) begin(user uint64) {
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
+// entry is user's entry, made if it has none. sc.mu is held.
+func (sc *settlingUsers) entry(user uint64) *settlingUser {
 	if sc.users == nil {
 		sc.users = make(map[uint64]*settlingUser)
 	}
 	e := sc.users[user]
 	if e == nil {
-		e = &settlingUser{next: make(chan struct{})}
+		e = &settlingUser{}
 		sc.users[user] = e
 	}
-	e.n++
+	return e
+}
+
+// drop removes user's entry e once nothing is left of it. sc.mu is held.
+func (sc *settlingUsers) drop(user uint64, e *settlingUser) {
+	if e.n == 0 && e.marks == 0 {
+		delete(sc.users, user)
+	}
+}
+
+// begin counts one of user's calls as settling: its answer is over, its hold still live.
+func (sc *settlingUsers) begin(user uint64) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.entry(user).n++
 }
 
 // end counts one of user's settlements, begun by begin, as over (committed or given up).
@@ -56,37 +73,41 @@ func (sc *settlingUsers) end(user uint64) {
 	}
 	e.n--
 	e.ends++
-	close(e.next)
-	e.next = make(chan struct{})
-	if e.n == 0 {
-		delete(sc.users, user)
+	if e.next != nil {
+		close(e.next)
+		e.next = nil
 	}
+	sc.drop(user, e)
 }
 
-// mark records user's settlements as an admission about to go to the database sees them.
+// mark records user's settlements as an admission about to go to the database sees them. The
+// admission must hand the mark back to after, whatever its outcome.
 func (sc *settlingUsers) mark(user uint64) settlingMark {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	e := sc.users[user]
-	if e == nil {
-		return settlingMark{}
-	}
+	e := sc.entry(user)
+	e.marks++
 	return settlingMark{entry: e, ends: e.ends}
 }
 
-// after returns what an admission refused for want of a slot waits for before it tries again:
-// a closed channel when one of user's settlements ended since m (the slot may be free now),
-// the next end's channel when some are still under way, or nil when none is: the refusal
-// stands.
+// after takes back the mark m of user's admission and returns what the admission, if refused
+// for want of a slot, waits for before it tries again: a closed channel when one of user's
+// settlements ended since m (the slot may be free now), the next end's channel when some are
+// still under way, or nil when none is: the refusal stands.
 func (sc *settlingUsers) after(user uint64, m settlingMark) <-chan struct{} {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	e := sc.users[user]
+	e := m.entry
+	e.marks--
+	defer sc.drop(user, e)
 	switch {
-	case m.entry != nil && (e != m.entry || e.ends != m.ends):
+	case e.ends != m.ends:
 		return closedChan
-	case e == nil:
+	case e.n == 0:
 		return nil
+	}
+	if e.next == nil {
+		e.next = make(chan struct{})
 	}
 	return e.next
 }
