@@ -114,6 +114,9 @@ func (m *Meter) AddUnreported(b *UnrelayedAnswer) {
 	}
 	m.AddSpoken(b)
 	m.res.OutputChars += b.textBytes
+	// A whole answer's report counts all of its text, wherever in the answer it stands: none
+	// of it is text after the report (Result).
+	m.charsAtReport += b.textBytes
 }
 
 // Cut ends an answer cut before its end (read up to a bound): the value being read

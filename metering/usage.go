@@ -117,6 +117,9 @@ type Meter struct {
 	echoPrompts []string
 	echoPer     int64
 	echoSeen    map[int64]int
+	// charsAtReport is OutputChars when the last OpenAI-style usage report came: a report
+	// counts the output up to the chunk it rides on, not the text streamed after it.
+	charsAtReport int64
 }
 
 // NewMeter returns a Meter for responses in format f.
@@ -268,6 +271,15 @@ func (m *Meter) Result() Result {
 		// without its final count. Read as 0, the answer's text went unbilled. The figure is
 		// the gateway's, and the row says so.
 		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
+	}
+	if after := r.OutputChars - m.charsAtReport; after > 0 && r.Reported && !m.outputUnreported() &&
+		(m.format == FormatChat || m.format == FormatCompletions) {
+		// Text streamed after the last report, which counts the output up to its own chunk: a
+		// stream whose provider reported early (a first chunk that counts the prompt and no
+		// output yet) and that was cut before its final report. Read as final, the early
+		// report charged none of the text the provider made since. Its estimate is added, and
+		// the row says so. (A whole stream's final report comes after its text: nothing is.)
+		r.Usage.Output, r.Estimated = r.Usage.Output+min(maxEstimatedTokens, EstimateOutputTokens(after)), true
 	}
 	if r.Reported && !m.reported[figAudioOut].seen && r.AudioOutput > 0 {
 		// A report that does not say how much of the output was audio (a compatible provider
@@ -442,6 +454,23 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		"input_tokens_details.cache_creation_token_details.ephemeral_1h_input_tokens")
 	set(figAudio, "prompt_tokens_details.audio_tokens", "input_tokens_details.audio_tokens")
 	set(figAudioOut, "completion_tokens_details.audio_tokens", "output_tokens_details.audio_tokens")
+	// A cumulative count cannot fall to nothing: a 0 where an earlier report gave a count is
+	// no count (a proxy that appends an empty usage chunk after the provider's real one, a
+	// router whose last chunk counts the output alone with prompt_tokens 0), as a top-level 0
+	// of Anthropic's prompt side is (anthropicUsage). Taken, it billed the call at nothing, or
+	// its prompt at nothing. A prompt of 0 says nothing of its parts either: its cached_tokens
+	// 0 billed a cached prompt at the full price.
+	if zeroAfterCount(fresh[figPrompt], m.reported[figPrompt]) {
+		for _, fig := range [...]int{figPrompt, figCached, figWritten, figWritten1h, figAudio} {
+			fresh[fig].seen = false
+		}
+	}
+	if zeroAfterCount(fresh[figCompletion], m.reported[figCompletion]) {
+		fresh[figCompletion].seen, fresh[figAudioOut].seen = false, false
+	}
+	if zeroAfterCount(fresh[figTotal], m.reported[figTotal]) {
+		fresh[figTotal].seen = false
+	}
 	// Reports are cumulative and the last is final, but a later one may leave figures out (a
 	// chunk with the output count alone, one without the details): a figure it does not
 	// carry keeps its earlier value, as Anthropic's message_delta fields do. Replaced
@@ -491,7 +520,14 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	}
 	m.res.CacheWriteSplit = m.reported[figWritten1h].seen
 	m.res.Reported = true
+	m.charsAtReport = m.res.OutputChars
 	return true
+}
+
+// zeroAfterCount reports whether fresh, a figure of a later report, is a 0 where an earlier
+// report's figure, before, was a count above 0.
+func zeroAfterCount(fresh, before reportedFigure) bool {
+	return fresh.seen && fresh.n == 0 && before.seen && before.n > 0
 }
 
 // responsesEvent handles one OpenAI Responses API event of type typ.
@@ -591,8 +627,9 @@ const anthropicOutput = 3
 // writes): a cumulative count cannot fall to nothing, and Anthropic-compatible servers
 // (SGLang's /v1/messages, among others) send message_delta's input_tokens as 0 after
 // message_start gave the count. Replaced, the prompt was billed at 0. The output's 0 still
-// replaces message_start's placeholder. It reports whether u gave a count of the output (at
-// the top or in an iteration): one that did not says nothing of it.
+// replaces message_start's placeholder, but not a final count (outputFinal) above 0. It
+// reports whether u gave a count of the output (at the top or in an iteration): one that did
+// not says nothing of it.
 func (m *Meter) anthropicUsage(u gjson.Result) (outputCounted bool) {
 	var sum [len(anthropicFields)]int64
 	var inIter, top [len(anthropicFields)]bool
@@ -611,7 +648,9 @@ func (m *Meter) anthropicUsage(u gjson.Result) (outputCounted bool) {
 		if inIter[i] {
 			*fields[i] = sum[i]
 		} else if v, ok := first(u, f); ok {
-			if v > 0 || i == anthropicOutput {
+			// The output's 0 replaces message_start's placeholder, not a final count a
+			// message_delta gave before it (a proxy's second message_delta of zeros).
+			if v > 0 || (i == anthropicOutput && !(m.outputFinal && *fields[i] > 0)) {
 				*fields[i] = v
 			}
 			top[i] = true

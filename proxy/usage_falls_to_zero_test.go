@@ -1,0 +1,84 @@
+package proxy_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/metering"
+)
+
+// TestUsageThatFallsToZeroKeepsTheReport: a stream's usage reports are cumulative, the last
+// final, but a report cannot count fewer tokens than nothing it had counted: a proxy that
+// appends an empty usage chunk (every count 0) after the provider's real one, or a router
+// whose last chunk counts the output alone with prompt_tokens 0, replaced the report whole or
+// its prompt. The call was charged nothing at all, or its output alone, while the provider
+// billed the prompt and the output of the report before. A 0 where an earlier report gave a
+// count is no count, and the report before stands; in the Anthropic format too, where a
+// second message_delta's output 0 replaced the first's final count.
+func TestUsageThatFallsToZeroKeepsTheReport(t *testing.T) {
+	text := strings.Repeat("word ", 160)
+	chunk := func(s string) string {
+		return "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"fake-gpt\"," + s + "}\n\n"
+	}
+	dir := t.TempDir()
+	writeFixture(t, dir, "trailing_zero.sse", chunk(`"choices":[{"index":0,"delta":{"role":"assistant","content":"`+text+`"}}]`)+
+		chunk(`"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]`)+
+		chunk(`"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":400,"total_tokens":1400,"prompt_tokens_details":{"cached_tokens":800}}`)+
+		chunk(`"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0,"prompt_tokens_details":{"cached_tokens":0}}`)+
+		"data: [DONE]\n\n")
+	writeFixture(t, dir, "last_prompt_zero.sse", chunk(`"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":1000,"completion_tokens":1,"total_tokens":1001,"prompt_tokens_details":{"cached_tokens":800}}`)+
+		chunk(`"choices":[{"index":0,"delta":{"content":"`+text+`"}}],"usage":null`)+
+		chunk(`"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":0,"completion_tokens":400,"total_tokens":400}`)+
+		"data: [DONE]\n\n")
+	writeFixture(t, dir, "anth_trailing_zero.sse",
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-test\",\"content\":[],\"usage\":{\"input_tokens\":200,\"cache_read_input_tokens\":800,\"output_tokens\":1}}}\n\n"+
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\""+text+"\"}}\n\n"+
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":400}}\n\n"+
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"input_tokens\":0,\"cache_read_input_tokens\":0,\"output_tokens\":0}}\n\n"+
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+	h := newHarnessWithFixtures(t, dir, nil)
+	u, key := h.user("standard")
+	want := expectedUsage{Input: 200, CacheRead: 800, Output: 400}
+	const ask = `"stream":true,"max_tokens":500,"messages":[{"role":"user","content":"talk"}]}`
+	for _, tc := range []struct{ name, path, body, fixture string }{
+		{"an empty usage chunk after the real one", "/v1/chat/completions", `{"model":"fake-gpt",` + ask, "trailing_zero.sse"},
+		{"a last report with prompt_tokens 0", "/v1/chat/completions", `{"model":"fake-gpt",` + ask, "last_prompt_zero.sse"},
+		{"a second message_delta of zeros", "/v1/messages", `{"model":"claude-test",` + ask, "anth_trailing_zero.sse"},
+	} {
+		run, _ := h.answeredRun(u.ID, key, tc.path, tc.body, map[string]string{fakellm.HeaderReplay: tc.fixture})
+		got := run.Usage()
+		if got.Input != want.Input || got.CacheRead != want.CacheRead || got.CacheWrite != 0 || got.Output != want.Output ||
+			run.Estimated || run.CostMicro != fixtureCost(want) {
+			t.Errorf("%s: settled %+v (estimated %v) at %d µUSD, want %+v at %d, as reported before the zeros",
+				tc.name, got, run.Estimated, run.CostMicro, want, fixtureCost(want))
+		}
+	}
+}
+
+// TestTextAfterTheLastUsageOfACutStreamIsCharged: a usage report counts the output up to the
+// chunk it rides on. A stream whose provider reported early (a first chunk that counts the
+// prompt and no output yet, as vLLM's continuous_usage_stats and some compatible endpoints
+// send) and that breaks before its final report was charged the prompt and no output at all,
+// whatever text it had streamed since: less than the same stream cut without the early report,
+// which is charged the estimate of that text. The provider made it and bills it; the text
+// after the last report is charged at its estimate, on top of the output reported, marked
+// estimated (DESIGN §7: settle what was used so far).
+func TestTextAfterTheLastUsageOfACutStreamIsCharged(t *testing.T) {
+	early := "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]," +
+		"\"usage\":{\"prompt_tokens\":1000,\"completion_tokens\":0,\"total_tokens\":1000}}\n\n"
+	text := strings.Repeat(hostileChunk, 3)
+	h := hostileHarness(t, closeDelimited(t, "text/event-stream", early+text+hostileChunk[:40]), nil)
+	u, key := h.user("standard")
+	status, answer, run := h.postRun(u.ID, key, "/v1/chat/completions", streamBody, nil)
+	if status != 200 || !strings.Contains(string(answer), `"code":"upstream_broken"`) {
+		t.Fatalf("status %d: %s, want the stream relayed and its break said", status, answer)
+	}
+	streamed := int64(3 * len("Hello billing team, here is a fairly long answer for you."))
+	want := metering.EstimateOutputTokens(streamed)
+	if run.SettleSource.String != holds.SourceStreamError || run.InTok != 1000 || run.OutTok != want || !run.Estimated {
+		t.Errorf("run settled by %q in=%d out=%d estimated=%v, want stream_error charged the 1000 reported and %d, the estimate of the %d bytes streamed after the report, estimated",
+			run.SettleSource.String, run.InTok, run.OutTok, run.Estimated, want, streamed)
+	}
+}
