@@ -35,8 +35,15 @@ func TestSlotOfAnAnsweredCallIsNotRefused(t *testing.T) {
 		t.Errorf("the next call, sent once the first was answered: %d %s; want 200 (its slot freed when the first call ended)",
 			second.status, second.body)
 	}
+	twoCallsSettledInTurn(t, h, u.ID)
+}
+
+// twoCallsSettledInTurn wants user's two calls settled complete and charged, never both live
+// at once: the second was admitted only after the first was settled (max_in_flight 1).
+func twoCallsSettledInTurn(t *testing.T, h *harness, user uint64) {
+	t.Helper()
 	h.settled()
-	runs := h.holdsOf(u.ID)
+	runs := h.holdsOf(user)
 	if len(runs) != 2 {
 		t.Fatalf("%d holds, want the two calls'", len(runs))
 	}
@@ -45,7 +52,6 @@ func TestSlotOfAnAnsweredCallIsNotRefused(t *testing.T) {
 			t.Errorf("run %s: %s by %q charged %d, want each call settled complete and charged", r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
 		}
 	}
-	// Never two live at once: the second was admitted only after the first was settled.
 	if a, b := runs[0], runs[1]; b.CreatedAt.Before(a.SettledAt.Time) && a.CreatedAt.Before(b.SettledAt.Time) {
 		t.Errorf("holds %s [%v, %v] and %s [%v, %v] overlap past max_in_flight 1", a.RunID, a.CreatedAt, a.SettledAt.Time, b.RunID, b.CreatedAt, b.SettledAt.Time)
 	}
@@ -80,19 +86,7 @@ func TestSlotOfACallPastItsFinalEventIsNotRefused(t *testing.T) {
 			second.status, second.body)
 	}
 	readAll(t, br)
-	h.settled()
-	runs := h.holdsOf(u.ID)
-	if len(runs) != 2 {
-		t.Fatalf("%d holds, want the two calls'", len(runs))
-	}
-	for _, r := range runs {
-		if r.State != holds.StateSettled || r.SettleSource.String != holds.SourceComplete || r.ChargedMicro <= 0 {
-			t.Errorf("run %s: %s by %q charged %d, want each call settled complete and charged", r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
-		}
-	}
-	if a, b := runs[0], runs[1]; b.CreatedAt.Before(a.SettledAt.Time) && a.CreatedAt.Before(b.SettledAt.Time) {
-		t.Errorf("holds %s [%v, %v] and %s [%v, %v] overlap past max_in_flight 1", a.RunID, a.CreatedAt, a.SettledAt.Time, b.RunID, b.CreatedAt, b.SettledAt.Time)
-	}
+	twoCallsSettledInTurn(t, h, u.ID)
 }
 
 // TestSlotOfACallInFlightIsRefusedAtOnce: the wait above is for a call whose answer is over.
