@@ -1,6 +1,7 @@
 package holds_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -125,4 +126,52 @@ func TestNamedRunsSpendingCountsToTheMicroItsSettlementCharges(t *testing.T) {
 		t.Fatalf("run charged %d, want %d", s.ChargedMicro, charge)
 	}
 	f.settle("r_rounder_next", 0)
+}
+
+// TestNamedRunSpentPastItsCapFreesOnlyItsCapInTheAdmissionsBatch: a named run's calls may
+// record more than its cap (a call answered by a dearer model than its reservation was
+// reckoned at); the run counts against its user's balance at most its cap (spentSQL), and its
+// settlement charges no more. A settlement sharing an admission's batch must then free what
+// the aggregate counted, the cap: freeing the uncapped figure gave the admission credits the
+// user never had, a hold and a cap past the overdraft bound.
+func TestNamedRunSpentPastItsCapFreesOnlyItsCapInTheAdmissionsBatch(t *testing.T) {
+	f := newAcctFixture(t)
+	u := f.user("overshooter", "standard")
+	allowance, discount := int64(100_000), 2_500
+	if err := f.store.SetUserLimits(f.ctx(), u.ID, &allowance, nil, &discount); err != nil {
+		t.Fatal(err)
+	}
+	run, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "x_overshooter", UserID: u.ID, ClientRunID: "agent",
+		Model: "fake-gpt", State: holds.StateRunning, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.CapMicro != 100_000 {
+		t.Fatalf("run cap %d, want 100,000", run.CapMicro)
+	}
+	// 160,000 at list price, 120,000 at 25 % off: 20,000 past the cap.
+	const cost = 160_000
+	if ok, err := f.store.RecordRunCall(f.ctx(), "x_overshooter", token.New(), time.Hour, pricing.Usage{Input: 10, Output: 5}, cost, 1, false); err != nil || !ok {
+		t.Fatalf("record: %v, %v", ok, err)
+	}
+	b, err := f.store.Balance(f.ctx(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.SpentInRunsMicro != 100_000 || b.AvailableMicro != 0 {
+		t.Fatalf("balance with the run's calls past its cap: spent in runs %d, available %d; want 100,000 and 0",
+			b.SpentInRunsMicro, b.AvailableMicro)
+	}
+	next := holds.AdmitRequest{RunID: "r_overshooter_next", UserID: u.ID, Model: "fake-gpt", State: holds.StateRunning, TTL: time.Minute}
+	settled, admitted, err := f.store.WriteBatch(f.ctx(),
+		[]holds.Settlement{{RunID: "x_overshooter", CostMicro: cost, Calls: 1, Source: holds.SourceClient}}, []holds.AdmitRequest{next})
+	if err != nil || settled[0].Err != nil {
+		t.Fatalf("batch: %v, %+v", err, settled)
+	}
+	if settled[0].ChargedMicro != 100_000 {
+		t.Fatalf("run charged %d, want its cap, 100,000", settled[0].ChargedMicro)
+	}
+	if !errors.Is(admitted[0].Err, holds.ErrInsufficient) {
+		t.Fatalf("next call with the whole allowance charged: %+v; want refused as insufficient", admitted[0])
+	}
 }
