@@ -174,6 +174,15 @@ func TestScannerTooLarge(t *testing.T) {
 		}
 		checkEvents(t, evs, want{"", "ok", small}, want{"", "ok", small})
 	})
+	t.Run("exactly the limit, unterminated at EOF", func(t *testing.T) {
+		// A stream cut after an event of exactly the limit, before its blank line: the bytes
+		// are not past the limit, and the cut event is handed on (and metered) as any other.
+		evs, err := scanAll(t, len("data: ok"), "data: ok")
+		if err != io.EOF {
+			t.Fatalf("err %v, want io.EOF after the cut event", err)
+		}
+		checkEvents(t, evs, want{"", "ok", "data: ok"})
+	})
 	t.Run("one byte past the limit", func(t *testing.T) {
 		for _, chunks := range [][]string{{small}, strings.Split(small, "")} {
 			if _, err := scanAll(t, len(small)-1, chunks...); !errors.Is(err, ErrEventTooLarge) {

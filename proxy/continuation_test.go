@@ -180,7 +180,9 @@ func TestContinuedConversationIDNotRepeated(t *testing.T) {
 // and output).
 func (h *harness) answerWithContext(userID uint64, key, body string) (id string, handed int64) {
 	h.t.Helper()
-	run, answer := h.answeredRun(userID, key, "/v1/responses", body, map[string]string{fakellm.HeaderPromptTokens: "50000"})
+	// An answer of 200 tokens: more than a new turn's own estimate, so that a context handed
+	// on without its output shows.
+	run, answer := h.answeredRun(userID, key, "/v1/responses", body, map[string]string{fakellm.HeaderPromptTokens: "50000", fakellm.HeaderChunks: "200"})
 	if run.InTok < 50_000 {
 		h.t.Fatalf("first answer in_tok %d, want the 50 000 reported", run.InTok)
 	}

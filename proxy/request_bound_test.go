@@ -24,6 +24,10 @@ func TestRewriteBoundsEveryOutputField(t *testing.T) {
 			`{"model":"fake-gpt","n":8,"max_tokens":90000000,"messages":[{"role":"user","content":"hi"}]}`},
 		{"best_of", "/v1/completions",
 			`{"model":"fake-gpt","best_of":8,"max_tokens":90000000,"prompt":"hi"}`},
+		// The most of n and best_of, whichever comes last: a provider that ignores best_of
+		// (or takes n above it) still writes n answers.
+		{"n above best_of", "/v1/completions",
+			`{"model":"fake-gpt","n":8,"best_of":2,"max_tokens":90000000,"prompt":"hi"}`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
