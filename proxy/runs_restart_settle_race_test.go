@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
 )
 
 // TestSettleRacingARedisRestartDoesNotMissTheCallInFlight: a Redis restart without persistence
@@ -18,41 +19,76 @@ import (
 // though its agent saw it whole. The settle now reads, once the run is closed, whether Redis
 // lost calls the run's row records since it looked: then the run is reopened and the settle
 // answered run_busy, as one that finds the loss first is, and the call counts.
+//
+// So too when another call of the run ends between the restart and the close: the close
+// finds a tally again, one with fewer calls than the settle first read. A tally only grows:
+// taken as it stood, it hid the call in flight as a missing one did.
 func TestSettleRacingARedisRestartDoesNotMissTheCallInFlight(t *testing.T) {
-	h, gate := gatedHarness(t, nil)
-	u, key := h.user("standard")
-	run := map[string]string{"X-Run-Id": "task-race"}
-	runID := firstRunCall(t, h, key, run, 40)
-	hdr, letGo := heldMidStream(t, gate, "second", slowStream(40, run))
-	second := h.post(key, "/v1/chat/completions", streamBody, hdr)
-	defer second.Body.Close()
-	if second.StatusCode != http.StatusOK {
-		t.Fatalf("second call: %d", second.StatusCode)
-	}
-	br := firstEvent(t, second)
-	var lost sync.Once
-	var lostAt atomic.Bool
-	h.srv.ObserveSteps(func(_ context.Context, step string) {
-		if step == "run close" {
-			lost.Do(func() { loseRunKeys(t, h, runID); lostAt.Store(true) })
-		}
-	})
-	status, body := h.settleRun(key, "task-race")
-	if !lostAt.Load() {
-		t.Fatal("the settle never came to close the run: the restart was not made where the test means it")
-	}
-	if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
-		t.Errorf("settle as Redis lost the run's keys, a call of it in flight: %d %s; want 409 run_busy", status, body)
-	}
-	letGo()
-	if _, err := io.Copy(io.Discard, br); err != nil {
-		t.Fatal(err)
-	}
-	h.settled()
-	if status, body := settleAfterRebuild(h, key, "task-race", runID); status != http.StatusOK {
-		t.Fatalf("settle once the call ended: %d %s", status, body)
-	}
-	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.OutTok != 80 {
-		t.Fatalf("run settled as %s with %d calls, %d output tokens; want both calls (80 output tokens) charged", r.State, r.Calls, r.OutTok)
+	for _, tc := range []struct {
+		name, run string
+		before    int  // calls of the run ended before the settle
+		between   bool // a call of the run ends between the restart and the close
+	}{
+		{"no tally at the close", "task-race", 1, false},
+		{"a smaller tally at the close", "task-race-shrunk", 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, gate := gatedHarness(t, nil)
+			u, key := h.user("standard")
+			run := map[string]string{"X-Run-Id": tc.run}
+			runID := firstRunCall(t, h, key, run, 40)
+			for range tc.before - 1 {
+				firstRunCall(t, h, key, run, 40)
+			}
+			hdr, letGo := heldMidStream(t, gate, "held", slowStream(40, run))
+			held := h.post(key, "/v1/chat/completions", streamBody, hdr)
+			defer held.Body.Close()
+			if held.StatusCode != http.StatusOK {
+				t.Fatalf("held call: %d", held.StatusCode)
+			}
+			br := firstEvent(t, held)
+			var lost sync.Once
+			var lostAt atomic.Bool
+			h.srv.ObserveSteps(func(_ context.Context, step string) {
+				if step != "run close" {
+					return
+				}
+				lost.Do(func() {
+					loseRunKeys(t, h, runID)
+					if tc.between {
+						after := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "40"))
+						readAll(t, after.Body)
+						after.Body.Close()
+						if after.StatusCode != http.StatusOK {
+							t.Errorf("call after the restart: %d", after.StatusCode)
+						}
+					}
+					lostAt.Store(true)
+				})
+			})
+			status, body := h.settleRun(key, tc.run)
+			if !lostAt.Load() {
+				t.Fatal("the settle never came to close the run: the restart was not made where the test means it")
+			}
+			if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
+				t.Errorf("settle as Redis lost the run's keys, a call of it in flight: %d %s; want 409 run_busy", status, body)
+			}
+			letGo()
+			if _, err := io.Copy(io.Discard, br); err != nil {
+				t.Fatal(err)
+			}
+			h.settled()
+			if status, body := settleAfterRebuild(h, key, tc.run, runID); status != http.StatusOK {
+				t.Fatalf("settle once the call ended: %d %s", status, body)
+			}
+			calls := tc.before + 1
+			if tc.between {
+				calls++
+			}
+			if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != calls || r.OutTok != int64(40*calls) {
+				t.Fatalf("run settled as %s with %d calls, %d output tokens; want all %d calls (%d output tokens) charged",
+					r.State, r.Calls, r.OutTok, calls, 40*calls)
+			}
+		})
 	}
 }
