@@ -247,15 +247,7 @@ func TestSessionCallSupersededAfterItsAnswerIsWhole(t *testing.T) {
 		fakellm.HeaderChunks: "5", fakellm.HeaderLinger: "2s"})
 	defer first.Body.Close()
 	br := bufio.NewReader(first.Body)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("first answer ended before [DONE]: %v", err)
-		}
-		if strings.TrimSpace(line) == "data: [DONE]" {
-			break
-		}
-	}
+	toDone(t, br)
 	next := send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "chat-done"})
 	if next.status != http.StatusOK {
 		t.Fatalf("the session's next message: %d %s", next.status, next.body)

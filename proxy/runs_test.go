@@ -48,6 +48,21 @@ func firstEvent(t *testing.T, resp *http.Response) *bufio.Reader {
 	return br
 }
 
+// toDone reads a chat stream up to its final event, [DONE]: the caller has the whole answer,
+// though the upstream may not have closed.
+func toDone(t *testing.T, br *bufio.Reader) {
+	t.Helper()
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("stream ended before [DONE]: %v", err)
+		}
+		if strings.TrimSpace(line) == "data: [DONE]" {
+			return
+		}
+	}
+}
+
 // afterContent reads a stream's events until n content chunks ("tok…") have arrived, and
 // returns the reader to go on with.
 func afterContent(t *testing.T, resp *http.Response, n int) *bufio.Reader {
@@ -311,15 +326,7 @@ func TestNamedRunCallIsTalliedBeforeItsAnswerEnds(t *testing.T) {
 	if n, err := h.rdb.Exists(context.Background(), h.keys.Lease(runID)).Result(); err != nil || n != 1 {
 		t.Fatalf("lease of the running call: exists=%d, %v", n, err)
 	}
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("stream ended before [DONE]: %v", err)
-		}
-		if strings.TrimSpace(line) == "data: [DONE]" {
-			break
-		}
-	}
+	toDone(t, br)
 	tallied, found, err := h.tally.Get(context.Background(), runID)
 	if err != nil || !found || tallied.Calls != 1 || tallied.Usage.Output != 12 {
 		t.Fatalf("tally when [DONE] arrived: %+v found=%v err=%v; want the call's 12 output tokens", tallied, found, err)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,15 +45,7 @@ func TestSessionRegenerateWhoseClaimRetryFindsANewerMessageYieldsToIt(t *testing
 		map[string]string{proxy.SessionHeader: "s", fakellm.HeaderChunks: "5", fakellm.HeaderLinger: "1s"})
 	defer a.Body.Close()
 	aRun := a.Header.Get(proxy.RunIDHeader)
-	for br := bufio.NewReader(a.Body); ; {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("A ended before [DONE]: %v", err)
-		}
-		if strings.TrimSpace(line) == "data: [DONE]" {
-			break
-		}
-	}
+	toDone(t, bufio.NewReader(a.Body))
 
 	// R, M again: its first claim finds A live, its end marked; its second (past A) is held
 	// before it starts.

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -71,15 +70,7 @@ func TestSlotOfACallPastItsFinalEventIsNotRefused(t *testing.T) {
 	first := h.post(key, "/v1/chat/completions", streamBody, map[string]string{fakellm.HeaderChunks: "5", fakellm.HeaderLinger: "1500ms"})
 	defer first.Body.Close()
 	br := bufio.NewReader(first.Body)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("first answer ended before [DONE]: %v", err)
-		}
-		if strings.TrimSpace(line) == "data: [DONE]" {
-			break
-		}
-	}
+	toDone(t, br)
 	second := send(h.gw.URL, key, chatBody, nil)
 	if second.status != http.StatusOK {
 		t.Errorf("the next call, sent once the first's [DONE] was read: %d %s; want 200 (the first call's answer was over)",
