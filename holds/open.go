@@ -42,9 +42,12 @@ const SessionWaitTimeout = 3 * time.Minute
 // stopped gateway delays its users' admissions elsewhere by this much and refuses none. No
 // transaction of the gateway is silent by design (between its statements it only computes:
 // milliseconds, a few hundred under the heaviest load measured), so seconds of silence mean it
-// is gone. One that was only slow finds its connection gone at its next statement, which the
-// driver then reports as not sent (driver.ErrBadConn), and its batch is tried again. MySQL has
-// no such setting: there the bound is wait_timeout.
+// is gone. One that was only slow finds its connection gone at its next statement: the driver
+// reports it as not sent (driver.ErrBadConn) when it could write none of it, and the batch is
+// tried again; when the write went out and the reply is what failed (the usual case, the
+// socket's buffer takes the write), it is an unanswered commit, which the batch's tokens
+// resolve on the retry (tryWriteBatch). MySQL has no such setting: there the bound is
+// wait_timeout.
 const SessionIdleTransactionTimeout = 2 * time.Second
 
 // IdleTransactionBound is how long the server lets a session of db sit silent inside a
