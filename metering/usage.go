@@ -120,11 +120,33 @@ type Meter struct {
 	// charsAtReport is OutputChars when the last OpenAI-style usage report came: a report
 	// counts the output up to the chunk it rides on, not the text streamed after it.
 	charsAtReport int64
+	// choices holds, by index, what each choice of a chat or completions answer streamed in
+	// chunks of its own and what the last report riding on such a chunk counted (see
+	// choiceReport). choicesReported counts the choices such a report counted, choiceReportedAgain
+	// is set once one choice carried a second, and lastChoice is the choice the last report rode
+	// on, -1 when it rode on no chunk of one choice alone.
+	choices             []choiceLedger
+	choicesReported     int
+	choiceReportedAgain bool
+	lastChoice          int64
+	// reportOutput is the output the last report counted by its own figures (its
+	// completion_tokens, or its total less its prompt when larger), none kept from before.
+	reportOutput int64
 }
+
+// choiceLedger is one choice's part of a stream whose reports count the choices apart.
+type choiceLedger struct {
+	chars, charsAt, output int64
+	reported               bool
+}
+
+// maxLedgerChoices bounds the choice indexes a Meter keeps apart: n is at most 128, times the
+// prompts of a completions batch. A chunk of a choice past it counts as one of several.
+const maxLedgerChoices = 1024
 
 // NewMeter returns a Meter for responses in format f.
 func NewMeter(f Format) *Meter {
-	return &Meter{format: f}
+	return &Meter{format: f, lastChoice: -1}
 }
 
 // EchoPrompts tells a completions Meter that the call asked for its prompts echoed (echo):
@@ -272,7 +294,22 @@ func (m *Meter) Result() Result {
 		// the gateway's, and the row says so.
 		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
 	}
-	if after := r.OutputChars - m.charsAtReport; after > 0 && r.Reported && !m.outputUnreported() &&
+	covered := m.charsAtReport
+	if m.lastChoice >= 0 && m.choicesReported > 1 && m.choiceReportedAgain {
+		// Reports that count each choice apart (vLLM's, SGLang's and TensorRT-LLM's
+		// continuous_usage_stats: each chunk carries one choice and a usage of that choice's
+		// tokens alone), in a stream cut before its final report, which sums them. The last
+		// report counted one choice: read as the whole, the other choices' tokens went
+		// unbilled. Each choice is its own last report, and the text a report covers is its
+		// choice's. The sum is the gateway's reading, and the row says so.
+		var out int64
+		covered = 0
+		for _, c := range m.choices {
+			out, covered = min(out+c.output, pricing.MaxTokens), covered+c.charsAt
+		}
+		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
+	}
+	if after := r.OutputChars - covered; after > 0 && r.Reported && !m.outputUnreported() &&
 		(m.format == FormatChat || m.format == FormatCompletions) {
 		// Text streamed after the last report, which counts the output up to its own chunk: a
 		// stream whose provider reported early (a first chunk that counts the prompt and no
@@ -333,11 +370,12 @@ func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
 // the chunk, and this runs on every chunk of a stream.
 func (m *Meter) openAIObject(s, choiceKey string) {
 	var usage, groq, choices gjson.Result
+	before, sole := m.res.OutputChars, int64(-1)
 	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "choices":
 			choices = v
-			m.openAIChoices(v, choiceKey)
+			sole = m.openAIChoices(v, choiceKey)
 		case "usage":
 			usage = v
 		case "model":
@@ -351,7 +389,16 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 		}
 		return true
 	})
+	if sole >= 0 && sole < maxLedgerChoices {
+		if sole >= int64(len(m.choices)) {
+			m.choices = append(m.choices, make([]choiceLedger, sole+1-int64(len(m.choices)))...)
+		}
+		m.choices[sole].chars += m.res.OutputChars - before
+	} else {
+		sole = -1
+	}
 	if m.openAIUsage(usage) || m.openAIUsage(groq.Get("usage")) {
+		m.choiceReport(sole)
 		return
 	}
 	if !usage.Exists() && strings.Contains(s, `"usage"`) {
@@ -360,15 +407,52 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 		// it). Looked for only in a chunk without a top-level usage key that names one: an
 		// include_usage stream's every chunk has "usage":null, and this runs on each.
 		choices.ForEach(func(_, c gjson.Result) bool {
-			return !m.openAIUsage(c.Get("usage"))
+			if m.openAIUsage(c.Get("usage")) {
+				m.choiceReport(-1)
+				return false
+			}
+			return true
 		})
 	}
 }
 
+// choiceReport records that the report just read rode on a chunk of choice i alone, or, for
+// i < 0, on any other (a final report, choices empty, which counts the whole answer). A
+// report on a chunk of one choice may count that choice alone: vLLM's continuous usage does
+// with n > 1 (each chunk's completion_tokens is its choice's), as do SGLang's and
+// TensorRT-LLM's. Result sums the choices' last reports when such reports came for more than
+// one choice, again for one of them (a report on every chunk: a server that reports the whole
+// once, on each choice's finishing chunk, is not summed), and no report of the whole came
+// after them.
+func (m *Meter) choiceReport(i int64) {
+	m.lastChoice = i
+	if i < 0 {
+		return
+	}
+	c := &m.choices[i]
+	if c.reported {
+		m.choiceReportedAgain = true
+	} else {
+		c.reported = true
+		m.choicesReported++
+	}
+	// A choice's count is cumulative, and cannot fall (see openAIUsage).
+	c.output, c.charsAt = max(c.output, m.reportOutput), c.chars
+}
+
 // openAIChoices counts generated text in choices[].<key> (delta for chunks, message for
-// bodies), or choices[].text for legacy completions.
-func (m *Meter) openAIChoices(choices gjson.Result, key string) {
+// bodies), or choices[].text for legacy completions. It returns the index of the choice when
+// there is one alone that names its index, -1 otherwise.
+func (m *Meter) openAIChoices(choices gjson.Result, key string) (sole int64) {
+	sole, count := -1, 0
 	choices.ForEach(func(k, c gjson.Result) bool {
+		if count++; count == 1 {
+			if idx := c.Get("index"); idx.Type == gjson.Number && idx.Num >= 0 {
+				sole = idx.Int()
+			}
+		} else {
+			sole = -1
+		}
 		if m.format == FormatCompletions {
 			m.res.OutputChars += m.completionText(k.Int(), c)
 			return true
@@ -403,6 +487,7 @@ func (m *Meter) openAIChoices(choices gjson.Result, key string) {
 		m.res.OutputChars += max(reasoningContent, reasoning)
 		return true
 	})
+	return sole
 }
 
 // The figures of an OpenAI-style usage report.
@@ -454,6 +539,12 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		"input_tokens_details.cache_creation_token_details.ephemeral_1h_input_tokens")
 	set(figAudio, "prompt_tokens_details.audio_tokens", "input_tokens_details.audio_tokens")
 	set(figAudioOut, "completion_tokens_details.audio_tokens", "output_tokens_details.audio_tokens")
+	// The output this report counts by its own figures, for a report of one choice alone
+	// (choiceReport).
+	m.reportOutput = fresh[figCompletion].n
+	if fresh[figTotal].seen && fresh[figPrompt].seen {
+		m.reportOutput = max(m.reportOutput, fresh[figTotal].n-fresh[figPrompt].n)
+	}
 	// A cumulative count cannot fall to nothing: a 0 where an earlier report gave a count is
 	// no count (a proxy that appends an empty usage chunk after the provider's real one, a
 	// router whose last chunk counts the output alone with prompt_tokens 0), as a top-level 0
