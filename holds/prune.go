@@ -188,7 +188,8 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 		return 0, nil, fmt.Errorf("delete pruned runs: %d of %d deleted", n, len(rows))
 	}
 	// A settlement deletes its run's call keys; a gateway of before run_calls (a rolling
-	// upgrade) left them.
+	// upgrade) left them, and an Idempotency-Key attempt's settlement leaves the one key its
+	// row recorded when Redis refused to store its answer.
 	del, delArgs, err = sqlx.In("DELETE FROM run_calls WHERE run_id IN (?)", ids)
 	if err != nil {
 		return 0, nil, fmt.Errorf("delete pruned runs' calls: %w", err)

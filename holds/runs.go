@@ -37,7 +37,8 @@ type Run struct {
 	AudioOutTok     int64 `db:"audio_out_tok" json:"-"`
 	Calls           int   `db:"calls" json:"-"`
 	// EndedCalls counts the ended calls of a named run its row recorded, those that used
-	// nothing included (Calls counts only those that used something).
+	// nothing included (Calls counts only those that used something); on an Idempotency-Key
+	// attempt's row, 1 says its answer pinned the key though Redis refused to store it.
 	EndedCalls   int            `db:"ended_calls" json:"-"`
 	Model        string         `db:"model" json:"-"`
 	DiscountBP   int            `db:"discount_bp" json:"-"`
@@ -121,7 +122,8 @@ func (s *Store) Extend(ctx context.Context, runID string, ttl time.Duration) (bo
 // the two has the larger cost (see Run.Recorded). A call charged an estimate (no usage report)
 // marks the row estimated, and the settlement keeps that mark (appendMarkSettled), whichever
 // figures it charges: the run's tokens are then not all the provider's own count. The row is
-// left alone once settled: live reports false.
+// left alone once settled: live reports false. An Idempotency-Key attempt's row records its
+// one call so too when Redis refused to store its answer: the database then says it pinned.
 //
 // A call is recorded once however often it is sent: the figures are added in one transaction
 // with the call's row in run_calls (callID, the caller's own id of the call), whose key a

@@ -294,7 +294,8 @@ func appendSettled(sc *script, w settleWrites, now time.Time) {
 // appendForgetRunCalls deletes the keys of the calls the settled named runs recorded
 // (RecordRunCall), which only a record of a live run reads: the run's row is locked, so none
 // is added after. A plain call's run records none, and its settlement, the hot path, sends no
-// statement for them.
+// statement for them (but for an Idempotency-Key attempt whose answer Redis refused to store:
+// its one key is left to `gateway prune`).
 func appendForgetRunCalls(sc *script, rows []settledRow) {
 	var named []string
 	for _, r := range rows {

@@ -100,6 +100,9 @@ type call struct {
 	rw   *respWriter
 	// idemPinned: the idempotency record holds this attempt's answer (pinBeforeAnswer).
 	idemPinned bool
+	// idemOnRow: the attempt's row records its pinning call, as Redis refused its answer
+	// (recordAnsweredAttempt).
+	idemOnRow bool
 	// idemCounted: the bytes of this attempt's answer counted against its caller's share of
 	// kept answers (replayRoom); an answer stored again (pinned at the provider's error event,
 	// then at the final event after it) counts only what it grew by.

@@ -440,7 +440,9 @@ func (a *idemAdmission) refuseAdmission(err error) int {
 // recordGone says the record is unread or lost whole, not merely without an answer. The
 // reconciler settles a killed process's attempt by its tally (reconcile) or its hold
 // (reconcile_hold), whether or not it had pinned the key: with the record there and no answer
-// in it, it had not, and the key runs again; with the record gone, the row cannot tell, and an
+// in it, it had not, and the key runs again — unless its row records its call, which an attempt
+// whose answer Redis refused to store writes before that answer's end (recordAnsweredAttempt);
+// with the record gone, the row cannot tell, and an
 // attempt that cost something is taken as pinned (409, not run again). Taken as unpinned, an
 // answer pinned and then settled by the reconciler ran, and was charged, a second time once
 // Redis lost its record (a restart without persistence).
@@ -453,7 +455,9 @@ func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string,
 		return false, err // names the run already
 	}
 	src := run.SettleSource.String
-	pinned := src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0) ||
+	// An attempt's row records a call (ended_calls) only when it pinned the key and Redis
+	// refused its answer (recordAnsweredAttempt): pinned, however it was settled.
+	pinned := src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0) || run.EndedCalls > 0 ||
 		(recordGone && (src == holds.SourceReconcileHold || (src == holds.SourceReconcile && run.CostMicro > 0)))
 	// Measured by the database clock, which created_at is on, not the gateway's.
 	return pinned && run.Age() < s.cfg.Dedup.ReplayTTL, nil
@@ -595,9 +599,35 @@ func (s *Server) pinBeforeAnswer(ctx context.Context, c *call, o outcome, status
 		c.log.Info("idempotent answer not stored: the key moved on to a later attempt while this one ran", zap.Error(err))
 	} else if err != nil {
 		c.log.Warn("idempotent answer not stored before its end; tried again when the call ends", zap.Error(err))
+		s.recordAnsweredAttempt(ctx, c, o)
 		return
 	}
 	c.idemPinned = true // or never to be: finishIdem has nothing left to write
+}
+
+// recordAnsweredAttempt records the call of an attempt that pins its key, whose answer Redis
+// refused to store, on the attempt's row (holds.Store.RecordRunCall, under the run's own id:
+// counted once however often it is sent), before the answer's end goes out: the database is
+// then the record of last resort that the attempt pinned (attemptPinned reads its ended_calls),
+// and the reconciler settles it from the call's figures rather than its hold. Without it, a
+// process killed between the answer and its settlement left a row the reconciler settled
+// (reconcile, reconcile_hold) as it settles an attempt cut mid-call, and a record holding no
+// answer: the retry took the attempt for one that had not pinned, ran it again and charged the
+// key twice. Only when Redis failed: a store that fails too leaves the key as before.
+func (s *Server) recordAnsweredAttempt(ctx context.Context, c *call, o outcome) {
+	if c.idemOnRow {
+		return
+	}
+	st := s.settlementAs(c, o)
+	sctx, cancel := s.storeContext(context.WithoutCancel(ctx))
+	defer cancel()
+	// ttl 0: the record leaves the hold's expiry as it is.
+	if _, err := s.store.RecordRunCall(sctx, c.runID, c.runID, 0, st.Usage, st.CostMicro, st.Calls, st.Estimated); err != nil {
+		c.log.Error("idempotent answer recorded neither in Redis nor on its row; killed before its settlement, its retry runs and is charged again",
+			zap.Error(err))
+		return
+	}
+	c.idemOnRow = true
 }
 
 // idemWriteTimeout bounds a write of an idempotency record.
@@ -640,6 +670,7 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 		c.log.Info("idempotent answer not stored: the key moved on to a later attempt while this one ran", zap.Error(err))
 	} else if err != nil {
 		c.log.Error("idempotent answer not stored; a retry is refused 409 idempotent_response_lost, not run again", zap.Error(err))
+		s.recordAnsweredAttempt(ctx, c, c.outcome)
 	}
 }
 
