@@ -199,9 +199,17 @@ func checkContentEncoding(h http.Header) *apiError {
 // event stream: no answer the gateway can meter, charged nothing while the provider billed it.
 var answerShapingQuery = []string{"fields", "alt", "callback"}
 
-// checkQuery refuses a query string carrying one of answerShapingQuery, its name compared
-// unescaped and with case folded. A ';' separates parameters as '&' does: servers that split
-// on it (as Go's own did before 1.17) would read `?x=1;fields=choices` as a field mask.
+// modelQuery is the query parameter LiteLLM's proxy reads a model from on its chat, completions
+// and embeddings routes (a query parameter of their handlers, there for its Azure-style
+// deployment paths), in place of the body's: the router ran, and billed, the model the query
+// named, while the gateway priced, bounded and charged the call as the body's model (an answer
+// naming a model without a price is billed at the price asked for).
+const modelQuery = "model"
+
+// checkQuery refuses a query string carrying one of answerShapingQuery, or modelQuery, its
+// name compared unescaped and with case folded. A ';' separates parameters as '&' does: servers
+// that split on it (as Go's own did before 1.17) would read `?x=1;fields=choices` as a field
+// mask.
 func checkQuery(rawQuery string) *apiError {
 	for pair := range strings.FieldsFuncSeq(rawQuery, isQuerySeparator) { // no slice built per request
 		name, _, _ := strings.Cut(pair, "=")
@@ -209,6 +217,10 @@ func checkQuery(rawQuery string) *apiError {
 			name = unescaped
 		}
 		name = strings.TrimPrefix(strings.TrimSpace(name), "$")
+		if strings.EqualFold(name, modelQuery) {
+			return errBadRequest("unsupported_parameter",
+				"The query parameter 'model' names a model a router in front of the provider runs in place of the body's, billed at its own rates while this gateway prices the body's; name the model in the body alone.")
+		}
 		for _, p := range answerShapingQuery {
 			if strings.EqualFold(name, p) {
 				return errBadRequest("unsupported_parameter", fmt.Sprintf(

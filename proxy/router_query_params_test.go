@@ -30,3 +30,35 @@ func TestGoogleSystemQueryParametersAreRefused(t *testing.T) {
 		t.Fatalf("%d %s, want 200: an API version", resp.StatusCode, body)
 	}
 }
+
+// TestModelQueryParameterIsRefused: LiteLLM's proxy takes the model of its chat, completions
+// and embeddings routes from a query parameter of its handler, `model` (there for its Azure-style
+// deployment paths), in place of the body's: `POST /v1/chat/completions?model=o1-pro` with
+// `"model": "fake-gpt"` in the body ran o1-pro, billed at its rates, while the gateway, which
+// forwards the query string, priced, held and bounded the call as fake-gpt and charged it so
+// (an answer naming an unpriced model is billed at the price asked for). It is refused with 400
+// unsupported_parameter before anything is held, spelt any way a server could read it as
+// `model`, on every route; a query without it is served.
+func TestModelQueryParameterIsRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", chatBody},
+		{"/v1/completions", `{"model":"fake-gpt","prompt":"hi"}`},
+		{"/v1/embeddings", `{"model":"fake-gpt","input":"hi"}`},
+		{"/v1/responses", `{"model":"fake-gpt","input":"hi"}`},
+	} {
+		for _, q := range []string{"model=o1-pro", "%6Dodel=o1-pro", "Model=o1-pro", "api-version=1&model=o1-pro",
+			"api-version=1;model=o1-pro", "model="} {
+			t.Run(c.path+"?"+q, func(t *testing.T) {
+				h.postRefused(t, key, c.path+"?"+q, c.body, nil, http.StatusBadRequest, "unsupported_parameter")
+			})
+		}
+	}
+	resp := h.post(key, "/v1/chat/completions?models=1&api-version=2024-06-01", chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s, want 200: no model in the query", resp.StatusCode, body)
+	}
+}
