@@ -532,6 +532,25 @@ func routerRetryField(root topObject) string {
 	return ""
 }
 
+// serverNativeFields are the body fields llama.cpp's server, an OpenAI-compatible upstream,
+// reads under its own names before the OpenAI ones the gateway reads (it copies every field of
+// the body onto its request): "n_predict" bounds the output before max_completion_tokens and
+// max_tokens (-1: no bound), "n_cmpl" asks for that many completions before n. Forwarded, a
+// call was held, bounded and charged for the output and the answers the OpenAI names asked for
+// while the server wrote to its own, past the cap: clamped to it, unpaid.
+var serverNativeFields = []string{"n_predict", "n_cmpl"}
+
+// serverNativeField names the first of serverNativeFields a request sets (null is unset, as the
+// server reads it), or returns "".
+func serverNativeField(root topObject) string {
+	for _, f := range serverNativeFields {
+		if v := root.Get(f); v.Exists() && v.Type != gjson.Null {
+			return f
+		}
+	}
+	return ""
+}
+
 // emptyObject reports whether v is a JSON object without a member.
 func emptyObject(v gjson.Result) bool {
 	if !v.IsObject() {

@@ -377,6 +377,10 @@ func (s *Server) checkOptions(c *callRequest, root topObject, header http.Header
 		return errBadRequest("unsupported_parameter", fmt.Sprintf(
 			"'%s' asks a router in front of the provider to time out, retry or fall back on its own, which this gateway cannot meter (a call the router gives up on after the provider had it is billed there and charged nothing here; one it runs several times is billed for each); send it without.", f))
 	}
+	if f := serverNativeField(root); f != "" {
+		return errBadRequest("unsupported_parameter", fmt.Sprintf(
+			"'%s' is an upstream server's own name for the output bound or the number of answers, read before 'max_tokens' and 'n', which bound what this gateway holds and charges; send those instead.", f))
+	}
 	if v := root.Get("tags"); v.Exists() && v.Type != gjson.Null {
 		// LiteLLM's tag routing: the tags pick which of the router's deployments of the model
 		// serves the call (its documented example routes "free" and "paid" to different
@@ -437,16 +441,17 @@ func checkRepeatsAnywhere(format metering.Format, root topObject) *apiError {
 // audio refusal also looks for input_audio parts, and one in another case alone would carry
 // them past it to a provider that folds keys.
 //
-// The keys read to refuse a call (unpricedOption, routerRetryField) are among them: OpenRouter's
-// "plugins", Vercel's "providerOptions", the body's "context-1m" beta, LiteLLM's timeouts and
-// retries and its "extra_body". Spelt in another case, a provider or relay that folds keys ran what the gateway,
-// reading the exact spelling, never refused ("Plugins": a web search charged as tokens alone).
-var readKeys = append([]string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
+// The keys read to refuse a call (unpricedOption, routerRetryField, serverNativeField) are among
+// them: OpenRouter's "plugins", Vercel's "providerOptions", the body's "context-1m" beta,
+// LiteLLM's timeouts and retries and its "extra_body", llama.cpp's "n_predict". Spelt in
+// another case, a provider or relay that folds keys ran what the gateway, reading the exact
+// spelling, never refused ("Plugins": a web search charged as tokens alone).
+var readKeys = append(append([]string{"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "max_output_tokens",
 	"n", "best_of", "background", "service_tier", "web_search_options", "audio", "modalities", "tools", "messages", "input",
 	"previous_response_id", "conversation", "prompt", "speed", "inference_geo", "models",
 	"system", "instructions", "response_format", "text", "functions", "suffix", "fallbacks", "provider",
 	"plugins", "providerOptions", "anthropic_beta", "additionalModelRequestFields", "tags",
-	"performanceConfig", "serviceTier", "preset", "extra_body"}, routerRetryFields...)
+	"performanceConfig", "serviceTier", "preset", "extra_body"}, routerRetryFields...), serverNativeFields...)
 
 // nestedReadKeys are the keys the gateway reads inside a top-level object, checked as readKeys
 // are.
