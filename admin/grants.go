@@ -2,6 +2,7 @@ package admin
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"unicode/utf8"
@@ -27,9 +28,9 @@ func (h *handler) createGrant(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req struct {
-		Amount         json.Number `json:"amount"` // credits, decimal; negative for a refund
-		IdempotencyKey string      `json:"idempotency_key"`
-		Reason         string      `json:"reason"`
+		Amount         json.RawMessage `json:"amount"` // credits, decimal; negative for a refund
+		IdempotencyKey string          `json:"idempotency_key"`
+		Reason         string          `json:"reason"`
 	}
 	if !readJSON(w, r, &req) {
 		return
@@ -45,7 +46,7 @@ func (h *handler) createGrant(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("invalid_request", "idempotency_key must be UTF-8 text without U+FFFD (what bytes that are not UTF-8, or unpaired surrogates, decode to): two different keys would be one grant"))
 		return
 	}
-	amount, err := pricing.ParseCredits(req.Amount.String(), h.views.CreditMicro)
+	amount, err := parseAmount(req.Amount, h.views.CreditMicro)
 	if err != nil {
 		writeError(w, badRequest("invalid_amount", "amount must be a decimal number of credits, e.g. \"12.5\" or \"-3\": "+err.Error()))
 		return
@@ -61,6 +62,20 @@ func (h *handler) createGrant(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusCreated
 	}
 	httpapi.WriteJSON(w, status, h.views.Grant(d.Name, g, !created))
+}
+
+// parseAmount reads a grant's amount, a JSON number or a string holding one, in credits, as
+// PATCH reads an allowance. It is decoded here rather than into a json.Number by readJSON: a
+// string holding no number ("12,50", "") or a value of another type failed the whole body as
+// invalid_json, in encoding/json's words, where invalid_amount says what an amount must be.
+func parseAmount(raw json.RawMessage, creditMicro int64) (int64, error) {
+	var n json.Number // absent or null: "", refused by ParseCredits
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return 0, fmt.Errorf("%w: not a number, nor a string holding one", pricing.ErrBadCredits)
+		}
+	}
+	return pricing.ParseCredits(n.String(), creditMicro)
 }
 
 func (h *handler) balance(w http.ResponseWriter, r *http.Request) {

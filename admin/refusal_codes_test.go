@@ -33,6 +33,12 @@ func TestEveryAdminRefusalNamesItsCode(t *testing.T) {
 		{"POST", "/admin/users/acme/grants", `{"amount":"1","idempotency_key":"a\ud800"}`, "invalid_request"},
 		{"POST", "/admin/users/acme/grants", map[string]any{"amount": "1e3", "idempotency_key": "k1"}, "invalid_amount"},
 		{"POST", "/admin/users/acme/grants", map[string]any{"amount": "0.0000001", "idempotency_key": "k2"}, "invalid_amount"},
+		// An amount that is no number at all is a bad amount too, not a bad body: a webhook's
+		// "12,50" or "" was answered invalid_json in encoding/json's words.
+		{"POST", "/admin/users/acme/grants", map[string]any{"amount": "12,50", "idempotency_key": "k3"}, "invalid_amount"},
+		{"POST", "/admin/users/acme/grants", map[string]any{"amount": "", "idempotency_key": "k4"}, "invalid_amount"},
+		{"POST", "/admin/users/acme/grants", map[string]any{"amount": true, "idempotency_key": "k5"}, "invalid_amount"},
+		{"POST", "/admin/users/acme/grants", map[string]any{"idempotency_key": "k6"}, "invalid_amount"},
 		{"POST", "/admin/keys/revoke", map[string]any{}, "missing_key"},
 		{"POST", "/admin/users/acme/keys/revoke", map[string]any{"prefix": "tg_"}, "invalid_request"},
 		{"GET", "/admin/users?limit=0", nil, "invalid_limit"},
