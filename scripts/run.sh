@@ -43,14 +43,28 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
+# A CONFIG that names no file (a typo, or a path relative to another directory) is refused: the
+# demo's config served in its place would price and plan otherwise than the file asked for, and
+# only the banner's "(config ...)" would tell.
 config=""
-for c in "${CONFIG:-}" config.example.yaml config/config.example.yaml; do
-	if [[ -n $c && -f $c ]]; then
+if [[ -n ${CONFIG:-} ]]; then
+	[[ -f $CONFIG ]] || die "CONFIG=$CONFIG: no such file (a relative path is read from $ROOT)"
+	config=$CONFIG
+fi
+for c in config.example.yaml config/config.example.yaml; do
+	if [[ -z $config && -f $c ]]; then
 		config=$c
-		break
 	fi
 done
 [[ -n $config ]] || die "no config file (looked for config.example.yaml, config/config.example.yaml; set CONFIG=)"
+
+# One make run per checkout at a time, held until its gateway and fakellm end (they inherit the
+# lock; the databases must not: services.sh is started without it). The busy-port check below sees
+# a first run only once it listens: a second started while the first still built or migrated
+# printed its own key and banner too, and one of the two then stopped on the gateway's port.
+mkdir -p "$RUN_DIR"
+exec 9>"$RUN_DIR/run.lock"
+flock -n 9 || die "a make run is already running in $ROOT (Ctrl-C it, or wait for it to stop)"
 
 # Before anything else: a second `make run` beside a running one used to rebuild bin/ under
 # it, mint a new demo key over .run/demo_key and only then stop on the busy port.
@@ -58,7 +72,7 @@ busy="is already in use: is a make run still running (Ctrl-C it)? Else set"
 port_in_use "$FAKELLM_ADDR" && die "$FAKELLM_ADDR $busy FAKELLM_ADDR"
 port_in_use "$GATEWAY_ADDR" && die "$GATEWAY_ADDR $busy GATEWAY_ADDR"
 
-bash "$ROOT/scripts/services.sh" up "$RUN_DIR"
+bash "$ROOT/scripts/services.sh" up "$RUN_DIR" 9>&-
 set -a
 # shellcheck disable=SC1091
 . "$RUN_DIR/env"
@@ -88,7 +102,11 @@ KEY=$(printf '%s\n' "$setup_out" | sed -n 's/^KEY=//p' | tail -n 1)
 }
 printf '%s\n' "$KEY" >"$RUN_DIR/demo_key"
 
-bin/fakellm -listen "$FAKELLM_ADDR" </dev/null >"$RUN_DIR/fakellm.log" 2>&1 &
+# setsid: its own session, out of the terminal's reach. Ctrl-C is the gateway's: it drains its
+# calls for up to shutdown_timeout, and cleanup stops fakellm only once the gateway is gone. Given
+# the Ctrl-C too, fakellm closed its streams after its own 10 s, and the calls the gateway was
+# draining ended upstream_broken instead of whole.
+setsid bin/fakellm -listen "$FAKELLM_ADDR" </dev/null >"$RUN_DIR/fakellm.log" 2>&1 &
 FAKE_PID=$!
 for ((i = 0; i < 100; i++)); do
 	port_in_use "$FAKELLM_ADDR" && break
