@@ -13,6 +13,11 @@ export PATH
 RUN_DIR="$ROOT/.run"
 FAKELLM_ADDR="${FAKELLM_ADDR:-127.0.0.1:9090}"
 GATEWAY_ADDR="${GATEWAY_ADDR:-127.0.0.1:8080}"
+# Go's listen form without a host (":18080") would serve every interface, print a curl to
+# http://:18080 that curl refuses, and leave port_in_use nothing to probe: the demo stays on
+# loopback.
+[[ $FAKELLM_ADDR == :* ]] && FAKELLM_ADDR="127.0.0.1$FAKELLM_ADDR"
+[[ $GATEWAY_ADDR == :* ]] && GATEWAY_ADDR="127.0.0.1$GATEWAY_ADDR"
 
 log() { printf 'run: %s\n' "$*" >&2; }
 die() { printf 'run: ERROR: %s\n' "$*" >&2; exit 1; }
