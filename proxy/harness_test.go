@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -354,6 +356,25 @@ func (h *harness) settleRun(key, id string) (int, []byte) {
 	resp := h.post(key, "/v1/runs/"+id+"/settle", "", nil)
 	defer resp.Body.Close()
 	return resp.StatusCode, readAll(h.t, resp.Body)
+}
+
+// holdAtFirst stops the first call to reach step (a store step told to ObserveSteps) there until
+// resume is called, as a process killed or paused at that moment would leave it; reached is
+// closed once it is held. resume may be called more than once, and is called when the test
+// ends, so a held call never outlives its harness.
+func (h *harness) holdAtFirst(step string) (reached <-chan struct{}, resume func()) {
+	at, let := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	h.srv.ObserveSteps(func(_ context.Context, s string) {
+		if s == step && first.CompareAndSwap(false, true) {
+			close(at)
+			<-let
+		}
+	})
+	var once sync.Once
+	resume = func() { once.Do(func() { close(let) }) }
+	h.t.Cleanup(resume)
+	return at, resume
 }
 
 // waitSettled polls until runID's hold is settled; past within it fails, saying why the run

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net/http"
-	"sync/atomic"
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
@@ -27,13 +26,7 @@ func TestIdemAttemptKilledRightAfterItsAdmissionIsChargedOnce(t *testing.T) {
 
 	// The first attempt's process "dies" once its hold is committed: its request goes no
 	// further until it is let go, its caller gone, and it writes nothing before that.
-	dead := make(chan struct{})
-	var killed atomic.Bool
-	h.srv.ObserveSteps(func(ctx context.Context, step string) {
-		if step == "attempt admitted" && killed.CompareAndSwap(false, true) {
-			<-dead
-		}
-	})
+	_, resume := h.holdAtFirst("attempt admitted")
 	ctx, cancel := context.WithCancel(context.Background())
 	first := h.newRequest(key, "/v1/chat/completions", chatBody, idem).WithContext(ctx)
 	done := make(chan struct{})
@@ -48,7 +41,7 @@ func TestIdemAttemptKilledRightAfterItsAdmissionIsChargedOnce(t *testing.T) {
 		if !released {
 			released = true
 			cancel()
-			close(dead)
+			resume()
 			<-done
 		}
 	}

@@ -1,10 +1,8 @@
 package proxy_test
 
 import (
-	"context"
 	"net"
 	"net/http"
-	"sync/atomic"
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
@@ -41,21 +39,7 @@ func answerNotStoredThenKilled(t *testing.T, body string) {
 
 	// The attempt's process "dies" as it is about to settle: its settlement goes no further
 	// until it is let go, long after the reconciler settled its hold.
-	dead := make(chan struct{})
-	var killed atomic.Bool
-	h.srv.ObserveSteps(func(ctx context.Context, step string) {
-		if step == "settle" && killed.CompareAndSwap(false, true) {
-			<-dead
-		}
-	})
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(dead)
-		}
-	}
-	defer release()
+	_, release := h.holdAtFirst("settle")
 
 	answer.on.Store(true)
 	tally.on.Store(true)

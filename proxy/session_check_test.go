@@ -6,8 +6,6 @@ import (
 	"maps"
 	"net/http"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,13 +75,7 @@ func TestSessionCheckLeavesARunWhoseClaimHasNotCommitted(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	aRun, br := runningSessionStream(t, h, key, "s")
-	claiming, resume := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	h.srv.ObserveSteps(func(_ context.Context, step string) {
-		if step == "session claim" {
-			once.Do(func() { close(claiming); <-resume })
-		}
-	})
+	claiming, resume := h.holdAtFirst("session claim")
 	b := make(chan answer, 1)
 	go func() {
 		b <- send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"B: another question"}]}`,
@@ -91,7 +83,7 @@ func TestSessionCheckLeavesARunWhoseClaimHasNotCommitted(t *testing.T) {
 	}()
 	<-claiming
 	n, err := h.srv.CheckSessions(context.Background())
-	close(resume)
+	resume()
 	if err != nil || n != 0 {
 		t.Fatalf("session check during B's claim stopped %d runs (%v); want none", n, err)
 	}
@@ -112,11 +104,11 @@ func TestSessionCheckLeavesAnAnswerAlreadyWhole(t *testing.T) {
 	a, resume := sentUntilItsAnswerIsWhole(h, key, sess)
 	b := send(h.gw.URL, key, streamBody, sess)
 	if b.status != http.StatusOK {
-		close(resume)
+		resume()
 		t.Fatalf("regenerate: %d %s; want it run", b.status, b.body)
 	}
 	n, err := h.srv.CheckSessions(context.Background())
-	close(resume)
+	resume()
 	if err != nil || n != 0 {
 		t.Fatalf("session check with A's answer whole stopped %d runs (%v); want none", n, err)
 	}
@@ -156,7 +148,7 @@ func answerWholeNotCut(t *testing.T, hdr map[string]string, end string) {
 	maps.Copy(aHdr, hdr)
 	a, resume := sentUntilItsAnswerIsWhole(h, key, aHdr)
 	b := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"B: the next question"}]}`, sess)
-	close(resume)
+	resume()
 	if b.status != http.StatusOK {
 		t.Fatalf("B: %d %s; want it run", b.status, b.body)
 	}
@@ -172,16 +164,9 @@ func answerWholeNotCut(t *testing.T, hdr map[string]string, end string) {
 
 // sentUntilItsAnswerIsWhole sends a stream with hdr and holds its call once its answer is
 // whole (answerFinal: its session's end marked, its last bytes not yet sent) until resume is
-// closed; it returns once the call is held there, with the channel its answer comes on.
-func sentUntilItsAnswerIsWhole(h *harness, key string, hdr map[string]string) (<-chan answer, chan struct{}) {
-	final, resume := make(chan struct{}), make(chan struct{})
-	var first atomic.Bool
-	h.srv.ObserveSteps(func(_ context.Context, step string) {
-		if step == "answer final" && first.CompareAndSwap(false, true) {
-			close(final)
-			<-resume
-		}
-	})
+// called; it returns once the call is held there, with the channel its answer comes on.
+func sentUntilItsAnswerIsWhole(h *harness, key string, hdr map[string]string) (<-chan answer, func()) {
+	final, resume := h.holdAtFirst("answer final")
 	a := make(chan answer, 1)
 	go func() { a <- send(h.gw.URL, key, streamBody, hdr) }()
 	<-final
