@@ -95,13 +95,16 @@ func (m *Meter) NewUnrelayedAnswer() *UnrelayedAnswer {
 }
 
 // AddSpoken counts the audio b measured as the Meter counts a whole answer's, for an answer
-// metered from its usage report alone.
+// metered from its usage report alone. A whole answer's report counts all of its audio: none of
+// it is audio after the report (Result).
 func (m *Meter) AddSpoken(b *UnrelayedAnswer) {
 	if b == nil {
 		return
 	}
 	m.pcmBytes = min(m.pcmBytes+b.pcmBytes, maxAudioCount)
 	m.clipMicros = min(m.clipMicros+b.clipMicros, maxAudioCount)
+	m.pcmAtReport = min(m.pcmAtReport+b.pcmBytes, maxAudioCount)
+	m.clipAtReport = min(m.clipAtReport+b.clipMicros, maxAudioCount)
 }
 
 // AddUnreported counts the audio and the text b measured as the Meter counts a whole answer's

@@ -119,7 +119,8 @@ type Meter struct {
 	echoSeen    map[int64]int
 	// charsAtReport is OutputChars when the last OpenAI-style usage report came: a report
 	// counts the output up to the chunk it rides on, not the text streamed after it.
-	charsAtReport int64
+	// pcmAtReport and clipAtReport are pcmBytes and clipMicros then: nor the audio.
+	charsAtReport, pcmAtReport, clipAtReport int64
 	// choices holds, by index, what each choice of a chat or completions answer streamed in
 	// chunks of its own and what the last report riding on such a chunk counted (see
 	// choiceReport). choicesReported counts the choices such a report counted, choiceReportedAgain
@@ -309,14 +310,19 @@ func (m *Meter) Result() Result {
 		}
 		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
 	}
-	if after := r.OutputChars - covered; after > 0 && r.Reported && !m.outputUnreported() &&
+	after := r.OutputChars - covered
+	audioAfter := audioOutputTokens(m.pcmBytes-m.pcmAtReport, m.clipMicros-m.clipAtReport)
+	if (after > 0 || audioAfter > 0) && r.Reported && !m.outputUnreported() &&
 		(m.format == FormatChat || m.format == FormatCompletions) {
-		// Text streamed after the last report, which counts the output up to its own chunk: a
-		// stream whose provider reported early (a first chunk that counts the prompt and no
-		// output yet) and that was cut before its final report. Read as final, the early
-		// report charged none of the text the provider made since. Its estimate is added, and
-		// the row says so. (A whole stream's final report comes after its text: nothing is.)
-		r.Usage.Output, r.Estimated = r.Usage.Output+min(maxEstimatedTokens, EstimateOutputTokens(after)), true
+		// Text and audio streamed after the last report, which counts the output up to its own
+		// chunk: a stream whose provider reported early (a first chunk that counts the prompt
+		// and no output yet) and that was cut before its final report. Read as final, the
+		// early report charged none of the text the provider made since, nor the audio it
+		// spoke. Their estimate is added, the audio's as audio, and the row says so. (A whole
+		// stream's final report comes after its text and audio: nothing is.)
+		r.Usage.Output = r.Usage.Output + min(maxEstimatedTokens, EstimateOutputTokens(max(0, after))+audioAfter)
+		r.Usage.AudioOutput = min(r.Usage.Output, r.Usage.AudioOutput+audioAfter)
+		r.Estimated = true
 	}
 	if r.Reported && !m.reported[figAudioOut].seen && r.AudioOutput > 0 {
 		// A report that does not say how much of the output was audio (a compatible provider
@@ -611,7 +617,7 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	}
 	m.res.CacheWriteSplit = m.reported[figWritten1h].seen
 	m.res.Reported = true
-	m.charsAtReport = m.res.OutputChars
+	m.charsAtReport, m.pcmAtReport, m.clipAtReport = m.res.OutputChars, m.pcmBytes, m.clipMicros
 	return true
 }
 

@@ -1,12 +1,15 @@
 package proxy_test
 
 import (
+	"encoding/base64"
+	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // TestUsageThatFallsToZeroKeepsTheReport: a stream's usage reports are cumulative, the last
@@ -80,5 +83,36 @@ func TestTextAfterTheLastUsageOfACutStreamIsCharged(t *testing.T) {
 	if run.SettleSource.String != holds.SourceStreamError || run.InTok != 1000 || run.OutTok != want || !run.Estimated {
 		t.Errorf("run settled by %q in=%d out=%d estimated=%v, want stream_error charged the 1000 reported and %d, the estimate of the %d bytes streamed after the report, estimated",
 			run.SettleSource.String, run.InTok, run.OutTok, run.Estimated, want, streamed)
+	}
+}
+
+// TestAudioAfterTheLastUsageOfACutStreamIsCharged: as text, the audio a spoken answer streamed
+// after an early report (a first chunk that counts the prompt and no output yet) is output no
+// report counted. A stream cut before its final report was charged the early report and none
+// of the audio it had spoken since: less than the same stream without the early report, which
+// is charged its audio's length at the audio price (TestSpokenAnswerEstimatedByItsLength).
+func TestAudioAfterTheLastUsageOfACutStreamIsCharged(t *testing.T) {
+	dir := t.TempDir()
+	// Three chunks of a second of 24 kHz 16-bit PCM each: 60 tokens of audio.
+	second := base64.StdEncoding.EncodeToString(make([]byte, 48_000))
+	chunk := func(s string) string {
+		return `data: {"id":"c1","object":"chat.completion.chunk","model":"fake-gpt",` + s + "}\n\n"
+	}
+	fixture := chunk(`"choices":[{"index":0,"delta":{"role":"assistant","audio":{"id":"audio_1"}}}],"usage":{"prompt_tokens":20,"completion_tokens":0,"total_tokens":20}`)
+	for range 3 {
+		fixture += chunk(`"choices":[{"index":0,"delta":{"audio":{"data":"` + second + `"}}}],"usage":null`)
+	}
+	writeFixture(t, dir, "spoken_early_report.sse", fixture+`data: {"error":{"message":"overloaded","type":"server_error"}}`+"\n\n")
+	h, price := spokenHarness(t, dir)
+	u, key := h.user("standard")
+	status, answer, run := h.postRun(u.ID, key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"modalities":["text","audio"],"audio":{"voice":"alloy","format":"pcm16"},
+		"messages":[{"role":"user","content":"Say hello."}]}`, map[string]string{fakellm.HeaderReplay: "spoken_early_report.sse"})
+	if status != http.StatusOK || !strings.Contains(string(answer), "overloaded") {
+		t.Fatalf("%d %s, want the stream with its error", status, answer)
+	}
+	if least := price.Cost(pricing.Usage{Input: 20, Output: 60, AudioOutput: 60}); run.SettleSource.String != holds.SourceStreamError ||
+		run.InTok != 20 || run.OutTok < 60 || run.CostMicro < least || !run.Estimated {
+		t.Errorf("run settled by %q in=%d out=%d at %d µUSD (estimated %v), want stream_error charged the 20 reported and at least the 60 tokens of the 3 seconds spoken after the report, at least %d µUSD, estimated",
+			run.SettleSource.String, run.InTok, run.OutTok, run.CostMicro, run.Estimated, least)
 	}
 }
