@@ -545,6 +545,14 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		"input_tokens_details.cache_creation_token_details.ephemeral_1h_input_tokens")
 	set(figAudio, "prompt_tokens_details.audio_tokens", "input_tokens_details.audio_tokens")
 	set(figAudioOut, "completion_tokens_details.audio_tokens", "output_tokens_details.audio_tokens")
+	if countsNothing(fresh) {
+		// Every figure 0: no call reads no prompt. A compatible server or relay that puts such
+		// a placeholder in each chunk until its real report (usage {0, 0, 0} beside the text)
+		// had a stream cut before that report charged nothing at all, prompt and text at 0, and,
+		// after an early report of the prompt, hid the text streamed since from its estimate
+		// (Result). It is no report, as an empty object is none: the last real one stands.
+		return false
+	}
 	// The output this report counts by its own figures, for a report of one choice alone
 	// (choiceReport).
 	m.reportOutput = fresh[figCompletion].n
@@ -618,6 +626,16 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	m.res.CacheWriteSplit = m.reported[figWritten1h].seen
 	m.res.Reported = true
 	m.charsAtReport, m.pcmAtReport, m.clipAtReport = m.res.OutputChars, m.pcmBytes, m.clipMicros
+	return true
+}
+
+// countsNothing reports whether a report's figures, fresh, are all 0 where it gives them.
+func countsNothing(fresh [figureCount]reportedFigure) bool {
+	for _, f := range fresh {
+		if f.seen && f.n > 0 {
+			return false
+		}
+	}
 	return true
 }
 

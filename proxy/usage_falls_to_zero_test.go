@@ -116,3 +116,53 @@ func TestAudioAfterTheLastUsageOfACutStreamIsCharged(t *testing.T) {
 			run.SettleSource.String, run.InTok, run.OutTok, run.CostMicro, run.Estimated, least)
 	}
 }
+
+// TestUsageOfZerosIsNoReport: a usage whose every figure is 0 counts nothing the call used: a
+// compatible server or relay that puts such a placeholder in each chunk until its real report
+// (usage {0, 0, 0} beside the text) had a stream cut before that report charged nothing at
+// all, its prompt and its text at 0, where the same stream without the placeholders is charged
+// their estimates; after an early report of the prompt, a placeholder hid the text streamed
+// before it from TestTextAfterTheLastUsageOfACutStreamIsCharged's estimate. It is no report:
+// the call is charged as the same stream without it.
+func TestUsageOfZerosIsNoReport(t *testing.T) {
+	const text = "Hello billing team, here is a fairly long answer for you."
+	zeros := `,"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}`
+	chunk := func(s string) string {
+		return "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"fake-gpt\"," + s + "}\n\n"
+	}
+	stream := func(first, usage string) string {
+		s := chunk(`"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]` + first)
+		for range 3 {
+			s += chunk(`"choices":[{"index":0,"delta":{"content":"` + text + `"}}]` + usage)
+		}
+		return s + `data: {"error":{"message":"overloaded","type":"server_error"}}` + "\n\n"
+	}
+	early := `,"usage":{"prompt_tokens":1000,"completion_tokens":0,"total_tokens":1000}`
+	dir := t.TempDir()
+	writeFixture(t, dir, "plain.sse", stream("", ""))
+	writeFixture(t, dir, "zeros.sse", stream(zeros, zeros))
+	writeFixture(t, dir, "early.sse", stream(early, ""))
+	writeFixture(t, dir, "early_then_zeros.sse", stream(early, zeros))
+	h := newHarnessWithFixtures(t, dir, nil)
+	u, key := h.user("standard")
+	const body = `{"model":"fake-gpt","stream":true,"max_tokens":500,"messages":[{"role":"user","content":"talk"}]}`
+	settled := func(fixture string) holds.Run {
+		t.Helper()
+		status, answer, run := h.postRun(u.ID, key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderReplay: fixture})
+		if status != http.StatusOK || !strings.Contains(string(answer), "overloaded") {
+			t.Fatalf("%s: %d %s, want the stream with its error", fixture, status, answer)
+		}
+		return run
+	}
+	for _, tc := range []struct{ name, fixture, like string }{
+		{"a placeholder of zeros in every chunk", "zeros.sse", "plain.sse"},
+		{"placeholders of zeros after an early report", "early_then_zeros.sse", "early.sse"},
+	} {
+		want, got := settled(tc.like), settled(tc.fixture)
+		if got.SettleSource.String != holds.SourceStreamError || got.InTok != want.InTok || got.OutTok != want.OutTok ||
+			got.CostMicro != want.CostMicro || !got.Estimated || want.OutTok == 0 {
+			t.Errorf("%s: settled by %q in=%d out=%d at %d µUSD (estimated %v), want as the same stream without them: in=%d out=%d at %d µUSD, estimated",
+				tc.name, got.SettleSource.String, got.InTok, got.OutTok, got.CostMicro, got.Estimated, want.InTok, want.OutTok, want.CostMicro)
+		}
+	}
+}
