@@ -698,7 +698,11 @@ func (m *Meter) responsesEvent(s, typ string) {
 func (m *Meter) anthropicEvent(s, typ string) {
 	switch typ {
 	case "message_start":
-		if u := gjson.Get(s, "message.usage"); u.IsObject() {
+		// Anthropic's message_start counts the prompt. The shims that serve other models in
+		// its format open with a placeholder of zeros ({"input_tokens":0,"output_tokens":0})
+		// and count the call in message_delta: read as a report, a stream of theirs cut before
+		// message_delta had its prompt charged at 0. It is none, as an empty usage is none.
+		if u := gjson.Get(s, "message.usage"); u.IsObject() && !anthropicCountsNothing(u) {
 			m.anthropicUsage(u)
 		}
 		keepName(&m.res.Model, gjson.Get(s, "message.model"), false)
@@ -732,6 +736,25 @@ var anthropicFields = [6]string{"input_tokens", "cache_read_input_tokens", "cach
 
 // anthropicOutput is output_tokens' index in anthropicFields.
 const anthropicOutput = 3
+
+// anthropicCountsNothing reports whether u, an Anthropic usage, gives no figure above 0, at its
+// top level or in its iterations.
+func anthropicCountsNothing(u gjson.Result) bool {
+	zeros := func(v gjson.Result) bool {
+		for _, f := range anthropicFields {
+			if n, _ := first(v, f); n > 0 {
+				return false
+			}
+		}
+		return true
+	}
+	nothing := zeros(u)
+	u.Get("iterations").ForEach(func(_, it gjson.Result) bool {
+		nothing = nothing && zeros(it)
+		return nothing
+	})
+	return nothing
+}
 
 // anthropicUsage applies one Anthropic usage object: each field present replaces the one
 // before (message_delta carries cumulative counts). With iterations[] (compaction, server

@@ -166,3 +166,37 @@ func TestUsageOfZerosIsNoReport(t *testing.T) {
 		}
 	}
 }
+
+// TestAnthropicStartOfZerosIsNoReport: Anthropic's message_start counts the prompt; the shims
+// that serve other models in Anthropic's format open their streams with a message_start whose
+// usage is a placeholder of zeros ({"input_tokens":0,"output_tokens":0}) and count the call in
+// message_delta. A stream of theirs cut before message_delta had its prompt charged at 0, where
+// the same stream with a message_start without a usage is charged the prompt's estimate.
+func TestAnthropicStartOfZerosIsNoReport(t *testing.T) {
+	text := strings.Repeat("word ", 160)
+	stream := func(usage string) string {
+		return "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-test\",\"content\":[]" + usage + "}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"" + text + "\"}}\n\n" +
+			"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	}
+	dir := t.TempDir()
+	writeFixture(t, dir, "anth_plain.sse", stream(""))
+	writeFixture(t, dir, "anth_zeros.sse", stream(`,"usage":{"input_tokens":0,"output_tokens":0}`))
+	h := newHarnessWithFixtures(t, dir, nil)
+	u, key := h.user("standard")
+	const body = `{"model":"claude-test","stream":true,"max_tokens":500,"messages":[{"role":"user","content":"talk to me at length about billing"}]}`
+	settled := func(fixture string) holds.Run {
+		t.Helper()
+		status, answer, run := h.postRun(u.ID, key, "/v1/messages", body, map[string]string{fakellm.HeaderReplay: fixture})
+		if status != http.StatusOK || !strings.Contains(string(answer), "overloaded_error") {
+			t.Fatalf("%s: %d %s, want the stream with its error", fixture, status, answer)
+		}
+		return run
+	}
+	want, got := settled("anth_plain.sse"), settled("anth_zeros.sse")
+	if got.SettleSource.String != holds.SourceStreamError || got.InTok != want.InTok || got.OutTok != want.OutTok ||
+		got.CostMicro != want.CostMicro || !got.Estimated || want.InTok == 0 {
+		t.Errorf("settled by %q in=%d out=%d at %d µUSD (estimated %v), want as the same stream without the placeholder: in=%d out=%d at %d µUSD, estimated",
+			got.SettleSource.String, got.InTok, got.OutTok, got.CostMicro, got.Estimated, want.InTok, want.OutTok, want.CostMicro)
+	}
+}
