@@ -229,10 +229,11 @@ func (m *Meter) Body(body []byte) {
 	switch m.format {
 	case FormatAnthropic:
 		keepName(&m.res.Model, gjson.Get(s, "model"), false)
-		if u := gjson.Get(s, "usage"); u.IsObject() {
+		if u := gjson.Get(s, "usage"); u.IsObject() && !anthropicCountsNothing(u) {
 			// A whole answer's usage is its last word, not message_start's placeholder; one
 			// that gives no output count (a compatible server's) says nothing of the output,
-			// as an OpenAI-shaped one without completion_tokens does (outputUnreported).
+			// as an OpenAI-shaped one without completion_tokens does (outputUnreported). One
+			// of zeros (a shim's that counts nothing) is no report: the answer is estimated.
 			m.anthropicOutputMissing = !m.anthropicUsage(u)
 			m.outputFinal = true
 		}
@@ -707,7 +708,11 @@ func (m *Meter) anthropicEvent(s, typ string) {
 		}
 		keepName(&m.res.Model, gjson.Get(s, "message.model"), false)
 	case "message_delta":
-		if u := gjson.Get(s, "usage"); u.IsObject() && m.anthropicUsage(u) {
+		// With no report before it (message_start's of zeros is none), a usage of zeros is no
+		// report either: a shim that counts nothing had the whole answer charged 0, where it
+		// is estimated. After a real message_start, a delta's output of 0 is final (an answer
+		// that made nothing).
+		if u := gjson.Get(s, "usage"); u.IsObject() && (m.res.Reported || !anthropicCountsNothing(u)) && m.anthropicUsage(u) {
 			m.outputFinal = true
 		}
 	case "content_block_delta":

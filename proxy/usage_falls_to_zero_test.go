@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"encoding/base64"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -198,5 +199,50 @@ func TestAnthropicStartOfZerosIsNoReport(t *testing.T) {
 		got.CostMicro != want.CostMicro || !got.Estimated || want.InTok == 0 {
 		t.Errorf("settled by %q in=%d out=%d at %d µUSD (estimated %v), want as the same stream without the placeholder: in=%d out=%d at %d µUSD, estimated",
 			got.SettleSource.String, got.InTok, got.OutTok, got.CostMicro, got.Estimated, want.InTok, want.OutTok, want.CostMicro)
+	}
+}
+
+// TestAnthropicUsageOfZerosIsNoReport: a shim serving another model in Anthropic's format that
+// counts nothing sends usages of zeros all through (message_start, message_delta, a whole
+// body's). Read as reports, the whole answer was charged 0, prompt and output, and not marked
+// estimated. A usage of zeros is none: the answer is charged as the same one without usages,
+// at its estimate.
+func TestAnthropicUsageOfZerosIsNoReport(t *testing.T) {
+	text := strings.Repeat("word ", 160)
+	stream := func(usage string) string {
+		return "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-test\",\"content\":[]" + usage + "}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"" + text + "\"}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}" + strings.Replace(usage, `"input_tokens":0,`, "", 1) + "}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	}
+	whole := func(usage string) string {
+		return `{"id":"msg_1","type":"message","role":"assistant","model":"claude-test","content":[{"type":"text","text":"` + text + `"}],"stop_reason":"end_turn"` + usage + `}`
+	}
+	const zeros = `,"usage":{"input_tokens":0,"output_tokens":0}`
+	dir := t.TempDir()
+	writeFixture(t, dir, "anth_stream_plain.sse", stream(""))
+	writeFixture(t, dir, "anth_stream_zeros.sse", stream(zeros))
+	writeFixture(t, dir, "anth_whole_plain.json", whole(""))
+	writeFixture(t, dir, "anth_whole_zeros.json", whole(zeros))
+	h := newHarnessWithFixtures(t, dir, nil)
+	u, key := h.user("standard")
+	settled := func(fixture string, streamed bool) holds.Run {
+		t.Helper()
+		body := fmt.Sprintf(`{"model":"claude-test","stream":%v,"max_tokens":500,"messages":[{"role":"user","content":"talk to me at length about billing"}]}`, streamed)
+		status, answer, run := h.postRun(u.ID, key, "/v1/messages", body, map[string]string{fakellm.HeaderReplay: fixture})
+		if status != http.StatusOK || !strings.Contains(string(answer), "word word") {
+			t.Fatalf("%s: %d %s, want the answer", fixture, status, answer)
+		}
+		return run
+	}
+	for _, tc := range []struct {
+		plain, zeros string
+		streamed     bool
+	}{{"anth_stream_plain.sse", "anth_stream_zeros.sse", true}, {"anth_whole_plain.json", "anth_whole_zeros.json", false}} {
+		want, got := settled(tc.plain, tc.streamed), settled(tc.zeros, tc.streamed)
+		if got.InTok != want.InTok || got.OutTok != want.OutTok || got.CostMicro != want.CostMicro || !got.Estimated || want.InTok == 0 || want.OutTok == 0 {
+			t.Errorf("%s: in=%d out=%d at %d µUSD (estimated %v), want as %s: in=%d out=%d at %d µUSD, estimated",
+				tc.zeros, got.InTok, got.OutTok, got.CostMicro, got.Estimated, tc.plain, want.InTok, want.OutTok, want.CostMicro)
+		}
 	}
 }
