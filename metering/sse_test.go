@@ -76,6 +76,10 @@ func TestScannerLineEndings(t *testing.T) {
 			[]want{{"", "a", "data: a\r\r"}, {"", "b", "data: b\n\n"}}},
 		{"CR only, each event in its own read", []string{"data: a\r\r", "data: b\r\r"},
 			[]want{{"", "a", "data: a\r\r"}, {"", "b", "data: b\r\r"}}},
+		// The LF looked for after a CR-ended event is looked for once: LF-ended events after it
+		// end at their own blank lines, which are not taken for that LF.
+		{"CR-ended event, then LF-ended ones", []string{"data: a\r\r", "data: b\n\ndata: c\n\n"},
+			[]want{{"", "a", "data: a\r\r"}, {"", "b", "data: b\n\n"}, {"", "c", "data: c\n\n"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			evs, err := scanAll(t, 1<<20, tc.chunks...)
@@ -96,6 +100,9 @@ func TestScannerFields(t *testing.T) {
 		{"comments kept in Raw", ": OPENROUTER PROCESSING\n\n: ping\ndata: x\n\n",
 			[]want{{"", noData, ": OPENROUTER PROCESSING\n\n"}, {"", "x", ": ping\ndata: x\n\n"}}},
 		{"multi-line data", "data: {\"a\":\ndata:  1}\ndata\n\n", []want{{"", "{\"a\":\n 1}\n", "data: {\"a\":\ndata:  1}\ndata\n\n"}}},
+		// Each event's lines are joined afresh: none of an earlier event's data leads a later one's.
+		{"multi-line data, event after event", "data: {\"a\":\ndata: 1}\n\ndata: {\"b\":\ndata: 2}\n\n",
+			[]want{{"", "{\"a\":\n1}", "data: {\"a\":\ndata: 1}\n\n"}, {"", "{\"b\":\n2}", "data: {\"b\":\ndata: 2}\n\n"}}},
 		{"data without space", "data:x\n\ndata:\n\n", []want{{"", "x", "data:x\n\n"}, {"", "", "data:\n\n"}}},
 		{"event, id, retry", "event: a\nid: 7\nretry: 10\nevent:b\ndata: d\n\n", []want{{"b", "d", "event: a\nid: 7\nretry: 10\nevent:b\ndata: d\n\n"}}},
 		{"unknown field and no colon", "foo: bar\nevent\n\n", []want{{"", noData, "foo: bar\nevent\n\n"}}},
@@ -146,6 +153,22 @@ func TestScannerLargeEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkEvents(t, evs, want{"big", payload, "event: big\ndata: " + payload + "\n\n"}, want{"", "after", "data: after\n\n"})
+}
+
+// TestScannerDataOfAnEventMovedInItsBuffer: an event whose data line was read but whose
+// blank line had not come when the buffer was compacted (its bytes moved to the front to make
+// room for the next read) keeps its data: the data is where the event's bytes went.
+func TestScannerDataOfAnEventMovedInItsBuffer(t *testing.T) {
+	first := "data: first\n\n"
+	// With the first event, the second's data line leaves less than one read of room in the
+	// initial buffer: the next read moves the second event to the front.
+	payload := `{"usage":{"completion_tokens":7},"pad":"` + strings.Repeat("x", initialBuf-minRead) + `"}`
+	second := "data: " + payload + "\n"
+	evs, err := scanAll(t, 1<<20, first+second, "\n")
+	if err != io.EOF {
+		t.Fatal(err)
+	}
+	checkEvents(t, evs, want{"", "first", first}, want{"", payload, second + "\n"})
 }
 
 func TestScannerTooLarge(t *testing.T) {

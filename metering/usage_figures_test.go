@@ -226,3 +226,40 @@ func TestMeterAnthropicBodyWithoutOutputCountBillsTheOutputEstimate(t *testing.T
 		}
 	}
 }
+
+// TestMeterTextAfterTheLastReportIsEstimated: a report counts the output up to the chunk it
+// rides on. Text streamed after the last one (a provider that reported early, a stream cut
+// before its final report) is charged at its estimate on top of the output reported, in the
+// chat and completions formats, and the result says so; an early report without an output
+// figure already bills the estimate of all the text, which is not added twice. A report after
+// the text is the whole count: nothing is added.
+func TestMeterTextAfterTheLastReportIsEstimated(t *testing.T) {
+	text := strings.Repeat("x", 4000)
+	est := EstimateOutputTokens(int64(len(text)))
+	early := data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":5,"total_tokens":1005}}`)
+	for _, tc := range []struct {
+		name   string
+		f      Format
+		events []Event
+		want   pricing.Usage
+		est    bool
+	}{
+		{"chat, text after an early report", FormatChat,
+			[]Event{early, data(`{"choices":[{"index":0,"delta":{"content":"` + text + `"}}]}`)},
+			pricing.Usage{Input: 1000, Output: 5 + est}, true},
+		{"completions, text after an early report", FormatCompletions,
+			[]Event{early, data(`{"choices":[{"index":0,"text":"` + text + `"}]}`)},
+			pricing.Usage{Input: 1000, Output: 5 + est}, true},
+		{"chat, text after an early report without an output figure", FormatChat,
+			[]Event{data(`{"choices":[],"usage":{"prompt_tokens":1000}}`), data(`{"choices":[{"index":0,"delta":{"content":"` + text + `"}}]}`)},
+			pricing.Usage{Input: 1000, Output: est}, true},
+		{"chat, the report after the text", FormatChat,
+			[]Event{data(`{"choices":[{"index":0,"delta":{"content":"` + text + `"}}]}`), data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":900}}`)},
+			pricing.Usage{Input: 1000, Output: 900}, false},
+	} {
+		got := meterEvents(tc.f, tc.events...)
+		if got.Usage != tc.want || !got.Reported || got.Estimated != tc.est {
+			t.Errorf("%s: got %+v, want usage %+v reported, estimated %v", tc.name, got, tc.want, tc.est)
+		}
+	}
+}

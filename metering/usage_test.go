@@ -97,6 +97,31 @@ func TestMeterOpenAI(t *testing.T) {
 			data(`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":5}}}`),
 			data(`{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":0}}}`),
 		}, pricing.Usage{Input: 10, Output: 7}, true, false},
+		// A cumulative count cannot fall to nothing: a trailing report's 0 (a router's last
+		// chunk that repeats the output count alone) is no count of any figure an earlier
+		// report gave, the prompt's parts, the output's audio and the total (reasoning left
+		// out of the completion, as xAI's) included. (A report of zeros alone is none at all.)
+		// A cumulative count cannot fall to nothing: a trailing report's 0 (a router's last
+		// chunk that repeats one count and zeroes the rest) is no count of a figure an earlier
+		// report gave, nor of its parts: the prompt's, the output's audio, and the total
+		// (reasoning left out of the completion, as xAI's). (A report of zeros alone is none.)
+		{"a trailing report's zeros keep the prompt, the output and their parts", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":300,"total_tokens":1500,
+				"prompt_tokens_details":{"cached_tokens":500,"cache_write_tokens":200,"audio_tokens":100,
+					"cache_creation_token_details":{"ephemeral_1h_input_tokens":50}},
+				"completion_tokens_details":{"audio_tokens":250}}}`),
+			data(`{"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":1500,
+				"prompt_tokens_details":{"cached_tokens":0,"cache_write_tokens":0,"audio_tokens":0,
+					"cache_creation_token_details":{"ephemeral_1h_input_tokens":0}},
+				"completion_tokens_details":{"audio_tokens":0}}}`),
+		}, pricing.Usage{Input: 300, CacheRead: 500, CacheWrite: 200, CacheWrite1h: 50, AudioInput: 100, Output: 500, AudioOutput: 250}, true, false},
+		{"a trailing report's zeros keep the total", []Event{
+			data(`{"choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":300,"total_tokens":1500,
+				"prompt_tokens_details":{"cached_tokens":500,"cache_write_tokens":200,"audio_tokens":100,
+					"cache_creation_token_details":{"ephemeral_1h_input_tokens":50}},
+				"completion_tokens_details":{"audio_tokens":250}}}`),
+			data(`{"choices":[],"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0,"prompt_tokens_details":{"cached_tokens":500}}}`),
+		}, pricing.Usage{Input: 300, CacheRead: 500, CacheWrite: 200, CacheWrite1h: 50, AudioInput: 100, Output: 500, AudioOutput: 250}, true, false},
 		{"usage null and empty usage are not reports", []Event{
 			data(`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}`),
 			data(`{"choices":[],"usage":null}`),
