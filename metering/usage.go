@@ -130,6 +130,11 @@ type Meter struct {
 	choicesReported     int
 	choiceReportedAgain bool
 	lastChoice          int64
+	// finishing is the choice whose finishing chunk (one choice, a finish_reason) was the chunk
+	// read last, -1 when it was none; finalsReported counts the choices a report with choices
+	// empty came right after (see finalReport).
+	finishing      int64
+	finalsReported int
 	// reportOutput is the output the last report counted by its own figures (its
 	// completion_tokens, or its total less its prompt when larger), none kept from before.
 	reportOutput int64
@@ -139,6 +144,10 @@ type Meter struct {
 type choiceLedger struct {
 	chars, charsAt, output int64
 	reported               bool
+	// final is the report with choices empty that came right after this choice's finishing
+	// chunk, and finalAt the choice's text then (see finalReport).
+	final, finalAt int64
+	finaled        bool
 }
 
 // maxLedgerChoices bounds the choice indexes a Meter keeps apart: n is at most 128, times the
@@ -147,7 +156,7 @@ const maxLedgerChoices = 1024
 
 // NewMeter returns a Meter for responses in format f.
 func NewMeter(f Format) *Meter {
-	return &Meter{format: f, lastChoice: -1}
+	return &Meter{format: f, lastChoice: -1, finishing: -1}
 }
 
 // EchoPrompts tells a completions Meter that the call asked for its prompts echoed (echo):
@@ -310,6 +319,23 @@ func (m *Meter) Result() Result {
 			out, covered = min(out+c.output, pricing.MaxTokens), covered+c.charsAt
 		}
 		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
+	} else if m.lastChoice < 0 && m.finalsReported > 1 {
+		// Each choice's answer ended with a report of its own (llama.cpp's server, which runs
+		// each of the n answers as a task, ends every task with its finishing chunk and a
+		// usage chunk of that answer's tokens alone). Read as the whole, the last counted one
+		// answer: the others went unbilled. Each choice is its own final report, or its last
+		// report on a chunk of its own for one that had none, summed; the sum is the gateway's
+		// reading, and the row says so.
+		var out int64
+		covered = 0
+		for _, c := range m.choices {
+			if c.finaled {
+				out, covered = min(out+c.final, pricing.MaxTokens), covered+c.finalAt
+			} else {
+				out, covered = min(out+c.output, pricing.MaxTokens), covered+c.charsAt
+			}
+		}
+		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
 	}
 	after := r.OutputChars - covered
 	audioAfter := audioOutputTokens(m.pcmBytes-m.pcmAtReport, m.clipMicros-m.clipAtReport)
@@ -404,7 +430,15 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 	} else {
 		sole = -1
 	}
+	finished := m.finishing
+	m.finishing = -1
+	if sole >= 0 && choices.Get("0.finish_reason").String() != "" {
+		m.finishing = sole
+	}
 	if m.openAIUsage(usage) || m.openAIUsage(groq.Get("usage")) {
+		if finished >= 0 && sole < 0 && choices.IsArray() && choices.Get("#").Int() == 0 {
+			m.finalReport(finished)
+		}
 		m.choiceReport(sole)
 		return
 	}
@@ -445,6 +479,21 @@ func (m *Meter) choiceReport(i int64) {
 	}
 	// A choice's count is cumulative, and cannot fall (see openAIUsage).
 	c.output, c.charsAt = max(c.output, m.reportOutput), c.chars
+}
+
+// finalReport records that the report just read, choices empty, came right after choice i's
+// finishing chunk. Such a report is the whole answer's when it comes once, after the last
+// choice finished (OpenAI's, vLLM's). llama.cpp's server runs each of n answers as a task of
+// its own and ends every task so: its finishing chunk, then a usage of that answer alone
+// (server_task_result_cmpl_final::to_json_oaicompat_chat_stream). Result sums such reports
+// when they came for more than one choice and no report came after them on a chunk of one.
+func (m *Meter) finalReport(i int64) {
+	c := &m.choices[i]
+	if !c.finaled {
+		c.finaled = true
+		m.finalsReported++
+	}
+	c.final, c.finalAt = max(c.final, m.reportOutput), c.chars
 }
 
 // openAIChoices counts generated text in choices[].<key> (delta for chunks, message for
