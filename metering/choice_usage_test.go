@@ -68,3 +68,49 @@ func TestMeterContinuousUsageCountsEveryChoice(t *testing.T) {
 		t.Errorf("one choice: got %+v (estimated %v), want %+v, not estimated", one.Usage, one.Estimated, want)
 	}
 }
+
+// TestMeterChoiceReportOfATotalAloneCountsItsOutput: a report on a chunk of one choice that
+// gives the prompt and the total but no completion_tokens counts that choice's output as their
+// difference, as a whole report without completion_tokens does. Read as no output, a stream cut
+// before its final report was charged the last chunk's choice alone, the others unbilled.
+func TestMeterChoiceReportOfATotalAloneCountsItsOutput(t *testing.T) {
+	chunk := func(index int, content string, completion int64) Event {
+		return data(fmt.Sprintf(`{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":%d,"delta":{"content":%q}}],`+
+			`"usage":{"prompt_tokens":50,"total_tokens":%d}}`, index, content, 50+completion))
+	}
+	got := meterEvents(FormatChat, chunk(0, "aaaa", 1), chunk(1, "bbbb", 1), chunk(0, "aaaa", 2), chunk(1, "bbbb", 2), chunk(0, "aaaa", 3))
+	if want := (pricing.Usage{Input: 50, Output: 3 + 2}); got.Usage != want || !got.Estimated {
+		t.Errorf("got %+v (estimated %v), want %+v, each choice's last total less the prompt, estimated", got.Usage, got.Estimated, want)
+	}
+}
+
+// TestMeterChoiceIndexPastTheLedgerIsOneOfSeveral: a chunk's choice index is the upstream's
+// word, and the ledger keeps no more than maxLedgerChoices apart: a chunk naming an index past
+// it (a hostile or broken upstream's 2^50) counts as a chunk of several choices. Kept apart, the
+// ledger was grown to the index named, a slice no process can allocate, on the call's path.
+func TestMeterChoiceIndexPastTheLedgerIsOneOfSeveral(t *testing.T) {
+	far := int64(1) << 50
+	got := meterEvents(FormatChat,
+		data(fmt.Sprintf(`{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":%d,"delta":{"content":"aaaa"}}],`+
+			`"usage":{"prompt_tokens":50,"total_tokens":53,"completion_tokens":3}}`, far)),
+		data(`{"id":"c","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":50,"total_tokens":53,"completion_tokens":3}}`),
+		data(`[DONE]`))
+	if want := (pricing.Usage{Input: 50, Output: 3}); got.Usage != want || got.Estimated || got.OutputChars != 4 {
+		t.Errorf("got %+v (estimated %v, %d chars), want %+v from the final report, 4 chars", got.Usage, got.Estimated, got.OutputChars, want)
+	}
+}
+
+// TestMeterChoiceReportThatFallsKeepsItsCount: a choice's count is cumulative: a later report
+// on a chunk of the same choice that counts less (a 0, as a proxy's empty usage on a chunk it
+// appends) is no count, as a 0 after a count is for the whole report. Taken, the choice's
+// tokens the provider made and bills went unbilled once the stream was cut.
+func TestMeterChoiceReportThatFallsKeepsItsCount(t *testing.T) {
+	got := meterEvents(FormatChat,
+		vllmChoiceChunk(0, "aaaa", 1), vllmChoiceChunk(1, "bbbb", 1),
+		vllmChoiceChunk(0, "aaaa", 2), vllmChoiceChunk(1, "bbbb", 2),
+		vllmChoiceChunk(0, "aaaa", 3),
+		data(`{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"m","choices":[{"index":1,"delta":{"content":""}}],"usage":{"prompt_tokens":0,"total_tokens":0,"completion_tokens":0}}`))
+	if want := (pricing.Usage{Input: 50, Output: 3 + 2}); got.Usage != want || !got.Estimated {
+		t.Errorf("got %+v (estimated %v), want %+v, each choice's largest count, estimated", got.Usage, got.Estimated, want)
+	}
+}

@@ -1,10 +1,15 @@
 package proxy_test
 
 import (
+	"bytes"
+	"errors"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -17,22 +22,47 @@ import (
 // Redis holds no answer: the retry took the attempt for one cut before it pinned, ran it again
 // and charged the key twice. The attempt's row now records the call before the answer's end
 // whenever Redis refused the answer, and the retry, reading it, is refused 409
-// idempotent_response_lost: one upstream call, one charge. A whole body and a stream alike.
+// idempotent_response_lost: one upstream call, one charge. A whole body and a stream alike, and
+// a stream its upstream broke after some output (a stream_error that pins the key), whose
+// answer is stored, and refused, only when the call ends (finishIdem), not before its end.
 func TestIdemAnswerNotStoredThenKilledIsNotRunAgain(t *testing.T) {
 	for _, tc := range []struct{ name, body string }{{"chat", chatBody}, {"chat stream", streamBody}} {
-		t.Run(tc.name, func(t *testing.T) { answerNotStoredThenKilled(t, tc.body) })
+		t.Run(tc.name, func(t *testing.T) { answerNotStoredThenKilled(t, tc.body, nil) })
 	}
+	t.Run("chat stream cut after output", func(t *testing.T) {
+		cut := closeDelimited(t, "text/event-stream",
+			"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"fake-gpt\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"half an answer\"}}]}\n\n")
+		answerNotStoredThenKilled(t, streamBody, cut)
+	})
 }
 
-func answerNotStoredThenKilled(t *testing.T, body string) {
+// answerNotStoredThenKilled runs the double fault against the harness's fake upstream, or
+// against upstream when it is set.
+func answerNotStoredThenKilled(t *testing.T, body string, upstream http.HandlerFunc) {
 	answer := &failingWrites{marker: []byte("\r\nctype\r\n")}  // only the stored answer has this field
 	tally := &failingWrites{marker: []byte("\r\nhincrby\r\n")} // the run's tally (its reads go on)
+	var mutate func(*config.Config)
+	var served atomic.Int64 // the calls upstream was sent
+	if upstream != nil {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			served.Add(1)
+			upstream(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		mutate = func(c *config.Config) {
+			c.Upstreams = []config.Upstream{{Name: "cut", Kind: "openai", BaseURL: srv.URL, Models: []string{"*"}}}
+		}
+	}
 	h := newHarnessOn(t, harnessSetup{
 		redisDialer: wrappedDialer(func(c net.Conn) net.Conn {
 			return &failingWritesConn{Conn: &failingWritesConn{Conn: c, f: answer}, f: tally}
 		}),
 		contextTimeouts: true,
-	}, nil)
+	}, mutate)
+	calls := h.fake.Calls
+	if upstream != nil {
+		calls = served.Load
+	}
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "unstored-killed-1"}
 	attempt0 := proxy.IdempotentRunID(u.ID, "unstored-killed-1", 0)
@@ -60,7 +90,7 @@ func answerNotStoredThenKilled(t *testing.T, body string) {
 				i, retry.status, retry.body)
 		}
 	}
-	if n := h.fake.Calls(); n != 1 {
+	if n := calls(); n != 1 {
 		t.Fatalf("%d upstream calls, want 1: the answered attempt ran again", n)
 	}
 	release()
@@ -71,4 +101,91 @@ func answerNotStoredThenKilled(t *testing.T, body string) {
 			t.Errorf("killed attempt settled %s, want %s (from the call its row recorded)", r.SettleSource.String, holds.SourceReconcile)
 		}
 	}
+}
+
+// TestIdemAnswerNotStoredThenKilledBeforeTheCallEndsIsNotRunAgain: the double fault of
+// TestIdemAnswerNotStoredThenKilledIsNotRunAgain, the process killed earlier: Redis refuses the
+// answer's write before its end (pinBeforeAnswer), and the process dies in the second, the
+// call's end (finishIdem), the caller having its whole answer. Recorded on the attempt's row
+// only by that second write's failure, the attempt was settled by the reconciler from its
+// hold and its retry, finding a record without an answer and a row that said nothing of its
+// call, ran and was charged again. The row records the call before the answer's end goes out.
+func TestIdemAnswerNotStoredThenKilledBeforeTheCallEndsIsNotRunAgain(t *testing.T) {
+	stored := &diesOnSecondWrite{marker: []byte("\r\nctype\r\n"), reached: make(chan struct{}), dead: make(chan struct{})}
+	tally := &failingWrites{marker: []byte("\r\nhincrby\r\n")}
+	h := newHarnessOn(t, harnessSetup{
+		redisDialer: wrappedDialer(func(c net.Conn) net.Conn {
+			return &failingWritesConn{Conn: &diesOnSecondWriteConn{Conn: c, f: stored}, f: tally}
+		}),
+		contextTimeouts: true,
+	}, nil)
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "unstored-killed-early"}
+	attempt0 := proxy.IdempotentRunID(u.ID, "unstored-killed-early", 0)
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(stored.dead)
+		}
+	}
+	defer release()
+
+	tally.on.Store(true)
+	firstDone := make(chan answer, 1)
+	// On a connection of its own: the handler of the "dead" process keeps it, and a retry sent
+	// on it would wait for that handler.
+	go func() {
+		firstDone <- send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "unstored-killed-early", "Connection": "close"})
+	}()
+	<-stored.reached // the process is dead in the call's end, before its settlement
+	if st := h.reconcileExpired(t, "run_id = ?", attempt0); st.ChargedHeld+st.FromTally != 1 {
+		t.Fatalf("reconcile of the killed attempt: %+v; want it settled", st)
+	}
+	tally.on.Store(false)
+	for i := range 2 {
+		retry := send(h.gw.URL, key, chatBody, idem)
+		if retry.status != http.StatusConflict || errorCode(t, []byte(retry.body)) != "idempotent_response_lost" {
+			t.Fatalf("retry %d of an answered attempt whose answer Redis refused, killed as its call ended: %d %s; want 409 idempotent_response_lost",
+				i, retry.status, retry.body)
+		}
+	}
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1: the answered attempt ran again", n)
+	}
+	release()
+	if first := <-firstDone; first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt0 {
+		t.Fatalf("first attempt: %d run %q %s", first.status, first.header.Get(proxy.RunIDHeader), first.body)
+	}
+	h.settled()
+	h.expectCharges(u.ID, []string{attempt0})
+}
+
+// diesOnSecondWrite fails the first write to Redis that carries marker, as a Redis blip would,
+// and holds the second until dead is closed (the process killed in it; reached says it got
+// there), then fails it too. Later ones go through: Redis is back.
+type diesOnSecondWrite struct {
+	marker        []byte
+	n             atomic.Int32
+	reached, dead chan struct{}
+}
+
+type diesOnSecondWriteConn struct {
+	net.Conn
+	f *diesOnSecondWrite
+}
+
+func (c *diesOnSecondWriteConn) Write(b []byte) (int, error) {
+	if !bytes.Contains(b, c.f.marker) {
+		return c.Conn.Write(b)
+	}
+	switch c.f.n.Add(1) {
+	case 1:
+		return 0, errors.New("redis blip")
+	case 2:
+		close(c.f.reached)
+		<-c.f.dead
+		return 0, errors.New("redis blip")
+	}
+	return c.Conn.Write(b)
 }
