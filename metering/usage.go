@@ -306,34 +306,19 @@ func (m *Meter) Result() Result {
 		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
 	}
 	covered := m.charsAtReport
-	if m.lastChoice >= 0 && m.choicesReported > 1 && m.choiceReportedAgain {
-		// Reports that count each choice apart (vLLM's, SGLang's and TensorRT-LLM's
-		// continuous_usage_stats: each chunk carries one choice and a usage of that choice's
-		// tokens alone), in a stream cut before its final report, which sums them. The last
-		// report counted one choice: read as the whole, the other choices' tokens went
-		// unbilled. Each choice is its own last report, and the text a report covers is its
-		// choice's. The sum is the gateway's reading, and the row says so.
+	if sum, finals := m.choicesCountedApart(); sum {
+		// Reports that count each choice apart, in a stream whose last report counted one
+		// choice: read as the whole, the other choices' tokens went unbilled. Each choice is
+		// its own count, and the text a count covers is its choice's. The sum is the
+		// gateway's reading, and the row says so.
 		var out int64
 		covered = 0
 		for _, c := range m.choices {
-			out, covered = min(out+c.output, pricing.MaxTokens), covered+c.charsAt
-		}
-		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
-	} else if m.lastChoice < 0 && m.finalsReported > 1 {
-		// Each choice's answer ended with a report of its own (llama.cpp's server, which runs
-		// each of the n answers as a task, ends every task with its finishing chunk and a
-		// usage chunk of that answer's tokens alone). Read as the whole, the last counted one
-		// answer: the others went unbilled. Each choice is its own final report, or its last
-		// report on a chunk of its own for one that had none, summed; the sum is the gateway's
-		// reading, and the row says so.
-		var out int64
-		covered = 0
-		for _, c := range m.choices {
-			if c.finaled {
-				out, covered = min(out+c.final, pricing.MaxTokens), covered+c.finalAt
-			} else {
-				out, covered = min(out+c.output, pricing.MaxTokens), covered+c.charsAt
+			n, at := c.output, c.charsAt
+			if finals && c.finaled {
+				n, at = c.final, c.finalAt
 			}
+			out, covered = min(out+n, pricing.MaxTokens), covered+at
 		}
 		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
 	}
@@ -455,6 +440,28 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 			return true
 		})
 	}
+}
+
+// choicesCountedApart reports whether the stream's reports counted its choices apart, each
+// to be charged its own count (sum), and whether those counts are the reports that came right
+// after each choice's finishing chunk (finals):
+//   - vLLM's, SGLang's and TensorRT-LLM's continuous_usage_stats: each chunk carries one
+//     choice and a usage of that choice's tokens alone, and only the final report, choices
+//     empty, sums them. A stream cut before it ends on one choice's report (lastChoice), such
+//     reports having come for several choices, one of them more than once (a server that
+//     reports the whole once, on each choice's finishing chunk, is not summed).
+//   - llama.cpp's server runs each of the n answers as a task, and ends every task with its
+//     finishing chunk and a usage chunk (choices empty) of that answer's tokens alone: such
+//     reports came for several choices (finalReport), where OpenAI's and vLLM's one whole
+//     report comes once, after the last choice finished.
+func (m *Meter) choicesCountedApart() (sum, finals bool) {
+	switch {
+	case m.lastChoice >= 0 && m.choicesReported > 1 && m.choiceReportedAgain:
+		return true, false
+	case m.lastChoice < 0 && m.finalsReported > 1:
+		return true, true
+	}
+	return false, false
 }
 
 // choiceReport records that the report just read rode on a chunk of choice i alone, or, for
