@@ -64,8 +64,8 @@ func (h *handler) createGrant(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, status, h.views.Grant(d.Name, g, !created))
 }
 
-// parseAmount reads a grant's amount, a JSON number or a string holding one, in credits, as
-// PATCH reads an allowance. It is decoded here rather than into a json.Number by readJSON: a
+// parseAmount reads an amount of credits, a JSON number or a string holding one: a grant's,
+// and a PATCH's allowance. It is decoded here rather than into a json.Number by readJSON: a
 // string holding no number ("12,50", "") or a value of another type failed the whole body as
 // invalid_json, in encoding/json's words, where invalid_amount says what an amount must be.
 func parseAmount(raw json.RawMessage, creditMicro int64) (int64, error) {

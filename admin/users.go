@@ -92,11 +92,7 @@ func (h *handler) patchUser(w http.ResponseWriter, r *http.Request) {
 	if c.Allowance, ok = override(w, req.Allowance, "invalid_allowance",
 		"allowance must be a non-negative number of credits in steps of "+pricing.FormatCredits(1, h.views.CreditMicro)+", or null",
 		func(raw string) (int64, bool) {
-			var n json.Number // a number, or a string holding one
-			if err := json.Unmarshal([]byte(raw), &n); err != nil {
-				return 0, false
-			}
-			m, err := pricing.ParseCredits(n.String(), h.views.CreditMicro)
+			m, err := parseAmount(json.RawMessage(raw), h.views.CreditMicro)
 			return m, err == nil && m >= 0
 		}); !ok {
 		return
