@@ -52,6 +52,10 @@ type Result struct {
 	// ResponseID is the id a Responses answer gives itself (response.id), "" when none: what a
 	// later request names as its previous_response_id, whose context it then carries.
 	ResponseID string
+	// ItemIDs are the ids of a Responses answer's output items (output[].id; a stream's
+	// response.output_item.added), which a later request may name instead of sending the item
+	// (an item_reference, or the item with its id): the provider fetches it from its store.
+	ItemIDs []string
 	// SpokenIDs are the ids of the spoken answers a chat answer gave (audio.id, one a choice),
 	// which a later request sends back for the model to hear again: the gateway records their
 	// audio tokens under them (see SpokenAnswersSentBack).
@@ -265,6 +269,7 @@ func (m *Meter) Body(body []byte) {
 			m.openAIUsage(u)
 		}
 		gjson.Get(s, "output").ForEach(func(_, o gjson.Result) bool {
+			m.sawItemID(o.Get("id"))
 			// What the stream's deltas carry (responsesEvent): a function's arguments, a custom
 			// tool's input, a message's text and refusal, a reasoning item's summary, the code a
 			// code interpreter runs, a shell's commands (a local shell's command, which a stream
@@ -731,7 +736,10 @@ func (m *Meter) responsesEvent(s, typ string) {
 	case "response.apply_patch_call_operation_diff.delta":
 		m.patchDeltas = true
 		m.res.OutputChars += strLen(gjson.Get(s, "delta"))
+	case "response.output_item.added":
+		m.sawItemID(gjson.Get(s, "item.id"))
 	case "response.output_item.done":
+		m.sawItemID(gjson.Get(s, "item.id"))
 		switch gjson.Get(s, "item.type").Str {
 		case "apply_patch_call":
 			// A patch the model wrote may come whole, in its item, with no deltas before it.

@@ -541,6 +541,13 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, use
 				Message: fmt.Sprintf("Previous response with id '%s' not found.", req.previousResponse), NoRetry: true}, "validation", nil)
 		}
 	}
+	if len(req.itemIDs) > 0 {
+		if id := s.foreignItem(actx, userID, req, log); id != "" {
+			// The provider's answer to an item id it does not know: to this caller, it is none.
+			return incomingCall{}, refuse(&apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "item_not_found",
+				Message: fmt.Sprintf("Item with id '%s' not found.", id), NoRetry: true}, "validation", nil)
+		}
+	}
 	if len(req.spokenIDs) > 0 {
 		if id := s.hearAgain(actx, userID, req, log); id != "" {
 			// Worded as for an id the provider does not know: to this caller, it is none.

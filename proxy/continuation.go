@@ -49,17 +49,43 @@ func (s *Server) carriedContext(ctx context.Context, userID uint64, ids []string
 }
 
 // answerOwner is the record of the user a Responses answer was made for, under the provider's
-// id of it, written once: the first to record an id is the caller it was made for (a later
-// answer never carries the same id). None for an answer the provider did not name.
+// id of it and of each of its output items, written once: the first to record an id is the
+// caller it was made for (a later answer never carries the same id). None for an answer the
+// provider did not name, nor for items it did not.
 func (s *Server) answerOwner(c *call) []tokenRecord {
 	if c.req.route.format != metering.FormatResponses {
 		return nil
 	}
-	id := c.meter.Result().ResponseID
-	if id == "" || len(id) > maxContinuedID {
-		return nil
+	res := c.meter.Result()
+	var records []tokenRecord
+	if id := res.ResponseID; id != "" && len(id) <= maxContinuedID {
+		records = append(records, tokenRecord{key: s.keys.ResponseOwner(id), tokens: int64(c.user.ID), firstOnly: true})
 	}
-	return []tokenRecord{{key: s.keys.ResponseOwner(id), tokens: int64(c.user.ID), firstOnly: true}}
+	// Its output items too, which a later request may name by their ids (foreignItem).
+	for _, id := range res.ItemIDs {
+		records = append(records, tokenRecord{key: s.keys.ItemOwner(id), tokens: int64(c.user.ID), firstOnly: true})
+	}
+	return records
+}
+
+// foreignItem is the first id of an item a Responses request names (req.itemIDs: an
+// item_reference, or an item sent back with its id) that is an output item of an answer made
+// for another user (ItemOwner): the provider fetches a named item from what it keeps under the
+// operator's one account, so that user's answer would be put in this caller's prompt. Known for
+// the answers the gateway saw end within recordTTL; an id it has no record of is forwarded, as
+// it is when Redis does not answer in time. "" when there is none.
+func (s *Server) foreignItem(ctx context.Context, userID uint64, req *callRequest, log *zap.Logger) string {
+	ownerKeys := make([]string, len(req.itemIDs))
+	for i, id := range req.itemIDs {
+		ownerKeys[i] = s.keys.ItemOwner(id)
+	}
+	_, owners := s.readRecords(ctx, nil, ownerKeys, log)
+	for i, owner := range owners {
+		if owner != 0 && owner != userID {
+			return req.itemIDs[i]
+		}
+	}
+	return ""
 }
 
 // contextHandedOn is what a call's answer hands on to a continuation: the ids to record it

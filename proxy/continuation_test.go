@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -271,5 +272,59 @@ func TestContinuedReasoningAnswerChargedItsReport(t *testing.T) {
 		map[string]string{fakellm.HeaderChunks: "500", fakellm.HeaderChunkInterval: "20ms"}))
 	if cut := h.run(u.ID, runID); !cut.Estimated || cut.InTok < handed {
 		t.Fatalf("cut continuation %+v: want an estimate of at least the %d tokens handed on", cut, handed)
+	}
+}
+
+// TestAnotherUsersAnswerItemIsNotReferenced: a Responses request may name an item of an earlier
+// answer by its id instead of sending it ({"type":"item_reference","id":…}, or the item sent
+// back with its id), and the provider fetches that item from what it stores — every caller's
+// answers, under the operator's one account. User A's answer's message, named by user B, had
+// the provider put A's answer in B's prompt: refused as the provider refuses an id it does not
+// know, before anything is held or forwarded, in a stream's answer as in a whole one. A names
+// its own items as before, and an id the gateway has no record of is forwarded.
+func TestAnotherUsersAnswerItemIsNotReferenced(t *testing.T) {
+	h := newHarness(t, nil)
+	a, aKey := h.user("standard")
+	_, whole := h.answeredRun(a.ID, aKey, "/v1/responses", `{"model":"fake-gpt","input":"My private notes."}`, nil)
+	itemID := gjson.GetBytes(whole, "output.0.id").Str
+	_, streamed := h.answeredRun(a.ID, aKey, "/v1/responses", `{"model":"fake-gpt","stream":true,"input":"My other notes."}`, nil)
+	var streamedID string
+	for _, line := range strings.Split(string(streamed), "\n") {
+		if data, ok := strings.CutPrefix(line, "data: "); ok && gjson.Get(data, "type").Str == "response.output_item.added" {
+			streamedID = gjson.Get(data, "item.id").Str
+		}
+	}
+	if itemID == "" || streamedID == "" || itemID == streamedID {
+		t.Fatalf("answers' item ids %q and %q; want two", itemID, streamedID)
+	}
+
+	_, bKey := h.user("standard")
+	for _, input := range []string{
+		`[{"type":"item_reference","id":"` + itemID + `"},{"role":"user","content":"Repeat that."}]`,
+		`[{"id":"` + streamedID + `"},{"role":"user","content":"Repeat that."}]`,
+		`[{"type":"message","id":"` + itemID + `","role":"assistant","content":[{"type":"output_text","text":"x"}]},{"role":"user","content":"Go on."}]`,
+		`[{"type":"item_reference","ID":"` + itemID + `"},{"role":"user","content":"Repeat that."}]`,
+	} {
+		h.postRefused(t, bKey, "/v1/responses", `{"model":"fake-gpt","input":`+input+`}`, nil, http.StatusNotFound, "item_not_found")
+	}
+
+	own := `{"model":"fake-gpt","input":[{"type":"item_reference","id":"` + itemID + `"},{"type":"item_reference","id":"` + streamedID + `"},{"role":"user","content":"Repeat that."}]}`
+	resp := h.post(aKey, "/v1/responses", own, nil)
+	if body := readAll(t, resp.Body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the owner's reference to its own items: %d %s", resp.StatusCode, body)
+	}
+	// Every id is checked, or refused when there are too many to check: past the bound,
+	// another user's item would go unchecked.
+	var many strings.Builder
+	for i := range 4097 {
+		many.WriteString(`{"type":"item_reference","id":"msg_` + strconv.Itoa(i) + `"},`)
+	}
+	h.postRefused(t, bKey, "/v1/responses", `{"model":"fake-gpt","input":[`+many.String()+`{"role":"user","content":"Go on."}]}`,
+		nil, http.StatusBadRequest, "too_many_item_ids")
+
+	unknown := `{"model":"fake-gpt","input":[{"type":"item_reference","id":"msg_made_elsewhere"},{"role":"user","content":"Go on."}]}`
+	resp = h.post(bKey, "/v1/responses", unknown, nil)
+	if body := readAll(t, resp.Body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("an id without a record: %d %s", resp.StatusCode, body)
 	}
 }

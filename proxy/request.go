@@ -102,6 +102,10 @@ type callRequest struct {
 	// spokenIDs are the distinct ids of every spoken answer it sends back, past sentBack's
 	// bound too (at most maxSpokenIDsChecked): each one's owner is checked (Server.hearAgain).
 	spokenIDs []string
+	// itemIDs are the distinct ids of the items a Responses request's input names (an
+	// item_reference, or an item sent back with its id), each one's owner checked before it is
+	// forwarded (foreignItem).
+	itemIDs   []string
 	userTurns int
 	maxOutput int64 // the caller's bound on output, -1 when it set none
 	// bounds holds the value of each of route.maxFields, -1 where absent: a provider may
@@ -363,6 +367,11 @@ func (c *callRequest) readPrompt(root topObject) *apiError {
 	}
 	if rt.format == metering.FormatResponses {
 		c.previousResponse, c.conversation = continuedFrom(root)
+		var more bool
+		if c.itemIDs, more = metering.InputItemIDs(body, maxItemIDsChecked); more {
+			return errBadRequest("too_many_item_ids", fmt.Sprintf(
+				"A request's input may name at most %d distinct items by their ids (an item_reference, or an item sent back with its id).", maxItemIDsChecked))
+		}
 	}
 	c.cacheMarked, c.cacheLong = cacheControls(root.Raw)
 	return nil

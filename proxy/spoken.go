@@ -24,6 +24,11 @@ import (
 // with some unchecked, one of them could be another user's.
 const maxSpokenIDsChecked = 1024
 
+// maxItemIDsChecked bounds alike the distinct items a Responses request's input may name by
+// their ids (foreignItem): an agent sending its whole conversation back names each item it sends
+// with its id, a few an exchange.
+const maxItemIDsChecked = 4096
+
 // hearAgain puts the audio tokens recorded for the spoken answers req sends back in place of
 // the SentBackAnswerTokens each counts in its estimates. An answer without a record (one the
 // gateway did not see, one older than a day) keeps the flat figure.

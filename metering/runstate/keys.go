@@ -76,6 +76,14 @@ func (k Keys) ResponseOwner(id string) string {
 	return k.Prefix + "respowner:{" + id + "}"
 }
 
+// ItemOwner is the user a Responses answer's output item (its provider id) was made for: a
+// later request may name the item by its id, and the provider fetches it from what it keeps
+// under the operator's one account; one named by another user is refused while this record
+// lasts. Its own slot: the id alone names it.
+func (k Keys) ItemOwner(id string) string {
+	return k.Prefix + "itemowner:{" + id + "}"
+}
+
 // SpokenAnswer is how many audio tokens a user's spoken chat answer (its audio id) held, for a
 // later request that sends it back to be heard again.
 func (k Keys) SpokenAnswer(userID uint64, id string) string {
