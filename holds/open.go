@@ -66,6 +66,26 @@ func IdleTransactionBound(ctx context.Context, db *sqlx.DB) (time.Duration, erro
 	return time.Duration(seconds) * time.Second, nil
 }
 
+// ReadOnlyBypass lists the privileges of db's account, granted to the account itself, with
+// which the server's read_only does not bind it: SUPER and, on MariaDB 10.11, READ_ONLY ADMIN
+// (CONNECTION_ADMIN on MySQL 8). A primary demoted by a failover, or set read_only for
+// maintenance, refuses the gateway's writes only when this is empty; with any of them it takes
+// them, beside the promoted server. serve warns of it.
+func ReadOnlyBypass(ctx context.Context, db *sqlx.DB) ([]string, error) {
+	// USER_PRIVILEGES names an account 'user'@'host'; CURRENT_USER() says user@host (the host
+	// after the last @).
+	var privs []string
+	err := db.SelectContext(ctx, &privs, `SELECT PRIVILEGE_TYPE FROM information_schema.USER_PRIVILEGES
+		WHERE GRANTEE = CONCAT('''', LEFT(CURRENT_USER(), LENGTH(CURRENT_USER()) - LENGTH(SUBSTRING_INDEX(CURRENT_USER(), '@', -1)) - 1),
+			'''@''', SUBSTRING_INDEX(CURRENT_USER(), '@', -1), '''')
+		AND PRIVILEGE_TYPE IN ('SUPER', 'READ_ONLY ADMIN', 'CONNECTION_ADMIN')
+		ORDER BY PRIVILEGE_TYPE`)
+	if err != nil {
+		return nil, fmt.Errorf("read the account's privileges: %w", err)
+	}
+	return privs, nil
+}
+
 // Open connects to MySQL with the settings the money code relies on: UTC sessions (so NOW(6)
 // and UTC_DATE() agree on the day a charge lands on), parsed DATETIMEs, parameters
 // interpolated client-side to save a round trip per statement, several statements per round

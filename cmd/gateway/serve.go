@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -154,6 +155,7 @@ func readySchema(ctx context.Context, e *env, migrateFirst bool) error {
 		return err
 	}
 	warnUnboundedIdleTransactions(ctx, e.db, e.log)
+	warnReadOnlyBypass(ctx, e.db, e.log)
 	return nil
 }
 
@@ -597,6 +599,24 @@ func warnUsersOnUnconfiguredPlans(ctx context.Context, st *holds.Store, cfg *con
 			log.Warn("users on a plan that is not configured get the default plan's terms; configure the plan or move them (gateway user set -plan)",
 				zap.String("plan", plan), zap.Int64("users", byPlan[plan]), zap.String("default_plan", cfg.DefaultPlan))
 		}
+	}
+}
+
+// warnReadOnlyBypass says so at start when the gateway's database account holds a privilege
+// with which read_only does not bind it (SUPER, READ_ONLY ADMIN): README's failover promise — a
+// demoted primary refuses the gateway's writes — then does not hold, and a gateway still
+// connected to the old primary after a failover goes on admitting and settling there, beside
+// the promoted one. The account `make run` provisions has ALL PRIVILEGES, and nothing said so.
+func warnReadOnlyBypass(ctx context.Context, db *sqlx.DB, log *zap.Logger) {
+	privs, err := holds.ReadOnlyBypass(ctx, db)
+	switch {
+	case err != nil:
+		log.Warn("could not read the database account's privileges", zap.Error(err))
+	case len(privs) > 0:
+		log.Warn("database weakens a guarantee", zap.Strings("privileges", privs), zap.String("warning",
+			"the gateway's database account holds "+strings.Join(privs, " and ")+", so read_only does not bind it: "+
+				"a primary demoted by a failover, or set read_only for maintenance, takes its writes instead of refusing them, "+
+				"and a gateway still connected to it admits and settles there beside the promoted server; give the gateway an account without them"))
 	}
 }
 
