@@ -127,6 +127,21 @@ type chaosPlan struct {
 	// cuts: gateway 0 reaches Redis through this relay, which cuts it off now and then
 	// (partitionLoop); gateway 1 and the database stay reachable.
 	cuts *freezer
+	// restarts: Redis (w.redisURL, a restartableRedis) is stopped this many times, down for
+	// up to two seconds each, and started again empty (restartLoop): a restart without
+	// persistence, as scripts/services.sh runs Redis.
+	restarts int
+	redis    *restartableRedis
+	// prepaid: the users whose balance runs out get part of it as prepaid credits, and grants
+	// (top-ups and refunds) land while their calls run (grantLoop).
+	prepaid bool
+	// dedup: the processes' dedup.window is 5 s, and the mixed callers now and then send a
+	// plain request twice at once, to either process, and resend a copy that failed, as a
+	// client's double submit and an SDK's retry do (dupCall).
+	dedup bool
+	// operator: the operator's forced reconcile pass (`gateway reconcile -once -force`) runs
+	// every second or so while the traffic runs, beside the processes' own (operatorLoop).
+	operator bool
 	// holdTTL, when set, is the processes' hold_ttl and run_ttl instead of testHoldTTL; runTTL,
 	// when set, their run_ttl.
 	holdTTL, runTTL time.Duration
@@ -153,7 +168,7 @@ func runChaosPlan(t *testing.T, w *world, defaultDuration time.Duration, plan ch
 			t.Fatalf("CHAOS_DURATION: %v", err)
 		}
 	}
-	t.Logf("chaos seed %d (replay with CHAOS_SEED=%d), traffic for %v, %d Redis losses", seed, seed, duration, flushes)
+	t.Logf("chaos seed %d (replay with CHAOS_SEED=%d), traffic for %v, %d Redis losses, %d Redis restarts", seed, seed, duration, flushes, plan.restarts)
 
 	if over := plan.config(); len(over) > 0 {
 		w.config = w.writeConfig(over)
@@ -182,10 +197,19 @@ func runChaosPlan(t *testing.T, w *world, defaultDuration time.Duration, plan ch
 	go func() { defer close(flushDone); c.flushLoop(ctx, duration, flushes) }()
 	cutDone := make(chan struct{})
 	go func() { defer close(cutDone); c.partitionLoop(ctx, duration) }()
+	restartDone := make(chan struct{})
+	go func() { defer close(restartDone); c.restartLoop(ctx, duration) }()
+	grantDone := make(chan struct{})
+	go func() { defer close(grantDone); c.grantLoop(ctx) }()
+	operatorDone := make(chan struct{})
+	go func() { defer close(operatorDone); c.operatorLoop(ctx) }()
 	wg.Wait()
 	<-chaosDone
 	<-flushDone
 	<-cutDone
+	<-restartDone
+	<-grantDone
+	<-operatorDone
 	t.Logf("traffic stopped: %s", c.summary())
 	if plan.cuts != nil {
 		c.recovered()
@@ -256,6 +280,9 @@ func (p chaosPlan) config() map[string]string {
 	}
 	if p.deadAfter > 0 {
 		over["holds.dead_instance_after"] = p.deadAfter.String()
+	}
+	if p.dedup {
+		over["dedup.window"] = "5s"
 	}
 	return over
 }
@@ -413,6 +440,8 @@ type chaos struct {
 	stalls     int
 	paused     int             // of the stalls, Redis pauses (a session's end mark may then be missed)
 	flushed    []time.Time     // when Redis lost everything (FLUSHALL), each as it was answered
+	restarted  [][2]time.Time  // when Redis was down for a restart: from its stop to its start answering
+	redisUp    chan struct{}   // while Redis is down for a restart, closed once it is up again (nil: up)
 	cutOff     [][2]time.Time  // when gateway 0 was cut off from Redis: from, to
 	cutsWanted int             // how many times partitionLoop is to cut it off (CHAOS_CUTS)
 	settles    map[string]int  // named run -> status of the settle the agent sent (0: abandoned)
@@ -429,8 +458,14 @@ func (c *chaos) setupUsers() {
 	for i := range 6 {
 		var allowance *int64
 		inFlight := 10
+		var grant int64
 		if i >= 2 {
 			a := 8_000 + r.Int64N(32_000)
+			if c.plan.prepaid {
+				// Half of the balance today's allowance, half prepaid: charges cross from one
+				// to the other while the processes die.
+				a, grant = a/2, a-a/2
+			}
 			allowance, inFlight = &a, 3
 		}
 		u, key := c.w.user(fmt.Sprintf("chaos-%d", i), inFlight, allowance)
@@ -438,14 +473,25 @@ func (c *chaos) setupUsers() {
 		if allowance != nil {
 			cu.allowance = *allowance
 		}
+		if grant > 0 {
+			c.grant(cu.id, grant)
+		}
 		c.users = append(c.users, cu)
 	}
 	// A user per heavy caller, with a balance a few of its long answers spend; then the
 	// session callers' users, with the plan's allowance.
 	for i := range heavyCallers {
 		a := 30_000 + r.Int64N(90_000)
-		u, key := c.w.user(fmt.Sprintf("chaos-heavy-%d", i), 4, &a)
-		c.users = append(c.users, chaosUser{id: u.ID, key: key, allowance: a, inFlight: 4})
+		cu := chaosUser{allowance: a, inFlight: 4}
+		if c.plan.prepaid {
+			cu.allowance = a / 3
+		}
+		u, key := c.w.user(fmt.Sprintf("chaos-heavy-%d", i), 4, &cu.allowance)
+		cu.id, cu.key = u.ID, key
+		if c.plan.prepaid {
+			c.grant(cu.id, a-cu.allowance)
+		}
+		c.users = append(c.users, cu)
 	}
 	for i := range sessionCallers / 2 {
 		u, key := c.w.user(fmt.Sprintf("chaos-session-%d", i), 10, nil)
@@ -488,6 +534,9 @@ func (c *chaos) chaosLoop(ctx context.Context) {
 		c.kills++
 		c.mu.Unlock()
 		time.Sleep(time.Duration(r.IntN(1500)) * time.Millisecond)
+		// A process exits at its start when Redis cannot be reached: its supervisor starts it
+		// again until Redis is back, which the loop does by waiting for it.
+		c.awaitRedis()
 		if err := c.slots[i].start(c.w, i); err != nil {
 			c.t.Error(err) // the slot stays down; its callers see refused connections
 			return
@@ -596,7 +645,8 @@ func maxTime(a, b time.Time) time.Time {
 // lostDuring says whether Redis lost everything between from and to (the caller holds c.mu):
 // for the audit's messages, which say whether a call broke a rule around a loss.
 func (c *chaos) lostDuring(from, to time.Time) bool {
-	return slices.ContainsFunc(c.flushed, func(at time.Time) bool { return !at.Before(from) && !at.After(to) })
+	return slices.ContainsFunc(c.flushed, func(at time.Time) bool { return !at.Before(from) && !at.After(to) }) ||
+		slices.ContainsFunc(c.restarted, func(w [2]time.Time) bool { return !w[1].Before(from) && !w[0].After(to) })
 }
 
 // killedDuring reports whether a gateway was killed between from and to (the caller holds c.mu).
@@ -648,6 +698,8 @@ func (c *chaos) caller(ctx context.Context, n int) {
 	u := n % mixedUsers
 	for i := 0; ctx.Err() == nil; i++ {
 		switch p := r.IntN(100); {
+		case p < 30 && c.plan.dedup && r.IntN(2) == 0:
+			c.dupCall(ctx, r, u, n, i)
 		case p < 30:
 			c.call(ctx, r, callRec{kind: "plain", user: u, caller: n}, c.body(r, false, n, i), nil, -1)
 		case p < 55:
@@ -1196,7 +1248,7 @@ func (c *chaos) audit() {
 			complete++
 		}
 		switch rec.kind {
-		case "plain", "stream", "cancel", "heavy": // a stream that ended before its cancel is complete
+		case "plain", "stream", "cancel", "heavy", "dup": // a stream that ended before its cancel is complete
 			if rec.complete {
 				row, ok := byID[rec.runID]
 				exact(rec.kind, rec, row, ok)
@@ -1355,7 +1407,7 @@ func (c *chaos) auditExercised(priced map[string]int, replays, runsPriced int) {
 	if len(sent) == 0 {
 		t.Errorf("no call was sent: the audit checked nothing")
 	}
-	for _, kind := range []string{"plain", "stream", "heavy", "idem", "session"} {
+	for _, kind := range []string{"plain", "stream", "heavy", "idem", "session", "dup"} {
 		if sent[kind] && priced[kind] == 0 {
 			t.Errorf("no %s call was seen complete and found charged its price: the audit checked none", kind)
 		}
@@ -1368,6 +1420,9 @@ func (c *chaos) auditExercised(priced map[string]int, replays, runsPriced int) {
 	}
 	if c.plan.kills && c.kills == 0 {
 		t.Errorf("no gateway was killed: the traffic (CHAOS_DURATION) ended before the first kill")
+	}
+	if len(c.restarted) != c.plan.restarts {
+		t.Errorf("Redis was restarted %d times, the plan asked for %d", len(c.restarted), c.plan.restarts)
 	}
 	if len(c.flushed) != c.plan.flushes {
 		t.Errorf("Redis lost everything %d times, the plan asked for %d", len(c.flushed), c.plan.flushes)
@@ -1486,15 +1541,21 @@ func (c *chaos) auditSessions(rows []holds.Run, byID map[string]holds.Run,
 			}
 		}
 	}
+	dupUsers := map[uint64]bool{} // users with plain requests sent twice (chaosPlan.dedup)
+	for _, rec := range c.calls {
+		if rec.kind == "dup" {
+			dupUsers[c.users[rec.user].id] = true
+		}
+	}
 	dupRows := map[uint64]int{}
 	for _, r := range rows {
 		if r.SettleSource.String != holds.SourceDuplicate {
 			continue
 		}
 		dupRows[r.UserID]++
-		if r.ChargedMicro != 0 || !users[r.UserID] {
-			t.Errorf("duplicate %s of user %d (session traffic %v): charged %d, want a release at 0 of a session's resend",
-				r.RunID, r.UserID, users[r.UserID], r.ChargedMicro)
+		if r.ChargedMicro != 0 || !users[r.UserID] && !dupUsers[r.UserID] {
+			t.Errorf("duplicate %s of user %d (session traffic %v, plain requests sent twice %v): charged %d, want a release at 0 of a resend",
+				r.RunID, r.UserID, users[r.UserID], dupUsers[r.UserID], r.ChargedMicro)
 		}
 	}
 	for uid, n := range dupSeen {
@@ -1628,7 +1689,14 @@ func (c *chaos) auditOverdraft(rows []holds.Run) (overdrawn, overHold int) {
 				total += r.ChargedMicro
 			}
 		}
-		if total <= u.allowance {
+		// The balance: today's allowance and what grants gave (prepaid plans: each grant,
+		// top-up or refund, as it landed).
+		var granted int64
+		if err := c.w.db.Get(&granted, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ?", u.id); err != nil {
+			t.Fatal(err)
+		}
+		balance := u.allowance + granted
+		if total <= balance {
 			continue
 		}
 		overdrawn++
@@ -1636,11 +1704,11 @@ func (c *chaos) auditOverdraft(rows []holds.Run) (overdrawn, overHold int) {
 			overHold++
 		}
 		bound, counted := overdraftBound(mine, u.inFlight)
-		over := total - u.allowance
-		t.Logf("user %d: balance %d, charged %d: overdraft %d, bound %d (excess over hold of %d runs)", u.id, u.allowance, total, over, bound, counted)
+		over := total - balance
+		t.Logf("user %d: balance %d, charged %d: overdraft %d, bound %d (excess over hold of %d runs)", u.id, balance, total, over, bound, counted)
 		if over > bound {
 			t.Errorf("user %d: charged %d on a balance of %d: overdraft %d over the bound %d (excess over hold of %d runs, max_in_flight %d)",
-				u.id, total, u.allowance, over, bound, counted, u.inFlight)
+				u.id, total, balance, over, bound, counted, u.inFlight)
 			sort.Slice(mine, func(i, j int) bool { return mine[i].CreatedAt.Before(mine[j].CreatedAt) })
 			for _, r := range mine {
 				t.Logf("  %s %-40s created %s settled %s expires %s held %6d cap %6d charged %6d calls %d %s",
