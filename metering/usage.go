@@ -139,6 +139,13 @@ type Meter struct {
 	// empty came right after (see finalReport).
 	finishing      int64
 	finalsReported int
+	// taskFinals: a final report was a llama.cpp server task's own (taskReport), so it counts
+	// its choice alone even when it is the only one that came (a stream cut before the other
+	// tasks ended).
+	taskFinals bool
+	// unreportedChoices is the text of a whole answer's choices that its report does not count:
+	// all but the first, in a llama.cpp server's answer of several tasks (taskReport).
+	unreportedChoices int64
 	// reportOutput is the output the last report counted by its own figures (its
 	// completion_tokens, or its total less its prompt when larger), none kept from before.
 	reportOutput int64
@@ -327,6 +334,13 @@ func (m *Meter) Result() Result {
 		}
 		r.Usage.Output, r.Estimated = max(r.Usage.Output, out), true
 	}
+	if m.unreportedChoices > 0 && r.Reported {
+		// A whole answer of several llama.cpp tasks, whose report counts the first alone:
+		// the others' text at its estimate, and the row says so.
+		r.Usage.Output = min(pricing.MaxTokens, r.Usage.Output+EstimateOutputTokens(m.unreportedChoices))
+		r.Estimated = true
+		covered = r.OutputChars
+	}
 	after := r.OutputChars - covered
 	audioAfter := audioOutputTokens(m.pcmBytes-m.pcmAtReport, m.clipMicros-m.clipAtReport)
 	if (after > 0 || audioAfter > 0) && r.Reported && !m.outputUnreported() &&
@@ -392,19 +406,21 @@ func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
 // top-level keys: separate lookups for choices, usage, x_groq and error would each rescan
 // the chunk, and this runs on every chunk of a stream.
 func (m *Meter) openAIObject(s, choiceKey string) {
-	var usage, groq, choices gjson.Result
-	before, sole := m.res.OutputChars, int64(-1)
+	var usage, groq, choices, timings gjson.Result
+	before, sole, firstChars := m.res.OutputChars, int64(-1), int64(0)
 	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "choices":
 			choices = v
-			sole = m.openAIChoices(v, choiceKey)
+			sole, firstChars = m.openAIChoices(v, choiceKey)
 		case "usage":
 			usage = v
 		case "model":
 			keepName(&m.res.Model, v, false)
 		case "x_groq": // Groq reports usage here even when include_usage was not asked for
 			groq = v
+		case "timings": // llama.cpp's server: its task's own (taskReport)
+			timings = v
 		case "error":
 			if isError(v) {
 				m.res.UpstreamError = true
@@ -426,8 +442,25 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 		m.finishing = sole
 	}
 	if m.openAIUsage(usage) || m.openAIUsage(groq.Get("usage")) {
-		if finished >= 0 && sole < 0 && choices.IsArray() && choices.Get("#").Int() == 0 {
+		switch {
+		case finished >= 0 && sole < 0 && choices.IsArray() && choices.Get("#").Int() == 0:
 			m.finalReport(finished)
+			m.taskFinals = m.taskFinals || usage.IsObject() && m.taskReport(timings)
+		case choiceKey == "message" && choices.Get("#").Int() > 1 && usage.IsObject() && m.taskReport(timings):
+			// llama.cpp's server answers n > 1 (or a completions batch) whole with every task's
+			// choice in one body, and the usage and timings of the first task alone
+			// (handle_completions_impl): the other choices' tokens went unbilled. Their text is
+			// charged at its estimate on top of the report.
+			m.unreportedChoices = m.res.OutputChars - before - firstChars
+		case m.finishing >= 0 && usage.IsObject() && m.taskReport(timings):
+			// llama.cpp's /v1/completions stream ends each task on one chunk: its choice's
+			// finishing chunk carries that answer's usage (server_task_result_cmpl_final::
+			// to_json_oaicompat), which is the answer's final report, as the usage chunk after
+			// a chat task's finishing chunk is.
+			m.finalReport(m.finishing)
+			m.taskFinals = true
+			m.choiceReport(-1)
+			return
 		}
 		m.choiceReport(sole)
 		return
@@ -456,14 +489,18 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 //     reports having come for several choices, one of them more than once (a server that
 //     reports the whole once, on each choice's finishing chunk, is not summed).
 //   - llama.cpp's server runs each of the n answers as a task, and ends every task with its
-//     finishing chunk and a usage chunk (choices empty) of that answer's tokens alone: such
-//     reports came for several choices (finalReport), where OpenAI's and vLLM's one whole
-//     report comes once, after the last choice finished.
+//     finishing chunk and a usage chunk (choices empty) of that answer's tokens alone (on
+//     /v1/completions, that usage on the finishing chunk itself, beside the task's timings):
+//     such reports came for several choices (finalReport), where OpenAI's and vLLM's one whole
+//     report comes once, after the last choice finished; or one came, a task's own (taskFinals),
+//     of a stream of several choices cut before the other tasks ended.
 func (m *Meter) choicesCountedApart() (sum, finals bool) {
 	switch {
 	case m.lastChoice >= 0 && m.choicesReported > 1 && m.choiceReportedAgain:
 		return true, false
-	case m.lastChoice < 0 && m.finalsReported > 1:
+	case m.lastChoice < 0 && (m.finalsReported > 1 || m.taskFinals && len(m.choices) > 1):
+		// One task's report alone, of several choices: a llama.cpp stream cut before the other
+		// tasks ended, whose text so far is no part of it.
 		return true, true
 	}
 	return false, false
@@ -508,17 +545,30 @@ func (m *Meter) finalReport(i int64) {
 	c.final, c.finalAt = max(c.final, m.reportOutput), c.chars
 }
 
+// taskReport reports whether the report just read is one llama.cpp server task's own: its
+// timings (predicted_n, the tokens that task decoded) count the output the report counts. A
+// server that reports the whole answer on each choice's finishing chunk sends no such figure,
+// and its last report stays the whole.
+func (m *Meter) taskReport(timings gjson.Result) bool {
+	n := timings.Get("predicted_n")
+	return n.Type == gjson.Number && n.Int() == m.reportOutput
+}
+
 // openAIChoices counts generated text in choices[].<key> (delta for chunks, message for
 // bodies), or choices[].text for legacy completions. It returns the index of the choice when
-// there is one alone that names its index, -1 otherwise.
-func (m *Meter) openAIChoices(choices gjson.Result, key string) (sole int64) {
-	sole, count := -1, 0
+// there is one alone that names its index, -1 otherwise, and, when there are several, the text
+// the first of them counted.
+func (m *Meter) openAIChoices(choices gjson.Result, key string) (sole, firstChars int64) {
+	sole, count, start := -1, 0, m.res.OutputChars
 	choices.ForEach(func(k, c gjson.Result) bool {
 		if count++; count == 1 {
 			if idx := c.Get("index"); idx.Type == gjson.Number && idx.Num >= 0 {
 				sole = idx.Int()
 			}
 		} else {
+			if count == 2 {
+				firstChars = m.res.OutputChars - start
+			}
 			sole = -1
 		}
 		if m.format == FormatCompletions {
@@ -555,7 +605,7 @@ func (m *Meter) openAIChoices(choices gjson.Result, key string) (sole int64) {
 		m.res.OutputChars += max(reasoningContent, reasoning)
 		return true
 	})
-	return sole
+	return sole, firstChars
 }
 
 // The figures of an OpenAI-style usage report.
