@@ -51,6 +51,12 @@ func (h *handler) createGrant(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("invalid_amount", "amount must be a decimal number of credits, e.g. \"12.5\" or \"-3\": "+err.Error()))
 		return
 	}
+	if amount == 0 {
+		// Refused by the store too (ErrGrantInvalid), whose code is the one of a bad key: what
+		// is wrong here is the amount, and scripts tell the two apart by their codes.
+		writeError(w, badRequest("invalid_amount", "amount must not be zero: a grant of 0 credits credits nothing"))
+		return
+	}
 	g, created, err := h.store.Grant(r.Context(), holds.GrantRequest{UserID: d.ID, AmountMicro: amount,
 		IdempotencyKey: req.IdempotencyKey, Reason: req.Reason})
 	if err != nil {
