@@ -109,7 +109,11 @@ func (h *handler) patchUser(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.log.Info("admin: user changed", zap.String("user", d.Name), zap.Any("change", c))
+	if c != (holds.UserChange{}) {
+		// A PATCH that names no field changes nothing: logged as a change, the audit trail
+		// showed one that never happened.
+		h.log.Info("admin: user changed", zap.String("user", d.Name), zap.Any("change", c))
+	}
 	d, err := h.store.UserDetail(r.Context(), d.Name)
 	if err != nil {
 		h.fail(w, r, err)
