@@ -333,7 +333,14 @@ func (c *callRequest) readAnswerOptions(root topObject) *apiError {
 	if rt.format == metering.FormatCompletions {
 		// Each prompt of a batch gets its own answers, each up to the bound.
 		c.choices *= promptCount(root.Get("prompt"))
-		if root.Get("echo").Type == gjson.True {
+		echo := root.Get("echo")
+		if echo.Exists() && echo.Type != gjson.Null && echo.Type != gjson.True && echo.Type != gjson.False {
+			// Servers built on pydantic (vLLM's) read "true" and 1 as true and echo the
+			// prompt; read here as no echo, the echoed prompt was charged as output, at the
+			// output price, when no usage came.
+			return errBadRequest("invalid_echo", "'echo' must be a boolean.")
+		}
+		if echo.Type == gjson.True {
 			c.echoPrompts, c.echoPer = echoedPrompts(root.Get("prompt")), 1
 			if n := root.Get("n"); n.Type == gjson.Number {
 				c.echoPer = max(1, n.Int())
