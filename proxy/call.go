@@ -50,10 +50,11 @@ type call struct {
 	reserving bool
 	// callID is a named run's call's own id: its reservation's and its record's.
 	callID string
-	// tallied: the call's tally must not be written again. For a named run's call the write
-	// landed (finish retries one that did not); a plain call's one attempt
-	// (tallyWithFingerprint) counts however it went, as a retry after a lost reply would count
-	// the call twice.
+	// tallied: the call's tally has landed and must not be written again. One that failed is
+	// tried again until settle_timeout: a named run's call's by retryRunCallEnd (each step
+	// safe to repeat), a plain call's beside its settlement (tallyPlainCall), its figures set,
+	// not added (runstate.Tally.RecordCallWith), as a write that failed may have landed
+	// unanswered, or land late.
 	tallied bool
 	// talliedAs is what tallyWithFingerprint wrote, nil if the write failed (it may or may not
 	// have landed): the call's tally is corrected by what its settlement finds beyond it

@@ -139,8 +139,10 @@ func (s *Server) giveFingerprintBack(ctx context.Context, c *call, key string) {
 // atomicity (the give-back is a compare-and-delete of c's run id, safe to repeat). What the settlement finds beyond st (events after a stream's final
 // one) is added to the tally then (finish).
 //
-// One attempt, as finish makes: a retry after a reply that was lost would count the call twice
-// in a tally the reconciler may settle from. Safe to call more than once.
+// One attempt of this round trip; a tally that failed is tried again beside the settlement
+// (finishPlainCall), its figures set, not added (runstate.Tally.RecordCallWith), so a write
+// that landed unanswered, or lands late, still counts the call once. Safe to call more than
+// once.
 func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Settlement) {
 	if c.fpKey == "" || !s.tally.JoinsAdd(s.dedupRDB, c.runID, c.fpKey) {
 		return
@@ -150,24 +152,24 @@ func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Set
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimReleaseTimeout)
 	defer cancel()
 	snapshot := s.billedSnapshot(ctx, c, st)
-	err := s.tally.AddWith(ctx, c.runID, st.Usage, st.CostMicro, st.Estimated, func(p redis.Pipeliner) {
+	err := s.tally.RecordCallWith(ctx, c.runID, st.Usage, st.CostMicro, st.Estimated, func(p redis.Pipeliner) {
 		endScript.Eval(ctx, p, []string{key}, c.runID)
 		if snapshot != nil {
 			snapshot(p)
 		}
 	})
-	c.tallied = true
 	if err != nil {
 		s.tallyFailed(c, st, err)
-		// The round trip is not sent again (it would count the call twice), but the
+		// The tally is tried again beside the settlement (finishPlainCall). The
 		// fingerprint must still go back before the answer's end: left to lapse with the
 		// window, the same request sent at once was refused 409 duplicate of a call whose
 		// answer the caller had, until its settlement committed. Given back alone, within
 		// what is left of the same bound; a release that already ran finds nothing to delete.
 		s.giveFingerprintBack(ctx, c, key)
+		c.tallyMissed = true
 		return
 	}
-	c.talliedAs = &st
+	c.tallied, c.talliedAs = true, &st
 }
 
 // maxFingerprintRounds bounds fingerprint's tries when the key keeps changing between its

@@ -50,7 +50,7 @@ func TestPlainCallRedisRoundTrips(t *testing.T) {
 	if !slices.Contains(got[0], "set") {
 		t.Errorf("first round trip %v is not the fingerprint's SET NX", got[0])
 	}
-	if !slices.Contains(got[1], "eval") || !slices.Contains(got[1], "hincrby") {
+	if !slices.Contains(got[1], "eval") || !slices.Contains(got[1], "hset") {
 		t.Errorf("second round trip %v does not both give the fingerprint back and write the tally", got[1])
 	}
 

@@ -128,21 +128,52 @@ func (s *Server) finishPlainCall(ctx context.Context, c *call, st holds.Settleme
 			s.settle(ctx, c, st)
 			return
 		}
-		tallied := make(chan struct{})
+		tallied, settled := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(tallied)
-			s.tallyCall(ctx, c, st)
+			s.tallyPlainCall(ctx, c, st, settled)
 		}()
-		s.settle(ctx, c, st)
+		if s.settle(ctx, c, st) {
+			close(settled)
+		}
 		<-tallied
 	}
 	s.inBackground(work)
 }
 
-// settle commits one settlement with its own deadline and retries, then drops the lease.
-// A settlement that gives up leaves the hold to expire and the reconciler to settle it from
-// the tally.
-func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
+// tallyPlainCall writes a plain call's tally (one that rode with its fingerprint and failed
+// included: tallyWithFingerprint) and, while it fails, tries it again until the call's
+// settlement has committed (settled is closed) or settle_timeout has passed. The tally is what
+// the reconciler settles the run from when the settlement gives up (the database out of reach
+// for longer than settle_timeout): written once and given up in a moment's Redis outage, the
+// run was charged its hold (reconcile_hold), though Redis was back long before.
+func (s *Server) tallyPlainCall(ctx context.Context, c *call, st holds.Settlement, settled <-chan struct{}) {
+	if s.tallyCall(ctx, c, st) {
+		return
+	}
+	s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool {
+		select {
+		case <-settled:
+			return true // moot: the settlement has the call
+		default:
+		}
+		return s.tallyCall(ctx, c, st)
+	})
+	select {
+	case <-settled:
+	default:
+		if c.tallyMissed {
+			// The settlement is still trying, or gave up: then this line, with its figures, is
+			// the call's one record of what it used.
+			c.log.Error("tally never written until settle_timeout; a run the reconciler settles is charged its hold", callFigures(st)...)
+		}
+	}
+}
+
+// settle commits one settlement with its own deadline and retries, then drops the lease, and
+// reports whether it committed. A settlement that gives up leaves the hold to expire and the
+// reconciler to settle it from the tally.
+func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool {
 	// Last, once the lease is gone too: what finish began for this call.
 	defer s.settling.end(c.user.ID)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
@@ -155,12 +186,13 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) {
 	if err != nil {
 		s.metrics.SettleFailures.Inc()
 		c.log.Error("settlement failed; the reconciler will settle this run", zap.Error(err))
-		return
+		return false
 	}
 	s.metrics.SettleSeconds.Observe(time.Since(c.ended).Seconds())
 	s.metrics.Settlements.WithLabelValues(st.Source, strconv.FormatBool(res.Applied)).Inc()
 	c.log.Debug("settled", zap.String("source", st.Source), zap.Bool("applied", res.Applied),
 		zap.Int64("charged_micro", res.ChargedMicro), zap.Bool("estimated", st.Estimated))
+	return true
 }
 
 // settlementOf turns how a call ended into what it is charged.

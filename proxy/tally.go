@@ -64,6 +64,10 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		}
 	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
 		err = s.tally.MarkUnused(tctx, c.runID)
+	case !c.inRun:
+		// Its figures set, not added: a try again after a failed one, which may have landed
+		// unanswered or land late, counts the call once (tallyPlainCall).
+		err = s.tally.RecordCallWith(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated, s.billedSnapshot(tctx, c, st))
 	default:
 		err = s.tally.AddWith(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated, s.billedSnapshot(tctx, c, st))
 	}
@@ -115,8 +119,8 @@ const tallyWriteTimeout = 2 * time.Second
 func (s *Server) tallyFailed(c *call, st holds.Settlement, err error) {
 	s.metrics.TallyFailures.Inc()
 	switch {
-	case !c.inRun:
-		c.log.Warn("tally write failed; settling from process figures", zap.Error(err))
+	case !c.inRun && !c.tallyMissed:
+		c.log.Warn("tally write failed; tried again beside the settlement until settle_timeout", zap.Error(err))
 	case !c.tallyMissed:
 		c.log.Warn("run tally write failed; tried again until settle_timeout, the run's row records the call",
 			append(callFigures(st), zap.Error(err))...)

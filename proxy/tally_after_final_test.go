@@ -141,7 +141,7 @@ func (failTallyPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 		for _, c := range cmds {
 			names[c.Name()] = true
 		}
-		if names["hincrby"] && (names["eval"] || names["evalsha"]) {
+		if names["hset"] && (names["eval"] || names["evalsha"]) {
 			err := errors.New("tally write refused by the test")
 			for _, c := range cmds {
 				c.SetErr(err)

@@ -14,9 +14,9 @@ import (
 // TestPlainCallWhoseTallyReplyWasLostIsTalliedOnce: a plain call's tally goes out with the
 // release of its fingerprint, once its answer is whole (a MULTI/EXEC, which go-redis does not
 // resend). Redis runs it and the reply is lost: the call is tallied, though the gateway cannot
-// know it, and it must not write the tally again (proxy call.tallied: the one attempt counts
-// however it went). Written again, the run's tally counts the call twice at twice its cost,
-// and the reconciler, should the settlement fail, charges that.
+// know it, and its later try beside the settlement must not count it again (it sets the call's
+// figures, not adds them: runstate.Tally.RecordCallWith). Added again, the run's tally counted
+// the call twice at twice its cost, and the reconciler, should the settlement fail, charged that.
 func TestPlainCallWhoseTallyReplyWasLostIsTalliedOnce(t *testing.T) {
 	h, lossy := newLossyRedisHarness(t, harnessSetup{}, nil)
 	u, key := h.user("standard")

@@ -60,6 +60,30 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 	return nil
 }
 
+// RecordCallWith is AddWith for a run of one call (a call that is no named run's): it sets the
+// call's figures rather than adding them (integers still: one HSET), so that the write sent
+// again — a try after a failed one, which may have landed unanswered, or reaches Redis late,
+// after the try that followed it — counts the call once whichever lands last. A call's tally
+// that fails is so tried again until the call's settlement commits: written once and given up,
+// a call whose settlement failed too (the database out of reach) was charged its hold by the
+// reconciler, though Redis was back long before. Only for a run whose one call is its one
+// writer of figures (a zero tally, MarkUnused, adds none; a correction, Correct, goes on top of
+// a write that landed).
+func (t *Tally) RecordCallWith(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool, with func(redis.Pipeliner)) error {
+	key := t.keys.Usage(runID)
+	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		if with != nil {
+			with(p)
+		}
+		t.queueRecord(ctx, p, key, u, costMicro, estimated)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("tally %s: %w", runID, err)
+	}
+	return nil
+}
+
 // Correct adds du and dc (either may be negative) to a call's figures already in the run's
 // tally, without counting another call: what a call's settlement found beyond what was
 // tallied for it earlier. dEst (-1, 0 or 1) moves the call's estimated mark: a usage report
@@ -256,6 +280,24 @@ func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u p
 		}
 	}
 	p.HIncrBy(ctx, key, "calls", 1)
+	p.Expire(ctx, key, t.ttl)
+}
+
+// queueRecord queues the write of a run's one call's tally (RecordCallWith): its figures set,
+// the fields queueAdd writes, and the TTL.
+func (t *Tally) queueRecord(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated bool) {
+	var est int64
+	if estimated {
+		est = 1
+	}
+	values := make([]any, 0, 2*(len(usageFields)+1))
+	for i, n := range usageArgs(u, costMicro, est) {
+		if i < alwaysWritten || n.(int64) != 0 {
+			values = append(values, usageFields[i], n)
+		}
+	}
+	values = append(values, "calls", 1)
+	p.HSet(ctx, key, values...)
 	p.Expire(ctx, key, t.ttl)
 }
 
