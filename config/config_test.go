@@ -448,6 +448,7 @@ func TestRedisClusterSettings(t *testing.T) {
 		{"redis_cluster: true\n", "redis://h:1/1", "", "database 1"},
 		{"", "redis://h:1/0?addr=h:2", "", "redis_cluster"},
 		{"redis_cluster: true\nredis_key_prefix: 'a{b}:'\n", "redis://h:1", "", "redis_key_prefix"},
+		{"redis_cluster: true\nredis_key_prefix: 'a}:'\n", "redis://h:1", "", "redis_key_prefix"},
 		{"redis_key_prefix: 'a{b}:'\n", "redis://h:1", "", ""}, // one server: no slots
 	} {
 		path := filepath.Join(t.TempDir(), "c.yaml")

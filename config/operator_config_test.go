@@ -385,6 +385,16 @@ func TestPlanFieldsFromAMergeKeyCount(t *testing.T) {
 	if p := cfg.Plans["pro"]; p.MaxInFlight != 10 || p.AllowanceCredits.Milli != 2_000_000 {
 		t.Errorf("pro = %+v", p)
 	}
+	// A merge key's list is looked through to its end: a required field from its second
+	// mapping is written as much as one from its first.
+	cfg, err = loadYAML(t, "plans:\n  standard: &std\n    allowance_credits: 2000\n    hold_normal_credits: 20\n    hold_heavy_credits: 60\n"+
+		"    heavy_after_turns: 4\n    max_in_flight: 3\n    max_run_cost_credits: 500\n  pro:\n    <<: [{max_in_flight: 10}, *std]\n")
+	if err != nil {
+		t.Fatalf("fields of a merge list's second mapping not seen: %v", err)
+	}
+	if p := cfg.Plans["pro"]; p.MaxInFlight != 10 || p.AllowanceCredits.Milli != 2_000_000 {
+		t.Errorf("pro from a merge list = %+v", p)
+	}
 }
 
 // A setting written with no value (`window:`) is YAML's null, which leaves the field as it
