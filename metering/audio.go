@@ -93,34 +93,18 @@ func SpokenAnswersSentBack(body []byte) []string {
 // An id longer than a model name is none, as it is to the Meter that records them; an id is
 // under any key that is "id" with case folded.
 func SpokenAnswerIDs(body []byte, limit int) (ids []string, more bool) {
-	seen := make(map[string]struct{})
+	d := distinctIDs{limit: limit}
 	gjson.GetBytes(body, "messages").ForEach(func(_, m gjson.Result) bool {
 		m.ForEach(func(k, v gjson.Result) bool {
 			if !strings.EqualFold(k.Str, "audio") || !v.IsObject() {
 				return true
 			}
-			// Every key that is "id" with case folded, as the "audio" above: a provider or
-			// relay decoding with Go's encoding/json reads "ID" as the id (the last of them).
-			v.ForEach(func(k, id gjson.Result) bool {
-				if !strings.EqualFold(k.Str, "id") || id.Type != gjson.String || id.Str == "" || len(id.Str) > maxModelName {
-					return true
-				}
-				if _, ok := seen[id.Str]; ok {
-					return true
-				}
-				if len(ids) == limit {
-					more = true
-					return false
-				}
-				seen[id.Str] = struct{}{}
-				ids = append(ids, id.Str)
-				return true
-			})
-			return !more
+			v.ForEach(d.add)
+			return !d.more
 		})
-		return !more
+		return !d.more
 	})
-	return ids, more
+	return d.ids, d.more
 }
 
 // mayHoldAudio reports whether body could have an audio part or an earlier spoken answer:

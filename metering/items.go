@@ -39,27 +39,43 @@ func (m *Meter) sawItemID(v gjson.Result) {
 // model name is none, as it is to the Meter that records them; an id is under any key that is
 // "id" with case folded (a relay decoding with Go's encoding/json reads "ID" as the id).
 func InputItemIDs(body []byte, limit int) (ids []string, more bool) {
-	var seen map[string]struct{} // made at the first id: most inputs name none
+	d := distinctIDs{limit: limit}
 	gjson.GetBytes(body, "input").ForEach(func(_, item gjson.Result) bool {
-		item.ForEach(func(k, id gjson.Result) bool {
-			if !strings.EqualFold(k.Str, "id") || id.Type != gjson.String || id.Str == "" || len(id.Str) > maxModelName {
-				return true
-			}
-			if _, ok := seen[id.Str]; ok {
-				return true
-			}
-			if len(ids) == limit {
-				more = true
-				return false
-			}
-			if seen == nil {
-				seen = make(map[string]struct{})
-			}
-			seen[id.Str] = struct{}{}
-			ids = append(ids, id.Str)
-			return true
-		})
-		return !more
+		item.ForEach(d.add)
+		return !d.more
 	})
-	return ids, more
+	return d.ids, d.more
+}
+
+// distinctIDs gathers the distinct ids a request names for the check of whose answers they
+// are (InputItemIDs, SpokenAnswerIDs), up to limit: more says one past it came, and the
+// request is refused rather than checked in part.
+type distinctIDs struct {
+	limit int
+	seen  map[string]struct{} // made at the first id: most requests name none
+	ids   []string
+	more  bool
+}
+
+// add takes id if its key k is "id" with case folded (a provider or relay decoding with Go's
+// encoding/json reads "ID" as the id, the last of them) and it is one: a string, not empty,
+// no longer than a model name (longer is none, as it is to the Meter that records ids). It
+// reports whether to go on, a gjson.ForEach callback.
+func (d *distinctIDs) add(k, id gjson.Result) bool {
+	if !strings.EqualFold(k.Str, "id") || id.Type != gjson.String || id.Str == "" || len(id.Str) > maxModelName {
+		return true
+	}
+	if _, ok := d.seen[id.Str]; ok {
+		return true
+	}
+	if len(d.ids) == d.limit {
+		d.more = true
+		return false
+	}
+	if d.seen == nil {
+		d.seen = make(map[string]struct{})
+	}
+	d.seen[id.Str] = struct{}{}
+	d.ids = append(d.ids, id.Str)
+	return true
 }
