@@ -26,6 +26,10 @@ func TestValidateDoesNotPrintSecrets(t *testing.T) {
 		{"password with a slash after the user", "redis://default:/hunter2-redis@redis.internal:6379/0", ""},
 		{"password with a question mark", "redis://:?hunter2-redis@redis.internal:6379/0", ""},
 		{"password with a hash", "redis://:#hunter2-redis@redis.internal:6379/0", ""},
+		// The user info ends at the last '@', not the first; a fragment is no part of a
+		// base_url, and may carry a key.
+		{"password holding an @", "http://:p@hunter2@redis.internal:6379/0", ""},
+		{"base_url with a key in its fragment", "", "https://llm.internal/#key=hunter2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Default()
