@@ -272,6 +272,11 @@ func TestCountTokensRelaysOnlyACount(t *testing.T) {
 		{"no count", `{"text":"` + story + `"}`, http.StatusBadGateway, ""},
 		{"a count", `{"input_tokens":42}`, http.StatusOK, `"input_tokens":42`},
 		{"context management", `{"context_management":{"original_input_tokens":50},"input_tokens":42}`, http.StatusOK, `"original_input_tokens":50`},
+		// A count is a whole number of tokens, none below zero, in an answer of a count's size.
+		{"a negative count", `{"input_tokens":-42}`, http.StatusBadGateway, ""},
+		{"a fractional count", `{"input_tokens":4.2}`, http.StatusBadGateway, ""},
+		{"two counts", `{"input_tokens":42}{"input_tokens":7}`, http.StatusBadGateway, ""},
+		{"a count past the bound on its answer", `{"input_tokens":42}` + strings.Repeat(" ", 64<<10), http.StatusBadGateway, ""},
 	} {
 		answer = tc.answer
 		resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
