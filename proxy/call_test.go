@@ -453,9 +453,16 @@ func TestOverdraftStorm(t *testing.T) {
 	// Every call costs more than its 20-credit hold: ~1500 input tokens and up to 10k output
 	// tokens at 10 USD/M is up to 100 credits, so the cap is what limits each call.
 	body := `{"model":"fake-gpt","max_tokens":10000,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 1200) + `"}]}`
-	hdr := map[string]string{fakellm.HeaderChunks: "10000", fakellm.HeaderLatency: "30ms"}
 	codes := map[int]int{}
 	for round := 0; round < 10; round++ {
+		// The first round spends the balance. Its admitted calls wait 2 s for the upstream's
+		// first byte, so every other request of the round comes while they are in flight, and
+		// meets the in-flight bound (429) whatever the box's load: with 30 ms, on a loaded
+		// box, the round's later requests came after the first calls had settled, all 402.
+		hdr := map[string]string{fakellm.HeaderChunks: "10000", fakellm.HeaderLatency: "30ms"}
+		if round == 0 {
+			hdr[fakellm.HeaderLatency] = "2s"
+		}
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		for i := 0; i < 20; i++ {
