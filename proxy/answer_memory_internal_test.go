@@ -49,3 +49,25 @@ func TestAnswerMemoryGivesItAllBack(t *testing.T) {
 		t.Fatalf("after release: callers %v, gauge %v, or the process's room not whole", m.callers, testutil.ToFloat64(gauge))
 	}
 }
+
+// TestAnswerPastABoundOfDoubledBuffersIsTooLarge: an answer of unknown length is read into a
+// buffer doubled from firstAnswerBuffer, up to one byte past the bound, which is how an answer
+// too large to relay is told. With a bound the doublings land on exactly (1024, 4096, …), the
+// buffer is full at the bound before that byte is read: taken for the end, an answer past the
+// bound would be relayed cut at it, as if whole. Each such bound reads the byte past it; an
+// answer of exactly the bound is read whole.
+func TestAnswerPastABoundOfDoubledBuffersIsTooLarge(t *testing.T) {
+	m := newAnswerMemory(1<<20, 1<<20, prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"}),
+		prometheus.NewCounter(prometheus.CounterOpts{Name: "w"}))
+	for _, limit := range []int64{firstAnswerBuffer, 2 * firstAnswerBuffer, 8 * firstAnswerBuffer} {
+		for _, size := range []int64{limit, limit + 1, limit + 100} {
+			b := m.buffer(1)
+			got, err := b.readAll(context.Background(), strings.NewReader(strings.Repeat("x", int(size))), -1, limit)
+			b.release()
+			if want := min(size, limit+1); err != nil || int64(len(got)) != want {
+				t.Errorf("bound %d, answer of %d bytes: read %d, %v; want %d (one past the bound tells it too large)",
+					limit, size, len(got), err, want)
+			}
+		}
+	}
+}
