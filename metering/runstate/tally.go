@@ -46,18 +46,7 @@ func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicr
 // commands alone, the tally then written: a caller that would write the tally again on an
 // error must not use it.
 func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool, with func(redis.Pipeliner)) error {
-	key := t.keys.Usage(runID)
-	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		if with != nil {
-			with(p)
-		}
-		t.queueAdd(ctx, p, key, u, costMicro, estimated)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("tally %s: %w", runID, err)
-	}
-	return nil
+	return t.writeCall(ctx, runID, u, costMicro, estimated, with, false)
 }
 
 // RecordCallWith is AddWith for a run of one call (a call that is no named run's): it sets the
@@ -70,12 +59,19 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 // writer of figures (a zero tally, MarkUnused, adds none; a correction, Correct, goes on top of
 // a write that landed).
 func (t *Tally) RecordCallWith(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool, with func(redis.Pipeliner)) error {
+	return t.writeCall(ctx, runID, u, costMicro, estimated, with, true)
+}
+
+// writeCall sends one call's tally write, with's commands ahead of it in the same MULTI/EXEC:
+// its figures added (AddWith), or set (RecordCallWith).
+func (t *Tally) writeCall(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool,
+	with func(redis.Pipeliner), set bool) error {
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		if with != nil {
 			with(p)
 		}
-		t.queueRecord(ctx, p, key, u, costMicro, estimated)
+		t.queueCall(ctx, p, key, u, costMicro, estimated, set)
 		return nil
 	})
 	if err != nil {
@@ -267,37 +263,32 @@ func (t *Tally) JoinsAdd(rdb redis.UniversalClient, runID string, keys ...string
 	return t.rdb == rdb && oneTransaction(rdb, append([]string{t.keys.Usage(runID)}, keys...)...)
 }
 
-// queueAdd queues the increments of one call's tally write (integers: no float drift) and
-// the TTL.
-func (t *Tally) queueAdd(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated bool) {
+// queueCall queues one call's tally write (integers: no float drift) and the TTL: its figures
+// added, one HINCRBY each, or, set, written over what the tally holds in one HSET (a run of
+// one call, RecordCallWith). A figure of 0 past the ones always written is left out.
+func (t *Tally) queueCall(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated, set bool) {
 	var est int64
 	if estimated {
 		est = 1
 	}
+	var values []any // set's field-value pairs
+	if set {
+		values = make([]any, 0, 2*(len(usageFields)+1))
+	}
 	for i, n := range usageArgs(u, costMicro, est) {
-		if i < alwaysWritten || n.(int64) != 0 {
+		switch {
+		case i >= alwaysWritten && n.(int64) == 0:
+		case set:
+			values = append(values, usageFields[i], n)
+		default:
 			p.HIncrBy(ctx, key, usageFields[i], n.(int64))
 		}
 	}
-	p.HIncrBy(ctx, key, "calls", 1)
-	p.Expire(ctx, key, t.ttl)
-}
-
-// queueRecord queues the write of a run's one call's tally (RecordCallWith): its figures set,
-// the fields queueAdd writes, and the TTL.
-func (t *Tally) queueRecord(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated bool) {
-	var est int64
-	if estimated {
-		est = 1
+	if set {
+		p.HSet(ctx, key, append(values, "calls", 1)...)
+	} else {
+		p.HIncrBy(ctx, key, "calls", 1)
 	}
-	values := make([]any, 0, 2*(len(usageFields)+1))
-	for i, n := range usageArgs(u, costMicro, est) {
-		if i < alwaysWritten || n.(int64) != 0 {
-			values = append(values, usageFields[i], n)
-		}
-	}
-	values = append(values, "calls", 1)
-	p.HSet(ctx, key, values...)
 	p.Expire(ctx, key, t.ttl)
 }
 
