@@ -52,15 +52,53 @@ func (s *Store) CreateUser(ctx context.Context, name, plan string) (User, error)
 	if _, ok := s.plans[plan]; !ok {
 		return User{}, fmt.Errorf("create user %q: %w %q", name, ErrUnknownPlan, plan)
 	}
-	res, err := s.execUntilWritable(ctx, "create user", nil, "INSERT INTO users (name, plan) VALUES (?, ?)", name, plan)
-	if isDuplicate(err) {
+	for try := 1; ; try++ {
+		u, err := s.insertUser(ctx, name, plan)
+		if !isDuplicate(err) {
+			return u, err
+		}
 		// Names are unique under the column's collation, which ignores case: the refusal names
 		// the user that holds the name ("Alice" for alice), whom no listing shows as alice.
-		taken := name
-		if err := s.db.GetContext(ctx, &taken, "SELECT name FROM users WHERE name = ?", name); err != nil {
-			taken = name
+		taken := ""
+		if qerr := s.db.GetContext(ctx, &taken, "SELECT name FROM users WHERE name = ?", name); qerr == nil {
+			return User{}, fmt.Errorf("create user %q: %w", name, &UserExistsError{Name: name, Taken: taken})
+		} else if !errors.Is(qerr, sql.ErrNoRows) {
+			return User{}, fmt.Errorf("create user %q: %w", name, &UserExistsError{Name: name, Taken: name})
 		}
-		return User{}, fmt.Errorf("create user %q: %w", name, &UserExistsError{Name: name, Taken: taken})
+		// The name is free: the id was taken by a user created at the same moment. The
+		// refused INSERT wrote nothing; the next reads the new highest id.
+		if try == maxUserIDTries {
+			return User{}, fmt.Errorf("create user %q: %d ids taken by users created at once: %w", name, try, err)
+		}
+	}
+}
+
+// maxUserIDTries bounds CreateUser's tries when another user created at once took its id.
+const maxUserIDTries = 16
+
+// insertUserQuery gives a new user an id above every id the table holds and at least the
+// database clock in microseconds since the epoch (GREATEST with the highest id + 1, read just
+// before). The clock is what keeps an id from being given twice across a restore: Redis keeps
+// what it holds of a user under the user's id — its named runs' tallies and Idempotency-Key
+// answers under run ids hashed from it, its kept answers, its Responses and spoken answers — for
+// up to tally_ttl, and a database restored from a backup has forgotten the users created since.
+// With AUTO_INCREMENT's next id the first user created after the restore took the id of the
+// first one lost, and with it that user's Redis state: a named run of the same name opened on
+// the lost user's tally and settled it on the new user's bill. Microseconds stay below 2^53
+// (exact in JSON) until the year 2255.
+const insertUserQuery = `INSERT INTO users (id, name, plan)
+  VALUES (GREATEST(?, CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000) AS UNSIGNED)), ?, ?)`
+
+// insertUser makes one try at the new user's row. A duplicate key is returned as it is: the
+// name taken, or the id (CreateUser tells which).
+func (s *Store) insertUser(ctx context.Context, name, plan string) (User, error) {
+	var highest uint64
+	if err := s.db.GetContext(ctx, &highest, "SELECT COALESCE(MAX(id), 0) FROM users"); err != nil {
+		return User{}, fmt.Errorf("create user %q: read the highest id: %w", name, err)
+	}
+	res, err := s.execUntilWritable(ctx, "create user", nil, insertUserQuery, highest+1, name, plan)
+	if isDuplicate(err) {
+		return User{}, err
 	}
 	if err != nil {
 		return User{}, fmt.Errorf("create user %q: %w", name, err)
