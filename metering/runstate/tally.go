@@ -50,9 +50,12 @@ func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, cost
 }
 
 // RecordCallWith is AddWith for a run of one call (a call that is no named run's): it sets the
-// call's figures rather than adding them (integers still: one HSET), so that the write sent
-// again — a try after a failed one, which may have landed unanswered, or reaches Redis late,
-// after the try that followed it — counts the call once whichever lands last. A call's tally
+// call's figures rather than adding them (integers still: one HSET, on a tally emptied first in
+// the same MULTI/EXEC), so that the write sent again — a try after a failed one, which may have
+// landed unanswered, or reaches Redis late, after the try that followed it — counts the call
+// once whichever lands last, and holds that write's figures alone: a figure that write leaves
+// out as 0 (its estimated mark, a part of the totals) or prices it does not carry
+// (QueueSnapshot) are not the earlier write's, left standing. A call's tally
 // that fails is so tried again until the call's settlement commits: written once and given up,
 // a call whose settlement failed too (the database out of reach) was charged its hold by the
 // reconciler, though Redis was back long before. Only for a run whose one call is its one
@@ -68,6 +71,10 @@ func (t *Tally) writeCall(ctx context.Context, runID string, u pricing.Usage, co
 	with func(redis.Pipeliner), set bool) error {
 	key := t.keys.Usage(runID)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		if set {
+			// Ahead of with's commands: with may write the tally's prices (QueueSnapshot).
+			p.Del(ctx, key)
+		}
 		if with != nil {
 			with(p)
 		}
@@ -264,8 +271,8 @@ func (t *Tally) JoinsAdd(rdb redis.UniversalClient, runID string, keys ...string
 }
 
 // queueCall queues one call's tally write (integers: no float drift) and the TTL: its figures
-// added, one HINCRBY each, or, set, written over what the tally holds in one HSET (a run of
-// one call, RecordCallWith). A figure of 0 past the ones always written is left out.
+// added, one HINCRBY each, or, set, written in one HSET on a tally writeCall has emptied (a run
+// of one call, RecordCallWith). A figure of 0 past the ones always written is left out.
 func (t *Tally) queueCall(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated, set bool) {
 	var est int64
 	if estimated {
