@@ -57,8 +57,8 @@ type call struct {
 	// unanswered, or land late.
 	tallied bool
 	// talliedAs is what tallyWithFingerprint wrote, nil if the write failed (it may or may not
-	// have landed): the call's tally is corrected by what its settlement finds beyond it
-	// (usage reported after a stream's final event), never on top of a write that may be missing.
+	// have landed): a settlement that finds more (usage reported after a stream's final event)
+	// sets the call's tally again, as a failed write is (finishPlainCall).
 	talliedAs *holds.Settlement
 	// recorded: this call of a named run has been recorded on its run's row (recordRunCall).
 	// A record that failed leaves it false, to be sent again (retryRunCallEnd): the row counts

@@ -137,7 +137,7 @@ func (s *Server) giveFingerprintBack(ctx context.Context, c *call, key string) {
 // its fingerprint was given back only by the retry alone. Apart, the tally and the give-back
 // are two round trips, as with dedup in a Redis of its own: neither needs the other's
 // atomicity (the give-back is a compare-and-delete of c's run id, safe to repeat). What the settlement finds beyond st (events after a stream's final
-// one) is added to the tally then (finish).
+// one) is set in the tally then, with the rest of the call's figures (finishPlainCall).
 //
 // One attempt of this round trip; a tally that failed is tried again beside the settlement
 // (finishPlainCall), its figures set, not added (runstate.Tally.RecordCallWith), so a write

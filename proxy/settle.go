@@ -115,19 +115,18 @@ func (s *Server) finishPlainCall(ctx context.Context, c *call, st holds.Settleme
 	work := func() {
 		// Done once the tally is written too: shutdown closes Redis when this is done.
 		defer s.settlements.leave()
-		if c.tallied {
-			// With its fingerprint, before the answer's end (tallyWithFingerprint); what was
-			// metered after that (rare: an upstream that went on past its final event) is
-			// added first.
-			if c.talliedAs != nil {
-				du, dc, dEst := st.Usage.Sub(c.talliedAs.Usage), st.CostMicro-c.talliedAs.CostMicro, estimatedCalls(st)-estimatedCalls(*c.talliedAs)
-				if dc != 0 || dEst != 0 || du != (pricing.Usage{}) || !bytes.Equal(st.PriceSnapshot, c.talliedAs.PriceSnapshot) {
-					s.correctTally(ctx, c, st, *c.talliedAs, du, dc, dEst)
-				}
-			}
+		if c.tallied && c.talliedAs != nil && talliedAsSettled(*c.talliedAs, st) {
+			// With its fingerprint, before the answer's end (tallyWithFingerprint), as it is
+			// settled.
 			s.settle(ctx, c, st)
 			return
 		}
+		// Its tally is not written, or says other than the settlement found (rare: usage an
+		// upstream reported past its final event): the call's figures are set in it
+		// beside the settlement, and tried again as a failed write is (tallyPlainCall). A
+		// correction added once and given up left the reconciler, should the settlement fail
+		// too, the final event's figures: a call charged 5 output tokens of the 50 reported
+		// after it.
 		tallied, settled := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(tallied)
@@ -141,12 +140,20 @@ func (s *Server) finishPlainCall(ctx context.Context, c *call, st holds.Settleme
 	s.inBackground(work)
 }
 
-// tallyPlainCall writes a plain call's tally (one that rode with its fingerprint and failed
-// included: tallyWithFingerprint) and, while it fails, tries it again until the call's
-// settlement has committed (settled is closed) or settle_timeout has passed. The tally is what
-// the reconciler settles the run from when the settlement gives up (the database out of reach
-// for longer than settle_timeout): written once and given up in a moment's Redis outage, the
-// run was charged its hold (reconcile_hold), though Redis was back long before.
+// talliedAsSettled reports whether a plain call's tally, written as tallied, already says
+// what its settlement st charges: its figures, its estimated mark and its prices.
+func talliedAsSettled(tallied, st holds.Settlement) bool {
+	return tallied.Usage == st.Usage && tallied.CostMicro == st.CostMicro && tallied.Estimated == st.Estimated &&
+		bytes.Equal(tallied.PriceSnapshot, st.PriceSnapshot)
+}
+
+// tallyPlainCall writes a plain call's tally (one that rode with its fingerprint and failed, or
+// that says other than the settlement found, included: tallyWithFingerprint) and, while it
+// fails, tries it again until the call's settlement has committed (settled is closed) or
+// settle_timeout has passed. The tally is what the reconciler settles the run from when the
+// settlement gives up (the database out of reach for longer than settle_timeout): written once
+// and given up in a moment's Redis outage, the run was charged its hold (reconcile_hold), though
+// Redis was back long before.
 func (s *Server) tallyPlainCall(ctx context.Context, c *call, st holds.Settlement, settled <-chan struct{}) {
 	if s.tallyCall(ctx, c, st) {
 		return
@@ -162,9 +169,15 @@ func (s *Server) tallyPlainCall(ctx context.Context, c *call, st holds.Settlemen
 	select {
 	case <-settled:
 	default:
-		if c.tallyMissed {
+		switch {
+		case !c.tallyMissed:
+		case c.talliedAs != nil:
 			// The settlement is still trying, or gave up: then this line, with its figures, is
-			// the call's one record of what it used.
+			// the call's one record of what it used beyond its final event.
+			c.log.Error("tally not set to what the settlement found until settle_timeout; a run the reconciler settles is charged what its final event had",
+				callFigures(st)...)
+		default:
+			// As above, of all it used.
 			c.log.Error("tally never written until settle_timeout; a run the reconciler settles is charged its hold", callFigures(st)...)
 		}
 	}

@@ -242,31 +242,3 @@ func (s *Server) dropRecordMark(ctx context.Context, c *call) {
 		c.log.Warn("run call's record not marked; the run's settlement waits until the mark lapses", zap.Error(err))
 	}
 }
-
-// correctTally adds to a call's tally what its settlement found beyond what tallyWithFingerprint
-// wrote (du, dc and dEst may be negative: a later usage report replaces an earlier one, or an
-// estimate). The prices the tally was written with (tallied's) are replaced when st bills at
-// others: a report after the final event replaces an estimate that priced a prompt marked for
-// the cache as written to it, and the reconciler records the tally's prices beside its
-// corrected cost.
-func (s *Server) correctTally(ctx context.Context, c *call, st, tallied holds.Settlement, du pricing.Usage, dc, dEst int64) {
-	tctx, cancel := context.WithTimeout(ctx, tallyWriteTimeout)
-	defer cancel()
-	var err error
-	if prices := s.billedPrices(c, st); !bytes.Equal(prices, s.billedPrices(c, tallied)) {
-		err = s.tally.CorrectPrices(tctx, c.runID, du, dc, dEst, prices)
-	} else {
-		err = s.tally.Correct(tctx, c.runID, du, dc, dEst)
-	}
-	if err != nil {
-		s.tallyFailed(c, st, err)
-	}
-}
-
-// estimatedCalls is how a call's settlement counts in its tally's estimated calls.
-func estimatedCalls(st holds.Settlement) int64 {
-	if st.Estimated {
-		return 1
-	}
-	return 0
-}
