@@ -55,8 +55,10 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		// Released in the request itself: when the caller reads its 409, the hold is gone.
 		s.settlements.start()
 		defer s.settlements.leave()
-		s.tallyCall(ctx, c, st)
-		s.settle(ctx, c, st)
+		tallied := s.tallyCall(ctx, c, st)
+		if !s.settle(ctx, c, st) && !tallied {
+			s.tallyDuplicateLater(ctx, c, st)
+		}
 		return
 	}
 	if c.inRun {
@@ -64,6 +66,21 @@ func (s *Server) finish(reqCtx context.Context, c *call) {
 		return
 	}
 	s.finishPlainCall(ctx, c, st)
+}
+
+// tallyDuplicateLater tries again, in the background until settle_timeout has passed, the zero
+// tally of a duplicate whose release at 0 failed too (the database out of reach for longer
+// than settle_timeout): the reconciler settles its hold from that tally once it expires, and a
+// running hold without one is charged all it held — a request refused 409 that never reached
+// the provider. Written once and given up in a moment's Redis outage, so it was.
+func (s *Server) tallyDuplicateLater(ctx context.Context, c *call, st holds.Settlement) {
+	s.settlements.start()
+	s.inBackground(func() {
+		defer s.settlements.leave()
+		if !s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool { return s.tallyCall(ctx, c, st) }) {
+			c.log.Error("zero tally of a duplicate whose release failed never written until settle_timeout; the reconciler charges it its hold")
+		}
+	})
 }
 
 // outcomeAfterPanic is how a call that panicked is settled: as a stream that broke (the

@@ -1,0 +1,67 @@
+package proxy_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestDuplicateInADoubleFaultIsNotChargedItsHold: a plain request that duplicates one still
+// running is refused 409 duplicate and releases its fresh hold at 0 in the request itself, with
+// the zero tally that says it used nothing. That tally's write is lost (a Redis blip), and the
+// database stays out of reach for longer than settle_timeout, so the release gives up and the
+// reconciler settles the hold once it expires. The zero tally must have landed by then, as a
+// plain call's failed tally does (TestPlainCallInADoubleFaultIsChargedItsUsage): written once
+// and given up, the reconciler found no tally on a running hold and charged the refused
+// duplicate, which never reached the provider, all it held.
+func TestDuplicateInADoubleFaultIsNotChargedItsHold(t *testing.T) {
+	dsn, lossyDB := testenv.LossyMySQLDSN(t)
+	h, lossy := newLossyRedisHarness(t, harnessSetup{db: testenv.Open(t, dsn)}, func(c *config.Config) {
+		c.Limits.SettleTimeout = 2 * time.Second
+	})
+	u, key := h.user("standard")
+	orig := h.post(key, "/v1/chat/completions", streamBody,
+		map[string]string{fakellm.HeaderChunks: "50", fakellm.HeaderChunkInterval: "100ms"})
+	defer orig.Body.Close()
+	br := firstEvent(t, orig)
+
+	// The first settlement is the duplicate's release: the database goes out of reach for it.
+	reached, resume := h.holdAtFirst("settle")
+	go func() {
+		<-reached
+		lossyDB.TakeDown()
+		resume()
+	}()
+	// The duplicate's zero tally (a plain call's figures are HSET; the zero tally alone is an
+	// HINCRBY), in a MULTI/EXEC go-redis does not resend, lost before it reaches Redis.
+	lossy.Arm("\r\nhincrby\r\n", testenv.RedisRequestLost, 1)
+	dup := h.post(key, "/v1/chat/completions", streamBody, nil)
+	body := readAll(t, dup.Body)
+	dup.Body.Close()
+	if dup.StatusCode != http.StatusConflict || errorCode(t, body) != "duplicate" {
+		t.Fatalf("resend while the original runs: %d %s, want 409 duplicate", dup.StatusCode, body)
+	}
+	dupID := dup.Header.Get(proxy.RequestIDHeader)
+	if lossy.Fired() != 1 {
+		t.Fatalf("%d zero tally writes lost, want 1", lossy.Fired())
+	}
+	h.settled() // the duplicate's retries, if any, have landed or given up
+	lossyDB.Restore()
+	readAll(t, br)
+	h.settled()
+	if got := h.run(u.ID, dupID); got.State == holds.StateSettled {
+		t.Fatalf("duplicate's hold released with the database out of reach: %+v", got)
+	}
+
+	h.reconcileExpired(t, "run_id = ?", dupID)
+	if r := h.run(u.ID, dupID); r.State != holds.StateSettled || r.ChargedMicro != 0 {
+		t.Fatalf("duplicate %s settled as %s by %q, charged %d µUSD of %d held; want 0", dupID, r.State, r.SettleSource.String,
+			r.ChargedMicro, r.HeldMicro)
+	}
+}
