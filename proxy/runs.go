@@ -180,14 +180,18 @@ const settleRoute = "/v1/runs/{id}/settle"
 // settleRun answers POST /v1/runs/{id}/settle: the run is charged what its calls tallied.
 func (s *Server) settleRun(w http.ResponseWriter, r *http.Request) {
 	u := userFrom(r.Context())
-	runID, ok := lookupRunID(u.ID, runIDParam(r))
+	asked := runIDParam(r)
+	runID, ok := lookupRunID(u.ID, asked)
 	if !ok {
 		logRefusal(s.log, errRunNotFound, "no such run", nil, zap.Uint64("user_id", u.ID), zap.String("route", settleRoute),
 			zap.String("asked_id", logged(chi.URLParam(r, "id"))))
 		writeError(w, errRunNotFound)
 		return
 	}
-	log := s.log.With(zap.String("run_id", runID), zap.Uint64("user_id", u.ID))
+	// asked_id beside run_id: a run named by its X-Run-Id has for run_id the gateway's hash of
+	// the user and that name, and a settle's answer names no request, so the name the caller
+	// settled (lookupRunID's pattern bounds it) is what an operator it quotes can find it by.
+	log := s.log.With(zap.String("run_id", runID), zap.Uint64("user_id", u.ID), zap.String("asked_id", asked))
 	// A refused settle writes its one line, as a refused call does: the caller's 409 (a run
 	// still running) or 404 must be traceable by its run in the log.
 	refuse := func(e *apiError, reason string) {
