@@ -447,7 +447,9 @@ func applyMigrations(ctx context.Context, e *env, lockWait time.Duration) ([]str
 
 func userCreate(ctx context.Context, args []string) error {
 	var name, plan string
-	e, err := setup(ctx, "user create", args, false, func(fs *flag.FlagSet) {
+	// adminEnv, as every other account command: its lines (a write retried while the database
+	// is read_only) name the command.
+	e, st, _, err := adminEnv(ctx, "user create", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "name", "", "user name (unique)")
 		fs.StringVar(&plan, "plan", "", "plan name (default: the config's default_plan)")
 	})
@@ -455,7 +457,6 @@ func userCreate(ctx context.Context, args []string) error {
 		return err
 	}
 	defer e.Close()
-	st := e.store()
 	if plan == "" {
 		// The plan is this config's default_plan: beside a fleet whose default_plan is another
 		// (the command run without the fleet's -config), a new user would be put on a plan the
@@ -518,7 +519,7 @@ func planIsTheFleets(ctx context.Context, st *holds.Store, plan string) error {
 
 func keyCreate(ctx context.Context, args []string) error {
 	var name string
-	e, err := setup(ctx, "key create", args, false, func(fs *flag.FlagSet) {
+	e, st, _, err := adminEnv(ctx, "key create", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&name, "user", "", "user name")
 	})
 	if err != nil {
@@ -528,7 +529,6 @@ func keyCreate(ctx context.Context, args []string) error {
 	if err := need("user", name); err != nil {
 		return err
 	}
-	st := e.store()
 	u, err := st.UserByName(ctx, name) // its error names the user
 	if err != nil {
 		return err
