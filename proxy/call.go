@@ -171,10 +171,10 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	if e, reason, err := s.keyStillLive(r, user); e != nil {
 		if requestEnded(r) {
 			e, why := ended(r.Context(), "during the key's lookup after the body; nothing held")
-			logRefusal(callLog, e, why, err)
+			logRefusal(in.log, e, why, err)
 			return answerClientClosed(w, r)
 		}
-		return refuser(w, callLog)(e, reason, err)
+		return refuser(w, in.log)(e, reason, err)
 	}
 	// The steps before forwarding share one admit_timeout, counted from the body read whole
 	// (in.deadline): each had its own (an admission, an Idempotency-Key attempt's row, the next
@@ -491,6 +491,9 @@ type incomingCall struct {
 	// lease counts the request's body in memory until the call is over; an Idempotency-Key's
 	// replay counts the stored answer it sends in it too.
 	lease *bodyLease
+	// log is readCall's logger, naming the run the call would be a call of: a refusal before
+	// admission (its key revoked while the body arrived) names it as readCall's own do.
+	log *zap.Logger
 }
 
 // readCall reads and checks a call's request before anything is held for it: its encoding and
@@ -556,7 +559,7 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, use
 				Message: fmt.Sprintf("Audio with id '%s' not found.", id), NoRetry: true}, "validation", nil)
 		}
 	}
-	in := incomingCall{req: req, body: body, ids: ids, arrived: arrived, deadline: deadline, lease: lease}
+	in := incomingCall{req: req, body: body, ids: ids, arrived: arrived, deadline: deadline, lease: lease, log: log}
 	in.fingerprinted = ids == (callIDs{}) && s.cfg.Dedup.Window > 0
 	switch {
 	case ids.idemKey != "":
