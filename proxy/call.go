@@ -139,7 +139,8 @@ func (s *Server) serveCall(rt *route) http.HandlerFunc {
 		callLog := s.log.WithLazy(zap.Uint64("user_id", user.ID), zap.String("route", rt.path), zap.String("request_id", runID))
 		if !s.calls.enter() {
 			e := errShuttingDown
-			logRefusal(callLog, e, "shutting down", nil, zap.String("run_id", runID))
+			ids, idsErr := parseCallIDs(r.Header)
+			logRefusal(callLog, e, "shutting down", nil, zap.String("run_id", callRunID(user.ID, runID, ids, idsErr)))
 			writeError(w, e)
 			s.metrics.Requests.WithLabelValues(rt.path, codeLabel(e.Status)).Inc()
 			return
@@ -507,10 +508,7 @@ type incomingCall struct {
 func (s *Server) readCall(w http.ResponseWriter, r *http.Request, rt *route, userID uint64, runID string, lease *bodyLease,
 	callLog *zap.Logger) (incomingCall, int) {
 	ids, idsErr := parseCallIDs(r.Header)
-	if idsErr == nil && ids.clientRunID != "" {
-		runID = runIDFor(userID, ids.clientRunID)
-	}
-	log := callLog.WithLazy(zap.String("run_id", runID))
+	log := callLog.WithLazy(zap.String("run_id", callRunID(userID, runID, ids, idsErr)))
 	refuse := refuser(w, log)
 	if aerr := checkContentEncoding(r.Header); aerr != nil {
 		return incomingCall{}, refuse(aerr, "content encoding", nil)
@@ -653,6 +651,15 @@ func parseCallIDs(h http.Header) (callIDs, *apiError) {
 		return ids, errBadRequest("invalid_session_id", "X-Session-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -")
 	}
 	return ids, nil
+}
+
+// callRunID is the run a call's refusals before admission name (ids and idsErr: its headers,
+// parseCallIDs): its valid X-Run-Id's named run, else runID, the one it makes for itself.
+func callRunID(userID uint64, runID string, ids callIDs, idsErr *apiError) string {
+	if idsErr == nil && ids.clientRunID != "" {
+		return runIDFor(userID, ids.clientRunID)
+	}
+	return runID
 }
 
 // admitError maps an admission refusal to its answer.
