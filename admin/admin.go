@@ -175,11 +175,14 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		worded.Message = strings.TrimSuffix(e.Message, ".") + ": " + h.views.GrantBelowZero(below)
 		e = &worded
 	}
+	// The status and code answered, as a refused model call's line names them: a 500 (a bug,
+	// someone should look) is told from a 503 (the database out, the caller retries) by them.
+	answered := []zap.Field{zap.String("method", r.Method), zap.String("path", quoted(r.URL.Path)),
+		zap.Int("status", e.Status), zap.String("code", e.Code)}
 	if e.Status >= 500 {
-		h.log.Error("admin request failed", zap.String("method", r.Method), zap.String("path", quoted(r.URL.Path)), zap.Error(err))
+		h.log.Error("admin request failed", append(answered, zap.Error(err))...)
 	} else {
-		h.log.Info("admin request refused", zap.String("method", r.Method), zap.String("path", quoted(r.URL.Path)),
-			zap.String("code", e.Code), zap.String("error", quoted(err.Error())))
+		h.log.Info("admin request refused", append(answered, zap.String("error", quoted(err.Error())))...)
 	}
 	writeError(w, e)
 }
