@@ -173,6 +173,9 @@ type env struct {
 	log *zap.Logger
 	db  *sqlx.DB
 	rdb redis.UniversalClient // a *redis.ClusterClient with redis_cluster
+
+	// root is log without its instance field, for runAs to name another.
+	root *zap.Logger
 }
 
 func (e *env) Close() {
@@ -183,6 +186,14 @@ func (e *env) Close() {
 		e.rdb.Close()
 	}
 	_ = e.log.Sync()
+}
+
+// runAs names the process instance (cfg.Instance), in what it takes (locks, leases) and in its
+// log lines alike: a line must name the process that wrote it. Call it before the logger or
+// the config is handed on.
+func (e *env) runAs(instance string) {
+	e.cfg.Instance = instance
+	e.log = e.root.With(zap.String("instance", instance))
 }
 
 // store builds the holds store with the configured plans.
@@ -216,7 +227,8 @@ func setup(ctx context.Context, name string, args []string, needRedis bool, extr
 	}
 	log := newLogger(*debug, zapcore.Lock(os.Stderr))
 	routeLibraryLogs(log)
-	e := &env{cfg: cfg, log: log.With(zap.String("instance", cfg.Instance))}
+	e := &env{cfg: cfg, root: log}
+	e.runAs(cfg.Instance)
 	open := holds.Open
 	if name == "audit" || name == "report" {
 		// They group every settled hold before their first row: no read timeout, the

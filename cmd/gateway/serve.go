@@ -495,7 +495,9 @@ func reconcileOnce(ctx context.Context, args []string) error {
 	// The lock is re-entrant for its holder: under a serving gateway's name (its environment's
 	// TOLLGATE_INSTANCE, where an operator execs into its container) this pass took that
 	// gateway's lock as its own, scanned beside it and then deleted it under it.
-	e.cfg.Instance = fmt.Sprintf("%s/reconcile-once:%d", e.cfg.Instance, os.Getpid())
+	// Its log lines too: named as the gateway, its money lines said the gateway settled the
+	// runs it settled.
+	e.runAs(fmt.Sprintf("%s/reconcile-once:%d", e.cfg.Instance, os.Getpid()))
 	rec, err := e.newReconciler(reconcilerDeps{cfg: e.cfg, store: e.store(), rdb: e.rdb, keys: redisKeys(e.cfg)})
 	if err != nil {
 		return err
