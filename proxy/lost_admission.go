@@ -111,12 +111,13 @@ func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logg
 }
 
 // admitWaitingForSettlements takes ar's hold through the batch writer. Refused for want of a
-// max_in_flight slot while some of its user's calls on this process are settling (their
-// answers over, their holds still live: settlingUsers), it waits for one of those settlements
-// to end and tries again, up to maxSettlingWaits times within ctx: a slot frees when a call
-// ends, not when its settlement reaches the database. A refusal with none settling stands, as
-// does one whose try again the budget left no time to start (ErrAdmitNotStarted: nothing
-// held): its caller is told 429 too_many_in_flight, not 503 billing_unavailable.
+// max_in_flight slot, or of credits, while some of its user's calls on this process are
+// settling (their answers over, their holds still live: settlingUsers), it waits for one of
+// those settlements to end and tries again, up to maxSettlingWaits times within ctx: a slot
+// frees, and what a call held beyond its cost is given back, when a call ends, not when its
+// settlement reaches the database. A refusal with none settling stands, as does one whose try
+// again the budget left no time to start (ErrAdmitNotStarted: nothing held): its caller is told
+// 429 too_many_in_flight or 402 insufficient_credits, not 503 billing_unavailable.
 func (s *Server) admitWaitingForSettlements(ctx context.Context, ar holds.AdmitRequest) (holds.Hold, error) {
 	var refused error
 	for waits := 0; ; waits++ {
@@ -124,11 +125,10 @@ func (s *Server) admitWaitingForSettlements(ctx context.Context, ar holds.AdmitR
 		s.beforeStep(ctx, stepAdmit)
 		hold, err := s.writer.Admit(ctx, ar)
 		next := s.settling.after(ar.UserID, seen)
-		var busy *holds.TooManyInFlightError
 		switch {
 		case refused != nil && errors.Is(err, holds.ErrAdmitNotStarted):
 			return holds.Hold{}, refused
-		case !errors.As(err, &busy) || waits == maxSettlingWaits:
+		case !settlementMayLift(err) || waits == maxSettlingWaits:
 			return hold, err
 		}
 		refused = err
@@ -142,6 +142,15 @@ func (s *Server) admitWaitingForSettlements(ctx context.Context, ar holds.AdmitR
 			return hold, err
 		}
 	}
+}
+
+// settlementMayLift reports whether err refuses an admission for what a settling call of its
+// user may give back as its settlement lands: a max_in_flight slot, or credits its hold keeps
+// held (a user at the end of its balance, whose every call's hold takes all it has left, had
+// its next call refused 402 "held by calls in flight" with none in flight; no SDK retries a 402).
+func settlementMayLift(err error) bool {
+	var busy *holds.TooManyInFlightError
+	return errors.As(err, &busy) || errors.Is(err, holds.ErrInsufficient)
 }
 
 // maxSettlingWaits bounds how often one admission waits for its user's settlements: each wait

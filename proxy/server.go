@@ -94,7 +94,7 @@ type Server struct {
 	settlements inFlight
 	settleSlots chan struct{}
 	// settling counts the calls settling, by user, that an admission refused for want of a
-	// slot waits for (admitWaitingForSettlements).
+	// slot or of credits waits for (admitWaitingForSettlements).
 	settling settlingUsers
 	// stopBeat ends the heartbeat of this process's run budget reservations and its session
 	// check (checkSessions); beatDone closes when both have.
@@ -529,8 +529,9 @@ const (
 	// stepAnswerFinal follows answerFinal: the call's answer is whole, its last bytes not yet
 	// sent.
 	stepAnswerFinal = "answer final"
-	// stepAdmitWaits: an admission refused for want of a slot waits for one of its user's
-	// settlements (admitWaitingForSettlements); stepSettle precedes a call's settlement.
+	// stepAdmitWaits: an admission refused for want of a slot or of credits waits for one of
+	// its user's settlements (admitWaitingForSettlements); stepSettle precedes a call's
+	// settlement.
 	stepAdmitWaits = "admission waits for a settlement"
 	stepSettle     = "settle"
 )

@@ -7,10 +7,12 @@ import "sync"
 // max_in_flight slots, though its caller already has the answer: a caller that sends its next
 // call the moment it has one (a script, an agent fanning out as many calls as its plan allows)
 // had that call refused 429 too_many_in_flight whenever its admission reached the database
-// before the previous call's settlement did. An admission refused so waits for one of those
-// settlements and tries again (admitWaitingForSettlements). A call whose finish panics between
-// its begin and its settlement (a bug: its hold is then the reconciler's) stays counted, and
-// its user's refusals each wait out their admission budget before their 429.
+// before the previous call's settlement did; so was one of a caller at the end of its balance,
+// 402 insufficient_credits, for the credits that hold still kept. An admission refused so waits
+// for one of those settlements and tries again (admitWaitingForSettlements). A call whose
+// finish panics between its begin and its settlement (a bug: its hold is then the
+// reconciler's) stays counted, and its user's refusals each wait out their admission budget
+// before their 429 or 402.
 type settlingUsers struct {
 	mu    sync.Mutex
 	users map[uint64]*settlingUser
