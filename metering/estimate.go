@@ -361,6 +361,18 @@ func EstimateNotHandedOn(body []byte) int64 {
 	return min(maxEstimatedTokens, ceilDiv(textBytes, bytesPerToken)+messages*tokensPerMessage)
 }
 
+// PromptEstimates is the estimate of each prompt of a completions batch, prompt an array of
+// them (strings, or arrays of tokens): its text's tokens, a token array's one an element, as
+// EstimatePrompt counts them all together (Meter.BatchPrompts).
+func PromptEstimates(prompt gjson.Result) []int64 {
+	var estimates []int64
+	prompt.ForEach(func(_, v gjson.Result) bool {
+		estimates = append(estimates, min(maxEstimatedTokens, ceilDiv(partLen(v, 0), bytesPerToken)))
+		return true
+	})
+	return estimates
+}
+
 // EstimateOutputTokens turns streamed text bytes into tokens.
 func EstimateOutputTokens(outputBytes int64) int64 {
 	return min(maxEstimatedTokens, ceilDiv(outputBytes, bytesPerToken))

@@ -146,9 +146,25 @@ type Meter struct {
 	// unreportedChoices is the text of a whole answer's choices that its report does not count:
 	// all but the first, in a llama.cpp server's answer of several tasks (taskReport).
 	unreportedChoices int64
+	// batchPrompts is the estimate of each prompt of a completions batch of several, each
+	// answered by batchPer choices (BatchPrompts). taskPrompts holds, by prompt, what a
+	// llama.cpp server task's own report counted of it (none while no report did), and
+	// lastTaskPrompt is the prompt the last report was such a report of, -1 when the last
+	// report was none.
+	batchPrompts   []int64
+	batchPer       int64
+	taskPrompts    []taskPrompt
+	lastTaskPrompt int64
 	// reportOutput is the output the last report counted by its own figures (its
 	// completion_tokens, or its total less its prompt when larger), none kept from before.
 	reportOutput int64
+}
+
+// taskPrompt is what a llama.cpp server task's report counted of its prompt: its tokens, and
+// of them those its prompt cache held (prompt_tokens_details.cached_tokens).
+type taskPrompt struct {
+	tokens, cached int64
+	reported       bool
 }
 
 // choiceLedger is one choice's part of a stream whose reports count the choices apart.
@@ -167,7 +183,21 @@ const maxLedgerChoices = 1024
 
 // NewMeter returns a Meter for responses in format f.
 func NewMeter(f Format) *Meter {
-	return &Meter{format: f, lastChoice: -1, finishing: -1}
+	return &Meter{format: f, lastChoice: -1, finishing: -1, lastTaskPrompt: -1}
+}
+
+// BatchPrompts tells a completions Meter that the call's prompt is a batch of several:
+// estimates is the estimate of each (PromptEstimates), perPrompt the choices each is answered
+// with (n), choice i answering prompt i/perPrompt. llama.cpp's server runs each prompt as a
+// task of its own (each of its n answers too), and each task's report counts its own prompt
+// alone: the batch's other prompts are charged by their tasks' reports, or at their estimate
+// where none came (otherPrompts).
+func (m *Meter) BatchPrompts(estimates []int64, perPrompt int64) {
+	if m.format != FormatCompletions || perPrompt < 1 || len(estimates) < 2 {
+		return
+	}
+	m.batchPrompts, m.batchPer = estimates, perPrompt
+	m.taskPrompts = make([]taskPrompt, len(estimates))
 }
 
 // EchoPrompts tells a completions Meter that the call asked for its prompts echoed (echo):
@@ -341,6 +371,14 @@ func (m *Meter) Result() Result {
 		r.Estimated = true
 		covered = r.OutputChars
 	}
+	if input, cached := m.otherPrompts(); (input > 0 || cached > 0) && r.Reported {
+		// A batch's prompts, whose last report, a llama.cpp task's, counts one: the others
+		// as their tasks reported them, or at their estimate. The sum is the gateway's
+		// reading, and the row says so.
+		r.Usage.Input = min(pricing.MaxTokens, r.Usage.Input+input)
+		r.Usage.CacheRead = min(pricing.MaxTokens, r.Usage.CacheRead+cached)
+		r.Estimated = true
+	}
 	after := r.OutputChars - covered
 	audioAfter := audioOutputTokens(m.pcmBytes-m.pcmAtReport, m.clipMicros-m.clipAtReport)
 	if (after > 0 || audioAfter > 0) && r.Reported && !m.outputUnreported() &&
@@ -442,6 +480,7 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 		m.finishing = sole
 	}
 	if m.openAIUsage(usage) || m.openAIUsage(groq.Get("usage")) {
+		m.lastTaskPrompt = -1 // unless it is a task's own (batchTaskReport)
 		switch {
 		case finished >= 0 && sole < 0 && choices.IsArray() && choices.Get("#").Int() == 0:
 			m.finalReport(finished)
@@ -450,8 +489,10 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 			// llama.cpp's server answers n > 1 (or a completions batch) whole with every task's
 			// choice in one body, and the usage and timings of the first task alone
 			// (handle_completions_impl): the other choices' tokens went unbilled. Their text is
-			// charged at its estimate on top of the report.
+			// charged at its estimate on top of the report, and the prompts of a batch but the
+			// first at theirs.
 			m.unreportedChoices = m.res.OutputChars - before - firstChars
+			m.batchTaskReport(0)
 		case m.finishing >= 0 && usage.IsObject() && m.taskReport(timings):
 			// llama.cpp's /v1/completions stream ends each task on one chunk: its choice's
 			// finishing chunk carries that answer's usage (server_task_result_cmpl_final::
@@ -459,6 +500,7 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 			// a chat task's finishing chunk is.
 			m.finalReport(m.finishing)
 			m.taskFinals = true
+			m.batchTaskReport(m.finishing)
 			m.choiceReport(-1)
 			return
 		}
@@ -543,6 +585,44 @@ func (m *Meter) finalReport(i int64) {
 		m.finalsReported++
 	}
 	c.final, c.finalAt = max(c.final, m.reportOutput), c.chars
+}
+
+// batchTaskReport records that the report just read is a llama.cpp server task's own, of choice
+// i of a batch (BatchPrompts): its prompt is the prompt of i's, and that prompt alone.
+func (m *Meter) batchTaskReport(i int64) {
+	if m.batchPer < 1 || i < 0 || i/m.batchPer >= int64(len(m.batchPrompts)) {
+		return
+	}
+	p := i / m.batchPer
+	m.taskPrompts[p] = taskPrompt{tokens: m.reported[figPrompt].n, cached: m.reported[figCached].n, reported: true}
+	m.lastTaskPrompt = p
+}
+
+// otherPrompts is the prompt of a batch that the last report, a llama.cpp server task's own,
+// does not count: every other prompt of the batch, each its own task's report where one came
+// (a stream's task that ended), else its estimate (a whole answer, which reports its first
+// task alone; a stream cut before the prompt's tasks ended). A prompt answered n times counts
+// once, as OpenAI bills it. It is given as uncached input and cache reads, the part of a
+// report its prompt cache held read from the cache as the report's own is. Nothing when the
+// last report was no task's own: a report of the whole batch (OpenAI's, vLLM's) counts every
+// prompt already.
+func (m *Meter) otherPrompts() (input, cached int64) {
+	if m.lastTaskPrompt < 0 {
+		return 0, 0
+	}
+	for p, est := range m.batchPrompts {
+		t := m.taskPrompts[p]
+		switch {
+		case int64(p) == m.lastTaskPrompt:
+		case t.reported:
+			c := min(max(0, t.cached), max(0, t.tokens))
+			input, cached = input+max(0, t.tokens)-c, cached+c
+		default:
+			input += est
+		}
+		input, cached = min(input, pricing.MaxTokens), min(cached, pricing.MaxTokens)
+	}
+	return input, cached
 }
 
 // taskReport reports whether the report just read is one llama.cpp server task's own: its

@@ -264,6 +264,9 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 	if req.echoPrompts != nil {
 		c.meter.EchoPrompts(req.echoPrompts, req.echoPer)
 	}
+	if req.batchPrompts != nil {
+		c.meter.BatchPrompts(req.batchPrompts, req.batchPer)
+	}
 	if c.inRun {
 		// Its budget reservation and its record on the run's row name it by this, so a record
 		// sent again is counted once (holds.Store.RecordRunCall).

@@ -119,6 +119,11 @@ type callRequest struct {
 	// (metering.Meter.EchoPrompts).
 	echoPrompts []string
 	echoPer     int64
+	// batchPrompts is the estimate of each prompt of a completions batch of several, answered
+	// per prompt with batchPer choices (n): a server that runs each prompt as a task reports
+	// each task's prompt alone (metering.Meter.BatchPrompts).
+	batchPrompts []int64
+	batchPer     int64
 }
 
 // maxChoices bounds n and best_of (OpenAI allows n up to 128).
@@ -332,7 +337,15 @@ func (c *callRequest) readAnswerOptions(root topObject) *apiError {
 	}
 	if rt.format == metering.FormatCompletions {
 		// Each prompt of a batch gets its own answers, each up to the bound.
-		c.choices *= promptCount(root.Get("prompt"))
+		prompt, perPrompt := root.Get("prompt"), int64(1)
+		prompts := promptCount(prompt)
+		c.choices *= prompts
+		if n := root.Get("n"); n.Type == gjson.Number {
+			perPrompt = max(1, n.Int())
+		}
+		if prompts > 1 {
+			c.batchPrompts, c.batchPer = metering.PromptEstimates(prompt), perPrompt
+		}
 		echo := root.Get("echo")
 		if echo.Exists() && echo.Type != gjson.Null && echo.Type != gjson.True && echo.Type != gjson.False {
 			// Servers built on pydantic (vLLM's) read "true" and 1 as true and echo the
@@ -341,10 +354,7 @@ func (c *callRequest) readAnswerOptions(root topObject) *apiError {
 			return errBadRequest("invalid_echo", "'echo' must be a boolean.")
 		}
 		if echo.Type == gjson.True {
-			c.echoPrompts, c.echoPer = echoedPrompts(root.Get("prompt")), 1
-			if n := root.Get("n"); n.Type == gjson.Number {
-				c.echoPer = max(1, n.Int())
-			}
+			c.echoPrompts, c.echoPer = echoedPrompts(prompt), perPrompt
 		}
 	}
 	if bg := root.Get("background"); rt.format == metering.FormatResponses && bg.Exists() && bg.Type != gjson.Null && bg.Type != gjson.False {

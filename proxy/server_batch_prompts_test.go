@@ -1,0 +1,62 @@
+package proxy_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering"
+)
+
+// TestServerTaskBatchIsChargedEveryPrompt: llama.cpp's server runs each prompt of a
+// /v1/completions batch as a task of its own, and each task's report counts its own prompt
+// alone. Whole, every task's choice goes into the first task's body beside that task's usage
+// and timings; streamed, each task ends with its own. A batch of two prompts was charged the
+// prompt of one: 90 input tokens where the server read about 290 (whole), 300 (streamed).
+// Every prompt is charged: by its task's report, or at its estimate where no report counted it.
+func TestServerTaskBatchIsChargedEveryPrompt(t *testing.T) {
+	first, second := strings.Repeat("x", 400), strings.Repeat("y", 800)
+	request := func(stream bool) string {
+		return fmt.Sprintf(`{"model":"fake-gpt","stream":%v,"max_tokens":16,"prompt":["%s","%s"]}`, stream, first, second)
+	}
+	final := func(index int, text string, prompt int64) string {
+		return fmt.Sprintf(`{"choices":[{"text":%q,"index":%d,"logprobs":null,"finish_reason":"length"}],"created":1,"model":"fake-gpt","system_fingerprint":"b1","object":"text_completion",`+
+			`"usage":{"completion_tokens":16,"prompt_tokens":%d,"total_tokens":%d},"id":"cmpl-l","timings":{"cache_n":0,"prompt_n":%d,"predicted_n":16}}`,
+			text, index, prompt, prompt+16, prompt)
+	}
+	text := strings.Repeat("w", 64)
+	whole := strings.Replace(final(0, text, 90), `}],"created"`, `},{"text":"`+text+`","index":1,"logprobs":null,"finish_reason":"length"}],"created"`, 1)
+	stream := fmt.Sprintf("data: {\"choices\":[{\"text\":%q,\"index\":0,\"logprobs\":null,\"finish_reason\":null}],\"model\":\"fake-gpt\",\"object\":\"text_completion\",\"id\":\"cmpl-l\"}\n\n", text) +
+		fmt.Sprintf("data: {\"choices\":[{\"text\":%q,\"index\":1,\"logprobs\":null,\"finish_reason\":null}],\"model\":\"fake-gpt\",\"object\":\"text_completion\",\"id\":\"cmpl-l\"}\n\n", text) +
+		"data: " + final(1, "", 210) + "\n\n" + "data: " + final(0, "", 90) + "\n\ndata: [DONE]\n\n"
+	for _, tc := range []struct {
+		name        string
+		stream      bool
+		answer      string
+		input, outp int64
+	}{
+		// Whole: the second prompt at its estimate, 800 bytes at 4 a token.
+		{"whole", false, whole, 90 + 200, 16 + metering.EstimateOutputTokens(int64(len(text)))},
+		{"streamed", true, stream, 90 + 210, 16 + 16},
+	} {
+		h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+			if tc.stream {
+				w.Header().Set("Content-Type", "text/event-stream")
+			} else {
+				w.Header().Set("Content-Type", "application/json")
+			}
+			fmt.Fprint(w, tc.answer)
+		}, nil)
+		u, key := h.user("standard")
+		status, _, run := h.postRun(u.ID, key, "/v1/completions", request(tc.stream), nil)
+		if status != 200 {
+			t.Fatalf("%s: status %d", tc.name, status)
+		}
+		if run.SettleSource.String != holds.SourceComplete || run.InTok != tc.input || run.OutTok != tc.outp || !run.Estimated {
+			t.Errorf("%s: run settled by %q in=%d out=%d estimated=%v, want complete charged %d in (every prompt) and %d out, estimated",
+				tc.name, run.SettleSource.String, run.InTok, run.OutTok, run.Estimated, tc.input, tc.outp)
+		}
+	}
+}
