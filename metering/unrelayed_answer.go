@@ -78,6 +78,9 @@ type UnrelayedAnswer struct {
 	choices     int64
 	echo        string
 	echoed      int64
+	// firstText is textBytes when the second choice began: the text up to the end of the first
+	// choice, which a llama.cpp server's report of several tasks counts alone (Meter.wholeTasks).
+	firstText int64
 }
 
 // NewUnrelayedAnswer returns an UnrelayedAnswer for m's answers, or nil when it reads none of
@@ -110,7 +113,7 @@ func (m *Meter) AddSpoken(b *UnrelayedAnswer) {
 // AddUnreported counts the audio and the text b measured as the Meter counts a whole answer's
 // (Meter.Body counts its text whether or not it carries a report): for an answer read past
 // without a usage report, or with one that gives no figure of the output, its output is then
-// the estimate of both.
+// the estimate of both. It follows the Meter.Body that read the answer's report, if any.
 func (m *Meter) AddUnreported(b *UnrelayedAnswer) {
 	if b == nil {
 		return
@@ -120,6 +123,9 @@ func (m *Meter) AddUnreported(b *UnrelayedAnswer) {
 	// A whole answer's report counts all of its text, wherever in the answer it stands: none
 	// of it is text after the report (Result).
 	m.charsAtReport += b.textBytes
+	// Unless it is a llama.cpp server's report of the first of several tasks, read as
+	// Meter.Body reads it: the other choices' text is charged at its estimate.
+	m.wholeTasks(b.choices, b.textBytes-b.firstText)
 }
 
 // Cut ends an answer cut before its end (read up to a bound): the value being read
@@ -379,7 +385,9 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			b.rawBegins(rawContainer)
 		}
 		if role == roleChoice && c == '{' {
-			b.choices++
+			if b.choices++; b.choices == 2 {
+				b.firstText = b.textBytes
+			}
 		}
 		switch {
 		case role == roleContent && c == '[':

@@ -2,6 +2,7 @@ package metering
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"unsafe"
 
@@ -155,6 +156,12 @@ type Meter struct {
 	batchPer       int64
 	taskPrompts    []taskPrompt
 	lastTaskPrompt int64
+	// bodyTask: a whole answer's report is one llama.cpp server task's own (taskReport), the
+	// first task's in an answer of several (wholeTasks).
+	bodyTask bool
+	// summedAnswers: the report is the sum of the reports of a completions answer given as a
+	// JSON array of whole answers (taskAnswers).
+	summedAnswers bool
 	// reportOutput is the output the last report counted by its own figures (its
 	// completion_tokens, or its total less its prompt when larger), none kept from before.
 	reportOutput int64
@@ -269,6 +276,10 @@ func (m *Meter) Event(ev Event) {
 // Body observes a whole non-streamed JSON response body.
 func (m *Meter) Body(body []byte) {
 	body = TrimBody(body)
+	if len(body) > 0 && body[0] == '[' && m.format == FormatCompletions {
+		m.taskAnswers(unsafeString(body))
+		return
+	}
 	if len(body) == 0 || body[0] != '{' {
 		return
 	}
@@ -335,6 +346,41 @@ func (m *Meter) Body(body []byte) {
 	}
 }
 
+// taskAnswers reads a completions answer that is a JSON array of whole answers: llama.cpp's
+// server, in its builds before it merged them into one (those of 2025 up to its n_cmpl
+// support), answered a batch of several prompts, not streamed, so — each element one prompt's
+// task, with its choice and a usage of that task alone (handle_completions_impl, "multiple
+// results (multitask)"). Read as no answer, the call was charged its prompts' estimate and
+// none of its output. Every element's choices count, as one answer's, and their usages are
+// summed into the report, when each carries one; the sum is the gateway's reading, and the
+// row says so (summedAnswers). Without a report from each, the text is estimated.
+func (m *Meter) taskAnswers(s string) {
+	var prompt, completion int64
+	answers, reported, objects := 0, true, choiceObjects{secondAt: -1}
+	gjson.Parse(s).ForEach(func(_, a gjson.Result) bool {
+		if !a.IsObject() {
+			return true
+		}
+		answers++
+		keepName(&m.res.Model, a.Get("model"), false)
+		m.openAIChoices(a.Get("choices"), "message", &objects)
+		u := a.Get("usage")
+		p, c := u.Get("prompt_tokens"), u.Get("completion_tokens")
+		if p.Type != gjson.Number || c.Type != gjson.Number {
+			reported = false
+			return true
+		}
+		prompt = min(pricing.MaxTokens, prompt+max(0, p.Int()))
+		completion = min(pricing.MaxTokens, completion+max(0, c.Int()))
+		return true
+	})
+	if answers == 0 || !reported {
+		return
+	}
+	sum := fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d}`, prompt, completion)
+	m.summedAnswers = m.openAIUsage(gjson.Parse(sum))
+}
+
 // Result returns what was seen so far, every token count within [0, pricing.MaxTokens].
 func (m *Meter) Result() Result {
 	r := m.res
@@ -393,6 +439,9 @@ func (m *Meter) Result() Result {
 		r.Usage.AudioOutput = min(r.Usage.Output, r.Usage.AudioOutput+audioAfter)
 		r.Estimated = true
 	}
+	if m.summedAnswers && r.Reported {
+		r.Estimated = true // several answers' reports, summed (taskAnswers)
+	}
 	if r.Reported && !m.reported[figAudioOut].seen && r.AudioOutput > 0 {
 		// A report that does not say how much of the output was audio (a compatible provider
 		// without completion_tokens_details), for an answer that spoke: its audio, as long as
@@ -445,12 +494,12 @@ func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
 // the chunk, and this runs on every chunk of a stream.
 func (m *Meter) openAIObject(s, choiceKey string) {
 	var usage, groq, choices, timings gjson.Result
-	before, sole, firstChars := m.res.OutputChars, int64(-1), int64(0)
+	before, sole, objects := m.res.OutputChars, int64(-1), choiceObjects{secondAt: -1}
 	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
 		case "choices":
 			choices = v
-			sole, firstChars = m.openAIChoices(v, choiceKey)
+			sole = m.openAIChoices(v, choiceKey, &objects)
 		case "usage":
 			usage = v
 		case "model":
@@ -481,18 +530,14 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 	}
 	if m.openAIUsage(usage) || m.openAIUsage(groq.Get("usage")) {
 		m.lastTaskPrompt = -1 // unless it is a task's own (batchTaskReport)
+		if choiceKey == "message" {
+			m.bodyTask = usage.IsObject() && m.taskReport(timings)
+		}
 		switch {
 		case finished >= 0 && sole < 0 && choices.IsArray() && choices.Get("#").Int() == 0:
 			m.finalReport(finished)
 			m.taskFinals = m.taskFinals || usage.IsObject() && m.taskReport(timings)
-		case choiceKey == "message" && choices.Get("#").Int() > 1 && usage.IsObject() && m.taskReport(timings):
-			// llama.cpp's server answers n > 1 (or a completions batch) whole with every task's
-			// choice in one body, and the usage and timings of the first task alone
-			// (handle_completions_impl): the other choices' tokens went unbilled. Their text is
-			// charged at its estimate on top of the report, and the prompts of a batch but the
-			// first at theirs.
-			m.unreportedChoices = m.res.OutputChars - before - firstChars
-			m.batchTaskReport(0)
+		case choiceKey == "message" && m.wholeTasks(objects.n, m.res.OutputChars-objects.secondAt):
 		case m.finishing >= 0 && usage.IsObject() && m.taskReport(timings):
 			// llama.cpp's /v1/completions stream ends each task on one chunk: its choice's
 			// finishing chunk carries that answer's usage (server_task_result_cmpl_final::
@@ -625,6 +670,23 @@ func (m *Meter) otherPrompts() (input, cached int64) {
 	return input, cached
 }
 
+// wholeTasks reports whether a whole answer of choices choice objects, the text of all but the
+// first of them others bytes, is llama.cpp's server's answer of several tasks: it runs
+// each of n answers (and each prompt of a completions batch) as a task, and answers whole
+// with every task's choice in the first task's body, beside that first task's usage and
+// timings alone (handle_completions_impl; bodyTask). Read as the whole, the other choices'
+// tokens went unbilled: their text is charged at its estimate on top of the report, and so
+// are the prompts of a batch but the first (Result).
+// Meter.Body reads it so, and so does an answer too large to relay, read past (AddUnreported).
+func (m *Meter) wholeTasks(choices, others int64) bool {
+	if !m.bodyTask || choices < 2 {
+		return false
+	}
+	m.unreportedChoices = others
+	m.batchTaskReport(0) // and the prompts of a batch but the first at their estimate
+	return true
+}
+
 // taskReport reports whether the report just read is one llama.cpp server task's own: its
 // timings (predicted_n, the tokens that task decoded) count the output the report counts. A
 // server that reports the whole answer on each choice's finishing chunk sends no such figure,
@@ -634,22 +696,28 @@ func (m *Meter) taskReport(timings gjson.Result) bool {
 	return n.Type == gjson.Number && n.Int() == m.reportOutput
 }
 
+// choiceObjects counts the choice objects of an answer read so far (of all its "choices", as
+// an UnrelayedAnswer counts them), and secondAt is OutputChars when the second began, -1
+// before it did: where the first choice's text ends (wholeTasks).
+type choiceObjects struct{ n, secondAt int64 }
+
 // openAIChoices counts generated text in choices[].<key> (delta for chunks, message for
-// bodies), or choices[].text for legacy completions. It returns the index of the choice when
-// there is one alone that names its index, -1 otherwise, and, when there are several, the text
-// the first of them counted.
-func (m *Meter) openAIChoices(choices gjson.Result, key string) (sole, firstChars int64) {
-	sole, count, start := -1, 0, m.res.OutputChars
+// bodies), or choices[].text for legacy completions, and the choice objects in objects. It
+// returns the index of the choice when there is one alone that names its index, -1 otherwise.
+func (m *Meter) openAIChoices(choices gjson.Result, key string, objects *choiceObjects) (sole int64) {
+	sole, count := -1, 0
 	choices.ForEach(func(k, c gjson.Result) bool {
 		if count++; count == 1 {
 			if idx := c.Get("index"); idx.Type == gjson.Number && idx.Num >= 0 {
 				sole = idx.Int()
 			}
 		} else {
-			if count == 2 {
-				firstChars = m.res.OutputChars - start
-			}
 			sole = -1
+		}
+		if c.IsObject() {
+			if objects.n++; objects.n == 2 {
+				objects.secondAt = m.res.OutputChars
+			}
 		}
 		if m.format == FormatCompletions {
 			m.res.OutputChars += m.completionText(k.Int(), c)
@@ -685,7 +753,7 @@ func (m *Meter) openAIChoices(choices gjson.Result, key string) (sole, firstChar
 		m.res.OutputChars += max(reasoningContent, reasoning)
 		return true
 	})
-	return sole, firstChars
+	return sole
 }
 
 // The figures of an OpenAI-style usage report.

@@ -139,6 +139,11 @@ func FuzzMeterOversized(f *testing.F) {
 		`{"object":"list","data":[{"embedding":"AAAA"}],"model":"text-embedding-3-large","usage":{"prompt_tokens":8,"total_tokens":8}}`,
 		`{"id":"msg","type":"message","model":"claude-test","content":[{"type":"tool_use","input":{"usage":{"input_tokens":1}}}],"usage":{"input_tokens":70,"cache_creation":{"ephemeral_1h_input_tokens":5},"output_tokens":9}}`,
 		`{"id":"resp","object":"response","model":"gpt-5","output":[{"content":[{"text":"t"}]}],"usage":{"input_tokens":5,"output_tokens":2,"total_tokens":9}}`,
+		// llama.cpp's server's answer of two tasks: the first task's usage and timings alone;
+		// and such an answer whose choices are not all objects, or come under two keys.
+		`{"choices":[{"text":"aa","index":0,"message":{"content":"aa"}},{"text":"bbbbbbbb","index":1,"message":{"content":"bbbbbbbb"}}],"model":"m","usage":{"completion_tokens":1,"prompt_tokens":4,"total_tokens":5},"id":"c","timings":{"prompt_n":4,"predicted_n":1}}`,
+		`{"choices":[1,{"text":"bbbbbbbb","message":{"content":"bbbbbbbb"}},"x",{"text":"cccc","message":{"content":"cccc"}}],"usage":{"completion_tokens":1,"prompt_tokens":4},"timings":{"predicted_n":1}}`,
+		`{"choices":[{"text":"aaaa","message":{"content":"aaaa"}}],"choices":[{"text":"bbbbbbbb","message":{"content":"bbbbbbbb"}}],"usage":{"completion_tokens":1,"prompt_tokens":4},"timings":{"predicted_n":1}}`,
 	} {
 		for format := range uint8(5) {
 			f.Add([]byte(s), uint16(len(s)/2), format)

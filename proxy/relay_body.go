@@ -322,11 +322,12 @@ func (s *Server) writeWhole(w http.ResponseWriter, r *http.Request, resp *http.R
 	return resp.StatusCode
 }
 
-// meterBody meters a whole answer: a JSON body, or else an event stream that came under
-// another content type (an upstream that left its Content-Type to sniffing gets text/plain).
-// Either way what it reported, or the text it produced, is what the call is charged.
+// meterBody meters a whole answer: a JSON body (an object, or an array: a batch's answers,
+// metering.Meter.Body), or else an event stream that came under another content type (an
+// upstream that left its Content-Type to sniffing gets text/plain). Either way what it
+// reported, or the text it produced, is what the call is charged.
 func meterBody(m *metering.Meter, body []byte, maxEvent int) {
-	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' {
+	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' || t[0] == '[' {
 		m.Body(body)
 		return
 	}
@@ -527,6 +528,12 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 	usage := lastUsage(tail)
 	if usage.IsObject() {
 		whole = append(append(whole, `,"usage":`...), usage.Raw...)
+		// llama.cpp's server's timings, after its usage: they tell a report of one task of
+		// several (metering's taskReport), whose other choices' text is charged at its
+		// estimate, as the same answer read whole is (AddUnreported).
+		if timings := lastObject(tail, "timings"); timings.IsObject() {
+			whole = append(append(whole, `,"timings":`...), timings.Raw...)
+		}
 	}
 	model := headModel(head)
 	if model.Type != gjson.String {
@@ -587,9 +594,13 @@ func headModel(head []byte) gjson.Result {
 
 // lastUsage is the value of the last "usage" key in b (a JSON body's end, or an event
 // stream's) whose value is an object, or an empty result when that object is cut off or
-// there is none (lastKey).
-func lastUsage(b []byte) gjson.Result {
-	if r := lastKey(b, "usage", '{'); r.IsObject() && validJSON([]byte(r.Raw)) {
+// there is none (lastObject).
+func lastUsage(b []byte) gjson.Result { return lastObject(b, "usage") }
+
+// lastObject is the value of the last key named key in b whose value is an object, or an
+// empty result when that object is cut off or there is none (lastKey).
+func lastObject(b []byte, key string) gjson.Result {
+	if r := lastKey(b, key, '{'); r.IsObject() && validJSON([]byte(r.Raw)) {
 		return r
 	}
 	return gjson.Result{}

@@ -1,0 +1,39 @@
+package proxy_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// TestServerTaskAnswersOfABatchAreCharged: llama.cpp's server before it merged a batch's
+// answers into one (builds of 2025 up to its n_cmpl support) answered a /v1/completions batch of
+// several prompts, not streamed, with a JSON array of whole answers, one a prompt's task, each
+// with its own choice and usage (handle_completions_impl: "multiple results (multitask)"). Read
+// as no answer, the call was charged its prompts' estimate and none of its output: 0 output
+// tokens where the server made 48. Every answer's report is charged, summed.
+func TestServerTaskAnswersOfABatchAreCharged(t *testing.T) {
+	answer := func(index int, prompt int64) string {
+		return fmt.Sprintf(`{"choices":[{"text":%q,"index":%d,"logprobs":null,"finish_reason":"length"}],"created":1,"model":"fake-gpt","system_fingerprint":"b1","object":"text_completion",`+
+			`"usage":{"completion_tokens":16,"prompt_tokens":%d,"total_tokens":%d},"id":"chatcmpl-l","timings":{"prompt_n":%d,"predicted_n":16}}`,
+			strings.Repeat("w", 64), index, prompt, prompt+16, prompt)
+	}
+	batch := "[" + answer(0, 90) + "," + answer(1, 210) + "," + answer(2, 310) + "]"
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, batch)
+	}, nil)
+	u, key := h.user("standard")
+	body := `{"model":"fake-gpt","max_tokens":16,"prompt":["` + strings.Repeat("x", 400) + `","` + strings.Repeat("y", 800) + `","` + strings.Repeat("z", 1200) + `"]}`
+	status, out, run := h.postRun(u.ID, key, "/v1/completions", body, nil)
+	if status != 200 || string(out) != batch {
+		t.Fatalf("status %d: %s, want the answer relayed as sent", status, out)
+	}
+	if run.SettleSource.String != holds.SourceComplete || run.InTok != 90+210+310 || run.OutTok != 3*16 || !run.Estimated {
+		t.Errorf("run settled by %q in=%d out=%d estimated=%v, want complete charged 610 in and 48 out (every answer's report, summed), estimated",
+			run.SettleSource.String, run.InTok, run.OutTok, run.Estimated)
+	}
+}
