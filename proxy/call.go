@@ -136,7 +136,8 @@ func (s *Server) serveCall(rt *route) http.HandlerFunc {
 		w.Header().Set(RequestIDHeader, runID)
 		// Lazy: most calls log nothing, and encoding the fields up front was 2 % of the
 		// gateway's CPU under load.
-		callLog := s.log.WithLazy(zap.Uint64("user_id", user.ID), zap.String("route", rt.path), zap.String("request_id", runID))
+		callLog := s.log.WithLazy(append([]zap.Field{zap.Uint64("user_id", user.ID), zap.String("route", rt.path),
+			zap.String("request_id", runID)}, askedRunField(r.Header)...)...)
 		if !s.calls.enter() {
 			e := errShuttingDown
 			ids, idsErr := parseCallIDs(r.Header)
@@ -654,6 +655,19 @@ func parseCallIDs(h http.Header) (callIDs, *apiError) {
 		return ids, errBadRequest("invalid_session_id", "X-Session-Id must be 1-64 characters of A-Z a-z 0-9 . _ : -")
 	}
 	return ids, nil
+}
+
+// askedRunField is the name a named run's call sent (X-Run-Id) as asked_id, the field the
+// settle route logs it by: its run_id is the gateway's hash of the user and that name, and an
+// operator quoted "run agent:42 failed" finds the run's call lines by the name alone. A valid
+// name is at most 64 characters (clientRunIDPattern); one refused as invalid is quoted up to
+// maxLoggedBytes, as the settle route quotes an id it could not look up. A plain call has none.
+func askedRunField(h http.Header) []zap.Field {
+	name := h.Get("X-Run-Id")
+	if name == "" {
+		return nil
+	}
+	return []zap.Field{zap.String("asked_id", logged(name))}
 }
 
 // callRunID is the run a call's refusals before admission name (ids and idsErr: its headers,

@@ -254,3 +254,50 @@ func TestWrongKeyLogLineDoesNotQuoteAHugePath(t *testing.T) {
 		}
 	}
 }
+
+// TestNamedRunCallLinesCarryTheAskedName: a named run's call lines named the run by its hash
+// (run_id, x_…) alone, so an operator told "run agent:42 failed" could not find them; the
+// settle route logs the name as asked_id, and so do they now, before admission (a bad body)
+// and after (a call on the settled run). A plain call's lines have none, and an invalid name,
+// refused, is quoted bounded.
+func TestNamedRunCallLinesCarryTheAskedName(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, nil)
+	_, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "agent:42"}
+	refusedLine := func(body string, hdr map[string]string, status int) map[string]any {
+		t.Helper()
+		logs.TakeAll()
+		resp := h.post(key, "/v1/chat/completions", body, hdr)
+		readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != status {
+			t.Fatalf("%v: %d, want %d", hdr, resp.StatusCode, status)
+		}
+		refused := logs.FilterMessage("request refused").All()
+		if len(refused) != 1 {
+			t.Fatalf("%v: %d 'request refused' lines, want 1", hdr, len(refused))
+		}
+		return refused[0].ContextMap()
+	}
+	if f := refusedLine(`{"model":`, run, http.StatusBadRequest); f["asked_id"] != "agent:42" {
+		t.Errorf("named run's call refused for its body logged asked_id %v, want agent:42", f["asked_id"])
+	}
+	first := h.post(key, "/v1/chat/completions", chatBody, run)
+	readAll(t, first.Body)
+	first.Body.Close()
+	if status, body := h.settleRun(key, "agent:42"); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	if f := refusedLine(chatBody, run, http.StatusConflict); f["asked_id"] != "agent:42" || f["run_id"] != first.Header.Get("X-Tollgate-Run-Id") {
+		t.Errorf("call on the settled run logged asked_id %v run_id %v, want agent:42 and its run", f["asked_id"], f["run_id"])
+	}
+	if f := refusedLine(`{"model":`, nil, http.StatusBadRequest); f["asked_id"] != nil {
+		t.Errorf("plain call logged asked_id %v", f["asked_id"])
+	}
+	long := strings.Repeat("n", 4000)
+	f := refusedLine(chatBody, map[string]string{"X-Run-Id": long}, http.StatusBadRequest)
+	if asked, _ := f["asked_id"].(string); asked == "" || len(asked) > 512 {
+		t.Errorf("invalid run name quoted %d bytes, want its start, at most 512", len(asked))
+	}
+}
