@@ -56,6 +56,13 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 		writeError(w, e)
 		return e.Status
 	}
+	// Refused once the drain began, as a model call is (serveCall), before its body is read: a
+	// count let in then would spend the operator's request quota at the provider for an answer
+	// the exiting process may cut. It holds nothing, so the drain does not wait for one let in
+	// before (the listener's shutdown does, for shutdown_timeout).
+	if s.calls.isClosed() {
+		return refuse(errShuttingDown, "shutting down")
+	}
 	if aerr := checkContentEncoding(r.Header); aerr != nil {
 		return refuse(aerr, "content encoding")
 	}

@@ -429,3 +429,32 @@ func TestCountTokensGatewayWordedAnswersKeepTheProviderRequestID(t *testing.T) {
 		})
 	}
 }
+
+// TestCountTokensRefusedWhileDraining: once the drain began, a model call is refused 503
+// shutting_down before anything is done, but a token count was still forwarded, spending the
+// operator's quota at the provider for an answer the exiting process may cut. It is refused
+// alike now, its line and metric naming the refusal, and nothing reaches the upstream.
+func TestCountTokensRefusedWhileDraining(t *testing.T) {
+	u := &countUpstream{}
+	h := countHarness(t, u)
+	_, key := h.user("standard")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.srv.Drain(ctx); err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[]}`, map[string]string{"X-Api-Key": key})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"shutting_down"`) ||
+		resp.Header.Get("Retry-After") != "1" || resp.Header.Get(proxy.RequestIDHeader) == "" {
+		t.Fatalf("count while draining: %d %s (Retry-After %q), want 503 shutting_down with Retry-After: 1 and a request id",
+			resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+	if len(u.seen) != 0 {
+		t.Fatalf("upstream saw %d counts sent while draining", len(u.seen))
+	}
+	if got := h.metric(`tollgate_requests_total{code="503",route="/v1/messages/count_tokens"}`); got != "1" {
+		t.Errorf("refused count counted %q, want 1", got)
+	}
+}

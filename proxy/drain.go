@@ -61,6 +61,14 @@ func (f *inFlight) close() {
 	f.mu.Unlock()
 }
 
+// isClosed reports whether close was called: work that is not counted in (a token count, which
+// holds nothing for the drain to wait for) is refused by it as counted work is by enter.
+func (f *inFlight) isClosed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.closed
+}
+
 // wait returns when no work is in, or with ctx's error when ctx ends first. Before close, work
 // entering while it waits is waited for too, as long as the count has not reached zero.
 func (f *inFlight) wait(ctx context.Context) error {
