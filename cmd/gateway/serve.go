@@ -561,24 +561,31 @@ func servePprof(addr string, log *zap.Logger) error {
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return fmt.Errorf("-pprof %s: only a loopback address is allowed", addr)
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("-pprof %s: %w", addr, err)
 	}
 	log.Info("pprof listening", zap.String("addr", ln.Addr().String()))
-	// No write timeout: a CPU profile or a trace is written after its whole ?seconds= window.
-	ps := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	ps := newPprofServer(log)
 	go func() {
 		if err := ps.Serve(ln); err != nil {
 			log.Warn("pprof stopped serving", zap.Error(err))
 		}
 	}()
 	return nil
+}
+
+// newPprofServer is the profiler's http.Server: the public listener's bounds (newHTTPServer,
+// which sets no write timeout: a CPU profile or a trace is written after its whole ?seconds=
+// window), and net/http's own lines in log as JSON, as the public listener's are. Without an
+// ErrorLog they went to stderr as plain text, which a log pipeline reading JSON lines drops.
+func newPprofServer(log *zap.Logger) *http.Server {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return newHTTPServer(mux, log)
 }
 
 // plansCheckTimeout bounds warnUsersOnUnconfiguredPlans's scan of users: a check, not a gate.
