@@ -60,6 +60,11 @@ type call struct {
 	// have landed): a settlement that finds more (usage reported after a stream's final event)
 	// sets the call's tally again, as a failed write is (finishPlainCall).
 	talliedAs *holds.Settlement
+	// tallyWrites counts a plain call's tally writes sent (tallyWithFingerprint, tallyCall):
+	// each carries the next number, so that one that reaches Redis late, after a later one,
+	// does not overwrite it (runstate.Tally.RecordCallWith). Written by one goroutine at a
+	// time: the relay's, then finishPlainCall's tally.
+	tallyWrites int64
 	// recorded: this call of a named run has been recorded on its run's row (recordRunCall).
 	// A record that failed leaves it false, to be sent again (retryRunCallEnd): the row counts
 	// a call once however often its record is sent.

@@ -807,7 +807,7 @@ func TestCallThatUsedNothingLeavesZeroTally(t *testing.T) {
 // write would keep the call unsettled until the gate opens.) Shutdown still waits for the
 // tally, which it would otherwise cut off by closing Redis.
 func TestSettlementDoesNotWaitForTally(t *testing.T) {
-	gate := newWriteGate("hset") // the call's figures, set (RecordCallWith); go-redis sends command names in lower case
+	gate := newWriteGate("write_seq") // the call's figures, set (RecordCallWith's script, which names its seq field)
 	h := newHarnessOn(t, harnessSetup{tallyDialer: gate.dial}, nil)
 	t.Cleanup(gate.open) // before the harness's cleanup, which waits for the tally
 	u, key := h.user("standard")

@@ -141,8 +141,9 @@ func (s *Server) giveFingerprintBack(ctx context.Context, c *call, key string) {
 //
 // One attempt of this round trip; a tally that failed is tried again beside the settlement
 // (finishPlainCall), its figures set, not added (runstate.Tally.RecordCallWith), so a write
-// that landed unanswered, or lands late, still counts the call once. Safe to call more than
-// once.
+// that landed unanswered, or lands late, still counts the call once, and, numbered
+// (c.tallyWrites), one that lands after a later write leaves that write's figures. Safe to call
+// more than once.
 func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Settlement) {
 	if c.fpKey == "" || !s.tally.JoinsAdd(s.dedupRDB, c.runID, c.fpKey) {
 		return
@@ -151,13 +152,9 @@ func (s *Server) tallyWithFingerprint(ctx context.Context, c *call, st holds.Set
 	c.fpKey = ""
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimReleaseTimeout)
 	defer cancel()
-	snapshot := s.billedSnapshot(ctx, c, st)
-	err := s.tally.RecordCallWith(ctx, c.runID, st.Usage, st.CostMicro, st.Estimated, func(p redis.Pipeliner) {
-		endScript.Eval(ctx, p, []string{key}, c.runID)
-		if snapshot != nil {
-			snapshot(p)
-		}
-	})
+	c.tallyWrites++
+	err := s.tally.RecordCallWith(ctx, c.runID, c.tallyWrites, st.Usage, st.CostMicro, st.Estimated, s.billedPrices(c, st),
+		func(p redis.Pipeliner) { endScript.Eval(ctx, p, []string{key}, c.runID) })
 	if err != nil {
 		s.tallyFailed(c, st, err)
 		// The tally is tried again beside the settlement (finishPlainCall). The

@@ -226,7 +226,7 @@ func postThroughStall(t *testing.T, h *harness, key, idem, marker string, began 
 // event before the end: that event must not wait for it. (Held unflushed behind the end's
 // round trips, it reached the caller only once Redis answered, up to their bounds.)
 func TestEventsBeforeTheEndDoNotWaitForItsRedisWork(t *testing.T) {
-	redisGate := newWriteGate("hset") // the end's tally (its figures set); go-redis sends command names in lower case
+	redisGate := newWriteGate("write_seq") // the end's tally (its figures set by a script that names its seq field)
 	t.Cleanup(redisGate.open)
 	upstreamGate := make(chan struct{})
 	var once sync.Once

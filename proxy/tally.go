@@ -5,8 +5,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/pricing"
 	"go.uber.org/zap"
@@ -66,10 +64,13 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		err = s.tally.MarkUnused(tctx, c.runID)
 	case !c.inRun:
 		// Its figures set, not added: a try again after a failed one, which may have landed
-		// unanswered or land late, counts the call once (tallyPlainCall).
-		err = s.tally.RecordCallWith(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated, s.billedSnapshot(tctx, c, st))
+		// unanswered or land late, counts the call once (tallyPlainCall); numbered, so that
+		// an earlier one landing late does not undo it.
+		c.tallyWrites++
+		err = s.tally.RecordCallWith(tctx, c.runID, c.tallyWrites, st.Usage, st.CostMicro, st.Estimated, s.billedPrices(c, st), nil)
 	default:
-		err = s.tally.AddWith(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated, s.billedSnapshot(tctx, c, st))
+		// A named run's one snapshot, its hold's, stands for all its calls: none with the tally.
+		err = s.tally.AddWith(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated, nil)
 	}
 	if err != nil {
 		s.tallyFailed(c, st, err)
@@ -81,19 +82,6 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		c.log.Info("run tally written on a later try")
 	}
 	return true
-}
-
-// billedSnapshot queues, with a one-call run's tally, the prices its call was billed at when
-// they are not those its hold recorded at admission (another model answered it; an estimate
-// of a prompt marked for the cache): the reconciler settling the run from its tally records
-// them. nil, nothing to queue, otherwise, and for a named run, whose one snapshot stands for
-// all its calls.
-func (s *Server) billedSnapshot(ctx context.Context, c *call, st holds.Settlement) func(redis.Pipeliner) {
-	prices := s.billedPrices(c, st)
-	if prices == nil {
-		return nil
-	}
-	return func(p redis.Pipeliner) { s.tally.QueueSnapshot(ctx, p, c.runID, prices) }
 }
 
 // billedPrices is what a one-call run's tally says of the prices st bills its call at: st's

@@ -137,11 +137,12 @@ func (failTallyPipeline) DialHook(next redis.DialHook) redis.DialHook          {
 func (failTallyPipeline) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (failTallyPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		names := map[string]bool{}
+		names := make([]string, 0, len(cmds))
 		for _, c := range cmds {
-			names[c.Name()] = true
+			names = append(names, c.Name())
 		}
-		if names["hset"] && (names["eval"] || names["evalsha"]) {
+		// The tally's script and the fingerprint's.
+		if countEvals(names) >= 2 {
 			err := errors.New("tally write refused by the test")
 			for _, c := range cmds {
 				c.SetErr(err)

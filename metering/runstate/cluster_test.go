@@ -167,6 +167,14 @@ func runStateOps(t *testing.T, rdb redis.UniversalClient, keys runstate.Keys) {
 	if !found || got != want {
 		t.Fatalf("tally %+v (found %v), want %+v", got, found, want)
 	}
+	recorded := "r_00000000000000000000000000000003"
+	must("RecordCallWith", tally.RecordCallWith(ctx, recorded, 2, pricing.Usage{Input: 3}, 30, false, []byte(`{"m":3}`), nil))
+	must("RecordCallWith, an earlier write late", tally.RecordCallWith(ctx, recorded, 1, pricing.Usage{Input: 1}, 10, true, nil, nil))
+	got, found, err = tally.Get(ctx, recorded)
+	must("Get", err)
+	if want := (runstate.Tallied{Usage: pricing.Usage{Input: 3}, CostMicro: 30, Calls: 1, PriceSnapshot: `{"m":3}`}); !found || got != want {
+		t.Fatalf("one-call run's tally %+v (found %v), want %+v", got, found, want)
+	}
 	must("MarkUnused", tally.MarkUnused(ctx, "r_00000000000000000000000000000002"))
 	must("MarkRefused", tally.MarkRefused(ctx, plain, "tok"))
 	if ok, err := tally.Refused(ctx, plain, "tok"); err != nil || !ok {

@@ -46,39 +46,100 @@ func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicr
 // commands alone, the tally then written: a caller that would write the tally again on an
 // error must not use it.
 func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool, with func(redis.Pipeliner)) error {
-	return t.writeCall(ctx, runID, u, costMicro, estimated, with, false)
+	return t.writeCall(ctx, runID, u, costMicro, estimated, with)
 }
 
 // RecordCallWith is AddWith for a run of one call (a call that is no named run's): it sets the
-// call's figures rather than adding them (integers still: one HSET, on a tally emptied first in
-// the same MULTI/EXEC), so that the write sent again — a try after a failed one, which may have
-// landed unanswered, or reaches Redis late, after the try that followed it — counts the call
-// once whichever lands last, and holds that write's figures alone: a figure that write leaves
-// out as 0 (its estimated mark, a part of the totals) or prices it does not carry
-// (QueueSnapshot) are not the earlier write's, left standing. A call's tally
-// that fails is so tried again until the call's settlement commits: written once and given up,
-// a call whose settlement failed too (the database out of reach) was charged its hold by the
-// reconciler, though Redis was back long before. Only for a run whose one call is its one
-// writer of figures (a zero tally, MarkUnused, adds none; a correction, Correct, goes on top of
-// a write that landed).
-func (t *Tally) RecordCallWith(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool, with func(redis.Pipeliner)) error {
-	return t.writeCall(ctx, runID, u, costMicro, estimated, with, true)
-}
-
-// writeCall sends one call's tally write, with's commands ahead of it in the same MULTI/EXEC:
-// its figures added (AddWith), or set (RecordCallWith).
-func (t *Tally) writeCall(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool,
-	with func(redis.Pipeliner), set bool) error {
+// call's figures rather than adding them (integers still: one script that empties the tally and
+// writes them in one HSET), so that the write sent again — a try after a failed one, which may
+// have landed unanswered, or reaches Redis late, after the try that followed it — counts the
+// call once whichever lands last, and holds that write's figures alone: a figure that write
+// leaves out as 0 (its estimated mark, a part of the totals) or prices it does not carry
+// (snapshot, empty for none: see QueueSnapshot) are not the earlier write's, left standing.
+//
+// seq is the write's place among its call's writes (1, 2, ...; each try a number of its own):
+// the tally keeps it (recordSeqField), and a write whose seq is not above the kept one changes
+// nothing. A write that reaches Redis late, after a later one (its MULTI/EXEC held up in the
+// network past the client's read timeout), thus cannot put back the figures the later one
+// replaced: the final event's, say, over a usage report's that came after it, from which the
+// reconciler then settled the call should its settlement fail too. The test is in the script,
+// in the same round trip, not a read ahead of it.
+//
+// A call's tally that fails is so tried again until the call's settlement commits: written once
+// and given up, a call whose settlement failed too (the database out of reach) was charged its
+// hold by the reconciler, though Redis was back long before. Only for a run whose one call is
+// its one writer of figures (a zero tally, MarkUnused, adds none), and with's commands must not
+// write the tally: the script empties it after them.
+func (t *Tally) RecordCallWith(ctx context.Context, runID string, seq int64, u pricing.Usage, costMicro int64, estimated bool,
+	snapshot []byte, with func(redis.Pipeliner)) error {
+	if seq <= 0 {
+		panic(fmt.Sprintf("runstate: a call's tally write numbered %d", seq))
+	}
 	key := t.keys.Usage(runID)
+	args := append([]any{t.ttl.Milliseconds(), seq}, recordValues(u, costMicro, estimated, snapshot)...)
 	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		if set {
-			// Ahead of with's commands: with may write the tally's prices (QueueSnapshot).
-			p.Del(ctx, key)
-		}
 		if with != nil {
 			with(p)
 		}
-		t.queueCall(ctx, p, key, u, costMicro, estimated, set)
+		p.Eval(ctx, recordCallLua, []string{key}, args...)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("tally %s (write %d): %w", runID, seq, err)
+	}
+	return nil
+}
+
+// recordSeqField holds the seq of the last of a one-call run's writes the tally took
+// (RecordCallWith). Not a figure: Get does not read it.
+const recordSeqField = "write_seq"
+
+// recordCallLua: KEYS usage; ARGV tally ttl ms, the write's seq, then the tally's field-value
+// pairs (recordValues). Unless the tally holds a write of a seq as high, empties it and sets
+// the pairs and the seq; returns 1 if it did. A tally that is no hash, or whose seq is no
+// number (written by hand, or by a gateway of before the seqs), is overwritten, as an HSET on
+// an emptied key was. Kept short and plain: it goes whole with every plain call's tally (EVAL
+// in a MULTI/EXEC, where an EVALSHA the server lacks fails alone, after the commands beside it
+// ran), and it runs on the final event's path.
+var recordCallLua = `
+local held = tonumber(redis.pcall('HGET', KEYS[1], '` + recordSeqField + `'))
+if held and held >= tonumber(ARGV[2]) then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], '` + recordSeqField + `', ARGV[2], unpack(ARGV, 3))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1`
+
+// recordValues are a one-call run's tally as field-value pairs: its figures (a figure of 0 past
+// the ones always written left out), one call, and the prices when there are some.
+func recordValues(u pricing.Usage, costMicro int64, estimated bool, snapshot []byte) []any {
+	var est int64
+	if estimated {
+		est = 1
+	}
+	values := make([]any, 0, 2*(len(usageFields)+2))
+	for i, n := range usageArgs(u, costMicro, est) {
+		if i >= alwaysWritten && n.(int64) == 0 {
+			continue
+		}
+		values = append(values, usageFields[i], n)
+	}
+	values = append(values, "calls", 1)
+	if len(snapshot) > 0 {
+		values = append(values, snapshotField, snapshot)
+	}
+	return values
+}
+
+// writeCall sends one call's tally write, its figures added, with's commands ahead of it in the
+// same MULTI/EXEC (AddWith).
+func (t *Tally) writeCall(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool,
+	with func(redis.Pipeliner)) error {
+	key := t.keys.Usage(runID)
+	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		if with != nil {
+			with(p)
+		}
+		t.queueCall(ctx, p, key, u, costMicro, estimated)
 		return nil
 	})
 	if err != nil {
@@ -270,32 +331,20 @@ func (t *Tally) JoinsAdd(rdb redis.UniversalClient, runID string, keys ...string
 	return t.rdb == rdb && oneTransaction(rdb, append([]string{t.keys.Usage(runID)}, keys...)...)
 }
 
-// queueCall queues one call's tally write (integers: no float drift) and the TTL: its figures
-// added, one HINCRBY each, or, set, written in one HSET on a tally writeCall has emptied (a run
-// of one call, RecordCallWith). A figure of 0 past the ones always written is left out.
-func (t *Tally) queueCall(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated, set bool) {
+// queueCall queues one call's tally write, its figures added, one HINCRBY each (integers: no
+// float drift), and the TTL. A figure of 0 past the ones always written is left out.
+func (t *Tally) queueCall(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated bool) {
 	var est int64
 	if estimated {
 		est = 1
 	}
-	var values []any // set's field-value pairs
-	if set {
-		values = make([]any, 0, 2*(len(usageFields)+1))
-	}
 	for i, n := range usageArgs(u, costMicro, est) {
-		switch {
-		case i >= alwaysWritten && n.(int64) == 0:
-		case set:
-			values = append(values, usageFields[i], n)
-		default:
-			p.HIncrBy(ctx, key, usageFields[i], n.(int64))
+		if i >= alwaysWritten && n.(int64) == 0 {
+			continue
 		}
+		p.HIncrBy(ctx, key, usageFields[i], n.(int64))
 	}
-	if set {
-		p.HSet(ctx, key, append(values, "calls", 1)...)
-	} else {
-		p.HIncrBy(ctx, key, "calls", 1)
-	}
+	p.HIncrBy(ctx, key, "calls", 1)
 	p.Expire(ctx, key, t.ttl)
 }
 
