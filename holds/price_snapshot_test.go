@@ -4,8 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -63,7 +61,7 @@ func TestReconcilerSnapshotsARunAdmittedWithoutPrices(t *testing.T) {
 }
 
 // TestReconcilerSettlesATallyWhosePricesAreNoJSON: a one-call run's tally carries the prices
-// its call was billed at when another model answered it (runstate.Tally.QueueSnapshot), which
+// its call was billed at when another model answered it (runstate.Tally.RecordCallWith), which
 // the reconciler records on the settled row. The tally is Redis's word (TallyBelievable): a
 // snapshot that is no JSON (a hand edit, a gateway of another version writing it otherwise)
 // is refused by the row's JSON column, and the settlement failed on every pass until the
@@ -78,9 +76,8 @@ func TestReconcilerSettlesATallyWhosePricesAreNoJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.tally.AddWith(e.ctx(), h.RunID, pricing.Usage{Input: 1000, Output: 1000}, 3_000, false, func(p redis.Pipeliner) {
-		e.tally.QueueSnapshot(e.ctx(), p, h.RunID, []byte(`{"model":"fake-gpt-dear",`))
-	}); err != nil {
+	if err := e.tally.RecordCallWith(e.ctx(), h.RunID, 1, pricing.Usage{Input: 1000, Output: 1000}, 3_000, false,
+		[]byte(`{"model":"fake-gpt-dear",`), nil); err != nil {
 		t.Fatal(err)
 	}
 	e.expire(h.RunID)

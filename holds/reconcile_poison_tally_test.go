@@ -7,18 +7,16 @@ import (
 	"github.com/tollgate/tollgate/pricing"
 )
 
-// TestReconcileTallyWithNegativeFiguresDoesNotPanic: a one-call run's tally is written before
-// its answer's end (tallyWithFingerprint) and corrected after it by what the settlement found
-// (Tally.Correct), which may be negative (a later usage report replaces an earlier one). If
-// Redis lost the first write meanwhile (a restart, a failover to a replica it had not reached)
-// and the process then dies before its settlement commits, the tally holds the negative
-// correction alone. The reconciler must not hand that to the store, whose writer panics on a
-// negative cost: in the reconciler's goroutine that took the whole gateway down, and every
-// process that took the lock after it, on every pass, for as long as the tally lives.
-// Its cost alone may be negative too (a correction that lowered only the cost, its tokens all
-// zero): no record of what the run used either. So is a negative part of a total (one-hour
-// cache writes, audio in or out) beside a cost that is not: the check left those out, and such
-// a run was settled from its tally with the negative count recorded on its row.
+// TestReconcileTallyWithNegativeFiguresDoesNotPanic: a tally with a negative figure — left by a
+// gateway of before the one-call tally was set whole (its correction, added after the answer's
+// end, could be negative, and stood alone once Redis lost the first write), or written by hand —
+// is no record of what the run used. The reconciler must not hand it to the store, whose writer
+// panics on a negative cost: in the reconciler's goroutine that took the whole gateway down, and
+// every process that took the lock after it, on every pass, for as long as the tally lives.
+// Its cost alone may be negative too (its tokens all zero): no record of what the run used
+// either. So is a negative part of a total (one-hour cache writes, audio in or out) beside a
+// cost that is not: the check left those out, and such a run was settled from its tally with
+// the negative count recorded on its row.
 func TestReconcileTallyWithNegativeFiguresDoesNotPanic(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -39,12 +37,7 @@ func TestReconcileTallyWithNegativeFiguresDoesNotPanic(t *testing.T) {
 			e := newStoreEnv(t)
 			u := e.user("negtally", 3, nil)
 			h := e.admit(u, "r_neg_tally", holds.StateRunning)
-			// The tally the correction lands on: Correct adds only to a tally that exists, so
-			// without one the test met no tally at all and held whatever the check did.
-			if err := e.tally.MarkUnused(e.ctx(), h.RunID); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.tally.Correct(e.ctx(), h.RunID, tc.usage, tc.cost, 0); err != nil {
+			if err := e.tally.Add(e.ctx(), h.RunID, tc.usage, tc.cost, false); err != nil {
 				t.Fatal(err)
 			}
 			e.expire(h.RunID)

@@ -70,7 +70,7 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		err = s.tally.RecordCallWith(tctx, c.runID, c.tallyWrites, st.Usage, st.CostMicro, st.Estimated, s.billedPrices(c, st), nil)
 	default:
 		// A named run's one snapshot, its hold's, stands for all its calls: none with the tally.
-		err = s.tally.AddWith(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated, nil)
+		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated)
 	}
 	if err != nil {
 		s.tallyFailed(c, st, err)

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
@@ -27,9 +25,7 @@ func TestTallySourceCarriesTheTally(t *testing.T) {
 		t.Fatal(err)
 	}
 	billed := []byte(`{"model":"dearer","input":2}`)
-	if err := tally.AddWith(ctx, "r_answered", pricing.Usage{Input: 10}, 20, false, func(p redis.Pipeliner) {
-		tally.QueueSnapshot(ctx, p, "r_answered", billed)
-	}); err != nil {
+	if err := tally.RecordCallWith(ctx, "r_answered", 1, pricing.Usage{Input: 10}, 20, false, billed, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := tally.Add(ctx, "r_estimated", pricing.Usage{Input: 10}, 300, false); err != nil {

@@ -55,7 +55,7 @@ var multiKeyOps = map[string]func(k runstate.Keys, run, call string) []string{
 	"Leases.Release (leaseReleaseLua)": func(k runstate.Keys, run, _ string) []string {
 		return []string{k.Lease(run), k.LeaseReleased(run)}
 	},
-	"Tally.AddWith with QueueSnapshot": func(k runstate.Keys, run, _ string) []string {
+	"Tally.RecordCallWith (recordCallLua)": func(k runstate.Keys, run, _ string) []string {
 		return []string{k.Usage(run), k.Usage(run)}
 	},
 }
@@ -109,7 +109,7 @@ func TestRunStateOnARealCluster(t *testing.T) {
 }
 
 // TestTallyJoinsAddOnlyInItsSlotOnACluster: a command may ride in a tally's MULTI/EXEC
-// (AddWith) on one server whatever its key; on a Cluster client only in the run's slot — the
+// (RecordCallWith) on one server whatever its key; on a Cluster client only in the run's slot — the
 // user's fingerprint key is in another, and the transaction was refused whole.
 func TestTallyJoinsAddOnlyInItsSlotOnACluster(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
@@ -131,9 +131,9 @@ func TestTallyJoinsAddOnlyInItsSlotOnACluster(t *testing.T) {
 		t.Error("Cluster: the run's own keys may ride in its tally transaction")
 	}
 	// What JoinsAdd refuses is what the Cluster client refuses.
-	err := cluster.AddWith(context.Background(), run, pricing.Usage{Input: 1}, 1, false, func(p redis.Pipeliner) { p.Del(context.Background(), fp) })
+	err := cluster.RecordCallWith(context.Background(), run, 1, pricing.Usage{Input: 1}, 1, false, nil, func(p redis.Pipeliner) { p.Del(context.Background(), fp) })
 	if !errors.Is(err, redis.ErrCrossSlot) {
-		t.Fatalf("cross-slot AddWith on a Cluster client: %v, want ErrCrossSlot", err)
+		t.Fatalf("cross-slot RecordCallWith on a Cluster client: %v, want ErrCrossSlot", err)
 	}
 }
 
@@ -156,14 +156,10 @@ func runStateOps(t *testing.T, rdb redis.UniversalClient, keys runstate.Keys) {
 	tally := runstate.NewTally(rdb, keys, time.Hour)
 	const plain, named, other = clusterPlainRun, clusterNamedRun, clusterOtherRun
 	must("Add", tally.Add(ctx, plain, pricing.Usage{Input: 10, Output: 5}, 100, false))
-	must("AddWith", tally.AddWith(ctx, plain, pricing.Usage{Input: 1}, 10, true, func(p redis.Pipeliner) {
-		tally.QueueSnapshot(ctx, p, plain, []byte(`{"m":1}`))
-	}))
-	must("Correct", tally.Correct(ctx, plain, pricing.Usage{Output: 2}, 20, 0))
-	must("CorrectPrices", tally.CorrectPrices(ctx, plain, pricing.Usage{}, 0, -1, []byte(`{"m":2}`)))
+	must("Add", tally.Add(ctx, plain, pricing.Usage{Input: 1, Output: 2}, 30, false))
 	got, found, err := tally.Get(ctx, plain)
 	must("Get", err)
-	want := runstate.Tallied{Usage: pricing.Usage{Input: 11, Output: 7}, CostMicro: 130, Calls: 2, PriceSnapshot: `{"m":2}`}
+	want := runstate.Tallied{Usage: pricing.Usage{Input: 11, Output: 7}, CostMicro: 130, Calls: 2}
 	if !found || got != want {
 		t.Fatalf("tally %+v (found %v), want %+v", got, found, want)
 	}

@@ -34,28 +34,37 @@ func NewTally(rdb redis.UniversalClient, keys Keys, ttl time.Duration) *Tally {
 // Add records one call in one MULTI/EXEC: integer HINCRBYs (no float drift) and the TTL, so
 // a reader never sees half a call. estimated says the call was charged the gateway's estimate
 // (no usage report): the reconciler that settles the run from this tally marks the run so, as
-// the call's own settlement would have.
+// the call's own settlement would have. A figure of 0 past the ones always written is left out.
 func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool) error {
-	return t.AddWith(ctx, runID, u, costMicro, estimated, nil)
+	key := t.keys.Usage(runID)
+	var est int64
+	if estimated {
+		est = 1
+	}
+	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for i, n := range usageArgs(u, costMicro, est) {
+			if i >= alwaysWritten && n.(int64) == 0 {
+				continue
+			}
+			p.HIncrBy(ctx, key, usageFields[i], n.(int64))
+		}
+		p.HIncrBy(ctx, key, "calls", 1)
+		p.Expire(ctx, key, t.ttl)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("tally %s: %w", runID, err)
+	}
+	return nil
 }
 
-// AddWith is Add with the commands queued by with sent ahead in the same round trip (and the
-// same MULTI/EXEC: Redis runs them together): a caller with another write due at that moment
-// saves a round trip. Only for commands whose keys JoinsAdd accepts: a Cluster client refuses
-// a MULTI/EXEC across hash slots whole, the tally with it. An error may be one of with's
-// commands alone, the tally then written: a caller that would write the tally again on an
-// error must not use it.
-func (t *Tally) AddWith(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool, with func(redis.Pipeliner)) error {
-	return t.writeCall(ctx, runID, u, costMicro, estimated, with)
-}
-
-// RecordCallWith is AddWith for a run of one call (a call that is no named run's): it sets the
+// RecordCallWith is Add for a run of one call (a call that is no named run's): it sets the
 // call's figures rather than adding them (integers still: one script that empties the tally and
 // writes them in one HSET), so that the write sent again — a try after a failed one, which may
 // have landed unanswered, or reaches Redis late, after the try that followed it — counts the
 // call once whichever lands last, and holds that write's figures alone: a figure that write
 // leaves out as 0 (its estimated mark, a part of the totals) or prices it does not carry
-// (snapshot, empty for none: see QueueSnapshot) are not the earlier write's, left standing.
+// (snapshot, empty for none) are not the earlier write's, left standing.
 //
 // seq is the write's place among its call's writes (1, 2, ...; each try a number of its own):
 // the tally keeps it (recordSeqField), and a write whose seq is not above the kept one changes
@@ -130,69 +139,6 @@ func recordValues(u pricing.Usage, costMicro int64, estimated bool, snapshot []b
 	return values
 }
 
-// writeCall sends one call's tally write, its figures added, with's commands ahead of it in the
-// same MULTI/EXEC (AddWith).
-func (t *Tally) writeCall(ctx context.Context, runID string, u pricing.Usage, costMicro int64, estimated bool,
-	with func(redis.Pipeliner)) error {
-	key := t.keys.Usage(runID)
-	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		if with != nil {
-			with(p)
-		}
-		t.queueCall(ctx, p, key, u, costMicro, estimated)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("tally %s: %w", runID, err)
-	}
-	return nil
-}
-
-// Correct adds du and dc (either may be negative) to a call's figures already in the run's
-// tally, without counting another call: what a call's settlement found beyond what was
-// tallied for it earlier. dEst (-1, 0 or 1) moves the call's estimated mark: a usage report
-// after the tallied event replaces an estimate, and its loss makes one. Only to a tally that
-// is there: if Redis lost the earlier write (a restart, a failover to a replica it had not
-// reached), the correction alone is no record of what the run used — written, it made a tally
-// of the difference (negative when a later usage report was smaller), from which the
-// reconciler settled the run at that difference instead of charging what it held (DESIGN §5:
-// usage lost).
-//
-// The script goes in a MULTI/EXEC, as Add's increments do: go-redis resends a lone command
-// whose reply timed out, and a correction applied twice is counted twice.
-func (t *Tally) Correct(ctx context.Context, runID string, du pricing.Usage, dc, dEst int64) error {
-	return t.correct(ctx, runID, du, dc, dEst, "keep", nil)
-}
-
-// CorrectPrices is Correct that also replaces the prices the tally says its call was billed
-// at (QueueSnapshot) with snapshot, none when it is empty (the hold's own explain the cost):
-// the settlement may bill the call at other prices than its tally was written with (a usage
-// report after the final event replaces an estimate whose prompt was priced as written to the
-// cache), and the reconciler records the tally's prices beside its corrected cost.
-func (t *Tally) CorrectPrices(ctx context.Context, runID string, du pricing.Usage, dc, dEst int64, snapshot []byte) error {
-	if len(snapshot) == 0 {
-		return t.correct(ctx, runID, du, dc, dEst, "del", nil)
-	}
-	return t.correct(ctx, runID, du, dc, dEst, "set", snapshot)
-}
-
-func (t *Tally) correct(ctx context.Context, runID string, du pricing.Usage, dc, dEst int64, prices string, snapshot []byte) error {
-	if dEst < -1 || dEst > 1 {
-		panic(fmt.Sprintf("runstate: estimated mark moved by %d", dEst))
-	}
-	key := t.keys.Usage(runID)
-	args := append([]any{t.ttl.Milliseconds()}, usageArgs(du, dc, dEst)...)
-	args = append(args, prices, snapshot)
-	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Eval(ctx, correctLua, []string{key}, args...)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("correct tally %s: %w", runID, err)
-	}
-	return nil
-}
-
 // MarkUnused records that a run used nothing, as evidence for the reconciler: a run with a
 // tally is settled by it (here at 0), one without is charged what it held.
 func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
@@ -254,16 +200,9 @@ type Tallied struct {
 	EstimatedCalls int64
 	// PriceSnapshot is the snapshot of the prices a one-call run's call was billed at, when
 	// they are not those its hold recorded at admission (another model answered it):
-	// QueueSnapshot. "" when the hold's own explain its cost. A string, so that a Tallied
+	// RecordCallWith's snapshot. "" when the hold's own explain its cost. A string, so that a Tallied
 	// compares.
 	PriceSnapshot string
-}
-
-// QueueSnapshot queues in p (AddWith's with) the write of the prices a run's call was billed
-// at to its tally: a reconciler settling the run from the tally records them, where the hold's
-// own, of the model asked for, would not give its tokens' cost.
-func (t *Tally) QueueSnapshot(ctx context.Context, p redis.Pipeliner, runID string, snapshot []byte) {
-	p.HSet(ctx, t.keys.Usage(runID), snapshotField, snapshot)
 }
 
 // ErrTallyCorrupt is a tally that was read but is no record of usage: a field that is no
@@ -324,48 +263,17 @@ func isWrongType(err error) bool {
 	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "WRONGTYPE")
 }
 
-// JoinsAdd reports whether commands on keys through rdb may ride in AddWith's MULTI/EXEC for
+// JoinsAdd reports whether commands on keys through rdb may ride in RecordCallWith's MULTI/EXEC for
 // runID: the tally is written through rdb, and the keys may share a transaction with the
 // run's tally (oneTransaction: on a Cluster client, only in its hash slot).
 func (t *Tally) JoinsAdd(rdb redis.UniversalClient, runID string, keys ...string) bool {
 	return t.rdb == rdb && oneTransaction(rdb, append([]string{t.keys.Usage(runID)}, keys...)...)
 }
 
-// queueCall queues one call's tally write, its figures added, one HINCRBY each (integers: no
-// float drift), and the TTL. A figure of 0 past the ones always written is left out.
-func (t *Tally) queueCall(ctx context.Context, p redis.Pipeliner, key string, u pricing.Usage, costMicro int64, estimated bool) {
-	var est int64
-	if estimated {
-		est = 1
-	}
-	for i, n := range usageArgs(u, costMicro, est) {
-		if i >= alwaysWritten && n.(int64) == 0 {
-			continue
-		}
-		p.HIncrBy(ctx, key, usageFields[i], n.(int64))
-	}
-	p.HIncrBy(ctx, key, "calls", 1)
-	p.Expire(ctx, key, t.ttl)
-}
-
-// correctLua: KEYS usage; ARGV tally ttl ms, then usageArgs, then what becomes of the
-// tally's prices ("keep", "set" to the next argument, "del") and the prices. Adds to the
-// tally only if it exists; returns 1 if it did.
-var correctLua = `
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-` + usageLua(2) + `local prices = ARGV[` + strconv.Itoa(2+len(usageFields)) + `]
-if prices == 'set' then
-  redis.call('HSET', KEYS[1], '` + snapshotField + `', ARGV[` + strconv.Itoa(3+len(usageFields)) + `])
-elseif prices == 'del' then
-  redis.call('HDEL', KEYS[1], '` + snapshotField + `')
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-return 1`
-
 // usageFields are the figures one call adds to its run's tally hash, in usageArgs' order. The
 // first alwaysWritten are written by every call; the estimated mark and the parts of the
 // totals (one-hour cache writes, audio in and out) only when there is one to count, so a text
-// call's tally costs no more commands for them. One list, read by Add, Correct and the run
+// call's tally costs no more commands for them. One list, read by Add, RecordCallWith and the run
 // budget's Release alike, so that they cannot spell a field apart.
 var usageFields = [...]string{"in_tok", "cache_read_tok", "cache_write_tok", "out_tok", "cost_micro",
 	"est_calls", "cache_write_1h_tok", "audio_in_tok", "audio_out_tok"}

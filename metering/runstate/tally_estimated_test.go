@@ -11,9 +11,8 @@ import (
 
 // TestTallyCountsEstimatedCalls: a run the reconciler settles from its tally is marked
 // estimated when one of its calls was charged an estimate, as the call's own settlement would
-// have marked it. The mark is counted by every writer of a tally: a one-call run's (Add, and
-// Correct moving it when a later usage report replaces the estimate or its loss makes one)
-// and a named run's (Release).
+// have marked it. The mark is counted by every writer of a tally: a call's (Add), a one-call
+// run's (RecordCallWith, whose later write replaces it) and a named run's (Release).
 func TestTallyCountsEstimatedCalls(t *testing.T) {
 	e := newRunBudget(t)
 	ctx := context.Background()
@@ -34,20 +33,23 @@ func TestTallyCountsEstimatedCalls(t *testing.T) {
 	if n := estimated("r_est_add"); n != 1 {
 		t.Fatalf("an estimated call's tally counts %d estimated calls, want 1", n)
 	}
-	if err := tl.Correct(ctx, "r_est_add", pricing.Usage{Output: 5}, 50, -1); err != nil { // its usage came after all
-		t.Fatal(err)
-	}
-	if n := estimated("r_est_add"); n != 0 {
-		t.Fatalf("after the estimate was replaced by a report: %d estimated calls, want 0", n)
-	}
-	if err := tl.Correct(ctx, "r_est_add", pricing.Usage{}, 0, 1); err != nil {
-		t.Fatal(err)
-	}
 	if err := tl.Add(ctx, "r_est_add", u, 1_000, false); err != nil {
 		t.Fatal(err)
 	}
 	if n := estimated("r_est_add"); n != 1 {
-		t.Fatalf("after an estimate's mark came back and a reported call: %d estimated calls, want 1", n)
+		t.Fatalf("after a reported call too: %d estimated calls, want 1", n)
+	}
+	if err := tl.RecordCallWith(ctx, "r_est_recorded", 1, u, 1_000, true, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := estimated("r_est_recorded"); n != 1 {
+		t.Fatalf("a one-call run's estimated call counts %d estimated calls, want 1", n)
+	}
+	if err := tl.RecordCallWith(ctx, "r_est_recorded", 2, u, 1_000, false, nil, nil); err != nil { // its usage came after all
+		t.Fatal(err)
+	}
+	if n := estimated("r_est_recorded"); n != 0 {
+		t.Fatalf("after the estimate was replaced by a report: %d estimated calls, want 0", n)
 	}
 
 	if _, err := e.budget.Reserve(ctx, "r_est_named", "a", 100_000, 10_000, 1); err != nil {

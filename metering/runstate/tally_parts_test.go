@@ -13,8 +13,8 @@ import (
 // TestTallyKeepsUsageParts: the tally is what the reconciler settles a run from when its
 // process died before the settlement; it kept the token totals only, so such a run's one-hour
 // cache writes and audio tokens, which a provider's invoice lists apart, were lost from its
-// row and from the usage report. A one-call run's tally (Add), a named run's (Release) and a
-// correction (Correct) carry them; a text call's tally writes no field more than before.
+// row and from the usage report. A call's tally (Add, RecordCallWith) and a named run's
+// (Release) carry them; a text call's tally writes no field more than before.
 func TestTallyKeepsUsageParts(t *testing.T) {
 	e := newRunBudget(t)
 	ctx := context.Background()
@@ -24,15 +24,14 @@ func TestTallyKeepsUsageParts(t *testing.T) {
 	if err := tl.Add(ctx, "r_parts_add", spoken, 9_000, false); err != nil {
 		t.Fatal(err)
 	}
-	// A later usage report replacing the tallied one: 20 more audio tokens out, 100 fewer
-	// one-hour writes.
-	if err := tl.Correct(ctx, "r_parts_add", pricing.Usage{Output: 20, AudioOutput: 20, CacheWrite1h: -100}, 500, 0); err != nil {
+	if got, found, err := tl.Get(ctx, "r_parts_add"); err != nil || !found || got.Usage != spoken || got.CostMicro != 9_000 || got.Calls != 1 {
+		t.Fatalf("added call's tally %+v found=%v err=%v; want usage %+v, cost 9000, one call", got, found, err, spoken)
+	}
+	if err := tl.RecordCallWith(ctx, "r_parts_recorded", 1, spoken, 9_000, false, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	got, found, err := tl.Get(ctx, "r_parts_add")
-	want := spoken.Add(pricing.Usage{Output: 20, AudioOutput: 20, CacheWrite1h: -100})
-	if err != nil || !found || got.Usage != want || got.CostMicro != 9_500 || got.Calls != 1 {
-		t.Fatalf("one-call run's tally %+v found=%v err=%v; want usage %+v, cost 9500, one call", got, found, err, want)
+	if got, found, err := tl.Get(ctx, "r_parts_recorded"); err != nil || !found || got.Usage != spoken || got.CostMicro != 9_000 || got.Calls != 1 {
+		t.Fatalf("one-call run's tally %+v found=%v err=%v; want usage %+v, cost 9000, one call", got, found, err, spoken)
 	}
 
 	if _, err := e.budget.Reserve(ctx, "r_parts_named", "a", 100_000, 10_000, 1); err != nil {
@@ -54,9 +53,6 @@ func TestTallyKeepsUsageParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := e.budget.Release(ctx, "r_parts_text_named", "a", text, 100, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := tl.Correct(ctx, "r_parts_text", pricing.Usage{Output: 1}, 10, 0); err != nil {
 		t.Fatal(err)
 	}
 	for _, run := range []string{"r_parts_text", "r_parts_text_named"} {

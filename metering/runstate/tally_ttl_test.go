@@ -28,26 +28,3 @@ func TestTallyLapsesAfterItsTTL(t *testing.T) {
 		t.Fatalf("the tally lives %v; want it to lapse within the tally TTL (%v)", got, ttl)
 	}
 }
-
-// TestTallyCorrectionRenewsItsTTL: a correction is a write of the tally like a call's, and gives
-// it the tally TTL again from then, as a call's write does, however little of its life was left.
-func TestTallyCorrectionRenewsItsTTL(t *testing.T) {
-	rdb, prefix := testenv.Redis(t)
-	keys := runstate.Keys{Prefix: prefix}
-	const ttl = time.Hour
-	tally := runstate.NewTally(rdb, keys, ttl)
-	ctx := context.Background()
-	const run = "r_tally_correct_ttl"
-	if err := tally.Add(ctx, run, pricing.Usage{Input: 10, Output: 5}, 70, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := rdb.Expire(ctx, keys.Usage(run), time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if err := tally.Correct(ctx, run, pricing.Usage{Output: 2}, 20, 0); err != nil {
-		t.Fatal(err)
-	}
-	if got := rdb.PTTL(ctx, keys.Usage(run)).Val(); got <= time.Minute || got > ttl {
-		t.Fatalf("the corrected tally lives %v; want the tally TTL (%v) from the correction", got, ttl)
-	}
-}
