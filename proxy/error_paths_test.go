@@ -437,6 +437,8 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		return ok("/v1/chat/completions", body, hdr)
 	}
 	okChat := chat(chatBody, nil)
+	// A failure charged for what the provider did is not to be resent by an SDK (writeCallError).
+	noRetry := map[string]string{"X-Should-Retry": "false", "Retry-After": ""}
 	bad := func(name, body, code string) errRow {
 		return errRow{name: name, send: chat(body, nil), status: 400, code: code, retry: okChat}
 	}
@@ -804,7 +806,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		{name: "upstream_unreachable", send: chat(`{"model":"dead-gpt","messages":[{"role":"user","content":"hi"}]}`, nil), status: 502,
 			code: "upstream_unreachable", forwarded: true, source: holds.SourceUpstreamError, retry: okChat},
 		{name: "upstream_timeout", send: chat(streamBody, map[string]string{"X-Test-Gate": "late"}), status: 504, code: "upstream_timeout",
-			forwarded: true, source: holds.SourceUpstreamTimeout, charged: true, retry: okChat},
+			header: noRetry, forwarded: true, source: holds.SourceUpstreamTimeout, charged: true, retry: okChat},
 		{name: "upstream_timeout count_tokens", send: ok("/v1/messages/count_tokens", errMsgBody, map[string]string{"X-Test-Gate": "late"}),
 			status: 504, code: "upstream_timeout", anthropic: true, noRun: true, retry: ok("/v1/messages/count_tokens", errMsgBody, nil)},
 		{name: "upstream gone before its headers", send: chat(chatBody, map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
@@ -813,7 +815,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		// an empty body, and took an empty stream for an empty answer), charged as any broken
 		// answer is, and an Idempotency-Key is not pinned to it for a day.
 		{name: "upstream_broken empty answer", send: chat(chatBody, map[string]string{"X-Test-Upstream": "empty"}),
-			status: 502, code: "upstream_broken", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
+			header: noRetry, status: 502, code: "upstream_broken", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
 		{name: "upstream_broken empty stream", send: chat(streamBody, map[string]string{"X-Test-Upstream": "empty-stream"}),
 			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
 		{name: "upstream_broken empty stream, idempotent", send: chat(streamBody, map[string]string{"Idempotency-Key": "k-empty",
@@ -821,7 +823,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true,
 			retry: chat(streamBody, map[string]string{"Idempotency-Key": "k-empty"})},
 		{name: "upstream_broken whole answer", send: chat(chatBody, map[string]string{"X-Test-Upstream": "cut"}),
-			status: 502, code: "upstream_broken", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
+			header: noRetry, status: 502, code: "upstream_broken", forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
 		{name: "upstream_broken stream", send: chat(streamBody, map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
 			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true, retry: okChat},
 		{name: "upstream_broken stream, messages", send: ok("/v1/messages", `{"model":"claude-test","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`,
@@ -831,10 +833,10 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			map[string]string{fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"}),
 			status: 200, code: "upstream_broken", streamed: true, forwarded: true, source: holds.SourceStreamError, charged: true},
 		{name: "upstream_timeout, idempotent", send: chat(chatBody, map[string]string{"Idempotency-Key": "k-late", "X-Test-Gate": "late"}),
-			status: 504, code: "upstream_timeout", forwarded: true, source: holds.SourceUpstreamTimeout, charged: true,
+			header: noRetry, status: 504, code: "upstream_timeout", forwarded: true, source: holds.SourceUpstreamTimeout, charged: true,
 			retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-late"})},
 		{name: "upstream_timeout whole answer", send: chat(chatBody, map[string]string{"X-Test-Gate": "late"}), status: 504, code: "upstream_timeout",
-			forwarded: true, source: holds.SourceUpstreamTimeout, charged: true, retry: okChat},
+			header: noRetry, forwarded: true, source: holds.SourceUpstreamTimeout, charged: true, retry: okChat},
 		// A named run's call that fails leaves its run open, for the agent's retry: the run is
 		// charged on settle what its calls used (here the retry's).
 		{name: "upstream_error in a named run", send: chat(chatBody, map[string]string{"X-Run-Id": "agent-1", fakellm.HeaderStatus: "500"}),

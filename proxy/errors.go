@@ -58,6 +58,19 @@ func answerClientClosed(w http.ResponseWriter, r *http.Request) int {
 	return e.Status
 }
 
+// answerCallEnded is answerClientClosed for a forwarded call c, whose answer says it is not to
+// be retried when c is charged (writeCallError): a call cut at the drain deadline after the
+// provider had it is answered 503 shutting_down, which the SDKs retried on another instance,
+// charged again.
+func answerCallEnded(w http.ResponseWriter, r *http.Request, c *call) int {
+	if errors.Is(context.Cause(r.Context()), errSuperseded) {
+		return statusClientClosed
+	}
+	e := endedAnswer(r)
+	writeCallError(w, c, e)
+	return e.Status
+}
+
 // logEndedBeforeAnswer writes the line of a forwarded call whose request ended (its caller
 // left, or the drain's deadline cut it) before its answer began, during step: the answer
 // answerClientClosed gives it (499 client_closed_request, 503 shutting_down), as a call
@@ -217,6 +230,27 @@ func writeError(w http.ResponseWriter, e *apiError) {
 		envelope["type"] = "error"
 	}
 	httpapi.WriteJSON(w, e.Status, envelope)
+}
+
+// writeCallError sends e as the answer to the forwarded call c, which ended as c.outcome says.
+// A call charged for what the provider did (c.charged) is told not to be retried: the OpenAI
+// and Anthropic SDKs resend a 408, 409, 429 or 5xx by themselves, twice by default, unless
+// X-Should-Retry says otherwise, and each resend is a call of its own, charged again, for an
+// answer the caller never sees. Its Retry-After goes too: it would invite the same retry. A
+// failure charged nothing keeps its advice, and the SDK's retry costs nothing more.
+func writeCallError(w http.ResponseWriter, c *call, e *apiError) {
+	if c.charged() {
+		e = chargedFailure(e)
+	}
+	writeError(w, e)
+}
+
+// chargedFailure is e answered to a call that was charged: not to be retried, and no wait
+// advised before a retry.
+func chargedFailure(e *apiError) *apiError {
+	charged := *e
+	charged.NoRetry, charged.RetryAfter = true, 0
+	return &charged
 }
 
 // anthropicErrors marks the response of a request to the Anthropic route, /v1/messages (and

@@ -97,7 +97,7 @@ func refuseUnaskedEncoding(w http.ResponseWriter, c *call, ce string) int {
 	c.outcome = outcomeStreamError
 	c.log.Warn("upstream answered in an encoding it was not asked for", zap.String("content_encoding", loggedUpstream(c.req.upstream, ce)))
 	// Not to be retried: the provider answers a retry the same way, charged again.
-	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+	writeCallError(w, c, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 		Message: "The upstream answered in an encoding the gateway did not ask for.", NoRetry: true})
 	return http.StatusBadGateway
 }
@@ -120,7 +120,7 @@ func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c 
 			step = "before the request reached the upstream; hold released"
 		}
 		logEndedBeforeAnswer(c, r, step, err)
-		return answerClientClosed(w, r)
+		return answerCallEnded(w, r, c)
 	}
 	if headersTooLarge(err) && sent {
 		// The provider had the prompt and answered, with headers past the bound: as an
@@ -129,7 +129,7 @@ func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c 
 		c.outcome = outcomeStreamError
 		c.log.Warn("upstream answered with headers over the bound", zap.String("upstream", c.req.upstream.Name),
 			zap.Int("limit", maxUpstreamHeaderBytes), zap.Error(loggedUpstreamErr(c.req.upstream, err)))
-		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+		writeCallError(w, c, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: fmt.Sprintf("The upstream answered with more than %d bytes of headers.", maxUpstreamHeaderBytes), NoRetry: true})
 		return http.StatusBadGateway
 	}
@@ -146,7 +146,7 @@ func (s *Server) answerForwardFailure(w http.ResponseWriter, r *http.Request, c 
 		}
 	}
 	c.log.Warn("upstream request failed", zap.String("upstream", c.req.upstream.Name), zap.Error(loggedUpstreamErr(c.req.upstream, err)))
-	writeError(w, e)
+	writeCallError(w, c, e)
 	return e.Status
 }
 

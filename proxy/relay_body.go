@@ -87,20 +87,20 @@ func answerBodyFailure(w http.ResponseWriter, r *http.Request, c *call, err erro
 	if requestEnded(r) {
 		c.outcome = outcomeCancel
 		logEndedBeforeAnswer(c, r, "while the upstream's answer was read; charged what it used", err)
-		return answerClientClosed(w, r)
+		return answerCallEnded(w, r, c)
 	}
 	if isTimeout(err) {
 		// The provider has the prompt and was still answering when the gateway gave up: as
 		// for a timeout before its headers, charge the prompt's estimate and say so.
 		c.outcome = outcomeUpstreamTimeout
 		c.log.Warn("upstream body timed out", zap.Error(loggedUpstreamErr(c.req.upstream, err)))
-		writeError(w, &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
+		writeCallError(w, c, &apiError{Status: http.StatusGatewayTimeout, Type: "api_error", Code: "upstream_timeout",
 			Message: "The upstream did not finish the answer in time."})
 		return http.StatusGatewayTimeout
 	}
 	c.outcome = outcomeStreamError
 	c.log.Warn("upstream body broke", zap.Error(loggedUpstreamErr(c.req.upstream, err)))
-	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+	writeCallError(w, c, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 		Message: "The upstream connection broke before the answer was complete."})
 	return http.StatusBadGateway
 }
@@ -118,7 +118,7 @@ func (s *Server) answerOversized(w http.ResponseWriter, r *http.Request, resp *h
 		zap.Bool("usage_found", c.meter.Result().Reported))
 	// Charged the whole answer it cannot pass on: an SDK's automatic retry of a 502 (twice,
 	// by default) would be answered as large again, and charged again, for nothing.
-	writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_response_too_large",
+	writeCallError(w, c, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_response_too_large",
 		Message: fmt.Sprintf("The upstream answer is larger than %d bytes.", limit), NoRetry: true})
 	return http.StatusBadGateway
 }
@@ -149,7 +149,7 @@ func (s *Server) answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *
 		msg = "Your answers not yet read hold as many bytes of the gateway's memory as one caller may, and this one could not be passed on; " +
 			"it is charged what it used. Read your other answers, then retry."
 	}
-	writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "server_busy", Message: msg, RetryAfter: bodyRetryAfter})
+	writeCallError(w, c, &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "server_busy", Message: msg, RetryAfter: bodyRetryAfter})
 	return http.StatusServiceUnavailable
 }
 
@@ -241,7 +241,7 @@ func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body
 		// pinned an Idempotency-Key to nothing for a day.
 		c.outcome = outcomeStreamError
 		c.log.Warn("upstream answered an empty body", zap.Int("bytes", len(body)))
-		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+		writeCallError(w, c, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream answered with an empty body."})
 		return http.StatusBadGateway
 	}
@@ -253,7 +253,7 @@ func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body
 		c.outcome = outcomeStreamError
 		meterCut(c.meter, body, maxEvent)
 		c.log.Warn("upstream body cut short", zap.Int("bytes", len(body)))
-		writeError(w, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
+		writeCallError(w, c, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream connection broke before the answer was complete."})
 		return http.StatusBadGateway
 	}

@@ -225,6 +225,27 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool 
 	return true
 }
 
+// failedBeforeWork reports whether the provider said an answer failed (an error event after
+// its 200, an error object) before it produced anything and without a usage: settled at 0 as a
+// refusal with a non-2xx status is (settlementAs).
+func failedBeforeWork(res metering.Result) bool {
+	return res.UpstreamError && (!res.Reported || res.StartOnly) && !res.Produced()
+}
+
+// charged reports whether the call, ended as c.outcome says, is charged for what the provider
+// did — its usage, or an estimate of it — rather than released or settled at 0: what
+// settlementAs decides, read before the answer goes out (writeCallError).
+func (c *call) charged() bool {
+	switch c.outcome {
+	case outcomeRefused, outcomeDuplicate, outcomeUpstreamError:
+		return false
+	case outcomeStreamError:
+		return !failedBeforeWork(c.meter.Result())
+	default:
+		return true
+	}
+}
+
 // settlementOf turns how a call ended into what it is charged.
 func (s *Server) settlementOf(c *call) holds.Settlement { return s.settlementAs(c, c.outcome) }
 
@@ -248,7 +269,7 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 		}
 	case outcomeStreamError:
 		st.Source = holds.SourceStreamError
-		if res := c.meter.Result(); res.UpstreamError && (!res.Reported || res.StartOnly) && !res.Produced() {
+		if failedBeforeWork(c.meter.Result()) {
 			// The provider said it failed (an error event after its 200) before it produced
 			// anything and without a usage (Anthropic's message_start counts the prompt before
 			// any work, and Anthropic bills no failed request): as for a refusal with a non-2xx
