@@ -101,7 +101,8 @@ type call struct {
 	// says so, sendUpstream), which decides what a call that fails before its answer costs.
 	sent  atomic.Bool
 	ended time.Time
-	// idem is set for an Idempotency-Key request; rw then keeps what the caller was sent.
+	// idem is set for an Idempotency-Key request; rw then keeps what the caller was sent. rw
+	// says, for every call, whether anything of its answer was sent (finish's answer to a panic).
 	idem *idemCall
 	rw   *respWriter
 	// idemPinned: the idempotency record holds this attempt's answer (pinBeforeAnswer).
@@ -165,7 +166,7 @@ func (s *Server) serveCall(rt *route) http.HandlerFunc {
 
 // handleCall serves one call; callLog is the logger of the request, without a run id: the
 // call's run id may change (a named run, an Idempotency-Key's), and a line must name one run.
-func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, user holds.User, runID string, callLog *zap.Logger) int {
+func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, user holds.User, runID string, callLog *zap.Logger) (status int) {
 	// The body stays in memory, and counted, until the call is over (see bodyMemory).
 	body := s.bodies.lease(user.ID)
 	defer body.release()
@@ -193,12 +194,10 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 	if c == nil {
 		return answered
 	}
-	if c.rw != nil {
-		w = c.rw
-	}
+	w = c.rw
 	// From here on the hold exists, and this deferred settlement is what closes it: it runs on
-	// success, error, client cancel and panic alike.
-	defer s.finish(r.Context(), c)
+	// success, error, client cancel and panic alike (and may answer a panic: status).
+	defer s.finish(r.Context(), c, &status)
 	return s.runCall(w, r, actx, c, in)
 }
 
@@ -279,9 +278,7 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 		c.callID = token.New()
 	}
 	s.metrics.admitPhase.Observe(c.held.Sub(in.arrived).Seconds())
-	if idem != nil || sessionID != "" {
-		c.rw = &respWriter{ResponseWriter: w, capture: idem != nil, limit: s.cfg.Dedup.MaxReplayLen}
-	}
+	c.rw = &respWriter{ResponseWriter: w, capture: idem != nil, limit: s.cfg.Dedup.MaxReplayLen}
 	return c, 0
 }
 

@@ -1,13 +1,17 @@
 package proxy_test
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	"github.com/openai/openai-go/v3"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -61,9 +65,20 @@ func panickingCall(t *testing.T, sent bool) (holds.Run, *harness) {
 	u, key := h.user("standard")
 	req, _ := http.NewRequest(http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
 	req.Header.Set("Authorization", "Bearer "+key)
-	if resp, err := http.DefaultClient.Do(req); err == nil {
+	resp, err := http.DefaultClient.Do(req)
+	switch {
+	case !sent && err == nil:
 		resp.Body.Close()
 		t.Fatalf("answered %d, want the connection closed by the panic", resp.StatusCode)
+	case sent && err != nil:
+		t.Fatalf("%v, want a 500 answer: the call is charged, and an SDK resends a closed connection", err)
+	case sent:
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusInternalServerError || errorCode(t, body) != "internal_error" || resp.Header.Get("X-Should-Retry") != "false" {
+			t.Fatalf("answered %d %s (X-Should-Retry %q), want 500 internal_error, not to be retried",
+				resp.StatusCode, body, resp.Header.Get("X-Should-Retry"))
+		}
 	}
 	h.settled()
 	var runIDs []string
@@ -164,4 +179,48 @@ func (echoPanicTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	body := fmt.Sprintf(`{"error":{"message":"Incorrect API key provided: %s"}} %s %s %s %s%s`, goJSON[1:len(goJSON)-1], key,
 		strings.ReplaceAll(key, "/", `\/`), url.QueryEscape(key), strings.Repeat("p", 2048), key)
 	panic(fmt.Errorf("test: upstream answered 401: %s", body))
+}
+
+// A call that panics once the provider had its request is charged its prompt's estimate. Its
+// connection closed, the OpenAI and Anthropic SDKs sent it again, twice by default — they
+// resend on a connection error — and each resend that panicked alike was charged again: three
+// charges for no answer. It is answered 500 internal_error with X-Should-Retry: false, and sent
+// once.
+func TestSDKDoesNotResendACallThatPanickedAfterForwarding(t *testing.T) {
+	inner := &http.Transport{}
+	t.Cleanup(inner.CloseIdleConnections)
+	h := newHarnessOn(t, harnessSetup{transport: panicTransport{inner: inner, sent: true}}, nil)
+	for _, sdk := range []string{"openai", "anthropic"} {
+		u, key := h.user("standard")
+		var attempts int
+		if sdk == "openai" {
+			var log attemptLog
+			c := sdkClient(h, key, &log)
+			_, err := c.Chat.Completions.New(context.Background(), sdkParams)
+			attempts = len(log.all())
+			var apiErr *openai.Error
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusInternalServerError || apiErr.Code != "internal_error" {
+				t.Errorf("%s: err %v, want 500 internal_error", sdk, err)
+			}
+		} else {
+			var log aLog
+			c := aClient(h, key, &log)
+			_, err := c.Messages.New(context.Background(), aParams)
+			attempts = len(log.st)
+			var apiErr *anthropic.Error
+			if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusInternalServerError {
+				t.Errorf("%s: err %v, want 500", sdk, err)
+			}
+		}
+		runs := h.holdsOf(u.ID)
+		charged := 0
+		for _, r := range runs {
+			if r.ChargedMicro > 0 {
+				charged++
+			}
+		}
+		if attempts != 1 || len(runs) != 1 || charged != 1 {
+			t.Errorf("%s: %d attempts, %d runs, %d charged; want the call sent once, charged once", sdk, attempts, len(runs), charged)
+		}
+	}
 }

@@ -16,16 +16,21 @@ import (
 
 // finish settles a call. It runs after the handler, whatever ended it, and hands the work to
 // a settlement that outlives the request: the client's cancellation must not cancel the
-// charge for what it already used.
-func (s *Server) finish(reqCtx context.Context, c *call) {
+// charge for what it already used. A call that panicked is answered by answerPanic, and
+// status set to what it was answered.
+func (s *Server) finish(reqCtx context.Context, c *call, status *int) {
 	if p := recover(); p != nil {
 		c.outcome = outcomeAfterPanic(c)
 		// The value as any quote of an upstream (an error may wrap its answer, key and all);
 		// the line's stack trace is the panic's own, taken before recover's return unwinds it.
 		c.log.Error("panic while serving; settling what was used", zap.String("panic", loggedPanic(c.req.upstream, p)), zap.Bool("forwarded", c.sent.Load()))
-		// net/http closes the connection, and would log the value again, whole: the line above
-		// is its one record.
-		defer panic(http.ErrAbortHandler)
+		if answerPanic(c) {
+			*status = errPanicCharged.Status
+		} else {
+			// net/http closes the connection, and would log the value again, whole: the line
+			// above is its one record.
+			defer panic(http.ErrAbortHandler)
+		}
 	}
 	c.ended = time.Now()
 	// Unless its answer's end began it already.
@@ -81,6 +86,25 @@ func (s *Server) tallyDuplicateLater(ctx context.Context, c *call, st holds.Sett
 			c.log.Error("zero tally of a duplicate whose release failed never written until settle_timeout; the reconciler charges it its hold")
 		}
 	})
+}
+
+// errPanicCharged answers a call that panicked once the provider had its request, before
+// anything of its answer was sent: it is charged the prompt's estimate (outcomeAfterPanic).
+var errPanicCharged = &apiError{Status: http.StatusInternalServerError, Type: "api_error", Code: "internal_error",
+	Message: "The gateway failed while serving this call, after the provider had it; it is charged its prompt's estimate.", NoRetry: true}
+
+// answerPanic answers a call that panicked with errPanicCharged, and reports whether it did:
+// when the call is charged (outcomeAfterPanic) and nothing of its answer was sent yet. Its
+// connection closed instead, the OpenAI and Anthropic SDKs resend on a connection error, twice
+// by default, and each resend that panics alike is charged again, for no answer. A call
+// charged nothing keeps the closed connection (the SDK's retry costs nothing more), as does
+// one whose answer began (a stream cut: never resent once its 200 came).
+func answerPanic(c *call) bool {
+	if !c.charged() || c.rw.status != 0 {
+		return false
+	}
+	writeError(c.rw, errPanicCharged)
+	return true
 }
 
 // outcomeAfterPanic is how a call that panicked is settled: as a stream that broke (the
