@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/metering"
@@ -251,7 +252,7 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 		}
 		runID = ar.RunID
 		log = callLog.WithLazy(zap.String("run_id", runID))
-	} else if hold, err = s.admit(actx, ar, log); err != nil {
+	} else if hold, err = s.admitFitting(actx, &ar, fitsPrompt(req, s.cfg.Models[req.priceKey]), log); err != nil {
 		s.releaseLostAdmission(r.Context(), ar, err, log)
 		if r.Context().Err() != nil {
 			e, why := ended(r.Context(), "during admission; nothing held")
@@ -262,6 +263,10 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 		logRefusal(log, e, "admission", err)
 		writeError(w, e)
 		return nil, e.Status
+	} else if ar.RunID != runID {
+		// Admitted again after a hold too small for the prompt (admitFitting).
+		runID = ar.RunID
+		log = callLog.WithLazy(zap.String("run_id", runID))
 	}
 
 	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),
@@ -310,6 +315,26 @@ func (s *Server) fitBudget(ctx context.Context, c *call, refuse func(*apiError, 
 		return refuse(exhausted, "budget below the cost of the prompt", nil)
 	}
 	return 0
+}
+
+// fitsPrompt reports whether a hold pays for req's prompt and least answer: whether fitBudget
+// would forward a plain call under it. A cap that leaves room for more than any route's least
+// answer (an extended-thinking call's, 1 025 tokens) plainly does; else the rewrite is tried on
+// a copy, as it edits the body. (Asked of every call admitted while its user's calls settle,
+// a trial rewrite each time would copy the body once more for nothing.)
+func fitsPrompt(req *callRequest, model config.ModelCfg) func(holds.Hold) bool {
+	return func(h holds.Hold) bool {
+		budget := pricing.MaxCostWithin(h.CapMicro, h.DiscountBP)
+		if len(req.route.maxFields) > 0 {
+			if limit := req.boundPrice().MaxOutputWithin(req.promptEstimate(), budget); limit >= 0 &&
+				limit/req.choices > max(minThinkingBudget, req.route.leastBound()) {
+				return true
+			}
+		}
+		trial := *req
+		ok, err := trial.rewrite(budget, model)
+		return ok || err != nil // a body the rewrite cannot edit: fitBudget refuses it whatever the hold
+	}
 }
 
 // runCall takes a held call from its budget to its answer: it fits the request to what the
@@ -696,6 +721,8 @@ func (s *Server) admitError(err error) *apiError {
 				pricing.FormatCredits(debt.DebtMicro, s.creditMicro))}
 	case errors.Is(err, holds.ErrInsufficient):
 		return errInsufficient
+	case errors.Is(err, errUnfitReleased):
+		return errPromptOverCap
 	case errors.Is(err, holds.ErrUserDisabled), errors.Is(err, holds.ErrUnknownUser):
 		return errBadKey
 	case errors.Is(err, holds.ErrRunSettled):

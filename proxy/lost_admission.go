@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -156,6 +157,70 @@ func settlementMayLift(err error) bool {
 // maxSettlingWaits bounds how often one admission waits for its user's settlements: each wait
 // ends with one of them, so a user whose calls keep ending cannot keep it waiting past a few.
 const maxSettlingWaits = 4
+
+// admitFitting is admit for a call whose run id was made up for it (ar.Fresh), with one more
+// wait: a hold granted while calls of its user on this process are settling may be only what
+// their holds left (min(tier, available)), a cap too small for the prompt and the least answer,
+// which fitBudget refuses 402 — though the settlement about to land gives back what the call
+// needs, and the same call sent a moment later is served. Such a hold is released at 0 in the
+// request and, once one of those settlements has ended, the call is admitted again under a new
+// run id and token, up to maxSettlingWaits times within ctx (the admission's budget). With
+// none of its user's calls settling, once the waits are spent, or once a settlement has not
+// raised the cap (the plan's max_run_cost binds, or another call took what it gave back), the
+// hold is kept whatever it pays for, and fitBudget refuses it at once. ar is left the
+// admission last tried.
+func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits func(holds.Hold) bool, log *zap.Logger) (holds.Hold, error) {
+	if !ar.Fresh {
+		return s.admit(ctx, *ar, log)
+	}
+	lastCap := int64(-1)
+	for waits := 0; ; waits++ {
+		seen := s.settling.mark(ar.UserID)
+		hold, err := s.admit(ctx, *ar, log)
+		next := s.settling.after(ar.UserID, seen)
+		switch {
+		case waits > 0 && errors.Is(err, holds.ErrAdmitNotStarted):
+			// Nothing held, the budget spent: answered as the released hold would have been.
+			return holds.Hold{}, errUnfitReleased
+		case err != nil || next == nil || waits == maxSettlingWaits || hold.CapMicro <= lastCap || fits(hold):
+			return hold, err
+		}
+		lastCap = hold.CapMicro
+		if !s.releaseUnfit(ctx, *ar, log) {
+			return holds.Hold{}, errUnfitReleased
+		}
+		s.beforeStep(ctx, stepAdmitWaits)
+		select {
+		case <-next:
+		case <-ctx.Done():
+			return holds.Hold{}, errUnfitReleased
+		}
+		// The released run is settled: a new admission needs a run of its own.
+		ar.RunID, ar.Token = newRunID(), newAdmitToken()
+	}
+}
+
+// errUnfitReleased is admitFitting's refusal of a call whose hold it released (too small for
+// the prompt) and could not replace: answered as fitBudget answers such a hold, 402.
+var errUnfitReleased = errors.New("hold too small for the prompt released; no larger one admitted")
+
+// releaseUnfit releases at 0, in the request, the hold ar took (admitFitting), one try of
+// settle_timeout, whether or not the caller is still there. A release that fails is handed on
+// as a lost admission's is (releaseLostAdmission: marked refused, a zero tally, released in the
+// background), and false is returned: the call is refused, not admitted again.
+func (s *Server) releaseUnfit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) bool {
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Limits.SettleTimeout)
+	defer cancel()
+	res, err := s.writer.Settle(tctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Model: ar.Model,
+		AdmitToken: ar.Token, Source: holds.SourceRelease, PriceSnapshot: ar.PriceSnapshot})
+	if err != nil {
+		// Counted among the settlements that gave up only if this one does too.
+		s.releaseLostAdmission(ctx, ar, fmt.Errorf("release of a hold too small for its prompt: %w: %w", holds.ErrOutcomeUnknown, err), log)
+		return false
+	}
+	s.metrics.Settlements.WithLabelValues(holds.SourceRelease, strconv.FormatBool(res.Applied)).Inc()
+	return true
+}
 
 // markLost leaves the reconciler what releaseLostAdmission leaves it before its release: a
 // named run's zero tally, or the mark that this request's admission was refused.

@@ -3,10 +3,13 @@ package proxy_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
 )
 
 // TestCreditsHeldByAnAnsweredCallDoNotRefuseTheNext: a caller whose balance the hold of one
@@ -70,4 +73,168 @@ func lowBalanceHarness(t *testing.T) *harness {
 		p.AllowanceCredits = config.CreditsOf(10)
 		c.Plans["standard"] = p
 	})
+}
+
+// TestLongPromptAfterAnAnsweredCallIsNotRefusedForTheCapItsHoldLeft: a caller with a little
+// more than the plan's hold tier left (20.5 credits, tier 20) that sends a long prompt the
+// moment it has the previous answer is served, though that answer's settlement has not
+// reached the database yet (held here at its step until the next admission waits for it).
+// The admission was granted, but only what the settling hold left (0.5 credits), which does
+// not pay for the prompt: it was refused 402 "This prompt and the least answer cost more…",
+// and the same call sent again a moment later was 200. Released at 0, it is admitted again
+// once the settlement lands (README, 402 insufficient_credits).
+func TestLongPromptAfterAnAnsweredCallIsNotRefusedForTheCapItsHoldLeft(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		p := c.Plans["standard"]
+		p.AllowanceCredits = config.Credits{Milli: 20_500}
+		c.Plans["standard"] = p
+	})
+	u, key := h.user("standard")
+	answered := make(chan struct{})
+	firstSettlementHeld(h, answered, nil)
+	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
+		t.Fatalf("first call: %d %s", a.status, a.body)
+	}
+	second := send(h.gw.URL, key, longPromptBody(3000), nil)
+	close(answered)
+	if second.status != http.StatusOK {
+		t.Errorf("a long prompt sent once the first call was answered: %d %s; want 200 (what the first held was given back when it ended)",
+			second.status, second.body)
+	}
+	h.settled()
+	var complete, released int
+	for _, r := range h.holdsOf(u.ID) {
+		switch {
+		case r.State != holds.StateSettled:
+			t.Errorf("run %s left %s", r.RunID, r.State)
+		case r.SettleSource.String == holds.SourceComplete && r.ChargedMicro > 0:
+			complete++
+		case r.SettleSource.String == holds.SourceRelease && r.ChargedMicro == 0:
+			released++
+		default:
+			t.Errorf("run %s settled by %q charged %d", r.RunID, r.SettleSource.String, r.ChargedMicro)
+		}
+	}
+	if complete != 2 || released != 1 {
+		t.Errorf("%d calls settled complete and %d holds released at 0; want both calls charged, and the small hold released",
+			complete, released)
+	}
+}
+
+// TestLongPromptWaitPastTheBudgetIsStillRefusedForItsPrompt: a call whose small hold was
+// released to wait for its user's settlement, and that had no budget left to be admitted again
+// (its try not started before admit_timeout: nothing held), is answered as the small hold was,
+// 402 for its prompt, not 503 billing_unavailable, with nothing left held.
+func TestLongPromptWaitPastTheBudgetIsStillRefusedForItsPrompt(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		p := c.Plans["standard"]
+		p.AllowanceCredits = config.Credits{Milli: 20_500}
+		c.Plans["standard"] = p
+		c.Limits.AdmitTimeout = 500 * time.Millisecond
+	})
+	u, key := h.user("standard")
+	answered := make(chan struct{})
+	var admits atomic.Int32
+	firstSettlementHeld(h, answered, func(ctx context.Context, step string) {
+		if step == "admit" && admits.Add(1) == 3 {
+			<-ctx.Done() // the second call's admission again: its budget runs out before it starts
+		}
+	})
+	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
+		t.Fatalf("first call: %d %s", a.status, a.body)
+	}
+	second := send(h.gw.URL, key, longPromptBody(3000), nil)
+	close(answered)
+	if n := admits.Load(); n != 3 {
+		t.Fatalf("%d admission tries, want 3: the first call's, the second's and its admission again after the wait", n)
+	}
+	if second.status != http.StatusPaymentRequired || errorCode(t, second.body) != "insufficient_credits" ||
+		!strings.Contains(string(second.body), "This prompt") {
+		t.Errorf("the long prompt, its admission again out of budget: %d %s; want 402 insufficient_credits for its prompt",
+			second.status, second.body)
+	}
+	h.settled()
+	runs := h.holdsOf(u.ID)
+	if len(runs) != 2 {
+		t.Fatalf("%d holds, want the first call's and the released small one", len(runs))
+	}
+	for _, r := range runs {
+		if r.State != holds.StateSettled || (r.SettleSource.String == holds.SourceRelease) != (r.ChargedMicro == 0) {
+			t.Errorf("run %s: %s by %q charged %d, want the first call charged, the small hold released at 0",
+				r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
+		}
+	}
+}
+
+// TestLongPromptOverTheCapWithNothingSettlingIsRefusedAtOnce: the wait above is for a settling
+// call. A prompt that what is available does not pay for, with nothing of its user's settling,
+// is refused 402 at once, without waiting.
+func TestLongPromptOverTheCapWithNothingSettlingIsRefusedAtOnce(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		p := c.Plans["standard"]
+		p.AllowanceCredits = config.Credits{Milli: 500}
+		c.Plans["standard"] = p
+	})
+	u, key := h.user("standard")
+	var waits atomic.Int32
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		if step == "admission waits for a settlement" {
+			waits.Add(1)
+		}
+	})
+	a := send(h.gw.URL, key, longPromptBody(3000), nil)
+	if a.status != http.StatusPaymentRequired || errorCode(t, a.body) != "insufficient_credits" {
+		t.Errorf("a long prompt over what is available: %d %s; want 402 insufficient_credits", a.status, a.body)
+	}
+	if n := waits.Load(); n != 0 {
+		t.Errorf("the refused call waited %d times, want none: no call of its user was settling", n)
+	}
+	h.settled()
+	if runs := h.holdsOf(u.ID); len(runs) != 1 || runs[0].SettleSource.String != holds.SourceRelease || runs[0].ChargedMicro != 0 {
+		t.Errorf("holds %+v, want the one refused call's, released at 0", runs)
+	}
+}
+
+// TestPromptOverThePlansCapWhileACallSettlesIsRefusedAfterOneWait: a prompt that the plan's
+// max_run_cost_credits does not pay for is refused 402 for its prompt whatever settles: its
+// hold, released to wait for its user's settlement, is admitted again once, with the same cap,
+// and refused, not released and admitted again while settlements keep ending. Nothing is
+// charged for it.
+func TestPromptOverThePlansCapWhileACallSettlesIsRefusedAfterOneWait(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		p := c.Plans["standard"]
+		p.MaxRunCostCredits = p.HoldHeavyCredits
+		c.Plans["standard"] = p
+	})
+	u, key := h.user("standard")
+	answered := make(chan struct{})
+	var waits atomic.Int32
+	firstSettlementHeld(h, answered, func(_ context.Context, step string) {
+		if step == "admission waits for a settlement" {
+			waits.Add(1)
+		}
+	})
+	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
+		t.Fatalf("first call: %d %s", a.status, a.body)
+	}
+	second := send(h.gw.URL, key, longPromptBody(25_000), nil)
+	close(answered)
+	if second.status != http.StatusPaymentRequired || !strings.Contains(string(second.body), "This prompt") {
+		t.Errorf("a prompt over the plan's cap: %d %s; want 402 insufficient_credits for its prompt", second.status, second.body)
+	}
+	if n := waits.Load(); n != 1 {
+		t.Errorf("the call waited %d times for a settlement, want once", n)
+	}
+	h.settled()
+	for _, r := range h.holdsOf(u.ID) {
+		if r.State != holds.StateSettled || (r.SettleSource.String == holds.SourceRelease) != (r.ChargedMicro == 0) {
+			t.Errorf("run %s: %s by %q charged %d, want the first call charged, the refused call's holds released at 0",
+				r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
+		}
+	}
+}
+
+// longPromptBody is a chat call whose prompt is words words long.
+func longPromptBody(words int) string {
+	return `{"model":"fake-gpt","messages":[{"role":"user","content":"` + strings.Repeat("word ", words) + `"}]}`
 }
