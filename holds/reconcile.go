@@ -593,7 +593,7 @@ func (r *Reconciler) used(ctx context.Context, run Run, log *zap.Logger) (tally 
 			zap.Int64("row_cache_write_tok", ru.CacheWrite), zap.Int64("row_cache_write_1h_tok", ru.CacheWrite1h),
 			zap.Int64("row_audio_in_tok", ru.AudioInput), zap.Int64("row_audio_out_tok", ru.AudioOutput))
 	}
-	if ru, rc, rn, rfound := run.Recorded(); rfound && (!found || rc > tally.CostMicro) {
+	if ru, rc, rn, rfound := run.Recorded(); rfound && (!found || RecordsMore(rc, rn, tally.CostMicro, tally.Calls)) {
 		tally.Usage, tally.CostMicro, tally.Calls, tally.PriceSnapshot, found = ru, rc, rn, nil, true
 	}
 	return tally, found, nil

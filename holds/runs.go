@@ -207,6 +207,15 @@ func (r Run) Recorded() (u pricing.Usage, costMicro, calls int64, found bool) {
 	return u, r.CostMicro, int64(r.Calls), found
 }
 
+// RecordsMore reports whether a live named run's row records more of its calls (Recorded:
+// costMicro, calls) than its Redis tally (tallyCost, tallyCalls), so that a settlement takes
+// the row's figures: it costs more, or as much with more calls. A free model's calls cost 0,
+// so a tally a Redis restart shrank (the calls since) costs what the row does, and settled
+// from it on the tie the run lost the tokens and calls of before the restart.
+func RecordsMore(costMicro, calls, tallyCost, tallyCalls int64) bool {
+	return costMicro > tallyCost || (costMicro == tallyCost && calls > tallyCalls)
+}
+
 // RecordBelievable reports whether the row's record of its calls can be a record of what they
 // used, by the tally's check (TallyBelievable).
 func (r Run) RecordBelievable() bool {

@@ -201,9 +201,9 @@ func (s *Server) runView(r *http.Request, run holds.Run) (map[string]any, error)
 	} else if t, found, err := s.chargeableTally(r.Context(), run.RunID, s.log); err != nil {
 		return nil, fmt.Errorf("tally of run %s: %w", run.RunID, err)
 	} else if found {
-		// The row's record of ended calls, when it costs more (a tally that lost calls to a
+		// The row's record of ended calls, when it records more (a tally that lost calls to a
 		// Redis restart), is what a settlement would charge: show that, as it does.
-		if ru, rc, rn, rfound := run.Recorded(); rfound && rc > t.CostMicro {
+		if ru, rc, rn, rfound := run.Recorded(); rfound && holds.RecordsMore(rc, rn, t.CostMicro, t.Calls) {
 			t.Usage, t.CostMicro, t.Calls = ru, rc, rn
 		}
 		usage = t.Usage.RunCounts(t.Calls)

@@ -360,7 +360,7 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		log.Error("run's row records impossible figures of its calls; read as a run without them — someone should look",
 			zap.Int64("row_cost_micro", fresh.CostMicro), zap.Int("row_calls", fresh.Calls))
 	}
-	if u, cost, calls, rfound := fresh.Recorded(); rfound && (!found || cost > t.CostMicro) {
+	if u, cost, calls, rfound := fresh.Recorded(); rfound && (!found || holds.RecordsMore(cost, calls, t.CostMicro, t.Calls)) {
 		t, found = runstate.Tallied{Usage: u, CostMicro: cost, Calls: calls}, true
 	}
 	st = holds.Settlement{RunID: run.RunID, Usage: t.Usage, CostMicro: t.CostMicro, Calls: int(t.Calls), Source: holds.SourceClient,
