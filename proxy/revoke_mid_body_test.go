@@ -35,61 +35,12 @@ func TestKeyRevokedWhileItsBodyArrivesIsNotAdmitted(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(c *config.Config) { c.Limits.KeyCacheTTL = 0 })
 			u, key := h.user("standard")
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-
-			// The body comes in two parts: the second only once the key was looked up and
-			// then stopped.
-			pr, pw := io.Pipe()
-			defer pw.Close()
-			stopped := make(chan struct{})
-			go func() {
-				half := len(chatBody) / 2
-				if _, err := pw.Write([]byte(chatBody[:half])); err != nil {
-					return
-				}
-				select {
-				case <-stopped:
-				case <-ctx.Done():
-					return
-				}
-				if _, err := pw.Write([]byte(chatBody[half:])); err == nil {
-					pw.Close()
-				}
-			}()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions", pr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Authorization", "Bearer "+key)
-			type answer struct {
-				resp *http.Response
-				err  error
-			}
-			answered := make(chan answer, 1)
-			go func() {
-				resp, err := http.DefaultClient.Do(req)
-				answered <- answer{resp, err}
-			}()
-			// The auth phase is observed once the key's lookup has come back from the store.
-			waitFor(t, "the key looked up", func() bool {
-				return h.metric(`tollgate_call_phase_seconds_count{phase="auth"}`) == "1"
-			})
-			if err := tc.stop(ctx, h, u, key); err != nil {
-				t.Fatal(err)
-			}
-			close(stopped)
-
-			a := <-answered
-			if a.err != nil {
-				t.Fatal(a.err)
-			}
-			body := readAll(t, a.resp.Body)
-			a.resp.Body.Close()
+			resp := postWhileKeyStops(t, h, key, nil, func(ctx context.Context) error { return tc.stop(ctx, h, u, key) })
+			body := readAll(t, resp.Body)
+			resp.Body.Close()
 			h.settled()
-			if a.resp.StatusCode != http.StatusUnauthorized || errorCode(t, body) != "invalid_api_key" {
-				t.Errorf("call whose key was stopped while its body arrived: %d %s, want 401 invalid_api_key", a.resp.StatusCode, body)
+			if resp.StatusCode != http.StatusUnauthorized || errorCode(t, body) != "invalid_api_key" {
+				t.Errorf("call whose key was stopped while its body arrived: %d %s, want 401 invalid_api_key", resp.StatusCode, body)
 			}
 			if all, _ := h.holdCount(); all != 0 {
 				var charged int64
@@ -100,4 +51,61 @@ func TestKeyRevokedWhileItsBodyArrivesIsNotAdmitted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// postWhileKeyStops posts chatBody with key (and the headers hdr) whose body comes in two parts:
+// the second only once the key was looked up (the auth phase observed) and stop (a revocation,
+// a disabled user) has run. It returns the call's answer.
+func postWhileKeyStops(t *testing.T, h *harness, key string, hdr map[string]string, stop func(context.Context) error) *http.Response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	stopped := make(chan struct{})
+	go func() {
+		half := len(chatBody) / 2
+		if _, err := pw.Write([]byte(chatBody[:half])); err != nil {
+			return
+		}
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			return
+		}
+		if _, err := pw.Write([]byte(chatBody[half:])); err == nil {
+			pw.Close()
+		}
+	}()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		answered <- answer{resp, err}
+	}()
+	// The auth phase is observed once the key's lookup has come back from the store.
+	waitFor(t, "the key looked up", func() bool {
+		return h.metric(`tollgate_call_phase_seconds_count{phase="auth"}`) == "1"
+	})
+	if err := stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(stopped)
+	a := <-answered
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	return a.resp
 }
