@@ -40,29 +40,7 @@ func TestCreditsHeldByAnAnsweredCallDoNotRefuseTheNext(t *testing.T) {
 // TestCreditsHeldByACallInFlightRefuseAtOnce: the wait above is for a call whose answer is
 // over. A caller whose credits a running call holds is answered 402 at once, without waiting.
 func TestCreditsHeldByACallInFlightRefuseAtOnce(t *testing.T) {
-	h := lowBalanceHarness(t)
-	_, key := h.user("standard")
-	var waits atomic.Int32
-	h.srv.ObserveSteps(func(_ context.Context, step string) {
-		if step == "admission waits for a settlement" {
-			waits.Add(1)
-		}
-	})
-	calls := h.fake.Calls()
-	first := make(chan answer, 1)
-	go func() { first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Fake-Latency": "2s"}) }()
-	waitFor(t, "the first call to reach the upstream", func() bool { return h.fake.Calls() > calls })
-	second := send(h.gw.URL, key, chatBody, nil)
-	if second.status != http.StatusPaymentRequired || errorCode(t, second.body) != "insufficient_credits" {
-		t.Errorf("a call while the first holds every credit: %d %s; want 402 insufficient_credits", second.status, second.body)
-	}
-	if n := waits.Load(); n != 0 {
-		t.Errorf("the refused admission waited %d times, want none: no call of its user was settling", n)
-	}
-	if a := <-first; a.status != http.StatusOK {
-		t.Errorf("first call: %d %s", a.status, a.body)
-	}
-	h.settled()
+	refusedAtOnceWhileACallRuns(t, lowBalanceHarness(t), http.StatusPaymentRequired, "insufficient_credits")
 }
 
 // lowBalanceHarness is a gateway whose standard plan's allowance (10 credits) is below its

@@ -84,7 +84,14 @@ func TestSlotOfACallPastItsFinalEventIsNotRefused(t *testing.T) {
 // A caller past max_in_flight with its calls still running is answered 429 at once, without
 // waiting for anything.
 func TestSlotOfACallInFlightIsRefusedAtOnce(t *testing.T) {
-	h := oneSlotHarness(t, nil)
+	refusedAtOnceWhileACallRuns(t, oneSlotHarness(t, nil), http.StatusTooManyRequests, "too_many_in_flight")
+}
+
+// refusedAtOnceWhileACallRuns sends a call while another of its user's runs (its upstream 2 s
+// late), and checks it is refused status code at once: no wait for a settlement, none of the
+// user's calls settling.
+func refusedAtOnceWhileACallRuns(t *testing.T, h *harness, status int, code string) {
+	t.Helper()
 	_, key := h.user("standard")
 	var waits atomic.Int32
 	h.srv.ObserveSteps(func(_ context.Context, step string) {
@@ -97,8 +104,8 @@ func TestSlotOfACallInFlightIsRefusedAtOnce(t *testing.T) {
 	go func() { first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Fake-Latency": "2s"}) }()
 	waitFor(t, "the first call to reach the upstream", func() bool { return h.fake.Calls() > calls })
 	second := send(h.gw.URL, key, chatBody, nil)
-	if second.status != http.StatusTooManyRequests || errorCode(t, second.body) != "too_many_in_flight" {
-		t.Errorf("a call past max_in_flight 1 while the first runs: %d %s; want 429 too_many_in_flight", second.status, second.body)
+	if second.status != status || errorCode(t, second.body) != code {
+		t.Errorf("a call while the first runs: %d %s; want %d %s", second.status, second.body, status, code)
 	}
 	if n := waits.Load(); n != 0 {
 		t.Errorf("the refused admission waited %d times, want none: no call of its user was settling", n)
