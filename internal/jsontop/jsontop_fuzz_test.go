@@ -1,7 +1,9 @@
 package jsontop
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/tidwall/gjson"
@@ -20,6 +22,31 @@ var seeds = []string{
 	`{"a":{"x":1},"a":{"b":2},"c":1,"c":{"b":3}}`,
 	`{"mod\u0065l":"m","model":"n","a.b":{"c":1},"a":{"b.c":2},"text":{"format":{"type":"json"}}}`,
 	`{"":{"":1},"x":{"":2},"providerOptions":{"gateway":{"models":["x"]}}}`,
+	// Wider than fewMembers, so indexed by a map: a key repeated across the switch from the
+	// slice ("a"), one repeated after it ("k20"), one met only after it ("last").
+	wideObject(`"a":{"x":1},`, `"a":{"b":2},"k20":{"y":1},"k20":{"y":2,"z":3},"last":{"b":4}`),
+	// fewMembers keys, then the first again: still a slice.
+	fewWide(),
+}
+
+// wideObject is an object of head, then keys k1…k19, then tail.
+func wideObject(head, tail string) string {
+	var b strings.Builder
+	b.WriteString("{" + head)
+	for i := 1; i < 20; i++ {
+		fmt.Fprintf(&b, `"k%d":{"v":%d},`, i, i)
+	}
+	return b.String() + tail + "}"
+}
+
+// fewWide is an object of fewMembers keys and one more that repeats the first.
+func fewWide() string {
+	var b strings.Builder
+	b.WriteString(`{"a":{"x":1}`)
+	for i := 1; i < fewMembers; i++ {
+		fmt.Fprintf(&b, `,"k%d":%d`, i, i)
+	}
+	return b.String() + `,"a":{"b":2}}`
 }
 
 // FuzzGet: for any JSON body and any path, Object.Get reads what gjson reads (Raw, Type, Str, Num,
@@ -61,4 +88,46 @@ func FuzzGet(f *testing.F) {
 			return n < 64
 		})
 	})
+}
+
+// TestIndexOfWideAndNarrowObjectsIsGjsons reads, of an object indexed by a map and of one at the
+// slice's limit, every path the map's switch could get wrong: keys repeated across it, met
+// only after it, and absent.
+func TestIndexOfWideAndNarrowObjectsIsGjsons(t *testing.T) {
+	wide := wideObject(`"a":{"x":1},`, `"a":{"b":2},"k20":{"y":1},"k20":{"y":2,"z":3},"last":{"b":4}`)
+	narrow := fewWide()
+	if top := Index(gjson.Parse(wide)); top.many == nil {
+		t.Fatalf("%d-member object not indexed by a map", len(top.few))
+	}
+	if top := Index(gjson.Parse(narrow)); top.many != nil || len(top.few) != fewMembers {
+		t.Fatalf("object of %d keys and a repeat: few %d, map %v", fewMembers, len(top.few), top.many != nil)
+	}
+	paths := []string{"a", "a.x", "a.b", "k1.v", "k16.v", "k17.v", "k19.v", "k20", "k20.y", "k20.z", "last", "last.b", "absent", "absent.b", "k14"}
+	for _, body := range []string{wide, narrow} {
+		root := gjson.Parse(body)
+		top := Index(root)
+		for _, p := range paths {
+			if got, want := top.Get(p), root.Get(p); got.Raw != want.Raw || got.Exists() != want.Exists() {
+				t.Errorf("%s: Get(%q) = %q, gjson reads %q", body, p, got.Raw, want.Raw)
+			}
+		}
+	}
+}
+
+// BenchmarkIndexAndRead is a chat request's index and the lookups its checks make, most of them
+// for keys the request lacks.
+func BenchmarkIndexAndRead(b *testing.B) {
+	root := gjson.Parse(`{"model":"fake-gpt","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"hi"}],` +
+		`"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":256,"temperature":0.2,"user":"u-1"}`)
+	keys := []string{"model", "messages", "stream", "stream_options.include_usage", "max_tokens", "max_completion_tokens", "n",
+		"tools", "functions", "response_format", "text.format", "audio", "modalities", "prediction", "reasoning_effort",
+		"service_tier", "store", "metadata", "logprobs", "top_logprobs", "web_search_options", "parallel_tool_calls",
+		"thinking", "system", "input", "instructions", "previous_response_id", "conversation", "background", "prompt"}
+	b.ReportAllocs()
+	for b.Loop() {
+		top := Index(root)
+		for _, k := range keys {
+			_ = top.Get(k)
+		}
+	}
 }
