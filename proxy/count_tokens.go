@@ -63,6 +63,11 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	if s.calls.isClosed() {
 		return refuse(errShuttingDown, "shutting down")
 	}
+	// Cut at the drain deadline as a call is (CutCalls): a slow upstream's count otherwise held
+	// the listener's shutdown, and the exit, past shutdown_timeout, and its caller, whose
+	// connection was then closed under it, got no answer instead of 503 shutting_down.
+	r, uncut := s.cuttable(r)
+	defer uncut()
 	if aerr := checkContentEncoding(r.Header); aerr != nil {
 		return refuse(aerr, "content encoding")
 	}
@@ -102,8 +107,10 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	if err != nil {
 		if requestEnded(r) {
 			// A caller that only half-closed still reads: unanswered, it got 200 and no count.
-			// Logged as a model call's 499 is, apart from the upstream's failures below.
-			return refuse(errClientClosed, "client left while the upstream counted")
+			// Logged as a model call's 499 is, apart from the upstream's failures below; one
+			// the drain's deadline cut is told 503 shutting_down (ended).
+			e, why := ended(r.Context(), "while the upstream counted")
+			return refuse(e, why)
 		}
 		log.Warn("upstream request failed", zap.String("upstream", m.upstream.Name), zap.Error(loggedUpstreamErr(m.upstream, err)))
 		e := &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_unreachable", Message: "The upstream could not be reached."}
@@ -134,11 +141,13 @@ func relayCount(w http.ResponseWriter, r *http.Request, resp *http.Response, up 
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxCountAnswer+1))
 	upstream := up.Name
 	if err != nil && requestEnded(r) {
-		// The read failed because the caller left, not the upstream: answered (a caller that
-		// only half-closed still reads) and counted as the caller's, as before the headers came.
-		logRefusalAs(log, "token count refused", errClientClosed, "client left while the upstream's count was read", loggedUpstreamErr(up, err))
-		writeError(w, errClientClosed)
-		return errClientClosed.Status
+		// The read failed because the caller left, or the drain's deadline cut the count, not
+		// the upstream: answered (a caller that only half-closed still reads) and counted as
+		// the caller's, or as cut, as before the headers came.
+		e, why := ended(r.Context(), "while the upstream's count was read")
+		logRefusalAs(log, "token count refused", e, why, loggedUpstreamErr(up, err))
+		writeError(w, e)
+		return e.Status
 	}
 	if err != nil && isTimeout(err) {
 		// limits.header_timeout bounds the whole count: one whose body stalls past it did not

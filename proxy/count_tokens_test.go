@@ -13,6 +13,7 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	aopt "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/proxy"
@@ -456,5 +457,93 @@ func TestCountTokensRefusedWhileDraining(t *testing.T) {
 	}
 	if got := h.metric(`tollgate_requests_total{code="503",route="/v1/messages/count_tokens"}`); got != "1" {
 		t.Errorf("refused count counted %q, want 1", got)
+	}
+}
+
+// TestCountTokensCutAtTheDrainDeadline: a graceful shutdown cuts, at its drain deadline, the
+// calls still running (CutCalls), each told 503 shutting_down. A token count forwarded before
+// the drain began was not cut: it ran on until its upstream answered or limits.header_timeout
+// ended it, holding the listener's shutdown (and the process's exit) past the deadline, and
+// its caller got no answer once the connection was closed under it. It is cut as a call is,
+// answered 503 shutting_down with Retry-After: 1 (it was charged nothing), and the listener's
+// shutdown returns.
+func TestCountTokensCutAtTheDrainDeadline(t *testing.T) {
+	arrived, release := make(chan struct{}, 1), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		arrived <- struct{}{}
+		select { // a slow count: minutes, unless the gateway gives up on it
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"input_tokens":42}`)
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *config.Config) { anthropicAt(c, up.URL) })
+	// Before the harness's cleanup, which waits for a count left running when the test fails.
+	t.Cleanup(func() { close(release) })
+	_, key := h.user("standard")
+
+	type ended struct {
+		status int
+		header http.Header
+		body   string
+		err    error
+	}
+	counted := make(chan ended, 1)
+	go func() {
+		req := h.newRequest("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
+			map[string]string{"X-Api-Key": key})
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			counted <- ended{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		counted <- ended{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the count did not reach the upstream")
+	}
+
+	// As cmd/gateway stops: the listener's shutdown until the drain deadline (short here), then
+	// the cut, then the listener's shutdown again, within a grace.
+	sctx, scancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer scancel()
+	if err := h.gw.Config.Shutdown(sctx); err == nil {
+		t.Fatal("the listener's shutdown returned with the count still running")
+	}
+	h.srv.CutCalls()
+	shut := make(chan error, 1)
+	go func() {
+		gctx, gcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer gcancel()
+		shut <- h.gw.Config.Shutdown(gctx)
+	}()
+	var c ended
+	select {
+	case c = <-counted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the count was not answered after the drain deadline cut the calls")
+	}
+	if c.err != nil || c.status != http.StatusServiceUnavailable || !strings.Contains(c.body, `"shutting_down"`) ||
+		c.header.Get("Retry-After") != "1" || c.header.Get(proxy.RequestIDHeader) == "" {
+		t.Errorf("count cut at the drain deadline: %d %q (Retry-After %q, err %v); want 503 shutting_down with Retry-After: 1 and a request id",
+			c.status, c.body, c.header.Get("Retry-After"), c.err)
+	}
+	if err := <-shut; err != nil {
+		t.Errorf("the listener's shutdown after the cut: %v, want it done", err)
+	}
+	// Read from the metrics themselves: the listener that served /metrics is shut.
+	if got := testutil.ToFloat64(h.metrics.Requests.WithLabelValues("/v1/messages/count_tokens", "503")); got != 1 {
+		t.Errorf("cut count counted %v times as 503, want 1", got)
+	}
+	if all, _ := h.holdCount(); all != 0 {
+		t.Errorf("%d holds for a token count", all)
 	}
 }
