@@ -43,6 +43,7 @@ type gateUpstream struct {
 // gate is where calls naming it wait: arrived gets one value per call that reaches it.
 type gate struct {
 	open    chan struct{}
+	opened  sync.Once
 	arrived chan struct{}
 }
 
@@ -61,8 +62,14 @@ func (g *gateUpstream) gate(name string) *gate {
 	return gt
 }
 
-// open lets the calls waiting at gate name (and any later ones) through.
-func (g *gateUpstream) open(name string) { close(g.gate(name).open) }
+// open lets the calls waiting at gate name (and any later ones) through. Opening it again
+// does nothing, so a test can both open it and have its cleanup open it: a call left waiting
+// at a gate when the test fails holds the harness's cleanup, which waits for it, until
+// limits.upstream_timeout (5 minutes) ends it.
+func (g *gateUpstream) open(name string) {
+	gt := g.gate(name)
+	gt.opened.Do(func() { close(gt.open) })
+}
 
 // await waits until n calls have reached gate name.
 func (g *gateUpstream) await(t *testing.T, name string, n int) {

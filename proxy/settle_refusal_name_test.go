@@ -17,6 +17,9 @@ import (
 // as the lookup undoes them), beside run_id.
 func TestRefusedSettleLogsTheNameTheCallerAsked(t *testing.T) {
 	h, gate, logs := gatedObservedHarness(t, config.Upstream{Name: "gate-openai", Kind: "openai", Models: []string{"*"}})
+	// Before the harness's cleanup, which waits for the gated call: an assertion that fails
+	// while it waits at the gate ends the test at once, not when upstream_timeout ends the call.
+	t.Cleanup(func() { gate.open("busy") })
 	_, key := h.user("standard")
 
 	// 409 run_busy: a call of the run is in flight.
