@@ -5,7 +5,6 @@ import (
 	"go/parser"
 	"go/token"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -56,20 +55,7 @@ func TestREADMEErrorsAgreeWithTheCodes(t *testing.T) {
 // readmeErrorsSection is README's "### Errors", up to the next "## " heading.
 func readmeErrorsSection(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme := string(b)
-	start := strings.Index(readme, "\n### Errors\n")
-	if start < 0 {
-		t.Fatal("README has no ### Errors section")
-	}
-	section := readme[start+1:]
-	if end := strings.Index(section, "\n## "); end >= 0 {
-		section = section[:end]
-	}
-	return section
+	return readmeText(t, "### Errors\n", "\n## ")
 }
 
 // readmeErrorRows reads the Errors table: for each code its code column names (backquoted,

@@ -4,7 +4,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -117,18 +116,5 @@ func loggedMessages(t *testing.T) (refusals, infos []string) {
 // blank line that ends it.
 func readmeLogParagraph(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme := string(b)
-	start := strings.Index(readme, "\nLogs are JSON lines")
-	if start < 0 {
-		t.Fatal("README has no paragraph beginning \"Logs are JSON lines\"")
-	}
-	p := readme[start+1:]
-	if end := strings.Index(p, "\n\n"); end >= 0 {
-		p = p[:end]
-	}
-	return p
+	return readmeText(t, "Logs are JSON lines", "\n\n")
 }
