@@ -46,6 +46,9 @@ type call struct {
 	// inRun marks a call of a caller-named run: it tallies but does not settle; the run settles
 	// on POST /v1/runs/{id}/settle or by reconciliation.
 	inRun bool
+	// paidUnderPause: another process charged this call's hold while its process was stopped
+	// before the forward (paidUnderAPause); it is forwarded, whatever its admission budget says.
+	paidUnderPause bool
 	// reserving: this call of a named run reserved (or tried to reserve) part of the run's
 	// budget under callID (reserveRunBudget); its tally gives it back.
 	reserving bool
@@ -346,7 +349,7 @@ func fitsPrompt(req *callRequest, model config.ModelCfg) func(holds.Hold) bool {
 // a step ended, only once that budget was spent (refuseLate): the call is never forwarded late.
 func (s *Server) runCall(w http.ResponseWriter, r *http.Request, actx context.Context, c *call, in incomingCall) int {
 	refuse := refuser(w, c.log)
-	if status := s.refuseLate(w, r, c, in.deadline, "when its hold was granted", refuse); status != 0 {
+	if status := s.refuseLate(w, r, c, in, "when its hold was granted", refuse); status != 0 {
 		return status
 	}
 	sessionID := in.ids.sessionID
@@ -389,7 +392,7 @@ func (s *Server) runCall(w http.ResponseWriter, r *http.Request, actx context.Co
 	if r.Context().Err() != nil {
 		return s.refuseUnforwarded(w, r, c, refuse)
 	}
-	if status := s.refuseLate(w, r, c, in.deadline, "before forwarding", refuse); status != 0 {
+	if status := s.refuseLate(w, r, c, in, "before forwarding", refuse); status != 0 {
 		return status
 	}
 	w.Header().Set(RunIDHeader, c.runID) // forwarded from here on (a refusal above names no run)
@@ -451,7 +454,7 @@ func (s *Server) refuseUnforwarded(w http.ResponseWriter, r *http.Request, c *ca
 	return answerClientClosed(w, r)
 }
 
-// refuseLate refuses a held call whose admission budget (deadline, incomingCall.deadline) is
+// refuseLate refuses a held call whose admission budget (in.deadline, incomingCall.deadline) is
 // spent, at (when its hold was granted, or just before forwarding): 503 billing_unavailable,
 // Retry-After: 1, and its hold released at 0 by the deferred settlement (outcomeRefused;
 // a named run's call, as any failed call of it, leaves its run open). It returns 0 to go on.
@@ -463,18 +466,60 @@ func (s *Server) refuseUnforwarded(w http.ResponseWriter, r *http.Request, c *ca
 // went on to be forwarded (and charged) up to seconds after admit_timeout, past which the
 // caller is promised a 503 and nothing held. The clock is compared with the deadline rather
 // than asking actx: its timer fires on a goroutine of its own, a moment after the deadline.
-func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, deadline time.Time, at string,
+//
+// A hold another process has meanwhile charged (paidUnderAPause) is not refused: it is
+// forwarded, the call its caller has paid for.
+func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in incomingCall, at string,
 	refuse func(*apiError, string, error) int) int {
-	late := time.Since(deadline)
+	late := time.Since(in.deadline)
 	if late < 0 {
 		return 0
 	}
 	if requestEnded(r) {
 		return s.refuseUnforwarded(w, r, c, refuse)
 	}
+	if s.paidUnderAPause(r.Context(), c, in) {
+		return 0
+	}
 	c.outcome = outcomeRefused
 	return refuse(errBillingDown, "admission budget spent "+at+"; hold released at 0",
 		fmt.Errorf("%w %v before", errAdmitBudgetSpent, late.Round(time.Millisecond)))
+}
+
+// paidUnderAPause reports whether the hold of c, a run of one call (no named run, no
+// session) past its admission budget, has been settled at a charge by another process: its
+// own process was stopped (SIGSTOP, a VM's live migration, a GC pause) between the hold's
+// COMMIT and this check for longer than the hold lives, or than holds.dead_instance_after, and a
+// reconciler took the unleased, untallied hold for a killed process's and charged what it held
+// (DESIGN §5 rule 3). Refused, the caller was told 503, "not made, retry", for a call it was
+// charged, and its retry was charged again; forwarded, it gets the call it paid for, as a call
+// that the pause caught just after its forward does (README Known limits), whose settlement
+// then changes nothing. Only a call that came this late can have been so settled, so only such
+// a call reads its hold: a database merely slow (a late grant, up to its read timeout) adds no
+// round trip to its 503.
+func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) bool {
+	if c.paidUnderPause {
+		return true // found at the grant; the check before forwarding need not read it again
+	}
+	if c.inRun || in.ids.sessionID != "" ||
+		time.Since(in.arrived) < min(s.cfg.Holds.HoldTTL, s.cfg.Holds.DeadInstanceBound()) {
+		return false
+	}
+	sctx, cancel := s.storeContext(ctx)
+	defer cancel()
+	run, err := s.store.Run(sctx, c.user.ID, c.runID)
+	if err != nil {
+		c.log.Warn("hold of a call past its admission budget unreadable; refused as late", zap.Error(err))
+		return false
+	}
+	if run.State != holds.StateSettled || run.ChargedMicro <= 0 {
+		return false
+	}
+	c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped); forwarding the call it paid for",
+		zap.String("settle_source", run.SettleSource.String), zap.Int64("charged_micro", run.ChargedMicro),
+		zap.Duration("since_arrival", time.Since(in.arrived).Round(time.Millisecond)))
+	c.paidUnderPause = true
+	return true
 }
 
 // budgetSpent reports whether ctx's deadline (a call's admission budget, admissionContext) has
