@@ -255,21 +255,26 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 		}
 		runID = ar.RunID
 		log = callLog.WithLazy(zap.String("run_id", runID))
-	} else if hold, err = s.admitFitting(actx, &ar, fitsPrompt(req, s.cfg.Models[req.priceKey]), log); err != nil {
-		s.releaseLostAdmission(r.Context(), ar, err, log)
-		if r.Context().Err() != nil {
-			e, why := ended(r.Context(), "during admission; nothing held")
-			logRefusal(log, e, why, err)
-			return nil, answerClientClosed(w, r)
+	} else {
+		hold, err = s.admitFitting(actx, &ar, fitsPrompt(req, s.cfg.Models[req.priceKey]), callLog)
+		if ar.RunID != runID {
+			// Admitted again after a hold too small for the prompt (admitFitting): what follows,
+			// a refusal of that admission too, is of the run it last tried.
+			runID = ar.RunID
+			log = callLog.WithLazy(zap.String("run_id", runID))
 		}
-		e := s.admitError(err)
-		logRefusal(log, e, "admission", err)
-		writeError(w, e)
-		return nil, e.Status
-	} else if ar.RunID != runID {
-		// Admitted again after a hold too small for the prompt (admitFitting).
-		runID = ar.RunID
-		log = callLog.WithLazy(zap.String("run_id", runID))
+		if err != nil {
+			s.releaseLostAdmission(r.Context(), ar, err, log)
+			if r.Context().Err() != nil {
+				e, why := ended(r.Context(), "during admission; nothing held")
+				logRefusal(log, e, why, err)
+				return nil, answerClientClosed(w, r)
+			}
+			e := s.admitError(err)
+			logRefusal(log, e, "admission", err)
+			writeError(w, e)
+			return nil, e.Status
+		}
 	}
 
 	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),

@@ -168,19 +168,28 @@ const maxSettlingWaits = 4
 // none of its user's calls settling, once the waits are spent, or once a settlement has not
 // raised the cap (the plan's max_run_cost binds, or another call took what it gave back), the
 // hold is kept whatever it pays for, and fitBudget refuses it at once. ar is left the
-// admission last tried.
-func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits func(holds.Hold) bool, log *zap.Logger) (holds.Hold, error) {
+// admission last tried (the released one when the next never started).
+//
+// callLog is the request's logger without a run id: each admission's lines (its mark at the
+// drain's cut, its release) name its own run, and a line of the first run's id about a later
+// hold (its COMMIT unanswered, released in the background) sent an operator to a run released
+// at 0 and left the hold's own run id in no line.
+func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits func(holds.Hold) bool, callLog *zap.Logger) (holds.Hold, error) {
 	if !ar.Fresh {
-		return s.admit(ctx, *ar, log)
+		return s.admit(ctx, *ar, callLog.WithLazy(zap.String("run_id", ar.RunID)))
 	}
 	lastCap := int64(-1)
+	var released holds.AdmitRequest
 	for waits := 0; ; waits++ {
+		log := callLog.WithLazy(zap.String("run_id", ar.RunID))
 		seen := s.settling.mark(ar.UserID)
 		hold, err := s.admit(ctx, *ar, log)
 		next := s.settling.after(ar.UserID, seen)
 		switch {
 		case waits > 0 && errors.Is(err, holds.ErrAdmitNotStarted):
-			// Nothing held, the budget spent: answered as the released hold would have been.
+			// Nothing held, the budget spent: answered as the released hold would have been,
+			// and named by it.
+			*ar = released
 			return holds.Hold{}, errUnfitReleased
 		case err != nil || next == nil || waits == maxSettlingWaits || hold.CapMicro <= lastCap || fits(hold):
 			return hold, err
@@ -196,6 +205,7 @@ func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits 
 			return holds.Hold{}, errUnfitReleased
 		}
 		// The released run is settled: a new admission needs a run of its own.
+		released = *ar
 		ar.RunID, ar.Token = newRunID(), newAdmitToken()
 	}
 }
