@@ -128,3 +128,14 @@ func SetUpstreamPing(t testing.TB, after, timeout time.Duration) {
 func (s *Server) CheckSessions(ctx context.Context) (int, error) {
 	return s.cancels.checkReplaced(ctx, s.store)
 }
+
+// SettlingCalls is how many of user's calls on this process are counted as settling: their
+// answer over, their settlement not yet back from the database (settlingUsers).
+func (s *Server) SettlingCalls(user uint64) int {
+	s.settling.mu.Lock()
+	defer s.settling.mu.Unlock()
+	if e := s.settling.users[user]; e != nil {
+		return e.n
+	}
+	return 0
+}

@@ -165,10 +165,10 @@ const maxSettlingWaits = 4
 // needs, and the same call sent a moment later is served. Such a hold is released at 0 in the
 // request and, once one of those settlements has ended, the call is admitted again under a new
 // run id and token, up to maxSettlingWaits times within ctx (the admission's budget). With
-// none of its user's calls settling, once the waits are spent, or once a settlement has not
-// raised the cap (the plan's max_run_cost binds, or another call took what it gave back), the
-// hold is kept whatever it pays for, and fitBudget refuses it at once. ar is left the
-// admission last tried (the released one when the next never started).
+// none of its user's calls settling, once the waits are spent, or once a settlement waited
+// for has not raised the cap (the plan's max_run_cost binds, or another call took what it
+// gave back), the hold is kept whatever it pays for, and fitBudget refuses it at once. ar is
+// left the admission last tried (the released one when the next never started).
 //
 // callLog is the request's logger without a run id: each admission's lines (its mark at the
 // drain's cut, its release) name its own run, and a line of the first run's id about a later
@@ -179,6 +179,12 @@ func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits 
 		return s.admit(ctx, *ar, callLog.WithLazy(zap.String("run_id", ar.RunID)))
 	}
 	lastCap := int64(-1)
+	// atOnce: the last wait ended at once, for a settlement that ended while that admission
+	// was under way, which its cap may already count: this admission's cap, not raised by
+	// it, says nothing of what a settlement gives back, and the next one is waited for.
+	// Taken as one that did not raise the cap, it refused 402 a call another settlement, still
+	// to land, would have paid for.
+	atOnce := false
 	var released holds.AdmitRequest
 	for waits := 0; ; waits++ {
 		log := callLog.WithLazy(zap.String("run_id", ar.RunID))
@@ -191,10 +197,10 @@ func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits 
 			// and named by it.
 			*ar = released
 			return holds.Hold{}, errUnfitReleased
-		case err != nil || next == nil || waits == maxSettlingWaits || hold.CapMicro <= lastCap || fits(hold):
+		case err != nil || next == nil || waits == maxSettlingWaits || (hold.CapMicro <= lastCap && !atOnce) || fits(hold):
 			return hold, err
 		}
-		lastCap = hold.CapMicro
+		lastCap, atOnce = hold.CapMicro, next == closedChan
 		if !s.releaseUnfit(ctx, *ar, log) {
 			return holds.Hold{}, errUnfitReleased
 		}
