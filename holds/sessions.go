@@ -52,6 +52,23 @@ func (s *Store) ClaimSession(ctx context.Context, userID uint64, sessionID, runI
 // ClaimSessionPast is ClaimSession told that the run ended has answered already (its hold
 // may still await its settlement): if it is the session's current run, it counts as ended.
 func (s *Store) ClaimSessionPast(ctx context.Context, userID uint64, sessionID, runID string, messageHash [32]byte, ended string) (SessionClaim, error) {
+	return s.claimSession(ctx, userID, sessionID, runID, messageHash, ended, nil)
+}
+
+// ClaimSessionFrom is ClaimSession for a message whose admission waited for a settlement of
+// its user's before its claim (the proxy released a hold too small for its prompt and
+// admitted it again): from is the session's current run when it began to wait ("" for none).
+// Another run current now, neither from nor runID, was made so by a newer message's claim
+// while this one waited: this one is the older, and is answered Superseded, replacing
+// nothing (a duplicate of the running message is still Duplicate). Claimed as any other, the
+// older message took the session back, and the newer one, already running, was stopped and
+// charged for what it used.
+func (s *Store) ClaimSessionFrom(ctx context.Context, userID uint64, sessionID, runID string, messageHash [32]byte, from string) (SessionClaim, error) {
+	return s.claimSession(ctx, userID, sessionID, runID, messageHash, "", &from)
+}
+
+// claimSession is ClaimSessionPast, and ClaimSessionFrom when from is set.
+func (s *Store) claimSession(ctx context.Context, userID uint64, sessionID, runID string, messageHash [32]byte, ended string, from *string) (SessionClaim, error) {
 	var out SessionClaim
 	// retry: an earlier attempt may have committed with its reply lost; the run's own row then
 	// says so (claim_replaced), and what it replaced. committing: this attempt's statements ran
@@ -62,7 +79,7 @@ func (s *Store) ClaimSessionPast(ctx context.Context, userID uint64, sessionID, 
 		unknown = unknown || committing
 		committing = false
 		var err error
-		out, err = claimSessionTx(ctx, tx, userID, sessionID, runID, messageHash, ended, retry)
+		out, err = claimSessionTx(ctx, tx, userID, sessionID, runID, messageHash, ended, from, retry)
 		retry = true
 		committing = err == nil
 		return err
@@ -93,7 +110,11 @@ var ErrClaimOutcomeUnknown = errors.New("an attempt's COMMIT went unanswered: th
 // what it replaced (to be cancelled: a committed claim replaced it), and one that lost the
 // session since answers Superseded instead of taking it back. A retry that finds no record
 // claims afresh; what an attempt that did not commit saw is never cancelled.
-func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, runID string, hash [32]byte, ended string, retry bool) (SessionClaim, error) {
+//
+// from, when set, is ClaimSessionFrom's: the session's current run when the claiming message
+// began to wait.
+func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, runID string, hash [32]byte, ended string, from *string,
+	retry bool) (SessionClaim, error) {
 	// A new session: the insert is the claim. An existing one: the no-op update locks its row.
 	res, err := tx.ExecContext(ctx, `
 		INSERT INTO sessions (user_id, session_id, current_run_id, message_hash, updated_at)
@@ -142,6 +163,10 @@ func claimSessionTx(ctx context.Context, tx *sqlx.Tx, userID uint64, sessionID, 
 	live, open = live && row.Current != ended, open && row.Current != ended
 	if live && bytes.Equal(row.Hash, hash[:]) {
 		return SessionClaim{Duplicate: true, Current: row.Current}, nil
+	}
+	if from != nil && row.Current != *from {
+		// A newer message claimed the session while this one waited.
+		return SessionClaim{Superseded: true, Current: row.Current}, nil
 	}
 	out := SessionClaim{Current: runID}
 	if open {

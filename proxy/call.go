@@ -125,6 +125,9 @@ type call struct {
 	sessionClaimed bool
 	// superseded: a newer message of its session stopped this call.
 	superseded bool
+	// sessionFrom: its session's current run before its admission waited (admitFitting); its
+	// claim does not take the session from a newer message that claimed it since.
+	sessionFrom sessionFrom
 }
 
 // RunIDHeader carries the run id of every answered model call, so a caller can look its run up.
@@ -243,6 +246,7 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 		hold holds.Hold
 		idem *idemCall
 		err  error
+		from sessionFrom
 	)
 	if idemKey != "" {
 		idem = &idemCall{key: idemKey, userID: user.ID, bodyHash: in.bodyHash, body: in.body, lease: in.lease}
@@ -256,7 +260,7 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 		runID = ar.RunID
 		log = callLog.WithLazy(zap.String("run_id", runID))
 	} else {
-		hold, err = s.admitFitting(actx, &ar, fitsPrompt(req, s.cfg.Models[req.priceKey]), callLog)
+		hold, err = s.admitFitting(actx, &ar, fitsPrompt(req, s.cfg.Models[req.priceKey]), callLog, &from)
 		if ar.RunID != runID {
 			// Admitted again after a hold too small for the prompt (admitFitting): what follows,
 			// a refusal of that admission too, is of the run it last tried.
@@ -278,7 +282,7 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 	}
 
 	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),
-		inRun: clientRunID != "", idem: idem, held: time.Now()}
+		inRun: clientRunID != "", idem: idem, held: time.Now(), sessionFrom: from}
 	if req.echoPrompts != nil {
 		c.meter.EchoPrompts(req.echoPrompts, req.echoPer)
 	}

@@ -174,7 +174,13 @@ const maxSettlingWaits = 4
 // drain's cut, its release) name its own run, and a line of the first run's id about a later
 // hold (its COMMIT unanswered, released in the background) sent an operator to a run released
 // at 0 and left the hold's own run id in no line.
-func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits func(holds.Hold) bool, callLog *zap.Logger) (holds.Hold, error) {
+//
+// A session's call that waits notes its session's current run first, in from (sessionFrom),
+// before its hold is released: a newer message of its session may be admitted on what it gave
+// back, and claim the session, while it waits; its own claim then must not take the session
+// back (ClaimSessionFrom).
+func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits func(holds.Hold) bool, callLog *zap.Logger,
+	from *sessionFrom) (holds.Hold, error) {
 	if !ar.Fresh {
 		return s.admit(ctx, *ar, callLog.WithLazy(zap.String("run_id", ar.RunID)))
 	}
@@ -201,6 +207,9 @@ func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits 
 			return hold, err
 		}
 		lastCap, atOnce = hold.CapMicro, next == closedChan
+		if ar.SessionID != "" && !from.known {
+			*from = s.currentSessionRun(ctx, ar.UserID, ar.SessionID, log)
+		}
 		if !s.releaseUnfit(ctx, *ar, log) {
 			return holds.Hold{}, errUnfitReleased
 		}
@@ -214,6 +223,28 @@ func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits 
 		released = *ar
 		ar.RunID, ar.Token = newRunID(), newAdmitToken()
 	}
+}
+
+// sessionFrom is a session's current run as a call of it that waited for its admission read
+// it before the wait (admitFitting): known false when it was not read (no wait, or the read
+// failed), and its claim is then as any other's.
+type sessionFrom struct {
+	known bool
+	run   string // "" for a session with no row: none current
+}
+
+// currentSessionRun reads sessionID's current run for admitFitting, within ctx (a store
+// step's bound). A read that fails leaves it unknown, logged: the claim then is as before.
+func (s *Server) currentSessionRun(ctx context.Context, userID uint64, sessionID string, log *zap.Logger) sessionFrom {
+	sctx, cancel := s.storeContext(ctx)
+	defer cancel()
+	ref := holds.SessionRef{UserID: userID, SessionID: sessionID}
+	runs, err := s.store.CurrentSessionRuns(sctx, []holds.SessionRef{ref})
+	if err != nil {
+		log.Warn("session's current run not read before the admission's wait; a newer message claiming it meanwhile is replaced", zap.Error(err))
+		return sessionFrom{}
+	}
+	return sessionFrom{known: true, run: runs[ref]}
 }
 
 // errUnfitReleased is admitFitting's refusal of a call whose hold it released (too small for

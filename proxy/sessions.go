@@ -434,7 +434,13 @@ func (s *Server) endSessionCall(ctx context.Context, c *call) {
 func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, message [32]byte) (*apiError, error) {
 	sctx, cancel := s.storeContext(ctx)
 	s.beforeStep(sctx, stepSessionClaim)
-	claim, err := s.store.ClaimSession(sctx, c.user.ID, sessionID, c.runID, message)
+	var claim holds.SessionClaim
+	var err error
+	if c.sessionFrom.known {
+		claim, err = s.store.ClaimSessionFrom(sctx, c.user.ID, sessionID, c.runID, message, c.sessionFrom.run)
+	} else {
+		claim, err = s.store.ClaimSession(sctx, c.user.ID, sessionID, c.runID, message)
+	}
 	cancel()
 	if err != nil {
 		return s.sessionClaimFailed(ctx, c, err)
@@ -460,12 +466,16 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 		// session since: this is the older message. What that attempt replaced must stop all
 		// the same, and this call must not run. Checked after the claim past an ended run too,
 		// which is retried alike: a regenerate superseded so was forwarded beside the newer
-		// message.
+		// message. So is a message whose admission waited for a settlement while a newer one
+		// claimed the session (ClaimSessionFrom): it replaces nothing, and must not run.
 		if claim.Replaced != "" {
 			s.cancelReplaced(ctx, c, claim.Replaced)
 		}
 		c.outcome = outcomeRefused
 		c.superseded = true
+		if c.sessionFrom.known {
+			return errSupersededAnswer, fmt.Errorf("session claim: superseded by run %s, a newer message's, while its admission waited", claim.Current)
+		}
 		return errSupersededAnswer, fmt.Errorf("session claim: superseded by run %s since its committed attempt", claim.Current)
 	}
 	if claim.Duplicate {
