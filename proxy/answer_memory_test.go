@@ -100,6 +100,11 @@ func TestWholeAnswersInMemoryAreBounded(t *testing.T) {
 					t.Fatalf("refused %s, Retry-After %q, X-Should-Retry %q; want server_busy, none, false",
 						code, resp.Header.Get("Retry-After"), resp.Header.Get("X-Should-Retry"))
 				}
+				// Its words agree with its headers: a person or an agent reading it is told a retry
+				// is charged again, not to retry shortly.
+				if msg := string(answer); strings.Contains(msg, "Retry shortly") || !strings.Contains(msg, "a retry is charged again") {
+					t.Fatalf("refusal's message %.300s: want it to say a retry is charged again", msg)
+				}
 			} else if len(answer) != otherSize {
 				t.Fatalf("second answer %d bytes, want %d", len(answer), otherSize)
 			}

@@ -144,10 +144,10 @@ func (s *Server) answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *
 	callers := errors.Is(full, errCallerAnswerMemory)
 	c.log.Warn("upstream answer found no room in memory", zap.Int64("read", read), zap.Bool("usage_found", c.meter.Result().Reported),
 		zap.Bool("callers_share", callers))
-	msg := "The gateway holds as many answers in memory as it may and could not pass this one on; it is charged what it used. Retry shortly."
+	msg := "The gateway holds as many answers in memory as it may and could not pass this one on; it is charged what it used, and a retry is charged again."
 	if callers {
 		msg = "Your answers not yet read hold as many bytes of the gateway's memory as one caller may, and this one could not be passed on; " +
-			"it is charged what it used. Read your other answers, then retry."
+			"it is charged what it used. Read your other answers before you retry; a retry is charged again."
 	}
 	writeCallError(w, c, &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "server_busy", Message: msg, RetryAfter: bodyRetryAfter})
 	return http.StatusServiceUnavailable
