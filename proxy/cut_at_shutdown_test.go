@@ -97,6 +97,10 @@ func TestCallsCutAtTheDrainDeadlineAreToldSo(t *testing.T) {
 		t.Errorf("call answered whole, cut: %d %q (Retry-After %q, X-Should-Retry %q, err %v); want 503 shutting_down, not to be retried",
 			w.status, w.body, w.header.Get("Retry-After"), w.header.Get("X-Should-Retry"), w.err)
 	}
+	// Its words agree with its headers: an agent reading it is not told to retry as if free.
+	if !strings.Contains(w.body, "a retry is run and charged again") {
+		t.Errorf("cut call's message %q: want it to say a retry is run and charged again", w.body)
+	}
 	if run := h.run(u.ID, w.header.Get(proxy.RunIDHeader)); run.SettleSource.String != holds.SourceShutdown || run.ChargedMicro <= 0 {
 		t.Errorf("call answered whole, cut: settled by %q at %d; want shutdown, at its prompt's estimate", run.SettleSource.String, run.ChargedMicro)
 	}

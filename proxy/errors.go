@@ -181,7 +181,7 @@ var (
 	// errCutAtShutdown answers a call still running at the drain deadline of a graceful
 	// shutdown (CutCalls): it is charged what it used, as a call whose caller left.
 	errCutAtShutdown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
-		Message:    "The gateway is shutting down and cut this call at its drain deadline; it is charged what it used. Retry.",
+		Message:    "The gateway is shutting down and cut this call at its drain deadline; it is charged what it used, and a retry is run and charged again.",
 		RetryAfter: time.Second}
 	errNotFound = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
 		Message: "No such route."}
