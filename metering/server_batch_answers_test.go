@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -39,5 +41,21 @@ func TestServerTaskAnswersArrayIsSummed(t *testing.T) {
 	m.Body([]byte(`[{"choices":[{"index":0,"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}]`))
 	if got := m.Result(); got.Reported || got.OutputChars != 0 {
 		t.Errorf("chat array: got %+v (reported %v), want nothing read", got.Usage, got.Reported)
+	}
+}
+
+// TestServerTaskAnswersSumIsAReportOfTwoFigures: the sum of an array's reports is applied as a
+// usage of its prompt_tokens and completion_tokens alone would be read (openAIUsage), without
+// writing one out and reading it back: the same report, the same zeros read as none.
+func TestServerTaskAnswersSumIsAReportOfTwoFigures(t *testing.T) {
+	for _, sum := range [][2]int64{{300, 28}, {0, 5}, {7, 0}, {0, 0}, {pricing.MaxTokens, pricing.MaxTokens}} {
+		direct := NewMeter(FormatCompletions)
+		direct.summedReport(sum[0], sum[1])
+		read := NewMeter(FormatCompletions)
+		reported := read.openAIUsage(gjson.Parse(fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d}`, sum[0], sum[1])))
+		if got, want := direct.Result(), read.Result(); got.Usage != want.Usage || got.Reported != want.Reported ||
+			got.PromptMissing != want.PromptMissing || direct.summedAnswers != reported {
+			t.Errorf("sum %v: applied %+v (reported %v, summed %v); read %+v (reported %v)", sum, got.Usage, got.Reported, direct.summedAnswers, want.Usage, reported)
+		}
 	}
 }

@@ -2,7 +2,6 @@ package metering
 
 import (
 	"bytes"
-	"fmt"
 	"strings"
 	"unsafe"
 
@@ -377,8 +376,18 @@ func (m *Meter) taskAnswers(s string) {
 	if answers == 0 || !reported {
 		return
 	}
-	sum := fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d}`, prompt, completion)
-	m.summedAnswers = m.openAIUsage(gjson.Parse(sum))
+	m.summedReport(prompt, completion)
+}
+
+// summedReport takes the sum of the reports of the whole answers of a completions answer given
+// as a JSON array of them (taskAnswers), their prompt_tokens and completion_tokens each in
+// [0, pricing.MaxTokens], as its report: a usage of those two figures alone, applied as
+// openAIUsage applies one read (a sum of zeros is no report).
+func (m *Meter) summedReport(prompt, completion int64) {
+	var fresh [figureCount]reportedFigure
+	fresh[figPrompt] = reportedFigure{n: prompt, seen: true}
+	fresh[figCompletion] = reportedFigure{n: completion, seen: true}
+	m.summedAnswers = m.applyUsage(fresh)
 }
 
 // Result returns what was seen so far, every token count within [0, pricing.MaxTokens].
@@ -805,6 +814,12 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		"input_tokens_details.cache_creation_token_details.ephemeral_1h_input_tokens")
 	set(figAudio, "prompt_tokens_details.audio_tokens", "input_tokens_details.audio_tokens")
 	set(figAudioOut, "completion_tokens_details.audio_tokens", "output_tokens_details.audio_tokens")
+	return m.applyUsage(fresh)
+}
+
+// applyUsage replaces the usage with a report whose figures are fresh (openAIUsage), and reports
+// whether it was one: a report of zeros alone is none.
+func (m *Meter) applyUsage(fresh [figureCount]reportedFigure) bool {
 	if countsNothing(fresh) {
 		// Every figure 0: no call reads no prompt. A compatible server or relay that puts such
 		// a placeholder in each chunk until its real report (usage {0, 0, 0} beside the text)
