@@ -2,6 +2,7 @@ package metering
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -56,6 +57,133 @@ func TestServerTaskAnswersSumIsAReportOfTwoFigures(t *testing.T) {
 		if got, want := direct.Result(), read.Result(); got.Usage != want.Usage || got.Reported != want.Reported ||
 			got.PromptMissing != want.PromptMissing || direct.summedAnswers != reported {
 			t.Errorf("sum %v: applied %+v (reported %v, summed %v); read %+v (reported %v)", sum, got.Usage, got.Reported, direct.summedAnswers, want.Usage, reported)
+		}
+	}
+}
+
+// TestUnrelayedServerTaskAnswersAreSummedAsWhole: an older llama.cpp build's array of whole
+// answers to a batch, too large to relay and read past in pieces, was read as no answer at all
+// (no JSON object): none of its text, none of its answers' reports, where read whole every
+// report is summed (taskAnswers). Read past, it is charged as read whole, however it is cut
+// into pieces: each answer's figures read as gjson reads them (the first "usage", its first
+// figures, numbers alone), an element that is no answer passed over, and without a report in
+// each, the text of all for the estimate.
+func TestUnrelayedServerTaskAnswersAreSummedAsWhole(t *testing.T) {
+	answer := func(text, usage string) string {
+		return `{"choices":[{"text":"` + text + `","index":0,"logprobs":null,"finish_reason":"length"}],"model":"m","object":"text_completion"` + usage + `}`
+	}
+	bodies := map[string]string{
+		"every report": "\ufeff [" + answer("aaaa", `,"usage":{"completion_tokens":16,"prompt_tokens":90,"total_tokens":106},"timings":{"predicted_n":16}`) + ",\n " +
+			answer("bbbbbbbb", `,"usage":{"prompt_tokens":210 , "completion_tokens":12.7e0,"total_tokens":222}`) + "]\n",
+		"first keys": "[" + answer("a", `,"usage":{"prompt_tokens":9,"prompt_tokens":1000,"completion_tokens":-3,"completion_tokens":1000},"usage":{"prompt_tokens":5000}`) + "," +
+			answer("b", `,"usage":{"prompt_tokens":1e1,"x":{"prompt_tokens":"no"},"completion_tokens":2}`) + `,7,"x",null,[{"usage":{"prompt_tokens":1000,"completion_tokens":1000}}]]`,
+		"one without a report": "[" + answer("aaaa", `,"usage":{"completion_tokens":16,"prompt_tokens":90}`) + "," + answer("bb", "") + "]",
+		"a figure as a string": "[" + answer("aaaa", `,"usage":{"completion_tokens":16,"prompt_tokens":90}`) + "," + answer("bb", `,"usage":{"completion_tokens":"2","prompt_tokens":9}`) + "]",
+		"a figure null":        "[" + answer("aaaa", `,"usage":{"completion_tokens":null,"prompt_tokens":90}`) + "]",
+		"usage no object":      "[" + answer("aaaa", `,"usage":[{"completion_tokens":1,"prompt_tokens":90}]`) + "]",
+		"a figure an object":   "[" + answer("aaaa", `,"usage":{"completion_tokens":{"n":1},"prompt_tokens":90}`) + "]",
+		"zeros":                "[" + answer("", `,"usage":{"completion_tokens":0,"prompt_tokens":0}`) + "]",
+		"no answers":           `[1,"two",[3]]`,
+		"empty":                `[]`,
+		"choices twice":        `[{"choices":[{"text":"ab"}],"choices":[{"text":"no"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}]`,
+	}
+	for name, body := range bodies {
+		if !gjson.Valid(string(TrimBody([]byte(body)))) {
+			t.Fatalf("%s: not valid JSON", name)
+		}
+		whole := NewMeter(FormatCompletions)
+		whole.Body([]byte(body))
+		want := whole.Result()
+		for _, size := range []int{1, 2, 7, len(body)} {
+			m := NewMeter(FormatCompletions)
+			ua := m.NewUnrelayedAnswer()
+			for b := []byte(body); len(b) > 0; b = b[min(len(b), size):] {
+				ua.Write(b[:min(len(b), size)])
+			}
+			if !ua.Answers() || ua.Open() {
+				t.Fatalf("%s: not read as an array of answers that ended (answers %v, open %v)", name, ua.Answers(), ua.Open())
+			}
+			m.AddAnswers(ua)
+			if got := m.Result(); got.Usage != want.Usage || got.Reported != want.Reported || got.Estimated != want.Estimated || got.OutputChars != want.OutputChars {
+				t.Errorf("%s in pieces of %d: %+v (reported %v, estimated %v, %d chars); read whole %+v (reported %v, estimated %v, %d chars)",
+					name, size, got.Usage, got.Reported, got.Estimated, got.OutputChars, want.Usage, want.Reported, want.Estimated, want.OutputChars)
+			}
+		}
+	}
+	// Not vacuous: read whole, the reports are summed where each answer has one.
+	for name, want := range map[string]pricing.Usage{"every report": {Input: 300, Output: 28}, "first keys": {Input: 19, Output: 2}} {
+		m := NewMeter(FormatCompletions)
+		m.Body([]byte(bodies[name]))
+		if got := m.Result(); got.Usage != want || !got.Reported {
+			t.Errorf("%s read whole: %+v (reported %v), want %+v", name, got.Usage, got.Reported, want)
+		}
+	}
+
+	// Cut, it is open and charges no report, only the text read; a chat answer is no array.
+	m := NewMeter(FormatCompletions)
+	ua := m.NewUnrelayedAnswer()
+	body := bodies["every report"]
+	ua.Write([]byte(body[:strings.Index(body, "bbbb")+2]))
+	ua.Cut()
+	m.AddAnswers(ua)
+	if got := m.Result(); !ua.Open() || got.Reported || got.OutputChars != 6 {
+		t.Errorf("cut in the second answer: open %v, reported %v, %d chars; want open, no report, 6 chars", ua.Open(), got.Reported, got.OutputChars)
+	}
+	// A figure whose literal is longer than any count a server writes is read as none: the text
+	// is estimated (read whole, gjson reads it as 10).
+	m = NewMeter(FormatCompletions)
+	ua = m.NewUnrelayedAnswer()
+	ua.Write([]byte("[" + answer("aaaa", `,"usage":{"completion_tokens":1.0000000000000000000000000000000000000000000000000000000000000000e1,"prompt_tokens":90}`) + "]"))
+	if m.AddAnswers(ua); m.Result().Reported || m.Result().OutputChars != 4 {
+		t.Errorf("a figure too long: %+v (reported %v), want no report and the text for the estimate", m.Result().Usage, m.Result().Reported)
+	}
+	if ua := NewMeter(FormatChat).NewUnrelayedAnswer(); func() bool { ua.Write([]byte(bodies["every report"])); return ua.Answers() }() {
+		t.Errorf("a chat answer read as an array of answers")
+	}
+}
+
+// TestUnrelayedServerTaskAnswersMatchTheWholeRead: arrays of whole answers built at random from
+// answers' keys in every shape a report can take (figures as numbers, strings, null, lists,
+// objects, negative, as exponents; a usage null, repeated, escaped, nested off the path; elements
+// that are no answer), read past in pieces of random sizes, are charged as read whole.
+func TestUnrelayedServerTaskAnswersMatchTheWholeRead(t *testing.T) {
+	parts := []string{`"choices":[{"text":"ab","index":0}]`, `"choices":[{"text":"c\"d\u00e9","index":1},{"text":"e"}]`, `"choices":{"a":{"text":"xy"}}`,
+		`"usage":{"prompt_tokens":12,"completion_tokens":3}`, `"usage":{"completion_tokens":7,"prompt_tokens":1.5e1,"total_tokens":9}`,
+		`"usage":{"prompt_tokens":"4","completion_tokens":2}`, `"usage":null`, `"usage":{"prompt_tokens":[1],"completion_tokens":{"a":1}}`,
+		`"usage":{"prompt_tokens":-4,"completion_tokens":2}`, `"timings":{"predicted_n":3}`, `"model":"m"`, `"x":[1,{"usage":{"prompt_tokens":99,"completion_tokens":99}}]`,
+		`"usage":{ "prompt_tokens" : 5 , "completion_tokens" : 6 }`, `"u\u0073age":{"prompt_tokens":8,"completion_tokens":8}`, `"usage":{"prompt_tokens":true,"completion_tokens":1}`}
+	elems := []string{`7`, `"s"`, `null`, `[{"usage":{"prompt_tokens":1,"completion_tokens":1}}]`, `{}`}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 5000 {
+		var el []string
+		for range rng.IntN(4) + 1 {
+			if rng.IntN(5) == 0 {
+				el = append(el, elems[rng.IntN(len(elems))])
+				continue
+			}
+			var kv []string
+			for range rng.IntN(4) + 1 {
+				kv = append(kv, parts[rng.IntN(len(parts))])
+			}
+			el = append(el, "{"+strings.Join(kv, ",")+"}")
+		}
+		body := " [" + strings.Join(el, " ,\n") + "] "
+		if !gjson.Valid(body) {
+			t.Fatalf("not valid JSON: %s", body)
+		}
+		whole := NewMeter(FormatCompletions)
+		whole.Body([]byte(body))
+		want := whole.Result()
+		size := rng.IntN(9) + 1
+		m := NewMeter(FormatCompletions)
+		ua := m.NewUnrelayedAnswer()
+		for b := []byte(body); len(b) > 0; b = b[min(len(b), size):] {
+			ua.Write(b[:min(len(b), size)])
+		}
+		m.AddAnswers(ua)
+		got := m.Result()
+		if got.Usage != want.Usage || got.Reported != want.Reported || got.Estimated != want.Estimated || got.OutputChars != want.OutputChars {
+			t.Fatalf("%s\nin pieces of %d: %+v (reported %v, estimated %v, %d chars); read whole %+v (reported %v, estimated %v, %d chars)", body, size, got.Usage, got.Reported, got.Estimated, got.OutputChars, want.Usage, want.Reported, want.Estimated, want.OutputChars)
 		}
 	}
 }

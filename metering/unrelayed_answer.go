@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // An answer too large to relay is never held whole: it is read past for its usage report
@@ -81,7 +85,39 @@ type UnrelayedAnswer struct {
 	// firstText is textBytes when the second choice began: the text up to the end of the first
 	// choice, which a llama.cpp server's report of several tasks counts alone (Meter.wholeTasks).
 	firstText int64
+	// A completions answer that is a JSON array of whole answers (Meter.taskAnswers): answers.
+	// Each answer's report is read as the bytes go by: figure is the figure being read (its
+	// literal's bytes in literal), element what the answer being read reported so far, summed
+	// the sum of the reports of the answers that ended, answered how many did, and unreported
+	// is set once one ended without a number for both figures.
+	answers    bool
+	figure     uint8
+	literal    [maxFigureLiteral]byte
+	litLen     int
+	element    answerReport
+	summed     answerReport
+	answered   int64
+	unreported bool
 }
+
+// answerReport is what the usage of one whole answer of an array counts, or the sum of such
+// usages: its prompt_tokens and its completion_tokens, and of each whether it was a number.
+type answerReport struct {
+	prompt, completion         int64
+	promptSeen, completionSeen bool
+}
+
+// maxFigureLiteral bounds the literal of a usage figure an UnrelayedAnswer reads: a longer one
+// (no count a server writes; gjson reads it whole) is read as no number, as a report without
+// the figure, and the array's text is estimated.
+const maxFigureLiteral = 64
+
+// Which figure of an element's usage is being read.
+const (
+	figureNone uint8 = iota
+	figurePrompt
+	figureCompletion
+)
 
 // NewUnrelayedAnswer returns an UnrelayedAnswer for m's answers, or nil when it reads none of
 // m's format: it reads each as Meter.Body does (an embeddings body as a chat one).
@@ -126,6 +162,23 @@ func (m *Meter) AddUnreported(b *UnrelayedAnswer) {
 	// Unless it is a llama.cpp server's report of the first of several tasks, read as
 	// Meter.Body reads it: the other choices' text is charged at its estimate.
 	m.wholeTasks(b.choices, b.textBytes-b.firstText)
+}
+
+// Answers reports whether the answer is a completions answer given as a JSON array of whole
+// answers, each with a report of its own (Meter.taskAnswers): the report at its end is its
+// last answer's alone. A nil UnrelayedAnswer reads none.
+func (b *UnrelayedAnswer) Answers() bool { return b != nil && b.answers }
+
+// AddAnswers charges an answer read to its end that is a JSON array of whole answers (Answers)
+// as Meter.Body charges it read whole (taskAnswers): its text, and the sum of every answer's
+// report, marked estimated, when each carried one; without a report from each, the text is
+// estimated. Charged the report at its end, the last answer's, a batch of several prompts too
+// large to relay paid for one.
+func (m *Meter) AddAnswers(b *UnrelayedAnswer) {
+	m.AddUnreported(b)
+	if b.Answers() && b.answered > 0 && !b.unreported && !b.Open() {
+		m.summedReport(b.summed.prompt, b.summed.completion)
+	}
 }
 
 // Cut ends an answer cut before its end (read up to a bound): the value being read
@@ -202,11 +255,17 @@ func (b *UnrelayedAnswer) Write(p []byte) (int, error) {
 				continue
 			}
 			b.started = true
-			if c != '{' {
+			switch {
+			case c == '{':
+				b.pending = roleTop
+			case c == '[' && b.format == FormatCompletions:
+				// An older llama.cpp server's answer to a batch of prompts: a JSON array of
+				// whole answers, each read as one (Meter.taskAnswers).
+				b.answers, b.pending = true, roleAnswers
+			default:
 				b.done = true // not a JSON object: no chat answer's audio to find
-				break
+				continue
 			}
-			b.pending = roleTop
 		}
 		b.structural(c)
 	}
@@ -241,7 +300,7 @@ type answerFrame struct {
 	// The keys read once that were seen (a choice's "message" or "text", a function's
 	// "arguments", a tool call's function holding "arguments", a content block's "text"): gjson's
 	// Get reads the first.
-	seen uint16
+	seen uint32
 	// An Anthropic block's kind, by its first "type": not read yet, a compaction (whose content
 	// is output text) or any other. held counts its content's text read before its type was.
 	kind uint8
@@ -263,20 +322,23 @@ const (
 
 // The keys of a container that are read once, as bits of its frame's seen.
 const (
-	firstMain      uint16 = 1 << iota // a choice's message (text), the answer's content (output), an item's content, an action's commands, an operation's diff
-	firstFunction                     // a tool call's function holding arguments
-	firstArguments                    // a function's, or an item's, arguments; an action's command
-	firstText                         // a content block's or a part's text
-	firstThinking                     // a content block's thinking
-	firstInput                        // a content block's input, a Responses item's
-	firstSummary                      // a Responses item's summary
-	firstRefusal                      // a Responses part's refusal
-	firstType                         // a content block's type
-	firstContent                      // a content block's content
-	firstCode                         // a Responses item's code
-	firstAction                       // a Responses item's action
-	firstOperation                    // a Responses item's operation
-	firstCustom                       // a chat tool call's custom (a custom tool's call)
+	firstMain       uint32 = 1 << iota // a choice's message (text), the answer's content (output), an item's content, an action's commands, an operation's diff
+	firstFunction                      // a tool call's function holding arguments
+	firstArguments                     // a function's, or an item's, arguments; an action's command
+	firstText                          // a content block's or a part's text
+	firstThinking                      // a content block's thinking
+	firstInput                         // a content block's input, a Responses item's
+	firstSummary                       // a Responses item's summary
+	firstRefusal                       // a Responses part's refusal
+	firstType                          // a content block's type
+	firstContent                       // a content block's content
+	firstCode                          // a Responses item's code
+	firstAction                        // a Responses item's action
+	firstOperation                     // a Responses item's operation
+	firstCustom                        // a chat tool call's custom (a custom tool's call)
+	firstUsage                         // an array's answer's usage
+	firstPrompt                        // a usage's prompt_tokens
+	firstCompletion                    // a usage's completion_tokens
 )
 
 // Where a value stands on the path to the audio data.
@@ -316,6 +378,12 @@ const (
 	roleChunkThink // a chunk's thinking: text as a string, a list of chunks as a list
 	roleThinkList  // that list
 	roleThinkChunk // one of its chunks: its text is text
+	// A completions answer given as a JSON array of whole answers (Meter.taskAnswers): the
+	// array, each answer's usage, and that usage's prompt_tokens and completion_tokens.
+	roleAnswers
+	roleUsage
+	roleFigurePrompt
+	roleFigureCompletion
 )
 
 // skipLead reports whether c is part of what TrimBody trims before an answer: white space
@@ -374,6 +442,18 @@ func (b *UnrelayedAnswer) top() *answerFrame {
 
 // structural reads a byte outside strings.
 func (b *UnrelayedAnswer) structural(c byte) {
+	if b.figure != figureNone {
+		switch c {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			b.figureEnds()
+		default:
+			if b.litLen < len(b.literal) {
+				b.literal[b.litLen] = c
+			}
+			b.litLen++
+			return
+		}
+	}
 	if b.raw == rawLiteral && (c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r') {
 		// gjson's Raw of a number or a literal ends before the first of these.
 		b.rawEnds(b.at)
@@ -389,13 +469,21 @@ func (b *UnrelayedAnswer) structural(c byte) {
 				b.firstText = b.textBytes
 			}
 		}
+		if role == roleTop && b.answers {
+			if c == '{' {
+				b.element = answerReport{} // an answer of the array begins
+			} else {
+				role = roleNone // an element that is no answer: taskAnswers reads none of it
+			}
+		}
 		switch {
 		case role == roleContent && c == '[':
 			role = roleChunks // a message's text as a list of chunks (chunksLen)
 		case role == roleChunkThink && c == '[':
 			role = roleThinkList
 		case role == roleText || role == roleData || role == roleRaw || role == roleBlockType || role == roleBlockText ||
-			role == roleChunkThink || role == roleContent || role == roleReasoningContent || role == roleReasoning:
+			role == roleChunkThink || role == roleContent || role == roleReasoningContent || role == roleReasoning ||
+			role == roleFigurePrompt || role == roleFigureCompletion:
 			role = roleNone // text that is no string: none counts (strLen); raw JSON counts whole
 		}
 		b.depth++
@@ -407,7 +495,11 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			b.done = true
 			return
 		}
-		b.reasoningOnce(b.top())
+		f := b.top()
+		b.reasoningOnce(f)
+		if b.answers && b.depth == 2 && f != nil && f.role == roleTop {
+			b.answerEnds()
+		}
 		b.depth--
 		if b.raw == rawContainer && b.depth == b.rawDepth {
 			b.rawEnds(b.at + 1)
@@ -457,10 +549,50 @@ func (b *UnrelayedAnswer) structural(c byte) {
 		b.pending = roleNone
 	case ' ', '\t', '\n', '\r':
 	default:
-		if b.valueStarts() == roleRaw { // a number, true, false or null
+		switch b.valueStarts() {
+		case roleRaw: // a number, true, false or null
 			b.rawBegins(rawLiteral)
+		case roleFigurePrompt:
+			b.figure, b.litLen = figurePrompt, 0
+			b.structural(c)
+		case roleFigureCompletion:
+			b.figure, b.litLen = figureCompletion, 0
+			b.structural(c)
 		}
 	}
+}
+
+// figureEnds reads the literal of the usage figure just read as gjson reads it: a number, or
+// none (true, false, null; one too long to be a count).
+func (b *UnrelayedAnswer) figureEnds() {
+	fig := b.figure
+	b.figure = figureNone
+	if b.litLen > len(b.literal) {
+		return
+	}
+	v := gjson.Parse(string(b.literal[:b.litLen]))
+	if v.Type != gjson.Number {
+		return
+	}
+	switch fig {
+	case figurePrompt:
+		b.element.prompt, b.element.promptSeen = v.Int(), true
+	case figureCompletion:
+		b.element.completion, b.element.completionSeen = v.Int(), true
+	}
+}
+
+// answerEnds adds the report of the answer of an array just read to the sum, as taskAnswers
+// sums them: an answer without a number for both figures leaves the array unreported.
+func (b *UnrelayedAnswer) answerEnds() {
+	b.answered++
+	e := b.element
+	if !e.promptSeen || !e.completionSeen {
+		b.unreported = true
+		return
+	}
+	b.summed.prompt = min(pricing.MaxTokens, b.summed.prompt+max(0, e.prompt))
+	b.summed.completion = min(pricing.MaxTokens, b.summed.completion+max(0, e.completion))
 }
 
 // rawBegins starts counting the raw JSON of a value of kind k that begins at the byte read.
@@ -499,6 +631,8 @@ func (b *UnrelayedAnswer) valueStarts() uint8 {
 			role = roleChunk
 		case roleThinkList:
 			role = roleThinkChunk
+		case roleAnswers:
+			role = roleTop
 		}
 	}
 	return role
@@ -523,7 +657,7 @@ func (b *UnrelayedAnswer) keyEnds() {
 		return
 	}
 	key := string(b.key[:b.keyLen])
-	first := func(bit uint16, role uint8) {
+	first := func(bit uint32, role uint8) {
 		if f.seen&bit == 0 {
 			b.pending = role
 		}
@@ -536,8 +670,19 @@ func (b *UnrelayedAnswer) keyEnds() {
 			first(firstMain, roleBlocks)
 		case b.format == FormatResponses && key == "output":
 			first(firstMain, roleOutput)
+		case b.answers && key == "choices":
+			first(firstMain, roleChoices) // a.Get("choices"), as taskAnswers reads an answer
 		case (b.format == FormatChat || b.format == FormatCompletions) && key == "choices":
 			b.pending = roleChoices
+		case b.answers && key == "usage":
+			first(firstUsage, roleUsage)
+		}
+	case roleUsage:
+		switch key {
+		case "prompt_tokens":
+			first(firstPrompt, roleFigurePrompt)
+		case "completion_tokens":
+			first(firstCompletion, roleFigureCompletion)
 		}
 	case roleChoice:
 		if b.format == FormatCompletions && key == "text" {

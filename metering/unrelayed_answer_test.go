@@ -205,7 +205,9 @@ func textCases() map[string]string {
 		"no strings":     `{"choices":[{"message":{"content":["x"],"refusal":{"a":"b"},"reasoning":12,"tool_calls":"x"}}]}`,
 		"elsewhere":      `{"x":{"choices":[{"message":{"content":"no"}}]},"choices":[{"delta":{"content":"no"},"logprobs":{"content":[{"token":"no"}]},"message":{"content":"yes","x":{"content":"no"}}}]}`,
 		"completions":    `{"choices":[{"text":"Hello","text":"no","index":0},{"text":"!"},{"text":{"a":"b"}}]}`,
-		"escaped keys":   `{"ch\u006fices":[{"m\u0065ssage":{"c\u006fntent":"x","reas\u006fning_content":"yy"},"t\u0065xt":"zzz"}]}`,
+		"completions batch": `[{"choices":[{"text":"ab","index":0}],"usage":{"prompt_tokens":1,"completion_tokens":1}},` +
+			`{"choices":[{"text":"cde","text":"no"}],"choices":[{"text":"no"}]},7,"choices",[{"choices":[{"text":"no"}]}],{"x":{"choices":[{"text":"no"}]}}]`,
+		"escaped keys": `{"ch\u006fices":[{"m\u0065ssage":{"c\u006fntent":"x","reas\u006fning_content":"yy"},"t\u0065xt":"zzz"}]}`,
 	}
 }
 
@@ -262,11 +264,11 @@ func TestUnrelayedAnswerCountsTextAsTheWholeAnswer(t *testing.T) {
 		}
 	}
 	// Not vacuous: the cases hold text of each kind.
-	for name, want := range map[string]int64{"chunked content": 3 + 2 + 3 + 2, "reasoning under both names": 5 + 1 + 2 + 3, "every field": 1 + 3 + 4 + 5, "tool calls": 10, "custom tool calls": 4, "function call": 5, "duplicates": 15, "completions": 6,
+	for name, want := range map[string]int64{"chunked content": 3 + 2 + 3 + 2, "reasoning under both names": 5 + 1 + 2 + 3, "every field": 1 + 3 + 4 + 5, "tool calls": 10, "custom tool calls": 4, "function call": 5, "duplicates": 15, "completions": 6, "completions batch": 5,
 		"anthropic": 2 + 3 + 22, "anthropic inputs": 6 + 6 + 4 + 4 + 2 + 1, "anthropic content object": 5, "anthropic compaction": 5, "responses tools": 2 + 2 + 1 + 2 + 2, "responses": 6 + 7 + 2 + 2, "responses odd": 2} {
 		f := FormatChat
 		switch {
-		case name == "completions":
+		case strings.HasPrefix(name, "completions"):
 			f = FormatCompletions
 		case strings.HasPrefix(name, "anthropic"):
 			f = FormatAnthropic

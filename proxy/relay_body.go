@@ -524,6 +524,21 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 	if len(tail) < oversizeTail {
 		tail = append(head[max(0, len(head)-(oversizeTail-len(tail))):len(head):len(head)], tail...)
 	}
+	model := headModel(head, past)
+	if model.Type != gjson.String {
+		// An embeddings list names its model after its data, a llama.cpp answer after its text.
+		model = lastKey(tail, "model", '"')
+	}
+	if past.Answers() {
+		// An older llama.cpp server's answer to a batch of prompts, a JSON array of whole
+		// answers: the report at its end is its last answer's alone, and each answer's was
+		// read on the way. All of them are charged, as the same answer read whole is.
+		if model.Type == gjson.String {
+			m.Body(append(append([]byte(`{"x":0,"model":`), model.Raw...), '}')) // a key the Meter reads in no format
+		}
+		m.AddAnswers(past)
+		return read
+	}
 	whole := []byte(`{"x":0`) // a key the Meter reads in no format
 	usage := lastUsage(tail)
 	if usage.IsObject() {
@@ -534,10 +549,6 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 		if timings := lastObject(tail, "timings"); timings.IsObject() {
 			whole = append(append(whole, `,"timings":`...), timings.Raw...)
 		}
-	}
-	model := headModel(head)
-	if model.Type != gjson.String {
-		model = lastKey(tail, "model", '"') // an embeddings list names its model after its data
 	}
 	if model.Type == gjson.String {
 		whole = append(append(whole, `,"model":`...), model.Raw...)
@@ -577,16 +588,21 @@ func meterCut(m *metering.Meter, read []byte, maxEvent int) {
 func meterCutPast(m *metering.Meter, head []byte, past *metering.UnrelayedAnswer) {
 	past.Cut()
 	m.AddUnreported(past)
-	if model := headModel(head); model.Type == gjson.String {
+	if model := headModel(head, past); model.Type == gjson.String {
 		m.Body(append(append([]byte(`{"x":0,"model":`), model.Raw...), '}')) // a key the Meter reads in no format
 	}
 }
 
-// headModel is the model a JSON answer's first bytes name (its top-level "model"), or an
-// empty result when they name none whole: a name cut short is no name (cut from
-// "gpt-4o-mini", "gpt-4o" bills at another model's price).
-func headModel(head []byte) gjson.Result {
-	if model := gjson.GetBytes(head, "model"); model.Type == gjson.String && gjson.Valid(model.Raw) {
+// headModel is the model a JSON answer's first bytes name (its top-level "model"; its first
+// answer's, as Meter.Body reads it, for a JSON array of whole answers past reads), or an empty
+// result when they name none whole: a name cut short is no name (cut from "gpt-4o-mini",
+// "gpt-4o" bills at another model's price).
+func headModel(head []byte, past *metering.UnrelayedAnswer) gjson.Result {
+	path := "model"
+	if past.Answers() {
+		path = "0.model"
+	}
+	if model := gjson.GetBytes(head, path); model.Type == gjson.String && gjson.Valid(model.Raw) {
 		return model
 	}
 	return gjson.Result{}

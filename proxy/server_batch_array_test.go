@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 )
 
@@ -35,5 +36,33 @@ func TestServerTaskAnswersOfABatchAreCharged(t *testing.T) {
 	if run.SettleSource.String != holds.SourceComplete || run.InTok != 90+210+310 || run.OutTok != 3*16 || !run.Estimated {
 		t.Errorf("run settled by %q in=%d out=%d estimated=%v, want complete charged 610 in and 48 out (every answer's report, summed), estimated",
 			run.SettleSource.String, run.InTok, run.OutTok, run.Estimated)
+	}
+}
+
+// TestServerTaskAnswersOfAnOversizedBatchAreCharged: the same array of whole answers too large to
+// relay (past max_response_bytes) is read past for the report at its end, which is its last
+// answer's alone: a batch of three prompts was charged the last prompt's task, 310 in and 2 000
+// out (20 775 µUSD at fake-gpt's prices), where the server made 610 in and 6 000 out (61 525
+// µUSD). Every answer's report, read as it went by, is charged, summed, as read whole.
+func TestServerTaskAnswersOfAnOversizedBatchAreCharged(t *testing.T) {
+	answer := func(index int, prompt int64) string {
+		return fmt.Sprintf(`{"choices":[{"text":%q,"index":%d,"logprobs":null,"finish_reason":"length"}],"created":1,"model":"fake-gpt","system_fingerprint":"b4800-1a2b3c4","object":"text_completion",`+
+			`"usage":{"completion_tokens":2000,"prompt_tokens":%d,"total_tokens":%d},"id":"cmpl-l","timings":{"prompt_n":%d,"prompt_ms":1.5,"predicted_n":2000,"predicted_ms":3.1}}`,
+			strings.Repeat("word ", 2000), index, prompt, prompt+2000, prompt)
+	}
+	batch := "[" + answer(0, 90) + "," + answer(1, 210) + "," + answer(2, 310) + "]"
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, batch)
+	}, func(c *config.Config) { c.Limits.MaxResponseBytes = 16 << 10 })
+	u, key := h.user("standard")
+	body := `{"model":"fake-gpt","max_tokens":2000,"prompt":["` + strings.Repeat("x", 400) + `","` + strings.Repeat("y", 800) + `","` + strings.Repeat("z", 1200) + `"]}`
+	status, out, run := h.postRun(u.ID, key, "/v1/completions", body, nil)
+	if status != http.StatusBadGateway || errorCode(t, out) != "upstream_response_too_large" {
+		t.Fatalf("status %d: %s, want 502 upstream_response_too_large", status, out)
+	}
+	if run.InTok != 90+210+310 || run.OutTok != 3*2000 || !run.Estimated || run.CostMicro != fakeGPTCost(610, 6000) {
+		t.Errorf("run settled by %q in=%d out=%d estimated=%v cost %d µUSD, want 610 in and 6000 out (every answer's report, summed), estimated, %d µUSD",
+			run.SettleSource.String, run.InTok, run.OutTok, run.Estimated, run.CostMicro, fakeGPTCost(610, 6000))
 	}
 }
