@@ -758,19 +758,25 @@ func (l *outputLimits) add(limit int64) {
 
 // promptCount is how many prompts a completions request's prompt holds: an array of strings
 // or of token arrays is a batch, answered prompt by prompt; a string, or one token array (an
-// array of numbers), is one prompt.
+// array of numbers), is one prompt. So is an array of both strings and numbers: llama.cpp's
+// server reads it as one prompt, token ids with text between them, and runs it as one task
+// whose report counts all of it (tokenize_input_prompts, "string or mixed"); read as a batch,
+// its elements but the first were charged again at their estimates (Meter.BatchPrompts).
+// OpenAI's API and vLLM refuse such a prompt.
 func promptCount(prompt gjson.Result) int64 {
 	if !prompt.IsArray() {
 		return 1
 	}
 	var n int64
-	tokens := true
+	tokens, numbers, text := true, false, false
 	prompt.ForEach(func(_, v gjson.Result) bool {
 		n++
 		tokens = tokens && v.Type == gjson.Number
+		numbers = numbers || v.Type == gjson.Number
+		text = text || v.Type == gjson.String
 		return true
 	})
-	if tokens || n == 0 {
+	if tokens || n == 0 || numbers && text {
 		return 1
 	}
 	return n

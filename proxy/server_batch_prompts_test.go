@@ -60,3 +60,46 @@ func TestServerTaskBatchIsChargedEveryPrompt(t *testing.T) {
 		}
 	}
 }
+
+// TestServerTaskMixedPromptIsOnePrompt: llama.cpp's server reads a prompt that is an array of
+// both strings and token ids ([12, 34, "string", 56]) as one prompt, the strings tokenized in
+// place between the tokens (tokenize_input_prompts: "string or mixed"), and runs it as one
+// task whose report counts all of it. The gateway read it as a batch of one prompt an
+// element: the task's report was taken for the first element's, and the other elements were
+// charged again at their estimates on top, 202 input tokens (505 µUSD at fake-gpt's prices) the
+// server never read twice. It is one prompt, charged its report.
+func TestServerTaskMixedPromptIsOnePrompt(t *testing.T) {
+	request := func(stream bool) string {
+		return fmt.Sprintf(`{"model":"fake-gpt","stream":%v,"max_tokens":16,"prompt":["%s",13,27,"%s"]}`, stream, strings.Repeat("x", 400), strings.Repeat("y", 800))
+	}
+	final := func(text string) string {
+		return fmt.Sprintf(`{"choices":[{"text":%q,"index":0,"logprobs":null,"finish_reason":"length"}],"created":1,"model":"fake-gpt","system_fingerprint":"b1","object":"text_completion",`+
+			`"usage":{"completion_tokens":16,"prompt_tokens":302,"total_tokens":318},"id":"cmpl-l","timings":{"cache_n":0,"prompt_n":302,"predicted_n":16}}`, text)
+	}
+	text := strings.Repeat("w", 64)
+	stream := fmt.Sprintf("data: {\"choices\":[{\"text\":%q,\"index\":0,\"logprobs\":null,\"finish_reason\":null}],\"model\":\"fake-gpt\",\"object\":\"text_completion\",\"id\":\"cmpl-l\"}\n\n", text) +
+		"data: " + final("") + "\n\ndata: [DONE]\n\n"
+	for _, tc := range []struct {
+		name   string
+		stream bool
+		answer string
+	}{{"whole", false, final(text)}, {"streamed", true, stream}} {
+		h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+			if tc.stream {
+				w.Header().Set("Content-Type", "text/event-stream")
+			} else {
+				w.Header().Set("Content-Type", "application/json")
+			}
+			fmt.Fprint(w, tc.answer)
+		}, nil)
+		u, key := h.user("standard")
+		status, _, run := h.postRun(u.ID, key, "/v1/completions", request(tc.stream), nil)
+		if status != 200 {
+			t.Fatalf("%s: status %d", tc.name, status)
+		}
+		if run.SettleSource.String != holds.SourceComplete || run.InTok != 302 || run.OutTok != 16 || run.Estimated {
+			t.Errorf("%s: run settled by %q in=%d out=%d estimated=%v, want complete charged its report, 302 in and 16 out, not estimated",
+				tc.name, run.SettleSource.String, run.InTok, run.OutTok, run.Estimated)
+		}
+	}
+}
