@@ -245,11 +245,14 @@ func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body
 			Message: "The upstream answered with an empty body."})
 		return http.StatusBadGateway
 	}
-	if cutJSON(body) {
+	if cutJSON(body) || c.req.route.format == metering.FormatCompletions && cutAnswers(body) {
 		// A JSON answer that is not whole came from an upstream that went away mid-answer
 		// while its body was delimited by the connection's close (which reads as a clean
 		// end): as when it breaks a Content-Length. Metered, a usage object cut mid-number
-		// was charged as the provider's word ("completion_tokens":4 of 400).
+		// was charged as the provider's word ("completion_tokens":4 of 400). So too an older
+		// llama.cpp server's array of whole answers to a batch (metering's taskAnswers): its
+		// last answer's report was read cut ("prompt_tokens":3 of 310), the answers it never
+		// sent charged nothing.
 		c.outcome = outcomeStreamError
 		meterCut(c.meter, body, maxEvent)
 		c.log.Warn("upstream body cut short", zap.Int("bytes", len(body)))
@@ -441,6 +444,14 @@ func cutJSON(b []byte) bool {
 	return len(t) > 0 && t[0] == '{' && !validJSON(t)
 }
 
+// cutAnswers reports whether b, a whole completions body, starts as a JSON array (an older
+// llama.cpp server's array of whole answers to a batch, metering.UnrelayedAnswer.Answers) but
+// is not whole JSON.
+func cutAnswers(b []byte) bool {
+	t := metering.TrimBody(b)
+	return len(t) > 0 && t[0] == '[' && !validJSON(t)
+}
+
 // validJSON is gjson.ValidBytes for what an upstream sent, with its nesting bounded first:
 // gjson validates by recursive descent, a stack frame per level, and an answer or event of
 // brackets alone (within max_response_bytes or max_event_bytes) grew one call's stack to
@@ -571,10 +582,13 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 // as far as it came). Charged the prompt's estimate alone, an answer that broke near its end
 // cost less than one a little shorter that reached it. A report in it is not its own: the
 // report comes last, and a "usage" object in a cut answer is part of its text (an Anthropic
-// tool input). An event stream under another label (maxEvent > 0) is metered by its whole
-// events, as a stream cut there is (meterBody). It keeps no more than what read holds already.
+// tool input). So too in an older llama.cpp server's array of whole answers to a batch, read
+// as one (metering.UnrelayedAnswer.Answers): read whole, its last answer's cut report was
+// charged as the provider's word. An event stream under another label (maxEvent > 0) is
+// metered by its whole events, as a stream cut there is (meterBody). It keeps no more than
+// what read holds already.
 func meterCut(m *metering.Meter, read []byte, maxEvent int) {
-	if t := metering.TrimBody(read); maxEvent > 0 && len(t) > 0 && t[0] != '{' {
+	if t := metering.TrimBody(read); maxEvent > 0 && len(t) > 0 && t[0] != '{' && t[0] != '[' {
 		meterBody(m, read, maxEvent)
 		return
 	}

@@ -3,11 +3,13 @@ package proxy_test
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering"
 )
 
 // TestServerTaskAnswersOfABatchAreCharged: llama.cpp's server before it merged a batch's
@@ -64,5 +66,42 @@ func TestServerTaskAnswersOfAnOversizedBatchAreCharged(t *testing.T) {
 	if run.InTok != 90+210+310 || run.OutTok != 3*2000 || !run.Estimated || run.CostMicro != fakeGPTCost(610, 6000) {
 		t.Errorf("run settled by %q in=%d out=%d estimated=%v cost %d µUSD, want 610 in and 6000 out (every answer's report, summed), estimated, %d µUSD",
 			run.SettleSource.String, run.InTok, run.OutTok, run.Estimated, run.CostMicro, fakeGPTCost(610, 6000))
+	}
+}
+
+// TestBrokenServerTaskAnswersOfABatchAreChargedTheOutputRead: the same array of whole answers
+// broken partway — its connection dropped before the Content-Length it gave or the last chunk,
+// or closed on a body the close delimits — was charged nothing of its output (read as no JSON
+// object, none of its text counted), or, delimited by the close, relayed as whole and charged
+// its answers' reports as read, the last one's cut mid-number (prompt_tokens 3 of 310). It is
+// charged as any answer broken there: the prompts' estimate and the text read, estimated.
+func TestBrokenServerTaskAnswersOfABatchAreChargedTheOutputRead(t *testing.T) {
+	text := strings.Repeat("word ", 40)
+	answer := func(index int, prompt int64) string {
+		return fmt.Sprintf(`{"choices":[{"text":%q,"index":%d,"logprobs":null,"finish_reason":"length"}],"created":1,"model":"fake-gpt","system_fingerprint":"b4800-1a2b3c4","object":"text_completion",`+
+			`"usage":{"completion_tokens":16,"prompt_tokens":%d,"total_tokens":%d},"id":"cmpl-l","timings":{"prompt_n":%d,"predicted_n":16}}`,
+			text, index, prompt, prompt+16, prompt)
+	}
+	batch := "[" + answer(0, 90) + "," + answer(1, 210) + "," + answer(2, 310) + "]"
+	cut := strings.LastIndex(batch, `"prompt_tokens":310`) + len(`"prompt_tokens":3`)
+	up := &cutUpstream{}
+	ts := httptest.NewServer(up)
+	t.Cleanup(ts.Close)
+	h := newHarness(t, func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "cut", Kind: "openai", BaseURL: ts.URL, Models: []string{"*"}}}
+	})
+	body := `{"model":"fake-gpt","max_tokens":16,"prompt":["` + strings.Repeat("x", 400) + `","` + strings.Repeat("y", 800) + `","` + strings.Repeat("z", 1200) + `"]}`
+	wantOut := metering.EstimateOutputTokens(int64(3 * len(text)))
+	for _, delivery := range []string{"length", "chunked", "close"} {
+		up.set(batch, cut, delivery)
+		u, key := h.user("standard")
+		status, out, run := h.postRun(u.ID, key, "/v1/completions", body, nil)
+		if status != http.StatusBadGateway {
+			t.Errorf("%s: %d %.200s, want 502", delivery, status, out)
+		}
+		if run.SettleSource.String != holds.SourceStreamError || !run.Estimated || run.InTok < 600 || run.OutTok != wantOut {
+			t.Errorf("%s: run source=%s estimated=%v in=%d out=%d; want stream_error, estimated, the prompts' estimate (600 or more) and %d out (the text read)",
+				delivery, run.SettleSource.String, run.Estimated, run.InTok, run.OutTok, wantOut)
+		}
 	}
 }
