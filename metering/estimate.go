@@ -101,7 +101,12 @@ func estimateInput(f Format, body []byte, mayAudio bool) int64 {
 			return true
 		})
 	case FormatCompletions:
-		p.count(top.Get("prompt"))
+		if prompt := top.Get("prompt"); prompt.IsObject() {
+			// llama.cpp's server's prompt of text and media, one object (partLen).
+			p.textBytes += partLen(prompt, 0)
+		} else {
+			p.count(prompt)
+		}
 		// Text to insert before (insert mode): the model reads it as prompt.
 		p.count(top.Get("suffix"))
 	case FormatEmbeddings:
@@ -434,9 +439,13 @@ func partLen(part gjson.Result, depth int) int64 {
 	case part.IsArray():
 		return textLenAt(part, depth+1)
 	}
-	var typ, text, refusal, content, input, encrypted, stdout, stderr, image string
+	var typ, text, refusal, content, input, encrypted, stdout, stderr, image, promptString, media string
 	jsontop.Members(part.Raw, func(k, v string) bool {
 		switch k {
+		case "prompt_string":
+			firstOf(&promptString, v)
+		case "multimodal_data":
+			firstOf(&media, v)
 		case "image":
 			firstOf(&image, v)
 		case "encrypted_content":
@@ -473,6 +482,16 @@ func partLen(part gjson.Result, depth int) int64 {
 		return max(tokensPerMedia*bytesPerToken, documentTextLen(part, depth))
 	}
 	n := rawStringLen(text)
+	// llama.cpp's server's prompt of text and media (a completions prompt, or one of a batch:
+	// tokenize_input_subprompt): its text a string, or token ids with text between them, and
+	// each of its media (base64 images or audio) one media part.
+	n += rawTextLen(promptString, depth+1)
+	if strings.HasPrefix(media, "[") {
+		gjson.Parse(media).ForEach(func(_, _ gjson.Result) bool {
+			n += tokensPerMedia * bytesPerToken
+			return true
+		})
+	}
 	// An assistant's refusal sent back (chat's part, a Responses output message's).
 	n += rawStringLen(refusal)
 	// What a tool gave the model, sent back: an Anthropic web search result's page, encrypted

@@ -101,3 +101,22 @@ func TestPromptEstimatesCountEachPrompt(t *testing.T) {
 		t.Errorf("estimates %v, want %v", got, want)
 	}
 }
+
+// TestServerMultimodalPromptIsEstimated: llama.cpp's server takes a completions prompt, or a
+// prompt of a batch, as an object of its text and its media ({"prompt_string": ...,
+// "multimodal_data": [base64, ...]}; tokenize_input_subprompt), text and images it reads as
+// prompt. Such a prompt was estimated at nothing: a batch's prompt the server's report left out
+// (a whole answer, which reports its first task alone) was charged 0, and so was the prompt of a
+// call without a report. Its text counts as a string prompt's does, each of its media as a media
+// part does.
+func TestServerMultimodalPromptIsEstimated(t *testing.T) {
+	object := `{"prompt_string":"` + strings.Repeat("x", 401) + `","multimodal_data":["AAAA","BBBB"]}`
+	got := PromptEstimates(gjson.Parse(`["` + strings.Repeat("y", 40) + `",` + object + `,{"prompt_string":[12,"abcd",34]}]`))
+	if want := []int64{10, 101 + 2*tokensPerMedia, 3}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("estimates %v, want %v", got, want)
+	}
+	whole, _ := EstimatePrompt(FormatCompletions, []byte(`{"model":"m","prompt":`+object+`}`))
+	if want := int64(101 + 2*tokensPerMedia); whole < want {
+		t.Errorf("a call's object prompt estimated at %d tokens, want at least %d", whole, want)
+	}
+}

@@ -103,3 +103,32 @@ func TestServerTaskMixedPromptIsOnePrompt(t *testing.T) {
 		}
 	}
 }
+
+// TestServerTaskBatchOfAMultimodalPromptIsCharged: llama.cpp's server takes a prompt of a batch
+// as an object of its text and its media ({"prompt_string": ..., "multimodal_data": [...]}).
+// Its whole answer to a batch reports its first task alone, and the other prompts are charged at
+// their estimates: such a prompt's was 0, and a batch of a text prompt and an image with its
+// question was charged the text prompt alone (90 input tokens, where the server read some 1 700
+// more: 4 250 µUSD at fake-gpt's prices, unbilled). It is charged its estimate, text and media.
+func TestServerTaskBatchOfAMultimodalPromptIsCharged(t *testing.T) {
+	text := strings.Repeat("w", 64)
+	answer := fmt.Sprintf(`{"choices":[{"text":%q,"index":0,"logprobs":null,"finish_reason":"length"},{"text":%q,"index":1,"logprobs":null,"finish_reason":"length"}],`+
+		`"created":1,"model":"fake-gpt","system_fingerprint":"b1","object":"text_completion","usage":{"completion_tokens":16,"prompt_tokens":90,"total_tokens":106},`+
+		`"id":"cmpl-l","timings":{"cache_n":0,"prompt_n":90,"predicted_n":16}}`, text, text)
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, answer)
+	}, nil)
+	u, key := h.user("standard")
+	image := strings.Repeat("iVBORw0K", 1000)
+	body := `{"model":"fake-gpt","max_tokens":16,"prompt":["` + strings.Repeat("x", 400) + `",{"prompt_string":"` + strings.Repeat("y", 400) +
+		`","multimodal_data":["` + image + `"]}]}`
+	status, _, run := h.postRun(u.ID, key, "/v1/completions", body, nil)
+	if status != 200 {
+		t.Fatalf("status %d", status)
+	}
+	if want := int64(90 + 100 + 1600); run.SettleSource.String != holds.SourceComplete || run.InTok != want || !run.Estimated {
+		t.Errorf("run settled by %q in=%d out=%d estimated=%v, want complete charged %d in (the first task's report, the other prompt's text and image at their estimate), estimated",
+			run.SettleSource.String, run.InTok, run.OutTok, run.Estimated, want)
+	}
+}
