@@ -65,8 +65,9 @@ func (s *Server) forwardCount(w http.ResponseWriter, r *http.Request, userID uin
 	}
 	// Cut at the drain deadline as a call is (CutCalls): a slow upstream's count otherwise held
 	// the listener's shutdown, and the exit, past shutdown_timeout, and its caller, whose
-	// connection was then closed under it, got no answer instead of 503 shutting_down.
-	r, uncut := s.cuttable(r)
+	// connection was then closed under it, got no answer instead of 503 shutting_down. Cut
+	// with its own cause, so that it is told it was charged nothing (errCountCutAtShutdown).
+	r, uncut := s.cuttableAs(r, errCountCut)
 	defer uncut()
 	if aerr := checkContentEncoding(r.Header); aerr != nil {
 		return refuse(aerr, "content encoding")

@@ -536,6 +536,9 @@ func TestCountTokensCutAtTheDrainDeadline(t *testing.T) {
 		t.Errorf("count cut at the drain deadline: %d %q (Retry-After %q, err %v); want 503 shutting_down with Retry-After: 1 and a request id",
 			c.status, c.body, c.header.Get("Retry-After"), c.err)
 	}
+	if strings.Contains(c.body, "charged") && !strings.Contains(c.body, "nothing is charged") {
+		t.Errorf("count cut at the drain deadline told %q: a count is never charged", c.body)
+	}
 	if err := <-shut; err != nil {
 		t.Errorf("the listener's shutdown after the cut: %v, want it done", err)
 	}
@@ -545,5 +548,82 @@ func TestCountTokensCutAtTheDrainDeadline(t *testing.T) {
 	}
 	if all, _ := h.holdCount(); all != 0 {
 		t.Errorf("%d holds for a token count", all)
+	}
+}
+
+// TestCountTokensCutWhileItsAnswerIsRead: the drain deadline's cut reaches a count whose
+// upstream answer has begun and stalls in its body, a count (relayCount) or a refusal
+// (relayUpstreamError) alike: answered 503 shutting_down with Retry-After: 1, counted once
+// as 503, never as the caller's 499 or the upstream's 502/504, and told, as a count cut
+// before its answer began is, that nothing is charged (it was told it was charged what it used).
+func TestCountTokensCutWhileItsAnswerIsRead(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+	}{{"count", http.StatusOK}, {"refusal", 529}} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, `{"input_to`)
+				w.(http.Flusher).Flush()
+				<-r.Context().Done() // the rest never comes
+			}))
+			t.Cleanup(up.Close)
+			inner := &http.Transport{}
+			t.Cleanup(inner.CloseIdleConnections)
+			headers := make(chan struct{}, 1)
+			h := newHarnessOn(t, harnessSetup{transport: headersTransport{inner: inner, in: headers}}, func(c *config.Config) {
+				anthropicAt(c, up.URL)
+			})
+			_, key := h.user("standard")
+			type answer struct {
+				status int
+				header http.Header
+				body   string
+				err    error
+			}
+			answered := make(chan answer, 1)
+			go func() {
+				req := h.newRequest("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
+					map[string]string{"X-Api-Key": key})
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					answered <- answer{err: err}
+					return
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				answered <- answer{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
+			}()
+			select {
+			case <-headers:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the count's answer did not begin")
+			}
+			sctx, scancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer scancel()
+			_ = h.gw.Config.Shutdown(sctx)
+			h.srv.CutCalls()
+			var a answer
+			select {
+			case a = <-answered:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the count was not answered after the drain deadline cut it")
+			}
+			if a.err != nil || a.status != http.StatusServiceUnavailable || !strings.Contains(a.body, `"shutting_down"`) || a.header.Get("Retry-After") != "1" {
+				t.Errorf("count cut while its answer was read: %d %q (Retry-After %q, err %v); want 503 shutting_down, Retry-After: 1",
+					a.status, a.body, a.header.Get("Retry-After"), a.err)
+			}
+			if strings.Contains(a.body, "charged") && !strings.Contains(a.body, "nothing is charged") {
+				t.Errorf("count cut while its answer was read told %q: a count is never charged", a.body)
+			}
+			for code, want := range map[string]float64{"503": 1, "499": 0, "502": 0, "504": 0} {
+				if got := testutil.ToFloat64(h.metrics.Requests.WithLabelValues("/v1/messages/count_tokens", code)); got != want {
+					t.Errorf("cut count counted %v times as %s, want %v", got, code, want)
+				}
+			}
+		})
 	}
 }

@@ -95,7 +95,10 @@ func endedAnswer(r *http.Request) *apiError {
 // ended is the answer, and the log line's reason, for a call whose context ended during step:
 // the gateway cut it at its drain deadline, or its caller left.
 func ended(ctx context.Context, step string) (*apiError, string) {
-	if errors.Is(context.Cause(ctx), errDrainDeadline) {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errCountCut):
+		return errCountCutAtShutdown, "cut at the drain deadline " + step
+	case errors.Is(cause, errDrainDeadline):
 		return errCutAtShutdown, "cut at the drain deadline " + step
 	}
 	return errClientClosed, "client left " + step
@@ -182,6 +185,11 @@ var (
 	// shutdown (CutCalls): it is charged what it used, as a call whose caller left.
 	errCutAtShutdown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
 		Message:    "The gateway is shutting down and cut this call at its drain deadline; it is charged what it used, and a retry is run and charged again.",
+		RetryAfter: time.Second}
+	// errCountCutAtShutdown answers a token count still running at the drain deadline: a count
+	// is never charged, and errCutAtShutdown's words told its caller it was.
+	errCountCutAtShutdown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
+		Message:    "The gateway is shutting down and cut this token count at its drain deadline; nothing is charged. Retry.",
 		RetryAfter: time.Second}
 	errNotFound = &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
 		Message: "No such route."}

@@ -484,10 +484,25 @@ func (s *Server) CutCalls() {
 // errDrainDeadline is why a call's request context ended when CutCalls cut it.
 var errDrainDeadline = errors.New("cut at the drain deadline of a graceful shutdown")
 
+// errCountCut is why a token count's request context ended when CutCalls cut it: the drain
+// deadline, for a request that is charged nothing, answered so (ended).
+var errCountCut = fmt.Errorf("token count %w", errDrainDeadline)
+
 // cuttable gives r a context that CutCalls ends; the returned func releases it.
 func (s *Server) cuttable(r *http.Request) (*http.Request, func()) {
+	return s.cuttableAs(r, nil)
+}
+
+// cuttableAs is cuttable, its context ended with cause (nil: the cut's own) when CutCalls cuts it.
+func (s *Server) cuttableAs(r *http.Request, cause error) (*http.Request, func()) {
 	ctx, cancel := context.WithCancelCause(r.Context())
-	stop := context.AfterFunc(s.cut, func() { cancel(context.Cause(s.cut)) })
+	stop := context.AfterFunc(s.cut, func() {
+		why := context.Cause(s.cut)
+		if cause != nil {
+			why = cause
+		}
+		cancel(why)
+	})
 	return r.WithContext(ctx), func() {
 		stop()
 		cancel(nil)
