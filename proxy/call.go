@@ -361,6 +361,14 @@ func (s *Server) runCall(w http.ResponseWriter, r *http.Request, actx context.Co
 	if status := s.refuseLate(w, r, c, in, "when its hold was granted", refuse); status != 0 {
 		return status
 	}
+	if c.paidUnderPause {
+		// Its admission budget is spent, and the steps before its forward (a fingerprint's
+		// check) would fail at once under it: refused so, it was answered 503 for the call it
+		// has paid for. They get a budget of their own.
+		var cancel context.CancelFunc
+		actx, cancel = admissionContext(r.Context(), time.Now().Add(s.cfg.Limits.AdmitTimeout))
+		defer cancel()
+	}
 	sessionID := in.ids.sessionID
 	message := sessionMessage(c, sessionID) // before fitBudget rewrites the request
 	if status := s.fitBudget(actx, c, refuse); status != 0 {

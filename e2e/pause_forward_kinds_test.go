@@ -1,0 +1,154 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// pausedBeforeForward is TestGatewayPausedBetweenItsHoldAndTheForward's scene for a call sent
+// with hdr: its gateway g is stopped the moment its admission's closing script goes out, for
+// longer than the hold lives and than admit_timeout, while a peer serves and reconciles. It
+// returns what the caller got once g was resumed, and the hold's row as the peer's reconciler
+// left it before the resume. holdOf finds the paused call's hold among the user's.
+func pausedBeforeForward(t *testing.T, w *pausedWorld, g *gateway, key string, hdr map[string]string, holdOf func() string) (seen, holds.Run) {
+	t.Helper()
+	stopped := false
+	defer func() {
+		if stopped {
+			_ = g.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	body := chatRequest(false, 40, "the call whose gateway the pause catches")
+	fired := w.relay.armToStop(g.cmd.Process.Pid)
+	first := make(chan seen, 1)
+	go func() { first <- w.calls.call(g, key, body, hdr) }()
+	select {
+	case <-fired:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no closing script went out to stop the gateway on")
+	}
+	stopped = true
+	pausedAt := time.Now()
+	var runID string
+	waitFor(t, 10*time.Second, "the hold committed", func() bool { runID = holdOf(); return runID != "" })
+	waitFor(t, 30*time.Second, "the peer's reconciler to settle the paused process's hold", func() bool {
+		return w.hold(runID).State == holds.StateSettled
+	})
+	r := w.hold(runID)
+	t.Logf("settled under the paused gateway: %s charged %d (held %d, calls %d)", r.SettleSource.String, r.ChargedMicro, r.HeldMicro, r.Calls)
+	waitFor(t, 20*time.Second, "the pause to outlast admit_timeout", func() bool { return time.Since(pausedAt) > 6*time.Second })
+	if err := g.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	var s seen
+	select {
+	case s = <-first:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer within 30s of the resume")
+	}
+	t.Logf("the caller got: %d %s complete %v (run %s), the upstream got %d calls", s.status, s.code, s.complete, s.runID, w.held.calls.Load())
+	if after := w.hold(runID); after.ChargedMicro != r.ChargedMicro || after.SettleSource != r.SettleSource || after.SettledAt != r.SettledAt {
+		t.Errorf("the peer's settlement changed after the resume: %s charged %d, was %s charged %d", after.SettleSource.String, after.ChargedMicro, r.SettleSource.String, r.ChargedMicro)
+	}
+	return s, r
+}
+
+// pausedWorld is a world with a gateway whose database traffic goes through a stopRelay, a
+// peer that serves and reconciles, and one user.
+type pausedWorld struct {
+	*world
+	relay *stopRelay
+	calls *allCalls
+	u     holds.User
+}
+
+func newPausedWorld(t *testing.T, name string) (*pausedWorld, *gateway, *gateway, string) {
+	return newPausedWorldWith(t, name, nil)
+}
+
+// newPausedWorldWith is newPausedWorld with over applied to both gateways' config.
+func newPausedWorldWith(t *testing.T, name string, over map[string]string) (*pausedWorld, *gateway, *gateway, string) {
+	w := newWorld(t)
+	relay := newStopRelay(t, w.mysqlAddr(), 0)
+	u, key := w.user(name, 10, nil)
+	config := w.config
+	if over != nil {
+		config = w.writeConfig(over)
+	}
+	g := w.startGatewayWith("gw-paused", config, "MYSQL_DSN="+w.dsnViaAddr(relay.addr()))
+	peer := w.startGatewayWith("gw-peer", config)
+	return &pausedWorld{world: w, relay: relay, calls: &allCalls{}, u: u}, g, peer, key
+}
+
+// books checks that the user's day ledger is the sum of its holds' charges, that this is want,
+// and that the ledger audits clean.
+func (w *pausedWorld) books(t *testing.T, want int64) {
+	t.Helper()
+	waitFor(t, 20*time.Second, "every hold settled", func() bool { return w.liveHoldsOf(w.u.ID) == 0 })
+	var total int64
+	if err := w.db.Get(&total, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", w.u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if used := w.usedToday(w.u.ID); used != total || total != want {
+		t.Errorf("day ledger %d, Σ charged %d, want both %d", used, total, want)
+	}
+	if bad, err := holds.Audit(context.Background(), w.db); err != nil || len(bad) > 0 {
+		t.Errorf("ledger audit: %v %+v", err, bad)
+	}
+}
+
+func (w *pausedWorld) latestHold() func() string {
+	return func() string {
+		var runID string
+		_ = w.db.Get(&runID, "SELECT COALESCE(MAX(run_id), '') FROM run_holds WHERE user_id = ?", w.u.ID)
+		return runID
+	}
+}
+
+// TestPlainCallPausedBetweenItsHoldAndTheForwardUnderTheDedupWindow is
+// TestGatewayPausedBetweenItsHoldAndTheForward with the fingerprint window on, as it is by
+// default (dedup.window 5 s): the paid call's duplicate check, after its hold, must not run
+// under its spent admission budget, or it fails at once and the call it paid for is refused
+// 503 dedup_unavailable, "not made".
+func TestPlainCallPausedBetweenItsHoldAndTheForwardUnderTheDedupWindow(t *testing.T) {
+	w, g, _, key := newPausedWorldWith(t, "paused-plain-dedup", map[string]string{"dedup.window": "5s"})
+	s, r := pausedBeforeForward(t, w, g, key, map[string]string{"X-Fake-Chunks": "12"}, w.latestHold())
+	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+		t.Fatalf("the scene did not happen: the hold settled %s at %d", r.SettleSource.String, r.ChargedMicro)
+	}
+	if !s.complete {
+		t.Errorf("the caller was answered %d %s (the upstream got %d calls), its hold charged %d by %s: charged for a call it was told was not made",
+			s.status, s.code, w.held.calls.Load(), r.ChargedMicro, r.SettleSource.String)
+	}
+	w.books(t, r.ChargedMicro)
+}
+
+// TestIdempotentCallPausedBetweenItsHoldAndTheForward: an Idempotency-Key attempt caught by the
+// pause is forwarded once resumed, its hold charged by the peer's reconciler, and its answer
+// pins the key: the caller's retry under the key is that answer replayed, not a second run
+// charged again.
+func TestIdempotentCallPausedBetweenItsHoldAndTheForward(t *testing.T) {
+	w, g, peer, key := newPausedWorld(t, "paused-idem")
+	hdr := map[string]string{"Idempotency-Key": "pay-once-1", "X-Fake-Chunks": "12"}
+	s, r := pausedBeforeForward(t, w, g, key, hdr, w.latestHold())
+	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+		t.Fatalf("the scene did not happen: the hold settled %s at %d", r.SettleSource.String, r.ChargedMicro)
+	}
+	if !s.complete {
+		t.Fatalf("the caller was answered %d %s, its attempt charged %d: charged for a call it was told was not made", s.status, s.code, r.ChargedMicro)
+	}
+	again := w.calls.call(peer, key, chatRequest(false, 40, "the call whose gateway the pause catches"), hdr)
+	if !again.complete || !again.replayed || !bytes.Equal(again.body, s.body) {
+		t.Errorf("the retry under the key: %d %s replayed %v (same answer %v); want the paid answer replayed", again.status, again.code, again.replayed, bytes.Equal(again.body, s.body))
+	}
+	if n := w.held.calls.Load(); n != 1 {
+		t.Errorf("the upstream got %d calls, want 1", n)
+	}
+	w.books(t, r.ChargedMicro)
+}
