@@ -111,6 +111,23 @@ func (w *pausedWorld) latestHold() func() string {
 	}
 }
 
+// TestSessionCallPausedBetweenItsHoldAndTheForward: a session's message caught by the pause as
+// a plain call is: its hold (a run of one call, unleased, untallied) is charged what it held by
+// the peer's reconciler. Refused once resumed, its caller was told 503 billing_unavailable, "not
+// made", and charged; it must be answered, charged once.
+func TestSessionCallPausedBetweenItsHoldAndTheForward(t *testing.T) {
+	w, g, _, key := newPausedWorld(t, "paused-session")
+	s, r := pausedBeforeForward(t, w, g, key, map[string]string{"X-Session-Id": "chat-1", "X-Fake-Chunks": "12"}, w.latestHold())
+	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+		t.Fatalf("the scene did not happen: the hold settled %s at %d", r.SettleSource.String, r.ChargedMicro)
+	}
+	if !s.complete {
+		t.Errorf("the caller was answered %d %s (the upstream got %d calls), its hold charged %d by %s: charged for a call it was told was not made",
+			s.status, s.code, w.held.calls.Load(), r.ChargedMicro, r.SettleSource.String)
+	}
+	w.books(t, r.ChargedMicro)
+}
+
 // TestPlainCallPausedBetweenItsHoldAndTheForwardUnderTheDedupWindow is
 // TestGatewayPausedBetweenItsHoldAndTheForward with the fingerprint window on, as it is by
 // default (dedup.window 5 s): the paid call's duplicate check, after its hold, must not run

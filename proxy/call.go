@@ -378,7 +378,9 @@ func (s *Server) runCall(w http.ResponseWriter, r *http.Request, actx context.Co
 	// Duplicate checks come after the hold (DESIGN §6): the check and the registration of this
 	// run then happen with no await in between, and a duplicate releases its fresh hold.
 	switch {
-	case sessionID != "":
+	case sessionID != "" && !c.paidUnderPause:
+		// (A message whose hold another process charged while its process was stopped takes no
+		// session: paidUnderAPause.)
 		ctx, cancel := context.WithCancelCause(r.Context())
 		defer cancel(nil)
 		r = r.WithContext(ctx)
@@ -503,8 +505,8 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 		fmt.Errorf("%w %v before", errAdmitBudgetSpent, late.Round(time.Millisecond)))
 }
 
-// paidUnderAPause reports whether the hold of c, a run of one call (no named run, no
-// session) past its admission budget, has been settled at a charge by another process: its
+// paidUnderAPause reports whether the hold of c, a call past its admission budget (not a named
+// run's), has been settled at a charge by another process: its
 // own process was stopped (SIGSTOP, a VM's live migration, a GC pause) between the hold's
 // COMMIT and this check for longer than the hold lives, or than holds.dead_instance_after, and a
 // reconciler took the unleased, untallied hold for a killed process's and charged what it held
@@ -514,11 +516,16 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 // then changes nothing. Only a call that came this late can have been so settled, so only such
 // a call reads its hold: a database merely slow (a late grant, up to its read timeout) adds no
 // round trip to its 503.
+//
+// A session's message so paid is forwarded too, and takes no session if it has not claimed
+// one yet (runCall): its hold settled, it is no session's running message — a resend is not
+// its duplicate, a newer message neither stops it nor is stopped by it (what it would stop is
+// the message its caller sent since, the older replacing the newer).
 func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) bool {
 	if c.paidUnderPause {
 		return true // found at the grant; the check before forwarding need not read it again
 	}
-	if c.inRun || in.ids.sessionID != "" ||
+	if c.inRun ||
 		time.Since(in.arrived) < min(s.cfg.Holds.HoldTTL, s.cfg.Holds.DeadInstanceBound()) {
 		return false
 	}
