@@ -128,6 +128,48 @@ func TestSessionCallPausedBetweenItsHoldAndTheForward(t *testing.T) {
 	w.books(t, r.ChargedMicro)
 }
 
+// TestNamedRunsFirstCallPausedBetweenItsHoldAndTheForward: the first call of a named run,
+// caught by the pause after its admission committed the run's hold. The run has no tally and
+// no call on its row, no lease: past run_ttl the peer's reconciler charges what it held.
+func TestNamedRunsFirstCallPausedBetweenItsHoldAndTheForward(t *testing.T) {
+	w, g, _, key := newPausedWorld(t, "paused-run-first")
+	s, r := pausedBeforeForward(t, w, g, key, map[string]string{"X-Run-Id": "agent-1", "X-Fake-Chunks": "12"}, w.latestHold())
+	t.Logf("run settled %s charged %d held %d calls %d; caller %d %s", r.SettleSource.String, r.ChargedMicro, r.HeldMicro, r.Calls, s.status, s.code)
+	if r.ChargedMicro > 0 && !s.complete {
+		t.Errorf("the caller was answered %d %s (the upstream got %d calls), its run charged %d by %s: charged for a call it was told was not made",
+			s.status, s.code, w.held.calls.Load(), r.ChargedMicro, r.SettleSource.String)
+	}
+	w.books(t, r.ChargedMicro)
+}
+
+// TestNamedRunsLaterCallPausedBetweenItsHoldAndTheForward: a later call of a named run whose
+// earlier call was answered and tallied, caught by the pause after its admission. Past run_ttl
+// the peer's reconciler settles the run from its tally, the earlier call alone: the paused
+// call, never forwarded, is charged nothing, and its 503 says so truly.
+func TestNamedRunsLaterCallPausedBetweenItsHoldAndTheForward(t *testing.T) {
+	w, g, peer, key := newPausedWorld(t, "paused-run-later")
+	hdr := map[string]string{"X-Run-Id": "agent-2", "X-Fake-Chunks": "12"}
+	w.calls.must(t, "the run's first call", peer, key, chatRequest(false, 40, "the run's first call"), hdr)
+	runID := w.latestHold()()
+	tl, found, err := w.tally.Get(context.Background(), runID)
+	if err != nil || !found || tl.Calls != 1 {
+		t.Fatalf("tally of the run after its first call: %+v found %v, %v", tl, found, err)
+	}
+	tallied := tl.CostMicro
+	s, r := pausedBeforeForward(t, w, g, key, hdr, func() string { return runID })
+	t.Logf("run settled %s charged %d held %d calls %d (tally %d); caller %d %s", r.SettleSource.String, r.ChargedMicro, r.HeldMicro, r.Calls, tallied, s.status, s.code)
+	if r.Calls != 1 || r.SettleSource.String == holds.SourceReconcileHold {
+		t.Errorf("the run was settled %s for %d calls at %d: want its one answered call's tally", r.SettleSource.String, r.Calls, r.ChargedMicro)
+	}
+	if s.complete {
+		t.Errorf("the paused call was answered on a run settled without it")
+	}
+	if n := w.held.calls.Load(); n != 1 {
+		t.Errorf("the upstream got %d calls, want the first alone", n)
+	}
+	w.books(t, r.ChargedMicro)
+}
+
 // TestPlainCallPausedBetweenItsHoldAndTheForwardUnderTheDedupWindow is
 // TestGatewayPausedBetweenItsHoldAndTheForward with the fingerprint window on, as it is by
 // default (dedup.window 5 s): the paid call's duplicate check, after its hold, must not run

@@ -362,9 +362,9 @@ func (s *Server) runCall(w http.ResponseWriter, r *http.Request, actx context.Co
 		return status
 	}
 	if c.paidUnderPause {
-		// Its admission budget is spent, and the steps before its forward (a fingerprint's
-		// check) would fail at once under it: refused so, it was answered 503 for the call it
-		// has paid for. They get a budget of their own.
+		// Its admission budget is spent, and the steps before its forward (a named run's
+		// reservation, a fingerprint's check) would fail at once under it: refused so, it was
+		// answered 503 for the call it has paid for. They get a budget of their own.
 		var cancel context.CancelFunc
 		actx, cancel = admissionContext(r.Context(), time.Now().Add(s.cfg.Limits.AdmitTimeout))
 		defer cancel()
@@ -505,8 +505,8 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 		fmt.Errorf("%w %v before", errAdmitBudgetSpent, late.Round(time.Millisecond)))
 }
 
-// paidUnderAPause reports whether the hold of c, a call past its admission budget (not a named
-// run's), has been settled at a charge by another process: its
+// paidUnderAPause reports whether the hold of c, a call past its admission budget, has been
+// settled at a charge by another process: its
 // own process was stopped (SIGSTOP, a VM's live migration, a GC pause) between the hold's
 // COMMIT and this check for longer than the hold lives, or than holds.dead_instance_after, and a
 // reconciler took the unleased, untallied hold for a killed process's and charged what it held
@@ -520,13 +520,22 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 // A session's message so paid is forwarded too, and takes no session if it has not claimed
 // one yet (runCall): its hold settled, it is no session's running message — a resend is not
 // its duplicate, a newer message neither stops it nor is stopped by it (what it would stop is
-// the message its caller sent since, the older replacing the newer).
+// the message its caller sent since, the older replacing the newer). A named run's call is
+// forwarded only when its run was charged what it held (reconcile_hold: no call of it tallied
+// nor recorded on its row, none of it known to have been made), as the run's first call caught
+// so leaves it; a run settled from its tally (its earlier calls) charged nothing for this
+// call, whose 503 then tells the truth, and one its agent settled (POST .../settle) is closed.
 func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) bool {
 	if c.paidUnderPause {
 		return true // found at the grant; the check before forwarding need not read it again
 	}
-	if c.inRun ||
-		time.Since(in.arrived) < min(s.cfg.Holds.HoldTTL, s.cfg.Holds.DeadInstanceBound()) {
+	// The soonest another process may settle the hold: at its expiry (a named run's is pushed
+	// out by run_ttl at each admission, and no dead process's sweep brings it in).
+	soonest := min(s.cfg.Holds.HoldTTL, s.cfg.Holds.DeadInstanceBound())
+	if c.inRun {
+		soonest = s.cfg.Holds.RunTTL
+	}
+	if time.Since(in.arrived) < soonest {
 		return false
 	}
 	sctx, cancel := s.storeContext(ctx)
@@ -536,7 +545,8 @@ func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) 
 		c.log.Warn("hold of a call past its admission budget unreadable; refused as late", zap.Error(err))
 		return false
 	}
-	if run.State != holds.StateSettled || run.ChargedMicro <= 0 {
+	if run.State != holds.StateSettled || run.ChargedMicro <= 0 ||
+		(c.inRun && run.SettleSource.String != holds.SourceReconcileHold) {
 		return false
 	}
 	c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped); forwarding the call it paid for",
