@@ -211,3 +211,36 @@ func TestIdempotentCallPausedBetweenItsHoldAndTheForward(t *testing.T) {
 	}
 	w.books(t, r.ChargedMicro)
 }
+
+// TestCallPausedBeforeItsForwardSweptAsADeadProcesssSoonerThanItsBound: the pause catches a
+// call's process when its last beat is already a few seconds old (a beat failed, or was due),
+// and the peer declares it dead once that beat is holds.dead_instance_after old: the call's
+// hold is brought in and charged what it held (reconcile_hold) less than dead_instance_after
+// after the call arrived. Resumed past admit_timeout, the call must read its hold and be
+// forwarded: taking dead_instance_after as the soonest such a charge can come, it did not
+// look, and its caller was answered 503, "not made", charged.
+func TestCallPausedBeforeItsForwardSweptAsADeadProcesssSoonerThanItsBound(t *testing.T) {
+	w, g, _, key := newPausedWorldWith(t, "paused-swept", map[string]string{"holds.hold_ttl": "60s", "holds.run_ttl": "60s",
+		"holds.tally_ttl": "2h", "holds.dead_instance_after": "9s"})
+	staleFor := func(name, column string) time.Duration {
+		var us int64
+		_ = w.db.Get(&us, "SELECT COALESCE(MAX(TIMESTAMPDIFF(MICROSECOND, "+column+", NOW(6))), 0) FROM instances WHERE name = ? AND dead_at IS NULL", name)
+		return time.Duration(us) * time.Microsecond
+	}
+	// The peer declares others dead only once it has beaten for the bound itself.
+	waitFor(t, 30*time.Second, "the peer beating for dead_instance_after", func() bool { return staleFor("gw-peer", "started_at") > 10*time.Second })
+	w.relay.dropBeats.Store(true)
+	// Admitted before its beat's gap (2 × heartbeat_interval + 5 s) has passed, the hold is one
+	// the sweep brings in; its beat then turns dead_instance_after old 5 s after.
+	waitFor(t, 20*time.Second, "the paused gateway's last beat 4 s old", func() bool { return staleFor("gw-paused", "beat_at") > 4*time.Second })
+	s, r := pausedBeforeForward(t, w, g, key, map[string]string{"X-Fake-Chunks": "12"}, w.latestHold())
+	w.relay.dropBeats.Store(false)
+	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+		t.Fatalf("the scene did not happen: the hold settled %s at %d", r.SettleSource.String, r.ChargedMicro)
+	}
+	if !s.complete {
+		t.Errorf("the caller was answered %d %s (the upstream got %d calls), its hold charged %d by %s: charged for a call it was told was not made",
+			s.status, s.code, w.held.calls.Load(), r.ChargedMicro, r.SettleSource.String)
+	}
+	w.books(t, r.ChargedMicro)
+}

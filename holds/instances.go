@@ -301,7 +301,12 @@ func (in *Instance) still() []stillBeat {
 func (in *Instance) watchNow() time.Time { return time.Now().Add(time.Duration(in.skew.Load())) }
 
 // gap is the longest silence between two beats that still counts as no gap: one beat may fail.
-func (in *Instance) gap() time.Duration { return 2*in.interval + instanceBeatTimeout }
+func (in *Instance) gap() time.Duration { return BeatGap(in.interval) }
+
+// BeatGap is the gap (Instance.gap) of a process beating every interval: a hold it admitted up
+// to that long after its last beat is still brought in when it is declared dead, so such a hold
+// may be charged as soon as its bound less this after its admission.
+func BeatGap(interval time.Duration) time.Duration { return 2*interval + instanceBeatTimeout }
 
 // beaten records a beat (or a registration) that reached the database.
 func (in *Instance) beaten() {
