@@ -72,3 +72,65 @@ func TestUsersCreatedAtOnceGetIDsOfTheirOwn(t *testing.T) {
 		t.Fatalf("%d users in the table, want %d", rows, n)
 	}
 }
+
+// A user whose id is above the database clock in µs — given while the clock stood ahead (a host
+// whose clock was stepped back since, a backup restored onto a host whose clock is behind the
+// old one's) — must not stop user creation: the next id is above it, one more than the highest,
+// not the highest itself, which is taken, and refused every try.
+func TestUserIDAboveTheDatabaseClockIsFollowedNotRepeated(t *testing.T) {
+	e := newStoreEnv(t)
+	ctx := e.ctx()
+	var ahead uint64
+	if err := e.db.GetContext(ctx, &ahead, "SELECT CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000) AS UNSIGNED) + 86400000000"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.db.ExecContext(ctx, "INSERT INTO users (id, name, plan) VALUES (?, 'ahead', 'standard')", ahead); err != nil {
+		t.Fatal(err)
+	}
+	u, err := e.store.CreateUser(ctx, "after-ahead", "standard")
+	if err != nil {
+		t.Fatalf("user created after one whose id (%d) is a day ahead of the clock: %v", ahead, err)
+	}
+	if u.ID != ahead+1 {
+		t.Errorf("new user's id %d, want %d: one above the highest", u.ID, ahead+1)
+	}
+}
+
+// With the highest id ahead of the database clock, every id is the highest + 1, so users
+// created at once read the same highest and all but one find their id taken: each such one,
+// its name free, tries again with the new highest (not refused as a name taken), and every one
+// is created, each with an id of its own.
+func TestUsersCreatedAtOnceAboveTheDatabaseClockEachTryAgain(t *testing.T) {
+	e := newStoreEnv(t)
+	ctx := e.ctx()
+	if _, err := e.db.ExecContext(ctx, `INSERT INTO users (id, name, plan)
+		VALUES (CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000) AS UNSIGNED) + 86400000000, 'ahead', 'standard')`); err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	ids := make([]uint64, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			u, err := e.store.CreateUser(ctx, "ahead-at-once-"+string(rune('a'+i)), "standard")
+			ids[i], errs[i] = u.ID, err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	seen := map[uint64]bool{}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("user %d: %v", i, err)
+		}
+		if seen[ids[i]] {
+			t.Fatalf("id %d given twice: %v", ids[i], ids)
+		}
+		seen[ids[i]] = true
+	}
+}
