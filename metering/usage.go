@@ -365,6 +365,12 @@ func (m *Meter) taskAnswers(s string) {
 		m.openAIChoices(a.Get("choices"), "message", &objects)
 		u := a.Get("usage")
 		p, c := u.Get("prompt_tokens"), u.Get("completion_tokens")
+		if f := (serverFields{stop: a.Get("stop")}); !a.Get("choices").Exists() && !u.Exists() && f.own() {
+			// An answer in the server's own shape, its builds' before PR 10974 (serverAnswer):
+			// its text is its content, its report its tokens_evaluated and tokens_predicted.
+			m.res.OutputChars += strLen(a.Get("content"))
+			p, c = a.Get("tokens_evaluated"), a.Get("tokens_predicted")
+		}
 		if p.Type != gjson.Number || c.Type != gjson.Number {
 			reported = false
 			return true
@@ -503,9 +509,20 @@ func (m *Meter) UpstreamError() bool { return m.res.UpstreamError }
 // the chunk, and this runs on every chunk of a stream.
 func (m *Meter) openAIObject(s, choiceKey string) {
 	var usage, groq, choices, timings gjson.Result
+	var server serverFields
 	before, sole, objects := m.res.OutputChars, int64(-1), choiceObjects{secondAt: -1}
 	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
+		case "content": // llama.cpp's server's own shape (serverAnswer)
+			server.content = v
+		case "stop":
+			server.stop = v
+		case "tokens_predicted":
+			server.predicted = v
+		case "tokens_evaluated":
+			server.evaluated = v
+		case "index":
+			server.index = v
 		case "choices":
 			choices = v
 			sole = m.openAIChoices(v, choiceKey, &objects)
@@ -524,6 +541,10 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 		}
 		return true
 	})
+	if m.format == FormatCompletions && !choices.Exists() && !usage.Exists() && server.own() {
+		m.serverAnswer(server)
+		return
+	}
 	if sole >= 0 && sole < maxLedgerChoices {
 		if sole >= int64(len(m.choices)) {
 			m.choices = append(m.choices, make([]choiceLedger, sole+1-int64(len(m.choices)))...)
@@ -574,6 +595,56 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 			return true
 		})
 	}
+}
+
+// serverFields are the keys of an answer or event in llama.cpp's server's own shape, which
+// its builds before it made /v1/completions OpenAI-compatible (ggml-org/llama.cpp PR 10974,
+// December 2024) answered that route with: no choices and no usage, but the task's text
+// (content), whether it ended (stop), and on its last event, or its whole answer, the tokens
+// it decoded (tokens_predicted) and its prompt's (tokens_evaluated); index, the task's place
+// in a batch of prompts (its builds of late 2024).
+type serverFields struct{ content, stop, predicted, evaluated, index gjson.Result }
+
+// own reports whether the fields are such an answer's: stop is a boolean in every one of its
+// answers and events.
+func (f serverFields) own() bool { return f.stop.Type == gjson.True || f.stop.Type == gjson.False }
+
+// serverAnswer reads an answer or event in llama.cpp's server's own shape (serverFields). Read
+// as an OpenAI-shaped one, it was no answer: its call was charged the prompt's estimate and
+// none of its output. Its content is the text of its task's choice (its index; 0 without one),
+// and its counts are that task's report: tokens_evaluated the prompt, tokens_predicted the
+// output. Each task ends with such a report of its own, as a task's usage chunk does in the
+// server's later OpenAI-shaped streams (finalReport, batchTaskReport): the reports of several
+// tasks are summed, and a batch's prompts without one are charged their estimate (Result).
+// Without counts (a stream cut before its last event), the text is there for the estimate.
+func (m *Meter) serverAnswer(f serverFields) {
+	i := int64(0)
+	if f.index.Type == gjson.Number && f.index.Num >= 0 {
+		i = f.index.Int()
+	}
+	n := strLen(f.content)
+	m.res.OutputChars += n
+	if i < maxLedgerChoices {
+		if i >= int64(len(m.choices)) {
+			m.choices = append(m.choices, make([]choiceLedger, i+1-int64(len(m.choices)))...)
+		}
+		m.choices[i].chars += n
+	} else {
+		i = -1
+	}
+	var fresh [figureCount]reportedFigure
+	fresh[figPrompt].n, fresh[figPrompt].seen = tokenCount(f.evaluated)
+	fresh[figCompletion].n, fresh[figCompletion].seen = tokenCount(f.predicted)
+	if !m.applyUsage(fresh) {
+		return
+	}
+	m.lastTaskPrompt = -1
+	if i >= 0 {
+		m.finalReport(i)
+		m.taskFinals = true
+		m.batchTaskReport(i)
+	}
+	m.choiceReport(-1)
 }
 
 // choicesCountedApart reports whether the stream's reports counted its choices apart, each
