@@ -52,6 +52,9 @@ type UnrelayedAnswer struct {
 	keyLen          int // bytes of key gathered; past answerKeyLen the key matches none
 	data            *spokenData
 	counting        bool // the string being read is text whose bytes count
+	// The text being counted is a completions answer's content, text only in llama.cpp's
+	// server's own shape: its bytes are held in element.ownText until the answer ends.
+	own bool
 	// The text being counted is an Anthropic block's content whose type was not read yet: its
 	// bytes are held in the block's frame until its type says whether it is a compaction.
 	holding bool
@@ -87,7 +90,8 @@ type UnrelayedAnswer struct {
 	firstText int64
 	// A completions answer that is a JSON array of whole answers (Meter.taskAnswers): answers.
 	// Each answer's report is read as the bytes go by: figure is the figure being read (its
-	// literal's bytes in literal), element what the answer being read reported so far, summed
+	// literal's bytes in literal), element what the answer being read reported so far (the
+	// answer itself, when it is no array: its shape, llama.cpp's server's own or not), summed
 	// the sum of the reports of the answers that ended, answered how many did, and unreported
 	// is set once one ended without a number for both figures.
 	answers    bool
@@ -102,10 +106,20 @@ type UnrelayedAnswer struct {
 
 // answerReport is what the usage of one whole answer of an array counts, or the sum of such
 // usages: its prompt_tokens and its completion_tokens, and of each whether it was a number.
+// For an answer in llama.cpp's server's own shape (Meter.serverAnswer), of the array or the
+// answer itself: whether it had choices, a usage, and a boolean stop, its tokens_evaluated and
+// tokens_predicted (own), and the bytes of its content (ownText), text only when it is one.
 type answerReport struct {
 	prompt, completion         int64
 	promptSeen, completionSeen bool
+	choices, usage, stop       bool
+	own                        [2]reportedFigure
+	ownText                    int64
 }
+
+// serverOwn reports whether the answer read is in llama.cpp's server's own shape, as
+// serverFields.own and openAIObject read one: no choices, no usage, and a boolean stop.
+func (r answerReport) serverOwn() bool { return !r.choices && !r.usage && r.stop }
 
 // maxFigureLiteral bounds the literal of a usage figure an UnrelayedAnswer reads: a longer one
 // (no count a server writes; gjson reads it whole) is read as no number, as a report without
@@ -117,6 +131,11 @@ const (
 	figureNone uint8 = iota
 	figurePrompt
 	figureCompletion
+	// An answer's own figures in llama.cpp's server's own shape: tokens_evaluated,
+	// tokens_predicted, and its stop (true or false).
+	figureOwnPrompt
+	figureOwnCompletion
+	figureStop
 )
 
 // NewUnrelayedAnswer returns an UnrelayedAnswer for m's answers, or nil when it reads none of
@@ -164,6 +183,20 @@ func (m *Meter) AddUnreported(b *UnrelayedAnswer) {
 	m.wholeTasks(b.choices, b.textBytes-b.firstText)
 }
 
+// AddServerReport charges an answer read past to its end in llama.cpp's server's own shape, its
+// builds' before PR 10974, its counts, as Meter.Body charges it read whole (serverAnswer): it has
+// no usage to find at its end, and was charged its prompt's estimate and, at most, its text's.
+// It follows AddUnreported, which counts its text.
+func (m *Meter) AddServerReport(b *UnrelayedAnswer) {
+	prompt, completion, ok := b.ownReport()
+	if !ok {
+		return
+	}
+	var fresh [figureCount]reportedFigure
+	fresh[figPrompt], fresh[figCompletion] = prompt, completion
+	m.serverReport(0, 0, fresh)
+}
+
 // Answers reports whether the answer is a completions answer given as a JSON array of whole
 // answers, each with a report of its own (Meter.taskAnswers): the report at its end is its
 // last answer's alone. A nil UnrelayedAnswer reads none.
@@ -201,6 +234,13 @@ func (b *UnrelayedAnswer) Cut() {
 	}
 	for i := range min(b.depth, answerDepth) {
 		b.reasoningOnce(&b.frames[i])
+	}
+	if !b.element.choices && !b.element.usage {
+		// A completions answer cut in its content, which comes first in llama.cpp's server's
+		// own shape, before what tells one (its stop): none of an OpenAI-shaped answer's text
+		// is there, and the content is the server's text.
+		b.textBytes += b.element.ownText
+		b.element.ownText = 0
 	}
 }
 
@@ -339,6 +379,9 @@ const (
 	firstUsage                         // an array's answer's usage
 	firstPrompt                        // a usage's prompt_tokens
 	firstCompletion                    // a usage's completion_tokens
+	firstStop                          // an answer's stop, in llama.cpp's server's own shape
+	firstOwnPrompt                     // its tokens_evaluated
+	firstOwnOutput                     // its tokens_predicted
 )
 
 // Where a value stands on the path to the audio data.
@@ -384,6 +427,13 @@ const (
 	roleUsage
 	roleFigurePrompt
 	roleFigureCompletion
+	// A completions answer in llama.cpp's server's own shape (Meter.serverAnswer): its content,
+	// text counted apart until the answer is known to be one (answerReport.ownText), its stop,
+	// tokens_evaluated and tokens_predicted.
+	roleOwnText
+	roleStop
+	roleOwnPrompt
+	roleOwnCompletion
 )
 
 // skipLead reports whether c is part of what TrimBody trims before an answer: white space
@@ -483,7 +533,8 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			role = roleThinkList
 		case role == roleText || role == roleData || role == roleRaw || role == roleBlockType || role == roleBlockText ||
 			role == roleChunkThink || role == roleContent || role == roleReasoningContent || role == roleReasoning ||
-			role == roleFigurePrompt || role == roleFigureCompletion:
+			role == roleFigurePrompt || role == roleFigureCompletion || role == roleOwnText || role == roleStop ||
+			role == roleOwnPrompt || role == roleOwnCompletion:
 			role = roleNone // text that is no string: none counts (strLen); raw JSON counts whole
 		}
 		b.depth++
@@ -499,6 +550,9 @@ func (b *UnrelayedAnswer) structural(c byte) {
 		b.reasoningOnce(f)
 		if b.answers && b.depth == 2 && f != nil && f.role == roleTop {
 			b.answerEnds()
+		}
+		if !b.answers && b.depth == 1 && f != nil && f.role == roleTop {
+			b.ownEnds() // the answer itself ends
 		}
 		b.depth--
 		if b.raw == rawContainer && b.depth == b.rawDepth {
@@ -527,6 +581,8 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			}
 		case roleReasoningContent, roleReasoning:
 			b.counting, b.reasoning = true, role
+		case roleOwnText:
+			b.counting, b.own = true, true
 		case roleRaw:
 			b.rawBegins(rawString)
 		case roleBlockType:
@@ -558,6 +614,15 @@ func (b *UnrelayedAnswer) structural(c byte) {
 		case roleFigureCompletion:
 			b.figure, b.litLen = figureCompletion, 0
 			b.structural(c)
+		case roleOwnPrompt:
+			b.figure, b.litLen = figureOwnPrompt, 0
+			b.structural(c)
+		case roleOwnCompletion:
+			b.figure, b.litLen = figureOwnCompletion, 0
+			b.structural(c)
+		case roleStop:
+			b.figure, b.litLen = figureStop, 0
+			b.structural(c)
 		}
 	}
 }
@@ -571,10 +636,22 @@ func (b *UnrelayedAnswer) figureEnds() {
 		return
 	}
 	v := gjson.Parse(string(b.literal[:b.litLen]))
+	if fig == figureStop {
+		b.element.stop = v.Type == gjson.True || v.Type == gjson.False
+		return
+	}
 	if v.Type != gjson.Number {
 		return
 	}
 	switch fig {
+	case figureOwnPrompt, figureOwnCompletion:
+		// As the Meter reads them: an answer of an array as taskAnswers (a number's Int), the
+		// answer itself as serverAnswer (tokenCount).
+		n, _ := tokenCount(v)
+		if b.answers {
+			n = v.Int()
+		}
+		b.element.own[fig-figureOwnPrompt] = reportedFigure{n: n, seen: true}
 	case figurePrompt:
 		b.element.prompt, b.element.promptSeen = v.Int(), true
 	case figureCompletion:
@@ -586,13 +663,38 @@ func (b *UnrelayedAnswer) figureEnds() {
 // sums them: an answer without a number for both figures leaves the array unreported.
 func (b *UnrelayedAnswer) answerEnds() {
 	b.answered++
+	b.ownEnds()
 	e := b.element
+	if e.serverOwn() {
+		// In llama.cpp's server's own shape: its report is its own two figures.
+		e.prompt, e.promptSeen = e.own[0].n, e.own[0].seen
+		e.completion, e.completionSeen = e.own[1].n, e.own[1].seen
+	}
 	if !e.promptSeen || !e.completionSeen {
 		b.unreported = true
 		return
 	}
 	b.summed.prompt = min(pricing.MaxTokens, b.summed.prompt+max(0, e.prompt))
 	b.summed.completion = min(pricing.MaxTokens, b.summed.completion+max(0, e.completion))
+}
+
+// ownEnds ends an answer, of an array or the answer itself: its content is text when it is in
+// llama.cpp's server's own shape (serverOwn), as the Meter reads it.
+func (b *UnrelayedAnswer) ownEnds() {
+	if b.element.serverOwn() {
+		b.textBytes += b.element.ownText
+	}
+	b.element.ownText = 0
+}
+
+// ownReport is the report of an answer read to its end in llama.cpp's server's own shape
+// (Meter.serverAnswer): its tokens_evaluated and tokens_predicted, each when it was a number,
+// or ok false when the answer is no such one (an array of them reports as Answers does).
+func (b *UnrelayedAnswer) ownReport() (prompt, completion reportedFigure, ok bool) {
+	if b == nil || b.answers || b.Open() || !b.done || !b.element.serverOwn() {
+		return reportedFigure{}, reportedFigure{}, false
+	}
+	return b.element.own[0], b.element.own[1], true
 }
 
 // rawBegins starts counting the raw JSON of a value of kind k that begins at the byte read.
@@ -665,6 +767,24 @@ func (b *UnrelayedAnswer) keyEnds() {
 	}
 	switch f.role {
 	case roleTop:
+		if b.format == FormatCompletions {
+			// What tells an answer in llama.cpp's server's own shape (answerReport.serverOwn),
+			// and its keys.
+			switch key {
+			case "choices":
+				b.element.choices = true
+			case "usage":
+				b.element.usage = true
+			case "content":
+				first(firstContent, roleOwnText)
+			case "stop":
+				first(firstStop, roleStop)
+			case "tokens_evaluated":
+				first(firstOwnPrompt, roleOwnPrompt)
+			case "tokens_predicted":
+				first(firstOwnOutput, roleOwnCompletion)
+			}
+		}
 		switch {
 		case b.format == FormatAnthropic && key == "content":
 			first(firstMain, roleBlocks)
@@ -845,7 +965,7 @@ func (b *UnrelayedAnswer) stringByte(c byte) {
 	case c == '\\':
 		b.esc = 1
 	case c == '"':
-		b.inString, b.counting, b.holding, b.reasoning, b.echo = false, false, false, roleNone, ""
+		b.inString, b.counting, b.holding, b.reasoning, b.echo, b.own = false, false, false, roleNone, "", false
 		if b.typing {
 			b.typing = false
 			if f := b.top(); f != nil && b.typLen == len(b.typ) && string(b.typ[:]) == compactionType {
@@ -955,6 +1075,10 @@ func (b *UnrelayedAnswer) count(n int64) {
 	f := b.top()
 	if b.holding && f != nil {
 		f.held += n
+		return
+	}
+	if b.own {
+		b.element.ownText += n // text once the answer is known to be in the server's own shape
 		return
 	}
 	b.textBytes += n

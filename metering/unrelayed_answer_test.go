@@ -126,6 +126,9 @@ func FuzzUnrelayedAnswer(f *testing.F) {
 	for _, body := range textCases() {
 		f.Add(body, uint16(5))
 	}
+	// Answers in llama.cpp's server's own shape (Meter.serverAnswer), alone and in an array.
+	f.Add(llamaOwnFinal(0, `ab\"c`, 90, 16, true), uint16(9))
+	f.Add("["+llamaOwnFinal(0, "ab", 90, 16, true)+","+llamaOwnFinal(1, "cd", 9, 1, false)+"]", uint16(4))
 	f.Fuzz(func(t *testing.T, body string, seed uint16) {
 		if !gjson.Valid(string(TrimBody([]byte(body)))) {
 			return // read whole, it is refused as cut short (proxy's cutJSON), never metered

@@ -513,16 +513,8 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 	before, sole, objects := m.res.OutputChars, int64(-1), choiceObjects{secondAt: -1}
 	gjson.Parse(s).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
-		case "content": // llama.cpp's server's own shape (serverAnswer)
-			server.content = v
-		case "stop":
-			server.stop = v
-		case "tokens_predicted":
-			server.predicted = v
-		case "tokens_evaluated":
-			server.evaluated = v
-		case "index":
-			server.index = v
+		case "content", "stop", "tokens_predicted", "tokens_evaluated", "index":
+			server.set(k.Str, v) // llama.cpp's server's own shape (serverAnswer)
 		case "choices":
 			choices = v
 			sole = m.openAIChoices(v, choiceKey, &objects)
@@ -542,7 +534,7 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 		return true
 	})
 	if m.format == FormatCompletions && !choices.Exists() && !usage.Exists() && server.own() {
-		m.serverAnswer(server)
+		m.serverAnswer(server, choiceKey == "message")
 		return
 	}
 	if sole >= 0 && sole < maxLedgerChoices {
@@ -605,6 +597,27 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 // in a batch of prompts (its builds of late 2024).
 type serverFields struct{ content, stop, predicted, evaluated, index gjson.Result }
 
+// set keeps v as the field named key, the first such key's (as gjson's Get reads an answer
+// of an array, taskAnswers, and an UnrelayedAnswer reads one).
+func (f *serverFields) set(key string, v gjson.Result) {
+	var dst *gjson.Result
+	switch key {
+	case "content":
+		dst = &f.content
+	case "stop":
+		dst = &f.stop
+	case "tokens_predicted":
+		dst = &f.predicted
+	case "tokens_evaluated":
+		dst = &f.evaluated
+	default:
+		dst = &f.index
+	}
+	if !dst.Exists() {
+		*dst = v
+	}
+}
+
 // own reports whether the fields are such an answer's: stop is a boolean in every one of its
 // answers and events.
 func (f serverFields) own() bool { return f.stop.Type == gjson.True || f.stop.Type == gjson.False }
@@ -613,28 +626,35 @@ func (f serverFields) own() bool { return f.stop.Type == gjson.True || f.stop.Ty
 // as an OpenAI-shaped one, it was no answer: its call was charged the prompt's estimate and
 // none of its output. Its content is the text of its task's choice (its index; 0 without one),
 // and its counts are that task's report: tokens_evaluated the prompt, tokens_predicted the
-// output. Each task ends with such a report of its own, as a task's usage chunk does in the
+// output. A whole answer is one task's (a batch's are an array of them, taskAnswers). Each
+// task ends with such a report of its own, as a task's usage chunk does in the
 // server's later OpenAI-shaped streams (finalReport, batchTaskReport): the reports of several
 // tasks are summed, and a batch's prompts without one are charged their estimate (Result).
 // Without counts (a stream cut before its last event), the text is there for the estimate.
-func (m *Meter) serverAnswer(f serverFields) {
+func (m *Meter) serverAnswer(f serverFields, whole bool) {
 	i := int64(0)
-	if f.index.Type == gjson.Number && f.index.Num >= 0 {
+	if f.index.Type == gjson.Number && f.index.Num >= 0 && !whole { // a whole answer is one task's
 		i = f.index.Int()
 	}
 	n := strLen(f.content)
 	m.res.OutputChars += n
+	var fresh [figureCount]reportedFigure
+	fresh[figPrompt].n, fresh[figPrompt].seen = tokenCount(f.evaluated)
+	fresh[figCompletion].n, fresh[figCompletion].seen = tokenCount(f.predicted)
+	m.serverReport(i, n, fresh)
+}
+
+// serverReport records that choice i (a task of llama.cpp's server, in its own shape) streamed
+// chars bytes of text more, and applies fresh, its task's report if it carries one.
+func (m *Meter) serverReport(i, chars int64, fresh [figureCount]reportedFigure) {
 	if i < maxLedgerChoices {
 		if i >= int64(len(m.choices)) {
 			m.choices = append(m.choices, make([]choiceLedger, i+1-int64(len(m.choices)))...)
 		}
-		m.choices[i].chars += n
+		m.choices[i].chars += chars
 	} else {
 		i = -1
 	}
-	var fresh [figureCount]reportedFigure
-	fresh[figPrompt].n, fresh[figPrompt].seen = tokenCount(f.evaluated)
-	fresh[figCompletion].n, fresh[figCompletion].seen = tokenCount(f.predicted)
 	if !m.applyUsage(fresh) {
 		return
 	}

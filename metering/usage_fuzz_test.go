@@ -220,6 +220,8 @@ func FuzzMeterBody(f *testing.F) {
 	}
 	f.Add([]byte("\xEF\xBB\xBF {\"usage\":{\"input_tokens\":7,\"input_tokens_details\":{\"cached_tokens\":9}}}"), formatByte(FormatResponses))
 	f.Add([]byte(`{"choices":[{"message":{"audio":{"id":"a","data":"UklGRiQAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YQAAAAA="}}}],"usage":{"completion_tokens":1}}`), formatByte(FormatChat))
+	f.Add([]byte(llamaOwnFinal(0, "ab", 90, 16, true)), formatByte(FormatCompletions))
+	f.Add([]byte("["+llamaOwnFinal(0, "ab", 90, 16, true)+","+llamaOwnFinal(1, "cd", 9, 1, true)+"]"), formatByte(FormatCompletions))
 	f.Fuzz(func(t *testing.T, body []byte, format uint8) {
 		fm := fuzzFormat(format)
 		b := bytes.Clone(body)

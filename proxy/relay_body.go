@@ -571,6 +571,11 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 	// from that text, as the same answer read whole has. Counted only without a report, such
 	// an answer's output was billed at 0.
 	m.AddUnreported(past)
+	if !usage.IsObject() {
+		// An older llama.cpp server's answer in its own shape (no usage: its counts, read on
+		// the way, are its report), charged as the same answer read whole is.
+		m.AddServerReport(past)
+	}
 	return read
 }
 

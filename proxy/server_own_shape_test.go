@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 )
 
@@ -72,5 +73,39 @@ func TestServerTaskOwnShapeOfABatchIsCharged(t *testing.T) {
 	if run.SettleSource.String != holds.SourceComplete || run.InTok != 90+210+310 || run.OutTok != 3*16 || !run.Estimated {
 		t.Errorf("run settled by %q in=%d out=%d estimated=%v, want complete charged 610 in and 48 out (every answer's counts, summed), estimated",
 			run.SettleSource.String, run.InTok, run.OutTok, run.Estimated)
+	}
+}
+
+// TestServerTaskOwnShapeOversizedIsCharged: the same answers too large to relay (past
+// max_response_bytes) were read past for a usage at their end, which they have none of, and
+// their content was no text the read-past counted: charged the prompt's estimate and no output,
+// where the server made 2 000 tokens an answer. Each is charged its counts, as read whole.
+func TestServerTaskOwnShapeOversizedIsCharged(t *testing.T) {
+	text := strings.Repeat("word ", 4000)
+	for _, tc := range []struct {
+		name, prompt, answer string
+		in, out              int64
+		estimated            bool
+	}{
+		{"one", `"say something long"`, llamaOwnAnswer(0, text, 1000, 2000), 1000, 2000, false},
+		{"batch", `["` + strings.Repeat("x", 400) + `","` + strings.Repeat("y", 800) + `"]`,
+			"[" + llamaOwnAnswer(0, text, 90, 2000) + "," + llamaOwnAnswer(1, text, 210, 2000) + "]", 90 + 210, 2 * 2000, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprint(w, tc.answer)
+			}, func(c *config.Config) { c.Limits.MaxResponseBytes = 16 << 10 })
+			u, key := h.user("standard")
+			body := `{"model":"fake-gpt","max_tokens":2000,"prompt":` + tc.prompt + `}`
+			status, out, run := h.postRun(u.ID, key, "/v1/completions", body, nil)
+			if status != http.StatusBadGateway || errorCode(t, out) != "upstream_response_too_large" {
+				t.Fatalf("status %d: %s, want 502 upstream_response_too_large", status, out)
+			}
+			if run.InTok != tc.in || run.OutTok != tc.out || run.Estimated != tc.estimated || run.CostMicro != fakeGPTCost(tc.in, tc.out) {
+				t.Errorf("run settled by %q in=%d out=%d estimated=%v cost %d µUSD, want %d in and %d out (the server's counts), estimated %v, %d µUSD",
+					run.SettleSource.String, run.InTok, run.OutTok, run.Estimated, run.CostMicro, tc.in, tc.out, tc.estimated, fakeGPTCost(tc.in, tc.out))
+			}
+		})
 	}
 }
