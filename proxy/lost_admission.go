@@ -49,6 +49,14 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 	}
 	log.Warn("admission outcome unknown; releasing whatever it may have held", zap.Error(err))
 	s.markRefused(ctx, ar, log)
+	s.releaseRefused(ctx, ar, log)
+}
+
+// releaseRefused is releaseLostAdmission's release of a plain call's hold once it is marked
+// refused (markRefused): a zero tally for a fresh run, then the release at 0 by the
+// admission's token, in a settlement slot or, with none free, in the request. ctx has no
+// cancellation; log is the money log.
+func (s *Server) releaseRefused(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
 	s.settlements.start()
 	release := func(keepTrying bool) {
 		defer s.settlements.leave()
@@ -252,17 +260,27 @@ func (s *Server) currentSessionRun(ctx context.Context, userID uint64, sessionID
 var errUnfitReleased = errors.New("hold too small for the prompt released; no larger one admitted")
 
 // releaseUnfit releases at 0, in the request, the hold ar took (admitFitting), one try of
-// settle_timeout, whether or not the caller is still there. A release that fails is handed on
-// as a lost admission's is (releaseLostAdmission: marked refused, a zero tally, released in the
-// background), and false is returned: the call is refused, not admitted again.
+// settle_timeout, whether or not the caller is still there. The admission is marked refused
+// first (markRefused), as a lost one is: the hold is running, and has no lease nor tally until
+// it is forwarded, so a process killed while the release was on its way (or before it was
+// sent) left it to the reconciler's rule for such a hold, charged what it held, for a call
+// the gateway had decided not to forward; marked, the reconciler releases it at 0
+// (admit_lost). One Redis write on a rare path: a settlement of the user's was under way.
+// A release that fails is handed on as a lost admission's is (releaseRefused: a zero tally,
+// released in the background), and false is returned: the call is refused, not admitted again.
 func (s *Server) releaseUnfit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) bool {
-	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Limits.SettleTimeout)
+	ctx = context.WithoutCancel(ctx)
+	s.markRefused(ctx, ar, log.Named(holds.MoneyLog))
+	tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
 	res, err := s.writer.Settle(tctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Model: ar.Model,
 		AdmitToken: ar.Token, Source: holds.SourceRelease, PriceSnapshot: ar.PriceSnapshot})
 	if err != nil {
 		// Counted among the settlements that gave up only if this one does too.
-		s.releaseLostAdmission(ctx, ar, fmt.Errorf("release of a hold too small for its prompt: %w: %w", holds.ErrOutcomeUnknown, err), log)
+		mlog := log.Named(holds.MoneyLog)
+		mlog.Warn("release of a hold too small for its prompt failed; releasing it as a lost admission's",
+			zap.Error(fmt.Errorf("%w: %w", holds.ErrOutcomeUnknown, err)))
+		s.releaseRefused(ctx, ar, mlog)
 		return false
 	}
 	s.metrics.Settlements.WithLabelValues(holds.SourceRelease, strconv.FormatBool(res.Applied)).Inc()

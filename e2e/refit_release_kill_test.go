@@ -1,0 +1,186 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// settleRelay is a TCP relay between a gateway and MariaDB that acts on the first script of a
+// settlement's batch (the one that locks the holds it settles: "FROM run_holds WHERE run_id IN
+// (…) FOR UPDATE"), before passing it on: the first such script is held back (its
+// connection stalls, the server never sees it: nothing is locked, so the batches of other
+// connections go on) until release, the second SIGKILLs the gateway pid and is dropped.
+type settleRelay struct {
+	ln       net.Listener
+	target   string
+	mu       sync.Mutex
+	pid      int
+	n        int
+	stalled  chan struct{} // closed once the first settlement's script is held back
+	killed   chan struct{} // closed once the second's SIGKILLed the gateway
+	killedOn []byte        // the script the kill came on
+	release  chan struct{} // closed (let) ends the stalled connection, its script dropped
+	once     sync.Once
+}
+
+// let ends the stalled connection.
+func (r *settleRelay) let() { r.once.Do(func() { close(r.release) }) }
+
+func newSettleRelay(t *testing.T, target string) *settleRelay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &settleRelay{ln: ln, target: target, stalled: make(chan struct{}), killed: make(chan struct{}),
+		release: make(chan struct{})}
+	t.Cleanup(func() { r.let(); ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go r.pipe(c, s, true)
+			go r.pipe(s, c, false)
+		}
+	}()
+	return r
+}
+
+func (r *settleRelay) addr() string { return r.ln.Addr().String() }
+
+// arm makes the relay act on settlements from now on, killing pid on the second.
+func (r *settleRelay) arm(pid int) {
+	r.mu.Lock()
+	r.pid = pid
+	r.mu.Unlock()
+}
+
+func (r *settleRelay) pipe(from, to net.Conn, fromClient bool) {
+	defer from.Close()
+	defer to.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := from.Read(buf)
+		if n > 0 {
+			if fromClient && !r.pass(buf[:n]) {
+				return
+			}
+			if _, werr := to.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// pass reports whether the client's write b goes on to the server.
+func (r *settleRelay) pass(b []byte) bool {
+	if !bytes.Contains(b, []byte("FROM run_holds WHERE run_id IN (")) || !bytes.Contains(b, []byte("FOR UPDATE")) {
+		return true
+	}
+	r.mu.Lock()
+	if r.pid == 0 {
+		r.mu.Unlock()
+		return true
+	}
+	r.n++
+	switch r.n {
+	case 1:
+		close(r.stalled)
+		r.mu.Unlock()
+		<-r.release
+		return false
+	case 2:
+		_ = syscall.Kill(r.pid, syscall.SIGKILL)
+		r.killedOn = append([]byte(nil), b...)
+		close(r.killed)
+		r.mu.Unlock()
+		return false
+	}
+	r.mu.Unlock()
+	return true
+}
+
+// TestKilledWhileReleasingAHoldTooSmallForItsPrompt: a long prompt sent while its user's last
+// call settles (its settlement stalled on its way to the database) is granted what that
+// call's hold leaves, too small for it: admitFitting releases that hold at 0 (releaseUnfit)
+// before admitting the call again. The process is SIGKILLed while that release is on its way.
+// The call was never forwarded, and the gateway knew it would not be before it sent the
+// release; but its hold, running, with no lease and no tally, was left to DESIGN §5 rule 3 and
+// charged what it held (reconcile_hold). Marked refused first (markRefused), as a lost
+// admission's hold is, it is released at 0 by the reconciler (admit_lost): the user pays for
+// the one call answered, and the day ledger is the sum of what the holds were charged.
+func TestKilledWhileReleasingAHoldTooSmallForItsPrompt(t *testing.T) {
+	w := newWorld(t)
+	relay := newSettleRelay(t, w.mysqlAddr())
+	// One normal hold (20 000) and a little: the long prompt's first hold is 1 000.
+	allowance := int64(21_000)
+	u, key := w.user("refit-kill", 10, &allowance)
+	g := w.startGatewayWith("gw-refit", w.config, "MYSQL_DSN="+w.dsnViaAddr(relay.addr()))
+	relay.arm(g.cmd.Process.Pid)
+	first := <-sendAsync(context.Background(), g, key, chatBody(false, 20, "the call that settles"), nil)
+	if first.err != nil || first.status != http.StatusOK {
+		t.Fatalf("the first call: %d %s %v", first.status, first.body, first.err)
+	}
+	select {
+	case <-relay.stalled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first call's settlement never went out")
+	}
+	long := chatBody(false, 20, strings.Repeat("word ", 2000))
+	ch := sendAsync(context.Background(), g, key, long, nil)
+	select {
+	case <-relay.killed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no second settlement (the long prompt's release) went out to kill the gateway on")
+	}
+	<-g.done
+	<-ch
+	relay.let()
+	if n := w.held.calls.Load(); n != 1 {
+		t.Fatalf("the upstream got %d calls, want the first only", n)
+	}
+	var small string
+	if err := w.db.Get(&small, "SELECT run_id FROM run_holds WHERE user_id = ? AND held_micro < 20000", u.ID); err != nil {
+		t.Fatalf("the long prompt's small hold: %v", err)
+	}
+	if !bytes.Contains(relay.killedOn, []byte(small)) {
+		t.Fatalf("the kill came on a settlement not of the long prompt's hold %s: %s", small, relay.killedOn)
+	}
+	w.startGateway("gw-reconciler")
+	waitFor(t, 30*time.Second, "every hold settled", func() bool { return w.liveHoldsOf(u.ID) == 0 })
+	r := w.hold(small)
+	t.Logf("the small hold released when the process died: %s charged %d (held %d)", r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
+	if r.ChargedMicro != 0 {
+		t.Errorf("the long prompt's hold, never forwarded, its release under way at the kill: settled by %q charged %d, want 0",
+			r.SettleSource.String, r.ChargedMicro)
+	}
+	var total int64
+	if err := w.db.Get(&total, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if used := w.usedToday(u.ID); used != total {
+		t.Errorf("day ledger %d, want Σ charged %d", used, total)
+	}
+	if bad, err := holds.Audit(context.Background(), w.db); err != nil || len(bad) > 0 {
+		t.Errorf("ledger audit: %v %+v", err, bad)
+	}
+}
