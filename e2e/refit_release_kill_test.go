@@ -20,16 +20,18 @@ import (
 // connection stalls, the server never sees it: nothing is locked, so the batches of other
 // connections go on) until release, the second SIGKILLs the gateway pid and is dropped.
 type settleRelay struct {
-	ln       net.Listener
-	target   string
-	mu       sync.Mutex
-	pid      int
-	n        int
-	stalled  chan struct{} // closed once the first settlement's script is held back
-	killed   chan struct{} // closed once the second's SIGKILLed the gateway
-	killedOn []byte        // the script the kill came on
-	release  chan struct{} // closed (let) ends the stalled connection, its script dropped
-	once     sync.Once
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	pid    int
+	n      int
+	// stallSecond: the second script is held back as the first is, and the gateway not killed.
+	stallSecond bool
+	stalled     chan struct{} // closed once the first settlement's script is held back
+	killed      chan struct{} // closed once the second's SIGKILLed the gateway
+	killedOn    []byte        // the script the kill came on
+	release     chan struct{} // closed (let) ends the stalled connection, its script dropped
+	once        sync.Once
 }
 
 // let ends the stalled connection.
@@ -109,6 +111,13 @@ func (r *settleRelay) pass(b []byte) bool {
 		<-r.release
 		return false
 	case 2:
+		if r.stallSecond {
+			r.killedOn = append([]byte(nil), b...)
+			close(r.killed)
+			r.mu.Unlock()
+			<-r.release
+			return false
+		}
 		_ = syscall.Kill(r.pid, syscall.SIGKILL)
 		r.killedOn = append([]byte(nil), b...)
 		close(r.killed)
@@ -182,5 +191,66 @@ func TestKilledWhileReleasingAHoldTooSmallForItsPrompt(t *testing.T) {
 	}
 	if bad, err := holds.Audit(context.Background(), w.db); err != nil || len(bad) > 0 {
 		t.Errorf("ledger audit: %v %+v", err, bad)
+	}
+}
+
+// TestDrainCutWhileReleasingAHoldTooSmallForItsPrompt: as above, but the release of the long
+// prompt's small hold stalls (the database does not answer it) and the process is told to stop
+// (SIGTERM): its drain's deadline cuts the call while the release is out. The call was never
+// forwarded. The request waited for the release until settle_timeout, past cutGrace: its
+// connection was closed unanswered (EOF), where a cut call is told 503 shutting_down. It must
+// be told so, and its hold come out at 0, the books whole.
+func TestDrainCutWhileReleasingAHoldTooSmallForItsPrompt(t *testing.T) {
+	w := newWorld(t)
+	relay := newSettleRelay(t, w.mysqlAddr())
+	relay.stallSecond = true
+	allowance := int64(21_000)
+	u, key := w.user("refit-drain", 10, &allowance)
+	g := w.startGatewayWith("gw-refit-drain", w.config, "MYSQL_DSN="+w.dsnViaAddr(relay.addr()))
+	relay.arm(g.cmd.Process.Pid)
+	first := <-sendAsync(context.Background(), g, key, chatBody(false, 20, "the call that settles"), nil)
+	if first.err != nil || first.status != http.StatusOK {
+		t.Fatalf("the first call: %d %s %v", first.status, first.body, first.err)
+	}
+	select {
+	case <-relay.stalled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first call's settlement never went out")
+	}
+	ch := sendAsync(context.Background(), g, key, chatBody(false, 20, strings.Repeat("word ", 2000)), nil)
+	select {
+	case <-relay.killed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the long prompt's release never went out")
+	}
+	g.signal(t, syscall.SIGTERM)
+	rep := <-ch
+	t.Logf("the long prompt's caller got: %d %s %v", rep.status, rep.body, rep.err)
+	_ = g.wait(t, 40*time.Second)
+	relay.let()
+	if n := w.held.calls.Load(); n != 1 {
+		t.Fatalf("the upstream got %d calls, want the first only", n)
+	}
+	var small string
+	if err := w.db.Get(&small, "SELECT run_id FROM run_holds WHERE user_id = ? AND held_micro < 20000", u.ID); err != nil {
+		t.Fatalf("the long prompt's small hold: %v", err)
+	}
+	w.startGateway("gw-reconciler")
+	waitFor(t, 30*time.Second, "every hold settled", func() bool { return w.liveHoldsOf(u.ID) == 0 })
+	r := w.hold(small)
+	t.Logf("the small hold: %s charged %d (held %d)", r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
+	if r.ChargedMicro != 0 {
+		t.Errorf("the long prompt's hold, never forwarded, its release out at the drain's cut: settled by %q charged %d, want 0",
+			r.SettleSource.String, r.ChargedMicro)
+	}
+	if rep.status != http.StatusServiceUnavailable || !bytes.Contains(rep.body, []byte(`"shutting_down"`)) {
+		t.Errorf("the long prompt's caller, cut at the drain deadline: %d %s %v; want 503 shutting_down", rep.status, rep.body, rep.err)
+	}
+	var total int64
+	if err := w.db.Get(&total, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if used := w.usedToday(u.ID); used != total {
+		t.Errorf("day ledger %d, want Σ charged %d", used, total)
 	}
 }

@@ -273,6 +273,11 @@ func (s *Server) releaseUnfit(ctx context.Context, ar holds.AdmitRequest, log *z
 	s.markRefused(ctx, ar, log.Named(holds.MoneyLog))
 	tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
+	// The drain's cut ends the wait (not the release, handed on as a failed one): the cut
+	// caller is told 503 shutting_down while its connection is still open. Waited out, a
+	// release the database held past cutGrace left the caller's connection closed unanswered.
+	stop := context.AfterFunc(s.cut, cancel)
+	defer stop()
 	res, err := s.writer.Settle(tctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Model: ar.Model,
 		AdmitToken: ar.Token, Source: holds.SourceRelease, PriceSnapshot: ar.PriceSnapshot})
 	if err != nil {
