@@ -128,6 +128,9 @@ type call struct {
 	// sessionFrom: its session's current run before its admission waited (admitFitting); its
 	// claim does not take the session from a newer message that claimed it since.
 	sessionFrom sessionFrom
+	// arrived: when its request arrived (its body read whole), which orders its session's
+	// messages on this process (Server.sessionArrivals).
+	arrived time.Time
 }
 
 // RunIDHeader carries the run id of every answered model call, so a caller can look its run up.
@@ -202,6 +205,7 @@ func (s *Server) handleCall(w http.ResponseWriter, r *http.Request, rt *route, u
 		return answered
 	}
 	w = c.rw
+	defer s.sessionArrivals.Delete(c.runID) // after the settlement below: deferred first
 	// From here on the hold exists, and this deferred settlement is what closes it: it runs on
 	// success, error, client cancel and panic alike (and may answer a panic: status).
 	defer s.finish(r.Context(), c, &status)
@@ -282,7 +286,7 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 	}
 
 	c := &call{req: req, user: user, hold: hold, runID: runID, log: log, meter: metering.NewMeter(rt.format),
-		inRun: clientRunID != "", idem: idem, held: time.Now(), sessionFrom: from}
+		inRun: clientRunID != "", idem: idem, held: time.Now(), sessionFrom: from, arrived: in.arrived}
 	if req.echoPrompts != nil {
 		c.meter.EchoPrompts(req.echoPrompts, req.echoPer)
 	}

@@ -330,7 +330,7 @@ func (a *idemAdmission) admitAttempt(attempt int) (_ holds.Hold, status int, aga
 	a.ic.attempt = attempt
 	a.ar.RunID = idempotentRunID(a.ic.userID, a.ic.key, attempt)
 	a.log = a.callLog.WithLazy(zap.String("run_id", a.ar.RunID))
-	hold, err := a.s.admit(a.ctx, *a.ar, a.log)
+	hold, err := a.s.admit(a.ctx, *a.ar, a.log, nil)
 	switch {
 	case err == nil && hold.Existing:
 		return holds.Hold{}, a.answer(errRequestInProgress(a.ar.RunID), true), false

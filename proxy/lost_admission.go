@@ -102,7 +102,10 @@ func (s *Server) releaseRefused(ctx context.Context, ar holds.AdmitRequest, log 
 // the cut, for another cause, and its hold was charged all the same. A cut during the
 // admission ends ctx too (cuttable), but from another goroutine: admit waits for that before
 // it returns, so that a call marked refused is never forwarded.
-func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) (holds.Hold, error) {
+//
+// from, when not nil, is noted the session's current run before the admission's first wait
+// for a settlement (admitWaitingForSettlements): nil for a call that has no claim to make so.
+func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger, from *sessionFrom) (holds.Hold, error) {
 	s.settlements.start()
 	var once sync.Once
 	leave := func() { once.Do(s.settlements.leave) }
@@ -110,7 +113,7 @@ func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logg
 		defer leave()
 		s.markLost(context.WithoutCancel(ctx), ar, log)
 	})
-	hold, err := s.admitWaitingForSettlements(ctx, ar)
+	hold, err := s.admitWaitingForSettlements(ctx, ar, log, from)
 	if stop() {
 		leave()
 	} else {
@@ -127,7 +130,12 @@ func (s *Server) admit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logg
 // settlement reaches the database. A refusal with none settling stands, as does one whose try
 // again the budget left no time to start (ErrAdmitNotStarted: nothing held): its caller is told
 // 429 too_many_in_flight or 402 insufficient_credits, not 503 billing_unavailable.
-func (s *Server) admitWaitingForSettlements(ctx context.Context, ar holds.AdmitRequest) (holds.Hold, error) {
+//
+// A session's call notes its session's current run in from (sessionFrom) before its first
+// wait, as admitFitting's does before its release: a newer message of its session may take the
+// slot or the credits a settlement gives back while it waits, and claim the session; its own
+// claim, once admitted, then must not take the session back (ClaimSessionFrom).
+func (s *Server) admitWaitingForSettlements(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger, from *sessionFrom) (holds.Hold, error) {
 	var refused error
 	for waits := 0; ; waits++ {
 		seen := s.settling.mark(ar.UserID)
@@ -143,6 +151,9 @@ func (s *Server) admitWaitingForSettlements(ctx context.Context, ar holds.AdmitR
 		refused = err
 		if next == nil {
 			return hold, err
+		}
+		if ar.SessionID != "" && from != nil && !from.known {
+			*from = s.currentSessionRun(ctx, ar.UserID, ar.SessionID, log)
 		}
 		s.beforeStep(ctx, stepAdmitWaits)
 		select {
@@ -190,7 +201,7 @@ const maxSettlingWaits = 4
 func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits func(holds.Hold) bool, callLog *zap.Logger,
 	from *sessionFrom) (holds.Hold, error) {
 	if !ar.Fresh {
-		return s.admit(ctx, *ar, callLog.WithLazy(zap.String("run_id", ar.RunID)))
+		return s.admit(ctx, *ar, callLog.WithLazy(zap.String("run_id", ar.RunID)), from)
 	}
 	lastCap := int64(-1)
 	// atOnce: the last wait ended at once, for a settlement that ended while that admission
@@ -203,7 +214,7 @@ func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits 
 	for waits := 0; ; waits++ {
 		log := callLog.WithLazy(zap.String("run_id", ar.RunID))
 		seen := s.settling.mark(ar.UserID)
-		hold, err := s.admit(ctx, *ar, log)
+		hold, err := s.admit(ctx, *ar, log, from)
 		next := s.settling.after(ar.UserID, seen)
 		switch {
 		case waits > 0 && errors.Is(err, holds.ErrAdmitNotStarted):

@@ -96,6 +96,10 @@ type Server struct {
 	// settling counts the calls settling, by user, that an admission refused for want of a
 	// slot or of credits waits for (admitWaitingForSettlements).
 	settling settlingUsers
+	// sessionArrivals: when the request of each session call this process serves arrived,
+	// by run id, from its claim until its handler returns: a message whose admission waited
+	// tells by it an older message's run from a newer one's (claimSession).
+	sessionArrivals sync.Map
 	// stopBeat ends the heartbeat of this process's run budget reservations and its session
 	// check (checkSessions); beatDone closes when both have.
 	stopBeat context.CancelFunc

@@ -436,8 +436,20 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 	s.beforeStep(sctx, stepSessionClaim)
 	var claim holds.SessionClaim
 	var err error
+	s.sessionArrivals.Store(c.runID, c.arrived)
 	if c.sessionFrom.known {
 		claim, err = s.store.ClaimSessionFrom(sctx, c.user.ID, sessionID, c.runID, message, c.sessionFrom.run)
+		// Superseded by a run that claimed while this one waited: a newer message's, unless
+		// it is one this process serves whose request arrived before this one's (an older
+		// message that waited too, admitted first): this one, the newer, takes the session
+		// from it as a claim of its own would. Read by from alone, the newer message was
+		// answered 409 superseded and the older one ran.
+		for range maxOlderClaims {
+			if err != nil || !claim.Superseded || claim.Replaced != "" || !s.olderMessage(claim.Current, c.arrived) {
+				break
+			}
+			claim, err = s.store.ClaimSessionFrom(sctx, c.user.ID, sessionID, c.runID, message, claim.Current)
+		}
 	} else {
 		claim, err = s.store.ClaimSession(sctx, c.user.ID, sessionID, c.runID, message)
 	}
@@ -488,6 +500,17 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 		s.cancelReplaced(ctx, c, claim.Replaced)
 	}
 	return nil, nil
+}
+
+// maxOlderClaims bounds how often one claim is made again over an older message's run
+// (claimSession): one per older message of its session admitted while it waited.
+const maxOlderClaims = 4
+
+// olderMessage reports whether run is a session call this process serves whose request
+// arrived before arrived.
+func (s *Server) olderMessage(run string, arrived time.Time) bool {
+	v, ok := s.sessionArrivals.Load(run)
+	return ok && v.(time.Time).Before(arrived)
 }
 
 // cancelReplaced tells the run a committed claim of c's replaced to stop. The claim is
