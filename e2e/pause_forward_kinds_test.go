@@ -24,7 +24,7 @@ func pausedBeforeForward(t *testing.T, w *pausedWorld, g *gateway, key string, h
 		}
 	}()
 	body := chatRequest(false, 40, "the call whose gateway the pause catches")
-	fired := w.relay.armToStop(g.cmd.Process.Pid)
+	fired := w.relay.armToStop(g.cmd.Process.Pid, admissionScript)
 	first := make(chan seen, 1)
 	go func() { first <- w.calls.call(g, key, body, hdr) }()
 	select {

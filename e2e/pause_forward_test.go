@@ -17,16 +17,20 @@ import (
 
 // stopRelay is a TCP relay between a gateway and MariaDB that, once armed, SIGSTOPs the server (or,
 // armToStop, the gateway) the moment a client sends a batch's closing script (a write ending in
-// COMMIT), before that write is passed on: the script lands in the socket buffer of a stopped
-// server, which runs it when it is resumed — whether or not the gateway has given up on it by
-// then.
+// COMMIT) of the kind it is armed for, before that write is passed on: the script lands in the
+// socket buffer of a stopped server, which runs it when it is resumed — whether or not the
+// gateway has given up on it by then.
 type stopRelay struct {
 	ln     net.Listener
 	target string
 	pid    int
 	mu     sync.Mutex
 	armed  bool
-	fired  chan struct{}
+	// kind is what the closing script to stop on holds, one of (admissionScript, settlementScript): a
+	// gateway's background passes (its reconciler's, its session prune) close scripts too, and
+	// one of those, caught first on a busy machine, stopped the server before the call's.
+	kind  [][]byte
+	fired chan struct{}
 	// dropBeats: a gateway's heartbeat (UPDATE instances SET beat_at) cuts its connection
 	// before it reaches the server, as a beat that fails does; its other statements pass.
 	dropBeats atomic.Bool
@@ -60,16 +64,25 @@ func newStopRelay(t *testing.T, target string, pid int) *stopRelay {
 
 func (r *stopRelay) addr() string { return r.ln.Addr().String() }
 
-// arm makes the next closing script stop the server; the channel closes once it has.
-func (r *stopRelay) arm() <-chan struct{} { return r.armToStop(r.pid) }
+// The closing scripts a stopRelay is armed for, by what one of them holds: an admission's (a
+// fresh run's hold, or a named run's admitted again), and a settlement's (a run charged to
+// its day).
+var (
+	admissionScript  = [][]byte{[]byte("INSERT INTO run_holds (run_id, user_id, client_run_id"), []byte("UPDATE run_holds SET expires_at = GREATEST")}
+	settlementScript = [][]byte{[]byte("INSERT INTO usage_days")}
+)
 
-// armToStop makes the next closing script stop the process pid (the server, or the gateway
-// that sends it: the script then reaches the server, which commits, and its answer waits for
-// a stopped process); the channel closes once it has.
-func (r *stopRelay) armToStop(pid int) <-chan struct{} {
+// arm makes the next closing script holding kind stop the server; the channel closes once it
+// has.
+func (r *stopRelay) arm(kind [][]byte) <-chan struct{} { return r.armToStop(r.pid, kind) }
+
+// armToStop makes the next closing script holding kind stop the process pid (the server, or
+// the gateway that sends it: the script then reaches the server, which commits, and its answer
+// waits for a stopped process); the channel closes once it has.
+func (r *stopRelay) armToStop(pid int, kind [][]byte) <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.armed, r.pid = true, pid
+	r.armed, r.pid, r.kind = true, pid, kind
 	return r.fired
 }
 
@@ -85,7 +98,7 @@ func (r *stopRelay) pipe(from, to net.Conn, fromClient bool) {
 			}
 			if fromClient {
 				r.mu.Lock()
-				if r.armed && bytes.HasSuffix(bytes.TrimRight(buf[:n], "; \n\x00"), []byte("COMMIT")) {
+				if r.armed && bytes.HasSuffix(bytes.TrimRight(buf[:n], "; \n\x00"), []byte("COMMIT")) && holdsAny(buf[:n], r.kind) {
 					r.armed = false
 					if err := syscall.Kill(r.pid, syscall.SIGSTOP); err == nil {
 						close(r.fired)
@@ -101,6 +114,16 @@ func (r *stopRelay) pipe(from, to net.Conn, fromClient bool) {
 			return
 		}
 	}
+}
+
+// holdsAny reports whether b holds one of subs.
+func holdsAny(b []byte, subs [][]byte) bool {
+	for _, sub := range subs {
+		if bytes.Contains(b, sub) {
+			return true
+		}
+	}
+	return false
 }
 
 // dsnViaAddr is the world's DSN through addr.
@@ -138,7 +161,7 @@ func TestGatewayPausedBetweenItsHoldAndTheForward(t *testing.T) {
 		}
 	}()
 	body := chatRequest(false, 40, "the call whose gateway the pause catches")
-	fired := relay.armToStop(g.cmd.Process.Pid)
+	fired := relay.armToStop(g.cmd.Process.Pid, admissionScript)
 	first := make(chan seen, 1)
 	go func() { first <- all.call(g, key, body, map[string]string{"X-Fake-Chunks": "12"}) }()
 	select {

@@ -292,11 +292,13 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 
 			fast := map[string]string{"X-Fake-Chunks": "12"}
 			agent1 := all.must(t, "agent call 1", g, key, chatRequest(false, 40, "agent step 1"), with(fast, "X-Run-Id", "agent"))
-			slow := map[string]string{"X-Fake-Chunks": "30", "X-Fake-Chunk-Interval": "40ms"}
+			// Long enough (6 s) that none ends, and settles, before the pause on a busy machine:
+			// the pause must catch all four.
+			slow := map[string]string{"X-Fake-Chunks": "150", "X-Fake-Chunk-Interval": "40ms"}
 			kBody := chatRequest(true, 100, "an idempotent stream the pause catches")
 			inflight := map[string]*pending{
 				"plain stream": all.start(t, g, key, chatRequest(true, 100, "a plain stream the pause catches"), slow),
-				"plain whole":  all.start(t, g, key, chatRequest(false, 100, "a whole answer the pause catches"), map[string]string{"X-Fake-Chunks": "20", "X-Fake-Latency": "1s"}),
+				"plain whole":  all.start(t, g, key, chatRequest(false, 100, "a whole answer the pause catches"), map[string]string{"X-Fake-Chunks": "20", "X-Fake-Latency": "6s"}),
 				"k #0":         all.start(t, g, key, kBody, with(slow, "Idempotency-Key", "k")),
 				"agent call 2": all.start(t, g, key, chatRequest(true, 100, "agent step 2"), with(slow, "X-Run-Id", "agent")),
 			}
@@ -308,7 +310,7 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 			waitFor(t, 10*time.Second, "every call's hold", func() bool { return w.liveHoldsOf(u.ID) == 4 })
 			var pausedAt time.Time
 			if tc.afterCommit {
-				fired := relay.arm()
+				fired := relay.arm(settlementScript)
 				select {
 				case <-fired:
 				case <-time.After(20 * time.Second):
@@ -446,7 +448,7 @@ func TestMariaDBPausedWithAnAdmissionsCommitInItsBuffer(t *testing.T) {
 			}()
 			hdr := with(tc.hdr, "X-Fake-Chunks", "12")
 			body := chatRequest(false, 40, "the call whose admission the pause catches")
-			fired := relay.arm()
+			fired := relay.arm(admissionScript)
 			first := make(chan seen, 1)
 			go func() { first <- all.call(g, key, body, hdr) }()
 			select {
