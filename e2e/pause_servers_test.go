@@ -168,18 +168,7 @@ func TestRedisServerPausedPastItsTimeouts(t *testing.T) {
 	// The agent goes on after the resume and settles its run.
 	agent4 := all.call(g, key, chatRequest(false, 40, "agent step 4"), with(fast, "X-Run-Id", "agent"))
 	t.Logf("after the resume: agent call 4 -> %d %s complete %v", agent4.status, agent4.code, agent4.complete)
-	waitFor(t, 30*time.Second, "the agent's run settled on request", func() bool {
-		code, out := settleRunOn(t, g, key, "agent")
-		switch code {
-		case http.StatusOK:
-			t.Logf("agent settled: %v", out)
-			return true
-		case http.StatusConflict, http.StatusServiceUnavailable:
-			return false
-		}
-		t.Fatalf("settle agent: %d %v", code, out)
-		return false
-	})
+	waitSettledOnRequest(t, g, key, "agent")
 	waitFor(t, 30*time.Second, "every hold settled", func() bool { return w.liveHoldsOf(u.ID) == 0 })
 	kAfter := all.call(g, key, kBody, with(fast, "Idempotency-Key", "k"))
 	t.Logf("after the resume: k retry -> %d %s replayed %v run %s", kAfter.status, kAfter.code, kAfter.replayed, kAfter.runID)
@@ -352,18 +341,7 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 			}
 			// Every one-call run settled, by its late commit or the reconciler; then the agent's.
 			waitFor(t, 30*time.Second, "the one-call runs settled", func() bool { return w.liveHoldsOf(u.ID) <= 1 })
-			waitFor(t, 30*time.Second, "the agent's run settled on request", func() bool {
-				code, out := settleRunOn(t, g, key, "agent")
-				switch code {
-				case http.StatusOK:
-					t.Logf("agent settled: %v", out)
-					return true
-				case http.StatusConflict, http.StatusServiceUnavailable:
-					return false
-				}
-				t.Fatalf("settle agent: %d %v", code, out)
-				return false
-			})
+			waitSettledOnRequest(t, g, key, "agent")
 			waitFor(t, 30*time.Second, "every hold settled", func() bool { return w.liveHoldsOf(u.ID) == 0 })
 			kAfter := all.call(g, key, kBody, with(fast, "Idempotency-Key", "k"))
 			t.Logf("after the resume: k retry -> %d %s replayed %v run %s", kAfter.status, kAfter.code, kAfter.replayed, kAfter.runID)
@@ -490,13 +468,7 @@ func TestMariaDBPausedWithAnAdmissionsCommitInItsBuffer(t *testing.T) {
 				return false
 			})
 			if _, ok := tc.hdr["X-Run-Id"]; ok {
-				waitFor(t, 30*time.Second, "the named run settled on request", func() bool {
-					code, out := settleRunOn(t, g, key, "agent-lost")
-					if code == http.StatusOK {
-						t.Logf("run settled: %v", out)
-					}
-					return code == http.StatusOK
-				})
+				waitSettledOnRequest(t, g, key, "agent-lost")
 			}
 			waitFor(t, 30*time.Second, "every hold settled", func() bool { return w.liveHoldsOf(u.ID) == 0 })
 

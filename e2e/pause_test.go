@@ -250,19 +250,7 @@ func TestGatewayPausedPastItsHolds(t *testing.T) {
 	}
 	// The named run the agent goes on with: every call of it has ended (the resumed one too),
 	// so its settle charges them all.
-	var settled map[string]any
-	waitFor(t, 20*time.Second, "agent-B settled by its agent", func() bool {
-		code, out := settleRunOn(t, l, key, "agent-B")
-		if code == http.StatusConflict {
-			return false // run_busy while a call is in flight: README
-		}
-		if code != http.StatusOK {
-			t.Fatalf("settle agent-B: %d %v", code, out)
-		}
-		settled = out
-		return true
-	})
-	t.Logf("agent-B settled: %v", settled)
+	waitSettledOnRequest(t, l, key, "agent-B")
 	waitFor(t, 20*time.Second, "every hold settled", func() bool { return w.liveHoldsOf(u.ID) == 0 })
 
 	// The books.
@@ -436,6 +424,28 @@ func settleRunOn(t *testing.T, g *gateway, key, name string) (int, map[string]an
 	var out map[string]any
 	_ = json.Unmarshal(raw, &out)
 	return resp.StatusCode, out
+}
+
+// waitSettledOnRequest settles the named run on g once it may be (its calls ended: 409 while
+// one runs, 503 while the database or Redis is away), within 30 s, and returns what the settle
+// answered. Any other refusal fails the test.
+func waitSettledOnRequest(t *testing.T, g *gateway, key, name string) map[string]any {
+	t.Helper()
+	var settled map[string]any
+	waitFor(t, 30*time.Second, name+" settled on request", func() bool {
+		code, out := settleRunOn(t, g, key, name)
+		switch code {
+		case http.StatusOK:
+			settled = out
+			return true
+		case http.StatusConflict, http.StatusServiceUnavailable:
+			return false
+		}
+		t.Fatalf("settle %s: %d %v", name, code, out)
+		return false
+	})
+	t.Logf("%s settled: %v", name, settled)
+	return settled
 }
 
 // seen is what a caller saw of one chat completion.

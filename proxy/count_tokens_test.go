@@ -486,25 +486,7 @@ func TestCountTokensCutAtTheDrainDeadline(t *testing.T) {
 	t.Cleanup(func() { close(release) })
 	_, key := h.user("standard")
 
-	type ended struct {
-		status int
-		header http.Header
-		body   string
-		err    error
-	}
-	counted := make(chan ended, 1)
-	go func() {
-		req := h.newRequest("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
-			map[string]string{"X-Api-Key": key})
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			counted <- ended{err: err}
-			return
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		counted <- ended{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
-	}()
+	counted := countInBackground(h, key)
 	select {
 	case <-arrived:
 	case <-time.After(10 * time.Second):
@@ -525,7 +507,7 @@ func TestCountTokensCutAtTheDrainDeadline(t *testing.T) {
 		defer gcancel()
 		shut <- h.gw.Config.Shutdown(gctx)
 	}()
-	var c ended
+	var c countAnswer
 	select {
 	case c = <-counted:
 	case <-time.After(10 * time.Second):
@@ -578,25 +560,7 @@ func TestCountTokensCutWhileItsAnswerIsRead(t *testing.T) {
 				anthropicAt(c, up.URL)
 			})
 			_, key := h.user("standard")
-			type answer struct {
-				status int
-				header http.Header
-				body   string
-				err    error
-			}
-			answered := make(chan answer, 1)
-			go func() {
-				req := h.newRequest("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
-					map[string]string{"X-Api-Key": key})
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					answered <- answer{err: err}
-					return
-				}
-				defer resp.Body.Close()
-				b, err := io.ReadAll(resp.Body)
-				answered <- answer{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
-			}()
+			answered := countInBackground(h, key)
 			select {
 			case <-headers:
 			case <-time.After(10 * time.Second):
@@ -606,7 +570,7 @@ func TestCountTokensCutWhileItsAnswerIsRead(t *testing.T) {
 			defer scancel()
 			_ = h.gw.Config.Shutdown(sctx)
 			h.srv.CutCalls()
-			var a answer
+			var a countAnswer
 			select {
 			case a = <-answered:
 			case <-time.After(10 * time.Second):
@@ -626,4 +590,30 @@ func TestCountTokensCutWhileItsAnswerIsRead(t *testing.T) {
 			}
 		})
 	}
+}
+
+// countAnswer is what a caller of /v1/messages/count_tokens saw.
+type countAnswer struct {
+	status int
+	header http.Header
+	body   string
+	err    error
+}
+
+// countInBackground sends a token count with key to h's gateway; its answer comes on the channel.
+func countInBackground(h *harness, key string) <-chan countAnswer {
+	answered := make(chan countAnswer, 1)
+	go func() {
+		req := h.newRequest("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
+			map[string]string{"X-Api-Key": key})
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- countAnswer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		answered <- countAnswer{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
+	}()
+	return answered
 }

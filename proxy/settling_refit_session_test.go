@@ -55,28 +55,36 @@ func TestSessionMessageThatWaitedDoesNotStopANewerOne(t *testing.T) {
 	}()
 	waitFor(t, "the newer message to reach the upstream", func() bool { return h.fake.Calls() > calls })
 	close(settling)
-	o, n := <-older, <-newer
-	if n.status != http.StatusOK {
-		t.Errorf("the newer message: %d %s; want 200, not stopped by the older one", n.status, n.body)
+	olderMessageSuperseded(t, h, u.ID, <-older, <-newer, 2)
+}
+
+// olderMessageSuperseded checks how a race of two messages of one session ends when the older
+// one's admission waited for a settlement and the newer one claimed the session meanwhile: the
+// newer answered whole, the older 409 superseded, and of the user's runs wantComplete charged
+// complete (the calls answered before the race, and the newer message), the rest released at 0.
+func olderMessageSuperseded(t *testing.T, h *harness, userID uint64, older, newer answer, wantComplete int) {
+	t.Helper()
+	if newer.status != http.StatusOK {
+		t.Errorf("the newer message: %d %s; want 200, not stopped by the older one", newer.status, newer.body)
 	}
-	if o.status != http.StatusConflict || errorCode(t, o.body) != "superseded" {
-		t.Errorf("the older message, admitted again after the newer claimed the session: %d %s; want 409 superseded", o.status, o.body)
+	if older.status != http.StatusConflict || errorCode(t, older.body) != "superseded" {
+		t.Errorf("the older message, admitted after the newer claimed the session: %d %s; want 409 superseded", older.status, older.body)
 	}
 	h.settled()
 	var charged int
-	for _, r := range h.holdsOf(u.ID) {
+	for _, r := range h.holdsOf(userID) {
 		switch {
 		case r.State != holds.StateSettled:
 			t.Errorf("run %s left %s", r.RunID, r.State)
 		case r.SettleSource.String == holds.SourceComplete && r.ChargedMicro > 0:
 			charged++
 		case r.SettleSource.String != holds.SourceRelease || r.ChargedMicro != 0:
-			t.Errorf("run %s settled by %q charged %d, want the first call and the newer message charged, the rest released at 0",
+			t.Errorf("run %s settled by %q charged %d, want the answered calls and the newer message charged, the rest released at 0",
 				r.RunID, r.SettleSource.String, r.ChargedMicro)
 		}
 	}
-	if charged != 2 {
-		t.Errorf("%d runs charged complete, want 2: the first call and the newer message", charged)
+	if charged != wantComplete {
+		t.Errorf("%d runs charged complete, want %d: the calls answered before and the newer message", charged, wantComplete)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -77,29 +76,7 @@ func TestSessionMessageThatWaitedForASlotDoesNotStopANewerOne(t *testing.T) {
 	close(letOlder)
 	waitFor(t, "the older message, refused again, to wait for the next settlement", func() bool { return waits.Load() == 2 })
 	close(gates[1])
-	o, n := <-older, <-newer
-	if n.status != http.StatusOK {
-		t.Errorf("the newer message: %d %s; want 200, not stopped by the older one", n.status, n.body)
-	}
-	if o.status != http.StatusConflict || errorCode(t, o.body) != "superseded" {
-		t.Errorf("the older message, admitted after the newer claimed the session: %d %s; want 409 superseded", o.status, o.body)
-	}
-	h.settled()
-	var charged int
-	for _, r := range h.holdsOf(u.ID) {
-		switch {
-		case r.State != holds.StateSettled:
-			t.Errorf("run %s left %s", r.RunID, r.State)
-		case r.SettleSource.String == holds.SourceComplete && r.ChargedMicro > 0:
-			charged++
-		case r.SettleSource.String != holds.SourceRelease || r.ChargedMicro != 0:
-			t.Errorf("run %s settled by %q charged %d, want the answered calls and the newer message charged, the older released at 0",
-				r.RunID, r.SettleSource.String, r.ChargedMicro)
-		}
-	}
-	if charged != 3 {
-		t.Errorf("%d runs charged complete, want 3: the two answered calls and the newer message", charged)
-	}
+	olderMessageSuperseded(t, h, u.ID, <-older, <-newer, 3)
 }
 
 // TestSessionsNextMessageThatWaitsForASlotIsServed: the wait above leaves a session's own next
