@@ -605,26 +605,32 @@ func (b *UnrelayedAnswer) structural(c byte) {
 		b.pending = roleNone
 	case ' ', '\t', '\n', '\r':
 	default:
-		switch b.valueStarts() {
-		case roleRaw: // a number, true, false or null
+		role := b.valueStarts()
+		if role == roleRaw { // a number, true, false or null
 			b.rawBegins(rawLiteral)
-		case roleFigurePrompt:
-			b.figure, b.litLen = figurePrompt, 0
-			b.structural(c)
-		case roleFigureCompletion:
-			b.figure, b.litLen = figureCompletion, 0
-			b.structural(c)
-		case roleOwnPrompt:
-			b.figure, b.litLen = figureOwnPrompt, 0
-			b.structural(c)
-		case roleOwnCompletion:
-			b.figure, b.litLen = figureOwnCompletion, 0
-			b.structural(c)
-		case roleStop:
-			b.figure, b.litLen = figureStop, 0
+		} else if fig := literalFigure(role); fig != figureNone {
+			b.figure, b.litLen = fig, 0
 			b.structural(c)
 		}
 	}
+}
+
+// literalFigure is the figure a literal of role is read as (figureEnds), figureNone for a
+// role read as no figure.
+func literalFigure(role uint8) uint8 {
+	switch role {
+	case roleFigurePrompt:
+		return figurePrompt
+	case roleFigureCompletion:
+		return figureCompletion
+	case roleOwnPrompt:
+		return figureOwnPrompt
+	case roleOwnCompletion:
+		return figureOwnCompletion
+	case roleStop:
+		return figureStop
+	}
+	return figureNone
 }
 
 // figureEnds reads the literal of the usage figure just read as gjson reads it: a number, or
