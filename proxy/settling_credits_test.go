@@ -99,6 +99,45 @@ func TestLongPromptAfterAnAnsweredCallIsNotRefusedForTheCapItsHoldLeft(t *testin
 	}
 }
 
+// TestNamedRunsLongPromptIsNotReleasedToWaitForASettlement: the wait above is a fresh call's
+// alone (README, 402 insufficient_credits). A named run's hold is its run's, which other calls
+// of it may run on and whose id its agent settles by: released at 0 and admitted again under a
+// new run id, the run was settled as released and its call charged to a run its agent cannot
+// name. Its long prompt, the hold too small while the previous call settles, is refused 402
+// run_budget_exhausted (the run's cap is its hold's) at once, and the run keeps its one hold.
+func TestNamedRunsLongPromptIsNotReleasedToWaitForASettlement(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		p := c.Plans["standard"]
+		p.AllowanceCredits = config.Credits{Milli: 20_500}
+		c.Plans["standard"] = p
+	})
+	u, key := h.user("standard")
+	answered := make(chan struct{})
+	firstSettlementHeld(h, answered, nil)
+	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
+		t.Fatalf("first call: %d %s", a.status, a.body)
+	}
+	second := send(h.gw.URL, key, longPromptBody(3000), map[string]string{"X-Run-Id": "task-long"})
+	close(answered)
+	if second.status != http.StatusPaymentRequired || errorCode(t, second.body) != "run_budget_exhausted" {
+		t.Errorf("a named run's long prompt while the previous call settles: %d %s; want 402 run_budget_exhausted (its hold's cap)",
+			second.status, second.body)
+	}
+	h.settled()
+	var named []holds.Run
+	for _, r := range h.holdsOf(u.ID) {
+		if r.ClientRunID.String == "task-long" {
+			named = append(named, r)
+		}
+	}
+	if len(named) != 1 || named[0].SettleSource.String == holds.SourceRelease {
+		for _, r := range named {
+			t.Logf("run %s of task-long: %s %q charged %d", r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
+		}
+		t.Errorf("task-long has %d holds; want its one, not released to wait for a settlement", len(named))
+	}
+}
+
 // TestLongPromptWaitPastTheBudgetIsStillRefusedForItsPrompt: a call whose small hold was
 // released to wait for its user's settlement, and that had no budget left to be admitted again
 // (its try not started before admit_timeout: nothing held), is answered as the small hold was,
