@@ -43,6 +43,15 @@ func TestCreditsHeldByACallInFlightRefuseAtOnce(t *testing.T) {
 	refusedAtOnceWhileACallRuns(t, lowBalanceHarness(t), http.StatusPaymentRequired, "insufficient_credits")
 }
 
+// aLittleOverTheTier gives the standard plan an allowance a little over its hold tier (20.5
+// credits, tier 20): a call's hold while another settles is granted what is left, too little
+// for a long prompt.
+func aLittleOverTheTier(c *config.Config) {
+	p := c.Plans["standard"]
+	p.AllowanceCredits = config.Credits{Milli: 20_500}
+	c.Plans["standard"] = p
+}
+
 // lowBalanceHarness is a gateway whose standard plan's allowance (10 credits) is below its
 // hold tier (20): one call's hold takes all that is available.
 func lowBalanceHarness(t *testing.T) *harness {
@@ -62,11 +71,7 @@ func lowBalanceHarness(t *testing.T) *harness {
 // and the same call sent again a moment later was 200. Released at 0, it is admitted again
 // once the settlement lands (README, 402 insufficient_credits).
 func TestLongPromptAfterAnAnsweredCallIsNotRefusedForTheCapItsHoldLeft(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) {
-		p := c.Plans["standard"]
-		p.AllowanceCredits = config.Credits{Milli: 20_500}
-		c.Plans["standard"] = p
-	})
+	h := newHarness(t, aLittleOverTheTier)
 	u, key := h.user("standard")
 	answered := make(chan struct{})
 	firstSettlementHeld(h, answered, nil)
@@ -106,11 +111,7 @@ func TestLongPromptAfterAnAnsweredCallIsNotRefusedForTheCapItsHoldLeft(t *testin
 // name. Its long prompt, the hold too small while the previous call settles, is refused 402
 // run_budget_exhausted (the run's cap is its hold's) at once, and the run keeps its one hold.
 func TestNamedRunsLongPromptIsNotReleasedToWaitForASettlement(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) {
-		p := c.Plans["standard"]
-		p.AllowanceCredits = config.Credits{Milli: 20_500}
-		c.Plans["standard"] = p
-	})
+	h := newHarness(t, aLittleOverTheTier)
 	u, key := h.user("standard")
 	answered := make(chan struct{})
 	firstSettlementHeld(h, answered, nil)
@@ -144,9 +145,7 @@ func TestNamedRunsLongPromptIsNotReleasedToWaitForASettlement(t *testing.T) {
 // 402 for its prompt, not 503 billing_unavailable, with nothing left held.
 func TestLongPromptWaitPastTheBudgetIsStillRefusedForItsPrompt(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) {
-		p := c.Plans["standard"]
-		p.AllowanceCredits = config.Credits{Milli: 20_500}
-		c.Plans["standard"] = p
+		aLittleOverTheTier(c)
 		c.Limits.AdmitTimeout = 500 * time.Millisecond
 	})
 	u, key := h.user("standard")

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 )
 
@@ -19,11 +18,7 @@ import (
 // one an operator finds in run_holds, not the first, already released, run. They named the
 // first: the logger was made once for the request's first run id.
 func TestLostAdmissionAgainAfterASmallHoldNamesItsOwnRun(t *testing.T) {
-	h, lossy, logs := newObservedLossyHarness(t, func(c *config.Config) {
-		p := c.Plans["standard"]
-		p.AllowanceCredits = config.Credits{Milli: 20_500}
-		c.Plans["standard"] = p
-	})
+	h, lossy, logs := newObservedLossyHarness(t, aLittleOverTheTier)
 	u, key := h.user("standard")
 	answered := make(chan struct{})
 	var admits atomic.Int32

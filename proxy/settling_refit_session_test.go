@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -20,11 +19,7 @@ import (
 // prompt's estimate, and the older one answered. The older one must be answered superseded
 // instead, charged nothing, and the newer one run to its end.
 func TestSessionMessageThatWaitedDoesNotStopANewerOne(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) {
-		p := c.Plans["standard"]
-		p.AllowanceCredits = config.Credits{Milli: 20_500}
-		c.Plans["standard"] = p
-	})
+	h := newHarness(t, aLittleOverTheTier)
 	u, key := h.user("standard")
 	settling := make(chan struct{})
 	var settles, waits atomic.Int32
@@ -93,11 +88,7 @@ func olderMessageSuperseded(t *testing.T, h *harness, userID uint64, older, newe
 // hold too small while that one settles, is admitted again and claims the session from it,
 // which its wait read as the session's current run.
 func TestSessionsNextLongMessageAfterAnAnsweredOneIsServed(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) {
-		p := c.Plans["standard"]
-		p.AllowanceCredits = config.Credits{Milli: 20_500}
-		c.Plans["standard"] = p
-	})
+	h := newHarness(t, aLittleOverTheTier)
 	u, key := h.user("standard")
 	answered := make(chan struct{})
 	var waits atomic.Int32
