@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -396,18 +397,27 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 // The caller, told 503, sends the same request again, and it is served: whatever the late
 // commit left, the user is charged once, what the served call used — for a plain call, an
 // Idempotency-Key's and a named run's first call alike.
+//
+// The named run gets a run_ttl longer than the pause and the retries: a failed call leaves its
+// run open only until run_ttl, so under the 3 s of the other worlds the run the late commit
+// opened had expired when the server resumed, and whichever came first — the caller's retry or
+// the reconciler's pass blocked on the stopped server — decided between a served retry and a
+// true 409 run_settled (CI of stop 65 drew the 409).
 func TestMariaDBPausedWithAnAdmissionsCommitInItsBuffer(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		hdr  map[string]string
+		name   string
+		hdr    map[string]string
+		config map[string]string
 	}{
-		{"plain", map[string]string{}},
-		{"idempotency-key", map[string]string{"Idempotency-Key": "k-lost"}},
-		{"named-run", map[string]string{"X-Run-Id": "agent-lost"}},
+		{"plain", map[string]string{}, nil},
+		{"idempotency-key", map[string]string{"Idempotency-Key": "k-lost"}, nil},
+		{"named-run", map[string]string{"X-Run-Id": "agent-lost"}, map[string]string{"holds.run_ttl": "2m"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
-			w.config = w.writeConfig(map[string]string{"limits.settle_timeout": "3s"})
+			over := map[string]string{"limits.settle_timeout": "3s"}
+			maps.Copy(over, tc.config)
+			w.config = w.writeConfig(over)
 			mysqlPID := pidListeningOn(t, w.mysqlAddr())
 			relay := newStopRelay(t, w.mysqlAddr(), mysqlPID)
 			u, key := w.user("db-paused-admit", 10, nil)
