@@ -202,17 +202,25 @@ func endedByServer(err error) error {
 // READ_ONLY ADMIN on MariaDB 10.11 and later). MariaDB refuses a locking read (FOR UPDATE) so
 // too, a write at its start and a COMMIT of a transaction that wrote (before it commits, after
 // blocking the read lock's taking, and rolls the transaction back).
+//
+// A Galera node refuses every statement so (1047) while it is out of its cluster's primary
+// component (a partition, a node rejoining) or set to reject queries for maintenance
+// (wsrep_reject_queries), checked before the statement runs, a COMMIT included: the same moment
+// for the gateway, its node taking writes again once it rejoins, or the address leading to
+// another node.
 const (
 	errOptionPreventsStatement = 1290 // ER_OPTION_PREVENTS_STATEMENT: --read-only (--super-read-only on MySQL)
 	errReadOnlyTransaction     = 1792 // ER_CANT_EXECUTE_IN_READ_ONLY_TRANSACTION: the session's transactions are read only
+	errWsrepNotReady           = 1047 // ER_UNKNOWN_COM_ERROR: "WSREP has not yet prepared node for application use"
 )
 
 // isReadOnly is a statement refused because the server, or the session, takes no writes.
 // ER_OPTION_PREVENTS_STATEMENT names other options too (secure_file_priv, skip-grant-tables),
-// which no statement of a batch meets.
+// which no statement of a batch meets; ER_UNKNOWN_COM_ERROR otherwise answers only a protocol
+// command the server does not know, which the driver never sends.
 func isReadOnly(err error) bool {
 	n := mysqlErrNumber(err)
-	return n == errOptionPreventsStatement || n == errReadOnlyTransaction
+	return n == errOptionPreventsStatement || n == errReadOnlyTransaction || n == errWsrepNotReady
 }
 
 // readOnlyError is a batch's error whose statement the server refused for taking no writes

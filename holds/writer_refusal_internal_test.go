@@ -29,6 +29,7 @@ func TestItemRefusalIsOnlyABatchThatCommittedNothing(t *testing.T) {
 		{"deadlock", &mysql.MySQLError{Number: errDeadlock}, false},
 		{"killed", &serverEndedError{err: &mysql.MySQLError{Number: errConnectionKilled}}, false},
 		{"read only", &mysql.MySQLError{Number: errOptionPreventsStatement}, false},
+		{"galera node not ready", &mysql.MySQLError{Number: errWsrepNotReady}, false},
 		{"disk full", &mysql.MySQLError{Number: errTableFull}, false},
 		{"lost connection", mysql.ErrInvalidConn, false},
 		{"deadline", context.DeadlineExceeded, false},

@@ -56,6 +56,12 @@ const (
 	// answers when a KILL QUERY lands as a COMMIT ends — the transaction committed, the
 	// client told it was interrupted. The write must be statements that answer OK alone.
 	KilledReply
+	// NotReadyReply never sends the write: the server runs none of it, and the driver reads
+	// ER_UNKNOWN_COM_ERROR (1047, SQLSTATE 08S01) "WSREP has not yet prepared node for
+	// application use", what a Galera node answers every statement, before running it, while
+	// it is out of its cluster's primary component or set to reject queries
+	// (wsrep_reject_queries). The connection stays in step with the server, as the node's does.
+	NotReadyReply
 )
 
 // LateBy is how late a LateReply is: its write returns no sooner than this after it was
@@ -247,6 +253,10 @@ func (c *lossyConn) Write(b []byte) (int, error) {
 		}
 	}
 	l.mu.Unlock()
+	if hit && mode == NotReadyReply {
+		c.answerNotReady()
+		return len(b), nil
+	}
 	n, err := c.Conn.Write(b)
 	if !hit || err != nil {
 		return n, err
@@ -313,6 +323,15 @@ func (c *lossyConn) killLastAnswer(limit time.Duration) error {
 	}
 	c.r = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(reply), c.Conn), 16<<10)
 	return nil
+}
+
+// answerNotReady leaves for the driver, in place of the reply to a command the server never
+// received, the error packet a Galera node not ready answers it (see NotReadyReply): the
+// reply's first packet, sequence number 1.
+func (c *lossyConn) answerNotReady() {
+	errPkt := append([]byte{0xff, byte(1047 & 0xff), byte(1047 >> 8)}, "#08S01WSREP has not yet prepared node for application use"...)
+	reply := append([]byte{byte(len(errPkt)), byte(len(errPkt) >> 8), byte(len(errPkt) >> 16), 1}, errPkt...)
+	c.r = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(reply), c.r), 16<<10)
 }
 
 // okMoreResults reads an OK packet's status flags: whether more results follow it
