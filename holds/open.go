@@ -197,6 +197,12 @@ func open(ctx context.Context, dsn string, vars sessionVars, readTimeout time.Du
 	// inserted, 1) from a known one (the no-op update that locks it, 0) by that count, and a
 	// DSN's clientFoundRows=true made both 1.
 	cfg.ClientFoundRows = false
+	// Refusals read_only are the store's to tell (isReadOnly): waited out, and the refused
+	// connection dropped with every idle one (dropReadOnly). A DSN's rejectReadOnly=true made
+	// the driver answer them driver.ErrBadConn, a connection found broken before anything was
+	// sent: a batch's retries drew the pool's other connections to the demoted server one by
+	// one, and a user's or key's creation failed at once.
+	cfg.RejectReadOnly = false
 	if cfg.Params == nil {
 		cfg.Params = map[string]string{}
 	}
