@@ -1,0 +1,100 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+)
+
+// TestCallerWhoLeftDuringThePauseBeforeTheForwardIsRefunded: the pause catches a call between
+// its hold's COMMIT and its forward (as TestGatewayPausedBetweenItsHoldAndTheForward's), the
+// peer's reconciler charges the unleased, untallied hold what it held (reconcile_hold), and the
+// caller leaves while the gateway is stopped (its client's timeout, a load balancer's idle cut).
+// Resumed, the gateway finds the caller gone and forwards nothing (499): the charge is for a
+// call never made, which its caller's retry pays again. The peer's settlement stands (first
+// settlement wins), so the gateway, which alone knows the call was never made, gives the charge
+// back by a grant keyed by the run: the user's balance is what it was before the call, and the
+// books audit clean.
+func TestCallerWhoLeftDuringThePauseBeforeTheForwardIsRefunded(t *testing.T) {
+	w, g, _, key := newPausedWorld(t, "paused-left")
+	ctx := context.Background()
+	before, err := w.store.Balance(ctx, w.u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if stopped {
+			_ = g.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	fired := w.relay.armToStop(g.cmd.Process.Pid, admissionScript)
+	cctx, leave := context.WithCancel(ctx)
+	defer leave()
+	first := make(chan seen, 1)
+	go func() {
+		first <- readCall(cctx, g, key, chatRequest(false, 40, "the call whose caller leaves during the pause"), map[string]string{"X-Fake-Chunks": "12"}, nil)
+	}()
+	select {
+	case <-fired:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no closing script went out to stop the gateway on")
+	}
+	stopped = true
+	pausedAt := time.Now()
+	var runID string
+	waitFor(t, 10*time.Second, "the hold committed", func() bool { runID = w.latestHold()(); return runID != "" })
+	waitFor(t, 30*time.Second, "the peer's reconciler to settle the paused process's hold", func() bool {
+		return w.hold(runID).State == holds.StateSettled
+	})
+	r := w.hold(runID)
+	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+		t.Fatalf("the scene did not happen: the hold settled %s at %d", r.SettleSource.String, r.ChargedMicro)
+	}
+	// The caller leaves while the gateway is stopped: its connection closes under it.
+	leave()
+	if s := <-first; s.err == nil {
+		t.Fatalf("the caller got an answer from a stopped gateway: %d %s", s.status, s.code)
+	}
+	waitFor(t, 20*time.Second, "the pause to outlast admit_timeout", func() bool { return time.Since(pausedAt) > 6*time.Second })
+	if err := g.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	waitFor(t, 30*time.Second, "the resumed gateway to refuse the call its caller left (499)", func() bool {
+		b, _ := os.ReadFile(g.log)
+		for l := range bytes.SplitSeq(b, []byte("\n")) {
+			if bytes.Contains(l, []byte(runID)) && bytes.Contains(l, []byte("client_closed_request")) {
+				return true
+			}
+		}
+		return false
+	})
+	if n := w.held.calls.Load(); n != 0 {
+		t.Fatalf("the upstream got %d calls, want none: the caller had left", n)
+	}
+	if after := w.hold(runID); after.ChargedMicro != r.ChargedMicro || after.SettleSource != r.SettleSource || after.SettledAt != r.SettledAt {
+		t.Errorf("the peer's settlement changed after the resume: %s charged %d, was %s charged %d", after.SettleSource.String, after.ChargedMicro, r.SettleSource.String, r.ChargedMicro)
+	}
+	var refunded int64
+	waitFor(t, 20*time.Second, "the charge of the call never made given back", func() bool {
+		_ = w.db.Get(&refunded, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ? AND idempotency_key LIKE ?", w.u.ID, "%"+runID)
+		return refunded != 0
+	})
+	if refunded != r.ChargedMicro {
+		t.Errorf("granted back %d µUSD, want the hold's charge %d", refunded, r.ChargedMicro)
+	}
+	after, err := w.store.Balance(ctx, w.u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.AvailableMicro != before.AvailableMicro {
+		t.Errorf("available %d µUSD after the call its caller left before its forward, %d before it", after.AvailableMicro, before.AvailableMicro)
+	}
+	w.books(t, r.ChargedMicro)
+}
