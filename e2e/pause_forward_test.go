@@ -31,6 +31,9 @@ type stopRelay struct {
 	// one of those, caught first on a busy machine, stopped the server before the call's.
 	kind  [][]byte
 	fired chan struct{}
+	// atCommitAfter: stop at the COMMIT that ends a transaction one of whose earlier
+	// statements held kind (armToStopAtCommitAfter), not only at a closing script holding it.
+	atCommitAfter bool
 	// dropBeats: a gateway's heartbeat (UPDATE instances SET beat_at) cuts its connection
 	// before it reaches the server, as a beat that fails does; its other statements pass.
 	dropBeats atomic.Bool
@@ -82,7 +85,18 @@ func (r *stopRelay) arm(kind [][]byte) <-chan struct{} { return r.armToStop(r.pi
 func (r *stopRelay) armToStop(pid int, kind [][]byte) <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.armed, r.pid, r.kind = true, pid, kind
+	r.armed, r.pid, r.kind, r.atCommitAfter = true, pid, kind, false
+	return r.fired
+}
+
+// armToStopAtCommitAfter makes the COMMIT of the next transaction that sent a statement holding
+// kind stop the process pid, as armToStop does a closing script: a transaction whose COMMIT
+// goes out alone (holds.Store's, a session claim's), committed by the server while its
+// sender is stopped.
+func (r *stopRelay) armToStopAtCommitAfter(pid int, kind [][]byte) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.armed, r.pid, r.kind, r.atCommitAfter = true, pid, kind, true
 	return r.fired
 }
 
@@ -90,6 +104,7 @@ func (r *stopRelay) pipe(from, to net.Conn, fromClient bool) {
 	defer from.Close()
 	defer to.Close()
 	buf := make([]byte, 64<<10)
+	sentKind := false // this connection's transaction sent a statement holding kind (atCommitAfter)
 	for {
 		n, err := from.Read(buf)
 		if n > 0 {
@@ -98,11 +113,16 @@ func (r *stopRelay) pipe(from, to net.Conn, fromClient bool) {
 			}
 			if fromClient {
 				r.mu.Lock()
-				if r.armed && bytes.HasSuffix(bytes.TrimRight(buf[:n], "; \n\x00"), []byte("COMMIT")) && holdsAny(buf[:n], r.kind) {
+				commit := bytes.HasSuffix(bytes.TrimRight(buf[:n], "; \n\x00"), []byte("COMMIT"))
+				sentKind = sentKind || (r.armed && r.atCommitAfter && holdsAny(buf[:n], r.kind))
+				if r.armed && commit && (holdsAny(buf[:n], r.kind) || (r.atCommitAfter && sentKind)) {
 					r.armed = false
 					if err := syscall.Kill(r.pid, syscall.SIGSTOP); err == nil {
 						close(r.fired)
 					}
+				}
+				if commit || bytes.HasSuffix(bytes.TrimRight(buf[:n], "; \n\x00"), []byte("ROLLBACK")) {
+					sentKind = false
 				}
 				r.mu.Unlock()
 			}

@@ -504,6 +504,10 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 	if s.paidUnderAPause(r.Context(), c, in) {
 		return 0
 	}
+	if requestEnded(r) {
+		// Paid, but a newer message has taken its session since (paidUnderAPause stopped it).
+		return s.refuseUnforwarded(w, r, c, refuse)
+	}
 	c.outcome = outcomeRefused
 	return refuse(errBillingDown, "admission budget spent "+at+"; hold released at 0",
 		fmt.Errorf("%w %v before", errAdmitBudgetSpent, late.Round(time.Millisecond)))
@@ -529,6 +533,16 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 // nor recorded on its row, none of it known to have been made), as the run's first call caught
 // so leaves it; a run settled from its tally (its earlier calls) charged nothing for this
 // call, whose 503 then tells the truth, and one its agent settled (POST .../settle) is closed.
+//
+// A session's message that claimed its session before the pause is forwarded only while its
+// session's row still names it. A newer message that claimed the session since took over as
+// its running message: one that found this hold open replaced it and sent it a cancel, which
+// this process reads once resumed, in a race with this very check (won by the cancel, the
+// message was refused superseded; lost, it was forwarded and cut a moment later, or answered
+// whole after the newer message); one that found it settled replaced nothing, and the older
+// message was answered after the newer one its caller sent since. Either way it is stopped
+// here, as that cancel would have, and answered superseded: never forwarded, its charge given
+// back (refundUnforwarded).
 func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) bool {
 	if c.paidUnderPause {
 		return true // found at the grant; the check before forwarding need not read it again
@@ -555,11 +569,32 @@ func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) 
 		(c.inRun && run.SettleSource.String != holds.SourceReconcileHold) {
 		return false
 	}
+	if c.sessionClaimed && s.sessionMovedOn(sctx, c, in.ids.sessionID) {
+		c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped), and a newer message has taken its session since; not forwarded",
+			zap.String("settle_source", run.SettleSource.String), zap.Int64("charged_micro", run.ChargedMicro))
+		s.cancels.deliver(c.runID) // as that message's cancel would have (unless it came already)
+		return false
+	}
 	c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped); forwarding the call it paid for",
 		zap.String("settle_source", run.SettleSource.String), zap.Int64("charged_micro", run.ChargedMicro),
 		zap.Duration("since_arrival", time.Since(in.arrived).Round(time.Millisecond)))
 	c.paidUnderPause = true
 	return true
+}
+
+// sessionMovedOn reports whether the row of c's session (sessionID), which c claimed, names
+// another run now: a newer message's claim has taken it. A row pruned (its run settled and
+// untouched for the prune's idle time) was taken by nobody; a read that fails says no, and
+// the call goes on as its claim left it (a cancel sent to it still stops it).
+func (s *Server) sessionMovedOn(ctx context.Context, c *call, sessionID string) bool {
+	ref := holds.SessionRef{UserID: c.user.ID, SessionID: sessionID}
+	now, err := s.store.CurrentSessionRuns(ctx, []holds.SessionRef{ref})
+	if err != nil {
+		c.log.Warn("session of a call paid under a pause unreadable; forwarded as its claim left it", zap.Error(err))
+		return false
+	}
+	cur, ok := now[ref]
+	return ok && cur != c.runID
 }
 
 // budgetSpent reports whether ctx's deadline (a call's admission budget, admissionContext) has
