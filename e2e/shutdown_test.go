@@ -178,7 +178,10 @@ func TestSigtermNamedRunCallsInFlight(t *testing.T) {
 func TestSigtermWaitsForQueuedSettlements(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("term-queued", 10, nil)
-	g := w.startGateway("gw-term-queued")
+	// The calls must end inside the drain (it ends when they do): with the suite's 2 s, the
+	// 1 s of events left after SIGTERM had 1 s to spare, which a loaded machine can use up,
+	// and a call cut at the deadline settles as "shutdown", not at what it used.
+	g := w.startGatewayWith("gw-term-queued", w.writeConfig(map[string]string{"limits.shutdown_timeout": unhurriedDrain.String()}))
 	// The calls stay mid-stream (after their first event) until the user's row is locked and
 	// SIGTERM sent: started one after another, a loaded machine could otherwise see the first
 	// end, and settle, before the lock.
@@ -242,7 +245,9 @@ func TestSigtermWaitsForQueuedSettlements(t *testing.T) {
 func TestSigtermSettlementsOutlastingTheDrain(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("term-stuck", 10, nil)
-	g := w.startGateway("gw-term-stuck")
+	// The calls must end inside the drain, as above: a call cut at the deadline tallies an
+	// estimate, not the 20 tokens the checks below read.
+	g := w.startGatewayWith("gw-term-stuck", w.writeConfig(map[string]string{"limits.shutdown_timeout": unhurriedDrain.String()}))
 	// Held mid-stream until the lock is taken and SIGTERM sent, as above.
 	held, letGo := w.holdStreams("stuck", nil)
 	var calls []*stream
@@ -254,7 +259,7 @@ func TestSigtermSettlementsOutlastingTheDrain(t *testing.T) {
 	letGo()
 	const settleTimeout = 10 * time.Second // the world's limits.settle_timeout
 	// The wait's own deadline catches a hang; it does not measure the exit.
-	if err := g.wait(t, testShutdownDrain+settleTimeout+5*time.Second+30*time.Second); err != nil {
+	if err := g.wait(t, unhurriedDrain+settleTimeout+5*time.Second+30*time.Second); err != nil {
 		t.Errorf("gateway exit: %v, want status 0", err)
 	}
 	// Exited with the lock still held (release comes below): it did not wait for it.
