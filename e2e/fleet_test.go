@@ -366,18 +366,19 @@ func TestFleetIdempotencyKeyRetriedOverTwoGatewaysAfterAFailedAttempt(t *testing
 	}
 }
 
-// TestFleetLockMovesToTheSurvivorWhileHoldsOfBothExpire: gw-a and gw-b each serve a stream that
-// outlives its hold's TTL, and gw-a an Idempotency-Key attempt too, whose retry sent to gw-b
-// meanwhile is 409 request_in_progress. gw-a is SIGKILLed while it holds the reconcile lock.
-// gw-b's reconciler takes the lock once it lapses and settles gw-a's calls (no tally: at their
-// hold), never its own stream, whose lease it finds, however often that stream's hold expires;
-// its stream ends complete and is charged what it used. The key's retry on gw-b then runs as a
-// new attempt, and is replayed after.
+// TestFleetLockMovesToTheSurvivorWhileHoldsOfBothExpire: two gateways each serve a stream that
+// outlives its hold's TTL; gw-a (the one of them that holds the reconcile lock) an
+// Idempotency-Key attempt too, whose retry sent to gw-b (the other) meanwhile is 409
+// request_in_progress. gw-a is SIGKILLed while it holds the reconcile lock. gw-b's reconciler
+// takes the lock once it lapses and settles gw-a's calls (no tally: at their hold), never its
+// own stream, whose lease it finds, however often that stream's hold expires; its stream ends
+// complete and is charged what it used. The key's retry on gw-b then runs as a new attempt,
+// and is replayed after.
 func TestFleetLockMovesToTheSurvivorWhileHoldsOfBothExpire(t *testing.T) {
 	w := newWorld(t)
 	_, key := w.user("lock-move", 10, nil)
-	a := w.startGateway("gw-a")
-	b := w.startGateway("gw-b")
+	a, b := reconcileLockHolder(t, w, w.startGateway("gw-1"), w.startGateway("gw-2"))
+	t.Logf("%s holds the reconcile lock: it serves the calls that die; %s survives", a.name, b.name)
 	idem := map[string]string{"Idempotency-Key": "lock-move-1"}
 	deadPlain := startStream(t, a, key, 5000, 20*time.Millisecond, nil)
 	deadKeyed := startStream(t, a, key, 5000, 20*time.Millisecond, idem)
@@ -395,48 +396,81 @@ func TestFleetLockMovesToTheSurvivorWhileHoldsOfBothExpire(t *testing.T) {
 		return <-sendAsync(context.Background(), b, key, chatBody(true, 5010, "stream please"), with(idem, "X-Fake-Chunks", "20"))
 	}
 	if r := retry(); r.status != http.StatusConflict || errorCodeOf(r.body) != "request_in_progress" {
-		t.Fatalf("retry on gw-b while gw-a's attempt streams: %d %s", r.status, r.body)
+		t.Fatalf("retry on %s while %s's attempt streams: %d %s", b.name, a.name, r.status, r.body)
 	}
 	lock := w.keys.ReconcileLock()
-	waitFor(t, 30*time.Second, "gw-a to hold the reconcile lock", func() bool {
+	waitFor(t, 30*time.Second, a.name+" to hold the reconcile lock", func() bool {
 		v, _ := w.rdb.Get(context.Background(), lock).Result()
-		return v == "gw-a"
+		return v == a.name
 	})
 	a.signal(t, syscall.SIGKILL)
 	<-deadPlain.done
 	<-deadKeyed.done
 	for _, s := range []*stream{deadPlain, deadKeyed} {
-		waitFor(t, 30*time.Second, "gw-a's call settled by gw-b", func() bool {
+		waitFor(t, 30*time.Second, a.name+"'s call settled by "+b.name, func() bool {
 			if r := w.hold(live.runID); r.State != holds.StateRunning {
 				select {
 				case <-live.done:
 				default:
-					t.Fatalf("gw-b's live stream settled under it: %s", r.SettleSource.String)
+					t.Fatalf("%s's live stream settled under it: %s", b.name, r.SettleSource.String)
 				}
 			}
 			return w.hold(s.runID).State == holds.StateSettled
 		})
 		if r := w.hold(s.runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != r.HeldMicro {
-			t.Errorf("gw-a's call %s: %q charged %d, want reconcile_hold at %d", s.runID, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
+			t.Errorf("%s's call %s: %q charged %d, want reconcile_hold at %d", a.name, s.runID, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
 		}
 	}
 	<-live.done
 	if live.err != nil || live.last != "data: [DONE]" {
-		t.Fatalf("gw-b's stream: %v, last %q", live.err, live.last)
+		t.Fatalf("%s's stream: %v, last %q", b.name, live.err, live.last)
 	}
-	waitFor(t, 30*time.Second, "gw-b's stream settled", func() bool { return w.hold(live.runID).State == holds.StateSettled })
+	waitFor(t, 30*time.Second, b.name+"'s stream settled", func() bool { return w.hold(live.runID).State == holds.StateSettled })
 	if r := w.hold(live.runID); r.SettleSource.String != holds.SourceComplete || r.OutTok != 400 || r.ChargedMicro != r.CostMicro {
-		t.Errorf("gw-b's stream: %q out %d charged %d cost %d, want complete with its 400 tokens", r.SettleSource.String,
+		t.Errorf("%s's stream: %q out %d charged %d cost %d, want complete with its 400 tokens", b.name, r.SettleSource.String,
 			r.OutTok, r.ChargedMicro, r.CostMicro)
 	}
 	ran := retry()
 	if ran.status != http.StatusOK || ran.runID == deadKeyed.runID {
-		t.Fatalf("retry after gw-a's attempt was settled: %d run %s, want 200 as a new attempt", ran.status, ran.runID)
+		t.Fatalf("retry after %s's attempt was settled: %d run %s, want 200 as a new attempt", a.name, ran.status, ran.runID)
 	}
 	replayed := retry()
 	if replayed.status != http.StatusOK || string(replayed.body) != string(ran.body) {
 		t.Errorf("retry after the new attempt's answer: %d, body equal %v", replayed.status, string(replayed.body) == string(ran.body))
 	}
+}
+
+// reconcileLockHolder returns the one of g1 and g2 that keeps the reconcile lock, then the
+// other. Which one keeps it is settled by when each started, not by the test: its holder asks
+// again every reconcile_interval, a moment after its lock (reconcile_lock_ttl, shorter) has
+// lapsed, and the other takes it only if its own asks, as far apart, fall in that moment —
+// and from then on keeps it the same way. A test that waited for the first to start to hold
+// it waited out its deadline when the second had taken it at its start. The holder is the
+// one seen holding it for a whole interval and lock TTL: every process has asked since.
+func reconcileLockHolder(t *testing.T, w *world, g1, g2 *gateway) (holder, other *gateway) {
+	t.Helper()
+	lock := w.keys.ReconcileLock()
+	var held string
+	var since time.Time
+	waitFor(t, 30*time.Second, "one gateway to keep the reconcile lock", func() bool {
+		v, _ := w.rdb.Get(context.Background(), lock).Result()
+		switch {
+		case v == "":
+			return false // lapsed, before its holder's next ask
+		case v != held:
+			held, since = v, time.Now()
+			return false
+		}
+		return time.Since(since) > testReconcile+testLockTTL
+	})
+	switch held {
+	case g1.name:
+		return g1, g2
+	case g2.name:
+		return g2, g1
+	}
+	t.Fatalf("the reconcile lock is held by %q, neither %s nor %s", held, g1.name, g2.name)
+	return nil, nil
 }
 
 // checkReplayedOnEach sends the key's request again to each gateway once its answer is
