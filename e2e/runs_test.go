@@ -23,7 +23,10 @@ func TestAgentRunSettledOnce(t *testing.T) {
 	// tokens (10 000 µUSD each at $10/M) cannot all fit.
 	allowance := int64(30_000)
 	u, key := w.user("agent", 3, &allowance)
-	g := w.startGateway("gw-runs")
+	// The run outlives the test (w.longRuns): idle past the worlds' 3 s run_ttl between its
+	// last call and the agent's settle, a loaded machine's pause, it was the reconciler's to
+	// settle, and the settle found it settled by another hand.
+	g := w.startGatewayWith("gw-runs", w.longRuns())
 	const name = "task-7"
 	run := map[string]string{"X-Run-Id": name}
 
