@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -245,6 +246,64 @@ func TestPromptOverThePlansCapWhileACallSettlesIsRefusedAfterOneWait(t *testing.
 	for _, r := range h.holdsOf(u.ID) {
 		if r.State != holds.StateSettled || (r.SettleSource.String == holds.SourceRelease) != (r.ChargedMicro == 0) {
 			t.Errorf("run %s: %s by %q charged %d, want the first call charged, the refused call's holds released at 0",
+				r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
+		}
+	}
+}
+
+// TestPromptOverThePlansCapIsRefusedAfterOneWaitWhileMoreCallsSettle: as above, with another of
+// its user's calls still settling after the first settlement landed: the prompt is refused
+// once that settlement did not raise its cap (README, 402 insufficient_credits: "a prompt over
+// the plan's max_run_cost_credits waits once"), not released and admitted again after the next.
+func TestPromptOverThePlansCapIsRefusedAfterOneWaitWhileMoreCallsSettle(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) {
+		p := c.Plans["standard"]
+		p.MaxRunCostCredits = p.HoldHeavyCredits
+		c.Plans["standard"] = p
+	})
+	u, key := h.user("standard")
+	gates := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	var opened [2]sync.Once
+	open := func(i int) { opened[i].Do(func() { close(gates[i]) }) }
+	defer open(0)
+	defer open(1)
+	var settles, waits atomic.Int32
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		switch step {
+		case "settle":
+			if n := settles.Add(1); n <= 2 {
+				<-gates[n-1] // the two answered calls' settlements, held until let go
+			}
+		case "admission waits for a settlement":
+			if n := waits.Add(1); n <= 2 {
+				open(int(n - 1)) // one settlement lands at each wait
+			}
+		}
+	})
+	for i := range 2 {
+		if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
+			t.Fatalf("call %d: %d %s", i+1, a.status, a.body)
+		}
+	}
+	waitFor(t, "both answered calls counted as settling", func() bool { return h.srv.SettlingCalls(u.ID) == 2 })
+	long := send(h.gw.URL, key, longPromptBody(25_000), nil)
+	if long.status != http.StatusPaymentRequired || !strings.Contains(string(long.body), "This prompt") {
+		t.Errorf("a prompt over the plan's cap while two calls settle: %d %s; want 402 insufficient_credits for its prompt",
+			long.status, long.body)
+	}
+	if n := waits.Load(); n != 1 {
+		t.Errorf("the call waited %d times for a settlement, want once: the first did not raise its cap", n)
+	}
+	open(0)
+	open(1)
+	h.settled()
+	runs := h.holdsOf(u.ID)
+	if len(runs) != 4 {
+		t.Errorf("%d holds, want the two answered calls' and the prompt's two (before and after its one wait)", len(runs))
+	}
+	for _, r := range runs {
+		if r.State != holds.StateSettled || (r.SettleSource.String == holds.SourceRelease) != (r.ChargedMicro == 0) {
+			t.Errorf("run %s: %s by %q charged %d, want the answered calls charged, the prompt's holds released at 0",
 				r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
 		}
 	}
