@@ -1,0 +1,78 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// TestLongPromptWhoseSmallHoldsReleaseFailedIsRefusedNotAdmittedAgain: a long prompt whose
+// hold, granted while its user's answered call settled, was too small is released at 0 before
+// it waits for that settlement (admitFitting). When that release fails (its write sent, its
+// reply and the database lost to it), the hold is handed on as a lost admission's, released in
+// the background, and the call is refused 402 for its prompt at once (releaseUnfit): it does not
+// wait for the settlement nor take a second hold, though its admission's budget had time left
+// for both, and nothing is forwarded. The small hold ends released at 0.
+func TestLongPromptWhoseSmallHoldsReleaseFailedIsRefusedNotAdmittedAgain(t *testing.T) {
+	h, lossy, logs := newObservedLossyHarness(t, func(c *config.Config) {
+		aLittleOverTheTier(c)
+		// The release gives up (one try of settle_timeout) long before the admission's budget
+		// ends: a call admitted again after it would have the time to be.
+		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = 10*time.Second, 500*time.Millisecond
+	})
+	defer lossy.Restore()
+	u, key := h.user("standard")
+	answered := make(chan struct{})
+	var waited atomic.Bool
+	firstSettlementHeld(h, answered, func(_ context.Context, step string) {
+		if step == "admission waits for a settlement" {
+			waited.Store(true)
+			lossy.Restore() // the database back for an admission again, were there one
+		}
+	})
+	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
+		t.Fatalf("first call: %d %s", a.status, a.body)
+	}
+	calls := h.fake.Calls()
+	// The first call's settlement is held at its step: the next settlement's write is the long
+	// prompt's small hold's release. It reaches the database; its reply, and every write after
+	// it, is lost until Restore.
+	lossy.Arm("settle_token) VALUES", testenv.GoDown)
+	long := send(h.gw.URL, key, longPromptBody(3000), nil)
+	fired := lossy.Fired()
+	lossy.Restore()
+	close(answered)
+	if !fired {
+		t.Fatalf("the small hold's release never went out (the long prompt: %d %s)", long.status, long.body)
+	}
+	if logs.FilterMessageSnippet("release of a hold too small for its prompt failed").Len() == 0 {
+		t.Fatalf("no failed release logged: the test's premise (the long prompt: %d %s)", long.status, long.body)
+	}
+	if long.status != http.StatusPaymentRequired || errorCode(t, long.body) != "insufficient_credits" ||
+		!strings.Contains(string(long.body), "This prompt") {
+		t.Errorf("the long prompt, its small hold's release failed: %d %s; want 402 insufficient_credits for its prompt",
+			long.status, long.body)
+	}
+	if waited.Load() {
+		t.Errorf("the long prompt waited for a settlement after its small hold's release failed; want it refused at once")
+	}
+	if n := h.fake.Calls() - calls; n != 0 {
+		t.Errorf("the long prompt was forwarded %d times, want never", n)
+	}
+	h.settled()
+	runs := h.holdsOf(u.ID)
+	if len(runs) != 2 {
+		t.Fatalf("%d holds, want the first call's and the long prompt's small one: no second hold", len(runs))
+	}
+	if small := runs[1]; small.State != holds.StateSettled || small.ChargedMicro != 0 {
+		t.Errorf("the long prompt's small hold %s: %s by %q charged %d, want released at 0",
+			small.RunID, small.State, small.SettleSource.String, small.ChargedMicro)
+	}
+}
