@@ -843,6 +843,8 @@ func (s *Server) admitError(err error) *apiError {
 		return errInsufficient
 	case errors.Is(err, errUnfitReleased):
 		return errPromptOverCap
+	case errors.Is(err, errUnfitNotReleased):
+		return errBillingDown
 	case errors.Is(err, holds.ErrUserDisabled), errors.Is(err, holds.ErrUnknownUser):
 		return errBadKey
 	case errors.Is(err, holds.ErrRunSettled):

@@ -230,7 +230,7 @@ func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits 
 			*from = s.currentSessionRun(ctx, ar.UserID, ar.SessionID, log)
 		}
 		if !s.releaseUnfit(ctx, *ar, log) {
-			return holds.Hold{}, errUnfitReleased
+			return holds.Hold{}, errUnfitNotReleased
 		}
 		s.beforeStep(ctx, stepAdmitWaits)
 		select {
@@ -270,6 +270,13 @@ func (s *Server) currentSessionRun(ctx context.Context, userID uint64, sessionID
 // the prompt) and could not replace: answered as fitBudget answers such a hold, 402.
 var errUnfitReleased = errors.New("hold too small for the prompt released; no larger one admitted")
 
+// errUnfitNotReleased is admitFitting's refusal of a call whose too small hold's release failed
+// (releaseUnfit): the database, not the caller's credits, stopped it, and it is answered as
+// any admission the database failed, 503 billing_unavailable, which the SDKs retry. Answered
+// 402 for its prompt, as one whose larger hold was refused, it was an error no SDK retries, for
+// a prompt the settlement it was to wait for may well have paid for.
+var errUnfitNotReleased = errors.New("hold too small for the prompt not released; not admitted again")
+
 // releaseUnfit releases at 0, in the request, the hold ar took (admitFitting), one try of
 // settle_timeout, whether or not the caller is still there. The admission is marked refused
 // first (markRefused), as a lost one is: the hold is running, and has no lease nor tally until
@@ -278,7 +285,8 @@ var errUnfitReleased = errors.New("hold too small for the prompt released; no la
 // the gateway had decided not to forward; marked, the reconciler releases it at 0
 // (admit_lost). One Redis write on a rare path: a settlement of the user's was under way.
 // A release that fails is handed on as a lost admission's is (releaseRefused: a zero tally,
-// released in the background), and false is returned: the call is refused, not admitted again.
+// released in the background), and false is returned: the call is refused 503, not admitted
+// again (errUnfitNotReleased).
 func (s *Server) releaseUnfit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) bool {
 	ctx = context.WithoutCancel(ctx)
 	s.markRefused(ctx, ar, log.Named(holds.MoneyLog))

@@ -3,7 +3,6 @@ package proxy_test
 import (
 	"context"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,9 +16,11 @@ import (
 // hold, granted while its user's answered call settled, was too small is released at 0 before
 // it waits for that settlement (admitFitting). When that release fails (its write sent, its
 // reply and the database lost to it), the hold is handed on as a lost admission's, released in
-// the background, and the call is refused 402 for its prompt at once (releaseUnfit): it does not
-// wait for the settlement nor take a second hold, though its admission's budget had time left
-// for both, and nothing is forwarded. The small hold ends released at 0.
+// the background, and the call is refused at once (releaseUnfit): it does not wait for the
+// settlement nor take a second hold, though its admission's budget had time left for both, and
+// nothing is forwarded. The small hold ends released at 0. The database stopped it, not its
+// credits: it is answered 503 billing_unavailable, which the SDKs retry, not 402 for its
+// prompt, which they do not.
 func TestLongPromptWhoseSmallHoldsReleaseFailedIsRefusedNotAdmittedAgain(t *testing.T) {
 	h, lossy, logs := newObservedLossyHarness(t, func(c *config.Config) {
 		aLittleOverTheTier(c)
@@ -55,9 +56,8 @@ func TestLongPromptWhoseSmallHoldsReleaseFailedIsRefusedNotAdmittedAgain(t *test
 	if logs.FilterMessageSnippet("release of a hold too small for its prompt failed").Len() == 0 {
 		t.Fatalf("no failed release logged: the test's premise (the long prompt: %d %s)", long.status, long.body)
 	}
-	if long.status != http.StatusPaymentRequired || errorCode(t, long.body) != "insufficient_credits" ||
-		!strings.Contains(string(long.body), "This prompt") {
-		t.Errorf("the long prompt, its small hold's release failed: %d %s; want 402 insufficient_credits for its prompt",
+	if long.status != http.StatusServiceUnavailable || errorCode(t, long.body) != "billing_unavailable" {
+		t.Errorf("the long prompt, its small hold's release failed: %d %s; want 503 billing_unavailable: the database stopped it",
 			long.status, long.body)
 	}
 	if waited.Load() {
