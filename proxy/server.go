@@ -553,6 +553,9 @@ const (
 	// settlement.
 	stepAdmitWaits = "admission waits for a settlement"
 	stepSettle     = "settle"
+	// stepRefund precedes the refund of a call that used nothing whose hold another process
+	// charged (refundUnforwarded), under its settlement's context.
+	stepRefund = "refund"
 )
 
 // beforeStep tells the step observer, if any (tests), that step starts under ctx.

@@ -246,30 +246,50 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool 
 	s.metrics.Settlements.WithLabelValues(st.Source, strconv.FormatBool(res.Applied)).Inc()
 	c.log.Debug("settled", zap.String("source", st.Source), zap.Bool("applied", res.Applied),
 		zap.Int64("charged_micro", res.ChargedMicro), zap.Bool("estimated", st.Estimated))
-	if !res.Applied && !c.inRun && (st.Source == holds.SourceRelease || st.Source == holds.SourceDuplicate) {
+	if !res.Applied && !c.inRun && usedNothing(st) {
 		s.refundUnforwarded(ctx, c)
 	}
 	return true
 }
 
+// usedNothing reports whether st, a call's own settlement, charges it nothing because nothing
+// of it was used: refused before its forward (release), a duplicate's (duplicate), or refused
+// by its upstream before any work (upstream_error: a non-2xx answer, an error event before
+// any output, an upstream out of reach), which a call forwarded after a pause (paidUnderAPause)
+// may be as well as any other.
+func usedNothing(st holds.Settlement) bool {
+	switch st.Source {
+	case holds.SourceRelease, holds.SourceDuplicate, holds.SourceUpstreamError:
+		return true
+	}
+	return false
+}
+
 // refundUnforwarded gives back, by a grant keyed by its run, what another process charged the
-// hold of c, a run of one call that was never forwarded and whose release at 0 found its hold
-// settled already. That happens when c's process was stopped (SIGSTOP, a VM's live migration)
-// between the hold's COMMIT and the forward for longer than the hold lives, or than
+// hold of c, a run of one call that used nothing (usedNothing) and whose settlement at 0 found
+// its hold settled already. That happens when c's process was stopped (SIGSTOP, a VM's live
+// migration) between the hold's COMMIT and the forward for longer than the hold lives, or than
 // holds.dead_instance_after: a peer's reconciler took the unleased, untallied hold for a killed
 // process's and charged what it held (reconcile_hold, DESIGN §5 rule 3), and the call, resumed,
 // was not forwarded after all (its caller had left, a newer message of its session replaced
-// it, a duplicate was running). Nothing was used, as for any call refused before its forward,
-// but the first settlement stands (exactly once), so the charge of a call never made stayed,
-// and its caller's retry paid again. This process alone knows the call was never made: the
-// grant, keyed by the run, gives the charge back once however often it is sent, and is on the
-// books (grants, the audit) beside the charge it answers. Only reconcile_hold is given back:
-// a charge from a tally is of calls that were made, and a named run's hold is its calls' (c
-// is not all of it).
+// it, a duplicate was running), or was, and its upstream refused it (a 5xx: unpaused, such a
+// call is settled at 0, and its caller's SDK retries it). Nothing was used, as for any call
+// refused before its forward, but the first settlement stands (exactly once), so the charge of
+// a call that used nothing stayed, and its caller's retry paid again. This process alone knows
+// nothing was used: the grant, keyed by the run, gives the charge back once however often it is
+// sent, and is on the books (grants, the audit) beside the charge it answers. Only
+// reconcile_hold is given back: a charge from a tally is of calls that were made, and a named
+// run's hold is its calls' (c is not all of it).
+//
+// It has a settle_timeout of its own: on the settlement's, the one that found the hold settled
+// after a database stall had spent most of it, the refund was lost, an error line its only trace.
 func (s *Server) refundUnforwarded(ctx context.Context, c *call) {
+	s.beforeStep(ctx, stepRefund)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Limits.SettleTimeout)
+	defer cancel()
 	run, err := s.store.Run(ctx, c.user.ID, c.runID)
 	if err != nil {
-		c.log.Named(holds.MoneyLog).Error("hold of a call never forwarded found settled, and not read again; if another process charged it, refund by grant",
+		c.log.Named(holds.MoneyLog).Error("hold of a call that used nothing found settled, and not read again; if another process charged it, refund by grant",
 			zap.Error(err))
 		return
 	}
@@ -279,21 +299,21 @@ func (s *Server) refundUnforwarded(ctx context.Context, c *call) {
 	g, created, err := s.store.Grant(ctx, holds.GrantRequest{UserID: c.user.ID, AmountMicro: run.ChargedMicro,
 		IdempotencyKey: unforwardedRefundKey(c.runID), Reason: unforwardedRefundReason})
 	if err != nil {
-		c.log.Named(holds.MoneyLog).Error("hold charged by another process for a call never forwarded; its refund failed: refund by grant",
+		c.log.Named(holds.MoneyLog).Error("hold charged by another process for a call that used nothing; its refund failed: refund by grant",
 			zap.Int64("charged_micro", run.ChargedMicro), zap.String("grant_key", unforwardedRefundKey(c.runID)), zap.Error(err))
 		return
 	}
-	c.log.Named(holds.MoneyLog).Warn("hold charged by another process for a call never forwarded (its process stopped before the forward); charge given back by grant",
+	c.log.Named(holds.MoneyLog).Warn("hold charged by another process for a call that used nothing (its process stopped before the forward); charge given back by grant",
 		zap.Int64("charged_micro", run.ChargedMicro), zap.Uint64("grant_id", g.ID), zap.Bool("created", created))
 }
 
 // unforwardedRefundKey is the idempotency key of the grant that gives back the charge of
-// runID's call never forwarded (refundUnforwarded): one refund per run, whichever process
+// runID's call that used nothing (refundUnforwarded): one refund per run, whichever process
 // and however often it is sent.
 func unforwardedRefundKey(runID string) string { return "unforwarded:" + runID }
 
 // unforwardedRefundReason is that grant's reason, as the operator's listing of grants shows it.
-const unforwardedRefundReason = "refund: hold charged (reconcile_hold) while its gateway was stopped; the call was never forwarded"
+const unforwardedRefundReason = "refund: hold charged (reconcile_hold) while its gateway was stopped; the call used nothing (never forwarded, or refused by its upstream)"
 
 // failedBeforeWork reports whether the provider said an answer failed (an error event after
 // its 200, an error object) before it produced anything and without a usage: settled at 0 as a

@@ -1,0 +1,127 @@
+package proxy_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestPausedCallWhoseUpstreamFailedIsRefunded: a call the pause caught between its hold's
+// COMMIT and its forward, its hold charged what it held by a peer's reconciler
+// (reconcile_hold), is forwarded once resumed (paidUnderAPause), and the upstream refuses it
+// (a 5xx: nothing billed, nothing produced). Unpaused, such a call is settled at 0
+// (upstream_error), and its caller's SDK retries it; paused, its own settlement at 0 found the
+// hold settled and changed nothing: the caller paid all its hold held for a 5xx, and its retry
+// paid again. The charge is given back as a call never forwarded's is (refundUnforwarded).
+//
+// The pause is stood in for by holding the call at its attempt's admission (an Idempotency-Key
+// call: the one step between a plain call's hold and its forward a test can hold it at) past
+// hold_ttl and admit_timeout, its hold settled under it as the reconciler settles it.
+//
+// settlement's time spent: the settlement that found the hold settled took all its
+// settle_timeout (a database stall), and the refund has a deadline of its own: on the
+// settlement's, it was lost, an error line its only trace.
+func TestPausedCallWhoseUpstreamFailedIsRefunded(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		spent bool // the settlement's deadline passes before the refund starts
+	}{{"refunded", false}, {"settlement's time spent", true}} {
+		t.Run(tc.name, func(t *testing.T) { pausedCallWhoseUpstreamFailed(t, tc.spent) })
+	}
+}
+
+// pausedCallWhoseUpstreamFailed is TestPausedCallWhoseUpstreamFailedIsRefunded's case; spent
+// holds the refund until its settlement's deadline has passed.
+func pausedCallWhoseUpstreamFailed(t *testing.T, spent bool) {
+	const holdTTL = 2 * time.Second
+	h := newHarness(t, func(c *config.Config) {
+		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
+		c.Limits.SettleTimeout = 2 * time.Second
+	})
+	u, key := h.user("standard")
+	ctx := context.Background()
+	before, err := h.store.Balance(ctx, u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reached, let := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	resume := func() { once.Do(func() { close(let) }) }
+	t.Cleanup(resume)
+	var first atomic.Bool
+	h.srv.ObserveSteps(func(sctx context.Context, step string) {
+		switch {
+		case step == "attempt admitted" && first.CompareAndSwap(false, true):
+			close(reached)
+			<-let
+		case step == "refund" && spent:
+			<-sctx.Done()
+		}
+	})
+	type answer struct {
+		status int
+		runID  string
+		body   []byte
+	}
+	done := make(chan answer, 1)
+	sent := time.Now()
+	go func() {
+		resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{
+			proxy.IdempotencyKeyHeader: "paused-then-5xx", fakellm.HeaderStatus: "503"})
+		defer resp.Body.Close()
+		done <- answer{resp.StatusCode, resp.Header.Get(proxy.RunIDHeader), readAll(t, resp.Body)}
+	}()
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call never reached its attempt's admission")
+	}
+	var runID string
+	if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running'", u.ID); err != nil {
+		t.Fatalf("the paused call's hold: %v", err)
+	}
+	res, err := h.store.Settle(ctx, holds.Settlement{RunID: runID, UserID: u.ID, Source: holds.SourceReconcileHold,
+		ChargeHeld: true, Estimated: true})
+	if err != nil || !res.Applied || res.ChargedMicro <= 0 {
+		t.Fatalf("settle the paused call's hold as the reconciler would: %+v %v", res, err)
+	}
+	// The pause outlasts the hold's life, as it must for a reconciler to have charged it.
+	time.Sleep(time.Until(sent.Add(holdTTL + 100*time.Millisecond)))
+	calls := h.fake.Calls()
+	resume()
+	var a answer
+	select {
+	case a = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer after the resume")
+	}
+	h.settled()
+	if h.fake.Calls() != calls+1 || a.status < 500 || a.runID != runID {
+		t.Fatalf("the scene did not happen: %d %s (run %q, paused %s), %d upstream calls after the resume, want the paid call forwarded and refused 5xx",
+			a.status, a.body, a.runID, runID, h.fake.Calls()-calls)
+	}
+	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != res.ChargedMicro {
+		t.Fatalf("the reconciler's settlement changed: %s charged %d", r.SettleSource.String, r.ChargedMicro)
+	}
+	var refunded int64
+	if err := h.db.Get(&refunded, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if refunded != res.ChargedMicro {
+		t.Errorf("granted back %d µUSD for a call its upstream refused (charged %d for it; unpaused, it costs 0)", refunded, res.ChargedMicro)
+	}
+	after, err := h.store.Balance(ctx, u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.AvailableMicro != before.AvailableMicro {
+		t.Errorf("available %d µUSD after a call its upstream refused, %d before it", after.AvailableMicro, before.AvailableMicro)
+	}
+}
