@@ -24,7 +24,11 @@ import (
 func TestKillReconciledByPeer(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("crash", 20, nil)
-	a := w.startGateway("gw-a")
+	// A's reconciler asks for the lock at its start and then not for an hour: B does every
+	// pass. Run agent-done is idle from its last call on, its expiry run_ttl (3 s) after it; a
+	// loaded machine that took longer than that to reach the kill let A, when it held the lock,
+	// settle the run itself, and B's counters missed it.
+	a := w.startGatewayWith("gw-a", w.writeConfig(map[string]string{"holds.reconcile_interval": "1h"}))
 	b := w.startGateway("gw-b")
 
 	// Two one-call streams that will still be streaming when A dies: no tally, a lease.
