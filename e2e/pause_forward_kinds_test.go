@@ -219,19 +219,27 @@ func TestIdempotentCallPausedBetweenItsHoldAndTheForward(t *testing.T) {
 // after the call arrived. Resumed past admit_timeout, the call must read its hold and be
 // forwarded: taking dead_instance_after as the soonest such a charge can come, it did not
 // look, and its caller was answered 503, "not made", charged.
+//
+// The beats are 2.5 s apart (lease_ttl 5 s, dead_instance_after the least that allows, 13 s):
+// the sweep brings in a hold admitted up to the beat gap (2 × 2.5 s + 5 s = 10 s) after the
+// last beat, so the call, sent once that beat is 4 s old, has 6 s to be admitted. At the
+// worlds' 0.5 s it had 2 s, and a loaded machine's slower request was admitted past the gap:
+// its hold was no dead process's to sweep, and lived its 60 s.
 func TestCallPausedBeforeItsForwardSweptAsADeadProcesssSoonerThanItsBound(t *testing.T) {
+	const deadAfter = 13 * time.Second
 	w, g, _, key := newPausedWorldWith(t, "paused-swept", map[string]string{"holds.hold_ttl": "60s", "holds.run_ttl": "60s",
-		"holds.tally_ttl": "2h", "holds.dead_instance_after": "9s"})
+		"holds.tally_ttl": "2h", "holds.heartbeat_interval": "2500ms", "holds.lease_ttl": "5s", "holds.dead_instance_after": deadAfter.String()})
 	staleFor := func(name, column string) time.Duration {
 		var us int64
 		_ = w.db.Get(&us, "SELECT COALESCE(MAX(TIMESTAMPDIFF(MICROSECOND, "+column+", NOW(6))), 0) FROM instances WHERE name = ? AND dead_at IS NULL", name)
 		return time.Duration(us) * time.Microsecond
 	}
 	// The peer declares others dead only once it has beaten for the bound itself.
-	waitFor(t, 30*time.Second, "the peer beating for dead_instance_after", func() bool { return staleFor("gw-peer", "started_at") > 10*time.Second })
+	waitFor(t, 40*time.Second, "the peer beating for dead_instance_after", func() bool { return staleFor("gw-peer", "started_at") > deadAfter+time.Second })
 	w.relay.dropBeats.Store(true)
 	// Admitted before its beat's gap (2 × heartbeat_interval + 5 s) has passed, the hold is one
-	// the sweep brings in; its beat then turns dead_instance_after old 5 s after.
+	// the sweep brings in; its beat then turns dead_instance_after old 9 s after, sooner than
+	// the 13 s from the call's arrival that the call once took for the soonest.
 	waitFor(t, 20*time.Second, "the paused gateway's last beat 4 s old", func() bool { return staleFor("gw-paused", "beat_at") > 4*time.Second })
 	s, r := pausedBeforeForward(t, w, g, key, map[string]string{"X-Fake-Chunks": "12"}, w.latestHold())
 	w.relay.dropBeats.Store(false)
