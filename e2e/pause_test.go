@@ -115,6 +115,23 @@ func TestGatewayPausedPastItsHolds(t *testing.T) {
 		t.Fatalf("agent-A's second call ran as %s, its first as %s", runsOnP["agent-A call 2"], agentA1.runID)
 	}
 
+	// agent-B goes on on the live gateway, first with a call held there mid-stream until the
+	// paused process is resumed: a live process's call, its lease beaten, the run is never the
+	// peer's to settle, however long the steps below take. Kept alive by its calls' admissions
+	// alone (each pushing its expiry out by the 3 s run_ttl), it was only as safe as a loaded
+	// machine was quick: a pause of 3 s between the stop and its first call on the live
+	// gateway, or between two of them, had the peer settle it under the paused call.
+	heldB, letGoB := w.holdStreams("agent-B", with(slow, "X-Run-Id", "agent-B"))
+	agentBHeld := all.start(t, l, key, chatRequest(true, 100, "agent B held on the live gateway"), heldB)
+	agentBHeld.waitFirst(t, "agent-B held on the live gateway")
+
+	// The test holds the reconcile lock from before the stop until the calls made at once
+	// below have been answered: no reconciler settles the paused process's holds before them.
+	// Left to the leases' 2 s after the stop, a loaded machine's slower calls came after the
+	// peer's settlement, and the key's retry ran its attempt 1 then, which the retry below it
+	// found already answered (replayed); the plain body resent ran, and was a duplicate later.
+	releaseLock := w.takeReconcileLock(t)
+
 	// SIGSTOP.
 	p.signal(t, syscall.SIGSTOP)
 	stopped := true
@@ -125,14 +142,16 @@ func TestGatewayPausedPastItsHolds(t *testing.T) {
 	}()
 	t.Logf("gw-paused stopped at %s (database time) with %d calls in flight", w.dbNow().Format(time.RFC3339Nano), len(inflight))
 
-	// At once, before the peer can take the paused process for dead: what the callers get
-	// while its leases still stand is README's, not this test's, to say; logged.
+	// At once, before the peer can take the paused process for dead (the lock is the test's):
+	// what the callers get while its holds still stand is README's, not this test's, to say;
+	// logged.
 	early := map[string]seen{
 		"k-stream retry":    all.call(l, key, kStreamBody, with(fast, "Idempotency-Key", "k-stream")),
 		"same plain body":   all.call(l, key, fpBody, fast),
 		"s-new new message": all.call(l, key, chatRequest(true, 100, "session new: the second message"), with(fast, "X-Session-Id", "s-new")),
 		"k-done retry":      all.call(l, key, chatRequest(false, 40, "idempotent, done before the pause"), with(fast, "Idempotency-Key", "k-done")),
 	}
+	releaseLock()
 	for name, s := range early {
 		t.Logf("during the pause, before the peer reconciled: %-17s -> %d %s (run %s, replayed %v)", name, s.status, s.code, s.runID, s.replayed)
 	}
@@ -149,8 +168,7 @@ func TestGatewayPausedPastItsHolds(t *testing.T) {
 		t.Errorf("the paused plain stream's body resent on the live gateway: %d %s, want 409 duplicate (or a run, had the peer been quicker)", s.status, s.code)
 	}
 
-	// agent-B goes on on the live gateway: its calls keep the run alive (each pushes its
-	// expiry out by run_ttl), so the peer does not settle it under the paused call.
+	// agent-B's calls go on on the live gateway beside its held one.
 	stopB := make(chan struct{})
 	var agentB []seen
 	var bwg sync.WaitGroup
@@ -248,6 +266,11 @@ func TestGatewayPausedPastItsHolds(t *testing.T) {
 			t.Errorf("s-new #1 on the resumed process: %d code %q err %v, want its answer or a last superseded event", s.status, s.code, s.err)
 		}
 	}
+	letGoB()
+	<-agentBHeld.done
+	if s := agentBHeld.res; !s.complete || s.runID != runsOnP["agent-B call 1"] {
+		t.Errorf("agent-B's held call on the live gateway: %d %s run %s, want its answer in run %s", s.status, s.code, s.runID, runsOnP["agent-B call 1"])
+	}
 	// The named run the agent goes on with: every call of it has ended (the resumed one too),
 	// so its settle charges them all.
 	waitSettledOnRequest(t, l, key, "agent-B")
@@ -308,12 +331,12 @@ func TestGatewayPausedPastItsHolds(t *testing.T) {
 		}
 	}
 	// agent-B: every call its agent saw end, the resumed one's included.
-	sumB := w.price.Cost(inflight["agent-B call 1"].res.usage)
+	sumB := w.price.Cost(inflight["agent-B call 1"].res.usage) + w.price.Cost(agentBHeld.res.usage)
 	for _, s := range agentB {
 		sumB += w.price.Cost(s.usage)
 	}
-	if r := byID[runsOnP["agent-B call 1"]]; r.SettleSource.String != holds.SourceClient || r.ChargedMicro != min(sumB, r.CapMicro) || r.Calls != 1+len(agentB) {
-		t.Errorf("agent-B: %s charged %d for %d calls, want client at %d for %d calls", r.SettleSource.String, r.ChargedMicro, r.Calls, min(sumB, r.CapMicro), 1+len(agentB))
+	if r := byID[runsOnP["agent-B call 1"]]; r.SettleSource.String != holds.SourceClient || r.ChargedMicro != min(sumB, r.CapMicro) || r.Calls != 2+len(agentB) {
+		t.Errorf("agent-B: %s charged %d for %d calls, want client at %d for %d calls", r.SettleSource.String, r.ChargedMicro, r.Calls, min(sumB, r.CapMicro), 2+len(agentB))
 	}
 
 	// What the live gateway made of the key, the sessions and the runs stands.
@@ -398,6 +421,30 @@ func TestGatewayPausedPastItsHolds(t *testing.T) {
 			t.Errorf("gw-paused logged: %s", l)
 		}
 	}
+}
+
+// takeReconcileLock takes the reconcile lock for the test, once no process holds it (a pass
+// lets it lapse, reconcile_lock_ttl after it asked), and returns the func that gives it back:
+// until then no gateway's reconciler settles anything. The lock is taken with a minute's TTL,
+// as a process takes it, so that a test that ends without giving it back cannot stop the
+// world's reconcilers for good.
+func (w *world) takeReconcileLock(t *testing.T) (release func()) {
+	t.Helper()
+	lock := w.keys.ReconcileLock()
+	waitFor(t, 10*time.Second, "the reconcile lock to be free for the test", func() bool {
+		ok, err := w.rdb.SetNX(context.Background(), lock, "e2e-test", time.Minute).Result()
+		return err == nil && ok
+	})
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			if err := w.rdb.Del(context.Background(), lock).Err(); err != nil {
+				t.Errorf("give the reconcile lock back: %v", err)
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
 }
 
 // liveHoldsOf counts a user's holds still queued or running.
