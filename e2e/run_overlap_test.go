@@ -230,18 +230,28 @@ func killBetweenTallyAndRecord(t *testing.T, by string) {
 // lease lapses, but gw-b's lease on the same run key stands for the call still running — and
 // settles it only after that call has ended, from a tally that has it: the two completed calls,
 // once, unmarked.
+//
+// Every call of the run is admitted while another of it is in flight: the dead call first, so
+// that the step before it and gw-b's long call are each admitted under its lease, and gw-a is
+// killed only once gw-b's call is streaming. Admitted one after another, each had the run's
+// 3 s run_ttl from the last to come, and a loaded machine's pause found the run settled from
+// its tally (409 run_settled).
 func TestRunOutlivesItsTTLOnOneProcessWhileAnotherIsKilled(t *testing.T) {
 	w := newWorld(t)
 	u, key := w.user("outlive-kill", 10, nil)
 	a := w.startGateway("gw-a")
 	b := w.startGateway("gw-b")
 	run := map[string]string{"X-Run-Id": "outlive-kill"}
-	runID, use1 := completeCall(t, b, key, chatBody(false, 40, "step 0"), with(run, "X-Fake-Chunks", "30"))
 	dead := startStream(t, a, key, 5000, 20*time.Millisecond, run)
-	a.signal(t, syscall.SIGKILL)
-	<-dead.done
+	runID, use1 := completeCall(t, b, key, chatBody(false, 40, "step 0"), with(run, "X-Fake-Chunks", "30"))
+	if runID != dead.runID {
+		t.Fatalf("gw-b's call ran as %s, want the run %s", runID, dead.runID)
+	}
 	// Streams for twice the run's TTL after its admission pushed the expiry out.
-	use2, _ := streamedCall(t, b, key, with(with(run, "X-Fake-Chunks", "300"), "X-Fake-Chunk-Interval", "20ms"))
+	use2, _ := streamedCallThen(t, b, key, with(with(run, "X-Fake-Chunks", "300"), "X-Fake-Chunk-Interval", "20ms"), func() {
+		a.signal(t, syscall.SIGKILL)
+		<-dead.done
+	})
 	waitFor(t, 30*time.Second, "the reconciler to settle the run", func() bool { return w.liveHolds() == 0 })
 	// The premise: the reconciler found the run expired under gw-b's call, and only extended it.
 	if m := grepLines(scrape(t, b), `tollgate_reconciled_total{outcome="extended"}`); m == "" {

@@ -104,6 +104,13 @@ func with(h map[string]string, k, v string) map[string]string {
 // streamedCall makes a streamed call with include_usage and returns the usage in its stream.
 func streamedCall(t *testing.T, g *gateway, key string, hdr map[string]string) (pricing.Usage, string) {
 	t.Helper()
+	return streamedCallThen(t, g, key, hdr, nil)
+}
+
+// streamedCallThen is streamedCall calling first, when it is not nil, once the first event
+// has arrived: the call is admitted and forwarding, and its stream read on when first returns.
+func streamedCallThen(t *testing.T, g *gateway, key string, hdr map[string]string, first func()) (pricing.Usage, string) {
+	t.Helper()
 	body, _ := json.Marshal(map[string]any{"model": "fake-gpt", "stream": true, "max_tokens": 1000,
 		"stream_options": map[string]any{"include_usage": true},
 		"messages":       []map[string]string{{"role": "user", "content": "do the step"}}})
@@ -119,6 +126,10 @@ func streamedCall(t *testing.T, g *gateway, key string, hdr map[string]string) (
 		line, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok || line == "[DONE]" {
 			continue
+		}
+		if first != nil {
+			first()
+			first = nil
 		}
 		var ev struct {
 			Usage *struct {
