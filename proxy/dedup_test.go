@@ -422,11 +422,17 @@ func TestDoubleSubmit50msApartRunsOnce(t *testing.T) {
 // A script that sends the same body five times within the window while the first still
 // runs: one run, four duplicates. Once the first has ended, the same body is a new request.
 func TestScriptRepeatingTheSameBodyFiveTimesRunsOnce(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	u, key := h.user("standard")
+	// The first stays with the upstream until the four repeats are answered: held a fixed 2 s
+	// instead, it could end before a slow machine's fourth repeat, each an admission and its
+	// release, was checked (run, not a duplicate).
 	first := make(chan answer, 1)
-	go func() { first <- send(h.gw.URL, key, chatBody, map[string]string{fakellm.HeaderLatency: "2s"}) }()
-	h.waitUpstream(1)
+	go func() { first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Test-Gate": "first"}) }()
+	var opened sync.Once
+	openFirst := func() { opened.Do(func() { gate.open("first") }) }
+	defer openFirst()
+	gate.await(t, "first", 1)
 	var dupOf []string
 	for range 4 {
 		a := send(h.gw.URL, key, chatBody, nil)
@@ -438,6 +444,7 @@ func TestScriptRepeatingTheSameBodyFiveTimesRunsOnce(t *testing.T) {
 		}
 		dupOf = append(dupOf, errorRunID(t, a.body))
 	}
+	openFirst()
 	a := <-first
 	if a.err != nil || a.status != 200 {
 		t.Fatalf("first: %d %s %v", a.status, a.body, a.err)
@@ -452,7 +459,7 @@ func TestScriptRepeatingTheSameBodyFiveTimesRunsOnce(t *testing.T) {
 	if len(all) != 5 {
 		t.Fatalf("%d holds, want 5 (each repeat held, then released)", len(all))
 	}
-	if n := h.fake.Calls(); n != 1 {
+	if n := gate.fake.Calls(); n != 1 {
 		t.Fatalf("%d upstream calls, want 1", n)
 	}
 
