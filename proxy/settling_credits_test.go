@@ -41,7 +41,7 @@ func TestCreditsHeldByAnAnsweredCallDoNotRefuseTheNext(t *testing.T) {
 // TestCreditsHeldByACallInFlightRefuseAtOnce: the wait above is for a call whose answer is
 // over. A caller whose credits a running call holds is answered 402 at once, without waiting.
 func TestCreditsHeldByACallInFlightRefuseAtOnce(t *testing.T) {
-	refusedAtOnceWhileACallRuns(t, lowBalanceHarness(t), http.StatusPaymentRequired, "insufficient_credits")
+	refusedAtOnceWhileACallRuns(t, lowBalance, http.StatusPaymentRequired, "insufficient_credits")
 }
 
 // aLittleOverTheTier gives the standard plan an allowance a little over its hold tier (20.5
@@ -56,11 +56,14 @@ func aLittleOverTheTier(c *config.Config) {
 // lowBalanceHarness is a gateway whose standard plan's allowance (10 credits) is below its
 // hold tier (20): one call's hold takes all that is available.
 func lowBalanceHarness(t *testing.T) *harness {
-	return newHarness(t, func(c *config.Config) {
-		p := c.Plans["standard"]
-		p.AllowanceCredits = config.CreditsOf(10)
-		c.Plans["standard"] = p
-	})
+	return newHarness(t, lowBalance)
+}
+
+// lowBalance is the config change of lowBalanceHarness.
+func lowBalance(c *config.Config) {
+	p := c.Plans["standard"]
+	p.AllowanceCredits = config.CreditsOf(10)
+	c.Plans["standard"] = p
 }
 
 // TestLongPromptAfterAnAnsweredCallIsNotRefusedForTheCapItsHoldLeft: a caller with a little

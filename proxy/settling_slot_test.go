@@ -84,14 +84,17 @@ func TestSlotOfACallPastItsFinalEventIsNotRefused(t *testing.T) {
 // A caller past max_in_flight with its calls still running is answered 429 at once, without
 // waiting for anything.
 func TestSlotOfACallInFlightIsRefusedAtOnce(t *testing.T) {
-	refusedAtOnceWhileACallRuns(t, oneSlotHarness(t, nil), http.StatusTooManyRequests, "too_many_in_flight")
+	refusedAtOnceWhileACallRuns(t, oneSlot(nil), http.StatusTooManyRequests, "too_many_in_flight")
 }
 
-// refusedAtOnceWhileACallRuns sends a call while another of its user's runs (its upstream 2 s
-// late), and checks it is refused status code at once: no wait for a settlement, none of the
-// user's calls settling.
-func refusedAtOnceWhileACallRuns(t *testing.T, h *harness, status int, code string) {
+// refusedAtOnceWhileACallRuns sends a call while another of its user's runs, on a gateway
+// whose config plan adjusts, and checks it is refused status code at once: no wait for a
+// settlement, none of the user's calls settling. The first call stays with the upstream until
+// the second is answered (gatedHarness): held a fixed 2 s instead, it could end before a slow
+// machine's second call was admitted, which then waited for its settlement and was served.
+func refusedAtOnceWhileACallRuns(t *testing.T, plan func(*config.Config), status int, code string) {
 	t.Helper()
+	h, gate := gatedHarness(t, plan)
 	_, key := h.user("standard")
 	var waits atomic.Int32
 	h.srv.ObserveSteps(func(_ context.Context, step string) {
@@ -99,11 +102,14 @@ func refusedAtOnceWhileACallRuns(t *testing.T, h *harness, status int, code stri
 			waits.Add(1)
 		}
 	})
-	calls := h.fake.Calls()
+	var opened sync.Once
+	openFirst := func() { opened.Do(func() { gate.open("first") }) }
+	defer openFirst()
 	first := make(chan answer, 1)
-	go func() { first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Fake-Latency": "2s"}) }()
-	waitFor(t, "the first call to reach the upstream", func() bool { return h.fake.Calls() > calls })
+	go func() { first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Test-Gate": "first"}) }()
+	gate.await(t, "first", 1)
 	second := send(h.gw.URL, key, chatBody, nil)
+	openFirst()
 	if second.status != status || errorCode(t, second.body) != code {
 		t.Errorf("a call while the first runs: %d %s; want %d %s", second.status, second.body, status, code)
 	}
@@ -151,14 +157,20 @@ func TestSlotWaitPastTheBudgetIsStillTooManyInFlight(t *testing.T) {
 // oneSlotHarness is a gateway whose standard plan allows one call in flight, with adjust's
 // changes.
 func oneSlotHarness(t *testing.T, adjust func(*config.Config)) *harness {
-	return newHarness(t, func(c *config.Config) {
+	return newHarness(t, oneSlot(adjust))
+}
+
+// oneSlot is the config change of oneSlotHarness: the standard plan allows one call in
+// flight, then adjust's changes.
+func oneSlot(adjust func(*config.Config)) func(*config.Config) {
+	return func(c *config.Config) {
 		p := c.Plans["standard"]
 		p.MaxInFlight = 1
 		c.Plans["standard"] = p
 		if adjust != nil {
 			adjust(c)
 		}
-	})
+	}
 }
 
 // firstSettlementHeld holds the first settlement at its step until an admission waits for a
