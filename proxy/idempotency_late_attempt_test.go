@@ -25,14 +25,14 @@ import (
 // The pause is stood in for by settling the late attempt's hold under its running call, as the
 // reconciler does once its lease has lapsed.
 func TestIdemLateAttemptKeepsTheKeysAnswer(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	_, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "late-attempt"}
 
 	// Attempt 0, a slow stream, is settled under its call as the reconciler settles a process
 	// that looks dead.
 	slow := map[string]string{proxy.IdempotencyKeyHeader: "late-attempt", fakellm.HeaderChunks: "40", fakellm.HeaderChunkInterval: "50ms"}
-	r, attempt0 := reconciledUnderItsCall(t, h, key, slow)
+	r, attempt0, letGo := reconciledUnderItsCall(t, h, gate, key, slow)
 
 	// The retry runs the key again (attempt 1) and pins it.
 	retry := h.post(key, "/v1/chat/completions", streamBody, idem)
@@ -45,6 +45,7 @@ func TestIdemLateAttemptKeepsTheKeysAnswer(t *testing.T) {
 	}
 
 	// The late attempt ends.
+	letGo()
 	if _, err := io.Copy(io.Discard, r); err != nil {
 		t.Fatalf("attempt 0's stream: %v", err)
 	}
@@ -69,14 +70,14 @@ func TestIdemLateAttemptKeepsTheKeysAnswer(t *testing.T) {
 // key superseded then turned every retry of it into 409 superseded, though a later attempt had
 // pinned its answer.
 func TestIdemLateAttemptSupersededKeepsTheKeysAnswer(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	_, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "late-superseded", proxy.SessionHeader: "late-session"}
 	slow := map[string]string{fakellm.HeaderChunks: "200", fakellm.HeaderChunkInterval: "50ms"}
 	for k, v := range idem {
 		slow[k] = v
 	}
-	r, attempt0 := reconciledUnderItsCall(t, h, key, slow)
+	r, attempt0, letGo := reconciledUnderItsCall(t, h, gate, key, slow)
 	retry := h.post(key, "/v1/chat/completions", streamBody, idem)
 	answer1 := readAll(t, retry.Body)
 	retry.Body.Close()
@@ -88,6 +89,7 @@ func TestIdemLateAttemptSupersededKeepsTheKeysAnswer(t *testing.T) {
 	if err := h.rdb.Publish(context.Background(), h.keys.Cancel(attempt0), "superseded").Err(); err != nil {
 		t.Fatal(err)
 	}
+	letGo()
 	if _, err := io.Copy(io.Discard, r); err != nil {
 		t.Fatalf("attempt 0's stream: %v", err)
 	}
@@ -108,12 +110,16 @@ func TestIdemLateAttemptSupersededKeepsTheKeysAnswer(t *testing.T) {
 // run's), and every replay was the late attempt's answer, not the one the key's current
 // attempt gave its caller.
 func TestIdemLateAttemptEndingBeforeTheNextOnesEnd(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	_, key := h.user("standard")
-	stream := func(chunks string) (*http.Response, *bufio.Reader) {
+	// Each attempt is held mid-stream at the upstream (gateUpstream) until the test lets it go:
+	// streams of a fixed length instead, attempt 0 could end before a slow machine's attempt 1
+	// had started, and pin the key itself.
+	stream := func(held string) (*http.Response, *bufio.Reader, func()) {
 		t.Helper()
-		resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{proxy.IdempotencyKeyHeader: "late-before-next",
-			fakellm.HeaderChunks: chunks, fakellm.HeaderChunkInterval: "25ms"})
+		hdr, letGo := heldMidStream(t, gate, held, map[string]string{proxy.IdempotencyKeyHeader: "late-before-next",
+			fakellm.HeaderChunks: "40", fakellm.HeaderChunkInterval: "25ms"})
+		resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
 		t.Cleanup(func() { resp.Body.Close() })
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%d %s", resp.StatusCode, readAll(t, resp.Body))
@@ -122,20 +128,21 @@ func TestIdemLateAttemptEndingBeforeTheNextOnesEnd(t *testing.T) {
 		if _, err := r.ReadString('\n'); err != nil {
 			t.Fatalf("no first event: %v", err)
 		}
-		return resp, r
+		return resp, r, letGo
 	}
-	first, r0 := stream("40")
+	first, r0, letGo0 := stream("attempt 0")
 	attempt0 := first.Header.Get(proxy.RunIDHeader)
 	if res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: attempt0, Source: holds.SourceReconcileHold,
 		ChargeHeld: true, Estimated: true}); err != nil || !res.Applied {
 		t.Fatalf("settle attempt 0 as the reconciler would: %+v %v", res, err)
 	}
-	next, r1 := stream("400") // 10 s: still running when attempt 0 ends
+	next, r1, letGo1 := stream("attempt 1") // held: still running when attempt 0 ends
 	attempt1 := next.Header.Get(proxy.RunIDHeader)
 	if attempt1 == attempt0 || next.Header.Get(proxy.ReplayedHeader) != "" {
 		t.Fatalf("retry after attempt 0 was reconciled ran as %s (attempt 0 %s), replayed %q", attempt1, attempt0, next.Header.Get(proxy.ReplayedHeader))
 	}
 
+	letGo0()
 	if _, err := io.Copy(io.Discard, r0); err != nil {
 		t.Fatalf("attempt 0's stream: %v", err)
 	}
@@ -143,6 +150,7 @@ func TestIdemLateAttemptEndingBeforeTheNextOnesEnd(t *testing.T) {
 	if err := h.db.Get(&state, "SELECT state FROM run_holds WHERE run_id = ?", attempt1); err != nil || state != string(holds.StateRunning) {
 		t.Fatalf("attempt 1 is %q (%v) once attempt 0 has ended; the test needs it running", state, err)
 	}
+	letGo1()
 	rest, err := io.ReadAll(r1)
 	if err != nil {
 		t.Fatalf("attempt 1's stream: %v", err)
@@ -165,10 +173,10 @@ func TestIdemLateAttemptEndingBeforeTheNextOnesEnd(t *testing.T) {
 // not the counter. The late attempt 0 must still not replace the answer: the record names
 // another run.
 func TestIdemLateAttemptOverARecordWithoutItsCounter(t *testing.T) {
-	h := newHarness(t, nil)
+	h, gate := gatedHarness(t, nil)
 	_, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "late-no-counter"}
-	r, attempt0 := reconciledUnderItsCall(t, h, key, map[string]string{proxy.IdempotencyKeyHeader: "late-no-counter",
+	r, attempt0, letGo := reconciledUnderItsCall(t, h, gate, key, map[string]string{proxy.IdempotencyKeyHeader: "late-no-counter",
 		fakellm.HeaderChunks: "40", fakellm.HeaderChunkInterval: "50ms"})
 	retry := h.post(key, "/v1/chat/completions", streamBody, idem)
 	answer1 := readAll(t, retry.Body)
@@ -181,6 +189,7 @@ func TestIdemLateAttemptOverARecordWithoutItsCounter(t *testing.T) {
 	if n, err := h.rdb.HDel(context.Background(), record, "attempt").Result(); err != nil || n != 1 {
 		t.Fatalf("drop the record's attempt counter: %d %v", n, err)
 	}
+	letGo()
 	if _, err := io.Copy(io.Discard, r); err != nil {
 		t.Fatalf("attempt 0's stream: %v", err)
 	}
@@ -195,12 +204,16 @@ func TestIdemLateAttemptOverARecordWithoutItsCounter(t *testing.T) {
 	}
 }
 
-// reconciledUnderItsCall starts an Idempotency-Key attempt (hdr: its key and a slow stream),
-// reads its first event and settles its hold under the running call, as the reconciler settles
-// a call whose process looks dead (paused past its lease). It returns the rest of the stream
-// and the attempt's run id.
-func reconciledUnderItsCall(t *testing.T, h *harness, key string, hdr map[string]string) (*bufio.Reader, string) {
+// reconciledUnderItsCall starts an Idempotency-Key attempt (hdr: its key and a slow stream) on
+// a gatedHarness, reads its first event and settles its hold under the running call, as the
+// reconciler settles a call whose process looks dead (paused past its lease). It returns the
+// rest of the stream, the attempt's run id and the func that lets the attempt go on: it is held
+// mid-stream at the upstream (gateUpstream) until then, so that it is still running when the
+// key's next attempt starts. A stream of a fixed 2 s could end before a slow machine's next
+// attempt had moved the key on, and pin the key itself: that attempt was then a replay.
+func reconciledUnderItsCall(t *testing.T, h *harness, gate *gateUpstream, key string, hdr map[string]string) (*bufio.Reader, string, func()) {
 	t.Helper()
+	hdr, letGo := heldMidStream(t, gate, "attempt 0", hdr)
 	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
 	t.Cleanup(func() { resp.Body.Close() })
 	if resp.StatusCode != http.StatusOK {
@@ -215,7 +228,7 @@ func reconciledUnderItsCall(t *testing.T, h *harness, key string, hdr map[string
 		ChargeHeld: true, Estimated: true}); err != nil || !res.Applied {
 		t.Fatalf("settle attempt 0 as the reconciler would: %+v %v", res, err)
 	}
-	return r, runID
+	return r, runID, letGo
 }
 
 // TestIdemLateFailedAttemptKeepsTheAnswersExpiry: a late attempt (as in
