@@ -76,7 +76,7 @@ func TestIdemKeyReusedWithAnotherBodyAfterItsWindowRuns(t *testing.T) {
 // finds attempt 1's live hold: 409 request_in_progress, no second upstream call. Once the
 // attempt ends it pins the record again, and the retry is its replay.
 func TestIdemRecordExpiringUnderARunningAttemptNeverRunsItTwice(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) { c.Dedup.ReplayTTL = 30 * time.Minute })
+	h, gate := gatedHarness(t, func(c *config.Config) { c.Dedup.ReplayTTL = 30 * time.Minute })
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "expires-while-running"}
 	failed := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "expires-while-running",
@@ -85,7 +85,10 @@ func TestIdemRecordExpiringUnderARunningAttemptNeverRunsItTwice(t *testing.T) {
 		t.Fatalf("attempt 0: %d, want the upstream's failure", failed.status)
 	}
 	h.settled()
-	resp := h.post(key, "/v1/chat/completions", streamBody, slowStream(200, idem))
+	// Attempt 1 stays mid-stream at the upstream (gateUpstream) until the retries are answered:
+	// a stream of a fixed 4 s could end before a slow machine's retries had walked the attempts.
+	held, letGo := heldMidStream(t, gate, "attempt 1", slowStream(200, idem))
+	resp := h.post(key, "/v1/chat/completions", streamBody, held)
 	br := firstEvent(t, resp)
 	deleteIdemRecords(t, h)
 	for range 2 { // the second reads the record the first's walk wrote
@@ -93,6 +96,7 @@ func TestIdemRecordExpiringUnderARunningAttemptNeverRunsItTwice(t *testing.T) {
 			t.Fatalf("retry while attempt 1 runs without its record: %d %s; want 409 request_in_progress", r.status, r.body)
 		}
 	}
+	letGo()
 	rest := readAll(t, br)
 	resp.Body.Close()
 	h.settled()
@@ -100,7 +104,7 @@ func TestIdemRecordExpiringUnderARunningAttemptNeverRunsItTwice(t *testing.T) {
 	if r.header.Get(proxy.ReplayedHeader) != "true" || !bytes.HasSuffix(r.body, rest) {
 		t.Fatalf("retry after attempt 1 ended: %d replayed=%q %s; want its answer replayed", r.status, r.header.Get(proxy.ReplayedHeader), r.body)
 	}
-	if n := h.fake.Calls(); n != 2 {
+	if n := gate.fake.Calls(); n != 2 {
 		t.Fatalf("%d upstream calls, want 2 (attempt 0 and attempt 1)", n)
 	}
 	h.expectCharges(u.ID, []string{resp.Header.Get(proxy.RunIDHeader)}, "upstream_error")
