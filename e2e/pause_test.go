@@ -47,7 +47,8 @@ import (
 //   - no caller got a 500, and the resumed process logged no error.
 //
 // Expected by README "Known limits", and so not failures: a call outliving its hold is settled
-// as a dead process's (its own usage, ending after, is not charged: its hold is); an
+// as a dead process's (its own usage, ending after, is not charged: its hold is, less what a
+// one-call run's hold exceeded that usage by, given back by grant); an
 // Idempotency-Key retry after that settlement runs the key again (two answers, both charged).
 func TestGatewayPausedPastItsHolds(t *testing.T) {
 	w := newWorld(t)

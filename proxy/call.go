@@ -521,7 +521,8 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 // (DESIGN §5 rule 3). Refused, the caller was told 503, "not made, retry", for a call it was
 // charged, and its retry was charged again; forwarded, it gets the call it paid for, as a call
 // that the pause caught just after its forward does (README Known limits), whose settlement
-// then changes nothing. Only a call that came this late can have been so settled, so only such
+// then changes nothing but gives back what the hold was charged beyond what the call used
+// (refundPausedCharge). Only a call that came this late can have been so settled, so only such
 // a call reads its hold: a database merely slow (a late grant, up to its read timeout) adds no
 // round trip to its 503.
 //
@@ -542,7 +543,7 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 // whole after the newer message); one that found it settled replaced nothing, and the older
 // message was answered after the newer one its caller sent since. Either way it is stopped
 // here, as that cancel would have, and answered superseded: never forwarded, its charge given
-// back (refundUnforwarded).
+// back (refundPausedCharge).
 func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) bool {
 	if c.paidUnderPause {
 		return true // found at the grant; the check before forwarding need not read it again

@@ -19,7 +19,7 @@ import (
 // (a 5xx: nothing billed, nothing produced). Unpaused, such a call is settled at 0
 // (upstream_error), and its caller's SDK retries it; paused, its own settlement at 0 found the
 // hold settled and changed nothing: the caller paid all its hold held for a 5xx, and its retry
-// paid again. The charge is given back as a call never forwarded's is (refundUnforwarded).
+// paid again. The charge is given back as a call never forwarded's is (refundPausedCharge).
 //
 // The pause is stood in for by holding the call at its attempt's admission (an Idempotency-Key
 // call: the one step between a plain call's hold and its forward a test can hold it at) past

@@ -553,8 +553,8 @@ const (
 	// settlement.
 	stepAdmitWaits = "admission waits for a settlement"
 	stepSettle     = "settle"
-	// stepRefund precedes the refund of a call that used nothing whose hold another process
-	// charged (refundUnforwarded), under its settlement's context.
+	// stepRefund precedes the refund of what a call did not use of the hold another process
+	// charged (refundPausedCharge), under its settlement's context.
 	stepRefund = "refund"
 )
 

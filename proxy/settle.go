@@ -246,74 +246,99 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool 
 	s.metrics.Settlements.WithLabelValues(st.Source, strconv.FormatBool(res.Applied)).Inc()
 	c.log.Debug("settled", zap.String("source", st.Source), zap.Bool("applied", res.Applied),
 		zap.Int64("charged_micro", res.ChargedMicro), zap.Bool("estimated", st.Estimated))
-	if !res.Applied && !c.inRun && usedNothing(st) {
-		s.refundUnforwarded(ctx, c)
+	if !res.Applied && !c.inRun {
+		s.refundPausedCharge(ctx, c, st)
 	}
 	return true
 }
 
-// usedNothing reports whether st, a call's own settlement, charges it nothing because nothing
-// of it was used: refused before its forward (release), a duplicate's (duplicate), or refused
-// by its upstream before any work (upstream_error: a non-2xx answer, an error event before
-// any output, an upstream out of reach), which a call forwarded after a pause (paidUnderAPause)
-// may be as well as any other.
-func usedNothing(st holds.Settlement) bool {
-	switch st.Source {
-	case holds.SourceRelease, holds.SourceDuplicate, holds.SourceUpstreamError:
-		return true
-	}
-	return false
-}
-
-// refundUnforwarded gives back, by a grant keyed by its run, what another process charged the
-// hold of c, a run of one call that used nothing (usedNothing) and whose settlement at 0 found
-// its hold settled already. That happens when c's process was stopped (SIGSTOP, a VM's live
+// refundPausedCharge gives back, by a grant keyed by its run, what another process charged the
+// hold of c, a run of one call, beyond what c's own settlement st, which found the hold settled
+// already, would have charged. That happens when c's process was stopped (SIGSTOP, a VM's live
 // migration) between the hold's COMMIT and the forward for longer than the hold lives, or than
 // holds.dead_instance_after: a peer's reconciler took the unleased, untallied hold for a killed
-// process's and charged what it held (reconcile_hold, DESIGN §5 rule 3), and the call, resumed,
-// was not forwarded after all (its caller had left, a newer message of its session replaced
-// it, a duplicate was running), or was, and its upstream refused it (a 5xx: unpaused, such a
-// call is settled at 0, and its caller's SDK retries it). Nothing was used, as for any call
-// refused before its forward, but the first settlement stands (exactly once), so the charge of
-// a call that used nothing stayed, and its caller's retry paid again. This process alone knows
-// nothing was used: the grant, keyed by the run, gives the charge back once however often it is
-// sent, and is on the books (grants, the audit) beside the charge it answers. Only
+// process's and charged what it held (reconcile_hold, DESIGN §5 rule 3). Resumed, the call was
+// either not forwarded after all (its caller had left, a newer message of its session replaced
+// it, a duplicate was running: released at 0, it used nothing) or forwarded as the call it had
+// paid for (paidUnderAPause: settled at what it used, 200 µUSD against a hold of 20 000). The
+// first settlement stands (exactly once), so the whole hold stayed charged, and a call never
+// made was paid for again by its caller's retry. This process alone knows what the call used:
+// the grant gives back the difference, so the user is charged what the call used, as its own
+// settlement would have charged it. A call that used more than the hold was charged keeps that
+// charge (its hold, which capped it): nothing more is taken, the rest logged as uncharged. So
+// it goes for a call forwarded before its process was stopped, or whose lease lapsed, past its
+// hold: the reconciler charged the hold of a call it took for dead, which then ended and knew
+// what it used.
+//
+// One grant per run, whichever process and however often it is sent: its key is the run's
+// (pauseRefundKey), and a grant's key, unique, pays once; one of another amount under the same
+// key is refused (holds.ErrGrantKeyReused). A run of one call has one settlement by its process,
+// so the refund of a call never forwarded and that of one forwarded cannot both be paid. Only
 // reconcile_hold is given back: a charge from a tally is of calls that were made, and a named
 // run's hold is its calls' (c is not all of it).
 //
 // It has a settle_timeout of its own: on the settlement's, the one that found the hold settled
 // after a database stall had spent most of it, the refund was lost, an error line its only trace.
-func (s *Server) refundUnforwarded(ctx context.Context, c *call) {
+func (s *Server) refundPausedCharge(ctx context.Context, c *call, st holds.Settlement) {
 	s.beforeStep(ctx, stepRefund)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Limits.SettleTimeout)
 	defer cancel()
 	run, err := s.store.Run(ctx, c.user.ID, c.runID)
 	if err != nil {
-		c.log.Named(holds.MoneyLog).Error("hold of a call that used nothing found settled, and not read again; if another process charged it, refund by grant",
-			zap.Error(err))
+		c.log.Named(holds.MoneyLog).Error("hold of a call found settled by another process, and not read again; if it was charged its hold, refund by grant what the call did not use",
+			append(callFigures(st), zap.Error(err))...)
 		return
 	}
 	if run.State != holds.StateSettled || run.SettleSource.String != holds.SourceReconcileHold || run.ChargedMicro <= 0 {
 		return
 	}
-	g, created, err := s.store.Grant(ctx, holds.GrantRequest{UserID: c.user.ID, AmountMicro: run.ChargedMicro,
-		IdempotencyKey: unforwardedRefundKey(c.runID), Reason: unforwardedRefundReason})
-	if err != nil {
-		c.log.Named(holds.MoneyLog).Error("hold charged by another process for a call that used nothing; its refund failed: refund by grant",
-			zap.Int64("charged_micro", run.ChargedMicro), zap.String("grant_key", unforwardedRefundKey(c.runID)), zap.Error(err))
+	refund, uncharged := pauseRefund(run, st)
+	if refund == 0 {
+		if uncharged > 0 {
+			c.log.Named(holds.MoneyLog).Warn("hold charged (reconcile_hold) by another process before this call settled; the call used more than that charge, which stands",
+				zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("uncharged_micro", uncharged), zap.String("source", st.Source))
+		}
 		return
 	}
-	c.log.Named(holds.MoneyLog).Warn("hold charged by another process for a call that used nothing (its process stopped before the forward); charge given back by grant",
-		zap.Int64("charged_micro", run.ChargedMicro), zap.Uint64("grant_id", g.ID), zap.Bool("created", created))
+	reason := usedRefundReason
+	if st.Source == holds.SourceRelease || st.Source == holds.SourceDuplicate {
+		reason = unforwardedRefundReason
+	}
+	g, created, err := s.store.Grant(ctx, holds.GrantRequest{UserID: c.user.ID, AmountMicro: refund,
+		IdempotencyKey: pauseRefundKey(c.runID), Reason: reason})
+	if err != nil {
+		c.log.Named(holds.MoneyLog).Error("hold charged (reconcile_hold) by another process before this call settled; the refund of what the call did not use failed: refund by grant",
+			zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("refund_micro", refund), zap.String("grant_key", pauseRefundKey(c.runID)), zap.Error(err))
+		return
+	}
+	c.log.Named(holds.MoneyLog).Warn("hold charged (reconcile_hold) by another process before this call settled; what the call did not use given back by grant",
+		zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("refund_micro", refund), zap.String("source", st.Source),
+		zap.Uint64("grant_id", g.ID), zap.Bool("created", created))
 }
 
-// unforwardedRefundKey is the idempotency key of the grant that gives back the charge of
-// runID's call that used nothing (refundUnforwarded): one refund per run, whichever process
-// and however often it is sent.
-func unforwardedRefundKey(runID string) string { return "unforwarded:" + runID }
+// pauseRefund is what of run's charge a call's own settlement st, had it found the hold open,
+// would not have charged (refund), and what it would have charged beyond it (uncharged: the
+// call used more than its hold, whose charge stands; nothing more is taken). st would have
+// charged the discounted cost clamped to the hold's cap, or the hold for a settlement that
+// charges it, as holds' decideSettlements does.
+func pauseRefund(run holds.Run, st holds.Settlement) (refund, uncharged int64) {
+	own := min(pricing.ApplyDiscount(st.CostMicro, run.DiscountBP), run.CapMicro)
+	if st.ChargeHeld {
+		own = run.HeldMicro
+	}
+	return max(0, run.ChargedMicro-own), max(0, own-run.ChargedMicro)
+}
 
-// unforwardedRefundReason is that grant's reason, as the operator's listing of grants shows it.
-const unforwardedRefundReason = "refund: hold charged (reconcile_hold) while its gateway was stopped; the call used nothing (never forwarded, or refused by its upstream)"
+// pauseRefundKey is the idempotency key of the grant that gives back what runID's hold was
+// charged beyond what its call used (refundPausedCharge): one refund per run, whichever process
+// and however often it is sent, and whether or not the call was forwarded.
+func pauseRefundKey(runID string) string { return "pause-refund:" + runID }
+
+// The refund's reasons, as the operator's listing of grants shows them.
+const (
+	unforwardedRefundReason = "refund: hold charged (reconcile_hold) while its gateway was stopped; the call was never forwarded"
+	usedRefundReason        = "refund: hold charged (reconcile_hold) before its call settled; the call used less (or nothing: refused by its upstream)"
+)
 
 // failedBeforeWork reports whether the provider said an answer failed (an error event after
 // its 200, an error object) before it produced anything and without a usage: settled at 0 as a

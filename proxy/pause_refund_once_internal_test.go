@@ -1,0 +1,66 @@
+package proxy
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// TestPauseRefundIsPaidOncePerRun: a run of one call charged its hold by another process
+// (reconcile_hold) is refunded once, whichever settlements of its call find it settled and in
+// whatever order: the refund of a call never forwarded (released at 0) and that of one forwarded
+// (settled at what it used) share the run's grant key, whose first grant is the only one paid.
+// Mutant: a key of its own per case (the run refunded 20 000 and 19 800 µUSD more).
+func TestPauseRefundIsPaidOncePerRun(t *testing.T) {
+	db := testenv.MySQL(t)
+	plans := map[string]holds.Plan{"standard": {AllowanceMicro: 1_000_000, HoldNormalMicro: 20_000, HoldHeavyMicro: 20_000,
+		HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostMicro: 500_000}}
+	st := holds.NewStore(db, plans, "standard", zap.NewNop())
+	s := &Server{store: st, cfg: config.Default()}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	released := holds.Settlement{Source: holds.SourceRelease}
+	used := holds.Settlement{Source: holds.SourceComplete, CostMicro: 200}
+	for _, tc := range []struct {
+		name  string
+		order []holds.Settlement
+		want  int64
+	}{
+		{"never forwarded, then forwarded", []holds.Settlement{released, used}, 20_000},
+		{"forwarded, then never forwarded", []holds.Settlement{used, released}, 19_800},
+		{"forwarded, sent again", []holds.Settlement{used, used}, 19_800},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, err := st.CreateUser(ctx, "pause-refund-"+testenv.RandomID(4), "standard")
+			if err != nil {
+				t.Fatal(err)
+			}
+			runID := "r_" + testenv.RandomID(16)
+			if _, err := st.Admit(ctx, holds.AdmitRequest{RunID: runID, UserID: u.ID, Model: "fake-gpt", State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.Settle(ctx, holds.Settlement{RunID: runID, UserID: u.ID, Source: holds.SourceReconcileHold, ChargeHeld: true}); err != nil {
+				t.Fatal(err)
+			}
+			c := &call{user: u, runID: runID, log: zap.NewNop()}
+			for _, set := range tc.order {
+				set.RunID, set.UserID = runID, u.ID
+				s.refundPausedCharge(ctx, c, set)
+			}
+			var n int
+			var granted int64
+			if err := db.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ?", u.ID).Scan(&n, &granted); err != nil {
+				t.Fatal(err)
+			}
+			if n != 1 || granted != tc.want {
+				t.Errorf("%d grants of %d µUSD in all, want one of %d", n, granted, tc.want)
+			}
+		})
+	}
+}
