@@ -17,6 +17,13 @@ import (
 // left it before the resume. holdOf finds the paused call's hold among the user's.
 func pausedBeforeForward(t *testing.T, w *pausedWorld, g *gateway, key string, hdr map[string]string, holdOf func() string) (seen, holds.Run) {
 	t.Helper()
+	return pausedBeforeForwardWhile(t, w, g, key, hdr, holdOf, nil)
+}
+
+// pausedBeforeForwardWhile is pausedBeforeForward with during, if set, run while g is stopped,
+// once the peer's reconciler has settled the call's hold.
+func pausedBeforeForwardWhile(t *testing.T, w *pausedWorld, g *gateway, key string, hdr map[string]string, holdOf func() string, during func()) (seen, holds.Run) {
+	t.Helper()
 	stopped := false
 	defer func() {
 		if stopped {
@@ -41,6 +48,9 @@ func pausedBeforeForward(t *testing.T, w *pausedWorld, g *gateway, key string, h
 	})
 	r := w.hold(runID)
 	t.Logf("settled under the paused gateway: %s charged %d (held %d, calls %d)", r.SettleSource.String, r.ChargedMicro, r.HeldMicro, r.Calls)
+	if during != nil {
+		during()
+	}
 	waitFor(t, 20*time.Second, "the pause to outlast admit_timeout", func() bool { return time.Since(pausedAt) > 6*time.Second })
 	if err := g.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)

@@ -508,6 +508,12 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 		// Paid, but a newer message has taken its session since (paidUnderAPause stopped it).
 		return s.refuseUnforwarded(w, r, c, refuse)
 	}
+	if c.superseded {
+		// Paid, but a newer message of its session, unclaimed, came since (paidUnderAPause).
+		c.outcome = outcomeRefused
+		w.Header().Set(shouldRetryHeader, "false")
+		return refuse(errSupersededAnswer, "superseded", nil)
+	}
 	c.outcome = outcomeRefused
 	return refuse(errBillingDown, "admission budget spent "+at+"; hold released at 0",
 		fmt.Errorf("%w %v before", errAdmitBudgetSpent, late.Round(time.Millisecond)))
@@ -529,11 +535,15 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 // A session's message so paid is forwarded too, and takes no session if it has not claimed
 // one yet (runCall): its hold settled, it is no session's running message — a resend is not
 // its duplicate, a newer message neither stops it nor is stopped by it (what it would stop is
-// the message its caller sent since, the older replacing the newer). A named run's call is
-// forwarded only when its run was charged what it held (reconcile_hold: no call of it tallied
-// nor recorded on its row, none of it known to have been made), as the run's first call caught
-// so leaves it; a run settled from its tally (its earlier calls) charged nothing for this
-// call, whose 503 then tells the truth, and one its agent settled (POST .../settle) is closed.
+// the message its caller sent since, the older replacing the newer). Unless its session's row
+// names a message admitted after it (sessionTakenSince): forwarded, it was answered after its
+// caller's latest, so it is answered superseded (c.superseded, refuseLate), as if it had
+// claimed the session before that message did, its charge given back (refundPausedCharge). A
+// named run's call is forwarded only when its run was charged what it held (reconcile_hold: no
+// call of it tallied nor recorded on its row, none of it known to have been made), as the
+// run's first call caught so leaves it; a run settled from its tally (its earlier calls)
+// charged nothing for this call, whose 503 then tells the truth, and one its agent settled
+// (POST .../settle) is closed.
 //
 // A session's message that claimed its session before the pause is forwarded only while its
 // session's row still names it. A newer message that claimed the session since took over as
@@ -576,6 +586,12 @@ func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) 
 		s.cancels.deliver(c.runID) // as that message's cancel would have (unless it came already)
 		return false
 	}
+	if !c.sessionClaimed && in.ids.sessionID != "" && s.sessionTakenSince(sctx, c, in.ids.sessionID, run) {
+		c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped), and a newer message of its session came since; not forwarded",
+			zap.String("settle_source", run.SettleSource.String), zap.Int64("charged_micro", run.ChargedMicro))
+		c.superseded = true
+		return false
+	}
 	c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped); forwarding the call it paid for",
 		zap.String("settle_source", run.SettleSource.String), zap.Int64("charged_micro", run.ChargedMicro),
 		zap.Duration("since_arrival", time.Since(in.arrived).Round(time.Millisecond)))
@@ -596,6 +612,30 @@ func (s *Server) sessionMovedOn(ctx context.Context, c *call, sessionID string) 
 	}
 	cur, ok := now[ref]
 	return ok && cur != c.runID
+}
+
+// sessionTakenSince reports whether the row of c's session (sessionID), which c has not claimed,
+// names a run admitted after c's (run, c's hold as read): a newer message of the session came
+// while c's process was stopped and took the session, as it would have taken it from c had c
+// claimed it first. A row that names an older run (the message c follows) or none leaves c the
+// newest; a read that fails says no, and c is forwarded as it would have been.
+func (s *Server) sessionTakenSince(ctx context.Context, c *call, sessionID string, run holds.Run) bool {
+	ref := holds.SessionRef{UserID: c.user.ID, SessionID: sessionID}
+	now, err := s.store.CurrentSessionRuns(ctx, []holds.SessionRef{ref})
+	if err != nil {
+		c.log.Warn("session of a call paid under a pause unreadable; forwarded", zap.Error(err))
+		return false
+	}
+	cur, ok := now[ref]
+	if !ok || cur == c.runID {
+		return false
+	}
+	newer, err := s.store.Run(ctx, c.user.ID, cur)
+	if err != nil {
+		c.log.Warn("current run of the session of a call paid under a pause unreadable; forwarded", zap.String("current_run", cur), zap.Error(err))
+		return false
+	}
+	return newer.CreatedAt.After(run.CreatedAt)
 }
 
 // budgetSpent reports whether ctx's deadline (a call's admission budget, admissionContext) has
