@@ -90,11 +90,15 @@ type fullDiskFixture struct {
 	logs   *observer.ObservedLogs
 	user   holds.User
 	filler string
+	purge  func() // lets InnoDB's purge run again (testenv.HoldPurge)
 }
 
 func newFullDiskFixture(t *testing.T) *fullDiskFixture {
 	dir := testenv.SmallFileSystem(t, "1m")
 	db := testenv.MySQL(t)
+	// From before the table's first change until room is given back: purge on the full disk
+	// stops the server (testenv.HoldPurge), whenever the test's refusal comes.
+	purge := testenv.HoldPurge(t, db)
 	testenv.TableOn(t, db, "run_holds", dir)
 	t.Cleanup(func() { testenv.CheckLedger(t, db) })
 	core, logs := observer.New(zapcore.WarnLevel)
@@ -109,7 +113,7 @@ func newFullDiskFixture(t *testing.T) *fullDiskFixture {
 	// left full, InnoDB's purge of the test's changes failed for want of room, and MariaDB
 	// 10.11 stops on that (an assertion in row0purge.cc), failing every test after it.
 	t.Cleanup(func() { _ = os.Remove(filler) })
-	return &fullDiskFixture{t: t, db: db, store: st, logs: logs, user: u, filler: filler}
+	return &fullDiskFixture{t: t, db: db, store: st, logs: logs, user: u, filler: filler, purge: purge}
 }
 
 func (f *fullDiskFixture) admit(runID string) {
@@ -128,6 +132,7 @@ func (f *fullDiskFixture) free() {
 	if err := os.Remove(f.filler); err != nil {
 		f.t.Fatal(err)
 	}
+	f.purge()
 }
 
 // bigSnapshot is a price snapshot large enough to take pages of its own: a settlement that
