@@ -107,23 +107,21 @@ ensure_packages() {
 	[[ $(id -u) -eq 0 ]] || die "missing ${need[*]} and not root; install them first"
 	command -v apt-get >/dev/null 2>&1 || die "missing ${need[*]} and no apt-get"
 
-	export DEBIAN_FRONTEND=noninteractive
-	local apt_opts=(-y -q -o DPkg::Lock::Timeout=900
-		-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
-	local p
+	# apt-get.sh waits out another apt's locks, which apt-get alone does not for all of them.
+	local apt=(bash "$(dirname "${BASH_SOURCE[0]}")/apt-get.sh") p
 	for p in "${need[@]}"; do
 		if ! apt-cache policy "$p" 2>/dev/null | grep -q 'Candidate: [0-9]'; then
 			log "package lists lack $p; running apt-get update"
-			apt-get -q -o DPkg::Lock::Timeout=900 update >&2
+			"${apt[@]}" update
 			break
 		fi
 	done
 	log "installing ${need[*]} (apt-get)"
-	if ! apt-get install "${apt_opts[@]}" --no-install-recommends "${need[@]}" >&2; then
+	if ! "${apt[@]}" install "${need[@]}"; then
 		# stale package lists (a rotated-out version 404s): refresh and retry once
 		log "apt-get install failed; running apt-get update and retrying"
-		apt-get -q -o DPkg::Lock::Timeout=900 update >&2
-		apt-get install "${apt_opts[@]}" --no-install-recommends "${need[@]}" >&2
+		"${apt[@]}" update
+		"${apt[@]}" install "${need[@]}"
 	fi
 	[[ -n $(mysqld_bin) ]] || die "mariadbd still missing after install"
 	command -v redis-server >/dev/null 2>&1 || die "redis-server still missing after install"

@@ -111,11 +111,10 @@ if [[ ${RACE:-1} != 0 ]]; then
 		[[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1 ||
 			die "the race detector needs gcc (or run with RACE=0): install gcc and libc6-dev"
 		log "installing gcc and libc6-dev for the race detector (apt-get)"
-		export DEBIAN_FRONTEND=noninteractive
-		apt_opts=(-y -q -o DPkg::Lock::Timeout=900)
-		apt-get install "${apt_opts[@]}" --no-install-recommends gcc libc6-dev >&2 ||
-			{ apt-get -q -o DPkg::Lock::Timeout=900 update >&2 &&
-				apt-get install "${apt_opts[@]}" --no-install-recommends gcc libc6-dev >&2; } ||
+		# apt-get.sh waits out another apt's locks, which apt-get alone does not for all of them.
+		apt=(bash "$ROOT/scripts/apt-get.sh")
+		"${apt[@]}" install gcc libc6-dev ||
+			{ "${apt[@]}" update && "${apt[@]}" install gcc libc6-dev; } ||
 			die "could not install gcc for the race detector"
 	fi
 	export CGO_ENABLED=1
