@@ -121,6 +121,17 @@ if [[ ${RACE:-1} != 0 ]]; then
 	race_args=(-race)
 fi
 
+# The modules first, each fetch tried again: on a new machine every module comes from the module
+# proxy, and one fetch failing for a moment failed go vet, and with it the run, though go test
+# fetched the same module a moment later.
+mod_tries=3
+for ((i = 1; ; i++)); do
+	run go mod download && break
+	((i < mod_tries)) || die "go mod download failed $mod_tries times"
+	log "go mod download failed (try $i of $mod_tries); trying again in $((5 * i)) s"
+	sleep $((5 * i))
+done
+
 pick_port MYSQL_PORT 13306
 pick_port REDIS_PORT 16379
 
