@@ -97,8 +97,9 @@ type Meter struct {
 	// (message_delta or a whole body), not only message_start's placeholder.
 	outputFinal bool
 	// reported holds the latest value of each OpenAI-style usage figure, for the ones a
-	// report has carried so far (see openAIUsage).
-	reported [figureCount]reportedFigure
+	// report has carried so far (see openAIUsage); lastFigures those the last report carried
+	// itself, none kept from before (see batchTaskReport).
+	reported, lastFigures [figureCount]reportedFigure
 	// pcmBytes counts the raw audio of a streamed spoken answer (16-bit 24 kHz mono PCM, the
 	// only format OpenAI streams), clipMicros how long the clips of whole answers play.
 	pcmBytes, clipMicros int64
@@ -739,6 +740,12 @@ func (m *Meter) batchTaskReport(i int64) {
 		return
 	}
 	p := i / m.batchPer
+	// A task's report counts its task alone, so no earlier report's figure stands for one it
+	// does not give: another task's cached tokens or total say nothing of this one. Kept (a
+	// report in the server's own shape gives no cache figure), they read this task's prompt
+	// from the cache by another task's count, and charged another's total as its output.
+	m.reported = m.lastFigures
+	m.setUsage()
 	m.taskPrompts[p] = taskPrompt{tokens: m.reported[figPrompt].n, cached: m.reported[figCached].n, reported: true}
 	m.lastTaskPrompt = p
 }
@@ -919,6 +926,7 @@ func (m *Meter) applyUsage(fresh [figureCount]reportedFigure) bool {
 		// (Result). It is no report, as an empty object is none: the last real one stands.
 		return false
 	}
+	m.lastFigures = fresh
 	// The output this report counts by its own figures, for a report of one choice alone
 	// (choiceReport).
 	m.reportOutput = fresh[figCompletion].n
@@ -951,6 +959,13 @@ func (m *Meter) applyUsage(fresh [figureCount]reportedFigure) bool {
 			m.reported[i] = f
 		}
 	}
+	m.setUsage()
+	m.charsAtReport, m.pcmAtReport, m.clipAtReport = m.res.OutputChars, m.pcmBytes, m.clipMicros
+	return true
+}
+
+// setUsage makes the usage the one the figures reported say.
+func (m *Meter) setUsage() {
 	prompt, completion := m.reported[figPrompt].n, m.reported[figCompletion].n
 	promptSeen, totalSeen := m.reported[figPrompt].seen, m.reported[figTotal].seen
 	switch {
@@ -991,8 +1006,6 @@ func (m *Meter) applyUsage(fresh [figureCount]reportedFigure) bool {
 	}
 	m.res.CacheWriteSplit = m.reported[figWritten1h].seen
 	m.res.Reported = true
-	m.charsAtReport, m.pcmAtReport, m.clipAtReport = m.res.OutputChars, m.pcmBytes, m.clipMicros
-	return true
 }
 
 // countsNothing reports whether a report's figures, fresh, are all 0 where it gives them.
