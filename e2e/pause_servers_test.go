@@ -282,6 +282,14 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 
 			fast := map[string]string{"X-Fake-Chunks": "12"}
 			agent1 := all.must(t, "agent call 1", g, key, chatRequest(false, 40, "agent step 1"), with(fast, "X-Run-Id", "agent"))
+			// Armed before the calls start, the relay stops the server on the first settlement of
+			// them: armed once their holds were seen, a busy machine's call that ended in between
+			// settled before it, and the pause caught three of the four (a fresh-clone run of stop 66:
+			// two settlements given up, not three; a 7 s probe there fails it every time).
+			var fired <-chan struct{}
+			if tc.afterCommit {
+				fired = relay.arm(settlementScript)
+			}
 			// Long enough (6 s) that none ends, and settles, before the pause on a busy machine:
 			// the pause must catch all four.
 			slow := map[string]string{"X-Fake-Chunks": "150", "X-Fake-Chunk-Interval": "40ms"}
@@ -300,7 +308,6 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 			waitFor(t, 10*time.Second, "every call's hold", func() bool { return w.liveHoldsOf(u.ID) == 4 })
 			var pausedAt time.Time
 			if tc.afterCommit {
-				fired := relay.arm(settlementScript)
 				select {
 				case <-fired:
 				case <-time.After(20 * time.Second):
