@@ -81,12 +81,7 @@ func TestCallerWhoLeftDuringThePauseBeforeTheForwardIsRefunded(t *testing.T) {
 	if after := w.hold(runID); after.ChargedMicro != r.ChargedMicro || after.SettleSource != r.SettleSource || after.SettledAt != r.SettledAt {
 		t.Errorf("the peer's settlement changed after the resume: %s charged %d, was %s charged %d", after.SettleSource.String, after.ChargedMicro, r.SettleSource.String, r.ChargedMicro)
 	}
-	var refunded int64
-	waitFor(t, 20*time.Second, "the charge of the call never made given back", func() bool {
-		_ = w.db.Get(&refunded, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ? AND idempotency_key LIKE ?", w.u.ID, "%"+runID)
-		return refunded != 0
-	})
-	if refunded != r.ChargedMicro {
+	if refunded := w.pauseRefund(t, runID, "the charge of the call never made"); refunded != r.ChargedMicro {
 		t.Errorf("granted back %d µUSD, want the hold's charge %d", refunded, r.ChargedMicro)
 	}
 	after, err := w.store.Balance(ctx, w.u.ID)
@@ -97,4 +92,17 @@ func TestCallerWhoLeftDuringThePauseBeforeTheForwardIsRefunded(t *testing.T) {
 		t.Errorf("available %d µUSD after the call its caller left before its forward, %d before it", after.AvailableMicro, before.AvailableMicro)
 	}
 	w.books(t, r.ChargedMicro)
+}
+
+// pauseRefund waits for the grant that gives back what runID's hold was charged beyond what its
+// call used (the key pause-refund:{run_id}), what the wait's message names, and returns its
+// amount.
+func (w *world) pauseRefund(t *testing.T, runID, what string) int64 {
+	t.Helper()
+	var refunded int64
+	waitFor(t, 20*time.Second, what+" given back", func() bool {
+		_ = w.db.Get(&refunded, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE idempotency_key = ?", "pause-refund:"+runID)
+		return refunded != 0
+	})
+	return refunded
 }

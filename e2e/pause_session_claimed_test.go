@@ -104,11 +104,7 @@ func TestSessionMessagePausedAfterItsClaim(t *testing.T) {
 			if n := w.held.calls.Load(); n != 1 {
 				t.Errorf("the upstream got %d calls, want B's alone", n)
 			}
-			var refunded int64
-			waitFor(t, 20*time.Second, "the charge of A, never made, given back", func() bool {
-				_ = w.db.Get(&refunded, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ?", w.u.ID)
-				return refunded != 0
-			})
+			refunded := w.pauseRefund(t, aRun, "the charge of A, never made")
 			if refunded != rA.ChargedMicro {
 				t.Errorf("granted back %d µUSD, want A's charge %d", refunded, rA.ChargedMicro)
 			}

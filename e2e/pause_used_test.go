@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/pricing"
@@ -35,11 +34,7 @@ func TestPaidCallForwardedAfterThePauseIsChargedWhatItUsed(t *testing.T) {
 	if used <= 0 || used >= r.ChargedMicro {
 		t.Fatalf("the scene did not happen: the call used %d µUSD of a hold charged %d", used, r.ChargedMicro)
 	}
-	var refunded int64
-	waitFor(t, 20*time.Second, "what the call did not use given back", func() bool {
-		_ = w.db.Get(&refunded, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ? AND idempotency_key LIKE ?", w.u.ID, "%"+r.RunID)
-		return refunded != 0
-	})
+	refunded := w.pauseRefund(t, r.RunID, "what the call did not use")
 	if want := r.ChargedMicro - used; refunded != want {
 		t.Errorf("granted back %d µUSD, want the hold's charge %d less what the call used %d: %d", refunded, r.ChargedMicro, used, want)
 	}

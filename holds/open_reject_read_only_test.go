@@ -6,11 +6,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
-	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -31,32 +27,9 @@ func TestReadOnlyRefusalsAreTheStoresWhateverTheDSNSaysOfRejectReadOnly(t *testi
 	}
 	cfg.RejectReadOnly = true
 	db := testenv.Open(t, cfg.FormatDSN())
-	core, logs := observer.New(zapcore.WarnLevel)
-	st := holds.NewStore(db, settlePlans, "standard", zap.New(core))
-	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
-	t.Cleanup(func() { testenv.CheckLedger(t, db) })
-	u, err := st.CreateUser(ctx, "ro-reject-"+testenv.RandomID(3), "standard")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, logs, u := demotableStore(ctx, t, db, "ro-reject-")
 
-	t.Run("batch", func(t *testing.T) {
-		demote(ctx, t, db, 8)
-		before := logs.FilterMessage("database unavailable, retrying").Len()
-		run := "r_ro_reject_" + testenv.RandomID(4)
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if _, err := st.Admit(actx, holds.AdmitRequest{RunID: run, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
-			t.Fatalf("admission with the pool's connections read-only and a new one writable: %v; want it served on a new connection", err)
-		}
-		if n := logs.FilterMessage("database unavailable, retrying").Len() - before; n != 1 {
-			t.Errorf("admission tried again %d times; want once: the pool's other read-only connections closed at the first refusal", n)
-		}
-		if _, err := st.Settle(ctx, holds.Settlement{RunID: run, CostMicro: 2_000, Source: holds.SourceComplete}); err != nil {
-			t.Fatal(err)
-		}
-		checkPoolWritable(ctx, t, db)
-	})
+	t.Run("batch", func(t *testing.T) { batchOnADemotedPool(ctx, t, db, st, logs, u) })
 	t.Run("user creation", func(t *testing.T) {
 		demote(ctx, t, db, 8)
 		if _, err := st.CreateUser(ctx, "ro-reject-new-"+testenv.RandomID(3), "standard"); err != nil {

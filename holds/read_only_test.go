@@ -448,33 +448,9 @@ func TestReadOnlyConnectionsLeaveThePool(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	db := testenv.MySQL(t)
-	core, logs := observer.New(zapcore.WarnLevel)
-	st := holds.NewStore(db, settlePlans, "standard", zap.New(core))
-	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
-	t.Cleanup(func() { testenv.CheckLedger(t, db) })
-	u, err := st.CreateUser(ctx, "ro-pool-"+testenv.RandomID(3), "standard")
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, logs, u := demotableStore(ctx, t, db, "ro-pool-")
 
-	t.Run("batch", func(t *testing.T) {
-		demote(ctx, t, db, 8)
-		before := logs.FilterMessage("database unavailable, retrying").Len()
-		run := "r_ro_pool_" + testenv.RandomID(4)
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if _, err := st.Admit(actx, holds.AdmitRequest{RunID: run, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
-			t.Fatalf("admission with the pool's connections read-only and a new one writable: %v; want it served on a new connection", err)
-		}
-		// Its first try met a read-only connection, and the second a new one.
-		if n := logs.FilterMessage("database unavailable, retrying").Len() - before; n != 1 {
-			t.Errorf("admission tried again %d times; want once: the pool's other read-only connections closed at the first refusal", n)
-		}
-		if _, err := st.Settle(ctx, holds.Settlement{RunID: run, CostMicro: 2_000, Source: holds.SourceComplete}); err != nil {
-			t.Fatal(err)
-		}
-		checkPoolWritable(ctx, t, db)
-	})
+	t.Run("batch", func(t *testing.T) { batchOnADemotedPool(ctx, t, db, st, logs, u) })
 	t.Run("write check", func(t *testing.T) {
 		demote(ctx, t, db, 8)
 		if err := st.CheckWritable(ctx); err == nil {
@@ -505,6 +481,43 @@ func TestReadOnlyConnectionsLeaveThePool(t *testing.T) {
 		}
 		checkPoolWritable(ctx, t, db)
 	})
+}
+
+// demotableStore is a store on db whose read-only refusals are logged in logs, its retries
+// quick, and a user of it (named prefix and a random suffix); the ledger is checked at the end.
+func demotableStore(ctx context.Context, t *testing.T, db *sqlx.DB, prefix string) (*holds.Store, *observer.ObservedLogs, holds.User) {
+	t.Helper()
+	core, logs := observer.New(zapcore.WarnLevel)
+	st := holds.NewStore(db, settlePlans, "standard", zap.New(core))
+	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	t.Cleanup(func() { testenv.CheckLedger(t, db) })
+	u, err := st.CreateUser(ctx, prefix+testenv.RandomID(3), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, logs, u
+}
+
+// batchOnADemotedPool admits and settles a run with 8 of db's connections demoted (demote): the
+// admission's first try meets a read-only connection, its second a new one, since the first
+// refusal closed every idle one.
+func batchOnADemotedPool(ctx context.Context, t *testing.T, db *sqlx.DB, st *holds.Store, logs *observer.ObservedLogs, u holds.User) {
+	t.Helper()
+	demote(ctx, t, db, 8)
+	before := logs.FilterMessage("database unavailable, retrying").Len()
+	run := "r_ro_pool_" + testenv.RandomID(4)
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := st.Admit(actx, holds.AdmitRequest{RunID: run, UserID: u.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}); err != nil {
+		t.Fatalf("admission with the pool's connections read-only and a new one writable: %v; want it served on a new connection", err)
+	}
+	if n := logs.FilterMessage("database unavailable, retrying").Len() - before; n != 1 {
+		t.Errorf("admission tried again %d times; want once: the pool's other read-only connections closed at the first refusal", n)
+	}
+	if _, err := st.Settle(ctx, holds.Settlement{RunID: run, CostMicro: 2_000, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+	checkPoolWritable(ctx, t, db)
 }
 
 // demote makes n of db's connections read-only sessions and puts them back in its pool, idle:
