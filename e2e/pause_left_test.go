@@ -19,7 +19,9 @@ import (
 // call never made, which its caller's retry pays again. The peer's settlement stands (first
 // settlement wins), so the gateway, which alone knows the call was never made, gives the charge
 // back by a grant keyed by the run: the user's balance is what it was before the call, and the
-// books audit clean.
+// books audit clean. (Or, when the resumed gateway read the admission's reply before its
+// caller's close, the call was forwarded after all, charged what it used and given back the
+// rest.)
 func TestCallerWhoLeftDuringThePauseBeforeTheForwardIsRefunded(t *testing.T) {
 	w, g, _, key := newPausedWorld(t, "paused-left")
 	ctx := context.Background()
@@ -66,32 +68,50 @@ func TestCallerWhoLeftDuringThePauseBeforeTheForwardIsRefunded(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped = false
-	waitFor(t, 30*time.Second, "the resumed gateway to refuse the call its caller left (499)", func() bool {
-		b, _ := os.ReadFile(g.log)
-		for l := range bytes.SplitSeq(b, []byte("\n")) {
-			if bytes.Contains(l, []byte(runID)) && bytes.Contains(l, []byte("client_closed_request")) {
-				return true
-			}
-		}
-		return false
-	})
-	if n := w.held.calls.Load(); n != 0 {
-		t.Fatalf("the upstream got %d calls, want none: the caller had left", n)
-	}
+	// The refund comes either way: a resumed gateway reads its caller's close in the background
+	// (net/http's read of the connection), in a race with the admission's reply it reads too,
+	// and a gateway that reads the reply first forwards the call before it knows the caller
+	// left (a fresh-clone run of stop 66 drew that): the call is then charged what it used,
+	// as any call whose caller leaves during its forward, and given back the rest.
+	refunded := w.pauseRefund(t, runID, "what the call its caller left did not use")
 	if after := w.hold(runID); after.ChargedMicro != r.ChargedMicro || after.SettleSource != r.SettleSource || after.SettledAt != r.SettledAt {
 		t.Errorf("the peer's settlement changed after the resume: %s charged %d, was %s charged %d", after.SettleSource.String, after.ChargedMicro, r.SettleSource.String, r.ChargedMicro)
-	}
-	if refunded := w.pauseRefund(t, runID, "the charge of the call never made"); refunded != r.ChargedMicro {
-		t.Errorf("granted back %d µUSD, want the hold's charge %d", refunded, r.ChargedMicro)
 	}
 	after, err := w.store.Balance(ctx, w.u.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.AvailableMicro != before.AvailableMicro {
-		t.Errorf("available %d µUSD after the call its caller left before its forward, %d before it", after.AvailableMicro, before.AvailableMicro)
+	switch n := w.held.calls.Load(); n {
+	case 0:
+		if !logLineHas(g.log, runID, "client_closed_request") {
+			t.Errorf("the call its caller left was not forwarded, and not refused 499")
+		}
+		if refunded != r.ChargedMicro {
+			t.Errorf("granted back %d µUSD, want the hold's charge %d: the call was never forwarded", refunded, r.ChargedMicro)
+		}
+	case 1:
+		t.Logf("the resumed gateway forwarded the call before it read its caller's close")
+		if refunded <= 0 || refunded >= r.ChargedMicro {
+			t.Errorf("granted back %d µUSD of the hold's charge %d, want what the forwarded call did not use", refunded, r.ChargedMicro)
+		}
+	default:
+		t.Fatalf("the upstream got %d calls, want none or the one the caller left", n)
+	}
+	if want := before.AvailableMicro - (r.ChargedMicro - refunded); after.AvailableMicro != want {
+		t.Errorf("available %d µUSD after the call its caller left, want %d: %d before, less what it was charged and not given back", after.AvailableMicro, want, before.AvailableMicro)
 	}
 	w.books(t, r.ChargedMicro)
+}
+
+// logLineHas reports whether a line of the log at path holds both runID and what.
+func logLineHas(path, runID, what string) bool {
+	b, _ := os.ReadFile(path)
+	for l := range bytes.SplitSeq(b, []byte("\n")) {
+		if bytes.Contains(l, []byte(runID)) && bytes.Contains(l, []byte(what)) {
+			return true
+		}
+	}
+	return false
 }
 
 // pauseRefund waits for the grant that gives back what runID's hold was charged beyond what its
