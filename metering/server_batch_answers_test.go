@@ -46,14 +46,16 @@ func TestServerTaskAnswersArrayIsSummed(t *testing.T) {
 }
 
 // TestServerTaskAnswersSumIsAReportOfTwoFigures: the sum of an array's reports is applied as a
-// usage of its prompt_tokens and completion_tokens alone would be read (openAIUsage), without
-// writing one out and reading it back: the same report, the same zeros read as none.
+// usage of its prompt_tokens, their cached part and completion_tokens alone would be read
+// (openAIUsage), without writing one out and reading it back: the same report, the same zeros
+// read as none.
 func TestServerTaskAnswersSumIsAReportOfTwoFigures(t *testing.T) {
-	for _, sum := range [][2]int64{{300, 28}, {0, 5}, {7, 0}, {0, 0}, {pricing.MaxTokens, pricing.MaxTokens}} {
+	for _, sum := range [][3]int64{{300, 0, 28}, {300, 280, 28}, {0, 0, 5}, {7, 0, 0}, {7, 7, 0}, {0, 0, 0},
+		{pricing.MaxTokens, pricing.MaxTokens, pricing.MaxTokens}} {
 		direct := NewMeter(FormatCompletions)
-		direct.summedReport(sum[0], sum[1])
+		direct.summedReport(sum[0], sum[1], sum[2])
 		read := NewMeter(FormatCompletions)
-		reported := read.openAIUsage(gjson.Parse(fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d}`, sum[0], sum[1])))
+		reported := read.openAIUsage(gjson.Parse(fmt.Sprintf(`{"prompt_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d},"completion_tokens":%d}`, sum[0], sum[1], sum[2])))
 		if got, want := direct.Result(), read.Result(); got.Usage != want.Usage || got.Reported != want.Reported ||
 			got.PromptMissing != want.PromptMissing || direct.summedAnswers != reported {
 			t.Errorf("sum %v: applied %+v (reported %v, summed %v); read %+v (reported %v)", sum, got.Usage, got.Reported, direct.summedAnswers, want.Usage, reported)
@@ -86,6 +88,21 @@ func TestUnrelayedServerTaskAnswersAreSummedAsWhole(t *testing.T) {
 		"no answers":           `[1,"two",[3]]`,
 		"empty":                `[]`,
 		"choices twice":        `[{"choices":[{"text":"ab"}],"choices":[{"text":"no"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}]`,
+		// llama.cpp's timings.cache_n, the cached part of each answer's prompt (answerCached):
+		// read in the first timings alone, its first cache_n, a number alone, within the prompt.
+		"cache_n": "[" + answer("aaaa", `,"usage":{"completion_tokens":16,"prompt_tokens":90,"total_tokens":106},"timings":{"cache_n":80,"prompt_n":10,"predicted_n":16}`) + ",\n " +
+			answer("bbbbbbbb", `,"timings":{"prompt_n":10 ,"cache_n" : 2.0e2},"usage":{"prompt_tokens":210,"completion_tokens":12}`) + "]",
+		"cache_n first keys": "[" + answer("a", `,"usage":{"prompt_tokens":90,"completion_tokens":1},"timings":{"x":{"cache_n":5},"cache_n":30,"cache_n":70},"timings":{"cache_n":80}`) + "," +
+			answer("b", `,"usage":{"prompt_tokens":90,"completion_tokens":1},"timings":[{"cache_n":80}],"timings":{"cache_n":80}`) + "," +
+			answer("c", `,"usage":{"prompt_tokens":90,"completion_tokens":1},"timings":{"x":1},"timings":{"cache_n":80}`) + "]",
+		"cache_n not a count": "[" + answer("a", `,"usage":{"prompt_tokens":90,"completion_tokens":1},"timings":{"cache_n":"80"}`) + "," +
+			answer("b", `,"usage":{"prompt_tokens":90,"completion_tokens":1},"timings":{"cache_n":{"n":80}}`) + "," +
+			answer("c", `,"usage":{"prompt_tokens":90,"completion_tokens":1},"timings":{"cache_n":-80}`) + "," +
+			answer("d", `,"usage":{"prompt_tokens":90,"completion_tokens":1},"timings":{"cache_n":null}`) + "]",
+		"cache_n above the prompt": "[" + answer("a", `,"usage":{"prompt_tokens":90,"completion_tokens":1},"timings":{"cache_n":1e30}`) + "," +
+			answer("b", `,"usage":{"prompt_tokens":-5,"completion_tokens":1},"timings":{"cache_n":80}`) + "]",
+		"cache_n of an answer in the server's own shape": `[{"content":"ab","stop":true,"tokens_evaluated":50,"tokens_predicted":2,"timings":{"cache_n":40}},` +
+			answer("b", `,"usage":{"prompt_tokens":90,"completion_tokens":1},"timings":{"cache_n":80}`) + "]",
 	}
 	for name, body := range bodies {
 		if !gjson.Valid(string(TrimBody([]byte(body)))) {
@@ -111,7 +128,10 @@ func TestUnrelayedServerTaskAnswersAreSummedAsWhole(t *testing.T) {
 		}
 	}
 	// Not vacuous: read whole, the reports are summed where each answer has one.
-	for name, want := range map[string]pricing.Usage{"every report": {Input: 300, Output: 28}, "first keys": {Input: 19, Output: 2}} {
+	for name, want := range map[string]pricing.Usage{"every report": {Input: 300, Output: 28}, "first keys": {Input: 19, Output: 2},
+		"cache_n": {Input: 20, CacheRead: 280, Output: 28}, "cache_n first keys": {Input: 60 + 90 + 90, CacheRead: 30, Output: 3},
+		"cache_n not a count": {Input: 360, Output: 4}, "cache_n above the prompt": {CacheRead: 90, Output: 2},
+		"cache_n of an answer in the server's own shape": {Input: 50 + 10, CacheRead: 80, Output: 3}} {
 		m := NewMeter(FormatCompletions)
 		m.Body([]byte(bodies[name]))
 		if got := m.Result(); got.Usage != want || !got.Reported {
@@ -151,7 +171,11 @@ func TestUnrelayedServerTaskAnswersMatchTheWholeRead(t *testing.T) {
 		`"usage":{"prompt_tokens":12,"completion_tokens":3}`, `"usage":{"completion_tokens":7,"prompt_tokens":1.5e1,"total_tokens":9}`,
 		`"usage":{"prompt_tokens":"4","completion_tokens":2}`, `"usage":null`, `"usage":{"prompt_tokens":[1],"completion_tokens":{"a":1}}`,
 		`"usage":{"prompt_tokens":-4,"completion_tokens":2}`, `"timings":{"predicted_n":3}`, `"model":"m"`, `"x":[1,{"usage":{"prompt_tokens":99,"completion_tokens":99}}]`,
-		`"usage":{ "prompt_tokens" : 5 , "completion_tokens" : 6 }`, `"u\u0073age":{"prompt_tokens":8,"completion_tokens":8}`, `"usage":{"prompt_tokens":true,"completion_tokens":1}`}
+		`"usage":{ "prompt_tokens" : 5 , "completion_tokens" : 6 }`, `"u\u0073age":{"prompt_tokens":8,"completion_tokens":8}`, `"usage":{"prompt_tokens":true,"completion_tokens":1}`,
+		// llama.cpp's cache_n, the cached part of the prompt (answerCached).
+		`"timings":{"cache_n":10,"predicted_n":3}`, `"timings":{ "cache_n" : 1e2 }`, `"timings":{"cache_n":"4"}`, `"timings":{"cache_n":-3}`,
+		`"timings":[{"cache_n":5}]`, `"timings":{"x":{"cache_n":9},"cache_n":[1]}`, `"t\u0069mings":{"cache_n":6}`, `"timings":{"c\u0061che_n":7}`,
+		`"stop":true`, `"tokens_evaluated":20`, `"tokens_predicted":2`}
 	elems := []string{`7`, `"s"`, `null`, `[{"usage":{"prompt_tokens":1,"completion_tokens":1}}]`, `{}`}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 5000 {

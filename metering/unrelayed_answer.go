@@ -105,13 +105,17 @@ type UnrelayedAnswer struct {
 }
 
 // answerReport is what the usage of one whole answer of an array counts, or the sum of such
-// usages: its prompt_tokens and its completion_tokens, and of each whether it was a number.
+// usages: its prompt_tokens and its completion_tokens, and of each whether it was a number;
+// its timings.cache_n when a number (cacheN), and in a sum the cached part of the prompts
+// (cached, Meter.answerCached).
 // For an answer in llama.cpp's server's own shape (Meter.serverAnswer), of the array or the
 // answer itself: whether it had choices, a usage, and a boolean stop, its tokens_evaluated and
 // tokens_predicted (own), and the bytes of its content (ownText), text only when it is one.
 type answerReport struct {
 	prompt, completion         int64
 	promptSeen, completionSeen bool
+	cacheN                     reportedFigure
+	cached                     int64
 	choices, usage, stop       bool
 	own                        [2]reportedFigure
 	ownText                    int64
@@ -136,6 +140,7 @@ const (
 	figureOwnPrompt
 	figureOwnCompletion
 	figureStop
+	figureCacheN // its timings.cache_n, llama.cpp's server's cached part of the prompt
 )
 
 // NewUnrelayedAnswer returns an UnrelayedAnswer for m's answers, or nil when it reads none of
@@ -210,7 +215,7 @@ func (b *UnrelayedAnswer) Answers() bool { return b != nil && b.answers }
 func (m *Meter) AddAnswers(b *UnrelayedAnswer) {
 	m.AddUnreported(b)
 	if b.Answers() && b.answered > 0 && !b.unreported && !b.Open() {
-		m.summedReport(b.summed.prompt, b.summed.completion)
+		m.summedReport(b.summed.prompt, b.summed.cached, b.summed.completion)
 	}
 }
 
@@ -382,6 +387,8 @@ const (
 	firstStop                          // an answer's stop, in llama.cpp's server's own shape
 	firstOwnPrompt                     // its tokens_evaluated
 	firstOwnOutput                     // its tokens_predicted
+	firstTimings                       // an array's answer's timings
+	firstCacheN                        // their cache_n
 )
 
 // Where a value stands on the path to the audio data.
@@ -427,6 +434,9 @@ const (
 	roleUsage
 	roleFigurePrompt
 	roleFigureCompletion
+	// Each answer's timings, and their cache_n (Meter.answerCached).
+	roleTimings
+	roleFigureCacheN
 	// A completions answer in llama.cpp's server's own shape (Meter.serverAnswer): its content,
 	// text counted apart until the answer is known to be one (answerReport.ownText), its stop,
 	// tokens_evaluated and tokens_predicted.
@@ -533,7 +543,7 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			role = roleThinkList
 		case role == roleText || role == roleData || role == roleRaw || role == roleBlockType || role == roleBlockText ||
 			role == roleChunkThink || role == roleContent || role == roleReasoningContent || role == roleReasoning ||
-			role == roleFigurePrompt || role == roleFigureCompletion || role == roleOwnText || role == roleStop ||
+			role == roleFigurePrompt || role == roleFigureCompletion || role == roleFigureCacheN || role == roleOwnText || role == roleStop ||
 			role == roleOwnPrompt || role == roleOwnCompletion:
 			role = roleNone // text that is no string: none counts (strLen); raw JSON counts whole
 		}
@@ -627,6 +637,8 @@ func literalFigure(role uint8) uint8 {
 		return figureOwnPrompt
 	case roleOwnCompletion:
 		return figureOwnCompletion
+	case roleFigureCacheN:
+		return figureCacheN
 	case roleStop:
 		return figureStop
 	}
@@ -662,6 +674,8 @@ func (b *UnrelayedAnswer) figureEnds() {
 		b.element.prompt, b.element.promptSeen = v.Int(), true
 	case figureCompletion:
 		b.element.completion, b.element.completionSeen = v.Int(), true
+	case figureCacheN:
+		b.element.cacheN = reportedFigure{n: v.Int(), seen: true}
 	}
 }
 
@@ -681,6 +695,9 @@ func (b *UnrelayedAnswer) answerEnds() {
 		return
 	}
 	b.summed.prompt = min(pricing.MaxTokens, b.summed.prompt+max(0, e.prompt))
+	if e.cacheN.seen && !e.serverOwn() { // as taskAnswers reads it (answerCached)
+		b.summed.cached = min(pricing.MaxTokens, b.summed.cached+max(0, min(e.cacheN.n, e.prompt)))
+	}
 	b.summed.completion = min(pricing.MaxTokens, b.summed.completion+max(0, e.completion))
 }
 
@@ -802,6 +819,12 @@ func (b *UnrelayedAnswer) keyEnds() {
 			b.pending = roleChoices
 		case b.answers && key == "usage":
 			first(firstUsage, roleUsage)
+		case b.answers && key == "timings":
+			first(firstTimings, roleTimings) // a.Get("timings").Get("cache_n"), as taskAnswers reads it
+		}
+	case roleTimings:
+		if key == "cache_n" {
+			first(firstCacheN, roleFigureCacheN)
 		}
 	case roleUsage:
 		switch key {

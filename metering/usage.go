@@ -168,7 +168,8 @@ type Meter struct {
 }
 
 // taskPrompt is what a llama.cpp server task's report counted of its prompt: its tokens, and
-// of them those its prompt cache held (prompt_tokens_details.cached_tokens).
+// of them those its prompt cache held (prompt_tokens_details.cached_tokens, or its timings'
+// cache_n: taskUsage).
 type taskPrompt struct {
 	tokens, cached int64
 	reported       bool
@@ -353,9 +354,11 @@ func (m *Meter) Body(body []byte) {
 // results (multitask)"). Read as no answer, the call was charged its prompts' estimate and
 // none of its output. Every element's choices count, as one answer's, and their usages are
 // summed into the report, when each carries one; the sum is the gateway's reading, and the
-// row says so (summedAnswers). Without a report from each, the text is estimated.
+// row says so (summedAnswers). Without a report from each, the text is estimated. Of each
+// element's prompt, the part its timings.cache_n counts (answerCached) is read from the cache,
+// as a single answer's is (taskUsage).
 func (m *Meter) taskAnswers(s string) {
-	var prompt, completion int64
+	var prompt, cached, completion int64
 	answers, reported, objects := 0, true, choiceObjects{secondAt: -1}
 	gjson.Parse(s).ForEach(func(_, a gjson.Result) bool {
 		if !a.IsObject() {
@@ -366,34 +369,52 @@ func (m *Meter) taskAnswers(s string) {
 		m.openAIChoices(a.Get("choices"), "message", &objects)
 		u := a.Get("usage")
 		p, c := u.Get("prompt_tokens"), u.Get("completion_tokens")
+		cacheN := a.Get("timings").Get("cache_n") // the first timings, as an UnrelayedAnswer reads it
 		if f := (serverFields{stop: a.Get("stop")}); !a.Get("choices").Exists() && !u.Exists() && f.own() {
 			// An answer in the server's own shape, its builds' before PR 10974 (serverAnswer):
 			// its text is its content, its report its tokens_evaluated and tokens_predicted.
+			// Those builds' timings had no cache_n (and its tokens_cached is no cache read).
 			m.res.OutputChars += strLen(a.Get("content"))
-			p, c = a.Get("tokens_evaluated"), a.Get("tokens_predicted")
+			p, c, cacheN = a.Get("tokens_evaluated"), a.Get("tokens_predicted"), gjson.Result{}
 		}
 		if p.Type != gjson.Number || c.Type != gjson.Number {
 			reported = false
 			return true
 		}
 		prompt = min(pricing.MaxTokens, prompt+max(0, p.Int()))
+		cached = min(pricing.MaxTokens, cached+answerCached(cacheN, p.Int()))
 		completion = min(pricing.MaxTokens, completion+max(0, c.Int()))
 		return true
 	})
 	if answers == 0 || !reported {
 		return
 	}
-	m.summedReport(prompt, completion)
+	m.summedReport(prompt, cached, completion)
+}
+
+// answerCached is the part of the prompt of an answer of an array (taskAnswers), prompt its
+// prompt_tokens, that its timings.cache_n, cacheN, counts read from llama.cpp's server's KV
+// cache: the builds that answered a batch so (PR 15827 of September 2025 up to PR 17775 of
+// December 2025) report it there alone, as their single answers do (taskUsage). A number
+// alone counts, in [0, prompt], as the array's other figures are read.
+func answerCached(cacheN gjson.Result, prompt int64) int64 {
+	if cacheN.Type != gjson.Number {
+		return 0
+	}
+	return max(0, min(cacheN.Int(), prompt))
 }
 
 // summedReport takes the sum of the reports of the whole answers of a completions answer given
-// as a JSON array of them (taskAnswers), their prompt_tokens and completion_tokens each in
-// [0, pricing.MaxTokens], as its report: a usage of those two figures alone, applied as
-// openAIUsage applies one read (a sum of zeros is no report).
-func (m *Meter) summedReport(prompt, completion int64) {
+// as a JSON array of them (taskAnswers), their prompt_tokens, the cached part of those
+// (answerCached) and completion_tokens each in [0, pricing.MaxTokens], as its report: a usage
+// of those figures alone, applied as openAIUsage applies one read (a sum of zeros is no report).
+func (m *Meter) summedReport(prompt, cached, completion int64) {
 	var fresh [figureCount]reportedFigure
 	fresh[figPrompt] = reportedFigure{n: prompt, seen: true}
 	fresh[figCompletion] = reportedFigure{n: completion, seen: true}
+	if cached > 0 {
+		fresh[figCached] = reportedFigure{n: min(cached, prompt), seen: true}
+	}
 	m.summedAnswers = m.applyUsage(fresh)
 }
 
@@ -525,7 +546,7 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 			keepName(&m.res.Model, v, false)
 		case "x_groq": // Groq reports usage here even when include_usage was not asked for
 			groq = v
-		case "timings": // llama.cpp's server: its task's own (taskReport)
+		case "timings": // llama.cpp's server: its task's own (taskReport), its cached prompt (taskUsage)
 			timings = v
 		case "error":
 			if isError(v) {
@@ -551,7 +572,7 @@ func (m *Meter) openAIObject(s, choiceKey string) {
 	if sole >= 0 && choices.Get("0.finish_reason").String() != "" {
 		m.finishing = sole
 	}
-	if m.openAIUsage(usage) || m.openAIUsage(groq.Get("usage")) {
+	if m.taskUsage(usage, timings) || m.openAIUsage(groq.Get("usage")) {
 		m.lastTaskPrompt = -1 // unless it is a task's own (batchTaskReport)
 		if choiceKey == "message" {
 			m.bodyTask = usage.IsObject() && m.taskReport(timings)
@@ -886,10 +907,47 @@ type reportedFigure struct {
 // adding: some providers (xAI) repeat a cumulative total on every chunk. The Responses API
 // names the same counts input_tokens/output_tokens.
 func (m *Meter) openAIUsage(u gjson.Result) bool {
-	if !u.IsObject() {
+	return m.taskUsage(u, gjson.Result{})
+}
+
+// taskUsage is openAIUsage of a usage u beside timings, llama.cpp's server's figures of the
+// task the usage counts (an answer's or a chunk's "timings"; none when not an object): its
+// builds from PR 15827 (September 2025) to PR 19361 (February 2026) report the prompt tokens
+// they reused from their KV cache there alone, as timings.cache_n, and their usage has no
+// cached_tokens. cache_n is then the cached part of the report's prompt_tokens, which counts
+// the whole prompt (slot.n_prompt_tokens_cache, the prompt's prefix the cache held, one token
+// short of it at most); read as none, those tokens were billed at the full input price where
+// the model has a cache-read price. The later builds give the same count as
+// prompt_tokens_details.cached_tokens too: a cached figure in the usage wins. cache_n is read
+// only beside a prompt_tokens, and never above it.
+func (m *Meter) taskUsage(u, timings gjson.Result) bool {
+	fresh, ok := usageFigures(u)
+	if !ok {
 		return false
 	}
-	var fresh [figureCount]reportedFigure
+	if n, ok := serverCached(timings, fresh); ok {
+		fresh[figCached] = reportedFigure{n: n, seen: true}
+	}
+	return m.applyUsage(fresh)
+}
+
+// serverCached is the cached part of a report's prompt, fresh, that llama.cpp's timings beside
+// it give (taskUsage): its cache_n, at most the prompt, when the report gives a prompt and no
+// cached figure of its own.
+func serverCached(timings gjson.Result, fresh [figureCount]reportedFigure) (int64, bool) {
+	if !timings.IsObject() || fresh[figCached].seen || !fresh[figPrompt].seen {
+		return 0, false
+	}
+	n, ok := tokenCount(timings.Get("cache_n"))
+	return min(n, fresh[figPrompt].n), ok
+}
+
+// usageFigures reads the figures of u, a usage report, and whether it is one (an empty object
+// is none).
+func usageFigures(u gjson.Result) (fresh [figureCount]reportedFigure, ok bool) {
+	if !u.IsObject() {
+		return fresh, false
+	}
 	set := func(fig int, paths ...string) {
 		fresh[fig].n, fresh[fig].seen = first(u, paths...)
 	}
@@ -897,7 +955,7 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 	set(figCompletion, "completion_tokens", "output_tokens")
 	set(figTotal, "total_tokens")
 	if !fresh[figPrompt].seen && !fresh[figCompletion].seen && !fresh[figTotal].seen {
-		return false // not a usage report (e.g. an empty object), keep the last real one
+		return fresh, false // not a usage report (e.g. an empty object), keep the last real one
 	}
 	set(figCached, "prompt_tokens_details.cached_tokens", "input_tokens_details.cached_tokens",
 		"prompt_cache_hit_tokens", "cached_tokens")
@@ -912,7 +970,7 @@ func (m *Meter) openAIUsage(u gjson.Result) bool {
 		"input_tokens_details.cache_creation_token_details.ephemeral_1h_input_tokens")
 	set(figAudio, "prompt_tokens_details.audio_tokens", "input_tokens_details.audio_tokens")
 	set(figAudioOut, "completion_tokens_details.audio_tokens", "output_tokens_details.audio_tokens")
-	return m.applyUsage(fresh)
+	return fresh, true
 }
 
 // applyUsage replaces the usage with a report whose figures are fresh (openAIUsage), and reports
