@@ -53,7 +53,9 @@ type Run struct {
 	// minutes off the database's.
 	ReadAt time.Time `db:"read_at" json:"-"`
 	// AdmitToken is the token of the admission that inserted the hold (AdmitRequest.Token),
-	// read by the reconciler's scan alone (the other reads leave it empty).
+	// read by the reconciler's scan and by Run (the other reads leave it empty): a release by
+	// token that found the hold settled tells its own hold's charge by it (the gateway's
+	// refund of a hold charged while its process was stopped).
 	AdmitToken sql.NullString `db:"admit_token" json:"-"`
 }
 
@@ -66,7 +68,7 @@ const runColumns = `run_id, user_id, client_run_id, state, held_micro, cap_micro
 // does not exist, so run ids cannot be probed.
 func (s *Store) Run(ctx context.Context, userID uint64, runID string) (Run, error) {
 	var r Run
-	err := s.db.GetContext(ctx, &r, "SELECT "+runColumns+", NOW(6) AS read_at FROM run_holds WHERE run_id = ? AND user_id = ?", runID, userID)
+	err := s.db.GetContext(ctx, &r, "SELECT "+runColumns+", admit_token, NOW(6) AS read_at FROM run_holds WHERE run_id = ? AND user_id = ?", runID, userID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Run{}, ErrRunNotFound
 	}

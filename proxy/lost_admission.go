@@ -77,6 +77,9 @@ func (s *Server) releaseRefused(ctx context.Context, ar holds.AdmitRequest, log 
 		default:
 			s.metrics.Settlements.WithLabelValues(holds.SourceAdmitLost, strconv.FormatBool(res.Applied)).Inc()
 			log.Info("lost admission released", zap.Bool("applied", res.Applied))
+			if !res.Applied {
+				s.refundUnforwardedHold(ctx, ar, log)
+			}
 		}
 	}
 	// In the request (no slot free), one try: the caller's 503 waits for it, and must not wait
@@ -308,7 +311,27 @@ func (s *Server) releaseUnfit(ctx context.Context, ar holds.AdmitRequest, log *z
 		return false
 	}
 	s.metrics.Settlements.WithLabelValues(holds.SourceRelease, strconv.FormatBool(res.Applied)).Inc()
+	if !res.Applied {
+		s.refundUnforwardedHold(ctx, ar, log.Named(holds.MoneyLog))
+	}
 	return true
+}
+
+// refundUnforwardedHold gives back what a peer's reconciler charged the hold ar took
+// (reconcile_hold), found settled by its release at 0 (releaseUnfit, releaseRefused): its
+// process was stopped (SIGSTOP, a VM's live migration) between the hold's COMMIT and its
+// refusal's mark (markRefused) for longer than the hold lives, or than
+// holds.dead_instance_after, and the hold, unleased, untallied and unmarked, was taken for a
+// killed process's. Nothing was forwarded on it: only the request that inserted a plain call's
+// hold (its token) forwards on it, and that request refused it. The whole charge is given back
+// as a call never forwarded's is (refundPausedCharge), by the grant keyed by the run: once
+// however often sent. ctx has no cancellation; log is the money log.
+func (s *Server) refundUnforwardedHold(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
+	if ar.ClientRunID != "" || ar.Token == "" {
+		return // a named run's hold is its calls', never released here; no token, no hold of ours to tell
+	}
+	s.refundPausedHold(ctx, ar.UserID, ar.RunID, ar.Token, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Source: holds.SourceRelease}, log,
+		"hold of a refused admission found settled by another process, and not read again; if it was charged its hold (reconcile_hold), refund it by grant: nothing was forwarded on it")
 }
 
 // markLost leaves the reconciler what releaseLostAdmission leaves it before its release: a
@@ -334,6 +357,7 @@ func (s *Server) markRefused(ctx context.Context, ar holds.AdmitRequest, log *za
 	if ar.Token == "" {
 		return
 	}
+	s.beforeStep(ctx, stepRefusedMark)
 	rctx, cancel := redisStep(ctx)
 	defer cancel()
 	if err := s.tally.MarkRefused(rctx, ar.RunID, ar.Token); err != nil {

@@ -64,3 +64,47 @@ func TestPauseRefundIsPaidOncePerRun(t *testing.T) {
 		})
 	}
 }
+
+// TestPauseRefundOfAReleaseIsOfItsOwnHoldOnly: a refused admission's release that found its run
+// charged its hold (reconcile_hold) gives the charge back only when the hold carries that
+// admission's token (refundUnforwardedHold): a hold another request inserted on the run (an
+// Idempotency-Key attempt's run is its key's) may have been forwarded. Mutant: the token not
+// compared (the other request's hold refunded whole).
+func TestPauseRefundOfAReleaseIsOfItsOwnHoldOnly(t *testing.T) {
+	db := testenv.MySQL(t)
+	plans := map[string]holds.Plan{"standard": {AllowanceMicro: 1_000_000, HoldNormalMicro: 20_000, HoldHeavyMicro: 20_000,
+		HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostMicro: 500_000}}
+	st := holds.NewStore(db, plans, "standard", zap.NewNop())
+	s := &Server{store: st, cfg: config.Default()}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	u, err := st.CreateUser(ctx, "pause-refund-token-"+testenv.RandomID(4), "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ar := holds.AdmitRequest{RunID: "r_" + testenv.RandomID(16), UserID: u.ID, Model: "fake-gpt", State: holds.StateRunning,
+		TTL: time.Minute, Token: "theirs"}
+	if _, err := st.Admit(ctx, ar); err != nil {
+		t.Fatal(err)
+	}
+	res, err := st.Settle(ctx, holds.Settlement{RunID: ar.RunID, UserID: u.ID, Source: holds.SourceReconcileHold, ChargeHeld: true})
+	if err != nil || !res.Applied {
+		t.Fatalf("settle as the reconciler would: %+v %v", res, err)
+	}
+	granted := func() (n int, sum int64) {
+		if err := db.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ?", u.ID).Scan(&n, &sum); err != nil {
+			t.Fatal(err)
+		}
+		return n, sum
+	}
+	mine := ar
+	mine.Token = "mine"
+	s.refundUnforwardedHold(ctx, mine, zap.NewNop())
+	if n, sum := granted(); n != 0 {
+		t.Fatalf("%d grants of %d µUSD for a hold another admission inserted; want none", n, sum)
+	}
+	s.refundUnforwardedHold(ctx, ar, zap.NewNop())
+	if n, sum := granted(); n != 1 || sum != res.ChargedMicro {
+		t.Errorf("%d grants of %d µUSD for the refused admission's own hold; want one of %d", n, sum, res.ChargedMicro)
+	}
+}

@@ -556,6 +556,10 @@ const (
 	// stepRefund precedes the refund of what a call did not use of the hold another process
 	// charged (refundPausedCharge), under its settlement's context.
 	stepRefund = "refund"
+	// stepRefusedMark precedes the mark that an admission was refused (markRefused), the
+	// release at 0 of its hold to follow: a process stopped there past its hold's life leaves
+	// it to a peer's reconciler, unleased, untallied and unmarked.
+	stepRefusedMark = "refused mark"
 )
 
 // beforeStep tells the step observer, if any (tests), that step starts under ctx.

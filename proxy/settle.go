@@ -281,21 +281,31 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool 
 // after a database stall had spent most of it, the refund was lost, an error line its only trace.
 func (s *Server) refundPausedCharge(ctx context.Context, c *call, st holds.Settlement) {
 	s.beforeStep(ctx, stepRefund)
+	s.refundPausedHold(ctx, c.user.ID, c.runID, "", st, c.log.Named(holds.MoneyLog),
+		"hold of a call found settled by another process, and not read again; if it was charged its hold, refund by grant what the call did not use")
+}
+
+// refundPausedHold is refundPausedCharge's work on userID's run runID, whose hold a settlement
+// st of this process found settled: the grant of what a peer's reconcile_hold charged beyond
+// what st would have charged. token, when set, is the admission's whose hold st settles (a
+// release by token): a hold another admission inserted on the run is not this process's to
+// refund. log is the money log; unread its line of a run that could not be read.
+func (s *Server) refundPausedHold(ctx context.Context, userID uint64, runID, token string, st holds.Settlement, log *zap.Logger, unread string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Limits.SettleTimeout)
 	defer cancel()
-	run, err := s.store.Run(ctx, c.user.ID, c.runID)
+	run, err := s.store.Run(ctx, userID, runID)
 	if err != nil {
-		c.log.Named(holds.MoneyLog).Error("hold of a call found settled by another process, and not read again; if it was charged its hold, refund by grant what the call did not use",
-			append(callFigures(st), zap.Error(err))...)
+		log.Error(unread, append(callFigures(st), zap.Error(err))...)
 		return
 	}
-	if run.State != holds.StateSettled || run.SettleSource.String != holds.SourceReconcileHold || run.ChargedMicro <= 0 {
+	if run.State != holds.StateSettled || run.SettleSource.String != holds.SourceReconcileHold || run.ChargedMicro <= 0 ||
+		(token != "" && run.AdmitToken.String != token) {
 		return
 	}
 	refund, uncharged := pauseRefund(run, st)
 	if refund == 0 {
 		if uncharged > 0 {
-			c.log.Named(holds.MoneyLog).Warn("hold charged (reconcile_hold) by another process before this call settled; the call used more than that charge, which stands",
+			log.Warn("hold charged (reconcile_hold) by another process before this call settled; the call used more than that charge, which stands",
 				zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("uncharged_micro", uncharged), zap.String("source", st.Source))
 		}
 		return
@@ -304,14 +314,14 @@ func (s *Server) refundPausedCharge(ctx context.Context, c *call, st holds.Settl
 	if st.Source == holds.SourceRelease || st.Source == holds.SourceDuplicate {
 		reason = unforwardedRefundReason
 	}
-	g, created, err := s.store.Grant(ctx, holds.GrantRequest{UserID: c.user.ID, AmountMicro: refund,
-		IdempotencyKey: pauseRefundKey(c.runID), Reason: reason})
+	g, created, err := s.store.Grant(ctx, holds.GrantRequest{UserID: userID, AmountMicro: refund,
+		IdempotencyKey: pauseRefundKey(runID), Reason: reason})
 	if err != nil {
-		c.log.Named(holds.MoneyLog).Error("hold charged (reconcile_hold) by another process before this call settled; the refund of what the call did not use failed: refund by grant",
-			zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("refund_micro", refund), zap.String("grant_key", pauseRefundKey(c.runID)), zap.Error(err))
+		log.Error("hold charged (reconcile_hold) by another process before this call settled; the refund of what the call did not use failed: refund by grant",
+			zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("refund_micro", refund), zap.String("grant_key", pauseRefundKey(runID)), zap.Error(err))
 		return
 	}
-	c.log.Named(holds.MoneyLog).Warn("hold charged (reconcile_hold) by another process before this call settled; what the call did not use given back by grant",
+	log.Warn("hold charged (reconcile_hold) by another process before this call settled; what the call did not use given back by grant",
 		zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("refund_micro", refund), zap.String("source", st.Source),
 		zap.Uint64("grant_id", g.ID), zap.Bool("created", created))
 }

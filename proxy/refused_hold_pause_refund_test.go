@@ -1,0 +1,135 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"sync/atomic"
+	"testing"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// TestSmallHoldChargedDuringAPauseBeforeItsReleaseIsRefunded: a long prompt's hold, granted
+// while its user's answered call settled and too small for it, is released at 0 before the
+// call waits for that settlement (releaseUnfit). Between the hold's COMMIT and its refusal's mark
+// the hold is running with no lease, no tally and no mark: a process stopped there (SIGSTOP, a
+// VM's live migration) past hold_ttl or holds.dead_instance_after has it charged what it held by
+// a peer's reconciler (reconcile_hold), and its release, once resumed, finds it settled and
+// changes nothing. Nothing was forwarded on that hold: the caller paid it for nothing, beside
+// the call it was then admitted again for. Its charge is given back as that of a call never
+// forwarded is (refundPausedCharge): a grant keyed by its run, pause-refund:{run_id}.
+//
+// The pause is stood in for by holding the release at the refusal's mark, the hold settled
+// under it as the reconciler settles it.
+func TestSmallHoldChargedDuringAPauseBeforeItsReleaseIsRefunded(t *testing.T) {
+	h := newHarness(t, aLittleOverTheTier)
+	u, key := h.user("standard")
+	answered := make(chan struct{})
+	var small atomic.Value
+	firstSettlementHeld(h, answered, func(_ context.Context, step string) {
+		if step != "refused mark" || small.Load() != nil {
+			return
+		}
+		var runID string
+		if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running' ORDER BY created_at DESC LIMIT 1", u.ID); err != nil {
+			t.Errorf("the small hold: %v", err)
+			return
+		}
+		res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: runID, UserID: u.ID, Source: holds.SourceReconcileHold,
+			ChargeHeld: true, Estimated: true})
+		if err != nil || !res.Applied || res.ChargedMicro <= 0 {
+			t.Errorf("settle the small hold as the reconciler would: %+v %v", res, err)
+			return
+		}
+		small.Store(runID)
+	})
+	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
+		t.Fatalf("first call: %d %s", a.status, a.body)
+	}
+	long := send(h.gw.URL, key, longPromptBody(3000), nil)
+	close(answered)
+	h.settled()
+	runID, _ := small.Load().(string)
+	if runID == "" {
+		t.Fatalf("the long prompt's small hold was never released (%d %s): the test's premise", long.status, long.body)
+	}
+	r := h.run(u.ID, runID)
+	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+		t.Fatalf("the small hold %s: %s by %q charged %d, want the reconciler's charge to stand", runID, r.State, r.SettleSource.String, r.ChargedMicro)
+	}
+	wantPauseRefund(t, h, u.ID, runID, r.ChargedMicro)
+}
+
+// TestLostAdmissionChargedDuringAPauseBeforeItsMarkIsRefunded: a call whose admission committed
+// with its reply lost is refused 503 and its hold released at 0 (releaseLostAdmission), after
+// the mark of its refusal that the reconciler reads should the release never land. A process
+// stopped before that mark past the hold's life has the hold, unleased, untallied and unmarked,
+// charged what it held by a peer's reconciler (reconcile_hold): the release, once resumed,
+// finds it settled and changes nothing, and the caller told 503 "not made, retry" paid its hold
+// for nothing and its retry again. The charge is given back by the grant keyed by the run, for
+// a plain call and an Idempotency-Key attempt alike (whose run is its key's: only the hold
+// carrying the refused admission's token is refunded).
+//
+// The pause is stood in for by holding the call at its refusal's mark, the database back and
+// the hold settled under it as the reconciler settles it.
+func TestLostAdmissionChargedDuringAPauseBeforeItsMarkIsRefunded(t *testing.T) {
+	for name, hdr := range map[string]map[string]string{
+		"plain":           nil,
+		"idempotency-key": {proxy.IdempotencyKeyHeader: "paused-lost-" + testenv.RandomID(4)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h, lossy, _ := newObservedLossyHarness(t, nil)
+			defer lossy.Restore()
+			u, key := h.user("standard")
+			var charged atomic.Value
+			h.srv.ObserveSteps(func(_ context.Context, step string) {
+				if step != "refused mark" || charged.Load() != nil {
+					return
+				}
+				lossy.Restore()
+				var runID string
+				if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running'", u.ID); err != nil {
+					t.Errorf("the refused call's hold: %v", err)
+					return
+				}
+				res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: runID, UserID: u.ID, Source: holds.SourceReconcileHold,
+					ChargeHeld: true, Estimated: true})
+				if err != nil || !res.Applied || res.ChargedMicro <= 0 {
+					t.Errorf("settle the refused call's hold as the reconciler would: %+v %v", res, err)
+					return
+				}
+				charged.Store(runID)
+			})
+			postRefusedWithCommitLost(t, h, lossy, key, hdr)
+			h.settled()
+			runID, _ := charged.Load().(string)
+			if runID == "" {
+				t.Fatal("the refused call's hold was never charged at its mark: the test's premise")
+			}
+			r := h.run(u.ID, runID)
+			if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+				t.Fatalf("the refused call's hold %s: %s by %q charged %d, want the reconciler's charge to stand", runID, r.State, r.SettleSource.String, r.ChargedMicro)
+			}
+			wantPauseRefund(t, h, u.ID, runID, r.ChargedMicro)
+		})
+	}
+}
+
+// wantPauseRefund fails t unless userID's one grant gives back charged µUSD by runID's pause
+// refund key.
+func wantPauseRefund(t *testing.T, h *harness, userID uint64, runID string, charged int64) {
+	t.Helper()
+	var grants []struct {
+		Key    string `db:"idempotency_key"`
+		Amount int64  `db:"amount_micro"`
+	}
+	if err := h.db.Select(&grants, "SELECT idempotency_key, amount_micro FROM grants WHERE user_id = ?", userID); err != nil {
+		t.Fatal(err)
+	}
+	if len(grants) != 1 || grants[0].Key != "pause-refund:"+runID || grants[0].Amount != charged {
+		t.Errorf("grants %+v; want one of %d µUSD keyed pause-refund:%s: a hold charged while its process was stopped, never forwarded on",
+			grants, charged, runID)
+	}
+}
