@@ -558,15 +558,7 @@ func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) 
 	if c.paidUnderPause {
 		return true // found at the grant; the check before forwarding need not read it again
 	}
-	// The soonest another process may settle the hold: at its expiry (a named run's is pushed
-	// out by run_ttl at each admission, and no dead process's sweep brings it in), or once this
-	// process is declared dead: its last beat dead_instance_after old, and that beat may be up to
-	// its gap older than the hold (holds.BeatGap; 65 s under the defaults, not 90).
-	soonest := min(s.cfg.Holds.HoldTTL, s.cfg.Holds.DeadInstanceBound()-holds.BeatGap(s.cfg.Holds.HeartbeatInterval))
-	if c.inRun {
-		soonest = s.cfg.Holds.RunTTL
-	}
-	if time.Since(in.arrived) < soonest {
+	if time.Since(in.arrived) < s.soonestChargedByPeer(c.inRun) {
 		return false
 	}
 	sctx, cancel := s.storeContext(ctx)

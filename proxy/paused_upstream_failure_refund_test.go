@@ -28,18 +28,26 @@ import (
 // settlement's time spent: the settlement that found the hold settled took all its
 // settle_timeout (a database stall), and the refund has a deadline of its own: on the
 // settlement's, it was lost, an error line its only trace.
+//
+// settlement failed: the call's own settlement gave up (the database out of reach, resumed,
+// for all its settle_timeout) and left the run to the reconciler, which never reads a settled
+// run again: the tally the call wrote lies unread, and the refund was never tried. A call that
+// may have been paused past its hold tries it after a failed settlement too, with a deadline
+// of its own.
 func TestPausedCallWhoseUpstreamFailedIsRefunded(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		spent bool // the settlement's deadline passes before the refund starts
-	}{{"refunded", false}, {"settlement's time spent", true}} {
-		t.Run(tc.name, func(t *testing.T) { pausedCallWhoseUpstreamFailed(t, tc.spent) })
+		name string
+		// spent: the settlement's deadline passes before the refund starts; settleFails: the
+		// settlement fails, its deadline passed before it is sent.
+		spent, settleFails bool
+	}{{"refunded", false, false}, {"settlement's time spent", true, false}, {"settlement failed", false, true}} {
+		t.Run(tc.name, func(t *testing.T) { pausedCallWhoseUpstreamFailed(t, tc.spent, tc.settleFails) })
 	}
 }
 
 // pausedCallWhoseUpstreamFailed is TestPausedCallWhoseUpstreamFailedIsRefunded's case; spent
-// holds the refund until its settlement's deadline has passed.
-func pausedCallWhoseUpstreamFailed(t *testing.T, spent bool) {
+// holds the refund until its settlement's deadline has passed, settleFails the settlement.
+func pausedCallWhoseUpstreamFailed(t *testing.T, spent, settleFails bool) {
 	const holdTTL = 2 * time.Second
 	h := newHarness(t, func(c *config.Config) {
 		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
@@ -61,7 +69,7 @@ func pausedCallWhoseUpstreamFailed(t *testing.T, spent bool) {
 		case step == "attempt admitted" && first.CompareAndSwap(false, true):
 			close(reached)
 			<-let
-		case step == "refund" && spent:
+		case step == "refund" && spent, step == "settle" && settleFails:
 			<-sctx.Done()
 		}
 	})

@@ -240,6 +240,12 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool 
 	if err != nil {
 		s.metrics.SettleFailures.Inc()
 		c.log.Error("settlement failed; the reconciler will settle this run", zap.Error(err))
+		if !c.inRun && s.mayBeChargedUnderAPause(c) {
+			// The reconciler settles only a run still open: one another process charged its
+			// hold while this one was stopped is never read again, and its call's tally lies
+			// unread. Its refund is tried now, with a deadline of its own.
+			s.refundAfterFailedSettlement(ctx, c, st)
+		}
 		return false
 	}
 	s.metrics.SettleSeconds.Observe(time.Since(c.ended).Seconds())
@@ -324,6 +330,40 @@ func (s *Server) refundPausedHold(ctx context.Context, userID uint64, runID, tok
 	log.Warn("hold charged (reconcile_hold) by another process before this call settled; what the call did not use given back by grant",
 		zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("refund_micro", refund), zap.String("source", st.Source),
 		zap.Uint64("grant_id", g.ID), zap.Bool("created", created))
+}
+
+// refundAfterFailedSettlement is refundPausedCharge for a call whose own settlement failed
+// (the database out of reach for all its settle_timeout, say, once its process resumed): the
+// run was left to the reconciler, which settles a run still open from the call's tally but
+// never reads one settled again, so a hold a peer's reconciler charged (reconcile_hold) while
+// this process was stopped kept its whole charge, the call's tally unread. The run is read
+// again: a hold still open, or one this settlement committed after all (its reply lost), is
+// no refund's; a run that cannot be read leaves its money line with the call's figures.
+func (s *Server) refundAfterFailedSettlement(ctx context.Context, c *call, st holds.Settlement) {
+	s.beforeStep(ctx, stepRefund)
+	s.refundPausedHold(ctx, c.user.ID, c.runID, "", st, c.log.Named(holds.MoneyLog),
+		"settlement failed on a call its process may have been stopped past its hold, and its run not read; if another process charged the run its hold (reconcile_hold), refund by grant what the call did not use")
+}
+
+// mayBeChargedUnderAPause reports whether another process may have charged the hold of c by
+// now, taking it for a killed process's: c was paid under a pause (paidUnderAPause), or has
+// lived since its arrival as long as the soonest such a charge can come (soonestChargedByPeer).
+// Only such a call reads its run again after a failed settlement: the settlements that fail in
+// an outage add no read to their slot's time.
+func (s *Server) mayBeChargedUnderAPause(c *call) bool {
+	return c.paidUnderPause || time.Since(c.arrived) >= s.soonestChargedByPeer(c.inRun)
+}
+
+// soonestChargedByPeer is how long after a call's arrival another process may settle its
+// unleased hold: at its expiry (a named run's, inRun, is pushed out by run_ttl at each
+// admission, and no dead process's sweep brings it in), or once this process is declared dead:
+// its last beat dead_instance_after old, and that beat may be up to its gap older than the
+// hold (holds.BeatGap; 65 s under the defaults, not 90).
+func (s *Server) soonestChargedByPeer(inRun bool) time.Duration {
+	if inRun {
+		return s.cfg.Holds.RunTTL
+	}
+	return min(s.cfg.Holds.HoldTTL, s.cfg.Holds.DeadInstanceBound()-holds.BeatGap(s.cfg.Holds.HeartbeatInterval))
 }
 
 // pauseRefund is what of run's charge a call's own settlement st, had it found the hold open,
