@@ -49,6 +49,10 @@ type call struct {
 	// paidUnderPause: another process charged this call's hold while its process was stopped
 	// before the forward (paidUnderAPause); it is forwarded, whatever its admission budget says.
 	paidUnderPause bool
+	// overtakenBy: this Idempotency-Key attempt, its hold charged while its process was stopped
+	// before the forward, found its key moved on to this later attempt's run (paidUnderAPause):
+	// a retry ran the key meanwhile, and this attempt is answered as a duplicate, not forwarded.
+	overtakenBy string
 	// reserving: this call of a named run reserved (or tried to reserve) part of the run's
 	// budget under callID (reserveRunBudget); its tally gives it back.
 	reserving bool
@@ -514,6 +518,17 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 		w.Header().Set(shouldRetryHeader, "false")
 		return refuse(errSupersededAnswer, "superseded", nil)
 	}
+	if c.overtakenBy != "" {
+		// Paid, but a retry under its Idempotency-Key ran the key since (paidUnderAPause): a
+		// duplicate of the key's later attempt, released at 0 and its charge given back. Its
+		// retry is that attempt's answer, replayed once it is stored.
+		c.outcome = outcomeDuplicate
+		e := errOvertaken(c.overtakenBy)
+		logRefusal(c.log, e, "idempotent attempt paid under a pause, overtaken by a later attempt of its key; not forwarded", nil,
+			zap.String("of_run", e.RunID))
+		s.writeDuplicate(w, e, true)
+		return e.Status
+	}
 	c.outcome = outcomeRefused
 	return refuse(errBillingDown, "admission budget spent "+at+"; hold released at 0",
 		fmt.Errorf("%w %v before", errAdmitBudgetSpent, late.Round(time.Millisecond)))
@@ -584,11 +599,41 @@ func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) 
 		c.superseded = true
 		return false
 	}
+	if c.idem != nil {
+		if later := s.keyMovedOn(sctx, c); later != "" {
+			c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped), and a retry under its Idempotency-Key has run a later attempt since; not forwarded",
+				zap.String("settle_source", run.SettleSource.String), zap.Int64("charged_micro", run.ChargedMicro), zap.String("later_run", later))
+			c.overtakenBy = later
+			return false
+		}
+	}
 	c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped); forwarding the call it paid for",
 		zap.String("settle_source", run.SettleSource.String), zap.Int64("charged_micro", run.ChargedMicro),
 		zap.Duration("since_arrival", time.Since(in.arrived).Round(time.Millisecond)))
 	c.paidUnderPause = true
 	return true
+}
+
+// keyMovedOn returns the run id of the later attempt of c's Idempotency-Key that a retry has
+// run while c, an attempt whose hold another process charged, waited in its stopped process:
+// the retry found c's hold settled, could not tell a stopped process from a killed one, and
+// moved the key past c (passSettled). Forwarded, c ran the key a second time, charged what it
+// used beside the later attempt's charge, and its answer, stored nowhere (errIdemMovedOn), was
+// no answer of the key. "" while the key is still c's attempt's; a read that fails says so too,
+// and c is forwarded as before.
+func (s *Server) keyMovedOn(ctx context.Context, c *call) string {
+	rec, err := s.readIdem(ctx, c.idem)
+	if err != nil {
+		c.log.Warn("idempotency record of a call paid under a pause unreadable; forwarded", zap.Error(err))
+		return ""
+	}
+	switch {
+	case rec.run != "" && rec.run != c.runID:
+		return rec.run
+	case rec.attempt > c.idem.attempt:
+		return idempotentRunID(c.idem.userID, c.idem.key, rec.attempt)
+	}
+	return ""
 }
 
 // sessionMovedOn reports whether the row of c's session (sessionID), which c claimed, names

@@ -86,6 +86,18 @@ func (ic *idemCall) sameRequest(stored string) bool {
 	return stored == hex.EncodeToString(sum[:])
 }
 
+// errOvertaken answers the caller of an attempt whose hold another process charged while its
+// own process was stopped before the forward, and whose key a retry moved on meanwhile to
+// attempt runID (paidUnderAPause): not forwarded, nothing charged. Its retry is runID's answer
+// (replayed, or 409 while runID runs), or runs the key's next attempt if runID failed. The
+// code is request_in_progress's, which SDKs retry.
+func errOvertaken(runID string) *apiError {
+	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "request_in_progress", RunID: runID,
+		RetryAfter: time.Second,
+		Message: "While this request's gateway was stopped, a retry with this Idempotency-Key took the key over (run " + runID +
+			"); this request was not run, and is not charged. Retry to get the key's answer."}
+}
+
 func errRequestInProgress(runID string) *apiError {
 	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "request_in_progress", RunID: runID,
 		RetryAfter: time.Second,
