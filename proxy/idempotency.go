@@ -122,6 +122,20 @@ func errReplayLost(runID string) *apiError {
 		Message: "The request with this Idempotency-Key already ran (run " + runID + "), but its stored answer was lost; it is not run again."}
 }
 
+// errAttemptUnrecorded answers a retry whose attempt is taken as pinned for its charge alone
+// (attemptPinned): charged by the reconciler, its key's record gone, nothing on its row says it
+// answered. It may have (Redis lost the record of its answer), or not: its process was killed,
+// or is only stopped, between its admission and the record's first write. Not run again, as
+// errReplayLost; but worded so, "already ran ... its stored answer was lost", it told the
+// caller of an attempt still to be forwarded that it had run, and that its answer was gone for
+// good, when a resumed process then answered it and pinned the key.
+func errAttemptUnrecorded(runID string) *apiError {
+	return &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotent_response_lost", RunID: runID,
+		Message: "The request with this Idempotency-Key was admitted (run " + runID + ") and charged, but the key's record is gone " +
+			"(its gateway stopped before writing it, or Redis lost it); it is not run again. A gateway that was only paused " +
+			"answers the first request once resumed, and a retry then gets that answer."}
+}
+
 // validIdempotencyKey: 1-255 printable ASCII characters.
 func validIdempotencyKey(k string) bool {
 	if len(k) == 0 || len(k) > maxIdempotencyKeyLen {
@@ -397,7 +411,7 @@ func (a *idemAdmission) passSettled(attempt int) int {
 	}
 	// A record without the body hash every attempt's admission writes is one Redis lost whole
 	// (or never had): what it said of the attempt is gone.
-	pinned, err := a.s.attemptPinned(a.ctx, a.ic.userID, a.ar.RunID, readErr != nil || rec.bodyHash == "")
+	pinned, answered, err := a.s.attemptPinned(a.ctx, a.ic.userID, a.ar.RunID, readErr != nil || rec.bodyHash == "")
 	if err != nil {
 		return a.fail(errBillingDown, "idempotent attempt unreadable", err)
 	}
@@ -407,6 +421,8 @@ func (a *idemAdmission) passSettled(attempt int) int {
 	case readErr != nil:
 		a.unread, a.floor = true, attempt+1
 		return 0
+	case pinned && !answered:
+		return a.answer(errAttemptUnrecorded(a.ar.RunID), false)
 	case pinned:
 		return a.answer(errReplayLost(a.ar.RunID), false)
 	}
@@ -457,22 +473,24 @@ func (a *idemAdmission) refuseAdmission(err error) int {
 // with the record gone, the row cannot tell, and an
 // attempt that cost something is taken as pinned (409, not run again). Taken as unpinned, an
 // answer pinned and then settled by the reconciler ran, and was charged, a second time once
-// Redis lost its record (a restart without persistence).
-func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string, recordGone bool) (bool, error) {
+// Redis lost its record (a restart without persistence). answered says the row shows the
+// answer that pinned the key; an attempt taken as pinned for its cost alone may have answered
+// nothing yet (errAttemptUnrecorded).
+func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string, recordGone bool) (pinned, answered bool, err error) {
 	sctx, cancel := s.storeContext(ctx)
 	defer cancel()
 	s.beforeStep(sctx, stepAttemptPinned)
 	run, err := s.store.Run(sctx, userID, runID)
 	if err != nil {
-		return false, err // names the run already
+		return false, false, err // names the run already
 	}
 	src := run.SettleSource.String
 	// An attempt's row records a call (ended_calls) only when it pinned the key and Redis
 	// refused its answer (recordAnsweredAttempt): pinned, however it was settled.
-	pinned := src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0) || run.EndedCalls > 0 ||
-		(recordGone && (src == holds.SourceReconcileHold || (src == holds.SourceReconcile && run.CostMicro > 0)))
+	answered = src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0) || run.EndedCalls > 0
+	pinned = answered || (recordGone && (src == holds.SourceReconcileHold || (src == holds.SourceReconcile && run.CostMicro > 0)))
 	// Measured by the database clock, which created_at is on, not the gateway's.
-	return pinned && run.Age() < s.cfg.Dedup.ReplayTTL, nil
+	return pinned && run.Age() < s.cfg.Dedup.ReplayTTL, answered, nil
 }
 
 // startIdem records the body the key was first used with, once the attempt is admitted.
