@@ -131,7 +131,7 @@ func TestKillReconciledByPeer(t *testing.T) {
 	}
 	t.Logf("MEASURED: SIGKILL to last run settled: %v (hold/run TTL %v, lease TTL %v, reconcile every %v, lock TTL %v)",
 		last.Round(time.Millisecond), testHoldTTL, testLeaseTTL, testReconcile, testLockTTL)
-	if got := w.usedToday(u.ID); got != total {
+	if got := w.ledgerUsed(u.ID); got != total {
 		t.Errorf("day ledger %d, want the sum of settled charges %d", got, total)
 	}
 
@@ -382,7 +382,7 @@ func TestKillMidIdempotentCall(t *testing.T) {
 	if err := w.db.Get(&total, "SELECT SUM(charged_micro) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
 		t.Fatal(err)
 	}
-	if got := w.usedToday(u.ID); got != total {
+	if got := w.ledgerUsed(u.ID); got != total {
 		t.Errorf("day ledger %d, want %d", got, total)
 	}
 }

@@ -261,7 +261,7 @@ func momentRunSettle(t *testing.T, w *world, k *killer, trip *tripwire, g *gatew
 	if len(rows) != 1 || rows[0].ChargedMicro != cost || rows[0].State != holds.StateSettled {
 		t.Errorf("the run's rows: %+v, want one settled at %d", rows, cost)
 	}
-	if got := w.usedToday(u.ID); got != cost {
+	if got := w.ledgerUsed(u.ID); got != cost {
 		t.Errorf("day ledger of the agent: %d, want %d (charged once)", got, cost)
 	}
 	// Again: the same answer; and the run takes no more calls.
@@ -366,7 +366,7 @@ func momentReconcile(t *testing.T, w *world, k *killer, trip *tripwire, dsn stri
 					wt.source, wt.charged)
 			}
 		}
-		if got := w.usedToday(u.ID); got != sum {
+		if got := w.ledgerUsed(u.ID); got != sum {
 			t.Errorf("%s: day ledger %d, want %d", when, got, sum)
 		}
 	}

@@ -357,7 +357,7 @@ func downKillRound(t *testing.T, w *world, m *privateMariaDB, trip *tripwire, up
 		if err := w.db.Get(&sum, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", uid); err != nil {
 			t.Fatal(err)
 		}
-		if got := w.usedToday(uid); got != sum {
+		if got := w.ledgerUsed(uid); got != sum {
 			t.Errorf("%s: user %d's day ledger %d, its holds charged %d", kind, uid, got, sum)
 		}
 	}

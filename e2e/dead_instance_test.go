@@ -114,7 +114,7 @@ func TestKilledProcessSettledLongBeforeItsHoldsExpire(t *testing.T) {
 	if err := w.db.Get(&total, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
 		t.Fatal(err)
 	}
-	if got := w.usedToday(u.ID); got != total {
+	if got := w.ledgerUsed(u.ID); got != total {
 		t.Errorf("day ledger %d, want the sum of settled charges %d", got, total)
 	}
 }

@@ -212,8 +212,8 @@ func TestFleetIdempotencyKeyRacedOverTwoGateways(t *testing.T) {
 	if err := w.db.QueryRow("SELECT COUNT(*), COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", u.ID).Scan(&rows, &charged); err != nil {
 		t.Fatal(err)
 	}
-	if rows != 1 || charged <= 0 || w.usedToday(u.ID) != charged {
-		t.Errorf("%d holds charged %d, ledger %d: want one hold charged once", rows, charged, w.usedToday(u.ID))
+	if rows != 1 || charged <= 0 || w.ledgerUsed(u.ID) != charged {
+		t.Errorf("%d holds charged %d, ledger %d: want one hold charged once", rows, charged, w.ledgerUsed(u.ID))
 	}
 }
 
@@ -312,7 +312,7 @@ func TestFleetNamedRunSettledOnOneGatewayWhileCallsRunOnBoth(t *testing.T) {
 		}
 		total += r.ChargedMicro
 	}
-	if got := w.usedToday(u.ID); got != total {
+	if got := w.ledgerUsed(u.ID); got != total {
 		t.Errorf("day ledger %d, want the runs' charges %d", got, total)
 	}
 }
@@ -361,8 +361,8 @@ func TestFleetIdempotencyKeyRetriedOverTwoGatewaysAfterAFailedAttempt(t *testing
 		u.ID).Scan(&rows, &charged, &total); err != nil {
 		t.Fatal(err)
 	}
-	if rows != 2 || charged != 1 || w.usedToday(u.ID) != total {
-		t.Errorf("%d attempts, %d charged (%d µUSD), ledger %d: want the failed one at 0 and one charged once", rows, charged, total, w.usedToday(u.ID))
+	if rows != 2 || charged != 1 || w.ledgerUsed(u.ID) != total {
+		t.Errorf("%d attempts, %d charged (%d µUSD), ledger %d: want the failed one at 0 and one charged once", rows, charged, total, w.ledgerUsed(u.ID))
 	}
 }
 

@@ -749,13 +749,40 @@ func (w *world) dbNow() time.Time {
 	return now
 }
 
-func (w *world) usedToday(userID uint64) int64 {
+// ledgerUsed is what the day ledger holds for the user over all its days: what the user's
+// settlements charged it. A test's user is its own, charged only while the test runs, so this
+// is its ledger whether or not the run straddles midnight UTC: a settlement at 23:59:59.9
+// lands on the old day's row, and a read of UTC_DATE()'s row alone at 00:00:00.1 missed it.
+func (w *world) ledgerUsed(userID uint64) int64 {
+	w.t.Helper()
+	return w.ledgerUsedBut(userID, time.Time{})
+}
+
+// ledgerUsedBut is ledgerUsed less the row of day (none for the zero time).
+func (w *world) ledgerUsedBut(userID uint64, day time.Time) int64 {
 	w.t.Helper()
 	var used int64
-	if err := w.db.Get(&used, "SELECT COALESCE((SELECT used_micro FROM usage_days WHERE user_id = ? AND day = UTC_DATE()), 0)", userID); err != nil {
-		w.t.Fatal(err)
+	if err := w.db.Get(&used, "SELECT CAST(COALESCE(SUM(used_micro), 0) AS SIGNED) FROM usage_days WHERE user_id = ? AND day <> ?",
+		userID, day.Format(time.DateOnly)); err != nil {
+		w.t.Fatalf("day ledger of user %d: %v", userID, err)
 	}
 	return used
+}
+
+// available is what the user may spend, as its balance reckons it, with every day of its
+// ledger counted as today's. The balance counts today's row alone: a test that read it before
+// a call and again after, across midnight UTC, compared two days' allowances, and the call's
+// charge, landed on the old day, was missing from the after. With no midnight in between the
+// two agree to the micro-USD. Read it while none of the user's settlements is under way: the
+// balance and the other days' rows are two statements.
+func (w *world) available(userID uint64) int64 {
+	w.t.Helper()
+	b, err := w.store.Balance(context.Background(), userID)
+	if err != nil {
+		w.t.Fatalf("balance of user %d: %v", userID, err)
+	}
+	used := b.UsedTodayMicro + w.ledgerUsedBut(userID, b.Day)
+	return holds.Available(b.AllowanceMicro, used, b.PrepaidMicro, b.HeldMicro)
 }
 
 // lockUser takes the user's row lock in a transaction of the test's own, as a stuck money
@@ -1071,7 +1098,7 @@ func (w *world) reconcileAtTally(t *testing.T, userID uint64, tallies map[string
 		}
 		total += r.ChargedMicro
 	}
-	if got := w.usedToday(userID); got != total {
+	if got := w.ledgerUsed(userID); got != total {
 		t.Errorf("day ledger %d, want %d", got, total)
 	}
 }

@@ -64,7 +64,7 @@ func TestTwinInstanceNameIsReported(t *testing.T) {
 			"(%d in / %d out, %d) and the long one's 250 out, each at its price", r.State, r.SettleSource.String, r.Calls,
 			r.InTok, r.OutTok, r.CostMicro, r.ChargedMicro, calls, whole.Input, whole.Output, wholeCost)
 	}
-	if got, r := w.usedToday(u.ID), w.hold(runID); got != r.ChargedMicro {
+	if got, r := w.ledgerUsed(u.ID), w.hold(runID); got != r.ChargedMicro {
 		t.Errorf("day ledger %d, want the run's charge %d", got, r.ChargedMicro)
 	}
 

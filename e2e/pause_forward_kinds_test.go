@@ -105,7 +105,7 @@ func (w *pausedWorld) books(t *testing.T, want int64) {
 	if err := w.db.Get(&total, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", w.u.ID); err != nil {
 		t.Fatal(err)
 	}
-	if used := w.usedToday(w.u.ID); used != total || total != want {
+	if used := w.ledgerUsed(w.u.ID); used != total || total != want {
 		t.Errorf("day ledger %d, Σ charged %d, want both %d", used, total, want)
 	}
 	if bad, err := holds.Audit(context.Background(), w.db); err != nil || len(bad) > 0 {

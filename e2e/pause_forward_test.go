@@ -226,7 +226,7 @@ func TestGatewayPausedBetweenItsHoldAndTheForward(t *testing.T) {
 	if err := w.db.Get(&total, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
 		t.Fatal(err)
 	}
-	if used := w.usedToday(u.ID); used != total || total != r.ChargedMicro {
+	if used := w.ledgerUsed(u.ID); used != total || total != r.ChargedMicro {
 		t.Errorf("day ledger %d, Σ charged %d, want both the one hold charged, %d", used, total, r.ChargedMicro)
 	}
 	if bad, err := holds.Audit(context.Background(), w.db); err != nil || len(bad) > 0 {

@@ -21,10 +21,7 @@ func TestCallPausedMidStreamPastItsHoldIsChargedWhatItUsed(t *testing.T) {
 	p := w.startGateway("gw-paused")
 	w.startGateway("gw-peer")
 	ctx := context.Background()
-	before, err := w.store.Balance(ctx, u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := w.available(u.ID)
 	var all allCalls
 	c := all.start(t, p, key, chatRequest(true, 100, "a stream the pause catches"), map[string]string{"X-Fake-Chunks": "80", "X-Fake-Chunk-Interval": "40ms"})
 	c.waitFirst(t, "the stream")
@@ -64,12 +61,9 @@ func TestCallPausedMidStreamPastItsHoldIsChargedWhatItUsed(t *testing.T) {
 	if after := w.hold(runID); after.ChargedMicro != r.ChargedMicro || after.SettleSource != r.SettleSource {
 		t.Errorf("the peer's settlement changed after the resume: %s charged %d", after.SettleSource.String, after.ChargedMicro)
 	}
-	after, err := w.store.Balance(ctx, u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := before.AvailableMicro - used; after.AvailableMicro != want {
-		t.Errorf("available %d µUSD after the call, want %d: %d before, less the %d it used", after.AvailableMicro, want, before.AvailableMicro, used)
+	after := w.available(u.ID)
+	if want := before - used; after != want {
+		t.Errorf("available %d µUSD after the call, want %d: %d before, less the %d it used", after, want, before, used)
 	}
 	if bad, err := holds.Audit(ctx, w.db); err != nil || len(bad) > 0 {
 		t.Errorf("ledger audit: %v %+v", err, bad)

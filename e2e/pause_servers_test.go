@@ -191,7 +191,7 @@ func TestRedisServerPausedPastItsTimeouts(t *testing.T) {
 			t.Errorf("ledger audit: user %d day %s run %s: %s", m.UserID, m.Day, m.RunID, m.Detail)
 		}
 	}
-	if used := w.usedToday(u.ID); used != total {
+	if used := w.ledgerUsed(u.ID); used != total {
 		t.Errorf("day ledger %d, Σ charged %d", used, total)
 	}
 	for _, name := range []string{"plain stream", "plain whole", "k #0"} {
@@ -367,7 +367,7 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 					t.Errorf("ledger audit: user %d day %s run %s: %s", m.UserID, m.Day, m.RunID, m.Detail)
 				}
 			}
-			if used := w.usedToday(u.ID); used != total {
+			if used := w.ledgerUsed(u.ID); used != total {
 				t.Errorf("day ledger %d, Σ charged %d", used, total)
 			}
 			for _, name := range []string{"plain stream", "plain whole", "k #0"} {
@@ -498,7 +498,7 @@ func TestMariaDBPausedWithAnAdmissionsCommitInItsBuffer(t *testing.T) {
 			if want := w.price.Cost(s2.usage); total != want {
 				t.Errorf("charged %d in all, want %d: the one call served, once", total, want)
 			}
-			if used := w.usedToday(u.ID); used != total {
+			if used := w.ledgerUsed(u.ID); used != total {
 				t.Errorf("day ledger %d, Σ charged %d", used, total)
 			}
 			if bad, err := holds.Audit(context.Background(), w.db); err != nil || len(bad) > 0 {

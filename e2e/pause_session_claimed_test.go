@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"database/sql"
 	"syscall"
 	"testing"
@@ -34,11 +33,7 @@ func TestSessionMessagePausedAfterItsClaim(t *testing.T) {
 	}{{"replaced", true}, {"after-A-settled", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			w, g, peer, key := newPausedWorld(t, "paused-claimed-"+tc.name)
-			ctx := context.Background()
-			before, err := w.store.Balance(ctx, w.u.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
+			before := w.available(w.u.ID)
 			stopped := false
 			defer func() {
 				if stopped {
@@ -109,13 +104,10 @@ func TestSessionMessagePausedAfterItsClaim(t *testing.T) {
 				t.Errorf("granted back %d µUSD, want A's charge %d", refunded, rA.ChargedMicro)
 			}
 			w.books(t, rA.ChargedMicro+rB.ChargedMicro)
-			after, err := w.store.Balance(ctx, w.u.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := before.AvailableMicro - rA.ChargedMicro - rB.ChargedMicro + refunded; after.AvailableMicro != want {
+			after := w.available(w.u.ID)
+			if want := before - rA.ChargedMicro - rB.ChargedMicro + refunded; after != want {
 				t.Errorf("available %d µUSD after the resume, want %d: %d before, less what A and B were charged, plus %d given back",
-					after.AvailableMicro, want, before.AvailableMicro, refunded)
+					after, want, before, refunded)
 			}
 		})
 	}

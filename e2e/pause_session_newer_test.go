@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
@@ -27,16 +26,12 @@ func TestSessionMessagePausedBeforeItsClaimAndANewerOne(t *testing.T) {
 	}{{"newer", true}, {"older", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			w, g, peer, key := newPausedWorld(t, "paused-unclaimed-"+tc.name)
-			ctx := context.Background()
 			hdr := map[string]string{"X-Session-Id": "chat-unclaimed", "X-Fake-Chunks": "12"}
 			var other seen
 			if !tc.newer {
 				other = w.calls.must(t, "message C, before A, on the peer", peer, key, chatRequest(false, 40, "message C, the older"), hdr)
 			}
-			before, err := w.store.Balance(ctx, w.u.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
+			before := w.available(w.u.ID)
 			aRun := func() string {
 				var id string
 				_ = w.db.Get(&id, "SELECT COALESCE(MAX(run_id), '') FROM run_holds WHERE user_id = ? AND run_id <> ?", w.u.ID, other.runID)
@@ -76,12 +71,9 @@ func TestSessionMessagePausedBeforeItsClaimAndANewerOne(t *testing.T) {
 				t.Errorf("granted back %d µUSD, want A's charge %d", refunded, rA.ChargedMicro)
 			}
 			w.books(t, rA.ChargedMicro+rB.ChargedMicro)
-			after, err := w.store.Balance(ctx, w.u.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := before.AvailableMicro - rB.ChargedMicro; after.AvailableMicro != want {
-				t.Errorf("available %d µUSD after the resume, want %d: %d before, less B's price", after.AvailableMicro, want, before.AvailableMicro)
+			after := w.available(w.u.ID)
+			if want := before - rB.ChargedMicro; after != want {
+				t.Errorf("available %d µUSD after the resume, want %d: %d before, less B's price", after, want, before)
 			}
 		})
 	}

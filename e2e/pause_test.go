@@ -296,7 +296,7 @@ func TestGatewayPausedPastItsHolds(t *testing.T) {
 	for _, m := range bad {
 		t.Errorf("ledger audit: user %d day %s run %s: %s", m.UserID, m.Day, m.RunID, m.Detail)
 	}
-	if used := w.usedToday(u.ID); used != total {
+	if used := w.ledgerUsed(u.ID); used != total {
 		t.Errorf("day ledger %d, Σ charged %d", used, total)
 	}
 	// The resumed process's settlements of what the peer had settled changed nothing.

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
@@ -18,11 +17,7 @@ import (
 // the run: the user's balance is what it was less the call's price, and the books audit clean.
 func TestPaidCallForwardedAfterThePauseIsChargedWhatItUsed(t *testing.T) {
 	w, g, _, key := newPausedWorld(t, "paused-used")
-	ctx := context.Background()
-	before, err := w.store.Balance(ctx, w.u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := w.available(w.u.ID)
 	s, r := pausedBeforeForward(t, w, g, key, map[string]string{"X-Fake-Chunks": "12"}, w.latestHold())
 	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
 		t.Fatalf("the scene did not happen: the hold settled %s at %d", r.SettleSource.String, r.ChargedMicro)
@@ -38,12 +33,9 @@ func TestPaidCallForwardedAfterThePauseIsChargedWhatItUsed(t *testing.T) {
 	if want := r.ChargedMicro - used; refunded != want {
 		t.Errorf("granted back %d µUSD, want the hold's charge %d less what the call used %d: %d", refunded, r.ChargedMicro, used, want)
 	}
-	after, err := w.store.Balance(ctx, w.u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := before.AvailableMicro - used; after.AvailableMicro != want {
-		t.Errorf("available %d µUSD after the call, want %d: %d before, less the %d it used", after.AvailableMicro, want, before.AvailableMicro, used)
+	after := w.available(w.u.ID)
+	if want := before - used; after != want {
+		t.Errorf("available %d µUSD after the call, want %d: %d before, less the %d it used", after, want, before, used)
 	}
 	w.books(t, r.ChargedMicro)
 }

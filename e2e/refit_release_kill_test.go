@@ -235,7 +235,7 @@ func smallHoldReleasedAtZero(t *testing.T, w *world, u holds.User, when string, 
 	if err := w.db.Get(&total, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
 		t.Fatal(err)
 	}
-	if used := w.usedToday(u.ID); used != total {
+	if used := w.ledgerUsed(u.ID); used != total {
 		t.Errorf("day ledger %d, want Σ charged %d", used, total)
 	}
 	return small

@@ -79,7 +79,7 @@ func (w *world) checkRun(t *testing.T, userID uint64, runID, source string, use 
 	if r.ChargedMicro > r.CapMicro {
 		t.Errorf("run %s charged %d over its cap %d", runID, r.ChargedMicro, r.CapMicro)
 	}
-	if got := w.usedToday(userID); got != r.ChargedMicro {
+	if got := w.ledgerUsed(userID); got != r.ChargedMicro {
 		t.Errorf("day ledger %d, want the run's one charge %d", got, r.ChargedMicro)
 	}
 }

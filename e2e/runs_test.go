@@ -72,13 +72,13 @@ func TestAgentRunSettledOnce(t *testing.T) {
 		t.Errorf("settled run: calls %d in %d out %d cost %d charged %d source %q; want 3 calls in %d out %d cost=charged %d by client",
 			r.Calls, r.InTok, r.OutTok, r.CostMicro, r.ChargedMicro, r.SettleSource.String, want.Input, want.Output, wantCost)
 	}
-	if got := w.usedToday(u.ID); got != wantCost {
+	if got := w.ledgerUsed(u.ID); got != wantCost {
 		t.Errorf("day ledger %d, want %d", got, wantCost)
 	}
 
 	// Settling again is an answer, not a charge.
 	getJSON(t, g, key, http.MethodPost, "/v1/runs/"+name+"/settle")
-	if got := w.usedToday(u.ID); got != wantCost {
+	if got := w.ledgerUsed(u.ID); got != wantCost {
 		t.Errorf("day ledger after a second settle %d, want %d (one charge)", got, wantCost)
 	}
 	// A later call naming the settled run is refused.

@@ -103,7 +103,7 @@ func TestSessionSupersededAcrossProcesses(t *testing.T) {
 	if n.SettleSource.String != holds.SourceComplete || n.ChargedMicro != w.price.Cost(use) || n.Estimated {
 		t.Errorf("new message: %q charged %d estimated %v, want complete at %d", n.SettleSource.String, n.ChargedMicro, n.Estimated, w.price.Cost(use))
 	}
-	if got, want := w.usedToday(u.ID), o.ChargedMicro+n.ChargedMicro; got != want {
+	if got, want := w.ledgerUsed(u.ID), o.ChargedMicro+n.ChargedMicro; got != want {
 		t.Errorf("day ledger %d, want the two charges %d", got, want)
 	}
 }
@@ -132,7 +132,7 @@ func TestSessionMessageOnAKilledProcessReplaced(t *testing.T) {
 	if n.SettleSource.String != holds.SourceComplete || n.ChargedMicro != w.price.Cost(use) {
 		t.Errorf("new message: %q charged %d, want complete at %d", n.SettleSource.String, n.ChargedMicro, w.price.Cost(use))
 	}
-	if got, want := w.usedToday(u.ID), o.ChargedMicro+n.ChargedMicro; got != want {
+	if got, want := w.ledgerUsed(u.ID), o.ChargedMicro+n.ChargedMicro; got != want {
 		t.Errorf("day ledger %d, want the two charges %d", got, want)
 	}
 }

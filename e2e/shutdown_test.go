@@ -166,7 +166,7 @@ func TestSigtermNamedRunCallsInFlight(t *testing.T) {
 	}
 	t.Logf("run %s: 3 calls (one cut at the deadline) charged %d µUSD (held %d); first call alone %d",
 		runID, r.ChargedMicro, r.HeldMicro, w.price.Cost(use0))
-	if got, want := w.usedToday(u.ID), r.ChargedMicro+w.hold(plain.runID).ChargedMicro; got != want {
+	if got, want := w.ledgerUsed(u.ID), r.ChargedMicro+w.hold(plain.runID).ChargedMicro; got != want {
 		t.Errorf("day ledger %d, want the two settled charges %d", got, want)
 	}
 }
@@ -231,7 +231,7 @@ func TestSigtermWaitsForQueuedSettlements(t *testing.T) {
 		w.settledAtPrice(t, s.runID, holds.SourceComplete, 20)
 		total += w.hold(s.runID).ChargedMicro
 	}
-	if got := w.usedToday(u.ID); got != total {
+	if got := w.ledgerUsed(u.ID); got != total {
 		t.Errorf("day ledger %d, want %d", got, total)
 	}
 }
@@ -341,7 +341,7 @@ func TestSigtermStuckUpstream(t *testing.T) {
 				id, r.SettleSource.String, r.ChargedMicro, r.HeldMicro, r.OutTok)
 		}
 	}
-	if got := w.usedToday(u.ID); got != total {
+	if got := w.ledgerUsed(u.ID); got != total {
 		t.Errorf("day ledger %d, want %d", got, total)
 	}
 }
@@ -418,7 +418,7 @@ func TestSigtermFrozenDatabase(t *testing.T) {
 				}
 				t.Logf("call %s: settled by %q charged %d", s.runID, r.SettleSource.String, r.ChargedMicro)
 			}
-			if got := w.usedToday(u.ID); got != total {
+			if got := w.ledgerUsed(u.ID); got != total {
 				t.Errorf("day ledger %d, want %d", got, total)
 			}
 		})
@@ -467,7 +467,7 @@ func TestSigtermFrozenRedis(t *testing.T) {
 	if err := w.db.Get(&total, "SELECT COALESCE(SUM(charged_micro), 0) FROM run_holds WHERE user_id = ?", u.ID); err != nil {
 		t.Fatal(err)
 	}
-	if got := w.usedToday(u.ID); got != total {
+	if got := w.ledgerUsed(u.ID); got != total {
 		t.Errorf("day ledger %d, want %d", got, total)
 	}
 }

@@ -102,7 +102,7 @@ func checkReleasedAtZero(t *testing.T, w *world, userID uint64, reconciler strin
 		t.Errorf("hold %s of a call never forwarded: settled by %q charged %d (held %d), want 0",
 			r.RunID, r.SettleSource.String, r.ChargedMicro, r.HeldMicro)
 	}
-	if got := w.usedToday(userID); got != r.ChargedMicro {
+	if got := w.ledgerUsed(userID); got != r.ChargedMicro {
 		t.Errorf("day ledger %d, want %d", got, r.ChargedMicro)
 	}
 }
