@@ -40,14 +40,7 @@ func TestGrantDeliveriesRaceCallsRunsAndReports(t *testing.T) {
 	defer cancel()
 	suffix := testenv.RandomID(4)
 	const users, plainCallers, namedRuns, callsPerRun, keys, deliverers = 3, 3, 2, 6, 3_000, 3
-	ids := make([]uint64, users)
-	for i := range ids {
-		u, err := st.CreateUser(ctx, "grantstorm-"+strconv.Itoa(i)+"-"+suffix, "standard")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[i] = u.ID
-	}
+	ids := standardUsers(ctx, t, st, users, "grantstorm-", suffix)
 	w := holds.NewWriter(st, holds.WriterConfig{Workers: 3, MaxBatch: 32, Linger: time.Millisecond,
 		AdmitTimeout: 20 * time.Second, SettleTimeout: 20 * time.Second})
 	defer w.Close()

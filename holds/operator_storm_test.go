@@ -25,6 +25,21 @@ type stormCharge struct {
 	discountBP            int
 }
 
+// standardUsers creates n users of the standard plan, named prefix, their index and suffix
+// ("opstorm-2-x7k1"), and returns their ids.
+func standardUsers(ctx context.Context, t *testing.T, st *holds.Store, n int, prefix, suffix string) []uint64 {
+	t.Helper()
+	ids := make([]uint64, n)
+	for i := range ids {
+		u, err := st.CreateUser(ctx, prefix+strconv.Itoa(i)+"-"+suffix, "standard")
+		if err != nil {
+			t.Fatalf("user %d of %d: %v", i, n, err)
+		}
+		ids[i] = u.ID
+	}
+	return ids
+}
+
 // TestOperatorStormKeepsBooksAndOverdraftBound runs admissions and settlements of several
 // users through the batch writer while an operator, at the same time, tops their prepaid
 // credits up, refunds them, moves them between plans, changes their discount and in-flight
@@ -47,14 +62,7 @@ func TestOperatorStormKeepsBooksAndOverdraftBound(t *testing.T) {
 	defer cancel()
 	suffix := testenv.RandomID(4)
 	const users, callers, calls = 4, 6, 60
-	ids := make([]uint64, users)
-	for i := range ids {
-		u, err := st.CreateUser(ctx, "opstorm-"+strconv.Itoa(i)+"-"+suffix, "standard")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[i] = u.ID
-	}
+	ids := standardUsers(ctx, t, st, users, "opstorm-", suffix)
 	w := holds.NewWriter(st, holds.WriterConfig{Workers: 3, MaxBatch: 32, Linger: time.Millisecond,
 		AdmitTimeout: 20 * time.Second, SettleTimeout: 20 * time.Second})
 	defer w.Close()

@@ -101,14 +101,7 @@ func TestWriterRidesOutAShortReadOnlySpell(t *testing.T) {
 	f := newReadOnlyFixture(ctx, t)
 	suffix := testenv.RandomID(4)
 	const users, callers = 3, 3 // callers per user: the plan's in-flight limit
-	ids := make([]uint64, users)
-	for i := range ids {
-		u, err := f.store.CreateUser(ctx, "ro-"+strconv.Itoa(i)+"-"+suffix, "standard")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[i] = u.ID
-	}
+	ids := standardUsers(ctx, t, f.store, users, "ro-", suffix)
 	// Deadlines far past the spell: it ends on the test's word, once batches are seen waiting.
 	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 2, MaxBatch: 32, Linger: time.Millisecond,
 		AdmitTimeout: 30 * time.Second, SettleTimeout: 30 * time.Second})

@@ -75,6 +75,17 @@ func chargedAsPlanned(t *testing.T, runs []holds.Run, n int, charged int64) {
 	}
 }
 
+// chargedOrReleased wants every one of runs settled, charged unless released, a release at 0;
+// want says which the test expects of each.
+func chargedOrReleased(t *testing.T, runs []holds.Run, want string) {
+	t.Helper()
+	for _, r := range runs {
+		if r.State != holds.StateSettled || (r.SettleSource.String == holds.SourceRelease) != (r.ChargedMicro == 0) {
+			t.Errorf("run %s: %s by %q charged %d, want %s", r.RunID, r.State, r.SettleSource.String, r.ChargedMicro, want)
+		}
+	}
+}
+
 // TestAdmissionRefusedForCreditsWaitsForAtMostFourSettlements: an admission refused for want of
 // credits while calls of its user settle waits for one of those settlements and tries again up
 // to 4 times (README, 402 insufficient_credits and 429 too_many_in_flight: maxSettlingWaits),

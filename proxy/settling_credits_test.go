@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,11 +23,7 @@ import (
 func TestCreditsHeldByAnAnsweredCallDoNotRefuseTheNext(t *testing.T) {
 	h := lowBalanceHarness(t)
 	u, key := h.user("standard")
-	answered := make(chan struct{})
-	firstSettlementHeld(h, answered, nil)
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
+	answered := firstCallSettling(t, h, key, nil)
 	second := send(h.gw.URL, key, chatBody, nil)
 	close(answered)
 	if second.status != http.StatusOK {
@@ -77,11 +72,7 @@ func lowBalance(c *config.Config) {
 func TestLongPromptAfterAnAnsweredCallIsNotRefusedForTheCapItsHoldLeft(t *testing.T) {
 	h := newHarness(t, aLittleOverTheTier)
 	u, key := h.user("standard")
-	answered := make(chan struct{})
-	firstSettlementHeld(h, answered, nil)
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
+	answered := firstCallSettling(t, h, key, nil)
 	second := send(h.gw.URL, key, longPromptBody(3000), nil)
 	close(answered)
 	if second.status != http.StatusOK {
@@ -117,11 +108,7 @@ func TestLongPromptAfterAnAnsweredCallIsNotRefusedForTheCapItsHoldLeft(t *testin
 func TestNamedRunsLongPromptIsNotReleasedToWaitForASettlement(t *testing.T) {
 	h := newHarness(t, aLittleOverTheTier)
 	u, key := h.user("standard")
-	answered := make(chan struct{})
-	firstSettlementHeld(h, answered, nil)
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
+	answered := firstCallSettling(t, h, key, nil)
 	second := send(h.gw.URL, key, longPromptBody(3000), map[string]string{"X-Run-Id": "task-long"})
 	close(answered)
 	if second.status != http.StatusPaymentRequired || errorCode(t, second.body) != "run_budget_exhausted" {
@@ -153,16 +140,12 @@ func TestLongPromptWaitPastTheBudgetIsStillRefusedForItsPrompt(t *testing.T) {
 		c.Limits.AdmitTimeout = 500 * time.Millisecond
 	})
 	u, key := h.user("standard")
-	answered := make(chan struct{})
 	var admits atomic.Int32
-	firstSettlementHeld(h, answered, func(ctx context.Context, step string) {
+	answered := firstCallSettling(t, h, key, func(ctx context.Context, step string) {
 		if step == "admit" && admits.Add(1) == 3 {
 			<-ctx.Done() // the second call's admission again: its budget runs out before it starts
 		}
 	})
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
 	second := send(h.gw.URL, key, longPromptBody(3000), nil)
 	close(answered)
 	if n := admits.Load(); n != 3 {
@@ -178,12 +161,7 @@ func TestLongPromptWaitPastTheBudgetIsStillRefusedForItsPrompt(t *testing.T) {
 	if len(runs) != 2 {
 		t.Fatalf("%d holds, want the first call's and the released small one", len(runs))
 	}
-	for _, r := range runs {
-		if r.State != holds.StateSettled || (r.SettleSource.String == holds.SourceRelease) != (r.ChargedMicro == 0) {
-			t.Errorf("run %s: %s by %q charged %d, want the first call charged, the small hold released at 0",
-				r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
-		}
-	}
+	chargedOrReleased(t, runs, "the first call charged, the small hold released at 0")
 }
 
 // TestLongPromptOverTheCapWithNothingSettlingIsRefusedAtOnce: the wait above is for a settling
@@ -227,16 +205,12 @@ func TestPromptOverThePlansCapWhileACallSettlesIsRefusedAfterOneWait(t *testing.
 		c.Plans["standard"] = p
 	})
 	u, key := h.user("standard")
-	answered := make(chan struct{})
 	var waits atomic.Int32
-	firstSettlementHeld(h, answered, func(_ context.Context, step string) {
+	answered := firstCallSettling(t, h, key, func(_ context.Context, step string) {
 		if step == "admission waits for a settlement" {
 			waits.Add(1)
 		}
 	})
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
 	second := send(h.gw.URL, key, longPromptBody(25_000), nil)
 	close(answered)
 	if second.status != http.StatusPaymentRequired || !strings.Contains(string(second.body), "This prompt") {
@@ -246,12 +220,7 @@ func TestPromptOverThePlansCapWhileACallSettlesIsRefusedAfterOneWait(t *testing.
 		t.Errorf("the call waited %d times for a settlement, want once", n)
 	}
 	h.settled()
-	for _, r := range h.holdsOf(u.ID) {
-		if r.State != holds.StateSettled || (r.SettleSource.String == holds.SourceRelease) != (r.ChargedMicro == 0) {
-			t.Errorf("run %s: %s by %q charged %d, want the first call charged, the refused call's holds released at 0",
-				r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
-		}
-	}
+	chargedOrReleased(t, h.holdsOf(u.ID), "the first call charged, the refused call's holds released at 0")
 }
 
 // TestPromptOverThePlansCapIsRefusedAfterOneWaitWhileMoreCallsSettle: as above, with another of
@@ -265,24 +234,9 @@ func TestPromptOverThePlansCapIsRefusedAfterOneWaitWhileMoreCallsSettle(t *testi
 		c.Plans["standard"] = p
 	})
 	u, key := h.user("standard")
-	gates := [2]chan struct{}{make(chan struct{}), make(chan struct{})}
-	var opened [2]sync.Once
-	open := func(i int) { opened[i].Do(func() { close(gates[i]) }) }
-	defer open(0)
-	defer open(1)
-	var settles, waits atomic.Int32
-	h.srv.ObserveSteps(func(_ context.Context, step string) {
-		switch step {
-		case "settle":
-			if n := settles.Add(1); n <= 2 {
-				<-gates[n-1] // the two answered calls' settlements, held until let go
-			}
-		case "admission waits for a settlement":
-			if n := waits.Add(1); n <= 2 {
-				open(int(n - 1)) // one settlement lands at each wait
-			}
-		}
-	})
+	// The two answered calls' settlements are held, one landing at each wait.
+	waits, letAll := settlementsLandInTurn(h, 2)
+	defer letAll()
 	for i := range 2 {
 		if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
 			t.Fatalf("call %d: %d %s", i+1, a.status, a.body)
@@ -297,19 +251,13 @@ func TestPromptOverThePlansCapIsRefusedAfterOneWaitWhileMoreCallsSettle(t *testi
 	if n := waits.Load(); n != 1 {
 		t.Errorf("the call waited %d times for a settlement, want once: the first did not raise its cap", n)
 	}
-	open(0)
-	open(1)
+	letAll()
 	h.settled()
 	runs := h.holdsOf(u.ID)
 	if len(runs) != 4 {
 		t.Errorf("%d holds, want the two answered calls' and the prompt's two (before and after its one wait)", len(runs))
 	}
-	for _, r := range runs {
-		if r.State != holds.StateSettled || (r.SettleSource.String == holds.SourceRelease) != (r.ChargedMicro == 0) {
-			t.Errorf("run %s: %s by %q charged %d, want the answered calls charged, the prompt's holds released at 0",
-				r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
-		}
-	}
+	chargedOrReleased(t, runs, "the answered calls charged, the prompt's holds released at 0")
 }
 
 // longPromptBody is a chat call whose prompt is words words long.

@@ -20,17 +20,13 @@ import (
 func TestLostAdmissionAgainAfterASmallHoldNamesItsOwnRun(t *testing.T) {
 	h, lossy, logs := newObservedLossyHarness(t, aLittleOverTheTier)
 	u, key := h.user("standard")
-	answered := make(chan struct{})
 	var admits atomic.Int32
-	firstSettlementHeld(h, answered, func(_ context.Context, step string) {
+	answered := firstCallSettling(t, h, key, func(_ context.Context, step string) {
 		if step == "admit" && admits.Add(1) == 3 {
 			// The long prompt's admission again, its small hold released and the first call settled.
 			armCommitLost(lossy)
 		}
 	})
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
 	second := send(h.gw.URL, key, longPromptBody(3000), nil)
 	close(answered)
 	if second.status != http.StatusServiceUnavailable || errorCode(t, second.body) != "billing_unavailable" {

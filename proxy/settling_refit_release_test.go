@@ -30,17 +30,13 @@ func TestLongPromptWhoseSmallHoldsReleaseFailedIsRefusedNotAdmittedAgain(t *test
 	})
 	defer lossy.Restore()
 	u, key := h.user("standard")
-	answered := make(chan struct{})
 	var waited atomic.Bool
-	firstSettlementHeld(h, answered, func(_ context.Context, step string) {
+	answered := firstCallSettling(t, h, key, func(_ context.Context, step string) {
 		if step == "admission waits for a settlement" {
 			waited.Store(true)
 			lossy.Restore() // the database back for an admission again, were there one
 		}
 	})
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
 	calls := h.fake.Calls()
 	// The first call's settlement is held at its step: the next settlement's write is the long
 	// prompt's small hold's release. It reaches the database; its reply, and every write after

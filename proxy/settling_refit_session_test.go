@@ -110,10 +110,5 @@ func TestSessionsNextLongMessageAfterAnAnsweredOneIsServed(t *testing.T) {
 		t.Errorf("the long message never waited: its first hold paid for it (a prompt too short for this test)")
 	}
 	h.settled()
-	for _, r := range h.holdsOf(u.ID) {
-		if r.State != holds.StateSettled || (r.SettleSource.String == holds.SourceRelease) != (r.ChargedMicro == 0) {
-			t.Errorf("run %s: %s by %q charged %d, want both messages charged, the small hold released at 0",
-				r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
-		}
-	}
+	chargedOrReleased(t, h.holdsOf(u.ID), "both messages charged, the small hold released at 0")
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/holds"
 )
 
 // TestLongPromptWhoseSettlementEndedDuringItsAdmissionWaitsForTheNext: a long prompt sent while
@@ -69,10 +68,5 @@ func TestLongPromptWhoseSettlementEndedDuringItsAdmissionWaitsForTheNext(t *test
 			long.status, long.body)
 	}
 	h.settled()
-	for _, r := range h.holdsOf(u.ID) {
-		if r.State != holds.StateSettled || (r.SettleSource.String == holds.SourceRelease) != (r.ChargedMicro == 0) {
-			t.Errorf("run %s: %s by %q charged %d, want each call charged and each small hold released at 0",
-				r.RunID, r.State, r.SettleSource.String, r.ChargedMicro)
-		}
-	}
+	chargedOrReleased(t, h.holdsOf(u.ID), "each call charged and each small hold released at 0")
 }

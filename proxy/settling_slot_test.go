@@ -23,11 +23,7 @@ import (
 func TestSlotOfAnAnsweredCallIsNotRefused(t *testing.T) {
 	h := oneSlotHarness(t, nil)
 	u, key := h.user("standard")
-	answered := make(chan struct{})
-	firstSettlementHeld(h, answered, nil)
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
+	answered := firstCallSettling(t, h, key, nil)
 	second := send(h.gw.URL, key, chatBody, nil)
 	close(answered)
 	if second.status != http.StatusOK {
@@ -129,16 +125,12 @@ func refusedAtOnceWhileACallRuns(t *testing.T, plan func(*config.Config), status
 func TestSlotWaitPastTheBudgetIsStillTooManyInFlight(t *testing.T) {
 	h := oneSlotHarness(t, func(c *config.Config) { c.Limits.AdmitTimeout = 500 * time.Millisecond })
 	u, key := h.user("standard")
-	answered := make(chan struct{})
 	var admits atomic.Int32
-	firstSettlementHeld(h, answered, func(ctx context.Context, step string) {
+	answered := firstCallSettling(t, h, key, func(ctx context.Context, step string) {
 		if step == "admit" && admits.Add(1) == 3 {
 			<-ctx.Done() // the second call's try again: its budget runs out before it starts
 		}
 	})
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
 	second := send(h.gw.URL, key, chatBody, nil)
 	close(answered)
 	if n := admits.Load(); n != 3 {
@@ -171,6 +163,19 @@ func oneSlot(adjust func(*config.Config)) func(*config.Config) {
 			adjust(c)
 		}
 	}
+}
+
+// firstCallSettling sends key's first call, answered 200 while its settlement is held by
+// firstSettlementHeld (also as there); the test closes the channel returned once its next
+// call is answered.
+func firstCallSettling(t *testing.T, h *harness, key string, also func(ctx context.Context, step string)) chan struct{} {
+	t.Helper()
+	answered := make(chan struct{})
+	firstSettlementHeld(h, answered, also)
+	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
+		t.Fatalf("first call: %d %s", a.status, a.body)
+	}
+	return answered
 }
 
 // firstSettlementHeld holds the first settlement at its step until an admission waits for a
