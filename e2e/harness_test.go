@@ -1026,12 +1026,7 @@ func (f *freezer) freezeAfter(marker string) <-chan struct{} {
 // dsnVia is the world's DSN through f.
 func (w *world) dsnVia(f *freezer) string {
 	w.t.Helper()
-	cfg, err := mysql.ParseDSN(w.dsn)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	cfg.Addr = f.addr()
-	return cfg.FormatDSN()
+	return w.dsnViaAddr(f.addr())
 }
 
 // redisAddr is the host:port of the world's Redis.

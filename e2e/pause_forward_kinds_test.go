@@ -24,23 +24,11 @@ func pausedBeforeForward(t *testing.T, w *pausedWorld, g *gateway, key string, h
 // once the peer's reconciler has settled the call's hold.
 func pausedBeforeForwardWhile(t *testing.T, w *pausedWorld, g *gateway, key string, hdr map[string]string, holdOf func() string, during func()) (seen, holds.Run) {
 	t.Helper()
-	stopped := false
-	defer func() {
-		if stopped {
-			_ = g.cmd.Process.Signal(syscall.SIGCONT)
-		}
-	}()
 	body := chatRequest(false, 40, "the call whose gateway the pause catches")
 	fired := w.relay.armToStop(g.cmd.Process.Pid, admissionScript)
 	first := make(chan seen, 1)
 	go func() { first <- w.calls.call(g, key, body, hdr) }()
-	select {
-	case <-fired:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no closing script went out to stop the gateway on")
-	}
-	stopped = true
-	pausedAt := time.Now()
+	p := pausedOn(t, g, fired, "closing script")
 	var runID string
 	waitFor(t, 10*time.Second, "the hold committed", func() bool { runID = holdOf(); return runID != "" })
 	waitFor(t, 30*time.Second, "the peer's reconciler to settle the paused process's hold", func() bool {
@@ -51,11 +39,7 @@ func pausedBeforeForwardWhile(t *testing.T, w *pausedWorld, g *gateway, key stri
 	if during != nil {
 		during()
 	}
-	waitFor(t, 20*time.Second, "the pause to outlast admit_timeout", func() bool { return time.Since(pausedAt) > 6*time.Second })
-	if err := g.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	stopped = false
+	p.resume(t)
 	var s seen
 	select {
 	case s = <-first:
@@ -69,11 +53,47 @@ func pausedBeforeForwardWhile(t *testing.T, w *pausedWorld, g *gateway, key stri
 	return s, r
 }
 
-// pausedWorld is a world with a gateway whose database traffic goes through a stopRelay, a
+// pause is a gateway a dbRelay stopped (SIGSTOP) on the script it was armed for.
+type pause struct {
+	g       *gateway
+	at      time.Time
+	resumed bool
+}
+
+// pausedOn waits for fired, the relay's stop of g on a script of what kind, and returns the
+// pause; g is resumed (SIGCONT) at the test's end unless resume did it before.
+func pausedOn(t *testing.T, g *gateway, fired <-chan struct{}, what string) *pause {
+	t.Helper()
+	select {
+	case <-fired:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no %s went out to stop the gateway on", what)
+	}
+	p := &pause{g: g, at: time.Now()}
+	t.Cleanup(func() {
+		if !p.resumed {
+			_ = g.cmd.Process.Signal(syscall.SIGCONT)
+		}
+	})
+	return p
+}
+
+// resume resumes the gateway once the pause has outlasted admit_timeout (5 s), the admission
+// budget of the call it caught.
+func (p *pause) resume(t *testing.T) {
+	t.Helper()
+	waitFor(t, 20*time.Second, "the pause to outlast admit_timeout", func() bool { return time.Since(p.at) > 6*time.Second })
+	if err := p.g.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	p.resumed = true
+}
+
+// pausedWorld is a world with a gateway whose database traffic goes through a dbRelay, a
 // peer that serves and reconciles, and one user.
 type pausedWorld struct {
 	*world
-	relay *stopRelay
+	relay *dbRelay
 	calls *allCalls
 	u     holds.User
 }
@@ -85,7 +105,7 @@ func newPausedWorld(t *testing.T, name string) (*pausedWorld, *gateway, *gateway
 // newPausedWorldWith is newPausedWorld with over applied to both gateways' config.
 func newPausedWorldWith(t *testing.T, name string, over map[string]string) (*pausedWorld, *gateway, *gateway, string) {
 	w := newWorld(t)
-	relay := newStopRelay(t, w.mysqlAddr(), 0)
+	relay := newDBRelay(t, w.mysqlAddr())
 	u, key := w.user(name, 10, nil)
 	config := w.config
 	if over != nil {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,12 +25,6 @@ func TestCallerWhoLeftDuringThePauseBeforeTheForwardIsRefunded(t *testing.T) {
 	w, g, _, key := newPausedWorld(t, "paused-left")
 	ctx := context.Background()
 	before := w.available(w.u.ID)
-	stopped := false
-	defer func() {
-		if stopped {
-			_ = g.cmd.Process.Signal(syscall.SIGCONT)
-		}
-	}()
 	fired := w.relay.armToStop(g.cmd.Process.Pid, admissionScript)
 	cctx, leave := context.WithCancel(ctx)
 	defer leave()
@@ -39,13 +32,7 @@ func TestCallerWhoLeftDuringThePauseBeforeTheForwardIsRefunded(t *testing.T) {
 	go func() {
 		first <- readCall(cctx, g, key, chatRequest(false, 40, "the call whose caller leaves during the pause"), map[string]string{"X-Fake-Chunks": "12"}, nil)
 	}()
-	select {
-	case <-fired:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no closing script went out to stop the gateway on")
-	}
-	stopped = true
-	pausedAt := time.Now()
+	p := pausedOn(t, g, fired, "closing script")
 	var runID string
 	waitFor(t, 10*time.Second, "the hold committed", func() bool { runID = w.latestHold()(); return runID != "" })
 	waitFor(t, 30*time.Second, "the peer's reconciler to settle the paused process's hold", func() bool {
@@ -60,11 +47,7 @@ func TestCallerWhoLeftDuringThePauseBeforeTheForwardIsRefunded(t *testing.T) {
 	if s := <-first; s.err == nil {
 		t.Fatalf("the caller got an answer from a stopped gateway: %d %s", s.status, s.code)
 	}
-	waitFor(t, 20*time.Second, "the pause to outlast admit_timeout", func() bool { return time.Since(pausedAt) > 6*time.Second })
-	if err := g.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	stopped = false
+	p.resume(t)
 	// The refund comes either way: a resumed gateway reads its caller's close in the background
 	// (net/http's read of the connection), in a race with the admission's reply it reads too,
 	// and a gateway that reads the reply first forwards the call before it knows the caller

@@ -263,7 +263,7 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 			w := newWorld(t)
 			w.config = w.writeConfig(map[string]string{"limits.settle_timeout": "3s"})
 			mysqlPID := pidListeningOn(t, w.mysqlAddr())
-			relay := newStopRelay(t, w.mysqlAddr(), mysqlPID)
+			relay := newDBRelay(t, w.mysqlAddr())
 			u, key := w.user("db-paused", 40, nil)
 			cfg, err := mysql.ParseDSN(w.dsnViaAddr(relay.addr()))
 			if err != nil {
@@ -288,7 +288,7 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 			// two settlements given up, not three; a 7 s probe there fails it every time).
 			var fired <-chan struct{}
 			if tc.afterCommit {
-				fired = relay.arm(settlementScript)
+				fired = relay.armToStop(mysqlPID, settlementScript)
 			}
 			// Long enough (6 s) that none ends, and settles, before the pause on a busy machine:
 			// the pause must catch all four.
@@ -386,13 +386,7 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 				t.Errorf("k retried after the resume: %d %s run %s replayed %v, want attempt 0's answer (%s) replayed",
 					kAfter.status, kAfter.code, kAfter.runID, kAfter.replayed, inflight["k #0"].res.runID)
 			}
-			all.mu.Lock()
-			for _, s := range all.seen {
-				if s.status >= 500 {
-					t.Errorf("a caller got %d %s (run %s)", s.status, s.code, s.runID)
-				}
-			}
-			all.mu.Unlock()
+			all.noServerErrors(t)
 		})
 	}
 }
@@ -426,7 +420,7 @@ func TestMariaDBPausedWithAnAdmissionsCommitInItsBuffer(t *testing.T) {
 			maps.Copy(over, tc.config)
 			w.config = w.writeConfig(over)
 			mysqlPID := pidListeningOn(t, w.mysqlAddr())
-			relay := newStopRelay(t, w.mysqlAddr(), mysqlPID)
+			relay := newDBRelay(t, w.mysqlAddr())
 			u, key := w.user("db-paused-admit", 10, nil)
 			cfg, err := mysql.ParseDSN(w.dsnViaAddr(relay.addr()))
 			if err != nil {
@@ -443,7 +437,7 @@ func TestMariaDBPausedWithAnAdmissionsCommitInItsBuffer(t *testing.T) {
 			}()
 			hdr := with(tc.hdr, "X-Fake-Chunks", "12")
 			body := chatRequest(false, 40, "the call whose admission the pause catches")
-			fired := relay.arm(admissionScript)
+			fired := relay.armToStop(mysqlPID, admissionScript)
 			first := make(chan seen, 1)
 			go func() { first <- all.call(g, key, body, hdr) }()
 			select {

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"database/sql"
-	"syscall"
 	"testing"
 	"time"
 
@@ -34,23 +33,11 @@ func TestSessionMessagePausedAfterItsClaim(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w, g, peer, key := newPausedWorld(t, "paused-claimed-"+tc.name)
 			before := w.available(w.u.ID)
-			stopped := false
-			defer func() {
-				if stopped {
-					_ = g.cmd.Process.Signal(syscall.SIGCONT)
-				}
-			}()
 			hdr := map[string]string{"X-Session-Id": "chat-claimed", "X-Fake-Chunks": "12"}
 			fired := w.relay.armToStopAtCommitAfter(g.cmd.Process.Pid, sessionClaimScript)
 			first := make(chan seen, 1)
 			go func() { first <- w.calls.call(g, key, chatRequest(false, 40, "message A, the older"), hdr) }()
-			select {
-			case <-fired:
-			case <-time.After(20 * time.Second):
-				t.Fatal("no session claim's COMMIT went out to stop the gateway on")
-			}
-			stopped = true
-			pausedAt := time.Now()
+			p := pausedOn(t, g, fired, "session claim's COMMIT")
 			aRun := w.latestHold()()
 			waitFor(t, 10*time.Second, "A's claim committed", func() bool { return w.sessionRun("chat-claimed") == aRun })
 			settledA := func() bool { return w.hold(aRun).State == holds.StateSettled }
@@ -70,11 +57,7 @@ func TestSessionMessagePausedAfterItsClaim(t *testing.T) {
 			if rA.SettleSource.String != holds.SourceReconcileHold || rA.ChargedMicro <= 0 {
 				t.Fatalf("the scene did not happen: A's hold settled %s at %d", rA.SettleSource.String, rA.ChargedMicro)
 			}
-			waitFor(t, 20*time.Second, "the pause to outlast admit_timeout", func() bool { return time.Since(pausedAt) > 6*time.Second })
-			if err := g.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-				t.Fatal(err)
-			}
-			stopped = false
+			p.resume(t)
 			var a seen
 			select {
 			case a = <-first:

@@ -408,12 +408,8 @@ func TestGatewayPausedPastItsHolds(t *testing.T) {
 	}
 
 	// No caller got a 500; the resumed process logged no error.
+	all.noServerErrors(t)
 	all.mu.Lock()
-	for _, s := range all.seen {
-		if s.status >= 500 {
-			t.Errorf("a caller got %d %s (run %s)", s.status, s.code, s.runID)
-		}
-	}
 	t.Logf("%d calls in all", len(all.seen))
 	all.mu.Unlock()
 	b, _ := os.ReadFile(p.log)
@@ -585,6 +581,18 @@ func (a *allCalls) must(t *testing.T, what string, g *gateway, key string, body 
 		t.Fatalf("%s: %d %s %v %s", what, s.status, s.code, s.err, s.body)
 	}
 	return s
+}
+
+// noServerErrors checks that no caller got a 5xx.
+func (a *allCalls) noServerErrors(t *testing.T) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range a.seen {
+		if s.status >= 500 {
+			t.Errorf("a caller got %d %s (run %s)", s.status, s.code, s.runID)
+		}
+	}
 }
 
 // readCall sends one chat completion and reads its answer to the end; firstEvent, if set, is

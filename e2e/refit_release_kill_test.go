@@ -3,130 +3,14 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
 )
-
-// settleRelay is a TCP relay between a gateway and MariaDB that acts on the first script of a
-// settlement's batch (the one that locks the holds it settles: "FROM run_holds WHERE run_id IN
-// (…) FOR UPDATE"), before passing it on: the first such script is held back (its
-// connection stalls, the server never sees it: nothing is locked, so the batches of other
-// connections go on) until release, the second SIGKILLs the gateway pid and is dropped.
-type settleRelay struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	pid    int
-	n      int
-	// stallSecond: the second script is held back as the first is, and the gateway not killed.
-	stallSecond bool
-	stalled     chan struct{} // closed once the first settlement's script is held back
-	killed      chan struct{} // closed once the second's SIGKILLed the gateway
-	killedOn    []byte        // the script the kill came on
-	release     chan struct{} // closed (let) ends the stalled connection, its script dropped
-	once        sync.Once
-}
-
-// let ends the stalled connection.
-func (r *settleRelay) let() { r.once.Do(func() { close(r.release) }) }
-
-func newSettleRelay(t *testing.T, target string) *settleRelay {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &settleRelay{ln: ln, target: target, stalled: make(chan struct{}), killed: make(chan struct{}),
-		release: make(chan struct{})}
-	t.Cleanup(func() { r.let(); ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			go r.pipe(c, s, true)
-			go r.pipe(s, c, false)
-		}
-	}()
-	return r
-}
-
-func (r *settleRelay) addr() string { return r.ln.Addr().String() }
-
-// arm makes the relay act on settlements from now on, killing pid on the second.
-func (r *settleRelay) arm(pid int) {
-	r.mu.Lock()
-	r.pid = pid
-	r.mu.Unlock()
-}
-
-func (r *settleRelay) pipe(from, to net.Conn, fromClient bool) {
-	defer from.Close()
-	defer to.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := from.Read(buf)
-		if n > 0 {
-			if fromClient && !r.pass(buf[:n]) {
-				return
-			}
-			if _, werr := to.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// pass reports whether the client's write b goes on to the server.
-func (r *settleRelay) pass(b []byte) bool {
-	if !bytes.Contains(b, []byte("FROM run_holds WHERE run_id IN (")) || !bytes.Contains(b, []byte("FOR UPDATE")) {
-		return true
-	}
-	r.mu.Lock()
-	if r.pid == 0 {
-		r.mu.Unlock()
-		return true
-	}
-	r.n++
-	switch r.n {
-	case 1:
-		close(r.stalled)
-		r.mu.Unlock()
-		<-r.release
-		return false
-	case 2:
-		if r.stallSecond {
-			r.killedOn = append([]byte(nil), b...)
-			close(r.killed)
-			r.mu.Unlock()
-			<-r.release
-			return false
-		}
-		_ = syscall.Kill(r.pid, syscall.SIGKILL)
-		r.killedOn = append([]byte(nil), b...)
-		close(r.killed)
-		r.mu.Unlock()
-		return false
-	}
-	r.mu.Unlock()
-	return true
-}
 
 // TestKilledWhileReleasingAHoldTooSmallForItsPrompt: a long prompt sent while its user's last
 // call settles (its settlement stalled on its way to the database) is granted what that
@@ -182,17 +66,16 @@ func TestDrainCutWhileReleasingAHoldTooSmallForItsPrompt(t *testing.T) {
 
 // longPromptReleaseCaught stages both tests' scene: a user (name) with one normal hold (20 000)
 // and a little, whose long prompt's first hold is 1 000; a gateway whose database goes through
-// a settleRelay (stallSecond as given) and whose first call's settlement is held back there;
+// a dbRelay catching settlements (stallSecond as given) and whose first call's settlement is held back there;
 // then the long prompt, sent (its answer on the channel), whose small hold's release is the
 // second settlement, caught by the relay (the gateway killed, or the release stalled).
-func longPromptReleaseCaught(t *testing.T, w *world, name string, stallSecond bool) (holds.User, *gateway, *settleRelay, <-chan reply) {
+func longPromptReleaseCaught(t *testing.T, w *world, name string, stallSecond bool) (holds.User, *gateway, *dbRelay, <-chan reply) {
 	t.Helper()
-	relay := newSettleRelay(t, w.mysqlAddr())
-	relay.stallSecond = stallSecond
+	relay := newDBRelay(t, w.mysqlAddr())
 	allowance := int64(21_000)
 	u, key := w.user(name, 10, &allowance)
 	g := w.startGatewayWith("gw-"+name, w.config, "MYSQL_DSN="+w.dsnViaAddr(relay.addr()))
-	relay.arm(g.cmd.Process.Pid)
+	relay.catchSettlements(g.cmd.Process.Pid, stallSecond)
 	first := <-sendAsync(context.Background(), g, key, chatBody(false, 20, "the call that settles"), nil)
 	if first.err != nil || first.status != http.StatusOK {
 		t.Fatalf("the first call: %d %s %v", first.status, first.body, first.err)
