@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/config"
@@ -18,11 +19,7 @@ import (
 // (settled at what it used) share the run's grant key, whose first grant is the only one paid.
 // Mutant: a key of its own per case (the run refunded 20 000 and 19 800 µUSD more).
 func TestPauseRefundIsPaidOncePerRun(t *testing.T) {
-	db := testenv.MySQL(t)
-	plans := map[string]holds.Plan{"standard": {AllowanceMicro: 1_000_000, HoldNormalMicro: 20_000, HoldHeavyMicro: 20_000,
-		HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostMicro: 500_000}}
-	st := holds.NewStore(db, plans, "standard", zap.NewNop())
-	s := &Server{store: st, cfg: config.Default()}
+	db, st, s := pauseRefundServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	released := holds.Settlement{Source: holds.SourceRelease}
@@ -71,11 +68,7 @@ func TestPauseRefundIsPaidOncePerRun(t *testing.T) {
 // Idempotency-Key attempt's run is its key's) may have been forwarded. Mutant: the token not
 // compared (the other request's hold refunded whole).
 func TestPauseRefundOfAReleaseIsOfItsOwnHoldOnly(t *testing.T) {
-	db := testenv.MySQL(t)
-	plans := map[string]holds.Plan{"standard": {AllowanceMicro: 1_000_000, HoldNormalMicro: 20_000, HoldHeavyMicro: 20_000,
-		HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostMicro: 500_000}}
-	st := holds.NewStore(db, plans, "standard", zap.NewNop())
-	s := &Server{store: st, cfg: config.Default()}
+	db, st, s := pauseRefundServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	u, err := st.CreateUser(ctx, "pause-refund-token-"+testenv.RandomID(4), "standard")
@@ -107,4 +100,14 @@ func TestPauseRefundOfAReleaseIsOfItsOwnHoldOnly(t *testing.T) {
 	if n, sum := granted(); n != 1 || sum != res.ChargedMicro {
 		t.Errorf("%d grants of %d µUSD for the refused admission's own hold; want one of %d", n, sum, res.ChargedMicro)
 	}
+}
+
+// pauseRefundServer is a Server on the test database with a store of one plan, whose holds are
+// 20 000 µUSD, for calling its refunds directly.
+func pauseRefundServer(t *testing.T) (*sqlx.DB, *holds.Store, *Server) {
+	db := testenv.MySQL(t)
+	plans := map[string]holds.Plan{"standard": {AllowanceMicro: 1_000_000, HoldNormalMicro: 20_000, HoldHeavyMicro: 20_000,
+		HeavyAfterTurns: 4, MaxInFlight: 3, MaxRunCostMicro: 500_000}}
+	st := holds.NewStore(db, plans, "standard", zap.NewNop())
+	return db, st, &Server{store: st, cfg: config.Default()}
 }

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -37,10 +38,8 @@ func TestSmallHoldChargedDuringAPauseBeforeItsReleaseIsRefunded(t *testing.T) {
 			t.Errorf("the small hold: %v", err)
 			return
 		}
-		res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: runID, UserID: u.ID, Source: holds.SourceReconcileHold,
-			ChargeHeld: true, Estimated: true})
-		if err != nil || !res.Applied || res.ChargedMicro <= 0 {
-			t.Errorf("settle the small hold as the reconciler would: %+v %v", res, err)
+		if _, err := chargeHeldAsTheReconciler(h, u.ID, runID); err != nil {
+			t.Errorf("the small hold: %v", err)
 			return
 		}
 		small.Store(runID)
@@ -94,10 +93,8 @@ func TestLostAdmissionChargedDuringAPauseBeforeItsMarkIsRefunded(t *testing.T) {
 					t.Errorf("the refused call's hold: %v", err)
 					return
 				}
-				res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: runID, UserID: u.ID, Source: holds.SourceReconcileHold,
-					ChargeHeld: true, Estimated: true})
-				if err != nil || !res.Applied || res.ChargedMicro <= 0 {
-					t.Errorf("settle the refused call's hold as the reconciler would: %+v %v", res, err)
+				if _, err := chargeHeldAsTheReconciler(h, u.ID, runID); err != nil {
+					t.Errorf("the refused call's hold: %v", err)
 					return
 				}
 				charged.Store(runID)
@@ -132,4 +129,16 @@ func wantPauseRefund(t *testing.T, h *harness, userID uint64, runID string, char
 		t.Errorf("grants %+v; want one of %d µUSD keyed pause-refund:%s: a hold charged while its process was stopped, never forwarded on",
 			grants, charged, runID)
 	}
+}
+
+// chargeHeldAsTheReconciler settles userID's hold runID as a peer's reconciler settles the hold
+// of a process it took for dead (reconcile_hold): charged what it held, which it returns. It
+// fails unless that charge was applied and above 0, the scene of a pause refund.
+func chargeHeldAsTheReconciler(h *harness, userID uint64, runID string) (int64, error) {
+	res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: runID, UserID: userID, Source: holds.SourceReconcileHold,
+		ChargeHeld: true, Estimated: true})
+	if err != nil || !res.Applied || res.ChargedMicro <= 0 {
+		return 0, fmt.Errorf("settle %s as the reconciler would: %+v %v", runID, res, err)
+	}
+	return res.ChargedMicro, nil
 }
