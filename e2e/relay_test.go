@@ -2,11 +2,17 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -16,7 +22,8 @@ import (
 //
 //   - armToStop, armToStopAtCommitAfter: SIGSTOP a process (the server, or the gateway) the
 //     moment a client sends a batch's closing script (a write ending in COMMIT) of the kind it
-//     is armed for. The script lands in the socket buffer of a stopped server, which runs it
+//     is armed for, and pass the script on only once every thread of the process has stopped
+//     (stopProcess). The script lands in the socket buffer of a stopped server, which runs it
 //     when it is resumed — whether or not the gateway has given up on it by then; or it reaches
 //     the server, which commits, and its answer waits for a stopped gateway.
 //   - catchSettlements: hold back a settlement's first script, then SIGKILL the gateway on (or
@@ -26,6 +33,7 @@ import (
 // freezer (every byte both ways, MariaDB or Redis) and tripwire (a reply lost) are the other
 // relays: they act on the connection as a whole, this one on a client's write.
 type dbRelay struct {
+	t      *testing.T
 	ln     net.Listener
 	target string
 	mu     sync.Mutex
@@ -64,7 +72,7 @@ func newDBRelay(t *testing.T, target string) *dbRelay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &dbRelay{ln: ln, target: target, fired: make(chan struct{}), stalled: make(chan struct{}),
+	r := &dbRelay{t: t, ln: ln, target: target, fired: make(chan struct{}), stalled: make(chan struct{}),
 		killed: make(chan struct{}), release: make(chan struct{})}
 	t.Cleanup(func() { r.let(); ln.Close() })
 	go func() {
@@ -108,7 +116,7 @@ var (
 
 // armToStop makes the next closing script holding kind stop the process pid (the server, or
 // the gateway that sends it: the script then reaches the server, which commits, and its answer
-// waits for a stopped process); the channel closes once it has.
+// waits for a stopped process); the channel closes once it has, every thread of it stopped.
 func (r *dbRelay) armToStop(pid int, kind [][]byte) <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -184,13 +192,75 @@ func (r *dbRelay) stopOn(b []byte, sentKind *bool) {
 	*sentKind = *sentKind || (r.stopArmed && r.atCommitAfter && holdsAny(b, r.kind))
 	if r.stopArmed && commit && (holdsAny(b, r.kind) || (r.atCommitAfter && *sentKind)) {
 		r.stopArmed = false
-		if err := syscall.Kill(r.stopPid, syscall.SIGSTOP); err == nil {
+		if err := stopProcess(r.stopPid); err != nil {
+			r.t.Errorf("dbRelay: %v", err)
+		} else {
 			close(r.fired)
 		}
 	}
 	if commit || bytes.HasSuffix(bytes.TrimRight(b, "; \n\x00"), []byte("ROLLBACK")) {
 		*sentKind = false
 	}
+}
+
+// stopProcess stops the process pid (SIGSTOP) and returns once every thread of it has stopped,
+// so that the script the stop is on goes on to the server only then. kill only queues the
+// signal: the thread it wakes to take it may wait for a CPU on a busy machine while the
+// process's other threads run on, and a COMMIT passed on meanwhile was answered, the answer
+// read, and the call forwarded and its usage tallied before the stop landed — the hold then
+// settled by the peer's reconciler from the tally ("reconcile"), not as one never forwarded
+// ("reconcile_hold"); a server stopped so could run the script before it stopped.
+func stopProcess(pid int) error {
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("SIGSTOP %d: %w", pid, err)
+	}
+	// The wait is for the kernel to act on a signal already sent, which it does as soon as the
+	// threads get a CPU: the bound only turns a process that never stops into a failure.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		stopped, err := allThreadsStopped(pid)
+		if err != nil {
+			return fmt.Errorf("process %d after its SIGSTOP: %w", pid, err)
+		}
+		if stopped {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("process %d not stopped 10s after its SIGSTOP", pid)
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// allThreadsStopped reports whether every thread of pid is stopped (state T, or t under a
+// tracer, from /proc) or gone: none of them runs again before a SIGCONT. The process's own
+// state (/proc/pid/stat) is its first thread's alone, which may be stopped while others run.
+func allThreadsStopped(pid int) (bool, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return false, fmt.Errorf("threads: %w", err)
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			continue // the thread exited
+		}
+		if err != nil {
+			return false, fmt.Errorf("thread %s: %w", task.Name(), err)
+		}
+		// "tid (comm) state …": comm may hold spaces and parentheses; the state follows the last ')'.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) {
+			return false, fmt.Errorf("thread %s: stat %q", task.Name(), stat)
+		}
+		switch stat[i+2] {
+		case 'T', 't', 'Z', 'X':
+		default:
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // passSettlement reports whether b, if a settlement's first script, goes on to the server
