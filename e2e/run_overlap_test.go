@@ -147,7 +147,7 @@ func (w *world) waitingRecord(t *testing.T) int64 {
 	var id int64
 	waitFor(t, 10*time.Second, "the call's record to wait on the run's row", func() bool {
 		err := w.db.Get(&id, `SELECT ID FROM information_schema.PROCESSLIST
-			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE '%ended_calls = ended_calls + 1%'
+			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE '%INTO @tg_run_live FROM run_holds%'
 			AND INFO NOT LIKE '%PROCESSLIST%' LIMIT 1`)
 		return err == nil && id != 0
 	})

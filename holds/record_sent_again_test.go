@@ -1,10 +1,14 @@
 package holds_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -269,3 +273,159 @@ func recordedCalls(t *testing.T, db *sqlx.DB, runID string) rowRecord {
 	}
 	return r
 }
+
+// TestRecordRunCallRunAfterItsClientLeftIsCountedOnce: a call's record that the database read
+// only after its sender had given up on it (a database stalled past the record's deadline, the
+// next try sent meanwhile and recorded first), run then, adds nothing. The server runs such a
+// script with no client to answer or roll back: before, the figures it added ahead of the
+// key's insert were committed a second time, though that insert found the key taken. (A chaos
+// run saw named runs charged a call twice across a stall of the database.)
+func TestRecordRunCallRunAfterItsClientLeftIsCountedOnce(t *testing.T) {
+	f, _, dsn := newLossyFixtureDSN(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	runID := "x_rec_left_" + testenv.RandomID(6)
+	admitNamed(t, f.store, f.user, runID)
+	callID := token.New()
+	record := func(ctx context.Context, st *holds.Store) error {
+		_, err := st.RecordRunCall(ctx, runID, callID, time.Minute, pricing.Usage{Input: 10, Output: 2}, 90, 1, false)
+		return err
+	}
+	// The next try, recorded.
+	if err := record(ctx, f.store); err != nil {
+		t.Fatal(err)
+	}
+
+	// The earlier try, on a connection whose bytes the database reads only once its sender
+	// has given up.
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Net = "tcp"
+	relay := newHeldRelay(t, cfg.Addr)
+	cfg.Addr = relay.addr()
+	db, err := holds.Open(ctx, cfg.FormatDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := db.PingContext(ctx); err != nil { // connected before the database stalls
+		t.Fatal(err)
+	}
+	relay.hold()
+	sent, giveUp := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = record(sent, holds.NewStore(db, settlePlans, "standard", zap.NewNop()))
+	giveUp()
+	if err == nil {
+		t.Fatal("a record the database did not read before its deadline: no error")
+	}
+	thread := relay.heldThread.Load()
+	if thread == 0 {
+		t.Fatal("the record's bytes were not held")
+	}
+	relay.release() // the database reads it, then its client's end
+	plain := plainDB(t, dsn)
+	for { // until the database has run it and closed the connection
+		var left int
+		if err := plain.GetContext(ctx, &left, "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE id = ?", thread); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the database still runs the abandoned connection %d: %v", thread, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if r := recordedCalls(t, plain, runID); r.calls != 1 || r.ended != 1 || r.keys != 1 || r.cost != 90 {
+		t.Fatalf("a call recorded, then an earlier try of its record run after its sender gave up: the row records %d calls (%d ended, %d keys) costing %d, want the call once (costing 90)",
+			r.calls, r.ended, r.keys, r.cost)
+	}
+}
+
+// heldRelay passes connections' bytes between a client and the database, but while held keeps
+// what a client sends from the database, and passes it on, then closes the connection as its
+// client did, once released: a database that stalls, then reads what it was sent by a client
+// that has gone (its answers meet a closed connection).
+type heldRelay struct {
+	ln         net.Listener
+	target     string
+	held       chan struct{} // closed: released
+	holding    atomic.Bool
+	heldThread atomic.Uint32 // the database's id of the connection whose bytes were held
+}
+
+func newHeldRelay(t *testing.T, target string) *heldRelay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &heldRelay{ln: ln, target: target, held: make(chan struct{})}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go r.relay(client)
+		}
+	}()
+	return r
+}
+
+func (r *heldRelay) relay(client net.Conn) {
+	defer client.Close()
+	server, err := net.Dial("tcp", r.target)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	var thread atomic.Uint32
+	go func() {
+		buf := make([]byte, 64<<10)
+		for first := true; ; first = false {
+			n, err := server.Read(buf)
+			if first && n > 9 && buf[4] == 10 { // the greeting: protocol 10, version, then the id
+				if end := bytes.IndexByte(buf[5:n], 0); end >= 0 && 5+end+1+4 <= n {
+					thread.Store(binary.LittleEndian.Uint32(buf[5+end+1:]))
+				}
+			}
+			if n > 0 {
+				if _, err := client.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 && r.holding.Load() {
+			r.heldThread.Store(thread.Load())
+			<-r.held
+		}
+		if n > 0 {
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return // closes the database's end as the client closed its own
+		}
+	}
+}
+
+func (r *heldRelay) addr() string { return r.ln.Addr().String() }
+
+// hold keeps what the client sends from now on from the database until release.
+func (r *heldRelay) hold() { r.holding.Store(true) }
+
+func (r *heldRelay) release() { close(r.held) }

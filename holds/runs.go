@@ -160,10 +160,18 @@ func (s *Store) RecordRunCall(ctx context.Context, runID, callID string, ttl tim
 // maxCallIDLen is the longest call id a run's record takes (run_calls.call_id).
 const maxCallIDLen = 64
 
-// recordRunCallOnce sends a call's record in one round trip: the figures are added first,
-// taking the run's row lock (the lock order's run_holds before run_calls, as a settlement
-// takes them), then the call's key is inserted if the run was live. A key already there is
-// the call recorded before: the transaction, its addition included, is rolled back.
+// recordRunCallOnce sends a call's record in one round trip: the run's row is locked and read
+// first (the lock order's run_holds before run_calls, as a settlement takes them), then the
+// call's key is inserted if the run is live, and the figures are added only if that insert
+// took the key. A key already there is the call recorded before, and the record adds nothing.
+//
+// Every statement of the script is guarded by what the ones before it found, so that the
+// script is right however far the server runs it: the figures were added first, and a key
+// found taken stopped the script with an error before its COMMIT, leaving the rollback to the
+// client. A try the database read only after its sender had given up on it (a database
+// stalled past the record's deadline, the next try sent and recorded meanwhile) had no client
+// left to roll it back, and its figures were committed beside the next try's: the run's call
+// counted twice (TestRecordRunCallRunAfterItsClientLeftIsCountedOnce).
 func (s *Store) recordRunCallOnce(ctx context.Context, runID, callID string, ttl time.Duration, u pricing.Usage, costMicro int64, calls int, estimated bool) (live bool, err error) {
 	conn, err := s.db.Connx(ctx)
 	if err != nil {
@@ -174,22 +182,26 @@ func (s *Store) recordRunCallOnce(ctx context.Context, runID, callID string, ttl
 
 	var sc script
 	sc.add("START TRANSACTION")
+	// Session variables outlive the script on a pooled connection: each is set before it is read.
+	sc.add("SET @tg_run_live = 0, @tg_call_new = 0")
+	sc.add("SELECT state IN ('queued', 'running') INTO @tg_run_live FROM run_holds WHERE run_id = ? FOR UPDATE", runID)
+	// Read under the run's row lock, which every record of the run takes first: no other send
+	// of the call can insert its key between this read and the insert. (ROW_COUNT() after the
+	// insert proved no guide: in a script whose client had gone, run after a SELECT ... INTO,
+	// it did not say the insert took the key, and a late record's figures were lost.)
+	sc.add("SELECT COUNT(*) = 0 AND @tg_run_live = 1 INTO @tg_call_new FROM run_calls WHERE run_id = ? AND call_id = ?", runID, callID)
+	sc.add("INSERT INTO run_calls (run_id, call_id) SELECT ?, ? FROM DUAL WHERE @tg_call_new = 1", runID, callID)
 	sc.add(`UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6) + INTERVAL ? MICROSECOND),
 		in_tok = in_tok + ?, cache_read_tok = cache_read_tok + ?, cache_write_tok = cache_write_tok + ?, out_tok = out_tok + ?,
 		cache_write_1h_tok = cache_write_1h_tok + ?, audio_in_tok = audio_in_tok + ?, audio_out_tok = audio_out_tok + ?,
 		cost_micro = cost_micro + ?, calls = calls + ?, ended_calls = ended_calls + 1, estimated = GREATEST(estimated, ?)
-		WHERE run_id = ? AND state IN ('queued', 'running')`, ttl.Microseconds(),
+		WHERE run_id = ? AND state IN ('queued', 'running') AND @tg_call_new = 1`, ttl.Microseconds(),
 		u.Input, u.CacheRead, u.CacheWrite, u.Output, u.CacheWrite1h, u.AudioInput, u.AudioOutput, costMicro, calls, estimated, runID)
-	sc.add("SET @tg_run_live = ROW_COUNT()")
-	sc.add("INSERT INTO run_calls (run_id, call_id) SELECT ?, ? FROM DUAL WHERE @tg_run_live = 1", runID, callID)
 	sc.add("COMMIT")
-	sc.add("SELECT @tg_run_live")
+	// A key found taken is the call recorded by an earlier send whose outcome its sender never
+	// learnt: the run was live then and is still (its settlement deletes the keys).
+	sc.add("SELECT @tg_run_live = 1")
 	if err := conn.QueryRowxContext(ctx, string(sc.q), sc.args...).Scan(&live); err != nil {
-		if isDuplicate(err) {
-			// Recorded by an earlier send whose outcome its sender never learnt; the run was
-			// live then and is still (its settlement deletes the keys).
-			return true, nil
-		}
 		return false, endedByServer(err)
 	}
 	committed = true
