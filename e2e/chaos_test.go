@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"os/exec"
 	"slices"
@@ -203,7 +204,13 @@ func runChaosPlan(t *testing.T, w *world, defaultDuration time.Duration, plan ch
 	go func() { defer close(grantDone); c.grantLoop(ctx) }()
 	operatorDone := make(chan struct{})
 	go func() { defer close(operatorDone); c.operatorLoop(ctx) }()
+	// The stall watch runs until the last call has its answer, not only while calls are sent.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); c.watchStalls(watchCtx) }()
 	wg.Wait()
+	stopWatch()
+	<-watchDone
 	<-chaosDone
 	<-flushDone
 	<-cutDone
@@ -422,6 +429,11 @@ type callRec struct {
 	regen     bool   // a resend of the session's last message after its caller saw it complete
 	sent      time.Time
 	ended     time.Time // when the caller had all of it (or gave up)
+	// The request's name in the log of the process that served it: its request id (the
+	// response's X-Tollgate-Request-Id) or, for one refused before it had one (its key's
+	// lookup), the address it was sent from (the log line's "remote").
+	requestID string
+	local     string
 }
 
 type chaos struct {
@@ -443,6 +455,7 @@ type chaos struct {
 	restarted  [][2]time.Time  // when Redis was down for a restart: from its stop to its start answering
 	redisUp    chan struct{}   // while Redis is down for a restart, closed once it is up again (nil: up)
 	cutOff     [][2]time.Time  // when gateway 0 was cut off from Redis: from, to
+	stalled    [][2]time.Time  // when the box stalled, as the test itself measured it (watchStalls)
 	cutsWanted int             // how many times partitionLoop is to cut it off (CHAOS_CUTS)
 	settles    map[string]int  // named run -> status of the settle the agent sent (0: abandoned)
 	last       [allCallers]int // caller -> status of its latest call
@@ -864,7 +877,12 @@ func (c *chaos) call(ctx context.Context, r *rand.Rand, rec callRec, body []byte
 	rec.inc, rec.sent = inc, time.Now()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
+	var local atomic.Value
+	cctx = httptrace.WithClientTrace(cctx, &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
+		local.Store(ci.Conn.LocalAddr().String())
+	}})
 	resp, err := do(cctx, g, c.users[rec.user].key, body, hdr)
+	rec.local, _ = local.Load().(string)
 	if err != nil {
 		rec.transport = true
 		c.record(rec)
@@ -872,6 +890,7 @@ func (c *chaos) call(ctx context.Context, r *rand.Rand, rec callRec, body []byte
 	}
 	defer resp.Body.Close()
 	rec.status, rec.runID = resp.StatusCode, resp.Header.Get(RunIDHeaderForTests)
+	rec.requestID = resp.Header.Get(RequestIDHeaderForTests)
 	rec.replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 	if resp.StatusCode != http.StatusOK {
 		raw, err := io.ReadAll(resp.Body)

@@ -862,6 +862,9 @@ func sendAsync(ctx context.Context, g *gateway, key string, body []byte, hdr map
 // RunIDHeaderForTests is proxy.RunIDHeader (the e2e package runs the binary, not the package).
 const RunIDHeaderForTests = "X-Tollgate-Run-Id"
 
+// RequestIDHeaderForTests is proxy.RequestIDHeader: the request_id of a call's log lines.
+const RequestIDHeaderForTests = "X-Tollgate-Request-Id"
+
 // freezer is a TCP relay between a gateway and a server (MariaDB, Redis) that can stop passing
 // bytes in both directions while keeping every connection open: a server that hangs, or a
 // network that drops its packets, not one that is down. Cut, it resets its connections
