@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -25,6 +26,19 @@ func hostileHarness(t *testing.T, upstream http.HandlerFunc, mutate func(*config
 			mutate(c)
 		}
 	})
+}
+
+// fixedAnswerHarness is a gateway whose only upstream answers every call with answer, as an
+// event stream when stream is set, else as JSON.
+func fixedAnswerHarness(t *testing.T, stream bool, answer string) *harness {
+	return hostileHarness(t, func(w http.ResponseWriter, _ *http.Request) {
+		if stream {
+			w.Header().Set("Content-Type", "text/event-stream")
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+		}
+		fmt.Fprint(w, answer)
+	}, nil)
 }
 
 // maxStacksOfOneCall is the most the process's goroutine stacks may grow to while one hostile

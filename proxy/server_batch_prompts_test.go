@@ -41,14 +41,7 @@ func TestServerTaskBatchIsChargedEveryPrompt(t *testing.T) {
 		{"whole", false, whole, 90 + 200, 16 + metering.EstimateOutputTokens(int64(len(text)))},
 		{"streamed", true, stream, 90 + 210, 16 + 16},
 	} {
-		h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
-			if tc.stream {
-				w.Header().Set("Content-Type", "text/event-stream")
-			} else {
-				w.Header().Set("Content-Type", "application/json")
-			}
-			fmt.Fprint(w, tc.answer)
-		}, nil)
+		h := fixedAnswerHarness(t, tc.stream, tc.answer)
 		u, key := h.user("standard")
 		status, _, run := h.postRun(u.ID, key, "/v1/completions", request(tc.stream), nil)
 		if status != 200 {
@@ -84,14 +77,7 @@ func TestServerTaskMixedPromptIsOnePrompt(t *testing.T) {
 		stream bool
 		answer string
 	}{{"whole", false, final(text)}, {"streamed", true, stream}} {
-		h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
-			if tc.stream {
-				w.Header().Set("Content-Type", "text/event-stream")
-			} else {
-				w.Header().Set("Content-Type", "application/json")
-			}
-			fmt.Fprint(w, tc.answer)
-		}, nil)
+		h := fixedAnswerHarness(t, tc.stream, tc.answer)
 		u, key := h.user("standard")
 		status, _, run := h.postRun(u.ID, key, "/v1/completions", request(tc.stream), nil)
 		if status != 200 {

@@ -47,14 +47,7 @@ func TestServerCacheNIsChargedAtTheCacheReadPrice(t *testing.T) {
 			"[" + element(0, 90, 80) + "," + element(1, 210, 200) + "]",
 			false, true, pricing.Usage{Input: 10 + 10, CacheRead: 80 + 200, Output: 16 + 16}},
 	} {
-		h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
-			if tc.stream {
-				w.Header().Set("Content-Type", "text/event-stream")
-			} else {
-				w.Header().Set("Content-Type", "application/json")
-			}
-			fmt.Fprint(w, tc.answer)
-		}, nil)
+		h := fixedAnswerHarness(t, tc.stream, tc.answer)
 		model := h.cfg.Models["fake-gpt"]
 		price := pricing.Price{Input: model.Input.Micro, CacheRead: model.CacheRead.Micro, CacheWrite: model.CacheWrite.Micro, Output: model.Output.Micro}
 		u, key := h.user("standard")
