@@ -53,6 +53,10 @@ type call struct {
 	// before the forward, found its key moved on to this later attempt's run (paidUnderAPause):
 	// a retry ran the key meanwhile, and this attempt is answered as a duplicate, not forwarded.
 	overtakenBy string
+	// unclaimed: this Idempotency-Key attempt, paid under a pause, could not mark its key's
+	// record as being forwarded (claimForward, Redis out of reach): not forwarded, as a retry
+	// could then run the key beside it; answered 503 dedup_unavailable, its charge given back.
+	unclaimed error
 	// reserving: this call of a named run reserved (or tried to reserve) part of the run's
 	// budget under callID (reserveRunBudget); its tally gives it back.
 	reserving bool
@@ -529,6 +533,12 @@ func (s *Server) refuseLate(w http.ResponseWriter, r *http.Request, c *call, in 
 		s.writeDuplicate(w, e, true)
 		return e.Status
 	}
+	if c.unclaimed != nil {
+		// Paid, but its forward could not be marked in its key's record (paidUnderAPause).
+		c.outcome = outcomeRefused
+		return refuse(errDedupDown, "idempotent attempt paid under a pause, its forward not marked in its key's record; hold released at 0",
+			c.unclaimed)
+	}
 	c.outcome = outcomeRefused
 	return refuse(errBillingDown, "admission budget spent "+at+"; hold released at 0",
 		fmt.Errorf("%w %v before", errAdmitBudgetSpent, late.Round(time.Millisecond)))
@@ -600,7 +610,16 @@ func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) 
 		return false
 	}
 	if c.idem != nil {
-		if later := s.keyMovedOn(sctx, c); later != "" {
+		later, err := s.claimForward(ctx, c)
+		switch {
+		case err != nil && !s.cfg.Dedup.FailOpen:
+			c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped), and its Idempotency-Key's record not marked; not forwarded",
+				zap.String("settle_source", run.SettleSource.String), zap.Int64("charged_micro", run.ChargedMicro), zap.Error(err))
+			c.unclaimed = err
+			return false
+		case err != nil:
+			c.log.Warn("idempotency record of a call paid under a pause not marked; forwarded (fail_open)", zap.Error(err))
+		case later != "":
 			c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped), and a retry under its Idempotency-Key has run a later attempt since; not forwarded",
 				zap.String("settle_source", run.SettleSource.String), zap.Int64("charged_micro", run.ChargedMicro), zap.String("later_run", later))
 			c.overtakenBy = later
@@ -612,28 +631,6 @@ func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) 
 		zap.Duration("since_arrival", time.Since(in.arrived).Round(time.Millisecond)))
 	c.paidUnderPause = true
 	return true
-}
-
-// keyMovedOn returns the run id of the later attempt of c's Idempotency-Key that a retry has
-// run while c, an attempt whose hold another process charged, waited in its stopped process:
-// the retry found c's hold settled, could not tell a stopped process from a killed one, and
-// moved the key past c (passSettled). Forwarded, c ran the key a second time, charged what it
-// used beside the later attempt's charge, and its answer, stored nowhere (errIdemMovedOn), was
-// no answer of the key. "" while the key is still c's attempt's; a read that fails says so too,
-// and c is forwarded as before.
-func (s *Server) keyMovedOn(ctx context.Context, c *call) string {
-	rec, err := s.readIdem(ctx, c.idem)
-	if err != nil {
-		c.log.Warn("idempotency record of a call paid under a pause unreadable; forwarded", zap.Error(err))
-		return ""
-	}
-	switch {
-	case rec.run != "" && rec.run != c.runID:
-		return rec.run
-	case rec.attempt > c.idem.attempt:
-		return idempotentRunID(c.idem.userID, c.idem.key, rec.attempt)
-	}
-	return ""
 }
 
 // sessionMovedOn reports whether the row of c's session (sessionID), which c claimed, names

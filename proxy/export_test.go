@@ -64,6 +64,10 @@ var RunIDFor = runIDFor
 // not pin it, as go-redis sends it (EVALSHA): a test loses that write by it.
 var AdvanceIdemScriptSHA = advanceScript.Hash()
 
+// ClaimForwardScriptSHA names the script a resumed Idempotency-Key attempt marks its key's
+// record with before its forward: a test fails that write alone.
+var ClaimForwardScriptSHA = claimForwardScript.Hash()
+
 // SetAnswerMemoryWait sets how long a whole answer waits for room in max_response_memory
 // before it is refused (answerMemoryWait).
 func (s *Server) SetAnswerMemoryWait(d time.Duration) { s.answers.wait = d }

@@ -42,6 +42,8 @@ const (
 //	status, ctype, hdrs, resp   what the caller was sent, byte for byte (a stream's events too)
 //	large    "1": the response outgrew max_replay_len and was not kept; a replay is 409
 //	superseded  "1": an attempt was stopped by a newer message of its session; a retry is 409
+//	fwd, fwd_until  an attempt paid under a pause is being forwarded (claimForward): its number,
+//	         and until when (Redis clock, ms) the mark holds; a retry is 409 while it does
 //
 // An attempt pins the key when the caller was sent a 2xx answer (a complete one, or a stream
 // that the upstream broke off after producing output). Any other end — refused after the hold,
@@ -190,20 +192,93 @@ func (s *Server) readIdem(ctx context.Context, ic *idemCall) (idemRecord, error)
 // pinned, or whose counter is already past ARGV[1], is left as it is: a late attempt's end
 // (its hold settled under it, and the key retried) set a pinned answer's expiry again, and it
 // was replayed for replay_ttl from that end, not from the answer.
+//
+// Nor is one that an attempt paid under a pause has marked as being forwarded (claimForward),
+// while the mark holds, unless ARGV[3] is "1": the attempt's own end moves past it and drops
+// the mark. Returns 2 when so refused: the caller, a retry that found the attempt's hold
+// settled, answers 409 request_in_progress. The check and the move are one script, as the
+// mark's write is: of a retry's move and the attempt's mark, whichever comes first stops the
+// other.
 var advanceScript = redis.NewScript(`
 local a = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
 if redis.call('HEXISTS', KEYS[1], 'run') == 1 or a > tonumber(ARGV[1]) then return 0 end
+local f = redis.call('HGET', KEYS[1], 'fwd')
+if ARGV[3] ~= '1' and f and tonumber(f) >= tonumber(ARGV[1]) then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if tonumber(redis.call('HGET', KEYS[1], 'fwd_until') or '0') > now then return 2 end
+end
+redis.call('HDEL', KEYS[1], 'fwd', 'fwd_until')
 redis.call('HSET', KEYS[1], 'attempt', tonumber(ARGV[1]) + 1)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1`)
 
-func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int) error {
+// errAttemptForwarded: a retry's move past a settled attempt was refused, the attempt being
+// forwarded by its resumed process (claimForward).
+var errAttemptForwarded = errors.New("the attempt is being forwarded by its resumed process")
+
+// advanceIdem moves c's key past attempt (advanceScript); own says the attempt itself has
+// ended, else a retry found it settled and fails with errAttemptForwarded while it is forwarded.
+func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int, own bool) error {
 	ctx, cancel := redisStep(ctx)
 	defer cancel()
-	if err := advanceScript.Run(ctx, s.dedupRDB, []string{ic.record}, attempt, s.cfg.Dedup.ReplayTTL.Milliseconds()).Err(); err != nil {
+	n, err := advanceScript.Run(ctx, s.dedupRDB, []string{ic.record}, attempt, s.cfg.Dedup.ReplayTTL.Milliseconds(), own).Int()
+	if err != nil {
 		return fmt.Errorf("advance idempotency attempt: %w", err)
 	}
+	if n == 2 {
+		return fmt.Errorf("advance idempotency attempt %d: %w", attempt, errAttemptForwarded)
+	}
 	return nil
+}
+
+// claimForwardScript marks the key's record, unless the key has moved on, as being run by
+// attempt ARGV[2] (run id ARGV[1]) for ARGV[5] ms from now by the Redis clock (fwd,
+// fwd_until): a retry's move past the attempt (advanceScript) is refused while the mark holds.
+// It returns the run id that pinned the key, or the attempt number the counter has moved to,
+// when the key is no longer the attempt's; else "" (marked). The body is set if missing, and
+// the record kept for replay_ttl (ARGV[4] ms), as idemWriteScript does.
+var claimForwardScript = redis.NewScript(`
+local run = redis.call('HGET', KEYS[1], 'run')
+if run and run ~= ARGV[1] then return run end
+local a = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
+if a > tonumber(ARGV[2]) then return a end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSETNX', KEYS[1], 'body', ARGV[3])
+redis.call('HSET', KEYS[1], 'fwd', ARGV[2], 'fwd_until', string.format('%d', now + tonumber(ARGV[5])))
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return ''`)
+
+// claimForward is the last check of an attempt whose hold another process charged while its
+// own process was stopped before the forward (paidUnderAPause), and its mark on the key: it
+// returns the run id of the later attempt a retry has run meanwhile (the retry found c's hold
+// settled, could not tell a stopped process from a killed one, and moved the key past c:
+// passSettled), or "" once the key's record says c is being forwarded. Forwarded after a retry
+// moved on, c ran the key a second time, charged what it used beside the later attempt's
+// charge, its answer stored nowhere (errIdemMovedOn). Forwarded unmarked, a retry arriving
+// while it ran did the same: it found c settled, moved past it and ran the next attempt.
+//
+// The mark holds for the longest a call lives (maxCall), and c's own end drops it (finishIdem):
+// a process killed mid-forward keeps the key's retries at 409 request_in_progress that long at
+// most. An error says the record could not be written (Redis out of reach): the mark may or
+// may not have landed.
+func (s *Server) claimForward(ctx context.Context, c *call) (string, error) {
+	ctx, cancel := redisStep(ctx)
+	defer cancel()
+	ic := c.idem
+	v, err := claimForwardScript.Run(ctx, s.dedupRDB, []string{ic.record}, c.runID, ic.attempt, ic.bodyHash,
+		s.cfg.Dedup.ReplayTTL.Milliseconds(), s.maxCall().Milliseconds()).Result()
+	if err != nil {
+		return "", fmt.Errorf("mark the idempotency record of an attempt paid under a pause: %w", err)
+	}
+	switch v := v.(type) {
+	case string:
+		return v, nil
+	case int64:
+		return idempotentRunID(ic.userID, ic.key, int(v)), nil
+	}
+	return "", nil
 }
 
 // maxIdemRounds bounds admitIdempotent's reads of a key's record when each finds its attempt
@@ -426,7 +501,10 @@ func (a *idemAdmission) passSettled(attempt int) int {
 	case pinned:
 		return a.answer(errReplayLost(a.ar.RunID), false)
 	}
-	if err := a.s.advanceIdem(a.ctx, a.ic, attempt); err != nil {
+	if err := a.s.advanceIdem(a.ctx, a.ic, attempt, false); errors.Is(err, errAttemptForwarded) {
+		// Its hold settled under a pause, its process resumed and is forwarding it (claimForward).
+		return a.answer(errRequestInProgress(a.ar.RunID), true)
+	} else if err != nil {
 		return a.fail(errDedupDown, "idempotency attempt not advanced", err)
 	}
 	return 0
@@ -691,7 +769,7 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 		return
 	}
 	if !pins {
-		if err := s.advanceIdem(ctx, ic, ic.attempt); err != nil {
+		if err := s.advanceIdem(ctx, ic, ic.attempt, true); err != nil {
 			c.log.Warn("idempotency attempt not advanced; the next retry advances it", zap.Error(err))
 		}
 		return
@@ -796,7 +874,8 @@ var errIdemMovedOn = errors.New("the key's record belongs to a later attempt")
 // pinned it. KEYS record; ARGV run id, attempt, body hash, replay ttl ms, the fields to delete
 // first (space-separated), then field/value pairs. The body is set if missing (startIdem's
 // write may have failed, and a record without it would replay this answer to a different body
-// under the same key). Returns 0 when refused.
+// under the same key), and the mark of the attempt's forward (claimForward) dropped: the
+// attempt has pinned the key or ended. Returns 0 when refused.
 //
 // Unguarded, an attempt that outlived its hold, ending after a retry had run the next attempt
 // to its end and pinned the key, replaced that answer with its own: every later replay was the
@@ -806,6 +885,7 @@ local run = redis.call('HGET', KEYS[1], 'run')
 if run and run ~= ARGV[1] then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0') > tonumber(ARGV[2]) then return 0 end
 redis.call('HSETNX', KEYS[1], 'body', ARGV[3])
+redis.call('HDEL', KEYS[1], 'fwd', 'fwd_until')
 for f in string.gmatch(ARGV[5], '%S+') do redis.call('HDEL', KEYS[1], f) end
 redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])

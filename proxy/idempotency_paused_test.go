@@ -3,7 +3,9 @@ package proxy_test
 import (
 	"bytes"
 	"context"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -240,5 +242,220 @@ func TestIdemAttemptPausedBeforeItsRecordWhoseCallerLeftRunsWhenRetried(t *testi
 	if refunded := grantedTo(t, h, u.ID); refunded != paused.ChargedMicro {
 		t.Errorf("paused attempt charged %d (%s), %d given back; want all of it: it was never forwarded",
 			paused.ChargedMicro, paused.SettleSource.String, refunded)
+	}
+}
+
+// resumedAttempt plays TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwarded's scene up to
+// the resume, with no retry during the pause: the key's attempt 0 refused by its upstream (the
+// key's record written), attempt 1 stopped at its admission, its hold charged by the peer's
+// reconciler, then resumed past its hold's life. Its upstream call, if it is forwarded, waits
+// at gate "resumed" until the test opens it; hdr, if set, is sent with it alone. It returns the
+// attempt and the upstream's calls so far.
+func resumedAttempt(t *testing.T, h *harness, gate *gateUpstream, key string, idem map[string]string, hdr ...string) (*pausedAttempt, int64) {
+	t.Helper()
+	refused := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503"))
+	if refused.status < 500 {
+		t.Fatalf("the first attempt, refused by its upstream: %d %s", refused.status, refused.body)
+	}
+	h.settled()
+	calls := gate.fake.Calls()
+	t.Cleanup(func() { gate.open("resumed") })
+	paused := with(idem, "X-Test-Gate", "resumed")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		paused = with(paused, hdr[i], hdr[i+1])
+	}
+	p := pauseAttempt(t, h, key, paused)
+	if st := h.reconcileExpired(t, "run_id = ?", h.idemRun(key, idem, 1)); st.ChargedHeld != 1 {
+		t.Fatalf("the peer's reconcile of the paused attempt: %+v; want its hold charged (no tally)", st)
+	}
+	time.Sleep(time.Until(p.sent.Add(h.cfg.Holds.HoldTTL + 100*time.Millisecond))) // stopped past its hold's life
+	p.resume()
+	return p, calls
+}
+
+// idemRun is the run id of attempt n of idem's key for the user of API key key.
+func (h *harness) idemRun(key string, idem map[string]string, n int) string {
+	h.t.Helper()
+	u, err := h.store.UserByKey(context.Background(), key)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return proxy.IdempotentRunID(u.ID, idem[proxy.IdempotencyKeyHeader], n)
+}
+
+// pausedGateHarness is pausedIdemHarness's gateway with its upstream behind a gateUpstream;
+// setup as newHarnessOn's.
+func pausedGateHarness(t *testing.T, setup harnessSetup) (*harness, *gateUpstream) {
+	gate := newGateUpstream()
+	gateSrv := httptest.NewServer(gate)
+	t.Cleanup(gateSrv.Close)
+	return newHarnessOn(t, setup, func(c *config.Config) {
+		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = 2*time.Second, time.Second, time.Second
+		c.Limits.SettleTimeout = 2 * time.Second
+		for i := range c.Upstreams {
+			c.Upstreams[i].BaseURL = gateSrv.URL
+		}
+	}), gate
+}
+
+// answerOf is what the resumed attempt's caller got.
+func (p *pausedAttempt) answerOf(t *testing.T) answer {
+	t.Helper()
+	select {
+	case a := <-p.done:
+		if a.err != nil {
+			t.Fatalf("the resumed attempt's caller: %v", a.err)
+		}
+		return a
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer for the resumed attempt")
+	}
+	return answer{}
+}
+
+// chargedRuns is how many of the user's runs were charged anything.
+func chargedRuns(t *testing.T, h *harness, userID uint64) int {
+	t.Helper()
+	var n int
+	if err := h.db.Get(&n, "SELECT COUNT(*) FROM run_holds WHERE user_id = ? AND charged_micro > 0", userID); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestIdemRetryWhileTheResumedAttemptIsForwardedIsNotRun: as
+// TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwarded, but the caller's retry comes only
+// once the stopped attempt, resumed, has found its key still its own and been forwarded (its
+// answer held open at the upstream). The retry finds the attempt's hold settled (the peer's
+// reconciler charged it) and cannot tell a resumed process from a killed one by the hold; run
+// as the key's next attempt, it was a second upstream call for the one request, charged again
+// beside the resumed attempt's. The resumed attempt marks the key's record before its forward
+// (claimForward), so the retry is answered 409 request_in_progress (retry) as for any running
+// attempt, and its retry after the answer is that answer replayed: one upstream call, charged
+// once, what it used.
+func TestIdemRetryWhileTheResumedAttemptIsForwardedIsNotRun(t *testing.T) {
+	h, gate := pausedGateHarness(t, harnessSetup{})
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-being-forwarded"}
+	attempt1 := h.idemRun(key, idem, 1)
+	p, calls := resumedAttempt(t, h, gate, key, idem)
+	gate.await(t, "resumed", 1) // forwarded: its answer held open at the upstream
+
+	retry := send(h.gw.URL, key, chatBody, idem)
+	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "request_in_progress" || errorRunID(t, retry.body) != attempt1 ||
+		retry.header.Get("Retry-After") != "1" || retry.header.Get("X-Should-Retry") != "true" {
+		t.Errorf("retry while the resumed attempt is forwarded: %d %s (run %q); want 409 request_in_progress naming %s, Retry-After: 1",
+			retry.status, retry.body, retry.header.Get(proxy.RunIDHeader), attempt1)
+	}
+	if n := gate.fake.Calls() - calls; n != 0 {
+		t.Errorf("%d upstream calls answered while the resumed attempt's is held open, want 0: the retry ran the key again", n)
+	}
+
+	gate.open("resumed")
+	first := p.answerOf(t)
+	if first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt1 {
+		t.Fatalf("the resumed attempt's caller: %d %s (run %q); want the answer it paid for", first.status, first.body,
+			first.header.Get(proxy.RunIDHeader))
+	}
+	h.settled()
+	replay := send(h.gw.URL, key, chatBody, idem)
+	if replay.status != http.StatusOK || replay.header.Get(proxy.ReplayedHeader) != "true" || !bytes.Equal(replay.body, first.body) {
+		t.Errorf("retry once the resumed attempt answered: %d %s replayed %q; want its answer replayed",
+			replay.status, replay.body, replay.header.Get(proxy.ReplayedHeader))
+	}
+	if n := gate.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls for the key's attempts past the first, want 1", n)
+	}
+	r := h.run(u.ID, attempt1)
+	if charged, refunded := chargedRuns(t, h, u.ID), grantedTo(t, h, u.ID); charged != 1 ||
+		r.SettleSource.String != holds.SourceReconcileHold || refunded <= 0 || refunded >= r.ChargedMicro {
+		t.Errorf("%d runs charged; the resumed attempt settled %s charged %d, %d given back; want it alone charged, what its call used",
+			charged, r.SettleSource.String, r.ChargedMicro, refunded)
+	}
+}
+
+// TestIdemForwardMarkOfAResumedAttemptLapses: the mark a resumed attempt leaves on its key's
+// record holds for the longest a call lives (maxCall), so that a process killed mid-forward
+// does not keep its key's retries at 409 for good. Lapsed (its time set in the past, as the
+// Redis clock would have passed it), a retry runs the key's next attempt, as for any attempt
+// whose hold was settled under its killed process.
+func TestIdemForwardMarkOfAResumedAttemptLapses(t *testing.T) {
+	h, gate := pausedGateHarness(t, harnessSetup{})
+	_, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-mark-lapses"}
+	_, calls := resumedAttempt(t, h, gate, key, idem)
+	gate.await(t, "resumed", 1)
+	record := h.keys.Replay(h.idemRun(key, idem, 0))
+	if until, err := h.rdb.HGet(context.Background(), record, "fwd_until").Int64(); err != nil || until <= time.Now().UnixMilli() {
+		t.Fatalf("the resumed attempt's mark: %d %v; want it to hold for now", until, err)
+	}
+	if err := h.rdb.HSet(context.Background(), record, "fwd_until", time.Now().Add(-time.Second).UnixMilli()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ran := send(h.gw.URL, key, chatBody, idem)
+	if ran.status != http.StatusOK || ran.header.Get(proxy.RunIDHeader) != h.idemRun(key, idem, 2) {
+		t.Errorf("retry once the mark lapsed: %d %s (run %q); want the key's next attempt run", ran.status, ran.body,
+			ran.header.Get(proxy.RunIDHeader))
+	}
+	if n := gate.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls, want the retry's", n)
+	}
+	gate.open("resumed")
+}
+
+// TestIdemResumedAttemptWhoseMarkFailedIsNotForwarded: a resumed attempt that cannot mark its
+// key's record (Redis refuses that write) is not forwarded, as a retry could then run the key
+// beside it unseen: its caller is told 503 dedup_unavailable (retry), its hold's charge is
+// given back whole, and its retry runs the key's next attempt, charged once.
+func TestIdemResumedAttemptWhoseMarkFailedIsNotForwarded(t *testing.T) {
+	blip := &failingWrites{marker: []byte(proxy.ClaimForwardScriptSHA)}
+	h, gate := pausedGateHarness(t, harnessSetup{
+		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingWritesConn{Conn: c, f: blip} }),
+		contextTimeouts: true,
+	})
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-mark-failed"}
+	attempt1 := h.idemRun(key, idem, 1)
+	blip.on.Store(true)
+	p, calls := resumedAttempt(t, h, gate, key, idem)
+	first := p.answerOf(t)
+	blip.on.Store(false)
+	if first.status != http.StatusServiceUnavailable || errorCode(t, first.body) != "dedup_unavailable" || first.header.Get("Retry-After") != "1" {
+		t.Errorf("the resumed attempt's caller, its mark refused: %d %s; want 503 dedup_unavailable, Retry-After: 1", first.status, first.body)
+	}
+	h.settled()
+	ran := send(h.gw.URL, key, chatBody, idem)
+	if ran.status != http.StatusOK || ran.header.Get(proxy.RunIDHeader) != h.idemRun(key, idem, 2) {
+		t.Errorf("its retry: %d %s (run %q); want the key's next attempt run", ran.status, ran.body, ran.header.Get(proxy.RunIDHeader))
+	}
+	h.settled()
+	if n := gate.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls, want the retry's alone", n)
+	}
+	paused := h.run(u.ID, attempt1)
+	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || refunded != paused.ChargedMicro {
+		t.Errorf("paused attempt settled %s charged %d, %d given back; want all of its charge given back: it was never forwarded",
+			paused.SettleSource.String, paused.ChargedMicro, refunded)
+	}
+}
+
+// TestIdemResumedAttemptThatFailedLeavesItsKeyFree: the resumed attempt's own end drops its
+// mark as it moves the key on: one its upstream refused (unpinned) leaves the key to its
+// retry at once, not at 409 request_in_progress until the mark would have lapsed.
+func TestIdemResumedAttemptThatFailedLeavesItsKeyFree(t *testing.T) {
+	h, gate := pausedGateHarness(t, harnessSetup{})
+	_, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-then-refused"}
+	p, _ := resumedAttempt(t, h, gate, key, idem, fakellm.HeaderStatus, "503")
+	gate.await(t, "resumed", 1)
+	gate.open("resumed")
+	if first := p.answerOf(t); first.status < 500 {
+		t.Fatalf("the resumed attempt, refused by its upstream: %d %s", first.status, first.body)
+	}
+	h.settled()
+	ran := send(h.gw.URL, key, chatBody, idem)
+	if ran.status != http.StatusOK || ran.header.Get(proxy.RunIDHeader) != h.idemRun(key, idem, 2) {
+		t.Errorf("retry once the resumed attempt failed: %d %s (run %q); want the key's next attempt run", ran.status, ran.body,
+			ran.header.Get(proxy.RunIDHeader))
 	}
 }
