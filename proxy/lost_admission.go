@@ -54,8 +54,9 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 
 // releaseRefused is releaseLostAdmission's release of a plain call's hold once it is marked
 // refused (markRefused): a zero tally for a fresh run, then the release at 0 by the
-// admission's token, in a settlement slot or, with none free, in the request. ctx has no
-// cancellation; log is the money log.
+// admission's token, in a settlement slot or, with none free, in the request. A release in
+// a slot that gives up reads the run again for its pause refund (refundAfterFailedRelease), as
+// one that finds it settled does (refundUnforwardedHold). ctx has no cancellation; log is the money log.
 func (s *Server) releaseRefused(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
 	s.settlements.start()
 	release := func(keepTrying bool) {
@@ -74,6 +75,14 @@ func (s *Server) releaseRefused(ctx context.Context, ar holds.AdmitRequest, log 
 		case err != nil:
 			s.metrics.SettleFailures.Inc()
 			log.Error("lost admission not released; the reconciler will settle it", zap.Error(err))
+			if keepTrying {
+				// Given up after the hold's life: the reconciler settles only a run still open,
+				// and one a peer charged whole (reconcile_hold) while this process was stopped
+				// before its mark is never read again. Read now, as a call's failed settlement
+				// reads its run (refundAfterFailedSettlement); not in the request, whose 503
+				// must not wait on the database a second time.
+				s.refundAfterFailedRelease(ctx, ar, log)
+			}
 		default:
 			s.metrics.Settlements.WithLabelValues(holds.SourceAdmitLost, strconv.FormatBool(res.Applied)).Inc()
 			log.Info("lost admission released", zap.Bool("applied", res.Applied))
@@ -327,11 +336,28 @@ func (s *Server) releaseUnfit(ctx context.Context, ar holds.AdmitRequest, log *z
 // as a call never forwarded's is (refundPausedCharge), by the grant keyed by the run: once
 // however often sent. ctx has no cancellation; log is the money log.
 func (s *Server) refundUnforwardedHold(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
+	s.refundRefusedHold(ctx, ar, log,
+		"hold of a refused admission found settled by another process, and not read again; if it was charged its hold (reconcile_hold), refund it by grant: nothing was forwarded on it")
+}
+
+// refundAfterFailedRelease is refundUnforwardedHold for a refused hold whose release at 0 gave
+// up (releaseRefused): the run is read again, as after a call's failed settlement
+// (refundAfterFailedSettlement). A hold still open, or one never inserted (the admission's
+// outcome unknown), is no refund's; a run that cannot be read leaves its money line, worded
+// for a release that failed rather than one that found the hold settled.
+func (s *Server) refundAfterFailedRelease(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
+	s.beforeStep(ctx, stepRefund)
+	s.refundRefusedHold(ctx, ar, log,
+		"release of a refused admission's hold failed, and its run not read; if another process charged it its hold (reconcile_hold), refund it by grant: nothing was forwarded on it")
+}
+
+// refundRefusedHold is the work of refundUnforwardedHold and refundAfterFailedRelease; unread is
+// the money line of a run that could not be read.
+func (s *Server) refundRefusedHold(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger, unread string) {
 	if ar.ClientRunID != "" || ar.Token == "" {
 		return // a named run's hold is its calls', never released here; no token, no hold of ours to tell
 	}
-	s.refundPausedHold(ctx, ar.UserID, ar.RunID, ar.Token, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Source: holds.SourceRelease}, log,
-		"hold of a refused admission found settled by another process, and not read again; if it was charged its hold (reconcile_hold), refund it by grant: nothing was forwarded on it")
+	s.refundPausedHold(ctx, ar.UserID, ar.RunID, ar.Token, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Source: holds.SourceRelease}, log, unread)
 }
 
 // markLost leaves the reconciler what releaseLostAdmission leaves it before its release: a

@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
@@ -141,4 +143,61 @@ func chargeHeldAsTheReconciler(h *harness, userID uint64, runID string) (int64, 
 		return 0, fmt.Errorf("settle %s as the reconciler would: %+v %v", runID, res, err)
 	}
 	return res.ChargedMicro, nil
+}
+
+// TestLostAdmissionChargedDuringAPauseWhoseReleaseFailsIsRefunded: as
+// TestLostAdmissionChargedDuringAPauseBeforeItsMarkIsRefunded, but the database stays out of
+// reach after the resume for as long as the release at 0 keeps trying (the hold's life): the
+// release gives up, and the hold a peer's reconciler charged whole (reconcile_hold) while the
+// process was stopped is never read again, by the reconciler (which settles only runs still
+// open) nor by anyone: "the reconciler will settle it" was the line left, and the caller told
+// 503 paid its hold for a call never made. The run is read again once the release has given up,
+// as a call's failed settlement reads it (refundAfterFailedSettlement), and the charge given
+// back by the run's pause-refund grant. The database is stood back up at that read.
+func TestLostAdmissionChargedDuringAPauseWhoseReleaseFailsIsRefunded(t *testing.T) {
+	h, lossy, _ := newObservedLossyHarness(t, func(c *config.Config) {
+		// The release keeps trying for the hold's life: short, so that it gives up soon.
+		c.Holds.HoldTTL, c.Holds.HeartbeatInterval = 2*time.Second, time.Second
+	})
+	defer lossy.Restore()
+	u, key := h.user("standard")
+	var charged atomic.Value
+	var refundRead atomic.Bool
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		switch {
+		case step == "refused mark" && charged.Load() == nil:
+			// Resumed past the hold's life: a peer charged it meanwhile; the database is out of
+			// reach again for the release.
+			lossy.Restore()
+			var runID string
+			if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running'", u.ID); err != nil {
+				t.Errorf("the refused call's hold: %v", err)
+				return
+			}
+			if _, err := chargeHeldAsTheReconciler(h, u.ID, runID); err != nil {
+				t.Errorf("the refused call's hold: %v", err)
+				return
+			}
+			charged.Store(runID)
+			lossy.TakeDown()
+		case step == "refund" && charged.Load() != nil:
+			refundRead.Store(true)
+			lossy.Restore()
+		}
+	})
+	postRefusedWithCommitLost(t, h, lossy, key, nil)
+	h.settled()
+	lossy.Restore()
+	runID, _ := charged.Load().(string)
+	if runID == "" {
+		t.Fatal("the refused call's hold was never charged at its mark: the test's premise")
+	}
+	r := h.run(u.ID, runID)
+	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+		t.Fatalf("the refused call's hold %s: %s by %q charged %d, want the reconciler's charge to stand", runID, r.State, r.SettleSource.String, r.ChargedMicro)
+	}
+	wantPauseRefund(t, h, u.ID, runID, r.ChargedMicro)
+	if !refundRead.Load() {
+		t.Error("the run was not read again once its release gave up")
+	}
 }

@@ -554,7 +554,8 @@ const (
 	stepAdmitWaits = "admission waits for a settlement"
 	stepSettle     = "settle"
 	// stepRefund precedes the refund of what a call did not use of the hold another process
-	// charged (refundPausedCharge), under its settlement's context.
+	// charged (refundPausedCharge), under its settlement's context, and the read for it of a
+	// refused hold whose release gave up (releaseRefused).
 	stepRefund = "refund"
 	// stepRefusedMark precedes the mark that an admission was refused (markRefused), the
 	// release at 0 of its hold to follow: a process stopped there past its hold's life leaves

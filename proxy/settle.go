@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -300,6 +301,9 @@ func (s *Server) refundPausedHold(ctx context.Context, userID uint64, runID, tok
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.Limits.SettleTimeout)
 	defer cancel()
 	run, err := s.store.Run(ctx, userID, runID)
+	if errors.Is(err, holds.ErrRunNotFound) {
+		return // never inserted (a lost admission's COMMIT that did not land): nothing charged
+	}
 	if err != nil {
 		log.Error(unread, append(callFigures(st), zap.Error(err))...)
 		return
