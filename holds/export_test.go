@@ -36,6 +36,12 @@ func ExpiredQuery(afterExpiry time.Time, afterRun string, limit int) (string, []
 	return expiredQuery(expiredCursor{ExpiresAt: afterExpiry, RunID: afterRun}, limit)
 }
 
+// ChargedHeldQuery is the statement a pass lists the runs charged their hold with (refundPaused),
+// for a batch of limit within window, from the start or after the given run.
+func ChargedHeldQuery(afterSettled time.Time, afterRun string, window time.Duration, limit int) (string, []any) {
+	return chargedHeldQuery(heldCursor{SettledAt: afterSettled, RunID: afterRun}, window, limit)
+}
+
 // Watch has the instance read the other rows' beats now, as its heartbeat and a pass do.
 func (in *Instance) Watch(ctx context.Context) error { return in.watch(ctx) }
 

@@ -19,6 +19,11 @@ import (
 // tally in Redis says what it used, and the store's conditional update makes the first
 // settlement — the reconciler's or a slow process's — the only one that charges.
 //
+// A one-call run it charged its hold (no lease, no tally: reconcile_hold) whose call was alive
+// after all (its process stopped, not killed) has its tally written after the charge; a later
+// pass reads it and gives back by grant what the call did not use, once per run whoever sends
+// it (refundPaused): the settled run's charge itself never changes.
+//
 // holds does not import metering: the three Redis facts arrive through the small interfaces
 // below, which cmd wires over runstate.Tally, runstate.Leases and the lock key.
 
@@ -158,6 +163,11 @@ type ReconcilerConfig struct {
 	// failed (for metrics: a fleet whose passes stopped leaves every expired hold unsettled,
 	// silently).
 	OnPass func(failed bool)
+	// RefundWindow, when positive, is how far back a pass revisits the one-call runs it
+	// charged their hold (reconcile_hold) to give back what their call's tally, written after
+	// the charge, says the call did not use (refundPaused): holds.tally_ttl, the tally's life.
+	// Zero: never revisited; the call's process alone refunds.
+	RefundWindow time.Duration
 }
 
 // Reconciler settles expired holds. Every process runs one; the lock makes only one scan per
@@ -176,6 +186,9 @@ type Reconciler struct {
 	// run id read, by dead instance id (sweepOne). At most maxDeadPerPass entries.
 	deadResume  deadCursor
 	holdsResume map[string]string
+	// heldResume is where the next pass's revisit of the runs charged their hold goes on
+	// (refundPaused).
+	heldResume heldCursor
 	// itemTimeout is reconcileItemTimeout; tests shorten it to see a pass's end without
 	// waiting for it.
 	itemTimeout time.Duration
@@ -222,6 +235,9 @@ type Stats struct {
 	Orphans int
 	// PrunedSessions is the sessions rows deleted: their run had settled and they were idle.
 	PrunedSessions int
+	// PauseRefunds is the runs charged their hold whose call's tally, written after, said it
+	// used less, and that this pass refunded the difference of (refundPaused).
+	PauseRefunds int
 	// DeadInstances is the instances this pass declared dead; BroughtIn the holds of dead
 	// instances whose expiry it brought in (and then scanned with the expired ones).
 	DeadInstances, BroughtIn int
@@ -261,7 +277,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 		case err != nil && ctx.Err() == nil:
 			r.cfg.Log.Error("reconcile pass failed", zap.Error(err), zap.Int("settled", st.Settled()),
 				zap.Int("errors", st.Errors))
-		case st.Scanned > 0 || st.PrunedSessions > 0 || st.DeadInstances > 0:
+		case st.Scanned > 0 || st.PrunedSessions > 0 || st.DeadInstances > 0 || st.PauseRefunds > 0:
 			r.cfg.Log.Info("reconcile pass", statsFields(st)...)
 		}
 		select {
@@ -298,9 +314,11 @@ func (r *Reconciler) RunForced(ctx context.Context) (Stats, error) { return r.pa
 // claim: the pause between two messages of one conversation, generously.
 const SessionPruneIdle = 10 * time.Minute
 
-// pass brings in the holds of dead instances (DeadAfter), settles expired holds, then prunes
-// sessions that have ended. A sweep or a prune that fails is logged and tried again on the
-// next pass: what the sweep left waits a pass longer, what the prune left costs room.
+// pass brings in the holds of dead instances (DeadAfter), settles expired holds, revisits the
+// one-call runs charged their hold whose call's tally came after the charge (RefundWindow,
+// refundPaused), then prunes sessions that have ended. A sweep, a revisit or a prune that fails
+// is logged and tried again on the next pass: what the sweep left waits a pass longer, a refund
+// left waits as long (its tally lives tally_ttl), what the prune left costs room.
 //
 // The whole pass runs under one deadline, start + PassBudget + the item timeout, the bound the
 // reconcile lock's life is sized by: each hold's work had its own timeout, but the reads
@@ -324,6 +342,9 @@ func (r *Reconciler) pass(ctx context.Context, start time.Time) (Stats, error) {
 	}
 	st, err := r.scan(ctx, start)
 	st.DeadInstances, st.BroughtIn = declared, brought
+	if r.cfg.RefundWindow > 0 && ctx.Err() == nil {
+		st.PauseRefunds = r.refundPaused(ctx, start.Add(r.cfg.PassBudget), end)
+	}
 	if ctx.Err() == nil {
 		st.PrunedSessions = r.pruneSessions(ctx, start.Add(r.cfg.PassBudget), end)
 	}
@@ -680,6 +701,7 @@ func statsFields(st Stats) []zap.Field {
 	f := []zap.Field{zap.Int("batches", st.Batches), zap.Int("scanned", st.Scanned), zap.Int("extended", st.Extended),
 		zap.Int("from_tally", st.FromTally), zap.Int("released", st.Released), zap.Int("charged_held", st.ChargedHeld),
 		zap.Int("already_settled", st.AlreadySettled), zap.Int("errors", st.Errors), zap.Int("pruned_sessions", st.PrunedSessions),
+		zap.Int("pause_refunds", st.PauseRefunds),
 		zap.Int64("charged_micro", st.ChargedMicro), zap.Bool("truncated", st.Truncated),
 		zap.Int("dead_instances", st.DeadInstances), zap.Int("brought_in", st.BroughtIn)}
 	if st.Truncated {

@@ -279,7 +279,10 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool 
 //
 // One grant per run, whichever process and however often it is sent: its key is the run's
 // (pauseRefundKey), and a grant's key, unique, pays once; one of another amount under the same
-// key is refused (holds.ErrGrantKeyReused). A run of one call has one settlement by its process,
+// key is refused (holds.ErrGrantKeyReused). A reconciler's pass sends it too, from the call's
+// tally, once no live process serves the run (holds.Reconciler's refundPaused): the refund of a
+// process killed before its grant is not lost, and with the tally's figures the same as st's,
+// whichever comes second is a replay. A run of one call has one settlement by its process,
 // so the refund of a call never forwarded and that of one forwarded cannot both be paid. Only
 // reconcile_hold is given back: a charge from a tally is of calls that were made, and a named
 // run's hold is its calls' (c is not all of it).
@@ -326,6 +329,13 @@ func (s *Server) refundPausedHold(ctx context.Context, userID uint64, runID, tok
 	}
 	g, created, err := s.store.Grant(ctx, holds.GrantRequest{UserID: userID, AmountMicro: refund,
 		IdempotencyKey: pauseRefundKey(runID), Reason: reason})
+	if errors.Is(err, holds.ErrGrantKeyReused) {
+		// A reconciler's pass refunded first, from a tally that said other than st (its final
+		// event's figures, set right since): its grant stands, what differs is logged.
+		log.Error("hold charged (reconcile_hold) by another process before this call settled; refunded already at other figures (a reconciler's pass, from the call's tally), which stand",
+			zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("refund_micro", refund), zap.String("grant_key", pauseRefundKey(runID)), zap.Error(err))
+		return
+	}
 	if err != nil {
 		log.Error("hold charged (reconcile_hold) by another process before this call settled; the refund of what the call did not use failed: refund by grant",
 			zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("refund_micro", refund), zap.String("grant_key", pauseRefundKey(runID)), zap.Error(err))
@@ -372,21 +382,18 @@ func (s *Server) soonestChargedByPeer(inRun bool) time.Duration {
 
 // pauseRefund is what of run's charge a call's own settlement st, had it found the hold open,
 // would not have charged (refund), and what it would have charged beyond it (uncharged: the
-// call used more than its hold, whose charge stands; nothing more is taken). st would have
-// charged the discounted cost clamped to the hold's cap, or the hold for a settlement that
-// charges it, as holds' decideSettlements does.
+// call used more than its hold, whose charge stands; nothing more is taken): holds.PauseRefund,
+// the arithmetic a reconciler's pass that reads the call's tally uses too, so both send one
+// amount under one key.
 func pauseRefund(run holds.Run, st holds.Settlement) (refund, uncharged int64) {
-	own := min(pricing.ApplyDiscount(st.CostMicro, run.DiscountBP), run.CapMicro)
-	if st.ChargeHeld {
-		own = run.HeldMicro
-	}
-	return max(0, run.ChargedMicro-own), max(0, own-run.ChargedMicro)
+	return holds.PauseRefund(run, st.CostMicro, st.ChargeHeld)
 }
 
 // pauseRefundKey is the idempotency key of the grant that gives back what runID's hold was
 // charged beyond what its call used (refundPausedCharge): one refund per run, whichever process
-// and however often it is sent, and whether or not the call was forwarded.
-func pauseRefundKey(runID string) string { return "pause-refund:" + runID }
+// and however often it is sent — a reconciler's pass included (holds.PauseRefundKey) — and
+// whether or not the call was forwarded.
+func pauseRefundKey(runID string) string { return holds.PauseRefundKey(runID) }
 
 // The refund's reasons, as the operator's listing of grants shows them.
 const (

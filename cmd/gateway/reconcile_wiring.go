@@ -58,6 +58,9 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 		Self:            d.self,
 		OnDeadInstances: d.onDeadInstances,
 		OnPass:          d.onPass,
+		// A one-call run charged its hold is revisited while its call's tally may yet say it
+		// used less (written after the charge, living tally_ttl from then).
+		RefundWindow: d.cfg.Holds.TallyTTL,
 	}), nil
 }
 

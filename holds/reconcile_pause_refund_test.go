@@ -1,0 +1,157 @@
+package holds_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/pricing"
+)
+
+// TestReconcileRefundsAHoldChargedBeforeItsCallsTally: a one-call run found expired with no
+// lease and no tally is charged what it held (reconcile_hold): its process looked dead. When
+// the process was only stopped (SIGSTOP, a VM's live migration) its call comes back, ends and
+// writes its tally; its own settlement finds the run settled and the process refunds the
+// difference by a grant keyed pause-refund:{run_id} — unless it is killed before that grant,
+// when the scan, which never reads a settled run again, left the whole hold charged. A later
+// pass reads the tally the charge did not see and grants what the call did not use, by the same
+// key and the same arithmetic (its discount, its cap), once.
+//
+// It refunds nothing where the charge is right or not its to judge: a call that truly died
+// (no tally, ever: what reconcile_hold is for), one whose tally says it used the hold or more,
+// one a live process still serves (its lease: that process refunds at its own figures), a named
+// run (its hold is many calls'), a tally of more than one call, a run its process refunded
+// already, and a run charged longer ago than the tally lives.
+func TestReconcileRefundsAHoldChargedBeforeItsCallsTally(t *testing.T) {
+	e := newStoreEnv(t)
+	quarter := 2_500
+	u := e.user("pause-refund-rec", 50, nil)
+	ud := e.user("pause-refund-rec-discount", 50, &quarter)
+	type tc struct {
+		what, runID, clientRunID string
+		user                     holds.User
+		// after writes what the call's process wrote after the charge.
+		after func(runID string)
+		// refund is the grant wanted of the held charge c; -1: none.
+		refund func(c int64) int64
+	}
+	record := func(cost int64) func(string) {
+		return func(runID string) {
+			if err := e.tally.RecordCallWith(e.ctx(), runID, 1, pricing.Usage{Input: 100, Output: 20}, cost, false, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	none := func(int64) int64 { return -1 }
+	var processRefund int64 = 1234
+	cases := []tc{
+		{what: "came back, used 900", runID: "r_pr_used", user: u, after: record(900), refund: func(c int64) int64 { return c - 900 }},
+		{what: "came back at a discount, used 900", runID: "r_pr_discount", user: ud, after: record(900),
+			refund: func(c int64) int64 { return c - 675 }},
+		{what: "came back, never forwarded", runID: "r_pr_unused", user: u, after: func(runID string) {
+			if err := e.tally.MarkUnused(e.ctx(), runID); err != nil {
+				t.Fatal(err)
+			}
+		}, refund: func(c int64) int64 { return c }},
+		{what: "truly dead", runID: "r_pr_dead", user: u, after: func(string) {}, refund: none},
+		{what: "used more than its hold", runID: "r_pr_more", user: u, after: record(10_000_000), refund: none},
+		{what: "still served by a live process", runID: "r_pr_leased", user: u, after: func(runID string) {
+			record(900)(runID)
+			if err := e.rdb.Set(e.ctx(), e.keys.Lease(runID), "other", time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}, refund: none},
+		{what: "named run", runID: "r_pr_named", clientRunID: "agent-pr", user: u, after: func(runID string) {
+			e.addTally(runID, pricing.Usage{Input: 100, Output: 20}, 900)
+		}, refund: none},
+		{what: "a tally of two calls", runID: "r_pr_two", user: u, after: func(runID string) {
+			e.addTally(runID, pricing.Usage{Input: 100, Output: 20}, 400)
+			e.addTally(runID, pricing.Usage{Input: 100, Output: 20}, 500)
+		}, refund: none},
+		{what: "refunded by its process", runID: "r_pr_process", user: u, after: func(runID string) {
+			record(900)(runID)
+			if _, _, err := e.store.Grant(e.ctx(), holds.GrantRequest{UserID: u.ID, AmountMicro: processRefund,
+				IdempotencyKey: holds.PauseRefundKey(runID), Reason: "refund: the process's own"}); err != nil {
+				t.Fatal(err)
+			}
+		}, refund: func(int64) int64 { return processRefund }},
+		{what: "charged before the tally's life", runID: "r_pr_old", user: u, after: func(runID string) {
+			record(900)(runID)
+			if _, err := e.db.ExecContext(e.ctx(), "UPDATE run_holds SET settled_at = settled_at - INTERVAL 2 HOUR WHERE run_id = ?", runID); err != nil {
+				t.Fatal(err)
+			}
+		}, refund: none},
+	}
+	for _, c := range cases {
+		if _, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: c.runID, UserID: c.user.ID, ClientRunID: c.clientRunID,
+			Model: "fake-gpt", State: holds.StateRunning, TTL: time.Hour}); err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		e.expire(c.runID)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.RefundWindow = time.Hour })
+	if _, err := e.pass(rec); err != nil {
+		t.Fatal(err)
+	}
+	charged := map[string]int64{}
+	for _, c := range cases {
+		r := e.run(c.user, c.runID)
+		if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 900 {
+			t.Fatalf("%s: %s by %q charged %d; the scene is a hold charged what it held, above the call's 900", c.what, r.State,
+				r.SettleSource.String, r.ChargedMicro)
+		}
+		charged[c.runID] = r.ChargedMicro
+		c.after(c.runID)
+	}
+	// Two passes: the second must find nothing more to give back.
+	for range 2 {
+		if _, err := e.pass(rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range cases {
+		var grants []int64
+		if err := e.db.SelectContext(e.ctx(), &grants, "SELECT amount_micro FROM grants WHERE idempotency_key = ?", holds.PauseRefundKey(c.runID)); err != nil {
+			t.Fatal(err)
+		}
+		want := c.refund(charged[c.runID])
+		switch {
+		case want < 0 && len(grants) != 0:
+			t.Errorf("%s: granted %v µUSD back of a %d charge; want none", c.what, grants, charged[c.runID])
+		case want >= 0 && (len(grants) != 1 || grants[0] != want):
+			t.Errorf("%s: granted %v µUSD back of a %d charge; want one grant of %d", c.what, grants, charged[c.runID], want)
+		}
+		if r := e.run(c.user, c.runID); r.ChargedMicro != charged[c.runID] {
+			t.Errorf("%s: the run's charge moved from %d to %d; a refund is a grant, the settlement stands", c.what, charged[c.runID], r.ChargedMicro)
+		}
+	}
+
+	// The lease gone (its process ended without refunding), the next pass refunds it; the
+	// process's own refund, of the same figures, coming after, is that grant again.
+	leased := "r_pr_leased"
+	if err := e.rdb.Del(e.ctx(), e.keys.Lease(leased)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.pass(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := charged[leased] - 900
+	if st.PauseRefunds != 1 {
+		t.Errorf("pass after the lease lapsed refunded %d runs; want 1", st.PauseRefunds)
+	}
+	again, created, err := e.store.Grant(e.ctx(), holds.GrantRequest{UserID: u.ID, AmountMicro: want,
+		IdempotencyKey: holds.PauseRefundKey(leased), Reason: "refund: the process's own, late"})
+	if err != nil || created || again.AmountMicro != want {
+		t.Errorf("the process's refund after the pass's: %+v created %v, %v; want the pass's grant of %d replayed", again, created, err, want)
+	}
+	if _, _, err := e.store.Grant(e.ctx(), holds.GrantRequest{UserID: u.ID, AmountMicro: want + 1,
+		IdempotencyKey: holds.PauseRefundKey(leased), Reason: "refund: other figures"}); !errors.Is(err, holds.ErrGrantKeyReused) {
+		t.Errorf("a refund of other figures under the same key: %v; want ErrGrantKeyReused", err)
+	}
+	var n int
+	if err := e.db.GetContext(e.ctx(), &n, "SELECT COUNT(*) FROM grants WHERE idempotency_key = ?", holds.PauseRefundKey(leased)); err != nil || n != 1 {
+		t.Errorf("%d grants keyed for the run (%v); want 1", n, err)
+	}
+}
