@@ -100,10 +100,25 @@ func (f *fixture) ctx() context.Context {
 	return ctx
 }
 
-// csvReport fetches today's usage report as CSV records, header first.
+// settledDay is the UTC day the test's latest settlement landed on (its database is its own),
+// as YYYY-MM-DD: the "today" a test that settled calls then reports means. The report's own
+// default, the database's day read after a midnight that fell between the two, is the next
+// one, whose report is empty (TestReportDefaultDayIsTheDatabases checks that default).
+func (f *fixture) settledDay() string {
+	f.t.Helper()
+	var day *string
+	if err := f.db.GetContext(f.ctx(), &day, "SELECT DATE_FORMAT(MAX(settled_at), '%Y-%m-%d') FROM run_holds WHERE state = 'settled'"); err != nil || day == nil {
+		f.t.Fatalf("the day of the latest settlement: %v, %v", day, err)
+	}
+	return *day
+}
+
+// csvReport fetches the usage report of the day of the latest settlement as CSV records,
+// header first.
 func (f *fixture) csvReport(t *testing.T) [][]string {
 	t.Helper()
-	status, _, raw := f.call("GET", "/admin/reports/usage?format=csv", adminToken, nil)
+	day := f.settledDay()
+	status, _, raw := f.call("GET", "/admin/reports/usage?format=csv&from="+day+"&to="+day, adminToken, nil)
 	if status != http.StatusOK {
 		t.Fatalf("csv: %d %s", status, raw)
 	}
@@ -516,11 +531,12 @@ func TestRunsAndUsageReport(t *testing.T) {
 	f.admin("GET", "/admin/runs?since=yesterday", nil, http.StatusBadRequest)
 	f.admin("GET", "/admin/runs?user=nobody", nil, http.StatusNotFound)
 	// By settlement: the settled runs of today's report, whatever day they began, newest first.
-	var today time.Time
-	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
+	// Today is the day they settled on: UTC_DATE() may be past a midnight since.
+	day := f.settledDay()
+	today, err := time.Parse(time.DateOnly, day)
+	if err != nil {
 		t.Fatal(err)
 	}
-	day := today.Format(time.DateOnly)
 	tomorrow := today.AddDate(0, 0, 1).Format(time.DateOnly)
 	settledToday := f.admin("GET", "/admin/runs?settled_since="+day+"&settled_until="+tomorrow, nil, http.StatusOK)
 	if data, _ := settledToday["data"].([]any); len(data) != len(costs) {
@@ -547,7 +563,7 @@ func TestRunsAndUsageReport(t *testing.T) {
 	}
 	want := pricing.FormatCredits(ledger, 1000)
 
-	rep := f.admin("GET", "/admin/reports/usage", nil, http.StatusOK) // today, all users
+	rep := f.admin("GET", "/admin/reports/usage?from="+day+"&to="+day, nil, http.StatusOK) // today, all users
 	totals, _ := rep["totals"].(map[string]any)
 	led, _ := rep["ledger"].(map[string]any)
 	if totals["charged"] != json.Number(want) || led["charged"] != json.Number(want) || totals["runs"] != json.Number("5") {

@@ -150,7 +150,8 @@ func TestUserFilterOfRunsAndReport(t *testing.T) {
 	if data, _ := runs["data"].([]any); len(data) != 1 || data[0].(map[string]any)["user"] != "ann" {
 		t.Fatalf("ann's runs: %v", runs)
 	}
-	rep := f.admin("GET", "/admin/reports/usage?user=ann", nil, http.StatusOK)
+	day := f.settledDay() // not the default day: midnight may have passed since the settlements
+	rep := f.admin("GET", "/admin/reports/usage?user=ann&from="+day+"&to="+day, nil, http.StatusOK)
 	rows, _ := rep["data"].([]any)
 	totals, _ := rep["totals"].(map[string]any)
 	if len(rows) != 1 || rows[0].(map[string]any)["user"] != "ann" || totals["charged"] != json.Number("1") {

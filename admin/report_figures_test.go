@@ -109,7 +109,8 @@ func TestReportShowsEachFigureUnderItsName(t *testing.T) {
 		return s
 	}
 
-	rep := f.admin("GET", "/admin/reports/usage?user=gus", nil, http.StatusOK)
+	day := f.settledDay() // not the default day: midnight may have passed since the settlement
+	rep := f.admin("GET", "/admin/reports/usage?user=gus&from="+day+"&to="+day, nil, http.StatusOK)
 	data, _ := rep["data"].([]any)
 	if len(data) != len(want) {
 		t.Fatalf("JSON rows %v, want one per model", data)

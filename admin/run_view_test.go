@@ -58,7 +58,8 @@ func TestSettledRunShowsItsMoneyApart(t *testing.T) {
 		}
 	}
 
-	rep := f.admin("GET", "/admin/reports/usage?user=ann", nil, http.StatusOK)
+	day := f.settledDay() // not the default day: midnight may have passed since the settlement
+	rep := f.admin("GET", "/admin/reports/usage?user=ann&from="+day+"&to="+day, nil, http.StatusOK)
 	rows, _ := rep["data"].([]any)
 	if len(rows) != 1 {
 		t.Fatalf("report rows %v, want the run's one", rep["data"])

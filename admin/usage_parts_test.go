@@ -58,7 +58,8 @@ func TestUsagePartsInRunViewsAndReport(t *testing.T) {
 		}
 	}
 
-	rep := f.admin("GET", "/admin/reports/usage?user=cara", nil, http.StatusOK)
+	day := f.settledDay() // not the default day: midnight may have passed since the settlement
+	rep := f.admin("GET", "/admin/reports/usage?user=cara&from="+day+"&to="+day, nil, http.StatusOK)
 	rows, _ := rep["data"].([]any)
 	totals, _ := rep["totals"].(map[string]any)
 	if len(rows) != 1 {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/pricing"
 )
 
@@ -258,8 +259,9 @@ func TestUsageReportEqualsLedgerAndSettledHolds(t *testing.T) {
 		}
 	}
 	settle(a, "gpt-a", 7_000) // today
-	var today time.Time
-	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
+	// The day the calls settled on, not UTC_DATE(): midnight may have passed since.
+	today, err := testenv.SettledDay(f.ctx(), f.db, a.ID)
+	if err != nil {
 		t.Fatal(err)
 	}
 	rep, err := f.store.Usage(f.ctx(), today.AddDate(0, 0, -1), today, 0)

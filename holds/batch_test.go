@@ -63,7 +63,7 @@ func TestSettleBatchDecidesEachRunInTurn(t *testing.T) {
 			t.Errorf("result %d = %+v, want %+v", i, r, w)
 		}
 	}
-	b, err := f.store.Balance(ctx, f.user.ID)
+	b, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID)
 	if err != nil || b.UsedTodayMicro != 60_001 || b.PrepaidMicro != 100_000-30_001 || b.HeldMicro != 0 {
 		t.Fatalf("balance %+v, %v", b, err)
 	}
@@ -175,7 +175,7 @@ func TestWriterGroupsConcurrentSettlements(t *testing.T) {
 	if _, err := b.Settle(ctx, holds.Settlement{RunID: "r_s_0", Source: holds.SourceComplete}); !errors.Is(err, holds.ErrBatcherClosed) {
 		t.Fatalf("settle after close: %v", err)
 	}
-	bal, err := f.store.Balance(ctx, f.user.ID)
+	bal, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID)
 	if err != nil || bal.UsedTodayMicro != runs*100 || bal.HeldMicro != 0 {
 		t.Fatalf("balance %+v, %v", bal, err)
 	}

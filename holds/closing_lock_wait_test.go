@@ -108,8 +108,9 @@ func TestLockWaitTimeoutInTheClosingScriptChargesOnce(t *testing.T) {
 			t.Fatalf("%s: %d settled rows charged %d, %v; want one charged %d", c.run, n, charged, err, c.charged)
 		}
 		var used, prepaid int64
-		if err := db.QueryRowContext(ctx, `SELECT d.used_micro, u.prepaid_micro FROM usage_days d JOIN users u ON u.id = d.user_id
-			WHERE d.user_id = ? AND d.day = UTC_DATE()`, c.u.ID).Scan(&used, &prepaid); err != nil {
+		// Every day's row: a settlement at 23:59:59.9 read at 00:00:00.1 is on yesterday's.
+		if err := db.QueryRowContext(ctx, `SELECT (SELECT CAST(COALESCE(SUM(used_micro), 0) AS SIGNED) FROM usage_days WHERE user_id = u.id),
+			u.prepaid_micro FROM users u WHERE u.id = ?`, c.u.ID).Scan(&used, &prepaid); err != nil {
 			t.Fatal(err)
 		}
 		if used != c.charged || prepaid != 1_000_000-(c.charged-1_000) {

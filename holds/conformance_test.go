@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // TestExpiredHoldsNoLongerCountAtAdmission: DESIGN §3 counts in flight the user's
@@ -71,7 +72,7 @@ func TestOverdraftIsDebtUntilPaidOrCoveredByTomorrow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	bal, err := e.store.Balance(e.ctx(), u.ID)
+	bal, err := testenv.BalanceAllDays(e.ctx(), e.store, u.ID)
 	if err != nil || bal.PrepaidMicro != -80_000 || bal.AvailableMicro != -80_000 {
 		t.Fatalf("after the overdraft: %+v, %v; want prepaid and available at -80 000", bal, err)
 	}

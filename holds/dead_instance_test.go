@@ -158,7 +158,7 @@ func TestDeadInstanceHoldsSettledBeforeTheirExpiry(t *testing.T) {
 			t.Errorf("%s: %s expiring %v, want untouched (running, %v)", id, r.State, r.ExpiresAt, exp)
 		}
 	}
-	if got, want := e.usedToday(u), 3_250+lost.HeldMicro; got != want {
+	if got, want := e.ledgerUsed(u), 3_250+lost.HeldMicro; got != want {
 		t.Errorf("day ledger %d, want %d", got, want)
 	}
 	if row := e.instance(deadID); !row.DeadAt.Valid || row.SweptAt.Valid {
@@ -194,11 +194,11 @@ func TestDeadInstanceHoldsSettledBeforeTheirExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Its call, settled under it at its hold, ends now: its own settlement changes nothing.
-	used := e.usedToday(u)
+	used := e.ledgerUsed(u)
 	if res, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: lost.RunID, UserID: u.ID, CostMicro: 1_234, Source: holds.SourceComplete}); err != nil || res.Applied {
 		t.Errorf("the resumed call's own settlement: %+v, %v; want nothing applied", res, err)
 	}
-	if got := e.usedToday(u); got != used {
+	if got := e.ledgerUsed(u); got != used {
 		t.Errorf("day ledger %d after the resumed call's settlement, want %d", got, used)
 	}
 	if dead.ID() == deadID {

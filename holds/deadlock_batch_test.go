@@ -119,8 +119,8 @@ func TestDeadlockedBatchOfSeveralUsersRetriesEachItemOnce(t *testing.T) {
 		}
 	}
 	for _, u := range []holds.User{a, b} {
-		var used int64
-		if err := db.QueryRowContext(ctx, "SELECT used_micro FROM usage_days WHERE user_id = ? AND day = UTC_DATE()", u.ID).Scan(&used); err != nil {
+		used, err := testenv.LedgerUsed(ctx, db, u.ID)
+		if err != nil {
 			t.Fatal(err)
 		}
 		want := map[uint64]int64{a.ID: 8_000, b.ID: 10_000}[u.ID]

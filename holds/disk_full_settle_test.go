@@ -227,7 +227,7 @@ func TestFullDiskWaitLeavesTheWriterAWorker(t *testing.T) {
 	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_refused", Source: holds.SourceRelease}); err != nil {
 		t.Fatal(err)
 	}
-	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 10_000 || bal.InFlight != 0 {
+	if bal, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID); err != nil || bal.UsedTodayMicro != 10_000 || bal.InFlight != 0 {
 		t.Errorf("balance %+v, %v: want 7,000 and 3,000 charged, nothing in flight", bal, err)
 	}
 }

@@ -277,7 +277,7 @@ func TestChargeCrossesFromAllowanceIntoPrepaid(t *testing.T) {
 	if err != nil || run.AllowancePart != 30_000 || run.PrepaidPart != 20_000 || run.ChargedMicro != 50_000 {
 		t.Fatalf("run row %+v, %v", run, err)
 	}
-	b, err := f.store.Balance(f.ctx(), u.ID)
+	b, err := testenv.BalanceAllDays(f.ctx(), f.store, u.ID)
 	if err != nil || b.PrepaidMicro != 80_000 || b.UsedTodayMicro != 50_000 || b.AvailableMicro != 80_000 {
 		t.Fatalf("balance %+v, %v", b, err)
 	}

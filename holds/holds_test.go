@@ -110,11 +110,11 @@ func (e *storeEnv) addTally(runID string, u pricing.Usage, cost int64) {
 	}
 }
 
-// usedToday is the user's day ledger.
-func (e *storeEnv) usedToday(u holds.User) int64 {
+// ledgerUsed is the user's day ledger over all its days (testenv.LedgerUsed): what its
+// settlements charged it, whether or not the test straddled midnight UTC.
+func (e *storeEnv) ledgerUsed(u holds.User) int64 {
 	e.t.Helper()
-	var used int64
-	err := e.db.GetContext(e.ctx(), &used, "SELECT COALESCE((SELECT used_micro FROM usage_days WHERE user_id = ? AND day = UTC_DATE()), 0)", u.ID)
+	used, err := testenv.LedgerUsed(e.ctx(), e.db, u.ID)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -96,7 +96,7 @@ func TestLostCommitReplyOfASettlementChargesOnce(t *testing.T) {
 	if res, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_lost_settle", CostMicro: 7_000, Source: holds.SourceComplete}); err != nil || res.Applied {
 		t.Errorf("another settlement of a settled run: %+v, %v; want not applied", res, err)
 	}
-	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 || bal.InFlight != 0 {
+	if bal, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 || bal.InFlight != 0 {
 		t.Fatalf("balance %+v, %v: want one charge of 7,000", bal, err)
 	}
 }

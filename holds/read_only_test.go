@@ -306,7 +306,7 @@ func commitRefusedTries(t *testing.T, giveUp bool) {
 		if r, err := f.store.Run(ctx, u.ID, run); err != nil || r.State != holds.StateSettled || r.ChargedMicro != 5_000 {
 			t.Fatalf("run %+v, %v: want it settled, charged 5000", r, err)
 		}
-		if bal, err := f.store.Balance(ctx, u.ID); err != nil || bal.UsedTodayMicro != used {
+		if bal, err := testenv.BalanceAllDays(ctx, f.store, u.ID); err != nil || bal.UsedTodayMicro != used {
 			t.Fatalf("balance %+v, %v: want %d, every charge once", bal, err, used)
 		}
 		if refused {

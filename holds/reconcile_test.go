@@ -105,7 +105,7 @@ func TestReconcileCases(t *testing.T) {
 	if r := e.run(u, fresh.RunID); r.State != holds.StateRunning {
 		t.Errorf("unexpired run touched: %s", r.State)
 	}
-	if got := e.usedToday(u); got != wantCharged {
+	if got := e.ledgerUsed(u); got != wantCharged {
 		t.Errorf("day ledger %d, want %d", got, wantCharged)
 	}
 
@@ -125,7 +125,7 @@ func TestReconcileCases(t *testing.T) {
 	if err != nil || st.ChargedHeld != 1 {
 		t.Errorf("pass after the lease lapsed: %+v, %v", st, err)
 	}
-	if got := e.usedToday(u); got != wantCharged+leased.HeldMicro {
+	if got := e.ledgerUsed(u); got != wantCharged+leased.HeldMicro {
 		t.Errorf("day ledger %d, want %d", got, wantCharged+leased.HeldMicro)
 	}
 	if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: fresh.RunID, Source: holds.SourceComplete}); err != nil {
@@ -159,7 +159,7 @@ func TestReconcileThenSlowSettle(t *testing.T) {
 	if r.SettleSource.String != holds.SourceReconcile || r.ChargedMicro != 8_000 || r.OutTok != 300 {
 		t.Errorf("run: source %q charged %d out %d, want reconcile 8000 300", r.SettleSource.String, r.ChargedMicro, r.OutTok)
 	}
-	if got := e.usedToday(u); got != 8_000 {
+	if got := e.ledgerUsed(u); got != 8_000 {
 		t.Errorf("day ledger %d, want 8000 (one charge)", got)
 	}
 }
@@ -204,7 +204,7 @@ func TestReconcileRacesSettle(t *testing.T) {
 		reconcilerWon += st.FromTally
 		total += 1_000
 	}
-	if got := e.usedToday(u); got != total {
+	if got := e.ledgerUsed(u); got != total {
 		t.Errorf("day ledger %d, want %d", got, total)
 	}
 	// Which side wins each round is up to the scheduler; the log says whether both did.

@@ -462,7 +462,8 @@ func TestUsageReportLogsALedgerItDisagreesWith(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	today, err := st.Today(f.ctx())
+	// The day the call settled on, not st.Today: midnight may have passed since.
+	today, err := testenv.SettledDay(f.ctx(), f.db, u.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

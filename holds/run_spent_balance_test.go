@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -71,7 +72,7 @@ func TestNamedRunsSpendingCountsAgainstTheBalance(t *testing.T) {
 			if !shared {
 				f.settle("x_spender", 120_000)
 			}
-			after, err := f.store.Balance(f.ctx(), u.ID)
+			after, err := testenv.BalanceAllDays(f.ctx(), f.store, u.ID)
 			if err != nil {
 				t.Fatal(err)
 			}

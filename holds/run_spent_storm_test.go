@@ -225,7 +225,7 @@ func TestNamedRunsSpendingStormKeepsTheBalance(t *testing.T) {
 		total += c.paid
 		overdraft += max(0, c.paid-c.held)
 	}
-	b, err := st.Balance(ctx, u.ID)
+	b, err := testenv.BalanceAllDays(ctx, st, u.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func TestSettleTwiceChargesOnce(t *testing.T) {
 	if err != nil || second.Applied {
 		t.Fatalf("second settlement: %+v, %v", second, err)
 	}
-	b, err := f.store.Balance(ctx, f.user.ID)
+	b, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID)
 	if err != nil || b.UsedTodayMicro != 7_000 {
 		t.Fatalf("balance %+v, %v: want 7000 used", b, err)
 	}
@@ -124,7 +124,7 @@ func TestFirstChargesOfADayRaceOnTheLedgerInsert(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	b, err := f.store.Balance(ctx, f.user.ID)
+	b, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID)
 	if err != nil || b.UsedTodayMicro != runs*1_000 || b.HeldMicro != 0 {
 		t.Fatalf("balance %+v, %v: want %d used, nothing held", b, err, runs*1_000)
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/internal/token"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -57,7 +58,8 @@ func TestUsagePartsStoredApart(t *testing.T) {
 		}
 	}
 
-	today, err := e.store.Today(e.ctx())
+	// The day the calls settled on, not UTC_DATE(): midnight may have passed since.
+	today, err := testenv.SettledDay(e.ctx(), e.db, u.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

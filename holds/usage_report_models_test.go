@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // TestUsageReportTellsModelsApartByteForByte: the report groups by the model each call named,
@@ -29,8 +30,9 @@ func TestUsageReportTellsModelsApartByteForByte(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var today time.Time
-	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
+	// The day the calls settled on, not UTC_DATE(): midnight may have passed since.
+	today, err := testenv.SettledDay(f.ctx(), f.db, u.ID)
+	if err != nil {
 		t.Fatal(err)
 	}
 	check := func(when string, from time.Time) holds.UsageReport {

@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // TestOneCallersModelNamesDoNotRefuseTheReport: prices match by prefix, so a caller can send
@@ -29,8 +29,9 @@ func TestOneCallersModelNamesDoNotRefuseTheReport(t *testing.T) {
 	f.settleAs(u, "r_real_1", "gpt-4o", 12_000)
 	f.settleAs(u, "r_real_2", "gpt-4o-mini", 3_000)
 	f.settleAs(other, "r_other_1", "gpt-4o", 5_000)
-	var today time.Time
-	if err := f.db.GetContext(f.ctx(), &today, "SELECT TIMESTAMP(UTC_DATE())"); err != nil {
+	// The day the calls settled on, not UTC_DATE(): midnight may have passed since.
+	today, err := testenv.SettledDay(f.ctx(), f.db, u.ID)
+	if err != nil {
 		t.Fatal(err)
 	}
 	// Room for every user's day at the bound (and its folded row), not for a row per name sent.

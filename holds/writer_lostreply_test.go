@@ -40,7 +40,7 @@ func TestWriterSettlementRetriedAloneAfterALostCommitIsApplied(t *testing.T) {
 	if s.err != nil || !s.res.Applied || s.res.ChargedMicro != 7_000 {
 		t.Errorf("settlement whose batch committed and lost its reply, retried alone: %+v, %v; want applied, charged 7,000", s.res, s.err)
 	}
-	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 {
+	if bal, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 {
 		t.Fatalf("balance %+v, %v: want one charge of 7,000", bal, err)
 	}
 	// The admission committed too; release it.
@@ -73,7 +73,7 @@ func TestWriterSettlementStaysUnknownWhenItsRetryAloneFails(t *testing.T) {
 	if !errors.Is(s.err, holds.ErrOutcomeUnknown) {
 		t.Errorf("settlement whose commit went unanswered and whose retry alone failed: %+v, %v; want ErrOutcomeUnknown", s.res, s.err)
 	}
-	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 {
+	if bal, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 {
 		t.Fatalf("balance %+v, %v: want the one charge of 7,000 the lost commit made", bal, err)
 	}
 	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_mixed_down_new", Source: holds.SourceRelease}); err != nil {

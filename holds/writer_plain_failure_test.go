@@ -39,7 +39,7 @@ func TestWriterSettlementThatWroteNothingIsNotUnknown(t *testing.T) {
 	if aerr == nil || errors.Is(aerr, holds.ErrOutcomeUnknown) {
 		t.Errorf("admission whose batch wrote nothing: %v; want a plain failure", aerr)
 	}
-	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 0 {
+	if bal, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID); err != nil || bal.UsedTodayMicro != 0 {
 		t.Fatalf("balance %+v, %v: want nothing charged", bal, err)
 	}
 	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_mixed_unsent", Source: holds.SourceRelease}); err != nil {

@@ -141,7 +141,7 @@ func TestWriterCloseCommitsLingeringSettlements(t *testing.T) {
 	if s := <-settled; s.err != nil || !s.res.Applied {
 		t.Fatalf("lingering settlement at Close: %+v, %v", s.res, s.err)
 	}
-	if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 3_000 || bal.InFlight != 0 {
+	if bal, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID); err != nil || bal.UsedTodayMicro != 3_000 || bal.InFlight != 0 {
 		t.Fatalf("balance %+v, %v", bal, err)
 	}
 }
@@ -349,7 +349,7 @@ func TestWriterStormOfAdmissionsAndSettlements(t *testing.T) {
 		t.Errorf("no batch mixed settlements and admissions (%d batches)", len(seen.list()))
 	}
 	for _, uid := range ids {
-		bal, err := f.store.Balance(ctx, uid)
+		bal, err := testenv.BalanceAllDays(ctx, f.store, uid)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -57,7 +57,7 @@ func TestWriterRidesOutAGaleraNodeNotReady(t *testing.T) {
 			if len(got) != 1 || got[0].Err != nil || got[0].Settlements != 1 || got[0].Admissions != 1 {
 				t.Errorf("batches %+v: want the one batch of both, retried until the node took it", got)
 			}
-			if bal, err := f.store.Balance(ctx, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 {
+			if bal, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID); err != nil || bal.UsedTodayMicro != 7_000 {
 				t.Fatalf("balance %+v, %v: want one charge of 7,000", bal, err)
 			}
 			if n, state := holdRows(t, f.store, "r_wsrep_new"); n != 1 || state != string(holds.StateRunning) {

@@ -530,7 +530,7 @@ func TestOverdraftStorm(t *testing.T) {
 	if over > bound {
 		t.Fatalf("overdraft %d exceeds Σ(cap − hold) = %d", over, bound)
 	}
-	b, err := h.store.Balance(ctx, u.ID)
+	b, err := testenv.BalanceAllDays(ctx, h.store, u.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func TestEveryFixtureIsChargedItsExpectedCost(t *testing.T) {
 			if run.State != holds.StateSettled || run.ChargedMicro != charge || run.DiscountBP != bp {
 				t.Errorf("%s (%d bp): %s, charged %d at %d bp, want settled at %d (cost %d)", name, bp, run.State, run.ChargedMicro, run.DiscountBP, charge, cost)
 			}
-			b, err := h.store.Balance(ctx, u.ID)
+			b, err := testenv.BalanceAllDays(ctx, h.store, u.ID)
 			if err != nil {
 				t.Fatal(err)
 			}

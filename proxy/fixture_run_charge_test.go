@@ -52,7 +52,7 @@ func TestEveryFixtureInANamedRunIsChargedItsExpectedCost(t *testing.T) {
 			if run.State != holds.StateSettled || run.CostMicro != cost || run.ChargedMicro != charge {
 				t.Errorf("run %s (%d bp, %d calls): %s cost %d charged %d, want cost %d charged %d", id, bp, len(calls), run.State, run.CostMicro, run.ChargedMicro, cost, charge)
 			}
-			b, err := h.store.Balance(ctx, u.ID)
+			b, err := testenv.BalanceAllDays(ctx, h.store, u.ID)
 			if err != nil {
 				t.Fatal(err)
 			}

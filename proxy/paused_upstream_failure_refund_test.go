@@ -10,6 +10,7 @@ import (
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -55,7 +56,7 @@ func pausedCallWhoseUpstreamFailed(t *testing.T, spent, settleFails bool) {
 	})
 	u, key := h.user("standard")
 	ctx := context.Background()
-	before, err := h.store.Balance(ctx, u.ID)
+	before, err := testenv.BalanceAllDays(ctx, h.store, u.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +125,7 @@ func pausedCallWhoseUpstreamFailed(t *testing.T, spent, settleFails bool) {
 	if refunded != charged {
 		t.Errorf("granted back %d µUSD for a call its upstream refused (charged %d for it; unpaused, it costs 0)", refunded, charged)
 	}
-	after, err := h.store.Balance(ctx, u.ID)
+	after, err := testenv.BalanceAllDays(ctx, h.store, u.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

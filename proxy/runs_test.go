@@ -121,7 +121,7 @@ func TestOneCallRunIsNotSettledOnRequest(t *testing.T) {
 	if status, body := h.settleRun(key, runID); status != http.StatusOK {
 		t.Fatalf("settle of a settled call: %d %s, want 200", status, body)
 	}
-	if b, err := h.store.Balance(context.Background(), u.ID); err != nil || b.UsedTodayMicro != run.ChargedMicro {
+	if b, err := testenv.BalanceAllDays(context.Background(), h.store, u.ID); err != nil || b.UsedTodayMicro != run.ChargedMicro {
 		t.Fatalf("balance %+v, %v: want used today = the one charge %d", b, err, run.ChargedMicro)
 	}
 }

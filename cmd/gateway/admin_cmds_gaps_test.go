@@ -99,12 +99,18 @@ func TestRunsAndReportCommandsFilterByUser(t *testing.T) {
 		}
 	}
 	db := openTestDatabase(t)
+	// One day for the rows and the report alike: the report's default day, read after a
+	// midnight UTC the inserts fell before, would be the next one.
+	var day string
+	if err := db.GetContext(ctx, &day, "SELECT DATE_FORMAT(UTC_DATE(), '%Y-%m-%d')"); err != nil {
+		t.Fatal(err)
+	}
 	for _, q := range []string{
 		`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, charged_micro, allowance_part_micro, cost_micro, model, expires_at, settled_at)
-		 SELECT CONCAT('r_', name), id, 'settled', 100, 100, 40, 40, 40, 'm', NOW(6), NOW(6) FROM users`,
-		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, UTC_DATE(), 40, 1 FROM users`,
+		 SELECT CONCAT('r_', name), id, 'settled', 100, 100, 40, 40, 40, 'm', NOW(6), TIMESTAMP(?) + INTERVAL 12 HOUR FROM users`,
+		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, ?, 40, 1 FROM users`,
 	} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
+		if _, err := db.ExecContext(ctx, q, day); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -115,7 +121,9 @@ func TestRunsAndReportCommandsFilterByUser(t *testing.T) {
 	if err != nil || json.Unmarshal(raw, &runs) != nil || len(runs.Data) != 1 || runs.Data[0]["user"] != "alice" {
 		t.Fatalf("runs -user alice: %s, %v; want alice's one run", raw, err)
 	}
-	raw, err = stdout(t, func() error { return reportCmd(ctx, []string{"-user", "alice", "-format", "json"}) })
+	raw, err = stdout(t, func() error {
+		return reportCmd(ctx, []string{"-user", "alice", "-from", day, "-to", day, "-format", "json"})
+	})
 	var rep struct {
 		Data []map[string]any `json:"data"`
 	}
