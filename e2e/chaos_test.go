@@ -204,13 +204,12 @@ func runChaosPlan(t *testing.T, w *world, defaultDuration time.Duration, plan ch
 	go func() { defer close(grantDone); c.grantLoop(ctx) }()
 	operatorDone := make(chan struct{})
 	go func() { defer close(operatorDone); c.operatorLoop(ctx) }()
-	// The stall watch runs until the last call has its answer, not only while calls are sent.
+	// The stall watch runs until the last call has its answer, recovered's too, not only while
+	// calls are sent: recovered's bound and its calls' refusals are judged by it as well.
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	watchDone := make(chan struct{})
 	go func() { defer close(watchDone); c.watchStalls(watchCtx) }()
 	wg.Wait()
-	stopWatch()
-	<-watchDone
 	<-chaosDone
 	<-flushDone
 	<-cutDone
@@ -221,6 +220,8 @@ func runChaosPlan(t *testing.T, w *world, defaultDuration time.Duration, plan ch
 	if plan.cuts != nil {
 		c.recovered()
 	}
+	stopWatch()
+	<-watchDone
 
 	if plan.deadAfter > 0 {
 		c.waitDeadSwept()
@@ -456,6 +457,8 @@ type chaos struct {
 	redisUp    chan struct{}   // while Redis is down for a restart, closed once it is up again (nil: up)
 	cutOff     [][2]time.Time  // when gateway 0 was cut off from Redis: from, to
 	stalled    [][2]time.Time  // when the box stalled, as the test itself measured it (watchStalls)
+	lags       [][2]time.Time  // every round of watchStalls late past its pause by lagFloor or more
+	watching   time.Time       // when watchStalls' round under way began (zero: not watching)
 	cutsWanted int             // how many times partitionLoop is to cut it off (CHAOS_CUTS)
 	settles    map[string]int  // named run -> status of the settle the agent sent (0: abandoned)
 	last       [allCallers]int // caller -> status of its latest call
@@ -1611,6 +1614,8 @@ func (c *chaos) markLost(regen callRec) bool {
 // already_running, as after a loss (README "Known limits").
 func (c *chaos) markCut(regen callRec) bool {
 	const markDeadline = 2 * time.Second // a Redis step's deadline on the caller's path
+	// The mark's write and the caller's end are markDeadline apart on a box that keeps time;
+	// one that stalls between them (CI's two cores) puts the end later by what it stood still.
 	cutAround := func(from, to time.Time) bool {
 		return slices.ContainsFunc(c.cutOff, func(w [2]time.Time) bool { return !w[0].After(to) && !w[1].Before(from) })
 	}
@@ -1619,7 +1624,7 @@ func (c *chaos) markCut(regen callRec) bool {
 	}
 	for _, prev := range c.calls {
 		if prev.kind == "session" && prev.sess == regen.sess && prev.msg == regen.msg && !prev.regen && prev.complete &&
-			prev.slot == 0 && cutAround(prev.ended.Add(-markDeadline), prev.ended) {
+			prev.slot == 0 && cutAround(prev.ended.Add(-markDeadline-c.stalledFor(prev.sent, prev.ended)), prev.ended) {
 			return true
 		}
 	}
