@@ -459,3 +459,50 @@ func TestIdemResumedAttemptThatFailedLeavesItsKeyFree(t *testing.T) {
 			ran.header.Get(proxy.RunIDHeader))
 	}
 }
+
+// TestIdemAttemptPausedWhileARetryFailedTheKeyIsNotForwarded: as
+// TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwarded, but the retry's attempt, refused by
+// its upstream, pins nothing: the record names no run, only a later attempt (claimForward). The
+// key was still moved on past the stopped attempt, whose answer, forwarded, is stored nowhere:
+// it is not forwarded, its caller told 409 request_in_progress naming the later attempt, its
+// charge given back whole. Mutant: the attempt counter not read (the stopped attempt forwarded,
+// a second upstream call for the one key).
+func TestIdemAttemptPausedWhileARetryFailedTheKeyIsNotForwarded(t *testing.T) {
+	h, holdTTL := pausedIdemHarness(t)
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "paused-retry-failed"}
+	refusedHdr := map[string]string{proxy.IdempotencyKeyHeader: "paused-retry-failed", fakellm.HeaderStatus: "503"}
+	attempt1 := proxy.IdempotentRunID(u.ID, "paused-retry-failed", 1)
+	attempt2 := proxy.IdempotentRunID(u.ID, "paused-retry-failed", 2)
+	if refused := send(h.gw.URL, key, chatBody, refusedHdr); refused.status < 500 {
+		t.Fatalf("the first attempt, refused by its upstream: %d %s", refused.status, refused.body)
+	}
+	h.settled()
+	p := pauseAttempt(t, h, key, idem)
+	if st := h.reconcileExpired(t, "run_id = ?", attempt1); st.ChargedHeld != 1 {
+		t.Fatalf("the peer's reconcile of the paused attempt: %+v; want its hold charged (no tally)", st)
+	}
+	failed := send(h.gw.URL, key, chatBody, refusedHdr)
+	if failed.status < 500 || failed.header.Get(proxy.RunIDHeader) != attempt2 {
+		t.Fatalf("retry once the paused attempt was charged: %d %s (run %q); want the key's next attempt run and refused by its upstream",
+			failed.status, failed.body, failed.header.Get(proxy.RunIDHeader))
+	}
+	calls := h.fake.Calls()
+
+	first := p.answerAfter(t, holdTTL)
+	h.settled()
+	if n := h.fake.Calls(); n != calls {
+		t.Errorf("the paused attempt was forwarded once resumed (%d upstream calls after it, want 0): the key ran again past it", n-calls)
+	}
+	// The record's counter is past the failed attempt too: the later attempt it names is 2's or
+	// the one a retry runs next (3).
+	later := map[string]bool{attempt2: true, proxy.IdempotentRunID(u.ID, "paused-retry-failed", 3): true}
+	if first.status != http.StatusConflict || errorCode(t, first.body) != "request_in_progress" || !later[errorRunID(t, first.body)] {
+		t.Errorf("the paused attempt's caller, resumed: %d %s; want 409 request_in_progress naming a later attempt", first.status, first.body)
+	}
+	paused := h.run(u.ID, attempt1)
+	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || refunded != paused.ChargedMicro {
+		t.Errorf("paused attempt settled %s charged %d, %d given back; want all of its charge given back: it was never forwarded",
+			paused.SettleSource.String, paused.ChargedMicro, refunded)
+	}
+}
