@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"testing"
+	"time"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 )
 
@@ -37,5 +39,26 @@ func TestPauseRefundIsTheHoldChargeLessWhatTheCallUsed(t *testing.T) {
 		if refund != tc.refund || uncharged != tc.uncharged {
 			t.Errorf("%s: refund %d, uncharged %d µUSD; want %d, %d", tc.name, refund, uncharged, tc.refund, tc.uncharged)
 		}
+	}
+}
+
+// TestSoonestChargedByPeerIsTheDeadInstanceSweepUnderTheDefaults: a plain call's hold may be
+// charged by another process at its expiry or once its process is declared dead, whose last
+// beat may be a beat gap older than the hold: 65 s after its arrival under the defaults
+// (dead_instance_after 90 s less 2 × 10 s + the beat's timeout), not 90, nor hold_ttl's 900.
+// Read as later, a call paused from 65 to 90 s was refused 503 for a hold a dead process's sweep
+// had charged, and its retry paid again. A named run's hold is charged at run_ttl alone.
+// Mutants: no beat gap (90 s); max for min (900 s); the named run's bound for a plain call's.
+func TestSoonestChargedByPeerIsTheDeadInstanceSweepUnderTheDefaults(t *testing.T) {
+	s := &Server{cfg: config.Default()}
+	if got := s.soonestChargedByPeer(false); got != 65*time.Second {
+		t.Errorf("plain call: %v, want 65s", got)
+	}
+	if got := s.soonestChargedByPeer(true); got != s.cfg.Holds.RunTTL {
+		t.Errorf("named run's call: %v, want run_ttl %v", got, s.cfg.Holds.RunTTL)
+	}
+	s.cfg.Holds.HoldTTL = 30 * time.Second
+	if got := s.soonestChargedByPeer(false); got != 30*time.Second {
+		t.Errorf("plain call, hold_ttl 30s: %v, want 30s", got)
 	}
 }
