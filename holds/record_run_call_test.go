@@ -48,3 +48,27 @@ func TestRecordRunCallLeavesASettledRunAlone(t *testing.T) {
 		t.Fatalf("settled run %+v changed by a late record to %+v", settled, r)
 	}
 }
+
+// TestRecordRunCallOfAMissingRunOnAUsedConnectionIsNotRecorded: a record's script keeps what it
+// found in session variables, which outlive it on a pooled connection. A record of a run with
+// no row (none by that id) finds nothing to read into them, and must not take what an earlier
+// record of a live run left there: it records nothing, and says the run is not live. Mutant:
+// the variables not reset first (the missing run's call taken as recorded on a live run, and a
+// key of it left in run_calls).
+func TestRecordRunCallOfAMissingRunOnAUsedConnectionIsNotRecorded(t *testing.T) {
+	e := newStoreEnv(t)
+	e.db.SetMaxOpenConns(1) // every script on the one connection
+	u := e.user("rec_missing", 3, nil)
+	h := e.admit(u, "x_rec_live", holds.StateRunning)
+	if ok, err := e.store.RecordRunCall(e.ctx(), h.RunID, token.New(), time.Minute, pricing.Usage{Input: 50, Output: 5}, 350, 1, false); err != nil || !ok {
+		t.Fatalf("record of a call of a live run: %v, %v; want recorded", ok, err)
+	}
+	missing := "x_rec_missing_" + token.New()[:8]
+	if ok, err := e.store.RecordRunCall(e.ctx(), missing, token.New(), time.Minute, pricing.Usage{Input: 50, Output: 5}, 350, 1, false); err != nil || ok {
+		t.Fatalf("record of a call of a run with no row: %v, %v; want not recorded", ok, err)
+	}
+	var keys int
+	if err := e.db.Get(&keys, "SELECT COUNT(*) FROM run_calls WHERE run_id = ?", missing); err != nil || keys != 0 {
+		t.Fatalf("%d keys of calls of a run with no row (%v); want none", keys, err)
+	}
+}
