@@ -148,3 +148,24 @@ func TestServerCacheNOfABatchIsEachTasksOwn(t *testing.T) {
 		t.Errorf("array with a cache_n above its prompt and an answer in the server's own shape: %+v, want %+v", got, want)
 	}
 }
+
+// TestServerCacheNWithoutAPromptKeepsTheCachedFigure: a cache_n counts only beside the
+// prompt_tokens it is part of (taskUsage). A later report of a stream that gives no prompt
+// (its output alone) beside timings says nothing of the prompt's cached part: the one read
+// with the prompt stands. Mutant: cache_n read without a prompt, as the cached part of a
+// prompt of 0 (the 80 cached tokens of a 90 token prompt then charged at the input price).
+func TestServerCacheNWithoutAPromptKeepsTheCachedFigure(t *testing.T) {
+	chunks := []string{
+		`{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"hello"}}],"created":1,"id":"chatcmpl-l","model":"m","object":"chat.completion.chunk",` +
+			llamaUsage(90, 80, 1, "") + `}`,
+		`{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":1,"id":"chatcmpl-l","model":"m","object":"chat.completion.chunk",` +
+			`"usage":{"completion_tokens":16,"total_tokens":106},"timings":{"cache_n":80,"predicted_n":16}}`,
+	}
+	m := NewMeter(FormatChat)
+	for _, c := range chunks {
+		m.Event(Event{Data: []byte(c)})
+	}
+	if got, want := m.Result().Usage, (pricing.Usage{Input: 10, CacheRead: 80, Output: 16}); got != want {
+		t.Errorf("usage %+v, want %+v", got, want)
+	}
+}
