@@ -237,7 +237,10 @@ func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int, own
 // fwd_until): a retry's move past the attempt (advanceScript) is refused while the mark holds.
 // It returns the run id that pinned the key, or the attempt number the counter has moved to,
 // when the key is no longer the attempt's; else "" (marked). The body is set if missing, and
-// the record kept for replay_ttl (ARGV[4] ms), as idemWriteScript does.
+// the record kept for replay_ttl (ARGV[4] ms), as idemWriteScript does, or for the mark's
+// time if that is longer: the mark lives in the record, and a record that expired under it
+// (a replay_ttl shorter than maxCall) left a retry no record, the attempt (admitted longer
+// than replay_ttl ago) taken for one that had not pinned, and the key run again beside it.
 var claimForwardScript = redis.NewScript(`
 local run = redis.call('HGET', KEYS[1], 'run')
 if run and run ~= ARGV[1] then return run end
@@ -247,7 +250,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSETNX', KEYS[1], 'body', ARGV[3])
 redis.call('HSET', KEYS[1], 'fwd', ARGV[2], 'fwd_until', string.format('%d', now + tonumber(ARGV[5])))
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[4]), tonumber(ARGV[5])))
 return ''`)
 
 // claimForward is the last check of an attempt whose hold another process charged while its

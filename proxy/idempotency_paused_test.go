@@ -506,3 +506,62 @@ func TestIdemAttemptPausedWhileARetryFailedTheKeyIsNotForwarded(t *testing.T) {
 			paused.SettleSource.String, paused.ChargedMicro, refunded)
 	}
 }
+
+// TestIdemForwardMarkOutlivesAShortReplayTTL: the mark a resumed attempt leaves on its key's
+// record lives in that record, whose expiry the mark's write set to replay_ttl. With a
+// replay_ttl shorter than the longest call (maxCall: a short replay window is a valid
+// setting), the record, mark and all, expired while the attempt was still being forwarded; the
+// retry then found no record, took the attempt (charged by the peer's reconciler, admitted
+// longer than replay_ttl ago) for one that had not pinned, and ran the key's next attempt
+// beside it: two upstream calls, two charges. The record is kept at least as long as its mark.
+func TestIdemForwardMarkOutlivesAShortReplayTTL(t *testing.T) {
+	gate := newGateUpstream()
+	gateSrv := httptest.NewServer(gate)
+	t.Cleanup(gateSrv.Close)
+	const replayTTL = 3 * time.Second
+	h := newHarnessOn(t, harnessSetup{}, func(c *config.Config) {
+		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = 2*time.Second, time.Second, time.Second
+		c.Limits.SettleTimeout = 2 * time.Second
+		c.Dedup.ReplayTTL = replayTTL
+		for i := range c.Upstreams {
+			c.Upstreams[i].BaseURL = gateSrv.URL
+		}
+	})
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-short-replay-ttl"}
+	attempt1 := h.idemRun(key, idem, 1)
+	p, calls := resumedAttempt(t, h, gate, key, idem)
+	gate.await(t, "resumed", 1) // forwarded: its answer held open at the upstream
+	record := h.keys.Replay(h.idemRun(key, idem, 0))
+	ctx := context.Background()
+	until, err := h.rdb.HGet(ctx, record, "fwd_until").Int64()
+	if err != nil {
+		t.Fatalf("the resumed attempt's mark: %v", err)
+	}
+	// Past replay_ttl since the mark (the record expired, or kept), well within the mark's own
+	// time (maxCall: minutes).
+	marked := time.UnixMilli(until).Add(-(h.cfg.Limits.UpstreamTimeout + h.cfg.Limits.ClientWriteTimeout + time.Minute))
+	for h.rdb.Exists(ctx, record).Val() == 1 && time.Now().Before(marked.Add(replayTTL+500*time.Millisecond)) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if time.Now().UnixMilli() >= until {
+		t.Fatalf("the mark lapsed (%d) before the check", until)
+	}
+
+	retry := send(h.gw.URL, key, chatBody, idem)
+	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "request_in_progress" || errorRunID(t, retry.body) != attempt1 {
+		t.Errorf("retry past replay_ttl while the resumed attempt is forwarded: %d %s (run %q); want 409 request_in_progress naming %s",
+			retry.status, retry.body, retry.header.Get(proxy.RunIDHeader), attempt1)
+	}
+	if n := gate.fake.Calls() - calls; n != 0 {
+		t.Errorf("%d upstream calls answered while the resumed attempt's is held open, want 0: the retry ran the key again", n)
+	}
+	gate.open("resumed")
+	if first := p.answerOf(t); first.status != http.StatusOK {
+		t.Fatalf("the resumed attempt's caller: %d %s; want the answer it paid for", first.status, first.body)
+	}
+	h.settled()
+	if charged := chargedRuns(t, h, u.ID); charged != 1 {
+		t.Errorf("%d runs charged, want the resumed attempt alone", charged)
+	}
+}
