@@ -66,11 +66,7 @@ func TestPausedForwardedCallWhoseSettlementFailedIsRefunded(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the call's answer never came whole")
 	}
-	var runID string
-	if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running'", u.ID); err != nil {
-		t.Fatalf("the paused call's hold: %v", err)
-	}
-	charged, err := chargeHeldAsTheReconciler(h, u.ID, runID)
+	runID, charged, err := chargeRunningHoldAsTheReconciler(h, u.ID)
 	if err != nil {
 		t.Fatal(err)
 	}

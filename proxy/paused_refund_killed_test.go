@@ -107,11 +107,7 @@ func pausedCallKilledBeforeItsRefund(t *testing.T, killedAt string, upstreamFail
 	case <-time.After(10 * time.Second):
 		t.Fatal("the call never reached its attempt's admission")
 	}
-	var paused string
-	if err := h.db.Get(&paused, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running'", u.ID); err != nil {
-		t.Fatalf("the paused call's hold: %v", err)
-	}
-	charged, err := chargeHeldAsTheReconciler(h, u.ID, paused)
+	paused, charged, err := chargeRunningHoldAsTheReconciler(h, u.ID)
 	if err != nil {
 		t.Fatalf("the paused call's hold: %v", err)
 	}

@@ -92,11 +92,7 @@ func pausedCallWhoseUpstreamFailed(t *testing.T, spent, settleFails bool) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the call never reached its attempt's admission")
 	}
-	var runID string
-	if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running'", u.ID); err != nil {
-		t.Fatalf("the paused call's hold: %v", err)
-	}
-	charged, err := chargeHeldAsTheReconciler(h, u.ID, runID)
+	runID, charged, err := chargeRunningHoldAsTheReconciler(h, u.ID)
 	if err != nil {
 		t.Fatalf("the paused call's hold: %v", err)
 	}

@@ -35,12 +35,8 @@ func TestSmallHoldChargedDuringAPauseBeforeItsReleaseIsRefunded(t *testing.T) {
 		if step != "refused mark" || small.Load() != nil {
 			return
 		}
-		var runID string
-		if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running' ORDER BY created_at DESC LIMIT 1", u.ID); err != nil {
-			t.Errorf("the small hold: %v", err)
-			return
-		}
-		if _, err := chargeHeldAsTheReconciler(h, u.ID, runID); err != nil {
+		runID, _, err := chargeRunningHoldAsTheReconciler(h, u.ID)
+		if err != nil {
 			t.Errorf("the small hold: %v", err)
 			return
 		}
@@ -90,12 +86,8 @@ func TestLostAdmissionChargedDuringAPauseBeforeItsMarkIsRefunded(t *testing.T) {
 					return
 				}
 				lossy.Restore()
-				var runID string
-				if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running'", u.ID); err != nil {
-					t.Errorf("the refused call's hold: %v", err)
-					return
-				}
-				if _, err := chargeHeldAsTheReconciler(h, u.ID, runID); err != nil {
+				runID, _, err := chargeRunningHoldAsTheReconciler(h, u.ID)
+				if err != nil {
 					t.Errorf("the refused call's hold: %v", err)
 					return
 				}
@@ -133,16 +125,20 @@ func wantPauseRefund(t *testing.T, h *harness, userID uint64, runID string, char
 	}
 }
 
-// chargeHeldAsTheReconciler settles userID's hold runID as a peer's reconciler settles the hold
-// of a process it took for dead (reconcile_hold): charged what it held, which it returns. It
-// fails unless that charge was applied and above 0, the scene of a pause refund.
-func chargeHeldAsTheReconciler(h *harness, userID uint64, runID string) (int64, error) {
+// chargeRunningHoldAsTheReconciler settles userID's newest running hold as a peer's reconciler
+// settles the hold of a process it took for dead (reconcile_hold): charged what it held. It
+// returns the hold's run and that charge, and fails unless the charge was applied and above 0,
+// the scene of a pause refund.
+func chargeRunningHoldAsTheReconciler(h *harness, userID uint64) (runID string, charged int64, err error) {
+	if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running' ORDER BY created_at DESC LIMIT 1", userID); err != nil {
+		return "", 0, fmt.Errorf("the running hold of user %d: %w", userID, err)
+	}
 	res, err := h.store.Settle(context.Background(), holds.Settlement{RunID: runID, UserID: userID, Source: holds.SourceReconcileHold,
 		ChargeHeld: true, Estimated: true})
 	if err != nil || !res.Applied || res.ChargedMicro <= 0 {
-		return 0, fmt.Errorf("settle %s as the reconciler would: %+v %v", runID, res, err)
+		return "", 0, fmt.Errorf("settle %s as the reconciler would: %+v %v", runID, res, err)
 	}
-	return res.ChargedMicro, nil
+	return runID, res.ChargedMicro, nil
 }
 
 // TestLostAdmissionChargedDuringAPauseWhoseReleaseFailsIsRefunded: as
@@ -169,12 +165,8 @@ func TestLostAdmissionChargedDuringAPauseWhoseReleaseFailsIsRefunded(t *testing.
 			// Resumed past the hold's life: a peer charged it meanwhile; the database is out of
 			// reach again for the release.
 			lossy.Restore()
-			var runID string
-			if err := h.db.Get(&runID, "SELECT run_id FROM run_holds WHERE user_id = ? AND state = 'running'", u.ID); err != nil {
-				t.Errorf("the refused call's hold: %v", err)
-				return
-			}
-			if _, err := chargeHeldAsTheReconciler(h, u.ID, runID); err != nil {
+			runID, _, err := chargeRunningHoldAsTheReconciler(h, u.ID)
+			if err != nil {
 				t.Errorf("the refused call's hold: %v", err)
 				return
 			}
