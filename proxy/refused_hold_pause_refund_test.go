@@ -52,11 +52,7 @@ func TestSmallHoldChargedDuringAPauseBeforeItsReleaseIsRefunded(t *testing.T) {
 	if runID == "" {
 		t.Fatalf("the long prompt's small hold was never released (%d %s): the test's premise", long.status, long.body)
 	}
-	r := h.run(u.ID, runID)
-	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
-		t.Fatalf("the small hold %s: %s by %q charged %d, want the reconciler's charge to stand", runID, r.State, r.SettleSource.String, r.ChargedMicro)
-	}
-	wantPauseRefund(t, h, u.ID, runID, r.ChargedMicro)
+	wantPauseRefund(t, h, u.ID, runID)
 }
 
 // TestLostAdmissionChargedDuringAPauseBeforeItsMarkIsRefunded: a call whose admission committed
@@ -99,19 +95,21 @@ func TestLostAdmissionChargedDuringAPauseBeforeItsMarkIsRefunded(t *testing.T) {
 			if runID == "" {
 				t.Fatal("the refused call's hold was never charged at its mark: the test's premise")
 			}
-			r := h.run(u.ID, runID)
-			if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
-				t.Fatalf("the refused call's hold %s: %s by %q charged %d, want the reconciler's charge to stand", runID, r.State, r.SettleSource.String, r.ChargedMicro)
-			}
-			wantPauseRefund(t, h, u.ID, runID, r.ChargedMicro)
+			wantPauseRefund(t, h, u.ID, runID)
 		})
 	}
 }
 
-// wantPauseRefund fails t unless userID's one grant gives back charged µUSD by runID's pause
-// refund key.
-func wantPauseRefund(t *testing.T, h *harness, userID uint64, runID string, charged int64) {
+// wantPauseRefund checks that userID's hold runID stands charged by the reconciler
+// (reconcile_hold, above 0) and that all of that charge was given back by the one grant keyed
+// by the run: a hold charged while its process was stopped, never forwarded on.
+func wantPauseRefund(t *testing.T, h *harness, userID uint64, runID string) {
 	t.Helper()
+	r := h.run(userID, runID)
+	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+		t.Fatalf("the refused call's hold %s: %s by %q charged %d, want the reconciler's charge to stand", runID, r.State, r.SettleSource.String, r.ChargedMicro)
+	}
+	charged := r.ChargedMicro
 	var grants []struct {
 		Key    string `db:"idempotency_key"`
 		Amount int64  `db:"amount_micro"`
@@ -184,11 +182,7 @@ func TestLostAdmissionChargedDuringAPauseWhoseReleaseFailsIsRefunded(t *testing.
 	if runID == "" {
 		t.Fatal("the refused call's hold was never charged at its mark: the test's premise")
 	}
-	r := h.run(u.ID, runID)
-	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
-		t.Fatalf("the refused call's hold %s: %s by %q charged %d, want the reconciler's charge to stand", runID, r.State, r.SettleSource.String, r.ChargedMicro)
-	}
-	wantPauseRefund(t, h, u.ID, runID, r.ChargedMicro)
+	wantPauseRefund(t, h, u.ID, runID)
 	if !refundRead.Load() {
 		t.Error("the run was not read again once its release gave up")
 	}
