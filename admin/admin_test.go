@@ -49,7 +49,18 @@ func plans() map[string]holds.Plan {
 // fresh database; the test ends with the ledger check.
 func newFixture(t *testing.T, token string) *fixture {
 	t.Helper()
-	db := testenv.MySQL(t)
+	return newFixtureOn(t, token, testenv.MySQL(t))
+}
+
+// newFixtureMidday is newFixture with the database clock standing still at noon UTC
+// (testenv.MySQLMidday), for a test whose charges must all land on one day's allowance.
+func newFixtureMidday(t *testing.T, token string) *fixture {
+	t.Helper()
+	return newFixtureOn(t, token, testenv.MySQLMidday(t))
+}
+
+func newFixtureOn(t *testing.T, token string, db *sqlx.DB) *fixture {
+	t.Helper()
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	st := holds.NewStore(db, plans(), "standard", log)
 	r := chi.NewRouter()
@@ -480,7 +491,8 @@ func TestGrantRetriedConcurrentlyOverHTTP(t *testing.T) {
 // Runs listing and the usage report over HTTP; the report's totals, in JSON and in CSV, equal
 // the day ledger and the sum of the settled holds.
 func TestRunsAndUsageReport(t *testing.T) {
-	f := newFixture(t, adminToken)
+	// bob's 1-credit allowance splits his charges from prepaid on one day: the day stands still.
+	f := newFixtureMidday(t, adminToken)
 	var users []holds.User
 	for _, name := range []string{"ann", "bob"} {
 		f.admin("POST", "/admin/users", map[string]any{"name": name}, http.StatusCreated)

@@ -19,7 +19,9 @@ import (
 // never see one side of a settlement without the other (it showed the old prepaid beside the
 // new ledger, and overstated what the user could spend).
 func TestBalanceNeverSeesHalfASettlement(t *testing.T) {
-	f := newAcctFixture(t)
+	// used_today is one day's row: past a midnight, the old day's charges leave it while
+	// prepaid keeps them, torn or not. The database's day stands still.
+	f := newAcctFixtureMidday(t)
 	u := f.user("torn", "standard")
 	zero, inFlight := int64(0), 50
 	if err := f.store.SetUserLimits(f.ctx(), u.ID, &zero, &inFlight, nil); err != nil {

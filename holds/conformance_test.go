@@ -48,7 +48,9 @@ func TestExpiredHoldsNoLongerCountAtAdmission(t *testing.T) {
 // left takes prepaid_micro below zero; that debt is real, and the next admission sees
 // available ≤ 0 until it is paid (a grant) or the next day's allowance covers it.
 func TestOverdraftIsDebtUntilPaidOrCoveredByTomorrow(t *testing.T) {
-	e := newStoreEnv(t)
+	// One day's allowance pays both charges, and "the next day" is the one the rows are moved
+	// back from: the database's day must not turn on its own in between.
+	e := newStoreEnvMidday(t)
 	u := e.user("debtor", 3, nil)
 	allowance := int64(100_000)
 	if err := e.store.SetUserLimits(e.ctx(), u.ID, &allowance, nil, nil); err != nil {

@@ -36,7 +36,18 @@ type acctFixture struct {
 
 func newAcctFixture(t *testing.T) *acctFixture {
 	t.Helper()
-	db := testenv.MySQL(t)
+	return newAcctFixtureOn(t, testenv.MySQL(t))
+}
+
+// newAcctFixtureMidday is newAcctFixture with the database clock standing still at noon UTC
+// (testenv.MySQLMidday), for a test whose charges must all land on one day's allowance.
+func newAcctFixtureMidday(t *testing.T) *acctFixture {
+	t.Helper()
+	return newAcctFixtureOn(t, testenv.MySQLMidday(t))
+}
+
+func newAcctFixtureOn(t *testing.T, db *sqlx.DB) *acctFixture {
+	t.Helper()
 	st := holds.NewStore(db, acctPlans(), "standard", zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	t.Cleanup(func() { testenv.CheckLedger(t, db) })
 	return &acctFixture{t: t, db: db, store: st}
@@ -262,7 +273,8 @@ func TestRefundLeavesWhatCallsInFlightHold(t *testing.T) {
 // A charge larger than what is left of today's allowance takes the rest from prepaid, in the
 // same transaction, and the run records the split.
 func TestChargeCrossesFromAllowanceIntoPrepaid(t *testing.T) {
-	f := newAcctFixture(t)
+	// The second charge finds the allowance used up only if it lands on the first one's day.
+	f := newAcctFixtureMidday(t)
 	u := f.user("crosser", "standard")
 	if err := f.store.SetUserLimits(f.ctx(), u.ID, ptr[int64](30_000), nil, nil); err != nil {
 		t.Fatal(err)
@@ -289,8 +301,8 @@ func TestChargeCrossesFromAllowanceIntoPrepaid(t *testing.T) {
 }
 
 // A run admitted before midnight UTC and settled after it lands on the day it settles, with
-// that day's fresh allowance. The database clock cannot be moved, so the test moves the data
-// instead: yesterday's spending (the settled run and its ledger row together, so the ledger
+// that day's fresh allowance. The test moves the data, not the database's clock:
+// yesterday's spending (the settled run and its ledger row together, so the ledger
 // invariant still holds) and the open run's created_at go back one day; settlement then
 // charges UTC_DATE(), today.
 func TestChargeCrossesMidnightLandsOnSettlementDay(t *testing.T) {

@@ -46,7 +46,19 @@ type storeEnv struct {
 
 func newStoreEnv(t *testing.T) *storeEnv {
 	t.Helper()
-	e := &storeEnv{t: t, db: testenv.MySQL(t)}
+	return newStoreEnvOn(t, testenv.MySQL(t))
+}
+
+// newStoreEnvMidday is newStoreEnv with the database clock standing still at noon UTC
+// (testenv.MySQLMidday), for a test whose charges must all land on one day's allowance.
+func newStoreEnvMidday(t *testing.T) *storeEnv {
+	t.Helper()
+	return newStoreEnvOn(t, testenv.MySQLMidday(t))
+}
+
+func newStoreEnvOn(t *testing.T, db *sqlx.DB) *storeEnv {
+	t.Helper()
+	e := &storeEnv{t: t, db: db}
 	var prefix string
 	e.rdb, prefix = testenv.Redis(t)
 	e.keys = runstate.Keys{Prefix: prefix}

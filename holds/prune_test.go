@@ -15,7 +15,7 @@ import (
 )
 
 // ageRuns moves a user's settled runs and day ledger back days days, together, as if they had
-// settled then: the database clock cannot be moved. Every settled run of the user must be
+// settled then (the data moves, not the database's clock). Every settled run of the user must be
 // among them, since the ledger rows move whole.
 func (f *acctFixture) ageRuns(u holds.User, days int) {
 	f.t.Helper()

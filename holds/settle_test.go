@@ -31,7 +31,16 @@ var settlePlans = map[string]holds.Plan{
 }
 
 func newSettleFixture(t testing.TB) *settleFixture {
-	db := testenv.MySQL(t)
+	return newSettleFixtureOn(t, testenv.MySQL(t))
+}
+
+// newSettleFixtureMidday is newSettleFixture with the database clock standing still at noon
+// UTC (testenv.MySQLMidday), for a test whose charges must all land on one day's allowance.
+func newSettleFixtureMidday(t testing.TB) *settleFixture {
+	return newSettleFixtureOn(t, testenv.MySQLMidday(t))
+}
+
+func newSettleFixtureOn(t testing.TB, db *sqlx.DB) *settleFixture {
 	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
 	u, err := st.CreateUser(context.Background(), "settle-"+testenv.RandomID(3), "standard")
 	if err != nil {

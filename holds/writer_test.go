@@ -275,7 +275,8 @@ func lockUserRow(t *testing.T, st *holds.Store, userID uint64) func() {
 // settlements; every user must end within the design's overdraft bound, every charge within
 // its cap, nothing left held, and the ledger (checked at cleanup) equal to the charges.
 func TestWriterStormOfAdmissionsAndSettlements(t *testing.T) {
-	f := newSettleFixture(t)
+	// The overdraft bound is one day's allowance's: past a midnight a fresh one pays on.
+	f := newSettleFixtureMidday(t)
 	ctx := context.Background()
 	const users, callers = 8, 12
 	allowance, inFlight := int64(200_000), 6

@@ -162,6 +162,18 @@ func DSNAt(t testing.TB, dsn string, at time.Time) string {
 	return cfg.FormatDSN()
 }
 
+// MySQLMidday is MySQL with the database clock of every session standing still at noon UTC of
+// the day the test began (DSNAt). The day a charge lands on, and whose allowance it spends, is
+// the database's UTC_DATE(): a test that settles or admits again after reading a day's figures
+// would see a midnight UTC falling in between legitimately split its charges across two days'
+// allowances; under this clock it cannot. NOW() does not move either: no hold of such a test
+// expires by waiting.
+func MySQLMidday(t testing.TB) *sqlx.DB {
+	t.Helper()
+	y, m, d := time.Now().UTC().Date()
+	return Open(t, DSNAt(t, MySQLDSN(t), time.Date(y, m, d, 12, 0, 0, 0, time.UTC)))
+}
+
 // ConsoleTx begins a transaction on db as an operator's SQL console, or any program but the
 // gateway, would hold one: with the server's default of no idle_transaction_timeout, which
 // holds.Open sets on the gateway's sessions. A test that holds a lock through waits longer
