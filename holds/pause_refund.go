@@ -77,8 +77,9 @@ func chargedHeldQuery(after heldCursor, window time.Duration, limit int) (string
 // RefundWindow that have no pause refund, a batch of cfg.Batch at a time, and gives back by
 // grant (PauseRefundKey) what each one's tally, written after the charge, says its call did not
 // use. It reports how many it granted. It starts none after stopAt, the pass's time budget, in
-// which the scan goes first: a backlog of expired holds holds credits now, while a refund can
-// wait as long as its tally lives; the next pass goes on after the last run it handled.
+// which the scan and the sessions' prune go first: a backlog of expired holds holds credits
+// now, and ended sessions pile up by the minute, while a refund can wait as long as its tally
+// lives; the next pass goes on after the last run it handled.
 //
 // Why: a call whose process was stopped (SIGSTOP, a VM's live migration) past its hold's life,
 // or whose lease lapsed, had its hold taken for a dead process's and charged whole; once

@@ -314,9 +314,9 @@ func (r *Reconciler) RunForced(ctx context.Context) (Stats, error) { return r.pa
 // claim: the pause between two messages of one conversation, generously.
 const SessionPruneIdle = 10 * time.Minute
 
-// pass brings in the holds of dead instances (DeadAfter), settles expired holds, revisits the
-// one-call runs charged their hold whose call's tally came after the charge (RefundWindow,
-// refundPaused), then prunes sessions that have ended. A sweep, a revisit or a prune that fails
+// pass brings in the holds of dead instances (DeadAfter), settles expired holds, prunes
+// sessions that have ended, then revisits the one-call runs charged their hold whose call's
+// tally came after the charge (RefundWindow, refundPaused). A sweep, a prune or a revisit that fails
 // is logged and tried again on the next pass: what the sweep left waits a pass longer, a refund
 // left waits as long (its tally lives tally_ttl), what the prune left costs room.
 //
@@ -342,11 +342,13 @@ func (r *Reconciler) pass(ctx context.Context, start time.Time) (Stats, error) {
 	}
 	st, err := r.scan(ctx, start)
 	st.DeadInstances, st.BroughtIn = declared, brought
-	if r.cfg.RefundWindow > 0 && ctx.Err() == nil {
-		st.PauseRefunds = r.refundPaused(ctx, start.Add(r.cfg.PassBudget), end)
-	}
 	if ctx.Err() == nil {
 		st.PrunedSessions = r.pruneSessions(ctx, start.Add(r.cfg.PassBudget), end)
+	}
+	// Last: its backlog can wait as long as a tally lives, and after a fleet killed mid-call
+	// it reads every dead call's run at every pass (a lease and a tally each) until stopAt.
+	if r.cfg.RefundWindow > 0 && ctx.Err() == nil {
+		st.PauseRefunds = r.refundPaused(ctx, start.Add(r.cfg.PassBudget), end)
 	}
 	return st, err
 }

@@ -1,9 +1,11 @@
 package holds_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/holds"
 )
@@ -98,4 +100,53 @@ func (e *storeEnv) endedSessions(u holds.User, tag string, n int) {
 	if _, err := e.db.ExecContext(e.ctx(), `UPDATE sessions SET updated_at = NOW(6) - INTERVAL 1 HOUR WHERE user_id = ?`, u.ID); err != nil {
 		e.t.Fatal(err)
 	}
+}
+
+// TestReconcilePrunesEndedSessionsBehindABacklogOfPauseRefunds: a pass's revisit of the runs
+// charged their hold (refundPaused) reads every such run in tally_ttl whose call truly died, a
+// lease and a tally each, at every pass; after a fleet killed with thousands of calls in flight
+// that took the whole pass budget, and the prune after it got one batch a pass while more
+// conversations ended than that. The prune goes first: its backlog is a minute's, the refunds'
+// can wait as long as a tally lives.
+func TestReconcilePrunesEndedSessionsBehindABacklogOfPauseRefunds(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("revisit-backlog", 100, nil)
+	const dead, ended, batch = 12, 10, 2
+	for i := range dead {
+		e.expire(e.admit(u, fmt.Sprintf("r_dead_call_%d", i), holds.StateRunning).RunID)
+	}
+	if st, err := e.pass(e.reconciler("me", nil)); err != nil || st.ChargedHeld != dead {
+		t.Fatalf("the dead calls' pass: %+v, %v; want all %d charged their hold", st, err, dead)
+	}
+	e.endedSessions(u, "r", ended)
+	// A dead call's tally read takes the pass's whole budget: the revisit alone outlasts it,
+	// whatever the box's pace.
+	const budget = 3 * time.Second
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
+		c.Usage = slowUsage{tallyUsage{e.tally}, budget}
+		c.RefundWindow, c.Batch, c.PassBudget = time.Hour, batch, budget
+	})
+	st, err := e.pass(rec)
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	var left int
+	if err := e.db.GetContext(e.ctx(), &left, `SELECT COUNT(*) FROM sessions WHERE user_id = ?`, u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 || st.PrunedSessions != ended {
+		t.Fatalf("after a pass whose revisit of %d dead calls outlasts its budget: %d sessions left, %d pruned; want all %d ended ones pruned",
+			dead, left, st.PrunedSessions, ended)
+	}
+}
+
+// slowUsage is a UsageSource whose every read takes delay first.
+type slowUsage struct {
+	holds.UsageSource
+	delay time.Duration
+}
+
+func (s slowUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
+	time.Sleep(s.delay)
+	return s.UsageSource.Tallied(ctx, runID)
 }
