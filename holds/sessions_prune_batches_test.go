@@ -23,11 +23,7 @@ func TestReconcilePrunesEndedSessionsPastOneBatch(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
-	var left int
-	if err := e.db.GetContext(e.ctx(), &left, `SELECT COUNT(*) FROM sessions WHERE user_id = ?`, u.ID); err != nil {
-		t.Fatal(err)
-	}
-	if left != 0 || st.PrunedSessions != ended {
+	if left := e.sessionsLeft(u); left != 0 || st.PrunedSessions != ended {
 		t.Fatalf("after one pass in batches of %d: %d sessions left, %d pruned; want all %d ended ones pruned", batch, left, st.PrunedSessions, ended)
 	}
 }
@@ -46,11 +42,7 @@ func TestReconcilePrunesEndedSessionsPastItsBatchLimit(t *testing.T) {
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
-	var left int
-	if err := e.db.GetContext(e.ctx(), &left, `SELECT COUNT(*) FROM sessions WHERE user_id = ?`, u.ID); err != nil {
-		t.Fatal(err)
-	}
-	if left != 0 || st.PrunedSessions != ended {
+	if left := e.sessionsLeft(u); left != 0 || st.PrunedSessions != ended {
 		t.Fatalf("after one pass of at most %d batches of %d: %d sessions left, %d pruned; want all %d ended ones pruned within the pass's time budget",
 			maxBatches, batch, left, st.PrunedSessions, ended)
 	}
@@ -73,11 +65,7 @@ func TestReconcilePrunesEndedSessionsBehindABacklogOfExpiredHolds(t *testing.T) 
 	if err != nil || !st.Truncated || st.StoppedAt != holds.StopBatchLimit {
 		t.Fatalf("reconcile: %+v, %v; want a pass stopped at its batch limit", st, err)
 	}
-	var left int
-	if err := e.db.GetContext(e.ctx(), &left, `SELECT COUNT(*) FROM sessions WHERE user_id = ?`, u.ID); err != nil {
-		t.Fatal(err)
-	}
-	if left != 0 || st.PrunedSessions != ended {
+	if left := e.sessionsLeft(u); left != 0 || st.PrunedSessions != ended {
 		t.Fatalf("after a pass cut short by %d expired holds: %d sessions left, %d pruned; want all %d ended ones pruned",
 			expired, left, st.PrunedSessions, ended)
 	}
@@ -130,11 +118,7 @@ func TestReconcilePrunesEndedSessionsBehindABacklogOfPauseRefunds(t *testing.T) 
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
-	var left int
-	if err := e.db.GetContext(e.ctx(), &left, `SELECT COUNT(*) FROM sessions WHERE user_id = ?`, u.ID); err != nil {
-		t.Fatal(err)
-	}
-	if left != 0 || st.PrunedSessions != ended {
+	if left := e.sessionsLeft(u); left != 0 || st.PrunedSessions != ended {
 		t.Fatalf("after a pass whose revisit of %d dead calls outlasts its budget: %d sessions left, %d pruned; want all %d ended ones pruned",
 			dead, left, st.PrunedSessions, ended)
 	}
@@ -149,4 +133,14 @@ type slowUsage struct {
 func (s slowUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	time.Sleep(s.delay)
 	return s.UsageSource.Tallied(ctx, runID)
+}
+
+// sessionsLeft is how many sessions rows u has.
+func (e *storeEnv) sessionsLeft(u holds.User) int {
+	e.t.Helper()
+	var left int
+	if err := e.db.GetContext(e.ctx(), &left, `SELECT COUNT(*) FROM sessions WHERE user_id = ?`, u.ID); err != nil {
+		e.t.Fatal(err)
+	}
+	return left
 }
