@@ -108,8 +108,8 @@ func chargedHeldQuery(after heldCursor, window time.Duration, limit int) (string
 // lease again yet, or was stopped again past it — is refused ErrGrantKeyReused and logs it: the
 // run is charged what its final event had, as a settlement from that tally would have charged
 // it. Waiting for the tally to stand still would need its age from Redis; the window is a
-// heartbeat's, and the loss is the reconciler's own when it settles from a tally. Each grant is its own transaction (the user's row, then
-// the grant's), never inside the scan's.
+// heartbeat's, and the loss is the reconciler's own when it settles from a tally. Each grant is
+// its own transaction (the user's row, then the grant's), never inside the scan's.
 func (r *Reconciler) refundPaused(ctx context.Context, stopAt, end time.Time) (granted int) {
 	r.mu.Lock()
 	after := r.heldResume

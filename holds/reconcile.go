@@ -105,7 +105,8 @@ const (
 	// DefaultReconcilePassBudget bounds one pass in time as MaxBatches does in count: no hold
 	// is started after it, so with the item timeout below a pass ends within 50 s, the life of
 	// the reconcile lock (DESIGN §5), and a second process does not scan beside it. The
-	// sessions' prune after the scan is cut at that end too (pruneSessions).
+	// sessions' prune after the scan, and the revisit of the runs charged their hold after
+	// that, are cut at that end too (pruneSessions, refundPaused).
 	DefaultReconcilePassBudget = 20 * time.Second
 	// reconcileItemTimeout bounds the work on one hold (Redis reads plus one settlement with its
 	// retries); a hold that takes longer is left for the next pass.
@@ -316,9 +317,9 @@ const SessionPruneIdle = 10 * time.Minute
 
 // pass brings in the holds of dead instances (DeadAfter), settles expired holds, prunes
 // sessions that have ended, then revisits the one-call runs charged their hold whose call's
-// tally came after the charge (RefundWindow, refundPaused). A sweep, a prune or a revisit that fails
-// is logged and tried again on the next pass: what the sweep left waits a pass longer, a refund
-// left waits as long (its tally lives tally_ttl), what the prune left costs room.
+// tally came after the charge (RefundWindow, refundPaused). A sweep, a prune or a revisit that
+// fails is logged and tried again on the next pass: what the sweep left waits a pass longer, a
+// refund left waits as long (its tally lives tally_ttl), what the prune left costs room.
 //
 // The whole pass runs under one deadline, start + PassBudget + the item timeout, the bound the
 // reconcile lock's life is sized by: each hold's work had its own timeout, but the reads

@@ -217,7 +217,7 @@ return 1`)
 // forwarded by its resumed process (claimForward).
 var errAttemptForwarded = errors.New("the attempt is being forwarded by its resumed process")
 
-// advanceIdem moves c's key past attempt (advanceScript); own says the attempt itself has
+// advanceIdem moves ic's key past attempt (advanceScript); own says the attempt itself has
 // ended, else a retry found it settled and fails with errAttemptForwarded while it is forwarded.
 func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int, own bool) error {
 	ctx, cancel := redisStep(ctx)

@@ -56,7 +56,8 @@ func (s *Server) releaseLostAdmission(ctx context.Context, ar holds.AdmitRequest
 // refused (markRefused): a zero tally for a fresh run, then the release at 0 by the
 // admission's token, in a settlement slot or, with none free, in the request. A release in
 // a slot that gives up reads the run again for its pause refund (refundAfterFailedRelease), as
-// one that finds it settled does (refundUnforwardedHold). ctx has no cancellation; log is the money log.
+// one that finds it settled does (refundUnforwardedHold). ctx has no cancellation; log is the
+// money log.
 func (s *Server) releaseRefused(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
 	s.settlements.start()
 	release := func(keepTrying bool) {
@@ -78,7 +79,8 @@ func (s *Server) releaseRefused(ctx context.Context, ar holds.AdmitRequest, log 
 			if keepTrying {
 				// Given up after the hold's life: the reconciler settles only a run still open,
 				// and one a peer charged whole (reconcile_hold) while this process was stopped
-				// before its mark is never read again. Read now, as a call's failed settlement
+				// before its mark is read again only by a pass's revisit, from the zero tally
+				// if it landed (holds' refundPaused). Read now, as a call's failed settlement
 				// reads its run (refundAfterFailedSettlement); not in the request, whose 503
 				// must not wait on the database a second time.
 				s.refundAfterFailedRelease(ctx, ar, log)

@@ -243,8 +243,9 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool 
 		c.log.Error("settlement failed; the reconciler will settle this run", zap.Error(err))
 		if !c.inRun && s.mayBeChargedUnderAPause(c) {
 			// The reconciler settles only a run still open: one another process charged its
-			// hold while this one was stopped is never read again, and its call's tally lies
-			// unread. Its refund is tried now, with a deadline of its own.
+			// hold while this one was stopped is read again only by a pass's revisit, from its
+			// call's tally, which may never have landed. Its refund is tried now, with a
+			// deadline of its own.
 			s.refundAfterFailedSettlement(ctx, c, st)
 		}
 		return false
@@ -349,10 +350,12 @@ func (s *Server) refundPausedHold(ctx context.Context, userID uint64, runID, tok
 // refundAfterFailedSettlement is refundPausedCharge for a call whose own settlement failed
 // (the database out of reach for all its settle_timeout, say, once its process resumed): the
 // run was left to the reconciler, which settles a run still open from the call's tally but
-// never reads one settled again, so a hold a peer's reconciler charged (reconcile_hold) while
-// this process was stopped kept its whole charge, the call's tally unread. The run is read
-// again: a hold still open, or one this settlement committed after all (its reply lost), is
-// no refund's; a run that cannot be read leaves its money line with the call's figures.
+// reads one settled again only in a pass's revisit (holds' refundPaused), from that tally: a
+// hold a peer's reconciler charged (reconcile_hold) while this process was stopped keeps its
+// whole charge until a pass reads the tally, and for good if the tally never landed. The run
+// is read again: a hold still open, or one this settlement committed after all (its reply
+// lost), is no refund's; a run that cannot be read leaves its money line with the call's
+// figures.
 func (s *Server) refundAfterFailedSettlement(ctx context.Context, c *call, st holds.Settlement) {
 	s.beforeStep(ctx, stepRefund)
 	s.refundPausedHold(ctx, c.user.ID, c.runID, "", st, c.log.Named(holds.MoneyLog),
