@@ -13,8 +13,8 @@ import (
 
 // PauseRefundKey is the idempotency key of the grant that gives back what runID's hold was
 // charged (SourceReconcileHold) beyond what its call used: one refund per run, whichever process
-// sends it — the call's own, or a reconciler's pass that read the call's tally (refundPaused) —
-// and however often, whether or not the call was forwarded.
+// sends it — the call's own, or a reconciler's pass that read the call's tally or its
+// admission's refusal (refundPaused) — and however often, whether or not the call was forwarded.
 func PauseRefundKey(runID string) string { return "pause-refund:" + runID }
 
 // PauseRefund is what of run's charge a settlement of its one call costing costMicro at list
@@ -31,8 +31,12 @@ func PauseRefund(run Run, costMicro int64, chargeHeld bool) (refund, uncharged i
 	return max(0, run.ChargedMicro-own), max(0, own-run.ChargedMicro)
 }
 
-// reconciledRefundReason is the reason of a pause refund a reconciler's pass granted.
-const reconciledRefundReason = "refund: hold charged (reconcile_hold) before its call settled; the call's tally, written after, says it used less (or nothing)"
+// reconciledRefundReason is the reason of a pause refund a reconciler's pass granted from the
+// call's tally; refusedRefundReason of one it granted from the mark of its admission's refusal.
+const (
+	reconciledRefundReason = "refund: hold charged (reconcile_hold) before its call settled; the call's tally, written after, says it used less (or nothing)"
+	refusedRefundReason    = "refund: hold charged (reconcile_hold) before its admission's refusal was marked; nothing was forwarded on it"
+)
 
 // heldCursor is where the next pass's revisit of the runs charged their hold goes on: the
 // last one read, by (settled_at, run_id). The zero value starts at the oldest in the window.
@@ -76,10 +80,11 @@ func chargedHeldQuery(after heldCursor, window time.Duration, limit int) (string
 // refundPaused revisits the one-call runs charged their hold (reconcile_hold) within
 // RefundWindow that have no pause refund, a batch of cfg.Batch at a time, and gives back by
 // grant (PauseRefundKey) what each one's tally, written after the charge, says its call did not
-// use. It reports how many it granted. It starts none after stopAt, the pass's time budget, in
-// which the scan and the sessions' prune go first: a backlog of expired holds holds credits
-// now, and ended sessions pile up by the minute, while a refund can wait as long as its tally
-// lives; the next pass goes on after the last run it handled.
+// use — or, with no tally, the whole charge of a hold its own admission's request marked
+// refused after it (Refusals). It reports how many it granted. It starts none after stopAt,
+// the pass's time budget, in which the scan and the sessions' prune go first: a backlog of
+// expired holds holds credits now, and ended sessions pile up by the minute, while a refund
+// can wait as long as its tally lives; the next pass goes on after the last run it handled.
 //
 // Why: a call whose process was stopped (SIGSTOP, a VM's live migration) past its hold's life,
 // or whose lease lapsed, had its hold taken for a dead process's and charged whole; once
@@ -88,16 +93,24 @@ func chargedHeldQuery(after heldCursor, window time.Duration, limit int) (string
 // grant, or whose database stayed out of reach through the refund's settle_timeout, left the
 // whole hold charged — and the scan never reads a settled run again. The tally is the evidence
 // the scan settles from: had it been there at the scan, the run would have been charged what it
-// says (the discount applied, clamped to the cap); the refund makes it so.
+// says (the discount applied, clamped to the cap); the refund makes it so. So too for a
+// refused admission's hold (the proxy's releaseUnfit, a lost admission's), its process stopped
+// between the hold's COMMIT and its refusal's mark, then killed after its release found the run
+// settled: the mark is the scan's evidence too (it releases such a hold at 0), and the hold of
+// an Idempotency-Key attempt or one too small for its prompt has no tally. Only the request
+// that inserted a plain call's hold forwards on it, and a request that marks its admission
+// refused forwards on none: nothing was used, and the whole charge is given back.
 //
 // What it leaves alone:
-//   - a run whose call truly died (no tally, ever): that is what reconcile_hold charges;
+//   - a run whose call truly died (no tally, ever, nor a mark of its hold's admission refused,
+//     by the token the hold carries: another's token is no word on it): that is what
+//     reconcile_hold charges;
 //   - a run a live process still serves (a lease, or this process's own call): that process
 //     settles and refunds it at its own figures, which are the call's whole ones (its tally may
 //     still hold its final event's, to be set right beside the settlement); the run is
 //     revisited once its lease is gone;
 //   - a tally that is no record of one call's usage (unreadable, corrupt, impossible figures,
-//     more than one call): no refund on it;
+//     more than one call), or a mark that cannot be read: no refund on it;
 //   - a call that used its charge or more: nothing to give back; its charge stands;
 //   - a named run (its hold is many calls'), never listed.
 //
@@ -162,10 +175,22 @@ func (r *Reconciler) refundOne(ctx context.Context, run Run, end time.Time) bool
 		return false
 	}
 	tally, found, err := r.cfg.Usage.Tallied(ctx, run.RunID)
-	if err != nil || !found {
-		// No tally: the call died with its usage (the charge stands) or has not ended yet; a
-		// corrupt or unreadable one is no evidence of a smaller use.
-		return false
+	if err != nil {
+		return false // a corrupt or unreadable tally is no evidence of a smaller use
+	}
+	reason := reconciledRefundReason
+	if !found {
+		// No tally: the call died with its usage (the charge stands) or has not ended yet —
+		// unless the request that inserted the hold (its token) marked its admission refused,
+		// after the charge: nothing was forwarded on it, and the scan, had it seen the mark,
+		// would have released it at 0. Its refund is the whole charge, as a call's that cost 0.
+		if r.cfg.Refusals == nil || !run.AdmitToken.Valid || run.AdmitToken.String == "" {
+			return false
+		}
+		if refused, err := r.cfg.Refusals.Refused(ctx, run.RunID, run.AdmitToken.String); err != nil || !refused {
+			return false
+		}
+		tally, reason = RunTally{}, refusedRefundReason
 	}
 	if !TallyBelievable(tally.Usage, tally.CostMicro, tally.Calls) || tally.Calls > 1 {
 		return false
@@ -179,7 +204,7 @@ func (r *Reconciler) refundOne(ctx context.Context, run Run, end time.Time) bool
 		return false
 	}
 	g, created, err := r.cfg.Store.Grant(ctx, GrantRequest{UserID: run.UserID, AmountMicro: refund,
-		IdempotencyKey: PauseRefundKey(run.RunID), Reason: reconciledRefundReason})
+		IdempotencyKey: PauseRefundKey(run.RunID), Reason: reason})
 	switch {
 	case errors.Is(err, ErrGrantKeyReused):
 		log.Warn("reconcile: run charged its hold was refunded by its call's process, at other figures than its tally's; that refund stands",
@@ -190,8 +215,8 @@ func (r *Reconciler) refundOne(ctx context.Context, run Run, end time.Time) bool
 			zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("refund_micro", refund), zap.Error(err))
 		return false
 	}
-	log.Warn("reconcile: run charged its hold; what its call's tally says it did not use given back by grant",
+	log.Warn("reconcile: run charged its hold; what its call's tally (or its admission's refusal) says it did not use given back by grant",
 		zap.Int64("charged_micro", run.ChargedMicro), zap.Int64("refund_micro", refund), zap.Int64("cost_micro", tally.CostMicro),
-		zap.Int64("calls", tally.Calls), zap.Uint64("grant_id", g.ID), zap.Bool("created", created))
+		zap.Int64("calls", tally.Calls), zap.Bool("refused", !found), zap.Uint64("grant_id", g.ID), zap.Bool("created", created))
 	return created
 }

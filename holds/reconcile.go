@@ -124,7 +124,8 @@ type ReconcilerConfig struct {
 	Leases LeaseChecker
 	// Refusals, when set, is asked about a running hold with no lease and no tally before it
 	// is charged what it held: one its own admission's request marked refused is released at
-	// 0 (SourceAdmitLost). Nil: never asked.
+	// 0 (SourceAdmitLost). A pass's revisit asks it too of a run charged its hold with no
+	// tally (refundPaused): one marked since is refunded whole. Nil: never asked.
 	Refusals RefusalSource
 	Lock     Locker
 	Log      *zap.Logger
@@ -165,8 +166,9 @@ type ReconcilerConfig struct {
 	// silently).
 	OnPass func(failed bool)
 	// RefundWindow, when positive, is how far back a pass revisits the one-call runs it
-	// charged their hold (reconcile_hold) to give back what their call's tally, written after
-	// the charge, says the call did not use (refundPaused): holds.tally_ttl, the tally's life.
+	// charged their hold (reconcile_hold) to give back what their call's tally (or their
+	// admission's refusal's mark), written after the charge, says the call did not use
+	// (refundPaused): holds.tally_ttl, the life of the tally and of the mark.
 	// Zero: never revisited; the call's process alone refunds.
 	RefundWindow time.Duration
 }

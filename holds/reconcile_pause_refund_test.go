@@ -155,3 +155,100 @@ func TestReconcileRefundsAHoldChargedBeforeItsCallsTally(t *testing.T) {
 		t.Errorf("%d grants keyed for the run (%v); want 1", n, err)
 	}
 }
+
+// TestReconcileRefundsARefusedAdmissionsHoldChargedDuringAPause: an admission refused after its
+// hold's COMMIT (its reply lost, or a hold too small for its prompt) marks its run and token
+// refused, then releases the hold at 0. A process stopped between that COMMIT and the mark past
+// the hold's life had the hold charged what it held (reconcile_hold: no lease, no tally, no mark
+// yet); resumed, it marks, its release finds the run settled, and it refunds the whole charge
+// by the grant keyed pause-refund:{run_id} — unless it is killed before that grant. Such a hold
+// has no tally (an Idempotency-Key attempt's and a too-small hold's get none), only the mark:
+// a pass reads it as the scan would have, had it been there, and gives the whole charge back
+// under the same key, once; the process's own refund coming after is that grant again.
+//
+// The mark of another token on the run (a refused request whose admission never committed, the
+// run then taken by another request) is no word on this hold, and a lease is a live process's:
+// neither is refunded.
+func TestReconcileRefundsARefusedAdmissionsHoldChargedDuringAPause(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("pause-refund-refused", 50, nil)
+	const tok, other = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+	mark := func(token string) func(string) {
+		return func(runID string) {
+			if err := e.tally.MarkRefused(e.ctx(), runID, token); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cases := []struct {
+		what, runID string
+		after       func(runID string) // what the refused admission's process wrote after the charge
+		refunded    bool               // the whole charge given back
+	}{
+		{what: "refused, marked after the charge", runID: "r_prr_marked", after: mark(tok), refunded: true},
+		{what: "another request's token marked", runID: "r_prr_other", after: mark(other)},
+		{what: "marked, and leased", runID: "r_prr_leased", after: func(runID string) {
+			mark(tok)(runID)
+			if err := e.rdb.Set(e.ctx(), e.keys.Lease(runID), "other", time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, c := range cases {
+		if _, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: c.runID, UserID: u.ID, Model: "fake-gpt",
+			State: holds.StateRunning, TTL: time.Hour, Token: tok}); err != nil {
+			t.Fatalf("%s: %v", c.what, err)
+		}
+		e.expire(c.runID)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
+		c.RefundWindow, c.Refusals = time.Hour, refusedMarks{e: e}
+	})
+	if _, err := e.pass(rec); err != nil {
+		t.Fatal(err)
+	}
+	charged := map[string]int64{}
+	for _, c := range cases {
+		r := e.run(u, c.runID)
+		if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+			t.Fatalf("%s: %s by %q charged %d; the scene is a hold charged what it held", c.what, r.State, r.SettleSource.String, r.ChargedMicro)
+		}
+		charged[c.runID] = r.ChargedMicro
+		c.after(c.runID)
+	}
+	st, err := e.pass(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PauseRefunds != 1 {
+		t.Errorf("pass refunded %d runs; want 1", st.PauseRefunds)
+	}
+	if st, err = e.pass(rec); err != nil || st.PauseRefunds != 0 {
+		t.Errorf("second pass refunded %d runs (%v); want none more", st.PauseRefunds, err)
+	}
+	for _, c := range cases {
+		var grants []int64
+		if err := e.db.SelectContext(e.ctx(), &grants, "SELECT amount_micro FROM grants WHERE idempotency_key = ?", holds.PauseRefundKey(c.runID)); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case !c.refunded && len(grants) != 0:
+			t.Errorf("%s: granted %v µUSD back of a %d charge; want none", c.what, grants, charged[c.runID])
+		case c.refunded && (len(grants) != 1 || grants[0] != charged[c.runID]):
+			t.Errorf("%s: granted %v µUSD back of a %d charge; want one grant of it all", c.what, grants, charged[c.runID])
+		}
+		if r := e.run(u, c.runID); r.ChargedMicro != charged[c.runID] {
+			t.Errorf("%s: the run's charge moved from %d to %d; a refund is a grant, the settlement stands", c.what, charged[c.runID], r.ChargedMicro)
+		}
+	}
+
+	// The process's own refund, resumed late (holds.PauseRefund of a call that cost nothing),
+	// is the pass's grant again.
+	marked := e.run(u, "r_prr_marked")
+	want, _ := holds.PauseRefund(marked, 0, false)
+	g, created, err := e.store.Grant(e.ctx(), holds.GrantRequest{UserID: u.ID, AmountMicro: want,
+		IdempotencyKey: holds.PauseRefundKey(marked.RunID), Reason: "refund: the process's own, late"})
+	if err != nil || created || g.AmountMicro != charged[marked.RunID] {
+		t.Errorf("the process's refund after the pass's: %+v created %v, %v; want the pass's grant of %d replayed", g, created, err, charged[marked.RunID])
+	}
+}

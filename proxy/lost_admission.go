@@ -79,10 +79,10 @@ func (s *Server) releaseRefused(ctx context.Context, ar holds.AdmitRequest, log 
 			if keepTrying {
 				// Given up after the hold's life: the reconciler settles only a run still open,
 				// and one a peer charged whole (reconcile_hold) while this process was stopped
-				// before its mark is read again only by a pass's revisit, from the zero tally
-				// if it landed (holds' refundPaused). Read now, as a call's failed settlement
-				// reads its run (refundAfterFailedSettlement); not in the request, whose 503
-				// must not wait on the database a second time.
+				// before its mark is read again only by a pass's revisit, from the zero tally or
+				// the mark if one landed (holds' refundPaused). Read now, as a call's failed
+				// settlement reads its run (refundAfterFailedSettlement); not in the request,
+				// whose 503 must not wait on the database a second time.
 				s.refundAfterFailedRelease(ctx, ar, log)
 			}
 		default:
@@ -339,7 +339,7 @@ func (s *Server) releaseUnfit(ctx context.Context, ar holds.AdmitRequest, log *z
 // however often sent. ctx has no cancellation; log is the money log.
 func (s *Server) refundUnforwardedHold(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
 	s.refundRefusedHold(ctx, ar, log,
-		"hold of a refused admission found settled by another process, and not read again; if it was charged its hold (reconcile_hold), refund it by grant: nothing was forwarded on it")
+		"hold of a refused admission found settled by another process, and its run not read; the reconciler refunds a reconcile_hold charge whole within holds.tally_ttl from the refusal's mark: with none, refund it by grant")
 }
 
 // refundAfterFailedRelease is refundUnforwardedHold for a refused hold whose release at 0 gave
@@ -350,7 +350,7 @@ func (s *Server) refundUnforwardedHold(ctx context.Context, ar holds.AdmitReques
 func (s *Server) refundAfterFailedRelease(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) {
 	s.beforeStep(ctx, stepRefund)
 	s.refundRefusedHold(ctx, ar, log,
-		"release of a refused admission's hold failed, and its run not read; if another process charged it its hold (reconcile_hold), refund it by grant: nothing was forwarded on it")
+		"release of a refused admission's hold failed, and its run not read; the reconciler releases it, or refunds a reconcile_hold charge whole, within holds.tally_ttl from the refusal's mark: with none, refund it by grant")
 }
 
 // refundRefusedHold is the work of refundUnforwardedHold and refundAfterFailedRelease; unread is

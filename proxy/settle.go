@@ -293,7 +293,7 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool 
 func (s *Server) refundPausedCharge(ctx context.Context, c *call, st holds.Settlement) {
 	s.beforeStep(ctx, stepRefund)
 	s.refundPausedHold(ctx, c.user.ID, c.runID, "", st, c.log.Named(holds.MoneyLog),
-		"hold of a call found settled by another process, and not read again; if it was charged its hold, refund by grant what the call did not use")
+		"hold of a call found settled by another process, and its run not read; the reconciler refunds a reconcile_hold charge within holds.tally_ttl from the call's tally: with none, refund by grant what the call did not use")
 }
 
 // refundPausedHold is refundPausedCharge's work on userID's run runID, whose hold a settlement
