@@ -138,12 +138,12 @@ func (e *storeEnv) ledgerUsed(u holds.User) int64 {
 type tallyUsage struct{ t *runstate.Tally }
 
 func (s tallyUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
-	t, found, err := s.t.Get(ctx, runID)
+	t, age, found, err := s.t.GetAged(ctx, runID)
 	if errors.Is(err, runstate.ErrTallyCorrupt) {
 		err = fmt.Errorf("%w: %w", holds.ErrTallyCorrupt, err)
 	}
 	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0,
-		PriceSnapshot: []byte(t.PriceSnapshot)}, found, err
+		PriceSnapshot: []byte(t.PriceSnapshot), Age: age}, found, err
 }
 
 type leaseKeys struct {

@@ -109,20 +109,27 @@ func chargedHeldQuery(after heldCursor, window time.Duration, limit int) (string
 //     settles and refunds it at its own figures, which are the call's whole ones (its tally may
 //     still hold its final event's, to be set right beside the settlement); the run is
 //     revisited once its lease is gone;
+//   - a tally written within RefundAfter (a lease TTL): its process, resumed from a pause, may
+//     not have beaten its lease again yet and may still set it right; the next pass reads it;
 //   - a tally that is no record of one call's usage (unreadable, corrupt, impossible figures,
 //     more than one call), or a mark that cannot be read: no refund on it;
 //   - a call that used its charge or more: nothing to give back; its charge stands;
 //   - a named run (its hold is many calls'), never listed.
 //
 // The grant is the gateway's, by key: whichever comes first pays, the other finds it. With the
-// same figures the amounts are equal and the second is a replay. A process whose refund comes
-// after this one with other figures — its tally set right (usage reported after the final
-// event) after this pass read it with no lease to see: the process, resumed, had not beaten its
-// lease again yet, or was stopped again past it — is refused ErrGrantKeyReused and logs it: the
-// run is charged what its final event had, as a settlement from that tally would have charged
-// it. Waiting for the tally to stand still would need its age from Redis; the window is a
-// heartbeat's, and the loss is the reconciler's own when it settles from a tally. Each grant is
-// its own transaction (the user's row, then the grant's), never inside the scan's.
+// same figures the amounts are equal and the second is a replay. The tally is read before the
+// lease, and only once it has stood RefundAfter: a live process, resumed, beats its lease again
+// within a lease TTL (its heartbeat is at most half of one), so a pass that sees no lease then
+// is not racing a correction to come. A process whose refund comes after this one with other
+// figures — its tally set right (usage reported after the final event) after this pass read it:
+// the process was stopped again, past a lease TTL, between its final event's write and its
+// correction — is refused ErrGrantKeyReused and logs it: the run is charged what its final event
+// had, as a settlement from that tally would have charged it; the loss is the reconciler's own
+// when it settles from a tally. The age is the tally's TTL run down (RunTally.Age): a tally
+// written by a gateway with a longer tally_ttl than this one's looks younger by the difference
+// and waits that much longer (past RefundWindow, for one twice as long or more: then no pass
+// refunds it), one with a shorter looks older. Each grant is its own transaction (the user's
+// row, then the grant's), never inside the scan's.
 func (r *Reconciler) refundPaused(ctx context.Context, stopAt, end time.Time) (granted int) {
 	r.mu.Lock()
 	after := r.heldResume
@@ -169,14 +176,18 @@ func (r *Reconciler) refundOne(ctx context.Context, run Run, end time.Time) bool
 	ctx, cancel := context.WithTimeout(ctx, min(r.itemTimeout, time.Until(end)))
 	defer cancel()
 	log := r.cfg.Log.Named(MoneyLog).With(zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID))
+	tally, found, err := r.cfg.Usage.Tallied(ctx, run.RunID)
+	if err != nil || (found && tally.Age < r.cfg.RefundAfter) {
+		// A corrupt or unreadable tally is no evidence of a smaller use; one written within
+		// RefundAfter may be set right yet, and the next pass reads it again.
+		return false
+	}
+	// Asked after the tally: a tally that had stood for RefundAfter when read is of a process
+	// that, if it lives, has beaten its lease again since.
 	leased, err := r.cfg.Leases.Exists(ctx, run.RunID)
 	if err != nil || leased {
 		// A live process refunds it at its own figures; unknown, the next pass asks again.
 		return false
-	}
-	tally, found, err := r.cfg.Usage.Tallied(ctx, run.RunID)
-	if err != nil {
-		return false // a corrupt or unreadable tally is no evidence of a smaller use
 	}
 	reason := reconciledRefundReason
 	if !found {

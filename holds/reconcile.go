@@ -52,6 +52,10 @@ type RunTally struct {
 	// which are not those its hold recorded at admission (another model answered): the
 	// settlement records it in their place.
 	PriceSnapshot []byte
+	// Age is how long ago the tally was last written, as its TTL tells (every write gives it
+	// holds.tally_ttl). The revisit of a run charged its hold waits for a tally that stands
+	// still (RefundAfter); 0, as a source that does not tell gives it, is a tally just written.
+	Age time.Duration
 }
 
 // TallyBelievable reports whether a run's tally can be a record of what it used. The tally is
@@ -171,6 +175,11 @@ type ReconcilerConfig struct {
 	// (refundPaused): holds.tally_ttl, the life of the tally and of the mark.
 	// Zero: never revisited; the call's process alone refunds.
 	RefundWindow time.Duration
+	// RefundAfter is how long a call's tally must have stood unwritten (RunTally.Age) before
+	// the revisit refunds on it: holds.lease_ttl. A younger one may still hold the final
+	// event's figures, set right beside the settlement by a process resumed from a pause that
+	// has not beaten its lease again yet — within a lease TTL, if it lives. Zero: no wait.
+	RefundAfter time.Duration
 }
 
 // Reconciler settles expired holds. Every process runs one; the lock makes only one scan per

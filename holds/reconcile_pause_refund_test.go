@@ -252,3 +252,75 @@ func TestReconcileRefundsARefusedAdmissionsHoldChargedDuringAPause(t *testing.T)
 		t.Errorf("the process's refund after the pass's: %+v created %v, %v; want the pass's grant of %d replayed", g, created, err, charged[marked.RunID])
 	}
 }
+
+// TestReconcileRevisitWaitsForATallyToStandStill: a one-call run charged its hold whose call's
+// process, resumed from a pause, writes the call's tally at its final event and sets it right
+// beside its settlement (usage reported after that event) — with no lease yet: its heartbeat has
+// not written it again. A pass that read the first figures as final refunded on them, and the
+// process's own refund of the right ones was then refused (ErrGrantKeyReused): the user was
+// over-refunded. The revisit leaves a tally younger than RefundAfter for a later pass; once the
+// tally has stood that long (its TTL run down, set here on the key) it refunds on the call's
+// whole figures, and the process's refund of them is that grant again.
+func TestReconcileRevisitWaitsForATallyToStandStill(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("pause-refund-young", 50, nil)
+	const (
+		runID    = "r_pr_young"
+		tallyTTL = time.Hour // newStoreEnvOn's tally
+		settle   = 30 * time.Second
+	)
+	e.admit(u, runID, holds.StateRunning)
+	e.expire(runID)
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.RefundWindow = time.Hour; c.RefundAfter = settle })
+	if _, err := e.pass(rec); err != nil {
+		t.Fatal(err)
+	}
+	charged := e.run(u, runID).ChargedMicro
+	if r := e.run(u, runID); r.SettleSource.String != holds.SourceReconcileHold || charged <= 900 {
+		t.Fatalf("%s by %q charged %d; the scene is a hold charged what it held, above the call's 900", r.State, r.SettleSource.String, charged)
+	}
+	write := func(seq, cost int64) {
+		t.Helper()
+		if err := e.tally.RecordCallWith(e.ctx(), runID, seq, pricing.Usage{Input: 100, Output: cost / 10}, cost, false, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	granted := func() []int64 {
+		t.Helper()
+		var grants []int64
+		if err := e.db.SelectContext(e.ctx(), &grants, "SELECT amount_micro FROM grants WHERE idempotency_key = ?", holds.PauseRefundKey(runID)); err != nil {
+			t.Fatal(err)
+		}
+		return grants
+	}
+	// The final event's figures, then the call's whole ones: each a tally just written.
+	for i, cost := range []int64{300, 900} {
+		write(int64(i+1), cost)
+		st, err := e.pass(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g := granted(); st.PauseRefunds != 0 || len(g) != 0 {
+			t.Fatalf("pass on a tally of %d written just now: refunded %d runs, grants %v of a %d charge; want none until it stands still for %v",
+				cost, st.PauseRefunds, g, charged, settle)
+		}
+	}
+	// Its process killed before its refund: the tally stands still past RefundAfter.
+	if err := e.rdb.PExpire(e.ctx(), e.keys.Usage(runID), tallyTTL-settle-time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.pass(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := charged - 900
+	if g := granted(); st.PauseRefunds != 1 || len(g) != 1 || g[0] != want {
+		t.Fatalf("pass on a tally older than %v: refunded %d runs, grants %v; want one grant of %d (%d charged, 900 used)",
+			settle, st.PauseRefunds, g, want, charged)
+	}
+	again, created, err := e.store.Grant(e.ctx(), holds.GrantRequest{UserID: u.ID, AmountMicro: want,
+		IdempotencyKey: holds.PauseRefundKey(runID), Reason: "refund: the process's own, late"})
+	if err != nil || created || again.AmountMicro != want {
+		t.Errorf("the process's refund after the pass's: %+v created %v, %v; want the pass's grant of %d replayed", again, created, err, want)
+	}
+}

@@ -61,6 +61,9 @@ func (e *env) newReconciler(d reconcilerDeps) (*holds.Reconciler, error) {
 		// A one-call run charged its hold is revisited while its call's tally may yet say it
 		// used less (written after the charge, living tally_ttl from then).
 		RefundWindow: d.cfg.Holds.TallyTTL,
+		// A tally younger than a lease TTL may be set right yet by a resumed process whose
+		// lease is not back yet.
+		RefundAfter: d.cfg.Holds.LeaseTTL,
 	}), nil
 }
 
@@ -98,7 +101,7 @@ func deadAfter(h config.Holds) time.Duration {
 type tallySource struct{ t *runstate.Tally }
 
 func (s tallySource) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
-	t, found, err := s.t.Get(ctx, runID)
+	t, age, found, err := s.t.GetAged(ctx, runID)
 	if errors.Is(err, runstate.ErrTallyCorrupt) {
 		return holds.RunTally{}, false, fmt.Errorf("%w: %w", holds.ErrTallyCorrupt, err)
 	}
@@ -106,7 +109,7 @@ func (s tallySource) Tallied(ctx context.Context, runID string) (holds.RunTally,
 		return holds.RunTally{}, false, err
 	}
 	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0,
-		PriceSnapshot: []byte(t.PriceSnapshot)}, found, nil
+		PriceSnapshot: []byte(t.PriceSnapshot), Age: age}, found, nil
 }
 
 // Refused reads a refused admission's mark (runstate.Tally.MarkRefused).

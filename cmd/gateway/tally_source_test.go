@@ -48,6 +48,15 @@ func TestTallySourceCarriesTheTally(t *testing.T) {
 				tc.cost, tc.calls, tc.estimated, tc.snapshot)
 		}
 	}
+	// Its age too: dropped, every tally was one just written, and the revisit of a run charged
+	// its hold (which waits for one that stands still, holds.ReconcilerConfig.RefundAfter)
+	// refunded none.
+	if err := rdb.PExpire(ctx, runstate.Keys{Prefix: prefix}.Usage("r_measured"), 30*time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := src.Tallied(ctx, "r_measured"); err != nil || got.Age < 30*time.Minute {
+		t.Errorf("a tally with 30m of its hour left: aged %v, %v; want 30m or more", got.Age, err)
+	}
 	if _, found, err := src.Tallied(ctx, "r_none"); err != nil || found {
 		t.Errorf("no tally: found %v, %v", found, err)
 	}

@@ -213,13 +213,34 @@ var ErrTallyCorrupt = errors.New("tally is no record of usage")
 // Get reads a run's tally; found is false when there is none. A tally that is no record of
 // usage is an error wrapping ErrTallyCorrupt.
 func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
-	vals, err := t.rdb.HMGet(ctx, t.keys.Usage(runID), readFields...).Result()
+	tl, _, found, err := t.GetAged(ctx, runID)
+	return tl, found, err
+}
+
+// GetAged is Get with how long ago the tally was last written: t's ttl less what is left of
+// its TTL, read in the same round trip. Every write that changes a tally gives it the whole
+// ttl (Add, RecordCallWith, MarkUnused, RunBudget's release), so the reconciler can tell a
+// tally its call's process may still be setting right (the final event's figures, then the
+// usage reported after it) from one that stands still. A tally written by a gateway with
+// another tally_ttl looks younger (a longer one) or older (a shorter one) by the difference;
+// one without a TTL (written by hand, or PERSISTed) is as old as t's ttl and more.
+func (t *Tally) GetAged(ctx context.Context, runID string) (tl Tallied, age time.Duration, found bool, err error) {
+	key := t.keys.Usage(runID)
+	var read *redis.SliceCmd
+	var left *redis.DurationCmd
+	_, err = t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		read, left = p.HMGet(ctx, key, readFields...), p.PTTL(ctx, key)
+		return nil
+	})
 	if isWrongType(err) {
-		return Tallied{}, false, fmt.Errorf("read tally %s: %w: %w", runID, ErrTallyCorrupt, err)
+		return Tallied{}, 0, false, fmt.Errorf("read tally %s: %w: %w", runID, ErrTallyCorrupt, err)
 	}
 	if err != nil {
-		return Tallied{}, false, fmt.Errorf("read tally %s: %w", runID, err)
+		return Tallied{}, 0, false, fmt.Errorf("read tally %s: %w", runID, err)
 	}
+	// PTTL answers -1 (no TTL) in its own unit, a nanosecond here: older than ttl.
+	age = t.ttl - left.Val()
+	vals := read.Val()
 	m := make(map[string]string, len(tallyFields))
 	var snapshot string
 	for i, v := range vals {
@@ -232,7 +253,7 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 		}
 	}
 	if len(m) == 0 {
-		return Tallied{}, false, nil
+		return Tallied{}, 0, false, nil
 	}
 	var parseErr error
 	field := func(name string) int64 {
@@ -252,9 +273,9 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 		PriceSnapshot:  snapshot,
 	}
 	if parseErr != nil {
-		return Tallied{}, false, fmt.Errorf("read tally %s: %w: %w", runID, ErrTallyCorrupt, parseErr)
+		return Tallied{}, 0, false, fmt.Errorf("read tally %s: %w: %w", runID, ErrTallyCorrupt, parseErr)
 	}
-	return out, true, nil
+	return out, age, true, nil
 }
 
 // isWrongType reports whether err is Redis's refusal of a command on a key of another type.

@@ -46,7 +46,7 @@ type errLoading struct{}
 func (errLoading) Error() string { return "LOADING Redis is loading the dataset in memory" }
 func (errLoading) RedisError()   {}
 
-// loadingRedis answers every command as a Redis loading its data set does.
+// loadingRedis answers every command, in a pipeline too, as a Redis loading its data set does.
 type loadingRedis struct{}
 
 func (loadingRedis) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -57,5 +57,10 @@ func (loadingRedis) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (loadingRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			cmd.SetErr(errLoading{})
+		}
+		return errLoading{}
+	}
 }

@@ -2,6 +2,7 @@ package runstate_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,5 +27,78 @@ func TestTallyLapsesAfterItsTTL(t *testing.T) {
 	}
 	if got := rdb.PTTL(ctx, keys.Usage(run)).Val(); got <= 0 || got > ttl {
 		t.Fatalf("the tally lives %v; want it to lapse within the tally TTL (%v)", got, ttl)
+	}
+}
+
+// TestTallyAgeIsSinceItsLastWrite: GetAged tells how long ago a tally was last written by what
+// is left of its TTL, which every write that changes the tally gives whole: the reconciler's
+// revisit of a run charged its hold waits for its call's tally to stand still (the final
+// event's figures may yet be set right). A one-call run's write that changes nothing (an
+// earlier try, landing late) leaves the age as it was; a tally without a TTL is old.
+func TestTallyAgeIsSinceItsLastWrite(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	const ttl, aged = time.Hour, 20 * time.Minute
+	tally := runstate.NewTally(rdb, keys, ttl)
+	ctx := context.Background()
+	age := func(run string) time.Duration {
+		t.Helper()
+		_, age, found, err := tally.GetAged(ctx, run)
+		if err != nil || !found {
+			t.Fatalf("tally of %s: found %v, %v", run, found, err)
+		}
+		return age
+	}
+	u := pricing.Usage{Input: 10, Output: 5}
+	for _, c := range []struct {
+		what         string
+		first, again func(run string) error
+	}{
+		{"a one-call run's figures, set again", func(run string) error { return tally.RecordCallWith(ctx, run, 1, u, 70, false, nil, nil) },
+			func(run string) error { return tally.RecordCallWith(ctx, run, 2, u, 90, false, nil, nil) }},
+		{"a named run's calls", func(run string) error { return tally.Add(ctx, run, u, 70, false) },
+			func(run string) error { return tally.Add(ctx, run, u, 70, false) }},
+		{"a call that used nothing", func(run string) error { return tally.MarkUnused(ctx, run) },
+			func(run string) error { return tally.MarkUnused(ctx, run) }},
+	} {
+		run := "r_age_" + strings.ReplaceAll(c.what, " ", "_")
+		if err := c.first(run); err != nil {
+			t.Fatal(err)
+		}
+		if a := age(run); a < 0 || a >= aged {
+			t.Fatalf("%s: written just now, aged %v", c.what, a)
+		}
+		if err := rdb.PExpire(ctx, keys.Usage(run), ttl-aged).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if a := age(run); a < aged || a > ttl {
+			t.Fatalf("%s: %v of its TTL left, aged %v; want at least %v", c.what, ttl-aged, a, aged)
+		}
+		if err := c.again(run); err != nil {
+			t.Fatal(err)
+		}
+		if a := age(run); a >= aged {
+			t.Fatalf("%s: written again, aged %v; want the age of that write", c.what, a)
+		}
+	}
+
+	const late = "r_age_late_try"
+	if err := tally.RecordCallWith(ctx, late, 2, u, 90, false, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.PExpire(ctx, keys.Usage(late), ttl-aged).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tally.RecordCallWith(ctx, late, 1, u, 70, false, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if a := age(late); a < aged {
+		t.Fatalf("an earlier try landing late, which changes nothing, made the tally %v old; want it as old as it was (%v or more)", a, aged)
+	}
+	if err := rdb.Persist(ctx, keys.Usage(late)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if a := age(late); a < ttl {
+		t.Fatalf("a tally without a TTL aged %v; want it old (%v or more)", a, ttl)
 	}
 }
