@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/go-chi/chi/v5"
 )
 
 // TestMethodNotAllowedNamesTheAllowedMethods: a 405 carries Allow (RFC 9110 requires it), so
@@ -35,6 +37,46 @@ func TestMethodNotAllowedNamesTheAllowedMethods(t *testing.T) {
 			(tc.method != http.MethodHead && errorCode(t, body) != "method_not_allowed") {
 			t.Errorf("%s %s: %d Allow %q %s, want 405 method_not_allowed with Allow %q", tc.method, tc.path, resp.StatusCode,
 				resp.Header.Get("Allow"), body, tc.allow)
+		}
+	}
+}
+
+// TestMethodUnknownToTheRouterIsAnsweredAsAnyOther: chi answers a method outside its own list
+// (PROPFIND, FOO, the HTTP/2 preface's PRI) 405 before it looks at the path, and the 405
+// found the Allow list again by trying GET and POST alone: a path the gateway does not serve
+// was 405 with an empty Allow instead of 404, an escaped path (the run name agent%2F1) was 405
+// with an empty Allow, and an admin route's PATCH was left out of its Allow.
+func TestMethodUnknownToTheRouterIsAnsweredAsAnyOther(t *testing.T) {
+	admin := chi.NewRouter()
+	admin.Get("/users/{name}", func(http.ResponseWriter, *http.Request) {})
+	admin.Patch("/users/{name}", func(http.ResponseWriter, *http.Request) {})
+	h := newHarnessOn(t, harnessSetup{admin: admin}, nil)
+	_, key := h.user("standard")
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		code, allow  string
+	}{
+		{"FOO", "/v1/chat/completions", http.StatusMethodNotAllowed, "method_not_allowed", "POST"},
+		{"PROPFIND", "/v1/credits", http.StatusMethodNotAllowed, "method_not_allowed", "GET, HEAD"},
+		{"FOO", "/v1/runs/agent%2F1", http.StatusMethodNotAllowed, "method_not_allowed", "GET, HEAD"},
+		{"FOO", "/admin/users/bob", http.StatusMethodNotAllowed, "method_not_allowed", "GET, HEAD, PATCH"},
+		{"FOO", "/v1/no-such-route", http.StatusNotFound, "not_found", ""},
+		{"FOO", "/", http.StatusNotFound, "not_found", ""},
+	} {
+		req, _ := http.NewRequest(tc.method, h.gw.URL+tc.path, nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := readAll(t, resp.Body)
+		resp.Body.Close()
+		allow, named := resp.Header["Allow"]
+		if resp.StatusCode != tc.status || errorCode(t, body) != tc.code || strings.Join(allow, ", ") != tc.allow ||
+			named != (tc.allow != "") {
+			t.Errorf("%s %s: %d Allow %q %s, want %d %s with Allow %q", tc.method, tc.path, resp.StatusCode, allow, body,
+				tc.status, tc.code, tc.allow)
 		}
 	}
 }

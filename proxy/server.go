@@ -256,12 +256,12 @@ func (s *Server) Handler() http.Handler {
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) { writeError(w, errNotFound) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		// chi hands a custom 405 handler no list of the route's methods: they are found again.
-		var allowed []string
-		if r.Match(chi.NewRouteContext(), http.MethodGet, req.URL.Path) {
-			allowed = append(allowed, http.MethodGet, http.MethodHead)
-		}
-		if r.Match(chi.NewRouteContext(), http.MethodPost, req.URL.Path) {
-			allowed = append(allowed, http.MethodPost)
+		// chi also answers here, before it looks at the path, any method outside its own list
+		// (PROPFIND, FOO, the HTTP/2 preface's PRI): a path that no method is served on is 404.
+		allowed := allowedMethods(r, req)
+		if len(allowed) == 0 {
+			writeError(w, errNotFound)
+			return
 		}
 		w.Header().Set("Allow", strings.Join(allowed, ", "))
 		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
@@ -293,6 +293,27 @@ func (s *Server) Handler() http.Handler {
 		replies.Post("/v1/runs/{id}/settle", s.settleRun)
 	})
 	return r
+}
+
+// allowedMethods lists the methods r serves on req's path, for the Allow header of a 405
+// (RFC 9110 requires it). Every method a route here or under /admin is served on is tried,
+// on the path as chi routes it (escaped, as it came: agent%2F1 is one run name, not two
+// segments).
+func allowedMethods(r *chi.Mux, req *http.Request) []string {
+	path := req.URL.RawPath
+	if path == "" {
+		path = req.URL.Path
+	}
+	var out []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if r.Match(chi.NewRouteContext(), m, path) {
+			out = append(out, m)
+			if m == http.MethodGet {
+				out = append(out, http.MethodHead) // answered as the GET (middleware.GetHead)
+			}
+		}
+	}
+	return out
 }
 
 // recoverPanics logs a panic that no handler recovered as any quote of an upstream is logged:
