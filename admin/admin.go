@@ -111,10 +111,8 @@ func New(store *holds.Store, creditMicro int64, token string, log *zap.Logger) h
 	return r
 }
 
-// allowedMethods lists the methods r serves on req's path, for the Allow header of a 405
-// (RFC 9110 requires it). chi hands a custom 405 handler no such list, so each method is tried
-// against the router again. The path is the one r routes on: what is left of it below the
-// mount point (/admin), escaped as chi saw it.
+// allowedMethods lists the methods r serves on req's path (httpapi.AllowedMethods). The path is
+// the one r routes on: what is left of it below the mount point (/admin), escaped as chi saw it.
 func allowedMethods(r *chi.Mux, req *http.Request) []string {
 	path := ""
 	if rctx := chi.RouteContext(req.Context()); rctx != nil {
@@ -126,16 +124,7 @@ func allowedMethods(r *chi.Mux, req *http.Request) []string {
 			path = req.URL.RawPath
 		}
 	}
-	var out []string
-	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
-		if r.Match(chi.NewRouteContext(), m, path) {
-			out = append(out, m)
-			if m == http.MethodGet {
-				out = append(out, http.MethodHead) // answered as the GET (middleware.GetHead)
-			}
-		}
-	}
-	return out
+	return httpapi.AllowedMethods(func(m string) bool { return r.Match(chi.NewRouteContext(), m, path) })
 }
 
 // auth lets through only requests that carry the admin token. A user's API key is just a

@@ -295,25 +295,15 @@ func (s *Server) Handler() http.Handler {
 	return r
 }
 
-// allowedMethods lists the methods r serves on req's path, for the Allow header of a 405
-// (RFC 9110 requires it). Every method a route here or under /admin is served on is tried,
-// on the path as chi routes it (escaped, as it came: agent%2F1 is one run name, not two
-// segments).
+// allowedMethods lists the methods r serves on req's path (httpapi.AllowedMethods), here or
+// under /admin, on the path as chi routes it (escaped, as it came: agent%2F1 is one run name,
+// not two segments).
 func allowedMethods(r *chi.Mux, req *http.Request) []string {
 	path := req.URL.RawPath
 	if path == "" {
 		path = req.URL.Path
 	}
-	var out []string
-	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
-		if r.Match(chi.NewRouteContext(), m, path) {
-			out = append(out, m)
-			if m == http.MethodGet {
-				out = append(out, http.MethodHead) // answered as the GET (middleware.GetHead)
-			}
-		}
-	}
-	return out
+	return httpapi.AllowedMethods(func(m string) bool { return r.Match(chi.NewRouteContext(), m, path) })
 }
 
 // recoverPanics logs a panic that no handler recovered as any quote of an upstream is logged:

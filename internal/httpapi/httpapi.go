@@ -71,3 +71,20 @@ func BearerCredentials(v string) (string, bool) {
 	c := strings.TrimSpace(v[len(scheme):])
 	return c, c != ""
 }
+
+// AllowedMethods lists the methods served reports a route for, for the Allow header of a 405
+// (RFC 9110 requires it): chi hands a custom 405 handler no such list, so each API asks its
+// router again, method by method, on the path as it routes it. HEAD comes with GET, which
+// answers it.
+func AllowedMethods(served func(method string) bool) []string {
+	var out []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if served(m) {
+			out = append(out, m)
+			if m == http.MethodGet {
+				out = append(out, http.MethodHead)
+			}
+		}
+	}
+	return out
+}

@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
@@ -49,5 +50,19 @@ func TestWriteJSONError(t *testing.T) {
 	}
 	if got, want := rec.Body.String(), `{"error":{"code":"c","message":"m","type":"t"}}`+"\n"; got != want {
 		t.Fatalf("body %q; want %q", got, want)
+	}
+}
+
+// TestAllowedMethodsNamesHEADWithGET: a route served on GET answers HEAD as well (chi's
+// GetHead), so a 405's Allow names it; a route served on no method gets an empty list, which
+// the proxy answers 404.
+func TestAllowedMethodsNamesHEADWithGET(t *testing.T) {
+	served := map[string]bool{http.MethodGet: true, http.MethodPatch: true}
+	got := httpapi.AllowedMethods(func(m string) bool { return served[m] })
+	if want := []string{http.MethodGet, http.MethodHead, http.MethodPatch}; !slices.Equal(got, want) {
+		t.Errorf("AllowedMethods = %v; want %v", got, want)
+	}
+	if got := httpapi.AllowedMethods(func(string) bool { return false }); len(got) != 0 {
+		t.Errorf("AllowedMethods of nothing served = %v; want none", got)
 	}
 }
