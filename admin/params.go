@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/httpapi"
 )
 
 // The admin API's query parameters and request bodies: each refusal is a 400 that names what
@@ -163,6 +165,13 @@ func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 // for as long as the client stayed. A Content-Length over the limit is refused before anything
 // is read, so a client waiting on Expect: 100-continue is not told to send it.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if ce, ok := httpapi.ContentEncoding(r.Header); ok {
+		// Refused by name: read as sent, a gzip body was 400 invalid_json ("invalid character
+		// '\x1f'"), and a plain one labelled gzip was taken.
+		writeError(w, &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_content_encoding",
+			Message: fmt.Sprintf("Request bodies sent with Content-Encoding %q are not supported; send the JSON uncompressed.", quoted(ce))})
+		return nil, false
+	}
 	if r.ContentLength > maxBodyBytes {
 		w.Header().Set("Connection", "close")
 		writeError(w, errBodyTooLarge)

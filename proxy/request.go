@@ -17,6 +17,7 @@ import (
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/internal/jsontop"
 	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/pricing"
@@ -189,13 +190,9 @@ func errBodyTooLarge(limit int64) *apiError {
 // refused as invalid JSON, and a plain one under such a label would reach the upstream with a
 // header telling it to decompress what the gateway metered as plain.
 func checkContentEncoding(h http.Header) *apiError {
-	for _, v := range h.Values("Content-Encoding") {
-		for _, ce := range strings.Split(v, ",") {
-			if ce = strings.TrimSpace(ce); ce != "" && !strings.EqualFold(ce, "identity") {
-				return &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_content_encoding",
-					Message: fmt.Sprintf("Request bodies sent with Content-Encoding %q are not supported; send the JSON uncompressed.", quotedValue(ce))}
-			}
-		}
+	if ce, ok := httpapi.ContentEncoding(h); ok {
+		return &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_content_encoding",
+			Message: fmt.Sprintf("Request bodies sent with Content-Encoding %q are not supported; send the JSON uncompressed.", quotedValue(ce))}
 	}
 	return nil
 }

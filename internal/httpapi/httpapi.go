@@ -88,3 +88,18 @@ func AllowedMethods(served func(method string) bool) []string {
 	}
 	return out
 }
+
+// ContentEncoding returns the first coding other than identity that h's Content-Encoding
+// lines name, and false when there is none. Both APIs read a body as the JSON it is sent as:
+// a compressed one is refused 415 by name rather than misread as invalid JSON, or, on the
+// model API, forwarded plain under a header telling the upstream to decompress it.
+func ContentEncoding(h http.Header) (string, bool) {
+	for _, v := range h.Values("Content-Encoding") {
+		for _, ce := range strings.Split(v, ",") {
+			if ce = strings.TrimSpace(ce); ce != "" && !strings.EqualFold(ce, "identity") {
+				return ce, true
+			}
+		}
+	}
+	return "", false
+}
