@@ -194,16 +194,23 @@ func (s *Server) readIdem(ctx context.Context, ic *idemCall) (idemRecord, error)
 // was replayed for replay_ttl from that end, not from the answer.
 //
 // Nor is one that an attempt paid under a pause has marked as being forwarded (claimForward),
-// while the mark holds, unless ARGV[3] is "1": the attempt's own end moves past it and drops
-// the mark. Returns 2 when so refused: the caller, a retry that found the attempt's hold
-// settled, answers 409 request_in_progress. The check and the move are one script, as the
-// mark's write is: of a retry's move and the attempt's mark, whichever comes first stops the
-// other.
+// while the mark holds, unless ARGV[3] is "1" and the mark is attempt ARGV[1]'s: the attempt's
+// own end moves past it and drops its mark; no other end does. Returns 2 when so refused: the
+// caller, a retry that found the attempt's hold settled, answers 409 request_in_progress. The
+// check and the move are one script, as the mark's write is: of a retry's move and the
+// attempt's mark, whichever comes first stops the other.
+//
+// Another attempt's mark cannot hold under a counter at or below the ending attempt while the
+// record is whole and read (the counter passed the marked attempt only once its mark had
+// gone), but can once Redis lost the record and the marked attempt's mark wrote it anew, counter and
+// all gone: the end of another stopped attempt of the key, resumed after that mark, took the
+// key for its own, dropped the mark, and the retry moved past the forwarded attempt and ran
+// the key beside it, charged twice (TestIdemEarlierAttemptsEndKeepsALaterAttemptsMark).
 var advanceScript = redis.NewScript(`
 local a = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
 if redis.call('HEXISTS', KEYS[1], 'run') == 1 or a > tonumber(ARGV[1]) then return 0 end
 local f = redis.call('HGET', KEYS[1], 'fwd')
-if ARGV[3] ~= '1' and f and tonumber(f) >= tonumber(ARGV[1]) then
+if f and (ARGV[3] ~= '1' or tonumber(f) ~= tonumber(ARGV[1])) then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if tonumber(redis.call('HGET', KEYS[1], 'fwd_until') or '0') > now then return 2 end
@@ -214,11 +221,14 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1`)
 
 // errAttemptForwarded: a retry's move past a settled attempt was refused, the attempt being
-// forwarded by its resumed process (claimForward).
-var errAttemptForwarded = errors.New("the attempt is being forwarded by its resumed process")
+// forwarded by its resumed process (claimForward); or an attempt's own move, another attempt
+// being so forwarded.
+var errAttemptForwarded = errors.New("an attempt of the key is being forwarded by its resumed process")
 
 // advanceIdem moves ic's key past attempt (advanceScript); own says the attempt itself has
-// ended, else a retry found it settled and fails with errAttemptForwarded while it is forwarded.
+// ended, else a retry found it settled. It fails with errAttemptForwarded while an attempt of
+// the key is being forwarded under its mark: attempt itself (a retry's move), or, for own,
+// another one.
 func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int, own bool) error {
 	ctx, cancel := redisStep(ctx)
 	defer cancel()
@@ -235,12 +245,20 @@ func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int, own
 // claimForwardScript marks the key's record, unless the key has moved on, as being run by
 // attempt ARGV[2] (run id ARGV[1]) for ARGV[5] ms from now by the Redis clock (fwd,
 // fwd_until): a retry's move past the attempt (advanceScript) is refused while the mark holds.
-// It returns the run id that pinned the key, or the attempt number the counter has moved to,
-// when the key is no longer the attempt's; else "" (marked). The body is set if missing, and
-// the record kept for replay_ttl (ARGV[4] ms), as idemWriteScript does, or for the mark's
-// time if that is longer: the mark lives in the record, and a record that expired under it
-// (a replay_ttl shorter than maxCall) left a retry no record, the attempt (admitted longer
-// than replay_ttl ago) taken for one that had not pinned, and the key run again beside it.
+// It returns the run id that pinned the key, the attempt number the counter has moved to, or
+// that of another attempt whose mark holds, when the key is no longer the attempt's; else ""
+// (marked). Another's mark that holds stops it, as the counter would had Redis not lost it:
+// with the record lost and written anew by that attempt's mark, an attempt of the key
+// stopped beside it and resumed after it marked the key over it and was forwarded too, two
+// upstream calls and two charges for one key
+// (TestIdemEarlierAttemptResumedUnderALaterAttemptsMarkIsNotForwarded; an earlier attempt's
+// mark, TestIdemLaterAttemptResumedUnderAnEarlierAttemptsMarkKeepsIt).
+//
+// The body is set if missing, and the record kept for replay_ttl (ARGV[4] ms), as
+// idemWriteScript does, or for the mark's time if that is longer: the mark lives in the
+// record, and a record that expired under it (a replay_ttl shorter than maxCall) left a retry
+// no record, the attempt (admitted longer than replay_ttl ago) taken for one that had not
+// pinned, and the key run again beside it.
 var claimForwardScript = redis.NewScript(`
 local run = redis.call('HGET', KEYS[1], 'run')
 if run and run ~= ARGV[1] then return run end
@@ -248,6 +266,8 @@ local a = tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0')
 if a > tonumber(ARGV[2]) then return a end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local f = redis.call('HGET', KEYS[1], 'fwd')
+if f and tonumber(f) ~= tonumber(ARGV[2]) and tonumber(redis.call('HGET', KEYS[1], 'fwd_until') or '0') > now then return tonumber(f) end
 redis.call('HSETNX', KEYS[1], 'body', ARGV[3])
 redis.call('HSET', KEYS[1], 'fwd', ARGV[2], 'fwd_until', string.format('%d', now + tonumber(ARGV[5])))
 redis.call('PEXPIRE', KEYS[1], math.max(tonumber(ARGV[4]), tonumber(ARGV[5])))
@@ -257,7 +277,8 @@ return ''`)
 // own process was stopped before the forward (paidUnderAPause), and its mark on the key: it
 // returns the run id of the later attempt a retry has run meanwhile (the retry found c's hold
 // settled, could not tell a stopped process from a killed one, and moved the key past c:
-// passSettled), or "" once the key's record says c is being forwarded. Forwarded after a retry
+// passSettled), or of another attempt forwarded under its mark (Redis lost the counter), or
+// "" once the key's record says c is being forwarded. Forwarded after a retry
 // moved on, c ran the key a second time, charged what it used beside the later attempt's
 // charge, its answer stored nowhere (errIdemMovedOn). Forwarded unmarked, a retry arriving
 // while it ran did the same: it found c settled, moved past it and ran the next attempt.
@@ -772,7 +793,10 @@ func (s *Server) finishIdem(ctx context.Context, c *call) {
 		return
 	}
 	if !pins {
-		if err := s.advanceIdem(ctx, ic, ic.attempt, true); err != nil {
+		if err := s.advanceIdem(ctx, ic, ic.attempt, true); errors.Is(err, errAttemptForwarded) {
+			c.log.Warn("idempotency attempt not advanced: another attempt of its key is being forwarded under its mark (Redis lost the key's counter)",
+				zap.Error(err))
+		} else if err != nil {
 			c.log.Warn("idempotency attempt not advanced; the next retry advances it", zap.Error(err))
 		}
 		return
@@ -877,8 +901,9 @@ var errIdemMovedOn = errors.New("the key's record belongs to a later attempt")
 // pinned it. KEYS record; ARGV run id, attempt, body hash, replay ttl ms, the fields to delete
 // first (space-separated), then field/value pairs. The body is set if missing (startIdem's
 // write may have failed, and a record without it would replay this answer to a different body
-// under the same key), and the mark of the attempt's forward (claimForward) dropped: the
-// attempt has pinned the key or ended. Returns 0 when refused.
+// under the same key), and the mark of a forward (claimForward) dropped: the attempt has pinned
+// the key or ended. Any attempt's mark, unlike advanceScript: a key pinned or superseded runs
+// no retry that a mark would have to stop. Returns 0 when refused.
 //
 // Unguarded, an attempt that outlived its hold, ending after a retry had run the next attempt
 // to its end and pinned the key, replaced that answer with its own: every later replay was the

@@ -1,0 +1,216 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// Two attempts of one key stopped at their admission (as pausedAttempt: SIGSTOP, a VM's live
+// migration), each charged its hold by the peer's reconciler: attempt 1, then attempt 2, which
+// the caller's retry ran once it found attempt 1 settled. While both are stopped, Redis loses
+// the key's record (a restart without persistence, an eviction, a failover), attempt counter
+// and all. One of them resumes, finds the key still its own (the record it writes anew names
+// no other attempt) and is forwarded under its mark; the other resumes after it. The mark is
+// all that says the first is being forwarded: the counter that told the attempts apart is
+// gone, and the forwarded attempt's row says what a killed process's would (reconcile_hold,
+// the record there).
+
+// lostUnderTwoPausedAttempts plays that scene up to the resumes: attempt 0 refused by its
+// upstream (the record written, its counter at 1), attempt 1 stopped (its caller sending hdr1
+// under ctx), attempt 2 stopped (hdr2), both charged their holds, the record deleted. It
+// returns the two stopped attempts, and the upstream's calls so far.
+func lostUnderTwoPausedAttempts(t *testing.T, h *harness, gate *gateUpstream, ctx context.Context, key string, idem, hdr1, hdr2 map[string]string) (
+	first, second *pausedAttempt, calls int64) {
+	t.Helper()
+	if refused := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503")); refused.status < 500 {
+		t.Fatalf("attempt 0, refused by its upstream: %d %s", refused.status, refused.body)
+	}
+	h.settled()
+	reached, resume := h.holdAtFirst("attempt admitted")
+	first = &pausedAttempt{done: make(chan answer, 1), resume: resume, sent: time.Now()}
+	go func() { first.done <- sendToCtx(ctx, h.gw.URL, "/v1/chat/completions", key, chatBody, hdr1) }()
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("attempt 1 never reached its admission")
+	}
+	if st := h.reconcileExpired(t, "run_id = ?", h.idemRun(key, idem, 1)); st.ChargedHeld != 1 {
+		t.Fatalf("the peer's reconcile of attempt 1: %+v; want its hold charged (no tally)", st)
+	}
+	second = pauseAttempt(t, h, key, hdr2) // the retry, past attempt 1
+	if st := h.reconcileExpired(t, "run_id = ?", h.idemRun(key, idem, 2)); st.ChargedHeld != 1 {
+		t.Fatalf("the peer's reconcile of attempt 2: %+v; want its hold charged (no tally)", st)
+	}
+	if err := h.rdb.Del(context.Background(), h.keys.Replay(h.idemRun(key, idem, 0))).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return first, second, gate.fake.Calls()
+}
+
+// resumeAfter resumes p once it, and every attempt sent before it, has been stopped past its
+// hold's life (as it must have been for a reconciler to charge it).
+func (p *pausedAttempt) resumeAfter(h *harness) {
+	time.Sleep(time.Until(p.sent.Add(h.cfg.Holds.HoldTTL + 100*time.Millisecond)))
+	p.resume()
+}
+
+// endedAt waits until the next call to reach step "settle" has reached it (an Idempotency-Key
+// attempt's end is recorded before its settlement) after start, which resumes it.
+func endedAt(t *testing.T, h *harness, what string, start func()) {
+	t.Helper()
+	ended, settle := h.holdAtFirst("settle")
+	start()
+	select {
+	case <-ended:
+		settle()
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s never ended once resumed", what)
+	}
+}
+
+// TestIdemEarlierAttemptsEndKeepsALaterAttemptsMark: attempt 2 resumes first and is forwarded
+// under its mark; attempt 1's caller left during the pause, so attempt 1, resumed, is not
+// forwarded, and its end moves the key past it. That end dropped attempt 2's mark: the
+// counter, lost, no longer said the key had moved past attempt 1, and its end took the key for
+// its own. The retry then found attempt 2 settled, unmarked, moved past it and ran attempt 3
+// beside it: two upstream calls, two charges for one key. An attempt's end drops no mark but
+// its own.
+func TestIdemEarlierAttemptsEndKeepsALaterAttemptsMark(t *testing.T) {
+	h, gate := pausedGateHarness(t, harnessSetup{})
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "lost-record-earlier-end"}
+	t.Cleanup(func() { gate.open("second") })
+	ctx, leave := context.WithCancel(context.Background())
+	defer leave()
+	first, second, calls := lostUnderTwoPausedAttempts(t, h, gate, ctx, key, idem, idem, with(idem, "X-Test-Gate", "second"))
+	second.resumeAfter(h)
+	gate.await(t, "second", 1) // attempt 2 forwarded: its answer held open at the upstream
+	leave()
+	<-first.done
+	endedAt(t, h, "attempt 1", first.resume)
+
+	retry := send(h.gw.URL, key, chatBody, idem)
+	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "request_in_progress" {
+		t.Errorf("retry while attempt 2 is forwarded: %d %s (run %q); want 409 request_in_progress",
+			retry.status, retry.body, retry.header.Get(proxy.RunIDHeader))
+	}
+	if n := gate.fake.Calls() - calls; n != 0 {
+		t.Errorf("%d upstream calls answered while attempt 2's is held open, want 0: the retry ran the key again", n)
+	}
+	gate.open("second")
+	answered := second.answerOf(t)
+	if answered.status != http.StatusOK || answered.header.Get(proxy.RunIDHeader) != h.idemRun(key, idem, 2) {
+		t.Fatalf("attempt 2's caller: %d %s (run %q); want the answer it paid for", answered.status, answered.body,
+			answered.header.Get(proxy.RunIDHeader))
+	}
+	h.settled()
+	replayedOnce(t, h, gate, key, idem, answered, calls)
+	if paused := h.run(u.ID, h.idemRun(key, idem, 1)); chargedRuns(t, h, u.ID) != 2 || grantedTo(t, h, u.ID) <= paused.ChargedMicro {
+		t.Errorf("%d runs charged, %d given back (attempt 1 charged %d); want attempts 1 (all given back) and 2 alone",
+			chargedRuns(t, h, u.ID), grantedTo(t, h, u.ID), paused.ChargedMicro)
+	}
+}
+
+// replayedOnce checks that the key's retry is answered's answer replayed, and that the key's
+// upstream calls since calls were answered's alone.
+func replayedOnce(t *testing.T, h *harness, gate *gateUpstream, key string, idem map[string]string, answered answer, calls int64) {
+	t.Helper()
+	replay := send(h.gw.URL, key, chatBody, idem)
+	if replay.status != http.StatusOK || replay.header.Get(proxy.ReplayedHeader) != "true" || !bytes.Equal(replay.body, answered.body) {
+		t.Errorf("retry once the forwarded attempt answered: %d %s replayed %q; want its answer replayed",
+			replay.status, replay.body, replay.header.Get(proxy.ReplayedHeader))
+	}
+	if n := gate.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls for the key past attempt 0, want the forwarded attempt's alone", n)
+	}
+}
+
+// TestIdemEarlierAttemptResumedUnderALaterAttemptsMarkIsNotForwarded: attempt 2 resumes first
+// and is forwarded under its mark; attempt 1's caller still waits, and attempt 1, resumed,
+// marked the key as its own over attempt 2's mark (the counter that said the key had moved
+// past it, lost) and was forwarded beside attempt 2: two upstream calls, two charges for one
+// key. Another attempt's mark that holds answers it as a key run since: 409
+// request_in_progress naming attempt 2, its charge given back whole.
+func TestIdemEarlierAttemptResumedUnderALaterAttemptsMarkIsNotForwarded(t *testing.T) {
+	h, gate := pausedGateHarness(t, harnessSetup{})
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "lost-record-earlier-resumed"}
+	attempt1, attempt2 := h.idemRun(key, idem, 1), h.idemRun(key, idem, 2)
+	t.Cleanup(func() { gate.open("second") })
+	first, second, calls := lostUnderTwoPausedAttempts(t, h, gate, context.Background(), key, idem, idem, with(idem, "X-Test-Gate", "second"))
+	second.resumeAfter(h)
+	gate.await(t, "second", 1)
+	first.resume()
+	overtaken := first.answerOf(t)
+	if n := gate.fake.Calls() - calls; n != 0 {
+		t.Errorf("attempt 1 was forwarded beside attempt 2 (%d upstream calls answered while attempt 2's is held open, want 0)", n)
+	}
+	if overtaken.status != http.StatusConflict || errorCode(t, overtaken.body) != "request_in_progress" || errorRunID(t, overtaken.body) != attempt2 {
+		t.Errorf("attempt 1's caller, resumed: %d %s; want 409 request_in_progress naming %s", overtaken.status, overtaken.body, attempt2)
+	}
+	gate.open("second")
+	answered := second.answerOf(t)
+	if answered.status != http.StatusOK || answered.header.Get(proxy.RunIDHeader) != attempt2 {
+		t.Fatalf("attempt 2's caller: %d %s (run %q); want the answer it paid for", answered.status, answered.body,
+			answered.header.Get(proxy.RunIDHeader))
+	}
+	h.settled()
+	replayedOnce(t, h, gate, key, idem, answered, calls)
+	paused, forwarded := h.run(u.ID, attempt1), h.run(u.ID, attempt2)
+	if refunded := grantedTo(t, h, u.ID); refunded <= paused.ChargedMicro || refunded >= paused.ChargedMicro+forwarded.ChargedMicro {
+		t.Errorf("attempt 1 charged %d, attempt 2 %d, %d given back; want all of attempt 1's given back and part of attempt 2's",
+			paused.ChargedMicro, forwarded.ChargedMicro, refunded)
+	}
+}
+
+// TestIdemLaterAttemptResumedUnderAnEarlierAttemptsMarkKeepsIt: the other order. Attempt 1
+// resumes first, its caller waiting: the key still its own by the record (written anew by its
+// mark), it is forwarded under its mark. Attempt 2, resumed after, marked the key over it and
+// was forwarded beside it; refused that, its end must not drop attempt 1's mark either (nor
+// may any end drop a mark of an earlier attempt: dropped, the counter moved past attempt 2
+// and the retry ran attempt 3 beside attempt 1). Attempt 2 is answered 409
+// request_in_progress naming attempt 1, its charge given back whole; the retry is 409 while
+// attempt 1 runs, then its answer replayed.
+func TestIdemLaterAttemptResumedUnderAnEarlierAttemptsMarkKeepsIt(t *testing.T) {
+	h, gate := pausedGateHarness(t, harnessSetup{})
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "lost-record-later-resumed"}
+	attempt1, attempt2 := h.idemRun(key, idem, 1), h.idemRun(key, idem, 2)
+	t.Cleanup(func() { gate.open("first") })
+	first, second, calls := lostUnderTwoPausedAttempts(t, h, gate, context.Background(), key, idem, with(idem, "X-Test-Gate", "first"), idem)
+	first.resumeAfter(h)
+	gate.await(t, "first", 1) // attempt 1 forwarded: its answer held open at the upstream
+	endedAt(t, h, "attempt 2", func() { second.resumeAfter(h) })
+	overtaken := second.answerOf(t)
+	if overtaken.status != http.StatusConflict || errorCode(t, overtaken.body) != "request_in_progress" || errorRunID(t, overtaken.body) != attempt1 {
+		t.Errorf("attempt 2's caller, resumed: %d %s; want 409 request_in_progress naming %s", overtaken.status, overtaken.body, attempt1)
+	}
+
+	retry := send(h.gw.URL, key, chatBody, idem)
+	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "request_in_progress" {
+		t.Errorf("retry while attempt 1 is forwarded: %d %s (run %q); want 409 request_in_progress",
+			retry.status, retry.body, retry.header.Get(proxy.RunIDHeader))
+	}
+	if n := gate.fake.Calls() - calls; n != 0 {
+		t.Errorf("%d upstream calls answered while attempt 1's is held open, want 0: the key ran again beside it", n)
+	}
+	gate.open("first")
+	answered := first.answerOf(t)
+	if answered.status != http.StatusOK || answered.header.Get(proxy.RunIDHeader) != attempt1 {
+		t.Fatalf("attempt 1's caller: %d %s (run %q); want the answer it paid for", answered.status, answered.body,
+			answered.header.Get(proxy.RunIDHeader))
+	}
+	h.settled()
+	replayedOnce(t, h, gate, key, idem, answered, calls)
+	paused, forwarded := h.run(u.ID, attempt2), h.run(u.ID, attempt1)
+	if refunded := grantedTo(t, h, u.ID); refunded <= paused.ChargedMicro || refunded >= paused.ChargedMicro+forwarded.ChargedMicro {
+		t.Errorf("attempt 2 charged %d, attempt 1 %d, %d given back; want all of attempt 2's given back and part of attempt 1's",
+			paused.ChargedMicro, forwarded.ChargedMicro, refunded)
+	}
+}
