@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -24,14 +25,7 @@ func TestMethodNotAllowedNamesTheAllowedMethods(t *testing.T) {
 		{http.MethodPost, "/metrics", "GET, HEAD"},
 		{http.MethodDelete, "/metrics", "GET, HEAD"},
 	} {
-		req, _ := http.NewRequest(tc.method, h.gw.URL+tc.path, strings.NewReader("{}"))
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := readAll(t, resp.Body)
-		resp.Body.Close()
+		resp, body := sendMethod(t, tc.method, h.gw.URL+tc.path, key, strings.NewReader("{}"))
 		// A HEAD answer has no body to carry the error.
 		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != tc.allow ||
 			(tc.method != http.MethodHead && errorCode(t, body) != "method_not_allowed") {
@@ -64,14 +58,7 @@ func TestMethodUnknownToTheRouterIsAnsweredAsAnyOther(t *testing.T) {
 		{"FOO", "/v1/no-such-route", http.StatusNotFound, "not_found", ""},
 		{"FOO", "/", http.StatusNotFound, "not_found", ""},
 	} {
-		req, _ := http.NewRequest(tc.method, h.gw.URL+tc.path, nil)
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := readAll(t, resp.Body)
-		resp.Body.Close()
+		resp, body := sendMethod(t, tc.method, h.gw.URL+tc.path, key, nil)
 		allow, named := resp.Header["Allow"]
 		if resp.StatusCode != tc.status || errorCode(t, body) != tc.code || strings.Join(allow, ", ") != tc.allow ||
 			named != (tc.allow != "") {
@@ -101,4 +88,21 @@ func TestHeadIsAnsweredLikeGet(t *testing.T) {
 				resp.Header.Get("Content-Type"), body)
 		}
 	}
+}
+
+// sendMethod sends a request of any method to url with key, and returns its answer with the
+// body read whole (closed).
+func sendMethod(t *testing.T, method, url, key string, body io.Reader) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	return resp, readAll(t, resp.Body)
 }
