@@ -610,7 +610,14 @@ func (s *Server) paidUnderAPause(ctx context.Context, c *call, in incomingCall) 
 		return false
 	}
 	if c.idem != nil {
-		later, err := s.claimForward(ctx, c)
+		later, err := s.laterAttempt(sctx, c)
+		if err != nil {
+			c.log.Warn("later attempt of the Idempotency-Key of a call past its admission budget unreadable; refused as late", zap.Error(err))
+			return false
+		}
+		if later == "" {
+			later, err = s.claimForward(ctx, c)
+		}
 		switch {
 		case err != nil && !s.cfg.Dedup.FailOpen:
 			c.log.Named(holds.MoneyLog).Warn("hold charged by another process while this call waited past it (its process stopped), and its Idempotency-Key's record not marked; not forwarded",

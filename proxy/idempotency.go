@@ -251,8 +251,9 @@ func (s *Server) advanceIdem(ctx context.Context, ic *idemCall, attempt int, own
 // with the record lost and written anew by that attempt's mark, an attempt of the key
 // stopped beside it and resumed after it marked the key over it and was forwarded too, two
 // upstream calls and two charges for one key
-// (TestIdemEarlierAttemptResumedUnderALaterAttemptsMarkIsNotForwarded; an earlier attempt's
-// mark, TestIdemLaterAttemptResumedUnderAnEarlierAttemptsMarkKeepsIt).
+// (TestIdemEarlierAttemptResumedUnderALaterAttemptsMarkIsNotForwarded). An earlier attempt's
+// mark under a later attempt that resumes is left only to a race (laterAttempt, read before
+// the mark, found no row of the next attempt, whose retry passed the attempt just before).
 //
 // The body is set if missing, and the record kept for replay_ttl (ARGV[4] ms), as
 // idemWriteScript does, or for the mark's time if that is longer: the mark lives in the
@@ -303,6 +304,26 @@ func (s *Server) claimForward(ctx context.Context, c *call) (string, error) {
 		return idempotentRunID(ic.userID, ic.key, int(v)), nil
 	}
 	return "", nil
+}
+
+// laterAttempt returns the run id of c's key's next attempt when its row exists, else "": a
+// retry admits attempt n+1 only once it has passed attempt n, so the row says, as the key's
+// record's counter does, that the key has moved on past c (paidUnderAPause). The counter alone
+// said it until Redis lost the record (a restart without persistence, an eviction, a
+// failover): c, stopped before its forward and resumed after the loss, found the key its own,
+// marked it (claimForward) and was forwarded beside the later attempt's answer, or its call
+// still running unmarked, two upstream calls and two charges for one key
+// (TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwardedOnceRedisLostTheRecord).
+func (s *Server) laterAttempt(ctx context.Context, c *call) (string, error) {
+	next := idempotentRunID(c.idem.userID, c.idem.key, c.idem.attempt+1)
+	_, err := s.store.Run(ctx, c.user.ID, next)
+	if errors.Is(err, holds.ErrRunNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the idempotent attempt after %s: %w", c.runID, err)
+	}
+	return next, nil
 }
 
 // maxIdemRounds bounds admitIdempotent's reads of a key's record when each finds its attempt

@@ -169,48 +169,96 @@ func TestIdemEarlierAttemptResumedUnderALaterAttemptsMarkIsNotForwarded(t *testi
 	}
 }
 
-// TestIdemLaterAttemptResumedUnderAnEarlierAttemptsMarkKeepsIt: the other order. Attempt 1
-// resumes first, its caller waiting: the key still its own by the record (written anew by its
-// mark), it is forwarded under its mark. Attempt 2, resumed after, marked the key over it and
-// was forwarded beside it; refused that, its end must not drop attempt 1's mark either (nor
-// may any end drop a mark of an earlier attempt: dropped, the counter moved past attempt 2
-// and the retry ran attempt 3 beside attempt 1). Attempt 2 is answered 409
-// request_in_progress naming attempt 1, its charge given back whole; the retry is 409 while
-// attempt 1 runs, then its answer replayed.
-func TestIdemLaterAttemptResumedUnderAnEarlierAttemptsMarkKeepsIt(t *testing.T) {
+// TestIdemEarlierAttemptResumedFirstIsOvertakenByTheLaterAttempt: the other order. Attempt 1
+// resumes first, its caller waiting: the key still its own by the record (lost), it marked the
+// key and was forwarded; attempt 2, resumed after, was refused by that mark, its caller told 409
+// naming attempt 1, a retry had taken the key over from it. The row of attempt 2, which the
+// retry admitted once it had passed attempt 1, says the key moved on past attempt 1, as the
+// lost counter did: attempt 1 is answered 409 request_in_progress naming attempt 2, its charge
+// given back whole, and attempt 2, resumed, runs the key, as had Redis kept the record.
+func TestIdemEarlierAttemptResumedFirstIsOvertakenByTheLaterAttempt(t *testing.T) {
 	h, gate := pausedGateHarness(t, harnessSetup{})
 	u, key := h.user("standard")
-	idem := map[string]string{proxy.IdempotencyKeyHeader: "lost-record-later-resumed"}
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "lost-record-earlier-first"}
 	attempt1, attempt2 := h.idemRun(key, idem, 1), h.idemRun(key, idem, 2)
-	t.Cleanup(func() { gate.open("first") })
-	first, second, calls := lostUnderTwoPausedAttempts(t, h, gate, context.Background(), key, idem, with(idem, "X-Test-Gate", "first"), idem)
+	t.Cleanup(func() { gate.open("second") })
+	first, second, calls := lostUnderTwoPausedAttempts(t, h, gate, context.Background(), key, idem, idem, with(idem, "X-Test-Gate", "second"))
 	first.resumeAfter(h)
-	gate.await(t, "first", 1) // attempt 1 forwarded: its answer held open at the upstream
-	endedAt(t, h, "attempt 2", func() { second.resumeAfter(h) })
-	overtaken := second.answerOf(t)
-	if overtaken.status != http.StatusConflict || errorCode(t, overtaken.body) != "request_in_progress" || errorRunID(t, overtaken.body) != attempt1 {
-		t.Errorf("attempt 2's caller, resumed: %d %s; want 409 request_in_progress naming %s", overtaken.status, overtaken.body, attempt1)
+	overtaken := first.answerOf(t)
+	if overtaken.status != http.StatusConflict || errorCode(t, overtaken.body) != "request_in_progress" || errorRunID(t, overtaken.body) != attempt2 {
+		t.Errorf("attempt 1's caller, resumed: %d %s; want 409 request_in_progress naming %s", overtaken.status, overtaken.body, attempt2)
 	}
+	if n := gate.fake.Calls() - calls; n != 0 {
+		t.Errorf("attempt 1 was forwarded though a retry had passed it (%d upstream calls, want 0)", n)
+	}
+	second.resumeAfter(h)
+	gate.await(t, "second", 1) // attempt 2 forwarded: its answer held open at the upstream
 
 	retry := send(h.gw.URL, key, chatBody, idem)
 	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "request_in_progress" {
-		t.Errorf("retry while attempt 1 is forwarded: %d %s (run %q); want 409 request_in_progress",
+		t.Errorf("retry while attempt 2 is forwarded: %d %s (run %q); want 409 request_in_progress",
 			retry.status, retry.body, retry.header.Get(proxy.RunIDHeader))
 	}
 	if n := gate.fake.Calls() - calls; n != 0 {
-		t.Errorf("%d upstream calls answered while attempt 1's is held open, want 0: the key ran again beside it", n)
+		t.Errorf("%d upstream calls answered while attempt 2's is held open, want 0: the key ran again beside it", n)
 	}
-	gate.open("first")
-	answered := first.answerOf(t)
-	if answered.status != http.StatusOK || answered.header.Get(proxy.RunIDHeader) != attempt1 {
-		t.Fatalf("attempt 1's caller: %d %s (run %q); want the answer it paid for", answered.status, answered.body,
+	gate.open("second")
+	answered := second.answerOf(t)
+	if answered.status != http.StatusOK || answered.header.Get(proxy.RunIDHeader) != attempt2 {
+		t.Fatalf("attempt 2's caller: %d %s (run %q); want the answer it paid for", answered.status, answered.body,
 			answered.header.Get(proxy.RunIDHeader))
 	}
 	h.settled()
 	replayedOnce(t, h, gate, key, idem, answered, calls)
-	paused, forwarded := h.run(u.ID, attempt2), h.run(u.ID, attempt1)
+	paused, forwarded := h.run(u.ID, attempt1), h.run(u.ID, attempt2)
 	if refunded := grantedTo(t, h, u.ID); refunded <= paused.ChargedMicro || refunded >= paused.ChargedMicro+forwarded.ChargedMicro {
-		t.Errorf("attempt 2 charged %d, attempt 1 %d, %d given back; want all of attempt 2's given back and part of attempt 1's",
+		t.Errorf("attempt 1 charged %d, attempt 2 %d, %d given back; want all of attempt 1's given back and part of attempt 2's",
 			paused.ChargedMicro, forwarded.ChargedMicro, refunded)
+	}
+}
+
+// TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwardedOnceRedisLostTheRecord: as
+// TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwarded, attempt 1 stopped at its admission
+// and charged by the peer's reconciler, the retry running attempt 2 to its answer, but Redis
+// loses the key's record before attempt 1 resumes. The counter that said the key had moved past
+// attempt 1 is gone and attempt 2 left no mark (it was never paused): attempt 1, resumed, found
+// the key its own, was forwarded and charged beside attempt 2's answer, two upstream calls for
+// one key. The row of attempt 2, which a retry admits only once it has passed attempt 1, still
+// says so.
+func TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwardedOnceRedisLostTheRecord(t *testing.T) {
+	h, holdTTL := pausedIdemHarness(t)
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "paused-after-record-lost"}
+	attempt1, attempt2 := h.idemRun(key, idem, 1), h.idemRun(key, idem, 2)
+	if refused := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503")); refused.status < 500 {
+		t.Fatalf("attempt 0, refused by its upstream: %d %s", refused.status, refused.body)
+	}
+	h.settled()
+	p := pauseAttempt(t, h, key, idem)
+	if st := h.reconcileExpired(t, "run_id = ?", attempt1); st.ChargedHeld != 1 {
+		t.Fatalf("the peer's reconcile of the paused attempt: %+v; want its hold charged (no tally)", st)
+	}
+	ran := send(h.gw.URL, key, chatBody, idem)
+	if ran.status != http.StatusOK || ran.header.Get(proxy.RunIDHeader) != attempt2 {
+		t.Fatalf("retry once the paused attempt was charged: %d %s (run %q); want the key's next attempt run",
+			ran.status, ran.body, ran.header.Get(proxy.RunIDHeader))
+	}
+	calls := h.fake.Calls()
+	if err := h.rdb.Del(context.Background(), h.keys.Replay(h.idemRun(key, idem, 0))).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	first := p.answerAfter(t, holdTTL)
+	h.settled()
+	if n := h.fake.Calls(); n != calls {
+		t.Errorf("the paused attempt was forwarded once resumed (%d upstream calls after it, want 0): the key ran twice", n-calls)
+	}
+	if first.status != http.StatusConflict || errorCode(t, first.body) != "request_in_progress" || errorRunID(t, first.body) != attempt2 {
+		t.Errorf("the paused attempt's caller, resumed: %d %s; want 409 request_in_progress naming %s", first.status, first.body, attempt2)
+	}
+	paused := h.run(u.ID, attempt1)
+	if refunded := grantedTo(t, h, u.ID); refunded != paused.ChargedMicro {
+		t.Errorf("paused attempt charged %d, %d given back; want all of its charge given back: it was never forwarded",
+			paused.ChargedMicro, refunded)
 	}
 }
