@@ -2,6 +2,7 @@ package holds
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -16,6 +17,21 @@ import (
 // sends it — the call's own, or a reconciler's pass that read the call's tally or its
 // admission's refusal (refundPaused) — and however often, whether or not the call was forwarded.
 func PauseRefundKey(runID string) string { return "pause-refund:" + runID }
+
+// PauseRefunded returns what the pause refund of userID's run runID (the grant keyed
+// PauseRefundKey) gave back, 0 when none was made.
+func (s *Store) PauseRefunded(ctx context.Context, userID uint64, runID string) (int64, error) {
+	var amount int64
+	err := s.db.GetContext(ctx, &amount, "SELECT amount_micro FROM grants WHERE idempotency_key = ? AND user_id = ?",
+		PauseRefundKey(runID), userID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the pause refund of run %s: %w", runID, err)
+	}
+	return amount, nil
+}
 
 // PauseRefund is what of run's charge a settlement of its one call costing costMicro at list
 // price, had it found the hold open, would not have charged (refund), and what it would have

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -260,5 +261,95 @@ func TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwardedOnceRedisLostTheReco
 	if refunded := grantedTo(t, h, u.ID); refunded != paused.ChargedMicro {
 		t.Errorf("paused attempt charged %d, %d given back; want all of its charge given back: it was never forwarded",
 			paused.ChargedMicro, refunded)
+	}
+}
+
+// TestIdemOvertakenAttemptRefundedWholeIsPassedOnceRedisLostTheRecord: attempt 1 stopped at
+// its admission and charged by the peer's reconciler, the retry passed it and ran attempt 2,
+// which its upstream refused; attempt 1, resumed, was overtaken, not forwarded, its charge given
+// back whole. Then Redis lost the key's record. A retry, its row saying reconcile_hold and no
+// record left, took attempt 1 for one that may have answered and was answered 409
+// idempotent_response_lost, "admitted and charged ... not run again": charged nothing, and the
+// key, which no attempt ever answered, refused for replay_ttl. Its charge given back whole, it
+// used nothing and cannot have answered: it is passed, and the retry runs the key.
+func TestIdemOvertakenAttemptRefundedWholeIsPassedOnceRedisLostTheRecord(t *testing.T) {
+	h, holdTTL := pausedIdemHarness(t)
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "overtaken-refunded-lost"}
+	attempt1 := h.idemRun(key, idem, 1)
+	if refused := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503")); refused.status < 500 {
+		t.Fatalf("attempt 0, refused by its upstream: %d %s", refused.status, refused.body)
+	}
+	h.settled()
+	p := pauseAttempt(t, h, key, idem)
+	if st := h.reconcileExpired(t, "run_id = ?", attempt1); st.ChargedHeld != 1 {
+		t.Fatalf("the peer's reconcile of the paused attempt: %+v; want its hold charged (no tally)", st)
+	}
+	if failed := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503")); failed.status < 500 {
+		t.Fatalf("retry once the paused attempt was charged, refused by its upstream: %d %s", failed.status, failed.body)
+	}
+	first := p.answerAfter(t, holdTTL)
+	if first.status != http.StatusConflict || errorCode(t, first.body) != "request_in_progress" {
+		t.Fatalf("the paused attempt's caller, resumed: %d %s; want 409 request_in_progress (overtaken)", first.status, first.body)
+	}
+	h.settled()
+	paused := h.run(u.ID, attempt1)
+	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || refunded != paused.ChargedMicro {
+		t.Fatalf("paused attempt settled %s charged %d, %d given back; want all of its charge given back",
+			paused.SettleSource.String, paused.ChargedMicro, refunded)
+	}
+	if err := h.rdb.Del(context.Background(), h.keys.Replay(h.idemRun(key, idem, 0))).Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls := h.fake.Calls()
+	retry := send(h.gw.URL, key, chatBody, idem)
+	if retry.status != http.StatusOK || retry.header.Get(proxy.RunIDHeader) != h.idemRun(key, idem, 3) {
+		t.Errorf("retry once Redis lost the record: %d %s (run %q); want the key's next attempt (3) run: attempt 1 cost nothing",
+			retry.status, retry.body, retry.header.Get(proxy.RunIDHeader))
+	}
+	if n := h.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls for the retry, want 1", n)
+	}
+}
+
+// TestIdemResumedAttemptThatAnsweredIsNotRunAgainOnceRedisLostTheRecord: the counterpart of
+// TestIdemOvertakenAttemptRefundedWholeIsPassedOnceRedisLostTheRecord. Attempt 1, stopped at
+// its admission and charged by the peer's reconciler, is forwarded once resumed and answers;
+// its pause refund gives back only what it did not use, and its row says reconcile_hold, not
+// complete. Once Redis lost the key's record, its retry is 409 idempotent_response_lost, not
+// run again: a refund in part is no sign that the attempt answered nothing.
+func TestIdemResumedAttemptThatAnsweredIsNotRunAgainOnceRedisLostTheRecord(t *testing.T) {
+	h, holdTTL := pausedIdemHarness(t)
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-answered-lost"}
+	attempt1 := h.idemRun(key, idem, 1)
+	if refused := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503")); refused.status < 500 {
+		t.Fatalf("attempt 0, refused by its upstream: %d %s", refused.status, refused.body)
+	}
+	h.settled()
+	p := pauseAttempt(t, h, key, idem)
+	if st := h.reconcileExpired(t, "run_id = ?", attempt1); st.ChargedHeld != 1 {
+		t.Fatalf("the peer's reconcile of the paused attempt: %+v; want its hold charged (no tally)", st)
+	}
+	first := p.answerAfter(t, holdTTL)
+	if first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt1 {
+		t.Fatalf("the paused attempt's caller, resumed: %d %s; want the answer it paid for", first.status, first.body)
+	}
+	h.settled()
+	paused := h.run(u.ID, attempt1)
+	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || refunded <= 0 || refunded >= paused.ChargedMicro {
+		t.Fatalf("resumed attempt settled %s charged %d, %d given back; want what it did not use given back",
+			paused.SettleSource.String, paused.ChargedMicro, refunded)
+	}
+	if err := h.rdb.Del(context.Background(), h.keys.Replay(h.idemRun(key, idem, 0))).Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls := h.fake.Calls()
+	retry := send(h.gw.URL, key, chatBody, idem)
+	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "idempotent_response_lost" || errorRunID(t, retry.body) != attempt1 {
+		t.Errorf("retry once Redis lost the record: %d %s; want 409 idempotent_response_lost naming %s", retry.status, retry.body, attempt1)
+	}
+	if n := h.fake.Calls() - calls; n != 0 {
+		t.Errorf("%d upstream calls for the retry, want 0: the key ran again", n)
 	}
 }
