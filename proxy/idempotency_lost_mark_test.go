@@ -118,6 +118,29 @@ func TestIdemEarlierAttemptsEndKeepsALaterAttemptsMark(t *testing.T) {
 	}
 }
 
+// secondAnswersOnceTheFirstGivenBack lets attempt 2's answer through the gate ("second") and
+// checks that its caller is answered the answer it paid for, replayed to the retry with no
+// upstream call beside it, and that attempt 1's charge was given back whole and part of
+// attempt 2's (what it did not use of its hold).
+func secondAnswersOnceTheFirstGivenBack(t *testing.T, h *harness, gate *gateUpstream, userID uint64, key string, idem map[string]string,
+	second *pausedAttempt, calls int64) {
+	t.Helper()
+	attempt1, attempt2 := h.idemRun(key, idem, 1), h.idemRun(key, idem, 2)
+	gate.open("second")
+	answered := second.answerOf(t)
+	if answered.status != http.StatusOK || answered.header.Get(proxy.RunIDHeader) != attempt2 {
+		t.Fatalf("attempt 2's caller: %d %s (run %q); want the answer it paid for", answered.status, answered.body,
+			answered.header.Get(proxy.RunIDHeader))
+	}
+	h.settled()
+	replayedOnce(t, h, gate, key, idem, answered, calls)
+	paused, forwarded := h.run(userID, attempt1), h.run(userID, attempt2)
+	if refunded := grantedTo(t, h, userID); refunded <= paused.ChargedMicro || refunded >= paused.ChargedMicro+forwarded.ChargedMicro {
+		t.Errorf("attempt 1 charged %d, attempt 2 %d, %d given back; want all of attempt 1's given back and part of attempt 2's",
+			paused.ChargedMicro, forwarded.ChargedMicro, refunded)
+	}
+}
+
 // replayedOnce checks that the key's retry is answered's answer replayed, and that the key's
 // upstream calls since calls were answered's alone.
 func replayedOnce(t *testing.T, h *harness, gate *gateUpstream, key string, idem map[string]string, answered answer, calls int64) {
@@ -142,7 +165,7 @@ func TestIdemEarlierAttemptResumedUnderALaterAttemptsMarkIsNotForwarded(t *testi
 	h, gate := pausedGateHarness(t, harnessSetup{})
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "lost-record-earlier-resumed"}
-	attempt1, attempt2 := h.idemRun(key, idem, 1), h.idemRun(key, idem, 2)
+	attempt2 := h.idemRun(key, idem, 2)
 	t.Cleanup(func() { gate.open("second") })
 	first, second, calls := lostUnderTwoPausedAttempts(t, h, gate, context.Background(), key, idem, idem, with(idem, "X-Test-Gate", "second"))
 	second.resumeAfter(h)
@@ -155,19 +178,7 @@ func TestIdemEarlierAttemptResumedUnderALaterAttemptsMarkIsNotForwarded(t *testi
 	if overtaken.status != http.StatusConflict || errorCode(t, overtaken.body) != "request_in_progress" || errorRunID(t, overtaken.body) != attempt2 {
 		t.Errorf("attempt 1's caller, resumed: %d %s; want 409 request_in_progress naming %s", overtaken.status, overtaken.body, attempt2)
 	}
-	gate.open("second")
-	answered := second.answerOf(t)
-	if answered.status != http.StatusOK || answered.header.Get(proxy.RunIDHeader) != attempt2 {
-		t.Fatalf("attempt 2's caller: %d %s (run %q); want the answer it paid for", answered.status, answered.body,
-			answered.header.Get(proxy.RunIDHeader))
-	}
-	h.settled()
-	replayedOnce(t, h, gate, key, idem, answered, calls)
-	paused, forwarded := h.run(u.ID, attempt1), h.run(u.ID, attempt2)
-	if refunded := grantedTo(t, h, u.ID); refunded <= paused.ChargedMicro || refunded >= paused.ChargedMicro+forwarded.ChargedMicro {
-		t.Errorf("attempt 1 charged %d, attempt 2 %d, %d given back; want all of attempt 1's given back and part of attempt 2's",
-			paused.ChargedMicro, forwarded.ChargedMicro, refunded)
-	}
+	secondAnswersOnceTheFirstGivenBack(t, h, gate, u.ID, key, idem, second, calls)
 }
 
 // TestIdemEarlierAttemptResumedFirstIsOvertakenByTheLaterAttempt: the other order. Attempt 1
@@ -181,7 +192,7 @@ func TestIdemEarlierAttemptResumedFirstIsOvertakenByTheLaterAttempt(t *testing.T
 	h, gate := pausedGateHarness(t, harnessSetup{})
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "lost-record-earlier-first"}
-	attempt1, attempt2 := h.idemRun(key, idem, 1), h.idemRun(key, idem, 2)
+	attempt2 := h.idemRun(key, idem, 2)
 	t.Cleanup(func() { gate.open("second") })
 	first, second, calls := lostUnderTwoPausedAttempts(t, h, gate, context.Background(), key, idem, idem, with(idem, "X-Test-Gate", "second"))
 	first.resumeAfter(h)
@@ -203,19 +214,7 @@ func TestIdemEarlierAttemptResumedFirstIsOvertakenByTheLaterAttempt(t *testing.T
 	if n := gate.fake.Calls() - calls; n != 0 {
 		t.Errorf("%d upstream calls answered while attempt 2's is held open, want 0: the key ran again beside it", n)
 	}
-	gate.open("second")
-	answered := second.answerOf(t)
-	if answered.status != http.StatusOK || answered.header.Get(proxy.RunIDHeader) != attempt2 {
-		t.Fatalf("attempt 2's caller: %d %s (run %q); want the answer it paid for", answered.status, answered.body,
-			answered.header.Get(proxy.RunIDHeader))
-	}
-	h.settled()
-	replayedOnce(t, h, gate, key, idem, answered, calls)
-	paused, forwarded := h.run(u.ID, attempt1), h.run(u.ID, attempt2)
-	if refunded := grantedTo(t, h, u.ID); refunded <= paused.ChargedMicro || refunded >= paused.ChargedMicro+forwarded.ChargedMicro {
-		t.Errorf("attempt 1 charged %d, attempt 2 %d, %d given back; want all of attempt 1's given back and part of attempt 2's",
-			paused.ChargedMicro, forwarded.ChargedMicro, refunded)
-	}
+	secondAnswersOnceTheFirstGivenBack(t, h, gate, u.ID, key, idem, second, calls)
 }
 
 // TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwardedOnceRedisLostTheRecord: as
