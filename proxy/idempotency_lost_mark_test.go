@@ -48,9 +48,7 @@ func lostUnderTwoPausedAttempts(t *testing.T, h *harness, gate *gateUpstream, ct
 	if st := h.reconcileExpired(t, "run_id = ?", h.idemRun(key, idem, 2)); st.ChargedHeld != 1 {
 		t.Fatalf("the peer's reconcile of attempt 2: %+v; want its hold charged (no tally)", st)
 	}
-	if err := h.rdb.Del(context.Background(), h.keys.Replay(h.idemRun(key, idem, 0))).Err(); err != nil {
-		t.Fatal(err)
-	}
+	loseRecord(t, h, key, idem)
 	return first, second, gate.fake.Calls()
 }
 
@@ -138,6 +136,31 @@ func secondAnswersOnceTheFirstGivenBack(t *testing.T, h *harness, gate *gateUpst
 	if refunded := grantedTo(t, h, userID); refunded <= paused.ChargedMicro || refunded >= paused.ChargedMicro+forwarded.ChargedMicro {
 		t.Errorf("attempt 1 charged %d, attempt 2 %d, %d given back; want all of attempt 1's given back and part of attempt 2's",
 			paused.ChargedMicro, forwarded.ChargedMicro, refunded)
+	}
+}
+
+// pausedAttemptCharged plays the scene most lost-record tests start from: attempt 0 refused by
+// its upstream (the key's record written, its counter at 1), then attempt 1 stopped at its
+// admission and charged its hold by a peer's reconciler (no tally). It returns attempt 1.
+func pausedAttemptCharged(t *testing.T, h *harness, key string, idem map[string]string) *pausedAttempt {
+	t.Helper()
+	if refused := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503")); refused.status < 500 {
+		t.Fatalf("attempt 0, refused by its upstream: %d %s", refused.status, refused.body)
+	}
+	h.settled()
+	p := pauseAttempt(t, h, key, idem)
+	if st := h.reconcileExpired(t, "run_id = ?", h.idemRun(key, idem, 1)); st.ChargedHeld != 1 {
+		t.Fatalf("the peer's reconcile of the paused attempt: %+v; want its hold charged (no tally)", st)
+	}
+	return p
+}
+
+// loseRecord deletes the key's record, as a Redis restart without persistence, an eviction
+// or a failover loses it.
+func loseRecord(t *testing.T, h *harness, key string, idem map[string]string) {
+	t.Helper()
+	if err := h.rdb.Del(context.Background(), h.keys.Replay(h.idemRun(key, idem, 0))).Err(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -230,23 +253,14 @@ func TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwardedOnceRedisLostTheReco
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "paused-after-record-lost"}
 	attempt1, attempt2 := h.idemRun(key, idem, 1), h.idemRun(key, idem, 2)
-	if refused := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503")); refused.status < 500 {
-		t.Fatalf("attempt 0, refused by its upstream: %d %s", refused.status, refused.body)
-	}
-	h.settled()
-	p := pauseAttempt(t, h, key, idem)
-	if st := h.reconcileExpired(t, "run_id = ?", attempt1); st.ChargedHeld != 1 {
-		t.Fatalf("the peer's reconcile of the paused attempt: %+v; want its hold charged (no tally)", st)
-	}
+	p := pausedAttemptCharged(t, h, key, idem)
 	ran := send(h.gw.URL, key, chatBody, idem)
 	if ran.status != http.StatusOK || ran.header.Get(proxy.RunIDHeader) != attempt2 {
 		t.Fatalf("retry once the paused attempt was charged: %d %s (run %q); want the key's next attempt run",
 			ran.status, ran.body, ran.header.Get(proxy.RunIDHeader))
 	}
 	calls := h.fake.Calls()
-	if err := h.rdb.Del(context.Background(), h.keys.Replay(h.idemRun(key, idem, 0))).Err(); err != nil {
-		t.Fatal(err)
-	}
+	loseRecord(t, h, key, idem)
 
 	first := p.answerAfter(t, holdTTL)
 	h.settled()
@@ -276,14 +290,7 @@ func TestIdemOvertakenAttemptRefundedWholeIsPassedOnceRedisLostTheRecord(t *test
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "overtaken-refunded-lost"}
 	attempt1 := h.idemRun(key, idem, 1)
-	if refused := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503")); refused.status < 500 {
-		t.Fatalf("attempt 0, refused by its upstream: %d %s", refused.status, refused.body)
-	}
-	h.settled()
-	p := pauseAttempt(t, h, key, idem)
-	if st := h.reconcileExpired(t, "run_id = ?", attempt1); st.ChargedHeld != 1 {
-		t.Fatalf("the peer's reconcile of the paused attempt: %+v; want its hold charged (no tally)", st)
-	}
+	p := pausedAttemptCharged(t, h, key, idem)
 	if failed := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503")); failed.status < 500 {
 		t.Fatalf("retry once the paused attempt was charged, refused by its upstream: %d %s", failed.status, failed.body)
 	}
@@ -297,9 +304,7 @@ func TestIdemOvertakenAttemptRefundedWholeIsPassedOnceRedisLostTheRecord(t *test
 		t.Fatalf("paused attempt settled %s charged %d, %d given back; want all of its charge given back",
 			paused.SettleSource.String, paused.ChargedMicro, refunded)
 	}
-	if err := h.rdb.Del(context.Background(), h.keys.Replay(h.idemRun(key, idem, 0))).Err(); err != nil {
-		t.Fatal(err)
-	}
+	loseRecord(t, h, key, idem)
 	calls := h.fake.Calls()
 	retry := send(h.gw.URL, key, chatBody, idem)
 	if retry.status != http.StatusOK || retry.header.Get(proxy.RunIDHeader) != h.idemRun(key, idem, 3) {
@@ -322,14 +327,7 @@ func TestIdemResumedAttemptThatAnsweredIsNotRunAgainOnceRedisLostTheRecord(t *te
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-answered-lost"}
 	attempt1 := h.idemRun(key, idem, 1)
-	if refused := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "503")); refused.status < 500 {
-		t.Fatalf("attempt 0, refused by its upstream: %d %s", refused.status, refused.body)
-	}
-	h.settled()
-	p := pauseAttempt(t, h, key, idem)
-	if st := h.reconcileExpired(t, "run_id = ?", attempt1); st.ChargedHeld != 1 {
-		t.Fatalf("the peer's reconcile of the paused attempt: %+v; want its hold charged (no tally)", st)
-	}
+	p := pausedAttemptCharged(t, h, key, idem)
 	first := p.answerAfter(t, holdTTL)
 	if first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt1 {
 		t.Fatalf("the paused attempt's caller, resumed: %d %s; want the answer it paid for", first.status, first.body)
@@ -340,9 +338,7 @@ func TestIdemResumedAttemptThatAnsweredIsNotRunAgainOnceRedisLostTheRecord(t *te
 		t.Fatalf("resumed attempt settled %s charged %d, %d given back; want what it did not use given back",
 			paused.SettleSource.String, paused.ChargedMicro, refunded)
 	}
-	if err := h.rdb.Del(context.Background(), h.keys.Replay(h.idemRun(key, idem, 0))).Err(); err != nil {
-		t.Fatal(err)
-	}
+	loseRecord(t, h, key, idem)
 	calls := h.fake.Calls()
 	retry := send(h.gw.URL, key, chatBody, idem)
 	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "idempotent_response_lost" || errorRunID(t, retry.body) != attempt1 {
