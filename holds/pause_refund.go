@@ -19,19 +19,30 @@ import (
 func PauseRefundKey(runID string) string { return "pause-refund:" + runID }
 
 // PauseRefunded returns what the pause refund of userID's run runID (the grant keyed
-// PauseRefundKey) gave back, 0 when none was made.
-func (s *Store) PauseRefunded(ctx context.Context, userID uint64, runID string) (int64, error) {
-	var amount int64
-	err := s.db.GetContext(ctx, &amount, "SELECT amount_micro FROM grants WHERE idempotency_key = ? AND user_id = ?",
+// PauseRefundKey) gave back, 0 when none was made, and whether it was granted for a call never
+// forwarded (UnforwardedRefundReason, or a reconciler's pass from its admission's refusal). A
+// whole refund alone does not say so: a call forwarded and answered at no cost (a plan's
+// discount of 10 000 bp) is given back all of its charge too
+// (proxy's TestIdemResumedAttemptThatAnsweredFreeIsNotRunAgainOnceRedisLostTheRecord).
+func (s *Store) PauseRefunded(ctx context.Context, userID uint64, runID string) (amount int64, unforwarded bool, err error) {
+	var g struct {
+		Amount int64  `db:"amount_micro"`
+		Reason string `db:"reason"`
+	}
+	err = s.db.GetContext(ctx, &g, "SELECT amount_micro, reason FROM grants WHERE idempotency_key = ? AND user_id = ?",
 		PauseRefundKey(runID), userID)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, nil
+		return 0, false, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("read the pause refund of run %s: %w", runID, err)
+		return 0, false, fmt.Errorf("read the pause refund of run %s: %w", runID, err)
 	}
-	return amount, nil
+	return g.Amount, g.Reason == UnforwardedRefundReason || g.Reason == refusedRefundReason, nil
 }
+
+// UnforwardedRefundReason is the reason of a pause refund its call's own process granted for a
+// call it never forwarded (released, or a duplicate): PauseRefunded tells such a refund by it.
+const UnforwardedRefundReason = "refund: hold charged (reconcile_hold) while its gateway was stopped; the call was never forwarded"
 
 // PauseRefund is what of run's charge a settlement of its one call costing costMicro at list
 // price, had it found the hold open, would not have charged (refund), and what it would have

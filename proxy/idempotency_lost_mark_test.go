@@ -348,3 +348,42 @@ func TestIdemResumedAttemptThatAnsweredIsNotRunAgainOnceRedisLostTheRecord(t *te
 		t.Errorf("%d upstream calls for the retry, want 0: the key ran again", n)
 	}
 }
+
+// TestIdemResumedAttemptThatAnsweredFreeIsNotRunAgainOnceRedisLostTheRecord: as
+// TestIdemResumedAttemptThatAnsweredIsNotRunAgainOnceRedisLostTheRecord, for a caller whose
+// plan gives its calls free (discount_bp 10000). The answered attempt's own settlement would
+// have charged 0, so its pause refund gives back the whole of its hold's charge, as an
+// overtaken attempt's does: a whole refund says the attempt cost nothing, not that it
+// answered nothing. Taken for one that answered nothing, it was passed once Redis lost the
+// key's record, and the retry ran the key a second time.
+func TestIdemResumedAttemptThatAnsweredFreeIsNotRunAgainOnceRedisLostTheRecord(t *testing.T) {
+	h, holdTTL := pausedIdemHarness(t)
+	u, key := h.user("standard")
+	free := 10_000
+	if err := h.store.SetUserLimits(context.Background(), u.ID, nil, nil, &free); err != nil {
+		t.Fatal(err)
+	}
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-answered-free-lost"}
+	attempt1 := h.idemRun(key, idem, 1)
+	p := pausedAttemptCharged(t, h, key, idem)
+	first := p.answerAfter(t, holdTTL)
+	if first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt1 {
+		t.Fatalf("the paused attempt's caller, resumed: %d %s; want the answer it paid for", first.status, first.body)
+	}
+	h.settled()
+	paused := h.run(u.ID, attempt1)
+	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || paused.ChargedMicro <= 0 || refunded != paused.ChargedMicro {
+		t.Fatalf("resumed attempt settled %s charged %d, %d given back; want all of it given back (its call was free)",
+			paused.SettleSource.String, paused.ChargedMicro, refunded)
+	}
+	loseRecord(t, h, key, idem)
+	calls := h.fake.Calls()
+	retry := send(h.gw.URL, key, chatBody, idem)
+	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "idempotent_response_lost" || errorRunID(t, retry.body) != attempt1 {
+		t.Errorf("retry once Redis lost the record: %d %s (run %q); want 409 idempotent_response_lost naming %s", retry.status, retry.body,
+			retry.header.Get(proxy.RunIDHeader), attempt1)
+	}
+	if n := h.fake.Calls() - calls; n != 0 {
+		t.Errorf("%d upstream calls for the retry, want 0: the key ran again", n)
+	}
+}

@@ -400,7 +400,7 @@ func pauseRefundKey(runID string) string { return holds.PauseRefundKey(runID) }
 
 // The refund's reasons, as the operator's listing of grants shows them.
 const (
-	unforwardedRefundReason = "refund: hold charged (reconcile_hold) while its gateway was stopped; the call was never forwarded"
+	unforwardedRefundReason = holds.UnforwardedRefundReason
 	usedRefundReason        = "refund: hold charged (reconcile_hold) before its call settled; the call used less (or nothing: refused by its upstream)"
 )
 
