@@ -74,11 +74,17 @@ func (p *pausedAttempt) answerAfter(t *testing.T, holdTTL time.Duration) answer 
 }
 
 func pausedIdemHarness(t *testing.T) (*harness, time.Duration) {
-	const holdTTL = 2 * time.Second
-	return newHarness(t, func(c *config.Config) {
-		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
-		c.Limits.SettleTimeout = 2 * time.Second
-	}), holdTTL
+	return newHarness(t, pausedIdemSettings), pausedIdemHoldTTL
+}
+
+// pausedIdemHoldTTL is the hold's life under pausedIdemSettings: an attempt paused past it is
+// charged its hold by the peer's reconciler.
+const pausedIdemHoldTTL = 2 * time.Second
+
+// pausedIdemSettings is pausedIdemHarness's configuration.
+func pausedIdemSettings(c *config.Config) {
+	c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = pausedIdemHoldTTL, time.Second, time.Second
+	c.Limits.SettleTimeout = 2 * time.Second
 }
 
 // TestIdemRetryWhileTheFirstAttemptIsPausedBeforeItsRecord: the first attempt's process is
