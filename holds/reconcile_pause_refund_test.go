@@ -1,7 +1,9 @@
 package holds_test
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -201,8 +203,10 @@ func TestReconcileRefundsARefusedAdmissionsHoldChargedDuringAPause(t *testing.T)
 		}
 		e.expire(c.runID)
 	}
+	// RefundAfter as cmd wires it (a lease TTL): it waits on a tally that may yet be set right,
+	// not on a mark, which no process writes again (a hold with no tally has no age).
 	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
-		c.RefundWindow, c.Refusals = time.Hour, refusedMarks{e: e}
+		c.RefundWindow, c.Refusals, c.RefundAfter = time.Hour, refusedMarks{e: e}, 30*time.Second
 	})
 	if _, err := e.pass(rec); err != nil {
 		t.Fatal(err)
@@ -240,6 +244,15 @@ func TestReconcileRefundsARefusedAdmissionsHoldChargedDuringAPause(t *testing.T)
 		if r := e.run(u, c.runID); r.ChargedMicro != charged[c.runID] {
 			t.Errorf("%s: the run's charge moved from %d to %d; a refund is a grant, the settlement stands", c.what, charged[c.runID], r.ChargedMicro)
 		}
+	}
+	// The grant says why (an operator reading the ledger): a refusal, not a tally, since the
+	// hold has none.
+	var reason string
+	if err := e.db.GetContext(e.ctx(), &reason, "SELECT reason FROM grants WHERE idempotency_key = ?", holds.PauseRefundKey("r_prr_marked")); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "refusal") {
+		t.Errorf("the refused admission's refund is granted for %q; want its refusal named", reason)
 	}
 
 	// The process's own refund, resumed late (holds.PauseRefund of a call that cost nothing),
@@ -322,5 +335,92 @@ func TestReconcileRevisitWaitsForATallyToStandStill(t *testing.T) {
 		IdempotencyKey: holds.PauseRefundKey(runID), Reason: "refund: the process's own, late"})
 	if err != nil || created || again.AmountMicro != want {
 		t.Errorf("the process's refund after the pass's: %+v created %v, %v; want the pass's grant of %d replayed", again, created, err, want)
+	}
+}
+
+// beatBeforeRead is the tally of a run whose process, resumed from a pause, beats its lease
+// again just as a pass reads the tally: the pass must see that lease.
+type beatBeforeRead struct {
+	tallyUsage
+	e *storeEnv
+}
+
+func (b beatBeforeRead) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
+	if err := b.e.rdb.Set(ctx, b.e.keys.Lease(runID), "resumed", time.Minute).Err(); err != nil {
+		return holds.RunTally{}, false, err
+	}
+	return b.tallyUsage.Tallied(ctx, runID)
+}
+
+// TestReconcileRevisitAsksTheLeaseAfterTheTally: a tally that has stood RefundAfter may still
+// be a live process's, its correction to come: the process was stopped again right after its
+// final event's write. Resumed, it beats its lease before it writes again; the revisit asks the
+// lease after it reads the tally, so a beat that lands by the tally's read is seen and the
+// tally left to its process. Asked before, the lease was not there yet, and the pass refunded
+// on the final event's figures (300 of the call's 900: over-refunded).
+func TestReconcileRevisitAsksTheLeaseAfterTheTally(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("pause-refund-beat", 50, nil)
+	const (
+		runID    = "r_pr_beat"
+		tallyTTL = time.Hour // newStoreEnvOn's tally
+		settle   = 30 * time.Second
+	)
+	e.admit(u, runID, holds.StateRunning)
+	e.expire(runID)
+	config := func(c *holds.ReconcilerConfig) { c.RefundWindow, c.RefundAfter = time.Hour, settle }
+	if _, err := e.pass(e.reconciler("me", config)); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.run(u, runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 300 {
+		t.Fatalf("%s by %q charged %d; the scene is a hold charged what it held, above the final event's 300", r.State, r.SettleSource.String, r.ChargedMicro)
+	}
+	if err := e.tally.RecordCallWith(e.ctx(), runID, 1, pricing.Usage{Input: 100, Output: 30}, 300, false, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rdb.PExpire(e.ctx(), e.keys.Usage(runID), tallyTTL-settle-time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
+		config(c)
+		c.Usage = beatBeforeRead{tallyUsage: tallyUsage{e.tally}, e: e}
+	})
+	st, err := e.pass(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var grants []int64
+	if err := e.db.SelectContext(e.ctx(), &grants, "SELECT amount_micro FROM grants WHERE idempotency_key = ?", holds.PauseRefundKey(runID)); err != nil {
+		t.Fatal(err)
+	}
+	if st.PauseRefunds != 0 || len(grants) != 0 {
+		t.Errorf("pass whose process beat its lease as the tally was read: refunded %d runs, grants %v; want none: the process refunds", st.PauseRefunds, grants)
+	}
+}
+
+// TestReconcileRevisitWithoutRefusalsAsksNone: ReconcilerConfig.Refusals nil is a reconciler
+// that never asks a mark (a test's, a tool's): its revisit of a hold charged with no tally
+// leaves it, marked or not, as it leaves one whose call truly died. Asked, the pass panicked.
+func TestReconcileRevisitWithoutRefusalsAsksNone(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("pause-refund-no-refusals", 50, nil)
+	const runID, tok = "r_prr_unasked", "cccccccccccccccccccccccccccccccc"
+	if _, err := e.store.Admit(e.ctx(), holds.AdmitRequest{RunID: runID, UserID: u.ID, Model: "fake-gpt",
+		State: holds.StateRunning, TTL: time.Hour, Token: tok}); err != nil {
+		t.Fatal(err)
+	}
+	e.expire(runID)
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.RefundWindow = time.Hour })
+	if _, err := e.pass(rec); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.run(u, runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 0 {
+		t.Fatalf("%s by %q charged %d; the scene is a hold charged what it held", r.State, r.SettleSource.String, r.ChargedMicro)
+	}
+	if err := e.tally.MarkRefused(e.ctx(), runID, tok); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e.pass(rec); err != nil || st.PauseRefunds != 0 {
+		t.Errorf("pass without Refusals: refunded %d runs (%v); want none", st.PauseRefunds, err)
 	}
 }

@@ -5,8 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/metering/runstate"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // TestReconcileOnceSaysWhichBoundStoppedIt: `reconcile -once` said "stopped at the batch
@@ -113,5 +115,45 @@ func TestReconcileOnceInAGatewaysEnvironment(t *testing.T) {
 	}
 	if v := rdb.Get(testCtx(t), key).Val(); v != "gw-a" {
 		t.Fatalf("lock %q after the one-off pass, want gw-a's kept", v)
+	}
+}
+
+// TestReconcileOnceRevisitWaitsALeaseTTLForATally: the revisit of a one-call run charged its
+// hold (reconcile_hold) refunds from its call's tally only once the tally has stood
+// holds.lease_ttl (ReconcilerConfig.RefundAfter): younger, its process, resumed from a pause,
+// may still set it right. Unwired, a pass refunded on a tally just written; wired to tally_ttl,
+// it refunded none within the tally's life.
+func TestReconcileOnceRevisitWaitsALeaseTTLForATally(t *testing.T) {
+	count := useTestDatabase(t)
+	rdb, prefix := useTestRedis(t)
+	ctx := testCtx(t)
+	if err := userCreate(ctx, []string{"-name", "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openTestDatabase(t).ExecContext(ctx, `INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, model,
+		expires_at, charged_micro, settle_source, settled_at)
+		SELECT 'r_paused', id, 'settled', 20000, 20000, 'm', NOW(6) - INTERVAL 1 HOUR, 20000, 'reconcile_hold', NOW(6) FROM users`); err != nil {
+		t.Fatal(err)
+	}
+	h := config.Default().Holds
+	keys := runstate.Keys{Prefix: prefix}
+	if err := runstate.NewTally(rdb, keys, h.TallyTTL).RecordCallWith(ctx, "r_paused", 1, pricing.Usage{Input: 100, Output: 90}, 900, false, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	refunds := func() int {
+		t.Helper()
+		if out, err := stdout(t, func() error { return reconcileOnce(ctx, []string{"-once"}) }); err != nil {
+			t.Fatalf("reconcile -once: %v (%s)", err, out)
+		}
+		return count("SELECT COUNT(*) FROM grants WHERE idempotency_key = 'pause-refund:r_paused' AND amount_micro = 19100")
+	}
+	if n := refunds(); n != 0 {
+		t.Fatalf("a tally written just now refunded (%d grants); want none until it has stood lease_ttl (%v)", n, h.LeaseTTL)
+	}
+	if err := rdb.PExpire(ctx, keys.Usage("r_paused"), h.TallyTTL-h.LeaseTTL-time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n := refunds(); n != 1 {
+		t.Fatalf("a tally that has stood past lease_ttl (%v): %d grants of 19100; want one", h.LeaseTTL, n)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
@@ -100,5 +102,51 @@ func TestTallyAgeIsSinceItsLastWrite(t *testing.T) {
 	}
 	if a := age(late); a < ttl {
 		t.Fatalf("a tally without a TTL aged %v; want it old (%v or more)", a, ttl)
+	}
+}
+
+// TestTallyWrittenDuringItsAgedReadIsNotOld: GetAged's figures and TTL go in one pipeline, not
+// one transaction: another client's write may land between them. The figures are read first,
+// so a tally written in between is read as none, or young; its TTL read first, a tally that did
+// not exist yet (PTTL -2, older than any) was then found, with the age of none: the call's
+// final event's figures, just written by a live process, read as a tally that stands still.
+func TestTallyWrittenDuringItsAgedReadIsNotOld(t *testing.T) {
+	base, prefix := testenv.Redis(t)
+	keys := runstate.Keys{Prefix: prefix}
+	ctx := context.Background()
+	const run = "r_written_between"
+	writer := runstate.NewTally(base, keys, time.Hour)
+	rdb := redis.NewClient(base.Options())
+	t.Cleanup(func() { rdb.Close() })
+	rdb.AddHook(writeBetween{write: func() {
+		if err := writer.RecordCallWith(ctx, run, 1, pricing.Usage{Input: 10, Output: 5}, 70, false, nil, nil); err != nil {
+			t.Error(err)
+		}
+	}})
+	_, age, found, err := runstate.NewTally(rdb, keys, time.Hour).GetAged(ctx, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found && age >= time.Minute {
+		t.Fatalf("a tally written between the read's commands read as %v old; want it not found, or young", age)
+	}
+}
+
+// writeBetween sends a pipeline's commands one at a time and calls write after the first.
+type writeBetween struct{ write func() }
+
+func (writeBetween) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (writeBetween) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h writeBetween) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for i := range cmds {
+			if err := next(ctx, cmds[i:i+1]); err != nil {
+				return err
+			}
+			if i == 0 {
+				h.write()
+			}
+		}
+		return nil
 	}
 }
