@@ -78,13 +78,15 @@ func (s *Server) finish(reqCtx context.Context, c *call, status *int) {
 // tally of a duplicate whose release at 0 failed too (the database out of reach for longer
 // than settle_timeout): the reconciler settles its hold from that tally once it expires, and a
 // running hold without one is charged all it held — a request refused 409 that never reached
-// the provider. Written once and given up in a moment's Redis outage, so it was.
+// the provider. Written once and given up in a moment's Redis outage, so it was. So too for a
+// release that found its hold charged whole by a peer (settle reports it did not apply): a
+// reconciler's pass refunds that charge from the zero tally should this process's refund fail.
 func (s *Server) tallyDuplicateLater(ctx context.Context, c *call, st holds.Settlement) {
 	s.settlements.start()
 	s.inBackground(func() {
 		defer s.settlements.leave()
 		if !s.retryUntilSettleTimeout(ctx, func(ctx context.Context) bool { return s.tallyCall(ctx, c, st) }) {
-			c.log.Error("zero tally of a duplicate whose release failed never written until settle_timeout; the reconciler charges it its hold")
+			c.log.Error("zero tally of a duplicate whose release failed, or found its hold charged, never written until settle_timeout; the reconciler charges it its hold, or refunds none of that charge")
 		}
 	})
 }
@@ -168,7 +170,9 @@ func (s *Server) finishPlainCall(ctx context.Context, c *call, st holds.Settleme
 		// beside the settlement, and tried again as a failed write is (tallyPlainCall). A
 		// correction added once and given up left the reconciler, should the settlement fail
 		// too, the final event's figures: a call charged 5 output tokens of the 50 reported
-		// after it.
+		// after it. settled closes only on a settlement that applied: one that found the run
+		// charged its hold already (a pause past its life) leaves the tally what a reconciler's
+		// revisit refunds from should this process's refund fail too.
 		tallied, settled := make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(tallied)
@@ -191,11 +195,14 @@ func talliedAsSettled(tallied, st holds.Settlement) bool {
 
 // tallyPlainCall writes a plain call's tally (one that rode with its fingerprint and failed, or
 // that says other than the settlement found, included: tallyWithFingerprint) and, while it
-// fails, tries it again until the call's settlement has committed (settled is closed) or
+// fails, tries it again until the call's settlement has applied (settled is closed) or
 // settle_timeout has passed. The tally is what the reconciler settles the run from when the
 // settlement gives up (the database out of reach for longer than settle_timeout): written once
 // and given up in a moment's Redis outage, the run was charged its hold (reconcile_hold), though
-// Redis was back long before.
+// Redis was back long before. It is what a reconciler's revisit refunds from too when the
+// settlement found the hold charged whole by a peer (reconcile_hold) and the refund here failed
+// (refundPausedCharge): tries stopped once that settlement committed left the final event's
+// figures, refunded on as if the call had used no more.
 func (s *Server) tallyPlainCall(ctx context.Context, c *call, st holds.Settlement, settled <-chan struct{}) {
 	if s.tallyCall(ctx, c, st) {
 		return
@@ -214,20 +221,22 @@ func (s *Server) tallyPlainCall(ctx context.Context, c *call, st holds.Settlemen
 		switch {
 		case !c.tallyMissed:
 		case c.talliedAs != nil:
-			// The settlement is still trying, or gave up: then this line, with its figures, is
+			// The settlement is still trying, gave up, or found the hold charged: then this line, with its figures, is
 			// the call's one record of what it used beyond its final event.
-			c.log.Error("tally not set to what the settlement found until settle_timeout; a run the reconciler settles is charged what its final event had",
+			c.log.Error("tally not set to what the settlement found until settle_timeout; a reconciler settling the run, or refunding the hold it charged, reads what its final event had",
 				callFigures(st)...)
 		default:
 			// As above, of all it used.
-			c.log.Error("tally never written until settle_timeout; a run the reconciler settles is charged its hold", callFigures(st)...)
+			c.log.Error("tally never written until settle_timeout; a run the reconciler settles is charged its hold, and one it charged so is not refunded", callFigures(st)...)
 		}
 	}
 }
 
 // settle commits one settlement with its own deadline and retries, then drops the lease, and
-// reports whether it committed. A settlement that gives up leaves the hold to expire and the
-// reconciler to settle it from the tally.
+// reports whether it applied: committed, on a hold still open. A settlement that gives up leaves
+// the hold to expire and the reconciler to settle it from the tally; one that found the hold
+// settled already (a peer's reconcile_hold, refundPausedCharge) leaves the tally what a
+// reconciler's pass refunds from should that refund fail: either way the tally still matters.
 func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool {
 	// Last, once the lease is gone too: what finish began for this call.
 	defer s.settling.end(c.user.ID)
@@ -257,7 +266,7 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool 
 	if !res.Applied && !c.inRun {
 		s.refundPausedCharge(ctx, c, st)
 	}
-	return true
+	return res.Applied
 }
 
 // refundPausedCharge gives back, by a grant keyed by its run, what another process charged the

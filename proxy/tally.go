@@ -39,7 +39,7 @@ func (s *Server) tallyBeforeAnswer(ctx context.Context, c *call) {
 
 // tallyCall records a call's usage in Redis: if this process dies before the call's
 // settlement commits, the reconciler settles from the tally. It need not precede the
-// settlement: a committed settlement makes the tally moot, and one that fails leaves its run
+// settlement: an applied settlement makes the tally moot, and one that fails leaves its run
 // to the reconciler only once its hold has expired (minutes), long after this write (bounded
 // by tallyWriteTimeout) has landed or failed. Only a crash before the write lands loses it,
 // the same window as writing it first.

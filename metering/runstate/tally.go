@@ -74,7 +74,7 @@ func (t *Tally) Add(ctx context.Context, runID string, u pricing.Usage, costMicr
 // reconciler then settled the call should its settlement fail too. The test is in the script,
 // in the same round trip, not a read ahead of it.
 //
-// A call's tally that fails is so tried again until the call's settlement commits: written once
+// A call's tally that fails is so tried again until the call's settlement applies: written once
 // and given up, a call whose settlement failed too (the database out of reach) was charged its
 // hold by the reconciler, though Redis was back long before. Only for a run whose one call is
 // its one writer of figures (a zero tally, MarkUnused, adds none), and with's commands must not
