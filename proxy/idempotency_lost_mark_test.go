@@ -164,6 +164,38 @@ func loseRecord(t *testing.T, h *harness, key string, idem map[string]string) {
 	}
 }
 
+// answeredAfterItsPause plays attempt 1 of the key stopped at its admission and charged its
+// hold by a peer's reconciler, then resumed, forwarded and answered (pausedAttemptCharged),
+// and returns its run once settled.
+func answeredAfterItsPause(t *testing.T, h *harness, holdTTL time.Duration, userID uint64, key string, idem map[string]string) holds.Run {
+	t.Helper()
+	attempt1 := h.idemRun(key, idem, 1)
+	first := pausedAttemptCharged(t, h, key, idem).answerAfter(t, holdTTL)
+	if first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt1 {
+		t.Fatalf("the paused attempt's caller, resumed: %d %s; want the answer it paid for", first.status, first.body)
+	}
+	h.settled()
+	return h.run(userID, attempt1)
+}
+
+// retryIsResponseLostOnceRedisLostTheRecord deletes the key's record and checks that a retry
+// of the key, whose attempt 1 answered, is 409 idempotent_response_lost naming attempt 1, with
+// no upstream call: the key is not run again.
+func retryIsResponseLostOnceRedisLostTheRecord(t *testing.T, h *harness, key string, idem map[string]string) {
+	t.Helper()
+	attempt1 := h.idemRun(key, idem, 1)
+	loseRecord(t, h, key, idem)
+	calls := h.fake.Calls()
+	retry := send(h.gw.URL, key, chatBody, idem)
+	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "idempotent_response_lost" || errorRunID(t, retry.body) != attempt1 {
+		t.Errorf("retry once Redis lost the record: %d %s (run %q); want 409 idempotent_response_lost naming %s", retry.status, retry.body,
+			retry.header.Get(proxy.RunIDHeader), attempt1)
+	}
+	if n := h.fake.Calls() - calls; n != 0 {
+		t.Errorf("%d upstream calls for the retry, want 0: the key ran again", n)
+	}
+}
+
 // replayedOnce checks that the key's retry is answered's answer replayed, and that the key's
 // upstream calls since calls were answered's alone.
 func replayedOnce(t *testing.T, h *harness, gate *gateUpstream, key string, idem map[string]string, answered answer, calls int64) {
@@ -326,27 +358,12 @@ func TestIdemResumedAttemptThatAnsweredIsNotRunAgainOnceRedisLostTheRecord(t *te
 	h, holdTTL := pausedIdemHarness(t)
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-answered-lost"}
-	attempt1 := h.idemRun(key, idem, 1)
-	p := pausedAttemptCharged(t, h, key, idem)
-	first := p.answerAfter(t, holdTTL)
-	if first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt1 {
-		t.Fatalf("the paused attempt's caller, resumed: %d %s; want the answer it paid for", first.status, first.body)
-	}
-	h.settled()
-	paused := h.run(u.ID, attempt1)
+	paused := answeredAfterItsPause(t, h, holdTTL, u.ID, key, idem)
 	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || refunded <= 0 || refunded >= paused.ChargedMicro {
 		t.Fatalf("resumed attempt settled %s charged %d, %d given back; want what it did not use given back",
 			paused.SettleSource.String, paused.ChargedMicro, refunded)
 	}
-	loseRecord(t, h, key, idem)
-	calls := h.fake.Calls()
-	retry := send(h.gw.URL, key, chatBody, idem)
-	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "idempotent_response_lost" || errorRunID(t, retry.body) != attempt1 {
-		t.Errorf("retry once Redis lost the record: %d %s; want 409 idempotent_response_lost naming %s", retry.status, retry.body, attempt1)
-	}
-	if n := h.fake.Calls() - calls; n != 0 {
-		t.Errorf("%d upstream calls for the retry, want 0: the key ran again", n)
-	}
+	retryIsResponseLostOnceRedisLostTheRecord(t, h, key, idem)
 }
 
 // TestIdemResumedAttemptThatAnsweredFreeIsNotRunAgainOnceRedisLostTheRecord: as
@@ -364,26 +381,10 @@ func TestIdemResumedAttemptThatAnsweredFreeIsNotRunAgainOnceRedisLostTheRecord(t
 		t.Fatal(err)
 	}
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-answered-free-lost"}
-	attempt1 := h.idemRun(key, idem, 1)
-	p := pausedAttemptCharged(t, h, key, idem)
-	first := p.answerAfter(t, holdTTL)
-	if first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt1 {
-		t.Fatalf("the paused attempt's caller, resumed: %d %s; want the answer it paid for", first.status, first.body)
-	}
-	h.settled()
-	paused := h.run(u.ID, attempt1)
+	paused := answeredAfterItsPause(t, h, holdTTL, u.ID, key, idem)
 	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || paused.ChargedMicro <= 0 || refunded != paused.ChargedMicro {
 		t.Fatalf("resumed attempt settled %s charged %d, %d given back; want all of it given back (its call was free)",
 			paused.SettleSource.String, paused.ChargedMicro, refunded)
 	}
-	loseRecord(t, h, key, idem)
-	calls := h.fake.Calls()
-	retry := send(h.gw.URL, key, chatBody, idem)
-	if retry.status != http.StatusConflict || errorCode(t, retry.body) != "idempotent_response_lost" || errorRunID(t, retry.body) != attempt1 {
-		t.Errorf("retry once Redis lost the record: %d %s (run %q); want 409 idempotent_response_lost naming %s", retry.status, retry.body,
-			retry.header.Get(proxy.RunIDHeader), attempt1)
-	}
-	if n := h.fake.Calls() - calls; n != 0 {
-		t.Errorf("%d upstream calls for the retry, want 0: the key ran again", n)
-	}
+	retryIsResponseLostOnceRedisLostTheRecord(t, h, key, idem)
 }
