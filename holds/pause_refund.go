@@ -19,12 +19,13 @@ import (
 func PauseRefundKey(runID string) string { return "pause-refund:" + runID }
 
 // PauseRefunded returns what the pause refund of userID's run runID (the grant keyed
-// PauseRefundKey) gave back, 0 when none was made, and whether it was granted for a call never
-// forwarded (UnforwardedRefundReason, or a reconciler's pass from its admission's refusal). A
-// whole refund alone does not say so: a call forwarded and answered at no cost (a plan's
-// discount of 10 000 bp) is given back all of its charge too
+// PauseRefundKey) gave back, 0 when none was made, and whether it was granted for a call that
+// answered nothing: one never forwarded (UnforwardedRefundReason, or a reconciler's pass from
+// its admission's refusal) or one its upstream refused (UpstreamRefusedRefundReason). A whole
+// refund alone does not say so: a call forwarded and answered at no cost (a plan's discount of
+// 10 000 bp) is given back all of its charge too
 // (proxy's TestIdemResumedAttemptThatAnsweredFreeIsNotRunAgainOnceRedisLostTheRecord).
-func (s *Store) PauseRefunded(ctx context.Context, userID uint64, runID string) (amount int64, unforwarded bool, err error) {
+func (s *Store) PauseRefunded(ctx context.Context, userID uint64, runID string) (amount int64, answeredNothing bool, err error) {
 	var g struct {
 		Amount int64  `db:"amount_micro"`
 		Reason string `db:"reason"`
@@ -37,12 +38,21 @@ func (s *Store) PauseRefunded(ctx context.Context, userID uint64, runID string) 
 	if err != nil {
 		return 0, false, fmt.Errorf("read the pause refund of run %s: %w", runID, err)
 	}
-	return g.Amount, g.Reason == UnforwardedRefundReason || g.Reason == refusedRefundReason, nil
+	switch g.Reason {
+	case UnforwardedRefundReason, UpstreamRefusedRefundReason, refusedRefundReason:
+		return g.Amount, true, nil
+	}
+	return g.Amount, false, nil
 }
 
-// UnforwardedRefundReason is the reason of a pause refund its call's own process granted for a
-// call it never forwarded (released, or a duplicate): PauseRefunded tells such a refund by it.
-const UnforwardedRefundReason = "refund: hold charged (reconcile_hold) while its gateway was stopped; the call was never forwarded"
+// The reasons of a pause refund its call's own process granted for a call that answered
+// nothing: UnforwardedRefundReason for one it never forwarded (released, or a duplicate),
+// UpstreamRefusedRefundReason for one forwarded and refused by its upstream (settled
+// upstream_error, at 0). PauseRefunded tells such a refund by them.
+const (
+	UnforwardedRefundReason     = "refund: hold charged (reconcile_hold) while its gateway was stopped; the call was never forwarded"
+	UpstreamRefusedRefundReason = "refund: hold charged (reconcile_hold) before its call settled; the call was refused by its upstream and used nothing"
+)
 
 // PauseRefund is what of run's charge a settlement of its one call costing costMicro at list
 // price, had it found the hold open, would not have charged (refund), and what it would have

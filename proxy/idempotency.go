@@ -613,20 +613,21 @@ func (s *Server) attemptPinned(ctx context.Context, userID uint64, runID string,
 	answered = src == holds.SourceComplete || (src == holds.SourceStreamError && run.OutTok > 0) || run.EndedCalls > 0
 	pinned = answered || (recordGone && (src == holds.SourceReconcileHold || (src == holds.SourceReconcile && run.CostMicro > 0)))
 	if pinned && !answered && src == holds.SourceReconcileHold {
-		// Its charge given back whole (refundPausedHold) for a call never forwarded, the attempt
-		// used nothing: resumed after a pause, it was not forwarded (overtaken, its caller gone),
-		// and answered nothing. Taken as pinned, its retry was told 409 idempotent_response_lost,
-		// "admitted and charged", of an attempt that cost nothing, and the key, which no attempt
-		// may have answered, was refused for replay_ttl
-		// (TestIdemOvertakenAttemptRefundedWholeIsPassedOnceRedisLostTheRecord). A whole refund
-		// of a call forwarded is no such sign: one answered at no cost (a discount of 10 000 bp)
-		// is given back whole too, and passed, its key ran again
+		// Its charge given back whole (refundPausedHold) for a call that answered nothing, the
+		// attempt used nothing: resumed after a pause, it was not forwarded (overtaken, its
+		// caller gone), or its upstream refused it (its caller was answered that error). Taken as
+		// pinned, its retry was told 409 idempotent_response_lost, "admitted and charged", of
+		// an attempt that cost nothing, and the key, which no attempt may have answered, was
+		// refused for replay_ttl (TestIdemOvertakenAttemptRefundedWholeIsPassedOnceRedisLostTheRecord,
+		// TestIdemResumedAttemptRefusedByItsUpstreamIsPassedOnceRedisLostTheRecord). A whole
+		// refund of a call that answered is no such sign: one answered at no cost (a discount of
+		// 10 000 bp) is given back whole too, and passed, its key ran again
 		// (TestIdemResumedAttemptThatAnsweredFreeIsNotRunAgainOnceRedisLostTheRecord).
-		refunded, unforwarded, err := s.store.PauseRefunded(sctx, userID, runID)
+		refunded, answeredNothing, err := s.store.PauseRefunded(sctx, userID, runID)
 		if err != nil {
 			return false, false, err // names the run already
 		}
-		pinned = !unforwarded || refunded < run.ChargedMicro
+		pinned = !answeredNothing || refunded < run.ChargedMicro
 	}
 	// Measured by the database clock, which created_at is on, not the gateway's.
 	return pinned && run.Age() < s.cfg.Dedup.ReplayTTL, answered, nil

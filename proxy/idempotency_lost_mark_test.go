@@ -388,3 +388,41 @@ func TestIdemResumedAttemptThatAnsweredFreeIsNotRunAgainOnceRedisLostTheRecord(t
 	}
 	retryIsResponseLostOnceRedisLostTheRecord(t, h, key, idem)
 }
+
+// TestIdemResumedAttemptRefusedByItsUpstreamIsPassedOnceRedisLostTheRecord: attempt 1, stopped
+// at its admission and charged by the peer's reconciler, is forwarded once resumed and refused
+// by its upstream: its caller is answered the error, its settlement (upstream_error) would have
+// charged nothing, and its pause refund gives back the whole charge. Then Redis lost the key's
+// record. The refund's reason said only that the call used less (or nothing), as a free call's
+// that answered does, and the attempt was taken as pinned: the retry was told 409
+// idempotent_response_lost, "admitted and charged ... not run again", of an attempt that
+// answered nothing and cost nothing, and the key refused for replay_ttl. Its refund says its
+// upstream refused it: it is passed, and the retry runs the key.
+func TestIdemResumedAttemptRefusedByItsUpstreamIsPassedOnceRedisLostTheRecord(t *testing.T) {
+	h, holdTTL := pausedIdemHarness(t)
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-refused-lost"}
+	attempt1 := h.idemRun(key, idem, 1)
+	// Attempt 0 and the paused attempt 1 are refused by their upstream; the retry is not.
+	first := pausedAttemptCharged(t, h, key, with(idem, fakellm.HeaderStatus, "503")).answerAfter(t, holdTTL)
+	if first.status < 500 || first.header.Get(proxy.RunIDHeader) != attempt1 {
+		t.Fatalf("the paused attempt's caller, resumed and refused by its upstream: %d %s (run %q); want its upstream's error",
+			first.status, first.body, first.header.Get(proxy.RunIDHeader))
+	}
+	h.settled()
+	paused := h.run(u.ID, attempt1)
+	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || paused.ChargedMicro <= 0 || refunded != paused.ChargedMicro {
+		t.Fatalf("paused attempt settled %s charged %d, %d given back; want all of its charge given back (its upstream refused it)",
+			paused.SettleSource.String, paused.ChargedMicro, refunded)
+	}
+	loseRecord(t, h, key, idem)
+	calls := h.fake.Calls()
+	retry := send(h.gw.URL, key, chatBody, idem)
+	if retry.status != http.StatusOK || retry.header.Get(proxy.RunIDHeader) != h.idemRun(key, idem, 2) {
+		t.Errorf("retry once Redis lost the record: %d %s (run %q); want the key's next attempt (2) run: attempt 1 answered nothing",
+			retry.status, retry.body, retry.header.Get(proxy.RunIDHeader))
+	}
+	if n := h.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls for the retry, want 1", n)
+	}
+}

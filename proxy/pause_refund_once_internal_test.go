@@ -17,14 +17,16 @@ import (
 // (reconcile_hold) is refunded once, whichever settlements of its call find it settled and in
 // whatever order: the refund of a call never forwarded (released at 0) and that of one forwarded
 // (settled at what it used) share the run's grant key, whose first grant is the only one paid.
-// Its grant's reason says which it was. Mutants: a key of its own per case (the run refunded
-// 20 000 and 19 800 µUSD more); one reason for both.
+// Its grant's reason says which it was, and of a call forwarded whether its upstream refused it
+// (it answered nothing). Mutants: a key of its own per case (the run refunded 20 000 and
+// 19 800 µUSD more); one reason for both; a refusal's reason that of a call that used less.
 func TestPauseRefundIsPaidOncePerRun(t *testing.T) {
 	db, st, s := pauseRefundServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	released := holds.Settlement{Source: holds.SourceRelease}
 	used := holds.Settlement{Source: holds.SourceComplete, CostMicro: 200}
+	refusedUpstream := holds.Settlement{Source: holds.SourceUpstreamError}
 	for _, tc := range []struct {
 		name   string
 		order  []holds.Settlement
@@ -34,6 +36,7 @@ func TestPauseRefundIsPaidOncePerRun(t *testing.T) {
 		{"never forwarded, then forwarded", []holds.Settlement{released, used}, 20_000, unforwardedRefundReason},
 		{"forwarded, then never forwarded", []holds.Settlement{used, released}, 19_800, usedRefundReason},
 		{"forwarded, sent again", []holds.Settlement{used, used}, 19_800, usedRefundReason},
+		{"forwarded, refused by its upstream", []holds.Settlement{refusedUpstream}, 20_000, upstreamRefusedRefundReason},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			u, err := st.CreateUser(ctx, "pause-refund-"+testenv.RandomID(4), "standard")

@@ -333,9 +333,15 @@ func (s *Server) refundPausedHold(ctx context.Context, userID uint64, runID, tok
 		}
 		return
 	}
+	// The reason says whether the call answered anything: a retry of its Idempotency-Key,
+	// once Redis lost the key's record, reads it (attemptPinned). The amount cannot say so: a
+	// call answered at no cost (a discount of 10 000 bp) is given back whole too.
 	reason := usedRefundReason
-	if st.Source == holds.SourceRelease || st.Source == holds.SourceDuplicate {
+	switch st.Source {
+	case holds.SourceRelease, holds.SourceDuplicate:
 		reason = unforwardedRefundReason
+	case holds.SourceUpstreamError:
+		reason = upstreamRefusedRefundReason
 	}
 	g, created, err := s.store.Grant(ctx, holds.GrantRequest{UserID: userID, AmountMicro: refund,
 		IdempotencyKey: pauseRefundKey(runID), Reason: reason})
@@ -409,8 +415,9 @@ func pauseRefundKey(runID string) string { return holds.PauseRefundKey(runID) }
 
 // The refund's reasons, as the operator's listing of grants shows them.
 const (
-	unforwardedRefundReason = holds.UnforwardedRefundReason
-	usedRefundReason        = "refund: hold charged (reconcile_hold) before its call settled; the call used less (or nothing: refused by its upstream)"
+	unforwardedRefundReason     = holds.UnforwardedRefundReason
+	upstreamRefusedRefundReason = holds.UpstreamRefusedRefundReason
+	usedRefundReason            = "refund: hold charged (reconcile_hold) before its call settled; the call used less (or nothing: answered at no cost)"
 )
 
 // failedBeforeWork reports whether the provider said an answer failed (an error event after
