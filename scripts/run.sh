@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Local demo (called by `make run`): MariaDB + Redis in .run/ (kept between
 # runs; `make down` stops them), migrate, demo user/key, fakellm upstream on
-# 127.0.0.1:9090, then the gateway on 127.0.0.1:8080 in the foreground.
+# 127.0.0.1:9090, then the gateway on 127.0.0.1:8080 in the foreground, serving as an account
+# with DML only (tollgate_serve).
 # Ctrl-C stops the gateway and fakellm; the databases keep running.
 set -euo pipefail
 
@@ -96,6 +97,22 @@ export LISTEN_ADDR="$GATEWAY_ADDR"
 log "migrating"
 bin/gateway migrate --config "$config"
 
+# The gateway serves as an account with the production shape: DML on the demo's database and
+# nothing else. .run/env's account (the one migrate, demo-setup and the operator's commands use)
+# has ALL PRIVILEGES, SUPER among them, with which read_only does not bind it (README, Failovers
+# and maintenance): serve warned "database weakens a guarantee" under every demo's banner.
+serve_db=${MYSQL_DSN##*/}
+serve_db=${serve_db%%\?*}
+mysql_cli=$(command -v mariadb || command -v mysql) || die "no mariadb/mysql client"
+if ! "$mysql_cli" --no-defaults --protocol=socket --socket="$TOLLGATE_MYSQL_SOCKET" -uroot --batch <<-SQL; then
+	CREATE USER IF NOT EXISTS 'tollgate_serve'@'127.0.0.1' IDENTIFIED BY 'tollgate_serve';
+	ALTER USER 'tollgate_serve'@'127.0.0.1' IDENTIFIED BY 'tollgate_serve';
+	GRANT SELECT, INSERT, UPDATE, DELETE ON \`$serve_db\`.* TO 'tollgate_serve'@'127.0.0.1';
+SQL
+	die "could not create the gateway's serving account tollgate_serve"
+fi
+SERVE_DSN="tollgate_serve:tollgate_serve@${MYSQL_DSN#*@}"
+
 setup_out=$(bin/gateway demo-setup --config "$config") || {
 	printf '%s\n' "$setup_out" >&2
 	die "gateway demo-setup failed"
@@ -148,5 +165,5 @@ EOF
 # gateway would inherit.
 trap ':' INT
 rc=0
-bin/gateway serve --config "$config" || rc=$?
+MYSQL_DSN=$SERVE_DSN bin/gateway serve --config "$config" || rc=$?
 exit "$rc"

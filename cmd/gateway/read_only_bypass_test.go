@@ -15,10 +15,11 @@ import (
 
 // TestServeWarnsWhenReadOnlyDoesNotBindItsAccount: README promises that a MariaDB set
 // read_only — a primary demoted by a failover — refuses the gateway's writes, provided its
-// account has neither SUPER nor READ_ONLY ADMIN. The account `make run` provisions (and the
-// tests') has ALL PRIVILEGES, with which a demoted primary takes the gateway's admissions and
+// account has neither SUPER nor READ_ONLY ADMIN. The tests' account (and the one `make run`
+// served as) has ALL PRIVILEGES, with which a demoted primary takes the gateway's admissions and
 // settlements beside the promoted one, and serve started on it without a word. It says so at
-// start now, naming the privileges, and says nothing for an account read_only binds.
+// start now, naming the privileges, and says nothing for an account read_only binds (the
+// DML-only one `make run` serves as now).
 func TestServeWarnsWhenReadOnlyDoesNotBindItsAccount(t *testing.T) {
 	ctx := context.Background()
 	dsn := testenv.MySQLDSN(t)
@@ -51,9 +52,9 @@ func TestServeWarnsWhenReadOnlyDoesNotBindItsAccount(t *testing.T) {
 		dsn  string
 		warn bool
 	}{
-		{"ALL PRIVILEGES, as make run's account", account("ALL PRIVILEGES"), true},
+		{"ALL PRIVILEGES, as the tests' account", account("ALL PRIVILEGES"), true},
 		{"SUPER", account("SUPER"), true},
-		{"SELECT, INSERT, UPDATE, DELETE on its database", account(""), false},
+		{"SELECT, INSERT, UPDATE, DELETE on its database, as make run's tollgate_serve", account(""), false},
 	} {
 		core, logs := observer.New(zapcore.WarnLevel)
 		warnReadOnlyBypass(ctx, testenv.Open(t, tc.dsn), zap.New(core))

@@ -615,7 +615,8 @@ func warnUsersOnUnconfiguredPlans(ctx context.Context, st *holds.Store, cfg *con
 // with which read_only does not bind it (SUPER, READ_ONLY ADMIN): README's failover promise — a
 // demoted primary refuses the gateway's writes — then does not hold, and a gateway still
 // connected to the old primary after a failover goes on admitting and settling there, beside
-// the promoted one. The account `make run` provisions has ALL PRIVILEGES, and nothing said so.
+// the promoted one. The tests' account has ALL PRIVILEGES, and nothing said so; `make run` now
+// serves as an account with DML only, and says nothing.
 func warnReadOnlyBypass(ctx context.Context, db *sqlx.DB, log *zap.Logger) {
 	privs, err := holds.ReadOnlyBypass(ctx, db)
 	switch {
