@@ -2,7 +2,7 @@
 # Local demo (called by `make run`): MariaDB + Redis in .run/ (kept between
 # runs; `make down` stops them), migrate, demo user/key, fakellm upstream on
 # 127.0.0.1:9090, then the gateway on 127.0.0.1:8080 in the foreground, serving as an account
-# with DML only (tollgate_serve).
+# with DML only (gateway_serve).
 # Ctrl-C stops the gateway and fakellm; the databases keep running.
 set -euo pipefail
 
@@ -105,13 +105,13 @@ serve_db=${MYSQL_DSN##*/}
 serve_db=${serve_db%%\?*}
 mysql_cli=$(command -v mariadb || command -v mysql) || die "no mariadb/mysql client"
 if ! "$mysql_cli" --no-defaults --protocol=socket --socket="$TOLLGATE_MYSQL_SOCKET" -uroot --batch <<-SQL; then
-	CREATE USER IF NOT EXISTS 'tollgate_serve'@'127.0.0.1' IDENTIFIED BY 'tollgate_serve';
-	ALTER USER 'tollgate_serve'@'127.0.0.1' IDENTIFIED BY 'tollgate_serve';
-	GRANT SELECT, INSERT, UPDATE, DELETE ON \`$serve_db\`.* TO 'tollgate_serve'@'127.0.0.1';
+	CREATE USER IF NOT EXISTS 'gateway_serve'@'127.0.0.1' IDENTIFIED BY 'gateway_serve';
+	ALTER USER 'gateway_serve'@'127.0.0.1' IDENTIFIED BY 'gateway_serve';
+	GRANT SELECT, INSERT, UPDATE, DELETE ON \`$serve_db\`.* TO 'gateway_serve'@'127.0.0.1';
 SQL
-	die "could not create the gateway's serving account tollgate_serve"
+	die "could not create the gateway's serving account gateway_serve"
 fi
-SERVE_DSN="tollgate_serve:tollgate_serve@${MYSQL_DSN#*@}"
+SERVE_DSN="gateway_serve:gateway_serve@${MYSQL_DSN#*@}"
 
 setup_out=$(bin/gateway demo-setup --config "$config") || {
 	printf '%s\n' "$setup_out" >&2

@@ -54,7 +54,7 @@ func TestServeWarnsWhenReadOnlyDoesNotBindItsAccount(t *testing.T) {
 	}{
 		{"ALL PRIVILEGES, as the tests' account", account("ALL PRIVILEGES"), true},
 		{"SUPER", account("SUPER"), true},
-		{"SELECT, INSERT, UPDATE, DELETE on its database, as make run's tollgate_serve", account(""), false},
+		{"SELECT, INSERT, UPDATE, DELETE on its database, as make run's gateway_serve", account(""), false},
 	} {
 		core, logs := observer.New(zapcore.WarnLevel)
 		warnReadOnlyBypass(ctx, testenv.Open(t, tc.dsn), zap.New(core))
