@@ -196,6 +196,23 @@ func retryIsResponseLostOnceRedisLostTheRecord(t *testing.T, h *harness, key str
 	}
 }
 
+// retryRunsTheKeyOnceRedisLostTheRecord deletes the key's record and checks that a retry of
+// the key runs its next attempt, the attempt numbered attempt, with one upstream call: the
+// attempt before it answered nothing (why says how it did not), and is passed.
+func retryRunsTheKeyOnceRedisLostTheRecord(t *testing.T, h *harness, key string, idem map[string]string, attempt int, why string) {
+	t.Helper()
+	loseRecord(t, h, key, idem)
+	calls := h.fake.Calls()
+	retry := send(h.gw.URL, key, chatBody, idem)
+	if retry.status != http.StatusOK || retry.header.Get(proxy.RunIDHeader) != h.idemRun(key, idem, attempt) {
+		t.Errorf("retry once Redis lost the record: %d %s (run %q); want the key's next attempt (%d) run: %s",
+			retry.status, retry.body, retry.header.Get(proxy.RunIDHeader), attempt, why)
+	}
+	if n := h.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls for the retry, want 1", n)
+	}
+}
+
 // replayedOnce checks that the key's retry is answered's answer replayed, and that the key's
 // upstream calls since calls were answered's alone.
 func replayedOnce(t *testing.T, h *harness, gate *gateUpstream, key string, idem map[string]string, answered answer, calls int64) {
@@ -336,16 +353,7 @@ func TestIdemOvertakenAttemptRefundedWholeIsPassedOnceRedisLostTheRecord(t *test
 		t.Fatalf("paused attempt settled %s charged %d, %d given back; want all of its charge given back",
 			paused.SettleSource.String, paused.ChargedMicro, refunded)
 	}
-	loseRecord(t, h, key, idem)
-	calls := h.fake.Calls()
-	retry := send(h.gw.URL, key, chatBody, idem)
-	if retry.status != http.StatusOK || retry.header.Get(proxy.RunIDHeader) != h.idemRun(key, idem, 3) {
-		t.Errorf("retry once Redis lost the record: %d %s (run %q); want the key's next attempt (3) run: attempt 1 cost nothing",
-			retry.status, retry.body, retry.header.Get(proxy.RunIDHeader))
-	}
-	if n := h.fake.Calls() - calls; n != 1 {
-		t.Errorf("%d upstream calls for the retry, want 1", n)
-	}
+	retryRunsTheKeyOnceRedisLostTheRecord(t, h, key, idem, 3, "attempt 1 cost nothing")
 }
 
 // TestIdemResumedAttemptThatAnsweredIsNotRunAgainOnceRedisLostTheRecord: the counterpart of
@@ -415,14 +423,5 @@ func TestIdemResumedAttemptRefusedByItsUpstreamIsPassedOnceRedisLostTheRecord(t 
 		t.Fatalf("paused attempt settled %s charged %d, %d given back; want all of its charge given back (its upstream refused it)",
 			paused.SettleSource.String, paused.ChargedMicro, refunded)
 	}
-	loseRecord(t, h, key, idem)
-	calls := h.fake.Calls()
-	retry := send(h.gw.URL, key, chatBody, idem)
-	if retry.status != http.StatusOK || retry.header.Get(proxy.RunIDHeader) != h.idemRun(key, idem, 2) {
-		t.Errorf("retry once Redis lost the record: %d %s (run %q); want the key's next attempt (2) run: attempt 1 answered nothing",
-			retry.status, retry.body, retry.header.Get(proxy.RunIDHeader))
-	}
-	if n := h.fake.Calls() - calls; n != 1 {
-		t.Errorf("%d upstream calls for the retry, want 1", n)
-	}
+	retryRunsTheKeyOnceRedisLostTheRecord(t, h, key, idem, 2, "attempt 1 answered nothing")
 }
