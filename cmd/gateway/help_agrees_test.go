@@ -17,7 +17,7 @@ import (
 	"strings"
 	"testing"
 
-	"gopkg.in/yaml.v3"
+	"github.com/go-sql-driver/mysql"
 )
 
 // dispatchedCommands are the commands run() dispatches, read from its switch in main.go (not
@@ -259,23 +259,15 @@ func TestREADMECommandsNameRealFlags(t *testing.T) {
 // dispatches, with flags it declares, and each variable it sets for them one the gateway reads
 // (README's table), or the stack breaks, or silently runs on defaults, at the next rename.
 // `docker compose run --rm migrate demo-setup` (README, and the file's own header) runs the
-// migrate service's image with that command.
+// migrate service's image with that command. The migrate service runs as the image's
+// MYSQL_USER, which owns the schema, and the gateway serves the same database as another
+// account (DML only: TestComposeServesAsADMLOnlyAccount).
 func TestComposeRunsTheCurrentCLI(t *testing.T) {
 	raw, err := os.ReadFile("../../docker-compose.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var compose struct {
-		Services map[string]struct {
-			Image       string            `yaml:"image"`
-			Entrypoint  []string          `yaml:"entrypoint"`
-			Command     []string          `yaml:"command"`
-			Environment map[string]string `yaml:"environment"`
-		} `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(raw, &compose); err != nil {
-		t.Fatal(err)
-	}
+	compose := readCompose(t)
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
@@ -319,6 +311,23 @@ func TestComposeRunsTheCurrentCLI(t *testing.T) {
 	}
 	if gateways < 2 {
 		t.Errorf("docker-compose.yml runs %d services of the gateway image; want migrate and gateway at least", gateways)
+	}
+	db := compose.Services["mysql"]
+	serveDSN, err := mysql.ParseDSN(compose.Services["gateway"].Environment["MYSQL_DSN"])
+	if err != nil {
+		t.Fatalf("docker-compose.yml's gateway MYSQL_DSN: %v", err)
+	}
+	migrateDSN, err := mysql.ParseDSN(compose.Services["migrate"].Environment["MYSQL_DSN"])
+	if err != nil {
+		t.Fatalf("docker-compose.yml's migrate MYSQL_DSN: %v", err)
+	}
+	if migrateDSN.User != db.Environment["MYSQL_USER"] || serveDSN.User == migrateDSN.User {
+		t.Errorf("docker-compose.yml's migrate runs as %q and its gateway serves as %q; want migrate as the image's MYSQL_USER %q and the gateway as another account",
+			migrateDSN.User, serveDSN.User, db.Environment["MYSQL_USER"])
+	}
+	if serveDSN.DBName != db.Environment["MYSQL_DATABASE"] || migrateDSN.DBName != db.Environment["MYSQL_DATABASE"] {
+		t.Errorf("docker-compose.yml's gateway serves database %q and migrate migrates %q; its MySQL makes %q",
+			serveDSN.DBName, migrateDSN.DBName, db.Environment["MYSQL_DATABASE"])
 	}
 	// The image's own default command (docker run tollgate:local).
 	dockerfile, err := os.ReadFile("../../Dockerfile")
