@@ -135,6 +135,14 @@ func (h *handler) auth(next http.Handler) http.Handler {
 			writeError(w, errDisabled)
 			return
 		}
+		if len(r.Header.Values("Authorization")) > 1 {
+			// Not a list (RFC 9110 §5.3): read as its first line, the token was taken from
+			// whichever line came first. Refused as a query parameter given twice is.
+			h.log.Warn("admin request refused: Authorization sent twice", zap.String("method", r.Method),
+				zap.String("path", quoted(r.URL.Path)), zap.String("remote", r.RemoteAddr))
+			writeError(w, badRequest("invalid_request", "Authorization must be sent once: this request sends it on more than one line."))
+			return
+		}
 		got, ok := httpapi.BearerCredentials(r.Header.Get("Authorization"))
 		sum := sha256.Sum256([]byte(got))
 		if !ok || subtle.ConstantTimeCompare(sum[:], h.tokenHash[:]) != 1 {

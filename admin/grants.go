@@ -35,6 +35,13 @@ func (h *handler) createGrant(w http.ResponseWriter, r *http.Request) {
 	if !readJSON(w, r, &req) {
 		return
 	}
+	if len(r.Header.Values("Idempotency-Key")) > 1 {
+		// Read as its first line, a grant whose first line was empty was taken without the
+		// key its retry would name, and paid twice. Refused whether or not the body names a
+		// key, as the model API refuses it.
+		writeError(w, badRequest("invalid_request", "Idempotency-Key must be sent once: this request sends it on more than one line."))
+		return
+	}
 	if req.IdempotencyKey == "" {
 		req.IdempotencyKey = r.Header.Get("Idempotency-Key")
 	}

@@ -30,6 +30,11 @@ func userFrom(ctx context.Context) holds.User {
 // the routes they call accept it too (xAPIKeyRoute).
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if name := repeatedKeyHeader(r); name != "" {
+			s.refuseUnknownCaller(w, r, errBadRequest("invalid_authorization",
+				name+" must be sent once: this request sends it on more than one line."), name+" sent twice", nil)
+			return
+		}
 		key := callerKey(r)
 		if key == "" {
 			s.refuseUnknownCaller(w, r, errBadKey, "no key", nil)
@@ -48,6 +53,21 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, u)))
 	})
+}
+
+// repeatedKeyHeader is the name of a header a key is read from (callerKey) that r sends on
+// more than one line, or "". Neither is a list (RFC 9110 §5.3), and only the first line was
+// read: a caller whose proxy added its own Authorization line before the caller's was charged
+// to the proxy's key, one whose first line was empty was refused as keyless. x-api-key is
+// checked only where it is read (xAPIKeyRoute).
+func repeatedKeyHeader(r *http.Request) string {
+	if len(r.Header.Values("Authorization")) > 1 {
+		return "Authorization"
+	}
+	if xAPIKeyRoute(r.URL.Path) && len(r.Header.Values("X-Api-Key")) > 1 {
+		return "x-api-key"
+	}
+	return ""
 }
 
 // callerKey is the key a request authenticates with: its Bearer credentials, else, on the

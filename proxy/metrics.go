@@ -268,7 +268,7 @@ var errorCodes = func() map[string]bool {
 		// The model API's.
 		"already_running", "audio_not_found", "billing_unavailable", "client_closed_request", "dedup_unavailable",
 		"duplicate", "idempotency_key_reused", "idempotent_response_lost", "idempotent_response_too_large",
-		"insufficient_credits", "internal_error", "invalid_api_key", "invalid_idempotency_key", "invalid_json",
+		"insufficient_credits", "internal_error", "invalid_api_key", "invalid_authorization", "invalid_idempotency_key", "invalid_json",
 		"invalid_echo", "invalid_model", "invalid_models", "invalid_request", "invalid_run_id", "invalid_session_id", "invalid_stream",
 		"invalid_stream_options", "item_not_found", "method_not_allowed", "missing_max_tokens", "missing_model", "model_not_found",
 		"model_not_priced", "model_not_served", "model_too_long", "not_found", "previous_response_not_found",
