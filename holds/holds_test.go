@@ -122,6 +122,19 @@ func (e *storeEnv) addTally(runID string, u pricing.Usage, cost int64) {
 	}
 }
 
+// ageTally sets runID's one-call tally's write time (runstate's write_ms, Redis's clock) back
+// by d: a tally that has stood still for d, as GetAged reads it.
+func (e *storeEnv) ageTally(runID string, d time.Duration) {
+	e.t.Helper()
+	now, err := e.rdb.Time(e.ctx()).Result()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.rdb.HSet(e.ctx(), e.keys.Usage(runID), "write_ms", now.Add(-d).UnixMilli()).Err(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // ledgerUsed is the user's day ledger over all its days (testenv.LedgerUsed): what its
 // settlements charged it, whether or not the test straddled midnight UTC.
 func (e *storeEnv) ledgerUsed(u holds.User) int64 {

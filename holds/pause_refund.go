@@ -162,10 +162,11 @@ func chargedHeldQuery(after heldCursor, window time.Duration, limit int) (string
 // the process was stopped again, past a lease TTL, between its final event's write and its
 // correction — is refused ErrGrantKeyReused and logs it: the run is charged what its final event
 // had, as a settlement from that tally would have charged it; the loss is the reconciler's own
-// when it settles from a tally. The age is the tally's TTL run down (RunTally.Age): a tally
-// written by a gateway with a longer tally_ttl than this one's looks younger by the difference
-// and waits that much longer (past RefundWindow, for one twice as long or more: then no pass
-// refunds it), one with a shorter looks older. Each grant is its own transaction (the user's
+// when it settles from a tally. The age is from the write's time the tally holds, Redis's
+// clock (RunTally.Age), whatever tally_ttl its writer had; only a tally written by a gateway of
+// before that field (a rolling upgrade) is aged by its TTL run down, and from a gateway with a
+// longer tally_ttl than this one's looks younger by the difference (twice as long or more: no
+// pass refunds it), one with a shorter older. Each grant is its own transaction (the user's
 // row, then the grant's), never inside the scan's.
 func (r *Reconciler) refundPaused(ctx context.Context, stopAt, end time.Time) (granted int) {
 	r.mu.Lock()

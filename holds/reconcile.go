@@ -52,9 +52,11 @@ type RunTally struct {
 	// which are not those its hold recorded at admission (another model answered): the
 	// settlement records it in their place.
 	PriceSnapshot []byte
-	// Age is how long ago the tally was last written, as its TTL tells (every write gives it
-	// holds.tally_ttl). The revisit of a run charged its hold waits for a tally that stands
-	// still (RefundAfter); 0, as a source that does not tell gives it, is a tally just written.
+	// Age is how long ago the tally was last written: by the write's time a one-call run's
+	// tally holds (Redis's clock), or, for a tally without one (an older gateway's), by its TTL
+	// run down (every write gives it holds.tally_ttl). The revisit of a run charged its hold
+	// waits for a tally that stands still (RefundAfter); 0, as a source that does not tell
+	// gives it, is a tally just written.
 	Age time.Duration
 }
 

@@ -272,15 +272,14 @@ func TestReconcileRefundsARefusedAdmissionsHoldChargedDuringAPause(t *testing.T)
 // not written it again. A pass that read the first figures as final refunded on them, and the
 // process's own refund of the right ones was then refused (ErrGrantKeyReused): the user was
 // over-refunded. The revisit leaves a tally younger than RefundAfter for a later pass; once the
-// tally has stood that long (its TTL run down, set here on the key) it refunds on the call's
+// tally has stood that long (its write time set back here) it refunds on the call's
 // whole figures, and the process's refund of them is that grant again.
 func TestReconcileRevisitWaitsForATallyToStandStill(t *testing.T) {
 	e := newStoreEnv(t)
 	u := e.user("pause-refund-young", 50, nil)
 	const (
-		runID    = "r_pr_young"
-		tallyTTL = time.Hour // newStoreEnvOn's tally
-		settle   = 30 * time.Second
+		runID  = "r_pr_young"
+		settle = 30 * time.Second
 	)
 	e.admit(u, runID, holds.StateRunning)
 	e.expire(runID)
@@ -319,9 +318,7 @@ func TestReconcileRevisitWaitsForATallyToStandStill(t *testing.T) {
 		}
 	}
 	// Its process killed before its refund: the tally stands still past RefundAfter.
-	if err := e.rdb.PExpire(e.ctx(), e.keys.Usage(runID), tallyTTL-settle-time.Second).Err(); err != nil {
-		t.Fatal(err)
-	}
+	e.ageTally(runID, settle+time.Second)
 	st, err := e.pass(rec)
 	if err != nil {
 		t.Fatal(err)
@@ -362,9 +359,8 @@ func TestReconcileRevisitAsksTheLeaseAfterTheTally(t *testing.T) {
 	e := newStoreEnv(t)
 	u := e.user("pause-refund-beat", 50, nil)
 	const (
-		runID    = "r_pr_beat"
-		tallyTTL = time.Hour // newStoreEnvOn's tally
-		settle   = 30 * time.Second
+		runID  = "r_pr_beat"
+		settle = 30 * time.Second
 	)
 	e.admit(u, runID, holds.StateRunning)
 	e.expire(runID)
@@ -378,9 +374,7 @@ func TestReconcileRevisitAsksTheLeaseAfterTheTally(t *testing.T) {
 	if err := e.tally.RecordCallWith(e.ctx(), runID, 1, pricing.Usage{Input: 100, Output: 30}, 300, false, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.rdb.PExpire(e.ctx(), e.keys.Usage(runID), tallyTTL-settle-time.Second).Err(); err != nil {
-		t.Fatal(err)
-	}
+	e.ageTally(runID, settle+time.Second)
 	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
 		config(c)
 		c.Usage = beatBeforeRead{tallyUsage: tallyUsage{e.tally}, e: e}

@@ -150,7 +150,12 @@ func TestReconcileOnceRevisitWaitsALeaseTTLForATally(t *testing.T) {
 	if n := refunds(); n != 0 {
 		t.Fatalf("a tally written just now refunded (%d grants); want none until it has stood lease_ttl (%v)", n, h.LeaseTTL)
 	}
-	if err := rdb.PExpire(ctx, keys.Usage("r_paused"), h.TallyTTL-h.LeaseTTL-time.Second).Err(); err != nil {
+	// Its write time (Redis's clock) set back past lease_ttl: a tally that has stood still.
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, keys.Usage("r_paused"), "write_ms", now.Add(-h.LeaseTTL-time.Second).UnixMilli()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if n := refunds(); n != 1 {

@@ -171,6 +171,10 @@ func runStateOps(t *testing.T, rdb redis.UniversalClient, keys runstate.Keys) {
 	if want := (runstate.Tallied{Usage: pricing.Usage{Input: 3}, CostMicro: 30, Calls: 1, PriceSnapshot: `{"m":3}`}); !found || got != want {
 		t.Fatalf("one-call run's tally %+v (found %v), want %+v", got, found, want)
 	}
+	// Its age, from the write time its script stamped and the clock of the server holding it.
+	if _, age, _, err := tally.GetAged(ctx, recorded); err != nil || age < 0 || age >= time.Minute {
+		t.Fatalf("one-call run's tally written just now aged %v (%v)", age, err)
+	}
 	must("MarkUnused", tally.MarkUnused(ctx, "r_00000000000000000000000000000002"))
 	must("MarkRefused", tally.MarkRefused(ctx, plain, "tok"))
 	if ok, err := tally.Refused(ctx, plain, "tok"); err != nil || !ok {

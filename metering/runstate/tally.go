@@ -103,9 +103,18 @@ func (t *Tally) RecordCallWith(ctx context.Context, runID string, seq int64, u p
 // (RecordCallWith). Not a figure: Get does not read it.
 const recordSeqField = "write_seq"
 
+// writeTimeField holds when a one-call run's tally was last written (RecordCallWith,
+// MarkUnused), in ms of Redis's clock (TIME, read by the script that writes the figures): its
+// age (GetAged) is then the same whatever tally_ttl the writer and the reader were given, and
+// no process's clock enters it. Not a figure: an older gateway's reader passes over it.
+const writeTimeField = "write_ms"
+
+// nowMsLua is Redis's clock in ms, as a script's local now.
+const nowMsLua = "local t = redis.call('TIME')\nlocal now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+
 // recordCallLua: KEYS usage; ARGV tally ttl ms, the write's seq, then the tally's field-value
 // pairs (recordValues). Unless the tally holds a write of a seq as high, empties it and sets
-// the pairs and the seq; returns 1 if it did. A tally that is no hash, or whose seq is no
+// the pairs, the seq and the write's time (writeTimeField); returns 1 if it did. A tally that is no hash, or whose seq is no
 // number (written by hand, or by a gateway of before the seqs), is overwritten, as an HSET on
 // an emptied key was. Kept short and plain: it goes whole with every plain call's tally (EVAL
 // in a MULTI/EXEC, where an EVALSHA the server lacks fails alone, after the commands beside it
@@ -114,7 +123,7 @@ var recordCallLua = `
 local held = tonumber(redis.pcall('HGET', KEYS[1], '` + recordSeqField + `'))
 if held and held >= tonumber(ARGV[2]) then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], '` + recordSeqField + `', ARGV[2], unpack(ARGV, 3))
+` + nowMsLua + `redis.call('HSET', KEYS[1], '` + recordSeqField + `', ARGV[2], '` + writeTimeField + `', now, unpack(ARGV, 3))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1`
 
@@ -140,19 +149,23 @@ func recordValues(u pricing.Usage, costMicro int64, estimated bool, snapshot []b
 }
 
 // MarkUnused records that a run used nothing, as evidence for the reconciler: a run with a
-// tally is settled by it (here at 0), one without is charged what it held.
+// tally is settled by it (here at 0), one without is charged what it held. It is a write of
+// the tally: it stamps its time (writeTimeField) and gives it the whole ttl.
 func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
-	key := t.keys.Usage(runID)
-	_, err := t.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HIncrBy(ctx, key, "cost_micro", 0)
-		p.Expire(ctx, key, t.ttl)
-		return nil
-	})
-	if err != nil {
+	if err := markUnusedScript.Run(ctx, t.rdb, []string{t.keys.Usage(runID)}, t.ttl.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("tally %s as unused: %w", runID, err)
 	}
 	return nil
 }
+
+// markUnusedScript: KEYS usage; ARGV tally ttl ms. A zero cost (a figure already there is
+// left as it is), the write's time, the TTL: one script, so the time is Redis's and the tally
+// never holds one without the other.
+var markUnusedScript = redis.NewScript(`
+redis.call('HINCRBY', KEYS[1], 'cost_micro', 0)
+` + nowMsLua + `redis.call('HSET', KEYS[1], '` + writeTimeField + `', now)
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1`)
 
 // MarkRefused records that the admission of runID carrying token was refused (its outcome
 // unknown: the COMMIT sent, its reply lost) and never forwarded. The reconciler reads it
@@ -217,19 +230,25 @@ func (t *Tally) Get(ctx context.Context, runID string) (Tallied, bool, error) {
 	return tl, found, err
 }
 
-// GetAged is Get with how long ago the tally was last written: t's ttl less what is left of
-// its TTL, read in the same round trip. Every write that changes a tally gives it the whole
-// ttl (Add, RecordCallWith, MarkUnused, RunBudget's release), so the reconciler can tell a
+// GetAged is Get with how long ago the tally was last written, so the reconciler can tell a
 // tally its call's process may still be setting right (the final event's figures, then the
-// usage reported after it) from one that stands still. A tally written by a gateway with
-// another tally_ttl looks younger (a longer one) or older (a shorter one) by the difference;
-// one without a TTL (written by hand, or PERSISTed) is as old as t's ttl and more.
+// usage reported after it) from one that stands still. A one-call run's tally holds its last
+// write's time (writeTimeField, Redis's clock: RecordCallWith, MarkUnused), and its age is
+// Redis's clock now, read on the tally's own server in the same round trip, less that: the
+// same whatever tally_ttl the writer had. A tally without one — a named run's (Add, RunBudget's
+// release), or a one-call run's written by a gateway of before the field, during a rolling
+// upgrade — is aged by its TTL run down, t's ttl less what is left of it (every write gives it
+// the whole ttl): one from a gateway with another tally_ttl looks younger (a longer one) or
+// older (a shorter one) by the difference, and one without a TTL (written by hand, or
+// PERSISTed) is as old as t's ttl and more.
 func (t *Tally) GetAged(ctx context.Context, runID string) (tl Tallied, age time.Duration, found bool, err error) {
 	key := t.keys.Usage(runID)
 	var read *redis.SliceCmd
 	var left *redis.DurationCmd
+	var now *redis.Cmd
 	_, err = t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		read, left = p.HMGet(ctx, key, readFields...), p.PTTL(ctx, key)
+		now = p.Eval(ctx, clockLua, []string{key})
 		return nil
 	})
 	if isWrongType(err) {
@@ -242,14 +261,17 @@ func (t *Tally) GetAged(ctx context.Context, runID string) (tl Tallied, age time
 	age = t.ttl - left.Val()
 	vals := read.Val()
 	m := make(map[string]string, len(tallyFields))
-	var snapshot string
+	var snapshot, written string
 	for i, v := range vals {
 		if s, ok := v.(string); ok {
-			if i == len(tallyFields) {
+			switch i {
+			case len(tallyFields):
 				snapshot = s
-				continue
+			case len(tallyFields) + 1:
+				written = s
+			default:
+				m[tallyFields[i]] = s
 			}
-			m[tallyFields[i]] = s
 		}
 	}
 	if len(m) == 0 {
@@ -272,10 +294,35 @@ func (t *Tally) GetAged(ctx context.Context, runID string) (tl Tallied, age time
 		EstimatedCalls: field("est_calls"),
 		PriceSnapshot:  snapshot,
 	}
+	if written != "" {
+		age, err = writtenAgo(written, now)
+		if err != nil {
+			parseErr = errors.Join(parseErr, err)
+		}
+	}
 	if parseErr != nil {
 		return Tallied{}, 0, false, fmt.Errorf("read tally %s: %w: %w", runID, ErrTallyCorrupt, parseErr)
 	}
 	return out, age, true, nil
+}
+
+// clockLua answers Redis's clock in ms. Sent with the tally's key, it runs on the server that
+// holds the tally (a Cluster's node of its slot), whose clock stamped the write.
+const clockLua = nowMsLua + "return now"
+
+// writtenAgo is how long before now (clockLua's answer) a tally's write time (writeTimeField)
+// was. A time that is no integer is a tally written by hand; one ahead of now (a failover to a
+// server whose clock is behind) is a tally just written.
+func writtenAgo(written string, now *redis.Cmd) (time.Duration, error) {
+	at, err := strconv.ParseInt(written, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("field %s: %w", writeTimeField, err)
+	}
+	nowMs, err := now.Int64()
+	if err != nil {
+		return 0, fmt.Errorf("redis clock: %w", err)
+	}
+	return time.Duration(max(0, nowMs-at)) * time.Millisecond, nil
 }
 
 // isWrongType reports whether err is Redis's refusal of a command on a key of another type.
@@ -327,5 +374,5 @@ var tallyFields = append([]string{"calls"}, usageFields[:]...)
 // snapshotField holds a tally's PriceSnapshot, when its call wrote one.
 const snapshotField = "price_snapshot"
 
-// readFields are what Get reads: the figures, then the snapshot.
-var readFields = append(slices.Clone(tallyFields), snapshotField)
+// readFields are what Get reads: the figures, then the snapshot and the write's time.
+var readFields = append(slices.Clone(tallyFields), snapshotField, writeTimeField)

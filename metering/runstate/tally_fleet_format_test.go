@@ -17,9 +17,10 @@ var previousReleaseFields = []string{"in_tok", "cache_read_tok", "cache_write_to
 	"est_calls", "cache_write_1h_tok", "audio_in_tok", "audio_out_tok", "calls", "price_snapshot"}
 
 // TestTallyFieldsAreThoseAnOlderGatewayReads: a plain call's tally (every figure and prices
-// set) and a named run's hold no field but those the previous release reads, and write_seq,
-// a plain call's write number, which it passes over — and a tally as the previous release
-// wrote it (no write_seq) is read whole and set over whole by the numbered write.
+// set), a named run's and a call's that used nothing hold no field but those the previous
+// release reads, and write_seq and write_ms, a plain call's write number and time, which it
+// passes over — and a tally as the previous release wrote it (no write_seq) is read whole and
+// set over whole by the numbered write.
 func TestTallyFieldsAreThoseAnOlderGatewayReads(t *testing.T) {
 	e := newRunBudget(t)
 	ctx := context.Background()
@@ -30,7 +31,11 @@ func TestTallyFieldsAreThoseAnOlderGatewayReads(t *testing.T) {
 	if err := e.tally.Add(ctx, "r_fleet_named", u, 777, true); err != nil {
 		t.Fatal(err)
 	}
-	for run, extra := range map[string][]string{"r_fleet_plain": {"write_seq"}, "r_fleet_named": nil} {
+	if err := e.tally.MarkUnused(ctx, "r_fleet_unused"); err != nil {
+		t.Fatal(err)
+	}
+	for run, extra := range map[string][]string{"r_fleet_plain": {"write_seq", "write_ms"}, "r_fleet_named": nil,
+		"r_fleet_unused": {"write_ms"}} {
 		fields, err := e.rdb.HKeys(ctx, e.keys.Usage(run)).Result()
 		if err != nil {
 			t.Fatal(err)

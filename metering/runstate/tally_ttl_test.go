@@ -32,11 +32,13 @@ func TestTallyLapsesAfterItsTTL(t *testing.T) {
 	}
 }
 
-// TestTallyAgeIsSinceItsLastWrite: GetAged tells how long ago a tally was last written by what
-// is left of its TTL, which every write that changes the tally gives whole: the reconciler's
+// TestTallyAgeIsSinceItsLastWrite: GetAged tells how long ago a tally was last written — a
+// one-call run's by the write's time stored in it (Redis's clock), a named run's by what is
+// left of its TTL, which every write that changes the tally gives whole: the reconciler's
 // revisit of a run charged its hold waits for its call's tally to stand still (the final
 // event's figures may yet be set right). A one-call run's write that changes nothing (an
-// earlier try, landing late) leaves the age as it was; a tally without a TTL is old.
+// earlier try, landing late) leaves the age as it was. A one-call run's tally without a write
+// time (an older gateway's) is aged by its TTL too, and is old without one.
 func TestTallyAgeIsSinceItsLastWrite(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	keys := runstate.Keys{Prefix: prefix}
@@ -51,17 +53,36 @@ func TestTallyAgeIsSinceItsLastWrite(t *testing.T) {
 		}
 		return age
 	}
+	// byTime sets a one-call run's write time aged back, as Redis's clock had it; byTTL its TTL
+	// run down by aged.
+	byTime := func(run string) {
+		t.Helper()
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.HSet(ctx, keys.Usage(run), "write_ms", now.Add(-aged).UnixMilli()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	byTTL := func(run string) {
+		t.Helper()
+		if err := rdb.PExpire(ctx, keys.Usage(run), ttl-aged).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	u := pricing.Usage{Input: 10, Output: 5}
 	for _, c := range []struct {
 		what         string
 		first, again func(run string) error
+		setBack      func(run string)
 	}{
 		{"a one-call run's figures, set again", func(run string) error { return tally.RecordCallWith(ctx, run, 1, u, 70, false, nil, nil) },
-			func(run string) error { return tally.RecordCallWith(ctx, run, 2, u, 90, false, nil, nil) }},
+			func(run string) error { return tally.RecordCallWith(ctx, run, 2, u, 90, false, nil, nil) }, byTime},
 		{"a named run's calls", func(run string) error { return tally.Add(ctx, run, u, 70, false) },
-			func(run string) error { return tally.Add(ctx, run, u, 70, false) }},
+			func(run string) error { return tally.Add(ctx, run, u, 70, false) }, byTTL},
 		{"a call that used nothing", func(run string) error { return tally.MarkUnused(ctx, run) },
-			func(run string) error { return tally.MarkUnused(ctx, run) }},
+			func(run string) error { return tally.MarkUnused(ctx, run) }, byTime},
 	} {
 		run := "r_age_" + strings.ReplaceAll(c.what, " ", "_")
 		if err := c.first(run); err != nil {
@@ -70,11 +91,9 @@ func TestTallyAgeIsSinceItsLastWrite(t *testing.T) {
 		if a := age(run); a < 0 || a >= aged {
 			t.Fatalf("%s: written just now, aged %v", c.what, a)
 		}
-		if err := rdb.PExpire(ctx, keys.Usage(run), ttl-aged).Err(); err != nil {
-			t.Fatal(err)
-		}
+		c.setBack(run)
 		if a := age(run); a < aged || a > ttl {
-			t.Fatalf("%s: %v of its TTL left, aged %v; want at least %v", c.what, ttl-aged, a, aged)
+			t.Fatalf("%s: written %v ago, aged %v; want at least %v", c.what, aged, a, aged)
 		}
 		if err := c.again(run); err != nil {
 			t.Fatal(err)
@@ -88,20 +107,27 @@ func TestTallyAgeIsSinceItsLastWrite(t *testing.T) {
 	if err := tally.RecordCallWith(ctx, late, 2, u, 90, false, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.PExpire(ctx, keys.Usage(late), ttl-aged).Err(); err != nil {
-		t.Fatal(err)
-	}
+	byTime(late)
 	if err := tally.RecordCallWith(ctx, late, 1, u, 70, false, nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if a := age(late); a < aged {
 		t.Fatalf("an earlier try landing late, which changes nothing, made the tally %v old; want it as old as it was (%v or more)", a, aged)
 	}
-	if err := rdb.Persist(ctx, keys.Usage(late)).Err(); err != nil {
+
+	const older = "r_age_older_gateway"
+	if err := rdb.HSet(ctx, keys.Usage(older), "in_tok", 10, "out_tok", 5, "cost_micro", 70, "calls", 1).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if a := age(late); a < ttl {
-		t.Fatalf("a tally without a TTL aged %v; want it old (%v or more)", a, ttl)
+	byTTL(older)
+	if a := age(older); a < aged || a > ttl {
+		t.Fatalf("an older gateway's tally (no write time) with %v of its TTL left aged %v; want %v", ttl-aged, a, aged)
+	}
+	if err := rdb.Persist(ctx, keys.Usage(older)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if a := age(older); a < ttl {
+		t.Fatalf("an older gateway's tally without a TTL aged %v; want it old (%v or more)", a, ttl)
 	}
 }
 
