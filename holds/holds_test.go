@@ -156,7 +156,7 @@ func (s tallyUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, 
 		err = fmt.Errorf("%w: %w", holds.ErrTallyCorrupt, err)
 	}
 	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0,
-		PriceSnapshot: []byte(t.PriceSnapshot), Age: age}, found, err
+		PriceSnapshot: []byte(t.PriceSnapshot), Age: age, Source: t.Source}, found, err
 }
 
 type leaseKeys struct {

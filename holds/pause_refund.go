@@ -45,8 +45,9 @@ func (s *Store) PauseRefunded(ctx context.Context, userID uint64, runID string) 
 	return g.Amount, false, nil
 }
 
-// The reasons of a pause refund its call's own process granted for a call that answered
-// nothing: UnforwardedRefundReason for one it never forwarded (released, or a duplicate),
+// The reasons of a pause refund granted for a call that answered nothing, by its own process
+// or by a pass from its zero tally's settlement source (tallyRefundReason):
+// UnforwardedRefundReason for one never forwarded (released, or a duplicate),
 // UpstreamRefusedRefundReason for one forwarded and refused by its upstream (settled
 // upstream_error, at 0). PauseRefunded tells such a refund by them.
 const (
@@ -74,6 +75,27 @@ const (
 	reconciledRefundReason = "refund: hold charged (reconcile_hold) before its call settled; the call's tally, written after, says it used less (or nothing)"
 	refusedRefundReason    = "refund: hold charged (reconcile_hold) before its admission's refusal was marked; nothing was forwarded on it"
 )
+
+// tallyRefundReason is the reason of a pause refund a pass grants from tally: the one the
+// call's own process would have given (refundPausedHold in proxy) for a call that answered
+// nothing — never forwarded (release, duplicate, a lost admission's release) or refused by its
+// upstream — when its zero tally says it was settled so; else reconciledRefundReason. An
+// Idempotency-Key's retry reads it once Redis lost the key's record (PauseRefunded): under the
+// generic reason an attempt its upstream refused, its process killed before its own refund,
+// was taken for one that answered, and the retry was refused 409 idempotent_response_lost. A
+// tally with figures answered something, whatever source it names.
+func tallyRefundReason(tally RunTally) string {
+	if tally.CostMicro != 0 || tally.Usage != (pricing.Usage{}) {
+		return reconciledRefundReason
+	}
+	switch tally.Source {
+	case SourceUpstreamError:
+		return UpstreamRefusedRefundReason
+	case SourceRelease, SourceDuplicate, SourceAdmitLost:
+		return UnforwardedRefundReason
+	}
+	return reconciledRefundReason
+}
 
 // heldCursor is where the next pass's revisit of the runs charged their hold goes on: the
 // last one read, by (settled_at, run_id). The zero value starts at the oldest in the window.
@@ -227,7 +249,7 @@ func (r *Reconciler) refundOne(ctx context.Context, run Run, end time.Time) bool
 		// A live process refunds it at its own figures; unknown, the next pass asks again.
 		return false
 	}
-	reason := reconciledRefundReason
+	reason := tallyRefundReason(tally)
 	if !found {
 		// No tally: the call died with its usage (the charge stands) or has not ended yet —
 		// unless the request that inserted the hold (its token) marked its admission refused,

@@ -58,6 +58,10 @@ type RunTally struct {
 	// waits for a tally that stands still (RefundAfter); 0, as a source that does not tell
 	// gives it, is a tally just written.
 	Age time.Duration
+	// Source is the settlement source of a one-call run's call that used nothing, as its zero
+	// tally says (release, duplicate, upstream_error, admit_lost), "" when it does not: the
+	// revisit's refund says by it whether the call answered nothing (tallyRefundReason).
+	Source string
 }
 
 // TallyBelievable reports whether a run's tally can be a record of what it used. The tally is

@@ -418,3 +418,61 @@ func TestReconcileRevisitWithoutRefusalsAsksNone(t *testing.T) {
 		t.Errorf("pass without Refusals: refunded %d runs (%v); want none", st.PauseRefunds, err)
 	}
 }
+
+// TestReconcileRevisitSaysWhatItsTallySaysTheCallAnswered: the revisit's refund of a call's
+// zero tally gives its reason as the call's own process would have (PauseRefunded reads it):
+// a call its upstream refused or one never forwarded answered nothing, by the settlement source
+// its tally keeps (MarkCallUnused). Under the one generic reason, an Idempotency-Key attempt
+// refused by its upstream whose process was killed before its own refund was taken for one that
+// answered, once Redis lost the key's record, and its retry refused. A zero tally that names no
+// source (a free call's, an older gateway's) and one with figures say nothing of the kind.
+func TestReconcileRevisitSaysWhatItsTallySaysTheCallAnswered(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("pause-refund-source", 50, nil)
+	unused := func(source string) func(string) error {
+		return func(runID string) error { return e.tally.MarkCallUnused(e.ctx(), runID, source) }
+	}
+	cases := []struct {
+		what, runID     string
+		after           func(runID string) error
+		answeredNothing bool
+	}{
+		{"refused by its upstream", "r_src_upstream", unused(holds.SourceUpstreamError), true},
+		{"never forwarded", "r_src_release", unused(holds.SourceRelease), true},
+		{"a duplicate", "r_src_duplicate", unused(holds.SourceDuplicate), true},
+		{"a zero tally naming no source", "r_src_none", unused(""), false},
+		{"answered at no cost", "r_src_complete", unused(holds.SourceComplete), false},
+		{"figures beside the source", "r_src_figures", func(runID string) error {
+			if err := e.tally.RecordCallWith(e.ctx(), runID, 1, pricing.Usage{Input: 100, Output: 20}, 900, false, nil, nil); err != nil {
+				return err
+			}
+			return unused(holds.SourceUpstreamError)(runID)
+		}, false},
+	}
+	for _, c := range cases {
+		e.admit(u, c.runID, holds.StateRunning)
+		e.expire(c.runID)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.RefundWindow = time.Hour })
+	if _, err := e.pass(rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		if r := e.run(u, c.runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro <= 900 {
+			t.Fatalf("%s: %s by %q charged %d; the scene is a hold charged what it held", c.what, r.State, r.SettleSource.String, r.ChargedMicro)
+		}
+		if err := c.after(c.runID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.pass(rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cases {
+		amount, answeredNothing, err := e.store.PauseRefunded(e.ctx(), u.ID, c.runID)
+		if err != nil || amount <= 0 || answeredNothing != c.answeredNothing {
+			t.Errorf("%s: refunded %d, answered nothing %v (%v); want a refund saying answered nothing %v",
+				c.what, amount, answeredNothing, err, c.answeredNothing)
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
@@ -424,4 +426,57 @@ func TestIdemResumedAttemptRefusedByItsUpstreamIsPassedOnceRedisLostTheRecord(t 
 			paused.SettleSource.String, paused.ChargedMicro, refunded)
 	}
 	retryRunsTheKeyOnceRedisLostTheRecord(t, h, key, idem, 2, "attempt 1 answered nothing")
+}
+
+// TestIdemResumedAttemptRefusedByItsUpstreamKilledBeforeItsRefundIsPassedOnceRedisLostTheRecord:
+// as TestIdemResumedAttemptRefusedByItsUpstreamIsPassedOnceRedisLostTheRecord, but attempt 1's
+// process is killed after its upstream_error settlement found the hold charged and before its
+// own refund: a reconciler's pass refunds the charge from the call's zero tally. The pass's
+// reason said only that the tally said the call used less (or nothing), so the retry, once
+// Redis lost the key's record, took attempt 1 as pinned and was told 409
+// idempotent_response_lost of an attempt that answered nothing. The tally carries its
+// settlement's source, and the pass's refund says the upstream refused the call: the retry
+// runs the key. The process, let go after all, finds the pass's grant and pays nothing more.
+func TestIdemResumedAttemptRefusedByItsUpstreamKilledBeforeItsRefundIsPassedOnceRedisLostTheRecord(t *testing.T) {
+	h, holdTTL := pausedIdemHarness(t)
+	u, key := h.user("standard")
+	ctx := context.Background()
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-refused-killed-lost"}
+	attempt1 := h.idemRun(key, idem, 1)
+	p := pausedAttemptCharged(t, h, key, with(idem, fakellm.HeaderStatus, "503"))
+	killed, revive := h.holdAtFirst("refund")
+	first := p.answerAfter(t, holdTTL)
+	if first.status < 500 || first.header.Get(proxy.RunIDHeader) != attempt1 {
+		t.Fatalf("the paused attempt's caller, resumed and refused by its upstream: %d %s (run %q); want its upstream's error",
+			first.status, first.body, first.header.Get(proxy.RunIDHeader))
+	}
+	select {
+	case <-killed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("attempt 1's process never reached its refund")
+	}
+	waitFor(t, "attempt 1's tally", func() bool {
+		_, found, err := h.tally.Get(ctx, attempt1)
+		return err == nil && found
+	})
+	paused, err := h.store.Run(ctx, u.ID, attempt1) // not h.run: it waits for the settlement held at its refund
+	if err != nil {
+		t.Fatal(err)
+	}
+	if paused.SettleSource.String != holds.SourceReconcileHold || paused.ChargedMicro <= 0 || grantedTo(t, h, u.ID) != 0 {
+		t.Fatalf("attempt 1 settled %s charged %d, %d given back; want its hold charged and nothing given back yet",
+			paused.SettleSource.String, paused.ChargedMicro, grantedTo(t, h, u.ID))
+	}
+	rec := holds.NewReconciler(holds.ReconcilerConfig{Store: h.store, Usage: tallyUsage{h.tally}, Leases: noLeases{},
+		Lock: alwaysLocked{}, Log: zap.NewNop(), ExtendBy: time.Minute, RefundWindow: time.Hour})
+	if st, err := rec.RunOnce(ctx); err != nil || st.PauseRefunds != 1 || grantedTo(t, h, u.ID) != paused.ChargedMicro {
+		t.Fatalf("the pass: %+v, %v, %d given back; want all of attempt 1's %d", st, err, grantedTo(t, h, u.ID), paused.ChargedMicro)
+	}
+	retryRunsTheKeyOnceRedisLostTheRecord(t, h, key, idem, 2, "attempt 1 answered nothing, its refund the reconciler's")
+
+	revive()
+	h.settled()
+	if refunded := grantedTo(t, h, u.ID); refunded != paused.ChargedMicro {
+		t.Errorf("after attempt 1's own refund, %d given back; want the pass's %d alone", refunded, paused.ChargedMicro)
+	}
 }

@@ -64,7 +64,7 @@ func (s *Server) releaseRefused(ctx context.Context, ar holds.AdmitRequest, log 
 		defer s.settlements.leave()
 		if ar.Fresh {
 			tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
-			if err := s.tally.MarkUnused(tctx, ar.RunID); err != nil {
+			if err := s.tally.MarkCallUnused(tctx, ar.RunID, holds.SourceAdmitLost); err != nil {
 				log.Warn("unused tally not written", zap.Error(err))
 			}
 			cancel()

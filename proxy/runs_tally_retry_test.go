@@ -35,7 +35,7 @@ type tallyUsage struct{ t *runstate.Tally }
 func (u tallyUsage) Tallied(ctx context.Context, runID string) (holds.RunTally, bool, error) {
 	tl, found, err := u.t.Get(ctx, runID)
 	return holds.RunTally{Usage: tl.Usage, CostMicro: tl.CostMicro, Calls: tl.Calls, Estimated: tl.EstimatedCalls > 0,
-		PriceSnapshot: []byte(tl.PriceSnapshot)}, found, err
+		PriceSnapshot: []byte(tl.PriceSnapshot), Source: tl.Source}, found, err
 }
 
 type noLeases struct{}

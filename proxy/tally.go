@@ -60,8 +60,13 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		if err == nil && c.recordMarkUnknown {
 			s.dropRecordMark(tctx, c)
 		}
-	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
+	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}) && c.inRun:
 		err = s.tally.MarkUnused(tctx, c.runID)
+	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
+		// With its settlement's source: a reconciler's pass that refunds the charge a peer took
+		// from its hold during a pause reads it, and its refund says, as this process's would,
+		// whether the call answered nothing (an Idempotency-Key's retry reads that).
+		err = s.tally.MarkCallUnused(tctx, c.runID, st.Source)
 	case !c.inRun:
 		// Its figures set, not added: a try again after a failed one, which may have landed
 		// unanswered or land late, counts the call once (tallyPlainCall); numbered, so that

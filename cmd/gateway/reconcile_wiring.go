@@ -109,7 +109,7 @@ func (s tallySource) Tallied(ctx context.Context, runID string) (holds.RunTally,
 		return holds.RunTally{}, false, err
 	}
 	return holds.RunTally{Usage: t.Usage, CostMicro: t.CostMicro, Calls: t.Calls, Estimated: t.EstimatedCalls > 0,
-		PriceSnapshot: []byte(t.PriceSnapshot), Age: age}, found, nil
+		PriceSnapshot: []byte(t.PriceSnapshot), Age: age, Source: t.Source}, found, nil
 }
 
 // Refused reads a refused admission's mark (runstate.Tally.MarkRefused).

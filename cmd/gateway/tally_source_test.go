@@ -57,6 +57,14 @@ func TestTallySourceCarriesTheTally(t *testing.T) {
 	if got, _, err := src.Tallied(ctx, "r_measured"); err != nil || got.Age < 30*time.Minute {
 		t.Errorf("a tally with 30m of its hour left: aged %v, %v; want 30m or more", got.Age, err)
 	}
+	// And the source of a call's zero tally: the revisit's refund says by it that the call
+	// answered nothing (an Idempotency-Key's retry reads that once Redis lost the key's record).
+	if err := tally.MarkCallUnused(ctx, "r_refused", "upstream_error"); err != nil {
+		t.Fatal(err)
+	}
+	if got, found, err := src.Tallied(ctx, "r_refused"); err != nil || !found || got.Source != "upstream_error" {
+		t.Errorf("a call refused by its upstream: %+v found %v err %v; want source upstream_error", got, found, err)
+	}
 	if _, found, err := src.Tallied(ctx, "r_none"); err != nil || found {
 		t.Errorf("no tally: found %v, %v", found, err)
 	}

@@ -152,20 +152,35 @@ func recordValues(u pricing.Usage, costMicro int64, estimated bool, snapshot []b
 // tally is settled by it (here at 0), one without is charged what it held. It is a write of
 // the tally: it stamps its time (writeTimeField) and gives it the whole ttl.
 func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
-	if err := markUnusedScript.Run(ctx, t.rdb, []string{t.keys.Usage(runID)}, t.ttl.Milliseconds()).Err(); err != nil {
+	return t.MarkCallUnused(ctx, runID, "")
+}
+
+// MarkCallUnused is MarkUnused for a run of one call whose settlement source (holds'
+// Settlement.Source: release, duplicate, upstream_error, ...) says why it used nothing: the
+// tally keeps it (Tallied.Source), so that a reconciler's pass that gives back a charge its
+// hold took before the call settled (holds' revisit) can say, as the call's own refund does,
+// whether the call answered nothing — which an Idempotency-Key's retry reads once Redis lost
+// the key's record. "" keeps none. Not for a named run: its tally is many calls'.
+func (t *Tally) MarkCallUnused(ctx context.Context, runID, source string) error {
+	if err := markUnusedScript.Run(ctx, t.rdb, []string{t.keys.Usage(runID)}, t.ttl.Milliseconds(), source).Err(); err != nil {
 		return fmt.Errorf("tally %s as unused: %w", runID, err)
 	}
 	return nil
 }
 
-// markUnusedScript: KEYS usage; ARGV tally ttl ms. A zero cost (a figure already there is
-// left as it is), the write's time, the TTL: one script, so the time is Redis's and the tally
-// never holds one without the other.
+// markUnusedScript: KEYS usage; ARGV tally ttl ms, the settlement's source ("" for none). A
+// zero cost (a figure already there is left as it is), the source, the write's time, the TTL:
+// one script, so the time is Redis's and the tally never holds one without the other.
 var markUnusedScript = redis.NewScript(`
 redis.call('HINCRBY', KEYS[1], 'cost_micro', 0)
+if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], '` + sourceField + `', ARGV[2]) end
 ` + nowMsLua + `redis.call('HSET', KEYS[1], '` + writeTimeField + `', now)
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1`)
+
+// sourceField holds a one-call run's settlement source, when its call's zero tally was written
+// with one (MarkCallUnused). Not a figure: an older gateway's reader passes over it.
+const sourceField = "settle_source"
 
 // MarkRefused records that the admission of runID carrying token was refused (its outcome
 // unknown: the COMMIT sent, its reply lost) and never forwarded. The reconciler reads it
@@ -216,6 +231,10 @@ type Tallied struct {
 	// RecordCallWith's snapshot. "" when the hold's own explain its cost. A string, so that a Tallied
 	// compares.
 	PriceSnapshot string
+	// Source is the settlement source a one-call run's call that used nothing was settled as
+	// (MarkCallUnused): "" when its tally does not say (figures set since, a named run's, or
+	// one written by a gateway of before the field).
+	Source string
 }
 
 // ErrTallyCorrupt is a tally that was read but is no record of usage: a field that is no
@@ -261,7 +280,7 @@ func (t *Tally) GetAged(ctx context.Context, runID string) (tl Tallied, age time
 	age = t.ttl - left.Val()
 	vals := read.Val()
 	m := make(map[string]string, len(tallyFields))
-	var snapshot, written string
+	var snapshot, written, source string
 	for i, v := range vals {
 		if s, ok := v.(string); ok {
 			switch i {
@@ -269,6 +288,8 @@ func (t *Tally) GetAged(ctx context.Context, runID string) (tl Tallied, age time
 				snapshot = s
 			case len(tallyFields) + 1:
 				written = s
+			case len(tallyFields) + 2:
+				source = s
 			default:
 				m[tallyFields[i]] = s
 			}
@@ -293,6 +314,7 @@ func (t *Tally) GetAged(ctx context.Context, runID string) (tl Tallied, age time
 		Calls:          field("calls"),
 		EstimatedCalls: field("est_calls"),
 		PriceSnapshot:  snapshot,
+		Source:         source,
 	}
 	if written != "" {
 		age, err = writtenAgo(written, now)
@@ -374,5 +396,6 @@ var tallyFields = append([]string{"calls"}, usageFields[:]...)
 // snapshotField holds a tally's PriceSnapshot, when its call wrote one.
 const snapshotField = "price_snapshot"
 
-// readFields are what Get reads: the figures, then the snapshot and the write's time.
-var readFields = append(slices.Clone(tallyFields), snapshotField, writeTimeField)
+// readFields are what Get reads: the figures, then the snapshot, the write's time and the
+// settlement's source.
+var readFields = append(slices.Clone(tallyFields), snapshotField, writeTimeField, sourceField)

@@ -60,3 +60,39 @@ func TestTallyAgeDoesNotHangOnTheWritersTTL(t *testing.T) {
 		}
 	}
 }
+
+// TestCallsZeroTallyKeepsItsSettlementSource: a one-call run's zero tally keeps the source its
+// call was settled as (MarkCallUnused), which the reconciler's revisit reads to say whether the
+// call answered nothing; a write of the call's figures after it (a later, numbered write) sets
+// the tally whole, and the source with the rest is gone. MarkUnused (a named run's) keeps none.
+func TestCallsZeroTallyKeepsItsSettlementSource(t *testing.T) {
+	rdb, prefix := testenv.Redis(t)
+	tally := runstate.NewTally(rdb, runstate.Keys{Prefix: prefix}, time.Hour)
+	ctx := context.Background()
+	source := func(run string) string {
+		t.Helper()
+		tl, found, err := tally.Get(ctx, run)
+		if err != nil || !found || tl.CostMicro != 0 || tl.Calls != 0 {
+			t.Fatalf("zero tally of %s: %+v found %v, %v", run, tl, found, err)
+		}
+		return tl.Source
+	}
+	if err := tally.MarkCallUnused(ctx, "r_src_refused", "upstream_error"); err != nil {
+		t.Fatal(err)
+	}
+	if got := source("r_src_refused"); got != "upstream_error" {
+		t.Errorf("a call refused by its upstream: source %q, want upstream_error", got)
+	}
+	if err := tally.MarkUnused(ctx, "r_src_named"); err != nil {
+		t.Fatal(err)
+	}
+	if got := source("r_src_named"); got != "" {
+		t.Errorf("MarkUnused: source %q, want none", got)
+	}
+	if err := tally.RecordCallWith(ctx, "r_src_refused", 1, pricing.Usage{Input: 10}, 70, false, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if tl, _, err := tally.Get(ctx, "r_src_refused"); err != nil || tl.Source != "" || tl.CostMicro != 70 {
+		t.Errorf("figures written after the zero tally: %+v (%v); want them alone, no source", tl, err)
+	}
+}

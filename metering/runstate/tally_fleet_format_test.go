@@ -18,9 +18,9 @@ var previousReleaseFields = []string{"in_tok", "cache_read_tok", "cache_write_to
 
 // TestTallyFieldsAreThoseAnOlderGatewayReads: a plain call's tally (every figure and prices
 // set), a named run's and a call's that used nothing hold no field but those the previous
-// release reads, and write_seq and write_ms, a plain call's write number and time, which it
-// passes over — and a tally as the previous release wrote it (no write_seq) is read whole and
-// set over whole by the numbered write.
+// release reads, and write_seq, write_ms and settle_source, a plain call's write number, time
+// and settlement source, which it passes over — and a tally as the previous release wrote it
+// (no write_seq) is read whole and set over whole by the numbered write.
 func TestTallyFieldsAreThoseAnOlderGatewayReads(t *testing.T) {
 	e := newRunBudget(t)
 	ctx := context.Background()
@@ -31,11 +31,11 @@ func TestTallyFieldsAreThoseAnOlderGatewayReads(t *testing.T) {
 	if err := e.tally.Add(ctx, "r_fleet_named", u, 777, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.tally.MarkUnused(ctx, "r_fleet_unused"); err != nil {
+	if err := e.tally.MarkCallUnused(ctx, "r_fleet_unused", "upstream_error"); err != nil {
 		t.Fatal(err)
 	}
 	for run, extra := range map[string][]string{"r_fleet_plain": {"write_seq", "write_ms"}, "r_fleet_named": nil,
-		"r_fleet_unused": {"write_ms"}} {
+		"r_fleet_unused": {"write_ms", "settle_source"}} {
 		fields, err := e.rdb.HKeys(ctx, e.keys.Usage(run)).Result()
 		if err != nil {
 			t.Fatal(err)
