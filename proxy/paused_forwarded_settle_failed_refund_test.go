@@ -61,17 +61,7 @@ func TestPausedForwardedCallWhoseSettlementFailedIsRefunded(t *testing.T) {
 		readAll(t, resp.Body)
 		done <- answer{resp.StatusCode, resp.Header.Get(proxy.RunIDHeader)}
 	}()
-	select {
-	case <-reached:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the call's answer never came whole")
-	}
-	runID, charged, err := chargeRunningHoldAsTheReconciler(h, u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The pause outlasts the hold's life, as it must for a reconciler to have charged it.
-	time.Sleep(time.Until(sent.Add(holdTTL + 100*time.Millisecond)))
+	runID, charged := chargedThroughItsPause(t, h, u.ID, reached, "its answer's end", sent, holdTTL)
 	resume()
 	var a answer
 	select {

@@ -102,20 +102,10 @@ func pausedCallKilledBeforeItsRefund(t *testing.T, killedAt string, upstreamFail
 		readAll(t, resp.Body)
 		done <- resp.StatusCode
 	}()
-	select {
-	case <-reached:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the call never reached its attempt's admission")
-	}
-	paused, charged, err := chargeRunningHoldAsTheReconciler(h, u.ID)
-	if err != nil {
-		t.Fatalf("the paused call's hold: %v", err)
-	}
+	paused, charged := chargedThroughItsPause(t, h, u.ID, reached, "its attempt's admission", sent, holdTTL)
 	if charged <= used {
 		t.Fatalf("the hold charged %d, the call uses %d: no refund to make", charged, used)
 	}
-	// The pause outlasts the hold's life, as it must for a reconciler to have charged it.
-	time.Sleep(time.Until(sent.Add(holdTTL + 100*time.Millisecond)))
 	resume()
 	select {
 	case status := <-done:

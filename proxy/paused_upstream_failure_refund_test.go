@@ -87,17 +87,7 @@ func pausedCallWhoseUpstreamFailed(t *testing.T, spent, settleFails bool) {
 		defer resp.Body.Close()
 		done <- answer{resp.StatusCode, resp.Header.Get(proxy.RunIDHeader), readAll(t, resp.Body)}
 	}()
-	select {
-	case <-reached:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the call never reached its attempt's admission")
-	}
-	runID, charged, err := chargeRunningHoldAsTheReconciler(h, u.ID)
-	if err != nil {
-		t.Fatalf("the paused call's hold: %v", err)
-	}
-	// The pause outlasts the hold's life, as it must for a reconciler to have charged it.
-	time.Sleep(time.Until(sent.Add(holdTTL + 100*time.Millisecond)))
+	runID, charged := chargedThroughItsPause(t, h, u.ID, reached, "its attempt's admission", sent, holdTTL)
 	calls := h.fake.Calls()
 	resume()
 	var a answer

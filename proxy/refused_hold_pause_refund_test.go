@@ -139,6 +139,26 @@ func chargeRunningHoldAsTheReconciler(h *harness, userID uint64) (runID string, 
 	return runID, res.ChargedMicro, nil
 }
 
+// chargedThroughItsPause waits until the paused call is reached, charges its hold as a peer's
+// reconciler would (chargeRunningHoldAsTheReconciler), then returns once the pause has
+// outlasted the hold's life from sent, as it must have for a reconciler to charge it. what
+// names the pause for the failure when it is never reached.
+func chargedThroughItsPause(t *testing.T, h *harness, userID uint64, reached <-chan struct{}, what string,
+	sent time.Time, holdTTL time.Duration) (runID string, charged int64) {
+	t.Helper()
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the call never reached %s", what)
+	}
+	runID, charged, err := chargeRunningHoldAsTheReconciler(h, userID)
+	if err != nil {
+		t.Fatalf("the paused call's hold: %v", err)
+	}
+	time.Sleep(time.Until(sent.Add(holdTTL + 100*time.Millisecond)))
+	return runID, charged
+}
+
 // TestLostAdmissionChargedDuringAPauseWhoseReleaseFailsIsRefunded: as
 // TestLostAdmissionChargedDuringAPauseBeforeItsMarkIsRefunded, but the database stays out of
 // reach after the resume for as long as the release at 0 keeps trying (the hold's life): the
