@@ -22,25 +22,7 @@ func TestIDHeaderSentTwiceIsRefused(t *testing.T) {
 	} {
 		for _, lines := range [][]string{{"", "k-1"}, {"k-1", "k-2"}, {"k-1", "k-1"}} {
 			t.Run(tc.header, func(t *testing.T) {
-				holdsBefore, _ := h.holdCount()
-				calls := h.fake.Calls()
-				req := h.newRequest(key, "/v1/chat/completions", chatBody, nil)
-				for _, v := range lines {
-					req.Header.Add(tc.header, v)
-				}
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				out := readAll(t, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusBadRequest || errorCode(t, out) != tc.code {
-					t.Errorf("%s sent as %q: %d %s, want 400 %s", tc.header, lines, resp.StatusCode, out, tc.code)
-				}
-				if holdsAfter, _ := h.holdCount(); h.fake.Calls() != calls || holdsAfter != holdsBefore {
-					t.Errorf("%s sent as %q reached the upstream (%d → %d calls) or took a hold (%d → %d holds)",
-						tc.header, lines, calls, h.fake.Calls(), holdsBefore, holdsAfter)
-				}
+				refusedOnLines(t, h, key, "/v1/chat/completions", chatBody, tc.header, lines, tc.code)
 			})
 		}
 	}
@@ -73,25 +55,7 @@ func TestCredentialsSentTwiceAreRefused(t *testing.T) {
 		{"/v1/messages", msg, "X-Api-Key", []string{"", key}},
 	} {
 		t.Run(tc.path+" "+tc.header, func(t *testing.T) {
-			holdsBefore, _ := h.holdCount()
-			calls := h.fake.Calls()
-			req := h.newRequest("", tc.path, tc.body, nil)
-			for _, v := range tc.lines {
-				req.Header.Add(tc.header, v)
-			}
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusBadRequest || errorCode(t, out) != "invalid_authorization" {
-				t.Errorf("%s sent on %d lines: %d %s, want 400 invalid_authorization", tc.header, len(tc.lines), resp.StatusCode, out)
-			}
-			if holdsAfter, _ := h.holdCount(); h.fake.Calls() != calls || holdsAfter != holdsBefore {
-				t.Errorf("%s sent on %d lines reached the upstream (%d → %d calls) or took a hold (%d → %d holds)",
-					tc.header, len(tc.lines), calls, h.fake.Calls(), holdsBefore, holdsAfter)
-			}
+			refusedOnLines(t, h, "", tc.path, tc.body, tc.header, tc.lines, "invalid_authorization")
 		})
 	}
 	// A GET the key authenticates is refused alike.
@@ -120,5 +84,30 @@ func TestCredentialsSentTwiceAreRefused(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("/v1/messages with one Authorization and one x-api-key line: %d %s, want 200", resp.StatusCode, out)
+	}
+}
+
+// refusedOnLines sends a call with header on the given lines (and key, unless ""), and fails
+// unless it is refused 400 code before anything is held or forwarded.
+func refusedOnLines(t *testing.T, h *harness, key, path, body, header string, lines []string, code string) {
+	t.Helper()
+	holdsBefore, _ := h.holdCount()
+	calls := h.fake.Calls()
+	req := h.newRequest(key, path, body, nil)
+	for _, v := range lines {
+		req.Header.Add(header, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || errorCode(t, out) != code {
+		t.Errorf("%s sent as %q: %d %s, want 400 %s", header, lines, resp.StatusCode, out, code)
+	}
+	if holdsAfter, _ := h.holdCount(); h.fake.Calls() != calls || holdsAfter != holdsBefore {
+		t.Errorf("%s sent as %q reached the upstream (%d → %d calls) or took a hold (%d → %d holds)",
+			header, lines, calls, h.fake.Calls(), holdsBefore, holdsAfter)
 	}
 }
