@@ -14,7 +14,7 @@ import (
 // settled_at lies behind the cursor can appear after the cursor passed it. Every run with a
 // tally gets exactly one refund: none skipped at a tie, none granted twice.
 func TestReconcileRevisitCursorTiesAndLateRows(t *testing.T) {
-	e := newStoreEnv(t)
+	e := newStoreEnvMidday(t)
 	u := e.user("revisit-cursor", 50, nil)
 	var ids []string
 	for i := range 7 {

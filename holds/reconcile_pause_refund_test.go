@@ -26,7 +26,7 @@ import (
 // run (its hold is many calls'), a tally of more than one call, a run its process refunded
 // already, and a run charged longer ago than the tally lives.
 func TestReconcileRefundsAHoldChargedBeforeItsCallsTally(t *testing.T) {
-	e := newStoreEnv(t)
+	e := newStoreEnvMidday(t)
 	quarter := 2_500
 	u := e.user("pause-refund-rec", 50, nil)
 	ud := e.user("pause-refund-rec-discount", 50, &quarter)
