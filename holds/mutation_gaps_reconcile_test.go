@@ -117,49 +117,6 @@ func TestReconcileRevisitRefundsNothingOnImpossibleFigures(t *testing.T) {
 	}
 }
 
-// TestReconcileRevisitReasonOfAFreeCallAndOfALostAdmission: two zero-cost tallies the revisit
-// must read right for PauseRefunded (an Idempotency-Key retry reads it once Redis lost the key's
-// record). A call answered at no cost (a free model) has token figures beside whatever source
-// was marked: it answered, though its cost is 0. A lost admission's release (admit_lost) forwarded
-// nothing: it answered nothing, as a release or a duplicate did. Both are refunded whole.
-func TestReconcileRevisitReasonOfAFreeCallAndOfALostAdmission(t *testing.T) {
-	e := newStoreEnv(t)
-	u := e.user("revisit-reason-more", 50, nil)
-	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.RefundWindow = time.Hour })
-	cases := []struct {
-		what, runID     string
-		after           func(runID string) error
-		answeredNothing bool
-	}{
-		{"answered at no cost, tokens beside an upstream_error source", "r_mg_free", func(runID string) error {
-			if err := e.tally.RecordCallWith(e.ctx(), runID, 1, pricing.Usage{Input: 100, Output: 20}, 0, false, nil, nil); err != nil {
-				return err
-			}
-			return e.tally.MarkCallUnused(e.ctx(), runID, holds.SourceUpstreamError)
-		}, false},
-		{"a lost admission's release", "r_mg_admit_lost", func(runID string) error {
-			return e.tally.MarkCallUnused(e.ctx(), runID, holds.SourceAdmitLost)
-		}, true},
-	}
-	charged := map[string]int64{}
-	for _, c := range cases {
-		charged[c.runID] = e.chargedHeld(rec, u, c.runID).ChargedMicro
-		if err := c.after(c.runID); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := e.pass(rec); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range cases {
-		amount, answeredNothing, err := e.store.PauseRefunded(e.ctx(), u.ID, c.runID)
-		if err != nil || amount != charged[c.runID] || answeredNothing != c.answeredNothing {
-			t.Errorf("%s: refunded %d of %d, answered nothing %v (%v); want the whole charge, answered nothing %v",
-				c.what, amount, charged[c.runID], answeredNothing, err, c.answeredNothing)
-		}
-	}
-}
-
 // refundFirst is the tally of a run whose own process, resumed, grants its pause refund (the
 // same figures, so the same amount) just as a pass reads the tally: the pass's grant is then a
 // replay of the process's.

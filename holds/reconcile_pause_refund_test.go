@@ -448,6 +448,13 @@ func TestReconcileRevisitSaysWhatItsTallySaysTheCallAnswered(t *testing.T) {
 			}
 			return unused(holds.SourceUpstreamError)(runID)
 		}, false},
+		{"answered at no cost, tokens beside an upstream_error source", "r_src_free", func(runID string) error {
+			if err := e.tally.RecordCallWith(e.ctx(), runID, 1, pricing.Usage{Input: 100, Output: 20}, 0, false, nil, nil); err != nil {
+				return err
+			}
+			return unused(holds.SourceUpstreamError)(runID)
+		}, false},
+		{"a lost admission's release", "r_src_admit_lost", unused(holds.SourceAdmitLost), true},
 	}
 	for _, c := range cases {
 		e.admit(u, c.runID, holds.StateRunning)
