@@ -38,9 +38,9 @@ func TestDuplicateInADoubleFaultIsNotChargedItsHold(t *testing.T) {
 		lossyDB.TakeDown()
 		resume()
 	}()
-	// The duplicate's zero tally (a plain call's figures are HSET; the zero tally alone is an
-	// HINCRBY), in a MULTI/EXEC go-redis does not resend, lost before it reaches Redis.
-	lossy.Arm("\r\nhincrby\r\n", testenv.RedisRequestLost, 1)
+	// The duplicate's zero tally (the one write that carries its settlement's source,
+	// "duplicate", as an argument: runstate.Tally.MarkCallUnused), lost before it reaches Redis.
+	lossy.Arm("\r\nduplicate\r\n", testenv.RedisRequestLost, 1)
 	dup := h.post(key, "/v1/chat/completions", streamBody, nil)
 	body := readAll(t, dup.Body)
 	dup.Body.Close()
