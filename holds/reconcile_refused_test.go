@@ -139,3 +139,79 @@ func TestReconcileAsksNoMarkOfAHoldItSettlesAnyway(t *testing.T) {
 		}
 	}
 }
+
+// replacedWhenAsked is the reconciler's RefusalSource over the test's tally that, asked about
+// the admission of run with token old, first puts another admission's hold in its place: the
+// row the scan read is deleted, and req (the same run id, another token) admitted and expired.
+type replacedWhenAsked struct {
+	e        *storeEnv
+	run, old string
+	req      holds.AdmitRequest
+	err      chan error
+}
+
+func (r replacedWhenAsked) Refused(ctx context.Context, runID, token string) (bool, error) {
+	if runID == r.run && token == r.old {
+		r.err <- r.replace(ctx)
+	}
+	return r.e.tally.Refused(ctx, runID, token)
+}
+
+func (r replacedWhenAsked) replace(ctx context.Context) error {
+	if _, err := r.e.db.ExecContext(ctx, "DELETE FROM run_holds WHERE run_id = ?", r.run); err != nil {
+		return err
+	}
+	if _, err := r.e.store.Admit(ctx, r.req); err != nil {
+		return err
+	}
+	_, err := r.e.db.ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", r.run)
+	return err
+}
+
+// TestReconcilerDoesNotReleaseAnotherAdmissionsHoldOnARefusedRun: the reconciler's release
+// at 0 of a hold whose admission was marked refused (admit_lost) closes only the hold carrying
+// the token it found marked (Settlement.AdmitToken), not whatever hold has the run id by the
+// time the settlement locks the row. No code path gives a live row another token, but a row
+// replaced between the scan and the lock — deleted by hand, or pruned and its Idempotency-Key
+// run id admitted again — carries another request's hold, expired and unleased too: that
+// request forwarded, and released under the refused one's mark its call was free. It is left
+// to its own reconciliation, which charges it what it held (no mark of its token, no tally).
+func TestReconcilerDoesNotReleaseAnotherAdmissionsHoldOnARefusedRun(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("refused-replaced", 20, nil)
+	const refusedTok, forwardedTok = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+	req := holds.AdmitRequest{RunID: "r_refused_replaced", UserID: u.ID, Model: "fake-gpt", State: holds.StateRunning,
+		TTL: time.Hour, Token: refusedTok}
+	if _, err := e.store.Admit(e.ctx(), req); err != nil {
+		t.Fatal(err)
+	}
+	e.expire(req.RunID)
+	if err := e.tally.MarkRefused(e.ctx(), req.RunID, refusedTok); err != nil {
+		t.Fatal(err)
+	}
+	forwarded := req
+	forwarded.Token = forwardedTok
+	marks := replacedWhenAsked{e: e, run: req.RunID, old: refusedTok, req: forwarded, err: make(chan error, 1)}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.Refusals = marks })
+	st, err := e.pass(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-marks.err; err != nil {
+		t.Fatalf("the run's hold replaced by another admission's: %v", err)
+	}
+	if r := e.run(u, req.RunID); r.State != holds.StateRunning {
+		t.Fatalf("pass %+v: the hold of the admission that replaced the refused one is %s by %q, charged %d: want it left running",
+			st, r.State, r.SettleSource.String, r.ChargedMicro)
+	}
+	// The next pass reconciles it as the hold it is: forwarded, its usage lost.
+	if _, err := e.pass(rec); err != nil {
+		t.Fatal(err)
+	}
+	r := e.run(u, req.RunID)
+	if r.State != holds.StateSettled || r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != r.HeldMicro ||
+		r.ChargedMicro == 0 {
+		t.Errorf("the replacing hold: %s by %q charged %d of %d held, want settled by %s charged what it held", r.State,
+			r.SettleSource.String, r.ChargedMicro, r.HeldMicro, holds.SourceReconcileHold)
+	}
+}
