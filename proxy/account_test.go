@@ -60,7 +60,8 @@ func (h *harness) getDecoded(key, path string, exact bool) (int, map[string]any)
 }
 
 func TestCreditsShowExactDecimals(t *testing.T) {
-	h := newHarness(t, nil)
+	// used_today is read after the call settled: on the midday clock both are one day's.
+	h := newHarnessMidday(t, nil)
 	u, key := h.user("standard")
 	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
 	readAll(t, resp.Body)

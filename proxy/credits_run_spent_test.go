@@ -16,7 +16,8 @@ import (
 // settle. It now counts each run at what its calls have used when that is more than its hold
 // ("spent_in_runs" says how much), and the settle moves nothing but "used_today".
 func TestCreditsDuringANamedRunCountWhatItsCallsUsed(t *testing.T) {
-	h := newHarness(t, func(c *config.Config) {
+	// used_today is read after the settle: on the midday clock both are one day's.
+	h := newHarnessMidday(t, func(c *config.Config) {
 		p := c.Plans["standard"]
 		p.HoldNormalCredits, p.HoldHeavyCredits = config.Credits{Milli: 1}, config.Credits{Milli: 1} // 1 µUSD
 		c.Plans["standard"] = p

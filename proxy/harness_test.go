@@ -54,6 +54,14 @@ func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
 	return newHarnessWithFixtures(t, testenv.FixturesDir(t), mutate)
 }
 
+// newHarnessMidday is newHarness with the database clock standing still at noon UTC
+// (testenv.MySQLMidday), for a test that reads a day's figures (used_today) after its calls
+// settled: a midnight UTC falling in between would show the charge on yesterday's row.
+func newHarnessMidday(t *testing.T, mutate func(*config.Config)) *harness {
+	t.Helper()
+	return newHarnessOn(t, harnessSetup{db: testenv.MySQLMidday(t)}, mutate)
+}
+
 // newHarnessWithFixtures is newHarness with fakellm replaying from fixturesDir.
 func newHarnessWithFixtures(t *testing.T, fixturesDir string, mutate func(*config.Config)) *harness {
 	t.Helper()
