@@ -304,9 +304,10 @@ func TestChargeCrossesFromAllowanceIntoPrepaid(t *testing.T) {
 // that day's fresh allowance. The test moves the data, not the database's clock:
 // yesterday's spending (the settled run and its ledger row together, so the ledger
 // invariant still holds) and the open run's created_at go back one day; settlement then
-// charges UTC_DATE(), today.
+// charges UTC_DATE(), today. The clock is the midday one: "today" is read after r_late
+// settled, and a real midnight in between made its day yesterday's.
 func TestChargeCrossesMidnightLandsOnSettlementDay(t *testing.T) {
-	f := newAcctFixture(t)
+	f := newAcctFixtureMidday(t)
 	u := f.user("night-owl", "standard")
 	if err := f.store.SetUserLimits(f.ctx(), u.ID, ptr[int64](30_000), nil, nil); err != nil {
 		t.Fatal(err)
