@@ -278,16 +278,17 @@ func TestPruneCommandDeletesOldSettledRunsAndRefusesAYoungCutoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	db := openTestDatabase(t)
+	old := databaseTimeDaysAgo(t, db, 20)
 	for _, q := range []string{
 		`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, charged_micro, allowance_part_micro, expires_at, settled_at)
-		 SELECT 'r_old', id, 'settled', 100, 100, 40, 40, NOW(6) - INTERVAL 20 DAY, NOW(6) - INTERVAL 20 DAY FROM users`,
-		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, DATE(NOW(6) - INTERVAL 20 DAY), 40, 1 FROM users`,
+		 SELECT 'r_old', id, 'settled', 100, 100, 40, 40, ?, ? FROM users`,
+		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, DATE(?), 40, 1 FROM users`,
 		`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, expires_at, settled_at)
 		 SELECT 'r_recent', id, 'settled', 100, 100, NOW(6) - INTERVAL 2 DAY, NOW(6) - INTERVAL 2 DAY FROM users`,
 		`INSERT INTO run_holds (run_id, user_id, state, held_micro, cap_micro, expires_at)
 		 SELECT 'r_live', id, 'running', 100, 100, NOW(6) + INTERVAL 1 HOUR FROM users`,
 	} {
-		if _, err := db.ExecContext(ctx, q); err != nil {
+		if _, err := db.ExecContext(ctx, q, slices.Repeat([]any{old}, strings.Count(q, "?"))...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -326,16 +327,29 @@ func aliceWithANamedRunSettledDaysAgo(t *testing.T, days int) *sqlx.DB {
 		t.Fatal(err)
 	}
 	db := openTestDatabase(t)
+	at := databaseTimeDaysAgo(t, db, days)
 	for _, q := range []string{
 		`INSERT INTO run_holds (run_id, user_id, client_run_id, state, held_micro, cap_micro, charged_micro, allowance_part_micro, expires_at, settled_at)
-		 SELECT 'x_old', id, 'task-1', 'settled', 100, 100, 40, 40, NOW(6) - INTERVAL ? DAY, NOW(6) - INTERVAL ? DAY FROM users`,
-		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, DATE(NOW(6) - INTERVAL ? DAY), 40, 1 FROM users`,
+		 SELECT 'x_old', id, 'task-1', 'settled', 100, 100, 40, 40, ?, ? FROM users`,
+		`INSERT INTO usage_days (user_id, day, used_micro, run_count) SELECT id, DATE(?), 40, 1 FROM users`,
 	} {
-		if _, err := db.ExecContext(ctx, q, slices.Repeat([]any{days}, strings.Count(q, "?"))...); err != nil {
+		if _, err := db.ExecContext(ctx, q, slices.Repeat([]any{at}, strings.Count(q, "?"))...); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return db
+}
+
+// databaseTimeDaysAgo is the database clock's time days ago, read once: a run's settled_at and
+// its ledger row's day taken from two NOW()s fall on two days when midnight passes between
+// the statements, and the ledger audit then finds the run's charge on the other day.
+func databaseTimeDaysAgo(t *testing.T, db *sqlx.DB, days int) string {
+	t.Helper()
+	var at string
+	if err := db.GetContext(testCtx(t), &at, "SELECT CAST(NOW(6) - INTERVAL ? DAY AS CHAR)", days); err != nil {
+		t.Fatalf("database clock %d days ago: %v", days, err)
+	}
+	return at
 }
 
 // TestPruneCommandRefusesACutoffWithinTallyTTL: a run's tally in Redis (billing:usage:{run},
