@@ -237,9 +237,22 @@ func reconciledUnderItsCall(t *testing.T, h *harness, gate *gateUpstream, key st
 // the record's expiry to replay_ttl again: the pinned answer of attempt 1 was replayed for
 // replay_ttl from the late attempt's end, not from the answer (README: "for dedup.replay_ttl
 // from the answer"). The record's expiry stands in for an answer stored a while ago.
+//
+// Without its counter: the key's record rebuilt without the attempt counter (Redis lost the
+// record between the retry's move to attempt 1 and attempt 1's pin, which writes the answer
+// and not the counter). The late attempt's end must not write the counter nor set the pinned
+// answer's expiry again either: the record names another run (advanceScript's guard on
+// 'run'), a guard whose loss no other test saw (found by mutation).
 func TestIdemLateFailedAttemptKeepsTheAnswersExpiry(t *testing.T) {
+	for _, dropCounter := range []bool{false, true} {
+		name := map[bool]string{false: "with its counter", true: "without its counter"}[dropCounter]
+		t.Run(name, func(t *testing.T) { lateFailedAttemptKeepsTheAnswersExpiry(t, dropCounter) })
+	}
+}
+
+func lateFailedAttemptKeepsTheAnswersExpiry(t *testing.T, dropCounter bool) {
 	h := newHarness(t, nil)
-	_, key := h.user("standard")
+	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "late-failed"}
 	slow := map[string]string{proxy.IdempotencyKeyHeader: "late-failed", fakellm.HeaderChunks: "200", fakellm.HeaderChunkInterval: "50ms"}
 	resp := h.post(key, "/v1/chat/completions", streamBody, slow)
@@ -257,7 +270,7 @@ func TestIdemLateFailedAttemptKeepsTheAnswersExpiry(t *testing.T) {
 		t.Fatalf("settle attempt 0 as the reconciler would: %+v %v", res, err)
 	}
 	retry := h.post(key, "/v1/chat/completions", streamBody, idem)
-	readAll(t, retry.Body)
+	answer1 := readAll(t, retry.Body)
 	retry.Body.Close()
 	attempt1 := retry.Header.Get(proxy.RunIDHeader)
 	if retry.StatusCode != http.StatusOK || attempt1 == attempt0 {
@@ -268,6 +281,11 @@ func TestIdemLateFailedAttemptKeepsTheAnswersExpiry(t *testing.T) {
 	if err := h.rdb.PExpire(ctx, record, left).Err(); err != nil {
 		t.Fatal(err)
 	}
+	if dropCounter {
+		if n, err := h.rdb.HDel(ctx, record, "attempt").Result(); err != nil || n != 1 {
+			t.Fatalf("drop the record's attempt counter: %d %v", n, err)
+		}
+	}
 
 	// The late attempt's caller leaves: attempt 0 ends cancelled, unpinned.
 	resp.Body.Close()
@@ -275,11 +293,24 @@ func TestIdemLateFailedAttemptKeepsTheAnswersExpiry(t *testing.T) {
 	if ttl, err := h.rdb.PTTL(ctx, record).Result(); err != nil || ttl > left {
 		t.Errorf("the key's record expires in %v (%v) after the late attempt ended; its answer had %v left", ttl, err, left)
 	}
+	if dropCounter {
+		if n, err := h.rdb.HExists(ctx, record, "attempt").Result(); err != nil || n {
+			t.Errorf("the late attempt's end wrote the counter of a record another attempt pinned (%v)", err)
+		}
+	}
 	again := h.post(key, "/v1/chat/completions", streamBody, idem)
-	readAll(t, again.Body)
+	replayed := readAll(t, again.Body)
 	again.Body.Close()
-	if again.Header.Get(proxy.ReplayedHeader) != "true" || again.Header.Get(proxy.RunIDHeader) != attempt1 {
+	if again.Header.Get(proxy.ReplayedHeader) != "true" || again.Header.Get(proxy.RunIDHeader) != attempt1 ||
+		string(replayed) != string(answer1) {
 		t.Errorf("retry after both attempts ended: %d replayed %q run %s, want attempt 1's (%s) answer replayed",
 			again.StatusCode, again.Header.Get(proxy.ReplayedHeader), again.Header.Get(proxy.RunIDHeader), attempt1)
+	}
+	// Two upstream calls (the late attempt and attempt 1), and the replay none.
+	if n := h.fake.Calls(); n != 2 {
+		t.Errorf("%d upstream calls, want 2", n)
+	}
+	if n := h.runCount(u.ID); n != 2 {
+		t.Errorf("run_count %d, want 2 (the late attempt, charged by the reconciler, and attempt 1)", n)
 	}
 }
