@@ -8,8 +8,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tollgate/tollgate/holds"
-	"github.com/tollgate/tollgate/internal/token"
-	"github.com/tollgate/tollgate/pricing"
 )
 
 // TestEveryMoneyTermOfAPlanIsCompared: a command whose plans differ from the fleet's in any
@@ -103,22 +101,10 @@ func TestAnUnreadablePlanTermsRecordIsReplaced(t *testing.T) {
 // call then holds exactly what is left after the charge, not a micro-USD less.
 func TestASettlementInTheAdmissionsBatchFreesWhatItsRunCounted(t *testing.T) {
 	f := newAcctFixture(t)
-	u := f.user("batched", "standard")
-	allowance, discount := int64(100_000), 2_500
-	if err := f.store.SetUserLimits(f.ctx(), u.ID, &allowance, nil, &discount); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "x_batched", UserID: u.ID, ClientRunID: "agent",
-		Model: "fake-gpt", State: holds.StateRunning, TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	const cost = 120_001 // 90 000.75 at 25 % off: charged 90 001
-	charge := pricing.ApplyDiscount(cost, discount)
+	u, charge := namedRunSpentPastItsHold(t, f, "batched", "x_batched")
+	const allowance, cost = roundingRunAllowance, roundingRunCost
 	if charge != 90_001 {
-		t.Fatalf("ApplyDiscount(%d, %d) = %d, want 90 001", cost, discount, charge)
-	}
-	if ok, err := f.store.RecordRunCall(f.ctx(), "x_batched", token.New(), time.Hour, pricing.Usage{Input: 10, Output: 5}, cost, 1, false); err != nil || !ok {
-		t.Fatalf("record: %v, %v", ok, err)
+		t.Fatalf("ApplyDiscount(%d, %d) = %d, want 90 001", cost, roundingRunDiscount, charge)
 	}
 	next := holds.AdmitRequest{RunID: "r_batched_next", UserID: u.ID, Model: "fake-gpt", State: holds.StateRunning, TTL: time.Minute}
 	settled, admitted, err := f.store.WriteBatch(f.ctx(),

@@ -93,20 +93,8 @@ func TestNamedRunsSpendingCountsAgainstTheBalance(t *testing.T) {
 // here leave a remainder past 10 000, where the two roundings part.
 func TestNamedRunsSpendingCountsToTheMicroItsSettlementCharges(t *testing.T) {
 	f := newAcctFixture(t)
-	u := f.user("rounder", "standard")
-	allowance, discount := int64(100_000), 2_500
-	if err := f.store.SetUserLimits(f.ctx(), u.ID, &allowance, nil, &discount); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: "x_rounder", UserID: u.ID, ClientRunID: "agent",
-		Model: "fake-gpt", State: holds.StateRunning, TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	const cost = 120_001 // 90 000.75 at 25 % off: charged 90 001
-	charge := pricing.ApplyDiscount(cost, discount)
-	if ok, err := f.store.RecordRunCall(f.ctx(), "x_rounder", token.New(), time.Hour, pricing.Usage{Input: 10, Output: 5}, cost, 1, false); err != nil || !ok {
-		t.Fatalf("record: %v, %v", ok, err)
-	}
+	u, charge := namedRunSpentPastItsHold(t, f, "rounder", "x_rounder")
+	const allowance, cost = roundingRunAllowance, roundingRunCost
 	b, err := f.store.Balance(f.ctx(), u.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -175,4 +163,34 @@ func TestNamedRunSpentPastItsCapFreesOnlyItsCapInTheAdmissionsBatch(t *testing.T
 	if !errors.Is(admitted[0].Err, holds.ErrInsufficient) {
 		t.Fatalf("next call with the whole allowance charged: %+v; want refused as insufficient", admitted[0])
 	}
+}
+
+// roundingRunAllowance and roundingRunCost: an allowance, and a named run's call whose cost at
+// roundingRunDiscount (25 % off) leaves a remainder past 10 000, where rounding down and up
+// part: 90 000.75, charged 90 001.
+const (
+	roundingRunAllowance = int64(100_000)
+	roundingRunDiscount  = 2_500
+	roundingRunCost      = int64(120_001)
+)
+
+// namedRunSpentPastItsHold creates user name on roundingRunAllowance at roundingRunDiscount,
+// with named run runID (X-Run-Id agent) live and one call of it recorded at roundingRunCost:
+// spent past its hold. It returns the user and what the run's settlement charges.
+func namedRunSpentPastItsHold(t *testing.T, f *acctFixture, name, runID string) (holds.User, int64) {
+	t.Helper()
+	u := f.user(name, "standard")
+	allowance, discount := roundingRunAllowance, roundingRunDiscount
+	if err := f.store.SetUserLimits(f.ctx(), u.ID, &allowance, nil, &discount); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.Admit(f.ctx(), holds.AdmitRequest{RunID: runID, UserID: u.ID, ClientRunID: "agent",
+		Model: "fake-gpt", State: holds.StateRunning, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := f.store.RecordRunCall(f.ctx(), runID, token.New(), time.Hour, pricing.Usage{Input: 10, Output: 5},
+		roundingRunCost, 1, false); err != nil || !ok {
+		t.Fatalf("record: %v, %v", ok, err)
+	}
+	return u, pricing.ApplyDiscount(roundingRunCost, discount)
 }
