@@ -272,7 +272,7 @@ func (s *Server) admitCall(w http.ResponseWriter, r *http.Request, actx context.
 		runID = ar.RunID
 		log = callLog.WithLazy(zap.String("run_id", runID))
 	} else {
-		hold, err = s.admitFitting(actx, &ar, fitsPrompt(req, s.cfg.Models[req.priceKey]), callLog, &from)
+		hold, err = s.admitFitting(actx, r.Context(), &ar, fitsPrompt(req, s.cfg.Models[req.priceKey]), callLog, &from)
 		if ar.RunID != runID {
 			// Admitted again after a hold too small for the prompt (admitFitting): what follows,
 			// a refusal of that admission too, is of the run it last tried.

@@ -212,7 +212,10 @@ const maxSettlingWaits = 4
 // before its hold is released: a newer message of its session may be admitted on what it gave
 // back, and claim the session, while it waits; its own claim then must not take the session
 // back (ClaimSessionFrom).
-func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits func(holds.Hold) bool, callLog *zap.Logger,
+//
+// reqCtx is the request's own context (cuttable), which the drain's cut ends even once ctx,
+// the admission's budget, is spent: the cut ends a release's wait by it (releaseUnfit).
+func (s *Server) admitFitting(ctx, reqCtx context.Context, ar *holds.AdmitRequest, fits func(holds.Hold) bool, callLog *zap.Logger,
 	from *sessionFrom) (holds.Hold, error) {
 	if !ar.Fresh {
 		return s.admit(ctx, *ar, callLog.WithLazy(zap.String("run_id", ar.RunID)), from)
@@ -243,7 +246,7 @@ func (s *Server) admitFitting(ctx context.Context, ar *holds.AdmitRequest, fits 
 		if ar.SessionID != "" && !from.known {
 			*from = s.currentSessionRun(ctx, ar.UserID, ar.SessionID, log)
 		}
-		if !s.releaseUnfit(ctx, *ar, log) {
+		if !s.releaseUnfit(ctx, reqCtx, *ar, log) {
 			return holds.Hold{}, errUnfitNotReleased
 		}
 		s.beforeStep(ctx, stepAdmitWaits)
@@ -301,15 +304,25 @@ var errUnfitNotReleased = errors.New("hold too small for the prompt not released
 // A release that fails is handed on as a lost admission's is (releaseRefused: a zero tally,
 // released in the background), and false is returned: the call is refused 503, not admitted
 // again (errUnfitNotReleased).
-func (s *Server) releaseUnfit(ctx context.Context, ar holds.AdmitRequest, log *zap.Logger) bool {
+//
+// The drain's cut of the request (reqCtx) ends the wait, not the release, handed on as a
+// failed one: the cut caller is told 503 shutting_down while its connection is still open.
+// Waited out, a release the database held past cutGrace left the caller's connection closed
+// unanswered. The request's cut, not the server's, ends it: the server's cut ends the request
+// and this wait each in a goroutine of its own, in no set order, and a refusal that looked at
+// the request before its cut landed answered the cut caller 503 billing_unavailable. Ended
+// after the request's context, the wait returns to a refusal that sees the cut. A caller who
+// left does not end it, nor does a cut that comes after.
+func (s *Server) releaseUnfit(ctx, reqCtx context.Context, ar holds.AdmitRequest, log *zap.Logger) bool {
 	ctx = context.WithoutCancel(ctx)
 	s.markRefused(ctx, ar, log.Named(holds.MoneyLog))
 	tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
-	// The drain's cut ends the wait (not the release, handed on as a failed one): the cut
-	// caller is told 503 shutting_down while its connection is still open. Waited out, a
-	// release the database held past cutGrace left the caller's connection closed unanswered.
-	stop := context.AfterFunc(s.cut, cancel)
+	stop := context.AfterFunc(reqCtx, func() {
+		if errors.Is(context.Cause(reqCtx), errDrainDeadline) {
+			cancel()
+		}
+	})
 	defer stop()
 	res, err := s.writer.Settle(tctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Model: ar.Model,
 		AdmitToken: ar.Token, Source: holds.SourceRelease, PriceSnapshot: ar.PriceSnapshot})

@@ -72,3 +72,46 @@ func TestLongPromptWhoseSmallHoldsReleaseFailedIsRefusedNotAdmittedAgain(t *test
 			small.RunID, small.State, small.SettleSource.String, small.ChargedMicro)
 	}
 }
+
+// TestDrainCutWhileReleasingAHoldTooSmallForItsPromptIsToldShuttingDown: the drain's deadline
+// cuts a long prompt while its small hold's release (releaseUnfit) waits on a database slow to
+// answer. The wait ends, and the caller, still there, is told 503 shutting_down: the cut, not
+// the database, stopped it. The server's cut ended the request and the release's wait each in
+// a goroutine of its own, and a refusal that looked at the request before its cut landed told
+// the caller 503 billing_unavailable (seen in CI, about one run in ten under load). Nothing is
+// forwarded, and the small hold ends released at 0.
+func TestDrainCutWhileReleasingAHoldTooSmallForItsPromptIsToldShuttingDown(t *testing.T) {
+	h, lossy, _ := newObservedLossyHarness(t, func(c *config.Config) {
+		aLittleOverTheTier(c)
+		// Neither ends the release's wait before the cut does.
+		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = 30*time.Second, 30*time.Second
+	})
+	defer lossy.Restore()
+	u, key := h.user("standard")
+	answered := firstCallSettling(t, h, key, nil)
+	calls := h.fake.Calls()
+	// The first call's settlement is held at its step: the next settlement's write is the long
+	// prompt's small hold's release. The server runs it; its reply comes 8 s late.
+	lossy.ArmLate("settle_token) VALUES", 8*time.Second)
+	longAnswer := make(chan answer, 1)
+	go func() { longAnswer <- send(h.gw.URL, key, longPromptBody(3000), nil) }()
+	waitFor(t, "the small hold's release sent", lossy.Fired)
+	h.srv.CutCalls()
+	long := <-longAnswer
+	close(answered)
+	if long.status != http.StatusServiceUnavailable || errorCode(t, long.body) != "shutting_down" {
+		t.Errorf("the long prompt, cut while its small hold's release was out: %d %s; want 503 shutting_down", long.status, long.body)
+	}
+	if n := h.fake.Calls() - calls; n != 0 {
+		t.Errorf("the long prompt was forwarded %d times, want never", n)
+	}
+	h.settled()
+	runs := h.holdsOf(u.ID)
+	if len(runs) != 2 {
+		t.Fatalf("%d holds, want the first call's and the long prompt's small one", len(runs))
+	}
+	if small := runs[1]; small.State != holds.StateSettled || small.ChargedMicro != 0 {
+		t.Errorf("the long prompt's small hold %s: %s by %q charged %d, want released at 0",
+			small.RunID, small.State, small.SettleSource.String, small.ChargedMicro)
+	}
+}
