@@ -107,8 +107,8 @@ func TestCallsCutAtTheDrainDeadlineAreToldSo(t *testing.T) {
 	for _, s := range streams {
 		rest, err := io.ReadAll(s.rd)
 		tail := string(rest[max(0, len(rest)-400):])
-		if err != nil || !strings.Contains(tail, `"code":"shutting_down"`) || strings.Contains(tail, "[DONE]") {
-			t.Errorf("stream %s, cut: ended with %v after ...%s; want a shutting_down error event and a clean end", s.runID, err, tail)
+		if err != nil || !strings.Contains(tail, `"code":"shutting_down"`) || !strings.Contains(tail, "charged what it used") || strings.Contains(tail, "[DONE]") {
+			t.Errorf("stream %s, cut: ended with %v after ...%s; want a shutting_down error event saying it is charged what it used, and a clean end", s.runID, err, tail)
 		}
 		if run := h.run(u.ID, s.runID); run.SettleSource.String != holds.SourceShutdown || run.OutTok <= 0 {
 			t.Errorf("stream %s, cut: settled by %q with %d output tokens; want shutdown, with what it streamed", s.runID, run.SettleSource.String, run.OutTok)
@@ -120,7 +120,9 @@ func TestCallsCutAtTheDrainDeadlineAreToldSo(t *testing.T) {
 // (held by an operator's console) when the drain deadline cuts them — a plain call, and a
 // named run's, whose budget reservation also reads the cut context — are answered 503
 // shutting_down, nothing held, and their log line says so: it said client_closed_request, 499,
-// "client left", for a caller that was still there and told otherwise.
+// "client left", for a caller that was still there and told otherwise. Both the answer and the
+// line say nothing is charged: they said it was charged what it used and that a retry is
+// charged again, of a call never forwarded.
 func TestCallCutDuringItsAdmissionIsToldAndLoggedSo(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, nil)
@@ -143,8 +145,8 @@ func TestCallCutDuringItsAdmissionIsToldAndLoggedSo(t *testing.T) {
 	h.srv.CutCalls()
 	for range 2 {
 		a := <-answers
-		if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "shutting_down" {
-			t.Errorf("call cut during its admission: %d %s, want 503 shutting_down", a.status, a.body)
+		if a.status != http.StatusServiceUnavailable || errorCode(t, a.body) != "shutting_down" || !toldNothingCharged(string(a.body)) {
+			t.Errorf("call cut during its admission: %d %s, want 503 shutting_down, nothing charged", a.status, a.body)
 		}
 	}
 	if err := lock.Rollback(); err != nil {
@@ -157,11 +159,18 @@ func TestCallCutDuringItsAdmissionIsToldAndLoggedSo(t *testing.T) {
 	}
 	for _, l := range refused {
 		f := l.ContextMap()
-		if f["code"] != "shutting_down" || f["status"] != int64(http.StatusServiceUnavailable) || !strings.Contains(f["reason"].(string), "cut at the drain deadline") {
-			t.Errorf("refusal logged as %v %v %q, want shutting_down 503, cut at the drain deadline", f["code"], f["status"], f["reason"])
+		if f["code"] != "shutting_down" || f["status"] != int64(http.StatusServiceUnavailable) || !strings.Contains(f["reason"].(string), "cut at the drain deadline") ||
+			!toldNothingCharged(f["message"].(string)) {
+			t.Errorf("refusal logged as %v %v %q %q, want shutting_down 503, cut at the drain deadline, nothing charged", f["code"], f["status"], f["reason"], f["message"])
 		}
 	}
 	if _, live := h.holdCount(); live != 0 {
 		t.Errorf("%d holds live after the cut calls were refused", live)
 	}
+}
+
+// toldNothingCharged reports whether msg, a cut call's answer or its line, says the call is
+// charged nothing and speaks of no charge besides.
+func toldNothingCharged(msg string) bool {
+	return strings.Contains(msg, "nothing is charged") && strings.Count(msg, "charged") == 1
 }

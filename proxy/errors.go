@@ -48,12 +48,13 @@ var errClientClosed = &apiError{Status: statusClientClosed, Type: "api_error", C
 // by answerSuperseded instead.
 //
 // A call the gateway cut at its drain deadline (CutCalls) ends the same way, but its caller is
-// still there: it is told so (errCutAtShutdown), and its status is that answer's.
+// still there: it is told so (errCutUncharged: every call answered here is charged nothing),
+// and its status is that answer's.
 func answerClientClosed(w http.ResponseWriter, r *http.Request) int {
 	if errors.Is(context.Cause(r.Context()), errSuperseded) {
 		return statusClientClosed
 	}
-	e := endedAnswer(r)
+	e, _ := ended(r.Context(), "")
 	writeError(w, e)
 	return e.Status
 }
@@ -66,14 +67,14 @@ func answerCallEnded(w http.ResponseWriter, r *http.Request, c *call) int {
 	if errors.Is(context.Cause(r.Context()), errSuperseded) {
 		return statusClientClosed
 	}
-	e := endedAnswer(r)
+	e, _ := endedCall(r, c, "")
 	writeCallError(w, c, e)
 	return e.Status
 }
 
 // logEndedBeforeAnswer writes the line of a forwarded call whose request ended (its caller
 // left, or the drain's deadline cut it) before its answer began, during step: the answer
-// answerClientClosed gives it (499 client_closed_request, 503 shutting_down), as a call
+// answerCallEnded gives it (499 client_closed_request, 503 shutting_down), as a call
 // refused before forwarding logs it, with its run, which may be charged its prompt's
 // estimate. Without it such a caller's 499 or 503 could not be traced in the log. A call a
 // newer message of its session replaced is logged when the cancel is delivered (cancelBus).
@@ -81,27 +82,32 @@ func logEndedBeforeAnswer(c *call, r *http.Request, step string, err error) {
 	if errors.Is(context.Cause(r.Context()), errSuperseded) {
 		return
 	}
-	e, why := ended(r.Context(), step)
+	e, why := endedCall(r, c, step)
 	logRefusalAs(c.log, "call ended before its answer", e, why, loggedUpstreamErr(c.req.upstream, err))
 }
 
-// endedAnswer is what a call whose request context ended is answered (a stream: in an error
-// event): errCutAtShutdown when the gateway cut it, else errClientClosed.
-func endedAnswer(r *http.Request) *apiError {
-	e, _ := ended(r.Context(), "")
-	return e
-}
-
-// ended is the answer, and the log line's reason, for a call whose context ended during step:
-// the gateway cut it at its drain deadline, or its caller left.
+// ended is the answer, and the log line's reason, for a call charged nothing whose context
+// ended during step: the gateway cut it at its drain deadline (errCutUncharged), or its caller
+// left.
 func ended(ctx context.Context, step string) (*apiError, string) {
 	switch cause := context.Cause(ctx); {
 	case errors.Is(cause, errCountCut):
 		return errCountCutAtShutdown, "cut at the drain deadline " + step
 	case errors.Is(cause, errDrainDeadline):
-		return errCutAtShutdown, "cut at the drain deadline " + step
+		return errCutUncharged, "cut at the drain deadline " + step
 	}
 	return errClientClosed, "client left " + step
+}
+
+// endedCall is ended for forwarded call c, its outcome set: cut and charged (c.charged), it is
+// told it is charged what it used (errCutAtShutdown). Told that whatever it cost, a caller cut
+// before the provider had its request, or refused by it, was told of a charge it never got.
+func endedCall(r *http.Request, c *call, step string) (*apiError, string) {
+	e, why := ended(r.Context(), step)
+	if e == errCutUncharged && c.charged() {
+		e = errCutAtShutdown
+	}
+	return e, why
 }
 
 // logRefusal writes a refused request's one line, "request refused": the status and code its
@@ -185,6 +191,12 @@ var (
 	// shutdown (CutCalls): it is charged what it used, as a call whose caller left.
 	errCutAtShutdown = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
 		Message:    "The gateway is shutting down and cut this call at its drain deadline; it is charged what it used, and a retry is run and charged again.",
+		RetryAfter: time.Second}
+	// errCutUncharged answers a call cut at the drain deadline that is charged nothing: cut
+	// before it was forwarded (its hold released at 0), before the provider had it, or while
+	// the provider's refusal was read. errCutAtShutdown's words told it of a charge.
+	errCutUncharged = &apiError{Status: http.StatusServiceUnavailable, Type: "api_error", Code: "shutting_down",
+		Message:    "The gateway is shutting down and cut this call at its drain deadline; nothing is charged. Retry.",
 		RetryAfter: time.Second}
 	// errCountCutAtShutdown answers a token count still running at the drain deadline: a count
 	// is never charged, and errCutAtShutdown's words told its caller it was.

@@ -19,10 +19,13 @@ func TestForwardedCallEndedBeforeItsAnswerIsLogged(t *testing.T) {
 	for _, tc := range []struct {
 		name, code string
 		status     int
+		told       string // in the message the caller is told and the line says
 		end        func(h *harness, leave context.CancelFunc)
 	}{
-		{"caller left", "client_closed_request", 499, func(_ *harness, leave context.CancelFunc) { leave() }},
-		{"cut at the drain deadline", "shutting_down", http.StatusServiceUnavailable, func(h *harness, _ context.CancelFunc) { h.srv.CutCalls() }},
+		{"caller left", "client_closed_request", 499, "closed the request", func(_ *harness, leave context.CancelFunc) { leave() }},
+		// Charged its prompt's estimate, and told so: not that nothing is charged.
+		{"cut at the drain deadline", "shutting_down", http.StatusServiceUnavailable, "charged what it used",
+			func(h *harness, _ context.CancelFunc) { h.srv.CutCalls() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, gate, logs := gatedObservedHarness(t, config.Upstream{Name: "gate-openai", Kind: "openai", Models: []string{"*"}})
@@ -55,6 +58,9 @@ func TestForwardedCallEndedBeforeItsAnswerIsLogged(t *testing.T) {
 			for _, l := range logs.All() {
 				f := l.ContextMap()
 				if f["code"] == tc.code && f["status"] == int64(tc.status) && f["run_id"] == run {
+					if msg, _ := f["message"].(string); !strings.Contains(msg, tc.told) {
+						t.Errorf("the forwarded call's line says it was told %q; want %q in it", msg, tc.told)
+					}
 					return
 				}
 			}

@@ -453,7 +453,8 @@ func (s *Server) endStream(r *http.Request, c *call, err error, sawFinal, unende
 			// Said in the stream, as any break is: a caller that only half-closed still reads,
 			// and saw a clean end of a cut answer (see answerClientClosed). A superseded call
 			// is told by answerSuperseded.
-			_ = writeEvent(errorEvent(endedAnswer(r)))
+			e, _ := endedCall(r, c, "")
+			_ = writeEvent(errorEvent(e))
 		}
 	default:
 		c.outcome = outcomeStreamError

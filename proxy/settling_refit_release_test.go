@@ -99,8 +99,8 @@ func TestDrainCutWhileReleasingAHoldTooSmallForItsPromptIsToldShuttingDown(t *te
 	h.srv.CutCalls()
 	long := <-longAnswer
 	close(answered)
-	if long.status != http.StatusServiceUnavailable || errorCode(t, long.body) != "shutting_down" {
-		t.Errorf("the long prompt, cut while its small hold's release was out: %d %s; want 503 shutting_down", long.status, long.body)
+	if long.status != http.StatusServiceUnavailable || errorCode(t, long.body) != "shutting_down" || !toldNothingCharged(string(long.body)) {
+		t.Errorf("the long prompt, cut while its small hold's release was out: %d %s; want 503 shutting_down, nothing charged", long.status, long.body)
 	}
 	if n := h.fake.Calls() - calls; n != 0 {
 		t.Errorf("the long prompt was forwarded %d times, want never", n)
