@@ -17,6 +17,11 @@ var (
 	ErrInsufficient = errors.New("insufficient credits")
 	ErrRunSettled   = errors.New("run already settled")
 	ErrRunNotFound  = errors.New("run not found")
+	// errUserGone is ErrRunNotFound for a settlement whose hold is there but whose user's row
+	// is gone (deleted by hand: no foreign key): the reconciler counts such holds apart, as
+	// only restoring the user settles them, where a hold deleted or replaced since its scan
+	// read it needs nothing.
+	errUserGone = fmt.Errorf("%w: its user's row is gone", ErrRunNotFound)
 	// ErrInvalidModel refuses an admission whose model name is not UTF-8 text: the utf8mb4
 	// column would refuse the bytes, and with them every other item of the batch.
 	ErrInvalidModel = errors.New("model name is not UTF-8 text")

@@ -486,13 +486,19 @@ func (r *Reconciler) scanBatch(ctx context.Context, s *passScan, runs []Run) (st
 		s.after = run.cursor()
 		outcome, charged, err := r.one(ctx, run)
 		switch {
-		case errors.Is(err, ErrRunNotFound):
-			// The scan just read the hold, so its user's row is gone (deleted by hand: no
-			// foreign key). Nothing can be charged to nobody; no retry will change that.
+		case errors.Is(err, errUserGone):
+			// Nothing can be charged to nobody; no retry will change that.
 			if s.st.Orphans++; s.st.Orphans <= 10 {
 				r.cfg.Log.Error("reconcile: hold of a user that no longer exists left unsettled — someone should look",
 					zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
 			}
+		case errors.Is(err, ErrRunNotFound):
+			// The hold the scan read is gone, or another admission's holds its run id now
+			// (deleted by hand; pruned and its Idempotency-Key run id admitted again): nothing
+			// of the scanned one is left to settle, and the new hold is reconciled on its own.
+			// Counted as an orphan, it failed `gateway reconcile -once` with "restore the users".
+			r.cfg.Log.Info("reconcile: hold gone or replaced since the scan read it; nothing to settle",
+				zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))
 		case err != nil:
 			if s.errs = append(s.errs, err); len(s.errs) <= 10 {
 				r.cfg.Log.Warn("reconcile: hold left for the next pass", zap.String("run_id", run.RunID), zap.Uint64("user_id", run.UserID), zap.Error(err))

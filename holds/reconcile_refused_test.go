@@ -204,6 +204,11 @@ func TestReconcilerDoesNotReleaseAnotherAdmissionsHoldOnARefusedRun(t *testing.T
 		t.Fatalf("pass %+v: the hold of the admission that replaced the refused one is %s by %q, charged %d: want it left running",
 			st, r.State, r.SettleSource.String, r.ChargedMicro)
 	}
+	// Its user is there: the pass does not count it a hold of a user that no longer exists,
+	// which fails `gateway reconcile -once` with "restore the users".
+	if st.Orphans != 0 {
+		t.Errorf("pass %+v: the replaced hold counted among the holds of users that no longer exist", st)
+	}
 	// The next pass reconciles it as the hold it is: forwarded, its usage lost.
 	if _, err := e.pass(rec); err != nil {
 		t.Fatal(err)

@@ -194,8 +194,12 @@ func (s *Store) decideSettlements(sts []Settlement, tokens []string, users []uin
 	for i, st := range sts {
 		h, ok := r.holds[st.RunID]
 		u, userOK := r.users[users[i]]
-		if !ok || !userOK || h.UserID != users[i] || (st.AdmitToken != "" && h.Token.String != st.AdmitToken) {
+		if !ok || h.UserID != users[i] || (st.AdmitToken != "" && h.Token.String != st.AdmitToken) {
 			out[i].Err = ErrRunNotFound
+			continue
+		}
+		if !userOK {
+			out[i].Err = errUserGone
 			continue
 		}
 		out[i].UserID = h.UserID
