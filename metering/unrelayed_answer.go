@@ -77,14 +77,26 @@ type UnrelayedAnswer struct {
 	textBytes  int64
 	// A completions call's echoed prompts (Meter.EchoPrompts): the text of choice i begins with
 	// prompt i/echoPer, billed as input, not output, and counted only past it, as Meter.Body
-	// counts it (completionText). choices is how many choice objects began (a choice is known by
-	// its position: its "index" may come after its text, as OpenAI writes it); echo is what of
-	// its prompt the text being read has still to match, echoed how much of it did.
+	// counts it (completionText): i is the choice's "index" when that is a number, else its
+	// position in its choices (gjson's key), and an index's echo is left out once
+	// (echoSeen, as the Meter's). Which prompt is not known while the text is read: OpenAI
+	// writes the index after it. So the text is counted whole as it comes, its first echoLen
+	// bytes (the longest prompt's length: no more of it can be echo) kept in echoText, and
+	// its echo taken back when its choice ends (echoEnds), or when the answer is cut. This
+	// holds at most one prompt's length more than the call's prompts, whatever the answer's.
+	// choices is how many choice objects began (wholeTasks); elements how many elements of the
+	// choices being read began before the one being read, and keyPos the position its key
+	// names when they are an object (-1 when it names none: no echo then, unless an index).
 	echoPrompts []string
 	echoPer     int64
+	echoLen     int
+	echoSeen    map[int64]int
 	choices     int64
-	echo        string
-	echoed      int64
+	elements    int64
+	keyPos      int64
+	choice      choiceEcho
+	echoText    []byte
+	echoing     bool // the string being read is the choice's text
 	// firstText is textBytes when the second choice began: the text up to the end of the first
 	// choice, which a llama.cpp server's report of several tasks counts alone (Meter.wholeTasks).
 	firstText int64
@@ -103,6 +115,23 @@ type UnrelayedAnswer struct {
 	answered   int64
 	unreported bool
 }
+
+// choiceEcho is what tells the echo of the completions choice being read: its position, its
+// index (indexNone until one is read), and whether its text began and how long it is.
+type choiceEcho struct {
+	pos       int64
+	index     int64
+	indexed   uint8
+	text      bool
+	textBytes int64
+}
+
+// What a choice's "index" was read as.
+const (
+	indexNone    uint8 = iota // none read, or no number: the position names the prompt
+	indexNumber               // a number: it names the prompt
+	indexTooLong              // a literal longer than maxFigureLiteral: the text is all output
+)
 
 // answerReport is what the usage of one whole answer of an array counts, or the sum of such
 // usages: its prompt_tokens and its completion_tokens, and of each whether it was a number;
@@ -141,6 +170,7 @@ const (
 	figureOwnCompletion
 	figureStop
 	figureCacheN // its timings.cache_n, llama.cpp's server's cached part of the prompt
+	figureIndex  // a completions choice's index
 )
 
 // NewUnrelayedAnswer returns an UnrelayedAnswer for m's answers, or nil when it reads none of
@@ -150,7 +180,11 @@ func (m *Meter) NewUnrelayedAnswer() *UnrelayedAnswer {
 	case FormatChat, FormatEmbeddings:
 		return &UnrelayedAnswer{format: FormatChat}
 	case FormatCompletions:
-		return &UnrelayedAnswer{format: m.format, echoPrompts: m.echoPrompts, echoPer: m.echoPer}
+		b := &UnrelayedAnswer{format: m.format, echoPrompts: m.echoPrompts, echoPer: m.echoPer}
+		for _, p := range m.echoPrompts {
+			b.echoLen = max(b.echoLen, len(p))
+		}
+		return b
 	case FormatAnthropic, FormatResponses:
 		return &UnrelayedAnswer{format: m.format}
 	}
@@ -240,6 +274,7 @@ func (b *UnrelayedAnswer) Cut() {
 	for i := range min(b.depth, answerDepth) {
 		b.reasoningOnce(&b.frames[i])
 	}
+	b.echoEnds() // of the choice cut: by its index if it was read, else by its position
 	if !b.element.choices && !b.element.usage {
 		// A completions answer cut in its content, which comes first in llama.cpp's server's
 		// own shape, before what tells one (its stop): none of an OpenAI-shaped answer's text
@@ -389,6 +424,7 @@ const (
 	firstOwnOutput                     // its tokens_predicted
 	firstTimings                       // an array's answer's timings
 	firstCacheN                        // their cache_n
+	firstIndex                         // a completions choice's index
 )
 
 // Where a value stands on the path to the audio data.
@@ -444,6 +480,7 @@ const (
 	roleStop
 	roleOwnPrompt
 	roleOwnCompletion
+	roleIndex // a completions choice's index: the prompt its text echoes (choiceEcho)
 )
 
 // skipLead reports whether c is part of what TrimBody trims before an answer: white space
@@ -529,6 +566,12 @@ func (b *UnrelayedAnswer) structural(c byte) {
 				b.firstText = b.textBytes
 			}
 		}
+		if role == roleChoice && b.echoPrompts != nil {
+			b.choiceStarts()
+		}
+		if role == roleChoices {
+			b.elements = 0
+		}
 		if role == roleTop && b.answers {
 			if c == '{' {
 				b.element = answerReport{} // an answer of the array begins
@@ -544,7 +587,7 @@ func (b *UnrelayedAnswer) structural(c byte) {
 		case role == roleText || role == roleData || role == roleRaw || role == roleBlockType || role == roleBlockText ||
 			role == roleChunkThink || role == roleContent || role == roleReasoningContent || role == roleReasoning ||
 			role == roleFigurePrompt || role == roleFigureCompletion || role == roleFigureCacheN || role == roleOwnText || role == roleStop ||
-			role == roleOwnPrompt || role == roleOwnCompletion:
+			role == roleOwnPrompt || role == roleOwnCompletion || role == roleIndex:
 			role = roleNone // text that is no string: none counts (strLen); raw JSON counts whole
 		}
 		b.depth++
@@ -558,6 +601,9 @@ func (b *UnrelayedAnswer) structural(c byte) {
 		}
 		f := b.top()
 		b.reasoningOnce(f)
+		if f != nil && f.role == roleChoice {
+			b.echoEnds()
+		}
 		if b.answers && b.depth == 2 && f != nil && f.role == roleTop {
 			b.answerEnds()
 		}
@@ -586,8 +632,9 @@ func (b *UnrelayedAnswer) structural(c byte) {
 			b.data = &spokenData{}
 		case roleText, roleChunkThink, roleContent:
 			b.counting = true
-			if role == roleText && f != nil && f.role == roleChoice {
-				b.echoStarts()
+			if role == roleText && f != nil && f.role == roleChoice && b.echoPrompts != nil {
+				// Its echo is taken back when its choice ends (echoEnds).
+				b.echoing, b.choice.text = true, true
 			}
 		case roleReasoningContent, roleReasoning:
 			b.counting, b.reasoning = true, role
@@ -611,6 +658,9 @@ func (b *UnrelayedAnswer) structural(c byte) {
 	case ',':
 		if f := b.top(); f != nil && f.obj {
 			f.expectKey = true
+		}
+		if f := b.top(); f != nil && f.role == roleChoices {
+			b.elements++ // the next element of choices is at this position
 		}
 		b.pending = roleNone
 	case ' ', '\t', '\n', '\r':
@@ -641,6 +691,8 @@ func literalFigure(role uint8) uint8 {
 		return figureCacheN
 	case roleStop:
 		return figureStop
+	case roleIndex:
+		return figureIndex
 	}
 	return figureNone
 }
@@ -651,11 +703,22 @@ func (b *UnrelayedAnswer) figureEnds() {
 	fig := b.figure
 	b.figure = figureNone
 	if b.litLen > len(b.literal) {
+		if fig == figureIndex {
+			// A number gjson reads whole, but not this: whatever prompt it names, the text
+			// counts whole, never less than read whole.
+			b.choice.indexed = indexTooLong
+		}
 		return
 	}
 	v := gjson.Parse(string(b.literal[:b.litLen]))
-	if fig == figureStop {
+	switch fig {
+	case figureStop:
 		b.element.stop = v.Type == gjson.True || v.Type == gjson.False
+		return
+	case figureIndex:
+		if v.Type == gjson.Number {
+			b.choice.index, b.choice.indexed = v.Int(), indexNumber
+		}
 		return
 	}
 	if v.Type != gjson.Number {
@@ -778,6 +841,13 @@ func (b *UnrelayedAnswer) valueStarts() uint8 {
 // and "refusal".
 func (b *UnrelayedAnswer) keyEnds() {
 	f := b.top()
+	if f != nil && f.role == roleChoices {
+		// Choices given as an object: gjson's key of each is its key, read as a number.
+		b.keyPos = -1
+		if b.keyLen <= answerKeyLen {
+			b.keyPos = gjson.Result{Type: gjson.String, Str: string(b.key[:b.keyLen])}.Int()
+		}
+	}
 	if f == nil || b.keyLen > answerKeyLen {
 		return
 	}
@@ -836,6 +906,8 @@ func (b *UnrelayedAnswer) keyEnds() {
 	case roleChoice:
 		if b.format == FormatCompletions && key == "text" {
 			first(firstMain, roleText)
+		} else if b.format == FormatCompletions && key == "index" {
+			first(firstIndex, roleIndex) // c.Get("index"), as completionText reads it
 		} else if b.format == FormatChat && key == "message" {
 			first(firstMain, roleMessage)
 		}
@@ -994,7 +1066,7 @@ func (b *UnrelayedAnswer) stringByte(c byte) {
 	case c == '\\':
 		b.esc = 1
 	case c == '"':
-		b.inString, b.counting, b.holding, b.reasoning, b.echo, b.own = false, false, false, roleNone, "", false
+		b.inString, b.counting, b.holding, b.reasoning, b.echoing, b.own = false, false, false, roleNone, false, false
 		if b.typing {
 			b.typing = false
 			if f := b.top(); f != nil && b.typLen == len(b.typ) && string(b.typ[:]) == compactionType {
@@ -1070,29 +1142,60 @@ func (b *UnrelayedAnswer) text(c byte) {
 	}
 }
 
-// echoStarts begins a completions choice's text: the prompt it answers, when it was echoed, is
-// what the text is matched against before any of it counts.
-func (b *UnrelayedAnswer) echoStarts() {
-	if b.echoPer < 1 {
-		return
+// choiceStarts begins a completions choice of a call with echo: its position in its choices,
+// as gjson's ForEach keys it (every element counts, an object or not; an object's key read as
+// a number), no index read yet, and no text.
+func (b *UnrelayedAnswer) choiceStarts() {
+	pos := b.elements
+	if f := b.top(); f != nil && f.obj { // choices, the choice's container
+		pos = b.keyPos
 	}
-	if i := (b.choices - 1) / b.echoPer; i >= 0 && i < int64(len(b.echoPrompts)) {
-		b.echo, b.echoed = b.echoPrompts[i], 0
-	}
+	b.choice = choiceEcho{pos: pos}
+	b.echoText = b.echoText[:0]
 }
 
-// countText counts s, the next bytes of the text being read, less what of them is the echoed
-// prompt: as far as the text is the prompt, byte for byte, none of it counts; where it parts
-// from it (a server that did not echo), all of it does, the bytes that matched before too.
+// echoEnds takes back the echo of the completions choice that ends (or is cut) from the text
+// counted, as completionText leaves it out: the prompt its index names, or its position when
+// it names none, as far as the text is that prompt byte for byte, and of each index once. Its
+// text is all output where it parts from the prompt, where the index names none of the call's
+// prompts, or once the index's echo was read.
+func (b *UnrelayedAnswer) echoEnds() {
+	c := b.choice
+	b.choice = choiceEcho{}
+	if !c.text || c.textBytes == 0 || c.indexed == indexTooLong || b.echoPer < 1 {
+		return
+	}
+	i := c.pos
+	if c.indexed == indexNumber {
+		i = c.index
+	}
+	if i < 0 || i/b.echoPer >= int64(len(b.echoPrompts)) {
+		return
+	}
+	prompt := b.echoPrompts[i/b.echoPer]
+	if b.echoSeen == nil {
+		b.echoSeen = make(map[int64]int) // one entry an index of the call's: its prompts times n at most
+	}
+	seen := b.echoSeen[i]
+	if seen < 0 || seen >= len(prompt) {
+		return
+	}
+	n := int(min(c.textBytes, int64(len(prompt)-seen)))
+	if string(b.echoText[:n]) != prompt[seen:seen+n] {
+		b.echoSeen[i] = -1 // no echo: all of it is the model's
+		return
+	}
+	b.echoSeen[i] = seen + n
+	b.textBytes -= int64(n)
+}
+
+// countText counts s, the next bytes of the text being read; of a choice's text that may
+// begin with its echo, it keeps the bytes that may be echo for echoEnds to match.
 func (b *UnrelayedAnswer) countText(s []byte) {
-	if b.echo != "" {
-		n := min(len(s), len(b.echo))
-		if string(s[:n]) != b.echo[:n] {
-			b.echo = ""
-			b.count(b.echoed)
-		} else {
-			b.echo, b.echoed = b.echo[n:], b.echoed+int64(n)
-			s = s[n:]
+	if b.echoing {
+		b.choice.textBytes += int64(len(s))
+		if room := b.echoLen - len(b.echoText); room > 0 {
+			b.echoText = append(b.echoText, s[:min(len(s), room)]...)
 		}
 	}
 	b.count(int64(len(s)))

@@ -428,14 +428,7 @@ func TestUnrelayedAnswerLeavesTheEchoOut(t *testing.T) {
 			t.Fatalf("%s: read whole, %d bytes of output; want %d", tc.name, got, tc.want)
 		}
 		for size := 1; size <= len(tc.body); size++ {
-			m := NewMeter(FormatCompletions)
-			m.EchoPrompts(tc.prompts, tc.n)
-			ua := m.NewUnrelayedAnswer()
-			for b := []byte(tc.body); len(b) > 0; b = b[min(len(b), size):] {
-				ua.Write(b[:min(len(b), size)])
-			}
-			m.AddUnreported(ua)
-			if got := m.Result().OutputChars; got != tc.want {
+			if got := echoPieces(tc.prompts, tc.n, tc.body, size); got != tc.want {
 				t.Errorf("%s in pieces of %d bytes: %d bytes of output; read whole %d", tc.name, size, got, tc.want)
 				break
 			}

@@ -50,6 +50,15 @@ func TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat(t *testing.T) 
 	}
 	echo := strings.Repeat("the quick brown fox ", 1_000) // 20 KB
 	echoed := `{"model":"fake-gpt","echo":true,"prompt":"` + echo + `"}`
+	// A batch of two prompts with echo, a long one and a short one: each choice's echo is the
+	// prompt its index names, or its position in choices when it names none (every element
+	// counts). Here neither choice echoes the prompt it answers: all of its text is output,
+	// read whole; read past, the first choice's text was matched against the long prompt by
+	// counting choice objects, and 20 KB of output went unbilled.
+	batch := `{"model":"fake-gpt","echo":true,"prompt":["` + echo + `","Say hello."]}`
+	batchAnswer := func(choices string) string {
+		return `{"id":"cmpl-1","object":"text_completion","model":"fake-gpt","choices":[` + choices + `],"usage":{"prompt_tokens":20}}`
+	}
 	const absent, null = `{"prompt_tokens":20}`, `{"prompt_tokens":20,"completion_tokens":null,"total_tokens":null}`
 	cases := []oversizedCase{
 		{"chat, completion_tokens absent", "/v1/chat/completions", chat, chatAnswer("", absent), chatAnswer(words, absent)},
@@ -60,6 +69,10 @@ func TestOversizedUnreportedAnswerChargedAsReadWholeInEveryFormat(t *testing.T) 
 		{"completions echoing its prompt", "/v1/completions", echoed, completion(""), completion(echo + words)},
 		{"completions whose text parts from its prompt", "/v1/completions", echoed, completion(""),
 			completion(echo[:10_000] + `\u00e9` + echo[10_000:] + words)},
+		{"completions echoing by position, out of index order", "/v1/completions", batch, batchAnswer(``), batchAnswer(
+			`{"text":"` + echo + words + `","index":1,"finish_reason":"stop"},{"text":"Say hello. Hi","index":0,"finish_reason":"stop"}`)},
+		{"completions with a non-object element before a choice", "/v1/completions", batch, batchAnswer(``), batchAnswer(
+			`null,{"text":"` + echo + words + `","finish_reason":"stop"}`)},
 		{"anthropic, output_tokens absent", "/v1/messages", claude, reported(message(``)),
 			reported(message(`{"type":"text","text":"` + words + `"}`))},
 		{"responses, output_tokens null", "/v1/responses", responses, reportedResponse(``), reportedResponse(
