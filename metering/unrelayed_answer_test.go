@@ -421,17 +421,6 @@ func TestUnrelayedAnswerLeavesTheEchoOut(t *testing.T) {
 		{"more choices than prompts", []string{p2}, 1, `{"choices":[` + choice(0, `"`+p2+`"`) + `,` + choice(1, `"`+p2+`"`) + `]}`, int64(len(p2))},
 		{"a token array's prompt, unknown", []string{""}, 1, `{"choices":[` + choice(0, `"`+p2+`"`) + `]}`, int64(len(p2))},
 	} {
-		whole := NewMeter(FormatCompletions)
-		whole.EchoPrompts(tc.prompts, tc.n)
-		whole.Body([]byte(tc.body))
-		if got := whole.Result().OutputChars; got != tc.want {
-			t.Fatalf("%s: read whole, %d bytes of output; want %d", tc.name, got, tc.want)
-		}
-		for size := 1; size <= len(tc.body); size++ {
-			if got := echoPieces(tc.prompts, tc.n, tc.body, size); got != tc.want {
-				t.Errorf("%s in pieces of %d bytes: %d bytes of output; read whole %d", tc.name, size, got, tc.want)
-				break
-			}
-		}
+		echoCountedAlike(t, tc.name, tc.prompts, tc.n, tc.body, tc.want)
 	}
 }

@@ -20,6 +20,24 @@ func echoPieces(prompts []string, n int64, body string, size int) int64 {
 	return m.Result().OutputChars
 }
 
+// echoCountedAlike checks that body, an answer to prompts with n choices each and echo, counts
+// want bytes of output read whole (Meter.Body) and read past in pieces of every size.
+func echoCountedAlike(t *testing.T, name string, prompts []string, n int64, body string, want int64) {
+	t.Helper()
+	whole := NewMeter(FormatCompletions)
+	whole.EchoPrompts(prompts, n)
+	whole.Body([]byte(body))
+	if got := whole.Result().OutputChars; got != want {
+		t.Fatalf("%s: read whole, %d bytes of output; want %d", name, got, want)
+	}
+	for size := 1; size <= len(body); size++ {
+		if got := echoPieces(prompts, n, body, size); got != want {
+			t.Errorf("%s in pieces of %d bytes: %d bytes of output; read whole %d", name, size, got, want)
+			return
+		}
+	}
+}
+
 // TestUnrelayedAnswerEchoesThePromptItsIndexNames: Meter.Body takes a completions choice's
 // echo to be the prompt its "index" names (completionText), else the prompt of its position
 // in choices (gjson's key: every element counts, an object or not; an answer of an array of
@@ -80,18 +98,7 @@ func TestUnrelayedAnswerEchoesThePromptItsIndexNames(t *testing.T) {
 		{"choices as an object", []string{long, short}, 1,
 			`{"choices":{"1":{"text":"` + long + ` A"},"0":{"text":"` + long + ` BB"}}}`, int64(len(long) + 2 + 3)},
 	} {
-		whole := NewMeter(FormatCompletions)
-		whole.EchoPrompts(tc.prompts, tc.n)
-		whole.Body([]byte(tc.body))
-		if got := whole.Result().OutputChars; got != tc.want {
-			t.Fatalf("%s: read whole, %d bytes of output; want %d", tc.name, got, tc.want)
-		}
-		for size := 1; size <= len(tc.body); size++ {
-			if got := echoPieces(tc.prompts, tc.n, tc.body, size); got != tc.want {
-				t.Errorf("%s in pieces of %d bytes: %d bytes of output; read whole %d", tc.name, size, got, tc.want)
-				break
-			}
-		}
+		echoCountedAlike(t, tc.name, tc.prompts, tc.n, tc.body, tc.want)
 	}
 }
 

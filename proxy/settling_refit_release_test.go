@@ -59,18 +59,7 @@ func TestLongPromptWhoseSmallHoldsReleaseFailedIsRefusedNotAdmittedAgain(t *test
 	if waited.Load() {
 		t.Errorf("the long prompt waited for a settlement after its small hold's release failed; want it refused at once")
 	}
-	if n := h.fake.Calls() - calls; n != 0 {
-		t.Errorf("the long prompt was forwarded %d times, want never", n)
-	}
-	h.settled()
-	runs := h.holdsOf(u.ID)
-	if len(runs) != 2 {
-		t.Fatalf("%d holds, want the first call's and the long prompt's small one: no second hold", len(runs))
-	}
-	if small := runs[1]; small.State != holds.StateSettled || small.ChargedMicro != 0 {
-		t.Errorf("the long prompt's small hold %s: %s by %q charged %d, want released at 0",
-			small.RunID, small.State, small.SettleSource.String, small.ChargedMicro)
-	}
+	smallHoldReleasedUnforwarded(t, h, u.ID, calls)
 }
 
 // TestDrainCutWhileReleasingAHoldTooSmallForItsPromptIsToldShuttingDown: the drain's deadline
@@ -102,13 +91,21 @@ func TestDrainCutWhileReleasingAHoldTooSmallForItsPromptIsToldShuttingDown(t *te
 	if long.status != http.StatusServiceUnavailable || errorCode(t, long.body) != "shutting_down" || !toldNothingCharged(string(long.body)) {
 		t.Errorf("the long prompt, cut while its small hold's release was out: %d %s; want 503 shutting_down, nothing charged", long.status, long.body)
 	}
+	smallHoldReleasedUnforwarded(t, h, u.ID, calls)
+}
+
+// smallHoldReleasedUnforwarded checks the long prompt of userID, refused, was never forwarded
+// (the upstream had calls calls before it), and once the settlements end, that it took no
+// second hold and its small one is released at 0.
+func smallHoldReleasedUnforwarded(t *testing.T, h *harness, userID uint64, calls int64) {
+	t.Helper()
 	if n := h.fake.Calls() - calls; n != 0 {
 		t.Errorf("the long prompt was forwarded %d times, want never", n)
 	}
 	h.settled()
-	runs := h.holdsOf(u.ID)
+	runs := h.holdsOf(userID)
 	if len(runs) != 2 {
-		t.Fatalf("%d holds, want the first call's and the long prompt's small one", len(runs))
+		t.Fatalf("%d holds, want the first call's and the long prompt's small one: no second hold", len(runs))
 	}
 	if small := runs[1]; small.State != holds.StateSettled || small.ChargedMicro != 0 {
 		t.Errorf("the long prompt's small hold %s: %s by %q charged %d, want released at 0",
