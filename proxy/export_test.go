@@ -12,6 +12,10 @@ import (
 // IdempotentRunID is the run id of attempt n of an Idempotency-Key.
 var IdempotentRunID = idempotentRunID
 
+// ReplayBuckets is how many time buckets a caller's count of stored answers splits replay_ttl
+// into.
+const ReplayBuckets = replayBuckets
+
 // WaitSettlements waits, without closing anything, until no call is in flight and every
 // settlement started so far has finished: tests go on calling after it.
 func (s *Server) WaitSettlements(ctx context.Context) error {
