@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"context"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -53,4 +55,35 @@ func TestIdemRetryWithRecordUnreadableUnderFailOpen(t *testing.T) {
 	}
 	waitSettlements(t, srv)
 	h.expectCharges(u.ID, []string{first.header.Get(proxy.RunIDHeader), retry.header.Get(proxy.RunIDHeader)}, holds.SourceUpstreamError)
+}
+
+// TestIdemSettledAttemptPassedOnlyUnderFailOpen: a retry finds its key's attempt settled
+// under it (the attempt failed upstream, and its move to the next attempt never reached the
+// record), and the record's second read, to see whether the attempt had pinned the key, fails.
+// Without dedup.fail_open the gateway does not go on without the record: 503
+// dedup_unavailable, the upstream not called. Passed over as fail_open passes it, the key ran
+// its next attempt with its record unread, the refusal the first read makes lifted by the second.
+func TestIdemSettledAttemptPassedOnlyUnderFailOpen(t *testing.T) {
+	reads := &failingNthWrite{marker: []byte("\r\nlarge_why\r\n"), nth: 2} // readIdem alone asks for it
+	h := newHarnessOn(t, harnessSetup{
+		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingNthWriteConn{Conn: c, f: reads} }),
+		contextTimeouts: true,
+	}, nil)
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "settled-unread"}
+	first := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "500"))
+	if first.status != http.StatusBadGateway {
+		t.Fatalf("first attempt: %d %s, want 502", first.status, first.body)
+	}
+	h.settled()
+	// The attempt's end, moving the key to its next attempt, is lost: the record says attempt 0.
+	record := h.keys.Replay(proxy.IdempotentRunID(u.ID, "settled-unread", 0))
+	if err := h.rdb.HDel(context.Background(), record, "attempt").Err(); err != nil {
+		t.Fatal(err)
+	}
+	reads.n.Store(0) // the retry's first read goes through, its second fails
+	h.postRefused(t, key, "/v1/chat/completions", chatBody, idem, http.StatusServiceUnavailable, "dedup_unavailable")
+	if n := reads.n.Load(); n != 2 {
+		t.Fatalf("%d reads of the record, want 2: the retry's, and the one after its attempt was found settled", n)
+	}
 }
