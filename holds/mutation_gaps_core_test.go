@@ -1,0 +1,62 @@
+package holds_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// The tests below each kill a mutant of the settlement and admission core (settle.go,
+// admit.go) that every other test let live: each pins a piece of the arithmetic those tests
+// reached only at values where the mutant agreed with the code.
+
+// TestUnchargedIsWhatTheCapClampedOffTheDiscountedCost: what a settlement reports uncharged
+// (the metric and the money log of what the provider charged that no one was) is the cost
+// after the user's discount less the charge: the user never owed the discount, so it is not
+// a loss. The clamped-settlement tests ran at no discount, where the cost and the discounted
+// cost agree; counted from the list cost, both the settlement and the retry that finds its
+// own settlement after a lost COMMIT reply reported the discount as uncharged too.
+func TestUnchargedIsWhatTheCapClampedOffTheDiscountedCost(t *testing.T) {
+	const discountBP = 5_000
+	const cost = 1_200_000 // 600000 after the discount, past the 500000 cap
+	for _, lost := range []bool{false, true} {
+		t.Run(map[bool]string{false: "answered", true: "commit reply lost"}[lost], func(t *testing.T) {
+			var f *settleFixture
+			var lossy *testenv.Lossy
+			if lost {
+				f, lossy = newLossyFixture(t)
+			} else {
+				f = newSettleFixture(t)
+			}
+			ctx := context.Background()
+			if err := f.store.SetUserLimits(ctx, f.user.ID, nil, nil, ptr(discountBP)); err != nil {
+				t.Fatal(err)
+			}
+			var hooked []holds.Settled
+			f.store.OnSettled(func(_ holds.Settlement, res holds.Settled) { hooked = append(hooked, res) })
+			h := f.admit("r_discounted_clamped")
+			if h.CapMicro != 500_000 || h.DiscountBP != discountBP {
+				t.Fatalf("hold %+v, want the 500000 cap at a %d bp discount", h, discountBP)
+			}
+			if lost {
+				lossy.Arm(commitScript, testenv.LoseReply)
+			}
+			res, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_discounted_clamped", CostMicro: cost, Source: holds.SourceComplete})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lost && !lossy.Fired() {
+				t.Fatal("the settlement's commit reply was never lost")
+			}
+			if !res.Applied || res.CostMicro != cost || res.ChargedMicro != 500_000 || res.UnchargedMicro != 100_000 {
+				t.Errorf("settled %+v; want cost %d charged the 500000 cap of the 600000 it came to after the discount, 100000 uncharged",
+					res, cost)
+			}
+			if len(hooked) != 1 || hooked[0].UnchargedMicro != 100_000 {
+				t.Errorf("settled hook told %+v; want once, with 100000 uncharged", hooked)
+			}
+		})
+	}
+}
