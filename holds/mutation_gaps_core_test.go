@@ -3,6 +3,7 @@ package holds_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -58,5 +59,33 @@ func TestUnchargedIsWhatTheCapClampedOffTheDiscountedCost(t *testing.T) {
 				t.Errorf("settled hook told %+v; want once, with 100000 uncharged", hooked)
 			}
 		})
+	}
+}
+
+// TestRetryOfAnExpiredCallIsAnsweredAtTheInFlightLimit: a retry of a one-call run (an
+// Idempotency-Key, a redelivery) whose hold has expired is answered with the hold it took,
+// not run: it takes no slot and pushes no expiry out, so it is not checked against the
+// in-flight limit as a named run's revival is. Checked, a user at the limit had the retry of a
+// call it had paid for refused as too many in flight.
+func TestRetryOfAnExpiredCallIsAnsweredAtTheInFlightLimit(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	inFlight := 1
+	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	first := f.admit("i_expired_attempt")
+	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", first.RunID); err != nil {
+		t.Fatal(err)
+	}
+	f.admit("r_in_flight") // 1 of 1: the expired hold no longer counts
+	again, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: first.RunID, UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute})
+	if err != nil || !again.Existing || again.HeldMicro != first.HeldMicro {
+		t.Errorf("retry of the expired call at the in-flight limit: %+v, %v; want its hold answered", again, err)
+	}
+	for _, id := range []string{first.RunID, "r_in_flight"} {
+		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
