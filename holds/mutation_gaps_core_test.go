@@ -89,3 +89,28 @@ func TestRetryOfAnExpiredCallIsAnsweredAtTheInFlightLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestALaterCallOfANamedRunIsAnsweredWithItsRunsHold: a later call of a named run takes no
+// second hold; it is answered with the run's, whose cap, discount and in-flight limit bound
+// the call (the proxy's run budget is the cap). The tests of later calls checked only that the
+// hold was reused, so an answer carrying the hold's amount as its cap went unseen.
+func TestALaterCallOfANamedRunIsAnsweredWithItsRunsHold(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, nil, ptr(2_500)); err != nil {
+		t.Fatal(err)
+	}
+	req := holds.AdmitRequest{RunID: "x_later_call", UserID: f.user.ID, ClientRunID: "later-call", State: holds.StateRunning, TTL: time.Minute}
+	first, err := f.store.Admit(ctx, req)
+	if err != nil || first.HeldMicro != 20_000 || first.CapMicro != 500_000 || first.DiscountBP != 2_500 || first.MaxInFlight != 3 {
+		t.Fatalf("first call of the run: %+v, %v; want a 20000 hold, a 500000 cap, 2500 bp off, 3 in flight", first, err)
+	}
+	again, err := f.store.Admit(ctx, req)
+	if err != nil || !again.Existing || again.HeldMicro != first.HeldMicro || again.CapMicro != first.CapMicro ||
+		again.DiscountBP != first.DiscountBP || again.MaxInFlight != first.MaxInFlight {
+		t.Errorf("later call of the run: %+v, %v; want the run's hold %+v again", again, err, first)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: req.RunID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
