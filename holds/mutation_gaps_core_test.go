@@ -2,6 +2,7 @@ package holds_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -112,5 +113,41 @@ func TestALaterCallOfANamedRunIsAnsweredWithItsRunsHold(t *testing.T) {
 	}
 	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: req.RunID, Source: holds.SourceComplete}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestARunSettledInTheAdmissionsBatchIsNoLongerAnOpenRun: a named run settled earlier in the
+// batch that refuses a call as too many in flight frees its slot, and is no longer one of the
+// open runs the refusal names (the 429 tells the caller to settle the runs it is done with
+// when it has any): counted still, the caller was told to settle a run it just had.
+func TestARunSettledInTheAdmissionsBatchIsNoLongerAnOpenRun(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	inFlight := 2
+	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	named := holds.AdmitRequest{RunID: "x_done_run", UserID: f.user.ID, ClientRunID: "done-run", State: holds.StateRunning, TTL: time.Minute}
+	if _, err := f.store.Admit(ctx, named); err != nil {
+		t.Fatal(err)
+	}
+	f.admit("r_busy") // 2 of 2 in flight, 1 of them an open run
+	fresh := func(id string) holds.AdmitRequest {
+		return holds.AdmitRequest{RunID: id, UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}
+	}
+	settled, admitted, err := f.store.WriteBatch(ctx, []holds.Settlement{{RunID: named.RunID, Source: holds.SourceClient}},
+		[]holds.AdmitRequest{fresh("r_takes_the_slot"), fresh("r_one_too_many")})
+	if err != nil || settled[0].Err != nil || !settled[0].Applied {
+		t.Fatalf("batch: %v, %+v", err, settled)
+	}
+	var busy *holds.TooManyInFlightError
+	if admitted[0].Err != nil || !errors.As(admitted[1].Err, &busy) || busy.InFlight != 2 || busy.OpenRuns != 0 {
+		t.Errorf("admissions after the run's settlement: %v / %v (%#v); want the first admitted, the second refused at 2 in flight, no open run",
+			admitted[0].Err, admitted[1].Err, busy)
+	}
+	for _, id := range []string{"r_busy", "r_takes_the_slot"} {
+		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
