@@ -370,8 +370,8 @@ func admitThroughUnansweredCommit(t *testing.T, f *settleFixture, lossy *testenv
 	if !lossy.Fired() {
 		t.Fatal("the commit was answered")
 	}
-	if err != nil || h.Existing || h.HeldMicro != 20_000 {
-		t.Fatalf("admission whose commit went unanswered: %+v, %v; want its own new hold", h, err)
+	if err != nil || h.Existing || h.HeldMicro != 20_000 || h.MaxInFlight != settlePlans["standard"].MaxInFlight {
+		t.Fatalf("admission whose commit went unanswered: %+v, %v; want its own new hold, under the plan's in-flight limit", h, err)
 	}
 	if n, state := holdRows(t, f.store, run); n != 1 || state != string(holds.StateRunning) {
 		t.Fatalf("%d rows for the run, state %q", n, state)
