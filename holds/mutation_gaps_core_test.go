@@ -119,7 +119,8 @@ func TestALaterCallOfANamedRunIsAnsweredWithItsRunsHold(t *testing.T) {
 // TestARunSettledInTheAdmissionsBatchIsNoLongerAnOpenRun: a named run settled earlier in the
 // batch that refuses a call as too many in flight frees its slot, and is no longer one of the
 // open runs the refusal names (the 429 tells the caller to settle the runs it is done with
-// when it has any): counted still, the caller was told to settle a run it just had.
+// when it has any), while a named run opened earlier in the batch is one: counted still, the
+// caller was told to settle a run it just had; not counted, it was not told of the one it had.
 func TestARunSettledInTheAdmissionsBatchIsNoLongerAnOpenRun(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
@@ -136,18 +137,43 @@ func TestARunSettledInTheAdmissionsBatchIsNoLongerAnOpenRun(t *testing.T) {
 		return holds.AdmitRequest{RunID: id, UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}
 	}
 	settled, admitted, err := f.store.WriteBatch(ctx, []holds.Settlement{{RunID: named.RunID, Source: holds.SourceClient}},
-		[]holds.AdmitRequest{fresh("r_takes_the_slot"), fresh("r_one_too_many")})
+		[]holds.AdmitRequest{{RunID: "x_next_run", UserID: f.user.ID, ClientRunID: "next-run", State: holds.StateRunning, TTL: time.Minute},
+			fresh("r_one_too_many")})
 	if err != nil || settled[0].Err != nil || !settled[0].Applied {
 		t.Fatalf("batch: %v, %+v", err, settled)
 	}
 	var busy *holds.TooManyInFlightError
-	if admitted[0].Err != nil || !errors.As(admitted[1].Err, &busy) || busy.InFlight != 2 || busy.OpenRuns != 0 {
-		t.Errorf("admissions after the run's settlement: %v / %v (%#v); want the first admitted, the second refused at 2 in flight, no open run",
+	if admitted[0].Err != nil || !errors.As(admitted[1].Err, &busy) || busy.InFlight != 2 || busy.OpenRuns != 1 {
+		t.Errorf("admissions after the run's settlement: %v / %v (%#v); want the new run admitted, the call refused at 2 in flight, 1 of them the new run",
 			admitted[0].Err, admitted[1].Err, busy)
 	}
-	for _, id := range []string{"r_busy", "r_takes_the_slot"} {
+	for _, id := range []string{"r_busy", "x_next_run"} {
 		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestASettlementInTheAdmissionsBatchFreesItsSlot: a call settled in the batch of another
+// call's admission frees its in-flight slot for it, as a settlement committed before would:
+// the writer puts them together whenever they arrive together. Left counted, a user at its
+// limit was refused the call its finished one made room for.
+func TestASettlementInTheAdmissionsBatchFreesItsSlot(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	inFlight := 1
+	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.admit("r_finishing") // 1 of 1 in flight
+	settled, admitted, err := f.store.WriteBatch(ctx, []holds.Settlement{{RunID: "r_finishing", CostMicro: 1_000, Source: holds.SourceComplete}},
+		[]holds.AdmitRequest{{RunID: "r_next", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}})
+	if err != nil || settled[0].Err != nil || !settled[0].Applied {
+		t.Fatalf("batch: %v, %+v", err, settled)
+	}
+	if admitted[0].Err != nil {
+		t.Errorf("call admitted beside the settlement of the user's only call in flight: %v; want admitted", admitted[0].Err)
+	} else if _, err := f.store.Settle(ctx, holds.Settlement{RunID: "r_next", Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
 	}
 }
