@@ -177,3 +177,37 @@ func TestASettlementInTheAdmissionsBatchFreesItsSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestARevivedRunsSecondCallInItsBatchTakesNoSlot: two calls of a named run idle past its
+// expiry arrive together and share a batch. The first brings the run back, taking one slot;
+// the second is a later call of a live run, as in any later batch, and takes none. Not
+// remembered as revived, the run was brought back twice, and the second call was refused as
+// too many in flight by the slot its own run had just taken.
+func TestARevivedRunsSecondCallInItsBatchTakesNoSlot(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	inFlight := 2
+	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	named := holds.AdmitRequest{RunID: "x_idle_pair", UserID: f.user.ID, ClientRunID: "idle-pair", State: holds.StateRunning, TTL: time.Minute}
+	if _, err := f.store.Admit(ctx, named); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
+		t.Fatal(err)
+	}
+	f.admit("r_busy_pair") // 1 of 2 in flight: the idle run no longer counts
+	out, err := f.store.AdmitBatch(ctx, []holds.AdmitRequest{named, named})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Err != nil || out[1].Err != nil || !out[1].Hold.Existing {
+		t.Errorf("two calls of the revived run in one batch: %v / %v; want both admitted on the run's hold", out[0].Err, out[1].Err)
+	}
+	for _, id := range []string{named.RunID, "r_busy_pair"} {
+		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
