@@ -69,9 +69,10 @@ type Hold struct {
 	// MaxInFlight is the user's in-flight limit as this admission read it: a named run's calls
 	// share one hold, and this bounds how many of them may run at once.
 	MaxInFlight int
-	// RecordedMicro, for a run admitted before, is what its row records its ended calls cost
-	// (RecordRunCall): a durable lower bound of what the run has used, which its budget in
-	// Redis counts as spent when a restart has lost the tally.
+	// RecordedMicro, for a run admitted before (or a hold claimed after its COMMIT reply was
+	// lost: later calls of its run may have ended meanwhile), is what its row records its
+	// ended calls cost (RecordRunCall): a durable lower bound of what the run has used, which
+	// its budget in Redis counts as spent when a restart has lost the tally.
 	RecordedMicro int64
 }
 
@@ -172,13 +173,14 @@ func (s *Store) decideAdmissions(reqs []AdmitRequest, r *batchReads) ([]AdmitRes
 
 // claimOwnHold answers a request whose own hold an earlier attempt committed, its reply lost.
 // The hold is the caller's whatever has changed since (a user disabled meanwhile): refusing it
-// would leave a hold nobody releases.
+// would leave a hold nobody releases. A named run's later calls may have been admitted on it
+// meanwhile, and ended: what its row records they cost is answered, as to a later call.
 func (s *Store) claimOwnHold(req AdmitRequest, h existingHold, r *batchReads) AdmitResult {
 	if h.State == StateSettled {
 		return AdmitResult{Err: ErrRunSettled}
 	}
 	hold := Hold{RunID: h.RunID, UserID: h.UserID, State: h.State, HeldMicro: h.HeldMicro,
-		CapMicro: h.CapMicro, DiscountBP: h.DiscountBP}
+		CapMicro: h.CapMicro, DiscountBP: h.DiscountBP, RecordedMicro: h.CostMicro}
 	if u, ok := r.users[req.UserID]; ok {
 		hold.MaxInFlight = s.plan(u).MaxInFlight
 	}

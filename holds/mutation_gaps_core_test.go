@@ -8,6 +8,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // The tests below each kill a mutant of the settlement and admission core (settle.go,
@@ -209,5 +210,39 @@ func TestARevivedRunsSecondCallInItsBatchTakesNoSlot(t *testing.T) {
 		if _, err := f.store.Settle(ctx, holds.Settlement{RunID: id, Source: holds.SourceComplete}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestAClaimedLostCommitHoldCarriesWhatItsRunRecorded: a named run's first admission
+// committed and lost its reply; before its retry claims the hold (same token), a later call of
+// the run — sent alongside by the same agent — was admitted on it, ended, and recorded its
+// cost on the run's row. The claim answers what the row records (RecordedMicro), as a later
+// call's admission does: the proxy's run budget counts it as spent when a Redis restart has
+// lost the tally. Answered 0, that budget let the run's calls spend again what the row said
+// was spent, past the run's cap.
+func TestAClaimedLostCommitHoldCarriesWhatItsRunRecorded(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	first := holds.AdmitRequest{RunID: "x_claim_recorded", UserID: f.user.ID, ClientRunID: "claim-recorded",
+		State: holds.StateRunning, TTL: time.Minute, Token: testenv.RandomID(16)}
+	if _, err := f.store.Admit(ctx, first); err != nil { // its reply lost to the caller
+		t.Fatal(err)
+	}
+	later := first
+	later.Token = testenv.RandomID(16)
+	if h, err := f.store.Admit(ctx, later); err != nil || !h.Existing {
+		t.Fatalf("the run's later call: %+v, %v; want admitted on the run's hold", h, err)
+	}
+	const recorded = 7_000
+	if ok, err := f.store.RecordRunCall(ctx, first.RunID, testenv.RandomID(16), time.Minute,
+		pricing.Usage{Input: 1_000, Output: 100}, recorded, 1, false); err != nil || !ok {
+		t.Fatalf("record the later call: %v, %v", ok, err)
+	}
+	claimed, err := f.store.Admit(ctx, first) // the first admission's retry: its own hold
+	if err != nil || claimed.Existing || claimed.RecordedMicro != recorded {
+		t.Errorf("the first admission's retry, claiming its hold: %+v, %v; want its own hold, %d recorded", claimed, err, recorded)
+	}
+	if _, err := f.store.Settle(ctx, holds.Settlement{RunID: first.RunID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
 	}
 }
