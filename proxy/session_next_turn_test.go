@@ -51,3 +51,21 @@ func TestSessionResponsesResendIsAlreadyRunning(t *testing.T) {
 		t.Fatalf("resend: %d %s; want 409 already_running", b.status, b.body)
 	}
 }
+
+// TestSessionResendEndingPastItsUserMessageIsAlreadyRunning: "the same message" is the last
+// user message, not the last message: a resend of the running message with an assistant turn
+// after it (a prefill the answer is to continue) asks the same question, refused 409
+// already_running and not run. Taken for a new message it stopped the running call, charged
+// what it used, and ran the same question again, charged again. Mutant: the hash taking the
+// last message of any role.
+func TestSessionResendEndingPastItsUserMessageIsAlreadyRunning(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	runningSessionStream(t, h, key, "prefill")
+	resend := `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"Stream to the billing team, please."},` +
+		`{"role":"assistant","content":"Streaming to"}]}`
+	b := send(h.gw.URL, key, resend, map[string]string{proxy.SessionHeader: "prefill"})
+	if b.status != http.StatusConflict || errorCode(t, b.body) != "already_running" {
+		t.Fatalf("resend with a prefill: %d %s; want 409 already_running", b.status, b.body)
+	}
+}
