@@ -57,9 +57,7 @@ func TestRevivedRunCountsAgainstLimits(t *testing.T) {
 	if h, err := f.store.Admit(ctx, named); err != nil || h.HeldMicro != 20_000 {
 		t.Fatalf("first call of the run: %+v, %v", h, err)
 	}
-	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
-		t.Fatal(err)
-	}
+	f.expire(named.RunID)
 	var fresh []string
 	for i := 0; i < 2; i++ {
 		id := "r_fresh_" + strconv.Itoa(i)
@@ -112,9 +110,7 @@ func TestExpiredUnsettledHoldCountsAgainstBalance(t *testing.T) {
 				t.Fatalf("first hold: %+v, %v", h1, err)
 			}
 			// Its expiry passes before the reconciler's next scan.
-			if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", first.RunID); err != nil {
-				t.Fatal(err)
-			}
+			f.expire(first.RunID)
 			bal, err := f.store.Balance(ctx, f.user.ID)
 			if err != nil {
 				t.Fatal(err)
@@ -167,9 +163,7 @@ func TestRevivalAndAnotherAdmissionInOneBatchShareTheInFlightLimit(t *testing.T)
 			if _, err := f.store.Admit(ctx, named); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
-				t.Fatal(err)
-			}
+			f.expire(named.RunID)
 			f.admit("r_running") // in flight: 1 of 2 (the idle run no longer counts)
 			fresh := holds.AdmitRequest{RunID: "r_burst", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Hour, Fresh: true}
 			reqs, second := []holds.AdmitRequest{named, fresh}, "r_burst"
@@ -213,9 +207,7 @@ func TestRevivalRefusedWhenTheBalanceNoLongerCoversItsHold(t *testing.T) {
 	if h, err := f.store.Admit(ctx, named); err != nil || h.HeldMicro != 20_000 || h.CapMicro != 60_000 {
 		t.Fatalf("first call of the run: %+v, %v", h, err)
 	}
-	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
-		t.Fatal(err)
-	}
+	f.expire(named.RunID)
 	lowered := int64(10_000)
 	if err := f.store.SetUserLimits(ctx, f.user.ID, &lowered, nil, nil); err != nil {
 		t.Fatal(err)
@@ -246,9 +238,7 @@ func TestRevivalCountsItsOwnHoldOnce(t *testing.T) {
 	if h, err := f.store.Admit(ctx, named); err != nil || h.HeldMicro != 20_000 {
 		t.Fatalf("first call of the run: %+v, %v", h, err)
 	}
-	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
-		t.Fatal(err)
-	}
+	f.expire(named.RunID)
 	if h, err := f.store.Admit(ctx, named); err != nil || !h.Existing {
 		t.Errorf("later call of the idle run, its 20,000 hold all of the 20,000 allowance: %+v, %v; want the run back", h, err)
 	}

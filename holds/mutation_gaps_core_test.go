@@ -77,9 +77,7 @@ func TestRetryOfAnExpiredCallIsAnsweredAtTheInFlightLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := f.admit("i_expired_attempt")
-	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", first.RunID); err != nil {
-		t.Fatal(err)
-	}
+	f.expire(first.RunID)
 	f.admit("r_in_flight") // 1 of 1: the expired hold no longer counts
 	again, err := f.store.Admit(ctx, holds.AdmitRequest{RunID: first.RunID, UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute})
 	if err != nil || !again.Existing || again.HeldMicro != first.HeldMicro {
@@ -195,9 +193,7 @@ func TestARevivedRunsSecondCallInItsBatchTakesNoSlot(t *testing.T) {
 	if _, err := f.store.Admit(ctx, named); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", named.RunID); err != nil {
-		t.Fatal(err)
-	}
+	f.expire(named.RunID)
 	f.admit("r_busy_pair") // 1 of 2 in flight: the idle run no longer counts
 	out, err := f.store.AdmitBatch(ctx, []holds.AdmitRequest{named, named})
 	if err != nil {

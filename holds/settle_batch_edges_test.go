@@ -22,9 +22,7 @@ func TestBatchSettlingAnExpiredHoldFreesNoSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := f.admit("r_expired")
-	if _, err := f.store.DB().ExecContext(ctx, "UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", old.RunID); err != nil {
-		t.Fatal(err)
-	}
+	f.expire(old.RunID)
 	live := []string{"r_live_1", "r_live_2"}
 	for _, id := range live {
 		f.admit(id)

@@ -60,6 +60,15 @@ func (f *settleFixture) admit(runID string) holds.Hold {
 	return h
 }
 
+// expire sets runID's hold's expiry a second into the past, by the database's clock.
+func (f *settleFixture) expire(runID string) {
+	f.t.Helper()
+	if _, err := f.store.DB().ExecContext(context.Background(),
+		"UPDATE run_holds SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE run_id = ?", runID); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 func TestSettleTwiceChargesOnce(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()

@@ -33,6 +33,17 @@ func (c *failingWritesConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
+// newAnswerUnstoredHarness is a harness whose Redis writes of a stored answer fail while
+// blip is on (off until the test turns it on), and none other.
+func newAnswerUnstoredHarness(t *testing.T) (blip *failingWrites, h *harness) {
+	blip = &failingWrites{marker: []byte("\r\nctype\r\n")} // only the stored answer has this field
+	h = newHarnessOn(t, harnessSetup{
+		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingWritesConn{Conn: c, f: blip} }),
+		contextTimeouts: true,
+	}, nil)
+	return blip, h
+}
+
 // TestIdemAnswerNotStoredIsNotRunAgain: an Idempotency-Key attempt answered 200 whose answer
 // could not be stored (Redis failed that one write; the key's record, with its body, was
 // written) pinned the key all the same: its retry must not run and be charged again. The
@@ -40,11 +51,7 @@ func (c *failingWritesConn) Write(b []byte) (int, error) {
 // it now reads the attempt's row, as it does when the record itself was lost, and answers
 // 409 idempotent_response_lost.
 func TestIdemAnswerNotStoredIsNotRunAgain(t *testing.T) {
-	blip := &failingWrites{marker: []byte("\r\nctype\r\n")} // only the stored answer has this field
-	h := newHarnessOn(t, harnessSetup{
-		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingWritesConn{Conn: c, f: blip} }),
-		contextTimeouts: true,
-	}, nil)
+	blip, h := newAnswerUnstoredHarness(t)
 	u, key := h.user("standard")
 	idem := map[string]string{"Idempotency-Key": "unstored-1"}
 
@@ -114,11 +121,7 @@ func TestIdemAnswerWhoseFirstStoreFailedIsStoredAtTheCallsEnd(t *testing.T) {
 // kept the hold, and every retry of its key at 409 request_in_progress, that much longer
 // before the reconciler settled it.
 func TestIdemAnswerRecordedOnItsRowLeavesTheHoldsExpiry(t *testing.T) {
-	blip := &failingWrites{marker: []byte("\r\nctype\r\n")} // only the stored answer has this field
-	h := newHarnessOn(t, harnessSetup{
-		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingWritesConn{Conn: c, f: blip} }),
-		contextTimeouts: true,
-	}, nil)
+	blip, h := newAnswerUnstoredHarness(t)
 	u, key := h.user("standard")
 	attempt0 := proxy.IdempotentRunID(u.ID, "row-expiry", 0)
 	_, release := h.holdAtFirst("settle")
