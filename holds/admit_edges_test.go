@@ -18,9 +18,7 @@ func TestBatchCountsItsOwnAdmissionsInFlight(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	inFlight := 2
-	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
-		t.Fatal(err)
-	}
+	f.setMaxInFlight(inFlight)
 	reqs := make([]holds.AdmitRequest, inFlight+1)
 	for i := range reqs {
 		reqs[i] = holds.AdmitRequest{RunID: "r_burst_" + strconv.Itoa(i), UserID: f.user.ID, State: holds.StateRunning,
@@ -120,9 +118,7 @@ func TestARunsLaterCallsInItsFirstBatchTakeNoSlot(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	inFlight := 2
-	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
-		t.Fatal(err)
-	}
+	f.setMaxInFlight(inFlight)
 	call := holds.AdmitRequest{RunID: "x_slot", UserID: f.user.ID, ClientRunID: "slot", State: holds.StateRunning, TTL: time.Hour}
 	out, err := f.store.AdmitBatch(ctx, []holds.AdmitRequest{call, call,
 		{RunID: "r_slot_other", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}})

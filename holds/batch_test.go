@@ -139,9 +139,7 @@ func TestWriterGroupsConcurrentSettlements(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	inFlight := 200
-	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
-		t.Fatal(err)
-	}
+	f.setMaxInFlight(inFlight)
 	const runs = 80
 	for i := 0; i < runs; i++ {
 		f.admit("r_s_" + strconv.Itoa(i))

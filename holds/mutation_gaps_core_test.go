@@ -73,9 +73,7 @@ func TestRetryOfAnExpiredCallIsAnsweredAtTheInFlightLimit(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	inFlight := 1
-	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
-		t.Fatal(err)
-	}
+	f.setMaxInFlight(inFlight)
 	first := f.admit("i_expired_attempt")
 	f.expire(first.RunID)
 	f.admit("r_in_flight") // 1 of 1: the expired hold no longer counts
@@ -124,9 +122,7 @@ func TestARunSettledInTheAdmissionsBatchIsNoLongerAnOpenRun(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	inFlight := 2
-	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
-		t.Fatal(err)
-	}
+	f.setMaxInFlight(inFlight)
 	named := holds.AdmitRequest{RunID: "x_done_run", UserID: f.user.ID, ClientRunID: "done-run", State: holds.StateRunning, TTL: time.Minute}
 	if _, err := f.store.Admit(ctx, named); err != nil {
 		t.Fatal(err)
@@ -161,9 +157,7 @@ func TestASettlementInTheAdmissionsBatchFreesItsSlot(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	inFlight := 1
-	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
-		t.Fatal(err)
-	}
+	f.setMaxInFlight(inFlight)
 	f.admit("r_finishing") // 1 of 1 in flight
 	settled, admitted, err := f.store.WriteBatch(ctx, []holds.Settlement{{RunID: "r_finishing", CostMicro: 1_000, Source: holds.SourceComplete}},
 		[]holds.AdmitRequest{{RunID: "r_next", UserID: f.user.ID, State: holds.StateRunning, TTL: time.Minute, Fresh: true}})
@@ -186,9 +180,7 @@ func TestARevivedRunsSecondCallInItsBatchTakesNoSlot(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	inFlight := 2
-	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
-		t.Fatal(err)
-	}
+	f.setMaxInFlight(inFlight)
 	named := holds.AdmitRequest{RunID: "x_idle_pair", UserID: f.user.ID, ClientRunID: "idle-pair", State: holds.StateRunning, TTL: time.Minute}
 	if _, err := f.store.Admit(ctx, named); err != nil {
 		t.Fatal(err)

@@ -18,9 +18,7 @@ func TestBatchSettlingAnExpiredHoldFreesNoSlot(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	inFlight := 2
-	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &inFlight, nil); err != nil {
-		t.Fatal(err)
-	}
+	f.setMaxInFlight(inFlight)
 	old := f.admit("r_expired")
 	f.expire(old.RunID)
 	live := []string{"r_live_1", "r_live_2"}

@@ -60,6 +60,14 @@ func (f *settleFixture) admit(runID string) holds.Hold {
 	return h
 }
 
+// setMaxInFlight sets the fixture's user's in-flight limit.
+func (f *settleFixture) setMaxInFlight(n int) {
+	f.t.Helper()
+	if err := f.store.SetUserLimits(context.Background(), f.user.ID, nil, &n, nil); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // expire sets runID's hold's expiry a second into the past, by the database's clock.
 func (f *settleFixture) expire(runID string) {
 	f.t.Helper()
@@ -124,9 +132,7 @@ func TestFirstChargesOfADayRaceOnTheLedgerInsert(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	maxInFlight := 64
-	if err := f.store.SetUserLimits(ctx, f.user.ID, nil, &maxInFlight, nil); err != nil {
-		t.Fatal(err)
-	}
+	f.setMaxInFlight(maxInFlight)
 	const runs = 40
 	for i := 0; i < runs; i++ {
 		f.admit(runName(i))
