@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -182,11 +183,18 @@ func sendThenLeave(t *testing.T, h *harness, key, body string, hdr map[string]st
 // carry the pattern) are not this test's request.
 func waitForStatement(t *testing.T, db *sqlx.DB, stmt string) {
 	t.Helper()
-	waitFor(t, "a statement like "+stmt, func() bool {
-		var n int
-		err := db.Get(&n, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
+	waitForStatements(t, db, stmt, 1)
+}
+
+// waitForStatements waits until at least n statements like stmt run (or wait for a lock) on
+// connections other than the watcher's: claims queued on one row's lock, in the order they came.
+func waitForStatements(t *testing.T, db *sqlx.DB, stmt string, n int) {
+	t.Helper()
+	waitFor(t, strconv.Itoa(n)+" statements like "+stmt, func() bool {
+		var got int
+		err := db.Get(&got, `SELECT COUNT(*) FROM information_schema.PROCESSLIST
 			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND INFO LIKE ? AND INFO NOT LIKE '%PROCESSLIST%'`, "%"+stmt+"%")
-		return err == nil && n > 0
+		return err == nil && got >= n
 	})
 }
 

@@ -553,6 +553,10 @@ const (
 	stepSessionClaim  = "session claim"
 	stepReserve       = "run budget reservation"
 	stepRunClose      = "run close"
+	// stepSessionClaimed follows a session claim's answer (under the claim's context, as
+	// stepSessionClaim), before the run it replaced is told to stop: a claim that lands while
+	// another one of its session retries is held there.
+	stepSessionClaimed = "session claimed"
 	// stepAttemptAdmitted follows an Idempotency-Key attempt's committed admission: a
 	// process that dies there leaves a hold and whatever was written before it.
 	stepAttemptAdmitted = "attempt admitted"

@@ -453,6 +453,7 @@ func (s *Server) claimSession(ctx context.Context, c *call, sessionID string, me
 	} else {
 		claim, err = s.store.ClaimSession(sctx, c.user.ID, sessionID, c.runID, message)
 	}
+	s.beforeStep(sctx, stepSessionClaimed)
 	cancel()
 	if err != nil {
 		return s.sessionClaimFailed(ctx, c, err)
