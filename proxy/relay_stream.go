@@ -294,6 +294,7 @@ func (sr *streamRelay) finalEvent(raw []byte) {
 		// metered after this event is added when the call ends).
 		s.tallyWithFingerprint(ctx, c, s.settlementAs(c, c.wholeOutcome()))
 	}
+	s.beforeStep(ctx, stepFinalEvent)
 	s.answerFinal(ctx, c)
 	if !sr.pinnedAtError || sr.finalAdjacent {
 		s.pinBeforeAnswer(ctx, c, c.wholeOutcome(), sr.status, raw)

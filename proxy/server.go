@@ -563,6 +563,9 @@ const (
 	// stepAnswerFinal follows answerFinal: the call's answer is whole, its last bytes not yet
 	// sent.
 	stepAnswerFinal = "answer final"
+	// stepFinalEvent precedes answerFinal at a stream's final event: the answer is whole and
+	// metered, nothing of its end given back yet; a caller that leaves there has it whole.
+	stepFinalEvent = "final event"
 	// stepAdmitWaits: an admission refused for want of a slot or of credits waits for one of
 	// its user's settlements (admitWaitingForSettlements); stepSettle precedes a call's
 	// settlement.
