@@ -175,6 +175,7 @@ type idemRecord struct {
 }
 
 func (s *Server) readIdem(ctx context.Context, ic *idemCall) (idemRecord, error) {
+	s.beforeStep(ctx, stepIdemRecord)
 	ctx, cancel := redisStep(ctx)
 	defer cancel()
 	v, err := s.dedupRDB.HMGet(ctx, ic.record, "body", "attempt", "run", "large", "superseded", "large_why").Result()

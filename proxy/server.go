@@ -579,6 +579,10 @@ const (
 	// release at 0 of its hold to follow: a process stopped there past its hold's life leaves
 	// it to a peer's reconciler, unleased, untallied and unmarked.
 	stepRefusedMark = "refused mark"
+	// stepIdemRecord precedes each read of an Idempotency-Key's record on a call's admission
+	// (readIdem), under the admission's context: a test makes the call's caller leave while the
+	// read is under way.
+	stepIdemRecord = "idempotency record read"
 )
 
 // beforeStep tells the step observer, if any (tests), that step starts under ctx.
