@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -188,4 +189,93 @@ func (c *diesOnSecondWriteConn) Write(b []byte) (int, error) {
 		return 0, errors.New("redis blip")
 	}
 	return c.Conn.Write(b)
+}
+
+// TestIdemAnswersRowRecordThatFailedIsTriedAgainAtTheCallsEnd: the double fault of
+// TestIdemAnswerNotStoredThenKilledIsNotRunAgain, with the last resort failing once too. Redis
+// refuses both stores of an answered attempt's answer (before its end, and at the call's end),
+// and the database refuses the first record of its call on the attempt's row, made before the
+// answer's end (recordAnsweredAttempt). A record that failed is not one made: the call's end,
+// its answer's store refused again, records the call then. Its process killed before its
+// settlement, the reconciler settles the hold, and the retry, finding a record without an
+// answer, reads the row and is refused 409 idempotent_response_lost: one upstream call, one
+// charge. Taken as made, the record was not tried again, the row said nothing of the call, and
+// the retry took the attempt for one cut before it pinned, ran the key again and charged it twice.
+func TestIdemAnswersRowRecordThatFailedIsTriedAgainAtTheCallsEnd(t *testing.T) {
+	// The first answer's store fails, the second is held until the row takes records again, then fails too.
+	stored := &diesOnSecondWrite{marker: []byte("\r\nctype\r\n"), reached: make(chan struct{}), dead: make(chan struct{})}
+	h := newHarnessOn(t, harnessSetup{
+		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &diesOnSecondWriteConn{Conn: c, f: stored} }),
+		contextTimeouts: true,
+	}, nil)
+	u, key := h.user("standard")
+	const idemKey = "row-record-failed"
+	attempt0 := proxy.IdempotentRunID(u.ID, idemKey, 0)
+	// The database refuses every call's record (only RecordRunCall inserts into run_calls),
+	// until the trigger is dropped.
+	if _, err := h.db.Exec(`CREATE TRIGGER refuse_run_calls BEFORE INSERT ON run_calls FOR EACH ROW
+		SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'test: call records refused'`); err != nil {
+		t.Fatal(err)
+	}
+	refusing := true
+	accept := func() {
+		if refusing {
+			refusing = false
+			if _, err := h.db.Exec("DROP TRIGGER refuse_run_calls"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer accept()
+	let := sync.OnceFunc(func() { close(stored.dead) })
+	defer let()
+	settling, release := h.holdAtFirst("settle") // the process "dies" as it is about to settle
+
+	firstDone := make(chan answer, 1)
+	go func() {
+		firstDone <- send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: idemKey, "Connection": "close"})
+	}()
+	select {
+	case <-stored.reached: // the call's end, the record before the answer's end refused
+	case <-settling:
+		t.Fatal("the attempt settles without storing its answer at the call's end")
+	}
+	if calls := endedCalls(t, h, attempt0); calls != 0 {
+		t.Fatalf("the attempt's row records %d calls while the database refused them, want 0", calls)
+	}
+	accept()
+	let()
+	<-settling
+	if calls := endedCalls(t, h, attempt0); calls != 1 {
+		t.Fatalf("the attempt's row records %d calls once its call ended, want its answered call", calls)
+	}
+	if st := h.reconcileExpired(t, "run_id = ?", attempt0); st.ChargedHeld+st.FromTally != 1 {
+		t.Fatalf("reconcile of the killed attempt: %+v; want it settled", st)
+	}
+	for i := range 2 {
+		retry := send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: idemKey})
+		if retry.status != http.StatusConflict || errorCode(t, []byte(retry.body)) != "idempotent_response_lost" {
+			t.Fatalf("retry %d of an answered attempt whose answer Redis refused, killed before its settlement: %d %s; want 409 idempotent_response_lost",
+				i, retry.status, retry.body)
+		}
+	}
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1: the answered attempt ran again", n)
+	}
+	release()
+	if first := <-firstDone; first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt0 {
+		t.Fatalf("first attempt: %d run %q %s", first.status, first.header.Get(proxy.RunIDHeader), first.body)
+	}
+	h.settled()
+	h.expectCharges(u.ID, []string{attempt0})
+}
+
+// endedCalls is the calls runID's row records (RecordRunCall).
+func endedCalls(t *testing.T, h *harness, runID string) int {
+	t.Helper()
+	var n int
+	if err := h.db.Get(&n, "SELECT ended_calls FROM run_holds WHERE run_id = ?", runID); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
