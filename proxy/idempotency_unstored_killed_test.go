@@ -133,13 +133,21 @@ func TestIdemAnswerNotStoredThenKilledBeforeTheCallEndsIsNotRunAgain(t *testing.
 	defer release()
 
 	tally.on.Store(true)
+	// Past the held store, a settlement is the call's, let go at once; before it, the call never
+	// stored its answer again at its end.
+	settling, resume := h.holdAtFirst("settle")
 	firstDone := make(chan answer, 1)
 	// On a connection of its own: the handler of the "dead" process keeps it, and a retry sent
 	// on it would wait for that handler.
 	go func() {
 		firstDone <- send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "unstored-killed-early", "Connection": "close"})
 	}()
-	<-stored.reached // the process is dead in the call's end, before its settlement
+	select {
+	case <-stored.reached: // the process is dead in the call's end, before its settlement
+		resume()
+	case <-settling:
+		t.Fatal("the attempt settles without storing its answer again at the call's end")
+	}
 	if st := h.reconcileExpired(t, "run_id = ?", attempt0); st.ChargedHeld+st.FromTally != 1 {
 		t.Fatalf("reconcile of the killed attempt: %+v; want it settled", st)
 	}
