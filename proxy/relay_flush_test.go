@@ -261,3 +261,45 @@ func TestEventsBeforeTheEndDoNotWaitForItsRedisWork(t *testing.T) {
 		t.Errorf("run settled by %q with %d output tokens, want complete with the 400 reported", r.SettleSource.String, r.OutTok)
 	}
 }
+
+// TestAnswerEndSentIsCompleteThoughTheCallerLeavesAfter: the caller has the answer's end — a
+// flush carried [DONE] to it — and stops reading before what the upstream sends after it (a
+// keep-alive comment, here) goes out: that flush fails. The caller had its whole answer, so the
+// call is complete, charged its report, not cancelled as one whose end it never had.
+func TestAnswerEndSentIsCompleteThoughTheCallerLeavesAfter(t *testing.T) {
+	const after = ": after-the-end\n\n"
+	afterGate := make(chan struct{})
+	var once sync.Once
+	releaseAfter := func() { once.Do(func() { close(afterGate) }) }
+	t.Cleanup(releaseAfter)
+	h := hostileHarness(t, scriptedUpstream("text/event-stream",
+		step{s: hostileChunk + hostileUsage + "data: [DONE]\n\n"}, step{gate: afterGate}, step{s: after}),
+		func(c *config.Config) { c.Limits.ClientWriteTimeout = time.Second })
+	u, key := h.user("standard")
+	ln := &endStallListener{Listener: newLoopbackListener(t), stalled: make(chan error, 1), release: make(chan struct{}),
+		stalls: func(p []byte) bool { return bytes.Contains(p, []byte("after-the-end")) }}
+	gw := httptest.NewUnstartedServer(h.srv.Handler())
+	gw.Listener.Close()
+	gw.Listener = ln
+	gw.Start()
+	t.Cleanup(gw.Close)
+	t.Cleanup(func() { close(ln.release) })
+	req, _ := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(streamBody))
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	cr := readInBackground(resp.Body)
+	if !cr.waitFor("data: [DONE]", 10*time.Second) {
+		t.Fatalf("the caller never had [DONE]: %q", cr.bytes())
+	}
+	releaseAfter() // the upstream's comment comes only once the caller has the answer's end
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	h.waitSettled(runID, 20*time.Second, "its caller's flush failed after the answer's end")
+	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceComplete || r.OutTok != 400 {
+		t.Errorf("run settled by %q with %d output tokens, want %q and the 400 reported: the caller had the whole answer",
+			r.SettleSource.String, r.OutTok, holds.SourceComplete)
+	}
+}
