@@ -96,3 +96,24 @@ func lastEventErrorCode(t *testing.T, stream []byte) string {
 		}
 	}
 }
+
+// TestKeepAliveOnlyStreamAfterAByteOrderMarkIsBroken: the same stream of keep-alive comments,
+// opened by a byte order mark (which an SSE parser skips): still no answer. Read as more than
+// comments, it ended as a complete empty answer, and its Idempotency-Key was pinned to nothing.
+func TestKeepAliveOnlyStreamAfterAByteOrderMarkIsBroken(t *testing.T) {
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "\xEF\xBB\xBF: OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING\n\n")
+	}, nil)
+	u, key := h.user("standard")
+	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
+	got := readAll(t, resp.Body)
+	resp.Body.Close()
+	if code := lastEventErrorCode(t, got); code != "upstream_broken" {
+		t.Errorf("the caller got %q: its last event's error code is %q, want upstream_broken", got, code)
+	}
+	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
+	if run.SettleSource.String != string(holds.SourceStreamError) {
+		t.Errorf("settled %q, want %q", run.SettleSource.String, holds.SourceStreamError)
+	}
+}
