@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/tollgate/tollgate/config"
 )
 
 // TestMislabelledStreamHidesTheUsageChunkNotAskedFor: a stream sent under another content type
@@ -49,5 +51,24 @@ func mislabelledUsageChunk(t *testing.T, eol string) {
 		if !asked && string(got) != before+after {
 			t.Errorf("the caller got %q, want the stream less the usage chunk %q", got, before+after)
 		}
+	}
+}
+
+// TestMislabelledStreamKeepsWhatFollowsAnEventTooLargeToRead: the same stream, the usage-only
+// chunk removed, and past it an event larger than limits.max_event_bytes, which the gateway
+// cannot read as an event: what it cannot read is relayed as it came, that event and every
+// byte after it, never dropped with the chunk.
+func TestMislabelledStreamKeepsWhatFollowsAnEventTooLargeToRead(t *testing.T) {
+	big := "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" +
+		strings.Repeat("w", 8<<10) + "\"}}]}\n\n"
+	before, after := hostileChunk, big+hostileChunk+"data: [DONE]\n\n"
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprint(w, before+hostileUsage+after)
+	}, func(c *config.Config) { c.Limits.MaxBodyBytes, c.Limits.MaxEventBytes = 2<<10, 4<<10 })
+	got, _ := postAndRun(t, h, streamBody)
+	if string(got) != before+after {
+		t.Errorf("the caller got %d bytes %.200q..., want the stream less its usage chunk, %d bytes, the event too large and all after it kept",
+			len(got), got, len(before+after))
 	}
 }
