@@ -276,8 +276,54 @@ func TestAnswerEndSentIsCompleteThoughTheCallerLeavesAfter(t *testing.T) {
 		step{s: hostileChunk + hostileUsage + "data: [DONE]\n\n"}, step{gate: afterGate}, step{s: after}),
 		func(c *config.Config) { c.Limits.ClientWriteTimeout = time.Second })
 	u, key := h.user("standard")
+	resp, cr := streamThroughStall(t, h, key, "after-the-end")
+	if !cr.waitFor("data: [DONE]", 10*time.Second) {
+		t.Fatalf("the caller never had [DONE]: %q", cr.bytes())
+	}
+	releaseAfter() // the upstream's comment comes only once the caller has the answer's end
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	h.waitSettled(runID, 20*time.Second, "its caller's flush failed after the answer's end")
+	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceComplete || r.OutTok != 400 {
+		t.Errorf("run settled by %q with %d output tokens, want %q and the 400 reported: the caller had the whole answer",
+			r.SettleSource.String, r.OutTok, holds.SourceComplete)
+	}
+}
+
+// TestCallerLeavingAfterTheProvidersErrorEventIsNoCancel: the provider ended the answer with
+// its error event before any output, the caller had it, and stopped reading before what the
+// upstream sent after it (a keep-alive comment) went out: that flush fails. The caller leaving
+// after the answer's end is no cancel: the call settles upstream_error at 0, as when the
+// upstream closes first, not charged its prompt's estimate as a cancel.
+func TestCallerLeavingAfterTheProvidersErrorEventIsNoCancel(t *testing.T) {
+	afterGate := make(chan struct{})
+	var once sync.Once
+	releaseAfter := func() { once.Do(func() { close(afterGate) }) }
+	t.Cleanup(releaseAfter)
+	h := hostileHarness(t, scriptedUpstream("text/event-stream",
+		step{s: "data: {\"error\":{\"message\":\"The server had an error\",\"type\":\"server_error\"}}\n\n"},
+		step{gate: afterGate}, step{s: ": after-the-error\n\n"}),
+		func(c *config.Config) { c.Limits.ClientWriteTimeout = time.Second })
+	u, key := h.user("standard")
+	resp, cr := streamThroughStall(t, h, key, "after-the-error")
+	if !cr.waitFor("The server had an error", 10*time.Second) {
+		t.Fatalf("the caller never had the provider's error event: %q", cr.bytes())
+	}
+	releaseAfter()
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	h.waitSettled(runID, 20*time.Second, "its caller's flush failed after the provider's error event")
+	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceUpstreamError || r.ChargedMicro != 0 {
+		t.Errorf("run settled by %q, charged %d µUSD, want %q at 0: the provider failed before any output",
+			r.SettleSource.String, r.ChargedMicro, holds.SourceUpstreamError)
+	}
+}
+
+// streamThroughStall posts a chat stream call to h through a listener whose connection stalls
+// the first write containing marker until its write deadline, and reads the answer in the
+// background.
+func streamThroughStall(t *testing.T, h *harness, key, marker string) (*http.Response, *callerReader) {
+	t.Helper()
 	ln := &endStallListener{Listener: newLoopbackListener(t), stalled: make(chan error, 1), release: make(chan struct{}),
-		stalls: func(p []byte) bool { return bytes.Contains(p, []byte("after-the-end")) }}
+		stalls: func(p []byte) bool { return bytes.Contains(p, []byte(marker)) }}
 	gw := httptest.NewUnstartedServer(h.srv.Handler())
 	gw.Listener.Close()
 	gw.Listener = ln
@@ -291,15 +337,5 @@ func TestAnswerEndSentIsCompleteThoughTheCallerLeavesAfter(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { resp.Body.Close() })
-	cr := readInBackground(resp.Body)
-	if !cr.waitFor("data: [DONE]", 10*time.Second) {
-		t.Fatalf("the caller never had [DONE]: %q", cr.bytes())
-	}
-	releaseAfter() // the upstream's comment comes only once the caller has the answer's end
-	runID := resp.Header.Get(proxy.RunIDHeader)
-	h.waitSettled(runID, 20*time.Second, "its caller's flush failed after the answer's end")
-	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceComplete || r.OutTok != 400 {
-		t.Errorf("run settled by %q with %d output tokens, want %q and the 400 reported: the caller had the whole answer",
-			r.SettleSource.String, r.OutTok, holds.SourceComplete)
-	}
+	return resp, readInBackground(resp.Body)
 }
