@@ -170,3 +170,28 @@ func grantsOf(t *testing.T, h *harness, userID uint64) []int64 {
 	}
 	return g
 }
+
+// TestPlainStreamIsTalliedAtItsFinalEvent: a plain call's stream is tallied with its
+// fingerprint's release at its final event, before [DONE] goes out: a gateway killed then (the
+// caller has its answer, the settlement is not written) leaves the reconciler the call's
+// figures, not a run it can charge only its hold. Probed at the answer's end: the tally
+// already holds what the usage chunk reported.
+func TestPlainStreamIsTalliedAtItsFinalEvent(t *testing.T) {
+	h := fixedAnswerHarness(t, true, hostileChunk+hostileUsage+"data: [DONE]\n\n")
+	_, key := h.user("standard")
+	final, resume := h.holdAtFirst("answer final")
+	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("call: %d", resp.StatusCode)
+	}
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	<-final
+	tallied, found, err := h.tally.Get(context.Background(), runID)
+	resume()
+	readAll(t, resp.Body)
+	if err != nil || !found || tallied.Usage.Output != 400 || tallied.CostMicro != fakeGPTCost(10, 400) {
+		t.Errorf("tally of run %s at the answer's end: %+v found=%v err=%v; want the 400 output tokens reported, cost %d",
+			runID, tallied, found, err, fakeGPTCost(10, 400))
+	}
+}
