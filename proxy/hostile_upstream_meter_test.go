@@ -132,6 +132,11 @@ func TestHostileWebPageIsNoAnswer(t *testing.T) {
 		if status != http.StatusBadGateway || errorCode(t, answer) != "upstream_error" {
 			t.Errorf("status %d %s, want 502 upstream_error", status, answer)
 		}
+		// The message says what the operator is to check: a web page is a base_url that
+		// names a website, or a portal or proxy on the way.
+		if !strings.Contains(string(answer), "web page") || !strings.Contains(string(answer), "base_url") {
+			t.Errorf("answer %s: want it to say the upstream answered with a web page, and to ask after base_url", answer)
+		}
 		if run.ChargedMicro != 0 || run.SettleSource.String != "upstream_error" {
 			t.Errorf("run charged %d µUSD, source %s: want 0, upstream_error", run.ChargedMicro, run.SettleSource.String)
 		}
