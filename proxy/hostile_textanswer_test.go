@@ -97,3 +97,20 @@ func TestOKErrorObjectLogLineIsBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestEmptyOKAnswerIsBroken: a 200 with nothing in it (or white space alone) is no answer, and
+// may be one cut before its first byte: 502 upstream_broken, settled stream_error, as an answer
+// cut later is. Relayed, the SDKs could not read it, and it ended complete.
+func TestEmptyOKAnswerIsBroken(t *testing.T) {
+	for _, body := range []string{"", " \n"} {
+		h := fixedAnswerHarness(t, false, body)
+		u, key := h.user("standard")
+		status, answer, run := h.postRun(u.ID, key, "/v1/chat/completions", chatBody, nil)
+		if status != http.StatusBadGateway || errorCode(t, answer) != "upstream_broken" {
+			t.Errorf("body %q: %d %s, want 502 upstream_broken", body, status, answer)
+		}
+		if run.SettleSource.String != "stream_error" {
+			t.Errorf("body %q: settled %s, want stream_error", body, run.SettleSource.String)
+		}
+	}
+}
