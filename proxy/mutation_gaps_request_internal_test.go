@@ -229,3 +229,19 @@ func TestRepeatedKeyPastTheFirstKeysIsFound(t *testing.T) {
 		t.Errorf("two keys in another case: repeatedKey %q, %v; want \"K0\", true", got, found)
 	}
 }
+
+// TestFallbackNamingAChainIsRefused: a fallback list's entry that names several models
+// ("fake-gpt,dear", a chain a router falls back along, each at its own rates) is refused 400
+// invalid_models before anything is held, in every fallback list, as the model asked for is:
+// priced by its prefix, it was reckoned at the first model's price alone.
+func TestFallbackNamingAChainIsRefused(t *testing.T) {
+	s := fuzzServer(t)
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	for _, field := range []string{`"models"`, `"fallbacks"`} {
+		body := `{"model":"fake-gpt",` + field + `:["fake-gpt","fake-gpt,dear"],"messages":[]}`
+		_, aerr := s.parseCall(routeFor(t, "/v1/chat/completions"), []byte(body), hdr)
+		if aerr == nil || aerr.Status != http.StatusBadRequest || aerr.Code != "invalid_models" {
+			t.Errorf("%s naming a chain: %+v, want 400 invalid_models", field, aerr)
+		}
+	}
+}
