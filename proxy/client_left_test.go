@@ -158,23 +158,23 @@ func TestRunCallLeavingDuringAdmissionIsClientClosed(t *testing.T) {
 // holds. It returns when the client has given up.
 func sendThenLeave(t *testing.T, h *harness, key, body string, hdr map[string]string, stmt string) {
 	t.Helper()
-	ctx, leave := context.WithCancel(context.Background())
+	leave, done := sendLeaving(h, key, body, hdr)
 	defer leave()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+key)
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
 	waitForStatement(t, h.db, stmt)
 	leave()
 	<-done
+}
+
+// sendLeaving sends a chat request in the background; its caller leaves when leave is called.
+// done is closed once the request has ended.
+func sendLeaving(h *harness, key, body string, hdr map[string]string) (leave func(), done <-chan struct{}) {
+	ctx, leave := context.WithCancel(context.Background())
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		sendToCtx(ctx, h.gw.URL, "/v1/chat/completions", key, body, hdr)
+	}()
+	return leave, ended
 }
 
 // waitForStatement waits until a statement like stmt (a LIKE pattern) runs on another

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -120,20 +119,8 @@ func leaveAtRecordRead(t *testing.T, h *harness, key string, hdr map[string]stri
 		left, reason = true, ctx.Err()
 		mu.Unlock()
 	})
-	ctx, leave := context.WithCancel(context.Background())
+	leave, done := sendLeaving(h, key, chatBody, hdr)
 	defer leave()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
-	req.Header.Set("Authorization", "Bearer "+key)
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
 	select {
 	case <-at:
 	case <-done:

@@ -84,16 +84,7 @@ func answerNotStoredThenKilled(t *testing.T, body string, upstream http.HandlerF
 	answer.on.Store(false) // Redis takes writes again
 	tally.on.Store(false)
 
-	for i := range 2 { // a second retry must not find what the first left and run
-		retry := send(h.gw.URL, key, body, idem)
-		if retry.status != http.StatusConflict || errorCode(t, []byte(retry.body)) != "idempotent_response_lost" {
-			t.Fatalf("retry %d of an answered attempt whose answer Redis refused, killed before its settlement: %d %s; want 409 idempotent_response_lost",
-				i, retry.status, retry.body)
-		}
-	}
-	if n := calls(); n != 1 {
-		t.Fatalf("%d upstream calls, want 1: the answered attempt ran again", n)
-	}
+	expectResponseLost(t, h, key, body, idem, calls)
 	release()
 	h.settled()
 	runs := h.expectCharges(u.ID, []string{attempt0})
@@ -101,6 +92,23 @@ func answerNotStoredThenKilled(t *testing.T, body string, upstream http.HandlerF
 		if r.RunID == attempt0 && r.SettleSource.String != holds.SourceReconcile {
 			t.Errorf("killed attempt settled %s, want %s (from the call its row recorded)", r.SettleSource.String, holds.SourceReconcile)
 		}
+	}
+}
+
+// expectResponseLost checks that retries of an answered attempt killed before its settlement,
+// whose answer Redis refused, are refused 409 idempotent_response_lost (a second retry must
+// not find what the first left and run), the upstream called once in all.
+func expectResponseLost(t *testing.T, h *harness, key, body string, idem map[string]string, upstreamCalls func() int64) {
+	t.Helper()
+	for i := range 2 {
+		retry := send(h.gw.URL, key, body, idem)
+		if retry.status != http.StatusConflict || errorCode(t, []byte(retry.body)) != "idempotent_response_lost" {
+			t.Fatalf("retry %d of an answered attempt whose answer Redis refused, killed before its settlement: %d %s; want 409 idempotent_response_lost",
+				i, retry.status, retry.body)
+		}
+	}
+	if n := upstreamCalls(); n != 1 {
+		t.Fatalf("%d upstream calls, want 1: the answered attempt ran again", n)
 	}
 }
 
@@ -152,16 +160,7 @@ func TestIdemAnswerNotStoredThenKilledBeforeTheCallEndsIsNotRunAgain(t *testing.
 		t.Fatalf("reconcile of the killed attempt: %+v; want it settled", st)
 	}
 	tally.on.Store(false)
-	for i := range 2 {
-		retry := send(h.gw.URL, key, chatBody, idem)
-		if retry.status != http.StatusConflict || errorCode(t, []byte(retry.body)) != "idempotent_response_lost" {
-			t.Fatalf("retry %d of an answered attempt whose answer Redis refused, killed as its call ended: %d %s; want 409 idempotent_response_lost",
-				i, retry.status, retry.body)
-		}
-	}
-	if n := h.fake.Calls(); n != 1 {
-		t.Fatalf("%d upstream calls, want 1: the answered attempt ran again", n)
-	}
+	expectResponseLost(t, h, key, chatBody, idem, h.fake.Calls)
 	release()
 	if first := <-firstDone; first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt0 {
 		t.Fatalf("first attempt: %d run %q %s", first.status, first.header.Get(proxy.RunIDHeader), first.body)
@@ -260,16 +259,7 @@ func TestIdemAnswersRowRecordThatFailedIsTriedAgainAtTheCallsEnd(t *testing.T) {
 	if st := h.reconcileExpired(t, "run_id = ?", attempt0); st.ChargedHeld+st.FromTally != 1 {
 		t.Fatalf("reconcile of the killed attempt: %+v; want it settled", st)
 	}
-	for i := range 2 {
-		retry := send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: idemKey})
-		if retry.status != http.StatusConflict || errorCode(t, []byte(retry.body)) != "idempotent_response_lost" {
-			t.Fatalf("retry %d of an answered attempt whose answer Redis refused, killed before its settlement: %d %s; want 409 idempotent_response_lost",
-				i, retry.status, retry.body)
-		}
-	}
-	if n := h.fake.Calls(); n != 1 {
-		t.Fatalf("%d upstream calls, want 1: the answered attempt ran again", n)
-	}
+	expectResponseLost(t, h, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: idemKey}, h.fake.Calls)
 	release()
 	if first := <-firstDone; first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt0 {
 		t.Fatalf("first attempt: %d run %q %s", first.status, first.header.Get(proxy.RunIDHeader), first.body)

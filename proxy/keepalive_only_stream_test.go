@@ -60,9 +60,16 @@ func TestKeepAliveOnlyStreamIsBroken(t *testing.T) {
 // SSE parser read one comment, no event, and a clean end of an empty answer. The half comment
 // is dropped, as a half event after a break is, and the error event is one the caller reads.
 func TestKeepAliveOnlyStreamEndingInAHalfCommentIsBroken(t *testing.T) {
+	expectStreamBroken(t, ": OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING")
+}
+
+// expectStreamBroken checks that a stream whose upstream sent stream (and closed) is told the
+// caller as one that broke, its last event an upstream_broken error, and settles stream_error.
+func expectStreamBroken(t *testing.T, stream string) {
+	t.Helper()
 	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, ": OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING")
+		fmt.Fprint(w, stream)
 	}, nil)
 	u, key := h.user("standard")
 	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
@@ -101,19 +108,5 @@ func lastEventErrorCode(t *testing.T, stream []byte) string {
 // opened by a byte order mark (which an SSE parser skips): still no answer. Read as more than
 // comments, it ended as a complete empty answer, and its Idempotency-Key was pinned to nothing.
 func TestKeepAliveOnlyStreamAfterAByteOrderMarkIsBroken(t *testing.T) {
-	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "\xEF\xBB\xBF: OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING\n\n")
-	}, nil)
-	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", streamBody, nil)
-	got := readAll(t, resp.Body)
-	resp.Body.Close()
-	if code := lastEventErrorCode(t, got); code != "upstream_broken" {
-		t.Errorf("the caller got %q: its last event's error code is %q, want upstream_broken", got, code)
-	}
-	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
-	if run.SettleSource.String != string(holds.SourceStreamError) {
-		t.Errorf("settled %q, want %q", run.SettleSource.String, holds.SourceStreamError)
-	}
+	expectStreamBroken(t, "\xEF\xBB\xBF: OPENROUTER PROCESSING\n\n: OPENROUTER PROCESSING\n\n")
 }

@@ -198,6 +198,22 @@ func TestAnswerEndUnsentIsNoCompleteAnswer(t *testing.T) {
 // starts to), and returns the call's run id. The caller reads whatever comes.
 func postThroughStall(t *testing.T, h *harness, key, idem, marker string, began chan struct{}) string {
 	t.Helper()
+	resp := callThroughStall(t, h, key, idem, marker, began)
+	go func() { _, _ = io.Copy(io.Discard, resp.Body) }()
+	return resp.Header.Get(proxy.RunIDHeader)
+}
+
+// streamThroughStall is postThroughStall for a caller that reads the answer in the background
+// as it comes, and the answer's headers.
+func streamThroughStall(t *testing.T, h *harness, key, marker string) (*http.Response, *callerReader) {
+	t.Helper()
+	resp := callThroughStall(t, h, key, "", marker, nil)
+	return resp, readInBackground(resp.Body)
+}
+
+// callThroughStall sends postThroughStall's call and returns its answer, unread.
+func callThroughStall(t *testing.T, h *harness, key, idem, marker string, began chan struct{}) *http.Response {
+	t.Helper()
 	ln := &endStallListener{Listener: newLoopbackListener(t), stalled: make(chan error, 1), release: make(chan struct{}),
 		stalls: func(p []byte) bool { return bytes.Contains(p, []byte(marker)) }, began: began}
 	gw := httptest.NewUnstartedServer(h.srv.Handler())
@@ -216,8 +232,7 @@ func postThroughStall(t *testing.T, h *harness, key, idem, marker string, began 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { resp.Body.Close() })
-	go func() { _, _ = io.Copy(io.Discard, resp.Body) }()
-	return resp.Header.Get(proxy.RunIDHeader)
+	return resp
 }
 
 // TestEventsBeforeTheEndDoNotWaitForItsRedisWork: the answer's last event and the events
@@ -315,27 +330,4 @@ func TestCallerLeavingAfterTheProvidersErrorEventIsNoCancel(t *testing.T) {
 		t.Errorf("run settled by %q, charged %d µUSD, want %q at 0: the provider failed before any output",
 			r.SettleSource.String, r.ChargedMicro, holds.SourceUpstreamError)
 	}
-}
-
-// streamThroughStall posts a chat stream call to h through a listener whose connection stalls
-// the first write containing marker until its write deadline, and reads the answer in the
-// background.
-func streamThroughStall(t *testing.T, h *harness, key, marker string) (*http.Response, *callerReader) {
-	t.Helper()
-	ln := &endStallListener{Listener: newLoopbackListener(t), stalled: make(chan error, 1), release: make(chan struct{}),
-		stalls: func(p []byte) bool { return bytes.Contains(p, []byte(marker)) }}
-	gw := httptest.NewUnstartedServer(h.srv.Handler())
-	gw.Listener.Close()
-	gw.Listener = ln
-	gw.Start()
-	t.Cleanup(gw.Close)
-	t.Cleanup(func() { close(ln.release) })
-	req, _ := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(streamBody))
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { resp.Body.Close() })
-	return resp, readInBackground(resp.Body)
 }
