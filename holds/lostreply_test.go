@@ -27,11 +27,7 @@ func newLossyFixture(t *testing.T) (*settleFixture, *testenv.Lossy) {
 // newLossyFixtureDSN is newLossyFixture that also returns its database's DSN.
 func newLossyFixtureDSN(t *testing.T) (*settleFixture, *testenv.Lossy, string) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	st := holds.NewStore(db, settlePlans, "standard", zap.NewNop())
 	st.SetRetry(holds.RetryPolicy{MaxConflictRetries: 8, InitialBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	u, err := st.CreateUser(context.Background(), "lossy-"+testenv.RandomID(3), "standard")

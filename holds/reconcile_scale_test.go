@@ -247,11 +247,7 @@ func TestReconcileBacklogAtScale(t *testing.T) {
 // the backlog with every hold settled once at its charge, the lost-reply one included.
 func TestReconcileBacklogSurvivesMySQLGoingAway(t *testing.T) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	e := &storeEnv{t: t, db: db}
 	e.rdb, e.keys.Prefix = testenv.Redis(t)
 	e.log = zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel))

@@ -54,11 +54,7 @@ func TestRevokeAPIKeyRacedBetweenItsStatements(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			hold := testenv.NewHeldWrite("UPDATE api_keys SET revoked_at")
 			held, plain := holdingDSN(t, hold)
-			db, err := holds.Open(context.Background(), held)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { db.Close() })
+			db := testenv.Open(t, held)
 			// A test that stops early still lets the held write go, so nothing waits on it.
 			let := sync.OnceFunc(hold.Let)
 			t.Cleanup(let)

@@ -230,11 +230,7 @@ func TestSessionClaimCommittedAfterTheAdmitBudgetIsNotForwarded(t *testing.T) {
 	// call was refused before the step the test is about.
 	const admitTimeout = 2 * time.Second
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	h := newHarnessOn(t, harnessSetup{db: db}, func(c *config.Config) { c.Limits.AdmitTimeout = admitTimeout })
 	u, key := h.user("standard")
 	before, err := h.store.Balance(context.Background(), u.ID)

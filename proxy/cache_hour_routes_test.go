@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"context"
 	"net/http"
 	"testing"
 	"time"
@@ -130,11 +129,7 @@ func TestOneHourCacheOnTheOpenAIRoutes(t *testing.T) {
 // the reconciler settles it from the tally, which must carry its writes as one-hour ones.
 func TestOneHourCacheOnTheOpenAIRoutesReconciledFromTheTally(t *testing.T) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	h := newHarnessOn(t, harnessSetup{db: db, fixturesDir: routerHourFixtures(t)}, func(c *config.Config) {
 		routerHourPrices(c)
 		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = time.Second, time.Second

@@ -16,7 +16,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -185,11 +184,7 @@ func observedGateway(h *harness, log *zap.Logger, dedup redis.UniversalClient) s
 func TestLostIdempotentAdmissionLogNamesItsHold(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	h := newHarnessOn(t, harnessSetup{db: db, log: zap.New(core)}, func(c *config.Config) {
 		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = time.Second, time.Second
 	})

@@ -674,11 +674,7 @@ func TestNamedRunWithUnknownAdmissionOutcomeStaysOpen(t *testing.T) {
 func newLossyHarness(t *testing.T) (*harness, *testenv.Lossy) {
 	t.Helper()
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	return newHarnessOn(t, harnessSetup{db: db}, func(c *config.Config) {
 		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = time.Second, time.Second
 	}), lossy

@@ -25,11 +25,7 @@ import (
 // session pointed at the new one (so the old message, sent again, ran a second time).
 func TestSessionCallLeavingMidClaimStillStopsTheOldOne(t *testing.T) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	h := newHarnessOn(t, harnessSetup{db: db}, nil)
 	u, key := h.user("standard")
 	// A second handle on the same database, around the lossy network.

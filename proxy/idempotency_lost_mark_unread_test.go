@@ -1,11 +1,9 @@
 package proxy_test
 
 import (
-	"context"
 	"net/http"
 	"testing"
 
-	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
@@ -15,11 +13,7 @@ import (
 func lossyPausedIdemHarness(t *testing.T) (*harness, *testenv.Lossy) {
 	t.Helper()
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	return newHarnessOn(t, harnessSetup{db: db}, pausedIdemSettings), lossy
 }
 

@@ -19,11 +19,7 @@ import (
 func newObservedLossyHarness(t *testing.T, tweak func(*config.Config)) (*harness, *testenv.Lossy, *observer.ObservedLogs) {
 	t.Helper()
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	core, logs := observer.New(zap.WarnLevel)
 	h := newHarnessOn(t, harnessSetup{db: db, log: zap.New(core)}, func(c *config.Config) {
 		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = time.Second, time.Second

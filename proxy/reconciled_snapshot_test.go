@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -38,11 +37,7 @@ func reconciledKeepsBilledPrices(t *testing.T, noDedup bool) {
 	}))
 	t.Cleanup(up.Close)
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	priced := func(longIn, longOut int64) config.ModelCfg {
 		return config.ModelCfg{Input: config.USDPerM{Micro: 100_000}, CacheRead: config.USDPerM{Micro: 100_000},
 			CacheWrite: config.USDPerM{Micro: 100_000}, Output: config.USDPerM{Micro: 1_000_000},

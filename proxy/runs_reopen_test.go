@@ -26,11 +26,7 @@ import (
 func TestSettleWhoseCommitMayHaveLandedKeepsTheRunClosed(t *testing.T) {
 	gate := &reserveGate{reached: make(chan struct{}), release: make(chan struct{})}
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	h := newHarnessOn(t, harnessSetup{db: db, redisDialer: wrappedDialer(func(c net.Conn) net.Conn { return &reserveGateConn{Conn: c, g: gate} })}, func(c *config.Config) {
 		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = 20*time.Second, time.Second
 	})

@@ -104,11 +104,7 @@ const aChunks = 4000
 func newClaimLostScene(t *testing.T, log *zap.Logger, otherKeys func(*harness) runstate.Keys) *claimLostScene {
 	t.Helper()
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	// The session check is off: it stops a replaced run its cancel never reached, and would
 	// hide a claim that failed to cancel what it replaced (its own tests: session_check_test.go).
 	h := newHarnessOn(t, harnessSetup{db: db, log: log, sessionCheckInterval: -1}, nil)

@@ -27,11 +27,7 @@ import (
 // retried, and charged nothing, as when the first claim finds it.
 func TestSessionRegenerateWhoseClaimRetryFindsANewerMessageYieldsToIt(t *testing.T) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	// Room for A's settlement to land before R's claim is let go (see below).
 	h := newHarnessOn(t, harnessSetup{db: db}, func(c *config.Config) { c.Limits.AdmitTimeout = 20 * time.Second })
 	u, key := h.user("standard")

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
@@ -27,11 +26,7 @@ import (
 // ran, N was stopped, and A, which nothing told to stop, ran to its end, charged in full.
 func TestWaitedSessionClaimWhoseRetryFindsAnOlderMessageStopsWhatItReplaced(t *testing.T) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	// The session check is off: it stops a replaced run its cancel never reached, and would
 	// hide a claim that failed to cancel what it replaced (its own tests: session_check_test.go).
 	h := newHarnessOn(t, harnessSetup{db: db, sessionCheckInterval: -1}, func(c *config.Config) {

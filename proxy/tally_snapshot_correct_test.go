@@ -1,12 +1,10 @@
 package proxy_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -23,11 +21,7 @@ import (
 // cost. The correction carries the prices too.
 func TestReconciledCallWhoseUsageCameAfterTheFinalEventKeepsItsPrices(t *testing.T) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	h := newHarnessOn(t, harnessSetup{db: db}, func(c *config.Config) {
 		c.Upstreams[0].BaseURL = upstreamSending(t,
 			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}`,

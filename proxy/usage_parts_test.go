@@ -132,11 +132,7 @@ func TestUsagePartsOfCallsStoredApart(t *testing.T) {
 // cache writes and audio tokens were lost from its row and from the report. They are kept.
 func TestUsagePartsKeptWhenReconciledFromTheTally(t *testing.T) {
 	dsn, lossy := testenv.LossyMySQLDSN(t)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	h := newHarnessOn(t, harnessSetup{db: db, fixturesDir: partsFixtures(t)}, func(c *config.Config) {
 		partsPrices(c)
 		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = time.Second, time.Second

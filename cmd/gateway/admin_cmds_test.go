@@ -30,11 +30,7 @@ func useTestDatabase(t *testing.T) func(query string, args ...any) int {
 	t.Helper()
 	dsn := testenv.MySQLDSN(t)
 	t.Setenv("MYSQL_DSN", dsn)
-	db, err := holds.Open(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := testenv.Open(t, dsn)
 	servedAt(t, db, 1000)
 	return func(query string, args ...any) int {
 		t.Helper()
