@@ -16,13 +16,16 @@ import (
 )
 
 // TestLastUsageFindsTheReportAtTheEnd: the usage of an answer too large to relay is read from
-// its end, in a whole body or an event stream, never from text that quotes the word.
+// its end, in a whole body or an event stream, never from text that quotes the word, nor from
+// the word as a value followed by an object (an array's element in a tool's input): taken for a
+// key there, an answer with no report of its own was billed the figures its content held.
 func TestLastUsageFindsTheReportAtTheEnd(t *testing.T) {
 	for _, tc := range []struct{ name, tail, want string }{
 		{"body", `...ing"}}],"usage":{"prompt_tokens":3,"completion_tokens":9},"service_tier":"default"}`, `{"prompt_tokens":3,"completion_tokens":9}`},
 		{"spaces", `"usage" : {"prompt_tokens":3} }`, `{"prompt_tokens":3}`},
 		{"event stream", "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3}}\n\ndata: [DONE]\n\n", `{"prompt_tokens":3}`},
 		{"quoted in text only", `"transcript":"the \"usage\":{\"prompt_tokens\":1} field"}}]}`, ``},
+		{"a value, not a key", `"input":{"fields":["usage",{"prompt_tokens":1000000}]}}]}`, ``},
 		{"null", `"usage":null}`, ``},
 		{"cut inside", `"usage":{"prompt_tokens":3,"compl`, ``},
 		{"none", `{"choices":[]}`, ``},
