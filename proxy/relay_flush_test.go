@@ -198,7 +198,7 @@ func TestAnswerEndUnsentIsNoCompleteAnswer(t *testing.T) {
 // starts to), and returns the call's run id. The caller reads whatever comes.
 func postThroughStall(t *testing.T, h *harness, key, idem, marker string, began chan struct{}) string {
 	t.Helper()
-	resp := callThroughStall(t, h, key, idem, marker, began)
+	resp, _ := callThroughStall(t, h, key, streamBody, idem, marker, began)
 	go func() { _, _ = io.Copy(io.Discard, resp.Body) }()
 	return resp.Header.Get(proxy.RunIDHeader)
 }
@@ -207,12 +207,13 @@ func postThroughStall(t *testing.T, h *harness, key, idem, marker string, began 
 // as it comes, and the answer's headers.
 func streamThroughStall(t *testing.T, h *harness, key, marker string) (*http.Response, *callerReader) {
 	t.Helper()
-	resp := callThroughStall(t, h, key, "", marker, nil)
+	resp, _ := callThroughStall(t, h, key, streamBody, "", marker, nil)
 	return resp, readInBackground(resp.Body)
 }
 
-// callThroughStall sends postThroughStall's call and returns its answer, unread.
-func callThroughStall(t *testing.T, h *harness, key, idem, marker string, began chan struct{}) *http.Response {
+// callThroughStall sends a chat call of body the way postThroughStall does, and returns its
+// answer, unread, and the listener (its stalled channel says whether a write stalled).
+func callThroughStall(t *testing.T, h *harness, key, body, idem, marker string, began chan struct{}) (*http.Response, *endStallListener) {
 	t.Helper()
 	ln := &endStallListener{Listener: newLoopbackListener(t), stalled: make(chan error, 1), release: make(chan struct{}),
 		stalls: func(p []byte) bool { return bytes.Contains(p, []byte(marker)) }, began: began}
@@ -222,7 +223,7 @@ func callThroughStall(t *testing.T, h *harness, key, idem, marker string, began 
 	gw.Start()
 	t.Cleanup(gw.Close)
 	t.Cleanup(func() { close(ln.release) })
-	req, _ := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(streamBody))
+	req, _ := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+key)
 	if idem != "" {
 		req.Header.Set(proxy.IdempotencyKeyHeader, idem)
@@ -232,7 +233,7 @@ func callThroughStall(t *testing.T, h *harness, key, idem, marker string, began 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { resp.Body.Close() })
-	return resp
+	return resp, ln
 }
 
 // TestEventsBeforeTheEndDoNotWaitForItsRedisWork: the answer's last event and the events

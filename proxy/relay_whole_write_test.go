@@ -32,7 +32,8 @@ func TestPinnedWholeAnswerWhoseWriteFailsStaysComplete(t *testing.T) {
 	h := hostileHarness(t, scriptedUpstream("application/json", step{s: answer}),
 		func(c *config.Config) { c.Limits.ClientWriteTimeout = time.Second })
 	u, key := h.user("standard")
-	resp, ln := postWholeThroughStall(t, h, key, "pinned-then-left", marker)
+	resp, ln := callThroughStall(t, h, key, chatBody, "pinned-then-left", marker, nil)
+	go func() { _, _ = io.Copy(io.Discard, resp.Body) }()
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	if runID == "" {
 		t.Fatalf("no run id on the answer (status %d)", resp.StatusCode)
@@ -47,31 +48,6 @@ func TestPinnedWholeAnswerWhoseWriteFailsStaysComplete(t *testing.T) {
 		t.Errorf("run settled by %q with %d output tokens, want %q with the 400 reported: its key holds the whole answer",
 			r.SettleSource.String, r.OutTok, holds.SourceComplete)
 	}
-}
-
-// postWholeThroughStall posts a non-stream chat call to h under Idempotency-Key idem through a
-// listener whose connection stalls the first write containing marker until its write deadline,
-// reads whatever of the answer comes in the background, and returns the answer and the listener.
-func postWholeThroughStall(t *testing.T, h *harness, key, idem, marker string) (*http.Response, *endStallListener) {
-	t.Helper()
-	ln := &endStallListener{Listener: newLoopbackListener(t), stalled: make(chan error, 1), release: make(chan struct{}),
-		stalls: func(p []byte) bool { return bytes.Contains(p, []byte(marker)) }}
-	gw := httptest.NewUnstartedServer(h.srv.Handler())
-	gw.Listener.Close()
-	gw.Listener = ln
-	gw.Start()
-	t.Cleanup(gw.Close)
-	t.Cleanup(func() { close(ln.release) })
-	req, _ := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
-	req.Header.Set("Authorization", "Bearer "+key)
-	req.Header.Set(proxy.IdempotencyKeyHeader, idem)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { resp.Body.Close() })
-	go func() { _, _ = io.Copy(io.Discard, resp.Body) }()
-	return resp, ln
 }
 
 // TestNamedRunWholeCallIsTalliedBeforeItsAnswerGoesOut: a named run's non-stream call is
