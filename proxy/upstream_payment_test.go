@@ -96,15 +96,21 @@ func TestUpstreamQuotaRefusalIsNotARateLimit(t *testing.T) {
 func TestAnthropicCreditBalanceRefusalIsNotTheCallersBalance(t *testing.T) {
 	const noCredit = `{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."},"request_id":"req_011CbrFTcXhtiMzr3s6EocF7"}`
 	const mistake = `{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Input should be greater than or equal to 1"}}`
+	// A caller's mistake whose message quotes the caller's own words, here the refusal's: only
+	// a message that begins with it is the operator's account.
+	const quoted = `{"type":"error","error":{"type":"invalid_request_error","message":"metadata.user_id: 'Your credit balance is too low' is not a valid user id"}}`
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
-		if r.Header.Get("X-Test-Mistake") != "" {
+		switch r.Header.Get("X-Test-Mistake") {
+		case "":
+			_, _ = io.WriteString(w, noCredit)
+		case "quoted":
+			_, _ = io.WriteString(w, quoted)
+		default:
 			_, _ = io.WriteString(w, mistake)
-			return
 		}
-		_, _ = io.WriteString(w, noCredit)
 	}))
 	t.Cleanup(up.Close)
 	h := newHarness(t, func(c *config.Config) {
@@ -116,10 +122,12 @@ func TestAnthropicCreditBalanceRefusalIsNotTheCallersBalance(t *testing.T) {
 		name, path string
 		hdr        map[string]string
 		status     int
+		want       string
 	}{
-		{"message", "/v1/messages", nil, http.StatusBadGateway},
-		{"token count", "/v1/messages/count_tokens", nil, http.StatusBadGateway},
-		{"the caller's mistake", "/v1/messages", map[string]string{"X-Test-Mistake": "1"}, http.StatusBadRequest},
+		{"message", "/v1/messages", nil, http.StatusBadGateway, ""},
+		{"token count", "/v1/messages/count_tokens", nil, http.StatusBadGateway, ""},
+		{"the caller's mistake", "/v1/messages", map[string]string{"X-Test-Mistake": "1"}, http.StatusBadRequest, mistake},
+		{"the caller's mistake quoting the refusal", "/v1/messages", map[string]string{"X-Test-Mistake": "quoted"}, http.StatusBadRequest, quoted},
 	} {
 		resp := h.post(key, tc.path, msgBody, tc.hdr)
 		answer := readAll(t, resp.Body)
@@ -133,7 +141,7 @@ func TestAnthropicCreditBalanceRefusalIsNotTheCallersBalance(t *testing.T) {
 				t.Errorf("%s: X-Should-Retry %q, %s: want 502 in the gateway's words, not to be retried",
 					tc.name, resp.Header.Get("X-Should-Retry"), answer)
 			}
-		} else if string(answer) != mistake {
+		} else if string(answer) != tc.want {
 			t.Errorf("%s: %s, want the upstream's answer as sent", tc.name, answer)
 		}
 		if tc.path == "/v1/messages" {
