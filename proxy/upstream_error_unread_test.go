@@ -31,12 +31,17 @@ var refusedCalls = []struct {
 	{"messages 529", "anthropic", "/v1/messages", `{"model":"claude-test","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}`, 529},
 }
 
-// stalledErrorUpstream answers every call status with the start of an error body, and sends
-// the rest only when release is closed (never, unless the test closes it).
+// stalledRefusalRetryAfter is the retry advice stalledErrorUpstream's refusal sends.
+const stalledRefusalRetryAfter = "7"
+
+// stalledErrorUpstream answers every call status (with stalledRefusalRetryAfter) and the start
+// of an error body, and sends the rest only when release is closed (never, unless the test
+// closes it).
 func stalledErrorUpstream(t *testing.T, status int, release <-chan struct{}) *httptest.Server {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", stalledRefusalRetryAfter)
 		w.WriteHeader(status)
 		_, _ = io.WriteString(w, `{"error":{"message":"The server`)
 		w.(http.Flusher).Flush()
@@ -97,7 +102,8 @@ func TestCallerLeftWhileTheUpstreamsErrorWasReadIs499(t *testing.T) {
 // stalled in its refusal's body past limits.upstream_timeout did not answer in time, yet was
 // answered with the upstream's status (a 4xx as upstream_refused, a 5xx as 502
 // upstream_error), a broken answer. README: 504 upstream_timeout; nothing is charged, since
-// the provider refused the call.
+// the provider refused the call. The refusal's retry advice (its Retry-After) goes on, as on a
+// 5xx answered 502, so that an SDK backs off as the provider asked.
 func TestUpstreamErrorStalledPastTheTimeoutIs504(t *testing.T) {
 	for _, tc := range refusedCalls {
 		t.Run(tc.name, func(t *testing.T) {
@@ -117,6 +123,9 @@ func TestUpstreamErrorStalledPastTheTimeoutIs504(t *testing.T) {
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusGatewayTimeout || errorCode(t, body) != "upstream_timeout" {
 				t.Fatalf("%d %s, want 504 upstream_timeout", resp.StatusCode, body)
+			}
+			if got := resp.Header.Get("Retry-After"); got != stalledRefusalRetryAfter {
+				t.Errorf("Retry-After %q, want the refusal's %q", got, stalledRefusalRetryAfter)
 			}
 			run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
 			if run.State != holds.StateSettled || run.SettleSource.String != holds.SourceUpstreamError || run.ChargedMicro != 0 {
