@@ -28,13 +28,17 @@ func newLossyRedisHarness(t *testing.T, db harnessSetup, mutate func(*config.Con
 // until it lands: the run, which nobody comes back to, is then reconciled at 0, not charged
 // its hold. The write lost before it reached Redis is the case that needs the retry; the one
 // whose reply was lost (it landed) must be tried again harmlessly, and no failure counted.
+// A try whose every attempt is lost (go-redis's own resends, MaxRetries, included) is landed by
+// the gateway's own retry alone (markRunUnused's loop).
 func TestNamedRunWithLostAdmissionWritesItsZeroTallyUntilItLands(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		loss testenv.RedisLoss
+		name     string
+		loss     testenv.RedisLoss
+		wholeTry bool
 	}{
-		{"request lost", testenv.RedisRequestLost},
-		{"reply lost", testenv.RedisReplyLost},
+		{"request lost", testenv.RedisRequestLost, false},
+		{"reply lost", testenv.RedisReplyLost, false},
+		{"every attempt of a try lost", testenv.RedisRequestLost, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dsn, lossyDB := testenv.LossyMySQLDSN(t)
@@ -45,11 +49,15 @@ func TestNamedRunWithLostAdmissionWritesItsZeroTallyUntilItLands(t *testing.T) {
 			u, key := h.user("standard")
 			runID := proxy.RunIDFor(u.ID, "task-unused")
 			// A MULTI/EXEC: go-redis does not resend it, so one loss fails the write.
-			lossy.Arm(h.keys.Usage(runID), c.loss, 1)
+			times := 1
+			if c.wholeTry {
+				times = h.rdb.Options().MaxRetries + 1
+			}
+			lossy.Arm(h.keys.Usage(runID), c.loss, times)
 			postWithLostAdmission(h, lossyDB, key, map[string]string{"X-Run-Id": "task-unused"})
 			h.settled()
-			if lossy.Fired() != 1 {
-				t.Fatalf("%d writes of the zero tally lost, want 1", lossy.Fired())
+			if lossy.Fired() != times {
+				t.Fatalf("%d writes of the zero tally lost, want %d", lossy.Fired(), times)
 			}
 			if tl, found, err := h.tally.Get(context.Background(), runID); err != nil || !found || tl != (runstate.Tallied{}) {
 				t.Fatalf("tally of the run: %+v found=%v err=%v; want the zero tally, landed on a later try", tl, found, err)
