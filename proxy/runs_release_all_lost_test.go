@@ -133,6 +133,27 @@ func TestNamedRunCallWhoseRecordMarkDropFailedIsSettledOnceRedisAnswers(t *testi
 	}
 }
 
+// TestNamedRunCallWhoseRecordMarkDropFailsAgainIsSettledOnceRedisAnswers: as
+// TestNamedRunCallWhoseRecordMarkDropFailedIsSettledOnceRedisAnswers, but the drop's first
+// later try is lost too, every attempt of it, while the tally and the record have landed. The
+// call's end keeps trying the drop (retryRunCallEnd) until it lands, not only once: stopping
+// once the tally and the record were in kept the run's settle at 409 run_busy until the mark
+// lapsed.
+func TestNamedRunCallWhoseRecordMarkDropFailsAgainIsSettledOnceRedisAnswers(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	h, lossy := newLossyRedisHarness(t, harnessSetup{log: zap.New(core)}, nil)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-mark-drop-lost-again"}
+	runID := firstRunCallThenLoseItsRecord(t, h, key, run)
+	// Every attempt of the drop at the call's end and of its first later try.
+	attempts := 2 * (h.rdb.Options().MaxRetries + 1)
+	lossy.Arm(recordedScriptSHA, testenv.RedisRequestLost, attempts)
+	secondCallThenSettle(t, h, lossy, u.ID, key, run, runID, attempts)
+	if logs.FilterMessage("run call's record marked on a later try").Len() != 1 {
+		t.Fatalf("logs %v: want the drop that landed on a later try said so", logs.All())
+	}
+}
+
 // recordedScriptSHA is the SHA go-redis names runstate's record-mark drop by (EVALSHA). A
 // change to that script's source leaves the marker matching nothing, which the test's count of
 // lost drops reports.
