@@ -48,7 +48,8 @@ func TestNamedRunWithLostAdmissionWritesItsZeroTallyUntilItLands(t *testing.T) {
 			})
 			u, key := h.user("standard")
 			runID := proxy.RunIDFor(u.ID, "task-unused")
-			// A MULTI/EXEC: go-redis does not resend it, so one loss fails the write.
+			// A script: go-redis resends it (MaxRetries), so one loss is landed by that resend;
+			// a try whose every attempt is lost, only by markRunUnused's own loop.
 			times := 1
 			if c.wholeTry {
 				times = h.rdb.Options().MaxRetries + 1
