@@ -353,6 +353,40 @@ func TestNamedRunCallIsTalliedBeforeItsAnswerEnds(t *testing.T) {
 	}
 }
 
+// TestNamedRunSettledAsItsCallEndsFindsNoLease: a named run's streamed call gives its lease
+// back with its tally, before its answer's end ([DONE]) goes out, not only when the call ends
+// after it: a run leased cannot be closed (CloseRun), and a caller that settles its run the
+// moment it has the answer was refused 409 run_busy for a call that was over. The call's end
+// is held here until the settle is answered.
+func TestNamedRunSettledAsItsCallEndsFindsNoLease(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	ending, resume := h.holdAtFirst("run call end")
+	resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{"X-Run-Id": "task-ending",
+		fakellm.HeaderChunks: "50", fakellm.HeaderChunkInterval: "20ms"})
+	defer resp.Body.Close()
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	br := firstEvent(t, resp)
+	// A heartbeat while the call runs writes its lease, as one does for every call in flight.
+	if err := h.leases.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := h.rdb.Exists(context.Background(), h.keys.Lease(runID)).Result(); err != nil || n != 1 {
+		t.Fatalf("lease of the running call: exists=%d, %v", n, err)
+	}
+	toDone(t, br)
+	<-ending
+	status, body := h.settleRun(key, "task-ending")
+	resume()
+	if status != http.StatusOK {
+		t.Fatalf("settle once the answer had ended, its call's end still to come: %d %s, want 200", status, body)
+	}
+	readAll(t, br)
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 1 || r.ChargedMicro != fakeGPTCost(r.InTok, r.OutTok) {
+		t.Fatalf("run %+v: want it settled, its call charged", r)
+	}
+}
+
 // TestNamedRunOutlivesAFailedFirstCall: the first call of a run fails upstream (a 503); the
 // agent retries under the same name and the run goes on — not 409 run_settled — and settling
 // charges only what was used.

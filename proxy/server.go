@@ -571,6 +571,10 @@ const (
 	// settlement.
 	stepAdmitWaits = "admission waits for a settlement"
 	stepSettle     = "settle"
+	// stepRunCallEnd precedes the end of a named run's call (finishRunCall), once its answer's
+	// end has gone out: a settle of the run sent then meets a call whose lease was given back
+	// before its answer ended (tallyBeforeAnswer).
+	stepRunCallEnd = "run call end"
 	// stepRefund precedes the refund of what a call did not use of the hold another process
 	// charged (refundPausedCharge), under its settlement's context, and the read for it of a
 	// refused hold whose release gave up (releaseRefused).

@@ -127,6 +127,7 @@ func outcomeAfterPanic(c *call) outcome {
 // run's first, leaves the run open: an agent retries with the same run id, and a run nobody
 // comes back to is settled from its tally (at 0 when nothing was used) once it expires.
 func (s *Server) finishRunCall(ctx context.Context, c *call, st holds.Settlement) {
+	s.beforeStep(ctx, stepRunCallEnd)
 	if !c.tallied {
 		c.tallied = s.tallyCall(ctx, c, st)
 	}
