@@ -314,18 +314,8 @@ func TestNamedRunCallIsTalliedBeforeItsAnswerEnds(t *testing.T) {
 	lossy.Arm("UPDATE run_holds SET expires_at = GREATEST(expires_at, NOW(6)", testenv.LateReply)
 	hdr := map[string]string{"X-Run-Id": "task-quick", fakellm.HeaderChunks: "12", fakellm.HeaderChunkInterval: "20ms",
 		fakellm.HeaderLinger: "300ms"}
-	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
-	defer resp.Body.Close()
-	runID := resp.Header.Get(proxy.RunIDHeader)
-	br := firstEvent(t, resp)
-	// A heartbeat while the call runs writes its lease, as one does for every call in flight;
-	// a leased run cannot be settled, so the lease must be gone with the answer's end too.
-	if err := h.leases.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := h.rdb.Exists(context.Background(), h.keys.Lease(runID)).Result(); err != nil || n != 1 {
-		t.Fatalf("lease of the running call: exists=%d, %v", n, err)
-	}
+	// A leased run cannot be settled, so the lease must be gone with the answer's end too.
+	runID, br := leasedStream(t, h, key, hdr)
 	toDone(t, br)
 	tallied, found, err := h.tally.Get(context.Background(), runID)
 	if err != nil || !found || tallied.Calls != 1 || tallied.Usage.Output != 12 {
@@ -362,18 +352,8 @@ func TestNamedRunSettledAsItsCallEndsFindsNoLease(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	ending, resume := h.holdAtFirst("run call end")
-	resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{"X-Run-Id": "task-ending",
+	runID, br := leasedStream(t, h, key, map[string]string{"X-Run-Id": "task-ending",
 		fakellm.HeaderChunks: "50", fakellm.HeaderChunkInterval: "20ms"})
-	defer resp.Body.Close()
-	runID := resp.Header.Get(proxy.RunIDHeader)
-	br := firstEvent(t, resp)
-	// A heartbeat while the call runs writes its lease, as one does for every call in flight.
-	if err := h.leases.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := h.rdb.Exists(context.Background(), h.keys.Lease(runID)).Result(); err != nil || n != 1 {
-		t.Fatalf("lease of the running call: exists=%d, %v", n, err)
-	}
 	toDone(t, br)
 	<-ending
 	status, body := h.settleRun(key, "task-ending")
@@ -385,6 +365,25 @@ func TestNamedRunSettledAsItsCallEndsFindsNoLease(t *testing.T) {
 	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 1 || r.ChargedMicro != fakeGPTCost(r.InTok, r.OutTok) {
 		t.Fatalf("run %+v: want it settled, its call charged", r)
 	}
+}
+
+// leasedStream posts a streamed call of a named run (hdr names it, and paces its chunks so
+// that it outlasts its first event by far), reads its first event, and has a heartbeat write
+// the call's lease, as one does for every call in flight. It returns the run's id and the
+// answer's reader; the body is closed at cleanup.
+func leasedStream(t *testing.T, h *harness, key string, hdr map[string]string) (string, *bufio.Reader) {
+	t.Helper()
+	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
+	t.Cleanup(func() { resp.Body.Close() })
+	runID := resp.Header.Get(proxy.RunIDHeader)
+	br := firstEvent(t, resp)
+	if err := h.leases.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := h.rdb.Exists(context.Background(), h.keys.Lease(runID)).Result(); err != nil || n != 1 {
+		t.Fatalf("lease of the running call: exists=%d, %v", n, err)
+	}
+	return runID, br
 }
 
 // TestNamedRunOutlivesAFailedFirstCall: the first call of a run fails upstream (a 503); the
