@@ -33,8 +33,8 @@ type loggedStep struct {
 
 func (l *stepLog) observe(h *harness, slow map[string]time.Duration) {
 	h.srv.ObserveSteps(func(ctx context.Context, name string) {
-		if name == "settle" {
-			return // after the call, under settle_timeout: not a step before forwarding
+		if name == "settle" || name == "run call end" {
+			return // after the call (settle_timeout bounds its work): not a step before forwarding
 		}
 		d, ok := ctx.Deadline()
 		l.mu.Lock()
