@@ -180,3 +180,27 @@ func TestKeyFormsAreTheKeysSpellingsWhateverWasLookedForBefore(t *testing.T) {
 		t.Errorf("keyForms of a key shorter than minRedactedKeyLen = %q, want none", got)
 	}
 }
+
+// TestAccountIDRedactionKeepsTheRestOfTheWords: an error body's operator account ids go — an
+// OpenAI org- or proj_ id keeping its kind, Anthropic's organisation UUID keeping the words
+// that name it, each of an account header's values wherever it stands — and every other word
+// stays as the provider sent it: an org- that is part of a longer word or too short to be an
+// id, a UUID of the caller's that no organisation words precede, a header value too short to
+// be an id.
+func TestAccountIDRedactionKeepsTheRestOfTheWords(t *testing.T) {
+	h := http.Header{
+		"Openai-Organization": {"org-AbCdEf0123456789ghIJklMN", "73418265"},
+		"Openai-Project":      {"none"},
+	}
+	in := `{"error":{"message":"Rate limit reached for cyborg-assistant01 in organization org-AbCdEf0123456789ghIJklMN ` +
+		`(project proj_Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2) on tokens per min, over your org-level limit; none of request ` +
+		`3f2a9c1e-0b4d-4c6e-8f70-1a2b3c4d5e6f is served; the rate limit for your organization (0dccdde6-f924-4f1b-bb3b-92ef846e0a5b), ` +
+		`org: 80162711-722B-4454-ae75-c6334e6796f2, account 73418265.","type":"tokens"}}`
+	want := `{"error":{"message":"Rate limit reached for cyborg-assistant01 in organization org-(redacted) ` +
+		`(project proj_(redacted)) on tokens per min, over your org-level limit; none of request ` +
+		`3f2a9c1e-0b4d-4c6e-8f70-1a2b3c4d5e6f is served; the rate limit for your organization ((redacted)), ` +
+		`org: (redacted), account (redacted).","type":"tokens"}}`
+	if got := string(redactAccountIDs([]byte(in), h)); got != want {
+		t.Errorf("redacted\n%s\nwant\n%s", got, want)
+	}
+}
