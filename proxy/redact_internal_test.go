@@ -204,3 +204,31 @@ func TestAccountIDRedactionKeepsTheRestOfTheWords(t *testing.T) {
 		t.Errorf("redacted\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestKeyOfTheShortestLookedForLengthIsRedacted: a key of minRedactedKeyLen characters is
+// looked for in a relayed body, a log line's quote and the answer's headers alike; one
+// character shorter it is not (it would take words of the message with it).
+func TestKeyOfTheShortestLookedForLengthIsRedacted(t *testing.T) {
+	const key = "sk-8char"
+	if len(key) != minRedactedKeyLen {
+		t.Fatalf("the test's key has %d characters, want minRedactedKeyLen (%d)", len(key), minRedactedKeyLen)
+	}
+	if got := string(redactKey([]byte("bad key sk-8char."), key)); got != "bad key (redacted)." {
+		t.Errorf("relayed body: %q", got)
+	}
+	if got := loggedUpstream(&config.Upstream{APIKey: key}, "bad key sk-8char."); got != "bad key (redacted)." {
+		t.Errorf("log quote: %q", got)
+	}
+	h := http.Header{"X-Echo-Authorization": {"Bearer sk-8char"}}
+	if redactHeaderKey(h, key); h.Get("X-Echo-Authorization") != "Bearer (redacted)" {
+		t.Errorf("header: %q", h.Get("X-Echo-Authorization"))
+	}
+	short := key[:minRedactedKeyLen-1]
+	if got := string(redactKey([]byte("bad key "+short), short)); got != "bad key "+short {
+		t.Errorf("a key shorter than minRedactedKeyLen was looked for: %q", got)
+	}
+	h = http.Header{"X-Echo-Authorization": {"Bearer " + short}}
+	if redactHeaderKey(h, short); h.Get("X-Echo-Authorization") != "Bearer "+short {
+		t.Errorf("a key shorter than minRedactedKeyLen was looked for in a header: %q", h.Get("X-Echo-Authorization"))
+	}
+}
