@@ -232,3 +232,18 @@ func TestKeyOfTheShortestLookedForLengthIsRedacted(t *testing.T) {
 		t.Errorf("a key shorter than minRedactedKeyLen was looked for in a header: %q", h.Get("X-Echo-Authorization"))
 	}
 }
+
+// TestSpelledKeysAreBounded: the keys whose spellings are kept are at most maxSpelledKeys,
+// however many were looked for (a test's many gateways, each with a key of its own).
+func TestSpelledKeysAreBounded(t *testing.T) {
+	for i := range 3 * maxSpelledKeys {
+		keyForms(fmt.Sprintf("sk-bound-%d/0123456789", i))
+	}
+	if m := spelled.Load(); m == nil || len(*m) > maxSpelledKeys {
+		n := -1
+		if m != nil {
+			n = len(*m)
+		}
+		t.Errorf("%d keys' spellings kept, want at most %d", n, maxSpelledKeys)
+	}
+}
