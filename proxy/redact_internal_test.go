@@ -247,3 +247,30 @@ func TestSpelledKeysAreBounded(t *testing.T) {
 		t.Errorf("%d keys' spellings kept, want at most %d", n, maxSpelledKeys)
 	}
 }
+
+// TestLoggedUpstreamQuotesWholeWhatFitsOnceTheKeyIsOut: a quote that fits in maxLoggedBytes
+// once its key is replaced is logged whole, unmarked — one longer than the bound by less than
+// the key, one of exactly the window looked at, one of exactly maxLoggedBytes — and a longer
+// one cut inside a character is cut before it, its line valid UTF-8.
+func TestLoggedUpstreamQuotesWholeWhatFitsOnceTheKeyIsOut(t *testing.T) {
+	const key = "opkey/0123456789+abcdefXYZ"
+	up := &config.Upstream{APIKey: key}
+	window := maxLoggedBytes + len(keyForms(key)[0])
+	for _, in := range []string{
+		strings.Repeat("a", maxLoggedBytes-len("(redacted)")-16) + key + strings.Repeat("b", 16),
+		key + key + strings.Repeat("a", window-2*len(key)),
+		strings.Repeat("a", maxLoggedBytes),
+	} {
+		if out, want := loggedUpstream(up, in), strings.ReplaceAll(in, key, "(redacted)"); out != want {
+			t.Errorf("%d bytes quoted as %d bytes %q, want %d bytes, whole", len(in), len(out), out, len(want))
+		}
+	}
+	for _, k := range []string{"none", key} {
+		in := "x" + strings.Repeat("é", maxLoggedBytes)
+		out := loggedUpstream(&config.Upstream{APIKey: k}, in)
+		if !utf8.ValidString(out) || !strings.HasSuffix(out, loggedCut) || len(out) > maxLoggedBytes ||
+			!strings.HasPrefix(in, strings.TrimSuffix(out, loggedCut)) {
+			t.Errorf("key %q: long quote of two-byte characters after one byte: %d bytes %q, want its start, whole characters, marked", k, len(out), out)
+		}
+	}
+}
