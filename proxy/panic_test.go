@@ -115,7 +115,8 @@ func (p panicTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // second time through the server's log. A token count, which is no call and has no settlement
 // to recover its panic, reached net/http's line alone. The value is quoted as any other quote
 // of an upstream (no spelling of the key, at most 512 bytes) and said once, with the panic's
-// own stack.
+// own stack. Each upstream has a key of its own: a panic outside any one call (the token
+// count's) has every configured upstream's replaced, not only the first's.
 func TestPanicValueInTheLogHoldsNoKeyAndIsBounded(t *testing.T) {
 	const opKey = "opsecret/0123456789+abcdefXYZ<&>"
 	for _, tc := range []struct{ name, path, body, authHeader, authPrefix string }{
@@ -126,7 +127,7 @@ func TestPanicValueInTheLogHoldsNoKeyAndIsBounded(t *testing.T) {
 			core, logs := observer.New(zapcore.DebugLevel)
 			h := newHarnessOn(t, harnessSetup{log: zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel)), serverLog: true, transport: echoPanicTransport{}}, func(c *config.Config) {
 				for i := range c.Upstreams {
-					c.Upstreams[i].APIKey = opKey
+					c.Upstreams[i].APIKey = fmt.Sprint(opKey, i) // each its own: every one looked for
 				}
 			})
 			_, key := h.user("standard")
