@@ -88,3 +88,26 @@ func (h *harness) metricSeries(name string) map[string]int64 {
 	}
 	return out
 }
+
+// TestBilledTokensCountTheUsageParts: tollgate_billed_tokens_total counts the parts of a
+// call's usage under their own kinds — one-hour cache writes as cache_write_1h, the audio of a
+// prompt and of an answer as audio_input and audio_output — each as many as the settled row
+// holds, as the provider's invoice lists them on their own lines.
+func TestBilledTokensCountTheUsageParts(t *testing.T) {
+	h := newHarnessWithFixtures(t, partsFixtures(t), partsPrices)
+	u, key := h.user("standard")
+	spoken, _ := h.answeredRun(u.ID, key, "/v1/chat/completions", spokenAudioRequest, map[string]string{fakellm.HeaderReplay: "spoken_audio.json"})
+	cached, _ := h.answeredRun(u.ID, key, "/v1/messages", hourCacheRequest, map[string]string{fakellm.HeaderReplay: "hour_cache.json"})
+	h.settled()
+	sum := spoken.Usage().Add(cached.Usage())
+	if sum != spokenAudioUsage.Add(hourCacheUsage) {
+		t.Fatalf("the runs settled with %+v and %+v, want %+v and %+v", spoken.Usage(), cached.Usage(), spokenAudioUsage, hourCacheUsage)
+	}
+	tokens := h.metricSeries("tollgate_billed_tokens_total")
+	for kind, want := range map[string]int64{"input": sum.Input, "cache_read": sum.CacheRead, "cache_write": sum.CacheWrite,
+		"output": sum.Output, "cache_write_1h": sum.CacheWrite1h, "audio_input": sum.AudioInput, "audio_output": sum.AudioOutput} {
+		if got := tokens[`kind="`+kind+`"`]; got != want {
+			t.Errorf("billed %s tokens %d, want the settled rows' %d (%v)", kind, got, want, tokens)
+		}
+	}
+}
