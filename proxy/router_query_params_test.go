@@ -1,7 +1,9 @@
 package proxy_test
 
 import (
+	"io"
 	"net/http"
+	"sync"
 	"testing"
 )
 
@@ -60,5 +62,35 @@ func TestModelQueryParameterIsRefused(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("%d %s, want 200: no model in the query", resp.StatusCode, body)
+	}
+}
+
+// TestCallersQueryReachesTheUpstream: the query string a call is served with goes on to the
+// upstream as the caller sent it: Azure OpenAI reads its API version there
+// (`?api-version=2024-06-01`), and a call that lost it would be refused by the provider or
+// answered by another version than the caller asked for.
+func TestCallersQueryReachesTheUpstream(t *testing.T) {
+	var mu sync.Mutex
+	var query string
+	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		query = r.URL.RawQuery
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, plainAnswer)
+	}, nil)
+	_, key := h.user("standard")
+	const sent = "api-version=2024-06-01&trace=on"
+	resp := h.post(key, "/v1/chat/completions?"+sent, chatBody, nil)
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s, want 200", resp.StatusCode, body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if query != sent {
+		t.Errorf("the upstream was sent the query %q, want the caller's %q", query, sent)
 	}
 }
