@@ -18,44 +18,11 @@ import (
 // requests (its 409s among them) carry no X-Tollgate-Run-Id. It was answered 409 superseded
 // naming the released run, which 2fa0487 stopped for a call superseded a moment earlier.
 func TestSupersededBeforeItsRequestReachedTheUpstreamNamesNoRun(t *testing.T) {
-	// An upstream that accepts the connection and reads nothing, with a small receive window:
-	// a request larger than the socket buffers is never written whole.
-	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-		var serr error
-		if err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) }); err != nil {
-			return err
-		}
-		return serr
-	}}
-	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	accepted := make(chan net.Conn, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
-	t.Cleanup(func() {
-		for {
-			select {
-			case c := <-accepted:
-				c.Close()
-			default:
-				return
-			}
-		}
-	})
+	addr, accepted := holeUpstream(t)
 	// Past the gateway's send buffer (at most tcp_wmem's 4 MiB by default) and the upstream's window.
 	const bodyBytes = 12 << 20
 	h := newHarness(t, func(c *config.Config) {
-		c.Upstreams = append([]config.Upstream{{Name: "hole", Kind: "openai", BaseURL: "http://" + ln.Addr().String(), Models: []string{"hole-model"}}},
+		c.Upstreams = append([]config.Upstream{{Name: "hole", Kind: "openai", BaseURL: "http://" + addr, Models: []string{"hole-model"}}},
 			c.Upstreams...)
 		c.Models["hole-model"] = config.ModelCfg{Output: config.USDPerM{Micro: 1}}
 		c.Limits.MaxBodyBytes = 2 * bodyBytes
@@ -89,4 +56,44 @@ func TestSupersededBeforeItsRequestReachedTheUpstreamNamesNoRun(t *testing.T) {
 		r := h.run(u.ID, id)
 		t.Fatalf("a call refused before its request reached the upstream named run %s (settled %s at %d µUSD)", id, r.SettleSource.String, r.ChargedMicro)
 	}
+}
+
+// holeUpstream is an upstream that accepts connections and reads nothing, with a small
+// receive window: a request larger than the socket buffers is never written whole. It returns
+// its address and the connections it accepted.
+func holeUpstream(t *testing.T) (addr string, accepted <-chan net.Conn) {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) }); err != nil {
+			return err
+		}
+		return serr
+	}}
+	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	conns := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns <- c
+		}
+	}()
+	t.Cleanup(func() {
+		for {
+			select {
+			case c := <-conns:
+				c.Close()
+			default:
+				return
+			}
+		}
+	})
+	return ln.Addr().String(), conns
 }
