@@ -62,3 +62,35 @@ func TestBodyMemoryCountsWhatIsReadAndGivesItAllBack(t *testing.T) {
 		t.Fatalf("after release: %d", m.total)
 	}
 }
+
+// TestBodyThatFillsABoundExactlyFits: a body that brings its caller's bodies to exactly its
+// share fits, and one that brings the process's to exactly its limit does; a byte more past
+// both is the caller's refusal (429 too_many_request_bytes, its own share full), a byte more
+// of another caller the process's (503 server_busy).
+func TestBodyThatFillsABoundExactlyFits(t *testing.T) {
+	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"})
+	m := newBodyMemory(100, 60, gauge)
+	a := m.lease(1)
+	if err := a.reserve(60); err != nil {
+		t.Fatalf("a body of exactly the caller's share: %v", err)
+	}
+	b := m.lease(2)
+	if err := b.reserve(40); err != nil {
+		t.Fatalf("a body filling the process's limit exactly: %v", err)
+	}
+	if err := m.lease(1).reserve(1); !errors.Is(err, errCallerBodyMemory) {
+		t.Errorf("a byte more of the caller at its share, the process full too: %v, want the caller's share", err)
+	} else if aerr := bodyMemoryError(err); aerr.Status != 429 || aerr.Code != "too_many_request_bytes" {
+		t.Errorf("answered %d %s, want 429 too_many_request_bytes", aerr.Status, aerr.Code)
+	}
+	if err := m.lease(3).reserve(1); !errors.Is(err, errBodyMemoryFull) {
+		t.Errorf("a byte of another caller, the process full: %v, want the process's limit", err)
+	} else if aerr := bodyMemoryError(err); aerr.Status != 503 || aerr.Code != "server_busy" {
+		t.Errorf("answered %d %s, want 503 server_busy", aerr.Status, aerr.Code)
+	}
+	a.release()
+	b.release()
+	if m.total != 0 || len(m.byCaller) != 0 || testutil.ToFloat64(gauge) != 0 {
+		t.Fatalf("after release: total %d, callers %v, gauge %v", m.total, m.byCaller, testutil.ToFloat64(gauge))
+	}
+}
