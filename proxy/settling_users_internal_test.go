@@ -45,3 +45,83 @@ func TestNothingSettlingLeavesTheRefusal(t *testing.T) {
 		t.Errorf("%d users left in the map, want none", n)
 	}
 }
+
+// TestSettlementEndSeenByTheLaterOfTwoAdmissions: two admissions of a user mark its
+// settlements (none under way); the first is told its refusal stands and hands its mark back;
+// then a call of the user begins and ends its settlement before the second is told. The
+// second, still marked, is told to try again: dropped when the first handed its mark back,
+// the entry the second marked saw nothing of that end, and its refusal stood for a slot
+// already free.
+func TestSettlementEndSeenByTheLaterOfTwoAdmissions(t *testing.T) {
+	var sc settlingUsers
+	first, second := sc.mark(7), sc.mark(7)
+	if next := sc.after(7, first); next != nil {
+		t.Fatalf("the first admission, nothing settling: %v, want nil", next)
+	}
+	sc.begin(7)
+	sc.end(7)
+	select {
+	case <-sc.after(7, second):
+	default:
+		t.Errorf("the second admission, a settlement begun and ended since its mark: want a closed channel (try again)")
+	}
+	if n := len(sc.users); n != 0 {
+		t.Errorf("%d users left in the map, want none", n)
+	}
+}
+
+// TestSettlementEndedBeforeTheMarkIsNoReasonToTryAgain: an admission that marks its user's
+// settlements after one of them has ended, another still under way, waits for the next end,
+// not at once: the end it saw at its mark freed nothing its refusal did not already count,
+// and trying again at once would spend one of its tries for nothing.
+func TestSettlementEndedBeforeTheMarkIsNoReasonToTryAgain(t *testing.T) {
+	var sc settlingUsers
+	sc.begin(7)
+	sc.begin(7)
+	sc.end(7)
+	next := sc.after(7, sc.mark(7))
+	if next == nil {
+		t.Fatal("a settlement still under way: nil, want its end's channel")
+	}
+	select {
+	case <-next:
+		t.Fatal("nothing ended since the mark: the channel is closed already")
+	default:
+	}
+	sc.end(7)
+	<-next
+	if n := len(sc.users); n != 0 {
+		t.Errorf("%d users left in the map, want none", n)
+	}
+}
+
+// TestEachSettlementEndWakesEveryAdmissionWaitingForIt: two admissions of a user refused while
+// a settlement is under way both wait for its end, and both are woken by it; an admission
+// refused after it, while another settlement is under way, waits for that one's end, not at
+// once for the end already past.
+func TestEachSettlementEndWakesEveryAdmissionWaitingForIt(t *testing.T) {
+	var sc settlingUsers
+	sc.begin(7)
+	sc.begin(7)
+	m1, m2 := sc.mark(7), sc.mark(7)
+	n1, n2 := sc.after(7, m1), sc.after(7, m2)
+	sc.end(7)
+	for i, next := range []<-chan struct{}{n1, n2} {
+		select {
+		case <-next:
+		default:
+			t.Errorf("admission %d waiting for the settlement that ended: not woken", i+1)
+		}
+	}
+	n3 := sc.after(7, sc.mark(7))
+	select {
+	case <-n3:
+		t.Fatal("an admission marked after the end, another settlement under way: woken before it ends")
+	default:
+	}
+	sc.end(7)
+	<-n3
+	if n := len(sc.users); n != 0 {
+		t.Errorf("%d users left in the map, want none", n)
+	}
+}
