@@ -55,7 +55,12 @@ func newBodyMemory(limit, perCaller int64, held prometheus.Gauge) *bodyMemory {
 func (m *bodyMemory) lease(caller uint64) *bodyLease { return &bodyLease{m: m, caller: caller} }
 
 // take counts n more bytes of caller's bodies, or none and says which bound they would pass.
+// Nothing is no entry: give, which removes a caller's entry as it gives back its last byte,
+// gives nothing back without looking, and an entry of 0 would stay for the process's life.
 func (m *bodyMemory) take(caller uint64, n int64) error {
+	if n == 0 {
+		return nil
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	mine := m.byCaller[caller]

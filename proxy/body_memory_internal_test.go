@@ -94,3 +94,21 @@ func TestBodyThatFillsABoundExactlyFits(t *testing.T) {
 		t.Fatalf("after release: total %d, callers %v, gauge %v", m.total, m.byCaller, testutil.ToFloat64(gauge))
 	}
 }
+
+// TestReservationOfNothingLeavesNoCallerBehind: a lease that reserves nothing (an Idempotency-Key
+// replay of an empty stored answer on an empty body) counts its caller in nowhere: its release
+// gives back nothing and must find nothing to remove, or the map of callers kept one entry for
+// every such caller for the life of the process.
+func TestReservationOfNothingLeavesNoCallerBehind(t *testing.T) {
+	m := newBodyMemory(100, 60, prometheus.NewGauge(prometheus.GaugeOpts{Name: "g"}))
+	for caller := uint64(1); caller <= 3; caller++ {
+		l := m.lease(caller)
+		if err := l.reserve(0); err != nil {
+			t.Fatalf("caller %d: reserving nothing: %v", caller, err)
+		}
+		l.release()
+	}
+	if m.total != 0 || len(m.byCaller) != 0 {
+		t.Fatalf("after releases of nothing: total %d, callers %v, want none", m.total, m.byCaller)
+	}
+}
