@@ -189,15 +189,20 @@ func TestAnswerWaitsEndWhereItsFirstWaitSetThem(t *testing.T) {
 		t.Fatalf("first wait, no room: %v, want errAnswerMemoryFull", err)
 	}
 	m.wait = time.Minute // a wait begun anew would run long past the room coming
-	freed := make(chan struct{})
+	freed, returned := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(freed)
 		for testutil.ToFloat64(waits) < 2 {
-			time.Sleep(time.Millisecond) // polling the counter, as waitGauge polls a metric
+			select {
+			case <-returned: // grow is back without a second wait: nothing to free it from
+				return
+			case <-time.After(time.Millisecond): // polling the counter, as waitGauge polls a metric
+			}
 		}
 		m.sem.Release(1000)
 	}()
 	err := b.grow(context.Background(), 100, 1000)
+	close(returned)
 	<-freed
 	if !errors.Is(err, errAnswerMemoryFull) {
 		t.Errorf("a second wait after the first ran out: %v, want errAnswerMemoryFull at once", err)
