@@ -278,6 +278,9 @@ func TestCountTokensRelaysOnlyACount(t *testing.T) {
 		{"a fractional count", `{"input_tokens":4.2}`, http.StatusBadGateway, ""},
 		{"two counts", `{"input_tokens":42}{"input_tokens":7}`, http.StatusBadGateway, ""},
 		{"a count past the bound on its answer", `{"input_tokens":42}` + strings.Repeat(" ", 64<<10), http.StatusBadGateway, ""},
+		// Within the bound, to its last byte, and a count of nothing, are counts.
+		{"a count at the bound on its answer", `{"input_tokens":42}` + strings.Repeat(" ", 64<<10-len(`{"input_tokens":42}`)), http.StatusOK, `"input_tokens":42`},
+		{"a count of none", `{"input_tokens":0}`, http.StatusOK, `"input_tokens":0`},
 	} {
 		answer = tc.answer
 		resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}`,
@@ -616,4 +619,157 @@ func countInBackground(h *harness, key string) <-chan countAnswer {
 		answered <- countAnswer{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
 	}()
 	return answered
+}
+
+// TestCountTokensBoundFreesOneSlotACount: a count that ends gives its caller back one slot
+// under the bound on counts in flight, and only one. Each count that ended keeping its slot
+// would leave a caller refused 429 for good after 16 counts (Claude Code asks one every turn);
+// one freeing them all would let it run twice the bound at the operator's provider quota.
+func TestCountTokensBoundFreesOneSlotACount(t *testing.T) {
+	u := &countUpstream{arrived: make(chan struct{}, 64), gate: make(chan struct{})}
+	h := countHarness(t, u)
+	var once sync.Once
+	releaseAll := func() { once.Do(func() { close(u.gate) }) }
+	t.Cleanup(releaseAll) // before the upstream's close, which waits for the counts it holds
+	_, key := h.user("standard")
+	count := func() int {
+		resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[]}`, map[string]string{"X-Api-Key": key})
+		readAll(t, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	const bound = 16
+	statuses := make(chan int, bound+1)
+	inBackground := func() { go func() { statuses <- count() }() }
+	for range bound {
+		inBackground()
+	}
+	for range bound {
+		u.wait(t)
+	}
+	u.gate <- struct{}{} // one count answered
+	if s := <-statuses; s != http.StatusOK {
+		t.Fatalf("the count let go: %d, want 200", s)
+	}
+	inBackground() // in the slot it gave back
+	u.wait(t)
+	if s := count(); s != http.StatusTooManyRequests {
+		t.Errorf("a count past the bound once one had ended and another taken its slot: %d, want 429", s)
+	}
+	releaseAll()
+	for range bound {
+		if s := <-statuses; s != http.StatusOK {
+			t.Errorf("a count within the bound: %d, want 200", s)
+		}
+	}
+}
+
+// TestCountTokensCompressedBodyIsRefused: a token count's body is refused with the
+// Content-Encoding a model call's is refused for (415 unsupported_content_encoding, in
+// Anthropic's shape), before anything reaches the upstream: the gateway reads the body as
+// plain JSON to pick the upstream, and forwards it without the label.
+func TestCountTokensCompressedBodyIsRefused(t *testing.T) {
+	u := &countUpstream{}
+	h := countHarness(t, u)
+	_, key := h.user("standard")
+	resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[]}`,
+		map[string]string{"X-Api-Key": key, "Content-Encoding": "gzip"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	var e struct {
+		Type  string                               `json:"type"`
+		Error struct{ Type, Code, Message string } `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil || resp.StatusCode != http.StatusUnsupportedMediaType || e.Type != "error" ||
+		e.Error.Type != "invalid_request_error" || !strings.Contains(string(body), "unsupported_content_encoding") {
+		t.Errorf("%d %s, want 415 unsupported_content_encoding in Anthropic's shape", resp.StatusCode, body)
+	}
+	if len(u.seen) != 0 {
+		t.Errorf("upstream saw %d counts sent with Content-Encoding", len(u.seen))
+	}
+}
+
+// TestCountTokensUpstreamUnreachableIs502: a count whose upstream cannot be reached (nothing
+// listens there) is answered 502 upstream_unreachable, as a model call is: the gateway's
+// neighbour failed, not the gateway (503 would read as the gateway shutting down or full).
+func TestCountTokensUpstreamUnreachableIs502(t *testing.T) {
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	h := newHarness(t, func(c *config.Config) { anthropicAt(c, gone.URL) })
+	_, key := h.user("standard")
+	resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[]}`, map[string]string{"X-Api-Key": key})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_unreachable" {
+		t.Fatalf("%d %s, want 502 upstream_unreachable", resp.StatusCode, body)
+	}
+	if got := h.metric(`tollgate_requests_total{code="502",route="/v1/messages/count_tokens"}`); got != "1" {
+		t.Errorf("unreachable count counted %q times as 502, want 1", got)
+	}
+}
+
+// TestCountTokensKeyEchoInAHeaderIsRedacted: an upstream (a router or debugging proxy in front
+// of Anthropic) that quotes the x-api-key it was sent in a header of its answer had the
+// operator's key relayed with a count's headers, a count or a refusal: it is redacted there as
+// in a model call's answer (TestUpstreamKeyEchoInAHeaderIsRedacted).
+func TestCountTokensKeyEchoInAHeaderIsRedacted(t *testing.T) {
+	const opKey = "sk-ant-api03-operatorsecret0123456789"
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("X-Echo-Api-Key", r.Header.Get("X-Api-Key"))
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("X-Echo-Status") == "400" {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"type":"error","error":{"type":"invalid_request_error","message":"bad request"}}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"input_tokens":42}`)
+	}))
+	t.Cleanup(echo.Close)
+	h := newHarness(t, func(c *config.Config) {
+		for i := range c.Upstreams {
+			if c.Upstreams[i].Kind == "anthropic" {
+				c.Upstreams[i].BaseURL, c.Upstreams[i].APIKey = echo.URL, opKey
+			}
+		}
+	})
+	_, key := h.user("standard")
+	for _, st := range []string{"200", "400"} {
+		resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[]}`,
+			map[string]string{"X-Api-Key": key, "X-Echo-Status": st})
+		readAll(t, resp.Body)
+		resp.Body.Close()
+		if st == "200" && resp.StatusCode != http.StatusOK {
+			t.Errorf("count: %d, want 200", resp.StatusCode)
+		}
+		for k, vv := range resp.Header {
+			if strings.Contains(strings.Join(vv, " "), "operatorsecret") {
+				t.Errorf("%s (%d): header %s names the operator's key: %q", st, resp.StatusCode, k, vv)
+			}
+		}
+	}
+}
+
+// TestCountTokensRebuiltCountCarriesNoEncoding: the count relayed is rebuilt as plain JSON
+// (countOf), so it goes without the Content-Encoding its upstream's answer was labelled with.
+// A proxy on the way that decoded the answer and kept the label (here br, which the gateway
+// does not decode: the body read is plain) had the label relayed with the plain count, and
+// the caller's client, decoding it as br, read no count.
+func TestCountTokensRebuiltCountCarriesNoEncoding(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "br")
+		_, _ = io.WriteString(w, `{"input_tokens":42}`)
+	}))
+	t.Cleanup(up.Close)
+	h := newHarness(t, func(c *config.Config) { anthropicAt(c, up.URL) })
+	_, key := h.user("standard")
+	resp := h.post("", "/v1/messages/count_tokens", `{"model":"claude-test","messages":[]}`, map[string]string{"X-Api-Key": key})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != `{"input_tokens":42}` || resp.Header.Get("Content-Encoding") != "" {
+		t.Fatalf("%d %s (Content-Encoding %q), want 200 with the count in plain JSON and no Content-Encoding",
+			resp.StatusCode, body, resp.Header.Get("Content-Encoding"))
+	}
 }
