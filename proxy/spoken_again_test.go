@@ -1,10 +1,15 @@
 package proxy_test
 
 import (
+	"context"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
@@ -76,8 +81,8 @@ func TestSpokenAnswerOfAnotherUserIsNotSentBack(t *testing.T) {
 // TestSpokenAnswerOfAnotherUserAfterManyIsNotSentBack: the ids a body sends back are looked up
 // for their estimate up to 64 of them, and only those were checked for whose answers they are:
 // 64 messages sending back any other id (the caller's own answer, 64 times) hid another user's
-// answer in the 65th, which was forwarded. Every id is checked; a body sending back more
-// distinct answers than the gateway checks is refused.
+// answer in the 65th, which was forwarded. Every id is checked, the 65th distinct one too; a
+// body sending back more distinct answers than the gateway checks is refused.
 func TestSpokenAnswerOfAnotherUserAfterManyIsNotSentBack(t *testing.T) {
 	h, _, _ := spokenAnswerMade(t)
 
@@ -95,6 +100,20 @@ func TestSpokenAnswerOfAnotherUserAfterManyIsNotSentBack(t *testing.T) {
 		padded[i] = "audio_pad"
 	}
 	other, otherKey := h.user("standard")
+	h.postRefused(t, otherKey, "/v1/chat/completions", sendBack(append(padded, "audio_mine")...), nil, http.StatusBadRequest, "audio_not_found")
+	// Nor past 64 distinct ids: each the caller's own short answer, so that the call is cheap
+	// enough to be forwarded if the 65th goes unchecked.
+	_, err := h.rdb.Pipelined(context.Background(), func(p redis.Pipeliner) error {
+		for i := range padded {
+			padded[i] = "audio_pad_" + strconv.Itoa(i)
+			p.Set(context.Background(), h.keys.SpokenOwner(padded[i]), other.ID, time.Hour)
+			p.Set(context.Background(), h.keys.SpokenAnswer(other.ID, padded[i]), 1, time.Hour)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h.postRefused(t, otherKey, "/v1/chat/completions", sendBack(append(padded, "audio_mine")...), nil, http.StatusBadRequest, "audio_not_found")
 	h.expectCharges(other.ID, nil)
 
@@ -142,4 +161,85 @@ func spokenAnswerMade(t *testing.T) (h *harness, u holds.User, key string) {
 	h.answeredRun(u.ID, key, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_mine.json"})
 	h.settled() // the records of the answer are written after it ends
 	return h, u, key
+}
+
+// TestSpokenAnswersOfOneCallSentBackAtTheirShare: a call asking for n spoken answers has its
+// usage report the audio tokens of all of them; each answer's record is its share (their
+// sum split evenly, rounded up so the shares never sum to less). Sending one back is
+// estimated at its share, in place of the flat 1 600: recorded at the whole sum, one of two
+// answers sent back was charged the other's audio too, and counted beside the flat figure, it
+// was charged 1 600 tokens it never held.
+func TestSpokenAnswersOfOneCallSentBackAtTheirShare(t *testing.T) {
+	dir := t.TempDir()
+	const audioTokens, share = 6001, 3001
+	choice := func(i int, id string) string {
+		return `{"index":` + strconv.Itoa(i) + `,"message":{"role":"assistant","content":null,"audio":{"id":"` + id + `","data":"` + wavSeconds(1) +
+			`","expires_at":1,"transcript":"A long story."}},"finish_reason":"stop"}`
+	}
+	writeFixture(t, dir, "spoken_two.json", `{"id":"chatcmpl-1","object":"chat.completion","model":"fake-gpt","choices":[`+
+		choice(0, "audio_one")+`,`+choice(1, "audio_two")+`],
+"usage":{"prompt_tokens":20,"completion_tokens":6021,"total_tokens":6041,"completion_tokens_details":{"audio_tokens":6001,"text_tokens":20}}}`)
+	h, _ := harnessRepricing(t, dir, "fake-gpt", func(m *config.ModelCfg) {
+		m.AudioInput = config.USDPerM{Micro: 16 * m.Input.Micro}
+		m.AudioOutput = config.USDPerM{Micro: 8 * m.Output.Micro}
+	})
+	u, key := h.user("standard")
+	two := strings.Replace(spokenRequest, `"messages"`, `"n":2,"messages"`, 1)
+	if first, _ := h.answeredRun(u.ID, key, "/v1/chat/completions", two, map[string]string{fakellm.HeaderReplay: "spoken_two.json"}); first.OutTok < audioTokens {
+		t.Fatalf("first answer out_tok %d, want the %d reported", first.OutTok, audioTokens)
+	}
+	h.settled() // the records of the answers are written after they end
+
+	again := `{"model":"fake-gpt","messages":[{"role":"user","content":"Tell me a story."},
+		{"role":"assistant","audio":{"id":"audio_two"}},{"role":"user","content":"Again, slower."}]}`
+	flat, _ := metering.EstimatePrompt(metering.FormatChat, []byte(again)) // the answer at the flat figure
+	run := h.estimatedRun(u.ID, key, again)
+	if want := flat - metering.SentBackAnswerTokens + share; run.InTok != want {
+		t.Fatalf("in_tok %d, want %d: the request's %d less the flat %d, and the answer's share %d of the call's %d audio tokens",
+			run.InTok, want, flat, metering.SentBackAnswerTokens, share, audioTokens)
+	}
+}
+
+// TestSpokenAnswerKeepsItsFirstUser: a spoken answer's user is recorded once, by the first
+// answer to carry its id: an answer for another user that carries the same id (an upstream
+// or router replaying a stored answer) does not make it theirs. Overwritten, that user could
+// send the first one's answer back, and the first could no longer.
+func TestSpokenAnswerKeepsItsFirstUser(t *testing.T) {
+	h, u, key := spokenAnswerMade(t)
+	other, otherKey := h.user("standard")
+	h.answeredRun(other.ID, otherKey, "/v1/chat/completions", spokenRequest, map[string]string{fakellm.HeaderReplay: "spoken_mine.json"})
+	h.settled()
+
+	sendBack := `{"model":"fake-gpt","messages":[{"role":"user","content":"Say hello."},
+		{"role":"assistant","audio":{"id":"audio_mine"}},{"role":"user","content":"Again."}]}`
+	h.postRefused(t, otherKey, "/v1/chat/completions", sendBack, nil, http.StatusBadRequest, "audio_not_found")
+	if run, _ := h.answeredRun(u.ID, key, "/v1/chat/completions", sendBack, nil); run.State != holds.StateSettled {
+		t.Fatalf("the answer's first user sending it back: run %+v, want it run and settled", run)
+	}
+}
+
+// TestSpokenAnswerRecordPastAnyCountIsReadAtTheBound: a record is a hint read back from Redis,
+// taken at most at pricing.MaxTokens, so that the sum over the answers a request sends back
+// cannot overflow. Read whole, two records past any count (values no answer could have
+// written) wrapped the prompt's estimate past the int64 range to a few tokens: the call went
+// out held and charged as a short prompt, though its records said it was beyond any credit.
+// Read at the bound, it is refused 402 before anything is forwarded.
+func TestSpokenAnswerRecordPastAnyCountIsReadAtTheBound(t *testing.T) {
+	h, _ := audioHarness(t, "")
+	u, key := h.user("standard")
+	for _, id := range []string{"audio_huge_1", "audio_huge_2"} {
+		if err := h.rdb.Set(context.Background(), h.keys.SpokenAnswer(u.ID, id), strconv.FormatInt(math.MaxInt64, 10), time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	body := `{"model":"fake-gpt","messages":[{"role":"user","content":"Tell me a story."},
+		{"role":"assistant","audio":{"id":"audio_huge_1"}},{"role":"assistant","audio":{"id":"audio_huge_2"}},{"role":"user","content":"Again."}]}`
+	calls := h.fake.Calls()
+	resp := h.post(key, "/v1/chat/completions", body, nil)
+	out := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusPaymentRequired || h.fake.Calls() != calls {
+		t.Fatalf("%d %s (%d calls forwarded), want 402 and nothing forwarded: each record read at most at %d tokens",
+			resp.StatusCode, out, h.fake.Calls()-calls, pricing.MaxTokens)
+	}
 }
