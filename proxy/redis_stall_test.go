@@ -14,8 +14,8 @@ import (
 )
 
 // TestStalledRedisRefusesCallsWithinBound: the Redis steps on a call's path before it is
-// forwarded (the fingerprint window, an Idempotency-Key's record, a named run's reservation)
-// end at the gateway's own bound (redisStepTimeout), not at the Redis client's read timeout
+// forwarded (the fingerprint window, an Idempotency-Key's record, a named run's reservation,
+// the records of the earlier answers a request continues) end at the gateway's own bound (redisStepTimeout), not at the Redis client's read timeout
 // (3 s by default, none with read_timeout=-1 in REDIS_URL): a caller holding a hold and a
 // max_in_flight slot waited that long for its 503 each time Redis hung. Each is refused with its 503, nothing
 // forwarded, and its hold released (the ledger check at cleanup).
@@ -39,12 +39,16 @@ func TestStalledRedisRefusesCallsWithinBound(t *testing.T) {
 		name string
 		hdr  map[string]string
 		code string
+		path string // "" for chatBody on /v1/chat/completions
+		body string
 	}{
 		// One step of redisStepTimeout (2 s).
-		{"plain call", nil, "dedup_unavailable"},
-		{"Idempotency-Key", map[string]string{"Idempotency-Key": "stall-1"}, "dedup_unavailable"},
+		{"plain call", nil, "dedup_unavailable", "", ""},
+		{"Idempotency-Key", map[string]string{"Idempotency-Key": "stall-1"}, "dedup_unavailable", "", ""},
 		// The reservation, then its release (the tally's own 2 s) before the refusal is sent.
-		{"named run", map[string]string{"X-Run-Id": "stall-run"}, "billing_unavailable"},
+		{"named run", map[string]string{"X-Run-Id": "stall-run"}, "billing_unavailable", "", ""},
+		// The lookup of the earlier answer's records (recordLookupTimeout), then one step.
+		{"continuation", nil, "dedup_unavailable", "/v1/responses", `{"model":"fake-gpt","previous_response_id":"resp_stall","input":"Go on."}`},
 	}
 	// Two and a half times the longest bound (the named run's, 4 s): room for a loaded machine.
 	const grown = 10 * time.Second
@@ -53,7 +57,11 @@ func TestStalledRedisRefusesCallsWithinBound(t *testing.T) {
 			calls := h.fake.Calls()
 			ctx, cancel := context.WithTimeout(context.Background(), hang)
 			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+			path, body := "/v1/chat/completions", chatBody
+			if tc.path != "" {
+				path, body = tc.path, tc.body
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.gw.URL+path, strings.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+key)
 			req.Header.Set("Content-Type", "application/json")
 			for k, v := range tc.hdr {
