@@ -230,7 +230,9 @@ func asksContext1M(header http.Header, root topObject) bool {
 }
 
 // asksSpokenAnswer reports whether a request asks for an audio answer: a chat request with
-// 'audio' options or "audio" among its 'modalities'. Either alone counts: the output bound of
+// 'audio' options or "audio" among its 'modalities', read as the image modality is (case
+// folded, spaces trimmed: a router or compatible server may read " Audio" so, and the provider
+// that would refuse it loses the caller nothing). Either alone counts: the output bound of
 // such a call prices every output token as audio (pricing.Price.Spoken).
 func asksSpokenAnswer(format metering.Format, root topObject) bool {
 	if format != metering.FormatChat {
@@ -240,7 +242,7 @@ func asksSpokenAnswer(format metering.Format, root topObject) bool {
 		return true
 	}
 	for _, m := range root.Get("modalities").Array() {
-		if m.Str == "audio" {
+		if strings.EqualFold(strings.TrimSpace(m.Str), "audio") {
 			return true
 		}
 	}

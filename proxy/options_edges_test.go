@@ -10,8 +10,8 @@ import (
 // spelling the examples use, and a field set to null (unset, as clients that write every
 // optional field send it) is no option at all.
 //
-//   - Refused, before anything is held or forwarded: an image answer asked for with the
-//     modality in another case or padded; Bedrock's performanceConfig that is not an object (no
+//   - Refused, before anything is held or forwarded: an image or a spoken answer asked for
+//     with the modality in another case or padded; Bedrock's performanceConfig that is not an object (no
 //     standard latency it could say); a hosted shell whose environment spells its type twice
 //     or names a container before a local one; a one-token audio clip on a model without an
 //     audio input price; a completions call off the standard tier; a router's web plugin named
@@ -25,6 +25,8 @@ func TestUnpricedOptionsAtTheirEdgesAreRefusedAndUnsetOnesServed(t *testing.T) {
 	const chat, responses, completions, messages = "/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/messages"
 	refused := []struct{ name, path, body string }{
 		{"image modality in another case", chat, `{"model":"fake-gpt","modalities":["text"," Image"],"messages":[{"role":"user","content":"draw a cat"}]}`},
+		// fake-gpt has no audio output price: a spoken answer is refused in any spelling.
+		{"audio answer modality in another case", chat, `{"model":"fake-gpt","modalities":["text"," Audio"],"messages":[{"role":"user","content":"say hi"}]}`},
 		{"Bedrock performanceConfig not an object", chat, `{"model":"fake-gpt","performanceConfig":"optimized","messages":[{"role":"user","content":"hi"}]}`},
 		// fake-gpt has no audio input price; an empty WAV clip is estimated at one token.
 		{"audio input of one token", chat, `{"model":"fake-gpt","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + wavSeconds(0) + `","format":"wav"}}]}]}`},
