@@ -31,6 +31,15 @@ func TestKeyRevokedWhileItsBodyArrivesIsNotAdmitted(t *testing.T) {
 			_, err := h.store.DisableUser(ctx, u.ID)
 			return err
 		}},
+		// A key that names another user once its body is read (keyStillLive) is refused as a
+		// revoked one: a store that says otherwise is not to be charged by, and neither user is
+		// held or charged.
+		{"key names another user", func(ctx context.Context, h *harness, _ holds.User, key string) error {
+			other, _ := h.user("standard")
+			hash := holds.HashKey(key)
+			_, err := h.db.ExecContext(ctx, "UPDATE api_keys SET user_id = ? WHERE key_hash = ?", other.ID, hash[:])
+			return err
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(c *config.Config) { c.Limits.KeyCacheTTL = 0 })
