@@ -1,0 +1,133 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// TestNamedRunEmbeddingsCallReservesOnlyItsPrompt: an embeddings call has no output, so its
+// share of its run's cap is its prompt's cost, not all the run has left. Reserved as a call
+// with no output bound, it left nothing for the run's other calls while it ran: a chat call
+// of the same run beside it was refused 402 run_budget_exhausted with the run all but unused.
+func TestNamedRunEmbeddingsCallReservesOnlyItsPrompt(t *testing.T) {
+	h, gate := gatedHarness(t, nil)
+	u, key := h.user("standard")
+	allowance, inFlight := int64(30_000), 8
+	if err := h.store.SetUserLimits(context.Background(), u.ID, &allowance, &inFlight, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer gate.open("embed")
+	embedded := make(chan *http.Response, 1)
+	go func() {
+		embedded <- h.post(key, "/v1/embeddings", `{"model":"fake-gpt","input":"a short text"}`,
+			map[string]string{"X-Run-Id": "task-embed", "X-Test-Gate": "embed"})
+	}()
+	gate.await(t, "embed", 1)
+	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","max_tokens":100,"messages":[{"role":"user","content":"beside it"}]}`,
+		map[string]string{"X-Run-Id": "task-embed"})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a chat call beside the run's embeddings call in flight: %d %s, want 200 (the embeddings call holds only its prompt)", resp.StatusCode, body)
+	}
+	gate.open("embed")
+	first := <-embedded
+	b := readAll(t, first.Body)
+	first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("the embeddings call: %d %s", first.StatusCode, b)
+	}
+}
+
+// TestNamedRunCallReservingAfterItsRunClosedIsRunSettled: a call of a named run admitted
+// before its run's settle closed the run reaches its reservation after: it is refused 409
+// run_settled, as a call of a settled run is, not 402 run_budget_exhausted, which would tell
+// the agent its run ran out of budget and send it looking for more.
+func TestNamedRunCallReservingAfterItsRunClosedIsRunSettled(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	h.endedRunCall(t, key, "task-closing")
+	reached, resume := h.holdAtFirst("run budget reservation")
+	late := make(chan *http.Response, 1)
+	go func() {
+		late <- h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-closing"})
+	}()
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run's second call never reached its reservation")
+	}
+	if status, body := h.settleRun(key, "task-closing"); status != http.StatusOK {
+		t.Fatalf("settle with a call admitted but not yet reserving: %d %s, want 200", status, body)
+	}
+	resume()
+	resp := <-late
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict || errorCode(t, body) != "run_settled" {
+		t.Fatalf("a call reserving on a run closed for its settlement: %d %s, want 409 run_settled", resp.StatusCode, body)
+	}
+}
+
+// TestSettleThatChargedNothingReopensTheRun: a settle on request closes its run in Redis and
+// then finds the database gone before its settlement wrote anything: answered 503 "the run was
+// not settled", it must reopen the run. Left closed, the run's next call was refused 409
+// run_settled for a run that was never settled, until the close's mark lapsed.
+func TestSettleThatChargedNothingReopensTheRun(t *testing.T) {
+	h, lossy := newLossyHarness(t)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-reopened"}
+	runID := firstRunCall(t, h, key, run, 5)
+	// The settlement's first statement, before its transaction: the read of its run's user.
+	lossy.Arm("SELECT run_id, user_id FROM run_holds WHERE run_id IN", testenv.GoDown)
+	status, body := h.settleRun(key, "task-reopened")
+	down := lossy.Down()
+	lossy.Restore()
+	if !down {
+		t.Fatalf("the settlement never lost the database: settle answered %d %s", status, body)
+	}
+	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" ||
+		!strings.Contains(errorMessage(t, body), "was not settled") {
+		t.Fatalf("settle whose settlement wrote nothing: %d %s, want 503 saying the run was not settled", status, body)
+	}
+	next := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
+	b := readAll(t, next.Body)
+	next.Body.Close()
+	if next.StatusCode != http.StatusOK {
+		t.Fatalf("the run's next call after a settle that charged nothing: %d %s, want 200 (the run reopened)", next.StatusCode, b)
+	}
+	h.settled()
+	settledOnRetry(t, h, key, "task-reopened")
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 {
+		t.Fatalf("run %+v: want settled with both its calls", r)
+	}
+}
+
+// TestOpenRunWithAnImpossibleTallyShowsWhatItsRowRecorded: GET /v1/runs/{id} of an open named
+// run reads its tally as its settlement would: a negative figure in it (a hand edit, a
+// correction whose tally was lost) is no record, and the run shows what its row recorded of
+// its calls — not a negative token count that its settlement would never charge.
+func TestOpenRunWithAnImpossibleTallyShowsWhatItsRowRecorded(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	runID := h.endedRunCall(t, key, "task-negative-view")
+	recorded := h.run(u.ID, runID)
+	if recorded.InTok <= 0 || recorded.Calls != 1 {
+		t.Fatalf("the call's record on the run's row: %d input tokens, %d calls; want some, 1 call", recorded.InTok, recorded.Calls)
+	}
+	if err := h.rdb.HSet(context.Background(), h.keys.Usage(runID), "in_tok", -5).Err(); err != nil {
+		t.Fatal(err)
+	}
+	status, view := h.get(key, "/v1/runs/task-negative-view")
+	usage, _ := view["usage"].(map[string]any)
+	if status != http.StatusOK || usage == nil || usage["input"] != float64(recorded.InTok) {
+		t.Fatalf("view of an open run whose tally is impossible: %d %v; want its row's %d input tokens", status, view, recorded.InTok)
+	}
+}
