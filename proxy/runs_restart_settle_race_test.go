@@ -18,7 +18,8 @@ import (
 // and the run settled without it; the call then ended on a settled run, charged nothing,
 // though its agent saw it whole. The settle now reads, once the run is closed, whether Redis
 // lost calls the run's row records since it looked: then the run is reopened and the settle
-// answered run_busy, as one that finds the loss first is, and the call counts.
+// answered run_busy, as one that finds the loss first is, and the call counts. Reopened, the
+// run takes its next call at once.
 //
 // So too when another call of the run ends between the restart and the close: the close
 // finds a tally again, one with fewer calls than the settle first read. A tally only grows:
@@ -73,6 +74,13 @@ func TestSettleRacingARedisRestartDoesNotMissTheCallInFlight(t *testing.T) {
 			if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
 				t.Errorf("settle as Redis lost the run's keys, a call of it in flight: %d %s; want 409 run_busy", status, body)
 			}
+			// Reopened: the run's next call is served, not refused 409 run_settled until the
+			// close's mark lapses.
+			next := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "40"))
+			if b := readAll(t, next.Body); next.StatusCode != http.StatusOK {
+				t.Errorf("the run's next call after its settle found the loss: %d %s; want 200 (the run reopened)", next.StatusCode, b)
+			}
+			next.Body.Close()
 			letGo()
 			if _, err := io.Copy(io.Discard, br); err != nil {
 				t.Fatal(err)
@@ -81,7 +89,7 @@ func TestSettleRacingARedisRestartDoesNotMissTheCallInFlight(t *testing.T) {
 			if status, body := settleAfterRebuild(h, key, tc.run, runID); status != http.StatusOK {
 				t.Fatalf("settle once the call ended: %d %s", status, body)
 			}
-			calls := tc.before + 1
+			calls := tc.before + 2 // the held call and the one after the busy settle
 			if tc.between {
 				calls++
 			}
