@@ -49,6 +49,10 @@ func (in *Instance) Watch(ctx context.Context) error { return in.watch(ctx) }
 // meanwhile has then stood still d longer.
 func (in *Instance) SkewWatch(d time.Duration) { in.skew.Add(int64(d)) }
 
+// SkewBeats moves the clock of the instance's beat streak (BeatingFor) on by d, as if its
+// last beat were d older.
+func (in *Instance) SkewBeats(d time.Duration) { in.beatSkew.Add(int64(d)) }
+
 // Gap is the longest this process's beat may stand still while it lives (its row's max_gap_us).
 func (in *Instance) Gap() time.Duration { return in.gap() }
 

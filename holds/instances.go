@@ -52,6 +52,9 @@ type Instance struct {
 	onTwins func(n int)
 	// skew moves the watch's clock on, in tests only (export_test.go).
 	skew atomic.Int64
+	// beatSkew moves the clock of the beat streak on, in tests only (export_test.go): a gap in
+	// the beats is otherwise seconds of waiting.
+	beatSkew atomic.Int64
 }
 
 // instanceBeatTimeout bounds one beat or registration: past it the beat is tried again at the
@@ -167,7 +170,7 @@ func (in *Instance) Retire(ctx context.Context) error {
 func (in *Instance) BeatingFor() time.Duration {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	now := time.Now()
+	now := in.beatNow()
 	if in.lastBeat.IsZero() || now.Sub(in.lastBeat) > in.gap() {
 		return 0
 	}
@@ -300,6 +303,8 @@ func (in *Instance) still() []stillBeat {
 
 func (in *Instance) watchNow() time.Time { return time.Now().Add(time.Duration(in.skew.Load())) }
 
+func (in *Instance) beatNow() time.Time { return time.Now().Add(time.Duration(in.beatSkew.Load())) }
+
 // gap is the longest silence between two beats that still counts as no gap: one beat may fail.
 func (in *Instance) gap() time.Duration { return BeatGap(in.interval) }
 
@@ -312,7 +317,7 @@ func BeatGap(interval time.Duration) time.Duration { return 2*interval + instanc
 func (in *Instance) beaten() {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	now := time.Now()
+	now := in.beatNow()
 	if in.lastBeat.IsZero() || now.Sub(in.lastBeat) > in.gap() {
 		in.streakStart = now
 	}
