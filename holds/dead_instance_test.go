@@ -341,6 +341,40 @@ func TestLiveInstanceNotDeclaredDeadByASteppedClock(t *testing.T) {
 	}
 }
 
+// TestSlowBeatingInstanceIsHeldToItsOwnGap: processes may beat at different intervals
+// (holds.heartbeat_interval is each process's own), so a row is taken for stood still only once
+// its beat has stood still for longer than the gap its own interval allows (its row's
+// max_gap_us), not the declaring process's: a process beating every 10 s whose beat has stood
+// still for 24 s (past the declaring process's gap and its own interval, one beat missed) lives.
+func TestSlowBeatingInstanceIsHeldToItsOwnGap(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("slow-beat-user", 5, nil)
+	self := e.beatingSelf()
+	slow, err := e.store.RegisterInstance(e.ctx(), "slow", 10*time.Second, 0, e.log) // beaten by hand
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := e.admitBy(u, "r_slow_call", "", slow.ID(), holds.StateRunning)
+	e.age(slow.ID(), 2*deadBound) // stale by the database clock: only the watch can tell it lives
+	waitBeating(t, self, 100*time.Millisecond)
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter, c.Self = 100*time.Millisecond, self })
+	if err := self.Watch(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	self.SkewWatch(slow.Gap() - time.Second)
+	if st, err := e.pass(rec); err != nil || st.DeadInstances != 0 || st.BroughtIn != 0 {
+		t.Errorf("pass with the slow process's beat still for %v (its gap %v, the declaring one's %v): %+v, %v; want nobody declared dead",
+			slow.Gap()-time.Second, slow.Gap(), self.Gap(), st, err)
+	}
+	if r := e.runAny(h.RunID); r.State != holds.StateRunning {
+		t.Errorf("slow process's call after the pass: %s, want running", r.State)
+	}
+	self.SkewWatch(2 * time.Second) // now past its own gap: it was killed
+	if st, err := e.pass(rec); err != nil || st.DeadInstances != 1 || st.ChargedHeld != 1 {
+		t.Errorf("pass once its beat stood still past its own gap: %+v, %v; want it declared dead and its call charged its hold", st, err)
+	}
+}
+
 // TestDeadRowsKeptByLeasesDoNotHideTheOthers: a dead row whose holds are still leased (its
 // process alive, cut off from the database) stays unswept, and is read again by later passes.
 // A pass reads a bounded window of dead rows; a window of such rows read from the oldest every
