@@ -1,9 +1,18 @@
 package holds_test
 
 import (
+	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tollgate/tollgate/holds"
 )
 
 // TestTwinsAreCountedWhileTheyLast: a process under the instance name of another live one is
@@ -13,9 +22,18 @@ import (
 // the last), 0 again once it stops (killed, or stopped and retired), and never a process of
 // another name.
 func TestTwinsAreCountedWhileTheyLast(t *testing.T) {
+	// The name column holds 255 characters: a longer name is cut to fit, and its twins are
+	// the rows under the name as cut.
+	for _, name := range []string{"gw-twin", strings.Repeat("gw-twin-é", 40)} {
+		t.Run(fmt.Sprintf("%d characters", utf8.RuneCountInString(name)), func(t *testing.T) { twinsCountedWhileTheyLast(t, name) })
+	}
+}
+
+func twinsCountedWhileTheyLast(t *testing.T, name string) {
 	e := newStoreEnv(t)
 	const interval = 50 * time.Millisecond
-	self, err := e.store.RegisterInstance(e.ctx(), "gw-twin", interval, 0, e.log)
+	core, logs := observer.New(zap.ErrorLevel)
+	self, err := e.store.RegisterInstance(e.ctx(), name, interval, 0, zap.New(core))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +59,7 @@ func TestTwinsAreCountedWhileTheyLast(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	twin, err := e.store.RegisterInstance(e.ctx(), "gw-twin", interval, 0, e.log)
+	twin, err := e.store.RegisterInstance(e.ctx(), name, interval, 0, e.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,8 +67,11 @@ func TestTwinsAreCountedWhileTheyLast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	beat := func() {
+	beat := func() { // self beats too: its own row is not a twin of itself
 		t.Helper()
+		if err := self.Beat(e.ctx()); err != nil {
+			t.Fatal(err)
+		}
 		if err := twin.Beat(e.ctx()); err != nil {
 			t.Fatal(err)
 		}
@@ -89,44 +110,49 @@ func TestTwinsAreCountedWhileTheyLast(t *testing.T) {
 	if n := last(); n != 0 {
 		t.Fatalf("twins %d once the twin stopped beating for longer than its gap, want 0", n)
 	}
+	if n := logs.FilterMessageSnippet("another live gateway process").Len(); n != 1 {
+		t.Errorf("the twin logged %d times over the watches that counted it, want once", n)
+	}
 }
 
-// TestTwinsReportedAreForgottenWithTheirRows: the twins already reported (each logged once)
-// are remembered only while their rows are watched. A twin restarted again and again under
-// the name registers a new row each time; remembered for good, each start grew the map for
-// the life of this process.
-func TestTwinsReportedAreForgottenWithTheirRows(t *testing.T) {
+// TestHeartbeatCountsTwins: Run watches after each beat, and each watch tells OnTwins, so
+// tollgate_instance_twins shows a twin on a process whose reconcile passes do not run (another
+// process holds the reconcile lock, or reconcile_interval is 0).
+func TestHeartbeatCountsTwins(t *testing.T) {
 	e := newStoreEnv(t)
-	const interval = 50 * time.Millisecond
-	self, err := e.store.RegisterInstance(e.ctx(), "gw-restarting-twin", interval, 0, e.log)
-	if err != nil {
-		t.Fatal(err)
+	const interval = 20 * time.Millisecond
+	run := func(in *holds.Instance) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); in.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
 	}
-	for start := range 5 {
-		twin, err := e.store.RegisterInstance(e.ctx(), "gw-restarting-twin", interval, 0, e.log)
+	register := func() *holds.Instance {
+		t.Helper()
+		in, err := e.store.RegisterInstance(e.ctx(), "gw-beating-twins", interval, 0, e.log)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := self.Watch(e.ctx()); err != nil {
-			t.Fatal(err)
-		}
-		if err := twin.Beat(e.ctx()); err != nil {
-			t.Fatal(err)
-		}
-		if err := self.Watch(e.ctx()); err != nil {
-			t.Fatal(err)
-		}
-		if n := self.TwinsReported(); n != 1 {
-			t.Fatalf("start %d: %d twins remembered while one twin row beats, want 1", start, n)
-		}
-		if err := twin.Retire(e.ctx()); err != nil { // stopped: its row leaves the watch
-			t.Fatal(err)
-		}
+		return in
 	}
-	if err := self.Watch(e.ctx()); err != nil {
-		t.Fatal(err)
-	}
-	if n := self.TwinsReported(); n != 0 {
-		t.Fatalf("%d twins remembered after every twin's row was retired, want 0", n)
+	self, twin := register(), register()
+	told := make(chan int, 1)
+	self.OnTwins(func(n int) {
+		if n > 0 {
+			select {
+			case told <- n:
+			default:
+			}
+		}
+	})
+	run(self)
+	run(twin)
+	select {
+	case n := <-told:
+		if n != 1 {
+			t.Errorf("heartbeat counted %d twins, want 1", n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no twin counted by 10 s of heartbeats every 20 ms with a twin beating")
 	}
 }
