@@ -474,6 +474,22 @@ func TestReadOnlyConnectionsLeaveThePool(t *testing.T) {
 		}
 		checkPoolWritable(ctx, t, db)
 	})
+	// A registration (the gateway's start, tried again by its supervisor; a process declared
+	// dead registering anew at its next beat) refused likewise.
+	t.Run("registration", func(t *testing.T) {
+		demote(ctx, t, db, 8)
+		if _, err := st.RegisterInstance(ctx, "ro-register", time.Second, 0, zap.NewNop()); err == nil {
+			t.Fatal("registration on a read-only connection passed")
+		}
+		self, err := st.RegisterInstance(ctx, "ro-register", time.Second, 0, zap.NewNop())
+		if err != nil {
+			t.Fatalf("registration after one refused: %v; want it made on a new connection", err)
+		}
+		if err := self.Retire(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkPoolWritable(ctx, t, db)
+	})
 }
 
 // demotableStore is a store on db whose read-only refusals are logged in logs, its retries
