@@ -2,8 +2,10 @@ package proxy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -149,5 +151,40 @@ func TestDrainWaitsForARunSettledOnRequest(t *testing.T) {
 	status, body := h.settleRun(key, "drain-settle")
 	if status != http.StatusServiceUnavailable || errorCode(t, body) != "shutting_down" {
 		t.Fatalf("settle after the drain: %d %s, want 503 shutting_down", status, body)
+	}
+}
+
+// TestDrainReportsASettlementStillRunningAtItsDeadline: a call's settlement runs after its
+// caller has the answer. Graceful shutdown logs what Drain says was cut: a Drain whose
+// deadline passed under a settlement must say so ("settlements in flight"), not report the
+// gateway idle, and a Drain after that settlement ends reports nothing left.
+func TestDrainReportsASettlementStillRunningAtItsDeadline(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	reached, resume := h.holdAtFirst("settle")
+	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
+	readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("call: %d", resp.StatusCode)
+	}
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the call's settlement never began")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := h.srv.Drain(ctx); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "settlements in flight") {
+		t.Fatalf("Drain past its deadline with a settlement held: %v, want settlements in flight: context deadline exceeded", err)
+	}
+	resume()
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := h.srv.Drain(ctx); err != nil {
+		t.Fatalf("Drain once the settlement could go on: %v", err)
+	}
+	if _, live := h.holdCount(); live != 0 {
+		t.Fatalf("%d holds still live when Drain returned", live)
 	}
 }
