@@ -186,7 +186,10 @@ func TestReadyzNamesOnlyTheDependencyThatStalls(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	gw := gatewayOnDB(t, h, db)
 	start := time.Now()
-	resp, err := http.Get(gw.URL + "/readyz")
+	// A probe gives up long before the driver's 30 s: the stalled check must end at its own
+	// bound (readyCheckTimeout), not the driver's, for the probe to be answered at all.
+	probe := &http.Client{Timeout: 15 * time.Second}
+	resp, err := probe.Get(gw.URL + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,4 +214,28 @@ func gatewayOnDB(t *testing.T, h *harness, db *sqlx.DB) *httptest.Server {
 	gw := httptest.NewServer(srv.Handler())
 	t.Cleanup(gw.Close)
 	return gw
+}
+
+// TestReadyzAnswerFollowsADependencyThatGoesDown: /readyz's answer is kept for a moment
+// (readyFor) so that a flood of probes runs one check, not for good: a gateway that was ready
+// and then lost Redis must say so to the next probes, or the load balancer keeps sending it
+// calls that it refuses.
+func TestReadyzAnswerFollowsADependencyThatGoesDown(t *testing.T) {
+	h := newHarness(t, nil)
+	readyz := func() (int, string) {
+		resp, err := http.Get(h.gw.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode, string(readAll(t, resp.Body))
+	}
+	if status, body := readyz(); status != http.StatusOK {
+		t.Fatalf("/readyz with both stores up: %d %s", status, body)
+	}
+	h.rdb.Close()
+	waitFor(t, "/readyz to say Redis is unavailable once its answer from before is stale", func() bool {
+		status, body := readyz()
+		return status == http.StatusServiceUnavailable && strings.Contains(body, `"redis":"unavailable"`)
+	})
 }
