@@ -135,3 +135,49 @@ func (c *endStallConn) Write(p []byte) (int, error) {
 		}
 	}
 }
+
+// TestOtherAnswersToAStalledReaderAreBounded: an answer that is not a model call's goes to
+// a client that may have stopped reading (it pipelines requests and reads no answers, or its
+// socket buffer is full) as a model call's does, and each of its writes is bounded by
+// client_write_timeout, or it holds the connection and its goroutine for good: one written
+// whole as its handler returns — a 404 for an unknown route, a 401, a 405, through no
+// writeBound — by the deadline set then (boundAnswerEnd); one its handler writes, as /metrics
+// and the admin API's reports do, by its writes' own (boundReplies).
+func TestOtherAnswersToAStalledReaderAreBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, stalled string
+	}{
+		{"an unknown route's 404, written as its handler returns", "/no-such-route", "HTTP/1.1 404"},
+		{"the metrics, written by their handler", "/metrics", "HTTP/1.1 200"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *config.Config) { c.Limits.ClientWriteTimeout = time.Second })
+			ln := &endStallListener{Listener: newLoopbackListener(t), stalled: make(chan error, 1), release: make(chan struct{}),
+				stalls: func(p []byte) bool { return bytes.HasPrefix(p, []byte(tc.stalled)) }}
+			gw := httptest.NewUnstartedServer(h.srv.Handler())
+			gw.Listener.Close()
+			gw.Listener = ln
+			gw.Start()
+			asked := make(chan struct{})
+			t.Cleanup(func() { <-asked }) // last: the caller's request ends once its connection is closed
+			t.Cleanup(gw.Close)
+			t.Cleanup(func() { close(ln.release) }) // before gw.Close, which waits for the stalled write
+
+			go func() {
+				defer close(asked)
+				resp, err := http.Get(gw.URL + tc.path)
+				if err == nil {
+					resp.Body.Close()
+				}
+			}()
+			select {
+			case err := <-ln.stalled:
+				if err == nil {
+					t.Fatal("the stalled write ended without an error")
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatalf("GET %s to a stalled reader was still being written 15 s later: it has no write deadline", tc.path)
+			}
+		})
+	}
+}
