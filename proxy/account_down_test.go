@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,6 +51,12 @@ func TestBalanceAndRunViewsSayWhenTheDatabaseIsOut(t *testing.T) {
 		if code := errorCodeOf(body); status != http.StatusServiceUnavailable || code != "billing_unavailable" {
 			t.Errorf("GET %s with the database stalled: %d %s, want 503 billing_unavailable", path, status, code)
 		}
+	}
+	// A name no run can bear (past 64 characters) is refused without a read of the database:
+	// 404 at once, not the stalled read's 503.
+	if status, body := h.get(key, "/v1/runs/"+strings.Repeat("n", 65)); status != http.StatusNotFound ||
+		errorCodeOf(body) != "run_not_found" {
+		t.Errorf("GET a run by a name no run can bear, with the database stalled: %d %v, want 404 run_not_found", status, body)
 	}
 	cached("the views with the database stalled")
 	if _, err := lock.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
