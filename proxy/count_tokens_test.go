@@ -524,6 +524,10 @@ func TestCountTokensCutAtTheDrainDeadline(t *testing.T) {
 	if strings.Contains(c.body, "charged") && !strings.Contains(c.body, "nothing is charged") {
 		t.Errorf("count cut at the drain deadline told %q: a count is never charged", c.body)
 	}
+	// Its caller is told a token count was cut (errCountCut's cause), not a call.
+	if !strings.Contains(c.body, "token count") {
+		t.Errorf("count cut at the drain deadline told %q, want it named a token count", c.body)
+	}
 	if err := <-shut; err != nil {
 		t.Errorf("the listener's shutdown after the cut: %v, want it done", err)
 	}
