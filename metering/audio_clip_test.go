@@ -81,6 +81,10 @@ func TestAudioClipEstimateFollowsItsLength(t *testing.T) {
 		{"mp3 first frame 320 kbps, then 60 s at 32", "mp3", b64(mpeg1(14, 320).frame(), mpeg1(1, 32).frames(60)), 600},
 		// A decoder resynchronises past bytes that are not a frame, and plays what follows.
 		{"mp3 30 s, junk, 30 s", "mp3", b64(mpeg1(1, 32).frames(30), bytes.Repeat([]byte{0xff, 0x00, 0x12}, 3000), mpeg1(1, 32).frames(30)), 600},
+		// A header whose bit rate index is free (0) or bad (15) is no frame a decoder plays,
+		// padding bit or not: junk, not a frame one byte long playing 26 ms.
+		{"mp3 10 s, then free-format headers", "mp3", b64(mpeg1(1, 32).frames(10), bytes.Repeat([]byte{0xff, 0xfb, 0x02, 0x00}, 10_000)), 100},
+		{"mp3 10 s, then bad-rate headers", "mp3", b64(mpeg1(1, 32).frames(10), bytes.Repeat([]byte{0xff, 0xfb, 0xf2, 0x00}, 10_000)), 100},
 		{"unreadable", "mp3", base64.StdEncoding.EncodeToString([]byte("not audio at all, not a header")), tokensPerMedia},
 		{"not base64", "wav", "%%%%", tokensPerMedia},
 		{"empty", "wav", "", tokensPerMedia},
@@ -102,25 +106,31 @@ func TestAudioClipEstimateFollowsItsLength(t *testing.T) {
 // rate, channels and sample width; the header's byte rate is only a hint, which the caller
 // writes. A 300 s clip of 8 kHz 8-bit mono whose byte rate says 4 GB/s was estimated at one
 // token, where the provider bills 3 000: a caller who left before the usage report paid one.
+//
+// A sample narrower than a byte (4-bit ADPCM) is timed as a whole byte: at most as long as it
+// plays, never by the forged rate. Mutant: the width rounded down, a 4-bit sample zero bytes
+// wide, the forged rate taken (one token).
 func TestAudioClipEstimateNotTakenFromAForgedByteRate(t *testing.T) {
-	h := make([]byte, 44+8_000*300)
-	copy(h, "RIFF")
-	copy(h[8:], "WAVEfmt ")
-	binary.LittleEndian.PutUint32(h[16:], 16)
-	binary.LittleEndian.PutUint16(h[20:], 1)          // PCM
-	binary.LittleEndian.PutUint16(h[22:], 1)          // mono
-	binary.LittleEndian.PutUint32(h[24:], 8_000)      // 8 kHz
-	binary.LittleEndian.PutUint32(h[28:], 0xffffffff) // the forged byte rate
-	binary.LittleEndian.PutUint16(h[32:], 1)          // block align
-	binary.LittleEndian.PutUint16(h[34:], 8)          // 8-bit
-	copy(h[36:], "data")
-	body := fmt.Sprintf(`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":%q,"format":"wav"}}]}]}`,
-		base64.StdEncoding.EncodeToString(h))
-	if got := EstimateAudioInputTokens(FormatChat, []byte(body)); got < 3_000 {
-		t.Errorf("a 300 s clip whose header claims a huge byte rate: %d tokens, want 3 000", got)
-	}
-	if in := EstimateInputTokens(FormatChat, []byte(body)); in < 3_000 {
-		t.Errorf("its prompt's estimate: %d tokens, want at least 3 000", in)
+	for _, bits := range []uint16{8, 4} {
+		h := make([]byte, 44+8_000*300)
+		copy(h, "RIFF")
+		copy(h[8:], "WAVEfmt ")
+		binary.LittleEndian.PutUint32(h[16:], 16)
+		binary.LittleEndian.PutUint16(h[20:], 1)          // PCM
+		binary.LittleEndian.PutUint16(h[22:], 1)          // mono
+		binary.LittleEndian.PutUint32(h[24:], 8_000)      // 8 kHz
+		binary.LittleEndian.PutUint32(h[28:], 0xffffffff) // the forged byte rate
+		binary.LittleEndian.PutUint16(h[32:], 1)          // block align
+		binary.LittleEndian.PutUint16(h[34:], bits)       // sample width
+		copy(h[36:], "data")
+		body := fmt.Sprintf(`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":%q,"format":"wav"}}]}]}`,
+			base64.StdEncoding.EncodeToString(h))
+		if got := EstimateAudioInputTokens(FormatChat, []byte(body)); got < 3_000 {
+			t.Errorf("%d-bit: a clip of 2.4 MB at 8 kHz whose header claims a huge byte rate: %d tokens, want 3 000", bits, got)
+		}
+		if in := EstimateInputTokens(FormatChat, []byte(body)); in < 3_000 {
+			t.Errorf("%d-bit: its prompt's estimate: %d tokens, want at least 3 000", bits, in)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package metering
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"strconv"
 	"strings"
 	"testing"
@@ -132,6 +133,45 @@ func TestMeterSpokenAnswerRawPCMStartingLikeAFrame(t *testing.T) {
 		base64.StdEncoding.EncodeToString(mp3) + `"}}}]}`))
 	if got, want := m.Result().AudioOutput, ceilDiv(100*26_122*audioOutputTokensPerSecond, 1_000_000); got != want {
 		t.Errorf("100 MP3 frames: %d audio tokens, want %d", got, want)
+	}
+	// Near-silent PCM holds samples of -1 (0xFFFF), which read as the sync of an MPEG-1 Layer I
+	// header: two of them a frame apart are still no Layer III stream, and the answer counts
+	// its bytes. Mutant: the layer not checked, the PCM walked as frames and junk, past 64 KiB
+	// timed at 8 kbit/s (~9 600 tokens).
+	copy(pcm, []byte{0xff, 0xff, 0x90, 0x64})
+	copy(pcm[417:], []byte{0xff, 0xff, 0x90, 0x64})
+	m = NewMeter(FormatChat)
+	m.Body([]byte(`{"choices":[{"message":{"role":"assistant","content":null,"audio":{"id":"a","data":"` +
+		base64.StdEncoding.EncodeToString(pcm) + `"}}}]}`))
+	if got, want := m.Result().AudioOutput, int64(secs*audioOutputTokensPerSecond); got != want {
+		t.Errorf("%d s of raw PCM with Layer I headers a frame apart: %d audio tokens, want %d", secs, got, want)
+	}
+}
+
+// TestMeterStreamedSpokenAnswerIsRawPCMWhateverItStartsWith: a stream's audio deltas carry raw
+// PCM (24 kHz 16-bit), never a file, so a delta whose bytes start like a WAV header counts its
+// bytes: one second is 20 tokens. Mutant: the delta timed as a WAV file by its header's byte
+// rate, a forged 4 GB/s making the second one token.
+func TestMeterStreamedSpokenAnswerIsRawPCMWhateverItStartsWith(t *testing.T) {
+	pcm := make([]byte, pcmBytesPerSecond)
+	copy(pcm, "RIFF")
+	copy(pcm[8:], "WAVEfmt ")
+	binary.LittleEndian.PutUint32(pcm[28:], 0xffffffff)
+	r := meterEvents(FormatChat,
+		data(`{"choices":[{"delta":{"audio":{"id":"audio_1","data":"`+base64.StdEncoding.EncodeToString(pcm)+`"}}}]}`))
+	if got, want := r.AudioOutput, int64(audioOutputTokensPerSecond); got != want {
+		t.Errorf("a streamed second of PCM starting like a WAV header: %d audio tokens, want %d", got, want)
+	}
+}
+
+// TestResponsesAudioKeyIsNoSpokenAnswer: only a chat message sends an earlier spoken answer back
+// by its id ({"audio": {"id": …}}); a Responses input item has no such field, and an "audio"
+// object in one is no audio to estimate (an audio estimate refuses the call on a model without
+// an audio price). Mutant: the key counted in Responses input too, 1 600 audio tokens.
+func TestResponsesAudioKeyIsNoSpokenAnswer(t *testing.T) {
+	body := []byte(`{"model":"m","input":[{"role":"assistant","audio":{"id":"audio_1"}},{"role":"user","content":"again"}]}`)
+	if _, audio := EstimatePrompt(FormatResponses, body); audio != 0 {
+		t.Errorf("Responses input with an audio key: audio estimate %d, want 0", audio)
 	}
 }
 
