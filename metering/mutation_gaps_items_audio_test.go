@@ -294,6 +294,30 @@ func TestMP3WalkJunkBoundIsInclusive(t *testing.T) {
 	}
 }
 
+// TestMP3WalkJunkPastTheBoundAtTheEndIsTimed: a skip that ends the data counts toward the
+// junk bound as one cut short by the data's end does: 25 frames (600 ms), exactly maxMP3Junk
+// bytes of junk up to a 0xff, then a last header that is no frame and that the data ends in.
+// Its 4 bytes pass the bound, and the rest from where they start (their bytes and the base64
+// padding, DecodedLen) is timed at the lowest rate. Mutant: the bound looked at only while
+// bytes come, the last header played as nothing (6 tokens, not 7).
+func TestMP3WalkJunkPastTheBoundAtTheEndIsTimed(t *testing.T) {
+	frame := make([]byte, 24) // MPEG-2 Layer III, 8 kbit/s, 24 kHz: 576 samples, 24 000 µs
+	copy(frame, []byte{0xff, 0xf3, 0x14, 0x00})
+	run := bytes.Repeat(frame, 25)
+	junk := make([]byte, maxMP3Junk) // no 0xff: a skip from its start to the header after it
+	last := []byte{0xff, 0x00, 0x00, 0x00}
+	data := b64(run, junk, last)
+	from := int64(len(run) + len(junk))
+	total := int64(base64.StdEncoding.DecodedLen(len(data)))
+	want := 25*24_000 + (total-from)*1_000_000/mp3LowestByteRate
+	if got := clipMicros(data); got != want {
+		t.Errorf("25 frames, %d bytes of junk, a last header that is no frame: %d µs, want %d", maxMP3Junk, got, want)
+	}
+	if got, wantTokens := clipPromptTokens(data), ceilDiv(want*audioTokensPerSecond, 1_000_000); got != wantTokens {
+		t.Errorf("its estimate: %d tokens, want %d", got, wantTokens)
+	}
+}
+
 // TestMP3WalkResyncsInsideAHeader: a frame sync among the 3 bytes after a header that is no
 // frame is where the walk goes on, as a decoder does: 4 runs of 10 frames with 3 bytes of junk
 // between them play as the 40 frames (1.04 s, 11 tokens). Mutants: the last of the header's
