@@ -87,6 +87,8 @@ func TestAudioClipEstimateFollowsItsLength(t *testing.T) {
 		{"mp3 10 s, then bad-rate headers", "mp3", b64(mpeg1(1, 32).frames(10), bytes.Repeat([]byte{0xff, 0xfb, 0xf2, 0x00}, 10_000)), 100},
 		{"unreadable", "mp3", base64.StdEncoding.EncodeToString([]byte("not audio at all, not a header")), tokensPerMedia},
 		{"not base64", "wav", "%%%%", tokensPerMedia},
+		// A RIFF WAVE header cut short of its format's 36 bytes holds no rate to time it by.
+		{"wav header cut short", "wav", b64([]byte("RIFF\x00\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00")), tokensPerMedia},
 		{"empty", "wav", "", tokensPerMedia},
 	} {
 		body := fmt.Sprintf(`{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":%q,"format":%q}}]}]}`,
@@ -98,6 +100,20 @@ func TestAudioClipEstimateFollowsItsLength(t *testing.T) {
 		}
 		if in := EstimateInputTokens(FormatChat, []byte(body)); in < got {
 			t.Errorf("%s: the prompt's estimate %d is less than its audio's %d", tc.name, in, got)
+		}
+	}
+}
+
+// TestAudioClipDataUnderAnyKeyCaseIsTimed: the provider decodes a part with Go's
+// encoding/json, which matches "input_audio" and "data" with case folded: a 60 s clip under
+// "Input_Audio" and "Data" plays 60 s (600 tokens). Mutant: "data" matched exactly, the clip
+// unread and counted flat (1 600 tokens, less than a clip past 160 s plays).
+func TestAudioClipDataUnderAnyKeyCaseIsTimed(t *testing.T) {
+	for _, keys := range [][2]string{{"input_audio", "data"}, {"Input_Audio", "Data"}, {"input_audio", "DATA"}} {
+		body := fmt.Sprintf(`{"messages":[{"role":"user","content":[{"type":"input_audio","%s":{"%s":%q,"format":"wav"}}]}]}`,
+			keys[0], keys[1], wavClip(32_000, 60))
+		if got := EstimateAudioInputTokens(FormatChat, []byte(body)); got < 600 || got > 602 {
+			t.Errorf("60 s clip under %q and %q: %d tokens, want 600", keys[0], keys[1], got)
 		}
 	}
 }

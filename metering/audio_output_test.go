@@ -146,6 +146,21 @@ func TestMeterSpokenAnswerRawPCMStartingLikeAFrame(t *testing.T) {
 	if got, want := m.Result().AudioOutput, int64(secs*audioOutputTokensPerSecond); got != want {
 		t.Errorf("%d s of raw PCM with Layer I headers a frame apart: %d audio tokens, want %d", secs, got, want)
 	}
+	// Nor is PCM whose first bytes read "RIFF" a WAV file unless a WAVE form follows: taken for
+	// a file, it went to the MP3 walk (clipHead reads no WAV header in it), and past 64 KiB of
+	// junk was timed at 8 kbit/s. Mutant: any RIFF taken for a file.
+	for i := range pcm[:12] {
+		pcm[i] = byte(i * 7)
+	}
+	copy(pcm[417:], []byte{0, 0, 0, 0})
+	copy(pcm, "RIFF")
+	copy(pcm[8:], "AVI ")
+	m = NewMeter(FormatChat)
+	m.Body([]byte(`{"choices":[{"message":{"role":"assistant","content":null,"audio":{"id":"a","data":"` +
+		base64.StdEncoding.EncodeToString(pcm) + `"}}}]}`))
+	if got, want := m.Result().AudioOutput, int64(secs*audioOutputTokensPerSecond); got != want {
+		t.Errorf("%d s of raw PCM starting RIFF, no WAVE: %d audio tokens, want %d", secs, got, want)
+	}
 }
 
 // TestMeterStreamedSpokenAnswerIsRawPCMWhateverItStartsWith: a stream's audio deltas carry raw
@@ -207,7 +222,8 @@ func TestMeterKeepsTheSpokenAnswersIDs(t *testing.T) {
 // none for an audio object without one; at most maxSentBack.
 func TestSpokenAnswersSentBack(t *testing.T) {
 	body := `{"model":"m","messages":[{"role":"assistant","audio":{"id":"audio_1"}},{"role":"user","content":"x"},
-		{"role":"assistant","Audio":{"id":"audio_2"}},{"role":"assistant","audio":{}},{"role":"assistant","audio":null}]}`
+		{"role":"assistant","Audio":{"id":"audio_2"}},{"role":"assistant","audio":{}},{"role":"assistant","audio":null},
+		{"role":"assistant","audio":{"id":""}}]}` // an empty id names no answer to look up
 	if got := strings.Join(SpokenAnswersSentBack([]byte(body)), ","); got != "audio_1,audio_2" {
 		t.Errorf("sent back %q, want audio_1,audio_2", got)
 	}
