@@ -179,17 +179,6 @@ func TestMeterStreamedSpokenAnswerIsRawPCMWhateverItStartsWith(t *testing.T) {
 	}
 }
 
-// TestResponsesAudioKeyIsNoSpokenAnswer: only a chat message sends an earlier spoken answer back
-// by its id ({"audio": {"id": …}}); a Responses input item has no such field, and an "audio"
-// object in one is no audio to estimate (an audio estimate refuses the call on a model without
-// an audio price). Mutant: the key counted in Responses input too, 1 600 audio tokens.
-func TestResponsesAudioKeyIsNoSpokenAnswer(t *testing.T) {
-	body := []byte(`{"model":"m","input":[{"role":"assistant","audio":{"id":"audio_1"}},{"role":"user","content":"again"}]}`)
-	if _, audio := EstimatePrompt(FormatResponses, body); audio != 0 {
-		t.Errorf("Responses input with an audio key: audio estimate %d, want 0", audio)
-	}
-}
-
 // TestMeterKeepsTheSpokenAnswersIDs: each spoken answer's id (one a choice), from a stream's
 // deltas, which may repeat it, or a whole body, is what a later request sends back to be
 // heard again; the proxy records the answer's audio tokens under it.
@@ -236,5 +225,22 @@ func TestSpokenAnswersSentBack(t *testing.T) {
 	}
 	if got := SpokenAnswersSentBack([]byte(many + `]}`)); len(got) != maxSentBack {
 		t.Errorf("%d ids listed, want the bound %d", len(got), maxSentBack)
+	}
+}
+
+// TestSpokenAnswerIDsListsEachUnderAnyKeyCase: the ids a chat body sends back, for the check of
+// whose answers they are, are read as the provider reads them, with Go's encoding/json: the
+// "audio" key and its "id" in any case; each id once; past the limit, more. Mutant: "audio"
+// matched exactly, an answer sent back under "Audio" left unchecked and heard by another user.
+func TestSpokenAnswerIDsListsEachUnderAnyKeyCase(t *testing.T) {
+	body := `{"messages":[{"role":"assistant","audio":{"id":"audio_1"}},{"role":"assistant","Audio":{"id":"audio_2"}},
+		{"role":"assistant","AUDIO":{"ID":"audio_3"}},{"role":"assistant","audio":{"id":"audio_1"}},{"role":"assistant","audio":{"id":""}}]}`
+	ids, more := SpokenAnswerIDs([]byte(body), 10)
+	if got := strings.Join(ids, ","); got != "audio_1,audio_2,audio_3" || more {
+		t.Errorf("ids %q (more %v), want audio_1,audio_2,audio_3 and no more", got, more)
+	}
+	ids, more = SpokenAnswerIDs([]byte(body), 2)
+	if got := strings.Join(ids, ","); got != "audio_1,audio_2" || !more {
+		t.Errorf("limit 2: ids %q (more %v), want audio_1,audio_2 and more", got, more)
 	}
 }

@@ -119,3 +119,15 @@ func TestPDFPagesCountsPageObjectsOnly(t *testing.T) {
 		t.Errorf("a stream inflating 100 zeros before its page: %d pages, want 1", got)
 	}
 }
+
+// TestPDFPagesAddsThePagesOfEachObjectStream: a PDF written in increments packs pages into
+// several object streams; its pages are those in the open and in each stream: 1, 3 and 2 are
+// 6 pages. Mutant: a stream's pages taken for the count when more than the count so far (3).
+func TestPDFPagesAddsThePagesOfEachObjectStream(t *testing.T) {
+	pdf := []byte("%PDF-1.5\n3 0 obj <</Type /Page>> endobj\n")
+	pdf = append(pdf, objStm("/ObjStm", []byte(strings.Repeat("<</Type /Page>>\n", 3)))...)
+	pdf = append(pdf, objStm("/ObjStm", []byte(strings.Repeat("<</Type /Page>>\n", 2)))...)
+	if got := pdfPages(pdf); got != 6 {
+		t.Errorf("a page in the open, streams of 3 and 2: %d pages, want 6", got)
+	}
+}

@@ -434,12 +434,19 @@ func TestAudioInputEstimate(t *testing.T) {
 		{"type key in another case", FormatChat, `{"messages":[{"role":"user","content":[{"TYPE":"input_audio"}]}]}`, tokensPerMedia},
 		{"escaped type", FormatChat, `{"messages":[{"role":"user","content":[{"type":"input\u005faudio"}]}]}`, tokensPerMedia},
 		{"content key in another case", FormatChat, `{"messages":[{"role":"user","Content":[{"type":"input_audio"}]}]}`, tokensPerMedia},
+		// The type's value is matched exactly, as the provider reads it: a part typed in
+		// another case is none it plays.
+		{"type value in another case", FormatChat, `{"messages":[{"role":"user","content":[{"type":"INPUT_AUDIO","text":"x"}]}]}`, 0},
 		{"payload under another type", FormatChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"x","input_audio":{}}]}]}`, tokensPerMedia},
 		{"responses", FormatResponses, `{"input":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA"}}]}]}`, tokensPerMedia},
 		{"responses string input", FormatResponses, `{"input":"input_audio"}`, 0},
 		// An earlier spoken answer sent back by its id is heard again: audio input of unknown length.
 		{"spoken answer sent back", FormatChat, `{"messages":[{"role":"assistant","audio":{"id":"audio_1"}},{"role":"user","content":"again"}]}`, tokensPerMedia},
 		{"spoken answer sent back, key in another case", FormatChat, `{"messages":[{"role":"assistant","AUDIO":{"id":"audio_1"}}]}`, tokensPerMedia},
+		// Only a chat message sends a spoken answer back by its id: a Responses input item has
+		// no such field, and an audio object in one is none (an audio estimate refuses the
+		// call on a model without an audio price).
+		{"responses item with an audio key", FormatResponses, `{"input":[{"role":"assistant","audio":{"id":"audio_1"}},{"role":"user","content":"again"}]}`, 0},
 		{"an echoed message's null audio", FormatChat, `{"messages":[{"role":"assistant","content":"hi","audio":null}]}`, 0},
 		{"the word audio in text", FormatChat, `{"messages":[{"role":"user","content":"audio"}]}`, 0},
 		{"anthropic has no audio parts", FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"input_audio"}]}]}`, 0},
