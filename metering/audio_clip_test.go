@@ -87,6 +87,10 @@ func TestAudioClipEstimateFollowsItsLength(t *testing.T) {
 		{"mp3 10 s, then bad-rate headers", "mp3", b64(mpeg1(1, 32).frames(10), bytes.Repeat([]byte{0xff, 0xfb, 0xf2, 0x00}, 10_000)), 100},
 		{"unreadable", "mp3", base64.StdEncoding.EncodeToString([]byte("not audio at all, not a header")), tokensPerMedia},
 		{"not base64", "wav", "%%%%", tokensPerMedia},
+		// A WAV header whose rates are all 0, and an ID3 tag cut short of its 10-byte header,
+		// say no length: the clip counts flat.
+		{"wav of rate 0", "wav", wavClip(0, 0), tokensPerMedia},
+		{"ID3 tag cut short", "mp3", b64([]byte("ID3\x04\x00\x00\x00")), tokensPerMedia},
 		// A RIFF WAVE header cut short of its format's 36 bytes holds no rate to time it by.
 		{"wav header cut short", "wav", b64([]byte("RIFF\x00\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00")), tokensPerMedia},
 		{"empty", "wav", "", tokensPerMedia},

@@ -447,6 +447,7 @@ func TestAudioInputEstimate(t *testing.T) {
 		// no such field, and an audio object in one is none (an audio estimate refuses the
 		// call on a model without an audio price).
 		{"responses item with an audio key", FormatResponses, `{"input":[{"role":"assistant","audio":{"id":"audio_1"}},{"role":"user","content":"again"}]}`, 0},
+		{"a message's audio that is no object", FormatChat, `{"messages":[{"role":"assistant","content":"hi","audio":"audio_1"}]}`, 0},
 		{"an echoed message's null audio", FormatChat, `{"messages":[{"role":"assistant","content":"hi","audio":null}]}`, 0},
 		{"the word audio in text", FormatChat, `{"messages":[{"role":"user","content":"audio"}]}`, 0},
 		{"anthropic has no audio parts", FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"input_audio"}]}]}`, 0},
