@@ -195,6 +195,12 @@ func TestMeterKeepsTheSpokenAnswersIDs(t *testing.T) {
 	if got := strings.Join(m.Result().SpokenIDs, ","); got != "audio_w" {
 		t.Errorf("whole: spoken ids %q, want audio_w", got)
 	}
+	// An id longer than a model name is none, as it is to the checks of a request that sends
+	// it back (SpokenAnswerIDs, SpokenAnswersSentBack): the Meter keeps none.
+	long := strings.Repeat("a", maxModelName+1)
+	if got := meterEvents(FormatChat, data(`{"choices":[{"delta":{"audio":{"id":"`+long+`"}}}]}`)).SpokenIDs; len(got) != 0 {
+		t.Errorf("an id of %d characters: %d spoken ids kept, want none", len(long), len(got))
+	}
 	many := `{"choices":[`
 	for i := range maxSpokenIDs + 5 {
 		if i > 0 {
