@@ -130,16 +130,18 @@ func TestSpokenAnswerOfAnotherUserAfterManyIsNotSentBack(t *testing.T) {
 }
 
 // TestSpokenAnswerOfAnotherUserByAnyKeyCaseIsNotSentBack: a provider or relay that decodes with
-// Go's encoding/json matches "ID" (or "Id") to the audio's id, as the gateway matches "Audio"
-// to audio; the gateway read "id" alone, so another user's answer sent back as {"ID": …} was
-// not checked and forwarded. An escaped key is the same key.
+// Go's encoding/json matches "ID" (or "Id") to the audio's id, and "Audio" to the audio; the
+// gateway read "id" alone, so another user's answer sent back as {"ID": …} was not checked and
+// forwarded, and one under "Audio" is checked as one under "audio". An escaped key is the same
+// key.
 func TestSpokenAnswerOfAnotherUserByAnyKeyCaseIsNotSentBack(t *testing.T) {
 	h, _, _ := spokenAnswerMade(t)
 
 	other, otherKey := h.user("standard")
-	for _, audio := range []string{`{"ID":"audio_mine"}`, `{"Id":"audio_mine"}`, `{"\u0069D":"audio_mine"}`, `{"id":"audio_pad","ID":"audio_mine"}`} {
+	for _, audio := range []string{`"audio":{"ID":"audio_mine"}`, `"audio":{"Id":"audio_mine"}`, `"audio":{"\u0069D":"audio_mine"}`,
+		`"audio":{"id":"audio_pad","ID":"audio_mine"}`, `"Audio":{"id":"audio_mine"}`, `"AUDIO":{"ID":"audio_mine"}`} {
 		body := `{"model":"fake-gpt","messages":[{"role":"user","content":"Say hello."},
-			{"role":"assistant","audio":` + audio + `},{"role":"user","content":"Again."}]}`
+			{"role":"assistant",` + audio + `},{"role":"user","content":"Again."}]}`
 		h.postRefused(t, otherKey, "/v1/chat/completions", body, nil, http.StatusBadRequest, "audio_not_found")
 	}
 	h.expectCharges(other.ID, nil)
