@@ -36,7 +36,9 @@ func TestRepeatedKeyAnywhere(t *testing.T) {
 		{many(""), "", false},
 		{many(`"k3":0,`), "a.k3", true}, // past keysBeforeSet
 		{many(`"k39":0,`), "a.k39", true},
-		{`{"":0,"":1,"model":"a","model":"b"}`, "", true}, // the top level's empty key, repeated
+		{many(`"k0":0,`), "a.k0", true},                          // the first key, kept in the set built past keysBeforeSet
+		{`{"m":["a","b","b"],"n":[1,"x",{"y":"x"}]}`, "", false}, // an array's repeated strings are values, not keys
+		{`{"":0,"":1,"model":"a","model":"b"}`, "", true},        // the top level's empty key, repeated
 		{`{"":0,"a":{"":1,"":2}}`, "a.", true},
 	}
 	for _, tc := range cases {
@@ -63,6 +65,20 @@ func TestRepeatedPromptKey(t *testing.T) {
 		{metering.FormatAnthropic, `{"system":[{"type":"text","Text":"long"}],"messages":[]}`, "system[0].Text"},
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"a","Text":"b"}]}]}]}`, "messages[0].content[0].content[0].Text"},
 		{metering.FormatResponses, `{"input":[{"type":"function_call_output","output":"a","Output":"long"}]}`, "input[0].Output"},
+		// Legacy function calling's arguments, a custom tool's input, a tool_use part's input
+		// (spelled in another case alone, as the estimate does not read it): the estimate
+		// counts each.
+		{metering.FormatChat, `{"messages":[{"role":"assistant","function_call":{"name":"f","arguments":"{}","Arguments":"long"}}]}`, "messages[0].function_call.Arguments"},
+		{metering.FormatChat, `{"messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"custom","custom":{"name":"f","input":"a","Input":"long"}}]}]}`, "messages[0].tool_calls[0].custom.Input"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","Input":{"q":"long"}}]}]}`, "messages[0].content[0].Input"},
+		// Tool calls the estimate walks as an object's members (gjson's ForEach), and parts
+		// nested in an array of parts (partLen), are compared too.
+		{metering.FormatChat, `{"messages":[{"role":"assistant","tool_calls":{"x":{"function":{"arguments":"{}","Arguments":"long"}}}}]}`, "messages[0].tool_calls[0].function.Arguments"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":[[{"type":"text","text":"a","Text":"long"}]]}]}`, "messages[0].content[0][0].Text"},
+		// Parts are compared as deep as the estimate reads them (maxContentDepth): the fourth
+		// nested content array is; past it the estimate counts the raw bytes, case variants and all.
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"text","text":"a","Text":"long"}]}]}]}]}]}`, "messages[0].content[0].content[0].content[0].content[0].Text"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"text","text":"a","Text":"long"}]}]}]}]}]}]}`, ""},
 		// Case variants the estimate does not read, or inside what it counts whole, pass.
 		{metering.FormatAnthropic, `{"messages":[{"role":"assistant","content":[{"type":"tool_use","input":{"id":1,"ID":2}}]}]}`, ""},
 		{metering.FormatChat, `{"tools":[{"type":"function","function":{"parameters":{"properties":{"id":{},"ID":{}}}}}],"messages":[{"role":"user","content":"a"}]}`, ""},
