@@ -20,14 +20,32 @@ import (
 // The first call outlives its fingerprint (the window lapsed: deleted here as its expiry
 // would), the same body sent then runs and takes the fingerprint; the first's end must leave
 // it, or a third resend while the second still runs is run and charged beside it. No other
-// test failed when the give-back deleted the key whatever it named.
+// test failed when the give-back deleted the key whatever it named: on either path, with the
+// tally of a call answered whole, or alone (giveFingerprintBack) for one that failed upstream.
 func TestFingerprintOfAnEndedCallIsNotGivenBackOverItsSuccessor(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		hdr   map[string]string // the first call's
+		first int               // its answer's status
+	}{
+		// Answered whole: the give-back rides with its tally (tallyWithFingerprint).
+		{"answered", nil, http.StatusOK},
+		// Failed upstream: given back alone, at the handler's end (endFingerprint).
+		{"failed upstream", map[string]string{fakellm.HeaderStatus: "500"}, http.StatusBadGateway},
+	} {
+		t.Run(tc.name, func(t *testing.T) { fingerprintNotGivenBackOverSuccessor(t, tc.hdr, tc.first) })
+	}
+}
+
+func fingerprintNotGivenBackOverSuccessor(t *testing.T, firstHdr map[string]string, firstStatus int) {
 	h, gate := gatedHarness(t, func(c *config.Config) { c.Dedup.Window = time.Minute })
 	u, key := h.user("standard")
 	ctx := context.Background()
 
 	first := make(chan answer, 1)
-	go func() { first <- send(h.gw.URL, key, chatBody, map[string]string{"X-Test-Gate": "first"}) }()
+	go func() {
+		first <- send(h.gw.URL, key, chatBody, with(firstHdr, "X-Test-Gate", "first"))
+	}()
 	defer gate.open("first")
 	gate.await(t, "first", 1)
 	fps, err := h.rdb.Keys(ctx, h.keys.Dedup(u.ID, "*")).Result()
@@ -46,8 +64,8 @@ func TestFingerprintOfAnEndedCallIsNotGivenBackOverItsSuccessor(t *testing.T) {
 
 	gate.open("first")
 	a := <-first
-	if a.err != nil || a.status != http.StatusOK {
-		t.Fatalf("first call: %d %v %s", a.status, a.err, a.body)
+	if a.err != nil || a.status != firstStatus {
+		t.Fatalf("first call: %d %v %s, want %d", a.status, a.err, a.body, firstStatus)
 	}
 	secondRun, err := h.rdb.Get(ctx, fps[0]).Result()
 	if err != nil {
@@ -63,7 +81,9 @@ func TestFingerprintOfAnEndedCallIsNotGivenBackOverItsSuccessor(t *testing.T) {
 	if b.err != nil || b.status != http.StatusOK {
 		t.Fatalf("second call: %d %v %s", b.status, b.err, b.body)
 	}
-	h.expectCharges(u.ID, []string{a.header.Get(proxy.RunIDHeader), b.header.Get(proxy.RunIDHeader)}, "duplicate")
+	if firstStatus == http.StatusOK {
+		h.expectCharges(u.ID, []string{a.header.Get(proxy.RunIDHeader), b.header.Get(proxy.RunIDHeader)}, "duplicate")
+	}
 	if n := gate.fake.Calls(); n != 2 {
 		t.Fatalf("%d upstream calls, want 2", n)
 	}
