@@ -73,6 +73,12 @@ func gatewayOnACluster(t *testing.T, kind clusterKind) {
 	if fps := clusterKeys(t, h, h.keys.Prefix+"dedup:{"+strconv.FormatUint(u.ID, 10)+"}:*"); len(fps) != 0 {
 		t.Fatalf("fingerprints %v after the call ended: want none", fps)
 	}
+	// Its tally went in its own round trip, not in its fingerprint's transaction (across two
+	// hash slots, which a Cluster may refuse: runstate.Tally.JoinsAdd): none failed and had to
+	// be written again beside the settlement.
+	if n := h.metric("tollgate_tally_failures_total"); n != "0" {
+		t.Fatalf("%s tally writes failed for a plain call on a Cluster, want none", n)
+	}
 
 	// A named run: two calls, then its settlement.
 	named := map[string]string{"X-Run-Id": "cluster-task", fakellm.HeaderChunks: "3"}
