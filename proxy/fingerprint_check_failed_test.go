@@ -14,7 +14,7 @@ import (
 
 // plantEndedFingerprint sets the window of chatBody for user to a run that has no hold (as if
 // an ended call's give-back had not reached Redis), so that the next plain chatBody call looks
-// that run up in the database (the step "fingerprint run live"). It returns the key.
+// that run up in the database (the step "fingerprint run live"). It returns the key and run.
 func plantEndedFingerprint(t *testing.T, h *harness, userID uint64) (fp, endedRun string) {
 	t.Helper()
 	sum := sha256.Sum256([]byte("/v1/chat/completions\x00" + chatBody))
