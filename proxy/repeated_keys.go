@@ -204,25 +204,40 @@ func repeatedPartKey(content gjson.Result, at string, depth int) string {
 	i := -1
 	content.ForEach(func(_, p gjson.Result) bool {
 		i++
-		switch {
-		case !p.IsObject():
+		if p.IsObject() {
+			found = repeatedKeyInPart(p, depth)
+		} else {
 			found = repeatedPartKey(p, "", depth+1)
-		default:
-			var inner string
-			if k, ok := repeatedKeyEach(p.Raw, partReadKeys, func(k, v string) {
-				if k == "content" {
-					inner = v
-				}
-			}); ok {
-				found = "." + k
-			} else {
-				found = repeatedPartKey(containerAt(inner), ".content", depth+1)
-			}
 		}
 		return found == ""
 	})
 	if found != "" {
 		return fmt.Sprintf("%s[%d]%s", at, i, found)
+	}
+	return ""
+}
+
+// repeatedKeyInPart is repeatedPartKey for one part at depth: its own keys, then its content's
+// parts, a list of them (an Anthropic tool_result) or one block (a web_fetch_tool_result's
+// web_fetch_result, whose document the estimate reads as a part's, so a "Content" beside it was
+// the fetched page, billed by a provider that folds case and never estimated).
+func repeatedKeyInPart(p gjson.Result, depth int) string {
+	var inner string
+	if k, ok := repeatedKeyEach(p.Raw, partReadKeys, func(k, v string) {
+		if k == "content" {
+			inner = v
+		}
+	}); ok {
+		return "." + k
+	}
+	if !strings.HasPrefix(inner, "{") {
+		return repeatedPartKey(containerAt(inner), ".content", depth+1)
+	}
+	if depth+1 >= maxPartDepth {
+		return "" // the estimate counts the block's raw bytes, case variants and all
+	}
+	if k := repeatedKeyInPart(gjson.Parse(inner), depth+1); k != "" {
+		return ".content" + k
 	}
 	return ""
 }

@@ -79,6 +79,15 @@ func TestRepeatedPromptKey(t *testing.T) {
 		// nested content array is; past it the estimate counts the raw bytes, case variants and all.
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"text","text":"a","Text":"long"}]}]}]}]}]}`, "messages[0].content[0].content[0].content[0].content[0].Text"},
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"text","text":"a","Text":"long"}]}]}]}]}]}]}`, ""},
+		// A part's content that is one block, not a list (an Anthropic web_fetch_tool_result's
+		// web_fetch_result), is read by the estimate as a part (metering's partLen): its
+		// "Content" is the fetched document to a provider that folds case, which the estimate,
+		// reading "content" alone, did not count (4 tokens where the document is 1 600). Past
+		// the estimate's depth the block is counted whole.
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"web_fetch_tool_result","tool_use_id":"t","content":{"type":"web_fetch_result","url":"u","Content":{"type":"document","source":{"type":"text","media_type":"text/plain","data":"long"}}}}]}]}`, "messages[0].content[0].content.Content"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":{"type":"x","content":{"type":"web_fetch_result","Content":"long"}}}]}]}]}`, "messages[0].content[0].content[0].content.content.Content"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":{"type":"web_fetch_result","Content":"long"}}]}]}]}]}`, "messages[0].content[0].content[0].content[0].content.Content"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":{"type":"web_fetch_result","Content":"long"}}]}]}]}]}]}`, ""},
 		// Case variants the estimate does not read, or inside what it counts whole, pass.
 		{metering.FormatAnthropic, `{"messages":[{"role":"assistant","content":[{"type":"tool_use","input":{"id":1,"ID":2}}]}]}`, ""},
 		{metering.FormatChat, `{"tools":[{"type":"function","function":{"parameters":{"properties":{"id":{},"ID":{}}}}}],"messages":[{"role":"user","content":"a"}]}`, ""},
