@@ -441,6 +441,14 @@ func partLen(part gjson.Result, depth int) int64 {
 	}
 	var typ, text, refusal, content, input, encrypted, stdout, stderr, image, promptString, media string
 	jsontop.Members(part.Raw, func(k, v string) bool {
+		// A part's type is read with case folded, as the audio estimate reads it (isAudioPart)
+		// and a provider decoding with Go's encoding/json does: {"Type":"image_url"} read as
+		// no type was estimated at its few bytes, and billed as an image. (A part that spells
+		// it twice is refused before it is estimated.)
+		if strings.EqualFold(k, "type") {
+			firstOf(&typ, v)
+			return true
+		}
 		switch k {
 		case "prompt_string":
 			firstOf(&promptString, v)
@@ -454,8 +462,6 @@ func partLen(part gjson.Result, depth int) int64 {
 			firstOf(&stdout, v)
 		case "stderr":
 			firstOf(&stderr, v)
-		case "type":
-			firstOf(&typ, v)
 		case "text":
 			firstOf(&text, v)
 		case "refusal":

@@ -469,6 +469,10 @@ func TestInputEstimateCountsMediaAndToolDefinitions(t *testing.T) {
 		{"chat images", FormatChat,
 			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"https://x/a.png"}},{"type":"image_url","image_url":{"url":"https://x/b.png"}}]}]}`,
 			2 * tokensPerMedia},
+		// A provider decoding with Go's encoding/json reads "Type" as the part's type.
+		{"chat image typed in another case", FormatChat,
+			`{"model":"m","messages":[{"role":"user","content":[{"Type":"image_url","image_url":{"url":"https://x/a.png"}}]}]}`,
+			tokensPerMedia},
 		{"chat audio", FormatChat,
 			`{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]}]}`,
 			tokensPerMedia},

@@ -129,12 +129,13 @@ func seenKey(k string, keys []string, set map[string]struct{}) bool {
 // Keys the prompt's estimate reads in a message (a Responses input item) and in a content
 // part: a provider that matches keys with case folded (Go's encoding/json) reads "Content"
 // as content, which the estimate would not count. "type", "audio" and "input_audio" are not
-// among them: the audio estimate reads them with case folded itself, and a part or message
-// that spells them so is served (and estimated as audio).
+// among them: the estimates read them with case folded themselves, and a part or message
+// that spells them so is served (and estimated as the media it names).
 var (
 	messageReadKeys = []string{"role", "content", "tool_calls", "function_call", "refusal", "output", "arguments",
 		"input", "action", "operation", "tools"}
-	partReadKeys     = []string{"text", "refusal", "content", "input"}
+	partReadKeys = []string{"text", "refusal", "content", "input", "source", "image", "prompt_string", "multimodal_data",
+		"encrypted_content", "stdout", "stderr"}
 	toolCallReadKeys = []string{"function", "custom"}
 	argumentsKey     = []string{"arguments"}
 	inputKey         = []string{"input"}

@@ -88,6 +88,14 @@ func TestRepeatedPromptKey(t *testing.T) {
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":{"type":"x","content":{"type":"web_fetch_result","Content":"long"}}}]}]}]}`, "messages[0].content[0].content[0].content.content.Content"},
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":{"type":"web_fetch_result","Content":"long"}}]}]}]}]}`, "messages[0].content[0].content[0].content[0].content.Content"},
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":{"type":"web_fetch_result","Content":"long"}}]}]}]}]}]}`, ""},
+		// Every key the estimate reads in a part is compared: a document's source (its text
+		// counted), a code execution's output, a llama.cpp prompt's text and media, Jina's
+		// image. The part's type is not: the estimate reads it with case folded.
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","Source":{"type":"text","media_type":"text/plain","data":"long"}}]}]}`, "messages[0].content[0].Source"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"bash_code_execution_result","Stdout":"long"}]}]}]}`, "messages[0].content[0].content[0].Stdout"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"Prompt_String":"long","multimodal_data":[]}]}]}`, "messages[0].content[0].Prompt_String"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"Image":"https://x/a.png"}]}]}`, "messages[0].content[0].Image"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"Type":"image_url","image_url":{"url":"https://x/a.png"}}]}]}`, ""},
 		// Case variants the estimate does not read, or inside what it counts whole, pass.
 		{metering.FormatAnthropic, `{"messages":[{"role":"assistant","content":[{"type":"tool_use","input":{"id":1,"ID":2}}]}]}`, ""},
 		{metering.FormatChat, `{"tools":[{"type":"function","function":{"parameters":{"properties":{"id":{},"ID":{}}}}}],"messages":[{"role":"user","content":"a"}]}`, ""},
