@@ -20,11 +20,16 @@ func TestFitsPromptAgreesWithTheRewrite(t *testing.T) {
 	s := fuzzServer(t)
 	hdr := http.Header{"Content-Type": {"application/json"}}
 	long := strings.Repeat("word ", 500)
+	// A batch of more prompts than the shortcut's bound (1 025) has fewer output tokens per
+	// answer than the whole: the shortcut must count per answer (limit/choices), or a cap
+	// whose output share rounds to no token each passed it, the hold kept for a 402.
+	manyPrompts := `"` + strings.Repeat(`a","`, 1099) + `a"`
 	for _, tc := range []struct{ name, path, body string }{
 		{"chat", "/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"` + long + `"}]}`},
 		{"chat bounded, three answers", "/v1/chat/completions", `{"model":"fake-gpt","n":3,"max_tokens":4000,"messages":[{"role":"user","content":"` + long + `"}]}`},
 		{"stream", "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"` + long + `"}]}`},
 		{"completions", "/v1/completions", `{"model":"fake-gpt","max_tokens":3000,"prompt":["` + long + `","` + long + `"]}`},
+		{"completions, a batch of 1 100 prompts", "/v1/completions", `{"model":"fake-gpt","prompt":[` + manyPrompts + `]}`},
 		{"responses", "/v1/responses", `{"model":"fake-gpt","max_output_tokens":3000,"input":"` + long + `"}`},
 		{"embeddings", "/v1/embeddings", `{"model":"fake-gpt","input":"` + long + `"}`},
 		{"anthropic thinking", anthropicPath, `{"model":"fake-claude","max_tokens":8000,"thinking":{"type":"enabled","budget_tokens":6000},` +
