@@ -1,8 +1,10 @@
 package proxy_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/config"
 )
@@ -31,4 +33,64 @@ func TestNamedRunWhoseBudgetPaysThePromptButNoAnswerIsRunBudgetExhausted(t *test
 			a.status, a.body)
 	}
 	h.settled()
+}
+
+// TestCallCutWhileItsKeyIsLookedUpAgainIsToldShuttingDown: a call's key is looked up again
+// once its body is in (keyStillLive). Cut at the drain deadline while that lookup waits on the
+// database, the lookup fails for the cut, not for billing: the caller is answered 503
+// shutting_down, nothing charged, as a call cut during its admission is, not 503
+// billing_unavailable (Retry shortly), which blamed billing for the gateway's own shutdown.
+// The lookup is held by a table lock on api_keys (key_cache_ttl 0: every lookup reads it),
+// taken once the first lookup, as the headers arrived, has come back.
+func TestCallCutWhileItsKeyIsLookedUpAgainIsToldShuttingDown(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.Limits.KeyCacheTTL = 0 })
+	_, key := h.user("standard")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := h.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	locked := false
+	defer func() {
+		if locked {
+			_, _ = conn.ExecContext(context.Background(), "UNLOCK TABLES")
+		}
+	}()
+	resp := postWhileKeyStops(t, h, key, nil, func(ctx context.Context) error {
+		if _, err := conn.ExecContext(ctx, "LOCK TABLES api_keys WRITE, users WRITE"); err != nil {
+			return err
+		}
+		locked = true
+		// The rest of the body goes out once this returns; the cut waits for the lookup.
+		go func() {
+			deadline := time.Now().Add(20 * time.Second)
+			for time.Now().Before(deadline) {
+				var n int
+				err := h.db.Get(&n, `SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()
+					AND ID <> CONNECTION_ID() AND INFO LIKE '%FROM api_keys%' AND INFO NOT LIKE '%PROCESSLIST%'`)
+				if err == nil && n > 0 {
+					h.srv.CutCalls()
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			t.Error("the key's second lookup never waited on the locked table")
+			h.srv.CutCalls()
+		}()
+		return nil
+	})
+	body := readAll(t, resp.Body)
+	resp.Body.Close()
+	if _, err := conn.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
+		t.Fatal(err)
+	}
+	locked = false
+	if resp.StatusCode != http.StatusServiceUnavailable || errorCode(t, body) != "shutting_down" || !toldNothingCharged(string(body)) {
+		t.Errorf("call cut while its key was looked up again: %d %s; want 503 shutting_down, nothing charged", resp.StatusCode, body)
+	}
+	if all, _ := h.holdCount(); all != 0 {
+		t.Errorf("%d holds taken for a call cut before its admission, want none", all)
+	}
 }
