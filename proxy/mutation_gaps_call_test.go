@@ -1,12 +1,15 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // TestNamedRunWhoseBudgetPaysThePromptButNoAnswerIsRunBudgetExhausted: a named run's call
@@ -92,5 +95,41 @@ func TestCallCutWhileItsKeyIsLookedUpAgainIsToldShuttingDown(t *testing.T) {
 	}
 	if all, _ := h.holdCount(); all != 0 {
 		t.Errorf("%d holds taken for a call cut before its admission, want none", all)
+	}
+}
+
+// TestSessionCallStoppedAtItsFinalEventEndsWithoutASupersededEvent: a newer message of the
+// session replaces a streamed call just as the call has read its final event from the
+// provider, before it marked its answer whole: the cancel reaches it, but the answer is whole
+// and goes out whole. It is charged as complete and its stream ends with the final event: a
+// superseded error event after it (the end of a stream cut) told the caller, and an SDK, that
+// a whole answer had failed. Held at the step before the answer is marked (final event), the
+// newer message's claim lands in that window.
+func TestSessionCallStoppedAtItsFinalEventEndsWithoutASupersededEvent(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	atFinal, resume := h.holdAtFirst("final event")
+	first := h.post(key, "/v1/chat/completions", streamBody, map[string]string{proxy.SessionHeader: "final-cut"})
+	defer first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("first message: %d", first.StatusCode)
+	}
+	select {
+	case <-atFinal:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first message never reached its final event")
+	}
+	next := send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "final-cut"})
+	if next.status != http.StatusOK {
+		t.Fatalf("the session's next message: %d %s", next.status, next.body)
+	}
+	resume()
+	rest := readAll(t, first.Body)
+	if bytes.Contains(rest, []byte("superseded")) || !bytes.Contains(rest, []byte("[DONE]")) {
+		t.Errorf("a whole answer stopped at its final event ended %q; want its final event, no superseded event", rest)
+	}
+	h.settled()
+	if r := h.run(u.ID, first.Header.Get(proxy.RunIDHeader)); r.SettleSource.String != holds.SourceComplete {
+		t.Errorf("first run settled %q, want complete", r.SettleSource.String)
 	}
 }
