@@ -133,3 +133,46 @@ func TestSessionCallStoppedAtItsFinalEventEndsWithoutASupersededEvent(t *testing
 		t.Errorf("first run settled %q, want complete", r.SettleSource.String)
 	}
 }
+
+// TestSessionCallReplacedRightAfterItsClaimIsReleasedUnforwarded: a newer message of the session
+// takes it over just as the older message's claim committed, before the older is forwarded.
+// The older one is never forwarded: answered 409 superseded, not to be retried, naming no run,
+// its hold released at 0 as a refusal (settle source release), not settled as a call its
+// caller cancelled mid-answer. Held at the step after the claim's commit (session claimed).
+func TestSessionCallReplacedRightAfterItsClaimIsReleasedUnforwarded(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	claimed, resume := h.holdAtFirst("session claimed")
+	first := make(chan answer, 1)
+	go func() {
+		first <- send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "claimed-then-replaced"})
+	}()
+	select {
+	case <-claimed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first message's claim never committed")
+	}
+	next := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
+		map[string]string{proxy.SessionHeader: "claimed-then-replaced"})
+	if next.status != http.StatusOK {
+		t.Fatalf("the session's next message: %d %s", next.status, next.body)
+	}
+	resume()
+	a := <-first
+	if a.status != http.StatusConflict || errorCode(t, a.body) != "superseded" || a.header.Get("X-Should-Retry") != "false" {
+		t.Errorf("older message replaced before its forward: %d %s (X-Should-Retry %q); want 409 superseded, not to be retried",
+			a.status, a.body, a.header.Get("X-Should-Retry"))
+	}
+	if id := a.header.Get(proxy.RunIDHeader); id != "" {
+		t.Errorf("older message refused before its forward names run %s", id)
+	}
+	if n := h.fake.Calls(); n != 1 {
+		t.Errorf("%d upstream calls, want the newer message's alone", n)
+	}
+	h.settled()
+	for _, r := range h.holdsOf(u.ID) {
+		if r.RunID != next.header.Get(proxy.RunIDHeader) && (r.SettleSource.String != holds.SourceRelease || r.ChargedMicro != 0) {
+			t.Errorf("older message's run settled %q at %d µUSD; want released at 0", r.SettleSource.String, r.ChargedMicro)
+		}
+	}
+}
