@@ -34,21 +34,29 @@ func TestSessionNextTurnRepeatingTheFirstQuestionReplacesTheRunningOne(t *testin
 // item of input, as on chat it is the last user message: a resend of the running message with
 // other fields changed (a refresh) is a duplicate, refused 409 already_running and not run. Taken
 // for a new message it stopped the running call, charged what it used, and ran the same message
-// again, charged again. Mutant: the Responses body hashed whole (its input list not read).
+// again, charged again. Mutant: the Responses body hashed whole (its input list not read). An
+// input sent as a plain string is the message itself, hashed alone as the list's item is: read
+// as a list (of nothing), the whole body was hashed, and the refresh replaced the running call.
 func TestSessionResponsesResendIsAlreadyRunning(t *testing.T) {
-	h := newHarness(t, nil)
-	_, key := h.user("standard")
-	body := `{"model":"fake-gpt","stream":true,"input":[{"role":"user","content":"Stream to the billing team, please."}]}`
-	a := h.post(key, "/v1/responses", body, map[string]string{proxy.SessionHeader: "resp",
-		fakellm.HeaderChunks: strconv.Itoa(longSessionChunks), fakellm.HeaderChunkInterval: "10ms"})
-	t.Cleanup(func() { a.Body.Close() })
-	if _, err := bufio.NewReader(a.Body).ReadString('\n'); err != nil || a.StatusCode != http.StatusOK {
-		t.Fatalf("A: %d %v", a.StatusCode, err)
-	}
-	resend := strings.Replace(body, `"model":"fake-gpt"`, `"model":"fake-gpt","temperature":0.5`, 1)
-	b := sendTo(h.gw.URL, "/v1/responses", key, resend, map[string]string{proxy.SessionHeader: "resp"})
-	if b.status != http.StatusConflict || errorCode(t, b.body) != "already_running" {
-		t.Fatalf("resend: %d %s; want 409 already_running", b.status, b.body)
+	for _, tc := range []struct{ name, body string }{
+		{"input list", `{"model":"fake-gpt","stream":true,"input":[{"role":"user","content":"Stream to the billing team, please."}]}`},
+		{"input string", `{"model":"fake-gpt","stream":true,"input":"Stream to the billing team, please."}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			_, key := h.user("standard")
+			a := h.post(key, "/v1/responses", tc.body, map[string]string{proxy.SessionHeader: "resp",
+				fakellm.HeaderChunks: strconv.Itoa(longSessionChunks), fakellm.HeaderChunkInterval: "10ms"})
+			t.Cleanup(func() { a.Body.Close() })
+			if _, err := bufio.NewReader(a.Body).ReadString('\n'); err != nil || a.StatusCode != http.StatusOK {
+				t.Fatalf("A: %d %v", a.StatusCode, err)
+			}
+			resend := strings.Replace(tc.body, `"model":"fake-gpt"`, `"model":"fake-gpt","temperature":0.5`, 1)
+			b := sendTo(h.gw.URL, "/v1/responses", key, resend, map[string]string{proxy.SessionHeader: "resp"})
+			if b.status != http.StatusConflict || errorCode(t, b.body) != "already_running" {
+				t.Fatalf("resend: %d %s; want 409 already_running", b.status, b.body)
+			}
+		})
 	}
 }
 
