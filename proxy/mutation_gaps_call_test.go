@@ -176,3 +176,25 @@ func TestSessionCallReplacedRightAfterItsClaimIsReleasedUnforwarded(t *testing.T
 		}
 	}
 }
+
+// TestIdemRetryWithOtherBetaHeadersIsTheSameRequest: an Idempotency-Key's record names its
+// request by route and body alone, as Stripe's keys do (answerShaping is the fingerprint
+// window's, not the key's): a retry that sends the same body under the key with another
+// OpenAI-Beta header, or none (an SDK upgraded between the two), is that request, replayed
+// from the key's answer and not run again, not refused 422 idempotency_key_reused.
+func TestIdemRetryWithOtherBetaHeadersIsTheSameRequest(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	first := send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "k-beta", "OpenAI-Beta": "assistants=v2"})
+	if first.status != http.StatusOK {
+		t.Fatalf("first attempt: %d %s", first.status, first.body)
+	}
+	h.settled()
+	retry := send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "k-beta"})
+	if retry.status != http.StatusOK || !bytes.Equal(retry.body, first.body) {
+		t.Errorf("retry under the key without the beta header: %d %s; want the first attempt's answer replayed", retry.status, retry.body)
+	}
+	if n := h.fake.Calls(); n != 1 {
+		t.Errorf("%d upstream calls, want the first attempt's alone", n)
+	}
+}
