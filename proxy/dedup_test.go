@@ -958,6 +958,7 @@ func TestFingerprintTellsQueryAndBetaHeadersApart(t *testing.T) {
 		{"a beta header", path, map[string]string{"Anthropic-Beta": "token-efficient-tools-2025-02-19"}},
 		{"a prefixed beta header", path, map[string]string{"X-Pass-Anthropic-Beta": "token-efficient-tools-2025-02-19"}},
 		{"an API version header", path, map[string]string{"Anthropic-Version": "2024-01-01"}},
+		{"an OpenAI beta header", path, map[string]string{"OpenAI-Beta": "assistants=v2"}},
 	} {
 		if a := sendTo(h.gw.URL, other.path, key, body, other.hdr); a.status != http.StatusOK {
 			t.Fatalf("the same body under %s while the first runs: %d %s, want 200", other.name, a.status, a.body)
