@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -95,7 +96,12 @@ func gatewayOnCuttableRedis(t *testing.T, h *harness, cut *cuttableRedis) (secon
 	opt.Dialer, opt.ClientName = cut.dial, busName
 	dedup := redis.NewClient(&opt)
 	t.Cleanup(func() { dedup.Close() })
-	second, url = h.secondGateway(dedup, nil)
+	// Its session check (every heartbeat_interval) off for the test's length: the row would stop
+	// the replaced run by itself within that, and the bus's own sweep of the cancel marks as it
+	// subscribes again would go untested.
+	second, url = h.secondGateway(dedup, func(c *config.Config) {
+		c.Holds.HeartbeatInterval, c.Holds.LeaseTTL = time.Hour, 2*time.Hour
+	})
 	t.Cleanup(func() { _ = h.srv.Close() })
 	return second, url, busName
 }
