@@ -198,3 +198,47 @@ func TestIdemRetryWithOtherBetaHeadersIsTheSameRequest(t *testing.T) {
 		t.Errorf("%d upstream calls, want the first attempt's alone", n)
 	}
 }
+
+// TestSessionCallPausedAfterItsClaimWhoseSessionMovedOnIsAnsweredSuperseded: a session's
+// message claims its session, then its process is stopped past its hold's life; a peer's
+// reconciler charges the hold (reconcile_hold), and the session's next message, finding that
+// run settled, takes the session without a cancel. Resumed, the paid call is not forwarded
+// (the session's row names the newer message: sessionMovedOn) and is stopped as that cancel
+// would have stopped it: answered 409 superseded, not to be retried, rather than 503
+// billing_unavailable, whose retry resent the older message over the newer one. The pause is
+// stood in for by holding the call at its claim's commit (session claimed) past hold_ttl and
+// admit_timeout.
+func TestSessionCallPausedAfterItsClaimWhoseSessionMovedOnIsAnsweredSuperseded(t *testing.T) {
+	const holdTTL = 2 * time.Second
+	h := newHarness(t, func(c *config.Config) {
+		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
+	})
+	u, key := h.user("standard")
+	reached, resume := h.holdAtFirst("session claimed")
+	first := make(chan answer, 1)
+	sent := time.Now()
+	go func() {
+		first <- send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "paused-moved-on"})
+	}()
+	runID, _ := chargedThroughItsPause(t, h, u.ID, reached, "its session claim's commit", sent, holdTTL)
+	next := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
+		map[string]string{proxy.SessionHeader: "paused-moved-on"})
+	if next.status != http.StatusOK {
+		t.Fatalf("the session's next message: %d %s", next.status, next.body)
+	}
+	resume()
+	var a answer
+	select {
+	case a = <-first:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer after the resume")
+	}
+	if a.status != http.StatusConflict || errorCode(t, a.body) != "superseded" || a.header.Get("X-Should-Retry") != "false" {
+		t.Errorf("paused message whose session moved on: %d %s (X-Should-Retry %q); want 409 superseded, not to be retried",
+			a.status, a.body, a.header.Get("X-Should-Retry"))
+	}
+	if n := h.fake.Calls(); n != 1 {
+		t.Errorf("%d upstream calls, want the newer message's alone (run %s paused)", n, runID)
+	}
+	h.settled()
+}
