@@ -474,6 +474,26 @@ func TestReadOnlyConnectionsLeaveThePool(t *testing.T) {
 		}
 		checkPoolWritable(ctx, t, db)
 	})
+	// A transaction retried by the store's own loop (withRetry: a session claim) whose locking
+	// read the server refused: its connection went back to the pool at the rollback, and each
+	// try drew it again until the caller's deadline.
+	t.Run("transaction", func(t *testing.T) {
+		run := "r_ro_pool_sess_" + testenv.RandomID(8)
+		if _, err := st.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: u.ID, Model: "fake-gpt",
+			State: holds.StateRunning, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		demote(ctx, t, db, 8)
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if _, err := st.ClaimSession(cctx, u.ID, "ro-pool-sess-"+testenv.RandomID(4), run, [32]byte{1}); err != nil {
+			t.Fatalf("session claim on a pool of read-only connections: %v; want it tried again on a new connection", err)
+		}
+		if _, err := st.Settle(ctx, holds.Settlement{RunID: run, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+		checkPoolWritable(ctx, t, db)
+	})
 	// A registration (the gateway's start, tried again by its supervisor; a process declared
 	// dead registering anew at its next beat) refused likewise.
 	t.Run("registration", func(t *testing.T) {
