@@ -130,12 +130,15 @@ func seenKey(k string, keys []string, set map[string]struct{}) bool {
 // part: a provider that matches keys with case folded (Go's encoding/json) reads "Content"
 // as content, which the estimate would not count. "type", "audio" and "input_audio" are not
 // among them: the estimates read them with case folded themselves, and a part or message
-// that spells them so is served (and estimated as the media it names).
+// that spells them so is served (and estimated as the media it names). A document's source's
+// type is (sourceReadKeys): the estimate reads it as spelt, and a source of "Type" "text" was
+// a text document estimated as one media part.
 var (
 	messageReadKeys = []string{"role", "content", "tool_calls", "function_call", "refusal", "output", "arguments",
 		"input", "action", "operation", "tools"}
 	partReadKeys = []string{"text", "refusal", "content", "input", "source", "image", "prompt_string", "multimodal_data",
 		"encrypted_content", "stdout", "stderr"}
+	sourceReadKeys   = []string{"type", "data", "media_type", "content"}
 	toolCallReadKeys = []string{"function", "custom"}
 	argumentsKey     = []string{"arguments"}
 	inputKey         = []string{"input"}
@@ -223,13 +226,19 @@ func repeatedPartKey(content gjson.Result, at string, depth int) string {
 // web_fetch_result, whose document the estimate reads as a part's, so a "Content" beside it was
 // the fetched page, billed by a provider that folds case and never estimated).
 func repeatedKeyInPart(p gjson.Result, depth int) string {
-	var inner string
+	var inner, source string
 	if k, ok := repeatedKeyEach(p.Raw, partReadKeys, func(k, v string) {
-		if k == "content" {
+		switch k {
+		case "content":
 			inner = v
+		case "source":
+			source = v
 		}
 	}); ok {
 		return "." + k
+	}
+	if k := repeatedSourceKey(source, depth); k != "" {
+		return ".source" + k
 	}
 	if !strings.HasPrefix(inner, "{") {
 		return repeatedPartKey(containerAt(inner), ".content", depth+1)
@@ -241,6 +250,26 @@ func repeatedKeyInPart(p gjson.Result, depth int) string {
 		return ".content" + k
 	}
 	return ""
+}
+
+// repeatedSourceKey is repeatedKeyInPart for a part's source (raw, "" when none) at depth: an
+// Anthropic document's, whose type, text, media type and data the estimate reads (metering's
+// documentTextLen, pdfPartTokens), and the content blocks it holds, as deep as it counts them.
+// {"Type":"text","data":…} or {"type":"text","Data":…} was a 100 KB text estimated as one
+// media part, and billed whole by a provider that folds case.
+func repeatedSourceKey(raw string, depth int) string {
+	if !strings.HasPrefix(raw, "{") {
+		return ""
+	}
+	var content string
+	if k, ok := repeatedKeyEach(raw, sourceReadKeys, func(k, v string) {
+		if k == "content" {
+			content = v
+		}
+	}); ok {
+		return "." + k
+	}
+	return repeatedPartKey(containerAt(content), ".content", depth+1)
 }
 
 // containerAt is raw, a member's value, for repeatedPartKey and repeatedToolCallKey to walk if

@@ -96,6 +96,17 @@ func TestRepeatedPromptKey(t *testing.T) {
 		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"Prompt_String":"long","multimodal_data":[]}]}]}`, "messages[0].content[0].Prompt_String"},
 		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"Image":"https://x/a.png"}]}]}`, "messages[0].content[0].Image"},
 		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"Type":"image_url","image_url":{"url":"https://x/a.png"}}]}]}`, ""},
+		// A document's source is read as the estimate reads it (metering's documentTextLen and
+		// pdfPartTokens): its type, text, media type and data, and the content blocks it
+		// holds. Spelt in another case, a text document of 100 KB was estimated as one media
+		// part (1 600 tokens), and a PDF of many pages so too.
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"Type":"text","media_type":"text/plain","data":"long"}}]}]}`, "messages[0].content[0].source.Type"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"text","media_type":"text/plain","Data":"long"}}]}]}`, "messages[0].content[0].source.Data"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","MEDIA_TYPE":"application/pdf","data":"JVBERi0="}}]}]}`, "messages[0].content[0].source.MEDIA_TYPE"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"content","Content":[{"type":"text","text":"long"}]}}]}]}`, "messages[0].content[0].source.Content"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"content","content":[{"type":"text","Text":"long"}]}}]}]}`, "messages[0].content[0].source.content[0].Text"},
+		// Past the estimate's depth a source's content blocks count by their bytes.
+		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"document","source":{"type":"content","content":[{"type":"text","Text":"long"}]}}]}]}]}]}]}`, ""},
 		// Case variants the estimate does not read, or inside what it counts whole, pass.
 		{metering.FormatAnthropic, `{"messages":[{"role":"assistant","content":[{"type":"tool_use","input":{"id":1,"ID":2}}]}]}`, ""},
 		{metering.FormatChat, `{"tools":[{"type":"function","function":{"parameters":{"properties":{"id":{},"ID":{}}}}}],"messages":[{"role":"user","content":"a"}]}`, ""},
