@@ -137,7 +137,8 @@ var (
 	messageReadKeys = []string{"role", "content", "tool_calls", "function_call", "refusal", "output", "arguments",
 		"input", "action", "operation", "tools"}
 	partReadKeys = []string{"text", "refusal", "content", "input", "source", "image", "prompt_string", "multimodal_data",
-		"encrypted_content", "stdout", "stderr"}
+		"encrypted_content", "stdout", "stderr", "file_data", "file"}
+	fileReadKeys     = []string{"file_data"}
 	sourceReadKeys   = []string{"type", "data", "media_type", "content"}
 	toolCallReadKeys = []string{"function", "custom"}
 	argumentsKey     = []string{"arguments"}
@@ -226,19 +227,26 @@ func repeatedPartKey(content gjson.Result, at string, depth int) string {
 // web_fetch_result, whose document the estimate reads as a part's, so a "Content" beside it was
 // the fetched page, billed by a provider that folds case and never estimated).
 func repeatedKeyInPart(p gjson.Result, depth int) string {
-	var inner, source string
+	var inner, source, file string
 	if k, ok := repeatedKeyEach(p.Raw, partReadKeys, func(k, v string) {
 		switch k {
 		case "content":
 			inner = v
 		case "source":
 			source = v
+		case "file":
+			file = v
 		}
 	}); ok {
 		return "." + k
 	}
 	if k := repeatedSourceKey(source, depth); k != "" {
 		return ".source" + k
+	}
+	// A chat file part's file, whose file_data (a PDF's data URL) the estimate reads for its
+	// pages (metering's pdfPartTokens).
+	if k, ok := repeatedKeyEach(file, fileReadKeys, nil); ok {
+		return ".file." + k
 	}
 	if !strings.HasPrefix(inner, "{") {
 		return repeatedPartKey(containerAt(inner), ".content", depth+1)

@@ -105,6 +105,12 @@ func TestRepeatedPromptKey(t *testing.T) {
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","MEDIA_TYPE":"application/pdf","data":"JVBERi0="}}]}]}`, "messages[0].content[0].source.MEDIA_TYPE"},
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"content","Content":[{"type":"text","text":"long"}]}}]}]}`, "messages[0].content[0].source.Content"},
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"content","content":[{"type":"text","Text":"long"}]}}]}]}`, "messages[0].content[0].source.content[0].Text"},
+		// A PDF given as a data URL (a Responses input_file's file_data, a chat file part's
+		// file.file_data) is estimated by its pages (metering's pdfPartTokens): spelt in
+		// another case, it was one media part, 1 600 tokens, whatever its pages.
+		{metering.FormatResponses, `{"input":[{"role":"user","content":[{"type":"input_file","File_data":"data:application/pdf;base64,JVBERi0="}]}]}`, "input[0].content[0].File_data"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"type":"file","FILE":{"file_data":"data:application/pdf;base64,JVBERi0="}}]}]}`, "messages[0].content[0].FILE"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"type":"file","file":{"File_Data":"data:application/pdf;base64,JVBERi0="}}]}]}`, "messages[0].content[0].file.File_Data"},
 		// Past the estimate's depth a source's content blocks count by their bytes.
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"tool_result","content":[{"type":"document","source":{"type":"content","content":[{"type":"text","Text":"long"}]}}]}]}]}]}]}`, ""},
 		// Case variants the estimate does not read, or inside what it counts whole, pass.
