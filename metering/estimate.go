@@ -224,9 +224,14 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 		var typ, role, content, output, arguments, input, action, operation, tools, summary, encrypted string
 		var code, outputs, queries, results string
 		jsontop.Members(item.Raw, func(k, v string) bool {
-			switch k {
-			case "type":
+			// An item's type is read with case folded, as partLen reads a part's: a provider
+			// decoding with Go's encoding/json reads {"Type":"reasoning"} as a reasoning item,
+			// and bills its summary, which read as no type went uncounted.
+			if strings.EqualFold(k, "type") {
 				firstOf(&typ, v)
+				return true
+			}
+			switch k {
 			case "role":
 				firstOf(&role, v)
 			case "summary":

@@ -84,6 +84,9 @@ func TestInputEstimateCountsTheCurrentToolLoopsReasoning(t *testing.T) {
 		{"encrypted content", `{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"short"}],"encrypted_content":"` + whole + `"}`},
 		{"summary", `{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"` + whole + `"}]}`},
 		{"reasoning text", `{"type":"reasoning","id":"rs_1","summary":[],"content":[{"type":"reasoning_text","text":"` + whole + `"}]}`},
+		// A provider decoding with Go's encoding/json reads "Type" as the item's type, as the
+		// estimate reads a part's (partLen): read as no type, the item's summary went uncounted.
+		{"summary of an item typed in another case", `{"Type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"` + whole + `"}]}`},
 	} {
 		if got := EstimateInputTokens(FormatResponses, []byte(loop(tc.item))); got < 10_000 {
 			t.Errorf("%s: estimate %d tokens for a tool loop sending back 40 000 bytes of reasoning, want ≥ 10 000", tc.name, got)

@@ -129,8 +129,9 @@ func seenKey(k string, keys []string, set map[string]struct{}) bool {
 // Keys the prompt's estimate reads in a message (a Responses input item) and in a content
 // part: a provider that matches keys with case folded (Go's encoding/json) reads "Content"
 // as content, which the estimate would not count. "type", "audio" and "input_audio" are not
-// among them: the estimates read them with case folded themselves, and a part or message
-// that spells them so is served (and estimated as the media it names). A document's source's
+// among them: the estimates read them with case folded themselves (a part's type, a Responses
+// input item's), and a part or message that spells them so is served (and estimated as the
+// media, or the reasoning, it names). A document's source's
 // type is (sourceReadKeys): the estimate reads it as spelt, and a source of "Type" "text" was
 // a text document estimated as one media part.
 var (
