@@ -136,7 +136,8 @@ func seenKey(k string, keys []string, set map[string]struct{}) bool {
 // a text document estimated as one media part.
 var (
 	messageReadKeys = []string{"role", "content", "tool_calls", "function_call", "refusal", "output", "arguments",
-		"input", "action", "operation", "tools"}
+		"input", "action", "operation", "tools", "reasoning_content", "reasoning", "summary", "encrypted_content",
+		"code", "outputs", "queries", "results"}
 	partReadKeys = []string{"text", "refusal", "content", "input", "source", "image", "prompt_string", "multimodal_data",
 		"encrypted_content", "stdout", "stderr", "file_data", "file"}
 	fileReadKeys     = []string{"file_data"}

@@ -65,6 +65,17 @@ func TestRepeatedPromptKey(t *testing.T) {
 		{metering.FormatAnthropic, `{"system":[{"type":"text","Text":"long"}],"messages":[]}`, "system[0].Text"},
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"a","Text":"b"}]}]}]}`, "messages[0].content[0].content[0].Text"},
 		{metering.FormatResponses, `{"input":[{"type":"function_call_output","output":"a","Output":"long"}]}`, "input[0].Output"},
+		// Every key the estimate reads in a Responses input item (addResponsesInput) or a chat
+		// message (addChat) is compared: a reasoning item's summary and encrypted content, a
+		// hosted tool's code, logs, queries and results, a chat turn's reasoning sent back.
+		{metering.FormatResponses, `{"input":[{"role":"user","content":"go"},{"type":"reasoning","summary":[],"Encrypted_content":"long"}]}`, "input[1].Encrypted_content"},
+		{metering.FormatResponses, `{"input":[{"type":"reasoning","Summary":[{"type":"summary_text","text":"long"}]}]}`, "input[0].Summary"},
+		{metering.FormatResponses, `{"input":[{"type":"code_interpreter_call","Code":"long","Outputs":[]}]}`, "input[0].Code"},
+		{metering.FormatResponses, `{"input":[{"type":"code_interpreter_call","code":"a","Outputs":[{"type":"logs","logs":"long"}]}]}`, "input[0].Outputs"},
+		{metering.FormatResponses, `{"input":[{"type":"file_search_call","QUERIES":["long"]}]}`, "input[0].QUERIES"},
+		{metering.FormatResponses, `{"input":[{"type":"file_search_call","queries":[],"Results":[{"text":"long"}]}]}`, "input[0].Results"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":"go"},{"role":"assistant","Reasoning_content":"long","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[1].Reasoning_content"},
+		{metering.FormatChat, `{"messages":[{"role":"assistant","REASONING":"long","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].REASONING"},
 		// Legacy function calling's arguments, a custom tool's input, a tool_use part's input
 		// (spelled in another case alone, as the estimate does not read it): the estimate
 		// counts each.
