@@ -145,6 +145,10 @@ var (
 	toolCallReadKeys = []string{"function", "custom"}
 	argumentsKey     = []string{"arguments"}
 	inputKey         = []string{"input"}
+	textKey          = []string{"text"}
+	actionReadKeys   = []string{"commands", "command"}
+	diffKey          = []string{"diff"}
+	logsKey          = []string{"logs"}
 )
 
 // repeatedPromptKey returns a key that a message, a tool call or a content part of the
@@ -170,28 +174,14 @@ func repeatedPromptKey(f metering.Format, root gjson.Result) string {
 		if !m.IsObject() {
 			return true
 		}
-		var content, toolCalls, functionCall string
-		if k, ok := repeatedKeyEach(m.Raw, messageReadKeys, func(k, v string) {
-			switch k {
-			case "content":
-				content = v
-			case "tool_calls":
-				toolCalls = v
-			case "function_call":
-				functionCall = v
-			}
-		}); ok {
+		var v messageValues
+		if k, ok := repeatedKeyEach(m.Raw, messageReadKeys, v.keep); ok {
 			found = k
 			if k == "" {
 				found = `""` // a repeated empty key: the path must not read as none
 			}
-		} else if found = repeatedPartKey(containerAt(content), "content", 0); found == "" {
-			if found = repeatedToolCallKey(containerAt(toolCalls)); found == "" {
-				// Legacy function calling's call, whose arguments the estimate counts too.
-				if k, ok := repeatedKeyEach(functionCall, argumentsKey, nil); ok {
-					found = "function_call." + k
-				}
-			}
+		} else {
+			found = v.repeatedKey()
 		}
 		return found == ""
 	})
@@ -199,6 +189,83 @@ func repeatedPromptKey(f metering.Format, root gjson.Result) string {
 		return fmt.Sprintf("%s[%d].%s", list, i, found)
 	}
 	return ""
+}
+
+// messageValues are the raw members of a message (a Responses input item) whose own keys the
+// estimate reads, kept as repeatedPromptKey passes them ("" when absent).
+type messageValues struct {
+	content, toolCalls, functionCall  string
+	output, summary, results, queries string
+	action, operation, outputs        string
+}
+
+// keep is repeatedKeyEach's each for a message: it keeps the members repeatedKey walks.
+func (v *messageValues) keep(k, raw string) {
+	switch k {
+	case "content":
+		v.content = raw
+	case "tool_calls":
+		v.toolCalls = raw
+	case "function_call":
+		v.functionCall = raw
+	case "output":
+		v.output = raw
+	case "summary":
+		v.summary = raw
+	case "results":
+		v.results = raw
+	case "queries":
+		v.queries = raw
+	case "action":
+		v.action = raw
+	case "operation":
+		v.operation = raw
+	case "outputs":
+		v.outputs = raw
+	}
+}
+
+// repeatedKey is repeatedPromptKey for what a message's members hold, as deep as the estimate
+// reads it (metering's addChat, addResponsesInput, addToolOutput), as "content[0].Text"; or "":
+// its parts (content; a tool's output, a reasoning summary, a file search's queries and results,
+// each counted as parts are), a tool output that is one object (its text), its tool calls,
+// legacy function calling's call (its arguments), a shell's commands, a patch's diff, a code
+// interpreter's logs. Read as spelt, any of them spelt in another case was billed by a provider
+// that folds key case and not estimated.
+func (v *messageValues) repeatedKey() string {
+	for _, parts := range [...]struct{ at, raw string }{
+		{"content", v.content}, {"output", v.output}, {"summary", v.summary}, {"results", v.results}, {"queries", v.queries},
+	} {
+		if k := repeatedPartKey(containerAt(parts.raw), parts.at, 0); k != "" {
+			return k
+		}
+	}
+	if k := repeatedToolCallKey(containerAt(v.toolCalls)); k != "" {
+		return k
+	}
+	for _, obj := range [...]struct {
+		at, raw string
+		read    []string
+	}{
+		{"function_call.", v.functionCall, argumentsKey},
+		{"output.", v.output, textKey}, // a computer-use screenshot, an input part (addToolOutput)
+		{"action.", v.action, actionReadKeys},
+		{"operation.", v.operation, diffKey},
+	} {
+		if k, ok := repeatedKeyEach(obj.raw, obj.read, nil); ok {
+			return obj.at + k
+		}
+	}
+	var found string
+	i := -1
+	containerAt(v.outputs).ForEach(func(_, out gjson.Result) bool {
+		i++
+		if k, ok := repeatedKeyEach(out.Raw, logsKey, nil); ok {
+			found = fmt.Sprintf("outputs[%d].%s", i, k)
+		}
+		return found == ""
+	})
+	return found
 }
 
 // repeatedPartKey is repeatedPromptKey for the parts of a content array at, and the parts

@@ -76,6 +76,17 @@ func TestRepeatedPromptKey(t *testing.T) {
 		{metering.FormatResponses, `{"input":[{"type":"file_search_call","queries":[],"Results":[{"text":"long"}]}]}`, "input[0].Results"},
 		{metering.FormatChat, `{"messages":[{"role":"user","content":"go"},{"role":"assistant","Reasoning_content":"long","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[1].Reasoning_content"},
 		{metering.FormatChat, `{"messages":[{"role":"assistant","REASONING":"long","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]}]}`, "messages[0].REASONING"},
+		// And what those keys hold, as deep as the estimate reads it: a tool output's parts
+		// (or its one object), a reasoning summary's, a file search's results, a shell's
+		// commands, a patch's diff, a code interpreter's logs.
+		{metering.FormatResponses, `{"input":[{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","Text":"long"}]}]}`, "input[0].output[0].Text"},
+		{metering.FormatResponses, `{"input":[{"type":"function_call_output","call_id":"c","output":{"type":"input_text","TEXT":"long"}}]}`, "input[0].output.TEXT"},
+		{metering.FormatResponses, `{"input":[{"type":"reasoning","summary":[{"type":"summary_text","Text":"long"}]}]}`, "input[0].summary[0].Text"},
+		{metering.FormatResponses, `{"input":[{"type":"file_search_call","queries":[],"results":[{"file_id":"f","Text":"long"}]}]}`, "input[0].results[0].Text"},
+		{metering.FormatResponses, `{"input":[{"type":"shell_call","action":{"Commands":["long"]}}]}`, "input[0].action.Commands"},
+		{metering.FormatResponses, `{"input":[{"type":"local_shell_call","action":{"type":"exec","COMMAND":["long"]}}]}`, "input[0].action.COMMAND"},
+		{metering.FormatResponses, `{"input":[{"type":"apply_patch_call","operation":{"type":"update_file","Diff":"long"}}]}`, "input[0].operation.Diff"},
+		{metering.FormatResponses, `{"input":[{"type":"code_interpreter_call","code":"a","outputs":[{"type":"image","url":"u"},{"type":"logs","Logs":"long"}]}]}`, "input[0].outputs[1].Logs"},
 		// Legacy function calling's arguments, a custom tool's input, a tool_use part's input
 		// (spelled in another case alone, as the estimate does not read it): the estimate
 		// counts each.
