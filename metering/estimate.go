@@ -307,12 +307,12 @@ func (p *promptSize) addResponsesInput(in gjson.Result) {
 // addToolOutput adds a tool's output sent back in a Responses input item: a function's (a
 // string, or a list of parts), a shell's (a list of stdout and stderr chunks, which partLen
 // reads as it does Anthropic's code execution output) or a computer-use screenshot (one image,
-// an object). Counted as text parts only, a computer-use loop of screenshots was estimated at a
-// few tokens.
+// an object, its type read with case folded: foldedType). Counted as text parts only, a
+// computer-use loop of screenshots was estimated at a few tokens.
 func (p *promptSize) addToolOutput(raw string) {
 	if strings.HasPrefix(raw, "{") {
 		out := gjson.Parse(raw)
-		if t := out.Get("type").Str; t == "computer_screenshot" || mediaPartTypes[t] {
+		if t := foldedType(raw); t == "computer_screenshot" || mediaPartTypes[t] {
 			p.textBytes += tokensPerMedia * bytesPerToken
 		} else {
 			p.textBytes += strLen(out.Get("text"))
@@ -320,6 +320,22 @@ func (p *promptSize) addToolOutput(raw string) {
 		return
 	}
 	p.textBytes += rawTextLen(raw, 0) // a shell's chunks too: partLen counts their stdout and stderr
+}
+
+// foldedType is the type of the JSON object raw: its "type" member read with case folded, as
+// partLen reads a part's and a provider decoding with Go's encoding/json reads it ({"Type":
+// "computer_screenshot"} is a screenshot), the first of them (the gateway refuses a key spelt
+// twice); "" when there is none, or it is no string.
+func foldedType(raw string) string {
+	var typ string
+	jsontop.Members(raw, func(k, v string) bool {
+		if strings.EqualFold(k, "type") {
+			typ = v
+			return false
+		}
+		return true
+	})
+	return gjson.Parse(typ).Str
 }
 
 // onlyToolResults reports whether an Anthropic user turn's content is tool results alone: a

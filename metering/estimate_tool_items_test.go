@@ -22,6 +22,9 @@ func TestEstimateResponsesToolLoopItems(t *testing.T) {
 		want       int64 // tokens, its message's 4 included
 	}{
 		{"computer screenshot", `{"type":"computer_call_output","call_id":"c","output":{"type":"computer_screenshot","image_url":"data:image/png;base64,AAAA"}}`, 1600 + 4},
+		// Its type read with case folded, as a provider decoding with Go's encoding/json reads
+		// it (and as a part's is): read as spelt, the screenshot was estimated at nothing.
+		{"computer screenshot typed in another case", `{"type":"computer_call_output","call_id":"c","output":{"Type":"computer_screenshot","image_url":"data:image/png;base64,AAAA"}}`, 1600 + 4},
 		{"custom tool call", `{"type":"custom_tool_call","call_id":"c","name":"code","input":"` + text + `"}`, 100 + 4},
 		{"shell call", `{"type":"shell_call","call_id":"c","action":{"commands":["` + text + `"]}}`, 100 + 4},
 		{"shell output", `{"type":"shell_call_output","call_id":"c","output":[{"stdout":"` + text[:200] + `","stderr":"` + text[:200] + `","outcome":{"type":"exit","exit_code":0}}]}`, 100 + 4},
