@@ -339,14 +339,16 @@ func foldedType(raw string) string {
 }
 
 // onlyToolResults reports whether an Anthropic user turn's content is tool results alone: a
-// turn of the tool loop the assistant's last thinking belongs to, not a new one.
+// turn of the tool loop the assistant's last thinking belongs to, not a new one. A block's type
+// is read with case folded (foldedType): {"Type":"tool_result"} read as spelt made a tool
+// loop's turn a new one, and the thinking it carries was dropped from the estimate.
 func onlyToolResults(content gjson.Result) bool {
 	if !content.IsArray() {
 		return false
 	}
 	only := true
 	content.ForEach(func(_, b gjson.Result) bool {
-		only = b.Get("type").Str == "tool_result"
+		only = foldedType(b.Raw) == "tool_result"
 		return only
 	})
 	return only
@@ -358,11 +360,12 @@ func onlyToolResults(content gjson.Result) bool {
 // reads back (on Claude 4 models the text is only a summary of it; on Claude 3.7 the text is
 // the whole and the signature short): the larger of the two counts, not both. Within the
 // current tool loop the caller must send it back, and Anthropic bills it as input; thinking
-// before the last user turn it strips, unbilled (see estimateInput).
+// before the last user turn it strips, unbilled (see estimateInput). A block's type is read with
+// case folded (foldedType), as a provider decoding with Go's encoding/json reads it.
 func thinkingLen(content gjson.Result) int64 {
 	var n int64
 	content.ForEach(func(_, b gjson.Result) bool {
-		switch b.Get("type").Str {
+		switch foldedType(b.Raw) {
 		case "thinking":
 			n += max(strLen(b.Get("thinking")), strLen(b.Get("signature")))
 		case "redacted_thinking":

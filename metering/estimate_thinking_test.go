@@ -22,6 +22,12 @@ func TestInputEstimateCountsTheCurrentToolLoopsThinking(t *testing.T) {
 	}{
 		{"thinking", loop(`{"type":"thinking","thinking":"` + thought + `","signature":"s"}`)},
 		{"redacted_thinking", loop(`{"type":"redacted_thinking","data":"` + thought + `"}`)},
+		// Types read with case folded, as a provider decoding with Go's encoding/json reads
+		// them (and as a part's are): a thinking block "Type"d was not counted, and a tool
+		// result so made the loop's user turn look like a new turn, its thinking stripped.
+		{"thinking typed in another case", loop(`{"Type":"thinking","thinking":"` + thought + `","signature":"s"}`)},
+		{"tool result typed in another case", strings.Replace(loop(`{"type":"thinking","thinking":"`+thought+`","signature":"s"}`),
+			`{"type":"tool_result"`, `{"TYPE":"tool_result"`, 1)},
 	} {
 		if got := EstimateInputTokens(FormatAnthropic, []byte(tc.body)); got < 10_000 {
 			t.Errorf("%s: estimate %d tokens for a tool loop sending back 40 000 bytes of it, want ≥ 10 000", tc.name, got)
