@@ -139,7 +139,7 @@ var (
 		"input", "action", "operation", "tools", "reasoning_content", "reasoning", "summary", "encrypted_content",
 		"code", "outputs", "queries", "results"}
 	partReadKeys = []string{"text", "refusal", "content", "input", "source", "image", "prompt_string", "multimodal_data",
-		"encrypted_content", "stdout", "stderr", "file_data", "file"}
+		"encrypted_content", "stdout", "stderr", "file_data", "file", "thinking", "signature", "data"}
 	fileReadKeys     = []string{"file_data"}
 	sourceReadKeys   = []string{"type", "data", "media_type", "content"}
 	toolCallReadKeys = []string{"function", "custom"}

@@ -127,6 +127,11 @@ func TestRepeatedPromptKey(t *testing.T) {
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","MEDIA_TYPE":"application/pdf","data":"JVBERi0="}}]}]}`, "messages[0].content[0].source.MEDIA_TYPE"},
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"content","Content":[{"type":"text","text":"long"}]}}]}]}`, "messages[0].content[0].source.Content"},
 		{metering.FormatAnthropic, `{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"content","content":[{"type":"text","Text":"long"}]}}]}]}`, "messages[0].content[0].source.content[0].Text"},
+		// An assistant turn's thinking sent back in a tool loop (metering's thinkingLen): its
+		// text, its signature (the whole thinking encrypted), a redacted block's data.
+		{metering.FormatAnthropic, `{"messages":[{"role":"assistant","content":[{"type":"thinking","Thinking":"long","signature":"s"}]}]}`, "messages[0].content[0].Thinking"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"a","SIGNATURE":"long"}]}]}`, "messages[0].content[0].SIGNATURE"},
+		{metering.FormatAnthropic, `{"messages":[{"role":"assistant","content":[{"type":"redacted_thinking","Data":"long"}]}]}`, "messages[0].content[0].Data"},
 		// A PDF given as a data URL (a Responses input_file's file_data, a chat file part's
 		// file.file_data) is estimated by its pages (metering's pdfPartTokens): spelt in
 		// another case, it was one media part, 1 600 tokens, whatever its pages.
