@@ -157,15 +157,13 @@ var (
 // depth (repeatedKeyAnywhere); here only the objects the estimate reads, whose keys are few
 // and fixed, are compared with case folded (a tool's schema or a tool call's input may
 // rightly hold "ID" beside "id").
-func repeatedPromptKey(f metering.Format, root gjson.Result) string {
+func repeatedPromptKey(f metering.Format, root topObject) string {
 	list := "messages"
 	if f == metering.FormatResponses {
 		list = "input"
 	}
-	if f == metering.FormatAnthropic {
-		if k := repeatedPartKey(root.Get("system"), "system", 0); k != "" {
-			return k
-		}
+	if k := repeatedOutsideMessages(f, root); k != "" {
+		return k
 	}
 	var found string
 	i := -1
@@ -187,6 +185,46 @@ func repeatedPromptKey(f metering.Format, root gjson.Result) string {
 	})
 	if found != "" {
 		return fmt.Sprintf("%s[%d].%s", list, i, found)
+	}
+	return ""
+}
+
+// repeatedOutsideMessages is repeatedPromptKey for the parts of the prompt outside its messages,
+// which the estimate reads as a message's parts (metering's partLen): an Anthropic system
+// prompt, a Responses request's instructions and its stored prompt's variables, a completions
+// prompt (llama.cpp's of text and media: one object, or a batch of them), an embeddings input
+// (Jina's parts). {"prompt":{"Prompt_String":<long>}} was billed by a provider that folds key
+// case and estimated at nothing.
+func repeatedOutsideMessages(f metering.Format, root topObject) string {
+	switch f {
+	case metering.FormatAnthropic:
+		return repeatedPartKey(root.Get("system"), "system", 0)
+	case metering.FormatResponses:
+		if k := repeatedPartKey(root.Get("instructions"), "instructions", 0); k != "" {
+			return k
+		}
+		var found string
+		root.Get("prompt.variables").ForEach(func(name, v gjson.Result) bool {
+			if v.IsObject() {
+				if k := repeatedKeyInPart(v, 0); k != "" {
+					found = "prompt.variables." + name.Str + k
+				}
+			} else {
+				found = repeatedPartKey(v, "prompt.variables."+name.Str, 1)
+			}
+			return found == ""
+		})
+		return found
+	case metering.FormatCompletions:
+		if prompt := root.Get("prompt"); prompt.IsObject() {
+			if k := repeatedKeyInPart(prompt, 0); k != "" {
+				return "prompt" + k
+			}
+		} else {
+			return repeatedPartKey(prompt, "prompt", 0)
+		}
+	case metering.FormatEmbeddings:
+		return repeatedPartKey(root.Get("input"), "input", 0)
 	}
 	return ""
 }

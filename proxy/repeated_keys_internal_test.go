@@ -87,6 +87,16 @@ func TestRepeatedPromptKey(t *testing.T) {
 		{metering.FormatResponses, `{"input":[{"type":"local_shell_call","action":{"type":"exec","COMMAND":["long"]}}]}`, "input[0].action.COMMAND"},
 		{metering.FormatResponses, `{"input":[{"type":"apply_patch_call","operation":{"type":"update_file","Diff":"long"}}]}`, "input[0].operation.Diff"},
 		{metering.FormatResponses, `{"input":[{"type":"code_interpreter_call","code":"a","outputs":[{"type":"image","url":"u"},{"type":"logs","Logs":"long"}]}]}`, "input[0].outputs[1].Logs"},
+		// The parts of the prompt outside its messages, read as a message's parts are: a
+		// completions prompt of text and media (llama.cpp's, one object or a batch), an
+		// embeddings input of parts (Jina's), a stored prompt's variables, instructions given
+		// as parts.
+		{metering.FormatCompletions, `{"prompt":{"Prompt_String":"long","multimodal_data":[]}}`, "prompt.Prompt_String"},
+		{metering.FormatCompletions, `{"prompt":[{"prompt_string":"a","Multimodal_data":["AAAA"]}]}`, "prompt[0].Multimodal_data"},
+		{metering.FormatEmbeddings, `{"input":[{"text":"a"},{"Text":"long"}]}`, "input[1].Text"},
+		{metering.FormatResponses, `{"prompt":{"id":"p","variables":{"doc":{"type":"input_text","Text":"long"}}},"input":"hi"}`, "prompt.variables.doc.Text"},
+		{metering.FormatResponses, `{"prompt":{"id":"p","variables":{"doc":[{"type":"input_text","Text":"long"}]}},"input":"hi"}`, "prompt.variables.doc[0].Text"},
+		{metering.FormatResponses, `{"instructions":[{"type":"input_text","Text":"long"}],"input":"hi"}`, "instructions[0].Text"},
 		// Legacy function calling's arguments, a custom tool's input, a tool_use part's input
 		// (spelled in another case alone, as the estimate does not read it): the estimate
 		// counts each.
@@ -150,7 +160,7 @@ func TestRepeatedPromptKey(t *testing.T) {
 		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"":0,"":1,"text":"a","Text":"long"}]}]}`, `messages[0].content[0].`},
 	}
 	for _, tc := range cases {
-		if got := repeatedPromptKey(tc.f, gjson.Parse(tc.body)); got != tc.want {
+		if got := repeatedPromptKey(tc.f, indexTop(gjson.Parse(tc.body))); got != tc.want {
 			t.Errorf("repeatedPromptKey(%s) = %q, want %q", tc.body, got, tc.want)
 		}
 	}

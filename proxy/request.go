@@ -446,7 +446,7 @@ func checkRepeatsAnywhere(format metering.Format, root topObject) *apiError {
 	if k, ok := repeatedKeyAnywhere(root.Raw); ok {
 		return errBadRequest("invalid_json", fmt.Sprintf("The request body repeats the key %q.", quotedValue(k)))
 	}
-	if k := repeatedPromptKey(format, root.Result); k != "" {
+	if k := repeatedPromptKey(format, root); k != "" {
 		return errRepeatedKey(k)
 	}
 	return nil
