@@ -369,6 +369,7 @@ func fitsPrompt(req *callRequest, model config.ModelCfg) func(holds.Hold) bool {
 // one past it refuses the call 503, and its hold is released at 0. So does a hold granted, or
 // a step ended, only once that budget was spent (refuseLate): the call is never forwarded late.
 func (s *Server) runCall(w http.ResponseWriter, r *http.Request, actx context.Context, c *call, in incomingCall) int {
+	s.beforeStep(actx, stepHoldGranted)
 	refuse := refuser(w, c.log)
 	if status := s.refuseLate(w, r, c, in, "when its hold was granted", refuse); status != 0 {
 		return status

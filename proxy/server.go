@@ -587,6 +587,13 @@ const (
 	// (readIdem), under the admission's context: a test makes the call's caller leave while the
 	// read is under way.
 	stepIdemRecord = "idempotency record read"
+	// stepHoldGranted opens runCall, under the call's admission budget: its hold is granted,
+	// and nothing after the grant has run yet, not even the check at the grant (refuseLate). A
+	// test holds a call there, as a process stopped right after its hold's COMMIT would be, to
+	// let its admission budget run out, to have another process's reconciler charge its hold,
+	// or to have a newer message of its session arrive first: a plain call, a session's
+	// message before its claim and a named run's call have no other step there.
+	stepHoldGranted = "hold granted"
 )
 
 // beforeStep tells the step observer, if any (tests), that step starts under ctx.

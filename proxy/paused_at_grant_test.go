@@ -1,0 +1,100 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/config"
+	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/proxy"
+)
+
+// pausedAtGrantHarness is a gateway whose holds live 2 s and whose admissions get 1 s: a call
+// held at its hold's grant (step "hold granted") past the hold's life from its arrival has
+// outlived both, as a process stopped there would have, and a peer's reconciler may have
+// charged its hold (chargedThroughItsPause).
+func pausedAtGrantHarness(t *testing.T) (*harness, time.Duration) {
+	const holdTTL = 2 * time.Second
+	return newHarness(t, func(c *config.Config) {
+		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
+	}), holdTTL
+}
+
+// answerWithin waits for a paused call's answer after its resume.
+func answerWithin(t *testing.T, done <-chan answer) answer {
+	t.Helper()
+	select {
+	case a := <-done:
+		return a
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer after the resume")
+		return answer{}
+	}
+}
+
+// pauseAtGrant sends body under hdr and holds it at its hold's grant (step "hold granted")
+// past the hold's life from its arrival, its hold charged meanwhile by a peer's reconciler
+// (chargedThroughItsPause). It returns the paused call's run, that charge, its answer to come
+// and the resume.
+func pauseAtGrant(t *testing.T, h *harness, userID uint64, key, body string, hdr map[string]string,
+	holdTTL time.Duration) (runID string, charged int64, done <-chan answer, resume func()) {
+	t.Helper()
+	reached, resume := h.holdAtFirst("hold granted")
+	ch := make(chan answer, 1)
+	sent := time.Now()
+	go func() { ch <- send(h.gw.URL, key, body, hdr) }()
+	runID, charged = chargedThroughItsPause(t, h, userID, reached, "its hold's grant", sent, holdTTL)
+	return runID, charged, ch, resume
+}
+
+// TestPlainCallPausedAtItsHoldsGrantAndChargedIsForwarded: a plain call whose process was
+// stopped right after its hold's COMMIT, past the hold's life and admit_timeout, finds once
+// resumed that a peer's reconciler charged the hold what it held (reconcile_hold): it is
+// forwarded, the call its caller has paid for (paidUnderAPause at the grant), and what the
+// hold was charged beyond what the call used is given back (refundPausedCharge). Its
+// fingerprint check, the step between the grant and the forward, runs under a budget of its
+// own: under the call's own, spent, it failed at once and the paid call was answered 503. The
+// pause is stood in for by holding the call at its hold's grant (step "hold granted"), the
+// one step between a plain call's hold and its fingerprint check.
+func TestPlainCallPausedAtItsHoldsGrantAndChargedIsForwarded(t *testing.T) {
+	h, holdTTL := pausedAtGrantHarness(t)
+	u, key := h.user("standard")
+	ctx := context.Background()
+	// What the call costs unpaused: its own settlement's charge.
+	used, _ := h.answeredRun(u.ID, key, "/v1/chat/completions", chatBody, nil)
+	before, err := h.store.Balance(ctx, u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := h.fake.Calls()
+	runID, charged, done, resume := pauseAtGrant(t, h, u.ID, key, chatBody, nil, holdTTL)
+	resume()
+	a := answerWithin(t, done)
+	h.settled()
+	if a.status != http.StatusOK || a.header.Get(proxy.RunIDHeader) != runID {
+		t.Errorf("plain call paused at its hold's grant, its hold charged by a peer: %d %s (run %q, paused %s); want 200, the call it paid for",
+			a.status, a.body, a.header.Get(proxy.RunIDHeader), runID)
+	}
+	if n := h.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls after the resume, want the paid call's", n)
+	}
+	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != charged {
+		t.Fatalf("the reconciler's settlement changed: %s charged %d", r.SettleSource.String, r.ChargedMicro)
+	}
+	var refunded int64
+	if err := h.db.Get(&refunded, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if want := charged - used.ChargedMicro; refunded != want {
+		t.Errorf("granted back %d µUSD of a %d µUSD hold charge for a call that used %d; want %d", refunded, charged, used.ChargedMicro, want)
+	}
+	after, err := h.store.Balance(ctx, u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spent := before.AvailableMicro - after.AvailableMicro; spent != used.ChargedMicro {
+		t.Errorf("the call cost its user %d µUSD; unpaused it costs %d", spent, used.ChargedMicro)
+	}
+}
