@@ -98,3 +98,103 @@ func TestPlainCallPausedAtItsHoldsGrantAndChargedIsForwarded(t *testing.T) {
 		t.Errorf("the call cost its user %d µUSD; unpaused it costs %d", spent, used.ChargedMicro)
 	}
 }
+
+// sessionRun is the run userID's session row names now.
+func sessionRun(t *testing.T, h *harness, userID uint64, sessionID string) string {
+	t.Helper()
+	var current string
+	if err := h.db.Get(&current, "SELECT current_run_id FROM sessions WHERE user_id = ? AND session_id = ?", userID, sessionID); err != nil {
+		t.Fatalf("session %s: %v", sessionID, err)
+	}
+	return current
+}
+
+// TestSessionMessagePausedAtItsHoldsGrantAndChargedIsForwardedWithoutTheSession: a session's
+// message whose process was stopped right after its hold's COMMIT, before its claim, past the
+// hold's life and admit_timeout, its hold charged by a peer's reconciler (reconcile_hold), is
+// forwarded once resumed, and takes no session: its hold settled, it is no session's running
+// message (paidUnderAPause). Its claim, made under the call's spent budget, failed and the
+// paid call was answered 503. The session's row names the message its caller sent before
+// (an older run than the paused one's), which leaves the paused message the newest: it is not
+// answered superseded (sessionTakenSince).
+func TestSessionMessagePausedAtItsHoldsGrantAndChargedIsForwardedWithoutTheSession(t *testing.T) {
+	h, holdTTL := pausedAtGrantHarness(t)
+	u, key := h.user("standard")
+	session := map[string]string{proxy.SessionHeader: "paused-at-grant"}
+	older := send(h.gw.URL, key, chatBody, session)
+	if older.status != http.StatusOK {
+		t.Fatalf("the session's earlier message: %d %s", older.status, older.body)
+	}
+	h.settled()
+	olderRun := older.header.Get(proxy.RunIDHeader)
+	calls := h.fake.Calls()
+	runID, _, done, resume := pauseAtGrant(t, h, u.ID, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"next"}]}`, session, holdTTL)
+	resume()
+	a := answerWithin(t, done)
+	h.settled()
+	if a.status != http.StatusOK || a.header.Get(proxy.RunIDHeader) != runID {
+		t.Errorf("session message paused at its hold's grant, its hold charged by a peer: %d %s (run %q, paused %s); want 200, the call it paid for",
+			a.status, a.body, a.header.Get(proxy.RunIDHeader), runID)
+	}
+	if n := h.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls after the resume, want the paid message's", n)
+	}
+	if cur := sessionRun(t, h, u.ID, "paused-at-grant"); cur != olderRun {
+		t.Errorf("the session names run %s; want the earlier message's, %s: a message paid under a pause takes no session", cur, olderRun)
+	}
+}
+
+// TestSessionMessagePausedAtItsHoldsGrantWhileANewerOneRanIsAnsweredSuperseded: a session's
+// message whose process was stopped right after its hold's COMMIT, before its claim, its hold
+// charged by a peer's reconciler (reconcile_hold), is resumed after its caller's next message
+// of the session has taken the session and been answered. Forwarded, the older message would
+// be answered after the newer one; it is stopped as a claim made before that message's would
+// have been (sessionTakenSince): 409 superseded, not to be retried (a retry resends the older
+// message over the newer), never forwarded, and its charge given back whole
+// (refundPausedCharge).
+func TestSessionMessagePausedAtItsHoldsGrantWhileANewerOneRanIsAnsweredSuperseded(t *testing.T) {
+	h, holdTTL := pausedAtGrantHarness(t)
+	u, key := h.user("standard")
+	ctx := context.Background()
+	before, err := h.store.Balance(ctx, u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	session := map[string]string{proxy.SessionHeader: "paused-at-grant-overtaken"}
+	runID, charged, done, resume := pauseAtGrant(t, h, u.ID, key, chatBody, session, holdTTL)
+	newer := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`, session)
+	if newer.status != http.StatusOK {
+		t.Fatalf("the session's newer message: %d %s", newer.status, newer.body)
+	}
+	calls := h.fake.Calls()
+	resume()
+	a := answerWithin(t, done)
+	h.settled()
+	if a.status != http.StatusConflict || errorCode(t, a.body) != "superseded" || a.header.Get("X-Should-Retry") != "false" {
+		t.Errorf("paused message whose session a newer one took: %d %s (X-Should-Retry %q); want 409 superseded, not to be retried",
+			a.status, a.body, a.header.Get("X-Should-Retry"))
+	}
+	if id := a.header.Get(proxy.RunIDHeader); id != "" {
+		t.Errorf("paused message refused before its forward names run %s", id)
+	}
+	if n := h.fake.Calls() - calls; n != 0 {
+		t.Errorf("%d upstream calls after the resume, want none (run %s paused)", n, runID)
+	}
+	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != charged {
+		t.Fatalf("the reconciler's settlement changed: %s charged %d", r.SettleSource.String, r.ChargedMicro)
+	}
+	var refunded int64
+	if err := h.db.Get(&refunded, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	if refunded != charged {
+		t.Errorf("granted back %d µUSD of a %d µUSD hold charge for a message never forwarded", refunded, charged)
+	}
+	after, err := h.store.Balance(ctx, u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spent, newerCost := before.AvailableMicro-after.AvailableMicro, h.run(u.ID, newer.header.Get(proxy.RunIDHeader)).ChargedMicro; spent != newerCost {
+		t.Errorf("the two messages cost their user %d µUSD; want the newer one's alone, %d", spent, newerCost)
+	}
+}
