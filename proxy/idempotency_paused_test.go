@@ -290,8 +290,8 @@ func (h *harness) idemRun(key string, idem map[string]string, n int) string {
 }
 
 // pausedGateHarness is pausedIdemHarness's gateway with its upstream behind a gateUpstream;
-// setup as newHarnessOn's.
-func pausedGateHarness(t *testing.T, setup harnessSetup) (*harness, *gateUpstream) {
+// setup as newHarnessOn's, tweaks applied to its configuration after its own.
+func pausedGateHarness(t *testing.T, setup harnessSetup, tweaks ...func(*config.Config)) (*harness, *gateUpstream) {
 	gate := newGateUpstream()
 	gateSrv := httptest.NewServer(gate)
 	t.Cleanup(gateSrv.Close)
@@ -300,6 +300,9 @@ func pausedGateHarness(t *testing.T, setup harnessSetup) (*harness, *gateUpstrea
 		c.Limits.SettleTimeout = 2 * time.Second
 		for i := range c.Upstreams {
 			c.Upstreams[i].BaseURL = gateSrv.URL
+		}
+		for _, tweak := range tweaks {
+			tweak(c)
 		}
 	}), gate
 }
@@ -441,6 +444,41 @@ func TestIdemResumedAttemptWhoseMarkFailedIsNotForwarded(t *testing.T) {
 	paused := h.run(u.ID, attempt1)
 	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || refunded != paused.ChargedMicro {
 		t.Errorf("paused attempt settled %s charged %d, %d given back; want all of its charge given back: it was never forwarded",
+			paused.SettleSource.String, paused.ChargedMicro, refunded)
+	}
+}
+
+// TestIdemResumedAttemptWhoseMarkFailedIsForwardedUnderFailOpen: as
+// TestIdemResumedAttemptWhoseMarkFailedIsNotForwarded, on a gateway that goes on when a
+// duplicate check cannot be made (dedup.fail_open): the resumed attempt whose mark Redis
+// refused is forwarded, the call its caller paid for, as fail_open forwards any call whose
+// check failed, and charged what it used; not answered 503 dedup_unavailable, as a gateway
+// that fails closed answers it.
+func TestIdemResumedAttemptWhoseMarkFailedIsForwardedUnderFailOpen(t *testing.T) {
+	blip := &failingWrites{marker: []byte(proxy.ClaimForwardScriptSHA)}
+	h, gate := pausedGateHarness(t, harnessSetup{
+		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingWritesConn{Conn: c, f: blip} }),
+		contextTimeouts: true,
+	}, func(c *config.Config) { c.Dedup.FailOpen = true })
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "resumed-mark-failed-open"}
+	attempt1 := h.idemRun(key, idem, 1)
+	blip.on.Store(true)
+	p, calls := resumedAttempt(t, h, gate, key, idem)
+	gate.open("resumed")
+	first := p.answerOf(t)
+	blip.on.Store(false)
+	if first.status != http.StatusOK || first.header.Get(proxy.RunIDHeader) != attempt1 {
+		t.Errorf("the resumed attempt's caller, its mark refused under fail_open: %d %s (run %q); want the answer it paid for",
+			first.status, first.body, first.header.Get(proxy.RunIDHeader))
+	}
+	h.settled()
+	if n := gate.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls after the resume, want the resumed attempt's", n)
+	}
+	paused := h.run(u.ID, attempt1)
+	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || refunded <= 0 || refunded >= paused.ChargedMicro {
+		t.Errorf("paused attempt settled %s charged %d, %d given back; want what its call did not use of its charge given back",
 			paused.SettleSource.String, paused.ChargedMicro, refunded)
 	}
 }
