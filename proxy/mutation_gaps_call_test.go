@@ -242,3 +242,44 @@ func TestSessionCallPausedAfterItsClaimWhoseSessionMovedOnIsAnsweredSuperseded(t
 	}
 	h.settled()
 }
+
+// TestSessionCallPausedAfterItsClaimWhoseSessionRowWasPrunedIsForwarded: a session's message
+// claims its session, then its process is stopped past its hold's life; a peer's reconciler
+// charges the hold (reconcile_hold), and the session's row, idle and naming a settled run, is
+// pruned (PruneSessions). Resumed, the paid call finds no row: no newer message took the
+// session (sessionMovedOn), and it is forwarded, the call its caller paid for, not answered
+// 409 superseded by a message that never came. The pause is stood in for by holding the call
+// at its claim's commit (session claimed) past hold_ttl and admit_timeout.
+func TestSessionCallPausedAfterItsClaimWhoseSessionRowWasPrunedIsForwarded(t *testing.T) {
+	const holdTTL = 2 * time.Second
+	h := newHarness(t, func(c *config.Config) {
+		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
+	})
+	u, key := h.user("standard")
+	reached, resume := h.holdAtFirst("session claimed")
+	first := make(chan answer, 1)
+	sent := time.Now()
+	go func() {
+		first <- send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "paused-pruned"})
+	}()
+	runID, _ := chargedThroughItsPause(t, h, u.ID, reached, "its session claim's commit", sent, holdTTL)
+	if n, err := h.store.PruneSessions(context.Background(), time.Second, 100); err != nil || n != 1 {
+		t.Fatalf("prune of the paused message's session row: %d %v; want it pruned", n, err)
+	}
+	calls := h.fake.Calls()
+	resume()
+	var a answer
+	select {
+	case a = <-first:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer after the resume")
+	}
+	h.settled()
+	if a.status != http.StatusOK || a.header.Get(proxy.RunIDHeader) != runID {
+		t.Errorf("paused message whose session row was pruned: %d %s (run %q, paused %s); want 200, the call it paid for",
+			a.status, a.body, a.header.Get(proxy.RunIDHeader), runID)
+	}
+	if n := h.fake.Calls() - calls; n != 1 {
+		t.Errorf("%d upstream calls after the resume, want the paid message's", n)
+	}
+}
