@@ -231,17 +231,12 @@ func TestADisabledUserIsRefusedAtOnce(t *testing.T) {
 	// The cache outlives the test, so the refusal can only come from the admission.
 	h := newHarness(t, func(c *config.Config) { c.Limits.KeyCacheTTL = time.Minute })
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("before disabling: %d", resp.StatusCode)
-	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, nil) // before disabling
 	if _, err := h.store.DisableUser(context.Background(), u.ID); err != nil {
 		t.Fatal(err)
 	}
 	cached := h.keyStaysCached()
-	resp = h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"again"}]}`, nil)
+	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"again"}]}`, nil)
 	body := readAll(t, resp.Body)
 	resp.Body.Close()
 	cached("the call after disabling")

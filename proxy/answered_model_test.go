@@ -63,12 +63,7 @@ func TestCallIsBilledAtThePriceOfTheModelThatAnswered(t *testing.T) {
 				hdr["X-Stream"] = "1"
 				body = `{"model":"cheap","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 			}
-			resp := h.post(key, "/v1/chat/completions", body, hdr)
-			readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d", resp.StatusCode)
-			}
+			resp, _ := h.postOK(t, key, "/v1/chat/completions", body, hdr)
 			h.settled()
 			runID := resp.Header.Get("X-Tollgate-Run-Id")
 			if r := h.run(u.ID, runID); r.ChargedMicro != tc.want {

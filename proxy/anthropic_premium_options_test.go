@@ -47,12 +47,7 @@ func TestAnthropicFastModeUSInferenceAndAdvisorAreRefusedAsUnpriced(t *testing.T
 	}
 	for _, tc := range served {
 		t.Run("served/"+tc.name, func(t *testing.T) {
-			resp := h.post(key, messages, tc.body, nil)
-			body := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("%d %s, want 200", resp.StatusCode, body)
-			}
+			h.postOK(t, key, messages, tc.body, nil)
 		})
 	}
 }

@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"context"
-	"net/http"
 	"testing"
 
 	"github.com/tollgate/tollgate/internal/fakellm"
@@ -20,12 +19,7 @@ func TestAudioEstimateTallyMatchesSettlement(t *testing.T) {
 	u, key := h.user("standard")
 	body := `{"model":"fake-gpt","messages":[{"role":"user","content":[
 		{"Type":"input_audio","input_audio":{"data":"` + wavMinute + `","format":"wav"}}]}]}`
-	resp := h.post(key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
-	answer := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, answer)
-	}
+	resp, _ := h.postOK(t, key, "/v1/chat/completions", body, map[string]string{fakellm.HeaderUsage: "off"})
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	run := h.run(u.ID, runID)
 	if !run.Estimated {

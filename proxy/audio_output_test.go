@@ -180,12 +180,7 @@ func TestSpokenAnswerBoundPricesEveryTokenAsAudio(t *testing.T) {
 	const capText, capAudio = 50_000, 6_250
 	sent := func(body string) int64 {
 		t.Helper()
-		resp := h.post(key, "/v1/chat/completions", body, nil)
-		b := readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%d %s", resp.StatusCode, b)
-		}
+		h.postOK(t, key, "/v1/chat/completions", body, nil)
 		return up.last(t).Get("max_tokens").Int()
 	}
 	spoken := sent(`{"model":"fake-gpt","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"max_tokens":90000000,"messages":[{"role":"user","content":"hi"}]}`)

@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -38,15 +37,10 @@ func TestOneHourCacheWritesTheFinalDeltaDoesNotSplit(t *testing.T) {
 		m.CacheWrite1h = config.USDPerM{Micro: 2 * m.Input.Micro}
 	})
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/messages", `{"model":"claude-test","max_tokens":400,"stream":true,
+	resp, _ := h.postOK(t, key, "/v1/messages", `{"model":"claude-test","max_tokens":400,"stream":true,
 		"tools":[{"type":"web_fetch_20250910","name":"web_fetch","max_uses":1}],
 		"system":[{"type":"text","text":"be brief","cache_control":{"type":"ephemeral","ttl":"1h"}}],
 		"messages":[{"role":"user","content":"summarise https://example.com"}]}`, map[string]string{fakellm.HeaderReplay: fixture})
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s, want 200", resp.StatusCode, body)
-	}
 	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
 	used := pricing.Usage{Input: 6, CacheRead: 6289, CacheWrite: 3337, CacheWrite1h: 3337, Output: 198}
 	if want := price.Cost(used); run.CostMicro != want || run.ChargedMicro != want || run.CacheWrite1hTok != 3337 {

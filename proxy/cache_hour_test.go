@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -32,14 +31,10 @@ func TestOneHourCacheWritesChargedAtTheirPrice(t *testing.T) {
 		m.CacheWrite1h = config.USDPerM{Micro: 2 * m.Input.Micro}
 	})
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/messages", `{"model":"claude-test","max_tokens":50,
+	// the model has a one-hour price
+	resp, _ := h.postOK(t, key, "/v1/messages", `{"model":"claude-test","max_tokens":50,
 		"system":[{"type":"text","text":"be brief","cache_control":{"type":"ephemeral","ttl":"1h"}}],
 		"messages":[{"role":"user","content":"hi"}]}`, map[string]string{fakellm.HeaderReplay: fixture})
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s, want 200: the model has a one-hour price", resp.StatusCode, body)
-	}
 	run := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
 	used := pricing.Usage{Input: 3, CacheRead: 1111, CacheWrite: 418, CacheWrite1h: 400, Output: 33}
 	if want := price.Cost(used); run.CostMicro != want || run.ChargedMicro != want {

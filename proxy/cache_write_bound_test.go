@@ -53,12 +53,7 @@ func TestCallWritingItsPromptToCacheIsBoundWithinItsCap(t *testing.T) {
 			if tc.runID == "" {
 				delete(hdr, "X-Run-Id")
 			}
-			resp := h.post(key, "/v1/messages", body, hdr)
-			answer := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("%d %s", resp.StatusCode, answer)
-			}
+			resp, answer := h.postOK(t, key, "/v1/messages", body, hdr)
 			for line := range strings.SplitSeq(string(answer), "\n") {
 				if d, ok := strings.CutPrefix(line, "data: "); ok && gjson.Get(d, "type").Str == "message_delta" {
 					tr.out = gjson.Get(d, "usage.output_tokens").Int()

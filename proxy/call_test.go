@@ -37,12 +37,7 @@ const chatBody = `{"model":"fake-gpt","messages":[{"role":"user","content":"Say 
 func TestNonStreamCallIsChargedItsReportedUsage(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "40"})
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, body)
-	}
+	resp, body := h.postOK(t, key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "40"})
 	if want := h.direct("/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "40"}); !bytes.Equal(body, want) {
 		t.Fatalf("client saw\n%s\nupstream sent\n%s", body, want)
 	}
@@ -569,12 +564,7 @@ func TestCallPhaseMetricTimesEachPhaseOnce(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	for i, body := range []string{chatBody, `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`} {
-		resp := h.post(key, "/v1/chat/completions", body, nil)
-		readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
+		resp, _ := h.postOK(t, key, "/v1/chat/completions", body, nil)
 		h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
 		calls, streams := strconv.Itoa(i+1), strconv.Itoa(i)
 		for _, phase := range []string{"auth", "body", "admit", "checks", "upstream", "first_event"} {
@@ -636,12 +626,7 @@ func TestIdempotentRequestWithUnknownAdmissionOutcomeIsReleased(t *testing.T) {
 	if len(rows) != 1 || rows[0].Source != holds.SourceAdmitLost || rows[0].Charged != 0 {
 		t.Fatalf("holds of the refused caller: %+v, want one released at 0 as %s", rows, holds.SourceAdmitLost)
 	}
-	retry := h.post(key, "/v1/chat/completions", chatBody, idem)
-	retryBody := readAll(t, retry.Body)
-	retry.Body.Close()
-	if retry.StatusCode != http.StatusOK {
-		t.Fatalf("retry with the same key after the release: %d %s, want 200", retry.StatusCode, retryBody)
-	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, idem) // retry with the same key after the release
 }
 
 // TestNamedRunWithUnknownAdmissionOutcomeStaysOpen: the first call of a named run is refused
@@ -654,12 +639,8 @@ func TestNamedRunWithUnknownAdmissionOutcomeStaysOpen(t *testing.T) {
 	run := map[string]string{"X-Run-Id": "task-lost-admit"}
 	postWithLostAdmission(h, lossy, key, run)
 	h.settled() // whatever the refused call set going in the background is done
-	retry := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
-	body := readAll(t, retry.Body)
-	retry.Body.Close()
-	if retry.StatusCode != http.StatusOK {
-		t.Fatalf("retry under the run: %d %s, want 200", retry.StatusCode, body)
-	}
+	// retry under the run
+	retry, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
 	if status, body := h.settleRun(key, "task-lost-admit"); status != http.StatusOK {
 		t.Fatalf("settle: %d %s", status, body)
 	}
@@ -686,12 +667,7 @@ func newLossyHarness(t *testing.T) (*harness, *testenv.Lossy) {
 func postSettlementLost(t *testing.T, h *harness, lossy *testenv.Lossy, key, path, body string, hdr map[string]string) *http.Response {
 	t.Helper()
 	lossy.Arm("expires_at > @tg_now, admit_token", testenv.GoDown)
-	resp := h.post(key, path, body, hdr)
-	answer := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%s: %d %s", path, resp.StatusCode, answer)
-	}
+	resp, _ := h.postOK(t, key, path, body, hdr)
 	h.settled()
 	if !lossy.Down() {
 		t.Fatal("the settlement never reached the database")

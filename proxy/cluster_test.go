@@ -57,12 +57,7 @@ func gatewayOnACluster(t *testing.T, kind clusterKind) {
 	ctx := context.Background()
 	u, key := h.user("standard")
 
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("plain call: %d", resp.StatusCode)
-	}
+	resp, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"}) // plain call
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	h.settled()
 	r := h.run(u.ID, runID)

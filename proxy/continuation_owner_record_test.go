@@ -52,10 +52,7 @@ func TestAnswerOwnerIsTheFirstToRecordIt(t *testing.T) {
 
 	next := `{"model":"fake-gpt","previous_response_id":"resp_shared","input":"What was written?"}`
 	h.postRefused(t, bKey, "/v1/responses", next, nil, http.StatusBadRequest, "previous_response_not_found")
-	resp := h.post(aKey, "/v1/responses", next, nil)
-	if body := readAll(t, resp.Body); resp.StatusCode != http.StatusOK {
-		t.Fatalf("the first owner's continuation: %d %s", resp.StatusCode, body)
-	}
+	h.postOK(t, aKey, "/v1/responses", next, nil) // the first owner's continuation
 }
 
 // TestForeignItemRefusalNamesThatItem: a request naming several items, one of them another

@@ -205,15 +205,9 @@ func TestAnotherUsersAnswerIsNotContinued(t *testing.T) {
 	_, bKey := h.user("standard")
 	h.postRefused(t, bKey, "/v1/responses", next, nil, http.StatusBadRequest, "previous_response_not_found")
 
-	resp := h.post(aKey, "/v1/responses", next, nil)
-	if body := readAll(t, resp.Body); resp.StatusCode != http.StatusOK {
-		t.Fatalf("the owner's continuation: %d %s", resp.StatusCode, body)
-	}
+	h.postOK(t, aKey, "/v1/responses", next, nil) // the owner's continuation
 	unknown := `{"model":"fake-gpt","previous_response_id":"resp_made_elsewhere","input":"Go on."}`
-	resp = h.post(bKey, "/v1/responses", unknown, nil)
-	if body := readAll(t, resp.Body); resp.StatusCode != http.StatusOK {
-		t.Fatalf("an id without a record: %d %s", resp.StatusCode, body)
-	}
+	h.postOK(t, bKey, "/v1/responses", unknown, nil) // an id without a record
 }
 
 // TestContinuedResponseCarriesItsCachedContext: the context an answer hands on is its whole
@@ -309,10 +303,7 @@ func TestAnotherUsersAnswerItemIsNotReferenced(t *testing.T) {
 	}
 
 	own := `{"model":"fake-gpt","input":[{"type":"item_reference","id":"` + itemID + `"},{"type":"item_reference","id":"` + streamedID + `"},{"role":"user","content":"Repeat that."}]}`
-	resp := h.post(aKey, "/v1/responses", own, nil)
-	if body := readAll(t, resp.Body); resp.StatusCode != http.StatusOK {
-		t.Fatalf("the owner's reference to its own items: %d %s", resp.StatusCode, body)
-	}
+	h.postOK(t, aKey, "/v1/responses", own, nil) // the owner's reference to its own items
 	// Every id is checked, or refused when there are too many to check: past the bound,
 	// another user's item would go unchecked.
 	var many strings.Builder
@@ -323,8 +314,5 @@ func TestAnotherUsersAnswerItemIsNotReferenced(t *testing.T) {
 		nil, http.StatusBadRequest, "too_many_item_ids")
 
 	unknown := `{"model":"fake-gpt","input":[{"type":"item_reference","id":"msg_made_elsewhere"},{"role":"user","content":"Go on."}]}`
-	resp = h.post(bKey, "/v1/responses", unknown, nil)
-	if body := readAll(t, resp.Body); resp.StatusCode != http.StatusOK {
-		t.Fatalf("an id without a record: %d %s", resp.StatusCode, body)
-	}
+	h.postOK(t, bKey, "/v1/responses", unknown, nil) // an id without a record
 }

@@ -223,6 +223,21 @@ func (h *harness) post(key, path, body string, hdr map[string]string) *http.Resp
 	return resp
 }
 
+// postOK is post for a call that must be answered 200: it reads the answer whole, closes
+// the body and fails t (with the answer) on any other status. It returns the response,
+// for its header, and the answer. Most tests check a 200 this way before what they are
+// about; one place for it keeps those checks the same and the tests short.
+func (h *harness) postOK(t *testing.T, key, path, body string, hdr map[string]string) (*http.Response, []byte) {
+	t.Helper()
+	resp := h.post(key, path, body, hdr)
+	answer := readAll(t, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %d %s, want 200", path, resp.StatusCode, answer)
+	}
+	return resp, answer
+}
+
 // newRequest is a POST of a JSON body to the gateway with key (none if "") and hdr.
 func (h *harness) newRequest(key, path, body string, hdr map[string]string) *http.Request {
 	h.t.Helper()
