@@ -162,12 +162,7 @@ func TestDrainReportsASettlementStillRunningAtItsDeadline(t *testing.T) {
 	h := newHarness(t, nil)
 	_, key := h.user("standard")
 	reached, resume := h.holdAtFirst("settle")
-	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d", resp.StatusCode)
-	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, nil)
 	select {
 	case <-reached:
 	case <-time.After(10 * time.Second):

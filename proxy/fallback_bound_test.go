@@ -31,12 +31,7 @@ func TestFallbackModelsBoundTheOutputAtTheDearestPrice(t *testing.T) {
 	const capCheap, capDear = 50_000, 6_250
 	sent := func(body string) int64 {
 		t.Helper()
-		resp := h.post(key, "/v1/chat/completions", body, nil)
-		b := readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%d %s", resp.StatusCode, b)
-		}
+		h.postOK(t, key, "/v1/chat/completions", body, nil)
 		return up.last(t).Get("max_tokens").Int()
 	}
 	if got := sent(`{"model":"fake-gpt","models":["fake-gpt","dear-gpt"],"max_tokens":90000000,"messages":[{"role":"user","content":"hi"}]}`); got > capDear {
@@ -67,13 +62,8 @@ func TestFallbackWithADearerAudioPriceBoundsAudioAtIt(t *testing.T) {
 	// a token, 160 000 µUSD of the 500 000 µUSD cap, leaving at most 34 000 output tokens at
 	// 10 µUSD (less the text's share); at the asked model's 40 µUSD, about 43 600.
 	const most = (500_000 - 1_600*100) / 10
-	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","models":["fake-gpt","dear-gpt"],"max_tokens":90000000,
+	h.postOK(t, key, "/v1/chat/completions", `{"model":"fake-gpt","models":["fake-gpt","dear-gpt"],"max_tokens":90000000,
 		"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAAAAAA","format":"wav"}}]}]}`, nil)
-	b := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, b)
-	}
 	if got := up.last(t).Get("max_tokens").Int(); got <= 0 || got > most {
 		t.Fatalf("upstream got max_tokens=%d: with dear-gpt billing the clip at 100 USD/M the cap pays for at most %d", got, most)
 	}

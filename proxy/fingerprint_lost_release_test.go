@@ -35,12 +35,7 @@ func TestPlainCallGivesItsFingerprintBackWhenItsTallyWriteIsLost(t *testing.T) {
 			u, key := h.user("standard")
 			// The call's first write naming a tally: the one that gives the fingerprint back.
 			lossy.Arm(h.keys.Prefix+"billing:usage:{", c.loss, 1)
-			resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
-			readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("call: %d", resp.StatusCode)
-			}
+			resp, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
 			if lossy.Fired() != 1 {
 				t.Fatalf("%d tally writes lost, want 1", lossy.Fired())
 			}
@@ -62,12 +57,7 @@ func TestPlainCallGivesItsFingerprintBackWhenItsTallyWriteIsLost(t *testing.T) {
 				t.Fatalf("tally %+v (found %v, %v): want the call once, found %v", tl, found, err, c.tallied)
 			}
 			// The same request again, now that the first is settled, runs.
-			again := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
-			readAll(t, again.Body)
-			again.Body.Close()
-			if again.StatusCode != http.StatusOK {
-				t.Fatalf("the same request after the first ended: %d, want 200", again.StatusCode)
-			}
+			h.postOK(t, key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"}) // the same request after the first ended
 		})
 	}
 }
@@ -96,12 +86,7 @@ func TestFingerprintClaimWhoseEveryReplyWasLostRefusesAndFreesTheRetry(t *testin
 	if n := h.fake.Calls(); n != 0 {
 		t.Fatalf("%d upstream calls for the refused request, want 0", n)
 	}
-	again := h.post(key, "/v1/chat/completions", chatBody, nil)
-	body = readAll(t, again.Body)
-	again.Body.Close()
-	if again.StatusCode != http.StatusOK {
-		t.Fatalf("retry after the refusal settled: %d %s, want 200", again.StatusCode, body)
-	}
+	again, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, nil) // retry after the refusal settled
 	h.settled()
 	h.expectCharges(u.ID, []string{again.Header.Get(proxy.RunIDHeader)}, holds.SourceRelease)
 }

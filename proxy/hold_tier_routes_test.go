@@ -60,12 +60,7 @@ func TestHoldTierFollowsUserTurnsOnEveryRoute(t *testing.T) {
 		{"/v1/completions", `{"model":"fake-gpt","max_tokens":5,"prompt":["user","user","user","user","user"]}`},
 		{"/v1/embeddings", `{"model":"fake-gpt","input":["user","user","user","user","user"]}`},
 	} {
-		resp := h.post(key, c.path, c.body, nil)
-		b := readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("%s: %d %s", c.path, resp.StatusCode, b)
-		}
+		resp, _ := h.postOK(t, key, c.path, c.body, nil)
 		if r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader)); r.HeldMicro != 20_000 {
 			t.Errorf("%s: held %d, want hold_normal's 20000", c.path, r.HeldMicro)
 		}

@@ -40,12 +40,7 @@ func recordingUpstream(extra http.Header) (http.HandlerFunc, func() http.Header)
 // the upstream (seen, a recordingUpstream's) was sent.
 func postedHeaders(h *harness, key string, hdr map[string]string, seen func() http.Header) http.Header {
 	h.t.Helper()
-	resp := h.post(key, "/v1/chat/completions", chatBody, hdr)
-	body := readAll(h.t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		h.t.Fatalf("status %d: %s", resp.StatusCode, body)
-	}
+	h.postOK(h.t, key, "/v1/chat/completions", chatBody, hdr)
 	return seen()
 }
 

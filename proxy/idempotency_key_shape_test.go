@@ -26,12 +26,7 @@ func TestIdemKeyOfAnyPrintableCharacterUpToItsBound(t *testing.T) {
 	}
 	hdr := map[string]string{proxy.IdempotencyKeyHeader: idemKey}
 	calls := h.fake.Calls()
-	resp := h.post(key, "/v1/chat/completions", chatBody, hdr)
-	first := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("a key at its bounds: %d %s, want 200", resp.StatusCode, first)
-	}
+	resp, first := h.postOK(t, key, "/v1/chat/completions", chatBody, hdr) // a key at its bounds
 	runID := resp.Header.Get(proxy.RunIDHeader)
 
 	resp = h.post(key, "/v1/chat/completions", chatBody, hdr)

@@ -39,23 +39,13 @@ func TestPlainCallTallyDeliveredLateCountsTheCallOnce(t *testing.T) {
 	u, key := h.user("standard")
 	// The call's first write naming a tally: the one that gives the fingerprint back.
 	lossy.Arm(h.keys.Prefix+"billing:usage:{", testenv.RedisWriteLate, 1)
-	first := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
-	readAll(t, first.Body)
-	first.Body.Close()
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d", first.StatusCode)
-	}
+	first, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
 	if fps := fingerprints(t, h, u.ID); len(fps) != 0 {
 		t.Fatalf("fingerprint %v still held after the caller has its whole answer", fps)
 	}
 	h.settled()
 	runID := first.Header.Get(proxy.RunIDHeader)
-	again := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
-	readAll(t, again.Body)
-	again.Body.Close()
-	if again.StatusCode != http.StatusOK {
-		t.Fatalf("the same request after the first ended: %d, want 200", again.StatusCode)
-	}
+	again, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"}) // the same request after the first ended
 	h.settled()
 	deliverAllLate(t, lossy)
 	r := h.run(u.ID, runID)
@@ -98,12 +88,7 @@ func TestFingerprintClaimDeliveredLateNamesAnEndedRun(t *testing.T) {
 			if fps := fingerprints(t, h, u.ID); len(fps) != 1 {
 				t.Fatalf("fingerprints %v: want the late claim's", fps)
 			}
-			again := h.post(key, "/v1/chat/completions", chatBody, nil)
-			body = readAll(t, again.Body)
-			again.Body.Close()
-			if again.StatusCode != http.StatusOK {
-				t.Fatalf("the same request after the late claim landed: %d %s, want 200", again.StatusCode, body)
-			}
+			again, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, nil) // the same request after the late claim landed
 			h.settled()
 			charged := []string{again.Header.Get(proxy.RunIDHeader)}
 			if !c.every {

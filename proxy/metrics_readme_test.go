@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"net/http"
 	"testing"
 
 	"github.com/tollgate/tollgate/proxy"
@@ -14,12 +13,7 @@ import (
 func TestOneCallMovesTheSeriesTheREADMENames(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, nil)
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
+	resp, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, nil)
 	h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
 	want := map[string]string{
 		`tollgate_requests_total{code="200",route="/v1/chat/completions"}`: "1",

@@ -21,12 +21,7 @@ func TestNamedRunCallWithoutABoundReservesForEachOfItsChoices(t *testing.T) {
 	// Default cap 500 000 µUSD; fake-gpt output is 10 µUSD a token: 4 answers of the model's
 	// 1 000 tokens (40 000 µUSD) fit many times over.
 	body := `{"model":"fake-gpt","n":4,"messages":[{"role":"user","content":"four ways"}]}`
-	resp := h.post(key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "task-unbounded-choices"})
-	b := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d %s", resp.StatusCode, b)
-	}
+	h.postOK(t, key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "task-unbounded-choices"})
 	sent := up.last(t)
 	for _, f := range []string{"max_tokens", "max_completion_tokens"} {
 		if v := sent.Get(f); v.Exists() {
@@ -46,12 +41,7 @@ func TestNamedRunCallWithAHugeBoundOfSeveralAnswersIsServed(t *testing.T) {
 	h, up := jsonHarness(t)
 	_, key := h.user("standard")
 	body := `{"model":"fake-gpt","n":4,"max_tokens":4611686018427387904,"messages":[{"role":"user","content":"four ways"}]}`
-	resp := h.post(key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "task-huge-bound"})
-	b := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d %s; want it served with its bound lowered to what the run's budget pays for", resp.StatusCode, b)
-	}
+	h.postOK(t, key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "task-huge-bound"}) // want it served with its bound lowered to what the run's budget pays for
 	// Default cap 500 000 µUSD at 10 µUSD an output token: at most 50 000 tokens for 4 answers.
 	if got := up.last(t).Get("max_tokens").Int(); got < 1 || got > 12_500 {
 		t.Errorf("upstream got max_tokens=%d, want it lowered to a quarter of what the cap pays for", got)
@@ -72,11 +62,6 @@ func TestBodyOfExactlyTheLimitIsServed(t *testing.T) {
 		head, tail := `{"model":"fake-gpt","messages":[{"role":"user","content":"`, `"}]}`
 		return head + strings.Repeat("x", size-len(head)-len(tail)) + tail
 	}
-	resp := h.post(key, "/v1/chat/completions", body(limit), nil)
-	b := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("a body of exactly max_body_bytes: %d %s, want 200", resp.StatusCode, b)
-	}
+	h.postOK(t, key, "/v1/chat/completions", body(limit), nil) // a body of exactly max_body_bytes
 	h.postRefused(t, key, "/v1/chat/completions", body(limit+1), nil, http.StatusRequestEntityTooLarge, "request_too_large")
 }

@@ -30,13 +30,9 @@ func TestNamedRunEmbeddingsCallReservesOnlyItsPrompt(t *testing.T) {
 			map[string]string{"X-Run-Id": "task-embed", "X-Test-Gate": "embed"})
 	}()
 	gate.await(t, "embed", 1)
-	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","max_tokens":100,"messages":[{"role":"user","content":"beside it"}]}`,
+	// a chat call beside the run's embeddings call in flight: the embeddings call holds only its prompt
+	h.postOK(t, key, "/v1/chat/completions", `{"model":"fake-gpt","max_tokens":100,"messages":[{"role":"user","content":"beside it"}]}`,
 		map[string]string{"X-Run-Id": "task-embed"})
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("a chat call beside the run's embeddings call in flight: %d %s, want 200 (the embeddings call holds only its prompt)", resp.StatusCode, body)
-	}
 	gate.open("embed")
 	first := <-embedded
 	b := readAll(t, first.Body)
@@ -97,12 +93,7 @@ func TestSettleThatChargedNothingReopensTheRun(t *testing.T) {
 		!strings.Contains(errorMessage(t, body), "was not settled") {
 		t.Fatalf("settle whose settlement wrote nothing: %d %s, want 503 saying the run was not settled", status, body)
 	}
-	next := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
-	b := readAll(t, next.Body)
-	next.Body.Close()
-	if next.StatusCode != http.StatusOK {
-		t.Fatalf("the run's next call after a settle that charged nothing: %d %s, want 200 (the run reopened)", next.StatusCode, b)
-	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5")) // the run's next call after a settle that charged nothing: the run reopened
 	h.settled()
 	settledOnRetry(t, h, key, "task-reopened")
 	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 {

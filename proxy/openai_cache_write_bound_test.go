@@ -62,12 +62,7 @@ func TestOpenAICacheWritesAreBoundWithinTheCap(t *testing.T) {
 	u, key := h.user("standard")
 	body := `{"model":"fake-gpt","max_output_tokens":10000,"instructions":"` + strings.Repeat("You are a careful coding agent. ", 1300) + `","input":"fix the bug"}`
 	est, _ := metering.EstimatePrompt(metering.FormatResponses, []byte(body))
-	resp := h.post(key, "/v1/responses", body, map[string]string{"X-Test-Written": strconv.FormatInt(est, 10)})
-	answer := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("%d %s", resp.StatusCode, answer)
-	}
+	resp, answer := h.postOK(t, key, "/v1/responses", body, map[string]string{"X-Test-Written": strconv.FormatInt(est, 10)})
 	out := gjson.GetBytes(answer, "usage.output_tokens").Int()
 	r := h.run(u.ID, resp.Header.Get(proxy.RunIDHeader))
 	cost := price.Cost(pricing.Usage{CacheWrite: est, Output: out})

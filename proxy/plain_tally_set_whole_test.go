@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"context"
-	"net/http"
 	"testing"
 
 	"github.com/tollgate/tollgate/config"
@@ -28,12 +27,7 @@ func TestPlainCallTallySetAgainHoldsOnlyItsLastFigures(t *testing.T) {
 	u, key := h.user("standard")
 	// The call's first write naming a tally: the one that gives its fingerprint back.
 	lossy.Arm(h.keys.Prefix+"billing:usage:{", testenv.RedisReplyLost, 1)
-	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d", resp.StatusCode)
-	}
+	resp, _ := h.postOK(t, key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
 	h.settled()
 	if lossy.Fired() != 1 {
 		t.Fatalf("%d tally replies lost, want 1", lossy.Fired())

@@ -67,12 +67,7 @@ func TestPremiumSpeedAndTiersOnEveryRouteAreRefused(t *testing.T) {
 	}
 	for _, tc := range served {
 		t.Run("served/"+tc.name, func(t *testing.T) {
-			resp := h.post(key, tc.path, tc.body, nil)
-			body := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("%d %s, want 200", resp.StatusCode, body)
-			}
+			h.postOK(t, key, tc.path, tc.body, nil)
 		})
 	}
 	if status, body := h.get(key, "/v1/models/fake-gpt-fast"); status != http.StatusNotFound {

@@ -85,12 +85,7 @@ func TestRequestBodyReachesTheUpstreamByteForByte(t *testing.T) {
 		{"messages stream", "/v1/messages", `{"stream":true,"model":"claude-test","max_tokens":64,"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"stop_sequences":["\n\nHuman:"]}`, untouched},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			resp := h.post(key, c.path, c.body, nil)
-			answer := readAll(t, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("%d %.300s", resp.StatusCode, answer)
-			}
+			h.postOK(t, key, c.path, c.body, nil)
 			if got, want := tr.last(t), c.want(t, c.body); !bytes.Equal(got, want) {
 				t.Errorf("the upstream was sent\n%s\nwant\n%s", got, want)
 			}
@@ -105,12 +100,7 @@ func TestRequestBodyReachesTheUpstreamByteForByte(t *testing.T) {
 			t.Fatal(err)
 		}
 		body := `{"max_tokens" : 100000, "model":"fake-gpt","messages":[{"role":"user","content":"long answer"}], "temperature":0.70}`
-		resp := h.post(key, "/v1/chat/completions", body, nil)
-		answer := readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%d %.300s", resp.StatusCode, answer)
-		}
+		h.postOK(t, key, "/v1/chat/completions", body, nil)
 		got := tr.last(t)
 		bound := gjson.GetBytes(got, "max_tokens").Int()
 		if bound <= 0 || bound >= 300 {
