@@ -24,12 +24,7 @@ func TestNamedRunKeepsItsCallsEstimatedMark(t *testing.T) {
 		t.Fatalf("one-call run without a usage report: estimated=%v cost=%d, want an estimate", one.Estimated, one.CostMicro)
 	}
 
-	resp := h.post(key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "est-run", fakellm.HeaderUsage: "off"})
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("named run's call: %d", resp.StatusCode)
-	}
+	resp, _ := h.postOK(t, key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "est-run", fakellm.HeaderUsage: "off"}) // named run's call
 	runID := resp.Header.Get("X-Tollgate-Run-Id")
 	if status, out := h.settleRun(key, "est-run"); status != http.StatusOK {
 		t.Fatalf("settle: %d %s", status, out)
@@ -56,12 +51,7 @@ func TestNamedRunSettledFromItsTallyKeepsTheEstimatedMark(t *testing.T) {
 	h := newHarness(t, func(c *configT) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
 	u, key := h.user("standard")
 	body := `{"model":"fake-gpt","stream":true,"max_tokens":50,"messages":[{"role":"user","content":"count to ten"}]}`
-	resp := h.post(key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "est-lost", fakellm.HeaderUsage: "off"})
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("named run's call: %d", resp.StatusCode)
-	}
+	resp, _ := h.postOK(t, key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "est-lost", fakellm.HeaderUsage: "off"}) // named run's call
 	runID := resp.Header.Get("X-Tollgate-Run-Id")
 	// The row as a RecordRunCall that failed leaves it: no record of the call.
 	if _, err := h.db.Exec(`UPDATE run_holds SET calls = 0, ended_calls = 0, cost_micro = 0, in_tok = 0, cache_read_tok = 0,

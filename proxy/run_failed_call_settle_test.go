@@ -20,18 +20,13 @@ func TestNamedRunSettledTheMomentItsFailedCallIsAnsweredChargesIt(t *testing.T) 
 	u, key := h.user("standard")
 	const name = "agent-failed-then-settle"
 	run := map[string]string{"X-Run-Id": name}
-	resp := h.post(key, "/v1/chat/completions", chatBody, run)
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("first call: %d %s", resp.StatusCode, body)
-	}
+	resp, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, run) // first call
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	h.settled()
 	first := h.run(u.ID, runID)
 
 	resp = h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": name, fakellm.HeaderStatus: "503"})
-	body = readAll(t, resp.Body)
+	body := readAll(t, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadGateway || errorCode(t, body) != "upstream_error" {
 		t.Fatalf("refused call: %d %s, want 502 upstream_error", resp.StatusCode, body)

@@ -15,12 +15,7 @@ func TestNamedRunCallReservesForEachOfItsChoices(t *testing.T) {
 	// Default cap 500 000 µUSD; fake-gpt output is 10 µUSD a token: 4 answers of 100 tokens
 	// (4 000 µUSD) fit many times over.
 	body := `{"model":"fake-gpt","n":4,"max_tokens":100,"messages":[{"role":"user","content":"four ways"}]}`
-	resp := h.post(key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "task-choices"})
-	b := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d %s", resp.StatusCode, b)
-	}
+	h.postOK(t, key, "/v1/chat/completions", body, map[string]string{"X-Run-Id": "task-choices"})
 	if got := up.last(t).Get("max_tokens").Int(); got != 100 {
 		t.Errorf("upstream got max_tokens=%d for a call of n=4 asking 100 in a run with budget to spare: want 100 untouched", got)
 	}

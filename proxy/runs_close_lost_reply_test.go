@@ -47,12 +47,7 @@ func TestSettleWhoseCloseReplyWasLostReopensTheRun(t *testing.T) {
 	})}, nil)
 	u, key := h.user("standard")
 	hdr := map[string]string{"X-Run-Id": "task-close-lost"}
-	first := h.post(key, "/v1/chat/completions", chatBody, hdr)
-	readAll(t, first.Body)
-	first.Body.Close()
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("first call: %d", first.StatusCode)
-	}
+	first, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, hdr) // first call
 	runID := first.Header.Get("X-Tollgate-Run-Id")
 	h.settled()
 
@@ -79,12 +74,7 @@ func TestSettleWhoseCloseReplyWasLostReopensTheRun(t *testing.T) {
 		t.Fatalf("run settled although its settle answered 503: %+v", r)
 	}
 
-	next := h.post(key, "/v1/chat/completions", chatBody, hdr)
-	nb := readAll(t, next.Body)
-	next.Body.Close()
-	if next.StatusCode != http.StatusOK {
-		t.Fatalf("call of the unsettled run after a settle that failed: %d %s, want 200", next.StatusCode, nb)
-	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, hdr) // call of the unsettled run after a settle that failed
 	h.settled()
 	if status, body := h.settleRun(key, "task-close-lost"); status != http.StatusOK {
 		t.Fatalf("settle: %d %s", status, body)

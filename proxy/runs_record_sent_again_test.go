@@ -97,12 +97,7 @@ func TestNamedRunCallRecordCutWhileSentIsSentAgain(t *testing.T) {
 			})
 		}
 	})
-	resp := h.post(key, "/v1/chat/completions", streamBody, with(run, fakellm.HeaderChunks, "5"))
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d", resp.StatusCode)
-	}
+	h.postOK(t, key, "/v1/chat/completions", streamBody, with(run, fakellm.HeaderChunks, "5"))
 	// Logged before the caller had the answer's end.
 	if n := logs.FilterMessage(runCallNotRecordedLog).Len(); n != 1 {
 		t.Fatalf("%d warnings of the record cut while it waited for the run's row, want 1: %v", n, logs.All())

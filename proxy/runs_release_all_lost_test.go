@@ -57,12 +57,7 @@ func TestNamedRunCallWhoseReleaseRepliesWereAllLost(t *testing.T) {
 			// The release script alone names the run's lost mark among a call's writes (the
 			// reservation names the call's done mark too).
 			lossy.Arm(h.keys.Lost(runID), testenv.RedisReplyLost, attempts)
-			second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
-			readAll(t, second.Body)
-			second.Body.Close()
-			if second.StatusCode != http.StatusOK {
-				t.Fatalf("call whose release replies were lost: %d", second.StatusCode)
-			}
+			h.postOK(t, key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5")) // call whose release replies were lost
 			h.settled()
 			if lossy.Fired() != attempts {
 				t.Fatalf("%d release replies lost, want every attempt's, %d", lossy.Fired(), attempts)
@@ -177,12 +172,7 @@ func firstRunCallThenLoseItsRecord(t *testing.T, h *harness, key string, run map
 // through at once, charging both calls once.
 func secondCallThenSettle(t *testing.T, h *harness, lossy *testenv.LossyRedis, userID uint64, key string, run map[string]string, runID string, lost int) {
 	t.Helper()
-	second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
-	readAll(t, second.Body)
-	second.Body.Close()
-	if second.StatusCode != http.StatusOK {
-		t.Fatalf("second call under lost writes: %d", second.StatusCode)
-	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5")) // second call under lost writes
 	h.settled()
 	if lossy.Fired() != lost {
 		t.Fatalf("%d writes lost, want %d", lossy.Fired(), lost)

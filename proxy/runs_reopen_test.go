@@ -43,12 +43,7 @@ func TestSettleWhoseCommitMayHaveLandedKeepsTheRunClosed(t *testing.T) {
 	ctx := context.Background()
 	u, key := h.user("standard")
 
-	first := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-reopen"})
-	readAll(t, first.Body)
-	first.Body.Close()
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("first call: %d", first.StatusCode)
-	}
+	first, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "task-reopen"}) // first call
 	runID := first.Header.Get(proxy.RunIDHeader)
 	h.settled()
 

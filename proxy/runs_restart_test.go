@@ -25,12 +25,7 @@ func callsAcrossARedisRestartWith(t *testing.T, h *harness, key, name string, fi
 	run := map[string]string{"X-Run-Id": name}
 	runID := firstRunCall(t, h, key, run, firstChunks)
 	loseRunKeys(t, h, runID)
-	second := h.post(key, "/v1/chat/completions", body, with(run, fakellm.HeaderChunks, strconv.Itoa(secondChunks)))
-	readAll(t, second.Body)
-	second.Body.Close()
-	if second.StatusCode != http.StatusOK {
-		t.Fatalf("second call: %d", second.StatusCode)
-	}
+	h.postOK(t, key, "/v1/chat/completions", body, with(run, fakellm.HeaderChunks, strconv.Itoa(secondChunks))) // second call
 	h.settled()
 	return runID
 }
@@ -75,12 +70,7 @@ func TestLiveRunViewAfterRedisRestartShowsWhatItWillBeCharged(t *testing.T) {
 // waits for its settlement path, and returns the run's id.
 func firstRunCall(t *testing.T, h *harness, key string, hdr map[string]string, chunks int) string {
 	t.Helper()
-	first := h.post(key, "/v1/chat/completions", chatBody, with(hdr, fakellm.HeaderChunks, strconv.Itoa(chunks)))
-	readAll(t, first.Body)
-	first.Body.Close()
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("first call: %d", first.StatusCode)
-	}
+	first, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, with(hdr, fakellm.HeaderChunks, strconv.Itoa(chunks))) // first call
 	h.settled()
 	return first.Header.Get(proxy.RunIDHeader)
 }

@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"net/http"
 	"testing"
 	"time"
 
@@ -50,12 +49,8 @@ func TestNamedRunCallWhoseTallyNeverLands(t *testing.T) {
 			if c.recordReplyLost {
 				lossyDB.Arm("INSERT INTO run_calls", testenv.LoseReply) // RecordRunCall alone
 			}
-			second := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
-			readAll(t, second.Body)
-			second.Body.Close()
-			if second.StatusCode != http.StatusOK {
-				t.Fatalf("second call: %d", second.StatusCode)
-			}
+			// second call
+			h.postOK(t, key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5"))
 			h.settled() // the tally's retries included, until settle_timeout
 			lossy.Disarm()
 			if tries := lossy.Fired() / (h.rdb.Options().MaxRetries + 1); tries < 3 {

@@ -399,12 +399,7 @@ func TestNamedRunOutlivesAFailedFirstCall(t *testing.T) {
 	if first.StatusCode != http.StatusBadGateway {
 		t.Fatalf("first call, upstream 503: %d, want 502", first.StatusCode)
 	}
-	retry := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "7"))
-	body := readAll(t, retry.Body)
-	retry.Body.Close()
-	if retry.StatusCode != http.StatusOK {
-		t.Fatalf("retry under the same run: %d %s, want 200", retry.StatusCode, body)
-	}
+	retry, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "7")) // retry under the same run
 	if status, body := h.settleRun(key, "task-retry"); status != http.StatusOK {
 		t.Fatalf("settle: %d %s", status, body)
 	}
@@ -440,12 +435,7 @@ func TestRunCallHoldsABoundedTailAfterItsFinalEvent(t *testing.T) {
 		c.Limits.MaxBodyBytes = maxEvent / 2
 	})
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", streamBody, map[string]string{"X-Run-Id": "flooded"})
-	got := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d: %.200s", resp.StatusCode, got)
-	}
+	resp, got := h.postOK(t, key, "/v1/chat/completions", streamBody, map[string]string{"X-Run-Id": "flooded"})
 	_, tail, found := strings.Cut(string(got), "data: [DONE]\n\n")
 	if !found {
 		t.Fatalf("no [DONE] in %d bytes", len(got))

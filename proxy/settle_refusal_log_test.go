@@ -26,12 +26,7 @@ func TestSettleRefusedForRedisLogsASampledRefusal(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, nil)
 	_, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "settle-in-outage"})
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d", resp.StatusCode)
-	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "settle-in-outage"})
 	h.settled()
 
 	// A second gateway on the same stores whose tally Redis does not answer.

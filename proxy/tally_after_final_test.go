@@ -21,12 +21,7 @@ import (
 func TestUsageAfterTheFinalEventReachesTheTally(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Upstreams[0].BaseURL = usageAfterFinalUpstream(t) })
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
+	resp, _ := h.postOK(t, key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
 	r := h.run(u.ID, resp.Header.Get("X-Tollgate-Run-Id"))
 	if r.OutTok != 50 || r.CostMicro != fakeGPTCost(10, 50) {
 		t.Fatalf("settled %d output tokens at %d µUSD, want the last report's 50 at %d", r.OutTok, r.CostMicro, fakeGPTCost(10, 50))
@@ -52,12 +47,7 @@ func TestUsageAfterTheFinalEventClearsTheTallysEstimate(t *testing.T) {
 			`{"id":"c1","object":"chat.completion.chunk","model":"fake-gpt","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":50,"total_tokens":60}}`)
 	})
 	u, key := h.user("standard")
-	resp := h.post(key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
+	resp, _ := h.postOK(t, key, "/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
 	r := h.run(u.ID, resp.Header.Get("X-Tollgate-Run-Id"))
 	if r.OutTok != 50 || r.Estimated {
 		t.Fatalf("settled %d output tokens, estimated=%v; want the report's 50, not estimated", r.OutTok, r.Estimated)

@@ -22,12 +22,7 @@ func TestPlainCallWhoseTallyReplyWasLostIsTalliedOnce(t *testing.T) {
 	u, key := h.user("standard")
 	// The call's first write naming a tally: nothing before it reads or writes one.
 	lossy.Arm(h.keys.Prefix+"billing:usage:{", testenv.RedisReplyLost, 1)
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d", resp.StatusCode)
-	}
+	resp, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, map[string]string{fakellm.HeaderChunks: "5"})
 	runID := resp.Header.Get(proxy.RunIDHeader)
 	r := h.run(u.ID, runID)
 	if lossy.Fired() != 1 {
@@ -54,12 +49,7 @@ func TestNamedRunCallWhoseTallyWasLostIsCountedByItsRetry(t *testing.T) {
 	// The release script alone names the run's lost mark (the reservation names the call's
 	// done mark too).
 	lossy.Arm(h.keys.Lost(runID), testenv.RedisRequestLost, attempts)
-	resp := h.post(key, "/v1/chat/completions", chatBody, with(map[string]string{"X-Run-Id": "task-tally-lost"}, fakellm.HeaderChunks, "5"))
-	readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d", resp.StatusCode)
-	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, with(map[string]string{"X-Run-Id": "task-tally-lost"}, fakellm.HeaderChunks, "5"))
 	h.settled()
 	if lossy.Fired() != attempts {
 		t.Fatalf("%d tally writes lost, want every attempt of the first, %d", lossy.Fired(), attempts)

@@ -58,12 +58,7 @@ func TestUpstreamIsSentItsOwnCredentialsOnly(t *testing.T) {
 	_, key := h.user("standard")
 	sent := func(path, body string, hdr map[string]string) http.Header {
 		t.Helper()
-		resp := h.post(key, path, body, hdr)
-		b := readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s: status %d %s", path, resp.StatusCode, b)
-		}
+		h.postOK(t, key, path, body, hdr)
 		mu.Lock()
 		defer mu.Unlock()
 		return got

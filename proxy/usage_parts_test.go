@@ -99,12 +99,7 @@ func TestUsagePartsOfCallsStoredApart(t *testing.T) {
 	hdr := map[string]string{fakellm.HeaderReplay: "spoken_audio.json", "X-Run-Id": "parts-task"}
 	var runID string
 	for range 2 {
-		resp := h.post(key, "/v1/chat/completions", spokenAudioRequest, hdr)
-		answer := readAll(t, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("named run's call: %d %s", resp.StatusCode, answer)
-		}
+		resp, _ := h.postOK(t, key, "/v1/chat/completions", spokenAudioRequest, hdr) // named run's call
 		runID = resp.Header.Get(proxy.RunIDHeader)
 	}
 	h.settled()
