@@ -227,12 +227,7 @@ func TestSessionCallPausedAfterItsClaimWhoseSessionMovedOnIsAnsweredSuperseded(t
 		t.Fatalf("the session's next message: %d %s", next.status, next.body)
 	}
 	resume()
-	var a answer
-	select {
-	case a = <-first:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no answer after the resume")
-	}
+	a := answerWithin(t, first)
 	if a.status != http.StatusConflict || errorCode(t, a.body) != "superseded" || a.header.Get("X-Should-Retry") != "false" {
 		t.Errorf("paused message whose session moved on: %d %s (X-Should-Retry %q); want 409 superseded, not to be retried",
 			a.status, a.body, a.header.Get("X-Should-Retry"))
@@ -268,12 +263,7 @@ func TestSessionCallPausedAfterItsClaimWhoseSessionRowWasPrunedIsForwarded(t *te
 	}
 	calls := h.fake.Calls()
 	resume()
-	var a answer
-	select {
-	case a = <-first:
-	case <-time.After(20 * time.Second):
-		t.Fatal("no answer after the resume")
-	}
+	a := answerWithin(t, first)
 	h.settled()
 	if a.status != http.StatusOK || a.header.Get(proxy.RunIDHeader) != runID {
 		t.Errorf("paused message whose session row was pruned: %d %s (run %q, paused %s); want 200, the call it paid for",
