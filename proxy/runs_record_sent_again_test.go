@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/fakellm"
@@ -71,22 +72,47 @@ const runCallNotRecordedLog = "run call not recorded; tried again until settle_t
 // (40 of the 45 output tokens). The row now counts a call once however often its record is
 // sent, so it is sent again until it lands, once the row is free.
 func TestNamedRunCallRecordCutWhileSentIsSentAgain(t *testing.T) {
+	h, logs, userID, key, runID, console := callWithRecordCutByALock(t, "task-record-cut")
+	if err := console.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	h.settled() // the record's tries included
+	if n := logs.FilterMessage("run call recorded on a later try").Len(); n != 1 {
+		t.Fatalf("%d lines of the record landing on a later try, want 1: %v", n, logs.All())
+	}
+
+	if status, body := settleAfterRebuild(h, key, "task-record-cut", runID); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	if r := h.run(userID, runID); r.OutTok != 45 || r.Calls != 2 || r.EndedCalls != 2 {
+		t.Fatalf("settled run: %d output tokens over %d calls (%d ended), charged %d; want both calls (45 output tokens) charged, once",
+			r.OutTok, r.Calls, r.EndedCalls, r.ChargedMicro)
+	}
+}
+
+// callWithRecordCutByALock makes a named run's first call (40 output tokens), takes the run's
+// Redis keys as a restart would, and makes its second call (5) while another transaction
+// (console, still open) holds the run's row from the second call's final event on: the call's
+// record on the row waits for the lock until admit_timeout cuts it, and is then sent again in
+// the background, until settle_timeout, as long as console holds the row.
+func callWithRecordCutByALock(t *testing.T, name string) (h *harness, logs *observer.ObservedLogs, userID uint64, key, runID string, console *sqlx.Tx) {
+	t.Helper()
 	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Params = map[string]string{"innodb_lock_wait_timeout": "1"}
 	core, logs := observer.New(zap.InfoLevel)
-	h := newHarnessOn(t, harnessSetup{db: testenv.Open(t, cfg.FormatDSN()), log: zap.New(core)}, func(c *config.Config) {
+	h = newHarnessOn(t, harnessSetup{db: testenv.Open(t, cfg.FormatDSN()), log: zap.New(core)}, func(c *config.Config) {
 		c.Limits.AdmitTimeout = 1500 * time.Millisecond // the record's first send: past one lock wait
 		c.Limits.SettleTimeout = 30 * time.Second       // the tries outlast the lock
 	})
 	u, key := h.user("standard")
-	run := map[string]string{"X-Run-Id": "task-record-cut"}
-	runID := firstRunCall(t, h, key, run, 40)
+	run := map[string]string{"X-Run-Id": name}
+	runID = firstRunCall(t, h, key, run, 40)
 	loseRunKeys(t, h, runID)
 
-	console := testenv.ConsoleTx(t, h.db)
+	console = testenv.ConsoleTx(t, h.db)
 	var locked sync.Once
 	h.srv.ObserveSteps(func(_ context.Context, at string) {
 		if at == "answer final" {
@@ -102,20 +128,32 @@ func TestNamedRunCallRecordCutWhileSentIsSentAgain(t *testing.T) {
 	if n := logs.FilterMessage(runCallNotRecordedLog).Len(); n != 1 {
 		t.Fatalf("%d warnings of the record cut while it waited for the run's row, want 1: %v", n, logs.All())
 	}
+	return h, logs, u.ID, key, runID, console
+}
+
+// TestNamedRunSettledWhileItsCallsRecordIsCutIsBusy: as TestNamedRunCallRecordCutWhileSentIsSentAgain,
+// but the run is settled while its second call's record still waits to be sent again (the
+// row locked). The call's tally keeps a record-to-come mark until its record lands, and the
+// settle is 409 run_busy meanwhile. A record whose failed first send dropped that mark as a
+// landed one does let the settle through, to a run charged the larger of its row (the first
+// call) and its tally since the restart (the second), not both — or, the row still locked,
+// to a 503 that reopened it.
+func TestNamedRunSettledWhileItsCallsRecordIsCutIsBusy(t *testing.T) {
+	h, _, userID, key, runID, console := callWithRecordCutByALock(t, "task-record-cut-settled")
+	status, body := settleAfterRebuild(h, key, "task-record-cut-settled", runID)
+	if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
+		t.Fatalf("settle while the second call's record waits for the run's row: %d %s, want 409 run_busy", status, body)
+	}
 	if err := console.Commit(); err != nil {
 		t.Fatal(err)
 	}
 	h.settled() // the record's tries included
-	if n := logs.FilterMessage("run call recorded on a later try").Len(); n != 1 {
-		t.Fatalf("%d lines of the record landing on a later try, want 1: %v", n, logs.All())
+	if status, body := settleAfterRebuild(h, key, "task-record-cut-settled", runID); status != http.StatusOK {
+		t.Fatalf("settle once the record landed: %d %s", status, body)
 	}
-
-	if status, body := settleAfterRebuild(h, key, "task-record-cut", runID); status != http.StatusOK {
-		t.Fatalf("settle: %d %s", status, body)
-	}
-	if r := h.run(u.ID, runID); r.OutTok != 45 || r.Calls != 2 || r.EndedCalls != 2 {
-		t.Fatalf("settled run: %d output tokens over %d calls (%d ended), charged %d; want both calls (45 output tokens) charged, once",
-			r.OutTok, r.Calls, r.EndedCalls, r.ChargedMicro)
+	if r := h.run(userID, runID); r.OutTok != 45 || r.Calls != 2 {
+		t.Fatalf("settled run: %d output tokens over %d calls, charged %d; want both calls (45 output tokens) charged",
+			r.OutTok, r.Calls, r.ChargedMicro)
 	}
 }
 
