@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/proxy"
 )
 
 // TestSettleRacingARedisRestartDoesNotMissTheCallInFlight: a Redis restart without persistence
@@ -98,5 +99,58 @@ func TestSettleRacingARedisRestartDoesNotMissTheCallInFlight(t *testing.T) {
 					r.State, r.Calls, r.OutTok, calls, 40*calls)
 			}
 		})
+	}
+}
+
+// TestSettleAfterARedisRestartOfARunWhoseCallsUsedNothingWaitsForTheCallInFlight: a named run
+// whose only ended call failed (its row records it at 0: found, no calls, no cost) loses its
+// Redis keys to a restart while its next call streams, the run older than the longest call.
+// The settle finds no tally, and a row that records the run's ended calls: Redis lost them,
+// whatever they cost, and the call in flight's reservation with them, so the settle is
+// run_busy until that call's lease is seen again. Read as a loss only of calls that cost
+// something or counted, the run was closed past the call, settled at 0, and the call ended
+// on a settled run, charged nothing.
+func TestSettleAfterARedisRestartOfARunWhoseCallsUsedNothingWaitsForTheCallInFlight(t *testing.T) {
+	h, gate := gatedHarness(t, nil)
+	u, key := h.user("standard")
+	const name = "task-lost-unused"
+	run := map[string]string{"X-Run-Id": name}
+	failed := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderStatus, "503"))
+	readAll(t, failed.Body)
+	failed.Body.Close()
+	if failed.StatusCode != http.StatusBadGateway {
+		t.Fatalf("first call, upstream 503: %d, want 502", failed.StatusCode)
+	}
+	h.settled()
+	runID := failed.Header.Get(proxy.RunIDHeader)
+	if r := h.run(u.ID, runID); r.EndedCalls != 1 || r.Calls != 0 || r.CostMicro != 0 {
+		t.Fatalf("run %+v after its failed call: want it recorded at 0 (1 ended call, none counted)", r)
+	}
+	// Older than the longest call: a run without a tally is not taken for one whose first call
+	// is still between its admission and its reservation.
+	if _, err := h.db.Exec("UPDATE run_holds SET created_at = created_at - INTERVAL 1 DAY WHERE run_id = ?", runID); err != nil {
+		t.Fatal(err)
+	}
+	hdr, letGo := heldMidStream(t, gate, "held", slowStream(40, run))
+	held := h.post(key, "/v1/chat/completions", streamBody, hdr)
+	defer held.Body.Close()
+	if held.StatusCode != http.StatusOK {
+		t.Fatalf("held call: %d", held.StatusCode)
+	}
+	br := firstEvent(t, held)
+	loseRunKeys(t, h, runID)
+	if status, body := h.settleRun(key, name); status != http.StatusConflict || errorCode(t, body) != "run_busy" {
+		t.Fatalf("settle after Redis lost the run's keys, a call of it in flight: %d %s; want 409 run_busy", status, body)
+	}
+	letGo()
+	if _, err := io.Copy(io.Discard, br); err != nil {
+		t.Fatal(err)
+	}
+	h.settled()
+	if status, body := settleAfterRebuild(h, key, name, runID); status != http.StatusOK {
+		t.Fatalf("settle once the call ended: %d %s", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 1 || r.OutTok != 40 || r.ChargedMicro != fakeGPTCost(r.InTok, 40) {
+		t.Fatalf("run %+v: want settled with the call that was in flight charged (40 output tokens)", r)
 	}
 }
