@@ -209,18 +209,10 @@ func TestIdemRetryWithOtherBetaHeadersIsTheSameRequest(t *testing.T) {
 // stood in for by holding the call at its claim's commit (session claimed) past hold_ttl and
 // admit_timeout.
 func TestSessionCallPausedAfterItsClaimWhoseSessionMovedOnIsAnsweredSuperseded(t *testing.T) {
-	const holdTTL = 2 * time.Second
-	h := newHarness(t, func(c *config.Config) {
-		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
-	})
+	h, holdTTL := pausedHarness(t)
 	u, key := h.user("standard")
-	reached, resume := h.holdAtFirst("session claimed")
-	first := make(chan answer, 1)
-	sent := time.Now()
-	go func() {
-		first <- send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "paused-moved-on"})
-	}()
-	runID, _ := chargedThroughItsPause(t, h, u.ID, reached, "its session claim's commit", sent, holdTTL)
+	runID, _, first, resume := pauseAt(t, h, "session claimed", "its session claim's commit", u.ID, key, chatBody,
+		map[string]string{proxy.SessionHeader: "paused-moved-on"}, holdTTL)
 	next := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
 		map[string]string{proxy.SessionHeader: "paused-moved-on"})
 	if next.status != http.StatusOK {
@@ -246,18 +238,10 @@ func TestSessionCallPausedAfterItsClaimWhoseSessionMovedOnIsAnsweredSuperseded(t
 // 409 superseded by a message that never came. The pause is stood in for by holding the call
 // at its claim's commit (session claimed) past hold_ttl and admit_timeout.
 func TestSessionCallPausedAfterItsClaimWhoseSessionRowWasPrunedIsForwarded(t *testing.T) {
-	const holdTTL = 2 * time.Second
-	h := newHarness(t, func(c *config.Config) {
-		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
-	})
+	h, holdTTL := pausedHarness(t)
 	u, key := h.user("standard")
-	reached, resume := h.holdAtFirst("session claimed")
-	first := make(chan answer, 1)
-	sent := time.Now()
-	go func() {
-		first <- send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "paused-pruned"})
-	}()
-	runID, _ := chargedThroughItsPause(t, h, u.ID, reached, "its session claim's commit", sent, holdTTL)
+	runID, _, first, resume := pauseAt(t, h, "session claimed", "its session claim's commit", u.ID, key, chatBody,
+		map[string]string{proxy.SessionHeader: "paused-pruned"}, holdTTL)
 	if n, err := h.store.PruneSessions(context.Background(), time.Second, 100); err != nil || n != 1 {
 		t.Fatalf("prune of the paused message's session row: %d %v; want it pruned", n, err)
 	}

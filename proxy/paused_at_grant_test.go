@@ -4,50 +4,10 @@ import (
 	"context"
 	"net/http"
 	"testing"
-	"time"
 
-	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/proxy"
 )
-
-// pausedAtGrantHarness is a gateway whose holds live 2 s and whose admissions get 1 s: a call
-// held at its hold's grant (step "hold granted") past the hold's life from its arrival has
-// outlived both, as a process stopped there would have, and a peer's reconciler may have
-// charged its hold (chargedThroughItsPause).
-func pausedAtGrantHarness(t *testing.T) (*harness, time.Duration) {
-	const holdTTL = 2 * time.Second
-	return newHarness(t, func(c *config.Config) {
-		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
-	}), holdTTL
-}
-
-// answerWithin waits for a paused call's answer after its resume.
-func answerWithin(t *testing.T, done <-chan answer) answer {
-	t.Helper()
-	select {
-	case a := <-done:
-		return a
-	case <-time.After(20 * time.Second):
-		t.Fatal("no answer after the resume")
-		return answer{}
-	}
-}
-
-// pauseAtGrant sends body under hdr and holds it at its hold's grant (step "hold granted")
-// past the hold's life from its arrival, its hold charged meanwhile by a peer's reconciler
-// (chargedThroughItsPause). It returns the paused call's run, that charge, its answer to come
-// and the resume.
-func pauseAtGrant(t *testing.T, h *harness, userID uint64, key, body string, hdr map[string]string,
-	holdTTL time.Duration) (runID string, charged int64, done <-chan answer, resume func()) {
-	t.Helper()
-	reached, resume := h.holdAtFirst("hold granted")
-	ch := make(chan answer, 1)
-	sent := time.Now()
-	go func() { ch <- send(h.gw.URL, key, body, hdr) }()
-	runID, charged = chargedThroughItsPause(t, h, userID, reached, "its hold's grant", sent, holdTTL)
-	return runID, charged, ch, resume
-}
 
 // TestPlainCallPausedAtItsHoldsGrantAndChargedIsForwarded: a plain call whose process was
 // stopped right after its hold's COMMIT, past the hold's life and admit_timeout, finds once
@@ -59,7 +19,7 @@ func pauseAtGrant(t *testing.T, h *harness, userID uint64, key, body string, hdr
 // pause is stood in for by holding the call at its hold's grant (step "hold granted"), the
 // one step between a plain call's hold and its fingerprint check.
 func TestPlainCallPausedAtItsHoldsGrantAndChargedIsForwarded(t *testing.T) {
-	h, holdTTL := pausedAtGrantHarness(t)
+	h, holdTTL := pausedHarness(t)
 	u, key := h.user("standard")
 	ctx := context.Background()
 	// What the call costs unpaused: its own settlement's charge.
@@ -69,7 +29,7 @@ func TestPlainCallPausedAtItsHoldsGrantAndChargedIsForwarded(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := h.fake.Calls()
-	runID, charged, done, resume := pauseAtGrant(t, h, u.ID, key, chatBody, nil, holdTTL)
+	runID, charged, done, resume := pauseAt(t, h, "hold granted", "its hold's grant", u.ID, key, chatBody, nil, holdTTL)
 	resume()
 	a := answerWithin(t, done)
 	h.settled()
@@ -115,7 +75,7 @@ func sessionRun(t *testing.T, h *harness, userID uint64, sessionID string) strin
 // (an older run than the paused one's), which leaves the paused message the newest: it is not
 // answered superseded (sessionTakenSince).
 func TestSessionMessagePausedAtItsHoldsGrantAndChargedIsForwardedWithoutTheSession(t *testing.T) {
-	h, holdTTL := pausedAtGrantHarness(t)
+	h, holdTTL := pausedHarness(t)
 	u, key := h.user("standard")
 	session := map[string]string{proxy.SessionHeader: "paused-at-grant"}
 	older := send(h.gw.URL, key, chatBody, session)
@@ -125,7 +85,7 @@ func TestSessionMessagePausedAtItsHoldsGrantAndChargedIsForwardedWithoutTheSessi
 	h.settled()
 	olderRun := older.header.Get(proxy.RunIDHeader)
 	calls := h.fake.Calls()
-	runID, _, done, resume := pauseAtGrant(t, h, u.ID, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"next"}]}`, session, holdTTL)
+	runID, _, done, resume := pauseAt(t, h, "hold granted", "its hold's grant", u.ID, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"next"}]}`, session, holdTTL)
 	resume()
 	a := answerWithin(t, done)
 	h.settled()
@@ -150,7 +110,7 @@ func TestSessionMessagePausedAtItsHoldsGrantAndChargedIsForwardedWithoutTheSessi
 // message over the newer), never forwarded, and its charge given back whole
 // (refundPausedCharge).
 func TestSessionMessagePausedAtItsHoldsGrantWhileANewerOneRanIsAnsweredSuperseded(t *testing.T) {
-	h, holdTTL := pausedAtGrantHarness(t)
+	h, holdTTL := pausedHarness(t)
 	u, key := h.user("standard")
 	ctx := context.Background()
 	before, err := h.store.Balance(ctx, u.ID)
@@ -158,7 +118,7 @@ func TestSessionMessagePausedAtItsHoldsGrantWhileANewerOneRanIsAnsweredSupersede
 		t.Fatal(err)
 	}
 	session := map[string]string{proxy.SessionHeader: "paused-at-grant-overtaken"}
-	runID, charged, done, resume := pauseAtGrant(t, h, u.ID, key, chatBody, session, holdTTL)
+	runID, charged, done, resume := pauseAt(t, h, "hold granted", "its hold's grant", u.ID, key, chatBody, session, holdTTL)
 	newer := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`, session)
 	if newer.status != http.StatusOK {
 		t.Fatalf("the session's newer message: %d %s", newer.status, newer.body)

@@ -77,10 +77,7 @@ func TestPausedForwardedCallWhoseSettlementFailedIsRefunded(t *testing.T) {
 	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != charged {
 		t.Fatalf("the reconciler's settlement changed: %s charged %d", r.SettleSource.String, r.ChargedMicro)
 	}
-	var refunded int64
-	if err := h.db.Get(&refunded, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ?", u.ID); err != nil {
-		t.Fatal(err)
-	}
+	refunded := grantedTo(t, h, u.ID)
 	if want := charged - used.ChargedMicro; refunded != want {
 		t.Errorf("granted back %d µUSD of a %d µUSD hold charge for a call that used %d; want %d", refunded, charged, used.ChargedMicro, want)
 	}

@@ -42,11 +42,7 @@ func TestPausedCallKilledBeforeItsRefundIsRefundedByTheReconciler(t *testing.T) 
 }
 
 func pausedCallKilledBeforeItsRefund(t *testing.T, killedAt string, upstreamFails bool) {
-	const holdTTL = 2 * time.Second
-	h := newHarness(t, func(c *config.Config) {
-		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
-		c.Limits.SettleTimeout = 2 * time.Second
-	})
+	h, holdTTL := pausedHarness(t, func(c *config.Config) { c.Limits.SettleTimeout = 2 * time.Second })
 	u, key := h.user("standard")
 	ctx := context.Background()
 

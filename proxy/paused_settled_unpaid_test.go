@@ -25,10 +25,7 @@ import (
 // call: the one step between a plain call's hold and its forward a test can hold it at), its
 // hold released at 0 under it.
 func TestPausedCallWhoseHoldWasSettledAtZeroIsNotForwarded(t *testing.T) {
-	const holdTTL = 2 * time.Second
-	h := newHarness(t, func(c *config.Config) {
-		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
-	})
+	h, holdTTL := pausedHarness(t)
 	u, key := h.user("standard")
 	ctx := context.Background()
 	before, err := testenv.BalanceAllDays(ctx, h.store, u.ID)
@@ -184,11 +181,7 @@ func TestNamedRunCallPausedWhileItsRunWasSettledIsNotForwarded(t *testing.T) {
 				t.Errorf("run %s: %s by %q charged %d µUSD; want it settled by %q at its first call's %d", runID, r.State,
 					r.SettleSource.String, r.ChargedMicro, tc.source, first.CostMicro)
 			}
-			var granted int64
-			if err := h.db.Get(&granted, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ?", u.ID); err != nil {
-				t.Fatal(err)
-			}
-			if granted != 0 {
+			if granted := grantedTo(t, h, u.ID); granted != 0 {
 				t.Errorf("granted back %d µUSD: the paused call was never charged", granted)
 			}
 		})

@@ -49,11 +49,7 @@ func TestPausedCallWhoseUpstreamFailedIsRefunded(t *testing.T) {
 // pausedCallWhoseUpstreamFailed is TestPausedCallWhoseUpstreamFailedIsRefunded's case; spent
 // holds the refund until its settlement's deadline has passed, settleFails the settlement.
 func pausedCallWhoseUpstreamFailed(t *testing.T, spent, settleFails bool) {
-	const holdTTL = 2 * time.Second
-	h := newHarness(t, func(c *config.Config) {
-		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
-		c.Limits.SettleTimeout = 2 * time.Second
-	})
+	h, holdTTL := pausedHarness(t, func(c *config.Config) { c.Limits.SettleTimeout = 2 * time.Second })
 	u, key := h.user("standard")
 	ctx := context.Background()
 	before, err := testenv.BalanceAllDays(ctx, h.store, u.ID)
@@ -104,10 +100,7 @@ func pausedCallWhoseUpstreamFailed(t *testing.T, spent, settleFails bool) {
 	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != charged {
 		t.Fatalf("the reconciler's settlement changed: %s charged %d", r.SettleSource.String, r.ChargedMicro)
 	}
-	var refunded int64
-	if err := h.db.Get(&refunded, "SELECT COALESCE(SUM(amount_micro), 0) FROM grants WHERE user_id = ?", u.ID); err != nil {
-		t.Fatal(err)
-	}
+	refunded := grantedTo(t, h, u.ID)
 	if refunded != charged {
 		t.Errorf("granted back %d µUSD for a call its upstream refused (charged %d for it; unpaused, it costs 0)", refunded, charged)
 	}

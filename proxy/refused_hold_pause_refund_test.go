@@ -159,6 +159,47 @@ func chargedThroughItsPause(t *testing.T, h *harness, userID uint64, reached <-c
 	return runID, charged
 }
 
+// pausedHarness is a gateway whose holds live 2 s (the holdTTL it returns) and whose
+// admissions get 1 s: a call held at a step (pauseAt) past its hold's life from its arrival
+// has outlived both, as a process stopped there would have, and a peer's reconciler may have
+// charged its hold (chargedThroughItsPause). tweaks apply to its configuration after its own.
+func pausedHarness(t *testing.T, tweaks ...func(*config.Config)) (*harness, time.Duration) {
+	const holdTTL = 2 * time.Second
+	return newHarness(t, func(c *config.Config) {
+		c.Holds.HoldTTL, c.Holds.HeartbeatInterval, c.Limits.AdmitTimeout = holdTTL, time.Second, time.Second
+		for _, tweak := range tweaks {
+			tweak(c)
+		}
+	}), holdTTL
+}
+
+// pauseAt sends body under hdr and holds it at its first step named step (what names it for a
+// failure) past its hold's life from its arrival, its hold charged meanwhile by a peer's
+// reconciler (chargedThroughItsPause). It returns the paused call's run, that charge, its
+// answer to come (answerWithin) and the resume.
+func pauseAt(t *testing.T, h *harness, step, what string, userID uint64, key, body string, hdr map[string]string,
+	holdTTL time.Duration) (runID string, charged int64, done <-chan answer, resume func()) {
+	t.Helper()
+	reached, resume := h.holdAtFirst(step)
+	ch := make(chan answer, 1)
+	sent := time.Now()
+	go func() { ch <- send(h.gw.URL, key, body, hdr) }()
+	runID, charged = chargedThroughItsPause(t, h, userID, reached, what, sent, holdTTL)
+	return runID, charged, ch, resume
+}
+
+// answerWithin waits for a paused call's answer after its resume.
+func answerWithin(t *testing.T, done <-chan answer) answer {
+	t.Helper()
+	select {
+	case a := <-done:
+		return a
+	case <-time.After(20 * time.Second):
+		t.Fatal("no answer after the resume")
+		return answer{}
+	}
+}
+
 // TestLostAdmissionChargedDuringAPauseWhoseReleaseFailsIsRefunded: as
 // TestLostAdmissionChargedDuringAPauseBeforeItsMarkIsRefunded, but the database stays out of
 // reach after the resume for as long as the release at 0 keeps trying (the hold's life): the
