@@ -40,20 +40,7 @@ func TestPlainCallPausedAtItsHoldsGrantAndChargedIsForwarded(t *testing.T) {
 	if n := h.fake.Calls() - calls; n != 1 {
 		t.Errorf("%d upstream calls after the resume, want the paid call's", n)
 	}
-	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != charged {
-		t.Fatalf("the reconciler's settlement changed: %s charged %d", r.SettleSource.String, r.ChargedMicro)
-	}
-	refunded := grantedTo(t, h, u.ID)
-	if want := charged - used.ChargedMicro; refunded != want {
-		t.Errorf("granted back %d µUSD of a %d µUSD hold charge for a call that used %d; want %d", refunded, charged, used.ChargedMicro, want)
-	}
-	after, err := h.store.Balance(ctx, u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if spent := before.AvailableMicro - after.AvailableMicro; spent != used.ChargedMicro {
-		t.Errorf("the call cost its user %d µUSD; unpaused it costs %d", spent, used.ChargedMicro)
-	}
+	costItsUseAlone(t, h, u.ID, runID, charged, used.ChargedMicro, before)
 }
 
 // sessionRun is the run userID's session row names now.

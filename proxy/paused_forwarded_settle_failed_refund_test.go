@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/config"
-	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -74,18 +73,5 @@ func TestPausedForwardedCallWhoseSettlementFailedIsRefunded(t *testing.T) {
 		t.Fatalf("the scene did not happen: %d (run %q, paused %s), settlement held %v; the call costs %d µUSD, its hold %d",
 			a.status, a.runID, runID, settling.Load(), used.ChargedMicro, charged)
 	}
-	if r := h.run(u.ID, runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != charged {
-		t.Fatalf("the reconciler's settlement changed: %s charged %d", r.SettleSource.String, r.ChargedMicro)
-	}
-	refunded := grantedTo(t, h, u.ID)
-	if want := charged - used.ChargedMicro; refunded != want {
-		t.Errorf("granted back %d µUSD of a %d µUSD hold charge for a call that used %d; want %d", refunded, charged, used.ChargedMicro, want)
-	}
-	after, err := h.store.Balance(ctx, u.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if spent := before.AvailableMicro - after.AvailableMicro; spent != used.ChargedMicro {
-		t.Errorf("the call cost its user %d µUSD; unpaused it costs %d", spent, used.ChargedMicro)
-	}
+	costItsUseAlone(t, h, u.ID, runID, charged, used.ChargedMicro, before)
 }

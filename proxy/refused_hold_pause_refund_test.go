@@ -200,6 +200,27 @@ func answerWithin(t *testing.T, done <-chan answer) answer {
 	}
 }
 
+// costItsUseAlone checks what a paused call forwarded after a peer's reconciler charged its
+// hold (charged, on runID) cost userID since before: the reconciler's settlement left as it
+// was, what it charged beyond the call's use (used, the call's cost unpaused) given back, and
+// so the user down by used alone.
+func costItsUseAlone(t *testing.T, h *harness, userID uint64, runID string, charged, used int64, before holds.Balance) {
+	t.Helper()
+	if r := h.run(userID, runID); r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != charged {
+		t.Fatalf("the reconciler's settlement changed: %s charged %d", r.SettleSource.String, r.ChargedMicro)
+	}
+	if refunded, want := grantedTo(t, h, userID), charged-used; refunded != want {
+		t.Errorf("granted back %d µUSD of a %d µUSD hold charge for a call that used %d; want %d", refunded, charged, used, want)
+	}
+	after, err := h.store.Balance(context.Background(), userID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spent := before.AvailableMicro - after.AvailableMicro; spent != used {
+		t.Errorf("the call cost its user %d µUSD; unpaused it costs %d", spent, used)
+	}
+}
+
 // TestLostAdmissionChargedDuringAPauseWhoseReleaseFailsIsRefunded: as
 // TestLostAdmissionChargedDuringAPauseBeforeItsMarkIsRefunded, but the database stays out of
 // reach after the resume for as long as the release at 0 keeps trying (the hold's life): the
