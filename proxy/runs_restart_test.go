@@ -6,7 +6,9 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/fakellm"
+	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/proxy"
 )
 
@@ -63,6 +65,42 @@ func TestLiveRunViewAfterRedisRestartShowsWhatItWillBeCharged(t *testing.T) {
 	if got, _ := usage["output"].(float64); int64(got) != r.OutTok || r.OutTok != 45 {
 		t.Errorf("live run shows %v output tokens, %v; its row records %d over %d calls, which is what settling charges",
 			got, view, r.OutTok, r.Calls)
+	}
+}
+
+// TestSettleWhoseRebuildWaitFailsIsRefused: a settle of a named run whose Redis record lost
+// calls (a restart) first waits for the run's calls in flight to be seen again
+// (RunBudget.AwaitRebuild). When that wait fails in Redis (every attempt of its script cut), the
+// settle cannot know whether a call is in flight whose reservation went with the restart: it
+// must refuse, 503 with nothing charged and the run left open, not go on to close the run past
+// a call it cannot see (that call would then end on a settled run, charged nothing). A later
+// settle charges every call, the ones made after the refusal included.
+func TestSettleWhoseRebuildWaitFailsIsRefused(t *testing.T) {
+	h, lossy := newLossyRedisHarness(t, harnessSetup{}, nil)
+	u, key := h.user("standard")
+	runID := callsAcrossARedisRestart(t, h, key, "task-rebuild-wait-fails")
+	// The wait's script alone names the run's lost mark among the settle's writes.
+	attempts := h.rdb.Options().MaxRetries + 1
+	lossy.Arm(h.keys.Lost(runID), testenv.RedisRequestLost, attempts)
+	status, body := h.settleRun(key, "task-rebuild-wait-fails")
+	if lossy.Fired() != attempts {
+		t.Fatalf("%d attempts of the rebuild wait lost, want every one, %d", lossy.Fired(), attempts)
+	}
+	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" {
+		t.Fatalf("settle whose rebuild wait failed in Redis: %d %s, want 503 billing_unavailable", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State == holds.StateSettled || r.ChargedMicro != 0 {
+		t.Fatalf("run %+v after a refused settle: want it open, nothing charged", r)
+	}
+	// The run is still open: its calls are admitted.
+	h.postOK(t, key, "/v1/chat/completions", chatBody, with(map[string]string{"X-Run-Id": "task-rebuild-wait-fails"},
+		fakellm.HeaderChunks, "5")) // third call, after the refused settle
+	h.settled()
+	if status, body := settleAfterRebuild(h, key, "task-rebuild-wait-fails", runID); status != http.StatusOK {
+		t.Fatalf("settle once Redis answers: %d %s", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 3 || r.OutTok != 50 {
+		t.Fatalf("settled run %+v: want all three calls (50 output tokens) charged", r)
 	}
 }
 
