@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tollgate/tollgate/holds"
@@ -101,6 +102,41 @@ func TestSettleWhoseRebuildWaitFailsIsRefused(t *testing.T) {
 	}
 	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 3 || r.OutTok != 50 {
 		t.Fatalf("settled run %+v: want all three calls (50 output tokens) charged", r)
+	}
+}
+
+// TestSettleWhoseRowReadAfterTheCloseFailsIsRefused: once a settle has closed its run in Redis
+// it reads the run's row (what its calls recorded) to charge the larger record. When that read
+// fails, the settle must refuse (503, nothing charged, the run reopened), not charge the
+// tally alone: after a Redis restart the tally lost calls the row records, and they went
+// uncharged.
+func TestSettleWhoseRowReadAfterTheCloseFailsIsRefused(t *testing.T) {
+	dsn, lossyDB := testenv.LossyMySQLDSN(t)
+	h := newHarnessOn(t, harnessSetup{db: testenv.Open(t, dsn)}, nil)
+	u, key := h.user("standard")
+	runID := callsAcrossARedisRestart(t, h, key, "task-row-read-fails")
+	var armed atomic.Bool
+	armed.Store(true)
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		if step == "run close" && armed.CompareAndSwap(true, false) {
+			lossyDB.Arm("NOW(6) AS read_at FROM run_holds WHERE run_id = ", testenv.LoseReply)
+		}
+	})
+	status, body := settleAfterRebuild(h, key, "task-row-read-fails", runID)
+	if !lossyDB.Fired() {
+		t.Fatal("the run's row read after the close never reached the database")
+	}
+	if status != http.StatusServiceUnavailable {
+		t.Fatalf("settle whose row read failed: %d %s, want 503", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State == holds.StateSettled {
+		t.Fatalf("run %+v settled although its settle answered 503", r)
+	}
+	if status, body := h.settleRun(key, "task-row-read-fails"); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.OutTok != 45 {
+		t.Fatalf("settled run %+v: want both calls (45 output tokens) charged", r)
 	}
 }
 
