@@ -249,11 +249,5 @@ func TestSessionCallPausedAfterItsClaimWhoseSessionRowWasPrunedIsForwarded(t *te
 	resume()
 	a := answerWithin(t, first)
 	h.settled()
-	if a.status != http.StatusOK || a.header.Get(proxy.RunIDHeader) != runID {
-		t.Errorf("paused message whose session row was pruned: %d %s (run %q, paused %s); want 200, the call it paid for",
-			a.status, a.body, a.header.Get(proxy.RunIDHeader), runID)
-	}
-	if n := h.fake.Calls() - calls; n != 1 {
-		t.Errorf("%d upstream calls after the resume, want the paid message's", n)
-	}
+	forwardedAsPaid(t, h, a, runID, calls, "paused message whose session row was pruned")
 }

@@ -33,13 +33,7 @@ func TestPlainCallPausedAtItsHoldsGrantAndChargedIsForwarded(t *testing.T) {
 	resume()
 	a := answerWithin(t, done)
 	h.settled()
-	if a.status != http.StatusOK || a.header.Get(proxy.RunIDHeader) != runID {
-		t.Errorf("plain call paused at its hold's grant, its hold charged by a peer: %d %s (run %q, paused %s); want 200, the call it paid for",
-			a.status, a.body, a.header.Get(proxy.RunIDHeader), runID)
-	}
-	if n := h.fake.Calls() - calls; n != 1 {
-		t.Errorf("%d upstream calls after the resume, want the paid call's", n)
-	}
+	forwardedAsPaid(t, h, a, runID, calls, "plain call paused at its hold's grant, its hold charged by a peer")
 	costItsUseAlone(t, h, u.ID, runID, charged, used.ChargedMicro, before)
 }
 
@@ -76,13 +70,7 @@ func TestSessionMessagePausedAtItsHoldsGrantAndChargedIsForwardedWithoutTheSessi
 	resume()
 	a := answerWithin(t, done)
 	h.settled()
-	if a.status != http.StatusOK || a.header.Get(proxy.RunIDHeader) != runID {
-		t.Errorf("session message paused at its hold's grant, its hold charged by a peer: %d %s (run %q, paused %s); want 200, the call it paid for",
-			a.status, a.body, a.header.Get(proxy.RunIDHeader), runID)
-	}
-	if n := h.fake.Calls() - calls; n != 1 {
-		t.Errorf("%d upstream calls after the resume, want the paid message's", n)
-	}
+	forwardedAsPaid(t, h, a, runID, calls, "session message paused at its hold's grant, its hold charged by a peer")
 	if cur := sessionRun(t, h, u.ID, "paused-at-grant"); cur != olderRun {
 		t.Errorf("the session names run %s; want the earlier message's, %s: a message paid under a pause takes no session", cur, olderRun)
 	}

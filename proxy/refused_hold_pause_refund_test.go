@@ -200,6 +200,20 @@ func answerWithin(t *testing.T, done <-chan answer) answer {
 	}
 }
 
+// forwardedAsPaid checks the answer a of a paused call whose hold a peer charged (what names
+// it for a failure): 200 under its own run, runID, and one upstream call since calls, its own
+// — the call its caller paid for.
+func forwardedAsPaid(t *testing.T, h *harness, a answer, runID string, calls int64, what string) {
+	t.Helper()
+	if a.status != http.StatusOK || a.header.Get(proxy.RunIDHeader) != runID {
+		t.Errorf("%s: %d %s (run %q, paused %s); want 200, the call it paid for",
+			what, a.status, a.body, a.header.Get(proxy.RunIDHeader), runID)
+	}
+	if n := h.fake.Calls() - calls; n != 1 {
+		t.Errorf("%s: %d upstream calls after the resume, want its own", what, n)
+	}
+}
+
 // costItsUseAlone checks what a paused call forwarded after a peer's reconciler charged its
 // hold (charged, on runID) cost userID since before: the reconciler's settlement left as it
 // was, what it charged beyond the call's use (used, the call's cost unpaused) given back, and
