@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,15 +16,19 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // pidListeningOn is the pid of the process listening on addr (127.0.0.1:port), read from the
 // kernel: the listening socket's inode in /proc/net/tcp, then the process holding it among
-// /proc/<pid>/fd. A test pauses that process (SIGSTOP): a server of its own, never a shared one.
+// /proc/<pid>/fd. A test pauses that process (SIGSTOP): a server of its own, never a shared one
+// (refuseShared).
 func pidListeningOn(t *testing.T, addr string) int {
 	t.Helper()
+	refuseShared(t, addr)
 	_, port, ok := strings.Cut(addr, ":")
 	if !ok {
 		t.Fatalf("address %q has no port", addr)
@@ -244,6 +249,33 @@ func TestRedisServerPausedPastItsTimeouts(t *testing.T) {
 	all.mu.Unlock()
 }
 
+// refuseShared fails the test when addr is the MariaDB or the Redis every test package shares
+// (testenv): paused, it stops the tests of the packages running beside this one.
+func refuseShared(t *testing.T, addr string) {
+	t.Helper()
+	var shared []string
+	if cfg, err := mysql.ParseDSN(os.Getenv("TOLLGATE_TEST_MYSQL_DSN")); err == nil {
+		shared = append(shared, cfg.Addr)
+	}
+	if opt, err := redis.ParseURL(testenv.RedisURL(t)); err == nil {
+		shared = append(shared, opt.Addr)
+	}
+	if slices.Contains(shared, addr) {
+		t.Fatalf("%s is a server every test package shares: a test pauses a server of its own", addr)
+	}
+}
+
+// newPausableDBWorld is a world on a MariaDB server of the test's own (startPrivateMariaDB), and
+// that server's pid, for a test that pauses the server (SIGSTOP). Paused, the shared server
+// stopped every other package's test running beside this one: CI of stop 76 failed a proxy
+// test whose key lookup, a plain SELECT on a database of its own, passed its 5 s bound.
+func newPausableDBWorld(t *testing.T) (*world, int) {
+	t.Helper()
+	m := startPrivateMariaDB(t)
+	m.migrate()
+	return newWorldAt(t, m.dsn()), m.cmd.Process.Pid
+}
+
 // TestMariaDBPausedPastSettleTimeout: the MariaDB SERVER is paused (SIGSTOP) with calls of
 // every kind ending on a gateway, for longer than the driver's read timeout and settle_timeout.
 // Two moments: before the settlements reach it, and with a settlement batch's closing script
@@ -260,9 +292,8 @@ func TestMariaDBPausedPastSettleTimeout(t *testing.T) {
 		afterCommit bool
 	}{{"before-settlement", false}, {"commit-in-the-stopped-server", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t)
+			w, mysqlPID := newPausableDBWorld(t)
 			w.config = w.writeConfig(map[string]string{"limits.settle_timeout": "3s"})
-			mysqlPID := pidListeningOn(t, w.mysqlAddr())
 			relay := newDBRelay(t, w.mysqlAddr())
 			u, key := w.user("db-paused", 40, nil)
 			cfg, err := mysql.ParseDSN(w.dsnViaAddr(relay.addr()))
@@ -415,11 +446,10 @@ func TestMariaDBPausedWithAnAdmissionsCommitInItsBuffer(t *testing.T) {
 		{"named-run", map[string]string{"X-Run-Id": "agent-lost"}, map[string]string{"holds.run_ttl": "2m"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t)
+			w, mysqlPID := newPausableDBWorld(t)
 			over := map[string]string{"limits.settle_timeout": "3s"}
 			maps.Copy(over, tc.config)
 			w.config = w.writeConfig(over)
-			mysqlPID := pidListeningOn(t, w.mysqlAddr())
 			relay := newDBRelay(t, w.mysqlAddr())
 			u, key := w.user("db-paused-admit", 10, nil)
 			cfg, err := mysql.ParseDSN(w.dsnViaAddr(relay.addr()))
