@@ -29,12 +29,7 @@ func TestReplayRecordBoundedByMaxReplayLen(t *testing.T) {
 	h := newHarness(t, func(c *configT) { c.Upstreams[0].BaseURL = up.URL; c.Dedup.MaxReplayLen = limit })
 	_, key := h.user("standard")
 	hdr := map[string]string{proxy.IdempotencyKeyHeader: "replay-big-headers"}
-	first := h.post(key, "/v1/chat/completions", chatBody, hdr)
-	_, _ = io.ReadAll(first.Body)
-	first.Body.Close()
-	if first.StatusCode != 200 {
-		t.Fatalf("first: %d", first.StatusCode)
-	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, hdr)
 	h.settled()
 	ctx := context.Background()
 	keys, err := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()

@@ -28,13 +28,8 @@ func TestNamedRunKeepsThePricesOfTheGatewayThatBilledIt(t *testing.T) {
 		c.Models["fake-gpt"] = m
 	})
 	run := map[string]string{"X-Run-Id": "task-repriced"}
-	first := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "10"))
-	readAll(t, first.Body)
-	first.Body.Close()
+	first, _ := h.postOK(t, key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "10"))
 	runID := first.Header.Get(proxy.RunIDHeader)
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d", first.StatusCode)
-	}
 	h.settled()
 	var open struct {
 		Snapshot *string `db:"price_snapshot"`

@@ -44,12 +44,7 @@ func deliverAllLate(t *testing.T, lossy *testenv.LossyRedis) int {
 // runCall makes one call of the caller-named run name; it must be answered 200.
 func runCall(t *testing.T, h *harness, key, name string) {
 	t.Helper()
-	resp := h.post(key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": name, fakellm.HeaderChunks: "5"})
-	body := readAll(t, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call of run %s: %d %s, want 200", name, resp.StatusCode, body)
-	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": name, fakellm.HeaderChunks: "5"})
 }
 
 // TestNamedRunCloseDeliveredLateAfterItsSettleFailedLeavesTheRunOpen: a settle's close of the
