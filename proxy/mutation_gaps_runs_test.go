@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,5 +121,45 @@ func TestOpenRunWithAnImpossibleTallyShowsWhatItsRowRecorded(t *testing.T) {
 	usage, _ := view["usage"].(map[string]any)
 	if status != http.StatusOK || usage == nil || usage["input"] != float64(recorded.InTok) {
 		t.Fatalf("view of an open run whose tally is impossible: %d %v; want its row's %d input tokens", status, view, recorded.InTok)
+	}
+}
+
+// TestSettleWhoseTallyReadAfterTheCloseFailsReopensTheRun: a settle on request closes its run in
+// Redis and then reads the run's tally, what it charges. When that read fails (every attempt
+// lost on the way to Redis), the settle charged nothing and knows it: it answers 503
+// billing_unavailable saying the run was not settled, and reopens the run. Not 409 run_busy:
+// no call of the run is in flight, and an agent told so would wait for one that never ends.
+// Left closed, the run's next call was refused 409 run_settled for a run nobody had settled.
+func TestSettleWhoseTallyReadAfterTheCloseFailsReopensTheRun(t *testing.T) {
+	h, lossy := newLossyRedisHarness(t, harnessSetup{}, nil)
+	u, key := h.user("standard")
+	run := map[string]string{"X-Run-Id": "task-tally-unread"}
+	runID := firstRunCall(t, h, key, run, 5)
+	attempts := h.rdb.Options().MaxRetries + 1
+	var armed atomic.Bool
+	armed.Store(true)
+	h.srv.ObserveSteps(func(_ context.Context, step string) {
+		if step == "run close" && armed.CompareAndSwap(true, false) {
+			// Armed once the tally's first read is done: of the settle's writes from here on only
+			// the tally's read names a tally's price_snapshot field (the close's script does not).
+			lossy.Arm("price_snapshot", testenv.RedisRequestLost, attempts)
+		}
+	})
+	status, body := h.settleRun(key, "task-tally-unread")
+	if fired := lossy.Fired(); fired != attempts {
+		t.Fatalf("%d attempts of the tally's read after the close lost, want every one, %d (settle answered %d %s)", fired, attempts, status, body)
+	}
+	if status != http.StatusServiceUnavailable || errorCode(t, body) != "billing_unavailable" ||
+		!strings.Contains(errorMessage(t, body), "was not settled") {
+		t.Fatalf("settle whose tally read after the close failed: %d %s, want 503 billing_unavailable saying the run was not settled", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State == holds.StateSettled || r.ChargedMicro != 0 {
+		t.Fatalf("run %+v after a settle that charged nothing: want it open, nothing charged", r)
+	}
+	h.postOK(t, key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "5")) // the run's next call: the settle reopened it
+	h.settled()
+	settledOnRetry(t, h, key, "task-tally-unread")
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 {
+		t.Fatalf("run %+v: want settled with both its calls", r)
 	}
 }
