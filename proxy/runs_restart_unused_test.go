@@ -217,6 +217,51 @@ func TestSettleAfterARedisRestartWaitsForTheCallInFlight(t *testing.T) {
 	}
 }
 
+// TestSettleAfterARedisRestartWhoseTallyCostsLessThanItsRowWaitsForTheCallInFlight: a Redis
+// restart without persistence takes a named run's tally and the reservation of its call in
+// flight, and the run's tally is written again by a call that ended since, whose record on
+// the run's row never landed (retryRunCallEnd gave up): the tally counts as many calls as the
+// row, and costs less. The loss shows in its cost alone, and the settle must wait for the
+// call in flight (409 run_busy); read as a loss only of calls, the run was closed past that
+// call, which then ended on a settled run, charged nothing.
+func TestSettleAfterARedisRestartWhoseTallyCostsLessThanItsRowWaitsForTheCallInFlight(t *testing.T) {
+	h, gate := gatedHarness(t, nil)
+	u, key := h.user("standard")
+	const name = "task-cheaper-tally"
+	run := map[string]string{"X-Run-Id": name}
+	runID := firstRunCall(t, h, key, run, 40)
+	hdr, letGo := heldMidStream(t, gate, "second", slowStream(30, run))
+	second := h.post(key, "/v1/chat/completions", streamBody, hdr)
+	defer second.Body.Close()
+	if second.StatusCode != http.StatusOK {
+		t.Fatalf("second call: %d", second.StatusCode)
+	}
+	loseRunKeys(t, h, runID)
+	// The tally of the call that ended since the restart, unrecorded on the row: one call, as
+	// the row has, costing less than the row's.
+	cheap := fakeGPTCost(14, 1)
+	if err := h.rdb.HSet(context.Background(), h.keys.Usage(runID), "calls", 1, "in_tok", 14, "out_tok", 1, "cost_micro", cheap).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Read as it stands (h.run would wait for the call in flight's settlement).
+	if r, err := h.store.Run(context.Background(), u.ID, runID); err != nil || r.Calls != 1 || r.CostMicro <= cheap {
+		t.Fatalf("run's row %+v (%v): want its first call recorded, costing more than %d", r, err, cheap)
+	}
+	status, body := h.settleRun(key, name)
+	letGo()
+	readAll(t, second.Body)
+	h.settled()
+	if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
+		t.Errorf("settle with a call in flight after a Redis restart, its tally as many calls as its row and cheaper: %d %s, want 409 run_busy", status, body)
+	}
+	if status, body := settleAfterRebuild(h, key, name, runID); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.OutTok != 70 {
+		t.Fatalf("settled run %+v: want the first call and the one in flight (70 output tokens) charged", r)
+	}
+}
+
 // settleAfterRebuild settles a named run whose Redis record lost calls (a restart): the first
 // settle is 409 run_busy until the lease TTL has passed since the loss was noticed, the time a
 // call in flight has to be seen again; here that time is taken as passed.
