@@ -337,7 +337,13 @@ func (s *Server) finalRunTally(ctx context.Context, run holds.Run, log *zap.Logg
 		// keys in between (a restart without persistence), the reservation of a call in flight
 		// with them, and the close did not see that call. Settled now, the run was charged
 		// without it, and the call ended on a settled run, charged nothing. Busy, as a settle
-		// that finds the loss first is.
+		// that finds the loss first is: 409 run_busy with its Retry-After, not errSettleNotDone's
+		// 503, though the settle is refused and the run reopened as that one's is. Redis answered
+		// every step here: billing is not unavailable, the settle waits for a call in flight
+		// whose lease is back at its process's next heartbeat, and a retry settles the run once
+		// that call has ended (busy for lease_ttl at most). Told billing_unavailable, an agent
+		// would back off as from an outage for what is a wait of seconds. A tally that could not
+		// be read at all (above) is the 503.
 		log.Warn("run's Redis record lost as it was closed; settling once its calls in flight are seen again")
 		s.reopenRun(ctx, run.RunID, mark, log)
 		return holds.Settlement{}, "", errRunBusy
