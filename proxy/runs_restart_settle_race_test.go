@@ -24,21 +24,31 @@ import (
 //
 // So too when another call of the run ends between the restart and the close: the close
 // finds a tally again, one with fewer calls than the settle first read. A tally only grows:
-// taken as it stood, it hid the call in flight as a missing one did.
+// taken as it stood, it hid the call in flight as a missing one did. And when the run's ended
+// calls used nothing: the settle first read a tally of no calls, and the close finds none at
+// all, which is no fewer calls; taken as a run without a tally, it was settled at its row's
+// record of 0, past the call in flight.
 func TestSettleRacingARedisRestartDoesNotMissTheCallInFlight(t *testing.T) {
 	for _, tc := range []struct {
 		name, run string
 		before    int  // calls of the run ended before the settle
 		between   bool // a call of the run ends between the restart and the close
+		failed    bool // the run's one ended call failed, used nothing (before 0)
 	}{
-		{"no tally at the close", "task-race", 1, false},
-		{"a smaller tally at the close", "task-race-shrunk", 2, true},
+		{"no tally at the close", "task-race", 1, false, false},
+		{"a smaller tally at the close", "task-race-shrunk", 2, true, false},
+		{"no tally at the close of a run whose calls used nothing", "task-race-unused", 0, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, gate := gatedHarness(t, nil)
 			u, key := h.user("standard")
 			run := map[string]string{"X-Run-Id": tc.run}
-			runID := firstRunCall(t, h, key, run, 40)
+			var runID string
+			if tc.failed {
+				runID = failedRunCall(t, h, u.ID, key, run)
+			} else {
+				runID = firstRunCall(t, h, key, run, 40)
+			}
 			for range tc.before - 1 {
 				firstRunCall(t, h, key, run, 40)
 			}
@@ -115,17 +125,7 @@ func TestSettleAfterARedisRestartOfARunWhoseCallsUsedNothingWaitsForTheCallInFli
 	u, key := h.user("standard")
 	const name = "task-lost-unused"
 	run := map[string]string{"X-Run-Id": name}
-	failed := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderStatus, "503"))
-	readAll(t, failed.Body)
-	failed.Body.Close()
-	if failed.StatusCode != http.StatusBadGateway {
-		t.Fatalf("first call, upstream 503: %d, want 502", failed.StatusCode)
-	}
-	h.settled()
-	runID := failed.Header.Get(proxy.RunIDHeader)
-	if r := h.run(u.ID, runID); r.EndedCalls != 1 || r.Calls != 0 || r.CostMicro != 0 {
-		t.Fatalf("run %+v after its failed call: want it recorded at 0 (1 ended call, none counted)", r)
-	}
+	runID := failedRunCall(t, h, u.ID, key, run)
 	// Older than the longest call: a run without a tally is not taken for one whose first call
 	// is still between its admission and its reservation.
 	if _, err := h.db.Exec("UPDATE run_holds SET created_at = created_at - INTERVAL 1 DAY WHERE run_id = ?", runID); err != nil {
@@ -153,4 +153,22 @@ func TestSettleAfterARedisRestartOfARunWhoseCallsUsedNothingWaitsForTheCallInFli
 	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 1 || r.OutTok != 40 || r.ChargedMicro != fakeGPTCost(r.InTok, 40) {
 		t.Fatalf("run %+v: want settled with the call that was in flight charged (40 output tokens)", r)
 	}
+}
+
+// failedRunCall makes a named run's first call, failed upstream (503): the run's row records
+// it at 0, one ended call and none counted. It returns the run's id.
+func failedRunCall(t *testing.T, h *harness, userID uint64, key string, run map[string]string) string {
+	t.Helper()
+	failed := h.post(key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderStatus, "503"))
+	readAll(t, failed.Body)
+	failed.Body.Close()
+	if failed.StatusCode != http.StatusBadGateway {
+		t.Fatalf("first call, upstream 503: %d, want 502", failed.StatusCode)
+	}
+	h.settled()
+	runID := failed.Header.Get(proxy.RunIDHeader)
+	if r := h.run(userID, runID); r.EndedCalls != 1 || r.Calls != 0 || r.CostMicro != 0 {
+		t.Fatalf("run %+v after its failed call: want it recorded at 0 (1 ended call, none counted)", r)
+	}
+	return runID
 }
