@@ -163,3 +163,59 @@ func TestSettleWhoseTallyReadAfterTheCloseFailsReopensTheRun(t *testing.T) {
 		t.Fatalf("run %+v: want settled with both its calls", r)
 	}
 }
+
+// TestNamedRunSettledFromItsTallyWhenItCostsMoreThanItsRowRecordingMoreCalls: README: a
+// settlement takes whichever of the run's Redis tally and its row's record cost more. A Redis
+// restart lost two ended calls from the tally (the row records them), and a dearer call ended
+// since, its record on the row never landed: the row records more calls, the tally costs
+// more. The run is charged the tally's cost; taken for recording more, the row charged it
+// less than its calls cost.
+func TestNamedRunSettledFromItsTallyWhenItCostsMoreThanItsRowRecordingMoreCalls(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	const name = "task-dearer-tally"
+	run := map[string]string{"X-Run-Id": name}
+	runID := firstRunCall(t, h, key, run, 5)
+	firstRunCall(t, h, key, run, 5)
+	loseRunKeys(t, h, runID)
+	dearer := fakeGPTCost(14, 40)
+	if err := h.rdb.HSet(context.Background(), h.keys.Usage(runID), "calls", 1, "in_tok", 14, "out_tok", 40, "cost_micro", dearer).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.run(u.ID, runID); r.Calls != 2 || r.CostMicro >= dearer {
+		t.Fatalf("run's row %+v: want both calls recorded, costing less than %d", r, dearer)
+	}
+	if status, body := settleAfterRebuild(h, key, name, runID); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.CostMicro != dearer || r.Calls != 1 {
+		t.Fatalf("settled run %+v: want the tally's cost %d (1 call), which is more than the row's", r, dearer)
+	}
+}
+
+// TestFreeModelsRunSettledFromItsTallyWhenItCountsMoreCallsThanItsRow: a free model's calls
+// all cost 0, so the run's tally and its row's record tie on cost, and the one recording more
+// calls is charged: here the tally, which has a call whose record on the row never landed
+// (retryRunCallEnd gave up). Taken on the tie, the row settled the run without that call's
+// tokens and call.
+func TestFreeModelsRunSettledFromItsTallyWhenItCountsMoreCallsThanItsRow(t *testing.T) {
+	h := newHarness(t, freeFakeGPT)
+	u, key := h.user("standard")
+	const name = "free-unrecorded"
+	run := map[string]string{"X-Run-Id": name}
+	runID := firstRunCall(t, h, key, run, 40)
+	// The second call's tally, 5 output tokens, unrecorded on the row.
+	usage := h.keys.Usage(runID)
+	if err := h.rdb.HIncrBy(context.Background(), usage, "calls", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.rdb.HIncrBy(context.Background(), usage, "out_tok", 5).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := h.settleRun(key, name); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.OutTok != 45 || r.ChargedMicro != 0 {
+		t.Fatalf("settled run %+v: want the tally's 2 calls, 45 output tokens, charged 0", r)
+	}
+}
