@@ -219,3 +219,31 @@ func TestFreeModelsRunSettledFromItsTallyWhenItCountsMoreCallsThanItsRow(t *test
 		t.Fatalf("settled run %+v: want the tally's 2 calls, 45 output tokens, charged 0", r)
 	}
 }
+
+// TestNamedRunSettledFromItsRowKeepsItsTallysEstimatedMark: a Redis restart lost a named run's
+// two ended calls from its tally (its row records them), and a call ended since was charged an
+// estimate, its record on the row never landed: only the tally marks the estimate. The row
+// records more and is charged, and the settled run is still marked estimated, as the
+// reconciler marks it. Read from the record charged, the mark went with the call's record.
+func TestNamedRunSettledFromItsRowKeepsItsTallysEstimatedMark(t *testing.T) {
+	h := newHarness(t, nil)
+	u, key := h.user("standard")
+	const name = "task-estimate-unrecorded"
+	run := map[string]string{"X-Run-Id": name}
+	runID := firstRunCall(t, h, key, run, 40)
+	firstRunCall(t, h, key, run, 40)
+	loseRunKeys(t, h, runID)
+	if err := h.rdb.HSet(context.Background(), h.keys.Usage(runID), "calls", 1, "in_tok", 14, "out_tok", 1,
+		"cost_micro", fakeGPTCost(14, 1), "est_calls", 1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.run(u.ID, runID); r.Calls != 2 || r.Estimated {
+		t.Fatalf("run's row %+v: want both calls recorded, not estimated", r)
+	}
+	if status, body := settleAfterRebuild(h, key, name, runID); status != http.StatusOK {
+		t.Fatalf("settle: %d %s", status, body)
+	}
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.OutTok != 80 || !r.Estimated {
+		t.Fatalf("settled run %+v: want its row's 2 calls (80 output tokens), marked estimated", r)
+	}
+}
