@@ -147,6 +147,20 @@ func heldMidStream(t *testing.T, gate *gateUpstream, name string, hdr map[string
 	return with(hdr, "X-Test-Hold-Stream", name), letGo
 }
 
+// heldStreamOK posts a stream (streamBody) that gate holds mid-stream at name (heldMidStream)
+// and requires its 200: the call is admitted and runs until letGo. Its body closes at the
+// test's end.
+func (h *harness) heldStreamOK(t *testing.T, gate *gateUpstream, key, name string, hdr map[string]string) (*http.Response, func()) {
+	t.Helper()
+	held, letGo := heldMidStream(t, gate, name, hdr)
+	resp := h.post(key, "/v1/chat/completions", streamBody, held)
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %d %s", name, resp.StatusCode, readAll(t, resp.Body))
+	}
+	return resp, letGo
+}
+
 // heldStream lets an answer's first write through (a stream's first event) and holds the next
 // until its gate opens or the gateway gives up on the call: the call runs, mid-stream, for as
 // long as the test needs, where a stream paced by X-Fake-Chunk-Interval alone ends on its own

@@ -117,13 +117,8 @@ func TestIdemLateAttemptEndingBeforeTheNextOnesEnd(t *testing.T) {
 	// had started, and pin the key itself.
 	stream := func(held string) (*http.Response, *bufio.Reader, func()) {
 		t.Helper()
-		hdr, letGo := heldMidStream(t, gate, held, map[string]string{proxy.IdempotencyKeyHeader: "late-before-next",
+		resp, letGo := h.heldStreamOK(t, gate, key, held, map[string]string{proxy.IdempotencyKeyHeader: "late-before-next",
 			fakellm.HeaderChunks: "40", fakellm.HeaderChunkInterval: "25ms"})
-		resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
-		t.Cleanup(func() { resp.Body.Close() })
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%d %s", resp.StatusCode, readAll(t, resp.Body))
-		}
 		r := bufio.NewReader(resp.Body)
 		if _, err := r.ReadString('\n'); err != nil {
 			t.Fatalf("no first event: %v", err)
@@ -213,12 +208,7 @@ func TestIdemLateAttemptOverARecordWithoutItsCounter(t *testing.T) {
 // attempt had moved the key on, and pin the key itself: that attempt was then a replay.
 func reconciledUnderItsCall(t *testing.T, h *harness, gate *gateUpstream, key string, hdr map[string]string) (*bufio.Reader, string, func()) {
 	t.Helper()
-	hdr, letGo := heldMidStream(t, gate, "attempt 0", hdr)
-	resp := h.post(key, "/v1/chat/completions", streamBody, hdr)
-	t.Cleanup(func() { resp.Body.Close() })
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("attempt 0: %d %s", resp.StatusCode, readAll(t, resp.Body))
-	}
+	resp, letGo := h.heldStreamOK(t, gate, key, "attempt 0", hdr)
 	r := bufio.NewReader(resp.Body)
 	if _, err := r.ReadString('\n'); err != nil {
 		t.Fatalf("attempt 0: no first event: %v", err)

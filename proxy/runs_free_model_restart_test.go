@@ -57,12 +57,7 @@ func TestSettleOfAFreeModelsRunAfterARedisRestartWaitsForTheCallInFlight(t *test
 	const name = "free-inflight"
 	run := map[string]string{"X-Run-Id": name}
 	runID := firstRunCall(t, h, key, run, 40)
-	hdr, letGo := heldMidStream(t, gate, "held", slowStream(30, run))
-	held := h.post(key, "/v1/chat/completions", streamBody, hdr)
-	defer held.Body.Close()
-	if held.StatusCode != http.StatusOK {
-		t.Fatalf("held call: %d", held.StatusCode)
-	}
+	held, letGo := h.heldStreamOK(t, gate, key, "held", slowStream(30, run))
 	loseRunKeys(t, h, runID)
 	// The third call, after the restart: its answer's end means it is tallied and recorded, the
 	// run's tally again, of one call (h.settled would wait for the call in flight too).

@@ -52,12 +52,7 @@ func TestSettleRacingARedisRestartDoesNotMissTheCallInFlight(t *testing.T) {
 			for range tc.before - 1 {
 				firstRunCall(t, h, key, run, 40)
 			}
-			hdr, letGo := heldMidStream(t, gate, "held", slowStream(40, run))
-			held := h.post(key, "/v1/chat/completions", streamBody, hdr)
-			defer held.Body.Close()
-			if held.StatusCode != http.StatusOK {
-				t.Fatalf("held call: %d", held.StatusCode)
-			}
+			held, letGo := h.heldStreamOK(t, gate, key, "held", slowStream(40, run))
 			br := firstEvent(t, held)
 			var lost sync.Once
 			var lostAt atomic.Bool
@@ -131,12 +126,7 @@ func TestSettleAfterARedisRestartOfARunWhoseCallsUsedNothingWaitsForTheCallInFli
 	if _, err := h.db.Exec("UPDATE run_holds SET created_at = created_at - INTERVAL 1 DAY WHERE run_id = ?", runID); err != nil {
 		t.Fatal(err)
 	}
-	hdr, letGo := heldMidStream(t, gate, "held", slowStream(40, run))
-	held := h.post(key, "/v1/chat/completions", streamBody, hdr)
-	defer held.Body.Close()
-	if held.StatusCode != http.StatusOK {
-		t.Fatalf("held call: %d", held.StatusCode)
-	}
+	held, letGo := h.heldStreamOK(t, gate, key, "held", slowStream(40, run))
 	br := firstEvent(t, held)
 	loseRunKeys(t, h, runID)
 	if status, body := h.settleRun(key, name); status != http.StatusConflict || errorCode(t, body) != "run_busy" {

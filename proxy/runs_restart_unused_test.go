@@ -192,12 +192,7 @@ func TestSettleAfterARedisRestartWaitsForTheCallInFlight(t *testing.T) {
 	// The second call stays mid-stream until the settle is answered (gateUpstream's held
 	// stream): paced alone, its 30 events ended in 600 ms, on a loaded machine possibly before
 	// the loss or the settle.
-	hdr, letGo := heldMidStream(t, gate, "second", slowStream(30, run))
-	second := h.post(key, "/v1/chat/completions", streamBody, hdr)
-	defer second.Body.Close()
-	if second.StatusCode != http.StatusOK {
-		t.Fatalf("second call: %d", second.StatusCode)
-	}
+	second, letGo := h.heldStreamOK(t, gate, key, "second", slowStream(30, run))
 	// The second call is in flight. Redis restarts without persistence.
 	loseRunKeys(t, h, runID)
 	status, body := h.settleRun(key, "task-inflight")
@@ -230,12 +225,7 @@ func TestSettleAfterARedisRestartWhoseTallyCostsLessThanItsRowWaitsForTheCallInF
 	const name = "task-cheaper-tally"
 	run := map[string]string{"X-Run-Id": name}
 	runID := firstRunCall(t, h, key, run, 40)
-	hdr, letGo := heldMidStream(t, gate, "second", slowStream(30, run))
-	second := h.post(key, "/v1/chat/completions", streamBody, hdr)
-	defer second.Body.Close()
-	if second.StatusCode != http.StatusOK {
-		t.Fatalf("second call: %d", second.StatusCode)
-	}
+	second, letGo := h.heldStreamOK(t, gate, key, "second", slowStream(30, run))
 	loseRunKeys(t, h, runID)
 	// The tally of the call that ended since the restart, unrecorded on the row: one call, as
 	// the row has, costing less than the row's.
