@@ -147,3 +147,127 @@ func TestUnrelayedServerTasksFirstChoiceIsTheFirstObject(t *testing.T) {
 		t.Errorf("read past %+v, read whole %+v; want both %d output (the report and the second choice's estimate)", past.Usage, whole.Usage, want)
 	}
 }
+
+// TestUnrelayedAnswerEchoNamesThePromptAsTheWholeAnswer: a completions answer to a call with
+// echo, read past in pieces, leaves out the echo Meter.Body leaves out of it read whole: a
+// prompt's escaped line break is the byte it stands for; a choice's first "index" names its
+// prompt, a literal that is no number (true, null) names none (its position does); an index
+// too long to read names none and leaves all its text output (never less than read whole);
+// each answer of an array counts its choices' positions from 0; an index whose echo was read
+// in part goes on from there in its next choice, and one whose text parted from its prompt
+// echoes none after. Mutants: \n read as n, the last "index" read, true read as 1 and null as
+// 0, the long index's position taken, an answer's positions counted on from the last
+// answer's, an echo read in part marked read whole, a text that parted from its prompt left
+// unmarked.
+func TestUnrelayedAnswerEchoNamesThePromptAsTheWholeAnswer(t *testing.T) {
+	long := strings.Repeat("the quick brown fox ", 15) // 300 bytes
+	const short, lines = "Say hello to the world.", "Line one.\nLine two."
+	tooLong := "1." + strings.Repeat("0", 70) // gjson reads 1; longer than a figure read past
+	for _, tc := range []struct {
+		name    string
+		prompts []string
+		n       int64
+		body    string
+		want    int64 // bytes of output text, as Meter.Body counts them
+	}{
+		{"a prompt with an escaped line break", []string{lines}, 1, `{"choices":[{"text":"Line one.\nLine two. Hi","index":0}]}`, 3},
+		{"an index named twice in a choice", []string{long, short}, 1,
+			`{"choices":[{"text":"` + long + ` A","index":1,"index":0}]}`, int64(len(long) + 2)},
+		{"an index true, an index null", []string{long, short}, 1,
+			`{"choices":[{"text":"` + long + ` A","index":true},{"text":"` + short + ` B","index":null}]}`, 2 + 2},
+		{"an index too long to read", []string{long, short}, 1,
+			`{"choices":[{"text":"` + long + ` A","index":` + tooLong + `}]}`, int64(len(long) + 2)},
+		{"an array of answers, the first with two elements", []string{long, short}, 1,
+			`[{"choices":[null,{"text":"` + short + ` B"}]},{"choices":[{"text":"` + long + ` C"}]}]`, 2 + 2},
+		{"an echo read in part, then the rest", []string{short}, 1,
+			`{"choices":[{"text":"Say","index":0},{"text":" hello to the world. Hi","index":0}]}`, 3},
+		{"a text that parts from its prompt, then its prompt", []string{short}, 1,
+			`{"choices":[{"text":"Sax","index":0},{"text":"Say hello","index":0}]}`, 3 + 9},
+	} {
+		echoCountedAlike(t, tc.name, tc.prompts, tc.n, tc.body, tc.want)
+	}
+}
+
+// TestUnrelayedAnswerCutInAnEchoLeavesItOut: a completions answer to a call with echo cut in
+// its choice's text (read up to the bound on what is read past) leaves out as much of the echo
+// as the same text ended at the cut does read whole. Mutant: the choice cut keeps its echo.
+func TestUnrelayedAnswerCutInAnEchoLeavesItOut(t *testing.T) {
+	const prompt = "Say hello to the world."
+	head, value := `{"choices":[{"text":"`, prompt+" Hello, world! And hello again."
+	for _, k := range []int{1, 5, len(prompt), len(prompt) + 1, len(value) - 1} {
+		m := NewMeter(FormatCompletions)
+		m.EchoPrompts([]string{prompt}, 1)
+		ua := m.NewUnrelayedAnswer()
+		ua.Write([]byte(head + value[:k]))
+		ua.Cut()
+		m.AddUnreported(ua)
+		w := NewMeter(FormatCompletions)
+		w.EchoPrompts([]string{prompt}, 1)
+		w.Body([]byte(head + value[:k] + `"}]}`))
+		got, want := m.Result().OutputChars, w.Result().OutputChars
+		if got != want || want != int64(max(0, k-len(prompt))) {
+			t.Errorf("cut %d bytes into the text: %d bytes of output; the text ended there read whole %d, want %d", k, got, want, max(0, k-len(prompt)))
+		}
+	}
+}
+
+// TestUnrelayedServerTaskAnswersReadEachFigureWhole: a figure of an array's answer is read as
+// gjson reads it to its last byte: a literal of 64 bytes (the longest read) is a number, and
+// white space after a figure ends it, however much of it there is. Mutants: a literal of 64
+// bytes read as too long, a space read as part of the literal (the report then read as none
+// and the text estimated).
+func TestUnrelayedServerTaskAnswersReadEachFigureWhole(t *testing.T) {
+	answer := func(usage string) string {
+		return `{"choices":[{"text":"aaaa","index":0}],"usage":{` + usage + `}}`
+	}
+	lit64 := "1." + strings.Repeat("0", 61) + "1"
+	for name, body := range map[string]string{
+		"a literal of 64 bytes": "[" + answer(`"prompt_tokens":90,"completion_tokens":`+lit64) + "]",
+		"spaces after a figure": "[" + answer(`"prompt_tokens":90`+strings.Repeat(" ", 70)+`,"completion_tokens":16`+strings.Repeat(" ", 70)) + "]",
+	} {
+		if len(lit64) != maxFigureLiteral || !gjson.Valid(body) {
+			t.Fatalf("%s: not a valid answer with a literal of %d bytes", name, maxFigureLiteral)
+		}
+		whole := NewMeter(FormatCompletions)
+		whole.Body([]byte(body))
+		want := whole.Result()
+		if !want.Reported {
+			t.Fatalf("%s read whole: no report", name)
+		}
+		for _, size := range []int{1, 7, len(body)} {
+			if got := readPast(body, size); got.Usage != want.Usage || got.Reported != want.Reported || got.OutputChars != want.OutputChars {
+				t.Errorf("%s in pieces of %d: %+v (reported %v, %d chars); read whole %+v (reported %v, %d chars)",
+					name, size, got.Usage, got.Reported, got.OutputChars, want.Usage, want.Reported, want.OutputChars)
+			}
+		}
+	}
+}
+
+// TestUnrelayedServerOwnShapeCutCountsItsTextOnce: answers in llama.cpp's server's own shape
+// cut before their end are charged the text read, once, and no report: an array cut between
+// two answers counts the first one's content once; an answer cut after its counts, before its
+// end, has no report of its own. Mutants: the ended answer's content counted again at the
+// cut, the counts of an answer cut open charged as its report.
+func TestUnrelayedServerOwnShapeCutCountsItsTextOnce(t *testing.T) {
+	for name, tc := range map[string]struct {
+		cut   string
+		chars int64
+	}{
+		"an array cut between answers":   {"[" + llamaOwnFinal(0, "abcd", 90, 16, true) + ",", 4},
+		"an answer cut after its counts": {`{"content":"ab","stop":true,"tokens_evaluated":50,"tokens_predicted":2,"timings":{"prompt_n":50`, 2},
+	} {
+		m := NewMeter(FormatCompletions)
+		ua := m.NewUnrelayedAnswer()
+		ua.Write([]byte(tc.cut))
+		ua.Cut()
+		if ua.Answers() {
+			m.AddAnswers(ua)
+		} else {
+			m.AddUnreported(ua)
+			m.AddServerReport(ua)
+		}
+		if got := m.Result(); got.Reported || got.OutputChars != tc.chars {
+			t.Errorf("%s: %+v (reported %v, %d chars); want no report, %d chars", name, got.Usage, got.Reported, got.OutputChars, tc.chars)
+		}
+	}
+}
