@@ -118,10 +118,7 @@ func TestIdempotentRetryAfterRedisLostTheRecord(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
 	idem := map[string]string{"Idempotency-Key": "redis-restart"}
-	a := send(h.gw.URL, key, chatBody, idem)
-	if a.status != 200 {
-		t.Fatalf("first: %d %s", a.status, a.body)
-	}
+	a := sendOK(t, "first", h.gw.URL, key, chatBody, idem)
 	h.settled()
 	ctx := context.Background()
 	recs, _ := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()

@@ -52,6 +52,27 @@ func sendTo(url, path, key, body string, hdr map[string]string) answer {
 	return sendToCtx(context.Background(), url, path, key, body, hdr)
 }
 
+// sendOK is send for a step the test needs answered 200 before it goes on. label names
+// the step (a case, a fixture, a turn) so a failure says which one failed. Unlike send it
+// touches t: call it on the test's goroutine only.
+func sendOK(t *testing.T, label, url, key, body string, hdr map[string]string) answer {
+	t.Helper()
+	return sendToOK(t, label, url, "/v1/chat/completions", key, body, hdr)
+}
+
+// sendToOK is sendOK to another route than chat completions.
+func sendToOK(t *testing.T, label, url, path, key, body string, hdr map[string]string) answer {
+	t.Helper()
+	a := sendTo(url, path, key, body, hdr)
+	if a.err != nil {
+		t.Fatalf("%s: %d %s: %v, want 200", label, a.status, a.body, a.err)
+	}
+	if a.status != http.StatusOK {
+		t.Fatalf("%s: %d %s, want 200", label, a.status, a.body)
+	}
+	return a
+}
+
 // sendToCtx is sendTo whose caller leaves when ctx ends.
 func sendToCtx(ctx context.Context, url, path, key, body string, hdr map[string]string) answer {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+path, strings.NewReader(body))
@@ -248,10 +269,7 @@ func TestSessionCallSupersededAfterItsAnswerIsWhole(t *testing.T) {
 	defer first.Body.Close()
 	br := bufio.NewReader(first.Body)
 	toDone(t, br)
-	next := send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "chat-done"})
-	if next.status != http.StatusOK {
-		t.Fatalf("the session's next message: %d %s", next.status, next.body)
-	}
+	sendOK(t, "the session's next message", h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "chat-done"})
 	rest := readAll(t, br)
 	if bytes.Contains(rest, []byte("superseded")) {
 		t.Fatalf("a whole answer was followed by %q", rest)
@@ -464,10 +482,7 @@ func TestScriptRepeatingTheSameBodyFiveTimesRunsOnce(t *testing.T) {
 	}
 
 	// The first has ended: asking again within the window is a new request, and runs.
-	b := send(h.gw.URL, key, chatBody, nil)
-	if b.err != nil || b.status != 200 {
-		t.Fatalf("after the first ended: %d %s %v", b.status, b.body, b.err)
-	}
+	b := sendOK(t, "after the first ended", h.gw.URL, key, chatBody, nil)
 	h.expectCharges(u.ID, []string{runID, b.header.Get(proxy.RunIDHeader)}, holds.SourceDuplicate)
 	if got := h.metric(`tollgate_duplicates_total{answer="duplicate"}`); got != "4" {
 		t.Fatalf("duplicates metric = %q, want 4", got)
@@ -641,10 +656,7 @@ func TestIdempotentAnswerTooLargeToReplay(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Dedup.MaxReplayLen = 64 })
 	u, key := h.user("standard")
 	hdr := map[string]string{"Idempotency-Key": "big"}
-	a := send(h.gw.URL, key, chatBody, hdr)
-	if a.status != 200 {
-		t.Fatalf("first: %d %s", a.status, a.body)
-	}
+	a := sendOK(t, "first", h.gw.URL, key, chatBody, hdr)
 	h.settled()
 	b := send(h.gw.URL, key, chatBody, hdr)
 	runID := a.header.Get(proxy.RunIDHeader)
@@ -687,9 +699,7 @@ func TestSameRunAdmittedTwiceHoldsAndChargesOnce(t *testing.T) {
 
 	t.Run("X-Run-Id", func(t *testing.T) {
 		hdr := map[string]string{"X-Run-Id": "queue-task-7"}
-		if a := send(h.gw.URL, key, chatBody, hdr); a.status != 200 {
-			t.Fatalf("call: %d %s", a.status, a.body)
-		}
+		sendOK(t, "call", h.gw.URL, key, chatBody, hdr)
 		for range 2 { // the settle request delivered twice
 			if r := h.post(key, "/v1/runs/queue-task-7/settle", "", nil); r.StatusCode != 200 {
 				t.Fatalf("settle: %d", r.StatusCode)
@@ -811,10 +821,7 @@ func TestSessionNewMessageCancelsTheRunningOne(t *testing.T) {
 	oldRun := resp.Header.Get(proxy.RunIDHeader)
 	rd := afterContent(t, resp, 3)
 
-	b := send(other, key, chatBody, map[string]string{"X-Session-Id": "chat-9"})
-	if b.status != 200 {
-		t.Fatalf("new message: %d %s", b.status, b.body)
-	}
+	b := sendOK(t, "new message", other, key, chatBody, map[string]string{"X-Session-Id": "chat-9"})
 	waitSettlements(t, second)
 	// The old stream ends early, with an error event that says why.
 	rest, err := io.ReadAll(rd)
@@ -850,10 +857,7 @@ func TestFingerprintWithRedisDown(t *testing.T) {
 	}
 
 	srv, open := h.secondGateway(dead, func(c *config.Config) { c.Dedup.FailOpen = true })
-	b := send(open, key, chatBody, nil)
-	if b.status != 200 {
-		t.Fatalf("fail_open: %d %s", b.status, b.body)
-	}
+	b := sendOK(t, "fail_open", open, key, chatBody, nil)
 	waitSettlements(t, srv)
 	h.expectCharges(u.ID, []string{b.header.Get(proxy.RunIDHeader)}, holds.SourceRelease)
 }
@@ -908,9 +912,7 @@ func TestDuplicateChecksTellRoutesApart(t *testing.T) {
 	_, key := h.user("standard")
 	body := `{"model":"fake-gpt","input":"the same words"}`
 	idem := map[string]string{"Idempotency-Key": "two-routes"}
-	if first := sendTo(h.gw.URL, "/v1/embeddings", key, body, idem); first.status != http.StatusOK {
-		t.Fatalf("embeddings: %d %s", first.status, first.body)
-	}
+	sendToOK(t, "embeddings", h.gw.URL, "/v1/embeddings", key, body, idem)
 	h.settled()
 	if other := sendTo(h.gw.URL, "/v1/responses", key, body, idem); other.status != http.StatusUnprocessableEntity {
 		t.Fatalf("the key on another route: %d replayed=%q %.80s, want 422 idempotency_key_reused",
@@ -926,9 +928,7 @@ func TestDuplicateChecksTellRoutesApart(t *testing.T) {
 	base := h.fake.Calls()
 	go func() { first <- sendTo(h.gw.URL, "/v1/embeddings", key, body, slow) }()
 	h.waitUpstream(base + 1)
-	if other := sendTo(h.gw.URL, "/v1/responses", key, body, nil); other.status != http.StatusOK {
-		t.Fatalf("the same body on another route while the first runs: %d %s, want 200", other.status, other.body)
-	}
+	sendToOK(t, "the same body on another route while the first runs", h.gw.URL, "/v1/responses", key, body, nil)
 	if a := <-first; a.status != http.StatusOK {
 		t.Fatalf("embeddings: %d %s", a.status, a.body)
 	}
@@ -960,9 +960,7 @@ func TestFingerprintTellsQueryAndBetaHeadersApart(t *testing.T) {
 		{"an API version header", path, map[string]string{"Anthropic-Version": "2024-01-01"}},
 		{"an OpenAI beta header", path, map[string]string{"OpenAI-Beta": "assistants=v2"}},
 	} {
-		if a := sendTo(h.gw.URL, other.path, key, body, other.hdr); a.status != http.StatusOK {
-			t.Fatalf("the same body under %s while the first runs: %d %s, want 200", other.name, a.status, a.body)
-		}
+		sendToOK(t, fmt.Sprintf("the same body under %s while the first runs", other.name), h.gw.URL, other.path, key, body, other.hdr)
 	}
 	resend := sendTo(h.gw.URL, path, key, body, map[string]string{"X-Stainless-Retry-Count": "1"})
 	if resend.status != http.StatusConflict || !strings.Contains(string(resend.body), `"duplicate"`) {

@@ -67,10 +67,7 @@ func TestFingerprintLastsTheWindowNotLonger(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	again := send(h.gw.URL, key, chatBody, nil)
-	if again.err != nil || again.status != http.StatusOK {
-		t.Fatalf("same body past the window, first still running: %d %v %s, want 200", again.status, again.err, again.body)
-	}
+	again := sendOK(t, "same body past the window, first still running", h.gw.URL, key, chatBody, nil)
 	select {
 	case a := <-first:
 		t.Fatalf("the first call ended (%d) before the resend: the test did not show a resend during it", a.status)

@@ -24,10 +24,7 @@ import (
 func TestFingerprintTakenOverByAnotherResendFirstIsADuplicate(t *testing.T) {
 	h, gate := gatedHarness(t, func(c *config.Config) { c.Limits.AdmitTimeout = 30 * time.Second })
 	u, key := h.user("standard")
-	first := send(h.gw.URL, key, streamBody, nil)
-	if first.status != http.StatusOK {
-		t.Fatalf("first: %d %s", first.status, first.body)
-	}
+	first := sendOK(t, "first", h.gw.URL, key, streamBody, nil)
 	h.settled()
 	// As if its give-back had not reached Redis: the fingerprint still names the first run.
 	sum := sha256.Sum256([]byte("/v1/chat/completions\x00" + streamBody))

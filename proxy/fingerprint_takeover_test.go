@@ -16,10 +16,7 @@ import (
 func TestFingerprintOfAnEndedRunIsTakenOver(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	first := send(h.gw.URL, key, chatBody, nil)
-	if first.status != 200 {
-		t.Fatalf("first: %d %s", first.status, first.body)
-	}
+	first := sendOK(t, "first", h.gw.URL, key, chatBody, nil)
 	h.settled()
 	// As if its give-back had not reached Redis: the fingerprint still names the first run.
 	sum := sha256.Sum256([]byte("/v1/chat/completions\x00" + chatBody))
