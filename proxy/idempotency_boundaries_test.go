@@ -87,10 +87,7 @@ func storedAnswerLen(t *testing.T, h *echoGateway, run string) int64 {
 func sizedEcho(t *testing.T, h *echoGateway, key string) func(*testing.T, int64) string {
 	t.Helper()
 	const probeLen = 100
-	probe := send(h.gw.URL, key, echoChat(strings.Repeat("x", probeLen)), map[string]string{proxy.IdempotencyKeyHeader: "probe"})
-	if probe.err != nil || probe.status != http.StatusOK {
-		t.Fatalf("probe: %d %v %s", probe.status, probe.err, probe.body)
-	}
+	probe := sendOK(t, "probe", h.gw.URL, key, echoChat(strings.Repeat("x", probeLen)), map[string]string{proxy.IdempotencyKeyHeader: "probe"})
 	h.settled()
 	base := storedAnswerLen(t, h, probe.header.Get(proxy.RunIDHeader))
 	return func(t *testing.T, size int64) string {
@@ -107,10 +104,7 @@ func sizedEcho(t *testing.T, h *echoGateway, key string) func(*testing.T, int64)
 // holds size bytes (or none, when kept is false); it returns the answer.
 func firstAnswer(t *testing.T, h *echoGateway, key, idemKey, content string, size int64, kept bool) answer {
 	t.Helper()
-	a := send(h.gw.URL, key, echoChat(content), map[string]string{proxy.IdempotencyKeyHeader: idemKey})
-	if a.err != nil || a.status != http.StatusOK {
-		t.Fatalf("%s: %d %v %s", idemKey, a.status, a.err, a.body)
-	}
+	a := sendOK(t, idemKey, h.gw.URL, key, echoChat(content), map[string]string{proxy.IdempotencyKeyHeader: idemKey})
 	h.settled()
 	run := a.header.Get(proxy.RunIDHeader)
 	if kept {

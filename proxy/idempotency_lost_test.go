@@ -20,10 +20,7 @@ func TestIdemKeyUsableAfterReplayTTL(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "daily-job-1"}
-	a := send(h.gw.URL, key, chatBody, idem)
-	if a.status != 200 {
-		t.Fatalf("first: %d %s", a.status, a.body)
-	}
+	a := sendOK(t, "first", h.gw.URL, key, chatBody, idem)
 	h.settled()
 	// The record is kept for replay_ttl, no longer; the test waits for it to be gone (and the
 	// attempt settled a replay_ttl ago), not for a guess at how long that takes.
@@ -52,11 +49,8 @@ func TestIdemKeyUsableAfterReplayTTL(t *testing.T) {
 func TestIdemBrokenStreamPinnedThenRecordLost(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	first := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-late",
+	first := sendOK(t, "first", h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-late",
 		fakellm.HeaderChunks: "20", fakellm.HeaderDropAfter: "5"})
-	if first.status != 200 {
-		t.Fatalf("first: %d %s", first.status, first.body)
-	}
 	h.settled()
 	// The key is pinned: a retry is a replay.
 	r1 := send(h.gw.URL, key, streamBody, map[string]string{proxy.IdempotencyKeyHeader: "broken-late"})

@@ -47,10 +47,7 @@ func TestIdemKeyReusedWithAnotherBodyAfterItsWindowRuns(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Dedup.ReplayTTL = 30 * time.Minute })
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "reused-after-window"}
-	a := send(h.gw.URL, key, chatBody, idem)
-	if a.status != http.StatusOK {
-		t.Fatalf("first: %d %s", a.status, a.body)
-	}
+	a := sendOK(t, "first", h.gw.URL, key, chatBody, idem)
 	h.settled()
 	expireIdemRecord(t, h, a.header.Get(proxy.RunIDHeader))
 	b := send(h.gw.URL, key, streamBody, idem)

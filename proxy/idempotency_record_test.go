@@ -34,10 +34,7 @@ func TestIdemCorruptStoredAnswerIsNotRunAgain(t *testing.T) {
 			h := newHarness(t, nil)
 			_, key := h.user("standard")
 			idem := map[string]string{proxy.IdempotencyKeyHeader: "corrupt-" + strings.ReplaceAll(tc.name, " ", "-")}
-			first := send(h.gw.URL, key, chatBody, idem)
-			if first.err != nil || first.status != http.StatusOK {
-				t.Fatalf("first: %d %v %s", first.status, first.err, first.body)
-			}
+			first := sendOK(t, "first", h.gw.URL, key, chatBody, idem)
 			h.settled()
 			ctx := context.Background()
 			recs, err := h.rdb.Keys(ctx, h.keys.Prefix+"replay:*").Result()
@@ -142,10 +139,7 @@ func retryHeldAtReplay(t *testing.T, idemKey string) heldReplay {
 	r.h = newHarnessOn(t, harnessSetup{redisDialer: holdingDialer(r.hold), contextTimeouts: true},
 		func(c *config.Config) { c.Dedup.ReplayTTL = time.Second })
 	r.user, r.key = r.h.user("standard")
-	r.first = send(r.h.gw.URL, r.key, chatBody, r.idem)
-	if r.first.status != http.StatusOK {
-		t.Fatalf("first: %d %v %s", r.first.status, r.first.err, r.first.body)
-	}
+	r.first = sendOK(t, "first", r.h.gw.URL, r.key, chatBody, r.idem)
 	r.h.settled()
 	go func() { r.done <- send(r.h.gw.URL, r.key, chatBody, r.idem) }()
 	select {

@@ -101,9 +101,7 @@ func bigAnswerPinned(t *testing.T, perCaller int64) (*harness, string, string) {
 	})
 	_, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "big-answer"}
-	if first := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderReplay, "big.json")); first.status != http.StatusOK {
-		t.Fatalf("first: %d %.200s", first.status, first.body)
-	}
+	sendOK(t, "first", h.gw.URL, key, chatBody, with(idem, fakellm.HeaderReplay, "big.json"))
 	h.settled()
 	return h, key, answer
 }

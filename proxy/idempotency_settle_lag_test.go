@@ -25,10 +25,7 @@ func TestIdemKeyFreeWhenItsRecordExpiredAfterALateSettlement(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Dedup.ReplayTTL = 30 * time.Minute })
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "late-settled-1"}
-	a := send(h.gw.URL, key, chatBody, idem)
-	if a.status != http.StatusOK {
-		t.Fatalf("first: %d %s", a.status, a.body)
-	}
+	a := sendOK(t, "first", h.gw.URL, key, chatBody, idem)
 	h.settled()
 	firstRun := a.header.Get(proxy.RunIDHeader)
 	if _, err := h.db.Exec(`UPDATE run_holds SET created_at = created_at - INTERVAL 31 MINUTE,
@@ -106,10 +103,7 @@ func TestIdemAttemptTheReconcilerSettledRunsAgainWhileItsRecordSaysItDidNotPin(t
 // the reconciler would have settled it (the same charge, source reconcile); it returns the run.
 func answeredThenReconciled(h *harness, key string, idem map[string]string) string {
 	h.t.Helper()
-	a := send(h.gw.URL, key, chatBody, idem)
-	if a.status != http.StatusOK {
-		h.t.Fatalf("first: %d %s", a.status, a.body)
-	}
+	a := sendOK(h.t, "first", h.gw.URL, key, chatBody, idem)
 	h.settled()
 	runID := a.header.Get(proxy.RunIDHeader)
 	if _, err := h.db.Exec(`UPDATE run_holds SET settle_source = 'reconcile' WHERE run_id = ?`, runID); err != nil {

@@ -27,10 +27,7 @@ func TestIdemAnswerKeptWhenItsCallersCountFails(t *testing.T) {
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "count-fails"}
 	count.marker = []byte("\r\n" + h.keys.ReplayBytes(u.ID) + "\r\n") // the count's script alone names it
 	count.on.Store(true)
-	first := send(h.gw.URL, key, chatBody, idem)
-	if first.err != nil || first.status != http.StatusOK {
-		t.Fatalf("first attempt: %d %v %s", first.status, first.err, first.body)
-	}
+	first := sendOK(t, "first attempt", h.gw.URL, key, chatBody, idem)
 	h.settled()
 	count.on.Store(false)
 
@@ -82,10 +79,7 @@ func TestIdemCallersCountHoldsAnAnswerForItsReplayTTL(t *testing.T) {
 			if err := h.rdb.PExpire(ctx, count, 2*ttl).Err(); err != nil {
 				t.Fatal(err)
 			}
-			a := send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "counted"})
-			if a.err != nil || a.status != http.StatusOK {
-				t.Fatalf("call: %d %v %s", a.status, a.err, a.body)
-			}
+			a := sendOK(t, "call", h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "counted"})
 			h.settled()
 			if bucket() != now {
 				continue // a bucket's end passed meanwhile: the count did not see what was planted
@@ -119,10 +113,7 @@ func TestIdemCallersCountHoldsAnAnswerForItsReplayTTL(t *testing.T) {
 func TestIdemAnswerTooLargeToKeepTakesNoShare(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Dedup.MaxReplayLen = 64 })
 	u, key := h.user("standard")
-	a := send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "too-large"})
-	if a.err != nil || a.status != http.StatusOK {
-		t.Fatalf("call: %d %v %s", a.status, a.err, a.body)
-	}
+	a := sendOK(t, "call", h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "too-large"})
 	h.settled()
 	ctx := context.Background()
 	if large, err := h.rdb.HGet(ctx, h.keys.Replay(a.header.Get(proxy.RunIDHeader)), "large").Result(); err != nil || large != "1" {

@@ -26,10 +26,7 @@ func TestIdemAnswersKeptPerCallerAreBounded(t *testing.T) {
 	const calls = 100 // answers of about 460 bytes: past the share
 	var last answer
 	for i := range calls {
-		last = send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: fmt.Sprint("share-", i)})
-		if last.err != nil || last.status != http.StatusOK {
-			t.Fatalf("call %d: %d %v %s", i, last.status, last.err, last.body)
-		}
+		last = sendOK(t, fmt.Sprintf("call %d", i), h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: fmt.Sprint("share-", i)})
 	}
 	h.settled()
 

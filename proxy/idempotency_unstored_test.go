@@ -56,10 +56,7 @@ func TestIdemAnswerNotStoredIsNotRunAgain(t *testing.T) {
 	idem := map[string]string{"Idempotency-Key": "unstored-1"}
 
 	blip.on.Store(true)
-	first := send(h.gw.URL, key, chatBody, idem)
-	if first.status != http.StatusOK {
-		t.Fatalf("first attempt: %d %s", first.status, first.body)
-	}
+	first := sendOK(t, "first attempt", h.gw.URL, key, chatBody, idem)
 	h.settled()
 	blip.on.Store(false)
 
@@ -100,10 +97,7 @@ func TestIdemAnswerWhoseFirstStoreFailedIsStoredAtTheCallsEnd(t *testing.T) {
 	}, nil)
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "first-store-failed"}
-	first := send(h.gw.URL, key, chatBody, idem)
-	if first.err != nil || first.status != http.StatusOK {
-		t.Fatalf("first attempt: %d %v %s", first.status, first.err, first.body)
-	}
+	first := sendOK(t, "first attempt", h.gw.URL, key, chatBody, idem)
 	h.settled()
 	if n := blip.n.Load(); n != 2 {
 		t.Fatalf("%d stores of the answer, want 2: the failed one before its end, the one at the call's end", n)

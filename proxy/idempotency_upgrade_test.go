@@ -19,10 +19,7 @@ func TestIdemRecordOfAnOlderGatewayIsReplayed(t *testing.T) {
 	h := newHarness(t, nil)
 	_, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "upgrade-spanning"}
-	first := send(h.gw.URL, key, chatBody, idem)
-	if first.status != http.StatusOK {
-		t.Fatalf("first: %d %s", first.status, first.body)
-	}
+	sendOK(t, "first", h.gw.URL, key, chatBody, idem)
 	h.settled()
 
 	// The record as the older gateway wrote it: sha256 of the body alone.
