@@ -112,10 +112,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestSessionCallLeavingDuringClaimIsClientClosed(t *testing.T) {
 	h := newHarness(t, nil)
 	u, key := h.user("standard")
-	first := send(h.gw.URL, key, chatBody, map[string]string{"X-Session-Id": "s"})
-	if first.status != http.StatusOK {
-		t.Fatalf("first message: %d %s", first.status, first.body)
-	}
+	first := sendOK(t, "first message", h.gw.URL, key, chatBody, map[string]string{"X-Session-Id": "s"})
 	lock := testenv.ConsoleTx(t, h.db)
 	var sid string
 	if err := lock.Get(&sid, "SELECT session_id FROM sessions WHERE user_id = ? FOR UPDATE", u.ID); err != nil {

@@ -59,10 +59,7 @@ func TestSessionMessagePausedAtItsHoldsGrantAndChargedIsForwardedWithoutTheSessi
 	h, holdTTL := pausedHarness(t)
 	u, key := h.user("standard")
 	session := map[string]string{proxy.SessionHeader: "paused-at-grant"}
-	older := send(h.gw.URL, key, chatBody, session)
-	if older.status != http.StatusOK {
-		t.Fatalf("the session's earlier message: %d %s", older.status, older.body)
-	}
+	older := sendOK(t, "the session's earlier message", h.gw.URL, key, chatBody, session)
 	h.settled()
 	olderRun := older.header.Get(proxy.RunIDHeader)
 	calls := h.fake.Calls()
@@ -94,10 +91,7 @@ func TestSessionMessagePausedAtItsHoldsGrantWhileANewerOneRanIsAnsweredSupersede
 	}
 	session := map[string]string{proxy.SessionHeader: "paused-at-grant-overtaken"}
 	runID, charged, done, resume := pauseAt(t, h, "hold granted", "its hold's grant", u.ID, key, chatBody, session, holdTTL)
-	newer := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`, session)
-	if newer.status != http.StatusOK {
-		t.Fatalf("the session's newer message: %d %s", newer.status, newer.body)
-	}
+	newer := sendOK(t, "the session's newer message", h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`, session)
 	calls := h.fake.Calls()
 	resume()
 	a := answerWithin(t, done)

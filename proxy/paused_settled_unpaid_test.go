@@ -123,9 +123,7 @@ func TestNamedRunCallPausedWhileItsRunWasSettledIsNotForwarded(t *testing.T) {
 			u, key := h.user("standard")
 			name := "paused-" + testenv.RandomID(4)
 			hdr := map[string]string{"X-Run-Id": name}
-			if a := send(h.gw.URL, key, chatBody, hdr); a.status != http.StatusOK {
-				t.Fatalf("the run's first call: %d %s", a.status, a.body)
-			}
+			sendOK(t, "the run's first call", h.gw.URL, key, chatBody, hdr)
 			runID := proxy.RunIDFor(u.ID, name)
 			first := h.run(u.ID, runID)
 			if first.State != holds.StateRunning || first.CostMicro <= 0 {

@@ -42,9 +42,7 @@ func TestSmallHoldChargedDuringAPauseBeforeItsReleaseIsRefunded(t *testing.T) {
 		}
 		small.Store(runID)
 	})
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
+	sendOK(t, "first call", h.gw.URL, key, chatBody, nil)
 	long := send(h.gw.URL, key, longPromptBody(3000), nil)
 	close(answered)
 	h.settled()

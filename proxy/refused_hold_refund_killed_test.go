@@ -54,9 +54,7 @@ func TestRefusedAdmissionKilledBeforeItsPauseRefundIsRefundedByTheReconciler(t *
 			call: func(t *testing.T, h *harness, _ *testenv.Lossy, key string, atMark func(context.Context, string)) {
 				answered := make(chan struct{})
 				firstSettlementHeld(h, answered, atMark)
-				if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-					t.Fatalf("first call: %d %s", a.status, a.body)
-				}
+				sendOK(t, "first call", h.gw.URL, key, chatBody, nil)
 				long := send(h.gw.URL, key, longPromptBody(3000), nil)
 				close(answered)
 				if long.status != http.StatusOK {

@@ -78,10 +78,7 @@ func TestSessionCancelSentWhileTheBusReconnectsStopsTheRun(t *testing.T) {
 	rd := afterContent(t, resp, 3) // claimed, forwarding, registered on the second gateway's bus
 
 	cut.cut()
-	b := send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: session})
-	if b.status != http.StatusOK {
-		t.Fatalf("new message: %d %s", b.status, b.body)
-	}
+	b := sendOK(t, "new message", h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: session})
 	cut.heal()
 	// The bus of the second gateway subscribes again on its own (go-redis reconnects).
 	oldStopsOnceSubscribed(t, h, second, busName, rd, u.ID, oldRun, b.header.Get(proxy.RunIDHeader))
@@ -194,10 +191,7 @@ func TestSessionRunRegisteredWhileTheBusCouldNotSubscribeIsStoppedOnceItDoes(t *
 	rd := afterContent(t, resp, 3)
 
 	cut.heal()
-	b := send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: session})
-	if b.status != http.StatusOK {
-		t.Fatalf("new message: %d %s", b.status, b.body)
-	}
+	b := sendOK(t, "new message", h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: session})
 	// No other session call comes to the second gateway: its bus subscribes on its own.
 	oldStopsOnceSubscribed(t, h, second, busName, rd, u.ID, oldRun, b.header.Get(proxy.RunIDHeader))
 }

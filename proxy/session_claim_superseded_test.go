@@ -44,10 +44,7 @@ func TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded(t *tes
 		t.Fatal(err)
 	}
 	// C, through a gateway that reaches the database, replaces R and cancels it.
-	c := send(sc.other, sc.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, sc.session)
-	if c.status != http.StatusOK {
-		t.Fatalf("C: %d %s", c.status, c.body)
-	}
+	c := sendOK(t, "C", sc.other, sc.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, sc.session)
 	// R's claim has given up (its refusal is logged before anything needs the database).
 	waitFor(t, "R's claim to give up", func() bool {
 		for _, e := range logs.FilterMessage("request refused").All() {
@@ -69,10 +66,7 @@ func TestSessionMessageSupersededWhileItsClaimRetriesIsAnsweredSuperseded(t *tes
 // be retried, the session stays on C, and A is stopped.
 func TestSessionMessageWhoseClaimRetryFindsANewerOneYieldsToIt(t *testing.T) {
 	sc := newClaimLostScene(t, nil, func(h *harness) runstate.Keys { return runstate.Keys{Prefix: h.keys.Prefix + "other:"} })
-	c := send(sc.other, sc.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, sc.session)
-	if c.status != http.StatusOK {
-		t.Fatalf("C: %d %s", c.status, c.body)
-	}
+	c := sendOK(t, "C", sc.other, sc.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, sc.session)
 	sc.lossy.Restore()
 	sc.rYieldsToC(t, "R, whose claim's retry found the newer C", c)
 }

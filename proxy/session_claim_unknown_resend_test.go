@@ -30,10 +30,7 @@ func TestSessionMessageRefusedWithItsClaimUnknownCanBeSentAgain(t *testing.T) {
 	if err := sc.plain.Get(&state, "SELECT state FROM run_holds WHERE run_id = ?", r); err != nil || state != "running" {
 		t.Fatalf("R's hold is %q (%v), want still running (its release not landed)", state, err)
 	}
-	again := send(sc.other, sc.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"R: another question"}]}`, sc.session)
-	if again.status != http.StatusOK {
-		t.Fatalf("R sent again after its 503: %d %s, want 200", again.status, again.body)
-	}
+	sendOK(t, "R sent again after its 503", sc.other, sc.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"R: another question"}]}`, sc.session)
 	sc.lossy.Restore()
 	sc.aStopped(t, "A, replaced by the committed attempt of R's failed claim")
 }

@@ -36,10 +36,7 @@ func TestSessionCallEndMarkLostOnceIsStillMade(t *testing.T) {
 			if n, err := h.rdb.Exists(context.Background(), h.keys.SessionDone(runID)).Result(); err != nil || n != 1 {
 				t.Fatalf("end mark of the answered call: exists %d (%v), want it written", n, err)
 			}
-			again := send(h.gw.URL, key, chatBody, session)
-			if again.status != http.StatusOK {
-				t.Fatalf("regenerate after the answer: %d %s, want 200", again.status, again.body)
-			}
+			again := sendOK(t, "regenerate after the answer", h.gw.URL, key, chatBody, session)
 			h.settled()
 			h.expectCharges(u.ID, []string{runID, again.header.Get(proxy.RunIDHeader)})
 		})

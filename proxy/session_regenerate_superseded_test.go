@@ -86,10 +86,7 @@ func TestSessionRegenerateWhoseClaimRetryFindsANewerMessageYieldsToIt(t *testing
 	}
 
 	// C, a newer message, through a gateway that reaches the database, replaces R.
-	c := send(other, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, session)
-	if c.status != http.StatusOK {
-		t.Fatalf("C: %d %s", c.status, c.body)
-	}
+	c := sendOK(t, "C", other, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"C: a third question"}]}`, session)
 	lossy.Restore()
 
 	got := <-r

@@ -85,9 +85,7 @@ func TestWaitedSessionClaimWhoseRetryFindsAnOlderMessageStopsWhatItReplaced(t *t
 	if _, err := sc.a.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	if x := send(h.gw.URL, key, chatBody, nil); x.status != http.StatusOK {
-		t.Fatalf("X: %d %s", x.status, x.body)
-	}
+	sendOK(t, "X", h.gw.URL, key, chatBody, nil)
 	// The session's row is locked while R's and N's claims queue on it, R's first.
 	lock := testenv.ConsoleTx(t, plain)
 	var sid string

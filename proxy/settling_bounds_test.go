@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -53,9 +54,7 @@ func answeredAndSettling(t *testing.T, h *harness, user uint64, key string, n in
 	t.Helper()
 	hdr := map[string]string{fakellm.HeaderPromptTokens: strconv.FormatInt(promptTokens, 10), fakellm.HeaderChunks: "1"}
 	for i := range n {
-		if a := send(h.gw.URL, key, chatBody, hdr); a.status != http.StatusOK {
-			t.Fatalf("call %d: %d %s", i+1, a.status, a.body)
-		}
+		sendOK(t, fmt.Sprintf("call %d", i+1), h.gw.URL, key, chatBody, hdr)
 	}
 	waitFor(t, "every answered call counted as settling", func() bool { return h.srv.SettlingCalls(user) == n })
 }

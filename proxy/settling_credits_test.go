@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -238,9 +239,7 @@ func TestPromptOverThePlansCapIsRefusedAfterOneWaitWhileMoreCallsSettle(t *testi
 	waits, letAll := settlementsLandInTurn(h, 2)
 	defer letAll()
 	for i := range 2 {
-		if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-			t.Fatalf("call %d: %d %s", i+1, a.status, a.body)
-		}
+		sendOK(t, fmt.Sprintf("call %d", i+1), h.gw.URL, key, chatBody, nil)
 	}
 	waitFor(t, "both answered calls counted as settling", func() bool { return h.srv.SettlingCalls(u.ID) == 2 })
 	long := send(h.gw.URL, key, longPromptBody(25_000), nil)

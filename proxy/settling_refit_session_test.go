@@ -98,9 +98,7 @@ func TestSessionsNextLongMessageAfterAnAnsweredOneIsServed(t *testing.T) {
 		}
 	})
 	sess := map[string]string{proxy.SessionHeader: "s-next"}
-	if a := send(h.gw.URL, key, chatBody, sess); a.status != http.StatusOK {
-		t.Fatalf("first message: %d %s", a.status, a.body)
-	}
+	sendOK(t, "first message", h.gw.URL, key, chatBody, sess)
 	second := send(h.gw.URL, key, longPromptBody(3000), sess)
 	close(answered)
 	if second.status != http.StatusOK {

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -54,9 +55,7 @@ func TestLongPromptWhoseSettlementEndedDuringItsAdmissionWaitsForTheNext(t *test
 		}
 	})
 	for i := range 2 {
-		if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-			t.Fatalf("call %d: %d %s", i+1, a.status, a.body)
-		}
+		sendOK(t, fmt.Sprintf("call %d", i+1), h.gw.URL, key, chatBody, nil)
 	}
 	long := send(h.gw.URL, key, longPromptBody(9000), nil)
 	open(1)

@@ -172,9 +172,7 @@ func firstCallSettling(t *testing.T, h *harness, key string, also func(ctx conte
 	t.Helper()
 	answered := make(chan struct{})
 	firstSettlementHeld(h, answered, also)
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-		t.Fatalf("first call: %d %s", a.status, a.body)
-	}
+	sendOK(t, "first call", h.gw.URL, key, chatBody, nil)
 	return answered
 }
 

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -56,9 +57,7 @@ func TestSessionMessageThatWaitedForASlotDoesNotStopANewerOne(t *testing.T) {
 		}
 	})
 	for i := range 2 {
-		if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-			t.Fatalf("call %d: %d %s", i+1, a.status, a.body)
-		}
+		sendOK(t, fmt.Sprintf("call %d", i+1), h.gw.URL, key, chatBody, nil)
 	}
 	sess := map[string]string{proxy.SessionHeader: "s-slot"}
 	older := make(chan answer, 1)
@@ -151,9 +150,7 @@ func TestNewerSessionMessageThatWaitedTakesTheSessionFromAnOlderOne(t *testing.T
 		}
 	})
 	for i := range 2 {
-		if a := send(h.gw.URL, key, chatBody, nil); a.status != http.StatusOK {
-			t.Fatalf("call %d: %d %s", i+1, a.status, a.body)
-		}
+		sendOK(t, fmt.Sprintf("call %d", i+1), h.gw.URL, key, chatBody, nil)
 	}
 	older := make(chan answer, 1)
 	go func() {
