@@ -23,9 +23,7 @@ func TestChargedMetricsAddUpToTheLedger(t *testing.T) {
 	firstEvent(t, left)
 	left.Body.Close()
 	for range 2 {
-		if a := send(h.gw.URL, key, chatBody, map[string]string{"X-Run-Id": "metrics-run"}); a.status != 200 {
-			t.Fatalf("named run's call: %d %s", a.status, a.body)
-		}
+		sendOK(t, "named run's call", h.gw.URL, key, chatBody, map[string]string{"X-Run-Id": "metrics-run"})
 	}
 	if code, body := h.settleRun(key, "metrics-run"); code != http.StatusOK {
 		t.Fatalf("settle: %d %s", code, body)

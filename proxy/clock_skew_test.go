@@ -105,10 +105,7 @@ func TestIdemReplayTTLIsTheDatabasesClock(t *testing.T) {
 		h := newHarnessOn(t, harnessSetup{db: skewedDB(t, -time.Hour)}, func(c *config.Config) { c.Dedup.ReplayTTL = replayTTL })
 		u, key := h.user("standard")
 		idem := map[string]string{proxy.IdempotencyKeyHeader: "nightly-1"}
-		a := send(h.gw.URL, key, chatBody, idem)
-		if a.status != http.StatusOK {
-			t.Fatalf("first: %d %s", a.status, a.body)
-		}
+		a := sendOK(t, "first", h.gw.URL, key, chatBody, idem)
 		h.settled()
 		lose(h)
 		calls := h.fake.Calls()
@@ -124,10 +121,7 @@ func TestIdemReplayTTLIsTheDatabasesClock(t *testing.T) {
 		h := newHarnessOn(t, harnessSetup{db: skewedDB(t, time.Hour)}, func(c *config.Config) { c.Dedup.ReplayTTL = replayTTL })
 		_, key := h.user("standard")
 		idem := map[string]string{proxy.IdempotencyKeyHeader: "nightly-2"}
-		a := send(h.gw.URL, key, chatBody, idem)
-		if a.status != http.StatusOK {
-			t.Fatalf("first: %d %s", a.status, a.body)
-		}
+		a := sendOK(t, "first", h.gw.URL, key, chatBody, idem)
 		h.settled()
 		lose(h)
 		// By the database clock the attempt began and settled longer than replay_ttl ago.

@@ -113,9 +113,7 @@ func gatewayOnACluster(t *testing.T, kind clusterKind) {
 	defer long.Body.Close()
 	oldRun := long.Header.Get(proxy.RunIDHeader)
 	rd := afterContent(t, long, 3)
-	if b := send(other, key, chatBody, map[string]string{proxy.SessionHeader: "cluster-chat"}); b.status != http.StatusOK {
-		t.Fatalf("the session's new message: %d %s", b.status, b.body)
-	}
+	sendOK(t, "the session's new message", other, key, chatBody, map[string]string{proxy.SessionHeader: "cluster-chat"})
 	waitSettlements(t, second)
 	rest, err := io.ReadAll(rd)
 	if err != nil {

@@ -201,24 +201,15 @@ func TestSessionCallEndMarkDeliveredLate(t *testing.T) {
 	u, key := h.user("standard")
 	session := map[string]string{proxy.SessionHeader: "chat-" + testenv.RandomID(4)}
 	lossy.Arm(h.keys.Prefix+"sessdone:{", testenv.RedisWriteLate, 1)
-	first := send(h.gw.URL, key, chatBody, session)
-	if first.status != http.StatusOK {
-		t.Fatalf("first: %d %s, want 200", first.status, first.body)
-	}
+	first := sendOK(t, "first", h.gw.URL, key, chatBody, session)
 	runID := first.header.Get(proxy.RunIDHeader)
 	if n, err := h.rdb.Exists(context.Background(), h.keys.SessionDone(runID)).Result(); err != nil || n != 1 {
 		t.Fatalf("end mark of the answered call: exists %d (%v), want its resend landed", n, err)
 	}
-	again := send(h.gw.URL, key, chatBody, session)
-	if again.status != http.StatusOK {
-		t.Fatalf("regenerate after the answer: %d %s, want 200", again.status, again.body)
-	}
+	again := sendOK(t, "regenerate after the answer", h.gw.URL, key, chatBody, session)
 	h.settled()
 	deliverAllLate(t, lossy)
-	third := send(h.gw.URL, key, chatBody, session)
-	if third.status != http.StatusOK {
-		t.Fatalf("regenerate after the late mark landed: %d %s, want 200", third.status, third.body)
-	}
+	third := sendOK(t, "regenerate after the late mark landed", h.gw.URL, key, chatBody, session)
 	h.settled()
 	h.expectCharges(u.ID, []string{runID, again.header.Get(proxy.RunIDHeader), third.header.Get(proxy.RunIDHeader)})
 }

@@ -39,14 +39,9 @@ func TestAdmissionOnAFullDiskIs503AndChargesOnce(t *testing.T) {
 	// refused one.
 	h := newHarnessOn(t, harnessSetup{db: db}, func(c *config.Config) { c.Plans["standard"] = bigPlan(c.Plans["standard"]) })
 	u, key := h.user("standard")
-	control := send(h.gw.URL, key, chatBody, nil)
-	if control.status != 200 {
-		t.Fatalf("control call: %d %s", control.status, control.body)
-	}
+	control := sendOK(t, "control call", h.gw.URL, key, chatBody, nil)
 	want := h.run(u.ID, control.header.Get(proxy.RunIDHeader)).ChargedMicro
-	if a := send(h.gw.URL, key, chatBody, map[string]string{"X-Run-Id": "agent"}); a.status != 200 {
-		t.Fatalf("named run's first call: %d %s", a.status, a.body)
-	}
+	sendOK(t, "named run's first call", h.gw.URL, key, chatBody, map[string]string{"X-Run-Id": "agent"})
 
 	filler := filepath.Join(dir, "filler")
 	// Room is given back before the purge does, whatever the test did.
@@ -84,9 +79,7 @@ func TestAdmissionOnAFullDiskIs503AndChargesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	purge()
-	if a := send(h.gw.URL, key, chatBody, map[string]string{"Idempotency-Key": refusedIdem}); a.status != 200 {
-		t.Fatalf("the Idempotency-Key call refused on a full disk, retried: %d %s", a.status, a.body)
-	}
+	sendOK(t, "the Idempotency-Key call refused on a full disk, retried", h.gw.URL, key, chatBody, map[string]string{"Idempotency-Key": refusedIdem})
 	answered++
 	if status, out := h.settleRun(key, "agent"); status != 200 {
 		t.Fatalf("named run's settle: %d %s", status, out)

@@ -119,10 +119,7 @@ func TestSessionCallStoppedAtItsFinalEventEndsWithoutASupersededEvent(t *testing
 	case <-time.After(20 * time.Second):
 		t.Fatal("the first message never reached its final event")
 	}
-	next := send(h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "final-cut"})
-	if next.status != http.StatusOK {
-		t.Fatalf("the session's next message: %d %s", next.status, next.body)
-	}
+	sendOK(t, "the session's next message", h.gw.URL, key, chatBody, map[string]string{proxy.SessionHeader: "final-cut"})
 	resume()
 	rest := readAll(t, first.Body)
 	if bytes.Contains(rest, []byte("superseded")) || !bytes.Contains(rest, []byte("[DONE]")) {
@@ -152,11 +149,8 @@ func TestSessionCallReplacedRightAfterItsClaimIsReleasedUnforwarded(t *testing.T
 	case <-time.After(20 * time.Second):
 		t.Fatal("the first message's claim never committed")
 	}
-	next := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
+	next := sendOK(t, "the session's next message", h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
 		map[string]string{proxy.SessionHeader: "claimed-then-replaced"})
-	if next.status != http.StatusOK {
-		t.Fatalf("the session's next message: %d %s", next.status, next.body)
-	}
 	resume()
 	a := <-first
 	if a.status != http.StatusConflict || errorCode(t, a.body) != "superseded" || a.header.Get("X-Should-Retry") != "false" {
@@ -185,10 +179,7 @@ func TestSessionCallReplacedRightAfterItsClaimIsReleasedUnforwarded(t *testing.T
 func TestIdemRetryWithOtherBetaHeadersIsTheSameRequest(t *testing.T) {
 	h := newHarness(t, nil)
 	_, key := h.user("standard")
-	first := send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "k-beta", "OpenAI-Beta": "assistants=v2"})
-	if first.status != http.StatusOK {
-		t.Fatalf("first attempt: %d %s", first.status, first.body)
-	}
+	first := sendOK(t, "first attempt", h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "k-beta", "OpenAI-Beta": "assistants=v2"})
 	h.settled()
 	retry := send(h.gw.URL, key, chatBody, map[string]string{proxy.IdempotencyKeyHeader: "k-beta"})
 	if retry.status != http.StatusOK || !bytes.Equal(retry.body, first.body) {
@@ -213,11 +204,8 @@ func TestSessionCallPausedAfterItsClaimWhoseSessionMovedOnIsAnsweredSuperseded(t
 	u, key := h.user("standard")
 	runID, _, first, resume := pauseAt(t, h, "session claimed", "its session claim's commit", u.ID, key, chatBody,
 		map[string]string{proxy.SessionHeader: "paused-moved-on"}, holdTTL)
-	next := send(h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
+	sendOK(t, "the session's next message", h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
 		map[string]string{proxy.SessionHeader: "paused-moved-on"})
-	if next.status != http.StatusOK {
-		t.Fatalf("the session's next message: %d %s", next.status, next.body)
-	}
 	resume()
 	a := answerWithin(t, first)
 	if a.status != http.StatusConflict || errorCode(t, a.body) != "superseded" || a.header.Get("X-Should-Retry") != "false" {

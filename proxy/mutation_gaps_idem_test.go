@@ -100,10 +100,7 @@ func TestFingerprintTakenOverLastsTheWindow(t *testing.T) {
 	u, key := h.user("standard")
 	ctx := context.Background()
 
-	a := send(h.gw.URL, key, chatBody, nil)
-	if a.err != nil || a.status != http.StatusOK {
-		t.Fatalf("first call: %d %v %s", a.status, a.err, a.body)
-	}
+	a := sendOK(t, "first call", h.gw.URL, key, chatBody, nil)
 	h.waitLive(u.ID, 0)
 	firstRun := a.header.Get(proxy.RunIDHeader)
 	// Its give-back lost: the fingerprint still names the first, ended, call.

@@ -31,10 +31,7 @@ func TestFullRedisRefusesWritesAndNothingIsChargedTwice(t *testing.T) {
 	refusedUnforwarded(t, h, key, "with Redis full", map[string]string{"X-Run-Id": "agent-1"}, 503, "billing_unavailable")
 
 	idem := map[string]string{"Idempotency-Key": "full-1"}
-	first := send(h.gw.URL, key, chatBody, idem)
-	if first.status != 200 {
-		t.Fatalf("Idempotency-Key call with Redis full: %d %s", first.status, first.body)
-	}
+	first := sendOK(t, "Idempotency-Key call with Redis full", h.gw.URL, key, chatBody, idem)
 	runID := first.header.Get(proxy.RunIDHeader)
 	// The attempt's settlement commits after its answer, in the background; a retry before it
 	// finds the hold running and is told 409 request_in_progress (retry), after it the row the

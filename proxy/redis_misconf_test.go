@@ -65,14 +65,9 @@ func refusingRedisChargesOnce(t *testing.T, h *harness, m writeRefuser) {
 		return hdr
 	}
 	// The control: the same calls with Redis writing.
-	plain := send(h.gw.URL, key, body, knobs("", "0s"))
-	if plain.status != 200 {
-		t.Fatalf("control call: %d %s", plain.status, plain.body)
-	}
+	plain := sendOK(t, "control call", h.gw.URL, key, body, knobs("", "0s"))
 	want := h.run(u.ID, plain.header.Get(proxy.RunIDHeader)).ChargedMicro
-	if a := send(h.gw.URL, key, body, knobs("ctl", "0s")); a.status != 200 {
-		t.Fatalf("control run's call: %d %s", a.status, a.body)
-	}
+	sendOK(t, "control run's call", h.gw.URL, key, body, knobs("ctl", "0s"))
 	if status, out := h.settleRun(key, "ctl"); status != 200 {
 		t.Fatalf("control run's settle: %d %s", status, out)
 	}
@@ -122,10 +117,7 @@ func refusingRedisChargesOnce(t *testing.T, h *harness, m writeRefuser) {
 	// An Idempotency-Key call runs without its record (its hold row stands for it) and is not
 	// run again on retry.
 	idem := map[string]string{"Idempotency-Key": "misconf-1"}
-	first := send(h.gw.URL, key, chatBody, idem)
-	if first.status != 200 {
-		t.Fatalf("Idempotency-Key call with Redis refusing writes: %d %s", first.status, first.body)
-	}
+	first := sendOK(t, "Idempotency-Key call with Redis refusing writes", h.gw.URL, key, chatBody, idem)
 	idemID := first.header.Get(proxy.RunIDHeader)
 	h.waitSettled(idemID, 10*time.Second, "its answer ended")
 	refusedUnforwarded(t, h, key, "refusing writes", idem, 409, "idempotent_response_lost")
@@ -141,9 +133,7 @@ func refusingRedisChargesOnce(t *testing.T, h *harness, m writeRefuser) {
 
 	// Redis takes writes again: calls are taken, and the run settles at what its one call used.
 	m.recover(t)
-	if a := send(h.gw.URL, key, chatBody, nil); a.status != 200 {
-		t.Fatalf("a call once Redis writes again: %d %s", a.status, a.body)
-	}
+	sendOK(t, "a call once Redis writes again", h.gw.URL, key, chatBody, nil)
 	refusedUnforwarded(t, h, key, "refusing writes", idem, 409, "idempotent_response_lost")
 	deadline := time.Now().Add(15 * time.Second)
 	for {

@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"context"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -28,10 +27,7 @@ func TestPlainCallRedisRoundTrips(t *testing.T) {
 	call := func(body string) (trips [][]string) {
 		t.Helper()
 		before := log.len()
-		a := send(h.gw.URL, key, body, nil)
-		if a.err != nil || a.status != http.StatusOK {
-			t.Fatalf("call: %d %v %s", a.status, a.err, a.body)
-		}
+		a := sendOK(t, "call", h.gw.URL, key, body, nil)
 		runID := a.header.Get("X-Tollgate-Run-Id")
 		if n, err := reader.Exists(context.Background(), h.keys.Usage(runID)).Result(); err != nil || n != 1 {
 			t.Fatalf("run %s has no tally when its caller has the answer (%d, %v)", runID, n, err)

@@ -23,10 +23,7 @@ func TestOneUsersNamesAreNotAnothers(t *testing.T) {
 	// Idempotency-Key: A's answer is stored under it; B's request under the same key, with the
 	// same body and then with another, runs as a new one.
 	idem := map[string]string{"Idempotency-Key": "shared-key-1"}
-	a := send(h.gw.URL, keyA, chatBody, idem)
-	if a.status != 200 {
-		t.Fatalf("A under the key: %d %s", a.status, a.body)
-	}
+	a := sendOK(t, "A under the key", h.gw.URL, keyA, chatBody, idem)
 	calls := h.fake.Calls()
 	b := send(h.gw.URL, keyB, chatBody, idem)
 	if b.status != 200 || b.header.Get(proxy.ReplayedHeader) != "" || h.fake.Calls() != calls+1 {
@@ -37,9 +34,7 @@ func TestOneUsersNamesAreNotAnothers(t *testing.T) {
 		t.Fatalf("B's call under A's key was given A's run %s", a.header.Get(proxy.RunIDHeader))
 	}
 	other := strings.Replace(chatBody, "hello", "goodbye", 1)
-	if c := send(h.gw.URL, keyB, other, map[string]string{"Idempotency-Key": "shared-key-2"}); c.status != 200 {
-		t.Fatalf("B's own key-2: %d %s", c.status, c.body)
-	}
+	sendOK(t, "B's own key-2", h.gw.URL, keyB, other, map[string]string{"Idempotency-Key": "shared-key-2"})
 	if c := send(h.gw.URL, keyA, chatBody, map[string]string{"Idempotency-Key": "shared-key-2"}); c.status != 200 || c.header.Get(proxy.ReplayedHeader) != "" {
 		t.Fatalf("A under B's key-2 with another body: %d replayed=%q %s; want a run of its own, not 422",
 			c.status, c.header.Get(proxy.ReplayedHeader), c.body)
@@ -47,9 +42,7 @@ func TestOneUsersNamesAreNotAnothers(t *testing.T) {
 
 	// The fingerprint window: the same body from two users at once is two requests.
 	fp := strings.Replace(chatBody, "hello", "hello twice", 1)
-	if c := send(h.gw.URL, keyA, fp, nil); c.status != 200 {
-		t.Fatalf("A's body: %d %s", c.status, c.body)
-	}
+	sendOK(t, "A's body", h.gw.URL, keyA, fp, nil)
 	if c := send(h.gw.URL, keyB, fp, nil); c.status != 200 {
 		t.Fatalf("B's same body within the window: %d %s; want it run, not a duplicate of A's", c.status, c.body)
 	}
@@ -66,9 +59,7 @@ func TestOneUsersNamesAreNotAnothers(t *testing.T) {
 	defer resp.Body.Close()
 	rd := afterContent(t, resp, 2)
 	for _, body := range []string{chatBody, `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"a long story"}]}`} {
-		if c := send(h.gw.URL, keyB, body, map[string]string{"X-Session-Id": "tab-1"}); c.status != 200 {
-			t.Fatalf("B under A's session id: %d %s", c.status, c.body)
-		}
+		sendOK(t, "B under A's session id", h.gw.URL, keyB, body, map[string]string{"X-Session-Id": "tab-1"})
 	}
 	rest, err := io.ReadAll(rd)
 	if err != nil {

@@ -18,15 +18,9 @@ func TestIdempotencyKeyIsScopedToTheUser(t *testing.T) {
 	ua, keyA := h.user("standard")
 	ub, keyB := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "job-1"}
-	a := send(h.gw.URL, keyA, chatBody, idem)
-	if a.err != nil || a.status != http.StatusOK {
-		t.Fatalf("user A: %d %v %s", a.status, a.err, a.body)
-	}
+	a := sendOK(t, "user A", h.gw.URL, keyA, chatBody, idem)
 	h.settled()
-	b := send(h.gw.URL, keyB, chatBody, idem)
-	if b.err != nil || b.status != http.StatusOK {
-		t.Fatalf("user B, same key and body: %d %v %s, want 200", b.status, b.err, b.body)
-	}
+	b := sendOK(t, "user B, same key and body", h.gw.URL, keyB, chatBody, idem)
 	if b.header.Get(proxy.ReplayedHeader) != "" {
 		t.Fatalf("user B was answered with a replay of user A's answer")
 	}
@@ -54,10 +48,7 @@ func TestFingerprintIsScopedToTheUser(t *testing.T) {
 	first := make(chan answer, 1)
 	go func() { first <- send(h.gw.URL, keyA, chatBody, map[string]string{fakellm.HeaderLatency: "1s"}) }()
 	h.waitUpstream(1) // A's call is with the upstream: its fingerprint is taken
-	b := send(h.gw.URL, keyB, chatBody, nil)
-	if b.err != nil || b.status != http.StatusOK {
-		t.Fatalf("user B, the body user A is running: %d %v %s, want 200", b.status, b.err, b.body)
-	}
+	b := sendOK(t, "user B, the body user A is running", h.gw.URL, keyB, chatBody, nil)
 	a := <-first
 	if a.err != nil || a.status != http.StatusOK {
 		t.Fatalf("user A: %d %v %s", a.status, a.err, a.body)
