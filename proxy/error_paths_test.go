@@ -631,7 +631,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		{name: "402 nothing available, messages", plan: "broke", send: ok("/v1/messages", errMsgBody, nil), status: 402,
 			code: "insufficient_credits", anthropic: true},
 		{name: "401 user disabled, key still cached", send: func(e *errEnv) *http.Response {
-			sendToOK(e.t, "first", e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, nil)
+			sendOK(e.t, "first", e.h.gw.URL, e.key, chatBody, nil)
 			if _, err := e.h.store.DisableUser(context.Background(), e.user.ID); err != nil {
 				e.t.Fatal(err)
 			}
@@ -641,7 +641,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			return resp
 		}, status: 401, code: "invalid_api_key"},
 		{name: "401 user disabled, messages", send: func(e *errEnv) *http.Response {
-			sendToOK(e.t, "first", e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, nil)
+			sendOK(e.t, "first", e.h.gw.URL, e.key, chatBody, nil)
 			if _, err := e.h.store.DisableUser(context.Background(), e.user.ID); err != nil {
 				e.t.Fatal(err)
 			}
@@ -653,7 +653,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		{name: "402 nothing available, idempotent", plan: "broke", send: chat(chatBody, map[string]string{"Idempotency-Key": "k-broke"}),
 			status: 402, code: "insufficient_credits"},
 		{name: "429 too many in flight, idempotent", plan: "one", send: func(e *errEnv) *http.Response {
-			sendToOK(e.t, "run", e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"X-Run-Id": "open"})
+			sendOK(e.t, "run", e.h.gw.URL, e.key, chatBody, map[string]string{"X-Run-Id": "open"})
 			return e.post("/v1/chat/completions", chatBody, map[string]string{"Idempotency-Key": "k-busy"})
 		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_in_flight", cleanup: func(e *errEnv) { e.settle("open") },
 			retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-busy"})},
@@ -669,7 +669,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		{name: "402 run budget, messages", plan: "tiny", send: ok("/v1/messages", errMsgBody, map[string]string{"X-Run-Id": "small"}), status: 402,
 			code: "run_budget_exhausted", anthropic: true, cleanup: func(e *errEnv) { e.settle("small") }},
 		{name: "429 too many in flight", plan: "one", send: func(e *errEnv) *http.Response {
-			sendToOK(e.t, "run", e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"X-Run-Id": "open"})
+			sendOK(e.t, "run", e.h.gw.URL, e.key, chatBody, map[string]string{"X-Run-Id": "open"})
 			return e.post("/v1/chat/completions", chatBody, nil)
 		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_in_flight", cleanup: func(e *errEnv) { e.settle("open") }, retry: okChat},
 		{name: "429 too many calls of a run", plan: "one", send: func(e *errEnv) *http.Response {
@@ -683,7 +683,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			return resp
 		}, header: map[string]string{"Retry-After": "1"}, status: 429, code: "too_many_in_flight", sharedRun: true, cleanup: func(e *errEnv) { e.callThenSettle("par") }},
 		{name: "409 run settled", send: func(e *errEnv) *http.Response {
-			sendToOK(e.t, "run", e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"X-Run-Id": "done"})
+			sendOK(e.t, "run", e.h.gw.URL, e.key, chatBody, map[string]string{"X-Run-Id": "done"})
 			e.settle("done")
 			return e.post("/v1/chat/completions", chatBody, map[string]string{"X-Run-Id": "done"})
 		}, header: map[string]string{"X-Should-Retry": "false"}, status: 409, code: "run_settled", sharedRun: true, retry: okChat},
@@ -726,19 +726,19 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 			return resp
 		}, header: map[string]string{"Retry-After": "1", "X-Should-Retry": "true"}, namesRun: true, status: 409, code: "request_in_progress", sharedRun: true},
 		{name: "422 idempotency_key_reused", send: func(e *errEnv) *http.Response {
-			sendToOK(e.t, "first", e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, map[string]string{"Idempotency-Key": "k-reused"})
+			sendOK(e.t, "first", e.h.gw.URL, e.key, chatBody, map[string]string{"Idempotency-Key": "k-reused"})
 			return e.post("/v1/chat/completions", `{"model":"fake-gpt","messages":[{"role":"user","content":"another"}]}`,
 				map[string]string{"Idempotency-Key": "k-reused"})
 		}, status: 422, code: "idempotency_key_reused", retry: chat(chatBody, map[string]string{"Idempotency-Key": "k-reused"})},
 		{name: "409 idempotent_response_too_large", send: func(e *errEnv) *http.Response {
 			big := map[string]string{"Idempotency-Key": "k-big", fakellm.HeaderChunks: "1500", "X-Test-Upstream": ""}
-			sendToOK(e.t, "first", e.h.gw.URL, "/v1/chat/completions", e.key, `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, big)
+			sendOK(e.t, "first", e.h.gw.URL, e.key, `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, big)
 			e.h.settled()
 			return e.post("/v1/chat/completions", `{"model":"fake-gpt","stream":true,"messages":[{"role":"user","content":"hi"}]}`, big)
 		}, header: map[string]string{"X-Should-Retry": "false"}, namesRun: true, status: 409, code: "idempotent_response_too_large"},
 		{name: "409 idempotent_response_lost", send: func(e *errEnv) *http.Response {
 			hdr := map[string]string{"Idempotency-Key": "k-lost"}
-			sendToOK(e.t, "first", e.h.gw.URL, "/v1/chat/completions", e.key, chatBody, hdr)
+			sendOK(e.t, "first", e.h.gw.URL, e.key, chatBody, hdr)
 			e.h.settled()
 			ctx := context.Background()
 			rec := e.h.keys.Replay(proxy.IdempotentRunID(e.user.ID, "k-lost", 0))
@@ -759,7 +759,7 @@ func TestEveryErrorAnswerIsClearAndLeavesNothing(t *testing.T) {
 		{name: "409 superseded", send: func(e *errEnv) *http.Response {
 			first := e.inBackground("/v1/chat/completions", chatBody, map[string]string{"X-Session-Id": "s-new", "X-Test-Gate": "never"})
 			e.gate.await(e.t, "never", 1)
-			sendToOK(e.t, "newer", e.h.gw.URL, "/v1/chat/completions", e.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
+			sendOK(e.t, "newer", e.h.gw.URL, e.key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
 				map[string]string{"X-Session-Id": "s-new"})
 			a := <-first
 			sent, err := http.NewRequest(http.MethodPost, e.h.gw.URL+"/v1/chat/completions", nil)

@@ -37,7 +37,7 @@ func TestSupersededBeforeItsRequestReachedTheUpstreamNamesNoRun(t *testing.T) {
 	// The gateway is writing the request; the upstream reads none of it.
 	conn := <-accepted
 	defer conn.Close()
-	sendToOK(t, "newer message", h.gw.URL, "/v1/chat/completions", key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
+	sendOK(t, "newer message", h.gw.URL, key, `{"model":"fake-gpt","messages":[{"role":"user","content":"newer"}]}`,
 		map[string]string{proxy.SessionHeader: "s-hole"})
 	a := <-first
 	if a.err != nil {
