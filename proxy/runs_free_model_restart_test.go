@@ -62,16 +62,7 @@ func TestSettleOfAFreeModelsRunAfterARedisRestartWaitsForTheCallInFlight(t *test
 	// The third call, after the restart: its answer's end means it is tallied and recorded, the
 	// run's tally again, of one call (h.settled would wait for the call in flight too).
 	h.postOK(t, key, "/v1/chat/completions", chatBody, with(run, fakellm.HeaderChunks, "40")) // third call
-	status, body := h.settleRun(key, name)
-	letGo()
-	readAll(t, held.Body)
-	h.settled()
-	if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
-		t.Errorf("settle of a free model's run with a call in flight after a Redis restart: %d %s, want 409 run_busy", status, body)
-	}
-	if status, body := settleAfterRebuild(h, key, name, runID); status != http.StatusOK {
-		t.Fatalf("settle: %d %s", status, body)
-	}
+	busyUntilItsCallEnds(t, h, key, name, runID, held, letGo, "of a free model's run with a call in flight after a Redis restart")
 	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 3 || r.OutTok != 110 || r.ChargedMicro != 0 {
 		t.Fatalf("settled run %+v: want all three calls (110 output tokens), charged 0", r)
 	}

@@ -195,16 +195,7 @@ func TestSettleAfterARedisRestartWaitsForTheCallInFlight(t *testing.T) {
 	second, letGo := h.heldStreamOK(t, gate, key, "second", slowStream(30, run))
 	// The second call is in flight. Redis restarts without persistence.
 	loseRunKeys(t, h, runID)
-	status, body := h.settleRun(key, "task-inflight")
-	letGo()
-	readAll(t, second.Body)
-	h.settled()
-	if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
-		t.Errorf("settle while a call is in flight after a Redis restart: %d %s, want 409 run_busy", status, body)
-	}
-	if status, body := settleAfterRebuild(h, key, "task-inflight", runID); status != http.StatusOK {
-		t.Fatalf("settle: %d %s", status, body)
-	}
+	busyUntilItsCallEnds(t, h, key, "task-inflight", runID, second, letGo, "while a call is in flight after a Redis restart")
 	r := h.run(u.ID, runID)
 	if r.State != holds.StateSettled || r.OutTok != 70 || r.Calls != 2 {
 		t.Fatalf("run settled with %d output tokens over %d calls, charged %d µUSD (%s); want both calls (70 output tokens): the call in flight during the settle is not charged",
@@ -237,18 +228,28 @@ func TestSettleAfterARedisRestartWhoseTallyCostsLessThanItsRowWaitsForTheCallInF
 	if r, err := h.store.Run(context.Background(), u.ID, runID); err != nil || r.Calls != 1 || r.CostMicro <= cheap {
 		t.Fatalf("run's row %+v (%v): want its first call recorded, costing more than %d", r, err, cheap)
 	}
+	busyUntilItsCallEnds(t, h, key, name, runID, second, letGo,
+		"with a call in flight after a Redis restart, its tally as many calls as its row and cheaper")
+	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.OutTok != 70 {
+		t.Fatalf("settled run %+v: want the first call and the one in flight (70 output tokens) charged", r)
+	}
+}
+
+// busyUntilItsCallEnds settles the named run name while its call held is in flight after a
+// Redis restart and requires 409 run_busy (what names the case: the settle must wait for that
+// call); then it lets the call end, waits for its settlement, and settles the run
+// (settleAfterRebuild), requiring 200.
+func busyUntilItsCallEnds(t *testing.T, h *harness, key, name, runID string, held *http.Response, letGo func(), what string) {
+	t.Helper()
 	status, body := h.settleRun(key, name)
 	letGo()
-	readAll(t, second.Body)
+	readAll(t, held.Body)
 	h.settled()
 	if status != http.StatusConflict || errorCode(t, body) != "run_busy" {
-		t.Errorf("settle with a call in flight after a Redis restart, its tally as many calls as its row and cheaper: %d %s, want 409 run_busy", status, body)
+		t.Errorf("settle %s: %d %s, want 409 run_busy", what, status, body)
 	}
 	if status, body := settleAfterRebuild(h, key, name, runID); status != http.StatusOK {
 		t.Fatalf("settle: %d %s", status, body)
-	}
-	if r := h.run(u.ID, runID); r.State != holds.StateSettled || r.Calls != 2 || r.OutTok != 70 {
-		t.Fatalf("settled run %+v: want the first call and the one in flight (70 output tokens) charged", r)
 	}
 }
 
