@@ -254,6 +254,14 @@ func TestReconcileRefundsARefusedAdmissionsHoldChargedDuringAPause(t *testing.T)
 	if !strings.Contains(reason, "refusal") {
 		t.Errorf("the refused admission's refund is granted for %q; want its refusal named", reason)
 	}
+	// An Idempotency-Key retry reads that refund (PauseRefunded) once Redis lost the key's
+	// record: a hold refused before anything was forwarded on it answered nothing, and its key
+	// may run again; taken for one that answered, the retry is refused 409.
+	if amount, answeredNothing, err := e.store.PauseRefunded(e.ctx(), u.ID, "r_prr_marked"); err != nil ||
+		amount != charged["r_prr_marked"] || !answeredNothing {
+		t.Errorf("PauseRefunded of the refused admission's hold: %d, answered nothing %v (%v); want %d, answered nothing",
+			amount, answeredNothing, err, charged["r_prr_marked"])
+	}
 
 	// The process's own refund, resumed late (holds.PauseRefund of a call that cost nothing),
 	// is the pass's grant again.
@@ -481,5 +489,62 @@ func TestReconcileRevisitSaysWhatItsTallySaysTheCallAnswered(t *testing.T) {
 			t.Errorf("%s: refunded %d, answered nothing %v (%v); want a refund saying answered nothing %v",
 				c.what, amount, answeredNothing, err, c.answeredNothing)
 		}
+	}
+}
+
+// TestReconcileRevisitTakesNothingMoreOfACallThatUsedMoreThanItsCharge: a one-call run charged
+// its hold (reconcile_hold) whose tally, written after, says the call used more than that
+// charge, though less than its cap. Its charge stands and nothing is given back; nor is the
+// difference taken: a refund below zero is no refund, and a user with prepaid credits enough to
+// pay it is not debited by the pass (a grant of a negative amount would take it).
+func TestReconcileRevisitTakesNothingMoreOfACallThatUsedMoreThanItsCharge(t *testing.T) {
+	e := newStoreEnvMidday(t)
+	u := e.user("pause-refund-used-more", 50, nil)
+	if _, _, err := e.store.Grant(e.ctx(), holds.GrantRequest{UserID: u.ID, AmountMicro: 1_000_000,
+		IdempotencyKey: "topup-used-more", Reason: "topup"}); err != nil {
+		t.Fatal(err)
+	}
+	const runID = "r_pr_used_more"
+	h := e.admit(u, runID, holds.StateRunning)
+	e.expire(runID)
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.RefundWindow = time.Hour })
+	if _, err := e.pass(rec); err != nil {
+		t.Fatal(err)
+	}
+	r := e.run(u, runID)
+	used := r.ChargedMicro + 10_000
+	if r.SettleSource.String != holds.SourceReconcileHold || r.ChargedMicro != h.HeldMicro || used >= h.CapMicro {
+		t.Fatalf("run %s by %q charged %d of a hold of %d, cap %d; the scene is a hold charged what it held, below its cap by more than 10000",
+			r.State, r.SettleSource.String, r.ChargedMicro, h.HeldMicro, h.CapMicro)
+	}
+	if err := e.tally.RecordCallWith(e.ctx(), runID, 1, pricing.Usage{Input: 100, Output: 20}, used, false, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	before := e.run(u, runID)
+	b0, err := e.store.Balance(e.ctx(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := e.pass(rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var grants []int64
+	if err := e.db.SelectContext(e.ctx(), &grants, "SELECT amount_micro FROM grants WHERE idempotency_key = ?", holds.PauseRefundKey(runID)); err != nil {
+		t.Fatal(err)
+	}
+	if len(grants) != 0 {
+		t.Errorf("granted %v µUSD for a call that used %d of a %d charge; want no grant: the charge stands", grants, used, before.ChargedMicro)
+	}
+	b1, err := e.store.Balance(e.ctx(), u.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b1.PrepaidMicro != b0.PrepaidMicro {
+		t.Errorf("prepaid moved from %d to %d on the revisit; want it unchanged: nothing more is taken", b0.PrepaidMicro, b1.PrepaidMicro)
+	}
+	if r := e.run(u, runID); r.ChargedMicro != before.ChargedMicro {
+		t.Errorf("the run's charge moved from %d to %d; want it standing", before.ChargedMicro, r.ChargedMicro)
 	}
 }
