@@ -3,6 +3,7 @@ package holds_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -201,5 +202,65 @@ func TestReconcileRevisitGoesOnPastARunItCannotRefundYet(t *testing.T) {
 	}
 	if g := e.pauseRefunds(young); len(g) != 0 {
 		t.Errorf("%s, its tally young: grants %v; want none yet", young, g)
+	}
+}
+
+// stalledLease is a lease checker whose Redis, once armed, holds the read of one run's lease
+// until the read's deadline: that run's revisit then outlasts the pass's time budget.
+type stalledLease struct {
+	holds.LeaseChecker
+	run   string
+	armed *atomic.Bool
+}
+
+func (l stalledLease) Exists(ctx context.Context, runID string) (bool, error) {
+	if l.armed.Load() && runID == l.run {
+		<-ctx.Done()
+		return false, ctx.Err()
+	}
+	return l.LeaseChecker.Exists(ctx, runID)
+}
+
+// TestReconcileRevisitGoesOnAfterABatchThatSpentThePassBudget: a pass whose time budget ends
+// with a full batch revisited (here one run, whose lease read stalled past the budget) leaves
+// the next pass to go on after that run, not from the oldest again: a run the revisit cannot
+// get past (a stalled read, each pass) would otherwise keep every run behind it unrefunded.
+func TestReconcileRevisitGoesOnAfterABatchThatSpentThePassBudget(t *testing.T) {
+	e := newStoreEnvMidday(t)
+	u := e.user("revisit-budget-spent", 50, nil)
+	const stalled, behind = "r_mg_bud_a", "r_mg_bud_b"
+	var armed atomic.Bool
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) {
+		c.RefundWindow, c.Batch, c.PassBudget = time.Hour, 1, time.Second
+		c.Leases = stalledLease{LeaseChecker: c.Leases, run: stalled, armed: &armed}
+	})
+	// Each run's revisit may last up to this, past the pass's budget of 1 s.
+	rec.SetItemTimeout(2 * time.Second)
+	charged := map[string]int64{}
+	for _, id := range []string{stalled, behind} {
+		charged[id] = e.chargedHeld(rec, u, id).ChargedMicro
+	}
+	// The tallies once both are charged: a pass that charged the second revisited the first.
+	for _, id := range []string{stalled, behind} {
+		if err := e.tally.RecordCallWith(e.ctx(), id, 1, pricing.Usage{Input: 100, Output: 20}, 900, false, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One settled_at for both, the stalled run first by run_id.
+	if _, err := e.db.ExecContext(e.ctx(), "UPDATE run_holds SET settled_at = NOW(6) - INTERVAL 1 MINUTE WHERE user_id = ?", u.ID); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	for pass := 1; pass <= 2; pass++ {
+		if _, err := e.pass(rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g := e.pauseRefunds(behind); len(g) != 1 || g[0] != charged[behind]-900 {
+		t.Errorf("two passes, the first's budget spent on %s's stalled lease read: grants %v for %s; want one of %d",
+			stalled, g, behind, charged[behind]-900)
+	}
+	if g := e.pauseRefunds(stalled); len(g) != 0 {
+		t.Errorf("%s, its lease unread: grants %v; want none", stalled, g)
 	}
 }
