@@ -112,3 +112,38 @@ func smallHoldReleasedUnforwarded(t *testing.T, h *harness, userID uint64, calls
 			small.RunID, small.State, small.SettleSource.String, small.ChargedMicro)
 	}
 }
+
+// TestLongPromptWhoseSmallHoldsReleaseNeverRanIsReleasedInTheBackground: as
+// TestLongPromptWhoseSmallHoldsReleaseFailedIsRefusedNotAdmittedAgain, but the small hold's
+// release never runs at all (every try answered "not ready" before the server runs it), so
+// nothing of it lands: only the hand-over to a lost admission's release (releaseRefused),
+// which tries again in the background once the database answers, closes the hold. The call is
+// refused 503 billing_unavailable, nothing is forwarded, and the small hold ends released at 0
+// rather than left running for the reconciler to charge what it held.
+func TestLongPromptWhoseSmallHoldsReleaseNeverRanIsReleasedInTheBackground(t *testing.T) {
+	h, lossy, logs := newObservedLossyHarness(t, func(c *config.Config) {
+		aLittleOverTheTier(c)
+		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = 10*time.Second, 500*time.Millisecond
+	})
+	defer lossy.Restore()
+	u, key := h.user("standard")
+	answered := firstCallSettling(t, h, key, nil)
+	calls := h.fake.Calls()
+	// The first call's settlement is held at its step: the next settlement's writes are the
+	// long prompt's small hold's release, none of which the server runs until Restore.
+	lossy.ArmN("settle_token) VALUES", testenv.NotReadyReply, 1_000_000)
+	long := send(h.gw.URL, key, longPromptBody(3000), nil)
+	fired := lossy.Fired()
+	lossy.Restore()
+	close(answered)
+	if !fired {
+		t.Fatalf("the small hold's release never went out (the long prompt: %d %s)", long.status, long.body)
+	}
+	if logs.FilterMessageSnippet("release of a hold too small for its prompt failed").Len() == 0 {
+		t.Fatalf("no failed release logged: the test's premise (the long prompt: %d %s)", long.status, long.body)
+	}
+	if long.status != http.StatusServiceUnavailable || errorCode(t, long.body) != "billing_unavailable" {
+		t.Errorf("the long prompt, its small hold's release failed: %d %s; want 503 billing_unavailable", long.status, long.body)
+	}
+	smallHoldReleasedUnforwarded(t, h, u.ID, calls)
+}
