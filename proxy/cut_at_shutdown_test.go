@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -153,6 +154,20 @@ func TestCallCutDuringItsAdmissionIsToldAndLoggedSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.settled()
+	// What the cut leaves the reconciler, were the admission's COMMIT to land unanswered (markLost):
+	// the plain call's admission marked refused (released at 0, not charged what it held), the
+	// named run's zero tally (settled at what its calls used), and no mark of the named run's.
+	named := proxy.RunIDFor(u.ID, "job-cut")
+	marks, err := h.rdb.Keys(context.Background(), h.keys.Prefix+"billing:refused:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(marks) != 1 || marks[0] == h.keys.Refused(named) {
+		t.Errorf("refusal marks after the cut: %v; want one, the plain call's, none of the named run %s", marks, named)
+	}
+	if n, err := h.rdb.Exists(context.Background(), h.keys.Usage(named)).Result(); err != nil || n != 1 {
+		t.Errorf("named run %s cut during its admission: zero tally found %d (%v); want it written", named, n, err)
+	}
 	refused := logs.FilterMessage("request refused").All()
 	if len(refused) != 2 {
 		t.Errorf("%d refusal lines, want one for each cut call", len(refused))
