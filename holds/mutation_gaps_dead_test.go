@@ -322,3 +322,38 @@ func TestDeadInstanceDeclaredByAnotherMeanwhileIsNotDeclaredAgain(t *testing.T) 
 		t.Fatalf("row dead at %v after the pass, want the other process's %v", row.DeadAt, declaredAt)
 	}
 }
+
+// TestDeadRowWithOnlyANamedRunLeasedIsSwept: a named run is never brought in (it lives between
+// its calls, other processes may serve it), so its lease keeps nothing of a dead row: a row
+// whose only live hold is a leased named run is swept by the first pass, as one with no live
+// hold is.
+func TestDeadRowWithOnlyANamedRunLeasedIsSwept(t *testing.T) {
+	e := newStoreEnv(t)
+	u := e.user("named-leased-user", 5, nil)
+	stopped, err := e.store.RegisterInstance(e.ctx(), "stopped", 50*time.Millisecond, 0, e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := e.admitBy(u, "r_named_leased", "agent-run", stopped.ID(), holds.StateRunning)
+	leases := runstate.NewLeases(e.rdb, e.keys, "other-process", time.Minute, time.Second, e.log)
+	leases.Acquire(named.RunID)
+	if err := leases.Refresh(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	if err := stopped.Retire(e.ctx()); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.reconciler("me", func(c *holds.ReconcilerConfig) { c.DeadAfter = deadBound })
+	if st, err := e.pass(rec); err != nil || st.BroughtIn != 0 {
+		t.Fatalf("pass: %+v, %v; want nothing brought in", st, err)
+	}
+	if row := e.instance(stopped.ID()); !row.SweptAt.Valid {
+		t.Errorf("row %+v whose only live hold is a named run, after a pass; want swept", row)
+	}
+	if r := e.run(u, named.RunID); r.State != holds.StateRunning {
+		t.Errorf("named run %s: %s, want left running", named.RunID, r.State)
+	}
+	if _, err := e.store.Settle(e.ctx(), holds.Settlement{RunID: named.RunID, Source: holds.SourceComplete}); err != nil {
+		t.Fatal(err)
+	}
+}
