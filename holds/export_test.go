@@ -76,3 +76,6 @@ func (in *Instance) TwinsReported() int {
 
 // MaxListRows is the most rows one listing reads (maxListRows).
 const MaxListRows = maxListRows
+
+// Queued is how many lookups wait in the key lookup's queue for a worker.
+func (k *KeyLookup) Queued() int { return len(k.b.in) }
