@@ -27,7 +27,7 @@ func poisonBatch(t *testing.T, poison func(*holds.Settlement, *holds.AdmitReques
 			t.Fatal(err)
 		}
 	}
-	w := holds.NewWriter(st, holds.WriterConfig{Workers: 1, AdmitTimeout: 10 * time.Second, SettleTimeout: 10 * time.Second,
+	w := holds.NewWriter(st, holds.WriterConfig{Workers: 1, AdmitTimeout: poisonAdmitTimeout, SettleTimeout: 10 * time.Second,
 		OnBatch: e.seen.add})
 	t.Cleanup(w.Close)
 	// The stall: the only worker waits for users[2]'s row lock while the poisoned batch gathers.
@@ -57,6 +57,7 @@ func poisonBatch(t *testing.T, poison func(*holds.Settlement, *holds.AdmitReques
 		admitted <- err
 	}()
 	waitGathered(t, w, 4)
+	e.unlocked = time.Now() // every admission was offered before: its deadline is before unlocked+admitTimeout
 	unlock()
 	if err := <-stalled; err != nil {
 		t.Fatalf("the stalled admission: %v", err)
@@ -75,7 +76,12 @@ type poisonEnv struct {
 	store *holds.Store
 	a, b  holds.User
 	seen  shapes
+	// unlocked is when the stall ended, after every admission was offered.
+	unlocked time.Time
 }
+
+// poisonAdmitTimeout is the writer's AdmitTimeout in poisonBatch.
+const poisonAdmitTimeout = 10 * time.Second
 
 // TestWriterPoisonItemFailsOnlyItself: one settlement and one admission the database refuses
 // for what they are share a batch with another user's settlement and admission. The batch
@@ -100,6 +106,13 @@ func TestWriterPoisonItemFailsOnlyItself(t *testing.T) {
 	}
 	if badAdmit == nil || holds.IsUnavailable(badAdmit) || errors.Is(badAdmit, holds.ErrOutcomeUnknown) {
 		t.Errorf("the poisoned admission: %v; want its own error, neither an outage nor an unknown outcome", badAdmit)
+	}
+	// Each part of the refused batch that carries an admission runs under the earliest of its
+	// admissions' deadlines, not under the settlements' time counted from the refusal.
+	for _, b := range e.seen.list() {
+		if by := e.unlocked.Add(poisonAdmitTimeout); b.Admissions > 0 && b.Deadline.After(by) {
+			t.Errorf("a batch of %d admissions ran under a deadline %v past its admissions' latest possible one", b.Admissions, b.Deadline.Sub(by))
+		}
 	}
 	if r, err := e.store.Run(ctx, e.a.ID, "r_poison_a_prev"); err != nil || r.State != holds.StateSettled {
 		t.Errorf("the good settlement's run: %+v, %v; want settled", r, err)

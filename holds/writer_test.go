@@ -122,13 +122,13 @@ func TestWriterSettlementRidesWithNextAdmission(t *testing.T) {
 	}
 }
 
-// TestWriterCloseCommitsLingeringSettlements: Close does not wait out the linger, and does not
-// drop what was gathered.
+// TestWriterCloseCommitsLingeringSettlements: Close does not wait out the linger (ten minutes
+// here), and does not drop what was gathered.
 func TestWriterCloseCommitsLingeringSettlements(t *testing.T) {
 	f := newSettleFixture(t)
 	ctx := context.Background()
 	f.admit("r_close")
-	w := holds.NewWriter(f.store, holds.WriterConfig{Linger: time.Second, AdmitTimeout: 10 * time.Second, SettleTimeout: 10 * time.Second})
+	w := holds.NewWriter(f.store, holds.WriterConfig{Linger: 10 * time.Minute, AdmitTimeout: 10 * time.Second, SettleTimeout: 20 * time.Minute})
 	settled := settleAsync(w, holds.Settlement{RunID: "r_close", CostMicro: 3_000, Source: holds.SourceShutdown})
 	waitGathered(t, w, 1)
 	closed := make(chan struct{})
