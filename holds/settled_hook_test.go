@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -72,5 +73,25 @@ func TestSettledHookCountsEachChargeOnce(t *testing.T) {
 	defer log.mu.Unlock()
 	if len(log.seen) != 2 {
 		t.Errorf("told of runs %v, want r_hook_a and r_hook_lost", log.seen)
+	}
+}
+
+// TestWriterTellsTheSettledHookOfItsCharges: settlements committed by the batch writer (how
+// the gateway settles its calls) are told to the SettledHook too, once each with what they
+// charged; a second settlement of a settled run is not.
+func TestWriterTellsTheSettledHookOfItsCharges(t *testing.T) {
+	f := newSettleFixture(t)
+	log := watchSettled(f.store)
+	ctx := context.Background()
+	f.admit("r_hook_writer")
+	w := holds.NewWriter(f.store, holds.WriterConfig{AdmitTimeout: 10 * time.Second, SettleTimeout: 10 * time.Second})
+	defer w.Close()
+	for range 2 {
+		if _, err := w.Settle(ctx, holds.Settlement{RunID: "r_hook_writer", UserID: f.user.ID, CostMicro: 3_000, Source: holds.SourceComplete}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := log.of("r_hook_writer"); len(got) != 1 || got[0].ChargedMicro != 3_000 {
+		t.Errorf("settled through the writer, then again: told %+v, want one charge of 3,000", got)
 	}
 }
