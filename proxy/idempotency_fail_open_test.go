@@ -87,3 +87,34 @@ func TestIdemSettledAttemptPassedOnlyUnderFailOpen(t *testing.T) {
 		t.Fatalf("%d reads of the record, want 2: the retry's, and the one after its attempt was found settled", n)
 	}
 }
+
+// TestIdemRecordUnreadableFailsClosed: a gateway that does not fail open (dedup.fail_open off,
+// the default) whose read of a key's record fails does not go on without it: 503
+// dedup_unavailable with Retry-After, nothing held, the upstream not called. Gone on as fail_open
+// goes on, from attempt 0 with the record unread, a retry of a key whose answer the record
+// holds ran the key again beside it and was charged twice — what an operator who left fail_open
+// off chose not to risk. Once the record reads again, the key runs, once.
+func TestIdemRecordUnreadableFailsClosed(t *testing.T) {
+	reads := &failingWrites{marker: []byte("\r\nlarge_why\r\n")} // readIdem alone asks for it
+	h := newHarnessOn(t, harnessSetup{
+		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingWritesConn{Conn: c, f: reads} }),
+		contextTimeouts: true,
+	}, func(c *config.Config) { c.Dedup.FailOpen = false })
+	u, key := h.user("standard")
+	idem := map[string]string{proxy.IdempotencyKeyHeader: "unreadable-closed"}
+	reads.on.Store(true)
+	resp := h.post(key, "/v1/chat/completions", chatBody, idem)
+	resp.Body.Close()
+	if ra := resp.Header.Get("Retry-After"); resp.StatusCode != http.StatusServiceUnavailable || ra == "" {
+		t.Fatalf("record unreadable, fail_open off: %d Retry-After %q; want 503 with Retry-After", resp.StatusCode, ra)
+	}
+	// want 503 dedup_unavailable, nothing held, the upstream not called
+	h.postRefused(t, key, "/v1/chat/completions", chatBody, idem, http.StatusServiceUnavailable, "dedup_unavailable")
+	reads.on.Store(false)
+	ran := sendOK(t, "the key once its record reads", h.gw.URL, key, chatBody, idem)
+	h.settled()
+	h.expectCharges(u.ID, []string{ran.header.Get(proxy.RunIDHeader)})
+	if n := h.fake.Calls(); n != 1 {
+		t.Fatalf("%d upstream calls, want the one run after the record read again", n)
+	}
+}
