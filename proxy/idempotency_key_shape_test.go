@@ -67,3 +67,20 @@ func TestIdemRunIDIsTheKeysHash(t *testing.T) {
 		t.Fatalf("record under %s: %d %v, want it there", h.keys.Replay(want), n, err)
 	}
 }
+
+// TestIdemKeyOutsidePrintableASCIIIsRefused: a key holding a byte HTTP lets through in a header
+// value but that is not printable ASCII — a tab inside it, a UTF-8 letter (bytes 0x80-0xff) —
+// is refused 400 invalid_idempotency_key, before any hold (README: 1-255 printable ASCII
+// characters). Accepted, one key was two to a fleet whose proxies normalise or re-encode such
+// bytes: a retry that reached the gateway altered ran, and was charged, a second time.
+func TestIdemKeyOutsidePrintableASCIIIsRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	for _, k := range []string{"with\ttab", "cl\xc3\xa9", "high\xff"} {
+		t.Run(strconv.Quote(k), func(t *testing.T) {
+			// want 400 invalid_idempotency_key, no hold, no upstream call
+			h.postRefused(t, key, "/v1/chat/completions", chatBody, map[string]string{proxy.IdempotencyKeyHeader: k},
+				http.StatusBadRequest, "invalid_idempotency_key")
+		})
+	}
+}
