@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -42,20 +44,7 @@ func TestLongPromptWhoseSmallHoldsReleaseFailedIsRefusedNotAdmittedAgain(t *test
 	// prompt's small hold's release. It reaches the database; its reply, and every write after
 	// it, is lost until Restore.
 	lossy.Arm("settle_token) VALUES", testenv.GoDown)
-	long := send(h.gw.URL, key, longPromptBody(3000), nil)
-	fired := lossy.Fired()
-	lossy.Restore()
-	close(answered)
-	if !fired {
-		t.Fatalf("the small hold's release never went out (the long prompt: %d %s)", long.status, long.body)
-	}
-	if logs.FilterMessageSnippet("release of a hold too small for its prompt failed").Len() == 0 {
-		t.Fatalf("no failed release logged: the test's premise (the long prompt: %d %s)", long.status, long.body)
-	}
-	if long.status != http.StatusServiceUnavailable || errorCode(t, long.body) != "billing_unavailable" {
-		t.Errorf("the long prompt, its small hold's release failed: %d %s; want 503 billing_unavailable: the database stopped it",
-			long.status, long.body)
-	}
+	longRefusedAsItsReleaseFails(t, h, key, lossy, logs, answered)
 	if waited.Load() {
 		t.Errorf("the long prompt waited for a settlement after its small hold's release failed; want it refused at once")
 	}
@@ -92,6 +81,29 @@ func TestDrainCutWhileReleasingAHoldTooSmallForItsPromptIsToldShuttingDown(t *te
 		t.Errorf("the long prompt, cut while its small hold's release was out: %d %s; want 503 shutting_down, nothing charged", long.status, long.body)
 	}
 	smallHoldReleasedUnforwarded(t, h, u.ID, calls)
+}
+
+// longRefusedAsItsReleaseFails sends the long prompt while the first call's settlement is
+// held (answered ends that hold) and lossy, armed by the caller, fails its small hold's
+// release; it checks the release went out, failed, and the call was refused 503
+// billing_unavailable: the database stopped it, not its credits.
+func longRefusedAsItsReleaseFails(t *testing.T, h *harness, key string, lossy *testenv.Lossy,
+	logs *observer.ObservedLogs, answered chan struct{}) {
+	t.Helper()
+	long := send(h.gw.URL, key, longPromptBody(3000), nil)
+	fired := lossy.Fired()
+	lossy.Restore()
+	close(answered)
+	if !fired {
+		t.Fatalf("the small hold's release never went out (the long prompt: %d %s)", long.status, long.body)
+	}
+	if logs.FilterMessageSnippet("release of a hold too small for its prompt failed").Len() == 0 {
+		t.Fatalf("no failed release logged: the test's premise (the long prompt: %d %s)", long.status, long.body)
+	}
+	if long.status != http.StatusServiceUnavailable || errorCode(t, long.body) != "billing_unavailable" {
+		t.Errorf("the long prompt, its small hold's release failed: %d %s; want 503 billing_unavailable: the database stopped it",
+			long.status, long.body)
+	}
 }
 
 // smallHoldReleasedUnforwarded checks the long prompt of userID, refused, was never forwarded
@@ -132,18 +144,6 @@ func TestLongPromptWhoseSmallHoldsReleaseNeverRanIsReleasedInTheBackground(t *te
 	// The first call's settlement is held at its step: the next settlement's writes are the
 	// long prompt's small hold's release, none of which the server runs until Restore.
 	lossy.ArmN("settle_token) VALUES", testenv.NotReadyReply, 1_000_000)
-	long := send(h.gw.URL, key, longPromptBody(3000), nil)
-	fired := lossy.Fired()
-	lossy.Restore()
-	close(answered)
-	if !fired {
-		t.Fatalf("the small hold's release never went out (the long prompt: %d %s)", long.status, long.body)
-	}
-	if logs.FilterMessageSnippet("release of a hold too small for its prompt failed").Len() == 0 {
-		t.Fatalf("no failed release logged: the test's premise (the long prompt: %d %s)", long.status, long.body)
-	}
-	if long.status != http.StatusServiceUnavailable || errorCode(t, long.body) != "billing_unavailable" {
-		t.Errorf("the long prompt, its small hold's release failed: %d %s; want 503 billing_unavailable", long.status, long.body)
-	}
+	longRefusedAsItsReleaseFails(t, h, key, lossy, logs, answered)
 	smallHoldReleasedUnforwarded(t, h, u.ID, calls)
 }
