@@ -134,3 +134,24 @@ func TestUsersCreatedAtOnceAboveTheDatabaseClockEachTryAgain(t *testing.T) {
 		seen[ids[i]] = true
 	}
 }
+
+// A new user's id is at least the database clock in microseconds since the epoch, read before
+// the user is created: the ids a fleet has given are in that unit, and a restore forgets the
+// last of them. An id in a coarser unit (milliseconds) falls a thousandfold below the ids
+// already given, the highest kept id + 1 decides alone, and after a restore that is the id of
+// the first user lost, whose Redis state the new user takes.
+func TestUserIDIsAtLeastTheDatabaseClockInMicroseconds(t *testing.T) {
+	e := newStoreEnv(t)
+	ctx := e.ctx()
+	var before uint64
+	if err := e.db.GetContext(ctx, &before, "SELECT CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000000) AS UNSIGNED)"); err != nil {
+		t.Fatal(err)
+	}
+	u, err := e.store.CreateUser(ctx, "clocked", "standard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.ID < before {
+		t.Fatalf("user created at database time %d µs got id %d: below the clock in µs, the unit of the ids already given", before, u.ID)
+	}
+}
