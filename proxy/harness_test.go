@@ -47,6 +47,29 @@ type harness struct {
 	// metrics are the gateway's series; a test's own reconciler reports to them as
 	// cmd/gateway's does.
 	metrics *proxy.Metrics
+	// watched are the request contexts of the calls sent with watchHeader, by its value
+	// (callerGone).
+	watched sync.Map
+}
+
+// watchHeader names a call whose request context the harness keeps (callerGone).
+const watchHeader = "X-Test-Watch"
+
+// callerGone waits until the gateway has seen the caller of the call sent with watchHeader
+// name leave: the server cancels a request's context only once its connection's read sees
+// the close, some moments after the client's side has returned, and a test that resumes the
+// call before then races that read.
+func (h *harness) callerGone(name string) {
+	h.t.Helper()
+	v, ok := h.watched.Load(name)
+	if !ok {
+		h.t.Fatalf("no call sent with %s: %s reached the gateway", watchHeader, name)
+	}
+	select {
+	case <-v.(context.Context).Done():
+	case <-time.After(10 * time.Second):
+		h.t.Fatalf("the gateway did not see the caller of %s leave within 10 s", name)
+	}
 }
 
 func newHarness(t *testing.T, mutate func(*config.Config)) *harness {
@@ -184,7 +207,13 @@ func newHarnessOn(t *testing.T, setup harnessSetup, mutate func(*config.Config))
 	h.store.OnSettled(metrics.ObserveSettled)
 	h.srv = proxy.New(proxy.Deps{Config: cfg, Store: h.store, Redis: gwRDB, Keys: h.keys, Tally: h.tally, Leases: h.leases, Log: log,
 		Admin: setup.admin, Metrics: metrics, Transport: setup.transport, SessionCheckInterval: setup.sessionCheckInterval})
-	h.gw = httptest.NewUnstartedServer(h.srv.Handler())
+	handler := h.srv.Handler()
+	h.gw = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if name := r.Header.Get(watchHeader); name != "" {
+			h.watched.Store(name, r.Context())
+		}
+		handler.ServeHTTP(w, r)
+	}))
 	if setup.serverLog {
 		h.gw.Config.ErrorLog = zap.NewStdLog(log)
 	}

@@ -220,7 +220,9 @@ func TestIdemAttemptPausedBeforeItsRecordWhoseCallerLeftRunsWhenRetried(t *testi
 	ctx, leave := context.WithCancel(context.Background())
 	defer leave()
 	left := make(chan answer, 1)
-	go func() { left <- sendToCtx(ctx, h.gw.URL, "/v1/chat/completions", key, chatBody, idem) }()
+	go func() {
+		left <- sendToCtx(ctx, h.gw.URL, "/v1/chat/completions", key, chatBody, with(idem, watchHeader, "paused"))
+	}()
 	select {
 	case <-reached:
 	case <-time.After(10 * time.Second):
@@ -234,6 +236,7 @@ func TestIdemAttemptPausedBeforeItsRecordWhoseCallerLeftRunsWhenRetried(t *testi
 	}
 	leave()
 	<-left
+	h.callerGone("paused") // resumed before the gateway saw it leave, it is forwarded and charged its prompt
 	resume()
 	h.settled()
 	ran := send(h.gw.URL, key, chatBody, idem)
