@@ -537,6 +537,7 @@ func TestSigtermCallArrivingDuringDrain(t *testing.T) {
 // one that exits without, had nothing left to wait for.
 var gaveUpLines = []string{
 	"settlement failed; the reconciler will settle this run",
+	"settlement still queued at settle_timeout; it commits once a batch takes it, or the reconciler settles this run",
 	"settlements still pending at exit; the reconciler will settle them",
 	"batch writer still busy at exit; the reconciler will settle what it held",
 }

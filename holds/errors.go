@@ -87,6 +87,10 @@ func (e *OutcomeUnknownError) forRun(runID string) error {
 // ErrAdmitNotStarted is an admission that no worker took before its deadline: nothing was held.
 var ErrAdmitNotStarted = errors.New("admission not started before its deadline")
 
+// ErrSettleQueued is a settlement whose caller stopped waiting before a worker took it: it has
+// not run yet, and commits (or fails) in a later batch. Its caller cannot tell which.
+var ErrSettleQueued = errors.New("settlement still queued")
+
 // errBatchPanicked is a batch whose building or reading panicked (Writer.writeBatch): most
 // likely one item's fault, an item refusal (isItemRefusal).
 var errBatchPanicked = errors.New("batch panicked")

@@ -143,20 +143,31 @@ func (w *Writer) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
 	return o.hold, nil
 }
 
-// Settle settles st in a coming batch and waits for its outcome or ctx. A caller that stops
-// waiting does not withdraw the settlement: it commits or fails with its batch.
+// Settle settles st in a coming batch and waits for its outcome. A caller that stops waiting
+// does not withdraw the settlement: it commits or fails with its batch. So, once a worker has
+// taken it, Settle waits for that batch whatever ctx says — the batch runs under its own
+// deadline, SettleTimeout or an admission's earlier one, and a retry of its settlements alone
+// under SettleTimeout more — and answers what the batch did. It used to answer ctx's error
+// there, and a batch that then committed was counted and logged by its caller as a settlement
+// that gave up. A settlement still queued when ctx ends is answered ErrSettleQueued at once:
+// it has not run, and still runs when a worker is free.
 func (w *Writer) Settle(ctx context.Context, st Settlement) (Settled, error) {
-	out, err := w.offer(ctx, writeItem{settle: &st})
+	it := writeItem{settle: &st, taken: new(atomic.Int32)}
+	out, err := w.offer(ctx, it)
 	if err == nil {
+		var o writeOutcome
 		select {
-		case o := <-out:
-			err = o.err
-			if err == nil {
-				return o.settled, nil
-			}
+		case o = <-out:
 		case <-ctx.Done():
-			err = ctx.Err()
+			if it.taken.Load() == itemQueued {
+				return Settled{}, fmt.Errorf("settle %s: %w: %w", st.RunID, ErrSettleQueued, ctx.Err())
+			}
+			o = <-out
 		}
+		if o.err == nil {
+			return o.settled, nil
+		}
+		err = o.err
 	}
 	return Settled{}, fmt.Errorf("settle %s: %w", st.RunID, err)
 }
@@ -178,7 +189,8 @@ type writeItem struct {
 	settle *Settlement
 	out    chan writeOutcome
 	// taken decides, for an admission, between the worker that starts it (queued -> taken)
-	// and the caller that gives up waiting for a worker (queued -> withdrawn).
+	// and the caller that gives up waiting for a worker (queued -> withdrawn). A settlement
+	// is never withdrawn: it tells its caller whether a worker has started it (Settle).
 	taken *atomic.Int32
 	// queued is when the item was offered.
 	queued time.Time
@@ -299,6 +311,7 @@ func (w *Writer) commit(batch []writeItem) {
 	taken := batch[:0:0]
 	for _, it := range batch {
 		if it.admit == nil {
+			it.taken.Store(itemTaken)
 			taken = append(taken, it)
 			continue
 		}

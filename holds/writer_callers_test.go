@@ -123,6 +123,66 @@ func TestWriterSettlementOfALeftCallerIsStillCommitted(t *testing.T) {
 	}
 }
 
+// TestWriterSettlementWhoseCallerLeftMidBatchIsAnsweredItsBatch: a caller that stops waiting
+// once a worker has started its settlement is answered what the batch did, not its context's
+// error: here the batch, waiting on a row a console holds when the caller's context ends,
+// commits once the row is free, and Settle says so. It used to answer context.Canceled, and the
+// proxy counted and logged a settlement that had committed as one left to the reconciler.
+func TestWriterSettlementWhoseCallerLeftMidBatchIsAnsweredItsBatch(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	f.admit("r_left_mid_batch")
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: 10 * time.Second, SettleTimeout: time.Minute})
+	defer w.Close()
+	unlock := lockUserRow(t, f.store, f.user.ID)
+	defer unlock() // before Close, which waits for the batch
+	callerCtx, leave := context.WithCancel(ctx)
+	settled := settleAsyncWith(callerCtx, w, holds.Settlement{RunID: "r_left_mid_batch", UserID: f.user.ID, CostMicro: 3_000, Source: holds.SourceComplete})
+	waitLockWaiter(t, f.store) // a worker has taken it: its batch waits for the row
+	leave()
+	unlock()
+	if s := <-settled; s.err != nil || !s.res.Applied || s.res.ChargedMicro != 3_000 {
+		t.Fatalf("settlement whose caller left while its batch ran: %+v, %v; want what its batch committed", s.res, s.err)
+	}
+	if bal, err := testenv.BalanceAllDays(ctx, f.store, f.user.ID); err != nil || bal.UsedTodayMicro != 3_000 || bal.InFlight != 0 {
+		t.Fatalf("balance %+v, %v: want the settlement committed", bal, err)
+	}
+}
+
+// TestWriterSettlementWhoseCallerLeftWhileQueuedSaysSoAndStillCommits: a caller that stops
+// waiting before any worker has taken its settlement is told at once that it is still queued
+// (ErrSettleQueued), which is true: it commits in a later batch. Here the one worker is held by
+// another user's settlement waiting on a row a console holds.
+func TestWriterSettlementWhoseCallerLeftWhileQueuedSaysSoAndStillCommits(t *testing.T) {
+	f := newSettleFixture(t)
+	ctx := context.Background()
+	f.admit("r_queued_first")
+	other := newSettleFixtureOn(t, f.store.DB())
+	other.admit("r_queued_second")
+	w := holds.NewWriter(f.store, holds.WriterConfig{Workers: 1, AdmitTimeout: 10 * time.Second, SettleTimeout: time.Minute})
+	defer w.Close()
+	unlock := lockUserRow(t, f.store, f.user.ID)
+	defer unlock() // before Close, which waits for the batch
+	first := settleAsync(w, holds.Settlement{RunID: "r_queued_first", UserID: f.user.ID, CostMicro: 1_000, Source: holds.SourceComplete})
+	waitLockWaiter(t, f.store) // the one worker is taken
+	callerCtx, leave := context.WithCancel(ctx)
+	second := settleAsyncWith(callerCtx, w, holds.Settlement{RunID: "r_queued_second", UserID: other.user.ID, CostMicro: 2_000, Source: holds.SourceComplete})
+	waitGathered(t, w, 1)
+	leave()
+	if s := <-second; !errors.Is(s.err, holds.ErrSettleQueued) || !errors.Is(s.err, context.Canceled) {
+		t.Fatalf("settlement whose caller left while it queued: %+v, %v; want ErrSettleQueued with the caller's reason", s.res, s.err)
+	}
+	unlock()
+	if s := <-first; s.err != nil || !s.res.Applied {
+		t.Fatalf("first settlement: %+v, %v", s.res, s.err)
+	}
+	w.Close() // commits what is queued
+	run, err := other.store.Run(ctx, other.user.ID, "r_queued_second")
+	if err != nil || run.State != holds.StateSettled || run.SettleSource.String != holds.SourceComplete || run.ChargedMicro != 2_000 {
+		t.Fatalf("run %+v, %v: want the queued settlement committed after its caller left", run, err)
+	}
+}
+
 // TestWriterCloseWaitsForTheBatchInFlight: Close returns once the batches it leaves have
 // ended, not before: a process that exits after Close must not cut a batch off mid-way.
 // Here the batch waits on a row a console holds; Close must not return until it is free,

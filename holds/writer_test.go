@@ -71,9 +71,14 @@ type settleOutcome struct {
 
 // settleAsync offers st to w and returns where its outcome will arrive.
 func settleAsync(w *holds.Writer, st holds.Settlement) chan settleOutcome {
+	return settleAsyncWith(context.Background(), w, st)
+}
+
+// settleAsyncWith is settleAsync whose caller waits under ctx.
+func settleAsyncWith(ctx context.Context, w *holds.Writer, st holds.Settlement) chan settleOutcome {
 	out := make(chan settleOutcome, 1)
 	go func() {
-		res, err := w.Settle(context.Background(), st)
+		res, err := w.Settle(ctx, st)
 		out <- settleOutcome{res, err}
 	}()
 	return out

@@ -108,7 +108,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		Settlements: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tollgate_settlements_total",
 			Help: "Settlements by source; applied=false means the run had been settled before."}, []string{"source", "applied"}),
 		SettleFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_settle_failures_total",
-			Help: "Settlements that gave up; the reconciler settles these runs from the tally."}),
+			Help: "Settlements that gave up, or were still queued behind a stalled database at settle_timeout; the reconciler settles these runs from the tally if they never commit."}),
 		TallyFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_tally_failures_total",
 			Help: "Tally writes to Redis that failed; the call was still served and settled."}),
 		ReconcileHold: prometheus.NewCounter(prometheus.CounterOpts{Name: "tollgate_reconcile_hold_total",

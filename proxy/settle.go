@@ -250,7 +250,11 @@ func (s *Server) settle(ctx context.Context, c *call, st holds.Settlement) bool 
 	res, err := s.writer.Settle(ctx, st)
 	if err != nil {
 		s.metrics.SettleFailures.Inc()
-		c.log.Error("settlement failed; the reconciler will settle this run", zap.Error(err))
+		if errors.Is(err, holds.ErrSettleQueued) {
+			c.log.Error("settlement still queued at settle_timeout; it commits once a batch takes it, or the reconciler settles this run", zap.Error(err))
+		} else {
+			c.log.Error("settlement failed; the reconciler will settle this run", zap.Error(err))
+		}
 		if !c.inRun && s.mayBeChargedUnderAPause(c) {
 			// The reconciler settles only a run still open: one another process charged its
 			// hold while this one was stopped is read again only by a pass's revisit, from its
