@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/internal/testenv"
 	tgsql "github.com/tollgate/tollgate/sql"
 )
@@ -61,21 +60,7 @@ func TestMigrateRefusesWhileAnotherRunnerKeepsTheLock(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	other, err := holds.OpenForMigrate(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	conn, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	var got int
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+tgsql.LockName+", 0)").Scan(&got); err != nil || got != 1 {
-		t.Fatalf("take the migration lock: %d, %v", got, err)
-	}
-	defer conn.ExecContext(ctx, "SELECT RELEASE_LOCK("+tgsql.LockName+")")
+	takeMigrationLock(t, ctx, dsn)
 
 	done, err := tgsql.Migrate(ctx, db.DB)
 	if err == nil || !strings.Contains(err.Error(), "another migration holds the lock") {

@@ -2,6 +2,7 @@ package sql_test
 
 import (
 	"context"
+	"database/sql"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,20 +89,7 @@ func TestPendingNamesWhatIsNotApplied(t *testing.T) {
 func TestMigrateWaitsOutAnotherRunner(t *testing.T) {
 	dsn := testenv.MySQLDSN(t)
 	ctx := context.Background()
-	other, err := holds.Open(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	conn, err := other.Conn(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	var got int
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+tgsql.LockName+", 0)").Scan(&got); err != nil || got != 1 {
-		t.Fatalf("take the migration lock: %d, %v", got, err)
-	}
+	conn := takeMigrationLock(t, ctx, dsn)
 	const busy = 35 * time.Second // the first runner's long CREATE INDEX, say
 	// Set before the lock is released, so a second runner that waited for the lock always
 	// sees it; one that did not wait returns while it is still false.
@@ -234,4 +222,25 @@ func TestMigrateRunnersRacing(t *testing.T) {
 	if err := pools[0].Get(&recorded, "SELECT COUNT(*) FROM schema_migrations"); err != nil || recorded != len(all) {
 		t.Fatalf("%d migrations recorded (%v), %d embedded", recorded, err, len(all))
 	}
+}
+
+// takeMigrationLock takes the migration lock as another runner would, on a connection of its
+// own that the test's end closes (which releases the lock, if the test has not).
+func takeMigrationLock(t *testing.T, ctx context.Context, dsn string) *sql.Conn {
+	t.Helper()
+	other, err := holds.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close() })
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	var got int
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK("+tgsql.LockName+", 0)").Scan(&got); err != nil || got != 1 {
+		t.Fatalf("take the migration lock: %d, %v", got, err)
+	}
+	return conn
 }
