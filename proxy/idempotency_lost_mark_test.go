@@ -315,12 +315,7 @@ func TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwardedOnceRedisLostTheReco
 
 	first := p.answerAfter(t, holdTTL)
 	h.settled()
-	if n := h.fake.Calls(); n != calls {
-		t.Errorf("the paused attempt was forwarded once resumed (%d upstream calls after it, want 0): the key ran twice", n-calls)
-	}
-	if first.status != http.StatusConflict || errorCode(t, first.body) != "request_in_progress" || errorRunID(t, first.body) != attempt2 {
-		t.Errorf("the paused attempt's caller, resumed: %d %s; want 409 request_in_progress naming %s", first.status, first.body, attempt2)
-	}
+	checkResumedAttemptGaveWay(t, h, first, calls, attempt2)
 	paused := h.run(u.ID, attempt1)
 	if refunded := grantedTo(t, h, u.ID); refunded != paused.ChargedMicro {
 		t.Errorf("paused attempt charged %d, %d given back; want all of its charge given back: it was never forwarded",

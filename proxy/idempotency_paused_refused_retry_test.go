@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"testing"
@@ -63,13 +62,7 @@ func TestIdemAttemptPausedWhileARetryWasRefusedItsNextAttemptIsNotForwarded(t *t
 
 	first := p.answerAfter(t, holdTTL)
 	h.settled()
-	if n := h.fake.Calls(); n != calls {
-		t.Errorf("the paused attempt was forwarded once resumed (%d upstream calls after it, want 0): the key had moved past it", n-calls)
-	}
-	if first.status != http.StatusConflict || errorCode(t, first.body) != "request_in_progress" || errorRunID(t, first.body) != attempt2 ||
-		first.header.Get("X-Should-Retry") != "true" {
-		t.Errorf("the paused attempt's caller, resumed: %d %s; want 409 request_in_progress naming %s, to be retried", first.status, first.body, attempt2)
-	}
+	checkResumedAttemptGaveWay(t, h, first, calls, attempt2)
 	ran := send(h.gw.URL, key, chatBody, idem)
 	if ran.status != http.StatusOK || ran.header.Get(proxy.RunIDHeader) != attempt2 || ran.header.Get(proxy.ReplayedHeader) != "" {
 		t.Errorf("retry once the user has credits again: %d %s (run %q, replayed %q); want the key's next attempt %s run",
@@ -79,17 +72,5 @@ func TestIdemAttemptPausedWhileARetryWasRefusedItsNextAttemptIsNotForwarded(t *t
 	if n := h.fake.Calls() - calls; n != 1 {
 		t.Errorf("%d upstream calls for the key past its first attempt, want 1: the key ran twice", n)
 	}
-	replay := send(h.gw.URL, key, chatBody, idem)
-	if replay.status != http.StatusOK || replay.header.Get(proxy.ReplayedHeader) != "true" || !bytes.Equal(replay.body, ran.body) {
-		t.Errorf("the retry after: %d %s replayed %q; want %s's answer replayed", replay.status, replay.body,
-			replay.header.Get(proxy.ReplayedHeader), attempt2)
-	}
-	paused := h.run(u.ID, attempt1)
-	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || refunded != paused.ChargedMicro {
-		t.Errorf("paused attempt settled %s charged %d, %d given back; want all of its charge given back: it was never forwarded",
-			paused.SettleSource.String, paused.ChargedMicro, refunded)
-	}
-	if r := h.run(u.ID, attempt2); r.SettleSource.String != holds.SourceComplete || r.ChargedMicro <= 0 {
-		t.Errorf("the key's answered attempt settled %s charged %d; want it charged what it used", r.SettleSource.String, r.ChargedMicro)
-	}
+	checkKeyAnsweredOnceAfterItsPause(t, h, u.ID, key, idem, ran, attempt1, attempt2)
 }

@@ -173,25 +173,42 @@ func TestIdemAttemptPausedWhileARetryRanTheKeyIsNotForwarded(t *testing.T) {
 
 	first := p.answerAfter(t, holdTTL)
 	h.settled()
+	checkResumedAttemptGaveWay(t, h, first, calls, attempt2)
+	checkKeyAnsweredOnceAfterItsPause(t, h, u.ID, key, idem, ran, attempt1, attempt2)
+}
+
+// checkResumedAttemptGaveWay checks the answer first of a key's paused attempt, resumed once the
+// key's attempt2 had passed it, calls being the upstream's count before it resumed: it was not
+// forwarded, and its caller was told 409 request_in_progress naming attempt2, to be retried.
+func checkResumedAttemptGaveWay(t *testing.T, h *harness, first answer, calls int64, attempt2 string) {
+	t.Helper()
 	if n := h.fake.Calls(); n != calls {
-		t.Errorf("the paused attempt was forwarded once resumed (%d upstream calls after it, want 0): the key ran twice", n-calls)
+		t.Errorf("the paused attempt was forwarded once resumed (%d upstream calls after it, want 0): the key had moved past it", n-calls)
 	}
 	if first.status != http.StatusConflict || errorCode(t, first.body) != "request_in_progress" || errorRunID(t, first.body) != attempt2 ||
 		first.header.Get("X-Should-Retry") != "true" {
 		t.Errorf("the paused attempt's caller, resumed: %d %s; want 409 request_in_progress naming %s, to be retried", first.status, first.body, attempt2)
 	}
+}
+
+// checkKeyAnsweredOnceAfterItsPause checks the end of a key whose attempt1 was paused past its
+// hold, charged whole by a peer (reconcile_hold) and never forwarded, and whose attempt2 answered
+// ran: a retry is answered ran replayed, attempt1's charge was given back whole, and attempt2
+// was charged what it used.
+func checkKeyAnsweredOnceAfterItsPause(t *testing.T, h *harness, userID uint64, key string, idem map[string]string, ran answer, attempt1, attempt2 string) {
+	t.Helper()
 	replay := send(h.gw.URL, key, chatBody, idem)
 	if replay.status != http.StatusOK || replay.header.Get(proxy.ReplayedHeader) != "true" || !bytes.Equal(replay.body, ran.body) {
-		t.Errorf("its retry: %d %s replayed %q; want the key's answer (%s) replayed", replay.status, replay.body,
+		t.Errorf("a retry once the key answered: %d %s replayed %q; want %s's answer replayed", replay.status, replay.body,
 			replay.header.Get(proxy.ReplayedHeader), attempt2)
 	}
-	paused := h.run(u.ID, attempt1)
-	if refunded := grantedTo(t, h, u.ID); paused.SettleSource.String != holds.SourceReconcileHold || refunded != paused.ChargedMicro {
+	paused := h.run(userID, attempt1)
+	if refunded := grantedTo(t, h, userID); paused.SettleSource.String != holds.SourceReconcileHold || refunded != paused.ChargedMicro {
 		t.Errorf("paused attempt settled %s charged %d, %d given back; want all of its charge given back: it was never forwarded",
 			paused.SettleSource.String, paused.ChargedMicro, refunded)
 	}
-	if r := h.run(u.ID, attempt2); r.SettleSource.String != holds.SourceComplete || r.ChargedMicro <= 0 {
-		t.Errorf("the key's answered attempt settled %s charged %d", r.SettleSource.String, r.ChargedMicro)
+	if r := h.run(userID, attempt2); r.SettleSource.String != holds.SourceComplete || r.ChargedMicro <= 0 {
+		t.Errorf("the key's answered attempt settled %s charged %d; want it charged what it used", r.SettleSource.String, r.ChargedMicro)
 	}
 }
 
