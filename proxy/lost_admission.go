@@ -318,14 +318,33 @@ func (s *Server) releaseUnfit(ctx, reqCtx context.Context, ar holds.AdmitRequest
 	s.markRefused(ctx, ar, log.Named(holds.MoneyLog))
 	tctx, cancel := context.WithTimeout(ctx, s.cfg.Limits.SettleTimeout)
 	defer cancel()
+	cut := make(chan struct{})
 	stop := context.AfterFunc(reqCtx, func() {
 		if errors.Is(context.Cause(reqCtx), errDrainDeadline) {
-			cancel()
+			close(cut)
+			cancel() // a release still queued is answered at once, and its goroutine ends
 		}
 	})
 	defer stop()
-	res, err := s.writer.Settle(tctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Model: ar.Model,
-		AdmitToken: ar.Token, Source: holds.SourceRelease, PriceSnapshot: ar.PriceSnapshot})
+	// Waited for in a goroutine: once a batch has taken it, holds.Writer.Settle waits for that
+	// batch whatever tctx says, up to the batch's own deadline, and the cut must not.
+	type released struct {
+		res holds.Settled
+		err error
+	}
+	done := make(chan released, 1)
+	go func() {
+		res, err := s.writer.Settle(tctx, holds.Settlement{RunID: ar.RunID, UserID: ar.UserID, Model: ar.Model,
+			AdmitToken: ar.Token, Source: holds.SourceRelease, PriceSnapshot: ar.PriceSnapshot})
+		done <- released{res, err}
+	}()
+	var r released
+	select {
+	case r = <-done:
+	case <-cut:
+		r.err = fmt.Errorf("release %s: %w", ar.RunID, context.Cause(reqCtx))
+	}
+	res, err := r.res, r.err
 	if err != nil {
 		// Counted among the settlements that gave up only if this one does too.
 		mlog := log.Named(holds.MoneyLog)

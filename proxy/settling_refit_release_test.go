@@ -83,6 +83,46 @@ func TestDrainCutWhileReleasingAHoldTooSmallForItsPromptIsToldShuttingDown(t *te
 	smallHoldReleasedUnforwarded(t, h, u.ID, calls)
 }
 
+// TestDrainCutWhileReleasingAHoldTooSmallForItsPromptIsAnsweredBeforeTheDatabase: as
+// TestDrainCutWhileReleasingAHoldTooSmallForItsPromptIsToldShuttingDown, but the database
+// answers the release, which a batch has already taken, long after the cut: the cut ends the
+// release's wait (releaseUnfit), so the caller is told 503 shutting_down before that answer,
+// within the grace a graceful shutdown gives a cut call before it closes its connection
+// (cutGrace in cmd/gateway, 2 s). holds.Writer.Settle waits for a batch that has taken its
+// settlement whatever its context says, and a release waited for there answered the cut
+// caller only once the database did: in a real drain, never, its connection closed first.
+func TestDrainCutWhileReleasingAHoldTooSmallForItsPromptIsAnsweredBeforeTheDatabase(t *testing.T) {
+	const late = 10 * time.Second // the release's reply, long past any cut's grace
+	h, lossy, _ := newObservedLossyHarness(t, func(c *config.Config) {
+		aLittleOverTheTier(c)
+		// Neither ends the release's wait before the cut does.
+		c.Limits.AdmitTimeout, c.Limits.SettleTimeout = 30*time.Second, 30*time.Second
+	})
+	defer lossy.Restore()
+	u, key := h.user("standard")
+	answered := firstCallSettling(t, h, key, nil)
+	calls := h.fake.Calls()
+	// The first call's settlement is held at its step: the next settlement's write is the long
+	// prompt's small hold's release. A batch runs it; its reply comes late.
+	lossy.ArmLate("settle_token) VALUES", late)
+	longAnswer := make(chan answer, 1)
+	go func() { longAnswer <- send(h.gw.URL, key, longPromptBody(3000), nil) }()
+	waitFor(t, "the small hold's release sent", lossy.Fired)
+	sent := time.Now()
+	h.srv.CutCalls()
+	long := <-longAnswer
+	took := time.Since(sent)
+	close(answered)
+	if took >= late/2 {
+		t.Errorf("the long prompt, cut while its small hold's release was out, was answered %v after the release was sent, once the database replied (%v late); want at the cut",
+			took.Round(time.Millisecond), late)
+	}
+	if long.status != http.StatusServiceUnavailable || errorCode(t, long.body) != "shutting_down" || !toldNothingCharged(string(long.body)) {
+		t.Errorf("the long prompt, cut while its small hold's release was out: %d %s; want 503 shutting_down, nothing charged", long.status, long.body)
+	}
+	smallHoldReleasedUnforwarded(t, h, u.ID, calls)
+}
+
 // longRefusedAsItsReleaseFails sends the long prompt while the first call's settlement is
 // held (answered ends that hold) and lossy, armed by the caller, fails its small hold's
 // release; it checks the release went out, failed, and the call was refused 503
