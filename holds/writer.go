@@ -146,8 +146,9 @@ func (w *Writer) Admit(ctx context.Context, req AdmitRequest) (Hold, error) {
 // Settle settles st in a coming batch and waits for its outcome. A caller that stops waiting
 // does not withdraw the settlement: it commits or fails with its batch. So, once a worker has
 // taken it, Settle waits for that batch whatever ctx says — the batch runs under its own
-// deadline, SettleTimeout or an admission's earlier one, and a retry of its settlements alone
-// under SettleTimeout more — and answers what the batch did. It used to answer ctx's error
+// deadline, SettleTimeout or an admission's earlier one, a retry of its settlements alone (or
+// of a refused batch's halves) under SettleTimeout more, each COMMIT once sent waited for up to
+// the driver's read timeout — and answers what the batch did. It used to answer ctx's error
 // there, and a batch that then committed was counted and logged by its caller as a settlement
 // that gave up. A settlement still queued when ctx ends is answered ErrSettleQueued at once:
 // it has not run, and still runs when a worker is free.
