@@ -70,6 +70,56 @@ func TestWriterLingerStartsAfreshForEachBatch(t *testing.T) {
 	}
 }
 
+// TestWriterLingerIsNotRestartedBySettlementsThatJoin: a batch of settlements alone leaves once
+// its first settlement has lingered, however many join it meanwhile. A linger restarted by
+// each settlement that joined never ended under a steady trickle of them (a busy upstream's
+// call ends, and no admission to ride with), and every one of them waited for the trickle to
+// stop. Here one joins every tenth of the linger, up to fifty times: the first must be
+// answered while they are still coming.
+func TestWriterLingerIsNotRestartedBySettlementsThatJoin(t *testing.T) {
+	const linger, joins = time.Second, 50
+	_, st, users := storeWithUsers(t, "linger", (joins+3)/3)
+	ctx := context.Background()
+	var runs []holds.Settlement
+	for i, u := range users {
+		for j := range 3 { // the plan's max_in_flight
+			run := fmt.Sprintf("r_linger_%d_%d", i, j)
+			if _, err := st.Admit(ctx, holds.AdmitRequest{RunID: run, UserID: u.ID, State: holds.StateRunning, TTL: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+			runs = append(runs, holds.Settlement{RunID: run, UserID: u.ID, CostMicro: 1_000, Source: holds.SourceComplete})
+		}
+	}
+	w := holds.NewWriter(st, holds.WriterConfig{Workers: 2, MaxBatch: 2 * joins, Linger: linger,
+		AdmitTimeout: 10 * time.Second, SettleTimeout: time.Minute})
+	defer w.Close()
+	first := settleAsync(w, runs[0])
+	waitGathered(t, w, 1)
+	tick := time.NewTicker(linger / 10)
+	defer tick.Stop()
+	var outs []chan settleOutcome
+	var o settleOutcome
+	for answered := false; !answered; {
+		select {
+		case o = <-first:
+			answered = true
+		case <-tick.C:
+			if len(outs) == joins {
+				t.Fatalf("first settlement unanswered after %d joined it, one every %v: its linger (%v) restarts with each", joins, linger/10, linger)
+			}
+			outs = append(outs, settleAsync(w, runs[len(outs)+1]))
+		}
+	}
+	if o.err != nil || !o.res.Applied {
+		t.Fatalf("first settlement: %+v, %v", o.res, o.err)
+	}
+	for i, out := range outs {
+		if o := <-out; o.err != nil || !o.res.Applied {
+			t.Fatalf("settlement %d that joined: %+v, %v", i, o.res, o.err)
+		}
+	}
+}
+
 // TestWriterBatchesNoMoreThanMaxBatch: a batch never holds more than MaxBatch items (the
 // store refuses more), and a full batch of settlements leaves as soon as a worker is free,
 // without lingering (the linger here is ten minutes). The only worker is held by an admission
