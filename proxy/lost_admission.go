@@ -94,7 +94,9 @@ func (s *Server) releaseRefused(ctx context.Context, ar holds.AdmitRequest, log 
 		}
 	}
 	// In the request (no slot free), one try: the caller's 503 waits for it, and must not wait
-	// for an outage to end.
+	// for an outage to end. The try is settle_timeout or, once a batch has taken the release,
+	// that batch's own bound (holds.Writer.Settle): a retry's settle_timeout more at most, and
+	// a stalled COMMIT's wait up to the DSN's readTimeout.
 	if !s.tryBackground(func() { release(true) }) {
 		release(false)
 	}
