@@ -89,6 +89,17 @@ func NewScanner(r io.Reader, maxEvent int) *Scanner {
 	return &Scanner{r: r, max: maxEvent, lf: byteFinder{c: '\n', at: -1}, cr: byteFinder{c: '\r', at: -1}}
 }
 
+// NewBodyScanner returns a Scanner over b, a stream already held whole in memory (an event
+// stream that came under another content type, read whole): its events are read in place, none
+// copied, and none is too large, since b bounds them all. An event over a streamed relay's
+// limit cuts that relay, and its caller never has it; a body held whole is sent whole, so every
+// event of it must be read for what it costs.
+func NewBodyScanner(b []byte) *Scanner {
+	s := NewScanner(nil, maxEventCeiling)
+	s.buf, s.end, s.rerr = b, len(b), io.EOF
+	return s
+}
+
 // BeforeRead sets f to run before each read of the stream, the one moment the Scanner may wait
 // for its source: a relay that writes the events it is handed without flushing each one can
 // flush there, so events that arrived together go out in one write and none is held while

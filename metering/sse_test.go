@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -368,5 +369,45 @@ func TestScannerHandsOnACompleteEventWithoutReadingAgain(t *testing.T) {
 		if err != nil || r.stalls != 0 || string(ev.Raw) != in {
 			t.Errorf("%q: got %q, %v after %d extra reads; want the event without another read", in, ev.Raw, err, r.stalls)
 		}
+	}
+}
+
+// TestBodyScannerReadsAsAStreamDoes: a stream held whole (NewBodyScanner) splits into the events
+// a Scanner reading it as it comes hands on, in every line ending and with its last event
+// unended, and an event of any size is read (in place: nothing is copied).
+func TestBodyScannerReadsAsAStreamDoes(t *testing.T) {
+	events := []string{"event: a\ndata: {\"x\":1}\n\n", ": keep-alive\n\n", "data: one\ndata: two\n\n", "data: [DONE]\n\n"}
+	for _, eol := range []string{"\n", "\r\n", "\r"} {
+		for _, unended := range []bool{false, true} {
+			body := strings.ReplaceAll("\xEF\xBB\xBF"+strings.Join(events, ""), "\n", eol)
+			if unended {
+				body = strings.TrimSuffix(body, eol)
+			}
+			var want, got []Event
+			sc := NewScanner(strings.NewReader(body), 1<<10)
+			for ev, err := sc.Next(); err == nil; ev, err = sc.Next() {
+				want = append(want, copyEvent(ev))
+			}
+			bs := NewBodyScanner([]byte(body))
+			for ev, err := bs.Next(); err == nil; ev, err = bs.Next() {
+				got = append(got, copyEvent(ev))
+			}
+			if _, err := bs.Next(); err != io.EOF {
+				t.Errorf("eol %q unended %v: ended with %v, want io.EOF", eol, unended, err)
+			}
+			if len(want) != len(events) || !reflect.DeepEqual(got, want) {
+				t.Errorf("eol %q unended %v:\n got %+v\nwant %+v", eol, unended, got, want)
+			}
+		}
+	}
+	big := "data: " + strings.Repeat("w", 1<<20) + "\n\n"
+	b := []byte(big + "data: after\n\n")
+	bs := NewBodyScanner(b)
+	ev, err := bs.Next()
+	if err != nil || len(ev.Data) != 1<<20 || &ev.Raw[0] != &b[0] {
+		t.Fatalf("an event of 1 MiB: %v, %d bytes of data, read in place %v", err, len(ev.Data), err == nil && &ev.Raw[0] == &b[0])
+	}
+	if ev, err = bs.Next(); err != nil || string(ev.Data) != "after" {
+		t.Fatalf("the event after it: %q, %v", ev.Data, err)
 	}
 }

@@ -169,7 +169,7 @@ func FuzzMeterOversized(f *testing.F) {
 		}
 		fm := formats[int(format)%len(formats)]
 		whole := metering.NewMeter(fm)
-		meterBody(whole, body, 1<<20)
+		meterBody(whole, body)
 		head := body[:int(cut)%(len(body)+1)]
 		over := metering.NewMeter(fm)
 		meterOversized(over, bytes.Clone(head), bytes.NewReader(body[len(head):]), math.MaxInt64)

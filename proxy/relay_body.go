@@ -269,7 +269,7 @@ func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body
 		return refuseNonAnswer(w, c, resp, body, "upstream answered with a web page",
 			"The upstream answered with a web page, not an API answer: is its base_url right?")
 	}
-	if noAnswer(body, maxEvent) {
+	if noAnswer(body) {
 		return refuseNonAnswer(w, c, resp, body, "upstream answered with text that is no API answer",
 			"The upstream answered with text that is not an API answer.")
 	}
@@ -279,7 +279,7 @@ func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body
 // meterWhole meters a whole answer about to be relayed and tallies what it costs, then marks
 // the call's answer final: all before the answer goes out.
 func (s *Server) meterWhole(ctx context.Context, c *call, body []byte) {
-	meterBody(c.meter, body, s.cfg.Limits.MaxEventBytes)
+	meterBody(c.meter, body)
 	if !c.meter.Result().Reported {
 		logErrorObject(c, body)
 	}
@@ -328,19 +328,28 @@ func (s *Server) writeWhole(w http.ResponseWriter, r *http.Request, resp *http.R
 // meterBody meters a whole answer: a JSON body (an object, or an array: a batch's answers,
 // metering.Meter.Body), or else an event stream that came under another content type (an
 // upstream that left its Content-Type to sniffing gets text/plain). Either way what it
-// reported, or the text it produced, is what the call is charged.
-func meterBody(m *metering.Meter, body []byte, maxEvent int) {
+// reported, or the text it produced, is what the call is charged. The events of a stream held
+// whole are read whatever their size (metering.NewBodyScanner): it is sent whole, and read with
+// the bound of a streamed event, the meter stopped at an event past limits.max_event_bytes, and
+// the caller had that event and all after it, the provider's report included, charged the
+// estimate of what came before.
+func meterBody(m *metering.Meter, body []byte) {
 	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' || t[0] == '[' {
 		m.Body(body)
 		return
 	}
-	meterEvents(m, bytes.NewReader(body), maxEvent)
+	meterScanned(m, metering.NewBodyScanner(body))
 }
 
 // meterEvents meters the events r holds, each held up to maxEvent bytes, up to the first that
 // is too large or that r ends inside of with its JSON cut.
 func meterEvents(m *metering.Meter, r io.Reader, maxEvent int) {
-	sc := metering.NewScanner(r, maxEvent)
+	meterScanned(m, metering.NewScanner(r, maxEvent))
+}
+
+// meterScanned meters the events sc reads, up to its first error or the first event its stream
+// ends inside of with its JSON cut.
+func meterScanned(m *metering.Meter, sc *metering.Scanner) {
 	for {
 		ev, err := sc.Next()
 		if err != nil {
@@ -411,12 +420,14 @@ func webPage(body []byte) bool {
 // noAnswer reports whether a whole answer is text that no format answers with: not empty, not
 // JSON (an object, or an array, which a provider's native API may answer with: metered as
 // before, since the provider may have worked), and no event of it carries data (an event
-// stream under another label does).
-func noAnswer(body []byte, maxEvent int) bool {
+// stream under another label does, whatever the size of its events: metering.NewBodyScanner).
+// Read with the bound of a streamed event, a stream whose first event passed it was refused as
+// no answer, charged nothing, for an answer the provider made.
+func noAnswer(body []byte) bool {
 	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' || t[0] == '[' {
 		return false
 	}
-	sc := metering.NewScanner(bytes.NewReader(body), maxEvent)
+	sc := metering.NewBodyScanner(body)
 	for {
 		ev, err := sc.Next()
 		if err != nil {
@@ -594,7 +605,7 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 // what read holds already.
 func meterCut(m *metering.Meter, read []byte, maxEvent int) {
 	if t := metering.TrimBody(read); maxEvent > 0 && len(t) > 0 && t[0] != '{' && t[0] != '[' {
-		meterBody(m, read, maxEvent)
+		meterBody(m, read)
 		return
 	}
 	past := m.NewUnrelayedAnswer()
