@@ -13,7 +13,7 @@ import (
 // TestMislabelledStreamIsChargedPastAnEventTooLargeToStream: a stream sent under another content
 // type is read whole (up to limits.max_response_bytes) and sent whole, every byte of it, an
 // event larger than limits.max_event_bytes and all after it included
-// (TestMislabelledStreamKeepsWhatFollowsAnEventTooLargeToRead). It must be charged what it
+// (TestMislabelledStreamHidesTheUsageChunkPastAnEventTooLargeToStream). It must be charged what it
 // sends: the provider's report that follows such an event, not the estimate of the events
 // before it. Metered with the bound of an event read as it comes, the meter stopped at the
 // large event: the caller had the whole answer and its report of 400 output tokens, and was

@@ -54,21 +54,25 @@ func mislabelledUsageChunk(t *testing.T, eol string) {
 	}
 }
 
-// TestMislabelledStreamKeepsWhatFollowsAnEventTooLargeToRead: the same stream, the usage-only
-// chunk removed, and past it an event larger than limits.max_event_bytes, which the gateway
-// cannot read as an event: what it cannot read is relayed as it came, that event and every
-// byte after it, never dropped with the chunk.
-func TestMislabelledStreamKeepsWhatFollowsAnEventTooLargeToRead(t *testing.T) {
+// TestMislabelledStreamHidesTheUsageChunkPastAnEventTooLargeToStream: the same stream, and
+// before its usage-only chunk an event larger than limits.max_event_bytes. Read whole, every
+// event of it is read, as it is metered: the chunk is removed there too, and every other byte,
+// the large event included, is relayed as it came. Read with a streamed event's bound, the
+// strip stopped at the large event and the caller who had not asked got the chunk.
+func TestMislabelledStreamHidesTheUsageChunkPastAnEventTooLargeToStream(t *testing.T) {
 	big := "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" +
 		strings.Repeat("w", 8<<10) + "\"}}]}\n\n"
-	before, after := hostileChunk, big+hostileChunk+"data: [DONE]\n\n"
+	before, after := hostileChunk+big+hostileChunk, "data: [DONE]\n\n"
 	h := hostileHarness(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprint(w, before+hostileUsage+after)
 	}, func(c *config.Config) { c.Limits.MaxBodyBytes, c.Limits.MaxEventBytes = 2<<10, 4<<10 })
-	got, _ := postAndRun(t, h, streamBody)
+	got, run := postAndRun(t, h, streamBody)
 	if string(got) != before+after {
-		t.Errorf("the caller got %d bytes %.200q..., want the stream less its usage chunk, %d bytes, the event too large and all after it kept",
+		t.Errorf("the caller got %d bytes %.200q..., want the stream less its usage chunk, %d bytes, the large event kept",
 			len(got), got, len(before+after))
+	}
+	if run.OutTok != 400 {
+		t.Errorf("charged output %d, want the 400 reported", run.OutTok)
 	}
 }

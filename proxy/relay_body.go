@@ -34,13 +34,13 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 	if err != nil {
 		// Broken, out of time, or its caller left: charged the output it had sent, as a
 		// stream cut there is.
-		meterCut(c.meter, body, s.cfg.Limits.MaxEventBytes)
+		meterCut(c.meter, body)
 		return answerBodyFailure(w, r, c, err)
 	}
 	if int64(len(body)) > limit {
 		return s.answerOversized(w, r, resp, c, body, limit)
 	}
-	if status := refuseUnrelayable(w, c, resp, body, s.cfg.Limits.MaxEventBytes); status != 0 {
+	if status := refuseUnrelayable(w, c, resp, body); status != 0 {
 		return status
 	}
 	s.meterWhole(r.Context(), c, body)
@@ -48,20 +48,22 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, resp *http.Re
 		// A stream under another label, sent whole, is still the stream the caller asked
 		// for: the usage-only chunk asked for on its behalf is removed, as relayStream
 		// removes it (metered above, it is still what the call is charged).
-		body = withoutUsageChunks(body, s.cfg.Limits.MaxEventBytes)
+		body = withoutUsageChunks(body)
 	}
 	return s.writeWhole(w, r, resp, c, body)
 }
 
 // withoutUsageChunks is body, an event stream read whole, less its usage-only chunks
 // (metering.IsUsageOnlyChunk), every other byte as it came; a JSON body, or one with no such
-// chunk, is returned as it is. Past an event it cannot read (too large), the rest is kept.
-func withoutUsageChunks(body []byte, maxEvent int) []byte {
+// chunk, is returned as it is. Every event of it is read, whatever its size
+// (metering.NewBodyScanner), as it is metered (meterBody): a chunk past an event larger than
+// limits.max_event_bytes is removed too.
+func withoutUsageChunks(body []byte) []byte {
 	if t := metering.TrimBody(body); len(t) == 0 || t[0] == '{' || t[0] == '[' ||
 		!bytes.Contains(body, []byte(`"usage"`)) {
 		return body
 	}
-	sc := metering.NewScanner(bytes.NewReader(body), maxEvent)
+	sc := metering.NewBodyScanner(body)
 	out := make([]byte, 0, len(body))
 	strip := usageChunkStrip{on: true}
 	read, stripped := 0, false
@@ -159,15 +161,15 @@ func (s *Server) answerMemoryFull(w http.ResponseWriter, r *http.Request, resp *
 // and the error its read ended with, if it broke (nil when it ended, or reached its bound). It
 // reads before the error goes out: a caller that has its answer leaves, and the upstream read,
 // bound to its context, would end before the report. An event stream under another label is
-// metered by its events, each held up to maxEvent bytes, as relayBody meters one read whole
-// (meterBody).
+// metered by its events, as relayBody meters one read whole (meterBody), but each held up to
+// maxEvent bytes: the answer is read past, not held.
 func meterUnrelayed(c *call, head []byte, rest *brokenRead, limit int64, maxEvent int) (int64, error) {
 	c.outcome = outcomeStreamError
 	head = readHead(head, rest)
 	if rest.err != nil {
 		// Broken within its head (a body cut short reads as a clean end after its first
 		// error): it has no report of its own, and is charged the output it had sent.
-		meterCut(c.meter, head, maxEvent)
+		meterCut(c.meter, head)
 		return int64(len(head)), rest.err
 	}
 	most := int64(math.MaxInt64)
@@ -234,7 +236,7 @@ func readHead(head []byte, rest io.Reader) []byte {
 
 // refuseUnrelayable answers 502 a whole body that is no answer to relay: one cut short, a web
 // page, or text of no format. It returns 0 for a body to meter and relay.
-func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body []byte, maxEvent int) int {
+func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body []byte) int {
 	if len(metering.TrimBody(body)) == 0 {
 		// A 200 with nothing in it is no answer (no SDK reads one), and may be an answer cut
 		// before its first byte: broken, as one cut later is. Relayed, it ended complete and
@@ -254,7 +256,7 @@ func refuseUnrelayable(w http.ResponseWriter, c *call, resp *http.Response, body
 		// last answer's report was read cut ("prompt_tokens":3 of 310), the answers it never
 		// sent charged nothing.
 		c.outcome = outcomeStreamError
-		meterCut(c.meter, body, maxEvent)
+		meterCut(c.meter, body)
 		c.log.Warn("upstream body cut short", zap.Int("bytes", len(body)))
 		writeCallError(w, c, &apiError{Status: http.StatusBadGateway, Type: "api_error", Code: "upstream_broken",
 			Message: "The upstream connection broke before the answer was complete."})
@@ -600,11 +602,11 @@ func meterOversized(m *metering.Meter, head []byte, rest io.Reader, most int64) 
 // report comes last, and a "usage" object in a cut answer is part of its text (an Anthropic
 // tool input). So too in an older llama.cpp server's array of whole answers to a batch, read
 // as one (metering.UnrelayedAnswer.Answers): read whole, its last answer's cut report was
-// charged as the provider's word. An event stream under another label (maxEvent > 0) is
-// metered by its whole events, as a stream cut there is (meterBody). It keeps no more than
+// charged as the provider's word. An event stream under another label is metered by its
+// whole events, as a stream cut there is (meterBody). It keeps no more than
 // what read holds already.
-func meterCut(m *metering.Meter, read []byte, maxEvent int) {
-	if t := metering.TrimBody(read); maxEvent > 0 && len(t) > 0 && t[0] != '{' && t[0] != '[' {
+func meterCut(m *metering.Meter, read []byte) {
+	if t := metering.TrimBody(read); len(t) > 0 && t[0] != '{' && t[0] != '[' {
 		meterBody(m, read)
 		return
 	}
