@@ -2,6 +2,7 @@ package holds
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -135,6 +136,12 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 		b, l, err := r.bringInUnleased(ctx, d, runs)
 		brought, leased = brought+b, leased+l
 		if err != nil {
+			if errors.Is(err, errNoLeaseRead) && ctx.Err() == nil {
+				// An outage, or a batch of holds whose leases keep failing: the next pass goes
+				// on after it, as the scan does after a batch of which every hold failed, or
+				// such a batch heading the row stopped every pass there.
+				after = runs[len(runs)-1]
+			}
 			r.resumeHoldsAt(d.ID, after)
 			return brought, false, err
 		}
@@ -171,11 +178,23 @@ func (r *Reconciler) sweepOne(ctx context.Context, d deadInstance, batches *int)
 
 // bringInUnleased brings in the holds of runs (one batch of a dead instance's) that no lease
 // keeps, and counts those it brought in and those a lease kept.
+//
+// A hold whose lease cannot be read is kept as a leased one is, left to its expiry, and the
+// holds after it are read on: one lease that kept failing (its key on a Redis Cluster shard
+// that is down) stopped every pass's sweep there, and no dead instance's holds behind it were
+// brought in. A batch of which no lease could be read (Redis out of reach) fails with
+// errNoLeaseRead; one the sweep's time ends fails with ctx's error.
 func (r *Reconciler) bringInUnleased(ctx context.Context, d deadInstance, runs []string) (brought, leased int, err error) {
+	var unread []error
 	for _, runID := range runs {
 		hasLease, err := r.cfg.Leases.Exists(ctx, runID)
 		if err != nil {
-			return brought, leased, fmt.Errorf("sweep dead instance %s: %w", d.ID, err)
+			if ctx.Err() != nil {
+				return brought, leased, fmt.Errorf("sweep dead instance %s: %w", d.ID, err) // the sweep's time
+			}
+			leased++
+			unread = append(unread, fmt.Errorf("run %s: %w", runID, err))
+			continue
 		}
 		if hasLease {
 			// A live process serves it (the dead one paused, or cut off from the database,
@@ -192,8 +211,19 @@ func (r *Reconciler) bringInUnleased(ctx context.Context, d deadInstance, runs [
 			brought++
 		}
 	}
+	switch {
+	case len(unread) > 0 && len(unread) == len(runs):
+		return brought, leased, fmt.Errorf("sweep dead instance %s: %w: %w", d.ID, errNoLeaseRead, unread[0])
+	case len(unread) > 0:
+		r.cfg.Log.Named(MoneyLog).Warn("reconcile: leases of a dead instance's holds not read; those holds are left to their expiry",
+			zap.String("dead_instance_id", d.ID), zap.Int("unread", len(unread)), zap.Error(unread[0]))
+	}
 	return brought, leased, nil
 }
+
+// errNoLeaseRead is a batch of a dead instance's holds of which no lease could be read
+// (bringInUnleased).
+var errNoLeaseRead = errors.New("no lease of the batch's holds could be read")
 
 // declareDead, when self names the declaring process, marks dead each row of still (the rows
 // whose beat self has watched stand still for longer than their gap) whose beat is still the
