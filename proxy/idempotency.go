@@ -71,6 +71,18 @@ type idemCall struct {
 	body []byte
 	// lease counts the request's memory (bodyMemory): a replay adds the stored answer it sends.
 	lease *bodyLease
+	// recordHash is the hash the key's record, as last read, names this request's body by:
+	// bodyHash, or an older gateway's hash of the body alone (sameRequest); "" when the record
+	// held none or was not read (dedup.fail_open). The attempt's writes keep it, or set bodyHash.
+	recordHash string
+}
+
+// writtenHash is the body hash an attempt's record writes name its request by (idemWriteScript).
+func (ic *idemCall) writtenHash() string {
+	if ic.recordHash != "" {
+		return ic.recordHash
+	}
+	return ic.bodyHash
 }
 
 // sameRequest reports whether a record's stored hash is this request's: its route and body, or,
@@ -432,6 +444,7 @@ func (a *idemAdmission) refusalOf(rec idemRecord) *apiError {
 	if rec.bodyHash != "" && !a.ic.sameRequest(rec.bodyHash) {
 		return errKeyReused
 	}
+	a.ic.recordHash = rec.bodyHash
 	if rec.superseded {
 		return errSupersededAnswer
 	}
@@ -938,9 +951,13 @@ var errIdemMovedOn = errors.New("the key's record belongs to a later attempt")
 // idemWriteScript writes how an attempt ended into its key's record, only while the key is
 // still the attempt's: its attempt counter has not moved past it, and no other attempt has
 // pinned it. KEYS record; ARGV run id, attempt, body hash, replay ttl ms, the fields to delete
-// first (space-separated), then field/value pairs. The body is set if missing (startIdem's
-// write may have failed, and a record without it would replay this answer to a different body
-// under the same key), and the mark of a forward (claimForward) dropped: the attempt has pinned
+// first (space-separated), then field/value pairs. The body is set to the attempt's
+// (idemCall.writtenHash): if missing, as startIdem's write may have failed, and a record
+// without it would replay this answer to a different body under the same key; and if another,
+// as it is when the attempt was admitted with the record unread (dedup.fail_open): kept, the
+// answer of this body was replayed to the retries of the key's first body, and this body's own
+// retries were refused 422 (TestIdemAnswerOfAnotherBodyRunUnderFailOpenIsNotReplayedToTheFirst).
+// The mark of a forward (claimForward) is dropped: the attempt has pinned
 // the key or ended. Any attempt's mark, unlike advanceScript: a key pinned or superseded runs
 // no retry that a mark would have to stop. Returns 0 when refused.
 //
@@ -951,7 +968,7 @@ var idemWriteScript = redis.NewScript(`
 local run = redis.call('HGET', KEYS[1], 'run')
 if run and run ~= ARGV[1] then return 0 end
 if tonumber(redis.call('HGET', KEYS[1], 'attempt') or '0') > tonumber(ARGV[2]) then return 0 end
-redis.call('HSETNX', KEYS[1], 'body', ARGV[3])
+redis.call('HSET', KEYS[1], 'body', ARGV[3])
 redis.call('HDEL', KEYS[1], 'fwd', 'fwd_until')
 for f in string.gmatch(ARGV[5], '%S+') do redis.call('HDEL', KEYS[1], f) end
 redis.call('HSET', KEYS[1], unpack(ARGV, 6))
@@ -967,7 +984,7 @@ const storedAnswerFields = "hdrs resp large large_why"
 // (idemWriteScript), else fails with errIdemMovedOn.
 func (s *Server) writeIdemRecord(ctx context.Context, c *call, drop string, fields ...any) error {
 	ic := c.idem
-	args := append([]any{c.runID, ic.attempt, ic.bodyHash, s.cfg.Dedup.ReplayTTL.Milliseconds(), drop}, fields...)
+	args := append([]any{c.runID, ic.attempt, ic.writtenHash(), s.cfg.Dedup.ReplayTTL.Milliseconds(), drop}, fields...)
 	n, err := idemWriteScript.Run(ctx, s.dedupRDB, []string{ic.record}, args...).Int()
 	if err != nil {
 		return err
