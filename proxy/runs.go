@@ -440,12 +440,16 @@ func (s *Server) reopenRun(ctx context.Context, runID, mark string, log *zap.Log
 }
 
 // runRecordLost reports whether Redis has lost calls of a named run that its row recorded (a
-// restart without persistence): no tally at all, or one with fewer calls, or costing less. A
-// call is tallied before it is recorded on the row (tallyBeforeAnswer, finish), so otherwise
-// the tally has every call the row has.
+// restart without persistence): no tally at all, or one with fewer calls, or costing less, or
+// with fewer ended calls. A call is tallied before it is recorded on the row
+// (tallyBeforeAnswer, finish), so otherwise the tally has every call the row has. The ended
+// calls tell a loss of calls that used nothing (a failed first call) once a call made since
+// the restart has tallied as much as the row records: compared by cost and counted calls
+// alone, the run was closed past a call in flight whose reservation the restart took, and
+// settled without it.
 func runRecordLost(run holds.Run, t runstate.Tallied, found bool) bool {
 	_, cost, calls, recorded := run.Recorded()
-	return recorded && (!found || calls > t.Calls || cost > t.CostMicro)
+	return recorded && (!found || calls > t.Calls || cost > t.CostMicro || (t.EndedKnown && int64(run.EndedCalls) > t.Ended))
 }
 
 func boolString(b bool) string {

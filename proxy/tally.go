@@ -61,7 +61,7 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 			s.dropRecordMark(tctx, c)
 		}
 	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}) && c.inRun:
-		err = s.tally.MarkUnused(tctx, c.runID)
+		err = s.tally.MarkRunCallUnused(tctx, c.runID)
 	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
 		// With its settlement's source: a reconciler's pass that refunds the charge a peer took
 		// from its hold during a pause reads it, and its refund says, as this process's would,

@@ -200,6 +200,7 @@ func (b *RunBudget) ReserveAtMost(ctx context.Context, runID, callID string, bud
 var releaseScript = redis.NewScript(`
 if redis.call('SET', KEYS[3], 1, 'NX', 'PX', ARGV[3]) then
 redis.call('HINCRBY', KEYS[1], 'calls', ARGV[4])
+redis.call('HINCRBY', KEYS[1], '` + endedField + `', 1)
 ` + usageLua(7) + `
 local marked = 1
 if ARGV[5] == '1' then

@@ -152,7 +152,15 @@ func recordValues(u pricing.Usage, costMicro int64, estimated bool, snapshot []b
 // tally is settled by it (here at 0), one without is charged what it held. It is a write of
 // the tally: it stamps its time (writeTimeField) and gives it the whole ttl.
 func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
-	return t.MarkCallUnused(ctx, runID, "")
+	return t.markUnused(ctx, runID, "", false)
+}
+
+// MarkRunCallUnused is MarkUnused for an ended call of a named run that used nothing (refused
+// before its reservation), which its run's row records among its ended calls: the tally counts
+// it there too (Tallied.Ended). Sent again after a lost reply it may count the call twice,
+// which only makes the tally look more whole than the row, never less.
+func (t *Tally) MarkRunCallUnused(ctx context.Context, runID string) error {
+	return t.markUnused(ctx, runID, "", true)
 }
 
 // MarkCallUnused is MarkUnused for a run of one call whose settlement source (holds'
@@ -162,18 +170,30 @@ func (t *Tally) MarkUnused(ctx context.Context, runID string) error {
 // whether the call answered nothing — which an Idempotency-Key's retry reads once Redis lost
 // the key's record. "" keeps none. Not for a named run: its tally is many calls'.
 func (t *Tally) MarkCallUnused(ctx context.Context, runID, source string) error {
-	if err := markUnusedScript.Run(ctx, t.rdb, []string{t.keys.Usage(runID)}, t.ttl.Milliseconds(), source).Err(); err != nil {
+	return t.markUnused(ctx, runID, source, false)
+}
+
+// markUnused is MarkCallUnused; ended counts a named run's call among its ended calls
+// (Tallied.Ended).
+func (t *Tally) markUnused(ctx context.Context, runID, source string, ended bool) error {
+	count := 0
+	if ended {
+		count = 1
+	}
+	if err := markUnusedScript.Run(ctx, t.rdb, []string{t.keys.Usage(runID)}, t.ttl.Milliseconds(), source, count).Err(); err != nil {
 		return fmt.Errorf("tally %s as unused: %w", runID, err)
 	}
 	return nil
 }
 
-// markUnusedScript: KEYS usage; ARGV tally ttl ms, the settlement's source ("" for none). A
+// markUnusedScript: KEYS usage; ARGV tally ttl ms, the settlement's source ("" for none), the
+// ended calls to count (1 for a named run's call, else 0). A
 // zero cost (a figure already there is left as it is), the source, the write's time, the TTL:
 // one script, so the time is Redis's and the tally never holds one without the other.
 var markUnusedScript = redis.NewScript(`
 redis.call('HINCRBY', KEYS[1], 'cost_micro', 0)
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], '` + sourceField + `', ARGV[2]) end
+if ARGV[3] ~= '0' then redis.call('HINCRBY', KEYS[1], '` + endedField + `', ARGV[3]) end
 ` + nowMsLua + `redis.call('HSET', KEYS[1], '` + writeTimeField + `', now)
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1`)
@@ -235,6 +255,13 @@ type Tallied struct {
 	// (MarkCallUnused): "" when its tally does not say (figures set since, a named run's, or
 	// one written by a gateway of before the field).
 	Source string
+	// Ended counts the ended calls of a named run its tally has, those that used nothing
+	// included (RunBudget's release, MarkUnused), as its row's ended_calls does; EndedKnown is
+	// false for a tally without the field (one-call runs', and those written only by a gateway
+	// of before it). A row that records more ended calls than the tally has lost some to a
+	// Redis restart, though they cost nothing.
+	Ended      int64
+	EndedKnown bool
 }
 
 // ErrTallyCorrupt is a tally that was read but is no record of usage: a field that is no
@@ -280,7 +307,7 @@ func (t *Tally) GetAged(ctx context.Context, runID string) (tl Tallied, age time
 	age = t.ttl - left.Val()
 	vals := read.Val()
 	m := make(map[string]string, len(tallyFields))
-	var snapshot, written, source string
+	var snapshot, written, source, ended string
 	for i, v := range vals {
 		if s, ok := v.(string); ok {
 			switch i {
@@ -290,6 +317,8 @@ func (t *Tally) GetAged(ctx context.Context, runID string) (tl Tallied, age time
 				written = s
 			case len(tallyFields) + 2:
 				source = s
+			case len(tallyFields) + 3:
+				ended = s
 			default:
 				m[tallyFields[i]] = s
 			}
@@ -315,6 +344,13 @@ func (t *Tally) GetAged(ctx context.Context, runID string) (tl Tallied, age time
 		EstimatedCalls: field("est_calls"),
 		PriceSnapshot:  snapshot,
 		Source:         source,
+	}
+	if ended != "" {
+		n, err := strconv.ParseInt(ended, 10, 64)
+		if err != nil {
+			parseErr = errors.Join(parseErr, fmt.Errorf("field %s: %w", endedField, err))
+		}
+		out.Ended, out.EndedKnown = n, true
 	}
 	if written != "" {
 		age, err = writtenAgo(written, now)
@@ -396,6 +432,10 @@ var tallyFields = append([]string{"calls"}, usageFields[:]...)
 // snapshotField holds a tally's PriceSnapshot, when its call wrote one.
 const snapshotField = "price_snapshot"
 
-// readFields are what Get reads: the figures, then the snapshot, the write's time and the
-// settlement's source.
-var readFields = append(slices.Clone(tallyFields), snapshotField, writeTimeField, sourceField)
+// readFields are what Get reads: the figures, then the snapshot, the write's time, the
+// settlement's source and the ended calls.
+var readFields = append(slices.Clone(tallyFields), snapshotField, writeTimeField, sourceField, endedField)
+
+// endedField counts a named run's ended calls (Tallied.Ended). Not a figure: an older
+// gateway's reader passes over it.
+const endedField = "ended"

@@ -96,7 +96,7 @@ func TestReleaseOfACallThatUsedNothingMarksNoEstimate(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, found, err := e.tally.Get(ctx, "r_nothing_est")
-	if err != nil || !found || got != (runstate.Tallied{}) {
-		t.Fatalf("tally of a call that used nothing: %+v found=%v err=%v; want found, all zero", got, found, err)
+	if err != nil || !found || got != (runstate.Tallied{Ended: 1, EndedKnown: true}) {
+		t.Fatalf("tally of a call that used nothing: %+v found=%v err=%v; want found, all zero but its one ended call", got, found, err)
 	}
 }
