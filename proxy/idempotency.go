@@ -42,6 +42,7 @@ const (
 //	status, ctype, hdrs, resp   what the caller was sent, byte for byte (a stream's events too)
 //	large    "1": the response outgrew max_replay_len and was not kept; a replay is 409
 //	superseded  "1": an attempt was stopped by a newer message of its session; a retry is 409
+//	         (until an attempt run past it under dedup.fail_open pins the key: its answer is the key's)
 //	fwd, fwd_until  an attempt paid under a pause is being forwarded (claimForward): its number,
 //	         and until when (Redis clock, ms) the mark holds; a retry is 409 while it does
 //
@@ -886,7 +887,10 @@ func (s *Server) storeIdemAnswer(ctx context.Context, c *call, status int) error
 		}
 		fields = append(fields, "resp", rw.buf.Bytes())
 	}
-	if err := s.writeIdemRecord(ctx, c, storedAnswerFields, fields...); err != nil {
+	// An earlier attempt's superseded mark goes: this answer is the key's now. Left, it refused
+	// every retry of this charged, answered attempt 409 superseded, as though a newer message had
+	// replaced it (an attempt run past the mark, its record unread under dedup.fail_open).
+	if err := s.writeIdemRecord(ctx, c, storedAnswerFields+" superseded", fields...); err != nil {
 		return fmt.Errorf("store idempotent answer: %w", err)
 	}
 	return nil
