@@ -151,7 +151,9 @@ mysql_init() {
 	local installer
 	installer=$(first_cmd mariadb-install-db mysql_install_db) || die "no mariadb-install-db"
 	log "initialising MariaDB data dir $datadir"
-	if ! "$installer" --no-defaults --datadir="$datadir" --user=root \
+	# --tmpdir reaches the bootstrap server: its temporary tables in the shared /tmp were seen to
+	# vanish mid-install on a busy box ("Unknown table 'mysql.tmp_user_sys'"), failing make run.
+	if ! "$installer" --no-defaults --datadir="$datadir" --user=root --tmpdir="$DIR/tmp" \
 		--auth-root-authentication-method=normal --skip-test-db --skip-name-resolve --force \
 		>"$DIR/mysql-install.log" 2>&1; then
 		tail_log "$DIR/mysql-install.log"
