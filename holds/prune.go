@@ -51,7 +51,8 @@ type PruneResult struct {
 // under FoldedModel) in the same transaction as the delete, so the
 // usage report, the day ledger's audit and the prepaid audit read the same totals after as
 // before. A batch is one transaction: a crash or a lost COMMIT reply leaves every row of it
-// either moved or in place, and a rerun goes on from there. Live runs are never touched.
+// either moved or in place, and a rerun goes on from there. Live runs are never touched, nor are
+// runs given a pause refund, whose grant's key names their id for good (pruneBatch).
 //
 // A run pruned is forgotten: GET /v1/runs/{id} answers 404, and a caller's X-Run-Id of it,
 // sent again, opens a new run (charged for its own calls) instead of 409 run_settled.
@@ -140,6 +141,14 @@ type prunedRun struct {
 }
 
 // pruneBatch moves up to batch of the oldest prunable runs into pruned_runs and deletes them.
+// A run given a pause refund (a grant keyed PauseRefundKey of its id, which is never deleted)
+// is not prunable: its id would be free again while the grant's key still names it, and an
+// Idempotency-Key sent again after its record expired opens its attempt 0 under that same id
+// (the proxy's idempotentRunID). Charged its hold under a pause too, that run's refund found the
+// old grant under its key — the reconciler's pass skipped it as refunded, the process's own of
+// the same amount got the old grant back — and the user kept the charge for a call that used
+// nothing. Kept, the id stays taken, and the retry moves on to its next attempt. Such runs are
+// few (a process stopped past its hold, then resumed).
 // Their rows are locked as they are read, so the delete removes exactly what was summed. No
 // user row is locked: a settled run's row is written by no settlement (a late duplicate one
 // locks it, after its user's, and finds it settled), so this cannot join a cycle with the
@@ -150,7 +159,8 @@ func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch
 		       1 AS runs, charged_micro > 0 AS charged_runs, estimated AS estimated_runs, calls, in_tok, cache_read_tok, cache_write_tok, out_tok,
 		       cache_write_1h_tok, audio_in_tok, audio_out_tok, cost_micro, charged_micro, allowance_part_micro, prepaid_part_micro
 		FROM run_holds WHERE settled_at < NOW(6) - INTERVAL ? MICROSECOND AND state = 'settled'
-		ORDER BY settled_at LIMIT ? FOR UPDATE`, olderThan.Microseconds(), batch)
+		  AND (settle_source <> ? OR NOT EXISTS (SELECT 1 FROM grants g WHERE g.idempotency_key = CONCAT('pause-refund:', run_holds.run_id)))
+		ORDER BY settled_at LIMIT ? FOR UPDATE`, olderThan.Microseconds(), SourceReconcileHold, batch)
 	if err != nil {
 		return 0, nil, fmt.Errorf("read runs to prune: %w", err)
 	}
