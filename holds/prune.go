@@ -141,6 +141,11 @@ type prunedRun struct {
 }
 
 // pruneBatch moves up to batch of the oldest prunable runs into pruned_runs and deletes them.
+// Their rows are locked as they are read, so the delete removes exactly what was summed. No
+// user row is locked: a settled run's row is written by no settlement (a late duplicate one
+// locks it, after its user's, and finds it settled), so this cannot join a cycle with the
+// users -> run_holds -> usage_days order, and pruned_runs is written by prunes alone.
+//
 // A run given a pause refund (a grant keyed PauseRefundKey of its id, which is never deleted)
 // is not prunable: its id would be free again while the grant's key still names it, and an
 // Idempotency-Key sent again after its record expired opens its attempt 0 under that same id
@@ -149,10 +154,6 @@ type prunedRun struct {
 // the same amount got the old grant back — and the user kept the charge for a call that used
 // nothing. Kept, the id stays taken, and the retry moves on to its next attempt. Such runs are
 // few (a process stopped past its hold, then resumed).
-// Their rows are locked as they are read, so the delete removes exactly what was summed. No
-// user row is locked: a settled run's row is written by no settlement (a late duplicate one
-// locks it, after its user's, and finds it settled), so this cannot join a cycle with the
-// users -> run_holds -> usage_days order, and pruned_runs is written by prunes alone.
 func pruneBatch(ctx context.Context, tx *sqlx.Tx, olderThan time.Duration, batch int) (int, []string, error) {
 	var rows []prunedRun
 	err := tx.SelectContext(ctx, &rows, `SELECT run_id, user_id, DATE_FORMAT(settled_at, '%Y-%m-%d') AS day, model,
