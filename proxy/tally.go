@@ -62,7 +62,7 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		}
 	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}) && c.inRun:
 		err = s.tally.MarkRunCallUnused(tctx, c.runID)
-	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}):
+	case st.CostMicro == 0 && st.Usage == (pricing.Usage{}) && c.tallyWrites == 0:
 		// With its settlement's source: a reconciler's pass that refunds the charge a peer took
 		// from its hold during a pause reads it, and its refund says, as this process's would,
 		// whether the call answered nothing (an Idempotency-Key's retry reads that).
@@ -73,6 +73,16 @@ func (s *Server) tallyCall(ctx context.Context, c *call, st holds.Settlement) (o
 		// an earlier one landing late does not undo it.
 		c.tallyWrites++
 		err = s.tally.RecordCallWith(tctx, c.runID, c.tallyWrites, st.Usage, st.CostMicro, st.Estimated, s.billedPrices(c, st), nil)
+		if err == nil && st.CostMicro == 0 && st.Usage == (pricing.Usage{}) {
+			// A call that used nothing after all (an error event after its final one, from a
+			// provider that had produced nothing: upstream_error) whose tally an earlier write
+			// gave figures (tallyWithFingerprint, at its final event): the zero tally alone
+			// (MarkCallUnused) leaves figures it finds, and a reconciler settling the run, its
+			// settlement failed too, charged the prompt's estimate for a call settled at 0.
+			// Set to nothing above, by a write numbered past the earlier ones (one landing
+			// late changes nothing); its source then, as the zero tally's.
+			err = s.tally.MarkCallUnused(tctx, c.runID, st.Source)
+		}
 	default:
 		// A named run's one snapshot, its hold's, stands for all its calls: none with the tally.
 		err = s.tally.Add(tctx, c.runID, st.Usage, st.CostMicro, st.Estimated)
