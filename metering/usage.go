@@ -72,6 +72,12 @@ type Result struct {
 	// Model is the model the response says answered (its first "model"), "" when none did:
 	// a provider may answer an alias with a dated snapshot, or route to another model.
 	Model string
+	// ModelAsked is set when Model is only what a Responses stream's start
+	// (response.created) named — the model asked for, a router's alias — and no final event
+	// (response.completed, .incomplete, .failed) has named the one that produced the answer:
+	// on a call a router may answer with any of its fallbacks, no word of which one did (see
+	// proxy's settlementAs).
+	ModelAsked bool
 }
 
 // Produced reports whether the response carried any output the model generated: text or audio.

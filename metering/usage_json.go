@@ -14,11 +14,12 @@ import (
 // keepName copies v into *dst when it is a name: a non-empty string no longer than
 // maxModelName (longer is no name a price or a later request could match). Only the first
 // unless replace. A copy: the event's memory is reused.
-func keepName(dst *string, v gjson.Result, replace bool) {
+func keepName(dst *string, v gjson.Result, replace bool) (kept bool) {
 	if v.Type != gjson.String || v.Str == "" || len(v.Str) > maxModelName || (*dst != "" && !replace) {
-		return
+		return false
 	}
 	*dst = strings.Clone(v.Str)
+	return true
 }
 
 // eventType is the data's "type", which both typed formats always send; the SSE event name

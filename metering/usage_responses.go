@@ -6,18 +6,25 @@ import "github.com/tidwall/gjson"
 func (m *Meter) responsesEvent(s, typ string) {
 	switch typ {
 	case "response.created":
-		keepName(&m.res.Model, gjson.Get(s, "response.model"), false)
+		// The model asked for, not yet the one that answers (ModelAsked).
+		if keepName(&m.res.Model, gjson.Get(s, "response.model"), false) {
+			m.res.ModelAsked = true
+		}
 		keepName(&m.res.ResponseID, gjson.Get(s, "response.id"), false)
 	case "response.completed", "response.incomplete":
 		// The finished response names the model that produced it: it overrides the one
 		// response.created named (a router's pick is known only at the end).
-		keepName(&m.res.Model, gjson.Get(s, "response.model"), true)
+		if keepName(&m.res.Model, gjson.Get(s, "response.model"), true) {
+			m.res.ModelAsked = false
+		}
 		m.openAIUsage(gjson.Get(s, "response.usage"))
 	case "response.failed":
 		// A failed response carries what it used so far, and the model that used it, as a
 		// completed one does.
 		m.res.UpstreamError = true
-		keepName(&m.res.Model, gjson.Get(s, "response.model"), true)
+		if keepName(&m.res.Model, gjson.Get(s, "response.model"), true) {
+			m.res.ModelAsked = false
+		}
 		m.openAIUsage(gjson.Get(s, "response.usage"))
 	case "error":
 		m.res.UpstreamError = true

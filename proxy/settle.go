@@ -517,8 +517,15 @@ func (s *Server) settlementAs(c *call, o outcome) holds.Settlement {
 		st.Estimated = true
 	}
 	price, priceKey := c.req.price, c.req.priceKey
-	p, key, ok, unpriced := s.answeredPrice(c, res.Model)
-	if (res.Model == "" || unpriced) && c.req.fallbacks {
+	answered := res.Model
+	if res.ModelAsked && c.req.fallbacks {
+		// A Responses stream cut before its final event named only the model asked for
+		// (response.created): no word of which of the call's fallbacks answered. Taken for
+		// the answer's, it billed a fallback's work at the price asked for.
+		answered = ""
+	}
+	p, key, ok, unpriced := s.answeredPrice(c, answered)
+	if (answered == "" || unpriced) && c.req.fallbacks {
 		// No word of which model answered (a timeout or a break before the answer named it,
 		// an answer that names none, or one without a price) on a call a router may have
 		// answered with any of its fallbacks, the one asked for having failed when it does:
