@@ -519,9 +519,13 @@ func routerProviderSort(root topObject) string {
 // whose prices checkFallbacks never sees). A timeout cut after the provider had the request
 // answers the gateway with an error, settled at 0 while the provider billed the work; a retry
 // runs the call again, billed each time and metered once. The operator's router configuration
-// sets them, not a caller.
+// sets them, not a caller. So too "user_config": a whole router configuration for this request
+// (its model_list, num_retries, timeout and fallbacks), which LiteLLM's proxy builds a router
+// from and runs the call with (refused by its own proxy only since it banned the field, and not
+// where its operator allows client-side credentials): its model_list maps the model named to
+// any model, at the operator's key, and its retries and fallbacks are all the above.
 var routerRetryFields = []string{"timeout", "request_timeout", "stream_timeout", "num_retries", "max_retries",
-	"context_window_fallbacks", "content_policy_fallbacks"}
+	"context_window_fallbacks", "content_policy_fallbacks", "user_config"}
 
 // routerRetryField names the first of routerRetryFields a request sets (null is unset, as the
 // router reads it), or returns "".

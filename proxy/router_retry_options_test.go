@@ -12,6 +12,8 @@ import (
 // caller set the router to give up on the call after the provider had it — a non-2xx,
 // charged 0 here, the provider billing what it did — or to run it several times, billed once;
 // and to fall back to a model whose price was never checked (`fallbacks` and `models` are).
+// So is `user_config`, a router configuration of the caller's own that LiteLLM's proxy (before
+// it banned the field) built a router from: any model under the name asked, retries, fallbacks.
 // They are refused with 400 unsupported_parameter before anything is held; null (the field
 // unset, as clients that write every optional field send it) is served.
 func TestRouterRetryAndTimeoutFieldsAreRefused(t *testing.T) {
@@ -27,6 +29,10 @@ func TestRouterRetryAndTimeoutFieldsAreRefused(t *testing.T) {
 		{"responses retries", "/v1/responses", `{"model":"fake-gpt","num_retries":3,"input":"hi"}`},
 		{"context_window_fallbacks", "/v1/chat/completions", `{"model":"fake-gpt","context_window_fallbacks":[{"fake-gpt":["unpriced-dear"]}],"messages":[{"role":"user","content":"hi"}]}`},
 		{"content_policy_fallbacks", "/v1/chat/completions", `{"model":"fake-gpt","content_policy_fallbacks":[{"fake-gpt":["unpriced-dear"]}],"messages":[{"role":"user","content":"hi"}]}`},
+		// A router configuration of the caller's own: the model named mapped to another, run
+		// at the operator's key, retried and fallen back along as it says.
+		{"user_config", "/v1/chat/completions", `{"model":"fake-gpt","user_config":{"model_list":[{"model_name":"fake-gpt","litellm_params":{"model":"unpriced-dear"}}],"num_retries":5,"fallbacks":[{"fake-gpt":["unpriced-dear"]}]},"messages":[{"role":"user","content":"hi"}]}`},
+		{"responses user_config", "/v1/responses", `{"model":"fake-gpt","user_config":{"model_list":[{"model_name":"fake-gpt","litellm_params":{"model":"unpriced-dear"}}]},"input":"hi"}`},
 	}
 	for _, tc := range refused {
 		t.Run("refused/"+tc.name, func(t *testing.T) {
