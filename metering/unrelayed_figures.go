@@ -101,17 +101,17 @@ func (b *UnrelayedAnswer) figureEnds() {
 	}
 	switch fig {
 	case figureOwnPrompt, figureOwnCompletion:
-		// As the Meter reads them: an answer of an array as taskAnswers (a number's Int), the
+		// As the Meter reads them: an answer of an array as taskAnswers (answerFigure), the
 		// answer itself as serverAnswer (tokenCount).
 		n, _ := tokenCount(v)
 		if b.answers {
-			n = v.Int()
+			n = answerFigure(v)
 		}
 		b.element.own[fig-figureOwnPrompt] = reportedFigure{n: n, seen: true}
 	case figurePrompt:
-		b.element.prompt, b.element.promptSeen = v.Int(), true
+		b.element.prompt, b.element.promptSeen = answerFigure(v), true
 	case figureCompletion:
-		b.element.completion, b.element.completionSeen = v.Int(), true
+		b.element.completion, b.element.completionSeen = answerFigure(v), true
 	case figureCacheN:
 		b.element.cacheN = reportedFigure{n: v.Int(), seen: true}
 	}

@@ -121,15 +121,25 @@ func (m *Meter) taskAnswers(s string) {
 			reported = false
 			return true
 		}
-		prompt = min(pricing.MaxTokens, prompt+max(0, p.Int()))
-		cached = min(pricing.MaxTokens, cached+answerCached(cacheN, p.Int()))
-		completion = min(pricing.MaxTokens, completion+max(0, c.Int()))
+		pn := answerFigure(p)
+		prompt = min(pricing.MaxTokens, prompt+pn)
+		cached = min(pricing.MaxTokens, cached+answerCached(cacheN, pn))
+		completion = min(pricing.MaxTokens, completion+answerFigure(c))
 		return true
 	})
 	if answers == 0 || !reported {
 		return
 	}
 	m.summedReport(prompt, cached, completion)
+}
+
+// answerFigure is a figure of an answer of an array (taskAnswers), a number: its Int, within
+// [0, pricing.MaxTokens] before it is added to the others', as tokenCount bounds every other
+// report's figure. Added raw, a figure past int64 (1e300, 2^63-1: gjson reads both as
+// math.MaxInt64) overflowed the sum, which wrapped negative: the batch's report was read as
+// none and charged its estimate, where the same figure in one answer is pricing.MaxTokens.
+func answerFigure(v gjson.Result) int64 {
+	return max(0, min(v.Int(), pricing.MaxTokens))
 }
 
 // answerCached is the part of the prompt of an answer of an array (taskAnswers), prompt its
