@@ -49,7 +49,12 @@ func first(u gjson.Result, paths ...string) (int64, bool) {
 func tokenCount(v gjson.Result) (int64, bool) {
 	if v.Type == gjson.String {
 		s := strings.TrimSpace(v.Str)
-		if !gjson.Valid(s) { // Parse alone reads "n/a" as a number
+		// Parse alone reads "n/a" as a number, so the string is checked for whole JSON first;
+		// but not one that opens an array or an object, which is no count: gjson checks by
+		// recursive descent, a stack frame per level, and a figure of 8 MiB of brackets (within
+		// max_event_bytes, and max_response_bytes) took the stack past Go's 1 GB limit and
+		// killed the process, every call in flight with it (as proxy's validJSON guards).
+		if s == "" || s[0] == '[' || s[0] == '{' || !gjson.Valid(s) {
 			return 0, false
 		}
 		v = gjson.Parse(s)
