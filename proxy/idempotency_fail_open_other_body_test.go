@@ -2,11 +2,9 @@ package proxy_test
 
 import (
 	"bytes"
-	"net"
 	"net/http"
 	"testing"
 
-	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -21,11 +19,7 @@ import (
 // retry was refused 422 for the key's first body. A key's stored answer goes with the body that
 // asked for it: X's retry is told the key was used with another body, Y's gets its answer.
 func TestIdemAnswerOfAnotherBodyRunUnderFailOpenIsNotReplayedToTheFirst(t *testing.T) {
-	reads := &failingWrites{marker: []byte("\r\nlarge_why\r\n")} // readIdem alone asks for it
-	h := newHarnessOn(t, harnessSetup{
-		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingWritesConn{Conn: c, f: reads} }),
-		contextTimeouts: true,
-	}, func(c *config.Config) { c.Dedup.FailOpen = true })
+	h, reads := newRecordReadsHarness(t, true)
 	_, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "fail-open-other-body"}
 	if first := send(h.gw.URL, key, chatBody, with(idem, fakellm.HeaderStatus, "500")); first.status != http.StatusBadGateway {

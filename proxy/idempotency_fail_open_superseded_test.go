@@ -2,11 +2,9 @@ package proxy_test
 
 import (
 	"bytes"
-	"net"
 	"net/http"
 	"testing"
 
-	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -20,11 +18,7 @@ import (
 // key holds their answer: a caller told a charged call was replaced by a newer message. The
 // answer that pins the key is what its retries get.
 func TestIdemAnswerPinnedUnderFailOpenAfterASupersededAttemptIsReplayed(t *testing.T) {
-	reads := &failingWrites{marker: []byte("\r\nlarge_why\r\n")} // readIdem alone asks for it
-	h := newHarnessOn(t, harnessSetup{
-		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingWritesConn{Conn: c, f: reads} }),
-		contextTimeouts: true,
-	}, func(c *config.Config) { c.Dedup.FailOpen = true })
+	h, reads := newRecordReadsHarness(t, true)
 	_, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "fail-open-superseded"}
 	old := `{"model":"fake-gpt","messages":[{"role":"user","content":"the old question"}]}`

@@ -95,11 +95,7 @@ func TestIdemSettledAttemptPassedOnlyUnderFailOpen(t *testing.T) {
 // holds ran the key again beside it and was charged twice — what an operator who left fail_open
 // off chose not to risk. Once the record reads again, the key runs, once.
 func TestIdemRecordUnreadableFailsClosed(t *testing.T) {
-	reads := &failingWrites{marker: []byte("\r\nlarge_why\r\n")} // readIdem alone asks for it
-	h := newHarnessOn(t, harnessSetup{
-		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingWritesConn{Conn: c, f: reads} }),
-		contextTimeouts: true,
-	}, func(c *config.Config) { c.Dedup.FailOpen = false })
+	h, reads := newRecordReadsHarness(t, false)
 	u, key := h.user("standard")
 	idem := map[string]string{proxy.IdempotencyKeyHeader: "unreadable-closed"}
 	reads.on.Store(true)
@@ -117,4 +113,16 @@ func TestIdemRecordUnreadableFailsClosed(t *testing.T) {
 	if n := h.fake.Calls(); n != 1 {
 		t.Fatalf("%d upstream calls, want the one run after the record read again", n)
 	}
+}
+
+// newRecordReadsHarness is a harness whose reads of Idempotency-Key records fail while
+// reads.on is set (readIdem alone asks for the large_why field), with dedup.fail_open as given.
+func newRecordReadsHarness(t *testing.T, failOpen bool) (*harness, *failingWrites) {
+	t.Helper()
+	reads := &failingWrites{marker: []byte("\r\nlarge_why\r\n")}
+	h := newHarnessOn(t, harnessSetup{
+		redisDialer:     wrappedDialer(func(c net.Conn) net.Conn { return &failingWritesConn{Conn: c, f: reads} }),
+		contextTimeouts: true,
+	}, func(c *config.Config) { c.Dedup.FailOpen = failOpen })
+	return h, reads
 }
