@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tollgate/tollgate/config"
 	"github.com/tollgate/tollgate/holds"
 	"github.com/tollgate/tollgate/proxy"
 )
@@ -31,12 +30,7 @@ func TestFallbackResponsesStreamCutAfterCreatedIsChargedAtTheDearestModel(t *tes
 		fmt.Fprintf(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":%q}\n\n", strings.Repeat("word ", 400))
 	}))
 	t.Cleanup(up.Close)
-	h := newHarness(t, func(c *config.Config) {
-		c.Upstreams = []config.Upstream{{Name: "router", Kind: "openai", BaseURL: up.URL, Models: []string{"*"}}}
-		dear := c.Models["fake-gpt"]
-		dear.Input, dear.Output = config.USDPerM{Micro: 8 * dear.Input.Micro}, config.USDPerM{Micro: 8 * dear.Output.Micro}
-		c.Models["dear-gpt"] = dear
-	})
+	h := newHarness(t, routerWithDearModel(up.URL))
 	u, key := h.user("standard")
 	m := h.cfg.Models["fake-gpt"]
 	for _, tc := range []struct {

@@ -67,12 +67,7 @@ func TestUnpricedAnswerIsLoggedAndOnAFallbackCallChargedAtTheDearest(t *testing.
 	}))
 	t.Cleanup(up.Close)
 	core, logs := observer.New(zapcore.InfoLevel)
-	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, func(c *config.Config) {
-		c.Upstreams = []config.Upstream{{Name: "router", Kind: "openai", BaseURL: up.URL, Models: []string{"*"}}}
-		dear := c.Models["fake-gpt"]
-		dear.Input, dear.Output = config.USDPerM{Micro: 8 * dear.Input.Micro}, config.USDPerM{Micro: 8 * dear.Output.Micro}
-		c.Models["dear-gpt"] = dear
-	})
+	h := newHarnessOn(t, harnessSetup{log: zap.New(core)}, routerWithDearModel(up.URL))
 	u, key := h.user("standard")
 	m := h.cfg.Models["fake-gpt"]
 	asked := (1000*m.Input.Micro + 1000*m.Output.Micro + 999_999) / 1_000_000
@@ -88,5 +83,16 @@ func TestUnpricedAnswerIsLoggedAndOnAFallbackCallChargedAtTheDearest(t *testing.
 		if n := logs.FilterMessageSnippet("the model that answered has no price").FilterField(zap.String("answered", "mystery-1")).Len(); n == 0 {
 			t.Errorf("models %s: the unpriced answer was not logged", tc.models)
 		}
+	}
+}
+
+// routerWithDearModel configures a router upstream at url serving every model, and dear-gpt,
+// priced at 8× fake-gpt, for a call's fallback list.
+func routerWithDearModel(url string) func(*config.Config) {
+	return func(c *config.Config) {
+		c.Upstreams = []config.Upstream{{Name: "router", Kind: "openai", BaseURL: url, Models: []string{"*"}}}
+		dear := c.Models["fake-gpt"]
+		dear.Input, dear.Output = config.USDPerM{Micro: 8 * dear.Input.Micro}, config.USDPerM{Micro: 8 * dear.Output.Micro}
+		c.Models["dear-gpt"] = dear
 	}
 }
