@@ -538,6 +538,26 @@ func routerRetryField(root topObject) string {
 	return ""
 }
 
+// routerHeaderFields are the body fields LiteLLM's proxy sends to the provider as request
+// headers: it unpacks the body into its completion call, whose extra_headers (and headers) it
+// merges into the provider's, with no check of its own. Every header the gateway keeps from the
+// provider (dropRequestHeaders, droppedPrefixes: Vertex AI's and Bedrock's priority tiers,
+// Google's field mask that leaves usage out of the answer, a router's retries) went there by
+// this way round. No SDK sends either key in a body (the OpenAI SDKs' extra_headers are HTTP
+// headers); null or an empty object, which adds none, is served.
+var routerHeaderFields = []string{"extra_headers", "headers"}
+
+// routerHeaderField names the first of routerHeaderFields a request sets to anything but null
+// or an empty object, or returns "".
+func routerHeaderField(root topObject) string {
+	for _, f := range routerHeaderFields {
+		if v := root.Get(f); v.Exists() && v.Type != gjson.Null && !emptyObject(v) {
+			return f
+		}
+	}
+	return ""
+}
+
 // serverNativeFields are the body fields llama.cpp's server, an OpenAI-compatible upstream,
 // reads under its own names before the OpenAI ones the gateway reads (it copies every field of
 // the body onto its request): "n_predict" bounds the output before max_completion_tokens and

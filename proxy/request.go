@@ -297,6 +297,10 @@ func (s *Server) checkOptions(c *callRequest, root topObject, header http.Header
 		return errBadRequest("unsupported_parameter",
 			"'tags' picks which of a router's deployments serves the call, which this gateway bills at one price for the model named; send it without.")
 	}
+	if f := routerHeaderField(root); f != "" {
+		return errBadRequest("unsupported_parameter", fmt.Sprintf(
+			"'%s' is sent by a router in front of the provider as the provider's request headers, past the headers this gateway keeps from it (ones that pick a dearer service tier or leave the usage out of the answer); send it without.", f))
+	}
 	c.context1M = asksContext1M(header, root)
 	if what := unpricedOption(rt.format, root, header, c.price, c.audioEstimate, c.cacheLong); what != "" {
 		return errBadRequest("unpriced_option", fmt.Sprintf(

@@ -65,3 +65,28 @@ func TestRouterTagRoutingIsRefused(t *testing.T) {
 	}
 	h.postOK(t, key, "/v1/chat/completions", `{"model":"fake-gpt","tags":null,"messages":[{"role":"user","content":"hi"}]}`, nil) // tags set to null
 }
+
+// TestRouterHeaderFieldsAreRefused: LiteLLM's proxy unpacks a request's body into its
+// completion call, which sends the body's "extra_headers" (and "headers") to the provider as
+// request headers, unchecked. Every header the gateway keeps from the provider went there that
+// way: Google's field mask, which leaves the usage out of the answer (charged the estimate
+// alone), Bedrock's and Vertex AI's priority tiers, billed above the price the gateway charges.
+// They are refused with 400 unsupported_parameter before anything is held; null or an empty
+// object, which adds no header, is served.
+func TestRouterHeaderFieldsAreRefused(t *testing.T) {
+	h := newHarness(t, nil)
+	_, key := h.user("standard")
+	refused := []struct{ name, path, body string }{
+		{"field mask", "/v1/chat/completions", `{"model":"fake-gpt","extra_headers":{"X-Goog-FieldMask":"choices"},"messages":[{"role":"user","content":"hi"}]}`},
+		{"bedrock tier", "/v1/chat/completions", `{"model":"fake-gpt","headers":{"X-Amzn-Bedrock-Service-Tier":"priority"},"messages":[{"role":"user","content":"hi"}]}`},
+		{"messages vertex tier", "/v1/messages", `{"model":"claude-test","max_tokens":50,"extra_headers":{"X-Vertex-AI-LLM-Shared-Request-Type":"priority"},"messages":[{"role":"user","content":"hi"}]}`},
+		{"responses", "/v1/responses", `{"model":"fake-gpt","extra_headers":{"x-litellm-num-retries":"5"},"input":"hi"}`},
+		{"not an object", "/v1/chat/completions", `{"model":"fake-gpt","extra_headers":["X-Goog-FieldMask: choices"],"messages":[{"role":"user","content":"hi"}]}`},
+	}
+	for _, tc := range refused {
+		t.Run("refused/"+tc.name, func(t *testing.T) {
+			h.postRefused(t, key, tc.path, tc.body, nil, http.StatusBadRequest, "unsupported_parameter")
+		})
+	}
+	h.postOK(t, key, "/v1/chat/completions", `{"model":"fake-gpt","extra_headers":null,"headers":{},"messages":[{"role":"user","content":"hi"}]}`, nil)
+}
