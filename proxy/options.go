@@ -523,9 +523,12 @@ func routerProviderSort(root topObject) string {
 // (its model_list, num_retries, timeout and fallbacks), which LiteLLM's proxy builds a router
 // from and runs the call with (refused by its own proxy only since it banned the field, and not
 // where its operator allows client-side credentials): its model_list maps the model named to
-// any model, at the operator's key, and its retries and fallbacks are all the above.
+// any model, at the operator's key, and its retries and fallbacks are all the above. So too a
+// top-level "model_list", which LiteLLM's completion call, handed the body's fields, takes for
+// deployments to run the call on, all at once, the first answer kept (batch_completion_models):
+// models the caller names, at the operator's keys, each billed and one metered.
 var routerRetryFields = []string{"timeout", "request_timeout", "stream_timeout", "num_retries", "max_retries",
-	"context_window_fallbacks", "content_policy_fallbacks", "user_config"}
+	"context_window_fallbacks", "content_policy_fallbacks", "user_config", "model_list"}
 
 // routerRetryField names the first of routerRetryFields a request sets (null is unset, as the
 // router reads it), or returns "".

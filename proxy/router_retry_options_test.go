@@ -13,7 +13,8 @@ import (
 // charged 0 here, the provider billing what it did — or to run it several times, billed once;
 // and to fall back to a model whose price was never checked (`fallbacks` and `models` are).
 // So is `user_config`, a router configuration of the caller's own that LiteLLM's proxy (before
-// it banned the field) built a router from: any model under the name asked, retries, fallbacks.
+// it banned the field) built a router from: any model under the name asked, retries, fallbacks;
+// and a top-level `model_list`, deployments LiteLLM's completion call runs the request on at once.
 // They are refused with 400 unsupported_parameter before anything is held; null (the field
 // unset, as clients that write every optional field send it) is served.
 func TestRouterRetryAndTimeoutFieldsAreRefused(t *testing.T) {
@@ -33,6 +34,8 @@ func TestRouterRetryAndTimeoutFieldsAreRefused(t *testing.T) {
 		// at the operator's key, retried and fallen back along as it says.
 		{"user_config", "/v1/chat/completions", `{"model":"fake-gpt","user_config":{"model_list":[{"model_name":"fake-gpt","litellm_params":{"model":"unpriced-dear"}}],"num_retries":5,"fallbacks":[{"fake-gpt":["unpriced-dear"]}]},"messages":[{"role":"user","content":"hi"}]}`},
 		{"responses user_config", "/v1/responses", `{"model":"fake-gpt","user_config":{"model_list":[{"model_name":"fake-gpt","litellm_params":{"model":"unpriced-dear"}}]},"input":"hi"}`},
+		// Deployments of the caller's own, run at once, the first answer kept, each billed.
+		{"model_list", "/v1/chat/completions", `{"model":"fake-gpt","model_list":[{"model_name":"fake-gpt","litellm_params":{"model":"unpriced-dear"}},{"model_name":"fake-gpt","litellm_params":{"model":"fake-gpt"}}],"messages":[{"role":"user","content":"hi"}]}`},
 	}
 	for _, tc := range refused {
 		t.Run("refused/"+tc.name, func(t *testing.T) {
