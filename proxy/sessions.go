@@ -192,7 +192,7 @@ func (b *cancelBus) start(ctx context.Context) error {
 	// failing, which would leave the runs of the next second uncancellable.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), subscribeTimeout)
 	defer cancel()
-	ps := b.rdb.PSubscribe(ctx, b.keys.Cancel("*"))
+	ps := b.rdb.PSubscribe(ctx, cancelPattern(b.keys))
 	if _, err := ps.Receive(ctx); err != nil {
 		_ = ps.Close()
 		b.failedAt = time.Now()
@@ -207,6 +207,23 @@ func (b *cancelBus) start(ctx context.Context) error {
 	b.ps, b.started = ps, true
 	go b.loop(ps.ChannelWithSubscriptions())
 	return nil
+}
+
+// cancelPattern is the pattern of every run's cancel channel (Keys.Cancel), with the key
+// prefix matched literally: redis_key_prefix may hold any bytes, and one holding a glob
+// character of Redis's (a "[eu]" region tag, a backslash) read as a pattern matched other
+// channels than the gateway's own, so no cancel ever reached the bus and a session run
+// replaced by a newer message on another process ran on, charged, until the session check.
+func cancelPattern(k runstate.Keys) string {
+	lit := strings.TrimSuffix(k.Cancel(""), "}")
+	var p strings.Builder
+	for i := 0; i < len(lit); i++ {
+		if strings.IndexByte(`*?[]\`, lit[i]) >= 0 {
+			p.WriteByte('\\')
+		}
+		p.WriteByte(lit[i])
+	}
+	return p.String() + "*}"
 }
 
 // retryLater starts the subscription again retryAfter from now, in the background, if runs
