@@ -38,15 +38,30 @@ func decodeFile(path string, cfg *Config) (unwritten []error, told []string, err
 		}
 		return nil, nil, fmt.Errorf("config %s: %s", path, unknownSettings.ReplaceAllString(err.Error(), `unknown setting "$1" (misspelt, or under the wrong section?)`))
 	}
-	if cfg.Models == nil {
+	// Only a section left out keeps the demo's. One written with no value (`plans:`, `plans: ~`,
+	// a template that rendered nothing there) is YAML's null, which leaves the map nil as if it
+	// were left out: the demo's plans came back, standard's 2000 credits a day for every new
+	// user and for every user whose plan the operator meant to write, without a word. Kept
+	// empty, it is refused as `plans: {}` is (validate: no plan configured, no model priced).
+	if cfg.Models == nil && !sectionWritten(raw, "models") {
 		cfg.Models = defaults
 	}
-	if cfg.Plans == nil {
+	if cfg.Plans == nil && !sectionWritten(raw, "plans") {
 		cfg.Plans = demoPlans
 	}
 	unwritten, told = checkWritten(raw)
 	priceUnwrittenCaches(raw, cfg.Models)
 	return unwritten, told, nil
+}
+
+// sectionWritten reports whether raw's top level writes the setting name, with a value or
+// without one.
+func sectionWritten(raw []byte, name string) bool {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(raw, &doc); err != nil || len(doc.Content) == 0 {
+		return false
+	}
+	return mappingValue(doc.Content[0], name) != nil
 }
 
 // priceUnwrittenCaches prices the cache reads and writes of each model in raw's models that
