@@ -225,6 +225,10 @@ func checkWhole(n *yaml.Node, t reflect.Type, at string) []error {
 		}
 	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
 		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].ShortTag() == "!!merge" {
+				errs = append(errs, checkMerged(n.Content[i+1], t, at)...)
+				continue
+			}
 			for f := range t.NumField() {
 				if tag, _, _ := strings.Cut(t.Field(f).Tag.Get("yaml"), ","); tag == n.Content[i].Value {
 					errs = append(errs, checkWhole(n.Content[i+1], t.Field(f).Type, join(tag))...)
@@ -233,6 +237,10 @@ func checkWhole(n *yaml.Node, t reflect.Type, at string) []error {
 		}
 	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Map:
 		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].ShortTag() == "!!merge" {
+				errs = append(errs, checkMerged(n.Content[i+1], t, at)...)
+				continue
+			}
 			errs = append(errs, checkWhole(n.Content[i+1], t.Elem(), join(n.Content[i].Value))...)
 		}
 	case n.Kind == yaml.SequenceNode && t.Kind() == reflect.Slice:
@@ -241,6 +249,28 @@ func checkWhole(n *yaml.Node, t reflect.Type, at string) []error {
 		}
 	}
 	return errs
+}
+
+// checkMerged is checkWhole of what a merge key (`<<: {max_in_flight: 2.5}`, `<<: *base`,
+// `<<: [*a, {...}]`) brings into a mapping decoded into a value of type t, named at: yaml.v3
+// decodes the merged fields as the mapping's own, so a fraction or a leading zero there was
+// dropped or read as octal as silently as written in place (discount_bp: 0150 was 104 basis
+// points). An anchor's mapping is checked again here, under the path it is merged into.
+func checkMerged(v *yaml.Node, t reflect.Type, at string) []error {
+	if v.Kind == yaml.AliasNode {
+		v = v.Alias
+	}
+	if v == nil {
+		return nil
+	}
+	if v.Kind == yaml.SequenceNode {
+		var errs []error
+		for _, m := range v.Content {
+			errs = append(errs, checkMerged(m, t, at)...)
+		}
+		return errs
+	}
+	return checkWhole(v, t, at)
 }
 
 // plainInteger reports whether s is an integer as an operator means it: decimal digits, an
