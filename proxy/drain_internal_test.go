@@ -24,12 +24,16 @@ func TestInFlightWaitsForWhatItLetInAndRefusesTheRest(t *testing.T) {
 	go func() { done <- f.wait(context.Background()) }()
 	// The first unit leaves once that wait is under way (it has made the idle channel): a
 	// leave that ended it with a unit still in must be seen.
+	// The channel the wait is blocked on: it returns nil exactly when this is closed (its
+	// context never ends), so whether the leave ended it is read here, at once, rather than
+	// hoped from how soon the goroutine would have returned.
+	var waitsOn chan struct{}
 	waitingSince := time.Now()
 	for {
 		f.mu.Lock()
-		waiting := f.idle != nil
+		waitsOn = f.idle
 		f.mu.Unlock()
-		if waiting {
+		if waitsOn != nil {
 			break
 		}
 		if time.Since(waitingSince) > 10*time.Second {
@@ -38,11 +42,15 @@ func TestInFlightWaitsForWhatItLetInAndRefusesTheRest(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	f.leave()
-	// Long enough for a wait that the first leave ended to have returned.
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if err := f.wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("wait with one unit still in and its context ended: %v, want context.DeadlineExceeded", err)
+	select {
+	case <-waitsOn:
+		t.Fatal("the first of two units to leave ended the wait: it returns with one unit still in")
+	default:
+	}
+	ended, end := context.WithCancel(context.Background())
+	end()
+	if err := f.wait(ended); !errors.Is(err, context.Canceled) {
+		t.Fatalf("wait with one unit still in and its context ended: %v, want context.Canceled", err)
 	}
 	select {
 	case err := <-done:
