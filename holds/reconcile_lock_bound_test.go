@@ -78,12 +78,21 @@ func TestReconcilePassEndsWithinItsBoundFromTheLock(t *testing.T) {
 	if _, err := conn.ExecContext(ctx, "LOCK TABLES run_holds WRITE"); err != nil {
 		t.Fatal(err)
 	}
-	const stall = 8 * time.Second
+	// The table stays locked until the pass has returned: a pass that waited out the stalled
+	// read would never return, and only the watchdog, which fails the test, frees the table.
+	// The pass returning while the table is still locked is what shows it ended on its bound.
+	const watchdog = 15 * time.Second // ten times the bound (budget + item, 1.6 s)
+	returned := make(chan struct{})
 	unlocked := make(chan struct{})
 	go func() {
 		defer close(unlocked)
-		time.Sleep(stall) // the stall's length, not a wait for something to happen
-		if _, err := conn.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
+		select {
+		case <-returned:
+		case <-time.After(watchdog):
+			t.Errorf("pass still running %v after it began, its table locked: it waited out the stalled read (bound: budget %v + item %v from the lock)",
+				watchdog, budget, item)
+		}
+		if _, err := conn.ExecContext(context.Background(), "UNLOCK TABLES"); err != nil {
 			t.Error(err)
 		}
 	}()
@@ -91,6 +100,7 @@ func TestReconcilePassEndsWithinItsBoundFromTheLock(t *testing.T) {
 
 	st, err := rec.RunOnce(ctx)
 	ended := time.Now()
+	close(returned)
 	taken := <-lock.taken
 	if !st.Locked {
 		t.Fatalf("pass %+v, %v: want it to hold the lock", st, err)
@@ -98,10 +108,5 @@ func TestReconcilePassEndsWithinItsBoundFromTheLock(t *testing.T) {
 	if err == nil {
 		t.Errorf("a pass whose read of expired holds was cut at its bound reported no error")
 	}
-	// The bound is budget + item (1.6 s) after the lock was taken; the stall is 8 s. Past
-	// the bound by half the stall, the pass waited for the table, not for its deadline.
-	if over := ended.Sub(taken) - (budget + item); over > stall/2 {
-		t.Fatalf("pass ended %v after its lock was taken, %v past its bound (budget %v + item %v): it waited out the stalled read",
-			ended.Sub(taken), over, budget, item)
-	}
+	t.Logf("pass ended %v after its lock was taken (bound: budget %v + item %v)", ended.Sub(taken), budget, item)
 }
