@@ -42,6 +42,7 @@ type Lossy struct {
 	ended  bool // the test has ended: a loss no longer reports to it
 	limit  time.Duration
 	late   time.Duration // how late a LateReply is: LateBy, or ArmLate's
+	held   chan struct{} // ArmHeld's: a LateReply returns once this is closed, not after late
 }
 
 // LossMode is what happens after the marked write.
@@ -115,7 +116,7 @@ func (l *Lossy) Arm(marker string, mode LossMode) { l.ArmN(marker, mode, 1) }
 func (l *Lossy) ArmN(marker string, mode LossMode, n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.marker, l.mode, l.fired, l.left, l.late = []byte(marker), mode, 0, n, LateBy
+	l.marker, l.mode, l.fired, l.left, l.late, l.held = []byte(marker), mode, 0, n, LateBy, nil
 }
 
 // ArmLate makes the next write containing marker a LateReply late by by instead of LateBy: a
@@ -125,7 +126,22 @@ func (l *Lossy) ArmN(marker string, mode LossMode, n int) {
 func (l *Lossy) ArmLate(marker string, by time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.marker, l.mode, l.fired, l.left, l.late = []byte(marker), LateReply, 0, 1, by
+	l.marker, l.mode, l.fired, l.left, l.late, l.held = []byte(marker), LateReply, 0, 1, by, nil
+}
+
+// ArmHeld makes the next write containing marker a LateReply whose reply is held until release
+// is called (or the test ends), however long that is: a test that must show its caller was
+// answered before the database's reply came back checks that while the reply is still held,
+// rather than measuring how long the answer took against a fixed lateness.
+func (l *Lossy) ArmHeld(marker string) (release func()) {
+	held := make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(held) }) }
+	l.t.Cleanup(release)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.marker, l.mode, l.fired, l.left, l.late, l.held = []byte(marker), LateReply, 0, 1, 0, held
+	return release
 }
 
 // Fired reports whether the armed loss happened: a test whose marker no longer matches
@@ -245,7 +261,7 @@ func (c *lossyConn) Write(b []byte) (int, error) {
 		return 0, &net.OpError{Op: "write", Net: "tcp", Err: errNetworkDown}
 	}
 	hit := l.marker != nil && bytes.Contains(b, l.marker)
-	mode, limit, marker, late := l.mode, l.limit, l.marker, l.late
+	mode, limit, marker, late, held := l.mode, l.limit, l.marker, l.late, l.held
 	if hit {
 		l.fired++
 		if l.left--; l.left <= 0 {
@@ -272,7 +288,11 @@ func (c *lossyConn) Write(b []byte) (int, error) {
 	case LoseReply:
 		c.Conn.Close()
 	case LateReply:
-		time.Sleep(time.Until(sent.Add(late)))
+		if held != nil {
+			<-held
+		} else {
+			time.Sleep(time.Until(sent.Add(late)))
+		}
 	case GoDown:
 		l.mu.Lock()
 		l.down = true
