@@ -274,7 +274,7 @@ var errorCodes = func() map[string]bool {
 		"model_not_priced", "model_not_served", "model_too_long", "not_found", "previous_response_not_found",
 		"request_in_progress", "request_timeout", "request_too_large", "run_budget_exhausted", "run_busy",
 		"run_in_progress", "run_not_found", "run_settled", "server_busy", "shutting_down", "superseded",
-		"too_many_audio_ids", "too_many_counts", "too_many_item_ids", "too_many_in_flight", "too_many_request_bytes", "unpriced_option",
+		"too_many_audio_ids", "too_many_counts", "too_many_item_ids", "too_many_in_flight", "too_many_prompts", "too_many_request_bytes", "unpriced_option",
 		"unreadable_body", "unsupported_content_encoding", "unsupported_parameter", "upstream_auth_failed",
 		"upstream_broken", "upstream_error", "upstream_refused", "upstream_response_too_large", "upstream_timeout",
 		"upstream_unreachable",

@@ -120,6 +120,14 @@ type callRequest struct {
 // maxChoices bounds n and best_of (OpenAI allows n up to 128).
 const maxChoices = 128
 
+// maxBatchPrompts bounds the prompts of a completions batch: as many as OpenAI takes in one
+// input array (embeddings'). Each prompt of a batch is kept apart for the call's life, read
+// before anything is held, for any key: its estimate, its echo, its task in the meter (48
+// bytes and more, against 3 bytes of body for each `"",`). Unbounded, a 4 MiB body of empty
+// prompts allocated some 190 MiB as it was read and kept 40 MiB of it, uncounted by the
+// body's bound on memory (bodyMemory), which a few callers' bodies could so pass tenfold.
+const maxBatchPrompts = 2048
+
 // parseCall validates a body for rt. Everything a request can get wrong is found here, before
 // a hold exists.
 func (s *Server) parseCall(rt *route, body []byte, header http.Header) (*callRequest, *apiError) {
@@ -178,6 +186,9 @@ func (c *callRequest) readAnswerOptions(root topObject) *apiError {
 		// Each prompt of a batch gets its own answers, each up to the bound.
 		prompt, perPrompt := root.Get("prompt"), int64(1)
 		prompts := promptCount(prompt)
+		if prompts > maxBatchPrompts {
+			return errBadRequest("too_many_prompts", fmt.Sprintf("A completions request may send at most %d prompts in one batch.", maxBatchPrompts))
+		}
 		c.choices *= prompts
 		if n := root.Get("n"); n.Type == gjson.Number {
 			perPrompt = max(1, n.Int())
