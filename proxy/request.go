@@ -355,8 +355,23 @@ func parseObject(body []byte) (gjson.Result, *apiError) {
 	if !root.IsObject() {
 		return gjson.Result{}, errBadRequest("invalid_json", "The request body must be a JSON object.")
 	}
+	members := 0
+	jsontop.Members(root.Raw, func(_, _ string) bool {
+		members++
+		return members <= maxTopMembers
+	})
+	if members > maxTopMembers {
+		return gjson.Result{}, errBadRequest("invalid_json", fmt.Sprintf("The request body's top level has more than %d fields.", maxTopMembers))
+	}
 	return root, nil
 }
+
+// maxTopMembers bounds the fields of a body's top level, counted before they are indexed: an
+// API's request has a few dozen. The top level is indexed by key more than once as it is read
+// (indexTop, the prompt's estimate), some 100 bytes a member against a few of body for each
+// `"k":0,`: a 4 MiB body of 400 000 short keys allocated some 350 MiB before anything was
+// held, for any key, uncounted by the body's bound on memory (bodyMemory).
+const maxTopMembers = 1024
 
 // topObject is a body's top level, indexed once for the many keys parseCall's checks read.
 type topObject = jsontop.Object

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -28,5 +29,34 @@ func TestBatchOfEmptyPromptsAllocatesLessThanItsBody(t *testing.T) {
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > uint64(len(body)) {
 		t.Errorf("reading a body of %d bytes allocated %d bytes", len(body), got)
+	}
+}
+
+// TestWideTopLevelAllocatesLessThanItsBody: reading a 4 MiB body whose top level holds 400 000
+// short keys allocates less than the body itself. Its top level was indexed by key twice
+// (indexTop, the prompt's estimate), each some 100 bytes a member: some 350 MiB allocated
+// before anything was held.
+func TestWideTopLevelAllocatesLessThanItsBody(t *testing.T) {
+	s := rewriteServer(t)
+	var b strings.Builder
+	b.WriteString(`{"model":"fake-gpt","messages":[]`)
+	for i := 0; b.Len() < 4<<20-16; i++ {
+		b.WriteString(`,"` + strconv.FormatInt(int64(i), 36) + `":0`)
+	}
+	body := []byte(b.String() + "}")
+	for _, path := range []string{"/v1/chat/completions", "/v1/responses", "/v1/completions", "/v1/embeddings", anthropicPath} {
+		rt := routeFor(t, path)
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		c, aerr := s.parseCall(rt, body, http.Header{})
+		runtime.ReadMemStats(&after)
+		runtime.KeepAlive(c)
+		if aerr == nil || aerr.Status != http.StatusBadRequest {
+			t.Errorf("%s: a top level of %d bytes of keys was not refused 400: %+v", path, len(body), aerr)
+		}
+		if got := after.TotalAlloc - before.TotalAlloc; got > uint64(len(body)) {
+			t.Errorf("%s: reading a body of %d bytes allocated %d bytes", path, len(body), got)
+		}
 	}
 }
