@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -10,8 +11,9 @@ import (
 	"github.com/tollgate/tollgate/metering"
 )
 
-// keysBeforeSet is how many keys of one object repeatedKeyAnywhere compares one by one before
-// it keeps them in a set: most objects of a request have a handful.
+// keysBeforeSet is how many keys of one object repeatedKeyAnywhere compares one by one as they
+// come: most objects of a request have a handful. One with more is checked once it has been
+// read, its keys sorted.
 const keysBeforeSet = 16
 
 // repeatedKeyAnywhere returns a key that some object of the JSON raw (valid: parseObject has
@@ -24,26 +26,29 @@ const keysBeforeSet = 16
 // SHOULD be unique; I-JSON, RFC 7493, requires it), so a body that does is refused.
 //
 // One pass over the bytes, with no copy of a key that has no escape in it (see cacheControls
-// for why the body is not walked level by level with gjson).
+// for why the body is not walked level by level with gjson). An object of more than
+// keysBeforeSet keys is checked when it closes, its keys (views of raw) sorted in place: kept
+// in a set as they came, a 4 MiB object of 400 000 short keys took some 90 MiB as it was read,
+// before anything was held.
 func repeatedKeyAnywhere(raw string) (string, bool) {
-	type frame struct {
-		object  bool
-		wantKey bool
-		start   int                 // this object's keys are keys[start:]
-		set     map[string]struct{} // its keys once it has more than keysBeforeSet
-		key     string              // the key whose value is being read
-	}
 	var (
-		stack []frame
+		stack []keyFrame
 		keys  []string
 	)
 	for i := 0; i < len(raw); i++ {
 		switch c := raw[i]; c {
 		case '{', '[':
-			stack = append(stack, frame{object: c == '{', wantKey: c == '{', start: len(keys)})
+			stack = append(stack, keyFrame{object: c == '{', wantKey: c == '{', start: len(keys)})
 		case '}', ']':
-			keys = keys[:stack[len(stack)-1].start]
-			stack = stack[:len(stack)-1]
+			n := len(stack)
+			f := stack[n-1]
+			if own := keys[f.start:]; len(own) > keysBeforeSet {
+				if k, ok := repeatedSorted(own, strings.Compare); ok {
+					return repeatedKeyPath(stack[:n-1], k), true
+				}
+			}
+			keys = keys[:f.start]
+			stack = stack[:n-1]
 		case ',':
 			if n := len(stack); n > 0 && stack[n-1].object {
 				stack[n-1].wantKey = true
@@ -62,39 +67,44 @@ func repeatedKeyAnywhere(raw string) (string, bool) {
 				k = gjson.Parse(raw[i : end+1]).Str
 			}
 			i = end
-			if seenKey(k, keys[f.start:], f.set) {
-				// Named as far as an error answer quotes it (quotedValue), each key cut to
-				// that too: concatenated whole at every level, the path of a key repeated
-				// below thousands of long keys took seconds to build and quoted the body.
-				path := make([]byte, 0, 64)
-				for _, o := range stack[:n-1] {
-					if len(path) > maxQuotedBytes {
-						break
-					}
-					if o.object {
-						path = append(append(path, o.key[:min(len(o.key), maxQuotedBytes+1)]...), '.')
-					} else {
-						path = append(bytes.TrimSuffix(path, []byte(".")), "[]."...)
-					}
-				}
-				if len(path) <= maxQuotedBytes {
-					path = append(path, k[:min(len(k), maxQuotedBytes+1)]...)
-				}
-				return quotedValue(string(path)), true
+			if own := keys[f.start:]; len(own) <= keysBeforeSet && slices.Contains(own, k) {
+				return repeatedKeyPath(stack[:n-1], k), true
 			}
 			f.key = k
-			keys = append(keys, k)
-			if f.set != nil {
-				f.set[k] = struct{}{}
-			} else if len(keys)-f.start > keysBeforeSet {
-				f.set = make(map[string]struct{}, 2*keysBeforeSet)
-				for _, s := range keys[f.start:] {
-					f.set[s] = struct{}{}
-				}
-			}
+			keys = appendDoubling(keys, k)
 		}
 	}
 	return "", false
+}
+
+// keyFrame is an object or array open at a point of repeatedKeyAnywhere's walk.
+type keyFrame struct {
+	object  bool
+	wantKey bool
+	start   int    // an object's keys are keys[start:]
+	key     string // the key whose value is being read
+}
+
+// repeatedKeyPath names the repeated key k of the object whose ancestors are outer, as far as
+// an error answer quotes it (quotedValue), each key cut to that too: concatenated whole at every
+// level, the path of a key repeated below thousands of long keys took seconds to build and
+// quoted the body.
+func repeatedKeyPath(outer []keyFrame, k string) string {
+	path := make([]byte, 0, 64)
+	for _, o := range outer {
+		if len(path) > maxQuotedBytes {
+			break
+		}
+		if o.object {
+			path = append(append(path, o.key[:min(len(o.key), maxQuotedBytes+1)]...), '.')
+		} else {
+			path = append(bytes.TrimSuffix(path, []byte(".")), "[]."...)
+		}
+	}
+	if len(path) <= maxQuotedBytes {
+		path = append(path, k[:min(len(k), maxQuotedBytes+1)]...)
+	}
+	return quotedValue(string(path))
 }
 
 // closingQuote is the index of the quote that ends the JSON string opened at raw[open], and
@@ -110,20 +120,6 @@ func closingQuote(raw string, open int) (end int, escaped bool) {
 		end++
 	}
 	return end, escaped
-}
-
-// seenKey reports whether k is among an object's keys: in set once it has one, else in keys.
-func seenKey(k string, keys []string, set map[string]struct{}) bool {
-	if set != nil {
-		_, ok := set[k]
-		return ok
-	}
-	for _, s := range keys {
-		if s == k {
-			return true
-		}
-	}
-	return false
 }
 
 // Keys the prompt's estimate reads in a message (a Responses input item) and in a content

@@ -59,6 +59,12 @@ func TestRepeatedPromptKey(t *testing.T) {
 		body, want string
 	}{
 		{metering.FormatChat, `{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b","Content":"long"}]}`, "messages[1].Content"},
+		// A message of more keys than are compared as they come (keysBeforeSet): its keys are
+		// compared once it has been read, sorted with case folded, first and last alike.
+		{metering.FormatChat, `{"messages":[{"role":"user","content":"a",` + wideKeys(40) + `"CONTENT":"long"}]}`, "messages[0].CONTENT"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":"a",` + wideKeys(40) + `"K39":"x"}]}`, "messages[0].K39"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":"a",` + wideKeys(40) + `"\u212a0":"x"}]}`, "messages[0].\u212a0"},
+		{metering.FormatChat, `{"messages":[{"role":"user","content":"a",` + wideKeys(40) + `"end":"x"}]}`, ""},
 		{metering.FormatChat, `{"messages":[{"role":"user","Content":"long"}]}`, "messages[0].Content"},
 		{metering.FormatChat, `{"messages":[{"role":"user","content":[{"type":"text","text":"a","TEXT":"long"}]}]}`, "messages[0].content[0].TEXT"},
 		{metering.FormatChat, `{"messages":[{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}","Arguments":"long"}}]}]}`, "messages[0].tool_calls[0].function.Arguments"},
@@ -222,4 +228,13 @@ func TestRepeatedKeyAnywhereDeepBelowLongKeys(t *testing.T) {
 	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16*uint64(len(body)) {
 		t.Errorf("finding the repeat in a %d-byte body allocated %d bytes, want at most 16 times the body", len(body), alloc)
 	}
+}
+
+// wideKeys is n distinct keys "k0" to "k<n-1>", each followed by a comma.
+func wideKeys(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, `"k%d":%d,`, i, i)
+	}
+	return b.String()
 }

@@ -40,6 +40,25 @@ func TestFoldKeyMatchesEqualFold(t *testing.T) {
 	}
 }
 
+// compareFolded orders keys as their foldKey does, without folding ASCII ones: repeatedKeyEach
+// sorts a wide object's keys with it and takes neighbours it calls equal for a repeat.
+func TestCompareFoldedOrdersAsFoldKey(t *testing.T) {
+	words := []string{"model", "MODEL", "Model", "mOdEl", "models", "mode", "stream", "ſtream", "STREAM", "kelvin", "\u212Aelvin", "Kelvin",
+		"n", "N", "best_of", "BEST_OF", "ß", "ẞ", "straße", "", "_", "[", "a1", "A1"}
+	for _, a := range words {
+		for _, b := range words {
+			if got, want := sign(compareFolded(a, b)), sign(strings.Compare(foldKey(a), foldKey(b))); got != want {
+				t.Errorf("compareFolded(%q, %q) is %d, foldKey's order says %d", a, b, got, want)
+			}
+		}
+	}
+}
+
+// sign is -1, 0 or 1 as n is negative, zero or positive.
+func sign(n int) int {
+	return min(1, max(-1, n))
+}
+
 // nestedDeeperThan counts only brackets outside strings, escaped quotes included.
 func TestNestedDeeperThanSkipsStrings(t *testing.T) {
 	for _, tc := range []struct {
