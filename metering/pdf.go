@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"io"
 	"strings"
+	"sync"
 
 	"github.com/tidwall/gjson"
 )
@@ -70,10 +71,12 @@ func pdfPartTokens(part gjson.Result) (tokens int64, ok bool) {
 // /ObjStm looked from its own name for the next "stream", and a PDF of many of them before one
 // stream scanned and inflated the rest of the PDF once each, quadratic), and one inflater and
 // buffer serve every stream (a new inflater's setup, tens of KiB, for each of a 3 MiB PDF's
-// streams that inflate to nothing took seconds of the estimate, before the call was admitted).
+// streams that inflate to nothing took seconds of the estimate, before the call was admitted),
+// and by the PDFs after it (inflaters): a body of 45 000 tiny PDFs allocated 3 GB so.
 func pdfPages(pdf []byte) int64 {
 	pages := countPageObjects(pdf)
-	var inf inflater
+	inf := inflaters.Get().(*inflater)
+	defer inf.release()
 	var inflated int64
 	for rest := pdf; ; {
 		i := indexName(rest, "/ObjStm")
@@ -100,6 +103,18 @@ type inflater struct {
 	zr  io.ReadCloser
 	buf []byte
 	out []byte
+}
+
+// inflaters keeps the inflaters PDFs were read with for the next ones.
+var inflaters = sync.Pool{New: func() any { return new(inflater) }}
+
+// release puts f back in inflaters, without an output buffer grown past the 32 KiB most
+// object streams fit in (one may hold up to maxPDFInflated, kept for no later PDF).
+func (f *inflater) release() {
+	if cap(f.out) > 32<<10 {
+		f.out = nil
+	}
+	inflaters.Put(f)
 }
 
 // inflate inflates the zlib stream at the start of compressed, up to limit bytes and
