@@ -250,15 +250,17 @@ func TestKillAfterTallyBeforeSettle(t *testing.T) {
 // back through another process and goes on with the same run, then settles it. The dead call
 // reserved part of the run's budget and never gave it back (no process is left to): the run's
 // next call and its settlement must not be refused because of it once the dead process's
-// lease has lapsed.
+// lease has lapsed. The run is then charged once, at what its two answered calls cost as the
+// upstream reported them (the killed call left no usage: README Known limits) — not its hold,
+// not a call twice, and not the answered calls' cost lost with the dead one.
 func TestKillMidRunCallThenContinue(t *testing.T) {
 	w := newWorld(t)
-	_, key := w.user("kill-run", 10, nil)
+	u, key := w.user("kill-run", 10, nil)
 	// Runs that outlive the test: only the agent settles this one.
 	cfg := w.writeConfig(map[string]string{"holds.run_ttl": "10m", "holds.hold_ttl": "10m"})
 	a := w.startGatewayWith("gw-a", cfg)
 	run := map[string]string{"X-Run-Id": "agent-crash"}
-	runID, _ := completeCall(t, a, key, chatBody(false, 40, "step 0"), with(run, "X-Fake-Chunks", "30"))
+	runID, use0 := completeCall(t, a, key, chatBody(false, 40, "step 0"), with(run, "X-Fake-Chunks", "30"))
 	// A call that bounds its output by nothing: it reserves all the run has left.
 	unbounded, _ := json.Marshal(map[string]any{"model": "fake-gpt", "stream": true,
 		"messages": []map[string]string{{"role": "user", "content": "step 1"}}})
@@ -292,8 +294,18 @@ func TestKillMidRunCallThenContinue(t *testing.T) {
 	raw, _ := io.ReadAll(r2.Body)
 	r2.Body.Close()
 	if r2.StatusCode != http.StatusOK {
-		t.Errorf("the run's next call after the crash: %d %s; reservations %v", r2.StatusCode, raw, w.reservations(runID))
+		t.Fatalf("the run's next call after the crash: %d %s; reservations %v", r2.StatusCode, raw, w.reservations(runID))
 	}
+	var out2 struct {
+		Usage struct {
+			Prompt     int64 `json:"prompt_tokens"`
+			Completion int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(raw, &out2); err != nil || out2.Usage.Completion != 30 || use0.Output != 30 {
+		t.Fatalf("the run's answered calls: step 0 %d output tokens, step 2 %s (%v); want 30 each (X-Fake-Chunks)", use0.Output, raw, err)
+	}
+	use2 := pricing.Usage{Input: out2.Usage.Prompt, Output: out2.Usage.Completion}
 	req, _ := http.NewRequest(http.MethodPost, b.url+"/v1/runs/agent-crash/settle", nil)
 	req.Header.Set("Authorization", "Bearer "+key)
 	sr, err := http.DefaultClient.Do(req)
@@ -303,7 +315,23 @@ func TestKillMidRunCallThenContinue(t *testing.T) {
 	raw, _ = io.ReadAll(sr.Body)
 	sr.Body.Close()
 	if sr.StatusCode != http.StatusOK {
-		t.Errorf("settling the run after the crash: %d %s; reservations %v", sr.StatusCode, raw, w.reservations(runID))
+		t.Fatalf("settling the run after the crash: %d %s; reservations %v", sr.StatusCode, raw, w.reservations(runID))
+	}
+	// Charged once, what the upstream reported of the two answered calls: a settlement that
+	// answered 200 at its hold, or with a call counted twice or lost, said nothing above.
+	want := w.price.Cost(use0) + w.price.Cost(use2)
+	r := w.hold(runID)
+	if r.State != holds.StateSettled || r.SettleSource.String != holds.SourceClient || r.Calls != 2 ||
+		r.InTok != use0.Input+use2.Input || r.OutTok != use0.Output+use2.Output || r.ChargedMicro != min(want, r.CapMicro) {
+		t.Errorf("run %s after the crash: %s by %q, %d calls, %d in / %d out, charged %d (held %d, cap %d); want settled by client, 2 calls, %d in / %d out, charged %d",
+			runID, r.State, r.SettleSource.String, r.Calls, r.InTok, r.OutTok, r.ChargedMicro, r.HeldMicro, r.CapMicro,
+			use0.Input+use2.Input, use0.Output+use2.Output, want)
+	}
+	if n := w.liveHolds(); n != 0 {
+		t.Errorf("%d holds live after the run's settlement, want none", n)
+	}
+	if got := w.ledgerUsed(u.ID); got != r.ChargedMicro {
+		t.Errorf("day ledger %d, want the run's charge %d", got, r.ChargedMicro)
 	}
 }
 
