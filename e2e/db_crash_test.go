@@ -145,6 +145,9 @@ type dbCrash struct {
 	snapshot map[string]settledRow // run id -> its settled row, read before a kill
 	told     map[string]runView    // run name -> what its agent's settle was answered
 	lost     int                   // rows of a snapshot found changed after the restart
+	// missed names each kill of dbCrashPlan timed to a write that never came (the kill then
+	// came at a random moment): the moment the test names was not tested.
+	missed []string
 }
 
 // settledRow is what a settled hold was charged.
@@ -248,6 +251,9 @@ func (d *dbCrash) crashLoop(r *rand.Rand) {
 			case <-time.After(5 * time.Second):
 				d.trip.disarm()
 				timed = fmt.Sprintf("at a random moment (no write of %q within 5s)", p.at)
+				d.mu.Lock()
+				d.missed = append(d.missed, fmt.Sprintf("crash %d: no write of %q from gw-1 within 5s", k+1, p.at))
+				d.mu.Unlock()
 			}
 		}
 		d.m.kill()
@@ -478,6 +484,27 @@ func (d *dbCrash) audit() {
 	n503 := 0
 	for _, n := range refused {
 		n503 += n
+	}
+	// The moments the test names happened: each timed kill came at its write, and the one
+	// after an admission's COMMIT, down past admit_timeout, left a caller refused
+	// billing_unavailable whose committed hold was released at 0. A kill that found no such
+	// write came at a random moment instead, and the audit above passed on a run that never
+	// lost an admission's or a settlement's reply.
+	for _, m := range d.missed {
+		bad("%s: the kill came at a random moment, not at the write the test names", m)
+	}
+	if d.crashes != len(dbCrashPlan) {
+		bad("%d crashes, the plan has %d", d.crashes, len(dbCrashPlan))
+	}
+	billingRefused := 0
+	for what, n := range refused {
+		if strings.HasSuffix(what, " billing_unavailable") {
+			billingRefused += n
+		}
+	}
+	if billingRefused == 0 || sources[holds.SourceAdmitLost] == 0 {
+		bad("%d calls refused billing_unavailable, %d holds released admit_lost; want both after an outage past admit_timeout that followed an admission's COMMIT (503s %v)",
+			billingRefused, sources[holds.SourceAdmitLost], refused)
 	}
 	t.Logf("DBCRASH seed %d: %d crashes, %d calls, %d answered 503 (%v), %d admit_lost releases; holds no caller saw by source %v; "+
 		"%d named runs (%d checked exactly, %d settles answered), %d settled rows checked across crashes; holds by source %v; %d violations",
