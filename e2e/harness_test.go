@@ -643,6 +643,7 @@ type stream struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	chunks int    // content events read, valid after done
+	text   int64  // bytes of the answer's text (choices[0].delta.content) read, valid after done
 	last   string // the last data line read, valid after done
 	err    error  // how reading ended, valid after done
 }
@@ -678,6 +679,16 @@ func startStream(t *testing.T, g *gateway, key string, chunks int, interval time
 			}
 			if strings.HasPrefix(sc.Text(), "data: {") {
 				s.chunks++
+				var ev struct {
+					Choices []struct {
+						Delta struct {
+							Content string `json:"content"`
+						} `json:"delta"`
+					} `json:"choices"`
+				}
+				if json.Unmarshal([]byte(strings.TrimPrefix(sc.Text(), "data: ")), &ev) == nil && len(ev.Choices) > 0 {
+					s.text += int64(len(ev.Choices[0].Delta.Content))
+				}
 				if !began {
 					began = true
 					first <- true

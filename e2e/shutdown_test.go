@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/holds"
+	"github.com/tollgate/tollgate/metering"
+	"github.com/tollgate/tollgate/pricing"
 )
 
 // cutDrain is the shutdown_timeout of the SIGTERM tests whose short streams (20 events 50 ms
@@ -70,9 +72,16 @@ func TestSigtermSettlesEverything(t *testing.T) {
 		if src != holds.SourceShutdown {
 			t.Errorf("long stream %s: settled by %q, want cut at the deadline (shutdown)", s.runID, src)
 		}
-		// What was streamed before the cut is charged, not the hold and not nothing.
-		if r.ChargedMicro <= 0 || r.OutTok <= 0 || r.ChargedMicro >= r.HeldMicro {
-			t.Errorf("long stream %s: charged %d for %d output tokens (held %d); want what it used", s.runID, r.ChargedMicro, r.OutTok, r.HeldMicro)
+		// What was streamed before the cut is charged, not the hold and not nothing: the
+		// prompt's estimate and the estimate of the text its client read (no usage report
+		// came), at their price. A charge merely above 0 and below the hold let through one
+		// counted twice, or the prompt alone.
+		out := metering.EstimateOutputTokens(s.text)
+		want := min(w.price.Cost(pricing.Usage{Input: r.InTok, Output: out}), r.CapMicro)
+		if r.ChargedMicro <= 0 || r.ChargedMicro >= r.HeldMicro || !r.Estimated || r.InTok <= 0 || s.text <= 0 ||
+			r.OutTok != out || r.ChargedMicro != want {
+			t.Errorf("long stream %s: charged %d for %d in / %d out (estimated %v, held %d); want what it used: %d out for the %d bytes of text its client read, %d",
+				s.runID, r.ChargedMicro, r.InTok, r.OutTok, r.Estimated, r.HeldMicro, out, s.text, want)
 		}
 		t.Logf("long stream cut: %s, %d output tokens, charged %d µUSD (estimated %v), client read %d events",
 			src, r.OutTok, r.ChargedMicro, r.Estimated, s.chunks)
