@@ -37,6 +37,7 @@ import (
 	"github.com/tollgate/tollgate/internal/fakellm"
 	"github.com/tollgate/tollgate/internal/plans"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/metering"
 	"github.com/tollgate/tollgate/metering/runstate"
 	"github.com/tollgate/tollgate/pricing"
 )
@@ -1072,6 +1073,23 @@ func (w *world) settledAtPrice(t *testing.T, runID, source string, out int64) {
 		r.ChargedMicro != min(w.price.Cost(pricing.Usage{Input: r.InTok, Output: out}), r.CapMicro) {
 		t.Errorf("run %s: %s by %q, charged %d for %d in / %d out (estimated %v, held %d); want settled %s at the price of its reported usage, %d out",
 			runID, r.State, r.SettleSource.String, r.ChargedMicro, r.InTok, r.OutTok, r.Estimated, r.HeldMicro, source, out)
+	}
+}
+
+// cutAtItsText asserts that stream s, cut at the drain's deadline without a usage report, was
+// settled by its process (shutdown) at what it used: the prompt's estimate and the estimate of
+// the answer text its client read (metering.EstimateOutputTokens), at their price, marked
+// estimated. A charge merely above 0 and below the hold let one counted twice through, or one
+// of the prompt alone.
+func (w *world) cutAtItsText(t *testing.T, s *stream) {
+	t.Helper()
+	r := w.hold(s.runID)
+	out := metering.EstimateOutputTokens(s.text)
+	want := min(w.price.Cost(pricing.Usage{Input: r.InTok, Output: out}), r.CapMicro)
+	if r.State != holds.StateSettled || r.SettleSource.String != holds.SourceShutdown || !r.Estimated || r.InTok <= 0 ||
+		s.text <= 0 || r.OutTok != out || r.ChargedMicro != want || r.ChargedMicro >= r.HeldMicro {
+		t.Errorf("stream %s cut at the deadline: %s by %q, charged %d for %d in / %d out (estimated %v, held %d); want settled by shutdown at what it used: %d out for the %d bytes of text its client read, %d",
+			s.runID, r.State, r.SettleSource.String, r.ChargedMicro, r.InTok, r.OutTok, r.Estimated, r.HeldMicro, out, s.text, want)
 	}
 }
 
