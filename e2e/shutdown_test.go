@@ -407,10 +407,16 @@ func TestSigtermFrozenDatabase(t *testing.T) {
 				waitFor(t, 30*time.Second, "the reconciler to settle every hold", func() bool { return w.liveHolds() == 0 })
 			}
 			var total int64
-			for _, s := range calls {
+			for i, s := range calls {
 				r := w.hold(s.runID)
 				total += r.ChargedMicro
 				tl, _, _ := w.tally.Get(context.Background(), s.runID)
+				// The reconciler charges the tally: a charge equal to a tally that was itself
+				// wrong (a call counted twice) checked nothing. A call its client read whole
+				// tallied its 20+5i output tokens at their price.
+				if s.chunks >= 20+5*i && s.err == nil {
+					w.tallyAtPrice(t, s.runID, int64(20+5*i))
+				}
 				if r.SettleSource.String == holds.SourceReconcileHold || r.ChargedMicro != tl.CostMicro || r.ChargedMicro <= 0 {
 					t.Errorf("call %s: settled by %q charged %d, want what it used (tally %d)", s.runID, r.SettleSource.String, r.ChargedMicro, tl.CostMicro)
 				}
